@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: MIT */
+/* Provider registry: the static table of providers, default selection, stubs and names. */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "exs/prov/prov.h"
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+
+extern struct exs_prov_ops exs__prov_tcp_ops;
+#ifdef EXS_HAVE_VERBS_PROV
+extern struct exs_prov_ops exs__prov_verbs_ops;
+int exs__prov_verbs_device_active(void);
+#endif
+
+static struct exs_prov_ops *prov_table[] = {
+    &exs__prov_tcp_ops,
+#ifdef EXS_HAVE_VERBS_PROV
+    &exs__prov_verbs_ops,
+#endif
+};
+
+static pthread_once_t prov_once = PTHREAD_ONCE_INIT;
+
+static int prov_stub(void)
+{
+    return -EOPNOTSUPP;
+}
+
+static void prov_stub_void(void)
+{
+}
+
+void exs__prov_fill_defaults(struct exs_prov_ops *ops)
+{
+    /* Each member is a function pointer; those left NULL get a stub of the same
+     * return kind. Casting through void (*)(void) is how rdma-core's dummy_ops
+     * does it; the stubs take no arguments and the cdecl ABI tolerates that. */
+#define FILL(_m, _stub)                                                              \
+    do {                                                                             \
+        if (!ops->_m)                                                                \
+            ops->_m = (__typeof__(ops->_m))(void (*)(void))(_stub);                  \
+    } while (0)
+    FILL(ctx_open, prov_stub);
+    FILL(ctx_close, prov_stub_void);
+    FILL(ctx_event_fd, prov_stub);
+    FILL(ctx_arm, prov_stub);
+    FILL(ctx_poll, prov_stub);
+    FILL(ctx_cm_poll, prov_stub);
+    FILL(mr_reg, prov_stub);
+    FILL(mr_dereg, prov_stub);
+    FILL(ep_create, prov_stub);
+    FILL(ep_destroy, prov_stub_void);
+    FILL(listen, prov_stub);
+    FILL(listener_addr, prov_stub);
+    FILL(listener_destroy, prov_stub_void);
+    FILL(connect, prov_stub);
+    FILL(accept, prov_stub);
+    FILL(reject, prov_stub);
+    FILL(disconnect, prov_stub);
+    FILL(post_recv, prov_stub);
+    FILL(post_send, prov_stub);
+#undef FILL
+}
+
+static void prov_init_once(void)
+{
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(prov_table); i++)
+        exs__prov_fill_defaults(prov_table[i]);
+}
+
+const struct exs_prov_ops *exs__prov_find(const char *name)
+{
+    pthread_once(&prov_once, prov_init_once);
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(prov_table); i++)
+        if (strcmp(prov_table[i]->name, name) == 0)
+            return prov_table[i];
+    return NULL;
+}
+
+static const char *prov_default_name(void)
+{
+#ifdef EXS_HAVE_VERBS_PROV
+    if (exs__prov_verbs_device_active())
+        return "verbs";
+#endif
+    return "tcp";
+}
+
+int exs__prov_open_default(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
+{
+    static int logged;
+    const struct exs_prov_ops *ops;
+    const char *name;
+
+    exs__params_load();
+    name = exs__params.provider[0] ? exs__params.provider : prov_default_name();
+    ops = exs__prov_find(name);
+    if (!ops) {
+        EXS_ERR(PROV, "provider %s: unknown (EXS_PROVIDER); known: tcp%s", name,
+#ifdef EXS_HAVE_VERBS_PROV
+                ", verbs"
+#else
+                ""
+#endif
+        );
+        return -ENOENT;
+    }
+    if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+        EXS_INFO(PROV, "provider %s selected%s", name,
+                 exs__params.provider[0] ? " by EXS_PROVIDER" : " by default");
+    return ops->ctx_open(attr, ctx_p);
+}
+
+const char *exs__prov_wc_status_str(enum exs_prov_wc_status status)
+{
+    static const char *const names[] = {
+        [EXS_PROV_WC_SUCCESS] = "success",
+        [EXS_PROV_WC_LOC_LEN_ERR] = "local length error",
+        [EXS_PROV_WC_LOC_PROT_ERR] = "local protection error",
+        [EXS_PROV_WC_WR_FLUSH_ERR] = "flushed",
+        [EXS_PROV_WC_REM_ACCESS_ERR] = "remote access error",
+        [EXS_PROV_WC_REM_INV_REQ_ERR] = "remote invalid request",
+        [EXS_PROV_WC_REM_OP_ERR] = "remote operation error",
+        [EXS_PROV_WC_RETRY_EXC_ERR] = "transport retry exceeded",
+        [EXS_PROV_WC_RNR_RETRY_EXC_ERR] = "receiver not ready, retries exceeded",
+        [EXS_PROV_WC_GENERAL_ERR] = "general error",
+    };
+
+    if ((unsigned)status < EXS_ARRAY_SIZE(names) && names[status])
+        return names[status];
+    return "unknown status";
+}
+
+const char *exs__prov_wc_opcode_str(enum exs_prov_wc_opcode opcode)
+{
+    static const char *const names[] = {
+        [EXS_PROV_WC_SEND] = "send",
+        [EXS_PROV_WC_RDMA_WRITE] = "rdma_write",
+        [EXS_PROV_WC_RDMA_READ] = "rdma_read",
+        [EXS_PROV_WC_RECV] = "recv",
+        [EXS_PROV_WC_RECV_RDMA_WITH_IMM] = "recv_rdma_with_imm",
+    };
+
+    if ((unsigned)opcode < EXS_ARRAY_SIZE(names) && names[opcode])
+        return names[opcode];
+    return "unknown opcode";
+}
+
+const char *exs__prov_cm_event_str(enum exs_prov_cm_event_type type)
+{
+    static const char *const names[] = {
+        [EXS_PROV_CM_CONNECT_REQUEST] = "connect_request",
+        [EXS_PROV_CM_ESTABLISHED] = "established",
+        [EXS_PROV_CM_REJECTED] = "rejected",
+        [EXS_PROV_CM_UNREACHABLE] = "unreachable",
+        [EXS_PROV_CM_DISCONNECTED] = "disconnected",
+    };
+
+    if ((unsigned)type < EXS_ARRAY_SIZE(names) && names[type])
+        return names[type];
+    return "unknown event";
+}

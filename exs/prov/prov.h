@@ -1,0 +1,303 @@
+/* SPDX-License-Identifier: MIT */
+/* The provider interface: one ops table that mirrors reliable-connected verbs. */
+#ifndef EXS_PROV_PROV_H
+#define EXS_PROV_PROV_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+/*
+ * Model (spec/provider.md is the normative text):
+ *
+ *   ctx       one per process and device: a protection domain, one completion
+ *             queue shared by every endpoint of the context, one connection
+ *             event queue, and ONE event descriptor that becomes readable when
+ *             either queue gains an entry after ctx_arm().
+ *   mr        a registered memory region of a ctx: lkey for local use in
+ *             scatter/gather entries, rkey for the peer, access rights.
+ *   ep        an endpoint: an RC queue pair (send queue + receive queue) whose
+ *             completions go to the ctx's completion queue.
+ *   listener  a passive endpoint bound to an address; connection requests
+ *             arrive as EXS_PROV_CM_CONNECT_REQUEST events carrying a request
+ *             handle that is accepted onto a fresh ep or rejected.
+ *
+ * Errors: every int-returning op returns 0 or a negative errno.
+ * Thread safety: every op may be called from any thread; post_send and
+ * post_recv on one ep may race with each other and with ctx_poll.
+ * Output parameters end in _p and are set only on success.
+ */
+
+struct exs_prov_ops;
+
+/* ---- capabilities ---- */
+enum {
+    EXS_PROV_CAP_WRITE_IMM = 1u << 0, /* RDMA_WRITE_WITH_IMM supported */
+    EXS_PROV_CAP_READ      = 1u << 1, /* RDMA_READ supported */
+    EXS_PROV_CAP_INLINE    = 1u << 2, /* EXS_PROV_SEND_INLINE supported */
+    EXS_PROV_CAP_EMU_LINK  = 1u << 3, /* honours EXS_EMU_DELAY_US / EXS_EMU_RATE_MBPS */
+};
+
+struct exs_prov_caps {
+    uint32_t flags;            /* EXS_PROV_CAP_* */
+    uint32_t max_inline;       /* largest total length accepted with SEND_INLINE */
+    uint32_t max_sge;          /* largest num_sge in one work request */
+    uint32_t max_send_wr;      /* largest ep_attr.max_send_wr */
+    uint32_t max_recv_wr;      /* largest ep_attr.max_recv_wr */
+    uint32_t max_private_data; /* bytes of private data on connect/accept/reject, >= 56 */
+    uint64_t max_msg_size;     /* largest total length of one work request */
+    uint32_t max_cqe;          /* capacity of the ctx completion queue */
+};
+
+/* ---- context ---- */
+struct exs_prov_attr {
+    const char *device;  /* provider-specific device name, NULL = default */
+    uint32_t    cq_size; /* requested completion queue capacity, 0 = default */
+};
+
+struct exs_prov_ctx {
+    const struct exs_prov_ops *ops; /* set by the provider */
+    struct exs_prov_caps       caps;
+};
+
+/* ---- memory registration ---- */
+enum {
+    EXS_PROV_ACCESS_LOCAL_WRITE  = 1u << 0, /* local receive/READ target */
+    EXS_PROV_ACCESS_REMOTE_WRITE = 1u << 1, /* peer may RDMA_WRITE(_WITH_IMM) into it */
+    EXS_PROV_ACCESS_REMOTE_READ  = 1u << 2, /* peer may RDMA_READ from it */
+};
+
+struct exs_prov_mr {
+    struct exs_prov_ctx *ctx;
+    void                *addr;   /* start of the registered range */
+    size_t               length; /* bytes */
+    uint32_t             lkey;   /* for local sge entries */
+    uint32_t             rkey;   /* given to the peer for RDMA_WRITE/READ */
+    unsigned             access; /* EXS_PROV_ACCESS_* */
+};
+
+/* ---- work requests ---- */
+struct exs_prov_sge {
+    uint64_t addr;   /* local virtual address */
+    uint32_t length; /* bytes */
+    uint32_t lkey;   /* key of an mr of this ctx containing [addr, addr+length); ignored with SEND_INLINE */
+};
+
+enum exs_prov_wr_opcode {
+    EXS_PROV_WR_SEND = 0,
+    EXS_PROV_WR_SEND_WITH_IMM,
+    EXS_PROV_WR_RDMA_WRITE,
+    EXS_PROV_WR_RDMA_WRITE_WITH_IMM,
+    EXS_PROV_WR_RDMA_READ,
+};
+
+enum {
+    EXS_PROV_SEND_SIGNALED = 1u << 0, /* generate a completion on success */
+    EXS_PROV_SEND_INLINE   = 1u << 1, /* copy the data at post time; lkeys ignored */
+    EXS_PROV_SEND_FENCE    = 1u << 2, /* wait for prior RDMA_READs before starting */
+};
+
+struct exs_prov_send_wr {
+    uint64_t                   wr_id;   /* returned in the completion */
+    enum exs_prov_wr_opcode    opcode;
+    unsigned                   flags;   /* EXS_PROV_SEND_* */
+    const struct exs_prov_sge *sg_list; /* READ: local destination; others: local source */
+    int                        num_sge; /* 0 .. caps.max_sge */
+    uint32_t                   imm_data; /* *_WITH_IMM: delivered with the peer's receive completion (host order) */
+    uint64_t                   remote_addr; /* RDMA_*: target address in the peer's mr */
+    uint32_t                   rkey;        /* RDMA_*: the peer's mr rkey */
+};
+
+struct exs_prov_recv_wr {
+    uint64_t                   wr_id;
+    const struct exs_prov_sge *sg_list; /* where an incoming SEND's payload is scattered */
+    int                        num_sge;
+};
+
+/* ---- completions ---- */
+enum exs_prov_wc_status {
+    EXS_PROV_WC_SUCCESS = 0,
+    EXS_PROV_WC_LOC_LEN_ERR,       /* incoming SEND larger than the receive buffer, or bad local length */
+    EXS_PROV_WC_LOC_PROT_ERR,      /* local sge not inside an mr of this ctx with the right access */
+    EXS_PROV_WC_WR_FLUSH_ERR,      /* flushed: the ep is in ERROR (disconnect, dead peer, prior error) */
+    EXS_PROV_WC_REM_ACCESS_ERR,    /* peer refused an RDMA_WRITE/READ: key, bounds, rights, deregistered */
+    EXS_PROV_WC_REM_INV_REQ_ERR,   /* peer found the request malformed (e.g. SEND too long for its buffer) */
+    EXS_PROV_WC_REM_OP_ERR,        /* peer failed to carry out the operation */
+    EXS_PROV_WC_RETRY_EXC_ERR,     /* transport retries exhausted: peer dead or unreachable */
+    EXS_PROV_WC_RNR_RETRY_EXC_ERR, /* receiver not ready: no receive posted after rnr_retry retries */
+    EXS_PROV_WC_GENERAL_ERR,
+    EXS_PROV_WC_STATUS_MAX
+};
+
+enum exs_prov_wc_opcode {
+    EXS_PROV_WC_SEND = 0,           /* SEND or SEND_WITH_IMM finished */
+    EXS_PROV_WC_RDMA_WRITE,         /* RDMA_WRITE or RDMA_WRITE_WITH_IMM finished */
+    EXS_PROV_WC_RDMA_READ,          /* RDMA_READ finished; data is in the local sges */
+    EXS_PROV_WC_RECV,               /* a SEND(_WITH_IMM) consumed a posted receive */
+    EXS_PROV_WC_RECV_RDMA_WITH_IMM, /* an RDMA_WRITE_WITH_IMM consumed a posted receive */
+};
+
+enum {
+    EXS_PROV_WC_WITH_IMM = 1u << 0, /* imm_data is valid */
+};
+
+struct exs_prov_ep;
+
+struct exs_prov_cqe {
+    uint64_t                wr_id;
+    struct exs_prov_ep     *ep;       /* the endpoint the work request was posted on */
+    enum exs_prov_wc_status status;
+    enum exs_prov_wc_opcode opcode;   /* valid on success; on error the provider still sets it when known */
+    uint32_t                byte_len; /* RECV*: bytes received (payload of SEND, length of WWI); READ: bytes read */
+    uint32_t                imm_data; /* valid when flags & EXS_PROV_WC_WITH_IMM (host order) */
+    unsigned                flags;    /* EXS_PROV_WC_* */
+};
+
+/* ---- endpoints and connection management ---- */
+struct exs_prov_ep_attr {
+    uint32_t max_send_wr;   /* send queue depth (outstanding, incl. unsignaled not yet retired) */
+    uint32_t max_recv_wr;   /* receive queue depth */
+    uint32_t max_inline;    /* requested inline size, <= caps.max_inline */
+    uint8_t  rnr_retry;     /* 0..7; 7 = retry forever (as verbs) */
+    uint8_t  rnr_timer_ms;  /* pause between RNR retries, 0 = provider default */
+    uint8_t  timeout;       /* verbs local ACK timeout exponent (4.096 us * 2^timeout), 0 = default */
+    uint8_t  retry_cnt;     /* verbs transport retry count, 0 = default */
+    void    *user;          /* opaque owner pointer, never touched by the provider */
+};
+
+enum exs_prov_ep_state {
+    EXS_PROV_EP_IDLE = 0,   /* created; receives may be posted, sends fail with -ENOTCONN */
+    EXS_PROV_EP_CONNECTING, /* connect() or accept() in progress */
+    EXS_PROV_EP_CONNECTED,  /* sends and receives flow */
+    EXS_PROV_EP_ERROR,      /* everything outstanding and later posted completes with WR_FLUSH_ERR */
+};
+
+struct exs_prov_ep {
+    struct exs_prov_ctx    *ctx;
+    void                   *user;  /* copied from ep_attr.user */
+    struct exs_prov_ep_attr attr;  /* granted attributes */
+};
+
+struct exs_prov_listener {
+    struct exs_prov_ctx *ctx;
+    void                *user; /* opaque owner pointer */
+};
+
+/* A pending connection request, valid until accepted or rejected. */
+struct exs_prov_conn_req {
+    struct exs_prov_listener *listener;
+};
+
+enum exs_prov_cm_event_type {
+    EXS_PROV_CM_CONNECT_REQUEST = 1, /* listener: req, peer addr, private data */
+    EXS_PROV_CM_ESTABLISHED,         /* ep: connected; active side gets the acceptor's private data */
+    EXS_PROV_CM_REJECTED,            /* ep (active side): peer rejected; private data of the reject */
+    EXS_PROV_CM_UNREACHABLE,         /* ep (active side): no listener / route; status = -errno */
+    EXS_PROV_CM_DISCONNECTED,        /* ep: the connection ended (either side, or peer died); status = 0 or -errno */
+};
+
+#define EXS_PROV_PRIVATE_DATA_MAX 256
+
+struct exs_prov_cm_event {
+    enum exs_prov_cm_event_type type;
+    struct exs_prov_ep         *ep;       /* all but CONNECT_REQUEST */
+    struct exs_prov_listener   *listener; /* CONNECT_REQUEST */
+    struct exs_prov_conn_req   *req;      /* CONNECT_REQUEST */
+    int                         status;   /* 0 or -errno */
+    struct sockaddr_storage     peer_addr;
+    socklen_t                   peer_addrlen;
+    uint32_t                    private_data_len;
+    uint8_t                     private_data[EXS_PROV_PRIVATE_DATA_MAX];
+};
+
+/* ---- the ops table ---- */
+struct exs_prov_ops {
+    const char *name; /* "tcp" | "verbs": equals the directory and EXS_PROVIDER */
+
+    /* context and its event descriptor */
+    int  (*ctx_open)(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
+    void (*ctx_close)(struct exs_prov_ctx *ctx); /* all eps, listeners and mrs must be gone */
+    int  (*ctx_event_fd)(struct exs_prov_ctx *ctx);
+    /* Request notification: the event fd becomes readable once a completion or
+     * cm event is queued. Consumes any earlier notification. Returns -EAGAIN
+     * when entries are already queued (poll them instead of sleeping). */
+    int  (*ctx_arm)(struct exs_prov_ctx *ctx);
+    /* Up to max completions, oldest first; returns the count (0 = none). */
+    int  (*ctx_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max);
+    /* One cm event: 1 when *ev was filled, 0 when none is queued. */
+    int  (*ctx_cm_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cm_event *ev);
+
+    /* memory registration */
+    int (*mr_reg)(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
+                  struct exs_prov_mr **mr_p);
+    int (*mr_dereg)(struct exs_prov_mr *mr);
+
+    /* endpoints */
+    int (*ep_create)(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
+                     struct exs_prov_ep **ep_p);
+    /* Destroys the ep; implies disconnect. Outstanding work is discarded
+     * without completions; call after DISCONNECTED and draining for a clean end. */
+    void (*ep_destroy)(struct exs_prov_ep *ep);
+    enum exs_prov_ep_state (*ep_state)(struct exs_prov_ep *ep);
+
+    /* connection management */
+    int (*listen)(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
+                  int backlog, void *user, struct exs_prov_listener **lis_p);
+    /* The bound address (port 0 resolved). */
+    int (*listener_addr)(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
+                         socklen_t *addrlen);
+    void (*listener_destroy)(struct exs_prov_listener *lis); /* pending requests are rejected */
+    int (*connect)(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
+                   const void *private_data, uint32_t private_data_len);
+    int (*accept)(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *private_data,
+                  uint32_t private_data_len);
+    int (*reject)(struct exs_prov_conn_req *req, const void *private_data,
+                  uint32_t private_data_len);
+    int (*disconnect)(struct exs_prov_ep *ep);
+
+    /* data path */
+    int (*post_recv)(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
+    int (*post_send)(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
+};
+
+/* ---- registry (prov.c) ---- */
+
+/* The ops table named name ("tcp", "verbs"), or NULL. */
+const struct exs_prov_ops *exs__prov_find(const char *name);
+/* Open a context of the provider chosen by EXS_PROVIDER (default: verbs when an
+ * active RDMA device exists, else tcp). Errors: -ENOENT unknown name, provider errors. */
+int exs__prov_open_default(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
+/* Names for logs and tests. */
+const char *exs__prov_wc_status_str(enum exs_prov_wc_status status);
+const char *exs__prov_wc_opcode_str(enum exs_prov_wc_opcode opcode);
+const char *exs__prov_cm_event_str(enum exs_prov_cm_event_type type);
+/* Points every NULL op at a stub returning -EOPNOTSUPP. */
+void exs__prov_fill_defaults(struct exs_prov_ops *ops);
+
+/* ---- inline wrappers: the only way the core calls a provider ---- */
+static inline int exs__prov_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr)
+{
+    return ep->ctx->ops->post_send(ep, wr);
+}
+
+static inline int exs__prov_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr)
+{
+    return ep->ctx->ops->post_recv(ep, wr);
+}
+
+static inline int exs__prov_poll(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max)
+{
+    return ctx->ops->ctx_poll(ctx, cqe, max);
+}
+
+static inline int exs__prov_cm_poll(struct exs_prov_ctx *ctx, struct exs_prov_cm_event *ev)
+{
+    return ctx->ops->ctx_cm_poll(ctx, ev);
+}
+
+static inline int exs__prov_arm(struct exs_prov_ctx *ctx)
+{
+    return ctx->ops->ctx_arm(ctx);
+}
+
+#endif

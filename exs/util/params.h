@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: MIT */
+/* The tunables table: every tunable has a name, an EXS_* variable, a default, a description,
+ * and is either online (changeable at run time) or offline (read once at start). */
+#ifndef EXS_UTIL_PARAMS_H
+#define EXS_UTIL_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum exs_param_type {
+    EXS_PARAM_UINT,   /* uint64_t; accepts decimal, 0x hex, and k/m/g suffixes (powers of 1024) */
+    EXS_PARAM_BOOL,   /* int; 0/1, yes/no, on/off, true/false */
+    EXS_PARAM_STRING, /* char[EXS_PARAM_STR_MAX] */
+};
+
+#define EXS_PARAM_STR_MAX 64
+
+/* The current values. Read them directly (they are plain loads); change them only
+ * through exs__params_set(). Each field is one row of the table in params.c. */
+struct exs_params {
+    /* util */
+    char     log_level[EXS_PARAM_STR_MAX];  /* EXS_LOG_LEVEL */
+    char     log_subsys[EXS_PARAM_STR_MAX]; /* EXS_LOG_SUBSYS */
+    /* provider choice */
+    char     provider[EXS_PARAM_STR_MAX];   /* EXS_PROVIDER: "" (auto), tcp, verbs */
+    /* tcp provider and its link emulation */
+    uint64_t emu_delay_us;     /* EXS_EMU_DELAY_US: one-way delay added per direction */
+    uint64_t emu_rate_mbps;    /* EXS_EMU_RATE_MBPS: bandwidth cap per direction, 0 = none */
+    uint64_t tcp_rnr_retry;    /* EXS_TCP_RNR_RETRY: 0..7, 7 = forever */
+    uint64_t tcp_rnr_timer_ms; /* EXS_TCP_RNR_TIMER_MS: pause between RNR retries */
+    uint64_t tcp_max_inline;   /* EXS_TCP_MAX_INLINE */
+    uint64_t tcp_max_sge;      /* EXS_TCP_MAX_SGE */
+    uint64_t tcp_max_wr;       /* EXS_TCP_MAX_WR: largest send/recv queue depth */
+    uint64_t tcp_cq_size;      /* EXS_TCP_CQ_SIZE: ctx completion queue capacity */
+    uint64_t tcp_max_msg;      /* EXS_TCP_MAX_MSG: largest work request in bytes */
+};
+
+struct exs_param_def {
+    const char         *name;    /* e.g. "emu_delay_us" */
+    const char         *env;     /* e.g. "EXS_EMU_DELAY_US" */
+    const char         *defval;  /* default as text */
+    const char         *help;    /* one line */
+    enum exs_param_type type;
+    int                 online;  /* 1: exs__params_set works after load; 0: start-up only */
+    size_t              offset;  /* offsetof(struct exs_params, field) */
+};
+
+extern struct exs_params exs__params;
+
+/* Set defaults, then apply every EXS_* variable present. Idempotent; the first call
+ * wins until exs__params_reset(). Logs a warning and keeps the default for a bad value.
+ * Returns 0, or -EINVAL when some variable was invalid (the rest still applied). */
+int  exs__params_load(void);
+/* Forget the loaded state (tests): the next load starts from defaults again. */
+void exs__params_reset(void);
+/* Change one tunable by name. -ENOENT unknown, -EINVAL bad value, -EPERM offline
+ * tunable after load. */
+int  exs__params_set(const char *name, const char *value);
+/* Current value as text. -ENOENT unknown, -ENOSPC buffer too small. */
+int  exs__params_get(const char *name, char *buf, size_t len);
+/* The table. */
+const struct exs_param_def *exs__params_table(size_t *count_p);
+const struct exs_param_def *exs__params_find(const char *name);
+/* Print the table (name, variable, current, default, online/offline, help) to f;
+ * markdown=1 prints the spec/params.md table. */
+void exs__params_print(FILE *f, int markdown);
+
+#endif

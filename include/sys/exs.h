@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: MIT */
+/* The Extended Sockets API (ES-API) over RDMA: the whole public surface of libexs. */
+#ifndef SYS_EXS_H
+#define SYS_EXS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EXS_API __attribute__((visibility("default")))
+
+typedef int   exs_version_t;
+typedef int   exs_qhandle_t; /* event queue handle */
+typedef int   exs_mhandle_t; /* memory registration handle */
+typedef void *exs_ahandle_t; /* application cookie echoed in the event */
+
+#define EXS_VERSION1             1
+#define EXS_VERSION              EXS_VERSION1
+#define EXS_QHANDLE_INVALID      ((exs_qhandle_t)-1)
+#define EXS_MHANDLE_INVALID      ((exs_mhandle_t)-1)
+#define EXS_MHANDLE_UNREGISTERED ((exs_mhandle_t)-2) /* buffer not registered: the library copies or registers it */
+#define EXS_EVTVEC_MAX           1024 /* largest |nevents| accepted by exs_qdequeue */
+
+enum { /* exs_event_t.exs_evt_type */
+    EXS_EVT_CONNECT = 1,
+    EXS_EVT_ACCEPT,
+    EXS_EVT_SEND,
+    EXS_EVT_RECV,
+    EXS_EVT_SENDMSG,
+    EXS_EVT_RECVMSG,
+    EXS_EVT_SENDFILE,
+    EXS_EVT_POLL,
+    EXS_EVT_SENDTIMEOUT,
+    EXS_EVT_RECVTIMEOUT,
+    EXS_EVT_SHUTDOWN,
+    EXS_EVT_CLOSE
+};
+
+typedef struct {
+    void   *exs_evt_buf;    /* the buffer given to exs_send / exs_recv */
+    size_t  exs_evt_len;    /* the length requested */
+    ssize_t exs_evt_result; /* bytes transferred (0 on a stream receive = end of stream); -1 on error */
+    int     exs_evt_flags;  /* receive: MSG_TRUNC when a SOCK_SEQPACKET message was cut to fit */
+} exs_evt_xfer_t;
+
+typedef struct {
+    int                     exs_evt_newfd; /* the accepted connection's descriptor */
+    struct sockaddr_storage exs_evt_addr;  /* the peer's address */
+    socklen_t               exs_evt_addrlen;
+} exs_evt_accept_t;
+
+typedef struct {
+    int           exs_evt_type;    /* EXS_EVT_* */
+    int           exs_evt_errno;   /* 0, or the errno of a failed / cancelled operation */
+    int           exs_evt_fd;      /* the descriptor the operation was posted on */
+    exs_ahandle_t exs_evt_ahandle; /* the ahandle given when posting */
+    union {
+        exs_evt_xfer_t   exs_evt_xfer;   /* SEND, RECV */
+        exs_evt_accept_t exs_evt_accept; /* ACCEPT */
+    } exs_evt_u;
+} exs_event_t;
+
+/* ---- socket options ---- */
+#define SOL_EXS 0x4558 /* extension level ("EX") */
+
+enum {
+    EXS_SO_KEEPALIVE_MS = 1, /* int: keepalive probe interval in ms (with SO_KEEPALIVE) */
+    EXS_SO_XFER_MODE,        /* int: EXS_XFER_* */
+    EXS_SO_STATS,            /* struct exs_sock_stats, get only */
+};
+
+enum { /* EXS_SO_XFER_MODE values */
+    EXS_XFER_DYNAMIC = 0,   /* the adaptive direct/indirect algorithm (default) */
+    EXS_XFER_DIRECT_ONLY,   /* always wait for an ADVERT */
+    EXS_XFER_INDIRECT_ONLY, /* never advertise: everything through the hidden ring */
+};
+
+struct exs_sock_stats {
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+    uint64_t direct_xfers;      /* WWI transfers into an advertised user buffer */
+    uint64_t indirect_xfers;    /* WWI transfers into the hidden ring */
+    uint64_t mode_switches;     /* direct<->indirect phase changes seen by the sender */
+    uint64_t adverts_sent;
+    uint64_t adverts_received;
+    uint64_t adverts_discarded; /* stale adverts dropped by the sender */
+    uint64_t credit_stalls;     /* sends that waited for credits */
+    uint64_t keepalive_probes;
+};
+
+/* ---- functions ---- */
+EXS_API exs_version_t exs_init(exs_version_t version);
+EXS_API void          exs_fini(void); /* extension */
+
+EXS_API exs_qhandle_t exs_qcreate(int depth);
+EXS_API int           exs_qdelete(exs_qhandle_t q);
+EXS_API int           exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents,
+                                   const struct timespec *timeout);
+EXS_API int           exs_qfd(exs_qhandle_t q); /* extension */
+
+EXS_API exs_mhandle_t exs_mregister(void *addr, size_t len, int flags);
+EXS_API int           exs_mderegister(exs_mhandle_t mh);
+
+EXS_API int exs_socket(int domain, int type, int protocol);
+EXS_API int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen);
+EXS_API int exs_listen(int fd, int backlog);
+EXS_API int exs_accept(int fd, exs_qhandle_t q, exs_ahandle_t ah);
+EXS_API int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhandle_t q,
+                        exs_ahandle_t ah);
+EXS_API int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q,
+                     exs_ahandle_t ah, exs_mhandle_t mh);
+EXS_API int exs_recv(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
+                     exs_mhandle_t mh);
+EXS_API int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah);
+EXS_API int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah);
+EXS_API int exs_cancel(int fd, exs_ahandle_t ah, int flags);
+EXS_API int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen);
+EXS_API int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Install the Debian packages libexs needs to build and test, when missing.
+# As root: installs them with apt-get. Otherwise: prints the exact command and fails.
+# Extra packages for optional jobs can be passed as arguments.
+set -eu
+pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev "$@")
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+line="apt-get install -y ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "libexs: missing Debian packages: ${missing[*]}" >&2
+    echo "libexs: run as root:  apt-get update && $line" >&2
+    exit 1
+fi
+echo "libexs: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -1,0 +1,16 @@
+# SPDX-License-Identifier: MIT
+# tests/unit:  Check unit tests of every module (one binary, suites listed in main.c).
+# tests/prov:  provider conformance tests (one binary, run per provider with -p).
+# tests/mock:  the mock provider shared by protocol unit tests.
+UNIT_SRCS := $(wildcard tests/unit/*.c tests/mock/*.c)
+PROV_SRCS := $(wildcard tests/prov/*.c)
+UNIT_BIN  := $(BUILD)/tests/unit/exs_unit
+PROV_BIN  := $(BUILD)/tests/prov/exs_prov_test
+TEST_BINS += $(if $(UNIT_SRCS),$(UNIT_BIN)) $(if $(PROV_SRCS),$(PROV_BIN))
+CHECK_RUNS += $(if $(UNIT_SRCS),$(UNIT_BIN)) $(if $(PROV_SRCS),"$(PROV_BIN) -p tcp")
+
+$(UNIT_BIN): $(UNIT_SRCS:%.c=$(BUILD)/%.o) $(LIB_A)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CHECK_LIBS) $(LIBS_ALL)
+
+$(PROV_BIN): $(PROV_SRCS:%.c=$(BUILD)/%.o) $(LIB_A)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CHECK_LIBS) $(LIBS_ALL)
