@@ -14,3 +14,12 @@ $(UNIT_BIN): $(UNIT_SRCS:%.c=$(BUILD)/%.o) $(LIB_A)
 
 $(PROV_BIN): $(PROV_SRCS:%.c=$(BUILD)/%.o) $(LIB_A)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CHECK_LIBS) $(LIBS_ALL)
+
+# tests/integ: ES-API integration tests (public API only), one binary run per provider.
+INTEG_SRCS := $(wildcard tests/integ/*.c)
+INTEG_BIN  := $(BUILD)/tests/integ/exs_integ_test
+TEST_BINS  += $(if $(INTEG_SRCS),$(INTEG_BIN))
+CHECK_RUNS += $(if $(INTEG_SRCS),"$(INTEG_BIN) -p tcp")
+
+$(INTEG_BIN): $(INTEG_SRCS:%.c=$(BUILD)/%.o) $(LIB_A)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CHECK_LIBS) $(LIBS_ALL)

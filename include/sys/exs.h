@@ -94,6 +94,13 @@ struct exs_sock_stats {
     uint64_t keepalive_probes;
 };
 
+/* ---- event queue wait modes (extension) ---- */
+enum {
+    EXS_WAIT_NOTIFY = 0, /* sleep in the kernel until an event arrives (default) */
+    EXS_WAIT_POLL,       /* busy poll: lowest latency, one core spinning */
+    EXS_WAIT_ADAPTIVE,   /* spin for a while, then sleep (X-RDMA hybrid polling) */
+};
+
 /* ---- functions ---- */
 EXS_API exs_version_t exs_init(exs_version_t version);
 EXS_API void          exs_fini(void); /* extension */
@@ -103,6 +110,9 @@ EXS_API int           exs_qdelete(exs_qhandle_t q);
 EXS_API int           exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents,
                                    const struct timespec *timeout);
 EXS_API int           exs_qfd(exs_qhandle_t q); /* extension */
+/* Extension: how exs_qdequeue waits on q; spin_us bounds the spin of EXS_WAIT_ADAPTIVE
+ * (0 = the default, tunable EXS_QSPIN_US). */
+EXS_API int           exs_qsetwait(exs_qhandle_t q, int mode, int spin_us);
 
 EXS_API exs_mhandle_t exs_mregister(void *addr, size_t len, int flags);
 EXS_API int           exs_mderegister(exs_mhandle_t mh);
@@ -120,6 +130,9 @@ EXS_API int exs_recv(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
 EXS_API int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah);
 EXS_API int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah);
 EXS_API int exs_cancel(int fd, exs_ahandle_t ah, int flags);
+/* Extensions: the local / peer address of an exs socket (like getsockname/getpeername). */
+EXS_API int exs_getsockname(int fd, struct sockaddr *addr, socklen_t *addrlen);
+EXS_API int exs_getpeername(int fd, struct sockaddr *addr, socklen_t *addrlen);
 EXS_API int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen);
 EXS_API int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen);
 

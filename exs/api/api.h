@@ -1,0 +1,10 @@
+/* SPDX-License-Identifier: MIT */
+/* Internal entry points of the api layer used by tests and tools. */
+#ifndef EXS_API_API_H
+#define EXS_API_API_H
+
+/* Live library objects (sockets, connections, queues, memory handles, pending
+ * operations); 0 after everything was closed. Tests assert it at the end. */
+int exs__debug_live_objects(void);
+
+#endif

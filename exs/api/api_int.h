@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: MIT */
+/* Private declarations of the api layer: sockets, descriptor table, operations, memory. */
+#ifndef EXS_API_API_INT_H
+#define EXS_API_API_INT_H
+
+#include <pthread.h>
+#include <sys/exs.h>
+
+#include "exs/api/api.h"
+#include "exs/api/evq.h"
+#include "exs/engine/engine.h"
+#include "exs/proto/proto.h"
+#include "exs/util/list.h"
+
+/* Socket states. Each posting call's result in a state is in spec/api.md. */
+enum api_sock_state {
+    API_SOCK_NEW = 0,   /* exs_socket */
+    API_SOCK_BOUND,     /* exs_bind */
+    API_SOCK_LISTENING, /* exs_listen */
+    API_SOCK_CONNECTING,/* exs_connect accepted, or an accepted child not yet established */
+    API_SOCK_CONNECTED, /* connect event delivered / accepted */
+    API_SOCK_CLOSING,   /* exs_close: gone from the descriptor table, freed when dead */
+};
+
+struct api_mreg;
+
+/* An operation in flight: the protocol op plus what its event needs. */
+struct api_op {
+    struct exs_op       op;       /* first: the proto layer sees only this */
+    int                 evt_type; /* EXS_EVT_* */
+    int                 fd;
+    exs_ahandle_t       ah;
+    struct exs_evq     *evq;      /* slot reserved */
+    struct api_sock    *sock;
+    struct api_mreg    *mreg;     /* registration referenced, or NULL */
+    struct exs_prov_mr *tmp_mr;   /* EXS_MHANDLE_UNREGISTERED: registered for this op */
+    struct exs_list     link;     /* listener: in sock->accepts */
+};
+
+struct api_sock {
+    int                     fd;      /* the eventfd that is its descriptor */
+    int                     fd_open; /* fd not yet closed (exs_close closes it) */
+    int                     refs;    /* table, conn owner, children, callers in flight */
+    int                     domain;
+    int                     type;
+    enum api_sock_state     state;
+    pthread_mutex_t         lock;    /* state, lists below; order: conn->lock, then this */
+    struct sockaddr_storage local, peer;
+    socklen_t               local_len, peer_len;
+    /* options */
+    uint32_t                rcvbuf;
+    int                     xfer_mode;
+    int                     keepalive, keepalive_ms;
+    /* connection */
+    struct exs_conn        *conn;
+    struct api_op          *connect_op; /* pending exs_connect */
+    struct api_op          *close_op;   /* pending exs_close event (may have evq NULL: sync) */
+    int                     shut_wr;
+    int                     n_send, n_recv; /* outstanding operations (EXS_SOCK_MAX_OPS) */
+    /* listener */
+    struct exs_eng_listener lis;
+    int                     backlog;
+    int                     n_embryo;       /* children being established */
+    struct exs_list         ready;          /* established children waiting for exs_accept */
+    struct exs_list         accepts;        /* pending exs_accept ops */
+    struct api_sock        *parent;         /* child: its listener until accepted */
+    struct exs_list         child_link;     /* in parent->ready */
+    int                     dead;           /* conn reached DEAD */
+};
+
+/* descriptor table (sock.c) */
+/* The socket behind fd with a reference (EBADF, ENOTSOCK otherwise); drop it with put. */
+struct api_sock *api_sock_get(int fd, int *err_p);
+void api_sock_put(struct api_sock *s);
+int  api_default_xfer_mode(void);
+
+/* operations (xfer.c) */
+struct api_op *api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
+                          int *err_p);
+void api_op_event(struct api_op *op, const exs_event_t *ev);
+void api_op_abandon(struct api_op *op);
+/* Synchronous calls post on a private queue, wait for the one event, delete it. */
+exs_qhandle_t api_sync_queue(void);
+int  api_wait_sync(exs_qhandle_t q, exs_event_t *ev);
+int  api_sync_fail(int sync, exs_qhandle_t q, int err);
+
+/* life cycle (sock.c, init.c) */
+void api_sock_close_all(void);
+int  api_sock_live(void);
+int  api_mreg_live(void);
+void api_mreg_destroy_all(void);
+int  api_op_live(void);
+int  api_initialized(void);
+
+#endif

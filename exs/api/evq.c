@@ -1,0 +1,678 @@
+/* SPDX-License-Identifier: MIT */
+/* Event queues: the handle table, the reserved-slot event ring, and exs_qdequeue's waits. */
+#include "exs/api/evq.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "exs/util/log.h"
+#include "exs/util/util.h"
+
+/*
+ * Locking. Two levels, always taken in this order:
+ *   evq_tab.lock (rwlock)  the handle table; read-held by lookups, write-held by
+ *                          create / delete / destroy_all.
+ *   evq->lock (mutex)      everything in one queue that is not marked atomic below.
+ * A queue's memory is reference counted (evq->refs, atomic): the table holds one
+ * reference until exs_qdelete, each exs__evq_get and each reservation holds one more.
+ *
+ * Descriptors. Each queue owns up to two eventfds whose counters are only ever 0 or 1
+ * and are only written or read with evq->lock held, so they are exact copies of a
+ * predicate over the queue state (evq_sync_fds):
+ *   qfd  (exs_qfd)  readable iff events are queued (or the queue was deleted). Waiters
+ *                   that need one event (nevents > 0) sleep on it.
+ *   wfd  (private)  readable iff some threshold waiter (nevents < 0) can be satisfied
+ *                   (or the queue was deleted). Created on the first threshold wait.
+ * Waiters only poll these descriptors and never read them, so any number of threads
+ * may sleep on one queue, and a wake-up is never consumed by the wrong thread: the
+ * thread that empties the queue clears qfd under the lock.
+ */
+
+#define EVQ_DEPTH_MAX   (1 << 20) /* largest depth accepted by exs_qcreate */
+#define EVQ_SPIN_US_DEF 50        /* EXS_WAIT_ADAPTIVE spin when spin_us == 0 */
+
+/* Handle = gen << 16 | (index + 1): never 0 or negative; gen is 15 bits. */
+#define EVQ_IDX_BITS  16
+#define EVQ_IDX_MAX   ((1 << EVQ_IDX_BITS) - 1) /* slots 0 .. EVQ_IDX_MAX - 1 */
+#define EVQ_GEN_MASK  0x7fff
+#define EVQ_TAB_FIRST 16 /* initial table size */
+
+/* A thread sleeping in a threshold dequeue (nevents < 0); lives on its stack. wfd is
+ * readable while the smallest threshold is met, so a waiter with a larger one spins
+ * through ppoll until that waiter has taken its events (a short, rare window). */
+struct evq_waiter {
+    int want; /* events it needs queued before it wakes */
+    struct evq_waiter *next;
+    struct evq_waiter *prev;
+};
+
+struct exs_evq {
+    pthread_mutex_t lock;
+    int refs; /* atomic; the table, gets and reservations */
+    exs_qhandle_t handle;
+    int depth;
+    exs_event_t *ring; /* depth entries, oldest at ring[head] */
+    int head;
+    int queued;   /* written under lock with atomic stores (spinners read it) */
+    int reserved; /* slots promised to outstanding operations */
+    int dead;     /* atomic store under lock: exs_qdelete ran */
+    int qfd;
+    int qfd_on; /* qfd counter is 1 */
+    int wfd;    /* -1 until the first threshold wait */
+    int wfd_on;
+    struct evq_waiter *waiters; /* threshold waiters */
+    int want_min;               /* smallest want among them, INT_MAX when none */
+    int mode;                   /* atomic: EXS_WAIT_* */
+    int spin_us;                /* atomic: adaptive spin, 0 = default */
+};
+
+struct evq_slot {
+    struct exs_evq *evq; /* NULL when free */
+    int gen;             /* generation of the handle the slot gives out next / now */
+    int next_free;       /* free list link (FIFO, so indices are reused late) */
+};
+
+static struct {
+    pthread_rwlock_t lock;
+    struct evq_slot *slots;
+    int nslots;    /* allocated */
+    int used;      /* slots 0 .. used - 1 have ever been handed out */
+    int free_head; /* -1 when empty */
+    int free_tail;
+    int gen_base; /* generation of fresh slots (above every earlier one) */
+} evq_tab = {
+    .lock = PTHREAD_RWLOCK_INITIALIZER,
+    .free_head = -1,
+    .free_tail = -1,
+};
+
+static int evq_live; /* atomic: queues not yet freed */
+
+static void evq_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+/* ---- eventfd helpers (called with evq->lock held) ---- */
+
+static void evq_efd_set(struct exs_evq *evq, int fd)
+{
+    uint64_t one = 1;
+
+    if (write(fd, &one, sizeof(one)) != (ssize_t)sizeof(one))
+        EXS_WARN(API, "evq %d: eventfd %d write failed: %m", evq->handle, fd);
+}
+
+static void evq_efd_clear(struct exs_evq *evq, int fd)
+{
+    uint64_t v;
+
+    /* EAGAIN: the application read qfd itself; the counter is 0 either way. */
+    if (read(fd, &v, sizeof(v)) != (ssize_t)sizeof(v) && errno != EAGAIN)
+        EXS_WARN(API, "evq %d: eventfd %d read failed: %m", evq->handle, fd);
+}
+
+/* Bring both eventfd counters in line with the queue state. */
+static void evq_sync_fds(struct exs_evq *evq)
+{
+    int on;
+
+    on = evq->dead || evq->queued > 0;
+    if (on != evq->qfd_on) {
+        if (on)
+            evq_efd_set(evq, evq->qfd);
+        else
+            evq_efd_clear(evq, evq->qfd);
+        evq->qfd_on = on;
+    }
+    if (evq->wfd < 0)
+        return;
+    on = evq->dead || evq->queued >= evq->want_min;
+    if (on != evq->wfd_on) {
+        if (on)
+            evq_efd_set(evq, evq->wfd);
+        else
+            evq_efd_clear(evq, evq->wfd);
+        evq->wfd_on = on;
+    }
+}
+
+static void evq_set_queued(struct exs_evq *evq, int queued)
+{
+    __atomic_store_n(&evq->queued, queued, __ATOMIC_RELEASE);
+}
+
+/* ---- lifetime ---- */
+
+static void evq_free(struct exs_evq *evq)
+{
+    EXS_DBG(API, "evq %d: freed", evq->handle);
+    if (evq->wfd >= 0)
+        close(evq->wfd);
+    if (evq->qfd >= 0)
+        close(evq->qfd);
+    pthread_mutex_destroy(&evq->lock);
+    free(evq->ring);
+    free(evq);
+    __atomic_sub_fetch(&evq_live, 1, __ATOMIC_RELAXED);
+}
+
+static void evq_ref(struct exs_evq *evq)
+{
+    __atomic_add_fetch(&evq->refs, 1, __ATOMIC_RELAXED);
+}
+
+void exs__evq_put(struct exs_evq *evq)
+{
+    if (__atomic_sub_fetch(&evq->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        evq_free(evq);
+}
+
+/* Mark a queue dead (evq->lock held): queued events are discarded, every waiter wakes. */
+static void evq_kill(struct exs_evq *evq)
+{
+    __atomic_store_n(&evq->dead, 1, __ATOMIC_RELEASE);
+    evq->head = 0;
+    evq_set_queued(evq, 0);
+    evq_sync_fds(evq);
+}
+
+/* Slot of a handle, or NULL (evq_tab.lock held). */
+static struct evq_slot *evq_tab_lookup(exs_qhandle_t q)
+{
+    int idx = (q & EVQ_IDX_MAX) - 1;
+    int gen = q >> EVQ_IDX_BITS;
+    struct evq_slot *slot;
+
+    if (q <= 0 || idx < 0 || idx >= evq_tab.used)
+        return NULL;
+    slot = &evq_tab.slots[idx];
+    if (slot->evq == NULL || slot->gen != gen)
+        return NULL;
+    return slot;
+}
+
+/* Give evq a handle (evq_tab.lock write-held). -ENOMEM: table full or no memory. */
+static int evq_tab_insert(struct exs_evq *evq)
+{
+    struct evq_slot *slot;
+    int idx;
+
+    if (evq_tab.free_head >= 0) {
+        idx = evq_tab.free_head;
+        evq_tab.free_head = evq_tab.slots[idx].next_free;
+        if (evq_tab.free_head < 0)
+            evq_tab.free_tail = -1;
+    } else {
+        if (evq_tab.used == evq_tab.nslots) {
+            int n = evq_tab.nslots ? evq_tab.nslots * 2 : EVQ_TAB_FIRST;
+            struct evq_slot *slots;
+
+            n = EXS_MIN(n, EVQ_IDX_MAX);
+            if (n <= evq_tab.nslots) {
+                EXS_WARN(API, "evq table full: %d queues", evq_tab.nslots);
+                return -ENOMEM;
+            }
+            slots = realloc(evq_tab.slots, (size_t)n * sizeof(*slots));
+            if (slots == NULL)
+                return -ENOMEM;
+            evq_tab.slots = slots;
+            evq_tab.nslots = n;
+        }
+        idx = evq_tab.used++;
+        evq_tab.slots[idx].gen = evq_tab.gen_base;
+    }
+    slot = &evq_tab.slots[idx];
+    slot->evq = evq;
+    slot->next_free = -1;
+    evq->handle = (slot->gen << EVQ_IDX_BITS) | (idx + 1);
+    return 0;
+}
+
+/* Free a slot (evq_tab.lock write-held): its next handle gets a new generation, and it
+ * goes to the tail of the free list so it is reused as late as possible. */
+static void evq_tab_remove(struct evq_slot *slot)
+{
+    int idx = (int)(slot - evq_tab.slots);
+
+    slot->evq = NULL;
+    slot->gen = (slot->gen + 1) & EVQ_GEN_MASK;
+    slot->next_free = -1;
+    if (evq_tab.free_tail >= 0)
+        evq_tab.slots[evq_tab.free_tail].next_free = idx;
+    else
+        evq_tab.free_head = idx;
+    evq_tab.free_tail = idx;
+}
+
+int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
+{
+    struct evq_slot *slot;
+
+    pthread_rwlock_rdlock(&evq_tab.lock);
+    slot = evq_tab_lookup(q);
+    if (slot == NULL) {
+        pthread_rwlock_unlock(&evq_tab.lock);
+        return -EINVAL;
+    }
+    evq_ref(slot->evq);
+    *evq_p = slot->evq;
+    pthread_rwlock_unlock(&evq_tab.lock);
+    return 0;
+}
+
+exs_qhandle_t exs__evq_handle(const struct exs_evq *evq)
+{
+    return evq->handle;
+}
+
+int exs__evq_live_count(void)
+{
+    return __atomic_load_n(&evq_live, __ATOMIC_RELAXED);
+}
+
+void exs__evq_destroy_all(void)
+{
+    int i, gen_max;
+
+    pthread_rwlock_wrlock(&evq_tab.lock);
+    gen_max = evq_tab.gen_base;
+    for (i = 0; i < evq_tab.used; i++) {
+        struct evq_slot *slot = &evq_tab.slots[i];
+        struct exs_evq *evq = slot->evq;
+
+        if (evq != NULL) {
+            pthread_mutex_lock(&evq->lock);
+            if (evq->reserved > 0)
+                EXS_WARN(API, "evq %d: destroyed with %d operations outstanding", evq->handle,
+                         evq->reserved);
+            evq_kill(evq);
+            pthread_mutex_unlock(&evq->lock);
+            evq_tab_remove(slot);
+            exs__evq_put(evq);
+        }
+        gen_max = EXS_MAX(gen_max, slot->gen);
+    }
+    /* Handles given out before stay invalid: fresh slots start above every old gen. */
+    free(evq_tab.slots);
+    evq_tab.slots = NULL;
+    evq_tab.nslots = 0;
+    evq_tab.used = 0;
+    evq_tab.free_head = -1;
+    evq_tab.free_tail = -1;
+    evq_tab.gen_base = (gen_max + 1) & EVQ_GEN_MASK;
+    pthread_rwlock_unlock(&evq_tab.lock);
+}
+
+/* ---- reservation and posting ---- */
+
+int exs__evq_reserve(struct exs_evq *evq)
+{
+    int ret = 0;
+
+    pthread_mutex_lock(&evq->lock);
+    if (evq->dead)
+        ret = -EINVAL;
+    else if (evq->queued + evq->reserved >= evq->depth)
+        ret = -EAGAIN;
+    else
+        evq->reserved++;
+    pthread_mutex_unlock(&evq->lock);
+    if (ret == 0)
+        evq_ref(evq);
+    return ret;
+}
+
+void exs__evq_unreserve(struct exs_evq *evq)
+{
+    pthread_mutex_lock(&evq->lock);
+    EXS_ASSERT(evq->reserved > 0);
+    evq->reserved--;
+    pthread_mutex_unlock(&evq->lock);
+    exs__evq_put(evq);
+}
+
+void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
+{
+    pthread_mutex_lock(&evq->lock);
+    EXS_ASSERT(evq->reserved > 0);
+    EXS_ASSERT(evq->queued + evq->reserved <= evq->depth);
+    evq->reserved--;
+    /* Only exs__evq_destroy_all kills a queue with reservations: drop the event. */
+    if (!evq->dead) {
+        evq->ring[(evq->head + evq->queued) % evq->depth] = *ev;
+        evq_set_queued(evq, evq->queued + 1);
+        evq_sync_fds(evq);
+    }
+    EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle, ev->exs_evt_type,
+             ev->exs_evt_fd, ev->exs_evt_errno, evq->queued);
+    pthread_mutex_unlock(&evq->lock);
+    exs__evq_put(evq);
+}
+
+/*
+ * ---- public: create, delete, descriptor, wait mode ----
+ *
+ * Behaviour where the ES-API text is silent (for spec/api.md):
+ *   exs_qcreate   depth 1 .. 1 << 20, else EINVAL; ENOMEM when 65535 queues exist;
+ *                 eventfd's errno (EMFILE, ENFILE) when out of descriptors. Works
+ *                 without exs_init.
+ *   exs_qdelete   EINVAL bad or stale handle; EBUSY while operations whose events are
+ *                 still to come hold reserved slots. Queued, undelivered events are
+ *                 discarded; threads blocked in exs_qdequeue return -1 / EINVAL.
+ *   exs_qdequeue  argument errors (EINVAL) are checked before nevents == 0 returns 0:
+ *                 |nevents| > EXS_EVTVEC_MAX, events NULL with nevents != 0, a timespec
+ *                 with a negative field or tv_nsec >= 1e9, a bad handle, and a threshold
+ *                 -nevents larger than the depth (it could never be met). EINTR only
+ *                 from a sleep: EXS_WAIT_POLL (and the spin phase of ADAPTIVE) makes no
+ *                 system call, so a signal there runs its handler and the wait goes on.
+ *   exs_qfd       the library owns the descriptor: poll, select or epoll it, never read,
+ *                 write or close it. It is closed when the queue is deleted (it polls
+ *                 readable from exs_qdelete until then).
+ *   exs_qsetwait  EINVAL for a mode other than EXS_WAIT_* or spin_us < 0; takes effect
+ *                 at the next exs_qdequeue call.
+ */
+
+exs_qhandle_t exs_qcreate(int depth)
+{
+    struct exs_evq *evq;
+    int ret;
+
+    if (depth < 1 || depth > EVQ_DEPTH_MAX) {
+        exs__err(EINVAL);
+        return EXS_QHANDLE_INVALID;
+    }
+    evq = calloc(1, sizeof(*evq));
+    if (evq == NULL) {
+        exs__err(ENOMEM);
+        return EXS_QHANDLE_INVALID;
+    }
+    __atomic_add_fetch(&evq_live, 1, __ATOMIC_RELAXED);
+    evq->refs = 1; /* the table's */
+    evq->depth = depth;
+    evq->handle = EXS_QHANDLE_INVALID;
+    evq->wfd = -1;
+    evq->want_min = INT_MAX;
+    evq->mode = EXS_WAIT_NOTIFY;
+    pthread_mutex_init(&evq->lock, NULL);
+    evq->qfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (evq->qfd < 0) {
+        ret = -errno;
+        EXS_WARN(API, "evq: eventfd failed: %m");
+        goto err_free;
+    }
+    evq->ring = calloc((size_t)depth, sizeof(*evq->ring));
+    if (evq->ring == NULL) {
+        ret = -ENOMEM;
+        goto err_free;
+    }
+    pthread_rwlock_wrlock(&evq_tab.lock);
+    ret = evq_tab_insert(evq);
+    pthread_rwlock_unlock(&evq_tab.lock);
+    if (ret < 0)
+        goto err_free;
+    EXS_DBG(API, "evq %d: created, depth %d, qfd %d", evq->handle, depth, evq->qfd);
+    return evq->handle;
+
+err_free:
+    evq_free(evq);
+    exs__err(-ret);
+    return EXS_QHANDLE_INVALID;
+}
+
+int exs_qdelete(exs_qhandle_t q)
+{
+    struct evq_slot *slot;
+    struct exs_evq *evq;
+    int discarded;
+
+    pthread_rwlock_wrlock(&evq_tab.lock);
+    slot = evq_tab_lookup(q);
+    if (slot == NULL) {
+        pthread_rwlock_unlock(&evq_tab.lock);
+        return exs__err(EINVAL);
+    }
+    evq = slot->evq;
+    pthread_mutex_lock(&evq->lock);
+    if (evq->reserved > 0) {
+        EXS_DBG(API, "evq %d: delete refused, %d operations outstanding", q, evq->reserved);
+        pthread_mutex_unlock(&evq->lock);
+        pthread_rwlock_unlock(&evq_tab.lock);
+        return exs__err(EBUSY);
+    }
+    discarded = evq->queued;
+    evq_kill(evq);
+    pthread_mutex_unlock(&evq->lock);
+    evq_tab_remove(slot);
+    pthread_rwlock_unlock(&evq_tab.lock);
+    EXS_DBG(API, "evq %d: deleted, %d undelivered events discarded", q, discarded);
+    /* Threads still in exs_qdequeue hold references; the last one frees it. */
+    exs__evq_put(evq);
+    return 0;
+}
+
+int exs_qfd(exs_qhandle_t q)
+{
+    struct exs_evq *evq;
+    int ret, fd;
+
+    ret = exs__evq_get(q, &evq);
+    if (ret < 0)
+        return exs__err(-ret);
+    fd = evq->qfd;
+    exs__evq_put(evq);
+    return fd;
+}
+
+int exs_qsetwait(exs_qhandle_t q, int mode, int spin_us)
+{
+    struct exs_evq *evq;
+    int ret;
+
+    if ((mode != EXS_WAIT_NOTIFY && mode != EXS_WAIT_POLL && mode != EXS_WAIT_ADAPTIVE) ||
+        spin_us < 0)
+        return exs__err(EINVAL);
+    ret = exs__evq_get(q, &evq);
+    if (ret < 0)
+        return exs__err(-ret);
+    __atomic_store_n(&evq->mode, mode, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->spin_us, spin_us, __ATOMIC_RELAXED);
+    exs__evq_put(evq);
+    return 0;
+}
+
+/* ---- dequeue ---- */
+
+/* Copy n events out (evq->lock held, n <= queued). */
+static void evq_take(struct exs_evq *evq, exs_event_t *events, int n)
+{
+    int first = EXS_MIN(n, evq->depth - evq->head);
+
+    memcpy(events, &evq->ring[evq->head], (size_t)first * sizeof(*events));
+    if (n > first)
+        memcpy(events + first, evq->ring, (size_t)(n - first) * sizeof(*events));
+    evq->head = (evq->head + n) % evq->depth;
+    evq_set_queued(evq, evq->queued - n);
+    evq_sync_fds(evq);
+}
+
+static void evq_waiter_add(struct exs_evq *evq, struct evq_waiter *w)
+{
+    w->prev = NULL;
+    w->next = evq->waiters;
+    if (w->next != NULL)
+        w->next->prev = w;
+    evq->waiters = w;
+    evq->want_min = EXS_MIN(evq->want_min, w->want);
+}
+
+static void evq_waiter_del(struct exs_evq *evq, struct evq_waiter *w)
+{
+    struct evq_waiter *it;
+
+    if (w->prev != NULL)
+        w->prev->next = w->next;
+    else
+        evq->waiters = w->next;
+    if (w->next != NULL)
+        w->next->prev = w->prev;
+    evq->want_min = INT_MAX;
+    for (it = evq->waiters; it != NULL; it = it->next)
+        evq->want_min = EXS_MIN(evq->want_min, it->want);
+    evq_sync_fds(evq);
+}
+
+/* Spin without the lock until want events may be there, the queue died, or end. */
+static void evq_spin(struct exs_evq *evq, int want, uint64_t end)
+{
+    unsigned i = 0;
+
+    while (__atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) < want &&
+           !__atomic_load_n(&evq->dead, __ATOMIC_ACQUIRE)) {
+        evq_cpu_relax();
+        if ((++i & 63) == 0 && exs__now_ns() >= end)
+            break;
+    }
+}
+
+/*
+ * Wait until want events are queued, then dequeue up to max of them. Returns the count
+ * (0 when the deadline passed first), -EINTR (a signal interrupted the sleep), -EINVAL
+ * (the queue was deleted meanwhile), or an error of eventfd / ppoll.
+ */
+static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, int max,
+                            uint64_t deadline)
+{
+    int mode = __atomic_load_n(&evq->mode, __ATOMIC_RELAXED);
+    struct evq_waiter w = {.want = want};
+    int registered = 0, ret;
+    uint64_t spin_end = 0, now;
+
+    if (mode == EXS_WAIT_POLL) {
+        spin_end = UINT64_MAX;
+    } else if (mode == EXS_WAIT_ADAPTIVE) {
+        int us = __atomic_load_n(&evq->spin_us, __ATOMIC_RELAXED);
+
+        spin_end = exs__now_ns() + (uint64_t)(us ? us : EVQ_SPIN_US_DEF) * 1000u;
+    }
+
+    pthread_mutex_lock(&evq->lock);
+    for (;;) {
+        struct pollfd pfd;
+        struct timespec ts, *tsp = NULL;
+        int n;
+
+        if (evq->dead) {
+            ret = -EINVAL;
+            break;
+        }
+        if (evq->queued >= want) {
+            ret = EXS_MIN(evq->queued, max);
+            evq_take(evq, events, ret);
+            break;
+        }
+        now = exs__now_ns();
+        if (now >= deadline) {
+            ret = 0;
+            break;
+        }
+        if (now < spin_end) {
+            /* POLL and the first phase of ADAPTIVE: no system call, no EINTR. */
+            pthread_mutex_unlock(&evq->lock);
+            evq_spin(evq, want, EXS_MIN(spin_end, deadline));
+            pthread_mutex_lock(&evq->lock);
+            continue;
+        }
+        if (want > 1) {
+            if (evq->wfd < 0) {
+                evq->wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+                if (evq->wfd < 0) {
+                    ret = -errno;
+                    EXS_WARN(API, "evq %d: eventfd failed: %m", evq->handle);
+                    break;
+                }
+                evq->wfd_on = 0;
+            }
+            if (!registered) {
+                evq_waiter_add(evq, &w);
+                registered = 1;
+                evq_sync_fds(evq);
+            }
+            pfd.fd = evq->wfd;
+        } else {
+            pfd.fd = evq->qfd;
+        }
+        pfd.events = POLLIN;
+        pfd.revents = 0;
+        if (deadline != UINT64_MAX) {
+            ts.tv_sec = (time_t)((deadline - now) / 1000000000u);
+            ts.tv_nsec = (long)((deadline - now) % 1000000000u);
+            tsp = &ts;
+        }
+        pthread_mutex_unlock(&evq->lock);
+        /* poll-type calls are never restarted after a signal handler, even with
+         * SA_RESTART, so a signal always ends the wait with EINTR. */
+        n = ppoll(&pfd, 1, tsp, NULL);
+        ret = n < 0 ? -errno : 0;
+        pthread_mutex_lock(&evq->lock);
+        if (ret < 0)
+            break;
+        if (n > 0 && (pfd.revents & POLLNVAL)) {
+            EXS_WARN(API, "evq %d: eventfd %d was closed by the application", evq->handle, pfd.fd);
+            ret = -EBADF;
+            break;
+        }
+    }
+    if (registered)
+        evq_waiter_del(evq, &w);
+    pthread_mutex_unlock(&evq->lock);
+    return ret;
+}
+
+int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct timespec *timeout)
+{
+    struct exs_evq *evq;
+    uint64_t deadline = UINT64_MAX;
+    int ret, want, max;
+
+    if (nevents > EXS_EVTVEC_MAX || nevents < -EXS_EVTVEC_MAX)
+        return exs__err(EINVAL);
+    if (nevents != 0 && events == NULL)
+        return exs__err(EINVAL);
+    if (timeout != NULL) {
+        if (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000)
+            return exs__err(EINVAL);
+        /* Beyond ~290 years from boot the deadline would overflow: that is forever. */
+        if ((uint64_t)timeout->tv_sec < (UINT64_MAX / 2) / 1000000000u)
+            deadline = exs__now_ns() + (uint64_t)timeout->tv_sec * 1000000000u +
+                       (uint64_t)timeout->tv_nsec;
+    }
+    ret = exs__evq_get(q, &evq);
+    if (ret < 0)
+        return exs__err(-ret);
+    if (nevents == 0) {
+        exs__evq_put(evq);
+        return 0;
+    }
+    want = nevents > 0 ? 1 : -nevents;
+    max = nevents > 0 ? nevents : -nevents;
+    if (want > evq->depth) /* the threshold could never be met */
+        ret = -EINVAL;
+    else
+        ret = evq_dequeue_wait(evq, events, want, max, deadline);
+    exs__evq_put(evq);
+    return ret < 0 ? exs__err(-ret) : ret;
+}

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+/* Event queues: the objects behind exs_qhandle_t, with reserved slots so no event is dropped. */
+#ifndef EXS_API_EVQ_H
+#define EXS_API_EVQ_H
+
+#include <sys/exs.h>
+
+/*
+ * Lifetime: exs_qcreate makes a queue and returns its handle (a small int, never 0..2
+ * collisions matter; handles are reused only after a long cycle so a stale handle is
+ * EINVAL, not another queue). Internally a queue is reached by handle with
+ * exs__evq_get() which takes a reference; exs__evq_put() drops it. exs_qdelete marks the
+ * queue dead (later gets fail) and frees it when the last reference goes.
+ *
+ * Reservation: every operation accepted by a posting call owns one reserved slot in its
+ * queue from the posting call until its event is delivered. exs__evq_reserve() fails with
+ * -EAGAIN when depth slots are already taken (queued + reserved). exs__evq_post() then
+ * always succeeds; exs__evq_unreserve() returns a slot when the post is abandoned.
+ *
+ * Thread safety: all calls from any thread; post may run on the progress thread while
+ * another thread is blocked in exs_qdequeue on the same queue.
+ */
+
+struct exs_evq;
+
+/* Look up a queue by handle and take a reference. -EINVAL: no such live queue. */
+int  exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p);
+void exs__evq_put(struct exs_evq *evq);
+/* The handle of a queue. */
+exs_qhandle_t exs__evq_handle(const struct exs_evq *evq);
+
+/* Reserve one slot. -EAGAIN: the queue is full (queued + reserved == depth);
+ * -EINVAL: the queue is being deleted. Each successful reserve takes a reference on the
+ * queue that the matching post or unreserve drops. */
+int  exs__evq_reserve(struct exs_evq *evq);
+void exs__evq_unreserve(struct exs_evq *evq);
+/* Queue an event into a slot reserved earlier; wakes waiters and makes exs_qfd readable. */
+void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev);
+
+/* Number of live queues (leak checks in tests). */
+int exs__evq_live_count(void);
+/* Free every queue (exs_fini). */
+void exs__evq_destroy_all(void);
+
+#endif

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/* exs_init / exs_fini and the library-wide object accounting. */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "exs/api/api_int.h"
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static int initialized;
+
+int api_initialized(void)
+{
+    return __atomic_load_n(&initialized, __ATOMIC_ACQUIRE);
+}
+
+int api_default_xfer_mode(void)
+{
+    const char *m = exs__params.xfer_mode;
+
+    if (!strcmp(m, "direct"))
+        return EXS_XFER_DIRECT_ONLY;
+    if (!strcmp(m, "indirect"))
+        return EXS_XFER_INDIRECT_ONLY;
+    return EXS_XFER_DYNAMIC;
+}
+
+exs_version_t exs_init(exs_version_t version)
+{
+    int ret = 0;
+
+    if (version != EXS_VERSION1)
+        return exs__err(ENOTSUP);
+    pthread_mutex_lock(&init_lock);
+    if (!initialized) {
+        exs__params_load();
+        exs__log_init();
+        ret = exs__engine_start();
+        if (!ret)
+            __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&init_lock);
+    if (ret)
+        return exs__err(-ret == ENOENT ? ENODEV : -ret);
+    return version;
+}
+
+void exs_fini(void)
+{
+    pthread_mutex_lock(&init_lock);
+    if (!initialized) {
+        pthread_mutex_unlock(&init_lock);
+        return;
+    }
+    api_sock_close_all();
+    /* Sockets finish closing on the progress thread: wait for them (bounded). */
+    for (int i = 0; i < 5000 && api_sock_live(); i++)
+        usleep(1000);
+    if (api_sock_live())
+        EXS_WARN(API, "exs_fini: %d sockets still closing, abandoned", api_sock_live());
+    api_mreg_destroy_all();
+    exs__engine_stop();
+    exs__evq_destroy_all();
+    __atomic_store_n(&initialized, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&init_lock);
+}
+
+int exs__debug_live_objects(void)
+{
+    return api_sock_live() + exs__conn_live_count() + api_op_live() + api_mreg_live() +
+           exs__evq_live_count();
+}

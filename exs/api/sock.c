@@ -1,0 +1,850 @@
+/* SPDX-License-Identifier: MIT */
+/* ES-API sockets: descriptor table, socket/bind/listen/accept/connect/shutdown/close, options. */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "exs/api/api_int.h"
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+
+/* ---- descriptor table ---- */
+
+static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct api_sock **tab;
+static int tab_len;
+static int sock_live;
+
+int api_sock_live(void)
+{
+    return __atomic_load_n(&sock_live, __ATOMIC_RELAXED);
+}
+
+static void sock_get_ref(struct api_sock *s)
+{
+    __atomic_fetch_add(&s->refs, 1, __ATOMIC_RELAXED);
+}
+
+void api_sock_put(struct api_sock *s)
+{
+    if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL))
+        return;
+    EXS_ASSERT(!s->conn);
+    if (s->fd_open)
+        close(s->fd);
+    if (s->parent)
+        api_sock_put(s->parent);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+    __atomic_fetch_sub(&sock_live, 1, __ATOMIC_RELAXED);
+}
+
+/* The socket behind fd with a reference, or NULL with *err_p = EBADF / ENOTSOCK. */
+struct api_sock *api_sock_get(int fd, int *err_p)
+{
+    struct api_sock *s = NULL;
+
+    pthread_mutex_lock(&tab_lock);
+    if (fd >= 0 && fd < tab_len && tab[fd]) {
+        s = tab[fd];
+        sock_get_ref(s);
+    }
+    pthread_mutex_unlock(&tab_lock);
+    if (!s)
+        *err_p = (fd >= 0 && fcntl(fd, F_GETFD) != -1) ? ENOTSOCK : EBADF;
+    return s;
+}
+
+static int tab_insert(struct api_sock *s)
+{
+    int ret = 0;
+
+    pthread_mutex_lock(&tab_lock);
+    if (s->fd >= tab_len) {
+        int n = EXS_MAX(s->fd + 1, tab_len * 2);
+        struct api_sock **t = realloc(tab, (size_t)n * sizeof(*t));
+
+        if (!t) {
+            ret = -ENOMEM;
+            goto out;
+        }
+        memset(t + tab_len, 0, (size_t)(n - tab_len) * sizeof(*t));
+        tab = t;
+        tab_len = n;
+    }
+    EXS_ASSERT(!tab[s->fd]);
+    tab[s->fd] = s;
+    sock_get_ref(s);
+out:
+    pthread_mutex_unlock(&tab_lock);
+    return ret;
+}
+
+/* Remove s from the table; 1 when this call removed it. */
+static int tab_remove(struct api_sock *s)
+{
+    int removed = 0;
+
+    pthread_mutex_lock(&tab_lock);
+    if (s->fd >= 0 && s->fd < tab_len && tab[s->fd] == s) {
+        tab[s->fd] = NULL;
+        removed = 1;
+    }
+    pthread_mutex_unlock(&tab_lock);
+    if (removed)
+        api_sock_put(s);
+    return removed;
+}
+
+static struct api_sock *sock_new(int domain, int type)
+{
+    struct api_sock *s = calloc(1, sizeof(*s));
+
+    if (!s)
+        return NULL;
+    s->fd = eventfd(0, EFD_CLOEXEC);
+    if (s->fd < 0) {
+        free(s);
+        return NULL;
+    }
+    s->fd_open = 1;
+    s->refs = 1;
+    s->domain = domain;
+    s->type = type;
+    s->rcvbuf = (uint32_t)exs__params.ring_size;
+    s->xfer_mode = api_default_xfer_mode();
+    pthread_mutex_init(&s->lock, NULL);
+    exs_list_init(&s->ready);
+    exs_list_init(&s->accepts);
+    exs_list_init(&s->child_link);
+    __atomic_fetch_add(&sock_live, 1, __ATOMIC_RELAXED);
+    return s;
+}
+
+/* ---- connections: callbacks from the proto layer (conn->lock held) ---- */
+
+static void sock_conn_established(struct exs_conn *conn, int err);
+static void sock_conn_dead(struct exs_conn *conn);
+
+static const struct exs_conn_cb sock_conn_cb = {
+    .established = sock_conn_established,
+    .dead = sock_conn_dead,
+};
+
+static int sock_conn_new(struct api_sock *s)
+{
+    struct exs_conn_params p = {
+        .sock_type = s->type,
+        .credits = (uint32_t)exs__params.credits,
+        .ring_size = s->rcvbuf,
+        .eager_max = (uint32_t)exs__params.eager_max,
+        .xfer_mode = s->xfer_mode,
+        .max_reads = (uint32_t)exs__params.max_reads,
+    };
+    int ret = exs__conn_create(exs__engine_ctx(), &p, &sock_conn_cb, s, &s->conn);
+
+    if (!ret)
+        sock_get_ref(s); /* the conn's owner pointer */
+    return ret;
+}
+
+/* Progress thread: free a conn that reached DEAD (or never connected). */
+static void sock_conn_destroy_job(void *arg)
+{
+    struct exs_conn *conn = arg;
+    struct api_sock *s = conn->owner;
+
+    exs__conn_destroy(conn);
+    api_sock_put(s);
+}
+
+static void sock_post_simple(struct api_op *op, int type, int err)
+{
+    exs_event_t ev = { .exs_evt_type = type, .exs_evt_errno = err };
+
+    ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : 0;
+    api_op_event(op, &ev);
+}
+
+static void sock_deliver_accepts_locked(struct api_sock *lis);
+
+static void sock_conn_established(struct exs_conn *conn, int err)
+{
+    struct api_sock *s = conn->owner;
+    struct api_sock *parent = s->parent;
+
+    if (parent) {
+        /* passive child: ready for exs_accept, or gone */
+        pthread_mutex_lock(&parent->lock);
+        parent->n_embryo--;
+        if (!err && parent->state == API_SOCK_LISTENING) {
+            s->state = API_SOCK_CONNECTED;
+            exs_list_add_tail(&parent->ready, &s->child_link);
+            sock_deliver_accepts_locked(parent);
+        } else if (!err) {
+            /* the listener closed meanwhile: close the child as the application would */
+            s->state = API_SOCK_CLOSING;
+            exs__conn_abort_locked(conn);
+        }
+        pthread_mutex_unlock(&parent->lock);
+        if (err) {
+            s->conn = NULL;
+            exs__engine_run(sock_conn_destroy_job, conn);
+        }
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    struct api_op *op = s->connect_op;
+    s->connect_op = NULL;
+    if (!err) {
+        s->state = API_SOCK_CONNECTED;
+    } else if (s->state == API_SOCK_CONNECTING) {
+        s->state = s->local_len ? API_SOCK_BOUND : API_SOCK_NEW;
+        s->conn = NULL;
+        exs__engine_run(sock_conn_destroy_job, conn);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (op)
+        sock_post_simple(op, EXS_EVT_CONNECT, err);
+}
+
+static void sock_finish_close_job(void *arg);
+
+static void sock_conn_dead(struct exs_conn *conn)
+{
+    struct api_sock *s = conn->owner;
+
+    pthread_mutex_lock(&s->lock);
+    s->dead = 1;
+    int closing = s->state == API_SOCK_CLOSING;
+    pthread_mutex_unlock(&s->lock);
+    if (closing)
+        exs__engine_run(sock_finish_close_job, s);
+}
+
+/* ---- socket calls ---- */
+
+int exs_socket(int domain, int type, int protocol)
+{
+    struct api_sock *s;
+
+    if (!api_initialized())
+        return exs__err(EINVAL);
+    if (domain != AF_INET && domain != AF_INET6)
+        return exs__err(EAFNOSUPPORT);
+    type &= ~(SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (type != SOCK_SEQPACKET)
+        return exs__err(EPROTONOSUPPORT);
+    if (protocol != 0)
+        return exs__err(EPROTONOSUPPORT);
+    s = sock_new(domain, type);
+    if (!s)
+        return exs__err(errno == EMFILE || errno == ENFILE ? errno : ENOMEM);
+    if (tab_insert(s)) {
+        api_sock_put(s);
+        return exs__err(ENOMEM);
+    }
+    api_sock_put(s); /* the table holds it */
+    return s->fd;
+}
+
+static int sock_check_addr(struct api_sock *s, const struct sockaddr *addr, socklen_t len)
+{
+    if (!addr)
+        return EINVAL;
+    if (addr->sa_family != s->domain)
+        return EAFNOSUPPORT;
+    if ((s->domain == AF_INET && len < sizeof(struct sockaddr_in)) ||
+        (s->domain == AF_INET6 && len < sizeof(struct sockaddr_in6)))
+        return EINVAL;
+    return 0;
+}
+
+int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
+{
+    int err = 0;
+    struct api_sock *s = api_sock_get(fd, &err);
+
+    if (!s)
+        return exs__err(err);
+    pthread_mutex_lock(&s->lock);
+    if (!(err = sock_check_addr(s, addr, addrlen))) {
+        if (s->state != API_SOCK_NEW) {
+            err = EINVAL;
+        } else {
+            s->local_len = s->domain == AF_INET ? sizeof(struct sockaddr_in)
+                                                : sizeof(struct sockaddr_in6);
+            memcpy(&s->local, addr, s->local_len);
+            s->state = API_SOCK_BOUND;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    api_sock_put(s);
+    return err ? exs__err(err) : 0;
+}
+
+/* Progress thread: a connection request for listener lis. */
+static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_cm_event *ev)
+{
+    struct api_sock *lis = exs_container_of(el, struct api_sock, lis);
+    const struct exs_prov_ops *ops = exs__engine_ctx()->ops;
+    struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
+    struct api_sock *c = NULL;
+    int reason;
+
+    pthread_mutex_lock(&lis->lock);
+    reason = exs__conn_hello_check(ev->private_data, ev->private_data_len, lis->type);
+    if (!reason && lis->state != API_SOCK_LISTENING)
+        reason = EXS_WIRE_REJ_CLOSING;
+    if (!reason) {
+        int queued = lis->n_embryo;
+        struct exs_list *pos;
+
+        exs_list_for_each(pos, &lis->ready)
+            queued++;
+        if (queued >= lis->backlog)
+            reason = EXS_WIRE_REJ_BACKLOG;
+    }
+    if (!reason) {
+        reason = EXS_WIRE_REJ_RESOURCES;
+        c = sock_new(lis->domain, lis->type);
+        if (c) {
+            c->rcvbuf = lis->rcvbuf;
+            c->xfer_mode = lis->xfer_mode;
+            c->state = API_SOCK_CONNECTING;
+            c->local = lis->local;
+            c->local_len = lis->local_len;
+            memcpy(&c->peer, &ev->peer_addr, sizeof(c->peer));
+            c->peer_len = ev->peer_addrlen;
+            c->parent = lis;
+            sock_get_ref(lis);
+            if (!sock_conn_new(c)) {
+                lis->n_embryo++;
+                if (!exs__conn_accept(c->conn, ev->req, ev->private_data))
+                    reason = 0;
+                else
+                    lis->n_embryo--;
+            }
+        }
+    }
+    pthread_mutex_unlock(&lis->lock);
+    if (reason) {
+        EXS_INFO(API, "listener fd %d: connection request refused, reason %d", lis->fd, reason);
+        rej.reason = (uint8_t)reason;
+        ops->reject(ev->req, &rej, sizeof(rej));
+        if (c) {
+            if (c->conn) {
+                struct exs_conn *conn = c->conn;
+
+                c->conn = NULL;
+                exs__conn_destroy(conn);
+                api_sock_put(c); /* the conn's reference */
+            }
+            api_sock_put(c);
+        }
+    }
+}
+
+int exs_listen(int fd, int backlog)
+{
+    int err = 0, ret;
+    struct api_sock *s = api_sock_get(fd, &err);
+    socklen_t len;
+
+    if (!s)
+        return exs__err(err);
+    pthread_mutex_lock(&s->lock);
+    if (backlog <= 0 || backlog > 4096)
+        backlog = backlog <= 0 ? 128 : 4096;
+    if (s->state == API_SOCK_LISTENING) {
+        s->backlog = backlog;
+        goto out;
+    }
+    if (s->state != API_SOCK_NEW && s->state != API_SOCK_BOUND) {
+        err = EINVAL;
+        goto out;
+    }
+    if (s->state == API_SOCK_NEW) {
+        memset(&s->local, 0, sizeof(s->local));
+        s->local.ss_family = (sa_family_t)s->domain;
+        s->local_len = s->domain == AF_INET ? sizeof(struct sockaddr_in)
+                                            : sizeof(struct sockaddr_in6);
+    }
+    s->lis.on_request = sock_on_request;
+    s->backlog = backlog;
+    s->state = API_SOCK_LISTENING; /* before requests can arrive */
+    ret = exs__engine_listen(&s->lis, (struct sockaddr *)&s->local, s->local_len, backlog);
+    if (ret) {
+        s->state = API_SOCK_BOUND;
+        err = ret == -EADDRINUSE || ret == -EADDRNOTAVAIL || ret == -EACCES ? -ret : EINVAL;
+        goto out;
+    }
+    len = sizeof(s->local);
+    exs__engine_ctx()->ops->listener_addr(s->lis.pl, &s->local, &len);
+    s->local_len = len;
+out:
+    pthread_mutex_unlock(&s->lock);
+    api_sock_put(s);
+    return err ? exs__err(err) : 0;
+}
+
+/* Match established children with pending exs_accept operations (lis->lock held). */
+static void sock_deliver_accepts_locked(struct api_sock *lis)
+{
+    while (!exs_list_empty(&lis->ready) && !exs_list_empty(&lis->accepts)) {
+        struct api_sock *c = exs_list_entry(exs_list_pop_head(&lis->ready), struct api_sock,
+                                            child_link);
+        struct api_op *op = exs_list_entry(exs_list_pop_head(&lis->accepts), struct api_op, link);
+        exs_event_t ev = { .exs_evt_type = EXS_EVT_ACCEPT };
+
+        if (tab_insert(c)) {
+            ev.exs_evt_errno = ENOMEM;
+            exs__conn_abort(c->conn);
+        } else {
+            ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = c->fd;
+            memcpy(&ev.exs_evt_u.exs_evt_accept.exs_evt_addr, &c->peer, sizeof(c->peer));
+            ev.exs_evt_u.exs_evt_accept.exs_evt_addrlen = c->peer_len;
+            api_sock_put(c); /* the table holds it now */
+        }
+        /* the child no longer belongs to the listener */
+        api_sock_put(c->parent);
+        c->parent = NULL;
+        api_op_event(op, &ev);
+    }
+}
+
+int exs_accept(int fd, exs_qhandle_t q, exs_ahandle_t ah)
+{
+    int err = 0, sync = q == EXS_QHANDLE_INVALID;
+    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_op *op;
+
+    if (!s)
+        return exs__err(err);
+    if (sync)
+        q = api_sync_queue();
+    op = api_op_new(s, EXS_EVT_ACCEPT, q, ah, &err);
+    if (!op)
+        goto out;
+    pthread_mutex_lock(&s->lock);
+    if (s->state != API_SOCK_LISTENING) {
+        pthread_mutex_unlock(&s->lock);
+        api_op_abandon(op);
+        err = EINVAL;
+        goto out;
+    }
+    exs_list_add_tail(&s->accepts, &op->link);
+    sock_deliver_accepts_locked(s);
+    pthread_mutex_unlock(&s->lock);
+out:
+    api_sock_put(s);
+    if (err)
+        return api_sync_fail(sync, q, err);
+    if (sync) {
+        exs_event_t ev;
+
+        api_wait_sync(q, &ev);
+        if (ev.exs_evt_errno)
+            return exs__err(ev.exs_evt_errno);
+        return ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+    }
+    return 0;
+}
+
+int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhandle_t q,
+                exs_ahandle_t ah)
+{
+    int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
+    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_op *op = NULL;
+
+    if (!s)
+        return exs__err(err);
+    pthread_mutex_lock(&s->lock);
+    if ((err = sock_check_addr(s, addr, addrlen)))
+        goto out;
+    switch (s->state) {
+    case API_SOCK_NEW:
+    case API_SOCK_BOUND:
+        break;
+    case API_SOCK_CONNECTING:
+        err = EALREADY;
+        goto out;
+    case API_SOCK_CONNECTED:
+        err = EISCONN;
+        goto out;
+    default:
+        err = EINVAL;
+        goto out;
+    }
+    if (sync)
+        q = api_sync_queue();
+    op = api_op_new(s, EXS_EVT_CONNECT, q, ah, &err);
+    if (!op)
+        goto out;
+    if ((ret = sock_conn_new(s))) {
+        err = -ret == ENOMEM ? ENOMEM : ENOBUFS;
+        goto out;
+    }
+    s->peer_len = addrlen > sizeof(s->peer) ? sizeof(s->peer) : addrlen;
+    memcpy(&s->peer, addr, s->peer_len);
+    s->connect_op = op;
+    s->state = API_SOCK_CONNECTING;
+    struct exs_conn *conn = s->conn;
+    pthread_mutex_unlock(&s->lock);
+    ret = exs__conn_connect(conn, addr, addrlen);
+    pthread_mutex_lock(&s->lock);
+    if (ret) {
+        /* nothing went out: undo */
+        s->connect_op = NULL;
+        s->state = s->local_len ? API_SOCK_BOUND : API_SOCK_NEW;
+        s->conn = NULL;
+        exs__engine_run(sock_conn_destroy_job, conn);
+        err = ret == -ENETUNREACH || ret == -EADDRNOTAVAIL ? -ret : ECONNREFUSED;
+        goto out;
+    }
+    op = NULL;
+out:
+    pthread_mutex_unlock(&s->lock);
+    if (op)
+        api_op_abandon(op);
+    api_sock_put(s);
+    if (err)
+        return api_sync_fail(sync, q, err);
+    if (sync) {
+        exs_event_t ev;
+
+        api_wait_sync(q, &ev);
+        if (ev.exs_evt_errno)
+            return exs__err(ev.exs_evt_errno);
+    }
+    return 0;
+}
+
+int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
+{
+    int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
+    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_op *op;
+
+    if (!s)
+        return exs__err(err);
+    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
+        err = EINVAL;
+        goto out;
+    }
+    if (s->state != API_SOCK_CONNECTED) {
+        err = ENOTCONN;
+        goto out;
+    }
+    if (sync)
+        q = api_sync_queue();
+    op = api_op_new(s, EXS_EVT_SHUTDOWN, q, ah, &err);
+    if (!op)
+        goto out;
+    if (how == SHUT_RD) {
+        sock_post_simple(op, EXS_EVT_SHUTDOWN, 0);
+        goto out;
+    }
+    op->op.kind = EXS_OP_SHUTDOWN;
+    ret = exs__conn_post(s->conn, &op->op);
+    if (ret == -EPIPE) {
+        /* already shut: nothing more to do */
+        sock_post_simple(op, EXS_EVT_SHUTDOWN, 0);
+    } else if (ret) {
+        api_op_abandon(op);
+        err = -ret;
+    }
+out:
+    api_sock_put(s);
+    if (err)
+        return api_sync_fail(sync, q, err);
+    if (sync) {
+        exs_event_t ev;
+
+        api_wait_sync(q, &ev);
+        if (ev.exs_evt_errno)
+            return exs__err(ev.exs_evt_errno);
+    }
+    return 0;
+}
+
+/* ---- close ---- */
+
+/* Progress thread: the last step of exs_close once the connection (if any) is dead. */
+static void sock_finish_close_job(void *arg)
+{
+    struct api_sock *s = arg;
+    struct api_op *connect_op, *close_op;
+    struct exs_conn *conn;
+
+    pthread_mutex_lock(&s->lock);
+    connect_op = s->connect_op;
+    close_op = s->close_op;
+    conn = s->conn;
+    s->connect_op = s->close_op = NULL;
+    s->conn = NULL;
+    pthread_mutex_unlock(&s->lock);
+    if (connect_op)
+        sock_post_simple(connect_op, EXS_EVT_CONNECT, ECANCELED);
+    if (conn) {
+        exs__conn_destroy(conn);
+        api_sock_put(s); /* the conn's reference */
+    }
+    if (close_op)
+        sock_post_simple(close_op, EXS_EVT_CLOSE, 0);
+    api_sock_put(s); /* the closing reference */
+}
+
+static void sock_close(struct api_sock *s, struct api_op *op);
+
+/* Progress thread: close a listener and everything it holds. */
+static void sock_close_listener_job(void *arg)
+{
+    struct api_sock *s = arg;
+    struct exs_list accepts, ready, *n;
+
+    exs__engine_listener_destroy(&s->lis); /* no request arrives after this */
+    exs_list_init(&accepts);
+    exs_list_init(&ready);
+    pthread_mutex_lock(&s->lock);
+    while ((n = exs_list_pop_head(&s->accepts)))
+        exs_list_add_tail(&accepts, n);
+    while ((n = exs_list_pop_head(&s->ready)))
+        exs_list_add_tail(&ready, n);
+    pthread_mutex_unlock(&s->lock);
+    while ((n = exs_list_pop_head(&accepts)))
+        sock_post_simple(exs_list_entry(n, struct api_op, link), EXS_EVT_ACCEPT, ECANCELED);
+    while ((n = exs_list_pop_head(&ready))) {
+        struct api_sock *c = exs_list_entry(n, struct api_sock, child_link);
+
+        /* never accepted: closed as the application would */
+        sock_close(c, NULL);
+    }
+    sock_finish_close_job(s);
+}
+
+static void sock_close(struct api_sock *s, struct api_op *op)
+{
+    enum api_sock_state was;
+    int dead;
+
+    /* Exactly one of this and sock_conn_dead sees both "closing" and "dead" and
+     * queues the finish: both flags change under s->lock. */
+    pthread_mutex_lock(&s->lock);
+    was = s->state;
+    s->state = API_SOCK_CLOSING;
+    s->close_op = op;
+    dead = s->dead;
+    if (s->fd_open) {
+        close(s->fd);
+        s->fd_open = 0;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (was == API_SOCK_LISTENING)
+        exs__engine_run(sock_close_listener_job, s);
+    else if (s->conn && !dead)
+        exs__conn_close(s->conn); /* sock_conn_dead queues the finish */
+    else
+        exs__engine_run(sock_finish_close_job, s);
+}
+
+int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
+{
+    int err = 0, sync = q == EXS_QHANDLE_INVALID;
+    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_op *op;
+
+    if (!s)
+        return exs__err(err);
+    if (sync)
+        q = api_sync_queue();
+    op = api_op_new(s, EXS_EVT_CLOSE, q, ah, &err);
+    if (!op) {
+        api_sock_put(s);
+        return api_sync_fail(sync, q, err);
+    }
+    if (!tab_remove(s)) {
+        /* a concurrent close won */
+        api_op_abandon(op);
+        api_sock_put(s);
+        return api_sync_fail(sync, q, EBADF);
+    }
+    /* our get reference becomes the closing reference, dropped by the finish job */
+    sock_close(s, op);
+    if (sync) {
+        exs_event_t ev;
+
+        api_wait_sync(q, &ev);
+    }
+    return 0;
+}
+
+/* exs_fini: close every socket without events. */
+void api_sock_close_all(void)
+{
+    for (;;) {
+        struct api_sock *s = NULL;
+
+        pthread_mutex_lock(&tab_lock);
+        for (int fd = 0; fd < tab_len && !s; fd++)
+            if (tab[fd]) {
+                s = tab[fd];
+                sock_get_ref(s);
+            }
+        pthread_mutex_unlock(&tab_lock);
+        if (!s)
+            break;
+        if (tab_remove(s)) {
+            if (s->conn && s->state == API_SOCK_CONNECTED)
+                exs__conn_abort(s->conn);
+            sock_close(s, NULL);
+        } else {
+            api_sock_put(s);
+        }
+    }
+    pthread_mutex_lock(&tab_lock);
+    free(tab);
+    tab = NULL;
+    tab_len = 0;
+    pthread_mutex_unlock(&tab_lock);
+}
+
+/* ---- names and options ---- */
+
+static int sock_name(int fd, struct sockaddr *addr, socklen_t *addrlen, int peer)
+{
+    int err = 0;
+    struct api_sock *s = api_sock_get(fd, &err);
+
+    if (!s)
+        return exs__err(err);
+    if (!addr || !addrlen) {
+        err = EINVAL;
+    } else {
+        pthread_mutex_lock(&s->lock);
+        const struct sockaddr_storage *a = peer ? &s->peer : &s->local;
+        socklen_t len = peer ? s->peer_len : s->local_len;
+
+        if (peer && s->state != API_SOCK_CONNECTED)
+            err = ENOTCONN;
+        else {
+            memcpy(addr, a, EXS_MIN(*addrlen, len));
+            *addrlen = len;
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+    api_sock_put(s);
+    return err ? exs__err(err) : 0;
+}
+
+int exs_getsockname(int fd, struct sockaddr *addr, socklen_t *addrlen)
+{
+    return sock_name(fd, addr, addrlen, 0);
+}
+
+int exs_getpeername(int fd, struct sockaddr *addr, socklen_t *addrlen)
+{
+    return sock_name(fd, addr, addrlen, 1);
+}
+
+int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen)
+{
+    int err = 0, v;
+    struct api_sock *s = api_sock_get(fd, &err);
+
+    if (!s)
+        return exs__err(err);
+    if (!optval || optlen != sizeof(int)) {
+        err = EINVAL;
+        goto out;
+    }
+    memcpy(&v, optval, sizeof(v));
+    pthread_mutex_lock(&s->lock);
+    if (level == SOL_SOCKET && optname == SO_RCVBUF) {
+        if (v < (int)EXS_RING_SLOT * 16 || s->state > API_SOCK_BOUND)
+            err = EINVAL;
+        else
+            s->rcvbuf = ((uint32_t)v + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
+    } else if (level == SOL_SOCKET && optname == SO_KEEPALIVE) {
+        s->keepalive = !!v;
+    } else if (level == SOL_EXS && optname == EXS_SO_KEEPALIVE_MS) {
+        if (v <= 0)
+            err = EINVAL;
+        else
+            s->keepalive_ms = v;
+    } else if (level == SOL_EXS && optname == EXS_SO_XFER_MODE) {
+        if (v < EXS_XFER_DYNAMIC || v > EXS_XFER_INDIRECT_ONLY || s->state > API_SOCK_LISTENING)
+            err = EINVAL;
+        else
+            s->xfer_mode = v;
+    } else {
+        err = ENOPROTOOPT;
+    }
+    pthread_mutex_unlock(&s->lock);
+out:
+    api_sock_put(s);
+    return err ? exs__err(err) : 0;
+}
+
+int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen)
+{
+    int err = 0, v = 0;
+    struct api_sock *s = api_sock_get(fd, &err);
+
+    if (!s)
+        return exs__err(err);
+    if (!optval || !optlen) {
+        err = EINVAL;
+        goto out;
+    }
+    if (level == SOL_EXS && optname == EXS_SO_STATS) {
+        struct exs_sock_stats st = { 0 };
+
+        if (*optlen < sizeof(st)) {
+            err = EINVAL;
+            goto out;
+        }
+        pthread_mutex_lock(&s->lock);
+        struct exs_conn *conn = s->conn;
+        if (conn)
+            exs__conn_stats(conn, &st);
+        pthread_mutex_unlock(&s->lock);
+        memcpy(optval, &st, sizeof(st));
+        *optlen = sizeof(st);
+        goto out;
+    }
+    pthread_mutex_lock(&s->lock);
+    if (level == SOL_SOCKET && optname == SO_RCVBUF)
+        v = (int)s->rcvbuf;
+    else if (level == SOL_SOCKET && optname == SO_KEEPALIVE)
+        v = s->keepalive;
+    else if (level == SOL_SOCKET && optname == SO_TYPE)
+        v = s->type;
+    else if (level == SOL_SOCKET && optname == SO_ERROR)
+        v = 0;
+    else if (level == SOL_EXS && optname == EXS_SO_KEEPALIVE_MS)
+        v = s->keepalive_ms;
+    else if (level == SOL_EXS && optname == EXS_SO_XFER_MODE)
+        v = s->xfer_mode;
+    else
+        err = ENOPROTOOPT;
+    pthread_mutex_unlock(&s->lock);
+    if (!err) {
+        if (*optlen < sizeof(int)) {
+            err = EINVAL;
+        } else {
+            memcpy(optval, &v, sizeof(v));
+            *optlen = sizeof(int);
+        }
+    }
+out:
+    api_sock_put(s);
+    return err ? exs__err(err) : 0;
+}

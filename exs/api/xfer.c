@@ -1,0 +1,397 @@
+/* SPDX-License-Identifier: MIT */
+/* ES-API data transfer: send, receive, cancel, memory registration, synchronous waits. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "exs/api/api_int.h"
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+
+/* ---- memory registration ---- */
+
+#define MREG_GEN_SHIFT 20
+#define MREG_IDX_MASK  ((1 << MREG_GEN_SHIFT) - 1)
+
+struct api_mreg {
+    void               *addr;
+    size_t              len;
+    struct exs_prov_mr *mr;
+    int                 busy; /* operations using it */
+    int                 handle;
+};
+
+static pthread_mutex_t mreg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct api_mreg **mregs;
+static int mreg_cap, mreg_count;
+static unsigned mreg_gen;
+
+int api_mreg_live(void)
+{
+    return __atomic_load_n(&mreg_count, __ATOMIC_RELAXED);
+}
+
+exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
+{
+    struct api_mreg *m;
+    int ret, idx = -1;
+
+    if (!api_initialized()) {
+        errno = EINVAL;
+        return EXS_MHANDLE_INVALID;
+    }
+    if (!addr || !len || flags || (uintptr_t)addr + len < (uintptr_t)addr) {
+        errno = EINVAL;
+        return EXS_MHANDLE_INVALID;
+    }
+    m = calloc(1, sizeof(*m));
+    if (!m) {
+        errno = ENOMEM;
+        return EXS_MHANDLE_INVALID;
+    }
+    ret = exs__engine_ctx()->ops->mr_reg(exs__engine_ctx(), addr, len,
+                                         EXS_PROV_ACCESS_LOCAL_WRITE |
+                                             EXS_PROV_ACCESS_REMOTE_WRITE |
+                                             EXS_PROV_ACCESS_REMOTE_READ,
+                                         &m->mr);
+    if (ret) {
+        free(m);
+        errno = ret == -ENOMEM ? ENOMEM : EINVAL;
+        return EXS_MHANDLE_INVALID;
+    }
+    m->addr = addr;
+    m->len = len;
+    pthread_mutex_lock(&mreg_lock);
+    for (int i = 0; i < mreg_cap; i++)
+        if (!mregs[i]) {
+            idx = i;
+            break;
+        }
+    if (idx < 0 && mreg_cap < MREG_IDX_MASK) {
+        size_t cap = mreg_cap ? (size_t)mreg_cap * 2 : 64;
+        struct api_mreg **n = cap <= MREG_IDX_MASK ? realloc(mregs, cap * sizeof(*n)) : NULL;
+
+        if (n) {
+            memset(n + mreg_cap, 0, (cap - (size_t)mreg_cap) * sizeof(*n));
+            idx = mreg_cap;
+            mregs = n;
+            mreg_cap = (int)cap;
+        }
+    }
+    if (idx >= 0) {
+        mreg_gen = (mreg_gen + 1) % 1024;
+        m->handle = (int)(mreg_gen << MREG_GEN_SHIFT) | (idx + 1);
+        mregs[idx] = m;
+        mreg_count++;
+    }
+    pthread_mutex_unlock(&mreg_lock);
+    if (idx < 0) {
+        exs__engine_ctx()->ops->mr_dereg(m->mr);
+        free(m);
+        errno = ENOMEM;
+        return EXS_MHANDLE_INVALID;
+    }
+    return m->handle;
+}
+
+/* The registration behind mh with a busy reference (mreg_lock held by the caller). */
+static struct api_mreg *mreg_find_locked(exs_mhandle_t mh)
+{
+    int idx = (mh & MREG_IDX_MASK) - 1;
+
+    if (mh <= 0 || idx < 0 || idx >= mreg_cap || !mregs[idx] || mregs[idx]->handle != mh)
+        return NULL;
+    return mregs[idx];
+}
+
+int exs_mderegister(exs_mhandle_t mh)
+{
+    struct api_mreg *m;
+    int err = 0;
+
+    pthread_mutex_lock(&mreg_lock);
+    m = mreg_find_locked(mh);
+    if (!m)
+        err = EINVAL;
+    else if (m->busy)
+        err = EBUSY;
+    else {
+        mregs[(mh & MREG_IDX_MASK) - 1] = NULL;
+        mreg_count--;
+    }
+    pthread_mutex_unlock(&mreg_lock);
+    if (err)
+        return exs__err(err);
+    exs__engine_ctx()->ops->mr_dereg(m->mr);
+    free(m);
+    return 0;
+}
+
+void api_mreg_destroy_all(void)
+{
+    pthread_mutex_lock(&mreg_lock);
+    for (int i = 0; i < mreg_cap; i++)
+        if (mregs[i]) {
+            exs__engine_ctx()->ops->mr_dereg(mregs[i]->mr);
+            free(mregs[i]);
+        }
+    free(mregs);
+    mregs = NULL;
+    mreg_cap = mreg_count = 0;
+    pthread_mutex_unlock(&mreg_lock);
+}
+
+/* ---- operations ---- */
+
+static int op_live;
+
+int api_op_live(void)
+{
+    return __atomic_load_n(&op_live, __ATOMIC_RELAXED);
+}
+
+struct api_op *api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
+                          int *err_p)
+{
+    struct api_op *op;
+    struct exs_evq *evq;
+    int ret;
+
+    if (exs__evq_get(q, &evq)) {
+        *err_p = EINVAL;
+        return NULL;
+    }
+    ret = exs__evq_reserve(evq);
+    exs__evq_put(evq);
+    if (ret) {
+        *err_p = -ret == EAGAIN ? EAGAIN : EINVAL;
+        return NULL;
+    }
+    op = calloc(1, sizeof(*op));
+    if (!op) {
+        exs__evq_unreserve(evq);
+        *err_p = ENOMEM;
+        return NULL;
+    }
+    op->evt_type = evt_type;
+    op->fd = s->fd;
+    op->ah = ah;
+    op->evq = evq;
+    op->sock = s;
+    exs_list_init(&op->link);
+    __atomic_fetch_add(&op_live, 1, __ATOMIC_RELAXED);
+    return op;
+}
+
+static void op_release(struct api_op *op)
+{
+    if (op->mreg) {
+        pthread_mutex_lock(&mreg_lock);
+        op->mreg->busy--;
+        pthread_mutex_unlock(&mreg_lock);
+    }
+    if (op->tmp_mr)
+        exs__engine_ctx()->ops->mr_dereg(op->tmp_mr);
+    free(op);
+    __atomic_fetch_sub(&op_live, 1, __ATOMIC_RELAXED);
+}
+
+void api_op_abandon(struct api_op *op)
+{
+    exs__evq_unreserve(op->evq);
+    op_release(op);
+}
+
+void api_op_event(struct api_op *op, const exs_event_t *ev_in)
+{
+    exs_event_t ev = *ev_in;
+
+    ev.exs_evt_type = op->evt_type;
+    ev.exs_evt_fd = op->fd;
+    ev.exs_evt_ahandle = op->ah;
+    exs__evq_post(op->evq, &ev);
+    op_release(op);
+}
+
+/* proto callback: an exs_send / exs_recv / exs_shutdown finished (conn->lock held). */
+static void op_done(struct exs_op *pop)
+{
+    struct api_op *op = exs_container_of(pop, struct api_op, op);
+    exs_event_t ev = { .exs_evt_errno = pop->err };
+
+    if (op->evt_type == EXS_EVT_SEND)
+        __atomic_fetch_sub(&op->sock->n_send, 1, __ATOMIC_RELAXED);
+    else if (op->evt_type == EXS_EVT_RECV)
+        __atomic_fetch_sub(&op->sock->n_recv, 1, __ATOMIC_RELAXED);
+    ev.exs_evt_u.exs_evt_xfer.exs_evt_buf = pop->buf;
+    ev.exs_evt_u.exs_evt_xfer.exs_evt_len = pop->len;
+    ev.exs_evt_u.exs_evt_xfer.exs_evt_result = pop->err ? -1 : pop->result;
+    ev.exs_evt_u.exs_evt_xfer.exs_evt_flags = pop->rflags;
+    api_op_event(op, &ev);
+}
+
+/* ---- synchronous calls: a private queue per call ---- */
+
+exs_qhandle_t api_sync_queue(void)
+{
+    return exs_qcreate(1);
+}
+
+/* A synchronous call failed before posting: drop its queue, report err. */
+int api_sync_fail(int sync, exs_qhandle_t q, int err)
+{
+    if (sync && q != EXS_QHANDLE_INVALID)
+        exs_qdelete(q);
+    return exs__err(err);
+}
+
+int api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
+{
+    int ret = -1;
+
+    for (;;) {
+        int n = exs_qdequeue(q, ev, 1, NULL);
+
+        if (n == 1) {
+            ret = 0;
+            break;
+        }
+        if (n < 0 && errno != EINTR)
+            break;
+    }
+    exs_qdelete(q);
+    return ret;
+}
+
+/* ---- send / receive ---- */
+
+static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
+                     exs_mhandle_t mh, int recv)
+{
+    int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
+    int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
+    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_op *op = NULL;
+    int *count;
+
+    if (!s)
+        return exs__err(err);
+    count = recv ? &s->n_recv : &s->n_send;
+    if (flags & ~allowed)
+        err = EINVAL;
+    else if ((!buf && len) || (recv && !len))
+        err = EINVAL;
+    else if (len > exs__engine_ctx()->caps.max_msg_size || len > UINT32_MAX)
+        err = EMSGSIZE;
+    else if (s->state != API_SOCK_CONNECTED)
+        err = s->state == API_SOCK_CLOSING ? EBADF : ENOTCONN;
+    if (err)
+        goto out;
+    if (sync)
+        q = api_sync_queue();
+    op = api_op_new(s, recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
+    if (!op)
+        goto out;
+    op->op.kind = recv ? EXS_OP_RECV : EXS_OP_SEND;
+    op->op.buf = buf;
+    op->op.len = len;
+    op->op.flags = flags;
+    op->op.done = op_done;
+    op->op.owner = op;
+    if (mh == EXS_MHANDLE_UNREGISTERED) {
+        if (len) {
+            ret = exs__engine_ctx()->ops->mr_reg(exs__engine_ctx(), buf, len,
+                                                 EXS_PROV_ACCESS_LOCAL_WRITE |
+                                                     EXS_PROV_ACCESS_REMOTE_WRITE |
+                                                     EXS_PROV_ACCESS_REMOTE_READ,
+                                                 &op->tmp_mr);
+            if (ret) {
+                err = ret == -ENOMEM ? ENOMEM : EINVAL;
+                goto out;
+            }
+            op->op.lkey = op->tmp_mr->lkey;
+            op->op.rkey = op->tmp_mr->rkey;
+        }
+    } else {
+        struct api_mreg *m;
+
+        pthread_mutex_lock(&mreg_lock);
+        m = mreg_find_locked(mh);
+        if (m && (uintptr_t)buf >= (uintptr_t)m->addr &&
+            (uintptr_t)buf + len <= (uintptr_t)m->addr + m->len &&
+            (uintptr_t)buf + len >= (uintptr_t)buf) {
+            m->busy++;
+            op->mreg = m;
+            op->op.lkey = m->mr->lkey;
+            op->op.rkey = m->mr->rkey;
+        }
+        pthread_mutex_unlock(&mreg_lock);
+        if (!op->mreg) {
+            err = EINVAL;
+            goto out;
+        }
+    }
+    if (__atomic_add_fetch(count, 1, __ATOMIC_RELAXED) > (int)exs__params.sock_max_ops) {
+        __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
+        err = EAGAIN;
+        goto out;
+    }
+    ret = exs__conn_post(s->conn, &op->op);
+    if (ret) {
+        __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
+        err = -ret;
+        goto out;
+    }
+    op = NULL;
+out:
+    if (op)
+        api_op_abandon(op);
+    api_sock_put(s);
+    if (err)
+        return api_sync_fail(sync, q, err);
+    if (sync) {
+        exs_event_t ev;
+
+        api_wait_sync(q, &ev);
+        if (ev.exs_evt_errno)
+            return exs__err(ev.exs_evt_errno);
+        return (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+    }
+    return 0;
+}
+
+int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
+             exs_mhandle_t mh)
+{
+    return xfer_post(fd, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0);
+}
+
+int exs_recv(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
+             exs_mhandle_t mh)
+{
+    return xfer_post(fd, buf, len, flags, q, ah, mh, 1);
+}
+
+static int cancel_match(struct exs_op *pop, void *arg)
+{
+    struct api_op *op = exs_container_of(pop, struct api_op, op);
+
+    return op->ah == arg;
+}
+
+int exs_cancel(int fd, exs_ahandle_t ah, int flags)
+{
+    int err = 0;
+    struct api_sock *s = api_sock_get(fd, &err);
+
+    if (!s)
+        return exs__err(err);
+    if (flags)
+        err = EINVAL;
+    else if (s->conn)
+        exs__conn_cancel(s->conn, cancel_match, ah);
+    api_sock_put(s);
+    return err ? exs__err(err) : 0;
+}

@@ -1,0 +1,245 @@
+/* SPDX-License-Identifier: MIT */
+/* The progress thread: a libev loop over the provider's event descriptor plus a job queue. */
+#include <errno.h>
+#include <ev.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exs/engine/engine.h"
+#include "exs/util/list.h"
+#include "exs/util/log.h"
+#include "exs/util/util.h"
+
+#define ENG_CQE_BATCH 64
+
+struct eng_job {
+    struct exs_list link;
+    void          (*fn)(void *arg);
+    void           *arg;
+};
+
+static struct {
+    struct exs_prov_ctx *ctx;
+    struct ev_loop      *loop;
+    ev_io                prov_io;
+    ev_async             wake;
+    pthread_t            thread;
+    pthread_mutex_t      lock; /* jobs, stopping */
+    struct exs_list      jobs;
+    int                  stopping;
+    int                  running;
+} eng = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static __thread int eng_is_progress_thread;
+
+struct exs_prov_ctx *exs__engine_ctx(void)
+{
+    return eng.ctx;
+}
+
+int exs__engine_on_thread(void)
+{
+    return eng_is_progress_thread;
+}
+
+static void eng_dispatch_cm(const struct exs_prov_cm_event *ev)
+{
+    if (ev->type == EXS_PROV_CM_CONNECT_REQUEST) {
+        struct exs_eng_listener *lis = ev->listener->user;
+
+        lis->on_request(lis, ev);
+        return;
+    }
+    if (ev->ep && ev->ep->user)
+        exs__conn_on_cm(ev->ep->user, ev);
+}
+
+/* Drain completions and connection events until both queues are empty and the event
+ * descriptor is armed again. */
+static void eng_drain(void)
+{
+    struct exs_prov_cqe cqe[ENG_CQE_BATCH];
+    struct exs_prov_cm_event evbuf, *ev = &evbuf;
+
+    for (;;) {
+        int n = exs__prov_poll(eng.ctx, cqe, ENG_CQE_BATCH), m = 0;
+
+        for (int i = 0; i < n; i++)
+            exs__conn_on_cqe(cqe[i].ep->user, &cqe[i]);
+        while (exs__prov_cm_poll(eng.ctx, ev) == 1) {
+            eng_dispatch_cm(ev);
+            m++;
+        }
+        if (n > 0 || m > 0)
+            continue;
+        if (exs__prov_arm(eng.ctx) != -EAGAIN)
+            break;
+    }
+}
+
+static void eng_run_jobs(void)
+{
+    for (;;) {
+        struct exs_list *n;
+
+        pthread_mutex_lock(&eng.lock);
+        n = exs_list_pop_head(&eng.jobs);
+        pthread_mutex_unlock(&eng.lock);
+        if (!n)
+            break;
+        struct eng_job *job = exs_list_entry(n, struct eng_job, link);
+        job->fn(job->arg);
+        free(job);
+    }
+}
+
+static void eng_prov_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop;
+    (void)w;
+    (void)revents;
+    eng_drain();
+    eng_run_jobs();
+}
+
+static void eng_async_cb(struct ev_loop *loop, ev_async *w, int revents)
+{
+    (void)w;
+    (void)revents;
+    eng_run_jobs();
+    eng_drain();
+    pthread_mutex_lock(&eng.lock);
+    int stop = eng.stopping && exs_list_empty(&eng.jobs);
+    pthread_mutex_unlock(&eng.lock);
+    if (stop)
+        ev_break(loop, EVBREAK_ALL);
+}
+
+static void *eng_main(void *arg)
+{
+    (void)arg;
+    eng_is_progress_thread = 1;
+    eng_drain();
+    ev_run(eng.loop, 0);
+    return NULL;
+}
+
+int exs__engine_start(void)
+{
+    int ret;
+
+    exs_list_init(&eng.jobs);
+    ret = exs__prov_open_default(&(struct exs_prov_attr){ 0 }, &eng.ctx);
+    if (ret)
+        return ret;
+    eng.loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
+    if (!eng.loop) {
+        ret = -ENOMEM;
+        goto err_close;
+    }
+    ev_io_init(&eng.prov_io, eng_prov_cb, eng.ctx->ops->ctx_event_fd(eng.ctx), EV_READ);
+    ev_io_start(eng.loop, &eng.prov_io);
+    ev_async_init(&eng.wake, eng_async_cb);
+    ev_async_start(eng.loop, &eng.wake);
+    eng.stopping = 0;
+    ret = -pthread_create(&eng.thread, NULL, eng_main, NULL);
+    if (ret)
+        goto err_loop;
+    eng.running = 1;
+    EXS_INFO(ENG, "engine started on provider %s", eng.ctx->ops->name);
+    return 0;
+
+err_loop:
+    ev_loop_destroy(eng.loop);
+    eng.loop = NULL;
+err_close:
+    eng.ctx->ops->ctx_close(eng.ctx);
+    eng.ctx = NULL;
+    return ret;
+}
+
+void exs__engine_stop(void)
+{
+    if (!eng.running)
+        return;
+    pthread_mutex_lock(&eng.lock);
+    eng.stopping = 1;
+    pthread_mutex_unlock(&eng.lock);
+    ev_async_send(eng.loop, &eng.wake);
+    pthread_join(eng.thread, NULL);
+    eng_run_jobs();
+    ev_loop_destroy(eng.loop);
+    eng.loop = NULL;
+    eng.ctx->ops->ctx_close(eng.ctx);
+    eng.ctx = NULL;
+    eng.running = 0;
+}
+
+int exs__engine_run(void (*fn)(void *arg), void *arg)
+{
+    struct eng_job *job = malloc(sizeof(*job));
+
+    if (!job)
+        return -ENOMEM;
+    job->fn = fn;
+    job->arg = arg;
+    pthread_mutex_lock(&eng.lock);
+    exs_list_add_tail(&eng.jobs, &job->link);
+    pthread_mutex_unlock(&eng.lock);
+    ev_async_send(eng.loop, &eng.wake);
+    return 0;
+}
+
+struct eng_call {
+    void          (*fn)(void *arg);
+    void           *arg;
+    pthread_mutex_t lock;
+    pthread_cond_t  cond;
+    int             done;
+};
+
+static void eng_call_job(void *arg)
+{
+    struct eng_call *c = arg;
+
+    c->fn(c->arg);
+    pthread_mutex_lock(&c->lock);
+    c->done = 1;
+    pthread_cond_signal(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+}
+
+int exs__engine_call(void (*fn)(void *arg), void *arg)
+{
+    struct eng_call c = { .fn = fn, .arg = arg };
+    int ret;
+
+    EXS_ASSERT(!eng_is_progress_thread);
+    pthread_mutex_init(&c.lock, NULL);
+    pthread_cond_init(&c.cond, NULL);
+    ret = exs__engine_run(eng_call_job, &c);
+    if (!ret) {
+        pthread_mutex_lock(&c.lock);
+        while (!c.done)
+            pthread_cond_wait(&c.cond, &c.lock);
+        pthread_mutex_unlock(&c.lock);
+    }
+    pthread_cond_destroy(&c.cond);
+    pthread_mutex_destroy(&c.lock);
+    return ret;
+}
+
+int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr,
+                       socklen_t addrlen, int backlog)
+{
+    return eng.ctx->ops->listen(eng.ctx, addr, addrlen, backlog, lis, &lis->pl);
+}
+
+void exs__engine_listener_destroy(struct exs_eng_listener *lis)
+{
+    EXS_ASSERT(eng_is_progress_thread);
+    if (lis->pl)
+        eng.ctx->ops->listener_destroy(lis->pl);
+    lis->pl = NULL;
+}

@@ -1,0 +1,866 @@
+/* SPDX-License-Identifier: MIT */
+/* Connection core: resources, handshake, credits, control records, completion dispatch. */
+#include <endian.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "exs/proto/proto_int.h"
+#include "exs/util/log.h"
+#include "exs/util/util.h"
+
+#define CONN_TX_SLOTS 16u
+
+static int conn_live;
+
+int exs__conn_live_count(void)
+{
+    return __atomic_load_n(&conn_live, __ATOMIC_RELAXED);
+}
+
+static const char *const conn_state_names[] = {
+    [EXS_CONN_IDLE] = "IDLE",     [EXS_CONN_CONNECTING] = "CONNECTING",
+    [EXS_CONN_CONNECTED] = "CONNECTED", [EXS_CONN_CLOSING] = "CLOSING",
+    [EXS_CONN_DOWN] = "DOWN",     [EXS_CONN_DEAD] = "DEAD",
+};
+
+static void conn_set_state(struct exs_conn *conn, enum exs_conn_state st, const char *why)
+{
+    EXS_DBG(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, conn_state_names[conn->state],
+            conn_state_names[st], why);
+    conn->state = st;
+}
+
+/* ---- resources ---- */
+
+static int conn_post_rx_locked(struct exs_conn *conn, uint32_t slot)
+{
+    struct exs_prov_sge sge = {
+        .addr = (uintptr_t)(conn->rx_bufs + (size_t)slot * EXS_WIRE_CTRL_MAX),
+        .length = EXS_WIRE_CTRL_MAX,
+        .lkey = conn->rx_mr->lkey,
+    };
+    struct exs_prov_recv_wr wr = {
+        .wr_id = WR_ID(WR_TAG_RX, (uint64_t)slot << 3), .sg_list = &sge, .num_sge = 1
+    };
+
+    return exs__prov_post_recv(conn->ep, &wr);
+}
+
+static void conn_release_locked(struct exs_conn *conn)
+{
+    const struct exs_prov_ops *ops = conn->ctx->ops;
+
+    if (conn->ep)
+        ops->ep_destroy(conn->ep);
+    conn->ep = NULL;
+    if (conn->ring_mr)
+        ops->mr_dereg(conn->ring_mr);
+    if (conn->rx_mr)
+        ops->mr_dereg(conn->rx_mr);
+    if (conn->tx_mr)
+        ops->mr_dereg(conn->tx_mr);
+    conn->ring_mr = conn->rx_mr = conn->tx_mr = NULL;
+    free(conn->ring);
+    free(conn->rx_bufs);
+    free(conn->tx_bufs);
+    free(conn->tx_free);
+    free(conn->tx_op);
+    free(conn->adverts);
+    conn->ring = conn->rx_bufs = conn->tx_bufs = NULL;
+    conn->tx_free = NULL;
+    conn->tx_op = NULL;
+    conn->adverts = NULL;
+    sp_free_pending_locked(conn);
+}
+
+int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
+                     const struct exs_conn_cb *cb, void *owner, struct exs_conn **conn_p)
+{
+    const struct exs_prov_ops *ops = ctx->ops;
+    struct exs_conn *conn;
+    int ret = -ENOMEM;
+
+    if (p->credits < 2 || p->credits > EXS_IMM_CREDITS_MAX || p->ring_size % EXS_RING_SLOT ||
+        p->ring_size < EXS_RING_SLOT)
+        return -EINVAL;
+    conn = calloc(1, sizeof(*conn));
+    if (!conn)
+        return -ENOMEM;
+    pthread_mutex_init(&conn->lock, NULL);
+    conn->ctx = ctx;
+    conn->cb = cb;
+    conn->owner = owner;
+    conn->p = *p;
+    exs_list_init(&conn->sendq);
+    exs_list_init(&conn->recvq);
+    exs_list_init(&conn->pending);
+
+    conn->tx_slots = CONN_TX_SLOTS;
+    conn->adv_cap = 64;
+    conn->ring = aligned_alloc(4096, p->ring_size);
+    conn->rx_bufs = aligned_alloc(64, (size_t)p->credits * EXS_WIRE_CTRL_MAX);
+    conn->tx_bufs = aligned_alloc(64, (size_t)conn->tx_slots * EXS_WIRE_CTRL_MAX);
+    conn->tx_free = calloc(conn->tx_slots, sizeof(*conn->tx_free));
+    conn->tx_op = calloc(conn->tx_slots, sizeof(*conn->tx_op));
+    conn->adverts = calloc(conn->adv_cap, sizeof(*conn->adverts));
+    if (!conn->ring || !conn->rx_bufs || !conn->tx_bufs || !conn->tx_free || !conn->tx_op ||
+        !conn->adverts)
+        goto err;
+    for (uint32_t i = 0; i < conn->tx_slots; i++)
+        conn->tx_free[conn->tx_free_top++] = i;
+
+    ret = ops->mr_reg(ctx, conn->ring, p->ring_size,
+                      EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_mr);
+    if (ret)
+        goto err;
+    ret = ops->mr_reg(ctx, conn->rx_bufs, (size_t)p->credits * EXS_WIRE_CTRL_MAX,
+                      EXS_PROV_ACCESS_LOCAL_WRITE, &conn->rx_mr);
+    if (ret)
+        goto err;
+    ret = ops->mr_reg(ctx, conn->tx_bufs, (size_t)conn->tx_slots * EXS_WIRE_CTRL_MAX,
+                      EXS_PROV_ACCESS_LOCAL_WRITE, &conn->tx_mr);
+    if (ret)
+        goto err;
+
+    struct exs_prov_ep_attr attr = {
+        .max_send_wr = p->credits + p->max_reads + conn->tx_slots + 8,
+        .max_recv_wr = p->credits,
+        .max_inline = 0,
+        .rnr_retry = 3,
+        .user = conn,
+    };
+    ret = ops->ep_create(ctx, &attr, &conn->ep);
+    if (ret)
+        goto err;
+    for (uint32_t i = 0; i < p->credits; i++) {
+        ret = conn_post_rx_locked(conn, i);
+        if (ret)
+            goto err;
+    }
+    conn->credits = 0; /* granted by the peer's hello */
+    __atomic_fetch_add(&conn_live, 1, __ATOMIC_RELAXED);
+    *conn_p = conn;
+    return 0;
+
+err:
+    EXS_WARN(PROTO, "conn: set-up failed: %s", strerror(-ret));
+    conn_release_locked(conn);
+    pthread_mutex_destroy(&conn->lock);
+    free(conn);
+    return ret;
+}
+
+void exs__conn_destroy(struct exs_conn *conn)
+{
+    EXS_ASSERT(conn->state == EXS_CONN_DEAD || conn->state == EXS_CONN_IDLE);
+    EXS_ASSERT(exs_list_empty(&conn->sendq) && exs_list_empty(&conn->recvq));
+    conn_release_locked(conn);
+    pthread_mutex_destroy(&conn->lock);
+    free(conn);
+    __atomic_fetch_sub(&conn_live, 1, __ATOMIC_RELAXED);
+}
+
+/* ---- handshake (§2) ---- */
+
+static uint8_t wire_sock_type(int type)
+{
+    return type == SOCK_STREAM ? EXS_WIRE_SOCK_STREAM : EXS_WIRE_SOCK_SEQPACKET;
+}
+
+void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *h)
+{
+    memset(h, 0, sizeof(*h));
+    h->magic = htobe16(EXS_WIRE_MAGIC);
+    h->version = EXS_WIRE_VERSION;
+    h->sock_type = wire_sock_type(conn->p.sock_type);
+    h->features = htobe16(EXS_WIRE_FEAT_ALL);
+    h->credits = htobe16((uint16_t)conn->p.credits);
+    h->ctrl_size = htobe32(EXS_WIRE_CTRL_MAX);
+    h->ring_size = htobe32(conn->p.ring_size);
+    h->ring_addr = htobe64((uintptr_t)conn->ring);
+    h->ring_rkey = htobe32(conn->ring_mr->rkey);
+    h->eager_max = htobe32(conn->p.eager_max);
+    h->max_msg = 0;
+    h->xfer_mode = (uint8_t)conn->p.xfer_mode;
+}
+
+int exs__conn_hello_check(const void *pd, uint32_t len, int sock_type)
+{
+    struct exs_wire_hello h;
+
+    if (len < EXS_WIRE_HELLO_LEN)
+        return EXS_WIRE_REJ_VERSION;
+    memcpy(&h, pd, sizeof(h));
+    if (be16toh(h.magic) != EXS_WIRE_MAGIC || h.version != EXS_WIRE_VERSION)
+        return EXS_WIRE_REJ_VERSION;
+    if (h.sock_type != wire_sock_type(sock_type))
+        return EXS_WIRE_REJ_SOCK_TYPE;
+    if (be16toh(h.credits) < 2 || be16toh(h.credits) > EXS_IMM_CREDITS_MAX ||
+        be32toh(h.ctrl_size) < EXS_WIRE_CTRL_MAX || be32toh(h.ring_size) % EXS_RING_SLOT)
+        return EXS_WIRE_REJ_VERSION;
+    return 0;
+}
+
+/* Adopt a checked peer hello: host-order copy, initial credits. */
+static void conn_adopt_hello_locked(struct exs_conn *conn, const void *pd)
+{
+    struct exs_wire_hello h;
+
+    memcpy(&h, pd, sizeof(h));
+    conn->peer.magic = be16toh(h.magic);
+    conn->peer.version = h.version;
+    conn->peer.sock_type = h.sock_type;
+    conn->peer.features = be16toh(h.features) & EXS_WIRE_FEAT_ALL;
+    conn->peer.credits = be16toh(h.credits);
+    conn->peer.ctrl_size = be32toh(h.ctrl_size);
+    conn->peer.ring_size = be32toh(h.ring_size);
+    conn->peer.ring_addr = be64toh(h.ring_addr);
+    conn->peer.ring_rkey = be32toh(h.ring_rkey);
+    conn->peer.eager_max = be32toh(h.eager_max);
+    conn->peer.max_msg = be32toh(h.max_msg);
+    conn->peer.xfer_mode = h.xfer_mode;
+    conn->credits = conn->peer.credits;
+}
+
+int exs__conn_connect(struct exs_conn *conn, const struct sockaddr *addr, socklen_t len)
+{
+    struct exs_wire_hello h;
+    int ret;
+
+    pthread_mutex_lock(&conn->lock);
+    exs__conn_hello(conn, &h);
+    conn->active = 1;
+    conn_set_state(conn, EXS_CONN_CONNECTING, "connect");
+    ret = conn->ctx->ops->connect(conn->ep, addr, len, &h, sizeof(h));
+    if (ret)
+        conn_set_state(conn, EXS_CONN_IDLE, "connect failed");
+    pthread_mutex_unlock(&conn->lock);
+    return ret;
+}
+
+int exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const void *peer_pd)
+{
+    struct exs_wire_hello h;
+    int ret;
+
+    pthread_mutex_lock(&conn->lock);
+    conn_adopt_hello_locked(conn, peer_pd);
+    exs__conn_hello(conn, &h);
+    conn_set_state(conn, EXS_CONN_CONNECTING, "accept");
+    ret = conn->ctx->ops->accept(req, conn->ep, &h, sizeof(h));
+    if (ret)
+        conn_set_state(conn, EXS_CONN_IDLE, "accept failed");
+    pthread_mutex_unlock(&conn->lock);
+    return ret;
+}
+
+/* ---- credits and control records (§3, §5) ---- */
+
+/* May one more message that consumes a peer receive go out? The last credit is kept for
+ * a message that returns credits, so two starved sides can always unblock each other. */
+int conn_can_spend_locked(struct exs_conn *conn)
+{
+    return conn->credits > 1 || (conn->credits == 1 && conn->owed > 0);
+}
+
+uint32_t conn_take_owed_imm_locked(struct exs_conn *conn)
+{
+    uint32_t n = EXS_MIN(conn->owed, EXS_IMM_CREDITS_MAX);
+
+    conn->owed -= n;
+    return n;
+}
+
+int conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len)
+{
+    /* keep room for the ACK record the flush may add */
+    return conn->ctrl_len + len + EXS_WIRE_ACK_LEN <= EXS_WIRE_CTRL_MAX;
+}
+
+void conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t len)
+{
+    EXS_ASSERT(conn_ctrl_room_locked(conn, len));
+    memcpy(conn->ctrl_out + conn->ctrl_len, rec, len);
+    conn->ctrl_len += len;
+}
+
+static int conn_needs_ack_locked(struct exs_conn *conn)
+{
+    return conn->owed >= conn->p.credits / 2 ||
+           conn->rd_consumed - conn->rd_reported >= conn->p.ring_size / 4;
+}
+
+/* Send the pending control records (adding an ACK when owed). Returns 1 when nothing
+ * remains pending, 0 when they must wait (no credit or send slot). */
+int conn_ctrl_flush_locked(struct exs_conn *conn)
+{
+    struct exs_wire_ctrl_hdr *first;
+    uint32_t slot;
+    uint8_t *dst;
+    int ret;
+
+    if (!conn->ctrl_len && !conn_needs_ack_locked(conn))
+        return 1;
+    if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
+        return 0;
+    if (!conn->tx_free_top || !conn_can_spend_locked(conn)) {
+        if (conn->ctrl_len)
+            conn->stats.credit_stalls++;
+        return 0;
+    }
+    if (conn->rd_consumed != conn->rd_reported || !conn->ctrl_len) {
+        struct exs_wire_ack ack = {
+            .hdr = { .type = EXS_CTRL_ACK, .len = htobe16(EXS_WIRE_ACK_LEN) },
+            .ring_consumed = htobe64(conn->rd_consumed),
+        };
+        memcpy(conn->ctrl_out + conn->ctrl_len, &ack, sizeof(ack));
+        conn->ctrl_len += EXS_WIRE_ACK_LEN;
+        conn->rd_reported = conn->rd_consumed;
+    }
+    first = (struct exs_wire_ctrl_hdr *)(void *)conn->ctrl_out;
+    uint32_t give = EXS_MIN(conn->owed, 0xffffu);
+    first->credits = htobe16((uint16_t)give);
+
+    slot = conn->tx_free[--conn->tx_free_top];
+    dst = conn->tx_bufs + (size_t)slot * EXS_WIRE_CTRL_MAX;
+    memcpy(dst, conn->ctrl_out, conn->ctrl_len);
+    struct exs_prov_sge sge = { (uintptr_t)dst, conn->ctrl_len, conn->tx_mr->lkey };
+    struct exs_prov_send_wr wr = {
+        .wr_id = WR_ID(WR_TAG_CTRL, (uint64_t)slot << 3),
+        .opcode = EXS_PROV_WR_SEND,
+        .flags = EXS_PROV_SEND_SIGNALED,
+        .sg_list = &sge,
+        .num_sge = 1,
+    };
+    ret = exs__prov_post_send(conn->ep, &wr);
+    if (ret) {
+        conn->tx_free[conn->tx_free_top++] = slot;
+        conn_fail_locked(conn, ECONNRESET, "control send failed");
+        return 0;
+    }
+    EXS_TRACE(PROTO, "conn %p: control send %u bytes, %u credits returned, %u left",
+              (void *)conn, conn->ctrl_len, give, conn->credits - 1);
+    conn->tx_op[slot].op = conn->shut_op;
+    conn->tx_op[slot].shut = conn->shut_in_ctrl;
+    conn->shut_op = NULL;
+    conn->shut_in_ctrl = 0;
+    conn->owed -= give;
+    conn->credits--;
+    conn->ctrl_len = 0;
+    return 1;
+}
+
+int conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
+                               uint32_t rkey, uint32_t len, uint32_t imm)
+{
+    struct exs_prov_sge sge = { (uintptr_t)op->buf, len, op->lkey };
+    struct exs_prov_send_wr wr = {
+        .wr_id = WR_ID(WR_TAG_DATA, (uintptr_t)op),
+        .opcode = EXS_PROV_WR_RDMA_WRITE_WITH_IMM,
+        .flags = EXS_PROV_SEND_SIGNALED,
+        .sg_list = &sge,
+        .num_sge = len ? 1 : 0,
+        .imm_data = imm,
+        .remote_addr = raddr,
+        .rkey = rkey,
+    };
+    int ret = exs__prov_post_send(conn->ep, &wr);
+
+    if (ret) {
+        conn_fail_locked(conn, ECONNRESET, "data write failed");
+        return ret;
+    }
+    conn->credits--;
+    return 0;
+}
+
+/* ---- operations ---- */
+
+/* Append the SHUTDOWN record (§8) after everything sent so far; op, if any, is the
+ * exs_shutdown operation its SEND completes. */
+void conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    struct exs_wire_shutdown s = {
+        .hdr = { .type = EXS_CTRL_SHUTDOWN, .len = htobe16(EXS_WIRE_SHUTDOWN_LEN) },
+        .seq = htobe64(conn->tx_seq),
+    };
+
+    conn_ctrl_append_locked(conn, &s, sizeof(s));
+    conn->shut_sent = 1;
+    conn->shut_in_ctrl = 1;
+    conn->shut_op = op;
+}
+
+/* A cancelled operation always reports ECANCELED, whatever became of it. */
+void conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
+{
+    if (op->cancel)
+        err = ECANCELED;
+    op->result = err ? -1 : result;
+    op->err = err;
+    op->state = EXS_OPS_DONE;
+}
+
+/* Hand finished operations to their owners, each direction in posting order. */
+static void conn_deliver_locked(struct exs_conn *conn)
+{
+    struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
+
+    for (int i = 0; i < 2; i++) {
+        while (!exs_list_empty(q[i])) {
+            struct exs_op *op = exs_list_entry(q[i]->next, struct exs_op, link);
+
+            if (op->state != EXS_OPS_DONE)
+                break;
+            exs_list_del(&op->link);
+            op->done(op);
+        }
+    }
+}
+
+void conn_kick_locked(struct exs_conn *conn)
+{
+    if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) {
+        sp_recv_progress_locked(conn);
+        sp_send_progress_locked(conn);
+        conn_ctrl_flush_locked(conn);
+    }
+    conn_deliver_locked(conn);
+}
+
+void conn_fail_locked(struct exs_conn *conn, int err, const char *why)
+{
+    if (conn->state >= EXS_CONN_DOWN)
+        return;
+    if (conn->state == EXS_CONN_CONNECTED)
+        EXS_INFO(PROTO, "conn %p: %s: connection reset", (void *)conn, why);
+    if (!conn->err)
+        conn->err = err;
+    conn_set_state(conn, EXS_CONN_DOWN, why);
+    conn->ctx->ops->disconnect(conn->ep);
+}
+
+/* The connection is over: every operation still outstanding completes, the provider
+ * resources go, and the owner hears of it. */
+static void conn_dead_locked(struct exs_conn *conn, int err)
+{
+    struct exs_list *pos;
+
+    if (!conn->err)
+        conn->err = err;
+    conn_set_state(conn, EXS_CONN_DEAD, "disconnected");
+    exs_list_for_each(pos, &conn->sendq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state != EXS_OPS_DONE)
+            conn_op_finish_locked(op, -1, op->cancel ? ECANCELED : conn->err);
+    }
+    exs_list_for_each(pos, &conn->recvq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state == EXS_OPS_DONE)
+            continue;
+        if (op->cancel)
+            conn_op_finish_locked(op, -1, ECANCELED);
+        else if (conn->peer_shut)
+            conn_op_finish_locked(op, 0, 0);
+        else
+            conn_op_finish_locked(op, -1, conn->err);
+    }
+    conn_deliver_locked(conn);
+    conn_release_locked(conn);
+}
+
+int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
+{
+    int ret = 0;
+
+    pthread_mutex_lock(&conn->lock);
+    switch (conn->state) {
+    case EXS_CONN_IDLE:
+    case EXS_CONN_CONNECTING:
+        ret = -ENOTCONN;
+        goto out;
+    case EXS_CONN_CLOSING:
+        ret = -EBADF;
+        goto out;
+    default:
+        break;
+    }
+    if (op->kind != EXS_OP_RECV && (conn->shut_queued || conn->shut_sent)) {
+        ret = -EPIPE;
+        goto out;
+    }
+    op->state = EXS_OPS_QUEUED;
+    op->result = 0;
+    op->err = 0;
+    op->rflags = 0;
+    if (op->kind == EXS_OP_RECV) {
+        exs_list_add_tail(&conn->recvq, &op->link);
+        if (conn->state >= EXS_CONN_DOWN) {
+            if (conn->peer_shut)
+                conn_op_finish_locked(op, 0, 0);
+            else if (conn->state == EXS_CONN_DEAD)
+                conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
+        }
+    } else {
+        if (op->kind == EXS_OP_SHUTDOWN)
+            conn->shut_queued = 1;
+        exs_list_add_tail(&conn->sendq, &op->link);
+        if (conn->state == EXS_CONN_DEAD)
+            conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
+    }
+    conn_kick_locked(conn);
+out:
+    pthread_mutex_unlock(&conn->lock);
+    return ret;
+}
+
+/* An op may be cancelled while nothing of it is on the wire; a receive also only when
+ * no advertised receive follows it (the advert's message number counts it). */
+static int conn_cancellable_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    struct exs_list *pos;
+
+    if (op->state != EXS_OPS_QUEUED)
+        return 0;
+    if (op->kind != EXS_OP_RECV)
+        return 1;
+    for (pos = op->link.next; pos != &conn->recvq; pos = pos->next)
+        if (exs_list_entry(pos, struct exs_op, link)->state == EXS_OPS_ADVERTISED)
+            return 0;
+    return 1;
+}
+
+int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void *arg), void *arg)
+{
+    struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
+    struct exs_list *pos;
+    int n = 0;
+
+    pthread_mutex_lock(&conn->lock);
+    for (int i = 0; i < 2; i++) {
+        exs_list_for_each(pos, q[i]) {
+            struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+            if (op->state == EXS_OPS_DONE || !match(op, arg))
+                continue;
+            if (op->kind == EXS_OP_SHUTDOWN)
+                continue;
+            if (conn_cancellable_locked(conn, op) || conn->state >= EXS_CONN_DOWN) {
+                conn_op_finish_locked(op, -1, ECANCELED);
+                n++;
+            }
+        }
+    }
+    conn_kick_locked(conn);
+    pthread_mutex_unlock(&conn->lock);
+    return n;
+}
+
+void exs__conn_close(struct exs_conn *conn)
+{
+    struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
+    struct exs_list *pos;
+
+    pthread_mutex_lock(&conn->lock);
+    /* Everything outstanding completes with ECANCELED: at once when nothing of it is
+     * on the wire, else when the disconnect has flushed it (its buffer is then free). */
+    for (int i = 0; i < 2; i++) {
+        exs_list_for_each(pos, q[i]) {
+            struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+            if (op->state == EXS_OPS_DONE)
+                continue;
+            op->cancel = 1;
+            if (op->state == EXS_OPS_QUEUED)
+                conn_op_finish_locked(op, -1, ECANCELED);
+        }
+    }
+    switch (conn->state) {
+    case EXS_CONN_CONNECTED:
+        /* Say goodbye with a SHUTDOWN record, then disconnect once its SEND completed,
+         * so the peer reads end of stream rather than a reset. */
+        conn_set_state(conn, EXS_CONN_CLOSING, "close");
+        if (!conn->shut_sent) {
+            if (!conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
+                conn_ctrl_flush_locked(conn);
+            if (conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
+                conn_shutdown_record_locked(conn, NULL);
+            else
+                conn->shut_done = 1; /* cannot: reset below */
+        }
+        if (conn->shut_done) {
+            conn_set_state(conn, EXS_CONN_DOWN, "closed");
+            conn->ctx->ops->disconnect(conn->ep);
+        } else {
+            conn_ctrl_flush_locked(conn);
+        }
+        break;
+    case EXS_CONN_CONNECTING:
+        conn_set_state(conn, EXS_CONN_DOWN, "close while connecting");
+        conn->ctx->ops->disconnect(conn->ep);
+        break;
+    default:
+        break;
+    }
+    conn_deliver_locked(conn);
+    pthread_mutex_unlock(&conn->lock);
+}
+
+void exs__conn_abort_locked(struct exs_conn *conn)
+{
+    if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING ||
+        conn->state == EXS_CONN_CONNECTING) {
+        conn_set_state(conn, EXS_CONN_DOWN, "abort");
+        conn->ctx->ops->disconnect(conn->ep);
+    }
+}
+
+void exs__conn_abort(struct exs_conn *conn)
+{
+    pthread_mutex_lock(&conn->lock);
+    exs__conn_abort_locked(conn);
+    pthread_mutex_unlock(&conn->lock);
+}
+
+void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
+{
+    pthread_mutex_lock(&conn->lock);
+    *st = conn->stats;
+    pthread_mutex_unlock(&conn->lock);
+}
+
+/* ---- completions (progress thread) ---- */
+
+static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32_t len)
+{
+    uint32_t off = 0;
+
+    while (off < len) {
+        struct exs_wire_ctrl_hdr h;
+        uint32_t rlen, want = 0;
+
+        if (len - off < EXS_WIRE_CTRL_HDR_LEN)
+            return -EPROTO;
+        memcpy(&h, buf + off, sizeof(h));
+        rlen = be16toh(h.len);
+        if (rlen < EXS_WIRE_CTRL_HDR_LEN || rlen % 8 || rlen > len - off)
+            return -EPROTO;
+        switch (h.type) {
+        case EXS_CTRL_ACK: want = EXS_WIRE_ACK_LEN; break;
+        case EXS_CTRL_ADVERT: want = EXS_WIRE_ADVERT_LEN; break;
+        case EXS_CTRL_ANNOUNCE: want = EXS_WIRE_ANNOUNCE_LEN; break;
+        case EXS_CTRL_READ_DONE: want = EXS_WIRE_READ_DONE_LEN; break;
+        case EXS_CTRL_SHUTDOWN: want = EXS_WIRE_SHUTDOWN_LEN; break;
+        case EXS_CTRL_NOP: want = EXS_WIRE_NOP_LEN; break;
+        default: return -EPROTO;
+        }
+        if (rlen != want)
+            return -EPROTO;
+        EXS_TRACE(PROTO, "conn %p: control record type %u, %u credits", (void *)conn, h.type,
+                  be16toh(h.credits));
+        conn->credits += be16toh(h.credits);
+        if (conn->credits > conn->peer.credits)
+            return -EPROTO;
+
+        const uint8_t *rec = buf + off;
+        switch (h.type) {
+        case EXS_CTRL_ACK: {
+            struct exs_wire_ack a;
+            memcpy(&a, rec, sizeof(a));
+            uint64_t c = be64toh(a.ring_consumed);
+            if (c - conn->wr_consumed > conn->wr_tail - conn->wr_consumed)
+                return -EPROTO;
+            conn->wr_consumed = c;
+            break;
+        }
+        case EXS_CTRL_ADVERT: {
+            struct exs_wire_advert a;
+            memcpy(&a, rec, sizeof(a));
+            if (sp_on_advert_locked(conn, &a))
+                return -EPROTO;
+            break;
+        }
+        case EXS_CTRL_ANNOUNCE: {
+            struct exs_wire_announce a;
+            memcpy(&a, rec, sizeof(a));
+            if (sp_on_announce_locked(conn, &a))
+                return -EPROTO;
+            break;
+        }
+        case EXS_CTRL_READ_DONE: {
+            struct exs_wire_read_done d;
+            memcpy(&d, rec, sizeof(d));
+            if (sp_on_read_done_locked(conn, be64toh(d.seq)))
+                return -EPROTO;
+            break;
+        }
+        case EXS_CTRL_SHUTDOWN: {
+            struct exs_wire_shutdown s;
+            memcpy(&s, rec, sizeof(s));
+            if (conn->peer_shut || be64toh(s.seq) < conn->rx_seq)
+                return -EPROTO;
+            conn->peer_shut = 1;
+            conn->peer_total = be64toh(s.seq);
+            break;
+        }
+        default:
+            break;
+        }
+        off += rlen;
+    }
+    return 0;
+}
+
+static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe, uint32_t slot)
+{
+    int ret = 0;
+
+    if (cqe->opcode == EXS_PROV_WC_RECV) {
+        ret = conn_on_ctrl_locked(conn, conn->rx_bufs + (size_t)slot * EXS_WIRE_CTRL_MAX,
+                                  cqe->byte_len);
+    } else if (cqe->opcode == EXS_PROV_WC_RECV_RDMA_WITH_IMM &&
+               (cqe->flags & EXS_PROV_WC_WITH_IMM)) {
+        conn->credits += exs_imm_credits(cqe->imm_data);
+        if (conn->credits > conn->peer.credits)
+            ret = -EPROTO;
+        else
+            ret = sp_on_data_locked(conn, cqe->imm_data, cqe->byte_len);
+    } else {
+        ret = -EPROTO;
+    }
+    if (ret) {
+        conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
+        return;
+    }
+    if (conn_post_rx_locked(conn, slot)) {
+        conn_fail_locked(conn, ECONNRESET, "receive re-post failed");
+        return;
+    }
+    conn->owed++;
+}
+
+void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
+{
+    unsigned tag = cqe->wr_id & WR_TAG_MASK;
+    uint64_t val = cqe->wr_id & ~(uint64_t)WR_TAG_MASK;
+
+    pthread_mutex_lock(&conn->lock);
+    if (conn->state == EXS_CONN_DEAD)
+        goto out;
+    if (cqe->status != EXS_PROV_WC_SUCCESS) {
+        if (cqe->status != EXS_PROV_WC_WR_FLUSH_ERR)
+            EXS_WARN(PROTO, "conn %p: work request failed: %s", (void *)conn,
+                     exs__prov_wc_status_str(cqe->status));
+        if (tag == WR_TAG_READ)
+            conn->reads--;
+        conn_fail_locked(conn, ECONNRESET, "work request failed");
+        goto out;
+    }
+    switch (tag) {
+    case WR_TAG_RX:
+        conn_on_rx_locked(conn, cqe, (uint32_t)(val >> 3));
+        break;
+    case WR_TAG_CTRL: {
+        uint32_t slot = (uint32_t)(val >> 3);
+        struct exs_ctrl_tx tx = conn->tx_op[slot];
+
+        conn->tx_op[slot] = (struct exs_ctrl_tx){ 0 };
+        conn->tx_free[conn->tx_free_top++] = slot;
+        if (tx.op)
+            conn_op_finish_locked(tx.op, 0, 0);
+        if (tx.shut) {
+            conn->shut_done = 1;
+            if (conn->state == EXS_CONN_CLOSING) {
+                conn_set_state(conn, EXS_CONN_DOWN, "closed");
+                conn->ctx->ops->disconnect(conn->ep);
+            }
+        }
+        break;
+    }
+    case WR_TAG_DATA: {
+        struct exs_op *op = (struct exs_op *)(uintptr_t)val;
+
+        conn_op_finish_locked(op, (ssize_t)op->len, 0);
+        conn->stats.bytes_sent += op->len;
+        break;
+    }
+    case WR_TAG_READ:
+        conn->reads--;
+        sp_on_read_cqe_locked(conn, (struct exs_op *)(uintptr_t)val, 1);
+        break;
+    default:
+        conn_fail_locked(conn, ECONNRESET, "unknown completion");
+        break;
+    }
+    conn_kick_locked(conn);
+out:
+    pthread_mutex_unlock(&conn->lock);
+}
+
+void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
+{
+    void (*established)(struct exs_conn *, int) = NULL;
+    void (*dead)(struct exs_conn *) = NULL;
+    int err = 0;
+
+    pthread_mutex_lock(&conn->lock);
+    switch (ev->type) {
+    case EXS_PROV_CM_ESTABLISHED:
+        if (conn->state != EXS_CONN_CONNECTING)
+            break;
+        if (conn->active) {
+            if (exs__conn_hello_check(ev->private_data, ev->private_data_len,
+                                      conn->p.sock_type)) {
+                conn_set_state(conn, EXS_CONN_DOWN, "bad hello from acceptor");
+                conn->connect_err = ECONNREFUSED;
+                conn->ctx->ops->disconnect(conn->ep);
+                break;
+            }
+            conn_adopt_hello_locked(conn, ev->private_data);
+        }
+        conn_set_state(conn, EXS_CONN_CONNECTED, "established");
+        established = conn->cb->established;
+        conn_kick_locked(conn);
+        break;
+    case EXS_PROV_CM_REJECTED:
+    case EXS_PROV_CM_UNREACHABLE:
+        err = ev->type == EXS_PROV_CM_REJECTED ? ECONNREFUSED
+              : ev->status ? -ev->status : ECONNREFUSED;
+        if (conn->state == EXS_CONN_CONNECTING || conn->state == EXS_CONN_DOWN) {
+            int was_connecting = conn->state == EXS_CONN_CONNECTING;
+
+            conn_dead_locked(conn, err);
+            if (was_connecting) {
+                established = conn->cb->established;
+            } else {
+                dead = conn->cb->dead;
+            }
+        }
+        break;
+    case EXS_PROV_CM_DISCONNECTED:
+        if (conn->state == EXS_CONN_DEAD)
+            break;
+        if (conn->state == EXS_CONN_CONNECTING ||
+            (conn->connect_err && conn->state == EXS_CONN_DOWN)) {
+            err = conn->connect_err ? conn->connect_err : ECONNREFUSED;
+            conn_dead_locked(conn, err);
+            established = conn->cb->established;
+            break;
+        }
+        err = ev->status ? -ev->status : ECONNRESET;
+        conn_dead_locked(conn, err);
+        dead = conn->cb->dead;
+        break;
+    default:
+        break;
+    }
+    if (established)
+        established(conn, err);
+    if (dead)
+        dead(conn);
+    pthread_mutex_unlock(&conn->lock);
+}

@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: MIT */
+/* The per-connection protocol: handshake, credits, control records and the data paths. */
+#ifndef EXS_PROTO_PROTO_H
+#define EXS_PROTO_PROTO_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/exs.h>
+
+#include "exs/proto/wire.h"
+#include "exs/prov/prov.h"
+#include "exs/util/list.h"
+
+/*
+ * Threads: every function here takes conn->lock itself unless its name ends in
+ * _locked. Callbacks (op->done, conn->cb) run with conn->lock held; they must not
+ * call back into the conn. Completion and cm handlers run on the progress thread;
+ * posting functions run on the caller's thread.
+ */
+
+struct exs_conn;
+
+/* ---- operations ---- */
+enum exs_op_kind {
+    EXS_OP_SEND = 1,
+    EXS_OP_RECV,
+    EXS_OP_SHUTDOWN, /* queued behind the sends: SHUTDOWN record after all earlier data */
+};
+
+/* Operation states: QUEUED (accepted, nothing posted), POSTED (on the wire or
+ * waiting for the peer), DONE (result known; delivered when every earlier op of the
+ * same direction is delivered). */
+enum exs_op_state {
+    EXS_OPS_QUEUED = 0,
+    EXS_OPS_ADVERTISED, /* receive: an ADVERT for it went out */
+    EXS_OPS_POSTED,
+    EXS_OPS_DONE,
+};
+
+struct exs_op {
+    struct exs_list   link;  /* in conn->sendq or conn->recvq */
+    enum exs_op_kind  kind;
+    enum exs_op_state state;
+    uint8_t          *buf;
+    size_t            len;
+    int               flags;  /* MSG_* given by the application */
+    uint32_t          lkey;   /* registration covering [buf, buf+len) */
+    uint32_t          rkey;
+    uint64_t          seq;    /* SEQPACKET: message number once assigned */
+    uint32_t          advert_id;
+    uint32_t          msg_len;        /* receive: length of the announced message it reads */
+    int               read_done_owed; /* receive: READ_DONE still to be sent for it */
+    int               cancel; /* exs_cancel / exs_close asked for it */
+    /* result */
+    ssize_t           result; /* bytes, or -1 */
+    int               err;    /* errno or 0 */
+    int               rflags; /* MSG_TRUNC */
+    /* owner */
+    void            (*done)(struct exs_op *op); /* called once, conn->lock held; frees op */
+    void             *owner;
+};
+
+/* ---- connection ---- */
+enum exs_conn_state {
+    EXS_CONN_IDLE = 0,   /* resources allocated, receives posted, not yet connecting */
+    EXS_CONN_CONNECTING, /* connect/accept issued, waiting for ESTABLISHED */
+    EXS_CONN_CONNECTED,  /* data flows */
+    EXS_CONN_CLOSING,    /* exs_close: SHUTDOWN sent, waiting to disconnect */
+    EXS_CONN_DOWN,       /* disconnect issued or error: waiting for DISCONNECTED */
+    EXS_CONN_DEAD,       /* DISCONNECTED seen: every op completed; only destroy remains */
+};
+
+struct exs_conn_cb {
+    /* connect/accept finished: err 0, ECONNREFUSED, ETIMEDOUT, ... */
+    void (*established)(struct exs_conn *conn, int err);
+    /* the conn reached DEAD (DISCONNECTED seen, all ops delivered) */
+    void (*dead)(struct exs_conn *conn);
+};
+
+struct exs_conn_params {
+    int      sock_type;   /* SOCK_STREAM or SOCK_SEQPACKET */
+    uint32_t credits;     /* receives pre-posted for the peer (2..4095) */
+    uint32_t ring_size;   /* SO_RCVBUF, multiple of EXS_RING_SLOT */
+    uint32_t eager_max;   /* SEQPACKET eager threshold */
+    int      xfer_mode;   /* EXS_XFER_* */
+    uint32_t max_reads;   /* outstanding RDMA READs per connection */
+};
+
+/* Ring slots: every eager message occupies a multiple of this (at least one slot), so a
+ * receiver holds at most ring_size / EXS_RING_SLOT unconsumed messages. */
+#define EXS_RING_SLOT 64u
+
+struct exs_pending_msg; /* an arrived, unmatched SEQPACKET message */
+
+struct exs_advert {
+    uint64_t addr;
+    uint32_t len;
+    uint32_t rkey;
+    uint64_t seq;
+    uint32_t id;
+    uint32_t phase;
+    int      flags;
+};
+
+struct exs_conn {
+    pthread_mutex_t            lock;
+    enum exs_conn_state        state;
+    int                        err;     /* latched errno for later operations */
+    struct exs_prov_ctx       *ctx;
+    struct exs_prov_ep        *ep;
+    const struct exs_conn_cb  *cb;
+    void                      *owner;   /* the api socket */
+    struct exs_conn_params     p;
+
+    /* local buffers */
+    uint8_t                   *ring;     /* hidden receive ring, written by the peer */
+    struct exs_prov_mr        *ring_mr;
+    uint8_t                   *rx_bufs;  /* credits x EXS_WIRE_CTRL_MAX receive slots */
+    struct exs_prov_mr        *rx_mr;
+    uint8_t                   *tx_bufs;  /* control send slots */
+    struct exs_prov_mr        *tx_mr;
+    uint32_t                   tx_slots, tx_free_top;
+    uint32_t                  *tx_free;  /* stack of free control send slots */
+    struct exs_ctrl_tx {
+        struct exs_op *op;               /* exs_shutdown op completed by this send */
+        int            shut;             /* this send carried the SHUTDOWN record */
+    }                         *tx_op;    /* per control send slot */
+
+    /* peer, from its hello */
+    struct exs_wire_hello      peer;
+
+    /* credits (§3) */
+    uint32_t                   credits;  /* messages we may still send */
+    uint32_t                   owed;     /* receives re-posted, not yet reported to the peer */
+
+    /* the peer's ring, as its writer */
+    uint64_t                   wr_tail;      /* bytes used in the peer's ring (with skips) */
+    uint64_t                   wr_consumed;  /* bytes the peer reported consumed */
+
+    /* our ring, as its reader */
+    uint64_t                   rd_arrived;   /* bytes arrived (with skips) */
+    uint64_t                   rd_consumed;  /* bytes copied out (with skips) */
+    uint64_t                   rd_reported;  /* rd_consumed last sent in an ACK */
+
+    /* sending side */
+    struct exs_list            sendq;    /* send and shutdown ops, posting order */
+    uint64_t                   tx_seq;   /* next message number to send */
+    struct exs_advert         *adverts;  /* received ADVERTs, a ring */
+    uint32_t                   adv_cap, adv_head, adv_count;
+    int                        shut_queued; /* an exs_shutdown op was accepted */
+    int                        shut_sent;   /* the SHUTDOWN record was appended */
+    int                        shut_in_ctrl; /* ... and waits in ctrl_out */
+    int                        shut_done;   /* ... and its SEND completed */
+    struct exs_op             *shut_op;     /* the exs_shutdown op of the record in ctrl_out */
+    int                        active;      /* this side connected (vs accepted) */
+    int                        connect_err; /* why an established connect is refused */
+
+    /* receiving side */
+    struct exs_list            recvq;    /* receive ops, posting order */
+    struct exs_list            pending;  /* arrived unmatched messages */
+    uint32_t                   pending_count;
+    uint64_t                   rx_seq;   /* messages arrived */
+    uint64_t                   rx_matched; /* messages matched to receives */
+    uint32_t                   next_advert_id;
+    uint32_t                   reads;    /* RDMA READs in flight */
+    int                        peer_shut;
+    uint64_t                   peer_total; /* messages the peer sent in all (after SHUTDOWN) */
+
+    /* control records waiting for a SEND */
+    uint8_t                    ctrl_out[EXS_WIRE_CTRL_MAX];
+    uint32_t                   ctrl_len;
+
+    struct exs_sock_stats      stats;
+};
+
+/* Create a conn with its endpoint, ring and pre-posted receives (state IDLE).
+ * Errors: -ENOMEM, provider errors. */
+int  exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
+                      const struct exs_conn_cb *cb, void *owner, struct exs_conn **conn_p);
+/* Free everything; the conn must be DEAD or IDLE. Progress thread only (ep_destroy). */
+void exs__conn_destroy(struct exs_conn *conn);
+
+/* Handshake: our hello for connect/accept private data. */
+void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *hello);
+/* Check a peer hello; 0 or the exs_wire_reject_reason to refuse it with. */
+int  exs__conn_hello_check(const void *pd, uint32_t len, int sock_type);
+
+/* Active and passive connection set-up (caller's thread). */
+int  exs__conn_connect(struct exs_conn *conn, const struct sockaddr *addr, socklen_t len);
+/* peer_pd: the connection request's private data, already checked. */
+int  exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const void *peer_pd);
+
+/* Progress thread: provider events for this conn. */
+void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe);
+void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev);
+
+/* Operations (caller's thread). Errors: -ENOTCONN, -EPIPE, -ECONNRESET (latched). On
+ * success the op belongs to the conn until op->done. */
+int  exs__conn_post(struct exs_conn *conn, struct exs_op *op);
+/* Cancel ops matching owner-side ahandle via the predicate; returns how many. */
+int  exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void *arg), void *arg);
+/* Close: cancel everything outstanding, send SHUTDOWN if connected, disconnect. The
+ * conn reaches DEAD later (cb->dead). */
+void exs__conn_close(struct exs_conn *conn);
+/* Abort at once (exs_fini): disconnect without SHUTDOWN. */
+void exs__conn_abort(struct exs_conn *conn);
+void exs__conn_abort_locked(struct exs_conn *conn); /* from a conn callback */
+
+/* Statistics snapshot. */
+void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st);
+
+/* Live conns (leak checks). */
+int  exs__conn_live_count(void);
+
+#endif

@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: MIT */
+/* Private declarations shared by the files of the proto module. */
+#ifndef EXS_PROTO_PROTO_INT_H
+#define EXS_PROTO_PROTO_INT_H
+
+#include "exs/proto/proto.h"
+
+/* wr_id tags in the low 3 bits (every tagged object is at least 8-byte aligned). */
+enum {
+    WR_TAG_RX   = 1, /* receive slot: index << 3 */
+    WR_TAG_CTRL = 2, /* control send slot: index << 3 */
+    WR_TAG_DATA = 3, /* a send op's WRITE WITH IMMEDIATE: op pointer */
+    WR_TAG_READ = 4, /* a receive op's RDMA READ: op pointer */
+    WR_TAG_MASK = 7,
+};
+
+#define WR_ID(_tag, _v) ((uint64_t)(_v) | (uint64_t)(_tag))
+
+/* An arrived SEQPACKET message not yet matched to a receive. */
+struct exs_pending_msg {
+    struct exs_list link;
+    int             announced; /* 1: waits at the sender for a READ; 0: eager in our ring */
+    uint64_t        seq;
+    uint64_t        addr;      /* announced: sender buffer; eager: ring offset */
+    uint32_t        len;
+    uint32_t        rkey;
+    uint64_t        ring_end;  /* eager: rd_consumed once this message is copied out */
+};
+
+/* Most pending messages a peer may make us hold (announces are not bounded by the ring). */
+#define EXS_PENDING_MAX 65536u
+
+/* conn.c */
+void conn_kick_locked(struct exs_conn *conn);
+void conn_fail_locked(struct exs_conn *conn, int err, const char *why);
+int  conn_ctrl_flush_locked(struct exs_conn *conn);
+void conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op);
+int  conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len);
+void conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t len);
+int  conn_can_spend_locked(struct exs_conn *conn);
+uint32_t conn_take_owed_imm_locked(struct exs_conn *conn);
+void conn_op_finish_locked(struct exs_op *op, ssize_t result, int err);
+int  conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
+                                uint32_t rkey, uint32_t len, uint32_t imm);
+
+/* seqpacket.c */
+void sp_send_progress_locked(struct exs_conn *conn);
+void sp_recv_progress_locked(struct exs_conn *conn);
+int  sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
+int  sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a);
+int  sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq);
+int  sp_on_advert_locked(struct exs_conn *conn, const struct exs_wire_advert *a);
+void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op, int ok);
+void sp_free_pending_locked(struct exs_conn *conn);
+uint32_t sp_slot_len(uint32_t len);
+
+#endif

@@ -1,0 +1,429 @@
+/* SPDX-License-Identifier: MIT */
+/* SOCK_SEQPACKET data path (spec/protocol.md §6): eager ring writes, direct writes into
+ * advertised receives, and announce + RDMA READ rendezvous. */
+#include <endian.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "exs/proto/proto_int.h"
+#include "exs/util/log.h"
+#include "exs/util/util.h"
+
+#define SP_ADVERTS_MAX 65536u
+
+uint32_t sp_slot_len(uint32_t len)
+{
+    uint32_t n = (len + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
+
+    return n ? n : EXS_RING_SLOT;
+}
+
+/* Where a message of len bytes goes in a ring of size bytes whose tail is at pos: the
+ * bytes skipped at the end (a message never wraps) and the slot length. */
+static void sp_ring_place(uint64_t pos, uint32_t size, uint32_t len, uint32_t *skip_p,
+                          uint32_t *slot_p)
+{
+    uint32_t off = (uint32_t)(pos % size);
+    uint32_t slot = sp_slot_len(len);
+
+    *skip_p = off + slot > size ? size - off : 0;
+    *slot_p = slot;
+}
+
+void sp_free_pending_locked(struct exs_conn *conn)
+{
+    struct exs_list *n;
+
+    while ((n = exs_list_pop_head(&conn->pending)))
+        free(exs_list_entry(n, struct exs_pending_msg, link));
+    conn->pending_count = 0;
+}
+
+/* ---- sending side ---- */
+
+static struct exs_advert *sp_advert_head(struct exs_conn *conn)
+{
+    /* ADVERTs for receives already matched otherwise are stale (§6) */
+    while (conn->adv_count) {
+        struct exs_advert *a = &conn->adverts[conn->adv_head];
+
+        if (a->seq >= conn->tx_seq)
+            return a;
+        conn->adv_head = (conn->adv_head + 1) % conn->adv_cap;
+        conn->adv_count--;
+        conn->stats.adverts_discarded++;
+    }
+    return NULL;
+}
+
+static void sp_advert_pop(struct exs_conn *conn)
+{
+    conn->adv_head = (conn->adv_head + 1) % conn->adv_cap;
+    conn->adv_count--;
+}
+
+int sp_on_advert_locked(struct exs_conn *conn, const struct exs_wire_advert *w)
+{
+    struct exs_advert a = {
+        .addr = be64toh(w->addr),
+        .len = be32toh(w->len),
+        .rkey = be32toh(w->rkey),
+        .seq = be64toh(w->seq),
+        .id = be32toh(w->id),
+        .phase = be32toh(w->phase),
+        .flags = w->hdr.flags,
+    };
+
+    if (conn->adv_count == conn->adv_cap) {
+        uint32_t cap = conn->adv_cap * 2;
+        struct exs_advert *n;
+
+        if (cap > SP_ADVERTS_MAX)
+            return -EPROTO;
+        n = calloc(cap, sizeof(*n));
+        if (!n)
+            return -ENOMEM;
+        for (uint32_t i = 0; i < conn->adv_count; i++)
+            n[i] = conn->adverts[(conn->adv_head + i) % conn->adv_cap];
+        free(conn->adverts);
+        conn->adverts = n;
+        conn->adv_cap = cap;
+        conn->adv_head = 0;
+    }
+    /* adverts come in receive-posting order, so their message numbers only grow */
+    if (conn->adv_count &&
+        a.seq <= conn->adverts[(conn->adv_head + conn->adv_count - 1) % conn->adv_cap].seq)
+        return -EPROTO;
+    conn->adverts[(conn->adv_head + conn->adv_count) % conn->adv_cap] = a;
+    conn->adv_count++;
+    conn->stats.adverts_received++;
+    return 0;
+}
+
+/* Try to put the head send op on the wire. 1: it went (or waits for the peer), 0: it
+ * must wait for credits, ring space or a control slot. */
+static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    uint32_t eager = EXS_MIN(conn->p.eager_max, conn->peer.eager_max);
+    uint32_t len = (uint32_t)op->len;
+    struct exs_advert *adv;
+
+    if (op->kind == EXS_OP_SHUTDOWN) {
+        if (!conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN) && !conn_ctrl_flush_locked(conn))
+            return 0;
+        conn_shutdown_record_locked(conn, op);
+        op->state = EXS_OPS_POSTED;
+        conn_ctrl_flush_locked(conn);
+        return 1;
+    }
+    if (!conn_can_spend_locked(conn)) {
+        conn->stats.credit_stalls++;
+        return 0;
+    }
+    adv = sp_advert_head(conn);
+
+    /* 1. eager into the peer's ring */
+    if (len < eager && conn->peer.ring_size) {
+        uint32_t skip, slot;
+
+        sp_ring_place(conn->wr_tail, conn->peer.ring_size, len, &skip, &slot);
+        if ((uint64_t)skip + slot <= conn->peer.ring_size - (conn->wr_tail - conn->wr_consumed)) {
+            /* earlier control records (ANNOUNCE, SHUTDOWN) must arrive first */
+            if (conn->ctrl_len && !conn_ctrl_flush_locked(conn))
+                return 0;
+            if (!conn_can_spend_locked(conn))
+                return 0;
+            uint64_t off = (conn->wr_tail + skip) % conn->peer.ring_size;
+            uint32_t imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM,
+                                        conn_take_owed_imm_locked(conn), 0);
+            if (conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
+                                           conn->peer.ring_rkey, len, imm))
+                return 0;
+            conn->wr_tail += skip + slot;
+            conn->stats.indirect_xfers++;
+            EXS_TRACE(PROTO, "conn %p: message %llu: eager %u bytes", (void *)conn,
+                      (unsigned long long)conn->tx_seq, len);
+            goto sent;
+        }
+    }
+    /* 2. direct into the advertised receive for this message */
+    if (adv && adv->seq == conn->tx_seq) {
+        uint32_t n = EXS_MIN(len, adv->len);
+        unsigned flags = EXS_IMM_EOM | (len > adv->len ? EXS_IMM_TRUNC : 0);
+
+        if (conn->ctrl_len && !conn_ctrl_flush_locked(conn))
+            return 0;
+        if (!conn_can_spend_locked(conn))
+            return 0;
+        uint32_t imm = exs_imm_make(EXS_IMM_DIRECT, flags, conn_take_owed_imm_locked(conn),
+                                    adv->id);
+        if (conn_post_write_imm_locked(conn, op, adv->addr, adv->rkey, n, imm))
+            return 0;
+        EXS_TRACE(PROTO, "conn %p: message %llu: direct %u bytes, advert %u", (void *)conn,
+                  (unsigned long long)conn->tx_seq, n, adv->id);
+        sp_advert_pop(conn);
+        conn->stats.direct_xfers++;
+        goto sent;
+    }
+    /* 3. announce it; the receiver READs it when its receive is posted */
+    if (!conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN) && !conn_ctrl_flush_locked(conn))
+        return 0;
+    if (!conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN))
+        return 0;
+    struct exs_wire_announce a = {
+        .hdr = { .type = EXS_CTRL_ANNOUNCE, .len = htobe16(EXS_WIRE_ANNOUNCE_LEN) },
+        .addr = htobe64((uintptr_t)op->buf),
+        .len = htobe32(len),
+        .rkey = htobe32(op->rkey),
+        .seq = htobe64(conn->tx_seq),
+    };
+    conn_ctrl_append_locked(conn, &a, sizeof(a));
+    EXS_TRACE(PROTO, "conn %p: message %llu: announce %u bytes", (void *)conn,
+              (unsigned long long)conn->tx_seq, len);
+sent:
+    op->seq = conn->tx_seq++;
+    op->state = EXS_OPS_POSTED;
+    return 1;
+}
+
+void sp_send_progress_locked(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    exs_list_for_each(pos, &conn->sendq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state != EXS_OPS_QUEUED)
+            continue;
+        if (!sp_send_one_locked(conn, op) || conn->state >= EXS_CONN_DOWN)
+            break;
+    }
+}
+
+int sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
+{
+    struct exs_list *pos;
+
+    exs_list_for_each(pos, &conn->sendq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->seq == seq) {
+            conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            conn->stats.bytes_sent += op->len;
+            return 0;
+        }
+    }
+    return -EPROTO;
+}
+
+/* ---- receiving side ---- */
+
+static struct exs_pending_msg *sp_pending_new(struct exs_conn *conn)
+{
+    struct exs_pending_msg *m;
+
+    if (conn->pending_count >= EXS_PENDING_MAX)
+        return NULL;
+    m = calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    m->seq = conn->rx_seq++;
+    exs_list_add_tail(&conn->pending, &m->link);
+    conn->pending_count++;
+    return m;
+}
+
+int sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a)
+{
+    struct exs_pending_msg *m;
+
+    if (conn->peer_shut || be64toh(a->seq) != conn->rx_seq)
+        return -EPROTO;
+    m = sp_pending_new(conn);
+    if (!m)
+        return -EPROTO;
+    m->announced = 1;
+    m->addr = be64toh(a->addr);
+    m->len = be32toh(a->len);
+    m->rkey = be32toh(a->rkey);
+    return 0;
+}
+
+/* The first receive not yet matched to a message, or NULL. */
+static struct exs_op *sp_first_unmatched(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    exs_list_for_each(pos, &conn->recvq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state == EXS_OPS_QUEUED || op->state == EXS_OPS_ADVERTISED)
+            return op;
+    }
+    return NULL;
+}
+
+int sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
+{
+    if (conn->peer_shut)
+        return -EPROTO;
+    if (exs_imm_kind(imm) == EXS_IMM_INDIRECT) {
+        uint32_t size = conn->p.ring_size, skip, slot;
+        struct exs_pending_msg *m;
+
+        if (len >= conn->p.eager_max)
+            return -EPROTO;
+        sp_ring_place(conn->rd_arrived, size, len, &skip, &slot);
+        if (conn->rd_arrived + skip + slot - conn->rd_consumed > size)
+            return -EPROTO; /* the peer overran our ring */
+        m = sp_pending_new(conn);
+        if (!m)
+            return -EPROTO;
+        conn->rd_arrived += skip;
+        m->addr = conn->rd_arrived % size;
+        m->len = len;
+        conn->rd_arrived += slot;
+        m->ring_end = conn->rd_arrived;
+        return 0;
+    }
+    if (exs_imm_kind(imm) != EXS_IMM_DIRECT)
+        return -EPROTO;
+    /* direct: only into the advertised receive that is next in line */
+    struct exs_op *op = sp_first_unmatched(conn);
+    if (!exs_list_empty(&conn->pending) || !op || op->state != EXS_OPS_ADVERTISED ||
+        (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) || op->seq != conn->rx_seq ||
+        len > op->len)
+        return -EPROTO;
+    conn->rx_seq++;
+    conn->rx_matched++;
+    op->rflags = (imm & EXS_IMM_TRUNC) ? MSG_TRUNC : 0;
+    conn->stats.bytes_received += len;
+    conn_op_finish_locked(op, len, 0);
+    return 0;
+}
+
+void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op, int ok)
+{
+    struct exs_wire_read_done d = {
+        .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
+        .seq = htobe64(op->seq),
+    };
+    uint32_t n = (uint32_t)EXS_MIN((size_t)op->msg_len, op->len);
+
+    if (!ok)
+        return;
+    op->rflags = op->msg_len > op->len ? MSG_TRUNC : 0;
+    conn->stats.bytes_received += n;
+    conn->stats.direct_xfers++;
+    conn_op_finish_locked(op, n, 0);
+    /* the sender's buffer is free now: tell it (queued if the batch is full) */
+    if (!conn_ctrl_room_locked(conn, sizeof(d)))
+        conn_ctrl_flush_locked(conn);
+    if (conn_ctrl_room_locked(conn, sizeof(d)))
+        conn_ctrl_append_locked(conn, &d, sizeof(d));
+    else
+        op->read_done_owed = 1;
+}
+
+/* Give the head unmatched receive the head pending message. 0 when it must wait. */
+static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_pending_msg *m)
+{
+    if (m->announced) {
+        if (conn->reads >= conn->p.max_reads)
+            return 0;
+        uint32_t n = (uint32_t)EXS_MIN((size_t)m->len, op->len);
+        struct exs_prov_sge sge = { (uintptr_t)op->buf, n, op->lkey };
+        struct exs_prov_send_wr wr = {
+            .wr_id = WR_ID(WR_TAG_READ, (uintptr_t)op),
+            .opcode = EXS_PROV_WR_RDMA_READ,
+            .flags = EXS_PROV_SEND_SIGNALED,
+            .sg_list = &sge,
+            .num_sge = n ? 1 : 0,
+            .remote_addr = m->addr,
+            .rkey = m->rkey,
+        };
+        if (exs__prov_post_send(conn->ep, &wr)) {
+            conn_fail_locked(conn, ECONNRESET, "read failed");
+            return 0;
+        }
+        conn->reads++;
+        op->msg_len = m->len;
+        op->seq = m->seq;
+        op->state = EXS_OPS_POSTED;
+    } else {
+        uint32_t n = (uint32_t)EXS_MIN((size_t)m->len, op->len);
+
+        memcpy(op->buf, conn->ring + m->addr, n);
+        op->rflags = m->len > op->len ? MSG_TRUNC : 0;
+        op->seq = m->seq;
+        conn->rd_consumed = m->ring_end;
+        conn->stats.bytes_received += n;
+        conn_op_finish_locked(op, n, 0);
+    }
+    exs_list_del(&m->link);
+    conn->pending_count--;
+    conn->rx_matched++;
+    free(m);
+    return 1;
+}
+
+void sp_recv_progress_locked(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+    uint64_t index = 0;
+
+    if (conn->state != EXS_CONN_CONNECTED)
+        return;
+    exs_list_for_each(pos, &conn->recvq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->read_done_owed && conn_ctrl_room_locked(conn, EXS_WIRE_READ_DONE_LEN)) {
+            struct exs_wire_read_done d = {
+                .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
+                .seq = htobe64(op->seq),
+            };
+            conn_ctrl_append_locked(conn, &d, sizeof(d));
+            op->read_done_owed = 0;
+        }
+        if (op->state != EXS_OPS_QUEUED && op->state != EXS_OPS_ADVERTISED)
+            continue;
+        if (!exs_list_empty(&conn->pending)) {
+            struct exs_pending_msg *m =
+                exs_list_entry(conn->pending.next, struct exs_pending_msg, link);
+
+            if (!sp_match_locked(conn, op, m))
+                return;
+            continue;
+        }
+        if (conn->peer_shut && conn->rx_seq == conn->peer_total) {
+            conn_op_finish_locked(op, 0, 0); /* end of stream */
+            continue;
+        }
+        /* advertise it: it will take message rx_seq + index (§6) */
+        if (op->state == EXS_OPS_QUEUED && op->len >= conn->p.eager_max &&
+            conn->p.xfer_mode != EXS_XFER_INDIRECT_ONLY && op->len <= UINT32_MAX) {
+            if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN) &&
+                !conn_ctrl_flush_locked(conn))
+                return;
+            if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN))
+                return;
+            op->advert_id = conn->next_advert_id++;
+            op->seq = conn->rx_seq + index;
+            struct exs_wire_advert a = {
+                .hdr = { .type = EXS_CTRL_ADVERT, .len = htobe16(EXS_WIRE_ADVERT_LEN) },
+                .addr = htobe64((uintptr_t)op->buf),
+                .len = htobe32((uint32_t)op->len),
+                .rkey = htobe32(op->rkey),
+                .seq = htobe64(op->seq),
+                .phase = 0,
+                .id = htobe32(op->advert_id),
+            };
+            conn_ctrl_append_locked(conn, &a, sizeof(a));
+            op->state = EXS_OPS_ADVERTISED;
+            conn->stats.adverts_sent++;
+        }
+        index++;
+    }
+}

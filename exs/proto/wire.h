@@ -1,0 +1,195 @@
+/* SPDX-License-Identifier: MIT */
+/* The one home of every libexs protocol wire format (spec/protocol.md mirrors it). */
+#ifndef EXS_PROTO_WIRE_H
+#define EXS_PROTO_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * All multi-byte fields are in network byte order unless stated otherwise.
+ * Section numbers (§) refer to spec/protocol.md.
+ *
+ * Version history:
+ *   v1  handshake, credits, ACK, ADVERT, ANNOUNCE/READ_DONE (SEQPACKET rendezvous by
+ *       RDMA READ), SHUTDOWN, NOP, KEEPALIVE feature bit; data by WRITE WITH IMMEDIATE.
+ */
+#define EXS_WIRE_VERSION 1u
+#define EXS_WIRE_MAGIC   0x4558u /* "EX" */
+
+/* ---- §2 handshake: private data of connect and accept (at most 56 bytes) ---- */
+
+enum exs_wire_sock_type {
+    EXS_WIRE_SOCK_STREAM    = 1,
+    EXS_WIRE_SOCK_SEQPACKET = 2,
+};
+
+enum { /* exs_wire_hello.features */
+    EXS_WIRE_FEAT_KEEPALIVE = 1u << 0, /* answers zero-byte WRITE probes (every RC peer does) */
+    EXS_WIRE_FEAT_READ      = 1u << 1, /* may be asked to serve RDMA READ of announced buffers */
+    EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ,
+};
+
+struct exs_wire_hello {
+    uint16_t magic;     /* EXS_WIRE_MAGIC */
+    uint8_t  version;   /* EXS_WIRE_VERSION */
+    uint8_t  sock_type; /* exs_wire_sock_type; must equal the peer's */
+    uint16_t features;  /* EXS_WIRE_FEAT_*; the connection uses the intersection */
+    uint16_t credits;   /* receives pre-posted for the peer = initial send credits */
+    uint32_t ctrl_size; /* bytes of each of those receive buffers (largest SEND accepted) */
+    uint32_t ring_size; /* bytes of the hidden receive ring (0: none) */
+    uint64_t ring_addr; /* its address, for RDMA WRITE WITH IMMEDIATE */
+    uint32_t ring_rkey; /* its key */
+    uint32_t eager_max; /* largest message the sender may write eagerly into the ring */
+    uint32_t max_msg;   /* largest message the sender of this hello accepts (0: no limit) */
+    uint8_t  xfer_mode; /* EXS_XFER_* of the sender (informational for the peer) */
+    uint8_t  reserved0;
+    uint16_t reserved1;
+} __attribute__((packed));
+#define EXS_WIRE_HELLO_LEN 40u
+
+/* Reject reason: private data of a reject is one exs_wire_reject. */
+enum exs_wire_reject_reason {
+    EXS_WIRE_REJ_VERSION   = 1, /* unknown magic or version */
+    EXS_WIRE_REJ_SOCK_TYPE = 2, /* STREAM vs SEQPACKET mismatch */
+    EXS_WIRE_REJ_BACKLOG   = 3, /* listener's backlog full */
+    EXS_WIRE_REJ_RESOURCES = 4, /* the passive side could not allocate the connection */
+    EXS_WIRE_REJ_CLOSING   = 5, /* listener is being closed */
+};
+
+struct exs_wire_reject {
+    uint16_t magic;   /* EXS_WIRE_MAGIC */
+    uint8_t  version; /* the rejecter's EXS_WIRE_VERSION */
+    uint8_t  reason;  /* exs_wire_reject_reason */
+} __attribute__((packed));
+#define EXS_WIRE_REJECT_LEN 4u
+
+/* ---- §4 immediate data of WRITE WITH IMMEDIATE (32 bits, host order in the cqe) ---- */
+/*
+ *   bits   field    meaning
+ *   31-30  kind     EXS_IMM_DIRECT: into the buffer of the ADVERT at the head
+ *                   EXS_IMM_INDIRECT: into the ring at the writer's tail
+ *   29     eom      SEQPACKET: last piece of a message; STREAM: 0
+ *   28     trunc    SEQPACKET direct: the message was longer than the advert (cut)
+ *   27-16  credits  receives the writer re-posted for the peer since its last report
+ *   15-0   tag      DIRECT: low 16 bits of the ADVERT id; INDIRECT: 0
+ */
+#define EXS_IMM_KIND_SHIFT    30
+#define EXS_IMM_KIND_MASK     0x3u
+#define EXS_IMM_DIRECT        0u
+#define EXS_IMM_INDIRECT      1u
+#define EXS_IMM_EOM           (1u << 29)
+#define EXS_IMM_TRUNC         (1u << 28)
+#define EXS_IMM_CREDITS_SHIFT 16
+#define EXS_IMM_CREDITS_MAX   0xfffu
+#define EXS_IMM_TAG_MASK      0xffffu
+
+static inline uint32_t exs_imm_make(unsigned kind, unsigned flags, unsigned credits, unsigned tag)
+{
+    return (kind & EXS_IMM_KIND_MASK) << EXS_IMM_KIND_SHIFT | flags |
+           (credits & EXS_IMM_CREDITS_MAX) << EXS_IMM_CREDITS_SHIFT | (tag & EXS_IMM_TAG_MASK);
+}
+static inline unsigned exs_imm_kind(uint32_t imm)
+{
+    return imm >> EXS_IMM_KIND_SHIFT & EXS_IMM_KIND_MASK;
+}
+static inline unsigned exs_imm_credits(uint32_t imm)
+{
+    return imm >> EXS_IMM_CREDITS_SHIFT & EXS_IMM_CREDITS_MAX;
+}
+static inline unsigned exs_imm_tag(uint32_t imm)
+{
+    return imm & EXS_IMM_TAG_MASK;
+}
+
+/* ---- §5 control messages: the payload of a SEND, one or more records back to back ---- */
+
+enum exs_wire_ctrl_type {
+    EXS_CTRL_ACK      = 1, /* credits and ring space returned */
+    EXS_CTRL_ADVERT   = 2, /* a posted receive buffer the peer may write directly */
+    EXS_CTRL_ANNOUNCE = 3, /* SEQPACKET: a message waiting at the sender, to be READ */
+    EXS_CTRL_READ_DONE= 4, /* SEQPACKET: the announced message was read (or dropped) */
+    EXS_CTRL_SHUTDOWN = 5, /* the sender will send no more data (SHUT_WR / close) */
+    EXS_CTRL_NOP      = 6, /* carries credits only; breaks credit deadlocks */
+    EXS_CTRL_TYPE_MAX = 6,
+};
+
+/* Every record starts with this header; len includes it and is a multiple of 8. */
+struct exs_wire_ctrl_hdr {
+    uint8_t  type;    /* exs_wire_ctrl_type */
+    uint8_t  flags;   /* per type */
+    uint16_t len;     /* bytes of the record including this header */
+    uint16_t credits; /* receives re-posted for the peer since the last report */
+    uint16_t reserved;
+} __attribute__((packed));
+#define EXS_WIRE_CTRL_HDR_LEN 8u
+
+/* ACK: ring bytes consumed by the receiver since the connection began (cumulative,
+ * modulo 2^64), so the writer knows how much ring space is free. */
+struct exs_wire_ack {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 ring_consumed;
+} __attribute__((packed));
+#define EXS_WIRE_ACK_LEN 16u
+
+enum { /* exs_wire_advert.hdr.flags */
+    EXS_ADVERT_WAITALL = 1u << 0, /* STREAM: keep at the head until the whole buffer is filled */
+};
+
+/* ADVERT (§6 SEQPACKET, §7 STREAM): a user receive buffer the writer may fill directly. */
+struct exs_wire_advert {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 addr;  /* start of the receive buffer */
+    uint32_t                 len;   /* its length */
+    uint32_t                 rkey;  /* its key */
+    uint64_t                 seq;   /* STREAM: S_A, expected stream offset; SEQPACKET: message number */
+    uint32_t                 phase; /* STREAM: P_A (even = direct); SEQPACKET: 0 */
+    uint32_t                 id;    /* receiver's advert id; low 16 bits echo in the imm tag */
+} __attribute__((packed));
+#define EXS_WIRE_ADVERT_LEN 40u
+
+/* ANNOUNCE (§6): SEQPACKET message seq of len bytes waits at addr/rkey for an RDMA READ. */
+struct exs_wire_announce {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 addr;
+    uint32_t                 len;
+    uint32_t                 rkey;
+    uint64_t                 seq; /* message number */
+} __attribute__((packed));
+#define EXS_WIRE_ANNOUNCE_LEN 32u
+
+/* READ_DONE (§6): the announced message seq was consumed; its send may complete. */
+struct exs_wire_read_done {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 seq;
+} __attribute__((packed));
+#define EXS_WIRE_READ_DONE_LEN 16u
+
+/* SHUTDOWN (§8): no data follows; seq = bytes (STREAM) or messages (SEQPACKET) sent in all. */
+struct exs_wire_shutdown {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 seq;
+} __attribute__((packed));
+#define EXS_WIRE_SHUTDOWN_LEN 16u
+
+/* NOP: the header alone. */
+#define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN
+
+/* Largest control SEND: a batch of records. Receive buffers are at least this big. */
+#define EXS_WIRE_CTRL_MAX 512u
+
+_Static_assert(sizeof(struct exs_wire_hello) == EXS_WIRE_HELLO_LEN, "hello size");
+_Static_assert(EXS_WIRE_HELLO_LEN <= 56, "hello fits rdma_cm private data");
+_Static_assert(offsetof(struct exs_wire_hello, credits) == 6, "hello.credits");
+_Static_assert(offsetof(struct exs_wire_hello, ring_addr) == 16, "hello.ring_addr");
+_Static_assert(offsetof(struct exs_wire_hello, xfer_mode) == 36, "hello.xfer_mode");
+_Static_assert(sizeof(struct exs_wire_reject) == EXS_WIRE_REJECT_LEN, "reject size");
+_Static_assert(sizeof(struct exs_wire_ctrl_hdr) == EXS_WIRE_CTRL_HDR_LEN, "ctrl hdr size");
+_Static_assert(sizeof(struct exs_wire_ack) == EXS_WIRE_ACK_LEN, "ack size");
+_Static_assert(sizeof(struct exs_wire_advert) == EXS_WIRE_ADVERT_LEN, "advert size");
+_Static_assert(offsetof(struct exs_wire_advert, seq) == 24, "advert.seq");
+_Static_assert(sizeof(struct exs_wire_announce) == EXS_WIRE_ANNOUNCE_LEN, "announce size");
+_Static_assert(sizeof(struct exs_wire_read_done) == EXS_WIRE_READ_DONE_LEN, "read_done size");
+_Static_assert(sizeof(struct exs_wire_shutdown) == EXS_WIRE_SHUTDOWN_LEN, "shutdown size");
+
+#endif

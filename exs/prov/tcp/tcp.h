@@ -1,0 +1,395 @@
+/* SPDX-License-Identifier: MIT */
+/* Private structures and internal functions of the tcp provider (RC verbs emulated over TCP). */
+#ifndef EXS_PROV_TCP_TCP_H
+#define EXS_PROV_TCP_TCP_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "exs/prov/prov.h"
+#include "exs/prov/tcp/tcp_wire.h"
+#include "exs/util/counters.h"
+#include "exs/util/list.h"
+
+/*
+ * Threads and locks (spec/provider-tcp.md, "Implementation"):
+ *
+ *   NIC thread   one per ctx; owns every socket, every tcp_conn, the transmit
+ *                queues and the receive parsers. Everything that must not race
+ *                with socket I/O (connect, accept, reject, disconnect, ep_destroy,
+ *                mr_dereg, listener_destroy) runs on it as a command (tcp_ctx_call).
+ *   ep->lock     the ep's state, its pending send list, receive queue and counts.
+ *   ctx->lock    the completion queue, cm event queue, command list, the list of
+ *                eps with new work. Taken after ep->lock, never before it.
+ *   ctx->mr_lock the memory region hash. Innermost.
+ * No lock is held across a blocking call or while payload is copied.
+ */
+
+#define TCP_MR_HASH       256
+#define TCP_RX_BUDGET     (1u << 20) /* bytes read per connection per loop turn */
+#define TCP_ACK_EVERY     16         /* requests between forced ACKs */
+#define TCP_MAX_RD        16         /* RDMA_READs outstanding per ep */
+#define TCP_CTRL_MAX      64         /* responder frames queued before reading stops */
+#define TCP_LINGER_NS     2000000000ull
+#define TCP_TX_IOV        64
+#define TCP_RESP_COPY_MAX 65536      /* READ responses copied when they cannot leave at once */
+
+struct tcp_ctx;
+struct tcp_conn;
+struct tcp_ep;
+
+struct tcp_counters {
+    uint64_t frames_tx;
+    uint64_t frames_rx;
+    uint64_t bytes_tx;
+    uint64_t bytes_rx;
+    uint64_t acks_tx;
+    uint64_t acks_rx;
+    uint64_t naks_tx;
+    uint64_t naks_rx;
+    uint64_t rnr_waits;
+    uint64_t rnr_naks;
+    uint64_t access_errors;
+    uint64_t protocol_errors;
+    uint64_t flushed_wrs;
+    uint64_t conns_established;
+    uint64_t conns_rejected;
+    uint64_t conns_unreachable;
+    uint64_t bogus_conns;
+    uint64_t cq_overflows;
+    uint64_t wakeups;
+    uint64_t emu_holds;
+};
+
+struct tcp_mr {
+    struct exs_prov_mr base;
+    struct exs_list    link;     /* ctx->mr_hash bucket, under mr_lock */
+    int                live;     /* in the hash (under mr_lock) */
+    unsigned           users;    /* NIC: WRITE placements / READ_RESPs in flight */
+    struct tcp_cmd    *dereg;    /* NIC: parked mr_dereg waiting for users == 0 */
+};
+
+/* A frame on a connection's transmit queue. */
+enum tcp_txf_kind {
+    TCP_TXF_CTRL,      /* malloc'd; payload in buf; freed once sent */
+    TCP_TXF_WR,        /* embedded in a tcp_wr; payload = the wr's sges or inline data */
+    TCP_TXF_READ_RESP, /* malloc'd; payload = target memory of mr */
+};
+
+struct tcp_txf {
+    struct exs_list            link;  /* conn->txq */
+    enum tcp_txf_kind          kind;
+    struct tcp_wire_hdr        hdr;   /* network order */
+    const struct exs_prov_sge *seg;   /* payload segments (addr, length) */
+    int                        nseg;
+    struct exs_prov_sge        one;   /* storage when the payload is one segment */
+    uint64_t                   total; /* header + payload bytes */
+    uint64_t                   off;   /* bytes already written */
+    uint64_t                   ready_ns; /* emulation: not before this time */
+    int                        emu_ok;   /* emulation: cleared to start */
+    struct tcp_mr             *mr;    /* READ_RESP: the region read (users held) */
+    uint8_t                    buf[]; /* CTRL payload */
+};
+
+/* A posted send work request. */
+enum tcp_wr_state {
+    TCP_WR_PENDING, /* on ep->sq_pend (not yet seen by the NIC) */
+    TCP_WR_QUEUED,  /* on ep->sq (NIC), frame on conn->txq or waiting for the fence */
+    TCP_WR_SENT,    /* frame written; waiting for ACK / READ_RESP */
+};
+
+struct tcp_wr {
+    struct exs_list      link;      /* ep->sq_pend, then ep->sq */
+    uint64_t             wr_id;
+    uint8_t              opcode;    /* enum exs_prov_wr_opcode */
+    uint8_t              state;     /* enum tcp_wr_state */
+    uint8_t              bad;       /* local protection error found at post time */
+    uint8_t              signaled;
+    uint8_t              fence;
+    int                  num_sge;
+    uint32_t             len;       /* total payload (READ: length to read) */
+    uint32_t             imm;
+    uint64_t             raddr;
+    uint32_t             rkey;
+    uint32_t             psn;
+    uint64_t             post_ns;   /* emulation: enqueue time */
+    struct tcp_txf       txf;       /* must stay last but one */
+    struct exs_prov_sge  sge[];     /* num_sge entries, then inline data */
+};
+
+struct tcp_rwr {
+    struct exs_list     link;   /* ep->rq */
+    uint64_t            wr_id;
+    int                 num_sge;
+    int                 bad;
+    uint64_t            len;
+    struct exs_prov_sge sge[];
+};
+
+struct tcp_ep {
+    struct exs_prov_ep base;
+    struct tcp_ctx    *ctx;
+    pthread_mutex_t    lock;
+    int                state;        /* enum exs_prov_ep_state; written under lock */
+    struct exs_list    sq_pend;      /* posted, not yet taken by the NIC (lock) */
+    struct exs_list    rq;           /* posted receives (lock) */
+    uint32_t           sq_used;      /* slots incl. unsignaled not yet retired (lock) */
+    uint32_t           sq_unretired; /* completed unsignaled WRs holding a slot (lock) */
+    uint32_t           rq_count;     /* (lock) */
+    int                overflow;     /* a completion was lost: NIC moves the ep to ERROR (lock) */
+    int                on_work;      /* on ctx->work_eps (ctx->lock) */
+    struct exs_list    work_link;
+    /* NIC thread only */
+    struct exs_list    sq;           /* framed by the NIC (queued or sent), oldest first */
+    struct exs_list    sq_wait;      /* taken, not framed yet (fence, READ limit, bad sge) */
+    struct tcp_conn   *conn;
+    uint32_t           snd_nxt;      /* next request psn */
+    unsigned           reads_out;    /* READs sent and not answered */
+    int                disc_sent;    /* DISCONNECTED queued */
+    int                destroyed;
+    struct exs_list    link;         /* ctx->eps (ctx->lock) */
+};
+
+struct tcp_listener {
+    struct exs_prov_listener base;
+    struct tcp_ctx          *ctx;
+    int                      fd;
+    struct sockaddr_storage  addr;
+    socklen_t                addrlen;
+    struct exs_list          reqs;   /* NIC: pending tcp_req */
+    struct exs_list          link;   /* ctx->listeners (NIC) */
+};
+
+struct tcp_req {
+    struct exs_prov_conn_req base;
+    struct tcp_conn         *conn;
+    struct exs_list          link;   /* lis->reqs */
+};
+
+enum tcp_conn_state {
+    TCP_CONN_CONNECTING,  /* active: TCP connect in progress */
+    TCP_CONN_WAIT_REPLY,  /* active: CONN_REQ sent, waiting for ACCEPT / REJECT */
+    TCP_CONN_WAIT_REQ,    /* passive: waiting for CONN_REQ */
+    TCP_CONN_PENDING,     /* passive: CONNECT_REQUEST queued, waiting for accept / reject */
+    TCP_CONN_UP,          /* bound to an ep, frames flow */
+    TCP_CONN_LINGER,      /* detached: sending the last frames, then discarding until EOF */
+    TCP_CONN_DEAD,        /* closed; freed at the end of the loop turn */
+};
+
+enum tcp_rx_phase {
+    TCP_RX_HDR,      /* collecting a header */
+    TCP_RX_HOLD,     /* header parsed, waiting (RNR) */
+    TCP_RX_PAYLOAD,  /* placing payload into rx_seg */
+    TCP_RX_CONN,     /* handshake payload into conn->hs */
+};
+
+struct tcp_conn {
+    struct tcp_ctx      *ctx;
+    int                  fd;
+    enum tcp_conn_state  state;
+    struct tcp_ep       *ep;
+    struct tcp_req      *req;
+    struct tcp_listener *lis;
+    uint32_t             events;     /* current epoll mask */
+    int                  status;     /* LINGER: why it ended */
+    struct sockaddr_storage peer;
+    socklen_t            peerlen;
+    /* receive */
+    enum tcp_rx_phase    rx_phase;
+    int                  rx_retry;   /* the held header in rh is dispatched again */
+    int                  rx_discard; /* the current payload goes to a sink */
+    int                  rx_drop;    /* after RNR_EXC: requests are consumed and dropped */
+    int                  zombie;     /* requester got RNR_EXC: ep in ERROR, connection kept */
+    int                  hold_resp;  /* holding a SEND/WRITE until READ responses left */
+    unsigned             resp_pending; /* READ_RESPs still reading the region */
+    struct tcp_txf      *last_resp;  /* the newest READ_RESP, while unsent */
+    uint8_t              hbuf[TCP_WIRE_HDR_LEN];
+    uint32_t             hgot;
+    struct tcp_wire_hdr  rh;         /* host order */
+    const struct exs_prov_sge *rx_seg;
+    int                  rx_nseg;
+    struct exs_prov_sge  rx_one;
+    uint64_t             rx_len;     /* payload length of the current frame */
+    uint64_t             rx_off;
+    struct tcp_mr       *rx_mr;      /* WRITE placement target (users held) */
+    struct tcp_rwr      *rx_rwr;     /* receive being filled */
+    struct tcp_wr       *rx_wr;      /* READ being filled */
+    uint32_t             rcv_nxt;    /* next expected request psn */
+    uint32_t             ack_psn;
+    unsigned             ack_count;  /* requests done and not yet acknowledged */
+    unsigned             rnr_tries;
+    uint8_t              peer_rnr_retry;
+    uint8_t              peer_rnr_timer_ms;
+    uint8_t              hs[TCP_WIRE_CONN_LEN + TCP_WIRE_PD_MAX];
+    /* transmit */
+    struct exs_list      txq;
+    struct tcp_txf      *ack_txf;    /* queued ACK not yet started (coalesced) */
+    unsigned             ctrl_queued;
+    int                  tx_dirty;
+    struct exs_list      dirty_link;
+    uint64_t             emu_next_ns;
+    int                  shut_wr;    /* LINGER: SHUT_WR done */
+    int                  tx_blocked; /* the socket is full: wait for EPOLLOUT */
+    int                  broken;     /* PENDING: the socket died before accept / reject */
+    /* timers */
+    uint64_t             rnr_at, tx_at, linger_at;
+    int                  on_timer;
+    struct exs_list      timer_link;
+    struct exs_list      link;       /* ctx->conns or ctx->dead */
+};
+
+/* A command run on the NIC thread on behalf of an application thread. */
+enum tcp_cmd_type {
+    TCP_CMD_CONNECT,
+    TCP_CMD_ACCEPT,
+    TCP_CMD_REJECT,
+    TCP_CMD_DISCONNECT,
+    TCP_CMD_EP_DESTROY,
+    TCP_CMD_LISTEN,
+    TCP_CMD_LISTENER_DESTROY,
+    TCP_CMD_MR_DEREG,
+};
+
+struct tcp_cmd {
+    struct exs_list        link;
+    enum tcp_cmd_type      type;
+    struct tcp_ep         *ep;
+    struct tcp_req        *req;
+    struct tcp_listener   *lis;
+    struct tcp_mr         *mr;
+    const struct sockaddr *addr;
+    socklen_t              addrlen;
+    const void            *pd;
+    uint32_t               pdlen;
+    int                    done;
+    int                    ret;
+};
+
+struct tcp_cm_node {
+    struct exs_list          link;
+    struct exs_prov_cm_event ev;
+};
+
+struct tcp_ctx {
+    struct exs_prov_ctx     base;
+    pthread_mutex_t         lock;
+    pthread_cond_t          cond;       /* commands done */
+    pthread_mutex_t         mr_lock;
+    struct exs_list         mr_hash[TCP_MR_HASH];
+    int                     epfd;
+    int                     wakefd;     /* NIC wake eventfd */
+    int                     timerfd;
+    int                     evfd;       /* the application's event fd */
+    pthread_t               thread;
+    int                     stop;       /* (lock) */
+    int                     nic_idle;   /* atomic: NIC about to sleep, wake needed */
+    int                     armed;      /* (lock) */
+    /* completion queue ring (lock) */
+    struct exs_prov_cqe    *cq;
+    uint32_t                cq_cap, cq_head, cq_count;
+    struct exs_list         cm_events;  /* tcp_cm_node (lock) */
+    struct exs_list         cmds;       /* tcp_cmd (lock) */
+    struct exs_list         work_eps;   /* eps with new sends or lost completions (lock) */
+    struct exs_list         eps;        /* (lock) */
+    /* NIC thread only */
+    struct exs_list         conns;
+    struct exs_list         dead;
+    struct exs_list         dirty;      /* conns with frames to write */
+    struct exs_list         timers;     /* conns with a deadline */
+    struct exs_list         listeners;
+    struct exs_list         parked;     /* commands finishing later (mr_dereg) */
+    uint64_t                timer_armed_ns;
+    /* settings */
+    uint64_t                emu_delay_ns;
+    uint64_t                emu_rate_mbps;
+    uint32_t                rnr_timer_ms;
+    uint8_t                 rnr_retry_max;  /* EXS_TCP_RNR_RETRY caps every ep's rnr_retry */
+    struct tcp_counters     cnt;
+    struct exs_counter_set  cset;
+};
+
+static inline struct tcp_ctx *tcp_ctx_of(struct exs_prov_ctx *c)
+{
+    return (struct tcp_ctx *)c;
+}
+
+static inline struct tcp_ep *tcp_ep_of(struct exs_prov_ep *e)
+{
+    return (struct tcp_ep *)e;
+}
+
+extern struct exs_prov_ops exs__prov_tcp_ops;
+
+/* tcp_ctx.c */
+int  exs__tcp_epoll_add_listener(struct tcp_listener *lis);
+int  exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
+void exs__tcp_cmd_finish(struct tcp_ctx *ctx, struct tcp_cmd *cmd, int ret);
+void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_prov_cqe *cqe);
+void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
+                             const struct exs_prov_cqe *cqe);
+void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev);
+void exs__tcp_ep_work(struct tcp_ctx *ctx, struct tcp_ep *ep);
+void exs__tcp_wake(struct tcp_ctx *ctx);
+void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events);
+void exs__tcp_conn_timer(struct tcp_conn *conn);
+
+/* tcp_mr.c */
+int  exs__tcp_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
+                     struct exs_prov_mr **mr_p);
+int  exs__tcp_mr_dereg(struct exs_prov_mr *mr);
+void exs__tcp_mr_dereg_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
+void exs__tcp_mr_put(struct tcp_ctx *ctx, struct tcp_mr *mr);
+int  exs__tcp_mr_check_local(struct tcp_ctx *ctx, const struct exs_prov_sge *sge, int n,
+                             unsigned access);
+int  exs__tcp_mr_get_remote(struct tcp_ctx *ctx, uint32_t rkey, uint64_t addr, uint64_t len,
+                            unsigned access, struct tcp_mr **mr_p);
+
+/* tcp_cm.c */
+int  exs__tcp_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
+                        struct exs_prov_ep **ep_p);
+void exs__tcp_ep_destroy(struct exs_prov_ep *ep);
+enum exs_prov_ep_state exs__tcp_ep_state(struct exs_prov_ep *ep);
+int  exs__tcp_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
+                     int backlog, void *user, struct exs_prov_listener **lis_p);
+int  exs__tcp_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
+                            socklen_t *addrlen);
+void exs__tcp_listener_destroy(struct exs_prov_listener *lis);
+int  exs__tcp_connect(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
+                      const void *pd, uint32_t pdlen);
+int  exs__tcp_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *pd,
+                     uint32_t pdlen);
+int  exs__tcp_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen);
+int  exs__tcp_disconnect(struct exs_prov_ep *ep);
+void exs__tcp_cmd_run(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
+void exs__tcp_listener_ready(struct tcp_listener *lis);
+int  exs__tcp_conn_hs_frame(struct tcp_conn *conn);
+void exs__tcp_conn_connected(struct tcp_conn *conn);
+void exs__tcp_conn_fail(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
+                        int send_disc);
+void exs__tcp_ep_fail(struct tcp_ep *ep, int status, int notify);
+void exs__tcp_conn_close(struct tcp_conn *conn);
+
+/* tcp_data.c */
+int  exs__tcp_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
+int  exs__tcp_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
+void exs__tcp_ep_take(struct tcp_ep *ep);
+void exs__tcp_conn_rx(struct tcp_conn *conn);
+void exs__tcp_conn_update_events(struct tcp_conn *conn);
+void exs__tcp_conn_tx(struct tcp_conn *conn);
+void exs__tcp_conn_rnr_resume(struct tcp_conn *conn);
+void exs__tcp_conn_hold_hup(struct tcp_conn *conn);
+struct tcp_txf *exs__tcp_txf_ctrl(struct tcp_conn *conn, uint8_t type, uint32_t len);
+void exs__tcp_txq_push(struct tcp_conn *conn, struct tcp_txf *txf);
+void exs__tcp_txf_free(struct tcp_ctx *ctx, struct tcp_txf *txf);
+void exs__tcp_rx_release(struct tcp_conn *conn);
+
+/* tcp_emu.c */
+int      exs__tcp_emu_on(const struct tcp_ctx *ctx);
+void     exs__tcp_emu_stamp(struct tcp_conn *conn, struct tcp_txf *txf, uint64_t enq_ns);
+uint64_t exs__tcp_emu_ready(struct tcp_conn *conn, struct tcp_txf *txf, uint64_t now);
+uint64_t exs__tcp_emu_budget(struct tcp_conn *conn, uint64_t now, uint64_t *until_p);
+void     exs__tcp_emu_sent(struct tcp_conn *conn, uint64_t n, uint64_t now);
+
+#endif

@@ -1,0 +1,595 @@
+/* SPDX-License-Identifier: MIT */
+/* The tcp provider's context: NIC thread, completion and cm event queues, event fd, commands. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include "exs/prov/tcp/tcp.h"
+#include "exs/util/counters.h"
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+
+/* epoll data: a pointer with the object kind in the low bits. */
+enum { TCP_TAG_CONN = 0, TCP_TAG_LIS = 1, TCP_TAG_WAKE = 2, TCP_TAG_TIMER = 3, TCP_TAG_MASK = 3 };
+
+#define TCP_CQ_MAX (1u << 24)
+
+static const struct exs_counter_desc tcp_counter_desc[] = {
+    EXS_COUNTER(struct tcp_counters, frames_tx, "frames written"),
+    EXS_COUNTER(struct tcp_counters, frames_rx, "frames read"),
+    EXS_COUNTER(struct tcp_counters, bytes_tx, "bytes written, headers included"),
+    EXS_COUNTER(struct tcp_counters, bytes_rx, "bytes read, headers included"),
+    EXS_COUNTER(struct tcp_counters, acks_tx, "ACK frames sent"),
+    EXS_COUNTER(struct tcp_counters, acks_rx, "ACK frames received"),
+    EXS_COUNTER(struct tcp_counters, naks_tx, "NAK frames sent"),
+    EXS_COUNTER(struct tcp_counters, naks_rx, "NAK frames received"),
+    EXS_COUNTER(struct tcp_counters, rnr_waits, "receiver-not-ready pauses"),
+    EXS_COUNTER(struct tcp_counters, rnr_naks, "receiver-not-ready retries exhausted"),
+    EXS_COUNTER(struct tcp_counters, access_errors, "remote access checks failed here"),
+    EXS_COUNTER(struct tcp_counters, protocol_errors, "connections ended by malformed input"),
+    EXS_COUNTER(struct tcp_counters, flushed_wrs, "work requests completed with WR_FLUSH_ERR"),
+    EXS_COUNTER(struct tcp_counters, conns_established, "connections established"),
+    EXS_COUNTER(struct tcp_counters, conns_rejected, "connection requests rejected"),
+    EXS_COUNTER(struct tcp_counters, conns_unreachable, "connects that failed"),
+    EXS_COUNTER(struct tcp_counters, bogus_conns, "incoming connections closed in handshake"),
+    EXS_COUNTER(struct tcp_counters, cq_overflows, "completions lost to a full queue"),
+    EXS_COUNTER(struct tcp_counters, wakeups, "NIC thread wake-ups by posts and commands"),
+    EXS_COUNTER(struct tcp_counters, emu_holds, "frames held by the link emulation"),
+};
+
+void exs__tcp_wake(struct tcp_ctx *ctx)
+{
+    uint64_t one = 1;
+
+    if (__atomic_exchange_n(&ctx->nic_idle, 0, __ATOMIC_SEQ_CST)) {
+        EXS_CNT_INC(ctx->cnt.wakeups);
+        if (write(ctx->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+            EXS_ERR(PROV, "ctx %p: wake write: %m", (void *)ctx);
+    }
+}
+
+/* ---- completion and cm event queues ---- */
+
+static void tcp_ctx_notify_locked(struct tcp_ctx *ctx)
+{
+    uint64_t one = 1;
+
+    if (!ctx->armed)
+        return;
+    ctx->armed = 0;
+    if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        EXS_ERR(PROV, "ctx %p: event fd write: %m", (void *)ctx);
+}
+
+void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
+                             const struct exs_prov_cqe *cqe)
+{
+    if (ctx->cq_count == ctx->cq_cap) {
+        /* A lost completion: the ep can no longer be trusted; the NIC moves it
+         * to ERROR (its flushed completions are lost as well while full). */
+        EXS_CNT_INC(ctx->cnt.cq_overflows);
+        EXS_LOG(ep && ep->overflow ? EXS_LOG_DBG : EXS_LOG_ERR, PROV, "ep %p: completion queue full (%u), wr_id %llu lost; ep to error",
+                (void *)ep, ctx->cq_cap, (unsigned long long)cqe->wr_id);
+        if (ep && !ep->destroyed) {
+            __atomic_store_n(&ep->overflow, 1, __ATOMIC_RELAXED);
+            if (!ep->on_work) {
+                ep->on_work = 1;
+                exs_list_add_tail(&ctx->work_eps, &ep->work_link);
+            }
+        }
+        return;
+    }
+    ctx->cq[(ctx->cq_head + ctx->cq_count) % ctx->cq_cap] = *cqe;
+    ctx->cq_count++;
+    tcp_ctx_notify_locked(ctx);
+}
+
+void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_prov_cqe *cqe)
+{
+    pthread_mutex_lock(&ctx->lock);
+    exs__tcp_cq_push_locked(ctx, ep, cqe);
+    pthread_mutex_unlock(&ctx->lock);
+    if (EXS_UNLIKELY(__atomic_load_n(&ep->overflow, __ATOMIC_RELAXED)))
+        exs__tcp_wake(ctx);
+}
+
+void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev)
+{
+    struct tcp_cm_node *n = malloc(sizeof(*n));
+
+    if (!n) {
+        EXS_ERR(PROV, "ctx %p: cm event %s lost: out of memory", (void *)ctx,
+                exs__prov_cm_event_str(ev->type));
+        return;
+    }
+    n->ev = *ev;
+    EXS_DBG(PROV, "ctx %p: cm event %s ep %p status %d", (void *)ctx,
+            exs__prov_cm_event_str(ev->type), (void *)ev->ep, ev->status);
+    pthread_mutex_lock(&ctx->lock);
+    exs_list_add_tail(&ctx->cm_events, &n->link);
+    tcp_ctx_notify_locked(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+void exs__tcp_ep_work(struct tcp_ctx *ctx, struct tcp_ep *ep)
+{
+    int wake = 0;
+
+    pthread_mutex_lock(&ctx->lock);
+    if (!ep->on_work) {
+        ep->on_work = 1;
+        exs_list_add_tail(&ctx->work_eps, &ep->work_link);
+        wake = 1;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (wake)
+        exs__tcp_wake(ctx);
+}
+
+static int tcp_ctx_event_fd(struct exs_prov_ctx *c)
+{
+    return tcp_ctx_of(c)->evfd;
+}
+
+static int tcp_ctx_arm(struct exs_prov_ctx *c)
+{
+    struct tcp_ctx *ctx = tcp_ctx_of(c);
+    uint64_t v;
+    int ret = 0;
+
+    pthread_mutex_lock(&ctx->lock);
+    if (read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        EXS_ERR(PROV, "ctx %p: event fd read: %m", (void *)ctx);
+    if (ctx->cq_count || !exs_list_empty(&ctx->cm_events)) {
+        ctx->armed = 0;
+        ret = -EAGAIN;
+    } else {
+        ctx->armed = 1;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return ret;
+}
+
+static int tcp_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max)
+{
+    struct tcp_ctx *ctx = tcp_ctx_of(c);
+    int n = 0;
+
+    if (max <= 0)
+        return max < 0 ? -EINVAL : 0;
+    pthread_mutex_lock(&ctx->lock);
+    while (n < max && ctx->cq_count) {
+        cqe[n++] = ctx->cq[ctx->cq_head];
+        ctx->cq_head = (ctx->cq_head + 1) % ctx->cq_cap;
+        ctx->cq_count--;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return n;
+}
+
+static int tcp_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
+{
+    struct tcp_ctx *ctx = tcp_ctx_of(c);
+    struct exs_list *l;
+
+    pthread_mutex_lock(&ctx->lock);
+    l = exs_list_pop_head(&ctx->cm_events);
+    pthread_mutex_unlock(&ctx->lock);
+    if (!l)
+        return 0;
+    *ev = exs_list_entry(l, struct tcp_cm_node, link)->ev;
+    free(exs_list_entry(l, struct tcp_cm_node, link));
+    return 1;
+}
+
+/* ---- commands: run on the NIC thread, the caller waits ---- */
+
+int exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
+{
+    cmd->done = 0;
+    cmd->ret = 0;
+    pthread_mutex_lock(&ctx->lock);
+    if (ctx->stop) {
+        pthread_mutex_unlock(&ctx->lock);
+        return -ESHUTDOWN;
+    }
+    exs_list_add_tail(&ctx->cmds, &cmd->link);
+    pthread_mutex_unlock(&ctx->lock);
+    exs__tcp_wake(ctx);
+    pthread_mutex_lock(&ctx->lock);
+    while (!cmd->done)
+        pthread_cond_wait(&ctx->cond, &ctx->lock);
+    pthread_mutex_unlock(&ctx->lock);
+    return cmd->ret;
+}
+
+void exs__tcp_cmd_finish(struct tcp_ctx *ctx, struct tcp_cmd *cmd, int ret)
+{
+    pthread_mutex_lock(&ctx->lock);
+    cmd->ret = ret;
+    cmd->done = 1;
+    pthread_cond_broadcast(&ctx->cond);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* ---- NIC thread ---- */
+
+void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events)
+{
+    struct epoll_event ev = { .events = events, .data.ptr = conn };
+
+    if (conn->fd < 0 || conn->events == events)
+        return;
+    if (epoll_ctl(conn->ctx->epfd, EPOLL_CTL_MOD, conn->fd, &ev) < 0)
+        EXS_ERR(PROV, "conn %p: epoll_ctl: %m", (void *)conn);
+    conn->events = events;
+}
+
+void exs__tcp_conn_timer(struct tcp_conn *conn)
+{
+    int want = conn->rnr_at || conn->tx_at || conn->linger_at;
+
+    if (want && !conn->on_timer)
+        exs_list_add_tail(&conn->ctx->timers, &conn->timer_link);
+    else if (!want && conn->on_timer)
+        exs_list_del(&conn->timer_link);
+    conn->on_timer = want;
+}
+
+/* Run the expired deadlines of connections. */
+static void tcp_nic_timers(struct tcp_ctx *ctx)
+{
+    struct exs_list *pos, *tmp;
+    uint64_t now;
+
+    if (exs_list_empty(&ctx->timers))
+        return;
+    now = exs__now_ns();
+    exs_list_for_each_safe(pos, tmp, &ctx->timers) {
+        struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, timer_link);
+
+        if (conn->linger_at && conn->linger_at <= now) {
+            conn->linger_at = 0;
+            exs__tcp_conn_close(conn);
+            continue;
+        }
+        if (conn->tx_at && conn->tx_at <= now) {
+            conn->tx_at = 0;
+            exs__tcp_txq_push(conn, NULL); /* marks it dirty */
+        }
+        if (conn->rnr_at && conn->rnr_at <= now) {
+            conn->rnr_at = 0;
+            exs__tcp_conn_rnr_resume(conn);
+        }
+        exs__tcp_conn_timer(conn);
+    }
+}
+
+/* Point the timerfd at the earliest deadline (no syscall when unchanged). */
+static void tcp_nic_timer_arm(struct tcp_ctx *ctx)
+{
+    struct exs_list *pos;
+    struct itimerspec its;
+    uint64_t next = 0;
+
+    if (exs_list_empty(&ctx->timers) && !ctx->timer_armed_ns)
+        return;
+    exs_list_for_each(pos, &ctx->timers) {
+        struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, timer_link);
+        uint64_t t[3] = { conn->rnr_at, conn->tx_at, conn->linger_at };
+
+        for (int i = 0; i < 3; i++)
+            if (t[i] && (!next || t[i] < next))
+                next = t[i];
+    }
+    if (next == ctx->timer_armed_ns)
+        return;
+    memset(&its, 0, sizeof(its));
+    its.it_value.tv_sec = (time_t)(next / 1000000000u);
+    its.it_value.tv_nsec = (long)(next % 1000000000u);
+    if (timerfd_settime(ctx->timerfd, TFD_TIMER_ABSTIME, &its, NULL) < 0)
+        EXS_ERR(PROV, "ctx %p: timerfd_settime: %m", (void *)ctx);
+    ctx->timer_armed_ns = next;
+}
+
+static void tcp_nic_service(struct tcp_ctx *ctx)
+{
+    struct exs_list cmds, eps, *l;
+
+    exs_list_init(&cmds);
+    exs_list_init(&eps);
+    pthread_mutex_lock(&ctx->lock);
+    if (!exs_list_empty(&ctx->cmds)) {
+        exs_list_insert_after(&ctx->cmds, &cmds);
+        exs_list_del(&ctx->cmds);
+    }
+    while ((l = exs_list_pop_head(&ctx->work_eps)) != NULL) {
+        exs_list_entry(l, struct tcp_ep, work_link)->on_work = 0;
+        exs_list_add_tail(&eps, l);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+
+    /* eps first: a command may destroy one of them */
+    while ((l = exs_list_pop_head(&eps)) != NULL)
+        exs__tcp_ep_take(exs_list_entry(l, struct tcp_ep, work_link));
+    while ((l = exs_list_pop_head(&cmds)) != NULL)
+        exs__tcp_cmd_run(ctx, exs_list_entry(l, struct tcp_cmd, link));
+}
+
+static void tcp_nic_flush(struct tcp_ctx *ctx)
+{
+    struct exs_list *l;
+
+    while ((l = exs_list_pop_head(&ctx->dirty)) != NULL) {
+        struct tcp_conn *conn = exs_list_entry(l, struct tcp_conn, dirty_link);
+
+        conn->tx_dirty = 0;
+        exs__tcp_conn_tx(conn);
+    }
+}
+
+static void tcp_nic_reap(struct tcp_ctx *ctx)
+{
+    struct exs_list *l;
+
+    while ((l = exs_list_pop_head(&ctx->dead)) != NULL)
+        free(exs_list_entry(l, struct tcp_conn, link));
+}
+
+static void tcp_nic_event(struct tcp_ctx *ctx, struct epoll_event *ev)
+{
+    uintptr_t tag = (uintptr_t)ev->data.u64 & TCP_TAG_MASK;
+    void *p = (void *)((uintptr_t)ev->data.u64 & ~(uintptr_t)TCP_TAG_MASK);
+    uint64_t v;
+
+    switch (tag) {
+    case TCP_TAG_WAKE:
+        if (read(ctx->wakefd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+            EXS_ERR(PROV, "ctx %p: wake read: %m", (void *)ctx);
+        break;
+    case TCP_TAG_TIMER:
+        if (read(ctx->timerfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+            EXS_ERR(PROV, "ctx %p: timerfd read: %m", (void *)ctx);
+        ctx->timer_armed_ns = 0;
+        break;
+    case TCP_TAG_LIS:
+        exs__tcp_listener_ready(p);
+        break;
+    default: {
+        struct tcp_conn *conn = p;
+
+        if (conn->state == TCP_CONN_DEAD)
+            break;
+        if (conn->state == TCP_CONN_CONNECTING) {
+            if (ev->events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
+                exs__tcp_conn_connected(conn);
+            break;
+        }
+        if (ev->events & EPOLLOUT)
+            exs__tcp_conn_tx(conn);
+        if (conn->state == TCP_CONN_DEAD)
+            break;
+        if (conn->events & EPOLLIN) {
+            if (ev->events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+                exs__tcp_conn_rx(conn);
+        } else if (ev->events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
+            /* not reading (pending request, held request): the peer died or ended */
+            if (conn->rx_phase == TCP_RX_HOLD)
+                exs__tcp_conn_hold_hup(conn);
+            else
+                exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, -1);
+        }
+        break;
+    }
+    }
+}
+
+static void *tcp_nic_main(void *arg)
+{
+    struct tcp_ctx *ctx = arg;
+    struct epoll_event evs[64];
+    int n, busy, stop;
+
+    for (;;) {
+        tcp_nic_service(ctx);
+        tcp_nic_timers(ctx);
+        tcp_nic_flush(ctx);
+        tcp_nic_timer_arm(ctx);
+        tcp_nic_reap(ctx);
+
+        __atomic_store_n(&ctx->nic_idle, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_lock(&ctx->lock);
+        busy = !exs_list_empty(&ctx->cmds) || !exs_list_empty(&ctx->work_eps);
+        stop = ctx->stop;
+        pthread_mutex_unlock(&ctx->lock);
+        if (stop && !busy)
+            break;
+        busy |= !exs_list_empty(&ctx->dirty);
+        n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), busy ? 0 : -1);
+        __atomic_store_n(&ctx->nic_idle, 0, __ATOMIC_SEQ_CST);
+        if (n < 0) {
+            if (errno != EINTR)
+                EXS_ERR(PROV, "ctx %p: epoll_wait: %m", (void *)ctx);
+            continue;
+        }
+        for (int i = 0; i < n; i++)
+            tcp_nic_event(ctx, &evs[i]);
+    }
+    return NULL;
+}
+
+/* ---- open / close ---- */
+
+static int tcp_ctx_epoll_add(struct tcp_ctx *ctx, int fd, uintptr_t tag)
+{
+    struct epoll_event ev = { .events = EPOLLIN };
+
+    ev.data.u64 = (uint64_t)((uintptr_t)ctx | tag);
+    return epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+int exs__tcp_epoll_add_listener(struct tcp_listener *lis)
+{
+    struct epoll_event ev = { .events = EPOLLIN };
+
+    ev.data.u64 = (uint64_t)((uintptr_t)lis | TCP_TAG_LIS);
+    return epoll_ctl(lis->ctx->epfd, EPOLL_CTL_ADD, lis->fd, &ev) < 0 ? -errno : 0;
+}
+
+static void tcp_ctx_free(struct tcp_ctx *ctx)
+{
+    struct exs_list *l;
+
+    while ((l = exs_list_pop_head(&ctx->cm_events)) != NULL)
+        free(exs_list_entry(l, struct tcp_cm_node, link));
+    while ((l = exs_list_pop_head(&ctx->conns)) != NULL)
+        exs__tcp_conn_close(exs_list_entry(l, struct tcp_conn, link));
+    tcp_nic_reap(ctx);
+    if (ctx->epfd >= 0)
+        close(ctx->epfd);
+    if (ctx->wakefd >= 0)
+        close(ctx->wakefd);
+    if (ctx->timerfd >= 0)
+        close(ctx->timerfd);
+    if (ctx->evfd >= 0)
+        close(ctx->evfd);
+    pthread_cond_destroy(&ctx->cond);
+    pthread_mutex_destroy(&ctx->lock);
+    pthread_mutex_destroy(&ctx->mr_lock);
+    free(ctx->cq);
+    free(ctx);
+}
+
+static uint32_t tcp_clamp32(uint64_t v, uint32_t lo, uint32_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : (uint32_t)v;
+}
+
+static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
+{
+    struct tcp_ctx *ctx;
+    uint64_t cq_size;
+    int ret;
+
+    exs__params_load();
+    if (attr && attr->device && attr->device[0] && strcmp(attr->device, "tcp") != 0) {
+        EXS_ERR(PROV, "device %s: unknown (the tcp provider has one device, tcp)", attr->device);
+        return -ENODEV;
+    }
+    ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return -ENOMEM;
+    ctx->epfd = ctx->wakefd = ctx->timerfd = ctx->evfd = -1;
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_mutex_init(&ctx->mr_lock, NULL);
+    pthread_cond_init(&ctx->cond, NULL);
+    for (int i = 0; i < TCP_MR_HASH; i++)
+        exs_list_init(&ctx->mr_hash[i]);
+    exs_list_init(&ctx->cm_events);
+    exs_list_init(&ctx->cmds);
+    exs_list_init(&ctx->work_eps);
+    exs_list_init(&ctx->eps);
+    exs_list_init(&ctx->conns);
+    exs_list_init(&ctx->dead);
+    exs_list_init(&ctx->dirty);
+    exs_list_init(&ctx->timers);
+    exs_list_init(&ctx->listeners);
+    exs_list_init(&ctx->parked);
+
+    ctx->base.ops = &exs__prov_tcp_ops;
+    ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_INLINE |
+                           EXS_PROV_CAP_EMU_LINK;
+    ctx->base.caps.max_inline = tcp_clamp32(exs__params.tcp_max_inline, 0, 1u << 20);
+    ctx->base.caps.max_sge = tcp_clamp32(exs__params.tcp_max_sge, 1, 1024);
+    ctx->base.caps.max_send_wr = tcp_clamp32(exs__params.tcp_max_wr, 1, 1u << 20);
+    ctx->base.caps.max_recv_wr = ctx->base.caps.max_send_wr;
+    ctx->base.caps.max_private_data = TCP_WIRE_PD_MAX;
+    ctx->base.caps.max_msg_size = tcp_clamp32(exs__params.tcp_max_msg, 1, UINT32_MAX);
+    cq_size = attr && attr->cq_size ? attr->cq_size : exs__params.tcp_cq_size;
+    ctx->cq_cap = tcp_clamp32(cq_size, 1, TCP_CQ_MAX);
+    ctx->base.caps.max_cqe = ctx->cq_cap;
+    ctx->emu_delay_ns = exs__params.emu_delay_us * 1000u;
+    ctx->emu_rate_mbps = exs__params.emu_rate_mbps;
+    ctx->rnr_timer_ms = tcp_clamp32(exs__params.tcp_rnr_timer_ms, 0, 60000);
+    ctx->rnr_retry_max = (uint8_t)tcp_clamp32(exs__params.tcp_rnr_retry, 0, 7);
+
+    ctx->cq = calloc(ctx->cq_cap, sizeof(*ctx->cq));
+    ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+    ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ctx->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ctx->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (!ctx->cq || ctx->epfd < 0 || ctx->wakefd < 0 || ctx->evfd < 0 || ctx->timerfd < 0) {
+        ret = ctx->cq ? -errno : -ENOMEM;
+        EXS_ERR(PROV, "ctx open: %s", strerror(-ret));
+        tcp_ctx_free(ctx);
+        return ret;
+    }
+    ret = tcp_ctx_epoll_add(ctx, ctx->wakefd, TCP_TAG_WAKE);
+    if (!ret)
+        ret = tcp_ctx_epoll_add(ctx, ctx->timerfd, TCP_TAG_TIMER);
+    if (!ret)
+        ret = -pthread_create(&ctx->thread, NULL, tcp_nic_main, ctx);
+    if (ret) {
+        EXS_ERR(PROV, "ctx open: %s", strerror(-ret));
+        tcp_ctx_free(ctx);
+        return ret;
+    }
+    ctx->cset.name = "prov.tcp";
+    ctx->cset.desc = tcp_counter_desc;
+    ctx->cset.count = EXS_ARRAY_SIZE(tcp_counter_desc);
+    ctx->cset.base = &ctx->cnt;
+    exs__counters_register(&ctx->cset);
+    EXS_DBG(PROV, "ctx %p: open, cq %u, emu delay %llu us rate %llu mbps", (void *)ctx,
+            ctx->cq_cap, (unsigned long long)exs__params.emu_delay_us,
+            (unsigned long long)ctx->emu_rate_mbps);
+    *ctx_p = &ctx->base;
+    return 0;
+}
+
+static void tcp_ctx_close(struct exs_prov_ctx *c)
+{
+    struct tcp_ctx *ctx = tcp_ctx_of(c);
+
+    if (!ctx)
+        return;
+    if (!exs_list_empty(&ctx->eps))
+        EXS_WARN(PROV, "ctx %p: closed with endpoints left", (void *)ctx);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->stop = 1;
+    pthread_mutex_unlock(&ctx->lock);
+    __atomic_store_n(&ctx->nic_idle, 1, __ATOMIC_SEQ_CST);
+    exs__tcp_wake(ctx);
+    pthread_join(ctx->thread, NULL);
+    exs__counters_unregister(&ctx->cset);
+    tcp_ctx_free(ctx);
+}
+
+struct exs_prov_ops exs__prov_tcp_ops = {
+    .name = "tcp",
+    .ctx_open = tcp_ctx_open,
+    .ctx_close = tcp_ctx_close,
+    .ctx_event_fd = tcp_ctx_event_fd,
+    .ctx_arm = tcp_ctx_arm,
+    .ctx_poll = tcp_ctx_poll,
+    .ctx_cm_poll = tcp_ctx_cm_poll,
+    .mr_reg = exs__tcp_mr_reg,
+    .mr_dereg = exs__tcp_mr_dereg,
+    .ep_create = exs__tcp_ep_create,
+    .ep_destroy = exs__tcp_ep_destroy,
+    .ep_state = exs__tcp_ep_state,
+    .listen = exs__tcp_listen,
+    .listener_addr = exs__tcp_listener_addr,
+    .listener_destroy = exs__tcp_listener_destroy,
+    .connect = exs__tcp_connect,
+    .accept = exs__tcp_accept,
+    .reject = exs__tcp_reject,
+    .disconnect = exs__tcp_disconnect,
+    .post_recv = exs__tcp_post_recv,
+    .post_send = exs__tcp_post_send,
+};

@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: MIT */
+/* The process-wide registry of counter sets: lookup by name and printing. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "exs/util/counters.h"
+
+static pthread_mutex_t counters_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct exs_list counters_sets = EXS_LIST_INIT(counters_sets);
+
+void exs__counters_register(struct exs_counter_set *set)
+{
+    pthread_mutex_lock(&counters_lock);
+    exs_list_add_tail(&counters_sets, &set->link);
+    pthread_mutex_unlock(&counters_lock);
+}
+
+/* Safe on a set already unregistered (its link points at itself) or never
+ * registered but zero-initialised. */
+void exs__counters_unregister(struct exs_counter_set *set)
+{
+    pthread_mutex_lock(&counters_lock);
+    if (set->link.next)
+        exs_list_del(&set->link);
+    pthread_mutex_unlock(&counters_lock);
+}
+
+uint64_t exs__counters_value(const struct exs_counter_set *set, size_t i)
+{
+    const char *field = (const char *)set->base + set->desc[i].offset;
+
+    return EXS_CNT_GET(*(const uint64_t *)(const void *)field);
+}
+
+int exs__counters_lookup(const char *set_name, const char *counter, uint64_t *value_p)
+{
+    struct exs_list *pos;
+    int              rc = -ENOENT;
+
+    pthread_mutex_lock(&counters_lock);
+    exs_list_for_each(pos, &counters_sets)
+    {
+        const struct exs_counter_set *set = exs_list_entry(pos, struct exs_counter_set, link);
+
+        if (strcmp(set->name, set_name) != 0)
+            continue;
+        /* The first set of that name answers, whether or not it has the counter. */
+        for (size_t i = 0; i < set->count; i++) {
+            if (strcmp(set->desc[i].name, counter) == 0) {
+                *value_p = exs__counters_value(set, i);
+                rc = 0;
+                break;
+            }
+        }
+        break;
+    }
+    pthread_mutex_unlock(&counters_lock);
+    return rc;
+}
+
+void exs__counters_print(FILE *f)
+{
+    struct exs_list *pos;
+
+    pthread_mutex_lock(&counters_lock);
+    exs_list_for_each(pos, &counters_sets)
+    {
+        const struct exs_counter_set *set = exs_list_entry(pos, struct exs_counter_set, link);
+
+        for (size_t i = 0; i < set->count; i++)
+            fprintf(f, "%s %s %" PRIu64 "\n", set->name, set->desc[i].name,
+                    exs__counters_value(set, i));
+    }
+    pthread_mutex_unlock(&counters_lock);
+}

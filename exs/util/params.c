@@ -1,0 +1,344 @@
+/* SPDX-License-Identifier: MIT */
+/* The tunables table: defaults, EXS_* variables, validation, run-time changes and printing. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/parse.h"
+#include "exs/util/util.h"
+
+struct exs_params exs__params;
+
+#define PARAM(_name, _env, _def, _type, _online, _help)                                  \
+    {#_name, _env, _def, _help, EXS_PARAM_##_type, _online, offsetof(struct exs_params, _name)}
+
+/* One row per field of struct exs_params, in field order. */
+static const struct exs_param_def params_table[] = {
+    PARAM(log_level, "EXS_LOG_LEVEL", "warn", STRING, 1,
+          "log level: none err warn info dbg trace data, or 0-6"),
+    PARAM(log_subsys, "EXS_LOG_SUBSYS", "all", STRING, 1,
+          "subsystems to log, comma list of api eng proto prov cache util, or all"),
+    PARAM(provider, "EXS_PROVIDER", "", STRING, 0,
+          "provider: tcp or verbs; empty = verbs when an active RDMA device exists, else tcp"),
+    PARAM(emu_delay_us, "EXS_EMU_DELAY_US", "0", UINT, 0,
+          "tcp link emulation: one-way delay added per direction, microseconds"),
+    PARAM(emu_rate_mbps, "EXS_EMU_RATE_MBPS", "0", UINT, 0,
+          "tcp link emulation: bandwidth cap per direction, Mbit/s, 0 = none"),
+    PARAM(tcp_rnr_retry, "EXS_TCP_RNR_RETRY", "7", UINT, 0,
+          "tcp: receiver-not-ready retries, 0-7, 7 = forever"),
+    PARAM(tcp_rnr_timer_ms, "EXS_TCP_RNR_TIMER_MS", "1", UINT, 0,
+          "tcp: pause between receiver-not-ready retries, milliseconds"),
+    PARAM(tcp_max_inline, "EXS_TCP_MAX_INLINE", "256", UINT, 0,
+          "tcp: largest inline send, bytes"),
+    PARAM(tcp_max_sge, "EXS_TCP_MAX_SGE", "16", UINT, 0,
+          "tcp: largest scatter/gather list of one work request"),
+    PARAM(tcp_max_wr, "EXS_TCP_MAX_WR", "4096", UINT, 0,
+          "tcp: largest send or receive queue depth"),
+    PARAM(tcp_cq_size, "EXS_TCP_CQ_SIZE", "65536", UINT, 0,
+          "tcp: completion queue capacity of a context"),
+    PARAM(tcp_max_msg, "EXS_TCP_MAX_MSG", "1073741824", UINT, 0,
+          "tcp: largest work request, bytes"),
+    PARAM(credits, "EXS_CREDITS", "64", UINT, 0,
+          "receives pre-posted per connection, the send credits granted to the peer, 2-4095"),
+    PARAM(ring_size, "EXS_RING_SIZE", "1048576", UINT, 0,
+          "default SO_RCVBUF: bytes of each connection's hidden receive ring, multiple of 64"),
+    PARAM(eager_max, "EXS_EAGER_MAX", "4096", UINT, 0,
+          "SOCK_SEQPACKET messages shorter than this go eagerly into the peer's ring"),
+    PARAM(max_reads, "EXS_MAX_READS", "16", UINT, 0,
+          "RDMA READs in flight per connection (SEQPACKET rendezvous), at least 1"),
+    PARAM(sock_max_ops, "EXS_SOCK_MAX_OPS", "1024", UINT, 0,
+          "outstanding operations per socket and direction before EAGAIN, at least 1"),
+    PARAM(xfer_mode, "EXS_XFER_MODE", "dynamic", STRING, 0,
+          "default EXS_SO_XFER_MODE: dynamic, direct or indirect"),
+};
+
+/* Unloaded -> defaults (set before load, or by get/print) -> loaded (environment applied). */
+enum { PARAMS_NONE, PARAMS_DEFAULTS, PARAMS_LOADED };
+
+static pthread_mutex_t params_lock = PTHREAD_MUTEX_INITIALIZER;
+static int             params_state; /* PARAMS_*; written under the lock, read without it */
+static int             params_load_rc;
+
+union param_val {
+    uint64_t u;
+    int      b;
+    char     s[EXS_PARAM_STR_MAX];
+};
+
+/* Parse and validate text for row d. Returns 0 or -EINVAL. */
+static int param_parse(const struct exs_param_def *d, const char *text, union param_val *v)
+{
+    switch (d->type) {
+    case EXS_PARAM_UINT:
+        if (exs__parse_uint(text, &v->u) < 0)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, tcp_rnr_retry) && v->u > 7)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, credits) && (v->u < 2 || v->u > 4095))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, ring_size) &&
+            (v->u < 1024 || v->u % 64 || v->u > (1u << 30)))
+            return -EINVAL;
+        if ((d->offset == offsetof(struct exs_params, max_reads) ||
+             d->offset == offsetof(struct exs_params, sock_max_ops)) &&
+            (v->u < 1 || v->u > (1u << 20)))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, eager_max) && v->u > (1u << 20))
+            return -EINVAL;
+        return 0;
+    case EXS_PARAM_BOOL:
+        return exs__parse_bool(text, &v->b) < 0 ? -EINVAL : 0;
+    case EXS_PARAM_STRING:
+        if (!text || strlen(text) >= EXS_PARAM_STR_MAX)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, provider) && text[0] &&
+            strcmp(text, "tcp") != 0 && strcmp(text, "verbs") != 0)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, xfer_mode) && strcmp(text, "dynamic") &&
+            strcmp(text, "direct") && strcmp(text, "indirect"))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, log_level) && exs__log_level_parse(text) < 0)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, log_subsys) && !exs__log_subsys_parse(text))
+            return -EINVAL;
+        strcpy(v->s, text);
+        return 0;
+    }
+    return -EINVAL;
+}
+
+/* Store a parsed value (lock held); the log rows also drive the logger. */
+static void param_store(const struct exs_param_def *d, const union param_val *v)
+{
+    void *field = (char *)&exs__params + d->offset;
+
+    switch (d->type) {
+    case EXS_PARAM_UINT:
+        __atomic_store_n((uint64_t *)field, v->u, __ATOMIC_RELAXED);
+        break;
+    case EXS_PARAM_BOOL:
+        __atomic_store_n((int *)field, v->b, __ATOMIC_RELAXED);
+        break;
+    case EXS_PARAM_STRING:
+        strcpy((char *)field, v->s);
+        break;
+    }
+    if (d->offset == offsetof(struct exs_params, log_level))
+        __atomic_store_n(&exs__log_level, exs__log_level_parse(v->s), __ATOMIC_RELAXED);
+    else if (d->offset == offsetof(struct exs_params, log_subsys))
+        __atomic_store_n(&exs__log_subsys, exs__log_subsys_parse(v->s), __ATOMIC_RELAXED);
+}
+
+/* Current value of row d as text (lock held). -ENOSPC when len is too small. */
+static int param_format(const struct exs_param_def *d, char *buf, size_t len)
+{
+    const void *field = (const char *)&exs__params + d->offset;
+    int         n = 0;
+
+    switch (d->type) {
+    case EXS_PARAM_UINT:
+        n = snprintf(buf, len, "%" PRIu64,
+                     __atomic_load_n((const uint64_t *)field, __ATOMIC_RELAXED));
+        break;
+    case EXS_PARAM_BOOL:
+        n = snprintf(buf, len, "%s",
+                     __atomic_load_n((const int *)field, __ATOMIC_RELAXED) ? "yes" : "no");
+        break;
+    case EXS_PARAM_STRING:
+        n = snprintf(buf, len, "%s", (const char *)field);
+        break;
+    }
+    return n < 0 || (size_t)n >= len ? -ENOSPC : 0;
+}
+
+static void params_defaults_locked(void)
+{
+    union param_val v;
+
+    if (params_state != PARAMS_NONE)
+        return;
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(params_table); i++) {
+        int rc = param_parse(&params_table[i], params_table[i].defval, &v);
+
+        EXS_ASSERT(rc == 0);
+        param_store(&params_table[i], &v);
+    }
+    __atomic_store_n(&params_state, PARAMS_DEFAULTS, __ATOMIC_RELEASE);
+}
+
+/* Values set with exs__params_set() before the load are kept unless the environment
+ * overrides them: the user's EXS_* variables have the last word. */
+int exs__params_load(void)
+{
+    int rc = 0;
+
+    if (__atomic_load_n(&params_state, __ATOMIC_ACQUIRE) == PARAMS_LOADED)
+        return params_load_rc;
+    pthread_mutex_lock(&params_lock);
+    if (params_state == PARAMS_LOADED) {
+        rc = params_load_rc;
+        goto out;
+    }
+    params_defaults_locked();
+    /* Table order: the log rows come first, so later warnings obey EXS_LOG_LEVEL. */
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(params_table); i++) {
+        const struct exs_param_def *d = &params_table[i];
+        const char                 *text = getenv(d->env);
+        union param_val             v;
+        char                        cur[EXS_PARAM_STR_MAX + 32];
+
+        if (!text)
+            continue;
+        if (param_parse(d, text, &v) < 0) {
+            if (param_format(d, cur, sizeof(cur)) < 0)
+                cur[0] = '\0';
+            EXS_WARN(UTIL, "%s=\"%s\": invalid, keeping %s=\"%s\" (%s)", d->env, text, d->name,
+                     cur, d->help);
+            rc = -EINVAL;
+            continue;
+        }
+        param_store(d, &v);
+    }
+    params_load_rc = rc;
+    __atomic_store_n(&params_state, PARAMS_LOADED, __ATOMIC_RELEASE);
+out:
+    pthread_mutex_unlock(&params_lock);
+    return rc;
+}
+
+void exs__params_reset(void)
+{
+    pthread_mutex_lock(&params_lock);
+    __atomic_store_n(&params_state, PARAMS_NONE, __ATOMIC_RELEASE);
+    params_load_rc = 0;
+    pthread_mutex_unlock(&params_lock);
+}
+
+const struct exs_param_def *exs__params_table(size_t *count_p)
+{
+    if (count_p)
+        *count_p = EXS_ARRAY_SIZE(params_table);
+    return params_table;
+}
+
+const struct exs_param_def *exs__params_find(const char *name)
+{
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(params_table); i++)
+        if (strcmp(params_table[i].name, name) == 0)
+            return &params_table[i];
+    return NULL;
+}
+
+int exs__params_set(const char *name, const char *value)
+{
+    const struct exs_param_def *d = exs__params_find(name);
+    union param_val             v;
+    int                         rc;
+
+    if (!d)
+        return -ENOENT;
+    pthread_mutex_lock(&params_lock);
+    if (params_state == PARAMS_LOADED && !d->online) {
+        rc = -EPERM;
+    } else if ((rc = param_parse(d, value, &v)) == 0) {
+        params_defaults_locked();
+        param_store(d, &v);
+    }
+    pthread_mutex_unlock(&params_lock);
+    return rc;
+}
+
+int exs__params_get(const char *name, char *buf, size_t len)
+{
+    const struct exs_param_def *d = exs__params_find(name);
+    int                         rc;
+
+    if (!d)
+        return -ENOENT;
+    pthread_mutex_lock(&params_lock);
+    params_defaults_locked();
+    rc = param_format(d, buf, len);
+    pthread_mutex_unlock(&params_lock);
+    return rc;
+}
+
+/* Markdown cell text: code span, or a word for the empty default. */
+static void print_md_code(FILE *f, const char *s)
+{
+    if (s[0])
+        fprintf(f, " `%s` |", s);
+    else
+        fprintf(f, " (empty) |");
+}
+
+static void params_print_markdown(FILE *f)
+{
+    fprintf(f, "# Tunables\n\n");
+    fprintf(f, "This file is generated by `build/tools/exsctl params --markdown` from the table in "
+               "`exs/util/params.c`; do not edit it by hand.\n\n");
+    fprintf(f, "| Name | Variable | Default | Online | Description |\n");
+    fprintf(f, "|------|----------|---------|--------|-------------|\n");
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(params_table); i++) {
+        const struct exs_param_def *d = &params_table[i];
+
+        fprintf(f, "|");
+        print_md_code(f, d->name);
+        print_md_code(f, d->env);
+        print_md_code(f, d->defval);
+        fprintf(f, " %s | ", d->online ? "online" : "offline");
+        for (const char *c = d->help; *c; c++) {
+            if (*c == '|')
+                fputc('\\', f);
+            fputc(*c, f);
+        }
+        fprintf(f, " |\n");
+    }
+}
+
+void exs__params_print(FILE *f, int markdown)
+{
+    char values[EXS_ARRAY_SIZE(params_table)][EXS_PARAM_STR_MAX + 32];
+    int  wname = (int)strlen("NAME"), wenv = (int)strlen("VARIABLE");
+    int  wval = (int)strlen("VALUE"), wdef = (int)strlen("DEFAULT");
+
+    if (markdown) {
+        params_print_markdown(f);
+        return;
+    }
+    pthread_mutex_lock(&params_lock);
+    params_defaults_locked();
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(params_table); i++)
+        if (param_format(&params_table[i], values[i], sizeof(values[i])) < 0)
+            strcpy(values[i], "?");
+    pthread_mutex_unlock(&params_lock);
+
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(params_table); i++) {
+        const struct exs_param_def *d = &params_table[i];
+
+        wname = EXS_MAX(wname, (int)strlen(d->name));
+        wenv = EXS_MAX(wenv, (int)strlen(d->env));
+        wval = EXS_MAX(wval, (int)strlen(values[i]) + 2);
+        wdef = EXS_MAX(wdef, (int)strlen(d->defval) + 2);
+    }
+    fprintf(f, "%-*s  %-*s  %-*s  %-*s  %-7s  %s\n", wname, "NAME", wenv, "VARIABLE", wval, "VALUE",
+            wdef, "DEFAULT", "MODE", "DESCRIPTION");
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(params_table); i++) {
+        const struct exs_param_def *d = &params_table[i];
+        char                        val[EXS_PARAM_STR_MAX + 40], def[EXS_PARAM_STR_MAX + 8];
+
+        /* Strings quoted so an empty one is visible. */
+        const char *q = d->type == EXS_PARAM_STRING ? "\"" : "";
+
+        snprintf(val, sizeof(val), "%s%.*s%s", q, (int)sizeof(values[i]), values[i], q);
+        snprintf(def, sizeof(def), "%s%s%s", q, d->defval, q);
+        fprintf(f, "%-*s  %-*s  %-*s  %-*s  %-7s  %s\n", wname, d->name, wenv, d->env, wval, val,
+                wdef, def, d->online ? "online" : "offline", d->help);
+    }
+}

@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT */
+/* The provider conformance test runner: exs_prov_test [-p PROVIDER] runs every suite. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/prov/prov_test.h"
+
+static Suite *(*const suites[])(void) = {
+    prov_basic_suite, prov_order_suite, prov_rnr_suite, prov_access_suite, prov_read_suite,
+    prov_flush_suite, prov_cm_suite,    prov_emu_suite, prov_hostile_suite,
+};
+
+static void usage(FILE *f, const char *argv0)
+{
+    fprintf(f,
+            "usage: %s [-p PROVIDER]\n"
+            "  -p PROVIDER  provider to test (default: $EXS_PROVIDER, else tcp)\n"
+            "Check's CK_RUN_SUITE, CK_RUN_CASE, CK_FORK and CK_TIMEOUT_MULTIPLIER apply.\n",
+            argv0);
+}
+
+int main(int argc, char **argv)
+{
+    const char *env = getenv("EXS_PROVIDER");
+    SRunner *sr = NULL;
+    int opt, failed;
+
+    if (env && env[0])
+        pt_name = env;
+    while ((opt = getopt(argc, argv, "p:h")) != -1) {
+        switch (opt) {
+        case 'p':
+            pt_name = optarg;
+            break;
+        case 'h':
+            usage(stdout, argv[0]);
+            return 0;
+        default:
+            usage(stderr, argv[0]);
+            return 2;
+        }
+    }
+    pt_ops = exs__prov_find(pt_name);
+    if (!pt_ops) {
+        fprintf(stderr, "%s: unknown provider '%s'\n", argv[0], pt_name);
+        return 2;
+    }
+    printf("provider conformance tests: provider %s\n", pt_name);
+    fflush(stdout);
+
+    for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++) {
+        if (!sr)
+            sr = srunner_create(suites[i]());
+        else
+            srunner_add_suite(sr, suites[i]());
+    }
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

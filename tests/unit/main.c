@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+/* The unit test runner: all suites in one SRunner, so CK_RUN_SUITE / CK_RUN_CASE select. */
+#include <stdlib.h>
+
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+#include "tests/unit/unit.h"
+
+/* The only list of suites: add a constructor here (and declare it in unit.h). */
+static Suite *(*const suites[])(void) = {
+    util_log_suite,
+    util_params_suite,
+    util_counters_suite,
+    util_list_suite,
+    util_misc_suite,
+    api_evq_suite,
+};
+
+void unit_env_clean(void)
+{
+    size_t                      n;
+    const struct exs_param_def *t = exs__params_table(&n);
+
+    for (size_t i = 0; i < n; i++)
+        unsetenv(t[i].env);
+    exs__params_reset();
+    exs__log_set_stream(NULL);
+    exs__log_level = EXS_LOG_WARN;
+    exs__log_subsys = EXS_SUB_ALL;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(NULL);
+    int      failed;
+
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(suites); i++)
+        srunner_add_suite(sr, suites[i]());
+    /* CK_ENV: CK_VERBOSITY may ask for more; the default is Check's normal summary. */
+    srunner_run_all(sr, CK_ENV);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

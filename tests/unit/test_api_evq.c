@@ -1,0 +1,738 @@
+/* SPDX-License-Identifier: MIT */
+/* Unit tests of exs/api/evq.c: handles, reservations, exs_qdequeue's forms, waits and threads. */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "exs/api/evq.h"
+#include "exs/util/log.h"
+#include "exs/util/util.h"
+#include "tests/unit/unit.h"
+
+static const int wait_modes[] = {EXS_WAIT_NOTIFY, EXS_WAIT_POLL, EXS_WAIT_ADAPTIVE};
+
+#define ASSERT_NO_QUEUES() ck_assert_int_eq(exs__evq_live_count(), 0)
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static uint64_t elapsed_ms(uint64_t start_ns)
+{
+    return (exs__now_ns() - start_ns) / 1000000u;
+}
+
+/* Reserve and post one event whose fd and ahandle identify it. */
+static void post_one(exs_qhandle_t q, int fd, intptr_t tag)
+{
+    struct exs_evq *evq;
+    exs_event_t ev;
+
+    ck_assert_int_eq(exs__evq_get(q, &evq), 0);
+    ck_assert_int_eq(exs__evq_reserve(evq), 0);
+    memset(&ev, 0, sizeof(ev));
+    ev.exs_evt_type = EXS_EVT_SEND;
+    ev.exs_evt_fd = fd;
+    ev.exs_evt_ahandle = (exs_ahandle_t)tag;
+    exs__evq_post(evq, &ev);
+    exs__evq_put(evq);
+}
+
+static int qfd_readable(exs_qhandle_t q)
+{
+    struct pollfd pfd = {.fd = exs_qfd(q), .events = POLLIN};
+
+    ck_assert_int_ge(pfd.fd, 0);
+    ck_assert_int_ge(poll(&pfd, 1, 0), 0);
+    return (pfd.revents & POLLIN) != 0;
+}
+
+static const struct timespec ts_zero = {0, 0};
+
+/* ---- handles ---- */
+
+START_TEST(test_create_delete)
+{
+    exs_qhandle_t a = exs_qcreate(1), b = exs_qcreate(16);
+
+    ck_assert_int_gt(a, 0);
+    ck_assert_int_gt(b, 0);
+    ck_assert_int_ne(a, b);
+    ck_assert_int_eq(exs__evq_live_count(), 2);
+    ck_assert_int_eq(exs_qdelete(a), 0);
+    ck_assert_int_eq(exs__evq_live_count(), 1);
+    ck_assert_int_eq(exs_qdelete(b), 0);
+    errno = 0;
+    ck_assert_int_eq(exs_qdelete(a), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+START_TEST(test_bad_depth)
+{
+    static const int bad[] = {0, -1, INT_MIN, (1 << 20) + 1, INT_MAX};
+    exs_qhandle_t q;
+
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(bad); i++) {
+        errno = 0;
+        ck_assert_int_eq(exs_qcreate(bad[i]), EXS_QHANDLE_INVALID);
+        ck_assert_int_eq(errno, EINVAL);
+    }
+    /* The largest depth is accepted (the ring is allocated, not touched). */
+    q = exs_qcreate(1 << 20);
+    ck_assert_int_gt(q, 0);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+START_TEST(test_bad_handles)
+{
+    static const exs_qhandle_t bad[] = {
+        EXS_QHANDLE_INVALID, 0, -2, 1, 2, 12345, 0x10001, INT_MAX, INT_MIN};
+    struct exs_evq *evq = NULL;
+    exs_event_t ev;
+
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(bad); i++) {
+        errno = 0;
+        ck_assert_int_eq(exs_qdelete(bad[i]), -1);
+        ck_assert_int_eq(errno, EINVAL);
+        errno = 0;
+        ck_assert_int_eq(exs_qfd(bad[i]), -1);
+        ck_assert_int_eq(errno, EINVAL);
+        errno = 0;
+        ck_assert_int_eq(exs_qsetwait(bad[i], EXS_WAIT_NOTIFY, 0), -1);
+        ck_assert_int_eq(errno, EINVAL);
+        errno = 0;
+        ck_assert_int_eq(exs_qdequeue(bad[i], &ev, 1, &ts_zero), -1);
+        ck_assert_int_eq(errno, EINVAL);
+        errno = 0;
+        ck_assert_int_eq(exs_qdequeue(bad[i], &ev, 0, NULL), -1);
+        ck_assert_int_eq(errno, EINVAL);
+        ck_assert_int_eq(exs__evq_get(bad[i], &evq), -EINVAL);
+        ck_assert_ptr_null(evq);
+    }
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+START_TEST(test_stale_handle)
+{
+    exs_qhandle_t old = exs_qcreate(4), q, seen[200];
+    exs_event_t ev;
+
+    ck_assert_int_gt(old, 0);
+    ck_assert_int_eq(exs_qdelete(old), 0);
+    /* A stale handle never reaches a newer queue, even one in the same table slot. */
+    for (int i = 0; i < 200; i++) {
+        q = exs_qcreate(4);
+        ck_assert_int_gt(q, 0);
+        ck_assert_int_ne(q, old);
+        for (int j = 0; j < i; j++)
+            ck_assert_int_ne(q, seen[j]);
+        seen[i] = q;
+        post_one(q, 1, 1);
+        errno = 0;
+        ck_assert_int_eq(exs_qdequeue(old, &ev, 1, &ts_zero), -1);
+        ck_assert_int_eq(errno, EINVAL);
+        ck_assert_int_eq(exs_qdelete(old), -1);
+        ck_assert_int_eq(exs_qdequeue(q, &ev, 1, &ts_zero), 1);
+        ck_assert_int_eq(exs_qdelete(q), 0);
+        old = q;
+    }
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+START_TEST(test_destroy_all)
+{
+    exs_qhandle_t a = exs_qcreate(2), b = exs_qcreate(2), c;
+    struct exs_evq *evq;
+    exs_event_t ev;
+
+    memset(&ev, 0, sizeof(ev));
+    ck_assert_int_eq(exs__evq_get(b, &evq), 0);
+    ck_assert_int_eq(exs__evq_reserve(evq), 0);
+    exs__evq_put(evq);
+    post_one(a, 3, 3);
+    exs__log_level = EXS_LOG_ERR; /* the warning about b is expected */
+    exs__evq_destroy_all();
+    /* b survives until its outstanding operation delivers (the event is dropped). */
+    ck_assert_int_eq(exs__evq_live_count(), 1);
+    ck_assert_int_eq(exs_qdelete(a), -1);
+    ck_assert_int_eq(exs_qfd(b), -1);
+    exs__evq_post(evq, &ev);
+    ASSERT_NO_QUEUES();
+    /* The table works again and old handles stay invalid. */
+    c = exs_qcreate(2);
+    ck_assert_int_gt(c, 0);
+    ck_assert_int_ne(c, a);
+    ck_assert_int_ne(c, b);
+    ck_assert_int_eq(exs_qfd(a), -1);
+    ck_assert_int_eq(exs_qdelete(c), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* ---- reservation ---- */
+
+START_TEST(test_reserve_depth)
+{
+    exs_qhandle_t q = exs_qcreate(4);
+    struct exs_evq *evq;
+    exs_event_t ev[4];
+
+    ck_assert_int_eq(exs__evq_get(q, &evq), 0);
+    ck_assert_int_eq(exs__evq_handle(evq), q);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(exs__evq_reserve(evq), 0);
+    ck_assert_int_eq(exs__evq_reserve(evq), -EAGAIN);
+    /* Unreserve returns the slot. */
+    exs__evq_unreserve(evq);
+    ck_assert_int_eq(exs__evq_reserve(evq), 0);
+    ck_assert_int_eq(exs__evq_reserve(evq), -EAGAIN);
+    /* Posting moves a slot from reserved to queued: still full. */
+    memset(ev, 0, sizeof(ev));
+    exs__evq_post(evq, &ev[0]);
+    exs__evq_post(evq, &ev[0]);
+    ck_assert_int_eq(exs__evq_reserve(evq), -EAGAIN);
+    /* Dequeuing frees the slot. */
+    ck_assert_int_eq(exs_qdequeue(q, ev, 1, &ts_zero), 1);
+    ck_assert_int_eq(exs__evq_reserve(evq), 0);
+    ck_assert_int_eq(exs__evq_reserve(evq), -EAGAIN);
+    for (int i = 0; i < 3; i++)
+        exs__evq_unreserve(evq);
+    ck_assert_int_eq(exs_qdequeue(q, ev, 4, &ts_zero), 1);
+    exs__evq_put(evq);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+START_TEST(test_delete_busy)
+{
+    exs_qhandle_t q = exs_qcreate(4);
+    struct exs_evq *evq;
+    exs_event_t ev;
+
+    ck_assert_int_eq(exs__evq_get(q, &evq), 0);
+    ck_assert_int_eq(exs__evq_reserve(evq), 0);
+    exs__evq_put(evq);
+    errno = 0;
+    ck_assert_int_eq(exs_qdelete(q), -1);
+    ck_assert_int_eq(errno, EBUSY);
+    /* Still fully usable; once delivered, delete discards the undelivered event. */
+    memset(&ev, 0, sizeof(ev));
+    exs__evq_post(evq, &ev);
+    post_one(q, 1, 1);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ck_assert_int_eq(exs_qdequeue(q, &ev, 1, &ts_zero), -1);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* ---- dequeue forms ---- */
+
+START_TEST(test_fifo)
+{
+    exs_qhandle_t q = exs_qcreate(8);
+    exs_event_t ev[8];
+    intptr_t next_post = 0, next_get = 0;
+
+    /* Many laps of the ring, in uneven chunks. */
+    for (int round = 0; round < 200; round++) {
+        int np = 1 + round % 8, nd = 1 + (round * 5) % 8, n;
+
+        while (np-- > 0 && next_post - next_get < 8) {
+            post_one(q, 7, next_post);
+            next_post++;
+        }
+        n = exs_qdequeue(q, ev, nd, &ts_zero);
+        ck_assert_int_eq(n, (int)EXS_MIN(nd, next_post - next_get));
+        for (int i = 0; i < n; i++) {
+            ck_assert_int_eq(ev[i].exs_evt_type, EXS_EVT_SEND);
+            ck_assert_int_eq(ev[i].exs_evt_fd, 7);
+            ck_assert_int_eq((intptr_t)ev[i].exs_evt_ahandle, next_get);
+            next_get++;
+        }
+    }
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+START_TEST(test_positive_partial)
+{
+    exs_qhandle_t q = exs_qcreate(16);
+    exs_event_t ev[10];
+    struct timespec ts = {5, 0};
+
+    for (int i = 0; i < 3; i++)
+        post_one(q, 1, i);
+    /* Up to nevents: whatever is there, without waiting for more. */
+    ck_assert_int_eq(exs_qdequeue(q, ev, 10, &ts), 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq((intptr_t)ev[i].exs_evt_ahandle, i);
+    ck_assert_int_eq(exs_qdequeue(q, ev, 10, &ts_zero), 0);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+START_TEST(test_threshold)
+{
+    exs_qhandle_t q = exs_qcreate(16);
+    exs_event_t ev[8];
+    struct timespec ts = {0, 100 * 1000000L};
+    uint64_t t0;
+
+    post_one(q, 1, 0);
+    post_one(q, 1, 1);
+    /* Not met: nothing is dequeued, by poll or after a timeout. */
+    ck_assert_int_eq(exs_qdequeue(q, ev, -3, &ts_zero), 0);
+    t0 = exs__now_ns();
+    ck_assert_int_eq(exs_qdequeue(q, ev, -3, &ts), 0);
+    ck_assert_uint_ge(elapsed_ms(t0), 90);
+    ck_assert_uint_lt(elapsed_ms(t0), 5000);
+    ck_assert(qfd_readable(q));
+    /* Met: exactly -nevents, in order. */
+    post_one(q, 1, 2);
+    post_one(q, 1, 3);
+    post_one(q, 1, 4);
+    ck_assert_int_eq(exs_qdequeue(q, ev, -3, &ts_zero), 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq((intptr_t)ev[i].exs_evt_ahandle, i);
+    ck_assert_int_eq(exs_qdequeue(q, ev, -2, NULL), 2);
+    ck_assert_int_eq((intptr_t)ev[0].exs_evt_ahandle, 3);
+    ck_assert_int_eq((intptr_t)ev[1].exs_evt_ahandle, 4);
+    ck_assert(!qfd_readable(q));
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+START_TEST(test_bad_args)
+{
+    exs_qhandle_t q = exs_qcreate(16);
+    static exs_event_t ev[EXS_EVTVEC_MAX + 1];
+    static const struct timespec bad_ts[] = {{-1, 0}, {0, -1}, {0, 1000000000L}};
+    static const int bad_n[] = {EXS_EVTVEC_MAX + 1, -EXS_EVTVEC_MAX - 1, INT_MAX, INT_MIN};
+
+    /* nevents == 0 returns 0 at once, whatever events is. */
+    ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0);
+    ck_assert_int_eq(exs_qdequeue(q, ev, 0, NULL), 0);
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(bad_n); i++) {
+        errno = 0;
+        ck_assert_int_eq(exs_qdequeue(q, ev, bad_n[i], &ts_zero), -1);
+        ck_assert_int_eq(errno, EINVAL);
+    }
+    errno = 0;
+    ck_assert_int_eq(exs_qdequeue(q, NULL, 1, &ts_zero), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    errno = 0;
+    ck_assert_int_eq(exs_qdequeue(q, NULL, -1, &ts_zero), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(bad_ts); i++) {
+        errno = 0;
+        ck_assert_int_eq(exs_qdequeue(q, ev, 1, &bad_ts[i]), -1);
+        ck_assert_int_eq(errno, EINVAL);
+    }
+    /* A threshold above the depth could never be met. */
+    errno = 0;
+    ck_assert_int_eq(exs_qdequeue(q, ev, -17, NULL), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    /* The limits themselves are fine. */
+    ck_assert_int_eq(exs_qdequeue(q, ev, EXS_EVTVEC_MAX, &ts_zero), 0);
+    ck_assert_int_eq(exs_qdequeue(q, ev, -16, &ts_zero), 0);
+    /* exs_qsetwait */
+    errno = 0;
+    ck_assert_int_eq(exs_qsetwait(q, -1, 0), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    errno = 0;
+    ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_ADAPTIVE + 1, 0), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    errno = 0;
+    ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_ADAPTIVE, -1), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(wait_modes); i++)
+        ck_assert_int_eq(exs_qsetwait(q, wait_modes[i], 10), 0);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* Finite timeouts expire after at least the interval (in each wait mode). */
+START_TEST(test_timeout)
+{
+    exs_qhandle_t q = exs_qcreate(4);
+    exs_event_t ev[2];
+    struct timespec ts = {0, 150 * 1000000L};
+    uint64_t t0;
+
+    ck_assert_int_eq(exs_qsetwait(q, wait_modes[_i], 0), 0);
+    t0 = exs__now_ns();
+    ck_assert_int_eq(exs_qdequeue(q, ev, 2, &ts_zero), 0);
+    ck_assert_uint_lt(elapsed_ms(t0), 2000);
+    t0 = exs__now_ns();
+    ck_assert_int_eq(exs_qdequeue(q, ev, 2, &ts), 0);
+    ck_assert_uint_ge(elapsed_ms(t0), 135);
+    ck_assert_uint_lt(elapsed_ms(t0), 5000);
+    t0 = exs__now_ns();
+    ck_assert_int_eq(exs_qdequeue(q, ev, -2, &ts), 0);
+    ck_assert_uint_ge(elapsed_ms(t0), 135);
+    ck_assert_uint_lt(elapsed_ms(t0), 5000);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* ---- waking ---- */
+
+struct waiter_arg {
+    exs_qhandle_t q;
+    int nevents;
+    const struct timespec *timeout;
+    exs_event_t ev[4];
+    int ret;
+    int err;
+    int done; /* atomic */
+    pthread_t self;
+};
+
+static void *waiter_main(void *p)
+{
+    struct waiter_arg *a = p;
+
+    a->ret = exs_qdequeue(a->q, a->ev, a->nevents, a->timeout);
+    a->err = a->ret < 0 ? errno : 0;
+    __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void waiter_start(struct waiter_arg *a, exs_qhandle_t q, int nevents,
+                         const struct timespec *timeout)
+{
+    memset(a, 0, sizeof(*a));
+    a->q = q;
+    a->nevents = nevents;
+    a->timeout = timeout;
+    ck_assert_int_eq(pthread_create(&a->self, NULL, waiter_main, a), 0);
+}
+
+static int waiter_done(struct waiter_arg *a)
+{
+    return __atomic_load_n(&a->done, __ATOMIC_ACQUIRE);
+}
+
+/* A post from another thread wakes a dequeue blocked without a timeout. */
+START_TEST(test_wake)
+{
+    exs_qhandle_t q = exs_qcreate(8);
+    struct waiter_arg a;
+
+    ck_assert_int_eq(exs_qsetwait(q, wait_modes[_i], 0), 0);
+    waiter_start(&a, q, 4, NULL);
+    sleep_ms(50);
+    ck_assert(!waiter_done(&a));
+    post_one(q, 9, 42);
+    pthread_join(a.self, NULL);
+    ck_assert_int_eq(a.ret, 1);
+    ck_assert_int_eq(a.ev[0].exs_evt_fd, 9);
+    ck_assert_int_eq((intptr_t)a.ev[0].exs_evt_ahandle, 42);
+    /* The threshold form sleeps through posts below its threshold. */
+    waiter_start(&a, q, -3, NULL);
+    post_one(q, 9, 1);
+    sleep_ms(30);
+    post_one(q, 9, 2);
+    sleep_ms(30);
+    ck_assert(!waiter_done(&a));
+    post_one(q, 9, 3);
+    pthread_join(a.self, NULL);
+    ck_assert_int_eq(a.ret, 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq((intptr_t)a.ev[i].exs_evt_ahandle, i + 1);
+    ck_assert(!qfd_readable(q));
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* exs_qdelete wakes blocked dequeuers with EINVAL (in each mode, both forms). */
+START_TEST(test_delete_wakes)
+{
+    exs_qhandle_t q = exs_qcreate(8);
+    struct waiter_arg a, b;
+
+    ck_assert_int_eq(exs_qsetwait(q, wait_modes[_i], 0), 0);
+    waiter_start(&a, q, 1, NULL);
+    waiter_start(&b, q, -2, NULL);
+    post_one(q, 1, 1); /* one of them may take it; the other is still blocked */
+    sleep_ms(50);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    pthread_join(a.self, NULL);
+    pthread_join(b.self, NULL);
+    ck_assert(a.ret == -1 || a.ret == 1);
+    ck_assert(a.ret == 1 || a.err == EINVAL);
+    ck_assert_int_eq(b.ret, -1);
+    ck_assert_int_eq(b.err, EINVAL);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+static volatile sig_atomic_t sigusr1_count;
+
+static void on_sigusr1(int sig)
+{
+    (void)sig;
+    sigusr1_count++;
+}
+
+/* A signal ends a sleeping wait with EINTR even under SA_RESTART (NOTIFY, ADAPTIVE). */
+START_TEST(test_eintr)
+{
+    static const int modes[] = {EXS_WAIT_NOTIFY, EXS_WAIT_ADAPTIVE};
+    static const int forms[] = {1, -2};
+    struct timespec ts = {20, 0}; /* a safety net: the test fails rather than hangs */
+    struct sigaction sa;
+    exs_qhandle_t q = exs_qcreate(8);
+    struct waiter_arg a;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_sigusr1;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    ck_assert_int_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+    ck_assert_int_eq(exs_qsetwait(q, modes[_i / 2], 0), 0);
+    post_one(q, 1, 1); /* below the threshold of the -2 form */
+    if (forms[_i % 2] > 0) {
+        exs_event_t ev;
+
+        ck_assert_int_eq(exs_qdequeue(q, &ev, 1, &ts_zero), 1);
+    }
+    waiter_start(&a, q, forms[_i % 2], &ts);
+    /* Signal every 50 ms until it returns: one signal may land before the sleep. */
+    do {
+        sleep_ms(50);
+        pthread_kill(a.self, SIGUSR1);
+    } while (!waiter_done(&a));
+    pthread_join(a.self, NULL);
+    ck_assert_int_eq(a.ret, -1);
+    ck_assert_int_eq(a.err, EINTR);
+    ck_assert_int_gt(sigusr1_count, 0);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* exs_qfd polls readable exactly while events are queued. */
+START_TEST(test_qfd)
+{
+    exs_qhandle_t q = exs_qcreate(8);
+    exs_event_t ev[4];
+    int fd = exs_qfd(q);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(exs_qfd(q), fd);
+    ck_assert(!qfd_readable(q));
+    post_one(q, 1, 1);
+    ck_assert(qfd_readable(q));
+    post_one(q, 1, 2);
+    ck_assert(qfd_readable(q));
+    ck_assert_int_eq(exs_qdequeue(q, ev, 1, &ts_zero), 1);
+    ck_assert(qfd_readable(q));
+    ck_assert_int_eq(exs_qdequeue(q, ev, 4, &ts_zero), 1);
+    ck_assert(!qfd_readable(q));
+    ck_assert_int_eq(exs_qdequeue(q, ev, -1, &ts_zero), 0);
+    ck_assert(!qfd_readable(q));
+    /* Reservations alone do not make it readable. */
+    {
+        struct exs_evq *evq;
+
+        ck_assert_int_eq(exs__evq_get(q, &evq), 0);
+        ck_assert_int_eq(exs__evq_reserve(evq), 0);
+        ck_assert(!qfd_readable(q));
+        exs__evq_unreserve(evq);
+        exs__evq_put(evq);
+    }
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* ---- many threads ---- */
+
+#define MP_PRODUCERS 4
+#define MP_CONSUMERS 2
+#define MP_EVENTS    100000 /* in all */
+#define MP_PER_PROD  (MP_EVENTS / MP_PRODUCERS)
+
+struct mp_ctx {
+    exs_qhandle_t q;
+    int taken;           /* atomic: events dequeued so far */
+    unsigned char *seen; /* atomic bytes: per event, times dequeued */
+    int bad_order;       /* atomic */
+    int errors;          /* atomic */
+};
+
+struct mp_thread {
+    struct mp_ctx *ctx;
+    int id;
+    pthread_t self;
+};
+
+static void *mp_producer(void *p)
+{
+    struct mp_thread *t = p;
+    struct exs_evq *evq;
+    exs_event_t ev;
+
+    if (exs__evq_get(t->ctx->q, &evq) < 0) {
+        __atomic_add_fetch(&t->ctx->errors, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    memset(&ev, 0, sizeof(ev));
+    ev.exs_evt_type = EXS_EVT_RECV;
+    ev.exs_evt_fd = t->id;
+    for (intptr_t seq = 0; seq < MP_PER_PROD; seq++) {
+        int ret;
+
+        while ((ret = exs__evq_reserve(evq)) == -EAGAIN)
+            sched_yield();
+        if (ret < 0) {
+            __atomic_add_fetch(&t->ctx->errors, 1, __ATOMIC_RELAXED);
+            break;
+        }
+        ev.exs_evt_ahandle = (exs_ahandle_t)seq;
+        exs__evq_post(evq, &ev);
+    }
+    exs__evq_put(evq);
+    return NULL;
+}
+
+static void *mp_consumer(void *p)
+{
+    struct mp_thread *t = p;
+    struct mp_ctx *ctx = t->ctx;
+    struct timespec ts = {0, 20 * 1000000L};
+    intptr_t last[MP_PRODUCERS];
+    exs_event_t ev[64];
+
+    for (int i = 0; i < MP_PRODUCERS; i++)
+        last[i] = -1;
+    while (__atomic_load_n(&ctx->taken, __ATOMIC_ACQUIRE) < MP_EVENTS) {
+        /* Alternate the forms: up to 64, and a threshold of 3 (met or timed out). */
+        int n = exs_qdequeue(ctx->q, ev, (t->id & 1) ? -3 : 64, &ts);
+
+        if (n < 0) {
+            __atomic_add_fetch(&ctx->errors, 1, __ATOMIC_RELAXED);
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            int prod = ev[i].exs_evt_fd;
+            intptr_t seq = (intptr_t)ev[i].exs_evt_ahandle;
+
+            if (prod < 0 || prod >= MP_PRODUCERS || seq < 0 || seq >= MP_PER_PROD) {
+                __atomic_add_fetch(&ctx->errors, 1, __ATOMIC_RELAXED);
+                continue;
+            }
+            /* What one consumer sees of one producer is increasing. */
+            if (seq <= last[prod])
+                __atomic_add_fetch(&ctx->bad_order, 1, __ATOMIC_RELAXED);
+            last[prod] = seq;
+            __atomic_add_fetch(&ctx->seen[prod * MP_PER_PROD + seq], 1, __ATOMIC_RELAXED);
+        }
+        __atomic_add_fetch(&ctx->taken, n, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+START_TEST(test_mpmc)
+{
+    struct mp_ctx ctx;
+    struct mp_thread prod[MP_PRODUCERS], cons[MP_CONSUMERS];
+    struct timespec ts = {0, 100 * 1000000L};
+    exs_event_t ev;
+
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.q = exs_qcreate(256);
+    ctx.seen = calloc(MP_EVENTS, 1);
+    ck_assert_ptr_nonnull(ctx.seen);
+    ck_assert_int_eq(exs_qsetwait(ctx.q, wait_modes[_i], 0), 0);
+    for (int i = 0; i < MP_CONSUMERS; i++) {
+        cons[i] = (struct mp_thread){.ctx = &ctx, .id = i};
+        ck_assert_int_eq(pthread_create(&cons[i].self, NULL, mp_consumer, &cons[i]), 0);
+    }
+    for (int i = 0; i < MP_PRODUCERS; i++) {
+        prod[i] = (struct mp_thread){.ctx = &ctx, .id = i};
+        ck_assert_int_eq(pthread_create(&prod[i].self, NULL, mp_producer, &prod[i]), 0);
+    }
+    for (int i = 0; i < MP_PRODUCERS; i++)
+        pthread_join(prod[i].self, NULL);
+    for (int i = 0; i < MP_CONSUMERS; i++)
+        pthread_join(cons[i].self, NULL);
+    ck_assert_int_eq(ctx.errors, 0);
+    ck_assert_int_eq(ctx.bad_order, 0);
+    ck_assert_int_eq(ctx.taken, MP_EVENTS);
+    for (int i = 0; i < MP_EVENTS; i++)
+        ck_assert_msg(ctx.seen[i] == 1, "event %d seen %d times", i, ctx.seen[i]);
+    ck_assert_int_eq(exs_qdequeue(ctx.q, &ev, 1, &ts), 0);
+    ck_assert(!qfd_readable(ctx.q));
+    free(ctx.seen);
+    ck_assert_int_eq(exs_qdelete(ctx.q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+Suite *api_evq_suite(void)
+{
+    Suite *s = suite_create("api_evq");
+    TCase *tc;
+
+    tc = tcase_create("handles");
+    tcase_add_test(tc, test_create_delete);
+    tcase_add_test(tc, test_bad_depth);
+    tcase_add_test(tc, test_bad_handles);
+    tcase_add_test(tc, test_stale_handle);
+    tcase_add_test(tc, test_destroy_all);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("reserve");
+    tcase_add_test(tc, test_reserve_depth);
+    tcase_add_test(tc, test_delete_busy);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("dequeue");
+    tcase_add_test(tc, test_fifo);
+    tcase_add_test(tc, test_positive_partial);
+    tcase_add_test(tc, test_threshold);
+    tcase_add_test(tc, test_bad_args);
+    tcase_add_test(tc, test_qfd);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("wait");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_timeout, 0, (int)EXS_ARRAY_SIZE(wait_modes));
+    tcase_add_loop_test(tc, test_wake, 0, (int)EXS_ARRAY_SIZE(wait_modes));
+    tcase_add_loop_test(tc, test_delete_wakes, 0, (int)EXS_ARRAY_SIZE(wait_modes));
+    tcase_add_loop_test(tc, test_eintr, 0, 4);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("threads");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_mpmc, 0, (int)EXS_ARRAY_SIZE(wait_modes));
+    suite_add_tcase(s, tc);
+    return s;
+}

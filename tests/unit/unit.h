@@ -1,0 +1,19 @@
+/* SPDX-License-Identifier: MIT */
+/* The suite constructors of the unit test binary (registered in main.c) and shared helpers. */
+#ifndef EXS_TESTS_UNIT_H
+#define EXS_TESTS_UNIT_H
+
+#include <check.h>
+
+Suite *util_log_suite(void);
+Suite *util_params_suite(void);
+Suite *util_counters_suite(void);
+Suite *util_list_suite(void);
+Suite *util_misc_suite(void);
+Suite *api_evq_suite(void);
+
+/* Unset every EXS_* variable of the tunables table, forget loaded tunables, and put
+ * the logger back to its defaults (writing to stderr). For fixtures. */
+void unit_env_clean(void);
+
+#endif
