@@ -359,8 +359,12 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
     }
     EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle, ev->exs_evt_type,
              ev->exs_evt_fd, ev->exs_evt_errno, evq->queued);
+    /* Drop the reservation's reference before the event can be taken: whoever takes
+     * it and then deletes the queue frees it at once (no queue outlives its delete). */
+    int last = __atomic_sub_fetch(&evq->refs, 1, __ATOMIC_ACQ_REL) == 0;
     pthread_mutex_unlock(&evq->lock);
-    exs__evq_put(evq);
+    if (last)
+        evq_free(evq);
 }
 
 /*

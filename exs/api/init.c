@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* exs_init / exs_fini and the library-wide object accounting. */
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
@@ -71,6 +73,9 @@ void exs_fini(void)
 
 int exs__debug_live_objects(void)
 {
+    if (getenv("EXS_DEBUG_LIVE"))
+        fprintf(stderr, "live: socks %d conns %d ops %d mregs %d evqs %d\n", api_sock_live(),
+                exs__conn_live_count(), api_op_live(), api_mreg_live(), exs__evq_live_count());
     return api_sock_live() + exs__conn_live_count() + api_op_live() + api_mreg_live() +
            exs__evq_live_count();
 }

@@ -597,9 +597,11 @@ static void sock_finish_close_job(void *arg)
         exs__conn_destroy(conn);
         api_sock_put(s); /* the conn's reference */
     }
+    /* the CLOSE event comes last, once the socket is gone (unless a caller still
+     * holds a reference for a moment) */
+    api_sock_put(s); /* the closing reference */
     if (close_op)
         sock_post_simple(close_op, EXS_EVT_CLOSE, 0);
-    api_sock_put(s); /* the closing reference */
 }
 
 static void sock_close(struct api_sock *s, struct api_op *op);

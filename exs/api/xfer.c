@@ -152,6 +152,8 @@ int api_op_live(void)
     return __atomic_load_n(&op_live, __ATOMIC_RELAXED);
 }
 
+static void op_done(struct exs_op *pop);
+
 struct api_op *api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
                           int *err_p)
 {
@@ -180,6 +182,8 @@ struct api_op *api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs
     op->ah = ah;
     op->evq = evq;
     op->sock = s;
+    op->op.done = op_done;
+    op->op.owner = op;
     exs_list_init(&op->link);
     __atomic_fetch_add(&op_live, 1, __ATOMIC_RELAXED);
     return op;
@@ -207,12 +211,14 @@ void api_op_abandon(struct api_op *op)
 void api_op_event(struct api_op *op, const exs_event_t *ev_in)
 {
     exs_event_t ev = *ev_in;
+    struct exs_evq *evq = op->evq;
 
     ev.exs_evt_type = op->evt_type;
     ev.exs_evt_fd = op->fd;
     ev.exs_evt_ahandle = op->ah;
-    exs__evq_post(op->evq, &ev);
+    /* release first: once the event is visible the application may count objects */
     op_release(op);
+    exs__evq_post(evq, &ev);
 }
 
 /* proto callback: an exs_send / exs_recv / exs_shutdown finished (conn->lock held). */
@@ -298,8 +304,6 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     op->op.buf = buf;
     op->op.len = len;
     op->op.flags = flags;
-    op->op.done = op_done;
-    op->op.owner = op;
     if (mh == EXS_MHANDLE_UNREGISTERED) {
         if (len) {
             ret = exs__engine_ctx()->ops->mr_reg(exs__engine_ctx(), buf, len,

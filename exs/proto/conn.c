@@ -757,7 +757,9 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
                      exs__prov_wc_status_str(cqe->status));
         if (tag == WR_TAG_READ)
             conn->reads--;
-        conn_fail_locked(conn, ECONNRESET, "work request failed");
+        /* while connecting, the cm event tells what happened */
+        if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
+            conn_fail_locked(conn, ECONNRESET, "work request failed");
         goto out;
     }
     switch (tag) {

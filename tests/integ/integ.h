@@ -36,7 +36,7 @@ TCase *it_tcase(const char *name, int timeout_s);
 
 /* Set an EXS_* tunable for the next it_init(); it_teardown() unsets it again. */
 void it_setenv(const char *name, const char *value);
-/* exs_init(EXS_VERSION) (asserted), after EXS_PROVIDER was set. */
+/* exs_init(EXS_VERSION) (asserted), after EXS_PROVIDER was set; no-op when already done. */
 void it_init(void);
 /* Delete the queues and deregister the buffers the helpers still track (asserting each
  * call succeeds), assert exs__debug_live_objects() == 0, exs_fini(), assert it is still 0,
@@ -52,8 +52,11 @@ void   it_sleep_ms(int ms);
 
 /* A watchdog for calls that block without a timeout of their own (synchronous calls,
  * exs_qdequeue with timeout NULL): if it_watchdog_stop() is not called within seconds,
- * print what was blocked and _exit(99), which Check reports as an early exit. */
+ * print what (read at expiry: the caller may keep updating the text) and _exit(99),
+ * which Check reports as an early exit. */
 void it_watchdog_start(int seconds, const char *what);
+/* Restart the watchdog's interval (progress was made). */
+void it_watchdog_kick(void);
 void it_watchdog_stop(void);
 
 /* ---- queues and events ---- */
@@ -73,6 +76,9 @@ void it_wait_event_at(exs_qhandle_t q, int type, int fd, int ms, exs_event_t *ou
                       const char *file, int line);
 #define it_wait_event(q, type, fd, out)                                                 \
     it_wait_event_at((q), (type), (fd), IT_TIMEOUT_MS, (out), __FILE__, __LINE__)
+/* A note (printf format) added to the failure messages of the waits below, e.g. the
+ * iteration of a loop; it_init clears it. */
+void it_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Fail when any event shows up on q within ms (stashed ones count). */
 void it_expect_no_event_at(exs_qhandle_t q, int ms, const char *file, int line);
 #define it_expect_no_event(q, ms) it_expect_no_event_at((q), (ms), __FILE__, __LINE__)

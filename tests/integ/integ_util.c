@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@ const char *it_provider = "tcp";
 #define IT_STASH     4096
 
 static int it_inited;
+static char it_ctx[200]; /* it_context() */
 static char *it_envs[IT_MAX_ENV];
 static int it_nenv;
 
@@ -58,6 +60,9 @@ void it_init(void)
 {
     exs_version_t v;
 
+    if (it_inited)
+        return;
+    it_ctx[0] = 0;
     ck_assert_int_eq(setenv("EXS_PROVIDER", it_provider, 1), 0);
     errno = 0;
     v = exs_init(EXS_VERSION);
@@ -150,19 +155,27 @@ static pthread_mutex_t wd_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t  wd_cond = PTHREAD_COND_INITIALIZER;
 static pthread_t       wd_thread;
 static int             wd_running, wd_stop, wd_seconds;
+static double          wd_deadline; /* it_now_ms() */
 static const char     *wd_what;
 
 static void *wd_main(void *arg)
 {
-    struct timespec dl;
     int expired = 0;
 
     (void)arg;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += wd_seconds;
     pthread_mutex_lock(&wd_lock);
-    while (!wd_stop && !expired)
-        expired = pthread_cond_timedwait(&wd_cond, &wd_lock, &dl) == ETIMEDOUT;
+    while (!wd_stop && !expired) {
+        struct timespec tick;
+
+        clock_gettime(CLOCK_REALTIME, &tick);
+        tick.tv_nsec += 200 * 1000000L;
+        if (tick.tv_nsec >= 1000000000L) {
+            tick.tv_sec++;
+            tick.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&wd_cond, &wd_lock, &tick);
+        expired = it_now_ms() > wd_deadline;
+    }
     pthread_mutex_unlock(&wd_lock);
     if (expired && !wd_stop) {
         fprintf(stderr, "WATCHDOG: %s still blocked after %d s; aborting the test\n", wd_what,
@@ -179,8 +192,16 @@ void it_watchdog_start(int seconds, const char *what)
     wd_stop = 0;
     wd_seconds = seconds;
     wd_what = what;
+    wd_deadline = it_now_ms() + seconds * 1000.0;
     ck_assert_int_eq(pthread_create(&wd_thread, NULL, wd_main, NULL), 0);
     wd_running = 1;
+}
+
+void it_watchdog_kick(void)
+{
+    pthread_mutex_lock(&wd_lock);
+    wd_deadline = it_now_ms() + wd_seconds * 1000.0;
+    pthread_mutex_unlock(&wd_lock);
 }
 
 void it_watchdog_stop(void)
@@ -196,6 +217,15 @@ void it_watchdog_stop(void)
 }
 
 /* ---- queues and events ---- */
+
+void it_context(const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(it_ctx, sizeof(it_ctx), fmt, ap);
+    va_end(ap);
+}
 
 const char *it_evt_name(int type)
 {
@@ -366,9 +396,9 @@ void it_wait_event_at(exs_qhandle_t q, int type, int fd, int ms, exs_event_t *ou
     if (s && s->count)
         describe(&s->ev[s->head], buf, sizeof(buf));
     ck_abort_msg("%s:%d: no EXS_EVT_%s event (fd %d) on queue %d within %d ms "
-                 "(%u other events stashed, first: %s)",
+                 "(%u other events stashed, first: %s) [%s]",
                  file, line, type < 0 ? "(any)" : it_evt_name(type), fd, q, ms,
-                 s ? s->count : 0, buf);
+                 s ? s->count : 0, buf, it_ctx);
 }
 
 void it_expect_no_event_at(exs_qhandle_t q, int ms, const char *file, int line)
@@ -393,16 +423,18 @@ void it_expect_xfer_at(exs_qhandle_t q, int type, int fd, exs_ahandle_t ah, ssiz
 
     it_wait_event_at(q, type, fd, IT_TIMEOUT_MS, &ev, file, line);
     describe(&ev, buf, sizeof(buf));
-    ck_assert_msg(ev.exs_evt_ahandle == ah, "%s:%d: expected ah %ld, got %s", file, line,
-                  IT_AHN(ah), buf);
-    ck_assert_msg(ev.exs_evt_errno == 0, "%s:%d: expected errno 0, got %s", file, line, buf);
+    ck_assert_msg(ev.exs_evt_ahandle == ah, "%s:%d: expected ah %ld, got %s [%s]", file, line,
+                  IT_AHN(ah), buf, it_ctx);
+    ck_assert_msg(ev.exs_evt_errno == 0, "%s:%d: expected errno 0, got %s [%s]", file, line, buf,
+                  it_ctx);
     if (result >= -1)
         ck_assert_msg(ev.exs_evt_u.exs_evt_xfer.exs_evt_result == result,
-                      "%s:%d: expected result %zd, got %s", file, line, result, buf);
+                      "%s:%d: expected result %zd, got %s [%s]", file, line, result, buf,
+                      it_ctx);
     if (type == EXS_EVT_RECV)
         ck_assert_msg(!!(ev.exs_evt_u.exs_evt_xfer.exs_evt_flags & MSG_TRUNC) == !!trunc,
-                      "%s:%d: expected MSG_TRUNC %s, got %s", file, line, trunc ? "set" : "clear",
-                      buf);
+                      "%s:%d: expected MSG_TRUNC %s, got %s [%s]", file, line,
+                      trunc ? "set" : "clear", buf, it_ctx);
     if (out)
         *out = ev;
 }
@@ -415,10 +447,10 @@ void it_expect_err_at(exs_qhandle_t q, int type, int fd, exs_ahandle_t ah, int e
 
     it_wait_event_at(q, type, fd, IT_TIMEOUT_MS, &ev, file, line);
     describe(&ev, buf, sizeof(buf));
-    ck_assert_msg(ev.exs_evt_ahandle == ah, "%s:%d: expected ah %ld, got %s", file, line,
-                  IT_AHN(ah), buf);
-    ck_assert_msg(ev.exs_evt_errno == err, "%s:%d: expected errno %d (%s), got %s", file, line,
-                  err, strerror(err), buf);
+    ck_assert_msg(ev.exs_evt_ahandle == ah, "%s:%d: expected ah %ld, got %s [%s]", file, line,
+                  IT_AHN(ah), buf, it_ctx);
+    ck_assert_msg(ev.exs_evt_errno == err, "%s:%d: expected errno %d (%s), got %s [%s]", file, line,
+                  err, strerror(err), buf, it_ctx);
     if (err != 0 && (type == EXS_EVT_SEND || type == EXS_EVT_RECV))
         ck_assert_msg(ev.exs_evt_u.exs_evt_xfer.exs_evt_result == -1,
                       "%s:%d: expected result -1 with errno %d, got %s", file, line, err, buf);

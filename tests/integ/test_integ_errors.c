@@ -398,7 +398,7 @@ START_TEST(test_epipe)
 
     it_init();
     it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
-    b = it_buf_new(4096, 1);
+    b = it_buf_new(8192, 1);
     r = it_buf_new(4096, 1);
     IT_POST_RECV(p.sfd, r->p, 4096, p.sq, AH(1), r->mh);
     IT_EXPECT_OK(exs_shutdown(p.cfd, SHUT_WR, p.cq, AH(2)));

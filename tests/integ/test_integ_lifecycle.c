@@ -75,46 +75,51 @@ START_TEST(test_fds_and_addresses)
                   nfd);
     ck_assert(nfd != lfd && nfd != cfd);
 
+    /* Client's peer = the listener's address. */
     len = sizeof(a);
     memset(&a, 0, sizeof(a));
     IT_EXPECT_OK(exs_getpeername(cfd, (struct sockaddr *)&a, &len));
     ck_assert_msg(len == sizeof(a) && a.sin_family == AF_INET &&
                       a.sin_addr.s_addr == laddr.sin_addr.s_addr && a.sin_port == laddr.sin_port,
-                  "getpeername(client) = %s:%u, listener is %s:%u", inet_ntoa(a.sin_addr),
-                  ntohs(a.sin_port), "127.0.0.1", ntohs(laddr.sin_port));
-    len = sizeof(caddr);
-    memset(&caddr, 0, sizeof(caddr));
-    IT_EXPECT_OK(exs_getsockname(cfd, (struct sockaddr *)&caddr, &len));
-    ck_assert_msg(len == sizeof(caddr) && caddr.sin_family == AF_INET && caddr.sin_port != 0 &&
-                      caddr.sin_addr.s_addr == htonl(INADDR_LOOPBACK),
-                  "getsockname(client): len %u family %d %s:%u", (unsigned)len, caddr.sin_family,
-                  inet_ntoa(caddr.sin_addr), ntohs(caddr.sin_port));
+                  "getpeername(client) = len %u family %d %s:%u, listener is 127.0.0.1:%u",
+                  (unsigned)len, a.sin_family, inet_ntoa(a.sin_addr), ntohs(a.sin_port),
+                  ntohs(laddr.sin_port));
+    /* Server side's local port = the listener's. */
+    len = sizeof(a);
+    memset(&a, 0, sizeof(a));
+    IT_EXPECT_OK(exs_getsockname(nfd, (struct sockaddr *)&a, &len));
+    ck_assert_msg(len == sizeof(a) && a.sin_family == AF_INET && a.sin_port == laddr.sin_port,
+                  "getsockname(server side) = len %u family %d port %u, listener's port %u",
+                  (unsigned)len, a.sin_family, ntohs(a.sin_port), ntohs(laddr.sin_port));
+    /* The ACCEPT event's address = the server side's peer = 127.0.0.1, some port. */
     {
         const struct sockaddr_in *ea =
             (const struct sockaddr_in *)&ev.exs_evt_u.exs_evt_accept.exs_evt_addr;
 
         ck_assert_msg(ev.exs_evt_u.exs_evt_accept.exs_evt_addrlen == sizeof(struct sockaddr_in) &&
                           ea->sin_family == AF_INET &&
-                          ea->sin_addr.s_addr == caddr.sin_addr.s_addr &&
-                          ea->sin_port == caddr.sin_port,
-                      "ACCEPT event address (len %u family %d port %u) is not the client's "
-                      "(port %u)",
+                          ea->sin_addr.s_addr == htonl(INADDR_LOOPBACK) && ea->sin_port != 0,
+                      "ACCEPT event address: len %u family %d %s:%u",
                       (unsigned)ev.exs_evt_u.exs_evt_accept.exs_evt_addrlen, ea->sin_family,
-                      ntohs(ea->sin_port), ntohs(caddr.sin_port));
+                      inet_ntoa(ea->sin_addr), ntohs(ea->sin_port));
+        len = sizeof(a);
+        memset(&a, 0, sizeof(a));
+        IT_EXPECT_OK(exs_getpeername(nfd, (struct sockaddr *)&a, &len));
+        ck_assert_msg(len == sizeof(a) && a.sin_family == AF_INET && a.sin_port == ea->sin_port &&
+                          a.sin_addr.s_addr == ea->sin_addr.s_addr,
+                      "getpeername(server side) port %u, ACCEPT event's port %u",
+                      ntohs(a.sin_port), ntohs(ea->sin_port));
+        /* Client's local address = what the server sees as its peer. */
+        len = sizeof(caddr);
+        memset(&caddr, 0, sizeof(caddr));
+        IT_EXPECT_OK(exs_getsockname(cfd, (struct sockaddr *)&caddr, &len));
+        ck_assert_msg(len == sizeof(caddr) && caddr.sin_family == AF_INET &&
+                          caddr.sin_addr.s_addr == ea->sin_addr.s_addr &&
+                          caddr.sin_port == ea->sin_port,
+                      "getsockname(client) = len %u family %d %s:%u; the server sees port %u",
+                      (unsigned)len, caddr.sin_family, inet_ntoa(caddr.sin_addr),
+                      ntohs(caddr.sin_port), ntohs(ea->sin_port));
     }
-    len = sizeof(a);
-    memset(&a, 0, sizeof(a));
-    IT_EXPECT_OK(exs_getpeername(nfd, (struct sockaddr *)&a, &len));
-    ck_assert_msg(a.sin_family == AF_INET && a.sin_port == caddr.sin_port &&
-                      a.sin_addr.s_addr == caddr.sin_addr.s_addr,
-                  "getpeername(server side) port %u, client's port %u", ntohs(a.sin_port),
-                  ntohs(caddr.sin_port));
-    len = sizeof(a);
-    memset(&a, 0, sizeof(a));
-    IT_EXPECT_OK(exs_getsockname(nfd, (struct sockaddr *)&a, &len));
-    ck_assert_msg(a.sin_family == AF_INET && a.sin_port == laddr.sin_port,
-                  "getsockname(server side) port %u, listener's port %u", ntohs(a.sin_port),
-                  ntohs(laddr.sin_port));
     it_close(cfd, cq);
     it_close(nfd, sq);
     it_close(lfd, sq);
@@ -355,8 +360,14 @@ START_TEST(test_peer_killed)
 }
 END_TEST
 
+/* What the cycles test is doing now (printed by the watchdog if a call never returns). */
+static char cycle_step[160] = "cycles: not started";
+
+#define STEP(...) snprintf(cycle_step, sizeof(cycle_step), __VA_ARGS__)
+
 static void wait_cycle(exs_qhandle_t q, int type, int fd, long i, exs_event_t *ev)
 {
+    STEP("cycle %ld: waiting for %s (fd %d)", i, it_evt_name(type), fd);
     if (!it_try_event(q, type, fd, IT_TIMEOUT_MS, ev))
         ck_abort_msg("cycle %ld: no %s event (fd %d) within %d ms", i, it_evt_name(type), fd,
                      IT_TIMEOUT_MS);
@@ -372,6 +383,7 @@ static void one_cycle(exs_qhandle_t sq, exs_qhandle_t cq, int lfd, const struct 
     exs_event_t ev;
     int cfd, nfd, rc;
 
+    STEP("cycle %ld: exs_accept / exs_socket / exs_connect", i);
     rc = exs_accept(lfd, sq, AH(i));
     ck_assert_msg(rc == 0, "cycle %ld: exs_accept errno %d (%s)", i, errno, strerror(errno));
     cfd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
@@ -382,6 +394,8 @@ static void one_cycle(exs_qhandle_t sq, exs_qhandle_t cq, int lfd, const struct 
     wait_cycle(sq, EXS_EVT_ACCEPT, lfd, i, &ev);
     nfd = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
     ck_assert_msg(nfd >= 0, "cycle %ld: newfd %d", i, nfd);
+    STEP("cycle %ld: exs_close of client fd %d and server fd %d (%s first)", i, cfd, nfd,
+         i % 2 == 0 ? "client" : "server");
     if (i % 2 == 0) {
         ck_assert_msg(exs_close(cfd, cq, AH(i)) == 0, "cycle %ld: exs_close(client) errno %d", i,
                       errno);
@@ -416,8 +430,16 @@ START_TEST(test_connect_close_cycles)
     fds1 = it_count_fds();
     tasks1 = it_count_tasks();
     t0 = it_now_ms();
-    for (long i = 1; i <= CYCLES; i++)
+    it_watchdog_start(30, cycle_step); /* 30 s without a completed cycle */
+    for (long i = 1; i <= CYCLES; i++) {
         one_cycle(sq, cq, lfd, &addr, i);
+        it_watchdog_kick();
+        if (i % 1000 == 0) {
+            printf("connect_close_cycles: %ld cycles after %.0f ms\n", i, it_now_ms() - t0);
+            fflush(stdout);
+        }
+    }
+    it_watchdog_stop();
     dt = it_now_ms() - t0;
     fds2 = it_count_fds();
     tasks2 = it_count_tasks();

@@ -27,6 +27,7 @@ START_TEST(test_pingpong)
     for (int i = 0; i < 1000; i++) {
         long bad;
 
+        it_context("round trip %d", i);
         IT_POST_RECV(p.sfd, sr->p, 64, p.sq, IT_AH(2 * i), sr->mh);
         IT_POST_RECV(p.cfd, cr->p, 64, p.cq, IT_AH(2 * i + 1), cr->mh);
         it_fill(cs->p, 64, MSG_SEED(2 * i));
@@ -72,6 +73,8 @@ START_TEST(test_outstanding)
             for (int recv_first = 1; recv_first >= 0; recv_first--) {
                 long base = ahn;
 
+                it_context("len %zu, %d outstanding, %s", len, n,
+                           recv_first ? "receives posted first" : "sends posted first");
                 memset(rb->p, IT_GUARD_BYTE, (size_t)n * len);
                 for (int i = 0; i < n; i++)
                     it_fill(sb->p + (size_t)i * len, len, MSG_SEED(base + i));
@@ -113,10 +116,10 @@ END_TEST
 /* 200 messages of log-uniform random sizes in [1, 8 MiB], in batches of 4: the first half
  * posts the receives first (eager and advertised direct), the second half the sends first
  * (eager and announce + READ). Every byte checked, bytes past the message untouched. */
-START_TEST(test_random_sizes)
+static void random_sizes(const char *name, int nmsg, uint64_t seed, size_t eager_max)
 {
-    enum { NMSG = 200, BATCH = 4, MAXLEN = 8 << 20, SLACK = 256 };
-    const uint64_t seed = 0x1E5C0DEull;
+    enum { BATCH = 4, MAXLEN = 8 << 20, SLACK = 256 };
+    const int NMSG = nmsg;
     uint64_t rs = seed;
     struct it_pair p;
     struct it_buf *sb, *rb;
@@ -145,7 +148,7 @@ START_TEST(test_random_sizes)
             rlen[i] = len[i] + it_rand(&rs) % 128;
             it_fill(sb->p + soff[i], len[i], MSG_SEED(m0 + i) ^ (uint32_t)seed);
             memset(rb->p + (size_t)i * slot, IT_GUARD_BYTE, slot);
-            if (len[i] < 4096)
+            if (len[i] < eager_max)
                 n_eager++;
             else
                 n_large++;
@@ -161,6 +164,8 @@ START_TEST(test_random_sizes)
             if (pass == 0)
                 it_sleep_ms(2); /* let the ADVERTs (or ANNOUNCEs) reach the peer first */
         }
+        it_context("%s: messages %d..%d (%s)", name, m0, m0 + BATCH - 1,
+                   recv_first ? "receives posted first" : "sends posted first");
         for (int i = 0; i < BATCH; i++) {
             exs_event_t ev;
             long bad;
@@ -190,11 +195,57 @@ START_TEST(test_random_sizes)
             it_expect_send(p.cq, p.cfd, IT_AH(m0 + i), (ssize_t)len[i]);
     }
     ck_assert(it_buf_guards_ok(rb));
-    ck_assert_int_gt(n_eager, 10);
-    ck_assert_int_gt(n_large, 10);
+    ck_assert_int_gt(n_eager, nmsg / 20);
+    ck_assert_int_gt(n_large, nmsg / 20);
     it_pair_close(&p);
-    printf("random_sizes: %d eager, %d larger messages in %.0f ms\n", n_eager, n_large,
-           it_now_ms() - t0);
+    printf("%s: %d messages below %zu bytes, %d larger, in %.0f ms\n", name, n_eager, eager_max,
+           n_large, it_now_ms() - t0);
+}
+
+START_TEST(test_random_sizes)
+{
+    random_sizes("random_sizes", 200, 0x1E5C0DEull, 4096);
+}
+END_TEST
+
+/* The same with EXS_EAGER_MAX=16384: messages up to 16 KiB go eagerly. */
+START_TEST(test_random_sizes_eager16k)
+{
+    it_setenv("EXS_EAGER_MAX", "16384");
+    random_sizes("random_sizes_eager16k", 100, 0xEA6E4ull, 16384);
+}
+END_TEST
+
+/* The same over an emulated long link (EXS_EMU_DELAY_US=2000 one way): a 64-byte round
+ * trip takes at least 4 ms and nothing is lost or reordered. */
+START_TEST(test_random_sizes_delay)
+{
+    struct it_pair p;
+    struct it_buf *b, *r;
+    double t0, rtt;
+
+    it_setenv("EXS_EMU_DELAY_US", "2000");
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 16, 16);
+    b = it_buf_new(64, 1);
+    r = it_buf_new(64, 1);
+    t0 = it_now_ms();
+    for (int i = 0; i < 5; i++) {
+        IT_POST_RECV(p.sfd, r->p, 64, p.sq, IT_AH(i), r->mh);
+        IT_POST_SEND(p.cfd, b->p, 64, p.cq, IT_AH(i), b->mh);
+        it_expect_recv(p.sq, p.sfd, IT_AH(i), 64, 0);
+        it_expect_send(p.cq, p.cfd, IT_AH(i), 64);
+        IT_POST_RECV(p.cfd, r->p, 64, p.cq, IT_AH(100 + i), r->mh);
+        IT_POST_SEND(p.sfd, b->p, 64, p.sq, IT_AH(100 + i), b->mh);
+        it_expect_recv(p.cq, p.cfd, IT_AH(100 + i), 64, 0);
+        it_expect_send(p.sq, p.sfd, IT_AH(100 + i), 64);
+    }
+    rtt = (it_now_ms() - t0) / 5;
+    ck_assert_msg(rtt >= 3.9, "EXS_EMU_DELAY_US=2000: round trip %.2f ms, expected >= 4 ms", rtt);
+    it_pair_close(&p);
+    it_buf_free(b);
+    it_buf_free(r);
+    random_sizes("random_sizes_delay", 40, 0xDE1A7ull, 4096);
 }
 END_TEST
 
@@ -208,6 +259,8 @@ static void trunc_case(struct it_pair *p, struct it_buf *sb, struct it_buf *rb, 
     exs_event_t ev;
     long bad;
 
+    it_context("%zu-byte message into a %zu-byte receive, %s", len, rlen,
+               recv_first ? "receive posted first" : "send posted first");
     memset(rb->p, IT_GUARD_BYTE, rb->len);
     it_fill(sb->p, len, MSG_SEED(ah));
     if (recv_first) {
@@ -307,6 +360,8 @@ START_TEST(test_unregistered)
             uint8_t *s = malloc(len), *r = malloc(len + 16);
             long bad;
 
+            it_context("%zu bytes unregistered, %s", len,
+                       recv_first ? "receive posted first" : "send posted first");
             ck_assert(s && r);
             it_fill(s, len, MSG_SEED(ah));
             memset(r, IT_GUARD_BYTE, len + 16);
@@ -356,6 +411,8 @@ Suite *integ_seqpacket_suite(void)
     suite_add_tcase(s, tc);
     tc = it_tcase("random_sizes", 180);
     tcase_add_test(tc, test_random_sizes);
+    tcase_add_test(tc, test_random_sizes_eager16k);
+    tcase_add_test(tc, test_random_sizes_delay);
     suite_add_tcase(s, tc);
     tc = it_tcase("truncation", IT_CASE_TIMEOUT);
     tcase_add_test(tc, test_trunc_rendezvous);

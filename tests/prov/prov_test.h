@@ -15,7 +15,7 @@ extern const char *pt_name;
 extern const struct exs_prov_ops *pt_ops;
 
 /* Default wait for anything that should happen promptly. */
-#define PT_TIMEOUT_MS 5000
+#define PT_TIMEOUT_MS   5000
 /* Per-test timeout in seconds (scaled by CK_TIMEOUT_MULTIPLIER). */
 #define PT_TEST_TIMEOUT 30
 
@@ -30,13 +30,13 @@ int pt_skip_unless_tcp(const char *test);
 #define PT_MAX_DISC  16
 
 struct pt_host {
-    struct exs_prov_ctx     *ctx;
-    struct exs_prov_cqe     *cqe;    /* ring of PT_CQE_STASH */
-    unsigned                 cqe_head, cqe_count;
+    struct exs_prov_ctx *ctx;
+    struct exs_prov_cqe *cqe; /* ring of PT_CQE_STASH */
+    unsigned cqe_head, cqe_count;
     struct exs_prov_cm_event cm[PT_CM_STASH];
-    unsigned                 cm_head, cm_count;
-    struct exs_prov_ep      *disc[PT_MAX_DISC]; /* eps whose DISCONNECTED was seen */
-    int                      ndisc;
+    unsigned cm_head, cm_count;
+    struct exs_prov_ep *disc[PT_MAX_DISC]; /* eps whose DISCONNECTED was seen */
+    int ndisc;
 };
 
 void pt_host_open(struct pt_host *h);
@@ -48,8 +48,8 @@ void pt_host_close(struct pt_host *h);
  * out); the PT_WAIT_ forms fail the test with the caller's file:line on timeout. */
 int pt_try_cqe(struct pt_host *h, int timeout_ms, struct exs_prov_cqe *cqe);
 int pt_try_cm(struct pt_host *h, int timeout_ms, struct exs_prov_cm_event *ev);
-void pt_wait_cqe_at(struct pt_host *h, int timeout_ms, struct exs_prov_cqe *cqe,
-                    const char *file, int line);
+void pt_wait_cqe_at(struct pt_host *h, int timeout_ms, struct exs_prov_cqe *cqe, const char *file,
+                    int line);
 void pt_wait_cm_at(struct pt_host *h, enum exs_prov_cm_event_type type, int timeout_ms,
                    struct exs_prov_cm_event *ev, const char *file, int line);
 /* Wait for one completion and check wr_id and status (and opcode when opcode >= 0). */
@@ -65,29 +65,29 @@ void pt_expect_wr_at(struct pt_host *h, int timeout_ms, uint64_t wr_id,
 void pt_expect_no_cqe_at(struct pt_host *h, int ms, const char *file, int line);
 void pt_expect_no_cm_at(struct pt_host *h, int ms, const char *file, int line);
 
-#define pt_wait_cqe(h, ms, c)     pt_wait_cqe_at((h), (ms), (c), __FILE__, __LINE__)
-#define pt_wait_cm(h, t, ms, e)   pt_wait_cm_at((h), (t), (ms), (e), __FILE__, __LINE__)
-#define pt_expect_cqe(h, id, st, op, out)                                            \
+#define pt_wait_cqe(h, ms, c)   pt_wait_cqe_at((h), (ms), (c), __FILE__, __LINE__)
+#define pt_wait_cm(h, t, ms, e) pt_wait_cm_at((h), (t), (ms), (e), __FILE__, __LINE__)
+#define pt_expect_cqe(h, id, st, op, out)                                                          \
     pt_expect_cqe_at((h), PT_TIMEOUT_MS, (id), (st), (op), (out), __FILE__, __LINE__)
-#define pt_expect_cqe_t(h, ms, id, st, op, out)                                      \
+#define pt_expect_cqe_t(h, ms, id, st, op, out)                                                    \
     pt_expect_cqe_at((h), (ms), (id), (st), (op), (out), __FILE__, __LINE__)
-#define pt_expect_wr(h, id, st, op, out)                                             \
+#define pt_expect_wr(h, id, st, op, out)                                                           \
     pt_expect_wr_at((h), PT_TIMEOUT_MS, (id), (st), (op), (out), __FILE__, __LINE__)
-#define pt_expect_no_cqe(h, ms)   pt_expect_no_cqe_at((h), (ms), __FILE__, __LINE__)
-#define pt_expect_no_cm(h, ms)    pt_expect_no_cm_at((h), (ms), __FILE__, __LINE__)
+#define pt_expect_no_cqe(h, ms) pt_expect_no_cqe_at((h), (ms), __FILE__, __LINE__)
+#define pt_expect_no_cm(h, ms)  pt_expect_no_cm_at((h), (ms), __FILE__, __LINE__)
 /* Opcode argument meaning "do not check". */
-#define PT_ANY_OPCODE (-1)
+#define PT_ANY_OPCODE           (-1)
 
 /* A buffer with guard bytes on both sides; only [p, p+len) is registered. */
 #define PT_GUARD      256
 #define PT_GUARD_BYTE 0xEE
 
 struct pt_buf {
-    struct pt_host     *h;
-    uint8_t            *base; /* allocation: guard | data | guard */
-    uint8_t            *p;    /* the registered data */
-    size_t              len;
-    struct exs_prov_mr *mr;   /* NULL when unregistered */
+    struct pt_host *h;
+    uint8_t *base; /* allocation: guard | data | guard */
+    uint8_t *p;    /* the registered data */
+    size_t len;
+    struct exs_prov_mr *mr; /* NULL when unregistered */
 };
 
 /* Allocate, fill the data with fill and the guards with PT_GUARD_BYTE, and register it
@@ -108,14 +108,14 @@ int pt_all_bytes(const void *p, size_t len, int v);
 #define PT_MAX_BUFS 32
 
 struct pt_pair {
-    struct pt_host            a, b;
+    struct pt_host a, b;
     struct exs_prov_listener *lis;
-    struct sockaddr_storage   addr; /* the listener's address */
-    socklen_t                 addrlen;
-    struct exs_prov_ep       *ea, *eb;
-    struct pt_buf            *bufs[PT_MAX_BUFS];
-    int                       nbufs;
-    int                       a_up, b_up; /* ea / eb were established (close waits for DISCONNECTED) */
+    struct sockaddr_storage addr; /* the listener's address */
+    socklen_t addrlen;
+    struct exs_prov_ep *ea, *eb;
+    struct pt_buf *bufs[PT_MAX_BUFS];
+    int nbufs;
+    int a_up, b_up; /* ea / eb were established (close waits for DISCONNECTED) */
 };
 
 /* Defaults: 64 send/recv WRs, 64 B inline, rnr_retry 7 (forever). */
@@ -144,8 +144,8 @@ void pt_ep_close(struct pt_host *h, struct exs_prov_ep *ep);
 int pt_post_recv(struct exs_prov_ep *ep, uint64_t wr_id, const struct pt_buf *b, size_t off,
                  uint32_t len);
 int pt_post_send(struct exs_prov_ep *ep, uint64_t wr_id, enum exs_prov_wr_opcode opcode,
-                 unsigned flags, const struct pt_buf *b, size_t off, uint32_t len,
-                 uint32_t imm, uint64_t remote_addr, uint32_t rkey);
+                 unsigned flags, const struct pt_buf *b, size_t off, uint32_t len, uint32_t imm,
+                 uint64_t remote_addr, uint32_t rkey);
 /* Remote address of b->p + off. */
 uint64_t pt_raddr(const struct pt_buf *b, size_t off);
 

@@ -201,8 +201,8 @@ int pt_try_cm(struct pt_host *h, int timeout_ms, struct exs_prov_cm_event *ev)
     }
 }
 
-void pt_wait_cqe_at(struct pt_host *h, int timeout_ms, struct exs_prov_cqe *cqe,
-                    const char *file, int line)
+void pt_wait_cqe_at(struct pt_host *h, int timeout_ms, struct exs_prov_cqe *cqe, const char *file,
+                    int line)
 {
     if (!pt_try_cqe(h, timeout_ms, cqe))
         ck_abort_msg("%s:%d: no completion within %d ms", file, line, timeout_ms);
@@ -290,8 +290,8 @@ void pt_expect_no_cqe_at(struct pt_host *h, int ms, const char *file, int line)
     struct exs_prov_cqe c;
 
     if (pt_try_cqe(h, ms, &c))
-        ck_abort_msg("%s:%d: unexpected completion wr_id %llu status '%s' opcode %s", file,
-                     line, (unsigned long long)c.wr_id, exs__prov_wc_status_str(c.status),
+        ck_abort_msg("%s:%d: unexpected completion wr_id %llu status '%s' opcode %s", file, line,
+                     (unsigned long long)c.wr_id, exs__prov_wc_status_str(c.status),
                      exs__prov_wc_opcode_str(c.opcode));
 }
 
@@ -414,8 +414,8 @@ int pt_post_recv(struct exs_prov_ep *ep, uint64_t wr_id, const struct pt_buf *b,
 }
 
 int pt_post_send(struct exs_prov_ep *ep, uint64_t wr_id, enum exs_prov_wr_opcode opcode,
-                 unsigned flags, const struct pt_buf *b, size_t off, uint32_t len,
-                 uint32_t imm, uint64_t remote_addr, uint32_t rkey)
+                 unsigned flags, const struct pt_buf *b, size_t off, uint32_t len, uint32_t imm,
+                 uint64_t remote_addr, uint32_t rkey)
 {
     struct exs_prov_sge sge;
     struct exs_prov_send_wr wr = {

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Remote access errors of RDMA_WRITE and RDMA_READ: keys, bounds, rights, deregistration, foreign keys. */
+/* Remote access errors of RDMA_WRITE and RDMA_READ: keys, bounds, rights, deregistration, foreign
+ * keys. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -24,8 +25,8 @@ enum access_kind {
 };
 
 static const char *const kind_names[] = {
-    "unknown rkey",   "range beyond the end", "range before the start", "addr+len wraps",
-    "missing right",  "deregistered region",  "key of another ctx",
+    "unknown rkey",  "range beyond the end", "range before the start", "addr+len wraps",
+    "missing right", "deregistered region",  "key of another ctx",
 };
 
 static void access_case(enum exs_prov_wr_opcode op, enum access_kind k)
@@ -119,11 +120,11 @@ static void access_case(enum exs_prov_wr_opcode op, enum access_kind k)
     }
 }
 
-#define ACCESS_TEST(_name, _op, _kind)                                               \
-    START_TEST(_name)                                                                \
-    {                                                                                \
-        access_case(_op, _kind);                                                     \
-    }                                                                                \
+#define ACCESS_TEST(_name, _op, _kind)                                                             \
+    START_TEST(_name)                                                                              \
+    {                                                                                              \
+        access_case(_op, _kind);                                                                   \
+    }                                                                                              \
     END_TEST
 
 ACCESS_TEST(write_unknown_rkey, EXS_PROV_WR_RDMA_WRITE, K_UNKNOWN_RKEY)
@@ -152,9 +153,8 @@ START_TEST(zero_length_bogus_rkey)
     pt_pair_setup(&p, NULL, NULL);
     tgt = pt_pair_buf(&p, 'b', 64, LW | RW | RR, 0x5A);
     dst = pt_pair_buf(&p, 'a', 64, LW, 0x11);
-    ck_assert_int_eq(pt_post_send(p.ea, 1, EXS_PROV_WR_RDMA_WRITE, SIG, NULL, 0, 0, 0, 0,
-                                  0xBADC0DEu),
-                     0);
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 1, EXS_PROV_WR_RDMA_WRITE, SIG, NULL, 0, 0, 0, 0, 0xBADC0DEu), 0);
     pt_expect_cqe(&p.a, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, NULL);
     ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_RDMA_READ, SIG, NULL, 0, 0, 0,
                                   UINT64_MAX - 3, 0xBADC0DEu),

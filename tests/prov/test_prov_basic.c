@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Basic provider conformance: caps, SEND/RECV, immediates, RDMA_WRITE, sge lists, argument checks, event fd. */
+/* Basic provider conformance: caps, SEND/RECV, immediates, RDMA_WRITE, sge lists, argument checks,
+ * event fd. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -8,9 +9,9 @@
 
 #include "tests/prov/prov_test.h"
 
-#define LW EXS_PROV_ACCESS_LOCAL_WRITE
-#define RW EXS_PROV_ACCESS_REMOTE_WRITE
-#define RR EXS_PROV_ACCESS_REMOTE_READ
+#define LW  EXS_PROV_ACCESS_LOCAL_WRITE
+#define RW  EXS_PROV_ACCESS_REMOTE_WRITE
+#define RR  EXS_PROV_ACCESS_REMOTE_READ
 #define SIG EXS_PROV_SEND_SIGNALED
 
 START_TEST(caps_sane)
@@ -127,9 +128,8 @@ START_TEST(send_with_imm)
     pt_pattern(src->p, 300, 77);
     ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, 512), 0);
     ck_assert_int_eq(pt_post_recv(p.eb, 2, dst, 0, 512), 0);
-    ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND_WITH_IMM, SIG, src, 0, 300,
-                                  0xDEADBEEFu, 0, 0),
-                     0);
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 3, EXS_PROV_WR_SEND_WITH_IMM, SIG, src, 0, 300, 0xDEADBEEFu, 0, 0), 0);
     pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
     ck_assert_uint_eq(c.byte_len, 300);
     ck_assert_msg(c.flags & EXS_PROV_WC_WITH_IMM, "SEND_WITH_IMM completed without WITH_IMM");
@@ -137,8 +137,7 @@ START_TEST(send_with_imm)
     ck_assert_int_eq(pt_pattern_check(dst->p, 300, 77), -1);
     pt_expect_cqe(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
     /* Zero-length SEND_WITH_IMM: only the immediate. */
-    ck_assert_int_eq(pt_post_send(p.ea, 4, EXS_PROV_WR_SEND_WITH_IMM, SIG, NULL, 0, 0, 7, 0, 0),
-                     0);
+    ck_assert_int_eq(pt_post_send(p.ea, 4, EXS_PROV_WR_SEND_WITH_IMM, SIG, NULL, 0, 0, 7, 0, 0), 0);
     pt_expect_cqe(&p.b, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
     ck_assert_uint_eq(c.byte_len, 0);
     ck_assert_msg(c.flags & EXS_PROV_WC_WITH_IMM, "no WITH_IMM");
@@ -345,8 +344,7 @@ START_TEST(args_send_not_connected)
 
     pt_pair_open(&p, NULL, NULL);
     src = pt_pair_buf(&p, 'a', 64, LW, 0);
-    ck_assert_int_eq(pt_post_send(p.ea, 1, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0),
-                     -ENOTCONN);
+    ck_assert_int_eq(pt_post_send(p.ea, 1, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), -ENOTCONN);
     ck_assert_int_eq(pt_post_send(p.ea, 1, EXS_PROV_WR_RDMA_WRITE, SIG, src, 0, 64, 0, 0, 1),
                      -ENOTCONN);
     /* Receives may be posted on an IDLE ep. */
@@ -379,7 +377,7 @@ START_TEST(args_bad_opcode_and_sge_count)
     wr.num_sge = 1;
     wr.opcode = (enum exs_prov_wr_opcode)99;
     ck_assert_int_eq(pt_ops->post_send(p.ea, &wr), -EINVAL);
-    wr.opcode = (enum exs_prov_wr_opcode)-1;
+    wr.opcode = (enum exs_prov_wr_opcode) - 1;
     ck_assert_int_eq(pt_ops->post_send(p.ea, &wr), -EINVAL);
     wr.opcode = EXS_PROV_WR_SEND;
     wr.num_sge = (int)n;
@@ -508,7 +506,8 @@ START_TEST(notify_cqe)
     ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0);
     ck_assert_msg(!fd_readable(&p.b, 100), "event fd readable with nothing queued");
     ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), 0);
-    ck_assert_msg(fd_readable(&p.b, PT_TIMEOUT_MS), "event fd not readable after a receive completed");
+    ck_assert_msg(fd_readable(&p.b, PT_TIMEOUT_MS),
+                  "event fd not readable after a receive completed");
     /* The completion is queued and not polled yet: arming must refuse. */
     ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), -EAGAIN);
     ck_assert_int_eq(pt_ops->ctx_poll(p.b.ctx, &c, 1), 1);
@@ -540,7 +539,8 @@ START_TEST(notify_cm_event)
     ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0);
     ck_assert_msg(!fd_readable(&p.b, 100), "event fd readable with nothing queued");
     ck_assert_int_eq(pt_ops->connect(p.ea, (struct sockaddr *)&p.addr, p.addrlen, NULL, 0), 0);
-    ck_assert_msg(fd_readable(&p.b, PT_TIMEOUT_MS), "event fd not readable after a connect request");
+    ck_assert_msg(fd_readable(&p.b, PT_TIMEOUT_MS),
+                  "event fd not readable after a connect request");
     ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), -EAGAIN);
     ck_assert_int_eq(pt_ops->ctx_cm_poll(p.b.ctx, &ev), 1);
     ck_assert_int_eq(ev.type, EXS_PROV_CM_CONNECT_REQUEST);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Connection management: private data on connect/accept/reject, unreachable peers, several connections. */
+/* Connection management: private data on connect/accept/reject, unreachable peers, several
+ * connections. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -145,8 +146,7 @@ START_TEST(send_while_connecting)
     pt_wait_cm(&p.b, EXS_PROV_CM_CONNECT_REQUEST, PT_TIMEOUT_MS, &ev);
     /* not accepted yet: the active ep is CONNECTING */
     ck_assert_int_eq(pt_ops->ep_state(p.ea), EXS_PROV_EP_CONNECTING);
-    ck_assert_int_eq(pt_post_send(p.ea, 1, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0),
-                     -ENOTCONN);
+    ck_assert_int_eq(pt_post_send(p.ea, 1, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), -ENOTCONN);
     ck_assert_int_eq(pt_ops->accept(ev.req, p.eb, NULL, 0), 0);
     pt_wait_cm(&p.a, EXS_PROV_CM_ESTABLISHED, PT_TIMEOUT_MS, NULL);
     p.a_up = 1;
@@ -215,8 +215,10 @@ START_TEST(many_connections_one_listener)
     for (int nreq = 0, nest = 0; nreq < N || nest < N;) {
         int k;
 
-        ck_assert_msg(pt_try_cm(&b, PT_TIMEOUT_MS, &ev), "passive side: %d requests, %d "
-                      "established, then nothing", nreq, nest);
+        ck_assert_msg(pt_try_cm(&b, PT_TIMEOUT_MS, &ev),
+                      "passive side: %d requests, %d "
+                      "established, then nothing",
+                      nreq, nest);
         if (ev.type == EXS_PROV_CM_ESTABLISHED) {
             nest++;
             continue;
@@ -234,9 +236,8 @@ START_TEST(many_connections_one_listener)
         pt_wait_cm(&a, EXS_PROV_CM_ESTABLISHED, PT_TIMEOUT_MS, &ev);
     for (int i = 0; i < N; i++) {
         memset(sa->p + 64 * i, 0x40 + i, 64);
-        ck_assert_int_eq(pt_post_send(ea[i], 200 + i, EXS_PROV_WR_SEND, SIG, sa, 64 * i, 64, 0, 0,
-                                      0),
-                         0);
+        ck_assert_int_eq(
+            pt_post_send(ea[i], 200 + i, EXS_PROV_WR_SEND, SIG, sa, 64 * i, 64, 0, 0, 0), 0);
     }
     memset(seen, 0, sizeof(seen));
     for (int i = 0; i < N; i++) {

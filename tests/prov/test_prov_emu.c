@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Link emulation of the tcp provider: EXS_EMU_DELAY_US adds latency, EXS_EMU_RATE_MBPS caps bandwidth. */
+/* Link emulation of the tcp provider: EXS_EMU_DELAY_US adds latency, EXS_EMU_RATE_MBPS caps
+ * bandwidth. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

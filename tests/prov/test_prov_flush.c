@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Flushing: disconnect on either side, posting afterwards, and a peer process killed with SIGKILL. */
+/* Flushing: disconnect on either side, posting afterwards, and a peer process killed with SIGKILL.
+ */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -76,8 +77,8 @@ START_TEST(flush_sends_on_disconnect)
     bb = pt_pair_buf(&p, 'b', 64, LW, 2);
     tb = pt_pair_buf(&p, 'b', 64, LW | RW, 0);
     ck_assert_int_eq(pt_post_send(p.ea, 1, EXS_PROV_WR_SEND, SIG, ba, 0, 64, 0, 0, 0), 0);
-    ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_RDMA_WRITE, 0, ba, 0, 64, 0,
-                                  pt_raddr(tb, 0), tb->mr->rkey),
+    ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_RDMA_WRITE, 0, ba, 0, 64, 0, pt_raddr(tb, 0),
+                                  tb->mr->rkey),
                      0);
     ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, ba, 0, 64, 0, 0, 0), 0);
     ck_assert_int_eq(pt_post_send(p.eb, 4, EXS_PROV_WR_SEND, SIG, bb, 0, 64, 0, 0, 0), 0);

@@ -216,7 +216,7 @@ END_TEST
 /* ---- frames after a valid handshake ---- */
 
 struct raw_conn {
-    int            fd;
+    int fd;
     struct pt_buf *tgt; /* 4096 B, LOCAL_WRITE | REMOTE_WRITE, filled with 0x5A */
     struct pt_buf *rbuf;
 };
@@ -297,7 +297,8 @@ START_TEST(hostile_raw_valid_write)
     while (!pt_all_bytes(rc.tgt->p + 100, 16, 0x99) && pt_now_ms() < deadline)
         pt_sleep_ms(2);
     ck_assert_msg(pt_all_bytes(rc.tgt->p + 100, 16, 0x99), "valid raw WRITE did not land");
-    ck_assert(pt_all_bytes(rc.tgt->p, 100, 0x5A) && pt_all_bytes(rc.tgt->p + 116, 4096 - 116, 0x5A));
+    ck_assert(pt_all_bytes(rc.tgt->p, 100, 0x5A) &&
+              pt_all_bytes(rc.tgt->p + 116, 4096 - 116, 0x5A));
     ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_CONNECTED);
     /* an orderly DISCONNECT frame ends it with status 0 */
     h = hdr(TCP_WIRE_DISCONNECT, 0, 0, 0, 0, 0, 0);

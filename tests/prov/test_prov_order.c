@@ -42,10 +42,9 @@ START_TEST(order_many_sends)
 
             memcpy(slot, &sent, 4);
             pt_pattern(slot + 4, MSG - 4, sent);
-            ck_assert_int_eq(
-                pt_post_send(p.ea, 1000000u + sent, EXS_PROV_WR_SEND, SIG, src,
-                             (size_t)(sent % sdepth) * MSG, MSG, 0, 0, 0),
-                0);
+            ck_assert_int_eq(pt_post_send(p.ea, 1000000u + sent, EXS_PROV_WR_SEND, SIG, src,
+                                          (size_t)(sent % sdepth) * MSG, MSG, 0, 0, 0),
+                             0);
             sent++;
             progress = 1;
         }
@@ -112,12 +111,12 @@ START_TEST(order_write_then_send)
         ck_assert_int_eq(pt_post_send(p.ea, 100 + i, EXS_PROV_WR_RDMA_WRITE, 0, src, 0, wlen, 0,
                                       pt_raddr(tgt, 0), tgt->mr->rkey),
                          0);
-        ck_assert_int_eq(pt_post_send(p.ea, 200 + i, EXS_PROV_WR_SEND, SIG, msg, 0, 8, 0, 0, 0),
-                         0);
+        ck_assert_int_eq(pt_post_send(p.ea, 200 + i, EXS_PROV_WR_SEND, SIG, msg, 0, 8, 0, 0, 0), 0);
         pt_expect_cqe(&p.b, i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
         bad = pt_pattern_check(tgt->p, wlen, 500 + i);
-        ck_assert_msg(bad == -1, "round %u: written data not visible at offset %ld when the "
-                                 "following SEND's receive completed",
+        ck_assert_msg(bad == -1,
+                      "round %u: written data not visible at offset %ld when the "
+                      "following SEND's receive completed",
                       i, bad);
         pt_expect_cqe(&p.a, 200 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
     }
@@ -143,9 +142,9 @@ START_TEST(order_mixed_signaled)
         unsigned flags = (i % 3 == 0 || i == n - 1) ? SIG : 0;
         enum exs_prov_wr_opcode op = (i % 2 == 0) ? EXS_PROV_WR_SEND : EXS_PROV_WR_RDMA_WRITE;
 
-        ck_assert_int_eq(pt_post_send(p.ea, i, op, flags, src, 0, 64, 0, pt_raddr(tgt, 64 * i),
-                                      tgt->mr->rkey),
-                         0);
+        ck_assert_int_eq(
+            pt_post_send(p.ea, i, op, flags, src, 0, 64, 0, pt_raddr(tgt, 64 * i), tgt->mr->rkey),
+            0);
     }
     for (uint32_t i = 0; i < n; i++) {
         if (!(i % 3 == 0 || i == n - 1))

@@ -123,8 +123,8 @@ START_TEST(read_then_fenced_write)
                                       pt_raddr(rem, 0), rem->mr->rkey),
                          0);
         ck_assert_int_eq(pt_post_send(p.ea, 2 * i + 1, EXS_PROV_WR_RDMA_WRITE,
-                                      SIG | EXS_PROV_SEND_FENCE, src, 0, 4096,
-                                      0, pt_raddr(rem, 0), rem->mr->rkey),
+                                      SIG | EXS_PROV_SEND_FENCE, src, 0, 4096, 0, pt_raddr(rem, 0),
+                                      rem->mr->rkey),
                          0);
         pt_expect_cqe(&p.a, 2 * i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_READ, NULL);
         pt_expect_cqe(&p.a, 2 * i + 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, NULL);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Receiver-not-ready: SEND and RDMA_WRITE_WITH_IMM without a posted receive, with and without retries. */
+/* Receiver-not-ready: SEND and RDMA_WRITE_WITH_IMM without a posted receive, with and without
+ * retries. */
 #include <errno.h>
 #include <string.h>
 
@@ -21,9 +22,8 @@ static void rnr_exceeded(enum exs_prov_wr_opcode op)
     pt_pair_setup(&p, &at, NULL);
     src = pt_pair_buf(&p, 'a', 128, LW, 0x61);
     tgt = pt_pair_buf(&p, 'b', 128, LW | RW, 0);
-    ck_assert_int_eq(pt_post_send(p.ea, 1, op, SIG, src, 0, 128, 0xABCD, pt_raddr(tgt, 0),
-                                  tgt->mr->rkey),
-                     0);
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 1, op, SIG, src, 0, 128, 0xABCD, pt_raddr(tgt, 0), tgt->mr->rkey), 0);
     ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, SIG, src, 0, 16, 0, 0, 0), 0);
     ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_RDMA_WRITE, 0, src, 0, 16, 0,
                                   pt_raddr(tgt, 0), tgt->mr->rkey),
@@ -94,9 +94,8 @@ static void rnr_late_recv(enum exs_prov_wr_opcode op)
     tgt = pt_pair_buf(&p, 'b', 512, LW | RW, 0);
     rbuf = pt_pair_buf(&p, 'b', 512, LW, 0x44);
     pt_pattern(src->p, 512, 1234);
-    ck_assert_int_eq(pt_post_send(p.ea, 1, op, SIG, src, 0, 512, 0x55AA, pt_raddr(tgt, 0),
-                                  tgt->mr->rkey),
-                     0);
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 1, op, SIG, src, 0, 512, 0x55AA, pt_raddr(tgt, 0), tgt->mr->rkey), 0);
     /* no receive yet: nothing completes for ~50 ms */
     pt_expect_no_cqe(&p.a, 50);
     pt_expect_no_cqe(&p.b, 0);

@@ -368,21 +368,37 @@ int  exs__tcp_conn_hs_frame(struct tcp_conn *conn);
 void exs__tcp_conn_connected(struct tcp_conn *conn);
 void exs__tcp_conn_fail(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
                         int send_disc);
+void exs__tcp_conn_fail_cqe(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
+                            int mode, const struct exs_prov_cqe *first);
 void exs__tcp_ep_fail(struct tcp_ep *ep, int status, int notify);
+void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, int notify,
+                          const struct exs_prov_cqe *first);
 void exs__tcp_conn_close(struct tcp_conn *conn);
 
 /* tcp_data.c */
 int  exs__tcp_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
 int  exs__tcp_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
+void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr,
+                     enum exs_prov_wc_status st, struct exs_prov_cqe *cqe);
+void exs__tcp_rwr_cqe(const struct tcp_ep *ep, const struct tcp_rwr *rwr,
+                      enum exs_prov_wc_status st, struct exs_prov_cqe *cqe);
+int  exs__tcp_iov_fill(struct iovec *iov, int max, const struct exs_prov_sge *seg, int nseg,
+                       uint64_t off, uint64_t limit);
+void exs__tcp_hdr_init(struct tcp_wire_hdr *h, uint8_t type, uint32_t len);
+void exs__tcp_ep_wr_done(struct tcp_ep *ep, struct tcp_wr *wr, enum exs_prov_wc_status st);
+void exs__tcp_ep_ack_before(struct tcp_ep *ep, uint32_t upto);
+void exs__tcp_ep_tx_fill(struct tcp_ep *ep);
 void exs__tcp_ep_take(struct tcp_ep *ep);
-void exs__tcp_conn_rx(struct tcp_conn *conn);
 void exs__tcp_conn_update_events(struct tcp_conn *conn);
 void exs__tcp_conn_tx(struct tcp_conn *conn);
-void exs__tcp_conn_rnr_resume(struct tcp_conn *conn);
-void exs__tcp_conn_hold_hup(struct tcp_conn *conn);
 struct tcp_txf *exs__tcp_txf_ctrl(struct tcp_conn *conn, uint8_t type, uint32_t len);
 void exs__tcp_txq_push(struct tcp_conn *conn, struct tcp_txf *txf);
 void exs__tcp_txf_free(struct tcp_ctx *ctx, struct tcp_txf *txf);
+
+/* tcp_rx.c */
+void exs__tcp_conn_rx(struct tcp_conn *conn);
+void exs__tcp_conn_rnr_resume(struct tcp_conn *conn);
+void exs__tcp_conn_hold_hup(struct tcp_conn *conn);
 void exs__tcp_rx_release(struct tcp_conn *conn);
 
 /* tcp_emu.c */

@@ -118,14 +118,25 @@ static void tcp_cm_event(struct tcp_ctx *ctx, enum exs_prov_cm_event_type type,
  * with notify, one DISCONNECTED event. */
 void exs__tcp_ep_fail(struct tcp_ep *ep, int status, int notify)
 {
+    exs__tcp_ep_fail_cqe(ep, status, notify, NULL);
+}
+
+/* As exs__tcp_ep_fail, queueing first (the error completion that caused it)
+ * ahead of the flushes, in the same critical section: once the application
+ * sees the error, the ep is in ERROR and nothing it posts can overtake. */
+void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, int notify,
+                          const struct exs_prov_cqe *first)
+{
     struct tcp_ctx *ctx = ep->ctx;
     struct exs_list *lists[] = { &ep->sq, &ep->sq_wait, &ep->sq_pend };
     struct exs_prov_cqe cqe;
     struct exs_list *l;
 
     pthread_mutex_lock(&ep->lock);
-    ep->state = EXS_PROV_EP_ERROR;
+    __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
     pthread_mutex_lock(&ctx->lock);
+    if (first)
+        exs__tcp_cq_push_locked(ctx, ep, first);
     for (size_t i = 0; i < EXS_ARRAY_SIZE(lists); i++) {
         while ((l = exs_list_pop_head(lists[i])) != NULL) {
             struct tcp_wr *wr = exs_list_entry(l, struct tcp_wr, link);
@@ -137,8 +148,11 @@ void exs__tcp_ep_fail(struct tcp_ep *ep, int status, int notify)
             cqe.opcode = wr->opcode == EXS_PROV_WR_RDMA_READ ? EXS_PROV_WC_RDMA_READ
                          : wr->opcode >= EXS_PROV_WR_RDMA_WRITE ? EXS_PROV_WC_RDMA_WRITE
                                                                 : EXS_PROV_WC_SEND;
-            EXS_CNT_INC(ctx->cnt.flushed_wrs);
-            exs__tcp_cq_push_locked(ctx, ep, &cqe);
+            /* ep_destroy: discarded without completions */
+            if (!ep->destroyed) {
+                EXS_CNT_INC(ctx->cnt.flushed_wrs);
+                exs__tcp_cq_push_locked(ctx, ep, &cqe);
+            }
             free(wr);
         }
     }
@@ -150,8 +164,10 @@ void exs__tcp_ep_fail(struct tcp_ep *ep, int status, int notify)
         cqe.ep = &ep->base;
         cqe.status = EXS_PROV_WC_WR_FLUSH_ERR;
         cqe.opcode = EXS_PROV_WC_RECV;
-        EXS_CNT_INC(ctx->cnt.flushed_wrs);
-        exs__tcp_cq_push_locked(ctx, ep, &cqe);
+        if (!ep->destroyed) {
+            EXS_CNT_INC(ctx->cnt.flushed_wrs);
+            exs__tcp_cq_push_locked(ctx, ep, &cqe);
+        }
         free(rwr);
     }
     ep->overflow = 0;
@@ -185,6 +201,13 @@ static void tcp_ep_unconnected(struct tcp_ep *ep, enum exs_prov_cm_event_type ty
  */
 void exs__tcp_conn_fail(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
                         int mode)
+{
+    exs__tcp_conn_fail_cqe(conn, status, syndrome, psn, mode, NULL);
+}
+
+/* As exs__tcp_conn_fail; first is the error completion queued ahead of the flushes. */
+void exs__tcp_conn_fail_cqe(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
+                            int mode, const struct exs_prov_cqe *first)
 {
     struct tcp_ctx *ctx = conn->ctx;
     struct tcp_ep *ep = conn->ep;
@@ -256,7 +279,7 @@ void exs__tcp_conn_fail(struct tcp_conn *conn, int status, uint8_t syndrome, uin
         exs__tcp_conn_update_events(conn);
     }
     if (ep)
-        exs__tcp_ep_fail(ep, status, 1);
+        exs__tcp_ep_fail_cqe(ep, status, 1, first);
 }
 
 /* NIC: an active connect finished (EPOLLOUT). */
@@ -350,7 +373,7 @@ int exs__tcp_conn_hs_frame(struct tcp_conn *conn)
         conn->peer_rnr_timer_ms = conn->hs[1];
         conn->state = TCP_CONN_UP;
         pthread_mutex_lock(&ep->lock);
-        ep->state = EXS_PROV_EP_CONNECTED;
+        __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTED, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&ep->lock);
         EXS_CNT_INC(ctx->cnt.conns_established);
         tcp_cm_event(ctx, EXS_PROV_CM_ESTABLISHED, ep, 0, conn->hs + TCP_WIRE_CONN_LEN,
@@ -415,7 +438,7 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     ep->base.user = attr->user;
     ep->base.attr = *attr;
     ep->ctx = ctx;
-    ep->state = EXS_PROV_EP_IDLE;
+    __atomic_store_n(&ep->state, EXS_PROV_EP_IDLE, __ATOMIC_RELAXED);
     pthread_mutex_init(&ep->lock, NULL);
     exs_list_init(&ep->sq_pend);
     exs_list_init(&ep->rq);
@@ -652,7 +675,7 @@ static int tcp_connect_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     if (fd < 0)
         return -errno;
     pthread_mutex_lock(&ep->lock);
-    ep->state = EXS_PROV_EP_CONNECTING;
+    __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTING, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&ep->lock);
     if (connect(fd, cmd->addr, cmd->addrlen) < 0 && errno != EINPROGRESS)
         err = errno;
@@ -667,7 +690,7 @@ static int tcp_connect_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     if (!conn) {
         close(fd);
         pthread_mutex_lock(&ep->lock);
-        ep->state = EXS_PROV_EP_IDLE;
+        __atomic_store_n(&ep->state, EXS_PROV_EP_IDLE, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&ep->lock);
         return -ENOMEM;
     }
@@ -679,7 +702,7 @@ static int tcp_connect_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     if (!f) {
         exs__tcp_conn_close(conn);
         pthread_mutex_lock(&ep->lock);
-        ep->state = EXS_PROV_EP_IDLE;
+        __atomic_store_n(&ep->state, EXS_PROV_EP_IDLE, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&ep->lock);
         return -ENOMEM;
     }
@@ -730,7 +753,7 @@ static int tcp_accept_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     conn->state = TCP_CONN_UP;
     exs__tcp_txq_push(conn, f);
     pthread_mutex_lock(&ep->lock);
-    ep->state = EXS_PROV_EP_CONNECTED;
+    __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTED, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&ep->lock);
     EXS_CNT_INC(ctx->cnt.conns_established);
     tcp_cm_event(ctx, EXS_PROV_CM_ESTABLISHED, ep, 0, NULL, 0);

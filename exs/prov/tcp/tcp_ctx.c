@@ -300,24 +300,27 @@ static void tcp_nic_timer_arm(struct tcp_ctx *ctx)
 
 static void tcp_nic_service(struct tcp_ctx *ctx)
 {
-    struct exs_list cmds, eps, *l;
+    struct exs_list cmds, *l;
 
+    /* eps first (a command may destroy one); one at a time, because a post may
+     * queue the ep again as soon as on_work is cleared */
+    for (int i = 0; i < 256; i++) {
+        pthread_mutex_lock(&ctx->lock);
+        l = exs_list_pop_head(&ctx->work_eps);
+        if (l)
+            exs_list_entry(l, struct tcp_ep, work_link)->on_work = 0;
+        pthread_mutex_unlock(&ctx->lock);
+        if (!l)
+            break;
+        exs__tcp_ep_take(exs_list_entry(l, struct tcp_ep, work_link));
+    }
     exs_list_init(&cmds);
-    exs_list_init(&eps);
     pthread_mutex_lock(&ctx->lock);
     if (!exs_list_empty(&ctx->cmds)) {
         exs_list_insert_after(&ctx->cmds, &cmds);
         exs_list_del(&ctx->cmds);
     }
-    while ((l = exs_list_pop_head(&ctx->work_eps)) != NULL) {
-        exs_list_entry(l, struct tcp_ep, work_link)->on_work = 0;
-        exs_list_add_tail(&eps, l);
-    }
     pthread_mutex_unlock(&ctx->lock);
-
-    /* eps first: a command may destroy one of them */
-    while ((l = exs_list_pop_head(&eps)) != NULL)
-        exs__tcp_ep_take(exs_list_entry(l, struct tcp_ep, work_link));
     while ((l = exs_list_pop_head(&cmds)) != NULL)
         exs__tcp_cmd_run(ctx, exs_list_entry(l, struct tcp_cmd, link));
 }
@@ -390,10 +393,31 @@ static void tcp_nic_event(struct tcp_ctx *ctx, struct epoll_event *ev)
     }
 }
 
+/* Closing: the last frames of ended connections (DISCONNECT, NAK) get a short
+ * while to leave, so the peers learn of an orderly end. */
+static int tcp_nic_drained(struct tcp_ctx *ctx, uint64_t *stop_at)
+{
+    struct exs_list *pos;
+    uint64_t now = exs__now_ns();
+
+    if (!*stop_at)
+        *stop_at = now + 200000000u + 2 * ctx->emu_delay_ns;
+    if (now >= *stop_at)
+        return 1;
+    exs_list_for_each(pos, &ctx->conns) {
+        struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, link);
+
+        if (conn->fd >= 0 && !exs_list_empty(&conn->txq) && conn->state != TCP_CONN_CONNECTING)
+            return 0;
+    }
+    return 1;
+}
+
 static void *tcp_nic_main(void *arg)
 {
     struct tcp_ctx *ctx = arg;
     struct epoll_event evs[64];
+    uint64_t stop_at = 0;
     int n, busy, stop;
 
     for (;;) {
@@ -408,10 +432,10 @@ static void *tcp_nic_main(void *arg)
         busy = !exs_list_empty(&ctx->cmds) || !exs_list_empty(&ctx->work_eps);
         stop = ctx->stop;
         pthread_mutex_unlock(&ctx->lock);
-        if (stop && !busy)
+        if (stop && !busy && tcp_nic_drained(ctx, &stop_at))
             break;
         busy |= !exs_list_empty(&ctx->dirty);
-        n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), busy ? 0 : -1);
+        n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), busy ? 0 : stop ? 10 : -1);
         __atomic_store_n(&ctx->nic_idle, 0, __ATOMIC_SEQ_CST);
         if (n < 0) {
             if (errno != EINTR)

@@ -75,9 +75,11 @@ struct tcp_wire_hdr {
  * (len - 8 bytes, at most TCP_WIRE_PD_MAX).
  *
  *   off size field         meaning
- *   0   1    rnr_retry     sender's ep rnr_retry (0..7, 7 = forever): how often the
- *                          peer, as responder, retries before NAK RNR_EXC
- *   1   1    rnr_timer_ms  sender's ep rnr_timer (informational)
+ *   0   1    rnr_retry     sender's ep rnr_retry capped by EXS_TCP_RNR_RETRY (0..7,
+ *                          7 = forever): how often the peer, as responder, retries
+ *                          before NAK RNR_EXC; > 7 is refused
+ *   1   1    rnr_timer_ms  sender's ep rnr_timer_ms (0 = default): the peer waits at
+ *                          least this long between retries
  *   2   2    reserved      0
  *   4   4    reserved      0
  */
