@@ -66,6 +66,8 @@ struct api_sock {
     struct api_sock        *parent;         /* child: its listener until accepted */
     struct exs_list         child_link;     /* in parent->ready */
     int                     dead;           /* conn reached DEAD */
+    int                     finish_queued;  /* sock_finish_close_job queued (once) */
+    int                     abort_close;    /* exs_fini: disconnect without SHUTDOWN */
 };
 
 /* descriptor table (sock.c) */

@@ -130,6 +130,9 @@ static struct api_sock *sock_new(int domain, int type)
 /* ---- connections: callbacks from the proto layer (conn->lock held) ---- */
 
 static void sock_conn_established(struct exs_conn *conn, int err);
+static void sock_finish_close_job(void *arg);
+static void sock_queue_finish_locked(struct api_sock *s);
+static void sock_close(struct api_sock *s, struct api_op *op);
 static void sock_conn_dead(struct exs_conn *conn);
 
 static const struct exs_conn_cb sock_conn_cb = {
@@ -194,8 +197,12 @@ static void sock_conn_established(struct exs_conn *conn, int err)
         }
         pthread_mutex_unlock(&parent->lock);
         if (err) {
-            s->conn = NULL;
-            exs__engine_run(sock_conn_destroy_job, conn);
+            /* never accepted and already dead: closed as the application would */
+            pthread_mutex_lock(&s->lock);
+            s->state = API_SOCK_CLOSING;
+            s->dead = 1;
+            sock_queue_finish_locked(s);
+            pthread_mutex_unlock(&s->lock);
         }
         return;
     }
@@ -203,7 +210,11 @@ static void sock_conn_established(struct exs_conn *conn, int err)
     struct api_op *op = s->connect_op;
     s->connect_op = NULL;
     if (!err) {
+        socklen_t len = sizeof(s->local);
+
         s->state = API_SOCK_CONNECTED;
+        if (!conn->ctx->ops->ep_local_addr(conn->ep, &s->local, &len))
+            s->local_len = len;
     } else if (s->state == API_SOCK_CONNECTING) {
         s->state = s->local_len ? API_SOCK_BOUND : API_SOCK_NEW;
         s->conn = NULL;
@@ -214,18 +225,26 @@ static void sock_conn_established(struct exs_conn *conn, int err)
         sock_post_simple(op, EXS_EVT_CONNECT, err);
 }
 
-static void sock_finish_close_job(void *arg);
+/* Queue the last step of a close once (s->lock held). */
+static void sock_queue_finish_locked(struct api_sock *s)
+{
+    if (!s->finish_queued) {
+        s->finish_queued = 1;
+        exs__engine_run(sock_finish_close_job, s);
+    }
+}
 
+/* Progress thread (conn->lock held): the connection is over. A closing socket can now
+ * be finished; an open one stays (its operations already completed). */
 static void sock_conn_dead(struct exs_conn *conn)
 {
     struct api_sock *s = conn->owner;
 
     pthread_mutex_lock(&s->lock);
     s->dead = 1;
-    int closing = s->state == API_SOCK_CLOSING;
+    if (s->state == API_SOCK_CLOSING)
+        sock_queue_finish_locked(s);
     pthread_mutex_unlock(&s->lock);
-    if (closing)
-        exs__engine_run(sock_finish_close_job, s);
 }
 
 /* ---- socket calls ---- */
@@ -403,18 +422,19 @@ static void sock_deliver_accepts_locked(struct api_sock *lis)
         struct api_op *op = exs_list_entry(exs_list_pop_head(&lis->accepts), struct api_op, link);
         exs_event_t ev = { .exs_evt_type = EXS_EVT_ACCEPT };
 
+        /* the child no longer belongs to the listener */
+        api_sock_put(c->parent);
+        c->parent = NULL;
+        ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = -1;
         if (tab_insert(c)) {
             ev.exs_evt_errno = ENOMEM;
-            exs__conn_abort(c->conn);
+            sock_close(c, NULL); /* finishes on the progress thread */
         } else {
             ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = c->fd;
             memcpy(&ev.exs_evt_u.exs_evt_accept.exs_evt_addr, &c->peer, sizeof(c->peer));
             ev.exs_evt_u.exs_evt_accept.exs_evt_addrlen = c->peer_len;
             api_sock_put(c); /* the table holds it now */
         }
-        /* the child no longer belongs to the listener */
-        api_sock_put(c->parent);
-        c->parent = NULL;
         api_op_event(op, &ev);
     }
 }
@@ -604,8 +624,6 @@ static void sock_finish_close_job(void *arg)
         sock_post_simple(close_op, EXS_EVT_CLOSE, 0);
 }
 
-static void sock_close(struct api_sock *s, struct api_op *op);
-
 /* Progress thread: close a listener and everything it holds. */
 static void sock_close_listener_job(void *arg)
 {
@@ -629,21 +647,43 @@ static void sock_close_listener_job(void *arg)
         /* never accepted: closed as the application would */
         sock_close(c, NULL);
     }
-    sock_finish_close_job(s);
+    pthread_mutex_lock(&s->lock);
+    sock_queue_finish_locked(s);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Progress thread: the part of a close that touches the connection. Connections die
+ * (sock_conn_dead) and are freed (sock_finish_close_job) on this thread too, so the
+ * conn cannot vanish under it. */
+static void sock_close_conn_job(void *arg)
+{
+    struct api_sock *s = arg;
+    struct exs_conn *conn;
+    int dead, abort_;
+
+    pthread_mutex_lock(&s->lock);
+    conn = s->conn;
+    dead = s->dead;
+    abort_ = s->abort_close;
+    if (!conn || dead)
+        sock_queue_finish_locked(s);
+    pthread_mutex_unlock(&s->lock);
+    if (conn && !dead) {
+        if (abort_)
+            exs__conn_abort(conn);
+        else
+            exs__conn_close(conn); /* sock_conn_dead queues the finish */
+    }
 }
 
 static void sock_close(struct api_sock *s, struct api_op *op)
 {
     enum api_sock_state was;
-    int dead;
 
-    /* Exactly one of this and sock_conn_dead sees both "closing" and "dead" and
-     * queues the finish: both flags change under s->lock. */
     pthread_mutex_lock(&s->lock);
     was = s->state;
     s->state = API_SOCK_CLOSING;
     s->close_op = op;
-    dead = s->dead;
     if (s->fd_open) {
         close(s->fd);
         s->fd_open = 0;
@@ -651,10 +691,8 @@ static void sock_close(struct api_sock *s, struct api_op *op)
     pthread_mutex_unlock(&s->lock);
     if (was == API_SOCK_LISTENING)
         exs__engine_run(sock_close_listener_job, s);
-    else if (s->conn && !dead)
-        exs__conn_close(s->conn); /* sock_conn_dead queues the finish */
     else
-        exs__engine_run(sock_finish_close_job, s);
+        exs__engine_run(sock_close_conn_job, s);
 }
 
 int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
@@ -704,8 +742,9 @@ void api_sock_close_all(void)
         if (!s)
             break;
         if (tab_remove(s)) {
-            if (s->conn && s->state == API_SOCK_CONNECTED)
-                exs__conn_abort(s->conn);
+            pthread_mutex_lock(&s->lock);
+            s->abort_close = 1;
+            pthread_mutex_unlock(&s->lock);
             sock_close(s, NULL);
         } else {
             api_sock_put(s);

@@ -48,7 +48,9 @@ static int conn_post_rx_locked(struct exs_conn *conn, uint32_t slot)
     return exs__prov_post_recv(conn->ep, &wr);
 }
 
-static void conn_release_locked(struct exs_conn *conn)
+/* Give back the provider objects (endpoint, registrations); the memory stays so
+ * eager messages already in the ring can still be received after the end. */
+static void conn_release_prov_locked(struct exs_conn *conn)
 {
     const struct exs_prov_ops *ops = conn->ctx->ops;
 
@@ -62,12 +64,19 @@ static void conn_release_locked(struct exs_conn *conn)
     if (conn->tx_mr)
         ops->mr_dereg(conn->tx_mr);
     conn->ring_mr = conn->rx_mr = conn->tx_mr = NULL;
+}
+
+static void conn_release_locked(struct exs_conn *conn)
+{
+    conn_release_prov_locked(conn);
     free(conn->ring);
     free(conn->rx_bufs);
     free(conn->tx_bufs);
     free(conn->tx_free);
     free(conn->tx_op);
     free(conn->adverts);
+    free(conn->rd_owed);
+    conn->rd_owed = NULL;
     conn->ring = conn->rx_bufs = conn->tx_bufs = NULL;
     conn->tx_free = NULL;
     conn->tx_op = NULL;
@@ -83,6 +92,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     int ret = -ENOMEM;
 
     if (p->credits < 2 || p->credits > EXS_IMM_CREDITS_MAX || p->ring_size % EXS_RING_SLOT ||
+        p->max_reads < 1 ||
         p->ring_size < EXS_RING_SLOT)
         return -EINVAL;
     conn = calloc(1, sizeof(*conn));
@@ -105,7 +115,8 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     conn->tx_free = calloc(conn->tx_slots, sizeof(*conn->tx_free));
     conn->tx_op = calloc(conn->tx_slots, sizeof(*conn->tx_op));
     conn->adverts = calloc(conn->adv_cap, sizeof(*conn->adverts));
-    if (!conn->ring || !conn->rx_bufs || !conn->tx_bufs || !conn->tx_free || !conn->tx_op ||
+    conn->rd_owed = calloc(p->max_reads ? p->max_reads : 1, sizeof(*conn->rd_owed));
+    if (!conn->rd_owed || !conn->ring || !conn->rx_bufs || !conn->tx_bufs || !conn->tx_free || !conn->tx_op ||
         !conn->adverts)
         goto err;
     for (uint32_t i = 0; i < conn->tx_slots; i++)
@@ -457,20 +468,18 @@ static void conn_dead_locked(struct exs_conn *conn, int err)
         if (op->state != EXS_OPS_DONE)
             conn_op_finish_locked(op, -1, op->cancel ? ECANCELED : conn->err);
     }
+    /* receives still in flight (advertised, reading) end now; data that arrived
+     * eagerly is still handed out, then end of stream or the error */
     exs_list_for_each(pos, &conn->recvq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (op->state == EXS_OPS_DONE)
-            continue;
-        if (op->cancel)
-            conn_op_finish_locked(op, -1, ECANCELED);
-        else if (conn->peer_shut)
-            conn_op_finish_locked(op, 0, 0);
-        else
-            conn_op_finish_locked(op, -1, conn->err);
+        if (op->state == EXS_OPS_ADVERTISED || op->state == EXS_OPS_POSTED)
+            op->state = EXS_OPS_QUEUED;
     }
+    conn->reads = 0;
+    sp_dead_drain_locked(conn);
     conn_deliver_locked(conn);
-    conn_release_locked(conn);
+    conn_release_prov_locked(conn);
 }
 
 int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
@@ -499,12 +508,8 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     op->rflags = 0;
     if (op->kind == EXS_OP_RECV) {
         exs_list_add_tail(&conn->recvq, &op->link);
-        if (conn->state >= EXS_CONN_DOWN) {
-            if (conn->peer_shut)
-                conn_op_finish_locked(op, 0, 0);
-            else if (conn->state == EXS_CONN_DEAD)
-                conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
-        }
+        if (conn->state == EXS_CONN_DEAD)
+            sp_dead_drain_locked(conn);
     } else {
         if (op->kind == EXS_OP_SHUTDOWN)
             conn->shut_queued = 1;

@@ -49,7 +49,6 @@ struct exs_op {
     uint64_t          seq;    /* SEQPACKET: message number once assigned */
     uint32_t          advert_id;
     uint32_t          msg_len;        /* receive: length of the announced message it reads */
-    int               read_done_owed; /* receive: READ_DONE still to be sent for it */
     int               cancel; /* exs_cancel / exs_close asked for it */
     /* result */
     ssize_t           result; /* bytes, or -1 */
@@ -163,6 +162,8 @@ struct exs_conn {
     uint64_t                   rx_matched; /* messages matched to receives */
     uint32_t                   next_advert_id;
     uint32_t                   reads;    /* RDMA READs in flight */
+    uint64_t                  *rd_owed;  /* READ_DONE records not yet appended (max_reads) */
+    uint32_t                   rd_owed_count;
     int                        peer_shut;
     uint64_t                   peer_total; /* messages the peer sent in all (after SHUTDOWN) */
 

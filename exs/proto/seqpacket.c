@@ -239,8 +239,11 @@ int sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce 
 {
     struct exs_pending_msg *m;
 
-    if (conn->peer_shut || be64toh(a->seq) != conn->rx_seq)
+    if (conn->peer_shut || be64toh(a->seq) != conn->rx_seq) {
+        EXS_INFO(PROTO, "conn %p: announce of message %llu, expected %llu", (void *)conn,
+                 (unsigned long long)be64toh(a->seq), (unsigned long long)conn->rx_seq);
         return -EPROTO;
+    }
     m = sp_pending_new(conn);
     if (!m)
         return -EPROTO;
@@ -251,16 +254,19 @@ int sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce 
     return 0;
 }
 
-/* The first receive not yet matched to a message, or NULL. */
-static struct exs_op *sp_first_unmatched(struct exs_conn *conn)
+/* The n-th (from 0) receive not yet matched to a message, or NULL. */
+static struct exs_op *sp_nth_unmatched(struct exs_conn *conn, uint32_t n)
 {
     struct exs_list *pos;
 
     exs_list_for_each(pos, &conn->recvq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (op->state == EXS_OPS_QUEUED || op->state == EXS_OPS_ADVERTISED)
-            return op;
+        if (op->state == EXS_OPS_QUEUED || op->state == EXS_OPS_ADVERTISED) {
+            if (!n)
+                return op;
+            n--;
+        }
     }
     return NULL;
 }
@@ -290,12 +296,20 @@ int sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
     }
     if (exs_imm_kind(imm) != EXS_IMM_DIRECT)
         return -EPROTO;
-    /* direct: only into the advertised receive that is next in line */
-    struct exs_op *op = sp_first_unmatched(conn);
-    if (!exs_list_empty(&conn->pending) || !op || op->state != EXS_OPS_ADVERTISED ||
+    /* direct: into the advertised receive this message number belongs to. Messages
+     * that arrived before it and wait for their receives (announced ones wait while
+     * READs are throttled) take the unmatched receives ahead of it. */
+    struct exs_op *op = sp_nth_unmatched(conn, conn->pending_count);
+    if (!op || op->state != EXS_OPS_ADVERTISED ||
         (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) || op->seq != conn->rx_seq ||
-        len > op->len)
+        len > op->len) {
+        EXS_INFO(PROTO, "conn %p: direct write tag %u len %u for message %llu does not match "
+                 "receive %p (state %d, advert %u, seq %llu), %u pending", (void *)conn,
+                 exs_imm_tag(imm), len, (unsigned long long)conn->rx_seq, (void *)op,
+                 op ? (int)op->state : -1, op ? op->advert_id : 0,
+                 op ? (unsigned long long)op->seq : 0ull, conn->pending_count);
         return -EPROTO;
+    }
     conn->rx_seq++;
     conn->rx_matched++;
     op->rflags = (imm & EXS_IMM_TRUNC) ? MSG_TRUNC : 0;
@@ -318,20 +332,38 @@ void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op, int ok)
     conn->stats.bytes_received += n;
     conn->stats.direct_xfers++;
     conn_op_finish_locked(op, n, 0);
-    /* the sender's buffer is free now: tell it (queued if the batch is full) */
-    if (!conn_ctrl_room_locked(conn, sizeof(d)))
+    /* the sender's buffer is free now: tell it (owed if the batch is full; the owed
+     * list is bounded because no READ starts while reads + owed reach max_reads) */
+    if (conn->rd_owed_count == 0 && !conn_ctrl_room_locked(conn, sizeof(d)))
         conn_ctrl_flush_locked(conn);
-    if (conn_ctrl_room_locked(conn, sizeof(d)))
+    if (conn->rd_owed_count == 0 && conn_ctrl_room_locked(conn, sizeof(d)))
         conn_ctrl_append_locked(conn, &d, sizeof(d));
     else
-        op->read_done_owed = 1;
+        conn->rd_owed[conn->rd_owed_count++] = op->seq;
+}
+
+/* Append the READ_DONE records that did not fit earlier, oldest first. */
+static void sp_flush_read_done_locked(struct exs_conn *conn)
+{
+    uint32_t n = 0;
+
+    while (n < conn->rd_owed_count && conn_ctrl_room_locked(conn, EXS_WIRE_READ_DONE_LEN)) {
+        struct exs_wire_read_done d = {
+            .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
+            .seq = htobe64(conn->rd_owed[n]),
+        };
+        conn_ctrl_append_locked(conn, &d, sizeof(d));
+        n++;
+    }
+    memmove(conn->rd_owed, conn->rd_owed + n, (conn->rd_owed_count - n) * sizeof(uint64_t));
+    conn->rd_owed_count -= n;
 }
 
 /* Give the head unmatched receive the head pending message. 0 when it must wait. */
 static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_pending_msg *m)
 {
     if (m->announced) {
-        if (conn->reads >= conn->p.max_reads)
+        if (conn->reads + conn->rd_owed_count >= conn->p.max_reads)
             return 0;
         uint32_t n = (uint32_t)EXS_MIN((size_t)m->len, op->len);
         struct exs_prov_sge sge = { (uintptr_t)op->buf, n, op->lkey };
@@ -376,17 +408,14 @@ void sp_recv_progress_locked(struct exs_conn *conn)
 
     if (conn->state != EXS_CONN_CONNECTED)
         return;
+    if (conn->rd_owed_count) {
+        sp_flush_read_done_locked(conn);
+        if (conn->rd_owed_count && conn_ctrl_flush_locked(conn))
+            sp_flush_read_done_locked(conn);
+    }
     exs_list_for_each(pos, &conn->recvq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (op->read_done_owed && conn_ctrl_room_locked(conn, EXS_WIRE_READ_DONE_LEN)) {
-            struct exs_wire_read_done d = {
-                .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
-                .seq = htobe64(op->seq),
-            };
-            conn_ctrl_append_locked(conn, &d, sizeof(d));
-            op->read_done_owed = 0;
-        }
         if (op->state != EXS_OPS_QUEUED && op->state != EXS_OPS_ADVERTISED)
             continue;
         if (!exs_list_empty(&conn->pending)) {
@@ -425,5 +454,38 @@ void sp_recv_progress_locked(struct exs_conn *conn)
             conn->stats.adverts_sent++;
         }
         index++;
+    }
+}
+
+/* The connection is over: hand the eager messages still in the ring to receives in
+ * order (announced ones can no longer be read: their sends were cancelled), then end
+ * of stream after an orderly SHUTDOWN, else the connection's error. */
+void sp_dead_drain_locked(struct exs_conn *conn)
+{
+    struct exs_list *pos, *tmp;
+
+    exs_list_for_each_safe(pos, tmp, &conn->pending) {
+        struct exs_pending_msg *m = exs_list_entry(pos, struct exs_pending_msg, link);
+
+        if (m->announced) {
+            exs_list_del(&m->link);
+            conn->pending_count--;
+            free(m);
+        }
+    }
+    exs_list_for_each(pos, &conn->recvq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state == EXS_OPS_DONE)
+            continue;
+        if (op->cancel)
+            conn_op_finish_locked(op, -1, ECANCELED);
+        else if (!exs_list_empty(&conn->pending))
+            sp_match_locked(conn, op,
+                            exs_list_entry(conn->pending.next, struct exs_pending_msg, link));
+        else if (conn->peer_shut)
+            conn_op_finish_locked(op, 0, 0);
+        else
+            conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
     }
 }

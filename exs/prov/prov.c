@@ -53,6 +53,7 @@ void exs__prov_fill_defaults(struct exs_prov_ops *ops)
     FILL(mr_dereg, prov_stub);
     FILL(ep_create, prov_stub);
     FILL(ep_destroy, prov_stub_void);
+    FILL(ep_local_addr, prov_stub);
     FILL(listen, prov_stub);
     FILL(listener_addr, prov_stub);
     FILL(listener_destroy, prov_stub_void);

@@ -239,6 +239,9 @@ struct exs_prov_ops {
      * without completions; call after DISCONNECTED and draining for a clean end. */
     void (*ep_destroy)(struct exs_prov_ep *ep);
     enum exs_prov_ep_state (*ep_state)(struct exs_prov_ep *ep);
+    /* The local address of a connected (or once connected) ep; -ENOTCONN before. */
+    int (*ep_local_addr)(struct exs_prov_ep *ep, struct sockaddr_storage *addr,
+                         socklen_t *addrlen);
 
     /* connection management */
     int (*listen)(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Shared helpers of the ES-API integration tests: init/teardown, connected pairs, bounded waits, buffers, patterns. */
+/* Shared helpers of the ES-API integration tests: init/teardown, connected pairs, bounded waits,
+ * buffers, patterns. */
 #ifndef EXS_TESTS_INTEG_H
 #define EXS_TESTS_INTEG_H
 
@@ -18,7 +19,7 @@
 extern const char *it_provider;
 
 /* Default bound of every wait for something that should happen promptly. */
-#define IT_TIMEOUT_MS 10000
+#define IT_TIMEOUT_MS   10000
 /* Default Check timeout of a test case, in seconds. */
 #define IT_CASE_TIMEOUT 60
 
@@ -48,7 +49,7 @@ void it_teardown(void);
 
 /* ---- time ---- */
 double it_now_ms(void);
-void   it_sleep_ms(int ms);
+void it_sleep_ms(int ms);
 
 /* A watchdog for calls that block without a timeout of their own (synchronous calls,
  * exs_qdequeue with timeout NULL): if it_watchdog_stop() is not called within seconds,
@@ -71,10 +72,10 @@ void it_qdelete_at(exs_qhandle_t q, int ms, const char *file, int line);
  * (any when fd < 0). Events that do not match are stashed (per queue, in arrival order)
  * and are found by later waits first. it_try_event returns 1 or 0 (timeout); it_wait_event
  * fails the test with the caller's file:line on timeout. */
-int  it_try_event(exs_qhandle_t q, int type, int fd, int ms, exs_event_t *out);
-void it_wait_event_at(exs_qhandle_t q, int type, int fd, int ms, exs_event_t *out,
-                      const char *file, int line);
-#define it_wait_event(q, type, fd, out)                                                 \
+int it_try_event(exs_qhandle_t q, int type, int fd, int ms, exs_event_t *out);
+void it_wait_event_at(exs_qhandle_t q, int type, int fd, int ms, exs_event_t *out, const char *file,
+                      int line);
+#define it_wait_event(q, type, fd, out)                                                            \
     it_wait_event_at((q), (type), (fd), IT_TIMEOUT_MS, (out), __FILE__, __LINE__)
 /* A note (printf format) added to the failure messages of the waits below, e.g. the
  * iteration of a loop; it_init clears it. */
@@ -89,50 +90,51 @@ void it_expect_no_event_at(exs_qhandle_t q, int ms, const char *file, int line);
 #define IT_ANY_RESULT (-2)
 void it_expect_xfer_at(exs_qhandle_t q, int type, int fd, exs_ahandle_t ah, ssize_t result,
                        int trunc, exs_event_t *out, const char *file, int line);
-#define it_expect_send(q, fd, ah, res)                                                   \
+#define it_expect_send(q, fd, ah, res)                                                             \
     it_expect_xfer_at((q), EXS_EVT_SEND, (fd), (ah), (res), 0, NULL, __FILE__, __LINE__)
-#define it_expect_recv(q, fd, ah, res, trunc)                                            \
+#define it_expect_recv(q, fd, ah, res, trunc)                                                      \
     it_expect_xfer_at((q), EXS_EVT_RECV, (fd), (ah), (res), (trunc), NULL, __FILE__, __LINE__)
 /* Wait for the next event of (q, type, fd) and check ahandle and errno (the result too
  * when type is SEND/RECV and err != 0: -1). */
 void it_expect_err_at(exs_qhandle_t q, int type, int fd, exs_ahandle_t ah, int err,
                       exs_event_t *out, const char *file, int line);
-#define it_expect_err(q, type, fd, ah, err)                                              \
+#define it_expect_err(q, type, fd, ah, err)                                                        \
     it_expect_err_at((q), (type), (fd), (ah), (err), NULL, __FILE__, __LINE__)
 
 /* Post one send / receive (flags 0) and assert the call accepted it. */
-#define IT_POST_SEND(fd, buf, len, q, ah, mh)                                                   \
-    do {                                                                                     \
-        int rc_ = exs_send((fd), (buf), (len), 0, (q), (ah), (mh));                          \
-        ck_assert_msg(rc_ == 0, "exs_send(fd %d, len %zu, ah %ld) = %d errno %d (%s)", (fd), \
-                      (size_t)(len), IT_AHN(ah), rc_, errno, strerror(errno));               \
+#define IT_POST_SEND(fd, buf, len, q, ah, mh)                                                      \
+    do {                                                                                           \
+        int rc_ = exs_send((fd), (buf), (len), 0, (q), (ah), (mh));                                \
+        ck_assert_msg(rc_ == 0, "exs_send(fd %d, len %zu, ah %ld) = %d errno %d (%s)", (fd),       \
+                      (size_t)(len), IT_AHN(ah), rc_, errno, strerror(errno));                     \
     } while (0)
-#define IT_POST_RECV(fd, buf, len, q, ah, mh)                                                   \
-    do {                                                                                     \
-        int rc_ = exs_recv((fd), (buf), (len), 0, (q), (ah), (mh));                          \
-        ck_assert_msg(rc_ == 0, "exs_recv(fd %d, len %zu, ah %ld) = %d errno %d (%s)", (fd), \
-                      (size_t)(len), IT_AHN(ah), rc_, errno, strerror(errno));               \
+#define IT_POST_RECV(fd, buf, len, q, ah, mh)                                                      \
+    do {                                                                                           \
+        int rc_ = exs_recv((fd), (buf), (len), 0, (q), (ah), (mh));                                \
+        ck_assert_msg(rc_ == 0, "exs_recv(fd %d, len %zu, ah %ld) = %d errno %d (%s)", (fd),       \
+                      (size_t)(len), IT_AHN(ah), rc_, errno, strerror(errno));                     \
     } while (0)
 
 /* Assert that call returns -1 with errno err (and nothing else). */
-#define IT_EXPECT_FAIL(call, err)                                                           \
-    do {                                                                                    \
-        int rc_, e_;                                                                        \
-        errno = 0;                                                                          \
-        rc_ = (call);                                                                       \
-        e_ = errno;                                                                         \
-        ck_assert_msg(rc_ == -1 && e_ == (err), "%s: expected -1 errno %d (%s), got %d errno %d (%s)", \
-                      #call, (err), strerror(err), rc_, e_, strerror(e_));                  \
+#define IT_EXPECT_FAIL(call, err)                                                                  \
+    do {                                                                                           \
+        int rc_, e_;                                                                               \
+        errno = 0;                                                                                 \
+        rc_ = (call);                                                                              \
+        e_ = errno;                                                                                \
+        ck_assert_msg(rc_ == -1 && e_ == (err),                                                    \
+                      "%s: expected -1 errno %d (%s), got %d errno %d (%s)", #call, (err),         \
+                      strerror(err), rc_, e_, strerror(e_));                                       \
     } while (0)
 /* Assert that call returns 0. */
-#define IT_EXPECT_OK(call)                                                                  \
-    do {                                                                                    \
-        int rc_, e_;                                                                        \
-        errno = 0;                                                                          \
-        rc_ = (call);                                                                       \
-        e_ = errno;                                                                         \
-        ck_assert_msg(rc_ == 0, "%s: expected 0, got %d errno %d (%s)", #call, rc_, e_,     \
-                      strerror(e_));                                                        \
+#define IT_EXPECT_OK(call)                                                                         \
+    do {                                                                                           \
+        int rc_, e_;                                                                               \
+        errno = 0;                                                                                 \
+        rc_ = (call);                                                                              \
+        e_ = errno;                                                                                \
+        ck_assert_msg(rc_ == 0, "%s: expected 0, got %d errno %d (%s)", #call, rc_, e_,            \
+                      strerror(e_));                                                               \
     } while (0)
 
 /* An ahandle from a small integer and back. */
@@ -154,13 +156,13 @@ void it_close_at(int fd, exs_qhandle_t q, const char *file, int line);
 void it_refusing_addr(struct sockaddr_in *addr, int *holder);
 
 struct it_pair {
-    int                type;  /* SOCK_SEQPACKET or SOCK_STREAM */
-    exs_qhandle_t      sq;    /* server queue: listener, accepted socket */
-    exs_qhandle_t      cq;    /* client queue */
-    int                lfd;   /* listener */
-    int                sfd;   /* the accepted (server) side */
-    int                cfd;   /* the connecting (client) side */
-    struct sockaddr_in addr;  /* the listener's address */
+    int type;                /* SOCK_SEQPACKET or SOCK_STREAM */
+    exs_qhandle_t sq;        /* server queue: listener, accepted socket */
+    exs_qhandle_t cq;        /* client queue */
+    int lfd;                 /* listener */
+    int sfd;                 /* the accepted (server) side */
+    int cfd;                 /* the connecting (client) side */
+    struct sockaddr_in addr; /* the listener's address */
 };
 
 /* Queues of depth sdepth / cdepth, a listener, accept + connect (async), both events
@@ -182,9 +184,9 @@ void it_pair_close_at(struct it_pair *p, const char *file, int line);
  * exs_mregister(p, len, 0) unless reg == 0 (then mh is EXS_MHANDLE_UNREGISTERED).
  * Data and guards start as IT_GUARD_BYTE. Tracked: it_fini frees what is left. */
 struct it_buf {
-    uint8_t      *base;
-    uint8_t      *p;
-    size_t        len;
+    uint8_t *base;
+    uint8_t *p;
+    size_t len;
     exs_mhandle_t mh;
 };
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Helpers of the ES-API integration tests: lifetime, bounded event waits, pairs, buffers, patterns. */
+/* Helpers of the ES-API integration tests: lifetime, bounded waits, pairs, buffers, patterns. */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -31,9 +31,9 @@ static int it_nenv;
 
 struct it_stash {
     exs_qhandle_t q;
-    int           used;
-    exs_event_t  *ev; /* IT_STASH slots, a ring */
-    unsigned      head, count;
+    int used;
+    exs_event_t *ev; /* IT_STASH slots, a ring */
+    unsigned head, count;
 };
 
 static struct it_stash it_queues[IT_MAX_QUEUE];
@@ -152,11 +152,11 @@ void it_sleep_ms(int ms)
 /* ---- watchdog ---- */
 
 static pthread_mutex_t wd_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t  wd_cond = PTHREAD_COND_INITIALIZER;
-static pthread_t       wd_thread;
-static int             wd_running, wd_stop, wd_seconds;
-static double          wd_deadline; /* it_now_ms() */
-static const char     *wd_what;
+static pthread_cond_t wd_cond = PTHREAD_COND_INITIALIZER;
+static pthread_t wd_thread;
+static int wd_running, wd_stop, wd_seconds;
+static double wd_deadline; /* it_now_ms() */
+static const char *wd_what;
 
 static void *wd_main(void *arg)
 {
@@ -230,7 +230,7 @@ void it_context(const char *fmt, ...)
 const char *it_evt_name(int type)
 {
     static const char *const names[] = {
-        "?",        "CONNECT", "ACCEPT", "SEND",        "RECV",        "SENDMSG",  "RECVMSG",
+        "?",        "CONNECT", "ACCEPT",      "SEND",        "RECV",     "SENDMSG", "RECVMSG",
         "SENDFILE", "POLL",    "SENDTIMEOUT", "RECVTIMEOUT", "SHUTDOWN", "CLOSE",
     };
 
@@ -248,9 +248,9 @@ static const char *describe(const exs_event_t *ev, char *buf, size_t size)
                  ev->exs_evt_u.exs_evt_xfer.exs_evt_result, ev->exs_evt_u.exs_evt_xfer.exs_evt_len,
                  (unsigned)ev->exs_evt_u.exs_evt_xfer.exs_evt_flags);
     else if (ev->exs_evt_type == EXS_EVT_ACCEPT)
-        snprintf(buf, size, "ACCEPT fd=%d ah=%ld errno=%d (%s) newfd=%d",
-                 ev->exs_evt_fd, IT_AHN(ev->exs_evt_ahandle), ev->exs_evt_errno,
-                 strerror(ev->exs_evt_errno), ev->exs_evt_u.exs_evt_accept.exs_evt_newfd);
+        snprintf(buf, size, "ACCEPT fd=%d ah=%ld errno=%d (%s) newfd=%d", ev->exs_evt_fd,
+                 IT_AHN(ev->exs_evt_ahandle), ev->exs_evt_errno, strerror(ev->exs_evt_errno),
+                 ev->exs_evt_u.exs_evt_accept.exs_evt_newfd);
     else
         snprintf(buf, size, "%s(%d) fd=%d ah=%ld errno=%d (%s)", it_evt_name(ev->exs_evt_type),
                  ev->exs_evt_type, ev->exs_evt_fd, IT_AHN(ev->exs_evt_ahandle), ev->exs_evt_errno,
@@ -383,8 +383,8 @@ int it_try_event(exs_qhandle_t q, int type, int fd, int ms, exs_event_t *out)
     }
 }
 
-void it_wait_event_at(exs_qhandle_t q, int type, int fd, int ms, exs_event_t *out,
-                      const char *file, int line)
+void it_wait_event_at(exs_qhandle_t q, int type, int fd, int ms, exs_event_t *out, const char *file,
+                      int line)
 {
     exs_event_t ev;
     struct it_stash *s;
@@ -397,8 +397,8 @@ void it_wait_event_at(exs_qhandle_t q, int type, int fd, int ms, exs_event_t *ou
         describe(&s->ev[s->head], buf, sizeof(buf));
     ck_abort_msg("%s:%d: no EXS_EVT_%s event (fd %d) on queue %d within %d ms "
                  "(%u other events stashed, first: %s) [%s]",
-                 file, line, type < 0 ? "(any)" : it_evt_name(type), fd, q, ms,
-                 s ? s->count : 0, buf, it_ctx);
+                 file, line, type < 0 ? "(any)" : it_evt_name(type), fd, q, ms, s ? s->count : 0,
+                 buf, it_ctx);
 }
 
 void it_expect_no_event_at(exs_qhandle_t q, int ms, const char *file, int line)
@@ -429,8 +429,7 @@ void it_expect_xfer_at(exs_qhandle_t q, int type, int fd, exs_ahandle_t ah, ssiz
                   it_ctx);
     if (result >= -1)
         ck_assert_msg(ev.exs_evt_u.exs_evt_xfer.exs_evt_result == result,
-                      "%s:%d: expected result %zd, got %s [%s]", file, line, result, buf,
-                      it_ctx);
+                      "%s:%d: expected result %zd, got %s [%s]", file, line, result, buf, it_ctx);
     if (type == EXS_EVT_RECV)
         ck_assert_msg(!!(ev.exs_evt_u.exs_evt_xfer.exs_evt_flags & MSG_TRUNC) == !!trunc,
                       "%s:%d: expected MSG_TRUNC %s, got %s [%s]", file, line,

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Every error path of the ES-API posting calls, one test per errno group: the call fails, posts nothing and queues no event. */
+/* Every error path of the ES-API posting calls, one test per errno group: the call fails, posts
+ * nothing and queues no event. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -208,10 +209,10 @@ END_TEST
 /* EINVAL for unknown flags, a zero-length receive and a NULL buffer; the allowed flags work. */
 START_TEST(test_einval_args)
 {
-    static const int bad_send_flags[] = {MSG_WAITALL, MSG_OOB, MSG_PEEK, MSG_TRUNC, MSG_EOR,
-                                         0x40000000};
-    static const int bad_recv_flags[] = {MSG_NOSIGNAL, MSG_OOB, MSG_PEEK, MSG_TRUNC, MSG_EOR,
-                                         0x40000000};
+    static const int bad_send_flags[] = {MSG_WAITALL, MSG_OOB, MSG_PEEK,
+                                         MSG_TRUNC,   MSG_EOR, 0x40000000};
+    static const int bad_recv_flags[] = {MSG_NOSIGNAL, MSG_OOB, MSG_PEEK,
+                                         MSG_TRUNC,    MSG_EOR, 0x40000000};
     struct it_pair p;
     struct it_buf *b, *r;
 
@@ -221,15 +222,14 @@ START_TEST(test_einval_args)
     r = it_buf_new(4096, 1);
     for (size_t i = 0; i < sizeof(bad_send_flags) / sizeof(bad_send_flags[0]); i++) {
         IT_EXPECT_FAIL(exs_send(p.cfd, b->p, 64, bad_send_flags[i], p.cq, AH(1), b->mh), EINVAL);
-        IT_EXPECT_FAIL(exs_send(p.cfd, b->p, 64, bad_send_flags[i] | MSG_NOSIGNAL, p.cq, AH(1),
-                                b->mh),
-                       EINVAL);
+        IT_EXPECT_FAIL(
+            exs_send(p.cfd, b->p, 64, bad_send_flags[i] | MSG_NOSIGNAL, p.cq, AH(1), b->mh),
+            EINVAL);
     }
     for (size_t i = 0; i < sizeof(bad_recv_flags) / sizeof(bad_recv_flags[0]); i++) {
         IT_EXPECT_FAIL(exs_recv(p.sfd, r->p, 64, bad_recv_flags[i], p.sq, AH(2), r->mh), EINVAL);
-        IT_EXPECT_FAIL(exs_recv(p.sfd, r->p, 64, bad_recv_flags[i] | MSG_WAITALL, p.sq, AH(2),
-                                r->mh),
-                       EINVAL);
+        IT_EXPECT_FAIL(
+            exs_recv(p.sfd, r->p, 64, bad_recv_flags[i] | MSG_WAITALL, p.sq, AH(2), r->mh), EINVAL);
     }
     IT_EXPECT_FAIL(exs_recv(p.sfd, r->p, 0, 0, p.sq, AH(3), r->mh), EINVAL);
     IT_EXPECT_FAIL(exs_recv(p.sfd, r->p, 0, 0, p.sq, AH(3), EXS_MHANDLE_UNREGISTERED), EINVAL);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Lifetimes over the ES-API: init/fini, descriptors and addresses, close with outstanding receives, peer close, peer death, 10,000 connect/close cycles. */
+/* Lifetimes over the ES-API: init/fini, descriptors and addresses, close with outstanding receives,
+ * peer close, peer death, 10,000 connect/close cycles. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,8 +27,9 @@ START_TEST(test_init_fini)
     ck_assert_int_eq(setenv("EXS_PROVIDER", it_provider, 1), 0);
     errno = 0;
     v = exs_init(99);
-    ck_assert_msg(v == -1 && errno == ENOTSUP, "exs_init(99) = %d errno %d (%s), expected -1 ENOTSUP",
-                  v, errno, strerror(errno));
+    ck_assert_msg(v == -1 && errno == ENOTSUP,
+                  "exs_init(99) = %d errno %d (%s), expected -1 ENOTSUP", v, errno,
+                  strerror(errno));
     ck_assert_int_eq(exs__debug_live_objects(), 0);
     for (int round = 0; round < 2; round++) {
         it_init();
@@ -71,8 +73,7 @@ START_TEST(test_fds_and_addresses)
     it_expect_err(cq, EXS_EVT_CONNECT, cfd, AH(2), 0);
     it_expect_err_at(sq, EXS_EVT_ACCEPT, lfd, AH(1), 0, &ev, __FILE__, __LINE__);
     nfd = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
-    ck_assert_msg(nfd >= 0 && fcntl(nfd, F_GETFD) != -1, "accepted descriptor %d is not open",
-                  nfd);
+    ck_assert_msg(nfd >= 0 && fcntl(nfd, F_GETFD) != -1, "accepted descriptor %d is not open", nfd);
     ck_assert(nfd != lfd && nfd != cfd);
 
     /* Client's peer = the listener's address. */
@@ -107,8 +108,8 @@ START_TEST(test_fds_and_addresses)
         IT_EXPECT_OK(exs_getpeername(nfd, (struct sockaddr *)&a, &len));
         ck_assert_msg(len == sizeof(a) && a.sin_family == AF_INET && a.sin_port == ea->sin_port &&
                           a.sin_addr.s_addr == ea->sin_addr.s_addr,
-                      "getpeername(server side) port %u, ACCEPT event's port %u",
-                      ntohs(a.sin_port), ntohs(ea->sin_port));
+                      "getpeername(server side) port %u, ACCEPT event's port %u", ntohs(a.sin_port),
+                      ntohs(ea->sin_port));
         /* Client's local address = what the server sees as its peer. */
         len = sizeof(caddr);
         memset(&caddr, 0, sizeof(caddr));
@@ -161,16 +162,17 @@ START_TEST(test_close_outstanding)
             break;
         ck_assert_msg(ev.exs_evt_type == EXS_EVT_RECV, "%s: type %s", what,
                       it_evt_name(ev.exs_evt_type));
-        ck_assert_msg(ev.exs_evt_ahandle == AH(nrecv) && ev.exs_evt_errno == ECANCELED &&
-                          ev.exs_evt_u.exs_evt_xfer.exs_evt_result == -1,
-                      "%s: RECV ah %ld errno %d (%s) result %zd, expected ah %d ECANCELED result -1",
-                      what, IT_AHN(ev.exs_evt_ahandle), ev.exs_evt_errno,
-                      strerror(ev.exs_evt_errno), ev.exs_evt_u.exs_evt_xfer.exs_evt_result, nrecv);
+        ck_assert_msg(
+            ev.exs_evt_ahandle == AH(nrecv) && ev.exs_evt_errno == ECANCELED &&
+                ev.exs_evt_u.exs_evt_xfer.exs_evt_result == -1,
+            "%s: RECV ah %ld errno %d (%s) result %zd, expected ah %d ECANCELED result -1", what,
+            IT_AHN(ev.exs_evt_ahandle), ev.exs_evt_errno, strerror(ev.exs_evt_errno),
+            ev.exs_evt_u.exs_evt_xfer.exs_evt_result, nrecv);
         nrecv++;
     }
     ck_assert_msg(nrecv == 3, "CLOSE came after %d cancelled receives, expected 3", nrecv);
-    ck_assert_msg(ev.exs_evt_ahandle == AH(100) && ev.exs_evt_errno == 0,
-                  "CLOSE ah %ld errno %d", IT_AHN(ev.exs_evt_ahandle), ev.exs_evt_errno);
+    ck_assert_msg(ev.exs_evt_ahandle == AH(100) && ev.exs_evt_errno == 0, "CLOSE ah %ld errno %d",
+                  IT_AHN(ev.exs_evt_ahandle), ev.exs_evt_errno);
     ck_assert(it_buf_guards_ok(small) && it_buf_guards_ok(big));
     it_expect_no_event(p.cq, 100);
     p.cfd = -1;

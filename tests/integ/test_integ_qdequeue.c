@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Every exs_qdequeue form over real events: partial, threshold, zero, the three timeout kinds, EINVAL, EINTR, and exs_qfd. */
+/* Every exs_qdequeue form over real events: partial, threshold, zero, the three timeout kinds,
+ * EINVAL, EINTR, and exs_qfd. */
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -32,26 +33,25 @@ static int dq(exs_qhandle_t q, exs_event_t *ev, int n, const struct timespec *ts
 
 static void check_xfer(const exs_event_t *ev, int type, int fd, long ah, ssize_t result)
 {
-    ck_assert_msg(ev->exs_evt_type == type && ev->exs_evt_fd == fd &&
-                      ev->exs_evt_ahandle == AH(ah) && ev->exs_evt_errno == 0 &&
-                      ev->exs_evt_u.exs_evt_xfer.exs_evt_result == result,
-                  "expected %s fd %d ah %ld result %zd errno 0; got %s fd %d ah %ld result %zd "
-                  "errno %d",
-                  it_evt_name(type), fd, ah, result, it_evt_name(ev->exs_evt_type),
-                  ev->exs_evt_fd, IT_AHN(ev->exs_evt_ahandle),
-                  ev->exs_evt_u.exs_evt_xfer.exs_evt_result, ev->exs_evt_errno);
+    ck_assert_msg(
+        ev->exs_evt_type == type && ev->exs_evt_fd == fd && ev->exs_evt_ahandle == AH(ah) &&
+            ev->exs_evt_errno == 0 && ev->exs_evt_u.exs_evt_xfer.exs_evt_result == result,
+        "expected %s fd %d ah %ld result %zd errno 0; got %s fd %d ah %ld result %zd "
+        "errno %d",
+        it_evt_name(type), fd, ah, result, it_evt_name(ev->exs_evt_type), ev->exs_evt_fd,
+        IT_AHN(ev->exs_evt_ahandle), ev->exs_evt_u.exs_evt_xfer.exs_evt_result, ev->exs_evt_errno);
 }
 
 /* A thread that posts n sends after a delay (exs_send from another thread). */
 struct late_send {
-    pthread_t     th;
-    int           fd, n, delay_ms;
+    pthread_t th;
+    int fd, n, delay_ms;
     exs_qhandle_t q;
-    long          ah0;
-    const void   *buf;
-    size_t        len;
+    long ah0;
+    const void *buf;
+    size_t len;
     exs_mhandle_t mh;
-    int           rc, err;
+    int rc, err;
 };
 
 static void *late_send_main(void *arg)
@@ -95,8 +95,7 @@ static void late_send_join(struct late_send *ls)
 static void exchange(struct it_pair *p, struct it_buf *sb, struct it_buf *rb, int n, long ah0)
 {
     for (int i = 0; i < n; i++)
-        IT_POST_RECV(p->sfd, rb->p + (size_t)(ah0 + i) % 16 * 256, 256, p->sq, AH(ah0 + i),
-                     rb->mh);
+        IT_POST_RECV(p->sfd, rb->p + (size_t)(ah0 + i) % 16 * 256, 256, p->sq, AH(ah0 + i), rb->mh);
     for (int i = 0; i < n; i++)
         IT_POST_SEND(p->cfd, sb->p, 100, p->cq, AH(ah0 + i), sb->mh);
 }
@@ -122,8 +121,7 @@ START_TEST(test_qdq_partial)
         it_expect_send(p.cq, p.cfd, AH(i), 100);
     it_sleep_ms(200); /* the three RECV events are queued by now */
     r = dq(p.sq, ev, 8, &ts_10s, &ms);
-    ck_assert_msg(r == 3, "exs_qdequeue(8) with 3 events queued returned %d (errno %d)", r,
-                  errno);
+    ck_assert_msg(r == 3, "exs_qdequeue(8) with 3 events queued returned %d (errno %d)", r, errno);
     ck_assert_msg(ms < 5000, "exs_qdequeue(8) waited %.0f ms with 3 events queued", ms);
     for (int i = 0; i < 3; i++)
         check_xfer(&ev[i], EXS_EVT_RECV, p.sfd, i, 100);
@@ -362,7 +360,7 @@ static void on_usr1(int sig)
 
 struct kicker {
     pthread_t target;
-    int       delay_ms;
+    int delay_ms;
 };
 
 static void *kicker_main(void *arg)

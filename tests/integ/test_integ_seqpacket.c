@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* SOCK_SEQPACKET data transfer over the public ES-API: ping-pong, pipelining, random sizes, truncation, unregistered buffers. */
+/* SOCK_SEQPACKET data transfer over the public ES-API: ping-pong, pipelining, random sizes,
+ * truncation, unregistered buffers. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -81,12 +82,12 @@ START_TEST(test_outstanding)
                 for (int pass = 0; pass < 2; pass++) {
                     if (pass == (recv_first ? 0 : 1)) {
                         for (int i = 0; i < n; i++)
-                            IT_POST_RECV(p.sfd, rb->p + (size_t)i * len, len, p.sq,
-                                      IT_AH(base + i), rb->mh);
+                            IT_POST_RECV(p.sfd, rb->p + (size_t)i * len, len, p.sq, IT_AH(base + i),
+                                         rb->mh);
                     } else {
                         for (int i = 0; i < n; i++)
-                            IT_POST_SEND(p.cfd, sb->p + (size_t)i * len, len, p.cq,
-                                      IT_AH(base + i), sb->mh);
+                            IT_POST_SEND(p.cfd, sb->p + (size_t)i * len, len, p.cq, IT_AH(base + i),
+                                         sb->mh);
                     }
                 }
                 for (int i = 0; i < n; i++) {
@@ -98,12 +99,14 @@ START_TEST(test_outstanding)
                     ck_assert_ptr_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_buf,
                                      rb->p + (size_t)i * len);
                     bad = it_check(rb->p + (size_t)i * len, len, MSG_SEED(base + i));
-                    ck_assert_msg(bad < 0,
-                                  "len %zu n %d %s: receive %d holds a wrong byte at %ld",
+                    ck_assert_msg(bad < 0, "len %zu n %d %s: receive %d holds a wrong byte at %ld",
                                   len, n, recv_first ? "recv-first" : "send-first", i, bad);
                 }
-                for (int i = 0; i < n; i++)
+                for (int i = 0; i < n; i++) {
+                    it_context("len %zu, %d outstanding, %s: send %d of %d", len, n,
+                               recv_first ? "receives posted first" : "sends posted first", i, n);
                     it_expect_send(p.cq, p.cfd, IT_AH(base + i), (ssize_t)len);
+                }
                 ahn += n;
             }
         }
@@ -183,13 +186,11 @@ static void random_sizes(const char *name, int nmsg, uint64_t seed, size_t eager
             bad = it_check(rb->p + roff[i], len[i], MSG_SEED(m0 + i) ^ (uint32_t)seed);
             ck_assert_msg(bad < 0, "message %d (%zu bytes, %s): wrong byte at offset %ld", m0 + i,
                           len[i], recv_first ? "recv-first" : "send-first", bad);
-            ck_assert_msg(it_all_bytes(rb->p + (size_t)i * slot, roff[i] - (size_t)i * slot,
-                                       IT_GUARD_BYTE) &&
-                              it_all_bytes(rb->p + roff[i] + len[i],
-                                           (size_t)(i + 1) * slot - roff[i] - len[i],
-                                           IT_GUARD_BYTE),
-                          "message %d (%zu bytes): bytes outside the message were written",
-                          m0 + i, len[i]);
+            ck_assert_msg(
+                it_all_bytes(rb->p + (size_t)i * slot, roff[i] - (size_t)i * slot, IT_GUARD_BYTE) &&
+                    it_all_bytes(rb->p + roff[i] + len[i],
+                                 (size_t)(i + 1) * slot - roff[i] - len[i], IT_GUARD_BYTE),
+                "message %d (%zu bytes): bytes outside the message were written", m0 + i, len[i]);
         }
         for (int i = 0; i < BATCH; i++)
             it_expect_send(p.cq, p.cfd, IT_AH(m0 + i), (ssize_t)len[i]);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Synchronous ES-API calls (q == EXS_QHANDLE_INVALID): a whole exchange with the server in a thread, half close, refused connect. */
+/* Synchronous ES-API calls (q == EXS_QHANDLE_INVALID): a whole exchange with the server in a
+ * thread, half close, refused connect. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -19,11 +20,11 @@
  * the first failure as text; the main thread asserts on it. */
 struct echo_srv {
     pthread_t th;
-    int       lfd;
-    int       reg;     /* use a registered buffer */
-    int       rounds;  /* messages echoed */
-    int       done;
-    char      err[256];
+    int lfd;
+    int reg;    /* use a registered buffer */
+    int rounds; /* messages echoed */
+    int done;
+    char err[256];
 };
 
 static void *echo_main(void *arg)
@@ -71,8 +72,8 @@ static void *echo_main(void *arg)
         m = exs_send(nfd, buf, (size_t)n, 0, SYNC_Q, AH(3), mh);
         if (m != n) {
             snprintf(s->err, sizeof(s->err),
-                     "server sync exs_send #%d of %zd bytes = %zd errno %d (%s)", s->rounds, n,
-                     m, errno, strerror(errno));
+                     "server sync exs_send #%d of %zd bytes = %zd errno %d (%s)", s->rounds, n, m,
+                     errno, strerror(errno));
             goto out;
         }
         s->rounds++;
@@ -168,9 +169,9 @@ END_TEST
  * reaches the client. */
 struct half_srv {
     pthread_t th;
-    int       lfd;
-    int       done;
-    char      err[256];
+    int lfd;
+    int done;
+    char err[256];
 };
 
 static void *half_main(void *arg)
@@ -199,8 +200,8 @@ static void *half_main(void *arg)
     }
     n = exs_send(nfd, "bye", 3, 0, SYNC_Q, AH(4), EXS_MHANDLE_UNREGISTERED);
     if (n != 3)
-        snprintf(s->err, sizeof(s->err), "server send after the client's SHUT_WR = %zd errno %d",
-                 n, errno);
+        snprintf(s->err, sizeof(s->err), "server send after the client's SHUT_WR = %zd errno %d", n,
+                 errno);
 out:
     if (exs_close(nfd, SYNC_Q, AH(5)) != 0 && !s->err[0])
         snprintf(s->err, sizeof(s->err), "server sync exs_close errno %d", errno);

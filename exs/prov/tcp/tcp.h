@@ -133,6 +133,8 @@ struct tcp_ep {
     struct tcp_ctx    *ctx;
     pthread_mutex_t    lock;
     int                state;        /* enum exs_prov_ep_state; written under lock */
+    struct sockaddr_storage local;   /* local address once connected (lock) */
+    socklen_t          local_len;    /* 0 until connected (lock) */
     struct exs_list    sq_pend;      /* posted, not yet taken by the NIC (lock) */
     struct exs_list    rq;           /* posted receives (lock) */
     uint32_t           sq_used;      /* slots incl. unsignaled not yet retired (lock) */
@@ -351,6 +353,8 @@ int  exs__tcp_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr 
                         struct exs_prov_ep **ep_p);
 void exs__tcp_ep_destroy(struct exs_prov_ep *ep);
 enum exs_prov_ep_state exs__tcp_ep_state(struct exs_prov_ep *ep);
+int exs__tcp_ep_local_addr(struct exs_prov_ep *ep, struct sockaddr_storage *addr,
+                           socklen_t *addrlen);
 int  exs__tcp_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
                      int backlog, void *user, struct exs_prov_listener **lis_p);
 int  exs__tcp_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,

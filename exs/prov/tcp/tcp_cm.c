@@ -16,6 +16,8 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
+static void tcp_ep_note_local_locked(struct tcp_ep *ep, int fd);
+
 #define TCP_HANDSHAKE_NS (10 * 1000000000ull) /* an incoming socket must send CONN_REQ by then */
 
 /* ---- connections (NIC) ---- */
@@ -373,6 +375,7 @@ int exs__tcp_conn_hs_frame(struct tcp_conn *conn)
         conn->peer_rnr_timer_ms = conn->hs[1];
         conn->state = TCP_CONN_UP;
         pthread_mutex_lock(&ep->lock);
+        tcp_ep_note_local_locked(ep, conn->fd);
         __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTED, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&ep->lock);
         EXS_CNT_INC(ctx->cnt.conns_established);
@@ -450,6 +453,30 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     pthread_mutex_unlock(&ctx->lock);
     *ep_p = &ep->base;
     return 0;
+}
+
+/* Remember the local address of the connection's socket (ep->lock held). */
+static void tcp_ep_note_local_locked(struct tcp_ep *ep, int fd)
+{
+    ep->local_len = sizeof(ep->local);
+    if (getsockname(fd, (struct sockaddr *)&ep->local, &ep->local_len) < 0)
+        ep->local_len = 0;
+}
+
+int exs__tcp_ep_local_addr(struct exs_prov_ep *e, struct sockaddr_storage *addr,
+                           socklen_t *addrlen)
+{
+    struct tcp_ep *ep = tcp_ep_of(e);
+    int ret = -ENOTCONN;
+
+    pthread_mutex_lock(&ep->lock);
+    if (ep->local_len) {
+        *addr = ep->local;
+        *addrlen = ep->local_len;
+        ret = 0;
+    }
+    pthread_mutex_unlock(&ep->lock);
+    return ret;
 }
 
 enum exs_prov_ep_state exs__tcp_ep_state(struct exs_prov_ep *e)
@@ -753,6 +780,7 @@ static int tcp_accept_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     conn->state = TCP_CONN_UP;
     exs__tcp_txq_push(conn, f);
     pthread_mutex_lock(&ep->lock);
+    tcp_ep_note_local_locked(ep, conn->fd);
     __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTED, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&ep->lock);
     EXS_CNT_INC(ctx->cnt.conns_established);

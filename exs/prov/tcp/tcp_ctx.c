@@ -607,6 +607,7 @@ struct exs_prov_ops exs__prov_tcp_ops = {
     .ep_create = exs__tcp_ep_create,
     .ep_destroy = exs__tcp_ep_destroy,
     .ep_state = exs__tcp_ep_state,
+    .ep_local_addr = exs__tcp_ep_local_addr,
     .listen = exs__tcp_listen,
     .listener_addr = exs__tcp_listener_addr,
     .listener_destroy = exs__tcp_listener_destroy,
