@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "exs/util/log.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 
 /*
@@ -36,7 +37,6 @@
  */
 
 #define EVQ_DEPTH_MAX   (1 << 20) /* largest depth accepted by exs_qcreate */
-#define EVQ_SPIN_US_DEF 50        /* EXS_WAIT_ADAPTIVE spin when spin_us == 0 */
 
 /* Handle = gen << 16 | (index + 1): never 0 or negative; gen is 15 bits. */
 #define EVQ_IDX_BITS  16
@@ -570,7 +570,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     } else if (mode == EXS_WAIT_ADAPTIVE) {
         int us = __atomic_load_n(&evq->spin_us, __ATOMIC_RELAXED);
 
-        spin_end = exs__now_ns() + (uint64_t)(us ? us : EVQ_SPIN_US_DEF) * 1000u;
+        spin_end = exs__now_ns() + (uint64_t)(us ? (uint64_t)us : exs__params.qspin_us) * 1000u;
     }
 
     pthread_mutex_lock(&evq->lock);

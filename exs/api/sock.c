@@ -35,7 +35,8 @@ void api_sock_put(struct api_sock *s)
 {
     if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL))
         return;
-    EXS_ASSERT(!s->conn);
+    if (s->conn)
+        exs__conn_destroy(s->conn); /* DEAD: provider objects already gone */
     if (s->fd_open)
         close(s->fd);
     if (s->parent)
@@ -150,28 +151,26 @@ static int sock_conn_new(struct api_sock *s)
         .xfer_mode = s->xfer_mode,
         .max_reads = (uint32_t)exs__params.max_reads,
     };
-    int ret = exs__conn_create(exs__engine_ctx(), &p, &sock_conn_cb, s, &s->conn);
-
-    if (!ret)
-        sock_get_ref(s); /* the conn's owner pointer */
-    return ret;
+    /* The conn lives as long as its socket (freed in the last api_sock_put), so a
+     * caller holding a socket reference may always use it; its callbacks stop at DEAD,
+     * before the socket's closing reference goes. */
+    return exs__conn_create(exs__engine_ctx(), &p, &sock_conn_cb, s, &s->conn);
 }
 
-/* Progress thread: free a conn that reached DEAD (or never connected). */
+/* Progress thread: free a conn detached from its socket after a failed connect. */
 static void sock_conn_destroy_job(void *arg)
 {
-    struct exs_conn *conn = arg;
-    struct api_sock *s = conn->owner;
-
-    exs__conn_destroy(conn);
-    api_sock_put(s);
+    exs__conn_destroy(arg);
 }
 
 static void sock_post_simple(struct api_op *op, int type, int err)
 {
     exs_event_t ev = { .exs_evt_type = type, .exs_evt_errno = err };
 
-    ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : 0;
+    if (type == EXS_EVT_ACCEPT)
+        ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = -1;
+    else
+        ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : 0;
     api_op_event(op, &ev);
 }
 
@@ -363,7 +362,6 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
 
                 c->conn = NULL;
                 exs__conn_destroy(conn);
-                api_sock_put(c); /* the conn's reference */
             }
             api_sock_put(c);
         }
@@ -469,7 +467,8 @@ out:
     if (sync) {
         exs_event_t ev;
 
-        api_wait_sync(q, &ev);
+        if (api_wait_sync(q, &ev))
+            return -1;
         if (ev.exs_evt_errno)
             return exs__err(ev.exs_evt_errno);
         return ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
@@ -540,7 +539,8 @@ out:
     if (sync) {
         exs_event_t ev;
 
-        api_wait_sync(q, &ev);
+        if (api_wait_sync(q, &ev))
+            return -1;
         if (ev.exs_evt_errno)
             return exs__err(ev.exs_evt_errno);
     }
@@ -559,7 +559,10 @@ int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
         err = EINVAL;
         goto out;
     }
-    if (s->state != API_SOCK_CONNECTED) {
+    pthread_mutex_lock(&s->lock);
+    struct exs_conn *conn = s->state == API_SOCK_CONNECTED ? s->conn : NULL;
+    pthread_mutex_unlock(&s->lock);
+    if (!conn) {
         err = ENOTCONN;
         goto out;
     }
@@ -573,7 +576,7 @@ int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
         goto out;
     }
     op->op.kind = EXS_OP_SHUTDOWN;
-    ret = exs__conn_post(s->conn, &op->op);
+    ret = exs__conn_post(conn, &op->op);
     if (ret == -EPIPE) {
         /* already shut: nothing more to do */
         sock_post_simple(op, EXS_EVT_SHUTDOWN, 0);
@@ -588,7 +591,8 @@ out:
     if (sync) {
         exs_event_t ev;
 
-        api_wait_sync(q, &ev);
+        if (api_wait_sync(q, &ev))
+            return -1;
         if (ev.exs_evt_errno)
             return exs__err(ev.exs_evt_errno);
     }
@@ -602,21 +606,14 @@ static void sock_finish_close_job(void *arg)
 {
     struct api_sock *s = arg;
     struct api_op *connect_op, *close_op;
-    struct exs_conn *conn;
 
     pthread_mutex_lock(&s->lock);
     connect_op = s->connect_op;
     close_op = s->close_op;
-    conn = s->conn;
     s->connect_op = s->close_op = NULL;
-    s->conn = NULL;
     pthread_mutex_unlock(&s->lock);
     if (connect_op)
         sock_post_simple(connect_op, EXS_EVT_CONNECT, ECANCELED);
-    if (conn) {
-        exs__conn_destroy(conn);
-        api_sock_put(s); /* the conn's reference */
-    }
     /* the CLOSE event comes last, once the socket is gone (unless a caller still
      * holds a reference for a moment) */
     api_sock_put(s); /* the closing reference */

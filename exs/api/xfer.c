@@ -267,6 +267,13 @@ int api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
         if (n < 0 && errno != EINTR)
             break;
     }
+    if (ret) {
+        int e = errno;
+
+        exs_qdelete(q);
+        errno = e;
+        return ret;
+    }
     exs_qdelete(q);
     return ret;
 }
@@ -291,8 +298,14 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         err = EINVAL;
     else if (len > exs__engine_ctx()->caps.max_msg_size || len > UINT32_MAX)
         err = EMSGSIZE;
-    else if (s->state != API_SOCK_CONNECTED)
+    if (err)
+        goto out;
+    /* the conn of a connected socket lives as long as the socket (our reference) */
+    pthread_mutex_lock(&s->lock);
+    if (s->state != API_SOCK_CONNECTED)
         err = s->state == API_SOCK_CLOSING ? EBADF : ENOTCONN;
+    struct exs_conn *conn = s->conn;
+    pthread_mutex_unlock(&s->lock);
     if (err)
         goto out;
     if (sync)
@@ -342,7 +355,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         err = EAGAIN;
         goto out;
     }
-    ret = exs__conn_post(s->conn, &op->op);
+    ret = exs__conn_post(conn, &op->op);
     if (ret) {
         __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
         err = -ret;
@@ -358,7 +371,8 @@ out:
     if (sync) {
         exs_event_t ev;
 
-        api_wait_sync(q, &ev);
+        if (api_wait_sync(q, &ev))
+            return -1;
         if (ev.exs_evt_errno)
             return exs__err(ev.exs_evt_errno);
         return (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
@@ -392,10 +406,13 @@ int exs_cancel(int fd, exs_ahandle_t ah, int flags)
 
     if (!s)
         return exs__err(err);
+    pthread_mutex_lock(&s->lock);
+    struct exs_conn *conn = s->state == API_SOCK_CONNECTED ? s->conn : NULL;
+    pthread_mutex_unlock(&s->lock);
     if (flags)
         err = EINVAL;
-    else if (s->conn)
-        exs__conn_cancel(s->conn, cancel_match, ah);
+    else if (conn)
+        exs__conn_cancel(conn, cancel_match, ah);
     api_sock_put(s);
     return err ? exs__err(err) : 0;
 }

@@ -158,6 +158,7 @@ struct exs_conn {
     struct exs_list            recvq;    /* receive ops, posting order */
     struct exs_list            pending;  /* arrived unmatched messages */
     uint32_t                   pending_count;
+    uint32_t                   pending_announced; /* of which announced */
     uint64_t                   rx_seq;   /* messages arrived */
     uint64_t                   rx_matched; /* messages matched to receives */
     uint32_t                   next_advert_id;

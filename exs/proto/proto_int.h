@@ -27,8 +27,8 @@ struct exs_pending_msg {
     uint64_t        ring_end;  /* eager: rd_consumed once this message is copied out */
 };
 
-/* Most pending messages a peer may make us hold (announces are not bounded by the ring). */
-#define EXS_PENDING_MAX 65536u
+/* Most announced messages a peer may make us hold (eager ones are bounded by the ring). */
+#define EXS_ANNOUNCED_MAX 65536u
 
 /* conn.c */
 void conn_kick_locked(struct exs_conn *conn);

@@ -38,7 +38,7 @@ void sp_free_pending_locked(struct exs_conn *conn)
 
     while ((n = exs_list_pop_head(&conn->pending)))
         free(exs_list_entry(n, struct exs_pending_msg, link));
-    conn->pending_count = 0;
+    conn->pending_count = conn->pending_announced = 0;
 }
 
 /* ---- sending side ---- */
@@ -224,8 +224,6 @@ static struct exs_pending_msg *sp_pending_new(struct exs_conn *conn)
 {
     struct exs_pending_msg *m;
 
-    if (conn->pending_count >= EXS_PENDING_MAX)
-        return NULL;
     m = calloc(1, sizeof(*m));
     if (!m)
         return NULL;
@@ -244,10 +242,13 @@ int sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce 
                  (unsigned long long)be64toh(a->seq), (unsigned long long)conn->rx_seq);
         return -EPROTO;
     }
+    if (conn->pending_announced >= EXS_ANNOUNCED_MAX)
+        return -EPROTO;
     m = sp_pending_new(conn);
     if (!m)
         return -EPROTO;
     m->announced = 1;
+    conn->pending_announced++;
     m->addr = be64toh(a->addr);
     m->len = be32toh(a->len);
     m->rkey = be32toh(a->rkey);
@@ -396,6 +397,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
     }
     exs_list_del(&m->link);
     conn->pending_count--;
+    conn->pending_announced -= m->announced;
     conn->rx_matched++;
     free(m);
     return 1;
@@ -470,6 +472,7 @@ void sp_dead_drain_locked(struct exs_conn *conn)
         if (m->announced) {
             exs_list_del(&m->link);
             conn->pending_count--;
+            conn->pending_announced--;
             free(m);
         }
     }

@@ -55,6 +55,8 @@ static const struct exs_param_def params_table[] = {
           "outstanding operations per socket and direction before EAGAIN, at least 1"),
     PARAM(xfer_mode, "EXS_XFER_MODE", "dynamic", STRING, 0,
           "default EXS_SO_XFER_MODE: dynamic, direct or indirect"),
+    PARAM(qspin_us, "EXS_QSPIN_US", "50", UINT, 1,
+          "event queues in EXS_WAIT_ADAPTIVE mode spin this long before sleeping, microseconds"),
 };
 
 /* Unloaded -> defaults (set before load, or by get/print) -> loaded (environment applied). */
@@ -87,6 +89,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if ((d->offset == offsetof(struct exs_params, max_reads) ||
              d->offset == offsetof(struct exs_params, sock_max_ops)) &&
             (v->u < 1 || v->u > (1u << 20)))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, qspin_us) && v->u > 1000000)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, eager_max) && v->u > (1u << 20))
             return -EINVAL;

@@ -41,6 +41,7 @@ struct exs_params {
     uint64_t max_reads;        /* EXS_MAX_READS: RDMA READs in flight per connection */
     uint64_t sock_max_ops;     /* EXS_SOCK_MAX_OPS: outstanding operations per socket and direction */
     char     xfer_mode[EXS_PARAM_STR_MAX]; /* EXS_XFER_MODE: dynamic, direct, indirect */
+    uint64_t qspin_us;         /* EXS_QSPIN_US: EXS_WAIT_ADAPTIVE spin before sleeping */
 };
 
 struct exs_param_def {
