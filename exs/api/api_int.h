@@ -85,6 +85,7 @@ void api_op_abandon(struct api_op *op);
 exs_qhandle_t api_sync_queue(void);
 int  api_wait_sync(exs_qhandle_t q, exs_event_t *ev);
 int  api_sync_fail(int sync, exs_qhandle_t q, int err);
+int  api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev);
 
 /* life cycle (sock.c, init.c) */
 void api_sock_close_all(void);

@@ -439,6 +439,7 @@ static void sock_deliver_accepts_locked(struct api_sock *lis)
 
 int exs_accept(int fd, exs_qhandle_t q, exs_ahandle_t ah)
 {
+    exs_event_t ev;
     int err = 0, sync = q == EXS_QHANDLE_INVALID;
     struct api_sock *s = api_sock_get(fd, &err);
     struct api_op *op;
@@ -464,21 +465,15 @@ out:
     api_sock_put(s);
     if (err)
         return api_sync_fail(sync, q, err);
-    if (sync) {
-        exs_event_t ev;
-
-        if (api_wait_sync(q, &ev))
-            return -1;
-        if (ev.exs_evt_errno)
-            return exs__err(ev.exs_evt_errno);
-        return ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
-    }
-    return 0;
+    if (api_call_end(sync, q, &ev))
+        return -1;
+    return sync ? ev.exs_evt_u.exs_evt_accept.exs_evt_newfd : 0;
 }
 
 int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhandle_t q,
                 exs_ahandle_t ah)
 {
+    exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     struct api_sock *s = api_sock_get(fd, &err);
     struct api_op *op = NULL;
@@ -536,19 +531,12 @@ out:
     api_sock_put(s);
     if (err)
         return api_sync_fail(sync, q, err);
-    if (sync) {
-        exs_event_t ev;
-
-        if (api_wait_sync(q, &ev))
-            return -1;
-        if (ev.exs_evt_errno)
-            return exs__err(ev.exs_evt_errno);
-    }
-    return 0;
+    return api_call_end(sync, q, &ev);
 }
 
 int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
 {
+    exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     struct api_sock *s = api_sock_get(fd, &err);
     struct api_op *op;
@@ -588,15 +576,7 @@ out:
     api_sock_put(s);
     if (err)
         return api_sync_fail(sync, q, err);
-    if (sync) {
-        exs_event_t ev;
-
-        if (api_wait_sync(q, &ev))
-            return -1;
-        if (ev.exs_evt_errno)
-            return exs__err(ev.exs_evt_errno);
-    }
-    return 0;
+    return api_call_end(sync, q, &ev);
 }
 
 /* ---- close ---- */
@@ -718,7 +698,7 @@ int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
     if (sync) {
         exs_event_t ev;
 
-        api_wait_sync(q, &ev);
+        return api_call_end(sync, q, &ev);
     }
     return 0;
 }

@@ -253,6 +253,17 @@ int api_sync_fail(int sync, exs_qhandle_t q, int err)
     return exs__err(err);
 }
 
+/* The end of an accepted posting call: nothing more for an asynchronous one; a
+ * synchronous one waits for its event. 0, or -1 with errno (the event's errno). */
+int api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev)
+{
+    if (!sync)
+        return 0;
+    if (api_wait_sync(q, ev))
+        return -1;
+    return ev->exs_evt_errno ? exs__err(ev->exs_evt_errno) : 0;
+}
+
 int api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 {
     int ret = -1;
@@ -283,6 +294,7 @@ int api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
                      exs_mhandle_t mh, int recv)
 {
+    exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
     struct api_sock *s = api_sock_get(fd, &err);
@@ -368,16 +380,9 @@ out:
     api_sock_put(s);
     if (err)
         return api_sync_fail(sync, q, err);
-    if (sync) {
-        exs_event_t ev;
-
-        if (api_wait_sync(q, &ev))
-            return -1;
-        if (ev.exs_evt_errno)
-            return exs__err(ev.exs_evt_errno);
-        return (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
-    }
-    return 0;
+    if (api_call_end(sync, q, &ev))
+        return -1;
+    return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
 }
 
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
