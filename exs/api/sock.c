@@ -314,8 +314,11 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
     const struct exs_prov_ops *ops = exs__engine_ctx()->ops;
     struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
     struct api_sock *c = NULL;
-    int reason;
+    uint32_t rcvbuf = 0;
+    int reason, xfer_mode = 0;
 
+    /* Decide and reserve a backlog place under the listener's lock; build the child
+     * without it (conn locks come before socket locks). */
     pthread_mutex_lock(&lis->lock);
     reason = exs__conn_hello_check(ev->private_data, ev->private_data_len, lis->type);
     if (!reason && lis->state != API_SOCK_LISTENING)
@@ -330,28 +333,36 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
             reason = EXS_WIRE_REJ_BACKLOG;
     }
     if (!reason) {
+        lis->n_embryo++;
+        rcvbuf = lis->rcvbuf;
+        xfer_mode = lis->xfer_mode;
+        sock_get_ref(lis); /* the child's parent pointer */
+    }
+    pthread_mutex_unlock(&lis->lock);
+
+    if (!reason) {
         reason = EXS_WIRE_REJ_RESOURCES;
         c = sock_new(lis->domain, lis->type);
         if (c) {
-            c->rcvbuf = lis->rcvbuf;
-            c->xfer_mode = lis->xfer_mode;
+            c->rcvbuf = rcvbuf;
+            c->xfer_mode = xfer_mode;
             c->state = API_SOCK_CONNECTING;
             c->local = lis->local;
             c->local_len = lis->local_len;
             memcpy(&c->peer, &ev->peer_addr, sizeof(c->peer));
             c->peer_len = ev->peer_addrlen;
             c->parent = lis;
-            sock_get_ref(lis);
-            if (!sock_conn_new(c)) {
-                lis->n_embryo++;
-                if (!exs__conn_accept(c->conn, ev->req, ev->private_data))
-                    reason = 0;
-                else
-                    lis->n_embryo--;
-            }
+            if (!sock_conn_new(c) && !exs__conn_accept(c->conn, ev->req, ev->private_data))
+                reason = 0;
+        } else {
+            api_sock_put(lis);
+        }
+        if (reason) {
+            pthread_mutex_lock(&lis->lock);
+            lis->n_embryo--;
+            pthread_mutex_unlock(&lis->lock);
         }
     }
-    pthread_mutex_unlock(&lis->lock);
     if (reason) {
         EXS_INFO(API, "listener fd %d: connection request refused, reason %d", lis->fd, reason);
         rej.reason = (uint8_t)reason;
@@ -363,7 +374,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
                 c->conn = NULL;
                 exs__conn_destroy(conn);
             }
-            api_sock_put(c);
+            api_sock_put(c); /* also drops the parent reference */
         }
     }
 }
