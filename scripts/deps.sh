@@ -4,7 +4,7 @@
 # As root: installs them with apt-get. Otherwise: prints the exact command and fails.
 # Extra packages for optional jobs can be passed as arguments.
 set -eu
-pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev "$@")
+pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev spin gnuplot-nox "$@")
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

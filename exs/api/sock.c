@@ -257,7 +257,7 @@ int exs_socket(int domain, int type, int protocol)
     if (domain != AF_INET && domain != AF_INET6)
         return exs__err(EAFNOSUPPORT);
     type &= ~(SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (type != SOCK_SEQPACKET)
+    if (type != SOCK_SEQPACKET && type != SOCK_STREAM)
         return exs__err(EPROTONOSUPPORT);
     if (protocol != 0)
         return exs__err(EPROTONOSUPPORT);

@@ -10,7 +10,8 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-#define CONN_TX_SLOTS 16u
+#define CONN_TX_SLOTS     16u
+#define CONN_ADVERTS_MAX  65536u
 
 static int conn_live;
 
@@ -297,10 +298,14 @@ void conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t le
     conn->ctrl_len += len;
 }
 
+/* ACK (§3, §7): when half the credits are owed, or ring space is unreported and either
+ * a quarter of the ring or the writer may think more than half of it is in use. */
 static int conn_needs_ack_locked(struct exs_conn *conn)
 {
-    return conn->owed >= conn->p.credits / 2 ||
-           conn->rd_consumed - conn->rd_reported >= conn->p.ring_size / 4;
+    uint64_t unreported = conn->rd_consumed - conn->rd_reported;
+
+    return conn->owed >= conn->p.credits / 2 || unreported >= conn->p.ring_size / 4 ||
+           (unreported && conn->rd_arrived - conn->rd_reported > conn->p.ring_size / 2);
 }
 
 /* Send the pending control records (adding an ACK when owed). Returns 1 when nothing
@@ -363,10 +368,36 @@ int conn_ctrl_flush_locked(struct exs_conn *conn)
     return 1;
 }
 
-int conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
-                               uint32_t rkey, uint32_t len, uint32_t imm)
+/* Store a received ADVERT at the tail of q_A, growing it up to a bound. */
+int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
-    struct exs_prov_sge sge = { (uintptr_t)op->buf, len, op->lkey };
+    if (conn->adv_count == conn->adv_cap) {
+        uint32_t cap = conn->adv_cap * 2;
+        struct exs_advert *n;
+
+        if (cap > CONN_ADVERTS_MAX)
+            return -EPROTO;
+        n = calloc(cap, sizeof(*n));
+        if (!n)
+            return -ENOMEM;
+        for (uint32_t i = 0; i < conn->adv_count; i++)
+            n[i] = conn->adverts[(conn->adv_head + i) % conn->adv_cap];
+        free(conn->adverts);
+        conn->adverts = n;
+        conn->adv_cap = cap;
+        conn->adv_head = 0;
+    }
+    conn->adverts[(conn->adv_head + conn->adv_count) % conn->adv_cap] = *a;
+    conn->adv_count++;
+    conn->stats.adverts_received++;
+    return 0;
+}
+
+/* One WRITE WITH IMMEDIATE of len bytes from src (inside op's buffer). */
+int conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
+                               uint32_t rkey, uint32_t len, uint32_t imm, const void *src)
+{
+    struct exs_prov_sge sge = { (uintptr_t)src, len, op->lkey };
     struct exs_prov_send_wr wr = {
         .wr_id = WR_ID(WR_TAG_DATA, (uintptr_t)op),
         .opcode = EXS_PROV_WR_RDMA_WRITE_WITH_IMM,
@@ -434,8 +465,13 @@ static void conn_deliver_locked(struct exs_conn *conn)
 void conn_kick_locked(struct exs_conn *conn)
 {
     if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) {
-        sp_recv_progress_locked(conn);
-        sp_send_progress_locked(conn);
+        if (conn_is_stream(conn)) {
+            st_recv_progress_locked(conn);
+            st_send_progress_locked(conn);
+        } else {
+            sp_recv_progress_locked(conn);
+            sp_send_progress_locked(conn);
+        }
         conn_ctrl_flush_locked(conn);
     }
     conn_deliver_locked(conn);
@@ -477,7 +513,10 @@ static void conn_dead_locked(struct exs_conn *conn, int err)
             op->state = EXS_OPS_QUEUED;
     }
     conn->reads = 0;
-    sp_dead_drain_locked(conn);
+    if (conn_is_stream(conn))
+        st_dead_drain_locked(conn);
+    else
+        sp_dead_drain_locked(conn);
     conn_deliver_locked(conn);
     conn_release_prov_locked(conn);
 }
@@ -506,10 +545,17 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     op->result = 0;
     op->err = 0;
     op->rflags = 0;
+    op->posted = 0;
+    op->inflight = 0;
+    op->filled = 0;
     if (op->kind == EXS_OP_RECV) {
         exs_list_add_tail(&conn->recvq, &op->link);
-        if (conn->state == EXS_CONN_DEAD)
-            sp_dead_drain_locked(conn);
+        if (conn->state == EXS_CONN_DEAD) {
+            if (conn_is_stream(conn))
+                st_dead_drain_locked(conn);
+            else
+                sp_dead_drain_locked(conn);
+        }
     } else {
         if (op->kind == EXS_OP_SHUTDOWN)
             conn->shut_queued = 1;
@@ -685,21 +731,21 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_ADVERT: {
             struct exs_wire_advert a;
             memcpy(&a, rec, sizeof(a));
-            if (sp_on_advert_locked(conn, &a))
+            if (conn_is_stream(conn) ? st_on_advert_locked(conn, &a) : sp_on_advert_locked(conn, &a))
                 return -EPROTO;
             break;
         }
         case EXS_CTRL_ANNOUNCE: {
             struct exs_wire_announce a;
             memcpy(&a, rec, sizeof(a));
-            if (sp_on_announce_locked(conn, &a))
+            if (conn_is_stream(conn) || sp_on_announce_locked(conn, &a))
                 return -EPROTO;
             break;
         }
         case EXS_CTRL_READ_DONE: {
             struct exs_wire_read_done d;
             memcpy(&d, rec, sizeof(d));
-            if (sp_on_read_done_locked(conn, be64toh(d.seq)))
+            if (conn_is_stream(conn) || sp_on_read_done_locked(conn, be64toh(d.seq)))
                 return -EPROTO;
             break;
         }
@@ -733,7 +779,8 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
         if (conn->credits > conn->peer.credits)
             ret = -EPROTO;
         else
-            ret = sp_on_data_locked(conn, cqe->imm_data, cqe->byte_len);
+            ret = conn_is_stream(conn) ? st_on_data_locked(conn, cqe->imm_data, cqe->byte_len)
+                                       : sp_on_data_locked(conn, cqe->imm_data, cqe->byte_len);
     } else {
         ret = -EPROTO;
     }
@@ -791,8 +838,11 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
     case WR_TAG_DATA: {
         struct exs_op *op = (struct exs_op *)(uintptr_t)val;
 
-        conn_op_finish_locked(op, (ssize_t)op->len, 0);
-        conn->stats.bytes_sent += op->len;
+        /* writes of one op complete in order: the op is done with its last one */
+        if (--op->inflight == 0 && op->posted == op->len) {
+            conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            conn->stats.bytes_sent += op->len;
+        }
         break;
     }
     case WR_TAG_READ:

@@ -49,6 +49,10 @@ struct exs_op {
     uint64_t          seq;    /* SEQPACKET: message number once assigned */
     uint32_t          advert_id;
     uint32_t          msg_len;        /* receive: length of the announced message it reads */
+    size_t            posted;         /* send: bytes handed to WRITEs so far */
+    uint32_t          inflight;       /* send: its WRITEs not yet completed */
+    size_t            filled;         /* STREAM receive: bytes placed so far */
+    uint32_t          phase;          /* STREAM receive: P_A of its ADVERT */
     int               cancel; /* exs_cancel / exs_close asked for it */
     /* result */
     ssize_t           result; /* bytes, or -1 */
@@ -99,6 +103,7 @@ struct exs_advert {
     uint32_t id;
     uint32_t phase;
     int      flags;
+    uint32_t filled; /* STREAM WAITALL: bytes written into it so far */
 };
 
 struct exs_conn {
@@ -171,6 +176,11 @@ struct exs_conn {
     /* control records waiting for a SEND */
     uint8_t                    ctrl_out[EXS_WIRE_CTRL_MAX];
     uint32_t                   ctrl_len;
+
+    /* STREAM (spec/protocol.md §7): tx_seq is S_s, rx_seq is S_r */
+    uint32_t                   st_ps;      /* P_s */
+    uint32_t                   st_pr;      /* P_r */
+    uint64_t                   st_sr_next; /* S'_r */
 
     struct exs_sock_stats      stats;
 };

@@ -3,6 +3,8 @@
 #ifndef EXS_PROTO_PROTO_INT_H
 #define EXS_PROTO_PROTO_INT_H
 
+#include <sys/socket.h>
+
 #include "exs/proto/proto.h"
 
 /* wr_id tags in the low 3 bits (every tagged object is at least 8-byte aligned). */
@@ -41,7 +43,8 @@ int  conn_can_spend_locked(struct exs_conn *conn);
 uint32_t conn_take_owed_imm_locked(struct exs_conn *conn);
 void conn_op_finish_locked(struct exs_op *op, ssize_t result, int err);
 int  conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
-                                uint32_t rkey, uint32_t len, uint32_t imm);
+                                uint32_t rkey, uint32_t len, uint32_t imm, const void *src);
+int  exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
 
 /* seqpacket.c */
 void sp_send_progress_locked(struct exs_conn *conn);
@@ -54,5 +57,17 @@ void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op, int ok);
 void sp_free_pending_locked(struct exs_conn *conn);
 void sp_dead_drain_locked(struct exs_conn *conn);
 uint32_t sp_slot_len(uint32_t len);
+
+/* stream.c */
+void st_send_progress_locked(struct exs_conn *conn);
+void st_recv_progress_locked(struct exs_conn *conn);
+int  st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
+int  st_on_advert_locked(struct exs_conn *conn, const struct exs_wire_advert *a);
+void st_dead_drain_locked(struct exs_conn *conn);
+
+static inline int conn_is_stream(const struct exs_conn *conn)
+{
+    return conn->p.sock_type == SOCK_STREAM;
+}
 
 #endif

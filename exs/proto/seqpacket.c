@@ -11,7 +11,6 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-#define SP_ADVERTS_MAX 65536u
 
 uint32_t sp_slot_len(uint32_t len)
 {
@@ -76,30 +75,11 @@ int sp_on_advert_locked(struct exs_conn *conn, const struct exs_wire_advert *w)
         .flags = w->hdr.flags,
     };
 
-    if (conn->adv_count == conn->adv_cap) {
-        uint32_t cap = conn->adv_cap * 2;
-        struct exs_advert *n;
-
-        if (cap > SP_ADVERTS_MAX)
-            return -EPROTO;
-        n = calloc(cap, sizeof(*n));
-        if (!n)
-            return -ENOMEM;
-        for (uint32_t i = 0; i < conn->adv_count; i++)
-            n[i] = conn->adverts[(conn->adv_head + i) % conn->adv_cap];
-        free(conn->adverts);
-        conn->adverts = n;
-        conn->adv_cap = cap;
-        conn->adv_head = 0;
-    }
     /* adverts come in receive-posting order, so their message numbers only grow */
     if (conn->adv_count &&
         a.seq <= conn->adverts[(conn->adv_head + conn->adv_count - 1) % conn->adv_cap].seq)
         return -EPROTO;
-    conn->adverts[(conn->adv_head + conn->adv_count) % conn->adv_cap] = a;
-    conn->adv_count++;
-    conn->stats.adverts_received++;
-    return 0;
+    return exs__advert_push_locked(conn, &a);
 }
 
 /* Try to put the head send op on the wire. 1: it went (or waits for the peer), 0: it
@@ -139,7 +119,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
             uint32_t imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM,
                                         conn_take_owed_imm_locked(conn), 0);
             if (conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
-                                           conn->peer.ring_rkey, len, imm))
+                                           conn->peer.ring_rkey, len, imm, op->buf))
                 return 0;
             conn->wr_tail += skip + slot;
             conn->stats.indirect_xfers++;
@@ -159,7 +139,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
             return 0;
         uint32_t imm = exs_imm_make(EXS_IMM_DIRECT, flags, conn_take_owed_imm_locked(conn),
                                     adv->id);
-        if (conn_post_write_imm_locked(conn, op, adv->addr, adv->rkey, n, imm))
+        if (conn_post_write_imm_locked(conn, op, adv->addr, adv->rkey, n, imm, op->buf))
             return 0;
         EXS_TRACE(PROTO, "conn %p: message %llu: direct %u bytes, advert %u", (void *)conn,
                   (unsigned long long)conn->tx_seq, n, adv->id);
@@ -182,7 +162,13 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
     conn_ctrl_append_locked(conn, &a, sizeof(a));
     EXS_TRACE(PROTO, "conn %p: message %llu: announce %u bytes", (void *)conn,
               (unsigned long long)conn->tx_seq, len);
+    op->seq = conn->tx_seq++;
+    op->state = EXS_OPS_POSTED;
+    return 1;
 sent:
+    /* one WRITE carries the whole message (cut or not): done when it completes */
+    op->posted = op->len;
+    op->inflight = 1;
     op->seq = conn->tx_seq++;
     op->state = EXS_OPS_POSTED;
     return 1;

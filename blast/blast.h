@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: MIT */
+/* blast: shared types of the throughput tool (options, control messages, results). */
+#ifndef BLAST_BLAST_H
+#define BLAST_BLAST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define BLAST_MAGIC      0x424c5354u /* "BLST" */
+#define BLAST_VERSION    1
+#define BLAST_MAX_CONNS  256
+#define BLAST_MAX_SWEEP  64
+#define BLAST_MAX_RUNS   1000
+#define BLAST_DEF_PORT   7480
+
+enum { T_STREAM = 0, T_SEQPACKET = 1 };
+enum { X_EXS = 0, X_TCP = 1 };
+enum { M_DYNAMIC = 0, M_DIRECT = 1, M_INDIRECT = 2 }; /* = EXS_XFER_* */
+enum { SW_NONE = 0, SW_SENDS, SW_RECVS, SW_SIZE, SW_DEPTH };
+enum { K_XFER = 1, K_LAT = 2, K_QUIT = 3 };
+
+/* Message sizes: fixed, or exponential with mean and maximum (the paper's workload). */
+struct sizegen {
+    int exp;          /* 0: fixed size `mean` */
+    uint64_t mean;
+    uint64_t max;     /* largest message; receive buffers are this long */
+    uint64_t rng;     /* xorshift state */
+};
+
+/* One run's parameters: what the sender sends to the receiver on the control connection. */
+struct run_params {
+    uint32_t magic, version, kind;
+    int32_t type, transport, mode;
+    int32_t sends, recvs, waitall, verify, conns, poll;
+    int32_t elephants, mice, mice_sends; /* mix: first `elephants` connections, then mice */
+    int32_t rcvbuf;                      /* 0 = library default */
+    uint64_t size_mean, size_max, mice_size;
+    int32_t size_exp, lat_iters;
+    uint64_t bytes;   /* 0: time limited */
+    double seconds;   /* time limit when bytes == 0 */
+    uint32_t delay_us, rate_mbps; /* what the sender set: the receiver warns on mismatch */
+    uint64_t seed;
+};
+
+/* Counters of one side of one run. */
+struct side_result {
+    int32_t status;   /* 0 ok; else an errno-like code, msg says what */
+    char msg[200];
+    uint64_t bytes, messages;
+    double seconds;   /* first transfer start .. last transfer end on this side */
+    double cpu_sec;   /* user+sys over the run */
+    double wall_sec;  /* wall time the CPU figure is divided by */
+    uint64_t direct, indirect, switches, adverts, stalls; /* EXS_SO_STATS of this side */
+    uint64_t verify_errors;
+    /* mix classes: 0 elephants, 1 mice */
+    uint64_t cls_bytes[2], cls_msgs[2];
+    double cls_seconds[2];
+    double cls_p50_us[2], cls_p99_us[2]; /* sender: send completion time per message */
+    /* latency test (sender side) */
+    double lat_p50_us, lat_p99_us, lat_p999_us, lat_mean_us;
+    uint64_t lat_count;
+};
+
+/* Command-line configuration. */
+struct config {
+    int server, loopback, once;
+    const char *host;
+    int port;
+    int type, transports[2], ntransports;
+    int modes[3], nmodes;
+    int sends, recvs;
+    double recv_ratio;          /* > 0: recvs = ratio * sends in sweeps of sends */
+    struct sizegen size;
+    uint64_t bytes;
+    double seconds;
+    int waitall, runs, verify, conns, poll, rcvbuf;
+    double delay_ms, rate_mbps;
+    int sweep;
+    uint64_t sweep_vals[BLAST_MAX_SWEEP];
+    int nsweep;
+    int elephants, mice, mice_sends;
+    uint64_t mice_size;
+    int latency, lat_iters;     /* latency: -1 auto (seqpacket), 0 off, 1 on */
+    int json, csv, quiet;
+    const char *plot;
+    const char *out;            /* write the report here instead of stdout */
+    uint64_t seed;
+};
+
+/* One line of the report: a (transport, mode, sweep value) point over all its runs. */
+struct result {
+    int transport, mode, type, sends, recvs, conns, waitall, verify, runs;
+    int elephants, mice;
+    uint64_t size_mean, size_max, mice_size;
+    int size_exp;
+    uint64_t sweep_val;
+    double tput_mean, tput_ci, mps_mean, secs_mean;
+    uint64_t bytes, messages;
+    double direct, indirect, direct_ratio, switches;
+    double cpu_send, cpu_recv, cpu_send_ci, cpu_recv_ci;
+    double cls_tput[2], cls_mps[2], cls_p50[2], cls_p99[2];
+    uint64_t cls_bytes[2], cls_msgs[2];
+    int has_lat;
+    double lat_p50, lat_p99, lat_p999, lat_mean;
+    uint64_t lat_count;
+};
+
+/* workload.c */
+double now_sec(void);
+double cpu_now(void);
+uint64_t sg_next(struct sizegen *g);
+void sg_seed(struct sizegen *g, uint64_t seed);
+void pattern_fill(unsigned char *p, size_t len, uint64_t off);
+size_t pattern_check(const unsigned char *p, size_t len, uint64_t off);
+void mean_ci95(const double *v, int n, double *mean, double *ci);
+double percentile(double *v, size_t n, double p);
+int parse_size(const char *s, uint64_t *out);
+int parse_sizegen(const char *s, struct sizegen *g);
+void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void progress_end(void);
+void set_err(struct side_result *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int write_full(int fd, const void *buf, size_t len);
+int read_full(int fd, void *buf, size_t len);
+void rusage_pair(double *cpu);
+
+/* exs_xfer.c: one run of the exs transport; the listener persists in the server. */
+int exs_server_prepare(const struct run_params *rp, int port, int *data_port);
+int exs_server_run(const struct run_params *rp, struct side_result *res);
+int exs_client_run(const struct run_params *rp, const char *host, int data_port,
+                   struct side_result *res);
+void exs_server_cleanup(void);
+
+/* tcp_xfer.c: the same workload over kernel TCP sockets. */
+int tcp_server_prepare(const struct run_params *rp, int port, int *data_port);
+int tcp_server_run(const struct run_params *rp, struct side_result *res);
+int tcp_client_run(const struct run_params *rp, const char *host, int data_port,
+                   struct side_result *res);
+void tcp_server_cleanup(void);
+
+/* report.c */
+const char *type_name(int t);
+const char *mode_name(int m);
+const char *transport_name(int x);
+const char *sweep_name(int s);
+void report_table(FILE *f, const struct config *c, const struct result *r, int n);
+void report_json(FILE *f, const struct config *c, const struct result *r, int n);
+void report_csv(FILE *f, const struct config *c, const struct result *r, int n);
+int report_plot(const char *png, const struct config *c, const struct result *r, int n);
+
+#endif

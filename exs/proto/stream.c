@@ -1,0 +1,333 @@
+/* SPDX-License-Identifier: MIT */
+/* SOCK_STREAM data path (spec/protocol.md §7): the UNH EXS dynamic choice between direct
+ * writes into advertised receives and indirect writes into the hidden ring. */
+#include <endian.h>
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "exs/proto/proto_int.h"
+#include "exs/util/log.h"
+#include "exs/util/util.h"
+
+#define PHASE_IS_DIRECT(_p)   (((_p) & 1u) == 0)
+#define PHASE_IS_INDIRECT(_p) (((_p) & 1u) == 1)
+
+/* ---- sending side (Fig. 2) ---- */
+
+static void st_set_phase(struct exs_conn *conn, uint32_t p)
+{
+    if (PHASE_IS_DIRECT(p) != PHASE_IS_DIRECT(conn->st_ps))
+        conn->stats.mode_switches++;
+    EXS_TRACE(PROTO, "conn %p: sender phase %u -> %u", (void *)conn, conn->st_ps, p);
+    conn->st_ps = p;
+}
+
+/* Modes seen by this sender: may it write the ring, may it use ADVERTs? */
+static int st_may_indirect(const struct exs_conn *conn)
+{
+    /* a direct-only sender facing an indirect-only receiver would wait forever */
+    return conn->p.xfer_mode != EXS_XFER_DIRECT_ONLY ||
+           conn->peer.xfer_mode == EXS_XFER_INDIRECT_ONLY;
+}
+
+/* The usable ADVERT at the head of q_A after dropping stale ones, or NULL. */
+static struct exs_advert *st_advert_head(struct exs_conn *conn)
+{
+    while (conn->adv_count) {
+        struct exs_advert *a = &conn->adverts[conn->adv_head];
+
+        if (PHASE_IS_INDIRECT(conn->st_ps) && (a->phase < conn->st_ps || a->seq < conn->tx_seq)) {
+            /* stale: its receive is being filled from the ring */
+            if (conn->st_ps < a->phase)
+                st_set_phase(conn, a->phase + 1);
+            conn->adv_head = (conn->adv_head + 1) % conn->adv_cap;
+            conn->adv_count--;
+            conn->stats.adverts_discarded++;
+            continue;
+        }
+        return a;
+    }
+    return NULL;
+}
+
+/* Put bytes of send op on the wire: one WWI per call. 1 when something went, 0 when
+ * the op must wait (credit, ADVERT or ring space). */
+static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    size_t left = op->len - op->posted;
+    struct exs_advert *a;
+    uint32_t imm, lw;
+
+    if (!conn_can_spend_locked(conn)) {
+        conn->stats.credit_stalls++;
+        return 0;
+    }
+    /* control records queued earlier (SHUTDOWN) keep their place */
+    if (conn->ctrl_len && !conn_ctrl_flush_locked(conn))
+        return 0;
+    if (!conn_can_spend_locked(conn))
+        return 0;
+
+    a = st_advert_head(conn);
+    if (a) {
+        if (PHASE_IS_INDIRECT(conn->st_ps))
+            st_set_phase(conn, a->phase); /* direct again */
+        lw = (uint32_t)EXS_MIN(left, (size_t)(a->len - a->filled));
+        imm = exs_imm_make(EXS_IMM_DIRECT, 0, conn_take_owed_imm_locked(conn), a->id);
+        if (conn_post_write_imm_locked(conn, op, a->addr + a->filled, a->rkey, lw, imm,
+                                        op->buf + op->posted))
+            return 0;
+        EXS_TRACE(PROTO, "conn %p: direct %u bytes at %llu into advert %u", (void *)conn, lw,
+                  (unsigned long long)conn->tx_seq, a->id);
+        a->filled += lw;
+        if (!(a->flags & EXS_ADVERT_WAITALL) || a->filled == a->len) {
+            conn->adv_head = (conn->adv_head + 1) % conn->adv_cap;
+            conn->adv_count--;
+        }
+        conn->stats.direct_xfers++;
+    } else {
+        uint32_t size = conn->peer.ring_size;
+        uint64_t used = conn->wr_tail - conn->wr_consumed;
+        uint32_t off = (uint32_t)(conn->wr_tail % size);
+
+        if (!st_may_indirect(conn) || !size || used >= size)
+            return 0;
+        if (PHASE_IS_DIRECT(conn->st_ps))
+            st_set_phase(conn, conn->st_ps + 1); /* now indirect */
+        lw = (uint32_t)EXS_MIN(left, (size_t)EXS_MIN(size - used, (uint64_t)(size - off)));
+        imm = exs_imm_make(EXS_IMM_INDIRECT, 0, conn_take_owed_imm_locked(conn), 0);
+        if (conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
+                                        conn->peer.ring_rkey, lw, imm, op->buf + op->posted))
+            return 0;
+        EXS_TRACE(PROTO, "conn %p: indirect %u bytes at %llu, ring offset %u", (void *)conn, lw,
+                  (unsigned long long)conn->tx_seq, off);
+        conn->wr_tail += lw;
+        conn->stats.indirect_xfers++;
+    }
+    conn->tx_seq += lw;
+    op->posted += lw;
+    op->inflight++;
+    return 1;
+}
+
+void st_send_progress_locked(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    exs_list_for_each(pos, &conn->sendq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state == EXS_OPS_DONE || (op->kind == EXS_OP_SEND && op->posted == op->len &&
+                                          op->state == EXS_OPS_POSTED))
+            continue;
+        if (op->kind == EXS_OP_SHUTDOWN) {
+            if (op->state != EXS_OPS_QUEUED)
+                continue;
+            if (!conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN) &&
+                !conn_ctrl_flush_locked(conn))
+                return;
+            conn_shutdown_record_locked(conn, op);
+            op->state = EXS_OPS_POSTED;
+            conn_ctrl_flush_locked(conn);
+            continue;
+        }
+        op->state = EXS_OPS_POSTED;
+        if (op->len == 0) {
+            conn_op_finish_locked(op, 0, 0); /* nothing to send */
+            continue;
+        }
+        while (op->posted < op->len && conn->state < EXS_CONN_DOWN)
+            if (!st_send_some_locked(conn, op))
+                return;
+        if (conn->state >= EXS_CONN_DOWN)
+            return;
+    }
+}
+
+int st_on_advert_locked(struct exs_conn *conn, const struct exs_wire_advert *w)
+{
+    struct exs_advert a = {
+        .addr = be64toh(w->addr),
+        .len = be32toh(w->len),
+        .rkey = be32toh(w->rkey),
+        .seq = be64toh(w->seq),
+        .id = be32toh(w->id),
+        .phase = be32toh(w->phase),
+        .flags = w->hdr.flags,
+    };
+
+    /* Lemma 1: every ADVERT carries a direct phase */
+    if (PHASE_IS_INDIRECT(a.phase) || !a.len)
+        return -EPROTO;
+    return exs__advert_push_locked(conn, &a);
+}
+
+/* ---- receiving side (Fig. 3, 4, 5) ---- */
+
+/* The first receive not yet satisfied, or NULL. */
+static struct exs_op *st_head_recv(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    exs_list_for_each(pos, &conn->recvq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state != EXS_OPS_DONE)
+            return op;
+    }
+    return NULL;
+}
+
+static void st_recv_filled_locked(struct exs_conn *conn, struct exs_op *op, size_t n)
+{
+    op->filled += n;
+    conn->rx_seq += n; /* S_r */
+    conn->stats.bytes_received += n;
+    if (!(op->flags & MSG_WAITALL) || op->filled == op->len)
+        conn_op_finish_locked(op, (ssize_t)op->filled, 0);
+}
+
+int st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
+{
+    if (conn->peer_shut)
+        return -EPROTO;
+    if (exs_imm_kind(imm) == EXS_IMM_INDIRECT) {
+        /* Fig. 4: an indirect transfer starts (or continues) an indirect phase */
+        if (conn->rd_arrived + len - conn->rd_consumed > conn->p.ring_size)
+            return -EPROTO; /* the peer overran our ring */
+        if (PHASE_IS_DIRECT(conn->st_pr))
+            conn->st_pr++;
+        conn->rd_arrived += len;
+        return 0;
+    }
+    if (exs_imm_kind(imm) != EXS_IMM_DIRECT)
+        return -EPROTO;
+    /* the safety theorem: a direct transfer fills the head receive's ADVERT */
+    struct exs_op *op = st_head_recv(conn);
+    if (!op || op->state != EXS_OPS_ADVERTISED || conn->rd_arrived != conn->rd_consumed ||
+        (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) || len > op->len - op->filled ||
+        !len) {
+        EXS_INFO(PROTO, "conn %p: direct transfer of %u bytes (tag %u) does not fit the head "
+                 "receive %p", (void *)conn, len, exs_imm_tag(imm), (void *)op);
+        return -EPROTO;
+    }
+    if (!(op->flags & MSG_WAITALL))
+        conn->st_sr_next += len - 1;
+    st_recv_filled_locked(conn, op, len);
+    return 0;
+}
+
+/* Fig. 5: copy ring bytes into the head receives while both are there. */
+static void st_copy_out_locked(struct exs_conn *conn)
+{
+    uint32_t size = conn->p.ring_size;
+    struct exs_op *op;
+
+    while (conn->rd_arrived != conn->rd_consumed && (op = st_head_recv(conn))) {
+        uint64_t avail = conn->rd_arrived - conn->rd_consumed;
+        uint32_t off = (uint32_t)(conn->rd_consumed % size);
+        size_t lc = (size_t)EXS_MIN(avail, (uint64_t)(op->len - op->filled));
+        size_t first = EXS_MIN(lc, (size_t)(size - off));
+
+        memcpy(op->buf + op->filled, conn->ring + off, first);
+        if (lc > first)
+            memcpy(op->buf + op->filled + first, conn->ring, lc - first);
+        conn->rd_consumed += lc;
+        if (op->state == EXS_OPS_ADVERTISED && !(op->flags & MSG_WAITALL))
+            conn->st_sr_next += lc - 1;
+        st_recv_filled_locked(conn, op, lc);
+    }
+}
+
+/* Fig. 3: advertise the first unadvertised receive when allowed. */
+static void st_advertise_locked(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+    int outstanding = 0;
+
+    if (conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut)
+        return;
+    exs_list_for_each(pos, &conn->recvq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state == EXS_OPS_DONE)
+            continue;
+        if (op->state == EXS_OPS_ADVERTISED) {
+            if (op->phase != conn->st_pr)
+                return; /* k_a > 0: an ADVERT of an earlier phase is outstanding */
+            outstanding = 1;
+            continue;
+        }
+        /* op is the first receive without an ADVERT: k_b counts only it and later ones */
+        if (conn->rd_arrived != conn->rd_consumed || op->filled || op->len > UINT32_MAX)
+            return; /* b_r > 0 */
+        if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN) && !conn_ctrl_flush_locked(conn))
+            return;
+        if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN))
+            return;
+        if (PHASE_IS_INDIRECT(conn->st_pr))
+            conn->st_pr++; /* a new direct sequence */
+        if (!outstanding)
+            conn->st_sr_next = conn->rx_seq; /* resynchronize (§7, receiver step 3) */
+        op->advert_id = conn->next_advert_id++;
+        op->phase = conn->st_pr;
+        op->seq = conn->st_sr_next;
+        conn->st_sr_next += (op->flags & MSG_WAITALL) ? op->len : 1;
+        struct exs_wire_advert a = {
+            .hdr = { .type = EXS_CTRL_ADVERT,
+                     .flags = (op->flags & MSG_WAITALL) ? EXS_ADVERT_WAITALL : 0,
+                     .len = htobe16(EXS_WIRE_ADVERT_LEN) },
+            .addr = htobe64((uintptr_t)op->buf),
+            .len = htobe32((uint32_t)op->len),
+            .rkey = htobe32(op->rkey),
+            .seq = htobe64(op->seq),
+            .phase = htobe32(op->phase),
+            .id = htobe32(op->advert_id),
+        };
+        conn_ctrl_append_locked(conn, &a, sizeof(a));
+        op->state = EXS_OPS_ADVERTISED;
+        conn->stats.adverts_sent++;
+        outstanding = 1;
+    }
+}
+
+/* End of stream: once every byte the peer sent was delivered, receives complete with
+ * what they hold (0 = end of stream). */
+static void st_eof_locked(struct exs_conn *conn, int err)
+{
+    struct exs_list *pos;
+
+    exs_list_for_each(pos, &conn->recvq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state == EXS_OPS_DONE)
+            continue;
+        if (op->cancel)
+            conn_op_finish_locked(op, -1, ECANCELED);
+        else if (err && !op->filled)
+            conn_op_finish_locked(op, -1, err);
+        else
+            conn_op_finish_locked(op, (ssize_t)op->filled, 0);
+    }
+}
+
+void st_recv_progress_locked(struct exs_conn *conn)
+{
+    if (conn->state != EXS_CONN_CONNECTED)
+        return;
+    st_copy_out_locked(conn);
+    if (conn->peer_shut && conn->rx_seq == conn->peer_total &&
+        conn->rd_arrived == conn->rd_consumed) {
+        st_eof_locked(conn, 0);
+        return;
+    }
+    st_advertise_locked(conn);
+}
+
+void st_dead_drain_locked(struct exs_conn *conn)
+{
+    /* receives in flight lose their ADVERTs; ring data still goes out in order */
+    st_copy_out_locked(conn);
+    st_eof_locked(conn, conn->peer_shut ? 0 : (conn->err ? conn->err : ECONNRESET));
+}
