@@ -119,6 +119,7 @@ int parse_size(const char *s, uint64_t *out);
 int parse_sizegen(const char *s, struct sizegen *g);
 void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void progress_end(void);
+extern int progress_off; /* --quiet */
 void set_err(struct side_result *r, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int write_full(int fd, const void *buf, size_t len);

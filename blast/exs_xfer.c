@@ -392,13 +392,6 @@ static int post_send(struct econn *c, struct slot *s, const struct run_params *r
     return 1;
 }
 
-static int cmp_slot_start(const void *a, const void *b)
-{
-    (void)a;
-    (void)b;
-    return 0;
-}
-
 /* Sender: connect conns, keep sends outstanding per connection until the bytes or the time are
  * used up, shut down, and wait for the receiver's verdict on the control connection. */
 int exs_client_run(const struct run_params *rp, const char *host, int data_port,
@@ -420,7 +413,6 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
     int lat_i = 0, lat_warm = rp->lat_iters / 10, lat_pending = 0;
     double lat_t = 0;
 
-    (void)cmp_slot_start;
     q = exs_qcreate(n * 1100 + 64 < (1 << 20) ? n * 1100 + 64 : (1 << 20));
     if (!cs || q == EXS_QHANDLE_INVALID) {
         set_err(res, errno ? errno : ENOMEM, "sender: exs_qcreate: %s", ename(errno));
@@ -742,7 +734,7 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
     }
 out:
     progress_end();
-    /* Keep the connections until the caller has the receiver's verdict: exs_client_finish. */
+    /* Every send completed, so its data is at the receiver (buffer or ring): close. */
     close_all(q, cs, n, res->status ? ops : 0);
     for (int i = 0; i < n; i++) {
         free(cs[i].slots);

@@ -222,6 +222,7 @@ int parse_sizegen(const char *s, struct sizegen *g)
 }
 
 static int prog_shown;
+int progress_off;
 
 /* A progress line on stderr, only when stderr is a terminal. */
 void progress(const char *fmt, ...)
@@ -229,7 +230,7 @@ void progress(const char *fmt, ...)
     va_list ap;
     char line[200];
 
-    if (!isatty(2))
+    if (progress_off || !isatty(2))
         return;
     va_start(ap, fmt);
     vsnprintf(line, sizeof(line), fmt, ap);

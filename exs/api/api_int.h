@@ -68,6 +68,7 @@ struct api_sock {
     int                     dead;           /* conn reached DEAD */
     int                     finish_queued;  /* sock_finish_close_job queued (once) */
     int                     abort_close;    /* exs_fini: disconnect without SHUTDOWN */
+    struct exs_eng_timer    close_timer;    /* a close that hangs (frozen peer) is aborted */
 };
 
 /* descriptor table (sock.c) */

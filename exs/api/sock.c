@@ -598,6 +598,7 @@ static void sock_finish_close_job(void *arg)
     struct api_sock *s = arg;
     struct api_op *connect_op, *close_op;
 
+    exs__engine_timer_stop(&s->close_timer);
     pthread_mutex_lock(&s->lock);
     connect_op = s->connect_op;
     close_op = s->close_op;
@@ -640,6 +641,16 @@ static void sock_close_listener_job(void *arg)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* Progress thread: a graceful close took too long (the peer froze): reset it. */
+static void sock_close_timeout(struct exs_eng_timer *t)
+{
+    struct api_sock *s = exs_container_of(t, struct api_sock, close_timer);
+
+    EXS_INFO(API, "fd %d: close timed out after %llu ms, resetting the connection", s->fd,
+             (unsigned long long)exs__params.close_timeout_ms);
+    exs__conn_abort(s->conn);
+}
+
 /* Progress thread: the part of a close that touches the connection. Connections die
  * (sock_conn_dead) and are freed (sock_finish_close_job) on this thread too, so the
  * conn cannot vanish under it. */
@@ -657,10 +668,13 @@ static void sock_close_conn_job(void *arg)
         sock_queue_finish_locked(s);
     pthread_mutex_unlock(&s->lock);
     if (conn && !dead) {
-        if (abort_)
+        if (abort_) {
             exs__conn_abort(conn);
-        else
+        } else {
             exs__conn_close(conn); /* sock_conn_dead queues the finish */
+            exs__engine_timer_start(&s->close_timer, exs__params.close_timeout_ms,
+                                    sock_close_timeout);
+        }
     }
 }
 

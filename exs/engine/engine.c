@@ -230,6 +230,31 @@ int exs__engine_call(void (*fn)(void *arg), void *arg)
     return ret;
 }
 
+static void eng_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct exs_eng_timer *t = exs_container_of(w, struct exs_eng_timer, w);
+
+    (void)loop;
+    (void)revents;
+    t->cb(t);
+}
+
+void exs__engine_timer_start(struct exs_eng_timer *t, uint64_t ms,
+                             void (*cb)(struct exs_eng_timer *t))
+{
+    EXS_ASSERT(eng_is_progress_thread);
+    t->cb = cb;
+    ev_timer_init(&t->w, eng_timer_cb, (double)ms / 1000.0, 0.);
+    ev_timer_start(eng.loop, &t->w);
+}
+
+void exs__engine_timer_stop(struct exs_eng_timer *t)
+{
+    EXS_ASSERT(eng_is_progress_thread);
+    if (t->cb)
+        ev_timer_stop(eng.loop, &t->w);
+}
+
 int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr,
                        socklen_t addrlen, int backlog)
 {

@@ -3,6 +3,9 @@
 #ifndef EXS_ENGINE_ENGINE_H
 #define EXS_ENGINE_ENGINE_H
 
+#include <ev.h>
+#include <stdint.h>
+
 #include "exs/proto/proto.h"
 #include "exs/prov/prov.h"
 
@@ -35,6 +38,16 @@ int  exs__engine_run(void (*fn)(void *arg), void *arg);
 int  exs__engine_call(void (*fn)(void *arg), void *arg);
 /* 1 when called on the progress thread. */
 int  exs__engine_on_thread(void);
+
+/* A one-shot timer of the progress loop. Start and stop on the progress thread only
+ * (from a job or a callback); cb runs there. */
+struct exs_eng_timer {
+    ev_timer w;
+    void   (*cb)(struct exs_eng_timer *t);
+};
+void exs__engine_timer_start(struct exs_eng_timer *t, uint64_t ms,
+                             void (*cb)(struct exs_eng_timer *t));
+void exs__engine_timer_stop(struct exs_eng_timer *t);
 
 int  exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr,
                         socklen_t addrlen, int backlog);

@@ -57,6 +57,8 @@ static const struct exs_param_def params_table[] = {
           "default EXS_SO_XFER_MODE: dynamic, direct or indirect"),
     PARAM(qspin_us, "EXS_QSPIN_US", "50", UINT, 1,
           "event queues in EXS_WAIT_ADAPTIVE mode spin this long before sleeping, microseconds"),
+    PARAM(close_timeout_ms, "EXS_CLOSE_TIMEOUT_MS", "5000", UINT, 1,
+          "exs_close resets a connection whose goodbye is not through after this, milliseconds"),
 };
 
 /* Unloaded -> defaults (set before load, or by get/print) -> loaded (environment applied). */
@@ -91,6 +93,9 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             (v->u < 1 || v->u > (1u << 20)))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, qspin_us) && v->u > 1000000)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, close_timeout_ms) &&
+            (v->u < 1 || v->u > 3600000))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, eager_max) && v->u > (1u << 20))
             return -EINVAL;

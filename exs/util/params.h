@@ -42,6 +42,7 @@ struct exs_params {
     uint64_t sock_max_ops;     /* EXS_SOCK_MAX_OPS: outstanding operations per socket and direction */
     char     xfer_mode[EXS_PARAM_STR_MAX]; /* EXS_XFER_MODE: dynamic, direct, indirect */
     uint64_t qspin_us;         /* EXS_QSPIN_US: EXS_WAIT_ADAPTIVE spin before sleeping */
+    uint64_t close_timeout_ms; /* EXS_CLOSE_TIMEOUT_MS: a graceful close resets after this */
 };
 
 struct exs_param_def {

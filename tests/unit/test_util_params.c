@@ -50,7 +50,8 @@ START_TEST(test_table_shape)
         ck_assert_str_eq(buf, t[i].defval);
         /* online: the log settings and the adaptive spin; the rest is start-up only */
         ck_assert_int_eq(t[i].online, strncmp(t[i].name, "log_", 4) == 0 ||
-                                          strcmp(t[i].name, "qspin_us") == 0);
+                                          strcmp(t[i].name, "qspin_us") == 0 ||
+                                          strcmp(t[i].name, "close_timeout_ms") == 0);
     }
     ck_assert_uint_eq(covered, sizeof(struct exs_params));
     ck_assert_ptr_null(exs__params_find("nope"));

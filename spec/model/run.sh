@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Exhaustively check spec/model/stream.pml in every configuration.
+# Correct configurations must verify with "errors: 0"; broken ones must make
+# Spin report an error. One line per configuration, then "N passed, M failed".
+set -u
+
+here=$(cd "$(dirname "$0")" && pwd)
+model=$here/stream.pml
+
+if ! command -v spin >/dev/null 2>&1; then
+    echo "run.sh: spin (the model checker) is not installed; scripts/deps.sh installs it" >&2
+    exit 1
+fi
+cc=${CC:-cc}
+if ! command -v "$cc" >/dev/null 2>&1; then
+    echo "run.sh: no C compiler ($cc) to build the Spin verifier" >&2
+    exit 1
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/exs-model.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# name | expect (pass = no error, fail = Spin must find one) | spin -D flags
+configs=(
+  "plain|pass|"
+  "waitall_mix|pass|-DWAIT0=1 -DWAIT2=1"
+  "waitall_all|pass|-DWAIT0=1 -DWAIT1=1 -DWAIT2=1 -DRECV1=2"
+  "sends_2_1_2|pass|-DSEND0=2 -DSEND1=1 -DSEND2=2 -DWAIT1=1 -DRECV1=2"
+  "ring3|pass|-DRING=3 -DSEND0=2 -DSEND1=2 -DSEND2=1 -DWAIT2=1"
+  "resync|pass|-DRESYNC -DCHECK_RESYNC -DWAIT2=1"
+  "drift_sec7|fail|-DCHECK_RESYNC"
+  "broken_advert_while_ring_nonempty|fail|-DBROKEN_ADVERT_WHILE_RING_NONEMPTY"
+  "broken_ignore_prior_adverts|fail|-DBROKEN_IGNORE_PRIOR_ADVERTS"
+  "broken_no_phase_jump|fail|-DBROKEN_NO_PHASE_JUMP"
+)
+
+passed=0
+failed=0
+printf '%-36s %10s %7s %7s  %s\n' configuration states errors secs result
+for c in "${configs[@]}"; do
+    IFS='|' read -r name expect flags <<<"$c"
+    d=$tmp/$name
+    mkdir -p "$d"
+    cp "$model" "$d/stream.pml"
+    start=$(date +%s.%N)
+    # shellcheck disable=SC2086
+    if ! (cd "$d" && spin -a $flags stream.pml >spin.out 2>&1 &&
+          "$cc" -O2 -w -DSAFETY -o pan pan.c >cc.out 2>&1); then
+        printf '%-36s %10s %7s %7s  %s\n' "$name" - - - "FAIL (build)"
+        cat "$d/spin.out" "$d/cc.out" 2>/dev/null | head -5 >&2
+        failed=$((failed + 1))
+        continue
+    fi
+    (cd "$d" && ./pan -m200000 >pan.out 2>&1)
+    end=$(date +%s.%N)
+    secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')
+    states=$(awk '/states, stored/ { print $1; exit }' "$d/pan.out")
+    errors=$(sed -n 's/.*errors: \([0-9][0-9]*\).*/\1/p' "$d/pan.out" | head -1)
+    [ -n "$errors" ] || errors=?
+    ok=0
+    if [ "$expect" = pass ] && [ "$errors" = 0 ] &&
+       ! grep -q 'max search depth too small' "$d/pan.out"; then
+        ok=1
+    elif [ "$expect" = fail ] && [ "$errors" != ? ] && [ "$errors" -gt 0 ]; then
+        ok=1
+    fi
+    if [ $ok = 1 ]; then
+        result=PASS
+        passed=$((passed + 1))
+    else
+        result=FAIL
+        failed=$((failed + 1))
+    fi
+    what=
+    if [ "$errors" != 0 ] && [ "$errors" != ? ]; then
+        what=$(grep -m1 -E 'assertion violated|invalid end state' "$d/pan.out" |
+               sed 's/^pan:[0-9]*: *//; s/ (at depth.*//')
+        what=" [$what]"
+    fi
+    printf '%-36s %10s %7s %7s  %s (expected %s)%s\n' "$name" "${states:-?}" \
+        "$errors" "$secs" "$result" "$expect" "$what"
+    if [ "${MODEL_TRAILS:-0}" = 1 ] && [ -f "$d/stream.pml.trail" ]; then
+        # shellcheck disable=SC2086
+        (cd "$d" && spin -t -p $flags stream.pml | grep -E 'proc .*(\[|data|ctl|assert)' |
+            tail -40) || true
+    fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]

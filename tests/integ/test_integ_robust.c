@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/* Robustness against a peer that freezes: exs_close still completes, bounded by
+ * EXS_CLOSE_TIMEOUT_MS, instead of waiting forever for a goodbye that cannot go through. */
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "integ.h"
+
+/* The child: accept one connection, report the port, then wait to be frozen and killed. */
+static void frozen_child(int to_parent) __attribute__((noreturn));
+static void frozen_child(int to_parent)
+{
+    struct sockaddr_in addr;
+    exs_event_t ev;
+    exs_qhandle_t q;
+    int lfd;
+
+    if (exs_init(EXS_VERSION) != EXS_VERSION)
+        _exit(3);
+    q = exs_qcreate(8);
+    lfd = it_listen(SOCK_SEQPACKET, &addr);
+    if (exs_accept(lfd, q, NULL) || write(to_parent, &addr.sin_port, sizeof(addr.sin_port)) < 0)
+        _exit(4);
+    exs_qdequeue(q, &ev, 1, NULL); /* the accept */
+    for (;;)
+        pause();
+}
+
+/* The peer's process is stopped (SIGSTOP): nothing of the connection answers any more.
+ * A graceful exs_close cannot get its SHUTDOWN acknowledged; after the close timeout it
+ * resets the connection and the CLOSE event arrives. */
+START_TEST(test_close_frozen_peer)
+{
+    struct sockaddr_in addr = { .sin_family = AF_INET };
+    int pipefd[2], fd, status;
+    exs_event_t ev;
+    exs_qhandle_t q;
+    double t0, dt;
+    pid_t pid;
+
+    ck_assert_int_eq(pipe(pipefd), 0);
+    pid = fork(); /* before exs_init in this process */
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(pipefd[0]);
+        frozen_child(pipefd[1]);
+    }
+    close(pipefd[1]);
+    ck_assert_int_eq(read(pipefd[0], &addr.sin_port, sizeof(addr.sin_port)),
+                     (ssize_t)sizeof(addr.sin_port));
+    close(pipefd[0]);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+
+    it_setenv("EXS_CLOSE_TIMEOUT_MS", "500");
+    it_init();
+    q = it_qcreate(8);
+    fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(exs_connect(fd, (struct sockaddr *)&addr, sizeof(addr), q, NULL), 0);
+    it_wait_event(q, EXS_EVT_CONNECT, fd, &ev);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    it_sleep_ms(50);
+    t0 = it_now_ms();
+    ck_assert_int_eq(exs_close(fd, q, NULL), 0);
+    it_wait_event(q, EXS_EVT_CLOSE, fd, &ev);
+    dt = it_now_ms() - t0;
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    /* it waited for the goodbye (the timeout), then gave up */
+    ck_assert_msg(dt >= 450, "close finished after %.0f ms, before the 500 ms timeout", dt);
+
+    kill(pid, SIGKILL);
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    it_qdelete(q);
+}
+END_TEST
+
+Suite *integ_robust_suite(void)
+{
+    Suite *s = suite_create("integ_robust");
+    TCase *tc = it_tcase("frozen", 30);
+
+    tcase_add_test(tc, test_close_frozen_peer);
+    suite_add_tcase(s, tc);
+    return s;
+}
