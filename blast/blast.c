@@ -53,7 +53,8 @@ static void usage(FILE *f)
 "  --json | --csv                machine-readable output instead of the table\n"
 "  --plot FILE.png               gnuplot chart of a sweep\n"
 "  --output FILE                 write the report to FILE\n"
-"  --quiet                       no progress line\n");
+"  --quiet                       no progress line\n"
+"  --inject-error                (testing) corrupt one byte: verification must fail\n");
 }
 
 static int parse_list(const char *s, uint64_t *v, int max, int sizes)
@@ -154,7 +155,7 @@ enum {
     O_LOOP = 256, O_ONCE, O_TYPE, O_MODE, O_SENDS, O_RECVS, O_RATIO, O_SIZE, O_BYTES, O_TIME,
     O_WAITALL, O_RUNS, O_TRANSPORT, O_DELAY, O_RATE, O_RCVBUF, O_SWEEP, O_CONNS, O_MIX, O_VERIFY,
     O_NOVERIFY, O_LAT, O_NOLAT, O_LATITERS, O_LATSIZE, O_POLL, O_SEED, O_JSON, O_CSV, O_PLOT,
-    O_OUT, O_QUIET
+    O_OUT, O_QUIET, O_INJECT
 };
 
 static const struct option longopts[] = {
@@ -180,6 +181,7 @@ static const struct option longopts[] = {
     { "seed", required_argument, NULL, O_SEED }, { "json", no_argument, NULL, O_JSON },
     { "csv", no_argument, NULL, O_CSV },         { "plot", required_argument, NULL, O_PLOT },
     { "output", required_argument, NULL, O_OUT }, { "quiet", no_argument, NULL, O_QUIET },
+    { "inject-error", no_argument, NULL, O_INJECT },
     { "help", no_argument, NULL, 'h' },          { NULL, 0, NULL, 0 }
 };
 
@@ -346,6 +348,7 @@ static int parse_args(int argc, char **argv, struct config *c)
         case O_PLOT: c->plot = optarg; break;
         case O_OUT: c->out = optarg; break;
         case O_QUIET: c->quiet = 1; break;
+        case O_INJECT: c->inject = 1; c->verify = 1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -398,6 +401,41 @@ static int init_exs(void)
     return 0;
 }
 
+/* ---- the end-of-run handshake ---- */
+
+static int ctl_fd = -1;
+struct side_result *ctl_peer_result;
+
+int ctl_server_report(struct side_result *res)
+{
+    char go;
+    struct pollfd p = { .fd = ctl_fd, .events = POLLIN };
+
+    res->reported = 1;
+    if (write_full(ctl_fd, res, sizeof(*res)) < 0)
+        return -1;
+    if (poll(&p, 1, 60000) != 1 || read_full(ctl_fd, &go, 1) < 0)
+        return -1;
+    return 0;
+}
+
+int ctl_client_collect(struct side_result *self, struct side_result *peer)
+{
+    char go = 'g';
+
+    (void)self;
+    if (peer->reported)
+        return 0;
+    if (read_full(ctl_fd, peer, sizeof(*peer)) < 0) {
+        peer->status = ECONNRESET;
+        snprintf(peer->msg, sizeof(peer->msg), "lost the control connection to the receiver");
+        peer->reported = 1;
+        return -1;
+    }
+    peer->reported = 1;
+    return write_full(ctl_fd, &go, 1);
+}
+
 /* ---- receiver ---- */
 
 static int serve_control(int cfd, const struct config *c)
@@ -433,13 +471,14 @@ static int serve_control(int cfd, const struct config *c)
         if (write_full(cfd, &rm, sizeof(rm)) < 0 || rc < 0)
             return -1;
         memset(&res, 0, sizeof(res));
+        ctl_fd = cfd;
         if (rp.transport == X_TCP)
             tcp_server_run(&rp, &res);
         else
             exs_server_run(&rp, &res);
         if (res.status)
             fprintf(stderr, "blast: %s\n", res.msg);
-        if (write_full(cfd, &res, sizeof(res)) < 0)
+        if (!res.reported && write_full(cfd, &res, sizeof(res)) < 0)
             return -1;
     }
 }
@@ -543,7 +582,7 @@ static void fill_params(const struct config *c, struct run_params *rp, int kind,
     rp->sends = sends;
     rp->recvs = recvs;
     rp->waitall = c->waitall;
-    rp->verify = c->verify;
+    rp->verify = c->verify | (c->inject ? 2 : 0);
     rp->conns = kind == K_LAT ? 1 : c->conns;
     rp->poll = c->poll;
     rp->elephants = kind == K_LAT ? 0 : c->elephants;
@@ -579,11 +618,13 @@ static int one_run(int cfd, const struct config *c, const struct run_params *rp,
         fprintf(stderr, "blast: %s\n", rm.msg);
         return -1;
     }
+    ctl_fd = cfd;
+    ctl_peer_result = rcv;
     if (rp->transport == X_TCP)
         tcp_client_run(rp, host, rm.data_port, snd);
     else
         exs_client_run(rp, host, rm.data_port, snd);
-    if (read_full(cfd, rcv, sizeof(*rcv)) < 0) {
+    if (!rcv->reported && read_full(cfd, rcv, sizeof(*rcv)) < 0) {
         fprintf(stderr, "blast: lost the control connection to the receiver%s%s\n",
                 snd->status ? "; sender: " : "", snd->status ? snd->msg : "");
         return -1;

@@ -46,6 +46,7 @@ struct run_params {
 /* Counters of one side of one run. */
 struct side_result {
     int32_t status;   /* 0 ok; else an errno-like code, msg says what */
+    int32_t reported; /* already sent to (receiver) / read from (sender) the control peer */
     char msg[200];
     uint64_t bytes, messages;
     double seconds;   /* first transfer start .. last transfer end on this side */
@@ -82,7 +83,7 @@ struct config {
     int elephants, mice, mice_sends;
     uint64_t mice_size;
     int latency, lat_iters;     /* latency: -1 auto (seqpacket), 0 off, 1 on */
-    int json, csv, quiet;
+    int json, csv, quiet, inject;
     const char *plot;
     const char *out;            /* write the report here instead of stdout */
     uint64_t seed;
@@ -125,6 +126,13 @@ void set_err(struct side_result *r, int code, const char *fmt, ...)
 int write_full(int fd, const void *buf, size_t len);
 int read_full(int fd, void *buf, size_t len);
 void rusage_pair(double *cpu);
+
+/* blast.c: the end-of-run handshake on the control connection. The receiver reports its
+ * result and waits for the sender's go-ahead before closing its sockets; the sender reads that
+ * result, then says go and closes. So neither side closes while the other still works. */
+int ctl_server_report(struct side_result *res);
+int ctl_client_collect(struct side_result *self, struct side_result *peer);
+extern struct side_result *ctl_peer_result;
 
 /* exs_xfer.c: one run of the exs transport; the listener persists in the server. */
 int exs_server_prepare(const struct run_params *rp, int port, int *data_port);

@@ -138,6 +138,22 @@ static void add_stats(int fd, struct side_result *res)
     res->stalls += st.credit_stalls;
 }
 
+/* The library's counters of one socket, for stall reports. */
+static void stats_str(int fd, char *b, size_t n)
+{
+    struct exs_sock_stats st;
+    socklen_t sl = sizeof(st);
+
+    memset(&st, 0, sizeof(st));
+    exs_getsockopt(fd, SOL_EXS, EXS_SO_STATS, &st, &sl);
+    snprintf(b, n, "sent %llu rcvd %llu direct %llu indirect %llu switches %llu adv_s %llu "
+             "adv_r %llu adv_disc %llu stalls %llu", (unsigned long long)st.bytes_sent,
+             (unsigned long long)st.bytes_received, (unsigned long long)st.direct_xfers,
+             (unsigned long long)st.indirect_xfers, (unsigned long long)st.mode_switches,
+             (unsigned long long)st.adverts_sent, (unsigned long long)st.adverts_received,
+             (unsigned long long)st.adverts_discarded, (unsigned long long)st.credit_stalls);
+}
+
 /* Close every socket and wait for their CLOSE events (and any straggling operations). */
 static void close_all(exs_qhandle_t q, struct econn *cs, int n, int pending_ops)
 {
@@ -221,9 +237,17 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
             set_err(res, errno, "receiver: exs_qdequeue: %s", ename(errno));
             break;
         }
-        if (k == 0 && now_sec() - last_ev > stall_limit(rp)) {
+        if (k == 0 && now_sec() - last_ev > stall_limit(rp) - 5) { /* before the sender */
             set_err(res, ETIMEDOUT, "receiver: no progress for %.0f s (%d of %d connections "
                     "accepted, %d finished)", now_sec() - last_ev, accepted, n, ndone);
+            for (int i = 0; i < accepted; i++) {
+                char sb[300];
+
+                stats_str(cs[i].fd, sb, sizeof(sb));
+                fprintf(stderr, "blast: receiver stalled: conn %d: %llu bytes received, %d "
+                        "receives outstanding, eos %d; EXS_SO_STATS %s\n", i,
+                        (unsigned long long)cs[i].off, cs[i].outstanding, cs[i].eos, sb);
+            }
             break;
         }
         if (k > 0)
@@ -338,6 +362,8 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
     }
     for (int i = 0; i < accepted; i++)
         add_stats(cs[i].fd, res);
+    if (!res->status)
+        ctl_server_report(res); /* the sender's go-ahead: now closing cannot hurt it */
 out:
     if (cs) {
         close_all(q, cs, accepted, res->status ? ops : 0);
@@ -378,6 +404,8 @@ static int post_send(struct econn *c, struct slot *s, const struct run_params *r
         len = c->budget;
     if (rp->verify)
         pattern_fill(s->buf, len, c->off);
+    if ((rp->verify & 2) && c->off == 0)
+        s->buf[len / 2] ^= 0x40; /* --inject-error: the receiver must catch this */
     s->len = len;
     s->off = c->off;
     s->posted = now_sec();
@@ -509,6 +537,15 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
         if (k == 0 && t - last_ev > stall_limit(rp)) {
             set_err(res, ETIMEDOUT, "sender: no progress for %.0f s (%d of %d connected, %d "
                     "finished)", t - last_ev, nconn, n, ndone);
+            for (int i = 0; i < n; i++) {
+                char sb[300];
+
+                stats_str(cs[i].fd, sb, sizeof(sb));
+                fprintf(stderr, "blast: sender stalled: conn %d: %llu bytes posted, %llu "
+                        "completed, %d sends outstanding, shut %d; EXS_SO_STATS %s\n", i,
+                        (unsigned long long)cs[i].off, (unsigned long long)res->bytes,
+                        cs[i].outstanding, cs[i].shut, sb);
+            }
             break;
         }
         if (k > 0)
@@ -732,9 +769,10 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
             res->lat_count = nlat;
         }
     }
+    if (!res->status)
+        ctl_client_collect(res, ctl_peer_result); /* the receiver has everything: close */
 out:
     progress_end();
-    /* Every send completed, so its data is at the receiver (buffer or ring): close. */
     close_all(q, cs, n, res->status ? ops : 0);
     for (int i = 0; i < n; i++) {
         free(cs[i].slots);

@@ -166,6 +166,8 @@ int tcp_server_run(const struct run_params *rp, struct side_result *res)
     res->seconds = last - first;
     res->cpu_sec = cpu_now() - cpu0;
     res->wall_sec = now_sec() - w0;
+    if (!res->status)
+        ctl_server_report(res);
 out:
     for (int i = 0; cs && i < n; i++) {
         if (cs[i].fd >= 0)
@@ -191,6 +193,8 @@ static void next_msg(struct tconn *c, const struct run_params *rp, int stop)
         len = c->budget;
     if (rp->verify)
         pattern_fill(c->buf, len, c->off);
+    if ((rp->verify & 2) && c->off == 0)
+        c->buf[len / 2] ^= 0x40; /* --inject-error */
     c->cur_len = len;
     c->posted = now_sec();
     if (!c->t_first)
@@ -288,6 +292,8 @@ int tcp_client_run(const struct run_params *rp, const char *host, int data_port,
     if (rp->kind == K_LAT) {
         latency_loop(&cs[0], rp, res);
         shutdown(cs[0].fd, SHUT_WR);
+        if (!res->status)
+            ctl_client_collect(res, ctl_peer_result);
         goto out;
     }
     t0 = now_sec();
@@ -409,6 +415,8 @@ int tcp_client_run(const struct run_params *rp, const char *host, int data_port,
         res->cls_p99_us[k] = percentile(all, na, 99);
         free(all);
     }
+    if (!res->status)
+        ctl_client_collect(res, ctl_peer_result);
 out:
     progress_end();
     /* The connections stay open until the receiver has read everything: close after a

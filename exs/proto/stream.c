@@ -206,8 +206,8 @@ int st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
     /* the safety theorem: a direct transfer fills the head receive's ADVERT */
     struct exs_op *op = st_head_recv(conn);
     if (!op || op->state != EXS_OPS_ADVERTISED || conn->rd_arrived != conn->rd_consumed ||
-        (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) || len > op->len - op->filled ||
-        !len) {
+        op->phase != conn->st_pr || (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) ||
+        len > op->len - op->filled || !len) {
         EXS_INFO(PROTO, "conn %p: direct transfer of %u bytes (tag %u) does not fit the head "
                  "receive %p", (void *)conn, len, exs_imm_tag(imm), (void *)op);
         return -EPROTO;

@@ -43,6 +43,19 @@ struct exs_params {
     char     xfer_mode[EXS_PARAM_STR_MAX]; /* EXS_XFER_MODE: dynamic, direct, indirect */
     uint64_t qspin_us;         /* EXS_QSPIN_US: EXS_WAIT_ADAPTIVE spin before sleeping */
     uint64_t close_timeout_ms; /* EXS_CLOSE_TIMEOUT_MS: a graceful close resets after this */
+    /* verbs provider */
+    uint64_t vrb_qp_timeout;   /* EXS_VRB_QP_TIMEOUT: local ACK timeout exponent, 4.096 us * 2^n */
+    uint64_t vrb_retry_cnt;    /* EXS_VRB_RETRY_CNT: transport retries, 0-7 */
+    uint64_t vrb_rnr_retry;    /* EXS_VRB_RNR_RETRY: receiver-not-ready retries, 0-7, 7 = forever */
+    int      vrb_fork_safe;    /* EXS_VRB_FORK_SAFE: ibv_fork_init() before the first context */
+    int      vrb_mcache_guard; /* EXS_VRB_MCACHE_GUARD: PROT_NONE pages around cache regions */
+    uint64_t vrb_cq_size;      /* EXS_VRB_CQ_SIZE: default completion queue capacity */
+    uint64_t vrb_max_inline;   /* EXS_VRB_MAX_INLINE: inline size asked of the device */
+    uint64_t vrb_qp_cache;     /* EXS_VRB_QP_CACHE: queue pairs kept for reuse per context */
+    char     vrb_mem_alloc[EXS_PARAM_STR_MAX]; /* EXS_VRB_MEM_ALLOC: anon, huge, malloc */
+    uint64_t vrb_mcache_region;  /* EXS_VRB_MCACHE_REGION: bytes per memory cache region */
+    uint64_t vrb_mcache_idle_ms; /* EXS_VRB_MCACHE_IDLE_MS: idle regions released after this */
+    uint64_t vrb_regcache_max; /* EXS_VRB_REGCACHE_MAX: user-buffer registrations kept */
 };
 
 struct exs_param_def {

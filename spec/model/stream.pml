@@ -21,10 +21,37 @@
  *   RING                  ring capacity in bytes
  *   RESYNC                the receiver sets S'_r = S_r when it starts a new
  *                         direct phase (not in section 7, see README)
+ *   RESYNC_FIG5           the other repair: a copy into a receive that was
+ *                         never advertised also adds l_c to S'_r
  *   CHECK_RESYNC          assert that S'_r == S_r whenever a new direct phase
  *                         starts (the first ADVERT of a sequence is exact)
- *   BROKEN_ADVERT_WHILE_RING_NONEMPTY  receiver ignores b_r > 0 (Fig. 3 line 1)
+ *   DRIFT_PROBE           assert that the sender never returns to direct
+ *                         transfers once a direct phase started with
+ *                         S'_r != S_r (holds under section 7 as written:
+ *                         the connection stays indirect for good; a trail
+ *                         with RESYNC is a witness that the fix recovers)
+ *   NO_EXACT_CHECK        drop the sender-side assertion S_A == S_s on a
+ *                         resynchronisation (so that broken variants show
+ *                         the misdirected write at the receiver)
+ *   IMPL_RULE             the receiver's advertising rule of the C code
+ *                         (exs/proto/stream.c st_advertise_locked) instead of
+ *                         Fig. 3 at posting: walk the unsatisfied receives in
+ *                         order; a prior-phase ADVERT stops the walk; the first
+ *                         receive without an ADVERT is advertised iff b_r == 0
+ *                         and it holds no bytes yet (it does not count in k_b
+ *                         itself), and so are the ones after it; S'_r = S_r
+ *                         first when no ADVERT is outstanding. Re-evaluated
+ *                         after every receiver step (post, arrival, copy-out).
+ *   IMPL_LAZY             with IMPL_RULE: the re-evaluation may be deferred
+ *                         past later events (the C code defers an ADVERT when
+ *                         its control buffer is full and no credit is left)
+ *   LATE_ADVERT_PROBE     with IMPL_RULE: assert that no DIRECT lands in a
+ *                         receive that was posted without an ADVERT (a trail
+ *                         is a witness that late ADVERTs are used)
+ *   BROKEN_ADVERT_WHILE_RING_NONEMPTY  receiver ignores b_r > 0 (Fig. 3 line 1;
+ *                                      turns out not to matter for safety)
  *   BROKEN_IGNORE_PRIOR_ADVERTS        receiver ignores k_a > 0 (Fig. 6)
+ *   BROKEN_IGNORE_UNADVERTISED         receiver ignores k_b > 0
  *   BROKEN_NO_PHASE_JUMP               sender does not move past a stale
  *                                      ADVERT's phase (Fig. 8)
  */
@@ -74,9 +101,12 @@
 #define IS_INDIRECT(p) ((p) % 2 == 1)
 #define MIN(a, b) ((a) < (b) -> (a) : (b))
 
-#define CTLCAP  6   /* never full: asserted before every send */
-#define DATACAP 6
-#define QACAP   4   /* ADVERTs the sender holds */
+/* Capacities large enough never to block a send (asserted before each):
+ * at most one ACK per byte and one ADVERT per receive travel to the sender,
+ * at most one transfer per byte plus END to the receiver. */
+#define CTLCAP  (2 * TOTAL + NRECV + 1)
+#define DATACAP (TOTAL + 1)
+#define QACAP   (TOTAL + NRECV + 1)   /* ADVERTs the sender holds */
 #define RQ      4   /* unsatisfied receives the receiver holds */
 
 /* receive advert state */
@@ -92,6 +122,9 @@ chan ctl = [CTLCAP] of { mtype, byte, byte, byte, bit, byte };
 chan data = [DATACAP] of { mtype, byte, byte, byte };
 
 /* observable for claims and for the README statistics */
+#ifdef DRIFT_PROBE
+bit drifted = 0;    /* a direct phase started with S'_r != S_r */
+#endif
 byte n_direct = 0, n_indirect = 0, n_stale = 0;
 
 proctype Sender()
@@ -132,13 +165,21 @@ proctype Sender()
 #endif
                     assert(fill == 0);
                     qA?_, _, _, _, _;
+                    printf("MSC: S drops stale ADVERT %d (S_A %d, P_A %d), P_s now %d\n", aid, aS, aP, P_s);
                     n_stale++
                 :: else ->
                     if
                     :: IS_INDIRECT(P_s) ->
+#ifndef NO_EXACT_CHECK
                         /* resynchronisation: the proof says this ADVERT is
                          * the receiver's head, so it must be exact */
                         assert(aS == S_s && fill == 0);
+#endif
+#ifdef DRIFT_PROBE
+                        /* witness: a return to direct transfers after the
+                         * estimate drifted */
+                        assert(!drifted);
+#endif
                         P_s = aP
                     :: else -> skip
                     fi;
@@ -146,6 +187,7 @@ proctype Sender()
                     assert(lw > 0);
                     assert(nfull(data));
                     data!DIRECT, aid, S_s, lw;
+                    printf("MSC: S DIRECT via ADVERT %d (S_A %d, P_A %d): bytes %d+%d, P_s %d\n", aid, aS, aP, S_s, lw, P_s);
                     n_direct++;
                     S_s = S_s + lw;
                     left = left - lw;
@@ -169,6 +211,7 @@ proctype Sender()
                 lw = MIN(left, MIN(b_s, RING - tail));
                 assert(nfull(data));
                 data!INDIRECT, 0, S_s, lw;
+                printf("MSC: S INDIRECT bytes %d+%d, P_s %d\n", S_s, lw, P_s);
                 n_indirect++;
                 S_s = S_s + lw;
                 left = left - lw;
@@ -194,6 +237,59 @@ end_drain:
     od
 }
 
+#ifdef IMPL_RULE
+/* The C receiver's rule (st_advertise_locked), run inside the caller's atomic
+ * step. q_adv PRIOR is "ADVERTISED with phase != P_r", CUR "ADVERTISED with
+ * phase == P_r", NONE "no ADVERT yet"; satisfied receives left the queue. */
+inline impl_advertise()
+{
+    j = 0; outst = 0; stop = 0;
+    do
+    :: j < qn && !stop && !eos ->
+        h = (qh + j) % RQ;
+        if
+        :: q_adv[h] == PRIOR -> stop = 1     /* k_a > 0 */
+        :: q_adv[h] == CUR -> outst = 1      /* current phase: keep going */
+        :: q_adv[h] == NONE && (b_r > 0 || q_got[h] > 0) -> stop = 1
+        :: q_adv[h] == NONE && b_r == 0 && q_got[h] == 0 ->
+            if
+            :: IS_INDIRECT(P_r) ->
+                P_r = P_r + 1;
+#ifdef DRIFT_PROBE
+                if
+                :: S2_r != S_r -> drifted = 1
+                :: else -> skip
+                fi;
+#endif
+                skip
+            :: else -> skip
+            fi;
+            if
+            :: !outst -> S2_r = S_r         /* resynchronise */
+            :: else -> skip
+            fi;
+            assert(nfull(ctl));
+            ctl!ADVERT, S2_r, P_r, q_len[h], q_w[h], q_id[h];
+            printf("MSC: R advertises receive %d (len %d, waitall %d, late %d): ADVERT S_A %d P_A %d (S_r %d)\n", q_id[h], q_len[h], q_w[h], q_late[h], S2_r, P_r, S_r);
+            if
+            :: q_w[h] -> S2_r = S2_r + q_len[h]
+            :: else -> S2_r = S2_r + 1
+            fi;
+            q_adv[h] = CUR;
+            k_b--;
+            outst = 1
+        fi;
+        j++
+    :: else -> break
+    od
+}
+#ifdef IMPL_LAZY
+#define IMPL_KICK adv_pending = 1
+#else
+#define IMPL_KICK impl_advertise()
+#endif
+#endif
+
 proctype Receiver()
 {
     byte posted = 0;        /* receives posted; also the next advert id */
@@ -211,6 +307,13 @@ proctype Receiver()
     byte qh = 0, qn = 0;
     byte h, j, n, id, S, lw, lc, rlen;
     bit w;
+#ifdef IMPL_RULE
+    bit outst, stop;        /* impl_advertise(): an ADVERT is outstanding; walk ends */
+    bit q_late[RQ];         /* posted without an ADVERT (for LATE_ADVERT_PROBE) */
+#ifdef IMPL_LAZY
+    bit adv_pending = 0;    /* something changed since the last evaluation */
+#endif
+#endif
 
     do
     /* the application posts its next receive (fixed list, then one at a
@@ -226,6 +329,15 @@ proctype Receiver()
             q_len[h] = rlen; q_w[h] = w; q_got[h] = 0; q_id[h] = posted;
             posted++;
             qn++;
+#ifdef IMPL_RULE
+            q_adv[h] = NONE;
+            k_b++;
+            q_late[h] = 0;
+            printf("MSC: R posts receive %d (len %d, waitall %d)\n", q_id[h], rlen, w);
+            n = h;                  /* impl_advertise() uses h */
+            IMPL_KICK;
+            q_late[n] = (q_adv[n] == NONE)
+#else
             /* Fig. 3 */
             if
             :: (b_r == 0
@@ -236,10 +348,20 @@ proctype Receiver()
 #ifdef BROKEN_IGNORE_PRIOR_ADVERTS
                  || 1
 #endif
-               ) && k_b == 0 ->
+               ) && (k_b == 0
+#ifdef BROKEN_IGNORE_UNADVERTISED
+                 || 1
+#endif
+               ) ->
                 if
                 :: IS_INDIRECT(P_r) ->
                     P_r = P_r + 1;
+#ifdef DRIFT_PROBE
+                    if
+                    :: S2_r != S_r -> drifted = 1
+                    :: else -> skip
+                    fi;
+#endif
 #ifdef CHECK_RESYNC
                     /* no receive is outstanding but this one: the estimate
                      * should be exact at the start of a direct phase */
@@ -253,6 +375,7 @@ proctype Receiver()
                 fi;
                 assert(nfull(ctl));
                 ctl!ADVERT, S2_r, P_r, rlen, w, q_id[h];
+                printf("MSC: R posts receive %d (len %d, waitall %d): ADVERT S_A %d P_A %d\n", q_id[h], rlen, w, S2_r, P_r);
                 if
                 :: w -> S2_r = S2_r + rlen
                 :: else -> S2_r = S2_r + 1
@@ -260,13 +383,16 @@ proctype Receiver()
                 q_adv[h] = CUR
             :: else ->
                 q_adv[h] = NONE;
-                k_b++
+                k_b++;
+                printf("MSC: R posts receive %d (len %d, waitall %d): no ADVERT (b_r %d k_a %d k_b %d)\n", q_id[h], rlen, w, b_r, k_a, k_b)
             fi
+#endif
         }
 
     /* a direct transfer (Fig. 4 lines 1-6) */
     :: data?DIRECT, id, S, lw ->
         atomic {
+            printf("MSC: R gets DIRECT tag %d bytes %d+%d; head receive %d, S_r %d\n", id, S, lw, q_id[qh], S_r);
             assert(S == arrived);
             arrived = arrived + lw;
             /* (a) it lands in the head receive, through that receive's
@@ -278,6 +404,9 @@ proctype Receiver()
             assert(S == S_r);
             assert(b_r == 0);
             assert(q_got[h] + lw <= q_len[h]);
+#if defined(IMPL_RULE) && defined(LATE_ADVERT_PROBE)
+            assert(!q_late[h]);
+#endif
             S_r = S_r + lw;
             q_got[h] = q_got[h] + lw;
             if
@@ -288,12 +417,17 @@ proctype Receiver()
             :: !q_w[h] || q_got[h] == q_len[h] ->
                 qh = (qh + 1) % RQ; qn--
             :: else -> skip
-            fi
+            fi;
+#ifdef IMPL_RULE
+            IMPL_KICK;
+#endif
+            skip
         }
 
     /* an indirect transfer (Fig. 4 lines 7-12) */
     :: data?INDIRECT, _, S, lw ->
         atomic {
+            printf("MSC: R gets INDIRECT bytes %d+%d, P_r %d\n", S, lw, P_r);
             assert(S == arrived);
             arrived = arrived + lw;
             if
@@ -306,7 +440,12 @@ proctype Receiver()
                     h = (qh + j) % RQ;
                     if
                     :: q_adv[h] == CUR -> q_adv[h] = PRIOR; k_a++
-                    :: else -> skip
+                    :: else ->
+#if !defined(BROKEN_ADVERT_WHILE_RING_NONEMPTY) && !defined(IMPL_LAZY)
+                        /* in a direct phase every receive has an ADVERT */
+                        assert(false);
+#endif
+                        skip
                     fi;
                     j++
                 :: else -> break
@@ -320,7 +459,11 @@ proctype Receiver()
             :: else -> skip
             fi;
             b_r = b_r + lw;
-            assert(b_r <= RING)
+            assert(b_r <= RING);
+#ifdef IMPL_RULE
+            IMPL_KICK;
+#endif
+            skip
         }
 
     /* copy out of the ring into the head receive (Fig. 5); the freed space
@@ -330,14 +473,22 @@ proctype Receiver()
             h = qh;
             /* (b) the bytes copied are the next ones of the stream */
             assert(ring_start == S_r);
+#ifndef BROKEN_ADVERT_WHILE_RING_NONEMPTY
+            /* ring bytes never go to a receive of the current phase */
+            assert(q_adv[h] != CUR);
+#endif
             lc = MIN(b_r, q_len[h] - q_got[h]);
             assert(lc > 0);
             b_r = b_r - lc;
             ring_start = ring_start + lc;
             S_r = S_r + lc;
             q_got[h] = q_got[h] + lc;
+            printf("MSC: R copies bytes %d+%d from the ring into receive %d\n", S_r - lc, lc, q_id[h]);
             if
             :: q_adv[h] != NONE && !q_w[h] -> S2_r = S2_r + lc - 1
+#ifdef RESYNC_FIG5
+            :: q_adv[h] == NONE -> S2_r = S2_r + lc
+#endif
             :: else -> skip
             fi;
             assert(nfull(ctl));
@@ -351,7 +502,11 @@ proctype Receiver()
                 fi;
                 qh = (qh + 1) % RQ; qn--
             :: else -> skip
-            fi
+            fi;
+#ifdef IMPL_RULE
+            IMPL_KICK;
+#endif
+            skip
         }
 
     /* END: the sender's total */
@@ -370,6 +525,11 @@ proctype Receiver()
             fi;
             qh = (qh + 1) % RQ; qn--
         }
+
+#if defined(IMPL_RULE) && defined(IMPL_LAZY)
+    /* the deferred evaluation of the C rule, at any later moment */
+    :: adv_pending -> atomic { adv_pending = 0; impl_advertise() }
+#endif
 
     :: posted >= NRECV && qn == 0 && eos && S_r == arrived ->
         break

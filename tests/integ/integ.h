@@ -29,6 +29,7 @@ Suite *integ_errors_suite(void);
 Suite *integ_qdequeue_suite(void);
 Suite *integ_sync_suite(void);
 Suite *integ_lifecycle_suite(void);
+Suite *integ_stream_suite(void);
 Suite *integ_robust_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */

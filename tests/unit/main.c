@@ -15,6 +15,7 @@ static Suite *(*const suites[])(void) = {
     util_list_suite,
     util_misc_suite,
     api_evq_suite,
+    prov_vrb_cache_suite,
 };
 
 void unit_env_clean(void)

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Smoke test of blast: short runs of every option, checking exit codes and output formats.
+#   blast/smoke.sh [path/to/blast]
+set -u
+B=${1:-build/blast/blast}
+T=$(mktemp -d /tmp/blast-smoke.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+export EXS_PROVIDER=${EXS_PROVIDER:-tcp}
+TO=${BLAST_SMOKE_TIMEOUT:-60}
+KEYS=throughput_gbps,throughput_ci95_gbps,bytes,messages,seconds,direct_xfers,indirect_xfers,direct_ratio,mode_switches,cpu_send_pct,cpu_recv_pct,type,transport,mode,sends,recvs,size,conns,runs
+Q="--quiet"
+t0=$(date +%s)
+
+ok()  { pass=$((pass + 1)); printf '  ok    %s\n' "$1"; }
+bad() { fail=$((fail + 1)); printf '  FAIL  %s\n' "$1"; sed 's/^/        /' "$T/err" | tail -n 8; }
+
+# run NAME EXPECT(0|nonzero) ARGS...: output in $T/out, stderr in $T/err
+run() {
+    local name=$1 expect=$2; shift 2
+    timeout "$TO" "$B" "$@" > "$T/out" 2> "$T/err"
+    local rc=$?
+    if { [ "$expect" = 0 ] && [ $rc -eq 0 ]; } || { [ "$expect" != 0 ] && [ $rc -ne 0 ] && [ $rc -ne 124 ]; }; then
+        return 0
+    fi
+    echo "exit status $rc (wanted $expect): $B $*" >> "$T/err"
+    return 1
+}
+
+# json_ok FILE [extra keys]: valid JSON, every result has the required keys
+json_ok() {
+    python3 -m json.tool "$1" > /dev/null 2>> "$T/err" || return 1
+    python3 - "$1" "$KEYS${2:+,$2}" <<'EOF' 2>> "$T/err"
+import json, sys
+d = json.load(open(sys.argv[1]))
+keys = sys.argv[2].split(",")
+assert d["results"], "no results"
+for r in d["results"]:
+    missing = [k for k in keys if "." not in k and k not in r]
+    for k in keys:
+        if "." in k:
+            o = r
+            for part in k.split("."):
+                o = o[part]
+    assert not missing, "missing keys %s" % missing
+    assert r["throughput_gbps"] > 0, "zero throughput"
+EOF
+}
+
+t() { # t NAME ARGS...: a run that must succeed and print a table row
+    local name=$1; shift
+    if run "$name" 0 "$@" $Q && grep -q '^ exs\|^ tcp' "$T/out"; then ok "$name"; else bad "$name"; fi
+}
+
+echo "blast smoke test: $B"
+if run "--help" 0 --help && grep -q -- '--sweep' "$T/out"; then ok "--help"; else bad "--help"; fi
+if run "bad option" 2 --loopback --sends 0; then ok "rejects --sends 0"; else bad "rejects --sends 0"; fi
+if run "no role" 2 --time 1; then ok "rejects a missing role"; else bad "rejects a missing role"; fi
+
+# seqpacket: works on every libexs of this tree
+t "seqpacket --bytes --verify (latency auto)" --loopback --type seqpacket --bytes 4M --runs 2 --verify --lat-iters 200
+if grep -q 'lat_p50' "$T/out"; then ok "seqpacket prints latency percentiles"; else bad "seqpacket prints latency percentiles"; fi
+t "seqpacket --no-latency --size fixed" --loopback --type seqpacket --bytes 4M --runs 1 --no-latency --size 100000 --verify
+t "seqpacket --size exp:MEAN (no MAX)" --loopback --type seqpacket --bytes 4M --runs 1 --no-latency --size exp:64K --verify
+t "seqpacket --sweep size --mode list" --loopback --type seqpacket --bytes 2M --runs 1 --no-latency --sweep size=4K,64K,1M --mode dynamic,indirect --verify
+
+# stream (the default type)
+t "stream default --time" --loopback --time 0.3 --runs 2 --verify
+t "stream --mode all" --loopback --bytes 8M --runs 1 --mode all --verify
+t "stream --waitall" --loopback --bytes 8M --runs 1 --waitall --verify --size 256K
+t "stream --sends/--recvs" --loopback --bytes 8M --runs 1 --sends 2 --recvs 4 --verify
+t "stream --rcvbuf" --loopback --bytes 8M --runs 1 --rcvbuf 256K --mode indirect --verify
+t "stream --conns" --loopback --bytes 8M --runs 1 --conns 3 --verify
+t "stream --poll --seed" --loopback --bytes 8M --runs 1 --poll --seed 99 --verify
+t "stream --latency --lat-size" --loopback --bytes 4M --runs 1 --latency --lat-iters 200 --lat-size 1K --verify
+t "stream --delay-ms --rate-mbps" --loopback --bytes 4M --runs 1 --delay-ms 2 --rate-mbps 4000 --verify --sends 4 --recvs 4
+if grep -q 'emulated link' "$T/out"; then ok "emulation noted in the table"; else bad "emulation noted in the table"; fi
+t "--transport tcp" --loopback --bytes 8M --runs 2 --transport tcp --verify
+t "--transport tcp --type seqpacket --latency" --loopback --bytes 4M --runs 1 --transport tcp --type seqpacket --lat-iters 200 --verify
+
+# JSON, CSV, plot, output file
+if run "json" 0 --loopback --bytes 8M --runs 2 --transport both --mode all --verify --json $Q && cp "$T/out" "$T/j" && json_ok "$T/j" \
+   && [ "$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["results"]))' "$T/j")" = 4 ]; then
+    ok "--json --transport both --mode all (4 results, keys)"; else bad "--json --transport both --mode all"; fi
+if run "mix" 0 --loopback --time 0.3 --runs 1 --mix elephants=2,mice=4,mice-size=2K,mice-sends=2 --verify --json $Q && cp "$T/out" "$T/j" \
+   && json_ok "$T/j" classes.elephants.throughput_gbps,classes.mice.send_p99_us; then
+    ok "--mix elephants/mice --json (per-class keys)"; else bad "--mix elephants/mice --json"; fi
+if run "mix table" 0 --loopback --bytes 8M --runs 1 --mix elephants=1,mice=2 --verify $Q && grep -q 'mice' "$T/out"; then
+    ok "--mix --bytes table"; else bad "--mix --bytes table"; fi
+if run "seqpacket json latency" 0 --loopback --type seqpacket --bytes 2M --runs 1 --lat-iters 100 --json $Q && cp "$T/out" "$T/j" \
+   && json_ok "$T/j" latency_us.p50,latency_us.p99,latency_us.p999; then
+    ok "seqpacket --json latency keys"; else bad "seqpacket --json latency keys"; fi
+if run "csv" 0 --loopback --bytes 4M --runs 1 --sweep recvs=1,2 --csv --verify $Q && head -1 "$T/out" | grep -q '^type,transport,mode,.*throughput_gbps' \
+   && [ "$(wc -l < "$T/out")" -eq 3 ]; then ok "--csv header + rows (--sweep recvs)"; else bad "--csv"; fi
+rm -f "$T/p.png"
+if run "plot" 0 --loopback --bytes 4M --runs 2 --sweep sends=1,2 --recv-ratio 2 --mode all --plot "$T/p.png" --verify $Q \
+   && [ "$(head -c 8 "$T/p.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; then
+    ok "--plot PNG (--sweep sends --recv-ratio --mode all)"; else bad "--plot PNG"; fi
+if run "depth sweep + output" 0 --loopback --bytes 4M --runs 1 --sweep depth=1-4*2 --output "$T/o.txt" --verify $Q \
+   && [ "$(grep -c '^ exs' "$T/o.txt")" -eq 3 ]; then ok "--sweep depth=1-4*2 --output FILE"; else bad "--sweep depth --output"; fi
+
+# separate roles: -s and -c
+port=$((20000 + RANDOM % 30000))
+timeout "$TO" "$B" -s -p $port --once > "$T/srv" 2>&1 &
+spid=$!
+if run "-c" 0 -c 127.0.0.1 -p $port --bytes 4M --runs 1 --verify --transport both $Q && wait $spid; then
+    ok "-s --once / -c HOST -p PORT (exs and tcp)"; else bad "-s / -c"; kill $spid 2>/dev/null; fi
+
+# failures must be loud and nonzero
+if run "no receiver" 1 -c 127.0.0.1 -p 9 --bytes 1M && grep -q 'cannot reach' "$T/err"; then
+    ok "no receiver: clear error, nonzero"; else bad "no receiver"; fi
+if run "inject" 1 --loopback --bytes 4M --runs 1 --inject-error $Q && grep -q 'DATA ERROR' "$T/err"; then
+    ok "--inject-error (stream): DATA ERROR, nonzero"; else bad "--inject-error (stream)"; fi
+if run "inject sp" 1 --loopback --type seqpacket --bytes 4M --runs 1 --no-latency --inject-error $Q && grep -q 'DATA ERROR' "$T/err"; then
+    ok "--inject-error (seqpacket): DATA ERROR, nonzero"; else bad "--inject-error (seqpacket)"; fi
+if run "inject tcp" 1 --loopback --transport tcp --bytes 4M --runs 1 --inject-error $Q && grep -q 'DATA ERROR' "$T/err"; then
+    ok "--inject-error (tcp): DATA ERROR, nonzero"; else bad "--inject-error (tcp)"; fi
+
+echo "blast smoke: $(( $(date +%s) - t0 )) s"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

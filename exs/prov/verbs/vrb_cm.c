@@ -1,0 +1,1057 @@
+/* SPDX-License-Identifier: MIT */
+/* Verbs provider endpoints and connection management: our own RC QPs (from the QP cache),
+ * rdma_cm for addresses, routes and the CM handshake with private data. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <string.h>
+
+#include "exs/prov/verbs/vrb.h"
+#include "exs/util/log.h"
+#include "exs/util/util.h"
+
+/* IB CM reject reasons seen here (ib_cm_rej_reason). */
+#define VRB_REJ_CONSUMER 28
+
+#define VRB_IN_LOOPBACK(_sin) ((ntohl((_sin)->sin_addr.s_addr) >> 24) == 127)
+
+void exs__vrb_qp_destroy_cb(void *arg, void *qp)
+{
+    (void)arg;
+    if (ibv_destroy_qp(qp))
+        EXS_WARN(PROV, "ibv_destroy_qp failed");
+}
+
+/* ---- private data: REQ carries the length in retry_count / rnr_retry_count (3 + 3 bits),
+ * so all 56 bytes of the REQ are the user's; REP and REJ carry a 4-byte header ---- */
+
+static void vrb_pd_hdr(uint8_t *buf, const void *pd, uint32_t len, uint16_t port_be,
+                       uint64_t tok)
+{
+    buf[0] = (uint8_t)(VRB_PD_MAGIC >> 8);
+    buf[1] = (uint8_t)VRB_PD_MAGIC;
+    buf[2] = 0;
+    buf[3] = (uint8_t)len;
+    memcpy(buf + 4, &port_be, 2);
+    for (int i = 0; i < 8; i++)
+        buf[6 + i] = (uint8_t)(tok >> (56 - 8 * i));
+    if (len)
+        memcpy(buf + VRB_PD_HDR, pd, len);
+}
+
+/* 1 and the user's bytes in ev (and the goodbye port / token) when the peer's data has our
+ * header. */
+static int vrb_pd_parse(const void *data, uint32_t dlen, struct exs_prov_cm_event *ev,
+                        uint16_t *port_be_p, uint64_t *tok_p)
+{
+    const uint8_t *b = data;
+    uint32_t len;
+    uint64_t tok = 0;
+
+    if (!b || dlen < VRB_PD_HDR || b[0] != (uint8_t)(VRB_PD_MAGIC >> 8) ||
+        b[1] != (uint8_t)VRB_PD_MAGIC || b[2] != 0)
+        return 0;
+    len = b[3];
+    if (len > VRB_PD_MAX || len > dlen - VRB_PD_HDR)
+        return 0;
+    memcpy(ev->private_data, b + VRB_PD_HDR, len);
+    ev->private_data_len = len;
+    for (int i = 0; i < 8; i++)
+        tok = tok << 8 | b[6 + i];
+    if (port_be_p)
+        memcpy(port_be_p, b + 4, 2);
+    if (tok_p)
+        *tok_p = tok;
+    return 1;
+}
+
+/* ---- goodbye datagrams: HELLO (active -> passive, after the REP) tells the passive side
+ * where to say goodbye; BYE precedes an orderly DREQ. A DREQ without BYE is a dead peer. */
+
+#define VRB_DG_MAGIC 0x45585342u /* "EXSB" */
+#define VRB_DG_HELLO 1u
+#define VRB_DG_BYE   2u
+#define VRB_DG_LEN   26
+
+static void vrb_dg_send(struct vrb_ctx *ctx, const struct sockaddr_in *to, uint32_t type,
+                        uint64_t dst_tok, uint64_t src_tok)
+{
+    uint8_t b[VRB_DG_LEN];
+    uint32_t w;
+
+    w = htonl(VRB_DG_MAGIC);
+    memcpy(b, &w, 4);
+    w = htonl(type);
+    memcpy(b + 4, &w, 4);
+    for (int i = 0; i < 8; i++) {
+        b[8 + i] = (uint8_t)(dst_tok >> (56 - 8 * i));
+        b[16 + i] = (uint8_t)(src_tok >> (56 - 8 * i));
+    }
+    memcpy(b + 24, &ctx->udp_port, 2);
+    if (sendto(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (const struct sockaddr *)to,
+               sizeof(*to)) < 0)
+        EXS_DBG(PROV, "ctx %p: goodbye datagram: %m", (void *)ctx);
+}
+
+static struct vrb_ep *vrb_ep_by_tok(struct vrb_ctx *ctx, uint64_t tok)
+{
+    struct exs_list *pos;
+    struct vrb_ep *found = NULL;
+
+    pthread_mutex_lock(&ctx->lock);
+    exs_list_for_each(pos, &ctx->eps) {
+        struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, link);
+
+        if (ep->tok == tok) {
+            found = ep;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return found;
+}
+
+/* Say goodbye before an orderly end (cm_lock held). */
+static void vrb_say_bye(struct vrb_ep *ep)
+{
+    if (ep->bye_ok && ep->up)
+        vrb_dg_send(ep->ctx, &ep->peer_bye, VRB_DG_BYE, ep->peer_tok, ep->tok);
+}
+
+static void vrb_disc_release(struct vrb_ep *ep, int status)
+{
+    struct exs_prov_cm_event ev;
+
+    exs_list_del(&ep->disc_link);
+    ep->disc_at = 0;
+    memset(&ev, 0, sizeof(ev));
+    ev.type = EXS_PROV_CM_DISCONNECTED;
+    ev.ep = &ep->base;
+    ev.status = status;
+    exs__vrb_cm_push(ep->ctx, &ev);
+}
+
+void exs__vrb_udp_input(struct vrb_ctx *ctx)
+{
+    uint8_t b[64];
+    struct sockaddr_in from;
+
+    for (;;) {
+        socklen_t fl = sizeof(from);
+        ssize_t n = recvfrom(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (struct sockaddr *)&from,
+                             &fl);
+        uint32_t magic, type;
+        uint64_t dst = 0, src = 0;
+        struct vrb_ep *ep;
+
+        if (n < 0)
+            return;
+        if (n != VRB_DG_LEN || from.sin_family != AF_INET)
+            continue;
+        memcpy(&magic, b, 4);
+        memcpy(&type, b + 4, 4);
+        if (ntohl(magic) != VRB_DG_MAGIC)
+            continue;
+        for (int i = 0; i < 8; i++) {
+            dst = dst << 8 | b[8 + i];
+            src = src << 8 | b[16 + i];
+        }
+        ep = vrb_ep_by_tok(ctx, dst);
+        if (!ep)
+            continue;
+        if (ntohl(type) == VRB_DG_HELLO && !ep->active) {
+            ep->peer_tok = src;
+            ep->peer_bye = from;
+            memcpy(&ep->peer_bye.sin_port, b + 24, 2);
+            ep->bye_ok = 1;
+        } else if (ntohl(type) == VRB_DG_BYE && src == ep->peer_tok) {
+            ep->got_bye = 1;
+            if (ep->disc_at)
+                vrb_disc_release(ep, 0);
+        }
+    }
+}
+
+uint64_t exs__vrb_disc_due(struct vrb_ctx *ctx, uint64_t now_ns)
+{
+    struct exs_list *pos, *tmp;
+    uint64_t next = 0;
+
+    exs_list_for_each_safe(pos, tmp, &ctx->disc_wait) {
+        struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, disc_link);
+
+        if (ep->disc_at <= now_ns) {
+            EXS_DBG(PROV, "ep %p: DREQ without goodbye: the peer died", (void *)ep);
+            vrb_disc_release(ep, -ECONNRESET);
+        } else if (!next || ep->disc_at < next) {
+            next = ep->disc_at;
+        }
+    }
+    return next;
+}
+
+/* ---- small helpers ---- */
+
+static socklen_t vrb_sa_len(const struct sockaddr *sa)
+{
+    return sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
+/* Shows the device's own address as 127.0.0.1 when the object was set up through loopback. */
+static void vrb_sa_copy(struct vrb_ctx *ctx, int loopback, const struct sockaddr *sa,
+                        struct sockaddr_storage *out, socklen_t *len_p)
+{
+    socklen_t len = vrb_sa_len(sa);
+
+    memset(out, 0, sizeof(*out));
+    memcpy(out, sa, len);
+    if (loopback && sa->sa_family == AF_INET) {
+        struct sockaddr_in *sin = (struct sockaddr_in *)out;
+
+        if (sin->sin_addr.s_addr == ctx->loop_addr.s_addr)
+            sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    }
+    *len_p = len;
+}
+
+static int vrb_same_device(struct vrb_ctx *ctx, struct rdma_cm_id *id)
+{
+    return id->verbs && (id->verbs == ctx->verbs ||
+                         strcmp(ibv_get_device_name(id->verbs->device),
+                                ibv_get_device_name(ctx->verbs->device)) == 0);
+}
+
+void exs__vrb_ep_set_error(struct vrb_ep *ep)
+{
+    struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+
+    pthread_mutex_lock(&ep->lock);
+    __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
+    if (ibv_modify_qp(ep->qp, &a, IBV_QP_STATE))
+        EXS_DBG(PROV, "ep %p: modify to ERR failed", (void *)ep);
+    pthread_mutex_unlock(&ep->lock);
+}
+
+static void vrb_ep_event(struct vrb_ep *ep, enum exs_prov_cm_event_type type, int status,
+                         struct exs_prov_cm_event *ev)
+{
+    memset(ev, 0, sizeof(*ev));
+    ev->type = type;
+    ev->ep = &ep->base;
+    ev->status = status;
+}
+
+/* RNR timer codes (IBA 9.7.5.2.8) in hundredths of ms; index = code. */
+static const uint32_t vrb_rnr_codes[32] = {
+    65536, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
+    1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
+};
+
+static uint8_t vrb_rnr_code(uint8_t ms)
+{
+    uint32_t want = ms ? ms * 100u : 64; /* default 0.64 ms */
+
+    for (uint8_t c = 1; c < 32; c++)
+        if (vrb_rnr_codes[c] >= want)
+            return c;
+    return 0;
+}
+
+/* INIT -> RTR -> RTS with the attributes rdma_cm computed, our timeouts and retries. */
+static int vrb_qp_to_rts(struct vrb_ep *ep, struct rdma_cm_id *id, uint8_t resp_res,
+                         uint8_t init_depth)
+{
+    struct vrb_ctx *ctx = ep->ctx;
+    struct ibv_qp_attr a;
+    int mask = 0, ret;
+
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTR;
+    ret = rdma_init_qp_attr(id, &a, &mask);
+    if (ret)
+        return -errno;
+    a.min_rnr_timer = vrb_rnr_code(ep->base.attr.rnr_timer_ms);
+    mask |= IBV_QP_MIN_RNR_TIMER;
+    if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
+        a.max_dest_rd_atomic = resp_res;
+    ret = ibv_modify_qp(ep->qp, &a, mask);
+    if (ret)
+        return -ret;
+    memset(&a, 0, sizeof(a));
+    mask = 0;
+    a.qp_state = IBV_QPS_RTS;
+    ret = rdma_init_qp_attr(id, &a, &mask);
+    if (ret)
+        return -errno;
+    a.timeout = ep->base.attr.timeout ? ep->base.attr.timeout : ctx->qp_timeout;
+    a.retry_cnt = ep->base.attr.retry_cnt ? EXS_MIN(ep->base.attr.retry_cnt, 7) : ctx->retry_cnt;
+    a.rnr_retry = EXS_MIN(ep->base.attr.rnr_retry, ctx->rnr_retry);
+    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
+        a.max_rd_atomic = init_depth;
+    ret = ibv_modify_qp(ep->qp, &a, mask);
+    return ret ? -ret : 0;
+}
+
+static uint8_t vrb_rd_res(struct vrb_ctx *ctx)
+{
+    return (uint8_t)EXS_MAX(EXS_MIN(ctx->dattr.max_qp_rd_atom, 16), 1);
+}
+
+static uint8_t vrb_rd_init(struct vrb_ctx *ctx)
+{
+    return (uint8_t)EXS_MAX(EXS_MIN(ctx->dattr.max_qp_init_rd_atom, 16), 1);
+}
+
+static void vrb_note_local(struct vrb_ep *ep)
+{
+    struct sockaddr *sa = ep->id ? rdma_get_local_addr(ep->id) : NULL;
+
+    if (sa && (sa->sa_family == AF_INET || sa->sa_family == AF_INET6))
+        vrb_sa_copy(ep->ctx, ep->loopback, sa, &ep->local, &ep->local_len);
+}
+
+static void vrb_ep_up(struct vrb_ep *ep)
+{
+    struct vrb_ctx *ctx = ep->ctx;
+
+    vrb_note_local(ep);
+    pthread_mutex_lock(&ep->lock);
+    __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTED, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&ep->lock);
+    ep->up = 1;
+    EXS_CNT_INC(ctx->cnt.conns_established);
+    if (ep->active && ep->connect_ns) {
+        EXS_CNT_ADD(ctx->cnt.connect_ns_total, exs__now_ns() - ep->connect_ns);
+        EXS_CNT_INC(ctx->cnt.connects_timed);
+    }
+}
+
+/* ---- endpoints ---- */
+
+static struct ibv_qp *vrb_qp_create(struct vrb_ctx *ctx, const struct vrb_qpc_caps *want,
+                                    struct vrb_qpc_caps *got)
+{
+    struct ibv_qp_init_attr ia;
+    struct ibv_qp *qp;
+
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = ia.recv_cq = ctx->cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.sq_sig_all = 0;
+    ia.cap.max_send_wr = want->max_send_wr;
+    ia.cap.max_recv_wr = want->max_recv_wr;
+    ia.cap.max_send_sge = want->max_sge;
+    ia.cap.max_recv_sge = want->max_sge;
+    ia.cap.max_inline_data = want->max_inline;
+    qp = ibv_create_qp(ctx->pd, &ia);
+    if (!qp)
+        return NULL;
+    got->max_send_wr = ia.cap.max_send_wr;
+    got->max_recv_wr = ia.cap.max_recv_wr;
+    got->max_sge = EXS_MIN(ia.cap.max_send_sge, ia.cap.max_recv_sge);
+    got->max_inline = ia.cap.max_inline_data;
+    return qp;
+}
+
+static void vrb_cq_grow(struct vrb_ctx *ctx, uint64_t add)
+{
+    pthread_mutex_lock(&ctx->lock);
+    ctx->cq_need += add;
+    if (ctx->cq_need > (uint64_t)ctx->cq_cap && ctx->cq_cap < ctx->dattr.max_cqe) {
+        int want = (int)EXS_MIN((uint64_t)ctx->dattr.max_cqe, ctx->cq_need * 2);
+
+        if (ibv_resize_cq(ctx->cq, want) == 0) {
+            ctx->cq_cap = ctx->cq->cqe;
+            EXS_CNT_INC(ctx->cnt.cq_resizes);
+        } else {
+            EXS_WARN(PROV, "ctx %p: cq resize to %d failed; %llu entries may be needed",
+                     (void *)ctx, want, (unsigned long long)ctx->cq_need);
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *attr,
+                       struct exs_prov_ep **ep_p)
+{
+    struct vrb_ctx *ctx = vrb_ctx_of(c);
+    const struct exs_prov_caps *caps = &c->caps;
+    struct vrb_qpc_caps want;
+    struct ibv_qp_attr qa;
+    struct vrb_ep *ep;
+    int ret;
+
+    if (!attr || !attr->max_send_wr || attr->max_send_wr > caps->max_send_wr ||
+        !attr->max_recv_wr || attr->max_recv_wr > caps->max_recv_wr ||
+        attr->max_inline > caps->max_inline || attr->rnr_retry > 7)
+        return -EINVAL;
+    ep = calloc(1, sizeof(*ep));
+    if (!ep)
+        return -ENOMEM;
+    ep->base.ctx = c;
+    ep->base.user = attr->user;
+    ep->base.attr = *attr;
+    ep->ctx = ctx;
+    ep->cmo.kind = VRB_K_EP;
+    pthread_mutex_init(&ep->lock, NULL);
+    exs_list_init(&ep->hlink);
+    exs_list_init(&ep->link);
+    exs_list_init(&ep->disc_link);
+    ep->sq_cap = attr->max_send_wr;
+    ep->rq_cap = attr->max_recv_wr;
+    ep->sq = calloc(ep->sq_cap, sizeof(*ep->sq));
+    ep->rq = calloc(ep->rq_cap, sizeof(*ep->rq));
+    if (!ep->sq || !ep->rq) {
+        ret = -ENOMEM;
+        goto fail;
+    }
+    want.max_send_wr = attr->max_send_wr;
+    want.max_recv_wr = attr->max_recv_wr;
+    want.max_inline = attr->max_inline;
+    want.max_sge = caps->max_sge;
+    ep->qp = exs__vrb_qpc_get(&ctx->qpc, &want, &ep->qcaps);
+    if (!ep->qp)
+        ep->qp = vrb_qp_create(ctx, &want, &ep->qcaps);
+    if (!ep->qp) {
+        ret = errno ? -errno : -ENOMEM;
+        EXS_ERR(PROV, "ctx %p: ibv_create_qp: %s", (void *)ctx, strerror(-ret));
+        goto fail;
+    }
+    memset(&qa, 0, sizeof(qa));
+    qa.qp_state = IBV_QPS_INIT;
+    qa.pkey_index = 0;
+    qa.port_num = ctx->port;
+    qa.qp_access_flags =
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    ret = ibv_modify_qp(ep->qp, &qa,
+                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    if (ret) {
+        ret = -ret;
+        EXS_ERR(PROV, "ctx %p: QP to INIT: %s", (void *)ctx, strerror(-ret));
+        exs__vrb_qp_destroy_cb(ctx, ep->qp);
+        ep->qp = NULL;
+        goto fail;
+    }
+    __atomic_store_n(&ep->state, EXS_PROV_EP_IDLE, __ATOMIC_RELAXED);
+    vrb_cq_grow(ctx, (uint64_t)attr->max_send_wr + attr->max_recv_wr);
+    exs__vrb_ep_hash_add(ctx, ep);
+    ep->tok = ctx->tok_base ^ ((uint64_t)ep->epid * 0x9E3779B97F4A7C15ull);
+    EXS_DBG(PROV, "ep %p: qp %u epid %u", (void *)ep, ep->qp->qp_num, ep->epid);
+    *ep_p = &ep->base;
+    return 0;
+fail:
+    free(ep->sq);
+    free(ep->rq);
+    pthread_mutex_destroy(&ep->lock);
+    free(ep);
+    return ret;
+}
+
+void exs__vrb_ep_destroy(struct exs_prov_ep *e)
+{
+    struct vrb_ep *ep = vrb_ep_of(e);
+    struct vrb_ctx *ctx;
+    struct ibv_qp_attr qa = { .qp_state = IBV_QPS_RESET };
+
+    if (!ep)
+        return;
+    ctx = ep->ctx;
+    pthread_mutex_lock(&ctx->cm_lock);
+    exs_list_del(&ep->disc_link);
+    if (ep->id) {
+        if (ep->up && !ep->disc_sent) {
+            vrb_say_bye(ep);
+            rdma_disconnect(ep->id);
+        }
+        ep->id->context = NULL;
+        rdma_destroy_id(ep->id);
+        ep->id = NULL;
+    }
+    pthread_mutex_unlock(&ctx->cm_lock);
+    /* no completion or event names the ep after this */
+    exs__vrb_ep_forget(ctx, ep);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->cq_need -= (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr;
+    pthread_mutex_unlock(&ctx->lock);
+    if (ibv_modify_qp(ep->qp, &qa, IBV_QP_STATE) == 0)
+        exs__vrb_qpc_put(&ctx->qpc, ep->qp, &ep->qcaps);
+    else
+        exs__vrb_qp_destroy_cb(ctx, ep->qp);
+    free(ep->sq);
+    free(ep->rq);
+    pthread_mutex_destroy(&ep->lock);
+    free(ep);
+}
+
+enum exs_prov_ep_state exs__vrb_ep_state(struct exs_prov_ep *e)
+{
+    return (enum exs_prov_ep_state)__atomic_load_n(&vrb_ep_of(e)->state, __ATOMIC_RELAXED);
+}
+
+int exs__vrb_ep_local_addr(struct exs_prov_ep *e, struct sockaddr_storage *addr,
+                           socklen_t *addrlen)
+{
+    struct vrb_ep *ep = vrb_ep_of(e);
+    int ret = -ENOTCONN;
+
+    pthread_mutex_lock(&ep->ctx->cm_lock);
+    if (ep->local_len) {
+        if (*addrlen < ep->local_len) {
+            ret = -EINVAL;
+        } else {
+            memcpy(addr, &ep->local, ep->local_len);
+            *addrlen = ep->local_len;
+            ret = 0;
+        }
+    }
+    pthread_mutex_unlock(&ep->ctx->cm_lock);
+    return ret;
+}
+
+/* ---- listeners ---- */
+
+int exs__vrb_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen_t addrlen,
+                    int backlog, void *user, struct exs_prov_listener **lis_p)
+{
+    struct vrb_ctx *ctx = vrb_ctx_of(c);
+    struct sockaddr_storage sa;
+    struct vrb_listener *lis;
+    int ret;
+
+    if (!addr || addrlen < sizeof(struct sockaddr_in) || addrlen > sizeof(sa) ||
+        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6))
+        return -EINVAL;
+    lis = calloc(1, sizeof(*lis));
+    if (!lis)
+        return -ENOMEM;
+    memset(&sa, 0, sizeof(sa));
+    memcpy(&sa, addr, addrlen);
+    if (sa.ss_family == AF_INET && VRB_IN_LOOPBACK((struct sockaddr_in *)&sa) &&
+        ctx->loop_addr.s_addr) {
+        ((struct sockaddr_in *)&sa)->sin_addr = ctx->loop_addr;
+        lis->loopback = 1;
+    }
+    lis->base.ctx = c;
+    lis->base.user = user;
+    lis->ctx = ctx;
+    lis->cmo.kind = VRB_K_LIS;
+    exs_list_init(&lis->reqs);
+    pthread_mutex_lock(&ctx->cm_lock);
+    if (rdma_create_id(ctx->cmch, &lis->id, &lis->cmo, RDMA_PS_TCP)) {
+        ret = -errno;
+        goto fail;
+    }
+    if (rdma_bind_addr(lis->id, (struct sockaddr *)&sa)) {
+        ret = -errno;
+        goto fail;
+    }
+    if (lis->id->verbs && !vrb_same_device(ctx, lis->id)) {
+        ret = -EADDRNOTAVAIL;
+        goto fail;
+    }
+    if (rdma_listen(lis->id, backlog > 0 ? backlog : 16)) {
+        ret = -errno;
+        goto fail;
+    }
+    exs_list_add_tail(&ctx->listeners, &lis->link);
+    pthread_mutex_unlock(&ctx->cm_lock);
+    *lis_p = &lis->base;
+    return 0;
+fail:
+    if (lis->id)
+        rdma_destroy_id(lis->id);
+    pthread_mutex_unlock(&ctx->cm_lock);
+    EXS_DBG(PROV, "ctx %p: listen: %s", (void *)ctx, strerror(-ret));
+    free(lis);
+    return ret;
+}
+
+int exs__vrb_listener_addr(struct exs_prov_listener *l, struct sockaddr_storage *addr,
+                           socklen_t *addrlen)
+{
+    struct vrb_listener *lis = (struct vrb_listener *)l;
+    struct sockaddr *sa = rdma_get_local_addr(lis->id);
+    struct sockaddr_storage tmp;
+    socklen_t len;
+
+    if (!sa)
+        return -ENOTCONN;
+    vrb_sa_copy(lis->ctx, lis->loopback, sa, &tmp, &len);
+    if (*addrlen < len)
+        return -EINVAL;
+    memcpy(addr, &tmp, len);
+    *addrlen = len;
+    return 0;
+}
+
+static void vrb_req_free(struct vrb_req *req, int reject)
+{
+    if (reject)
+        rdma_reject(req->id, NULL, 0);
+    req->id->context = NULL;
+    rdma_destroy_id(req->id);
+    exs_list_del(&req->link);
+    free(req);
+}
+
+void exs__vrb_listener_destroy(struct exs_prov_listener *l)
+{
+    struct vrb_listener *lis = (struct vrb_listener *)l;
+    struct vrb_ctx *ctx;
+    struct exs_list *l2;
+
+    if (!lis)
+        return;
+    ctx = lis->ctx;
+    pthread_mutex_lock(&ctx->cm_lock);
+    while ((l2 = lis->reqs.next) != &lis->reqs)
+        vrb_req_free(exs_list_entry(l2, struct vrb_req, link), 1);
+    exs_list_del(&lis->link);
+    lis->id->context = NULL;
+    rdma_destroy_id(lis->id);
+    pthread_mutex_unlock(&ctx->cm_lock);
+    free(lis);
+}
+
+/* ---- connect / accept / reject / disconnect ---- */
+
+static void vrb_connect_fail(struct vrb_ep *ep, int status)
+{
+    struct exs_prov_cm_event ev;
+
+    EXS_CNT_INC(ep->ctx->cnt.conns_unreachable);
+    exs__vrb_ep_set_error(ep);
+    ep->disc_sent = 1;
+    vrb_ep_event(ep, EXS_PROV_CM_UNREACHABLE, status, &ev);
+    exs__vrb_cm_push(ep->ctx, &ev);
+}
+
+int exs__vrb_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen_t addrlen,
+                     const void *pd, uint32_t pdlen)
+{
+    struct vrb_ep *ep = vrb_ep_of(e);
+    struct vrb_ctx *ctx = ep->ctx;
+    struct sockaddr_storage sa;
+
+    if (!addr || addrlen < sizeof(struct sockaddr_in) || addrlen > sizeof(sa) ||
+        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6))
+        return -EINVAL;
+    if (pdlen > VRB_PD_MAX || (pdlen && !pd))
+        return -EINVAL;
+    memset(&sa, 0, sizeof(sa));
+    memcpy(&sa, addr, addrlen);
+    pthread_mutex_lock(&ctx->cm_lock);
+    if (ep->id || __atomic_load_n(&ep->state, __ATOMIC_RELAXED) != EXS_PROV_EP_IDLE) {
+        pthread_mutex_unlock(&ctx->cm_lock);
+        return -EISCONN;
+    }
+    if (pdlen)
+        memcpy(ep->cpd, pd, pdlen);
+    ep->cpd_len = pdlen;
+    if (sa.ss_family == AF_INET && VRB_IN_LOOPBACK((struct sockaddr_in *)&sa) &&
+        ctx->loop_addr.s_addr) {
+        ((struct sockaddr_in *)&sa)->sin_addr = ctx->loop_addr;
+        ep->loopback = 1;
+    }
+    if (rdma_create_id(ctx->cmch, &ep->id, &ep->cmo, RDMA_PS_TCP)) {
+        int err = errno;
+
+        ep->id = NULL;
+        pthread_mutex_unlock(&ctx->cm_lock);
+        return -err;
+    }
+    ep->active = 1;
+    ep->connect_ns = exs__now_ns();
+    pthread_mutex_lock(&ep->lock);
+    __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTING, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&ep->lock);
+    if (rdma_resolve_addr(ep->id, NULL, (struct sockaddr *)&sa, VRB_RESOLVE_MS)) {
+        int err = errno;
+
+        EXS_DBG(PROV, "ep %p: rdma_resolve_addr: %s", (void *)ep, strerror(err));
+        vrb_connect_fail(ep, -(err ? err : EHOSTUNREACH));
+    }
+    pthread_mutex_unlock(&ctx->cm_lock);
+    return 0;
+}
+
+int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const void *pd,
+                    uint32_t pdlen)
+{
+    struct vrb_req *req = (struct vrb_req *)r;
+    struct vrb_ep *ep = vrb_ep_of(e);
+    struct vrb_ctx *ctx;
+    struct rdma_conn_param cp;
+    uint8_t buf[VRB_PD_HDR + VRB_PD_MAX];
+    uint8_t rres, idepth;
+    int ret;
+
+    if (!req || !ep || pdlen > VRB_PD_MAX || (pdlen && !pd))
+        return -EINVAL;
+    ctx = ep->ctx;
+    if (&ctx->base != req->lis->base.ctx)
+        return -EINVAL;
+    pthread_mutex_lock(&ctx->cm_lock);
+    if (ep->id || __atomic_load_n(&ep->state, __ATOMIC_RELAXED) != EXS_PROV_EP_IDLE) {
+        pthread_mutex_unlock(&ctx->cm_lock);
+        return -EISCONN;
+    }
+    if (req->broken) {
+        vrb_req_free(req, 1);
+        pthread_mutex_unlock(&ctx->cm_lock);
+        return -ECONNABORTED;
+    }
+    rres = (uint8_t)EXS_MIN(vrb_rd_res(ctx), EXS_MAX(req->init_depth, 1));
+    idepth = (uint8_t)EXS_MIN(vrb_rd_init(ctx), EXS_MAX(req->resp_res, 1));
+    ep->id = req->id;
+    ep->loopback = req->lis->loopback;
+    ret = vrb_qp_to_rts(ep, ep->id, rres, idepth);
+    if (ret) {
+        EXS_ERR(PROV, "ep %p: accept: QP to RTS: %s", (void *)ep, strerror(-ret));
+        ep->id = NULL;
+        vrb_req_free(req, 1);
+        exs__vrb_ep_set_error(ep);
+        pthread_mutex_unlock(&ctx->cm_lock);
+        return ret;
+    }
+    vrb_pd_hdr(buf, pd, pdlen, ctx->udp_port, ep->tok);
+    memset(&cp, 0, sizeof(cp));
+    cp.private_data = buf;
+    cp.private_data_len = (uint8_t)(VRB_PD_HDR + pdlen);
+    cp.responder_resources = rres;
+    cp.initiator_depth = idepth;
+    cp.flow_control = 1;
+    cp.retry_count = ctx->retry_cnt;
+    cp.rnr_retry_count = EXS_MIN(ep->base.attr.rnr_retry, ctx->rnr_retry);
+    cp.qp_num = ep->qp->qp_num;
+    pthread_mutex_lock(&ep->lock);
+    __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTING, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&ep->lock);
+    ep->id->context = &ep->cmo;
+    if (rdma_accept(ep->id, &cp)) {
+        ret = -errno;
+        EXS_DBG(PROV, "ep %p: rdma_accept: %s", (void *)ep, strerror(-ret));
+        ep->id = NULL;
+        vrb_req_free(req, 0);
+        exs__vrb_ep_set_error(ep);
+        pthread_mutex_unlock(&ctx->cm_lock);
+        return ret;
+    }
+    exs_list_del(&req->link);
+    free(req);
+    pthread_mutex_unlock(&ctx->cm_lock);
+    return 0;
+}
+
+int exs__vrb_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
+{
+    struct vrb_req *req = (struct vrb_req *)r;
+    struct vrb_ctx *ctx;
+    uint8_t buf[VRB_PD_HDR + VRB_PD_MAX];
+    int ret = 0;
+
+    if (!req || pdlen > VRB_PD_MAX || (pdlen && !pd))
+        return -EINVAL;
+    ctx = req->lis->ctx;
+    vrb_pd_hdr(buf, pd, pdlen, 0, 0);
+    pthread_mutex_lock(&ctx->cm_lock);
+    if (rdma_reject(req->id, buf, (uint8_t)(VRB_PD_HDR + pdlen)))
+        ret = -errno;
+    vrb_req_free(req, 0);
+    pthread_mutex_unlock(&ctx->cm_lock);
+    return ret;
+}
+
+int exs__vrb_disconnect(struct exs_prov_ep *e)
+{
+    struct vrb_ep *ep = vrb_ep_of(e);
+    struct vrb_ctx *ctx;
+    struct exs_prov_cm_event ev;
+    int state;
+
+    if (!ep)
+        return -EINVAL;
+    ctx = ep->ctx;
+    pthread_mutex_lock(&ctx->cm_lock);
+    state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
+    if (state == EXS_PROV_EP_IDLE && !ep->id) {
+        pthread_mutex_unlock(&ctx->cm_lock);
+        return -EINVAL;
+    }
+    exs__vrb_ep_set_error(ep);
+    if (ep->disc_sent) {
+        pthread_mutex_unlock(&ctx->cm_lock);
+        return 0;
+    }
+    ep->local_disc = 1;
+    if (ep->up) {
+        /* DISCONNECTED follows when the peer answers (DREP) or the CM times out */
+        vrb_say_bye(ep);
+        if (rdma_disconnect(ep->id) == 0) {
+            pthread_mutex_unlock(&ctx->cm_lock);
+            return 0;
+        }
+    }
+    /* still connecting (or the CM refused): give up now */
+    if (ep->id && !ep->up)
+        rdma_disconnect(ep->id);
+    ep->disc_sent = 1;
+    EXS_CNT_INC(ctx->cnt.disconnects);
+    vrb_ep_event(ep, EXS_PROV_CM_DISCONNECTED, 0, &ev);
+    exs__vrb_cm_push(ctx, &ev);
+    pthread_mutex_unlock(&ctx->cm_lock);
+    return 0;
+}
+
+/* ---- rdma_cm events ---- */
+
+static int vrb_on_connect_request(struct vrb_ctx *ctx, struct rdma_cm_event *cme,
+                                  struct exs_prov_cm_event *ev)
+{
+    struct vrb_cmobj *o = cme->listen_id ? cme->listen_id->context : NULL;
+    struct vrb_listener *lis;
+    struct vrb_req *req;
+    struct sockaddr *peer;
+    uint32_t len;
+
+    if (!o || o->kind != VRB_K_LIS)
+        return -1; /* reject */
+    lis = exs_container_of(o, struct vrb_listener, cmo);
+    if (!vrb_same_device(ctx, cme->id)) {
+        EXS_WARN(PROV, "ctx %p: connect request on another device, rejected", (void *)ctx);
+        return -1;
+    }
+    req = calloc(1, sizeof(*req));
+    if (!req)
+        return -1;
+    req->base.listener = &lis->base;
+    req->cmo.kind = VRB_K_REQ;
+    req->lis = lis;
+    req->id = cme->id;
+    req->resp_res = cme->param.conn.responder_resources;
+    req->init_depth = cme->param.conn.initiator_depth;
+    cme->id->context = &req->cmo;
+    exs_list_add_tail(&lis->reqs, &req->link);
+    memset(ev, 0, sizeof(*ev));
+    ev->type = EXS_PROV_CM_CONNECT_REQUEST;
+    ev->listener = &lis->base;
+    ev->req = &req->base;
+    len = (uint32_t)(cme->param.conn.retry_count & 7) |
+          ((uint32_t)(cme->param.conn.rnr_retry_count & 7) << 3);
+    len = EXS_MIN(len, EXS_MIN(VRB_PD_MAX, cme->param.conn.private_data_len));
+    if (len && cme->param.conn.private_data)
+        memcpy(ev->private_data, cme->param.conn.private_data, len);
+    ev->private_data_len = cme->param.conn.private_data ? len : 0;
+    peer = rdma_get_peer_addr(cme->id);
+    if (peer && (peer->sa_family == AF_INET || peer->sa_family == AF_INET6))
+        vrb_sa_copy(ctx, lis->loopback, peer, &ev->peer_addr, &ev->peer_addrlen);
+    return 1;
+}
+
+/* Route resolved: send the REQ. 0 or -errno. */
+static int vrb_send_req(struct vrb_ep *ep)
+{
+    struct vrb_ctx *ctx = ep->ctx;
+    struct rdma_conn_param cp;
+    int ret = 0;
+
+    memset(&cp, 0, sizeof(cp));
+    if (ep->cpd_len) {
+        cp.private_data = ep->cpd;
+        cp.private_data_len = (uint8_t)ep->cpd_len;
+    }
+    cp.retry_count = (uint8_t)(ep->cpd_len & 7);
+    cp.rnr_retry_count = (uint8_t)((ep->cpd_len >> 3) & 7);
+    cp.responder_resources = vrb_rd_res(ctx);
+    cp.initiator_depth = vrb_rd_init(ctx);
+    cp.flow_control = 1;
+    cp.qp_num = ep->qp->qp_num;
+    if (rdma_connect(ep->id, &cp))
+        ret = -errno;
+    return ret;
+}
+
+static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_cm_event *cme,
+                           struct exs_prov_cm_event *ev)
+{
+    int ret;
+
+    switch (cme->event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+        if (ep->disc_sent)
+            return 0;
+        if (!vrb_same_device(ctx, ep->id)) {
+            EXS_DBG(PROV, "ep %p: address resolves to another device", (void *)ep);
+            vrb_connect_fail(ep, -ENETUNREACH);
+            return 0;
+        }
+        if (rdma_resolve_route(ep->id, VRB_RESOLVE_MS)) {
+            int err = errno;
+
+            vrb_connect_fail(ep, -(err ? err : EHOSTUNREACH));
+        }
+        return 0;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED:
+        if (ep->disc_sent)
+            return 0;
+        ret = vrb_send_req(ep);
+        if (ret)
+            vrb_connect_fail(ep, ret);
+        return 0;
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+        if (ep->disc_sent || ep->up) {
+            rdma_reject(ep->id, NULL, 0);
+            return 0;
+        }
+        vrb_ep_event(ep, EXS_PROV_CM_ESTABLISHED, 0, ev);
+        {
+            uint16_t port = 0;
+            struct sockaddr *peer = rdma_get_peer_addr(ep->id);
+
+            if (vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len,
+                             ev, &port, &ep->peer_tok) &&
+                port && ctx->udpfd >= 0 && peer && peer->sa_family == AF_INET) {
+                memcpy(&ep->peer_bye, peer, sizeof(ep->peer_bye));
+                ep->peer_bye.sin_port = port;
+                ep->bye_ok = 1;
+                /* before the RTU: the passive side knows where to say goodbye by the time
+                 * it sees ESTABLISHED */
+                vrb_dg_send(ctx, &ep->peer_bye, VRB_DG_HELLO, ep->peer_tok, ep->tok);
+            }
+        }
+        ret = vrb_qp_to_rts(ep, ep->id,
+                            (uint8_t)EXS_MIN(vrb_rd_res(ctx),
+                                             EXS_MAX(cme->param.conn.initiator_depth, 1)),
+                            (uint8_t)EXS_MIN(vrb_rd_init(ctx),
+                                             EXS_MAX(cme->param.conn.responder_resources, 1)));
+        if (!ret && rdma_establish(ep->id))
+            ret = -errno;
+        if (ret) {
+            EXS_ERR(PROV, "ep %p: connect response: %s", (void *)ep, strerror(-ret));
+            rdma_reject(ep->id, NULL, 0);
+            vrb_connect_fail(ep, ret);
+            return 0;
+        }
+        vrb_ep_up(ep);
+        return 1;
+    case RDMA_CM_EVENT_ESTABLISHED:
+        if (ep->disc_sent || ep->up)
+            return 0;
+        vrb_ep_up(ep);
+        vrb_ep_event(ep, EXS_PROV_CM_ESTABLISHED, 0, ev);
+        if (ep->active)
+            vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
+                         NULL, NULL);
+        return 1;
+    case RDMA_CM_EVENT_REJECTED:
+        if (ep->disc_sent)
+            return 0;
+        exs__vrb_ep_set_error(ep);
+        ep->disc_sent = 1;
+        if (!ep->active || ep->up) {
+            vrb_ep_event(ep, EXS_PROV_CM_DISCONNECTED, -ECONNRESET, ev);
+            return 1;
+        }
+        vrb_ep_event(ep, EXS_PROV_CM_REJECTED, -ECONNREFUSED, ev);
+        if (cme->status == VRB_REJ_CONSUMER &&
+            vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
+                         NULL, NULL)) {
+            EXS_CNT_INC(ctx->cnt.conns_rejected);
+            return 1;
+        }
+        /* no listener (invalid service id), or the peer's CM refused without our header */
+        EXS_DBG(PROV, "ep %p: rejected, reason %d: unreachable", (void *)ep, cme->status);
+        EXS_CNT_INC(ctx->cnt.conns_unreachable);
+        vrb_ep_event(ep, EXS_PROV_CM_UNREACHABLE, -ECONNREFUSED, ev);
+        return 1;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+        if (ep->disc_sent)
+            return 0;
+        exs__vrb_ep_set_error(ep);
+        ep->disc_sent = 1;
+        if (!ep->active || ep->up) {
+            vrb_ep_event(ep, EXS_PROV_CM_DISCONNECTED, -ECONNRESET, ev);
+            return 1;
+        }
+        EXS_CNT_INC(ctx->cnt.conns_unreachable);
+        vrb_ep_event(ep, EXS_PROV_CM_UNREACHABLE,
+                     cme->status < 0 ? cme->status
+                     : cme->event == RDMA_CM_EVENT_UNREACHABLE ? -ETIMEDOUT
+                                                               : -EHOSTUNREACH,
+                     ev);
+        return 1;
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        exs__vrb_ep_set_error(ep);
+        /* answer the DREQ at once so the peer's DISCONNECTED is not held for a timeout */
+        rdma_disconnect(ep->id);
+        if (ep->disc_sent)
+            return 0;
+        ep->disc_sent = 1;
+        EXS_CNT_INC(ctx->cnt.disconnects);
+        if (ep->active && !ep->up) {
+            vrb_ep_event(ep, EXS_PROV_CM_UNREACHABLE, -ECONNRESET, ev);
+            return 1;
+        }
+        if (cme->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+            vrb_ep_event(ep, EXS_PROV_CM_DISCONNECTED, -ENODEV, ev);
+            return 1;
+        }
+        if (ep->up && ep->bye_ok && !ep->got_bye && !ep->local_disc) {
+            /* orderly ends are announced; hold it briefly for a goodbye still in flight */
+            ep->disc_at = exs__now_ns() + VRB_BYE_WAIT_NS;
+            exs_list_add_tail(&ctx->disc_wait, &ep->disc_link);
+            return 0;
+        }
+        vrb_ep_event(ep, EXS_PROV_CM_DISCONNECTED, ep->up ? 0 : -ECONNRESET, ev);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int exs__vrb_cm_process(struct vrb_ctx *ctx, struct exs_prov_cm_event *ev)
+{
+    struct rdma_cm_event *cme;
+
+    for (;;) {
+        struct vrb_cmobj *o;
+        struct rdma_cm_id *reject_id = NULL;
+        int ret = 0;
+
+        if (rdma_get_cm_event(ctx->cmch, &cme))
+            return 0; /* EAGAIN: nothing pending */
+        EXS_CNT_INC(ctx->cnt.cm_events);
+        EXS_DBG(PROV, "ctx %p: cm event %s status %d", (void *)ctx, rdma_event_str(cme->event),
+                cme->status);
+        if (cme->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+            ret = vrb_on_connect_request(ctx, cme, ev);
+            if (ret < 0) {
+                reject_id = cme->id;
+                ret = 0;
+            }
+        } else {
+            o = cme->id ? cme->id->context : NULL;
+            if (o && o->kind == VRB_K_EP)
+                ret = vrb_on_ep_event(ctx, exs_container_of(o, struct vrb_ep, cmo), cme, ev);
+            else if (o && o->kind == VRB_K_REQ &&
+                     (cme->event == RDMA_CM_EVENT_REJECTED ||
+                      cme->event == RDMA_CM_EVENT_DISCONNECTED ||
+                      cme->event == RDMA_CM_EVENT_CONNECT_ERROR ||
+                      cme->event == RDMA_CM_EVENT_UNREACHABLE))
+                exs_container_of(o, struct vrb_req, cmo)->broken = 1;
+        }
+        rdma_ack_cm_event(cme);
+        if (reject_id) {
+            rdma_reject(reject_id, NULL, 0);
+            rdma_destroy_id(reject_id);
+        }
+        if (ret > 0)
+            return 1;
+    }
+}

@@ -1,0 +1,636 @@
+/* SPDX-License-Identifier: MIT */
+/* Verbs provider context: device and port, PD, the shared CQ and its channel, the rdma_cm
+ * channel, the event fd, arming and polling, and the ops table. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "exs/prov/verbs/vrb.h"
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+
+#define VRB_DEF_CQ   4096u
+#define VRB_POLL_MAX 32
+
+static const struct exs_counter_desc vrb_counter_desc[] = {
+    EXS_COUNTER(struct vrb_counters, conns_established, "connections established"),
+    EXS_COUNTER(struct vrb_counters, conns_rejected, "connect attempts rejected by the peer"),
+    EXS_COUNTER(struct vrb_counters, conns_unreachable, "connect attempts that found no peer"),
+    EXS_COUNTER(struct vrb_counters, disconnects, "connections ended"),
+    EXS_COUNTER(struct vrb_counters, cm_events, "rdma_cm events processed"),
+    EXS_COUNTER(struct vrb_counters, wc_errors, "error completions (not counting flushes)"),
+    EXS_COUNTER(struct vrb_counters, stale_cqes, "completions of destroyed eps dropped"),
+    EXS_COUNTER(struct vrb_counters, cq_resizes, "completion queue resizes"),
+    EXS_COUNTER(struct vrb_counters, sq_full, "post_send refused: send queue full"),
+    EXS_COUNTER(struct vrb_counters, connect_ns_total, "sum of connect-to-ESTABLISHED times, ns"),
+    EXS_COUNTER(struct vrb_counters, connects_timed, "connects in connect_ns_total"),
+};
+
+/* ---- device probing ---- */
+
+static int vrb_port_active(struct ibv_context *vc, const struct ibv_device_attr *da)
+{
+    for (uint8_t p = 1; p <= da->phys_port_cnt; p++) {
+        struct ibv_port_attr pa;
+
+        if (ibv_query_port(vc, p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE)
+            return p;
+    }
+    return 0;
+}
+
+static int vrb_active_probe(void)
+{
+    struct ibv_device **list;
+    int n = 0, found = 0;
+
+    list = ibv_get_device_list(&n);
+    if (!list)
+        return 0;
+    for (int i = 0; i < n && !found; i++) {
+        struct ibv_context *vc = ibv_open_device(list[i]);
+        struct ibv_device_attr da;
+
+        if (!vc)
+            continue;
+        if (ibv_query_device(vc, &da) == 0 && vrb_port_active(vc, &da))
+            found = 1;
+        ibv_close_device(vc);
+    }
+    ibv_free_device_list(list);
+    return found;
+}
+
+static pthread_once_t vrb_active_once = PTHREAD_ONCE_INIT;
+static int vrb_active;
+
+static void vrb_active_init(void)
+{
+    vrb_active = vrb_active_probe();
+}
+
+int exs__prov_verbs_device_active(void)
+{
+    pthread_once(&vrb_active_once, vrb_active_init);
+    return vrb_active;
+}
+
+/* The port's first IPv4-mapped GID (RoCE): the address 127.0.0.1 stands for. */
+static void vrb_find_loop_addr(struct vrb_ctx *ctx)
+{
+    struct ibv_port_attr pa;
+
+    if (ibv_query_port(ctx->verbs, ctx->port, &pa) != 0)
+        return;
+    for (int i = 0; i < pa.gid_tbl_len && i < 128; i++) {
+        union ibv_gid g;
+        static const uint8_t pre[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+
+        if (ibv_query_gid(ctx->verbs, ctx->port, i, &g) != 0)
+            continue;
+        if (memcmp(g.raw, pre, sizeof(pre)) == 0) {
+            memcpy(&ctx->loop_addr, g.raw + 12, 4);
+            return;
+        }
+    }
+}
+
+static int vrb_numa_node(struct ibv_context *vc)
+{
+    char path[512];
+    FILE *f;
+    int node = -1;
+
+    snprintf(path, sizeof(path), "%s/device/numa_node", vc->device->ibdev_path);
+    f = fopen(path, "r");
+    if (!f)
+        return -1;
+    if (fscanf(f, "%d", &node) != 1)
+        node = -1;
+    fclose(f);
+    return node;
+}
+
+static uint32_t vrb_probe_inline(struct vrb_ctx *ctx, uint32_t want)
+{
+    struct ibv_qp_init_attr ia;
+    struct ibv_qp *qp;
+
+    while (want >= 32) {
+        memset(&ia, 0, sizeof(ia));
+        ia.send_cq = ia.recv_cq = ctx->cq;
+        ia.qp_type = IBV_QPT_RC;
+        ia.cap.max_send_wr = 1;
+        ia.cap.max_recv_wr = 1;
+        ia.cap.max_send_sge = 1;
+        ia.cap.max_recv_sge = 1;
+        ia.cap.max_inline_data = want;
+        qp = ibv_create_qp(ctx->pd, &ia);
+        if (qp) {
+            uint32_t got = ia.cap.max_inline_data;
+
+            ibv_destroy_qp(qp);
+            return got >= want ? want : got;
+        }
+        want /= 2;
+    }
+    return 0;
+}
+
+/* ---- completion ring (ctx->lock) ---- */
+
+static int vrb_ring_push(struct vrb_ctx *ctx, const struct exs_prov_cqe *c)
+{
+    if (ctx->ring_count == ctx->ring_cap) {
+        uint32_t ncap = ctx->ring_cap ? ctx->ring_cap * 2 : 256;
+        struct exs_prov_cqe *n = malloc(ncap * sizeof(*n));
+
+        if (!n)
+            return -ENOMEM;
+        for (uint32_t i = 0; i < ctx->ring_count; i++)
+            n[i] = ctx->ring[(ctx->ring_head + i) % ctx->ring_cap];
+        free(ctx->ring);
+        ctx->ring = n;
+        ctx->ring_cap = ncap;
+        ctx->ring_head = 0;
+    }
+    ctx->ring[(ctx->ring_head + ctx->ring_count) % ctx->ring_cap] = *c;
+    ctx->ring_count++;
+    return 0;
+}
+
+/* Poll the CQ into the ring; returns the number added. */
+static int vrb_cq_to_ring(struct vrb_ctx *ctx)
+{
+    struct ibv_wc wc[VRB_POLL_MAX];
+    struct exs_prov_cqe c;
+    int n, added = 0;
+
+    do {
+        n = ibv_poll_cq(ctx->cq, VRB_POLL_MAX, wc);
+        for (int i = 0; i < n; i++)
+            if (exs__vrb_wc_convert(ctx, &wc[i], &c) == 0 && vrb_ring_push(ctx, &c) == 0)
+                added++;
+    } while (n == VRB_POLL_MAX);
+    return added;
+}
+
+void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep)
+{
+    pthread_mutex_lock(&ctx->lock);
+    ep->epid = ++ctx->next_epid & 0xffffffu;
+    if (!ep->epid)
+        ep->epid = ++ctx->next_epid & 0xffffffu;
+    exs_list_add_tail(&ctx->ep_hash[ep->epid % VRB_EP_HASH], &ep->hlink);
+    exs_list_add_tail(&ctx->eps, &ep->link);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep)
+{
+    struct exs_list *pos, *tmp;
+    uint32_t keep = 0;
+
+    pthread_mutex_lock(&ctx->lock);
+    /* completions already in the CQ go to the ring first (others' are kept) */
+    vrb_cq_to_ring(ctx);
+    exs_list_del(&ep->hlink);
+    exs_list_del(&ep->link);
+    for (uint32_t i = 0; i < ctx->ring_count; i++) {
+        struct exs_prov_cqe *c = &ctx->ring[(ctx->ring_head + i) % ctx->ring_cap];
+
+        if (c->ep != &ep->base)
+            ctx->ring[(ctx->ring_head + keep++) % ctx->ring_cap] = *c;
+    }
+    ctx->ring_count = keep;
+    exs_list_for_each_safe(pos, tmp, &ctx->cm_sw) {
+        struct vrb_cm_node *nd = exs_list_entry(pos, struct vrb_cm_node, link);
+
+        if (nd->ev.ep == &ep->base) {
+            exs_list_del(&nd->link);
+            free(nd);
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
+{
+    struct vrb_cm_node *nd = malloc(sizeof(*nd));
+    uint64_t one = 1;
+
+    if (!nd) {
+        EXS_ERR(PROV, "ctx %p: cm event %s lost (no memory)", (void *)ctx,
+                exs__prov_cm_event_str(ev->type));
+        return;
+    }
+    nd->ev = *ev;
+    pthread_mutex_lock(&ctx->lock);
+    exs_list_add_tail(&ctx->cm_sw, &nd->link);
+    pthread_mutex_unlock(&ctx->lock);
+    if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        EXS_ERR(PROV, "ctx %p: eventfd write: %m", (void *)ctx);
+}
+
+/* ---- ops ---- */
+
+static int vrb_ctx_event_fd(struct exs_prov_ctx *c)
+{
+    return vrb_ctx_of(c)->epfd;
+}
+
+static int vrb_ctx_arm(struct exs_prov_ctx *c)
+{
+    struct vrb_ctx *ctx = vrb_ctx_of(c);
+    struct ibv_cq *cq;
+    void *cq_ctx;
+    uint64_t v;
+    int busy;
+
+    pthread_mutex_lock(&ctx->lock);
+    while (ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
+        ibv_ack_cq_events(cq, 1);
+    if (read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        EXS_ERR(PROV, "ctx %p: eventfd read: %m", (void *)ctx);
+    if (ibv_req_notify_cq(ctx->cq, 0) != 0)
+        EXS_ERR(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
+    busy = ctx->ring_count || !exs_list_empty(&ctx->cm_sw);
+    if (!busy)
+        busy = vrb_cq_to_ring(ctx) > 0;
+    pthread_mutex_unlock(&ctx->lock);
+    return busy ? -EAGAIN : 0;
+}
+
+static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max)
+{
+    struct vrb_ctx *ctx = vrb_ctx_of(c);
+    struct ibv_wc wc[VRB_POLL_MAX];
+    int n = 0;
+
+    if (max <= 0)
+        return 0;
+    pthread_mutex_lock(&ctx->lock);
+    while (n < max && ctx->ring_count) {
+        cqe[n++] = ctx->ring[ctx->ring_head];
+        ctx->ring_head = (ctx->ring_head + 1) % ctx->ring_cap;
+        ctx->ring_count--;
+    }
+    while (n < max) {
+        int want = EXS_MIN(max - n, VRB_POLL_MAX);
+        int got = ibv_poll_cq(ctx->cq, want, wc);
+
+        if (got <= 0)
+            break;
+        for (int i = 0; i < got; i++)
+            if (exs__vrb_wc_convert(ctx, &wc[i], &cqe[n]) == 0)
+                n++;
+        if (got < want)
+            break;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return n;
+}
+
+static int vrb_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
+{
+    struct vrb_ctx *ctx = vrb_ctx_of(c);
+    struct exs_list *l;
+    struct vrb_cm_node *nd;
+
+    pthread_mutex_lock(&ctx->lock);
+    l = exs_list_pop_head(&ctx->cm_sw);
+    pthread_mutex_unlock(&ctx->lock);
+    if (!l)
+        return 0;
+    nd = exs_list_entry(l, struct vrb_cm_node, link);
+    *ev = nd->ev;
+    free(nd);
+    return 1;
+}
+
+/* The cm thread: rdma_cm must progress (address and route resolution, the REQ, the DREP)
+ * even when the application polls only the other side, as a NIC would. It turns rdma_cm
+ * events into provider events on ctx->cm_sw. */
+static void *vrb_cm_main(void *arg)
+{
+    struct vrb_ctx *ctx = arg;
+    struct exs_prov_cm_event ev;
+    struct pollfd pfd[3];
+    uint64_t due = 0;
+
+    for (;;) {
+        int timeout = -1, n;
+
+        if (due) {
+            uint64_t now = exs__now_ns();
+
+            timeout = due > now ? (int)((due - now) / 1000000u) + 1 : 0;
+        }
+        pfd[0] = (struct pollfd){ .fd = ctx->cmch->fd, .events = POLLIN };
+        pfd[1] = (struct pollfd){ .fd = ctx->stopfd, .events = POLLIN };
+        pfd[2] = (struct pollfd){ .fd = ctx->udpfd, .events = POLLIN };
+        n = poll(pfd, ctx->udpfd >= 0 ? 3 : 2, timeout);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            EXS_ERR(PROV, "ctx %p: cm thread poll: %m", (void *)ctx);
+            break;
+        }
+        if (pfd[1].revents)
+            break;
+        pthread_mutex_lock(&ctx->cm_lock);
+        if (ctx->udpfd >= 0)
+            exs__vrb_udp_input(ctx);
+        while (exs__vrb_cm_process(ctx, &ev) == 1)
+            exs__vrb_cm_push(ctx, &ev);
+        if (ctx->udpfd >= 0)
+            exs__vrb_udp_input(ctx);
+        due = exs__vrb_disc_due(ctx, exs__now_ns());
+        pthread_mutex_unlock(&ctx->cm_lock);
+    }
+    return NULL;
+}
+
+/* The goodbye socket: UDP on the rdma_cm addresses (IPoIB on InfiniBand). */
+static void vrb_udp_open(struct vrb_ctx *ctx)
+{
+    struct sockaddr_in sin = { .sin_family = AF_INET };
+    socklen_t len = sizeof(sin);
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+    if (fd < 0)
+        return;
+    if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0 ||
+        getsockname(fd, (struct sockaddr *)&sin, &len) < 0) {
+        close(fd);
+        return;
+    }
+    ctx->udpfd = fd;
+    ctx->udp_port = sin.sin_port;
+}
+
+/* ---- open / close ---- */
+
+static int vrb_set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+
+    return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
+}
+
+static int vrb_epoll_add(int epfd, int fd)
+{
+    struct epoll_event ev = { .events = EPOLLIN };
+
+    ev.data.fd = fd;
+    return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+static void vrb_ctx_free(struct vrb_ctx *ctx)
+{
+    struct exs_list *l;
+    uint64_t one = 1;
+
+    if (ctx->cm_thread_on) {
+        if (write(ctx->stopfd, &one, sizeof(one)) < 0)
+            EXS_ERR(PROV, "ctx %p: stop write: %m", (void *)ctx);
+        pthread_join(ctx->cm_thread, NULL);
+    }
+    exs__vrb_cache_counters(&ctx->mc, &ctx->rc, &ctx->qpc, 0);
+    exs__vrb_qpc_fini(&ctx->qpc);
+    exs__vrb_rc_fini(&ctx->rc);
+    exs__vrb_mc_fini(&ctx->mc);
+    while ((l = exs_list_pop_head(&ctx->cm_sw)) != NULL)
+        free(exs_list_entry(l, struct vrb_cm_node, link));
+    if (ctx->cq)
+        ibv_destroy_cq(ctx->cq);
+    if (ctx->ch)
+        ibv_destroy_comp_channel(ctx->ch);
+    if (ctx->pd)
+        ibv_dealloc_pd(ctx->pd);
+    if (ctx->cmch)
+        rdma_destroy_event_channel(ctx->cmch);
+    if (ctx->devlist)
+        rdma_free_devices(ctx->devlist);
+    if (ctx->evfd >= 0)
+        close(ctx->evfd);
+    if (ctx->stopfd >= 0)
+        close(ctx->stopfd);
+    if (ctx->udpfd >= 0)
+        close(ctx->udpfd);
+    if (ctx->epfd >= 0)
+        close(ctx->epfd);
+    free(ctx->ring);
+    pthread_mutex_destroy(&ctx->lock);
+    pthread_mutex_destroy(&ctx->cm_lock);
+    pthread_rwlock_destroy(&ctx->mr_lock);
+    free(ctx);
+}
+
+static uint32_t vrb_clamp32(uint64_t v, uint32_t lo, uint32_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : (uint32_t)v;
+}
+
+static pthread_once_t vrb_fork_once = PTHREAD_ONCE_INIT;
+
+static void vrb_fork_init(void)
+{
+    int rc = ibv_fork_init();
+
+    if (rc)
+        EXS_WARN(PROV, "ibv_fork_init: %s", strerror(rc));
+    else
+        EXS_INFO(PROV, "verbs: fork-safe memory registration on (vrb_fork_safe)");
+}
+
+static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
+{
+    struct vrb_ctx *ctx;
+    struct ibv_port_attr pa;
+    struct vrb_reg_ops rops;
+    int n = 0, ret, backing;
+    uint64_t cq_size;
+
+    exs__params_load();
+    if (exs__params.vrb_fork_safe)
+        pthread_once(&vrb_fork_once, vrb_fork_init);
+    ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return -ENOMEM;
+    ctx->evfd = ctx->epfd = ctx->stopfd = ctx->udpfd = -1;
+    exs_list_init(&ctx->disc_wait);
+    ctx->tok_base = exs__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)ctx;
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_mutex_init(&ctx->cm_lock, NULL);
+    exs_list_init(&ctx->cm_sw);
+    exs_list_init(&ctx->eps);
+    exs_list_init(&ctx->listeners);
+    for (unsigned i = 0; i < VRB_EP_HASH; i++)
+        exs_list_init(&ctx->ep_hash[i]);
+    pthread_rwlock_init(&ctx->mr_lock, NULL);
+    for (unsigned i = 0; i < VRB_MR_HASH; i++)
+        exs_list_init(&ctx->mr_hash[i]);
+    rops = (struct vrb_reg_ops){ .reg = exs__vrb_reg_cb, .dereg = exs__vrb_dereg_cb, .arg = ctx };
+    exs__vrb_qpc_init(&ctx->qpc, (unsigned)EXS_MIN(exs__params.vrb_qp_cache, 65536u),
+                      exs__vrb_qp_destroy_cb, ctx);
+    exs__vrb_rc_init(&ctx->rc, (unsigned)EXS_MIN(exs__params.vrb_regcache_max, 1u << 20), &rops);
+
+    ctx->devlist = rdma_get_devices(&n);
+    if (!ctx->devlist || n <= 0) {
+        EXS_DBG(PROV, "verbs: no RDMA device");
+        ret = -ENODEV;
+        goto fail;
+    }
+    for (int i = 0; i < n && !ctx->verbs; i++) {
+        struct ibv_context *vc = ctx->devlist[i];
+        struct ibv_device_attr da;
+        int port;
+
+        if (attr && attr->device && attr->device[0] &&
+            strcmp(attr->device, ibv_get_device_name(vc->device)) != 0)
+            continue;
+        if (ibv_query_device(vc, &da) != 0)
+            continue;
+        port = vrb_port_active(vc, &da);
+        if (!port)
+            continue;
+        ctx->verbs = vc;
+        ctx->dattr = da;
+        ctx->port = (uint8_t)port;
+    }
+    if (!ctx->verbs) {
+        EXS_DBG(PROV, "verbs: no device %s with an active port",
+                attr && attr->device ? attr->device : "(any)");
+        ret = -ENODEV;
+        goto fail;
+    }
+    if (ibv_query_port(ctx->verbs, ctx->port, &pa) != 0) {
+        ret = -ENODEV;
+        goto fail;
+    }
+    vrb_find_loop_addr(ctx);
+    ctx->pd = ibv_alloc_pd(ctx->verbs);
+    ctx->ch = ibv_create_comp_channel(ctx->verbs);
+    ctx->cmch = rdma_create_event_channel();
+    ctx->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+    ctx->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!ctx->pd || !ctx->ch || !ctx->cmch || ctx->evfd < 0 || ctx->epfd < 0 ||
+        ctx->stopfd < 0) {
+        ret = errno ? -errno : -ENOMEM;
+        goto fail;
+    }
+    cq_size = attr && attr->cq_size ? attr->cq_size : exs__params.vrb_cq_size;
+    ctx->cq_cap = (int)vrb_clamp32(cq_size, 64, (uint32_t)EXS_MAX(ctx->dattr.max_cqe, 64));
+    ctx->cq = ibv_create_cq(ctx->verbs, ctx->cq_cap, ctx, ctx->ch, 0);
+    if (!ctx->cq) {
+        ret = errno ? -errno : -ENOMEM;
+        goto fail;
+    }
+    ctx->cq_cap = ctx->cq->cqe;
+    ret = vrb_set_nonblock(ctx->ch->fd);
+    if (!ret)
+        ret = vrb_set_nonblock(ctx->cmch->fd);
+    if (!ret)
+        ret = vrb_epoll_add(ctx->epfd, ctx->ch->fd);
+    if (!ret)
+        ret = vrb_epoll_add(ctx->epfd, ctx->evfd);
+    if (ret)
+        goto fail;
+    if (ibv_req_notify_cq(ctx->cq, 0) != 0)
+        EXS_WARN(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
+
+    ctx->qp_timeout = (uint8_t)vrb_clamp32(exs__params.vrb_qp_timeout, 0, 31);
+    ctx->retry_cnt = (uint8_t)vrb_clamp32(exs__params.vrb_retry_cnt, 0, 7);
+    ctx->rnr_retry = (uint8_t)vrb_clamp32(exs__params.vrb_rnr_retry, 0, 7);
+    ctx->max_inline = vrb_probe_inline(ctx, vrb_clamp32(exs__params.vrb_max_inline, 0, 4096));
+
+    ctx->base.ops = &exs__prov_verbs_ops;
+    ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ |
+                           (ctx->max_inline ? EXS_PROV_CAP_INLINE : 0);
+    ctx->base.caps.max_inline = ctx->max_inline;
+    ctx->base.caps.max_sge = vrb_clamp32((uint64_t)ctx->dattr.max_sge, 1, VRB_MAX_SGE);
+    ctx->base.caps.max_send_wr = vrb_clamp32((uint64_t)ctx->dattr.max_qp_wr, 1, 1u << 20);
+    ctx->base.caps.max_recv_wr = ctx->base.caps.max_send_wr;
+    ctx->base.caps.max_private_data = VRB_PD_MAX;
+    ctx->base.caps.max_msg_size = pa.max_msg_sz ? pa.max_msg_sz : (1ull << 31);
+    ctx->base.caps.max_cqe = (uint32_t)ctx->cq_cap;
+
+    backing = exs__vrb_mc_backing_parse(exs__params.vrb_mem_alloc);
+    if (backing < 0) {
+        EXS_WARN(PROV, "vrb_mem_alloc %s: unknown, using anon", exs__params.vrb_mem_alloc);
+        backing = VRB_MEM_ANON;
+    }
+    ret = exs__vrb_mc_init(&ctx->mc, exs__params.vrb_mcache_region, (enum vrb_mem_backing)backing,
+                           vrb_numa_node(ctx->verbs), exs__params.vrb_mcache_idle_ms, &rops);
+    if (ret)
+        goto fail;
+    ctx->mc.guard = exs__params.vrb_mcache_guard;
+    vrb_udp_open(ctx);
+    ret = -pthread_create(&ctx->cm_thread, NULL, vrb_cm_main, ctx);
+    if (ret)
+        goto fail;
+    ctx->cm_thread_on = 1;
+    exs__vrb_cache_counters(&ctx->mc, &ctx->rc, &ctx->qpc, 1);
+    ctx->cset.name = "prov.verbs";
+    ctx->cset.desc = vrb_counter_desc;
+    ctx->cset.count = EXS_ARRAY_SIZE(vrb_counter_desc);
+    ctx->cset.base = &ctx->cnt;
+    exs__counters_register(&ctx->cset);
+    EXS_INFO(PROV, "verbs ctx %p: device %s port %u, cq %d, inline %u, sge %u, loopback %s",
+             (void *)ctx, ibv_get_device_name(ctx->verbs->device), ctx->port, ctx->cq_cap,
+             ctx->max_inline, ctx->base.caps.max_sge,
+             ctx->loop_addr.s_addr ? inet_ntoa(ctx->loop_addr) : "-");
+    *ctx_p = &ctx->base;
+    return 0;
+fail:
+    vrb_ctx_free(ctx);
+    return ret;
+}
+
+static void vrb_ctx_close(struct exs_prov_ctx *c)
+{
+    struct vrb_ctx *ctx = vrb_ctx_of(c);
+
+    if (!ctx)
+        return;
+    if (!exs_list_empty(&ctx->eps))
+        EXS_WARN(PROV, "ctx %p: closed with endpoints left", (void *)ctx);
+    exs__counters_unregister(&ctx->cset);
+    vrb_ctx_free(ctx);
+}
+
+struct exs_prov_ops exs__prov_verbs_ops = {
+    .name = "verbs",
+    .ctx_open = vrb_ctx_open,
+    .ctx_close = vrb_ctx_close,
+    .ctx_event_fd = vrb_ctx_event_fd,
+    .ctx_arm = vrb_ctx_arm,
+    .ctx_poll = vrb_ctx_poll,
+    .ctx_cm_poll = vrb_ctx_cm_poll,
+    .mr_reg = exs__vrb_mr_reg,
+    .mr_dereg = exs__vrb_mr_dereg,
+    .ep_create = exs__vrb_ep_create,
+    .ep_destroy = exs__vrb_ep_destroy,
+    .ep_state = exs__vrb_ep_state,
+    .ep_local_addr = exs__vrb_ep_local_addr,
+    .listen = exs__vrb_listen,
+    .listener_addr = exs__vrb_listener_addr,
+    .listener_destroy = exs__vrb_listener_destroy,
+    .connect = exs__vrb_connect,
+    .accept = exs__vrb_accept,
+    .reject = exs__vrb_reject,
+    .disconnect = exs__vrb_disconnect,
+    .post_recv = exs__vrb_post_recv,
+    .post_send = exs__vrb_post_send,
+};
