@@ -367,6 +367,29 @@ static int parse_args(int argc, char **argv, struct config *c)
         fprintf(stderr, "blast: at most %d connections\n", BLAST_MAX_CONNS);
         return -1;
     }
+    int maxd = c->sends > c->recvs ? c->sends : c->recvs;
+
+    for (int i = 0; i < c->nsweep && c->sweep != SW_SIZE; i++) {
+        int d = (int)c->sweep_vals[i];
+
+        if (c->recv_ratio > 0 && c->sweep == SW_SENDS)
+            d = (int)(d * c->recv_ratio + 0.5);
+        maxd = d > maxd ? d : maxd;
+    }
+    if ((long)c->conns * maxd > 60000) {
+        fprintf(stderr, "blast: --conns x outstanding operations is at most 60000 (one event "
+                "queue per process)\n");
+        return -1;
+    }
+    uint64_t maxsz = c->sweep == SW_SIZE ? 0 : c->size.max;
+
+    for (int i = 0; i < c->nsweep && c->sweep == SW_SIZE; i++)
+        maxsz = c->sweep_vals[i] > maxsz ? c->sweep_vals[i] : maxsz;
+    if ((double)c->conns * maxd * (double)maxsz > 16.0 * (1ull << 30)) {
+        fprintf(stderr, "blast: buffers of --conns x outstanding operations x largest message "
+                "exceed 16 GiB\n");
+        return -1;
+    }
     if (c->json + c->csv > 1) {
         fprintf(stderr, "blast: --json and --csv exclude each other\n");
         return -1;
@@ -624,6 +647,14 @@ static int one_run(int cfd, const struct config *c, const struct run_params *rp,
         tcp_client_run(rp, host, rm.data_port, snd);
     else
         exs_client_run(rp, host, rm.data_port, snd);
+    if (snd->status && !rcv->reported) { /* the receiver may still wait for us: not long */
+        struct pollfd p = { .fd = cfd, .events = POLLIN };
+
+        if (poll(&p, 1, 3000) != 1) {
+            fprintf(stderr, "blast: %s\n", snd->msg);
+            return -1;
+        }
+    }
     if (!rcv->reported && read_full(cfd, rcv, sizeof(*rcv)) < 0) {
         fprintf(stderr, "blast: lost the control connection to the receiver%s%s\n",
                 snd->status ? "; sender: " : "", snd->status ? snd->msg : "");
