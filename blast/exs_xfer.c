@@ -39,7 +39,7 @@ struct econn {
 };
 
 /* The receiver's listener lives across runs (its ring size is fixed at creation). */
-static int srv_lfd = -1, srv_rcvbuf = -1, srv_port;
+static int srv_lfd = -1, srv_rcvbuf = -1, srv_port, srv_type = -1;
 static exs_qhandle_t srv_q = EXS_QHANDLE_INVALID;
 
 static const char *ename(int e)
@@ -68,12 +68,13 @@ int exs_server_prepare(const struct run_params *rp, int port, int *data_port)
             return -1;
         }
     }
-    if (srv_lfd >= 0 && srv_rcvbuf != rp->rcvbuf) {
+    if (srv_lfd >= 0 && (srv_rcvbuf != rp->rcvbuf || srv_type != rp->type)) {
         exs_close(srv_lfd, EXS_QHANDLE_INVALID, NULL);
         srv_lfd = -1;
-        port = 0; /* the old port may linger: take a fresh one */
     }
-    if (srv_lfd < 0) {
+    for (int attempt = 0; srv_lfd < 0 && attempt < 2; attempt++) {
+        if (attempt)
+            port = 0; /* the old port still lingers: take an ephemeral one */
         struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
         int type = rp->type == T_STREAM ? SOCK_STREAM : SOCK_SEQPACKET;
 
@@ -94,7 +95,9 @@ int exs_server_prepare(const struct run_params *rp, int port, int *data_port)
             fprintf(stderr, "blast: exs listen on port %d: %s\n", port, ename(errno));
             exs_close(srv_lfd, EXS_QHANDLE_INVALID, NULL);
             srv_lfd = -1;
-            return -1;
+            if (port == 0)
+                return -1;
+            continue;
         }
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
@@ -102,6 +105,7 @@ int exs_server_prepare(const struct run_params *rp, int port, int *data_port)
         exs_getsockname(srv_lfd, (struct sockaddr *)&ss, &sl);
         srv_port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
         srv_rcvbuf = rp->rcvbuf;
+        srv_type = rp->type;
     }
     int mode = rp->mode;
 

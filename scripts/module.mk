@@ -6,10 +6,11 @@
 # fallback to tcp).
 #
 #   RXE_VM_TIMEOUT=1200   hard limit of the whole guest run, seconds (environment)
-#   RXE_TEST_TIMEOUT=420  limit of each test binary in the guest, seconds
+#   RXE_TEST_TIMEOUT=480  limit of each test binary in the guest, seconds (blast: 120);
+#                         two of them, blast and the boot fit in RXE_VM_TIMEOUT's default
 #   RXE_CK_MULT=10        CK_TIMEOUT_MULTIPLIER in the guest: TCG is slow
 RXE_CHECK_DIR    := $(BUILD)/rxe-vm/check
-RXE_TEST_TIMEOUT ?= 420
+RXE_TEST_TIMEOUT ?= 480
 RXE_CK_MULT      ?= 10
 
 # The guest side (busybox sh, run in /guest = a copy of $(RXE_CHECK_DIR)). Each run is
@@ -19,15 +20,17 @@ define RXE_CHECK_SH
 cnt=/sys/class/infiniband/rxe0/ports/1/hw_counters
 export EXS_PROVIDER=verbs EXS_TEST_ADDR=10.0.2.15
 passed=0; failed=0; failures=
+# run NAME LIMIT COMMAND...: COMMAND gets its own session (setsid): on SIGTERM, Check's
+# runner kills its whole process group, which would otherwise include this script.
 run() {
-    name=$1; shift
+    name=$1; limit=$2; shift 2
     echo; echo "=== check-rxe: $name: EXS_PROVIDER=$EXS_PROVIDER EXS_TEST_ADDR=$EXS_TEST_ADDR $*"
     s0=$(cat $cnt/sent_pkts); r0=$(cat $cnt/rcvd_pkts)
-    timeout "$RXE_TEST_TIMEOUT" "$@"
+    timeout "$limit" setsid "$@"
     rc=$?
     s=$(($(cat $cnt/sent_pkts) - s0)); r=$(($(cat $cnt/rcvd_pkts) - r0))
     if [ $rc -ne 0 ]; then
-        why="FAIL: exit $rc"; [ $rc -eq 143 ] && why="$why (killed after ${RXE_TEST_TIMEOUT}s)"
+        why="FAIL: exit $rc"; [ $rc -eq 143 ] && why="$why (killed after ${limit}s)"
     elif [ $s -eq 0 ]; then
         why="FAIL: exit 0 but no packet went through rxe0 (not the verbs provider?)"; rc=1
     else
@@ -36,14 +39,14 @@ run() {
     echo "--- check-rxe: $name: $why; rxe0 sent $s, received $r packets"
     if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures="$failures $name"; fi
 }
-run exs_prov_test ./exs_prov_test -p verbs
-run exs_integ_test ./exs_integ_test -p verbs
+run exs_prov_test "$RXE_TEST_TIMEOUT" ./exs_prov_test -p verbs
+run exs_integ_test "$RXE_TEST_TIMEOUT" ./exs_integ_test -p verbs
 if [ -x ./blast ]; then
     # blast --loopback uses 127.0.0.1, which rdma_cm cannot route: a receiver and a
     # sender on 10.0.2.15 instead.
-    timeout "$RXE_TEST_TIMEOUT" ./blast -s -p 7471 --once >blast-server.log 2>&1 &
+    timeout 120 setsid ./blast -s -p 7471 --once >blast-server.log 2>&1 &
     sleep 1
-    run blast ./blast -c 10.0.2.15 -p 7471 --time 1 --runs 1 --verify --quiet
+    run blast 120 ./blast -c 10.0.2.15 -p 7471 --time 1 --runs 1 --verify --quiet
     i=0; while kill -0 $! 2>/dev/null && [ $i -lt 20 ]; do sleep 0.5; i=$((i + 1)); done
     kill $! 2>/dev/null
     echo "--- check-rxe: blast receiver output:"; cat blast-server.log

@@ -124,7 +124,8 @@ prov=$(find /usr/lib /lib -name 'librxe-rdmav*.so' -print -quit 2>/dev/null)
 add "$prov"
 add_libs "$prov"
 # glibc loads libgcc_s.so.1 at run time (pthread_exit, pthread_cancel, C++ unwinding).
-gcc_s=$(ldconfig -p | awk '/libgcc_s\.so\.1 .*x86-64/ {print $NF; exit}')
+# (awk reads all of ldconfig's output: an early exit would SIGPIPE it under pipefail.)
+gcc_s=$(ldconfig -p | awk '/libgcc_s\.so\.1 .*x86-64/ && !f {f = $NF} END {print f}')
 [ -n "$gcc_s" ] || die "libgcc_s.so.1 not found"
 add "$gcc_s"
 # Kernel modules, dependencies first (kmod resolves modules.dep for the guest's version).
@@ -210,7 +211,8 @@ cmd_timeout=$(cat /rxe-vm/timeout)
     echo "=== rxe-vm: running in /guest (limit ${cmd_timeout}s): $(cat /rxe-vm/cmd)"
 } >/dev/ttyS1 2>&1
 cd /guest
-timeout -s KILL "$cmd_timeout" sh /rxe-vm/cmd </dev/null >/dev/ttyS1 2>&1
+# In its own session: a killpg(0, ...) in the command cannot reach this script.
+timeout -s KILL "$cmd_timeout" setsid sh /rxe-vm/cmd </dev/null >/dev/ttyS1 2>&1
 rc=$?
 [ $rc -eq 137 ] && { echo "rxe-vm guest: command killed after ${cmd_timeout}s" >/dev/ttyS1; rc=124; }
 sync

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/exs.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "tests/integ/integ.h"
 
@@ -1630,6 +1632,250 @@ START_TEST(test_eos_ring_after_close)
 }
 END_TEST
 
+/* The sender shuts down and closes as soon as its last send completed, while the receiver
+ * (slower: it pauses 1 ms per completion) still has receives outstanding and data in
+ * flight or in its ring, as a file-transfer sender does: the receiver still gets every
+ * byte, then 0 - never ECONNRESET. Repeated to catch the race. */
+static void close_while_receiving(int mode, int round)
+{
+    enum { NB = 8 };
+    const size_t chunk = MiB, volume = 16 * MiB;
+    struct st_seq s;
+    uint64_t posted_s = 0, done_s = 0, done_r = 0;
+    int closed = 0, eos = 0, out_r = 0, shut_seen = 0;
+    exs_event_t ev;
+
+    it_context("%s, round %d", mode_names[mode], round);
+    seq_open(&s, mode, volume, NB * chunk);
+    for (int i = 0; i < NB; i++, posted_s++)
+        st_post_send(&s.p, s.sb, posted_s * chunk, chunk, posted_s);
+    for (int i = 0; i < NB; i++, out_r++)
+        st_post_recv(&s.p, s.rb->p + (size_t)i * chunk, chunk, 0, s.rb->mh, (uint64_t)i);
+    s.nrecv = NB;
+    while (!eos || out_r > 0 || closed != 2 || !shut_seen) {
+        it_wait_event_at(s.p.q, -1, -1, IT_TIMEOUT_MS, &ev, __FILE__, __LINE__);
+        if (ev.exs_evt_type == EXS_EVT_SEND) {
+            ck_assert_msg(ev.exs_evt_errno == 0, "%s round %d: send #%" PRIu64 ": errno %d (%s)",
+                          mode_names[mode], round, ST_AH_IDX(ev.exs_evt_ahandle), ev.exs_evt_errno,
+                          strerror(ev.exs_evt_errno));
+            done_s++;
+            if (posted_s * chunk < volume) {
+                st_post_send(&s.p, s.sb, posted_s * chunk, chunk, posted_s);
+                posted_s++;
+            } else if (done_s == posted_s && !closed) {
+                /* Everything sent: end the stream and close at once. */
+                IT_EXPECT_OK(exs_shutdown(s.p.cfd, SHUT_WR, s.p.q, ST_AH(ST_SHUT, 0)));
+                IT_EXPECT_OK(exs_close(s.p.cfd, s.p.q, IT_AH(0xC105E)));
+                closed = 1;
+            }
+        } else if (ev.exs_evt_type == EXS_EVT_RECV) {
+            uint64_t idx = ST_AH_IDX(ev.exs_evt_ahandle);
+            ssize_t r = ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+            uint8_t *buf = ev.exs_evt_u.exs_evt_xfer.exs_evt_buf;
+
+            ck_assert_msg(ev.exs_evt_errno == 0 && r >= 0,
+                          "%s round %d: receive #%" PRIu64 " at stream offset %" PRIu64
+                          " of %zu (sender %s): errno %d (%s) result %zd, expected data or 0",
+                          mode_names[mode], round, idx, s.roff, volume,
+                          closed ? "closed after SHUT_WR" : "still open", ev.exs_evt_errno,
+                          strerror(ev.exs_evt_errno), r);
+            ck_assert_msg(idx == done_r, "receive #%" PRIu64 " completed before #%" PRIu64, idx,
+                          done_r);
+            done_r++;
+            out_r--;
+            if (r == 0) {
+                ck_assert_msg(s.roff == volume,
+                              "%s round %d: end of stream after %" PRIu64 " of %zu bytes",
+                              mode_names[mode], round, s.roff, volume);
+                eos = 1;
+                continue;
+            }
+            ck_assert_int_lt(st_check(buf, s.roff, (size_t)r, s.seed), 0);
+            s.roff += (uint64_t)r;
+            it_sleep_ms(1); /* a slow consumer */
+            if (!eos) {
+                st_post_recv(&s.p, buf, chunk, 0, s.rb->mh, s.nrecv++);
+                out_r++;
+            }
+        } else if (ev.exs_evt_type == EXS_EVT_SHUTDOWN) {
+            /* The close right after may cancel it (spec/api.md section 8). */
+            ck_assert_msg(ev.exs_evt_errno == 0 || ev.exs_evt_errno == ECANCELED,
+                          "%s round %d: SHUTDOWN event errno %d (%s)", mode_names[mode], round,
+                          ev.exs_evt_errno, strerror(ev.exs_evt_errno));
+            shut_seen = 1;
+        } else {
+            ck_assert_msg(ev.exs_evt_type == EXS_EVT_CLOSE && ev.exs_evt_fd == s.p.cfd,
+                          "unexpected event type %d fd %d", ev.exs_evt_type, ev.exs_evt_fd);
+            closed = 2;
+        }
+    }
+    s.p.cfd = -1;
+    st_pair_close(&s.p);
+    it_buf_free(s.sb);
+    it_buf_free(s.rb);
+}
+
+START_TEST(test_eos_close_while_receiving)
+{
+    it_init();
+    for (int round = 0; round < 5; round++) {
+        for (int mode = EXS_XFER_DYNAMIC; mode <= EXS_XFER_INDIRECT_ONLY; mode++)
+            close_while_receiving(mode, round);
+    }
+}
+END_TEST
+
+/* The sending peer is another process, as with samples/stream_send: it sends 16 MiB with
+ * 8 sends of 1 MiB outstanding, exs_shutdown(SHUT_WR), exs_close and exs_fini (all
+ * synchronous) and exits as soon as its last send completed. The receiver, slower, must
+ * still get every byte and then 0, never ECONNRESET. */
+static int child_send(uint16_t port, int mode, uint64_t seed, size_t volume)
+{
+    const size_t chunk = MiB;
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = port};
+    uint8_t *buf = malloc(volume);
+    exs_qhandle_t q;
+    exs_mhandle_t mh;
+    size_t off = 0;
+    int fd, out = 0;
+
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (!buf || exs_init(EXS_VERSION) != EXS_VERSION)
+        return 10;
+    st_fill(buf, 0, volume, seed);
+    q = exs_qcreate(64);
+    mh = exs_mregister(buf, volume, 0);
+    fd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    if (q == EXS_QHANDLE_INVALID || mh == EXS_MHANDLE_INVALID || fd < 0)
+        return 11;
+    if (exs_setsockopt(fd, SOL_EXS, EXS_SO_XFER_MODE, &mode, sizeof(mode)) != 0)
+        return 12;
+    if (exs_connect(fd, (struct sockaddr *)&sin, sizeof(sin), EXS_QHANDLE_INVALID, NULL) != 0)
+        return 13;
+    while (off < volume || out > 0) {
+        exs_event_t ev;
+
+        while (off < volume && out < 8) {
+            if (exs_send(fd, buf + off, chunk, 0, q, NULL, mh) != 0)
+                return 14;
+            off += chunk;
+            out++;
+        }
+        if (exs_qdequeue(q, &ev, 1, NULL) != 1 || ev.exs_evt_type != EXS_EVT_SEND ||
+            ev.exs_evt_errno != 0)
+            return 15;
+        out--;
+    }
+    if (exs_shutdown(fd, SHUT_WR, EXS_QHANDLE_INVALID, NULL) != 0)
+        return 16;
+    if (getenv("ST_PRE_CLOSE_SLEEP"))
+        sleep(1);
+    if (exs_close(fd, EXS_QHANDLE_INVALID, NULL) != 0)
+        return 17;
+    if (getenv("ST_POST_CLOSE_SLEEP"))
+        sleep(1);
+    exs_mderegister(mh);
+    exs_qdelete(q);
+    exs_fini();
+    return 0;
+}
+
+static void peer_process_exit(int mode, int round)
+{
+    const size_t chunk = MiB, volume = 16 * MiB;
+    uint64_t seed = st_mix(st_base_seed(), 0xF0F0 + (uint64_t)mode);
+    int pfd[2], lfd, fd, status;
+    uint16_t port;
+    pid_t pid;
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = 0};
+    socklen_t alen = sizeof(sin);
+    struct it_buf *rb;
+    exs_qhandle_t q;
+    exs_event_t ev;
+    uint64_t roff = 0, nrecv = 0;
+    int out = 0, eos = 0;
+
+    ck_assert_int_eq(pipe(pfd), 0);
+    pid = fork(); /* before this process's exs_init: the child starts its own library */
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(pfd[1]);
+        if (read(pfd[0], &port, sizeof(port)) != (ssize_t)sizeof(port))
+            _exit(9);
+        _exit(child_send(port, mode, seed, volume));
+    }
+    close(pfd[0]);
+    it_init();
+    it_context("%s, round %d, sender pid %d", mode_names[mode], round, (int)pid);
+    q = it_qcreate(64);
+    rb = it_buf_new(8 * chunk, 1);
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    lfd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(lfd, 0);
+    st_set_mode(lfd, mode);
+    IT_EXPECT_OK(exs_bind(lfd, (struct sockaddr *)&sin, sizeof(sin)));
+    IT_EXPECT_OK(exs_listen(lfd, 4));
+    IT_EXPECT_OK(exs_getsockname(lfd, (struct sockaddr *)&sin, &alen));
+    IT_EXPECT_OK(exs_accept(lfd, q, IT_AH(0xACC)));
+    port = sin.sin_port;
+    ck_assert_int_eq(write(pfd[1], &port, sizeof(port)), (ssize_t)sizeof(port));
+    close(pfd[1]);
+    it_expect_err_at(q, EXS_EVT_ACCEPT, lfd, IT_AH(0xACC), 0, &ev, __FILE__, __LINE__);
+    fd = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+    ck_assert_int_ge(fd, 0);
+    for (int i = 0; i < 8; i++, out++)
+        IT_EXPECT_OK(
+            exs_recv(fd, rb->p + (size_t)i * chunk, chunk, 0, q, ST_AH(ST_RECV, nrecv++), rb->mh));
+    while (out > 0) {
+        ssize_t r;
+        uint8_t *buf;
+
+        it_wait_event_at(q, EXS_EVT_RECV, fd, IT_TIMEOUT_MS, &ev, __FILE__, __LINE__);
+        out--;
+        r = ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+        buf = ev.exs_evt_u.exs_evt_xfer.exs_evt_buf;
+        ck_assert_msg(ev.exs_evt_errno == 0 && r >= 0,
+                      "%s round %d: receive at stream offset %" PRIu64 " of %zu, the sending "
+                      "process having shut down, closed and exited after its last send "
+                      "completed: errno %d (%s) result %zd, expected the remaining bytes then 0",
+                      mode_names[mode], round, roff, volume, ev.exs_evt_errno,
+                      strerror(ev.exs_evt_errno), r);
+        if (r == 0) {
+            ck_assert_msg(roff == volume, "%s round %d: end of stream after %" PRIu64 " of %zu",
+                          mode_names[mode], round, roff, volume);
+            eos = 1;
+            continue;
+        }
+        ck_assert_msg(!eos, "data after end of stream");
+        ck_assert_int_lt(st_check(buf, roff, (size_t)r, seed), 0);
+        roff += (uint64_t)r;
+        it_sleep_ms(2); /* a slow consumer */
+        IT_EXPECT_OK(exs_recv(fd, buf, chunk, 0, q, ST_AH(ST_RECV, nrecv++), rb->mh));
+        out++;
+        if (!eos && out == 0)
+            break;
+    }
+    ck_assert(eos);
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "%s round %d: the sending process ended with status %#x (exit code = step "
+                  "that failed, see child_send)",
+                  mode_names[mode], round, (unsigned)status);
+    it_close(fd, q);
+    it_close(lfd, q);
+    it_qdelete(q);
+    it_fini();
+}
+
+START_TEST(test_eos_peer_process_exit)
+{
+    for (int round = 0; round < 4; round++) {
+        for (int mode = EXS_XFER_DYNAMIC; mode <= EXS_XFER_INDIRECT_ONLY; mode++)
+            peer_process_exit(mode, round);
+    }
+}
+END_TEST
+
 Suite *integ_stream_suite(void)
 {
     Suite *s = suite_create("integ_stream");
@@ -1661,6 +1907,8 @@ Suite *integ_stream_suite(void)
     tcase_add_test(tc, test_eos_close);
     tcase_add_test(tc, test_eos_shutdown_partial);
     tcase_add_test(tc, test_eos_ring_after_close);
+    tcase_add_test(tc, test_eos_close_while_receiving);
+    tcase_add_test(tc, test_eos_peer_process_exit);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -125,6 +125,39 @@ START_TEST(order_write_then_send)
 }
 END_TEST
 
+/* Frames whose headers arrive in the same read as the previous frame's payload must be
+ * acted on even when that read ends a receive pass (tcp: its per-pass byte budget): a
+ * zero-length SEND behind a large WRITE completes. Pairs of 256 KiB make pass budgets
+ * end exactly after a SEND header. */
+START_TEST(order_header_after_payload)
+{
+    const uint32_t wlen = 262144 - 64;
+    struct pt_pair p;
+    struct pt_buf *src, *tgt, *rbuf;
+
+    pt_pair_setup(&p, NULL, NULL);
+    src = pt_pair_buf(&p, 'a', wlen, LW, 1);
+    tgt = pt_pair_buf(&p, 'b', wlen, LW | RW, 0);
+    rbuf = pt_pair_buf(&p, 'b', 8, LW, 0);
+    for (uint32_t round = 0; round < 12; round++) {
+        for (uint32_t i = 0; i < 4; i++)
+            ck_assert_int_eq(pt_post_recv(p.eb, i, rbuf, 0, 8), 0);
+        for (uint32_t i = 0; i < 4; i++) {
+            ck_assert_int_eq(pt_post_send(p.ea, 100 + i, EXS_PROV_WR_RDMA_WRITE, 0, src, 0, wlen,
+                                          0, pt_raddr(tgt, 0), tgt->mr->rkey),
+                             0);
+            ck_assert_int_eq(pt_post_send(p.ea, 200 + i, EXS_PROV_WR_SEND, SIG, src, 0, 0, 0, 0, 0),
+                             0);
+        }
+        for (uint32_t i = 0; i < 4; i++)
+            pt_expect_cqe(&p.b, i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        for (uint32_t i = 0; i < 4; i++)
+            pt_expect_cqe(&p.a, 200 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    }
+    pt_pair_close(&p);
+}
+END_TEST
+
 START_TEST(order_mixed_signaled)
 {
     const uint32_t n = 60;
@@ -359,6 +392,7 @@ Suite *prov_order_suite(void)
 
     tcase_add_test(tc, order_many_sends);
     tcase_add_test(tc, order_write_then_send);
+    tcase_add_test(tc, order_header_after_payload);
     tcase_add_test(tc, order_mixed_signaled);
     suite_add_tcase(s, tc);
     tc = pt_tcase("unsignaled");

@@ -717,6 +717,12 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
                 tcp_conn_payload_done(conn);
         }
     }
+    /* A whole header read along with the last payload is no longer in the socket, so
+     * level-triggered epoll would never bring us back for it (a budget exit): act on
+     * it now. Its payload, if any, is still in the socket and wakes us as usual. */
+    if (conn->fd >= 0 && conn->state == TCP_CONN_UP && conn->rx_phase == TCP_RX_HDR &&
+        !conn->rx_retry && conn->hgot == TCP_WIRE_HDR_LEN)
+        tcp_conn_rx_hdr(conn);
     if (conn->state == TCP_CONN_UP)
         tcp_conn_ack_flush(conn);
 }

@@ -786,16 +786,11 @@ int exs__vrb_disconnect(struct exs_prov_ep *e)
         return 0;
     }
     ep->local_disc = 1;
-    if (ep->up) {
-        /* DISCONNECTED follows when the peer answers (DREP) or the CM times out */
+    /* The local end is final at once: DISCONNECTED now, not when the peer's CM answers the
+     * DREQ (a stopped peer process answers only after the CM's retries, a minute). */
+    if (ep->up)
         vrb_say_bye(ep);
-        if (rdma_disconnect(ep->id) == 0) {
-            pthread_mutex_unlock(&ctx->cm_lock);
-            return 0;
-        }
-    }
-    /* still connecting (or the CM refused): give up now */
-    if (ep->id && !ep->up)
+    if (ep->id)
         rdma_disconnect(ep->id);
     ep->disc_sent = 1;
     EXS_CNT_INC(ctx->cnt.disconnects);

@@ -69,6 +69,14 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
     if (!mr)
         return -ENOMEM;
     mr->mr = ibv_reg_mr(ctx->pd, addr, length, vrb_access(access));
+    if (!mr->mr && (errno == EFAULT || errno == EACCES || errno == EPERM || errno == EINVAL) &&
+        (vrb_access(access) & IBV_ACCESS_LOCAL_WRITE)) {
+        /* read-only pages (a string constant sent from): the device cannot write what the
+         * process cannot; register what can be, a peer's WRITE then fails REM_ACCESS_ERR */
+        EXS_DBG(PROV, "ctx %p: %p+%zu not writable, registered read-only", (void *)ctx, addr,
+                length);
+        mr->mr = ibv_reg_mr(ctx->pd, addr, length, vrb_access(access) & IBV_ACCESS_REMOTE_READ);
+    }
     if (!mr->mr) {
         int err = errno ? errno : ENOMEM;
 
