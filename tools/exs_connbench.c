@@ -27,12 +27,12 @@
 
 struct cb {
     const struct exs_prov_ops *ops;
-    struct exs_prov_ctx       *cctx, *sctx;
-    struct exs_prov_listener  *lis;
-    struct sockaddr_storage    addr;
-    socklen_t                  addrlen;
-    struct exs_prov_ep        *ec, *es;
-    int                        est_c, est_s, disc_c, disc_s, failed;
+    struct exs_prov_ctx *cctx, *sctx;
+    struct exs_prov_listener *lis;
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    struct exs_prov_ep *ec, *es;
+    int est_c, est_s, disc_c, disc_s, failed;
 };
 
 static void cb_events(struct cb *b, struct exs_prov_ctx *ctx)
@@ -94,8 +94,8 @@ static int cb_wait(struct cb *b, const int *x, const int *y)
         busy |= b->ops->ctx_arm(b->sctx) == -EAGAIN;
         if (busy)
             continue;
-        pfd[0] = (struct pollfd){ .fd = b->ops->ctx_event_fd(b->cctx), .events = POLLIN };
-        pfd[1] = (struct pollfd){ .fd = b->ops->ctx_event_fd(b->sctx), .events = POLLIN };
+        pfd[0] = (struct pollfd){.fd = b->ops->ctx_event_fd(b->cctx), .events = POLLIN};
+        pfd[1] = (struct pollfd){.fd = b->ops->ctx_event_fd(b->sctx), .events = POLLIN};
         poll(pfd, 2, 100);
     }
 }
@@ -117,11 +117,14 @@ static void print_counter(const char *set, const char *name)
 
 static int cb_pass(const char *prov, const char *ip, int n, long qp_cache)
 {
-    struct exs_prov_attr attr = { NULL, 0 };
+    struct exs_prov_attr attr = {NULL, 0};
     struct exs_prov_ep_attr ea = {
-        .max_send_wr = 64, .max_recv_wr = 64, .max_inline = 64, .rnr_retry = 7,
+        .max_send_wr = 64,
+        .max_recv_wr = 64,
+        .max_inline = 64,
+        .rnr_retry = 7,
     };
-    struct sockaddr_in sin = { .sin_family = AF_INET };
+    struct sockaddr_in sin = {.sin_family = AF_INET};
     struct cb b;
     uint64_t *t, sum = 0;
     int rc = 1, done = 0;

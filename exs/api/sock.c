@@ -854,11 +854,13 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
             err = EINVAL;
             goto out;
         }
+        /* the conn lives as long as the socket (our reference); its lock is taken
+         * without the socket's (conn locks come first) */
         pthread_mutex_lock(&s->lock);
         struct exs_conn *conn = s->conn;
+        pthread_mutex_unlock(&s->lock);
         if (conn)
             exs__conn_stats(conn, &st);
-        pthread_mutex_unlock(&s->lock);
         memcpy(optval, &st, sizeof(st));
         *optlen = sizeof(st);
         goto out;

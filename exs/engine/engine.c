@@ -55,20 +55,34 @@ static void eng_dispatch_cm(const struct exs_prov_cm_event *ev)
         exs__conn_on_cm(ev->ep->user, ev);
 }
 
-/* Drain completions and connection events until both queues are empty and the event
- * descriptor is armed again. */
-static void eng_drain(void)
+/* Hand every queued completion to its connection; returns how many. */
+static int eng_drain_cq(void)
 {
     struct exs_prov_cqe cqe[ENG_CQE_BATCH];
-    struct exs_prov_cm_event evbuf, *ev = &evbuf;
+    int n, total = 0;
 
-    for (;;) {
-        int n = exs__prov_poll(eng.ctx, cqe, ENG_CQE_BATCH), m = 0;
-
+    while ((n = exs__prov_poll(eng.ctx, cqe, ENG_CQE_BATCH)) > 0) {
         for (int i = 0; i < n; i++)
             exs__conn_on_cqe(cqe[i].ep->user, &cqe[i]);
-        while (exs__prov_cm_poll(eng.ctx, ev) == 1) {
-            eng_dispatch_cm(ev);
+        total += n;
+    }
+    return total;
+}
+
+/* Drain completions and connection events until both queues are empty and the event
+ * descriptor is armed again. Completions go first, and the queue is emptied again just
+ * before each connection event: a DISCONNECTED must not overtake the completions of the
+ * data and the SHUTDOWN that the peer sent before it. */
+static void eng_drain(void)
+{
+    struct exs_prov_cm_event ev;
+
+    for (;;) {
+        int n = eng_drain_cq(), m = 0;
+
+        while (exs__prov_cm_poll(eng.ctx, &ev) == 1) {
+            eng_drain_cq();
+            eng_dispatch_cm(&ev);
             m++;
         }
         if (n > 0 || m > 0)

@@ -16,14 +16,14 @@
 /* ---- mocks ---- */
 
 struct mock_reg {
-    int      regs, deregs, fail_next;
+    int regs, deregs, fail_next;
     uint32_t next_key;
     uintptr_t last_addr;
-    size_t    last_len;
+    size_t last_len;
 };
 
 struct mock_handle {
-    void  *addr;
+    void *addr;
     size_t len;
 };
 
@@ -62,7 +62,7 @@ static void mock_dereg_cb(void *arg, void *handle)
 
 static struct vrb_reg_ops mock_ops(struct mock_reg *m)
 {
-    struct vrb_reg_ops o = { .reg = mock_reg_cb, .dereg = mock_dereg_cb, .arg = m };
+    struct vrb_reg_ops o = {.reg = mock_reg_cb, .dereg = mock_dereg_cb, .arg = m};
 
     memset(m, 0, sizeof(*m));
     return o;
@@ -351,7 +351,7 @@ static void mock_destroy(void *arg, void *qp)
 
 static struct vrb_qpc_caps caps(uint32_t s, uint32_t r, uint32_t i)
 {
-    struct vrb_qpc_caps c = { .max_send_wr = s, .max_recv_wr = r, .max_inline = i, .max_sge = 4 };
+    struct vrb_qpc_caps c = {.max_send_wr = s, .max_recv_wr = r, .max_inline = i, .max_sge = 4};
 
     return c;
 }
@@ -365,9 +365,9 @@ START_TEST(qpc_reuse_smallest_fit)
     exs__vrb_qpc_init(&qc, 4, mock_destroy, NULL);
     ck_assert_ptr_null(exs__vrb_qpc_get(&qc, &want, &got));
     ck_assert_uint_eq(qc.cnt.qp_cache_misses, 1);
-    exs__vrb_qpc_put(&qc, (void *)1, &(struct vrb_qpc_caps){ 1024, 1024, 256, 4 });
-    exs__vrb_qpc_put(&qc, (void *)2, &(struct vrb_qpc_caps){ 64, 64, 64, 4 });
-    exs__vrb_qpc_put(&qc, (void *)3, &(struct vrb_qpc_caps){ 32, 32, 64, 4 });
+    exs__vrb_qpc_put(&qc, (void *)1, &(struct vrb_qpc_caps){1024, 1024, 256, 4});
+    exs__vrb_qpc_put(&qc, (void *)2, &(struct vrb_qpc_caps){64, 64, 64, 4});
+    exs__vrb_qpc_put(&qc, (void *)3, &(struct vrb_qpc_caps){32, 32, 64, 4});
     ck_assert_uint_eq(qc.cnt.qp_cache_entries, 3);
     /* the smallest QP that covers the request */
     ck_assert_ptr_eq(exs__vrb_qpc_get(&qc, &want, &got), (void *)2);

@@ -29,9 +29,9 @@
  *         ring, ep hash, software cm events) > ep->lock (queues' bookkeeping).
  */
 
-#define VRB_PD_MAX      56u     /* user private data, each way (the rdma_cm REQ limit) */
-#define VRB_PD_MAGIC    0x9e5du /* REP / REJ private data header: magic, length */
-#define VRB_PD_HDR      14u     /* magic 2, flags 1, length 1, goodbye port 2, token 8 */
+#define VRB_PD_MAX      56u          /* user private data, each way (the rdma_cm REQ limit) */
+#define VRB_PD_MAGIC    0x9e5du      /* REP / REJ private data header: magic, length */
+#define VRB_PD_HDR      14u          /* magic 2, flags 1, length 1, goodbye port 2, token 8 */
 #define VRB_BYE_WAIT_NS 300000000ull /* a DREQ without goodbye: wait this long for it */
 #define VRB_EP_HASH     256u
 #define VRB_MAX_SGE     32u
@@ -54,7 +54,7 @@ struct vrb_counters {
     uint64_t disconnects;
     uint64_t cm_events;
     uint64_t wc_errors;
-    uint64_t stale_cqes;      /* completions of destroyed eps, dropped */
+    uint64_t stale_cqes; /* completions of destroyed eps, dropped */
     uint64_t cq_resizes;
     uint64_t sq_full;
     uint64_t connect_ns_total; /* connect() to ESTABLISHED, active side */
@@ -67,16 +67,16 @@ struct vrb_counters {
 #define VRB_SLOT_SGE 4
 
 struct vrb_swr {
-    uint64_t            wr_id;
-    uint32_t            len;
-    uint8_t             opcode; /* enum exs_prov_wr_opcode */
-    uint8_t             nsge;   /* 0 for inline sends */
+    uint64_t wr_id;
+    uint32_t len;
+    uint8_t opcode; /* enum exs_prov_wr_opcode */
+    uint8_t nsge;   /* 0 for inline sends */
     struct exs_prov_sge sge[VRB_SLOT_SGE];
 };
 
 struct vrb_rwr {
-    uint64_t            wr_id;
-    uint8_t             nsge;
+    uint64_t wr_id;
+    uint8_t nsge;
     struct exs_prov_sge sge[VRB_SLOT_SGE];
 };
 
@@ -85,112 +85,112 @@ struct vrb_rwr {
 struct vrb_ctx;
 
 struct vrb_ep {
-    struct exs_prov_ep   base;
-    struct vrb_cmobj     cmo;
-    struct vrb_ctx      *ctx;
-    pthread_mutex_t      lock;
-    int                  state;     /* enum exs_prov_ep_state (atomic) */
-    uint32_t             epid;
-    struct ibv_qp       *qp;
-    struct vrb_qpc_caps  qcaps;     /* what the QP was created with */
-    struct rdma_cm_id   *id;        /* cm_lock */
-    int                  active;    /* connect() side */
-    int                  loopback;  /* addresses of the device are shown as 127.0.0.1 */
-    int                  up;        /* ESTABLISHED was reported (cm_lock) */
-    int                  disc_sent; /* DISCONNECTED was reported (cm_lock) */
-    uint64_t             connect_ns;
-    uint8_t              cpd[VRB_PD_MAX]; /* the REQ's private data, connect() to ROUTE_RESOLVED */
-    uint32_t             cpd_len;
+    struct exs_prov_ep base;
+    struct vrb_cmobj cmo;
+    struct vrb_ctx *ctx;
+    pthread_mutex_t lock;
+    int state; /* enum exs_prov_ep_state (atomic) */
+    uint32_t epid;
+    struct ibv_qp *qp;
+    struct vrb_qpc_caps qcaps; /* what the QP was created with */
+    struct rdma_cm_id *id;     /* cm_lock */
+    int active;                /* connect() side */
+    int loopback;              /* addresses of the device are shown as 127.0.0.1 */
+    int up;                    /* ESTABLISHED was reported (cm_lock) */
+    int disc_sent;             /* DISCONNECTED was reported (cm_lock) */
+    uint64_t connect_ns;
+    uint8_t cpd[VRB_PD_MAX]; /* the REQ's private data, connect() to ROUTE_RESOLVED */
+    uint32_t cpd_len;
     /* goodbye channel (cm_lock): tells an orderly disconnect from a dead peer */
-    uint64_t             tok;       /* ours, given to the peer */
-    uint64_t             peer_tok;
-    struct sockaddr_in   peer_bye;  /* the peer context's goodbye socket */
-    int                  bye_ok;    /* the peer will say goodbye before an orderly end */
-    int                  got_bye;
-    int                  local_disc;/* we ended it */
-    uint64_t             disc_at;   /* DISCONNECTED held until then for a goodbye */
-    struct exs_list      disc_link; /* ctx->disc_wait */
+    uint64_t tok; /* ours, given to the peer */
+    uint64_t peer_tok;
+    struct sockaddr_in peer_bye; /* the peer context's goodbye socket */
+    int bye_ok;                  /* the peer will say goodbye before an orderly end */
+    int got_bye;
+    int local_disc;            /* we ended it */
+    uint64_t disc_at;          /* DISCONNECTED held until then for a goodbye */
+    struct exs_list disc_link; /* ctx->disc_wait */
     struct sockaddr_storage local;
-    socklen_t            local_len;
+    socklen_t local_len;
     /* send queue: slots [sq_head, sq_tail) are outstanding (lock) */
-    struct vrb_swr      *sq;
-    uint32_t             sq_cap;
-    uint64_t             sq_head, sq_tail;
+    struct vrb_swr *sq;
+    uint32_t sq_cap;
+    uint64_t sq_head, sq_tail;
     /* receive queue (lock) */
-    struct vrb_rwr      *rq;
-    uint32_t             rq_cap;
-    uint64_t             rq_head, rq_tail;
-    struct exs_list      hlink;     /* ctx->ep_hash (ctx->lock) */
-    struct exs_list      link;      /* ctx->eps (ctx->lock) */
+    struct vrb_rwr *rq;
+    uint32_t rq_cap;
+    uint64_t rq_head, rq_tail;
+    struct exs_list hlink; /* ctx->ep_hash (ctx->lock) */
+    struct exs_list link;  /* ctx->eps (ctx->lock) */
 };
 
 struct vrb_listener {
     struct exs_prov_listener base;
-    struct vrb_cmobj         cmo;
-    struct vrb_ctx          *ctx;
-    struct rdma_cm_id       *id;
-    int                      loopback;
-    struct exs_list          reqs;  /* pending vrb_req (cm_lock) */
-    struct exs_list          link;  /* ctx->listeners (cm_lock) */
+    struct vrb_cmobj cmo;
+    struct vrb_ctx *ctx;
+    struct rdma_cm_id *id;
+    int loopback;
+    struct exs_list reqs; /* pending vrb_req (cm_lock) */
+    struct exs_list link; /* ctx->listeners (cm_lock) */
 };
 
 struct vrb_req {
     struct exs_prov_conn_req base;
-    struct vrb_cmobj         cmo;
-    struct vrb_listener     *lis;
-    struct rdma_cm_id       *id;
-    int                      broken; /* the active side gave up */
-    uint8_t                  resp_res, init_depth;
-    struct exs_list          link;   /* lis->reqs */
+    struct vrb_cmobj cmo;
+    struct vrb_listener *lis;
+    struct rdma_cm_id *id;
+    int broken; /* the active side gave up */
+    uint8_t resp_res, init_depth;
+    struct exs_list link; /* lis->reqs */
 };
 
 struct vrb_cm_node {
-    struct exs_list          link;
+    struct exs_list link;
     struct exs_prov_cm_event ev;
 };
 
 struct vrb_ctx {
-    struct exs_prov_ctx       base;
-    pthread_mutex_t           lock;
-    pthread_mutex_t           cm_lock;
-    struct ibv_context       *verbs;  /* owned by librdmacm (rdma_get_devices) */
-    struct ibv_context      **devlist;
-    struct ibv_device_attr    dattr;
-    uint8_t                   port;
-    struct in_addr            loop_addr; /* the device's IPv4 address (0 = none) */
-    struct ibv_pd            *pd;
-    struct ibv_comp_channel  *ch;
-    struct ibv_cq            *cq;
-    int                       cq_cap;
-    uint64_t                  cq_need;   /* sum of the eps' queue depths (lock) */
+    struct exs_prov_ctx base;
+    pthread_mutex_t lock;
+    pthread_mutex_t cm_lock;
+    struct ibv_context *verbs; /* owned by librdmacm (rdma_get_devices) */
+    struct ibv_context **devlist;
+    struct ibv_device_attr dattr;
+    uint8_t port;
+    struct in_addr loop_addr; /* the device's IPv4 address (0 = none) */
+    struct ibv_pd *pd;
+    struct ibv_comp_channel *ch;
+    struct ibv_cq *cq;
+    int cq_cap;
+    uint64_t cq_need; /* sum of the eps' queue depths (lock) */
     struct rdma_event_channel *cmch;
-    int                       evfd;      /* software events (eventfd) */
-    int                       epfd;      /* the application's event fd */
-    int                       stopfd;    /* stops the cm thread */
-    pthread_t                 cm_thread;
-    int                       cm_thread_on;
-    int                       udpfd;     /* goodbye datagrams (the cm thread reads) */
-    uint16_t                  udp_port;  /* network order */
-    uint64_t                  tok_base;
-    struct exs_list           disc_wait; /* eps holding DISCONNECTED (cm_lock) */
+    int evfd;   /* software events (eventfd) */
+    int epfd;   /* the application's event fd */
+    int stopfd; /* stops the cm thread */
+    pthread_t cm_thread;
+    int cm_thread_on;
+    int udpfd;         /* goodbye datagrams (the cm thread reads) */
+    uint16_t udp_port; /* network order */
+    uint64_t tok_base;
+    struct exs_list disc_wait; /* eps holding DISCONNECTED (cm_lock) */
     /* completions polled but not yet returned (lock) */
-    struct exs_prov_cqe      *ring;
-    uint32_t                  ring_cap, ring_head, ring_count;
-    struct exs_list           cm_sw;     /* vrb_cm_node (lock) */
-    struct exs_list           ep_hash[VRB_EP_HASH];
-    struct exs_list           eps;
-    struct exs_list           listeners; /* cm_lock */
-    pthread_rwlock_t          mr_lock;
-    struct exs_list           mr_hash[VRB_MR_HASH]; /* vrb_mr by lkey (mr_lock) */
-    uint32_t                  next_epid;
+    struct exs_prov_cqe *ring;
+    uint32_t ring_cap, ring_head, ring_count;
+    struct exs_list cm_sw; /* vrb_cm_node (lock) */
+    struct exs_list ep_hash[VRB_EP_HASH];
+    struct exs_list eps;
+    struct exs_list listeners; /* cm_lock */
+    pthread_rwlock_t mr_lock;
+    struct exs_list mr_hash[VRB_MR_HASH]; /* vrb_mr by lkey (mr_lock) */
+    uint32_t next_epid;
     /* settings */
-    uint8_t                   qp_timeout, retry_cnt, rnr_retry;
-    uint32_t                  max_inline;
-    struct vrb_counters       cnt;
-    struct exs_counter_set    cset;
-    struct vrb_qpcache        qpc;
-    struct vrb_mcache         mc;
-    struct vrb_regcache       rc;
+    uint8_t qp_timeout, retry_cnt, rnr_retry;
+    uint32_t max_inline;
+    struct vrb_counters cnt;
+    struct exs_counter_set cset;
+    struct vrb_qpcache qpc;
+    struct vrb_mcache mc;
+    struct vrb_regcache rc;
 };
 
 static inline struct vrb_ctx *vrb_ctx_of(struct exs_prov_ctx *c)
@@ -208,31 +208,33 @@ int exs__prov_verbs_device_active(void);
 
 /* vrb_ctx.c */
 void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev);
+/* Drop queued CONNECT_REQUESTs of a listener being destroyed (their requests go with it). */
+void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *lis);
 void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep);
 /* Remove ep from the hash and purge its queued completions and cm events. */
 void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep);
 
 /* vrb_cm.c */
-int  exs__vrb_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
-                        struct exs_prov_ep **ep_p);
+int exs__vrb_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
+                       struct exs_prov_ep **ep_p);
 void exs__vrb_ep_destroy(struct exs_prov_ep *ep);
 enum exs_prov_ep_state exs__vrb_ep_state(struct exs_prov_ep *ep);
-int  exs__vrb_ep_local_addr(struct exs_prov_ep *ep, struct sockaddr_storage *addr,
-                            socklen_t *addrlen);
-int  exs__vrb_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
-                     int backlog, void *user, struct exs_prov_listener **lis_p);
-int  exs__vrb_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
-                            socklen_t *addrlen);
+int exs__vrb_ep_local_addr(struct exs_prov_ep *ep, struct sockaddr_storage *addr,
+                           socklen_t *addrlen);
+int exs__vrb_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
+                    int backlog, void *user, struct exs_prov_listener **lis_p);
+int exs__vrb_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
+                           socklen_t *addrlen);
 void exs__vrb_listener_destroy(struct exs_prov_listener *lis);
-int  exs__vrb_connect(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
-                      const void *pd, uint32_t pdlen);
-int  exs__vrb_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *pd,
-                     uint32_t pdlen);
-int  exs__vrb_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen);
-int  exs__vrb_disconnect(struct exs_prov_ep *ep);
+int exs__vrb_connect(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
+                     const void *pd, uint32_t pdlen);
+int exs__vrb_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *pd,
+                    uint32_t pdlen);
+int exs__vrb_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen);
+int exs__vrb_disconnect(struct exs_prov_ep *ep);
 /* Take the next rdma_cm event and turn it into at most one provider event: 1 when *ev was
  * filled, 0 when nothing is pending. */
-int  exs__vrb_cm_process(struct vrb_ctx *ctx, struct exs_prov_cm_event *ev);
+int exs__vrb_cm_process(struct vrb_ctx *ctx, struct exs_prov_cm_event *ev);
 void exs__vrb_ep_set_error(struct vrb_ep *ep);
 void exs__vrb_qp_destroy_cb(void *arg, void *qp);
 /* Cm thread, cm_lock held: read goodbye datagrams; release held DISCONNECTED events whose
@@ -241,20 +243,20 @@ void exs__vrb_udp_input(struct vrb_ctx *ctx);
 uint64_t exs__vrb_disc_due(struct vrb_ctx *ctx, uint64_t now_ns);
 
 /* vrb_mr.c */
-int  exs__vrb_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
-                     struct exs_prov_mr **mr_p);
-int  exs__vrb_mr_dereg(struct exs_prov_mr *mr);
-int  exs__vrb_reg_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
-                     uint32_t *rkey_p);
+int exs__vrb_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
+                    struct exs_prov_mr **mr_p);
+int exs__vrb_mr_dereg(struct exs_prov_mr *mr);
+int exs__vrb_reg_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
+                    uint32_t *rkey_p);
 void exs__vrb_dereg_cb(void *arg, void *handle);
 /* 1 when every sge lies inside an mr of ctx (with LOCAL_WRITE when need_lw). */
-int  exs__vrb_mr_covers(struct vrb_ctx *ctx, const struct exs_prov_sge *sge, int n, int need_lw);
+int exs__vrb_mr_covers(struct vrb_ctx *ctx, const struct exs_prov_sge *sge, int n, int need_lw);
 
 /* vrb_data.c */
-int  exs__vrb_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
-int  exs__vrb_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
+int exs__vrb_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
+int exs__vrb_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
 /* Turn one work completion into a cqe (0) or drop it (-1: its ep is gone). ctx->lock held. */
-int  exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe);
+int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe);
 enum exs_prov_wc_status exs__vrb_wc_status(enum ibv_wc_status st);
 
 #endif

@@ -31,66 +31,66 @@ enum vrb_mem_backing {
 #define VRB_MC_PAGE 4096u
 
 struct vrb_mc_counters {
-    uint64_t regions;       /* regions currently held */
-    uint64_t regions_grown; /* regions ever added */
-    uint64_t regions_shrunk;/* idle regions released */
-    uint64_t bytes_held;    /* bytes of the held regions */
-    uint64_t bytes_used;    /* bytes handed out */
+    uint64_t regions;        /* regions currently held */
+    uint64_t regions_grown;  /* regions ever added */
+    uint64_t regions_shrunk; /* idle regions released */
+    uint64_t bytes_held;     /* bytes of the held regions */
+    uint64_t bytes_used;     /* bytes handed out */
     uint64_t allocs;
     uint64_t frees;
     uint64_t alloc_fails;
-    uint64_t huge_fallbacks;/* huge pages asked for, anonymous pages used */
+    uint64_t huge_fallbacks; /* huge pages asked for, anonymous pages used */
 };
 
 struct vrb_mc_region {
-    struct exs_list link;    /* mc->regions */
-    uint8_t        *map;     /* whole mapping: guard | data | guard */
-    size_t          map_len;
-    uint8_t        *data;    /* region_size bytes, registered */
-    void           *handle;  /* from reg_ops.reg */
-    uint32_t        lkey, rkey;
-    uint32_t        npages;
-    uint32_t        used;    /* pages handed out */
-    uint64_t        idle_since_ns; /* when used dropped to 0 */
-    enum vrb_mem_backing backing;  /* what was really used */
-    uint8_t        *bitmap;  /* one byte per page: 0 free, else the run length marker */
+    struct exs_list link; /* mc->regions */
+    uint8_t *map;         /* whole mapping: guard | data | guard */
+    size_t map_len;
+    uint8_t *data; /* region_size bytes, registered */
+    void *handle;  /* from reg_ops.reg */
+    uint32_t lkey, rkey;
+    uint32_t npages;
+    uint32_t used;                /* pages handed out */
+    uint64_t idle_since_ns;       /* when used dropped to 0 */
+    enum vrb_mem_backing backing; /* what was really used */
+    uint8_t *bitmap;              /* one byte per page: 0 free, else the run length marker */
 };
 
 struct vrb_mcache {
-    pthread_mutex_t         lock;
-    struct exs_list         regions;
-    size_t                  region_size; /* multiple of VRB_MC_PAGE */
-    enum vrb_mem_backing    backing;
-    int                     numa_node;   /* -1: unknown */
-    uint64_t                idle_ns;     /* shrink regions idle this long */
-    unsigned                min_regions; /* never shrink below */
-    int                     guard;       /* PROT_NONE pages around each region */
-    struct vrb_reg_ops      ops;
-    struct vrb_mc_counters  cnt;
-    struct exs_counter_set  cset;
-    int                     registered;  /* cset in the registry */
+    pthread_mutex_t lock;
+    struct exs_list regions;
+    size_t region_size; /* multiple of VRB_MC_PAGE */
+    enum vrb_mem_backing backing;
+    int numa_node;        /* -1: unknown */
+    uint64_t idle_ns;     /* shrink regions idle this long */
+    unsigned min_regions; /* never shrink below */
+    int guard;            /* PROT_NONE pages around each region */
+    struct vrb_reg_ops ops;
+    struct vrb_mc_counters cnt;
+    struct exs_counter_set cset;
+    int registered; /* cset in the registry */
 };
 
 /* A piece of cached memory: address, keys, and where it came from. */
 struct vrb_mc_buf {
-    void                 *addr;
-    size_t                len;   /* rounded up to pages */
-    uint32_t              lkey, rkey;
+    void *addr;
+    size_t len; /* rounded up to pages */
+    uint32_t lkey, rkey;
     struct vrb_mc_region *region;
 };
 
-int  exs__vrb_mc_init(struct vrb_mcache *mc, size_t region_size, enum vrb_mem_backing backing,
-                      int numa_node, uint64_t idle_ms, const struct vrb_reg_ops *ops);
+int exs__vrb_mc_init(struct vrb_mcache *mc, size_t region_size, enum vrb_mem_backing backing,
+                     int numa_node, uint64_t idle_ms, const struct vrb_reg_ops *ops);
 void exs__vrb_mc_fini(struct vrb_mcache *mc);
 /* Memory of len bytes (<= region_size) from a registered region; grows by one region when
  * short. -EINVAL (0 or too long), -ENOMEM. */
-int  exs__vrb_mc_alloc(struct vrb_mcache *mc, size_t len, struct vrb_mc_buf *buf);
+int exs__vrb_mc_alloc(struct vrb_mcache *mc, size_t len, struct vrb_mc_buf *buf);
 /* Give it back; regions idle longer than idle_ms (beyond min_regions) are released. */
 void exs__vrb_mc_free(struct vrb_mcache *mc, struct vrb_mc_buf *buf);
 /* Release idle regions now (now_ns: the current monotonic time). Returns the count. */
 unsigned exs__vrb_mc_shrink(struct vrb_mcache *mc, uint64_t now_ns);
 /* "anon", "huge", "malloc" -> backing; -1 when unknown. */
-int  exs__vrb_mc_backing_parse(const char *s);
+int exs__vrb_mc_backing_parse(const char *s);
 
 /* ---- registration cache for user buffers ---- */
 struct vrb_rc_counters {
@@ -102,28 +102,28 @@ struct vrb_rc_counters {
 };
 
 struct vrb_rc_entry {
-    struct exs_list link;  /* rc->lru: most recently used first */
-    uintptr_t       start, end; /* registered [start, end), page aligned */
-    void           *handle;
-    uint32_t        lkey, rkey;
-    unsigned        refs;  /* users holding it; never evicted while > 0 */
+    struct exs_list link; /* rc->lru: most recently used first */
+    uintptr_t start, end; /* registered [start, end), page aligned */
+    void *handle;
+    uint32_t lkey, rkey;
+    unsigned refs; /* users holding it; never evicted while > 0 */
 };
 
 struct vrb_regcache {
-    pthread_mutex_t         lock;
-    struct exs_list         lru;
-    unsigned                max_entries;
-    struct vrb_reg_ops      ops;
-    struct vrb_rc_counters  cnt;
-    struct exs_counter_set  cset;
-    int                     registered;
+    pthread_mutex_t lock;
+    struct exs_list lru;
+    unsigned max_entries;
+    struct vrb_reg_ops ops;
+    struct vrb_rc_counters cnt;
+    struct exs_counter_set cset;
+    int registered;
 };
 
-int  exs__vrb_rc_init(struct vrb_regcache *rc, unsigned max_entries, const struct vrb_reg_ops *ops);
+int exs__vrb_rc_init(struct vrb_regcache *rc, unsigned max_entries, const struct vrb_reg_ops *ops);
 void exs__vrb_rc_fini(struct vrb_regcache *rc);
 /* A registration covering [addr, addr+len) (page-expanded), held until put. */
-int  exs__vrb_rc_get(struct vrb_regcache *rc, const void *addr, size_t len,
-                     struct vrb_rc_entry **e_p);
+int exs__vrb_rc_get(struct vrb_regcache *rc, const void *addr, size_t len,
+                    struct vrb_rc_entry **e_p);
 void exs__vrb_rc_put(struct vrb_regcache *rc, struct vrb_rc_entry *e);
 /* Drop every unused registration overlapping [addr, addr+len) (memory about to be freed). */
 void exs__vrb_rc_invalidate(struct vrb_regcache *rc, const void *addr, size_t len);
@@ -136,40 +136,40 @@ struct vrb_qpc_caps {
 struct vrb_qpc_counters {
     uint64_t qp_cache_hits;
     uint64_t qp_cache_misses;
-    uint64_t qp_cache_puts;    /* QPs taken back */
+    uint64_t qp_cache_puts;      /* QPs taken back */
     uint64_t qp_cache_evictions; /* destroyed because the cache was full */
     uint64_t qp_cache_entries;
 };
 
 struct vrb_qpc_entry {
-    struct exs_list     link; /* newest first */
-    void               *qp;
+    struct exs_list link; /* newest first */
+    void *qp;
     struct vrb_qpc_caps caps;
 };
 
 struct vrb_qpcache {
-    pthread_mutex_t         lock;
-    struct exs_list         list;
-    unsigned                max_entries; /* 0: caching off */
-    void                  (*destroy)(void *arg, void *qp);
-    void                   *arg;
+    pthread_mutex_t lock;
+    struct exs_list list;
+    unsigned max_entries; /* 0: caching off */
+    void (*destroy)(void *arg, void *qp);
+    void *arg;
     struct vrb_qpc_counters cnt;
-    struct exs_counter_set  cset;
-    int                     registered;
+    struct exs_counter_set cset;
+    int registered;
 };
 
-void  exs__vrb_qpc_init(struct vrb_qpcache *qc, unsigned max_entries,
-                        void (*destroy)(void *arg, void *qp), void *arg);
+void exs__vrb_qpc_init(struct vrb_qpcache *qc, unsigned max_entries,
+                       void (*destroy)(void *arg, void *qp), void *arg);
 /* Destroys every cached QP. */
-void  exs__vrb_qpc_fini(struct vrb_qpcache *qc);
+void exs__vrb_qpc_fini(struct vrb_qpcache *qc);
 /* A cached QP whose caps cover want (the smallest such), or NULL (a miss). */
 void *exs__vrb_qpc_get(struct vrb_qpcache *qc, const struct vrb_qpc_caps *want,
                        struct vrb_qpc_caps *caps_p);
 /* Keep qp (already in RESET) for reuse; the oldest is destroyed when the cache is full. */
-void  exs__vrb_qpc_put(struct vrb_qpcache *qc, void *qp, const struct vrb_qpc_caps *caps);
+void exs__vrb_qpc_put(struct vrb_qpcache *qc, void *qp, const struct vrb_qpc_caps *caps);
 
 /* Register / unregister the counter sets of the caches ("prov.verbs.mcache", ...). */
-void exs__vrb_cache_counters(struct vrb_mcache *mc, struct vrb_regcache *rc,
-                             struct vrb_qpcache *qc, int on);
+void exs__vrb_cache_counters(struct vrb_mcache *mc, struct vrb_regcache *rc, struct vrb_qpcache *qc,
+                             int on);
 
 #endif

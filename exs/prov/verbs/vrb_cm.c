@@ -26,8 +26,7 @@ void exs__vrb_qp_destroy_cb(void *arg, void *qp)
 /* ---- private data: REQ carries the length in retry_count / rnr_retry_count (3 + 3 bits),
  * so all 56 bytes of the REQ are the user's; REP and REJ carry a 4-byte header ---- */
 
-static void vrb_pd_hdr(uint8_t *buf, const void *pd, uint32_t len, uint16_t port_be,
-                       uint64_t tok)
+static void vrb_pd_hdr(uint8_t *buf, const void *pd, uint32_t len, uint16_t port_be, uint64_t tok)
 {
     buf[0] = (uint8_t)(VRB_PD_MAGIC >> 8);
     buf[1] = (uint8_t)VRB_PD_MAGIC;
@@ -89,8 +88,8 @@ static void vrb_dg_send(struct vrb_ctx *ctx, const struct sockaddr_in *to, uint3
         b[16 + i] = (uint8_t)(src_tok >> (56 - 8 * i));
     }
     memcpy(b + 24, &ctx->udp_port, 2);
-    if (sendto(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (const struct sockaddr *)to,
-               sizeof(*to)) < 0)
+    if (sendto(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (const struct sockaddr *)to, sizeof(*to)) <
+        0)
         EXS_DBG(PROV, "ctx %p: goodbye datagram: %m", (void *)ctx);
 }
 
@@ -99,8 +98,11 @@ static struct vrb_ep *vrb_ep_by_tok(struct vrb_ctx *ctx, uint64_t tok)
     struct exs_list *pos;
     struct vrb_ep *found = NULL;
 
+    if (!tok)
+        return NULL;
     pthread_mutex_lock(&ctx->lock);
-    exs_list_for_each(pos, &ctx->eps) {
+    exs_list_for_each(pos, &ctx->eps)
+    {
         struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, link);
 
         if (ep->tok == tok) {
@@ -139,8 +141,7 @@ void exs__vrb_udp_input(struct vrb_ctx *ctx)
 
     for (;;) {
         socklen_t fl = sizeof(from);
-        ssize_t n = recvfrom(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (struct sockaddr *)&from,
-                             &fl);
+        ssize_t n = recvfrom(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (struct sockaddr *)&from, &fl);
         uint32_t magic, type;
         uint64_t dst = 0, src = 0;
         struct vrb_ep *ep;
@@ -178,7 +179,8 @@ uint64_t exs__vrb_disc_due(struct vrb_ctx *ctx, uint64_t now_ns)
     struct exs_list *pos, *tmp;
     uint64_t next = 0;
 
-    exs_list_for_each_safe(pos, tmp, &ctx->disc_wait) {
+    exs_list_for_each_safe(pos, tmp, &ctx->disc_wait)
+    {
         struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, disc_link);
 
         if (ep->disc_at <= now_ns) {
@@ -217,14 +219,14 @@ static void vrb_sa_copy(struct vrb_ctx *ctx, int loopback, const struct sockaddr
 
 static int vrb_same_device(struct vrb_ctx *ctx, struct rdma_cm_id *id)
 {
-    return id->verbs && (id->verbs == ctx->verbs ||
-                         strcmp(ibv_get_device_name(id->verbs->device),
-                                ibv_get_device_name(ctx->verbs->device)) == 0);
+    return id->verbs &&
+           (id->verbs == ctx->verbs || strcmp(ibv_get_device_name(id->verbs->device),
+                                              ibv_get_device_name(ctx->verbs->device)) == 0);
 }
 
 void exs__vrb_ep_set_error(struct vrb_ep *ep)
 {
-    struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 
     pthread_mutex_lock(&ep->lock);
     __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
@@ -244,8 +246,9 @@ static void vrb_ep_event(struct vrb_ep *ep, enum exs_prov_cm_event_type type, in
 
 /* RNR timer codes (IBA 9.7.5.2.8) in hundredths of ms; index = code. */
 static const uint32_t vrb_rnr_codes[32] = {
-    65536, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
-    1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
+    65536, 1,    2,    3,    4,    6,     8,     12,    16,    24,    32,
+    48,    64,   96,   128,  192,  256,   384,   512,   768,   1024,  1536,
+    2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
 };
 
 static uint8_t vrb_rnr_code(uint8_t ms)
@@ -423,8 +426,7 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     qa.qp_state = IBV_QPS_INIT;
     qa.pkey_index = 0;
     qa.port_num = ctx->port;
-    qa.qp_access_flags =
-        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    qa.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     ret = ibv_modify_qp(ep->qp, &qa,
                         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (ret) {
@@ -453,7 +455,7 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
 {
     struct vrb_ep *ep = vrb_ep_of(e);
     struct vrb_ctx *ctx;
-    struct ibv_qp_attr qa = { .qp_state = IBV_QPS_RESET };
+    struct ibv_qp_attr qa = {.qp_state = IBV_QPS_RESET};
 
     if (!ep)
         return;
@@ -469,6 +471,7 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
         rdma_destroy_id(ep->id);
         ep->id = NULL;
     }
+    ep->tok = 0; /* goodbye datagrams no longer find it (the cm thread holds cm_lock) */
     pthread_mutex_unlock(&ctx->cm_lock);
     /* no completion or event names the ep after this */
     exs__vrb_ep_forget(ctx, ep);
@@ -490,8 +493,7 @@ enum exs_prov_ep_state exs__vrb_ep_state(struct exs_prov_ep *e)
     return (enum exs_prov_ep_state)__atomic_load_n(&vrb_ep_of(e)->state, __ATOMIC_RELAXED);
 }
 
-int exs__vrb_ep_local_addr(struct exs_prov_ep *e, struct sockaddr_storage *addr,
-                           socklen_t *addrlen)
+int exs__vrb_ep_local_addr(struct exs_prov_ep *e, struct sockaddr_storage *addr, socklen_t *addrlen)
 {
     struct vrb_ep *ep = vrb_ep_of(e);
     int ret = -ENOTCONN;
@@ -606,6 +608,7 @@ void exs__vrb_listener_destroy(struct exs_prov_listener *l)
         return;
     ctx = lis->ctx;
     pthread_mutex_lock(&ctx->cm_lock);
+    exs__vrb_cm_purge_listener(ctx, &lis->base);
     while ((l2 = lis->reqs.next) != &lis->reqs)
         vrb_req_free(exs_list_entry(l2, struct vrb_req, link), 1);
     exs_list_del(&lis->link);
@@ -905,8 +908,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
             uint16_t port = 0;
             struct sockaddr *peer = rdma_get_peer_addr(ep->id);
 
-            if (vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len,
-                             ev, &port, &ep->peer_tok) &&
+            if (vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
+                             &port, &ep->peer_tok) &&
                 port && ctx->udpfd >= 0 && peer && peer->sa_family == AF_INET) {
                 memcpy(&ep->peer_bye, peer, sizeof(ep->peer_bye));
                 ep->peer_bye.sin_port = port;
@@ -916,11 +919,10 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
                 vrb_dg_send(ctx, &ep->peer_bye, VRB_DG_HELLO, ep->peer_tok, ep->tok);
             }
         }
-        ret = vrb_qp_to_rts(ep, ep->id,
-                            (uint8_t)EXS_MIN(vrb_rd_res(ctx),
-                                             EXS_MAX(cme->param.conn.initiator_depth, 1)),
-                            (uint8_t)EXS_MIN(vrb_rd_init(ctx),
-                                             EXS_MAX(cme->param.conn.responder_resources, 1)));
+        ret = vrb_qp_to_rts(
+            ep, ep->id,
+            (uint8_t)EXS_MIN(vrb_rd_res(ctx), EXS_MAX(cme->param.conn.initiator_depth, 1)),
+            (uint8_t)EXS_MIN(vrb_rd_init(ctx), EXS_MAX(cme->param.conn.responder_resources, 1)));
         if (!ret && rdma_establish(ep->id))
             ret = -errno;
         if (ret) {
@@ -937,8 +939,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
         vrb_ep_up(ep);
         vrb_ep_event(ep, EXS_PROV_CM_ESTABLISHED, 0, ev);
         if (ep->active)
-            vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
-                         NULL, NULL);
+            vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev, NULL,
+                         NULL);
         return 1;
     case RDMA_CM_EVENT_REJECTED:
         if (ep->disc_sent)
@@ -951,8 +953,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
         }
         vrb_ep_event(ep, EXS_PROV_CM_REJECTED, -ECONNREFUSED, ev);
         if (cme->status == VRB_REJ_CONSUMER &&
-            vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
-                         NULL, NULL)) {
+            vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev, NULL,
+                         NULL)) {
             EXS_CNT_INC(ctx->cnt.conns_rejected);
             return 1;
         }
@@ -975,7 +977,7 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
         }
         EXS_CNT_INC(ctx->cnt.conns_unreachable);
         vrb_ep_event(ep, EXS_PROV_CM_UNREACHABLE,
-                     cme->status < 0 ? cme->status
+                     cme->status < 0                           ? cme->status
                      : cme->event == RDMA_CM_EVENT_UNREACHABLE ? -ETIMEDOUT
                                                                : -EHOSTUNREACH,
                      ev);

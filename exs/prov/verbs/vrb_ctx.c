@@ -93,7 +93,7 @@ static void vrb_find_loop_addr(struct vrb_ctx *ctx)
         return;
     for (int i = 0; i < pa.gid_tbl_len && i < 128; i++) {
         union ibv_gid g;
-        static const uint8_t pre[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+        static const uint8_t pre[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 
         if (ibv_query_gid(ctx->verbs, ctx->port, i, &g) != 0)
             continue;
@@ -212,10 +212,28 @@ void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep)
             ctx->ring[(ctx->ring_head + keep++) % ctx->ring_cap] = *c;
     }
     ctx->ring_count = keep;
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_sw) {
+    exs_list_for_each_safe(pos, tmp, &ctx->cm_sw)
+    {
         struct vrb_cm_node *nd = exs_list_entry(pos, struct vrb_cm_node, link);
 
         if (nd->ev.ep == &ep->base) {
+            exs_list_del(&nd->link);
+            free(nd);
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *lis)
+{
+    struct exs_list *pos, *tmp;
+
+    pthread_mutex_lock(&ctx->lock);
+    exs_list_for_each_safe(pos, tmp, &ctx->cm_sw)
+    {
+        struct vrb_cm_node *nd = exs_list_entry(pos, struct vrb_cm_node, link);
+
+        if (nd->ev.type == EXS_PROV_CM_CONNECT_REQUEST && nd->ev.listener == lis) {
             exs_list_del(&nd->link);
             free(nd);
         }
@@ -335,9 +353,9 @@ static void *vrb_cm_main(void *arg)
 
             timeout = due > now ? (int)((due - now) / 1000000u) + 1 : 0;
         }
-        pfd[0] = (struct pollfd){ .fd = ctx->cmch->fd, .events = POLLIN };
-        pfd[1] = (struct pollfd){ .fd = ctx->stopfd, .events = POLLIN };
-        pfd[2] = (struct pollfd){ .fd = ctx->udpfd, .events = POLLIN };
+        pfd[0] = (struct pollfd){.fd = ctx->cmch->fd, .events = POLLIN};
+        pfd[1] = (struct pollfd){.fd = ctx->stopfd, .events = POLLIN};
+        pfd[2] = (struct pollfd){.fd = ctx->udpfd, .events = POLLIN};
         n = poll(pfd, ctx->udpfd >= 0 ? 3 : 2, timeout);
         if (n < 0) {
             if (errno == EINTR)
@@ -363,7 +381,7 @@ static void *vrb_cm_main(void *arg)
 /* The goodbye socket: UDP on the rdma_cm addresses (IPoIB on InfiniBand). */
 static void vrb_udp_open(struct vrb_ctx *ctx)
 {
-    struct sockaddr_in sin = { .sin_family = AF_INET };
+    struct sockaddr_in sin = {.sin_family = AF_INET};
     socklen_t len = sizeof(sin);
     int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 
@@ -389,7 +407,7 @@ static int vrb_set_nonblock(int fd)
 
 static int vrb_epoll_add(int epfd, int fd)
 {
-    struct epoll_event ev = { .events = EPOLLIN };
+    struct epoll_event ev = {.events = EPOLLIN};
 
     ev.data.fd = fd;
     return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
@@ -480,7 +498,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     pthread_rwlock_init(&ctx->mr_lock, NULL);
     for (unsigned i = 0; i < VRB_MR_HASH; i++)
         exs_list_init(&ctx->mr_hash[i]);
-    rops = (struct vrb_reg_ops){ .reg = exs__vrb_reg_cb, .dereg = exs__vrb_dereg_cb, .arg = ctx };
+    rops = (struct vrb_reg_ops){.reg = exs__vrb_reg_cb, .dereg = exs__vrb_dereg_cb, .arg = ctx};
     exs__vrb_qpc_init(&ctx->qpc, (unsigned)EXS_MIN(exs__params.vrb_qp_cache, 65536u),
                       exs__vrb_qp_destroy_cb, ctx);
     exs__vrb_rc_init(&ctx->rc, (unsigned)EXS_MIN(exs__params.vrb_regcache_max, 1u << 20), &rops);
@@ -525,8 +543,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
     ctx->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!ctx->pd || !ctx->ch || !ctx->cmch || ctx->evfd < 0 || ctx->epfd < 0 ||
-        ctx->stopfd < 0) {
+    if (!ctx->pd || !ctx->ch || !ctx->cmch || ctx->evfd < 0 || ctx->epfd < 0 || ctx->stopfd < 0) {
         ret = errno ? -errno : -ENOMEM;
         goto fail;
     }
@@ -556,8 +573,8 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->max_inline = vrb_probe_inline(ctx, vrb_clamp32(exs__params.vrb_max_inline, 0, 4096));
 
     ctx->base.ops = &exs__prov_verbs_ops;
-    ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ |
-                           (ctx->max_inline ? EXS_PROV_CAP_INLINE : 0);
+    ctx->base.caps.flags =
+        EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | (ctx->max_inline ? EXS_PROV_CAP_INLINE : 0);
     ctx->base.caps.max_inline = ctx->max_inline;
     ctx->base.caps.max_sge = vrb_clamp32((uint64_t)ctx->dattr.max_sge, 1, VRB_MAX_SGE);
     ctx->base.caps.max_send_wr = vrb_clamp32((uint64_t)ctx->dattr.max_qp_wr, 1, 1u << 20);

@@ -52,7 +52,8 @@ static struct vrb_ep *vrb_ep_lookup(struct vrb_ctx *ctx, uint32_t epid)
 {
     struct exs_list *pos, *h = &ctx->ep_hash[epid % VRB_EP_HASH];
 
-    exs_list_for_each(pos, h) {
+    exs_list_for_each(pos, h)
+    {
         struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, hlink);
 
         if (ep->epid == epid)
@@ -87,7 +88,7 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         ep->rq_head = seq + 1;
         if (wc->status == IBV_WC_LOC_QP_OP_ERR || wc->status == IBV_WC_LOC_PROT_ERR)
             cqe->status = exs__vrb_mr_covers(ctx, r->sge, r->nsge, 1) ? EXS_PROV_WC_LOC_LEN_ERR
-                                                                     : EXS_PROV_WC_LOC_PROT_ERR;
+                                                                      : EXS_PROV_WC_LOC_PROT_ERR;
         cqe->opcode = wc->status == IBV_WC_SUCCESS && wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM
                           ? EXS_PROV_WC_RECV_RDMA_WITH_IMM
                           : EXS_PROV_WC_RECV;
@@ -108,8 +109,8 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
             cqe->byte_len = s->len;
         /* rxe NAKs a SEND longer than the receive as a remote operation error; the
          * contract calls a SEND the peer could not place REM_INV_REQ_ERR */
-        if (wc->status == IBV_WC_REM_OP_ERR && (s->opcode == EXS_PROV_WR_SEND ||
-                                               s->opcode == EXS_PROV_WR_SEND_WITH_IMM))
+        if (wc->status == IBV_WC_REM_OP_ERR &&
+            (s->opcode == EXS_PROV_WR_SEND || s->opcode == EXS_PROV_WR_SEND_WITH_IMM))
             cqe->status = EXS_PROV_WC_REM_INV_REQ_ERR;
         if (wc->status == IBV_WC_LOC_QP_OP_ERR &&
             !exs__vrb_mr_covers(ctx, s->sge, s->nsge, s->opcode == EXS_PROV_WR_RDMA_READ))
@@ -138,7 +139,7 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
  * state change). */
 static void vrb_kick_flush(struct vrb_ep *ep)
 {
-    struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 
     (void)ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
 }
@@ -230,8 +231,8 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
         s->wr_id = wr->wr_id;
         s->len = (uint32_t)total;
         s->opcode = (uint8_t)wr->opcode;
-        s->nsge = (wr->flags & EXS_PROV_SEND_INLINE) ? 0
-                                                      : (uint8_t)EXS_MIN(wr->num_sge, VRB_SLOT_SGE);
+        s->nsge =
+            (wr->flags & EXS_PROV_SEND_INLINE) ? 0 : (uint8_t)EXS_MIN(wr->num_sge, VRB_SLOT_SGE);
         if (s->nsge)
             memcpy(s->sge, wr->sg_list, s->nsge * sizeof(s->sge[0]));
     }

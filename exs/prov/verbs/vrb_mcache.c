@@ -95,8 +95,8 @@ static int vrb_mc_map(struct vrb_mcache *mc, struct vrb_mc_region *r)
     }
     if (mc->backing == VRB_MEM_HUGE) {
         size_t len = sz + 4 * (size_t)VRB_HUGE_PAGE;
-        uint8_t *res = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                            -1, 0);
+        uint8_t *res =
+            mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         uint8_t *data;
 
         if (res == MAP_FAILED)
@@ -219,7 +219,8 @@ int exs__vrb_mc_alloc(struct vrb_mcache *mc, size_t len, struct vrb_mc_buf *buf)
     }
     n = (uint32_t)(vrb_align_up(len, VRB_MC_PAGE) / VRB_MC_PAGE);
     pthread_mutex_lock(&mc->lock);
-    exs_list_for_each(pos, &mc->regions) {
+    exs_list_for_each(pos, &mc->regions)
+    {
         r = exs_list_entry(pos, struct vrb_mc_region, link);
         at = vrb_mc_fit(r, n);
         if (at >= 0)
@@ -253,7 +254,8 @@ unsigned exs__vrb_mc_shrink_locked(struct vrb_mcache *mc, uint64_t now_ns)
     struct exs_list *pos, *tmp;
     unsigned n = 0;
 
-    exs_list_for_each_safe(pos, tmp, &mc->regions) {
+    exs_list_for_each_safe(pos, tmp, &mc->regions)
+    {
         struct vrb_mc_region *r = exs_list_entry(pos, struct vrb_mc_region, link);
 
         if (EXS_CNT_GET(mc->cnt.regions) <= mc->min_regions)
@@ -346,7 +348,8 @@ int exs__vrb_rc_get(struct vrb_regcache *rc, const void *addr, size_t len,
     if (!addr)
         return -EINVAL;
     pthread_mutex_lock(&rc->lock);
-    exs_list_for_each(pos, &rc->lru) {
+    exs_list_for_each(pos, &rc->lru)
+    {
         e = exs_list_entry(pos, struct vrb_rc_entry, link);
         if (e->start <= start && end <= e->end) {
             exs_list_del(&e->link);
@@ -405,7 +408,8 @@ void exs__vrb_rc_invalidate(struct vrb_regcache *rc, const void *addr, size_t le
     struct exs_list *pos, *tmp;
 
     pthread_mutex_lock(&rc->lock);
-    exs_list_for_each_safe(pos, tmp, &rc->lru) {
+    exs_list_for_each_safe(pos, tmp, &rc->lru)
+    {
         struct vrb_rc_entry *e = exs_list_entry(pos, struct vrb_rc_entry, link);
 
         if (!e->refs && e->start < t && s < e->end)
@@ -460,8 +464,8 @@ static void vrb_cset(struct exs_counter_set *s, int *reg, const char *name,
     }
 }
 
-void exs__vrb_cache_counters(struct vrb_mcache *mc, struct vrb_regcache *rc,
-                             struct vrb_qpcache *qc, int on)
+void exs__vrb_cache_counters(struct vrb_mcache *mc, struct vrb_regcache *rc, struct vrb_qpcache *qc,
+                             int on)
 {
     if (mc)
         vrb_cset(&mc->cset, &mc->registered, "prov.verbs.mcache", vrb_mc_desc,

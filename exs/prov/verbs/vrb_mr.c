@@ -10,8 +10,8 @@
 
 struct vrb_mr {
     struct exs_prov_mr base;
-    struct ibv_mr     *mr;
-    struct exs_list    link; /* ctx->mr_hash */
+    struct ibv_mr *mr;
+    struct exs_list link; /* ctx->mr_hash */
 };
 
 int exs__vrb_mr_covers(struct vrb_ctx *ctx, const struct exs_prov_sge *sge, int n, int need_lw)
@@ -25,7 +25,8 @@ int exs__vrb_mr_covers(struct vrb_ctx *ctx, const struct exs_prov_sge *sge, int 
 
         if (!sge[i].length)
             continue;
-        exs_list_for_each(pos, h) {
+        exs_list_for_each(pos, h)
+        {
             struct vrb_mr *mr = exs_list_entry(pos, struct vrb_mr, link);
             uint64_t a = (uint64_t)(uintptr_t)mr->base.addr;
 
@@ -80,8 +81,7 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
     if (!mr->mr) {
         int err = errno ? errno : ENOMEM;
 
-        EXS_DBG(PROV, "ctx %p: ibv_reg_mr(%p, %zu): %s", (void *)ctx, addr, length,
-                strerror(err));
+        EXS_DBG(PROV, "ctx %p: ibv_reg_mr(%p, %zu): %s", (void *)ctx, addr, length, strerror(err));
         free(mr);
         return -err;
     }
@@ -125,9 +125,9 @@ int exs__vrb_reg_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t
                     uint32_t *rkey_p)
 {
     struct vrb_ctx *ctx = arg;
-    struct ibv_mr *mr = ibv_reg_mr(ctx->pd, addr, len,
-                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                       IBV_ACCESS_REMOTE_READ);
+    struct ibv_mr *mr =
+        ibv_reg_mr(ctx->pd, addr, len,
+                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 
     if (!mr)
         return errno ? -errno : -ENOMEM;

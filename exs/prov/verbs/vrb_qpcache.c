@@ -54,7 +54,8 @@ void *exs__vrb_qpc_get(struct vrb_qpcache *qc, const struct vrb_qpc_caps *want,
     void *qp = NULL;
 
     pthread_mutex_lock(&qc->lock);
-    exs_list_for_each(pos, &qc->list) {
+    exs_list_for_each(pos, &qc->list)
+    {
         struct vrb_qpc_entry *e = exs_list_entry(pos, struct vrb_qpc_entry, link);
 
         /* the smallest that fits, so big QPs stay for big requests */
