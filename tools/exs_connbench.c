@@ -126,7 +126,7 @@ static int cb_pass(const char *prov, const char *ip, int n, long qp_cache)
     };
     struct sockaddr_in sin = {.sin_family = AF_INET};
     struct cb b;
-    uint64_t *t, sum = 0;
+    uint64_t *t, sum = 0, create_sum = 0;
     int rc = 1, done = 0;
     char buf[32];
 
@@ -166,6 +166,7 @@ static int cb_pass(const char *prov, const char *ip, int n, long qp_cache)
             fprintf(stderr, "exs_connbench: ep_create failed\n");
             goto out;
         }
+        create_sum += exs__now_ns() - t0;
         if (b.ops->connect(b.ec, (struct sockaddr *)&b.addr, b.addrlen, NULL, 0) ||
             cb_wait(&b, &b.est_c, &b.est_s))
             goto out;
@@ -185,6 +186,7 @@ static int cb_pass(const char *prov, const char *ip, int n, long qp_cache)
            "min %.0f us, max %.0f us\n",
            prov, qp_cache, n, (double)sum / n / 1e3, (double)t[n / 2] / 1e3, (double)t[0] / 1e3,
            (double)t[n - 1] / 1e3);
+    printf("  of which ep_create (both sides) mean %.0f us\n", (double)create_sum / n / 1e3);
     print_counter("prov.verbs.qpcache", "qp_cache_hits");
     print_counter("prov.verbs.qpcache", "qp_cache_misses");
     rc = 0;
