@@ -2,6 +2,7 @@
 /* Robustness against a peer that freezes: exs_close still completes, bounded by
  * EXS_CLOSE_TIMEOUT_MS, instead of waiting forever for a goodbye that cannot go through. */
 #include <signal.h>
+#include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,6 +40,13 @@ START_TEST(test_close_frozen_peer)
     double t0, dt;
     pid_t pid;
 
+    /* With a hardware (or Soft-RoCE) NIC the goodbye is acknowledged by the stopped
+     * peer's device, so only the tcp provider, whose NIC is the peer process, freezes. */
+    if (strcmp(it_provider, "tcp") != 0) {
+        printf("close_frozen_peer: skipped on provider %s (its NIC answers for a stopped "
+               "process)\n", it_provider);
+        return;
+    }
     ck_assert_int_eq(pipe(pipefd), 0);
     pid = fork(); /* before exs_init in this process */
     ck_assert_int_ge(pid, 0);
