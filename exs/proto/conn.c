@@ -46,7 +46,11 @@ static int conn_post_rx_locked(struct exs_conn *conn, uint32_t slot)
         .wr_id = WR_ID(WR_TAG_RX, (uint64_t)slot << 3), .sg_list = &sge, .num_sge = 1
     };
 
-    return exs__prov_post_recv(conn->ep, &wr);
+    int ret = exs__prov_post_recv(conn->ep, &wr);
+
+    if (!ret)
+        conn->wr_out++;
+    return ret;
 }
 
 /* Give back the provider objects (endpoint, registrations); the memory stays so
@@ -351,6 +355,8 @@ int conn_ctrl_flush_locked(struct exs_conn *conn)
         .num_sge = 1,
     };
     ret = exs__prov_post_send(conn->ep, &wr);
+    if (!ret)
+        conn->wr_out++;
     if (ret) {
         conn->tx_free[conn->tx_free_top++] = slot;
         conn_fail_locked(conn, ECONNRESET, "control send failed");
@@ -414,6 +420,7 @@ int conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_
         conn_fail_locked(conn, ECONNRESET, "data write failed");
         return ret;
     }
+    conn->wr_out++;
     conn->credits--;
     return 0;
 }
@@ -667,6 +674,12 @@ void exs__conn_abort_locked(struct exs_conn *conn)
         conn->state == EXS_CONN_CONNECTING) {
         conn_set_state(conn, EXS_CONN_DOWN, "abort");
         conn->ctx->ops->disconnect(conn->ep);
+    } else if (conn->state == EXS_CONN_DOWN && conn->disc_seen) {
+        /* the provider never flushed what was outstanding: give up waiting */
+        EXS_WARN(PROTO, "conn %p: %u work requests never completed after the disconnect",
+                 (void *)conn, conn->wr_out);
+        conn_dead_locked(conn, conn->disc_err);
+        conn->cb->dead(conn);
     }
 }
 
@@ -788,6 +801,8 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
         conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
         return;
     }
+    if (conn->state >= EXS_CONN_DOWN)
+        return; /* going away: the slot is not needed any more */
     if (conn_post_rx_locked(conn, slot)) {
         conn_fail_locked(conn, ECONNRESET, "receive re-post failed");
         return;
@@ -803,6 +818,7 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
     pthread_mutex_lock(&conn->lock);
     if (conn->state == EXS_CONN_DEAD)
         goto out;
+    conn->wr_out--;
     if (cqe->status != EXS_PROV_WC_SUCCESS) {
         if (cqe->status != EXS_PROV_WC_WR_FLUSH_ERR)
             EXS_WARN(PROTO, "conn %p: work request failed: %s", (void *)conn,
@@ -855,6 +871,11 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
     }
     conn_kick_locked(conn);
 out:
+    if (conn->disc_seen && !conn->wr_out && conn->state != EXS_CONN_DEAD) {
+        /* the last completion before the end: every byte that arrived was seen */
+        conn_dead_locked(conn, conn->disc_err);
+        conn->cb->dead(conn);
+    }
     pthread_mutex_unlock(&conn->lock);
 }
 
@@ -908,9 +929,18 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
             established = conn->cb->established;
             break;
         }
+        /* Completions of what arrived before the end may still be on their way (a
+         * connection event can overtake them on verbs): the conn dies once every work
+         * request it posted has completed (flushed, at the latest). */
         err = ev->status ? -ev->status : ECONNRESET;
-        conn_dead_locked(conn, err);
-        dead = conn->cb->dead;
+        if (conn->state < EXS_CONN_DOWN)
+            conn_set_state(conn, EXS_CONN_DOWN, "peer disconnected");
+        conn->disc_seen = 1;
+        conn->disc_err = err;
+        if (!conn->wr_out) {
+            conn_dead_locked(conn, err);
+            dead = conn->cb->dead;
+        }
         break;
     default:
         break;

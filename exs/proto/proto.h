@@ -157,6 +157,9 @@ struct exs_conn {
     int                        shut_done;   /* ... and its SEND completed */
     struct exs_op             *shut_op;     /* the exs_shutdown op of the record in ctrl_out */
     int                        active;      /* this side connected (vs accepted) */
+    uint32_t                   wr_out;      /* work requests posted, completion not yet seen */
+    int                        disc_seen;   /* DISCONNECTED arrived: dead once wr_out is 0 */
+    int                        disc_err;    /* the error it carried */
     int                        connect_err; /* why an established connect is refused */
 
     /* receiving side */

@@ -367,6 +367,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
             conn_fail_locked(conn, ECONNRESET, "read failed");
             return 0;
         }
+        conn->wr_out++;
         conn->reads++;
         op->msg_len = m->len;
         op->seq = m->seq;

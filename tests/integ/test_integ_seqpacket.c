@@ -242,7 +242,10 @@ START_TEST(test_random_sizes_delay)
         it_expect_send(p.sq, p.sfd, IT_AH(100 + i), 64);
     }
     rtt = (it_now_ms() - t0) / 5;
-    ck_assert_msg(rtt >= 3.9, "EXS_EMU_DELAY_US=2000: round trip %.2f ms, expected >= 4 ms", rtt);
+    /* the link emulation is the tcp provider's: a real device ignores it */
+    if (strcmp(it_provider, "tcp") == 0)
+        ck_assert_msg(rtt >= 3.9, "EXS_EMU_DELAY_US=2000: round trip %.2f ms, expected >= 4 ms",
+                      rtt);
     it_pair_close(&p);
     it_buf_free(b);
     it_buf_free(r);
