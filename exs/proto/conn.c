@@ -742,8 +742,17 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
             break;
         }
         case EXS_CTRL_ADVERT: {
-            struct exs_wire_advert a;
-            memcpy(&a, rec, sizeof(a));
+            struct exs_wire_advert w;
+            memcpy(&w, rec, sizeof(w));
+            struct exs_advert a = {
+                .addr = be64toh(w.addr),
+                .len = be32toh(w.len),
+                .rkey = be32toh(w.rkey),
+                .seq = be64toh(w.seq),
+                .id = be32toh(w.id),
+                .phase = be32toh(w.phase),
+                .flags = w.hdr.flags,
+            };
             if (conn_is_stream(conn) ? st_on_advert_locked(conn, &a) : sp_on_advert_locked(conn, &a))
                 return -EPROTO;
             break;

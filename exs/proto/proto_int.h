@@ -52,7 +52,7 @@ void sp_recv_progress_locked(struct exs_conn *conn);
 int  sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
 int  sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a);
 int  sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq);
-int  sp_on_advert_locked(struct exs_conn *conn, const struct exs_wire_advert *a);
+int  sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a);
 void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op, int ok);
 void sp_free_pending_locked(struct exs_conn *conn);
 void sp_dead_drain_locked(struct exs_conn *conn);
@@ -62,7 +62,7 @@ uint32_t sp_slot_len(uint32_t len);
 void st_send_progress_locked(struct exs_conn *conn);
 void st_recv_progress_locked(struct exs_conn *conn);
 int  st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
-int  st_on_advert_locked(struct exs_conn *conn, const struct exs_wire_advert *a);
+int  st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a);
 void st_dead_drain_locked(struct exs_conn *conn);
 
 static inline int conn_is_stream(const struct exs_conn *conn)

@@ -63,23 +63,13 @@ static void sp_advert_pop(struct exs_conn *conn)
     conn->adv_count--;
 }
 
-int sp_on_advert_locked(struct exs_conn *conn, const struct exs_wire_advert *w)
+int sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
-    struct exs_advert a = {
-        .addr = be64toh(w->addr),
-        .len = be32toh(w->len),
-        .rkey = be32toh(w->rkey),
-        .seq = be64toh(w->seq),
-        .id = be32toh(w->id),
-        .phase = be32toh(w->phase),
-        .flags = w->hdr.flags,
-    };
-
     /* adverts come in receive-posting order, so their message numbers only grow */
     if (conn->adv_count &&
-        a.seq <= conn->adverts[(conn->adv_head + conn->adv_count - 1) % conn->adv_cap].seq)
+        a->seq <= conn->adverts[(conn->adv_head + conn->adv_count - 1) % conn->adv_cap].seq)
         return -EPROTO;
-    return exs__advert_push_locked(conn, &a);
+    return exs__advert_push_locked(conn, a);
 }
 
 /* Try to put the head send op on the wire. 1: it went (or waits for the peer), 0: it

@@ -145,22 +145,12 @@ void st_send_progress_locked(struct exs_conn *conn)
     }
 }
 
-int st_on_advert_locked(struct exs_conn *conn, const struct exs_wire_advert *w)
+int st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
-    struct exs_advert a = {
-        .addr = be64toh(w->addr),
-        .len = be32toh(w->len),
-        .rkey = be32toh(w->rkey),
-        .seq = be64toh(w->seq),
-        .id = be32toh(w->id),
-        .phase = be32toh(w->phase),
-        .flags = w->hdr.flags,
-    };
-
     /* Lemma 1: every ADVERT carries a direct phase */
-    if (PHASE_IS_INDIRECT(a.phase) || !a.len)
+    if (PHASE_IS_INDIRECT(a->phase) || !a->len)
         return -EPROTO;
-    return exs__advert_push_locked(conn, &a);
+    return exs__advert_push_locked(conn, a);
 }
 
 /* ---- receiving side (Fig. 3, 4, 5) ---- */
