@@ -14,7 +14,12 @@ Q="--quiet"
 t0=$(date +%s)
 
 ok()  { pass=$((pass + 1)); printf '  ok    %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf '  FAIL  %s\n' "$1"; sed 's/^/        /' "$T/err" | tail -n 8; }
+bad() {
+    fail=$((fail + 1)); printf '  FAIL  %s\n' "$1"
+    # a sanitizer report first (its head names the bug), then the end of the output
+    grep -A 24 -m 1 'ERROR: .*Sanitizer' "$T/err" | sed 's/^/        /'
+    sed 's/^/        /' "$T/err" | tail -n 8
+}
 
 # run NAME EXPECT(0|nonzero) ARGS...: output in $T/out, stderr in $T/err
 run() {
@@ -104,6 +109,12 @@ if run "depth sweep + output" 0 --loopback --bytes 4M --runs 1 --sweep depth=1-4
 port=$((20000 + RANDOM % 30000))
 timeout "$TO" "$B" -s -p $port --once > "$T/srv" 2>&1 &
 spid=$!
+# wait until the receiver listens (sanitizer builds start slowly): /proc/net/tcp, state 0A
+hexport=$(printf '%04X' "$port")
+for _ in $(seq 1 100); do
+    grep -q ":$hexport [0-9A-F:]* 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null && break
+    sleep 0.1
+done
 if run "-c" 0 -c 127.0.0.1 -p $port --bytes 4M --runs 1 --verify --transport both $Q && wait $spid; then
     ok "-s --once / -c HOST -p PORT (exs and tcp)"; else bad "-s / -c"; kill $spid 2>/dev/null; fi
 
