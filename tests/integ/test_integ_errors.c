@@ -444,6 +444,41 @@ START_TEST(test_econnrefused)
 }
 END_TEST
 
+/* An incompatible peer is refused cleanly in the handshake: a SOCK_STREAM socket that
+ * connects to a SOCK_SEQPACKET listener gets ECONNREFUSED in its connect event, and the
+ * listener stays usable (no accept event for it, a matching connect then works). */
+START_TEST(test_refused_incompatible)
+{
+    struct sockaddr_in addr;
+    exs_event_t ev;
+    exs_qhandle_t q;
+    int lfd, s, c, n;
+
+    it_init();
+    q = it_qcreate(16);
+    lfd = it_listen(SOCK_SEQPACKET, &addr);
+    IT_EXPECT_OK(exs_accept(lfd, q, AH(1)));
+    s = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(s, 0);
+    IT_EXPECT_OK(exs_connect(s, (struct sockaddr *)&addr, sizeof(addr), q, AH(2)));
+    it_expect_err(q, EXS_EVT_CONNECT, s, AH(2), ECONNREFUSED);
+    ck_assert_msg(!it_try_event(q, EXS_EVT_ACCEPT, lfd, 200, &ev),
+                  "the refused peer was accepted");
+    c = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+    IT_EXPECT_OK(exs_connect(c, (struct sockaddr *)&addr, sizeof(addr), q, AH(3)));
+    it_wait_event(q, EXS_EVT_CONNECT, c, &ev);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    it_wait_event(q, EXS_EVT_ACCEPT, lfd, &ev);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    n = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+    it_close(s, q);
+    it_close(c, q);
+    it_close(n, q);
+    it_close(lfd, q);
+    it_qdelete(q);
+}
+END_TEST
+
 /* exs_socket: bad domain EAFNOSUPPORT; SOCK_DGRAM EPROTONOSUPPORT or EINVAL. */
 START_TEST(test_socket_errors)
 {
@@ -525,6 +560,7 @@ Suite *integ_errors_suite(void)
     suite_add_tcase(s, tc);
     tc = it_tcase("econnrefused", IT_CASE_TIMEOUT);
     tcase_add_test(tc, test_econnrefused);
+    tcase_add_test(tc, test_refused_incompatible);
     suite_add_tcase(s, tc);
     tc = it_tcase("socket", IT_CASE_TIMEOUT);
     tcase_add_test(tc, test_socket_errors);
