@@ -116,6 +116,17 @@ void pattern_fill(unsigned char *p, size_t len, uint64_t off);
 size_t pattern_check(const unsigned char *p, size_t len, uint64_t off);
 void mean_ci95(const double *v, int n, double *mean, double *ci);
 double percentile(double *v, size_t n, double p);
+
+/* One connection's numbers as the per-class (elephants / mice) results need them. */
+struct flow_view {
+    int           cls; /* 0 elephant, 1 mouse */
+    uint64_t      bytes, msgs;
+    double        t_first, t_last;
+    const double *lat;  /* per-message send completion times */
+    size_t        nlat;
+};
+/* Fill res's per-class bytes, messages, seconds and completion-time percentiles. */
+void flows_class_results(struct side_result *res, const struct flow_view *v, int n);
 int parse_size(const char *s, uint64_t *out);
 int parse_sizegen(const char *s, struct sizegen *g);
 void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

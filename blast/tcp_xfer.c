@@ -391,29 +391,15 @@ int tcp_client_run(const struct run_params *rp, const char *host, int data_port,
     res->seconds = last > first ? last - first : 0;
     res->cpu_sec = cpu_now() - cpu0;
     res->wall_sec = now_sec() - t0;
-    for (int k = 0; k < 2 && rp->elephants > 0; k++) {
-        double cf = 0, cl = 0, *all = NULL;
-        size_t na = 0;
+    if (rp->elephants > 0) {
+        struct flow_view *v = calloc((size_t)n, sizeof(*v));
 
-        for (int i = 0; i < n; i++) {
-            struct tconn *c = &cs[i];
-
-            if (c->cls != k)
-                continue;
-            res->cls_bytes[k] += c->off;
-            res->cls_msgs[k] += c->msgs;
-            if (c->t_first && (!cf || c->t_first < cf))
-                cf = c->t_first;
-            if (c->t_last > cl)
-                cl = c->t_last;
-            all = realloc(all, (na + c->nlat + 1) * sizeof(double));
-            memcpy(all + na, c->lat, c->nlat * sizeof(double));
-            na += c->nlat;
-        }
-        res->cls_seconds[k] = cl > cf ? cl - cf : 0;
-        res->cls_p50_us[k] = percentile(all, na, 50);
-        res->cls_p99_us[k] = percentile(all, na, 99);
-        free(all);
+        for (int i = 0; v && i < n; i++)
+            v[i] = (struct flow_view){ cs[i].cls, cs[i].off, cs[i].msgs, cs[i].t_first,
+                                       cs[i].t_last, cs[i].lat, cs[i].nlat };
+        if (v)
+            flows_class_results(res, v, n);
+        free(v);
     }
     if (!res->status)
         ctl_client_collect(res, ctl_peer_result);

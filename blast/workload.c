@@ -297,3 +297,29 @@ int read_full(int fd, void *buf, size_t len)
     }
     return 0;
 }
+
+void flows_class_results(struct side_result *res, const struct flow_view *v, int n)
+{
+    for (int k = 0; k < 2; k++) {
+        double cf = 0, cl = 0, *all = NULL;
+        size_t na = 0;
+
+        for (int i = 0; i < n; i++) {
+            if (v[i].cls != k)
+                continue;
+            res->cls_bytes[k] += v[i].bytes;
+            res->cls_msgs[k] += v[i].msgs;
+            if (v[i].t_first && (!cf || v[i].t_first < cf))
+                cf = v[i].t_first;
+            if (v[i].t_last > cl)
+                cl = v[i].t_last;
+            all = realloc(all, (na + v[i].nlat + 1) * sizeof(double));
+            memcpy(all + na, v[i].lat, v[i].nlat * sizeof(double));
+            na += v[i].nlat;
+        }
+        res->cls_seconds[k] = cl > cf ? cl - cf : 0;
+        res->cls_p50_us[k] = percentile(all, na, 50);
+        res->cls_p99_us[k] = percentile(all, na, 99);
+        free(all);
+    }
+}
