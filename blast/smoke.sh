@@ -105,18 +105,26 @@ if run "plot" 0 --loopback --bytes 4M --runs 2 --sweep sends=1,2 --recv-ratio 2 
 if run "depth sweep + output" 0 --loopback --bytes 4M --runs 1 --sweep depth=1-4*2 --output "$T/o.txt" --verify $Q \
    && [ "$(grep -c '^ exs' "$T/o.txt")" -eq 3 ]; then ok "--sweep depth=1-4*2 --output FILE"; else bad "--sweep depth --output"; fi
 
-# separate roles: -s and -c
-port=$((20000 + RANDOM % 30000))
-timeout "$TO" "$B" -s -p $port --once > "$T/srv" 2>&1 &
-spid=$!
-# wait until the receiver listens (sanitizer builds start slowly): /proc/net/tcp, state 0A
-hexport=$(printf '%04X' "$port")
-for _ in $(seq 1 100); do
-    grep -q ":$hexport [0-9A-F:]* 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null && break
-    sleep 0.1
+# separate roles: -s and -c. Fixed ports below the kernel's ephemeral range (32768+), so
+# other tests' connections cannot hold them; a port in use still gets another try.
+sc_ok=0
+for attempt in 1 2 3; do
+    port=$((10000 + RANDOM % 20000))
+    timeout "$TO" "$B" -s -p $port --once > "$T/srv" 2>&1 &
+    spid=$!
+    # wait until the receiver listens (sanitizer builds start slowly): /proc/net/tcp, 0A
+    hexport=$(printf '%04X' "$port")
+    for _ in $(seq 1 100); do
+        grep -q ":$hexport [0-9A-F:]* 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null && break
+        sleep 0.1
+    done
+    if run "-c" 0 -c 127.0.0.1 -p $port --bytes 4M --runs 1 --verify --transport both $Q && wait $spid; then
+        sc_ok=1; break
+    fi
+    kill $spid 2>/dev/null; wait $spid 2>/dev/null
+    grep -q -e 'could not listen' -e 'cannot reach' -e 'in use' "$T/err" "$T/srv" || break
 done
-if run "-c" 0 -c 127.0.0.1 -p $port --bytes 4M --runs 1 --verify --transport both $Q && wait $spid; then
-    ok "-s --once / -c HOST -p PORT (exs and tcp)"; else bad "-s / -c"; kill $spid 2>/dev/null; fi
+if [ $sc_ok = 1 ]; then ok "-s --once / -c HOST -p PORT (exs and tcp)"; else bad "-s / -c"; fi
 
 # failures must be loud and nonzero
 if run "no receiver" 1 -c 127.0.0.1 -p 9 --bytes 1M && grep -q 'cannot reach' "$T/err"; then
