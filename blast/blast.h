@@ -125,8 +125,9 @@ struct flow_view {
     const double *lat;  /* per-message send completion times */
     size_t        nlat;
 };
-/* Fill res's per-class bytes, messages, seconds and completion-time percentiles. */
-void flows_class_results(struct side_result *res, const struct flow_view *v, int n);
+/* Fill res->seconds (first transfer start .. last transfer end over all flows, Eq. 1)
+ * and, with classes, the per-class bytes, messages, seconds and completion times. */
+void flows_results(struct side_result *res, const struct flow_view *v, int n, int classes);
 int parse_size(const char *s, uint64_t *out);
 int parse_sizegen(const char *s, struct sizegen *g);
 void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

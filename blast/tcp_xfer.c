@@ -380,27 +380,16 @@ int tcp_client_run(const struct run_params *rp, const char *host, int data_port,
         }
     }
     progress_end();
-    double first = 0, last = 0;
+    struct flow_view *v = calloc((size_t)n, sizeof(*v));
 
-    for (int i = 0; i < n; i++) {
-        if (cs[i].t_first && (!first || cs[i].t_first < first))
-            first = cs[i].t_first;
-        if (cs[i].t_last > last)
-            last = cs[i].t_last;
-    }
-    res->seconds = last > first ? last - first : 0;
+    for (int i = 0; v && i < n; i++)
+        v[i] = (struct flow_view){ cs[i].cls, cs[i].off, cs[i].msgs, cs[i].t_first,
+                                   cs[i].t_last, cs[i].lat, cs[i].nlat };
+    if (v)
+        flows_results(res, v, n, rp->elephants > 0);
+    free(v);
     res->cpu_sec = cpu_now() - cpu0;
     res->wall_sec = now_sec() - t0;
-    if (rp->elephants > 0) {
-        struct flow_view *v = calloc((size_t)n, sizeof(*v));
-
-        for (int i = 0; v && i < n; i++)
-            v[i] = (struct flow_view){ cs[i].cls, cs[i].off, cs[i].msgs, cs[i].t_first,
-                                       cs[i].t_last, cs[i].lat, cs[i].nlat };
-        if (v)
-            flows_class_results(res, v, n);
-        free(v);
-    }
     if (!res->status)
         ctl_client_collect(res, ctl_peer_result);
 out:

@@ -298,9 +298,18 @@ int read_full(int fd, void *buf, size_t len)
     return 0;
 }
 
-void flows_class_results(struct side_result *res, const struct flow_view *v, int n)
+void flows_results(struct side_result *res, const struct flow_view *v, int n, int classes)
 {
-    for (int k = 0; k < 2; k++) {
+    double first = 0, last = 0;
+
+    for (int i = 0; i < n; i++) {
+        if (v[i].t_first && (!first || v[i].t_first < first))
+            first = v[i].t_first;
+        if (v[i].t_last > last)
+            last = v[i].t_last;
+    }
+    res->seconds = last > first ? last - first : 0;
+    for (int k = 0; classes && k < 2; k++) {
         double cf = 0, cl = 0, *all = NULL;
         size_t na = 0;
 
