@@ -639,6 +639,7 @@ static void sock_close_listener_job(void *arg)
     pthread_mutex_lock(&s->lock);
     sock_queue_finish_locked(s);
     pthread_mutex_unlock(&s->lock);
+    api_sock_put(s); /* the job's reference */
 }
 
 /* Progress thread: a graceful close took too long (the peer froze): reset it. */
@@ -676,6 +677,7 @@ static void sock_close_conn_job(void *arg)
                                     sock_close_timeout);
         }
     }
+    api_sock_put(s); /* the job's reference */
 }
 
 static void sock_close(struct api_sock *s, struct api_op *op)
@@ -691,6 +693,9 @@ static void sock_close(struct api_sock *s, struct api_op *op)
         s->fd_open = 0;
     }
     pthread_mutex_unlock(&s->lock);
+    /* The job holds its own reference: once CLOSING is visible, the conn may die and
+     * the finish job free the socket before this job is even queued. */
+    sock_get_ref(s);
     if (was == API_SOCK_LISTENING)
         exs__engine_run(sock_close_listener_job, s);
     else
