@@ -214,5 +214,7 @@ uint64_t it_rand(uint64_t *state);
 /* Entries of /proc/self/fd and /proc/self/task. */
 int it_count_fds(void);
 int it_count_tasks(void);
+/* it_count_tasks() once it equals want, or after 2 s: exited threads linger briefly. */
+int it_count_tasks_expect(int want);
 
 #endif

@@ -701,3 +701,18 @@ int it_count_tasks(void)
 {
     return count_dir("/proc/self/task", 0);
 }
+
+/* A joined thread can still be listed in /proc/self/task for a moment: the kernel wakes
+ * pthread_join when the thread releases its memory, before the task itself is reaped.
+ * So wait (up to 2 s) for the count to come down to what is expected; a thread that
+ * really leaked stays listed and the caller's assertion sees it. */
+int it_count_tasks_expect(int want)
+{
+    int n = it_count_tasks();
+
+    for (int i = 0; i < 400 && n != want; i++) {
+        usleep(5000);
+        n = it_count_tasks();
+    }
+    return n;
+}
