@@ -217,4 +217,7 @@ int it_count_tasks(void);
 /* it_count_tasks() once it equals want, or after 2 s: exited threads linger briefly. */
 int it_count_tasks_expect(int want);
 
+/* Entry of the exec'd sender of test_eos_peer_process_exit (main.c dispatches to it). */
+int it_child_stream_send(int argc, char **argv);
+
 #endif

@@ -29,6 +29,10 @@ int main(int argc, char **argv)
     SRunner *sr = NULL;
     int opt, failed;
 
+    /* a peer process exec'd by a test, not a test run */
+    if (argc >= 2 && strcmp(argv[1], "--child-stream-send") == 0)
+        return it_child_stream_send(argc - 2, argv + 2);
+
     while ((opt = getopt(argc, argv, "p:h")) != -1) {
         switch (opt) {
         case 'p':

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* Robustness against a peer that freezes: exs_close still completes, bounded by
  * EXS_CLOSE_TIMEOUT_MS, instead of waiting forever for a goodbye that cannot go through. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -85,12 +87,56 @@ START_TEST(test_close_frozen_peer)
 }
 END_TEST
 
+/* A child forked after the parent used and finished the library starts its own. The tcp
+ * provider has no process-wide state and works there; with verbs, librdmacm keeps the
+ * parent's device contexts, which the kernel refuses to a forked child, so exs_init says
+ * EOPNOTSUPP at once instead of failing the first transfer with an obscure error. */
+START_TEST(test_fork_after_fini)
+{
+    int status, verbs = strcmp(it_provider, "verbs") == 0;
+    pid_t pid;
+
+    it_init();
+    it_fini();
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        exs_version_t v = exs_init(EXS_VERSION);
+        int fd;
+
+        if (verbs)
+            _exit(v == (exs_version_t)-1 && errno == EOPNOTSUPP ? 0 : 10);
+        if (v != EXS_VERSION)
+            _exit(11);
+        fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+        if (fd < 0)
+            _exit(12);
+        exs_fini();
+        _exit(0);
+    }
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "forked child's exs_init on provider %s: status %#x (10: verbs did not fail "
+                  "with EOPNOTSUPP, 11: exs_init failed, 12: exs_socket failed)",
+                  it_provider, (unsigned)status);
+    /* and the parent can start the library again */
+    it_init();
+    status = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+    ck_assert_int_ge(status, 0);
+    ck_assert_int_eq(exs_close(status, EXS_QHANDLE_INVALID, NULL), 0);
+    it_fini();
+}
+END_TEST
+
 Suite *integ_robust_suite(void)
 {
     Suite *s = suite_create("integ_robust");
     TCase *tc = it_tcase("frozen", 30);
 
     tcase_add_test(tc, test_close_frozen_peer);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("fork", 30);
+    tcase_add_test(tc, test_fork_after_fini);
     suite_add_tcase(s, tc);
     return s;
 }

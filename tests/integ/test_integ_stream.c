@@ -1777,11 +1777,29 @@ static int child_send(uint16_t port, int mode, uint64_t seed, size_t volume)
     return 0;
 }
 
+/* The sending process: exs_integ_test --child-stream-send FD MODE SEED VOLUME, exec'd by
+ * peer_process_exit (a fresh program, as a real peer is: rdma-core's device contexts do
+ * not survive fork). It reads the listener's port from descriptor FD. */
+int it_child_stream_send(int argc, char **argv)
+{
+    uint16_t port;
+    int fd;
+
+    if (argc != 4)
+        return 8;
+    fd = atoi(argv[0]);
+    if (read(fd, &port, sizeof(port)) != (ssize_t)sizeof(port))
+        return 9;
+    close(fd);
+    return child_send(port, atoi(argv[1]), strtoull(argv[2], NULL, 0),
+                      (size_t)strtoull(argv[3], NULL, 0));
+}
+
 static void peer_process_exit(int mode, int round)
 {
     const size_t chunk = MiB, volume = 16 * MiB;
     uint64_t seed = st_mix(st_base_seed(), 0xF0F0 + (uint64_t)mode);
-    int pfd[2], lfd, fd, status;
+    int pfd[2], lfd, fd, status = -1;
     uint16_t port;
     pid_t pid;
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = 0};
@@ -1793,13 +1811,19 @@ static void peer_process_exit(int mode, int round)
     int out = 0, eos = 0;
 
     ck_assert_int_eq(pipe(pfd), 0);
-    pid = fork(); /* before this process's exs_init: the child starts its own library */
+    pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
+        char a_fd[16], a_mode[16], a_seed[32], a_vol[32];
+
         close(pfd[1]);
-        if (read(pfd[0], &port, sizeof(port)) != (ssize_t)sizeof(port))
-            _exit(9);
-        _exit(child_send(port, mode, seed, volume));
+        snprintf(a_fd, sizeof(a_fd), "%d", pfd[0]);
+        snprintf(a_mode, sizeof(a_mode), "%d", mode);
+        snprintf(a_seed, sizeof(a_seed), "%" PRIu64, seed);
+        snprintf(a_vol, sizeof(a_vol), "%zu", volume);
+        execl("/proc/self/exe", "exs_integ_test", "--child-stream-send", a_fd, a_mode, a_seed,
+              a_vol, (char *)NULL);
+        _exit(7);
     }
     close(pfd[0]);
     it_init();
@@ -1831,12 +1855,17 @@ static void peer_process_exit(int mode, int round)
         out--;
         r = ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
         buf = ev.exs_evt_u.exs_evt_xfer.exs_evt_buf;
-        ck_assert_msg(ev.exs_evt_errno == 0 && r >= 0,
-                      "%s round %d: receive at stream offset %" PRIu64 " of %zu, the sending "
-                      "process having shut down, closed and exited after its last send "
-                      "completed: errno %d (%s) result %zd, expected the remaining bytes then 0",
-                      mode_names[mode], round, roff, volume, ev.exs_evt_errno,
-                      strerror(ev.exs_evt_errno), r);
+        if (ev.exs_evt_errno != 0 || r < 0) {
+            /* say whether the sender got through its sends (exit 0) or failed a step */
+            for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; i++)
+                it_sleep_ms(50);
+            ck_abort_msg("%s round %d: receive at stream offset %" PRIu64 " of %zu: errno %d "
+                         "(%s) result %zd, expected the remaining bytes then 0; the sending "
+                         "process ended with status %#x (exit code = step that failed, see "
+                         "child_send; 0 = all sends completed, shut down and closed)",
+                         mode_names[mode], round, roff, volume, ev.exs_evt_errno,
+                         strerror(ev.exs_evt_errno), r, (unsigned)status);
+        }
         if (r == 0) {
             ck_assert_msg(roff == volume, "%s round %d: end of stream after %" PRIu64 " of %zu",
                           mode_names[mode], round, roff, volume);

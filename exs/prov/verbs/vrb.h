@@ -205,6 +205,8 @@ static inline struct vrb_ep *vrb_ep_of(struct exs_prov_ep *e)
 
 extern struct exs_prov_ops exs__prov_verbs_ops;
 int exs__prov_verbs_device_active(void);
+/* 1 in a child forked after this process's librdmacm opened the devices: verbs unusable. */
+int exs__vrb_forked_child(void);
 
 /* vrb_ctx.c */
 void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev);

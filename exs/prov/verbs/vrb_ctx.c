@@ -73,6 +73,20 @@ static int vrb_active_probe(void)
 static pthread_once_t vrb_active_once = PTHREAD_ONCE_INIT;
 static int vrb_active;
 
+/* librdmacm opens every device once per process and keeps those contexts for the life of
+ * the process; a child forked after that inherits them, and the kernel refuses every
+ * command on a device file opened under the parent's credentials (uverbs_write: EACCES,
+ * "changed security contexts after opening file descriptor"). So the process that first
+ * opened the devices is remembered, and a forked child is told plainly. */
+static pid_t vrb_devices_pid;
+
+int exs__vrb_forked_child(void)
+{
+    pid_t p = __atomic_load_n(&vrb_devices_pid, __ATOMIC_RELAXED);
+
+    return p != 0 && p != getpid();
+}
+
 static void vrb_active_init(void)
 {
     vrb_active = vrb_active_probe();
@@ -80,6 +94,14 @@ static void vrb_active_init(void)
 
 int exs__prov_verbs_device_active(void)
 {
+    if (exs__vrb_forked_child()) {
+        static int warned;
+
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            EXS_WARN(PROV, "verbs: not usable in a child forked after the parent opened the "
+                           "RDMA devices; the default provider here is tcp");
+        return 0;
+    }
     pthread_once(&vrb_active_once, vrb_active_init);
     return vrb_active;
 }
@@ -503,7 +525,17 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
                       exs__vrb_qp_destroy_cb, ctx);
     exs__vrb_rc_init(&ctx->rc, (unsigned)EXS_MIN(exs__params.vrb_regcache_max, 1u << 20), &rops);
 
+    if (exs__vrb_forked_child()) {
+        EXS_ERR(PROV, "verbs: this process was forked from one that had opened the RDMA "
+                      "devices (pid %d); librdmacm's contexts cannot be used here: exec a new "
+                      "program, or set EXS_PROVIDER=tcp",
+                (int)vrb_devices_pid);
+        ret = -EOPNOTSUPP;
+        goto fail;
+    }
     ctx->devlist = rdma_get_devices(&n);
+    if (ctx->devlist && n > 0 && !__atomic_load_n(&vrb_devices_pid, __ATOMIC_RELAXED))
+        __atomic_store_n(&vrb_devices_pid, getpid(), __ATOMIC_RELAXED);
     if (!ctx->devlist || n <= 0) {
         EXS_DBG(PROV, "verbs: no RDMA device");
         ret = -ENODEV;
