@@ -197,7 +197,7 @@ static void op_release(struct api_op *op)
         pthread_mutex_unlock(&mreg_lock);
     }
     if (op->tmp_mr)
-        exs__engine_ctx()->ops->mr_dereg(op->tmp_mr);
+        exs__engine_ctx()->ops->mr_put(op->tmp_mr);
     free(op);
     __atomic_fetch_sub(&op_live, 1, __ATOMIC_RELAXED);
 }
@@ -331,7 +331,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     op->op.flags = flags;
     if (mh == EXS_MHANDLE_UNREGISTERED) {
         if (len) {
-            ret = exs__engine_ctx()->ops->mr_reg(exs__engine_ctx(), buf, len,
+            ret = exs__engine_ctx()->ops->mr_get(exs__engine_ctx(), buf, len,
                                                  EXS_PROV_ACCESS_LOCAL_WRITE |
                                                      EXS_PROV_ACCESS_REMOTE_WRITE |
                                                      EXS_PROV_ACCESS_REMOTE_READ,

@@ -53,8 +53,9 @@ static int conn_post_rx_locked(struct exs_conn *conn, uint32_t slot)
     return ret;
 }
 
-/* Give back the provider objects (endpoint, registrations); the memory stays so
- * eager messages already in the ring can still be received after the end. */
+/* Give back the endpoint and the ring's remote registration: the peer can no longer write
+ * anywhere. The memory stays (with its local registration) so eager messages already in
+ * the ring can still be received after the end. */
 static void conn_release_prov_locked(struct exs_conn *conn)
 {
     const struct exs_prov_ops *ops = conn->ctx->ops;
@@ -64,19 +65,19 @@ static void conn_release_prov_locked(struct exs_conn *conn)
     conn->ep = NULL;
     if (conn->ring_mr)
         ops->mr_dereg(conn->ring_mr);
-    if (conn->rx_mr)
-        ops->mr_dereg(conn->rx_mr);
-    if (conn->tx_mr)
-        ops->mr_dereg(conn->tx_mr);
-    conn->ring_mr = conn->rx_mr = conn->tx_mr = NULL;
+    conn->ring_mr = NULL;
 }
 
 static void conn_release_locked(struct exs_conn *conn)
 {
+    const struct exs_prov_ops *ops = conn->ctx->ops;
+
     conn_release_prov_locked(conn);
-    free(conn->ring);
-    free(conn->rx_bufs);
-    free(conn->tx_bufs);
+    if (conn->ring_mem)
+        ops->mem_free(conn->ring_mem);
+    if (conn->ctrl_mem)
+        ops->mem_free(conn->ctrl_mem);
+    conn->ring_mem = conn->ctrl_mem = conn->rx_mr = conn->tx_mr = NULL;
     free(conn->tx_free);
     free(conn->tx_op);
     free(conn->adverts);
@@ -114,29 +115,30 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
 
     conn->tx_slots = CONN_TX_SLOTS;
     conn->adv_cap = 64;
-    conn->ring = aligned_alloc(4096, p->ring_size);
-    conn->rx_bufs = aligned_alloc(64, (size_t)p->credits * EXS_WIRE_CTRL_MAX);
-    conn->tx_bufs = aligned_alloc(64, (size_t)conn->tx_slots * EXS_WIRE_CTRL_MAX);
     conn->tx_free = calloc(conn->tx_slots, sizeof(*conn->tx_free));
     conn->tx_op = calloc(conn->tx_slots, sizeof(*conn->tx_op));
     conn->adverts = calloc(conn->adv_cap, sizeof(*conn->adverts));
     conn->rd_owed = calloc(p->max_reads ? p->max_reads : 1, sizeof(*conn->rd_owed));
-    if (!conn->rd_owed || !conn->ring || !conn->rx_bufs || !conn->tx_bufs || !conn->tx_free || !conn->tx_op ||
-        !conn->adverts)
+    if (!conn->rd_owed || !conn->tx_free || !conn->tx_op || !conn->adverts)
         goto err;
     for (uint32_t i = 0; i < conn->tx_slots; i++)
         conn->tx_free[conn->tx_free_top++] = i;
 
+    /* registered memory from the provider (its memory cache on verbs): the ring, and the
+     * control receive and send slots together; only the ring is registered for the peer */
+    ret = ops->mem_alloc(ctx, p->ring_size, &conn->ring_mem);
+    if (ret)
+        goto err;
+    conn->ring = conn->ring_mem->addr;
+    ret = ops->mem_alloc(ctx, (size_t)(p->credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
+                         &conn->ctrl_mem);
+    if (ret)
+        goto err;
+    conn->rx_bufs = conn->ctrl_mem->addr;
+    conn->tx_bufs = conn->rx_bufs + (size_t)p->credits * EXS_WIRE_CTRL_MAX;
+    conn->rx_mr = conn->tx_mr = conn->ctrl_mem;
     ret = ops->mr_reg(ctx, conn->ring, p->ring_size,
                       EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_mr);
-    if (ret)
-        goto err;
-    ret = ops->mr_reg(ctx, conn->rx_bufs, (size_t)p->credits * EXS_WIRE_CTRL_MAX,
-                      EXS_PROV_ACCESS_LOCAL_WRITE, &conn->rx_mr);
-    if (ret)
-        goto err;
-    ret = ops->mr_reg(ctx, conn->tx_bufs, (size_t)conn->tx_slots * EXS_WIRE_CTRL_MAX,
-                      EXS_PROV_ACCESS_LOCAL_WRITE, &conn->tx_mr);
     if (ret)
         goto err;
 

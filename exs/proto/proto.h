@@ -118,11 +118,13 @@ struct exs_conn {
 
     /* local buffers */
     uint8_t                   *ring;     /* hidden receive ring, written by the peer */
-    struct exs_prov_mr        *ring_mr;
+    struct exs_prov_mr        *ring_mem; /* its memory (mem_alloc, local registration) */
+    struct exs_prov_mr        *ring_mr;  /* its registration for the peer (remote write) */
+    struct exs_prov_mr        *ctrl_mem; /* rx_bufs then tx_bufs (mem_alloc) */
     uint8_t                   *rx_bufs;  /* credits x EXS_WIRE_CTRL_MAX receive slots */
-    struct exs_prov_mr        *rx_mr;
+    struct exs_prov_mr        *rx_mr;    /* = ctrl_mem */
     uint8_t                   *tx_bufs;  /* control send slots */
-    struct exs_prov_mr        *tx_mr;
+    struct exs_prov_mr        *tx_mr;    /* = ctrl_mem */
     uint32_t                   tx_slots, tx_free_top;
     uint32_t                  *tx_free;  /* stack of free control send slots */
     struct exs_ctrl_tx {

@@ -2,6 +2,7 @@
 /* Provider registry: the static table of providers, default selection, stubs and names. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "exs/prov/prov.h"
@@ -33,8 +34,54 @@ static void prov_stub_void(void)
 {
 }
 
+/* Default mem_alloc/mem_free: page-aligned memory with a local-only registration. */
+static int prov_mem_alloc(struct exs_prov_ctx *ctx, size_t len, struct exs_prov_mr **mr_p)
+{
+    size_t sz = (len + 4095) & ~(size_t)4095;
+    void *p;
+    int ret;
+
+    if (!len || sz < len)
+        return -EINVAL;
+    p = aligned_alloc(4096, sz);
+    if (!p)
+        return -ENOMEM;
+    ret = ctx->ops->mr_reg(ctx, p, len, EXS_PROV_ACCESS_LOCAL_WRITE, mr_p);
+    if (ret)
+        free(p);
+    return ret;
+}
+
+static void prov_mem_free(struct exs_prov_mr *mr)
+{
+    void *p = mr->addr;
+
+    mr->ctx->ops->mr_dereg(mr);
+    free(p);
+}
+
+/* Default mr_get/mr_put: a registration per operation. */
+static int prov_mr_get(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
+                       struct exs_prov_mr **mr_p)
+{
+    return ctx->ops->mr_reg(ctx, addr, length, access, mr_p);
+}
+
+static void prov_mr_put(struct exs_prov_mr *mr)
+{
+    mr->ctx->ops->mr_dereg(mr);
+}
+
 void exs__prov_fill_defaults(struct exs_prov_ops *ops)
 {
+    if (!ops->mem_alloc) {
+        ops->mem_alloc = prov_mem_alloc;
+        ops->mem_free = prov_mem_free;
+    }
+    if (!ops->mr_get) {
+        ops->mr_get = prov_mr_get;
+        ops->mr_put = prov_mr_put;
+    }
     /* Each member is a function pointer; those left NULL get a stub of the same
      * return kind. Casting through void (*)(void) is how rdma-core's dummy_ops
      * does it; the stubs take no arguments and the cdecl ABI tolerates that. */

@@ -231,6 +231,18 @@ struct exs_prov_ops {
     int (*mr_reg)(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
                   struct exs_prov_mr **mr_p);
     int (*mr_dereg)(struct exs_prov_mr *mr);
+    /* The library's own memory (rings, control buffers): len bytes, page aligned, contents undefined,
+     * with an mr of local access only (lkey valid; give no rkey out: register a sub-range
+     * with mr_reg for that). The verbs provider serves it from its memory cache; the
+     * default allocates and registers. Free with mem_free before ctx_close. */
+    int (*mem_alloc)(struct exs_prov_ctx *ctx, size_t len, struct exs_prov_mr **mr_p);
+    void (*mem_free)(struct exs_prov_mr *mr);
+    /* A registration of user memory for one operation (EXS_MHANDLE_UNREGISTERED), access
+     * as mr_reg; the verbs provider keeps it in its registration cache after mr_put. The
+     * default is mr_reg / mr_dereg. */
+    int (*mr_get)(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
+                  struct exs_prov_mr **mr_p);
+    void (*mr_put)(struct exs_prov_mr *mr);
 
     /* endpoints */
     int (*ep_create)(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,

@@ -38,26 +38,28 @@ uint64_t exs__counters_value(const struct exs_counter_set *set, size_t i)
 int exs__counters_lookup(const char *set_name, const char *counter, uint64_t *value_p)
 {
     struct exs_list *pos;
+    uint64_t         sum = 0;
     int              rc = -ENOENT;
 
     pthread_mutex_lock(&counters_lock);
+    /* Sets of one name (one per provider context, say) add up. */
     exs_list_for_each(pos, &counters_sets)
     {
         const struct exs_counter_set *set = exs_list_entry(pos, struct exs_counter_set, link);
 
         if (strcmp(set->name, set_name) != 0)
             continue;
-        /* The first set of that name answers, whether or not it has the counter. */
         for (size_t i = 0; i < set->count; i++) {
             if (strcmp(set->desc[i].name, counter) == 0) {
-                *value_p = exs__counters_value(set, i);
+                sum += exs__counters_value(set, i);
                 rc = 0;
                 break;
             }
         }
-        break;
     }
     pthread_mutex_unlock(&counters_lock);
+    if (!rc)
+        *value_p = sum;
     return rc;
 }
 

@@ -37,7 +37,8 @@ void exs__counters_register(struct exs_counter_set *set);
 void exs__counters_unregister(struct exs_counter_set *set);
 /* Value of counter i of set. */
 uint64_t exs__counters_value(const struct exs_counter_set *set, size_t i);
-/* Look a counter up by "set.name/counter"; -ENOENT when absent. */
+/* A counter by set name and counter name, summed over the sets of that name (several
+ * provider contexts); -ENOENT when no such set has it. */
 int exs__counters_lookup(const char *set_name, const char *counter, uint64_t *value_p);
 /* "set counter value" lines for every registered set. */
 void exs__counters_print(FILE *f);

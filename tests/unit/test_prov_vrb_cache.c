@@ -340,6 +340,101 @@ START_TEST(rc_in_use_not_evicted)
 }
 END_TEST
 
+/* The page check: a registration is used again only while ident() says its pages are the
+ * same ones; memory unmapped and mapped again at the same address is registered anew. */
+static uint64_t mock_ident_val;
+static int mock_ident_err;
+
+static int mock_ident_cb(void *arg, uintptr_t start, size_t len, uint64_t *id_p)
+{
+    (void)arg;
+    (void)start;
+    (void)len;
+    if (mock_ident_err)
+        return mock_ident_err;
+    *id_p = mock_ident_val;
+    return 0;
+}
+
+START_TEST(rc_stale_pages_registered_again)
+{
+    struct mock_reg m;
+    struct vrb_reg_ops ops = mock_ops(&m);
+    struct vrb_regcache rc;
+    struct vrb_rc_entry *e1, *e2, *e3;
+    uint8_t *buf = aligned_alloc(4096, 4 * 4096);
+
+    ck_assert_ptr_nonnull(buf);
+    ops.ident = mock_ident_cb;
+    mock_ident_err = 0;
+    mock_ident_val = 1;
+    ck_assert_int_eq(exs__vrb_rc_init(&rc, 4, &ops), 0);
+    ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e1), 0);
+    exs__vrb_rc_put(&rc, e1);
+    ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e2), 0); /* same pages: a hit */
+    ck_assert_ptr_eq(e1, e2);
+    ck_assert_uint_eq(rc.cnt.hits, 1);
+    /* held, and the pages change under it: the next lookup registers again, the old
+     * registration goes at its last put */
+    mock_ident_val = 2;
+    ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e3), 0);
+    ck_assert_ptr_ne(e3, e2);
+    ck_assert_uint_eq(rc.cnt.stale, 1);
+    ck_assert_uint_eq(rc.cnt.misses, 2);
+    ck_assert_uint_eq(rc.cnt.entries, 1);
+    ck_assert_int_eq(m.regs, 2);
+    ck_assert_int_eq(m.deregs, 0);
+    exs__vrb_rc_put(&rc, e2);
+    ck_assert_int_eq(m.deregs, 1);
+    exs__vrb_rc_put(&rc, e3);
+    /* not held, pages changed again: dropped at once on lookup */
+    mock_ident_val = 3;
+    ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e1), 0);
+    ck_assert_uint_eq(rc.cnt.stale, 2);
+    ck_assert_int_eq(m.deregs, 2);
+    exs__vrb_rc_put(&rc, e1);
+    exs__vrb_rc_fini(&rc);
+    ck_assert_int_eq(m.regs, m.deregs);
+    free(buf);
+}
+END_TEST
+
+START_TEST(rc_unverifiable_not_kept)
+{
+    struct mock_reg m;
+    struct vrb_reg_ops ops = mock_ops(&m);
+    struct vrb_regcache rc;
+    struct vrb_rc_entry *e1, *e2;
+    uint8_t *buf = aligned_alloc(4096, 2 * 4096);
+
+    ck_assert_ptr_nonnull(buf);
+    ops.ident = mock_ident_cb;
+    mock_ident_err = -EPERM; /* frame numbers hidden (no CAP_SYS_ADMIN) */
+    ck_assert_int_eq(exs__vrb_rc_init(&rc, 4, &ops), 0);
+    ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e1), 0);
+    ck_assert_uint_eq(rc.cnt.entries, 0);
+    ck_assert_uint_eq(rc.cnt.unverifiable, 1);
+    exs__vrb_rc_put(&rc, e1);
+    ck_assert_int_eq(m.deregs, 1); /* used once, never again */
+    ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e2), 0);
+    ck_assert_uint_eq(rc.cnt.hits, 0);
+    ck_assert_uint_eq(rc.cnt.misses, 2);
+    /* invalidating a held registration takes it out now and deregisters it at its put */
+    mock_ident_err = 0;
+    exs__vrb_rc_put(&rc, e2);
+    ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e1), 0);
+    ck_assert_uint_eq(rc.cnt.entries, 1);
+    exs__vrb_rc_invalidate(&rc, buf, 4096);
+    ck_assert_uint_eq(rc.cnt.entries, 0);
+    ck_assert_int_eq(m.deregs, 2);
+    exs__vrb_rc_put(&rc, e1);
+    ck_assert_int_eq(m.deregs, 3);
+    exs__vrb_rc_fini(&rc);
+    ck_assert_int_eq(m.regs, m.deregs);
+    free(buf);
+}
+END_TEST
+
 /* ---- QP cache ---- */
 
 static int destroyed[16];
@@ -479,6 +574,8 @@ Suite *prov_vrb_cache_suite(void)
     tc = tcase_create("regcache");
     tcase_add_test(tc, rc_hit_miss_evict);
     tcase_add_test(tc, rc_in_use_not_evicted);
+    tcase_add_test(tc, rc_stale_pages_registered_again);
+    tcase_add_test(tc, rc_unverifiable_not_kept);
     suite_add_tcase(s, tc);
     tc = tcase_create("qpcache");
     tcase_add_test(tc, qpc_reuse_smallest_fit);

@@ -77,23 +77,23 @@ START_TEST(test_register_lookup)
     exs__counters_register(&sa);
     exs__counters_register(&sb);
     exs__counters_register(&sc);
-    /* First matching set answers. */
+    /* Sets of one name add up. */
     ck_assert_int_eq(exs__counters_lookup("t.dup", "rx", &v), 0);
-    ck_assert_uint_eq(v, 5);
+    ck_assert_uint_eq(v, 55);
     ck_assert_int_eq(exs__counters_lookup("t.dup", "drops", &v), 0);
-    ck_assert_uint_eq(v, 7);
+    ck_assert_uint_eq(v, 77);
     ck_assert_int_eq(exs__counters_lookup("t.other", "rx", &v), 0);
     ck_assert_uint_eq(v, 500);
     EXS_CNT_INC(a.rx);
     ck_assert_int_eq(exs__counters_lookup("t.dup", "rx", &v), 0);
-    ck_assert_uint_eq(v, 6);
+    ck_assert_uint_eq(v, 56);
     v = 99;
     ck_assert_int_eq(exs__counters_lookup("t.dup", "nope", &v), -ENOENT);
     ck_assert_int_eq(exs__counters_lookup("t.nope", "rx", &v), -ENOENT);
     ck_assert_int_eq(exs__counters_lookup("t.du", "rx", &v), -ENOENT);
     ck_assert_int_eq(exs__counters_lookup("t.dup", "not_a_counter", &v), -ENOENT);
     ck_assert_uint_eq(v, 99);
-    /* Remove the first: the second of that name answers. */
+    /* Remove the first: the second of that name is what is left. */
     exs__counters_unregister(&sa);
     ck_assert_int_eq(exs__counters_lookup("t.dup", "rx", &v), 0);
     ck_assert_uint_eq(v, 50);

@@ -191,6 +191,7 @@ struct vrb_ctx {
     struct vrb_qpcache qpc;
     struct vrb_mcache mc;
     struct vrb_regcache rc;
+    int pagemap_fd; /* /proc/self/pagemap for the registration cache's page check, or -1 */
 };
 
 static inline struct vrb_ctx *vrb_ctx_of(struct exs_prov_ctx *c)
@@ -250,6 +251,14 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigne
 int exs__vrb_mr_dereg(struct exs_prov_mr *mr);
 int exs__vrb_reg_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
                     uint32_t *rkey_p);
+int exs__vrb_reg_local_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
+                          uint32_t *rkey_p);
+int exs__vrb_ident_cb(void *arg, uintptr_t start, size_t len, uint64_t *id_p);
+int exs__vrb_mem_alloc(struct exs_prov_ctx *ctx, size_t len, struct exs_prov_mr **mr_p);
+void exs__vrb_mem_free(struct exs_prov_mr *mr);
+int exs__vrb_mr_get(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
+                    struct exs_prov_mr **mr_p);
+void exs__vrb_mr_put(struct exs_prov_mr *mr);
 void exs__vrb_dereg_cb(void *arg, void *handle);
 /* 1 when every sge lies inside an mr of ctx (with LOCAL_WRITE when need_lw). */
 int exs__vrb_mr_covers(struct vrb_ctx *ctx, const struct exs_prov_sge *sge, int n, int need_lw);

@@ -18,6 +18,12 @@ struct vrb_reg_ops {
     int (*reg)(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
                uint32_t *rkey_p);
     void (*dereg)(void *arg, void *handle);
+    /* Registration cache only, optional: a fingerprint of the physical pages behind
+     * [start, start+len) now (0), or -errno when it cannot be known. A cached registration
+     * is used again only while its pages are the same: memory unmapped and mapped again at
+     * the same address (free, then malloc) gets new pages the old registration does not
+     * point at. */
+    int (*ident)(void *arg, uintptr_t start, size_t len, uint64_t *id_p);
     void *arg;
 };
 
@@ -99,6 +105,8 @@ struct vrb_rc_counters {
     uint64_t evictions;
     uint64_t entries;
     uint64_t reg_fails;
+    uint64_t stale;        /* cached registrations found pointing at pages no longer mapped */
+    uint64_t unverifiable; /* registrations not kept: the pages could not be identified */
 };
 
 struct vrb_rc_entry {
@@ -107,6 +115,8 @@ struct vrb_rc_entry {
     void *handle;
     uint32_t lkey, rkey;
     unsigned refs; /* users holding it; never evicted while > 0 */
+    uint64_t ident; /* ops.ident of the pages when registered */
+    int cached;     /* in rc->lru; 0: dropped at the last put (stale or unverifiable) */
 };
 
 struct vrb_regcache {

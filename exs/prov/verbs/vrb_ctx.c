@@ -449,6 +449,8 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
     exs__vrb_qpc_fini(&ctx->qpc);
     exs__vrb_rc_fini(&ctx->rc);
     exs__vrb_mc_fini(&ctx->mc);
+    if (ctx->pagemap_fd >= 0)
+        close(ctx->pagemap_fd);
     while ((l = exs_list_pop_head(&ctx->cm_sw)) != NULL)
         free(exs_list_entry(l, struct vrb_cm_node, link));
     if (ctx->cq)
@@ -507,7 +509,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx = calloc(1, sizeof(*ctx));
     if (!ctx)
         return -ENOMEM;
-    ctx->evfd = ctx->epfd = ctx->stopfd = ctx->udpfd = -1;
+    ctx->evfd = ctx->epfd = ctx->stopfd = ctx->udpfd = ctx->pagemap_fd = -1;
     exs_list_init(&ctx->disc_wait);
     ctx->tok_base = exs__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)ctx;
     pthread_mutex_init(&ctx->lock, NULL);
@@ -520,10 +522,16 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     pthread_rwlock_init(&ctx->mr_lock, NULL);
     for (unsigned i = 0; i < VRB_MR_HASH; i++)
         exs_list_init(&ctx->mr_hash[i]);
-    rops = (struct vrb_reg_ops){.reg = exs__vrb_reg_cb, .dereg = exs__vrb_dereg_cb, .arg = ctx};
+    ctx->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    rops = (struct vrb_reg_ops){.reg = exs__vrb_reg_cb,
+                                .dereg = exs__vrb_dereg_cb,
+                                .ident = exs__vrb_ident_cb,
+                                .arg = ctx};
     exs__vrb_qpc_init(&ctx->qpc, (unsigned)EXS_MIN(exs__params.vrb_qp_cache, 65536u),
                       exs__vrb_qp_destroy_cb, ctx);
     exs__vrb_rc_init(&ctx->rc, (unsigned)EXS_MIN(exs__params.vrb_regcache_max, 1u << 20), &rops);
+    rops = (struct vrb_reg_ops){
+        .reg = exs__vrb_reg_local_cb, .dereg = exs__vrb_dereg_cb, .arg = ctx};
 
     if (exs__vrb_forked_child()) {
         EXS_ERR(PROV, "verbs: this process was forked from one that had opened the RDMA "
@@ -669,6 +677,10 @@ struct exs_prov_ops exs__prov_verbs_ops = {
     .ctx_cm_poll = vrb_ctx_cm_poll,
     .mr_reg = exs__vrb_mr_reg,
     .mr_dereg = exs__vrb_mr_dereg,
+    .mem_alloc = exs__vrb_mem_alloc,
+    .mem_free = exs__vrb_mem_free,
+    .mr_get = exs__vrb_mr_get,
+    .mr_put = exs__vrb_mr_put,
     .ep_create = exs__vrb_ep_create,
     .ep_destroy = exs__vrb_ep_destroy,
     .ep_state = exs__vrb_ep_state,

@@ -316,12 +316,28 @@ int exs__vrb_rc_init(struct vrb_regcache *rc, unsigned max_entries, const struct
     return 0;
 }
 
+/* Take e out of the cache; it is deregistered now, or at its last put when still held. */
 static void vrb_rc_drop(struct vrb_regcache *rc, struct vrb_rc_entry *e)
 {
-    exs_list_del(&e->link);
+    if (e->cached) {
+        exs_list_del(&e->link);
+        e->cached = 0;
+        __atomic_fetch_sub(&rc->cnt.entries, 1, __ATOMIC_RELAXED);
+    }
+    if (e->refs)
+        return;
     rc->ops.dereg(rc->ops.arg, e->handle);
     free(e);
-    __atomic_fetch_sub(&rc->cnt.entries, 1, __ATOMIC_RELAXED);
+}
+
+/* 1 when e's pages are still the ones it registered (or no ident callback). */
+static int vrb_rc_valid(struct vrb_regcache *rc, struct vrb_rc_entry *e)
+{
+    uint64_t id;
+
+    if (!rc->ops.ident)
+        return 1;
+    return rc->ops.ident(rc->ops.arg, e->start, e->end - e->start, &id) == 0 && id == e->ident;
 }
 
 void exs__vrb_rc_fini(struct vrb_regcache *rc)
@@ -352,6 +368,11 @@ int exs__vrb_rc_get(struct vrb_regcache *rc, const void *addr, size_t len,
     {
         e = exs_list_entry(pos, struct vrb_rc_entry, link);
         if (e->start <= start && end <= e->end) {
+            if (!vrb_rc_valid(rc, e)) {
+                EXS_CNT_INC(rc->cnt.stale);
+                vrb_rc_drop(rc, e);
+                break;
+            }
             exs_list_del(&e->link);
             exs_list_add_head(&rc->lru, &e->link);
             e->refs++;
@@ -387,8 +408,14 @@ int exs__vrb_rc_get(struct vrb_regcache *rc, const void *addr, size_t len,
         return ret;
     }
     e->refs = 1;
-    exs_list_add_head(&rc->lru, &e->link);
-    EXS_CNT_INC(rc->cnt.entries);
+    if (rc->ops.ident && rc->ops.ident(rc->ops.arg, start, end - start, &e->ident) != 0) {
+        /* the pages cannot be told apart later: use it once, never again */
+        EXS_CNT_INC(rc->cnt.unverifiable);
+    } else {
+        e->cached = 1;
+        exs_list_add_head(&rc->lru, &e->link);
+        EXS_CNT_INC(rc->cnt.entries);
+    }
     pthread_mutex_unlock(&rc->lock);
     *e_p = e;
     return 0;
@@ -399,6 +426,8 @@ void exs__vrb_rc_put(struct vrb_regcache *rc, struct vrb_rc_entry *e)
     pthread_mutex_lock(&rc->lock);
     EXS_ASSERT(e->refs > 0);
     e->refs--;
+    if (!e->refs && !e->cached)
+        vrb_rc_drop(rc, e);
     pthread_mutex_unlock(&rc->lock);
 }
 
@@ -412,7 +441,7 @@ void exs__vrb_rc_invalidate(struct vrb_regcache *rc, const void *addr, size_t le
     {
         struct vrb_rc_entry *e = exs_list_entry(pos, struct vrb_rc_entry, link);
 
-        if (!e->refs && e->start < t && s < e->end)
+        if (e->start < t && s < e->end)
             vrb_rc_drop(rc, e);
     }
     pthread_mutex_unlock(&rc->lock);
@@ -438,6 +467,8 @@ static const struct exs_counter_desc vrb_rc_desc[] = {
     EXS_COUNTER(struct vrb_rc_counters, evictions, "registrations evicted (LRU)"),
     EXS_COUNTER(struct vrb_rc_counters, entries, "registrations cached"),
     EXS_COUNTER(struct vrb_rc_counters, reg_fails, "registrations that failed"),
+    EXS_COUNTER(struct vrb_rc_counters, stale, "cached registrations whose pages had changed"),
+    EXS_COUNTER(struct vrb_rc_counters, unverifiable, "registrations not kept: pages unknown"),
 };
 
 static const struct exs_counter_desc vrb_qpc_desc[] = {

@@ -4,15 +4,44 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+
+enum vrb_mr_kind {
+    VRB_MR_OWN = 0, /* mr_reg: its own ibv_mr */
+    VRB_MR_MCACHE,  /* mem_alloc: a piece of a memory-cache region (the region's lkey) */
+    VRB_MR_BIG,     /* mem_alloc larger than a region: own mapping and ibv_mr */
+    VRB_MR_RCACHE,  /* mr_get: an entry of the registration cache */
+};
 
 struct vrb_mr {
     struct exs_prov_mr base;
-    struct ibv_mr *mr;
-    struct exs_list link; /* ctx->mr_hash */
+    struct ibv_mr *mr;        /* VRB_MR_OWN, VRB_MR_BIG */
+    enum vrb_mr_kind kind;
+    struct vrb_mc_buf mc;     /* VRB_MR_MCACHE */
+    struct vrb_rc_entry *rce; /* VRB_MR_RCACHE */
+    size_t map_len;           /* VRB_MR_BIG: the mapping at base.addr */
+    struct exs_list link;     /* ctx->mr_hash */
 };
+
+static void vrb_mr_hash_add(struct vrb_ctx *ctx, struct vrb_mr *mr)
+{
+    pthread_rwlock_wrlock(&ctx->mr_lock);
+    exs_list_add_tail(&ctx->mr_hash[mr->base.lkey % VRB_MR_HASH], &mr->link);
+    pthread_rwlock_unlock(&ctx->mr_lock);
+}
+
+static void vrb_mr_hash_del(struct vrb_ctx *ctx, struct vrb_mr *mr)
+{
+    pthread_rwlock_wrlock(&ctx->mr_lock);
+    exs_list_del(&mr->link);
+    pthread_rwlock_unlock(&ctx->mr_lock);
+}
 
 int exs__vrb_mr_covers(struct vrb_ctx *ctx, const struct exs_prov_sge *sge, int n, int need_lw)
 {
@@ -91,9 +120,7 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
     mr->base.lkey = mr->mr->lkey;
     mr->base.rkey = mr->mr->rkey;
     mr->base.access = access;
-    pthread_rwlock_wrlock(&ctx->mr_lock);
-    exs_list_add_tail(&ctx->mr_hash[mr->base.lkey % VRB_MR_HASH], &mr->link);
-    pthread_rwlock_unlock(&ctx->mr_lock);
+    vrb_mr_hash_add(ctx, mr);
     *mr_p = &mr->base;
     return 0;
 }
@@ -106,21 +133,180 @@ int exs__vrb_mr_dereg(struct exs_prov_mr *m)
 
     if (!mr)
         return -EINVAL;
+    if (mr->kind != VRB_MR_OWN)
+        return -EINVAL;
     ctx = vrb_ctx_of(mr->base.ctx);
-    pthread_rwlock_wrlock(&ctx->mr_lock);
-    exs_list_del(&mr->link);
-    pthread_rwlock_unlock(&ctx->mr_lock);
+    vrb_mr_hash_del(ctx, mr);
     ret = ibv_dereg_mr(mr->mr);
     if (ret) {
-        pthread_rwlock_wrlock(&ctx->mr_lock);
-        exs_list_add_tail(&ctx->mr_hash[mr->base.lkey % VRB_MR_HASH], &mr->link);
-        pthread_rwlock_unlock(&ctx->mr_lock);
+        vrb_mr_hash_add(ctx, mr);
         return -ret;
     }
     free(mr);
     return 0;
 }
 
+/* ---- the library's own memory: from the memory cache ---- */
+
+int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **mr_p)
+{
+    struct vrb_ctx *ctx = vrb_ctx_of(c);
+    struct vrb_mr *mr;
+    int ret;
+
+    if (!len)
+        return -EINVAL;
+    mr = calloc(1, sizeof(*mr));
+    if (!mr)
+        return -ENOMEM;
+    if (len <= ctx->mc.region_size) {
+        ret = exs__vrb_mc_alloc(&ctx->mc, len, &mr->mc);
+        if (ret) {
+            free(mr);
+            return ret;
+        }
+        mr->kind = VRB_MR_MCACHE;
+        mr->base.addr = mr->mc.addr;
+        mr->base.lkey = mr->mc.lkey;
+    } else {
+        /* larger than a cache region: a mapping of its own, registered for local use */
+        mr->kind = VRB_MR_BIG;
+        mr->map_len = (len + VRB_MC_PAGE - 1) & ~(size_t)(VRB_MC_PAGE - 1);
+        mr->base.addr = mmap(NULL, mr->map_len, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mr->base.addr == MAP_FAILED) {
+            free(mr);
+            return -ENOMEM;
+        }
+        mr->mr = ibv_reg_mr(ctx->pd, mr->base.addr, mr->map_len, IBV_ACCESS_LOCAL_WRITE);
+        if (!mr->mr) {
+            ret = errno ? -errno : -ENOMEM;
+            munmap(mr->base.addr, mr->map_len);
+            free(mr);
+            return ret;
+        }
+        mr->base.lkey = mr->mr->lkey;
+    }
+    mr->base.ctx = c;
+    mr->base.length = len;
+    mr->base.rkey = 0; /* local use only */
+    mr->base.access = EXS_PROV_ACCESS_LOCAL_WRITE;
+    vrb_mr_hash_add(ctx, mr);
+    *mr_p = &mr->base;
+    return 0;
+}
+
+void exs__vrb_mem_free(struct exs_prov_mr *m)
+{
+    struct vrb_mr *mr = (struct vrb_mr *)m;
+    struct vrb_ctx *ctx = vrb_ctx_of(mr->base.ctx);
+
+    vrb_mr_hash_del(ctx, mr);
+    if (mr->kind == VRB_MR_MCACHE) {
+        exs__vrb_mc_free(&ctx->mc, &mr->mc);
+    } else {
+        if (ibv_dereg_mr(mr->mr))
+            EXS_WARN(PROV, "ctx %p: ibv_dereg_mr of %zu bytes failed", (void *)ctx, mr->map_len);
+        munmap(mr->base.addr, mr->map_len);
+    }
+    free(mr);
+}
+
+/* ---- user buffers of one operation: through the registration cache ---- */
+
+int exs__vrb_mr_get(struct exs_prov_ctx *c, void *addr, size_t length, unsigned access,
+                    struct exs_prov_mr **mr_p)
+{
+    struct vrb_ctx *ctx = vrb_ctx_of(c);
+    struct vrb_rc_entry *e;
+    struct vrb_mr *mr;
+
+    if (!exs__params.vrb_regcache_max || !addr || !length)
+        return exs__vrb_mr_reg(c, addr, length, access, mr_p);
+    mr = calloc(1, sizeof(*mr));
+    if (!mr)
+        return -ENOMEM;
+    if (exs__vrb_rc_get(&ctx->rc, addr, length, &e) != 0) {
+        /* e.g. read-only pages: the cache registers with every right, mr_reg adapts */
+        free(mr);
+        return exs__vrb_mr_reg(c, addr, length, access, mr_p);
+    }
+    mr->kind = VRB_MR_RCACHE;
+    mr->rce = e;
+    mr->base.ctx = c;
+    mr->base.addr = addr;
+    mr->base.length = length;
+    mr->base.lkey = e->lkey;
+    mr->base.rkey = e->rkey;
+    mr->base.access = access;
+    vrb_mr_hash_add(ctx, mr);
+    *mr_p = &mr->base;
+    return 0;
+}
+
+void exs__vrb_mr_put(struct exs_prov_mr *m)
+{
+    struct vrb_mr *mr = (struct vrb_mr *)m;
+    struct vrb_ctx *ctx = vrb_ctx_of(mr->base.ctx);
+
+    if (mr->kind != VRB_MR_RCACHE) {
+        exs__vrb_mr_dereg(m);
+        return;
+    }
+    vrb_mr_hash_del(ctx, mr);
+    exs__vrb_rc_put(&ctx->rc, mr->rce);
+    free(mr);
+}
+
+/* The pages behind [start, start+len): a hash of their frame numbers from
+ * /proc/self/pagemap. The kernel shows frame numbers only to CAP_SYS_ADMIN; without it
+ * (all zero) the pages cannot be told apart and -EPERM says so. */
+int exs__vrb_ident_cb(void *arg, uintptr_t start, size_t len, uint64_t *id_p)
+{
+    struct vrb_ctx *ctx = arg;
+    uint64_t ent[512], h = 0xcbf29ce484222325ull;
+    size_t pages = (len + VRB_MC_PAGE - 1) / VRB_MC_PAGE, done = 0;
+
+    if (ctx->pagemap_fd < 0)
+        return -EPERM;
+    while (done < pages) {
+        size_t n = EXS_MIN(pages - done, EXS_ARRAY_SIZE(ent));
+        off_t off = (off_t)((start / VRB_MC_PAGE + done) * sizeof(uint64_t));
+        ssize_t r = pread(ctx->pagemap_fd, ent, n * sizeof(uint64_t), off);
+
+        if (r != (ssize_t)(n * sizeof(uint64_t)))
+            return -EIO;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t pfn = ent[i] & ((1ull << 55) - 1);
+
+            if (!(ent[i] >> 63) || !pfn)
+                return -EPERM; /* not present, or frame numbers hidden */
+            h = (h ^ pfn) * 0x100000001b3ull;
+        }
+        done += n;
+    }
+    *id_p = h;
+    return 0;
+}
+
+/* Memory-cache regions: local access only. A peer is given an rkey only for a registration
+ * of its own connection's ring (mr_reg over that piece), never for a whole region holding
+ * other connections' memory. */
+int exs__vrb_reg_local_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
+                          uint32_t *rkey_p)
+{
+    struct vrb_ctx *ctx = arg;
+    struct ibv_mr *mr = ibv_reg_mr(ctx->pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
+
+    if (!mr)
+        return errno ? -errno : -ENOMEM;
+    *handle_p = mr;
+    *lkey_p = mr->lkey;
+    *rkey_p = mr->rkey;
+    return 0;
+}
+
+/* Registration-cache entries: every right, since one entry serves sends and receives. */
 int exs__vrb_reg_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
                     uint32_t *rkey_p)
 {
