@@ -82,7 +82,7 @@ static const struct exs_param_def params_table[] = {
     PARAM(vrb_mcache_idle_ms, "EXS_VRB_MCACHE_IDLE_MS", "10000", UINT, 0,
           "verbs: memory cache regions idle this long are released, milliseconds"),
     PARAM(vrb_regcache_max, "EXS_VRB_REGCACHE_MAX", "256", UINT, 0,
-          "verbs: user-buffer registrations kept by the registration cache (LRU)"),
+          "verbs: user-buffer registrations kept by the registration cache (LRU); 0 = off"),
 };
 
 /* Unloaded -> defaults (set before load, or by get/print) -> loaded (environment applied). */

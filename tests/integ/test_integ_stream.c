@@ -1774,6 +1774,7 @@ static int child_send(uint16_t port, int mode, uint64_t seed, size_t volume)
     exs_mderegister(mh);
     exs_qdelete(q);
     exs_fini();
+    free(buf);
     return 0;
 }
 
