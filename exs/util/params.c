@@ -83,6 +83,10 @@ static const struct exs_param_def params_table[] = {
           "verbs: memory cache regions idle this long are released, milliseconds"),
     PARAM(vrb_regcache_max, "EXS_VRB_REGCACHE_MAX", "256", UINT, 0,
           "verbs: user-buffer registrations kept by the registration cache (LRU); 0 = off"),
+    PARAM(vrb_device, "EXS_VRB_DEVICE", "", STRING, 0,
+          "verbs: device to use, NAME or NAME:PORT (e.g. mlx5_0:1); empty = first active port"),
+    PARAM(vrb_addr, "EXS_VRB_ADDR", "", STRING, 0,
+          "verbs: use the device and port that hold this IP address (RoCE/IPoIB)"),
 };
 
 /* Unloaded -> defaults (set before load, or by get/print) -> loaded (environment applied). */

@@ -56,6 +56,8 @@ struct exs_params {
     uint64_t vrb_mcache_region;  /* EXS_VRB_MCACHE_REGION: bytes per memory cache region */
     uint64_t vrb_mcache_idle_ms; /* EXS_VRB_MCACHE_IDLE_MS: idle regions released after this */
     uint64_t vrb_regcache_max; /* EXS_VRB_REGCACHE_MAX: user-buffer registrations kept */
+    char     vrb_device[EXS_PARAM_STR_MAX]; /* EXS_VRB_DEVICE: NAME or NAME:PORT, "" = any */
+    char     vrb_addr[EXS_PARAM_STR_MAX];   /* EXS_VRB_ADDR: the device holding this IP */
 };
 
 struct exs_param_def {

@@ -164,6 +164,7 @@ Suite *prov_cm_suite(void);
 Suite *prov_emu_suite(void);
 Suite *prov_hostile_suite(void);
 Suite *prov_mem_suite(void);
+Suite *prov_select_suite(void);
 
 /* A TCase with the per-test timeout applied. */
 TCase *pt_tcase(const char *name);

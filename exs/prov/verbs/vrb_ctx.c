@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -483,6 +484,116 @@ static uint32_t vrb_clamp32(uint64_t v, uint32_t lo, uint32_t hi)
     return v < lo ? lo : v > hi ? hi : (uint32_t)v;
 }
 
+/* The device and port the address addr (EXS_VRB_ADDR) is on: what rdma_cm binds it to.
+ * Loopback addresses say nothing (any device loops back): name stays empty. */
+static int vrb_addr_device(const char *addr, char *name, size_t len, int *port_p)
+{
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST}, *ai = NULL;
+    struct rdma_event_channel *ch;
+    struct rdma_cm_id *id = NULL;
+    int ret = -EADDRNOTAVAIL;
+
+    name[0] = 0;
+    *port_p = 0;
+    if (getaddrinfo(addr, NULL, &hints, &ai) != 0 || !ai) {
+        EXS_ERR(PROV, "EXS_VRB_ADDR %s: not a numeric IP address", addr);
+        return -EINVAL;
+    }
+    if (ai->ai_family == AF_INET &&
+        (ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr) >> 24) == 127) {
+        freeaddrinfo(ai);
+        return 0;
+    }
+    ch = rdma_create_event_channel();
+    if (ch && rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0 &&
+        rdma_bind_addr(id, ai->ai_addr) == 0 && id->verbs) {
+        snprintf(name, len, "%s", ibv_get_device_name(id->verbs->device));
+        *port_p = id->port_num;
+        ret = 0;
+    } else {
+        EXS_ERR(PROV, "EXS_VRB_ADDR %s: no RDMA device holds this address", addr);
+    }
+    if (id)
+        rdma_destroy_id(id);
+    if (ch)
+        rdma_destroy_event_channel(ch);
+    freeaddrinfo(ai);
+    return ret;
+}
+
+/* Choose the device and port: by name (attr->device, else EXS_VRB_DEVICE, "NAME[:PORT]"),
+ * by address (EXS_VRB_ADDR), else the first device with an active port. */
+static int vrb_select(struct vrb_ctx *ctx, const struct exs_prov_attr *attr, int n)
+{
+    const char *spec = attr && attr->device && attr->device[0] ? attr->device
+                                                                 : exs__params.vrb_device;
+    char want[EXS_PARAM_STR_MAX] = "", by_addr[EXS_PARAM_STR_MAX] = "";
+    int want_port = 0, addr_port = 0, ret;
+    char *colon;
+
+    snprintf(want, sizeof(want), "%s", spec);
+    colon = strchr(want, ':');
+    if (colon) {
+        char *end;
+        long p = strtol(colon + 1, &end, 10);
+
+        if (*end || p < 1 || p > 255) {
+            EXS_ERR(PROV, "verbs device %s: bad port (NAME or NAME:PORT)", spec);
+            return -EINVAL;
+        }
+        *colon = 0;
+        want_port = (int)p;
+    }
+    if (exs__params.vrb_addr[0]) {
+        ret = vrb_addr_device(exs__params.vrb_addr, by_addr, sizeof(by_addr), &addr_port);
+        if (ret)
+            return ret;
+        if (by_addr[0] && want[0] &&
+            (strcmp(by_addr, want) != 0 || (want_port && want_port != addr_port))) {
+            EXS_ERR(PROV, "EXS_VRB_ADDR %s is on %s port %d, not on the device asked for (%s)",
+                    exs__params.vrb_addr, by_addr, addr_port, spec);
+            return -ENODEV;
+        }
+        if (by_addr[0]) {
+            snprintf(want, sizeof(want), "%s", by_addr);
+            want_port = addr_port;
+        }
+    }
+    for (int i = 0; i < n && !ctx->verbs; i++) {
+        struct ibv_context *vc = ctx->devlist[i];
+        struct ibv_device_attr da;
+        struct ibv_port_attr pa;
+        int port;
+
+        if (want[0] && strcmp(want, ibv_get_device_name(vc->device)) != 0)
+            continue;
+        if (ibv_query_device(vc, &da) != 0)
+            continue;
+        if (want_port)
+            port = want_port <= da.phys_port_cnt &&
+                           ibv_query_port(vc, (uint8_t)want_port, &pa) == 0 &&
+                           pa.state == IBV_PORT_ACTIVE
+                       ? want_port
+                       : 0;
+        else
+            port = vrb_port_active(vc, &da);
+        if (!port)
+            continue;
+        ctx->verbs = vc;
+        ctx->dattr = da;
+        ctx->port = (uint8_t)port;
+    }
+    if (!ctx->verbs) {
+        if (want[0])
+            EXS_ERR(PROV, "verbs: no device %s%s%.0d with an active port", want,
+                    want_port ? " port " : "", want_port);
+        else
+            EXS_DBG(PROV, "verbs: no device with an active port");
+        return -ENODEV;
+    }
+    return 0;
+}
+
 static pthread_once_t vrb_fork_once = PTHREAD_ONCE_INIT;
 
 static void vrb_fork_init(void)
@@ -549,29 +660,9 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         ret = -ENODEV;
         goto fail;
     }
-    for (int i = 0; i < n && !ctx->verbs; i++) {
-        struct ibv_context *vc = ctx->devlist[i];
-        struct ibv_device_attr da;
-        int port;
-
-        if (attr && attr->device && attr->device[0] &&
-            strcmp(attr->device, ibv_get_device_name(vc->device)) != 0)
-            continue;
-        if (ibv_query_device(vc, &da) != 0)
-            continue;
-        port = vrb_port_active(vc, &da);
-        if (!port)
-            continue;
-        ctx->verbs = vc;
-        ctx->dattr = da;
-        ctx->port = (uint8_t)port;
-    }
-    if (!ctx->verbs) {
-        EXS_DBG(PROV, "verbs: no device %s with an active port",
-                attr && attr->device ? attr->device : "(any)");
-        ret = -ENODEV;
+    ret = vrb_select(ctx, attr, n);
+    if (ret)
         goto fail;
-    }
     if (ibv_query_port(ctx->verbs, ctx->port, &pa) != 0) {
         ret = -ENODEV;
         goto fail;
