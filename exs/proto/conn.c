@@ -11,6 +11,7 @@
 #include "exs/util/util.h"
 
 #define CONN_TX_SLOTS     16u
+#define CONN_CTRL_INLINE  128u /* inline size asked for control sends */
 #define CONN_ADVERTS_MAX  65536u
 
 static int conn_live;
@@ -145,7 +146,8 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     struct exs_prov_ep_attr attr = {
         .max_send_wr = p->credits + p->max_reads + conn->tx_slots + 8,
         .max_recv_wr = p->credits,
-        .max_inline = 0,
+        /* control records (ACK, ADVERT, ...) are small: sent inline, no DMA read of a slot */
+        .max_inline = EXS_MIN(ctx->caps.max_inline, CONN_CTRL_INLINE),
         .rnr_retry = 3,
         .user = conn,
     };
@@ -356,6 +358,8 @@ int conn_ctrl_flush_locked(struct exs_conn *conn)
         .sg_list = &sge,
         .num_sge = 1,
     };
+    if (conn->ctrl_len <= conn->ep->attr.max_inline)
+        wr.flags |= EXS_PROV_SEND_INLINE;
     ret = exs__prov_post_send(conn->ep, &wr);
     if (!ret)
         conn->wr_out++;
