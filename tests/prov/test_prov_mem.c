@@ -2,6 +2,7 @@
 /* The library's own memory (mem_alloc / mem_free) and per-operation registrations of user
  * buffers (mr_get / mr_put), on every provider: on verbs they come from the memory cache and
  * the registration cache, and these tests also read those caches' counters. */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,6 +52,7 @@ START_TEST(mem_alloc_local_only)
     pt_pair_setup(&p, NULL, NULL);
     if (is_verbs())
         allocs0 = counter("prov.verbs.mcache", "allocs");
+    ck_assert_int_eq(pt_ops->mem_alloc(p.a.ctx, 0, &ma), -EINVAL);
     ck_assert_int_eq(pt_ops->mem_alloc(p.a.ctx, len, &ma), 0);
     ck_assert_int_eq(pt_ops->mem_alloc(p.b.ctx, len, &mb), 0);
     ck_assert_uint_eq((uintptr_t)ma->addr % 4096, 0);

@@ -43,6 +43,21 @@ static void vrb_mr_hash_del(struct vrb_ctx *ctx, struct vrb_mr *mr)
     pthread_rwlock_unlock(&ctx->mr_lock);
 }
 
+/* Fill in what the core sees of mr and make it known to the sge checks. */
+static void vrb_mr_publish(struct vrb_ctx *ctx, struct vrb_mr *mr, void *addr, size_t length,
+                           uint32_t lkey, uint32_t rkey, unsigned access,
+                           struct exs_prov_mr **mr_p)
+{
+    mr->base.ctx = &ctx->base;
+    mr->base.addr = addr;
+    mr->base.length = length;
+    mr->base.lkey = lkey;
+    mr->base.rkey = rkey;
+    mr->base.access = access;
+    vrb_mr_hash_add(ctx, mr);
+    *mr_p = &mr->base;
+}
+
 int exs__vrb_mr_covers(struct vrb_ctx *ctx, const struct exs_prov_sge *sge, int n, int need_lw)
 {
     int ok = 1;
@@ -114,14 +129,7 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
         free(mr);
         return -err;
     }
-    mr->base.ctx = c;
-    mr->base.addr = addr;
-    mr->base.length = length;
-    mr->base.lkey = mr->mr->lkey;
-    mr->base.rkey = mr->mr->rkey;
-    mr->base.access = access;
-    vrb_mr_hash_add(ctx, mr);
-    *mr_p = &mr->base;
+    vrb_mr_publish(ctx, mr, addr, length, mr->mr->lkey, mr->mr->rkey, access, mr_p);
     return 0;
 }
 
@@ -152,6 +160,8 @@ int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **
 {
     struct vrb_ctx *ctx = vrb_ctx_of(c);
     struct vrb_mr *mr;
+    uint32_t lkey;
+    void *addr;
     int ret;
 
     if (!len)
@@ -166,33 +176,29 @@ int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **
             return ret;
         }
         mr->kind = VRB_MR_MCACHE;
-        mr->base.addr = mr->mc.addr;
-        mr->base.lkey = mr->mc.lkey;
+        addr = mr->mc.addr;
+        lkey = mr->mc.lkey;
     } else {
         /* larger than a cache region: a mapping of its own, registered for local use */
         mr->kind = VRB_MR_BIG;
         mr->map_len = (len + VRB_MC_PAGE - 1) & ~(size_t)(VRB_MC_PAGE - 1);
-        mr->base.addr = mmap(NULL, mr->map_len, PROT_READ | PROT_WRITE,
-                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (mr->base.addr == MAP_FAILED) {
+        addr = mmap(NULL, mr->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                    -1, 0);
+        if (addr == MAP_FAILED) {
             free(mr);
             return -ENOMEM;
         }
-        mr->mr = ibv_reg_mr(ctx->pd, mr->base.addr, mr->map_len, IBV_ACCESS_LOCAL_WRITE);
+        mr->mr = ibv_reg_mr(ctx->pd, addr, mr->map_len, IBV_ACCESS_LOCAL_WRITE);
         if (!mr->mr) {
             ret = errno ? -errno : -ENOMEM;
-            munmap(mr->base.addr, mr->map_len);
+            munmap(addr, mr->map_len);
             free(mr);
             return ret;
         }
-        mr->base.lkey = mr->mr->lkey;
+        lkey = mr->mr->lkey;
     }
-    mr->base.ctx = c;
-    mr->base.length = len;
-    mr->base.rkey = 0; /* local use only */
-    mr->base.access = EXS_PROV_ACCESS_LOCAL_WRITE;
-    vrb_mr_hash_add(ctx, mr);
-    *mr_p = &mr->base;
+    /* rkey 0: local use only */
+    vrb_mr_publish(ctx, mr, addr, len, lkey, 0, EXS_PROV_ACCESS_LOCAL_WRITE, mr_p);
     return 0;
 }
 
@@ -233,14 +239,7 @@ int exs__vrb_mr_get(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
     }
     mr->kind = VRB_MR_RCACHE;
     mr->rce = e;
-    mr->base.ctx = c;
-    mr->base.addr = addr;
-    mr->base.length = length;
-    mr->base.lkey = e->lkey;
-    mr->base.rkey = e->rkey;
-    mr->base.access = access;
-    vrb_mr_hash_add(ctx, mr);
-    *mr_p = &mr->base;
+    vrb_mr_publish(ctx, mr, addr, length, e->lkey, e->rkey, access, mr_p);
     return 0;
 }
 
