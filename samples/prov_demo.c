@@ -49,7 +49,7 @@ static struct exs_prov_cqe wait_cqe(struct exs_prov_ctx *ctx)
         }
         if (exs__prov_arm(ctx) == -EAGAIN)
             continue;
-        struct pollfd pfd = { .fd = ctx->ops->ctx_event_fd(ctx), .events = POLLIN };
+        struct pollfd pfd = { .fd = exs__prov_ctx_event_fd(ctx), .events = POLLIN };
         if (poll(&pfd, 1, 100) < 0 && errno != EINTR)
             DIE("poll: %s", strerror(errno));
         if (exs__now_ns() > deadline)
@@ -71,7 +71,7 @@ static struct exs_prov_cm_event wait_cm(struct exs_prov_ctx *ctx, enum exs_prov_
         }
         if (exs__prov_arm(ctx) == -EAGAIN)
             continue;
-        struct pollfd pfd = { .fd = ctx->ops->ctx_event_fd(ctx), .events = POLLIN };
+        struct pollfd pfd = { .fd = exs__prov_ctx_event_fd(ctx), .events = POLLIN };
         poll(&pfd, 1, 100);
         if (exs__now_ns() > deadline)
             DIE("no %s within 10 s", exs__prov_cm_event_str(want));
@@ -105,19 +105,19 @@ static void open_side(struct side *s, const struct exs_prov_ops *ops, size_t buf
     struct exs_prov_ep_attr attr = { .max_send_wr = 256, .max_recv_wr = 256, .rnr_retry = 7 };
     int ret;
 
-    if ((ret = ops->ctx_open(&(struct exs_prov_attr){ 0 }, &s->ctx)))
-        DIE("ctx_open(%s): %s", ops->name, strerror(-ret));
+    if ((ret = exs__prov_ctx_open(ops, &(struct exs_prov_attr){ 0 }, &s->ctx)))
+        DIE("ctx_open: %s", strerror(-ret));
     s->buf = aligned_alloc(4096, bufsz);
     if (!s->buf)
         DIE("out of memory");
     memset(s->buf, 0, bufsz);
-    ret = ops->mr_reg(s->ctx, s->buf, bufsz,
+    ret = exs__prov_mr_reg(s->ctx, s->buf, bufsz,
                       EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_WRITE |
                           EXS_PROV_ACCESS_REMOTE_READ,
                       &s->mr);
     if (ret)
         DIE("mr_reg: %s", strerror(-ret));
-    if ((ret = ops->ep_create(s->ctx, &attr, &s->ep)))
+    if ((ret = exs__prov_ep_create(s->ctx, &attr, &s->ep)))
         DIE("ep_create: %s", strerror(-ret));
 }
 
@@ -166,22 +166,22 @@ int main(int argc, char **argv)
     struct sockaddr_storage bound;
     socklen_t blen = sizeof(bound);
     struct exs_prov_listener *lis;
-    if (ops->listen(b.ctx, (struct sockaddr *)&sin, sizeof(sin), 8, NULL, &lis) ||
-        ops->listener_addr(lis, &bound, &blen))
+    if (exs__prov_listen(b.ctx, (struct sockaddr *)&sin, sizeof(sin), 8, NULL, &lis) ||
+        exs__prov_listener_addr(lis, &bound, &blen))
         DIE("listen failed");
 
     /* The handshake carries b's buffer address and rkey to a in the private data, as
      * the ES-API protocol carries its receive ring. */
     for (int i = 0; i < depth; i++)
         post_recv(&b, 1000 + i, 0, 64);
-    if (ops->connect(a.ep, (struct sockaddr *)&bound, blen, "hello", 5))
+    if (exs__prov_connect(a.ep, (struct sockaddr *)&bound, blen, "hello", 5))
         DIE("connect failed");
     struct exs_prov_cm_event req = wait_cm(b.ctx, EXS_PROV_CM_CONNECT_REQUEST);
     uint8_t pd[12];
     uint64_t baddr = (uintptr_t)b.buf;
     memcpy(pd, &baddr, 8);
     memcpy(pd + 8, &b.mr->rkey, 4);
-    if (ops->accept(req.req, b.ep, pd, sizeof(pd)))
+    if (exs__prov_accept(req.req, b.ep, pd, sizeof(pd)))
         DIE("accept failed");
     struct exs_prov_cm_event est = wait_cm(a.ctx, EXS_PROV_CM_ESTABLISHED);
     wait_cm(b.ctx, EXS_PROV_CM_ESTABLISHED);
@@ -192,7 +192,7 @@ int main(int argc, char **argv)
     memcpy(&raddr, est.private_data, 8);
     memcpy(&rkey, est.private_data + 8, 4);
 
-    printf("# provider %s, loopback, %zu-byte transfers, depth %d\n", ops->name, size, depth);
+    printf("# provider %s, loopback, %zu-byte transfers, depth %d\n", exs__prov_name(a.ctx), size, depth);
 
     /* 1. ping-pong: a SENDs 8 bytes, b answers; round trip = post to receive completion. */
     uint64_t *rtt = calloc((size_t)pings, sizeof(*rtt));
@@ -265,7 +265,7 @@ int main(int argc, char **argv)
            bufsz >> 20);
 
     /* 4. orderly teardown: both sides see DISCONNECTED, posted receives flush. */
-    ops->disconnect(a.ep);
+    exs__prov_disconnect(a.ep);
     wait_cm(a.ctx, EXS_PROV_CM_DISCONNECTED);
     wait_cm(b.ctx, EXS_PROV_CM_DISCONNECTED);
     struct exs_prov_cqe drain[64];
@@ -278,13 +278,13 @@ int main(int argc, char **argv)
         ;
     printf("%-28s both sides disconnected, %d receives flushed at the server\n", "teardown",
            flushed);
-    ops->ep_destroy(a.ep);
-    ops->ep_destroy(b.ep);
-    ops->listener_destroy(lis);
-    ops->mr_dereg(a.mr);
-    ops->mr_dereg(b.mr);
-    ops->ctx_close(a.ctx);
-    ops->ctx_close(b.ctx);
+    exs__prov_ep_destroy(a.ep);
+    exs__prov_ep_destroy(b.ep);
+    exs__prov_listener_destroy(lis);
+    exs__prov_mr_dereg(a.mr);
+    exs__prov_mr_dereg(b.mr);
+    exs__prov_ctx_close(a.ctx);
+    exs__prov_ctx_close(b.ctx);
     free(a.buf);
     free(b.buf);
     return 0;

@@ -76,3 +76,9 @@ check-rxe: all
 		EXS_TEST_CYCLES=$(RXE_TEST_CYCLES) sh check.sh
 
 .PHONY: check-rxe
+
+# One door to the providers (scripts/check-prov-door.sh): run with every check.
+check-prov-door:
+	$(Q)bash scripts/check-prov-door.sh
+check: check-prov-door
+.PHONY: check-prov-door

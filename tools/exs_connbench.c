@@ -40,12 +40,12 @@ static void cb_events(struct cb *b, struct exs_prov_ctx *ctx)
     struct exs_prov_cqe c[16];
     struct exs_prov_cm_event ev;
 
-    while (b->ops->ctx_poll(ctx, c, 16) > 0)
+    while (exs__prov_poll(ctx, c, 16) > 0)
         ;
-    while (b->ops->ctx_cm_poll(ctx, &ev) == 1) {
+    while (exs__prov_cm_poll(ctx, &ev) == 1) {
         switch (ev.type) {
         case EXS_PROV_CM_CONNECT_REQUEST:
-            if (b->ops->accept(ev.req, b->es, NULL, 0) != 0) {
+            if (exs__prov_accept(ev.req, b->es, NULL, 0) != 0) {
                 fprintf(stderr, "exs_connbench: accept failed\n");
                 b->failed = 1;
             }
@@ -90,12 +90,12 @@ static int cb_wait(struct cb *b, const int *x, const int *y)
             fprintf(stderr, "exs_connbench: timed out\n");
             return -1;
         }
-        busy |= b->ops->ctx_arm(b->cctx) == -EAGAIN;
-        busy |= b->ops->ctx_arm(b->sctx) == -EAGAIN;
+        busy |= exs__prov_arm(b->cctx) == -EAGAIN;
+        busy |= exs__prov_arm(b->sctx) == -EAGAIN;
         if (busy)
             continue;
-        pfd[0] = (struct pollfd){.fd = b->ops->ctx_event_fd(b->cctx), .events = POLLIN};
-        pfd[1] = (struct pollfd){.fd = b->ops->ctx_event_fd(b->sctx), .events = POLLIN};
+        pfd[0] = (struct pollfd){.fd = exs__prov_ctx_event_fd(b->cctx), .events = POLLIN};
+        pfd[1] = (struct pollfd){.fd = exs__prov_ctx_event_fd(b->sctx), .events = POLLIN};
         poll(pfd, 2, 100);
     }
 }
@@ -143,7 +143,7 @@ static int cb_pass(const char *prov, const char *ip, int n, long qp_cache)
     t = calloc((size_t)n, sizeof(*t));
     if (!t)
         return 1;
-    if (b.ops->ctx_open(&attr, &b.cctx) || b.ops->ctx_open(&attr, &b.sctx)) {
+    if (exs__prov_ctx_open(b.ops, &attr, &b.cctx) || exs__prov_ctx_open(b.ops, &attr, &b.sctx)) {
         fprintf(stderr, "exs_connbench: ctx_open(%s) failed\n", prov);
         goto out;
     }
@@ -151,31 +151,31 @@ static int cb_pass(const char *prov, const char *ip, int n, long qp_cache)
         fprintf(stderr, "exs_connbench: bad address %s\n", ip);
         goto out;
     }
-    if (b.ops->listen(b.sctx, (struct sockaddr *)&sin, sizeof(sin), 64, NULL, &b.lis)) {
+    if (exs__prov_listen(b.sctx, (struct sockaddr *)&sin, sizeof(sin), 64, NULL, &b.lis)) {
         fprintf(stderr, "exs_connbench: listen on %s failed\n", ip);
         goto out;
     }
     b.addrlen = sizeof(b.addr);
-    if (b.ops->listener_addr(b.lis, &b.addr, &b.addrlen))
+    if (exs__prov_listener_addr(b.lis, &b.addr, &b.addrlen))
         goto out;
     for (int i = 0; i < n; i++) {
         uint64_t t0 = exs__now_ns();
 
         b.est_c = b.est_s = b.disc_c = b.disc_s = 0;
-        if (b.ops->ep_create(b.cctx, &ea, &b.ec) || b.ops->ep_create(b.sctx, &ea, &b.es)) {
+        if (exs__prov_ep_create(b.cctx, &ea, &b.ec) || exs__prov_ep_create(b.sctx, &ea, &b.es)) {
             fprintf(stderr, "exs_connbench: ep_create failed\n");
             goto out;
         }
         create_sum += exs__now_ns() - t0;
-        if (b.ops->connect(b.ec, (struct sockaddr *)&b.addr, b.addrlen, NULL, 0) ||
+        if (exs__prov_connect(b.ec, (struct sockaddr *)&b.addr, b.addrlen, NULL, 0) ||
             cb_wait(&b, &b.est_c, &b.est_s))
             goto out;
         t[i] = exs__now_ns() - t0;
-        b.ops->disconnect(b.ec);
+        exs__prov_disconnect(b.ec);
         if (cb_wait(&b, &b.disc_c, &b.disc_s))
             goto out;
-        b.ops->ep_destroy(b.ec);
-        b.ops->ep_destroy(b.es);
+        exs__prov_ep_destroy(b.ec);
+        exs__prov_ep_destroy(b.es);
         b.ec = b.es = NULL;
         done++;
     }
@@ -194,15 +194,15 @@ out:
     if (rc)
         fprintf(stderr, "exs_connbench: failed after %d connections\n", done);
     if (b.ec)
-        b.ops->ep_destroy(b.ec);
+        exs__prov_ep_destroy(b.ec);
     if (b.es)
-        b.ops->ep_destroy(b.es);
+        exs__prov_ep_destroy(b.es);
     if (b.lis)
-        b.ops->listener_destroy(b.lis);
+        exs__prov_listener_destroy(b.lis);
     if (b.cctx)
-        b.ops->ctx_close(b.cctx);
+        exs__prov_ctx_close(b.cctx);
     if (b.sctx)
-        b.ops->ctx_close(b.sctx);
+        exs__prov_ctx_close(b.sctx);
     free(t);
     return rc;
 }

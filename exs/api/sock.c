@@ -212,7 +212,7 @@ static void sock_conn_established(struct exs_conn *conn, int err)
         socklen_t len = sizeof(s->local);
 
         s->state = API_SOCK_CONNECTED;
-        if (!conn->ctx->ops->ep_local_addr(conn->ep, &s->local, &len))
+        if (!exs__prov_ep_local_addr(conn->ep, &s->local, &len))
             s->local_len = len;
     } else if (s->state == API_SOCK_CONNECTING) {
         s->state = s->local_len ? API_SOCK_BOUND : API_SOCK_NEW;
@@ -311,7 +311,6 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
 static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_cm_event *ev)
 {
     struct api_sock *lis = exs_container_of(el, struct api_sock, lis);
-    const struct exs_prov_ops *ops = exs__engine_ctx()->ops;
     struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
     struct api_sock *c = NULL;
     uint32_t rcvbuf = 0;
@@ -366,7 +365,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
     if (reason) {
         EXS_INFO(API, "listener fd %d: connection request refused, reason %d", lis->fd, reason);
         rej.reason = (uint8_t)reason;
-        ops->reject(ev->req, &rej, sizeof(rej));
+        exs__prov_reject(ev->req, &rej, sizeof(rej));
         if (c) {
             if (c->conn) {
                 struct exs_conn *conn = c->conn;
@@ -414,7 +413,7 @@ int exs_listen(int fd, int backlog)
         goto out;
     }
     len = sizeof(s->local);
-    exs__engine_ctx()->ops->listener_addr(s->lis.pl, &s->local, &len);
+    exs__prov_listener_addr(s->lis.pl, &s->local, &len);
     s->local_len = len;
 out:
     pthread_mutex_unlock(&s->lock);

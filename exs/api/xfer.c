@@ -51,7 +51,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         errno = ENOMEM;
         return EXS_MHANDLE_INVALID;
     }
-    ret = exs__engine_ctx()->ops->mr_reg(exs__engine_ctx(), addr, len,
+    ret = exs__prov_mr_reg(exs__engine_ctx(), addr, len,
                                          EXS_PROV_ACCESS_LOCAL_WRITE |
                                              EXS_PROV_ACCESS_REMOTE_WRITE |
                                              EXS_PROV_ACCESS_REMOTE_READ,
@@ -88,7 +88,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
     }
     pthread_mutex_unlock(&mreg_lock);
     if (idx < 0) {
-        exs__engine_ctx()->ops->mr_dereg(m->mr);
+        exs__prov_mr_dereg(m->mr);
         free(m);
         errno = ENOMEM;
         return EXS_MHANDLE_INVALID;
@@ -124,7 +124,7 @@ int exs_mderegister(exs_mhandle_t mh)
     pthread_mutex_unlock(&mreg_lock);
     if (err)
         return exs__err(err);
-    exs__engine_ctx()->ops->mr_dereg(m->mr);
+    exs__prov_mr_dereg(m->mr);
     free(m);
     return 0;
 }
@@ -134,7 +134,7 @@ void api_mreg_destroy_all(void)
     pthread_mutex_lock(&mreg_lock);
     for (int i = 0; i < mreg_cap; i++)
         if (mregs[i]) {
-            exs__engine_ctx()->ops->mr_dereg(mregs[i]->mr);
+            exs__prov_mr_dereg(mregs[i]->mr);
             free(mregs[i]);
         }
     free(mregs);
@@ -197,7 +197,7 @@ static void op_release(struct api_op *op)
         pthread_mutex_unlock(&mreg_lock);
     }
     if (op->tmp_mr)
-        exs__engine_ctx()->ops->mr_put(op->tmp_mr);
+        exs__prov_mr_put(op->tmp_mr);
     free(op);
     __atomic_fetch_sub(&op_live, 1, __ATOMIC_RELAXED);
 }
@@ -331,7 +331,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     op->op.flags = flags;
     if (mh == EXS_MHANDLE_UNREGISTERED) {
         if (len) {
-            ret = exs__engine_ctx()->ops->mr_get(exs__engine_ctx(), buf, len,
+            ret = exs__prov_mr_get(exs__engine_ctx(), buf, len,
                                                  EXS_PROV_ACCESS_LOCAL_WRITE |
                                                      EXS_PROV_ACCESS_REMOTE_WRITE |
                                                      EXS_PROV_ACCESS_REMOTE_READ,

@@ -152,7 +152,7 @@ int exs__engine_start(void)
         ret = -ENOMEM;
         goto err_close;
     }
-    ev_io_init(&eng.prov_io, eng_prov_cb, eng.ctx->ops->ctx_event_fd(eng.ctx), EV_READ);
+    ev_io_init(&eng.prov_io, eng_prov_cb, exs__prov_ctx_event_fd(eng.ctx), EV_READ);
     ev_io_start(eng.loop, &eng.prov_io);
     ev_async_init(&eng.wake, eng_async_cb);
     ev_async_start(eng.loop, &eng.wake);
@@ -161,14 +161,14 @@ int exs__engine_start(void)
     if (ret)
         goto err_loop;
     eng.running = 1;
-    EXS_INFO(ENG, "engine started on provider %s", eng.ctx->ops->name);
+    EXS_INFO(ENG, "engine started on provider %s", exs__prov_name(eng.ctx));
     return 0;
 
 err_loop:
     ev_loop_destroy(eng.loop);
     eng.loop = NULL;
 err_close:
-    eng.ctx->ops->ctx_close(eng.ctx);
+    exs__prov_ctx_close(eng.ctx);
     eng.ctx = NULL;
     return ret;
 }
@@ -185,7 +185,7 @@ void exs__engine_stop(void)
     eng_run_jobs();
     ev_loop_destroy(eng.loop);
     eng.loop = NULL;
-    eng.ctx->ops->ctx_close(eng.ctx);
+    exs__prov_ctx_close(eng.ctx);
     eng.ctx = NULL;
     eng.running = 0;
 }
@@ -272,13 +272,13 @@ void exs__engine_timer_stop(struct exs_eng_timer *t)
 int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr,
                        socklen_t addrlen, int backlog)
 {
-    return eng.ctx->ops->listen(eng.ctx, addr, addrlen, backlog, lis, &lis->pl);
+    return exs__prov_listen(eng.ctx, addr, addrlen, backlog, lis, &lis->pl);
 }
 
 void exs__engine_listener_destroy(struct exs_eng_listener *lis)
 {
     EXS_ASSERT(eng_is_progress_thread);
     if (lis->pl)
-        eng.ctx->ops->listener_destroy(lis->pl);
+        exs__prov_listener_destroy(lis->pl);
     lis->pl = NULL;
 }

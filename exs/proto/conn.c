@@ -59,25 +59,23 @@ static int conn_post_rx_locked(struct exs_conn *conn, uint32_t slot)
  * the ring can still be received after the end. */
 static void conn_release_prov_locked(struct exs_conn *conn)
 {
-    const struct exs_prov_ops *ops = conn->ctx->ops;
 
     if (conn->ep)
-        ops->ep_destroy(conn->ep);
+        exs__prov_ep_destroy(conn->ep);
     conn->ep = NULL;
     if (conn->ring_mr)
-        ops->mr_dereg(conn->ring_mr);
+        exs__prov_mr_dereg(conn->ring_mr);
     conn->ring_mr = NULL;
 }
 
 static void conn_release_locked(struct exs_conn *conn)
 {
-    const struct exs_prov_ops *ops = conn->ctx->ops;
 
     conn_release_prov_locked(conn);
     if (conn->ring_mem)
-        ops->mem_free(conn->ring_mem);
+        exs__prov_mem_free(conn->ring_mem);
     if (conn->ctrl_mem)
-        ops->mem_free(conn->ctrl_mem);
+        exs__prov_mem_free(conn->ctrl_mem);
     conn->ring_mem = conn->ctrl_mem = conn->rx_mr = conn->tx_mr = NULL;
     free(conn->tx_free);
     free(conn->tx_op);
@@ -94,7 +92,6 @@ static void conn_release_locked(struct exs_conn *conn)
 int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
                      const struct exs_conn_cb *cb, void *owner, struct exs_conn **conn_p)
 {
-    const struct exs_prov_ops *ops = ctx->ops;
     struct exs_conn *conn;
     int ret = -ENOMEM;
 
@@ -127,18 +124,18 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
 
     /* registered memory from the provider (its memory cache on verbs): the ring, and the
      * control receive and send slots together; only the ring is registered for the peer */
-    ret = ops->mem_alloc(ctx, p->ring_size, &conn->ring_mem);
+    ret = exs__prov_mem_alloc(ctx, p->ring_size, &conn->ring_mem);
     if (ret)
         goto err;
     conn->ring = conn->ring_mem->addr;
-    ret = ops->mem_alloc(ctx, (size_t)(p->credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
+    ret = exs__prov_mem_alloc(ctx, (size_t)(p->credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
                          &conn->ctrl_mem);
     if (ret)
         goto err;
     conn->rx_bufs = conn->ctrl_mem->addr;
     conn->tx_bufs = conn->rx_bufs + (size_t)p->credits * EXS_WIRE_CTRL_MAX;
     conn->rx_mr = conn->tx_mr = conn->ctrl_mem;
-    ret = ops->mr_reg(ctx, conn->ring, p->ring_size,
+    ret = exs__prov_mr_reg(ctx, conn->ring, p->ring_size,
                       EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_mr);
     if (ret)
         goto err;
@@ -151,7 +148,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
         .rnr_retry = 3,
         .user = conn,
     };
-    ret = ops->ep_create(ctx, &attr, &conn->ep);
+    ret = exs__prov_ep_create(ctx, &attr, &conn->ep);
     if (ret)
         goto err;
     for (uint32_t i = 0; i < p->credits; i++) {
@@ -253,7 +250,7 @@ int exs__conn_connect(struct exs_conn *conn, const struct sockaddr *addr, sockle
     exs__conn_hello(conn, &h);
     conn->active = 1;
     conn_set_state(conn, EXS_CONN_CONNECTING, "connect");
-    ret = conn->ctx->ops->connect(conn->ep, addr, len, &h, sizeof(h));
+    ret = exs__prov_connect(conn->ep, addr, len, &h, sizeof(h));
     if (ret)
         conn_set_state(conn, EXS_CONN_IDLE, "connect failed");
     pthread_mutex_unlock(&conn->lock);
@@ -269,7 +266,7 @@ int exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const
     conn_adopt_hello_locked(conn, peer_pd);
     exs__conn_hello(conn, &h);
     conn_set_state(conn, EXS_CONN_CONNECTING, "accept");
-    ret = conn->ctx->ops->accept(req, conn->ep, &h, sizeof(h));
+    ret = exs__prov_accept(req, conn->ep, &h, sizeof(h));
     if (ret)
         conn_set_state(conn, EXS_CONN_IDLE, "accept failed");
     pthread_mutex_unlock(&conn->lock);
@@ -499,7 +496,7 @@ void conn_fail_locked(struct exs_conn *conn, int err, const char *why)
     if (!conn->err)
         conn->err = err;
     conn_set_state(conn, EXS_CONN_DOWN, why);
-    conn->ctx->ops->disconnect(conn->ep);
+    exs__prov_disconnect(conn->ep);
 }
 
 /* The connection is over: every operation still outstanding completes, the provider
@@ -658,14 +655,14 @@ void exs__conn_close(struct exs_conn *conn)
         }
         if (conn->shut_done) {
             conn_set_state(conn, EXS_CONN_DOWN, "closed");
-            conn->ctx->ops->disconnect(conn->ep);
+            exs__prov_disconnect(conn->ep);
         } else {
             conn_ctrl_flush_locked(conn);
         }
         break;
     case EXS_CONN_CONNECTING:
         conn_set_state(conn, EXS_CONN_DOWN, "close while connecting");
-        conn->ctx->ops->disconnect(conn->ep);
+        exs__prov_disconnect(conn->ep);
         break;
     default:
         break;
@@ -679,7 +676,7 @@ void exs__conn_abort_locked(struct exs_conn *conn)
     if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING ||
         conn->state == EXS_CONN_CONNECTING) {
         conn_set_state(conn, EXS_CONN_DOWN, "abort");
-        conn->ctx->ops->disconnect(conn->ep);
+        exs__prov_disconnect(conn->ep);
     } else if (conn->state == EXS_CONN_DOWN && conn->disc_seen) {
         /* the provider never flushed what was outstanding: give up waiting */
         EXS_WARN(PROTO, "conn %p: %u work requests never completed after the disconnect",
@@ -861,7 +858,7 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
             conn->shut_done = 1;
             if (conn->state == EXS_CONN_CLOSING) {
                 conn_set_state(conn, EXS_CONN_DOWN, "closed");
-                conn->ctx->ops->disconnect(conn->ep);
+                exs__prov_disconnect(conn->ep);
             }
         }
         break;
@@ -910,7 +907,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
                                       conn->p.sock_type)) {
                 conn_set_state(conn, EXS_CONN_DOWN, "bad hello from acceptor");
                 conn->connect_err = ECONNREFUSED;
-                conn->ctx->ops->disconnect(conn->ep);
+                exs__prov_disconnect(conn->ep);
                 break;
             }
             conn_adopt_hello_locked(conn, ev->private_data);

@@ -98,8 +98,11 @@ void exs__prov_fill_defaults(struct exs_prov_ops *ops)
     FILL(ctx_cm_poll, prov_stub);
     FILL(mr_reg, prov_stub);
     FILL(mr_dereg, prov_stub);
+    FILL(grant, prov_stub);
+    FILL(revoke, prov_stub_void);
     FILL(ep_create, prov_stub);
     FILL(ep_destroy, prov_stub_void);
+    FILL(ep_state, prov_stub);
     FILL(ep_local_addr, prov_stub);
     FILL(listen, prov_stub);
     FILL(listener_addr, prov_stub);

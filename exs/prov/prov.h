@@ -76,6 +76,23 @@ struct exs_prov_mr {
     unsigned             access; /* EXS_PROV_ACCESS_* */
 };
 
+/* ---- remote access grants (spec/provider.md, "Grants") ----
+ *
+ * The only way a peer reaches local memory. A grant gives the peer of ONE ep
+ * ONE right (REMOTE_WRITE or REMOTE_READ) over exactly [addr, addr+length) of a
+ * local mr, until revoke. Its rkey is unpredictable, and fails with a remote
+ * access error on any other ep (of this ctx or another), for the other right,
+ * outside the range, and once revoked. verbs: a type 2 memory window bound to the
+ * ep's QP; tcp: the same semantics emulated per connection. */
+struct exs_prov_grant {
+    struct exs_prov_ep *ep;     /* the one endpoint whose peer may use rkey */
+    struct exs_prov_mr *mr;     /* the local registration the range lies in */
+    uint64_t            addr;   /* first byte granted */
+    uint64_t            length; /* bytes granted */
+    uint32_t            rkey;   /* give this to the peer; valid on ep only */
+    unsigned            access; /* exactly one of EXS_PROV_ACCESS_REMOTE_WRITE / _READ */
+};
+
 /* ---- work requests ---- */
 struct exs_prov_sge {
     uint64_t addr;   /* local virtual address */
@@ -244,7 +261,24 @@ struct exs_prov_ops {
                   struct exs_prov_mr **mr_p);
     void (*mr_put)(struct exs_prov_mr *mr);
 
+    /* Grant the peer of ep one remote right over [addr, addr+length) of mr (which
+     * must hold LOCAL_WRITE; length >= 1). ep must be CONNECTED (-ENOTCONN). The
+     * rkey may be sent to the peer in any later post_send on ep: operations the
+     * peer issues after receiving it find it valid. Errors: -EINVAL (range not in
+     * mr, access not exactly one remote right), -ENOTCONN, -ENOMEM. */
+    int  (*grant)(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
+                  unsigned access, struct exs_prov_grant **grant_p);
+    /* End a grant at once, without waiting for the peer: when revoke returns no
+     * further byte of the peer lands in the range or is read from it. A transfer in
+     * progress is cut off (its remaining bytes are discarded) and fails at the peer
+     * with REM_ACCESS_ERR. Every grant of an ep is revoked before ep_destroy. */
+    void (*revoke)(struct exs_prov_grant *grant);
+
     /* endpoints */
+    /* Reserves room in the ctx completion queue for every completion the ep can
+     * produce (max_send_wr + max_recv_wr), so the queue never overflows; the queue
+     * grows up to caps.max_cqe. Errors: -EINVAL, -ENOMEM, -ENOBUFS (completion
+     * queue cannot hold another ep of this size). */
     int (*ep_create)(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
                      struct exs_prov_ep **ep_p);
     /* Destroys the ep; implies disconnect. Outstanding work is discarded
@@ -289,15 +323,28 @@ const char *exs__prov_cm_event_str(enum exs_prov_cm_event_type type);
 /* Points every NULL op at a stub returning -EOPNOTSUPP. */
 void exs__prov_fill_defaults(struct exs_prov_ops *ops);
 
-/* ---- inline wrappers: the only way the core calls a provider ---- */
-static inline int exs__prov_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr)
+/* ---- inline wrappers: the only way code outside exs/prov/ calls a provider ----
+ * (a check in `make check`, scripts/check-prov-door.sh, fails on any other use). */
+static inline int exs__prov_ctx_open(const struct exs_prov_ops *ops,
+                                     const struct exs_prov_attr *attr,
+                                     struct exs_prov_ctx **ctx_p)
 {
-    return ep->ctx->ops->post_send(ep, wr);
+    return ops->ctx_open(attr, ctx_p);
 }
 
-static inline int exs__prov_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr)
+static inline int exs__prov_ctx_event_fd(struct exs_prov_ctx *ctx)
 {
-    return ep->ctx->ops->post_recv(ep, wr);
+    return ctx->ops->ctx_event_fd(ctx);
+}
+
+static inline void exs__prov_ctx_close(struct exs_prov_ctx *ctx)
+{
+    ctx->ops->ctx_close(ctx);
+}
+
+static inline const char *exs__prov_name(const struct exs_prov_ctx *ctx)
+{
+    return ctx->ops->name;
 }
 
 static inline int exs__prov_poll(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max)
@@ -313,6 +360,124 @@ static inline int exs__prov_cm_poll(struct exs_prov_ctx *ctx, struct exs_prov_cm
 static inline int exs__prov_arm(struct exs_prov_ctx *ctx)
 {
     return ctx->ops->ctx_arm(ctx);
+}
+
+static inline int exs__prov_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length,
+                                   unsigned access, struct exs_prov_mr **mr_p)
+{
+    return ctx->ops->mr_reg(ctx, addr, length, access, mr_p);
+}
+
+static inline int exs__prov_mr_dereg(struct exs_prov_mr *mr)
+{
+    return mr->ctx->ops->mr_dereg(mr);
+}
+
+static inline int exs__prov_mem_alloc(struct exs_prov_ctx *ctx, size_t len,
+                                      struct exs_prov_mr **mr_p)
+{
+    return ctx->ops->mem_alloc(ctx, len, mr_p);
+}
+
+static inline void exs__prov_mem_free(struct exs_prov_mr *mr)
+{
+    mr->ctx->ops->mem_free(mr);
+}
+
+static inline int exs__prov_mr_get(struct exs_prov_ctx *ctx, void *addr, size_t length,
+                                   unsigned access, struct exs_prov_mr **mr_p)
+{
+    return ctx->ops->mr_get(ctx, addr, length, access, mr_p);
+}
+
+static inline void exs__prov_mr_put(struct exs_prov_mr *mr)
+{
+    mr->ctx->ops->mr_put(mr);
+}
+
+static inline int exs__prov_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr,
+                                  size_t length, unsigned access,
+                                  struct exs_prov_grant **grant_p)
+{
+    return ep->ctx->ops->grant(ep, mr, addr, length, access, grant_p);
+}
+
+static inline void exs__prov_revoke(struct exs_prov_grant *grant)
+{
+    grant->ep->ctx->ops->revoke(grant);
+}
+
+static inline int exs__prov_ep_create(struct exs_prov_ctx *ctx,
+                                      const struct exs_prov_ep_attr *attr,
+                                      struct exs_prov_ep **ep_p)
+{
+    return ctx->ops->ep_create(ctx, attr, ep_p);
+}
+
+static inline void exs__prov_ep_destroy(struct exs_prov_ep *ep)
+{
+    ep->ctx->ops->ep_destroy(ep);
+}
+
+static inline enum exs_prov_ep_state exs__prov_ep_state(struct exs_prov_ep *ep)
+{
+    return ep->ctx->ops->ep_state(ep);
+}
+
+static inline int exs__prov_ep_local_addr(struct exs_prov_ep *ep, struct sockaddr_storage *addr,
+                                          socklen_t *addrlen)
+{
+    return ep->ctx->ops->ep_local_addr(ep, addr, addrlen);
+}
+
+static inline int exs__prov_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr,
+                                   socklen_t addrlen, int backlog, void *user,
+                                   struct exs_prov_listener **lis_p)
+{
+    return ctx->ops->listen(ctx, addr, addrlen, backlog, user, lis_p);
+}
+
+static inline int exs__prov_listener_addr(struct exs_prov_listener *lis,
+                                          struct sockaddr_storage *addr, socklen_t *addrlen)
+{
+    return lis->ctx->ops->listener_addr(lis, addr, addrlen);
+}
+
+static inline void exs__prov_listener_destroy(struct exs_prov_listener *lis)
+{
+    lis->ctx->ops->listener_destroy(lis);
+}
+
+static inline int exs__prov_connect(struct exs_prov_ep *ep, const struct sockaddr *addr,
+                                    socklen_t addrlen, const void *pd, uint32_t pdlen)
+{
+    return ep->ctx->ops->connect(ep, addr, addrlen, pd, pdlen);
+}
+
+static inline int exs__prov_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep,
+                                   const void *pd, uint32_t pdlen)
+{
+    return ep->ctx->ops->accept(req, ep, pd, pdlen);
+}
+
+static inline int exs__prov_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen)
+{
+    return req->listener->ctx->ops->reject(req, pd, pdlen);
+}
+
+static inline int exs__prov_disconnect(struct exs_prov_ep *ep)
+{
+    return ep->ctx->ops->disconnect(ep);
+}
+
+static inline int exs__prov_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr)
+{
+    return ep->ctx->ops->post_send(ep, wr);
+}
+
+static inline int exs__prov_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr)
+{
+    return ep->ctx->ops->post_recv(ep, wr);
 }
 
 #endif
