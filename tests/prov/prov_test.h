@@ -41,6 +41,8 @@ struct pt_host {
 };
 
 void pt_host_open(struct pt_host *h);
+/* As pt_host_open with attr.cq_size (the provider's initial completion queue size). */
+void pt_host_open_cq(struct pt_host *h, uint32_t cq_size);
 /* Closes the ctx; every ep, listener and mr of it must already be gone. */
 void pt_host_close(struct pt_host *h);
 
@@ -183,6 +185,8 @@ Suite *prov_hostile_suite(void);
 Suite *prov_mem_suite(void);
 Suite *prov_select_suite(void);
 Suite *prov_grant_suite(void);
+Suite *prov_req_suite(void);
+Suite *prov_cq_suite(void);
 
 /* A TCase with the per-test timeout applied. */
 TCase *pt_tcase(const char *name);

@@ -166,8 +166,10 @@ struct tcp_ep {
     struct exs_list    rq;           /* posted receives (lock) */
     uint32_t           sq_used;      /* slots incl. unsignaled not yet retired (lock) */
     uint32_t           sq_unretired; /* completed unsignaled WRs holding a slot (lock) */
-    uint32_t           rq_count;     /* (lock) */
-    int                overflow;     /* a completion was lost: NIC moves the ep to ERROR (lock) */
+    uint32_t           rq_count;     /* posted receives incl. one being filled (lock) */
+    /* completions of this ep in the ctx ring, not yet polled (ctx->lock; read atomically
+     * under lock): sq_used + cq_sq <= max_send_wr, rq_count + cq_rq <= max_recv_wr */
+    uint32_t           cq_sq, cq_rq;
     int                on_work;      /* on ctx->work_eps (ctx->lock) */
     struct exs_list    work_link;
     /* NIC thread only */
@@ -326,6 +328,7 @@ struct tcp_ctx {
     /* completion queue ring (lock) */
     struct exs_prov_cqe    *cq;
     uint32_t                cq_cap, cq_head, cq_count;
+    uint64_t                cq_reserved; /* sum of max_send_wr + max_recv_wr of live eps */
     struct exs_list         cm_events;  /* tcp_cm_node (lock) */
     struct exs_list         cmds;       /* tcp_cmd (lock) */
     struct exs_list         work_eps;   /* eps with new sends or lost completions (lock) */
@@ -366,6 +369,7 @@ void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_p
 void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
                              const struct exs_prov_cqe *cqe);
 void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev);
+int  exs__tcp_cq_reserve_locked(struct tcp_ctx *ctx, uint64_t n);
 void exs__tcp_ep_work(struct tcp_ctx *ctx, struct tcp_ep *ep);
 void exs__tcp_wake(struct tcp_ctx *ctx);
 void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events);

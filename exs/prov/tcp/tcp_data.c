@@ -155,6 +155,13 @@ int exs__tcp_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
         free(wr);
         return -ENOTCONN;
     }
+    if (EXS_UNLIKELY(ep->sq_used + __atomic_load_n(&ep->cq_sq, __ATOMIC_RELAXED) >=
+                     ep->base.attr.max_send_wr)) {
+        /* every slot is an outstanding request or a completion not yet polled */
+        pthread_mutex_unlock(&ep->lock);
+        free(wr);
+        return -ENOMEM;
+    }
     if (EXS_UNLIKELY(state == EXS_PROV_EP_ERROR)) {
         exs__tcp_wr_cqe(ep, wr, EXS_PROV_WC_WR_FLUSH_ERR, &cqe);
         EXS_CNT_INC(ctx->cnt.flushed_wrs);
@@ -162,11 +169,6 @@ int exs__tcp_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
         pthread_mutex_unlock(&ep->lock);
         free(wr);
         return 0;
-    }
-    if (EXS_UNLIKELY(ep->sq_used >= ep->base.attr.max_send_wr)) {
-        pthread_mutex_unlock(&ep->lock);
-        free(wr);
-        return -ENOMEM;
     }
     ep->sq_used++;
     exs_list_add_tail(&ep->sq_pend, &wr->link);
@@ -202,6 +204,13 @@ int exs__tcp_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *rwr
                                        EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
 
     pthread_mutex_lock(&ep->lock);
+    if (ep->rq_count + __atomic_load_n(&ep->cq_rq, __ATOMIC_RELAXED) >=
+        ep->base.attr.max_recv_wr) {
+        /* every slot is a posted receive or a completion not yet polled */
+        pthread_mutex_unlock(&ep->lock);
+        free(rwr);
+        return -ENOMEM;
+    }
     if (ep->state == EXS_PROV_EP_ERROR) {
         exs__tcp_rwr_cqe(ep, rwr, EXS_PROV_WC_WR_FLUSH_ERR, &cqe);
         EXS_CNT_INC(ctx->cnt.flushed_wrs);
@@ -209,11 +218,6 @@ int exs__tcp_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *rwr
         pthread_mutex_unlock(&ep->lock);
         free(rwr);
         return 0;
-    }
-    if (ep->rq_count >= ep->base.attr.max_recv_wr) {
-        pthread_mutex_unlock(&ep->lock);
-        free(rwr);
-        return -ENOMEM;
     }
     ep->rq_count++;
     exs_list_add_tail(&ep->rq, &rwr->link);
@@ -641,23 +645,14 @@ void exs__tcp_ep_tx_fill(struct tcp_ep *ep)
 void exs__tcp_ep_take(struct tcp_ep *ep)
 {
     struct exs_list *l;
-    int overflow;
 
     if (ep->destroyed)
         return;
     pthread_mutex_lock(&ep->lock);
-    overflow = __atomic_exchange_n(&ep->overflow, 0, __ATOMIC_RELAXED);
     while ((l = exs_list_pop_head(&ep->sq_pend)) != NULL) {
         exs_list_entry(l, struct tcp_wr, link)->state = TCP_WR_QUEUED;
         exs_list_add_tail(&ep->sq_wait, l);
     }
     pthread_mutex_unlock(&ep->lock);
-    if (overflow && ep->state != EXS_PROV_EP_ERROR) {
-        if (ep->conn)
-            exs__tcp_conn_fail(ep->conn, -ENOSPC, 0, 0, 1);
-        else
-            exs__tcp_ep_fail(ep, -ENOSPC, 1);
-        return;
-    }
     exs__tcp_ep_tx_fill(ep);
 }

@@ -61,7 +61,6 @@ void exs__tcp_rx_release(struct tcp_conn *conn)
         if (ep) {
             pthread_mutex_lock(&ep->lock);
             exs_list_add_head(&ep->rq, &conn->rx_rwr->link);
-            ep->rq_count++;
             pthread_mutex_unlock(&ep->lock);
         } else {
             free(conn->rx_rwr);
@@ -125,10 +124,9 @@ static int tcp_conn_take_recv(struct tcp_conn *conn)
     struct tcp_txf *f;
     uint64_t ms;
 
+    /* the receive keeps its place in rq_count until its completion is queued */
     pthread_mutex_lock(&ep->lock);
     l = exs_list_pop_head(&ep->rq);
-    if (l)
-        ep->rq_count--;
     pthread_mutex_unlock(&ep->lock);
     if (l) {
         conn->rx_rwr = exs_list_entry(l, struct tcp_rwr, link);
@@ -192,6 +190,7 @@ static void tcp_conn_recv_done(struct tcp_conn *conn, enum exs_prov_wc_status st
         }
     }
     pthread_mutex_lock(&ep->lock);
+    ep->rq_count--;
     exs__tcp_cq_push(conn->ctx, ep, &cqe);
     pthread_mutex_unlock(&ep->lock);
     free(rwr);
