@@ -275,6 +275,21 @@ START_TEST(grant_read_after_revoke)
 }
 END_TEST
 
+START_TEST(grant_left_at_ep_destroy)
+{
+    /* A consumer bug: ep_destroy with a live grant. The provider logs and revokes it, so
+     * the mr can be deregistered and nothing leaks (ASan). */
+    struct pt_pair p;
+    struct pt_buf *tgt;
+
+    pt_pair_setup(&p, NULL, NULL);
+    tgt = pt_pair_buf(&p, 'b', TLEN, LW, 0);
+    (void)grant_ok(p.eb, tgt, 0, 64, RW);
+    (void)grant_ok(p.eb, tgt, 64, 64, RR);
+    pt_pair_close(&p); /* destroys eb, then deregisters tgt (checked there) */
+}
+END_TEST
+
 /* ---- keys ---- */
 
 static int cmp_u32(const void *a, const void *b)
@@ -549,6 +564,7 @@ Suite *prov_grant_suite(void)
     tcase_add_test(tc, grant_write_and_read_in_range);
     tcase_add_test(tc, grant_keys_distinct_unpredictable);
     tcase_add_test(tc, grant_bad_arguments);
+    tcase_add_test(tc, grant_left_at_ep_destroy);
     suite_add_tcase(s, tc);
     tc = pt_tcase("refused");
     tcase_add_test(tc, grant_other_right_read);
