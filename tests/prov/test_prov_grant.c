@@ -556,6 +556,61 @@ START_TEST(grant_revoke_read_response_half_sent)
 }
 END_TEST
 
+/* A READ response queued behind a stalled one, not started when its grant is revoked: it
+ * becomes a NAK REM_ACCESS for its psn in its place; the response before it is unharmed. */
+START_TEST(grant_revoke_read_response_queued)
+{
+    enum { R1 = 32 << 20, R2 = 128 << 10 };
+    struct pt_pair p;
+    struct pt_buf *s1, *s2;
+    struct exs_prov_grant *g1;
+    struct hang_call hc = {0};
+    struct tcp_wire_hdr h[2], r;
+    uint8_t *buf = malloc(R1);
+    int fd;
+
+    ck_assert_ptr_nonnull(buf);
+    if (pt_skip_unless_tcp("grant_revoke_read_response_queued")) {
+        free(buf);
+        return;
+    }
+    pt_pair_open(&p, NULL, NULL);
+    fd = pt_raw_establish(&p);
+    s1 = pt_pair_buf(&p, 'b', R1, LW, 0x11);
+    s2 = pt_pair_buf(&p, 'b', R2, LW, 0x22);
+    g1 = grant_ok(p.eb, s1, 0, R1, RR);
+    hc.g = grant_ok(p.eb, s2, 0, R2, RR);
+    h[0] = pt_raw_hdr(TCP_WIRE_READ_REQ, 0, 0, 0, g1->addr, g1->rkey, R1);
+    h[1] = pt_raw_hdr(TCP_WIRE_READ_REQ, 0, 0, 1, hc.g->addr, hc.g->rkey, R2);
+    ck_assert_int_eq(pt_raw_send(fd, h, sizeof(h)), 0);
+    /* the first response fills the socket; the second waits behind it, not started */
+    ck_assert_int_eq(pt_raw_recv(fd, &r, sizeof(r), PT_TIMEOUT_MS), 0);
+    ck_assert_uint_eq(r.type, TCP_WIRE_READ_RESP);
+    ck_assert_uint_eq(ntohl(r.len), R1);
+    pt_sleep_ms(100);
+    ck_assert_int_eq(call_with_watchdog(&hc), 0);
+    memset(s2->p, 0x77, R2);
+    /* the first response arrives whole; then a NAK for the second */
+    ck_assert_int_eq(pt_raw_recv(fd, buf, R1, 10000), 0);
+    ck_assert_msg(pt_all_bytes(buf, R1, 0x11), "first response damaged");
+    ck_assert_int_eq(pt_raw_recv(fd, &r, sizeof(r), PT_TIMEOUT_MS), 0);
+    ck_assert_msg(r.type == TCP_WIRE_NAK, "frame type %u after the first response, expected NAK",
+                  r.type);
+    ck_assert_uint_eq(r.syndrome, TCP_WIRE_SYN_REM_ACCESS);
+    ck_assert_uint_eq(ntohl(r.psn), 1);
+    {
+        struct exs_prov_cm_event ev;
+
+        pt_wait_cm(&p.b, EXS_PROV_CM_DISCONNECTED, PT_TIMEOUT_MS, &ev);
+        ck_assert_int_lt(ev.status, 0);
+    }
+    pt_ops->revoke(g1);
+    close(fd);
+    pt_pair_close(&p);
+    free(buf);
+}
+END_TEST
+
 Suite *prov_grant_suite(void)
 {
     Suite *s = suite_create("prov_grant");
@@ -583,6 +638,7 @@ Suite *prov_grant_suite(void)
     tcase_add_test(tc, grant_revoke_peer_stalled);
     tcase_add_test(tc, grant_mr_dereg_peer_stalled);
     tcase_add_test(tc, grant_revoke_read_response_half_sent);
+    tcase_add_test(tc, grant_revoke_read_response_queued);
     suite_add_tcase(s, tc);
     return s;
 }
