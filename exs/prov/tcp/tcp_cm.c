@@ -18,7 +18,6 @@
 
 static void tcp_ep_note_local_locked(struct tcp_ep *ep, int fd);
 
-
 /* ---- connections (NIC) ---- */
 
 static struct tcp_conn *tcp_conn_new(struct tcp_ctx *ctx, int fd, enum tcp_conn_state state)
@@ -414,12 +413,12 @@ static void tcp_listener_backoff(struct tcp_listener *lis, int err)
 {
     struct tcp_ctx *ctx = lis->ctx;
 
-    lis->backoff_ms = lis->backoff_ms ? EXS_MIN(lis->backoff_ms * 2, TCP_BACKOFF_MAX_MS)
-                                      : TCP_BACKOFF_MIN_MS;
+    lis->backoff_ms =
+        lis->backoff_ms ? EXS_MIN(lis->backoff_ms * 2, TCP_BACKOFF_MAX_MS) : TCP_BACKOFF_MIN_MS;
     lis->resume_at = exs__now_ns() + (uint64_t)lis->backoff_ms * 1000000u;
     EXS_CNT_INC(ctx->cnt.accept_backoffs);
-    EXS_WARN(PROV, "listener %p: accept: %s; not accepting for %u ms", (void *)lis,
-             strerror(err), lis->backoff_ms);
+    EXS_WARN(PROV, "listener %p: accept: %s; not accepting for %u ms", (void *)lis, strerror(err),
+             lis->backoff_ms);
     exs__tcp_listener_watch(lis, 0);
 }
 
@@ -450,8 +449,7 @@ void exs__tcp_listener_ready(struct tcp_listener *lis)
         lis->backoff_ms = 0;
         if (lis->n_handshakes >= lis->ctx->handshake_max) {
             /* bounded: the oldest silent socket makes room for the new one */
-            struct tcp_conn *old =
-                exs_list_entry(lis->handshakes.next, struct tcp_conn, hs_link);
+            struct tcp_conn *old = exs_list_entry(lis->handshakes.next, struct tcp_conn, hs_link);
 
             EXS_CNT_INC(lis->ctx->cnt.handshake_evictions);
             EXS_CNT_INC(lis->ctx->cnt.bogus_conns);

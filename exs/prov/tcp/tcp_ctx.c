@@ -44,9 +44,12 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
     EXS_COUNTER(struct tcp_counters, wakeups, "NIC thread wake-ups by posts and commands"),
     EXS_COUNTER(struct tcp_counters, emu_holds, "frames held by the link emulation"),
     EXS_COUNTER(struct tcp_counters, accept_calls, "accept calls on listeners"),
-    EXS_COUNTER(struct tcp_counters, accept_backoffs, "listener pauses: out of descriptors or memory"),
-    EXS_COUNTER(struct tcp_counters, handshake_timeouts, "incoming sockets silent until the handshake timeout"),
-    EXS_COUNTER(struct tcp_counters, handshake_evictions, "incoming sockets dropped: too many handshakes"),
+    EXS_COUNTER(struct tcp_counters, accept_backoffs,
+                "listener pauses: out of descriptors or memory"),
+    EXS_COUNTER(struct tcp_counters, handshake_timeouts,
+                "incoming sockets silent until the handshake timeout"),
+    EXS_COUNTER(struct tcp_counters, handshake_evictions,
+                "incoming sockets dropped: too many handshakes"),
 };
 
 void exs__tcp_wake(struct tcp_ctx *ctx)
@@ -527,7 +530,7 @@ static int tcp_ctx_epoll_add(struct tcp_ctx *ctx, int fd, uintptr_t tag)
 /* NIC: watch the listener's socket (on) or stop watching it during a back-off. */
 void exs__tcp_listener_watch(struct tcp_listener *lis, int on)
 {
-    struct epoll_event ev = { .events = on ? EPOLLIN : 0 };
+    struct epoll_event ev = {.events = on ? EPOLLIN : 0};
 
     ev.data.u64 = (uint64_t)((uintptr_t)lis | TCP_TAG_LIS);
     if (epoll_ctl(lis->ctx->epfd, EPOLL_CTL_MOD, lis->fd, &ev) < 0)
@@ -637,8 +640,8 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->emu_rate_mbps = exs__params.emu_rate_mbps;
     ctx->rnr_timer_ms = tcp_clamp32(exs__params.tcp_rnr_timer_ms, 0, 60000);
     ctx->rnr_retry_max = (uint8_t)tcp_clamp32(exs__params.tcp_rnr_retry, 0, 7);
-    ctx->handshake_ns = (uint64_t)tcp_env_u32("EXS_TCP_HANDSHAKE_MS", TCP_HANDSHAKE_MS, 1,
-                                              3600000) * 1000000u;
+    ctx->handshake_ns =
+        (uint64_t)tcp_env_u32("EXS_TCP_HANDSHAKE_MS", TCP_HANDSHAKE_MS, 1, 3600000) * 1000000u;
     ctx->handshake_max = tcp_env_u32("EXS_TCP_HANDSHAKE_MAX", TCP_HANDSHAKE_MAX, 1, 1u << 20);
 
     ctx->cq = calloc(ctx->cq_cap, sizeof(*ctx->cq));
