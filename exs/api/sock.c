@@ -684,6 +684,10 @@ static void sock_close(struct api_sock *s, struct api_op *op)
     enum api_sock_state was;
 
     pthread_mutex_lock(&s->lock);
+    /* The job's own reference, taken before CLOSING becomes visible: from then on the
+     * conn may die (sock_conn_dead) and the finish job drop the closing reference
+     * before this job is even queued. */
+    sock_get_ref(s);
     was = s->state;
     s->state = API_SOCK_CLOSING;
     s->close_op = op;
@@ -692,9 +696,8 @@ static void sock_close(struct api_sock *s, struct api_op *op)
         s->fd_open = 0;
     }
     pthread_mutex_unlock(&s->lock);
-    /* The job holds its own reference: once CLOSING is visible, the conn may die and
-     * the finish job free the socket before this job is even queued. */
-    sock_get_ref(s);
+    if (exs__params.test_close_pause_us) /* test seam: widens the window above */
+        usleep((useconds_t)exs__params.test_close_pause_us);
     if (was == API_SOCK_LISTENING)
         exs__engine_run(sock_close_listener_job, s);
     else
