@@ -307,14 +307,16 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
     return err ? exs__err(err) : 0;
 }
 
-/* Progress thread: a connection request for listener lis. */
+/* Progress thread: a connection request for listener lis. Exactly one of accept and
+ * reject is called on ev->req, and ev->req is not touched after that call (it consumes
+ * the request whatever it returns: the provider may free it at once). */
 static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_cm_event *ev)
 {
     struct api_sock *lis = exs_container_of(el, struct api_sock, lis);
     struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
     struct api_sock *c = NULL;
     uint32_t rcvbuf = 0;
-    int reason, xfer_mode = 0;
+    int reason, ret, reserved = 0, xfer_mode = 0;
 
     /* Decide and reserve a backlog place under the listener's lock; build the child
      * without it (conn locks come before socket locks). */
@@ -333,6 +335,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
     }
     if (!reason) {
         lis->n_embryo++;
+        reserved = 1;
         rcvbuf = lis->rcvbuf;
         xfer_mode = lis->xfer_mode;
         sock_get_ref(lis); /* the child's parent pointer */
@@ -340,7 +343,6 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
     pthread_mutex_unlock(&lis->lock);
 
     if (!reason) {
-        reason = EXS_WIRE_REJ_RESOURCES;
         c = sock_new(lis->domain, lis->type);
         if (c) {
             c->rcvbuf = rcvbuf;
@@ -351,30 +353,37 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
             memcpy(&c->peer, &ev->peer_addr, sizeof(c->peer));
             c->peer_len = ev->peer_addrlen;
             c->parent = lis;
-            if (!sock_conn_new(c) && !exs__conn_accept(c->conn, ev->req, ev->private_data))
-                reason = 0;
+            if (sock_conn_new(c))
+                reason = EXS_WIRE_REJ_RESOURCES;
         } else {
             api_sock_put(lis);
-        }
-        if (reason) {
-            pthread_mutex_lock(&lis->lock);
-            lis->n_embryo--;
-            pthread_mutex_unlock(&lis->lock);
+            reason = EXS_WIRE_REJ_RESOURCES;
         }
     }
-    if (reason) {
+    if (!reason) {
+        /* the accept call consumes the request, also when it fails */
+        ret = exs__conn_accept(c->conn, ev->req, ev->private_data);
+        if (!ret)
+            return; /* sock_conn_established follows */
+        EXS_INFO(API, "listener fd %d: accept failed: %s", lis->fd, strerror(-ret));
+    } else {
         EXS_INFO(API, "listener fd %d: connection request refused, reason %d", lis->fd, reason);
         rej.reason = (uint8_t)reason;
         exs__prov_reject(ev->req, &rej, sizeof(rej));
-        if (c) {
-            if (c->conn) {
-                struct exs_conn *conn = c->conn;
+    }
+    if (reserved) {
+        pthread_mutex_lock(&lis->lock);
+        lis->n_embryo--;
+        pthread_mutex_unlock(&lis->lock);
+    }
+    if (c) {
+        if (c->conn) {
+            struct exs_conn *conn = c->conn;
 
-                c->conn = NULL;
-                exs__conn_destroy(conn);
-            }
-            api_sock_put(c); /* also drops the parent reference */
+            c->conn = NULL;
+            exs__conn_destroy(conn);
         }
+        api_sock_put(c); /* also drops the parent reference */
     }
 }
 
