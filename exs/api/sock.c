@@ -827,7 +827,8 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
     memcpy(&v, optval, sizeof(v));
     pthread_mutex_lock(&s->lock);
     if (level == SOL_SOCKET && optname == SO_RCVBUF) {
-        if (v < (int)EXS_RING_SLOT * 16 || s->state > API_SOCK_BOUND)
+        if (v < (int)EXS_RING_SLOT * 16 || (uint32_t)v > EXS_WIRE_RING_SIZE_MAX ||
+            s->state > API_SOCK_BOUND)
             err = EINVAL;
         else
             s->rcvbuf = ((uint32_t)v + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;

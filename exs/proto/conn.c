@@ -96,8 +96,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     int ret = -ENOMEM;
 
     if (p->credits < 2 || p->credits > EXS_IMM_CREDITS_MAX || p->ring_size % EXS_RING_SLOT ||
-        p->max_reads < 1 ||
-        p->ring_size < EXS_RING_SLOT)
+        p->max_reads < 1 || p->ring_size < EXS_RING_SLOT || p->ring_size > EXS_WIRE_RING_SIZE_MAX)
         return -EINVAL;
     conn = calloc(1, sizeof(*conn));
     if (!conn)
@@ -107,6 +106,8 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     conn->cb = cb;
     conn->owner = owner;
     conn->p = *p;
+    /* our hello must pass the peer's check (§2): nothing larger than the ring goes eagerly */
+    conn->p.eager_max = EXS_MIN(p->eager_max, p->ring_size);
     exs_list_init(&conn->sendq);
     exs_list_init(&conn->recvq);
     exs_list_init(&conn->pending);
@@ -206,17 +207,45 @@ void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *h)
 int exs__conn_hello_check(const void *pd, uint32_t len, int sock_type)
 {
     struct exs_wire_hello h;
+    uint32_t credits, ctrl_size, ring_size, eager_max, max_msg;
+    uint64_t ring_addr;
+    const char *bad = NULL;
 
-    if (len < EXS_WIRE_HELLO_LEN)
+    if (!pd || len < EXS_WIRE_HELLO_LEN)
         return EXS_WIRE_REJ_VERSION;
     memcpy(&h, pd, sizeof(h));
     if (be16toh(h.magic) != EXS_WIRE_MAGIC || h.version != EXS_WIRE_VERSION)
         return EXS_WIRE_REJ_VERSION;
     if (h.sock_type != wire_sock_type(sock_type))
         return EXS_WIRE_REJ_SOCK_TYPE;
-    if (be16toh(h.credits) < 2 || be16toh(h.credits) > EXS_IMM_CREDITS_MAX ||
-        be32toh(h.ctrl_size) < EXS_WIRE_CTRL_MAX || be32toh(h.ring_size) % EXS_RING_SLOT)
-        return EXS_WIRE_REJ_VERSION;
+    credits = be16toh(h.credits);
+    ctrl_size = be32toh(h.ctrl_size);
+    ring_size = be32toh(h.ring_size);
+    ring_addr = be64toh(h.ring_addr);
+    eager_max = be32toh(h.eager_max);
+    max_msg = be32toh(h.max_msg);
+    /* every field the protocol relies on, before anything depends on it (§2) */
+    if (credits < 2 || credits > EXS_IMM_CREDITS_MAX)
+        bad = "credits";
+    else if (ctrl_size < EXS_WIRE_CTRL_MAX || ctrl_size > EXS_WIRE_CTRL_SIZE_MAX)
+        bad = "ctrl_size";
+    else if (ring_size % EXS_RING_SLOT || ring_size > EXS_WIRE_RING_SIZE_MAX)
+        bad = "ring_size";
+    else if (!ring_size && (sock_type == SOCK_STREAM || eager_max))
+        bad = "ring_size 0";
+    else if (ring_size && (!ring_addr || ring_addr % EXS_RING_SLOT ||
+                           ring_addr + ring_size < ring_addr))
+        bad = "ring_addr";
+    else if (eager_max > ring_size)
+        bad = "eager_max";
+    else if (max_msg && max_msg < eager_max)
+        bad = "max_msg";
+    if (bad) {
+        EXS_INFO(PROTO, "peer hello refused: bad %s (credits %u ctrl_size %u ring_size %u "
+                 "ring_addr %#llx eager_max %u max_msg %u)", bad, credits, ctrl_size, ring_size,
+                 (unsigned long long)ring_addr, eager_max, max_msg);
+        return EXS_WIRE_REJ_HELLO;
+    }
     return 0;
 }
 

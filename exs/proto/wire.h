@@ -55,7 +55,12 @@ enum exs_wire_reject_reason {
     EXS_WIRE_REJ_BACKLOG   = 3, /* listener's backlog full */
     EXS_WIRE_REJ_RESOURCES = 4, /* the passive side could not allocate the connection */
     EXS_WIRE_REJ_CLOSING   = 5, /* listener is being closed */
+    EXS_WIRE_REJ_HELLO     = 6, /* a hello field out of range (§2 lists the rules) */
 };
+
+/* Bounds of a peer's hello (§2). */
+#define EXS_WIRE_CTRL_SIZE_MAX (1u << 16)
+#define EXS_WIRE_RING_SIZE_MAX (1u << 30)
 
 struct exs_wire_reject {
     uint16_t magic;   /* EXS_WIRE_MAGIC */
