@@ -66,7 +66,9 @@ struct api_sock {
     struct api_sock        *parent;         /* child: its listener until accepted */
     struct exs_list         child_link;     /* in parent->ready */
     int                     dead;           /* conn reached DEAD */
-    int                     finish_queued;  /* sock_finish_close_job queued (once) */
+    int                     finish_queued;  /* finish_job queued (once) */
+    struct exs_job          close_job;      /* sock_close: the listener or conn part */
+    struct exs_job          finish_job;     /* sock_finish_close_job: the last step */
     int                     abort_close;    /* exs_fini: disconnect without SHUTDOWN */
     struct exs_eng_timer    close_timer;    /* a close that hangs (frozen peer) is aborted */
 };

@@ -131,7 +131,7 @@ static struct api_sock *sock_new(int domain, int type)
 /* ---- connections: callbacks from the proto layer (conn->lock held) ---- */
 
 static void sock_conn_established(struct exs_conn *conn, int err);
-static void sock_finish_close_job(void *arg);
+static void sock_finish_close_job(struct exs_job *job);
 static void sock_queue_finish_locked(struct api_sock *s);
 static void sock_close(struct api_sock *s, struct api_op *op);
 static void sock_conn_dead(struct exs_conn *conn);
@@ -158,9 +158,16 @@ static int sock_conn_new(struct api_sock *s)
 }
 
 /* Progress thread: free a conn detached from its socket after a failed connect. */
-static void sock_conn_destroy_job(void *arg)
+static void sock_conn_destroy_job(struct exs_job *job)
 {
-    exs__conn_destroy(arg);
+    exs__conn_destroy(exs_container_of(job, struct exs_conn, owner_job));
+}
+
+/* Free conn on the progress thread (it was detached from its socket). */
+static void sock_conn_destroy_later(struct exs_conn *conn)
+{
+    conn->owner_job.fn = sock_conn_destroy_job;
+    exs__engine_post(&conn->owner_job);
 }
 
 static void sock_post_simple(struct api_op *op, int type, int err)
@@ -217,7 +224,7 @@ static void sock_conn_established(struct exs_conn *conn, int err)
     } else if (s->state == API_SOCK_CONNECTING) {
         s->state = s->local_len ? API_SOCK_BOUND : API_SOCK_NEW;
         s->conn = NULL;
-        exs__engine_run(sock_conn_destroy_job, conn);
+        sock_conn_destroy_later(conn);
     }
     pthread_mutex_unlock(&s->lock);
     if (op)
@@ -229,7 +236,8 @@ static void sock_queue_finish_locked(struct api_sock *s)
 {
     if (!s->finish_queued) {
         s->finish_queued = 1;
-        exs__engine_run(sock_finish_close_job, s);
+        s->finish_job.fn = sock_finish_close_job;
+        exs__engine_post(&s->finish_job);
     }
 }
 
@@ -538,7 +546,7 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
         s->connect_op = NULL;
         s->state = s->local_len ? API_SOCK_BOUND : API_SOCK_NEW;
         s->conn = NULL;
-        exs__engine_run(sock_conn_destroy_job, conn);
+        sock_conn_destroy_later(conn);
         err = ret == -ENETUNREACH || ret == -EADDRNOTAVAIL ? -ret : ECONNREFUSED;
         goto out;
     }
@@ -601,9 +609,9 @@ out:
 /* ---- close ---- */
 
 /* Progress thread: the last step of exs_close once the connection (if any) is dead. */
-static void sock_finish_close_job(void *arg)
+static void sock_finish_close_job(struct exs_job *job)
 {
-    struct api_sock *s = arg;
+    struct api_sock *s = exs_container_of(job, struct api_sock, finish_job);
     struct api_op *connect_op, *close_op;
 
     exs__engine_timer_stop(&s->close_timer);
@@ -622,9 +630,9 @@ static void sock_finish_close_job(void *arg)
 }
 
 /* Progress thread: close a listener and everything it holds. */
-static void sock_close_listener_job(void *arg)
+static void sock_close_listener_job(struct exs_job *job)
 {
-    struct api_sock *s = arg;
+    struct api_sock *s = exs_container_of(job, struct api_sock, close_job);
     struct exs_list accepts, ready, *n;
 
     exs__engine_listener_destroy(&s->lis); /* no request arrives after this */
@@ -663,9 +671,9 @@ static void sock_close_timeout(struct exs_eng_timer *t)
 /* Progress thread: the part of a close that touches the connection. Connections die
  * (sock_conn_dead) and are freed (sock_finish_close_job) on this thread too, so the
  * conn cannot vanish under it. */
-static void sock_close_conn_job(void *arg)
+static void sock_close_conn_job(struct exs_job *job)
 {
-    struct api_sock *s = arg;
+    struct api_sock *s = exs_container_of(job, struct api_sock, close_job);
     struct exs_conn *conn;
     int dead, abort_;
 
@@ -707,10 +715,10 @@ static void sock_close(struct api_sock *s, struct api_op *op)
     pthread_mutex_unlock(&s->lock);
     if (exs__params.test_close_pause_us) /* test seam: widens the window above */
         usleep((useconds_t)exs__params.test_close_pause_us);
-    if (was == API_SOCK_LISTENING)
-        exs__engine_run(sock_close_listener_job, s);
-    else
-        exs__engine_run(sock_close_conn_job, s);
+    /* once per socket: only the call that took it out of the table (or off its
+     * listener) gets here */
+    s->close_job.fn = was == API_SOCK_LISTENING ? sock_close_listener_job : sock_close_conn_job;
+    exs__engine_post(&s->close_job);
 }
 
 int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)

@@ -9,6 +9,7 @@
 
 #include "exs/proto/wire.h"
 #include "exs/prov/prov.h"
+#include "exs/util/job.h"
 #include "exs/util/list.h"
 
 /*
@@ -114,6 +115,7 @@ struct exs_conn {
     struct exs_prov_ep        *ep;
     const struct exs_conn_cb  *cb;
     void                      *owner;   /* the api socket */
+    struct exs_job             owner_job; /* the owner's, e.g. to destroy it on the progress thread */
     struct exs_conn_params     p;
 
     /* local buffers */
