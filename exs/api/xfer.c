@@ -315,7 +315,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     /* the conn of a connected socket lives as long as the socket (our reference) */
     pthread_mutex_lock(&s->lock);
     if (s->state != API_SOCK_CONNECTED)
-        err = s->state == API_SOCK_CLOSING ? EBADF : ENOTCONN;
+        err = s->state >= API_SOCK_CLOSING ? EBADF : ENOTCONN;
     struct exs_conn *conn = s->conn;
     pthread_mutex_unlock(&s->lock);
     if (err)

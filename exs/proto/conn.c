@@ -21,17 +21,71 @@ int exs__conn_live_count(void)
     return __atomic_load_n(&conn_live, __ATOMIC_RELAXED);
 }
 
-static const char *const conn_state_names[] = {
-    [EXS_CONN_IDLE] = "IDLE",     [EXS_CONN_CONNECTING] = "CONNECTING",
+static const char *const conn_state_names[EXS_CONN_STATE_COUNT] = {
+    [EXS_CONN_IDLE] = "IDLE",         [EXS_CONN_CONNECTING] = "CONNECTING",
     [EXS_CONN_CONNECTED] = "CONNECTED", [EXS_CONN_CLOSING] = "CLOSING",
-    [EXS_CONN_DOWN] = "DOWN",     [EXS_CONN_DEAD] = "DEAD",
+    [EXS_CONN_DOWN] = "DOWN",         [EXS_CONN_REFUSING] = "REFUSING",
+    [EXS_CONN_DRAINING] = "DRAINING", [EXS_CONN_DEAD] = "DEAD",
 };
 
+#define CONN_BIT(_st) (1u << (_st))
+
+/* The transition table (spec/states.md, "Connection"): from each state, where it may go. */
+static const uint32_t conn_next[EXS_CONN_STATE_COUNT] = {
+    [EXS_CONN_IDLE] = CONN_BIT(EXS_CONN_CONNECTING),
+    [EXS_CONN_CONNECTING] = CONN_BIT(EXS_CONN_IDLE) | CONN_BIT(EXS_CONN_CONNECTED) |
+                            CONN_BIT(EXS_CONN_REFUSING) | CONN_BIT(EXS_CONN_DOWN) |
+                            CONN_BIT(EXS_CONN_DEAD),
+    [EXS_CONN_CONNECTED] = CONN_BIT(EXS_CONN_CLOSING) | CONN_BIT(EXS_CONN_DOWN) |
+                           CONN_BIT(EXS_CONN_DRAINING),
+    [EXS_CONN_CLOSING] = CONN_BIT(EXS_CONN_DOWN) | CONN_BIT(EXS_CONN_DRAINING),
+    [EXS_CONN_DOWN] = CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_DEAD),
+    [EXS_CONN_REFUSING] = CONN_BIT(EXS_CONN_DEAD),
+    [EXS_CONN_DRAINING] = CONN_BIT(EXS_CONN_DEAD),
+    [EXS_CONN_DEAD] = 0,
+};
+
+/* The one place a conn changes state (conn->lock held). */
 static void conn_set_state(struct exs_conn *conn, enum exs_conn_state st, const char *why)
 {
-    EXS_DBG(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, conn_state_names[conn->state],
-            conn_state_names[st], why);
+    EXS_ASSERT(conn_next[conn->state] & CONN_BIT(st));
+    EXS_TRACE(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, conn_state_names[conn->state],
+              conn_state_names[st], why);
     conn->state = st;
+}
+
+static const char *const conn_txshut_names[EXS_TXSHUT_COUNT] = {
+    [EXS_TXSHUT_OPEN] = "OPEN",         [EXS_TXSHUT_QUEUED] = "QUEUED",
+    [EXS_TXSHUT_APPENDED] = "APPENDED", [EXS_TXSHUT_POSTED] = "POSTED",
+    [EXS_TXSHUT_DONE] = "DONE",
+};
+
+static const uint32_t conn_txshut_next[EXS_TXSHUT_COUNT] = {
+    [EXS_TXSHUT_OPEN] = CONN_BIT(EXS_TXSHUT_QUEUED) | CONN_BIT(EXS_TXSHUT_APPENDED) |
+                        CONN_BIT(EXS_TXSHUT_DONE),
+    [EXS_TXSHUT_QUEUED] = CONN_BIT(EXS_TXSHUT_APPENDED) | CONN_BIT(EXS_TXSHUT_DONE),
+    [EXS_TXSHUT_APPENDED] = CONN_BIT(EXS_TXSHUT_POSTED),
+    [EXS_TXSHUT_POSTED] = CONN_BIT(EXS_TXSHUT_DONE),
+    [EXS_TXSHUT_DONE] = 0,
+};
+
+/* The one place the send direction's SHUTDOWN sub-state changes (conn->lock held). */
+static void conn_set_txshut(struct exs_conn *conn, enum exs_conn_txshut st, const char *why)
+{
+    EXS_ASSERT(conn_txshut_next[conn->txshut] & CONN_BIT(st));
+    EXS_TRACE(PROTO, "conn %p: shutdown %s -> %s (%s)", (void *)conn,
+              conn_txshut_names[conn->txshut], conn_txshut_names[st], why);
+    conn->txshut = st;
+}
+
+int exs__conn_is_dead(struct exs_conn *conn)
+{
+    int dead;
+
+    pthread_mutex_lock(&conn->lock);
+    dead = conn->state == EXS_CONN_DEAD || conn->state == EXS_CONN_IDLE;
+    pthread_mutex_unlock(&conn->lock);
+    return dead;
 }
 
 /* ---- resources ---- */
@@ -397,9 +451,10 @@ int conn_ctrl_flush_locked(struct exs_conn *conn)
     EXS_TRACE(PROTO, "conn %p: control send %u bytes, %u credits returned, %u left",
               (void *)conn, conn->ctrl_len, give, conn->credits - 1);
     conn->tx_op[slot].op = conn->shut_op;
-    conn->tx_op[slot].shut = conn->shut_in_ctrl;
+    conn->tx_op[slot].shut = conn->txshut == EXS_TXSHUT_APPENDED;
+    if (conn->txshut == EXS_TXSHUT_APPENDED)
+        conn_set_txshut(conn, EXS_TXSHUT_POSTED, "control send posted");
     conn->shut_op = NULL;
-    conn->shut_in_ctrl = 0;
     conn->owed -= give;
     conn->credits--;
     conn->ctrl_len = 0;
@@ -469,8 +524,7 @@ void conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
     };
 
     conn_ctrl_append_locked(conn, &s, sizeof(s));
-    conn->shut_sent = 1;
-    conn->shut_in_ctrl = 1;
+    conn_set_txshut(conn, EXS_TXSHUT_APPENDED, op ? "exs_shutdown" : "close");
     conn->shut_op = op;
 }
 
@@ -518,8 +572,8 @@ void conn_kick_locked(struct exs_conn *conn)
 
 void conn_fail_locked(struct exs_conn *conn, int err, const char *why)
 {
-    if (conn->state >= EXS_CONN_DOWN)
-        return;
+    if (conn->state >= EXS_CONN_DOWN || conn->state == EXS_CONN_IDLE)
+        return; /* already going away, or nothing to end */
     if (conn->state == EXS_CONN_CONNECTED)
         EXS_INFO(PROTO, "conn %p: %s: connection reset", (void *)conn, why);
     if (!conn->err)
@@ -530,13 +584,13 @@ void conn_fail_locked(struct exs_conn *conn, int err, const char *why)
 
 /* The connection is over: every operation still outstanding completes, the provider
  * resources go, and the owner hears of it. */
-static void conn_dead_locked(struct exs_conn *conn, int err)
+static void conn_dead_locked(struct exs_conn *conn, int err, const char *why)
 {
     struct exs_list *pos;
 
     if (!conn->err)
         conn->err = err;
-    conn_set_state(conn, EXS_CONN_DEAD, "disconnected");
+    conn_set_state(conn, EXS_CONN_DEAD, why);
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
@@ -576,7 +630,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     default:
         break;
     }
-    if (op->kind != EXS_OP_RECV && (conn->shut_queued || conn->shut_sent)) {
+    if (op->kind != EXS_OP_RECV && conn->txshut != EXS_TXSHUT_OPEN) {
         ret = -EPIPE;
         goto out;
     }
@@ -597,7 +651,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
         }
     } else {
         if (op->kind == EXS_OP_SHUTDOWN)
-            conn->shut_queued = 1;
+            conn_set_txshut(conn, EXS_TXSHUT_QUEUED, "exs_shutdown accepted");
         exs_list_add_tail(&conn->sendq, &op->link);
         if (conn->state == EXS_CONN_DEAD)
             conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
@@ -674,15 +728,15 @@ void exs__conn_close(struct exs_conn *conn)
         /* Say goodbye with a SHUTDOWN record, then disconnect once its SEND completed,
          * so the peer reads end of stream rather than a reset. */
         conn_set_state(conn, EXS_CONN_CLOSING, "close");
-        if (!conn->shut_sent) {
+        if (conn->txshut == EXS_TXSHUT_OPEN || conn->txshut == EXS_TXSHUT_QUEUED) {
             if (!conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
                 conn_ctrl_flush_locked(conn);
             if (conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
                 conn_shutdown_record_locked(conn, NULL);
-            else
-                conn->shut_done = 1; /* cannot: reset below */
+            else /* cannot: reset below */
+                conn_set_txshut(conn, EXS_TXSHUT_DONE, "no room for the record");
         }
-        if (conn->shut_done) {
+        if (conn->txshut == EXS_TXSHUT_DONE) {
             conn_set_state(conn, EXS_CONN_DOWN, "closed");
             exs__prov_disconnect(conn->ep);
         } else {
@@ -706,11 +760,11 @@ void exs__conn_abort_locked(struct exs_conn *conn)
         conn->state == EXS_CONN_CONNECTING) {
         conn_set_state(conn, EXS_CONN_DOWN, "abort");
         exs__prov_disconnect(conn->ep);
-    } else if (conn->state == EXS_CONN_DOWN && conn->disc_seen) {
+    } else if (conn->state == EXS_CONN_DRAINING) {
         /* the provider never flushed what was outstanding: give up waiting */
         EXS_WARN(PROTO, "conn %p: %u work requests never completed after the disconnect",
                  (void *)conn, conn->wr_out);
-        conn_dead_locked(conn, conn->disc_err);
+        conn_dead_locked(conn, conn->disc_err, "flush never completed");
         conn->cb->dead(conn);
     }
 }
@@ -884,7 +938,7 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
         if (tx.op)
             conn_op_finish_locked(tx.op, 0, 0);
         if (tx.shut) {
-            conn->shut_done = 1;
+            conn_set_txshut(conn, EXS_TXSHUT_DONE, "control send completed");
             if (conn->state == EXS_CONN_CLOSING) {
                 conn_set_state(conn, EXS_CONN_DOWN, "closed");
                 exs__prov_disconnect(conn->ep);
@@ -912,9 +966,9 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
     }
     conn_kick_locked(conn);
 out:
-    if (conn->disc_seen && !conn->wr_out && conn->state != EXS_CONN_DEAD) {
+    if (conn->state == EXS_CONN_DRAINING && !conn->wr_out) {
         /* the last completion before the end: every byte that arrived was seen */
-        conn_dead_locked(conn, conn->disc_err);
+        conn_dead_locked(conn, conn->disc_err, "drained");
         conn->cb->dead(conn);
     }
     pthread_mutex_unlock(&conn->lock);
@@ -934,8 +988,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         if (conn->active) {
             if (exs__conn_hello_check(ev->private_data, ev->private_data_len,
                                       conn->p.sock_type)) {
-                conn_set_state(conn, EXS_CONN_DOWN, "bad hello from acceptor");
-                conn->connect_err = ECONNREFUSED;
+                conn_set_state(conn, EXS_CONN_REFUSING, "bad hello from acceptor");
                 exs__prov_disconnect(conn->ep);
                 break;
             }
@@ -949,38 +1002,48 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
     case EXS_PROV_CM_UNREACHABLE:
         err = ev->type == EXS_PROV_CM_REJECTED ? ECONNREFUSED
               : ev->status ? -ev->status : ECONNREFUSED;
-        if (conn->state == EXS_CONN_CONNECTING || conn->state == EXS_CONN_DOWN) {
-            int was_connecting = conn->state == EXS_CONN_CONNECTING;
-
-            conn_dead_locked(conn, err);
-            if (was_connecting) {
-                established = conn->cb->established;
-            } else {
-                dead = conn->cb->dead;
-            }
+        switch (conn->state) {
+        case EXS_CONN_CONNECTING:
+            conn_dead_locked(conn, err, "connect failed");
+            established = conn->cb->established;
+            break;
+        case EXS_CONN_REFUSING:
+            conn_dead_locked(conn, ECONNREFUSED, "refused");
+            established = conn->cb->established;
+            err = ECONNREFUSED;
+            break;
+        case EXS_CONN_DOWN: /* closed while connecting */
+            conn_dead_locked(conn, err, "connect failed after close");
+            dead = conn->cb->dead;
+            break;
+        default:
+            break;
         }
         break;
     case EXS_PROV_CM_DISCONNECTED:
-        if (conn->state == EXS_CONN_DEAD)
-            break;
-        if (conn->state == EXS_CONN_CONNECTING ||
-            (conn->connect_err && conn->state == EXS_CONN_DOWN)) {
-            err = conn->connect_err ? conn->connect_err : ECONNREFUSED;
-            conn_dead_locked(conn, err);
+        switch (conn->state) {
+        case EXS_CONN_CONNECTING:
+        case EXS_CONN_REFUSING:
+            err = ECONNREFUSED;
+            conn_dead_locked(conn, err, "refused");
             established = conn->cb->established;
             break;
-        }
-        /* Completions of what arrived before the end may still be on their way (a
-         * connection event can overtake them on verbs): the conn dies once every work
-         * request it posted has completed (flushed, at the latest). */
-        err = ev->status ? -ev->status : ECONNRESET;
-        if (conn->state < EXS_CONN_DOWN)
-            conn_set_state(conn, EXS_CONN_DOWN, "peer disconnected");
-        conn->disc_seen = 1;
-        conn->disc_err = err;
-        if (!conn->wr_out) {
-            conn_dead_locked(conn, err);
-            dead = conn->cb->dead;
+        case EXS_CONN_CONNECTED:
+        case EXS_CONN_CLOSING:
+        case EXS_CONN_DOWN:
+            /* Completions of what arrived before the end may still be on their way (a
+             * connection event can overtake them on verbs): the conn dies once every work
+             * request it posted has completed (flushed, at the latest). */
+            err = ev->status ? -ev->status : ECONNRESET;
+            conn_set_state(conn, EXS_CONN_DRAINING, "disconnected");
+            conn->disc_err = err;
+            if (!conn->wr_out) {
+                conn_dead_locked(conn, err, "drained");
+                dead = conn->cb->dead;
+            }
+            break;
+        default: /* IDLE, DRAINING, DEAD: nothing (more) to end */
+            break;
         }
         break;
     default:
