@@ -108,18 +108,59 @@ static int conn_post_rx_locked(struct exs_conn *conn, uint32_t slot)
     return ret;
 }
 
-/* Give back the endpoint and the ring's remote registration: the peer can no longer write
- * anywhere. The memory stays (with its local registration) so eager messages already in
- * the ring can still be received after the end. */
+/* End every grant of the conn (the ring's and its operations'), at once and without
+ * waiting for the peer: late bytes are discarded by the provider. */
+static void conn_revoke_all_locked(struct exs_conn *conn)
+{
+    struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
+    struct exs_list *pos;
+
+    for (int i = 0; i < 2; i++)
+        exs_list_for_each(pos, q[i])
+            conn_revoke_op_locked(exs_list_entry(pos, struct exs_op, link));
+    if (conn->ring_grant)
+        exs__prov_revoke(conn->ring_grant);
+    conn->ring_grant = NULL;
+}
+
+/* Give back the endpoint after revoking every grant: the peer can no longer reach any
+ * memory. The ring stays (with its local registration) so eager messages already in it
+ * can still be received after the end. */
 static void conn_release_prov_locked(struct exs_conn *conn)
 {
-
+    conn_revoke_all_locked(conn);
     if (conn->ep)
         exs__prov_ep_destroy(conn->ep);
     conn->ep = NULL;
-    if (conn->ring_mr)
-        exs__prov_mr_dereg(conn->ring_mr);
-    conn->ring_mr = NULL;
+}
+
+/* Give the peer op's one right over its buffer (REMOTE_WRITE for an ADVERT, REMOTE_READ
+ * for an ANNOUNCE); op->rkey is then the key to send. Revoked when op completes. A
+ * zero-length buffer needs no grant (key 0). Errors: those of exs__prov_grant. */
+int conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned access)
+{
+    int ret;
+
+    EXS_ASSERT(!op->grant);
+    op->rkey = 0;
+    if (!op->len)
+        return 0;
+    ret = exs__prov_grant(conn->ep, op->mr, op->buf, op->len, access, &op->grant);
+    if (ret) {
+        EXS_WARN(PROTO, "conn %p: grant of %zu bytes failed: %s", (void *)conn, op->len,
+                 strerror(-ret));
+        return ret;
+    }
+    op->rkey = op->grant->rkey;
+    return 0;
+}
+
+void conn_revoke_op_locked(struct exs_op *op)
+{
+    if (op->grant)
+        exs__prov_revoke(op->grant);
+    op->grant = NULL;
+    op->rkey = 0;
 }
 
 static void conn_release_locked(struct exs_conn *conn)
@@ -178,7 +219,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
         conn->tx_free[conn->tx_free_top++] = i;
 
     /* registered memory from the provider (its memory cache on verbs): the ring, and the
-     * control receive and send slots together; only the ring is registered for the peer */
+     * control receive and send slots together, all for local access only */
     ret = exs__prov_mem_alloc(ctx, p->ring_size, &conn->ring_mem);
     if (ret)
         goto err;
@@ -190,10 +231,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     conn->rx_bufs = conn->ctrl_mem->addr;
     conn->tx_bufs = conn->rx_bufs + (size_t)p->credits * EXS_WIRE_CTRL_MAX;
     conn->rx_mr = conn->tx_mr = conn->ctrl_mem;
-    ret = exs__prov_mr_reg(ctx, conn->ring, p->ring_size,
-                      EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_mr);
-    if (ret)
-        goto err;
+    /* the peer gets its write grant over the ring once connected (§2, RING) */
 
     struct exs_prov_ep_attr attr = {
         .max_send_wr = p->credits + p->max_reads + conn->tx_slots + 8,
@@ -252,7 +290,7 @@ void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *h)
     h->ctrl_size = htobe32(EXS_WIRE_CTRL_MAX);
     h->ring_size = htobe32(conn->p.ring_size);
     h->ring_addr = htobe64((uintptr_t)conn->ring);
-    h->ring_rkey = htobe32(conn->ring_mr->rkey);
+    h->ring_rkey = 0; /* reserved (v2): the key comes in the RING record */
     h->eager_max = htobe32(conn->p.eager_max);
     h->max_msg = 0;
     h->xfer_mode = (uint8_t)conn->p.xfer_mode;
@@ -317,7 +355,7 @@ static void conn_adopt_hello_locked(struct exs_conn *conn, const void *pd)
     conn->peer.ctrl_size = be32toh(h.ctrl_size);
     conn->peer.ring_size = be32toh(h.ring_size);
     conn->peer.ring_addr = be64toh(h.ring_addr);
-    conn->peer.ring_rkey = be32toh(h.ring_rkey);
+    /* peer.ring_rkey: from its RING record (v2), which may have been processed already */
     conn->peer.eager_max = be32toh(h.eager_max);
     conn->peer.max_msg = be32toh(h.max_msg);
     conn->peer.xfer_mode = h.xfer_mode;
@@ -357,6 +395,29 @@ int exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const
 }
 
 /* ---- credits and control records (§3, §5) ---- */
+
+
+/* Just connected: grant the peer write access to our ring for the connection's life and
+ * send the key in a RING record, the first record of our first SEND (§2). */
+static void conn_ring_grant_locked(struct exs_conn *conn)
+{
+    struct exs_wire_ring r = {
+        .hdr = { .type = EXS_CTRL_RING, .len = htobe16(EXS_WIRE_RING_LEN) },
+    };
+    int ret;
+
+    EXS_ASSERT(!conn->ctrl_len && !conn->ring_grant);
+    ret = exs__prov_grant(conn->ep, conn->ring_mem, conn->ring, conn->p.ring_size,
+                          EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_grant);
+    if (ret) {
+        EXS_WARN(PROTO, "conn %p: ring grant failed: %s", (void *)conn, strerror(-ret));
+        conn_fail_locked(conn, -ret == ENOMEM ? ENOMEM : ECONNRESET, "ring grant failed");
+        return;
+    }
+    r.rkey = htobe32(conn->ring_grant->rkey);
+    conn_ctrl_append_locked(conn, &r, sizeof(r));
+}
+
 
 /* May one more message that consumes a peer receive go out? The last credit is kept for
  * a message that returns credits, so two starved sides can always unblock each other. */
@@ -531,6 +592,7 @@ void conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
 /* A cancelled operation always reports ECANCELED, whatever became of it. */
 void conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
 {
+    conn_revoke_op_locked(op); /* the peer's right ends with the operation */
     if (op->cancel)
         err = ECANCELED;
     op->result = err ? -1 : result;
@@ -602,8 +664,10 @@ static void conn_dead_locked(struct exs_conn *conn, int err, const char *why)
     exs_list_for_each(pos, &conn->recvq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (op->state == EXS_OPS_ADVERTISED || op->state == EXS_OPS_POSTED)
+        if (op->state == EXS_OPS_ADVERTISED || op->state == EXS_OPS_POSTED) {
+            conn_revoke_op_locked(op);
             op->state = EXS_OPS_QUEUED;
+        }
     }
     conn->reads = 0;
     if (conn_is_stream(conn))
@@ -635,6 +699,8 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
         goto out;
     }
     op->state = EXS_OPS_QUEUED;
+    op->grant = NULL;
+    op->rkey = 0;
     op->result = 0;
     op->err = 0;
     op->rflags = 0;
@@ -806,9 +872,13 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_READ_DONE: want = EXS_WIRE_READ_DONE_LEN; break;
         case EXS_CTRL_SHUTDOWN: want = EXS_WIRE_SHUTDOWN_LEN; break;
         case EXS_CTRL_NOP: want = EXS_WIRE_NOP_LEN; break;
+        case EXS_CTRL_RING: want = EXS_WIRE_RING_LEN; break;
         default: return -EPROTO;
         }
         if (rlen != want)
+            return -EPROTO;
+        /* the peer's RING comes first and once (§2) */
+        if ((h.type == EXS_CTRL_RING) == conn->peer_ring_keyed)
             return -EPROTO;
         EXS_TRACE(PROTO, "conn %p: control record type %u, %u credits", (void *)conn, h.type,
                   be16toh(h.credits));
@@ -855,6 +925,13 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
             memcpy(&d, rec, sizeof(d));
             if (conn_is_stream(conn) || sp_on_read_done_locked(conn, be64toh(d.seq)))
                 return -EPROTO;
+            break;
+        }
+        case EXS_CTRL_RING: {
+            struct exs_wire_ring r;
+            memcpy(&r, rec, sizeof(r));
+            conn->peer.ring_rkey = be32toh(r.rkey);
+            conn->peer_ring_keyed = 1;
             break;
         }
         case EXS_CTRL_SHUTDOWN: {
@@ -996,6 +1073,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         }
         conn_set_state(conn, EXS_CONN_CONNECTED, "established");
         established = conn->cb->established;
+        conn_ring_grant_locked(conn);
         conn_kick_locked(conn);
         break;
     case EXS_PROV_CM_REJECTED:

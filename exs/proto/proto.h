@@ -45,8 +45,11 @@ struct exs_op {
     uint8_t          *buf;
     size_t            len;
     int               flags;  /* MSG_* given by the application */
-    uint32_t          lkey;   /* registration covering [buf, buf+len) */
-    uint32_t          rkey;
+    struct exs_prov_mr *mr;   /* local registration covering [buf, buf+len) (NULL if len 0) */
+    uint32_t          lkey;   /* its lkey */
+    uint32_t          rkey;   /* of grant, while there is one */
+    struct exs_prov_grant *grant; /* the peer's one right over the buffer: REMOTE_WRITE from
+                                   * its ADVERT, REMOTE_READ from its ANNOUNCE, until done */
     uint64_t          seq;    /* SEQPACKET: message number once assigned */
     uint32_t          advert_id;
     uint32_t          msg_len;        /* receive: length of the announced message it reads */
@@ -139,7 +142,7 @@ struct exs_conn {
     /* local buffers */
     uint8_t                   *ring;     /* hidden receive ring, written by the peer */
     struct exs_prov_mr        *ring_mem; /* its memory (mem_alloc, local registration) */
-    struct exs_prov_mr        *ring_mr;  /* its registration for the peer (remote write) */
+    struct exs_prov_grant     *ring_grant; /* the peer's REMOTE_WRITE over it (from ESTABLISHED) */
     struct exs_prov_mr        *ctrl_mem; /* rx_bufs then tx_bufs (mem_alloc) */
     uint8_t                   *rx_bufs;  /* credits x EXS_WIRE_CTRL_MAX receive slots */
     struct exs_prov_mr        *rx_mr;    /* = ctrl_mem */
@@ -152,8 +155,9 @@ struct exs_conn {
         int            shut;             /* this send carried the SHUTDOWN record */
     }                         *tx_op;    /* per control send slot */
 
-    /* peer, from its hello */
+    /* peer, from its hello (ring_rkey from its RING record) */
     struct exs_wire_hello      peer;
+    int                        peer_ring_keyed; /* its RING record arrived: its ring may be written */
 
     /* credits (§3) */
     uint32_t                   credits;  /* messages we may still send */
