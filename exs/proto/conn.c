@@ -146,6 +146,11 @@ int conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned acce
     if (!op->len)
         return 0;
     ret = exs__prov_grant(conn->ep, op->mr, op->buf, op->len, access, &op->grant);
+    if (ret == -ENOTCONN) { /* the endpoint went down under us: the conn is going away */
+        EXS_INFO(PROTO, "conn %p: grant of %zu bytes: endpoint not connected", (void *)conn,
+                 op->len);
+        return ret;
+    }
     if (ret) {
         EXS_WARN(PROTO, "conn %p: grant of %zu bytes failed: %s", (void *)conn, op->len,
                  strerror(-ret));
@@ -410,7 +415,10 @@ static void conn_ring_grant_locked(struct exs_conn *conn)
     ret = exs__prov_grant(conn->ep, conn->ring_mem, conn->ring, conn->p.ring_size,
                           EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_grant);
     if (ret) {
-        EXS_WARN(PROTO, "conn %p: ring grant failed: %s", (void *)conn, strerror(-ret));
+        if (ret == -ENOTCONN)
+            EXS_INFO(PROTO, "conn %p: ring grant: endpoint not connected", (void *)conn);
+        else
+            EXS_WARN(PROTO, "conn %p: ring grant failed: %s", (void *)conn, strerror(-ret));
         conn_fail_locked(conn, -ret == ENOMEM ? ENOMEM : ECONNRESET, "ring grant failed");
         return;
     }
