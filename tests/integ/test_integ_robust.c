@@ -175,6 +175,40 @@ START_TEST(test_close_races_peer_death)
 }
 END_TEST
 
+/* exs_close racing a connect that is being refused: whichever comes first (the refusal
+ * or the close), the connect event arrives (refused or cancelled) and the close completes.
+ * A refusal seen after CLOSING but before the close job used to leave the socket waiting
+ * for a death notice that never came: the CLOSE event was never delivered. */
+START_TEST(test_close_races_refused_connect)
+{
+    struct sockaddr_in addr;
+    exs_qhandle_t q;
+    exs_event_t ev;
+    int holder;
+
+    it_init();
+    it_refusing_addr(&addr, &holder);
+    q = it_qcreate(8);
+    for (int i = 0; i < 64; i++) {
+        int fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+
+        it_context("iteration %d", i);
+        ck_assert_int_ge(fd, 0);
+        IT_EXPECT_OK(exs_connect(fd, (struct sockaddr *)&addr, sizeof(addr), q, IT_AH(1)));
+        if (i % 4)
+            it_sleep_ms(i % 4 - 1); /* 0, 1 or 2 ms: before, during or after the refusal */
+        IT_EXPECT_OK(exs_close(fd, q, IT_AH(2)));
+        it_wait_event(q, EXS_EVT_CONNECT, fd, &ev);
+        ck_assert_msg(ev.exs_evt_errno == ECONNREFUSED || ev.exs_evt_errno == ECANCELED,
+                      "connect event errno %d", ev.exs_evt_errno);
+        it_wait_event(q, EXS_EVT_CLOSE, fd, &ev);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+    }
+    close(holder);
+    it_qdelete(q);
+}
+END_TEST
+
 /* A child forked after the parent used and finished the library starts its own. The tcp
  * provider has no process-wide state and works there; with verbs, librdmacm keeps the
  * parent's device contexts, which the kernel refuses to a forked child, so exs_init says
@@ -225,6 +259,7 @@ Suite *integ_robust_suite(void)
     suite_add_tcase(s, tc);
     tc = it_tcase("close_race", 120);
     tcase_add_test(tc, test_close_races_peer_death);
+    tcase_add_test(tc, test_close_races_refused_connect);
     suite_add_tcase(s, tc);
     tc = it_tcase("fork", 30);
     tcase_add_test(tc, test_fork_after_fini);
