@@ -358,22 +358,58 @@ static struct ibv_qp *vrb_qp_create(struct vrb_ctx *ctx, const struct vrb_qpc_ca
     return qp;
 }
 
-static void vrb_cq_grow(struct vrb_ctx *ctx, uint64_t add)
+/* Reserve room for n more completions in the ctx CQ, growing it (ibv_resize_cq) up to the
+ * device's max_cqe: -ENOBUFS when it cannot hold them. */
+static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
 {
-    pthread_mutex_lock(&ctx->lock);
-    ctx->cq_need += add;
-    if (ctx->cq_need > (uint64_t)ctx->cq_cap && ctx->cq_cap < ctx->dattr.max_cqe) {
-        int want = (int)EXS_MIN((uint64_t)ctx->dattr.max_cqe, ctx->cq_need * 2);
+    uint64_t need;
+    int ret = 0;
 
-        if (ibv_resize_cq(ctx->cq, want) == 0) {
+    pthread_mutex_lock(&ctx->lock);
+    need = ctx->cq_need + n;
+    if (need > (uint64_t)ctx->cq_cap) {
+        uint64_t want = EXS_MAX(need, (uint64_t)ctx->cq_cap * 2);
+
+        want = EXS_MIN(want, (uint64_t)ctx->dattr.max_cqe);
+        if (need > want) {
+            ret = -ENOBUFS;
+        } else if (ibv_resize_cq(ctx->cq, (int)want) == 0) {
             ctx->cq_cap = ctx->cq->cqe;
             EXS_CNT_INC(ctx->cnt.cq_resizes);
+            if (need > (uint64_t)ctx->cq_cap)
+                ret = -ENOBUFS;
         } else {
-            EXS_WARN(PROV, "ctx %p: cq resize to %d failed; %llu entries may be needed",
-                     (void *)ctx, want, (unsigned long long)ctx->cq_need);
+            EXS_WARN(PROV, "ctx %p: ibv_resize_cq to %llu failed: %m", (void *)ctx,
+                     (unsigned long long)want);
+            ret = -ENOBUFS;
         }
     }
+    if (!ret)
+        ctx->cq_need = need;
     pthread_mutex_unlock(&ctx->lock);
+    if (ret) {
+        EXS_CNT_INC(ctx->cnt.ep_nobufs);
+        EXS_WARN(PROV,
+                 "ctx %p: completion queue (%d, device max %d) cannot hold %llu more "
+                 "entries (%llu reserved): ep refused",
+                 (void *)ctx, ctx->cq_cap, ctx->dattr.max_cqe, (unsigned long long)n,
+                 (unsigned long long)ctx->cq_need);
+    }
+    return ret;
+}
+
+static void vrb_cq_release(struct vrb_ctx *ctx, uint64_t n)
+{
+    pthread_mutex_lock(&ctx->lock);
+    ctx->cq_need -= EXS_MIN(n, ctx->cq_need);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* Every completion an ep can produce: its send queue, the provider's own requests, its
+ * receive queue. */
+static uint64_t vrb_ep_cqes(const struct vrb_ep *ep)
+{
+    return (uint64_t)ep->base.attr.max_send_wr + ep->int_room + ep->base.attr.max_recv_wr;
 }
 
 int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *attr,
@@ -385,6 +421,8 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     struct ibv_qp_attr qa;
     struct vrb_ep *ep;
     int ret;
+
+    uint32_t room = ctx->grant_mode == VRB_GRANT_MR ? 0 : VRB_INT_ROOM;
 
     if (!attr || !attr->max_send_wr || attr->max_send_wr > caps->max_send_wr ||
         !attr->max_recv_wr || attr->max_recv_wr > caps->max_recv_wr ||
@@ -402,6 +440,8 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->hlink);
     exs_list_init(&ep->link);
     exs_list_init(&ep->disc_link);
+    exs_list_init(&ep->grants);
+    ep->int_room = room;
     ep->sq_cap = attr->max_send_wr;
     ep->rq_cap = attr->max_recv_wr;
     ep->sq = calloc(ep->sq_cap, sizeof(*ep->sq));
@@ -410,7 +450,11 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
         ret = -ENOMEM;
         goto fail;
     }
-    want.max_send_wr = attr->max_send_wr;
+    ret = vrb_cq_reserve(ctx, vrb_ep_cqes(ep));
+    if (ret)
+        goto fail;
+    /* window binds get room of their own: they never take what max_send_wr granted */
+    want.max_send_wr = attr->max_send_wr + room;
     want.max_recv_wr = attr->max_recv_wr;
     want.max_inline = attr->max_inline;
     want.max_sge = caps->max_sge;
@@ -420,7 +464,7 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     if (!ep->qp) {
         ret = errno ? -errno : -ENOMEM;
         EXS_ERR(PROV, "ctx %p: ibv_create_qp: %s", (void *)ctx, strerror(-ret));
-        goto fail;
+        goto err_release_cq;
     }
     memset(&qa, 0, sizeof(qa));
     qa.qp_state = IBV_QPS_INIT;
@@ -434,15 +478,16 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
         EXS_ERR(PROV, "ctx %p: QP to INIT: %s", (void *)ctx, strerror(-ret));
         exs__vrb_qp_destroy_cb(ctx, ep->qp);
         ep->qp = NULL;
-        goto fail;
+        goto err_release_cq;
     }
     __atomic_store_n(&ep->state, EXS_PROV_EP_IDLE, __ATOMIC_RELAXED);
-    vrb_cq_grow(ctx, (uint64_t)attr->max_send_wr + attr->max_recv_wr);
     exs__vrb_ep_hash_add(ctx, ep);
     ep->tok = ctx->tok_base ^ ((uint64_t)ep->epid * 0x9E3779B97F4A7C15ull);
     EXS_DBG(PROV, "ep %p: qp %u epid %u", (void *)ep, ep->qp->qp_num, ep->epid);
     *ep_p = &ep->base;
     return 0;
+err_release_cq:
+    vrb_cq_release(ctx, vrb_ep_cqes(ep));
 fail:
     free(ep->sq);
     free(ep->rq);
@@ -475,13 +520,15 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
     pthread_mutex_unlock(&ctx->cm_lock);
     /* no completion or event names the ep after this */
     exs__vrb_ep_forget(ctx, ep);
-    pthread_mutex_lock(&ctx->lock);
-    ctx->cq_need -= (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr;
-    pthread_mutex_unlock(&ctx->lock);
-    if (ibv_modify_qp(ep->qp, &qa, IBV_QP_STATE) == 0)
+    vrb_cq_release(ctx, vrb_ep_cqes(ep));
+    if (ibv_modify_qp(ep->qp, &qa, IBV_QP_STATE) == 0) {
+        /* binds still queued are gone with the reset: release their windows */
+        exs__vrb_grants_drop(ep);
         exs__vrb_qpc_put(&ctx->qpc, ep->qp, &ep->qcaps);
-    else
+    } else {
         exs__vrb_qp_destroy_cb(ctx, ep->qp);
+        exs__vrb_grants_drop(ep);
+    }
     free(ep->sq);
     free(ep->rq);
     pthread_mutex_destroy(&ep->lock);

@@ -72,6 +72,18 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         EXS_CNT_INC(ctx->cnt.stale_cqes);
         return -1;
     }
+    if (wc->wr_id & VRB_INT_BIT) {
+        /* a window bind: the provider's own, never shown to ctx_poll's caller, and not
+         * a retirement of the protocol's unsignaled requests (those stay counted until
+         * a completion of their own, which errs on the safe side) */
+        struct vrb_grant *rel;
+
+        pthread_mutex_lock(&ep->lock);
+        rel = exs__vrb_int_complete(ep, wc);
+        pthread_mutex_unlock(&ep->lock);
+        exs__vrb_grant_release(rel);
+        return -1;
+    }
     memset(cqe, 0, sizeof(*cqe));
     cqe->ep = &ep->base;
     cqe->status = exs__vrb_wc_status(wc->status);
@@ -142,6 +154,17 @@ static void vrb_kick_flush(struct vrb_ep *ep)
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 
     (void)ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+}
+
+void exs__vrb_ep_kill_locked(struct vrb_ep *ep)
+{
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    int ret;
+
+    __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
+    ret = ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+    if (ret)
+        EXS_ERR(PROV, "ep %p: QP to ERR: %s", (void *)ep, strerror(ret));
 }
 
 static int vrb_sge_convert(struct vrb_ctx *ctx, const struct exs_prov_sge *in, int n,

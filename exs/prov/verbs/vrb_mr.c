@@ -21,7 +21,7 @@ enum vrb_mr_kind {
 
 struct vrb_mr {
     struct exs_prov_mr base;
-    struct ibv_mr *mr;        /* VRB_MR_OWN, VRB_MR_BIG */
+    struct ibv_mr *mr; /* VRB_MR_OWN, VRB_MR_BIG */
     enum vrb_mr_kind kind;
     struct vrb_mc_buf mc;     /* VRB_MR_MCACHE */
     struct vrb_rc_entry *rce; /* VRB_MR_RCACHE */
@@ -45,8 +45,7 @@ static void vrb_mr_hash_del(struct vrb_ctx *ctx, struct vrb_mr *mr)
 
 /* Fill in what the core sees of mr and make it known to the sge checks. */
 static void vrb_mr_publish(struct vrb_ctx *ctx, struct vrb_mr *mr, void *addr, size_t length,
-                           uint32_t lkey, uint32_t rkey, unsigned access,
-                           struct exs_prov_mr **mr_p)
+                           uint32_t lkey, uint32_t rkey, unsigned access, struct exs_prov_mr **mr_p)
 {
     mr->base.ctx = &ctx->base;
     mr->base.addr = addr;
@@ -100,6 +99,27 @@ static int vrb_access(unsigned access)
     return a;
 }
 
+int exs__vrb_mr_extra(const struct vrb_ctx *ctx)
+{
+    return ctx->grant_mode == VRB_GRANT_MW ? IBV_ACCESS_MW_BIND : 0;
+}
+
+struct ibv_mr *exs__vrb_mr_ibv(struct exs_prov_mr *m)
+{
+    struct vrb_mr *mr = (struct vrb_mr *)m;
+
+    switch (mr->kind) {
+    case VRB_MR_OWN:
+    case VRB_MR_BIG:
+        return mr->mr;
+    case VRB_MR_MCACHE:
+        return mr->mc.region ? mr->mc.region->handle : NULL;
+    case VRB_MR_RCACHE:
+        return mr->rce ? mr->rce->handle : NULL;
+    }
+    return NULL;
+}
+
 int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned access,
                     struct exs_prov_mr **mr_p)
 {
@@ -113,7 +133,7 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
     mr = calloc(1, sizeof(*mr));
     if (!mr)
         return -ENOMEM;
-    mr->mr = ibv_reg_mr(ctx->pd, addr, length, vrb_access(access));
+    mr->mr = ibv_reg_mr(ctx->pd, addr, length, vrb_access(access) | exs__vrb_mr_extra(ctx));
     if (!mr->mr && (errno == EFAULT || errno == EACCES || errno == EPERM || errno == EINVAL) &&
         (vrb_access(access) & IBV_ACCESS_LOCAL_WRITE)) {
         /* read-only pages (a string constant sent from): the device cannot write what the
@@ -182,13 +202,13 @@ int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **
         /* larger than a cache region: a mapping of its own, registered for local use */
         mr->kind = VRB_MR_BIG;
         mr->map_len = (len + VRB_MC_PAGE - 1) & ~(size_t)(VRB_MC_PAGE - 1);
-        addr = mmap(NULL, mr->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                    -1, 0);
+        addr = mmap(NULL, mr->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (addr == MAP_FAILED) {
             free(mr);
             return -ENOMEM;
         }
-        mr->mr = ibv_reg_mr(ctx->pd, addr, mr->map_len, IBV_ACCESS_LOCAL_WRITE);
+        mr->mr =
+            ibv_reg_mr(ctx->pd, addr, mr->map_len, IBV_ACCESS_LOCAL_WRITE | exs__vrb_mr_extra(ctx));
         if (!mr->mr) {
             ret = errno ? -errno : -ENOMEM;
             munmap(addr, mr->map_len);
@@ -295,7 +315,8 @@ int exs__vrb_reg_local_cb(void *arg, void *addr, size_t len, void **handle_p, ui
                           uint32_t *rkey_p)
 {
     struct vrb_ctx *ctx = arg;
-    struct ibv_mr *mr = ibv_reg_mr(ctx->pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_mr *mr =
+        ibv_reg_mr(ctx->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | exs__vrb_mr_extra(ctx));
 
     if (!mr)
         return errno ? -errno : -ENOMEM;
@@ -310,9 +331,9 @@ int exs__vrb_reg_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t
                     uint32_t *rkey_p)
 {
     struct vrb_ctx *ctx = arg;
-    struct ibv_mr *mr =
-        ibv_reg_mr(ctx->pd, addr, len,
-                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    struct ibv_mr *mr = ibv_reg_mr(ctx->pd, addr, len,
+                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                       IBV_ACCESS_REMOTE_READ | exs__vrb_mr_extra(ctx));
 
     if (!mr)
         return errno ? -errno : -ENOMEM;
