@@ -240,6 +240,9 @@ void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev);
 /* Drop queued CONNECT_REQUESTs of a listener being destroyed (their requests go with it). */
 void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *lis);
 void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep);
+/* Poll the CQ into the kept completions (ctx->lock taken; call without ep->lock): the
+ * provider's own completions are consumed on the way, the others kept in order. */
+void exs__vrb_cq_reap(struct vrb_ctx *ctx);
 /* Remove ep from the hash and purge its queued completions and cm events. */
 void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep);
 

@@ -114,7 +114,7 @@ struct vrb_rc_entry {
     uintptr_t start, end; /* registered [start, end), page aligned */
     void *handle;
     uint32_t lkey, rkey;
-    unsigned refs; /* users holding it; never evicted while > 0 */
+    unsigned refs;  /* users holding it; never evicted while > 0 */
     uint64_t ident; /* ops.ident of the pages when registered */
     int cached;     /* in rc->lru; 0: dropped at the last put (stale or unverifiable) */
 };

@@ -214,6 +214,13 @@ static int vrb_cq_to_ring(struct vrb_ctx *ctx)
     return added;
 }
 
+void exs__vrb_cq_reap(struct vrb_ctx *ctx)
+{
+    pthread_mutex_lock(&ctx->lock);
+    vrb_cq_to_ring(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep)
 {
     pthread_mutex_lock(&ctx->lock);

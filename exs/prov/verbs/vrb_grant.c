@@ -192,6 +192,8 @@ int exs__vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, siz
     w.bind_mw.bind_info.length = length;
     w.bind_mw.bind_info.mw_access_flags = (unsigned)ibv_right;
 
+    if (__atomic_load_n(&ep->int_out, __ATOMIC_RELAXED) >= ep->int_room)
+        exs__vrb_cq_reap(ctx); /* binds done but not polled yet give their room back */
     pthread_mutex_lock(&ep->lock);
     state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
     if (state != EXS_PROV_EP_CONNECTED) {
@@ -250,6 +252,12 @@ void exs__vrb_revoke(struct exs_prov_grant *gr)
     ep = vrb_ep_of(g->base.ep);
     EXS_CNT_INC(ep->ctx->cnt.revokes);
     pthread_mutex_lock(&ep->lock);
+    if (!g->bind_done) {
+        /* its completion may be in the CQ, not polled yet */
+        pthread_mutex_unlock(&ep->lock);
+        exs__vrb_cq_reap(ep->ctx);
+        pthread_mutex_lock(&ep->lock);
+    }
     if (!g->bind_done) {
         /* The bind waits in the send queue behind requests the peer holds up: once it
          * runs, the key would live until its completion is polled. End the connection
