@@ -182,4 +182,11 @@ void exs__vrb_qpc_put(struct vrb_qpcache *qc, void *qp, const struct vrb_qpc_cap
 void exs__vrb_cache_counters(struct vrb_mcache *mc, struct vrb_regcache *rc, struct vrb_qpcache *qc,
                              int on);
 
+/* ---- completion queue budget ---- */
+/* The ctx CQ holds every completion its eps can produce (spec/provider.md): reserving n more
+ * entries in a CQ of cap entries, need of them reserved already, that can grow to max_cqe.
+ * Returns 0 with *resize_p = 0 when it fits as it is, 0 with *resize_p = the size to resize
+ * to (twice cap, at least need + n, at most max_cqe), or -ENOBUFS when need + n > max_cqe. */
+int exs__vrb_cq_plan(uint64_t cap, uint64_t need, uint64_t n, uint64_t max_cqe, uint64_t *resize_p);
+
 #endif

@@ -362,30 +362,26 @@ static struct ibv_qp *vrb_qp_create(struct vrb_ctx *ctx, const struct vrb_qpc_ca
  * device's max_cqe: -ENOBUFS when it cannot hold them. */
 static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
 {
-    uint64_t need;
-    int ret = 0;
+    uint64_t resize = 0;
+    int ret;
 
     pthread_mutex_lock(&ctx->lock);
-    need = ctx->cq_need + n;
-    if (need > (uint64_t)ctx->cq_cap) {
-        uint64_t want = EXS_MAX(need, (uint64_t)ctx->cq_cap * 2);
-
-        want = EXS_MIN(want, (uint64_t)ctx->dattr.max_cqe);
-        if (need > want) {
-            ret = -ENOBUFS;
-        } else if (ibv_resize_cq(ctx->cq, (int)want) == 0) {
+    ret = exs__vrb_cq_plan((uint64_t)ctx->cq_cap, ctx->cq_need, n,
+                           (uint64_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap), &resize);
+    if (!ret && resize) {
+        if (ibv_resize_cq(ctx->cq, (int)resize) == 0) {
             ctx->cq_cap = ctx->cq->cqe;
             EXS_CNT_INC(ctx->cnt.cq_resizes);
-            if (need > (uint64_t)ctx->cq_cap)
+            if (ctx->cq_need + n > (uint64_t)ctx->cq_cap)
                 ret = -ENOBUFS;
         } else {
             EXS_WARN(PROV, "ctx %p: ibv_resize_cq to %llu failed: %m", (void *)ctx,
-                     (unsigned long long)want);
+                     (unsigned long long)resize);
             ret = -ENOBUFS;
         }
     }
     if (!ret)
-        ctx->cq_need = need;
+        ctx->cq_need += n;
     pthread_mutex_unlock(&ctx->lock);
     if (ret) {
         EXS_CNT_INC(ctx->cnt.ep_nobufs);
