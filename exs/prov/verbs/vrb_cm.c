@@ -796,18 +796,19 @@ int exs__vrb_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     struct vrb_req *req = (struct vrb_req *)r;
     struct vrb_ctx *ctx;
     uint8_t buf[VRB_PD_HDR + VRB_PD_MAX];
-    int ret = 0;
 
     if (!req || pdlen > VRB_PD_MAX || (pdlen && !pd))
         return -EINVAL;
     ctx = req->lis->ctx;
     vrb_pd_hdr(buf, pd, pdlen, 0, 0);
     pthread_mutex_lock(&ctx->cm_lock);
-    if (rdma_reject(req->id, buf, (uint8_t)(VRB_PD_HDR + pdlen)))
-        ret = -errno;
+    /* The request is released whatever happens: a peer that gave up meanwhile (broken,
+     * or its cm already gone when rdma_reject runs) has nothing left to be told. */
+    if (!req->broken && rdma_reject(req->id, buf, (uint8_t)(VRB_PD_HDR + pdlen)))
+        EXS_DBG(PROV, "ctx %p: rdma_reject: %m (the peer gave up)", (void *)ctx);
     vrb_req_free(req, 0);
     pthread_mutex_unlock(&ctx->cm_lock);
-    return ret;
+    return 0;
 }
 
 int exs__vrb_disconnect(struct exs_prov_ep *e)
