@@ -83,7 +83,9 @@ void exs__tcp_conn_close(struct tcp_conn *conn)
     exs_list_add_tail(&conn->ctx->dead, &conn->link);
 }
 
-/* PENDING: the socket died; the request stays until accept / reject. */
+/* PENDING: the socket died. The request belongs to the consumer (its CONNECT_REQUEST
+ * event is queued or delivered): it stays, marked, until reject frees it (accept of it
+ * fails -ECONNRESET). */
 static void tcp_conn_break(struct tcp_conn *conn)
 {
     if (conn->fd >= 0) {
@@ -172,7 +174,6 @@ void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, int notify,
         }
         free(rwr);
     }
-    ep->overflow = 0;
     ep->sq_used = 0;
     ep->sq_unretired = 0;
     ep->rq_count = 0;
@@ -429,6 +430,7 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     struct tcp_ctx *ctx = tcp_ctx_of(c);
     const struct exs_prov_caps *caps = &c->caps;
     struct tcp_ep *ep;
+    int ret;
 
     if (!attr || !attr->max_send_wr || attr->max_send_wr > caps->max_send_wr ||
         !attr->max_recv_wr || attr->max_recv_wr > caps->max_recv_wr ||
@@ -437,6 +439,15 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     ep = calloc(1, sizeof(*ep));
     if (!ep)
         return -ENOMEM;
+    pthread_mutex_lock(&ctx->lock);
+    ret = exs__tcp_cq_reserve_locked(ctx, (uint64_t)attr->max_send_wr + attr->max_recv_wr);
+    pthread_mutex_unlock(&ctx->lock);
+    if (ret) {
+        EXS_ERR(PROV, "ep_create: completion queue: no room for %u + %u completions (%s)",
+                attr->max_send_wr, attr->max_recv_wr, strerror(-ret));
+        free(ep);
+        return ret;
+    }
     ep->base.ctx = c;
     ep->base.user = attr->user;
     ep->base.attr = *attr;
@@ -448,6 +459,7 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->sq);
     exs_list_init(&ep->sq_wait);
     exs_list_init(&ep->work_link);
+    exs_list_init(&ep->grants);
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->eps, &ep->link);
     pthread_mutex_unlock(&ctx->lock);
@@ -512,6 +524,7 @@ static void tcp_ep_destroy_nic(struct tcp_ctx *ctx, struct tcp_ep *ep)
             ctx->cq[(ctx->cq_head + keep++) % ctx->cq_cap] = *q;
     }
     ctx->cq_count = keep;
+    ctx->cq_reserved -= (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr;
     exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
         struct tcp_cm_node *n = exs_list_entry(pos, struct tcp_cm_node, link);
 
@@ -533,6 +546,7 @@ void exs__tcp_ep_destroy(struct exs_prov_ep *e)
         return;
     ep = tcp_ep_of(e);
     cmd.ep = ep;
+    exs__tcp_ep_revoke_all(ep);
     if (exs__tcp_ctx_call(ep->ctx, &cmd) == -ESHUTDOWN)
         return;
     pthread_mutex_destroy(&ep->lock);
@@ -765,8 +779,9 @@ static int tcp_accept_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     if (ep->state != EXS_PROV_EP_IDLE || ep->conn)
         return -EISCONN;
     if (conn->broken) {
-        tcp_req_reject(req, NULL, 0);
-        return -ECONNABORTED;
+        /* the request stays the consumer's: its reject frees it */
+        EXS_DBG(PROV, "req %p: accept: the peer is gone", (void *)req);
+        return -ECONNRESET;
     }
     f = tcp_hs_frame(conn, TCP_WIRE_CONN_ACCEPT, ep, cmd->pd, cmd->pdlen);
     if (!f)
@@ -854,9 +869,6 @@ void exs__tcp_cmd_run(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     case TCP_CMD_LISTENER_DESTROY:
         tcp_listener_destroy_nic(ctx, cmd->lis);
         break;
-    case TCP_CMD_MR_DEREG:
-        exs__tcp_mr_dereg_nic(ctx, cmd);
-        return; /* finishes itself */
     }
     exs__tcp_cmd_finish(ctx, cmd, ret);
 }
