@@ -745,9 +745,9 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
         return -EISCONN;
     }
     if (req->broken) {
-        vrb_req_free(req, 1);
+        /* the request stays the consumer's: reject releases it */
         pthread_mutex_unlock(&ctx->cm_lock);
-        return -ECONNABORTED;
+        return -ECONNRESET;
     }
     rres = (uint8_t)EXS_MIN(vrb_rd_res(ctx), EXS_MAX(req->init_depth, 1));
     idepth = (uint8_t)EXS_MIN(vrb_rd_init(ctx), EXS_MAX(req->resp_res, 1));
@@ -756,8 +756,7 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     ret = vrb_qp_to_rts(ep, ep->id, rres, idepth);
     if (ret) {
         EXS_ERR(PROV, "ep %p: accept: QP to RTS: %s", (void *)ep, strerror(-ret));
-        ep->id = NULL;
-        vrb_req_free(req, 1);
+        ep->id = NULL; /* the request is still the consumer's, to reject */
         exs__vrb_ep_set_error(ep);
         pthread_mutex_unlock(&ctx->cm_lock);
         return ret;
@@ -779,8 +778,9 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     if (rdma_accept(ep->id, &cp)) {
         ret = -errno;
         EXS_DBG(PROV, "ep %p: rdma_accept: %s", (void *)ep, strerror(-ret));
+        ep->id->context = &req->cmo; /* the request is still the consumer's, to reject */
         ep->id = NULL;
-        vrb_req_free(req, 0);
+        req->broken = 1;
         exs__vrb_ep_set_error(ep);
         pthread_mutex_unlock(&ctx->cm_lock);
         return ret;
