@@ -168,6 +168,12 @@ struct vrb_req {
     struct exs_list link; /* lis->reqs */
 };
 
+/* A completion taken from the CQ, kept for ctx_poll: its slot is retired when returned. */
+struct vrb_kept {
+    struct exs_prov_cqe cqe;
+    uint64_t retire; /* VRB_RECV_BIT | (sequence + 1) of its ep's queue */
+};
+
 struct vrb_cm_node {
     struct exs_list link;
     struct exs_prov_cm_event ev;
@@ -197,8 +203,9 @@ struct vrb_ctx {
     uint16_t udp_port; /* network order */
     uint64_t tok_base;
     struct exs_list disc_wait; /* eps holding DISCONNECTED (cm_lock) */
-    /* completions polled but not yet returned (lock) */
-    struct exs_prov_cqe *ring;
+    /* completions polled from the CQ but not yet returned (lock); their work requests keep
+     * their queue slots until ctx_poll returns them */
+    struct vrb_kept *ring;
     uint32_t ring_cap, ring_head, ring_count;
     struct exs_list cm_sw; /* vrb_cm_node (lock) */
     struct exs_list ep_hash[VRB_EP_HASH];
@@ -315,8 +322,14 @@ void exs__vrb_grants_drop(struct vrb_ep *ep);
 /* vrb_data.c */
 int exs__vrb_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
 int exs__vrb_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
-/* Turn one work completion into a cqe (0) or drop it (-1: its ep is gone). ctx->lock held. */
-int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe);
+/* Turn one work completion into a cqe (0) or drop it (-1: its ep is gone, or it was the
+ * provider's own). ctx->lock held. With retire_p NULL the request's queue slot (and the
+ * unsignaled ones before it) is retired now; else *retire_p says what to retire once the
+ * cqe is returned (exs__vrb_retire). */
+int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
+                        uint64_t *retire_p);
+/* Retire a kept completion's slot as it is returned. ctx->lock held. */
+void exs__vrb_retire(struct exs_prov_ep *ep, uint64_t retire);
 enum exs_prov_wc_status exs__vrb_wc_status(enum ibv_wc_status st);
 /* ep->lock held: move the QP to ERR so that it flushes (and the ep to ERROR). */
 void exs__vrb_ep_kill_locked(struct vrb_ep *ep);

@@ -178,11 +178,11 @@ static uint32_t vrb_probe_inline(struct vrb_ctx *ctx, uint32_t want)
 
 /* ---- completion ring (ctx->lock) ---- */
 
-static int vrb_ring_push(struct vrb_ctx *ctx, const struct exs_prov_cqe *c)
+static int vrb_ring_push(struct vrb_ctx *ctx, const struct vrb_kept *c)
 {
     if (ctx->ring_count == ctx->ring_cap) {
         uint32_t ncap = ctx->ring_cap ? ctx->ring_cap * 2 : 256;
-        struct exs_prov_cqe *n = malloc(ncap * sizeof(*n));
+        struct vrb_kept *n = malloc(ncap * sizeof(*n));
 
         if (!n)
             return -ENOMEM;
@@ -202,14 +202,23 @@ static int vrb_ring_push(struct vrb_ctx *ctx, const struct exs_prov_cqe *c)
 static int vrb_cq_to_ring(struct vrb_ctx *ctx)
 {
     struct ibv_wc wc[VRB_POLL_MAX];
-    struct exs_prov_cqe c;
+    struct vrb_kept k;
     int n, added = 0;
 
     do {
         n = ibv_poll_cq(ctx->cq, VRB_POLL_MAX, wc);
-        for (int i = 0; i < n; i++)
-            if (exs__vrb_wc_convert(ctx, &wc[i], &c) == 0 && vrb_ring_push(ctx, &c) == 0)
+        for (int i = 0; i < n; i++) {
+            if (exs__vrb_wc_convert(ctx, &wc[i], &k.cqe, &k.retire) != 0)
+                continue;
+            if (vrb_ring_push(ctx, &k) == 0) {
                 added++;
+            } else {
+                /* no memory to keep it: give its slot back, say what was lost */
+                EXS_ERR(PROV, "ctx %p: completion of ep %p (wr_id %llu) lost: no memory",
+                        (void *)ctx, (void *)k.cqe.ep, (unsigned long long)k.cqe.wr_id);
+                exs__vrb_retire(k.cqe.ep, k.retire);
+            }
+        }
     } while (n == VRB_POLL_MAX);
     return added;
 }
@@ -243,9 +252,9 @@ void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep)
     exs_list_del(&ep->hlink);
     exs_list_del(&ep->link);
     for (uint32_t i = 0; i < ctx->ring_count; i++) {
-        struct exs_prov_cqe *c = &ctx->ring[(ctx->ring_head + i) % ctx->ring_cap];
+        struct vrb_kept *c = &ctx->ring[(ctx->ring_head + i) % ctx->ring_cap];
 
-        if (c->ep != &ep->base)
+        if (c->cqe.ep != &ep->base)
             ctx->ring[(ctx->ring_head + keep++) % ctx->ring_cap] = *c;
     }
     ctx->ring_count = keep;
@@ -335,7 +344,9 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         return 0;
     pthread_mutex_lock(&ctx->lock);
     while (n < max && ctx->ring_count) {
-        cqe[n++] = ctx->ring[ctx->ring_head];
+        cqe[n] = ctx->ring[ctx->ring_head].cqe;
+        exs__vrb_retire(cqe[n].ep, ctx->ring[ctx->ring_head].retire);
+        n++;
         ctx->ring_head = (ctx->ring_head + 1) % ctx->ring_cap;
         ctx->ring_count--;
     }
@@ -346,7 +357,7 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         if (got <= 0)
             break;
         for (int i = 0; i < got; i++)
-            if (exs__vrb_wc_convert(ctx, &wc[i], &cqe[n]) == 0)
+            if (exs__vrb_wc_convert(ctx, &wc[i], &cqe[n], NULL) == 0)
                 n++;
         if (got < want)
             break;
