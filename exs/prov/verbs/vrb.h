@@ -299,6 +299,8 @@ void exs__vrb_dereg_cb(void *arg, void *handle);
 /* 1 when every sge lies inside an mr of ctx (with LOCAL_WRITE when need_lw). */
 int exs__vrb_mr_covers(struct vrb_ctx *ctx, const struct exs_prov_sge *sge, int n, int need_lw);
 
+/* Count a grant made (+1) or revoked (-1) over mr: mr_dereg refuses -EBUSY while any lives. */
+void exs__vrb_mr_grants_add(struct exs_prov_mr *mr, int delta);
 /* The ibv_mr behind a provider mr (for window binds). */
 struct ibv_mr *exs__vrb_mr_ibv(struct exs_prov_mr *mr);
 /* Extra ibv access flags every registration needs for grants (IBV_ACCESS_MW_BIND or 0). */

@@ -224,6 +224,7 @@ int exs__vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, siz
     pthread_mutex_unlock(&ep->lock);
     g->base.rkey = rkey;
 done:
+    exs__vrb_mr_grants_add(m, 1);
     EXS_CNT_INC(ctx->cnt.grants);
     EXS_DATA(PROV, "ep %p: grant %s %#llx+%zu rkey %#x", (void *)ep,
              access == EXS_PROV_ACCESS_REMOTE_WRITE ? "write" : "read", (unsigned long long)a,
@@ -251,6 +252,7 @@ void exs__vrb_revoke(struct exs_prov_grant *gr)
         return;
     ep = vrb_ep_of(g->base.ep);
     EXS_CNT_INC(ep->ctx->cnt.revokes);
+    exs__vrb_mr_grants_add(g->base.mr, -1);
     pthread_mutex_lock(&ep->lock);
     if (!g->bind_done) {
         /* its completion may be in the CQ, not polled yet */
@@ -316,9 +318,11 @@ void exs__vrb_grants_drop(struct vrb_ep *ep)
     while ((l = exs_list_pop_head(&ep->grants)) != NULL) {
         struct vrb_grant *g = exs_list_entry(l, struct vrb_grant, link);
 
-        if (!g->revoked)
+        if (!g->revoked) {
             EXS_ERR(PROV, "ep %p: grant rkey %#x not revoked before ep_destroy; released",
                     (void *)ep, g->base.rkey);
+            exs__vrb_mr_grants_add(g->base.mr, -1);
+        }
         exs__vrb_grant_release(g);
     }
     ep->int_out = 0;

@@ -26,6 +26,7 @@ struct vrb_mr {
     struct vrb_mc_buf mc;     /* VRB_MR_MCACHE */
     struct vrb_rc_entry *rce; /* VRB_MR_RCACHE */
     size_t map_len;           /* VRB_MR_BIG: the mapping at base.addr */
+    unsigned grants;          /* live grants over it (atomic): mr_dereg refuses -EBUSY */
     struct exs_list link;     /* ctx->mr_hash */
 };
 
@@ -153,6 +154,11 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
     return 0;
 }
 
+void exs__vrb_mr_grants_add(struct exs_prov_mr *m, int delta)
+{
+    __atomic_add_fetch(&((struct vrb_mr *)m)->grants, (unsigned)delta, __ATOMIC_RELAXED);
+}
+
 int exs__vrb_mr_dereg(struct exs_prov_mr *m)
 {
     struct vrb_mr *mr = (struct vrb_mr *)m;
@@ -163,6 +169,10 @@ int exs__vrb_mr_dereg(struct exs_prov_mr *m)
         return -EINVAL;
     if (mr->kind != VRB_MR_OWN)
         return -EINVAL;
+    if (__atomic_load_n(&mr->grants, __ATOMIC_RELAXED)) {
+        EXS_DBG(PROV, "mr %p: %u grants live, not deregistered", (void *)mr, mr->grants);
+        return -EBUSY;
+    }
     ctx = vrb_ctx_of(mr->base.ctx);
     vrb_mr_hash_del(ctx, mr);
     ret = ibv_dereg_mr(mr->mr);
