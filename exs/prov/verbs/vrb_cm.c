@@ -633,8 +633,14 @@ int exs__vrb_listener_addr(struct exs_prov_listener *l, struct sockaddr_storage 
 
 static void vrb_req_free(struct vrb_req *req, int reject)
 {
-    if (reject)
-        rdma_reject(req->id, NULL, 0);
+    if (reject && !req->broken) {
+        /* with our header, so that the active side sees REJECTED, not UNREACHABLE */
+        uint8_t buf[VRB_PD_HDR];
+
+        vrb_pd_hdr(buf, NULL, 0, 0, 0);
+        if (rdma_reject(req->id, buf, VRB_PD_HDR))
+            EXS_DBG(PROV, "rdma_reject: %m (the peer gave up)");
+    }
     req->id->context = NULL;
     rdma_destroy_id(req->id);
     exs_list_del(&req->link);

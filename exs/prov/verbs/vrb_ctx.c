@@ -733,11 +733,17 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | (ctx->max_inline ? EXS_PROV_CAP_INLINE : 0);
     ctx->base.caps.max_inline = ctx->max_inline;
     ctx->base.caps.max_sge = vrb_clamp32((uint64_t)ctx->dattr.max_sge, 1, VRB_MAX_SGE);
-    /* the provider's own requests (window binds) take VRB_INT_ROOM more */
-    ctx->base.caps.max_send_wr = vrb_clamp32(
-        (uint64_t)ctx->dattr.max_qp_wr - EXS_MIN((uint64_t)ctx->dattr.max_qp_wr / 2, VRB_INT_ROOM),
-        1, 1u << 20);
-    ctx->base.caps.max_recv_wr = ctx->base.caps.max_send_wr;
+    {
+        /* the provider's own requests (window binds) take VRB_INT_ROOM more; one ep of the
+         * largest depths must fit in the completion queue (ep_create reserves them all) */
+        uint64_t qp = (uint64_t)ctx->dattr.max_qp_wr;
+        uint64_t cq = (uint64_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap);
+
+        qp -= EXS_MIN(qp / 2, VRB_INT_ROOM);
+        cq = cq > 2 * VRB_INT_ROOM ? (cq - VRB_INT_ROOM) / 2 : 1;
+        ctx->base.caps.max_send_wr = vrb_clamp32(EXS_MIN(qp, cq), 1, 1u << 20);
+        ctx->base.caps.max_recv_wr = ctx->base.caps.max_send_wr;
+    }
     ctx->base.caps.max_private_data = VRB_PD_MAX;
     ctx->base.caps.max_msg_size = pa.max_msg_sz ? pa.max_msg_sz : (1ull << 31);
     /* what the CQ can grow to; ep_create reserves every completion of an ep in it */
