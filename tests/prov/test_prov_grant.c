@@ -275,6 +275,21 @@ START_TEST(grant_read_after_revoke)
 }
 END_TEST
 
+START_TEST(grant_left_at_ep_destroy)
+{
+    /* A consumer bug: ep_destroy with a live grant. The provider logs and revokes it, so
+     * the mr can be deregistered and nothing leaks (ASan). */
+    struct pt_pair p;
+    struct pt_buf *tgt;
+
+    pt_pair_setup(&p, NULL, NULL);
+    tgt = pt_pair_buf(&p, 'b', TLEN, LW, 0);
+    (void)grant_ok(p.eb, tgt, 0, 64, RW);
+    (void)grant_ok(p.eb, tgt, 64, 64, RR);
+    pt_pair_close(&p); /* destroys eb, then deregisters tgt (checked there) */
+}
+END_TEST
+
 /* ---- keys ---- */
 
 static int cmp_u32(const void *a, const void *b)
@@ -491,6 +506,123 @@ START_TEST(grant_mr_dereg_peer_stalled)
 }
 END_TEST
 
+/* A READ response of a grant, half sent because the peer does not read it, when the
+ * grant is revoked: revoke returns at once, and not one byte of the range is read after
+ * it (the connection is cut: the rest of the response can never be sent). */
+START_TEST(grant_revoke_read_response_half_sent)
+{
+    enum { RLEN = 32 << 20 };
+    struct pt_pair p;
+    struct pt_buf *src;
+    struct hang_call hc = {0};
+    struct tcp_wire_hdr h;
+    uint8_t *buf = malloc(1 << 16);
+    uint64_t got = 0, late = 0;
+    int fd;
+
+    ck_assert_ptr_nonnull(buf);
+    if (pt_skip_unless_tcp("grant_revoke_read_response_half_sent")) {
+        free(buf);
+        return;
+    }
+    pt_pair_open(&p, NULL, NULL);
+    fd = pt_raw_establish(&p);
+    src = pt_pair_buf(&p, 'b', RLEN, LW, 0x11);
+    hc.g = grant_ok(p.eb, src, 0, RLEN, RR);
+    h = pt_raw_hdr(TCP_WIRE_READ_REQ, 0, 0, 0, hc.g->addr, hc.g->rkey, RLEN);
+    ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
+    /* read a little of the response, then stop reading: the provider's socket fills */
+    ck_assert_int_eq(pt_raw_recv(fd, buf, TCP_WIRE_HDR_LEN + 4096, PT_TIMEOUT_MS), 0);
+    ck_assert_uint_eq(((struct tcp_wire_hdr *)buf)->type, TCP_WIRE_READ_RESP);
+    pt_sleep_ms(100);
+    ck_assert_int_eq(call_with_watchdog(&hc), 0);
+    /* the memory changes after revoke: none of the new bytes may reach the peer */
+    memset(src->p, 0x77, RLEN);
+    for (;;) {
+        ssize_t n = pt_raw_recv(fd, buf, 1, 10000) == 0 ? 1 : -1;
+
+        if (n < 0)
+            break;
+        n = recv(fd, buf + 1, (1 << 16) - 1, MSG_DONTWAIT);
+        n = n < 0 ? 1 : n + 1;
+        for (ssize_t i = 0; i < n; i++) {
+            if (buf[i] == 0x77)
+                late++;
+        }
+        got += (uint64_t)n;
+    }
+    printf("grant_revoke_read_response_half_sent: %llu more bytes after revoke, %llu late\n",
+           (unsigned long long)got, (unsigned long long)late);
+    ck_assert_msg(late == 0, "%llu bytes read from the range after revoke returned",
+                  (unsigned long long)late);
+    ck_assert_msg(got < RLEN, "the whole response was sent (%llu bytes)", (unsigned long long)got);
+    {
+        struct exs_prov_cm_event ev;
+
+        pt_wait_cm(&p.b, EXS_PROV_CM_DISCONNECTED, PT_TIMEOUT_MS, &ev);
+        ck_assert_int_lt(ev.status, 0);
+    }
+    close(fd);
+    pt_pair_close(&p);
+    free(buf);
+}
+END_TEST
+
+/* A READ response queued behind a stalled one, not started when its grant is revoked: it
+ * becomes a NAK REM_ACCESS for its psn in its place; the response before it is unharmed. */
+START_TEST(grant_revoke_read_response_queued)
+{
+    enum { R1 = 32 << 20, R2 = 128 << 10 };
+    struct pt_pair p;
+    struct pt_buf *s1, *s2;
+    struct exs_prov_grant *g1;
+    struct hang_call hc = {0};
+    struct tcp_wire_hdr h[2], r;
+    uint8_t *buf = malloc(R1);
+    int fd;
+
+    ck_assert_ptr_nonnull(buf);
+    if (pt_skip_unless_tcp("grant_revoke_read_response_queued")) {
+        free(buf);
+        return;
+    }
+    pt_pair_open(&p, NULL, NULL);
+    fd = pt_raw_establish(&p);
+    s1 = pt_pair_buf(&p, 'b', R1, LW, 0x11);
+    s2 = pt_pair_buf(&p, 'b', R2, LW, 0x22);
+    g1 = grant_ok(p.eb, s1, 0, R1, RR);
+    hc.g = grant_ok(p.eb, s2, 0, R2, RR);
+    h[0] = pt_raw_hdr(TCP_WIRE_READ_REQ, 0, 0, 0, g1->addr, g1->rkey, R1);
+    h[1] = pt_raw_hdr(TCP_WIRE_READ_REQ, 0, 0, 1, hc.g->addr, hc.g->rkey, R2);
+    ck_assert_int_eq(pt_raw_send(fd, h, sizeof(h)), 0);
+    /* the first response fills the socket; the second waits behind it, not started */
+    ck_assert_int_eq(pt_raw_recv(fd, &r, sizeof(r), PT_TIMEOUT_MS), 0);
+    ck_assert_uint_eq(r.type, TCP_WIRE_READ_RESP);
+    ck_assert_uint_eq(ntohl(r.len), R1);
+    pt_sleep_ms(100);
+    ck_assert_int_eq(call_with_watchdog(&hc), 0);
+    memset(s2->p, 0x77, R2);
+    /* the first response arrives whole; then a NAK for the second */
+    ck_assert_int_eq(pt_raw_recv(fd, buf, R1, 10000), 0);
+    ck_assert_msg(pt_all_bytes(buf, R1, 0x11), "first response damaged");
+    ck_assert_int_eq(pt_raw_recv(fd, &r, sizeof(r), PT_TIMEOUT_MS), 0);
+    ck_assert_msg(r.type == TCP_WIRE_NAK, "frame type %u after the first response, expected NAK",
+                  r.type);
+    ck_assert_uint_eq(r.syndrome, TCP_WIRE_SYN_REM_ACCESS);
+    ck_assert_uint_eq(ntohl(r.psn), 1);
+    {
+        struct exs_prov_cm_event ev;
+
+        pt_wait_cm(&p.b, EXS_PROV_CM_DISCONNECTED, PT_TIMEOUT_MS, &ev);
+        ck_assert_int_lt(ev.status, 0);
+    }
+    pt_ops->revoke(g1);
+    close(fd);
+    pt_pair_close(&p);
+    free(buf);
+}
+END_TEST
+
 Suite *prov_grant_suite(void)
 {
     Suite *s = suite_create("prov_grant");
@@ -499,6 +631,7 @@ Suite *prov_grant_suite(void)
     tcase_add_test(tc, grant_write_and_read_in_range);
     tcase_add_test(tc, grant_keys_distinct_unpredictable);
     tcase_add_test(tc, grant_bad_arguments);
+    tcase_add_test(tc, grant_left_at_ep_destroy);
     suite_add_tcase(s, tc);
     tc = pt_tcase("refused");
     tcase_add_test(tc, grant_other_right_read);
@@ -516,6 +649,8 @@ Suite *prov_grant_suite(void)
     tc = pt_tcase("no_wait");
     tcase_add_test(tc, grant_revoke_peer_stalled);
     tcase_add_test(tc, grant_mr_dereg_peer_stalled);
+    tcase_add_test(tc, grant_revoke_read_response_half_sent);
+    tcase_add_test(tc, grant_revoke_read_response_queued);
     suite_add_tcase(s, tc);
     return s;
 }

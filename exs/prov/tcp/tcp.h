@@ -42,6 +42,10 @@
 #define TCP_LINGER_NS     2000000000ull
 #define TCP_TX_IOV        64
 #define TCP_RESP_COPY_MAX 65536      /* READ responses copied when they cannot leave at once */
+#define TCP_BACKOFF_MIN_MS 100       /* accept out of descriptors: first pause */
+#define TCP_BACKOFF_MAX_MS 1000      /* pauses double up to this */
+#define TCP_HANDSHAKE_MS   10000     /* default of EXS_TCP_HANDSHAKE_MS */
+#define TCP_HANDSHAKE_MAX  1024      /* default of EXS_TCP_HANDSHAKE_MAX */
 
 struct tcp_ctx;
 struct tcp_conn;
@@ -68,6 +72,10 @@ struct tcp_counters {
     uint64_t cq_overflows;
     uint64_t wakeups;
     uint64_t emu_holds;
+    uint64_t accept_calls;
+    uint64_t accept_backoffs;
+    uint64_t handshake_timeouts;
+    uint64_t handshake_evictions;
 };
 
 /* A key the peer may present in a WRITE or READ_REQ: an mr's rkey (valid on every
@@ -192,6 +200,11 @@ struct tcp_listener {
     socklen_t                addrlen;
     struct exs_list          reqs;   /* NIC: pending tcp_req */
     struct exs_list          link;   /* ctx->listeners (NIC) */
+    struct exs_list          handshakes;   /* NIC: WAIT_REQ conns, oldest first */
+    unsigned                 n_handshakes;
+    /* NIC: descriptor exhaustion back-off */
+    uint64_t                 resume_at;  /* not watched until then; 0 = watched */
+    uint32_t                 backoff_ms; /* last pause, 0 after a successful accept */
 };
 
 struct tcp_req {
@@ -269,6 +282,8 @@ struct tcp_conn {
     uint64_t             rnr_at, tx_at, linger_at;
     int                  on_timer;
     struct exs_list      timer_link;
+    struct exs_list      hs_link;    /* lis->handshakes while WAIT_REQ */
+    int                  on_hs;
     struct exs_list      link;       /* ctx->conns or ctx->dead */
 };
 
@@ -345,6 +360,8 @@ struct tcp_ctx {
     uint64_t                emu_rate_mbps;
     uint32_t                rnr_timer_ms;
     uint8_t                 rnr_retry_max;  /* EXS_TCP_RNR_RETRY caps every ep's rnr_retry */
+    uint64_t                handshake_ns;   /* an accepted socket must send CONN_REQ by then */
+    unsigned                handshake_max;  /* sockets waiting for CONN_REQ per listener */
     struct tcp_counters     cnt;
     struct exs_counter_set  cset;
 };
@@ -363,6 +380,7 @@ extern struct exs_prov_ops exs__prov_tcp_ops;
 
 /* tcp_ctx.c */
 int  exs__tcp_epoll_add_listener(struct tcp_listener *lis);
+void exs__tcp_listener_watch(struct tcp_listener *lis, int on);
 int  exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
 void exs__tcp_cmd_finish(struct tcp_ctx *ctx, struct tcp_cmd *cmd, int ret);
 void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_prov_cqe *cqe);
@@ -426,6 +444,7 @@ void exs__tcp_ep_fail(struct tcp_ep *ep, int status, int notify);
 void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, int notify,
                           const struct exs_prov_cqe *first);
 void exs__tcp_conn_close(struct tcp_conn *conn);
+void exs__tcp_conn_hs_leave(struct tcp_conn *conn);
 
 /* tcp_data.c */
 int  exs__tcp_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);

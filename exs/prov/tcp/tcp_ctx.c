@@ -43,6 +43,13 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
     EXS_COUNTER(struct tcp_counters, cq_overflows, "completions lost to a full queue"),
     EXS_COUNTER(struct tcp_counters, wakeups, "NIC thread wake-ups by posts and commands"),
     EXS_COUNTER(struct tcp_counters, emu_holds, "frames held by the link emulation"),
+    EXS_COUNTER(struct tcp_counters, accept_calls, "accept calls on listeners"),
+    EXS_COUNTER(struct tcp_counters, accept_backoffs,
+                "listener pauses: out of descriptors or memory"),
+    EXS_COUNTER(struct tcp_counters, handshake_timeouts,
+                "incoming sockets silent until the handshake timeout"),
+    EXS_COUNTER(struct tcp_counters, handshake_evictions,
+                "incoming sockets dropped: too many handshakes"),
 };
 
 void exs__tcp_wake(struct tcp_ctx *ctx)
@@ -282,16 +289,36 @@ void exs__tcp_conn_timer(struct tcp_conn *conn)
 static void tcp_nic_timers(struct tcp_ctx *ctx)
 {
     struct exs_list *pos, *tmp;
-    uint64_t now;
+    uint64_t now = 0;
 
+    exs_list_for_each_safe(pos, tmp, &ctx->listeners) {
+        struct tcp_listener *lis = exs_list_entry(pos, struct tcp_listener, link);
+
+        if (!lis->resume_at)
+            continue;
+        if (!now)
+            now = exs__now_ns();
+        if (lis->resume_at <= now) {
+            /* back-off over: watch again and try at once */
+            lis->resume_at = 0;
+            exs__tcp_listener_watch(lis, 1);
+            exs__tcp_listener_ready(lis);
+        }
+    }
     if (exs_list_empty(&ctx->timers))
         return;
-    now = exs__now_ns();
+    if (!now)
+        now = exs__now_ns();
     exs_list_for_each_safe(pos, tmp, &ctx->timers) {
         struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, timer_link);
 
         if (conn->linger_at && conn->linger_at <= now) {
             conn->linger_at = 0;
+            if (conn->state == TCP_CONN_WAIT_REQ) {
+                EXS_CNT_INC(ctx->cnt.handshake_timeouts);
+                EXS_CNT_INC(ctx->cnt.bogus_conns);
+                EXS_DBG(PROV, "conn %p: no connection request in time", (void *)conn);
+            }
             exs__tcp_conn_close(conn);
             continue;
         }
@@ -314,7 +341,13 @@ static void tcp_nic_timer_arm(struct tcp_ctx *ctx)
     struct itimerspec its;
     uint64_t next = 0;
 
-    if (exs_list_empty(&ctx->timers) && !ctx->timer_armed_ns)
+    exs_list_for_each(pos, &ctx->listeners) {
+        struct tcp_listener *lis = exs_list_entry(pos, struct tcp_listener, link);
+
+        if (lis->resume_at && (!next || lis->resume_at < next))
+            next = lis->resume_at;
+    }
+    if (!next && exs_list_empty(&ctx->timers) && !ctx->timer_armed_ns)
         return;
     exs_list_for_each(pos, &ctx->timers) {
         struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, timer_link);
@@ -494,6 +527,16 @@ static int tcp_ctx_epoll_add(struct tcp_ctx *ctx, int fd, uintptr_t tag)
     return epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
+/* NIC: watch the listener's socket (on) or stop watching it during a back-off. */
+void exs__tcp_listener_watch(struct tcp_listener *lis, int on)
+{
+    struct epoll_event ev = {.events = on ? EPOLLIN : 0};
+
+    ev.data.u64 = (uint64_t)((uintptr_t)lis | TCP_TAG_LIS);
+    if (epoll_ctl(lis->ctx->epfd, EPOLL_CTL_MOD, lis->fd, &ev) < 0)
+        EXS_ERR(PROV, "listener %p: epoll_ctl: %m", (void *)lis);
+}
+
 int exs__tcp_epoll_add_listener(struct tcp_listener *lis)
 {
     struct epoll_event ev = { .events = EPOLLIN };
@@ -530,6 +573,24 @@ static void tcp_ctx_free(struct tcp_ctx *ctx)
 static uint32_t tcp_clamp32(uint64_t v, uint32_t lo, uint32_t hi)
 {
     return v < lo ? lo : v > hi ? hi : (uint32_t)v;
+}
+
+/* A number from the environment (read at ctx_open), clamped; def when unset or bad. */
+static uint32_t tcp_env_u32(const char *name, uint32_t def, uint32_t lo, uint32_t hi)
+{
+    const char *v = getenv(name);
+    char *end;
+    unsigned long long n;
+
+    if (!v || !*v)
+        return def;
+    errno = 0;
+    n = strtoull(v, &end, 10);
+    if (errno || *end || v[0] == '-') {
+        EXS_WARN(PROV, "%s=\"%s\": not a number; using %u", name, v, def);
+        return def;
+    }
+    return tcp_clamp32(n, lo, hi);
 }
 
 static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
@@ -579,6 +640,9 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->emu_rate_mbps = exs__params.emu_rate_mbps;
     ctx->rnr_timer_ms = tcp_clamp32(exs__params.tcp_rnr_timer_ms, 0, 60000);
     ctx->rnr_retry_max = (uint8_t)tcp_clamp32(exs__params.tcp_rnr_retry, 0, 7);
+    ctx->handshake_ns =
+        (uint64_t)tcp_env_u32("EXS_TCP_HANDSHAKE_MS", TCP_HANDSHAKE_MS, 1, 3600000) * 1000000u;
+    ctx->handshake_max = tcp_env_u32("EXS_TCP_HANDSHAKE_MAX", TCP_HANDSHAKE_MAX, 1, 1u << 20);
 
     ctx->cq = calloc(ctx->cq_cap, sizeof(*ctx->cq));
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);

@@ -204,8 +204,7 @@ int exs__tcp_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *rwr
                                        EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
 
     pthread_mutex_lock(&ep->lock);
-    if (ep->rq_count + __atomic_load_n(&ep->cq_rq, __ATOMIC_RELAXED) >=
-        ep->base.attr.max_recv_wr) {
+    if (ep->rq_count + __atomic_load_n(&ep->cq_rq, __ATOMIC_RELAXED) >= ep->base.attr.max_recv_wr) {
         /* every slot is a posted receive or a completion not yet polled */
         pthread_mutex_unlock(&ep->lock);
         free(rwr);

@@ -444,9 +444,8 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
             return tcp_conn_proto_err(conn, "request out of sequence"), -1;
         if (h->imm > ctx->base.caps.max_msg_size)
             return tcp_conn_proto_err(conn, "read longer than max_msg_size"), -1;
-        if (h->imm &&
-            exs__tcp_key_get_remote(ctx, ep, h->rkey, h->raddr, h->imm,
-                                    EXS_PROV_ACCESS_REMOTE_READ, &mr)) {
+        if (h->imm && exs__tcp_key_get_remote(ctx, ep, h->rkey, h->raddr, h->imm,
+                                              EXS_PROV_ACCESS_REMOTE_READ, &mr)) {
             EXS_CNT_INC(ctx->cnt.access_errors);
             EXS_DBG(PROV, "ep %p: read 0x%llx+%u rkey 0x%x refused", (void *)ep,
                     (unsigned long long)h->raddr, h->imm, h->rkey);
