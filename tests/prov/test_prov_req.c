@@ -106,6 +106,36 @@ START_TEST(req_listener_destroy_unanswered)
 }
 END_TEST
 
+/* listener_destroy with delivered requests whose peers reset, unanswered: freed, no
+ * leak, no use after free (ASan). */
+START_TEST(req_listener_destroy_reset_unanswered)
+{
+    struct pt_pair p;
+    int fds[4];
+
+    if (pt_skip_unless_tcp("req_listener_destroy_reset_unanswered"))
+        return;
+    pt_pair_open(&p, NULL, NULL);
+    for (int i = 0; i < 4; i++) {
+        struct exs_prov_cm_event ev;
+
+        fds[i] = raw_req_then_reset(&p);
+        pt_wait_cm(&p.b, EXS_PROV_CM_CONNECT_REQUEST, PT_TIMEOUT_MS, &ev);
+        if (i % 2)
+            close(fds[i]); /* reset: the request is marked, still the consumer's */
+    }
+    pt_sleep_ms(20);
+    pt_ops->listener_destroy(p.lis);
+    p.lis = NULL;
+    for (int i = 0; i < 4; i += 2)
+        ck_assert_msg(pt_raw_closed_within(fds[i], PT_TIMEOUT_MS),
+                      "request %d: the provider kept the socket", i);
+    for (int i = 0; i < 4; i += 2)
+        close(fds[i]);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_req_suite(void)
 {
     Suite *s = suite_create("prov_req");
@@ -113,6 +143,7 @@ Suite *prov_req_suite(void)
 
     tcase_add_test(tc, req_peer_reset_then_answer);
     tcase_add_test(tc, req_listener_destroy_unanswered);
+    tcase_add_test(tc, req_listener_destroy_reset_unanswered);
     suite_add_tcase(s, tc);
     return s;
 }
