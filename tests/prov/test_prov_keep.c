@@ -3,6 +3,7 @@
  * grants hold their mr, and a revoke after the grant took effect leaves the ep up. */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tests/prov/prov_test.h"
 
@@ -63,6 +64,33 @@ START_TEST(keep_mr_dereg_busy_while_granted)
 }
 END_TEST
 
+/* A consumer bug: mem_free of memory with a live grant. The memory is kept, so the peer's
+ * WRITE lands in memory nobody else was given (ASan sees a write into freed memory
+ * otherwise); after revoke, mem_free frees it. */
+START_TEST(keep_mem_free_with_live_grant)
+{
+    struct pt_pair p;
+    struct pt_buf *src;
+    struct exs_prov_mr *mr = NULL;
+    struct exs_prov_grant *g = NULL;
+    struct exs_prov_cqe c;
+
+    pt_pair_setup(&p, NULL, NULL);
+    src = pt_pair_buf(&p, 'a', 4096, LW, 0x3C);
+    ck_assert_int_eq(pt_ops->mem_alloc(p.b.ctx, 4096, &mr), 0);
+    memset(mr->addr, 0, 4096);
+    ck_assert_int_eq(pt_ops->grant(p.eb, mr, mr->addr, 4096, EXS_PROV_ACCESS_REMOTE_WRITE, &g), 0);
+    pt_ops->mem_free(mr); /* logged, kept */
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 1, EXS_PROV_WR_RDMA_WRITE, SIG, src, 0, 4096, 0, g->addr, g->rkey), 0);
+    pt_expect_cqe(&p.a, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, &c);
+    ck_assert(pt_all_bytes(mr->addr, 4096, 0x3C));
+    pt_ops->revoke(g);
+    pt_ops->mem_free(mr); /* now it goes */
+    pt_pair_close(&p);
+}
+END_TEST
+
 /* The peer received a SEND posted after the grant (so the grant took effect: verbs binds
  * in send-queue order); the granting side never polled. Revoke then leaves the ep up, and
  * the connection still carries data both ways. */
@@ -104,6 +132,7 @@ Suite *prov_keep_suite(void)
 
     tcase_add_test(tc, keep_armed_completions_hold_slots);
     tcase_add_test(tc, keep_mr_dereg_busy_while_granted);
+    tcase_add_test(tc, keep_mem_free_with_live_grant);
     tcase_add_test(tc, keep_revoke_after_use_keeps_ep);
     suite_add_tcase(s, tc);
     return s;

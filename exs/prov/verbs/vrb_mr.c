@@ -232,10 +232,27 @@ int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **
     return 0;
 }
 
+/* A consumer bug: memory freed while a grant over it lives. The memory is kept (the peer's
+ * key still reaches it, and must not reach whatever it would be used for next); a later
+ * call, after revoke, frees it. */
+static int vrb_mr_granted(struct vrb_mr *mr, const char *what)
+{
+    unsigned n = __atomic_load_n(&mr->grants, __ATOMIC_RELAXED);
+
+    if (!n)
+        return 0;
+    EXS_ERR(PROV, "mr %p: %s with %u live grants: kept until they are revoked", (void *)mr, what,
+            n);
+    return 1;
+}
+
 void exs__vrb_mem_free(struct exs_prov_mr *m)
 {
     struct vrb_mr *mr = (struct vrb_mr *)m;
     struct vrb_ctx *ctx = vrb_ctx_of(mr->base.ctx);
+
+    if (vrb_mr_granted(mr, "mem_free"))
+        return;
 
     vrb_mr_hash_del(ctx, mr);
     if (mr->kind == VRB_MR_MCACHE) {
@@ -278,8 +295,15 @@ void exs__vrb_mr_put(struct exs_prov_mr *m)
     struct vrb_mr *mr = (struct vrb_mr *)m;
     struct vrb_ctx *ctx = vrb_ctx_of(mr->base.ctx);
 
+    if (vrb_mr_granted(mr, "mr_put"))
+        return;
+
     if (mr->kind != VRB_MR_RCACHE) {
-        exs__vrb_mr_dereg(m);
+        int ret = exs__vrb_mr_dereg(m);
+
+        if (ret)
+            EXS_ERR(PROV, "mr %p: mr_put: deregistration failed: %s (kept)", (void *)mr,
+                    strerror(-ret));
         return;
     }
     vrb_mr_hash_del(ctx, mr);
