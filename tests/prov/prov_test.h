@@ -188,6 +188,7 @@ Suite *prov_grant_suite(void);
 Suite *prov_req_suite(void);
 Suite *prov_cq_suite(void);
 Suite *prov_limits_suite(void);
+Suite *prov_keep_suite(void);
 
 /* A TCase with the per-test timeout applied. */
 TCase *pt_tcase(const char *name);

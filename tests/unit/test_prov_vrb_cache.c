@@ -556,6 +556,50 @@ START_TEST(counters_visible)
 }
 END_TEST
 
+/* ---- completion queue budget ---- */
+
+START_TEST(cq_plan_fits_without_resize)
+{
+    uint64_t r = 99;
+
+    ck_assert_int_eq(exs__vrb_cq_plan(1024, 0, 1024, 32767, &r), 0);
+    ck_assert_uint_eq(r, 0);
+    ck_assert_int_eq(exs__vrb_cq_plan(1024, 1000, 24, 32767, &r), 0);
+    ck_assert_uint_eq(r, 0);
+}
+END_TEST
+
+START_TEST(cq_plan_grows_double_or_to_need)
+{
+    uint64_t r = 0;
+
+    /* one entry over: twice the queue */
+    ck_assert_int_eq(exs__vrb_cq_plan(1024, 1024, 1, 32767, &r), 0);
+    ck_assert_uint_eq(r, 2048);
+    /* far over: exactly what is needed */
+    ck_assert_int_eq(exs__vrb_cq_plan(1024, 100, 9000, 32767, &r), 0);
+    ck_assert_uint_eq(r, 9100);
+    /* doubling would pass the device's limit: the limit */
+    ck_assert_int_eq(exs__vrb_cq_plan(20000, 20000, 10000, 32767, &r), 0);
+    ck_assert_uint_eq(r, 32767);
+}
+END_TEST
+
+START_TEST(cq_plan_refuses_beyond_device_max)
+{
+    uint64_t r = 7;
+
+    ck_assert_int_eq(exs__vrb_cq_plan(32767, 32767, 1, 32767, &r), -ENOBUFS);
+    ck_assert_uint_eq(r, 7); /* untouched on failure */
+    ck_assert_int_eq(exs__vrb_cq_plan(1024, 0, 32768, 32767, &r), -ENOBUFS);
+    ck_assert_int_eq(exs__vrb_cq_plan(1024, 30000, 2767, 32767, &r), 0);
+    ck_assert_uint_eq(r, 32767);
+    ck_assert_int_eq(exs__vrb_cq_plan(1024, 30000, 2768, 32767, &r), -ENOBUFS);
+    /* a sum that wraps is refused, not taken for a small one */
+    ck_assert_int_eq(exs__vrb_cq_plan(1024, UINT64_MAX - 1, 4, UINT64_MAX, &r), -ENOBUFS);
+}
+END_TEST
+
 Suite *prov_vrb_cache_suite(void)
 {
     Suite *s = suite_create("prov_vrb_cache");
@@ -582,6 +626,11 @@ Suite *prov_vrb_cache_suite(void)
     tcase_add_test(tc, qpc_full_evicts_oldest);
     tcase_add_test(tc, qpc_off_destroys);
     tcase_add_test(tc, counters_visible);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("cqplan");
+    tcase_add_test(tc, cq_plan_fits_without_resize);
+    tcase_add_test(tc, cq_plan_grows_double_or_to_need);
+    tcase_add_test(tc, cq_plan_refuses_beyond_device_max);
     suite_add_tcase(s, tc);
     return s;
 }

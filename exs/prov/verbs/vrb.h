@@ -22,9 +22,13 @@
  *         event fd is an epoll fd over the three.
  *   ep    an RC QP created by us (not rdma_create_qp: the QP cache needs QPs that outlive
  *         cm ids), moved through INIT/RTR/RTS with rdma_init_qp_attr + ibv_modify_qp.
- *   wr_id of every posted verbs work request = epid << 40 | recv << 39 | sequence, so a
- *         completion finds its ep (or is dropped when the ep is gone) and retires the
- *         unsignaled requests before it.
+ *   wr_id of every posted verbs work request = epid << 40 | recv << 39 | internal << 38 |
+ *         sequence, so a completion finds its ep (or is dropped when the ep is gone) and
+ *         retires the unsignaled requests before it; internal requests (window binds) have
+ *         their own sequence and room and never reach ctx_poll.
+ *   grant a type 2 memory window bound to the ep's QP (vrb_grant.c), over a registration
+ *         of exactly the range where the device checks a window's range against its MR only
+ *         (rxe), or a registration per grant where type 2 windows are missing.
  * Locks: ctx->cm_lock (cm events, ids, listeners, requests) > ctx->lock (CQ, completion
  *         ring, ep hash, software cm events) > ep->lock (queues' bookkeeping).
  */
@@ -37,7 +41,9 @@
 #define VRB_MAX_SGE     32u
 #define VRB_EPID_SHIFT  40
 #define VRB_RECV_BIT    (1ull << 39)
-#define VRB_SEQ_MASK    (VRB_RECV_BIT - 1)
+#define VRB_INT_BIT     (1ull << 38) /* an internal request (window bind) */
+#define VRB_SEQ_MASK    (VRB_INT_BIT - 1)
+#define VRB_INT_ROOM    32u /* send queue entries per ep for internal requests, beyond max_send_wr */
 #define VRB_RESOLVE_MS  2000
 
 enum vrb_kind { VRB_K_EP = 1, VRB_K_LIS, VRB_K_REQ };
@@ -59,6 +65,18 @@ struct vrb_counters {
     uint64_t sq_full;
     uint64_t connect_ns_total; /* connect() to ESTABLISHED, active side */
     uint64_t connects_timed;
+    uint64_t grants;
+    uint64_t revokes;
+    uint64_t revokes_early; /* revoked before the bind executed: the ep was ended */
+    uint64_t grant_fails;
+    uint64_t ep_nobufs; /* ep_create refused: the completion queue cannot hold the ep */
+};
+
+/* How grants are made (ctx->grant_mode; spec/provider.md, "verbs provider mapping"). */
+enum vrb_grant_mode {
+    VRB_GRANT_MW = 1, /* type 2 window bound to the QP, over the caller's mr */
+    VRB_GRANT_MW_MR,  /* type 2 window bound to the QP, over a registration of exactly the range */
+    VRB_GRANT_MR,     /* a registration of exactly the range and right (no window) */
 };
 
 /* Kept per outstanding work request: the user's wr_id, and the first sges, to tell a local
@@ -83,6 +101,7 @@ struct vrb_rwr {
 #define VRB_MR_HASH 256u
 
 struct vrb_ctx;
+struct vrb_grant;
 
 struct vrb_ep {
     struct exs_prov_ep base;
@@ -120,8 +139,13 @@ struct vrb_ep {
     struct vrb_rwr *rq;
     uint32_t rq_cap;
     uint64_t rq_head, rq_tail;
-    struct exs_list hlink; /* ctx->ep_hash (ctx->lock) */
-    struct exs_list link;  /* ctx->eps (ctx->lock) */
+    /* internal requests (lock): window binds posted and not completed */
+    uint32_t int_room; /* send queue entries for them (0: grants need none) */
+    uint32_t int_out;
+    uint64_t int_seq;
+    struct exs_list grants; /* vrb_grant not yet freed (lock) */
+    struct exs_list hlink;  /* ctx->ep_hash (ctx->lock) */
+    struct exs_list link;   /* ctx->eps (ctx->lock) */
 };
 
 struct vrb_listener {
@@ -142,6 +166,12 @@ struct vrb_req {
     int broken; /* the active side gave up */
     uint8_t resp_res, init_depth;
     struct exs_list link; /* lis->reqs */
+};
+
+/* A completion taken from the CQ, kept for ctx_poll: its slot is retired when returned. */
+struct vrb_kept {
+    struct exs_prov_cqe cqe;
+    uint64_t retire; /* VRB_RECV_BIT | (sequence + 1) of its ep's queue */
 };
 
 struct vrb_cm_node {
@@ -173,8 +203,9 @@ struct vrb_ctx {
     uint16_t udp_port; /* network order */
     uint64_t tok_base;
     struct exs_list disc_wait; /* eps holding DISCONNECTED (cm_lock) */
-    /* completions polled but not yet returned (lock) */
-    struct exs_prov_cqe *ring;
+    /* completions polled from the CQ but not yet returned (lock); their work requests keep
+     * their queue slots until ctx_poll returns them */
+    struct vrb_kept *ring;
     uint32_t ring_cap, ring_head, ring_count;
     struct exs_list cm_sw; /* vrb_cm_node (lock) */
     struct exs_list ep_hash[VRB_EP_HASH];
@@ -192,6 +223,8 @@ struct vrb_ctx {
     struct vrb_mcache mc;
     struct vrb_regcache rc;
     int pagemap_fd; /* /proc/self/pagemap for the registration cache's page check, or -1 */
+    enum vrb_grant_mode grant_mode;
+    uint64_t rng; /* key bytes: a splitmix64 counter, seeded from getrandom (atomic) */
 };
 
 static inline struct vrb_ctx *vrb_ctx_of(struct exs_prov_ctx *c)
@@ -214,6 +247,9 @@ void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev);
 /* Drop queued CONNECT_REQUESTs of a listener being destroyed (their requests go with it). */
 void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *lis);
 void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep);
+/* Poll the CQ into the kept completions (ctx->lock taken; call without ep->lock): the
+ * provider's own completions are consumed on the way, the others kept in order. */
+void exs__vrb_cq_reap(struct vrb_ctx *ctx);
 /* Remove ep from the hash and purge its queued completions and cm events. */
 void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep);
 
@@ -263,11 +299,41 @@ void exs__vrb_dereg_cb(void *arg, void *handle);
 /* 1 when every sge lies inside an mr of ctx (with LOCAL_WRITE when need_lw). */
 int exs__vrb_mr_covers(struct vrb_ctx *ctx, const struct exs_prov_sge *sge, int n, int need_lw);
 
+/* Count a grant made (+1) or revoked (-1) over mr: mr_dereg refuses -EBUSY while any lives. */
+void exs__vrb_mr_grants_add(struct exs_prov_mr *mr, int delta);
+/* The ibv_mr behind a provider mr (for window binds). */
+struct ibv_mr *exs__vrb_mr_ibv(struct exs_prov_mr *mr);
+/* Extra ibv access flags every registration needs for grants (IBV_ACCESS_MW_BIND or 0). */
+int exs__vrb_mr_extra(const struct vrb_ctx *ctx);
+
+/* vrb_grant.c */
+/* Choose ctx->grant_mode from the device (and EXS_VRB_GRANT), seed the key generator, log
+ * the choice at INFO. */
+void exs__vrb_grant_init(struct vrb_ctx *ctx);
+const char *exs__vrb_grant_mode_str(enum vrb_grant_mode mode);
+int exs__vrb_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
+                   unsigned access, struct exs_prov_grant **grant_p);
+void exs__vrb_revoke(struct exs_prov_grant *grant);
+/* An internal completion (wr_id & VRB_INT_BIT) of ep; ep->lock held. Returns a grant to
+ * release with exs__vrb_grant_release once the lock is dropped, or NULL. */
+struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *wc);
+void exs__vrb_grant_release(struct vrb_grant *g);
+/* ep_destroy, QP already out of use: release what binds left behind. */
+void exs__vrb_grants_drop(struct vrb_ep *ep);
+
 /* vrb_data.c */
 int exs__vrb_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
 int exs__vrb_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
-/* Turn one work completion into a cqe (0) or drop it (-1: its ep is gone). ctx->lock held. */
-int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe);
+/* Turn one work completion into a cqe (0) or drop it (-1: its ep is gone, or it was the
+ * provider's own). ctx->lock held. With retire_p NULL the request's queue slot (and the
+ * unsignaled ones before it) is retired now; else *retire_p says what to retire once the
+ * cqe is returned (exs__vrb_retire). */
+int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
+                        uint64_t *retire_p);
+/* Retire a kept completion's slot as it is returned. ctx->lock held. */
+void exs__vrb_retire(struct exs_prov_ep *ep, uint64_t retire);
 enum exs_prov_wc_status exs__vrb_wc_status(enum ibv_wc_status st);
+/* ep->lock held: move the QP to ERR so that it flushes (and the ep to ERROR). */
+void exs__vrb_ep_kill_locked(struct vrb_ep *ep);
 
 #endif

@@ -114,7 +114,7 @@ struct vrb_rc_entry {
     uintptr_t start, end; /* registered [start, end), page aligned */
     void *handle;
     uint32_t lkey, rkey;
-    unsigned refs; /* users holding it; never evicted while > 0 */
+    unsigned refs;  /* users holding it; never evicted while > 0 */
     uint64_t ident; /* ops.ident of the pages when registered */
     int cached;     /* in rc->lru; 0: dropped at the last put (stale or unverifiable) */
 };
@@ -181,5 +181,12 @@ void exs__vrb_qpc_put(struct vrb_qpcache *qc, void *qp, const struct vrb_qpc_cap
 /* Register / unregister the counter sets of the caches ("prov.verbs.mcache", ...). */
 void exs__vrb_cache_counters(struct vrb_mcache *mc, struct vrb_regcache *rc, struct vrb_qpcache *qc,
                              int on);
+
+/* ---- completion queue budget ---- */
+/* The ctx CQ holds every completion its eps can produce (spec/provider.md): reserving n more
+ * entries in a CQ of cap entries, need of them reserved already, that can grow to max_cqe.
+ * Returns 0 with *resize_p = 0 when it fits as it is, 0 with *resize_p = the size to resize
+ * to (twice cap, at least need + n, at most max_cqe), or -ENOBUFS when need + n > max_cqe. */
+int exs__vrb_cq_plan(uint64_t cap, uint64_t need, uint64_t n, uint64_t max_cqe, uint64_t *resize_p);
 
 #endif

@@ -358,22 +358,54 @@ static struct ibv_qp *vrb_qp_create(struct vrb_ctx *ctx, const struct vrb_qpc_ca
     return qp;
 }
 
-static void vrb_cq_grow(struct vrb_ctx *ctx, uint64_t add)
+/* Reserve room for n more completions in the ctx CQ, growing it (ibv_resize_cq) up to the
+ * device's max_cqe: -ENOBUFS when it cannot hold them. */
+static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
 {
-    pthread_mutex_lock(&ctx->lock);
-    ctx->cq_need += add;
-    if (ctx->cq_need > (uint64_t)ctx->cq_cap && ctx->cq_cap < ctx->dattr.max_cqe) {
-        int want = (int)EXS_MIN((uint64_t)ctx->dattr.max_cqe, ctx->cq_need * 2);
+    uint64_t resize = 0;
+    int ret;
 
-        if (ibv_resize_cq(ctx->cq, want) == 0) {
+    pthread_mutex_lock(&ctx->lock);
+    ret = exs__vrb_cq_plan((uint64_t)ctx->cq_cap, ctx->cq_need, n,
+                           (uint64_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap), &resize);
+    if (!ret && resize) {
+        if (ibv_resize_cq(ctx->cq, (int)resize) == 0) {
             ctx->cq_cap = ctx->cq->cqe;
             EXS_CNT_INC(ctx->cnt.cq_resizes);
+            if (ctx->cq_need + n > (uint64_t)ctx->cq_cap)
+                ret = -ENOBUFS;
         } else {
-            EXS_WARN(PROV, "ctx %p: cq resize to %d failed; %llu entries may be needed",
-                     (void *)ctx, want, (unsigned long long)ctx->cq_need);
+            EXS_WARN(PROV, "ctx %p: ibv_resize_cq to %llu failed: %m", (void *)ctx,
+                     (unsigned long long)resize);
+            ret = -ENOBUFS;
         }
     }
+    if (!ret)
+        ctx->cq_need += n;
     pthread_mutex_unlock(&ctx->lock);
+    if (ret) {
+        EXS_CNT_INC(ctx->cnt.ep_nobufs);
+        EXS_WARN(PROV,
+                 "ctx %p: completion queue (%d, device max %d) cannot hold %llu more "
+                 "entries (%llu reserved): ep refused",
+                 (void *)ctx, ctx->cq_cap, ctx->dattr.max_cqe, (unsigned long long)n,
+                 (unsigned long long)ctx->cq_need);
+    }
+    return ret;
+}
+
+static void vrb_cq_release(struct vrb_ctx *ctx, uint64_t n)
+{
+    pthread_mutex_lock(&ctx->lock);
+    ctx->cq_need -= EXS_MIN(n, ctx->cq_need);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* Every completion an ep can produce: its send queue, the provider's own requests, its
+ * receive queue. */
+static uint64_t vrb_ep_cqes(const struct vrb_ep *ep)
+{
+    return (uint64_t)ep->base.attr.max_send_wr + ep->int_room + ep->base.attr.max_recv_wr;
 }
 
 int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *attr,
@@ -385,6 +417,8 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     struct ibv_qp_attr qa;
     struct vrb_ep *ep;
     int ret;
+
+    uint32_t room = ctx->grant_mode == VRB_GRANT_MR ? 0 : VRB_INT_ROOM;
 
     if (!attr || !attr->max_send_wr || attr->max_send_wr > caps->max_send_wr ||
         !attr->max_recv_wr || attr->max_recv_wr > caps->max_recv_wr ||
@@ -402,6 +436,8 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->hlink);
     exs_list_init(&ep->link);
     exs_list_init(&ep->disc_link);
+    exs_list_init(&ep->grants);
+    ep->int_room = room;
     ep->sq_cap = attr->max_send_wr;
     ep->rq_cap = attr->max_recv_wr;
     ep->sq = calloc(ep->sq_cap, sizeof(*ep->sq));
@@ -410,7 +446,11 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
         ret = -ENOMEM;
         goto fail;
     }
-    want.max_send_wr = attr->max_send_wr;
+    ret = vrb_cq_reserve(ctx, vrb_ep_cqes(ep));
+    if (ret)
+        goto fail;
+    /* window binds get room of their own: they never take what max_send_wr granted */
+    want.max_send_wr = attr->max_send_wr + room;
     want.max_recv_wr = attr->max_recv_wr;
     want.max_inline = attr->max_inline;
     want.max_sge = caps->max_sge;
@@ -420,7 +460,7 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     if (!ep->qp) {
         ret = errno ? -errno : -ENOMEM;
         EXS_ERR(PROV, "ctx %p: ibv_create_qp: %s", (void *)ctx, strerror(-ret));
-        goto fail;
+        goto err_release_cq;
     }
     memset(&qa, 0, sizeof(qa));
     qa.qp_state = IBV_QPS_INIT;
@@ -434,15 +474,16 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
         EXS_ERR(PROV, "ctx %p: QP to INIT: %s", (void *)ctx, strerror(-ret));
         exs__vrb_qp_destroy_cb(ctx, ep->qp);
         ep->qp = NULL;
-        goto fail;
+        goto err_release_cq;
     }
     __atomic_store_n(&ep->state, EXS_PROV_EP_IDLE, __ATOMIC_RELAXED);
-    vrb_cq_grow(ctx, (uint64_t)attr->max_send_wr + attr->max_recv_wr);
     exs__vrb_ep_hash_add(ctx, ep);
     ep->tok = ctx->tok_base ^ ((uint64_t)ep->epid * 0x9E3779B97F4A7C15ull);
     EXS_DBG(PROV, "ep %p: qp %u epid %u", (void *)ep, ep->qp->qp_num, ep->epid);
     *ep_p = &ep->base;
     return 0;
+err_release_cq:
+    vrb_cq_release(ctx, vrb_ep_cqes(ep));
 fail:
     free(ep->sq);
     free(ep->rq);
@@ -475,13 +516,15 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
     pthread_mutex_unlock(&ctx->cm_lock);
     /* no completion or event names the ep after this */
     exs__vrb_ep_forget(ctx, ep);
-    pthread_mutex_lock(&ctx->lock);
-    ctx->cq_need -= (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr;
-    pthread_mutex_unlock(&ctx->lock);
-    if (ibv_modify_qp(ep->qp, &qa, IBV_QP_STATE) == 0)
+    vrb_cq_release(ctx, vrb_ep_cqes(ep));
+    if (ibv_modify_qp(ep->qp, &qa, IBV_QP_STATE) == 0) {
+        /* binds still queued are gone with the reset: release their windows */
+        exs__vrb_grants_drop(ep);
         exs__vrb_qpc_put(&ctx->qpc, ep->qp, &ep->qcaps);
-    else
+    } else {
         exs__vrb_qp_destroy_cb(ctx, ep->qp);
+        exs__vrb_grants_drop(ep);
+    }
     free(ep->sq);
     free(ep->rq);
     pthread_mutex_destroy(&ep->lock);
@@ -590,8 +633,14 @@ int exs__vrb_listener_addr(struct exs_prov_listener *l, struct sockaddr_storage 
 
 static void vrb_req_free(struct vrb_req *req, int reject)
 {
-    if (reject)
-        rdma_reject(req->id, NULL, 0);
+    if (reject && !req->broken) {
+        /* with our header, so that the active side sees REJECTED, not UNREACHABLE */
+        uint8_t buf[VRB_PD_HDR];
+
+        vrb_pd_hdr(buf, NULL, 0, 0, 0);
+        if (rdma_reject(req->id, buf, VRB_PD_HDR))
+            EXS_DBG(PROV, "rdma_reject: %m (the peer gave up)");
+    }
     req->id->context = NULL;
     rdma_destroy_id(req->id);
     exs_list_del(&req->link);
@@ -702,9 +751,9 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
         return -EISCONN;
     }
     if (req->broken) {
-        vrb_req_free(req, 1);
+        /* the request stays the consumer's: reject releases it */
         pthread_mutex_unlock(&ctx->cm_lock);
-        return -ECONNABORTED;
+        return -ECONNRESET;
     }
     rres = (uint8_t)EXS_MIN(vrb_rd_res(ctx), EXS_MAX(req->init_depth, 1));
     idepth = (uint8_t)EXS_MIN(vrb_rd_init(ctx), EXS_MAX(req->resp_res, 1));
@@ -713,8 +762,7 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     ret = vrb_qp_to_rts(ep, ep->id, rres, idepth);
     if (ret) {
         EXS_ERR(PROV, "ep %p: accept: QP to RTS: %s", (void *)ep, strerror(-ret));
-        ep->id = NULL;
-        vrb_req_free(req, 1);
+        ep->id = NULL; /* the request is still the consumer's, to reject */
         exs__vrb_ep_set_error(ep);
         pthread_mutex_unlock(&ctx->cm_lock);
         return ret;
@@ -736,8 +784,9 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     if (rdma_accept(ep->id, &cp)) {
         ret = -errno;
         EXS_DBG(PROV, "ep %p: rdma_accept: %s", (void *)ep, strerror(-ret));
+        ep->id->context = &req->cmo; /* the request is still the consumer's, to reject */
         ep->id = NULL;
-        vrb_req_free(req, 0);
+        req->broken = 1;
         exs__vrb_ep_set_error(ep);
         pthread_mutex_unlock(&ctx->cm_lock);
         return ret;
@@ -753,18 +802,19 @@ int exs__vrb_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     struct vrb_req *req = (struct vrb_req *)r;
     struct vrb_ctx *ctx;
     uint8_t buf[VRB_PD_HDR + VRB_PD_MAX];
-    int ret = 0;
 
     if (!req || pdlen > VRB_PD_MAX || (pdlen && !pd))
         return -EINVAL;
     ctx = req->lis->ctx;
     vrb_pd_hdr(buf, pd, pdlen, 0, 0);
     pthread_mutex_lock(&ctx->cm_lock);
-    if (rdma_reject(req->id, buf, (uint8_t)(VRB_PD_HDR + pdlen)))
-        ret = -errno;
+    /* The request is released whatever happens: a peer that gave up meanwhile (broken,
+     * or its cm already gone when rdma_reject runs) has nothing left to be told. */
+    if (!req->broken && rdma_reject(req->id, buf, (uint8_t)(VRB_PD_HDR + pdlen)))
+        EXS_DBG(PROV, "ctx %p: rdma_reject: %m (the peer gave up)", (void *)ctx);
     vrb_req_free(req, 0);
     pthread_mutex_unlock(&ctx->cm_lock);
-    return ret;
+    return 0;
 }
 
 int exs__vrb_disconnect(struct exs_prov_ep *e)

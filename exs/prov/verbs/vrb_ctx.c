@@ -34,6 +34,13 @@ static const struct exs_counter_desc vrb_counter_desc[] = {
     EXS_COUNTER(struct vrb_counters, sq_full, "post_send refused: send queue full"),
     EXS_COUNTER(struct vrb_counters, connect_ns_total, "sum of connect-to-ESTABLISHED times, ns"),
     EXS_COUNTER(struct vrb_counters, connects_timed, "connects in connect_ns_total"),
+    EXS_COUNTER(struct vrb_counters, grants, "remote access grants made"),
+    EXS_COUNTER(struct vrb_counters, revokes, "grants revoked"),
+    EXS_COUNTER(struct vrb_counters, revokes_early,
+                "grants revoked before their bind ran (the ep was ended)"),
+    EXS_COUNTER(struct vrb_counters, grant_fails, "grants refused"),
+    EXS_COUNTER(struct vrb_counters, ep_nobufs,
+                "ep_create refused: the completion queue cannot hold the ep"),
 };
 
 /* ---- device probing ---- */
@@ -171,11 +178,11 @@ static uint32_t vrb_probe_inline(struct vrb_ctx *ctx, uint32_t want)
 
 /* ---- completion ring (ctx->lock) ---- */
 
-static int vrb_ring_push(struct vrb_ctx *ctx, const struct exs_prov_cqe *c)
+static int vrb_ring_push(struct vrb_ctx *ctx, const struct vrb_kept *c)
 {
     if (ctx->ring_count == ctx->ring_cap) {
         uint32_t ncap = ctx->ring_cap ? ctx->ring_cap * 2 : 256;
-        struct exs_prov_cqe *n = malloc(ncap * sizeof(*n));
+        struct vrb_kept *n = malloc(ncap * sizeof(*n));
 
         if (!n)
             return -ENOMEM;
@@ -195,16 +202,32 @@ static int vrb_ring_push(struct vrb_ctx *ctx, const struct exs_prov_cqe *c)
 static int vrb_cq_to_ring(struct vrb_ctx *ctx)
 {
     struct ibv_wc wc[VRB_POLL_MAX];
-    struct exs_prov_cqe c;
+    struct vrb_kept k;
     int n, added = 0;
 
     do {
         n = ibv_poll_cq(ctx->cq, VRB_POLL_MAX, wc);
-        for (int i = 0; i < n; i++)
-            if (exs__vrb_wc_convert(ctx, &wc[i], &c) == 0 && vrb_ring_push(ctx, &c) == 0)
+        for (int i = 0; i < n; i++) {
+            if (exs__vrb_wc_convert(ctx, &wc[i], &k.cqe, &k.retire) != 0)
+                continue;
+            if (vrb_ring_push(ctx, &k) == 0) {
                 added++;
+            } else {
+                /* no memory to keep it: give its slot back, say what was lost */
+                EXS_ERR(PROV, "ctx %p: completion of ep %p (wr_id %llu) lost: no memory",
+                        (void *)ctx, (void *)k.cqe.ep, (unsigned long long)k.cqe.wr_id);
+                exs__vrb_retire(k.cqe.ep, k.retire);
+            }
+        }
     } while (n == VRB_POLL_MAX);
     return added;
+}
+
+void exs__vrb_cq_reap(struct vrb_ctx *ctx)
+{
+    pthread_mutex_lock(&ctx->lock);
+    vrb_cq_to_ring(ctx);
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep)
@@ -229,9 +252,9 @@ void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep)
     exs_list_del(&ep->hlink);
     exs_list_del(&ep->link);
     for (uint32_t i = 0; i < ctx->ring_count; i++) {
-        struct exs_prov_cqe *c = &ctx->ring[(ctx->ring_head + i) % ctx->ring_cap];
+        struct vrb_kept *c = &ctx->ring[(ctx->ring_head + i) % ctx->ring_cap];
 
-        if (c->ep != &ep->base)
+        if (c->cqe.ep != &ep->base)
             ctx->ring[(ctx->ring_head + keep++) % ctx->ring_cap] = *c;
     }
     ctx->ring_count = keep;
@@ -321,7 +344,9 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         return 0;
     pthread_mutex_lock(&ctx->lock);
     while (n < max && ctx->ring_count) {
-        cqe[n++] = ctx->ring[ctx->ring_head];
+        cqe[n] = ctx->ring[ctx->ring_head].cqe;
+        exs__vrb_retire(cqe[n].ep, ctx->ring[ctx->ring_head].retire);
+        n++;
         ctx->ring_head = (ctx->ring_head + 1) % ctx->ring_cap;
         ctx->ring_count--;
     }
@@ -332,7 +357,7 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         if (got <= 0)
             break;
         for (int i = 0; i < got; i++)
-            if (exs__vrb_wc_convert(ctx, &wc[i], &cqe[n]) == 0)
+            if (exs__vrb_wc_convert(ctx, &wc[i], &cqe[n], NULL) == 0)
                 n++;
         if (got < want)
             break;
@@ -525,8 +550,8 @@ static int vrb_addr_device(const char *addr, char *name, size_t len, int *port_p
  * by address (EXS_VRB_ADDR), else the first device with an active port. */
 static int vrb_select(struct vrb_ctx *ctx, const struct exs_prov_attr *attr, int n)
 {
-    const char *spec = attr && attr->device && attr->device[0] ? attr->device
-                                                                 : exs__params.vrb_device;
+    const char *spec =
+        attr && attr->device && attr->device[0] ? attr->device : exs__params.vrb_device;
     char want[EXS_PARAM_STR_MAX] = "", by_addr[EXS_PARAM_STR_MAX] = "";
     int want_port = 0, addr_port = 0, ret;
     char *colon;
@@ -634,20 +659,19 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     for (unsigned i = 0; i < VRB_MR_HASH; i++)
         exs_list_init(&ctx->mr_hash[i]);
     ctx->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-    rops = (struct vrb_reg_ops){.reg = exs__vrb_reg_cb,
-                                .dereg = exs__vrb_dereg_cb,
-                                .ident = exs__vrb_ident_cb,
-                                .arg = ctx};
+    rops = (struct vrb_reg_ops){
+        .reg = exs__vrb_reg_cb, .dereg = exs__vrb_dereg_cb, .ident = exs__vrb_ident_cb, .arg = ctx};
     exs__vrb_qpc_init(&ctx->qpc, (unsigned)EXS_MIN(exs__params.vrb_qp_cache, 65536u),
                       exs__vrb_qp_destroy_cb, ctx);
     exs__vrb_rc_init(&ctx->rc, (unsigned)EXS_MIN(exs__params.vrb_regcache_max, 1u << 20), &rops);
-    rops = (struct vrb_reg_ops){
-        .reg = exs__vrb_reg_local_cb, .dereg = exs__vrb_dereg_cb, .arg = ctx};
+    rops =
+        (struct vrb_reg_ops){.reg = exs__vrb_reg_local_cb, .dereg = exs__vrb_dereg_cb, .arg = ctx};
 
     if (exs__vrb_forked_child()) {
-        EXS_ERR(PROV, "verbs: this process was forked from one that had opened the RDMA "
-                      "devices (pid %d); librdmacm's contexts cannot be used here: exec a new "
-                      "program, or set EXS_PROVIDER=tcp",
+        EXS_ERR(PROV,
+                "verbs: this process was forked from one that had opened the RDMA "
+                "devices (pid %d); librdmacm's contexts cannot be used here: exec a new "
+                "program, or set EXS_PROVIDER=tcp",
                 (int)vrb_devices_pid);
         ret = -EOPNOTSUPP;
         goto fail;
@@ -668,6 +692,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         goto fail;
     }
     vrb_find_loop_addr(ctx);
+    exs__vrb_grant_init(ctx); /* before any registration: it decides their access flags */
     ctx->pd = ibv_alloc_pd(ctx->verbs);
     ctx->ch = ibv_create_comp_channel(ctx->verbs);
     ctx->cmch = rdma_create_event_channel();
@@ -708,11 +733,21 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | (ctx->max_inline ? EXS_PROV_CAP_INLINE : 0);
     ctx->base.caps.max_inline = ctx->max_inline;
     ctx->base.caps.max_sge = vrb_clamp32((uint64_t)ctx->dattr.max_sge, 1, VRB_MAX_SGE);
-    ctx->base.caps.max_send_wr = vrb_clamp32((uint64_t)ctx->dattr.max_qp_wr, 1, 1u << 20);
-    ctx->base.caps.max_recv_wr = ctx->base.caps.max_send_wr;
+    {
+        /* the provider's own requests (window binds) take VRB_INT_ROOM more; one ep of the
+         * largest depths must fit in the completion queue (ep_create reserves them all) */
+        uint64_t qp = (uint64_t)ctx->dattr.max_qp_wr;
+        uint64_t cq = (uint64_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap);
+
+        qp -= EXS_MIN(qp / 2, VRB_INT_ROOM);
+        cq = cq > 2 * VRB_INT_ROOM ? (cq - VRB_INT_ROOM) / 2 : 1;
+        ctx->base.caps.max_send_wr = vrb_clamp32(EXS_MIN(qp, cq), 1, 1u << 20);
+        ctx->base.caps.max_recv_wr = ctx->base.caps.max_send_wr;
+    }
     ctx->base.caps.max_private_data = VRB_PD_MAX;
     ctx->base.caps.max_msg_size = pa.max_msg_sz ? pa.max_msg_sz : (1ull << 31);
-    ctx->base.caps.max_cqe = (uint32_t)ctx->cq_cap;
+    /* what the CQ can grow to; ep_create reserves every completion of an ep in it */
+    ctx->base.caps.max_cqe = (uint32_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap);
 
     backing = exs__vrb_mc_backing_parse(exs__params.vrb_mem_alloc);
     if (backing < 0) {
@@ -772,6 +807,8 @@ struct exs_prov_ops exs__prov_verbs_ops = {
     .mem_free = exs__vrb_mem_free,
     .mr_get = exs__vrb_mr_get,
     .mr_put = exs__vrb_mr_put,
+    .grant = exs__vrb_grant,
+    .revoke = exs__vrb_revoke,
     .ep_create = exs__vrb_ep_create,
     .ep_destroy = exs__vrb_ep_destroy,
     .ep_state = exs__vrb_ep_state,

@@ -62,7 +62,21 @@ static struct vrb_ep *vrb_ep_lookup(struct vrb_ctx *ctx, uint32_t epid)
     return NULL;
 }
 
-int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe)
+void exs__vrb_retire(struct exs_prov_ep *e, uint64_t retire)
+{
+    struct vrb_ep *ep = vrb_ep_of(e);
+    uint64_t upto = retire & VRB_SEQ_MASK;
+
+    pthread_mutex_lock(&ep->lock);
+    if (retire & VRB_RECV_BIT)
+        ep->rq_head = EXS_MAX(ep->rq_head, upto);
+    else
+        ep->sq_head = EXS_MAX(ep->sq_head, upto);
+    pthread_mutex_unlock(&ep->lock);
+}
+
+int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
+                        uint64_t *retire_p)
 {
     uint32_t epid = (uint32_t)(wc->wr_id >> VRB_EPID_SHIFT);
     uint64_t seq = wc->wr_id & VRB_SEQ_MASK;
@@ -70,6 +84,18 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
 
     if (!ep) {
         EXS_CNT_INC(ctx->cnt.stale_cqes);
+        return -1;
+    }
+    if (wc->wr_id & VRB_INT_BIT) {
+        /* a window bind: the provider's own, never shown to ctx_poll's caller, and not
+         * a retirement of the protocol's unsignaled requests (those stay counted until
+         * a completion of their own, which errs on the safe side) */
+        struct vrb_grant *rel;
+
+        pthread_mutex_lock(&ep->lock);
+        rel = exs__vrb_int_complete(ep, wc);
+        pthread_mutex_unlock(&ep->lock);
+        exs__vrb_grant_release(rel);
         return -1;
     }
     memset(cqe, 0, sizeof(*cqe));
@@ -85,7 +111,10 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         const struct vrb_rwr *r = &ep->rq[seq % ep->rq_cap];
 
         cqe->wr_id = r->wr_id;
-        ep->rq_head = seq + 1;
+        if (retire_p)
+            *retire_p = VRB_RECV_BIT | (seq + 1);
+        else
+            ep->rq_head = seq + 1;
         if (wc->status == IBV_WC_LOC_QP_OP_ERR || wc->status == IBV_WC_LOC_PROT_ERR)
             cqe->status = exs__vrb_mr_covers(ctx, r->sge, r->nsge, 1) ? EXS_PROV_WC_LOC_LEN_ERR
                                                                       : EXS_PROV_WC_LOC_PROT_ERR;
@@ -116,7 +145,10 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
             !exs__vrb_mr_covers(ctx, s->sge, s->nsge, s->opcode == EXS_PROV_WR_RDMA_READ))
             cqe->status = EXS_PROV_WC_LOC_PROT_ERR;
         /* retires the unsignaled requests posted before it, as hardware does */
-        ep->sq_head = seq + 1;
+        if (retire_p)
+            *retire_p = seq + 1;
+        else
+            ep->sq_head = seq + 1;
     }
     if (wc->status == IBV_WC_SUCCESS && (wc->wc_flags & IBV_WC_WITH_IMM)) {
         cqe->imm_data = ntohl(wc->imm_data);
@@ -142,6 +174,17 @@ static void vrb_kick_flush(struct vrb_ep *ep)
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 
     (void)ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+}
+
+void exs__vrb_ep_kill_locked(struct vrb_ep *ep)
+{
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    int ret;
+
+    __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
+    ret = ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+    if (ret)
+        EXS_ERR(PROV, "ep %p: QP to ERR: %s", (void *)ep, strerror(ret));
 }
 
 static int vrb_sge_convert(struct vrb_ctx *ctx, const struct exs_prov_sge *in, int n,

@@ -21,11 +21,12 @@ enum vrb_mr_kind {
 
 struct vrb_mr {
     struct exs_prov_mr base;
-    struct ibv_mr *mr;        /* VRB_MR_OWN, VRB_MR_BIG */
+    struct ibv_mr *mr; /* VRB_MR_OWN, VRB_MR_BIG */
     enum vrb_mr_kind kind;
     struct vrb_mc_buf mc;     /* VRB_MR_MCACHE */
     struct vrb_rc_entry *rce; /* VRB_MR_RCACHE */
     size_t map_len;           /* VRB_MR_BIG: the mapping at base.addr */
+    unsigned grants;          /* live grants over it (atomic): mr_dereg refuses -EBUSY */
     struct exs_list link;     /* ctx->mr_hash */
 };
 
@@ -45,8 +46,7 @@ static void vrb_mr_hash_del(struct vrb_ctx *ctx, struct vrb_mr *mr)
 
 /* Fill in what the core sees of mr and make it known to the sge checks. */
 static void vrb_mr_publish(struct vrb_ctx *ctx, struct vrb_mr *mr, void *addr, size_t length,
-                           uint32_t lkey, uint32_t rkey, unsigned access,
-                           struct exs_prov_mr **mr_p)
+                           uint32_t lkey, uint32_t rkey, unsigned access, struct exs_prov_mr **mr_p)
 {
     mr->base.ctx = &ctx->base;
     mr->base.addr = addr;
@@ -100,6 +100,27 @@ static int vrb_access(unsigned access)
     return a;
 }
 
+int exs__vrb_mr_extra(const struct vrb_ctx *ctx)
+{
+    return ctx->grant_mode == VRB_GRANT_MW ? IBV_ACCESS_MW_BIND : 0;
+}
+
+struct ibv_mr *exs__vrb_mr_ibv(struct exs_prov_mr *m)
+{
+    struct vrb_mr *mr = (struct vrb_mr *)m;
+
+    switch (mr->kind) {
+    case VRB_MR_OWN:
+    case VRB_MR_BIG:
+        return mr->mr;
+    case VRB_MR_MCACHE:
+        return mr->mc.region ? mr->mc.region->handle : NULL;
+    case VRB_MR_RCACHE:
+        return mr->rce ? mr->rce->handle : NULL;
+    }
+    return NULL;
+}
+
 int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned access,
                     struct exs_prov_mr **mr_p)
 {
@@ -113,7 +134,7 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
     mr = calloc(1, sizeof(*mr));
     if (!mr)
         return -ENOMEM;
-    mr->mr = ibv_reg_mr(ctx->pd, addr, length, vrb_access(access));
+    mr->mr = ibv_reg_mr(ctx->pd, addr, length, vrb_access(access) | exs__vrb_mr_extra(ctx));
     if (!mr->mr && (errno == EFAULT || errno == EACCES || errno == EPERM || errno == EINVAL) &&
         (vrb_access(access) & IBV_ACCESS_LOCAL_WRITE)) {
         /* read-only pages (a string constant sent from): the device cannot write what the
@@ -133,6 +154,11 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
     return 0;
 }
 
+void exs__vrb_mr_grants_add(struct exs_prov_mr *m, int delta)
+{
+    __atomic_add_fetch(&((struct vrb_mr *)m)->grants, (unsigned)delta, __ATOMIC_RELAXED);
+}
+
 int exs__vrb_mr_dereg(struct exs_prov_mr *m)
 {
     struct vrb_mr *mr = (struct vrb_mr *)m;
@@ -143,6 +169,10 @@ int exs__vrb_mr_dereg(struct exs_prov_mr *m)
         return -EINVAL;
     if (mr->kind != VRB_MR_OWN)
         return -EINVAL;
+    if (__atomic_load_n(&mr->grants, __ATOMIC_RELAXED)) {
+        EXS_DBG(PROV, "mr %p: %u grants live, not deregistered", (void *)mr, mr->grants);
+        return -EBUSY;
+    }
     ctx = vrb_ctx_of(mr->base.ctx);
     vrb_mr_hash_del(ctx, mr);
     ret = ibv_dereg_mr(mr->mr);
@@ -182,13 +212,13 @@ int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **
         /* larger than a cache region: a mapping of its own, registered for local use */
         mr->kind = VRB_MR_BIG;
         mr->map_len = (len + VRB_MC_PAGE - 1) & ~(size_t)(VRB_MC_PAGE - 1);
-        addr = mmap(NULL, mr->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                    -1, 0);
+        addr = mmap(NULL, mr->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (addr == MAP_FAILED) {
             free(mr);
             return -ENOMEM;
         }
-        mr->mr = ibv_reg_mr(ctx->pd, addr, mr->map_len, IBV_ACCESS_LOCAL_WRITE);
+        mr->mr =
+            ibv_reg_mr(ctx->pd, addr, mr->map_len, IBV_ACCESS_LOCAL_WRITE | exs__vrb_mr_extra(ctx));
         if (!mr->mr) {
             ret = errno ? -errno : -ENOMEM;
             munmap(addr, mr->map_len);
@@ -202,10 +232,27 @@ int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **
     return 0;
 }
 
+/* A consumer bug: memory freed while a grant over it lives. The memory is kept (the peer's
+ * key still reaches it, and must not reach whatever it would be used for next); a later
+ * call, after revoke, frees it. */
+static int vrb_mr_granted(struct vrb_mr *mr, const char *what)
+{
+    unsigned n = __atomic_load_n(&mr->grants, __ATOMIC_RELAXED);
+
+    if (!n)
+        return 0;
+    EXS_ERR(PROV, "mr %p: %s with %u live grants: kept until they are revoked", (void *)mr, what,
+            n);
+    return 1;
+}
+
 void exs__vrb_mem_free(struct exs_prov_mr *m)
 {
     struct vrb_mr *mr = (struct vrb_mr *)m;
     struct vrb_ctx *ctx = vrb_ctx_of(mr->base.ctx);
+
+    if (vrb_mr_granted(mr, "mem_free"))
+        return;
 
     vrb_mr_hash_del(ctx, mr);
     if (mr->kind == VRB_MR_MCACHE) {
@@ -248,8 +295,15 @@ void exs__vrb_mr_put(struct exs_prov_mr *m)
     struct vrb_mr *mr = (struct vrb_mr *)m;
     struct vrb_ctx *ctx = vrb_ctx_of(mr->base.ctx);
 
+    if (vrb_mr_granted(mr, "mr_put"))
+        return;
+
     if (mr->kind != VRB_MR_RCACHE) {
-        exs__vrb_mr_dereg(m);
+        int ret = exs__vrb_mr_dereg(m);
+
+        if (ret)
+            EXS_ERR(PROV, "mr %p: mr_put: deregistration failed: %s (kept)", (void *)mr,
+                    strerror(-ret));
         return;
     }
     vrb_mr_hash_del(ctx, mr);
@@ -295,7 +349,8 @@ int exs__vrb_reg_local_cb(void *arg, void *addr, size_t len, void **handle_p, ui
                           uint32_t *rkey_p)
 {
     struct vrb_ctx *ctx = arg;
-    struct ibv_mr *mr = ibv_reg_mr(ctx->pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_mr *mr =
+        ibv_reg_mr(ctx->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | exs__vrb_mr_extra(ctx));
 
     if (!mr)
         return errno ? -errno : -ENOMEM;
@@ -310,9 +365,9 @@ int exs__vrb_reg_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t
                     uint32_t *rkey_p)
 {
     struct vrb_ctx *ctx = arg;
-    struct ibv_mr *mr =
-        ibv_reg_mr(ctx->pd, addr, len,
-                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    struct ibv_mr *mr = ibv_reg_mr(ctx->pd, addr, len,
+                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                       IBV_ACCESS_REMOTE_READ | exs__vrb_mr_extra(ctx));
 
     if (!mr)
         return errno ? -errno : -ENOMEM;

@@ -1,0 +1,329 @@
+/* SPDX-License-Identifier: MIT */
+/* Verbs provider remote access grants: type 2 memory windows bound to one QP, or a
+ * registration per grant where windows are missing (spec/provider.md). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "exs/prov/verbs/vrb.h"
+#include "exs/util/log.h"
+#include "exs/util/util.h"
+
+#define VRB_RXE_VENDOR 0xffffffu /* rdma_rxe's vendor_id */
+
+struct vrb_grant {
+    struct exs_prov_grant base;
+    struct ibv_mw *mw;    /* VRB_GRANT_MW, VRB_GRANT_MW_MR */
+    struct ibv_mr *sub;   /* VRB_GRANT_MW_MR, VRB_GRANT_MR: exactly the range */
+    uint64_t seq;         /* the bind's internal sequence */
+    int bind_done;        /* its completion was seen, or it can no longer run (ep->lock) */
+    int revoked;          /* revoke came before bind_done: released at the completion */
+    struct exs_list link; /* ep->grants (ep->lock) */
+};
+
+const char *exs__vrb_grant_mode_str(enum vrb_grant_mode mode)
+{
+    switch (mode) {
+    case VRB_GRANT_MW:
+        return "mw";
+    case VRB_GRANT_MW_MR:
+        return "mw_mr";
+    case VRB_GRANT_MR:
+        return "mr";
+    }
+    return "?";
+}
+
+static uint64_t vrb_rand64(struct vrb_ctx *ctx)
+{
+    /* splitmix64 over a counter: thread safe without a lock */
+    uint64_t z = __atomic_add_fetch(&ctx->rng, 0x9e3779b97f4a7c15ull, __ATOMIC_RELAXED);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void exs__vrb_grant_init(struct vrb_ctx *ctx)
+{
+    uint64_t f = ctx->dattr.device_cap_flags;
+    int have_mw2 = (f & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
+    const char *env = getenv("EXS_VRB_GRANT");
+    const char *why;
+    uint64_t seed;
+
+    if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) != (ssize_t)sizeof(seed))
+        seed = exs__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)ctx;
+    ctx->rng = seed;
+    if (!have_mw2) {
+        ctx->grant_mode = VRB_GRANT_MR;
+        why = "the device has no type 2 memory windows";
+    } else if (ctx->dattr.vendor_id == VRB_RXE_VENDOR) {
+        /* rxe (Linux 6.1) checks a window's range against the MR under it, not the
+         * window: the MR must be exactly the range */
+        ctx->grant_mode = VRB_GRANT_MW_MR;
+        why = "rxe checks window ranges against their MR only";
+    } else {
+        ctx->grant_mode = VRB_GRANT_MW;
+        why = "type 2 memory windows";
+    }
+    if (env && *env) {
+        enum vrb_grant_mode m = 0;
+
+        if (!strcmp(env, "mw"))
+            m = VRB_GRANT_MW;
+        else if (!strcmp(env, "mw_mr"))
+            m = VRB_GRANT_MW_MR;
+        else if (!strcmp(env, "mr"))
+            m = VRB_GRANT_MR;
+        if (!m)
+            EXS_WARN(PROV, "EXS_VRB_GRANT=%s: unknown (mw, mw_mr, mr), ignored", env);
+        else if (m != VRB_GRANT_MR && !have_mw2)
+            EXS_WARN(PROV, "EXS_VRB_GRANT=%s: the device has no type 2 memory windows", env);
+        else {
+            ctx->grant_mode = m;
+            why = "EXS_VRB_GRANT";
+        }
+    }
+    EXS_INFO(PROV, "verbs ctx %p: grants by %s (%s)", (void *)ctx,
+             ctx->grant_mode == VRB_GRANT_MW      ? "type 2 memory window bound to the QP"
+             : ctx->grant_mode == VRB_GRANT_MW_MR ? "type 2 memory window bound to the QP "
+                                                    "over a registration of exactly the range"
+                                                  : "a registration of exactly the range per "
+                                                    "grant (not bound to one connection)",
+             why);
+}
+
+/* Release the device objects and the grant: no key of it works after this. */
+void exs__vrb_grant_release(struct vrb_grant *g)
+{
+    if (!g)
+        return;
+    if (g->mw && ibv_dealloc_mw(g->mw))
+        EXS_ERR(PROV, "ibv_dealloc_mw (rkey %#x) failed: %m", g->base.rkey);
+    if (g->sub && ibv_dereg_mr(g->sub))
+        EXS_ERR(PROV, "ibv_dereg_mr (grant rkey %#x) failed: %m", g->base.rkey);
+    free(g);
+}
+
+int exs__vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, size_t length,
+                   unsigned access, struct exs_prov_grant **grant_p)
+{
+    struct vrb_ep *ep = vrb_ep_of(e);
+    struct vrb_ctx *ctx = ep->ctx;
+    uint64_t a = (uint64_t)(uintptr_t)addr, ma;
+    struct ibv_send_wr w, *bad = NULL;
+    struct vrb_grant *g;
+    uint32_t rkey;
+    int ibv_right, ret, state;
+
+    if (!m || !grant_p || m->ctx != e->ctx || !length ||
+        (access != EXS_PROV_ACCESS_REMOTE_WRITE && access != EXS_PROV_ACCESS_REMOTE_READ) ||
+        !(m->access & EXS_PROV_ACCESS_LOCAL_WRITE))
+        return -EINVAL;
+    ma = (uint64_t)(uintptr_t)m->addr;
+    if (a < ma || a - ma > m->length || length > m->length - (a - ma))
+        return -EINVAL;
+    state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
+    if (state != EXS_PROV_EP_CONNECTED)
+        return -ENOTCONN;
+    ibv_right =
+        access == EXS_PROV_ACCESS_REMOTE_WRITE ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
+    g = calloc(1, sizeof(*g));
+    if (!g)
+        return -ENOMEM;
+    g->base.ep = e;
+    g->base.mr = m;
+    g->base.addr = a;
+    g->base.length = length;
+    g->base.access = access;
+    exs_list_init(&g->link);
+    if (ctx->grant_mode == VRB_GRANT_MR) {
+        g->sub = ibv_reg_mr(ctx->pd, addr, length, IBV_ACCESS_LOCAL_WRITE | ibv_right);
+        if (!g->sub) {
+            ret = errno ? -errno : -ENOMEM;
+            EXS_DBG(PROV, "ep %p: grant: ibv_reg_mr(%p, %zu): %s", (void *)ep, addr, length,
+                    strerror(-ret));
+            goto err_free;
+        }
+        g->base.rkey = g->sub->rkey;
+        g->bind_done = 1;
+        pthread_mutex_lock(&ep->lock);
+        exs_list_add_tail(&ep->grants, &g->link);
+        pthread_mutex_unlock(&ep->lock);
+        goto done;
+    }
+
+    memset(&w, 0, sizeof(w));
+    if (ctx->grant_mode == VRB_GRANT_MW_MR) {
+        g->sub = ibv_reg_mr(ctx->pd, addr, length, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+        if (!g->sub) {
+            ret = errno ? -errno : -ENOMEM;
+            EXS_DBG(PROV, "ep %p: grant: ibv_reg_mr(%p, %zu): %s", (void *)ep, addr, length,
+                    strerror(-ret));
+            goto err_free;
+        }
+        w.bind_mw.bind_info.mr = g->sub;
+    } else {
+        w.bind_mw.bind_info.mr = exs__vrb_mr_ibv(m);
+        if (!w.bind_mw.bind_info.mr) {
+            ret = -EINVAL;
+            goto err_free;
+        }
+    }
+    g->mw = ibv_alloc_mw(ctx->pd, IBV_MW_TYPE_2);
+    if (!g->mw) {
+        ret = errno ? -errno : -ENOMEM;
+        EXS_DBG(PROV, "ep %p: grant: ibv_alloc_mw: %s", (void *)ep, strerror(-ret));
+        goto err_dereg;
+    }
+    /* the key's consumer byte: random, and never the one the window had */
+    do
+        rkey = (g->mw->rkey & ~0xffu) | (uint32_t)(vrb_rand64(ctx) & 0xff);
+    while (rkey == g->mw->rkey);
+    w.opcode = IBV_WR_BIND_MW;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.bind_mw.mw = g->mw;
+    w.bind_mw.rkey = rkey;
+    w.bind_mw.bind_info.addr = a;
+    w.bind_mw.bind_info.length = length;
+    w.bind_mw.bind_info.mw_access_flags = (unsigned)ibv_right;
+
+    if (__atomic_load_n(&ep->int_out, __ATOMIC_RELAXED) >= ep->int_room)
+        exs__vrb_cq_reap(ctx); /* binds done but not polled yet give their room back */
+    pthread_mutex_lock(&ep->lock);
+    state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
+    if (state != EXS_PROV_EP_CONNECTED) {
+        pthread_mutex_unlock(&ep->lock);
+        ret = -ENOTCONN;
+        goto err_dealloc;
+    }
+    if (ep->int_out >= ep->int_room) {
+        pthread_mutex_unlock(&ep->lock);
+        EXS_DBG(PROV, "ep %p: grant: %u binds in flight, no room", (void *)ep, ep->int_out);
+        ret = -ENOMEM;
+        goto err_dealloc;
+    }
+    g->seq = ep->int_seq;
+    w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_INT_BIT | (g->seq & VRB_SEQ_MASK);
+    ret = ibv_post_send(ep->qp, &w, &bad);
+    if (ret) {
+        pthread_mutex_unlock(&ep->lock);
+        EXS_DBG(PROV, "ep %p: grant: ibv_post_send(BIND_MW): %s", (void *)ep, strerror(ret));
+        ret = ret == ENOMEM ? -ENOMEM : -ret;
+        goto err_dealloc;
+    }
+    /* the verbs library keeps the window's key as it was; the bind set a new one */
+    g->mw->rkey = rkey;
+    ep->int_seq++;
+    ep->int_out++;
+    exs_list_add_tail(&ep->grants, &g->link);
+    pthread_mutex_unlock(&ep->lock);
+    g->base.rkey = rkey;
+done:
+    exs__vrb_mr_grants_add(m, 1);
+    EXS_CNT_INC(ctx->cnt.grants);
+    EXS_DATA(PROV, "ep %p: grant %s %#llx+%zu rkey %#x", (void *)ep,
+             access == EXS_PROV_ACCESS_REMOTE_WRITE ? "write" : "read", (unsigned long long)a,
+             length, g->base.rkey);
+    *grant_p = &g->base;
+    return 0;
+err_dealloc:
+    if (ibv_dealloc_mw(g->mw))
+        EXS_ERR(PROV, "ep %p: ibv_dealloc_mw failed: %m", (void *)ep);
+err_dereg:
+    if (g->sub && ibv_dereg_mr(g->sub))
+        EXS_ERR(PROV, "ep %p: ibv_dereg_mr failed: %m", (void *)ep);
+err_free:
+    free(g);
+    EXS_CNT_INC(ctx->cnt.grant_fails);
+    return ret;
+}
+
+void exs__vrb_revoke(struct exs_prov_grant *gr)
+{
+    struct vrb_grant *g = (struct vrb_grant *)gr;
+    struct vrb_ep *ep;
+
+    if (!g)
+        return;
+    ep = vrb_ep_of(g->base.ep);
+    EXS_CNT_INC(ep->ctx->cnt.revokes);
+    exs__vrb_mr_grants_add(g->base.mr, -1);
+    pthread_mutex_lock(&ep->lock);
+    if (!g->bind_done) {
+        /* its completion may be in the CQ, not polled yet */
+        pthread_mutex_unlock(&ep->lock);
+        exs__vrb_cq_reap(ep->ctx);
+        pthread_mutex_lock(&ep->lock);
+    }
+    if (!g->bind_done) {
+        /* The bind waits in the send queue behind requests the peer holds up: once it
+         * runs, the key would live until its completion is polled. End the connection
+         * instead: a QP in ERR accepts nothing, and a type 2 window works on its QP
+         * only. The window is released when the bind completes (or flushes). */
+        g->revoked = 1;
+        EXS_CNT_INC(ep->ctx->cnt.revokes_early);
+        EXS_DBG(PROV, "ep %p: rkey %#x revoked before its bind ran: ep to error", (void *)ep,
+                g->base.rkey);
+        exs__vrb_ep_kill_locked(ep);
+        pthread_mutex_unlock(&ep->lock);
+        return;
+    }
+    exs_list_del(&g->link);
+    pthread_mutex_unlock(&ep->lock);
+    /* ibv_dealloc_mw / ibv_dereg_mr are synchronous: the key is dead when they return */
+    exs__vrb_grant_release(g);
+}
+
+struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *wc)
+{
+    uint64_t seq = wc->wr_id & VRB_SEQ_MASK;
+    struct exs_list *pos;
+
+    exs_list_for_each(pos, &ep->grants)
+    {
+        struct vrb_grant *g = exs_list_entry(pos, struct vrb_grant, link);
+
+        if (!g->mw || g->bind_done || g->seq != seq)
+            continue;
+        g->bind_done = 1;
+        if (ep->int_out)
+            ep->int_out--;
+        if (wc->status != IBV_WC_SUCCESS) {
+            if (wc->status != IBV_WC_WR_FLUSH_ERR) {
+                EXS_CNT_INC(ep->ctx->cnt.wc_errors);
+                EXS_WARN(PROV, "ep %p: window bind failed: %s (vendor %#x)", (void *)ep,
+                         ibv_wc_status_str(wc->status), wc->vendor_err);
+            }
+            __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
+        }
+        if (g->revoked) {
+            exs_list_del(&g->link);
+            return g;
+        }
+        return NULL;
+    }
+    EXS_CNT_INC(ep->ctx->cnt.stale_cqes);
+    return NULL;
+}
+
+void exs__vrb_grants_drop(struct vrb_ep *ep)
+{
+    struct exs_list *l;
+
+    while ((l = exs_list_pop_head(&ep->grants)) != NULL) {
+        struct vrb_grant *g = exs_list_entry(l, struct vrb_grant, link);
+
+        if (!g->revoked) {
+            EXS_ERR(PROV, "ep %p: grant rkey %#x not revoked before ep_destroy; released",
+                    (void *)ep, g->base.rkey);
+            exs__vrb_mr_grants_add(g->base.mr, -1);
+        }
+        exs__vrb_grant_release(g);
+    }
+    ep->int_out = 0;
+}

@@ -1,0 +1,139 @@
+/* SPDX-License-Identifier: MIT */
+/* What a provider keeps for the consumer: completions taken from the queue hold their slots,
+ * grants hold their mr, and a revoke after the grant took effect leaves the ep up. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/prov/prov_test.h"
+
+#define LW  EXS_PROV_ACCESS_LOCAL_WRITE
+#define SIG EXS_PROV_SEND_SIGNALED
+
+/* Completions a provider took from its queue before the consumer polled them (ctx_arm
+ * reports them with -EAGAIN) still hold their work requests' slots: post_recv is refused
+ * until ctx_poll has returned one. */
+START_TEST(keep_armed_completions_hold_slots)
+{
+    struct pt_pair p;
+    struct exs_prov_ep_attr at = pt_default_attr();
+    struct pt_buf *rb;
+    double deadline;
+    int r = 0;
+
+    at.max_recv_wr = 4;
+    pt_pair_setup(&p, NULL, &at);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    for (int j = 0; j < 4; j++)
+        ck_assert_int_eq(pt_post_recv(p.eb, (uint64_t)j, rb, 0, 64), 0);
+    ck_assert_int_eq(pt_ops->disconnect(p.ea), 0);
+    /* until ctx_arm finds the flushes queued (never polling them) */
+    deadline = pt_now_ms() + PT_TIMEOUT_MS;
+    while ((r = pt_ops->ctx_arm(p.b.ctx)) != -EAGAIN && pt_now_ms() < deadline)
+        pt_sleep_ms(5);
+    ck_assert_int_eq(r, -EAGAIN);
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_ERROR);
+    ck_assert_int_eq(pt_post_recv(p.eb, 10, rb, 0, 64), -ENOMEM);
+    pt_expect_cqe(&p.b, 0, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    ck_assert_int_eq(pt_post_recv(p.eb, 11, rb, 0, 64), 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 12, rb, 0, 64), -ENOMEM);
+    for (int j = 1; j < 4; j++)
+        pt_expect_cqe(&p.b, (uint64_t)j, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    pt_expect_cqe(&p.b, 11, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* An mr with a live grant is not deregistered (-EBUSY); after revoke it is. */
+START_TEST(keep_mr_dereg_busy_while_granted)
+{
+    struct pt_pair p;
+    struct exs_prov_mr *mr;
+    struct exs_prov_grant *g;
+    char *buf = malloc(8192);
+
+    ck_assert_ptr_nonnull(buf);
+    pt_pair_setup(&p, NULL, NULL);
+    ck_assert_int_eq(pt_ops->mr_reg(p.b.ctx, buf, 8192, LW, &mr), 0);
+    ck_assert_int_eq(pt_ops->grant(p.eb, mr, buf + 100, 1000, EXS_PROV_ACCESS_REMOTE_READ, &g), 0);
+    ck_assert_int_eq(pt_ops->mr_dereg(mr), -EBUSY);
+    pt_ops->revoke(g);
+    ck_assert_int_eq(pt_ops->mr_dereg(mr), 0);
+    free(buf);
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* A consumer bug: mem_free of memory with a live grant. The memory is kept, so the peer's
+ * WRITE lands in memory nobody else was given (ASan sees a write into freed memory
+ * otherwise); after revoke, mem_free frees it. */
+START_TEST(keep_mem_free_with_live_grant)
+{
+    struct pt_pair p;
+    struct pt_buf *src;
+    struct exs_prov_mr *mr = NULL;
+    struct exs_prov_grant *g = NULL;
+    struct exs_prov_cqe c;
+
+    pt_pair_setup(&p, NULL, NULL);
+    src = pt_pair_buf(&p, 'a', 4096, LW, 0x3C);
+    ck_assert_int_eq(pt_ops->mem_alloc(p.b.ctx, 4096, &mr), 0);
+    memset(mr->addr, 0, 4096);
+    ck_assert_int_eq(pt_ops->grant(p.eb, mr, mr->addr, 4096, EXS_PROV_ACCESS_REMOTE_WRITE, &g), 0);
+    pt_ops->mem_free(mr); /* logged, kept */
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 1, EXS_PROV_WR_RDMA_WRITE, SIG, src, 0, 4096, 0, g->addr, g->rkey), 0);
+    pt_expect_cqe(&p.a, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, &c);
+    ck_assert(pt_all_bytes(mr->addr, 4096, 0x3C));
+    pt_ops->revoke(g);
+    pt_ops->mem_free(mr); /* now it goes */
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* The peer received a SEND posted after the grant (so the grant took effect: verbs binds
+ * in send-queue order); the granting side never polled. Revoke then leaves the ep up, and
+ * the connection still carries data both ways. */
+START_TEST(keep_revoke_after_use_keeps_ep)
+{
+    struct pt_pair p;
+    struct pt_buf *tgt, *sb, *ra, *rb;
+    struct exs_prov_grant *g;
+
+    pt_pair_setup(&p, NULL, NULL);
+    tgt = pt_pair_buf(&p, 'b', 4096, LW, 0);
+    sb = pt_pair_buf(&p, 'b', 64, LW, 's');
+    ra = pt_pair_buf(&p, 'a', 64, LW, 0);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    ck_assert_int_eq(pt_post_recv(p.ea, 1, ra, 0, 64), 0);
+    ck_assert_int_eq(pt_post_recv(p.ea, 2, ra, 0, 64), 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 3, rb, 0, 64), 0);
+    ck_assert_int_eq(
+        pt_ops->grant(p.eb, tgt->mr, tgt->mr->addr, 4096, EXS_PROV_ACCESS_REMOTE_WRITE, &g), 0);
+    ck_assert_int_eq(pt_post_send(p.eb, 20, EXS_PROV_WR_SEND, SIG, sb, 0, 8, 0, 0, 0), 0);
+    pt_expect_cqe(&p.a, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    pt_ops->revoke(g);
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_CONNECTED);
+    pt_expect_cqe(&p.b, 20, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    ck_assert_int_eq(pt_post_send(p.eb, 21, EXS_PROV_WR_SEND, SIG, sb, 0, 8, 0, 0, 0), 0);
+    pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    pt_expect_cqe(&p.b, 21, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    ck_assert_int_eq(pt_post_send(p.ea, 22, EXS_PROV_WR_SEND, SIG, ra, 0, 8, 0, 0, 0), 0);
+    pt_expect_cqe(&p.b, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    pt_expect_cqe(&p.a, 22, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    pt_pair_close(&p);
+}
+END_TEST
+
+Suite *prov_keep_suite(void)
+{
+    Suite *s = suite_create("prov_keep");
+    TCase *tc = pt_tcase("keep");
+
+    tcase_add_test(tc, keep_armed_completions_hold_slots);
+    tcase_add_test(tc, keep_mr_dereg_busy_while_granted);
+    tcase_add_test(tc, keep_mem_free_with_live_grant);
+    tcase_add_test(tc, keep_revoke_after_use_keeps_ep);
+    suite_add_tcase(s, tc);
+    return s;
+}
