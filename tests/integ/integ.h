@@ -221,5 +221,7 @@ int it_count_tasks_expect(int want);
 
 /* Entry of the exec'd sender of test_eos_peer_process_exit (main.c dispatches to it). */
 int it_child_stream_send(int argc, char **argv);
+/* Entry of the exec'd accepting peer of test_close_races_peer_death. */
+int it_child_accept(int argc, char **argv);
 
 #endif

@@ -32,6 +32,8 @@ int main(int argc, char **argv)
     /* a peer process exec'd by a test, not a test run */
     if (argc >= 2 && strcmp(argv[1], "--child-stream-send") == 0)
         return it_child_stream_send(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "--child-accept") == 0)
+        return it_child_accept(argc - 2, argv + 2);
 
     while ((opt = getopt(argc, argv, "p:h")) != -1) {
         switch (opt) {

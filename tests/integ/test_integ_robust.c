@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -87,9 +88,18 @@ START_TEST(test_close_frozen_peer)
 }
 END_TEST
 
-/* The child of test_close_races_peer_death: accept n connections, report the port once
- * listening, then wait to be killed. */
 static void accepting_child(int to_parent, int n) __attribute__((noreturn));
+
+/* The child of test_close_races_peer_death, exec'd (a child merely forked after this
+ * process opened RDMA devices cannot use them: verbs): exs_integ_test --child-accept FD N
+ * accepts N connections, reports the port on FD once listening, then waits to be killed. */
+int it_child_accept(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    accepting_child(atoi(argv[0]), atoi(argv[1]));
+}
+
 static void accepting_child(int to_parent, int n)
 {
     struct sockaddr_in addr;
@@ -99,8 +109,15 @@ static void accepting_child(int to_parent, int n)
 
     if (exs_init(EXS_VERSION) != EXS_VERSION)
         _exit(3);
+    struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(addr);
+
+    /* no Check assertion here: this process runs no test */
     q = exs_qcreate(2 * n);
-    lfd = it_listen(SOCK_SEQPACKET, &addr);
+    lfd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+    if (q == EXS_QHANDLE_INVALID || lfd < 0 || exs_bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) ||
+        exs_listen(lfd, 128) || exs_getsockname(lfd, (struct sockaddr *)&addr, &len))
+        _exit(6);
     for (int i = 0; i < n; i++)
         if (exs_accept(lfd, q, NULL))
             _exit(4);
@@ -133,8 +150,13 @@ START_TEST(test_close_races_peer_death)
         pid = fork(); /* before exs_init in this process */
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
+            char a_fd[16], a_n[16];
+
             close(pipefd[0]);
-            accepting_child(pipefd[1], RACE_CONNS);
+            snprintf(a_fd, sizeof(a_fd), "%d", pipefd[1]);
+            snprintf(a_n, sizeof(a_n), "%d", RACE_CONNS);
+            execl("/proc/self/exe", "exs_integ_test", "--child-accept", a_fd, a_n, (char *)NULL);
+            _exit(7);
         }
         close(pipefd[1]);
         ck_assert_int_eq(read(pipefd[0], &addr.sin_port, sizeof(addr.sin_port)),
