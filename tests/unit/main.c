@@ -16,6 +16,11 @@ static Suite *(*const suites[])(void) = {
     util_misc_suite,
     api_evq_suite,
     prov_vrb_cache_suite,
+    proto_credits_suite,
+    proto_stream_suite,
+    proto_seqpacket_suite,
+    proto_teardown_suite,
+    wire_golden_suite,
 };
 
 void unit_env_clean(void)
