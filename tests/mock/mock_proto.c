@@ -139,14 +139,21 @@ long pt_run(struct pt_pair *pp)
     return steps;
 }
 
-void pt_connect(struct pt_pair *pp)
+void pt_connect_to(struct pt_pair *pp, const struct sockaddr *addr, socklen_t len)
 {
     struct sockaddr_storage ss;
-    socklen_t len;
 
-    ck_assert_int_eq(exs__prov_listener_addr(pp->lis, &ss, &len), 0);
+    if (!addr) {
+        ck_assert_int_eq(exs__prov_listener_addr(pp->lis, &ss, &len), 0);
+        addr = (struct sockaddr *)&ss;
+    }
     ck_assert_int_eq(exs__conn_create(pp->a.ctx, &pp->pa, &pt_cb, &pp->a, &pp->a.conn), 0);
-    ck_assert_int_eq(exs__conn_connect(pp->a.conn, (struct sockaddr *)&ss, len), 0);
+    ck_assert_int_eq(exs__conn_connect(pp->a.conn, addr, len), 0);
+}
+
+void pt_connect(struct pt_pair *pp)
+{
+    pt_connect_to(pp, NULL, 0);
     pt_run(pp);
     ck_assert_int_eq(pp->a.established, 1);
     ck_assert_int_eq(pp->a.est_err, 0);

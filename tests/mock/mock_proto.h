@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "exs/proto/proto.h"
 #include "tests/mock/mock_prov.h"
@@ -43,6 +44,8 @@ void pt_params(struct exs_conn_params *p, int sock_type);
 void pt_open(struct pt_pair *pp, int sock_type);
 /* a connects, everything runs until idle; asserts both established without error. */
 void pt_connect(struct pt_pair *pp);
+/* Create a's conn and connect it to addr (NULL: b's listener); no running. */
+void pt_connect_to(struct pt_pair *pp, const struct sockaddr *addr, socklen_t len);
 /* Dispatch completions and events as the engine does and step the fabric until
  * nothing moves; returns the number of fabric steps. Fails the test after a bound. */
 long pt_run(struct pt_pair *pp);

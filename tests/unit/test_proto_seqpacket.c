@@ -50,12 +50,13 @@ static void recv_msg(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t le
     ck_assert_int_eq(pt_post(o), 0);
 }
 
-static void assert_done(const struct pt_op *o, ssize_t result, int err)
-{
-    ck_assert_int_eq(o->done, 1);
-    ck_assert_int_eq(o->op.result, result);
-    ck_assert_int_eq(o->op.err, err);
-}
+/* One delivery, with this result and errno (a macro: failures name the caller's line). */
+#define assert_done(_o, _result, _err)                                                     \
+    do {                                                                                   \
+        ck_assert_int_eq((_o)->done, 1);                                                   \
+        ck_assert_int_eq((_o)->op.result, (_result));                                      \
+        ck_assert_int_eq((_o)->op.err, (_err));                                            \
+    } while (0)
 
 START_TEST(sp_eager_in_order)
 {
