@@ -115,6 +115,11 @@ static int pt_drain(struct pt_pair *pp, struct exs_prov_ctx *ctx)
     return n;
 }
 
+int pt_dispatch_ctx(struct pt_pair *pp, struct exs_prov_ctx *ctx)
+{
+    return pt_drain(pp, ctx);
+}
+
 int pt_dispatch(struct pt_pair *pp)
 {
     int n = 0, m;

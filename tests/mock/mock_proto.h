@@ -49,6 +49,8 @@ void pt_connect_to(struct pt_pair *pp, const struct sockaddr *addr, socklen_t le
 /* Dispatch completions and events as the engine does and step the fabric until
  * nothing moves; returns the number of fabric steps. Fails the test after a bound. */
 long pt_run(struct pt_pair *pp);
+/* Dispatch what is queued on one ctx (completions, then each cm event). */
+int pt_dispatch_ctx(struct pt_pair *pp, struct exs_prov_ctx *ctx);
 /* Dispatch what is queued without stepping the fabric; returns entries handled. */
 int pt_dispatch(struct pt_pair *pp);
 /* Close what is left (conns must be DEAD or IDLE first: close, run), destroy the
