@@ -48,7 +48,7 @@ void pt_params(struct exs_conn_params *p, int sock_type)
 
 void pt_open(struct pt_pair *pp, int sock_type)
 {
-    struct sockaddr_in sin = { .sin_family = AF_INET };
+    struct sockaddr_in sin = {.sin_family = AF_INET};
 
     if (!pp->pa.sock_type)
         pt_params(&pp->pa, sock_type);
@@ -56,16 +56,14 @@ void pt_open(struct pt_pair *pp, int sock_type)
         pt_params(&pp->pb, sock_type);
     ck_assert_int_eq(mock_ctx_open(NULL, &pp->a.ctx), 0);
     ck_assert_int_eq(mock_ctx_open(NULL, &pp->b.ctx), 0);
-    ck_assert_int_eq(exs__prov_listen(pp->b.ctx, (struct sockaddr *)&sin, sizeof(sin), 16, pp,
-                                      &pp->lis),
-                     0);
+    ck_assert_int_eq(
+        exs__prov_listen(pp->b.ctx, (struct sockaddr *)&sin, sizeof(sin), 16, pp, &pp->lis), 0);
 }
 
 /* The passive side's request handling, as exs/api/sock.c does it. */
 static void pt_on_request(struct pt_pair *pp, const struct exs_prov_cm_event *ev)
 {
-    int reason = exs__conn_hello_check(ev->private_data, ev->private_data_len,
-                                       pp->pb.sock_type);
+    int reason = exs__conn_hello_check(ev->private_data, ev->private_data_len, pp->pb.sock_type);
 
     if (!reason && pp->b.conn)
         reason = EXS_WIRE_REJ_BACKLOG; /* one connection per pair */
@@ -79,8 +77,7 @@ static void pt_on_request(struct pt_pair *pp, const struct exs_prov_cm_event *ev
     }
     if (reason) {
         struct exs_wire_reject rej = {
-            .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION, .reason = reason
-        };
+            .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION, .reason = reason};
         pp->reject_reason = reason;
         ck_assert_int_eq(exs__prov_reject(ev->req, &rej, sizeof(rej)), 0);
     }
@@ -169,7 +166,7 @@ void pt_connect(struct pt_pair *pp)
 
 void pt_close(struct pt_pair *pp)
 {
-    struct pt_side *s[2] = { &pp->a, &pp->b };
+    struct pt_side *s[2] = {&pp->a, &pp->b};
 
     for (int i = 0; i < 2; i++) {
         if (s[i]->conn) {
@@ -196,8 +193,8 @@ static void pt_op_done(struct exs_op *op)
     o->order = ++o->side->delivered;
 }
 
-void pt_op_init(struct pt_op *o, struct pt_side *side, enum exs_op_kind kind, void *buf,
-                size_t len, int flags)
+void pt_op_init(struct pt_op *o, struct pt_side *side, enum exs_op_kind kind, void *buf, size_t len,
+                int flags)
 {
     memset(o, 0, sizeof(*o));
     o->side = side;

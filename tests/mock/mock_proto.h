@@ -13,28 +13,28 @@
 /* One end: its ctx (one per side, as two processes) and its conn. */
 struct pt_side {
     struct exs_prov_ctx *ctx;
-    struct exs_conn     *conn;
-    int                  established; /* cb->established calls */
-    int                  est_err;
-    int                  dead;        /* cb->dead calls */
-    uint64_t             delivered;   /* ops handed back (op->done) */
+    struct exs_conn *conn;
+    int established; /* cb->established calls */
+    int est_err;
+    int dead;           /* cb->dead calls */
+    uint64_t delivered; /* ops handed back (op->done) */
 };
 
 struct pt_pair {
-    struct pt_side            a; /* the active side (connects) */
-    struct pt_side            b; /* the passive side (accepts) */
+    struct pt_side a; /* the active side (connects) */
+    struct pt_side b; /* the passive side (accepts) */
     struct exs_prov_listener *lis;
-    struct exs_conn_params    pa, pb; /* parameters of each side */
-    int                       reject_reason; /* b's last reject (0: none) */
+    struct exs_conn_params pa, pb; /* parameters of each side */
+    int reject_reason;             /* b's last reject (0: none) */
 };
 
 /* An operation with its own registration and a record of its delivery. */
 struct pt_op {
-    struct exs_op       op;
-    struct pt_side     *side;
+    struct exs_op op;
+    struct pt_side *side;
     struct exs_prov_mr *mr;
-    int                 done;  /* op->done calls */
-    uint64_t            order; /* side->delivered when it was handed back */
+    int done;       /* op->done calls */
+    uint64_t order; /* side->delivered when it was handed back */
 };
 
 /* Default parameters: SEQPACKET or STREAM, 8 credits, 4 KiB ring, eager below 1 KiB. */
@@ -58,8 +58,8 @@ int pt_dispatch(struct pt_pair *pp);
 void pt_close(struct pt_pair *pp);
 
 /* Prepare op (kind, buffer registered with every right on side's ctx, flags). */
-void pt_op_init(struct pt_op *o, struct pt_side *side, enum exs_op_kind kind, void *buf,
-                size_t len, int flags);
+void pt_op_init(struct pt_op *o, struct pt_side *side, enum exs_op_kind kind, void *buf, size_t len,
+                int flags);
 /* exs__conn_post; returns its result. */
 int pt_post(struct pt_op *o);
 /* Release the op's registration (after it was handed back). */

@@ -44,15 +44,15 @@ static void assert_receives_restored(void)
 }
 
 #define FLOOD_N 200
-static uint8_t       fl_sb[2][FLOOD_N][64], fl_rb[2][FLOOD_N][64];
-static struct pt_op  fl_s[2][FLOOD_N], fl_r[2][FLOOD_N];
+static uint8_t fl_sb[2][FLOOD_N][64], fl_rb[2][FLOOD_N][64];
+static struct pt_op fl_s[2][FLOOD_N], fl_r[2][FLOOD_N];
 
 /* Both sides send at once with the fewest credits (2) and, first, no receive posted by
  * the application: without the last-credit rule both would spend their last credit on
  * data and wait forever for the other's credits. Everything arrives, in order. */
 static void flood(int sock_type, int late_receives, uint32_t seed)
 {
-    struct pt_side *side[2] = { &pp.a, &pp.b };
+    struct pt_side *side[2] = {&pp.a, &pp.b};
 
     cr_begin(sock_type, 4, 1024, seed);
     for (int d = 0; d < 2; d++) {
@@ -80,7 +80,8 @@ static void flood(int sock_type, int late_receives, uint32_t seed)
             ck_assert_int_eq(fl_s[d][i].op.result, 1 + i % 64);
             ck_assert_int_eq(fl_r[d][i].done, 1);
             ck_assert_int_eq(fl_r[d][i].op.result, 1 + i % 64);
-            ck_assert(pt_check(fl_rb[d][i], (size_t)(1 + i % 64), (uint64_t)d << 40 | (uint64_t)i * 64));
+            ck_assert(
+                pt_check(fl_rb[d][i], (size_t)(1 + i % 64), (uint64_t)d << 40 | (uint64_t)i * 64));
             pt_op_fini(&fl_s[d][i]);
             pt_op_fini(&fl_r[d][i]);
         }
@@ -194,7 +195,7 @@ static void count_ctrl(void *arg, struct exs_prov_ep *ep, const struct exs_prov_
  * one credit). */
 START_TEST(cr_quiet_after_one_message)
 {
-    static const uint32_t credits[] = { 2, 3, 4, 8 };
+    static const uint32_t credits[] = {2, 3, 4, 8};
     static uint8_t sb[10], rb[10];
     struct pt_op s, r;
     long steps = 0;

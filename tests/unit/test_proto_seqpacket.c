@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* SOCK_SEQPACKET protocol unit tests over the mock provider: eager, direct, rendezvous, truncation. */
+/* SOCK_SEQPACKET protocol unit tests over the mock provider: eager, direct, rendezvous, truncation.
+ */
 #include <check.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -51,17 +52,17 @@ static void recv_msg(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t le
 }
 
 /* One delivery, with this result and errno (a macro: failures name the caller's line). */
-#define assert_done(_o, _result, _err)                                                     \
-    do {                                                                                   \
-        ck_assert_int_eq((_o)->done, 1);                                                   \
-        ck_assert_int_eq((_o)->op.result, (_result));                                      \
-        ck_assert_int_eq((_o)->op.err, (_err));                                            \
+#define assert_done(_o, _result, _err)                                                             \
+    do {                                                                                           \
+        ck_assert_int_eq((_o)->done, 1);                                                           \
+        ck_assert_int_eq((_o)->op.result, (_result));                                              \
+        ck_assert_int_eq((_o)->op.err, (_err));                                                    \
     } while (0)
 
 START_TEST(sp_eager_in_order)
 {
     static uint8_t sb[3][600], rb[3][1000];
-    size_t len[3] = { 100, 0, 600 };
+    size_t len[3] = {100, 0, 600};
     struct pt_op s[3], r[3];
     struct exs_sock_stats st;
 
@@ -201,7 +202,7 @@ START_TEST(sp_stale_advert_dropped)
     struct exs_sock_stats st;
 
     send_msg(&s[0], &pp.a, sb[0], 200, 21); /* eager, message 0 */
-    recv_msg(&r[0], &pp.b, rb[0], 4096);     /* advertised for message 0 */
+    recv_msg(&r[0], &pp.b, rb[0], 4096);    /* advertised for message 0 */
     pt_run(&pp);
     assert_done(&r[0], 200, 0);
     ck_assert(pt_check(rb[0], 200, 21));
@@ -274,7 +275,7 @@ START_TEST(sp_mixed_reordered)
 {
     static uint8_t sb[2][MIX_N][6000], rb[2][MIX_N][6000];
     static struct pt_op s[2][MIX_N], r[2][MIX_N];
-    struct pt_side *side[2] = { &pp.a, &pp.b };
+    struct pt_side *side[2] = {&pp.a, &pp.b};
     uint32_t seed = (uint32_t)_i + 1;
     size_t len[MIX_N];
 

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* SOCK_STREAM protocol unit tests over the mock provider: phases, stale ADVERTs, ring wrap, ACKs. */
+/* SOCK_STREAM protocol unit tests over the mock provider: phases, stale ADVERTs, ring wrap, ACKs.
+ */
 #include <check.h>
 #include <endian.h>
 #include <errno.h>
@@ -16,8 +17,8 @@ static struct pt_pair pp;
 #define MAX_RECS 256
 static struct {
     struct exs_prov_ep *ep; /* whose SENDs are decoded */
-    int                 n_ack, n_advert;
-    uint64_t            ack[MAX_RECS]; /* ring_consumed of each ACK */
+    int n_ack, n_advert;
+    uint64_t ack[MAX_RECS]; /* ring_consumed of each ACK */
 } tap;
 
 static void st_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
@@ -86,11 +87,11 @@ static void st_recv(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len
 }
 
 /* One delivery, with this result and errno (a macro: failures name the caller's line). */
-#define assert_done(_o, _result, _err)                                                     \
-    do {                                                                                   \
-        ck_assert_int_eq((_o)->done, 1);                                                   \
-        ck_assert_int_eq((_o)->op.result, (_result));                                      \
-        ck_assert_int_eq((_o)->op.err, (_err));                                            \
+#define assert_done(_o, _result, _err)                                                             \
+    do {                                                                                           \
+        ck_assert_int_eq((_o)->done, 1);                                                           \
+        ck_assert_int_eq((_o)->op.result, (_result));                                              \
+        ck_assert_int_eq((_o)->op.err, (_err));                                                    \
     } while (0)
 
 static void stats(struct pt_side *s, struct exs_sock_stats *st)
@@ -274,14 +275,14 @@ END_TEST
  * order, the ring wraps many times, and every transfer kind occurs. */
 #define WRAP_N 64
 #define WRAP_R 1024 /* receives: a receive may take as little as one byte */
-static uint8_t        wrap_sb[2][WRAP_N][3000], wrap_rb[2][WRAP_R][3000];
-static struct pt_op   wrap_s[2][WRAP_N], wrap_r[2][WRAP_R];
-static int            wrap_nr[2], wrap_checked[2];
-static uint64_t       wrap_roff[2];
+static uint8_t wrap_sb[2][WRAP_N][3000], wrap_rb[2][WRAP_R][3000];
+static struct pt_op wrap_s[2][WRAP_N], wrap_r[2][WRAP_R];
+static int wrap_nr[2], wrap_checked[2];
+static uint64_t wrap_roff[2];
 
 static void wrap_recv(int d, size_t len, int flags)
 {
-    struct pt_side *side[2] = { &pp.a, &pp.b };
+    struct pt_side *side[2] = {&pp.a, &pp.b};
 
     ck_assert_int_lt(wrap_nr[d], WRAP_R);
     st_recv(&wrap_r[d][wrap_nr[d]], side[!d], wrap_rb[d][wrap_nr[d]], len, flags);
@@ -313,8 +314,8 @@ static void wrap_verify(int d)
  * both transfer kinds occur. */
 START_TEST(st_ring_wrap_reordered)
 {
-    struct pt_side *side[2] = { &pp.a, &pp.b };
-    uint64_t soff[2] = { 0, 0 };
+    struct pt_side *side[2] = {&pp.a, &pp.b};
+    uint64_t soff[2] = {0, 0};
     struct exs_sock_stats st[2];
     uint32_t seed = (uint32_t)_i + 1;
 

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "exs/util/log.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -15,6 +16,7 @@ static struct pt_pair pp;
 static void td_begin(int i, int sock_type)
 {
     unit_env_clean();
+    exs__log_level = EXS_LOG_ERR; /* the failures below are expected: keep the output clean */
     memset(&pp, 0, sizeof(pp));
     mock_set_reorder(i ? (uint32_t)i * 7919u : 0);
     pt_open(&pp, sock_type);
@@ -45,11 +47,11 @@ static void op_post(struct pt_op *o, struct pt_side *s, enum exs_op_kind k, uint
 }
 
 /* One delivery, with this result and errno (a macro: failures name the caller's line). */
-#define assert_done(_o, _result, _err)                                                     \
-    do {                                                                                   \
-        ck_assert_int_eq((_o)->done, 1);                                                   \
-        ck_assert_int_eq((_o)->op.result, (_result));                                      \
-        ck_assert_int_eq((_o)->op.err, (_err));                                            \
+#define assert_done(_o, _result, _err)                                                             \
+    do {                                                                                           \
+        ck_assert_int_eq((_o)->done, 1);                                                           \
+        ck_assert_int_eq((_o)->op.result, (_result));                                              \
+        ck_assert_int_eq((_o)->op.err, (_err));                                                    \
     } while (0)
 
 /* Orderly close, one side first (order 0: active first; 1: passive first): the closer's
@@ -304,12 +306,11 @@ END_TEST
 /* No listener: the connect fails with ECONNREFUSED and the conn dies. */
 START_TEST(td_connect_unreachable)
 {
-    struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(1) };
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(1)};
 
     td_begin(_i, SOCK_STREAM);
-    ck_assert_int_eq(exs__conn_create(pp.a.ctx, &pp.pa, &(struct exs_conn_cb){ 0 }, &pp.a,
-                                      &pp.a.conn),
-                     0);
+    ck_assert_int_eq(
+        exs__conn_create(pp.a.ctx, &pp.pa, &(struct exs_conn_cb){0}, &pp.a, &pp.a.conn), 0);
     exs__conn_destroy(pp.a.conn);
     pp.a.conn = NULL;
     pt_connect_to(&pp, (struct sockaddr *)&sin, sizeof(sin));
@@ -325,6 +326,7 @@ END_TEST
 START_TEST(td_connect_rejected)
 {
     unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
     memset(&pp, 0, sizeof(pp));
     mock_set_reorder(0);
     pt_params(&pp.pa, SOCK_STREAM);
@@ -374,16 +376,15 @@ END_TEST
 /* Every resource a conn needs can fail: the error comes back, nothing leaks. */
 START_TEST(td_create_failures)
 {
-    static const enum mock_fail_op ops[] = { MOCK_FAIL_MEM_ALLOC, MOCK_FAIL_MEM_ALLOC,
-                                             MOCK_FAIL_MR_REG, MOCK_FAIL_EP_CREATE };
-    static const uint32_t nth[] = { 1, 2, 1, 1 };
+    static const enum mock_fail_op ops[] = {MOCK_FAIL_MEM_ALLOC, MOCK_FAIL_MEM_ALLOC,
+                                            MOCK_FAIL_MR_REG, MOCK_FAIL_EP_CREATE};
+    static const uint32_t nth[] = {1, 2, 1, 1};
     struct exs_conn *c = NULL;
 
     td_begin(0, SOCK_STREAM);
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         mock_fail(pp.a.ctx, ops[i], nth[i], -ENOMEM);
-        ck_assert_int_eq(exs__conn_create(pp.a.ctx, &pp.pa, &(struct exs_conn_cb){ 0 }, &pp.a,
-                                          &c),
+        ck_assert_int_eq(exs__conn_create(pp.a.ctx, &pp.pa, &(struct exs_conn_cb){0}, &pp.a, &c),
                          -ENOMEM);
         ck_assert_ptr_null(c);
         ck_assert_int_eq(exs__conn_live_count(), 0);

@@ -13,12 +13,12 @@
 #include "tests/unit/unit.h"
 
 /* Compare n bytes against the expected ones, naming the first difference. */
-#define assert_bytes(_got, _want, _n)                                                          \
-    do {                                                                                       \
-        const uint8_t *g_ = (const uint8_t *)(_got), *w_ = (const uint8_t *)(_want);           \
-        for (size_t i_ = 0; i_ < (size_t)(_n); i_++)                                           \
-            ck_assert_msg(g_[i_] == w_[i_], "byte %zu: got 0x%02x, want 0x%02x", i_, g_[i_],   \
-                          w_[i_]);                                                             \
+#define assert_bytes(_got, _want, _n)                                                              \
+    do {                                                                                           \
+        const uint8_t *g_ = (const uint8_t *)(_got), *w_ = (const uint8_t *)(_want);               \
+        for (size_t i_ = 0; i_ < (size_t)(_n); i_++)                                               \
+            ck_assert_msg(g_[i_] == w_[i_], "byte %zu: got 0x%02x, want 0x%02x", i_, g_[i_],       \
+                          w_[i_]);                                                                 \
     } while (0)
 
 static void put_be(uint8_t *p, uint64_t v, int n)
@@ -32,10 +32,10 @@ static void put_be(uint8_t *p, uint64_t v, int n)
 #define CAP_MAX 64
 static struct cap {
     struct exs_prov_ep *ep;
-    int                 opcode;
-    uint32_t            imm;
-    uint32_t            len;
-    uint8_t             bytes[EXS_WIRE_CTRL_MAX];
+    int opcode;
+    uint32_t imm;
+    uint32_t len;
+    uint8_t bytes[EXS_WIRE_CTRL_MAX];
 } caps[CAP_MAX];
 static int ncaps;
 
@@ -108,19 +108,19 @@ START_TEST(golden_hello)
     struct exs_conn *conn;
     struct exs_wire_hello h;
     uint8_t want[EXS_WIRE_HELLO_LEN] = {
-        0x45, 0x58,             /* magic "EX" */
-        0x01,                   /* version 1 */
-        0x01,                   /* STREAM */
-        0x00, 0x03,             /* features: keepalive | read */
-        0x00, 0x21,             /* credits 33 */
-        0x00, 0x00, 0x02, 0x00, /* ctrl_size 512 */
-        0x00, 0x00, 0x20, 0x00, /* ring_size 8192 */
-        0, 0, 0, 0, 0, 0, 0, 0, /* ring_addr: below */
-        0, 0, 0, 0,             /* ring_rkey: below */
-        0x00, 0x00, 0x07, 0xc0, /* eager_max 1984 */
-        0x00, 0x00, 0x00, 0x00, /* max_msg 0 */
-        0x02,                   /* xfer_mode indirect-only */
-        0x00, 0x00, 0x00,       /* reserved */
+        0x45, 0x58,                         /* magic "EX" */
+        0x01,                               /* version 1 */
+        0x01,                               /* STREAM */
+        0x00, 0x03,                         /* features: keepalive | read */
+        0x00, 0x21,                         /* credits 33 */
+        0x00, 0x00, 0x02, 0x00,             /* ctrl_size 512 */
+        0x00, 0x00, 0x20, 0x00,             /* ring_size 8192 */
+        0,    0,    0,    0,    0, 0, 0, 0, /* ring_addr: below */
+        0,    0,    0,    0,                /* ring_rkey: below */
+        0x00, 0x00, 0x07, 0xc0,             /* eager_max 1984 */
+        0x00, 0x00, 0x00, 0x00,             /* max_msg 0 */
+        0x02,                               /* xfer_mode indirect-only */
+        0x00, 0x00, 0x00,                   /* reserved */
     };
 
     unit_env_clean();
@@ -130,7 +130,7 @@ START_TEST(golden_hello)
     p.eager_max = 1984;
     p.xfer_mode = EXS_XFER_INDIRECT_ONLY;
     ck_assert_int_eq(mock_ctx_open(NULL, &ctx), 0);
-    ck_assert_int_eq(exs__conn_create(ctx, &p, &(struct exs_conn_cb){ 0 }, NULL, &conn), 0);
+    ck_assert_int_eq(exs__conn_create(ctx, &p, &(struct exs_conn_cb){0}, NULL, &conn), 0);
     memset(&h, 0xee, sizeof(h));
     exs__conn_hello(conn, &h);
     put_be(want + 16, (uintptr_t)conn->ring, 8);
@@ -143,7 +143,8 @@ START_TEST(golden_hello)
     /* the checker accepts exactly this and refuses each broken field */
     ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_SEQPACKET), 0);
     ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), EXS_WIRE_REJ_SOCK_TYPE);
-    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h) - 1, SOCK_SEQPACKET), EXS_WIRE_REJ_VERSION);
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h) - 1, SOCK_SEQPACKET),
+                     EXS_WIRE_REJ_VERSION);
     ((uint8_t *)&h)[2] = 2;
     ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_SEQPACKET), EXS_WIRE_REJ_VERSION);
     exs__conn_destroy(conn);
@@ -154,10 +155,10 @@ END_TEST
 
 START_TEST(golden_reject)
 {
-    struct exs_wire_reject r = {
-        .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION, .reason = EXS_WIRE_REJ_CLOSING
-    };
-    static const uint8_t want[EXS_WIRE_REJECT_LEN] = { 0x45, 0x58, 0x01, 0x05 };
+    struct exs_wire_reject r = {.magic = htobe16(EXS_WIRE_MAGIC),
+                                .version = EXS_WIRE_VERSION,
+                                .reason = EXS_WIRE_REJ_CLOSING};
+    static const uint8_t want[EXS_WIRE_REJECT_LEN] = {0x45, 0x58, 0x01, 0x05};
 
     assert_bytes(&r, want, sizeof(want));
     ck_assert_int_eq(EXS_WIRE_REJ_VERSION, 1);
@@ -170,7 +171,7 @@ END_TEST
 /* The reject the passive side really sends on a socket type mismatch. */
 START_TEST(golden_reject_sent)
 {
-    static const uint8_t want[EXS_WIRE_REJECT_LEN] = { 0x45, 0x58, 0x01, 0x02 };
+    static const uint8_t want[EXS_WIRE_REJECT_LEN] = {0x45, 0x58, 0x01, 0x02};
     struct exs_prov_cm_event ev;
     int got = 0;
 
@@ -252,10 +253,10 @@ START_TEST(golden_advert_ack)
     struct pt_op r;
     uint8_t want[EXS_WIRE_ADVERT_LEN] = {
         0x02, 0x01, 0x00, 0x28, 0x00, 0x00, 0x00, 0x00, /* ADVERT, WAITALL, 40, 0 credits */
-        0, 0, 0, 0, 0, 0, 0, 0,                         /* addr: below */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* addr: below */
         0x00, 0x00, 0x13, 0x88,                         /* len 5000 */
-        0, 0, 0, 0,                                     /* rkey: below */
-        0, 0, 0, 0, 0, 0, 0, 0,                         /* seq (S_A) 0 */
+        0,    0,    0,    0,                            /* rkey: below */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* seq (S_A) 0 */
         0x00, 0x00, 0x00, 0x00,                         /* phase 0 (direct) */
         0x00, 0x00, 0x00, 0x00,                         /* advert id 0 */
     };
@@ -283,7 +284,7 @@ START_TEST(golden_ack)
     struct pt_op s, r;
     static const uint8_t want[EXS_WIRE_ACK_LEN] = {
         0x01, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* ACK, 16 bytes, 0 credits */
-        0, 0, 0, 0, 0, 0, 0x0b, 0xb8,                   /* ring_consumed 3000 */
+        0,    0,    0,    0,    0,    0,    0x0b, 0xb8, /* ring_consumed 3000 */
     };
     int from = 0;
 
@@ -315,18 +316,18 @@ START_TEST(golden_announce_read_done_shutdown)
     struct pt_op s, r, sh;
     uint8_t ann[EXS_WIRE_ANNOUNCE_LEN] = {
         0x03, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00, 0x00, /* ANNOUNCE, 32 bytes */
-        0, 0, 0, 0, 0, 0, 0, 0,                         /* addr: below */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* addr: below */
         0x00, 0x00, 0x17, 0x70,                         /* len 6000 */
-        0, 0, 0, 0,                                     /* rkey: below */
-        0, 0, 0, 0, 0, 0, 0, 0,                         /* message 0 */
+        0,    0,    0,    0,                            /* rkey: below */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* message 0 */
     };
     uint8_t rd[EXS_WIRE_READ_DONE_LEN] = {
         0x04, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* READ_DONE, 16 bytes */
-        0, 0, 0, 0, 0, 0, 0, 0,                         /* message 0 */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* message 0 */
     };
     uint8_t shut[EXS_WIRE_SHUTDOWN_LEN] = {
         0x05, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* SHUTDOWN, 16 bytes */
-        0, 0, 0, 0, 0, 0, 0, 0x01,                      /* one message sent in all */
+        0,    0,    0,    0,    0,    0,    0,    0x01, /* one message sent in all */
     };
     int fa = 0, fb = 0;
 
@@ -365,9 +366,11 @@ END_TEST
 
 START_TEST(golden_ctrl_constants)
 {
-    struct exs_wire_ctrl_hdr h = { .type = EXS_CTRL_NOP, .flags = 0,
-                                   .len = htobe16(EXS_WIRE_NOP_LEN), .credits = htobe16(0x0102) };
-    static const uint8_t want[8] = { 0x06, 0x00, 0x00, 0x08, 0x01, 0x02, 0x00, 0x00 };
+    struct exs_wire_ctrl_hdr h = {.type = EXS_CTRL_NOP,
+                                  .flags = 0,
+                                  .len = htobe16(EXS_WIRE_NOP_LEN),
+                                  .credits = htobe16(0x0102)};
+    static const uint8_t want[8] = {0x06, 0x00, 0x00, 0x08, 0x01, 0x02, 0x00, 0x00};
 
     assert_bytes(&h, want, sizeof(want));
     ck_assert_int_eq(EXS_CTRL_ACK, 1);
@@ -386,7 +389,7 @@ END_TEST
 START_TEST(golden_tcp_frame)
 {
     struct tcp_wire_hdr h;
-    struct tcp_wire_conn c = { .rnr_retry = 7, .rnr_timer_ms = 12 };
+    struct tcp_wire_conn c = {.rnr_retry = 7, .rnr_timer_ms = 12};
     static const uint8_t want[TCP_WIRE_HDR_LEN] = {
         0x45, 0x58, 0x53, 0x54,                         /* "EXST" */
         0x01,                                           /* version */
@@ -399,7 +402,7 @@ START_TEST(golden_tcp_frame)
         0xca, 0xfe, 0xba, 0xbe,                         /* rkey */
         0xde, 0xad, 0xbe, 0xef,                         /* imm */
     };
-    static const uint8_t want_conn[TCP_WIRE_CONN_LEN] = { 7, 12, 0, 0, 0, 0, 0, 0 };
+    static const uint8_t want_conn[TCP_WIRE_CONN_LEN] = {7, 12, 0, 0, 0, 0, 0, 0};
 
     memset(&h, 0xee, sizeof(h));
     exs__tcp_hdr_init(&h, TCP_WIRE_WRITE, 0x010203);

@@ -12,6 +12,7 @@ Suite *util_list_suite(void);
 Suite *util_misc_suite(void);
 Suite *api_evq_suite(void);
 Suite *prov_vrb_cache_suite(void);
+Suite *mock_prov_suite(void);
 Suite *proto_credits_suite(void);
 Suite *proto_stream_suite(void);
 Suite *proto_seqpacket_suite(void);
