@@ -21,6 +21,7 @@ static Suite *(*const suites[])(void) = {
     proto_stream_suite,
     proto_seqpacket_suite,
     proto_teardown_suite,
+    proto_hostile_suite,
     wire_golden_suite,
 };
 

@@ -17,6 +17,7 @@ Suite *proto_credits_suite(void);
 Suite *proto_stream_suite(void);
 Suite *proto_seqpacket_suite(void);
 Suite *proto_teardown_suite(void);
+Suite *proto_hostile_suite(void);
 Suite *wire_golden_suite(void);
 
 /* Unset every EXS_* variable of the tunables table, forget loaded tunables, and put
