@@ -393,6 +393,36 @@ START_TEST(td_create_failures)
 }
 END_TEST
 
+/* The completion queue serves only the conns it can hold: one more is refused with
+ * ENOBUFS before anything is posted, and nothing leaks. */
+START_TEST(td_cq_full_refuses_conn)
+{
+    struct exs_prov_attr attr = {.cq_size = 200};
+    struct exs_conn_params p;
+    struct exs_prov_ctx *ctx;
+    struct exs_conn *c[8];
+    struct mock_stats st;
+    int n = 0, ret;
+
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    pt_params(&p, SOCK_STREAM);
+    ck_assert_int_eq(mock_ctx_open(&attr, &ctx), 0);
+    while ((ret = exs__conn_create(ctx, &p, &(struct exs_conn_cb){0}, NULL, &c[n])) == 0)
+        ck_assert_int_lt(++n, 8);
+    ck_assert_int_eq(ret, -ENOBUFS);
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(exs__conn_live_count(), n);
+    mock_stats(ctx, &st);
+    ck_assert_uint_le(st.cq_max, 200);
+    while (n)
+        exs__conn_destroy(c[--n]);
+    exs__prov_ctx_close(ctx);
+    ck_assert_int_eq(exs__conn_live_count(), 0);
+    ck_assert_uint_eq(mock_violations(), 0);
+}
+END_TEST
+
 Suite *proto_teardown_suite(void)
 {
     Suite *s = suite_create("proto_teardown");
@@ -412,6 +442,7 @@ Suite *proto_teardown_suite(void)
     tcase_add_test(tc, td_accept_no_resources);
     tcase_add_loop_test(tc, td_close_while_connecting, 0, 3);
     tcase_add_test(tc, td_create_failures);
+    tcase_add_test(tc, td_cq_full_refuses_conn);
     suite_add_tcase(s, tc);
     return s;
 }
