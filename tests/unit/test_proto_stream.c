@@ -400,6 +400,97 @@ START_TEST(st_shutdown_eof)
 }
 END_TEST
 
+/* Transfer modes (EXS_SO_XFER_MODE): an indirect-only receiver never advertises; a
+ * direct-only sender waits for ADVERTs and never writes the ring, unless its peer is
+ * indirect-only (it would wait forever). */
+static void xfer_pair(int mode_a, int mode_b)
+{
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    memset(&tap, 0, sizeof(tap));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pp.pa.xfer_mode = mode_a;
+    pp.pb.xfer_mode = mode_b;
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+}
+
+static void xfer_round(int recv_first, uint64_t off)
+{
+    static uint8_t sb[3000], rb[3000];
+    struct pt_op s, r;
+
+    if (recv_first)
+        st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    st_send(&s, &pp.a, sb, sizeof(sb), off);
+    pt_run(&pp);
+    if (!recv_first) {
+        st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+        pt_run(&pp);
+    }
+    assert_done(&s, 3000, 0);
+    assert_done(&r, 3000, 0);
+    ck_assert(pt_check(rb, 3000, off));
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+
+START_TEST(st_xfer_indirect_only_receiver)
+{
+    struct exs_sock_stats sa, sb_;
+
+    xfer_pair(EXS_XFER_DYNAMIC, EXS_XFER_INDIRECT_ONLY);
+    xfer_round(1, 0);
+    xfer_round(0, 3000);
+    exs__conn_stats(pp.a.conn, &sa);
+    exs__conn_stats(pp.b.conn, &sb_);
+    ck_assert_uint_eq(sb_.adverts_sent, 0);
+    ck_assert_uint_eq(sa.direct_xfers, 0);
+    ck_assert_uint_gt(sa.indirect_xfers, 0);
+}
+END_TEST
+
+START_TEST(st_xfer_direct_only_sender)
+{
+    static uint8_t sb[3000];
+    struct exs_sock_stats sa;
+    struct pt_op s;
+
+    xfer_pair(EXS_XFER_DIRECT_ONLY, EXS_XFER_DYNAMIC);
+    /* no receive: the send waits rather than write the ring */
+    st_send(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(s.done, 0);
+    exs__conn_stats(pp.a.conn, &sa);
+    ck_assert_uint_eq(sa.indirect_xfers, 0);
+    static uint8_t rb[3000];
+    struct pt_op r;
+    st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_run(&pp);
+    assert_done(&s, 3000, 0);
+    assert_done(&r, 3000, 0);
+    ck_assert(pt_check(rb, 3000, 0));
+    exs__conn_stats(pp.a.conn, &sa);
+    ck_assert_uint_eq(sa.indirect_xfers, 0);
+    ck_assert_uint_gt(sa.direct_xfers, 0);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
+START_TEST(st_xfer_direct_only_vs_indirect_only)
+{
+    struct exs_sock_stats sa;
+
+    xfer_pair(EXS_XFER_DIRECT_ONLY, EXS_XFER_INDIRECT_ONLY);
+    xfer_round(0, 0);
+    exs__conn_stats(pp.a.conn, &sa);
+    ck_assert_uint_gt(sa.indirect_xfers, 0);
+}
+END_TEST
+
 Suite *proto_stream_suite(void)
 {
     Suite *s = suite_create("proto_stream");
@@ -413,6 +504,14 @@ Suite *proto_stream_suite(void)
     tcase_add_test(tc, st_lazy_ring_ack);
     tcase_add_loop_test(tc, st_ring_wrap_reordered, 0, 4);
     tcase_add_test(tc, st_shutdown_eof);
+    suite_add_tcase(s, tc);
+
+    /* these build their own pair (transfer modes) and share the teardown */
+    tc = tcase_create("xfer_mode");
+    tcase_add_checked_fixture(tc, NULL, st_teardown);
+    tcase_add_test(tc, st_xfer_indirect_only_receiver);
+    tcase_add_test(tc, st_xfer_direct_only_sender);
+    tcase_add_test(tc, st_xfer_direct_only_vs_indirect_only);
     suite_add_tcase(s, tc);
     return s;
 }
