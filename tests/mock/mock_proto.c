@@ -50,6 +50,7 @@ void pt_open(struct pt_pair *pp, int sock_type)
 {
     struct sockaddr_in sin = {.sin_family = AF_INET};
 
+    mock_set_tap(NULL, NULL); /* a failed test may have left one */
     if (!pp->pa.sock_type)
         pt_params(&pp->pa, sock_type);
     if (!pp->pb.sock_type)

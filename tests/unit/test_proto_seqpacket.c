@@ -321,6 +321,56 @@ START_TEST(sp_mixed_reordered)
 }
 END_TEST
 
+/* Where each eager write landed in b's ring (offsets from the tap). */
+static struct {
+    struct exs_prov_ep *ep;
+    uint64_t base;
+    int n;
+    uint64_t off[16];
+} ring_tap;
+
+static void ring_tap_fn(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
+                        const uint8_t *p, uint32_t len)
+{
+    (void)arg;
+    (void)p;
+    (void)len;
+    if (ep == ring_tap.ep && wr->opcode == EXS_PROV_WR_RDMA_WRITE_WITH_IMM && ring_tap.n < 16)
+        ring_tap.off[ring_tap.n++] = wr->remote_addr - ring_tap.base;
+}
+
+/* An eager message never wraps: the one that does not fit before the ring's end goes
+ * to offset 0 and the bytes skipped count as used; the receiver applies the same rule. */
+START_TEST(sp_ring_skip)
+{
+    static uint8_t sb[6][900], rb[6][900];
+    struct pt_op s[6], r[6];
+
+    memset(&ring_tap, 0, sizeof(ring_tap));
+    ring_tap.ep = pp.a.conn->ep;
+    ring_tap.base = (uintptr_t)pp.b.conn->ring;
+    mock_set_tap(ring_tap_fn, NULL);
+    for (int i = 0; i < 6; i++) {
+        send_msg(&s[i], &pp.a, sb[i], 900, (uint64_t)i * 900);
+        recv_msg(&r[i], &pp.b, rb[i], 900);
+        pt_run(&pp);
+        assert_done(&s[i], 900, 0);
+        assert_done(&r[i], 900, 0);
+        ck_assert(pt_check(rb[i], 900, (uint64_t)i * 900));
+    }
+    mock_set_tap(NULL, NULL);
+    /* slots of 960 bytes: four fit in 4096, the fifth skips the last 256 */
+    ck_assert_int_eq(ring_tap.n, 6);
+    static const uint64_t want[6] = {0, 960, 1920, 2880, 0, 960};
+    for (int i = 0; i < 6; i++)
+        ck_assert_uint_eq(ring_tap.off[i], want[i]);
+    for (int i = 0; i < 6; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
 Suite *proto_seqpacket_suite(void)
 {
     Suite *s = suite_create("proto_seqpacket");
@@ -333,6 +383,7 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_truncation);
     tcase_add_test(tc, sp_stale_advert_dropped);
     tcase_add_test(tc, sp_shutdown_eof);
+    tcase_add_test(tc, sp_ring_skip);
     tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
     suite_add_tcase(s, tc);
     return s;

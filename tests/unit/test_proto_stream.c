@@ -491,6 +491,28 @@ START_TEST(st_xfer_direct_only_vs_indirect_only)
 }
 END_TEST
 
+/* ... and as soon as anything is unreported once the writer may believe more than half
+ * the ring is in use. */
+START_TEST(st_lazy_ring_ack_half)
+{
+    static uint8_t sb[2100], rb[100];
+    struct pt_op s, r;
+
+    st_send(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(tap.n_ack, 0);
+    st_recv(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_run(&pp);
+    assert_done(&r, 100, 0);
+    ck_assert(pt_check(rb, 100, 0));
+    ck_assert_int_eq(tap.n_ack, 1); /* 100 < 1024, but 2100 > 4096 / 2 was in use */
+    ck_assert_uint_eq(tap.ack[0], 100);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+    /* the rest is still there for the close to drain */
+}
+END_TEST
+
 Suite *proto_stream_suite(void)
 {
     Suite *s = suite_create("proto_stream");
@@ -502,6 +524,7 @@ Suite *proto_stream_suite(void)
     tcase_add_test(tc, st_waitall_fills);
     tcase_add_test(tc, st_stale_advert_phase_jump);
     tcase_add_test(tc, st_lazy_ring_ack);
+    tcase_add_test(tc, st_lazy_ring_ack_half);
     tcase_add_loop_test(tc, st_ring_wrap_reordered, 0, 4);
     tcase_add_test(tc, st_shutdown_eof);
     suite_add_tcase(s, tc);
