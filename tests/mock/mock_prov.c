@@ -69,7 +69,8 @@ struct mock_ep {
     uint32_t unsig;       /* successful unsignaled requests not yet retired */
     struct exs_list held; /* completions held back (reordering) */
     struct exs_list grants;
-    uint32_t posted; /* send work requests posted so far */
+    uint32_t posted;    /* send work requests posted so far */
+    uint32_t reads_out; /* RDMA_READs posted, completion not yet polled */
     uint32_t inject_at;
     enum exs_prov_wc_status inject_status;
     int disc_queued; /* DISCONNECTED queued for this ep */
@@ -767,6 +768,8 @@ static int mock_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int m
 
         ctx->cq_len--;
         ep->sq_out -= m->retires;
+        if (m->retires && m->cqe.opcode == EXS_PROV_WC_RDMA_READ)
+            ep->reads_out--;
         cqe[n++] = m->cqe;
         free(m);
     }
@@ -1322,6 +1325,8 @@ static int mock_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *
         }
     }
     ep->sq_out++;
+    if (wr->opcode == EXS_PROV_WR_RDMA_READ && ++ep->reads_out > ep->ctx->st.reads_max)
+        ep->ctx->st.reads_max = ep->reads_out;
     if (++ep->posted == ep->inject_at) {
         w->inject = 1;
         w->inject_status = ep->inject_status;

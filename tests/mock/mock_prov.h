@@ -80,6 +80,7 @@ struct mock_stats {
     uint64_t grants;         /* grants made */
     uint64_t revokes;        /* grants revoked */
     uint32_t cq_max;         /* most entries the completion queue held at once */
+    uint32_t reads_max;      /* most RDMA_READs of one ep posted and not yet polled */
 };
 /* The counters of ctx. */
 void mock_stats(struct exs_prov_ctx *ctx, struct mock_stats *st);

@@ -371,6 +371,88 @@ START_TEST(sp_ring_skip)
 }
 END_TEST
 
+/* Zero-length messages take every path: eager, and announced (read of nothing) when
+ * the ring is full; an empty message is still one message. */
+START_TEST(sp_zero_length)
+{
+    static uint8_t fill[64][1000], rb[70][1000];
+    struct pt_op s[70], r[70];
+    int n = 0;
+
+    /* fill the ring (4096) with unconsumed eager messages: 4 x 1024-byte slots */
+    for (; n < 4; n++)
+        send_msg(&s[n], &pp.a, fill[n], 1000, (uint64_t)n << 12);
+    send_msg(&s[n++], &pp.a, fill[4], 0, 0); /* no room even for a slot: announced */
+    send_msg(&s[n++], &pp.a, fill[5], 2000, 5 << 12);
+    pt_run(&pp);
+    for (int i = 0; i < 4; i++)
+        assert_done(&s[i], 1000, 0);
+    ck_assert_int_eq(s[4].done, 0); /* waits to be read */
+    for (int i = 0; i < n; i++)
+        recv_msg(&r[i], &pp.b, rb[i], 1000);
+    pt_run(&pp);
+    for (int i = 0; i < 4; i++) {
+        assert_done(&r[i], 1000, 0);
+        ck_assert(pt_check(rb[i], 1000, (uint64_t)i << 12));
+    }
+    assert_done(&s[4], 0, 0);
+    assert_done(&r[4], 0, 0);
+    assert_done(&r[5], 1000, 0);
+    ck_assert_int_eq(r[5].op.rflags, MSG_TRUNC);
+    ck_assert(pt_check(rb[5], 1000, 5 << 12));
+    assert_done(&s[5], 2000, 0);
+    /* and an empty message into an advertised receive */
+    recv_msg(&r[n], &pp.b, rb[n], 1000);
+    pt_run(&pp);
+    send_msg(&s[n], &pp.a, fill[6], 0, 0);
+    pt_run(&pp);
+    assert_done(&s[n], 0, 0);
+    assert_done(&r[n], 0, 0);
+    ck_assert_int_eq(r[n].op.rflags, 0);
+    n++;
+    for (int i = 0; i < n; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* At most max_reads RDMA READs at once (here 1): announced messages wait in the
+ * pending list and are still read, in order, into the receives of their numbers. */
+START_TEST(sp_reads_throttled)
+{
+    static uint8_t sb[6][5000], rb[6][5000];
+    struct pt_op s[6], r[6];
+    struct mock_stats ms;
+
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder((uint32_t)_i * 131u);
+    pt_params(&pp.pa, SOCK_SEQPACKET);
+    pt_params(&pp.pb, SOCK_SEQPACKET);
+    pp.pb.max_reads = 1;
+    pt_open(&pp, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    for (int i = 0; i < 6; i++)
+        send_msg(&s[i], &pp.a, sb[i], 5000 - (size_t)i, (uint64_t)i << 16);
+    pt_run(&pp);
+    for (int i = 0; i < 6; i++)
+        recv_msg(&r[i], &pp.b, rb[i], 5000);
+    pt_run(&pp);
+    for (int i = 0; i < 6; i++) {
+        assert_done(&s[i], 5000 - i, 0);
+        assert_done(&r[i], 5000 - i, 0);
+        ck_assert(pt_check(rb[i], 5000 - (size_t)i, (uint64_t)i << 16));
+        ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+    mock_stats(pp.b.ctx, &ms);
+    ck_assert_uint_eq(ms.reads, 6);
+    ck_assert_uint_eq(ms.reads_max, 1);
+}
+END_TEST
+
 Suite *proto_seqpacket_suite(void)
 {
     Suite *s = suite_create("proto_seqpacket");
@@ -384,7 +466,13 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_stale_advert_dropped);
     tcase_add_test(tc, sp_shutdown_eof);
     tcase_add_test(tc, sp_ring_skip);
+    tcase_add_test(tc, sp_zero_length);
     tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("reads");
+    tcase_add_checked_fixture(tc, NULL, sp_teardown);
+    tcase_add_loop_test(tc, sp_reads_throttled, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }
