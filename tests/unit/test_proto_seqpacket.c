@@ -453,6 +453,50 @@ START_TEST(sp_reads_throttled)
 }
 END_TEST
 
+/* ADVERT matching: message 0 is announced and read; the receives behind it are
+ * advertised for messages 1 and 2 and filled directly, and all complete in posting
+ * order. */
+START_TEST(sp_direct_behind_announced)
+{
+    static uint8_t sb[3][6000], rb[3][6000];
+    struct pt_op s[3], r[3];
+    struct exs_sock_stats st;
+
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder((uint32_t)_i * 257u);
+    pt_params(&pp.pa, SOCK_SEQPACKET);
+    pt_params(&pp.pb, SOCK_SEQPACKET);
+    pp.pb.max_reads = 1;
+    pt_open(&pp, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    send_msg(&s[0], &pp.a, sb[0], 6000, 1 << 20); /* no receive yet: announced */
+    pt_run(&pp);
+    recv_msg(&r[0], &pp.b, rb[0], 6000); /* takes message 0 by READ */
+    recv_msg(&r[1], &pp.b, rb[1], 6000); /* advertised for message 1 */
+    recv_msg(&r[2], &pp.b, rb[2], 6000); /* advertised for message 2 */
+    pt_run(&pp);
+    send_msg(&s[1], &pp.a, sb[1], 5000, 2 << 20);
+    send_msg(&s[2], &pp.a, sb[2], 4000, 3 << 20);
+    pt_run(&pp);
+    assert_done(&r[0], 6000, 0);
+    assert_done(&r[1], 5000, 0);
+    assert_done(&r[2], 4000, 0);
+    ck_assert(pt_check(rb[0], 6000, 1 << 20));
+    ck_assert(pt_check(rb[1], 5000, 2 << 20));
+    ck_assert(pt_check(rb[2], 4000, 3 << 20));
+    ck_assert_uint_lt(r[0].order, r[1].order);
+    ck_assert_uint_lt(r[1].order, r[2].order);
+    exs__conn_stats(pp.a.conn, &st);
+    ck_assert_uint_eq(st.direct_xfers, 2);
+    for (int i = 0; i < 3; i++) {
+        assert_done(&s[i], (ssize_t)s[i].op.len, 0);
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
 Suite *proto_seqpacket_suite(void)
 {
     Suite *s = suite_create("proto_seqpacket");
@@ -473,6 +517,7 @@ Suite *proto_seqpacket_suite(void)
     tc = tcase_create("reads");
     tcase_add_checked_fixture(tc, NULL, sp_teardown);
     tcase_add_loop_test(tc, sp_reads_throttled, 0, 3);
+    tcase_add_loop_test(tc, sp_direct_behind_announced, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }
