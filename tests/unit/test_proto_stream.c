@@ -513,6 +513,29 @@ START_TEST(st_lazy_ring_ack_half)
 }
 END_TEST
 
+/* End of stream cuts a WAITALL receive short: it completes with what it holds. */
+START_TEST(st_shutdown_waitall_partial)
+{
+    static uint8_t sb[100], rb[2][1000];
+    struct pt_op s, sh, r[2];
+
+    st_send(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_op_init(&sh, &pp.a, EXS_OP_SHUTDOWN, NULL, 0, 0);
+    ck_assert_int_eq(pt_post(&sh), 0);
+    st_recv(&r[0], &pp.b, rb[0], 1000, MSG_WAITALL);
+    st_recv(&r[1], &pp.b, rb[1], 1000, MSG_WAITALL);
+    pt_run(&pp);
+    assert_done(&r[0], 100, 0);
+    ck_assert(pt_check(rb[0], 100, 0));
+    assert_done(&r[1], 0, 0);
+    assert_done(&s, 100, 0);
+    assert_done(&sh, 0, 0);
+    pt_op_fini(&s);
+    pt_op_fini(&r[0]);
+    pt_op_fini(&r[1]);
+}
+END_TEST
+
 Suite *proto_stream_suite(void)
 {
     Suite *s = suite_create("proto_stream");
@@ -527,6 +550,7 @@ Suite *proto_stream_suite(void)
     tcase_add_test(tc, st_lazy_ring_ack_half);
     tcase_add_loop_test(tc, st_ring_wrap_reordered, 0, 4);
     tcase_add_test(tc, st_shutdown_eof);
+    tcase_add_test(tc, st_shutdown_waitall_partial);
     suite_add_tcase(s, tc);
 
     /* these build their own pair (transfer modes) and share the teardown */

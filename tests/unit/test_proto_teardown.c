@@ -73,6 +73,9 @@ static void close_in_order(int first_b, int seed, int sock_type)
     assert_done(&r, 500, 0);
     ck_assert(pt_check(rb, 500, 5));
     exs__conn_close(c->conn);
+    pt_op_init(&l, c, EXS_OP_SEND, late, sizeof(late), 0);
+    ck_assert_int_eq(pt_post(&l), -EBADF); /* the closer takes nothing more */
+    pt_op_fini(&l);
     /* SEQPACKET: nothing of the small receive was on the wire, so it goes at once;
      * STREAM advertised it, so it goes once the disconnect took the ADVERT's buffer back */
     if (sock_type == SOCK_SEQPACKET)
@@ -358,8 +361,14 @@ END_TEST
 /* Close while the connect is in flight: the conn dies, nothing is established. */
 START_TEST(td_close_while_connecting)
 {
+    static uint8_t b[8];
+    struct pt_op o;
+
     td_begin(_i, SOCK_STREAM);
     pt_connect_to(&pp, NULL, 0);
+    pt_op_init(&o, &pp.a, EXS_OP_SEND, b, sizeof(b), 0);
+    ck_assert_int_eq(pt_post(&o), -ENOTCONN); /* not yet */
+    pt_op_fini(&o);
     exs__conn_close(pp.a.conn);
     pt_run(&pp);
     ck_assert_int_eq(pp.a.dead + pp.a.established, 1);
