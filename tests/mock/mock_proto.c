@@ -206,14 +206,11 @@ void pt_op_init(struct pt_op *o, struct pt_side *side, enum exs_op_kind kind, vo
     o->op.done = pt_op_done;
     o->op.owner = o;
     if (len) {
-        ck_assert_int_eq(exs__prov_mr_reg(side->ctx, buf, len,
-                                          EXS_PROV_ACCESS_LOCAL_WRITE |
-                                              EXS_PROV_ACCESS_REMOTE_WRITE |
-                                              EXS_PROV_ACCESS_REMOTE_READ,
-                                          &o->mr),
+        /* as exs_mregister: local access only; the protocol grants the peer what it needs */
+        ck_assert_int_eq(exs__prov_mr_reg(side->ctx, buf, len, EXS_PROV_ACCESS_LOCAL_WRITE, &o->mr),
                          0);
+        o->op.mr = o->mr;
         o->op.lkey = o->mr->lkey;
-        o->op.rkey = o->mr->rkey;
     }
 }
 

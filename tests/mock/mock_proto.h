@@ -57,7 +57,7 @@ int pt_dispatch(struct pt_pair *pp);
  * listener and ctxs; asserts no conn leaks and no provider contract violation. */
 void pt_close(struct pt_pair *pp);
 
-/* Prepare op (kind, buffer registered with every right on side's ctx, flags). */
+/* Prepare op (kind, buffer registered for local access on side's ctx, flags). */
 void pt_op_init(struct pt_op *o, struct pt_side *side, enum exs_op_kind kind, void *buf, size_t len,
                 int flags);
 /* exs__conn_post; returns its result. */

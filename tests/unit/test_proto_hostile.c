@@ -18,8 +18,9 @@ static struct raw {
     struct exs_prov_ctx *ctx;
     struct exs_prov_ep *ep;
     struct exs_prov_mr *mr;
-    uint8_t mem[RAW_RECVS * 512 + 4096 + 65536]; /* recvs, ring, send area */
-    struct exs_wire_hello peer;                  /* b's, host order */
+    uint8_t mem[RAW_RECVS * 512 + 4096 + 65536]
+        __attribute__((aligned(4096))); /* recvs, ring, send area */
+    struct exs_wire_hello peer;         /* b's, host order */
     uint64_t wr_id;
 } raw;
 
@@ -28,7 +29,12 @@ static struct raw {
 
 static struct pt_pair pp;
 
-static void raw_open(int sock_type)
+static void raw_post(enum exs_prov_wr_opcode op, const void *data, uint32_t len, uint64_t raddr,
+                     uint32_t rkey, uint32_t imm);
+static void raw_send_ring(void);
+static uint32_t raw_peer_ring_key(void);
+
+static void raw_open_ring(int sock_type, int send_ring)
 {
     struct exs_prov_ep_attr attr = {.max_send_wr = 256, .max_recv_wr = RAW_RECVS, .max_inline = 64};
     struct sockaddr_storage ss;
@@ -64,7 +70,7 @@ static void raw_open(int sock_type)
     h.ctrl_size = htobe32(512);
     h.ring_size = htobe32(4096);
     h.ring_addr = htobe64((uintptr_t)raw.mem + RAW_RING);
-    h.ring_rkey = htobe32(raw.mr->rkey);
+    h.ring_rkey = 0; /* reserved (v2): the key goes in the RING record */
     h.eager_max = htobe32(1024);
     ck_assert_int_eq(exs__prov_listener_addr(pp.lis, &ss, &len), 0);
     ck_assert_int_eq(exs__prov_connect(raw.ep, (struct sockaddr *)&ss, len, &h, sizeof(h)), 0);
@@ -77,8 +83,47 @@ static void raw_open(int sock_type)
     memcpy(&h, ev.private_data, sizeof(h));
     raw.peer.ring_size = be32toh(h.ring_size);
     raw.peer.ring_addr = be64toh(h.ring_addr);
-    raw.peer.ring_rkey = be32toh(h.ring_rkey);
     raw.peer.credits = be16toh(h.credits);
+    if (send_ring)
+        raw_send_ring();
+    pt_run(&pp);
+    raw.peer.ring_rkey = raw_peer_ring_key();
+}
+
+static void raw_open(int sock_type)
+{
+    raw_open_ring(sock_type, 1);
+}
+
+/* Our ring's key, as the protocol's first record (v2). */
+static void raw_send_ring(void)
+{
+    struct exs_wire_ring r = {
+        .hdr = {.type = EXS_CTRL_RING, .len = htobe16(EXS_WIRE_RING_LEN)},
+        .rkey = htobe32(raw.mr->rkey),
+    };
+
+    raw_post(EXS_PROV_WR_SEND, &r, sizeof(r), 0, 0, 0);
+}
+
+/* b's ring key from the RING record among the SENDs raw received. */
+static uint32_t raw_peer_ring_key(void)
+{
+    struct exs_prov_cqe cqe;
+    uint32_t key = 0;
+
+    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1) {
+        struct exs_wire_ring r;
+
+        if (cqe.status != EXS_PROV_WC_SUCCESS || cqe.opcode != EXS_PROV_WC_RECV ||
+            cqe.byte_len < sizeof(r))
+            continue;
+        memcpy(&r, raw.mem + 512 * cqe.wr_id, sizeof(r));
+        if (r.hdr.type == EXS_CTRL_RING)
+            key = be32toh(r.rkey);
+    }
+    ck_assert_uint_ne(key, 0);
+    return key;
 }
 
 static void raw_close(void)
@@ -277,6 +322,181 @@ START_TEST(hs_data_after_shutdown)
 }
 END_TEST
 
+/* v2: the peer's first record must be its RING, and it comes once. */
+START_TEST(hs_record_before_ring)
+{
+    raw_open_ring(SOCK_SEQPACKET, 0);
+    raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 0, NULL, 0);
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+START_TEST(hs_second_ring)
+{
+    raw_open(SOCK_STREAM);
+    raw_send_ring();
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* The control records raw received since the last call, searched for one of type;
+ * copies it into rec (len bytes). */
+static int raw_find_record(uint8_t type, void *rec, size_t len)
+{
+    struct exs_prov_cqe cqe;
+    int found = 0;
+
+    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1) {
+        const uint8_t *p = raw.mem + 512 * cqe.wr_id;
+
+        if (cqe.status != EXS_PROV_WC_SUCCESS || cqe.opcode != EXS_PROV_WC_RECV)
+            continue;
+        for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= cqe.byte_len;) {
+            struct exs_wire_ctrl_hdr h;
+
+            memcpy(&h, p + off, sizeof(h));
+            if (h.type == type && off + len <= cqe.byte_len && !found) {
+                memcpy(rec, p + off, len);
+                found = 1;
+            }
+            if (!be16toh(h.len))
+                break;
+            off += be16toh(h.len);
+        }
+    }
+    return found;
+}
+
+/* The status of raw's next completion of a send work request. */
+static enum exs_prov_wc_status raw_send_status(void)
+{
+    struct exs_prov_cqe cqe;
+
+    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1)
+        if (cqe.opcode != EXS_PROV_WC_RECV && cqe.opcode != EXS_PROV_WC_RECV_RDMA_WITH_IMM)
+            return cqe.status;
+    ck_abort_msg("no send completion");
+    return EXS_PROV_WC_GENERAL_ERR;
+}
+
+/* Grants (deliver 1): an advertised receive buffer may be written by this peer until
+ * the receive completes, and not one byte later. */
+START_TEST(hs_advert_key_dies_with_receive)
+{
+    static uint8_t rb[4096];
+    struct exs_wire_advert a;
+    uint8_t msg[100];
+    struct pt_op r;
+
+    raw_open(SOCK_SEQPACKET);
+    memset(rb, 0, sizeof(rb));
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_ADVERT, &a, sizeof(a)));
+    ck_assert_uint_eq(be64toh(a.addr), (uintptr_t)rb);
+    ck_assert_uint_eq(be32toh(a.len), sizeof(rb));
+    /* the other right: refused */
+    raw_post(EXS_PROV_WR_RDMA_READ, NULL, 8, be64toh(a.addr), be32toh(a.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_REM_ACCESS_ERR);
+    exs__prov_ep_destroy(raw.ep); /* raw's ep is in ERROR now: a fresh one */
+    exs__prov_mr_dereg(raw.mr);
+    exs__prov_ctx_close(raw.ctx);
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    pt_op_fini(&r);
+    pt_close(&pp);
+
+    raw_open(SOCK_SEQPACKET);
+    memset(rb, 0, sizeof(rb));
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_ADVERT, &a, sizeof(a)));
+    pt_fill(msg, sizeof(msg), 5);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), be64toh(a.addr), be32toh(a.rkey),
+             exs_imm_make(EXS_IMM_DIRECT, EXS_IMM_EOM, 0, be32toh(a.id)));
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_SUCCESS);
+    ck_assert_int_eq(r.done, 1);
+    ck_assert_int_eq(r.op.result, 100);
+    ck_assert(pt_check(rb, 100, 5));
+    /* done: the key is dead */
+    memset(msg, 0xee, sizeof(msg));
+    raw_post(EXS_PROV_WR_RDMA_WRITE, msg, sizeof(msg), be64toh(a.addr), be32toh(a.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_REM_ACCESS_ERR);
+    ck_assert(pt_check(rb, 100, 5));
+    pt_op_fini(&r);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* An announced send buffer may be read, never written, and only until READ_DONE. */
+START_TEST(hs_announce_key_read_only)
+{
+    static uint8_t sb[8000];
+    struct exs_wire_announce a;
+    struct exs_wire_read_done d = {
+        .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
+    };
+    struct pt_op s;
+
+    raw_open(SOCK_SEQPACKET);
+    pt_fill(sb, sizeof(sb), 9);
+    pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, sizeof(sb), 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_ANNOUNCE, &a, sizeof(a)));
+    ck_assert_uint_eq(be64toh(a.addr), (uintptr_t)sb);
+    raw_post(EXS_PROV_WR_RDMA_READ, NULL, 8000, be64toh(a.addr), be32toh(a.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_SUCCESS);
+    ck_assert(pt_check(raw.mem + RAW_SEND, 8000, 9));
+    d.seq = a.seq;
+    raw_post(EXS_PROV_WR_SEND, &d, sizeof(d), 0, 0, 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_SUCCESS);
+    ck_assert_int_eq(s.done, 1);
+    ck_assert_int_eq(s.op.result, 8000);
+    raw_post(EXS_PROV_WR_RDMA_READ, NULL, 8, be64toh(a.addr), be32toh(a.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_REM_ACCESS_ERR);
+    pt_op_fini(&s);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+START_TEST(hs_announce_key_not_writable)
+{
+    static uint8_t sb[8000];
+    struct exs_wire_announce a;
+    struct pt_op s;
+
+    raw_open(SOCK_SEQPACKET);
+    pt_fill(sb, sizeof(sb), 9);
+    pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, sizeof(sb), 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_ANNOUNCE, &a, sizeof(a)));
+    raw_post(EXS_PROV_WR_RDMA_WRITE, NULL, 8, be64toh(a.addr), be32toh(a.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_REM_ACCESS_ERR);
+    ck_assert(pt_check(sb, sizeof(sb), 9));
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(s.done, 1);
+    pt_op_fini(&s);
+    raw_close();
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -292,6 +512,11 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_announce_out_of_sequence);
     tcase_add_test(tc, hs_bad_imm_kind);
     tcase_add_test(tc, hs_data_after_shutdown);
+    tcase_add_test(tc, hs_record_before_ring);
+    tcase_add_test(tc, hs_second_ring);
+    tcase_add_test(tc, hs_advert_key_dies_with_receive);
+    tcase_add_test(tc, hs_announce_key_read_only);
+    tcase_add_test(tc, hs_announce_key_not_writable);
     suite_add_tcase(s, tc);
     return s;
 }

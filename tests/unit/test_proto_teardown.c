@@ -386,8 +386,8 @@ END_TEST
 START_TEST(td_create_failures)
 {
     static const enum mock_fail_op ops[] = {MOCK_FAIL_MEM_ALLOC, MOCK_FAIL_MEM_ALLOC,
-                                            MOCK_FAIL_MR_REG, MOCK_FAIL_EP_CREATE};
-    static const uint32_t nth[] = {1, 2, 1, 1};
+                                            MOCK_FAIL_EP_CREATE};
+    static const uint32_t nth[] = {1, 2, 1};
     struct exs_conn *c = NULL;
 
     td_begin(0, SOCK_STREAM);
@@ -432,6 +432,80 @@ START_TEST(td_cq_full_refuses_conn)
 }
 END_TEST
 
+/* The ring grant fails as the connection is established: that side resets, both
+ * conns die, nothing leaks. */
+START_TEST(td_ring_grant_fails)
+{
+    td_begin(_i, SOCK_STREAM);
+    mock_fail(pp.a.ctx, MOCK_FAIL_GRANT, 1, -ENOMEM);
+    pt_connect_to(&pp, NULL, 0);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.b.dead, 1);
+    td_end();
+}
+END_TEST
+
+/* A receive's grant fails when it is to be advertised: the conn resets and the
+ * receive fails with ECONNRESET. */
+START_TEST(td_advert_grant_fails)
+{
+    static uint8_t rb[8000];
+    struct pt_op r;
+
+    td_begin(_i, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    mock_fail(pp.b.ctx, MOCK_FAIL_GRANT, 1, -ENOMEM);
+    op_post(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    pt_run(&pp);
+    assert_done(&r, -1, ECONNRESET);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.b.dead, 1);
+    pt_op_fini(&r);
+    td_end();
+}
+END_TEST
+
+/* Every grant the protocol made was revoked by the end. */
+START_TEST(td_grants_all_revoked)
+{
+    static uint8_t sb[3][8000], rb[3][8000];
+    struct pt_op s[3], r[3];
+    struct mock_stats st;
+
+    td_begin(_i, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    op_post(&r[0], &pp.b, EXS_OP_RECV, rb[0], 8000, 0); /* advertised */
+    pt_run(&pp);
+    op_post(&s[0], &pp.a, EXS_OP_SEND, sb[0], 8000, 0); /* direct */
+    op_post(&s[1], &pp.a, EXS_OP_SEND, sb[1], 8000, 0); /* announced, read */
+    pt_run(&pp);
+    op_post(&r[1], &pp.b, EXS_OP_RECV, rb[1], 8000, 0);
+    op_post(&s[2], &pp.a, EXS_OP_SEND, sb[2], 8000, 0); /* announced, never read */
+    op_post(&r[2], &pp.a, EXS_OP_RECV, rb[2], 8000, 0); /* advertised, never filled */
+    pt_run(&pp);
+    for (int i = 0; i < 2; i++) {
+        assert_done(&s[i], 8000, 0);
+        assert_done(&r[i], 8000, 0);
+    }
+    exs__conn_close(pp.a.conn);
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    assert_done(&s[2], -1, ECANCELED);
+    assert_done(&r[2], -1, ECANCELED);
+    for (int i = 0; i < 2; i++) {
+        mock_stats(i ? pp.b.ctx : pp.a.ctx, &st);
+        ck_assert_uint_gt(st.grants, 1);
+        ck_assert_uint_eq(st.revokes, st.grants);
+    }
+    for (int i = 0; i < 3; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+    td_end();
+}
+END_TEST
+
 Suite *proto_teardown_suite(void)
 {
     Suite *s = suite_create("proto_teardown");
@@ -452,6 +526,9 @@ Suite *proto_teardown_suite(void)
     tcase_add_loop_test(tc, td_close_while_connecting, 0, 3);
     tcase_add_test(tc, td_create_failures);
     tcase_add_test(tc, td_cq_full_refuses_conn);
+    tcase_add_loop_test(tc, td_ring_grant_fails, 0, 3);
+    tcase_add_loop_test(tc, td_advert_grant_fails, 0, 3);
+    tcase_add_loop_test(tc, td_grants_all_revoked, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -109,14 +109,14 @@ START_TEST(golden_hello)
     struct exs_wire_hello h;
     uint8_t want[EXS_WIRE_HELLO_LEN] = {
         0x45, 0x58,                         /* magic "EX" */
-        0x01,                               /* version 1 */
+        0x02,                               /* version 2 */
         0x01,                               /* STREAM */
         0x00, 0x03,                         /* features: keepalive | read */
         0x00, 0x21,                         /* credits 33 */
         0x00, 0x00, 0x02, 0x00,             /* ctrl_size 512 */
         0x00, 0x00, 0x20, 0x00,             /* ring_size 8192 */
         0,    0,    0,    0,    0, 0, 0, 0, /* ring_addr: below */
-        0,    0,    0,    0,                /* ring_rkey: below */
+        0,    0,    0,    0,                /* ring_rkey: reserved since v2 (0) */
         0x00, 0x00, 0x07, 0xc0,             /* eager_max 1984 */
         0x00, 0x00, 0x00, 0x00,             /* max_msg 0 */
         0x02,                               /* xfer_mode indirect-only */
@@ -134,7 +134,6 @@ START_TEST(golden_hello)
     memset(&h, 0xee, sizeof(h));
     exs__conn_hello(conn, &h);
     put_be(want + 16, (uintptr_t)conn->ring, 8);
-    put_be(want + 24, conn->ring_mr->rkey, 4);
     assert_bytes(&h, want, sizeof(want));
     /* and the SEQPACKET type byte */
     conn->p.sock_type = SOCK_SEQPACKET;
@@ -145,8 +144,14 @@ START_TEST(golden_hello)
     ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), EXS_WIRE_REJ_SOCK_TYPE);
     ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h) - 1, SOCK_SEQPACKET),
                      EXS_WIRE_REJ_VERSION);
-    ((uint8_t *)&h)[2] = 2;
-    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_SEQPACKET), EXS_WIRE_REJ_VERSION);
+    /* finding 6: a STREAM peer without a ring would make the writer divide by zero */
+    conn->p.sock_type = SOCK_STREAM;
+    exs__conn_hello(conn, &h);
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), 0);
+    memset((uint8_t *)&h + 12, 0, 4);
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), EXS_WIRE_REJ_HELLO);
+    ((uint8_t *)&h)[2] = 1; /* v1 is not spoken any more */
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), EXS_WIRE_REJ_VERSION);
     exs__conn_destroy(conn);
     exs__prov_ctx_close(ctx);
     ck_assert_uint_eq(mock_violations(), 0);
@@ -158,7 +163,7 @@ START_TEST(golden_reject)
     struct exs_wire_reject r = {.magic = htobe16(EXS_WIRE_MAGIC),
                                 .version = EXS_WIRE_VERSION,
                                 .reason = EXS_WIRE_REJ_CLOSING};
-    static const uint8_t want[EXS_WIRE_REJECT_LEN] = {0x45, 0x58, 0x01, 0x05};
+    static const uint8_t want[EXS_WIRE_REJECT_LEN] = {0x45, 0x58, 0x02, 0x05};
 
     assert_bytes(&r, want, sizeof(want));
     ck_assert_int_eq(EXS_WIRE_REJ_VERSION, 1);
@@ -171,7 +176,7 @@ END_TEST
 /* The reject the passive side really sends on a socket type mismatch. */
 START_TEST(golden_reject_sent)
 {
-    static const uint8_t want[EXS_WIRE_REJECT_LEN] = {0x45, 0x58, 0x01, 0x02};
+    static const uint8_t want[EXS_WIRE_REJECT_LEN] = {0x45, 0x58, 0x02, 0x02};
     struct exs_prov_cm_event ev;
     int got = 0;
 
@@ -223,20 +228,21 @@ START_TEST(golden_imm_sent)
     pt_op_init(&s, &pp.a, EXS_OP_SEND, sb, 100, 0);
     ck_assert_int_eq(pt_post(&s), 0);
     pt_run(&pp);
-    /* eager: INDIRECT, eom, no credits owed yet, tag 0 */
-    ck_assert_uint_eq(cap_op(pp.a.conn->ep, EXS_PROV_WR_RDMA_WRITE_WITH_IMM)->imm, 0x60000000u);
+    /* eager: INDIRECT, eom, one credit owed (for b's RING record), tag 0 */
+    ck_assert_uint_eq(cap_op(pp.a.conn->ep, EXS_PROV_WR_RDMA_WRITE_WITH_IMM)->imm, 0x60010000u);
     ck_assert_uint_eq(cap_op(pp.a.conn->ep, EXS_PROV_WR_RDMA_WRITE_WITH_IMM)->len, 100);
     pt_op_fini(&s);
     ncaps = 0;
     /* b answers directly into a's advertised receive 0 (advert id 0): DIRECT, eom,
-     * trunc (8000 > 5000), two credits owed to a (the eager write, the ADVERT's SEND) */
+     * trunc (8000 > 5000), three credits owed to a (a's RING, the eager write, the ADVERT's SEND)
+     */
     pt_op_init(&r, &pp.a, EXS_OP_RECV, rb, 5000, 0);
     ck_assert_int_eq(pt_post(&r), 0);
     pt_run(&pp);
     pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, 8000, 0);
     ck_assert_int_eq(pt_post(&s), 0);
     pt_run(&pp);
-    ck_assert_uint_eq(cap_op(pp.b.conn->ep, EXS_PROV_WR_RDMA_WRITE_WITH_IMM)->imm, 0x30020000u);
+    ck_assert_uint_eq(cap_op(pp.b.conn->ep, EXS_PROV_WR_RDMA_WRITE_WITH_IMM)->imm, 0x30030000u);
     ck_assert_uint_eq(cap_op(pp.b.conn->ep, EXS_PROV_WR_RDMA_WRITE_WITH_IMM)->len, 5000);
     ck_assert_int_eq(r.op.result, 5000);
     pt_op_fini(&s);
@@ -252,7 +258,7 @@ START_TEST(golden_advert_ack)
     static uint8_t rb[5000];
     struct pt_op r;
     uint8_t want[EXS_WIRE_ADVERT_LEN] = {
-        0x02, 0x01, 0x00, 0x28, 0x00, 0x00, 0x00, 0x00, /* ADVERT, WAITALL, 40, 0 credits */
+        0x02, 0x01, 0x00, 0x28, 0x00, 0x01, 0x00, 0x00, /* ADVERT, WAITALL, 40, 1 credit */
         0,    0,    0,    0,    0,    0,    0,    0,    /* addr: below */
         0x00, 0x00, 0x13, 0x88,                         /* len 5000 */
         0,    0,    0,    0,                            /* rkey: below */
@@ -272,8 +278,14 @@ START_TEST(golden_advert_ack)
     put_be(want + 20, r.op.rkey, 4);
     assert_bytes(c->bytes, want, sizeof(want));
     ck_assert_uint_eq(cap_op(pp.b.conn->ep, EXS_PROV_WR_SEND)->len, EXS_WIRE_ADVERT_LEN);
+    /* the receive is handed back by the close; its registration goes before the ctx */
+    mock_set_tap(NULL, NULL);
+    exs__conn_close(pp.a.conn);
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
     pt_op_fini(&r);
-    gp_teardown();
+    pt_close(&pp);
 }
 END_TEST
 
@@ -298,10 +310,10 @@ START_TEST(golden_ack)
     ck_assert_int_eq(r.op.result, 3000);
     struct cap *c = cap_send(pp.b.conn->ep, &from);
     ck_assert_uint_eq(c->len, EXS_WIRE_ACK_LEN);
-    /* the one WWI's credit rides along in the header: 1 */
+    /* the credits of a's RING and of the one WWI ride along in the header: 2 */
     uint8_t w[EXS_WIRE_ACK_LEN];
     memcpy(w, want, sizeof(w));
-    w[5] = 0x01;
+    w[5] = 0x02;
     assert_bytes(c->bytes, w, sizeof(w));
     pt_op_fini(&r);
     pt_op_fini(&s);
@@ -315,7 +327,7 @@ START_TEST(golden_announce_read_done_shutdown)
     static uint8_t sb[6000], rb[6000];
     struct pt_op s, r, sh;
     uint8_t ann[EXS_WIRE_ANNOUNCE_LEN] = {
-        0x03, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00, 0x00, /* ANNOUNCE, 32 bytes */
+        0x03, 0x00, 0x00, 0x20, 0x00, 0x01, 0x00, 0x00, /* ANNOUNCE, 32 bytes, 1 credit */
         0,    0,    0,    0,    0,    0,    0,    0,    /* addr: below */
         0x00, 0x00, 0x17, 0x70,                         /* len 6000 */
         0,    0,    0,    0,                            /* rkey: below */
@@ -347,7 +359,7 @@ START_TEST(golden_announce_read_done_shutdown)
     ck_assert_int_eq(s.op.result, 6000);
     c = cap_send(pp.b.conn->ep, &fb);
     ck_assert_uint_eq(c->len, EXS_WIRE_READ_DONE_LEN);
-    rd[5] = 0x01; /* the ANNOUNCE's receive, re-posted: one credit back */
+    rd[5] = 0x02; /* the receives of a's RING and ANNOUNCE, re-posted */
     assert_bytes(c->bytes, rd, sizeof(rd));
 
     pt_op_init(&sh, &pp.a, EXS_OP_SHUTDOWN, NULL, 0, 0);
@@ -432,6 +444,37 @@ START_TEST(golden_tcp_frame)
 }
 END_TEST
 
+/* v2: each side's first record after ESTABLISHED is RING with its ring's key. */
+START_TEST(golden_ring)
+{
+    uint8_t want[EXS_WIRE_RING_LEN] = {
+        0x07, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* RING, 16 bytes, 0 credits */
+        0,    0,    0,    0,                            /* rkey: below */
+        0x00, 0x00, 0x00, 0x00,                         /* reserved */
+    };
+    int fa = 0, fb = 0;
+
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    ncaps = 0;
+    mock_set_reorder(0);
+    pt_open(&pp, SOCK_SEQPACKET);
+    mock_set_tap(cap_tap, NULL);
+    pt_connect(&pp);
+    struct cap *c = cap_send(pp.a.conn->ep, &fa);
+    ck_assert_uint_eq(c->len, EXS_WIRE_RING_LEN);
+    put_be(want + 8, pp.a.conn->ring_grant->rkey, 4);
+    assert_bytes(c->bytes, want, sizeof(want));
+    c = cap_send(pp.b.conn->ep, &fb);
+    ck_assert_uint_eq(c->len, EXS_WIRE_RING_LEN);
+    put_be(want + 8, pp.b.conn->ring_grant->rkey, 4);
+    assert_bytes(c->bytes, want, sizeof(want));
+    ck_assert_uint_ne(pp.a.conn->ring_grant->rkey, pp.b.conn->ring_grant->rkey);
+    ck_assert_int_eq(EXS_CTRL_RING, 7);
+    gp_teardown();
+}
+END_TEST
+
 Suite *wire_golden_suite(void)
 {
     Suite *s = suite_create("wire_golden");
@@ -445,6 +488,7 @@ Suite *wire_golden_suite(void)
     tcase_add_test(tc, golden_advert_ack);
     tcase_add_test(tc, golden_ack);
     tcase_add_test(tc, golden_announce_read_done_shutdown);
+    tcase_add_test(tc, golden_ring);
     tcase_add_test(tc, golden_ctrl_constants);
     tcase_add_test(tc, golden_tcp_frame);
     suite_add_tcase(s, tc);

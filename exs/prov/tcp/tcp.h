@@ -23,8 +23,15 @@
  *   ep->lock     the ep's state, its pending send list, receive queue and counts.
  *   ctx->lock    the completion queue, cm event queue, command list, the list of
  *                eps with new work. Taken after ep->lock, never before it.
- *   ctx->mr_lock the memory region hash. Innermost.
+ *   ctx->mr_lock the key hash (mrs and grants), the key pool, the grants of every
+ *                ep, and the copy fence. Innermost.
  * No lock is held across a blocking call or while payload is copied.
+ *
+ * Copy fence (spec/provider-tcp.md, "Fencing"): the NIC copies peer bytes into a
+ * remote key's memory (WRITE payload) or out of it (READ response) only between
+ * exs__tcp_copy_begin, which finds every key involved live, and exs__tcp_copy_end.
+ * revoke and mr_dereg kill the key under mr_lock, then wait only for the copy
+ * running at that instant (one non-blocking readv/sendmsg), never for the peer.
  */
 
 #define TCP_MR_HASH       256
@@ -63,12 +70,32 @@ struct tcp_counters {
     uint64_t emu_holds;
 };
 
+/* A key the peer may present in a WRITE or READ_REQ: an mr's rkey (valid on every
+ * ep of the ctx, as a PD-wide verbs MR) or a grant (valid on its one ep). Every
+ * field is under ctx->mr_lock. */
+struct tcp_key {
+    struct exs_list  link;   /* ctx->mr_hash bucket, while live */
+    uint32_t         key;
+    uint64_t         addr;   /* first byte the key reaches */
+    uint64_t         length; /* bytes */
+    unsigned         access; /* EXS_PROV_ACCESS_* (grant: exactly one remote right) */
+    struct tcp_ep   *ep;     /* grant: the one ep; NULL for an mr */
+    int              live;   /* in the hash; cleared by revoke / mr_dereg */
+    int              orphan; /* dead and its owner returned: the last put frees it */
+    unsigned         users;  /* NIC references: a WRITE being placed, queued READ_RESPs */
+};
+
 struct tcp_mr {
     struct exs_prov_mr base;
-    struct exs_list    link;     /* ctx->mr_hash bucket, under mr_lock */
-    int                live;     /* in the hash (under mr_lock) */
-    unsigned           users;    /* NIC: WRITE placements / READ_RESPs in flight */
-    struct tcp_cmd    *dereg;    /* NIC: parked mr_dereg waiting for users == 0 */
+    struct tcp_key     key;
+    unsigned           grants; /* live grants inside this mr (mr_lock) */
+};
+
+struct tcp_grant {
+    struct exs_prov_grant base;
+    struct tcp_key        key;
+    struct tcp_mr        *mr;
+    struct exs_list       ep_link; /* ep->grants (mr_lock) */
 };
 
 /* A frame on a connection's transmit queue. */
@@ -89,7 +116,7 @@ struct tcp_txf {
     uint64_t                   off;   /* bytes already written */
     uint64_t                   ready_ns; /* emulation: not before this time */
     int                        emu_ok;   /* emulation: cleared to start */
-    struct tcp_mr             *mr;    /* READ_RESP: the region read (users held) */
+    struct tcp_key            *key;   /* READ_RESP: the key read (users held) */
     uint8_t                    buf[]; /* CTRL payload */
 };
 
@@ -152,6 +179,7 @@ struct tcp_ep {
     int                disc_sent;    /* DISCONNECTED queued */
     int                destroyed;
     struct exs_list    link;         /* ctx->eps (ctx->lock) */
+    struct exs_list    grants;       /* live tcp_grant of this ep (ctx->mr_lock) */
 };
 
 struct tcp_listener {
@@ -215,7 +243,7 @@ struct tcp_conn {
     struct exs_prov_sge  rx_one;
     uint64_t             rx_len;     /* payload length of the current frame */
     uint64_t             rx_off;
-    struct tcp_mr       *rx_mr;      /* WRITE placement target (users held) */
+    struct tcp_key      *rx_key;     /* WRITE placement target (users held) */
     struct tcp_rwr      *rx_rwr;     /* receive being filled */
     struct tcp_wr       *rx_wr;      /* READ being filled */
     uint32_t             rcv_nxt;    /* next expected request psn */
@@ -251,7 +279,6 @@ enum tcp_cmd_type {
     TCP_CMD_EP_DESTROY,
     TCP_CMD_LISTEN,
     TCP_CMD_LISTENER_DESTROY,
-    TCP_CMD_MR_DEREG,
 };
 
 struct tcp_cmd {
@@ -260,7 +287,6 @@ struct tcp_cmd {
     struct tcp_ep         *ep;
     struct tcp_req        *req;
     struct tcp_listener   *lis;
-    struct tcp_mr         *mr;
     const struct sockaddr *addr;
     socklen_t              addrlen;
     const void            *pd;
@@ -279,7 +305,16 @@ struct tcp_ctx {
     pthread_mutex_t         lock;
     pthread_cond_t          cond;       /* commands done */
     pthread_mutex_t         mr_lock;
-    struct exs_list         mr_hash[TCP_MR_HASH];
+    pthread_cond_t          copy_cond;  /* a copy ended while someone waits (mr_lock) */
+    struct exs_list         mr_hash[TCP_MR_HASH]; /* live tcp_key by key (mr_lock) */
+    /* copy fence (mr_lock) */
+    int                     copying;    /* the NIC is copying to / from key memory */
+    uint64_t                copy_gen;   /* copies begun */
+    unsigned                copy_waiters;
+    /* key generator (mr_lock) */
+    uint32_t                key_pool[64];
+    unsigned                key_pool_n;
+    uint64_t                key_prng;   /* fallback when getrandom fails */
     int                     epfd;
     int                     wakefd;     /* NIC wake eventfd */
     int                     timerfd;
@@ -301,7 +336,6 @@ struct tcp_ctx {
     struct exs_list         dirty;      /* conns with frames to write */
     struct exs_list         timers;     /* conns with a deadline */
     struct exs_list         listeners;
-    struct exs_list         parked;     /* commands finishing later (mr_dereg) */
     uint64_t                timer_armed_ns;
     /* settings */
     uint64_t                emu_delay_ns;
@@ -341,12 +375,22 @@ void exs__tcp_conn_timer(struct tcp_conn *conn);
 int  exs__tcp_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
                      struct exs_prov_mr **mr_p);
 int  exs__tcp_mr_dereg(struct exs_prov_mr *mr);
-void exs__tcp_mr_dereg_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
-void exs__tcp_mr_put(struct tcp_ctx *ctx, struct tcp_mr *mr);
+int  exs__tcp_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
+                    unsigned access, struct exs_prov_grant **grant_p);
+void exs__tcp_revoke(struct exs_prov_grant *grant);
+void exs__tcp_ep_revoke_all(struct tcp_ep *ep);
 int  exs__tcp_mr_check_local(struct tcp_ctx *ctx, const struct exs_prov_sge *sge, int n,
                              unsigned access);
-int  exs__tcp_mr_get_remote(struct tcp_ctx *ctx, uint32_t rkey, uint64_t addr, uint64_t len,
-                            unsigned access, struct tcp_mr **mr_p);
+/* NIC: the key for a remote access of ep, with a user reference, or -EACCES. */
+int  exs__tcp_key_get_remote(struct tcp_ctx *ctx, struct tcp_ep *ep, uint32_t rkey,
+                             uint64_t addr, uint64_t len, unsigned access,
+                             struct tcp_key **key_p);
+void exs__tcp_key_put(struct tcp_ctx *ctx, struct tcp_key *key);
+void exs__tcp_key_put_locked(struct tcp_ctx *ctx, struct tcp_key *key);
+/* NIC: 0 and the fence raised when key is live (-EACCES when revoked); then copy
+ * and lower it with exs__tcp_copy_end. */
+int  exs__tcp_copy_begin(struct tcp_ctx *ctx, struct tcp_key *key);
+void exs__tcp_copy_end(struct tcp_ctx *ctx);
 
 /* tcp_cm.c */
 int  exs__tcp_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,

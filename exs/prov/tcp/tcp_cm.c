@@ -448,6 +448,7 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->sq);
     exs_list_init(&ep->sq_wait);
     exs_list_init(&ep->work_link);
+    exs_list_init(&ep->grants);
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->eps, &ep->link);
     pthread_mutex_unlock(&ctx->lock);
@@ -533,6 +534,7 @@ void exs__tcp_ep_destroy(struct exs_prov_ep *e)
         return;
     ep = tcp_ep_of(e);
     cmd.ep = ep;
+    exs__tcp_ep_revoke_all(ep);
     if (exs__tcp_ctx_call(ep->ctx, &cmd) == -ESHUTDOWN)
         return;
     pthread_mutex_destroy(&ep->lock);
@@ -854,9 +856,6 @@ void exs__tcp_cmd_run(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     case TCP_CMD_LISTENER_DESTROY:
         tcp_listener_destroy_nic(ctx, cmd->lis);
         break;
-    case TCP_CMD_MR_DEREG:
-        exs__tcp_mr_dereg_nic(ctx, cmd);
-        return; /* finishes itself */
     }
     exs__tcp_cmd_finish(ctx, cmd, ret);
 }

@@ -486,6 +486,7 @@ static void tcp_ctx_free(struct tcp_ctx *ctx)
     pthread_cond_destroy(&ctx->cond);
     pthread_mutex_destroy(&ctx->lock);
     pthread_mutex_destroy(&ctx->mr_lock);
+    pthread_cond_destroy(&ctx->copy_cond);
     free(ctx->cq);
     free(ctx);
 }
@@ -512,6 +513,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->epfd = ctx->wakefd = ctx->timerfd = ctx->evfd = -1;
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->mr_lock, NULL);
+    pthread_cond_init(&ctx->copy_cond, NULL);
     pthread_cond_init(&ctx->cond, NULL);
     for (int i = 0; i < TCP_MR_HASH; i++)
         exs_list_init(&ctx->mr_hash[i]);
@@ -524,7 +526,6 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     exs_list_init(&ctx->dirty);
     exs_list_init(&ctx->timers);
     exs_list_init(&ctx->listeners);
-    exs_list_init(&ctx->parked);
 
     ctx->base.ops = &exs__prov_tcp_ops;
     ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_INLINE |
@@ -604,6 +605,8 @@ struct exs_prov_ops exs__prov_tcp_ops = {
     .ctx_cm_poll = tcp_ctx_cm_poll,
     .mr_reg = exs__tcp_mr_reg,
     .mr_dereg = exs__tcp_mr_dereg,
+    .grant = exs__tcp_grant,
+    .revoke = exs__tcp_revoke,
     .ep_create = exs__tcp_ep_create,
     .ep_destroy = exs__tcp_ep_destroy,
     .ep_state = exs__tcp_ep_state,
