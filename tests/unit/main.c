@@ -16,6 +16,13 @@ static Suite *(*const suites[])(void) = {
     util_misc_suite,
     api_evq_suite,
     prov_vrb_cache_suite,
+    mock_prov_suite,
+    proto_credits_suite,
+    proto_stream_suite,
+    proto_seqpacket_suite,
+    proto_teardown_suite,
+    proto_hostile_suite,
+    wire_golden_suite,
 };
 
 void unit_env_clean(void)

@@ -12,6 +12,13 @@ Suite *util_list_suite(void);
 Suite *util_misc_suite(void);
 Suite *api_evq_suite(void);
 Suite *prov_vrb_cache_suite(void);
+Suite *mock_prov_suite(void);
+Suite *proto_credits_suite(void);
+Suite *proto_stream_suite(void);
+Suite *proto_seqpacket_suite(void);
+Suite *proto_teardown_suite(void);
+Suite *proto_hostile_suite(void);
+Suite *wire_golden_suite(void);
 
 /* Unset every EXS_* variable of the tunables table, forget loaded tunables, and put
  * the logger back to its defaults (writing to stderr). For fixtures. */

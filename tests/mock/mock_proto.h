@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/* A tiny protocol driver for unit tests: two exs_conns connected through the mock provider. */
+#ifndef EXS_TESTS_MOCK_PROTO_H
+#define EXS_TESTS_MOCK_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "exs/proto/proto.h"
+#include "tests/mock/mock_prov.h"
+
+/* One end: its ctx (one per side, as two processes) and its conn. */
+struct pt_side {
+    struct exs_prov_ctx *ctx;
+    struct exs_conn *conn;
+    int established; /* cb->established calls */
+    int est_err;
+    int dead;           /* cb->dead calls */
+    uint64_t delivered; /* ops handed back (op->done) */
+};
+
+struct pt_pair {
+    struct pt_side a; /* the active side (connects) */
+    struct pt_side b; /* the passive side (accepts) */
+    struct exs_prov_listener *lis;
+    struct exs_conn_params pa, pb; /* parameters of each side */
+    int reject_reason;             /* b's last reject (0: none) */
+};
+
+/* An operation with its own registration and a record of its delivery. */
+struct pt_op {
+    struct exs_op op;
+    struct pt_side *side;
+    struct exs_prov_mr *mr;
+    int done;       /* op->done calls */
+    uint64_t order; /* side->delivered when it was handed back */
+};
+
+/* Default parameters: SEQPACKET or STREAM, 8 credits, 4 KiB ring, eager below 1 KiB. */
+void pt_params(struct exs_conn_params *p, int sock_type);
+
+/* Open both ctxs and a listener on b (pa/pb already filled, else defaults of type). */
+void pt_open(struct pt_pair *pp, int sock_type);
+/* a connects, everything runs until idle; asserts both established without error. */
+void pt_connect(struct pt_pair *pp);
+/* Create a's conn and connect it to addr (NULL: b's listener); no running. */
+void pt_connect_to(struct pt_pair *pp, const struct sockaddr *addr, socklen_t len);
+/* Dispatch completions and events as the engine does and step the fabric until
+ * nothing moves; returns the number of fabric steps. Fails the test after a bound. */
+long pt_run(struct pt_pair *pp);
+/* Dispatch what is queued on one ctx (completions, then each cm event). */
+int pt_dispatch_ctx(struct pt_pair *pp, struct exs_prov_ctx *ctx);
+/* Dispatch what is queued without stepping the fabric; returns entries handled. */
+int pt_dispatch(struct pt_pair *pp);
+/* Close what is left (conns must be DEAD or IDLE first: close, run), destroy the
+ * listener and ctxs; asserts no conn leaks and no provider contract violation. */
+void pt_close(struct pt_pair *pp);
+
+/* Prepare op (kind, buffer registered for local access on side's ctx, flags). */
+void pt_op_init(struct pt_op *o, struct pt_side *side, enum exs_op_kind kind, void *buf, size_t len,
+                int flags);
+/* exs__conn_post; returns its result. */
+int pt_post(struct pt_op *o);
+/* Release the op's registration (after it was handed back). */
+void pt_op_fini(struct pt_op *o);
+
+/* Fill buf with the pattern of stream offset off (byte i = f(off + i)). */
+void pt_fill(void *buf, size_t len, uint64_t off);
+/* 1 when buf holds the pattern of offset off. */
+int pt_check(const void *buf, size_t len, uint64_t off);
+
+/* The mock's RNR counters of both sides added. */
+uint64_t pt_rnr(struct pt_pair *pp);
+
+#endif

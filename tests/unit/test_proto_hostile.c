@@ -1,0 +1,522 @@
+/* SPDX-License-Identifier: MIT */
+/* A hostile peer speaking raw verbs through the mock: every protocol violation resets the conn. */
+#include <check.h>
+#include <endian.h>
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "exs/util/log.h"
+#include "tests/mock/mock_proto.h"
+#include "tests/unit/unit.h"
+
+#define RAW_RECVS 32
+
+/* The raw peer: its own ctx (the driver never polls it), ep, memory and what it
+ * learnt of the conn (b) from b's hello. */
+static struct raw {
+    struct exs_prov_ctx *ctx;
+    struct exs_prov_ep *ep;
+    struct exs_prov_mr *mr;
+    uint8_t mem[RAW_RECVS * 512 + 4096 + 65536]
+        __attribute__((aligned(4096))); /* recvs, ring, send area */
+    struct exs_wire_hello peer;         /* b's, host order */
+    uint64_t wr_id;
+} raw;
+
+#define RAW_RING (RAW_RECVS * 512)
+#define RAW_SEND (RAW_RECVS * 512 + 4096)
+
+static struct pt_pair pp;
+
+static void raw_post(enum exs_prov_wr_opcode op, const void *data, uint32_t len, uint64_t raddr,
+                     uint32_t rkey, uint32_t imm);
+static void raw_send_ring(void);
+static uint32_t raw_peer_ring_key(void);
+
+static void raw_open_ring(int sock_type, int send_ring)
+{
+    struct exs_prov_ep_attr attr = {.max_send_wr = 256, .max_recv_wr = RAW_RECVS, .max_inline = 64};
+    struct sockaddr_storage ss;
+    struct exs_prov_cm_event ev;
+    struct exs_wire_hello h;
+    socklen_t len;
+
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR; /* the resets below are expected */
+    memset(&pp, 0, sizeof(pp));
+    memset(&raw, 0, sizeof(raw));
+    mock_set_reorder(0);
+    pt_open(&pp, sock_type);
+    ck_assert_int_eq(mock_ctx_open(NULL, &raw.ctx), 0);
+    ck_assert_int_eq(exs__prov_mr_reg(raw.ctx, raw.mem, sizeof(raw.mem),
+                                      EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_WRITE |
+                                          EXS_PROV_ACCESS_REMOTE_READ,
+                                      &raw.mr),
+                     0);
+    ck_assert_int_eq(exs__prov_ep_create(raw.ctx, &attr, &raw.ep), 0);
+    for (int i = 0; i < RAW_RECVS; i++) {
+        struct exs_prov_sge sge = {(uintptr_t)raw.mem + 512 * i, 512, raw.mr->lkey};
+        struct exs_prov_recv_wr wr = {.wr_id = (uint64_t)i, .sg_list = &sge, .num_sge = 1};
+
+        ck_assert_int_eq(exs__prov_post_recv(raw.ep, &wr), 0);
+    }
+    memset(&h, 0, sizeof(h));
+    h.magic = htobe16(EXS_WIRE_MAGIC);
+    h.version = EXS_WIRE_VERSION;
+    h.sock_type = sock_type == SOCK_STREAM ? EXS_WIRE_SOCK_STREAM : EXS_WIRE_SOCK_SEQPACKET;
+    h.features = htobe16(EXS_WIRE_FEAT_ALL);
+    h.credits = htobe16(RAW_RECVS);
+    h.ctrl_size = htobe32(512);
+    h.ring_size = htobe32(4096);
+    h.ring_addr = htobe64((uintptr_t)raw.mem + RAW_RING);
+    h.ring_rkey = 0; /* reserved (v2): the key goes in the RING record */
+    h.eager_max = htobe32(1024);
+    ck_assert_int_eq(exs__prov_listener_addr(pp.lis, &ss, &len), 0);
+    ck_assert_int_eq(exs__prov_connect(raw.ep, (struct sockaddr *)&ss, len, &h, sizeof(h)), 0);
+    pt_run(&pp);
+    ck_assert_ptr_nonnull(pp.b.conn);
+    ck_assert_int_eq(pp.b.established, 1);
+    ck_assert_int_eq(exs__prov_cm_poll(raw.ctx, &ev), 1);
+    ck_assert_int_eq(ev.type, EXS_PROV_CM_ESTABLISHED);
+    ck_assert_uint_ge(ev.private_data_len, EXS_WIRE_HELLO_LEN);
+    memcpy(&h, ev.private_data, sizeof(h));
+    raw.peer.ring_size = be32toh(h.ring_size);
+    raw.peer.ring_addr = be64toh(h.ring_addr);
+    raw.peer.credits = be16toh(h.credits);
+    if (send_ring)
+        raw_send_ring();
+    pt_run(&pp);
+    raw.peer.ring_rkey = raw_peer_ring_key();
+}
+
+static void raw_open(int sock_type)
+{
+    raw_open_ring(sock_type, 1);
+}
+
+/* Our ring's key, as the protocol's first record (v2). */
+static void raw_send_ring(void)
+{
+    struct exs_wire_ring r = {
+        .hdr = {.type = EXS_CTRL_RING, .len = htobe16(EXS_WIRE_RING_LEN)},
+        .rkey = htobe32(raw.mr->rkey),
+    };
+
+    raw_post(EXS_PROV_WR_SEND, &r, sizeof(r), 0, 0, 0);
+}
+
+/* b's ring key from the RING record among the SENDs raw received. */
+static uint32_t raw_peer_ring_key(void)
+{
+    struct exs_prov_cqe cqe;
+    uint32_t key = 0;
+
+    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1) {
+        struct exs_wire_ring r;
+
+        if (cqe.status != EXS_PROV_WC_SUCCESS || cqe.opcode != EXS_PROV_WC_RECV ||
+            cqe.byte_len < sizeof(r))
+            continue;
+        memcpy(&r, raw.mem + 512 * cqe.wr_id, sizeof(r));
+        if (r.hdr.type == EXS_CTRL_RING)
+            key = be32toh(r.rkey);
+    }
+    ck_assert_uint_ne(key, 0);
+    return key;
+}
+
+static void raw_close(void)
+{
+    pt_run(&pp);
+    /* b reset the connection and died; nothing leaked, no receive was missing */
+    ck_assert_int_eq(pp.b.dead, 1);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_DEAD);
+    exs__prov_ep_destroy(raw.ep);
+    exs__prov_mr_dereg(raw.mr);
+    exs__prov_ctx_close(raw.ctx);
+    ck_assert_uint_eq(pt_rnr(&pp), 0);
+    pt_close(&pp);
+}
+
+static void raw_post(enum exs_prov_wr_opcode op, const void *data, uint32_t len, uint64_t raddr,
+                     uint32_t rkey, uint32_t imm)
+{
+    struct exs_prov_sge sge = {(uintptr_t)raw.mem + RAW_SEND, len, raw.mr->lkey};
+    struct exs_prov_send_wr wr = {
+        .wr_id = ++raw.wr_id,
+        .opcode = op,
+        .flags = EXS_PROV_SEND_SIGNALED,
+        .sg_list = &sge,
+        .num_sge = len ? 1 : 0,
+        .imm_data = imm,
+        .remote_addr = raddr,
+        .rkey = rkey,
+    };
+
+    ck_assert_uint_le(len, sizeof(raw.mem) - RAW_SEND);
+    if (data)
+        memcpy(raw.mem + RAW_SEND, data, len);
+    ck_assert_int_eq(exs__prov_post_send(raw.ep, &wr), 0);
+}
+
+/* One control record from the raw peer. */
+static void raw_ctrl(uint8_t type, uint16_t len, uint16_t credits, const void *body, uint32_t blen)
+{
+    uint8_t rec[512] = {0};
+    struct exs_wire_ctrl_hdr h = {.type = type, .len = htobe16(len), .credits = htobe16(credits)};
+
+    memcpy(rec, &h, sizeof(h));
+    if (blen)
+        memcpy(rec + sizeof(h), body, blen);
+    raw_post(EXS_PROV_WR_SEND, rec, sizeof(h) + blen, 0, 0, 0);
+}
+
+/* b has a receive posted: after the violation it fails with ECONNRESET. */
+static void expect_reset(void)
+{
+    static uint8_t rb[64];
+    struct pt_op r;
+
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    ck_assert_int_eq(r.op.result, -1);
+    ck_assert_int_eq(r.op.err, ECONNRESET);
+    pt_op_fini(&r);
+}
+
+/* Sanity: a well-formed eager message from the raw peer is delivered. */
+START_TEST(hs_raw_peer_works)
+{
+    static uint8_t rb[100];
+    struct pt_op r;
+    uint8_t msg[50];
+
+    raw_open(SOCK_SEQPACKET);
+    pt_fill(msg, sizeof(msg), 77);
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
+             raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    ck_assert_int_eq(r.op.result, 50);
+    ck_assert(pt_check(rb, 50, 77));
+    pt_op_fini(&r);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* More credits returned than were ever granted. */
+START_TEST(hs_credit_overflow)
+{
+    raw_open(SOCK_SEQPACKET);
+    raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 1000, NULL, 0);
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+START_TEST(hs_unknown_record)
+{
+    raw_open(SOCK_STREAM);
+    raw_ctrl(42, 8, 0, NULL, 0);
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* A record whose length runs past the SEND, and one of a wrong length for its type. */
+START_TEST(hs_bad_record_length)
+{
+    uint64_t body = 0;
+
+    raw_open(SOCK_SEQPACKET);
+    raw_ctrl(EXS_CTRL_ACK, _i ? 24 : 64, 0, &body, sizeof(body));
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* An ACK of ring bytes never written. */
+START_TEST(hs_ack_beyond_written)
+{
+    uint64_t consumed = htobe64(100);
+
+    raw_open(SOCK_STREAM);
+    raw_ctrl(EXS_CTRL_ACK, EXS_WIRE_ACK_LEN, 0, &consumed, sizeof(consumed));
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* STREAM: the peer writes more into the ring than it has room for (no ACK came). */
+START_TEST(hs_ring_overrun)
+{
+    static uint8_t junk[4096];
+
+    raw_open(SOCK_STREAM);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, junk, 4096, raw.peer.ring_addr, raw.peer.ring_rkey,
+             exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, junk, 64, raw.peer.ring_addr, raw.peer.ring_rkey,
+             exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.dead, 1);
+    raw_close();
+}
+END_TEST
+
+/* A direct write that names no advertised receive. */
+START_TEST(hs_direct_without_advert)
+{
+    raw_open(_i ? SOCK_STREAM : SOCK_SEQPACKET);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, NULL, 0, 0, 0,
+             exs_imm_make(EXS_IMM_DIRECT, EXS_IMM_EOM, 0, 0));
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* SEQPACKET: an ANNOUNCE out of sequence, and one message announced twice. */
+START_TEST(hs_announce_out_of_sequence)
+{
+    struct {
+        uint64_t addr;
+        uint32_t len, rkey;
+        uint64_t seq;
+    } __attribute__((packed)) a = {0, htobe32(8000), 0, htobe64(5)};
+
+    raw_open(SOCK_SEQPACKET);
+    raw_ctrl(EXS_CTRL_ANNOUNCE, EXS_WIRE_ANNOUNCE_LEN, 0, &a, sizeof(a));
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* Kind 3 in the immediate (neither direct nor indirect). */
+START_TEST(hs_bad_imm_kind)
+{
+    raw_open(SOCK_SEQPACKET);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, NULL, 0, 0, 0, 0xc0000000u);
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* Data after the peer's own SHUTDOWN. */
+START_TEST(hs_data_after_shutdown)
+{
+    uint64_t seq = 0;
+    uint8_t msg[10] = {0};
+
+    raw_open(SOCK_SEQPACKET);
+    raw_ctrl(EXS_CTRL_SHUTDOWN, EXS_WIRE_SHUTDOWN_LEN, 0, &seq, sizeof(seq));
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
+             raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.dead, 1);
+    raw_close();
+}
+END_TEST
+
+/* v2: the peer's first record must be its RING, and it comes once. */
+START_TEST(hs_record_before_ring)
+{
+    raw_open_ring(SOCK_SEQPACKET, 0);
+    raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 0, NULL, 0);
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+START_TEST(hs_second_ring)
+{
+    raw_open(SOCK_STREAM);
+    raw_send_ring();
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* The control records raw received since the last call, searched for one of type;
+ * copies it into rec (len bytes). */
+static int raw_find_record(uint8_t type, void *rec, size_t len)
+{
+    struct exs_prov_cqe cqe;
+    int found = 0;
+
+    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1) {
+        const uint8_t *p = raw.mem + 512 * cqe.wr_id;
+
+        if (cqe.status != EXS_PROV_WC_SUCCESS || cqe.opcode != EXS_PROV_WC_RECV)
+            continue;
+        for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= cqe.byte_len;) {
+            struct exs_wire_ctrl_hdr h;
+
+            memcpy(&h, p + off, sizeof(h));
+            if (h.type == type && off + len <= cqe.byte_len && !found) {
+                memcpy(rec, p + off, len);
+                found = 1;
+            }
+            if (!be16toh(h.len))
+                break;
+            off += be16toh(h.len);
+        }
+    }
+    return found;
+}
+
+/* The status of raw's next completion of a send work request. */
+static enum exs_prov_wc_status raw_send_status(void)
+{
+    struct exs_prov_cqe cqe;
+
+    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1)
+        if (cqe.opcode != EXS_PROV_WC_RECV && cqe.opcode != EXS_PROV_WC_RECV_RDMA_WITH_IMM)
+            return cqe.status;
+    ck_abort_msg("no send completion");
+    return EXS_PROV_WC_GENERAL_ERR;
+}
+
+/* Grants (deliver 1): an advertised receive buffer may be written by this peer until
+ * the receive completes, and not one byte later. */
+START_TEST(hs_advert_key_dies_with_receive)
+{
+    static uint8_t rb[4096];
+    struct exs_wire_advert a;
+    uint8_t msg[100];
+    struct pt_op r;
+
+    raw_open(SOCK_SEQPACKET);
+    memset(rb, 0, sizeof(rb));
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_ADVERT, &a, sizeof(a)));
+    ck_assert_uint_eq(be64toh(a.addr), (uintptr_t)rb);
+    ck_assert_uint_eq(be32toh(a.len), sizeof(rb));
+    /* the other right: refused */
+    raw_post(EXS_PROV_WR_RDMA_READ, NULL, 8, be64toh(a.addr), be32toh(a.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_REM_ACCESS_ERR);
+    exs__prov_ep_destroy(raw.ep); /* raw's ep is in ERROR now: a fresh one */
+    exs__prov_mr_dereg(raw.mr);
+    exs__prov_ctx_close(raw.ctx);
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    pt_op_fini(&r);
+    pt_close(&pp);
+
+    raw_open(SOCK_SEQPACKET);
+    memset(rb, 0, sizeof(rb));
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_ADVERT, &a, sizeof(a)));
+    pt_fill(msg, sizeof(msg), 5);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), be64toh(a.addr), be32toh(a.rkey),
+             exs_imm_make(EXS_IMM_DIRECT, EXS_IMM_EOM, 0, be32toh(a.id)));
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_SUCCESS);
+    ck_assert_int_eq(r.done, 1);
+    ck_assert_int_eq(r.op.result, 100);
+    ck_assert(pt_check(rb, 100, 5));
+    /* done: the key is dead */
+    memset(msg, 0xee, sizeof(msg));
+    raw_post(EXS_PROV_WR_RDMA_WRITE, msg, sizeof(msg), be64toh(a.addr), be32toh(a.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_REM_ACCESS_ERR);
+    ck_assert(pt_check(rb, 100, 5));
+    pt_op_fini(&r);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* An announced send buffer may be read, never written, and only until READ_DONE. */
+START_TEST(hs_announce_key_read_only)
+{
+    static uint8_t sb[8000];
+    struct exs_wire_announce a;
+    struct exs_wire_read_done d = {
+        .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
+    };
+    struct pt_op s;
+
+    raw_open(SOCK_SEQPACKET);
+    pt_fill(sb, sizeof(sb), 9);
+    pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, sizeof(sb), 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_ANNOUNCE, &a, sizeof(a)));
+    ck_assert_uint_eq(be64toh(a.addr), (uintptr_t)sb);
+    raw_post(EXS_PROV_WR_RDMA_READ, NULL, 8000, be64toh(a.addr), be32toh(a.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_SUCCESS);
+    ck_assert(pt_check(raw.mem + RAW_SEND, 8000, 9));
+    d.seq = a.seq;
+    raw_post(EXS_PROV_WR_SEND, &d, sizeof(d), 0, 0, 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_SUCCESS);
+    ck_assert_int_eq(s.done, 1);
+    ck_assert_int_eq(s.op.result, 8000);
+    raw_post(EXS_PROV_WR_RDMA_READ, NULL, 8, be64toh(a.addr), be32toh(a.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_REM_ACCESS_ERR);
+    pt_op_fini(&s);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+START_TEST(hs_announce_key_not_writable)
+{
+    static uint8_t sb[8000];
+    struct exs_wire_announce a;
+    struct pt_op s;
+
+    raw_open(SOCK_SEQPACKET);
+    pt_fill(sb, sizeof(sb), 9);
+    pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, sizeof(sb), 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_ANNOUNCE, &a, sizeof(a)));
+    raw_post(EXS_PROV_WR_RDMA_WRITE, NULL, 8, be64toh(a.addr), be32toh(a.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_REM_ACCESS_ERR);
+    ck_assert(pt_check(sb, sizeof(sb), 9));
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(s.done, 1);
+    pt_op_fini(&s);
+    raw_close();
+}
+END_TEST
+
+Suite *proto_hostile_suite(void)
+{
+    Suite *s = suite_create("proto_hostile");
+    TCase *tc = tcase_create("hostile");
+
+    tcase_add_test(tc, hs_raw_peer_works);
+    tcase_add_test(tc, hs_credit_overflow);
+    tcase_add_test(tc, hs_unknown_record);
+    tcase_add_loop_test(tc, hs_bad_record_length, 0, 2);
+    tcase_add_test(tc, hs_ack_beyond_written);
+    tcase_add_test(tc, hs_ring_overrun);
+    tcase_add_loop_test(tc, hs_direct_without_advert, 0, 2);
+    tcase_add_test(tc, hs_announce_out_of_sequence);
+    tcase_add_test(tc, hs_bad_imm_kind);
+    tcase_add_test(tc, hs_data_after_shutdown);
+    tcase_add_test(tc, hs_record_before_ring);
+    tcase_add_test(tc, hs_second_ring);
+    tcase_add_test(tc, hs_advert_key_dies_with_receive);
+    tcase_add_test(tc, hs_announce_key_read_only);
+    tcase_add_test(tc, hs_announce_key_not_writable);
+    suite_add_tcase(s, tc);
+    return s;
+}

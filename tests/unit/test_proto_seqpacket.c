@@ -1,0 +1,523 @@
+/* SPDX-License-Identifier: MIT */
+/* SOCK_SEQPACKET protocol unit tests over the mock provider: eager, direct, rendezvous, truncation.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "tests/mock/mock_proto.h"
+#include "tests/unit/unit.h"
+
+static struct pt_pair pp;
+
+static void sp_setup(void)
+{
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_open(&pp, SOCK_SEQPACKET);
+    pt_connect(&pp);
+}
+
+/* Orderly end: both close, everything runs out, nothing leaks. */
+static void sp_teardown(void)
+{
+    if (pp.a.conn)
+        exs__conn_close(pp.a.conn);
+    if (pp.b.conn)
+        exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.b.dead, 1);
+    ck_assert_uint_eq(pt_rnr(&pp), 0);
+    pt_close(&pp);
+    mock_set_reorder(0);
+}
+
+/* Post a send of len pattern bytes (pattern offset seed) from side. */
+static void send_msg(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len, uint64_t seed)
+{
+    pt_fill(buf, len, seed);
+    pt_op_init(o, s, EXS_OP_SEND, buf, len, 0);
+    ck_assert_int_eq(pt_post(o), 0);
+}
+
+static void recv_msg(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len)
+{
+    memset(buf, 0, len);
+    pt_op_init(o, s, EXS_OP_RECV, buf, len, 0);
+    ck_assert_int_eq(pt_post(o), 0);
+}
+
+/* One delivery, with this result and errno (a macro: failures name the caller's line). */
+#define assert_done(_o, _result, _err)                                                             \
+    do {                                                                                           \
+        ck_assert_int_eq((_o)->done, 1);                                                           \
+        ck_assert_int_eq((_o)->op.result, (_result));                                              \
+        ck_assert_int_eq((_o)->op.err, (_err));                                                    \
+    } while (0)
+
+START_TEST(sp_eager_in_order)
+{
+    static uint8_t sb[3][600], rb[3][1000];
+    size_t len[3] = {100, 0, 600};
+    struct pt_op s[3], r[3];
+    struct exs_sock_stats st;
+
+    /* two receives before, one after the messages arrive */
+    recv_msg(&r[0], &pp.b, rb[0], sizeof(rb[0]));
+    recv_msg(&r[1], &pp.b, rb[1], sizeof(rb[1]));
+    for (int i = 0; i < 3; i++)
+        send_msg(&s[i], &pp.a, sb[i], len[i], 1000 * i);
+    pt_run(&pp);
+    recv_msg(&r[2], &pp.b, rb[2], sizeof(rb[2]));
+    pt_run(&pp);
+    for (int i = 0; i < 3; i++) {
+        assert_done(&s[i], (ssize_t)len[i], 0);
+        assert_done(&r[i], (ssize_t)len[i], 0);
+        ck_assert_int_eq(r[i].op.rflags, 0);
+        ck_assert(pt_check(rb[i], len[i], 1000 * i));
+        /* nothing beyond the message was written */
+        for (size_t j = len[i]; j < sizeof(rb[i]); j++)
+            ck_assert_uint_eq(rb[i][j], 0);
+        ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
+        ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
+    }
+    exs__conn_stats(pp.a.conn, &st);
+    ck_assert_uint_eq(st.indirect_xfers, 3);
+    ck_assert_uint_eq(st.direct_xfers, 0);
+    ck_assert_uint_eq(st.bytes_sent, 700);
+    exs__conn_stats(pp.b.conn, &st);
+    ck_assert_uint_eq(st.bytes_received, 700);
+    for (int i = 0; i < 3; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+START_TEST(sp_direct_into_advert)
+{
+    static uint8_t sb[8000], rb[8000];
+    struct pt_op s, r;
+    struct exs_sock_stats sa, sb_;
+
+    recv_msg(&r, &pp.b, rb, sizeof(rb));
+    pt_run(&pp); /* the ADVERT reaches a */
+    send_msg(&s, &pp.a, sb, sizeof(sb), 7);
+    pt_run(&pp);
+    assert_done(&s, sizeof(sb), 0);
+    assert_done(&r, sizeof(rb), 0);
+    ck_assert_int_eq(r.op.rflags, 0);
+    ck_assert(pt_check(rb, sizeof(rb), 7));
+    exs__conn_stats(pp.a.conn, &sa);
+    exs__conn_stats(pp.b.conn, &sb_);
+    ck_assert_uint_eq(sb_.adverts_sent, 1);
+    ck_assert_uint_eq(sa.adverts_received, 1);
+    ck_assert_uint_eq(sa.direct_xfers, 1);
+    ck_assert_uint_eq(sa.indirect_xfers, 0);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
+START_TEST(sp_rendezvous_read)
+{
+    static uint8_t sb[8000], rb[9000];
+    struct pt_op s, r;
+    struct mock_stats ms;
+
+    send_msg(&s, &pp.a, sb, sizeof(sb), 11);
+    pt_run(&pp);
+    /* announced: the send waits for the receiver to read it */
+    ck_assert_int_eq(s.done, 0);
+    recv_msg(&r, &pp.b, rb, sizeof(rb));
+    pt_run(&pp);
+    assert_done(&r, sizeof(sb), 0);
+    assert_done(&s, sizeof(sb), 0);
+    ck_assert_int_eq(r.op.rflags, 0);
+    ck_assert(pt_check(rb, sizeof(sb), 11));
+    for (size_t j = sizeof(sb); j < sizeof(rb); j++)
+        ck_assert_uint_eq(rb[j], 0);
+    mock_stats(pp.b.ctx, &ms);
+    ck_assert_uint_eq(ms.reads, 1);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
+START_TEST(sp_truncation)
+{
+    static uint8_t sb[3][5000], rb[3][5000];
+    struct pt_op s[3], r[3];
+
+    /* eager 500 into 100 */
+    send_msg(&s[0], &pp.a, sb[0], 500, 1);
+    pt_run(&pp);
+    recv_msg(&r[0], &pp.b, rb[0], 100);
+    pt_run(&pp);
+    assert_done(&r[0], 100, 0);
+    ck_assert_int_eq(r[0].op.rflags, MSG_TRUNC);
+    ck_assert(pt_check(rb[0], 100, 1));
+    assert_done(&s[0], 500, 0);
+
+    /* direct: advertised 2000, message 3000 */
+    recv_msg(&r[1], &pp.b, rb[1], 2000);
+    pt_run(&pp);
+    send_msg(&s[1], &pp.a, sb[1], 3000, 2);
+    pt_run(&pp);
+    assert_done(&r[1], 2000, 0);
+    ck_assert_int_eq(r[1].op.rflags, MSG_TRUNC);
+    ck_assert(pt_check(rb[1], 2000, 2));
+    for (size_t j = 2000; j < sizeof(rb[1]); j++)
+        ck_assert_uint_eq(rb[1][j], 0);
+    assert_done(&s[1], 3000, 0);
+
+    /* announced 5000, read into 2000 */
+    send_msg(&s[2], &pp.a, sb[2], 5000, 3);
+    pt_run(&pp);
+    recv_msg(&r[2], &pp.b, rb[2], 2000);
+    pt_run(&pp);
+    assert_done(&r[2], 2000, 0);
+    ck_assert_int_eq(r[2].op.rflags, MSG_TRUNC);
+    ck_assert(pt_check(rb[2], 2000, 3));
+    for (size_t j = 2000; j < sizeof(rb[2]); j++)
+        ck_assert_uint_eq(rb[2][j], 0);
+    assert_done(&s[2], 5000, 0);
+    for (int i = 0; i < 3; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* A receive advertised for message 0 is matched by an eager message instead; its ADVERT
+ * is then stale and the sender drops it rather than writing the next message into it. */
+START_TEST(sp_stale_advert_dropped)
+{
+    static uint8_t sb[2][6000], rb[2][6000];
+    struct pt_op s[2], r[2];
+    struct exs_sock_stats st;
+
+    send_msg(&s[0], &pp.a, sb[0], 200, 21); /* eager, message 0 */
+    recv_msg(&r[0], &pp.b, rb[0], 4096);    /* advertised for message 0 */
+    pt_run(&pp);
+    assert_done(&r[0], 200, 0);
+    ck_assert(pt_check(rb[0], 200, 21));
+    send_msg(&s[1], &pp.a, sb[1], 6000, 22); /* must not go into r[0]'s buffer */
+    pt_run(&pp);
+    exs__conn_stats(pp.a.conn, &st);
+    ck_assert_uint_eq(st.adverts_discarded, 1);
+    ck_assert_uint_eq(st.direct_xfers, 0);
+    for (size_t j = 200; j < sizeof(rb[0]); j++)
+        ck_assert_uint_eq(rb[0][j], 0);
+    recv_msg(&r[1], &pp.b, rb[1], 6000);
+    pt_run(&pp);
+    assert_done(&r[1], 6000, 0);
+    ck_assert(pt_check(rb[1], 6000, 22));
+    assert_done(&s[1], 6000, 0);
+    for (int i = 0; i < 2; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+START_TEST(sp_shutdown_eof)
+{
+    static uint8_t sb[2][300], rb[4][300];
+    struct pt_op s[2], sh, r[4], late;
+
+    for (int i = 0; i < 2; i++)
+        send_msg(&s[i], &pp.a, sb[i], 300, 40 + i);
+    pt_op_init(&sh, &pp.a, EXS_OP_SHUTDOWN, NULL, 0, 0);
+    ck_assert_int_eq(pt_post(&sh), 0);
+    pt_op_init(&late, &pp.a, EXS_OP_SEND, sb[0], 10, 0);
+    ck_assert_int_eq(pt_post(&late), -EPIPE);
+    pt_op_fini(&late);
+    pt_run(&pp);
+    assert_done(&sh, 0, 0);
+    for (int i = 0; i < 4; i++)
+        recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+    pt_run(&pp);
+    for (int i = 0; i < 2; i++) {
+        assert_done(&s[i], 300, 0);
+        assert_done(&r[i], 300, 0);
+        ck_assert(pt_check(rb[i], 300, 40 + i));
+    }
+    assert_done(&r[2], 0, 0); /* end of stream, and again */
+    assert_done(&r[3], 0, 0);
+    /* b may still send: the other direction stays open */
+    struct pt_op back, got;
+    static uint8_t bb[64], gb[64];
+    send_msg(&back, &pp.b, bb, sizeof(bb), 50);
+    recv_msg(&got, &pp.a, gb, sizeof(gb));
+    pt_run(&pp);
+    assert_done(&back, sizeof(bb), 0);
+    assert_done(&got, sizeof(gb), 0);
+    ck_assert(pt_check(gb, sizeof(gb), 50));
+    for (int i = 0; i < 2; i++)
+        pt_op_fini(&s[i]);
+    for (int i = 0; i < 4; i++)
+        pt_op_fini(&r[i]);
+    pt_op_fini(&back);
+    pt_op_fini(&got);
+}
+END_TEST
+
+/* Many messages of every kind both ways, receives posted in batches, completions
+ * reordered across endpoints: each message is delivered once, in order, into the
+ * receive of its number, and no receive is ever missing (RNR 0). */
+#define MIX_N 120
+START_TEST(sp_mixed_reordered)
+{
+    static uint8_t sb[2][MIX_N][6000], rb[2][MIX_N][6000];
+    static struct pt_op s[2][MIX_N], r[2][MIX_N];
+    struct pt_side *side[2] = {&pp.a, &pp.b};
+    uint32_t seed = (uint32_t)_i + 1;
+    size_t len[MIX_N];
+
+    mock_set_reorder(seed * 2654435761u);
+    srand(seed);
+    for (int i = 0; i < MIX_N; i++)
+        len[i] = (size_t)(i % 7 == 3 ? 1024 + rand() % 4976 : rand() % 1024);
+    for (int k = 0; k < MIX_N; k += 10) {
+        for (int d = 0; d < 2; d++) {
+            for (int i = k; i < k + 10; i++) {
+                size_t rl = (i % 5 == 0) ? 6000 : len[i] < 1024 ? 1023 : 6000;
+
+                send_msg(&s[d][i], side[d], sb[d][i], len[i], (uint64_t)d << 32 | i << 16);
+                recv_msg(&r[d][i], side[!d], rb[d][i], rl);
+            }
+        }
+        pt_run(&pp);
+    }
+    pt_run(&pp);
+    /* every path was taken: eager, direct, announced (READ) */
+    struct exs_sock_stats sa, sb_;
+    struct mock_stats ma, mb;
+    exs__conn_stats(pp.a.conn, &sa);
+    exs__conn_stats(pp.b.conn, &sb_);
+    mock_stats(pp.a.ctx, &ma);
+    mock_stats(pp.b.ctx, &mb);
+    ck_assert_uint_gt(sa.indirect_xfers + sb_.indirect_xfers, 0);
+    ck_assert_uint_gt(sa.direct_xfers + sb_.direct_xfers, ma.reads + mb.reads);
+    ck_assert_uint_gt(ma.reads + mb.reads, 0);
+    for (int d = 0; d < 2; d++) {
+        uint64_t prev = 0;
+
+        for (int i = 0; i < MIX_N; i++) {
+            assert_done(&s[d][i], (ssize_t)len[i], 0);
+            assert_done(&r[d][i], (ssize_t)len[i], 0);
+            ck_assert_uint_gt(r[d][i].order, prev); /* receives complete in posting order */
+            prev = r[d][i].order;
+            ck_assert(pt_check(rb[d][i], len[i], (uint64_t)d << 32 | i << 16));
+            pt_op_fini(&s[d][i]);
+            pt_op_fini(&r[d][i]);
+        }
+    }
+}
+END_TEST
+
+/* Where each eager write landed in b's ring (offsets from the tap). */
+static struct {
+    struct exs_prov_ep *ep;
+    uint64_t base;
+    int n;
+    uint64_t off[16];
+} ring_tap;
+
+static void ring_tap_fn(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
+                        const uint8_t *p, uint32_t len)
+{
+    (void)arg;
+    (void)p;
+    (void)len;
+    if (ep == ring_tap.ep && wr->opcode == EXS_PROV_WR_RDMA_WRITE_WITH_IMM && ring_tap.n < 16)
+        ring_tap.off[ring_tap.n++] = wr->remote_addr - ring_tap.base;
+}
+
+/* An eager message never wraps: the one that does not fit before the ring's end goes
+ * to offset 0 and the bytes skipped count as used; the receiver applies the same rule. */
+START_TEST(sp_ring_skip)
+{
+    static uint8_t sb[6][900], rb[6][900];
+    struct pt_op s[6], r[6];
+
+    memset(&ring_tap, 0, sizeof(ring_tap));
+    ring_tap.ep = pp.a.conn->ep;
+    ring_tap.base = (uintptr_t)pp.b.conn->ring;
+    mock_set_tap(ring_tap_fn, NULL);
+    for (int i = 0; i < 6; i++) {
+        send_msg(&s[i], &pp.a, sb[i], 900, (uint64_t)i * 900);
+        recv_msg(&r[i], &pp.b, rb[i], 900);
+        pt_run(&pp);
+        assert_done(&s[i], 900, 0);
+        assert_done(&r[i], 900, 0);
+        ck_assert(pt_check(rb[i], 900, (uint64_t)i * 900));
+    }
+    mock_set_tap(NULL, NULL);
+    /* slots of 960 bytes: four fit in 4096, the fifth skips the last 256 */
+    ck_assert_int_eq(ring_tap.n, 6);
+    static const uint64_t want[6] = {0, 960, 1920, 2880, 0, 960};
+    for (int i = 0; i < 6; i++)
+        ck_assert_uint_eq(ring_tap.off[i], want[i]);
+    for (int i = 0; i < 6; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* Zero-length messages take every path: eager, and announced (read of nothing) when
+ * the ring is full; an empty message is still one message. */
+START_TEST(sp_zero_length)
+{
+    static uint8_t fill[64][1000], rb[70][1000];
+    struct pt_op s[70], r[70];
+    int n = 0;
+
+    /* fill the ring (4096) with unconsumed eager messages: 4 x 1024-byte slots */
+    for (; n < 4; n++)
+        send_msg(&s[n], &pp.a, fill[n], 1000, (uint64_t)n << 12);
+    send_msg(&s[n++], &pp.a, fill[4], 0, 0); /* no room even for a slot: announced */
+    send_msg(&s[n++], &pp.a, fill[5], 2000, 5 << 12);
+    pt_run(&pp);
+    for (int i = 0; i < 4; i++)
+        assert_done(&s[i], 1000, 0);
+    ck_assert_int_eq(s[4].done, 0); /* waits to be read */
+    for (int i = 0; i < n; i++)
+        recv_msg(&r[i], &pp.b, rb[i], 1000);
+    pt_run(&pp);
+    for (int i = 0; i < 4; i++) {
+        assert_done(&r[i], 1000, 0);
+        ck_assert(pt_check(rb[i], 1000, (uint64_t)i << 12));
+    }
+    assert_done(&s[4], 0, 0);
+    assert_done(&r[4], 0, 0);
+    assert_done(&r[5], 1000, 0);
+    ck_assert_int_eq(r[5].op.rflags, MSG_TRUNC);
+    ck_assert(pt_check(rb[5], 1000, 5 << 12));
+    assert_done(&s[5], 2000, 0);
+    /* and an empty message into an advertised receive */
+    recv_msg(&r[n], &pp.b, rb[n], 1000);
+    pt_run(&pp);
+    send_msg(&s[n], &pp.a, fill[6], 0, 0);
+    pt_run(&pp);
+    assert_done(&s[n], 0, 0);
+    assert_done(&r[n], 0, 0);
+    ck_assert_int_eq(r[n].op.rflags, 0);
+    n++;
+    for (int i = 0; i < n; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* At most max_reads RDMA READs at once (here 1): announced messages wait in the
+ * pending list and are still read, in order, into the receives of their numbers. */
+START_TEST(sp_reads_throttled)
+{
+    static uint8_t sb[6][5000], rb[6][5000];
+    struct pt_op s[6], r[6];
+    struct mock_stats ms;
+
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder((uint32_t)_i * 131u);
+    pt_params(&pp.pa, SOCK_SEQPACKET);
+    pt_params(&pp.pb, SOCK_SEQPACKET);
+    pp.pb.max_reads = 1;
+    pt_open(&pp, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    for (int i = 0; i < 6; i++)
+        send_msg(&s[i], &pp.a, sb[i], 5000 - (size_t)i, (uint64_t)i << 16);
+    pt_run(&pp);
+    for (int i = 0; i < 6; i++)
+        recv_msg(&r[i], &pp.b, rb[i], 5000);
+    pt_run(&pp);
+    for (int i = 0; i < 6; i++) {
+        assert_done(&s[i], 5000 - i, 0);
+        assert_done(&r[i], 5000 - i, 0);
+        ck_assert(pt_check(rb[i], 5000 - (size_t)i, (uint64_t)i << 16));
+        ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+    mock_stats(pp.b.ctx, &ms);
+    ck_assert_uint_eq(ms.reads, 6);
+    ck_assert_uint_eq(ms.reads_max, 1);
+}
+END_TEST
+
+/* ADVERT matching: message 0 is announced and read; the receives behind it are
+ * advertised for messages 1 and 2 and filled directly, and all complete in posting
+ * order. */
+START_TEST(sp_direct_behind_announced)
+{
+    static uint8_t sb[3][6000], rb[3][6000];
+    struct pt_op s[3], r[3];
+    struct exs_sock_stats st;
+
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder((uint32_t)_i * 257u);
+    pt_params(&pp.pa, SOCK_SEQPACKET);
+    pt_params(&pp.pb, SOCK_SEQPACKET);
+    pp.pb.max_reads = 1;
+    pt_open(&pp, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    send_msg(&s[0], &pp.a, sb[0], 6000, 1 << 20); /* no receive yet: announced */
+    pt_run(&pp);
+    recv_msg(&r[0], &pp.b, rb[0], 6000); /* takes message 0 by READ */
+    recv_msg(&r[1], &pp.b, rb[1], 6000); /* advertised for message 1 */
+    recv_msg(&r[2], &pp.b, rb[2], 6000); /* advertised for message 2 */
+    pt_run(&pp);
+    send_msg(&s[1], &pp.a, sb[1], 5000, 2 << 20);
+    send_msg(&s[2], &pp.a, sb[2], 4000, 3 << 20);
+    pt_run(&pp);
+    assert_done(&r[0], 6000, 0);
+    assert_done(&r[1], 5000, 0);
+    assert_done(&r[2], 4000, 0);
+    ck_assert(pt_check(rb[0], 6000, 1 << 20));
+    ck_assert(pt_check(rb[1], 5000, 2 << 20));
+    ck_assert(pt_check(rb[2], 4000, 3 << 20));
+    ck_assert_uint_lt(r[0].order, r[1].order);
+    ck_assert_uint_lt(r[1].order, r[2].order);
+    exs__conn_stats(pp.a.conn, &st);
+    ck_assert_uint_eq(st.direct_xfers, 2);
+    for (int i = 0; i < 3; i++) {
+        assert_done(&s[i], (ssize_t)s[i].op.len, 0);
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+Suite *proto_seqpacket_suite(void)
+{
+    Suite *s = suite_create("proto_seqpacket");
+    TCase *tc = tcase_create("seqpacket");
+
+    tcase_add_checked_fixture(tc, sp_setup, sp_teardown);
+    tcase_add_test(tc, sp_eager_in_order);
+    tcase_add_test(tc, sp_direct_into_advert);
+    tcase_add_test(tc, sp_rendezvous_read);
+    tcase_add_test(tc, sp_truncation);
+    tcase_add_test(tc, sp_stale_advert_dropped);
+    tcase_add_test(tc, sp_shutdown_eof);
+    tcase_add_test(tc, sp_ring_skip);
+    tcase_add_test(tc, sp_zero_length);
+    tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("reads");
+    tcase_add_checked_fixture(tc, NULL, sp_teardown);
+    tcase_add_loop_test(tc, sp_reads_throttled, 0, 3);
+    tcase_add_loop_test(tc, sp_direct_behind_announced, 0, 3);
+    suite_add_tcase(s, tc);
+    return s;
+}

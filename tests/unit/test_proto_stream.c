@@ -1,0 +1,564 @@
+/* SPDX-License-Identifier: MIT */
+/* SOCK_STREAM protocol unit tests over the mock provider: phases, stale ADVERTs, ring wrap, ACKs.
+ */
+#include <check.h>
+#include <endian.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "tests/mock/mock_proto.h"
+#include "tests/unit/unit.h"
+
+static struct pt_pair pp;
+
+/* The control records b sends, decoded from the wire (mock tap). */
+#define MAX_RECS 256
+static struct {
+    struct exs_prov_ep *ep; /* whose SENDs are decoded */
+    int n_ack, n_advert;
+    uint64_t ack[MAX_RECS]; /* ring_consumed of each ACK */
+} tap;
+
+static void st_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
+                   const uint8_t *p, uint32_t len)
+{
+    (void)arg;
+    if (ep != tap.ep || wr->opcode != EXS_PROV_WR_SEND)
+        return;
+    for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= len;) {
+        struct exs_wire_ctrl_hdr h;
+
+        memcpy(&h, p + off, sizeof(h));
+        if (h.type == EXS_CTRL_ACK && tap.n_ack < MAX_RECS) {
+            struct exs_wire_ack a;
+            memcpy(&a, p + off, sizeof(a));
+            tap.ack[tap.n_ack++] = be64toh(a.ring_consumed);
+        }
+        if (h.type == EXS_CTRL_ADVERT)
+            tap.n_advert++;
+        if (!be16toh(h.len))
+            break;
+        off += be16toh(h.len);
+    }
+}
+
+static void st_setup(void)
+{
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    memset(&tap, 0, sizeof(tap));
+    mock_set_reorder(0);
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+    tap.ep = pp.b.conn->ep;
+    mock_set_tap(st_tap, NULL);
+}
+
+static void st_teardown(void)
+{
+    mock_set_tap(NULL, NULL);
+    if (pp.a.conn)
+        exs__conn_close(pp.a.conn);
+    if (pp.b.conn)
+        exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.b.dead, 1);
+    ck_assert_uint_eq(pt_rnr(&pp), 0);
+    pt_close(&pp);
+    mock_set_reorder(0);
+}
+
+/* Send len bytes of the stream starting at offset off. */
+static void st_send(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len, uint64_t off)
+{
+    pt_fill(buf, len, off);
+    pt_op_init(o, s, EXS_OP_SEND, buf, len, 0);
+    ck_assert_int_eq(pt_post(o), 0);
+}
+
+static void st_recv(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len, int flags)
+{
+    memset(buf, 0, len);
+    pt_op_init(o, s, EXS_OP_RECV, buf, len, flags);
+    ck_assert_int_eq(pt_post(o), 0);
+}
+
+/* One delivery, with this result and errno (a macro: failures name the caller's line). */
+#define assert_done(_o, _result, _err)                                                             \
+    do {                                                                                           \
+        ck_assert_int_eq((_o)->done, 1);                                                           \
+        ck_assert_int_eq((_o)->op.result, (_result));                                              \
+        ck_assert_int_eq((_o)->op.err, (_err));                                                    \
+    } while (0)
+
+static void stats(struct pt_side *s, struct exs_sock_stats *st)
+{
+    exs__conn_stats(s->conn, st);
+}
+
+START_TEST(st_indirect_then_copy)
+{
+    static uint8_t sb[3000], rb[5000];
+    struct pt_op s, r;
+    struct exs_sock_stats st;
+
+    st_send(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_run(&pp);
+    assert_done(&s, 3000, 0); /* in the ring: done without a receive */
+    st_recv(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_run(&pp);
+    assert_done(&r, 3000, 0);
+    ck_assert(pt_check(rb, 3000, 0));
+    for (size_t j = 3000; j < sizeof(rb); j++)
+        ck_assert_uint_eq(rb[j], 0);
+    stats(&pp.a, &st);
+    ck_assert_uint_eq(st.indirect_xfers, 1);
+    ck_assert_uint_eq(st.direct_xfers, 0);
+    ck_assert_uint_eq(st.mode_switches, 1); /* phase 0 (direct) -> 1 */
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
+START_TEST(st_direct_into_advert)
+{
+    static uint8_t sb[5000], rb[5000];
+    struct pt_op s, r;
+    struct exs_sock_stats st;
+
+    st_recv(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_run(&pp);
+    st_send(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_run(&pp);
+    assert_done(&r, 5000, 0);
+    assert_done(&s, 5000, 0);
+    ck_assert(pt_check(rb, 5000, 0));
+    stats(&pp.a, &st);
+    ck_assert_uint_eq(st.direct_xfers, 1);
+    ck_assert_uint_eq(st.indirect_xfers, 0);
+    ck_assert_uint_eq(st.mode_switches, 0);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
+/* MSG_WAITALL: the ADVERT stays at the sender's head until its buffer is full. */
+START_TEST(st_waitall_fills)
+{
+    static uint8_t sb[3][2000], rb[6000];
+    struct pt_op s[3], r;
+    struct exs_sock_stats st;
+
+    st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_run(&pp);
+    for (int i = 0; i < 3; i++) {
+        st_send(&s[i], &pp.a, sb[i], 2000, 2000 * i);
+        pt_run(&pp);
+        ck_assert_int_eq(r.done, i == 2);
+    }
+    assert_done(&r, 6000, 0);
+    ck_assert(pt_check(rb, 6000, 0));
+    stats(&pp.a, &st);
+    ck_assert_uint_eq(st.direct_xfers, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_done(&s[i], 2000, 0);
+        pt_op_fini(&s[i]);
+    }
+    pt_op_fini(&r);
+}
+END_TEST
+
+/*
+ * The sender writes the ring (phase 1) while the receiver, having emptied it,
+ * advertises a receive (phase 2, offset 1000). The sender had already written on past
+ * offset 1000, so that ADVERT is stale: it is dropped, the sender jumps to phase 3,
+ * and the receive is served from the ring. The next ADVERT (phase 4, exact offset) is
+ * used directly.
+ */
+START_TEST(st_stale_advert_phase_jump)
+{
+    static uint8_t sb[4][1000], rb[5][1000];
+    struct pt_op s[4], r[5];
+    struct exs_sock_stats sa, sbst;
+    uint64_t off = 0;
+
+    st_send(&s[0], &pp.a, sb[0], 1000, off); /* ring, phase 1 */
+    off += 1000;
+    pt_run(&pp);
+    st_recv(&r[0], &pp.b, rb[0], 1000, 0); /* copied out at once */
+    assert_done(&r[0], 1000, 0);
+    ck_assert(pt_check(rb[0], 1000, 0));
+    st_recv(&r[1], &pp.b, rb[1], 500, 0); /* advertised: phase 2, offset 1000 */
+    ck_assert_int_eq(r[1].done, 0);
+    st_send(&s[1], &pp.a, sb[1], 700, off); /* no ADVERT seen yet: ring again */
+    off += 700;
+    pt_run(&pp);
+    /* the ring bytes fill the advertised receive (it is now of an earlier phase) */
+    assert_done(&r[1], 500, 0);
+    ck_assert(pt_check(rb[1], 500, 1000));
+    st_recv(&r[2], &pp.b, rb[2], 1000, 0);
+    pt_run(&pp);
+    assert_done(&r[2], 200, 0);
+    ck_assert(pt_check(rb[2], 200, 1500));
+
+    /* the next send meets the stale ADVERT and drops it */
+    st_send(&s[2], &pp.a, sb[2], 300, off);
+    off += 300;
+    pt_run(&pp);
+    stats(&pp.a, &sa);
+    ck_assert_uint_eq(sa.adverts_received, 1);
+    ck_assert_uint_eq(sa.adverts_discarded, 1);
+    ck_assert_uint_eq(sa.direct_xfers, 0);
+    /* a's bytes never went into r[1]'s buffer beyond what the ring copy put there */
+    for (size_t j = 500; j < sizeof(rb[1]); j++)
+        ck_assert_uint_eq(rb[1][j], 0);
+    st_recv(&r[3], &pp.b, rb[3], 1000, 0);
+    pt_run(&pp);
+    assert_done(&r[3], 300, 0);
+    ck_assert(pt_check(rb[3], 300, 1700));
+
+    /* ring empty, nothing outstanding: a fresh ADVERT with the exact offset, used */
+    st_recv(&r[4], &pp.b, rb[4], 1000, 0);
+    pt_run(&pp);
+    st_send(&s[3], &pp.a, sb[3], 800, off);
+    pt_run(&pp);
+    assert_done(&r[4], 800, 0);
+    ck_assert(pt_check(rb[4], 800, 2000));
+    stats(&pp.a, &sa);
+    stats(&pp.b, &sbst);
+    ck_assert_uint_eq(sa.direct_xfers, 1);
+    ck_assert_uint_eq(sbst.adverts_sent, 2);
+    ck_assert_uint_eq(sa.adverts_received, 2);
+    ck_assert_uint_eq(sa.adverts_discarded, 1);
+    for (int i = 0; i < 4; i++) {
+        assert_done(&s[i], (ssize_t)s[i].op.len, 0);
+        pt_op_fini(&s[i]);
+    }
+    for (int i = 0; i < 5; i++)
+        pt_op_fini(&r[i]);
+}
+END_TEST
+
+/* Ring space comes back lazily: no ACK while less than a quarter of the ring is
+ * unreported (and the writer sees at most half in use), then one with the exact count. */
+START_TEST(st_lazy_ring_ack)
+{
+    static uint8_t sb[2][1000], rb[2][1000];
+    struct pt_op s[2], r[2];
+
+    st_send(&s[0], &pp.a, sb[0], 500, 0);
+    pt_run(&pp);
+    st_recv(&r[0], &pp.b, rb[0], 1000, 0);
+    pt_run(&pp);
+    assert_done(&r[0], 500, 0);
+    ck_assert_int_eq(tap.n_ack, 0); /* 500 < 4096 / 4 */
+    st_send(&s[1], &pp.a, sb[1], 600, 500);
+    pt_run(&pp);
+    st_recv(&r[1], &pp.b, rb[1], 1000, 0);
+    pt_run(&pp);
+    assert_done(&r[1], 600, 0);
+    ck_assert(pt_check(rb[1], 600, 500));
+    ck_assert_int_eq(tap.n_ack, 1); /* 1100 >= 1024 */
+    ck_assert_uint_eq(tap.ack[0], 1100);
+    for (int i = 0; i < 2; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* Much more than the ring, in sends and receives of assorted sizes, with and without
+ * WAITALL, both directions, completions reordered: the streams arrive whole and in
+ * order, the ring wraps many times, and every transfer kind occurs. */
+#define WRAP_N 64
+#define WRAP_R 1024 /* receives: a receive may take as little as one byte */
+static uint8_t wrap_sb[2][WRAP_N][3000], wrap_rb[2][WRAP_R][3000];
+static struct pt_op wrap_s[2][WRAP_N], wrap_r[2][WRAP_R];
+static int wrap_nr[2], wrap_checked[2];
+static uint64_t wrap_roff[2];
+
+static void wrap_recv(int d, size_t len, int flags)
+{
+    struct pt_side *side[2] = {&pp.a, &pp.b};
+
+    ck_assert_int_lt(wrap_nr[d], WRAP_R);
+    st_recv(&wrap_r[d][wrap_nr[d]], side[!d], wrap_rb[d][wrap_nr[d]], len, flags);
+    wrap_nr[d]++;
+}
+
+/* Check the receives of direction d handed back since the last call, in order. */
+static void wrap_verify(int d)
+{
+    while (wrap_checked[d] < wrap_nr[d] && wrap_r[d][wrap_checked[d]].done) {
+        struct pt_op *o = &wrap_r[d][wrap_checked[d]++];
+
+        ck_assert_int_eq(o->done, 1);
+        ck_assert_int_eq(o->op.err, 0);
+        ck_assert_int_gt(o->op.result, 0);
+        if (o->op.flags & MSG_WAITALL)
+            ck_assert_int_eq(o->op.result, (ssize_t)o->op.len);
+        ck_assert(pt_check(o->op.buf, (size_t)o->op.result, wrap_roff[d]));
+        wrap_roff[d] += (uint64_t)o->op.result;
+    }
+    /* anything not handed back yet waits behind nothing: receives finish in order */
+    for (int i = wrap_checked[d]; i < wrap_nr[d]; i++)
+        ck_assert_int_eq(wrap_r[d][i].done, 0);
+}
+
+/* Much more than the ring, in sends and receives of assorted sizes, with and without
+ * WAITALL, receives posted ahead of the data or after it, both directions, completions
+ * reordered: the streams arrive whole and in order, the ring wraps many times, and
+ * both transfer kinds occur. */
+START_TEST(st_ring_wrap_reordered)
+{
+    struct pt_side *side[2] = {&pp.a, &pp.b};
+    uint64_t soff[2] = {0, 0};
+    struct exs_sock_stats st[2];
+    uint32_t seed = (uint32_t)_i + 1;
+
+    memset(wrap_nr, 0, sizeof(wrap_nr));
+    memset(wrap_checked, 0, sizeof(wrap_checked));
+    memset(wrap_roff, 0, sizeof(wrap_roff));
+    mock_set_reorder(seed * 40503u);
+    srand(seed);
+    for (int k = 0; k < WRAP_N; k += 8) {
+        for (int d = 0; d < 2; d++) {
+            if (rand() % 2) {
+                for (int j = 0; j < 2; j++)
+                    wrap_recv(d, 1 + (size_t)(rand() % 3000), 0); /* ahead of the data */
+                if (rand() % 2)
+                    pt_run(&pp); /* the ADVERTs reach the sender before its data leaves */
+            }
+            for (int i = k; i < k + 8; i++) {
+                size_t len = 1 + (size_t)(rand() % 3000);
+
+                st_send(&wrap_s[d][i], side[d], wrap_sb[d][i], len, soff[d]);
+                soff[d] += len;
+            }
+        }
+        pt_run(&pp);
+        for (int d = 0; d < 2; d++) {
+            wrap_verify(d);
+            while (wrap_roff[d] < soff[d]) {
+                int waitall = rand() % 4 == 0;
+                size_t len = 1 + (size_t)(rand() % 3000);
+
+                if (waitall && len > soff[d] - wrap_roff[d])
+                    len = soff[d] - wrap_roff[d];
+                wrap_recv(d, len, waitall ? MSG_WAITALL : 0);
+                pt_run(&pp);
+                wrap_verify(d);
+                ck_assert_int_eq(wrap_checked[d], wrap_nr[d]);
+            }
+        }
+    }
+    for (int d = 0; d < 2; d++) {
+        ck_assert_uint_eq(wrap_roff[d], soff[d]);
+        ck_assert_int_eq(wrap_checked[d], wrap_nr[d]);
+        for (int i = 0; i < WRAP_N; i++) {
+            assert_done(&wrap_s[d][i], (ssize_t)wrap_s[d][i].op.len, 0);
+            pt_op_fini(&wrap_s[d][i]);
+        }
+        for (int i = 0; i < wrap_nr[d]; i++)
+            pt_op_fini(&wrap_r[d][i]);
+        stats(side[d], &st[d]);
+        ck_assert_uint_gt(st[d].indirect_xfers, 0);
+        ck_assert_uint_eq(st[d].bytes_sent, soff[d]);
+        ck_assert_uint_gt(soff[d], 4 * 4096); /* wrapped */
+    }
+    ck_assert_uint_gt(st[0].direct_xfers + st[1].direct_xfers, 0);
+    ck_assert_uint_gt(st[0].mode_switches + st[1].mode_switches, 2);
+}
+END_TEST
+
+START_TEST(st_shutdown_eof)
+{
+    static uint8_t sb[1000], rb[3][2000];
+    struct pt_op s, sh, r[3];
+
+    st_send(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_op_init(&sh, &pp.a, EXS_OP_SHUTDOWN, NULL, 0, 0);
+    ck_assert_int_eq(pt_post(&sh), 0);
+    pt_run(&pp);
+    assert_done(&sh, 0, 0);
+    st_recv(&r[0], &pp.b, rb[0], 400, 0);
+    st_recv(&r[1], &pp.b, rb[1], 2000, 0);
+    st_recv(&r[2], &pp.b, rb[2], 2000, 0);
+    pt_run(&pp);
+    assert_done(&r[0], 400, 0);
+    assert_done(&r[1], 600, 0);
+    assert_done(&r[2], 0, 0);
+    ck_assert(pt_check(rb[0], 400, 0));
+    ck_assert(pt_check(rb[1], 600, 400));
+    assert_done(&s, 1000, 0);
+    pt_op_fini(&s);
+    for (int i = 0; i < 3; i++)
+        pt_op_fini(&r[i]);
+}
+END_TEST
+
+/* Transfer modes (EXS_SO_XFER_MODE): an indirect-only receiver never advertises; a
+ * direct-only sender waits for ADVERTs and never writes the ring, unless its peer is
+ * indirect-only (it would wait forever). */
+static void xfer_pair(int mode_a, int mode_b)
+{
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    memset(&tap, 0, sizeof(tap));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pp.pa.xfer_mode = mode_a;
+    pp.pb.xfer_mode = mode_b;
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+}
+
+static void xfer_round(int recv_first, uint64_t off)
+{
+    static uint8_t sb[3000], rb[3000];
+    struct pt_op s, r;
+
+    if (recv_first)
+        st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    st_send(&s, &pp.a, sb, sizeof(sb), off);
+    pt_run(&pp);
+    if (!recv_first) {
+        st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+        pt_run(&pp);
+    }
+    assert_done(&s, 3000, 0);
+    assert_done(&r, 3000, 0);
+    ck_assert(pt_check(rb, 3000, off));
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+
+START_TEST(st_xfer_indirect_only_receiver)
+{
+    struct exs_sock_stats sa, sb_;
+
+    xfer_pair(EXS_XFER_DYNAMIC, EXS_XFER_INDIRECT_ONLY);
+    xfer_round(1, 0);
+    xfer_round(0, 3000);
+    exs__conn_stats(pp.a.conn, &sa);
+    exs__conn_stats(pp.b.conn, &sb_);
+    ck_assert_uint_eq(sb_.adverts_sent, 0);
+    ck_assert_uint_eq(sa.direct_xfers, 0);
+    ck_assert_uint_gt(sa.indirect_xfers, 0);
+}
+END_TEST
+
+START_TEST(st_xfer_direct_only_sender)
+{
+    static uint8_t sb[3000];
+    struct exs_sock_stats sa;
+    struct pt_op s;
+
+    xfer_pair(EXS_XFER_DIRECT_ONLY, EXS_XFER_DYNAMIC);
+    /* no receive: the send waits rather than write the ring */
+    st_send(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(s.done, 0);
+    exs__conn_stats(pp.a.conn, &sa);
+    ck_assert_uint_eq(sa.indirect_xfers, 0);
+    static uint8_t rb[3000];
+    struct pt_op r;
+    st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_run(&pp);
+    assert_done(&s, 3000, 0);
+    assert_done(&r, 3000, 0);
+    ck_assert(pt_check(rb, 3000, 0));
+    exs__conn_stats(pp.a.conn, &sa);
+    ck_assert_uint_eq(sa.indirect_xfers, 0);
+    ck_assert_uint_gt(sa.direct_xfers, 0);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
+START_TEST(st_xfer_direct_only_vs_indirect_only)
+{
+    struct exs_sock_stats sa;
+
+    xfer_pair(EXS_XFER_DIRECT_ONLY, EXS_XFER_INDIRECT_ONLY);
+    xfer_round(0, 0);
+    exs__conn_stats(pp.a.conn, &sa);
+    ck_assert_uint_gt(sa.indirect_xfers, 0);
+}
+END_TEST
+
+/* ... and as soon as anything is unreported once the writer may believe more than half
+ * the ring is in use. */
+START_TEST(st_lazy_ring_ack_half)
+{
+    static uint8_t sb[2100], rb[100];
+    struct pt_op s, r;
+
+    st_send(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(tap.n_ack, 0);
+    st_recv(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_run(&pp);
+    assert_done(&r, 100, 0);
+    ck_assert(pt_check(rb, 100, 0));
+    ck_assert_int_eq(tap.n_ack, 1); /* 100 < 1024, but 2100 > 4096 / 2 was in use */
+    ck_assert_uint_eq(tap.ack[0], 100);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+    /* the rest is still there for the close to drain */
+}
+END_TEST
+
+/* End of stream cuts a WAITALL receive short: it completes with what it holds. */
+START_TEST(st_shutdown_waitall_partial)
+{
+    static uint8_t sb[100], rb[2][1000];
+    struct pt_op s, sh, r[2];
+
+    st_send(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_op_init(&sh, &pp.a, EXS_OP_SHUTDOWN, NULL, 0, 0);
+    ck_assert_int_eq(pt_post(&sh), 0);
+    st_recv(&r[0], &pp.b, rb[0], 1000, MSG_WAITALL);
+    st_recv(&r[1], &pp.b, rb[1], 1000, MSG_WAITALL);
+    pt_run(&pp);
+    assert_done(&r[0], 100, 0);
+    ck_assert(pt_check(rb[0], 100, 0));
+    assert_done(&r[1], 0, 0);
+    assert_done(&s, 100, 0);
+    assert_done(&sh, 0, 0);
+    pt_op_fini(&s);
+    pt_op_fini(&r[0]);
+    pt_op_fini(&r[1]);
+}
+END_TEST
+
+Suite *proto_stream_suite(void)
+{
+    Suite *s = suite_create("proto_stream");
+    TCase *tc = tcase_create("stream");
+
+    tcase_add_checked_fixture(tc, st_setup, st_teardown);
+    tcase_add_test(tc, st_indirect_then_copy);
+    tcase_add_test(tc, st_direct_into_advert);
+    tcase_add_test(tc, st_waitall_fills);
+    tcase_add_test(tc, st_stale_advert_phase_jump);
+    tcase_add_test(tc, st_lazy_ring_ack);
+    tcase_add_test(tc, st_lazy_ring_ack_half);
+    tcase_add_loop_test(tc, st_ring_wrap_reordered, 0, 4);
+    tcase_add_test(tc, st_shutdown_eof);
+    tcase_add_test(tc, st_shutdown_waitall_partial);
+    suite_add_tcase(s, tc);
+
+    /* these build their own pair (transfer modes) and share the teardown */
+    tc = tcase_create("xfer_mode");
+    tcase_add_checked_fixture(tc, NULL, st_teardown);
+    tcase_add_test(tc, st_xfer_indirect_only_receiver);
+    tcase_add_test(tc, st_xfer_direct_only_sender);
+    tcase_add_test(tc, st_xfer_direct_only_vs_indirect_only);
+    suite_add_tcase(s, tc);
+    return s;
+}

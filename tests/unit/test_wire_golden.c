@@ -1,0 +1,496 @@
+/* SPDX-License-Identifier: MIT */
+/* Golden tests: every wire encoding (wire.h, tcp_wire.h) pinned byte by byte. */
+#include <arpa/inet.h>
+#include <check.h>
+#include <endian.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "exs/prov/tcp/tcp.h"
+#include "tests/mock/mock_proto.h"
+#include "tests/unit/unit.h"
+
+/* Compare n bytes against the expected ones, naming the first difference. */
+#define assert_bytes(_got, _want, _n)                                                              \
+    do {                                                                                           \
+        const uint8_t *g_ = (const uint8_t *)(_got), *w_ = (const uint8_t *)(_want);               \
+        for (size_t i_ = 0; i_ < (size_t)(_n); i_++)                                               \
+            ck_assert_msg(g_[i_] == w_[i_], "byte %zu: got 0x%02x, want 0x%02x", i_, g_[i_],       \
+                          w_[i_]);                                                                 \
+    } while (0)
+
+static void put_be(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+/* ---- what the protocol really sends, captured from the mock ---- */
+
+#define CAP_MAX 64
+static struct cap {
+    struct exs_prov_ep *ep;
+    int opcode;
+    uint32_t imm;
+    uint32_t len;
+    uint8_t bytes[EXS_WIRE_CTRL_MAX];
+} caps[CAP_MAX];
+static int ncaps;
+
+static void cap_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
+                    const uint8_t *p, uint32_t len)
+{
+    (void)arg;
+    if (ncaps == CAP_MAX)
+        return;
+    caps[ncaps].ep = ep;
+    caps[ncaps].opcode = wr->opcode;
+    caps[ncaps].imm = wr->imm_data;
+    caps[ncaps].len = len;
+    if (wr->opcode == EXS_PROV_WR_SEND)
+        memcpy(caps[ncaps].bytes, p, len < EXS_WIRE_CTRL_MAX ? len : EXS_WIRE_CTRL_MAX);
+    ncaps++;
+}
+
+static struct pt_pair pp;
+
+static void gp_setup(int sock_type, int xfer_mode)
+{
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    ncaps = 0;
+    mock_set_reorder(0);
+    pt_params(&pp.pa, sock_type);
+    pt_params(&pp.pb, sock_type);
+    pp.pa.xfer_mode = xfer_mode;
+    pt_open(&pp, sock_type);
+    pt_connect(&pp);
+    mock_set_tap(cap_tap, NULL);
+}
+
+static void gp_teardown(void)
+{
+    mock_set_tap(NULL, NULL);
+    exs__conn_close(pp.a.conn);
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    pt_close(&pp);
+}
+
+/* The first captured SEND of ep at or after index *from. */
+static struct cap *cap_send(struct exs_prov_ep *ep, int *from)
+{
+    for (int i = *from; i < ncaps; i++) {
+        if (caps[i].ep == ep && caps[i].opcode == EXS_PROV_WR_SEND) {
+            *from = i + 1;
+            return &caps[i];
+        }
+    }
+    ck_abort_msg("no SEND captured");
+    return NULL;
+}
+
+static struct cap *cap_op(struct exs_prov_ep *ep, int opcode)
+{
+    for (int i = 0; i < ncaps; i++)
+        if (caps[i].ep == ep && caps[i].opcode == opcode)
+            return &caps[i];
+    ck_abort_msg("no work request of opcode %d captured", opcode);
+    return NULL;
+}
+
+START_TEST(golden_hello)
+{
+    struct exs_conn_params p;
+    struct exs_prov_ctx *ctx;
+    struct exs_conn *conn;
+    struct exs_wire_hello h;
+    uint8_t want[EXS_WIRE_HELLO_LEN] = {
+        0x45, 0x58,                         /* magic "EX" */
+        0x02,                               /* version 2 */
+        0x01,                               /* STREAM */
+        0x00, 0x03,                         /* features: keepalive | read */
+        0x00, 0x21,                         /* credits 33 */
+        0x00, 0x00, 0x02, 0x00,             /* ctrl_size 512 */
+        0x00, 0x00, 0x20, 0x00,             /* ring_size 8192 */
+        0,    0,    0,    0,    0, 0, 0, 0, /* ring_addr: below */
+        0,    0,    0,    0,                /* ring_rkey: reserved since v2 (0) */
+        0x00, 0x00, 0x07, 0xc0,             /* eager_max 1984 */
+        0x00, 0x00, 0x00, 0x00,             /* max_msg 0 */
+        0x02,                               /* xfer_mode indirect-only */
+        0x00, 0x00, 0x00,                   /* reserved */
+    };
+
+    unit_env_clean();
+    pt_params(&p, SOCK_STREAM);
+    p.credits = 33;
+    p.ring_size = 8192;
+    p.eager_max = 1984;
+    p.xfer_mode = EXS_XFER_INDIRECT_ONLY;
+    ck_assert_int_eq(mock_ctx_open(NULL, &ctx), 0);
+    ck_assert_int_eq(exs__conn_create(ctx, &p, &(struct exs_conn_cb){0}, NULL, &conn), 0);
+    memset(&h, 0xee, sizeof(h));
+    exs__conn_hello(conn, &h);
+    put_be(want + 16, (uintptr_t)conn->ring, 8);
+    assert_bytes(&h, want, sizeof(want));
+    /* and the SEQPACKET type byte */
+    conn->p.sock_type = SOCK_SEQPACKET;
+    exs__conn_hello(conn, &h);
+    ck_assert_uint_eq(((uint8_t *)&h)[3], 0x02);
+    /* the checker accepts exactly this and refuses each broken field */
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_SEQPACKET), 0);
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), EXS_WIRE_REJ_SOCK_TYPE);
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h) - 1, SOCK_SEQPACKET),
+                     EXS_WIRE_REJ_VERSION);
+    /* finding 6: a STREAM peer without a ring would make the writer divide by zero */
+    conn->p.sock_type = SOCK_STREAM;
+    exs__conn_hello(conn, &h);
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), 0);
+    memset((uint8_t *)&h + 12, 0, 4);
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), EXS_WIRE_REJ_HELLO);
+    ((uint8_t *)&h)[2] = 1; /* v1 is not spoken any more */
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), EXS_WIRE_REJ_VERSION);
+    exs__conn_destroy(conn);
+    exs__prov_ctx_close(ctx);
+    ck_assert_uint_eq(mock_violations(), 0);
+}
+END_TEST
+
+START_TEST(golden_reject)
+{
+    struct exs_wire_reject r = {.magic = htobe16(EXS_WIRE_MAGIC),
+                                .version = EXS_WIRE_VERSION,
+                                .reason = EXS_WIRE_REJ_CLOSING};
+    static const uint8_t want[EXS_WIRE_REJECT_LEN] = {0x45, 0x58, 0x02, 0x05};
+
+    assert_bytes(&r, want, sizeof(want));
+    ck_assert_int_eq(EXS_WIRE_REJ_VERSION, 1);
+    ck_assert_int_eq(EXS_WIRE_REJ_SOCK_TYPE, 2);
+    ck_assert_int_eq(EXS_WIRE_REJ_BACKLOG, 3);
+    ck_assert_int_eq(EXS_WIRE_REJ_RESOURCES, 4);
+}
+END_TEST
+
+/* The reject the passive side really sends on a socket type mismatch. */
+START_TEST(golden_reject_sent)
+{
+    static const uint8_t want[EXS_WIRE_REJECT_LEN] = {0x45, 0x58, 0x02, 0x02};
+    struct exs_prov_cm_event ev;
+    int got = 0;
+
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_SEQPACKET);
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect_to(&pp, NULL, 0);
+    /* b's side, as the driver (and exs/api/sock.c) does it */
+    pt_dispatch_ctx(&pp, pp.b.ctx);
+    while (exs__prov_cm_poll(pp.a.ctx, &ev) == 1) {
+        if (ev.type != EXS_PROV_CM_REJECTED)
+            continue;
+        ck_assert_uint_eq(ev.private_data_len, EXS_WIRE_REJECT_LEN);
+        assert_bytes(ev.private_data, want, sizeof(want));
+        got = 1;
+        exs__conn_on_cm(pp.a.conn, &ev);
+    }
+    ck_assert(got);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.a.est_err, ECONNREFUSED);
+    pt_close(&pp);
+}
+END_TEST
+
+START_TEST(golden_imm_layout)
+{
+    ck_assert_uint_eq(exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 5, 0), 0x60050000u);
+    ck_assert_uint_eq(exs_imm_make(EXS_IMM_DIRECT, EXS_IMM_EOM | EXS_IMM_TRUNC, 0xfff, 0xbeef),
+                      0x3fffbeefu);
+    ck_assert_uint_eq(exs_imm_make(EXS_IMM_INDIRECT, 0, 0x1000, 0x12345), 0x40002345u);
+    ck_assert_uint_eq(exs_imm_kind(0x7fffffffu), EXS_IMM_INDIRECT);
+    ck_assert_uint_eq(exs_imm_kind(0xc0000000u), 3);
+    ck_assert_uint_eq(exs_imm_credits(0x0abc0000u), 0xabc);
+    ck_assert_uint_eq(exs_imm_tag(0xffff1234u), 0x1234);
+    ck_assert_uint_eq(EXS_IMM_EOM, 1u << 29);
+    ck_assert_uint_eq(EXS_IMM_TRUNC, 1u << 28);
+}
+END_TEST
+
+/* The immediates the protocol really puts on eager, direct and ring writes. */
+START_TEST(golden_imm_sent)
+{
+    static uint8_t sb[8000], rb[8000];
+    struct pt_op s, r;
+
+    gp_setup(SOCK_SEQPACKET, EXS_XFER_DYNAMIC);
+    pt_op_init(&s, &pp.a, EXS_OP_SEND, sb, 100, 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    /* eager: INDIRECT, eom, one credit owed (for b's RING record), tag 0 */
+    ck_assert_uint_eq(cap_op(pp.a.conn->ep, EXS_PROV_WR_RDMA_WRITE_WITH_IMM)->imm, 0x60010000u);
+    ck_assert_uint_eq(cap_op(pp.a.conn->ep, EXS_PROV_WR_RDMA_WRITE_WITH_IMM)->len, 100);
+    pt_op_fini(&s);
+    ncaps = 0;
+    /* b answers directly into a's advertised receive 0 (advert id 0): DIRECT, eom,
+     * trunc (8000 > 5000), three credits owed to a (a's RING, the eager write, the ADVERT's SEND)
+     */
+    pt_op_init(&r, &pp.a, EXS_OP_RECV, rb, 5000, 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, 8000, 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    ck_assert_uint_eq(cap_op(pp.b.conn->ep, EXS_PROV_WR_RDMA_WRITE_WITH_IMM)->imm, 0x30030000u);
+    ck_assert_uint_eq(cap_op(pp.b.conn->ep, EXS_PROV_WR_RDMA_WRITE_WITH_IMM)->len, 5000);
+    ck_assert_int_eq(r.op.result, 5000);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+    gp_teardown();
+}
+END_TEST
+
+/* STREAM ADVERT with WAITALL; then ring data and the ACK. */
+/* A STREAM receive with WAITALL, advertised. */
+START_TEST(golden_advert_ack)
+{
+    static uint8_t rb[5000];
+    struct pt_op r;
+    uint8_t want[EXS_WIRE_ADVERT_LEN] = {
+        0x02, 0x01, 0x00, 0x28, 0x00, 0x01, 0x00, 0x00, /* ADVERT, WAITALL, 40, 1 credit */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* addr: below */
+        0x00, 0x00, 0x13, 0x88,                         /* len 5000 */
+        0,    0,    0,    0,                            /* rkey: below */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* seq (S_A) 0 */
+        0x00, 0x00, 0x00, 0x00,                         /* phase 0 (direct) */
+        0x00, 0x00, 0x00, 0x00,                         /* advert id 0 */
+    };
+    int from = 0;
+
+    gp_setup(SOCK_STREAM, EXS_XFER_DYNAMIC);
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), MSG_WAITALL);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    struct cap *c = cap_send(pp.b.conn->ep, &from);
+    ck_assert_uint_eq(c->len, EXS_WIRE_ADVERT_LEN);
+    put_be(want + 8, (uintptr_t)rb, 8);
+    put_be(want + 20, r.op.rkey, 4);
+    assert_bytes(c->bytes, want, sizeof(want));
+    ck_assert_uint_eq(cap_op(pp.b.conn->ep, EXS_PROV_WR_SEND)->len, EXS_WIRE_ADVERT_LEN);
+    /* the receive is handed back by the close; its registration goes before the ctx */
+    mock_set_tap(NULL, NULL);
+    exs__conn_close(pp.a.conn);
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    pt_op_fini(&r);
+    pt_close(&pp);
+}
+END_TEST
+
+/* Ring bytes consumed come back in an ACK: type 1, len 16, returned credits, count. */
+START_TEST(golden_ack)
+{
+    static uint8_t sb[3000], rb[3000];
+    struct pt_op s, r;
+    static const uint8_t want[EXS_WIRE_ACK_LEN] = {
+        0x01, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* ACK, 16 bytes, 0 credits */
+        0,    0,    0,    0,    0,    0,    0x0b, 0xb8, /* ring_consumed 3000 */
+    };
+    int from = 0;
+
+    gp_setup(SOCK_STREAM, EXS_XFER_DYNAMIC);
+    pt_op_init(&s, &pp.a, EXS_OP_SEND, sb, sizeof(sb), 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), MSG_WAITALL);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(r.op.result, 3000);
+    struct cap *c = cap_send(pp.b.conn->ep, &from);
+    ck_assert_uint_eq(c->len, EXS_WIRE_ACK_LEN);
+    /* the credits of a's RING and of the one WWI ride along in the header: 2 */
+    uint8_t w[EXS_WIRE_ACK_LEN];
+    memcpy(w, want, sizeof(w));
+    w[5] = 0x02;
+    assert_bytes(c->bytes, w, sizeof(w));
+    pt_op_fini(&r);
+    pt_op_fini(&s);
+    gp_teardown();
+}
+END_TEST
+
+/* SEQPACKET rendezvous: ANNOUNCE, then READ_DONE; then SHUTDOWN. */
+START_TEST(golden_announce_read_done_shutdown)
+{
+    static uint8_t sb[6000], rb[6000];
+    struct pt_op s, r, sh;
+    uint8_t ann[EXS_WIRE_ANNOUNCE_LEN] = {
+        0x03, 0x00, 0x00, 0x20, 0x00, 0x01, 0x00, 0x00, /* ANNOUNCE, 32 bytes, 1 credit */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* addr: below */
+        0x00, 0x00, 0x17, 0x70,                         /* len 6000 */
+        0,    0,    0,    0,                            /* rkey: below */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* message 0 */
+    };
+    uint8_t rd[EXS_WIRE_READ_DONE_LEN] = {
+        0x04, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* READ_DONE, 16 bytes */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* message 0 */
+    };
+    uint8_t shut[EXS_WIRE_SHUTDOWN_LEN] = {
+        0x05, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* SHUTDOWN, 16 bytes */
+        0,    0,    0,    0,    0,    0,    0,    0x01, /* one message sent in all */
+    };
+    int fa = 0, fb = 0;
+
+    gp_setup(SOCK_SEQPACKET, EXS_XFER_DYNAMIC);
+    pt_op_init(&s, &pp.a, EXS_OP_SEND, sb, sizeof(sb), 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    struct cap *c = cap_send(pp.a.conn->ep, &fa);
+    ck_assert_uint_eq(c->len, EXS_WIRE_ANNOUNCE_LEN);
+    put_be(ann + 8, (uintptr_t)sb, 8);
+    put_be(ann + 20, s.op.rkey, 4);
+    assert_bytes(c->bytes, ann, sizeof(ann));
+
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(s.op.result, 6000);
+    c = cap_send(pp.b.conn->ep, &fb);
+    ck_assert_uint_eq(c->len, EXS_WIRE_READ_DONE_LEN);
+    rd[5] = 0x02; /* the receives of a's RING and ANNOUNCE, re-posted */
+    assert_bytes(c->bytes, rd, sizeof(rd));
+
+    pt_op_init(&sh, &pp.a, EXS_OP_SHUTDOWN, NULL, 0, 0);
+    ck_assert_int_eq(pt_post(&sh), 0);
+    pt_run(&pp);
+    c = cap_send(pp.a.conn->ep, &fa);
+    ck_assert_uint_eq(c->len, EXS_WIRE_SHUTDOWN_LEN);
+    shut[5] = 0x01; /* the READ_DONE's receive */
+    assert_bytes(c->bytes, shut, sizeof(shut));
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+    pt_op_fini(&sh);
+    gp_teardown();
+}
+END_TEST
+
+START_TEST(golden_ctrl_constants)
+{
+    struct exs_wire_ctrl_hdr h = {.type = EXS_CTRL_NOP,
+                                  .flags = 0,
+                                  .len = htobe16(EXS_WIRE_NOP_LEN),
+                                  .credits = htobe16(0x0102)};
+    static const uint8_t want[8] = {0x06, 0x00, 0x00, 0x08, 0x01, 0x02, 0x00, 0x00};
+
+    assert_bytes(&h, want, sizeof(want));
+    ck_assert_int_eq(EXS_CTRL_ACK, 1);
+    ck_assert_int_eq(EXS_CTRL_ADVERT, 2);
+    ck_assert_int_eq(EXS_CTRL_ANNOUNCE, 3);
+    ck_assert_int_eq(EXS_CTRL_READ_DONE, 4);
+    ck_assert_int_eq(EXS_CTRL_SHUTDOWN, 5);
+    ck_assert_int_eq(EXS_CTRL_NOP, 6);
+    ck_assert_int_eq(EXS_WIRE_CTRL_MAX, 512);
+    ck_assert_int_eq(EXS_WIRE_MAGIC, 0x4558);
+}
+END_TEST
+
+/* The tcp provider's frame header (spec/provider-tcp.md), as exs__tcp_hdr_init and the
+ * posting code fill it. */
+START_TEST(golden_tcp_frame)
+{
+    struct tcp_wire_hdr h;
+    struct tcp_wire_conn c = {.rnr_retry = 7, .rnr_timer_ms = 12};
+    static const uint8_t want[TCP_WIRE_HDR_LEN] = {
+        0x45, 0x58, 0x53, 0x54,                         /* "EXST" */
+        0x01,                                           /* version */
+        0x05,                                           /* WRITE */
+        0x01,                                           /* F_IMM */
+        0x00,                                           /* syndrome */
+        0x00, 0x01, 0x02, 0x03,                         /* len */
+        0x0a, 0x0b, 0x0c, 0x0d,                         /* psn */
+        0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, /* raddr */
+        0xca, 0xfe, 0xba, 0xbe,                         /* rkey */
+        0xde, 0xad, 0xbe, 0xef,                         /* imm */
+    };
+    static const uint8_t want_conn[TCP_WIRE_CONN_LEN] = {7, 12, 0, 0, 0, 0, 0, 0};
+
+    memset(&h, 0xee, sizeof(h));
+    exs__tcp_hdr_init(&h, TCP_WIRE_WRITE, 0x010203);
+    h.flags = TCP_WIRE_F_IMM;
+    h.psn = htonl(0x0a0b0c0d);
+    h.raddr = htobe64(0x1122334455667788ull);
+    h.rkey = htonl(0xcafebabe);
+    h.imm = htonl(0xdeadbeef);
+    assert_bytes(&h, want, sizeof(want));
+    exs__tcp_hdr_init(&h, TCP_WIRE_NAK, 0);
+    ck_assert_uint_eq(((uint8_t *)&h)[5], 9);
+    for (size_t i = 8; i < sizeof(h); i++)
+        ck_assert_uint_eq(((uint8_t *)&h)[i], 0);
+    assert_bytes(&c, want_conn, sizeof(want_conn));
+    ck_assert_int_eq(TCP_WIRE_CONN_REQ, 1);
+    ck_assert_int_eq(TCP_WIRE_CONN_ACCEPT, 2);
+    ck_assert_int_eq(TCP_WIRE_CONN_REJECT, 3);
+    ck_assert_int_eq(TCP_WIRE_SEND, 4);
+    ck_assert_int_eq(TCP_WIRE_READ_REQ, 6);
+    ck_assert_int_eq(TCP_WIRE_READ_RESP, 7);
+    ck_assert_int_eq(TCP_WIRE_ACK, 8);
+    ck_assert_int_eq(TCP_WIRE_DISCONNECT, 10);
+    ck_assert_int_eq(TCP_WIRE_SYN_RNR_EXC, 1);
+    ck_assert_int_eq(TCP_WIRE_SYN_REM_ACCESS, 2);
+    ck_assert_int_eq(TCP_WIRE_SYN_REM_INV, 3);
+    ck_assert_int_eq(TCP_WIRE_SYN_REM_OP, 4);
+}
+END_TEST
+
+/* v2: each side's first record after ESTABLISHED is RING with its ring's key. */
+START_TEST(golden_ring)
+{
+    uint8_t want[EXS_WIRE_RING_LEN] = {
+        0x07, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* RING, 16 bytes, 0 credits */
+        0,    0,    0,    0,                            /* rkey: below */
+        0x00, 0x00, 0x00, 0x00,                         /* reserved */
+    };
+    int fa = 0, fb = 0;
+
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    ncaps = 0;
+    mock_set_reorder(0);
+    pt_open(&pp, SOCK_SEQPACKET);
+    mock_set_tap(cap_tap, NULL);
+    pt_connect(&pp);
+    struct cap *c = cap_send(pp.a.conn->ep, &fa);
+    ck_assert_uint_eq(c->len, EXS_WIRE_RING_LEN);
+    put_be(want + 8, pp.a.conn->ring_grant->rkey, 4);
+    assert_bytes(c->bytes, want, sizeof(want));
+    c = cap_send(pp.b.conn->ep, &fb);
+    ck_assert_uint_eq(c->len, EXS_WIRE_RING_LEN);
+    put_be(want + 8, pp.b.conn->ring_grant->rkey, 4);
+    assert_bytes(c->bytes, want, sizeof(want));
+    ck_assert_uint_ne(pp.a.conn->ring_grant->rkey, pp.b.conn->ring_grant->rkey);
+    ck_assert_int_eq(EXS_CTRL_RING, 7);
+    gp_teardown();
+}
+END_TEST
+
+Suite *wire_golden_suite(void)
+{
+    Suite *s = suite_create("wire_golden");
+    TCase *tc = tcase_create("golden");
+
+    tcase_add_test(tc, golden_hello);
+    tcase_add_test(tc, golden_reject);
+    tcase_add_test(tc, golden_reject_sent);
+    tcase_add_test(tc, golden_imm_layout);
+    tcase_add_test(tc, golden_imm_sent);
+    tcase_add_test(tc, golden_advert_ack);
+    tcase_add_test(tc, golden_ack);
+    tcase_add_test(tc, golden_announce_read_done_shutdown);
+    tcase_add_test(tc, golden_ring);
+    tcase_add_test(tc, golden_ctrl_constants);
+    tcase_add_test(tc, golden_tcp_frame);
+    suite_add_tcase(s, tc);
+    return s;
+}
