@@ -440,8 +440,10 @@ START_TEST(fd_exhaustion_no_spin)
     sleep(3);
     c1 = srv_cpu_ms(&srv);
     ck_assert_msg(c0 >= 0 && c1 >= 0, "cannot read the server's CPU time");
-    /* generous: a spinning thread takes ~3000 ms here, a waiting one a few */
-    ck_assert_msg(c1 - c0 < 1500, "server used %.0f ms of CPU in 3 s under fd exhaustion", c1 - c0);
+    printf("fd exhaustion: server CPU %.0f ms in 3 s\n", c1 - c0);
+    /* generous: a spinning NIC thread took 1800-3000 ms here (690 under ASan), a backing-off
+     * one takes a few tens at most (this server's own loop wakes every 20 ms) */
+    ck_assert_msg(c1 - c0 < 500, "server used %.0f ms of CPU in 3 s under fd exhaustion", c1 - c0);
     for (int i = 0; i < FLOOD; i++)
         close(fds[i]);
     /* once descriptors are free it serves again */
