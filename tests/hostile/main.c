@@ -107,6 +107,7 @@ START_TEST(conn_req_then_reset)
     struct exs_wire_hello h;
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
     char how[64];
+    int err;
 
     start(SOCK_SEQPACKET, 0, 0);
     raw_hello_default(&h, SEQ);
@@ -115,7 +116,9 @@ START_TEST(conn_req_then_reset)
 
         ck_assert_msg(fd >= 0, "connect %d: %s (server %s)", i + 1, strerror(-fd),
                       srv_how(&srv, how, sizeof(how)));
-        ck_assert_int_eq(raw_send_conn_req(fd, &h, sizeof(h)), 0);
+        err = raw_send_conn_req(fd, &h, sizeof(h));
+        ck_assert_msg(err == 0, "CONN_REQ %d: %s (server %s)", i + 1, strerror(-err),
+                      srv_how(&srv, how, sizeof(how)));
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
         close(fd);
         if (i % 10 == 0)
