@@ -163,3 +163,13 @@ void fuzz_finish(int fd, const uint8_t *bytes, size_t len)
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
     close(fd);
 }
+
+void fuzz_reset(int fd, const uint8_t *bytes, size_t len)
+{
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+
+    if (len)
+        (void)raw_write_all(fd, bytes, len);
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    close(fd);
+}

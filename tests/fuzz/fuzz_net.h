@@ -15,5 +15,7 @@ int fuzz_server_port(int sock_type);
 /* Send bytes, shut our side, read until the server ends the connection (abort if it
  * never does: a hang is a finding), then reset. fd is consumed. */
 void fuzz_finish(int fd, const uint8_t *bytes, size_t len);
+/* Send bytes and reset the connection at once (SO_LINGER 0). fd is consumed. */
+void fuzz_reset(int fd, const uint8_t *bytes, size_t len);
 
 #endif

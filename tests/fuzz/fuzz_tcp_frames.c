@@ -13,6 +13,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  *   bit 0  prefix a valid CONN_REQ (a well-formed hello) so later frames reach the
  *          established connection's parser; without it the bytes are the handshake itself
  *   bit 1  the listener is SOCK_STREAM (else SOCK_SEQPACKET)
+ *   bit 2  reset the connection right after the bytes (else shut down our side and wait
+ *          until the server ends the connection)
  */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -30,6 +32,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         raw_hello_default(&h, stream ? EXS_WIRE_SOCK_STREAM : EXS_WIRE_SOCK_SEQPACKET);
         (void)raw_send_conn_req(fd, &h, sizeof(h));
     }
-    fuzz_finish(fd, data + 1, size - 1);
+    if (data[0] & 4)
+        fuzz_reset(fd, data + 1, size - 1);
+    else
+        fuzz_finish(fd, data + 1, size - 1);
     return 0;
 }
