@@ -120,6 +120,11 @@ static void srv_main(const struct srv_opts *o, int port, int ready, int ctl)
                 break;
             }
             c = srv_add(ev.exs_evt_u.exs_evt_accept.exs_evt_newfd);
+            if (c && o->close_at_once) {
+                srv_close_client(q, c);
+                srv_post_accept(lfd, q);
+                break;
+            }
             if (!c || exs_recv(c->fd, c->buf, SRV_MSG_MAX, 0, q, c, EXS_MHANDLE_UNREGISTERED) < 0)
                 fprintf(stderr, "hostile server: cannot serve a connection\n");
             srv_post_accept(lfd, q);

@@ -6,9 +6,10 @@
 #include <sys/types.h>
 
 struct srv_opts {
-    int sock_type; /* SOCK_SEQPACKET or SOCK_STREAM */
-    int nofile;    /* RLIMIT_NOFILE of the server (0: unchanged) */
-    int quiet;     /* stderr to /dev/null (a test that floods the log) */
+    int sock_type;     /* SOCK_SEQPACKET or SOCK_STREAM */
+    int nofile;        /* RLIMIT_NOFILE of the server (0: unchanged) */
+    int quiet;         /* stderr to /dev/null (a test that floods the log) */
+    int close_at_once; /* close every connection as soon as it is accepted */
 };
 
 struct srv {
