@@ -28,16 +28,17 @@ fuzz:
 	$(Q)$(MAKE) --no-print-directory FUZZ_INNER=1 BUILD=$(FUZZ_BUILD) CC=clang SAN= OPT="-O1 -g" \
 	    CFLAGS="$(FUZZ_CFLAGS)" LDFLAGS="$(FUZZ_LDFLAGS)" WITH_VERBS=no fuzz-bins
 
-# A short run of every target (FUZZ_SECS each) from its checked-in seeds; new inputs go to
-# a scratch directory, crashes to build-fuzz/crash-*. Skipped (said so) without clang, and
-# in sanitizer builds (the fuzz build already runs under ASan and UBSan).
-check-fuzz:
+# make check: every target runs FUZZ_SECS from its checked-in seeds (tests/fuzz/run.sh, one
+# line of run-checks.sh); the clang build happens before. Skipped, and said so, without clang
+# and in sanitizer builds (the fuzz build already runs under ASan and UBSan).
 ifeq ($(HAVE_CLANG)$(SAN),1)
+CHECK_RUNS += "tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECS) $(FUZZ_TARGETS)"
+check-fuzz-build:
 	$(Q)$(MAKE) --no-print-directory fuzz
-	$(Q)bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECS) $(FUZZ_TARGETS)
 else
-	@echo "check-fuzz: skipped ($(if $(SAN),sanitizer build,clang not found))"
+check-fuzz-build:
+	@echo "fuzz targets: skipped ($(if $(SAN),sanitizer build,clang not found))"
 endif
-check: check-fuzz
-.PHONY: fuzz check-fuzz
+check: check-fuzz-build
+.PHONY: fuzz check-fuzz-build
 endif

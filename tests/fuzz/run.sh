@@ -3,7 +3,7 @@
 # Run each libFuzzer target for SECS seconds from its checked-in seeds (tests/fuzz/corpus/T)
 # and the reproducers of crashes it found (tests/fuzz/crashes/T);
 # new inputs go to a scratch directory, a crash to BUILD/crash-T-*. Prints exec/s per target
-# and ends with "N passed, N failed".
+# and ends with "N passed, N failed" and Check's summary line (read by tests/run-checks.sh).
 #   tests/fuzz/run.sh BUILD SECS TARGET...
 set -u
 build=$1; secs=$2; shift 2
@@ -31,5 +31,6 @@ for t in "$@"; do
     fi
     rm -rf "$scratch"
 done
-echo "$pass passed, $fail failed"
+echo "fuzz: $pass passed, $fail failed"
+echo "$((pass * 100 / ($pass + $fail > 0 ? $pass + $fail : 1)))%: Checks: $((pass + fail)), Failures: $fail, Errors: 0"
 [ "$fail" -eq 0 ]

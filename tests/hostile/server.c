@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The echo server under attack (a forked ES-API child) and a well-behaved client. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -266,6 +267,34 @@ double srv_cpu_ms(struct srv *s)
     if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
         return -1;
     return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
+}
+
+double srv_runnable_ms(struct srv *s)
+{
+    char path[512];
+    unsigned long long run, wait, sum = 0;
+    struct dirent *d;
+    DIR *dir;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)s->pid);
+    dir = opendir(path);
+    if (!dir)
+        return -1;
+    while ((d = readdir(dir))) {
+        FILE *f;
+
+        if (d->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/schedstat", (int)s->pid, d->d_name);
+        f = fopen(path, "r");
+        if (!f)
+            continue; /* the thread just ended */
+        if (fscanf(f, "%llu %llu", &run, &wait) == 2)
+            sum += run + wait;
+        fclose(f);
+    }
+    closedir(dir);
+    return (double)sum / 1e6;
 }
 
 /* ---- the well-behaved client ---- */

@@ -32,6 +32,10 @@ const char *srv_how(struct srv *s, char *buf, size_t len);
 void srv_stop(struct srv *s);
 /* User + system CPU time of the server so far, in ms (from /proc/<pid>/stat). */
 double srv_cpu_ms(struct srv *s);
+/* Time its threads were runnable (on a CPU or waiting for one) so far, in ms, summed from
+ * /proc/<pid>/task/<tid>/schedstat: a spinning thread counts the whole wall time even on a
+ * loaded machine, where its CPU time alone may be small. */
+double srv_runnable_ms(struct srv *s);
 
 /* A well-behaved library client in this process: connect, send n bytes, get them echoed.
  * 0, or -errno (-ETIMEDOUT after ms). */
