@@ -55,7 +55,8 @@ static void open_peer(struct raw_peer *p, unsigned wire_type)
     err = raw_open(p, srv.port, &h, ANSWER_MS);
     ck_assert_msg(err == 0, "handshake of a valid raw peer failed: %s", strerror(-err));
     /* keys that come after the handshake (RING, ADVERT records) */
-    raw_pump(p, 300);
+    ck_assert_msg(raw_wait_ring(p, ANSWER_MS) == 0, "the server's ring key never came");
+    raw_pump(p, 100);
 }
 
 static uint64_t ring_addr(const struct raw_peer *p)

@@ -215,7 +215,31 @@ int raw_open(struct raw_peer *p, int port, const struct exs_wire_hello *h, int m
         return -EPROTO;
     memcpy(&p->peer, buf + TCP_WIRE_CONN_LEN, sizeof(p->peer));
     p->ring_rkey = be32toh(p->peer.ring_rkey);
+#ifdef EXS_WIRE_RING_LEN
+    {
+        /* v2: our ring's key goes in a RING record, the first of our first SEND */
+        struct exs_wire_ring r;
+        uint32_t psn;
+
+        memset(&r, 0, sizeof(r));
+        r.hdr.type = EXS_CTRL_RING;
+        r.hdr.len = htobe16(EXS_WIRE_RING_LEN);
+        r.rkey = h->ring_rkey ? h->ring_rkey : htobe32(0x1234);
+        err = raw_send_ctrl(p, &r, sizeof(r), &psn);
+        if (err)
+            return err;
+    }
+#endif
     return 0;
+}
+
+int raw_wait_ring(struct raw_peer *p, int ms)
+{
+    double deadline = raw_now_ms() + ms;
+
+    while (!p->ring_rkey && !p->closed && raw_now_ms() < deadline)
+        raw_pump(p, 5);
+    return p->ring_rkey ? 0 : -ETIMEDOUT;
 }
 
 void raw_close(struct raw_peer *p)
@@ -266,7 +290,7 @@ int raw_parse_ctrl(struct raw_peer *p, const uint8_t *buf, uint32_t len)
             add_key(p->announces, &p->n_announces, be64toh(a.addr), be32toh(a.len), be32toh(a.rkey),
                     0, be64toh(a.seq));
         }
-#ifdef EXS_CTRL_RING
+#ifdef EXS_WIRE_RING_LEN
         else if (h.type == EXS_CTRL_RING && rlen >= EXS_WIRE_RING_LEN) {
             struct exs_wire_ring r;
 

@@ -64,6 +64,8 @@ int raw_send_conn_req(int fd, const void *pd, uint32_t pd_len);
  * 0 accepted (p->peer filled), -ECONNREFUSED rejected, -ECONNRESET closed, -ETIMEDOUT. */
 int raw_open(struct raw_peer *p, int port, const struct exs_wire_hello *h, int ms);
 void raw_close(struct raw_peer *p);
+/* Pump until the server's ring key is known (hello in v1, its RING record in v2). */
+int raw_wait_ring(struct raw_peer *p, int ms);
 /* Read and handle frames for up to ms (returns earlier once p->closed): ACKs the server's
  * requests, records keys from control records, answers nothing else. 0, or -ECONNRESET. */
 int raw_pump(struct raw_peer *p, int ms);
