@@ -13,6 +13,8 @@
 
 #include "tests/hostile/raw.h"
 
+static int raw_step(struct raw_peer *p, double deadline);
+
 double raw_now_ms(void)
 {
     struct timespec ts;
@@ -126,19 +128,18 @@ int raw_send_conn_req(int fd, const void *pd, uint32_t pd_len)
                           TCP_WIRE_CONN_LEN + pd_len);
 }
 
-/* Read exactly len bytes before the deadline: 0, -ECONNRESET or -ETIMEDOUT. */
+/* Read exactly len bytes before the deadline (bytes already there are read even when it
+ * has passed): 0, -ECONNRESET or -ETIMEDOUT. */
 static int read_exact(int fd, void *buf, size_t len, double deadline)
 {
     char *q = buf;
 
     while (len) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int left = (int)(deadline - raw_now_ms());
+        double left = deadline - raw_now_ms();
         ssize_t n;
 
-        if (left <= 0)
-            return -ETIMEDOUT;
-        n = poll(&pfd, 1, left);
+        n = poll(&pfd, 1, left > 0 ? (int)left + 1 : 0);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -237,8 +238,8 @@ int raw_wait_ring(struct raw_peer *p, int ms)
 {
     double deadline = raw_now_ms() + ms;
 
-    while (!p->ring_rkey && !p->closed && raw_now_ms() < deadline)
-        raw_pump(p, 5);
+    while (!p->ring_rkey && raw_step(p, deadline) == 0)
+        ;
     return p->ring_rkey ? 0 : -ETIMEDOUT;
 }
 
@@ -349,28 +350,34 @@ static int on_frame(struct raw_peer *p, const struct tcp_wire_hdr *h, const uint
     }
 }
 
-int raw_pump(struct raw_peer *p, int ms)
+/* Read and handle one frame before the deadline: 0, -ETIMEDOUT or -ECONNRESET. */
+static int raw_step(struct raw_peer *p, double deadline)
 {
     static uint8_t buf[65536];
-    double deadline = raw_now_ms() + ms;
+    struct tcp_wire_hdr h;
+    uint32_t got = 0;
+    int err;
 
-    while (!p->closed) {
-        struct tcp_wire_hdr h;
-        uint32_t got = 0;
-        int err = read_frame(p->fd, &h, buf, sizeof(buf), &got, deadline);
-
-        if (err == -ETIMEDOUT)
-            return 0;
-        if (err) {
-            p->closed = 1;
-            return -ECONNRESET;
-        }
-        if (on_frame(p, &h, buf, got)) {
-            p->closed = 1;
-            return -ECONNRESET;
-        }
+    if (p->closed)
+        return -ECONNRESET;
+    err = read_frame(p->fd, &h, buf, sizeof(buf), &got, deadline);
+    if (err == -ETIMEDOUT)
+        return err;
+    if (err || on_frame(p, &h, buf, got)) {
+        p->closed = 1;
+        return -ECONNRESET;
     }
-    return -ECONNRESET;
+    return 0;
+}
+
+int raw_pump(struct raw_peer *p, int ms)
+{
+    double deadline = raw_now_ms() + ms;
+    int err;
+
+    while ((err = raw_step(p, deadline)) == 0)
+        ;
+    return err == -ETIMEDOUT ? 0 : err;
 }
 
 int raw_wait_psn(struct raw_peer *p, uint32_t psn, int ms)
@@ -384,18 +391,8 @@ int raw_wait_psn(struct raw_peer *p, uint32_t psn, int ms)
             return 0;
         if (p->closed || p->naked)
             return -ECONNRESET;
-        if (raw_now_ms() >= deadline)
+        if (raw_step(p, deadline) == -ETIMEDOUT)
             return -ETIMEDOUT;
-        /* short slices: return as soon as the answer is in */
-        static uint8_t buf[65536];
-        struct tcp_wire_hdr h;
-        uint32_t got = 0;
-        int err = read_frame(p->fd, &h, buf, sizeof(buf), &got, deadline);
-
-        if (err == -ETIMEDOUT)
-            return -ETIMEDOUT;
-        if (err || on_frame(p, &h, buf, got))
-            p->closed = 1;
     }
 }
 

@@ -66,8 +66,9 @@ int raw_open(struct raw_peer *p, int port, const struct exs_wire_hello *h, int m
 void raw_close(struct raw_peer *p);
 /* Pump until the server's ring key is known (hello in v1, its RING record in v2). */
 int raw_wait_ring(struct raw_peer *p, int ms);
-/* Read and handle frames for up to ms (returns earlier once p->closed): ACKs the server's
- * requests, records keys from control records, answers nothing else. 0, or -ECONNRESET. */
+/* Read and handle frames for up to ms (0: those already there; returns earlier once
+ * p->closed): ACKs the server's requests, records keys from control records, answers
+ * nothing else. 0, or -ECONNRESET. */
 int raw_pump(struct raw_peer *p, int ms);
 /* Pump until our request psn is acknowledged (0), refused (the NAK syndrome, > 0),
  * the connection ends (-ECONNRESET) or ms pass (-ETIMEDOUT). */
