@@ -37,6 +37,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (be32toh(h.ring_size) % EXS_RING_SLOT || be16toh(h.credits) < 2 ||
             be16toh(h.credits) > EXS_IMM_CREDITS_MAX || be32toh(h.ctrl_size) < EXS_WIRE_CTRL_MAX)
             abort();
+#ifdef EXS_WIRE_RING_SIZE_MAX
+        /* since the hello is checked field by field (issue 10, finding 6) */
+        uint32_t ring = be32toh(h.ring_size), eager = be32toh(h.eager_max);
+        uint64_t addr = be64toh(h.ring_addr);
+
+        if (ring > EXS_WIRE_RING_SIZE_MAX || eager > ring || (!ring && type == SOCK_STREAM) ||
+            (ring && (!addr || addr % EXS_RING_SLOT || addr + ring < addr)))
+            abort();
+#endif
     }
     free(pd);
     return 0;
