@@ -12,14 +12,22 @@
 #include "exs/proto/proto.h"
 #include "exs/util/list.h"
 
-/* Socket states. Each posting call's result in a state is in spec/api.md. */
+/* Socket states (spec/states.md, "Socket"): change them only with api_sock_set_state(),
+ * which checks each transition against the table in sock.c and traces it. Each posting
+ * call's result in a state is in spec/api.md. */
 enum api_sock_state {
     API_SOCK_NEW = 0,   /* exs_socket */
     API_SOCK_BOUND,     /* exs_bind */
     API_SOCK_LISTENING, /* exs_listen */
     API_SOCK_CONNECTING,/* exs_connect accepted, or an accepted child not yet established */
     API_SOCK_CONNECTED, /* connect event delivered / accepted */
-    API_SOCK_CLOSING,   /* exs_close: gone from the descriptor table, freed when dead */
+    API_SOCK_CLOSING,   /* exs_close: gone from the descriptor table; close job queued or
+                         * its conn closing (graceful: SHUTDOWN, then disconnect) */
+    API_SOCK_ABORTING,  /* exs_fini (or a child whose listener closed): as CLOSING, but
+                         * the conn is reset without SHUTDOWN */
+    API_SOCK_FINISHING, /* conn dead (or none): the finish job is queued; freed by the
+                         * last reference */
+    API_SOCK_STATE_COUNT
 };
 
 struct api_mreg;
@@ -55,7 +63,6 @@ struct api_sock {
     struct exs_conn        *conn;
     struct api_op          *connect_op; /* pending exs_connect */
     struct api_op          *close_op;   /* pending exs_close event (may have evq NULL: sync) */
-    int                     shut_wr;
     int                     n_send, n_recv; /* outstanding operations (EXS_SOCK_MAX_OPS) */
     /* listener */
     struct exs_eng_listener lis;
@@ -65,9 +72,8 @@ struct api_sock {
     struct exs_list         accepts;        /* pending exs_accept ops */
     struct api_sock        *parent;         /* child: its listener until accepted */
     struct exs_list         child_link;     /* in parent->ready */
-    int                     dead;           /* conn reached DEAD */
-    int                     finish_queued;  /* sock_finish_close_job queued (once) */
-    int                     abort_close;    /* exs_fini: disconnect without SHUTDOWN */
+    struct exs_job          close_job;      /* sock_close: the listener or conn part */
+    struct exs_job          finish_job;     /* entering FINISHING: sock_finish_close_job */
     struct exs_eng_timer    close_timer;    /* a close that hangs (frozen peer) is aborted */
 };
 

@@ -128,12 +128,68 @@ static struct api_sock *sock_new(int domain, int type)
     return s;
 }
 
+/* ---- the socket's state machine (spec/states.md, "Socket") ---- */
+
+static const char *const sock_state_names[API_SOCK_STATE_COUNT] = {
+    [API_SOCK_NEW] = "NEW",           [API_SOCK_BOUND] = "BOUND",
+    [API_SOCK_LISTENING] = "LISTENING", [API_SOCK_CONNECTING] = "CONNECTING",
+    [API_SOCK_CONNECTED] = "CONNECTED", [API_SOCK_CLOSING] = "CLOSING",
+    [API_SOCK_ABORTING] = "ABORTING",   [API_SOCK_FINISHING] = "FINISHING",
+};
+
+#define SOCK_BIT(_st) (1u << (_st))
+#define SOCK_OPEN_STATES                                                                   \
+    (SOCK_BIT(API_SOCK_NEW) | SOCK_BIT(API_SOCK_BOUND) | SOCK_BIT(API_SOCK_LISTENING) |     \
+     SOCK_BIT(API_SOCK_CONNECTING) | SOCK_BIT(API_SOCK_CONNECTED))
+
+/* The transition table: from each state, the states it may go to (spec/states.md). */
+static const uint32_t sock_next[API_SOCK_STATE_COUNT] = {
+    [API_SOCK_NEW] = SOCK_BIT(API_SOCK_BOUND) | SOCK_BIT(API_SOCK_LISTENING) |
+                     SOCK_BIT(API_SOCK_CONNECTING) | SOCK_BIT(API_SOCK_CLOSING) |
+                     SOCK_BIT(API_SOCK_ABORTING),
+    [API_SOCK_BOUND] = SOCK_BIT(API_SOCK_LISTENING) | SOCK_BIT(API_SOCK_CONNECTING) |
+                       SOCK_BIT(API_SOCK_CLOSING) | SOCK_BIT(API_SOCK_ABORTING),
+    [API_SOCK_LISTENING] = SOCK_BIT(API_SOCK_BOUND) | SOCK_BIT(API_SOCK_CLOSING) |
+                           SOCK_BIT(API_SOCK_ABORTING),
+    [API_SOCK_CONNECTING] = SOCK_BIT(API_SOCK_NEW) | SOCK_BIT(API_SOCK_BOUND) |
+                            SOCK_BIT(API_SOCK_CONNECTED) | SOCK_BIT(API_SOCK_CLOSING) |
+                            SOCK_BIT(API_SOCK_ABORTING) | SOCK_BIT(API_SOCK_FINISHING),
+    [API_SOCK_CONNECTED] = SOCK_BIT(API_SOCK_CLOSING) | SOCK_BIT(API_SOCK_ABORTING),
+    [API_SOCK_CLOSING] = SOCK_BIT(API_SOCK_FINISHING),
+    [API_SOCK_ABORTING] = SOCK_BIT(API_SOCK_FINISHING),
+    [API_SOCK_FINISHING] = 0,
+};
+
+/* The one place a socket changes state (s->lock held, or s not yet shared). */
+static void api_sock_set_state(struct api_sock *s, enum api_sock_state st, const char *why)
+{
+    EXS_ASSERT(sock_next[s->state] & SOCK_BIT(st));
+    EXS_TRACE(API, "sock %p fd %d: %s -> %s (%s)", (void *)s, s->fd, sock_state_names[s->state],
+              sock_state_names[st], why);
+    s->state = st;
+}
+
+/* exs_close or exs_fini has taken the socket: CLOSING, ABORTING or FINISHING. */
+static int sock_is_closing(const struct api_sock *s)
+{
+    return !(SOCK_OPEN_STATES & SOCK_BIT(s->state));
+}
+
+static void sock_finish_close_job(struct exs_job *job);
+
+/* CLOSING/ABORTING -> FINISHING: the conn is dead (or there is none): queue the last
+ * step of the close. The state says it is queued once. */
+static void sock_finish_locked(struct api_sock *s, const char *why)
+{
+    api_sock_set_state(s, API_SOCK_FINISHING, why);
+    s->finish_job.fn = sock_finish_close_job;
+    exs__engine_post(&s->finish_job);
+}
+
 /* ---- connections: callbacks from the proto layer (conn->lock held) ---- */
 
 static void sock_conn_established(struct exs_conn *conn, int err);
-static void sock_finish_close_job(void *arg);
-static void sock_queue_finish_locked(struct api_sock *s);
-static void sock_close(struct api_sock *s, struct api_op *op);
+static void sock_close(struct api_sock *s, struct api_op *op, int abort_);
 static void sock_conn_dead(struct exs_conn *conn);
 
 static const struct exs_conn_cb sock_conn_cb = {
@@ -158,9 +214,16 @@ static int sock_conn_new(struct api_sock *s)
 }
 
 /* Progress thread: free a conn detached from its socket after a failed connect. */
-static void sock_conn_destroy_job(void *arg)
+static void sock_conn_destroy_job(struct exs_job *job)
 {
-    exs__conn_destroy(arg);
+    exs__conn_destroy(exs_container_of(job, struct exs_conn, owner_job));
+}
+
+/* Free conn on the progress thread (it was detached from its socket). */
+static void sock_conn_destroy_later(struct exs_conn *conn)
+{
+    conn->owner_job.fn = sock_conn_destroy_job;
+    exs__engine_post(&conn->owner_job);
 }
 
 static void sock_post_simple(struct api_op *op, int type, int err)
@@ -186,21 +249,23 @@ static void sock_conn_established(struct exs_conn *conn, int err)
         pthread_mutex_lock(&parent->lock);
         parent->n_embryo--;
         if (!err && parent->state == API_SOCK_LISTENING) {
-            s->state = API_SOCK_CONNECTED;
+            pthread_mutex_lock(&s->lock);
+            api_sock_set_state(s, API_SOCK_CONNECTED, "accepted");
+            pthread_mutex_unlock(&s->lock);
             exs_list_add_tail(&parent->ready, &s->child_link);
             sock_deliver_accepts_locked(parent);
         } else if (!err) {
-            /* the listener closed meanwhile: close the child as the application would */
-            s->state = API_SOCK_CLOSING;
+            /* the listener closed meanwhile: reset the child; its death finishes it */
+            pthread_mutex_lock(&s->lock);
+            api_sock_set_state(s, API_SOCK_ABORTING, "listener closed");
+            pthread_mutex_unlock(&s->lock);
             exs__conn_abort_locked(conn);
         }
         pthread_mutex_unlock(&parent->lock);
         if (err) {
-            /* never accepted and already dead: closed as the application would */
+            /* never accepted and already dead: finished as a closed socket */
             pthread_mutex_lock(&s->lock);
-            s->state = API_SOCK_CLOSING;
-            s->dead = 1;
-            sock_queue_finish_locked(s);
+            sock_finish_locked(s, "handshake failed");
             pthread_mutex_unlock(&s->lock);
         }
         return;
@@ -211,26 +276,18 @@ static void sock_conn_established(struct exs_conn *conn, int err)
     if (!err) {
         socklen_t len = sizeof(s->local);
 
-        s->state = API_SOCK_CONNECTED;
+        if (s->state == API_SOCK_CONNECTING)
+            api_sock_set_state(s, API_SOCK_CONNECTED, "connected");
         if (!exs__prov_ep_local_addr(conn->ep, &s->local, &len))
             s->local_len = len;
     } else if (s->state == API_SOCK_CONNECTING) {
-        s->state = s->local_len ? API_SOCK_BOUND : API_SOCK_NEW;
+        api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW, "connect failed");
         s->conn = NULL;
-        exs__engine_run(sock_conn_destroy_job, conn);
+        sock_conn_destroy_later(conn);
     }
     pthread_mutex_unlock(&s->lock);
     if (op)
         sock_post_simple(op, EXS_EVT_CONNECT, err);
-}
-
-/* Queue the last step of a close once (s->lock held). */
-static void sock_queue_finish_locked(struct api_sock *s)
-{
-    if (!s->finish_queued) {
-        s->finish_queued = 1;
-        exs__engine_run(sock_finish_close_job, s);
-    }
 }
 
 /* Progress thread (conn->lock held): the connection is over. A closing socket can now
@@ -240,9 +297,8 @@ static void sock_conn_dead(struct exs_conn *conn)
     struct api_sock *s = conn->owner;
 
     pthread_mutex_lock(&s->lock);
-    s->dead = 1;
-    if (s->state == API_SOCK_CLOSING)
-        sock_queue_finish_locked(s);
+    if (s->state == API_SOCK_CLOSING || s->state == API_SOCK_ABORTING)
+        sock_finish_locked(s, "connection dead");
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -299,7 +355,7 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
             s->local_len = s->domain == AF_INET ? sizeof(struct sockaddr_in)
                                                 : sizeof(struct sockaddr_in6);
             memcpy(&s->local, addr, s->local_len);
-            s->state = API_SOCK_BOUND;
+            api_sock_set_state(s, API_SOCK_BOUND, "bind");
         }
     }
     pthread_mutex_unlock(&s->lock);
@@ -307,14 +363,16 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
     return err ? exs__err(err) : 0;
 }
 
-/* Progress thread: a connection request for listener lis. */
+/* Progress thread: a connection request for listener lis. Exactly one of accept and
+ * reject is called on ev->req, and ev->req is not touched after that call (it consumes
+ * the request whatever it returns: the provider may free it at once). */
 static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_cm_event *ev)
 {
     struct api_sock *lis = exs_container_of(el, struct api_sock, lis);
     struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
     struct api_sock *c = NULL;
     uint32_t rcvbuf = 0;
-    int reason, xfer_mode = 0;
+    int reason, ret, reserved = 0, xfer_mode = 0;
 
     /* Decide and reserve a backlog place under the listener's lock; build the child
      * without it (conn locks come before socket locks). */
@@ -333,6 +391,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
     }
     if (!reason) {
         lis->n_embryo++;
+        reserved = 1;
         rcvbuf = lis->rcvbuf;
         xfer_mode = lis->xfer_mode;
         sock_get_ref(lis); /* the child's parent pointer */
@@ -340,41 +399,47 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
     pthread_mutex_unlock(&lis->lock);
 
     if (!reason) {
-        reason = EXS_WIRE_REJ_RESOURCES;
         c = sock_new(lis->domain, lis->type);
         if (c) {
             c->rcvbuf = rcvbuf;
             c->xfer_mode = xfer_mode;
-            c->state = API_SOCK_CONNECTING;
+            api_sock_set_state(c, API_SOCK_CONNECTING, "connection request");
             c->local = lis->local;
             c->local_len = lis->local_len;
             memcpy(&c->peer, &ev->peer_addr, sizeof(c->peer));
             c->peer_len = ev->peer_addrlen;
             c->parent = lis;
-            if (!sock_conn_new(c) && !exs__conn_accept(c->conn, ev->req, ev->private_data))
-                reason = 0;
+            if (sock_conn_new(c))
+                reason = EXS_WIRE_REJ_RESOURCES;
         } else {
             api_sock_put(lis);
-        }
-        if (reason) {
-            pthread_mutex_lock(&lis->lock);
-            lis->n_embryo--;
-            pthread_mutex_unlock(&lis->lock);
+            reason = EXS_WIRE_REJ_RESOURCES;
         }
     }
-    if (reason) {
+    if (!reason) {
+        /* the accept call consumes the request, also when it fails */
+        ret = exs__conn_accept(c->conn, ev->req, ev->private_data);
+        if (!ret)
+            return; /* sock_conn_established follows */
+        EXS_INFO(API, "listener fd %d: accept failed: %s", lis->fd, strerror(-ret));
+    } else {
         EXS_INFO(API, "listener fd %d: connection request refused, reason %d", lis->fd, reason);
         rej.reason = (uint8_t)reason;
         exs__prov_reject(ev->req, &rej, sizeof(rej));
-        if (c) {
-            if (c->conn) {
-                struct exs_conn *conn = c->conn;
+    }
+    if (reserved) {
+        pthread_mutex_lock(&lis->lock);
+        lis->n_embryo--;
+        pthread_mutex_unlock(&lis->lock);
+    }
+    if (c) {
+        if (c->conn) {
+            struct exs_conn *conn = c->conn;
 
-                c->conn = NULL;
-                exs__conn_destroy(conn);
-            }
-            api_sock_put(c); /* also drops the parent reference */
+            c->conn = NULL;
+            exs__conn_destroy(conn);
         }
+        api_sock_put(c); /* also drops the parent reference */
     }
 }
 
@@ -405,10 +470,10 @@ int exs_listen(int fd, int backlog)
     }
     s->lis.on_request = sock_on_request;
     s->backlog = backlog;
-    s->state = API_SOCK_LISTENING; /* before requests can arrive */
+    api_sock_set_state(s, API_SOCK_LISTENING, "listen"); /* before requests can arrive */
     ret = exs__engine_listen(&s->lis, (struct sockaddr *)&s->local, s->local_len, backlog);
     if (ret) {
-        s->state = API_SOCK_BOUND;
+        api_sock_set_state(s, API_SOCK_BOUND, "listen failed");
         err = ret == -EADDRINUSE || ret == -EADDRNOTAVAIL || ret == -EACCES ? -ret : EINVAL;
         goto out;
     }
@@ -436,7 +501,7 @@ static void sock_deliver_accepts_locked(struct api_sock *lis)
         ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = -1;
         if (tab_insert(c)) {
             ev.exs_evt_errno = ENOMEM;
-            sock_close(c, NULL); /* finishes on the progress thread */
+            sock_close(c, NULL, 0); /* finishes on the progress thread */
         } else {
             ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = c->fd;
             memcpy(&ev.exs_evt_u.exs_evt_accept.exs_evt_addr, &c->peer, sizeof(c->peer));
@@ -519,17 +584,24 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
     s->peer_len = addrlen > sizeof(s->peer) ? sizeof(s->peer) : addrlen;
     memcpy(&s->peer, addr, s->peer_len);
     s->connect_op = op;
-    s->state = API_SOCK_CONNECTING;
+    api_sock_set_state(s, API_SOCK_CONNECTING, "connect");
     struct exs_conn *conn = s->conn;
     pthread_mutex_unlock(&s->lock);
     ret = exs__conn_connect(conn, addr, addrlen);
     pthread_mutex_lock(&s->lock);
     if (ret) {
-        /* nothing went out: undo */
-        s->connect_op = NULL;
-        s->state = s->local_len ? API_SOCK_BOUND : API_SOCK_NEW;
+        /* nothing went out: undo (a concurrent exs_close keeps its state) */
         s->conn = NULL;
-        exs__engine_run(sock_conn_destroy_job, conn);
+        sock_conn_destroy_later(conn);
+        if (s->connect_op != op) {
+            /* the close already completed the connect with ECANCELED */
+            op = NULL;
+            goto out;
+        }
+        s->connect_op = NULL;
+        if (!sock_is_closing(s))
+            api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW,
+                               "connect failed");
         err = ret == -ENETUNREACH || ret == -EADDRNOTAVAIL ? -ret : ECONNREFUSED;
         goto out;
     }
@@ -592,9 +664,9 @@ out:
 /* ---- close ---- */
 
 /* Progress thread: the last step of exs_close once the connection (if any) is dead. */
-static void sock_finish_close_job(void *arg)
+static void sock_finish_close_job(struct exs_job *job)
 {
-    struct api_sock *s = arg;
+    struct api_sock *s = exs_container_of(job, struct api_sock, finish_job);
     struct api_op *connect_op, *close_op;
 
     exs__engine_timer_stop(&s->close_timer);
@@ -613,9 +685,9 @@ static void sock_finish_close_job(void *arg)
 }
 
 /* Progress thread: close a listener and everything it holds. */
-static void sock_close_listener_job(void *arg)
+static void sock_close_listener_job(struct exs_job *job)
 {
-    struct api_sock *s = arg;
+    struct api_sock *s = exs_container_of(job, struct api_sock, close_job);
     struct exs_list accepts, ready, *n;
 
     exs__engine_listener_destroy(&s->lis); /* no request arrives after this */
@@ -633,10 +705,10 @@ static void sock_close_listener_job(void *arg)
         struct api_sock *c = exs_list_entry(n, struct api_sock, child_link);
 
         /* never accepted: closed as the application would */
-        sock_close(c, NULL);
+        sock_close(c, NULL, 0);
     }
     pthread_mutex_lock(&s->lock);
-    sock_queue_finish_locked(s);
+    sock_finish_locked(s, "listener closed");
     pthread_mutex_unlock(&s->lock);
     api_sock_put(s); /* the job's reference */
 }
@@ -654,24 +726,28 @@ static void sock_close_timeout(struct exs_eng_timer *t)
 /* Progress thread: the part of a close that touches the connection. Connections die
  * (sock_conn_dead) and are freed (sock_finish_close_job) on this thread too, so the
  * conn cannot vanish under it. */
-static void sock_close_conn_job(void *arg)
+static void sock_close_conn_job(struct exs_job *job)
 {
-    struct api_sock *s = arg;
+    struct api_sock *s = exs_container_of(job, struct api_sock, close_job);
     struct exs_conn *conn;
     int dead, abort_;
 
+    /* s->conn only goes away on this thread (a failed connect detaches it under the
+     * lock and frees it in a later job) */
     pthread_mutex_lock(&s->lock);
     conn = s->conn;
-    dead = s->dead;
-    abort_ = s->abort_close;
-    if (!conn || dead)
-        sock_queue_finish_locked(s);
     pthread_mutex_unlock(&s->lock);
-    if (conn && !dead) {
+    dead = !conn || exs__conn_is_dead(conn);
+    pthread_mutex_lock(&s->lock);
+    abort_ = s->state == API_SOCK_ABORTING;
+    if (dead && s->state != API_SOCK_FINISHING)
+        sock_finish_locked(s, conn ? "connection already dead" : "no connection");
+    pthread_mutex_unlock(&s->lock);
+    if (!dead) {
         if (abort_) {
-            exs__conn_abort(conn);
+            exs__conn_abort(conn); /* sock_conn_dead finishes */
         } else {
-            exs__conn_close(conn); /* sock_conn_dead queues the finish */
+            exs__conn_close(conn); /* sock_conn_dead finishes */
             exs__engine_timer_start(&s->close_timer, exs__params.close_timeout_ms,
                                     sock_close_timeout);
         }
@@ -679,26 +755,31 @@ static void sock_close_conn_job(void *arg)
     api_sock_put(s); /* the job's reference */
 }
 
-static void sock_close(struct api_sock *s, struct api_op *op)
+/* Take s from an open state to CLOSING (graceful) or ABORTING (reset) and queue its
+ * close job. Once per socket: only the call that took it out of the table (or off its
+ * listener) gets here. */
+static void sock_close(struct api_sock *s, struct api_op *op, int abort_)
 {
     enum api_sock_state was;
 
     pthread_mutex_lock(&s->lock);
+    /* The job's own reference, taken before CLOSING becomes visible: from then on the
+     * conn may die (sock_conn_dead) and the finish job drop the closing reference
+     * before this job is even queued. */
+    sock_get_ref(s);
     was = s->state;
-    s->state = API_SOCK_CLOSING;
+    api_sock_set_state(s, abort_ ? API_SOCK_ABORTING : API_SOCK_CLOSING,
+                       abort_ ? "exs_fini" : "exs_close");
     s->close_op = op;
     if (s->fd_open) {
         close(s->fd);
         s->fd_open = 0;
     }
     pthread_mutex_unlock(&s->lock);
-    /* The job holds its own reference: once CLOSING is visible, the conn may die and
-     * the finish job free the socket before this job is even queued. */
-    sock_get_ref(s);
-    if (was == API_SOCK_LISTENING)
-        exs__engine_run(sock_close_listener_job, s);
-    else
-        exs__engine_run(sock_close_conn_job, s);
+    if (exs__params.test_close_pause_us) /* test seam: widens the window above */
+        usleep((useconds_t)exs__params.test_close_pause_us);
+    s->close_job.fn = was == API_SOCK_LISTENING ? sock_close_listener_job : sock_close_conn_job;
+    exs__engine_post(&s->close_job);
 }
 
 int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
@@ -723,7 +804,7 @@ int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
         return api_sync_fail(sync, q, EBADF);
     }
     /* our get reference becomes the closing reference, dropped by the finish job */
-    sock_close(s, op);
+    sock_close(s, op, 0);
     if (sync) {
         exs_event_t ev;
 
@@ -748,10 +829,7 @@ void api_sock_close_all(void)
         if (!s)
             break;
         if (tab_remove(s)) {
-            pthread_mutex_lock(&s->lock);
-            s->abort_close = 1;
-            pthread_mutex_unlock(&s->lock);
-            sock_close(s, NULL);
+            sock_close(s, NULL, 1);
         } else {
             api_sock_put(s);
         }
@@ -815,7 +893,8 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
     memcpy(&v, optval, sizeof(v));
     pthread_mutex_lock(&s->lock);
     if (level == SOL_SOCKET && optname == SO_RCVBUF) {
-        if (v < (int)EXS_RING_SLOT * 16 || s->state > API_SOCK_BOUND)
+        if (v < (int)EXS_RING_SLOT * 16 || (uint32_t)v > EXS_WIRE_RING_SIZE_MAX ||
+            s->state > API_SOCK_BOUND)
             err = EINVAL;
         else
             s->rcvbuf = ((uint32_t)v + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;

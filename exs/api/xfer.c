@@ -52,9 +52,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         return EXS_MHANDLE_INVALID;
     }
     ret = exs__prov_mr_reg(exs__engine_ctx(), addr, len,
-                                         EXS_PROV_ACCESS_LOCAL_WRITE |
-                                             EXS_PROV_ACCESS_REMOTE_WRITE |
-                                             EXS_PROV_ACCESS_REMOTE_READ,
+                                 EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
                                          &m->mr);
     if (ret) {
         free(m);
@@ -315,7 +313,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     /* the conn of a connected socket lives as long as the socket (our reference) */
     pthread_mutex_lock(&s->lock);
     if (s->state != API_SOCK_CONNECTED)
-        err = s->state == API_SOCK_CLOSING ? EBADF : ENOTCONN;
+        err = s->state >= API_SOCK_CLOSING ? EBADF : ENOTCONN;
     struct exs_conn *conn = s->conn;
     pthread_mutex_unlock(&s->lock);
     if (err)
@@ -332,16 +330,14 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     if (mh == EXS_MHANDLE_UNREGISTERED) {
         if (len) {
             ret = exs__prov_mr_get(exs__engine_ctx(), buf, len,
-                                                 EXS_PROV_ACCESS_LOCAL_WRITE |
-                                                     EXS_PROV_ACCESS_REMOTE_WRITE |
-                                                     EXS_PROV_ACCESS_REMOTE_READ,
+                                 EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
                                                  &op->tmp_mr);
             if (ret) {
                 err = ret == -ENOMEM ? ENOMEM : EINVAL;
                 goto out;
             }
+            op->op.mr = op->tmp_mr;
             op->op.lkey = op->tmp_mr->lkey;
-            op->op.rkey = op->tmp_mr->rkey;
         }
     } else {
         struct api_mreg *m;
@@ -353,8 +349,8 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
             (uintptr_t)buf + len >= (uintptr_t)buf) {
             m->busy++;
             op->mreg = m;
+            op->op.mr = m->mr;
             op->op.lkey = m->mr->lkey;
-            op->op.rkey = m->mr->rkey;
         }
         pthread_mutex_unlock(&mreg_lock);
         if (!op->mreg) {

@@ -13,12 +13,6 @@
 
 #define ENG_CQE_BATCH 64
 
-struct eng_job {
-    struct exs_list link;
-    void          (*fn)(void *arg);
-    void           *arg;
-};
-
 static struct {
     struct exs_prov_ctx *ctx;
     struct ev_loop      *loop;
@@ -102,9 +96,10 @@ static void eng_run_jobs(void)
         pthread_mutex_unlock(&eng.lock);
         if (!n)
             break;
-        struct eng_job *job = exs_list_entry(n, struct eng_job, link);
-        job->fn(job->arg);
-        free(job);
+        struct exs_job *job = exs_list_entry(n, struct exs_job, link);
+
+        job->queued = 0;
+        job->fn(job); /* may free the job's object */
     }
 }
 
@@ -190,22 +185,18 @@ void exs__engine_stop(void)
     eng.running = 0;
 }
 
-int exs__engine_run(void (*fn)(void *arg), void *arg)
+void exs__engine_post(struct exs_job *job)
 {
-    struct eng_job *job = malloc(sizeof(*job));
-
-    if (!job)
-        return -ENOMEM;
-    job->fn = fn;
-    job->arg = arg;
     pthread_mutex_lock(&eng.lock);
+    EXS_ASSERT(!job->queued);
+    job->queued = 1;
     exs_list_add_tail(&eng.jobs, &job->link);
     pthread_mutex_unlock(&eng.lock);
     ev_async_send(eng.loop, &eng.wake);
-    return 0;
 }
 
 struct eng_call {
+    struct exs_job  job;
     void          (*fn)(void *arg);
     void           *arg;
     pthread_mutex_t lock;
@@ -213,9 +204,9 @@ struct eng_call {
     int             done;
 };
 
-static void eng_call_job(void *arg)
+static void eng_call_job(struct exs_job *job)
 {
-    struct eng_call *c = arg;
+    struct eng_call *c = exs_container_of(job, struct eng_call, job);
 
     c->fn(c->arg);
     pthread_mutex_lock(&c->lock);
@@ -224,24 +215,20 @@ static void eng_call_job(void *arg)
     pthread_mutex_unlock(&c->lock);
 }
 
-int exs__engine_call(void (*fn)(void *arg), void *arg)
+void exs__engine_call(void (*fn)(void *arg), void *arg)
 {
-    struct eng_call c = { .fn = fn, .arg = arg };
-    int ret;
+    struct eng_call c = { .job = { .fn = eng_call_job }, .fn = fn, .arg = arg };
 
     EXS_ASSERT(!eng_is_progress_thread);
     pthread_mutex_init(&c.lock, NULL);
     pthread_cond_init(&c.cond, NULL);
-    ret = exs__engine_run(eng_call_job, &c);
-    if (!ret) {
-        pthread_mutex_lock(&c.lock);
-        while (!c.done)
-            pthread_cond_wait(&c.cond, &c.lock);
-        pthread_mutex_unlock(&c.lock);
-    }
+    exs__engine_post(&c.job);
+    pthread_mutex_lock(&c.lock);
+    while (!c.done)
+        pthread_cond_wait(&c.cond, &c.lock);
+    pthread_mutex_unlock(&c.lock);
     pthread_cond_destroy(&c.cond);
     pthread_mutex_destroy(&c.lock);
-    return ret;
 }
 
 static void eng_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)

@@ -8,6 +8,7 @@
 
 #include "exs/proto/proto.h"
 #include "exs/prov/prov.h"
+#include "exs/util/job.h"
 
 /*
  * The progress thread drains the provider's completion and connection event queues,
@@ -31,11 +32,12 @@ int  exs__engine_start(void);
 void exs__engine_stop(void);
 struct exs_prov_ctx *exs__engine_ctx(void);
 
-/* Run fn(arg) on the progress thread soon (from any thread, also from the progress
- * thread itself: then after the current dispatch). -ENOMEM when it cannot be queued. */
-int  exs__engine_run(void (*fn)(void *arg), void *arg);
+/* Run job->fn(job) on the progress thread soon (from any thread, also from the progress
+ * thread itself: then after the current dispatch). Cannot fail: the job lives in the
+ * object it works on (exs/util/job.h); it must not be queued already. */
+void exs__engine_post(struct exs_job *job);
 /* Run fn(arg) on the progress thread and wait for it (not from the progress thread). */
-int  exs__engine_call(void (*fn)(void *arg), void *arg);
+void exs__engine_call(void (*fn)(void *arg), void *arg);
 /* 1 when called on the progress thread. */
 int  exs__engine_on_thread(void);
 

@@ -21,17 +21,71 @@ int exs__conn_live_count(void)
     return __atomic_load_n(&conn_live, __ATOMIC_RELAXED);
 }
 
-static const char *const conn_state_names[] = {
-    [EXS_CONN_IDLE] = "IDLE",     [EXS_CONN_CONNECTING] = "CONNECTING",
+static const char *const conn_state_names[EXS_CONN_STATE_COUNT] = {
+    [EXS_CONN_IDLE] = "IDLE",         [EXS_CONN_CONNECTING] = "CONNECTING",
     [EXS_CONN_CONNECTED] = "CONNECTED", [EXS_CONN_CLOSING] = "CLOSING",
-    [EXS_CONN_DOWN] = "DOWN",     [EXS_CONN_DEAD] = "DEAD",
+    [EXS_CONN_DOWN] = "DOWN",         [EXS_CONN_REFUSING] = "REFUSING",
+    [EXS_CONN_DRAINING] = "DRAINING", [EXS_CONN_DEAD] = "DEAD",
 };
 
+#define CONN_BIT(_st) (1u << (_st))
+
+/* The transition table (spec/states.md, "Connection"): from each state, where it may go. */
+static const uint32_t conn_next[EXS_CONN_STATE_COUNT] = {
+    [EXS_CONN_IDLE] = CONN_BIT(EXS_CONN_CONNECTING),
+    [EXS_CONN_CONNECTING] = CONN_BIT(EXS_CONN_IDLE) | CONN_BIT(EXS_CONN_CONNECTED) |
+                            CONN_BIT(EXS_CONN_REFUSING) | CONN_BIT(EXS_CONN_DOWN) |
+                            CONN_BIT(EXS_CONN_DEAD),
+    [EXS_CONN_CONNECTED] = CONN_BIT(EXS_CONN_CLOSING) | CONN_BIT(EXS_CONN_DOWN) |
+                           CONN_BIT(EXS_CONN_DRAINING),
+    [EXS_CONN_CLOSING] = CONN_BIT(EXS_CONN_DOWN) | CONN_BIT(EXS_CONN_DRAINING),
+    [EXS_CONN_DOWN] = CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_DEAD),
+    [EXS_CONN_REFUSING] = CONN_BIT(EXS_CONN_DEAD),
+    [EXS_CONN_DRAINING] = CONN_BIT(EXS_CONN_DEAD),
+    [EXS_CONN_DEAD] = 0,
+};
+
+/* The one place a conn changes state (conn->lock held). */
 static void conn_set_state(struct exs_conn *conn, enum exs_conn_state st, const char *why)
 {
-    EXS_DBG(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, conn_state_names[conn->state],
-            conn_state_names[st], why);
+    EXS_ASSERT(conn_next[conn->state] & CONN_BIT(st));
+    EXS_TRACE(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, conn_state_names[conn->state],
+              conn_state_names[st], why);
     conn->state = st;
+}
+
+static const char *const conn_txshut_names[EXS_TXSHUT_COUNT] = {
+    [EXS_TXSHUT_OPEN] = "OPEN",         [EXS_TXSHUT_QUEUED] = "QUEUED",
+    [EXS_TXSHUT_APPENDED] = "APPENDED", [EXS_TXSHUT_POSTED] = "POSTED",
+    [EXS_TXSHUT_DONE] = "DONE",
+};
+
+static const uint32_t conn_txshut_next[EXS_TXSHUT_COUNT] = {
+    [EXS_TXSHUT_OPEN] = CONN_BIT(EXS_TXSHUT_QUEUED) | CONN_BIT(EXS_TXSHUT_APPENDED) |
+                        CONN_BIT(EXS_TXSHUT_DONE),
+    [EXS_TXSHUT_QUEUED] = CONN_BIT(EXS_TXSHUT_APPENDED) | CONN_BIT(EXS_TXSHUT_DONE),
+    [EXS_TXSHUT_APPENDED] = CONN_BIT(EXS_TXSHUT_POSTED),
+    [EXS_TXSHUT_POSTED] = CONN_BIT(EXS_TXSHUT_DONE),
+    [EXS_TXSHUT_DONE] = 0,
+};
+
+/* The one place the send direction's SHUTDOWN sub-state changes (conn->lock held). */
+static void conn_set_txshut(struct exs_conn *conn, enum exs_conn_txshut st, const char *why)
+{
+    EXS_ASSERT(conn_txshut_next[conn->txshut] & CONN_BIT(st));
+    EXS_TRACE(PROTO, "conn %p: shutdown %s -> %s (%s)", (void *)conn,
+              conn_txshut_names[conn->txshut], conn_txshut_names[st], why);
+    conn->txshut = st;
+}
+
+int exs__conn_is_dead(struct exs_conn *conn)
+{
+    int dead;
+
+    pthread_mutex_lock(&conn->lock);
+    dead = conn->state == EXS_CONN_DEAD || conn->state == EXS_CONN_IDLE;
+    pthread_mutex_unlock(&conn->lock);
+    return dead;
 }
 
 /* ---- resources ---- */
@@ -54,18 +108,64 @@ static int conn_post_rx_locked(struct exs_conn *conn, uint32_t slot)
     return ret;
 }
 
-/* Give back the endpoint and the ring's remote registration: the peer can no longer write
- * anywhere. The memory stays (with its local registration) so eager messages already in
- * the ring can still be received after the end. */
+/* End every grant of the conn (the ring's and its operations'), at once and without
+ * waiting for the peer: late bytes are discarded by the provider. */
+static void conn_revoke_all_locked(struct exs_conn *conn)
+{
+    struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
+    struct exs_list *pos;
+
+    for (int i = 0; i < 2; i++)
+        exs_list_for_each(pos, q[i])
+            conn_revoke_op_locked(exs_list_entry(pos, struct exs_op, link));
+    if (conn->ring_grant)
+        exs__prov_revoke(conn->ring_grant);
+    conn->ring_grant = NULL;
+}
+
+/* Give back the endpoint after revoking every grant: the peer can no longer reach any
+ * memory. The ring stays (with its local registration) so eager messages already in it
+ * can still be received after the end. */
 static void conn_release_prov_locked(struct exs_conn *conn)
 {
-
+    conn_revoke_all_locked(conn);
     if (conn->ep)
         exs__prov_ep_destroy(conn->ep);
     conn->ep = NULL;
-    if (conn->ring_mr)
-        exs__prov_mr_dereg(conn->ring_mr);
-    conn->ring_mr = NULL;
+}
+
+/* Give the peer op's one right over its buffer (REMOTE_WRITE for an ADVERT, REMOTE_READ
+ * for an ANNOUNCE); op->rkey is then the key to send. Revoked when op completes. A
+ * zero-length buffer needs no grant (key 0). Errors: those of exs__prov_grant. */
+int conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned access)
+{
+    int ret;
+
+    EXS_ASSERT(!op->grant);
+    op->rkey = 0;
+    if (!op->len)
+        return 0;
+    ret = exs__prov_grant(conn->ep, op->mr, op->buf, op->len, access, &op->grant);
+    if (ret == -ENOTCONN) { /* the endpoint went down under us: the conn is going away */
+        EXS_INFO(PROTO, "conn %p: grant of %zu bytes: endpoint not connected", (void *)conn,
+                 op->len);
+        return ret;
+    }
+    if (ret) {
+        EXS_WARN(PROTO, "conn %p: grant of %zu bytes failed: %s", (void *)conn, op->len,
+                 strerror(-ret));
+        return ret;
+    }
+    op->rkey = op->grant->rkey;
+    return 0;
+}
+
+void conn_revoke_op_locked(struct exs_op *op)
+{
+    if (op->grant)
+        exs__prov_revoke(op->grant);
+    op->grant = NULL;
+    op->rkey = 0;
 }
 
 static void conn_release_locked(struct exs_conn *conn)
@@ -96,8 +196,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     int ret = -ENOMEM;
 
     if (p->credits < 2 || p->credits > EXS_IMM_CREDITS_MAX || p->ring_size % EXS_RING_SLOT ||
-        p->max_reads < 1 ||
-        p->ring_size < EXS_RING_SLOT)
+        p->max_reads < 1 || p->ring_size < EXS_RING_SLOT || p->ring_size > EXS_WIRE_RING_SIZE_MAX)
         return -EINVAL;
     conn = calloc(1, sizeof(*conn));
     if (!conn)
@@ -107,6 +206,8 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     conn->cb = cb;
     conn->owner = owner;
     conn->p = *p;
+    /* our hello must pass the peer's check (§2): nothing larger than the ring goes eagerly */
+    conn->p.eager_max = EXS_MIN(p->eager_max, p->ring_size);
     exs_list_init(&conn->sendq);
     exs_list_init(&conn->recvq);
     exs_list_init(&conn->pending);
@@ -123,7 +224,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
         conn->tx_free[conn->tx_free_top++] = i;
 
     /* registered memory from the provider (its memory cache on verbs): the ring, and the
-     * control receive and send slots together; only the ring is registered for the peer */
+     * control receive and send slots together, all for local access only */
     ret = exs__prov_mem_alloc(ctx, p->ring_size, &conn->ring_mem);
     if (ret)
         goto err;
@@ -135,10 +236,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     conn->rx_bufs = conn->ctrl_mem->addr;
     conn->tx_bufs = conn->rx_bufs + (size_t)p->credits * EXS_WIRE_CTRL_MAX;
     conn->rx_mr = conn->tx_mr = conn->ctrl_mem;
-    ret = exs__prov_mr_reg(ctx, conn->ring, p->ring_size,
-                      EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_mr);
-    if (ret)
-        goto err;
+    /* the peer gets its write grant over the ring once connected (§2, RING) */
 
     struct exs_prov_ep_attr attr = {
         .max_send_wr = p->credits + p->max_reads + conn->tx_slots + 8,
@@ -197,7 +295,7 @@ void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *h)
     h->ctrl_size = htobe32(EXS_WIRE_CTRL_MAX);
     h->ring_size = htobe32(conn->p.ring_size);
     h->ring_addr = htobe64((uintptr_t)conn->ring);
-    h->ring_rkey = htobe32(conn->ring_mr->rkey);
+    h->ring_rkey = 0; /* reserved (v2): the key comes in the RING record */
     h->eager_max = htobe32(conn->p.eager_max);
     h->max_msg = 0;
     h->xfer_mode = (uint8_t)conn->p.xfer_mode;
@@ -206,17 +304,45 @@ void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *h)
 int exs__conn_hello_check(const void *pd, uint32_t len, int sock_type)
 {
     struct exs_wire_hello h;
+    uint32_t credits, ctrl_size, ring_size, eager_max, max_msg;
+    uint64_t ring_addr;
+    const char *bad = NULL;
 
-    if (len < EXS_WIRE_HELLO_LEN)
+    if (!pd || len < EXS_WIRE_HELLO_LEN)
         return EXS_WIRE_REJ_VERSION;
     memcpy(&h, pd, sizeof(h));
     if (be16toh(h.magic) != EXS_WIRE_MAGIC || h.version != EXS_WIRE_VERSION)
         return EXS_WIRE_REJ_VERSION;
     if (h.sock_type != wire_sock_type(sock_type))
         return EXS_WIRE_REJ_SOCK_TYPE;
-    if (be16toh(h.credits) < 2 || be16toh(h.credits) > EXS_IMM_CREDITS_MAX ||
-        be32toh(h.ctrl_size) < EXS_WIRE_CTRL_MAX || be32toh(h.ring_size) % EXS_RING_SLOT)
-        return EXS_WIRE_REJ_VERSION;
+    credits = be16toh(h.credits);
+    ctrl_size = be32toh(h.ctrl_size);
+    ring_size = be32toh(h.ring_size);
+    ring_addr = be64toh(h.ring_addr);
+    eager_max = be32toh(h.eager_max);
+    max_msg = be32toh(h.max_msg);
+    /* every field the protocol relies on, before anything depends on it (§2) */
+    if (credits < 2 || credits > EXS_IMM_CREDITS_MAX)
+        bad = "credits";
+    else if (ctrl_size < EXS_WIRE_CTRL_MAX || ctrl_size > EXS_WIRE_CTRL_SIZE_MAX)
+        bad = "ctrl_size";
+    else if (ring_size % EXS_RING_SLOT || ring_size > EXS_WIRE_RING_SIZE_MAX)
+        bad = "ring_size";
+    else if (!ring_size && (sock_type == SOCK_STREAM || eager_max))
+        bad = "ring_size 0";
+    else if (ring_size && (!ring_addr || ring_addr % EXS_RING_SLOT ||
+                           ring_addr + ring_size < ring_addr))
+        bad = "ring_addr";
+    else if (eager_max > ring_size)
+        bad = "eager_max";
+    else if (max_msg && max_msg < eager_max)
+        bad = "max_msg";
+    if (bad) {
+        EXS_INFO(PROTO, "peer hello refused: bad %s (credits %u ctrl_size %u ring_size %u "
+                 "ring_addr %#llx eager_max %u max_msg %u)", bad, credits, ctrl_size, ring_size,
+                 (unsigned long long)ring_addr, eager_max, max_msg);
+        return EXS_WIRE_REJ_HELLO;
+    }
     return 0;
 }
 
@@ -234,7 +360,7 @@ static void conn_adopt_hello_locked(struct exs_conn *conn, const void *pd)
     conn->peer.ctrl_size = be32toh(h.ctrl_size);
     conn->peer.ring_size = be32toh(h.ring_size);
     conn->peer.ring_addr = be64toh(h.ring_addr);
-    conn->peer.ring_rkey = be32toh(h.ring_rkey);
+    /* peer.ring_rkey: from its RING record (v2), which may have been processed already */
     conn->peer.eager_max = be32toh(h.eager_max);
     conn->peer.max_msg = be32toh(h.max_msg);
     conn->peer.xfer_mode = h.xfer_mode;
@@ -274,6 +400,32 @@ int exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const
 }
 
 /* ---- credits and control records (§3, §5) ---- */
+
+
+/* Just connected: grant the peer write access to our ring for the connection's life and
+ * send the key in a RING record, the first record of our first SEND (§2). */
+static void conn_ring_grant_locked(struct exs_conn *conn)
+{
+    struct exs_wire_ring r = {
+        .hdr = { .type = EXS_CTRL_RING, .len = htobe16(EXS_WIRE_RING_LEN) },
+    };
+    int ret;
+
+    EXS_ASSERT(!conn->ctrl_len && !conn->ring_grant);
+    ret = exs__prov_grant(conn->ep, conn->ring_mem, conn->ring, conn->p.ring_size,
+                          EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_grant);
+    if (ret) {
+        if (ret == -ENOTCONN)
+            EXS_INFO(PROTO, "conn %p: ring grant: endpoint not connected", (void *)conn);
+        else
+            EXS_WARN(PROTO, "conn %p: ring grant failed: %s", (void *)conn, strerror(-ret));
+        conn_fail_locked(conn, -ret == ENOMEM ? ENOMEM : ECONNRESET, "ring grant failed");
+        return;
+    }
+    r.rkey = htobe32(conn->ring_grant->rkey);
+    conn_ctrl_append_locked(conn, &r, sizeof(r));
+}
+
 
 /* May one more message that consumes a peer receive go out? The last credit is kept for
  * a message that returns credits, so two starved sides can always unblock each other. */
@@ -368,9 +520,10 @@ int conn_ctrl_flush_locked(struct exs_conn *conn)
     EXS_TRACE(PROTO, "conn %p: control send %u bytes, %u credits returned, %u left",
               (void *)conn, conn->ctrl_len, give, conn->credits - 1);
     conn->tx_op[slot].op = conn->shut_op;
-    conn->tx_op[slot].shut = conn->shut_in_ctrl;
+    conn->tx_op[slot].shut = conn->txshut == EXS_TXSHUT_APPENDED;
+    if (conn->txshut == EXS_TXSHUT_APPENDED)
+        conn_set_txshut(conn, EXS_TXSHUT_POSTED, "control send posted");
     conn->shut_op = NULL;
-    conn->shut_in_ctrl = 0;
     conn->owed -= give;
     conn->credits--;
     conn->ctrl_len = 0;
@@ -440,14 +593,14 @@ void conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
     };
 
     conn_ctrl_append_locked(conn, &s, sizeof(s));
-    conn->shut_sent = 1;
-    conn->shut_in_ctrl = 1;
+    conn_set_txshut(conn, EXS_TXSHUT_APPENDED, op ? "exs_shutdown" : "close");
     conn->shut_op = op;
 }
 
 /* A cancelled operation always reports ECANCELED, whatever became of it. */
 void conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
 {
+    conn_revoke_op_locked(op); /* the peer's right ends with the operation */
     if (op->cancel)
         err = ECANCELED;
     op->result = err ? -1 : result;
@@ -489,8 +642,8 @@ void conn_kick_locked(struct exs_conn *conn)
 
 void conn_fail_locked(struct exs_conn *conn, int err, const char *why)
 {
-    if (conn->state >= EXS_CONN_DOWN)
-        return;
+    if (conn->state >= EXS_CONN_DOWN || conn->state == EXS_CONN_IDLE)
+        return; /* already going away, or nothing to end */
     if (conn->state == EXS_CONN_CONNECTED)
         EXS_INFO(PROTO, "conn %p: %s: connection reset", (void *)conn, why);
     if (!conn->err)
@@ -501,13 +654,13 @@ void conn_fail_locked(struct exs_conn *conn, int err, const char *why)
 
 /* The connection is over: every operation still outstanding completes, the provider
  * resources go, and the owner hears of it. */
-static void conn_dead_locked(struct exs_conn *conn, int err)
+static void conn_dead_locked(struct exs_conn *conn, int err, const char *why)
 {
     struct exs_list *pos;
 
     if (!conn->err)
         conn->err = err;
-    conn_set_state(conn, EXS_CONN_DEAD, "disconnected");
+    conn_set_state(conn, EXS_CONN_DEAD, why);
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
@@ -519,8 +672,10 @@ static void conn_dead_locked(struct exs_conn *conn, int err)
     exs_list_for_each(pos, &conn->recvq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (op->state == EXS_OPS_ADVERTISED || op->state == EXS_OPS_POSTED)
+        if (op->state == EXS_OPS_ADVERTISED || op->state == EXS_OPS_POSTED) {
+            conn_revoke_op_locked(op);
             op->state = EXS_OPS_QUEUED;
+        }
     }
     conn->reads = 0;
     if (conn_is_stream(conn))
@@ -547,11 +702,13 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     default:
         break;
     }
-    if (op->kind != EXS_OP_RECV && (conn->shut_queued || conn->shut_sent)) {
+    if (op->kind != EXS_OP_RECV && conn->txshut != EXS_TXSHUT_OPEN) {
         ret = -EPIPE;
         goto out;
     }
     op->state = EXS_OPS_QUEUED;
+    op->grant = NULL;
+    op->rkey = 0;
     op->result = 0;
     op->err = 0;
     op->rflags = 0;
@@ -568,7 +725,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
         }
     } else {
         if (op->kind == EXS_OP_SHUTDOWN)
-            conn->shut_queued = 1;
+            conn_set_txshut(conn, EXS_TXSHUT_QUEUED, "exs_shutdown accepted");
         exs_list_add_tail(&conn->sendq, &op->link);
         if (conn->state == EXS_CONN_DEAD)
             conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
@@ -645,15 +802,15 @@ void exs__conn_close(struct exs_conn *conn)
         /* Say goodbye with a SHUTDOWN record, then disconnect once its SEND completed,
          * so the peer reads end of stream rather than a reset. */
         conn_set_state(conn, EXS_CONN_CLOSING, "close");
-        if (!conn->shut_sent) {
+        if (conn->txshut == EXS_TXSHUT_OPEN || conn->txshut == EXS_TXSHUT_QUEUED) {
             if (!conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
                 conn_ctrl_flush_locked(conn);
             if (conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
                 conn_shutdown_record_locked(conn, NULL);
-            else
-                conn->shut_done = 1; /* cannot: reset below */
+            else /* cannot: reset below */
+                conn_set_txshut(conn, EXS_TXSHUT_DONE, "no room for the record");
         }
-        if (conn->shut_done) {
+        if (conn->txshut == EXS_TXSHUT_DONE) {
             conn_set_state(conn, EXS_CONN_DOWN, "closed");
             exs__prov_disconnect(conn->ep);
         } else {
@@ -677,11 +834,11 @@ void exs__conn_abort_locked(struct exs_conn *conn)
         conn->state == EXS_CONN_CONNECTING) {
         conn_set_state(conn, EXS_CONN_DOWN, "abort");
         exs__prov_disconnect(conn->ep);
-    } else if (conn->state == EXS_CONN_DOWN && conn->disc_seen) {
+    } else if (conn->state == EXS_CONN_DRAINING) {
         /* the provider never flushed what was outstanding: give up waiting */
         EXS_WARN(PROTO, "conn %p: %u work requests never completed after the disconnect",
                  (void *)conn, conn->wr_out);
-        conn_dead_locked(conn, conn->disc_err);
+        conn_dead_locked(conn, conn->disc_err, "flush never completed");
         conn->cb->dead(conn);
     }
 }
@@ -723,9 +880,13 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_READ_DONE: want = EXS_WIRE_READ_DONE_LEN; break;
         case EXS_CTRL_SHUTDOWN: want = EXS_WIRE_SHUTDOWN_LEN; break;
         case EXS_CTRL_NOP: want = EXS_WIRE_NOP_LEN; break;
+        case EXS_CTRL_RING: want = EXS_WIRE_RING_LEN; break;
         default: return -EPROTO;
         }
         if (rlen != want)
+            return -EPROTO;
+        /* the peer's RING comes first and once (§2) */
+        if ((h.type == EXS_CTRL_RING) == conn->peer_ring_keyed)
             return -EPROTO;
         EXS_TRACE(PROTO, "conn %p: control record type %u, %u credits", (void *)conn, h.type,
                   be16toh(h.credits));
@@ -772,6 +933,13 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
             memcpy(&d, rec, sizeof(d));
             if (conn_is_stream(conn) || sp_on_read_done_locked(conn, be64toh(d.seq)))
                 return -EPROTO;
+            break;
+        }
+        case EXS_CTRL_RING: {
+            struct exs_wire_ring r;
+            memcpy(&r, rec, sizeof(r));
+            conn->peer.ring_rkey = be32toh(r.rkey);
+            conn->peer_ring_keyed = 1;
             break;
         }
         case EXS_CTRL_SHUTDOWN: {
@@ -855,7 +1023,7 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
         if (tx.op)
             conn_op_finish_locked(tx.op, 0, 0);
         if (tx.shut) {
-            conn->shut_done = 1;
+            conn_set_txshut(conn, EXS_TXSHUT_DONE, "control send completed");
             if (conn->state == EXS_CONN_CLOSING) {
                 conn_set_state(conn, EXS_CONN_DOWN, "closed");
                 exs__prov_disconnect(conn->ep);
@@ -883,9 +1051,9 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
     }
     conn_kick_locked(conn);
 out:
-    if (conn->disc_seen && !conn->wr_out && conn->state != EXS_CONN_DEAD) {
+    if (conn->state == EXS_CONN_DRAINING && !conn->wr_out) {
         /* the last completion before the end: every byte that arrived was seen */
-        conn_dead_locked(conn, conn->disc_err);
+        conn_dead_locked(conn, conn->disc_err, "drained");
         conn->cb->dead(conn);
     }
     pthread_mutex_unlock(&conn->lock);
@@ -905,8 +1073,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         if (conn->active) {
             if (exs__conn_hello_check(ev->private_data, ev->private_data_len,
                                       conn->p.sock_type)) {
-                conn_set_state(conn, EXS_CONN_DOWN, "bad hello from acceptor");
-                conn->connect_err = ECONNREFUSED;
+                conn_set_state(conn, EXS_CONN_REFUSING, "bad hello from acceptor");
                 exs__prov_disconnect(conn->ep);
                 break;
             }
@@ -914,44 +1081,55 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         }
         conn_set_state(conn, EXS_CONN_CONNECTED, "established");
         established = conn->cb->established;
+        conn_ring_grant_locked(conn);
         conn_kick_locked(conn);
         break;
     case EXS_PROV_CM_REJECTED:
     case EXS_PROV_CM_UNREACHABLE:
         err = ev->type == EXS_PROV_CM_REJECTED ? ECONNREFUSED
               : ev->status ? -ev->status : ECONNREFUSED;
-        if (conn->state == EXS_CONN_CONNECTING || conn->state == EXS_CONN_DOWN) {
-            int was_connecting = conn->state == EXS_CONN_CONNECTING;
-
-            conn_dead_locked(conn, err);
-            if (was_connecting) {
-                established = conn->cb->established;
-            } else {
-                dead = conn->cb->dead;
-            }
+        switch (conn->state) {
+        case EXS_CONN_CONNECTING:
+            conn_dead_locked(conn, err, "connect failed");
+            established = conn->cb->established;
+            break;
+        case EXS_CONN_REFUSING:
+            conn_dead_locked(conn, ECONNREFUSED, "refused");
+            established = conn->cb->established;
+            err = ECONNREFUSED;
+            break;
+        case EXS_CONN_DOWN: /* closed while connecting */
+            conn_dead_locked(conn, err, "connect failed after close");
+            dead = conn->cb->dead;
+            break;
+        default:
+            break;
         }
         break;
     case EXS_PROV_CM_DISCONNECTED:
-        if (conn->state == EXS_CONN_DEAD)
-            break;
-        if (conn->state == EXS_CONN_CONNECTING ||
-            (conn->connect_err && conn->state == EXS_CONN_DOWN)) {
-            err = conn->connect_err ? conn->connect_err : ECONNREFUSED;
-            conn_dead_locked(conn, err);
+        switch (conn->state) {
+        case EXS_CONN_CONNECTING:
+        case EXS_CONN_REFUSING:
+            err = ECONNREFUSED;
+            conn_dead_locked(conn, err, "refused");
             established = conn->cb->established;
             break;
-        }
-        /* Completions of what arrived before the end may still be on their way (a
-         * connection event can overtake them on verbs): the conn dies once every work
-         * request it posted has completed (flushed, at the latest). */
-        err = ev->status ? -ev->status : ECONNRESET;
-        if (conn->state < EXS_CONN_DOWN)
-            conn_set_state(conn, EXS_CONN_DOWN, "peer disconnected");
-        conn->disc_seen = 1;
-        conn->disc_err = err;
-        if (!conn->wr_out) {
-            conn_dead_locked(conn, err);
-            dead = conn->cb->dead;
+        case EXS_CONN_CONNECTED:
+        case EXS_CONN_CLOSING:
+        case EXS_CONN_DOWN:
+            /* Completions of what arrived before the end may still be on their way (a
+             * connection event can overtake them on verbs): the conn dies once every work
+             * request it posted has completed (flushed, at the latest). */
+            err = ev->status ? -ev->status : ECONNRESET;
+            conn_set_state(conn, EXS_CONN_DRAINING, "disconnected");
+            conn->disc_err = err;
+            if (!conn->wr_out) {
+                conn_dead_locked(conn, err, "drained");
+                dead = conn->cb->dead;
+            }
+            break;
+        default: /* IDLE, DRAINING, DEAD: nothing (more) to end */
+            break;
         }
         break;
     default:

@@ -9,6 +9,7 @@
 
 #include "exs/proto/wire.h"
 #include "exs/prov/prov.h"
+#include "exs/util/job.h"
 #include "exs/util/list.h"
 
 /*
@@ -44,8 +45,11 @@ struct exs_op {
     uint8_t          *buf;
     size_t            len;
     int               flags;  /* MSG_* given by the application */
-    uint32_t          lkey;   /* registration covering [buf, buf+len) */
-    uint32_t          rkey;
+    struct exs_prov_mr *mr;   /* local registration covering [buf, buf+len) (NULL if len 0) */
+    uint32_t          lkey;   /* its lkey */
+    uint32_t          rkey;   /* of grant, while there is one */
+    struct exs_prov_grant *grant; /* the peer's one right over the buffer: REMOTE_WRITE from
+                                   * its ADVERT, REMOTE_READ from its ANNOUNCE, until done */
     uint64_t          seq;    /* SEQPACKET: message number once assigned */
     uint32_t          advert_id;
     uint32_t          msg_len;        /* receive: length of the announced message it reads */
@@ -64,13 +68,31 @@ struct exs_op {
 };
 
 /* ---- connection ---- */
+/* The connection's states (spec/states.md, "Connection"): changed only by
+ * conn_set_state(), which checks each transition against the table in conn.c and traces
+ * it. States from DOWN on are "going away": nothing new is posted. */
 enum exs_conn_state {
     EXS_CONN_IDLE = 0,   /* resources allocated, receives posted, not yet connecting */
     EXS_CONN_CONNECTING, /* connect/accept issued, waiting for ESTABLISHED */
     EXS_CONN_CONNECTED,  /* data flows */
-    EXS_CONN_CLOSING,    /* exs_close: SHUTDOWN sent, waiting to disconnect */
-    EXS_CONN_DOWN,       /* disconnect issued or error: waiting for DISCONNECTED */
-    EXS_CONN_DEAD,       /* DISCONNECTED seen: every op completed; only destroy remains */
+    EXS_CONN_CLOSING,    /* exs_close: SHUTDOWN queued or sent, waiting for its SEND */
+    EXS_CONN_DOWN,       /* disconnect issued (close, abort or error): waiting for DISCONNECTED */
+    EXS_CONN_REFUSING,   /* active side, the acceptor's hello was bad: disconnect issued,
+                          * the connect fails with ECONNREFUSED once DISCONNECTED arrives */
+    EXS_CONN_DRAINING,   /* DISCONNECTED seen: waiting for every posted work request to
+                          * complete (flushed), so nothing that arrived is lost */
+    EXS_CONN_DEAD,       /* every op completed, provider objects gone; only destroy remains */
+    EXS_CONN_STATE_COUNT
+};
+
+/* The SHUTDOWN record of the send direction (§8), a sub-state of CONNECTED/CLOSING. */
+enum exs_conn_txshut {
+    EXS_TXSHUT_OPEN = 0, /* sends allowed */
+    EXS_TXSHUT_QUEUED,   /* an exs_shutdown op was accepted behind the sends */
+    EXS_TXSHUT_APPENDED, /* the record waits in ctrl_out */
+    EXS_TXSHUT_POSTED,   /* its control SEND is on the wire */
+    EXS_TXSHUT_DONE,     /* its SEND completed (or close gave up on it and resets) */
+    EXS_TXSHUT_COUNT
 };
 
 struct exs_conn_cb {
@@ -114,12 +136,13 @@ struct exs_conn {
     struct exs_prov_ep        *ep;
     const struct exs_conn_cb  *cb;
     void                      *owner;   /* the api socket */
+    struct exs_job             owner_job; /* the owner's, e.g. to destroy it on the progress thread */
     struct exs_conn_params     p;
 
     /* local buffers */
     uint8_t                   *ring;     /* hidden receive ring, written by the peer */
     struct exs_prov_mr        *ring_mem; /* its memory (mem_alloc, local registration) */
-    struct exs_prov_mr        *ring_mr;  /* its registration for the peer (remote write) */
+    struct exs_prov_grant     *ring_grant; /* the peer's REMOTE_WRITE over it (from ESTABLISHED) */
     struct exs_prov_mr        *ctrl_mem; /* rx_bufs then tx_bufs (mem_alloc) */
     uint8_t                   *rx_bufs;  /* credits x EXS_WIRE_CTRL_MAX receive slots */
     struct exs_prov_mr        *rx_mr;    /* = ctrl_mem */
@@ -132,8 +155,9 @@ struct exs_conn {
         int            shut;             /* this send carried the SHUTDOWN record */
     }                         *tx_op;    /* per control send slot */
 
-    /* peer, from its hello */
+    /* peer, from its hello (ring_rkey from its RING record) */
     struct exs_wire_hello      peer;
+    int                        peer_ring_keyed; /* its RING record arrived: its ring may be written */
 
     /* credits (§3) */
     uint32_t                   credits;  /* messages we may still send */
@@ -153,16 +177,11 @@ struct exs_conn {
     uint64_t                   tx_seq;   /* next message number to send */
     struct exs_advert         *adverts;  /* received ADVERTs, a ring */
     uint32_t                   adv_cap, adv_head, adv_count;
-    int                        shut_queued; /* an exs_shutdown op was accepted */
-    int                        shut_sent;   /* the SHUTDOWN record was appended */
-    int                        shut_in_ctrl; /* ... and waits in ctrl_out */
-    int                        shut_done;   /* ... and its SEND completed */
+    enum exs_conn_txshut       txshut;      /* the SHUTDOWN record (conn_set_txshut) */
     struct exs_op             *shut_op;     /* the exs_shutdown op of the record in ctrl_out */
     int                        active;      /* this side connected (vs accepted) */
     uint32_t                   wr_out;      /* work requests posted, completion not yet seen */
-    int                        disc_seen;   /* DISCONNECTED arrived: dead once wr_out is 0 */
-    int                        disc_err;    /* the error it carried */
-    int                        connect_err; /* why an established connect is refused */
+    int                        disc_err;    /* DRAINING: the error DISCONNECTED carried */
 
     /* receiving side */
     struct exs_list            recvq;    /* receive ops, posting order */
@@ -196,6 +215,8 @@ int  exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
                       const struct exs_conn_cb *cb, void *owner, struct exs_conn **conn_p);
 /* Free everything; the conn must be DEAD or IDLE. Progress thread only (ep_destroy). */
 void exs__conn_destroy(struct exs_conn *conn);
+/* 1 when nothing of the connection remains to wait for (DEAD, or IDLE: never connected). */
+int  exs__conn_is_dead(struct exs_conn *conn);
 
 /* Handshake: our hello for connect/accept private data. */
 void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *hello);

@@ -42,6 +42,9 @@ void conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t le
 int  conn_can_spend_locked(struct exs_conn *conn);
 uint32_t conn_take_owed_imm_locked(struct exs_conn *conn);
 void conn_op_finish_locked(struct exs_op *op, ssize_t result, int err);
+/* Grants of an op's buffer to the peer (conn.c). Errors of grant: -ENOMEM, -EINVAL, -ENOTCONN. */
+int  conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned access);
+void conn_revoke_op_locked(struct exs_op *op);
 int  conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
                                 uint32_t rkey, uint32_t len, uint32_t imm, const void *src);
 int  exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);

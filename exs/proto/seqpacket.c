@@ -95,7 +95,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
     adv = sp_advert_head(conn);
 
     /* 1. eager into the peer's ring */
-    if (len < eager && conn->peer.ring_size) {
+    if (len < eager && conn->peer.ring_size && conn->peer_ring_keyed) {
         uint32_t skip, slot;
 
         sp_ring_place(conn->wr_tail, conn->peer.ring_size, len, &skip, &slot);
@@ -142,6 +142,11 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         return 0;
     if (!conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN))
         return 0;
+    /* the peer may READ exactly this buffer until its READ_DONE */
+    if (conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_READ)) {
+        conn_fail_locked(conn, ECONNRESET, "announce grant failed");
+        return 0;
+    }
     struct exs_wire_announce a = {
         .hdr = { .type = EXS_CTRL_ANNOUNCE, .len = htobe16(EXS_WIRE_ANNOUNCE_LEN) },
         .addr = htobe64((uintptr_t)op->buf),
@@ -417,6 +422,11 @@ void sp_recv_progress_locked(struct exs_conn *conn)
                 return;
             if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN))
                 return;
+            /* the peer may WRITE exactly this buffer until the receive completes */
+            if (conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
+                conn_fail_locked(conn, ECONNRESET, "advert grant failed");
+                return;
+            }
             op->advert_id = conn->next_advert_id++;
             op->seq = conn->rx_seq + index;
             struct exs_wire_advert a = {

@@ -89,10 +89,12 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
     } else {
         uint32_t size = conn->peer.ring_size;
         uint64_t used = conn->wr_tail - conn->wr_consumed;
-        uint32_t off = (uint32_t)(conn->wr_tail % size);
+        uint32_t off;
 
-        if (!st_may_indirect(conn) || !size || used >= size)
+        /* nothing goes into the peer's ring before its key (RING record) arrived */
+        if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || used >= size)
             return 0;
+        off = (uint32_t)(conn->wr_tail % size);
         if (PHASE_IS_DIRECT(conn->st_ps))
             st_set_phase(conn, conn->st_ps + 1); /* now indirect */
         lw = (uint32_t)EXS_MIN(left, (size_t)EXS_MIN(size - used, (uint64_t)(size - off)));
@@ -260,6 +262,11 @@ static void st_advertise_locked(struct exs_conn *conn)
             conn->st_pr++; /* a new direct sequence */
         if (!outstanding)
             conn->st_sr_next = conn->rx_seq; /* resynchronize (§7, receiver step 3) */
+        /* the peer may WRITE exactly this buffer until the receive completes */
+        if (conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
+            conn_fail_locked(conn, ECONNRESET, "advert grant failed");
+            return;
+        }
         op->advert_id = conn->next_advert_id++;
         op->phase = conn->st_pr;
         op->seq = conn->st_sr_next;

@@ -13,8 +13,11 @@
  * Version history:
  *   v1  handshake, credits, ACK, ADVERT, ANNOUNCE/READ_DONE (SEQPACKET rendezvous by
  *       RDMA READ), SHUTDOWN, NOP, KEEPALIVE feature bit; data by WRITE WITH IMMEDIATE.
+ *   v2  adds the RING control record: the ring's key travels in it, as each side's first
+ *       record after ESTABLISHED (keys are per-connection grants, which need a connected
+ *       endpoint); hello.ring_rkey becomes reserved (sent 0, ignored).
  */
-#define EXS_WIRE_VERSION 1u
+#define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
 
 /* ---- §2 handshake: private data of connect and accept (at most 56 bytes) ---- */
@@ -39,7 +42,7 @@ struct exs_wire_hello {
     uint32_t ctrl_size; /* bytes of each of those receive buffers (largest SEND accepted) */
     uint32_t ring_size; /* bytes of the hidden receive ring (0: none) */
     uint64_t ring_addr; /* its address, for RDMA WRITE WITH IMMEDIATE */
-    uint32_t ring_rkey; /* its key */
+    uint32_t ring_rkey; /* reserved since v2: sent 0, ignored (the key comes in RING) */
     uint32_t eager_max; /* largest message the sender may write eagerly into the ring */
     uint32_t max_msg;   /* largest message the sender of this hello accepts (0: no limit) */
     uint8_t  xfer_mode; /* EXS_XFER_* of the sender (informational for the peer) */
@@ -55,7 +58,12 @@ enum exs_wire_reject_reason {
     EXS_WIRE_REJ_BACKLOG   = 3, /* listener's backlog full */
     EXS_WIRE_REJ_RESOURCES = 4, /* the passive side could not allocate the connection */
     EXS_WIRE_REJ_CLOSING   = 5, /* listener is being closed */
+    EXS_WIRE_REJ_HELLO     = 6, /* a hello field out of range (§2 lists the rules) */
 };
+
+/* Bounds of a peer's hello (§2). */
+#define EXS_WIRE_CTRL_SIZE_MAX (1u << 16)
+#define EXS_WIRE_RING_SIZE_MAX (1u << 30)
 
 struct exs_wire_reject {
     uint16_t magic;   /* EXS_WIRE_MAGIC */
@@ -111,7 +119,8 @@ enum exs_wire_ctrl_type {
     EXS_CTRL_READ_DONE= 4, /* SEQPACKET: the announced message was read (or dropped) */
     EXS_CTRL_SHUTDOWN = 5, /* the sender will send no more data (SHUT_WR / close) */
     EXS_CTRL_NOP      = 6, /* carries credits only; breaks credit deadlocks */
-    EXS_CTRL_TYPE_MAX = 6,
+    EXS_CTRL_RING     = 7, /* v2: the key of the sender's ring; its first record, once */
+    EXS_CTRL_TYPE_MAX = 7,
 };
 
 /* Every record starts with this header; len includes it and is a multiple of 8. */
@@ -172,6 +181,15 @@ struct exs_wire_shutdown {
 } __attribute__((packed));
 #define EXS_WIRE_SHUTDOWN_LEN 16u
 
+/* RING (§2): the sender's ring (hello.ring_addr, ring_size) may be written with rkey,
+ * by this connection's peer only, for the connection's life. */
+struct exs_wire_ring {
+    struct exs_wire_ctrl_hdr hdr;
+    uint32_t                 rkey;
+    uint32_t                 reserved; /* 0 */
+} __attribute__((packed));
+#define EXS_WIRE_RING_LEN 16u
+
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN
 
@@ -191,5 +209,6 @@ _Static_assert(offsetof(struct exs_wire_advert, seq) == 24, "advert.seq");
 _Static_assert(sizeof(struct exs_wire_announce) == EXS_WIRE_ANNOUNCE_LEN, "announce size");
 _Static_assert(sizeof(struct exs_wire_read_done) == EXS_WIRE_READ_DONE_LEN, "read_done size");
 _Static_assert(sizeof(struct exs_wire_shutdown) == EXS_WIRE_SHUTDOWN_LEN, "shutdown size");
+_Static_assert(sizeof(struct exs_wire_ring) == EXS_WIRE_RING_LEN, "ring size");
 
 #endif

@@ -59,6 +59,8 @@ static const struct exs_param_def params_table[] = {
           "event queues in EXS_WAIT_ADAPTIVE mode spin this long before sleeping, microseconds"),
     PARAM(close_timeout_ms, "EXS_CLOSE_TIMEOUT_MS", "5000", UINT, 1,
           "exs_close resets a connection whose goodbye is not through after this, milliseconds"),
+    PARAM(test_close_pause_us, "EXS_TEST_CLOSE_PAUSE_US", "0", UINT, 0,
+          "tests only: exs_close pauses this long once the socket is CLOSING, microseconds"),
     PARAM(vrb_qp_timeout, "EXS_VRB_QP_TIMEOUT", "14", UINT, 0,
           "verbs: QP local ACK timeout exponent (4.096 us * 2^n per try), 0-31"),
     PARAM(vrb_retry_cnt, "EXS_VRB_RETRY_CNT", "7", UINT, 0,
@@ -124,6 +126,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, close_timeout_ms) &&
             (v->u < 1 || v->u > 3600000))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, test_close_pause_us) && v->u > 1000000)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, eager_max) && v->u > (1u << 20))
             return -EINVAL;

@@ -43,6 +43,7 @@ struct exs_params {
     char     xfer_mode[EXS_PARAM_STR_MAX]; /* EXS_XFER_MODE: dynamic, direct, indirect */
     uint64_t qspin_us;         /* EXS_QSPIN_US: EXS_WAIT_ADAPTIVE spin before sleeping */
     uint64_t close_timeout_ms; /* EXS_CLOSE_TIMEOUT_MS: a graceful close resets after this */
+    uint64_t test_close_pause_us; /* EXS_TEST_CLOSE_PAUSE_US: test seam, see params.c */
     /* verbs provider */
     uint64_t vrb_qp_timeout;   /* EXS_VRB_QP_TIMEOUT: local ACK timeout exponent, 4.096 us * 2^n */
     uint64_t vrb_retry_cnt;    /* EXS_VRB_RETRY_CNT: transport retries, 0-7 */

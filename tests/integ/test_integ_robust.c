@@ -87,6 +87,128 @@ START_TEST(test_close_frozen_peer)
 }
 END_TEST
 
+/* The child of test_close_races_peer_death: accept n connections, report the port once
+ * listening, then wait to be killed. */
+static void accepting_child(int to_parent, int n) __attribute__((noreturn));
+static void accepting_child(int to_parent, int n)
+{
+    struct sockaddr_in addr;
+    exs_event_t ev;
+    exs_qhandle_t q;
+    int lfd;
+
+    if (exs_init(EXS_VERSION) != EXS_VERSION)
+        _exit(3);
+    q = exs_qcreate(2 * n);
+    lfd = it_listen(SOCK_SEQPACKET, &addr);
+    for (int i = 0; i < n; i++)
+        if (exs_accept(lfd, q, NULL))
+            _exit(4);
+    if (write(to_parent, &addr.sin_port, sizeof(addr.sin_port)) < 0)
+        _exit(5);
+    for (int i = 0; i < n; i++)
+        exs_qdequeue(q, &ev, 1, NULL);
+    for (;;)
+        pause();
+}
+
+#define RACE_CONNS  16
+#define RACE_ROUNDS 8
+
+/* Finding 2 of issue 10: exs_close racing the death of its connection. The peer process
+ * is killed (its connections reset) while this process closes its sockets; some conns die
+ * while exs_close is between making the socket CLOSING and queuing its close job, where the
+ * death used to free the socket under exs_close (ASan: use-after-free in sock_get_ref).
+ * EXS_TEST_CLOSE_PAUSE_US widens that window. Every close must complete, and nothing leak. */
+START_TEST(test_close_races_peer_death)
+{
+    for (int round = 0; round < RACE_ROUNDS; round++) {
+        struct sockaddr_in addr = { .sin_family = AF_INET };
+        int pipefd[2], fd[RACE_CONNS], status, closed = 0;
+        exs_event_t ev;
+        exs_qhandle_t q;
+        pid_t pid;
+
+        ck_assert_int_eq(pipe(pipefd), 0);
+        pid = fork(); /* before exs_init in this process */
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            close(pipefd[0]);
+            accepting_child(pipefd[1], RACE_CONNS);
+        }
+        close(pipefd[1]);
+        ck_assert_int_eq(read(pipefd[0], &addr.sin_port, sizeof(addr.sin_port)),
+                         (ssize_t)sizeof(addr.sin_port));
+        close(pipefd[0]);
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+
+        it_setenv("EXS_TEST_CLOSE_PAUSE_US", "3000");
+        it_init();
+        it_context("round %d, peer pid %d", round, (int)pid);
+        q = it_qcreate(4 * RACE_CONNS);
+        for (int i = 0; i < RACE_CONNS; i++) {
+            fd[i] = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+            ck_assert_int_ge(fd[i], 0);
+            IT_EXPECT_OK(exs_connect(fd[i], (struct sockaddr *)&addr, sizeof(addr), q, NULL));
+        }
+        for (int i = 0; i < RACE_CONNS; i++) {
+            it_wait_event(q, EXS_EVT_CONNECT, fd[i], &ev);
+            ck_assert_int_eq(ev.exs_evt_errno, 0);
+        }
+        /* the peer dies while the sockets close, a little later each round */
+        ck_assert_int_eq(kill(pid, SIGKILL), 0);
+        if (round)
+            it_sleep_ms(round % 4);
+        for (int i = 0; i < RACE_CONNS; i++)
+            IT_EXPECT_OK(exs_close(fd[i], q, IT_AH(i)));
+        for (int i = 0; i < RACE_CONNS; i++) {
+            it_wait_event(q, EXS_EVT_CLOSE, fd[i], &ev);
+            ck_assert_int_eq(ev.exs_evt_errno, 0);
+            ck_assert_ptr_eq(ev.exs_evt_ahandle, IT_AH(i));
+            closed++;
+        }
+        ck_assert_int_eq(closed, RACE_CONNS);
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        it_qdelete(q);
+        it_fini(); /* asserts that nothing is left alive */
+    }
+}
+END_TEST
+
+/* exs_close racing a connect that is being refused: whichever comes first (the refusal
+ * or the close), the connect event arrives (refused or cancelled) and the close completes.
+ * A refusal seen after CLOSING but before the close job used to leave the socket waiting
+ * for a death notice that never came: the CLOSE event was never delivered. */
+START_TEST(test_close_races_refused_connect)
+{
+    struct sockaddr_in addr;
+    exs_qhandle_t q;
+    exs_event_t ev;
+    int holder;
+
+    it_init();
+    it_refusing_addr(&addr, &holder);
+    q = it_qcreate(8);
+    for (int i = 0; i < 64; i++) {
+        int fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+
+        it_context("iteration %d", i);
+        ck_assert_int_ge(fd, 0);
+        IT_EXPECT_OK(exs_connect(fd, (struct sockaddr *)&addr, sizeof(addr), q, IT_AH(1)));
+        if (i % 4)
+            it_sleep_ms(i % 4 - 1); /* 0, 1 or 2 ms: before, during or after the refusal */
+        IT_EXPECT_OK(exs_close(fd, q, IT_AH(2)));
+        it_wait_event(q, EXS_EVT_CONNECT, fd, &ev);
+        ck_assert_msg(ev.exs_evt_errno == ECONNREFUSED || ev.exs_evt_errno == ECANCELED,
+                      "connect event errno %d", ev.exs_evt_errno);
+        it_wait_event(q, EXS_EVT_CLOSE, fd, &ev);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+    }
+    close(holder);
+    it_qdelete(q);
+}
+END_TEST
+
 /* A child forked after the parent used and finished the library starts its own. The tcp
  * provider has no process-wide state and works there; with verbs, librdmacm keeps the
  * parent's device contexts, which the kernel refuses to a forked child, so exs_init says
@@ -134,6 +256,10 @@ Suite *integ_robust_suite(void)
     TCase *tc = it_tcase("frozen", 30);
 
     tcase_add_test(tc, test_close_frozen_peer);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("close_race", 120);
+    tcase_add_test(tc, test_close_races_peer_death);
+    tcase_add_test(tc, test_close_races_refused_connect);
     suite_add_tcase(s, tc);
     tc = it_tcase("fork", 30);
     tcase_add_test(tc, test_fork_after_fini);
