@@ -2,9 +2,20 @@
 # SPDX-License-Identifier: MIT
 # Install the Debian packages libexs needs to build and test, when missing.
 # As root: installs them with apt-get. Otherwise: prints the exact command and fails.
-# Extra packages for optional jobs can be passed as arguments.
+# Extra packages for optional jobs can be passed as arguments; --fuzz adds clang and the
+# libFuzzer runtime of its version (libclang-rt-N-dev, only recommended by clang in Debian).
 set -eu
-pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev spin gnuplot-nox "$@")
+extra=()
+for a in "$@"; do
+    if [ "$a" = --fuzz ]; then
+        v=$(clang --version 2>/dev/null | sed -nE 's/.*clang version ([0-9]+).*/\1/p' | head -n 1)
+        [ -n "$v" ] || v=$(apt-cache depends clang 2>/dev/null | sed -nE 's/.*Depends: clang-([0-9]+)$/\1/p' | head -n 1)
+        extra+=(clang ${v:+libclang-rt-$v-dev})
+    else
+        extra+=("$a")
+    fi
+done
+pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev spin gnuplot-nox ${extra[@]+"${extra[@]}"})
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -23,3 +23,7 @@ CHECK_RUNS += $(if $(INTEG_SRCS),"$(INTEG_BIN) -p tcp")
 
 $(INTEG_BIN): $(INTEG_SRCS:%.c=$(BUILD)/%.o) $(LIB_A)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CHECK_LIBS) $(LIBS_ALL)
+
+# hostile-peer tests and fuzz targets (their own fragments)
+include tests/hostile/module.mk
+-include tests/fuzz/module.mk

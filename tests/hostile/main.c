@@ -1,0 +1,656 @@
+/* SPDX-License-Identifier: MIT */
+/* Hostile-peer tests: raw peers play the attacks of issue 10 against a forked echo server. */
+#include <check.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tests/hostile/raw.h"
+#include "tests/hostile/server.h"
+
+#define ECHO_MS   20000 /* a well-behaved client must be served within this (generous) */
+#define ANSWER_MS 10000 /* an ACK or NAK must arrive within this */
+#define SEQ       2     /* EXS_WIRE_SOCK_SEQPACKET */
+#define STR       1     /* EXS_WIRE_SOCK_STREAM */
+
+static struct srv srv;
+
+static void start(int sock_type, int nofile, int quiet)
+{
+    struct srv_opts o = {.sock_type = sock_type, .nofile = nofile, .quiet = quiet};
+
+    ck_assert_int_eq(srv_start(&srv, &o), 0);
+}
+
+static void stop(void)
+{
+    srv_stop(&srv);
+}
+
+/* The server process still runs and serves a well-behaved library client. */
+static void expect_alive(int sock_type, const char *after)
+{
+    char how[64];
+    int err;
+
+    ck_assert_msg(srv_running(&srv), "after %s the server died: %s", after,
+                  srv_how(&srv, how, sizeof(how)));
+    err = client_echo(srv.port, sock_type, 1000, ECHO_MS);
+    ck_assert_msg(err == 0, "after %s a well-behaved client was not served: %s (server %s)", after,
+                  strerror(-err), srv_how(&srv, how, sizeof(how)));
+}
+
+static void open_peer(struct raw_peer *p, unsigned wire_type)
+{
+    struct exs_wire_hello h;
+    int err;
+
+    raw_hello_default(&h, wire_type);
+    err = raw_open(p, srv.port, &h, ANSWER_MS);
+    ck_assert_msg(err == 0, "handshake of a valid raw peer failed: %s", strerror(-err));
+    /* keys that come after the handshake (RING, ADVERT records) */
+    ck_assert_msg(raw_wait_ring(p, ANSWER_MS) == 0, "the server's ring key never came");
+    raw_pump(p, 100);
+}
+
+static uint64_t ring_addr(const struct raw_peer *p)
+{
+    return be64toh(p->peer.ring_addr);
+}
+
+static uint32_t ring_size(const struct raw_peer *p)
+{
+    return be32toh(p->peer.ring_size);
+}
+
+/* WRITE (or READ) through p; returns 0 (ACK / response), a NAK syndrome, or -errno. */
+static int try_write(struct raw_peer *p, uint64_t raddr, uint32_t rkey, uint32_t len)
+{
+    static uint8_t forged[65536];
+    uint32_t psn;
+
+    memset(forged, 0xF0, sizeof(forged));
+    if (len > sizeof(forged))
+        len = sizeof(forged);
+    if (raw_write(p, raddr, rkey, 0, 0, forged, len, &psn))
+        return -ECONNRESET;
+    return raw_wait_psn(p, psn, ANSWER_MS);
+}
+
+static int try_read(struct raw_peer *p, uint64_t raddr, uint32_t rkey, uint32_t len)
+{
+    uint32_t psn;
+
+    if (raw_read_req(p, raddr, rkey, len, &psn))
+        return -ECONNRESET;
+    return raw_wait_psn(p, psn, ANSWER_MS);
+}
+
+/* A refused access: NAK REM_ACCESS (or the connection ended without a response). */
+static void expect_refused(int r, const char *what)
+{
+    ck_assert_msg(r == TCP_WIRE_SYN_REM_ACCESS || r == -ECONNRESET, "%s was not refused (%s)", what,
+                  r == 0  ? "it succeeded"
+                  : r > 0 ? "other NAK"
+                          : strerror(-r));
+}
+
+/* ---- (1) complete CONN_REQ, then an immediate reset ---- */
+
+START_TEST(conn_req_then_reset)
+{
+    struct exs_wire_hello h;
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    char how[64];
+    int err;
+
+    start(SOCK_SEQPACKET, 0, 0);
+    raw_hello_default(&h, SEQ);
+    for (int i = 0; i < 400; i++) {
+        int fd = raw_tcp_connect(srv.port);
+
+        ck_assert_msg(fd >= 0, "connect %d: %s (server %s)", i + 1, strerror(-fd),
+                      srv_how(&srv, how, sizeof(how)));
+        err = raw_send_conn_req(fd, &h, sizeof(h));
+        ck_assert_msg(err == 0, "CONN_REQ %d: %s (server %s)", i + 1, strerror(-err),
+                      srv_how(&srv, how, sizeof(how)));
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        close(fd);
+        if (i % 10 == 0)
+            ck_assert_msg(srv_running(&srv), "server died after %d resets: %s", i + 1,
+                          srv_how(&srv, how, sizeof(how)));
+    }
+    expect_alive(SOCK_SEQPACKET, "400 CONN_REQ + reset");
+    stop();
+}
+END_TEST
+
+/* ---- (3) a WRITE into the ring that stops in the middle ---- */
+
+START_TEST(silent_half_write)
+{
+    struct raw_peer a, b;
+    uint8_t part[10];
+
+    start(SOCK_SEQPACKET, 0, 0);
+    open_peer(&a, SEQ);
+    open_peer(&b, SEQ);
+    memset(part, 0x5A, sizeof(part));
+    /* B starts a 4096-byte WRITE into A's ring with A's key: 10 bytes, then silence */
+    ck_assert_int_eq(raw_send_frame(b.fd, TCP_WIRE_WRITE, 0, 0, 4096, b.tx_psn++, ring_addr(&a),
+                                    a.ring_rkey, 0, part, sizeof(part)),
+                     0);
+    /* from now on B answers nothing: any byte it sent would continue the WRITE */
+    b.mute = 1;
+    raw_pump(&b, 300); /* the server has started placing it (or refused it) */
+    /* the application closes A's connection (the oldest); once the server has ended it,
+     * releasing A's ring must not wait for B, and others must be served */
+    ck_assert_int_eq(srv_close_oldest(&srv), 0);
+    raw_pump(&a, ECHO_MS);
+    ck_assert_msg(a.closed, "the server did not end the connection it closed");
+    expect_alive(SOCK_SEQPACKET, "a silent half WRITE into a closed connection's ring");
+    raw_close(&a);
+    raw_close(&b);
+    expect_alive(SOCK_SEQPACKET, "the silent writer went away");
+    stop();
+}
+END_TEST
+
+/* ---- (4) isolation: keys of connection A used on connection B ---- */
+
+START_TEST(isolation_ring_key)
+{
+    struct raw_peer a, b;
+    int r;
+
+    start(SOCK_SEQPACKET, 0, 0);
+    open_peer(&a, SEQ);
+    ck_assert_msg(ring_addr(&a) && ring_size(&a), "server announced no ring");
+    /* positive control: A may write its own ring */
+    r = try_write(&a, ring_addr(&a), a.ring_rkey, 64);
+    ck_assert_msg(r == 0, "A could not write its own ring (%d): the test is broken", r);
+
+    open_peer(&b, SEQ);
+    expect_refused(try_write(&b, ring_addr(&a), a.ring_rkey, 64), "B writing A's ring");
+    raw_close(&b);
+    open_peer(&b, SEQ);
+    r = try_read(&b, ring_addr(&a), a.ring_rkey, 64);
+    ck_assert_msg(!b.read_resp_seen, "B read A's ring");
+    expect_refused(r, "B reading A's ring");
+    raw_close(&b);
+    open_peer(&b, SEQ);
+    expect_refused(try_read(&b, ring_addr(&b), b.ring_rkey, 64), "reading one's own ring");
+    raw_close(&b);
+    raw_close(&a);
+    expect_alive(SOCK_SEQPACKET, "ring key probes");
+    stop();
+}
+END_TEST
+
+/* The next message the server echoes to p equals msg (nothing forged was delivered). */
+static void expect_echo(struct raw_peer *p, const void *msg, uint32_t len)
+{
+    unsigned before = p->data_msgs;
+    double deadline = raw_now_ms() + ANSWER_MS;
+
+    while (p->data_msgs == before && raw_now_ms() < deadline && !p->closed)
+        raw_pump(p, 100);
+    ck_assert_msg(p->data_msgs > before, "no echo arrived");
+    ck_assert_uint_eq(p->data_len, len);
+    ck_assert_msg(memcmp(p->data, msg, len) == 0, "the echo holds bytes A never sent");
+}
+
+START_TEST(isolation_no_forged_delivery)
+{
+    static const char msg[64] = "genuine message from A, exactly sixty-four bytes long.........";
+    uint32_t psn, imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0);
+    struct raw_peer a, b;
+    int r;
+
+    start(SOCK_SEQPACKET, 0, 0);
+    open_peer(&a, SEQ);
+    /* A puts its message into the ring slot the server will read next (offset 0)... */
+    ck_assert_int_eq(raw_write(&a, ring_addr(&a), a.ring_rkey, 0, 0, msg, sizeof(msg), &psn), 0);
+    ck_assert_int_eq(raw_wait_psn(&a, psn, ANSWER_MS), 0);
+    /* ...B overwrites that slot with A's ring key... */
+    open_peer(&b, SEQ);
+    r = try_write(&b, ring_addr(&a), a.ring_rkey, sizeof(msg));
+    raw_close(&b);
+    /* ...and A's WRITE WITH IMMEDIATE (its payload placed further on) makes the server
+     * take the slot at offset 0 as A's message: it must hold A's bytes, not B's */
+    ck_assert_int_eq(
+        raw_write(&a, ring_addr(&a) + 4096, a.ring_rkey, 1, imm, msg, sizeof(msg), &psn), 0);
+    ck_assert_int_eq(raw_wait_psn(&a, psn, ANSWER_MS), 0);
+    expect_echo(&a, msg, sizeof(msg));
+    expect_refused(r, "B writing A's ring");
+    raw_close(&a);
+    expect_alive(SOCK_SEQPACKET, "forged ring writes");
+    stop();
+}
+END_TEST
+
+/* Wait until the server has ADVERTed a receive buffer to p. */
+static void want_advert(struct raw_peer *p)
+{
+    double deadline = raw_now_ms() + ANSWER_MS;
+
+    while (!p->n_adverts && raw_now_ms() < deadline && !p->closed)
+        raw_pump(p, 100);
+    ck_assert_msg(p->n_adverts, "the server advertised no receive buffer");
+}
+
+START_TEST(isolation_advert_key)
+{
+    struct raw_peer a, b;
+    struct raw_key k;
+    int r;
+
+    start(SOCK_SEQPACKET, 0, 0);
+    open_peer(&a, SEQ);
+    want_advert(&a);
+    k = a.adverts[a.n_adverts - 1];
+    /* ADVERTed buffers are for remote write only */
+    r = try_read(&a, k.addr, k.rkey, k.len < 256 ? k.len : 256);
+    ck_assert_msg(!a.read_resp_seen, "A read its ADVERTed receive buffer");
+    expect_refused(r, "reading an ADVERTed buffer");
+    raw_close(&a);
+
+    open_peer(&a, SEQ);
+    want_advert(&a);
+    k = a.adverts[a.n_adverts - 1];
+    open_peer(&b, SEQ);
+    expect_refused(try_write(&b, k.addr, k.rkey, 64), "B writing A's ADVERTed buffer");
+    raw_close(&b);
+    open_peer(&b, SEQ);
+    r = try_read(&b, k.addr, k.rkey, 64);
+    ck_assert_msg(!b.read_resp_seen, "B read A's ADVERTed buffer");
+    expect_refused(r, "B reading A's ADVERTed buffer");
+    raw_close(&b);
+    raw_close(&a);
+    expect_alive(SOCK_SEQPACKET, "ADVERT key probes");
+    stop();
+}
+END_TEST
+
+/* Make the server ANNOUNCE a message to p: p sends a big message into the server's ADVERT,
+ * the server echoes it, and p (whose hello says eager_max 4096, with no ADVERT of its own)
+ * is announced it. Returns the ANNOUNCE. */
+static struct raw_key want_announce(struct raw_peer *p, uint8_t *msg, uint32_t len)
+{
+    struct raw_key k;
+    uint32_t psn, imm;
+    double deadline = raw_now_ms() + ANSWER_MS;
+
+    want_advert(p);
+    k = p->adverts[0];
+    ck_assert_uint_ge(k.len, len);
+    for (uint32_t i = 0; i < len; i++)
+        msg[i] = (uint8_t)(i * 7 + 3);
+    imm = exs_imm_make(EXS_IMM_DIRECT, EXS_IMM_EOM, 0, k.id);
+    ck_assert_int_eq(raw_write(p, k.addr, k.rkey, 1, imm, msg, len, &psn), 0);
+    ck_assert_int_eq(raw_wait_psn(p, psn, ANSWER_MS), 0);
+    while (!p->n_announces && raw_now_ms() < deadline && !p->closed)
+        raw_pump(p, 100);
+    ck_assert_msg(p->n_announces, "the server announced nothing");
+    return p->announces[0];
+}
+
+START_TEST(isolation_announce_key)
+{
+    static uint8_t msg[16384];
+    struct raw_peer a, b;
+    struct raw_key k;
+    int r;
+
+    start(SOCK_SEQPACKET, 0, 0);
+    open_peer(&a, SEQ);
+    k = want_announce(&a, msg, sizeof(msg));
+    ck_assert_uint_eq(k.len, sizeof(msg));
+
+    /* B reads A's announced message */
+    open_peer(&b, SEQ);
+    r = try_read(&b, k.addr, k.rkey, k.len);
+    ck_assert_msg(!b.read_resp_seen, "B read A's announced message");
+    expect_refused(r, "B reading A's ANNOUNCEd buffer");
+    raw_close(&b);
+    /* B writes into it */
+    open_peer(&b, SEQ);
+    expect_refused(try_write(&b, k.addr, k.rkey, 64), "B writing A's ANNOUNCEd buffer");
+    raw_close(&b);
+    /* positive control: A reads its own announced message, intact */
+    r = try_read(&a, k.addr, k.rkey, k.len);
+    ck_assert_msg(r == 0 && a.read_resp_seen, "A could not read its announced message (%d)", r);
+    ck_assert_uint_eq(a.read_resp_len, sizeof(msg));
+    ck_assert_msg(memcmp(a.read_resp, msg, sizeof(msg)) == 0, "announced message altered");
+    /* A writes into it: announced buffers are for remote read only */
+    expect_refused(try_write(&a, k.addr, k.rkey, 64), "writing an ANNOUNCEd buffer");
+    raw_close(&a);
+    expect_alive(SOCK_SEQPACKET, "ANNOUNCE key probes");
+    stop();
+}
+END_TEST
+
+START_TEST(keys_not_guessable)
+{
+    struct raw_peer a, b;
+    uint32_t ka, kb;
+    int hits = 0;
+
+    start(SOCK_SEQPACKET, 0, 0);
+    open_peer(&a, SEQ);
+    want_advert(&a);
+    open_peer(&b, SEQ);
+    ka = a.ring_rkey;
+    kb = b.ring_rkey;
+    raw_close(&b);
+    ck_assert_msg(ka - kb + 64u > 128u, "ring keys of consecutive connections are close: %#x %#x",
+                  ka, kb);
+    /* keys near A's ring and ADVERT keys, tried on A's ring and buffer through other
+     * connections: none may work */
+    for (int d = -8; d <= 8; d++) {
+        if (!d)
+            continue;
+        open_peer(&b, SEQ);
+        hits += try_write(&b, ring_addr(&a), ka + (uint32_t)d, 64) == 0;
+        raw_close(&b);
+        open_peer(&b, SEQ);
+        hits += try_write(&b, a.adverts[0].addr, a.adverts[0].rkey + (uint32_t)d, 64) == 0;
+        raw_close(&b);
+    }
+    ck_assert_msg(hits == 0, "%d guessed keys worked", hits);
+    raw_close(&a);
+    expect_alive(SOCK_SEQPACKET, "key guessing");
+    stop();
+}
+END_TEST
+
+/* ---- (6) STREAM hellos with bad fields ---- */
+
+struct bad_hello {
+    const char *name;
+    uint32_t ring_size, eager_max, ctrl_size;
+    uint16_t credits;
+};
+
+static const struct bad_hello bad_hellos[] = {
+    {"ring_size 0", 0, 4096, EXS_WIRE_CTRL_MAX, 64},
+    {"ring_size unaligned", 100000, 4096, EXS_WIRE_CTRL_MAX, 64},
+    {"credits 0", 1u << 20, 4096, EXS_WIRE_CTRL_MAX, 0},
+    {"credits 65535", 1u << 20, 4096, EXS_WIRE_CTRL_MAX, 65535},
+    {"ctrl_size 16", 1u << 20, 4096, 16, 64},
+    {"eager_max > ring", 4096, 65536, EXS_WIRE_CTRL_MAX, 64},
+};
+
+START_TEST(stream_bad_hello)
+{
+    const struct bad_hello *c = &bad_hellos[_i];
+    struct exs_wire_hello h;
+    struct raw_peer p;
+    int err;
+
+    start(SOCK_STREAM, 0, 0);
+    raw_hello_default(&h, STR);
+    h.ring_size = htobe32(c->ring_size);
+    h.eager_max = htobe32(c->eager_max);
+    h.ctrl_size = htobe32(c->ctrl_size);
+    h.credits = htobe16(c->credits);
+    err = raw_open(&p, srv.port, &h, ANSWER_MS);
+    if (err == 0) {
+        /* accepted: give the server something to send back to this peer, then judge */
+        static const char data[200] = "stream bytes";
+        uint32_t psn, imm = exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0);
+
+        raw_pump(&p, 300);
+        (void)raw_write(&p, ring_addr(&p), p.ring_rkey, 1, imm, data, sizeof(data), &psn);
+        raw_pump(&p, 1000);
+    }
+    raw_close(&p);
+    ck_assert_msg(err == -ECONNREFUSED || err == -ECONNRESET,
+                  "STREAM hello with %s was not refused (%s)", c->name,
+                  err ? strerror(-err) : "accepted");
+    expect_alive(SOCK_STREAM, c->name);
+    stop();
+}
+END_TEST
+
+/* ---- (7) descriptor exhaustion ---- */
+
+START_TEST(fd_exhaustion_no_spin)
+{
+    enum { FLOOD = 300 };
+    static int fds[FLOOD];
+    double c0, c1, r0, r1;
+    double deadline;
+    int err = -1;
+
+    start(SOCK_SEQPACKET, 64, 1);
+    for (int i = 0; i < FLOOD; i++) {
+        struct sockaddr_in sin = {.sin_family = AF_INET,
+                                  .sin_port = htons((uint16_t)srv.port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        ck_assert_int_ge(fds[i], 0);
+        (void)connect(fds[i], (struct sockaddr *)&sin, sizeof(sin));
+    }
+    usleep(500 * 1000);
+    c0 = srv_cpu_ms(&srv);
+    r0 = srv_runnable_ms(&srv);
+    sleep(3);
+    c1 = srv_cpu_ms(&srv);
+    r1 = srv_runnable_ms(&srv);
+    ck_assert_msg(c0 >= 0 && c1 >= 0 && r0 >= 0 && r1 >= 0, "cannot read the server's times");
+    printf("fd exhaustion: in 3 s the server used %.0f ms of CPU and was runnable %.0f ms\n",
+           c1 - c0, r1 - r0);
+    fflush(stdout);
+    /* generous margins: main's spinning NIC thread measured 520-3000 ms of CPU (depending on
+     * the load) and ~3000 ms runnable; a backing-off server needs a few tens of ms (this
+     * server's own loop wakes every 20 ms) */
+    ck_assert_msg(c1 - c0 < 1500, "server used %.0f ms of CPU in 3 s under fd exhaustion", c1 - c0);
+    ck_assert_msg(r1 - r0 < 1500,
+                  "server threads were runnable %.0f ms of 3 s under fd exhaustion: spinning",
+                  r1 - r0);
+    for (int i = 0; i < FLOOD; i++)
+        close(fds[i]);
+    /* once descriptors are free it serves again */
+    deadline = raw_now_ms() + ECHO_MS;
+    while (raw_now_ms() < deadline && (err = client_echo(srv.port, SOCK_SEQPACKET, 100, 5000)))
+        usleep(200 * 1000);
+    ck_assert_msg(err == 0, "server not serving after descriptors were freed: %s", strerror(-err));
+    stop();
+}
+END_TEST
+
+/* ---- (2) the application closes a connection while the peer kills it ----
+ * Aims at the window of finding 2 (exs_close racing a dying connection); on main's code it
+ * did not hit it in 5 runs under ASan (the random-frame fuzzer is the better hunter), so it
+ * guards the close-at-accept path rather than proving that fix. */
+
+START_TEST(close_races_dying_connection)
+{
+    struct srv_opts o = {.sock_type = SOCK_SEQPACKET, .close_at_once = 1};
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    char how[64];
+
+    ck_assert_int_eq(srv_start(&srv, &o), 0);
+    for (int i = 0; i < 500; i++) {
+        struct raw_peer p;
+        struct exs_wire_hello h;
+
+        raw_hello_default(&h, SEQ);
+        if (raw_open(&p, srv.port, &h, ANSWER_MS) == 0) {
+            /* the server closes this connection now; kill it from here at the same time */
+            (void)raw_send_frame(p.fd, 77, 0, 0, 0, 0, 0, 0, 0, NULL, 0);
+            setsockopt(p.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        }
+        raw_close(&p);
+        if (i % 50 == 0)
+            ck_assert_msg(srv_running(&srv), "server died after %d rounds: %s", i + 1,
+                          srv_how(&srv, how, sizeof(how)));
+    }
+    ck_assert_msg(srv_running(&srv), "server died: %s", srv_how(&srv, how, sizeof(how)));
+    stop();
+}
+END_TEST
+
+/* ---- handled cleanly today: keep it so ---- */
+
+START_TEST(malformed_frames)
+{
+    static const struct {
+        unsigned type, flags;
+        uint32_t len;
+    } bad[] = {
+        {0, 0, 0},
+        {77, 0, 0},
+        {TCP_WIRE_ACK, 0, 8},
+        {TCP_WIRE_SEND, 0x80, 0},
+        {TCP_WIRE_CONN_REQ, 0, 8},
+        {TCP_WIRE_NAK, 0, 0},
+        {TCP_WIRE_READ_RESP, 0, 16},
+        {TCP_WIRE_SEND, 0, 0xfffffff0u},
+    };
+    uint8_t zeros[16] = {0};
+
+    start(SOCK_SEQPACKET, 0, 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct raw_peer p;
+
+        open_peer(&p, SEQ);
+        (void)raw_send_frame(p.fd, bad[i].type, bad[i].flags, 0, bad[i].len, p.tx_psn, 0, 0, 0,
+                             zeros, bad[i].len <= sizeof(zeros) ? bad[i].len : 0);
+        raw_pump(&p, ANSWER_MS);
+        ck_assert_msg(p.closed, "frame %zu (type %u) did not end the connection", i, bad[i].type);
+        raw_close(&p);
+    }
+    expect_alive(SOCK_SEQPACKET, "malformed frames");
+    stop();
+}
+END_TEST
+
+START_TEST(malformed_control_records)
+{
+    uint8_t rec[EXS_WIRE_CTRL_MAX];
+    struct exs_wire_ctrl_hdr *h = (struct exs_wire_ctrl_hdr *)rec;
+
+    start(SOCK_SEQPACKET, 0, 0);
+    for (int i = 0; i < 4; i++) {
+        struct raw_peer p;
+        uint32_t psn, len = 16;
+
+        open_peer(&p, SEQ);
+        memset(rec, 0, sizeof(rec));
+        h->type = i == 0 ? 99 : EXS_CTRL_ACK;
+        h->len = htobe16(i == 1 ? 7 : i == 2 ? 200 : 16);
+        if (i == 3) /* ACK of ring bytes never written */
+            ((struct exs_wire_ack *)rec)->ring_consumed = htobe64(1u << 30);
+        ck_assert_int_eq(raw_send_ctrl(&p, rec, len, &psn), 0);
+        raw_pump(&p, ANSWER_MS);
+        ck_assert_msg(p.closed, "bad control record %d did not end the connection", i);
+        raw_close(&p);
+    }
+    expect_alive(SOCK_SEQPACKET, "malformed control records");
+    stop();
+}
+END_TEST
+
+START_TEST(half_frame_and_silence)
+{
+    struct raw_peer p;
+    struct tcp_wire_hdr h;
+    int silent;
+
+    start(SOCK_SEQPACKET, 0, 0);
+    /* a TCP connection that says nothing */
+    silent = raw_tcp_connect(srv.port);
+    ck_assert_int_ge(silent, 0);
+    /* an established peer that sends 13 bytes of a header and stops */
+    open_peer(&p, SEQ);
+    memset(&h, 0, sizeof(h));
+    h.magic = htobe32(TCP_WIRE_MAGIC);
+    h.version = TCP_WIRE_VERSION;
+    h.type = TCP_WIRE_SEND;
+    ck_assert_int_eq(raw_write_all(p.fd, &h, 13), 0);
+    expect_alive(SOCK_SEQPACKET, "a half frame and a silent socket (both still open)");
+    raw_close(&p);
+    close(silent);
+    expect_alive(SOCK_SEQPACKET, "the silent peers left");
+    stop();
+}
+END_TEST
+
+START_TEST(bad_keys_and_ranges)
+{
+    struct raw_peer p;
+
+    start(SOCK_SEQPACKET, 0, 0);
+    open_peer(&p, SEQ);
+    expect_refused(try_write(&p, ring_addr(&p), 0xdeadbeefu, 64), "a made-up key");
+    raw_close(&p);
+    open_peer(&p, SEQ);
+    expect_refused(try_write(&p, UINT64_MAX - 15, p.ring_rkey, 64), "a wrapping range");
+    raw_close(&p);
+    open_peer(&p, SEQ);
+    expect_refused(try_write(&p, ring_addr(&p) + ring_size(&p) - 8, p.ring_rkey, 64),
+                   "a range past the ring's end");
+    raw_close(&p);
+    open_peer(&p, SEQ);
+    expect_refused(try_read(&p, ring_addr(&p) - 64, p.ring_rkey, 128),
+                   "a READ starting before the ring");
+    raw_close(&p);
+    expect_alive(SOCK_SEQPACKET, "bad keys and ranges");
+    stop();
+}
+END_TEST
+
+static Suite *hostile_suite(void)
+{
+    Suite *s = suite_create("hostile");
+    TCase *t;
+
+    t = tcase_create("attacks");
+    tcase_set_timeout(t, 120);
+    tcase_add_test(t, conn_req_then_reset);
+    tcase_add_test(t, silent_half_write);
+    tcase_add_test(t, isolation_ring_key);
+    tcase_add_test(t, isolation_no_forged_delivery);
+    tcase_add_test(t, isolation_advert_key);
+    tcase_add_test(t, isolation_announce_key);
+    tcase_add_test(t, keys_not_guessable);
+    tcase_add_loop_test(t, stream_bad_hello, 0, (int)(sizeof(bad_hellos) / sizeof(bad_hellos[0])));
+    tcase_add_test(t, fd_exhaustion_no_spin);
+    suite_add_tcase(s, t);
+
+    t = tcase_create("races");
+    tcase_set_timeout(t, 120);
+    tcase_add_test(t, close_races_dying_connection);
+    suite_add_tcase(s, t);
+
+    t = tcase_create("handled");
+    tcase_set_timeout(t, 120);
+    tcase_add_test(t, malformed_frames);
+    tcase_add_test(t, malformed_control_records);
+    tcase_add_test(t, half_frame_and_silence);
+    tcase_add_test(t, bad_keys_and_ranges);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(hostile_suite());
+    int failed;
+
+    printf("hostile-peer tests: raw peers against a forked echo server on the tcp provider\n");
+    fflush(stdout);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
