@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Run each test command given (binary plus arguments), print each one's Check summary,
-# and end with one "N passed, N failed" line over all of them. Exit 1 if any failed.
+# and end with one "N passed, N failed, N skipped" line over all of them. A test that
+# prints "SKIP <test>: <reason>" (tests/skip.h) passed for Check but ran nothing: it is
+# counted as skipped, not passed. Exit 1 if any failed.
 set -u
 build=$1; shift
 mult=${EXS_TEST_TIMEOUT_MULT:-1}
-total_pass=0; total_fail=0; bad=0
+total_pass=0; total_fail=0; total_skip=0; bad=0
 for cmd in "$@"; do
     echo "== $cmd"
     out=$(mktemp)
@@ -13,11 +15,19 @@ for cmd in "$@"; do
     timeout $((600 * mult)) $cmd 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     line=$(grep -E '^[0-9]+%: Checks: ' "$out" | tail -n 1)
+    skips=$(grep -c -E '^SKIP [^:]+: ' "$out")
     if [ -n "$line" ]; then
         checks=$(sed -E 's/.*Checks: ([0-9]+).*/\1/' <<<"$line")
         fails=$(sed -E 's/.*Failures: ([0-9]+).*/\1/' <<<"$line")
         errs=$(sed -E 's/.*Errors: ([0-9]+).*/\1/' <<<"$line")
-        total_pass=$((total_pass + checks - fails - errs))
+        pass=$((checks - fails - errs))
+        if [ "$skips" -gt "$pass" ]; then
+            # a skipping test that also failed: never report a negative pass count
+            echo "!! $cmd: $skips SKIP lines but only $pass passed"
+            skips=$pass
+        fi
+        total_pass=$((total_pass + pass - skips))
+        total_skip=$((total_skip + skips))
         total_fail=$((total_fail + fails + errs))
     else
         total_fail=$((total_fail + 1))
@@ -25,5 +35,5 @@ for cmd in "$@"; do
     [ "$rc" -eq 0 ] || { bad=1; echo "!! $cmd exited $rc"; }
     rm -f "$out"
 done
-echo "$total_pass passed, $total_fail failed"
+echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 [ $bad -eq 0 ] && [ $total_fail -eq 0 ]
