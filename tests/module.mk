@@ -23,3 +23,6 @@ CHECK_RUNS += $(if $(INTEG_SRCS),"$(INTEG_BIN) -p tcp")
 
 $(INTEG_BIN): $(INTEG_SRCS:%.c=$(BUILD)/%.o) $(LIB_A)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CHECK_LIBS) $(LIBS_ALL)
+
+# tests/stress: connection stress (many at once, mass resets, half-open peers).
+include tests/stress/module.mk
