@@ -69,7 +69,7 @@ __attribute__((format(printf, 2, 3))) static void log_limited(struct server *s, 
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     if (s->log_held)
-        fprintf(stderr, " (%lu similar messages held back)", s->log_held);
+        fprintf(stderr, " (%lu more messages held back)", s->log_held);
     fputc('\n', stderr);
     s->log_ms = t;
     s->log_held = 0;

@@ -16,6 +16,7 @@ struct st_server {
 /* What a client process saw, sent back through a pipe. */
 struct st_result {
     int established, echoed, failed, open;
+    int closed, close_failed; /* without hold: closes completed cleanly, and not */
     int first_err;
     double ms; /* from the first connect to the report */
     char msg[160];
@@ -38,8 +39,9 @@ long st_proc_rss_kib(pid_t pid);
 
 /* Fork a client process (library inside): n SOCK_SEQPACKET connections to port, at most
  * window connects in flight, each sends one 64-byte message and checks the echo. It
- * reports when all are done or after quiet_ms without an event; then it closes all and
- * exits, or (hold) keeps them open until killed. *res_fd receives the report. */
+ * stops waiting after quiet_ms without an event. Then it closes all at once, counts the
+ * closes and reports, or (hold) reports and keeps them open until killed. *res_fd
+ * receives the report. */
 pid_t st_clients_start(int port, int n, int window, int hold, int quiet_ms, int *res_fd);
 /* Wait up to timeout_ms for the report: 0, or -1 (the client was killed). */
 int st_clients_result(pid_t pid, int res_fd, int timeout_ms, struct st_result *r);

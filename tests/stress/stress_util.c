@@ -345,29 +345,50 @@ static void client_main(int port, int n, int window, int hold, int quiet_ms, int
     }
     r.ms = st_now_ms() - t0;
     r.open = open;
-    if (write(out_fd, &r, sizeof(r)) != (ssize_t)sizeof(r))
-        _exit(5);
-    close(out_fd);
-    if (hold)
+    if (hold) {
+        if (write(out_fd, &r, sizeof(r)) != (ssize_t)sizeof(r))
+            _exit(5);
+        close(out_fd);
         for (;;)
             pause();
-    /* Close them all at once, as a process would, and wait a little for the closes. */
+    }
+    /* Close them all at once, as a process would; every close must complete, cleanly. */
     int closing = 0;
-    for (int i = 0; i < next; i++)
-        if (cs[i].fd >= 0 && exs_close(cs[i].fd, q, (exs_ahandle_t)(intptr_t)i) == 0)
+    for (int i = 0; i < next; i++) {
+        if (cs[i].fd < 0)
+            continue;
+        if (exs_close(cs[i].fd, q, (exs_ahandle_t)(intptr_t)i) == 0) {
             closing++;
+        } else {
+            r.close_failed++;
+            note_err(&r, "exs_close", i, errno);
+        }
+    }
     last = st_now_ms();
     while (closing > 0 && st_now_ms() - last < quiet_ms) {
         exs_event_t ev[256];
         struct timespec tmo = {.tv_sec = 0, .tv_nsec = 100 * 1000 * 1000};
         int got = exs_qdequeue(q, ev, 256, &tmo);
 
-        for (int k = 0; k < got; k++)
-            if (ev[k].exs_evt_type == EXS_EVT_CLOSE) {
-                closing--;
-                last = st_now_ms();
+        for (int k = 0; k < got; k++) {
+            if (ev[k].exs_evt_type != EXS_EVT_CLOSE)
+                continue;
+            closing--;
+            last = st_now_ms();
+            if (ev[k].exs_evt_errno) {
+                r.close_failed++;
+                note_err(&r, "close", (int)(intptr_t)ev[k].exs_evt_ahandle, ev[k].exs_evt_errno);
+            } else {
+                r.closed++;
             }
+        }
     }
+    r.close_failed += closing; /* never completed */
+    if (closing)
+        note_err(&r, "close never completed", -1, ETIMEDOUT);
+    if (write(out_fd, &r, sizeof(r)) != (ssize_t)sizeof(r))
+        _exit(5);
+    close(out_fd);
     exs_fini();
     _exit(0);
 }
