@@ -13,10 +13,14 @@
  * It is also the robust-server pattern: every failing call is handled. A failed accept
  * (EMFILE, ENFILE, ENOMEM, ECONNABORTED, ...) is logged at most once a second, then the
  * server pauses accepting (100 ms, doubling to 1 s) while it keeps serving its clients, and
- * retries; a failed receive, send or post closes that one connection. */
+ * retries; a failed receive, send or post closes that one connection. When its last client
+ * is gone it hands the memory freed since back to the system (malloc_trim), so a burst of
+ * connections does not leave the process large. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +35,8 @@
 
 struct client {
     int fd;
-    char *buf; /* one message in flight per client: receive into it, send it back */
+    char *buf;                  /* one message in flight: receive into it, send it back */
+    struct client *prev, *next; /* every client, to free them all when stopped */
 };
 
 struct server {
@@ -39,12 +44,20 @@ struct server {
     int lfd;
     long max_conns, served; /* served: connections accepted so far */
     long max_clients, clients;
+    struct client *all; /* list of the clients */
     int accept_posted;
     double resume_ms; /* accepting paused until then (0: not paused) */
     int backoff_ms;
     double log_ms; /* last rate-limited message, and messages held back since */
     unsigned long log_held;
 };
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    stop_signal = sig;
+}
 
 static double now_ms(void)
 {
@@ -112,6 +125,20 @@ static int accept_more(struct server *s)
     return 0;
 }
 
+static void client_free(struct server *s, struct client *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->all = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    free(c->buf);
+    free(c);
+    if (--s->clients == 0)
+        malloc_trim(0); /* idle after a burst: give the freed memory back */
+}
+
 /* Close one client. Its event slot is free (its last event was just taken), so the close
  * can be posted; should that fail anyway, close synchronously rather than leak it. */
 static void client_close(struct server *s, struct client *c)
@@ -121,9 +148,7 @@ static void client_close(struct server *s, struct client *c)
     fprintf(stderr, "exs_close(%d) posted: %s; closing synchronously\n", c->fd, strerror(errno));
     if (exs_close(c->fd, EXS_QHANDLE_INVALID, NULL) < 0)
         fprintf(stderr, "exs_close(%d): %s\n", c->fd, strerror(errno));
-    free(c->buf);
-    free(c);
-    s->clients--;
+    client_free(s, c);
 }
 
 static void client_recv(struct server *s, struct client *c)
@@ -158,6 +183,10 @@ static void on_accept(struct server *s, const exs_event_t *ev)
         return;
     }
     c->fd = fd;
+    c->next = s->all;
+    if (s->all)
+        s->all->prev = c;
+    s->all = c;
     s->clients++;
     client_recv(s, c);
 }
@@ -192,10 +221,7 @@ static void on_event(struct server *s, const exs_event_t *ev)
     case EXS_EVT_CLOSE:
         if (ev->exs_evt_errno)
             log_limited(s, "close(%d): %s", c->fd, strerror(ev->exs_evt_errno));
-        free(c->buf);
-        free(c);
-        if (--s->clients == 0)
-            malloc_trim(0); /* idle after a burst: give the freed memory back */
+        client_free(s, c);
         break;
     default:
         fprintf(stderr, "unexpected event type %d\n", (int)ev->exs_evt_type);
@@ -221,8 +247,27 @@ int main(int argc, char **argv)
                         "[MAX_CLIENTS 1..1048574]\n");
         return 2;
     }
+    /* SIGINT and SIGTERM stop the server cleanly. They stay blocked in the library's
+     * threads (created by exs_init with this mask) and reach this one, where they interrupt
+     * exs_qdequeue (EINTR); the wait is also capped at a second in case one arrives just
+     * before it sleeps. */
+    sigset_t stop_set;
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGINT);
+    sigaddset(&stop_set, SIGTERM);
+    if (sigaction(SIGINT, &sa, NULL) < 0 || sigaction(SIGTERM, &sa, NULL) < 0 ||
+        pthread_sigmask(SIG_BLOCK, &stop_set, NULL) != 0) {
+        perror("sigaction");
+        return 1;
+    }
     if (exs_init(EXS_VERSION) < 0) {
         perror("exs_init");
+        return 1;
+    }
+    if (pthread_sigmask(SIG_UNBLOCK, &stop_set, NULL) != 0) {
+        perror("pthread_sigmask");
         return 1;
     }
     /* One queue for everything. Each client has one operation in flight (receive, send or
@@ -241,8 +286,9 @@ int main(int argc, char **argv)
     printf("echo server on 127.0.0.1:%d\n", ntohs(sin.sin_port));
     fflush(stdout);
 
-    while (!s.max_conns || s.served < s.max_conns || s.clients > 0 || s.accept_posted) {
-        struct timespec wait, *tmo = NULL;
+    while (!stop_signal &&
+           (!s.max_conns || s.served < s.max_conns || s.clients > 0 || s.accept_posted)) {
+        struct timespec wait = {.tv_sec = 1}, *tmo = &wait;
         exs_event_t ev[64];
         int n;
 
@@ -251,10 +297,9 @@ int main(int argc, char **argv)
         if (s.resume_ms) { /* wake up to resume accepting */
             double ms = s.resume_ms - now_ms();
 
-            ms = ms < 1 ? 1 : ms;
+            ms = ms < 1 ? 1 : ms > 1000 ? 1000 : ms;
             wait.tv_sec = (time_t)(ms / 1e3);
             wait.tv_nsec = (long)((ms - (double)wait.tv_sec * 1e3) * 1e6);
-            tmo = &wait;
         }
         n = exs_qdequeue(s.q, ev, 64, tmo);
         if (n < 0) {
@@ -265,6 +310,15 @@ int main(int argc, char **argv)
         }
         for (int i = 0; i < n; i++)
             on_event(&s, &ev[i]);
+    }
+    if (stop_signal) {
+        /* exs_fini aborts every connection still open (the clients see a reset), cancels
+         * what is outstanding and deletes the queue; then the clients' memory is ours. */
+        fprintf(stderr, "signal %d: stopping with %ld clients\n", (int)stop_signal, s.clients);
+        exs_fini();
+        while (s.all)
+            client_free(&s, s.all);
+        return 0;
     }
     if (exs_close(s.lfd, EXS_QHANDLE_INVALID, NULL) < 0)
         perror("exs_close(listener)");

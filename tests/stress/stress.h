@@ -32,7 +32,7 @@ void st_raise_nofile(long want);
 
 /* Start the server (nofile > 0: with that RLIMIT_NOFILE); fails the test on error. */
 void st_server_start(struct st_server *s, long nofile);
-/* Check it is still running, then stop it. */
+/* Check it is still running, stop it (SIGTERM) and check it exited cleanly (status 0). */
 void st_server_stop(struct st_server *s);
 int st_proc_fds(pid_t pid);
 long st_proc_rss_kib(pid_t pid);
@@ -43,6 +43,13 @@ long st_proc_rss_kib(pid_t pid);
  * closes and reports, or (hold) reports and keeps them open until killed. *res_fd
  * receives the report. */
 pid_t st_clients_start(int port, int n, int window, int hold, int quiet_ms, int *res_fd);
+/* The same, the client's stderr (the library's log) going to log_fd. */
+pid_t st_clients_start_log(int port, int n, int window, int hold, int quiet_ms, int *res_fd,
+                           int log_fd);
+/* An anonymous temporary file for a client's log; st_log_count counts (and closes it) the
+ * lines starting with prefix and copies the first. */
+int st_log_open(void);
+int st_log_count(int fd, const char *prefix, char *first, size_t len);
 /* Wait up to timeout_ms for the report: 0, or -1 (the client was killed). */
 int st_clients_result(pid_t pid, int res_fd, int timeout_ms, struct st_result *r);
 /* Reap the client (kill_it: SIGKILL first, its connections then reset at once). */
