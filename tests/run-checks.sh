@@ -5,6 +5,25 @@
 # prints "SKIP <test>: <reason>" (tests/skip.h) passed for Check but ran nothing: it is
 # counted as skipped, not passed. Exit 1 if any failed.
 set -u
+if [ "${1:-}" = --self-test ]; then
+    # Two fake test binaries: 3 checks with one SKIP (2 passed, 1 skipped), and 2 checks
+    # with one failure (1 passed, 1 failed).
+    t=$(mktemp -d)
+    trap 'rm -rf "$t"' EXIT
+    printf '#!/bin/sh\necho "SKIP a: not here"\necho "100%%: Checks: 3, Failures: 0, Errors: 0"\n' >"$t/ok"
+    printf '#!/bin/sh\necho "50%%: Checks: 2, Failures: 1, Errors: 0"\nexit 1\n' >"$t/bad"
+    chmod +x "$t/ok" "$t/bad"
+    rc=0
+    bash "$0" "$t" "$t/ok" "$t/bad" >"$t/out" || rc=$?
+    last=$(tail -n 1 "$t/out")
+    want="3 passed, 1 failed, 1 skipped"
+    if [ "$last" = "$want" ] && [ "$rc" -ne 0 ]; then
+        echo "run-checks self-test: '$want', nonzero exit: ok"
+        exit 0
+    fi
+    echo "run-checks self-test: got '$last' (exit $rc), wanted '$want' and a nonzero exit" >&2
+    exit 1
+fi
 build=$1; shift
 mult=${EXS_TEST_TIMEOUT_MULT:-1}
 total_pass=0; total_fail=0; total_skip=0; bad=0
