@@ -55,8 +55,14 @@ static int prov_mem_alloc(struct exs_prov_ctx *ctx, size_t len, struct exs_prov_
 static void prov_mem_free(struct exs_prov_mr *mr)
 {
     void *p = mr->addr;
+    int ret = mr->ctx->ops->mr_dereg(mr);
 
-    mr->ctx->ops->mr_dereg(mr);
+    if (ret) {
+        /* still registered (e.g. -EBUSY: grants not revoked): a peer may still reach
+         * it, so the memory is leaked rather than freed */
+        EXS_ERR(PROV, "mem_free %p: mr_dereg: %d; memory not freed", p, ret);
+        return;
+    }
     free(p);
 }
 
@@ -69,7 +75,11 @@ static int prov_mr_get(struct exs_prov_ctx *ctx, void *addr, size_t length, unsi
 
 static void prov_mr_put(struct exs_prov_mr *mr)
 {
-    mr->ctx->ops->mr_dereg(mr);
+    void *p = mr->addr;
+    int ret = mr->ctx->ops->mr_dereg(mr);
+
+    if (ret)
+        EXS_ERR(PROV, "mr_put %p: mr_dereg: %d", p, ret);
 }
 
 void exs__prov_fill_defaults(struct exs_prov_ops *ops)

@@ -9,8 +9,9 @@
 #include "tests/prov/prov_test.h"
 
 static Suite *(*const suites[])(void) = {
-    prov_basic_suite, prov_order_suite, prov_rnr_suite, prov_access_suite,  prov_read_suite,
-    prov_flush_suite, prov_cm_suite,    prov_emu_suite, prov_hostile_suite, prov_mem_suite, prov_select_suite,
+    prov_basic_suite,  prov_order_suite, prov_rnr_suite, prov_access_suite,  prov_read_suite,
+    prov_flush_suite,  prov_cm_suite,    prov_emu_suite, prov_hostile_suite, prov_mem_suite,
+    prov_select_suite, prov_grant_suite, prov_req_suite, prov_cq_suite,      prov_limits_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

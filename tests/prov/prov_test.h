@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include "exs/prov/prov.h"
+#include "exs/prov/tcp/tcp_wire.h"
 
 /* The provider under test, set by main() from -p / EXS_PROVIDER. */
 extern const char *pt_name;
@@ -40,6 +41,8 @@ struct pt_host {
 };
 
 void pt_host_open(struct pt_host *h);
+/* As pt_host_open with attr.cq_size (the provider's initial completion queue size). */
+void pt_host_open_cq(struct pt_host *h, uint32_t cq_size);
 /* Closes the ctx; every ep, listener and mr of it must already be gone. */
 void pt_host_close(struct pt_host *h);
 
@@ -149,6 +152,22 @@ int pt_post_send(struct exs_prov_ep *ep, uint64_t wr_id, enum exs_prov_wr_opcode
 /* Remote address of b->p + off. */
 uint64_t pt_raddr(const struct pt_buf *b, size_t off);
 
+/* ---- raw peers (prov_raw.c; tcp-only tests): sockets speaking tcp_wire.h by hand ---- */
+/* A header in network order. */
+struct tcp_wire_hdr pt_raw_hdr(uint8_t type, uint8_t flags, uint32_t len, uint32_t psn,
+                               uint64_t raddr, uint32_t rkey, uint32_t imm);
+/* A TCP connection to p's listener (TCP_NODELAY). */
+int pt_raw_connect(const struct pt_pair *p);
+/* Write all of buf; 0, or -1 when the provider already closed the socket. */
+int pt_raw_send(int fd, const void *buf, size_t len);
+/* Read exactly len bytes within ms; 0 ok, -1 closed / timed out. */
+int pt_raw_recv(int fd, void *buf, size_t len, int ms);
+/* 1 when the peer closed (EOF or reset) within ms, reading and discarding anything else. */
+int pt_raw_closed_within(int fd, int ms);
+/* Complete a handshake (CONN_REQ, rnr_retry 7, no private data) from a raw socket and
+ * accept it onto p->eb; returns the socket, eb is CONNECTED. */
+int pt_raw_establish(struct pt_pair *p);
+
 /* Milliseconds on the monotonic clock. */
 double pt_now_ms(void);
 void pt_sleep_ms(int ms);
@@ -165,6 +184,10 @@ Suite *prov_emu_suite(void);
 Suite *prov_hostile_suite(void);
 Suite *prov_mem_suite(void);
 Suite *prov_select_suite(void);
+Suite *prov_grant_suite(void);
+Suite *prov_req_suite(void);
+Suite *prov_cq_suite(void);
+Suite *prov_limits_suite(void);
 
 /* A TCase with the per-test timeout applied. */
 TCase *pt_tcase(const char *name);

@@ -56,7 +56,12 @@ void pt_sleep_ms(int ms)
 
 void pt_host_open(struct pt_host *h)
 {
-    struct exs_prov_attr attr = {.device = NULL, .cq_size = 0};
+    pt_host_open_cq(h, 0);
+}
+
+void pt_host_open_cq(struct pt_host *h, uint32_t cq_size)
+{
+    struct exs_prov_attr attr = {.device = NULL, .cq_size = cq_size};
     int rc;
 
     memset(h, 0, sizeof(*h));

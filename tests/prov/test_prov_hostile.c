@@ -18,93 +18,6 @@
 #define RW  EXS_PROV_ACCESS_REMOTE_WRITE
 #define SIG EXS_PROV_SEND_SIGNALED
 
-static int raw_connect(const struct pt_pair *p)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(connect(fd, (const struct sockaddr *)&p->addr, p->addrlen), 0);
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
-}
-
-/* Write all of buf; returns 0, or -1 when the provider already closed the socket. */
-static int raw_send(int fd, const void *buf, size_t len)
-{
-    const char *q = buf;
-
-    while (len) {
-        ssize_t n = send(fd, q, len, MSG_NOSIGNAL);
-
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        q += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-/* Read exactly len bytes within ms; 0 ok, -1 closed / timed out. */
-static int raw_recv(int fd, void *buf, size_t len, int ms)
-{
-    char *q = buf;
-    double deadline = pt_now_ms() + ms;
-
-    while (len) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int left = (int)(deadline - pt_now_ms());
-        ssize_t n;
-
-        if (left <= 0 || poll(&pfd, 1, left) <= 0)
-            return -1;
-        n = recv(fd, q, len, 0);
-        if (n <= 0)
-            return -1;
-        q += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-/* 1 when the peer closed (EOF or reset) within ms, reading and discarding anything else. */
-static int raw_closed_within(int fd, int ms)
-{
-    double deadline = pt_now_ms() + ms;
-    char buf[512];
-
-    for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int left = (int)(deadline - pt_now_ms());
-        ssize_t n;
-
-        if (left <= 0 || poll(&pfd, 1, left) <= 0)
-            return 0;
-        n = recv(fd, buf, sizeof(buf), 0);
-        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
-            return 1;
-    }
-}
-
-static struct tcp_wire_hdr hdr(uint8_t type, uint8_t flags, uint32_t len, uint32_t psn,
-                               uint64_t raddr, uint32_t rkey, uint32_t imm)
-{
-    struct tcp_wire_hdr h;
-
-    memset(&h, 0, sizeof(h));
-    h.magic = htonl(TCP_WIRE_MAGIC);
-    h.version = TCP_WIRE_VERSION;
-    h.type = type;
-    h.flags = flags;
-    h.len = htonl(len);
-    h.psn = htonl(psn);
-    h.raddr = htobe64(raddr);
-    h.rkey = htonl(rkey);
-    h.imm = htonl(imm);
-    return h;
-}
-
 /* A normal connection through the same listener still works (fresh eb). */
 static void normal_connection_works(struct pt_pair *p)
 {
@@ -135,8 +48,8 @@ static void pre_handshake_case(const char *test, const void *bytes, size_t len, 
     if (pt_skip_unless_tcp(test))
         return;
     pt_pair_open(&p, NULL, NULL);
-    fd = raw_connect(&p);
-    (void)raw_send(fd, bytes, len);
+    fd = pt_raw_connect(&p);
+    (void)pt_raw_send(fd, bytes, len);
     pt_expect_no_cm(&p.b, 300);
     if (keep_open) {
         /* the half-open raw connection must not block a normal one */
@@ -144,7 +57,7 @@ static void pre_handshake_case(const char *test, const void *bytes, size_t len, 
         close(fd);
         pt_expect_no_cm(&p.b, 200);
     } else {
-        ck_assert_msg(raw_closed_within(fd, 5000), "%s: provider kept the bad connection open",
+        ck_assert_msg(pt_raw_closed_within(fd, 5000), "%s: provider kept the bad connection open",
                       test);
         close(fd);
         normal_connection_works(&p);
@@ -164,7 +77,7 @@ END_TEST
 
 START_TEST(hostile_bad_magic)
 {
-    struct tcp_wire_hdr h = hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN, 0, 0, 0, 0);
+    struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN, 0, 0, 0, 0);
     uint8_t buf[TCP_WIRE_HDR_LEN + TCP_WIRE_CONN_LEN] = {0};
 
     h.magic = htonl(0x12345678);
@@ -175,7 +88,7 @@ END_TEST
 
 START_TEST(hostile_truncated_handshake)
 {
-    struct tcp_wire_hdr h = hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN + 56, 0, 0, 0, 0);
+    struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN + 56, 0, 0, 0, 0);
     uint8_t buf[TCP_WIRE_HDR_LEN + 20] = {0};
 
     memcpy(buf, &h, sizeof(h));
@@ -185,7 +98,7 @@ END_TEST
 
 START_TEST(hostile_truncated_header)
 {
-    struct tcp_wire_hdr h = hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN, 0, 0, 0, 0);
+    struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN, 0, 0, 0, 0);
 
     pre_handshake_case("hostile_truncated_header", &h, 13, 1);
 }
@@ -195,7 +108,8 @@ START_TEST(hostile_oversized_private_data)
 {
     size_t n = TCP_WIRE_HDR_LEN + TCP_WIRE_CONN_LEN + 4096;
     uint8_t *buf = calloc(1, n);
-    struct tcp_wire_hdr h = hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN + 100000, 0, 0, 0, 0);
+    struct tcp_wire_hdr h =
+        pt_raw_hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN + 100000, 0, 0, 0, 0);
 
     ck_assert_ptr_nonnull(buf);
     memcpy(buf, &h, sizeof(h));
@@ -207,7 +121,7 @@ END_TEST
 
 START_TEST(hostile_data_before_handshake)
 {
-    struct tcp_wire_hdr h = hdr(TCP_WIRE_WRITE, 0, 0xFFFFFFF0u, 0, 0x1000, 0x100, 0);
+    struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_WRITE, 0, 0xFFFFFFF0u, 0, 0x1000, 0x100, 0);
 
     pre_handshake_case("hostile_data_before_handshake", &h, sizeof(h), 0);
 }
@@ -225,7 +139,7 @@ struct raw_conn {
  * posted and a registered target region). */
 static void raw_establish(struct pt_pair *p, struct raw_conn *rc)
 {
-    struct tcp_wire_hdr h = hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN + 4, 0, 0, 0, 0);
+    struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN + 4, 0, 0, 0, 0);
     struct tcp_wire_conn cb = {.rnr_retry = 7, .rnr_timer_ms = 0};
     uint8_t buf[TCP_WIRE_HDR_LEN + TCP_WIRE_CONN_LEN + 4];
     struct tcp_wire_hdr ah;
@@ -238,18 +152,18 @@ static void raw_establish(struct pt_pair *p, struct raw_conn *rc)
     memcpy(buf, &h, sizeof(h));
     memcpy(buf + TCP_WIRE_HDR_LEN, &cb, sizeof(cb));
     memcpy(buf + TCP_WIRE_HDR_LEN + TCP_WIRE_CONN_LEN, "RAW!", 4);
-    rc->fd = raw_connect(p);
-    ck_assert_int_eq(raw_send(rc->fd, buf, sizeof(buf)), 0);
+    rc->fd = pt_raw_connect(p);
+    ck_assert_int_eq(pt_raw_send(rc->fd, buf, sizeof(buf)), 0);
     pt_wait_cm(&p->b, EXS_PROV_CM_CONNECT_REQUEST, PT_TIMEOUT_MS, &ev);
     ck_assert_uint_eq(ev.private_data_len, 4);
     ck_assert(memcmp(ev.private_data, "RAW!", 4) == 0);
     ck_assert_int_eq(pt_ops->accept(ev.req, p->eb, NULL, 0), 0);
-    ck_assert_msg(raw_recv(rc->fd, &ah, sizeof(ah), PT_TIMEOUT_MS) == 0, "no CONN_ACCEPT frame");
+    ck_assert_msg(pt_raw_recv(rc->fd, &ah, sizeof(ah), PT_TIMEOUT_MS) == 0, "no CONN_ACCEPT frame");
     ck_assert_uint_eq(ntohl(ah.magic), TCP_WIRE_MAGIC);
     ck_assert_uint_eq(ah.type, TCP_WIRE_CONN_ACCEPT);
     ck_assert_uint_ge(ntohl(ah.len), TCP_WIRE_CONN_LEN);
     ck_assert_uint_le(ntohl(ah.len), sizeof(pd));
-    ck_assert_int_eq(raw_recv(rc->fd, pd, ntohl(ah.len), PT_TIMEOUT_MS), 0);
+    ck_assert_int_eq(pt_raw_recv(rc->fd, pd, ntohl(ah.len), PT_TIMEOUT_MS), 0);
     pt_wait_cm(&p->b, EXS_PROV_CM_ESTABLISHED, PT_TIMEOUT_MS, &ev);
     ck_assert_ptr_eq(ev.ep, p->eb);
     p->b_up = 1;
@@ -272,7 +186,7 @@ static void expect_dropped(struct pt_pair *p, struct raw_conn *rc, int want)
     ck_assert_msg(pt_all_bytes(rc->tgt->p, rc->tgt->len, 0x5A), "target region modified");
     ck_assert_msg(pt_buf_guards_ok(rc->tgt), "bytes around the target region modified");
     ck_assert(pt_all_bytes(rc->rbuf->p, 64, 0x22));
-    ck_assert_msg(raw_closed_within(rc->fd, 5000), "provider kept the connection open");
+    ck_assert_msg(pt_raw_closed_within(rc->fd, 5000), "provider kept the connection open");
     close(rc->fd);
 }
 
@@ -289,10 +203,10 @@ START_TEST(hostile_raw_valid_write)
         return;
     pt_pair_open(&p, NULL, NULL);
     raw_establish(&p, &rc);
-    h = hdr(TCP_WIRE_WRITE, 0, 16, 0, pt_raddr(rc.tgt, 100), rc.tgt->mr->rkey, 0);
+    h = pt_raw_hdr(TCP_WIRE_WRITE, 0, 16, 0, pt_raddr(rc.tgt, 100), rc.tgt->mr->rkey, 0);
     memcpy(buf, &h, sizeof(h));
     memset(buf + TCP_WIRE_HDR_LEN, 0x99, 16);
-    ck_assert_int_eq(raw_send(rc.fd, buf, sizeof(buf)), 0);
+    ck_assert_int_eq(pt_raw_send(rc.fd, buf, sizeof(buf)), 0);
     deadline = pt_now_ms() + PT_TIMEOUT_MS;
     while (!pt_all_bytes(rc.tgt->p + 100, 16, 0x99) && pt_now_ms() < deadline)
         pt_sleep_ms(2);
@@ -301,8 +215,8 @@ START_TEST(hostile_raw_valid_write)
               pt_all_bytes(rc.tgt->p + 116, 4096 - 116, 0x5A));
     ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_CONNECTED);
     /* an orderly DISCONNECT frame ends it with status 0 */
-    h = hdr(TCP_WIRE_DISCONNECT, 0, 0, 0, 0, 0, 0);
-    ck_assert_int_eq(raw_send(rc.fd, &h, sizeof(h)), 0);
+    h = pt_raw_hdr(TCP_WIRE_DISCONNECT, 0, 0, 0, 0, 0, 0);
+    ck_assert_int_eq(pt_raw_send(rc.fd, &h, sizeof(h)), 0);
     {
         struct exs_prov_cm_event ev;
 
@@ -331,35 +245,35 @@ static void hostile_frame_case(const char *test, int kind)
     raw_establish(&p, &rc);
     switch (kind) {
     case 0: /* WRITE running past the region's end */
-        h = hdr(TCP_WIRE_WRITE, 0, 64, 0, pt_raddr(rc.tgt, 4096 - 16), rc.tgt->mr->rkey, 0);
+        h = pt_raw_hdr(TCP_WIRE_WRITE, 0, 64, 0, pt_raddr(rc.tgt, 4096 - 16), rc.tgt->mr->rkey, 0);
         want = 1; /* an access error, not necessarily a protocol error */
         break;
     case 1: /* WRITE starting before the region */
-        h = hdr(TCP_WIRE_WRITE, 0, 64, 0, pt_raddr(rc.tgt, 0) - 32, rc.tgt->mr->rkey, 0);
+        h = pt_raw_hdr(TCP_WIRE_WRITE, 0, 64, 0, pt_raddr(rc.tgt, 0) - 32, rc.tgt->mr->rkey, 0);
         want = 1;
         break;
     case 2: /* WRITE whose address wraps */
-        h = hdr(TCP_WIRE_WRITE, 0, 64, 0, UINT64_MAX - 8, rc.tgt->mr->rkey, 0);
+        h = pt_raw_hdr(TCP_WIRE_WRITE, 0, 64, 0, UINT64_MAX - 8, rc.tgt->mr->rkey, 0);
         want = 1;
         break;
     case 3: /* WRITE with a huge length */
-        h = hdr(TCP_WIRE_WRITE, 0, 0xFFFFFFF0u, 0, pt_raddr(rc.tgt, 0), rc.tgt->mr->rkey, 0);
+        h = pt_raw_hdr(TCP_WIRE_WRITE, 0, 0xFFFFFFF0u, 0, pt_raddr(rc.tgt, 0), rc.tgt->mr->rkey, 0);
         plen = 8192;
         break;
     case 4: /* bad opcode */
-        h = hdr(0x7F, 0, 0, 0, 0, 0, 0);
+        h = pt_raw_hdr(0x7F, 0, 0, 0, 0, 0, 0);
         break;
     case 5: /* request out of sequence */
-        h = hdr(TCP_WIRE_WRITE, 0, 64, 5, pt_raddr(rc.tgt, 0), rc.tgt->mr->rkey, 0);
+        h = pt_raw_hdr(TCP_WIRE_WRITE, 0, 64, 5, pt_raddr(rc.tgt, 0), rc.tgt->mr->rkey, 0);
         break;
     case 6: /* READ_RESP nobody asked for, aimed at the region */
-        h = hdr(TCP_WIRE_READ_RESP, 0, 64, 0, pt_raddr(rc.tgt, 0), rc.tgt->mr->rkey, 0);
+        h = pt_raw_hdr(TCP_WIRE_READ_RESP, 0, 64, 0, pt_raddr(rc.tgt, 0), rc.tgt->mr->rkey, 0);
         break;
     case 7: /* unknown flag bits */
-        h = hdr(TCP_WIRE_WRITE, 0x80, 64, 0, pt_raddr(rc.tgt, 0), rc.tgt->mr->rkey, 0);
+        h = pt_raw_hdr(TCP_WIRE_WRITE, 0x80, 64, 0, pt_raddr(rc.tgt, 0), rc.tgt->mr->rkey, 0);
         break;
     default: /* SEND longer than max_msg_size */
-        h = hdr(TCP_WIRE_SEND, 0, 0xFFFFFFFFu, 0, 0, 0, 0);
+        h = pt_raw_hdr(TCP_WIRE_SEND, 0, 0xFFFFFFFFu, 0, 0, 0, 0);
         plen = 8192;
         break;
     }
@@ -367,7 +281,7 @@ static void hostile_frame_case(const char *test, int kind)
     ck_assert_ptr_nonnull(buf);
     memcpy(buf, &h, sizeof(h));
     memset(buf + TCP_WIRE_HDR_LEN, 0xCC, plen);
-    (void)raw_send(rc.fd, buf, TCP_WIRE_HDR_LEN + plen);
+    (void)pt_raw_send(rc.fd, buf, TCP_WIRE_HDR_LEN + plen);
     free(buf);
     expect_dropped(&p, &rc, want);
     normal_connection_works(&p);
@@ -442,10 +356,10 @@ START_TEST(hostile_peer_vanishes_mid_frame)
         return;
     pt_pair_open(&p, NULL, NULL);
     raw_establish(&p, &rc);
-    h = hdr(TCP_WIRE_WRITE, 0, 1024, 0, pt_raddr(rc.tgt, 1024), rc.tgt->mr->rkey, 0);
+    h = pt_raw_hdr(TCP_WIRE_WRITE, 0, 1024, 0, pt_raddr(rc.tgt, 1024), rc.tgt->mr->rkey, 0);
     memcpy(buf, &h, sizeof(h));
     memset(buf + TCP_WIRE_HDR_LEN, 0xCC, 512);
-    ck_assert_int_eq(raw_send(rc.fd, buf, sizeof(buf)), 0);
+    ck_assert_int_eq(pt_raw_send(rc.fd, buf, sizeof(buf)), 0);
     close(rc.fd);
     pt_wait_cm(&p.b, EXS_PROV_CM_DISCONNECTED, PT_TIMEOUT_MS, &ev);
     ck_assert_ptr_eq(ev.ep, p.eb);

@@ -23,8 +23,15 @@
  *   ep->lock     the ep's state, its pending send list, receive queue and counts.
  *   ctx->lock    the completion queue, cm event queue, command list, the list of
  *                eps with new work. Taken after ep->lock, never before it.
- *   ctx->mr_lock the memory region hash. Innermost.
+ *   ctx->mr_lock the key hash (mrs and grants), the key pool, the grants of every
+ *                ep, and the copy fence. Innermost.
  * No lock is held across a blocking call or while payload is copied.
+ *
+ * Copy fence (spec/provider-tcp.md, "Fencing"): the NIC copies peer bytes into a
+ * remote key's memory (WRITE payload) or out of it (READ response) only between
+ * exs__tcp_copy_begin, which finds every key involved live, and exs__tcp_copy_end.
+ * revoke and mr_dereg kill the key under mr_lock, then wait only for the copy
+ * running at that instant (one non-blocking readv/sendmsg), never for the peer.
  */
 
 #define TCP_MR_HASH       256
@@ -35,6 +42,10 @@
 #define TCP_LINGER_NS     2000000000ull
 #define TCP_TX_IOV        64
 #define TCP_RESP_COPY_MAX 65536      /* READ responses copied when they cannot leave at once */
+#define TCP_BACKOFF_MIN_MS 100       /* accept out of descriptors: first pause */
+#define TCP_BACKOFF_MAX_MS 1000      /* pauses double up to this */
+#define TCP_HANDSHAKE_MS   10000     /* default of EXS_TCP_HANDSHAKE_MS */
+#define TCP_HANDSHAKE_MAX  1024      /* default of EXS_TCP_HANDSHAKE_MAX */
 
 struct tcp_ctx;
 struct tcp_conn;
@@ -61,14 +72,38 @@ struct tcp_counters {
     uint64_t cq_overflows;
     uint64_t wakeups;
     uint64_t emu_holds;
+    uint64_t accept_calls;
+    uint64_t accept_backoffs;
+    uint64_t handshake_timeouts;
+    uint64_t handshake_evictions;
+};
+
+/* A key the peer may present in a WRITE or READ_REQ: an mr's rkey (valid on every
+ * ep of the ctx, as a PD-wide verbs MR) or a grant (valid on its one ep). Every
+ * field is under ctx->mr_lock. */
+struct tcp_key {
+    struct exs_list  link;   /* ctx->mr_hash bucket, while live */
+    uint32_t         key;
+    uint64_t         addr;   /* first byte the key reaches */
+    uint64_t         length; /* bytes */
+    unsigned         access; /* EXS_PROV_ACCESS_* (grant: exactly one remote right) */
+    struct tcp_ep   *ep;     /* grant: the one ep; NULL for an mr */
+    int              live;   /* in the hash; cleared by revoke / mr_dereg */
+    int              orphan; /* dead and its owner returned: the last put frees it */
+    unsigned         users;  /* NIC references: a WRITE being placed, queued READ_RESPs */
 };
 
 struct tcp_mr {
     struct exs_prov_mr base;
-    struct exs_list    link;     /* ctx->mr_hash bucket, under mr_lock */
-    int                live;     /* in the hash (under mr_lock) */
-    unsigned           users;    /* NIC: WRITE placements / READ_RESPs in flight */
-    struct tcp_cmd    *dereg;    /* NIC: parked mr_dereg waiting for users == 0 */
+    struct tcp_key     key;
+    unsigned           grants; /* live grants inside this mr (mr_lock) */
+};
+
+struct tcp_grant {
+    struct exs_prov_grant base;
+    struct tcp_key        key;
+    struct tcp_mr        *mr;
+    struct exs_list       ep_link; /* ep->grants (mr_lock) */
 };
 
 /* A frame on a connection's transmit queue. */
@@ -89,7 +124,7 @@ struct tcp_txf {
     uint64_t                   off;   /* bytes already written */
     uint64_t                   ready_ns; /* emulation: not before this time */
     int                        emu_ok;   /* emulation: cleared to start */
-    struct tcp_mr             *mr;    /* READ_RESP: the region read (users held) */
+    struct tcp_key            *key;   /* READ_RESP: the key read (users held) */
     uint8_t                    buf[]; /* CTRL payload */
 };
 
@@ -139,8 +174,10 @@ struct tcp_ep {
     struct exs_list    rq;           /* posted receives (lock) */
     uint32_t           sq_used;      /* slots incl. unsignaled not yet retired (lock) */
     uint32_t           sq_unretired; /* completed unsignaled WRs holding a slot (lock) */
-    uint32_t           rq_count;     /* (lock) */
-    int                overflow;     /* a completion was lost: NIC moves the ep to ERROR (lock) */
+    uint32_t           rq_count;     /* posted receives incl. one being filled (lock) */
+    /* completions of this ep in the ctx ring, not yet polled (ctx->lock; read atomically
+     * under lock): sq_used + cq_sq <= max_send_wr, rq_count + cq_rq <= max_recv_wr */
+    uint32_t           cq_sq, cq_rq;
     int                on_work;      /* on ctx->work_eps (ctx->lock) */
     struct exs_list    work_link;
     /* NIC thread only */
@@ -152,6 +189,7 @@ struct tcp_ep {
     int                disc_sent;    /* DISCONNECTED queued */
     int                destroyed;
     struct exs_list    link;         /* ctx->eps (ctx->lock) */
+    struct exs_list    grants;       /* live tcp_grant of this ep (ctx->mr_lock) */
 };
 
 struct tcp_listener {
@@ -162,6 +200,11 @@ struct tcp_listener {
     socklen_t                addrlen;
     struct exs_list          reqs;   /* NIC: pending tcp_req */
     struct exs_list          link;   /* ctx->listeners (NIC) */
+    struct exs_list          handshakes;   /* NIC: WAIT_REQ conns, oldest first */
+    unsigned                 n_handshakes;
+    /* NIC: descriptor exhaustion back-off */
+    uint64_t                 resume_at;  /* not watched until then; 0 = watched */
+    uint32_t                 backoff_ms; /* last pause, 0 after a successful accept */
 };
 
 struct tcp_req {
@@ -215,7 +258,7 @@ struct tcp_conn {
     struct exs_prov_sge  rx_one;
     uint64_t             rx_len;     /* payload length of the current frame */
     uint64_t             rx_off;
-    struct tcp_mr       *rx_mr;      /* WRITE placement target (users held) */
+    struct tcp_key      *rx_key;     /* WRITE placement target (users held) */
     struct tcp_rwr      *rx_rwr;     /* receive being filled */
     struct tcp_wr       *rx_wr;      /* READ being filled */
     uint32_t             rcv_nxt;    /* next expected request psn */
@@ -239,6 +282,8 @@ struct tcp_conn {
     uint64_t             rnr_at, tx_at, linger_at;
     int                  on_timer;
     struct exs_list      timer_link;
+    struct exs_list      hs_link;    /* lis->handshakes while WAIT_REQ */
+    int                  on_hs;
     struct exs_list      link;       /* ctx->conns or ctx->dead */
 };
 
@@ -251,7 +296,6 @@ enum tcp_cmd_type {
     TCP_CMD_EP_DESTROY,
     TCP_CMD_LISTEN,
     TCP_CMD_LISTENER_DESTROY,
-    TCP_CMD_MR_DEREG,
 };
 
 struct tcp_cmd {
@@ -260,7 +304,6 @@ struct tcp_cmd {
     struct tcp_ep         *ep;
     struct tcp_req        *req;
     struct tcp_listener   *lis;
-    struct tcp_mr         *mr;
     const struct sockaddr *addr;
     socklen_t              addrlen;
     const void            *pd;
@@ -279,7 +322,16 @@ struct tcp_ctx {
     pthread_mutex_t         lock;
     pthread_cond_t          cond;       /* commands done */
     pthread_mutex_t         mr_lock;
-    struct exs_list         mr_hash[TCP_MR_HASH];
+    pthread_cond_t          copy_cond;  /* a copy ended while someone waits (mr_lock) */
+    struct exs_list         mr_hash[TCP_MR_HASH]; /* live tcp_key by key (mr_lock) */
+    /* copy fence (mr_lock) */
+    int                     copying;    /* the NIC is copying to / from key memory */
+    uint64_t                copy_gen;   /* copies begun */
+    unsigned                copy_waiters;
+    /* key generator (mr_lock) */
+    uint32_t                key_pool[64];
+    unsigned                key_pool_n;
+    uint64_t                key_prng;   /* fallback when getrandom fails */
     int                     epfd;
     int                     wakefd;     /* NIC wake eventfd */
     int                     timerfd;
@@ -291,6 +343,7 @@ struct tcp_ctx {
     /* completion queue ring (lock) */
     struct exs_prov_cqe    *cq;
     uint32_t                cq_cap, cq_head, cq_count;
+    uint64_t                cq_reserved; /* sum of max_send_wr + max_recv_wr of live eps */
     struct exs_list         cm_events;  /* tcp_cm_node (lock) */
     struct exs_list         cmds;       /* tcp_cmd (lock) */
     struct exs_list         work_eps;   /* eps with new sends or lost completions (lock) */
@@ -301,13 +354,14 @@ struct tcp_ctx {
     struct exs_list         dirty;      /* conns with frames to write */
     struct exs_list         timers;     /* conns with a deadline */
     struct exs_list         listeners;
-    struct exs_list         parked;     /* commands finishing later (mr_dereg) */
     uint64_t                timer_armed_ns;
     /* settings */
     uint64_t                emu_delay_ns;
     uint64_t                emu_rate_mbps;
     uint32_t                rnr_timer_ms;
     uint8_t                 rnr_retry_max;  /* EXS_TCP_RNR_RETRY caps every ep's rnr_retry */
+    uint64_t                handshake_ns;   /* an accepted socket must send CONN_REQ by then */
+    unsigned                handshake_max;  /* sockets waiting for CONN_REQ per listener */
     struct tcp_counters     cnt;
     struct exs_counter_set  cset;
 };
@@ -326,12 +380,14 @@ extern struct exs_prov_ops exs__prov_tcp_ops;
 
 /* tcp_ctx.c */
 int  exs__tcp_epoll_add_listener(struct tcp_listener *lis);
+void exs__tcp_listener_watch(struct tcp_listener *lis, int on);
 int  exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
 void exs__tcp_cmd_finish(struct tcp_ctx *ctx, struct tcp_cmd *cmd, int ret);
 void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_prov_cqe *cqe);
 void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
                              const struct exs_prov_cqe *cqe);
 void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev);
+int  exs__tcp_cq_reserve_locked(struct tcp_ctx *ctx, uint64_t n);
 void exs__tcp_ep_work(struct tcp_ctx *ctx, struct tcp_ep *ep);
 void exs__tcp_wake(struct tcp_ctx *ctx);
 void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events);
@@ -341,12 +397,22 @@ void exs__tcp_conn_timer(struct tcp_conn *conn);
 int  exs__tcp_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
                      struct exs_prov_mr **mr_p);
 int  exs__tcp_mr_dereg(struct exs_prov_mr *mr);
-void exs__tcp_mr_dereg_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
-void exs__tcp_mr_put(struct tcp_ctx *ctx, struct tcp_mr *mr);
+int  exs__tcp_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
+                    unsigned access, struct exs_prov_grant **grant_p);
+void exs__tcp_revoke(struct exs_prov_grant *grant);
+void exs__tcp_ep_revoke_all(struct tcp_ep *ep);
 int  exs__tcp_mr_check_local(struct tcp_ctx *ctx, const struct exs_prov_sge *sge, int n,
                              unsigned access);
-int  exs__tcp_mr_get_remote(struct tcp_ctx *ctx, uint32_t rkey, uint64_t addr, uint64_t len,
-                            unsigned access, struct tcp_mr **mr_p);
+/* NIC: the key for a remote access of ep, with a user reference, or -EACCES. */
+int  exs__tcp_key_get_remote(struct tcp_ctx *ctx, struct tcp_ep *ep, uint32_t rkey,
+                             uint64_t addr, uint64_t len, unsigned access,
+                             struct tcp_key **key_p);
+void exs__tcp_key_put(struct tcp_ctx *ctx, struct tcp_key *key);
+void exs__tcp_key_put_locked(struct tcp_ctx *ctx, struct tcp_key *key);
+/* NIC: 0 and the fence raised when key is live (-EACCES when revoked); then copy
+ * and lower it with exs__tcp_copy_end. */
+int  exs__tcp_copy_begin(struct tcp_ctx *ctx, struct tcp_key *key);
+void exs__tcp_copy_end(struct tcp_ctx *ctx);
 
 /* tcp_cm.c */
 int  exs__tcp_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
@@ -378,6 +444,7 @@ void exs__tcp_ep_fail(struct tcp_ep *ep, int status, int notify);
 void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, int notify,
                           const struct exs_prov_cqe *first);
 void exs__tcp_conn_close(struct tcp_conn *conn);
+void exs__tcp_conn_hs_leave(struct tcp_conn *conn);
 
 /* tcp_data.c */
 int  exs__tcp_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);

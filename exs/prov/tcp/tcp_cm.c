@@ -18,8 +18,6 @@
 
 static void tcp_ep_note_local_locked(struct tcp_ep *ep, int fd);
 
-#define TCP_HANDSHAKE_NS (10 * 1000000000ull) /* an incoming socket must send CONN_REQ by then */
-
 /* ---- connections (NIC) ---- */
 
 static struct tcp_conn *tcp_conn_new(struct tcp_ctx *ctx, int fd, enum tcp_conn_state state)
@@ -36,6 +34,7 @@ static struct tcp_conn *tcp_conn_new(struct tcp_ctx *ctx, int fd, enum tcp_conn_
     exs_list_init(&conn->txq);
     exs_list_init(&conn->dirty_link);
     exs_list_init(&conn->timer_link);
+    exs_list_init(&conn->hs_link);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     ev.data.ptr = conn;
     if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
@@ -57,11 +56,22 @@ static void tcp_conn_txq_clear(struct tcp_conn *conn)
     conn->ack_txf = NULL;
 }
 
+/* NIC: the conn no longer waits for its CONN_REQ (it came, or the conn ends). */
+void exs__tcp_conn_hs_leave(struct tcp_conn *conn)
+{
+    if (!conn->on_hs)
+        return;
+    exs_list_del(&conn->hs_link);
+    conn->lis->n_handshakes--;
+    conn->on_hs = 0;
+}
+
 /* Close the socket now; the memory goes at the end of the loop turn. */
 void exs__tcp_conn_close(struct tcp_conn *conn)
 {
     if (conn->state == TCP_CONN_DEAD)
         return;
+    exs__tcp_conn_hs_leave(conn);
     exs__tcp_rx_release(conn);
     tcp_conn_txq_clear(conn);
     if (conn->tx_dirty) {
@@ -83,7 +93,9 @@ void exs__tcp_conn_close(struct tcp_conn *conn)
     exs_list_add_tail(&conn->ctx->dead, &conn->link);
 }
 
-/* PENDING: the socket died; the request stays until accept / reject. */
+/* PENDING: the socket died. The request belongs to the consumer (its CONNECT_REQUEST
+ * event is queued or delivered): it stays, marked, until reject frees it (accept of it
+ * fails -ECONNRESET). */
 static void tcp_conn_break(struct tcp_conn *conn)
 {
     if (conn->fd >= 0) {
@@ -172,7 +184,6 @@ void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, int notify,
         }
         free(rwr);
     }
-    ep->overflow = 0;
     ep->sq_used = 0;
     ep->sq_unretired = 0;
     ep->rq_count = 0;
@@ -350,6 +361,7 @@ int exs__tcp_conn_hs_frame(struct tcp_conn *conn)
         req->base.listener = &conn->lis->base;
         req->conn = conn;
         conn->req = req;
+        exs__tcp_conn_hs_leave(conn);
         exs_list_add_tail(&conn->lis->reqs, &req->link);
         conn->state = TCP_CONN_PENDING;
         conn->linger_at = 0;
@@ -393,6 +405,23 @@ int exs__tcp_conn_hs_frame(struct tcp_conn *conn)
     }
 }
 
+/* NIC: out of descriptors (or memory): the pending connection stays in the kernel's
+ * backlog and the socket stays readable, so retrying at once would spin. Stop watching
+ * the listener for a pause (100 ms, doubling to 1 s while it lasts; one log line per
+ * pause), then try again (tcp_nic_timers). */
+static void tcp_listener_backoff(struct tcp_listener *lis, int err)
+{
+    struct tcp_ctx *ctx = lis->ctx;
+
+    lis->backoff_ms =
+        lis->backoff_ms ? EXS_MIN(lis->backoff_ms * 2, TCP_BACKOFF_MAX_MS) : TCP_BACKOFF_MIN_MS;
+    lis->resume_at = exs__now_ns() + (uint64_t)lis->backoff_ms * 1000000u;
+    EXS_CNT_INC(ctx->cnt.accept_backoffs);
+    EXS_WARN(PROV, "listener %p: accept: %s; not accepting for %u ms", (void *)lis, strerror(err),
+             lis->backoff_ms);
+    exs__tcp_listener_watch(lis, 0);
+}
+
 /* NIC: accept incoming sockets. */
 void exs__tcp_listener_ready(struct tcp_listener *lis)
 {
@@ -400,13 +429,33 @@ void exs__tcp_listener_ready(struct tcp_listener *lis)
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
         struct tcp_conn *conn;
-        int fd = accept4(lis->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd;
 
+        EXS_CNT_INC(lis->ctx->cnt.accept_calls);
+        fd = accept4(lis->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
-                errno != ECONNABORTED)
-                EXS_ERR(PROV, "listener %p: accept: %m", (void *)lis);
+            int err = errno;
+
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+                tcp_listener_backoff(lis, err);
+                return;
+            }
+            if (err == EINTR || err == ECONNABORTED)
+                continue;
+            if (err != EAGAIN && err != EWOULDBLOCK)
+                EXS_ERR(PROV, "listener %p: accept: %s", (void *)lis, strerror(err));
             return;
+        }
+        lis->backoff_ms = 0;
+        if (lis->n_handshakes >= lis->ctx->handshake_max) {
+            /* bounded: the oldest silent socket makes room for the new one */
+            struct tcp_conn *old = exs_list_entry(lis->handshakes.next, struct tcp_conn, hs_link);
+
+            EXS_CNT_INC(lis->ctx->cnt.handshake_evictions);
+            EXS_CNT_INC(lis->ctx->cnt.bogus_conns);
+            EXS_DBG(PROV, "listener %p: %u handshakes pending: dropping conn %p", (void *)lis,
+                    lis->n_handshakes, (void *)old);
+            exs__tcp_conn_close(old);
         }
         conn = tcp_conn_new(lis->ctx, fd, TCP_CONN_WAIT_REQ);
         if (!conn) {
@@ -416,7 +465,10 @@ void exs__tcp_listener_ready(struct tcp_listener *lis)
         conn->lis = lis;
         conn->peer = ss;
         conn->peerlen = sl;
-        conn->linger_at = exs__now_ns() + TCP_HANDSHAKE_NS;
+        exs_list_add_tail(&lis->handshakes, &conn->hs_link);
+        conn->on_hs = 1;
+        lis->n_handshakes++;
+        conn->linger_at = exs__now_ns() + lis->ctx->handshake_ns;
         exs__tcp_conn_timer(conn);
     }
 }
@@ -429,6 +481,7 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     struct tcp_ctx *ctx = tcp_ctx_of(c);
     const struct exs_prov_caps *caps = &c->caps;
     struct tcp_ep *ep;
+    int ret;
 
     if (!attr || !attr->max_send_wr || attr->max_send_wr > caps->max_send_wr ||
         !attr->max_recv_wr || attr->max_recv_wr > caps->max_recv_wr ||
@@ -437,6 +490,15 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     ep = calloc(1, sizeof(*ep));
     if (!ep)
         return -ENOMEM;
+    pthread_mutex_lock(&ctx->lock);
+    ret = exs__tcp_cq_reserve_locked(ctx, (uint64_t)attr->max_send_wr + attr->max_recv_wr);
+    pthread_mutex_unlock(&ctx->lock);
+    if (ret) {
+        EXS_ERR(PROV, "ep_create: completion queue: no room for %u + %u completions (%s)",
+                attr->max_send_wr, attr->max_recv_wr, strerror(-ret));
+        free(ep);
+        return ret;
+    }
     ep->base.ctx = c;
     ep->base.user = attr->user;
     ep->base.attr = *attr;
@@ -448,6 +510,7 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->sq);
     exs_list_init(&ep->sq_wait);
     exs_list_init(&ep->work_link);
+    exs_list_init(&ep->grants);
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->eps, &ep->link);
     pthread_mutex_unlock(&ctx->lock);
@@ -512,6 +575,7 @@ static void tcp_ep_destroy_nic(struct tcp_ctx *ctx, struct tcp_ep *ep)
             ctx->cq[(ctx->cq_head + keep++) % ctx->cq_cap] = *q;
     }
     ctx->cq_count = keep;
+    ctx->cq_reserved -= (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr;
     exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
         struct tcp_cm_node *n = exs_list_entry(pos, struct tcp_cm_node, link);
 
@@ -533,6 +597,7 @@ void exs__tcp_ep_destroy(struct exs_prov_ep *e)
         return;
     ep = tcp_ep_of(e);
     cmd.ep = ep;
+    exs__tcp_ep_revoke_all(ep);
     if (exs__tcp_ctx_call(ep->ctx, &cmd) == -ESHUTDOWN)
         return;
     pthread_mutex_destroy(&ep->lock);
@@ -573,6 +638,7 @@ int exs__tcp_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
     lis->addrlen = sizeof(lis->addr);
     getsockname(fd, (struct sockaddr *)&lis->addr, &lis->addrlen);
     exs_list_init(&lis->reqs);
+    exs_list_init(&lis->handshakes);
     cmd.lis = lis;
     ret = exs__tcp_ctx_call(ctx, &cmd);
     if (ret) {
@@ -765,8 +831,9 @@ static int tcp_accept_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     if (ep->state != EXS_PROV_EP_IDLE || ep->conn)
         return -EISCONN;
     if (conn->broken) {
-        tcp_req_reject(req, NULL, 0);
-        return -ECONNABORTED;
+        /* the request stays the consumer's: its reject frees it */
+        EXS_DBG(PROV, "req %p: accept: the peer is gone", (void *)req);
+        return -ECONNRESET;
     }
     f = tcp_hs_frame(conn, TCP_WIRE_CONN_ACCEPT, ep, cmd->pd, cmd->pdlen);
     if (!f)
@@ -854,9 +921,6 @@ void exs__tcp_cmd_run(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     case TCP_CMD_LISTENER_DESTROY:
         tcp_listener_destroy_nic(ctx, cmd->lis);
         break;
-    case TCP_CMD_MR_DEREG:
-        exs__tcp_mr_dereg_nic(ctx, cmd);
-        return; /* finishes itself */
     }
     exs__tcp_cmd_finish(ctx, cmd, ret);
 }

@@ -18,7 +18,9 @@
 /* epoll data: a pointer with the object kind in the low bits. */
 enum { TCP_TAG_CONN = 0, TCP_TAG_LIS = 1, TCP_TAG_WAKE = 2, TCP_TAG_TIMER = 3, TCP_TAG_MASK = 3 };
 
-#define TCP_CQ_MAX (1u << 24)
+/* caps.max_cqe: the ring grows to this many entries (40 B each): 10,000 eps of the
+ * protocol's default depth (104 send + 64 receive) need 1.7 M. */
+#define TCP_CQ_MAX (1u << 22)
 
 static const struct exs_counter_desc tcp_counter_desc[] = {
     EXS_COUNTER(struct tcp_counters, frames_tx, "frames written"),
@@ -41,6 +43,13 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
     EXS_COUNTER(struct tcp_counters, cq_overflows, "completions lost to a full queue"),
     EXS_COUNTER(struct tcp_counters, wakeups, "NIC thread wake-ups by posts and commands"),
     EXS_COUNTER(struct tcp_counters, emu_holds, "frames held by the link emulation"),
+    EXS_COUNTER(struct tcp_counters, accept_calls, "accept calls on listeners"),
+    EXS_COUNTER(struct tcp_counters, accept_backoffs,
+                "listener pauses: out of descriptors or memory"),
+    EXS_COUNTER(struct tcp_counters, handshake_timeouts,
+                "incoming sockets silent until the handshake timeout"),
+    EXS_COUNTER(struct tcp_counters, handshake_evictions,
+                "incoming sockets dropped: too many handshakes"),
 };
 
 void exs__tcp_wake(struct tcp_ctx *ctx)
@@ -67,26 +76,56 @@ static void tcp_ctx_notify_locked(struct tcp_ctx *ctx)
         EXS_ERR(PROV, "ctx %p: event fd write: %m", (void *)ctx);
 }
 
+static int tcp_cqe_is_recv(const struct exs_prov_cqe *cqe)
+{
+    return cqe->opcode == EXS_PROV_WC_RECV || cqe->opcode == EXS_PROV_WC_RECV_RDMA_WITH_IMM;
+}
+
+/* Room for n more completions (ep_create): the ring grows up to caps.max_cqe, so it
+ * always holds every completion the live eps can produce. -ENOBUFS beyond. */
+int exs__tcp_cq_reserve_locked(struct tcp_ctx *ctx, uint64_t n)
+{
+    uint64_t want = ctx->cq_reserved + n;
+    struct exs_prov_cqe *q;
+    uint32_t cap;
+
+    if (want > ctx->base.caps.max_cqe)
+        return -ENOBUFS;
+    if (want > ctx->cq_cap) {
+        cap = (uint32_t)EXS_MIN(EXS_MAX(want, (uint64_t)ctx->cq_cap * 2),
+                                (uint64_t)ctx->base.caps.max_cqe);
+        q = malloc((size_t)cap * sizeof(*q));
+        if (!q)
+            return -ENOMEM;
+        for (uint32_t i = 0; i < ctx->cq_count; i++)
+            q[i] = ctx->cq[(ctx->cq_head + i) % ctx->cq_cap];
+        free(ctx->cq);
+        ctx->cq = q;
+        ctx->cq_head = 0;
+        ctx->cq_cap = cap;
+        EXS_DBG(PROV, "ctx %p: completion queue grown to %u entries", (void *)ctx, cap);
+    }
+    ctx->cq_reserved = want;
+    return 0;
+}
+
 void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
                              const struct exs_prov_cqe *cqe)
 {
-    if (ctx->cq_count == ctx->cq_cap) {
-        /* A lost completion: the ep can no longer be trusted; the NIC moves it
-         * to ERROR (its flushed completions are lost as well while full). */
+    if (EXS_UNLIKELY(ctx->cq_count == ctx->cq_cap)) {
+        /* Cannot happen: every ep reserved room for all it can produce (ep_create)
+         * and post_send / post_recv refuse work beyond it. */
         EXS_CNT_INC(ctx->cnt.cq_overflows);
-        EXS_LOG(ep && ep->overflow ? EXS_LOG_DBG : EXS_LOG_ERR, PROV, "ep %p: completion queue full (%u), wr_id %llu lost; ep to error",
-                (void *)ep, ctx->cq_cap, (unsigned long long)cqe->wr_id);
-        if (ep && !ep->destroyed) {
-            __atomic_store_n(&ep->overflow, 1, __ATOMIC_RELAXED);
-            if (!ep->on_work) {
-                ep->on_work = 1;
-                exs_list_add_tail(&ctx->work_eps, &ep->work_link);
-            }
-        }
-        return;
+        EXS_ERR(PROV, "ep %p: completion queue full (%u), wr_id %llu", (void *)ep, ctx->cq_cap,
+                (unsigned long long)cqe->wr_id);
+        EXS_ASSERT(ctx->cq_count < ctx->cq_cap);
     }
     ctx->cq[(ctx->cq_head + ctx->cq_count) % ctx->cq_cap] = *cqe;
     ctx->cq_count++;
+    if (tcp_cqe_is_recv(cqe))
+        __atomic_store_n(&ep->cq_rq, ep->cq_rq + 1, __ATOMIC_RELAXED);
+    else
+        __atomic_store_n(&ep->cq_sq, ep->cq_sq + 1, __ATOMIC_RELAXED);
     tcp_ctx_notify_locked(ctx);
 }
 
@@ -95,8 +134,6 @@ void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_p
     pthread_mutex_lock(&ctx->lock);
     exs__tcp_cq_push_locked(ctx, ep, cqe);
     pthread_mutex_unlock(&ctx->lock);
-    if (EXS_UNLIKELY(__atomic_load_n(&ep->overflow, __ATOMIC_RELAXED)))
-        exs__tcp_wake(ctx);
 }
 
 void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev)
@@ -165,6 +202,12 @@ static int tcp_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         return max < 0 ? -EINVAL : 0;
     pthread_mutex_lock(&ctx->lock);
     while (n < max && ctx->cq_count) {
+        struct tcp_ep *ep = tcp_ep_of(ctx->cq[ctx->cq_head].ep);
+
+        if (tcp_cqe_is_recv(&ctx->cq[ctx->cq_head]))
+            __atomic_store_n(&ep->cq_rq, ep->cq_rq - 1, __ATOMIC_RELAXED);
+        else
+            __atomic_store_n(&ep->cq_sq, ep->cq_sq - 1, __ATOMIC_RELAXED);
         cqe[n++] = ctx->cq[ctx->cq_head];
         ctx->cq_head = (ctx->cq_head + 1) % ctx->cq_cap;
         ctx->cq_count--;
@@ -246,16 +289,36 @@ void exs__tcp_conn_timer(struct tcp_conn *conn)
 static void tcp_nic_timers(struct tcp_ctx *ctx)
 {
     struct exs_list *pos, *tmp;
-    uint64_t now;
+    uint64_t now = 0;
 
+    exs_list_for_each_safe(pos, tmp, &ctx->listeners) {
+        struct tcp_listener *lis = exs_list_entry(pos, struct tcp_listener, link);
+
+        if (!lis->resume_at)
+            continue;
+        if (!now)
+            now = exs__now_ns();
+        if (lis->resume_at <= now) {
+            /* back-off over: watch again and try at once */
+            lis->resume_at = 0;
+            exs__tcp_listener_watch(lis, 1);
+            exs__tcp_listener_ready(lis);
+        }
+    }
     if (exs_list_empty(&ctx->timers))
         return;
-    now = exs__now_ns();
+    if (!now)
+        now = exs__now_ns();
     exs_list_for_each_safe(pos, tmp, &ctx->timers) {
         struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, timer_link);
 
         if (conn->linger_at && conn->linger_at <= now) {
             conn->linger_at = 0;
+            if (conn->state == TCP_CONN_WAIT_REQ) {
+                EXS_CNT_INC(ctx->cnt.handshake_timeouts);
+                EXS_CNT_INC(ctx->cnt.bogus_conns);
+                EXS_DBG(PROV, "conn %p: no connection request in time", (void *)conn);
+            }
             exs__tcp_conn_close(conn);
             continue;
         }
@@ -278,7 +341,13 @@ static void tcp_nic_timer_arm(struct tcp_ctx *ctx)
     struct itimerspec its;
     uint64_t next = 0;
 
-    if (exs_list_empty(&ctx->timers) && !ctx->timer_armed_ns)
+    exs_list_for_each(pos, &ctx->listeners) {
+        struct tcp_listener *lis = exs_list_entry(pos, struct tcp_listener, link);
+
+        if (lis->resume_at && (!next || lis->resume_at < next))
+            next = lis->resume_at;
+    }
+    if (!next && exs_list_empty(&ctx->timers) && !ctx->timer_armed_ns)
         return;
     exs_list_for_each(pos, &ctx->timers) {
         struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, timer_link);
@@ -458,6 +527,16 @@ static int tcp_ctx_epoll_add(struct tcp_ctx *ctx, int fd, uintptr_t tag)
     return epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
+/* NIC: watch the listener's socket (on) or stop watching it during a back-off. */
+void exs__tcp_listener_watch(struct tcp_listener *lis, int on)
+{
+    struct epoll_event ev = {.events = on ? EPOLLIN : 0};
+
+    ev.data.u64 = (uint64_t)((uintptr_t)lis | TCP_TAG_LIS);
+    if (epoll_ctl(lis->ctx->epfd, EPOLL_CTL_MOD, lis->fd, &ev) < 0)
+        EXS_ERR(PROV, "listener %p: epoll_ctl: %m", (void *)lis);
+}
+
 int exs__tcp_epoll_add_listener(struct tcp_listener *lis)
 {
     struct epoll_event ev = { .events = EPOLLIN };
@@ -486,6 +565,7 @@ static void tcp_ctx_free(struct tcp_ctx *ctx)
     pthread_cond_destroy(&ctx->cond);
     pthread_mutex_destroy(&ctx->lock);
     pthread_mutex_destroy(&ctx->mr_lock);
+    pthread_cond_destroy(&ctx->copy_cond);
     free(ctx->cq);
     free(ctx);
 }
@@ -493,6 +573,24 @@ static void tcp_ctx_free(struct tcp_ctx *ctx)
 static uint32_t tcp_clamp32(uint64_t v, uint32_t lo, uint32_t hi)
 {
     return v < lo ? lo : v > hi ? hi : (uint32_t)v;
+}
+
+/* A number from the environment (read at ctx_open), clamped; def when unset or bad. */
+static uint32_t tcp_env_u32(const char *name, uint32_t def, uint32_t lo, uint32_t hi)
+{
+    const char *v = getenv(name);
+    char *end;
+    unsigned long long n;
+
+    if (!v || !*v)
+        return def;
+    errno = 0;
+    n = strtoull(v, &end, 10);
+    if (errno || *end || v[0] == '-') {
+        EXS_WARN(PROV, "%s=\"%s\": not a number; using %u", name, v, def);
+        return def;
+    }
+    return tcp_clamp32(n, lo, hi);
 }
 
 static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
@@ -512,6 +610,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->epfd = ctx->wakefd = ctx->timerfd = ctx->evfd = -1;
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->mr_lock, NULL);
+    pthread_cond_init(&ctx->copy_cond, NULL);
     pthread_cond_init(&ctx->cond, NULL);
     for (int i = 0; i < TCP_MR_HASH; i++)
         exs_list_init(&ctx->mr_hash[i]);
@@ -524,7 +623,6 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     exs_list_init(&ctx->dirty);
     exs_list_init(&ctx->timers);
     exs_list_init(&ctx->listeners);
-    exs_list_init(&ctx->parked);
 
     ctx->base.ops = &exs__prov_tcp_ops;
     ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_INLINE |
@@ -537,11 +635,14 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->base.caps.max_msg_size = tcp_clamp32(exs__params.tcp_max_msg, 1, UINT32_MAX);
     cq_size = attr && attr->cq_size ? attr->cq_size : exs__params.tcp_cq_size;
     ctx->cq_cap = tcp_clamp32(cq_size, 1, TCP_CQ_MAX);
-    ctx->base.caps.max_cqe = ctx->cq_cap;
+    ctx->base.caps.max_cqe = TCP_CQ_MAX;
     ctx->emu_delay_ns = exs__params.emu_delay_us * 1000u;
     ctx->emu_rate_mbps = exs__params.emu_rate_mbps;
     ctx->rnr_timer_ms = tcp_clamp32(exs__params.tcp_rnr_timer_ms, 0, 60000);
     ctx->rnr_retry_max = (uint8_t)tcp_clamp32(exs__params.tcp_rnr_retry, 0, 7);
+    ctx->handshake_ns =
+        (uint64_t)tcp_env_u32("EXS_TCP_HANDSHAKE_MS", TCP_HANDSHAKE_MS, 1, 3600000) * 1000000u;
+    ctx->handshake_max = tcp_env_u32("EXS_TCP_HANDSHAKE_MAX", TCP_HANDSHAKE_MAX, 1, 1u << 20);
 
     ctx->cq = calloc(ctx->cq_cap, sizeof(*ctx->cq));
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -604,6 +705,8 @@ struct exs_prov_ops exs__prov_tcp_ops = {
     .ctx_cm_poll = tcp_ctx_cm_poll,
     .mr_reg = exs__tcp_mr_reg,
     .mr_dereg = exs__tcp_mr_dereg,
+    .grant = exs__tcp_grant,
+    .revoke = exs__tcp_revoke,
     .ep_create = exs__tcp_ep_create,
     .ep_destroy = exs__tcp_ep_destroy,
     .ep_state = exs__tcp_ep_state,

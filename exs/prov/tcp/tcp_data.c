@@ -155,6 +155,13 @@ int exs__tcp_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
         free(wr);
         return -ENOTCONN;
     }
+    if (EXS_UNLIKELY(ep->sq_used + __atomic_load_n(&ep->cq_sq, __ATOMIC_RELAXED) >=
+                     ep->base.attr.max_send_wr)) {
+        /* every slot is an outstanding request or a completion not yet polled */
+        pthread_mutex_unlock(&ep->lock);
+        free(wr);
+        return -ENOMEM;
+    }
     if (EXS_UNLIKELY(state == EXS_PROV_EP_ERROR)) {
         exs__tcp_wr_cqe(ep, wr, EXS_PROV_WC_WR_FLUSH_ERR, &cqe);
         EXS_CNT_INC(ctx->cnt.flushed_wrs);
@@ -162,11 +169,6 @@ int exs__tcp_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
         pthread_mutex_unlock(&ep->lock);
         free(wr);
         return 0;
-    }
-    if (EXS_UNLIKELY(ep->sq_used >= ep->base.attr.max_send_wr)) {
-        pthread_mutex_unlock(&ep->lock);
-        free(wr);
-        return -ENOMEM;
     }
     ep->sq_used++;
     exs_list_add_tail(&ep->sq_pend, &wr->link);
@@ -202,6 +204,12 @@ int exs__tcp_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *rwr
                                        EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
 
     pthread_mutex_lock(&ep->lock);
+    if (ep->rq_count + __atomic_load_n(&ep->cq_rq, __ATOMIC_RELAXED) >= ep->base.attr.max_recv_wr) {
+        /* every slot is a posted receive or a completion not yet polled */
+        pthread_mutex_unlock(&ep->lock);
+        free(rwr);
+        return -ENOMEM;
+    }
     if (ep->state == EXS_PROV_EP_ERROR) {
         exs__tcp_rwr_cqe(ep, rwr, EXS_PROV_WC_WR_FLUSH_ERR, &cqe);
         EXS_CNT_INC(ctx->cnt.flushed_wrs);
@@ -209,11 +217,6 @@ int exs__tcp_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *rwr
         pthread_mutex_unlock(&ep->lock);
         free(rwr);
         return 0;
-    }
-    if (ep->rq_count >= ep->base.attr.max_recv_wr) {
-        pthread_mutex_unlock(&ep->lock);
-        free(rwr);
-        return -ENOMEM;
     }
     ep->rq_count++;
     exs_list_add_tail(&ep->rq, &rwr->link);
@@ -301,7 +304,7 @@ void exs__tcp_txf_free(struct tcp_ctx *ctx, struct tcp_txf *f)
     case TCP_TXF_WR:
         break; /* lives in its wr */
     case TCP_TXF_READ_RESP:
-        exs__tcp_mr_put(ctx, f->mr);
+        exs__tcp_key_put(ctx, f->key);
         free(f);
         break;
     default:
@@ -368,6 +371,61 @@ static void tcp_txf_sent(struct tcp_conn *conn, struct tcp_txf *f)
         exs__tcp_txf_free(ctx, f);
 }
 
+/* Before a sendmsg: check the keys of the queued READ responses and raise the copy
+ * fence over them. A response whose key was revoked (or whose mr was deregistered)
+ * and that has not started becomes a NAK with a remote access error in its place;
+ * one already half sent cannot be finished, so the connection is cut. Returns 1
+ * with the fence raised, 0 without, -1 when the connection was cut. *naked is set
+ * when a response became a NAK (the connection then ends after it). */
+static int tcp_conn_resp_fence(struct tcp_conn *conn, int *naked)
+{
+    struct tcp_ctx *ctx = conn->ctx;
+    struct exs_list *pos;
+    int live = 0, cut = 0;
+
+    pthread_mutex_lock(&ctx->mr_lock);
+    exs_list_for_each(pos, &conn->txq) {
+        struct tcp_txf *f = exs_list_entry(pos, struct tcp_txf, link);
+
+        if (f->kind != TCP_TXF_READ_RESP)
+            continue;
+        if (f->key->live) {
+            live = 1;
+            continue;
+        }
+        if (f->off) {
+            cut = 1;
+            break;
+        }
+        exs__tcp_key_put_locked(ctx, f->key);
+        f->key = NULL;
+        f->kind = TCP_TXF_CTRL;
+        f->hdr.type = TCP_WIRE_NAK;
+        f->hdr.syndrome = TCP_WIRE_SYN_REM_ACCESS;
+        f->hdr.len = 0;
+        f->seg = NULL;
+        f->nseg = 0;
+        f->total = TCP_WIRE_HDR_LEN;
+        if (f == conn->last_resp)
+            conn->last_resp = NULL;
+        conn->resp_pending--;
+        *naked = 1;
+    }
+    if (live && !cut) {
+        ctx->copying = 1;
+        ctx->copy_gen++;
+    }
+    pthread_mutex_unlock(&ctx->mr_lock);
+    if (cut) {
+        EXS_CNT_INC(ctx->cnt.access_errors);
+        EXS_DBG(PROV, "conn %p ep %p: read response cut: key revoked", (void *)conn,
+                (void *)conn->ep);
+        exs__tcp_conn_fail(conn, -ECONNABORTED, 0, 0, -1);
+        return -1;
+    }
+    return live;
+}
+
 void exs__tcp_conn_tx(struct tcp_conn *conn)
 {
     struct tcp_ctx *ctx = conn->ctx;
@@ -376,6 +434,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
     int emu = exs__tcp_emu_on(ctx);
     uint64_t now = 0, hold = 0;
     ssize_t n, sent;
+    int naked = 0;
 
     if (conn->fd < 0 || conn->state == TCP_CONN_CONNECTING || conn->state == TCP_CONN_DEAD)
         return;
@@ -384,7 +443,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
         struct exs_list *pos;
         uint64_t budget = UINT64_MAX;
         size_t want = 0;
-        int niov = 0;
+        int niov = 0, fence = 0;
 
         hold = 0;
         if (emu) {
@@ -392,6 +451,12 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
             budget = exs__tcp_emu_budget(conn, now, &hold);
             if (!budget)
                 break;
+        }
+        if (conn->resp_pending) {
+            /* before the iovecs point into any region */
+            fence = tcp_conn_resp_fence(conn, &naked);
+            if (fence < 0)
+                return;
         }
         exs_list_for_each(pos, &conn->txq) {
             struct tcp_txf *f = exs_list_entry(pos, struct tcp_txf, link);
@@ -437,12 +502,21 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
                 niov--;
             }
         }
-        if (!niov)
+        if (!niov) {
+            if (fence)
+                exs__tcp_copy_end(ctx);
             break;
+        }
         memset(&msg, 0, sizeof(msg));
         msg.msg_iov = iov;
         msg.msg_iovlen = (size_t)niov;
         n = sendmsg(conn->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (fence) {
+            int e = errno;
+
+            exs__tcp_copy_end(ctx);
+            errno = e;
+        }
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -475,6 +549,12 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
             conn->tx_blocked = 1;
             break;
         }
+    }
+    if (naked && conn->state == TCP_CONN_UP) {
+        /* a READ was refused (key revoked): the requester's ep goes to ERROR, ours too */
+        EXS_CNT_INC(ctx->cnt.access_errors);
+        exs__tcp_conn_fail(conn, -ECONNABORTED, 0, 0, 0);
+        return;
     }
     if (hold && !conn->tx_blocked) {
         conn->tx_at = hold;
@@ -516,7 +596,7 @@ static void tcp_wr_frame(struct tcp_ep *ep, struct tcp_wr *wr)
     f->seg = wr->sge;
     f->nseg = read ? 0 : wr->num_sge;
     f->total = TCP_WIRE_HDR_LEN + (read ? 0 : wr->len);
-    f->mr = NULL;
+    f->key = NULL;
     f->ready_ns = 0;
     if (exs__tcp_emu_on(ep->ctx))
         exs__tcp_emu_stamp(ep->conn, f, wr->post_ns);
@@ -564,23 +644,14 @@ void exs__tcp_ep_tx_fill(struct tcp_ep *ep)
 void exs__tcp_ep_take(struct tcp_ep *ep)
 {
     struct exs_list *l;
-    int overflow;
 
     if (ep->destroyed)
         return;
     pthread_mutex_lock(&ep->lock);
-    overflow = __atomic_exchange_n(&ep->overflow, 0, __ATOMIC_RELAXED);
     while ((l = exs_list_pop_head(&ep->sq_pend)) != NULL) {
         exs_list_entry(l, struct tcp_wr, link)->state = TCP_WR_QUEUED;
         exs_list_add_tail(&ep->sq_wait, l);
     }
     pthread_mutex_unlock(&ep->lock);
-    if (overflow && ep->state != EXS_PROV_EP_ERROR) {
-        if (ep->conn)
-            exs__tcp_conn_fail(ep->conn, -ENOSPC, 0, 0, 1);
-        else
-            exs__tcp_ep_fail(ep, -ENOSPC, 1);
-        return;
-    }
     exs__tcp_ep_tx_fill(ep);
 }

@@ -53,15 +53,14 @@ void exs__tcp_rx_release(struct tcp_conn *conn)
 {
     struct tcp_ep *ep = conn->ep;
 
-    if (conn->rx_mr) {
-        exs__tcp_mr_put(conn->ctx, conn->rx_mr);
-        conn->rx_mr = NULL;
+    if (conn->rx_key) {
+        exs__tcp_key_put(conn->ctx, conn->rx_key);
+        conn->rx_key = NULL;
     }
     if (conn->rx_rwr) {
         if (ep) {
             pthread_mutex_lock(&ep->lock);
             exs_list_add_head(&ep->rq, &conn->rx_rwr->link);
-            ep->rq_count++;
             pthread_mutex_unlock(&ep->lock);
         } else {
             free(conn->rx_rwr);
@@ -90,9 +89,9 @@ static uint32_t tcp_conn_rnr_ms(const struct tcp_conn *conn)
 /* Consume the current frame's payload into a sink. */
 static void tcp_conn_rx_discard(struct tcp_conn *conn)
 {
-    if (conn->rx_mr) {
-        exs__tcp_mr_put(conn->ctx, conn->rx_mr);
-        conn->rx_mr = NULL;
+    if (conn->rx_key) {
+        exs__tcp_key_put(conn->ctx, conn->rx_key);
+        conn->rx_key = NULL;
     }
     conn->rx_seg = NULL;
     conn->rx_nseg = 0;
@@ -125,10 +124,9 @@ static int tcp_conn_take_recv(struct tcp_conn *conn)
     struct tcp_txf *f;
     uint64_t ms;
 
+    /* the receive keeps its place in rq_count until its completion is queued */
     pthread_mutex_lock(&ep->lock);
     l = exs_list_pop_head(&ep->rq);
-    if (l)
-        ep->rq_count--;
     pthread_mutex_unlock(&ep->lock);
     if (l) {
         conn->rx_rwr = exs_list_entry(l, struct tcp_rwr, link);
@@ -192,6 +190,7 @@ static void tcp_conn_recv_done(struct tcp_conn *conn, enum exs_prov_wc_status st
         }
     }
     pthread_mutex_lock(&ep->lock);
+    ep->rq_count--;
     exs__tcp_cq_push(conn->ctx, ep, &cqe);
     pthread_mutex_unlock(&ep->lock);
     free(rwr);
@@ -233,9 +232,9 @@ static void tcp_conn_payload_done(struct tcp_conn *conn)
         tcp_conn_req_done(conn);
         break;
     case TCP_WIRE_WRITE:
-        if (conn->rx_mr) {
-            exs__tcp_mr_put(conn->ctx, conn->rx_mr);
-            conn->rx_mr = NULL;
+        if (conn->rx_key) {
+            exs__tcp_key_put(conn->ctx, conn->rx_key);
+            conn->rx_key = NULL;
         }
         if (conn->rx_rwr)
             tcp_conn_recv_done(conn, EXS_PROV_WC_SUCCESS);
@@ -332,10 +331,15 @@ static void tcp_txf_snapshot(struct tcp_conn *conn, struct tcp_txf *f)
 
     if (!c)
         return; /* keep the reference: later SEND/WRITEs wait for it */
+    if (exs__tcp_copy_begin(conn->ctx, f->key)) {
+        free(c); /* revoked meanwhile: the transmit path answers with a NAK */
+        return;
+    }
+    memcpy(c->buf, (const void *)(uintptr_t)f->one.addr, len);
+    exs__tcp_copy_end(conn->ctx);
     *c = *f;
     c->kind = TCP_TXF_CTRL;
-    c->mr = NULL;
-    memcpy(c->buf, (const void *)(uintptr_t)f->one.addr, len);
+    c->key = NULL;
     c->one.addr = (uint64_t)(uintptr_t)c->buf;
     c->seg = &c->one;
     exs_list_insert_after(&f->link, &c->link);
@@ -343,6 +347,18 @@ static void tcp_txf_snapshot(struct tcp_conn *conn, struct tcp_txf *f)
     conn->last_resp = NULL;
     conn->resp_pending--;
     exs__tcp_txf_free(conn->ctx, f);
+}
+
+/* The key of the WRITE being placed was revoked (or its mr deregistered) half-way:
+ * NAK the requester with a remote access error (REM_ACCESS_ERR, its ep to ERROR, as
+ * verbs); the connection lingers, reading the rest of the payload into a sink. */
+static void tcp_conn_write_revoked(struct tcp_conn *conn)
+{
+    EXS_CNT_INC(conn->ctx->cnt.access_errors);
+    EXS_DBG(PROV, "ep %p: write psn %u: key 0x%x revoked after %llu of %llu bytes",
+            (void *)conn->ep, conn->rh.psn, conn->rh.rkey, (unsigned long long)conn->rx_off,
+            (unsigned long long)conn->rx_len);
+    tcp_conn_nak(conn, TCP_WIRE_SYN_REM_ACCESS, -ECONNABORTED);
 }
 
 /* Act on a complete header of an UP connection: 0 go on reading, -1 stop. */
@@ -396,9 +412,9 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
     case TCP_WIRE_WRITE:
         if (h->psn != conn->rcv_nxt)
             return tcp_conn_proto_err(conn, "request out of sequence"), -1;
-        if (h->len && !conn->rx_mr &&
-            exs__tcp_mr_get_remote(ctx, h->rkey, h->raddr, h->len, EXS_PROV_ACCESS_REMOTE_WRITE,
-                                   &conn->rx_mr)) {
+        if (h->len && !conn->rx_key &&
+            exs__tcp_key_get_remote(ctx, ep, h->rkey, h->raddr, h->len,
+                                    EXS_PROV_ACCESS_REMOTE_WRITE, &conn->rx_key)) {
             EXS_CNT_INC(ctx->cnt.access_errors);
             EXS_DBG(PROV, "ep %p: write 0x%llx+%u rkey 0x%x refused", (void *)ep,
                     (unsigned long long)h->raddr, h->len, h->rkey);
@@ -407,10 +423,10 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
         }
         if ((h->flags & TCP_WIRE_F_IMM) && !conn->rx_rwr) {
             r = tcp_conn_take_recv(conn);
-            if (r == 0 && conn->rx_mr) {
+            if (r == 0 && conn->rx_key) {
                 /* not holding the region while waiting: checked again on retry */
-                exs__tcp_mr_put(ctx, conn->rx_mr);
-                conn->rx_mr = NULL;
+                exs__tcp_key_put(ctx, conn->rx_key);
+                conn->rx_key = NULL;
             }
             if (r <= 0)
                 return r == 0 ? -1 : 0;
@@ -422,15 +438,14 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
         break;
     case TCP_WIRE_READ_REQ: {
         struct tcp_txf *f;
-        struct tcp_mr *mr = NULL;
+        struct tcp_key *mr = NULL;
 
         if (h->psn != conn->rcv_nxt)
             return tcp_conn_proto_err(conn, "request out of sequence"), -1;
         if (h->imm > ctx->base.caps.max_msg_size)
             return tcp_conn_proto_err(conn, "read longer than max_msg_size"), -1;
-        if (h->imm &&
-            exs__tcp_mr_get_remote(ctx, h->rkey, h->raddr, h->imm, EXS_PROV_ACCESS_REMOTE_READ,
-                                   &mr)) {
+        if (h->imm && exs__tcp_key_get_remote(ctx, ep, h->rkey, h->raddr, h->imm,
+                                              EXS_PROV_ACCESS_REMOTE_READ, &mr)) {
             EXS_CNT_INC(ctx->cnt.access_errors);
             EXS_DBG(PROV, "ep %p: read 0x%llx+%u rkey 0x%x refused", (void *)ep,
                     (unsigned long long)h->raddr, h->imm, h->rkey);
@@ -440,7 +455,7 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
         f = calloc(1, sizeof(*f));
         if (!f) {
             if (mr)
-                exs__tcp_mr_put(ctx, mr);
+                exs__tcp_key_put(ctx, mr);
             tcp_conn_nak(conn, TCP_WIRE_SYN_REM_OP, -ENOMEM);
             return -1;
         }
@@ -452,7 +467,7 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
         f->seg = &f->one;
         f->nseg = h->imm ? 1 : 0;
         f->total = TCP_WIRE_HDR_LEN + (uint64_t)h->imm;
-        f->mr = mr;
+        f->key = mr;
         if (!mr)
             f->kind = TCP_TXF_CTRL;
         else
@@ -675,11 +690,23 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
         } else {
             int k = exs__tcp_iov_fill(iov, TCP_TX_IOV - 1, conn->rx_seg, conn->rx_nseg,
                                  conn->rx_off, conn->rx_len - conn->rx_off);
+            struct tcp_key *key = conn->rx_key;
 
             /* the next frame's header comes in the same call when it is there */
             iov[k].iov_base = conn->hbuf;
             iov[k].iov_len = TCP_WIRE_HDR_LEN;
+            if (key && exs__tcp_copy_begin(ctx, key)) {
+                /* revoked / deregistered during the WRITE: the rest goes to a sink */
+                tcp_conn_write_revoked(conn);
+                break;
+            }
             n = readv(conn->fd, iov, k + 1);
+            if (key) {
+                int e = errno;
+
+                exs__tcp_copy_end(ctx);
+                errno = e;
+            }
         }
         if (n == 0) {
             tcp_conn_dead(conn, 0);

@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: MIT */
+/* The completion queue never overflows: eps reserve room for all they can produce. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/prov/prov_test.h"
+
+#define LW EXS_PROV_ACCESS_LOCAL_WRITE
+
+/* Many eps at full receive depth on a ctx whose queue starts small, all disconnected at
+ * once: every flush completion arrives, exactly once. */
+START_TEST(cq_mass_disconnect_all_flushes_arrive)
+{
+    enum { NEPS = 16, DEPTH = 128 };
+    struct pt_host a, b;
+    struct exs_prov_listener *lis;
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    struct exs_prov_ep *ea[NEPS], *eb[NEPS];
+    struct exs_prov_ep_attr at = pt_default_attr();
+    struct pt_buf *rb;
+    uint8_t *seen = calloc(NEPS * DEPTH, 1);
+    int got = 0;
+
+    ck_assert_ptr_nonnull(seen);
+    pt_host_open(&a);
+    pt_host_open_cq(&b, 64); /* far less than NEPS * DEPTH */
+    lis = pt_listen(&b, &addr, &addrlen);
+    rb = pt_buf_new(&b, 64, LW, 0);
+    at.max_recv_wr = DEPTH;
+    at.max_send_wr = 8;
+    for (int i = 0; i < NEPS; i++) {
+        struct exs_prov_cm_event ev;
+
+        ck_assert_int_eq(pt_ops->ep_create(a.ctx, &at, &ea[i]), 0);
+        ck_assert_int_eq(pt_ops->ep_create(b.ctx, &at, &eb[i]), 0);
+        for (int j = 0; j < DEPTH; j++)
+            ck_assert_int_eq(pt_post_recv(eb[i], (uint64_t)i * DEPTH + j, rb, 0, 64), 0);
+        ck_assert_int_eq(pt_ops->connect(ea[i], (struct sockaddr *)&addr, addrlen, NULL, 0), 0);
+        pt_wait_cm(&b, EXS_PROV_CM_CONNECT_REQUEST, PT_TIMEOUT_MS, &ev);
+        ck_assert_int_eq(pt_ops->accept(ev.req, eb[i], NULL, 0), 0);
+        pt_wait_cm(&a, EXS_PROV_CM_ESTABLISHED, PT_TIMEOUT_MS, &ev);
+        pt_wait_cm(&b, EXS_PROV_CM_ESTABLISHED, PT_TIMEOUT_MS, &ev);
+    }
+    for (int i = 0; i < NEPS; i++)
+        ck_assert_int_eq(pt_ops->disconnect(ea[i]), 0);
+    while (got < NEPS * DEPTH) {
+        struct exs_prov_cqe c;
+        uint64_t id;
+
+        if (!pt_try_cqe(&b, 10000, &c))
+            ck_abort_msg("%d of %d flush completions arrived", got, NEPS * DEPTH);
+        ck_assert_int_eq(c.status, EXS_PROV_WC_WR_FLUSH_ERR);
+        id = c.wr_id;
+        ck_assert_uint_lt(id, NEPS * DEPTH);
+        ck_assert_ptr_eq(c.ep, eb[id / DEPTH]);
+        ck_assert_msg(!seen[id], "wr_id %llu completed twice", (unsigned long long)id);
+        seen[id] = 1;
+        got++;
+    }
+    pt_expect_no_cqe(&b, 50);
+    for (int i = 0; i < NEPS; i++) {
+        pt_ops->ep_destroy(ea[i]);
+        pt_ops->ep_destroy(eb[i]);
+    }
+    pt_ops->listener_destroy(lis);
+    pt_buf_free(rb);
+    pt_host_close(&a);
+    pt_host_close(&b);
+    free(seen);
+}
+END_TEST
+
+/* tcp: an ep's completions not yet polled hold their queue slots: a receive posted while
+ * the flushes of all max_recv_wr receives wait in the queue is refused. (Verbs devices
+ * free a slot when the completion is generated; there the consumer's polling bounds it.) */
+START_TEST(cq_unpolled_completions_hold_slots)
+{
+    struct pt_pair p;
+    struct exs_prov_ep_attr at = pt_default_attr();
+    struct pt_buf *rb;
+    struct exs_prov_cqe c;
+    double deadline;
+
+    if (pt_skip_unless_tcp("cq_unpolled_completions_hold_slots"))
+        return;
+
+    at.max_recv_wr = 4;
+    pt_pair_setup(&p, NULL, &at);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    for (int j = 0; j < 4; j++)
+        ck_assert_int_eq(pt_post_recv(p.eb, (uint64_t)j, rb, 0, 64), 0);
+    ck_assert_int_eq(pt_ops->disconnect(p.ea), 0);
+    /* wait for ERROR without polling (the four flushes stay queued) */
+    deadline = pt_now_ms() + PT_TIMEOUT_MS;
+    while (pt_ops->ep_state(p.eb) != EXS_PROV_EP_ERROR && pt_now_ms() < deadline)
+        pt_sleep_ms(2);
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_ERROR);
+    ck_assert_int_eq(pt_post_recv(p.eb, 10, rb, 0, 64), -ENOMEM);
+    pt_expect_cqe(&p.b, 0, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, &c);
+    /* one slot free again: the receive is accepted (and flushed) */
+    ck_assert_int_eq(pt_post_recv(p.eb, 11, rb, 0, 64), 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 12, rb, 0, 64), -ENOMEM);
+    for (int j = 1; j < 4; j++)
+        pt_expect_cqe(&p.b, (uint64_t)j, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    pt_expect_cqe(&p.b, 11, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* ep_create fails -ENOBUFS once the queue cannot grow to hold another ep; destroying
+ * an ep gives its share back. */
+START_TEST(cq_ep_create_enobufs)
+{
+    enum { MAXEPS = 20000 };
+    struct pt_host h;
+    struct exs_prov_ep **eps = calloc(MAXEPS, sizeof(*eps));
+    struct exs_prov_ep_attr at = pt_default_attr();
+    int n = 0, rc = 0;
+
+    ck_assert_ptr_nonnull(eps);
+    pt_host_open(&h);
+    at.max_send_wr = h.ctx->caps.max_send_wr;
+    at.max_recv_wr = h.ctx->caps.max_recv_wr;
+    while (n < MAXEPS && (rc = pt_ops->ep_create(h.ctx, &at, &eps[n])) == 0)
+        n++;
+    printf("cq_ep_create_enobufs: %d eps of %u + %u before %d (max_cqe %u)\n", n, at.max_send_wr,
+           at.max_recv_wr, rc, h.ctx->caps.max_cqe);
+    ck_assert_msg(rc == -ENOBUFS, "ep_create %d: %d, expected -ENOBUFS", n, rc);
+    ck_assert_int_ge(n, 1);
+    ck_assert_uint_le((uint64_t)n * (at.max_send_wr + at.max_recv_wr), h.ctx->caps.max_cqe);
+    pt_ops->ep_destroy(eps[--n]);
+    ck_assert_int_eq(pt_ops->ep_create(h.ctx, &at, &eps[n]), 0);
+    n++;
+    while (n)
+        pt_ops->ep_destroy(eps[--n]);
+    pt_host_close(&h);
+    free(eps);
+}
+END_TEST
+
+Suite *prov_cq_suite(void)
+{
+    Suite *s = suite_create("prov_cq");
+    TCase *tc = pt_tcase("reserve");
+
+    tcase_add_test(tc, cq_mass_disconnect_all_flushes_arrive);
+    tcase_add_test(tc, cq_unpolled_completions_hold_slots);
+    tcase_add_test(tc, cq_ep_create_enobufs);
+    suite_add_tcase(s, tc);
+    return s;
+}
