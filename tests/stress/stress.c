@@ -138,7 +138,7 @@ END_TEST
  * every connection (descriptors and memory back to the baseline) and serves a new client. */
 START_TEST(connect_many)
 {
-    int n = (int)st_env_long("EXS_STRESS_CONNECT", 512), fd, fds0, log, errs;
+    int n = (int)st_env_long("EXS_STRESS_CONNECT", 4096), fd, fds0, log, errs;
     char first[512];
     struct st_server s;
     struct st_result r;
@@ -173,7 +173,7 @@ END_TEST
  * descriptors come back to the baseline and its RSS to what it was after the first round. */
 START_TEST(reset_many)
 {
-    int n = (int)st_env_long("EXS_STRESS_RESET", 1000), fd, fds0;
+    int n = (int)st_env_long("EXS_STRESS_RESET", 2500), fd, fds0;
     int rounds = (int)st_env_long("EXS_STRESS_ROUNDS", 2);
     struct st_server s;
     struct st_result r;
@@ -277,9 +277,9 @@ int main(int argc, char **argv)
     /* Descriptors for thousands of connections, in this process and every child: the
      * library takes two a connection (the ES-API descriptor, an eventfd, and the TCP
      * socket), so 10,000 connections need a little more than a hard limit of 20,000. */
-    long most = st_env_long("EXS_STRESS_CONNECT", 512);
+    long most = st_env_long("EXS_STRESS_CONNECT", 4096);
 
-    most = EXS_MAX(most, st_env_long("EXS_STRESS_RESET", 1000));
+    most = EXS_MAX(most, st_env_long("EXS_STRESS_RESET", 2500));
     most = EXS_MAX(most, st_env_long("EXS_STRESS_HALFOPEN", 300));
     st_raise_nofile(2 * most + 1024);
     printf("connection stress tests: tcp provider\n");
