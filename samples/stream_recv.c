@@ -9,6 +9,7 @@
  * in stream order. A receive completes with 1..len bytes like recv(); 0 = end of stream.
  * Prints "received N bytes fnv1a64 HEX" (FNV-1a 64 of the bytes received). */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,27 @@ static uint64_t fnv1a64(uint64_t h, const unsigned char *p, size_t n)
     while (n--)
         h = (h ^ *p++) * 0x100000001b3ull;
     return h;
+}
+
+/* Accept one connection. Like accept(), it can fail for want of resources (EMFILE, ENFILE,
+ * ENOMEM, ENOBUFS) or because a client gave up (ECONNABORTED): say so, pause (100 ms doubling
+ * to 1 s) and try again. Other errors mean the listener is unusable: -1 with errno set. */
+static int accept_retry(int lfd)
+{
+    int pause_ms = 100;
+
+    for (;;) {
+        int fd = exs_accept(lfd, EXS_QHANDLE_INVALID, NULL);
+
+        if (fd >= 0)
+            return fd;
+        if (errno != EMFILE && errno != ENFILE && errno != ENOMEM && errno != ENOBUFS &&
+            errno != ECONNABORTED && errno != EAGAIN && errno != EINTR)
+            return -1;
+        fprintf(stderr, "exs_accept: %s; retrying in %d ms\n", strerror(errno), pause_ms);
+        usleep((useconds_t)pause_ms * 1000);
+        pause_ms = pause_ms * 2 > 1000 ? 1000 : pause_ms * 2;
+    }
 }
 
 static int fail(const char *what)
@@ -67,8 +89,10 @@ int main(int argc, char **argv)
     /* One queue for everything; the synchronous form (EXS_QHANDLE_INVALID) is enough for
      * accept, as accept() would be. */
     exs_qhandle_t q = exs_qcreate(2 * NBUF);
-    int fd = exs_accept(lfd, EXS_QHANDLE_INVALID, NULL);
-    if (q == EXS_QHANDLE_INVALID || fd < 0)
+    if (q == EXS_QHANDLE_INVALID)
+        return fail("exs_qcreate");
+    int fd = accept_retry(lfd);
+    if (fd < 0)
         return fail("exs_accept");
 
     /* Register the receive buffers once: transfers land in them without a copy. */
@@ -114,11 +138,18 @@ int main(int argc, char **argv)
            (unsigned long long)hash);
 
     /* Synchronous close, like close(); then release what we registered and created. */
-    exs_close(fd, EXS_QHANDLE_INVALID, NULL);
-    exs_close(lfd, EXS_QHANDLE_INVALID, NULL);
-    exs_mderegister(mh);
-    exs_qdelete(q);
+    int rc = 0;
+    if (exs_close(fd, EXS_QHANDLE_INVALID, NULL) < 0)
+        rc = fail("exs_close");
+    if (exs_close(lfd, EXS_QHANDLE_INVALID, NULL) < 0)
+        rc = fail("exs_close(listener)");
+    if (exs_mderegister(mh) < 0)
+        rc = fail("exs_mderegister");
+    if (exs_qdelete(q) < 0)
+        rc = fail("exs_qdelete");
     exs_fini();
     free(bufs);
-    return fclose(out) == 0 ? 0 : fail("fclose");
+    if (fclose(out) != 0)
+        rc = fail("fclose");
+    return rc;
 }

@@ -134,11 +134,15 @@ int main(int argc, char **argv)
         return fail("exs_shutdown");
     printf("sent %llu bytes fnv1a64 %016llx\n", (unsigned long long)snd.total,
            (unsigned long long)snd.hash);
-    exs_close(fd, EXS_QHANDLE_INVALID, NULL);
-    exs_mderegister(mh);
-    exs_qdelete(q);
+    rc = 0;
+    if (exs_close(fd, EXS_QHANDLE_INVALID, NULL) < 0)
+        rc = fail("exs_close");
+    if (exs_mderegister(mh) < 0)
+        rc = fail("exs_mderegister");
+    if (exs_qdelete(q) < 0)
+        rc = fail("exs_qdelete");
     exs_fini();
     free(bufs);
     fclose(in);
-    return 0;
+    return rc;
 }

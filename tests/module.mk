@@ -27,3 +27,5 @@ $(INTEG_BIN): $(INTEG_SRCS:%.c=$(BUILD)/%.o) $(LIB_A)
 # hostile-peer tests and fuzz targets (their own fragments)
 include tests/hostile/module.mk
 -include tests/fuzz/module.mk
+# tests/stress: connection stress (many at once, mass resets, half-open peers).
+include tests/stress/module.mk

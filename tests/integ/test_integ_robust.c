@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "integ.h"
+#include "tests/skip.h"
 
 /* The child: accept one connection, report the port, then wait to be frozen and killed. */
 static void frozen_child(int to_parent) __attribute__((noreturn));
@@ -46,8 +47,8 @@ START_TEST(test_close_frozen_peer)
     /* With a hardware (or Soft-RoCE) NIC the goodbye is acknowledged by the stopped
      * peer's device, so only the tcp provider, whose NIC is the peer process, freezes. */
     if (strcmp(it_provider, "tcp") != 0) {
-        printf("close_frozen_peer: skipped on provider %s (its NIC answers for a stopped "
-               "process)\n", it_provider);
+        test_skip("close_frozen_peer", "provider %s: its NIC answers for a stopped process",
+                  it_provider);
         return;
     }
     ck_assert_int_eq(pipe(pipefd), 0);

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "tests/prov/prov_test.h"
+#include "tests/skip.h"
 
 const char *pt_name = "tcp";
 const struct exs_prov_ops *pt_ops;
@@ -23,7 +24,7 @@ int pt_skip_unless_tcp(const char *test)
 {
     if (pt_is_tcp())
         return 0;
-    printf("%s: skipped (tcp provider only; provider is %s)\n", test, pt_name);
+    test_skip(test, "tcp provider only; provider is %s", pt_name);
     return 1;
 }
 

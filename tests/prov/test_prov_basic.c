@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "tests/prov/prov_test.h"
+#include "tests/skip.h"
 
 #define LW  EXS_PROV_ACCESS_LOCAL_WRITE
 #define RW  EXS_PROV_ACCESS_REMOTE_WRITE
@@ -218,7 +219,7 @@ START_TEST(sge_gather_scatter)
 
     pt_pair_setup(&p, NULL, NULL);
     if (p.a.ctx->caps.max_sge < 3) {
-        printf("sge_gather_scatter: skipped (max_sge %u < 3)\n", p.a.ctx->caps.max_sge);
+        test_skip("sge_gather_scatter", "max_sge %u < 3", p.a.ctx->caps.max_sge);
         pt_pair_close(&p);
         return;
     }

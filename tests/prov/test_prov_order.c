@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "tests/prov/prov_test.h"
+#include "tests/skip.h"
 
 #define LW  EXS_PROV_ACCESS_LOCAL_WRITE
 #define RW  EXS_PROV_ACCESS_REMOTE_WRITE
@@ -306,7 +307,7 @@ START_TEST(inline_send)
         cmi = h.ctx->caps.max_inline;
         if (!(h.ctx->caps.flags & EXS_PROV_CAP_INLINE)) {
             pt_host_close(&h);
-            printf("inline_send: skipped (no CAP_INLINE)\n");
+            test_skip("inline_send", "no EXS_PROV_CAP_INLINE");
             return;
         }
         pt_host_close(&h);
@@ -358,7 +359,7 @@ START_TEST(inline_write)
 
     pt_pair_setup(&p, NULL, NULL);
     if (!(p.a.ctx->caps.flags & EXS_PROV_CAP_INLINE)) {
-        printf("inline_write: skipped (no CAP_INLINE)\n");
+        test_skip("inline_write", "no EXS_PROV_CAP_INLINE");
         pt_pair_close(&p);
         return;
     }

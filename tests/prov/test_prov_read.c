@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "tests/prov/prov_test.h"
+#include "tests/skip.h"
 
 #define LW  EXS_PROV_ACCESS_LOCAL_WRITE
 #define RW  EXS_PROV_ACCESS_REMOTE_WRITE
@@ -55,7 +56,7 @@ START_TEST(read_multi_sge)
 
     pt_pair_setup(&p, NULL, NULL);
     if (p.a.ctx->caps.max_sge < 3) {
-        printf("read_multi_sge: skipped (max_sge %u)\n", p.a.ctx->caps.max_sge);
+        test_skip("read_multi_sge", "max_sge %u < 3", p.a.ctx->caps.max_sge);
         pt_pair_close(&p);
         return;
     }

@@ -9,12 +9,13 @@
 
 #include "exs/util/params.h"
 #include "tests/prov/prov_test.h"
+#include "tests/skip.h"
 
 static int skip_unless_verbs(const char *test)
 {
     if (strcmp(pt_ops->name, "verbs") == 0)
         return 0;
-    printf("%s: skipped on provider %s (verbs device selection)\n", test, pt_ops->name);
+    test_skip(test, "verbs device selection; provider is %s", pt_ops->name);
     return 1;
 }
 

@@ -1,0 +1,308 @@
+/* SPDX-License-Identifier: MIT */
+/* Connection stress tests: many connections at once, mass resets, half-open peers, fd limits.
+ *
+ * The server is samples/seqpacket_echo_server in its own process; clients are forked
+ * processes using the library. Counts come from the environment (make check uses small
+ * ones, tests/stress/run-full.sh the issue's): EXS_STRESS_CONNECT, EXS_STRESS_RESET,
+ * EXS_STRESS_HALFOPEN. Every wait is a condition polled under a generous limit. */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tests/stress/stress.h"
+
+#define EXS_MAX(_a, _b) ((_a) > (_b) ? (_a) : (_b))
+#define WAIT_MS         (120 * 1000) /* generous limit of any one wait, times CK_TIMEOUT_MULTIPLIER */
+
+/* Memory: the first round of connections raises what the allocator keeps for reuse (the
+ * echo server gives free memory back with malloc_trim when its last client is gone, but pages
+ * still partly used stay), so every later round of the same size must bring the RSS back to
+ * what it was after the first, within this slack or a tenth of it: a leak grows it round
+ * after round. Descriptors must come back exactly to the baseline taken before any round. */
+#define RSS_SLACK_KIB (8 * 1024)
+
+static int wait_ms(void)
+{
+    return WAIT_MS * st_timeout_mult();
+}
+
+static void report(const char *test, const struct st_result *r, int n)
+{
+    printf("%s: %d connections: %d established, %d echoed, %d failed in %.0f ms%s%s\n", test, n,
+           r->established, r->echoed, r->failed, r->ms, r->failed ? "; first: " : "",
+           r->failed ? r->msg : "");
+    fflush(stdout);
+}
+
+/* Wait until the server's descriptors are back to fds0, then until its RSS is at most
+ * rss_max (when rss_max > 0); return the RSS reached. */
+static long expect_baseline(const char *test, struct st_server *s, int fds0, long rss_max)
+{
+    double t0 = st_now_ms(), t1;
+    int fds = st_proc_fds(s->pid);
+    long rss = st_proc_rss_kib(s->pid);
+
+    printf("%s: server right after: %d descriptors, RSS %ld KiB\n", test, fds, rss);
+    while (fds > fds0 && st_now_ms() - t0 < wait_ms()) {
+        usleep(100 * 1000);
+        fds = st_proc_fds(s->pid);
+    }
+    t1 = st_now_ms();
+    rss = st_proc_rss_kib(s->pid);
+    while (rss_max > 0 && rss > rss_max && st_now_ms() - t1 < wait_ms() / 4) {
+        usleep(200 * 1000);
+        rss = st_proc_rss_kib(s->pid);
+    }
+    printf("%s: server descriptors back to %d (baseline %d) after %.1f s; RSS %ld KiB "
+           "(limit %ld)\n",
+           test, fds, fds0, (t1 - t0) / 1e3, rss, rss_max);
+    fflush(stdout);
+    ck_assert_msg(fds <= fds0, "%s: server holds %d descriptors, baseline %d", test, fds, fds0);
+    ck_assert_msg(rss_max <= 0 || rss <= rss_max, "%s: server RSS %ld KiB, limit %ld KiB", test,
+                  rss, rss_max);
+    return rss;
+}
+
+/* EXS_STRESS_RSS_SLACK_KIB overrides the slack (to watch the growth over many rounds). */
+static long rss_limit(long rss)
+{
+    long slack = st_env_long("EXS_STRESS_RSS_SLACK_KIB", 0);
+
+#ifdef __SANITIZE_ADDRESS__
+    /* AddressSanitizer keeps freed memory in quarantine: the RSS says nothing here. Leaks
+     * are found instead by LeakSanitizer when the server stops (st_server_stop). */
+    printf("RSS not compared under AddressSanitizer (%ld KiB)\n", rss);
+    return 0;
+#endif
+
+    if (slack <= 0)
+        slack = rss / 10 > RSS_SLACK_KIB ? rss / 10 : RSS_SLACK_KIB;
+    return rss + slack;
+}
+
+/* Start the server and serve one client first, so lazily created state is in the baseline. */
+static void start_measured(const char *test, struct st_server *s, int *fds0, long *rss0)
+{
+    st_server_start(s, 0);
+    ck_assert_msg(st_served(s->port, wait_ms()), "%s: first client not served", test);
+    /* the served client's connection is still being finished: wait until it settles */
+    *fds0 = st_proc_fds(s->pid);
+    for (int i = 0; i < 50; i++) {
+        int again;
+
+        usleep(100 * 1000);
+        again = st_proc_fds(s->pid);
+        if (again == *fds0)
+            break;
+        *fds0 = again;
+    }
+    *rss0 = st_proc_rss_kib(s->pid);
+    printf("%s: server baseline: %d descriptors, RSS %ld KiB\n", test, *fds0, *rss0);
+}
+
+/* Finding 8: more clients than the server can take, past its old queue depth (1024) and into
+ * its descriptor limit (about two descriptors a connection); once they are gone, it must
+ * serve new clients again. The old sample ignored the failed exs_accept post (EAGAIN with
+ * its queue full of receives) and stopped accepting for good. */
+START_TEST(echo_fd_limit)
+{
+    const int nofile = 2400, n = 1600;
+    struct st_server s;
+    struct st_result r;
+    pid_t pid;
+    int fd;
+
+    st_server_start(&s, nofile);
+    pid = st_clients_start(s.port, n, 64, 1, 3000, &fd);
+    ck_assert_int_eq(st_clients_result(pid, fd, wait_ms(), &r), 0);
+    report("echo_fd_limit", &r, n);
+    ck_assert_msg(r.echoed < n, "the server took all %d clients despite RLIMIT_NOFILE %d", n,
+                  nofile);
+    st_clients_end(pid, 1);
+    ck_assert_msg(st_served(s.port, wait_ms()),
+                  "a new client is not served after the server ran out of descriptors");
+    st_server_stop(&s);
+}
+END_TEST
+
+/* Issue 10 finding 5: N connections opened at once between two processes all establish and
+ * echo one message; then the client closes them all at once and exits: the server finishes
+ * every connection (descriptors and memory back to the baseline) and serves a new client. */
+START_TEST(connect_many)
+{
+    int n = (int)st_env_long("EXS_STRESS_CONNECT", 4096), fd, fds0, log, errs;
+    char first[512];
+    struct st_server s;
+    struct st_result r;
+    long rss0;
+    pid_t pid;
+
+    start_measured("connect_many", &s, &fds0, &rss0);
+    log = st_log_open();
+    pid = st_clients_start_log(s.port, n, n, 0, wait_ms(), &fd, log);
+    ck_assert_int_eq(st_clients_result(pid, fd, 2 * wait_ms(), &r), 0);
+    report("connect_many", &r, n);
+    st_clients_end(pid, 0);
+    /* a well-behaved client: the library must not have lost anything on the way, such as
+     * completions to a full queue ("completion queue full ... lost; ep to error") */
+    errs = st_log_count(log, "exs err", first, sizeof(first));
+    printf("connect_many: client library error lines: %d%s%s", errs, errs ? "; first: " : "\n",
+           first);
+    printf("connect_many: %d closed cleanly, %d closes failed\n", r.closed, r.close_failed);
+    ck_assert_msg(r.established == n && r.echoed == n, "connect_many: %d of %d echoed; %s",
+                  r.echoed, n, r.msg);
+    ck_assert_msg(r.closed == n, "connect_many: %d of %d closed cleanly; %s", r.closed, n, r.msg);
+    ck_assert_msg(errs == 0, "connect_many: the client library logged %d errors; first: %s", errs,
+                  first);
+    expect_baseline("connect_many", &s, fds0, 0); /* memory: reset_many, half_open */
+    ck_assert_msg(st_served(s.port, wait_ms()), "connect_many: a new client is not served");
+    st_server_stop(&s);
+}
+END_TEST
+
+/* N established connections reset at once (the client process killed), in rounds
+ * (EXS_STRESS_ROUNDS, default 2): the server goes on serving, and after each round its
+ * descriptors come back to the baseline and its RSS to what it was after the first round. */
+START_TEST(reset_many)
+{
+    int n = (int)st_env_long("EXS_STRESS_RESET", 2500), fd, fds0;
+    int rounds = (int)st_env_long("EXS_STRESS_ROUNDS", 2);
+    struct st_server s;
+    struct st_result r;
+    long rss0, rss1 = 0;
+    pid_t pid;
+
+    start_measured("reset_many", &s, &fds0, &rss0);
+    for (int round = 1; round <= rounds; round++) {
+        pid = st_clients_start(s.port, n, 1024, 1, wait_ms(), &fd);
+        ck_assert_int_eq(st_clients_result(pid, fd, 2 * wait_ms(), &r), 0);
+        report("reset_many", &r, n);
+        ck_assert_msg(r.echoed == n, "reset_many: only %d of %d connections established; %s",
+                      r.echoed, n, r.msg);
+        printf("reset_many: round %d: server with %d connections: %d descriptors, RSS %ld KiB\n",
+               round, n, st_proc_fds(s.pid), st_proc_rss_kib(s.pid));
+        st_clients_end(pid, 1);
+        if (round == 1)
+            rss1 = expect_baseline("reset_many", &s, fds0, 0);
+        else
+            expect_baseline("reset_many", &s, fds0, rss_limit(rss1));
+        ck_assert_msg(st_served(s.port, wait_ms()), "reset_many: a new client is not served");
+    }
+    st_server_stop(&s);
+}
+END_TEST
+
+/* One round of half_open: n raw connections held open; returns the server's RSS after. */
+static long half_open_round(struct st_server *s, int n, int fds0, long rss_max)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET,
+                              .sin_port = htons((uint16_t)s->port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int *raw = calloc((size_t)n, sizeof(*raw));
+    long rss;
+
+    ck_assert_ptr_nonnull(raw);
+    for (int i = 0; i < n; i++) {
+        raw[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        ck_assert_msg(raw[i] >= 0, "socket: %s", strerror(errno));
+        ck_assert_msg(connect(raw[i], (struct sockaddr *)&sin, sizeof(sin)) == 0 ||
+                          errno == EINPROGRESS,
+                      "connect: %s", strerror(errno));
+    }
+    /* each completes its TCP handshake (the kernel's), then stays silent */
+    for (int i = 0; i < n; i++) {
+        struct pollfd p = {.fd = raw[i], .events = POLLOUT};
+        int err = 0;
+        socklen_t len = sizeof(err);
+
+        ck_assert_int_eq(poll(&p, 1, wait_ms()), 1);
+        ck_assert_int_eq(getsockopt(raw[i], SOL_SOCKET, SO_ERROR, &err, &len), 0);
+        ck_assert_msg(err == 0, "raw connect %d: %s", i, strerror(err));
+    }
+    printf("half_open: %d raw connections open; server: %d descriptors, RSS %ld KiB\n", n,
+           st_proc_fds(s->pid), st_proc_rss_kib(s->pid));
+    ck_assert_msg(st_served(s->port, wait_ms()),
+                  "half_open: a new client is not served while %d half-open connections wait", n);
+    rss = expect_baseline("half_open", s, fds0, rss_max);
+    for (int i = 0; i < n; i++)
+        close(raw[i]);
+    free(raw);
+    ck_assert_msg(st_served(s->port, wait_ms()), "half_open: a new client is not served");
+    return rss;
+}
+
+/* N raw TCP connections that never send the handshake, held open, in rounds
+ * (EXS_STRESS_ROUNDS, default 2): the server goes on serving, and drops them (handshake
+ * timeout) while they stay open: descriptors back to the baseline, RSS to the first round's. */
+START_TEST(half_open)
+{
+    int n = (int)st_env_long("EXS_STRESS_HALFOPEN", 300), fds0;
+    int rounds = (int)st_env_long("EXS_STRESS_ROUNDS", 2);
+    struct st_server s;
+    long rss0, rss1 = 0;
+
+    start_measured("half_open", &s, &fds0, &rss0);
+    for (int round = 1; round <= rounds; round++) {
+        long rss = half_open_round(&s, n, fds0, round == 1 ? 0 : rss_limit(rss1));
+
+        if (round == 1)
+            rss1 = rss;
+    }
+    st_server_stop(&s);
+}
+END_TEST
+
+/* exs_stress_test [CASE...]: the cases named (all by default); CK_RUN_CASE works too. */
+int main(int argc, char **argv)
+{
+    const struct {
+        const char *name;
+        const TTest *test;
+    } cases[] = {{"echo_fd_limit", echo_fd_limit},
+                 {"connect_many", connect_many},
+                 {"reset_many", reset_many},
+                 {"half_open", half_open}};
+    Suite *su = suite_create("stress");
+    SRunner *sr;
+    int failed;
+
+    /* Descriptors for thousands of connections, in this process and every child: the
+     * library takes two a connection (the ES-API descriptor, an eventfd, and the TCP
+     * socket), so 10,000 connections need a little more than a hard limit of 20,000. */
+    long most = st_env_long("EXS_STRESS_CONNECT", 4096);
+
+    most = EXS_MAX(most, st_env_long("EXS_STRESS_RESET", 2500));
+    most = EXS_MAX(most, st_env_long("EXS_STRESS_HALFOPEN", 300));
+    st_raise_nofile(2 * most + 1024);
+    printf("connection stress tests: tcp provider\n");
+    fflush(stdout);
+    setenv("EXS_PROVIDER", "tcp", 0);
+    /* one case per test: CK_RUN_CASE=connect_many runs one */
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int wanted = argc < 2;
+        TCase *tc;
+
+        for (int a = 1; a < argc; a++)
+            wanted |= strcmp(argv[a], cases[i].name) == 0;
+        if (!wanted)
+            continue;
+        tc = tcase_create(cases[i].name);
+
+        tcase_set_timeout(tc, 900);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(su, tc);
+    }
+    sr = srunner_create(su);
+    srunner_run_all(sr, CK_ENV);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
