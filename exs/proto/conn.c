@@ -195,7 +195,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     struct exs_conn *conn;
     int ret = -ENOMEM;
 
-    if (p->credits < 2 || p->credits > EXS_IMM_CREDITS_MAX || p->ring_size % EXS_RING_SLOT ||
+    if (p->credits < 3 || p->credits > EXS_IMM_CREDITS_MAX || p->ring_size % EXS_RING_SLOT ||
         p->max_reads < 1 || p->ring_size < EXS_RING_SLOT || p->ring_size > EXS_WIRE_RING_SIZE_MAX)
         return -EINVAL;
     conn = calloc(1, sizeof(*conn));
@@ -322,7 +322,7 @@ int exs__conn_hello_check(const void *pd, uint32_t len, int sock_type)
     eager_max = be32toh(h.eager_max);
     max_msg = be32toh(h.max_msg);
     /* every field the protocol relies on, before anything depends on it (§2) */
-    if (credits < 2 || credits > EXS_IMM_CREDITS_MAX)
+    if (credits < 3 || credits > EXS_IMM_CREDITS_MAX)
         bad = "credits";
     else if (ctrl_size < EXS_WIRE_CTRL_MAX || ctrl_size > EXS_WIRE_CTRL_SIZE_MAX)
         bad = "ctrl_size";
@@ -461,7 +461,7 @@ static int conn_needs_ack_locked(struct exs_conn *conn)
 {
     uint64_t unreported = conn->rd_consumed - conn->rd_reported;
 
-    return conn->owed >= conn->p.credits / 2 || unreported >= conn->p.ring_size / 4 ||
+    return conn->owed >= EXS_MAX(2u, conn->p.credits / 2) || unreported >= conn->p.ring_size / 4 ||
            (unreported && conn->rd_arrived - conn->rd_reported > conn->p.ring_size / 2);
 }
 

@@ -104,7 +104,7 @@ struct exs_conn_cb {
 
 struct exs_conn_params {
     int      sock_type;   /* SOCK_STREAM or SOCK_SEQPACKET */
-    uint32_t credits;     /* receives pre-posted for the peer (2..4095) */
+    uint32_t credits;     /* receives pre-posted for the peer (3..4095) */
     uint32_t ring_size;   /* SO_RCVBUF, multiple of EXS_RING_SLOT */
     uint32_t eager_max;   /* SEQPACKET eager threshold */
     int      xfer_mode;   /* EXS_XFER_* */

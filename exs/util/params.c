@@ -44,7 +44,7 @@ static const struct exs_param_def params_table[] = {
     PARAM(tcp_max_msg, "EXS_TCP_MAX_MSG", "1073741824", UINT, 0,
           "tcp: largest work request, bytes"),
     PARAM(credits, "EXS_CREDITS", "64", UINT, 0,
-          "receives pre-posted per connection, the send credits granted to the peer, 2-4095"),
+          "receives pre-posted per connection, the send credits granted to the peer, 3-4095"),
     PARAM(ring_size, "EXS_RING_SIZE", "1048576", UINT, 0,
           "default SO_RCVBUF: bytes of each connection's hidden receive ring, multiple of 64"),
     PARAM(eager_max, "EXS_EAGER_MAX", "4096", UINT, 0,
@@ -113,7 +113,7 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, tcp_rnr_retry) && v->u > 7)
             return -EINVAL;
-        if (d->offset == offsetof(struct exs_params, credits) && (v->u < 2 || v->u > 4095))
+        if (d->offset == offsetof(struct exs_params, credits) && (v->u < 3 || v->u > 4095))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, ring_size) &&
             (v->u < 1024 || v->u % 64 || v->u > (1u << 30)))

@@ -35,7 +35,7 @@ struct exs_params {
     uint64_t tcp_cq_size;      /* EXS_TCP_CQ_SIZE: ctx completion queue capacity */
     uint64_t tcp_max_msg;      /* EXS_TCP_MAX_MSG: largest work request in bytes */
     /* protocol and sockets */
-    uint64_t credits;          /* EXS_CREDITS: receives pre-posted per connection (2-4095) */
+    uint64_t credits;          /* EXS_CREDITS: receives pre-posted per connection (3-4095) */
     uint64_t ring_size;        /* EXS_RING_SIZE: default SO_RCVBUF, bytes of the hidden ring */
     uint64_t eager_max;        /* EXS_EAGER_MAX: SEQPACKET messages below it go eagerly */
     uint64_t max_reads;        /* EXS_MAX_READS: RDMA READs in flight per connection */

@@ -34,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (be16toh(h.magic) != EXS_WIRE_MAGIC || h.version != EXS_WIRE_VERSION ||
             h.sock_type != (type == SOCK_STREAM ? EXS_WIRE_SOCK_STREAM : EXS_WIRE_SOCK_SEQPACKET))
             abort();
-        if (be32toh(h.ring_size) % EXS_RING_SLOT || be16toh(h.credits) < 2 ||
+        if (be32toh(h.ring_size) % EXS_RING_SLOT || be16toh(h.credits) < 3 ||
             be16toh(h.credits) > EXS_IMM_CREDITS_MAX || be32toh(h.ctrl_size) < EXS_WIRE_CTRL_MAX)
             abort();
 #ifdef EXS_WIRE_RING_SIZE_MAX

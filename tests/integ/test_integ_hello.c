@@ -41,7 +41,8 @@ static const struct bad_hello {
 } bad_hellos[] = {
     { "good stream", SOCK_STREAM, HF_CREDITS, 64, 0 },
     { "good seqpacket", SOCK_SEQPACKET, HF_CREDITS, 64, 0 },
-    { "credits 2", SOCK_STREAM, HF_CREDITS, 2, 0 },
+    { "credits 3", SOCK_STREAM, HF_CREDITS, 3, 0 },
+    { "credits 2", SOCK_SEQPACKET, HF_CREDITS, 2, EXS_WIRE_REJ_HELLO },
     { "credits 4095", SOCK_STREAM, HF_CREDITS, 4095, 0 },
     { "credits 0", SOCK_STREAM, HF_CREDITS, 0, EXS_WIRE_REJ_HELLO },
     { "credits 1", SOCK_SEQPACKET, HF_CREDITS, 1, EXS_WIRE_REJ_HELLO },
