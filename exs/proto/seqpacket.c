@@ -137,6 +137,11 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         conn->stats.direct_xfers++;
         goto sent;
     }
+    /* An eager-size message waits for the peer's RING record (the first record of its
+     * first SEND) rather than being announced: announcing would expose a buffer that is
+     * often not grantable (a constant: read-only pages, registered without LOCAL_WRITE). */
+    if (len < eager && conn->peer.ring_size && !conn->peer_ring_keyed)
+        return 0;
     /* 3. announce it; the receiver READs it when its receive is posted */
     if (!conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN) && !conn_ctrl_flush_locked(conn))
         return 0;
