@@ -186,6 +186,27 @@ void pt_close(struct pt_pair *pp)
     ck_assert_uint_eq(mock_violations(), 0);
 }
 
+void pt_close_both(struct pt_pair *pp)
+{
+    if (pp->a.conn)
+        exs__conn_close(pp->a.conn);
+    if (pp->b.conn)
+        exs__conn_close(pp->b.conn);
+    pt_run(pp);
+    ck_assert_int_eq(pp->a.dead, 1);
+    ck_assert_int_eq(pp->b.dead, 1);
+    ck_assert_uint_eq(pt_rnr(pp), 0);
+    pt_close(pp);
+    mock_set_reorder(0);
+}
+
+void pt_send_pattern(struct pt_op *o, struct pt_side *side, void *buf, size_t len, uint64_t off)
+{
+    pt_fill(buf, len, off);
+    pt_op_init(o, side, EXS_OP_SEND, buf, len, 0);
+    ck_assert_int_eq(pt_post(o), 0);
+}
+
 static void pt_op_done(struct exs_op *op)
 {
     struct pt_op *o = exs_container_of(op, struct pt_op, op);

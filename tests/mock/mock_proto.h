@@ -56,6 +56,11 @@ int pt_dispatch(struct pt_pair *pp);
 /* Close what is left (conns must be DEAD or IDLE first: close, run), destroy the
  * listener and ctxs; asserts no conn leaks and no provider contract violation. */
 void pt_close(struct pt_pair *pp);
+/* Orderly end of a test: both sides close, everything runs out, both conns die, no RNR,
+ * then pt_close and the mock's reordering off. */
+void pt_close_both(struct pt_pair *pp);
+/* Post a send of len pattern bytes (pattern offset off) from side. */
+void pt_send_pattern(struct pt_op *o, struct pt_side *side, void *buf, size_t len, uint64_t off);
 
 /* Prepare op (kind, buffer registered for local access on side's ctx, flags). */
 void pt_op_init(struct pt_op *o, struct pt_side *side, enum exs_op_kind kind, void *buf, size_t len,

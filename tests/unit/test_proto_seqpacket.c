@@ -24,24 +24,13 @@ static void sp_setup(void)
 /* Orderly end: both close, everything runs out, nothing leaks. */
 static void sp_teardown(void)
 {
-    if (pp.a.conn)
-        exs__conn_close(pp.a.conn);
-    if (pp.b.conn)
-        exs__conn_close(pp.b.conn);
-    pt_run(&pp);
-    ck_assert_int_eq(pp.a.dead, 1);
-    ck_assert_int_eq(pp.b.dead, 1);
-    ck_assert_uint_eq(pt_rnr(&pp), 0);
-    pt_close(&pp);
-    mock_set_reorder(0);
+    pt_close_both(&pp);
 }
 
 /* Post a send of len pattern bytes (pattern offset seed) from side. */
 static void send_msg(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len, uint64_t seed)
 {
-    pt_fill(buf, len, seed);
-    pt_op_init(o, s, EXS_OP_SEND, buf, len, 0);
-    ck_assert_int_eq(pt_post(o), 0);
+    pt_send_pattern(o, s, buf, len, seed);
 }
 
 static void recv_msg(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len)

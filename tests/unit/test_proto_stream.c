@@ -59,24 +59,13 @@ static void st_setup(void)
 static void st_teardown(void)
 {
     mock_set_tap(NULL, NULL);
-    if (pp.a.conn)
-        exs__conn_close(pp.a.conn);
-    if (pp.b.conn)
-        exs__conn_close(pp.b.conn);
-    pt_run(&pp);
-    ck_assert_int_eq(pp.a.dead, 1);
-    ck_assert_int_eq(pp.b.dead, 1);
-    ck_assert_uint_eq(pt_rnr(&pp), 0);
-    pt_close(&pp);
-    mock_set_reorder(0);
+    pt_close_both(&pp);
 }
 
 /* Send len bytes of the stream starting at offset off. */
 static void st_send(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len, uint64_t off)
 {
-    pt_fill(buf, len, off);
-    pt_op_init(o, s, EXS_OP_SEND, buf, len, 0);
-    ck_assert_int_eq(pt_post(o), 0);
+    pt_send_pattern(o, s, buf, len, off);
 }
 
 static void st_recv(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len, int flags)
