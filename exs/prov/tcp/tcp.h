@@ -327,6 +327,8 @@ struct tcp_ctx {
     /* copy fence (mr_lock) */
     int                     copying;    /* the NIC is copying to / from key memory */
     uint64_t                copy_gen;   /* copies begun */
+    struct tcp_key         *copy_key;   /* the one key copied to (a WRITE's placement), NULL: any
+                                           (a sendmsg of READ responses) (mr_lock) */
     unsigned                copy_waiters;
     /* key generator (mr_lock) */
     uint32_t                key_pool[64];

@@ -414,6 +414,7 @@ static int tcp_conn_resp_fence(struct tcp_conn *conn, int *naked)
     if (live && !cut) {
         ctx->copying = 1;
         ctx->copy_gen++;
+        ctx->copy_key = NULL; /* READ responses of several keys may leave in one sendmsg */
     }
     pthread_mutex_unlock(&ctx->mr_lock);
     if (cut) {

@@ -90,14 +90,15 @@ static void tcp_key_insert_locked(struct tcp_ctx *ctx, struct tcp_key *k)
 }
 
 /* Under mr_lock: no peer byte reaches k's memory once this returns. Waits only for
- * the copy running at this instant (bounded: one non-blocking readv/sendmsg). */
+ * the copy running at this instant into k's memory (bounded: one non-blocking readv or
+ * sendmsg); a WRITE being placed into other memory is not waited for. */
 static void tcp_key_kill_locked(struct tcp_ctx *ctx, struct tcp_key *k)
 {
     uint64_t gen = ctx->copy_gen;
 
     k->live = 0;
     exs_list_del(&k->link);
-    while (ctx->copying && ctx->copy_gen == gen) {
+    while (ctx->copying && ctx->copy_gen == gen && (!ctx->copy_key || ctx->copy_key == k)) {
         ctx->copy_waiters++;
         pthread_cond_wait(&ctx->copy_cond, &ctx->mr_lock);
         ctx->copy_waiters--;
@@ -349,6 +350,7 @@ int exs__tcp_copy_begin(struct tcp_ctx *ctx, struct tcp_key *k)
     if (k->live) {
         ctx->copying = 1;
         ctx->copy_gen++;
+        ctx->copy_key = k;
     } else {
         ret = -EACCES;
     }
