@@ -40,7 +40,7 @@ static const struct exs_param_def params_table[] = {
     PARAM(tcp_max_wr, "EXS_TCP_MAX_WR", "4096", UINT, 0,
           "tcp: largest send or receive queue depth"),
     PARAM(tcp_cq_size, "EXS_TCP_CQ_SIZE", "65536", UINT, 0,
-          "tcp: completion queue capacity of a context"),
+          "tcp: initial completion queue size of a context (grows as endpoints reserve theirs, up to 4194304)"),
     PARAM(tcp_max_msg, "EXS_TCP_MAX_MSG", "1073741824", UINT, 0,
           "tcp: largest work request, bytes"),
     PARAM(credits, "EXS_CREDITS", "64", UINT, 0,
