@@ -93,6 +93,18 @@ struct exs_prov_grant {
     unsigned            access; /* exactly one of EXS_PROV_ACCESS_REMOTE_WRITE / _READ */
 };
 
+/* For providers: the generic part of a new grant (rkey is the provider's). */
+static inline void exs__prov_grant_init(struct exs_prov_grant *g, struct exs_prov_ep *ep,
+                                        struct exs_prov_mr *mr, uint64_t addr, uint64_t length,
+                                        unsigned access)
+{
+    g->ep = ep;
+    g->mr = mr;
+    g->addr = addr;
+    g->length = length;
+    g->access = access;
+}
+
 /* ---- work requests ---- */
 struct exs_prov_sge {
     uint64_t addr;   /* local virtual address */

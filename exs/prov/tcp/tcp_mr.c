@@ -213,11 +213,7 @@ int exs__tcp_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, siz
     g = calloc(1, sizeof(*g));
     if (!g)
         return -ENOMEM;
-    g->base.ep = e;
-    g->base.mr = m;
-    g->base.addr = a;
-    g->base.length = length;
-    g->base.access = access;
+    exs__prov_grant_init(&g->base, e, m, a, length, access);
     g->key.addr = a;
     g->key.length = length;
     g->key.access = access;

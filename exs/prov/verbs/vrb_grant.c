@@ -135,11 +135,7 @@ int exs__vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, siz
     g = calloc(1, sizeof(*g));
     if (!g)
         return -ENOMEM;
-    g->base.ep = e;
-    g->base.mr = m;
-    g->base.addr = a;
-    g->base.length = length;
-    g->base.access = access;
+    exs__prov_grant_init(&g->base, e, m, a, length, access);
     exs_list_init(&g->link);
     if (ctx->grant_mode == VRB_GRANT_MR) {
         g->sub = ibv_reg_mr(ctx->pd, addr, length, IBV_ACCESS_LOCAL_WRITE | ibv_right);
