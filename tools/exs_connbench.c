@@ -117,7 +117,7 @@ static void print_counter(const char *set, const char *name)
 
 static int cb_pass(const char *prov, const char *ip, int n, long qp_cache)
 {
-    struct exs_prov_attr attr = {NULL, 0};
+    struct exs_prov_attr attr = {.device = NULL};
     struct exs_prov_ep_attr ea = {
         .max_send_wr = 64,
         .max_recv_wr = 64,

@@ -34,6 +34,13 @@ static void prov_stub_void(void)
 {
 }
 
+/* Default ctx_progress: the provider progresses on its own. */
+static int prov_progress_none(struct exs_prov_ctx *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
 /* Default mem_alloc/mem_free: page-aligned memory with a local-only registration. */
 static int prov_mem_alloc(struct exs_prov_ctx *ctx, size_t len, struct exs_prov_mr **mr_p)
 {
@@ -88,6 +95,8 @@ void exs__prov_fill_defaults(struct exs_prov_ops *ops)
         ops->mem_alloc = prov_mem_alloc;
         ops->mem_free = prov_mem_free;
     }
+    if (!ops->ctx_progress)
+        ops->ctx_progress = prov_progress_none;
     if (!ops->mr_get) {
         ops->mr_get = prov_mr_get;
         ops->mr_put = prov_mr_put;

@@ -50,9 +50,23 @@ struct exs_prov_caps {
 };
 
 /* ---- context ---- */
+/*
+ * Progress (spec/threading.md). By default (flags 0) a provider runs whatever it needs
+ * to make progress on its own threads (the tcp provider's NIC thread). With
+ * EXS_PROV_ATTR_MANUAL_PROGRESS the consumer drives it instead: the provider starts no
+ * thread that moves data (a thread that only waits for the kernel's connection events,
+ * like the verbs rdma_cm thread, may remain) and does its pending work inside
+ * ctx_progress, called by whichever thread drives progress. Every other op behaves
+ * exactly as in the default mode (same RC semantics, same completions).
+ */
+enum {
+    EXS_PROV_ATTR_MANUAL_PROGRESS = 1u << 0,
+};
+
 struct exs_prov_attr {
     const char *device;  /* provider-specific device name, NULL = default */
     uint32_t    cq_size; /* requested completion queue capacity, 0 = default */
+    uint32_t    flags;   /* EXS_PROV_ATTR_* */
 };
 
 struct exs_prov_ctx {
@@ -249,8 +263,21 @@ struct exs_prov_ops {
     int  (*ctx_event_fd)(struct exs_prov_ctx *ctx);
     /* Request notification: the event fd becomes readable once a completion or
      * cm event is queued. Consumes any earlier notification. Returns -EAGAIN
-     * when entries are already queued (poll them instead of sleeping). */
+     * when entries are already queued (poll them instead of sleeping).
+     * MANUAL_PROGRESS: also -EAGAIN while ctx_progress has work it can do now
+     * (queued posts or commands); after 0, the event fd becomes readable as soon as
+     * ctx_progress has work (frames arrived, a socket became writable, a provider
+     * timer expired, another thread queued work): the sleeper then calls
+     * ctx_progress, ctx_poll and ctx_cm_poll. Spurious readability is allowed. */
     int  (*ctx_arm)(struct exs_prov_ctx *ctx);
+    /* Do the provider's pending work without blocking: transmit what was posted,
+     * read and process what arrived, run expired provider timers, run queued
+     * connection commands. Any thread, any mode; concurrent callers are serialized
+     * (a caller may wait for another one's turn, never for a peer). Returns > 0 when
+     * it did something (completions or cm events may now be queued), 0 when there was
+     * nothing to do, or a negative errno. Optional (default: returns 0); a provider
+     * without it must not be opened with MANUAL_PROGRESS (-EOPNOTSUPP). */
+    int  (*ctx_progress)(struct exs_prov_ctx *ctx);
     /* Up to max completions, oldest first; returns the count (0 = none). */
     int  (*ctx_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max);
     /* One cm event: 1 when *ev was filled, 0 when none is queued. */
@@ -372,6 +399,11 @@ static inline int exs__prov_cm_poll(struct exs_prov_ctx *ctx, struct exs_prov_cm
 static inline int exs__prov_arm(struct exs_prov_ctx *ctx)
 {
     return ctx->ops->ctx_arm(ctx);
+}
+
+static inline int exs__prov_progress(struct exs_prov_ctx *ctx)
+{
+    return ctx->ops->ctx_progress(ctx);
 }
 
 static inline int exs__prov_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length,

@@ -149,7 +149,7 @@ static int read_full(int fd, void *buf, size_t len, int timeout_ms)
  * 'E' once established and waits to be killed. */
 static void child_main(char role, int in_fd, int out_fd)
 {
-    const struct exs_prov_attr attr = {NULL, 0};
+    const struct exs_prov_attr attr = {.device = NULL};
     struct exs_prov_ep_attr ea = pt_default_attr();
     struct exs_prov_ctx *ctx;
     struct exs_prov_ep *ep;
