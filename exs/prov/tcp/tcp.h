@@ -14,18 +14,27 @@
 #include "exs/util/list.h"
 
 /*
- * Threads and locks (spec/provider-tcp.md, "Implementation"):
+ * Threads and locks (spec/provider-tcp.md, "Progress" and "Implementation"):
  *
- *   NIC thread   one per ctx; owns every socket, every tcp_conn, the transmit
- *                queues and the receive parsers. Everything that must not race
- *                with socket I/O (connect, accept, reject, disconnect, ep_destroy,
- *                mr_dereg, listener_destroy) runs on it as a command (tcp_ctx_call).
+ *   nic_lock     the NIC role. Whoever holds it owns every socket, every tcp_conn,
+ *                the transmit queues and the receive parsers ("NIC" below). It is
+ *                held for one turn (tcp_nic_turn: epoll events, posted work,
+ *                timers, flush, reap), for a command (connect, accept, reject,
+ *                disconnect, ep_destroy, listen, listener_destroy: run by the
+ *                caller's thread, exs__tcp_ctx_call) and for a direct write (a
+ *                poster that wins trylock frames and writes its own request).
+ *                Held by: the NIC thread (default mode) for its turns only, never
+ *                while it sleeps; ctx_progress (MANUAL_PROGRESS); command callers;
+ *                posters. Outermost lock of the provider: nic_lock -> ep->lock ->
+ *                ctx->lock -> mr_lock. Nothing under it waits for a peer, and the
+ *                provider never takes a lock of its consumer (api, proto, engine).
  *   ep->lock     the ep's state, its pending send list, receive queue and counts.
- *   ctx->lock    the completion queue, cm event queue, command list, the list of
- *                eps with new work. Taken after ep->lock, never before it.
+ *   ctx->lock    the completion queue, cm event queue, the list of eps with new
+ *                work, armed. Taken after ep->lock, never before it.
  *   ctx->mr_lock the key hash (mrs and grants), the key pool, the grants of every
  *                ep, and the copy fence. Innermost.
- * No lock is held across a blocking call or while payload is copied.
+ * No lock is held across a blocking call or while payload is copied (payload is
+ * copied by the nic_lock holder, which waits for nobody).
  *
  * Copy fence (spec/provider-tcp.md, "Fencing"): the NIC copies peer bytes into a
  * remote key's memory (WRITE payload) or out of it (READ response) only between
@@ -71,6 +80,8 @@ struct tcp_counters {
     uint64_t bogus_conns;
     uint64_t cq_overflows;
     uint64_t wakeups;
+    uint64_t direct_writes;
+    uint64_t progress_turns;
     uint64_t emu_holds;
     uint64_t accept_calls;
     uint64_t accept_backoffs;
@@ -180,7 +191,7 @@ struct tcp_ep {
     uint32_t           cq_sq, cq_rq;
     int                on_work;      /* on ctx->work_eps (ctx->lock) */
     struct exs_list    work_link;
-    /* NIC thread only */
+    /* NIC (nic_lock) */
     struct exs_list    sq;           /* framed by the NIC (queued or sent), oldest first */
     struct exs_list    sq_wait;      /* taken, not framed yet (fence, READ limit, bad sge) */
     struct tcp_conn   *conn;
@@ -287,7 +298,7 @@ struct tcp_conn {
     struct exs_list      link;       /* ctx->conns or ctx->dead */
 };
 
-/* A command run on the NIC thread on behalf of an application thread. */
+/* A command, run by the caller's thread with nic_lock held (exs__tcp_ctx_call). */
 enum tcp_cmd_type {
     TCP_CMD_CONNECT,
     TCP_CMD_ACCEPT,
@@ -308,7 +319,6 @@ struct tcp_cmd {
     socklen_t              addrlen;
     const void            *pd;
     uint32_t               pdlen;
-    int                    done;
     int                    ret;
 };
 
@@ -319,8 +329,8 @@ struct tcp_cm_node {
 
 struct tcp_ctx {
     struct exs_prov_ctx     base;
+    pthread_mutex_t         nic_lock;   /* the NIC role (see the top of this file) */
     pthread_mutex_t         lock;
-    pthread_cond_t          cond;       /* commands done */
     pthread_mutex_t         mr_lock;
     pthread_cond_t          copy_cond;  /* a copy ended while someone waits (mr_lock) */
     struct exs_list         mr_hash[TCP_MR_HASH]; /* live tcp_key by key (mr_lock) */
@@ -335,22 +345,24 @@ struct tcp_ctx {
     unsigned                key_pool_n;
     uint64_t                key_prng;   /* fallback when getrandom fails */
     int                     epfd;
-    int                     wakefd;     /* NIC wake eventfd */
-    int                     timerfd;
-    int                     evfd;       /* the application's event fd */
+    int                     wakefd;     /* in epfd: work queued for the next turn */
+    int                     timerfd;    /* in epfd: the earliest provider deadline */
+    int                     evfd;       /* default mode: the application's event fd */
+    int                     manual;     /* EXS_PROV_ATTR_MANUAL_PROGRESS: no NIC thread,
+                                           ctx_event_fd is epfd, notifications go to
+                                           wakefd (read-only after open) */
+    int                     has_thread; /* the NIC thread was started */
     pthread_t               thread;
     int                     stop;       /* (lock) */
-    int                     nic_idle;   /* atomic: NIC about to sleep, wake needed */
     int                     armed;      /* (lock) */
     /* completion queue ring (lock) */
     struct exs_prov_cqe    *cq;
     uint32_t                cq_cap, cq_head, cq_count;
     uint64_t                cq_reserved; /* sum of max_send_wr + max_recv_wr of live eps */
     struct exs_list         cm_events;  /* tcp_cm_node (lock) */
-    struct exs_list         cmds;       /* tcp_cmd (lock) */
     struct exs_list         work_eps;   /* eps with new sends or lost completions (lock) */
     struct exs_list         eps;        /* (lock) */
-    /* NIC thread only */
+    /* NIC (nic_lock) */
     struct exs_list         conns;
     struct exs_list         dead;
     struct exs_list         dirty;      /* conns with frames to write */
@@ -383,15 +395,21 @@ extern struct exs_prov_ops exs__prov_tcp_ops;
 /* tcp_ctx.c */
 int  exs__tcp_epoll_add_listener(struct tcp_listener *lis);
 void exs__tcp_listener_watch(struct tcp_listener *lis, int on);
+/* Run cmd in the caller's thread under nic_lock; its result, or -ESHUTDOWN once
+ * ctx_close began. The caller holds no provider lock. */
 int  exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
-void exs__tcp_cmd_finish(struct tcp_ctx *ctx, struct tcp_cmd *cmd, int ret);
 void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_prov_cqe *cqe);
 void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
                              const struct exs_prov_cqe *cqe);
 void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev);
 int  exs__tcp_cq_reserve_locked(struct tcp_ctx *ctx, uint64_t n);
+/* Queue ep on ctx->work_eps (ctx->lock taken inside). */
 void exs__tcp_ep_work(struct tcp_ctx *ctx, struct tcp_ep *ep);
-void exs__tcp_wake(struct tcp_ctx *ctx);
+/* After queueing work, with no provider lock held: take the NIC role with trylock
+ * and do the work in this thread (a direct write), or, when another thread holds
+ * it, write wakefd so that a turn runs after the holder's (spec/provider-tcp.md,
+ * "Progress": no lost wake-up). */
+void exs__tcp_ctx_kick(struct tcp_ctx *ctx);
 void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events);
 void exs__tcp_conn_timer(struct tcp_conn *conn);
 

@@ -892,7 +892,7 @@ static int tcp_disconnect_nic(struct tcp_ep *ep)
     return 0;
 }
 
-/* NIC: run one command. */
+/* NIC (nic_lock held, the caller's thread): run one command. */
 void exs__tcp_cmd_run(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
 {
     int ret = 0;
@@ -922,5 +922,5 @@ void exs__tcp_cmd_run(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
         tcp_listener_destroy_nic(ctx, cmd->lis);
         break;
     }
-    exs__tcp_cmd_finish(ctx, cmd, ret);
+    cmd->ret = ret;
 }

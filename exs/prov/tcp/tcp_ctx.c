@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The tcp provider's context: NIC thread, completion and cm event queues, event fd, commands. */
+/* The tcp provider's context: NIC turns and thread, manual progress, completion and cm queues, commands. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -41,7 +41,11 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
     EXS_COUNTER(struct tcp_counters, conns_unreachable, "connects that failed"),
     EXS_COUNTER(struct tcp_counters, bogus_conns, "incoming connections closed in handshake"),
     EXS_COUNTER(struct tcp_counters, cq_overflows, "completions lost to a full queue"),
-    EXS_COUNTER(struct tcp_counters, wakeups, "NIC thread wake-ups by posts and commands"),
+    EXS_COUNTER(struct tcp_counters, wakeups,
+                "wake-ups written by posts that found the NIC role held by another thread"),
+    EXS_COUNTER(struct tcp_counters, direct_writes,
+                "posts framed and written by the posting thread itself"),
+    EXS_COUNTER(struct tcp_counters, progress_turns, "NIC turns run by ctx_progress"),
     EXS_COUNTER(struct tcp_counters, emu_holds, "frames held by the link emulation"),
     EXS_COUNTER(struct tcp_counters, accept_calls, "accept calls on listeners"),
     EXS_COUNTER(struct tcp_counters, accept_backoffs,
@@ -52,19 +56,26 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
                 "incoming sockets dropped: too many handshakes"),
 };
 
-void exs__tcp_wake(struct tcp_ctx *ctx)
+static void tcp_wakefd_write(struct tcp_ctx *ctx)
 {
     uint64_t one = 1;
 
-    if (__atomic_exchange_n(&ctx->nic_idle, 0, __ATOMIC_SEQ_CST)) {
-        EXS_CNT_INC(ctx->cnt.wakeups);
-        if (write(ctx->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-            EXS_ERR(PROV, "ctx %p: wake write: %m", (void *)ctx);
-    }
+    if (write(ctx->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        EXS_ERR(PROV, "ctx %p: wake write: %m", (void *)ctx);
+}
+
+static void tcp_wakefd_read(struct tcp_ctx *ctx)
+{
+    uint64_t v;
+
+    if (read(ctx->wakefd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        EXS_ERR(PROV, "ctx %p: wake read: %m", (void *)ctx);
 }
 
 /* ---- completion and cm event queues ---- */
 
+/* An entry was queued: make the event fd readable when armed. MANUAL_PROGRESS: the
+ * event fd is epfd, which wakefd makes readable. */
 static void tcp_ctx_notify_locked(struct tcp_ctx *ctx)
 {
     uint64_t one = 1;
@@ -72,7 +83,7 @@ static void tcp_ctx_notify_locked(struct tcp_ctx *ctx)
     if (!ctx->armed)
         return;
     ctx->armed = 0;
-    if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    if (write(ctx->manual ? ctx->wakefd : ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: event fd write: %m", (void *)ctx);
 }
 
@@ -156,24 +167,26 @@ void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev)
 
 void exs__tcp_ep_work(struct tcp_ctx *ctx, struct tcp_ep *ep)
 {
-    int wake = 0;
-
     pthread_mutex_lock(&ctx->lock);
     if (!ep->on_work) {
         ep->on_work = 1;
         exs_list_add_tail(&ctx->work_eps, &ep->work_link);
-        wake = 1;
     }
     pthread_mutex_unlock(&ctx->lock);
-    if (wake)
-        exs__tcp_wake(ctx);
 }
 
 static int tcp_ctx_event_fd(struct exs_prov_ctx *c)
 {
-    return tcp_ctx_of(c)->evfd;
+    struct tcp_ctx *ctx = tcp_ctx_of(c);
+
+    return ctx->manual ? ctx->epfd : ctx->evfd;
 }
 
+/* Default mode: consume the evfd notification, then arm unless entries are queued.
+ * MANUAL_PROGRESS: the same with wakefd, and also -EAGAIN while posted work waits
+ * for a turn. A poster queues its ep under ctx->lock before it writes wakefd, so
+ * either this check sees the work or the poster's write comes after our read and
+ * leaves epfd readable: reading wakefd here loses no wake-up. */
 static int tcp_ctx_arm(struct exs_prov_ctx *c)
 {
     struct tcp_ctx *ctx = tcp_ctx_of(c);
@@ -181,9 +194,10 @@ static int tcp_ctx_arm(struct exs_prov_ctx *c)
     int ret = 0;
 
     pthread_mutex_lock(&ctx->lock);
-    if (read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    if (read(ctx->manual ? ctx->wakefd : ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: event fd read: %m", (void *)ctx);
-    if (ctx->cq_count || !exs_list_empty(&ctx->cm_events)) {
+    if (ctx->cq_count || !exs_list_empty(&ctx->cm_events) ||
+        (ctx->manual && !exs_list_empty(&ctx->work_eps))) {
         ctx->armed = 0;
         ret = -EAGAIN;
     } else {
@@ -231,37 +245,7 @@ static int tcp_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
     return 1;
 }
 
-/* ---- commands: run on the NIC thread, the caller waits ---- */
-
-int exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
-{
-    cmd->done = 0;
-    cmd->ret = 0;
-    pthread_mutex_lock(&ctx->lock);
-    if (ctx->stop) {
-        pthread_mutex_unlock(&ctx->lock);
-        return -ESHUTDOWN;
-    }
-    exs_list_add_tail(&ctx->cmds, &cmd->link);
-    pthread_mutex_unlock(&ctx->lock);
-    exs__tcp_wake(ctx);
-    pthread_mutex_lock(&ctx->lock);
-    while (!cmd->done)
-        pthread_cond_wait(&ctx->cond, &ctx->lock);
-    pthread_mutex_unlock(&ctx->lock);
-    return cmd->ret;
-}
-
-void exs__tcp_cmd_finish(struct tcp_ctx *ctx, struct tcp_cmd *cmd, int ret)
-{
-    pthread_mutex_lock(&ctx->lock);
-    cmd->ret = ret;
-    cmd->done = 1;
-    pthread_cond_broadcast(&ctx->cond);
-    pthread_mutex_unlock(&ctx->lock);
-}
-
-/* ---- NIC thread ---- */
+/* ---- NIC turns (nic_lock held) ---- */
 
 void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events)
 {
@@ -367,13 +351,15 @@ static void tcp_nic_timer_arm(struct tcp_ctx *ctx)
     ctx->timer_armed_ns = next;
 }
 
-static void tcp_nic_service(struct tcp_ctx *ctx)
+/* Frame the posted sends of the eps on work_eps. Returns how many eps it took. */
+static int tcp_nic_service(struct tcp_ctx *ctx)
 {
-    struct exs_list cmds, *l;
+    struct exs_list *l;
+    int i;
 
     /* eps first (a command may destroy one); one at a time, because a post may
      * queue the ep again as soon as on_work is cleared */
-    for (int i = 0; i < 256; i++) {
+    for (i = 0; i < 256; i++) {
         pthread_mutex_lock(&ctx->lock);
         l = exs_list_pop_head(&ctx->work_eps);
         if (l)
@@ -383,15 +369,7 @@ static void tcp_nic_service(struct tcp_ctx *ctx)
             break;
         exs__tcp_ep_take(exs_list_entry(l, struct tcp_ep, work_link));
     }
-    exs_list_init(&cmds);
-    pthread_mutex_lock(&ctx->lock);
-    if (!exs_list_empty(&ctx->cmds)) {
-        exs_list_insert_after(&ctx->cmds, &cmds);
-        exs_list_del(&ctx->cmds);
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    while ((l = exs_list_pop_head(&cmds)) != NULL)
-        exs__tcp_cmd_run(ctx, exs_list_entry(l, struct tcp_cmd, link));
+    return i;
 }
 
 static void tcp_nic_flush(struct tcp_ctx *ctx)
@@ -422,8 +400,7 @@ static void tcp_nic_event(struct tcp_ctx *ctx, struct epoll_event *ev)
 
     switch (tag) {
     case TCP_TAG_WAKE:
-        if (read(ctx->wakefd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-            EXS_ERR(PROV, "ctx %p: wake read: %m", (void *)ctx);
+        tcp_wakefd_read(ctx);
         break;
     case TCP_TAG_TIMER:
         if (read(ctx->timerfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
@@ -482,38 +459,126 @@ static int tcp_nic_drained(struct tcp_ctx *ctx, uint64_t *stop_at)
     return 1;
 }
 
-static void *tcp_nic_main(void *arg)
+/*
+ * One NIC turn, shared by the NIC thread, ctx_progress, commands and direct writes
+ * (nic_lock held). io: also collect the ready descriptors (epoll_wait, timeout 0)
+ * and handle them. The posted work is taken AFTER the events: a poster that lost
+ * trylock queued its ep before writing wakefd, so a turn that consumed that write
+ * also sees the ep. Returns the number of things done (events, eps taken).
+ */
+static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
 {
-    struct tcp_ctx *ctx = arg;
     struct epoll_event evs[64];
-    uint64_t stop_at = 0;
-    int n, busy, stop;
+    int n = 0, did;
 
-    for (;;) {
-        tcp_nic_service(ctx);
-        tcp_nic_timers(ctx);
-        tcp_nic_flush(ctx);
-        tcp_nic_timer_arm(ctx);
-        tcp_nic_reap(ctx);
-
-        __atomic_store_n(&ctx->nic_idle, 1, __ATOMIC_SEQ_CST);
-        pthread_mutex_lock(&ctx->lock);
-        busy = !exs_list_empty(&ctx->cmds) || !exs_list_empty(&ctx->work_eps);
-        stop = ctx->stop;
-        pthread_mutex_unlock(&ctx->lock);
-        if (stop && !busy && tcp_nic_drained(ctx, &stop_at))
-            break;
-        busy |= !exs_list_empty(&ctx->dirty);
-        n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), busy ? 0 : stop ? 10 : -1);
-        __atomic_store_n(&ctx->nic_idle, 0, __ATOMIC_SEQ_CST);
+    if (io) {
+        n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
         if (n < 0) {
             if (errno != EINTR)
                 EXS_ERR(PROV, "ctx %p: epoll_wait: %m", (void *)ctx);
-            continue;
+            n = 0;
         }
         for (int i = 0; i < n; i++)
             tcp_nic_event(ctx, &evs[i]);
     }
+    did = n + tcp_nic_service(ctx);
+    tcp_nic_timers(ctx);
+    tcp_nic_flush(ctx);
+    tcp_nic_timer_arm(ctx);
+    tcp_nic_reap(ctx);
+    return did;
+}
+
+void exs__tcp_ctx_kick(struct tcp_ctx *ctx)
+{
+    if (pthread_mutex_trylock(&ctx->nic_lock) == 0) {
+        EXS_CNT_INC(ctx->cnt.direct_writes);
+        tcp_nic_turn(ctx, 0);
+        pthread_mutex_unlock(&ctx->nic_lock);
+        return;
+    }
+    /* The holder may be past its look at work_eps: a turn must follow it. */
+    EXS_CNT_INC(ctx->cnt.wakeups);
+    tcp_wakefd_write(ctx);
+}
+
+/* ---- commands: run by the caller's thread, nic_lock held ---- */
+
+int exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
+{
+    int stop;
+
+    cmd->ret = 0;
+    pthread_mutex_lock(&ctx->nic_lock);
+    pthread_mutex_lock(&ctx->lock);
+    stop = ctx->stop;
+    pthread_mutex_unlock(&ctx->lock);
+    if (stop) {
+        pthread_mutex_unlock(&ctx->nic_lock);
+        return -ESHUTDOWN;
+    }
+    exs__tcp_cmd_run(ctx, cmd);
+    tcp_nic_turn(ctx, 0); /* what the command queued leaves now; dead conns are freed */
+    pthread_mutex_unlock(&ctx->nic_lock);
+    return cmd->ret;
+}
+
+/* ctx_progress: one non-blocking turn (both modes; serialized by nic_lock). */
+static int tcp_ctx_progress(struct exs_prov_ctx *c)
+{
+    struct tcp_ctx *ctx = tcp_ctx_of(c);
+    int did;
+
+    pthread_mutex_lock(&ctx->nic_lock);
+    EXS_CNT_INC(ctx->cnt.progress_turns);
+    did = tcp_nic_turn(ctx, 1);
+    pthread_mutex_unlock(&ctx->nic_lock);
+    return did > 0;
+}
+
+/*
+ * One turn of a driver that sleeps between turns (the NIC thread, or ctx_close in
+ * MANUAL_PROGRESS mode). Returns 1 when ctx_close may finish (stopped, nothing
+ * queued, the last frames left or the drain deadline passed), else 0 with *wait_ms
+ * set to how long the caller may sleep on epfd (-1: until an event).
+ */
+static int tcp_nic_step(struct tcp_ctx *ctx, uint64_t *stop_at, int *wait_ms)
+{
+    int busy, stop, done;
+
+    pthread_mutex_lock(&ctx->nic_lock);
+    tcp_nic_turn(ctx, 1);
+    pthread_mutex_lock(&ctx->lock);
+    busy = !exs_list_empty(&ctx->work_eps);
+    stop = ctx->stop;
+    pthread_mutex_unlock(&ctx->lock);
+    done = stop && !busy && tcp_nic_drained(ctx, stop_at);
+    busy |= !exs_list_empty(&ctx->dirty);
+    pthread_mutex_unlock(&ctx->nic_lock);
+    *wait_ms = busy ? 0 : stop ? 10 : -1;
+    return done;
+}
+
+/* Sleep until epfd has something, without nic_lock. The event is not looked at (its
+ * object may be freed by another thread's turn meanwhile): the next turn collects it
+ * again, level-triggered. */
+static void tcp_nic_sleep(struct tcp_ctx *ctx, int wait_ms)
+{
+    struct epoll_event ev;
+
+    if (wait_ms && epoll_wait(ctx->epfd, &ev, 1, wait_ms) < 0 && errno != EINTR)
+        EXS_ERR(PROV, "ctx %p: epoll_wait: %m", (void *)ctx);
+}
+
+/* Default mode: the NIC thread, a driver that sleeps outside nic_lock. */
+static void *tcp_nic_main(void *arg)
+{
+    struct tcp_ctx *ctx = arg;
+    uint64_t stop_at = 0;
+    int wait_ms;
+
+    while (!tcp_nic_step(ctx, &stop_at, &wait_ms))
+        tcp_nic_sleep(ctx, wait_ms);
     return NULL;
 }
 
@@ -562,8 +627,8 @@ static void tcp_ctx_free(struct tcp_ctx *ctx)
         close(ctx->timerfd);
     if (ctx->evfd >= 0)
         close(ctx->evfd);
-    pthread_cond_destroy(&ctx->cond);
     pthread_mutex_destroy(&ctx->lock);
+    pthread_mutex_destroy(&ctx->nic_lock);
     pthread_mutex_destroy(&ctx->mr_lock);
     pthread_cond_destroy(&ctx->copy_cond);
     free(ctx->cq);
@@ -600,6 +665,10 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     int ret;
 
     exs__params_load();
+    if (attr && (attr->flags & ~(uint32_t)EXS_PROV_ATTR_MANUAL_PROGRESS)) {
+        EXS_ERR(PROV, "ctx open: unknown attribute flags 0x%x", attr->flags);
+        return -EINVAL;
+    }
     if (attr && attr->device && attr->device[0] && strcmp(attr->device, "tcp") != 0) {
         EXS_ERR(PROV, "device %s: unknown (the tcp provider has one device, tcp)", attr->device);
         return -ENODEV;
@@ -608,14 +677,14 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     if (!ctx)
         return -ENOMEM;
     ctx->epfd = ctx->wakefd = ctx->timerfd = ctx->evfd = -1;
+    ctx->manual = attr && (attr->flags & EXS_PROV_ATTR_MANUAL_PROGRESS);
+    pthread_mutex_init(&ctx->nic_lock, NULL);
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->mr_lock, NULL);
     pthread_cond_init(&ctx->copy_cond, NULL);
-    pthread_cond_init(&ctx->cond, NULL);
     for (int i = 0; i < TCP_MR_HASH; i++)
         exs_list_init(&ctx->mr_hash[i]);
     exs_list_init(&ctx->cm_events);
-    exs_list_init(&ctx->cmds);
     exs_list_init(&ctx->work_eps);
     exs_list_init(&ctx->eps);
     exs_list_init(&ctx->conns);
@@ -658,8 +727,10 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ret = tcp_ctx_epoll_add(ctx, ctx->wakefd, TCP_TAG_WAKE);
     if (!ret)
         ret = tcp_ctx_epoll_add(ctx, ctx->timerfd, TCP_TAG_TIMER);
-    if (!ret)
+    if (!ret && !ctx->manual) {
         ret = -pthread_create(&ctx->thread, NULL, tcp_nic_main, ctx);
+        ctx->has_thread = !ret;
+    }
     if (ret) {
         EXS_ERR(PROV, "ctx open: %s", strerror(-ret));
         tcp_ctx_free(ctx);
@@ -670,8 +741,8 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->cset.count = EXS_ARRAY_SIZE(tcp_counter_desc);
     ctx->cset.base = &ctx->cnt;
     exs__counters_register(&ctx->cset);
-    EXS_DBG(PROV, "ctx %p: open, cq %u, emu delay %llu us rate %llu mbps", (void *)ctx,
-            ctx->cq_cap, (unsigned long long)exs__params.emu_delay_us,
+    EXS_DBG(PROV, "ctx %p: open, %s progress, cq %u, emu delay %llu us rate %llu mbps",
+            (void *)ctx, ctx->manual ? "manual" : "NIC thread", ctx->cq_cap, (unsigned long long)exs__params.emu_delay_us,
             (unsigned long long)ctx->emu_rate_mbps);
     *ctx_p = &ctx->base;
     return 0;
@@ -688,9 +759,18 @@ static void tcp_ctx_close(struct exs_prov_ctx *c)
     pthread_mutex_lock(&ctx->lock);
     ctx->stop = 1;
     pthread_mutex_unlock(&ctx->lock);
-    __atomic_store_n(&ctx->nic_idle, 1, __ATOMIC_SEQ_CST);
-    exs__tcp_wake(ctx);
-    pthread_join(ctx->thread, NULL);
+    if (ctx->has_thread) {
+        tcp_wakefd_write(ctx);
+        pthread_join(ctx->thread, NULL);
+    } else {
+        /* MANUAL_PROGRESS: drive the last frames out ourselves, bounded as the NIC
+         * thread does (tcp_nic_drained) */
+        uint64_t stop_at = 0;
+        int wait_ms;
+
+        while (!tcp_nic_step(ctx, &stop_at, &wait_ms))
+            tcp_nic_sleep(ctx, wait_ms);
+    }
     exs__counters_unregister(&ctx->cset);
     tcp_ctx_free(ctx);
 }
@@ -701,6 +781,7 @@ struct exs_prov_ops exs__prov_tcp_ops = {
     .ctx_close = tcp_ctx_close,
     .ctx_event_fd = tcp_ctx_event_fd,
     .ctx_arm = tcp_ctx_arm,
+    .ctx_progress = tcp_ctx_progress,
     .ctx_poll = tcp_ctx_poll,
     .ctx_cm_poll = tcp_ctx_cm_poll,
     .mr_reg = exs__tcp_mr_reg,

@@ -176,6 +176,9 @@ int exs__tcp_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     EXS_DATA(PROV, "ep %p: post_send wr_id %llu opcode %d len %llu", (void *)ep,
              (unsigned long long)swr->wr_id, swr->opcode, (unsigned long long)total);
     exs__tcp_ep_work(ctx, ep);
+    /* Write it from this thread when the NIC role is free (what would block stays
+     * queued for EPOLLOUT); else the holder's next turn takes it (wakefd). */
+    exs__tcp_ctx_kick(ctx);
     return 0;
 }
 
