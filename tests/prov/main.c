@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The provider conformance test runner: exs_prov_test [-p PROVIDER] runs every suite. */
 #include <check.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +19,10 @@ static Suite *(*const suites[])(void) = {
 static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
-            "usage: %s [-p PROVIDER]\n"
+            "usage: %s [-p PROVIDER] [--manual]\n"
             "  -p PROVIDER  provider to test (default: $EXS_PROVIDER, else tcp)\n"
+            "  --manual     open every ctx with EXS_PROV_ATTR_MANUAL_PROGRESS, each driven\n"
+            "               by a driver thread and by the waiting test thread\n"
             "Check's CK_RUN_SUITE, CK_RUN_CASE, CK_FORK and CK_TIMEOUT_MULTIPLIER apply.\n",
             argv0);
 }
@@ -28,14 +31,22 @@ int main(int argc, char **argv)
 {
     const char *env = getenv("EXS_PROVIDER");
     SRunner *sr = NULL;
+    static const struct option longopts[] = {
+        {"manual", no_argument, NULL, 'm'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
     int opt, failed;
 
     if (env && env[0])
         pt_name = env;
-    while ((opt = getopt(argc, argv, "p:h")) != -1) {
+    while ((opt = getopt_long(argc, argv, "p:mh", longopts, NULL)) != -1) {
         switch (opt) {
         case 'p':
             pt_name = optarg;
+            break;
+        case 'm':
+            pt_manual = 1;
             break;
         case 'h':
             usage(stdout, argv[0]);
@@ -50,7 +61,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: unknown provider '%s'\n", argv[0], pt_name);
         return 2;
     }
-    printf("provider conformance tests: provider %s\n", pt_name);
+    printf("provider conformance tests: provider %s%s\n", pt_name,
+           pt_manual ? ", manual progress" : "");
     fflush(stdout);
 
     for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++) {

@@ -20,6 +20,15 @@ extern const struct exs_prov_ops *pt_ops;
 /* Per-test timeout in seconds (scaled by CK_TIMEOUT_MULTIPLIER). */
 #define PT_TEST_TIMEOUT 30
 
+/* --manual: every ctx is opened with EXS_PROV_ATTR_MANUAL_PROGRESS and gets a driver
+ * thread (ctx_progress, then a sleep on the event fd); the waits below also call
+ * ctx_progress before they arm. */
+extern int pt_manual;
+/* ctx_open with the mode's flags (and, with --manual, a driver thread); close with
+ * pt_ctx_close. */
+int pt_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
+void pt_ctx_close(struct exs_prov_ctx *ctx);
+
 /* 1 when the provider under test is the tcp one (tcp-only tests check this). */
 int pt_is_tcp(void);
 /* Print a skip note for the current test and return 1 unless the provider is tcp. */

@@ -4,16 +4,20 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
 
 const char *pt_name = "tcp";
 const struct exs_prov_ops *pt_ops;
+int pt_manual;
 
 int pt_is_tcp(void)
 {
@@ -52,6 +56,100 @@ void pt_sleep_ms(int ms)
         ;
 }
 
+/* ---- drivers (--manual) ---- */
+
+/* A thread per ctx standing in for an application that drives progress: it calls
+ * ctx_progress and sleeps on the event fd. It does not arm (the test thread owns the
+ * queues): while a notification waits for the test thread, the event fd stays
+ * readable, so a turn that found nothing to do is followed by a short pause. */
+#define PT_MAX_DRIVERS 16
+
+struct pt_driver {
+    struct exs_prov_ctx *ctx;
+    pthread_t thread;
+    int stopfd;
+};
+
+static struct pt_driver pt_drivers[PT_MAX_DRIVERS];
+
+static void *pt_driver_main(void *arg)
+{
+    struct pt_driver *d = arg;
+    struct pollfd pfd[2];
+    int rc;
+
+    pfd[0].fd = pt_ops->ctx_event_fd(d->ctx);
+    pfd[0].events = POLLIN;
+    pfd[1].fd = d->stopfd;
+    pfd[1].events = POLLIN;
+    for (;;) {
+        int did = pt_ops->ctx_progress(d->ctx);
+
+        if (did < 0) {
+            fprintf(stderr, "driver: ctx_progress returned %d\n", did);
+            abort();
+        }
+        pfd[0].revents = pfd[1].revents = 0;
+        rc = poll(pfd, 2, 200);
+        if (rc < 0 && errno != EINTR) {
+            perror("driver: poll");
+            abort();
+        }
+        if (pfd[1].revents)
+            return NULL;
+        if (rc > 0 && !did) {
+            struct timespec ts = {.tv_nsec = 100000};
+
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+int pt_ctx_open(const struct exs_prov_attr *attr_in, struct exs_prov_ctx **ctx_p)
+{
+    struct exs_prov_attr attr = attr_in ? *attr_in : (struct exs_prov_attr){0};
+    struct pt_driver *d = NULL;
+    int rc;
+
+    if (pt_manual)
+        attr.flags |= EXS_PROV_ATTR_MANUAL_PROGRESS;
+    rc = pt_ops->ctx_open(&attr, ctx_p);
+    if (rc || !pt_manual)
+        return rc;
+    for (int i = 0; i < PT_MAX_DRIVERS && !d; i++)
+        if (!pt_drivers[i].ctx)
+            d = &pt_drivers[i];
+    if (!d) {
+        fprintf(stderr, "pt_ctx_open: more than %d drivers\n", PT_MAX_DRIVERS);
+        abort();
+    }
+    d->ctx = *ctx_p;
+    d->stopfd = eventfd(0, EFD_CLOEXEC);
+    if (d->stopfd < 0 || pthread_create(&d->thread, NULL, pt_driver_main, d) != 0) {
+        perror("pt_ctx_open: driver");
+        abort();
+    }
+    return 0;
+}
+
+void pt_ctx_close(struct exs_prov_ctx *ctx)
+{
+    uint64_t one = 1;
+
+    for (int i = 0; i < PT_MAX_DRIVERS; i++) {
+        struct pt_driver *d = &pt_drivers[i];
+
+        if (d->ctx != ctx)
+            continue;
+        if (write(d->stopfd, &one, sizeof(one)) != sizeof(one))
+            abort();
+        pthread_join(d->thread, NULL);
+        close(d->stopfd);
+        memset(d, 0, sizeof(*d));
+    }
+    pt_ops->ctx_close(ctx);
+}
+
 /* ---- hosts ---- */
 
 void pt_host_open(struct pt_host *h)
@@ -65,7 +163,7 @@ void pt_host_open_cq(struct pt_host *h, uint32_t cq_size)
     int rc;
 
     memset(h, 0, sizeof(*h));
-    rc = pt_ops->ctx_open(&attr, &h->ctx);
+    rc = pt_ctx_open(&attr, &h->ctx);
     ck_assert_msg(rc == 0, "ctx_open(%s) failed: %d (%s)", pt_name, rc, strerror(-rc));
     ck_assert_ptr_nonnull(h->ctx);
     ck_assert_ptr_eq(h->ctx->ops, pt_ops);
@@ -76,7 +174,7 @@ void pt_host_open_cq(struct pt_host *h, uint32_t cq_size)
 void pt_host_close(struct pt_host *h)
 {
     if (h->ctx)
-        pt_ops->ctx_close(h->ctx);
+        pt_ctx_close(h->ctx);
     free(h->cqe);
     memset(h, 0, sizeof(*h));
 }
@@ -129,7 +227,14 @@ static void drain_cq(struct pt_host *h)
 static void wait_event(struct pt_host *h, int ms, int *spins)
 {
     struct pollfd pfd;
-    int rc = pt_ops->ctx_arm(h->ctx);
+    int rc;
+
+    if (pt_manual) {
+        /* the waiting thread drives too, as an application's would */
+        rc = pt_ops->ctx_progress(h->ctx);
+        ck_assert_msg(rc >= 0, "ctx_progress returned %d", rc);
+    }
+    rc = pt_ops->ctx_arm(h->ctx);
 
     if (rc == -EAGAIN) {
         /* Entries are queued (maybe of the other kind, already stashed by the caller

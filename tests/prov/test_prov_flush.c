@@ -160,7 +160,7 @@ static void child_main(char role, int in_fd, int out_fd)
     int est = 0;
 
     alarm(30);
-    if (pt_ops->ctx_open(&attr, &ctx) != 0)
+    if (pt_ctx_open(&attr, &ctx) != 0)
         _exit(10);
     if (pt_ops->ep_create(ctx, &ea, &ep) != 0)
         _exit(11);

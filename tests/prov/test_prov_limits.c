@@ -77,7 +77,7 @@ static int emfile_child(int tochild, int toparent)
     char c;
     double deadline;
 
-    if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || pt_ops->ctx_open(&attr, &ctx) < 0)
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || pt_ctx_open(&attr, &ctx) < 0)
         return EMFILE_SETUP;
     sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (pt_ops->listen(ctx, (struct sockaddr *)&sin, sizeof(sin), 16, NULL, &lis) < 0 ||
@@ -125,7 +125,7 @@ static int emfile_child(int tochild, int toparent)
     if (got < EMFILE_CLIENTS)
         return EMFILE_NO_RESUME;
     pt_ops->listener_destroy(lis);
-    pt_ops->ctx_close(ctx);
+    pt_ctx_close(ctx);
     return EMFILE_OK;
 }
 

@@ -17,6 +17,8 @@
 
 /* epoll data: a pointer with the object kind in the low bits. */
 enum { TCP_TAG_CONN = 0, TCP_TAG_LIS = 1, TCP_TAG_WAKE = 2, TCP_TAG_TIMER = 3, TCP_TAG_MASK = 3 };
+/* MANUAL_PROGRESS: evfd is in epfd too, tagged as the ctx itself with TCP_TAG_LIS
+ * (no listener is the ctx); a turn skips it: only ctx_arm reads evfd. */
 
 /* caps.max_cqe: the ring grows to this many entries (40 B each): 10,000 eps of the
  * protocol's default depth (104 send + 64 receive) need 1.7 M. */
@@ -75,7 +77,8 @@ static void tcp_wakefd_read(struct tcp_ctx *ctx)
 /* ---- completion and cm event queues ---- */
 
 /* An entry was queued: make the event fd readable when armed. MANUAL_PROGRESS: the
- * event fd is epfd, which wakefd makes readable. */
+ * event fd is epfd, and evfd is in it; no turn reads evfd (only ctx_arm does), so a
+ * notification stays visible to every sleeper until one of them arms again. */
 static void tcp_ctx_notify_locked(struct tcp_ctx *ctx)
 {
     uint64_t one = 1;
@@ -83,7 +86,7 @@ static void tcp_ctx_notify_locked(struct tcp_ctx *ctx)
     if (!ctx->armed)
         return;
     ctx->armed = 0;
-    if (write(ctx->manual ? ctx->wakefd : ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: event fd write: %m", (void *)ctx);
 }
 
@@ -182,11 +185,10 @@ static int tcp_ctx_event_fd(struct exs_prov_ctx *c)
     return ctx->manual ? ctx->epfd : ctx->evfd;
 }
 
-/* Default mode: consume the evfd notification, then arm unless entries are queued.
- * MANUAL_PROGRESS: the same with wakefd, and also -EAGAIN while posted work waits
- * for a turn. A poster queues its ep under ctx->lock before it writes wakefd, so
- * either this check sees the work or the poster's write comes after our read and
- * leaves epfd readable: reading wakefd here loses no wake-up. */
+/* Consume the evfd notification, then arm unless entries are queued. MANUAL_PROGRESS:
+ * also -EAGAIN while posted work waits for a turn (a poster that lost trylock queued
+ * its ep under ctx->lock, then wrote wakefd, which keeps epfd readable until a turn
+ * reads it and takes the ep). */
 static int tcp_ctx_arm(struct exs_prov_ctx *c)
 {
     struct tcp_ctx *ctx = tcp_ctx_of(c);
@@ -194,7 +196,7 @@ static int tcp_ctx_arm(struct exs_prov_ctx *c)
     int ret = 0;
 
     pthread_mutex_lock(&ctx->lock);
-    if (read(ctx->manual ? ctx->wakefd : ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    if (read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: event fd read: %m", (void *)ctx);
     if (ctx->cq_count || !exs_list_empty(&ctx->cm_events) ||
         (ctx->manual && !exs_list_empty(&ctx->work_eps))) {
@@ -408,6 +410,8 @@ static void tcp_nic_event(struct tcp_ctx *ctx, struct epoll_event *ev)
         ctx->timer_armed_ns = 0;
         break;
     case TCP_TAG_LIS:
+        if (p == (void *)ctx)
+            break; /* evfd (MANUAL_PROGRESS): for the sleepers, not for us */
         exs__tcp_listener_ready(p);
         break;
     default: {
@@ -469,7 +473,7 @@ static int tcp_nic_drained(struct tcp_ctx *ctx, uint64_t *stop_at)
 static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
 {
     struct epoll_event evs[64];
-    int n = 0, did;
+    int n, did = 0;
 
     if (io) {
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
@@ -478,10 +482,14 @@ static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
                 EXS_ERR(PROV, "ctx %p: epoll_wait: %m", (void *)ctx);
             n = 0;
         }
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            if (evs[i].data.u64 == (uint64_t)((uintptr_t)ctx | TCP_TAG_LIS))
+                continue; /* evfd: a notification waiting for its sleeper */
             tcp_nic_event(ctx, &evs[i]);
+            did++;
+        }
     }
-    did = n + tcp_nic_service(ctx);
+    did += tcp_nic_service(ctx);
     tcp_nic_timers(ctx);
     tcp_nic_flush(ctx);
     tcp_nic_timer_arm(ctx);
@@ -727,6 +735,8 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ret = tcp_ctx_epoll_add(ctx, ctx->wakefd, TCP_TAG_WAKE);
     if (!ret)
         ret = tcp_ctx_epoll_add(ctx, ctx->timerfd, TCP_TAG_TIMER);
+    if (!ret && ctx->manual)
+        ret = tcp_ctx_epoll_add(ctx, ctx->evfd, TCP_TAG_LIS);
     if (!ret && !ctx->manual) {
         ret = -pthread_create(&ctx->thread, NULL, tcp_nic_main, ctx);
         ctx->has_thread = !ret;
