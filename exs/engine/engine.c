@@ -72,7 +72,11 @@ static void eng_drain(void)
     struct exs_prov_cm_event ev;
 
     for (;;) {
-        int n = eng_drain_cq(), m = 0;
+        int n, m = 0;
+
+        if (exs__prov_progress(eng.ctx) < 0)
+            EXS_ERR(ENG, "provider progress failed");
+        n = eng_drain_cq();
 
         while (exs__prov_cm_poll(eng.ctx, &ev) == 1) {
             eng_drain_cq();
@@ -139,7 +143,8 @@ int exs__engine_start(void)
     int ret;
 
     exs_list_init(&eng.jobs);
-    ret = exs__prov_open_default(&(struct exs_prov_attr){ 0 }, &eng.ctx);
+    ret = exs__prov_open_default(&(struct exs_prov_attr){.flags = EXS_PROV_ATTR_MANUAL_PROGRESS},
+                                 &eng.ctx);
     if (ret)
         return ret;
     eng.loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
