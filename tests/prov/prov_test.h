@@ -28,6 +28,11 @@ extern int pt_manual;
  * pt_ctx_close. */
 int pt_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
 void pt_ctx_close(struct exs_prov_ctx *ctx);
+/* Set by a test before it opens hosts: MANUAL_PROGRESS without driver threads; the
+ * waits drive every such ctx from the test thread (pt_drive_all). */
+extern int pt_self_drive;
+/* One ctx_progress on every MANUAL_PROGRESS ctx open; the sum of their results. */
+int pt_drive_all(void);
 
 /* 1 when the provider under test is the tcp one (tcp-only tests check this). */
 int pt_is_tcp(void);
@@ -198,6 +203,7 @@ Suite *prov_req_suite(void);
 Suite *prov_cq_suite(void);
 Suite *prov_limits_suite(void);
 Suite *prov_keep_suite(void);
+Suite *prov_progress_suite(void);
 
 /* A TCase with the per-test timeout applied. */
 TCase *pt_tcase(const char *name);

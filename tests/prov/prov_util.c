@@ -18,6 +18,7 @@
 const char *pt_name = "tcp";
 const struct exs_prov_ops *pt_ops;
 int pt_manual;
+int pt_self_drive;
 
 int pt_is_tcp(void)
 {
@@ -65,7 +66,8 @@ void pt_sleep_ms(int ms)
 #define PT_MAX_DRIVERS 16
 
 struct pt_driver {
-    struct exs_prov_ctx *ctx;
+    struct exs_prov_ctx *ctx; /* every MANUAL_PROGRESS ctx open, with or without thread */
+    int has_thread;
     pthread_t thread;
     int stopfd;
 };
@@ -111,10 +113,10 @@ int pt_ctx_open(const struct exs_prov_attr *attr_in, struct exs_prov_ctx **ctx_p
     struct pt_driver *d = NULL;
     int rc;
 
-    if (pt_manual)
+    if (pt_manual || pt_self_drive)
         attr.flags |= EXS_PROV_ATTR_MANUAL_PROGRESS;
     rc = pt_ops->ctx_open(&attr, ctx_p);
-    if (rc || !pt_manual)
+    if (rc || !(attr.flags & EXS_PROV_ATTR_MANUAL_PROGRESS))
         return rc;
     for (int i = 0; i < PT_MAX_DRIVERS && !d; i++)
         if (!pt_drivers[i].ctx)
@@ -124,6 +126,9 @@ int pt_ctx_open(const struct exs_prov_attr *attr_in, struct exs_prov_ctx **ctx_p
         abort();
     }
     d->ctx = *ctx_p;
+    if (pt_self_drive)
+        return 0;
+    d->has_thread = 1;
     d->stopfd = eventfd(0, EFD_CLOEXEC);
     if (d->stopfd < 0 || pthread_create(&d->thread, NULL, pt_driver_main, d) != 0) {
         perror("pt_ctx_open: driver");
@@ -141,6 +146,10 @@ void pt_ctx_close(struct exs_prov_ctx *ctx)
 
         if (d->ctx != ctx)
             continue;
+        if (!d->has_thread) {
+            memset(d, 0, sizeof(*d));
+            continue;
+        }
         if (write(d->stopfd, &one, sizeof(one)) != sizeof(one))
             abort();
         pthread_join(d->thread, NULL);
@@ -148,6 +157,21 @@ void pt_ctx_close(struct exs_prov_ctx *ctx)
         memset(d, 0, sizeof(*d));
     }
     pt_ops->ctx_close(ctx);
+}
+
+int pt_drive_all(void)
+{
+    int did = 0;
+
+    for (int i = 0; i < PT_MAX_DRIVERS; i++) {
+        if (pt_drivers[i].ctx) {
+            int rc = pt_ops->ctx_progress(pt_drivers[i].ctx);
+
+            ck_assert_msg(rc >= 0, "ctx_progress returned %d", rc);
+            did += rc;
+        }
+    }
+    return did;
 }
 
 /* ---- hosts ---- */
@@ -229,10 +253,13 @@ static void wait_event(struct pt_host *h, int ms, int *spins)
     struct pollfd pfd;
     int rc;
 
-    if (pt_manual) {
-        /* the waiting thread drives too, as an application's would */
+    if (pt_manual || pt_self_drive) {
+        /* the waiting thread drives too, as an application's would (self-drive: it
+         * is the only driver of every ctx, so it drives them all) */
         rc = pt_ops->ctx_progress(h->ctx);
         ck_assert_msg(rc >= 0, "ctx_progress returned %d", rc);
+        if (pt_self_drive)
+            pt_drive_all();
     }
     rc = pt_ops->ctx_arm(h->ctx);
 
@@ -250,7 +277,7 @@ static void wait_event(struct pt_host *h, int ms, int *spins)
     pfd.revents = 0;
     /* Capped so that a lost notification shows up as slowness here and as a
      * failure in the dedicated event-fd tests, not as a hang. */
-    rc = poll(&pfd, 1, ms < 200 ? ms : 200);
+    rc = poll(&pfd, 1, ms < (pt_self_drive ? 1 : 200) ? ms : (pt_self_drive ? 1 : 200));
     ck_assert_msg(rc >= 0 || errno == EINTR, "poll: %s", strerror(errno));
 }
 

@@ -82,6 +82,7 @@ struct tcp_counters {
     uint64_t wakeups;
     uint64_t direct_writes;
     uint64_t progress_turns;
+    uint64_t tx_full;
     uint64_t emu_holds;
     uint64_t accept_calls;
     uint64_t accept_backoffs;

@@ -48,6 +48,8 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
     EXS_COUNTER(struct tcp_counters, direct_writes,
                 "posts framed and written by the posting thread itself"),
     EXS_COUNTER(struct tcp_counters, progress_turns, "NIC turns run by ctx_progress"),
+    EXS_COUNTER(struct tcp_counters, tx_full,
+                "writes cut short by a full socket (the rest waits for EPOLLOUT)"),
     EXS_COUNTER(struct tcp_counters, emu_holds, "frames held by the link emulation"),
     EXS_COUNTER(struct tcp_counters, accept_calls, "accept calls on listeners"),
     EXS_COUNTER(struct tcp_counters, accept_backoffs,

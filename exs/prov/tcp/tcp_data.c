@@ -526,6 +526,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 conn->tx_blocked = 1;
+                EXS_CNT_INC(ctx->cnt.tx_full);
                 break;
             }
             EXS_DBG(PROV, "conn %p: send: %m", (void *)conn);
@@ -551,6 +552,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
         if ((size_t)sent < want) {
             /* short write: the socket is full */
             conn->tx_blocked = 1;
+            EXS_CNT_INC(ctx->cnt.tx_full);
             break;
         }
     }

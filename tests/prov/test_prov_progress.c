@@ -1,0 +1,460 @@
+/* SPDX-License-Identifier: MIT */
+/* tcp progress model: direct writes, commands in the caller, no lost wake-up, full sockets. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "exs/prov/tcp/tcp.h"
+#include "tests/prov/prov_test.h"
+#include "tests/skip.h"
+
+#define LW  EXS_PROV_ACCESS_LOCAL_WRITE
+#define SIG EXS_PROV_SEND_SIGNALED
+
+/* Counters of a tcp ctx (tcp-only tests look inside the provider). */
+static uint64_t tcp_cnt(struct exs_prov_ctx *c, size_t off)
+{
+    return __atomic_load_n((uint64_t *)((char *)&tcp_ctx_of(c)->cnt + off), __ATOMIC_RELAXED);
+}
+#define TCP_CNT(_c, _f) tcp_cnt((_c), offsetof(struct tcp_counters, _f))
+
+/* ---- ping-pong in MANUAL_PROGRESS mode, one thread driving both ctxs ---- */
+
+#define PP_ROUNDS 200
+
+START_TEST(progress_pingpong_direct)
+{
+    struct pt_pair p;
+    struct pt_buf *sa, *ra, *sb, *rb;
+    struct exs_prov_cqe c;
+    uint64_t da0, db0;
+
+    if (pt_skip_unless_tcp("progress_pingpong_direct"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    ck_assert_int_eq(tcp_ctx_of(p.a.ctx)->has_thread, 0);
+    ck_assert_int_eq(tcp_ctx_of(p.b.ctx)->has_thread, 0);
+    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
+    ra = pt_pair_buf(&p, 'a', 64, LW, 0);
+    sb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    da0 = TCP_CNT(p.a.ctx, direct_writes);
+    db0 = TCP_CNT(p.b.ctx, direct_writes);
+    for (uint32_t i = 0; i < PP_ROUNDS; i++) {
+        ck_assert_int_eq(pt_post_recv(p.eb, 1000 + i, rb, 0, 64), 0);
+        ck_assert_int_eq(pt_post_recv(p.ea, 2000 + i, ra, 0, 64), 0);
+        pt_pattern(sa->p, 64, i);
+        ck_assert_int_eq(pt_post_send(p.ea, 3000 + i, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0),
+                         0);
+        pt_expect_cqe(&p.b, 1000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+        ck_assert_int_eq(pt_pattern_check(rb->p, 64, i), -1);
+        pt_pattern(sb->p, 64, i + 7);
+        ck_assert_int_eq(pt_post_send(p.eb, 4000 + i, EXS_PROV_WR_SEND, SIG, sb, 0, 64, 0, 0, 0),
+                         0);
+        pt_expect_wr(&p.a, 2000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+        ck_assert_int_eq(pt_pattern_check(ra->p, 64, i + 7), -1);
+        pt_expect_wr(&p.a, 3000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        pt_expect_wr(&p.b, 4000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    }
+    /* every post was framed and written by the posting thread, and nobody had to
+     * be woken: no NIC thread exists, and the one driver never held the NIC role
+     * while it posted */
+    ck_assert_uint_eq(TCP_CNT(p.a.ctx, direct_writes) - da0, PP_ROUNDS);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, direct_writes) - db0, PP_ROUNDS);
+    ck_assert_uint_eq(TCP_CNT(p.a.ctx, wakeups), 0);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, wakeups), 0);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
+/* A post writes its frame before it returns: the peer receives it while only the
+ * peer's ctx is driven. */
+START_TEST(progress_post_writes_in_caller)
+{
+    struct pt_pair p;
+    struct pt_buf *src, *dst;
+    struct exs_prov_cqe c;
+    double deadline;
+    int n = 0;
+
+    if (pt_skip_unless_tcp("progress_post_writes_in_caller"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    src = pt_pair_buf(&p, 'a', 256, LW, 0);
+    dst = pt_pair_buf(&p, 'b', 256, LW, 0);
+    pt_pattern(src->p, 256, 42);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, 256), 0);
+    ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, SIG, src, 0, 256, 0, 0, 0), 0);
+    /* drive b only: a's ctx runs no turn from here on */
+    deadline = pt_now_ms() + PT_TIMEOUT_MS;
+    while (n == 0 && pt_now_ms() < deadline) {
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+        n = pt_ops->ctx_poll(p.b.ctx, &c, 1);
+        ck_assert_int_ge(n, 0);
+        if (!n)
+            pt_sleep_ms(1);
+    }
+    ck_assert_msg(n == 1, "the SEND did not arrive while only the receiver was driven");
+    ck_assert_uint_eq(c.wr_id, 1);
+    ck_assert_int_eq(c.status, EXS_PROV_WC_SUCCESS);
+    ck_assert_int_eq(pt_pattern_check(dst->p, 256, 42), -1);
+    pt_expect_wr(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
+/* Commands run in the caller's thread: with MANUAL_PROGRESS and nobody driving a,
+ * disconnect returns, and its DISCONNECT frame reaches b while only b is driven. */
+START_TEST(progress_command_in_caller)
+{
+    struct pt_pair p;
+    struct exs_prov_cm_event ev;
+    double deadline;
+    int n = 0;
+
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    ck_assert_int_eq(pt_ops->disconnect(p.ea), 0);
+    deadline = pt_now_ms() + PT_TIMEOUT_MS;
+    while (n == 0 && pt_now_ms() < deadline) {
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+        n = pt_ops->ctx_cm_poll(p.b.ctx, &ev);
+        ck_assert_int_ge(n, 0);
+        if (!n)
+            pt_sleep_ms(1);
+    }
+    ck_assert_msg(n == 1, "no cm event at b while only b was driven");
+    ck_assert_int_eq(ev.type, EXS_PROV_CM_DISCONNECTED);
+    ck_assert_ptr_eq(ev.ep, p.eb);
+    p.b_up = 0;
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
+/* ---- many posters, one driver: no lost wake-up ---- */
+
+#define RACE_POSTERS 4
+#define RACE_MSGS    4000 /* in all */
+
+struct race {
+    struct pt_pair *p;
+    struct pt_buf *src[RACE_POSTERS];
+    int id;
+    uint64_t done;   /* send completions (atomic) */
+    uint64_t posted; /* (atomic) */
+    int stalled;     /* the driver slept 10 s with work outstanding */
+    int failed;      /* a completion was not a success */
+};
+
+struct race_poster {
+    struct race *r;
+    int id;
+};
+
+/* Poster id sends messages id, id + RACE_POSTERS, ... each once every earlier one
+ * completed: the posting thread changes at every message, and each post races with
+ * the driver's turn that delivered the previous completion. Nothing else moves, so a
+ * post whose wake-up was lost stays queued and the driver sleeps. */
+static void *race_poster_main(void *arg)
+{
+    struct race_poster *rp = arg;
+    struct race *r = rp->r;
+    struct pt_buf *b = r->src[rp->id];
+
+    for (uint32_t seq = (uint32_t)rp->id; seq < RACE_MSGS; seq += RACE_POSTERS) {
+        uint32_t *w = (uint32_t *)(void *)b->p;
+        int rc;
+
+        for (unsigned spin = 0; __atomic_load_n(&r->done, __ATOMIC_ACQUIRE) < seq; spin++) {
+            if (__atomic_load_n(&r->stalled, __ATOMIC_RELAXED) ||
+                __atomic_load_n(&r->failed, __ATOMIC_RELAXED))
+                return NULL;
+            /* spin a little, to post while the driver is still in its turn, then give
+             * the two cores to the others */
+            if (spin > 20000)
+                sched_yield();
+        }
+        w[0] = (uint32_t)rp->id;
+        w[1] = seq;
+        rc = pt_post_send(r->p->ea, seq, EXS_PROV_WR_SEND, SIG | EXS_PROV_SEND_INLINE, b, 0, 8, 0,
+                          0, 0);
+        if (rc != 0) {
+            __atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+            return NULL;
+        }
+        __atomic_add_fetch(&r->posted, 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* a's only driver: progress, poll, arm, sleep on the event fd. */
+static void *race_driver_main(void *arg)
+{
+    struct race *r = arg;
+    struct exs_prov_ctx *ctx = r->p->a.ctx;
+    const uint64_t total = RACE_MSGS;
+
+    while (__atomic_load_n(&r->done, __ATOMIC_RELAXED) < total) {
+        struct exs_prov_cqe c[32];
+        int did = pt_ops->ctx_progress(ctx), n = pt_ops->ctx_poll(ctx, c, 32);
+
+        for (int i = 0; i < n; i++)
+            if (c[i].status != EXS_PROV_WC_SUCCESS ||
+                c[i].wr_id != __atomic_load_n(&r->done, __ATOMIC_RELAXED) + (uint64_t)i)
+                __atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&r->done, (uint64_t)n, __ATOMIC_RELEASE);
+        if (did || n || pt_ops->ctx_arm(ctx) == -EAGAIN)
+            continue;
+        struct pollfd pfd = {.fd = pt_ops->ctx_event_fd(ctx), .events = POLLIN};
+
+        /* a generous bound: only a lost wake-up sleeps that long with work queued */
+        if (poll(&pfd, 1, 10000) == 0 && __atomic_load_n(&r->posted, __ATOMIC_RELAXED) >
+                                             __atomic_load_n(&r->done, __ATOMIC_RELAXED)) {
+            __atomic_store_n(&r->stalled, 1, __ATOMIC_RELAXED);
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+START_TEST(progress_no_lost_wakeup)
+{
+    struct pt_pair p;
+    struct race r;
+    struct race_poster rp[RACE_POSTERS];
+    pthread_t pt[RACE_POSTERS], drv;
+    struct pt_buf *dst;
+    struct exs_prov_ep_attr attr = pt_default_attr();
+    uint64_t got = 0, total = RACE_MSGS;
+    struct exs_prov_cqe c;
+    int posted_rx = 0;
+
+    if (pt_skip_unless_tcp("progress_no_lost_wakeup"))
+        return;
+    pt_self_drive = 1;
+    attr.max_send_wr = 32;
+    attr.max_recv_wr = 64;
+    pt_pair_setup(&p, &attr, &attr);
+    memset(&r, 0, sizeof(r));
+    r.p = &p;
+    for (int i = 0; i < RACE_POSTERS; i++)
+        r.src[i] = pt_pair_buf(&p, 'a', 8, LW, 0);
+    dst = pt_pair_buf(&p, 'b', 64 * 8, LW, 0);
+    for (; posted_rx < 64; posted_rx++)
+        ck_assert_int_eq(
+            pt_post_recv(p.eb, (uint64_t)posted_rx, dst, (size_t)(posted_rx % 64) * 8, 8), 0);
+    /* from here a is driven by race_driver_main only: b is driven by this thread */
+    ck_assert_int_eq(pthread_create(&drv, NULL, race_driver_main, &r), 0);
+    for (int i = 0; i < RACE_POSTERS; i++) {
+        rp[i].r = &r;
+        rp[i].id = i;
+        ck_assert_int_eq(pthread_create(&pt[i], NULL, race_poster_main, &rp[i]), 0);
+    }
+    while (got < total && !__atomic_load_n(&r.stalled, __ATOMIC_RELAXED)) {
+        double deadline = pt_now_ms() + 15000;
+        int n = 0;
+
+        while (!n && pt_now_ms() < deadline && !__atomic_load_n(&r.stalled, __ATOMIC_RELAXED)) {
+            ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+            n = pt_ops->ctx_poll(p.b.ctx, &c, 1);
+            if (!n) {
+                struct pollfd pfd = {.fd = pt_ops->ctx_event_fd(p.b.ctx), .events = POLLIN};
+
+                if (pt_ops->ctx_arm(p.b.ctx) == 0)
+                    poll(&pfd, 1, 50);
+            }
+        }
+        if (!n)
+            break;
+        ck_assert_int_eq(c.status, EXS_PROV_WC_SUCCESS);
+        ck_assert_uint_eq(c.byte_len, 8);
+        {
+            const uint32_t *w = (const uint32_t *)(const void *)(dst->p + (c.wr_id % 64) * 8);
+
+            /* in posting order, each from its poster, none lost or repeated */
+            ck_assert_uint_eq(w[1], got);
+            ck_assert_uint_eq(w[0], got % RACE_POSTERS);
+        }
+        got++;
+        ck_assert_int_eq(
+            pt_post_recv(p.eb, (uint64_t)posted_rx, dst, (size_t)(posted_rx % 64) * 8, 8), 0);
+        posted_rx++;
+    }
+    for (int i = 0; i < RACE_POSTERS; i++)
+        pthread_join(pt[i], NULL);
+    pthread_join(drv, NULL);
+    printf("progress_no_lost_wakeup: %llu messages, %llu direct writes, %llu wake-ups\n",
+           (unsigned long long)got, (unsigned long long)TCP_CNT(p.a.ctx, direct_writes),
+           (unsigned long long)TCP_CNT(p.a.ctx, wakeups));
+    fflush(stdout);
+    ck_assert_msg(!r.stalled, "a's driver slept 10 s with %llu sends posted and %llu done",
+                  (unsigned long long)r.posted, (unsigned long long)r.done);
+    ck_assert_int_eq(r.failed, 0);
+    ck_assert_uint_eq(got, total);
+    ck_assert_uint_eq(r.done, total);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
+/* ---- a post while another thread holds the NIC role ---- */
+
+/* Hold the NIC role as another thread's turn would, post a SEND on ea, release. */
+static void post_while_role_held(struct pt_pair *p, struct pt_buf *src, uint64_t wr_id)
+{
+    struct tcp_ctx *ctx = tcp_ctx_of(p->a.ctx);
+    uint64_t w0 = TCP_CNT(p->a.ctx, wakeups);
+
+    pthread_mutex_lock(&ctx->nic_lock);
+    ck_assert_int_eq(pt_post_send(p->ea, wr_id, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), 0);
+    pthread_mutex_unlock(&ctx->nic_lock);
+    ck_assert_uint_eq(TCP_CNT(p->a.ctx, wakeups), w0 + 1);
+}
+
+/* MANUAL_PROGRESS: the post is not lost: the event fd is readable, ctx_arm refuses to
+ * let the driver sleep, and the next turn sends it. */
+START_TEST(progress_role_busy_manual)
+{
+    struct pt_pair p;
+    struct pt_buf *src, *dst;
+    struct pollfd pfd;
+    struct exs_prov_cqe c;
+
+    if (pt_skip_unless_tcp("progress_role_busy_manual"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    src = pt_pair_buf(&p, 'a', 64, LW, 0);
+    dst = pt_pair_buf(&p, 'b', 64, LW, 0);
+    pt_pattern(src->p, 64, 3);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, 64), 0);
+    while (pt_ops->ctx_progress(p.a.ctx) > 0)
+        ;
+    ck_assert_int_eq(pt_ops->ctx_poll(p.a.ctx, &c, 1), 0);
+    ck_assert_int_eq(pt_ops->ctx_arm(p.a.ctx), 0);
+    post_while_role_held(&p, src, 2);
+    pfd.fd = pt_ops->ctx_event_fd(p.a.ctx);
+    pfd.events = POLLIN;
+    ck_assert_msg(poll(&pfd, 1, 0) == 1, "event fd not readable with a post waiting for a turn");
+    ck_assert_int_eq(pt_ops->ctx_arm(p.a.ctx), -EAGAIN);
+    ck_assert_int_eq(pt_ops->ctx_progress(p.a.ctx), 1);
+    pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    ck_assert_int_eq(pt_pattern_check(dst->p, 64, 3), -1);
+    pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
+/* Default mode: the NIC thread, asleep with nothing else to do, is woken and sends it. */
+START_TEST(progress_role_busy_thread)
+{
+    struct pt_pair p;
+    struct pt_buf *src, *dst;
+
+    if (pt_skip_unless_tcp("progress_role_busy_thread"))
+        return;
+    if (pt_manual) {
+        test_skip("progress_role_busy_thread", "the default mode's NIC thread; run is --manual");
+        return;
+    }
+    pt_pair_setup(&p, NULL, NULL);
+    ck_assert_int_eq(tcp_ctx_of(p.a.ctx)->has_thread, 1);
+    src = pt_pair_buf(&p, 'a', 64, LW, 0);
+    dst = pt_pair_buf(&p, 'b', 64, LW, 0);
+    pt_pattern(src->p, 64, 4);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, 64), 0);
+    post_while_role_held(&p, src, 2);
+    pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    ck_assert_int_eq(pt_pattern_check(dst->p, 64, 4), -1);
+    pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* ---- a full socket: the rest leaves on EPOLLOUT, in order ---- */
+
+#define FULL_WRS 96
+#define FULL_LEN (256 * 1024)
+
+START_TEST(progress_full_socket)
+{
+    struct pt_pair p;
+    struct exs_prov_ep_attr attr = pt_default_attr();
+    struct pt_buf *src;
+    uint8_t *payload;
+    uint64_t full0;
+    int fd;
+
+    if (pt_skip_unless_tcp("progress_full_socket"))
+        return;
+    attr.max_send_wr = 128;
+    pt_pair_open(&p, &attr, &attr);
+    fd = pt_raw_establish(&p);
+    src = pt_pair_buf(&p, 'b', FULL_LEN, LW, 0);
+    pt_pattern(src->p, FULL_LEN, 5);
+    full0 = TCP_CNT(p.b.ctx, tx_full);
+    /* 24 MiB while the raw peer reads nothing: more than the socket buffers hold */
+    for (uint32_t i = 0; i < FULL_WRS; i++)
+        ck_assert_int_eq(
+            pt_post_send(p.eb, 100 + i, EXS_PROV_WR_SEND, SIG, src, 0, FULL_LEN, i, 0, 0), 0);
+    {
+        double deadline = pt_now_ms() + PT_TIMEOUT_MS;
+
+        while (TCP_CNT(p.b.ctx, tx_full) == full0 && pt_now_ms() < deadline)
+            pt_sleep_ms(1);
+    }
+    ck_assert_msg(TCP_CNT(p.b.ctx, tx_full) > full0, "the socket never filled up");
+    pt_expect_no_cqe(&p.b, 100);
+    /* now read: every frame whole and in order, the tail sent as the socket drained */
+    payload = malloc(FULL_LEN);
+    ck_assert_ptr_nonnull(payload);
+    for (uint32_t i = 0; i < FULL_WRS; i++) {
+        struct tcp_wire_hdr h;
+
+        ck_assert_int_eq(pt_raw_recv(fd, &h, sizeof(h), 20000), 0);
+        ck_assert_uint_eq(h.type, TCP_WIRE_SEND);
+        ck_assert_uint_eq(ntohl(h.psn), i);
+        ck_assert_uint_eq(ntohl(h.len), FULL_LEN);
+        ck_assert_int_eq(pt_raw_recv(fd, payload, FULL_LEN, 20000), 0);
+        ck_assert_int_eq(pt_pattern_check(payload, FULL_LEN, 5), -1);
+    }
+    free(payload);
+    {
+        struct tcp_wire_hdr ack = pt_raw_hdr(TCP_WIRE_ACK, 0, 0, FULL_WRS - 1, 0, 0, 0);
+
+        ck_assert_int_eq(pt_raw_send(fd, &ack, sizeof(ack)), 0);
+    }
+    for (uint32_t i = 0; i < FULL_WRS; i++)
+        pt_expect_cqe(&p.b, 100 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    close(fd);
+    pt_pair_close(&p);
+}
+END_TEST
+
+Suite *prov_progress_suite(void)
+{
+    Suite *s = suite_create("prov_progress");
+    TCase *tc = pt_tcase("progress");
+
+    tcase_add_test(tc, progress_pingpong_direct);
+    tcase_add_test(tc, progress_post_writes_in_caller);
+    tcase_add_test(tc, progress_command_in_caller);
+    tcase_add_test(tc, progress_role_busy_manual);
+    tcase_add_test(tc, progress_role_busy_thread);
+    tcase_add_test(tc, progress_no_lost_wakeup);
+    tcase_add_test(tc, progress_full_socket);
+    suite_add_tcase(s, tc);
+    return s;
+}
