@@ -142,6 +142,123 @@ START_TEST(progress_command_in_caller)
 }
 END_TEST
 
+/* MANUAL_PROGRESS: the ACK of a request read in a turn waits for the reply, and
+ * both leave in one sendmsg; meanwhile the consumer cannot go to sleep. */
+START_TEST(progress_ack_rides_with_reply)
+{
+    struct pt_pair p;
+    struct pt_buf *sa, *ra, *sb, *rb;
+    struct exs_prov_cqe c;
+    uint64_t acks0, calls0, frames0;
+    int n = 0;
+
+    if (pt_skip_unless_tcp("progress_ack_rides_with_reply"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
+    ra = pt_pair_buf(&p, 'a', 64, LW, 0);
+    sb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, rb, 0, 64), 0);
+    ck_assert_int_eq(pt_post_recv(p.ea, 2, ra, 0, 64), 0);
+    while (pt_drive_all() > 0) /* quiet: every earlier ACK is out */
+        ;
+    acks0 = TCP_CNT(p.b.ctx, acks_tx);
+    ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0), 0);
+    /* b's consumer: one turn at a time until the receive completes */
+    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS; !n && pt_now_ms() < deadline;) {
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+        n = pt_ops->ctx_poll(p.b.ctx, &c, 1);
+    }
+    ck_assert_int_eq(n, 1);
+    ck_assert_uint_eq(c.wr_id, 1);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0); /* owed, not sent */
+    ck_assert_uint_ge(TCP_CNT(p.b.ctx, acks_deferred), 1);
+    /* a consumer that would sleep now must run another turn first */
+    ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), -EAGAIN);
+    calls0 = TCP_CNT(p.b.ctx, tx_calls);
+    frames0 = TCP_CNT(p.b.ctx, frames_tx);
+    ck_assert_int_eq(pt_post_send(p.eb, 4, EXS_PROV_WR_SEND, SIG, sb, 0, 64, 0, 0, 0), 0);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 1);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, frames_tx), frames0 + 2);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, tx_calls), calls0 + 1);
+    pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    pt_expect_wr(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    pt_expect_wr(&p.b, 4, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
+/* MANUAL_PROGRESS: a deferred ACK leaves in the next turn even when nothing is posted
+ * (a sender waiting for it to free send queue slots is never stalled). */
+START_TEST(progress_ack_deferred_next_turn)
+{
+    struct pt_pair p;
+    struct pt_buf *sa, *rb;
+    struct exs_prov_cqe c;
+    uint64_t acks0;
+    int n = 0;
+
+    if (pt_skip_unless_tcp("progress_ack_deferred_next_turn"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, rb, 0, 64), 0);
+    while (pt_drive_all() > 0)
+        ;
+    acks0 = TCP_CNT(p.b.ctx, acks_tx);
+    ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0), 0);
+    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS; !n && pt_now_ms() < deadline;) {
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+        n = pt_ops->ctx_poll(p.b.ctx, &c, 1);
+    }
+    ck_assert_int_eq(n, 1);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0);
+    ck_assert_int_eq(pt_ops->ctx_progress(p.b.ctx), 0);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 1);
+    ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0);
+    pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
+/* MANUAL_PROGRESS: a disconnect right after the receive completed still sends the
+ * deferred ACK first: the peer's SEND succeeds, as on hardware. */
+START_TEST(progress_ack_deferred_then_disconnect)
+{
+    struct pt_pair p;
+    struct pt_buf *sa, *rb;
+    struct exs_prov_cqe c;
+    int n = 0;
+
+    if (pt_skip_unless_tcp("progress_ack_deferred_then_disconnect"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, rb, 0, 64), 0);
+    while (pt_drive_all() > 0)
+        ;
+    ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0), 0);
+    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS; !n && pt_now_ms() < deadline;) {
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+        n = pt_ops->ctx_poll(p.b.ctx, &c, 1);
+    }
+    ck_assert_int_eq(n, 1);
+    ck_assert_uint_ge(TCP_CNT(p.b.ctx, acks_deferred), 1);
+    ck_assert_int_eq(pt_ops->disconnect(p.eb), 0);
+    pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
 /* ---- many posters, one driver: no lost wake-up ---- */
 
 #define RACE_POSTERS 4
@@ -293,6 +410,17 @@ START_TEST(progress_no_lost_wakeup)
     }
     for (int i = 0; i < RACE_POSTERS; i++)
         pthread_join(pt[i], NULL);
+    /* b keeps being driven, as by an application that waits on its event fd, until a
+     * has every completion (the last ACK leaves in b's next turn) */
+    while (__atomic_load_n(&r.done, __ATOMIC_ACQUIRE) < total &&
+           !__atomic_load_n(&r.stalled, __ATOMIC_RELAXED) &&
+           !__atomic_load_n(&r.failed, __ATOMIC_RELAXED)) {
+        struct pollfd pfd = {.fd = pt_ops->ctx_event_fd(p.b.ctx), .events = POLLIN};
+
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+        if (pt_ops->ctx_arm(p.b.ctx) == 0)
+            poll(&pfd, 1, 50);
+    }
     pthread_join(drv, NULL);
     printf("progress_no_lost_wakeup: %llu messages, %llu direct writes, %llu wake-ups\n",
            (unsigned long long)got, (unsigned long long)TCP_CNT(p.a.ctx, direct_writes),
@@ -451,6 +579,9 @@ Suite *prov_progress_suite(void)
     tcase_add_test(tc, progress_pingpong_direct);
     tcase_add_test(tc, progress_post_writes_in_caller);
     tcase_add_test(tc, progress_command_in_caller);
+    tcase_add_test(tc, progress_ack_rides_with_reply);
+    tcase_add_test(tc, progress_ack_deferred_next_turn);
+    tcase_add_test(tc, progress_ack_deferred_then_disconnect);
     tcase_add_test(tc, progress_role_busy_manual);
     tcase_add_test(tc, progress_role_busy_thread);
     tcase_add_test(tc, progress_no_lost_wakeup);

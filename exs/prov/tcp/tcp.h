@@ -83,6 +83,8 @@ struct tcp_counters {
     uint64_t direct_writes;
     uint64_t progress_turns;
     uint64_t tx_full;
+    uint64_t tx_calls;
+    uint64_t acks_deferred;
     uint64_t emu_holds;
     uint64_t accept_calls;
     uint64_t accept_backoffs;
@@ -283,6 +285,8 @@ struct tcp_conn {
     /* transmit */
     struct exs_list      txq;
     struct tcp_txf      *ack_txf;    /* queued ACK not yet started (coalesced) */
+    int                  ack_deferred; /* on ctx->ack_defer (MANUAL: ACK owed, deferred) */
+    struct exs_list      ack_link;
     unsigned             ctrl_queued;
     int                  tx_dirty;
     struct exs_list      dirty_link;
@@ -369,6 +373,9 @@ struct tcp_ctx {
     struct exs_list         dirty;      /* conns with frames to write */
     struct exs_list         timers;     /* conns with a deadline */
     struct exs_list         listeners;
+    struct exs_list         ack_defer;  /* conns owing a deferred ACK (spec: "ACK deferral") */
+    int                     rx_turn;    /* a turn with epoll_wait runs (ACKs may be deferred) */
+    unsigned                acks_deferred; /* length of ack_defer; atomic (read by ctx_arm) */
     uint64_t                timer_armed_ns;
     /* settings */
     uint64_t                emu_delay_ns;
@@ -489,6 +496,8 @@ void exs__tcp_txf_free(struct tcp_ctx *ctx, struct tcp_txf *txf);
 
 /* tcp_rx.c */
 void exs__tcp_conn_rx(struct tcp_conn *conn);
+void exs__tcp_conn_ack_flush(struct tcp_conn *conn);
+void exs__tcp_conn_ack_undefer(struct tcp_conn *conn);
 void exs__tcp_conn_rnr_resume(struct tcp_conn *conn);
 void exs__tcp_conn_hold_hup(struct tcp_conn *conn);
 void exs__tcp_rx_release(struct tcp_conn *conn);

@@ -72,6 +72,7 @@ void exs__tcp_conn_close(struct tcp_conn *conn)
     if (conn->state == TCP_CONN_DEAD)
         return;
     exs__tcp_conn_hs_leave(conn);
+    exs__tcp_conn_ack_undefer(conn);
     exs__tcp_rx_release(conn);
     tcp_conn_txq_clear(conn);
     if (conn->tx_dirty) {
@@ -250,6 +251,13 @@ void exs__tcp_conn_fail_cqe(struct tcp_conn *conn, int status, uint8_t syndrome,
         if (abort)
             exs__tcp_conn_close(conn);
         return;
+    }
+    /* A deferred ACK is owed for requests whose completions the consumer may already
+     * have: it leaves before the end (a NAK acknowledges everything before it). */
+    if (conn->ack_deferred) {
+        exs__tcp_conn_ack_undefer(conn);
+        if (!syndrome)
+            exs__tcp_conn_ack_flush(conn);
     }
 
     EXS_DBG(PROV, "conn %p ep %p: ending, status %d syndrome %u mode %d", (void *)conn,

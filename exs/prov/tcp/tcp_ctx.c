@@ -50,6 +50,9 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
     EXS_COUNTER(struct tcp_counters, progress_turns, "NIC turns run by ctx_progress"),
     EXS_COUNTER(struct tcp_counters, tx_full,
                 "writes cut short by a full socket (the rest waits for EPOLLOUT)"),
+    EXS_COUNTER(struct tcp_counters, tx_calls, "sendmsg calls (one may carry several frames)"),
+    EXS_COUNTER(struct tcp_counters, acks_deferred,
+                "ACKs deferred to the next frame written or the next turn"),
     EXS_COUNTER(struct tcp_counters, emu_holds, "frames held by the link emulation"),
     EXS_COUNTER(struct tcp_counters, accept_calls, "accept calls on listeners"),
     EXS_COUNTER(struct tcp_counters, accept_backoffs,
@@ -201,7 +204,8 @@ static int tcp_ctx_arm(struct exs_prov_ctx *c)
     if (read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: event fd read: %m", (void *)ctx);
     if (ctx->cq_count || !exs_list_empty(&ctx->cm_events) ||
-        (ctx->manual && !exs_list_empty(&ctx->work_eps))) {
+        (ctx->manual && (!exs_list_empty(&ctx->work_eps) ||
+                         __atomic_load_n(&ctx->acks_deferred, __ATOMIC_RELAXED)))) {
         ctx->armed = 0;
         ret = -EAGAIN;
     } else {
@@ -465,6 +469,34 @@ static int tcp_nic_drained(struct tcp_ctx *ctx, uint64_t *stop_at)
     return 1;
 }
 
+/* Queue every deferred ACK. */
+static void tcp_nic_acks(struct tcp_ctx *ctx)
+{
+    struct exs_list *l;
+
+    while ((l = exs_list_pop_head(&ctx->ack_defer)) != NULL) {
+        struct tcp_conn *conn = exs_list_entry(l, struct tcp_conn, ack_link);
+
+        conn->ack_deferred = 0;
+        __atomic_sub_fetch(&ctx->acks_deferred, 1, __ATOMIC_RELAXED);
+        if (conn->state == TCP_CONN_UP)
+            exs__tcp_conn_ack_flush(conn);
+    }
+}
+
+/* ACKs stay deferred after this turn: a next turn must come. A consumer that arms
+ * gets -EAGAIN; one already armed (asleep, or about to be) is woken. */
+static void tcp_nic_acks_kick(struct tcp_ctx *ctx)
+{
+    int armed;
+
+    pthread_mutex_lock(&ctx->lock);
+    armed = ctx->armed;
+    pthread_mutex_unlock(&ctx->lock);
+    if (armed)
+        tcp_wakefd_write(ctx);
+}
+
 /*
  * One NIC turn, shared by the NIC thread, ctx_progress, commands and direct writes
  * (nic_lock held). io: also collect the ready descriptors (epoll_wait, timeout 0)
@@ -477,7 +509,9 @@ static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
     struct epoll_event evs[64];
     int n, did = 0;
 
+    tcp_nic_acks(ctx); /* deferred ACKs: first in the queues, so they leave this turn */
     if (io) {
+        ctx->rx_turn = 1;
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
         if (n < 0) {
             if (errno != EINTR)
@@ -490,9 +524,14 @@ static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
             tcp_nic_event(ctx, &evs[i]);
             did++;
         }
+        ctx->rx_turn = 0;
     }
     did += tcp_nic_service(ctx);
     tcp_nic_timers(ctx);
+    if (!io)
+        tcp_nic_acks(ctx); /* a turn without epoll_wait leaves nothing deferred */
+    else if (!exs_list_empty(&ctx->ack_defer))
+        tcp_nic_acks_kick(ctx);
     tcp_nic_flush(ctx);
     tcp_nic_timer_arm(ctx);
     tcp_nic_reap(ctx);
@@ -559,7 +598,7 @@ static int tcp_nic_step(struct tcp_ctx *ctx, uint64_t *stop_at, int *wait_ms)
     pthread_mutex_lock(&ctx->nic_lock);
     tcp_nic_turn(ctx, 1);
     pthread_mutex_lock(&ctx->lock);
-    busy = !exs_list_empty(&ctx->work_eps);
+    busy = !exs_list_empty(&ctx->work_eps) || !exs_list_empty(&ctx->ack_defer);
     stop = ctx->stop;
     pthread_mutex_unlock(&ctx->lock);
     done = stop && !busy && tcp_nic_drained(ctx, stop_at);
@@ -702,6 +741,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     exs_list_init(&ctx->dirty);
     exs_list_init(&ctx->timers);
     exs_list_init(&ctx->listeners);
+    exs_list_init(&ctx->ack_defer);
 
     ctx->base.ops = &exs__prov_tcp_ops;
     ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_INLINE |

@@ -515,6 +515,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
         msg.msg_iov = iov;
         msg.msg_iovlen = (size_t)niov;
         n = sendmsg(conn->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        EXS_CNT_INC(ctx->cnt.tx_calls);
         if (fence) {
             int e = errno;
 

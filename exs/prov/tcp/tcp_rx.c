@@ -24,7 +24,8 @@ static void tcp_conn_proto_err(struct tcp_conn *conn, const char *why)
     exs__tcp_conn_fail(conn, -EPROTO, 0, 0, 0);
 }
 
-static void tcp_conn_ack_flush(struct tcp_conn *conn)
+/* Queue the ACK owed (or move the psn of a queued, unstarted one). */
+void exs__tcp_conn_ack_flush(struct tcp_conn *conn)
 {
     struct tcp_txf *f;
 
@@ -46,6 +47,37 @@ static void tcp_conn_ack_flush(struct tcp_conn *conn)
 static void tcp_conn_nak(struct tcp_conn *conn, uint8_t syn, int status)
 {
     exs__tcp_conn_fail(conn, status, syn, conn->rh.psn, 0);
+}
+
+void exs__tcp_conn_ack_undefer(struct tcp_conn *conn)
+{
+    if (!conn->ack_deferred)
+        return;
+    exs_list_del(&conn->ack_link);
+    conn->ack_deferred = 0;
+    __atomic_sub_fetch(&conn->ctx->acks_deferred, 1, __ATOMIC_RELAXED);
+}
+
+/* End of reading: the ACK owed leaves now, or (MANUAL_PROGRESS, in a turn with
+ * epoll_wait, no link emulation) is deferred to the next frame written on this
+ * connection or the start of the next turn, whichever comes first (spec: "ACK
+ * deferral"), so that a reply posted meanwhile carries it in the same sendmsg. */
+static void tcp_conn_ack_later(struct tcp_conn *conn)
+{
+    struct tcp_ctx *ctx = conn->ctx;
+
+    if (!conn->ack_count)
+        return;
+    if (!ctx->manual || !ctx->rx_turn || exs__tcp_emu_on(ctx)) {
+        exs__tcp_conn_ack_flush(conn);
+        return;
+    }
+    if (conn->ack_deferred)
+        return;
+    conn->ack_deferred = 1;
+    EXS_CNT_INC(ctx->cnt.acks_deferred);
+    exs_list_add_tail(&ctx->ack_defer, &conn->ack_link);
+    __atomic_add_fetch(&ctx->acks_deferred, 1, __ATOMIC_RELAXED);
 }
 
 /* Give back what the receive state holds (conn failing or closing). */
@@ -214,7 +246,7 @@ static void tcp_conn_req_done(struct tcp_conn *conn)
 {
     conn->ack_psn = conn->rcv_nxt++;
     if (++conn->ack_count >= TCP_ACK_EVERY)
-        tcp_conn_ack_flush(conn);
+        exs__tcp_conn_ack_flush(conn);
 }
 
 static void tcp_conn_payload_done(struct tcp_conn *conn)
@@ -751,7 +783,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
         !conn->rx_retry && conn->hgot == TCP_WIRE_HDR_LEN)
         tcp_conn_rx_hdr(conn);
     if (conn->state == TCP_CONN_UP)
-        tcp_conn_ack_flush(conn);
+        tcp_conn_ack_later(conn);
 }
 
 /* NIC: the RNR pause of conn ended: retry the held frame. */
