@@ -229,7 +229,7 @@ enum batch_verdict batch_try_locked(struct exs_conn *conn, struct exs_list *from
     batch_run_build_locked(conn, from, fit, &run);
     if (!run.n)
         return BATCH_NONE;
-    if (run.end == RUN_TAIL && conn->ring_wr_out)
+    if (run.end == RUN_TAIL && conn->ring_wr_out && !conn->batch_now)
         return BATCH_WAIT; /* synchronization-ahead: leave with the next completion */
     batch_adapt_locked(conn, &run);
     if (run.n == 1)

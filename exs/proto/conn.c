@@ -790,6 +790,16 @@ void exs__conn_close(struct exs_conn *conn)
     struct exs_list *pos;
 
     pthread_mutex_lock(&conn->lock);
+    /* Sends gathered behind a ring write in flight (batching, §6.1) would have been on
+     * the wire without batching: they leave now, so close sends what it sent before. */
+    if (conn->state == EXS_CONN_CONNECTED && conn->ring_wr_out) {
+        conn->batch_now = 1;
+        if (conn_is_stream(conn))
+            st_send_progress_locked(conn);
+        else
+            sp_send_progress_locked(conn);
+        conn->batch_now = 0;
+    }
     /* Everything outstanding completes with ECANCELED: at once when nothing of it is
      * on the wire, else when the disconnect has flushed it (its buffer is then free). */
     for (int i = 0; i < 2; i++) {

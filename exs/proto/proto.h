@@ -217,6 +217,7 @@ struct exs_conn {
     /* sender batching (spec/protocol.md §6.1, §7.1) */
     uint32_t                   ring_wr_out;  /* ring (INDIRECT) writes posted, not completed */
     uint32_t                   batch_thresh; /* elastic threshold, bytes (0: batching off) */
+    int                        batch_now;    /* exs_close: a gathered run leaves at once */
     struct exs_prov_mr        *batch_mem;    /* EXS_BATCH_SLOTS staging buffers of batch_max
                                               * bytes, allocated at the first batch */
     struct exs_batch_slot {

@@ -508,6 +508,52 @@ START_TEST(bt_reordered)
 }
 END_TEST
 
+/* exs_close right after a burst: the gathered sends still leave (as they would have
+ * without batching), before the SHUTDOWN: the peer reads every message, then the end. */
+START_TEST(bt_close_sends_gathered)
+{
+    int sp = _i == 0;
+    static uint8_t sb[5][100], rb[6][600];
+    struct pt_op s[5], r[6];
+    struct exs_sock_stats st;
+
+    bt_open(sp ? SOCK_SEQPACKET : SOCK_STREAM, 8192, 0);
+    for (int i = 0; i < 5; i++)
+        pt_send_pattern(&s[i], &pp.a, sb[i], 100, 100u * i);
+    stats(&pp.a, &st);
+    ck_assert_uint_eq(st.batches_sent, 0); /* four gathered behind the first */
+    exs__conn_close(pp.a.conn);
+    stats(&pp.a, &st);
+    ck_assert_uint_eq(st.batches_sent, 1);
+    pt_run(&pp);
+    if (sp) {
+        for (int i = 0; i < 6; i++)
+            bt_recv(&r[i], &pp.b, rb[i], 100, 0);
+        pt_run(&pp);
+        for (int i = 0; i < 5; i++) {
+            assert_done(&r[i], 100, 0);
+            ck_assert(pt_check(rb[i], 100, 100u * i));
+        }
+        assert_done(&r[5], 0, 0); /* end of stream */
+    } else {
+        bt_recv(&r[0], &pp.b, rb[0], 500, MSG_WAITALL);
+        bt_recv(&r[1], &pp.b, rb[1], 100, 0);
+        pt_run(&pp);
+        assert_done(&r[0], 500, 0);
+        ck_assert(pt_check(rb[0], 500, 0));
+        assert_done(&r[1], 0, 0); /* end of stream */
+    }
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(s[i].done, 1); /* closed: reported cancelled, in order */
+        ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
+        pt_op_fini(&s[i]);
+    }
+    for (int i = 0; i < (sp ? 6 : 2); i++)
+        pt_op_fini(&r[i]);
+    bt_teardown();
+}
+END_TEST
+
 Suite *proto_batch_suite(void)
 {
     Suite *s = suite_create("proto_batch");
@@ -523,6 +569,7 @@ Suite *proto_batch_suite(void)
     tcase_add_loop_test(tc, bt_credits, 0, 2);
     tcase_add_test(tc, bt_elastic);
     tcase_add_loop_test(tc, bt_reordered, 0, 4);
+    tcase_add_loop_test(tc, bt_close_sends_gathered, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
