@@ -68,9 +68,10 @@ static void batch_run_build_locked(struct exs_conn *conn, struct exs_list *from,
     }
 }
 
-/* The elastic threshold (§6.1): doubles when a run fills it while a ring write is still
- * in flight (the peer or the link is the bottleneck: gather more per write), halves when
- * the write in flight completed before the run reached half of it. */
+/* The elastic threshold (§6.1): doubles when a run fills it (or a send alone passes it)
+ * while a ring write is still in flight (the peer or the link is the bottleneck: gather
+ * more per write), halves when the write in flight completed before the run reached
+ * half of it. */
 static void batch_adapt_locked(struct exs_conn *conn, const struct batch_run *run)
 {
     uint32_t floor = EXS_MIN(EXS_BATCH_FLOOR, conn->p.batch_max);
@@ -227,8 +228,12 @@ enum batch_verdict batch_try_locked(struct exs_conn *conn, struct exs_list *from
     if (!conn->batch_thresh)
         return BATCH_NONE; /* off */
     batch_run_build_locked(conn, from, fit, &run);
-    if (!run.n)
+    if (!run.n) {
+        /* a send larger than the threshold, behind a ring write in flight: load too */
+        if (run.end == RUN_THRESH)
+            batch_adapt_locked(conn, &run);
         return BATCH_NONE;
+    }
     if (run.end == RUN_TAIL && conn->ring_wr_out && !conn->batch_now)
         return BATCH_WAIT; /* synchronization-ahead: leave with the next completion */
     batch_adapt_locked(conn, &run);

@@ -33,6 +33,9 @@ static void bt_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send
     tap.imm[tap.n++] = wr->imm_data;
 }
 
+static uint32_t bt_ring_b; /* b's ring size for the next bt_open (0: the default) */
+static uint32_t bt_eager;  /* both sides' eager_max for the next bt_open (0: the default) */
+
 /* Open and connect a pair of sock_type; a's batch_max (b keeps the default). */
 static void bt_open(int sock_type, uint32_t batch_max, uint32_t credits)
 {
@@ -45,6 +48,12 @@ static void bt_open(int sock_type, uint32_t batch_max, uint32_t credits)
     pp.pa.batch_max = batch_max;
     if (credits)
         pp.pa.credits = pp.pb.credits = credits;
+    if (bt_ring_b)
+        pp.pb.ring_size = bt_ring_b;
+    bt_ring_b = 0;
+    if (bt_eager)
+        pp.pa.eager_max = pp.pb.eager_max = bt_eager;
+    bt_eager = 0;
     pt_open(&pp, sock_type);
     pt_connect(&pp);
     tap.ep = pp.a.conn->ep;
@@ -449,6 +458,44 @@ START_TEST(bt_elastic)
 }
 END_TEST
 
+/* Messages each larger than the threshold's floor: the first behind a write in flight
+ * grows the threshold, so that later ones can share a write (SEQPACKET, eager below
+ * 2048, messages of about 1500 bytes against a floor of 1024). */
+START_TEST(bt_grows_for_large)
+{
+    enum { N = 8 };
+    static uint8_t sb[N][1500], rb[N][1500];
+    struct pt_op s[N], r[N];
+    struct exs_sock_stats st;
+
+    bt_ring_b = 65536;
+    bt_eager = 2048;
+    bt_open(SOCK_SEQPACKET, 8192, 0);
+    for (int i = 0; i < N; i++)
+        bt_recv(&r[i], &pp.b, rb[i], 1500, 0);
+    pt_run(&pp);
+    for (int i = 0; i < N; i++) {
+        pt_send_pattern(&s[i], &pp.a, sb[i], 1500 - i, 1000u * i);
+        if (i == 1) {
+            stats(&pp.a, &st);
+            ck_assert_uint_gt(st.batch_thresh, EXS_BATCH_FLOOR);
+        }
+    }
+    pt_run(&pp);
+    stats(&pp.a, &st);
+    ck_assert_uint_ge(st.batches_sent, 1);
+    for (int i = 0; i < N; i++) {
+        assert_done(&s[i], 1500 - i, 0);
+        assert_done(&r[i], 1500 - i, 0);
+        ck_assert(pt_check(rb[i], 1500 - (size_t)i, 1000u * i));
+        ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+    bt_teardown();
+}
+END_TEST
+
 /* Many small sends under reordering of completions across eps, both types: the bytes
  * and the order of every event hold (SEQPACKET receives posted as the sends go; STREAM
  * receives after, so that the bytes go through the ring). */
@@ -568,6 +615,7 @@ Suite *proto_batch_suite(void)
     tcase_add_loop_test(tc, bt_off, 0, 2);
     tcase_add_loop_test(tc, bt_credits, 0, 2);
     tcase_add_test(tc, bt_elastic);
+    tcase_add_test(tc, bt_grows_for_large);
     tcase_add_loop_test(tc, bt_reordered, 0, 4);
     tcase_add_loop_test(tc, bt_close_sends_gathered, 0, 2);
     suite_add_tcase(s, tc);
