@@ -206,6 +206,7 @@ static int sock_conn_new(struct api_sock *s)
         .eager_max = (uint32_t)exs__params.eager_max,
         .xfer_mode = s->xfer_mode,
         .max_reads = (uint32_t)exs__params.max_reads,
+        .batch_max = (uint32_t)exs__params.batch_max,
     };
     /* The conn lives as long as its socket (freed in the last api_sock_put), so a
      * caller holding a socket reference may always use it; its callbacks stop at DEAD,

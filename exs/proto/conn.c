@@ -172,6 +172,7 @@ static void conn_release_locked(struct exs_conn *conn)
 {
 
     conn_release_prov_locked(conn);
+    batch_release_locked(conn);
     if (conn->ring_mem)
         exs__prov_mem_free(conn->ring_mem);
     if (conn->ctrl_mem)
@@ -196,7 +197,8 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     int ret = -ENOMEM;
 
     if (p->credits < 3 || p->credits > EXS_IMM_CREDITS_MAX || p->ring_size % EXS_RING_SLOT ||
-        p->max_reads < 1 || p->ring_size < EXS_RING_SLOT || p->ring_size > EXS_WIRE_RING_SIZE_MAX)
+        p->max_reads < 1 || p->ring_size < EXS_RING_SLOT || p->ring_size > EXS_WIRE_RING_SIZE_MAX ||
+        p->batch_max > EXS_BATCH_MAX_LIMIT)
         return -EINVAL;
     conn = calloc(1, sizeof(*conn));
     if (!conn)
@@ -211,6 +213,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     exs_list_init(&conn->sendq);
     exs_list_init(&conn->recvq);
     exs_list_init(&conn->pending);
+    conn->batch_thresh = EXS_MIN(EXS_BATCH_FLOOR, p->batch_max); /* 0: off */
 
     conn->tx_slots = CONN_TX_SLOTS;
     conn->adv_cap = 64;
@@ -555,13 +558,15 @@ int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a)
     return 0;
 }
 
-/* One WRITE WITH IMMEDIATE of len bytes from src (inside op's buffer). */
+/* One WRITE WITH IMMEDIATE of len bytes from src (inside op's buffer). A write into the
+ * peer's ring (INDIRECT) counts in ring_wr_out until it completes (batching, §6.1). */
 int conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
                                uint32_t rkey, uint32_t len, uint32_t imm, const void *src)
 {
+    int ring = exs_imm_kind(imm) == EXS_IMM_INDIRECT;
     struct exs_prov_sge sge = { (uintptr_t)src, len, op->lkey };
     struct exs_prov_send_wr wr = {
-        .wr_id = WR_ID(WR_TAG_DATA, (uintptr_t)op),
+        .wr_id = WR_ID(ring ? WR_TAG_RING : WR_TAG_DATA, (uintptr_t)op),
         .opcode = EXS_PROV_WR_RDMA_WRITE_WITH_IMM,
         .flags = EXS_PROV_SEND_SIGNALED,
         .sg_list = &sge,
@@ -578,6 +583,7 @@ int conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_
     }
     conn->wr_out++;
     conn->credits--;
+    conn->ring_wr_out += ring;
     return 0;
 }
 
@@ -784,6 +790,16 @@ void exs__conn_close(struct exs_conn *conn)
     struct exs_list *pos;
 
     pthread_mutex_lock(&conn->lock);
+    /* Sends gathered behind a ring write in flight (batching, §6.1) would have been on
+     * the wire without batching: they leave now, so close sends what it sent before. */
+    if (conn->state == EXS_CONN_CONNECTED && conn->ring_wr_out) {
+        conn->batch_now = 1;
+        if (conn_is_stream(conn))
+            st_send_progress_locked(conn);
+        else
+            sp_send_progress_locked(conn);
+        conn->batch_now = 0;
+    }
     /* Everything outstanding completes with ECANCELED: at once when nothing of it is
      * on the wire, else when the disconnect has flushed it (its buffer is then free). */
     for (int i = 0; i < 2; i++) {
@@ -854,6 +870,7 @@ void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
 {
     pthread_mutex_lock(&conn->lock);
     *st = conn->stats;
+    st->batch_thresh = conn->batch_thresh;
     pthread_mutex_unlock(&conn->lock);
 }
 
@@ -990,14 +1007,14 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
     conn->owed++;
 }
 
-void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
+/* One completion, conn->lock held; the caller kicks the conn afterwards. */
+static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
     unsigned tag = cqe->wr_id & WR_TAG_MASK;
     uint64_t val = cqe->wr_id & ~(uint64_t)WR_TAG_MASK;
 
-    pthread_mutex_lock(&conn->lock);
     if (conn->state == EXS_CONN_DEAD)
-        goto out;
+        return;
     conn->wr_out--;
     if (cqe->status != EXS_PROV_WC_SUCCESS) {
         if (cqe->status != EXS_PROV_WC_WR_FLUSH_ERR)
@@ -1008,7 +1025,7 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
         /* while connecting, the cm event tells what happened */
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
             conn_fail_locked(conn, ECONNRESET, "work request failed");
-        goto out;
+        return;
     }
     switch (tag) {
     case WR_TAG_RX:
@@ -1031,6 +1048,12 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
         }
         break;
     }
+    case WR_TAG_BATCH:
+        batch_on_cqe_locked(conn, (uint32_t)(val >> 3));
+        break;
+    case WR_TAG_RING:
+        conn->ring_wr_out--;
+        /* fall through */
     case WR_TAG_DATA: {
         struct exs_op *op = (struct exs_op *)(uintptr_t)val;
 
@@ -1049,14 +1072,41 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
         conn_fail_locked(conn, ECONNRESET, "unknown completion");
         break;
     }
-    conn_kick_locked(conn);
-out:
+}
+
+/* After a run of completions of conn: progress once, and the end once drained. */
+static void conn_after_cqes_locked(struct exs_conn *conn)
+{
+    if (conn->state != EXS_CONN_DEAD)
+        conn_kick_locked(conn);
     if (conn->state == EXS_CONN_DRAINING && !conn->wr_out) {
         /* the last completion before the end: every byte that arrived was seen */
         conn_dead_locked(conn, conn->disc_err, "drained");
         conn->cb->dead(conn);
     }
+}
+
+void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
+{
+    pthread_mutex_lock(&conn->lock);
+    conn_on_cqe_locked(conn, cqe);
+    conn_after_cqes_locked(conn);
     pthread_mutex_unlock(&conn->lock);
+}
+
+void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
+{
+    for (int i = 0, j; i < n; i = j) {
+        struct exs_conn *conn = cqe[i].ep->user;
+
+        /* a run of completions of one conn: one lock, one progress pass (one ACK
+         * decision, one walk of the queues, one delivery) for all of them */
+        pthread_mutex_lock(&conn->lock);
+        for (j = i; j < n && cqe[j].ep->user == conn; j++)
+            conn_on_cqe_locked(conn, &cqe[j]);
+        conn_after_cqes_locked(conn);
+        pthread_mutex_unlock(&conn->lock);
+    }
 }
 
 void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)

@@ -109,7 +109,15 @@ struct exs_conn_params {
     uint32_t eager_max;   /* SEQPACKET eager threshold */
     int      xfer_mode;   /* EXS_XFER_* */
     uint32_t max_reads;   /* outstanding RDMA READs per connection */
+    uint32_t batch_max;   /* EXS_BATCH_MAX: largest batched ring write, bytes; 0 = no batching */
 };
+
+/* Batched ring writes in flight at once per connection (each has its staging buffer). */
+#define EXS_BATCH_SLOTS 4u
+/* The elastic threshold never shrinks below this (nor above batch_max). */
+#define EXS_BATCH_FLOOR 1024u
+/* Largest batch_max accepted (EXS_BATCH_MAX). */
+#define EXS_BATCH_MAX_LIMIT (1u << 20)
 
 /* Ring slots: every eager message occupies a multiple of this (at least one slot), so a
  * receiver holds at most ring_size / EXS_RING_SLOT unconsumed messages. */
@@ -206,6 +214,17 @@ struct exs_conn {
     uint32_t                   st_pr;      /* P_r */
     uint64_t                   st_sr_next; /* S'_r */
 
+    /* sender batching (spec/protocol.md §6.1, §7.1) */
+    uint32_t                   ring_wr_out;  /* ring (INDIRECT) writes posted, not completed */
+    uint32_t                   batch_thresh; /* elastic threshold, bytes (0: batching off) */
+    int                        batch_now;    /* exs_close: a gathered run leaves at once */
+    struct exs_prov_mr        *batch_mem;    /* EXS_BATCH_SLOTS staging buffers of batch_max
+                                              * bytes, allocated at the first batch */
+    struct exs_batch_slot {
+        struct exs_op *first;                /* first op of the batch in sendq, NULL: free */
+        uint32_t       nops;                 /* ops it carries */
+    }                          batch_slot[EXS_BATCH_SLOTS];
+
     struct exs_sock_stats      stats;
 };
 
@@ -230,6 +249,10 @@ int  exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, cons
 
 /* Progress thread: provider events for this conn. */
 void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe);
+/* A polled array of n completions (any conns): each run of consecutive completions of
+ * one conn is handled under one lock with one progress pass at its end (cqe->ep->user
+ * is the conn). Same effect as exs__conn_on_cqe on each, with less work per completion. */
+void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n);
 void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev);
 
 /* Operations (caller's thread). Errors: -ENOTCONN, -EPIPE, -ECONNRESET (latched). On

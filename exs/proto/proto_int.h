@@ -13,6 +13,8 @@ enum {
     WR_TAG_CTRL = 2, /* control send slot: index << 3 */
     WR_TAG_DATA = 3, /* a send op's WRITE WITH IMMEDIATE: op pointer */
     WR_TAG_READ = 4, /* a receive op's RDMA READ: op pointer */
+    WR_TAG_RING = 5, /* a send op's WRITE WITH IMMEDIATE into the peer's ring: op pointer */
+    WR_TAG_BATCH = 6, /* a batched ring write of several send ops: staging slot << 3 */
     WR_TAG_MASK = 7,
 };
 
@@ -27,6 +29,9 @@ struct exs_pending_msg {
     uint32_t        len;
     uint32_t        rkey;
     uint64_t        ring_end;  /* eager: rd_consumed once this message is copied out */
+    uint32_t        batch_left; /* batched write (§6.1): its messages not yet matched (addr is
+                                 * then the ring offset of the next record); 0: one message */
+    uint32_t        batch_end; /* batched write: ring offset just past its last record */
 };
 
 /* Most announced messages a peer may make us hold (eager ones are bounded by the ring). */
@@ -49,6 +54,22 @@ int  conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64
                                 uint32_t rkey, uint32_t len, uint32_t imm, const void *src);
 int  exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
 
+/* batch.c: sender batching (spec/protocol.md §6.1, §7.1) */
+/* Does op join a run of bytes batched bytes? 1 yes (*rec_p: the bytes it adds), 0 it
+ * cannot be batched (the run ends before it), -1 it could but the ring has no room. */
+typedef int (*batch_fit_fn)(struct exs_conn *conn, struct exs_op *op, uint64_t bytes,
+                            uint32_t *rec_p);
+enum batch_verdict {
+    BATCH_NONE = 0, /* send the op at from on its own, as without batching */
+    BATCH_SENT,     /* a batched write carrying it and the ops after it was posted */
+    BATCH_WAIT,     /* gathered: leaves when the ring write in flight completes */
+    BATCH_STALL,    /* must wait for a credit or a staging buffer */
+};
+enum batch_verdict batch_try_locked(struct exs_conn *conn, struct exs_list *from,
+                                    batch_fit_fn fit);
+void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot);
+void batch_release_locked(struct exs_conn *conn);
+
 /* seqpacket.c */
 void sp_send_progress_locked(struct exs_conn *conn);
 void sp_recv_progress_locked(struct exs_conn *conn);
@@ -66,7 +87,11 @@ void st_send_progress_locked(struct exs_conn *conn);
 void st_recv_progress_locked(struct exs_conn *conn);
 int  st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
 int  st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a);
+void st_enter_indirect_locked(struct exs_conn *conn);
 void st_dead_drain_locked(struct exs_conn *conn);
+
+#define PHASE_IS_DIRECT(_p)   (((_p) & 1u) == 0)
+#define PHASE_IS_INDIRECT(_p) (((_p) & 1u) == 1)
 
 static inline int conn_is_stream(const struct exs_conn *conn)
 {

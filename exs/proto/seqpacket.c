@@ -174,6 +174,26 @@ sent:
     return 1;
 }
 
+/* batch_fit_fn (§6.1): a message joins the run when the peer splits batched writes, it
+ * would go eagerly, and the run's write with it fits the peer's ring now. */
+static int sp_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes, uint32_t *rec_p)
+{
+    uint32_t eager = EXS_MIN(conn->p.eager_max, conn->peer.eager_max);
+    uint32_t size = conn->peer.ring_size, rec, skip, slot;
+
+    if (op->kind != EXS_OP_SEND || op->state != EXS_OPS_QUEUED || op->len >= eager ||
+        !size || !conn->peer_ring_keyed || !(conn->peer.features & EXS_WIRE_FEAT_BATCH))
+        return 0;
+    rec = exs_wire_batch_rec_size((uint32_t)op->len);
+    if (bytes + rec > size)
+        return -1;
+    sp_ring_place(conn->wr_tail, size, (uint32_t)bytes + rec, &skip, &slot);
+    if ((uint64_t)skip + slot > size - (conn->wr_tail - conn->wr_consumed))
+        return -1;
+    *rec_p = rec;
+    return 1;
+}
+
 void sp_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
@@ -183,6 +203,19 @@ void sp_send_progress_locked(struct exs_conn *conn)
 
         if (op->state != EXS_OPS_QUEUED)
             continue;
+        if (op->kind == EXS_OP_SEND) {
+            switch (batch_try_locked(conn, pos, sp_batch_fit)) {
+            case BATCH_SENT:
+                if (conn->state >= EXS_CONN_DOWN)
+                    return;
+                continue; /* the run's ops are POSTED now: skipped */
+            case BATCH_WAIT:
+            case BATCH_STALL:
+                return;
+            case BATCH_NONE:
+                break;
+            }
+        }
         if (!sp_send_one_locked(conn, op) || conn->state >= EXS_CONN_DOWN)
             break;
     }
@@ -258,10 +291,66 @@ static struct exs_op *sp_nth_unmatched(struct exs_conn *conn, uint32_t n)
     return NULL;
 }
 
+/* The record at ring offset off of a batched write ending at ring offset end (§6.1):
+ * 0 and its payload length, or -EPROTO. The peer may rewrite its ring at any time, so a
+ * record is checked again each time it is read. */
+static int sp_batch_rec(struct exs_conn *conn, uint32_t off, uint32_t end, uint32_t *len_p)
+{
+    struct exs_wire_batch_rec h;
+    uint32_t len;
+
+    if (end - off < EXS_WIRE_BATCH_REC_LEN)
+        return -EPROTO;
+    memcpy(&h, conn->ring + off, sizeof(h));
+    len = be32toh(h.len);
+    if (h.reserved || len >= conn->p.eager_max ||
+        exs_wire_batch_rec_size(len) > end - off)
+        return -EPROTO;
+    *len_p = len;
+    return 0;
+}
+
+/* A batched eager write of n messages and len bytes arrived: checked whole, it becomes
+ * one pending entry that hands out its messages in order (no allocation per message). */
+static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
+{
+    uint32_t size = conn->p.ring_size, skip, slot, off, end, count = 0;
+    struct exs_pending_msg *m;
+
+    if (len > size)
+        return -EPROTO;
+    sp_ring_place(conn->rd_arrived, size, len, &skip, &slot);
+    if (conn->rd_arrived + skip + slot - conn->rd_consumed > size)
+        return -EPROTO; /* the peer overran our ring */
+    off = (uint32_t)((conn->rd_arrived + skip) % size);
+    end = off + len;
+    for (uint32_t o = off, l; o < end; o += exs_wire_batch_rec_size(l), count++)
+        if (sp_batch_rec(conn, o, end, &l))
+            return -EPROTO;
+    if (count != n) {
+        EXS_INFO(PROTO, "conn %p: batched write of %u bytes holds %u messages, its tag says %u",
+                 (void *)conn, len, count, n);
+        return -EPROTO;
+    }
+    m = sp_pending_new(conn);
+    if (!m)
+        return -EPROTO;
+    conn->rx_seq += n - 1; /* sp_pending_new numbered the first */
+    conn->pending_count += n - 1;
+    m->batch_left = n;
+    m->addr = off;
+    m->batch_end = end;
+    conn->rd_arrived += skip + slot;
+    m->ring_end = conn->rd_arrived;
+    return 0;
+}
+
 int sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     if (conn->peer_shut)
         return -EPROTO;
+    if (exs_imm_kind(imm) == EXS_IMM_INDIRECT && exs_imm_tag(imm))
+        return sp_on_batch_locked(conn, exs_imm_tag(imm), len);
     if (exs_imm_kind(imm) == EXS_IMM_INDIRECT) {
         uint32_t size = conn->p.ring_size, skip, slot;
         struct exs_pending_msg *m;
@@ -346,7 +435,8 @@ static void sp_flush_read_done_locked(struct exs_conn *conn)
     conn->rd_owed_count -= n;
 }
 
-/* Give the head unmatched receive the head pending message. 0 when it must wait. */
+/* Give the head unmatched receive the head pending message. 1 done, 0 when it must
+ * wait, -1 when the message was bad (the entry is dropped and the connection fails). */
 static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_pending_msg *m)
 {
     if (m->announced) {
@@ -372,6 +462,32 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
         op->msg_len = m->len;
         op->seq = m->seq;
         op->state = EXS_OPS_POSTED;
+    } else if (m->batch_left) {
+        uint32_t len, n;
+
+        if (sp_batch_rec(conn, (uint32_t)m->addr, m->batch_end, &len)) {
+            /* rewritten since it arrived: the peer broke the protocol */
+            conn_fail_locked(conn, ECONNRESET, "batched write changed in the ring");
+            conn->pending_count -= m->batch_left;
+            exs_list_del(&m->link);
+            free(m);
+            return -1;
+        }
+        n = (uint32_t)EXS_MIN((size_t)len, op->len);
+        memcpy(op->buf, conn->ring + m->addr + EXS_WIRE_BATCH_REC_LEN, n);
+        op->rflags = len > op->len ? MSG_TRUNC : 0;
+        op->seq = m->seq++;
+        conn->stats.bytes_received += n;
+        conn_op_finish_locked(op, n, 0);
+        conn->pending_count--;
+        conn->rx_matched++;
+        m->addr += exs_wire_batch_rec_size(len);
+        if (--m->batch_left)
+            return 1; /* more messages in this write */
+        conn->rd_consumed = m->ring_end; /* the ring space goes back with the last one */
+        exs_list_del(&m->link);
+        free(m);
+        return 1;
     } else {
         uint32_t n = (uint32_t)EXS_MIN((size_t)m->len, op->len);
 
@@ -411,7 +527,7 @@ void sp_recv_progress_locked(struct exs_conn *conn)
             struct exs_pending_msg *m =
                 exs_list_entry(conn->pending.next, struct exs_pending_msg, link);
 
-            if (!sp_match_locked(conn, op, m))
+            if (sp_match_locked(conn, op, m) <= 0)
                 return;
             continue;
         }
@@ -475,10 +591,11 @@ void sp_dead_drain_locked(struct exs_conn *conn)
             continue;
         if (op->cancel)
             conn_op_finish_locked(op, -1, ECANCELED);
-        else if (!exs_list_empty(&conn->pending))
-            sp_match_locked(conn, op,
-                            exs_list_entry(conn->pending.next, struct exs_pending_msg, link));
-        else if (conn->peer_shut)
+        else if (!exs_list_empty(&conn->pending)) {
+            if (sp_match_locked(conn, op, exs_list_entry(conn->pending.next,
+                                                         struct exs_pending_msg, link)) < 0)
+                conn_op_finish_locked(op, -1, ECONNRESET);
+        } else if (conn->peer_shut)
             conn_op_finish_locked(op, 0, 0);
         else
             conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);

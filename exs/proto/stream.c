@@ -10,9 +10,6 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-#define PHASE_IS_DIRECT(_p)   (((_p) & 1u) == 0)
-#define PHASE_IS_INDIRECT(_p) (((_p) & 1u) == 1)
-
 /* ---- sending side (Fig. 2) ---- */
 
 static void st_set_phase(struct exs_conn *conn, uint32_t p)
@@ -21,6 +18,11 @@ static void st_set_phase(struct exs_conn *conn, uint32_t p)
         conn->stats.mode_switches++;
     EXS_TRACE(PROTO, "conn %p: sender phase %u -> %u", (void *)conn, conn->st_ps, p);
     conn->st_ps = p;
+}
+
+void st_enter_indirect_locked(struct exs_conn *conn)
+{
+    st_set_phase(conn, conn->st_ps + 1);
 }
 
 /* Modes seen by this sender: may it write the ring, may it use ADVERTs? */
@@ -113,6 +115,25 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
     return 1;
 }
 
+/* batch_fit_fn (§7.1): a send joins the run when it has not started, would go into the
+ * ring (no usable ADVERT) and the run with it fits the ring room before the ring's end. */
+static int st_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes, uint32_t *rec_p)
+{
+    uint32_t size = conn->peer.ring_size;
+    uint64_t used = conn->wr_tail - conn->wr_consumed, room;
+
+    if (op->kind != EXS_OP_SEND || op->posted || op->inflight || !op->len ||
+        (op->state != EXS_OPS_QUEUED && op->state != EXS_OPS_POSTED))
+        return 0;
+    if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || st_advert_head(conn))
+        return 0;
+    room = used >= size ? 0 : EXS_MIN(size - used, (uint64_t)(size - conn->wr_tail % size));
+    if (bytes + op->len > room)
+        return -1;
+    *rec_p = op->len > UINT32_MAX ? UINT32_MAX : (uint32_t)op->len;
+    return 1;
+}
+
 void st_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
@@ -133,6 +154,17 @@ void st_send_progress_locked(struct exs_conn *conn)
             op->state = EXS_OPS_POSTED;
             conn_ctrl_flush_locked(conn);
             continue;
+        }
+        if (op->posted == 0 && op->inflight == 0 && op->len) {
+            switch (batch_try_locked(conn, pos, st_batch_fit)) {
+            case BATCH_SENT:
+                continue; /* the run's ops are POSTED now: skipped below */
+            case BATCH_WAIT:
+            case BATCH_STALL:
+                return;
+            case BATCH_NONE:
+                break;
+            }
         }
         op->state = EXS_OPS_POSTED;
         if (op->len == 0) {

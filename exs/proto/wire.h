@@ -16,6 +16,9 @@
  *   v2  adds the RING control record: the ring's key travels in it, as each side's first
  *       record after ESTABLISHED (keys are per-connection grants, which need a connected
  *       endpoint); hello.ring_rkey becomes reserved (sent 0, ignored).
+ *   v2 + feature BATCH (negotiated in hello.features, no version change): a SEQPACKET
+ *       eager WRITE WITH IMMEDIATE may carry several messages, framed by
+ *       exs_wire_batch_rec, its immediate tag giving their count (§6.1).
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -30,7 +33,8 @@ enum exs_wire_sock_type {
 enum { /* exs_wire_hello.features */
     EXS_WIRE_FEAT_KEEPALIVE = 1u << 0, /* answers zero-byte WRITE probes (every RC peer does) */
     EXS_WIRE_FEAT_READ      = 1u << 1, /* may be asked to serve RDMA READ of announced buffers */
-    EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ,
+    EXS_WIRE_FEAT_BATCH     = 1u << 2, /* splits SEQPACKET batched ring writes (§6.1) */
+    EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH,
 };
 
 struct exs_wire_hello {
@@ -80,7 +84,9 @@ struct exs_wire_reject {
  *   29     eom      SEQPACKET: last piece of a message; STREAM: 0
  *   28     trunc    SEQPACKET direct: the message was longer than the advert (cut)
  *   27-16  credits  receives the writer re-posted for the peer since its last report
- *   15-0   tag      DIRECT: low 16 bits of the ADVERT id; INDIRECT: 0
+ *   15-0   tag      DIRECT: low 16 bits of the ADVERT id; INDIRECT: 0, or SEQPACKET with
+ *                   feature BATCH: the number of exs_wire_batch_rec messages the write
+ *                   carries (§6.1); STREAM: always 0 (a batch is plain stream bytes)
  */
 #define EXS_IMM_KIND_SHIFT    30
 #define EXS_IMM_KIND_MASK     0x3u
@@ -108,6 +114,27 @@ static inline unsigned exs_imm_credits(uint32_t imm)
 static inline unsigned exs_imm_tag(uint32_t imm)
 {
     return imm & EXS_IMM_TAG_MASK;
+}
+
+/* ---- §6.1 SEQPACKET batched ring write (feature EXS_WIRE_FEAT_BATCH) ---- */
+/*
+ * An INDIRECT write whose immediate tag is n (1..65535) holds n messages back to back,
+ * each one record: this header, then len payload bytes, then zero padding up to a
+ * multiple of 8. The write's length is exactly the sum of its records. The write as a
+ * whole takes ring space like one eager message of that length (64-byte slots, never
+ * wraps). Every len is below the receiver's eager_max; reserved is 0.
+ */
+struct exs_wire_batch_rec {
+    uint32_t len;      /* payload bytes of this message */
+    uint32_t reserved; /* 0 */
+} __attribute__((packed));
+#define EXS_WIRE_BATCH_REC_LEN 8u
+#define EXS_WIRE_BATCH_MAX_MSGS EXS_IMM_TAG_MASK /* messages in one batched write */
+
+/* Bytes of the record carrying a message of len bytes. */
+static inline uint32_t exs_wire_batch_rec_size(uint32_t len)
+{
+    return EXS_WIRE_BATCH_REC_LEN + ((len + 7u) & ~7u);
 }
 
 /* ---- §5 control messages: the payload of a SEND, one or more records back to back ---- */
@@ -210,5 +237,6 @@ _Static_assert(sizeof(struct exs_wire_announce) == EXS_WIRE_ANNOUNCE_LEN, "annou
 _Static_assert(sizeof(struct exs_wire_read_done) == EXS_WIRE_READ_DONE_LEN, "read_done size");
 _Static_assert(sizeof(struct exs_wire_shutdown) == EXS_WIRE_SHUTDOWN_LEN, "shutdown size");
 _Static_assert(sizeof(struct exs_wire_ring) == EXS_WIRE_RING_LEN, "ring size");
+_Static_assert(sizeof(struct exs_wire_batch_rec) == EXS_WIRE_BATCH_REC_LEN, "batch rec size");
 
 #endif

@@ -89,6 +89,8 @@ static const struct exs_param_def params_table[] = {
           "verbs: device to use, NAME or NAME:PORT (e.g. mlx5_0:1); empty = first active port"),
     PARAM(vrb_addr, "EXS_VRB_ADDR", "", STRING, 0,
           "verbs: use the device and port that hold this IP address (RoCE/IPoIB)"),
+    PARAM(batch_max, "EXS_BATCH_MAX", "8192", UINT, 0,
+          "largest ring write gathering several small sends while another is in flight, bytes, at most 1048576; 0 = no batching"),
 };
 
 /* Unloaded -> defaults (set before load, or by get/print) -> loaded (environment applied). */
@@ -130,6 +132,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, test_close_pause_us) && v->u > 1000000)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, eager_max) && v->u > (1u << 20))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, batch_max) && v->u > (1u << 20))
             return -EINVAL;
         return 0;
     case EXS_PARAM_BOOL:

@@ -59,6 +59,7 @@ struct exs_params {
     uint64_t vrb_regcache_max; /* EXS_VRB_REGCACHE_MAX: user-buffer registrations kept */
     char     vrb_device[EXS_PARAM_STR_MAX]; /* EXS_VRB_DEVICE: NAME or NAME:PORT, "" = any */
     char     vrb_addr[EXS_PARAM_STR_MAX];   /* EXS_VRB_ADDR: the device holding this IP */
+    uint64_t batch_max;        /* EXS_BATCH_MAX: largest batched ring write, 0 = off */
 };
 
 struct exs_param_def {

@@ -92,6 +92,9 @@ struct exs_sock_stats {
     uint64_t adverts_discarded; /* stale adverts dropped by the sender */
     uint64_t credit_stalls;     /* sends that waited for credits */
     uint64_t keepalive_probes;
+    uint64_t batches_sent;      /* ring writes that carried several sends (batching) */
+    uint64_t msgs_batched;      /* sends that left inside such a write */
+    uint64_t batch_thresh;      /* the elastic batch threshold now, bytes (0: batching off) */
 };
 
 /* ---- event queue wait modes (extension) ---- */

@@ -43,6 +43,7 @@ void pt_params(struct exs_conn_params *p, int sock_type)
         .eager_max = 1024,
         .xfer_mode = EXS_XFER_DYNAMIC,
         .max_reads = 4,
+        .batch_max = 8192,
     };
 }
 
@@ -89,9 +90,9 @@ static int pt_drain_cq(struct exs_prov_ctx *ctx)
     struct exs_prov_cqe cqe[16];
     int n, total = 0;
 
+    /* as the engine polls, a batch at a time, handed to the conns together */
     while ((n = exs__prov_poll(ctx, cqe, 16)) > 0) {
-        for (int i = 0; i < n; i++)
-            exs__conn_on_cqe(cqe[i].ep->user, &cqe[i]);
+        exs__conn_on_cqes(cqe, n);
         total += n;
     }
     return total;

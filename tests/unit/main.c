@@ -23,6 +23,7 @@ static Suite *(*const suites[])(void) = {
     proto_teardown_suite,
     proto_hostile_suite,
     wire_golden_suite,
+    proto_batch_suite,
 };
 
 void unit_env_clean(void)

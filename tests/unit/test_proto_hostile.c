@@ -269,6 +269,134 @@ START_TEST(hs_ring_overrun)
 }
 END_TEST
 
+/* A batched eager write (§6.1) built by hand: n records of the given lengths (pattern
+ * offset 1000 * i), into b's ring at offset off; returns its length. */
+static uint32_t raw_batch(uint8_t *buf, const uint32_t *lens, int n)
+{
+    uint32_t off = 0;
+
+    for (int i = 0; i < n; i++) {
+        struct exs_wire_batch_rec h = {.len = htobe32(lens[i])};
+
+        memcpy(buf + off, &h, sizeof(h));
+        pt_fill(buf + off + sizeof(h), lens[i], 1000u * i);
+        memset(buf + off + sizeof(h) + lens[i], 0, exs_wire_batch_rec_size(lens[i]) - sizeof(h) - lens[i]);
+        off += exs_wire_batch_rec_size(lens[i]);
+    }
+    return off;
+}
+
+/* A well-formed batched write from the raw peer: three messages, one of them cut. */
+START_TEST(hs_batch_delivered)
+{
+    static uint8_t buf[1024], rb[3][64];
+    const uint32_t lens[3] = {5, 0, 100};
+    struct pt_op r[3];
+    uint32_t len;
+
+    raw_open(SOCK_SEQPACKET);
+    len = raw_batch(buf, lens, 3);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, buf, len, raw.peer.ring_addr, raw.peer.ring_rkey,
+             exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 3));
+    pt_run(&pp);
+    for (int i = 0; i < 3; i++) {
+        memset(rb[i], 0, sizeof(rb[i]));
+        pt_op_init(&r[i], &pp.b, EXS_OP_RECV, rb[i], sizeof(rb[i]), 0);
+        ck_assert_int_eq(pt_post(&r[i]), 0);
+    }
+    pt_run(&pp);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(r[i].done, 1);
+        ck_assert_int_eq(r[i].op.result, (ssize_t)(lens[i] < 64 ? lens[i] : 64));
+        ck_assert_int_eq(r[i].op.rflags, lens[i] > 64 ? MSG_TRUNC : 0);
+        ck_assert(pt_check(rb[i], r[i].op.result, 1000u * i));
+        ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
+        pt_op_fini(&r[i]);
+    }
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* Batched writes that do not parse: the tag counts 3 of 2 records; a message not below
+ * eager_max (1024); reserved not 0; a record running past the write; a cut header; an
+ * empty write with a count. */
+START_TEST(hs_batch_malformed)
+{
+    static uint8_t buf[8192];
+    uint32_t lens[2] = {10, 20}, len, tag = 2;
+
+    raw_open(SOCK_SEQPACKET);
+    len = raw_batch(buf, lens, 2);
+    switch (_i) {
+    case 0:
+        tag = 3;
+        break;
+    case 1:
+        lens[1] = 1024;
+        len = raw_batch(buf, lens, 2);
+        break;
+    case 2:
+        buf[4] = 1; /* reserved of the first record */
+        break;
+    case 3:
+        len -= 8; /* the second record's payload runs past the end */
+        break;
+    case 4:
+        len += 4; /* four bytes of a third header */
+        memset(buf + len - 4, 0, 4);
+        break;
+    case 5:
+        len = 0; /* no record at all */
+        break;
+    }
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, buf, len, raw.peer.ring_addr, raw.peer.ring_rkey,
+             exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, tag));
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* The peer rewrites a record of a batched write after it arrived (it may write its ring
+ * at any time): the receive that reads it finds the connection reset, and nothing is
+ * copied past the record. */
+START_TEST(hs_batch_rewritten)
+{
+    static uint8_t buf[256], rb[2][2048];
+    const uint32_t lens[2] = {10, 20};
+    struct exs_wire_batch_rec bad = {.len = htobe32(1000)};
+    struct pt_op r[2];
+    uint32_t len;
+
+    raw_open(SOCK_SEQPACKET);
+    len = raw_batch(buf, lens, 2);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, buf, len, raw.peer.ring_addr, raw.peer.ring_rkey,
+             exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 2));
+    pt_run(&pp);
+    pt_op_init(&r[0], &pp.b, EXS_OP_RECV, rb[0], sizeof(rb[0]), 0);
+    ck_assert_int_eq(pt_post(&r[0]), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(r[0].op.result, 10);
+    /* a plain RDMA WRITE (no receive consumed) over the second record's header */
+    raw_post(EXS_PROV_WR_RDMA_WRITE, &bad, sizeof(bad),
+             raw.peer.ring_addr + exs_wire_batch_rec_size(10), raw.peer.ring_rkey, 0);
+    pt_run(&pp);
+    memset(rb[1], 0xa5, sizeof(rb[1]));
+    pt_op_init(&r[1], &pp.b, EXS_OP_RECV, rb[1], sizeof(rb[1]), 0);
+    ck_assert_int_eq(pt_post(&r[1]), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(r[1].done, 1);
+    ck_assert_int_eq(r[1].op.result, -1);
+    ck_assert_int_eq(r[1].op.err, ECONNRESET);
+    for (size_t i = 0; i < sizeof(rb[1]); i++)
+        ck_assert_uint_eq(rb[1][i], 0xa5);
+    pt_op_fini(&r[0]);
+    pt_op_fini(&r[1]);
+    raw_close();
+}
+END_TEST
+
 /* A direct write that names no advertised receive. */
 START_TEST(hs_direct_without_advert)
 {
@@ -517,6 +645,9 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_advert_key_dies_with_receive);
     tcase_add_test(tc, hs_announce_key_read_only);
     tcase_add_test(tc, hs_announce_key_not_writable);
+    tcase_add_test(tc, hs_batch_delivered);
+    tcase_add_loop_test(tc, hs_batch_malformed, 0, 6);
+    tcase_add_test(tc, hs_batch_rewritten);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -49,7 +49,7 @@ static void cap_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_sen
     caps[ncaps].opcode = wr->opcode;
     caps[ncaps].imm = wr->imm_data;
     caps[ncaps].len = len;
-    if (wr->opcode == EXS_PROV_WR_SEND)
+    if (wr->opcode == EXS_PROV_WR_SEND || wr->opcode == EXS_PROV_WR_RDMA_WRITE_WITH_IMM)
         memcpy(caps[ncaps].bytes, p, len < EXS_WIRE_CTRL_MAX ? len : EXS_WIRE_CTRL_MAX);
     ncaps++;
 }
@@ -111,7 +111,7 @@ START_TEST(golden_hello)
         0x45, 0x58,                         /* magic "EX" */
         0x02,                               /* version 2 */
         0x01,                               /* STREAM */
-        0x00, 0x03,                         /* features: keepalive | read */
+        0x00, 0x07,                         /* features: keepalive | read | batch */
         0x00, 0x21,                         /* credits 33 */
         0x00, 0x00, 0x02, 0x00,             /* ctrl_size 512 */
         0x00, 0x00, 0x20, 0x00,             /* ring_size 8192 */
@@ -376,6 +376,52 @@ START_TEST(golden_announce_read_done_shutdown)
 }
 END_TEST
 
+/* §6.1: a SEQPACKET batched write as sent: the immediate (INDIRECT, eom, tag = number
+ * of messages) and the records (len, reserved 0, payload, zero padding to 8). */
+START_TEST(golden_batch_sent)
+{
+    static uint8_t m0[3] = {'a', 'b', 'c'}, m1[1], m2[9] = {'0', '1', '2', '3', '4', '5', '6', '7', '8'};
+    static const uint8_t want[32] = {
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* len 0, reserved */
+        0x00, 0x00, 0x00, 0x09, 0x00, 0x00, 0x00, 0x00, /* len 9, reserved */
+        '0',  '1',  '2',  '3',  '4',  '5',  '6',  '7',  /* payload */
+        '8',  0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* payload, padding */
+    };
+    struct pt_op s[3];
+    struct cap *c = NULL;
+    int n = 0;
+
+    gp_setup(SOCK_SEQPACKET, EXS_XFER_DYNAMIC);
+    pt_op_init(&s[0], &pp.a, EXS_OP_SEND, m0, sizeof(m0), 0);
+    ck_assert_int_eq(pt_post(&s[0]), 0); /* alone: in flight */
+    pt_op_init(&s[1], &pp.a, EXS_OP_SEND, m1, 0, 0);
+    ck_assert_int_eq(pt_post(&s[1]), 0);
+    pt_op_init(&s[2], &pp.a, EXS_OP_SEND, m2, sizeof(m2), 0);
+    ck_assert_int_eq(pt_post(&s[2]), 0);
+    pt_run(&pp);
+    for (int i = 0; i < ncaps; i++) {
+        if (caps[i].ep == pp.a.conn->ep && caps[i].opcode == EXS_PROV_WR_RDMA_WRITE_WITH_IMM) {
+            if (n++ == 1)
+                c = &caps[i];
+        }
+    }
+    ck_assert_int_eq(n, 2);
+    ck_assert_uint_eq(c->len, sizeof(want));
+    ck_assert_uint_eq(c->imm & ~(EXS_IMM_CREDITS_MAX << EXS_IMM_CREDITS_SHIFT),
+                      0x40000000u | 0x20000000u | 2u); /* INDIRECT, eom, 2 messages */
+    assert_bytes(c->bytes, want, sizeof(want));
+    ck_assert_uint_eq(EXS_WIRE_FEAT_BATCH, 4);
+    ck_assert_uint_eq(exs_wire_batch_rec_size(0), 8);
+    ck_assert_uint_eq(exs_wire_batch_rec_size(1), 16);
+    ck_assert_uint_eq(exs_wire_batch_rec_size(8), 16);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(s[i].done, 1);
+        pt_op_fini(&s[i]);
+    }
+    gp_teardown();
+}
+END_TEST
+
 START_TEST(golden_ctrl_constants)
 {
     struct exs_wire_ctrl_hdr h = {.type = EXS_CTRL_NOP,
@@ -489,6 +535,7 @@ Suite *wire_golden_suite(void)
     tcase_add_test(tc, golden_ack);
     tcase_add_test(tc, golden_announce_read_done_shutdown);
     tcase_add_test(tc, golden_ring);
+    tcase_add_test(tc, golden_batch_sent);
     tcase_add_test(tc, golden_ctrl_constants);
     tcase_add_test(tc, golden_tcp_frame);
     suite_add_tcase(s, tc);
