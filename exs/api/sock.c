@@ -933,8 +933,12 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
     }
     if (level == SOL_EXS && optname == EXS_SO_STATS) {
         struct exs_sock_stats st = { 0 };
+        socklen_t n = EXS_MIN(*optlen, (socklen_t)sizeof(st));
 
-        if (*optlen < sizeof(st)) {
+        /* The struct only grows at its end: a caller built against an older header
+         * passes a shorter length and gets the prefix it knows (at least the ten
+         * counters of the first version). */
+        if (*optlen < EXS_SOCK_STATS_V1_SIZE) {
             err = EINVAL;
             goto out;
         }
@@ -945,8 +949,8 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
         pthread_mutex_unlock(&s->lock);
         if (conn)
             exs__conn_stats(conn, &st);
-        memcpy(optval, &st, sizeof(st));
-        *optlen = sizeof(st);
+        memcpy(optval, &st, n);
+        *optlen = n;
         goto out;
     }
     pthread_mutex_lock(&s->lock);

@@ -92,10 +92,14 @@ struct exs_sock_stats {
     uint64_t adverts_discarded; /* stale adverts dropped by the sender */
     uint64_t credit_stalls;     /* sends that waited for credits */
     uint64_t keepalive_probes;
+    /* ---- end of version 1 (EXS_SOCK_STATS_V1_SIZE bytes); later fields are appended only ---- */
     uint64_t batches_sent;      /* ring writes that carried several sends (batching) */
     uint64_t msgs_batched;      /* sends that left inside such a write */
     uint64_t batch_thresh;      /* the elastic batch threshold now, bytes (0: batching off) */
 };
+/* exs_getsockopt(EXS_SO_STATS) fills min(*optlen, sizeof) bytes and sets *optlen to that
+ * count; *optlen below the first version's size is EINVAL. */
+#define EXS_SOCK_STATS_V1_SIZE (10 * sizeof(uint64_t))
 
 /* ---- event queue wait modes (extension) ---- */
 enum {

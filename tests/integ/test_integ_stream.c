@@ -984,6 +984,39 @@ END_TEST
 
 /* EXS_XFER_MODE=indirect is the process default: a new stream socket reports it, and a pair
  * left at the default makes no direct transfer and no ADVERT. */
+/* EXS_SO_STATS grows at its end: an older caller's shorter length gets the prefix it
+ * knows and nothing beyond it is written; shorter than version 1 is EINVAL. */
+START_TEST(test_stats_abi_prefix)
+{
+    unsigned char buf[sizeof(struct exs_sock_stats) + 16];
+    socklen_t len;
+    exs_qhandle_t q;
+    int fd;
+
+    it_init();
+    q = it_qcreate(4);
+    fd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    memset(buf, 0xA5, sizeof(buf));
+    len = EXS_SOCK_STATS_V1_SIZE;
+    ck_assert_int_eq(exs_getsockopt(fd, SOL_EXS, EXS_SO_STATS, buf, &len), 0);
+    ck_assert_uint_eq(len, EXS_SOCK_STATS_V1_SIZE);
+    for (size_t i = 0; i < EXS_SOCK_STATS_V1_SIZE; i++)
+        ck_assert_msg(buf[i] == 0, "byte %zu of the version 1 prefix not filled", i);
+    for (size_t i = EXS_SOCK_STATS_V1_SIZE; i < sizeof(buf); i++)
+        ck_assert_msg(buf[i] == 0xA5, "byte %zu beyond the caller's length written", i);
+    len = sizeof(buf);
+    ck_assert_int_eq(exs_getsockopt(fd, SOL_EXS, EXS_SO_STATS, buf, &len), 0);
+    ck_assert_uint_eq(len, sizeof(struct exs_sock_stats));
+    len = EXS_SOCK_STATS_V1_SIZE - 1;
+    errno = 0;
+    ck_assert_int_eq(exs_getsockopt(fd, SOL_EXS, EXS_SO_STATS, buf, &len), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    it_close(fd, q);
+    it_qdelete(q);
+}
+END_TEST
+
 START_TEST(test_stats_env_mode)
 {
     struct st_seq s;
@@ -1921,6 +1954,7 @@ Suite *integ_stream_suite(void)
     tcase_add_test(tc, test_stats_indirect_only);
     tcase_add_test(tc, test_stats_dynamic);
     tcase_add_test(tc, test_stats_env_mode);
+    tcase_add_test(tc, test_stats_abi_prefix);
     suite_add_tcase(s, tc);
     tc = it_tcase("stream_split", IT_CASE_TIMEOUT);
     tcase_add_test(tc, test_split_dynamic);
