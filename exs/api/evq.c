@@ -12,6 +12,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "exs/engine/engine.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -26,7 +27,10 @@
  *
  * Descriptors. Each queue owns up to two eventfds whose counters are only ever 0 or 1
  * and are only written or read with evq->lock held, so they are exact copies of a
- * predicate over the queue state (evq_sync_fds):
+ * predicate over the queue state (evq_sync_fds) while someone can see them: once
+ * exs_qfd was called on the queue, or while a thread sleeps on it (evq->sleepers > 0;
+ * it brings them in line under the lock before it sleeps). Nobody else looks at them, so
+ * until then they are not written at all:
  *   qfd  (exs_qfd)  readable iff events are queued (or the queue was deleted). Waiters
  *                   that need one event (nevents > 0) sleep on it.
  *   wfd  (private)  readable iff some threshold waiter (nevents < 0) can be satisfied
@@ -69,6 +73,8 @@ struct exs_evq {
     int wfd_on;
     struct evq_waiter *waiters; /* threshold waiters */
     int want_min;               /* smallest want among them, INT_MAX when none */
+    int exposed;                /* exs_qfd was called: qfd is kept exact */
+    int sleepers;               /* threads about to sleep or asleep on qfd / wfd */
     int mode;                   /* atomic: EXS_WAIT_* */
     int spin_us;                /* atomic: adaptive spin, 0 = default */
 };
@@ -112,6 +118,7 @@ static void evq_efd_set(struct exs_evq *evq, int fd)
 {
     uint64_t one = 1;
 
+    EXS_CNT_INC(exs__eng_cnt.evq_fd_writes);
     if (write(fd, &one, sizeof(one)) != (ssize_t)sizeof(one))
         EXS_WARN(API, "evq %d: eventfd %d write failed: %m", evq->handle, fd);
 }
@@ -125,10 +132,17 @@ static void evq_efd_clear(struct exs_evq *evq, int fd)
         EXS_WARN(API, "evq %d: eventfd %d read failed: %m", evq->handle, fd);
 }
 
-/* Bring both eventfd counters in line with the queue state. */
+/* Bring both eventfd counters in line with the queue state, when someone can see them:
+ * the application called exs_qfd, or a thread sleeps (or is about to) on them. Otherwise
+ * they are left as they are and brought in line when that changes (exs_qfd, a sleeper
+ * registering under evq->lock), so a thread that dequeues the events it produced
+ * itself makes no system call for them. */
 static void evq_sync_fds(struct exs_evq *evq)
 {
     int on;
+
+    if (!evq->exposed && evq->sleepers == 0)
+        return;
 
     on = evq->dead || evq->queued > 0;
     if (on != evq->qfd_on) {
@@ -476,7 +490,13 @@ int exs_qfd(exs_qhandle_t q)
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
         return exs__err(-ret);
+    pthread_mutex_lock(&evq->lock);
     fd = evq->qfd;
+    if (!evq->exposed) {
+        evq->exposed = 1;
+        evq_sync_fds(evq);
+    }
+    pthread_mutex_unlock(&evq->lock);
     exs__evq_put(evq);
     return fd;
 }
@@ -539,16 +559,28 @@ static void evq_waiter_del(struct exs_evq *evq, struct evq_waiter *w)
     evq_sync_fds(evq);
 }
 
-/* Spin without the lock until want events may be there, the queue died, or end. */
+/* Wait for another turn of the spin loop: a few pauses, so a thread that holds the
+ * progress lock is not hammered by trylocks. */
+static void evq_relax(void)
+{
+    for (int i = 0; i < 8; i++)
+        evq_cpu_relax();
+}
+
+/* Spin, driving progress (trylock) between looks at the queue, without evq->lock, until
+ * want events may be there, the queue died, or end. No system call of its own. */
 static void evq_spin(struct exs_evq *evq, int want, uint64_t end)
 {
     unsigned i = 0;
 
-    while (__atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) < want &&
-           !__atomic_load_n(&evq->dead, __ATOMIC_ACQUIRE)) {
-        evq_cpu_relax();
-        if ((++i & 63) == 0 && exs__now_ns() >= end)
+    for (;;) {
+        exs__engine_drive(EXS_ENG_DRIVE_TRY);
+        if (__atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want ||
+            __atomic_load_n(&evq->dead, __ATOMIC_ACQUIRE))
             break;
+        if ((++i & 15) == 0 && exs__now_ns() >= end)
+            break;
+        evq_relax();
     }
 }
 
@@ -556,13 +588,19 @@ static void evq_spin(struct exs_evq *evq, int want, uint64_t end)
  * Wait until want events are queued, then dequeue up to max of them. Returns the count
  * (0 when the deadline passed first), -EINTR (a signal interrupted the sleep), -EINVAL
  * (the queue was deleted meanwhile), or an error of eventfd / ppoll.
+ *
+ * The waiting thread drives progress itself (spec/threading.md): it drives, then looks
+ * at the queue. POLL and the spin phase of ADAPTIVE drive with a trylock (when another
+ * thread drives, just look again); NOTIFY (and ADAPTIVE after its spin) registers as a
+ * sleeper (so posts to this queue write its descriptor), arms the provider under the
+ * progress lock, and sleeps on both the provider's event fd and the queue's descriptor.
  */
 static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, int max,
                             uint64_t deadline)
 {
     int mode = __atomic_load_n(&evq->mode, __ATOMIC_RELAXED);
     struct evq_waiter w = {.want = want};
-    int registered = 0, ret;
+    int registered = 0, sleeper = 0, driven = 0, ret;
     uint64_t spin_end = 0, now;
 
     if (mode == EXS_WAIT_POLL) {
@@ -573,32 +611,38 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         spin_end = exs__now_ns() + (uint64_t)(us ? (uint64_t)us : exs__params.qspin_us) * 1000u;
     }
 
+    exs__engine_driver_enter();
     pthread_mutex_lock(&evq->lock);
     for (;;) {
-        struct pollfd pfd;
+        struct pollfd pfd[2];
         struct timespec ts, *tsp = NULL;
-        int n;
+        int n, pfd_prov;
 
         if (evq->dead) {
             ret = -EINVAL;
             break;
         }
-        if (evq->queued >= want) {
+        if (driven && evq->queued >= want) {
             ret = EXS_MIN(evq->queued, max);
             evq_take(evq, events, ret);
             break;
         }
         now = exs__now_ns();
+        if (!driven || (now < spin_end && now < deadline)) {
+            /* Drive, then look: POLL and the first phase of ADAPTIVE spin here (no
+             * system call of their own, so no EINTR); NOTIFY drives once. */
+            pthread_mutex_unlock(&evq->lock);
+            if (now < spin_end)
+                evq_spin(evq, want, driven ? EXS_MIN(spin_end, deadline) : 0);
+            else
+                exs__engine_drive(0);
+            driven = 1;
+            pthread_mutex_lock(&evq->lock);
+            continue;
+        }
         if (now >= deadline) {
             ret = 0;
             break;
-        }
-        if (now < spin_end) {
-            /* POLL and the first phase of ADAPTIVE: no system call, no EINTR. */
-            pthread_mutex_unlock(&evq->lock);
-            evq_spin(evq, want, EXS_MIN(spin_end, deadline));
-            pthread_mutex_lock(&evq->lock);
-            continue;
         }
         if (want > 1) {
             if (evq->wfd < 0) {
@@ -613,36 +657,55 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             if (!registered) {
                 evq_waiter_add(evq, &w);
                 registered = 1;
-                evq_sync_fds(evq);
             }
-            pfd.fd = evq->wfd;
-        } else {
-            pfd.fd = evq->qfd;
         }
-        pfd.events = POLLIN;
-        pfd.revents = 0;
+        if (!sleeper) {
+            /* From now on every post to this queue writes its descriptor: look at the
+             * queue once more under the lock, then sleep. */
+            evq->sleepers++;
+            sleeper = 1;
+            evq_sync_fds(evq);
+            continue;
+        }
+        pfd[0].fd = want > 1 ? evq->wfd : evq->qfd;
+        pfd[0].events = POLLIN;
+        pfd[0].revents = 0;
+        pthread_mutex_unlock(&evq->lock);
+        if (exs__engine_arm(&pfd_prov) == -EAGAIN) {
+            exs__engine_drive(0);
+            pthread_mutex_lock(&evq->lock);
+            continue;
+        }
+        pfd[1].fd = pfd_prov; /* -1 (ignored by ppoll) without an engine */
+        pfd[1].events = POLLIN;
+        pfd[1].revents = 0;
         if (deadline != UINT64_MAX) {
             ts.tv_sec = (time_t)((deadline - now) / 1000000000u);
             ts.tv_nsec = (long)((deadline - now) % 1000000000u);
             tsp = &ts;
         }
-        pthread_mutex_unlock(&evq->lock);
         /* poll-type calls are never restarted after a signal handler, even with
          * SA_RESTART, so a signal always ends the wait with EINTR. */
-        n = ppoll(&pfd, 1, tsp, NULL);
+        n = ppoll(pfd, 2, tsp, NULL);
         ret = n < 0 ? -errno : 0;
+        if (ret == 0 && n > 0 && (pfd[1].revents & POLLIN))
+            exs__engine_drive(0);
         pthread_mutex_lock(&evq->lock);
         if (ret < 0)
             break;
-        if (n > 0 && (pfd.revents & POLLNVAL)) {
-            EXS_WARN(API, "evq %d: eventfd %d was closed by the application", evq->handle, pfd.fd);
+        if (n > 0 && (pfd[0].revents & POLLNVAL)) {
+            EXS_WARN(API, "evq %d: eventfd %d was closed by the application", evq->handle,
+                     pfd[0].fd);
             ret = -EBADF;
             break;
         }
     }
     if (registered)
         evq_waiter_del(evq, &w);
+    if (sleeper)
+        evq->sleepers--;
     pthread_mutex_unlock(&evq->lock);
+    exs__engine_driver_leave();
     return ret;
 }
 
@@ -668,6 +731,7 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
     if (ret < 0)
         return exs__err(-ret);
     if (nevents == 0) {
+        exs__engine_drive(0);
         exs__evq_put(evq);
         return 0;
     }
