@@ -88,7 +88,7 @@ struct api_op *api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs
                           int *err_p);
 void api_op_event(struct api_op *op, const exs_event_t *ev);
 void api_op_abandon(struct api_op *op);
-/* Synchronous calls post on a private queue, wait for the one event, delete it. */
+/* Synchronous calls post on their thread's queue (xfer.c) and wait for the one event. */
 exs_qhandle_t api_sync_queue(void);
 int  api_wait_sync(exs_qhandle_t q, exs_event_t *ev);
 int  api_sync_fail(int sync, exs_qhandle_t q, int err);

@@ -73,6 +73,7 @@ struct exs_evq {
     int wfd_on;
     struct evq_waiter *waiters; /* threshold waiters */
     int want_min;               /* smallest want among them, INT_MAX when none */
+    int private_;               /* a thread's synchronous-call queue (not counted live) */
     int exposed;                /* exs_qfd was called: qfd is kept exact */
     int sleepers;               /* threads about to sleep or asleep on qfd / wfd */
     int mode;                   /* atomic: EXS_WAIT_* */
@@ -99,7 +100,8 @@ static struct {
     .free_tail = -1,
 };
 
-static int evq_live; /* atomic: queues not yet freed */
+static int evq_live;         /* atomic: application queues not yet freed */
+static int evq_private_live; /* atomic: synchronous-call queues not yet freed */
 
 static void evq_cpu_relax(void)
 {
@@ -180,8 +182,8 @@ static void evq_free(struct exs_evq *evq)
         close(evq->qfd);
     pthread_mutex_destroy(&evq->lock);
     free(evq->ring);
+    __atomic_sub_fetch(evq->private_ ? &evq_private_live : &evq_live, 1, __ATOMIC_RELAXED);
     free(evq);
-    __atomic_sub_fetch(&evq_live, 1, __ATOMIC_RELAXED);
 }
 
 static void evq_ref(struct exs_evq *evq)
@@ -298,6 +300,35 @@ int exs__evq_live_count(void)
     return __atomic_load_n(&evq_live, __ATOMIC_RELAXED);
 }
 
+int exs__evq_private_live_count(void)
+{
+    return __atomic_load_n(&evq_private_live, __ATOMIC_RELAXED);
+}
+
+int exs__evq_clean(exs_qhandle_t q)
+{
+    struct exs_evq *evq;
+    int ret = 0;
+
+    ret = exs__evq_get(q, &evq);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&evq->lock);
+    if (evq->dead) {
+        ret = -EINVAL;
+    } else if (evq->reserved > 0) {
+        ret = -EBUSY;
+    } else if (evq->queued > 0) {
+        EXS_DBG(API, "evq %d: %d events of a failed call discarded", evq->handle, evq->queued);
+        evq->head = 0;
+        evq_set_queued(evq, 0);
+        evq_sync_fds(evq);
+    }
+    pthread_mutex_unlock(&evq->lock);
+    exs__evq_put(evq);
+    return ret;
+}
+
 void exs__evq_destroy_all(void)
 {
     int i, gen_max;
@@ -404,7 +435,7 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
  *                 at the next exs_qdequeue call.
  */
 
-exs_qhandle_t exs_qcreate(int depth)
+static exs_qhandle_t evq_create(int depth, int private_)
 {
     struct exs_evq *evq;
     int ret;
@@ -418,7 +449,8 @@ exs_qhandle_t exs_qcreate(int depth)
         exs__err(ENOMEM);
         return EXS_QHANDLE_INVALID;
     }
-    __atomic_add_fetch(&evq_live, 1, __ATOMIC_RELAXED);
+    evq->private_ = private_;
+    __atomic_add_fetch(private_ ? &evq_private_live : &evq_live, 1, __ATOMIC_RELAXED);
     evq->refs = 1; /* the table's */
     evq->depth = depth;
     evq->handle = EXS_QHANDLE_INVALID;
@@ -449,6 +481,16 @@ err_free:
     evq_free(evq);
     exs__err(-ret);
     return EXS_QHANDLE_INVALID;
+}
+
+exs_qhandle_t exs_qcreate(int depth)
+{
+    return evq_create(depth, 0);
+}
+
+exs_qhandle_t exs__evq_create_private(int depth)
+{
+    return evq_create(depth, 1);
 }
 
 int exs_qdelete(exs_qhandle_t q)

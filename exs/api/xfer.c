@@ -236,18 +236,97 @@ static void op_done(struct exs_op *pop)
     api_op_event(op, &ev);
 }
 
-/* ---- synchronous calls: a private queue per call ---- */
+/* ---- synchronous calls: one queue per thread ----
+ *
+ * A thread's synchronous calls post on its own queue, created at its first call and
+ * deleted at thread exit (sync_key's destructor). A queue left stale by exs_fini (its
+ * handle no longer valid) is replaced at the next call. When a call fails with its
+ * operation still outstanding, the queue is abandoned (never reused, so no late event
+ * can reach a later call); exs_fini frees it. */
+
+static pthread_key_t sync_key;
+static pthread_once_t sync_once = PTHREAD_ONCE_INIT;
+static int sync_key_err;
+static __thread exs_qhandle_t sync_q = EXS_QHANDLE_INVALID;
+
+static void sync_key_dtor(void *arg)
+{
+    exs_qhandle_t q = (exs_qhandle_t)(intptr_t)arg;
+
+    /* EINVAL: stale after exs_fini; EBUSY: abandoned with an operation outstanding. */
+    if (exs_qdelete(q) < 0 && errno != EINVAL)
+        EXS_DBG(API, "evq %d: thread exit, synchronous queue kept: %m", q);
+}
+
+static void sync_key_init(void)
+{
+    sync_key_err = pthread_key_create(&sync_key, sync_key_dtor);
+    if (sync_key_err)
+        EXS_WARN(API, "pthread_key_create: %d: synchronous queues are freed at exs_fini",
+                 sync_key_err);
+}
+
+/* Forget this thread's queue; delete it unless an operation still holds a slot. */
+static void sync_abandon(exs_qhandle_t q)
+{
+    int e = errno;
+
+    if (q == sync_q) {
+        sync_q = EXS_QHANDLE_INVALID;
+        if (!sync_key_err)
+            pthread_setspecific(sync_key, NULL);
+    }
+    if (exs_qdelete(q) < 0 && errno == EBUSY)
+        EXS_DBG(API, "evq %d: synchronous queue abandoned with an operation outstanding", q);
+    errno = e;
+}
 
 exs_qhandle_t api_sync_queue(void)
 {
-    return exs_qcreate(1);
+    struct exs_evq *evq;
+    exs_qhandle_t q = sync_q;
+
+    if (q != EXS_QHANDLE_INVALID) {
+        if (exs__evq_get(q, &evq) == 0) {
+            exs__evq_put(evq);
+            return q;
+        }
+        sync_q = EXS_QHANDLE_INVALID; /* stale: exs_fini freed it */
+    }
+    pthread_once(&sync_once, sync_key_init);
+    q = exs__evq_create_private(1);
+    if (q == EXS_QHANDLE_INVALID)
+        return q;
+    if (!sync_key_err && pthread_setspecific(sync_key, (void *)(intptr_t)q)) {
+        exs_qdelete(q); /* no destructor would free it: make one per call */
+        return exs_qcreate(1);
+    }
+    sync_q = q;
+    return q;
 }
 
-/* A synchronous call failed before posting: drop its queue, report err. */
+/* The queue of a synchronous call is done with: keep it for the next call when it is
+ * clean, abandon it otherwise. */
+static void sync_release(exs_qhandle_t q)
+{
+    if (q == EXS_QHANDLE_INVALID)
+        return;
+    if (q != sync_q) {
+        int e = errno;
+
+        exs_qdelete(q); /* a per-call queue (no thread key) */
+        errno = e;
+        return;
+    }
+    if (exs__evq_clean(q) < 0)
+        sync_abandon(q);
+}
+
+/* A synchronous call failed before its operation was accepted: report err. */
 int api_sync_fail(int sync, exs_qhandle_t q, int err)
 {
-    if (sync && q != EXS_QHANDLE_INVALID)
-        exs_qdelete(q);
+    if (sync)
+        sync_release(q);
     return exs__err(err);
 }
 
@@ -264,27 +343,22 @@ int api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev)
 
 int api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 {
-    int ret = -1;
-
     for (;;) {
         int n = exs_qdequeue(q, ev, 1, NULL);
 
-        if (n == 1) {
-            ret = 0;
+        if (n == 1)
             break;
+        if (n < 0 && errno != EINTR) {
+            /* the operation may still be outstanding: never reuse the queue */
+            if (q == sync_q)
+                sync_abandon(q);
+            else
+                sync_release(q);
+            return -1;
         }
-        if (n < 0 && errno != EINTR)
-            break;
     }
-    if (ret) {
-        int e = errno;
-
-        exs_qdelete(q);
-        errno = e;
-        return ret;
-    }
-    exs_qdelete(q);
-    return ret;
+    sync_release(q);
+    return 0;
 }
 
 /* ---- send / receive ---- */
