@@ -180,37 +180,39 @@ struct mt_pair {
     struct it_buf *sbuf;
     int mode;
     int got; /* atomic: receive events taken */
-    unsigned char seen[MT_MSGS];
+    unsigned char seen[MT_MSGS + MT_THREADS];
     int bad; /* atomic: a wrong event or wrong data */
     int sends_done;
 };
 
+/* Takes receive events one at a time, without a timeout (a lost wake-up hangs it: the
+ * watchdog fails the test), until it takes one of the MT_THREADS stop messages. */
 static void *mt_taker(void *arg)
 {
     struct mt_pair *m = arg;
-    double end = it_now_ms() + 6 * IT_TIMEOUT_MS;
 
-    while (__atomic_load_n(&m->got, __ATOMIC_ACQUIRE) < MT_MSGS && it_now_ms() < end) {
-        exs_event_t ev[4];
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        int n = exs_qdequeue(m->p.sq, ev, 4, &ts);
+    for (;;) {
+        exs_event_t ev;
+        int n = exs_qdequeue(m->p.sq, &ev, 1, NULL);
+        long k;
 
-        if (n < 0 && errno != EINTR) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n != 1) {
             __atomic_store_n(&m->bad, 1, __ATOMIC_RELAXED);
             break;
         }
-        for (int i = 0; i < n; i++) {
-            long k = IT_AHN(ev[i].exs_evt_ahandle);
-
-            if (ev[i].exs_evt_type != EXS_EVT_RECV || k < 0 || k >= MT_MSGS ||
-                ev[i].exs_evt_errno != 0 || ev[i].exs_evt_u.exs_evt_xfer.exs_evt_result != MT_LEN ||
-                __atomic_exchange_n(&m->seen[k], 1, __ATOMIC_RELAXED) ||
-                it_check(m->rbuf->p + (size_t)k * MT_LEN, MT_LEN, (uint32_t)k) != -1) {
-                __atomic_store_n(&m->bad, 1, __ATOMIC_RELAXED);
-                continue;
-            }
-            __atomic_add_fetch(&m->got, 1, __ATOMIC_RELEASE);
+        k = IT_AHN(ev.exs_evt_ahandle);
+        if (ev.exs_evt_type != EXS_EVT_RECV || k < 0 || k >= MT_MSGS + MT_THREADS ||
+            ev.exs_evt_errno != 0 || ev.exs_evt_u.exs_evt_xfer.exs_evt_result != MT_LEN ||
+            __atomic_exchange_n(&m->seen[k], 1, __ATOMIC_RELAXED) ||
+            it_check(m->rbuf->p + (size_t)k * MT_LEN, MT_LEN, (uint32_t)k) != -1) {
+            __atomic_store_n(&m->bad, 1, __ATOMIC_RELAXED);
+            continue;
         }
+        if (k >= MT_MSGS)
+            break; /* a stop message */
+        __atomic_add_fetch(&m->got, 1, __ATOMIC_RELEASE);
     }
     return NULL;
 }
@@ -219,7 +221,7 @@ static void *mt_sender(void *arg)
 {
     struct mt_pair *m = arg;
 
-    for (int k = 0; k < MT_MSGS; k++) {
+    for (int k = 0; k < MT_MSGS + MT_THREADS; k++) {
         exs_event_t ev;
         int r;
 
@@ -240,7 +242,7 @@ static void *mt_sender(void *arg)
             return NULL;
         }
     }
-    while (m->sends_done < MT_MSGS) {
+    while (m->sends_done < MT_MSGS + MT_THREADS) {
         struct timespec ts = {0, 50 * 1000 * 1000};
         exs_event_t ev;
         int n = exs_qdequeue(m->p.cq, &ev, 1, &ts);
@@ -257,8 +259,9 @@ static void *mt_sender(void *arg)
     return NULL;
 }
 
-/* Two pairs, each with MT_THREADS threads taking receive events from one queue while a
- * sender thread posts; every message arrives once, intact, in the wait mode _i. */
+/* Two pairs, each with MT_THREADS threads taking receive events from one queue (no
+ * timeout) while a sender thread posts; every message arrives once, intact, in the wait
+ * mode _i, and every taker wakes for its stop message. */
 START_TEST(test_many_waiters)
 {
     struct mt_pair m[2];
@@ -272,9 +275,9 @@ START_TEST(test_many_waiters)
         m[j].mode = modes[_i];
         ck_assert_int_eq(exs_qsetwait(m[j].p.sq, modes[_i], 20), 0);
         ck_assert_int_eq(exs_qsetwait(m[j].p.cq, modes[_i], 20), 0);
-        m[j].rbuf = it_buf_new((size_t)MT_MSGS * MT_LEN, 1);
-        m[j].sbuf = it_buf_new((size_t)MT_MSGS * MT_LEN, 1);
-        for (int k = 0; k < MT_MSGS; k++)
+        m[j].rbuf = it_buf_new((size_t)(MT_MSGS + MT_THREADS) * MT_LEN, 1);
+        m[j].sbuf = it_buf_new((size_t)(MT_MSGS + MT_THREADS) * MT_LEN, 1);
+        for (int k = 0; k < MT_MSGS + MT_THREADS; k++)
             IT_EXPECT_OK(exs_recv(m[j].p.sfd, m[j].rbuf->p + (size_t)k * MT_LEN, MT_LEN, 0,
                                   m[j].p.sq, AH(k), m[j].rbuf->mh));
     }
@@ -295,12 +298,58 @@ START_TEST(test_many_waiters)
                       mode_names[_i]);
         ck_assert_msg(m[j].got == MT_MSGS, "pair %d (%s): %d of %d receive events", j,
                       mode_names[_i], m[j].got, MT_MSGS);
-        ck_assert_msg(m[j].sends_done == MT_MSGS, "pair %d (%s): %d of %d send events", j,
-                      mode_names[_i], m[j].sends_done, MT_MSGS);
+        ck_assert_msg(m[j].sends_done == MT_MSGS + MT_THREADS, "pair %d (%s): %d of %d send events",
+                      j, mode_names[_i], m[j].sends_done, MT_MSGS + MT_THREADS);
         it_buf_free(m[j].rbuf);
         it_buf_free(m[j].sbuf);
         it_pair_close(&m[j].p);
     }
+}
+END_TEST
+
+/* ---- a wake-up without provider activity ---- */
+
+struct sleeper {
+    exs_qhandle_t q;
+    exs_event_t ev;
+    int n, err;
+};
+
+static void *sleeper_main(void *arg)
+{
+    struct sleeper *sl = arg;
+
+    do {
+        sl->n = exs_qdequeue(sl->q, &sl->ev, 1, NULL);
+        sl->err = errno;
+    } while (sl->n < 0 && sl->err == EINTR);
+    return NULL;
+}
+
+/* A thread asleep on a queue (no timeout) wakes for an event that another thread
+ * produces without any provider activity (the close of a socket that never connected
+ * runs as jobs only): the sleeper's descriptor is written for it. */
+START_TEST(test_wake_by_job)
+{
+    struct sleeper sl = {0};
+    pthread_t th;
+    int fd;
+
+    it_init();
+    sl.q = it_qcreate(4);
+    ck_assert_int_eq(exs_qsetwait(sl.q, _i ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY, 10), 0);
+    fd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    it_watchdog_start(30, "a sleeper woken by a job's event");
+    ck_assert_int_eq(pthread_create(&th, NULL, sleeper_main, &sl), 0);
+    it_sleep_ms(100); /* let it fall asleep (the test is valid either way) */
+    IT_EXPECT_OK(exs_close(fd, sl.q, AH(5)));
+    pthread_join(th, NULL);
+    it_watchdog_stop();
+    ck_assert_msg(sl.n == 1, "exs_qdequeue = %d errno %d", sl.n, sl.err);
+    ck_assert_int_eq(sl.ev.exs_evt_type, EXS_EVT_CLOSE);
+    ck_assert_int_eq(sl.ev.exs_evt_fd, fd);
+    it_qdelete(sl.q);
 }
 END_TEST
 
@@ -463,6 +512,9 @@ Suite *integ_progress_suite(void)
     suite_add_tcase(s, tc);
     tc = it_tcase("many_waiters", 2 * IT_CASE_TIMEOUT + 60);
     tcase_add_loop_test(tc, test_many_waiters, 0, 3);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("wake_by_job", IT_CASE_TIMEOUT);
+    tcase_add_loop_test(tc, test_wake_by_job, 0, 2);
     suite_add_tcase(s, tc);
     tc = it_tcase("sync_threads", 2 * IT_CASE_TIMEOUT + 60);
     tcase_add_test(tc, test_sync_threads);
