@@ -11,6 +11,7 @@
 #include "exs/engine/engine.h"
 #include "exs/proto/proto.h"
 #include "exs/util/list.h"
+#include "exs/util/lockorder.h"
 
 /* Socket states (spec/states.md, "Socket"): change them only with api_sock_set_state(),
  * which checks each transition against the table in sock.c and traces it. Each posting
@@ -52,7 +53,12 @@ struct api_sock {
     int                     domain;
     int                     type;
     enum api_sock_state     state;
-    pthread_mutex_t         lock;    /* state, lists below; order: conn->lock, then this */
+    pthread_mutex_t         lock;    /* state, lists below; api_sock_lock (lock order:
+                                      * conn, listener, child socket) */
+    int                     listener; /* atomic: exs_listen made it one (its lock level) */
+#ifdef EXS_LOCK_DEBUG
+    int                     held_level; /* under lock: the level it was taken at */
+#endif
     struct sockaddr_storage local, peer;
     socklen_t               local_len, peer_len;
     /* options */
@@ -76,6 +82,33 @@ struct api_sock {
     struct exs_job          finish_job;     /* entering FINISHING: sock_finish_close_job */
     struct exs_eng_timer    close_timer;    /* a close that hangs (frozen peer) is aborted */
 };
+
+/* A socket's lock, at its level in the lock order: a listener's comes before its
+ * children's (spec/threading.md). */
+static inline void api_sock_lock(struct api_sock *s)
+{
+    int lvl = __atomic_load_n(&s->listener, __ATOMIC_RELAXED) ? EXS_LOCK_LISTENER : EXS_LOCK_SOCK;
+
+    EXS_LOCK_ACQUIRE(lvl);
+    pthread_mutex_lock(&s->lock);
+#ifdef EXS_LOCK_DEBUG
+    s->held_level = lvl;
+#else
+    (void)lvl;
+#endif
+}
+
+static inline void api_sock_unlock(struct api_sock *s)
+{
+#ifdef EXS_LOCK_DEBUG
+    int lvl = s->held_level;
+
+    pthread_mutex_unlock(&s->lock);
+    EXS_LOCK_RELEASE(lvl);
+#else
+    pthread_mutex_unlock(&s->lock);
+#endif
+}
 
 /* descriptor table (sock.c) */
 /* The socket behind fd with a reference (EBADF, ENOTSOCK otherwise); drop it with put. */

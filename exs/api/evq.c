@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "exs/engine/engine.h"
+#include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -99,6 +100,12 @@ static struct {
     .free_head = -1,
     .free_tail = -1,
 };
+
+static void evq_tab_unlock(void)
+{
+    pthread_rwlock_unlock(&evq_tab.lock);
+    EXS_LOCK_RELEASE(EXS_LOCK_EVQ_TAB);
+}
 
 static int evq_live;         /* atomic: application queues not yet freed */
 static int evq_private_live; /* atomic: synchronous-call queues not yet freed */
@@ -278,15 +285,16 @@ int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
 {
     struct evq_slot *slot;
 
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
     pthread_rwlock_rdlock(&evq_tab.lock);
     slot = evq_tab_lookup(q);
     if (slot == NULL) {
-        pthread_rwlock_unlock(&evq_tab.lock);
+        evq_tab_unlock();
         return -EINVAL;
     }
     evq_ref(slot->evq);
     *evq_p = slot->evq;
-    pthread_rwlock_unlock(&evq_tab.lock);
+    evq_tab_unlock();
     return 0;
 }
 
@@ -313,7 +321,7 @@ int exs__evq_clean(exs_qhandle_t q)
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
         return ret;
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     if (evq->dead) {
         ret = -EINVAL;
     } else if (evq->reserved > 0) {
@@ -324,7 +332,7 @@ int exs__evq_clean(exs_qhandle_t q)
         evq_set_queued(evq, 0);
         evq_sync_fds(evq);
     }
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     exs__evq_put(evq);
     return ret;
 }
@@ -333,6 +341,7 @@ void exs__evq_destroy_all(void)
 {
     int i, gen_max;
 
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
     pthread_rwlock_wrlock(&evq_tab.lock);
     gen_max = evq_tab.gen_base;
     for (i = 0; i < evq_tab.used; i++) {
@@ -340,12 +349,12 @@ void exs__evq_destroy_all(void)
         struct exs_evq *evq = slot->evq;
 
         if (evq != NULL) {
-            pthread_mutex_lock(&evq->lock);
+            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
             if (evq->reserved > 0)
                 EXS_WARN(API, "evq %d: destroyed with %d operations outstanding", evq->handle,
                          evq->reserved);
             evq_kill(evq);
-            pthread_mutex_unlock(&evq->lock);
+            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
             evq_tab_remove(slot);
             exs__evq_put(evq);
         }
@@ -359,7 +368,7 @@ void exs__evq_destroy_all(void)
     evq_tab.free_head = -1;
     evq_tab.free_tail = -1;
     evq_tab.gen_base = (gen_max + 1) & EVQ_GEN_MASK;
-    pthread_rwlock_unlock(&evq_tab.lock);
+    evq_tab_unlock();
 }
 
 /* ---- reservation and posting ---- */
@@ -368,14 +377,14 @@ int exs__evq_reserve(struct exs_evq *evq)
 {
     int ret = 0;
 
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     if (evq->dead)
         ret = -EINVAL;
     else if (evq->queued + evq->reserved >= evq->depth)
         ret = -EAGAIN;
     else
         evq->reserved++;
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     if (ret == 0)
         evq_ref(evq);
     return ret;
@@ -383,16 +392,16 @@ int exs__evq_reserve(struct exs_evq *evq)
 
 void exs__evq_unreserve(struct exs_evq *evq)
 {
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     EXS_ASSERT(evq->reserved > 0);
     evq->reserved--;
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     exs__evq_put(evq);
 }
 
 void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
 {
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     EXS_ASSERT(evq->reserved > 0);
     EXS_ASSERT(evq->queued + evq->reserved <= evq->depth);
     evq->reserved--;
@@ -407,7 +416,7 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
     /* Drop the reservation's reference before the event can be taken: whoever takes
      * it and then deletes the queue frees it at once (no queue outlives its delete). */
     int last = __atomic_sub_fetch(&evq->refs, 1, __ATOMIC_ACQ_REL) == 0;
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     if (last)
         evq_free(evq);
 }
@@ -469,9 +478,10 @@ static exs_qhandle_t evq_create(int depth, int private_)
         ret = -ENOMEM;
         goto err_free;
     }
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
     pthread_rwlock_wrlock(&evq_tab.lock);
     ret = evq_tab_insert(evq);
-    pthread_rwlock_unlock(&evq_tab.lock);
+    evq_tab_unlock();
     if (ret < 0)
         goto err_free;
     EXS_DBG(API, "evq %d: created, depth %d, qfd %d", evq->handle, depth, evq->qfd);
@@ -499,25 +509,26 @@ int exs_qdelete(exs_qhandle_t q)
     struct exs_evq *evq;
     int discarded;
 
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
     pthread_rwlock_wrlock(&evq_tab.lock);
     slot = evq_tab_lookup(q);
     if (slot == NULL) {
-        pthread_rwlock_unlock(&evq_tab.lock);
+        evq_tab_unlock();
         return exs__err(EINVAL);
     }
     evq = slot->evq;
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     if (evq->reserved > 0) {
         EXS_DBG(API, "evq %d: delete refused, %d operations outstanding", q, evq->reserved);
-        pthread_mutex_unlock(&evq->lock);
-        pthread_rwlock_unlock(&evq_tab.lock);
+        EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        evq_tab_unlock();
         return exs__err(EBUSY);
     }
     discarded = evq->queued;
     evq_kill(evq);
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     evq_tab_remove(slot);
-    pthread_rwlock_unlock(&evq_tab.lock);
+    evq_tab_unlock();
     EXS_DBG(API, "evq %d: deleted, %d undelivered events discarded", q, discarded);
     /* Threads still in exs_qdequeue hold references; the last one frees it. */
     exs__evq_put(evq);
@@ -532,13 +543,13 @@ int exs_qfd(exs_qhandle_t q)
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
         return exs__err(-ret);
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     fd = evq->qfd;
     if (!evq->exposed) {
         evq->exposed = 1;
         evq_sync_fds(evq);
     }
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     exs__evq_put(evq);
     return fd;
 }
@@ -654,7 +665,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     }
 
     exs__engine_driver_enter();
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     for (;;) {
         struct pollfd pfd[2];
         struct timespec ts, *tsp = NULL;
@@ -673,13 +684,13 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         if (!driven || (now < spin_end && now < deadline)) {
             /* Drive, then look: POLL and the first phase of ADAPTIVE spin here (no
              * system call of their own, so no EINTR); NOTIFY drives once. */
-            pthread_mutex_unlock(&evq->lock);
+            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
             if (now < spin_end)
                 evq_spin(evq, want, driven ? EXS_MIN(spin_end, deadline) : 0);
             else
                 exs__engine_drive(0);
             driven = 1;
-            pthread_mutex_lock(&evq->lock);
+            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
             continue;
         }
         if (now >= deadline) {
@@ -712,10 +723,10 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         pfd[0].fd = want > 1 ? evq->wfd : evq->qfd;
         pfd[0].events = POLLIN;
         pfd[0].revents = 0;
-        pthread_mutex_unlock(&evq->lock);
+        EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
         if (exs__engine_arm(&pfd_prov) == -EAGAIN) {
             exs__engine_drive(0);
-            pthread_mutex_lock(&evq->lock);
+            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
             continue;
         }
         pfd[1].fd = pfd_prov; /* -1 (ignored by ppoll) without an engine */
@@ -732,7 +743,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         ret = n < 0 ? -errno : 0;
         if (ret == 0 && n > 0 && (pfd[1].revents & POLLIN))
             exs__engine_drive(0);
-        pthread_mutex_lock(&evq->lock);
+        EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
         if (ret < 0)
             break;
         if (n > 0 && (pfd[0].revents & POLLNVAL)) {
@@ -746,7 +757,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         evq_waiter_del(evq, &w);
     if (sleeper)
         evq->sleepers--;
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     exs__engine_driver_leave();
     return ret;
 }

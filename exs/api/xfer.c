@@ -61,7 +61,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
     }
     m->addr = addr;
     m->len = len;
-    pthread_mutex_lock(&mreg_lock);
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     for (int i = 0; i < mreg_cap; i++)
         if (!mregs[i]) {
             idx = i;
@@ -84,7 +84,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         mregs[idx] = m;
         mreg_count++;
     }
-    pthread_mutex_unlock(&mreg_lock);
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
     if (idx < 0) {
         exs__prov_mr_dereg(m->mr);
         free(m);
@@ -109,7 +109,7 @@ int exs_mderegister(exs_mhandle_t mh)
     struct api_mreg *m;
     int err = 0;
 
-    pthread_mutex_lock(&mreg_lock);
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     m = mreg_find_locked(mh);
     if (!m)
         err = EINVAL;
@@ -119,7 +119,7 @@ int exs_mderegister(exs_mhandle_t mh)
         mregs[(mh & MREG_IDX_MASK) - 1] = NULL;
         mreg_count--;
     }
-    pthread_mutex_unlock(&mreg_lock);
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
     if (err)
         return exs__err(err);
     exs__prov_mr_dereg(m->mr);
@@ -129,7 +129,7 @@ int exs_mderegister(exs_mhandle_t mh)
 
 void api_mreg_destroy_all(void)
 {
-    pthread_mutex_lock(&mreg_lock);
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     for (int i = 0; i < mreg_cap; i++)
         if (mregs[i]) {
             exs__prov_mr_dereg(mregs[i]->mr);
@@ -138,7 +138,7 @@ void api_mreg_destroy_all(void)
     free(mregs);
     mregs = NULL;
     mreg_cap = mreg_count = 0;
-    pthread_mutex_unlock(&mreg_lock);
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
 }
 
 /* ---- operations ---- */
@@ -190,9 +190,9 @@ struct api_op *api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs
 static void op_release(struct api_op *op)
 {
     if (op->mreg) {
-        pthread_mutex_lock(&mreg_lock);
+        EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
         op->mreg->busy--;
-        pthread_mutex_unlock(&mreg_lock);
+        EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
     }
     if (op->tmp_mr)
         exs__prov_mr_put(op->tmp_mr);
@@ -385,11 +385,11 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     if (err)
         goto out;
     /* the conn of a connected socket lives as long as the socket (our reference) */
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     if (s->state != API_SOCK_CONNECTED)
         err = s->state >= API_SOCK_CLOSING ? EBADF : ENOTCONN;
     struct exs_conn *conn = s->conn;
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (err)
         goto out;
     if (sync)
@@ -416,7 +416,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     } else {
         struct api_mreg *m;
 
-        pthread_mutex_lock(&mreg_lock);
+        EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
         m = mreg_find_locked(mh);
         if (m && (uintptr_t)buf >= (uintptr_t)m->addr &&
             (uintptr_t)buf + len <= (uintptr_t)m->addr + m->len &&
@@ -426,7 +426,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
             op->op.mr = m->mr;
             op->op.lkey = m->mr->lkey;
         }
-        pthread_mutex_unlock(&mreg_lock);
+        EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
         if (!op->mreg) {
             err = EINVAL;
             goto out;
@@ -481,9 +481,9 @@ int exs_cancel(int fd, exs_ahandle_t ah, int flags)
 
     if (!s)
         return exs__err(err);
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     struct exs_conn *conn = s->state == API_SOCK_CONNECTED ? s->conn : NULL;
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (flags)
         err = EINVAL;
     else if (conn)

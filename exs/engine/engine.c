@@ -171,11 +171,11 @@ static int eng_run_jobs(void)
     if (__atomic_load_n(&eng.njobs, __ATOMIC_ACQUIRE) == 0)
         return 0;
     exs_list_init(&todo);
-    pthread_mutex_lock(&eng.lock);
+    EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
     while ((n = exs_list_pop_head(&eng.jobs)))
         exs_list_add_tail(&todo, n);
     __atomic_store_n(&eng.njobs, 0, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&eng.lock);
+    EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     while ((n = exs_list_pop_head(&todo))) {
         struct exs_job *job = exs_list_entry(n, struct exs_job, link);
 
@@ -308,9 +308,9 @@ static void eng_async_cb(struct ev_loop *loop, ev_async *w, int revents)
     eng_run_jobs();
     if (eng.io_on)
         eng_drain_all();
-    pthread_mutex_lock(&eng.lock);
+    EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
     int stop = eng.stopping && exs_list_empty(&eng.jobs);
-    pthread_mutex_unlock(&eng.lock);
+    EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     if (stop)
         ev_break(loop, EVBREAK_ALL);
 }
@@ -428,9 +428,9 @@ void exs__engine_stop(void)
 {
     if (!__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE))
         return;
-    pthread_mutex_lock(&eng.lock);
+    EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
     eng.stopping = 1;
-    pthread_mutex_unlock(&eng.lock);
+    EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     ev_async_send(eng.loop, &eng.wake);
     pthread_join(eng.thread, NULL);
     exs__counters_unregister(&eng_cset);
@@ -448,12 +448,12 @@ void exs__engine_stop(void)
 
 void exs__engine_post(struct exs_job *job)
 {
-    pthread_mutex_lock(&eng.lock);
+    EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
     EXS_ASSERT(!job->queued);
     job->queued = 1;
     exs_list_add_tail(&eng.jobs, &job->link);
     __atomic_add_fetch(&eng.njobs, 1, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&eng.lock);
+    EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     ev_async_send(eng.loop, &eng.wake);
 }
 

@@ -82,9 +82,9 @@ int exs__conn_is_dead(struct exs_conn *conn)
 {
     int dead;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     dead = conn->state == EXS_CONN_DEAD || conn->state == EXS_CONN_IDLE;
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return dead;
 }
 
@@ -372,14 +372,14 @@ int exs__conn_connect(struct exs_conn *conn, const struct sockaddr *addr, sockle
     struct exs_wire_hello h;
     int ret;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     exs__conn_hello(conn, &h);
     conn->active = 1;
     conn_set_state(conn, EXS_CONN_CONNECTING, "connect");
     ret = exs__prov_connect(conn->ep, addr, len, &h, sizeof(h));
     if (ret)
         conn_set_state(conn, EXS_CONN_IDLE, "connect failed");
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -388,14 +388,14 @@ int exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const
     struct exs_wire_hello h;
     int ret;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     conn_adopt_hello_locked(conn, peer_pd);
     exs__conn_hello(conn, &h);
     conn_set_state(conn, EXS_CONN_CONNECTING, "accept");
     ret = exs__prov_accept(req, conn->ep, &h, sizeof(h));
     if (ret)
         conn_set_state(conn, EXS_CONN_IDLE, "accept failed");
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -690,7 +690,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
 {
     int ret = 0;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     switch (conn->state) {
     case EXS_CONN_IDLE:
     case EXS_CONN_CONNECTING:
@@ -732,7 +732,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     }
     conn_kick_locked(conn);
 out:
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -758,7 +758,7 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
     struct exs_list *pos;
     int n = 0;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     for (int i = 0; i < 2; i++) {
         exs_list_for_each(pos, q[i]) {
             struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
@@ -774,7 +774,7 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
         }
     }
     conn_kick_locked(conn);
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return n;
 }
 
@@ -783,7 +783,7 @@ void exs__conn_close(struct exs_conn *conn)
     struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
     struct exs_list *pos;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     /* Everything outstanding completes with ECANCELED: at once when nothing of it is
      * on the wire, else when the disconnect has flushed it (its buffer is then free). */
     for (int i = 0; i < 2; i++) {
@@ -825,7 +825,7 @@ void exs__conn_close(struct exs_conn *conn)
         break;
     }
     conn_deliver_locked(conn);
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_abort_locked(struct exs_conn *conn)
@@ -845,16 +845,16 @@ void exs__conn_abort_locked(struct exs_conn *conn)
 
 void exs__conn_abort(struct exs_conn *conn)
 {
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     exs__conn_abort_locked(conn);
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
 {
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     *st = conn->stats;
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 /* ---- completions (progress thread) ---- */
@@ -995,7 +995,7 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
     unsigned tag = cqe->wr_id & WR_TAG_MASK;
     uint64_t val = cqe->wr_id & ~(uint64_t)WR_TAG_MASK;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     if (conn->state == EXS_CONN_DEAD)
         goto out;
     conn->wr_out--;
@@ -1056,7 +1056,7 @@ out:
         conn_dead_locked(conn, conn->disc_err, "drained");
         conn->cb->dead(conn);
     }
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
@@ -1065,7 +1065,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
     void (*dead)(struct exs_conn *) = NULL;
     int err = 0;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     switch (ev->type) {
     case EXS_PROV_CM_ESTABLISHED:
         if (conn->state != EXS_CONN_CONNECTING)
@@ -1139,5 +1139,5 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         established(conn, err);
     if (dead)
         dead(conn);
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }

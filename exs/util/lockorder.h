@@ -35,6 +35,8 @@ enum exs_lock_level {
 #endif
 #endif
 
+#include <pthread.h>
+
 #ifdef EXS_LOCK_DEBUG
 /* Assert level is inner to every lock held, then record it. */
 void exs__lock_acquire(int level, const char *file, int line);
@@ -48,5 +50,17 @@ int exs__lock_depth(void);
 #define EXS_LOCK_ACQUIRE(_lvl) ((void)0)
 #define EXS_LOCK_RELEASE(_lvl) ((void)0)
 #endif
+
+/* A mutex taken and released at a level (the check, then the lock). */
+#define EXS_MUTEX_LOCK(_m, _lvl)                                                                   \
+    do {                                                                                           \
+        EXS_LOCK_ACQUIRE(_lvl);                                                                    \
+        pthread_mutex_lock(_m);                                                                    \
+    } while (0)
+#define EXS_MUTEX_UNLOCK(_m, _lvl)                                                                 \
+    do {                                                                                           \
+        pthread_mutex_unlock(_m);                                                                  \
+        EXS_LOCK_RELEASE(_lvl);                                                                    \
+    } while (0)
 
 #endif
