@@ -857,7 +857,7 @@ void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
-/* ---- completions (progress thread) ---- */
+/* ---- completions (progress lock held: the progress thread or a driving waiter) ---- */
 
 static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32_t len)
 {
