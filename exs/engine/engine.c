@@ -250,7 +250,8 @@ int exs__engine_drive(int flags)
     } else {
         eng_lock();
     }
-    n = eng.ctx ? eng_drive_locked(ENG_DRIVE_MAX) : 0;
+    /* running is cleared under the lock by exs__engine_stop before the provider closes */
+    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(ENG_DRIVE_MAX) : 0;
     eng_unlock();
     if (n > 0)
         EXS_CNT_INC(exs__eng_cnt.drives_app);
@@ -265,7 +266,7 @@ int exs__engine_arm(int *fd_p)
     if (eng_holding || !__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE))
         return 0;
     eng_lock();
-    if (!eng.ctx) {
+    if (!__atomic_load_n(&eng.running, __ATOMIC_RELAXED)) {
         ret = 0;
     } else if (__atomic_load_n(&eng.njobs, __ATOMIC_ACQUIRE) > 0) {
         ret = -EAGAIN;
