@@ -168,6 +168,53 @@ START_TEST(test_progress_while_computing)
 }
 END_TEST
 
+/* An event queued before exs_qfd was first called on its queue (its post wrote no
+ * descriptor): the descriptor is readable as soon as exs_qfd returns, and not once the
+ * queue is empty. Receives complete in order, so once the second receive's event is on
+ * q2, the first's is on q1. */
+START_TEST(test_qfd_late)
+{
+    struct it_pair p;
+    struct it_buf *a, *b;
+    struct pollfd pfd = {.events = POLLIN};
+    exs_qhandle_t q1, q2;
+    exs_event_t ev;
+    uint64_t w0;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    q1 = it_qcreate(4);
+    q2 = it_qcreate(4);
+    a = it_buf_new(64, 1);
+    b = it_buf_new(128, 1);
+    ck_assert_int_eq(exs_qsetwait(q2, EXS_WAIT_POLL, 0), 0);
+    ck_assert_int_eq(exs_qsetwait(p.cq, EXS_WAIT_POLL, 0), 0);
+    w0 = eng_counter("evq_fd_writes");
+    IT_EXPECT_OK(exs_recv(p.sfd, b->p, 64, 0, q1, AH(1), b->mh));
+    IT_EXPECT_OK(exs_recv(p.sfd, b->p + 64, 64, 0, q2, AH(2), b->mh));
+    IT_EXPECT_OK(exs_send(p.cfd, a->p, 64, 0, p.cq, AH(3), a->mh));
+    IT_EXPECT_OK(exs_send(p.cfd, a->p, 64, 0, p.cq, AH(4), a->mh));
+    dq1(q2, &ev, "second receive");
+    ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_RECV);
+    ck_assert_msg(eng_counter("evq_fd_writes") == w0,
+                  "%llu descriptor writes for queues nobody polls",
+                  (unsigned long long)(eng_counter("evq_fd_writes") - w0));
+    pfd.fd = exs_qfd(q1);
+    ck_assert_int_ge(pfd.fd, 0);
+    ck_assert_msg(poll(&pfd, 1, 0) == 1, "exs_qfd not readable with an event queued");
+    it_expect_recv(q1, p.sfd, AH(1), 64, 0);
+    pfd.revents = 0;
+    ck_assert_msg(poll(&pfd, 1, 0) == 0, "exs_qfd readable with the queue empty");
+    it_expect_send(p.cq, p.cfd, AH(3), 64);
+    it_expect_send(p.cq, p.cfd, AH(4), 64);
+    it_buf_free(a);
+    it_buf_free(b);
+    it_qdelete(q1);
+    it_qdelete(q2);
+    it_pair_close(&p);
+}
+END_TEST
+
 /* ---- many threads on one queue, several queues at once ---- */
 
 #define MT_THREADS 3
@@ -506,6 +553,9 @@ Suite *integ_progress_suite(void)
     suite_add_tcase(s, tc);
     tc = it_tcase("fd_writes", IT_CASE_TIMEOUT);
     tcase_add_test(tc, test_poll_no_fd_writes);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("qfd_late", IT_CASE_TIMEOUT);
+    tcase_add_test(tc, test_qfd_late);
     suite_add_tcase(s, tc);
     tc = it_tcase("computing", IT_CASE_TIMEOUT);
     tcase_add_test(tc, test_progress_while_computing);
