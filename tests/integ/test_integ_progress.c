@@ -500,7 +500,7 @@ static void on_usr1(int sig)
 
 struct kicker {
     pthread_t target;
-    volatile int stop;
+    int stop; /* atomic */
 };
 
 static void *kicker_main(void *arg)
@@ -508,7 +508,7 @@ static void *kicker_main(void *arg)
     struct kicker *k = arg;
 
     it_sleep_ms(100);
-    while (!k->stop) {
+    while (!__atomic_load_n(&k->stop, __ATOMIC_ACQUIRE)) {
         pthread_kill(k->target, SIGUSR1);
         it_sleep_ms(50);
     }
@@ -534,7 +534,7 @@ START_TEST(test_sleep_eintr)
     ck_assert_int_eq(pthread_create(&th, NULL, kicker_main, &k), 0);
     r = exs_qdequeue(q, &ev, 1, &(struct timespec){30, 0});
     e = errno;
-    k.stop = 1;
+    __atomic_store_n(&k.stop, 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);
     sigaction(SIGUSR1, &old, NULL);
     ck_assert_msg(r == -1 && e == EINTR, "%s: %d errno %d (%s), expected -1 EINTR",
