@@ -105,10 +105,10 @@ static int eng_trylock(void)
 
 static void eng_unlock(void)
 {
+    /* The loop thread recomputes its timeout itself before it blocks. */
     int dirty = eng.loop_dirty && !eng_is_loop;
 
-    if (dirty)
-        eng.loop_dirty = 0;
+    eng.loop_dirty = 0;
     eng_holding = 0;
     pthread_mutex_unlock(&eng.plock);
     EXS_LOCK_RELEASE(EXS_LOCK_PROGRESS);
