@@ -741,8 +741,6 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
          * SA_RESTART, so a signal always ends the wait with EINTR. */
         n = ppoll(pfd, 2, tsp, NULL);
         ret = n < 0 ? -errno : 0;
-        if (ret == 0 && n > 0 && (pfd[1].revents & POLLIN))
-            exs__engine_drive(0);
         EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
         if (ret < 0)
             break;
@@ -751,6 +749,16 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
                      pfd[0].fd);
             ret = -EBADF;
             break;
+        }
+        if (n > 0 && (pfd[1].revents & POLLIN)) {
+            /* Awake: no longer a sleeper while driving, so the events this drive
+             * produces for this queue write no descriptor (the next sleep registers
+             * again and looks at the queue first). */
+            evq->sleepers--;
+            sleeper = 0;
+            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            exs__engine_drive(0);
+            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
         }
     }
     if (registered)
