@@ -11,6 +11,7 @@
 #include "exs/engine/engine.h"
 #include "exs/proto/proto.h"
 #include "exs/util/list.h"
+#include "exs/util/lockorder.h"
 
 /* Socket states (spec/states.md, "Socket"): change them only with api_sock_set_state(),
  * which checks each transition against the table in sock.c and traces it. Each posting
@@ -52,7 +53,12 @@ struct api_sock {
     int                     domain;
     int                     type;
     enum api_sock_state     state;
-    pthread_mutex_t         lock;    /* state, lists below; order: conn->lock, then this */
+    pthread_mutex_t         lock;    /* state, lists below; api_sock_lock (lock order:
+                                      * conn, listener, child socket) */
+    int                     listener; /* atomic: exs_listen made it one (its lock level) */
+#ifdef EXS_LOCK_DEBUG
+    int                     held_level; /* under lock: the level it was taken at */
+#endif
     struct sockaddr_storage local, peer;
     socklen_t               local_len, peer_len;
     /* options */
@@ -77,6 +83,33 @@ struct api_sock {
     struct exs_eng_timer    close_timer;    /* a close that hangs (frozen peer) is aborted */
 };
 
+/* A socket's lock, at its level in the lock order: a listener's comes before its
+ * children's (spec/threading.md). */
+static inline void api_sock_lock(struct api_sock *s)
+{
+    int lvl = __atomic_load_n(&s->listener, __ATOMIC_RELAXED) ? EXS_LOCK_LISTENER : EXS_LOCK_SOCK;
+
+    EXS_LOCK_ACQUIRE(lvl);
+    pthread_mutex_lock(&s->lock);
+#ifdef EXS_LOCK_DEBUG
+    s->held_level = lvl;
+#else
+    (void)lvl;
+#endif
+}
+
+static inline void api_sock_unlock(struct api_sock *s)
+{
+#ifdef EXS_LOCK_DEBUG
+    int lvl = s->held_level;
+
+    pthread_mutex_unlock(&s->lock);
+    EXS_LOCK_RELEASE(lvl);
+#else
+    pthread_mutex_unlock(&s->lock);
+#endif
+}
+
 /* descriptor table (sock.c) */
 /* The socket behind fd with a reference (EBADF, ENOTSOCK otherwise); drop it with put. */
 struct api_sock *api_sock_get(int fd, int *err_p);
@@ -88,7 +121,7 @@ struct api_op *api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs
                           int *err_p);
 void api_op_event(struct api_op *op, const exs_event_t *ev);
 void api_op_abandon(struct api_op *op);
-/* Synchronous calls post on a private queue, wait for the one event, delete it. */
+/* Synchronous calls post on their thread's queue (xfer.c) and wait for the one event. */
 exs_qhandle_t api_sync_queue(void);
 int  api_wait_sync(exs_qhandle_t q, exs_event_t *ev);
 int  api_sync_fail(int sync, exs_qhandle_t q, int err);

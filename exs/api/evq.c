@@ -12,6 +12,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "exs/engine/engine.h"
+#include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -26,7 +28,10 @@
  *
  * Descriptors. Each queue owns up to two eventfds whose counters are only ever 0 or 1
  * and are only written or read with evq->lock held, so they are exact copies of a
- * predicate over the queue state (evq_sync_fds):
+ * predicate over the queue state (evq_sync_fds) while someone can see them: once
+ * exs_qfd was called on the queue, or while a thread sleeps on it (evq->sleepers > 0;
+ * it brings them in line under the lock before it sleeps). Nobody else looks at them, so
+ * until then they are not written at all:
  *   qfd  (exs_qfd)  readable iff events are queued (or the queue was deleted). Waiters
  *                   that need one event (nevents > 0) sleep on it.
  *   wfd  (private)  readable iff some threshold waiter (nevents < 0) can be satisfied
@@ -69,6 +74,9 @@ struct exs_evq {
     int wfd_on;
     struct evq_waiter *waiters; /* threshold waiters */
     int want_min;               /* smallest want among them, INT_MAX when none */
+    int private_;               /* a thread's synchronous-call queue (not counted live) */
+    int exposed;                /* exs_qfd was called: qfd is kept exact */
+    int sleepers;               /* threads about to sleep or asleep on qfd / wfd */
     int mode;                   /* atomic: EXS_WAIT_* */
     int spin_us;                /* atomic: adaptive spin, 0 = default */
 };
@@ -93,7 +101,14 @@ static struct {
     .free_tail = -1,
 };
 
-static int evq_live; /* atomic: queues not yet freed */
+static void evq_tab_unlock(void)
+{
+    pthread_rwlock_unlock(&evq_tab.lock);
+    EXS_LOCK_RELEASE(EXS_LOCK_EVQ_TAB);
+}
+
+static int evq_live;         /* atomic: application queues not yet freed */
+static int evq_private_live; /* atomic: synchronous-call queues not yet freed */
 
 static void evq_cpu_relax(void)
 {
@@ -112,6 +127,7 @@ static void evq_efd_set(struct exs_evq *evq, int fd)
 {
     uint64_t one = 1;
 
+    EXS_CNT_INC(exs__eng_cnt.evq_fd_writes);
     if (write(fd, &one, sizeof(one)) != (ssize_t)sizeof(one))
         EXS_WARN(API, "evq %d: eventfd %d write failed: %m", evq->handle, fd);
 }
@@ -125,10 +141,17 @@ static void evq_efd_clear(struct exs_evq *evq, int fd)
         EXS_WARN(API, "evq %d: eventfd %d read failed: %m", evq->handle, fd);
 }
 
-/* Bring both eventfd counters in line with the queue state. */
+/* Bring both eventfd counters in line with the queue state, when someone can see them:
+ * the application called exs_qfd, or a thread sleeps (or is about to) on them. Otherwise
+ * they are left as they are and brought in line when that changes (exs_qfd, a sleeper
+ * registering under evq->lock), so a thread that dequeues the events it produced
+ * itself makes no system call for them. */
 static void evq_sync_fds(struct exs_evq *evq)
 {
     int on;
+
+    if (!evq->exposed && evq->sleepers == 0)
+        return;
 
     on = evq->dead || evq->queued > 0;
     if (on != evq->qfd_on) {
@@ -166,8 +189,8 @@ static void evq_free(struct exs_evq *evq)
         close(evq->qfd);
     pthread_mutex_destroy(&evq->lock);
     free(evq->ring);
+    __atomic_sub_fetch(evq->private_ ? &evq_private_live : &evq_live, 1, __ATOMIC_RELAXED);
     free(evq);
-    __atomic_sub_fetch(&evq_live, 1, __ATOMIC_RELAXED);
 }
 
 static void evq_ref(struct exs_evq *evq)
@@ -262,15 +285,16 @@ int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
 {
     struct evq_slot *slot;
 
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
     pthread_rwlock_rdlock(&evq_tab.lock);
     slot = evq_tab_lookup(q);
     if (slot == NULL) {
-        pthread_rwlock_unlock(&evq_tab.lock);
+        evq_tab_unlock();
         return -EINVAL;
     }
     evq_ref(slot->evq);
     *evq_p = slot->evq;
-    pthread_rwlock_unlock(&evq_tab.lock);
+    evq_tab_unlock();
     return 0;
 }
 
@@ -284,10 +308,40 @@ int exs__evq_live_count(void)
     return __atomic_load_n(&evq_live, __ATOMIC_RELAXED);
 }
 
+int exs__evq_private_live_count(void)
+{
+    return __atomic_load_n(&evq_private_live, __ATOMIC_RELAXED);
+}
+
+int exs__evq_clean(exs_qhandle_t q)
+{
+    struct exs_evq *evq;
+    int ret = 0;
+
+    ret = exs__evq_get(q, &evq);
+    if (ret < 0)
+        return ret;
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    if (evq->dead) {
+        ret = -EINVAL;
+    } else if (evq->reserved > 0) {
+        ret = -EBUSY;
+    } else if (evq->queued > 0) {
+        EXS_DBG(API, "evq %d: %d events of a failed call discarded", evq->handle, evq->queued);
+        evq->head = 0;
+        evq_set_queued(evq, 0);
+        evq_sync_fds(evq);
+    }
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    exs__evq_put(evq);
+    return ret;
+}
+
 void exs__evq_destroy_all(void)
 {
     int i, gen_max;
 
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
     pthread_rwlock_wrlock(&evq_tab.lock);
     gen_max = evq_tab.gen_base;
     for (i = 0; i < evq_tab.used; i++) {
@@ -295,12 +349,12 @@ void exs__evq_destroy_all(void)
         struct exs_evq *evq = slot->evq;
 
         if (evq != NULL) {
-            pthread_mutex_lock(&evq->lock);
+            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
             if (evq->reserved > 0)
                 EXS_WARN(API, "evq %d: destroyed with %d operations outstanding", evq->handle,
                          evq->reserved);
             evq_kill(evq);
-            pthread_mutex_unlock(&evq->lock);
+            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
             evq_tab_remove(slot);
             exs__evq_put(evq);
         }
@@ -314,7 +368,7 @@ void exs__evq_destroy_all(void)
     evq_tab.free_head = -1;
     evq_tab.free_tail = -1;
     evq_tab.gen_base = (gen_max + 1) & EVQ_GEN_MASK;
-    pthread_rwlock_unlock(&evq_tab.lock);
+    evq_tab_unlock();
 }
 
 /* ---- reservation and posting ---- */
@@ -323,14 +377,14 @@ int exs__evq_reserve(struct exs_evq *evq)
 {
     int ret = 0;
 
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     if (evq->dead)
         ret = -EINVAL;
     else if (evq->queued + evq->reserved >= evq->depth)
         ret = -EAGAIN;
     else
         evq->reserved++;
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     if (ret == 0)
         evq_ref(evq);
     return ret;
@@ -338,16 +392,16 @@ int exs__evq_reserve(struct exs_evq *evq)
 
 void exs__evq_unreserve(struct exs_evq *evq)
 {
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     EXS_ASSERT(evq->reserved > 0);
     evq->reserved--;
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     exs__evq_put(evq);
 }
 
 void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
 {
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     EXS_ASSERT(evq->reserved > 0);
     EXS_ASSERT(evq->queued + evq->reserved <= evq->depth);
     evq->reserved--;
@@ -362,7 +416,7 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
     /* Drop the reservation's reference before the event can be taken: whoever takes
      * it and then deletes the queue frees it at once (no queue outlives its delete). */
     int last = __atomic_sub_fetch(&evq->refs, 1, __ATOMIC_ACQ_REL) == 0;
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     if (last)
         evq_free(evq);
 }
@@ -390,7 +444,7 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
  *                 at the next exs_qdequeue call.
  */
 
-exs_qhandle_t exs_qcreate(int depth)
+static exs_qhandle_t evq_create(int depth, int private_)
 {
     struct exs_evq *evq;
     int ret;
@@ -404,7 +458,8 @@ exs_qhandle_t exs_qcreate(int depth)
         exs__err(ENOMEM);
         return EXS_QHANDLE_INVALID;
     }
-    __atomic_add_fetch(&evq_live, 1, __ATOMIC_RELAXED);
+    evq->private_ = private_;
+    __atomic_add_fetch(private_ ? &evq_private_live : &evq_live, 1, __ATOMIC_RELAXED);
     evq->refs = 1; /* the table's */
     evq->depth = depth;
     evq->handle = EXS_QHANDLE_INVALID;
@@ -423,9 +478,10 @@ exs_qhandle_t exs_qcreate(int depth)
         ret = -ENOMEM;
         goto err_free;
     }
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
     pthread_rwlock_wrlock(&evq_tab.lock);
     ret = evq_tab_insert(evq);
-    pthread_rwlock_unlock(&evq_tab.lock);
+    evq_tab_unlock();
     if (ret < 0)
         goto err_free;
     EXS_DBG(API, "evq %d: created, depth %d, qfd %d", evq->handle, depth, evq->qfd);
@@ -437,31 +493,42 @@ err_free:
     return EXS_QHANDLE_INVALID;
 }
 
+exs_qhandle_t exs_qcreate(int depth)
+{
+    return evq_create(depth, 0);
+}
+
+exs_qhandle_t exs__evq_create_private(int depth)
+{
+    return evq_create(depth, 1);
+}
+
 int exs_qdelete(exs_qhandle_t q)
 {
     struct evq_slot *slot;
     struct exs_evq *evq;
     int discarded;
 
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
     pthread_rwlock_wrlock(&evq_tab.lock);
     slot = evq_tab_lookup(q);
     if (slot == NULL) {
-        pthread_rwlock_unlock(&evq_tab.lock);
+        evq_tab_unlock();
         return exs__err(EINVAL);
     }
     evq = slot->evq;
-    pthread_mutex_lock(&evq->lock);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     if (evq->reserved > 0) {
         EXS_DBG(API, "evq %d: delete refused, %d operations outstanding", q, evq->reserved);
-        pthread_mutex_unlock(&evq->lock);
-        pthread_rwlock_unlock(&evq_tab.lock);
+        EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        evq_tab_unlock();
         return exs__err(EBUSY);
     }
     discarded = evq->queued;
     evq_kill(evq);
-    pthread_mutex_unlock(&evq->lock);
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     evq_tab_remove(slot);
-    pthread_rwlock_unlock(&evq_tab.lock);
+    evq_tab_unlock();
     EXS_DBG(API, "evq %d: deleted, %d undelivered events discarded", q, discarded);
     /* Threads still in exs_qdequeue hold references; the last one frees it. */
     exs__evq_put(evq);
@@ -476,7 +543,13 @@ int exs_qfd(exs_qhandle_t q)
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
         return exs__err(-ret);
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     fd = evq->qfd;
+    if (!evq->exposed) {
+        evq->exposed = 1;
+        evq_sync_fds(evq);
+    }
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     exs__evq_put(evq);
     return fd;
 }
@@ -539,16 +612,28 @@ static void evq_waiter_del(struct exs_evq *evq, struct evq_waiter *w)
     evq_sync_fds(evq);
 }
 
-/* Spin without the lock until want events may be there, the queue died, or end. */
+/* Wait for another turn of the spin loop: a few pauses, so a thread that holds the
+ * progress lock is not hammered by trylocks. */
+static void evq_relax(void)
+{
+    for (int i = 0; i < 8; i++)
+        evq_cpu_relax();
+}
+
+/* Spin, driving progress (trylock) between looks at the queue, without evq->lock, until
+ * want events may be there, the queue died, or end. No system call of its own. */
 static void evq_spin(struct exs_evq *evq, int want, uint64_t end)
 {
     unsigned i = 0;
 
-    while (__atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) < want &&
-           !__atomic_load_n(&evq->dead, __ATOMIC_ACQUIRE)) {
-        evq_cpu_relax();
-        if ((++i & 63) == 0 && exs__now_ns() >= end)
+    for (;;) {
+        exs__engine_drive(EXS_ENG_DRIVE_TRY);
+        if (__atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want ||
+            __atomic_load_n(&evq->dead, __ATOMIC_ACQUIRE))
             break;
+        if ((++i & 15) == 0 && exs__now_ns() >= end)
+            break;
+        evq_relax();
     }
 }
 
@@ -556,13 +641,19 @@ static void evq_spin(struct exs_evq *evq, int want, uint64_t end)
  * Wait until want events are queued, then dequeue up to max of them. Returns the count
  * (0 when the deadline passed first), -EINTR (a signal interrupted the sleep), -EINVAL
  * (the queue was deleted meanwhile), or an error of eventfd / ppoll.
+ *
+ * The waiting thread drives progress itself (spec/threading.md): it drives, then looks
+ * at the queue. POLL and the spin phase of ADAPTIVE drive with a trylock (when another
+ * thread drives, just look again); NOTIFY (and ADAPTIVE after its spin) registers as a
+ * sleeper (so posts to this queue write its descriptor), arms the provider under the
+ * progress lock, and sleeps on both the provider's event fd and the queue's descriptor.
  */
 static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, int max,
                             uint64_t deadline)
 {
     int mode = __atomic_load_n(&evq->mode, __ATOMIC_RELAXED);
     struct evq_waiter w = {.want = want};
-    int registered = 0, ret;
+    int registered = 0, sleeper = 0, driven = 0, ret;
     uint64_t spin_end = 0, now;
 
     if (mode == EXS_WAIT_POLL) {
@@ -573,32 +664,38 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         spin_end = exs__now_ns() + (uint64_t)(us ? (uint64_t)us : exs__params.qspin_us) * 1000u;
     }
 
-    pthread_mutex_lock(&evq->lock);
+    exs__engine_driver_enter();
+    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     for (;;) {
-        struct pollfd pfd;
+        struct pollfd pfd[2];
         struct timespec ts, *tsp = NULL;
-        int n;
+        int n, pfd_prov;
 
         if (evq->dead) {
             ret = -EINVAL;
             break;
         }
-        if (evq->queued >= want) {
+        if (driven && evq->queued >= want) {
             ret = EXS_MIN(evq->queued, max);
             evq_take(evq, events, ret);
             break;
         }
         now = exs__now_ns();
+        if (!driven || (now < spin_end && now < deadline)) {
+            /* Drive, then look: POLL and the first phase of ADAPTIVE spin here (no
+             * system call of their own, so no EINTR); NOTIFY drives once. */
+            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            if (now < spin_end)
+                evq_spin(evq, want, driven ? EXS_MIN(spin_end, deadline) : 0);
+            else
+                exs__engine_drive(0);
+            driven = 1;
+            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            continue;
+        }
         if (now >= deadline) {
             ret = 0;
             break;
-        }
-        if (now < spin_end) {
-            /* POLL and the first phase of ADAPTIVE: no system call, no EINTR. */
-            pthread_mutex_unlock(&evq->lock);
-            evq_spin(evq, want, EXS_MIN(spin_end, deadline));
-            pthread_mutex_lock(&evq->lock);
-            continue;
         }
         if (want > 1) {
             if (evq->wfd < 0) {
@@ -613,36 +710,63 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             if (!registered) {
                 evq_waiter_add(evq, &w);
                 registered = 1;
-                evq_sync_fds(evq);
             }
-            pfd.fd = evq->wfd;
-        } else {
-            pfd.fd = evq->qfd;
         }
-        pfd.events = POLLIN;
-        pfd.revents = 0;
+        if (!sleeper) {
+            /* From now on every post to this queue writes its descriptor: look at the
+             * queue once more under the lock, then sleep. */
+            evq->sleepers++;
+            sleeper = 1;
+            evq_sync_fds(evq);
+            continue;
+        }
+        pfd[0].fd = want > 1 ? evq->wfd : evq->qfd;
+        pfd[0].events = POLLIN;
+        pfd[0].revents = 0;
+        EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        if (exs__engine_arm(&pfd_prov) == -EAGAIN) {
+            exs__engine_drive(0);
+            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            continue;
+        }
+        pfd[1].fd = pfd_prov; /* -1 (ignored by ppoll) without an engine */
+        pfd[1].events = POLLIN;
+        pfd[1].revents = 0;
         if (deadline != UINT64_MAX) {
             ts.tv_sec = (time_t)((deadline - now) / 1000000000u);
             ts.tv_nsec = (long)((deadline - now) % 1000000000u);
             tsp = &ts;
         }
-        pthread_mutex_unlock(&evq->lock);
         /* poll-type calls are never restarted after a signal handler, even with
          * SA_RESTART, so a signal always ends the wait with EINTR. */
-        n = ppoll(&pfd, 1, tsp, NULL);
+        n = ppoll(pfd, 2, tsp, NULL);
         ret = n < 0 ? -errno : 0;
-        pthread_mutex_lock(&evq->lock);
+        EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
         if (ret < 0)
             break;
-        if (n > 0 && (pfd.revents & POLLNVAL)) {
-            EXS_WARN(API, "evq %d: eventfd %d was closed by the application", evq->handle, pfd.fd);
+        if (n > 0 && (pfd[0].revents & POLLNVAL)) {
+            EXS_WARN(API, "evq %d: eventfd %d was closed by the application", evq->handle,
+                     pfd[0].fd);
             ret = -EBADF;
             break;
+        }
+        if (n > 0 && (pfd[1].revents & POLLIN)) {
+            /* Awake: no longer a sleeper while driving, so the events this drive
+             * produces for this queue write no descriptor (the next sleep registers
+             * again and looks at the queue first). */
+            evq->sleepers--;
+            sleeper = 0;
+            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            exs__engine_drive(0);
+            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
         }
     }
     if (registered)
         evq_waiter_del(evq, &w);
-    pthread_mutex_unlock(&evq->lock);
+    if (sleeper)
+        evq->sleepers--;
+    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    exs__engine_driver_leave();
     return ret;
 }
 
@@ -668,6 +792,7 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
     if (ret < 0)
         return exs__err(-ret);
     if (nevents == 0) {
+        exs__engine_drive(0);
         exs__evq_put(evq);
         return 0;
     }

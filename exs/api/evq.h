@@ -37,8 +37,15 @@ void exs__evq_unreserve(struct exs_evq *evq);
 /* Queue an event into a slot reserved earlier; wakes waiters and makes exs_qfd readable. */
 void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev);
 
-/* Number of live queues (leak checks in tests). */
+/* Number of live application queues (leak checks in tests); a thread's synchronous-call
+ * queue is not one of them: exs__evq_private_live_count counts those. */
 int exs__evq_live_count(void);
+int exs__evq_private_live_count(void);
+/* A queue for one thread's synchronous calls (exs_qcreate otherwise; errno on failure). */
+exs_qhandle_t exs__evq_create_private(int depth);
+/* Make q ready for another synchronous call: discard queued events. -EBUSY: an
+ * operation still holds a slot (the queue must not be reused); -EINVAL: no such queue. */
+int exs__evq_clean(exs_qhandle_t q);
 /* Free every queue (exs_fini). */
 void exs__evq_destroy_all(void);
 

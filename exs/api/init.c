@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
+#include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -37,7 +38,7 @@ exs_version_t exs_init(exs_version_t version)
 
     if (version != EXS_VERSION1)
         return exs__err(ENOTSUP);
-    pthread_mutex_lock(&init_lock);
+    EXS_MUTEX_LOCK(&init_lock, EXS_LOCK_INIT);
     if (!initialized) {
         exs__params_load();
         exs__log_init();
@@ -45,7 +46,7 @@ exs_version_t exs_init(exs_version_t version)
         if (!ret)
             __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&init_lock);
+    EXS_MUTEX_UNLOCK(&init_lock, EXS_LOCK_INIT);
     if (ret)
         return exs__err(-ret == ENOENT ? ENODEV : -ret);
     return version;
@@ -53,22 +54,26 @@ exs_version_t exs_init(exs_version_t version)
 
 void exs_fini(void)
 {
-    pthread_mutex_lock(&init_lock);
+    EXS_MUTEX_LOCK(&init_lock, EXS_LOCK_INIT);
     if (!initialized) {
-        pthread_mutex_unlock(&init_lock);
+        EXS_MUTEX_UNLOCK(&init_lock, EXS_LOCK_INIT);
         return;
     }
     api_sock_close_all();
-    /* Sockets finish closing on the progress thread: wait for them (bounded). */
-    for (int i = 0; i < 5000 && api_sock_live(); i++)
-        usleep(1000);
+    /* Sockets finish closing under the progress lock: help drive, and wait for them
+     * (bounded). */
+    for (int i = 0; i < 5000 && api_sock_live(); i++) {
+        exs__engine_drive(0);
+        if (api_sock_live())
+            usleep(1000);
+    }
     if (api_sock_live())
         EXS_WARN(API, "exs_fini: %d sockets still closing, abandoned", api_sock_live());
     api_mreg_destroy_all();
     exs__engine_stop();
     exs__evq_destroy_all();
     __atomic_store_n(&initialized, 0, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&init_lock);
+    EXS_MUTEX_UNLOCK(&init_lock, EXS_LOCK_INIT);
 }
 
 int exs__debug_live_objects(void)

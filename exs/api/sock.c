@@ -51,12 +51,12 @@ struct api_sock *api_sock_get(int fd, int *err_p)
 {
     struct api_sock *s = NULL;
 
-    pthread_mutex_lock(&tab_lock);
+    EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (fd >= 0 && fd < tab_len && tab[fd]) {
         s = tab[fd];
         sock_get_ref(s);
     }
-    pthread_mutex_unlock(&tab_lock);
+    EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (!s)
         *err_p = (fd >= 0 && fcntl(fd, F_GETFD) != -1) ? ENOTSOCK : EBADF;
     return s;
@@ -66,7 +66,7 @@ static int tab_insert(struct api_sock *s)
 {
     int ret = 0;
 
-    pthread_mutex_lock(&tab_lock);
+    EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (s->fd >= tab_len) {
         int n = EXS_MAX(s->fd + 1, tab_len * 2);
         struct api_sock **t = realloc(tab, (size_t)n * sizeof(*t));
@@ -83,7 +83,7 @@ static int tab_insert(struct api_sock *s)
     tab[s->fd] = s;
     sock_get_ref(s);
 out:
-    pthread_mutex_unlock(&tab_lock);
+    EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     return ret;
 }
 
@@ -92,12 +92,12 @@ static int tab_remove(struct api_sock *s)
 {
     int removed = 0;
 
-    pthread_mutex_lock(&tab_lock);
+    EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (s->fd >= 0 && s->fd < tab_len && tab[s->fd] == s) {
         tab[s->fd] = NULL;
         removed = 1;
     }
-    pthread_mutex_unlock(&tab_lock);
+    EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (removed)
         api_sock_put(s);
     return removed;
@@ -247,31 +247,31 @@ static void sock_conn_established(struct exs_conn *conn, int err)
 
     if (parent) {
         /* passive child: ready for exs_accept, or gone */
-        pthread_mutex_lock(&parent->lock);
+        api_sock_lock(parent);
         parent->n_embryo--;
         if (!err && parent->state == API_SOCK_LISTENING) {
-            pthread_mutex_lock(&s->lock);
+            api_sock_lock(s);
             api_sock_set_state(s, API_SOCK_CONNECTED, "accepted");
-            pthread_mutex_unlock(&s->lock);
+            api_sock_unlock(s);
             exs_list_add_tail(&parent->ready, &s->child_link);
             sock_deliver_accepts_locked(parent);
         } else if (!err) {
             /* the listener closed meanwhile: reset the child; its death finishes it */
-            pthread_mutex_lock(&s->lock);
+            api_sock_lock(s);
             api_sock_set_state(s, API_SOCK_ABORTING, "listener closed");
-            pthread_mutex_unlock(&s->lock);
+            api_sock_unlock(s);
             exs__conn_abort_locked(conn);
         }
-        pthread_mutex_unlock(&parent->lock);
+        api_sock_unlock(parent);
         if (err) {
             /* never accepted and already dead: finished as a closed socket */
-            pthread_mutex_lock(&s->lock);
+            api_sock_lock(s);
             sock_finish_locked(s, "handshake failed");
-            pthread_mutex_unlock(&s->lock);
+            api_sock_unlock(s);
         }
         return;
     }
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     struct api_op *op = s->connect_op;
     s->connect_op = NULL;
     if (!err) {
@@ -286,7 +286,7 @@ static void sock_conn_established(struct exs_conn *conn, int err)
         s->conn = NULL;
         sock_conn_destroy_later(conn);
     }
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (op)
         sock_post_simple(op, EXS_EVT_CONNECT, err);
 }
@@ -297,10 +297,10 @@ static void sock_conn_dead(struct exs_conn *conn)
 {
     struct api_sock *s = conn->owner;
 
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     if (s->state == API_SOCK_CLOSING || s->state == API_SOCK_ABORTING)
         sock_finish_locked(s, "connection dead");
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
 }
 
 /* ---- socket calls ---- */
@@ -348,7 +348,7 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
 
     if (!s)
         return exs__err(err);
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     if (!(err = sock_check_addr(s, addr, addrlen))) {
         if (s->state != API_SOCK_NEW) {
             err = EINVAL;
@@ -359,7 +359,7 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
             api_sock_set_state(s, API_SOCK_BOUND, "bind");
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     api_sock_put(s);
     return err ? exs__err(err) : 0;
 }
@@ -377,7 +377,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
 
     /* Decide and reserve a backlog place under the listener's lock; build the child
      * without it (conn locks come before socket locks). */
-    pthread_mutex_lock(&lis->lock);
+    api_sock_lock(lis);
     reason = exs__conn_hello_check(ev->private_data, ev->private_data_len, lis->type);
     if (!reason && lis->state != API_SOCK_LISTENING)
         reason = EXS_WIRE_REJ_CLOSING;
@@ -397,7 +397,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
         xfer_mode = lis->xfer_mode;
         sock_get_ref(lis); /* the child's parent pointer */
     }
-    pthread_mutex_unlock(&lis->lock);
+    api_sock_unlock(lis);
 
     if (!reason) {
         c = sock_new(lis->domain, lis->type);
@@ -429,9 +429,9 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
         exs__prov_reject(ev->req, &rej, sizeof(rej));
     }
     if (reserved) {
-        pthread_mutex_lock(&lis->lock);
+        api_sock_lock(lis);
         lis->n_embryo--;
-        pthread_mutex_unlock(&lis->lock);
+        api_sock_unlock(lis);
     }
     if (c) {
         if (c->conn) {
@@ -452,7 +452,7 @@ int exs_listen(int fd, int backlog)
 
     if (!s)
         return exs__err(err);
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     if (backlog <= 0 || backlog > 4096)
         backlog = backlog <= 0 ? 128 : 4096;
     if (s->state == API_SOCK_LISTENING) {
@@ -472,9 +472,11 @@ int exs_listen(int fd, int backlog)
     s->lis.on_request = sock_on_request;
     s->backlog = backlog;
     api_sock_set_state(s, API_SOCK_LISTENING, "listen"); /* before requests can arrive */
+    __atomic_store_n(&s->listener, 1, __ATOMIC_RELAXED);
     ret = exs__engine_listen(&s->lis, (struct sockaddr *)&s->local, s->local_len, backlog);
     if (ret) {
         api_sock_set_state(s, API_SOCK_BOUND, "listen failed");
+        __atomic_store_n(&s->listener, 0, __ATOMIC_RELAXED);
         err = ret == -EADDRINUSE || ret == -EADDRNOTAVAIL || ret == -EACCES ? -ret : EINVAL;
         goto out;
     }
@@ -482,7 +484,7 @@ int exs_listen(int fd, int backlog)
     exs__prov_listener_addr(s->lis.pl, &s->local, &len);
     s->local_len = len;
 out:
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     api_sock_put(s);
     return err ? exs__err(err) : 0;
 }
@@ -527,16 +529,16 @@ int exs_accept(int fd, exs_qhandle_t q, exs_ahandle_t ah)
     op = api_op_new(s, EXS_EVT_ACCEPT, q, ah, &err);
     if (!op)
         goto out;
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     if (s->state != API_SOCK_LISTENING) {
-        pthread_mutex_unlock(&s->lock);
+        api_sock_unlock(s);
         api_op_abandon(op);
         err = EINVAL;
         goto out;
     }
     exs_list_add_tail(&s->accepts, &op->link);
     sock_deliver_accepts_locked(s);
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
 out:
     api_sock_put(s);
     if (err)
@@ -556,7 +558,7 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
 
     if (!s)
         return exs__err(err);
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     if ((err = sock_check_addr(s, addr, addrlen)))
         goto out;
     switch (s->state) {
@@ -587,9 +589,9 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
     s->connect_op = op;
     api_sock_set_state(s, API_SOCK_CONNECTING, "connect");
     struct exs_conn *conn = s->conn;
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     ret = exs__conn_connect(conn, addr, addrlen);
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     if (ret) {
         /* nothing went out: undo (a concurrent exs_close keeps its state) */
         s->conn = NULL;
@@ -608,7 +610,7 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
     }
     op = NULL;
 out:
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (op)
         api_op_abandon(op);
     api_sock_put(s);
@@ -630,9 +632,9 @@ int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
         err = EINVAL;
         goto out;
     }
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     struct exs_conn *conn = s->state == API_SOCK_CONNECTED ? s->conn : NULL;
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (!conn) {
         err = ENOTCONN;
         goto out;
@@ -671,11 +673,11 @@ static void sock_finish_close_job(struct exs_job *job)
     struct api_op *connect_op, *close_op;
 
     exs__engine_timer_stop(&s->close_timer);
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     connect_op = s->connect_op;
     close_op = s->close_op;
     s->connect_op = s->close_op = NULL;
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (connect_op)
         sock_post_simple(connect_op, EXS_EVT_CONNECT, ECANCELED);
     /* the CLOSE event comes last, once the socket is gone (unless a caller still
@@ -694,12 +696,12 @@ static void sock_close_listener_job(struct exs_job *job)
     exs__engine_listener_destroy(&s->lis); /* no request arrives after this */
     exs_list_init(&accepts);
     exs_list_init(&ready);
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     while ((n = exs_list_pop_head(&s->accepts)))
         exs_list_add_tail(&accepts, n);
     while ((n = exs_list_pop_head(&s->ready)))
         exs_list_add_tail(&ready, n);
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     while ((n = exs_list_pop_head(&accepts)))
         sock_post_simple(exs_list_entry(n, struct api_op, link), EXS_EVT_ACCEPT, ECANCELED);
     while ((n = exs_list_pop_head(&ready))) {
@@ -708,9 +710,9 @@ static void sock_close_listener_job(struct exs_job *job)
         /* never accepted: closed as the application would */
         sock_close(c, NULL, 0);
     }
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     sock_finish_locked(s, "listener closed");
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     api_sock_put(s); /* the job's reference */
 }
 
@@ -735,15 +737,15 @@ static void sock_close_conn_job(struct exs_job *job)
 
     /* s->conn only goes away on this thread (a failed connect detaches it under the
      * lock and frees it in a later job) */
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     conn = s->conn;
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     dead = !conn || exs__conn_is_dead(conn);
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     abort_ = s->state == API_SOCK_ABORTING;
     if (dead && s->state != API_SOCK_FINISHING)
         sock_finish_locked(s, conn ? "connection already dead" : "no connection");
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (!dead) {
         if (abort_) {
             exs__conn_abort(conn); /* sock_conn_dead finishes */
@@ -763,7 +765,7 @@ static void sock_close(struct api_sock *s, struct api_op *op, int abort_)
 {
     enum api_sock_state was;
 
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     /* The job's own reference, taken before CLOSING becomes visible: from then on the
      * conn may die (sock_conn_dead) and the finish job drop the closing reference
      * before this job is even queued. */
@@ -776,7 +778,7 @@ static void sock_close(struct api_sock *s, struct api_op *op, int abort_)
         close(s->fd);
         s->fd_open = 0;
     }
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (exs__params.test_close_pause_us) /* test seam: widens the window above */
         usleep((useconds_t)exs__params.test_close_pause_us);
     s->close_job.fn = was == API_SOCK_LISTENING ? sock_close_listener_job : sock_close_conn_job;
@@ -820,13 +822,13 @@ void api_sock_close_all(void)
     for (;;) {
         struct api_sock *s = NULL;
 
-        pthread_mutex_lock(&tab_lock);
+        EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
         for (int fd = 0; fd < tab_len && !s; fd++)
             if (tab[fd]) {
                 s = tab[fd];
                 sock_get_ref(s);
             }
-        pthread_mutex_unlock(&tab_lock);
+        EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
         if (!s)
             break;
         if (tab_remove(s)) {
@@ -835,11 +837,11 @@ void api_sock_close_all(void)
             api_sock_put(s);
         }
     }
-    pthread_mutex_lock(&tab_lock);
+    EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     free(tab);
     tab = NULL;
     tab_len = 0;
-    pthread_mutex_unlock(&tab_lock);
+    EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
 }
 
 /* ---- names and options ---- */
@@ -854,7 +856,7 @@ static int sock_name(int fd, struct sockaddr *addr, socklen_t *addrlen, int peer
     if (!addr || !addrlen) {
         err = EINVAL;
     } else {
-        pthread_mutex_lock(&s->lock);
+        api_sock_lock(s);
         const struct sockaddr_storage *a = peer ? &s->peer : &s->local;
         socklen_t len = peer ? s->peer_len : s->local_len;
 
@@ -864,7 +866,7 @@ static int sock_name(int fd, struct sockaddr *addr, socklen_t *addrlen, int peer
             memcpy(addr, a, EXS_MIN(*addrlen, len));
             *addrlen = len;
         }
-        pthread_mutex_unlock(&s->lock);
+        api_sock_unlock(s);
     }
     api_sock_put(s);
     return err ? exs__err(err) : 0;
@@ -892,7 +894,7 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
         goto out;
     }
     memcpy(&v, optval, sizeof(v));
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     if (level == SOL_SOCKET && optname == SO_RCVBUF) {
         if (v < (int)EXS_RING_SLOT * 16 || (uint32_t)v > EXS_WIRE_RING_SIZE_MAX ||
             s->state > API_SOCK_BOUND)
@@ -914,7 +916,7 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
     } else {
         err = ENOPROTOOPT;
     }
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
 out:
     api_sock_put(s);
     return err ? exs__err(err) : 0;
@@ -944,16 +946,16 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
         }
         /* the conn lives as long as the socket (our reference); its lock is taken
          * without the socket's (conn locks come first) */
-        pthread_mutex_lock(&s->lock);
+        api_sock_lock(s);
         struct exs_conn *conn = s->conn;
-        pthread_mutex_unlock(&s->lock);
+        api_sock_unlock(s);
         if (conn)
             exs__conn_stats(conn, &st);
         memcpy(optval, &st, n);
         *optlen = n;
         goto out;
     }
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     if (level == SOL_SOCKET && optname == SO_RCVBUF)
         v = (int)s->rcvbuf;
     else if (level == SOL_SOCKET && optname == SO_KEEPALIVE)
@@ -968,7 +970,7 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
         v = s->xfer_mode;
     else
         err = ENOPROTOOPT;
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (!err) {
         if (*optlen < sizeof(int)) {
             err = EINVAL;

@@ -61,7 +61,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
     }
     m->addr = addr;
     m->len = len;
-    pthread_mutex_lock(&mreg_lock);
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     for (int i = 0; i < mreg_cap; i++)
         if (!mregs[i]) {
             idx = i;
@@ -84,7 +84,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         mregs[idx] = m;
         mreg_count++;
     }
-    pthread_mutex_unlock(&mreg_lock);
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
     if (idx < 0) {
         exs__prov_mr_dereg(m->mr);
         free(m);
@@ -109,7 +109,7 @@ int exs_mderegister(exs_mhandle_t mh)
     struct api_mreg *m;
     int err = 0;
 
-    pthread_mutex_lock(&mreg_lock);
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     m = mreg_find_locked(mh);
     if (!m)
         err = EINVAL;
@@ -119,7 +119,7 @@ int exs_mderegister(exs_mhandle_t mh)
         mregs[(mh & MREG_IDX_MASK) - 1] = NULL;
         mreg_count--;
     }
-    pthread_mutex_unlock(&mreg_lock);
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
     if (err)
         return exs__err(err);
     exs__prov_mr_dereg(m->mr);
@@ -129,7 +129,7 @@ int exs_mderegister(exs_mhandle_t mh)
 
 void api_mreg_destroy_all(void)
 {
-    pthread_mutex_lock(&mreg_lock);
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     for (int i = 0; i < mreg_cap; i++)
         if (mregs[i]) {
             exs__prov_mr_dereg(mregs[i]->mr);
@@ -138,7 +138,7 @@ void api_mreg_destroy_all(void)
     free(mregs);
     mregs = NULL;
     mreg_cap = mreg_count = 0;
-    pthread_mutex_unlock(&mreg_lock);
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
 }
 
 /* ---- operations ---- */
@@ -190,9 +190,9 @@ struct api_op *api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs
 static void op_release(struct api_op *op)
 {
     if (op->mreg) {
-        pthread_mutex_lock(&mreg_lock);
+        EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
         op->mreg->busy--;
-        pthread_mutex_unlock(&mreg_lock);
+        EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
     }
     if (op->tmp_mr)
         exs__prov_mr_put(op->tmp_mr);
@@ -236,18 +236,97 @@ static void op_done(struct exs_op *pop)
     api_op_event(op, &ev);
 }
 
-/* ---- synchronous calls: a private queue per call ---- */
+/* ---- synchronous calls: one queue per thread ----
+ *
+ * A thread's synchronous calls post on its own queue, created at its first call and
+ * deleted at thread exit (sync_key's destructor). A queue left stale by exs_fini (its
+ * handle no longer valid) is replaced at the next call. When a call fails with its
+ * operation still outstanding, the queue is abandoned (never reused, so no late event
+ * can reach a later call); exs_fini frees it. */
+
+static pthread_key_t sync_key;
+static pthread_once_t sync_once = PTHREAD_ONCE_INIT;
+static int sync_key_err;
+static __thread exs_qhandle_t sync_q = EXS_QHANDLE_INVALID;
+
+static void sync_key_dtor(void *arg)
+{
+    exs_qhandle_t q = (exs_qhandle_t)(intptr_t)arg;
+
+    /* EINVAL: stale after exs_fini; EBUSY: abandoned with an operation outstanding. */
+    if (exs_qdelete(q) < 0 && errno != EINVAL)
+        EXS_DBG(API, "evq %d: thread exit, synchronous queue kept: %m", q);
+}
+
+static void sync_key_init(void)
+{
+    sync_key_err = pthread_key_create(&sync_key, sync_key_dtor);
+    if (sync_key_err)
+        EXS_WARN(API, "pthread_key_create: %d: synchronous queues are freed at exs_fini",
+                 sync_key_err);
+}
+
+/* Forget this thread's queue; delete it unless an operation still holds a slot. */
+static void sync_abandon(exs_qhandle_t q)
+{
+    int e = errno;
+
+    if (q == sync_q) {
+        sync_q = EXS_QHANDLE_INVALID;
+        if (!sync_key_err)
+            pthread_setspecific(sync_key, NULL);
+    }
+    if (exs_qdelete(q) < 0 && errno == EBUSY)
+        EXS_DBG(API, "evq %d: synchronous queue abandoned with an operation outstanding", q);
+    errno = e;
+}
 
 exs_qhandle_t api_sync_queue(void)
 {
-    return exs_qcreate(1);
+    struct exs_evq *evq;
+    exs_qhandle_t q = sync_q;
+
+    if (q != EXS_QHANDLE_INVALID) {
+        if (exs__evq_get(q, &evq) == 0) {
+            exs__evq_put(evq);
+            return q;
+        }
+        sync_q = EXS_QHANDLE_INVALID; /* stale: exs_fini freed it */
+    }
+    pthread_once(&sync_once, sync_key_init);
+    q = exs__evq_create_private(1);
+    if (q == EXS_QHANDLE_INVALID)
+        return q;
+    if (!sync_key_err && pthread_setspecific(sync_key, (void *)(intptr_t)q)) {
+        exs_qdelete(q); /* no destructor would free it: make one per call */
+        return exs_qcreate(1);
+    }
+    sync_q = q;
+    return q;
 }
 
-/* A synchronous call failed before posting: drop its queue, report err. */
+/* The queue of a synchronous call is done with: keep it for the next call when it is
+ * clean, abandon it otherwise. */
+static void sync_release(exs_qhandle_t q)
+{
+    if (q == EXS_QHANDLE_INVALID)
+        return;
+    if (q != sync_q) {
+        int e = errno;
+
+        exs_qdelete(q); /* a per-call queue (no thread key) */
+        errno = e;
+        return;
+    }
+    if (exs__evq_clean(q) < 0)
+        sync_abandon(q);
+}
+
+/* A synchronous call failed before its operation was accepted: report err. */
 int api_sync_fail(int sync, exs_qhandle_t q, int err)
 {
-    if (sync && q != EXS_QHANDLE_INVALID)
-        exs_qdelete(q);
+    if (sync)
+        sync_release(q);
     return exs__err(err);
 }
 
@@ -264,27 +343,22 @@ int api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev)
 
 int api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 {
-    int ret = -1;
-
     for (;;) {
         int n = exs_qdequeue(q, ev, 1, NULL);
 
-        if (n == 1) {
-            ret = 0;
+        if (n == 1)
             break;
+        if (n < 0 && errno != EINTR) {
+            /* the operation may still be outstanding: never reuse the queue */
+            if (q == sync_q)
+                sync_abandon(q);
+            else
+                sync_release(q);
+            return -1;
         }
-        if (n < 0 && errno != EINTR)
-            break;
     }
-    if (ret) {
-        int e = errno;
-
-        exs_qdelete(q);
-        errno = e;
-        return ret;
-    }
-    exs_qdelete(q);
-    return ret;
+    sync_release(q);
+    return 0;
 }
 
 /* ---- send / receive ---- */
@@ -311,11 +385,11 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     if (err)
         goto out;
     /* the conn of a connected socket lives as long as the socket (our reference) */
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     if (s->state != API_SOCK_CONNECTED)
         err = s->state >= API_SOCK_CLOSING ? EBADF : ENOTCONN;
     struct exs_conn *conn = s->conn;
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (err)
         goto out;
     if (sync)
@@ -342,7 +416,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     } else {
         struct api_mreg *m;
 
-        pthread_mutex_lock(&mreg_lock);
+        EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
         m = mreg_find_locked(mh);
         if (m && (uintptr_t)buf >= (uintptr_t)m->addr &&
             (uintptr_t)buf + len <= (uintptr_t)m->addr + m->len &&
@@ -352,7 +426,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
             op->op.mr = m->mr;
             op->op.lkey = m->mr->lkey;
         }
-        pthread_mutex_unlock(&mreg_lock);
+        EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
         if (!op->mreg) {
             err = EINVAL;
             goto out;
@@ -407,9 +481,9 @@ int exs_cancel(int fd, exs_ahandle_t ah, int flags)
 
     if (!s)
         return exs__err(err);
-    pthread_mutex_lock(&s->lock);
+    api_sock_lock(s);
     struct exs_conn *conn = s->state == API_SOCK_CONNECTED ? s->conn : NULL;
-    pthread_mutex_unlock(&s->lock);
+    api_sock_unlock(s);
     if (flags)
         err = EINVAL;
     else if (conn)

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The progress thread: a libev loop over the provider's event descriptor plus a job queue. */
+/* Progress as a lock: whoever holds it drives the provider; a libev thread drives only while no
+ * application thread does. */
 #include <errno.h>
 #include <ev.h>
 #include <pthread.h>
@@ -8,24 +9,66 @@
 
 #include "exs/engine/engine.h"
 #include "exs/util/list.h"
+#include "exs/util/lockorder.h"
 #include "exs/util/log.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 
-#define ENG_CQE_BATCH 64
+#define ENG_CQE_BATCH   64
+#define ENG_DRIVE_ROUND 16 /* cqe batches per round of one drive */
+#define ENG_DRIVE_MAX   8  /* rounds per drive: a flood cannot keep one caller forever */
 
+/*
+ * Locks (spec/threading.md): eng.plock is the progress lock, outermost of the library;
+ * eng.lock guards the job list and stopping only, and is a leaf.
+ *
+ * Fields written under plock: loop internals, io_on, loop_dirty. drivers is atomic.
+ */
 static struct {
     struct exs_prov_ctx *ctx;
-    struct ev_loop      *loop;
-    ev_io                prov_io;
-    ev_async             wake;
-    pthread_t            thread;
-    pthread_mutex_t      lock; /* jobs, stopping */
-    struct exs_list      jobs;
-    int                  stopping;
-    int                  running;
-} eng = { .lock = PTHREAD_MUTEX_INITIALIZER };
+    struct ev_loop *loop;
+    ev_io prov_io;
+    ev_async wake;
+    ev_prepare prep; /* before each blocking poll: who watches the provider */
+    ev_timer lease;  /* while drivers > 0: look again whether they left */
+    pthread_t thread;
+    pthread_mutex_t plock; /* the progress lock */
+    pthread_mutex_t lock;  /* jobs, stopping */
+    struct exs_list jobs;
+    int stopping;
+    int running;
+    int manual;     /* provider opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
+    int drivers;    /* atomic: application threads inside a wait */
+    int io_on;      /* plock: the loop watches the provider's event fd */
+    int loop_dirty; /* plock: a non-loop holder changed a watcher */
+    int njobs;      /* atomic: queued jobs (a sleeper looks before sleeping) */
+} eng = {
+    .plock = PTHREAD_MUTEX_INITIALIZER,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+};
 
-static __thread int eng_is_progress_thread;
+static __thread int eng_holding; /* this thread holds eng.plock */
+static __thread int eng_is_loop; /* this thread is the libev loop's */
+
+struct exs_eng_counters exs__eng_cnt;
+
+static const struct exs_counter_desc eng_counter_desc[] = {
+    EXS_COUNTER(struct exs_eng_counters, drives_app,
+                "drives by application threads that found work (waits, synchronous calls)"),
+    EXS_COUNTER(struct exs_eng_counters, drives_thread,
+                "drives by the progress thread that found work"),
+    EXS_COUNTER(struct exs_eng_counters, lease_handoffs,
+                "times the progress thread took the provider back when no thread drove"),
+    EXS_COUNTER(struct exs_eng_counters, evq_fd_writes,
+                "event queue descriptor writes (only for queues someone can see)"),
+};
+
+static struct exs_counter_set eng_cset = {
+    .name = "engine",
+    .desc = eng_counter_desc,
+    .count = sizeof(eng_counter_desc) / sizeof(eng_counter_desc[0]),
+    .base = &exs__eng_cnt,
+};
 
 struct exs_prov_ctx *exs__engine_ctx(void)
 {
@@ -34,8 +77,60 @@ struct exs_prov_ctx *exs__engine_ctx(void)
 
 int exs__engine_on_thread(void)
 {
-    return eng_is_progress_thread;
+    return eng_holding;
 }
+
+int exs__engine_manual(void)
+{
+    return eng.manual;
+}
+
+/* ---- the progress lock ---- */
+
+static void eng_lock(void)
+{
+    EXS_LOCK_ACQUIRE(EXS_LOCK_PROGRESS);
+    pthread_mutex_lock(&eng.plock);
+    eng_holding = 1;
+}
+
+static int eng_trylock(void)
+{
+    if (pthread_mutex_trylock(&eng.plock))
+        return -EBUSY;
+    EXS_LOCK_ACQUIRE(EXS_LOCK_PROGRESS);
+    eng_holding = 1;
+    return 0;
+}
+
+static void eng_unlock(void)
+{
+    /* The loop thread recomputes its timeout itself before it blocks. */
+    int dirty = eng.loop_dirty && !eng_is_loop;
+
+    eng.loop_dirty = 0;
+    eng_holding = 0;
+    pthread_mutex_unlock(&eng.plock);
+    EXS_LOCK_RELEASE(EXS_LOCK_PROGRESS);
+    /* The loop may be asleep with a timeout computed before the change. */
+    if (dirty)
+        ev_async_send(eng.loop, &eng.wake);
+}
+
+/* libev's thread locking: the loop thread holds plock except inside its blocking poll. */
+static void eng_loop_release(struct ev_loop *loop)
+{
+    (void)loop;
+    eng_unlock();
+}
+
+static void eng_loop_acquire(struct ev_loop *loop)
+{
+    (void)loop;
+    eng_lock();
+}
+
+/* ---- dispatch (plock held) ---- */
 
 static void eng_dispatch_cm(const struct exs_prov_cm_event *ev)
 {
@@ -49,71 +144,161 @@ static void eng_dispatch_cm(const struct exs_prov_cm_event *ev)
         exs__conn_on_cm(ev->ep->user, ev);
 }
 
-/* Hand every queued completion to its connection; returns how many. */
-static int eng_drain_cq(void)
+/* Hand up to batches * ENG_CQE_BATCH queued completions to their connections; returns
+ * how many. */
+static int eng_drain_cq(int batches)
 {
     struct exs_prov_cqe cqe[ENG_CQE_BATCH];
     int n, total = 0;
 
-    while ((n = exs__prov_poll(eng.ctx, cqe, ENG_CQE_BATCH)) > 0) {
-        for (int i = 0; i < n; i++)
-            exs__conn_on_cqe(cqe[i].ep->user, &cqe[i]);
+    while (batches-- > 0 && (n = exs__prov_poll(eng.ctx, cqe, ENG_CQE_BATCH)) > 0) {
+        exs__conn_on_cqes(cqe, n); /* runs of one conn: one lock, one progress pass */
         total += n;
+        if (n < ENG_CQE_BATCH)
+            break;
     }
     return total;
 }
 
-/* Drain completions and connection events until both queues are empty and the event
- * descriptor is armed again. Completions go first, and the queue is emptied again just
- * before each connection event: a DISCONNECTED must not overtake the completions of the
- * data and the SHUTDOWN that the peer sent before it. */
-static void eng_drain(void)
+/* Run the jobs queued now (not those they queue: those run in the next round). */
+static int eng_run_jobs(void)
 {
-    struct exs_prov_cm_event ev;
+    struct exs_list todo;
+    struct exs_list *n;
+    int count = 0;
 
-    for (;;) {
-        int n, m = 0;
-
-        if (exs__prov_progress(eng.ctx) < 0)
-            EXS_ERR(ENG, "provider progress failed");
-        n = eng_drain_cq();
-
-        while (exs__prov_cm_poll(eng.ctx, &ev) == 1) {
-            eng_drain_cq();
-            eng_dispatch_cm(&ev);
-            m++;
-        }
-        if (n > 0 || m > 0)
-            continue;
-        if (exs__prov_arm(eng.ctx) != -EAGAIN)
-            break;
-    }
-}
-
-static void eng_run_jobs(void)
-{
-    for (;;) {
-        struct exs_list *n;
-
-        pthread_mutex_lock(&eng.lock);
-        n = exs_list_pop_head(&eng.jobs);
-        pthread_mutex_unlock(&eng.lock);
-        if (!n)
-            break;
+    if (__atomic_load_n(&eng.njobs, __ATOMIC_ACQUIRE) == 0)
+        return 0;
+    exs_list_init(&todo);
+    EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
+    while ((n = exs_list_pop_head(&eng.jobs)))
+        exs_list_add_tail(&todo, n);
+    __atomic_store_n(&eng.njobs, 0, __ATOMIC_RELEASE);
+    EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
+    while ((n = exs_list_pop_head(&todo))) {
         struct exs_job *job = exs_list_entry(n, struct exs_job, link);
 
         job->queued = 0;
         job->fn(job); /* may free the job's object */
+        count++;
     }
+    return count;
 }
+
+/* One round: provider work, completions, then each cm event after the completions that
+ * precede it (a DISCONNECTED must not overtake the completions of the data and the
+ * SHUTDOWN the peer sent before it), then jobs. Returns how much it did. */
+static int eng_round(void)
+{
+    struct exs_prov_cm_event ev;
+    int p, n = 0;
+
+    p = exs__prov_progress(eng.ctx);
+    if (p > 0)
+        n += p;
+    else if (p < 0)
+        EXS_WARN(ENG, "provider progress failed: %d", p);
+    n += eng_drain_cq(ENG_DRIVE_ROUND);
+    while (exs__prov_cm_poll(eng.ctx, &ev) == 1) {
+        n += eng_drain_cq(INT32_MAX);
+        eng_dispatch_cm(&ev);
+        n++;
+    }
+    n += eng_run_jobs();
+    return n;
+}
+
+/* Rounds until one finds nothing, at most max. Returns the total. */
+static int eng_drive_locked(int max)
+{
+    int total = 0;
+
+    for (int r = 0; r < max; r++) {
+        int n = eng_round();
+
+        total += n;
+        if (n == 0)
+            break;
+    }
+    return total;
+}
+
+/* The loop thread: drive until the provider is armed with nothing left. */
+static void eng_drain_all(void)
+{
+    int n;
+
+    do {
+        n = eng_drive_locked(ENG_DRIVE_MAX);
+        if (n > 0)
+            EXS_CNT_INC(exs__eng_cnt.drives_thread);
+    } while (n > 0 || exs__prov_arm(eng.ctx) == -EAGAIN);
+}
+
+int exs__engine_drive(int flags)
+{
+    int n;
+
+    if (eng_holding)
+        return 0; /* a dispatch on this thread is below us */
+    if (!__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE))
+        return 0;
+    if (flags & EXS_ENG_DRIVE_TRY) {
+        if (eng_trylock())
+            return -EBUSY;
+    } else {
+        eng_lock();
+    }
+    /* running is cleared under the lock by exs__engine_stop before the provider closes */
+    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(ENG_DRIVE_MAX) : 0;
+    eng_unlock();
+    if (n > 0)
+        EXS_CNT_INC(exs__eng_cnt.drives_app);
+    return n;
+}
+
+int exs__engine_arm(int *fd_p)
+{
+    int ret;
+
+    *fd_p = -1;
+    if (eng_holding || !__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE))
+        return 0;
+    eng_lock();
+    if (!__atomic_load_n(&eng.running, __ATOMIC_RELAXED)) {
+        ret = 0;
+    } else if (__atomic_load_n(&eng.njobs, __ATOMIC_ACQUIRE) > 0) {
+        ret = -EAGAIN;
+    } else {
+        ret = exs__prov_arm(eng.ctx);
+        if (ret == 0)
+            *fd_p = exs__prov_ctx_event_fd(eng.ctx);
+        else if (ret != -EAGAIN)
+            EXS_WARN(ENG, "provider arm failed: %d", ret);
+    }
+    eng_unlock();
+    return ret == -EAGAIN ? -EAGAIN : 0;
+}
+
+void exs__engine_driver_enter(void)
+{
+    __atomic_add_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST);
+}
+
+void exs__engine_driver_leave(void)
+{
+    /* No wake-up: the loop sees drivers == 0 within one lease. */
+    __atomic_sub_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST);
+}
+
+/* ---- the loop thread ---- */
 
 static void eng_prov_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop;
     (void)w;
     (void)revents;
-    eng_drain();
-    eng_run_jobs();
+    eng_drain_all();
 }
 
 static void eng_async_cb(struct ev_loop *loop, ev_async *w, int revents)
@@ -121,21 +306,79 @@ static void eng_async_cb(struct ev_loop *loop, ev_async *w, int revents)
     (void)w;
     (void)revents;
     eng_run_jobs();
-    eng_drain();
-    pthread_mutex_lock(&eng.lock);
+    if (eng.io_on)
+        eng_drain_all();
+    EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
     int stop = eng.stopping && exs_list_empty(&eng.jobs);
-    pthread_mutex_unlock(&eng.lock);
+    EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     if (stop)
         ev_break(loop, EVBREAK_ALL);
+}
+
+static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    /* Nothing to do here: eng_prepare_cb, which runs next, looks at drivers. */
+    (void)loop;
+    (void)w;
+    (void)revents;
+}
+
+/* Before every blocking poll, plock held: watch the provider only while no application
+ * thread drives; take it back (and drain at once) when the last one left. */
+static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    int drivers = __atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST);
+
+    (void)w;
+    (void)revents;
+    if (drivers > 0 || exs__params.test_engine_park) {
+        if (eng.io_on) {
+            ev_io_stop(loop, &eng.prov_io);
+            eng.io_on = 0;
+        }
+        if (!ev_is_active(&eng.lease)) {
+            ev_timer_set(&eng.lease, (double)exs__params.lease_us / 1e6,
+                         (double)exs__params.lease_us / 1e6);
+            ev_timer_start(loop, &eng.lease);
+        }
+        return;
+    }
+    if (ev_is_active(&eng.lease))
+        ev_timer_stop(loop, &eng.lease);
+    if (!eng.io_on) {
+        ev_io_start(loop, &eng.prov_io);
+        eng.io_on = 1;
+        EXS_CNT_INC(exs__eng_cnt.lease_handoffs);
+        /* Drivers may have left work (or not armed): finish it and arm. */
+        eng_drain_all();
+    }
 }
 
 static void *eng_main(void *arg)
 {
     (void)arg;
-    eng_is_progress_thread = 1;
-    eng_drain();
+    eng_is_loop = 1;
+    eng_lock();
     ev_run(eng.loop, 0);
+    eng_unlock();
     return NULL;
+}
+
+static int eng_open(struct exs_prov_ctx **ctx_p, int *manual_p)
+{
+    int ret;
+
+    ret = exs__prov_open_default(&(struct exs_prov_attr){.flags = EXS_PROV_ATTR_MANUAL_PROGRESS},
+                                 ctx_p);
+    if (ret == 0) {
+        *manual_p = 1;
+        return 0;
+    }
+    if (ret != -EOPNOTSUPP && ret != -EINVAL)
+        return ret;
+    EXS_INFO(ENG, "provider refused manual progress (%d): its own threads move data", ret);
+    *manual_p = 0;
+    return exs__prov_open_default(&(struct exs_prov_attr){0}, ctx_p);
 }
 
 int exs__engine_start(void)
@@ -143,8 +386,8 @@ int exs__engine_start(void)
     int ret;
 
     exs_list_init(&eng.jobs);
-    ret = exs__prov_open_default(&(struct exs_prov_attr){.flags = EXS_PROV_ATTR_MANUAL_PROGRESS},
-                                 &eng.ctx);
+    eng.njobs = 0;
+    ret = eng_open(&eng.ctx, &eng.manual);
     if (ret)
         return ret;
     eng.loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
@@ -152,19 +395,27 @@ int exs__engine_start(void)
         ret = -ENOMEM;
         goto err_close;
     }
+    ev_set_loop_release_cb(eng.loop, eng_loop_release, eng_loop_acquire);
     ev_io_init(&eng.prov_io, eng_prov_cb, exs__prov_ctx_event_fd(eng.ctx), EV_READ);
-    ev_io_start(eng.loop, &eng.prov_io);
     ev_async_init(&eng.wake, eng_async_cb);
     ev_async_start(eng.loop, &eng.wake);
+    ev_prepare_init(&eng.prep, eng_prepare_cb);
+    ev_prepare_start(eng.loop, &eng.prep);
+    ev_timer_init(&eng.lease, eng_lease_cb, 0., 0.);
+    eng.io_on = 0; /* the first prepare starts it and drains */
+    eng.loop_dirty = 0;
     eng.stopping = 0;
+    __atomic_store_n(&eng.running, 1, __ATOMIC_RELEASE);
     ret = -pthread_create(&eng.thread, NULL, eng_main, NULL);
     if (ret)
         goto err_loop;
-    eng.running = 1;
-    EXS_INFO(ENG, "engine started on provider %s", exs__prov_name(eng.ctx));
+    exs__counters_register(&eng_cset);
+    EXS_INFO(ENG, "engine started on provider %s (%s progress)", exs__prov_name(eng.ctx),
+             eng.manual ? "manual" : "provider-thread");
     return 0;
 
 err_loop:
+    __atomic_store_n(&eng.running, 0, __ATOMIC_RELEASE);
     ev_loop_destroy(eng.loop);
     eng.loop = NULL;
 err_close:
@@ -175,38 +426,44 @@ err_close:
 
 void exs__engine_stop(void)
 {
-    if (!eng.running)
+    if (!__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE))
         return;
-    pthread_mutex_lock(&eng.lock);
+    EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
     eng.stopping = 1;
-    pthread_mutex_unlock(&eng.lock);
+    EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     ev_async_send(eng.loop, &eng.wake);
     pthread_join(eng.thread, NULL);
-    eng_run_jobs();
+    exs__counters_unregister(&eng_cset);
+    eng_lock();
+    while (eng_run_jobs() > 0)
+        ;
+    __atomic_store_n(&eng.running, 0, __ATOMIC_RELEASE);
+    eng.loop_dirty = 0;
+    eng_unlock();
     ev_loop_destroy(eng.loop);
     eng.loop = NULL;
     exs__prov_ctx_close(eng.ctx);
     eng.ctx = NULL;
-    eng.running = 0;
 }
 
 void exs__engine_post(struct exs_job *job)
 {
-    pthread_mutex_lock(&eng.lock);
+    EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
     EXS_ASSERT(!job->queued);
     job->queued = 1;
     exs_list_add_tail(&eng.jobs, &job->link);
-    pthread_mutex_unlock(&eng.lock);
+    __atomic_add_fetch(&eng.njobs, 1, __ATOMIC_RELEASE);
+    EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     ev_async_send(eng.loop, &eng.wake);
 }
 
 struct eng_call {
-    struct exs_job  job;
-    void          (*fn)(void *arg);
-    void           *arg;
+    struct exs_job job;
+    void (*fn)(void *arg);
+    void *arg;
     pthread_mutex_t lock;
-    pthread_cond_t  cond;
-    int             done;
+    pthread_cond_t cond;
+    int done;
 };
 
 static void eng_call_job(struct exs_job *job)
@@ -222,9 +479,9 @@ static void eng_call_job(struct exs_job *job)
 
 void exs__engine_call(void (*fn)(void *arg), void *arg)
 {
-    struct eng_call c = { .job = { .fn = eng_call_job }, .fn = fn, .arg = arg };
+    struct eng_call c = {.job = {.fn = eng_call_job}, .fn = fn, .arg = arg};
 
-    EXS_ASSERT(!eng_is_progress_thread);
+    EXS_ASSERT(!eng_holding);
     pthread_mutex_init(&c.lock, NULL);
     pthread_cond_init(&c.cond, NULL);
     exs__engine_post(&c.job);
@@ -248,28 +505,31 @@ static void eng_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 void exs__engine_timer_start(struct exs_eng_timer *t, uint64_t ms,
                              void (*cb)(struct exs_eng_timer *t))
 {
-    EXS_ASSERT(eng_is_progress_thread);
+    EXS_ASSERT(eng_holding);
     t->cb = cb;
     ev_timer_init(&t->w, eng_timer_cb, (double)ms / 1000.0, 0.);
     ev_timer_start(eng.loop, &t->w);
+    eng.loop_dirty = 1;
 }
 
 void exs__engine_timer_stop(struct exs_eng_timer *t)
 {
-    EXS_ASSERT(eng_is_progress_thread);
-    if (t->cb)
+    EXS_ASSERT(eng_holding);
+    if (t->cb) {
         ev_timer_stop(eng.loop, &t->w);
+        eng.loop_dirty = 1;
+    }
 }
 
-int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr,
-                       socklen_t addrlen, int backlog)
+int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr, socklen_t addrlen,
+                       int backlog)
 {
     return exs__prov_listen(eng.ctx, addr, addrlen, backlog, lis, &lis->pl);
 }
 
 void exs__engine_listener_destroy(struct exs_eng_listener *lis)
 {
-    EXS_ASSERT(eng_is_progress_thread);
+    EXS_ASSERT(eng_holding);
     if (lis->pl)
         exs__prov_listener_destroy(lis->pl);
     lis->pl = NULL;

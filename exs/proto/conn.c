@@ -82,9 +82,9 @@ int exs__conn_is_dead(struct exs_conn *conn)
 {
     int dead;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     dead = conn->state == EXS_CONN_DEAD || conn->state == EXS_CONN_IDLE;
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return dead;
 }
 
@@ -375,14 +375,14 @@ int exs__conn_connect(struct exs_conn *conn, const struct sockaddr *addr, sockle
     struct exs_wire_hello h;
     int ret;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     exs__conn_hello(conn, &h);
     conn->active = 1;
     conn_set_state(conn, EXS_CONN_CONNECTING, "connect");
     ret = exs__prov_connect(conn->ep, addr, len, &h, sizeof(h));
     if (ret)
         conn_set_state(conn, EXS_CONN_IDLE, "connect failed");
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -391,14 +391,14 @@ int exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const
     struct exs_wire_hello h;
     int ret;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     conn_adopt_hello_locked(conn, peer_pd);
     exs__conn_hello(conn, &h);
     conn_set_state(conn, EXS_CONN_CONNECTING, "accept");
     ret = exs__prov_accept(req, conn->ep, &h, sizeof(h));
     if (ret)
         conn_set_state(conn, EXS_CONN_IDLE, "accept failed");
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -696,7 +696,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
 {
     int ret = 0;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     switch (conn->state) {
     case EXS_CONN_IDLE:
     case EXS_CONN_CONNECTING:
@@ -738,7 +738,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     }
     conn_kick_locked(conn);
 out:
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -764,7 +764,7 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
     struct exs_list *pos;
     int n = 0;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     for (int i = 0; i < 2; i++) {
         exs_list_for_each(pos, q[i]) {
             struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
@@ -780,7 +780,7 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
         }
     }
     conn_kick_locked(conn);
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return n;
 }
 
@@ -789,7 +789,7 @@ void exs__conn_close(struct exs_conn *conn)
     struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
     struct exs_list *pos;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     /* Sends gathered behind a ring write in flight (batching, §6.1) would have been on
      * the wire without batching: they leave now, so close sends what it sent before. */
     if (conn->state == EXS_CONN_CONNECTED && conn->ring_wr_out) {
@@ -841,7 +841,7 @@ void exs__conn_close(struct exs_conn *conn)
         break;
     }
     conn_deliver_locked(conn);
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_abort_locked(struct exs_conn *conn)
@@ -861,20 +861,20 @@ void exs__conn_abort_locked(struct exs_conn *conn)
 
 void exs__conn_abort(struct exs_conn *conn)
 {
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     exs__conn_abort_locked(conn);
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
 {
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     *st = conn->stats;
     st->batch_thresh = conn->batch_thresh;
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
-/* ---- completions (progress thread) ---- */
+/* ---- completions (progress lock held: the progress thread or a driving waiter) ---- */
 
 static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32_t len)
 {
@@ -1088,10 +1088,10 @@ static void conn_after_cqes_locked(struct exs_conn *conn)
 
 void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     conn_on_cqe_locked(conn, cqe);
     conn_after_cqes_locked(conn);
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
@@ -1101,11 +1101,11 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
 
         /* a run of completions of one conn: one lock, one progress pass (one ACK
          * decision, one walk of the queues, one delivery) for all of them */
-        pthread_mutex_lock(&conn->lock);
+        EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
         for (j = i; j < n && cqe[j].ep->user == conn; j++)
             conn_on_cqe_locked(conn, &cqe[j]);
         conn_after_cqes_locked(conn);
-        pthread_mutex_unlock(&conn->lock);
+        EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     }
 }
 
@@ -1115,7 +1115,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
     void (*dead)(struct exs_conn *) = NULL;
     int err = 0;
 
-    pthread_mutex_lock(&conn->lock);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     switch (ev->type) {
     case EXS_PROV_CM_ESTABLISHED:
         if (conn->state != EXS_CONN_CONNECTING)
@@ -1189,5 +1189,5 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         established(conn, err);
     if (dead)
         dead(conn);
-    pthread_mutex_unlock(&conn->lock);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }

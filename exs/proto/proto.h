@@ -15,7 +15,8 @@
 /*
  * Threads: every function here takes conn->lock itself unless its name ends in
  * _locked. Callbacks (op->done, conn->cb) run with conn->lock held; they must not
- * call back into the conn. Completion and cm handlers run on the progress thread;
+ * call back into the conn. Completion and cm handlers run under the progress lock (the
+ * progress thread or a driving waiter, spec/threading.md);
  * posting functions run on the caller's thread.
  */
 
@@ -144,7 +145,7 @@ struct exs_conn {
     struct exs_prov_ep        *ep;
     const struct exs_conn_cb  *cb;
     void                      *owner;   /* the api socket */
-    struct exs_job             owner_job; /* the owner's, e.g. to destroy it on the progress thread */
+    struct exs_job             owner_job; /* the owner's, e.g. to destroy it under the progress lock */
     struct exs_conn_params     p;
 
     /* local buffers */

@@ -61,6 +61,10 @@ static const struct exs_param_def params_table[] = {
           "exs_close resets a connection whose goodbye is not through after this, milliseconds"),
     PARAM(test_close_pause_us, "EXS_TEST_CLOSE_PAUSE_US", "0", UINT, 0,
           "tests only: exs_close pauses this long once the socket is CLOSING, microseconds"),
+    PARAM(lease_us, "EXS_LEASE_US", "1000", UINT, 0,
+          "while application threads drive progress, the progress thread checks this often whether they all left, microseconds, 10-1000000"),
+    PARAM(test_engine_park, "EXS_TEST_ENGINE_PARK", "0", UINT, 0,
+          "tests only: 1 = the progress thread never drives the provider (only jobs and timers), 0-1"),
     PARAM(vrb_qp_timeout, "EXS_VRB_QP_TIMEOUT", "14", UINT, 0,
           "verbs: QP local ACK timeout exponent (4.096 us * 2^n per try), 0-31"),
     PARAM(vrb_retry_cnt, "EXS_VRB_RETRY_CNT", "7", UINT, 0,
@@ -130,6 +134,11 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             (v->u < 1 || v->u > 3600000))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, test_close_pause_us) && v->u > 1000000)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, test_engine_park) && v->u > 1)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, lease_us) &&
+            (v->u < 10 || v->u > 1000000))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, eager_max) && v->u > (1u << 20))
             return -EINVAL;

@@ -44,6 +44,8 @@ struct exs_params {
     uint64_t qspin_us;         /* EXS_QSPIN_US: EXS_WAIT_ADAPTIVE spin before sleeping */
     uint64_t close_timeout_ms; /* EXS_CLOSE_TIMEOUT_MS: a graceful close resets after this */
     uint64_t test_close_pause_us; /* EXS_TEST_CLOSE_PAUSE_US: test seam, see params.c */
+    uint64_t lease_us;         /* EXS_LEASE_US: progress thread's lease while threads drive */
+    uint64_t test_engine_park; /* EXS_TEST_ENGINE_PARK: test seam (0/1), see params.c */
     /* verbs provider */
     uint64_t vrb_qp_timeout;   /* EXS_VRB_QP_TIMEOUT: local ACK timeout exponent, 4.096 us * 2^n */
     uint64_t vrb_retry_cnt;    /* EXS_VRB_RETRY_CNT: transport retries, 0-7 */

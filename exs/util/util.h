@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "exs/util/lockorder.h"
+
 #define EXS_ARRAY_SIZE(_a) (sizeof(_a) / sizeof((_a)[0]))
 #define EXS_MIN(_a, _b)    ((_a) < (_b) ? (_a) : (_b))
 #define EXS_MAX(_a, _b)    ((_a) > (_b) ? (_a) : (_b))

@@ -14,6 +14,7 @@ static Suite *(*const suites[])(void) = {
     util_counters_suite,
     util_list_suite,
     util_misc_suite,
+    util_lockorder_suite,
     api_evq_suite,
     prov_vrb_cache_suite,
     mock_prov_suite,

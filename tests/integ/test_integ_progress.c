@@ -1,0 +1,576 @@
+/* SPDX-License-Identifier: MIT */
+/* Run-to-completion progress: waiters drive the provider in every wait mode, the progress thread's
+ * hand-off, per-thread synchronous queues. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/exs.h>
+
+#include "exs/api/evq.h"
+#include "exs/util/counters.h"
+#include "tests/integ/integ.h"
+
+#define AH(n) IT_AH(n)
+
+static const int modes[] = {EXS_WAIT_NOTIFY, EXS_WAIT_POLL, EXS_WAIT_ADAPTIVE};
+static const char *const mode_names[] = {"notify", "poll", "adaptive"};
+
+static uint64_t eng_counter(const char *name)
+{
+    uint64_t v = 0;
+
+    ck_assert_msg(exs__counters_lookup("engine", name, &v) == 0, "engine counter %s missing", name);
+    return v;
+}
+
+/* One event of q with a deadline of IT_TIMEOUT_MS, through exs_qdequeue only. */
+static void dq1(exs_qhandle_t q, exs_event_t *ev, const char *what)
+{
+    double end = it_now_ms() + IT_TIMEOUT_MS;
+
+    for (;;) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        int n = exs_qdequeue(q, ev, 1, &ts);
+
+        if (n == 1)
+            return;
+        ck_assert_msg(n == 0 || errno == EINTR, "%s: exs_qdequeue = %d errno %d (%s)", what, n,
+                      errno, strerror(errno));
+        ck_assert_msg(it_now_ms() < end, "%s: no event within %d ms", what, IT_TIMEOUT_MS);
+    }
+}
+
+/* rounds SEQPACKET ping-pongs over p through the public API, data checked. */
+static void pingpong(struct it_pair *p, int rounds, int mode)
+{
+    struct it_buf *a = it_buf_new(256, 1), *b = it_buf_new(256, 1);
+    exs_event_t ev;
+
+    ck_assert_int_eq(exs_qsetwait(p->cq, mode, 20), 0);
+    ck_assert_int_eq(exs_qsetwait(p->sq, mode, 20), 0);
+    for (int i = 0; i < rounds; i++) {
+        size_t len = 1 + (size_t)(i * 37) % 256;
+
+        /* client -> server */
+        IT_EXPECT_OK(exs_recv(p->sfd, b->p, 256, 0, p->sq, AH(2 * i), b->mh));
+        it_fill(a->p, len, (uint32_t)i);
+        IT_EXPECT_OK(exs_send(p->cfd, a->p, len, 0, p->cq, AH(2 * i), a->mh));
+        dq1(p->sq, &ev, "server recv");
+        ck_assert_msg(ev.exs_evt_type == EXS_EVT_RECV && ev.exs_evt_errno == 0 &&
+                          ev.exs_evt_u.exs_evt_xfer.exs_evt_result == (ssize_t)len,
+                      "round %d: recv event type %d errno %d result %zd", i, ev.exs_evt_type,
+                      ev.exs_evt_errno, ev.exs_evt_u.exs_evt_xfer.exs_evt_result);
+        ck_assert_int_eq(it_check(b->p, len, (uint32_t)i), -1);
+        dq1(p->cq, &ev, "client send");
+        ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_SEND);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        /* server -> client */
+        IT_EXPECT_OK(exs_recv(p->cfd, a->p, 256, 0, p->cq, AH(2 * i + 1), a->mh));
+        it_fill(b->p, len, (uint32_t)i + 1000u);
+        IT_EXPECT_OK(exs_send(p->sfd, b->p, len, 0, p->sq, AH(2 * i + 1), b->mh));
+        dq1(p->cq, &ev, "client recv");
+        ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_RECV);
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)len);
+        ck_assert_int_eq(it_check(a->p, len, (uint32_t)i + 1000u), -1);
+        dq1(p->sq, &ev, "server send");
+        ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_SEND);
+    }
+    it_buf_free(a);
+    it_buf_free(b);
+}
+
+/* With the progress thread kept away from the provider (test seam), a waiter in each
+ * mode completes connection set-up, a ping-pong and the close by driving itself: the
+ * progress thread found no work at all. */
+START_TEST(test_waiter_drives)
+{
+    struct it_pair p;
+    uint64_t app0, thr0;
+
+    it_setenv("EXS_TEST_ENGINE_PARK", "1");
+    it_init();
+    app0 = eng_counter("drives_app");
+    thr0 = eng_counter("drives_thread");
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    pingpong(&p, 100, modes[_i]);
+    it_pair_close(&p);
+    ck_assert_msg(eng_counter("drives_app") > app0, "%s: the application never drove",
+                  mode_names[_i]);
+    ck_assert_msg(eng_counter("drives_thread") == thr0,
+                  "%s: the parked progress thread drove %llu times", mode_names[_i],
+                  (unsigned long long)(eng_counter("drives_thread") - thr0));
+}
+END_TEST
+
+/* Busy-polling waiters on queues nobody polls make no eventfd write: the events they
+ * produce are handed over in memory. */
+START_TEST(test_poll_no_fd_writes)
+{
+    struct it_pair p;
+    uint64_t w0;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    pingpong(&p, 2, EXS_WAIT_POLL); /* settle */
+    w0 = eng_counter("evq_fd_writes");
+    pingpong(&p, 200, EXS_WAIT_POLL);
+    ck_assert_msg(eng_counter("evq_fd_writes") == w0, "%llu eventfd writes for queues nobody polls",
+                  (unsigned long long)(eng_counter("evq_fd_writes") - w0));
+    it_pair_close(&p);
+}
+END_TEST
+
+/* The application stops calling exs_qdequeue after busy-polling (drivers came and went):
+ * the progress thread takes the provider back within its lease and the transfer
+ * completes, visible on exs_qfd of both queues without any dequeue. */
+START_TEST(test_progress_while_computing)
+{
+    struct it_pair p;
+    struct it_buf *a, *b;
+    struct pollfd pfd[2];
+    exs_event_t ev;
+    const size_t len = 1 << 20;
+    double end;
+    int seen = 0;
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 64, 64);
+    pingpong(&p, 0, EXS_WAIT_POLL);
+    a = it_buf_new(len, 1);
+    b = it_buf_new(len, 1);
+    /* a few dequeues in POLL mode first, so the hand-off is exercised */
+    for (int i = 0; i < 20; i++)
+        ck_assert_int_eq(exs_qdequeue(p.cq, &ev, 1, &(struct timespec){0, 0}), 0);
+    pfd[0].fd = exs_qfd(p.sq);
+    pfd[1].fd = exs_qfd(p.cq);
+    pfd[0].events = pfd[1].events = POLLIN;
+    it_fill(a->p, len, 7);
+    IT_EXPECT_OK(exs_recv(p.sfd, b->p, len, MSG_WAITALL, p.sq, AH(1), b->mh));
+    IT_EXPECT_OK(exs_send(p.cfd, a->p, len, 0, p.cq, AH(2), a->mh));
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (seen != 3 && it_now_ms() < end) {
+        pfd[0].revents = pfd[1].revents = 0;
+        ck_assert_int_ge(poll(pfd, 2, 100), 0);
+        seen |= (pfd[0].revents & POLLIN ? 1 : 0) | (pfd[1].revents & POLLIN ? 2 : 0);
+    }
+    ck_assert_msg(seen == 3, "without exs_qdequeue: server event %d client event %d", seen & 1,
+                  !!(seen & 2));
+    it_expect_recv(p.sq, p.sfd, AH(1), (ssize_t)len, 0);
+    it_expect_send(p.cq, p.cfd, AH(2), (ssize_t)len);
+    ck_assert_int_eq(it_check(b->p, len, 7), -1);
+    it_buf_free(a);
+    it_buf_free(b);
+    it_pair_close(&p);
+}
+END_TEST
+
+/* An event queued before exs_qfd was first called on its queue (its post wrote no
+ * descriptor): the descriptor is readable as soon as exs_qfd returns, and not once the
+ * queue is empty. Receives complete in order, so once the second receive's event is on
+ * q2, the first's is on q1. */
+START_TEST(test_qfd_late)
+{
+    struct it_pair p;
+    struct it_buf *a, *b;
+    struct pollfd pfd = {.events = POLLIN};
+    exs_qhandle_t q1, q2;
+    exs_event_t ev;
+    uint64_t w0;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    q1 = it_qcreate(4);
+    q2 = it_qcreate(4);
+    a = it_buf_new(64, 1);
+    b = it_buf_new(128, 1);
+    ck_assert_int_eq(exs_qsetwait(q2, EXS_WAIT_POLL, 0), 0);
+    ck_assert_int_eq(exs_qsetwait(p.cq, EXS_WAIT_POLL, 0), 0);
+    w0 = eng_counter("evq_fd_writes");
+    IT_EXPECT_OK(exs_recv(p.sfd, b->p, 64, 0, q1, AH(1), b->mh));
+    IT_EXPECT_OK(exs_recv(p.sfd, b->p + 64, 64, 0, q2, AH(2), b->mh));
+    IT_EXPECT_OK(exs_send(p.cfd, a->p, 64, 0, p.cq, AH(3), a->mh));
+    IT_EXPECT_OK(exs_send(p.cfd, a->p, 64, 0, p.cq, AH(4), a->mh));
+    dq1(q2, &ev, "second receive");
+    ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_RECV);
+    ck_assert_msg(eng_counter("evq_fd_writes") == w0,
+                  "%llu descriptor writes for queues nobody polls",
+                  (unsigned long long)(eng_counter("evq_fd_writes") - w0));
+    pfd.fd = exs_qfd(q1);
+    ck_assert_int_ge(pfd.fd, 0);
+    ck_assert_msg(poll(&pfd, 1, 0) == 1, "exs_qfd not readable with an event queued");
+    it_expect_recv(q1, p.sfd, AH(1), 64, 0);
+    pfd.revents = 0;
+    ck_assert_msg(poll(&pfd, 1, 0) == 0, "exs_qfd readable with the queue empty");
+    it_expect_send(p.cq, p.cfd, AH(3), 64);
+    it_expect_send(p.cq, p.cfd, AH(4), 64);
+    it_buf_free(a);
+    it_buf_free(b);
+    it_qdelete(q1);
+    it_qdelete(q2);
+    it_pair_close(&p);
+}
+END_TEST
+
+/* ---- many threads on one queue, several queues at once ---- */
+
+#define MT_THREADS 3
+#define MT_MSGS    600
+#define MT_LEN     512
+
+struct mt_pair {
+    struct it_pair p;
+    struct it_buf *rbuf; /* MT_MSGS slots of MT_LEN */
+    struct it_buf *sbuf;
+    int mode;
+    int got; /* atomic: receive events taken */
+    unsigned char seen[MT_MSGS + MT_THREADS];
+    int bad; /* atomic: a wrong event or wrong data */
+    int sends_done;
+};
+
+/* Takes receive events one at a time, without a timeout (a lost wake-up hangs it: the
+ * watchdog fails the test), until it takes one of the MT_THREADS stop messages. */
+static void *mt_taker(void *arg)
+{
+    struct mt_pair *m = arg;
+
+    for (;;) {
+        exs_event_t ev;
+        int n = exs_qdequeue(m->p.sq, &ev, 1, NULL);
+        long k;
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n != 1) {
+            __atomic_store_n(&m->bad, 1, __ATOMIC_RELAXED);
+            break;
+        }
+        k = IT_AHN(ev.exs_evt_ahandle);
+        if (ev.exs_evt_type != EXS_EVT_RECV || k < 0 || k >= MT_MSGS + MT_THREADS ||
+            ev.exs_evt_errno != 0 || ev.exs_evt_u.exs_evt_xfer.exs_evt_result != MT_LEN ||
+            __atomic_exchange_n(&m->seen[k], 1, __ATOMIC_RELAXED) ||
+            it_check(m->rbuf->p + (size_t)k * MT_LEN, MT_LEN, (uint32_t)k) != -1) {
+            __atomic_store_n(&m->bad, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        if (k >= MT_MSGS)
+            break; /* a stop message */
+        __atomic_add_fetch(&m->got, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static void *mt_sender(void *arg)
+{
+    struct mt_pair *m = arg;
+
+    for (int k = 0; k < MT_MSGS + MT_THREADS; k++) {
+        exs_event_t ev;
+        int r;
+
+        it_fill(m->sbuf->p + (size_t)k * MT_LEN, MT_LEN, (uint32_t)k);
+        while ((r = exs_send(m->p.cfd, m->sbuf->p + (size_t)k * MT_LEN, MT_LEN, 0, m->p.cq, AH(k),
+                             m->sbuf->mh)) < 0 &&
+               errno == EAGAIN) {
+            struct timespec ts = {0, 50 * 1000 * 1000};
+
+            if (exs_qdequeue(m->p.cq, &ev, 1, &ts) == 1) {
+                if (ev.exs_evt_type != EXS_EVT_SEND || ev.exs_evt_errno)
+                    __atomic_store_n(&m->bad, 1, __ATOMIC_RELAXED);
+                m->sends_done++;
+            }
+        }
+        if (r < 0) {
+            __atomic_store_n(&m->bad, 1, __ATOMIC_RELAXED);
+            return NULL;
+        }
+    }
+    while (m->sends_done < MT_MSGS + MT_THREADS) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        exs_event_t ev;
+        int n = exs_qdequeue(m->p.cq, &ev, 1, &ts);
+
+        if (n == 1) {
+            if (ev.exs_evt_type != EXS_EVT_SEND || ev.exs_evt_errno)
+                __atomic_store_n(&m->bad, 1, __ATOMIC_RELAXED);
+            m->sends_done++;
+        } else if (n < 0 && errno != EINTR)
+            break;
+        if (__atomic_load_n(&m->bad, __ATOMIC_RELAXED))
+            break;
+    }
+    return NULL;
+}
+
+/* Two pairs, each with MT_THREADS threads taking receive events from one queue (no
+ * timeout) while a sender thread posts; every message arrives once, intact, in the wait
+ * mode _i, and every taker wakes for its stop message. */
+START_TEST(test_many_waiters)
+{
+    struct mt_pair m[2];
+    pthread_t takers[2][MT_THREADS], senders[2];
+
+    it_setenv("EXS_SOCK_MAX_OPS", "1024");
+    it_init();
+    for (int j = 0; j < 2; j++) {
+        memset(&m[j], 0, sizeof(m[j]));
+        it_pair_open(&m[j].p, SOCK_SEQPACKET, 2 * MT_MSGS, 64);
+        m[j].mode = modes[_i];
+        ck_assert_int_eq(exs_qsetwait(m[j].p.sq, modes[_i], 20), 0);
+        ck_assert_int_eq(exs_qsetwait(m[j].p.cq, modes[_i], 20), 0);
+        m[j].rbuf = it_buf_new((size_t)(MT_MSGS + MT_THREADS) * MT_LEN, 1);
+        m[j].sbuf = it_buf_new((size_t)(MT_MSGS + MT_THREADS) * MT_LEN, 1);
+        for (int k = 0; k < MT_MSGS + MT_THREADS; k++)
+            IT_EXPECT_OK(exs_recv(m[j].p.sfd, m[j].rbuf->p + (size_t)k * MT_LEN, MT_LEN, 0,
+                                  m[j].p.sq, AH(k), m[j].rbuf->mh));
+    }
+    it_watchdog_start(120, "many waiters");
+    for (int j = 0; j < 2; j++) {
+        for (int t = 0; t < MT_THREADS; t++)
+            ck_assert_int_eq(pthread_create(&takers[j][t], NULL, mt_taker, &m[j]), 0);
+        ck_assert_int_eq(pthread_create(&senders[j], NULL, mt_sender, &m[j]), 0);
+    }
+    for (int j = 0; j < 2; j++) {
+        pthread_join(senders[j], NULL);
+        for (int t = 0; t < MT_THREADS; t++)
+            pthread_join(takers[j][t], NULL);
+    }
+    it_watchdog_stop();
+    for (int j = 0; j < 2; j++) {
+        ck_assert_msg(!m[j].bad, "pair %d (%s): a wrong, duplicated or corrupt event", j,
+                      mode_names[_i]);
+        ck_assert_msg(m[j].got == MT_MSGS, "pair %d (%s): %d of %d receive events", j,
+                      mode_names[_i], m[j].got, MT_MSGS);
+        ck_assert_msg(m[j].sends_done == MT_MSGS + MT_THREADS, "pair %d (%s): %d of %d send events",
+                      j, mode_names[_i], m[j].sends_done, MT_MSGS + MT_THREADS);
+        it_buf_free(m[j].rbuf);
+        it_buf_free(m[j].sbuf);
+        it_pair_close(&m[j].p);
+    }
+}
+END_TEST
+
+/* ---- a wake-up without provider activity ---- */
+
+struct sleeper {
+    exs_qhandle_t q;
+    exs_event_t ev;
+    int n, err;
+};
+
+static void *sleeper_main(void *arg)
+{
+    struct sleeper *sl = arg;
+
+    do {
+        sl->n = exs_qdequeue(sl->q, &sl->ev, 1, NULL);
+        sl->err = errno;
+    } while (sl->n < 0 && sl->err == EINTR);
+    return NULL;
+}
+
+/* A thread asleep on a queue (no timeout) wakes for an event that another thread
+ * produces without any provider activity (the close of a socket that never connected
+ * runs as jobs only): the sleeper's descriptor is written for it. */
+START_TEST(test_wake_by_job)
+{
+    struct sleeper sl = {0};
+    pthread_t th;
+    int fd;
+
+    it_init();
+    sl.q = it_qcreate(4);
+    ck_assert_int_eq(exs_qsetwait(sl.q, _i ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY, 10), 0);
+    fd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    it_watchdog_start(30, "a sleeper woken by a job's event");
+    ck_assert_int_eq(pthread_create(&th, NULL, sleeper_main, &sl), 0);
+    it_sleep_ms(100); /* let it fall asleep (the test is valid either way) */
+    IT_EXPECT_OK(exs_close(fd, sl.q, AH(5)));
+    pthread_join(th, NULL);
+    it_watchdog_stop();
+    ck_assert_msg(sl.n == 1, "exs_qdequeue = %d errno %d", sl.n, sl.err);
+    ck_assert_int_eq(sl.ev.exs_evt_type, EXS_EVT_CLOSE);
+    ck_assert_int_eq(sl.ev.exs_evt_fd, fd);
+    it_qdelete(sl.q);
+}
+END_TEST
+
+/* ---- synchronous calls from several threads ---- */
+
+#define SY_THREADS 4
+#define SY_ROUNDS  100
+
+struct sy_thread {
+    struct it_pair p;
+    struct it_buf *a, *b;
+    int failed_round; /* -1: all good */
+    int err;
+    exs_event_t bad_ev;
+};
+
+static void *sy_main(void *arg)
+{
+    struct sy_thread *t = arg;
+
+    t->failed_round = -1;
+    for (int i = 0; i < SY_ROUNDS; i++) {
+        size_t len = 64 + (size_t)i;
+        exs_event_t ev;
+
+        IT_EXPECT_OK(exs_recv(t->p.sfd, t->b->p, 4096, 0, t->p.sq, AH(i), t->b->mh));
+        it_fill(t->a->p, len, (uint32_t)i);
+        errno = 0;
+        if (exs_send(t->p.cfd, t->a->p, len, 0, EXS_QHANDLE_INVALID, 0, t->a->mh) != (int)len) {
+            t->err = errno;
+            t->failed_round = i;
+            break;
+        }
+        dq1(t->p.sq, &ev, "recv of a synchronous send");
+        if (ev.exs_evt_u.exs_evt_xfer.exs_evt_result != (ssize_t)len ||
+            it_check(t->b->p, len, (uint32_t)i) != -1) {
+            t->bad_ev = ev;
+            t->failed_round = i;
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* Threads make synchronous sends at once; each thread's queue lives until it exits. */
+START_TEST(test_sync_threads)
+{
+    struct sy_thread t[SY_THREADS];
+    pthread_t th[SY_THREADS];
+    int base;
+
+    it_init();
+    for (int i = 0; i < SY_THREADS; i++) {
+        memset(&t[i], 0, sizeof(t[i]));
+        it_pair_open(&t[i].p, SOCK_SEQPACKET, 64, 64);
+        t[i].a = it_buf_new(4096, 1);
+        t[i].b = it_buf_new(4096, 1);
+    }
+    base = exs__evq_private_live_count();
+    it_watchdog_start(120, "synchronous sends from threads");
+    for (int i = 0; i < SY_THREADS; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, sy_main, &t[i]), 0);
+    for (int i = 0; i < SY_THREADS; i++)
+        pthread_join(th[i], NULL);
+    it_watchdog_stop();
+    for (int i = 0; i < SY_THREADS; i++)
+        ck_assert_msg(t[i].failed_round < 0,
+                      "thread %d failed in round %d: errno %d (%s); event %s errno %d result %zd",
+                      i, t[i].failed_round, t[i].err, strerror(t[i].err),
+                      it_evt_name(t[i].bad_ev.exs_evt_type), t[i].bad_ev.exs_evt_errno,
+                      t[i].bad_ev.exs_evt_u.exs_evt_xfer.exs_evt_result);
+    ck_assert_msg(exs__evq_private_live_count() == base,
+                  "%d synchronous-call queues left after their threads exited (baseline %d)",
+                  exs__evq_private_live_count(), base);
+    /* the main thread's queue: made once, reused, freed by exs_fini */
+    for (int i = 0; i < 2; i++) {
+        exs_event_t ev;
+
+        IT_EXPECT_OK(exs_recv(t[0].p.sfd, t[0].b->p, 4096, 0, t[0].p.sq, AH(1000 + i), t[0].b->mh));
+        ck_assert_int_eq(exs_send(t[0].p.cfd, t[0].a->p, 8, 0, EXS_QHANDLE_INVALID, 0, t[0].a->mh),
+                         8);
+        dq1(t[0].p.sq, &ev, "recv of a synchronous send");
+    }
+    ck_assert_int_eq(exs__evq_private_live_count(), base + 1);
+    for (int i = 0; i < SY_THREADS; i++) {
+        it_buf_free(t[i].a);
+        it_buf_free(t[i].b);
+        it_pair_close(&t[i].p);
+    }
+    it_fini();
+    ck_assert_int_eq(exs__evq_private_live_count(), 0);
+}
+END_TEST
+
+/* ---- EINTR from every sleeping mode ---- */
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+}
+
+struct kicker {
+    pthread_t target;
+    int stop; /* atomic */
+};
+
+static void *kicker_main(void *arg)
+{
+    struct kicker *k = arg;
+
+    it_sleep_ms(100);
+    while (!__atomic_load_n(&k->stop, __ATOMIC_ACQUIRE)) {
+        pthread_kill(k->target, SIGUSR1);
+        it_sleep_ms(50);
+    }
+    return NULL;
+}
+
+/* A sleeping wait (NOTIFY, or ADAPTIVE past its spin) ends with EINTR on a signal. */
+START_TEST(test_sleep_eintr)
+{
+    struct sigaction sa = {.sa_handler = on_usr1}, old;
+    struct kicker k = {.target = pthread_self()};
+    int mode = _i ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY;
+    exs_event_t ev;
+    pthread_t th;
+    exs_qhandle_t q;
+    int r, e;
+
+    it_init();
+    q = it_qcreate(16);
+    ck_assert_int_eq(exs_qsetwait(q, mode, 10), 0);
+    sigemptyset(&sa.sa_mask);
+    ck_assert_int_eq(sigaction(SIGUSR1, &sa, &old), 0);
+    ck_assert_int_eq(pthread_create(&th, NULL, kicker_main, &k), 0);
+    r = exs_qdequeue(q, &ev, 1, &(struct timespec){30, 0});
+    e = errno;
+    __atomic_store_n(&k.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    sigaction(SIGUSR1, &old, NULL);
+    ck_assert_msg(r == -1 && e == EINTR, "%s: %d errno %d (%s), expected -1 EINTR",
+                  mode_names[mode == EXS_WAIT_NOTIFY ? 0 : 2], r, e, strerror(e));
+    it_qdelete(q);
+}
+END_TEST
+
+Suite *integ_progress_suite(void)
+{
+    Suite *s = suite_create("integ_progress");
+    TCase *tc;
+
+    tc = it_tcase("waiter_drives", IT_CASE_TIMEOUT);
+    tcase_add_loop_test(tc, test_waiter_drives, 0, 3);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("fd_writes", IT_CASE_TIMEOUT);
+    tcase_add_test(tc, test_poll_no_fd_writes);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("qfd_late", IT_CASE_TIMEOUT);
+    tcase_add_test(tc, test_qfd_late);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("computing", IT_CASE_TIMEOUT);
+    tcase_add_test(tc, test_progress_while_computing);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("many_waiters", 2 * IT_CASE_TIMEOUT + 60);
+    tcase_add_loop_test(tc, test_many_waiters, 0, 3);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("wake_by_job", IT_CASE_TIMEOUT);
+    tcase_add_loop_test(tc, test_wake_by_job, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("sync_threads", 2 * IT_CASE_TIMEOUT + 60);
+    tcase_add_test(tc, test_sync_threads);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("sleep_eintr", IT_CASE_TIMEOUT);
+    tcase_add_loop_test(tc, test_sleep_eintr, 0, 2);
+    suite_add_tcase(s, tc);
+    return s;
+}
