@@ -47,7 +47,8 @@ static void usage(FILE *f)
 "  --verify | --no-verify        check the data pattern at the receiver (default off)\n"
 "  --latency | --no-latency      ping-pong test (default: on for seqpacket)\n"
 "  --lat-iters N --lat-size B    ping-pong count (2000) and message size (64)\n"
-"  --poll                        busy-poll the event queues (default: notification)\n"
+"  --lat-only                    only the ping-pong test: no throughput runs\n"
+"  --poll                        busy-poll the event queues of both ends (default: notification)\n"
 "  --seed N                      random sizes seed\n"
 "output:\n"
 "  --json | --csv                machine-readable output instead of the table\n"
@@ -155,7 +156,7 @@ enum {
     O_LOOP = 256, O_ONCE, O_TYPE, O_MODE, O_SENDS, O_RECVS, O_RATIO, O_SIZE, O_BYTES, O_TIME,
     O_WAITALL, O_RUNS, O_TRANSPORT, O_DELAY, O_RATE, O_RCVBUF, O_SWEEP, O_CONNS, O_MIX, O_VERIFY,
     O_NOVERIFY, O_LAT, O_NOLAT, O_LATITERS, O_LATSIZE, O_POLL, O_SEED, O_JSON, O_CSV, O_PLOT,
-    O_OUT, O_QUIET, O_INJECT
+    O_OUT, O_QUIET, O_INJECT, O_LATONLY
 };
 
 static const struct option longopts[] = {
@@ -178,6 +179,7 @@ static const struct option longopts[] = {
     { "no-latency", no_argument, NULL, O_NOLAT },
     { "lat-iters", required_argument, NULL, O_LATITERS },
     { "lat-size", required_argument, NULL, O_LATSIZE }, { "poll", no_argument, NULL, O_POLL },
+    { "lat-only", no_argument, NULL, O_LATONLY },
     { "seed", required_argument, NULL, O_SEED }, { "json", no_argument, NULL, O_JSON },
     { "csv", no_argument, NULL, O_CSV },         { "plot", required_argument, NULL, O_PLOT },
     { "output", required_argument, NULL, O_OUT }, { "quiet", no_argument, NULL, O_QUIET },
@@ -342,6 +344,7 @@ static int parse_args(int argc, char **argv, struct config *c)
                 return bad("--lat-size", optarg);
             break;
         case O_POLL: c->poll = 1; break;
+        case O_LATONLY: c->lat_only = 1; break;
         case O_SEED: c->seed = strtoull(optarg, NULL, 0); break;
         case O_JSON: c->json = 1; break;
         case O_CSV: c->csv = 1; break;
@@ -396,6 +399,12 @@ static int parse_args(int argc, char **argv, struct config *c)
     }
     if (c->plot && !c->nsweep)
         fprintf(stderr, "blast: note: --plot draws a sweep; with one point it has one dot\n");
+    if (c->lat_only && !c->latency) {
+        fprintf(stderr, "blast: --lat-only runs the latency test: not with --no-latency\n");
+        return -1;
+    }
+    if (c->lat_only)
+        c->latency = 1;
     if (c->latency < 0)
         c->latency = c->type == T_SEQPACKET;
     return 0;
@@ -704,7 +713,7 @@ static int measure_point(int cfd, const struct config *c, int transport, int mod
     r->conns = c->conns;
     r->waitall = c->waitall;
     r->verify = c->verify;
-    r->runs = c->runs;
+    r->runs = c->lat_only ? 0 : c->runs;
     r->elephants = c->elephants;
     r->mice = c->mice;
     r->mice_size = c->mice_size;
@@ -712,7 +721,7 @@ static int measure_point(int cfd, const struct config *c, int transport, int mod
     r->size_max = sg->max;
     r->size_exp = sg->exp;
     r->sweep_val = sweep_val;
-    for (int run = 0; run < c->runs; run++) {
+    for (int run = 0; run < c->runs && !c->lat_only; run++) {
         if (!c->quiet)
             progress("[%d/%d] %s %s sends %d recvs %d: run %d/%d", idx + 1, total,
                      transport_name(transport), transport == X_TCP ? "-" : mode_name(mode),
@@ -745,11 +754,13 @@ static int measure_point(int cfd, const struct config *c, int transport, int mod
             r->cls_p99[k] += snd.cls_p99_us[k] / c->runs;
         }
     }
-    mean_ci95(tp, c->runs, &r->tput_mean, &r->tput_ci);
-    mean_ci95(mps, c->runs, &r->mps_mean, &dummy);
-    mean_ci95(secs, c->runs, &r->secs_mean, &dummy);
-    mean_ci95(cs, c->runs, &r->cpu_send, &r->cpu_send_ci);
-    mean_ci95(cr, c->runs, &r->cpu_recv, &r->cpu_recv_ci);
+    if (!c->lat_only) {
+        mean_ci95(tp, c->runs, &r->tput_mean, &r->tput_ci);
+        mean_ci95(mps, c->runs, &r->mps_mean, &dummy);
+        mean_ci95(secs, c->runs, &r->secs_mean, &dummy);
+        mean_ci95(cs, c->runs, &r->cpu_send, &r->cpu_send_ci);
+        mean_ci95(cr, c->runs, &r->cpu_recv, &r->cpu_recv_ci);
+    }
     if (c->latency) {
         if (!c->quiet)
             progress("[%d/%d] %s %s: ping-pong x %d", idx + 1, total, transport_name(transport),

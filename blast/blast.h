@@ -83,6 +83,7 @@ struct config {
     int elephants, mice, mice_sends;
     uint64_t mice_size;
     int latency, lat_iters;     /* latency: -1 auto (seqpacket), 0 off, 1 on */
+    int lat_only;               /* only the latency test, no throughput runs */
     int json, csv, quiet, inject;
     const char *plot;
     const char *out;            /* write the report here instead of stdout */

@@ -206,6 +206,11 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
     exs_event_t ev[EVBATCH];
     double cpu0 = 0, w0 = 0, last_ev;
 
+    /* The queue outlives runs: each run sets its wait mode (--poll busy-polls both ends). */
+    if (exs_qsetwait(q, rp->poll ? EXS_WAIT_POLL : EXS_WAIT_NOTIFY, 0) < 0) {
+        set_err(res, errno, "receiver: exs_qsetwait: %s", ename(errno));
+        goto out;
+    }
     if (!cs || !region) {
         set_err(res, ENOMEM, "receiver: cannot allocate %zu bytes of buffers", rlen);
         goto out;
