@@ -620,25 +620,38 @@ def write_md(path, res):
         f.write("\n".join(L))
 
 
+PLOT_NAMES = {"exs": "libexs", "kernel_tcp": "kernel TCP", "ucx_stream_bw": "UCX stream_bw",
+              "ucx_tag_bw": "UCX tag_bw", "exs_notify": "libexs, blocking",
+              "exs_poll": "libexs, --poll", "ucx_tag_lat": "UCX tag_lat"}
+
+
+def yrange(vals):
+    """A log axis that shows every bar: from half the smallest value to twice the largest."""
+    vals = [v for v in vals if v]
+    return "[%g:%g]" % (min(vals) / 2, max(vals) * 2) if vals else "[*:*]"
+
+
 def write_plot(path, res, tmpdir):
     if not shutil.which("gnuplot"):
         return "gnuplot not installed"
     s = res["summary"]
+    bw_r = yrange([figure(s, "bw", z, n, "gbps") for z in SIZES for n, _ in BW_SYSTEMS])
+    lat_r = yrange([figure(s, "lat", z, n, "p50_us") for z in SIZES for n, _ in LAT_SYSTEMS])
     bwdat = os.path.join(tmpdir, "bw.dat")
     latdat = os.path.join(tmpdir, "lat.dat")
     with open(bwdat, "w") as f:
-        f.write("size " + " ".join(n for n, _ in BW_SYSTEMS) + "\n")
+        f.write("size " + " ".join('"%s"' % PLOT_NAMES[n] for n, _ in BW_SYSTEMS) + "\n")
         for size in SIZES:
             vals = [figure(s, "bw", size, n, "gbps") for n, _ in BW_SYSTEMS]
             f.write('"%s" ' % size_name(size) +
                     " ".join("%g" % v if v else "NaN" for v in vals) + "\n")
     with open(latdat, "w") as f:
-        f.write("size " + " ".join(n for n, _ in LAT_SYSTEMS) + "\n")
+        f.write("size " + " ".join('"%s"' % PLOT_NAMES[n] for n, _ in LAT_SYSTEMS) + "\n")
         for size in SIZES:
             vals = [figure(s, "lat", size, n, "p50_us") for n, _ in LAT_SYSTEMS]
             f.write('"%s" ' % size_name(size) +
                     " ".join("%g" % v if v else "NaN" for v in vals) + "\n")
-    gp = """set terminal pngcairo size 1400,560 font ",10"
+    gp = """set terminal pngcairo size 1400,560 font ",10" noenhanced
 set output '%s'
 set multiplot layout 1,2 title "libexs vs kernel TCP vs UCX over TCP (loopback, %s, %s)"
 set style data histogram
@@ -650,13 +663,15 @@ set grid ytics
 set logscale y
 set title "SOCK_STREAM throughput, 16 sends outstanding (median)"
 set ylabel "Gbit/s"
+set yrange %s
 plot for [i=2:%d] '%s' using i:xtic(1) title columnheader(i)
 set title "ping-pong round trip p50 (median)"
 set ylabel "microseconds"
+set yrange %s
 plot for [i=2:%d] '%s' using i:xtic(1) title columnheader(i)
 unset multiplot
-""" % (path, res["machine"]["date"], res["machine"]["git"], len(BW_SYSTEMS) + 1, bwdat,
-       len(LAT_SYSTEMS) + 1, latdat)
+""" % (path, res["machine"]["date"], res["machine"]["git"], bw_r, len(BW_SYSTEMS) + 1, bwdat,
+       lat_r, len(LAT_SYSTEMS) + 1, latdat)
     p = subprocess.run(["gnuplot"], input=gp, text=True, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE)
     if p.returncode != 0:
