@@ -457,13 +457,14 @@ def machine(root):
     except OSError:
         pass
     rev = sh(["git", "-C", root, "rev-parse", "--short=12", "HEAD"])
+    lib = sh(["git", "-C", root, "log", "-1", "--format=%h %cs %s", "--", "exs", "include"])
     if sh(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"]):
         rev += " (with uncommitted changes)"
     ucx = sh(["ucx_info", "-v"]).splitlines()
     return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
             "os": sh(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "git": rev, "branch": sh(["git", "-C", root, "rev-parse", "--abbrev-ref", "HEAD"]),
+            "git": rev, "library": lib, "branch": sh(["git", "-C", root, "rev-parse", "--abbrev-ref", "HEAD"]),
             "ucx": ucx[0].lstrip("# ") if ucx else "not installed",
             "loadavg_start": os.getloadavg()[0]}
 
@@ -486,6 +487,52 @@ def met_str(m):
     return "n/a" if m is None else ("met" if m else "**not met**")
 
 
+def target_table(res):
+    L = ["| figure | ours | peer | ours/peer | target | |",
+         "| --- | --- | --- | --- | --- | --- |"]
+    for t in res["targets"]:
+        unit = {"p50_us": " us", "msgs_per_sec": " msg/s", "gbps": " Gbit/s"}[t["figure"]]
+        digits = {"p50_us": 1, "msgs_per_sec": 0, "gbps": 2}[t["figure"]]
+        L.append("| %s | %s%s | %s%s | %s | %s | %s |" % (
+            t["what"], fmt(t["ours_value"], digits), unit, fmt(t["peer_value"], digits), unit,
+            fmt_ratio(t["ratio"]), t["target"], met_str(t["met"])))
+    return L
+
+
+README_BEGIN = "<!-- make bench: begin (written by bench/bench.py) -->"
+README_END = "<!-- make bench: end -->"
+
+
+def update_readme(path, res):
+    """Replace the block between the README's markers with this run's summary."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return "README not found: " + path
+    b, e = text.find(README_BEGIN), text.find(README_END)
+    if b < 0 or e < b:
+        return "no make bench markers in " + path
+    m, cfg = res["machine"], res["config"]
+    L = [README_BEGIN, "",
+         "Latest run: %s, git %s; %s, %s cores, %s, kernel %s; load average %.2f at start; "
+         "%s, %d rounds (medians) of %g s runs. ours = libexs over the tcp provider; "
+         "peers: kernel TCP (blast `--transport tcp`) and UCX %s over TCP (`ucx_perftest`)." % (
+             m["date"], m["git"], m["cpu"], m["cores"], m["os"], m["kernel"],
+             m["loadavg_start"], "BENCH_QUICK" if cfg["quick"] else "full run", cfg["rounds"],
+             cfg["run_secs"], m["ucx"].replace("Version ", "")), ""]
+    L += target_table(res)
+    cg = res.get("callgrind") or {}
+    if cg:
+        L += ["", "Instructions per message (callgrind, both processes): " + "; ".join(
+            "%s %s Ir" % (size_name(int(z)), fmt(cg[z]["ir_per_msg_total"], 0))
+            for z in sorted(cg, key=int)) + "."]
+    L += ["", README_END]
+    with open(path, "w") as f:
+        f.write(text[:b] + "\n".join(L) + text[e + len(README_END):])
+    return None
+
+
 def write_md(path, res):
     m, cfg, s = res["machine"], res["config"], res["summary"]
     L = []
@@ -500,6 +547,7 @@ def write_md(path, res):
     L.append("| system | %s, kernel %s |" % (m["os"], m["kernel"]))
     L.append("| date | %s |" % m["date"])
     L.append("| git | %s (%s) |" % (m["git"], m["branch"]))
+    L.append("| library | last change to exs/ and include/: %s |" % m.get("library", "?"))
     L.append("| UCX | %s |" % m["ucx"])
     L.append("| load average (1 min) | %.2f at start, %.2f at end |" % (m["loadavg_start"],
                                                                         m["loadavg_end"]))
@@ -512,14 +560,7 @@ def write_md(path, res):
     L.append("")
     L.append("## Targets (issue 11, \"Done when\")")
     L.append("")
-    L.append("| figure | ours | peer | ours/peer | target | |")
-    L.append("| --- | --- | --- | --- | --- | --- |")
-    for t in res["targets"]:
-        unit = {"p50_us": " us", "msgs_per_sec": " msg/s", "gbps": " Gbit/s"}[t["figure"]]
-        L.append("| %s | %s%s | %s%s | %s | %s | %s |" % (
-            t["what"], fmt(t["ours_value"], 2 if t["figure"] == "gbps" else 1), unit,
-            fmt(t["peer_value"], 2 if t["figure"] == "gbps" else 1), unit,
-            fmt_ratio(t["ratio"]), t["target"], met_str(t["met"])))
+    L += target_table(res)
     L.append("")
     L.append("## SOCK_SEQPACKET ping-pong round trip (us)")
     L.append("")
@@ -568,7 +609,9 @@ def write_md(path, res):
                  "instruction counts / the difference of their message counts (start-up, "
                  "connection and teardown cancel out). Every thread of each process counts "
                  "(the provider's and the engine's threads too); the count does not depend on "
-                 "timing except for the idle loops of those threads." % (SENDS, RECVS))
+                 "timing except for the idle loops of those threads. User space only: the "
+                 "kernel's share (system calls, the loopback copies) is not in these counts."
+                 % (SENDS, RECVS))
         L.append("")
         L.append("| size | mode | messages | Ir/msg sender | Ir/msg receiver | Ir/msg both |")
         L.append("| --- | --- | --- | --- | --- | --- |")
@@ -704,10 +747,30 @@ def config_from_env():
     return cfg
 
 
+def render(out):
+    """Rewrite results.md, results.png (and the README block for bench/) from results.json."""
+    with open(os.path.join(out, "results.json")) as f:
+        res = json.load(f)
+    with tempfile.TemporaryDirectory(prefix="exs-bench-plot.") as tmp:
+        err = write_plot(os.path.join(out, "results.png"), res, tmp)
+    if err:
+        print("bench: " + err, file=sys.stderr)
+    write_md(os.path.join(out, "results.md"), res)
+    if os.path.abspath(out) == os.path.abspath("bench") and not res["config"].get("tiny"):
+        err = update_readme("README.md", res) or err
+        if err:
+            print("bench: " + err, file=sys.stderr)
+    return 1 if err else 0
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--render":
+        return render(sys.argv[2])
     if len(sys.argv) > 1:
-        print("usage: bench.py (configured by the environment: see bench/run.sh)",
-              file=sys.stderr)
+        print("usage: bench.py                 measure (configured by the environment: see "
+              "bench/run.sh)\n"
+              "       bench.py --render DIR    rewrite DIR/results.md and results.png from "
+              "DIR/results.json", file=sys.stderr)
         return 2
     cfg = config_from_env()
     root = os.getcwd()
@@ -737,6 +800,10 @@ def main():
         json.dump(res, f, indent=1, sort_keys=True)
         f.write("\n")
     write_md(os.path.join(cfg["out"], "results.md"), res)
+    if os.path.abspath(cfg["out"]) == os.path.abspath("bench") and not cfg["tiny"]:
+        err = update_readme("README.md", res)  # the committed results: the README quotes them
+        if err:
+            print("bench: " + err, file=sys.stderr)
     for t in res["targets"]:
         print("bench: %-52s ours/peer %-6s target %-6s %s" % (
             t["what"], fmt_ratio(t["ratio"]), t["target"], met_str(t["met"]).strip("*")))

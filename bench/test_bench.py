@@ -128,5 +128,31 @@ class Verdicts(unittest.TestCase):
             self.assertIn("| n/a |", md)
 
 
+class Readme(unittest.TestCase):
+    def test_block_replaced(self):
+        s = Verdicts().summary(lambda system, size, kind: (
+            {"p50_us": 10, "p99_us": 1, "mean_us": 1, "iters": 1} if kind == "lat"
+            else {"msgs_per_sec": 10, "gbps": 1}))
+        res = {"machine": {"date": "D", "git": "G", "cpu": "C", "cores": 2, "os": "O",
+                           "kernel": "K", "loadavg_start": 1.0, "ucx": "Version 1.13.1"},
+               "config": {"quick": False, "rounds": 3, "run_secs": 2},
+               "targets": bench.targets(s), "callgrind": None}
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "README.md")
+            with open(p, "w") as fh:
+                fh.write("head\n%s\nold table\n%s\ntail\n" % (bench.README_BEGIN,
+                                                               bench.README_END))
+            self.assertIsNone(bench.update_readme(p, res))
+            with open(p) as fh:
+                text = fh.read()
+            self.assertTrue(text.startswith("head\n" + bench.README_BEGIN))
+            self.assertTrue(text.endswith(bench.README_END + "\ntail\n"))
+            self.assertNotIn("old table", text)
+            self.assertIn("| 64 B stream msg/s vs kernel TCP | 10 msg/s | 10 msg/s | 1.00 |", text)
+            with open(p, "w") as fh:
+                fh.write("no markers\n")
+            self.assertIsNotNone(bench.update_readme(p, res))
+
+
 if __name__ == "__main__":
     unittest.main()
