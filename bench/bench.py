@@ -35,7 +35,8 @@ def size_name(s):
 
 LAT_SYSTEMS = [
     ("exs_notify", "libexs, blocking waits"),
-    ("exs_poll", "libexs, busy polling (--poll)"),
+    ("exs_poll", "libexs, busy polling at both ends (--poll --poll-recv)"),
+    ("exs_poll_send", "libexs, busy polling at the sender only (--poll)"),
     ("kernel_tcp", "kernel TCP (blast --transport tcp)"),
     ("ucx_tag_lat", "UCX over TCP, tag_lat"),
 ]
@@ -50,6 +51,14 @@ BW_SYSTEMS = [
 def exs_mode(size):
     """The issue's workload: direct-only from 64 KiB up, the default protocol below."""
     return "direct" if size >= 65536 else "dynamic"
+
+
+def brief(text):
+    """The head (the error) and the tail (the end of the output) of a failed run's stderr."""
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    if len(lines) > 5:
+        lines = lines[:2] + ["..."] + lines[-3:]
+    return " / ".join(lines)[:600]
 
 
 def free_port():
@@ -81,7 +90,7 @@ class Bench:
             return None, "timed out after %d s: %s" % (timeout, " ".join(argv))
         if p.returncode != 0:
             return None, "exit %d: %s: %s" % (p.returncode, " ".join(argv),
-                                               p.stderr.strip()[-400:])
+                                               brief(p.stderr))
         return p.stdout, None
 
     def blast_json(self, args):
@@ -150,14 +159,18 @@ class Bench:
         """Round trip p50/p99/mean in microseconds."""
         key = ("lat", system, size)
         lo, hi = self.cfg["lat_iters_min"], 2000000
-        n = self.next_iters(key, max(lo, self.cfg["lat_iters_guess"] * 64 // max(size, 64)
-                                     if size > 4096 else self.cfg["lat_iters_guess"]))
+        guess = self.cfg["lat_iters_guess"]
+        if size > 4096:  # large messages: fewer round trips in the first round
+            guess = guess * 4096 // size
+        n = self.next_iters(key, max(lo, guess))
         if system.startswith("exs") or system == "kernel_tcp":
             args = ["--type", "seqpacket", "--lat-only", "--lat-size", str(size),
                     "--lat-iters", str(n)]
             if system == "kernel_tcp":
                 args += ["--transport", "tcp"]
             if system == "exs_poll":
+                args += ["--poll", "--poll-recv"]
+            elif system == "exs_poll_send":
                 args += ["--poll"]
             r, err = self.blast_json(args)
             if err:
@@ -247,7 +260,7 @@ class Bench:
             p.communicate()
             return None, "callgrind run timed out: %s" % " ".join(argv)
         if p.returncode != 0:
-            return None, "exit %d: %s: %s" % (p.returncode, " ".join(argv), errout[-400:])
+            return None, "exit %d: %s: %s" % (p.returncode, " ".join(argv), brief(errout))
         sides = {}
         for f in os.listdir(outdir):
             if not f.startswith("cg.%s." % tag):
@@ -355,9 +368,9 @@ def ratio(a, b):
 # The issue's "Done when" (issue 11). kind "max": ours/peer must be <= target; "min": >=.
 TARGETS = [
     ("lat", 64, "exs_poll", "kernel_tcp", "p50_us", "max", 1.0,
-     "64 B ping-pong p50, busy polling vs kernel TCP"),
+     "64 B ping-pong p50, busy polling (both ends) vs kernel TCP"),
     ("lat", 64, "exs_poll", "ucx_tag_lat", "p50_us", "max", 2.0,
-     "64 B ping-pong p50, busy polling vs UCX tag_lat"),
+     "64 B ping-pong p50, busy polling (both ends) vs UCX tag_lat"),
     ("lat", 64, "exs_notify", "kernel_tcp", "p50_us", "max", 1.5,
      "64 B ping-pong p50, blocking waits vs kernel TCP"),
     ("bw", 64, "exs", "ucx_stream_bw", "msgs_per_sec", "min", 2.0,
@@ -422,7 +435,7 @@ def ratios(summary):
     """Every figure of ours against every peer's, per size (the tables' ratio columns)."""
     out = []
     for size in SIZES:
-        for ours in ("exs_notify", "exs_poll"):
+        for ours in ("exs_notify", "exs_poll", "exs_poll_send"):
             for peer in ("kernel_tcp", "ucx_tag_lat"):
                 out.append({"workload": "latency", "size": size, "ours": ours, "peer": peer,
                             "figure": "p50_us",
@@ -464,7 +477,8 @@ def machine(root):
     return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
             "os": sh(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "git": rev, "library": lib, "branch": sh(["git", "-C", root, "rev-parse", "--abbrev-ref", "HEAD"]),
+            "git": rev, "library": lib,
+            "branch": sh(["git", "-C", root, "rev-parse", "--abbrev-ref", "HEAD"]),
             "ucx": ucx[0].lstrip("# ") if ucx else "not installed",
             "loadavg_start": os.getloadavg()[0]}
 
@@ -648,7 +662,8 @@ def write_md(path, res):
              "UCX_TLS=tcp UCX_NET_DEVICES=lo):")
     L.append("")
     L.append("- libexs ping-pong: `blast --loopback --type seqpacket --lat-only --lat-size S "
-             "--lat-iters N [--poll]`")
+             "--lat-iters N [--poll [--poll-recv]]`; the targets' busy-polling figure is "
+             "both ends polling (`--poll --poll-recv`), as UCX's `tag_lat` does")
     L.append("- kernel TCP ping-pong: the same with `--transport tcp`")
     L.append("- UCX ping-pong: `ucx_perftest 127.0.0.1 -t tag_lat -s S -n N` (server: "
              "`ucx_perftest`)")
@@ -665,7 +680,8 @@ def write_md(path, res):
 
 PLOT_NAMES = {"exs": "libexs", "kernel_tcp": "kernel TCP", "ucx_stream_bw": "UCX stream_bw",
               "ucx_tag_bw": "UCX tag_bw", "exs_notify": "libexs, blocking",
-              "exs_poll": "libexs, --poll", "ucx_tag_lat": "UCX tag_lat"}
+              "exs_poll": "libexs, --poll --poll-recv",
+              "exs_poll_send": "libexs, --poll (sender)", "ucx_tag_lat": "UCX tag_lat"}
 
 
 def yrange(vals):
@@ -680,18 +696,24 @@ def write_plot(path, res, tmpdir):
     s = res["summary"]
     bw_r = yrange([figure(s, "bw", z, n, "gbps") for z in SIZES for n, _ in BW_SYSTEMS])
     lat_r = yrange([figure(s, "lat", z, n, "p50_us") for z in SIZES for n, _ in LAT_SYSTEMS])
+    # gnuplot refuses a histogram column without a single number: such systems are left out
+    bw_sys = [n for n, _ in BW_SYSTEMS if any(figure(s, "bw", z, n, "gbps") for z in SIZES)]
+    lat_sys = [n for n, _ in LAT_SYSTEMS
+               if any(figure(s, "lat", z, n, "p50_us") for z in SIZES)]
+    if not bw_sys or not lat_sys:
+        return "nothing measured to plot"
     bwdat = os.path.join(tmpdir, "bw.dat")
     latdat = os.path.join(tmpdir, "lat.dat")
     with open(bwdat, "w") as f:
-        f.write("size " + " ".join('"%s"' % PLOT_NAMES[n] for n, _ in BW_SYSTEMS) + "\n")
+        f.write("size " + " ".join('"%s"' % PLOT_NAMES[n] for n in bw_sys) + "\n")
         for size in SIZES:
-            vals = [figure(s, "bw", size, n, "gbps") for n, _ in BW_SYSTEMS]
+            vals = [figure(s, "bw", size, n, "gbps") for n in bw_sys]
             f.write('"%s" ' % size_name(size) +
                     " ".join("%g" % v if v else "NaN" for v in vals) + "\n")
     with open(latdat, "w") as f:
-        f.write("size " + " ".join('"%s"' % PLOT_NAMES[n] for n, _ in LAT_SYSTEMS) + "\n")
+        f.write("size " + " ".join('"%s"' % PLOT_NAMES[n] for n in lat_sys) + "\n")
         for size in SIZES:
-            vals = [figure(s, "lat", size, n, "p50_us") for n, _ in LAT_SYSTEMS]
+            vals = [figure(s, "lat", size, n, "p50_us") for n in lat_sys]
             f.write('"%s" ' % size_name(size) +
                     " ".join("%g" % v if v else "NaN" for v in vals) + "\n")
     gp = """set terminal pngcairo size 1400,560 font ",10" noenhanced
@@ -713,8 +735,8 @@ set ylabel "microseconds"
 set yrange %s
 plot for [i=2:%d] '%s' using i:xtic(1) title columnheader(i)
 unset multiplot
-""" % (path, res["machine"]["date"], res["machine"]["git"], bw_r, len(BW_SYSTEMS) + 1, bwdat,
-       lat_r, len(LAT_SYSTEMS) + 1, latdat)
+""" % (path, res["machine"]["date"], res["machine"]["git"], bw_r, len(bw_sys) + 1, bwdat,
+       lat_r, len(lat_sys) + 1, latdat)
     p = subprocess.run(["gnuplot"], input=gp, text=True, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE)
     if p.returncode != 0:

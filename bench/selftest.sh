@@ -31,7 +31,8 @@ elif [ $cg = 1 ] && ! command -v valgrind >/dev/null; then
     echo "SKIP bench_end_to_end: valgrind not installed (scripts/deps.sh --bench)"
 elif ! BENCH_TINY=1 BENCH_ROUNDS=1 BENCH_CALLGRIND=$cg BENCH_QUIET=1 BENCH_OUT="$T" \
         BENCH_BLAST="$B" EXS_PROVIDER=tcp timeout 300 python3 bench/bench.py >"$T/log" 2>&1; then
-    fails=$((fails + 1)); echo "  FAIL  bench end to end: bench.py failed"; sed 's/^/        /' "$T/log"
+    fails=$((fails + 1)); echo "  FAIL  bench end to end: bench.py failed"
+    sed 's/^/        /' "$T/log"
     [ -f "$T/results.md" ] && sed -n '/## Errors/,$p' "$T/results.md" | sed 's/^/        /'
 elif python3 - "$T" "$cg" >"$T/check" 2>&1 <<'PYEOF'; then
 import json, os, sys
@@ -40,7 +41,7 @@ r = json.load(open(os.path.join(d, "results.json")))
 assert r["errors"] == [], r["errors"]
 sizes = [64, 4096, 65536, 1048576]
 assert r["sizes"] == sizes
-for system in ("exs_notify", "exs_poll", "kernel_tcp", "ucx_tag_lat"):
+for system in ("exs_notify", "exs_poll", "exs_poll_send", "kernel_tcp", "ucx_tag_lat"):
     for z in sizes:
         f = r["summary"]["latency"][system]["sizes"][str(z)]
         assert f["p50_us"] > 0 and f["mean_us"] > 0, (system, z, f)
@@ -67,7 +68,8 @@ for t in r["targets"]:
 assert ("Hot spots, 64 B" in md) == cg
 assert open(os.path.join(d, "results.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 PYEOF
-    echo "  ok    bench end to end (tiny: results.json, results.md, results.png$([ $cg = 1 ] && echo ', callgrind'))"
+    what="results.json, results.md, results.png$([ $cg = 1 ] && echo ', callgrind')"
+    echo "  ok    bench end to end (tiny: $what)"
 else
     fails=$((fails + 1)); echo "  FAIL  bench end to end: results"; sed 's/^/        /' "$T/check"
 fi

@@ -48,7 +48,8 @@ static void usage(FILE *f)
 "  --latency | --no-latency      ping-pong test (default: on for seqpacket)\n"
 "  --lat-iters N --lat-size B    ping-pong count (2000) and message size (64)\n"
 "  --lat-only                    only the ping-pong test: no throughput runs\n"
-"  --poll                        busy-poll the event queues of both ends (default: notification)\n"
+"  --poll                        busy-poll the sender's event queue (default: notification)\n"
+"  --poll-recv                   busy-poll the receiver's event queue too (or alone)\n"
 "  --seed N                      random sizes seed\n"
 "output:\n"
 "  --json | --csv                machine-readable output instead of the table\n"
@@ -156,7 +157,7 @@ enum {
     O_LOOP = 256, O_ONCE, O_TYPE, O_MODE, O_SENDS, O_RECVS, O_RATIO, O_SIZE, O_BYTES, O_TIME,
     O_WAITALL, O_RUNS, O_TRANSPORT, O_DELAY, O_RATE, O_RCVBUF, O_SWEEP, O_CONNS, O_MIX, O_VERIFY,
     O_NOVERIFY, O_LAT, O_NOLAT, O_LATITERS, O_LATSIZE, O_POLL, O_SEED, O_JSON, O_CSV, O_PLOT,
-    O_OUT, O_QUIET, O_INJECT, O_LATONLY
+    O_OUT, O_QUIET, O_INJECT, O_LATONLY, O_POLLRECV
 };
 
 static const struct option longopts[] = {
@@ -179,6 +180,7 @@ static const struct option longopts[] = {
     { "no-latency", no_argument, NULL, O_NOLAT },
     { "lat-iters", required_argument, NULL, O_LATITERS },
     { "lat-size", required_argument, NULL, O_LATSIZE }, { "poll", no_argument, NULL, O_POLL },
+    { "poll-recv", no_argument, NULL, O_POLLRECV },
     { "lat-only", no_argument, NULL, O_LATONLY },
     { "seed", required_argument, NULL, O_SEED }, { "json", no_argument, NULL, O_JSON },
     { "csv", no_argument, NULL, O_CSV },         { "plot", required_argument, NULL, O_PLOT },
@@ -343,7 +345,8 @@ static int parse_args(int argc, char **argv, struct config *c)
             if (parse_size(optarg, &g_lat_size) || g_lat_size < 1 || g_lat_size > (1u << 26))
                 return bad("--lat-size", optarg);
             break;
-        case O_POLL: c->poll = 1; break;
+        case O_POLL: c->poll |= POLL_SEND; break;
+        case O_POLLRECV: c->poll |= POLL_RECV; break;
         case O_LATONLY: c->lat_only = 1; break;
         case O_SEED: c->seed = strtoull(optarg, NULL, 0); break;
         case O_JSON: c->json = 1; break;
