@@ -111,7 +111,7 @@ class Bench:
         for _attempt in range(3):
             port = free_port()
             srv = subprocess.Popen(["ucx_perftest", "-p", str(port)], env=self.ucx_env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 argv = ["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s",
                         str(size), "-n", str(n), "-w", str(max(n // 10, 10)), "-f", "-v"]
@@ -497,6 +497,10 @@ def fmt_ratio(r):
     return "n/a" if r is None else "%.2f" % r
 
 
+def each_round(runs, key, digits):
+    return ", ".join("failed" if v is None else fmt(v[key], digits) for v in runs)
+
+
 def met_str(m):
     return "n/a" if m is None else ("met" if m else "**not met**")
 
@@ -570,7 +574,10 @@ def write_md(path, res):
                                       cfg["rounds"], cfg["run_secs"], res["elapsed_s"]))
     L.append("")
     L.append("Everything runs on loopback on this machine: both ends, the library's threads and "
-             "the kernel share the cores, so figures move with the machine's load (above).")
+             "the kernel share the cores, so figures move with the machine's load (above); the "
+             "tables give each round's value next to the median. Blocking ping-pongs were seen "
+             "to be bimodal on this machine (kernel TCP at 64 B: about 5 us in some runs, "
+             "about 60 us in others of the same make bench, with other jobs running).")
     L.append("")
     L.append("## Targets (issue 11, \"Done when\")")
     L.append("")
@@ -582,16 +589,18 @@ def write_md(path, res):
              "over the rounds. UCX's `tag_lat` prints half the round trip; it is doubled here "
              "(UCX gives no p99 in the same run).")
     L.append("")
-    L.append("| size | system | p50 | p99 | mean | p50 / kernel TCP | p50 / UCX tag_lat |")
-    L.append("| --- | --- | --- | --- | --- | --- | --- |")
+    L.append("| size | system | p50 | p99 | mean | p50 / kernel TCP | p50 / UCX tag_lat "
+             "| p50 of each round |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for size in SIZES:
         k = figure(s, "lat", size, "kernel_tcp", "p50_us")
         u = figure(s, "lat", size, "ucx_tag_lat", "p50_us")
         for system, desc in LAT_SYSTEMS:
             f = s["latency"][system]["sizes"][str(size)]
-            L.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            L.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 size_name(size), desc, fmt(f["p50_us"]), fmt(f["p99_us"]), fmt(f["mean_us"]),
-                fmt_ratio(ratio(f["p50_us"], k)), fmt_ratio(ratio(f["p50_us"], u))))
+                fmt_ratio(ratio(f["p50_us"], k)), fmt_ratio(ratio(f["p50_us"], u)),
+                each_round(f["runs"], "p50_us", 1)))
     L.append("")
     L.append("## SOCK_STREAM sends, %d outstanding (%d receives)" % (SENDS, RECVS))
     L.append("")
@@ -599,16 +608,18 @@ def write_md(path, res):
              "runs the dynamic protocol below 64 KiB and direct-only (`--mode direct`) from "
              "64 KiB. UCX: `-O %d` outstanding sends." % SENDS)
     L.append("")
-    L.append("| size | system | msg/s | Gbit/s | / kernel TCP | / UCX stream_bw | / UCX tag_bw |")
-    L.append("| --- | --- | --- | --- | --- | --- | --- |")
+    L.append("| size | system | msg/s | Gbit/s | / kernel TCP | / UCX stream_bw | / UCX tag_bw "
+             "| msg/s of each round |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for size in SIZES:
         peers = [figure(s, "bw", size, p, "msgs_per_sec")
                  for p in ("kernel_tcp", "ucx_stream_bw", "ucx_tag_bw")]
         for system, desc in BW_SYSTEMS:
             f = s["stream"][system]["sizes"][str(size)]
-            L.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            L.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 size_name(size), desc, fmt(f["msgs_per_sec"]), fmt(f["gbps"], 2),
-                *[fmt_ratio(ratio(f["msgs_per_sec"], p)) for p in peers]))
+                *[fmt_ratio(ratio(f["msgs_per_sec"], p)) for p in peers],
+                each_round(f["runs"], "msgs_per_sec", 0)))
     L.append("")
     L.append("## Instructions per message (callgrind)")
     L.append("")
