@@ -545,7 +545,9 @@ def update_readme(path, res):
         L += ["", "Instructions per message (callgrind, both processes): " + "; ".join(
             "%s %s Ir" % (size_name(int(z)), fmt(cg[z]["ir_per_msg_total"], 0))
             for z in sorted(cg, key=int)) + "."]
-    L += ["", README_END]
+    L += ["", "Every size, each round's value (the machine is shared and noisy: check them before "
+          "reading a ratio), the hot spots and the commands: `bench/results.md`.", "",
+          README_END]
     with open(path, "w") as f:
         f.write(text[:b] + "\n".join(L) + text[e + len(README_END):])
     return None
