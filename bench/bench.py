@@ -282,6 +282,38 @@ class Bench:
                 sides)
         return sides, None
 
+    def strace_run(self, size, count, outdir):
+        """System calls of blast --loopback (both processes, every thread) for `count`
+        messages of `size` bytes: {syscall: calls}."""
+        out = os.path.join(outdir, "st.%d-%d" % (size, count))
+        argv = ["strace", "-f", "-c", "-o", out, self.blast, "--loopback", "--type", "stream",
+                "--mode", exs_mode(size), "--sends", str(SENDS), "--recvs", str(RECVS),
+                "--size", str(size), "--bytes", str(size * count), "--runs", "1",
+                "--no-latency", "--quiet"]
+        _, err = self.run(argv, self.env, self.cfg["callgrind_timeout"])
+        if err:
+            return None, err
+        with open(out) as f:
+            return parse_strace(f.read()), None
+
+    def syscalls(self):
+        if not shutil.which("strace"):
+            self.errors.append("system calls: strace not installed")
+            return None
+        out = {}
+        with tempfile.TemporaryDirectory(prefix="exs-bench-st.") as tmp:
+            for size, (n1, n2) in self.cfg["cg_counts"].items():
+                self.log("strace: %s x %d and x %d" % (size_name(size), n1, n2))
+                a, err = self.strace_run(size, n1, tmp)
+                if not err:
+                    b, err = self.strace_run(size, n2, tmp)
+                if err:
+                    self.errors.append("system calls %s: %s" % (size_name(size), err))
+                    continue
+                out[size] = syscalls_per_message(a, b, n2 - n1)
+                out[size].update({"mode": exs_mode(size), "counts": [n1, n2]})
+        return out
+
     def callgrind(self):
         if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
             self.errors.append("callgrind: valgrind not installed")
@@ -335,6 +367,28 @@ def parse_annotate(text):
     if total is None:
         raise ValueError("no PROGRAM TOTALS line in callgrind_annotate output")
     return total, fns
+
+
+def parse_strace(text):
+    """strace -c's table: {syscall: calls}."""
+    calls = {}
+    for line in text.splitlines():
+        f = line.split()
+        # % time, seconds, usecs/call, calls, [errors,] syscall
+        if len(f) in (5, 6) and f[3].isdigit() and not f[-1] == "total":
+            try:
+                float(f[0])
+            except ValueError:
+                continue
+            calls[f[-1]] = calls.get(f[-1], 0) + int(f[3])
+    return calls
+
+
+def syscalls_per_message(a, b, dn):
+    per = {k: (b.get(k, 0) - a.get(k, 0)) / dn for k in set(a) | set(b)}
+    per = {k: v for k, v in per.items() if v > 0.005}
+    return {"per_msg_total": sum(per.values()),
+            "per_msg": dict(sorted(per.items(), key=lambda kv: -kv[1]))}
 
 
 def annotate(path):
@@ -553,6 +607,12 @@ def update_readme(path, res):
         L += ["", "Instructions per message (callgrind, both processes): " + "; ".join(
             "%s %s Ir" % (size_name(int(z)), fmt(cg[z]["ir_per_msg_total"], 0))
             for z in sorted(cg, key=int)) + "."]
+    sc = res.get("syscalls") or {}
+    if sc:
+        L += ["", "System calls per message (strace, both processes): " + "; ".join(
+            "%s %.1f (futex %.1f)" % (size_name(int(z)), sc[z]["per_msg_total"],
+                                      sc[z]["per_msg"].get("futex", 0))
+            for z in sorted(sc, key=int)) + "."]
     L += ["", "Every size, each round's value (the machine is shared and noisy: check them before "
           "reading a ratio), the hot spots and the commands: `bench/results.md`.", "",
           README_END]
@@ -667,6 +727,24 @@ def write_md(path, res):
             for h in c["hotspots"]:
                 L.append("| `%s` | %s | %.1f%% |" % (h["function"], fmt(h["ir_per_msg"], 0),
                                                     100 * h["share"]))
+    sc = res.get("syscalls")
+    if sc:
+        L.append("")
+        L.append("## System calls per message (strace)")
+        L.append("")
+        L.append("The same two runs under `strace -f -c` (both processes, every thread): the "
+                 "difference of the calls / the difference of the messages. strace slows "
+                 "every call down, which changes how much each wake-up finds to do: the counts "
+                 "show the mechanism (wake-ups, event notifications, polls), not exact rates.")
+        L.append("")
+        L.append("| size | mode | messages | calls/msg | per system call |")
+        L.append("| --- | --- | --- | --- | --- |")
+        for size in sorted(sc, key=int):
+            c = sc[size]
+            L.append("| %s | %s | %d, %d | %.2f | %s |" % (
+                size_name(int(size)), c["mode"], c["counts"][0], c["counts"][1],
+                c["per_msg_total"], ", ".join("%s %.2f" % (k, v)
+                                               for k, v in list(c["per_msg"].items())[:10])))
     if res["errors"]:
         L.append("")
         L.append("## Errors")
@@ -774,6 +852,7 @@ def config_from_env():
         "rounds": int(e.get("BENCH_ROUNDS", "3")),
         "run_secs": float(e.get("BENCH_SECS", "0.1" if tiny else "0.3" if quick else "2")),
         "callgrind": e.get("BENCH_CALLGRIND", "1") not in ("", "0"),
+        "strace": e.get("BENCH_STRACE", "1") not in ("", "0"),
         "blast": e.get("BENCH_BLAST", "build/blast/blast"),
         "out": e.get("BENCH_OUT", "bench"),
         "quiet": e.get("BENCH_QUIET", "0") not in ("", "0"),
@@ -831,6 +910,8 @@ def main():
     res["ratios"] = ratios(res["summary"])
     res["callgrind"] = {str(k): v for k, v in (b.callgrind() or {}).items()} \
         if cfg["callgrind"] else None
+    res["syscalls"] = {str(k): v for k, v in (b.syscalls() or {}).items()} \
+        if cfg["strace"] else None
     res["machine"]["loadavg_end"] = os.getloadavg()[0]
     res["elapsed_s"] = int(time.monotonic() - t0)
     res["errors"] = b.errors

@@ -8,6 +8,7 @@
 # Environment (make bench passes the make variables of the same names):
 #   BENCH_QUICK=1       short smoke version: runs of 0.3 s, smaller callgrind counts (< 2 min)
 #   BENCH_CALLGRIND=0   no callgrind instruction counts
+#   BENCH_STRACE=0      no system call counts (strace -f -c)
 #   BENCH_ROUNDS=N      rounds (default 3): each round measures every system once; medians
 #   BENCH_SECS=S        length of each run (default 2, 0.3 with BENCH_QUICK)
 #   BENCH_OUT=DIR       where results.md, results.json and results.png go (default bench)

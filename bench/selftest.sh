@@ -25,18 +25,21 @@ checks=$((checks + 1))
 cg=1
 # valgrind cannot run a sanitizer build: the end-to-end test runs without callgrind there
 if ldd "$B" 2>/dev/null | grep -q -e libasan -e libtsan -e libubsan; then cg=0; fi
+st=$cg
+# strace needs ptrace: without it (some containers) the end-to-end test runs without strace
+if [ $st = 1 ] && ! strace -f -o /dev/null true >/dev/null 2>&1; then st=0; fi
 if ! command -v ucx_perftest >/dev/null; then
     echo "SKIP bench_end_to_end: ucx_perftest not installed (scripts/deps.sh --bench)"
 elif [ $cg = 1 ] && ! command -v valgrind >/dev/null; then
     echo "SKIP bench_end_to_end: valgrind not installed (scripts/deps.sh --bench)"
-elif ! BENCH_TINY=1 BENCH_ROUNDS=1 BENCH_CALLGRIND=$cg BENCH_QUIET=1 BENCH_OUT="$T" \
+elif ! BENCH_TINY=1 BENCH_ROUNDS=1 BENCH_CALLGRIND=$cg BENCH_STRACE=$st BENCH_QUIET=1 BENCH_OUT="$T" \
         BENCH_BLAST="$B" EXS_PROVIDER=tcp timeout 300 python3 bench/bench.py >"$T/log" 2>&1; then
     fails=$((fails + 1)); echo "  FAIL  bench end to end: bench.py failed"
     sed 's/^/        /' "$T/log"
     [ -f "$T/results.md" ] && sed -n '/## Errors/,$p' "$T/results.md" | sed 's/^/        /'
-elif python3 - "$T" "$cg" >"$T/check" 2>&1 <<'PYEOF'; then
+elif python3 - "$T" "$cg" "$st" >"$T/check" 2>&1 <<'PYEOF'; then
 import json, os, sys
-d, cg = sys.argv[1], sys.argv[2] == "1"
+d, cg, st = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
 r = json.load(open(os.path.join(d, "results.json")))
 assert r["errors"] == [], r["errors"]
 sizes = [64, 4096, 65536, 1048576]
@@ -62,13 +65,17 @@ if cg:
     assert c["hotspots"] and all(0 < h["share"] <= 1 for h in c["hotspots"]), c
     assert any(h["function"].startswith(("exs", "st_", "conn")) or "exs" in h["function"]
                for h in c["hotspots"]), "no libexs function among the hot spots: %s" % c
+if st:
+    c = r["syscalls"]["64"]
+    assert c["per_msg_total"] > 0 and c["per_msg"], c
 md = open(os.path.join(d, "results.md")).read()
 for t in r["targets"]:
     assert "| " + t["what"] + " |" in md, t["what"]
 assert ("Hot spots, 64 B" in md) == cg
+assert ("## System calls per message" in md) == st
 assert open(os.path.join(d, "results.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 PYEOF
-    what="results.json, results.md, results.png$([ $cg = 1 ] && echo ', callgrind')"
+    what="results.json, results.md, results.png$([ $cg = 1 ] && echo ', callgrind')$([ $st = 1 ] && echo ', strace')"
     echo "  ok    bench end to end (tiny: $what)"
 else
     fails=$((fails + 1)); echo "  FAIL  bench end to end: results"; sed 's/^/        /' "$T/check"

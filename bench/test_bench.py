@@ -62,6 +62,31 @@ class Parse(unittest.TestCase):
         self.assertAlmostEqual(r["hotspots"][0]["share"], 0.5)
 
 
+STRACE = """% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 27.07    0.110376          16      6609      1057 futex
+ 17.47    0.071206          39      1802           epoll_wait
+  5.48    0.022323          11      1936           write
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.407704          23     10347      1057 total
+"""
+
+
+class Strace(unittest.TestCase):
+    def test_parse(self):
+        self.assertEqual(bench.parse_strace(STRACE),
+                         {"futex": 6609, "epoll_wait": 1802, "write": 1936})
+
+    def test_per_message(self):
+        a = {"futex": 100, "write": 50, "close": 10}
+        b = {"futex": 1100, "write": 550, "close": 10, "readv": 2000}
+        r = bench.syscalls_per_message(a, b, 1000)
+        # sorted by calls per message; what did not grow with the messages is left out
+        self.assertEqual(list(r["per_msg"].items()),
+                         [("readv", 2.0), ("futex", 1.0), ("write", 0.5)])
+        self.assertEqual(r["per_msg_total"], 3.5)
+
+
 class Verdicts(unittest.TestCase):
     def test_median_skips_failed_runs(self):
         self.assertEqual(bench.median([{"x": 3}, None, {"x": 1}, {"x": 2}], "x"), 2)
