@@ -47,7 +47,9 @@ static void usage(FILE *f)
 "  --verify | --no-verify        check the data pattern at the receiver (default off)\n"
 "  --latency | --no-latency      ping-pong test (default: on for seqpacket)\n"
 "  --lat-iters N --lat-size B    ping-pong count (2000) and message size (64)\n"
-"  --poll                        busy-poll the event queues (default: notification)\n"
+"  --lat-only                    only the ping-pong test: no throughput runs\n"
+"  --poll                        busy-poll the sender's event queue (default: notification)\n"
+"  --poll-recv                   busy-poll the receiver's event queue too (or alone)\n"
 "  --seed N                      random sizes seed\n"
 "output:\n"
 "  --json | --csv                machine-readable output instead of the table\n"
@@ -155,7 +157,7 @@ enum {
     O_LOOP = 256, O_ONCE, O_TYPE, O_MODE, O_SENDS, O_RECVS, O_RATIO, O_SIZE, O_BYTES, O_TIME,
     O_WAITALL, O_RUNS, O_TRANSPORT, O_DELAY, O_RATE, O_RCVBUF, O_SWEEP, O_CONNS, O_MIX, O_VERIFY,
     O_NOVERIFY, O_LAT, O_NOLAT, O_LATITERS, O_LATSIZE, O_POLL, O_SEED, O_JSON, O_CSV, O_PLOT,
-    O_OUT, O_QUIET, O_INJECT
+    O_OUT, O_QUIET, O_INJECT, O_LATONLY, O_POLLRECV
 };
 
 static const struct option longopts[] = {
@@ -178,6 +180,8 @@ static const struct option longopts[] = {
     { "no-latency", no_argument, NULL, O_NOLAT },
     { "lat-iters", required_argument, NULL, O_LATITERS },
     { "lat-size", required_argument, NULL, O_LATSIZE }, { "poll", no_argument, NULL, O_POLL },
+    { "poll-recv", no_argument, NULL, O_POLLRECV },
+    { "lat-only", no_argument, NULL, O_LATONLY },
     { "seed", required_argument, NULL, O_SEED }, { "json", no_argument, NULL, O_JSON },
     { "csv", no_argument, NULL, O_CSV },         { "plot", required_argument, NULL, O_PLOT },
     { "output", required_argument, NULL, O_OUT }, { "quiet", no_argument, NULL, O_QUIET },
@@ -341,7 +345,9 @@ static int parse_args(int argc, char **argv, struct config *c)
             if (parse_size(optarg, &g_lat_size) || g_lat_size < 1 || g_lat_size > (1u << 26))
                 return bad("--lat-size", optarg);
             break;
-        case O_POLL: c->poll = 1; break;
+        case O_POLL: c->poll |= POLL_SEND; break;
+        case O_POLLRECV: c->poll |= POLL_RECV; break;
+        case O_LATONLY: c->lat_only = 1; break;
         case O_SEED: c->seed = strtoull(optarg, NULL, 0); break;
         case O_JSON: c->json = 1; break;
         case O_CSV: c->csv = 1; break;
@@ -396,6 +402,12 @@ static int parse_args(int argc, char **argv, struct config *c)
     }
     if (c->plot && !c->nsweep)
         fprintf(stderr, "blast: note: --plot draws a sweep; with one point it has one dot\n");
+    if (c->lat_only && !c->latency) {
+        fprintf(stderr, "blast: --lat-only runs the latency test: not with --no-latency\n");
+        return -1;
+    }
+    if (c->lat_only)
+        c->latency = 1;
     if (c->latency < 0)
         c->latency = c->type == T_SEQPACKET;
     return 0;
@@ -704,7 +716,7 @@ static int measure_point(int cfd, const struct config *c, int transport, int mod
     r->conns = c->conns;
     r->waitall = c->waitall;
     r->verify = c->verify;
-    r->runs = c->runs;
+    r->runs = c->lat_only ? 0 : c->runs;
     r->elephants = c->elephants;
     r->mice = c->mice;
     r->mice_size = c->mice_size;
@@ -712,7 +724,7 @@ static int measure_point(int cfd, const struct config *c, int transport, int mod
     r->size_max = sg->max;
     r->size_exp = sg->exp;
     r->sweep_val = sweep_val;
-    for (int run = 0; run < c->runs; run++) {
+    for (int run = 0; run < c->runs && !c->lat_only; run++) {
         if (!c->quiet)
             progress("[%d/%d] %s %s sends %d recvs %d: run %d/%d", idx + 1, total,
                      transport_name(transport), transport == X_TCP ? "-" : mode_name(mode),
@@ -745,11 +757,13 @@ static int measure_point(int cfd, const struct config *c, int transport, int mod
             r->cls_p99[k] += snd.cls_p99_us[k] / c->runs;
         }
     }
-    mean_ci95(tp, c->runs, &r->tput_mean, &r->tput_ci);
-    mean_ci95(mps, c->runs, &r->mps_mean, &dummy);
-    mean_ci95(secs, c->runs, &r->secs_mean, &dummy);
-    mean_ci95(cs, c->runs, &r->cpu_send, &r->cpu_send_ci);
-    mean_ci95(cr, c->runs, &r->cpu_recv, &r->cpu_recv_ci);
+    if (!c->lat_only) {
+        mean_ci95(tp, c->runs, &r->tput_mean, &r->tput_ci);
+        mean_ci95(mps, c->runs, &r->mps_mean, &dummy);
+        mean_ci95(secs, c->runs, &r->secs_mean, &dummy);
+        mean_ci95(cs, c->runs, &r->cpu_send, &r->cpu_send_ci);
+        mean_ci95(cr, c->runs, &r->cpu_recv, &r->cpu_recv_ci);
+    }
     if (c->latency) {
         if (!c->quiet)
             progress("[%d/%d] %s %s: ping-pong x %d", idx + 1, total, transport_name(transport),

@@ -19,6 +19,7 @@ enum { X_EXS = 0, X_TCP = 1 };
 enum { M_DYNAMIC = 0, M_DIRECT = 1, M_INDIRECT = 2 }; /* = EXS_XFER_* */
 enum { SW_NONE = 0, SW_SENDS, SW_RECVS, SW_SIZE, SW_DEPTH };
 enum { K_XFER = 1, K_LAT = 2, K_QUIT = 3 };
+enum { POLL_SEND = 1, POLL_RECV = 2 }; /* run_params.poll: which ends busy-poll their queue */
 
 /* Message sizes: fixed, or exponential with mean and maximum (the paper's workload). */
 struct sizegen {
@@ -83,6 +84,7 @@ struct config {
     int elephants, mice, mice_sends;
     uint64_t mice_size;
     int latency, lat_iters;     /* latency: -1 auto (seqpacket), 0 off, 1 on */
+    int lat_only;               /* only the latency test, no throughput runs */
     int json, csv, quiet, inject;
     const char *plot;
     const char *out;            /* write the report here instead of stdout */

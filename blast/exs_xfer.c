@@ -206,6 +206,11 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
     exs_event_t ev[EVBATCH];
     double cpu0 = 0, w0 = 0, last_ev;
 
+    /* The queue outlives runs: each run sets its wait mode (--poll-recv busy-polls). */
+    if (exs_qsetwait(q, rp->poll & POLL_RECV ? EXS_WAIT_POLL : EXS_WAIT_NOTIFY, 0) < 0) {
+        set_err(res, errno, "receiver: exs_qsetwait: %s", ename(errno));
+        goto out;
+    }
     if (!cs || !region) {
         set_err(res, ENOMEM, "receiver: cannot allocate %zu bytes of buffers", rlen);
         goto out;
@@ -451,7 +456,7 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
         free(cs);
         return -1;
     }
-    if (rp->poll)
+    if (rp->poll & POLL_SEND)
         exs_qsetwait(q, EXS_WAIT_POLL, 0);
     if (resolve(host, data_port, &sin) < 0) {
         set_err(res, EHOSTUNREACH, "sender: cannot resolve %s", host);

@@ -77,10 +77,14 @@ void report_table(FILE *f, const struct config *c, const struct result *r, int n
 
     for (int i = 0; i < n; i++)
         lat |= r[i].has_lat;
-    fprintf(f, "# blast: type %s, %d connection(s)%s, %d run(s) per line, %s per run%s%s\n",
-            type_name(c->type), c->conns, c->elephants ? " (mix)" : "", c->runs,
-            c->bytes ? "bytes" : "time", c->waitall ? ", MSG_WAITALL" : "",
-            c->verify ? ", data verified" : "");
+    if (c->lat_only)
+        fprintf(f, "# blast: type %s, ping-pong only (--lat-only): %d round trips per line\n",
+                type_name(c->type), c->lat_iters);
+    else
+        fprintf(f, "# blast: type %s, %d connection(s)%s, %d run(s) per line, %s per run%s%s\n",
+                type_name(c->type), c->conns, c->elephants ? " (mix)" : "", c->runs,
+                c->bytes ? "bytes" : "time", c->waitall ? ", MSG_WAITALL" : "",
+                c->verify ? ", data verified" : "");
     if (c->delay_ms > 0 || c->rate_mbps > 0)
         fprintf(f, "# emulated link (exs tcp provider only): one-way delay %.3g ms, rate %.0f "
                 "Mbit/s (0 = none); the tcp transport is NOT emulated\n",

@@ -96,6 +96,20 @@ if run "mix table" 0 --loopback --bytes 8M --runs 1 --mix elephants=1,mice=2 --v
 if run "seqpacket json latency" 0 --loopback --type seqpacket --bytes 2M --runs 1 --lat-iters 100 --json $Q && cp "$T/out" "$T/j" \
    && json_ok "$T/j" latency_us.p50,latency_us.p99,latency_us.p999; then
     ok "seqpacket --json latency keys"; else bad "seqpacket --json latency keys"; fi
+# --lat-only (make bench): no throughput run, one ping-pong of exactly --lat-iters round
+# trips per transport; --poll --poll-recv: both ends busy-poll
+if run "lat-only" 0 --loopback --type seqpacket --lat-only --poll --poll-recv --lat-iters 150 --lat-size 4K --transport both --json $Q \
+   && python3 - "$T/out" <<'EOF' 2>> "$T/err"; then
+import json, sys
+r = json.load(open(sys.argv[1]))["results"]
+assert [x["transport"] for x in r] == ["exs", "tcp"], r
+for x in r:
+    assert x["runs"] == 0 and x["messages"] == 0 and x["bytes"] == 0, x
+    assert x["latency_us"]["count"] == 150 and x["latency_us"]["p50"] > 0, x
+EOF
+    ok "--lat-only --poll --poll-recv --transport both: latency only, exact count"; else bad "--lat-only --poll --poll-recv"; fi
+t "stream --poll-recv (receiver polls alone)" --loopback --bytes 8M --runs 1 --poll-recv --verify
+if run "lat-only no-latency" 2 --loopback --lat-only --no-latency; then ok "rejects --lat-only --no-latency"; else bad "rejects --lat-only --no-latency"; fi
 if run "csv" 0 --loopback --bytes 4M --runs 1 --sweep recvs=1,2 --csv --verify $Q && head -1 "$T/out" | grep -q '^type,transport,mode,.*throughput_gbps' \
    && [ "$(wc -l < "$T/out")" -eq 3 ]; then ok "--csv header + rows (--sweep recvs)"; else bad "--csv"; fi
 rm -f "$T/p.png"

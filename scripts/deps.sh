@@ -4,10 +4,15 @@
 # As root: installs them with apt-get. Otherwise: prints the exact command and fails.
 # Extra packages for optional jobs can be passed as arguments; --fuzz adds clang and the
 # libFuzzer runtime of its version (libclang-rt-N-dev, only recommended by clang in Debian).
+# --bench adds what make bench runs besides the library: UCX's ucx_perftest (ucx-utils),
+# valgrind (callgrind), strace (system calls per message) and python3 (bench/bench.py);
+# gnuplot-nox is always installed.
 set -eu
 extra=()
 for a in "$@"; do
-    if [ "$a" = --fuzz ]; then
+    if [ "$a" = --bench ]; then
+        extra+=(ucx-utils valgrind strace python3)
+    elif [ "$a" = --fuzz ]; then
         v=$(clang --version 2>/dev/null | sed -nE 's/.*clang version ([0-9]+).*/\1/p' | head -n 1)
         [ -n "$v" ] || v=$(apt-cache depends clang 2>/dev/null | sed -nE 's/.*Depends: clang-([0-9]+)$/\1/p' | head -n 1)
         extra+=(clang ${v:+libclang-rt-$v-dev})

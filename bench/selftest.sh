@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Self test of make bench's tooling, run by make check: bench/test_bench.py (parsing, ratios,
+# verdicts, error recording), then bench/bench.py end to end on a tiny configuration
+# (BENCH_TINY: one round of 0.1 s runs, 64 B callgrind) whose results.json, results.md and
+# results.png are checked. Prints Check's summary line for tests/run-checks.sh; the end-to-end
+# test is reported as skipped without ucx_perftest (scripts/deps.sh --bench installs it).
+#   bench/selftest.sh [path/to/blast]
+set -u
+B=${1:-build/blast/blast}
+cd "$(dirname "$0")/.."
+T=$(mktemp -d /tmp/exs-bench-selftest.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+checks=0; fails=0
+t0=$(date +%s)
+
+checks=$((checks + 1))
+if python3 bench/test_bench.py >"$T/unit" 2>&1; then
+    echo "  ok    bench/test_bench.py"
+else
+    fails=$((fails + 1)); echo "  FAIL  bench/test_bench.py"; sed 's/^/        /' "$T/unit"
+fi
+
+checks=$((checks + 1))
+cg=1
+# valgrind cannot run a sanitizer build: the end-to-end test runs without callgrind there
+if ldd "$B" 2>/dev/null | grep -q -e libasan -e libtsan -e libubsan; then cg=0; fi
+st=$cg
+# strace needs ptrace: without it (some containers) the end-to-end test runs without strace
+if [ $st = 1 ] && ! strace -f -o /dev/null true >/dev/null 2>&1; then st=0; fi
+if ! command -v ucx_perftest >/dev/null; then
+    echo "SKIP bench_end_to_end: ucx_perftest not installed (scripts/deps.sh --bench)"
+elif [ $cg = 1 ] && ! command -v valgrind >/dev/null; then
+    echo "SKIP bench_end_to_end: valgrind not installed (scripts/deps.sh --bench)"
+elif ! BENCH_TINY=1 BENCH_ROUNDS=1 BENCH_CALLGRIND=$cg BENCH_STRACE=$st BENCH_QUIET=1 BENCH_OUT="$T" \
+        BENCH_BLAST="$B" EXS_PROVIDER=tcp timeout 300 python3 bench/bench.py >"$T/log" 2>&1; then
+    fails=$((fails + 1)); echo "  FAIL  bench end to end: bench.py failed"
+    sed 's/^/        /' "$T/log"
+    [ -f "$T/results.md" ] && sed -n '/## Errors/,$p' "$T/results.md" | sed 's/^/        /'
+elif python3 - "$T" "$cg" "$st" >"$T/check" 2>&1 <<'PYEOF'; then
+import json, os, sys
+d, cg, st = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+r = json.load(open(os.path.join(d, "results.json")))
+assert r["errors"] == [], r["errors"]
+sizes = [64, 4096, 65536, 1048576]
+assert r["sizes"] == sizes
+for system in ("exs_notify", "exs_poll", "exs_poll_send", "kernel_tcp", "ucx_tag_lat"):
+    for z in sizes:
+        f = r["summary"]["latency"][system]["sizes"][str(z)]
+        assert f["p50_us"] > 0 and f["p99_us"] >= f["p50_us"] and f["mean_us"] > 0, (system, z, f)
+        assert len(f["runs"]) == 1 and f["runs"][0]["iters"] > 0, (system, z, f)
+        assert f["p50_us"] == f["runs"][0]["p50_us"], (system, z, f)
+for system in ("exs", "kernel_tcp", "ucx_stream_bw", "ucx_tag_bw"):
+    for z in sizes:
+        f = r["summary"]["stream"][system]["sizes"][str(z)]
+        assert f["msgs_per_sec"] > 0 and f["gbps"] > 0, (system, z, f)
+        assert abs(f["gbps"] - f["msgs_per_sec"] * z * 8 / 1e9) / f["gbps"] < 0.05, (system, z, f)
+assert len(r["targets"]) == 8
+for t in r["targets"]:
+    assert t["ratio"] > 0 and abs(t["ratio"] - t["ours_value"] / t["peer_value"]) < 1e-9, t
+    assert t["met"] in (True, False), t
+if cg:
+    c = r["callgrind"]["64"]
+    assert c["ir_per_msg_sender"] > 100 and c["ir_per_msg_receiver"] > 100, c
+    assert c["hotspots"] and all(0 < h["share"] <= 1 for h in c["hotspots"]), c
+    assert any(h["function"].startswith(("exs", "st_", "conn")) or "exs" in h["function"]
+               for h in c["hotspots"]), "no libexs function among the hot spots: %s" % c
+if st:
+    c = r["syscalls"]["64"]
+    assert c["per_msg_total"] > 0 and c["per_msg"], c
+md = open(os.path.join(d, "results.md")).read()
+for t in r["targets"]:
+    assert "| " + t["what"] + " |" in md, t["what"]
+assert ("Hot spots, 64 B" in md) == cg
+assert ("## System calls per message" in md) == st
+assert open(os.path.join(d, "results.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+PYEOF
+    what="results.json, results.md, results.png$([ $cg = 1 ] && echo ', callgrind')$([ $st = 1 ] && echo ', strace')"
+    echo "  ok    bench end to end (tiny: $what)"
+else
+    fails=$((fails + 1)); echo "  FAIL  bench end to end: results"; sed 's/^/        /' "$T/check"
+fi
+
+echo "bench self test: $(( $(date +%s) - t0 )) s"
+echo "$(( (checks - fails) * 100 / checks ))%: Checks: $checks, Failures: $fails, Errors: 0"
+[ $fails -eq 0 ]

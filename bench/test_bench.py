@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Unit tests of bench/bench.py's pure parts: callgrind parsing, Ir per message, medians,
+target verdicts, and that failed measurements are recorded as errors, not as figures."""
+import os
+import stat
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+
+ANNOTATE = """--------------------------------------------------------------------------------
+Profile data file 'cg.1' (creator: callgrind-3.19.0)
+--------------------------------------------------------------------------------
+Ir
+--------------------------------------------------------------------------------
+1,000,000 (100.0%)  PROGRAM TOTALS
+
+--------------------------------------------------------------------------------
+Ir                file:function
+--------------------------------------------------------------------------------
+400,000 (40.00%)  ./nptl/pthread_mutex_lock.c:pthread_mutex_lock@@GLIBC_2.2.5 [/lib/libc.so.6]
+ 90,000 ( 9.00%)  exs/proto/stream.c:st_send_progress_locked [/x/blast]
+ 10,000 ( 1.00%)  ./elf/other.h:st_send_progress_locked
+  5,000 ( 0.50%)  ???:0x000000000001f2a0 [/lib/libev.so.4]
+
+--------------------------------------------------------------------------------
+-- Auto-annotated source: exs/proto/stream.c
+--------------------------------------------------------------------------------
+123,456  int x;
+"""
+
+
+class Parse(unittest.TestCase):
+    def test_annotate(self):
+        total, fns = bench.parse_annotate(ANNOTATE)
+        self.assertEqual(total, 1000000)
+        self.assertEqual(fns["pthread_mutex_lock@@GLIBC_2.2.5"], 400000)
+        # the same function from two files is one entry; source annotation is not a function
+        self.assertEqual(fns["st_send_progress_locked"], 100000)
+        self.assertIn("0x000000000001f2a0", fns)
+        self.assertEqual(len(fns), 3)
+
+    def test_annotate_without_totals(self):
+        with self.assertRaises(ValueError):
+            bench.parse_annotate("nothing here\n")
+
+    def test_ir_per_message(self):
+        a = {"sender": {"total": 1000, "fns": {"f": 600, "g": 400}},
+             "receiver": {"total": 500, "fns": {"f": 500}}}
+        b = {"sender": {"total": 3000, "fns": {"f": 1600, "g": 1400}},
+             "receiver": {"total": 1500, "fns": {"f": 1000, "h": 500}}}
+        r = bench.ir_per_message(a, b, 10, 2)
+        self.assertEqual(r["ir_per_msg_sender"], 200)
+        self.assertEqual(r["ir_per_msg_receiver"], 100)
+        self.assertEqual(r["ir_per_msg_total"], 300)
+        # f: (1000 + 500) / 10 = 150 per message, half the total; then g: 100
+        self.assertEqual([h["function"] for h in r["hotspots"]], ["f", "g"])
+        self.assertEqual(r["hotspots"][0]["ir_per_msg"], 150)
+        self.assertAlmostEqual(r["hotspots"][0]["share"], 0.5)
+
+
+STRACE = """% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 27.07    0.110376          16      6609      1057 futex
+ 17.47    0.071206          39      1802           epoll_wait
+  5.48    0.022323          11      1936           write
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.407704          23     10347      1057 total
+"""
+
+
+class Strace(unittest.TestCase):
+    def test_parse(self):
+        self.assertEqual(bench.parse_strace(STRACE),
+                         {"futex": 6609, "epoll_wait": 1802, "write": 1936})
+
+    def test_per_message(self):
+        a = {"futex": 100, "write": 50, "close": 10}
+        b = {"futex": 1100, "write": 550, "close": 10, "readv": 2000}
+        r = bench.syscalls_per_message(a, b, 1000)
+        # sorted by calls per message; what did not grow with the messages is left out
+        self.assertEqual(list(r["per_msg"].items()),
+                         [("readv", 2.0), ("futex", 1.0), ("write", 0.5)])
+        self.assertEqual(r["per_msg_total"], 3.5)
+
+
+class Verdicts(unittest.TestCase):
+    def test_median_skips_failed_runs(self):
+        self.assertEqual(bench.median([{"x": 3}, None, {"x": 1}, {"x": 2}], "x"), 2)
+        self.assertEqual(bench.median([{"x": 1}, {"x": 4}], "x"), 2.5)
+        self.assertIsNone(bench.median([None, None], "x"))
+
+    def test_target_sense(self):
+        self.assertTrue(bench.target_met("max", 1.0, 1.0))
+        self.assertFalse(bench.target_met("max", 1.01, 1.0))
+        self.assertTrue(bench.target_met("min", 2.0, 2.0))
+        self.assertFalse(bench.target_met("min", 1.99, 2.0))
+        self.assertIsNone(bench.target_met("min", None, 2.0))
+
+    def summary(self, f):
+        lat = {s: {z: [f(s, z, "lat")] for z in bench.SIZES} for s, _ in bench.LAT_SYSTEMS}
+        bw = {s: {z: [f(s, z, "bw")] for z in bench.SIZES} for s, _ in bench.BW_SYSTEMS}
+        return bench.summarize(lat, bw)
+
+    def test_targets(self):
+        def f(system, size, kind):
+            if kind == "lat":
+                p50 = {"exs_notify": 30, "exs_poll": 10, "exs_poll_send": 15, "kernel_tcp": 20,
+                       "ucx_tag_lat": 4}
+                return {"p50_us": p50[system], "p99_us": 1, "mean_us": 1, "iters": 1}
+            mps = {"exs": 100, "kernel_tcp": 1000, "ucx_stream_bw": 50, "ucx_tag_bw": 60}
+            return {"msgs_per_sec": mps[system], "gbps": mps[system] / 100.0}
+        t = {x["what"]: x for x in bench.targets(self.summary(f))}
+        poll_k = t["64 B ping-pong p50, busy polling (both ends) vs kernel TCP"]
+        self.assertEqual((poll_k["ratio"], poll_k["met"]), (0.5, True))
+        poll_u = t["64 B ping-pong p50, busy polling (both ends) vs UCX tag_lat"]
+        self.assertEqual((poll_u["ratio"], poll_u["met"]), (2.5, False))
+        notify = t["64 B ping-pong p50, blocking waits vs kernel TCP"]
+        self.assertEqual((notify["ratio"], notify["met"]), (1.5, True))
+        ucx = t["64 B stream msg/s vs UCX stream_bw"]
+        self.assertEqual((ucx["ratio"], ucx["met"]), (2.0, True))
+        kern = t["64 B stream msg/s vs kernel TCP"]
+        self.assertEqual((kern["ratio"], kern["met"]), (0.1, False))
+        self.assertEqual(len(t), len(bench.TARGETS))
+
+    def test_failed_measurements_are_errors(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "blast")
+            with open(fake, "w") as fh:
+                fh.write("#!/bin/sh\necho 'blast: simulated failure' >&2\nexit 1\n")
+            os.chmod(fake, stat.S_IRWXU)
+            cfg = bench.config_from_env()
+            cfg.update({"blast": fake, "rounds": 1, "quiet": True, "out": d})
+            b = bench.Bench(cfg)
+            b.have_ucx = False
+            lat, bw = b.measure()
+            n = len(bench.SIZES) * (len(bench.LAT_SYSTEMS) + len(bench.BW_SYSTEMS))
+            self.assertEqual(len(b.errors), n)
+            self.assertTrue(any("simulated failure" in e for e in b.errors))
+            s = bench.summarize(lat, bw)
+            self.assertTrue(all(t["ratio"] is None and t["met"] is None
+                                for t in bench.targets(s)))
+            res = {"machine": bench.machine(d), "config": cfg, "summary": s,
+                   "targets": bench.targets(s), "callgrind": None, "errors": b.errors,
+                   "elapsed_s": 0}
+            res["machine"]["loadavg_end"] = 0.0
+            bench.write_md(os.path.join(d, "results.md"), res)
+            with open(os.path.join(d, "results.md")) as fh:
+                md = fh.read()
+            self.assertIn("## Errors", md)
+            self.assertIn("| n/a |", md)
+
+
+class Plot(unittest.TestCase):
+    def test_system_without_figures(self):
+        if not bench.shutil.which("gnuplot"):
+            self.skipTest("gnuplot not installed")
+
+        def f(system, size, kind):
+            if system.startswith("ucx"):
+                return None  # UCX failed everywhere: its bars are left out, not an error
+            if kind == "lat":
+                return {"p50_us": 10, "p99_us": 1, "mean_us": 1, "iters": 1}
+            return {"msgs_per_sec": 10, "gbps": 1}
+        res = {"summary": Verdicts().summary(f), "machine": {"date": "D", "git": "G"}}
+        with tempfile.TemporaryDirectory() as d:
+            png = os.path.join(d, "r.png")
+            self.assertIsNone(bench.write_plot(png, res, d))
+            with open(png, "rb") as fh:
+                self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
+            res["summary"] = Verdicts().summary(lambda *a: None)
+            self.assertEqual(bench.write_plot(png, res, d), "nothing measured to plot")
+
+
+class Readme(unittest.TestCase):
+    def test_block_replaced(self):
+        s = Verdicts().summary(lambda system, size, kind: (
+            {"p50_us": 10, "p99_us": 1, "mean_us": 1, "iters": 1} if kind == "lat"
+            else {"msgs_per_sec": 10, "gbps": 1}))
+        res = {"machine": {"date": "D", "git": "G", "cpu": "C", "cores": 2, "os": "O",
+                           "kernel": "K", "loadavg_start": 1.0, "ucx": "Version 1.13.1"},
+               "config": {"quick": False, "rounds": 3, "run_secs": 2},
+               "targets": bench.targets(s), "callgrind": None}
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "README.md")
+            with open(p, "w") as fh:
+                fh.write("head\n%s\nold table\n%s\ntail\n" % (bench.README_BEGIN,
+                                                               bench.README_END))
+            self.assertIsNone(bench.update_readme(p, res))
+            with open(p) as fh:
+                text = fh.read()
+            self.assertTrue(text.startswith("head\n" + bench.README_BEGIN))
+            self.assertTrue(text.endswith(bench.README_END + "\ntail\n"))
+            self.assertNotIn("old table", text)
+            self.assertIn("| 64 B stream msg/s vs kernel TCP | 10 msg/s | 10 msg/s | 1.00 |", text)
+            with open(p, "w") as fh:
+                fh.write("no markers\n")
+            self.assertIsNotNone(bench.update_readme(p, res))
+
+
+if __name__ == "__main__":
+    unittest.main()
