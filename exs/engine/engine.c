@@ -39,6 +39,10 @@ static struct {
     int running;
     int manual;     /* provider opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
     int drivers;    /* atomic: application threads inside a wait */
+    unsigned leave_gen; /* atomic: drivers that left, ever */
+    uint64_t leave_ns;  /* atomic: when a driver last left */
+    int lease_idle;     /* atomic: the lease is stopped; the last driver to leave wakes the loop */
+    unsigned seen_gen;  /* plock (loop): leave_gen at the previous lease */
     int io_on;      /* plock: the loop watches the provider's event fd */
     int loop_dirty; /* plock: a non-loop holder changed a watcher */
     int njobs;      /* atomic: queued jobs (a sleeper looks before sleeping) */
@@ -59,6 +63,8 @@ static const struct exs_counter_desc eng_counter_desc[] = {
                 "drives by the progress thread that found work"),
     EXS_COUNTER(struct exs_eng_counters, lease_handoffs,
                 "times the progress thread took the provider back when no thread drove"),
+    EXS_COUNTER(struct exs_eng_counters, lease_idles,
+                "leases stopped because the same threads kept waiting (idle waits cost no wake-up)"),
     EXS_COUNTER(struct exs_eng_counters, evq_fd_writes,
                 "event queue descriptor writes (only for queues someone can see)"),
 };
@@ -287,8 +293,14 @@ void exs__engine_driver_enter(void)
 
 void exs__engine_driver_leave(void)
 {
-    /* No wake-up: the loop sees drivers == 0 within one lease. */
-    __atomic_sub_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST);
+    /* No wake-up while the lease runs: the loop looks within one lease. After a long
+     * wait the lease was stopped (eng_lease_cb): the last driver out wakes the loop. */
+    __atomic_store_n(&eng.leave_ns, exs__now_ns(), __ATOMIC_RELAXED);
+    __atomic_add_fetch(&eng.leave_gen, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_sub_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 0 &&
+        __atomic_load_n(&eng.lease_idle, __ATOMIC_SEQ_CST) &&
+        __atomic_exchange_n(&eng.lease_idle, 0, __ATOMIC_SEQ_CST))
+        ev_async_send(eng.loop, &eng.wake);
 }
 
 /* ---- the loop thread ---- */
@@ -315,12 +327,29 @@ static void eng_async_cb(struct ev_loop *loop, ev_async *w, int revents)
         ev_break(loop, EVBREAK_ALL);
 }
 
+/* The lease: a periodic look at the drivers while they drive. When no driver left during
+ * a whole lease, the same threads are still waiting (an idle server in exs_qdequeue):
+ * stop the lease instead of waking every lease_us, and let the last driver to leave wake
+ * the loop (exs__engine_driver_leave). The two sides publish, then look (sequentially
+ * consistent), so either the loop sees the leave or the leaver sees lease_idle. */
 static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    /* Nothing to do here: eng_prepare_cb, which runs next, looks at drivers. */
-    (void)loop;
-    (void)w;
+    unsigned gen = __atomic_load_n(&eng.leave_gen, __ATOMIC_SEQ_CST);
+
     (void)revents;
+    if (__atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST) > 0 && gen == eng.seen_gen &&
+        !exs__params.test_engine_park) {
+        __atomic_store_n(&eng.lease_idle, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST) > 0 &&
+            __atomic_load_n(&eng.leave_gen, __ATOMIC_SEQ_CST) == gen) {
+            ev_timer_stop(loop, w);
+            EXS_CNT_INC(exs__eng_cnt.lease_idles);
+            return;
+        }
+        __atomic_store_n(&eng.lease_idle, 0, __ATOMIC_SEQ_CST);
+    }
+    eng.seen_gen = gen;
+    /* eng_prepare_cb, which runs next, decides who watches the provider. */
 }
 
 /* Before every blocking poll, plock held: watch the provider only while no application
@@ -328,15 +357,20 @@ static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
     int drivers = __atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST);
+    uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
+    /* Hysteresis: take the provider back only after a whole lease without a driver, so
+     * an application that leaves exs_qdequeue for a moment (a ping-pong posting its
+     * reply) keeps driving alone. */
+    int recent = exs__now_ns() - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED) < lease_ns;
 
     (void)w;
     (void)revents;
-    if (drivers > 0 || exs__params.test_engine_park) {
+    if (drivers > 0 || recent || exs__params.test_engine_park) {
         if (eng.io_on) {
             ev_io_stop(loop, &eng.prov_io);
             eng.io_on = 0;
         }
-        if (!ev_is_active(&eng.lease)) {
+        if (!ev_is_active(&eng.lease) && !__atomic_load_n(&eng.lease_idle, __ATOMIC_SEQ_CST)) {
             ev_timer_set(&eng.lease, (double)exs__params.lease_us / 1e6,
                          (double)exs__params.lease_us / 1e6);
             ev_timer_start(loop, &eng.lease);

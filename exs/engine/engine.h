@@ -28,6 +28,7 @@ struct exs_eng_counters {
     uint64_t drives_app;     /* drives by application threads that found work */
     uint64_t drives_thread;  /* drives by the progress thread that found work */
     uint64_t lease_handoffs; /* the progress thread took the provider back */
+    uint64_t lease_idles;    /* leases stopped: the same drivers waited a whole lease */
     uint64_t evq_fd_writes;  /* event queue eventfd writes (api/evq.c) */
 };
 extern struct exs_eng_counters exs__eng_cnt;

@@ -168,6 +168,53 @@ START_TEST(test_progress_while_computing)
 }
 END_TEST
 
+/* A thread waiting a long time with nothing to do: the lease stops (no wake-up every
+ * lease_us while a server idles in exs_qdequeue), and when that waiter leaves, the
+ * progress thread is woken and takes the provider back: a transfer then completes
+ * without any exs_qdequeue, seen on exs_qfd. */
+START_TEST(test_idle_wait_then_compute)
+{
+    struct it_pair p;
+    struct it_buf *a, *b;
+    struct pollfd pfd[2];
+    exs_event_t ev;
+    const size_t len = 1 << 16;
+    uint64_t idle0;
+    double end;
+    int seen = 0;
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 64, 64);
+    idle0 = eng_counter("lease_idles");
+    /* 300 ms with nothing to do: many leases (1 ms by default) */
+    ck_assert_int_eq(exs_qdequeue(p.sq, &ev, 1, &(struct timespec){0, 300000000}), 0);
+    ck_assert_msg(eng_counter("lease_idles") > idle0,
+                  "the lease kept running while the same thread waited 300 ms");
+    a = it_buf_new(len, 1);
+    b = it_buf_new(len, 1);
+    pfd[0].fd = exs_qfd(p.sq);
+    pfd[1].fd = exs_qfd(p.cq);
+    pfd[0].events = pfd[1].events = POLLIN;
+    it_fill(a->p, len, 9);
+    IT_EXPECT_OK(exs_recv(p.sfd, b->p, len, MSG_WAITALL, p.sq, AH(1), b->mh));
+    IT_EXPECT_OK(exs_send(p.cfd, a->p, len, 0, p.cq, AH(2), a->mh));
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (seen != 3 && it_now_ms() < end) {
+        pfd[0].revents = pfd[1].revents = 0;
+        ck_assert_int_ge(poll(pfd, 2, 100), 0);
+        seen |= (pfd[0].revents & POLLIN ? 1 : 0) | (pfd[1].revents & POLLIN ? 2 : 0);
+    }
+    ck_assert_msg(seen == 3, "after an idle wait, without exs_qdequeue: server event %d client "
+                  "event %d", seen & 1, !!(seen & 2));
+    it_expect_recv(p.sq, p.sfd, AH(1), (ssize_t)len, 0);
+    it_expect_send(p.cq, p.cfd, AH(2), (ssize_t)len);
+    ck_assert_int_eq(it_check(b->p, len, 9), -1);
+    it_buf_free(a);
+    it_buf_free(b);
+    it_pair_close(&p);
+}
+END_TEST
+
 /* An event queued before exs_qfd was first called on its queue (its post wrote no
  * descriptor): the descriptor is readable as soon as exs_qfd returns, and not once the
  * queue is empty. Receives complete in order, so once the second receive's event is on
@@ -559,6 +606,7 @@ Suite *integ_progress_suite(void)
     suite_add_tcase(s, tc);
     tc = it_tcase("computing", IT_CASE_TIMEOUT);
     tcase_add_test(tc, test_progress_while_computing);
+    tcase_add_test(tc, test_idle_wait_then_compute);
     suite_add_tcase(s, tc);
     tc = it_tcase("many_waiters", 2 * IT_CASE_TIMEOUT + 60);
     tcase_add_loop_test(tc, test_many_waiters, 0, 3);
