@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "exs/prov/tcp/tcp.h"
+#include "exs/util/util.h"
 #include "tests/prov/prov_test.h"
 
 /* Counters of a tcp ctx (tcp-only tests look inside the provider). */
@@ -252,6 +253,45 @@ START_TEST(limits_half_open)
 }
 END_TEST
 
+/* The completion ring grows with the reservations of the eps it serves and gives the
+ * memory back when they are gone (issue 10: memory back to baseline after mass resets). */
+static uint32_t cq_cap_of(struct exs_prov_ctx *c)
+{
+    uint32_t cap;
+
+    pthread_mutex_lock(&tcp_ctx_of(c)->lock);
+    cap = tcp_ctx_of(c)->cq_cap;
+    pthread_mutex_unlock(&tcp_ctx_of(c)->lock);
+    return cap;
+}
+
+START_TEST(limits_cq_shrinks)
+{
+    enum { N = 64 };
+    struct exs_prov_ep *eps[N];
+    struct exs_prov_ep_attr at = pt_default_attr();
+    struct pt_host h;
+    uint32_t cap0, cap;
+
+    pt_host_open(&h);
+    cap0 = cq_cap_of(h.ctx);
+    at.max_send_wr = EXS_MIN(h.ctx->caps.max_send_wr, 2048u);
+    at.max_recv_wr = EXS_MIN(h.ctx->caps.max_recv_wr, 2048u);
+    ck_assert_uint_gt((uint64_t)N * (at.max_send_wr + at.max_recv_wr), cap0);
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(pt_ops->ep_create(h.ctx, &at, &eps[i]), 0);
+    cap = cq_cap_of(h.ctx);
+    ck_assert_msg(cap >= (uint64_t)N * (at.max_send_wr + at.max_recv_wr),
+                  "ring of %u entries for %d eps of %u + %u", cap, N, at.max_send_wr,
+                  at.max_recv_wr);
+    for (int i = 0; i < N; i++)
+        pt_ops->ep_destroy(eps[i]);
+    ck_assert_msg(cq_cap_of(h.ctx) == cap0, "ring still %u entries after every ep went (first %u)",
+                  cq_cap_of(h.ctx), cap0);
+    pt_host_close(&h);
+}
+END_TEST
+
 Suite *prov_limits_suite(void)
 {
     Suite *s = suite_create("prov_limits");
@@ -259,6 +299,7 @@ Suite *prov_limits_suite(void)
 
     tcase_add_test(tc, limits_emfile_backoff);
     tcase_add_test(tc, limits_half_open);
+    tcase_add_test(tc, limits_cq_shrinks);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -583,7 +583,7 @@ static void tcp_ep_destroy_nic(struct tcp_ctx *ctx, struct tcp_ep *ep)
             ctx->cq[(ctx->cq_head + keep++) % ctx->cq_cap] = *q;
     }
     ctx->cq_count = keep;
-    ctx->cq_reserved -= (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr;
+    exs__tcp_cq_unreserve_locked(ctx, (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr);
     exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
         struct tcp_cm_node *n = exs_list_entry(pos, struct tcp_cm_node, link);
 

@@ -102,30 +102,54 @@ static int tcp_cqe_is_recv(const struct exs_prov_cqe *cqe)
 
 /* Room for n more completions (ep_create): the ring grows up to caps.max_cqe, so it
  * always holds every completion the live eps can produce. -ENOBUFS beyond. */
+/* Move the queued completions into a ring of cap entries (ctx->lock held; cap >= count). */
+static int tcp_cq_resize_locked(struct tcp_ctx *ctx, uint32_t cap)
+{
+    struct exs_prov_cqe *q = malloc((size_t)cap * sizeof(*q));
+
+    if (!q)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < ctx->cq_count; i++)
+        q[i] = ctx->cq[(ctx->cq_head + i) % ctx->cq_cap];
+    free(ctx->cq);
+    ctx->cq = q;
+    ctx->cq_head = 0;
+    EXS_DBG(PROV, "ctx %p: completion queue resized from %u to %u entries", (void *)ctx,
+            ctx->cq_cap, cap);
+    ctx->cq_cap = cap;
+    return 0;
+}
+
 int exs__tcp_cq_reserve_locked(struct tcp_ctx *ctx, uint64_t n)
 {
     uint64_t want = ctx->cq_reserved + n;
-    struct exs_prov_cqe *q;
-    uint32_t cap;
+    int ret;
 
     if (want > ctx->base.caps.max_cqe)
         return -ENOBUFS;
     if (want > ctx->cq_cap) {
-        cap = (uint32_t)EXS_MIN(EXS_MAX(want, (uint64_t)ctx->cq_cap * 2),
-                                (uint64_t)ctx->base.caps.max_cqe);
-        q = malloc((size_t)cap * sizeof(*q));
-        if (!q)
-            return -ENOMEM;
-        for (uint32_t i = 0; i < ctx->cq_count; i++)
-            q[i] = ctx->cq[(ctx->cq_head + i) % ctx->cq_cap];
-        free(ctx->cq);
-        ctx->cq = q;
-        ctx->cq_head = 0;
-        ctx->cq_cap = cap;
-        EXS_DBG(PROV, "ctx %p: completion queue grown to %u entries", (void *)ctx, cap);
+        ret = tcp_cq_resize_locked(ctx, (uint32_t)EXS_MIN(EXS_MAX(want, (uint64_t)ctx->cq_cap * 2),
+                                                          (uint64_t)ctx->base.caps.max_cqe));
+        if (ret)
+            return ret;
     }
     ctx->cq_reserved = want;
     return 0;
+}
+
+/* An ep gave back its n entries (ctx->lock held): once the reservations fit in a
+ * quarter of a grown ring, the ring shrinks (to twice the reservations, not below its
+ * first size), so memory comes back after a burst of connections. */
+void exs__tcp_cq_unreserve_locked(struct tcp_ctx *ctx, uint64_t n)
+{
+    uint64_t cap;
+
+    ctx->cq_reserved -= n;
+    if (ctx->cq_cap <= ctx->cq_cap0 || ctx->cq_reserved * 4 > ctx->cq_cap)
+        return;
+    cap = EXS_MAX(EXS_MAX(ctx->cq_reserved * 2, (uint64_t)ctx->cq_cap0), (uint64_t)ctx->cq_count);
+    if (cap < ctx->cq_cap)
+        (void)tcp_cq_resize_locked(ctx, (uint32_t)cap); /* no memory: keep the big ring */
 }
 
 void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
@@ -234,6 +258,10 @@ static int tcp_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         ctx->cq_head = (ctx->cq_head + 1) % ctx->cq_cap;
         ctx->cq_count--;
     }
+    /* An empty ring starts again at entry 0: the pages in use are those of the most
+     * completions ever queued at once, not the whole ring as the head goes round. */
+    if (ctx->cq_count == 0)
+        ctx->cq_head = 0;
     pthread_mutex_unlock(&ctx->lock);
     return n;
 }
@@ -754,6 +782,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->base.caps.max_msg_size = tcp_clamp32(exs__params.tcp_max_msg, 1, UINT32_MAX);
     cq_size = attr && attr->cq_size ? attr->cq_size : exs__params.tcp_cq_size;
     ctx->cq_cap = tcp_clamp32(cq_size, 1, TCP_CQ_MAX);
+    ctx->cq_cap0 = ctx->cq_cap;
     ctx->base.caps.max_cqe = TCP_CQ_MAX;
     ctx->emu_delay_ns = exs__params.emu_delay_us * 1000u;
     ctx->emu_rate_mbps = exs__params.emu_rate_mbps;
