@@ -273,6 +273,8 @@ START_TEST(limits_cq_shrinks)
     struct pt_host h;
     uint32_t cap0, cap;
 
+    if (pt_skip_unless_tcp("limits_cq_shrinks"))
+        return;
     pt_host_open(&h);
     cap0 = cq_cap_of(h.ctx);
     at.max_send_wr = EXS_MIN(h.ctx->caps.max_send_wr, 2048u);
