@@ -47,7 +47,10 @@ assert r["sizes"] == sizes
 for system in ("exs_notify", "exs_poll", "exs_poll_send", "kernel_tcp", "ucx_tag_lat"):
     for z in sizes:
         f = r["summary"]["latency"][system]["sizes"][str(z)]
-        assert f["p50_us"] > 0 and f["p99_us"] >= f["p50_us"] and f["mean_us"] > 0, (system, z, f)
+        assert f["p50_us"] > 0 and f["p99_us"] > 0 and f["mean_us"] > 0, (system, z, f)
+        # UCX's p99 comes from a second run (-R 99): only one run's percentiles are ordered
+        if system != "ucx_tag_lat":
+            assert f["p99_us"] >= f["p50_us"], (system, z, f)
         assert len(f["runs"]) == 1 and f["runs"][0]["iters"] > 0, (system, z, f)
         assert f["p50_us"] == f["runs"][0]["p50_us"], (system, z, f)
 for system in ("exs", "kernel_tcp", "ucx_stream_bw", "ucx_tag_bw"):
