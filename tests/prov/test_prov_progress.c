@@ -571,6 +571,169 @@ START_TEST(progress_full_socket)
 }
 END_TEST
 
+/* ---- a held request whose peer hung up: nobody spins ---- */
+
+struct idle_driver {
+    struct exs_prov_ctx *ctx;
+    int stop;          /* (atomic) */
+    uint64_t turns;    /* ctx_progress calls (atomic) */
+    uint64_t sleeps;   /* polls that slept on the event fd (atomic) */
+    struct exs_prov_cqe cqe[16];
+    int ncqe;
+    struct exs_prov_cm_event cm[4];
+    int ncm;
+};
+
+/* A consumer's thread that drives ctx as an application would: progress, poll,
+ * arm, sleep on the event fd (bounded, so that it notices stop). */
+static void *idle_driver_main(void *arg)
+{
+    struct idle_driver *d = arg;
+
+    while (!__atomic_load_n(&d->stop, __ATOMIC_RELAXED)) {
+        struct pollfd pfd = {.fd = pt_ops->ctx_event_fd(d->ctx), .events = POLLIN};
+        int did = pt_ops->ctx_progress(d->ctx);
+
+        struct exs_prov_cqe c;
+        struct exs_prov_cm_event ev;
+
+        __atomic_add_fetch(&d->turns, 1, __ATOMIC_RELAXED);
+        if (did < 0)
+            abort();
+        while (pt_ops->ctx_poll(d->ctx, &c, 1) == 1) {
+            if (d->ncqe < 16)
+                d->cqe[d->ncqe] = c;
+            d->ncqe++;
+            did = 1;
+        }
+        while (pt_ops->ctx_cm_poll(d->ctx, &ev) == 1) {
+            if (d->ncm < 4)
+                d->cm[d->ncm] = ev;
+            d->ncm++;
+            did = 1;
+        }
+        if (did || pt_ops->ctx_arm(d->ctx) == -EAGAIN)
+            continue;
+        poll(&pfd, 1, 50);
+        __atomic_add_fetch(&d->sleeps, 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* Run a driver of ctx for ms milliseconds; d gets what it saw. */
+static void drive_for(struct idle_driver *d, struct exs_prov_ctx *ctx, int ms)
+{
+    pthread_t t;
+
+    memset(d, 0, sizeof(*d));
+    d->ctx = ctx;
+    ck_assert_int_eq(pthread_create(&t, NULL, idle_driver_main, d), 0);
+    pt_sleep_ms(ms);
+    __atomic_store_n(&d->stop, 1, __ATOMIC_RELAXED);
+    pthread_join(t, NULL);
+}
+
+enum hup_kind { HUP_SHUT_WR, HUP_CLOSE, HUP_RESET };
+
+/* Bound on a driver's turns in 500 ms with nothing to do but a held request (RNR
+ * retry every 200 ms) and the end of one connection: a spinning driver runs hundreds
+ * of thousands (this counts turns, it does not time anything). */
+#define HUP_MAX_TURNS 1000
+
+/*
+ * MANUAL_PROGRESS: a SEND is held at b (no receive posted, rnr_retry 7 = forever) and
+ * the peer hangs up. The hang-up cannot be masked out of the epoll set, so unless the
+ * turn acts on it the event fd stays readable and the consumer's thread, sleeping on
+ * it, never sleeps. It must end the wait: the held request is dropped, the connection
+ * ends (DISCONNECTED -ECONNRESET: the peer left without a DISCONNECT) and the driver
+ * goes back to sleeping.
+ */
+static void hold_hup(enum hup_kind kind)
+{
+    struct pt_pair p;
+    struct exs_prov_ep_attr attr = pt_default_attr();
+    struct tcp_wire_hdr h;
+    struct idle_driver d;
+    struct pt_buf *rb;
+    uint8_t payload[64];
+    uint64_t waits0;
+    int fd;
+
+    pt_self_drive = 1;
+    attr.rnr_timer_ms = 200; /* a slow RNR retry: few legitimate turns */
+    pt_pair_open(&p, &attr, &attr);
+    fd = pt_raw_establish(&p);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    drive_for(&d, p.b.ctx, 300);
+    ck_assert_uint_lt(d.turns, HUP_MAX_TURNS); /* the driver sleeps when idle */
+    waits0 = TCP_CNT(p.b.ctx, rnr_waits);
+    h = pt_raw_hdr(TCP_WIRE_SEND, 0, sizeof(payload), 0, 0, 0, 0);
+    memset(payload, 0x5a, sizeof(payload));
+    ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
+    ck_assert_int_eq(pt_raw_send(fd, payload, sizeof(payload)), 0);
+    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS;
+         TCP_CNT(p.b.ctx, rnr_waits) == waits0 && pt_now_ms() < deadline;)
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+    ck_assert_msg(TCP_CNT(p.b.ctx, rnr_waits) > waits0, "the SEND was never held");
+    if (kind == HUP_SHUT_WR) {
+        ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+    } else {
+        if (kind == HUP_RESET) {
+            struct linger lg = {.l_onoff = 1, .l_linger = 0};
+
+            ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+        }
+        close(fd);
+        fd = -1;
+    }
+    drive_for(&d, p.b.ctx, 500);
+    printf("progress_hold_hup %d: %llu turns in 500 ms, %llu sleeps\n", (int)kind,
+           (unsigned long long)d.turns, (unsigned long long)d.sleeps);
+    fflush(stdout);
+    ck_assert_msg(d.turns < HUP_MAX_TURNS, "the driver spun: %llu turns in 500 ms",
+                  (unsigned long long)d.turns);
+    /* the hang-up was not lost: the connection ended, the held SEND was dropped */
+    ck_assert_int_eq(d.ncm, 1);
+    ck_assert_int_eq(d.cm[0].type, EXS_PROV_CM_DISCONNECTED);
+    ck_assert_ptr_eq(d.cm[0].ep, p.eb);
+    ck_assert_int_eq(d.cm[0].status, -ECONNRESET);
+    ck_assert_int_eq(d.ncqe, 0);
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_ERROR);
+    p.b_up = 0;
+    /* a receive posted now flushes: nothing of the dropped SEND reaches it */
+    ck_assert_int_eq(pt_post_recv(p.eb, 9, rb, 0, 64), 0);
+    pt_expect_cqe(&p.b, 9, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    ck_assert(pt_all_bytes(rb->p, 64, 0));
+    if (fd >= 0)
+        close(fd);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+
+START_TEST(progress_hold_hup_shut_wr)
+{
+    if (pt_skip_unless_tcp("progress_hold_hup_shut_wr"))
+        return;
+    hold_hup(HUP_SHUT_WR);
+}
+END_TEST
+
+START_TEST(progress_hold_hup_close)
+{
+    if (pt_skip_unless_tcp("progress_hold_hup_close"))
+        return;
+    hold_hup(HUP_CLOSE);
+}
+END_TEST
+
+START_TEST(progress_hold_hup_reset)
+{
+    if (pt_skip_unless_tcp("progress_hold_hup_reset"))
+        return;
+    hold_hup(HUP_RESET);
+}
+END_TEST
+
 Suite *prov_progress_suite(void)
 {
     Suite *s = suite_create("prov_progress");
@@ -586,6 +749,9 @@ Suite *prov_progress_suite(void)
     tcase_add_test(tc, progress_role_busy_thread);
     tcase_add_test(tc, progress_no_lost_wakeup);
     tcase_add_test(tc, progress_full_socket);
+    tcase_add_test(tc, progress_hold_hup_shut_wr);
+    tcase_add_test(tc, progress_hold_hup_close);
+    tcase_add_test(tc, progress_hold_hup_reset);
     suite_add_tcase(s, tc);
     return s;
 }
