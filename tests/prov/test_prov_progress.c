@@ -575,9 +575,9 @@ END_TEST
 
 struct idle_driver {
     struct exs_prov_ctx *ctx;
-    int stop;          /* (atomic) */
-    uint64_t turns;    /* ctx_progress calls (atomic) */
-    uint64_t sleeps;   /* polls that slept on the event fd (atomic) */
+    int stop;        /* (atomic) */
+    uint64_t turns;  /* ctx_progress calls (atomic) */
+    uint64_t sleeps; /* polls that slept on the event fd (atomic) */
     struct exs_prov_cqe cqe[16];
     int ncqe;
     struct exs_prov_cm_event cm[4];
