@@ -734,6 +734,97 @@ START_TEST(progress_hold_hup_reset)
 }
 END_TEST
 
+/* ---- deadlines are walked only when one is due ---- */
+
+#define TW_SILENT 64 /* sockets that never send their CONN_REQ: each has a deadline */
+
+/* Connections with a deadline (here: accepted sockets waiting for their CONN_REQ, 10 s)
+ * do not make every turn or post walk the deadline list: a ping-pong runs without a
+ * single walk, since nothing is due (the timerfd is armed for the earliest deadline). */
+START_TEST(progress_timer_walk_only_when_due)
+{
+    struct pt_pair p;
+    struct pt_buf *sa, *ra, *sb, *rb;
+    int fds[TW_SILENT];
+    uint64_t wa0, wb0;
+
+    if (pt_skip_unless_tcp("progress_timer_walk_only_when_due"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    for (int i = 0; i < TW_SILENT; i++) {
+        fds[i] = pt_raw_connect(&p);
+        pt_drive_all(); /* accept as they come: the backlog is small */
+    }
+    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS;
+         TCP_CNT(p.b.ctx, accept_calls) < TW_SILENT && pt_now_ms() < deadline;)
+        pt_drive_all();
+    while (pt_drive_all() > 0)
+        ;
+    ck_assert_uint_ge(TCP_CNT(p.b.ctx, accept_calls), TW_SILENT);
+    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
+    ra = pt_pair_buf(&p, 'a', 64, LW, 0);
+    sb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    wa0 = TCP_CNT(p.a.ctx, timer_walks);
+    wb0 = TCP_CNT(p.b.ctx, timer_walks);
+    for (uint32_t i = 0; i < PP_ROUNDS; i++) {
+        ck_assert_int_eq(pt_post_recv(p.eb, 1000 + i, rb, 0, 64), 0);
+        ck_assert_int_eq(pt_post_recv(p.ea, 2000 + i, ra, 0, 64), 0);
+        ck_assert_int_eq(pt_post_send(p.ea, 3000 + i, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0),
+                         0);
+        pt_expect_cqe(&p.b, 1000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        ck_assert_int_eq(pt_post_send(p.eb, 4000 + i, EXS_PROV_WR_SEND, SIG, sb, 0, 64, 0, 0, 0),
+                         0);
+        pt_expect_wr(&p.a, 2000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        pt_expect_wr(&p.a, 3000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        pt_expect_wr(&p.b, 4000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    }
+    printf("progress_timer_walk_only_when_due: %llu + %llu walks in %d rounds\n",
+           (unsigned long long)(TCP_CNT(p.a.ctx, timer_walks) - wa0),
+           (unsigned long long)(TCP_CNT(p.b.ctx, timer_walks) - wb0), PP_ROUNDS);
+    fflush(stdout);
+    ck_assert_uint_eq(TCP_CNT(p.a.ctx, timer_walks), wa0);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, timer_walks), wb0);
+    for (int i = 0; i < TW_SILENT; i++)
+        close(fds[i]);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
+/* The deadline still fires when due: a silent socket is closed at the handshake
+ * timeout, by a walk the timerfd started. */
+START_TEST(progress_timer_fires_when_due)
+{
+    struct pt_pair p;
+    uint64_t w0, t0;
+    int fd;
+
+    if (pt_skip_unless_tcp("progress_timer_fires_when_due"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    tcp_ctx_of(p.b.ctx)->handshake_ns = 200 * 1000000ull; /* before the socket arrives */
+    w0 = TCP_CNT(p.b.ctx, timer_walks);
+    t0 = TCP_CNT(p.b.ctx, handshake_timeouts);
+    fd = pt_raw_connect(&p);
+    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS;
+         TCP_CNT(p.b.ctx, handshake_timeouts) == t0 && pt_now_ms() < deadline;) {
+        struct pollfd pfd = {.fd = pt_ops->ctx_event_fd(p.b.ctx), .events = POLLIN};
+
+        if (pt_ops->ctx_progress(p.b.ctx) == 0 && pt_ops->ctx_arm(p.b.ctx) == 0)
+            poll(&pfd, 1, 100);
+    }
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, handshake_timeouts), t0 + 1);
+    ck_assert_uint_ge(TCP_CNT(p.b.ctx, timer_walks), w0 + 1);
+    ck_assert_int_eq(pt_raw_closed_within(fd, PT_TIMEOUT_MS), 1);
+    close(fd);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
 Suite *prov_progress_suite(void)
 {
     Suite *s = suite_create("prov_progress");
@@ -752,6 +843,8 @@ Suite *prov_progress_suite(void)
     tcase_add_test(tc, progress_hold_hup_shut_wr);
     tcase_add_test(tc, progress_hold_hup_close);
     tcase_add_test(tc, progress_hold_hup_reset);
+    tcase_add_test(tc, progress_timer_walk_only_when_due);
+    tcase_add_test(tc, progress_timer_fires_when_due);
     suite_add_tcase(s, tc);
     return s;
 }
