@@ -259,6 +259,78 @@ START_TEST(progress_ack_deferred_then_disconnect)
 }
 END_TEST
 
+/* MANUAL_PROGRESS: a post takes along only its own connection's deferred ACK; the
+ * ACK another connection owes stays deferred (for that connection's own reply) and
+ * leaves in the next turn, which the consumer cannot skip. */
+START_TEST(progress_post_acks_own_conn_only)
+{
+    struct pt_pair p;
+    struct exs_prov_ep *eb1;
+    struct exs_prov_ep_attr attr = pt_default_attr();
+    struct pt_buf *sa, *rb, *rb2, *sb;
+    struct tcp_wire_hdr h, ack;
+    struct exs_prov_cqe c;
+    uint64_t acks0, calls0;
+    uint8_t payload[16];
+    int fd, got = 0;
+
+    if (pt_skip_unless_tcp("progress_post_acks_own_conn_only"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    /* a second connection of b's ctx, to a raw peer */
+    eb1 = p.eb;
+    ck_assert_int_eq(pt_ops->ep_create(p.b.ctx, &attr, &p.eb), 0);
+    fd = pt_raw_establish(&p);
+    {
+        struct exs_prov_ep *eb2 = p.eb;
+
+        p.eb = eb1;
+        sa = pt_pair_buf(&p, 'a', 64, LW, 0);
+        rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+        rb2 = pt_pair_buf(&p, 'b', 64, LW, 0);
+        sb = pt_pair_buf(&p, 'b', 64, LW, 0);
+        ck_assert_int_eq(pt_post_recv(p.eb, 1, rb, 0, 64), 0);
+        ck_assert_int_eq(pt_post_recv(eb2, 2, rb2, 0, 64), 0);
+        while (pt_drive_all() > 0)
+            ;
+        acks0 = TCP_CNT(p.b.ctx, acks_tx);
+        /* one request on each connection */
+        ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0), 0);
+        h = pt_raw_hdr(TCP_WIRE_SEND, 0, sizeof(payload), 0, 0, 0, 0);
+        memset(payload, 0x33, sizeof(payload));
+        ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
+        ck_assert_int_eq(pt_raw_send(fd, payload, sizeof(payload)), 0);
+        for (double deadline = pt_now_ms() + PT_TIMEOUT_MS; got < 2 && pt_now_ms() < deadline;) {
+            ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+            while (got < 2 && pt_ops->ctx_poll(p.b.ctx, &c, 1) == 1) {
+                ck_assert_int_eq(c.status, EXS_PROV_WC_SUCCESS);
+                got++;
+            }
+        }
+        ck_assert_int_eq(got, 2);
+        ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0); /* both owed, deferred */
+        /* the reply on the first connection carries its ACK, in one sendmsg */
+        calls0 = TCP_CNT(p.b.ctx, tx_calls);
+        ck_assert_int_eq(pt_post_send(p.eb, 4, EXS_PROV_WR_SEND, SIG, sb, 0, 64, 0, 0, 0), 0);
+        ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 1);
+        ck_assert_uint_eq(TCP_CNT(p.b.ctx, tx_calls), calls0 + 1);
+        /* the second connection's ACK is still owed: no sleeping before the next turn */
+        ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), -EAGAIN);
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+        ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 2);
+        ck_assert_int_eq(pt_raw_recv(fd, &ack, sizeof(ack), PT_TIMEOUT_MS), 0);
+        ck_assert_uint_eq(ack.type, TCP_WIRE_ACK);
+        ck_assert_uint_eq(ntohl(ack.psn), 0);
+        pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        close(fd);
+        pt_ep_close(&p.b, eb2);
+    }
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
 /* ---- many posters, one driver: no lost wake-up ---- */
 
 #define RACE_POSTERS 4
@@ -836,6 +908,7 @@ Suite *prov_progress_suite(void)
     tcase_add_test(tc, progress_ack_rides_with_reply);
     tcase_add_test(tc, progress_ack_deferred_next_turn);
     tcase_add_test(tc, progress_ack_deferred_then_disconnect);
+    tcase_add_test(tc, progress_post_acks_own_conn_only);
     tcase_add_test(tc, progress_role_busy_manual);
     tcase_add_test(tc, progress_role_busy_thread);
     tcase_add_test(tc, progress_no_lost_wakeup);

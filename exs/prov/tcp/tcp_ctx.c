@@ -564,11 +564,27 @@ static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
     return did;
 }
 
+/*
+ * A poster's turn (nic_lock held): only what posts need. Frame the posted sends (each
+ * connection's deferred ACK rides in front of its first request: exs__tcp_ep_tx_fill)
+ * and write them. No epoll_wait (reading is left to whoever drives), no deadline walk
+ * (none can be due: only a turn that collected the timerfd walks), and the other
+ * connections' deferred ACKs stay deferred for their own replies or the next turn
+ * (spec: "ACK deferral").
+ */
+static void tcp_nic_post_turn(struct tcp_ctx *ctx)
+{
+    tcp_nic_service(ctx);
+    tcp_nic_flush(ctx);
+    tcp_nic_timer_arm(ctx);
+    tcp_nic_reap(ctx);
+}
+
 void exs__tcp_ctx_kick(struct tcp_ctx *ctx)
 {
     if (pthread_mutex_trylock(&ctx->nic_lock) == 0) {
         EXS_CNT_INC(ctx->cnt.direct_writes);
-        tcp_nic_turn(ctx, 0);
+        tcp_nic_post_turn(ctx);
         pthread_mutex_unlock(&ctx->nic_lock);
         return;
     }
