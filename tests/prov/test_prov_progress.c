@@ -259,6 +259,78 @@ START_TEST(progress_ack_deferred_then_disconnect)
 }
 END_TEST
 
+/* MANUAL_PROGRESS: a post takes along only its own connection's deferred ACK; the
+ * ACK another connection owes stays deferred (for that connection's own reply) and
+ * leaves in the next turn, which the consumer cannot skip. */
+START_TEST(progress_post_acks_own_conn_only)
+{
+    struct pt_pair p;
+    struct exs_prov_ep *eb1;
+    struct exs_prov_ep_attr attr = pt_default_attr();
+    struct pt_buf *sa, *rb, *rb2, *sb;
+    struct tcp_wire_hdr h, ack;
+    struct exs_prov_cqe c;
+    uint64_t acks0, calls0;
+    uint8_t payload[16];
+    int fd, got = 0;
+
+    if (pt_skip_unless_tcp("progress_post_acks_own_conn_only"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    /* a second connection of b's ctx, to a raw peer */
+    eb1 = p.eb;
+    ck_assert_int_eq(pt_ops->ep_create(p.b.ctx, &attr, &p.eb), 0);
+    fd = pt_raw_establish(&p);
+    {
+        struct exs_prov_ep *eb2 = p.eb;
+
+        p.eb = eb1;
+        sa = pt_pair_buf(&p, 'a', 64, LW, 0);
+        rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+        rb2 = pt_pair_buf(&p, 'b', 64, LW, 0);
+        sb = pt_pair_buf(&p, 'b', 64, LW, 0);
+        ck_assert_int_eq(pt_post_recv(p.eb, 1, rb, 0, 64), 0);
+        ck_assert_int_eq(pt_post_recv(eb2, 2, rb2, 0, 64), 0);
+        while (pt_drive_all() > 0)
+            ;
+        acks0 = TCP_CNT(p.b.ctx, acks_tx);
+        /* one request on each connection */
+        ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0), 0);
+        h = pt_raw_hdr(TCP_WIRE_SEND, 0, sizeof(payload), 0, 0, 0, 0);
+        memset(payload, 0x33, sizeof(payload));
+        ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
+        ck_assert_int_eq(pt_raw_send(fd, payload, sizeof(payload)), 0);
+        for (double deadline = pt_now_ms() + PT_TIMEOUT_MS; got < 2 && pt_now_ms() < deadline;) {
+            ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+            while (got < 2 && pt_ops->ctx_poll(p.b.ctx, &c, 1) == 1) {
+                ck_assert_int_eq(c.status, EXS_PROV_WC_SUCCESS);
+                got++;
+            }
+        }
+        ck_assert_int_eq(got, 2);
+        ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0); /* both owed, deferred */
+        /* the reply on the first connection carries its ACK, in one sendmsg */
+        calls0 = TCP_CNT(p.b.ctx, tx_calls);
+        ck_assert_int_eq(pt_post_send(p.eb, 4, EXS_PROV_WR_SEND, SIG, sb, 0, 64, 0, 0, 0), 0);
+        ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 1);
+        ck_assert_uint_eq(TCP_CNT(p.b.ctx, tx_calls), calls0 + 1);
+        /* the second connection's ACK is still owed: no sleeping before the next turn */
+        ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), -EAGAIN);
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+        ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 2);
+        ck_assert_int_eq(pt_raw_recv(fd, &ack, sizeof(ack), PT_TIMEOUT_MS), 0);
+        ck_assert_uint_eq(ack.type, TCP_WIRE_ACK);
+        ck_assert_uint_eq(ntohl(ack.psn), 0);
+        pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        close(fd);
+        pt_ep_close(&p.b, eb2);
+    }
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
 /* ---- many posters, one driver: no lost wake-up ---- */
 
 #define RACE_POSTERS 4
@@ -571,6 +643,260 @@ START_TEST(progress_full_socket)
 }
 END_TEST
 
+/* ---- a held request whose peer hung up: nobody spins ---- */
+
+struct idle_driver {
+    struct exs_prov_ctx *ctx;
+    int stop;        /* (atomic) */
+    uint64_t turns;  /* ctx_progress calls (atomic) */
+    uint64_t sleeps; /* polls that slept on the event fd (atomic) */
+    struct exs_prov_cqe cqe[16];
+    int ncqe;
+    struct exs_prov_cm_event cm[4];
+    int ncm;
+};
+
+/* A consumer's thread that drives ctx as an application would: progress, poll,
+ * arm, sleep on the event fd (bounded, so that it notices stop). */
+static void *idle_driver_main(void *arg)
+{
+    struct idle_driver *d = arg;
+
+    while (!__atomic_load_n(&d->stop, __ATOMIC_RELAXED)) {
+        struct pollfd pfd = {.fd = pt_ops->ctx_event_fd(d->ctx), .events = POLLIN};
+        int did = pt_ops->ctx_progress(d->ctx);
+
+        struct exs_prov_cqe c;
+        struct exs_prov_cm_event ev;
+
+        __atomic_add_fetch(&d->turns, 1, __ATOMIC_RELAXED);
+        if (did < 0)
+            abort();
+        while (pt_ops->ctx_poll(d->ctx, &c, 1) == 1) {
+            if (d->ncqe < 16)
+                d->cqe[d->ncqe] = c;
+            d->ncqe++;
+            did = 1;
+        }
+        while (pt_ops->ctx_cm_poll(d->ctx, &ev) == 1) {
+            if (d->ncm < 4)
+                d->cm[d->ncm] = ev;
+            d->ncm++;
+            did = 1;
+        }
+        if (did || pt_ops->ctx_arm(d->ctx) == -EAGAIN)
+            continue;
+        poll(&pfd, 1, 50);
+        __atomic_add_fetch(&d->sleeps, 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* Run a driver of ctx for ms milliseconds; d gets what it saw. */
+static void drive_for(struct idle_driver *d, struct exs_prov_ctx *ctx, int ms)
+{
+    pthread_t t;
+
+    memset(d, 0, sizeof(*d));
+    d->ctx = ctx;
+    ck_assert_int_eq(pthread_create(&t, NULL, idle_driver_main, d), 0);
+    pt_sleep_ms(ms);
+    __atomic_store_n(&d->stop, 1, __ATOMIC_RELAXED);
+    pthread_join(t, NULL);
+}
+
+enum hup_kind { HUP_SHUT_WR, HUP_CLOSE, HUP_RESET };
+
+/* Bound on a driver's turns in 500 ms with nothing to do but a held request (RNR
+ * retry every 200 ms) and the end of one connection: a spinning driver runs hundreds
+ * of thousands (this counts turns, it does not time anything). */
+#define HUP_MAX_TURNS 1000
+
+/*
+ * MANUAL_PROGRESS: a SEND is held at b (no receive posted, rnr_retry 7 = forever) and
+ * the peer hangs up. The hang-up cannot be masked out of the epoll set, so unless the
+ * turn acts on it the event fd stays readable and the consumer's thread, sleeping on
+ * it, never sleeps. It must end the wait: the held request is dropped, the connection
+ * ends (DISCONNECTED -ECONNRESET: the peer left without a DISCONNECT) and the driver
+ * goes back to sleeping.
+ */
+static void hold_hup(enum hup_kind kind)
+{
+    struct pt_pair p;
+    struct exs_prov_ep_attr attr = pt_default_attr();
+    struct tcp_wire_hdr h;
+    struct idle_driver d;
+    struct pt_buf *rb;
+    uint8_t payload[64];
+    uint64_t waits0;
+    int fd;
+
+    pt_self_drive = 1;
+    attr.rnr_timer_ms = 200; /* a slow RNR retry: few legitimate turns */
+    pt_pair_open(&p, &attr, &attr);
+    fd = pt_raw_establish(&p);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    drive_for(&d, p.b.ctx, 300);
+    ck_assert_uint_lt(d.turns, HUP_MAX_TURNS); /* the driver sleeps when idle */
+    waits0 = TCP_CNT(p.b.ctx, rnr_waits);
+    h = pt_raw_hdr(TCP_WIRE_SEND, 0, sizeof(payload), 0, 0, 0, 0);
+    memset(payload, 0x5a, sizeof(payload));
+    ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
+    ck_assert_int_eq(pt_raw_send(fd, payload, sizeof(payload)), 0);
+    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS;
+         TCP_CNT(p.b.ctx, rnr_waits) == waits0 && pt_now_ms() < deadline;)
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+    ck_assert_msg(TCP_CNT(p.b.ctx, rnr_waits) > waits0, "the SEND was never held");
+    if (kind == HUP_SHUT_WR) {
+        ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+    } else {
+        if (kind == HUP_RESET) {
+            struct linger lg = {.l_onoff = 1, .l_linger = 0};
+
+            ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+        }
+        close(fd);
+        fd = -1;
+    }
+    drive_for(&d, p.b.ctx, 500);
+    printf("progress_hold_hup %d: %llu turns in 500 ms, %llu sleeps\n", (int)kind,
+           (unsigned long long)d.turns, (unsigned long long)d.sleeps);
+    fflush(stdout);
+    ck_assert_msg(d.turns < HUP_MAX_TURNS, "the driver spun: %llu turns in 500 ms",
+                  (unsigned long long)d.turns);
+    /* the hang-up was not lost: the connection ended, the held SEND was dropped */
+    ck_assert_int_eq(d.ncm, 1);
+    ck_assert_int_eq(d.cm[0].type, EXS_PROV_CM_DISCONNECTED);
+    ck_assert_ptr_eq(d.cm[0].ep, p.eb);
+    ck_assert_int_eq(d.cm[0].status, -ECONNRESET);
+    ck_assert_int_eq(d.ncqe, 0);
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_ERROR);
+    p.b_up = 0;
+    /* a receive posted now flushes: nothing of the dropped SEND reaches it */
+    ck_assert_int_eq(pt_post_recv(p.eb, 9, rb, 0, 64), 0);
+    pt_expect_cqe(&p.b, 9, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    ck_assert(pt_all_bytes(rb->p, 64, 0));
+    if (fd >= 0)
+        close(fd);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+
+START_TEST(progress_hold_hup_shut_wr)
+{
+    if (pt_skip_unless_tcp("progress_hold_hup_shut_wr"))
+        return;
+    hold_hup(HUP_SHUT_WR);
+}
+END_TEST
+
+START_TEST(progress_hold_hup_close)
+{
+    if (pt_skip_unless_tcp("progress_hold_hup_close"))
+        return;
+    hold_hup(HUP_CLOSE);
+}
+END_TEST
+
+START_TEST(progress_hold_hup_reset)
+{
+    if (pt_skip_unless_tcp("progress_hold_hup_reset"))
+        return;
+    hold_hup(HUP_RESET);
+}
+END_TEST
+
+/* ---- deadlines are walked only when one is due ---- */
+
+#define TW_SILENT 64 /* sockets that never send their CONN_REQ: each has a deadline */
+
+/* Connections with a deadline (here: accepted sockets waiting for their CONN_REQ, 10 s)
+ * do not make every turn or post walk the deadline list: a ping-pong runs without a
+ * single walk, since nothing is due (the timerfd is armed for the earliest deadline). */
+START_TEST(progress_timer_walk_only_when_due)
+{
+    struct pt_pair p;
+    struct pt_buf *sa, *ra, *sb, *rb;
+    int fds[TW_SILENT];
+    uint64_t wa0, wb0;
+
+    if (pt_skip_unless_tcp("progress_timer_walk_only_when_due"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    for (int i = 0; i < TW_SILENT; i++) {
+        fds[i] = pt_raw_connect(&p);
+        pt_drive_all(); /* accept as they come: the backlog is small */
+    }
+    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS;
+         TCP_CNT(p.b.ctx, accept_calls) < TW_SILENT && pt_now_ms() < deadline;)
+        pt_drive_all();
+    while (pt_drive_all() > 0)
+        ;
+    ck_assert_uint_ge(TCP_CNT(p.b.ctx, accept_calls), TW_SILENT);
+    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
+    ra = pt_pair_buf(&p, 'a', 64, LW, 0);
+    sb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    wa0 = TCP_CNT(p.a.ctx, timer_walks);
+    wb0 = TCP_CNT(p.b.ctx, timer_walks);
+    for (uint32_t i = 0; i < PP_ROUNDS; i++) {
+        ck_assert_int_eq(pt_post_recv(p.eb, 1000 + i, rb, 0, 64), 0);
+        ck_assert_int_eq(pt_post_recv(p.ea, 2000 + i, ra, 0, 64), 0);
+        ck_assert_int_eq(pt_post_send(p.ea, 3000 + i, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0),
+                         0);
+        pt_expect_cqe(&p.b, 1000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        ck_assert_int_eq(pt_post_send(p.eb, 4000 + i, EXS_PROV_WR_SEND, SIG, sb, 0, 64, 0, 0, 0),
+                         0);
+        pt_expect_wr(&p.a, 2000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        pt_expect_wr(&p.a, 3000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        pt_expect_wr(&p.b, 4000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    }
+    printf("progress_timer_walk_only_when_due: %llu + %llu walks in %d rounds\n",
+           (unsigned long long)(TCP_CNT(p.a.ctx, timer_walks) - wa0),
+           (unsigned long long)(TCP_CNT(p.b.ctx, timer_walks) - wb0), PP_ROUNDS);
+    fflush(stdout);
+    ck_assert_uint_eq(TCP_CNT(p.a.ctx, timer_walks), wa0);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, timer_walks), wb0);
+    for (int i = 0; i < TW_SILENT; i++)
+        close(fds[i]);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
+/* The deadline still fires when due: a silent socket is closed at the handshake
+ * timeout, by a walk the timerfd started. */
+START_TEST(progress_timer_fires_when_due)
+{
+    struct pt_pair p;
+    uint64_t w0, t0;
+    int fd;
+
+    if (pt_skip_unless_tcp("progress_timer_fires_when_due"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    tcp_ctx_of(p.b.ctx)->handshake_ns = 200 * 1000000ull; /* before the socket arrives */
+    w0 = TCP_CNT(p.b.ctx, timer_walks);
+    t0 = TCP_CNT(p.b.ctx, handshake_timeouts);
+    fd = pt_raw_connect(&p);
+    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS;
+         TCP_CNT(p.b.ctx, handshake_timeouts) == t0 && pt_now_ms() < deadline;) {
+        struct pollfd pfd = {.fd = pt_ops->ctx_event_fd(p.b.ctx), .events = POLLIN};
+
+        if (pt_ops->ctx_progress(p.b.ctx) == 0 && pt_ops->ctx_arm(p.b.ctx) == 0)
+            poll(&pfd, 1, 100);
+    }
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, handshake_timeouts), t0 + 1);
+    ck_assert_uint_ge(TCP_CNT(p.b.ctx, timer_walks), w0 + 1);
+    ck_assert_int_eq(pt_raw_closed_within(fd, PT_TIMEOUT_MS), 1);
+    close(fd);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
 Suite *prov_progress_suite(void)
 {
     Suite *s = suite_create("prov_progress");
@@ -582,10 +908,16 @@ Suite *prov_progress_suite(void)
     tcase_add_test(tc, progress_ack_rides_with_reply);
     tcase_add_test(tc, progress_ack_deferred_next_turn);
     tcase_add_test(tc, progress_ack_deferred_then_disconnect);
+    tcase_add_test(tc, progress_post_acks_own_conn_only);
     tcase_add_test(tc, progress_role_busy_manual);
     tcase_add_test(tc, progress_role_busy_thread);
     tcase_add_test(tc, progress_no_lost_wakeup);
     tcase_add_test(tc, progress_full_socket);
+    tcase_add_test(tc, progress_hold_hup_shut_wr);
+    tcase_add_test(tc, progress_hold_hup_close);
+    tcase_add_test(tc, progress_hold_hup_reset);
+    tcase_add_test(tc, progress_timer_walk_only_when_due);
+    tcase_add_test(tc, progress_timer_fires_when_due);
     suite_add_tcase(s, tc);
     return s;
 }

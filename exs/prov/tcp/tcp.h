@@ -86,6 +86,7 @@ struct tcp_counters {
     uint64_t tx_calls;
     uint64_t acks_deferred;
     uint64_t emu_holds;
+    uint64_t timer_walks;
     uint64_t accept_calls;
     uint64_t accept_backoffs;
     uint64_t handshake_timeouts;
@@ -377,7 +378,9 @@ struct tcp_ctx {
     struct exs_list         ack_defer;  /* conns owing a deferred ACK (spec: "ACK deferral") */
     int                     rx_turn;    /* a turn with epoll_wait runs (ACKs may be deferred) */
     unsigned                acks_deferred; /* length of ack_defer; atomic (read by ctx_arm) */
-    uint64_t                timer_armed_ns;
+    uint64_t                timer_armed_ns; /* the timerfd's deadline, 0 = disarmed or fired */
+    int                     timers_due;  /* the timerfd fired: run the expired deadlines */
+    int                     timer_rearm; /* a deadline may now be earlier than the armed one */
     /* settings */
     uint64_t                emu_delay_ns;
     uint64_t                emu_rate_mbps;
@@ -421,7 +424,11 @@ void exs__tcp_ep_work(struct tcp_ctx *ctx, struct tcp_ep *ep);
  * "Progress": no lost wake-up). */
 void exs__tcp_ctx_kick(struct tcp_ctx *ctx);
 void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events);
+/* After setting or clearing conn's rnr_at / tx_at / linger_at: (un)list it and, when
+ * a deadline may now come before the armed one, have the turn re-arm the timerfd. */
 void exs__tcp_conn_timer(struct tcp_conn *conn);
+/* A listener's resume_at was set: the turn re-arms the timerfd. */
+void exs__tcp_timer_moved(struct tcp_ctx *ctx);
 
 /* tcp_mr.c */
 int  exs__tcp_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,

@@ -424,6 +424,7 @@ static void tcp_listener_backoff(struct tcp_listener *lis, int err)
     lis->backoff_ms =
         lis->backoff_ms ? EXS_MIN(lis->backoff_ms * 2, TCP_BACKOFF_MAX_MS) : TCP_BACKOFF_MIN_MS;
     lis->resume_at = exs__now_ns() + (uint64_t)lis->backoff_ms * 1000000u;
+    exs__tcp_timer_moved(ctx);
     EXS_CNT_INC(ctx->cnt.accept_backoffs);
     EXS_WARN(PROV, "listener %p: accept: %s; not accepting for %u ms", (void *)lis, strerror(err),
              lis->backoff_ms);

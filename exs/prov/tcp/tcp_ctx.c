@@ -54,6 +54,8 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
     EXS_COUNTER(struct tcp_counters, acks_deferred,
                 "ACKs deferred to the next frame written or the next turn"),
     EXS_COUNTER(struct tcp_counters, emu_holds, "frames held by the link emulation"),
+    EXS_COUNTER(struct tcp_counters, timer_walks,
+                "walks of the deadline list (the timerfd fired or a deadline moved earlier)"),
     EXS_COUNTER(struct tcp_counters, accept_calls, "accept calls on listeners"),
     EXS_COUNTER(struct tcp_counters, accept_backoffs,
                 "listener pauses: out of descriptors or memory"),
@@ -294,23 +296,41 @@ void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events)
     conn->events = events;
 }
 
+void exs__tcp_timer_moved(struct tcp_ctx *ctx)
+{
+    ctx->timer_rearm = 1;
+}
+
 void exs__tcp_conn_timer(struct tcp_conn *conn)
 {
-    int want = conn->rnr_at || conn->tx_at || conn->linger_at;
+    struct tcp_ctx *ctx = conn->ctx;
+    uint64_t t[3] = { conn->rnr_at, conn->tx_at, conn->linger_at };
+    int want = t[0] || t[1] || t[2];
 
     if (want && !conn->on_timer)
-        exs_list_add_tail(&conn->ctx->timers, &conn->timer_link);
+        exs_list_add_tail(&ctx->timers, &conn->timer_link);
     else if (!want && conn->on_timer)
         exs_list_del(&conn->timer_link);
     conn->on_timer = want;
+    /* A later or removed deadline needs nothing: the timerfd fires early, the walk
+     * finds nothing due and re-arms for the next one. */
+    for (int i = 0; i < 3; i++)
+        if (t[i] && (!ctx->timer_armed_ns || t[i] < ctx->timer_armed_ns))
+            ctx->timer_rearm = 1;
 }
 
-/* Run the expired deadlines of connections. */
+/* Run the expired deadlines, only when the timerfd fired (it is armed for the
+ * earliest one): a turn that has nothing due does not walk the list. */
 static void tcp_nic_timers(struct tcp_ctx *ctx)
 {
     struct exs_list *pos, *tmp;
     uint64_t now = 0;
 
+    if (!ctx->timers_due)
+        return;
+    ctx->timers_due = 0;
+    ctx->timer_rearm = 1; /* what ran may have set later deadlines */
+    EXS_CNT_INC(ctx->cnt.timer_walks);
     exs_list_for_each_safe(pos, tmp, &ctx->listeners) {
         struct tcp_listener *lis = exs_list_entry(pos, struct tcp_listener, link);
 
@@ -354,12 +374,17 @@ static void tcp_nic_timers(struct tcp_ctx *ctx)
     }
 }
 
-/* Point the timerfd at the earliest deadline (no syscall when unchanged). */
+/* Point the timerfd at the earliest deadline when one may have moved earlier or the
+ * timerfd fired (no walk otherwise; no syscall when unchanged). */
 static void tcp_nic_timer_arm(struct tcp_ctx *ctx)
 {
     struct exs_list *pos;
     struct itimerspec its;
     uint64_t next = 0;
+
+    if (!ctx->timer_rearm)
+        return;
+    ctx->timer_rearm = 0;
 
     exs_list_for_each(pos, &ctx->listeners) {
         struct tcp_listener *lis = exs_list_entry(pos, struct tcp_listener, link);
@@ -442,6 +467,7 @@ static void tcp_nic_event(struct tcp_ctx *ctx, struct epoll_event *ev)
         if (read(ctx->timerfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
             EXS_ERR(PROV, "ctx %p: timerfd read: %m", (void *)ctx);
         ctx->timer_armed_ns = 0;
+        ctx->timers_due = 1;
         break;
     case TCP_TAG_LIS:
         if (p == (void *)ctx)
@@ -566,11 +592,27 @@ static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
     return did;
 }
 
+/*
+ * A poster's turn (nic_lock held): only what posts need. Frame the posted sends (each
+ * connection's deferred ACK rides in front of its first request: exs__tcp_ep_tx_fill)
+ * and write them. No epoll_wait (reading is left to whoever drives), no deadline walk
+ * (none can be due: only a turn that collected the timerfd walks), and the other
+ * connections' deferred ACKs stay deferred for their own replies or the next turn
+ * (spec: "ACK deferral").
+ */
+static void tcp_nic_post_turn(struct tcp_ctx *ctx)
+{
+    tcp_nic_service(ctx);
+    tcp_nic_flush(ctx);
+    tcp_nic_timer_arm(ctx);
+    tcp_nic_reap(ctx);
+}
+
 void exs__tcp_ctx_kick(struct tcp_ctx *ctx)
 {
     if (pthread_mutex_trylock(&ctx->nic_lock) == 0) {
         EXS_CNT_INC(ctx->cnt.direct_writes);
-        tcp_nic_turn(ctx, 0);
+        tcp_nic_post_turn(ctx);
         pthread_mutex_unlock(&ctx->nic_lock);
         return;
     }

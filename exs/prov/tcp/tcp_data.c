@@ -640,6 +640,11 @@ void exs__tcp_ep_tx_fill(struct tcp_ep *ep)
                 return;
             ep->reads_out++;
         }
+        if (conn->ack_deferred) {
+            /* the ACK this side owes rides in front of the request, in one sendmsg */
+            exs__tcp_conn_ack_undefer(conn);
+            exs__tcp_conn_ack_flush(conn);
+        }
         exs_list_del(&wr->link);
         exs_list_add_tail(&ep->sq, &wr->link);
         tcp_wr_frame(ep, wr);
