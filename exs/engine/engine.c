@@ -256,7 +256,9 @@ int exs__engine_drive(int flags)
         eng_lock();
     }
     /* running is cleared under the lock by exs__engine_stop before the provider closes */
-    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(ENG_DRIVE_MAX) : 0;
+    /* One round: the caller looks at its queue next and drives again if it must; an
+     * empty extra round would only cost system calls on every wake-up. */
+    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1) : 0;
     eng_unlock();
     if (n > 0)
         EXS_CNT_INC(exs__eng_cnt.drives_app);
