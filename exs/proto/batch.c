@@ -256,21 +256,19 @@ void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot)
     }
     b = &conn->batch_slot[slot];
     conn->ring_wr_out--;
-    /* from DOWN on, a cancel may already have completed and freed the ops: the
-     * connection's end completes them instead */
-    if (conn->state < EXS_CONN_DOWN) {
-        pos = &b->first->link;
-        for (n = b->nops; n && pos != &conn->sendq; pos = pos->next) {
-            struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+    /* the ops are alive, also from DOWN on: none is handed back while its write is
+     * outstanding (a cancelled one completes here, with ECANCELED) */
+    pos = &b->first->link;
+    for (n = b->nops; n && pos != &conn->sendq; pos = pos->next) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-            if (op->state == EXS_OPS_DONE)
-                continue;
-            EXS_ASSERT(op->state == EXS_OPS_POSTED && op->inflight == 1);
-            op->inflight = 0;
-            conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            conn->stats.bytes_sent += op->len;
-            n--;
-        }
+        if (op->state == EXS_OPS_DONE)
+            continue;
+        EXS_ASSERT(op->state == EXS_OPS_POSTED && op->inflight == 1);
+        op->inflight = 0;
+        conn_op_finish_locked(op, (ssize_t)op->len, 0);
+        conn->stats.bytes_sent += op->len;
+        n--;
     }
     b->first = NULL;
     b->nops = 0;
