@@ -569,19 +569,24 @@ static void late_step_until(struct pt_side *s, int reads)
  * _i 0 SEQPACKET eager write into the ring, 1 STREAM eager write, 2 SEQPACKET direct
  * write into an advertised receive, 3 STREAM direct write, 4 SEQPACKET RDMA READ of an
  * announced message (the receive is the op), 5 SEQPACKET batched write of two sends.
+ * _i 6..11: the same with the mock holding completions back: the held one arrives after
+ * DISCONNECTED, in DRAINING.
  */
 START_TEST(td_cancel_before_late_completion)
 {
     static uint8_t sb[3][8000], rb[8000];
-    int st_type = (_i == 1 || _i == 3) ? SOCK_STREAM : SOCK_SEQPACKET;
+    int c = _i % 6, held = _i >= 6;
+    int st_type = (c == 1 || c == 3) ? SOCK_STREAM : SOCK_SEQPACKET;
     struct late_rec rec[2] = {{0}};
-    struct pt_side *s = _i == 4 ? &pp.b : &pp.a;
-    int nrec = _i == 5 ? 2 : 1;
+    struct pt_side *s = c == 4 ? &pp.b : &pp.a;
+    int nrec = c == 5 ? 2 : 1;
     struct pt_op peer;
 
     td_begin(0, st_type);
     pt_connect(&pp);
-    switch (_i) {
+    if (held)
+        mock_set_reorder(7919u * (uint32_t)_i);
+    switch (c) {
     case 0:
     case 1:
         late_op_post(&pp.a, EXS_OP_SEND, sb[0], 100, &rec[0]);
@@ -606,7 +611,10 @@ START_TEST(td_cancel_before_late_completion)
         late_op_post(&pp.a, EXS_OP_SEND, sb[2], 100, &rec[1]);
         late_step_until(&pp.a, 0);
         pt_dispatch_ctx(&pp, pp.a.ctx); /* its completion: the two leave as one write */
-        ck_assert_int_eq(peer.done, 1);
+        while (!peer.done) {
+            ck_assert_int_eq(mock_step(), 1); /* held: until it is delivered */
+            pt_dispatch_ctx(&pp, pp.a.ctx);
+        }
         ck_assert_uint_eq(pp.a.conn->stats.batches_sent, 1);
         late_step_until(&pp.a, 0);
         break;
@@ -616,6 +624,12 @@ START_TEST(td_cancel_before_late_completion)
     ck_assert_int_eq(exs__conn_cancel(s->conn, match_all, NULL), 0);
     for (int i = 0; i < nrec; i++)
         ck_assert_int_eq(rec[i].done, 0); /* its completion is still to come */
+    if (held) {
+        pt_dispatch(&pp);
+        ck_assert_int_eq(s->conn->state, EXS_CONN_DRAINING);
+        for (int i = 0; i < nrec; i++)
+            ck_assert_int_eq(rec[i].done, 0);
+    }
     pt_run(&pp);
     for (int i = 0; i < nrec; i++) {
         ck_assert_int_eq(rec[i].done, 1);
@@ -624,7 +638,7 @@ START_TEST(td_cancel_before_late_completion)
     }
     ck_assert_int_eq(pp.a.dead, 1);
     ck_assert_int_eq(pp.b.dead, 1);
-    if (_i >= 2) {
+    if (c >= 2) {
         ck_assert_int_eq(peer.done, 1);
         pt_op_fini(&peer);
     }
@@ -646,7 +660,7 @@ Suite *proto_teardown_suite(void)
     tcase_add_loop_test(tc, td_error_completion_mid_transfer, 0, 3);
     tcase_add_loop_test(tc, td_close_with_send_on_the_wire, 0, 3);
     tcase_add_loop_test(tc, td_cancel, 0, 3);
-    tcase_add_loop_test(tc, td_cancel_before_late_completion, 0, 6);
+    tcase_add_loop_test(tc, td_cancel_before_late_completion, 0, 12);
     tcase_add_loop_test(tc, td_connect_unreachable, 0, 2);
     tcase_add_test(tc, td_connect_rejected);
     tcase_add_test(tc, td_accept_no_resources);
