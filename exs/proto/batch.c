@@ -243,8 +243,9 @@ enum batch_verdict batch_try_locked(struct exs_conn *conn, struct exs_list *from
     return v;
 }
 
-/* A batched write completed: its sends complete, in order. */
-void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot)
+/* A batched write completed (ok) or failed: its sends complete, in order; failed, only
+ * the cancelled ones do (from DOWN on), the others end with the connection. */
+void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
 {
     struct exs_batch_slot *b;
     struct exs_list *pos;
@@ -266,8 +267,12 @@ void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot)
             continue;
         EXS_ASSERT(op->state == EXS_OPS_POSTED && op->inflight == 1);
         op->inflight = 0;
-        conn_op_finish_locked(op, (ssize_t)op->len, 0);
-        conn->stats.bytes_sent += op->len;
+        if (ok) {
+            conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            conn->stats.bytes_sent += op->len;
+        } else if (op->cancel && conn->state >= EXS_CONN_DOWN) {
+            conn_op_finish_locked(op, -1, ECANCELED);
+        }
         n--;
     }
     b->first = NULL;

@@ -721,6 +721,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     op->rflags = 0;
     op->posted = 0;
     op->inflight = 0;
+    op->announced = 0;
     op->filled = 0;
     if (op->kind == EXS_OP_RECV) {
         exs_list_add_tail(&conn->recvq, &op->link);
@@ -1042,6 +1043,8 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
             EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
             if (--op->inflight == 0 && op->cancel && conn->state >= EXS_CONN_DOWN)
                 conn_op_finish_locked(op, -1, ECANCELED);
+        } else if (tag == WR_TAG_BATCH) {
+            batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 0);
         }
         /* while connecting, the cm event tells what happened */
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
@@ -1070,7 +1073,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         break;
     }
     case WR_TAG_BATCH:
-        batch_on_cqe_locked(conn, (uint32_t)(val >> 3));
+        batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 1);
         break;
     case WR_TAG_RING:
         conn->ring_wr_out--;

@@ -60,6 +60,7 @@ struct exs_op {
     size_t            filled;         /* STREAM receive: bytes placed so far */
     uint32_t          phase;          /* STREAM receive: P_A of its ADVERT */
     int               cancel; /* exs_cancel / exs_close asked for it */
+    int               announced; /* SEQPACKET send: ANNOUNCEd, completed by READ_DONE */
     /* result */
     ssize_t           result; /* bytes, or -1 */
     int               err;    /* errno or 0 */

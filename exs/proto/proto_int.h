@@ -67,7 +67,7 @@ enum batch_verdict {
 };
 enum batch_verdict batch_try_locked(struct exs_conn *conn, struct exs_list *from,
                                     batch_fit_fn fit);
-void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot);
+void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok);
 void batch_release_locked(struct exs_conn *conn);
 
 /* seqpacket.c */

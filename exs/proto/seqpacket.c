@@ -164,6 +164,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
               (unsigned long long)conn->tx_seq, len);
     op->seq = conn->tx_seq++;
     op->state = EXS_OPS_POSTED;
+    op->announced = 1;
     return 1;
 sent:
     /* one WRITE carries the whole message (cut or not): done when it completes */
@@ -228,10 +229,11 @@ int sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        /* only an announced send waits for a READ_DONE: one whose write is still
-         * outstanding (inflight) is not the peer's to complete */
+        /* only an announced send waits for a READ_DONE: an eager or direct one is
+         * completed by its own write, which may still be outstanding */
         if (op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->seq == seq &&
-            !op->inflight) {
+            op->announced) {
+            EXS_ASSERT(!op->inflight);
             conn_op_finish_locked(op, (ssize_t)op->len, 0);
             conn->stats.bytes_sent += op->len;
             return 0;

@@ -646,6 +646,45 @@ START_TEST(td_cancel_before_late_completion)
 }
 END_TEST
 
+/* A batched write flushed by the disconnect: the sends cancelled from DOWN on complete
+ * with ECANCELED when its flush is seen, before the connection's end. */
+START_TEST(td_cancel_batched_write_flushed)
+{
+    static uint8_t sb[3][100];
+    struct late_rec rec[2] = {{0}};
+    struct exs_prov_cqe cqe[16];
+    struct pt_op first;
+    int n;
+
+    td_begin(0, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    op_post(&first, &pp.a, EXS_OP_SEND, sb[0], sizeof(sb[0]), 0);    /* alone: a ring write */
+    late_op_post(&pp.a, EXS_OP_SEND, sb[1], sizeof(sb[1]), &rec[0]); /* gathered behind it */
+    late_op_post(&pp.a, EXS_OP_SEND, sb[2], sizeof(sb[2]), &rec[1]);
+    late_step_until(&pp.a, 0);
+    pt_dispatch_ctx(&pp, pp.a.ctx); /* its completion: the two leave as one write */
+    ck_assert_int_eq(first.done, 1);
+    ck_assert_uint_eq(pp.a.conn->stats.batches_sent, 1);
+    exs__conn_abort(pp.a.conn); /* the batched write was not carried out: it flushes */
+    ck_assert_int_eq(exs__conn_cancel(pp.a.conn, match_all, NULL), 0);
+    ck_assert_int_eq(rec[0].done + rec[1].done, 0);
+    /* the completions alone, as the engine polls them, before the cm event */
+    while ((n = exs__prov_poll(pp.a.ctx, cqe, 16)) > 0)
+        exs__conn_on_cqes(cqe, n);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rec[i].done, 1);
+        ck_assert_int_eq(rec[i].result, -1);
+        ck_assert_int_eq(rec[i].err, ECANCELED);
+    }
+    pt_run(&pp);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.b.dead, 1);
+    pt_op_fini(&first);
+    td_end();
+}
+END_TEST
+
 Suite *proto_teardown_suite(void)
 {
     Suite *s = suite_create("proto_teardown");
@@ -661,6 +700,7 @@ Suite *proto_teardown_suite(void)
     tcase_add_loop_test(tc, td_close_with_send_on_the_wire, 0, 3);
     tcase_add_loop_test(tc, td_cancel, 0, 3);
     tcase_add_loop_test(tc, td_cancel_before_late_completion, 0, 12);
+    tcase_add_test(tc, td_cancel_batched_write_flushed);
     tcase_add_loop_test(tc, td_connect_unreachable, 0, 2);
     tcase_add_test(tc, td_connect_rejected);
     tcase_add_test(tc, td_accept_no_resources);
