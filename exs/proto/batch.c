@@ -243,8 +243,9 @@ enum batch_verdict batch_try_locked(struct exs_conn *conn, struct exs_list *from
     return v;
 }
 
-/* A batched write completed: its sends complete, in order. */
-void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot)
+/* A batched write completed (ok) or failed: its sends complete, in order; failed, only
+ * the cancelled ones do (from DOWN on), the others end with the connection. */
+void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
 {
     struct exs_batch_slot *b;
     struct exs_list *pos;
@@ -256,21 +257,23 @@ void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot)
     }
     b = &conn->batch_slot[slot];
     conn->ring_wr_out--;
-    /* from DOWN on, a cancel may already have completed and freed the ops: the
-     * connection's end completes them instead */
-    if (conn->state < EXS_CONN_DOWN) {
-        pos = &b->first->link;
-        for (n = b->nops; n && pos != &conn->sendq; pos = pos->next) {
-            struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+    /* the ops are alive, also from DOWN on: none is handed back while its write is
+     * outstanding (a cancelled one completes here, with ECANCELED) */
+    pos = &b->first->link;
+    for (n = b->nops; n && pos != &conn->sendq; pos = pos->next) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-            if (op->state == EXS_OPS_DONE)
-                continue;
-            EXS_ASSERT(op->state == EXS_OPS_POSTED && op->inflight == 1);
-            op->inflight = 0;
+        if (op->state == EXS_OPS_DONE)
+            continue;
+        EXS_ASSERT(op->state == EXS_OPS_POSTED && op->inflight == 1);
+        op->inflight = 0;
+        if (ok) {
             conn_op_finish_locked(op, (ssize_t)op->len, 0);
             conn->stats.bytes_sent += op->len;
-            n--;
+        } else if (op->cancel && conn->state >= EXS_CONN_DOWN) {
+            conn_op_finish_locked(op, -1, ECANCELED);
         }
+        n--;
     }
     b->first = NULL;
     b->nops = 0;

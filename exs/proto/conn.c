@@ -681,6 +681,7 @@ static void conn_dead_locked(struct exs_conn *conn, int err, const char *why)
         if (op->state == EXS_OPS_ADVERTISED || op->state == EXS_OPS_POSTED) {
             conn_revoke_op_locked(op);
             op->state = EXS_OPS_QUEUED;
+            op->inflight = 0; /* a READ of it: the provider objects go below */
         }
     }
     conn->reads = 0;
@@ -720,6 +721,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     op->rflags = 0;
     op->posted = 0;
     op->inflight = 0;
+    op->announced = 0;
     op->filled = 0;
     if (op->kind == EXS_OP_RECV) {
         exs_list_add_tail(&conn->recvq, &op->link);
@@ -773,9 +775,20 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
                 continue;
             if (op->kind == EXS_OP_SHUTDOWN)
                 continue;
-            if (conn_cancellable_locked(conn, op) || conn->state >= EXS_CONN_DOWN) {
+            if (conn_cancellable_locked(conn, op)) {
                 conn_op_finish_locked(op, -1, ECANCELED);
                 n++;
+            } else if (conn->state >= EXS_CONN_DOWN) {
+                /* On the wire, and the connection is going away. With a work request
+                 * of its own outstanding, the provider still holds the op (its wr_id)
+                 * and its buffer: it completes when that completion or flush is seen
+                 * (at DEAD at the latest). Otherwise only the peer's grant reaches it,
+                 * and finishing revokes that. */
+                op->cancel = 1;
+                if (!op->inflight) {
+                    conn_op_finish_locked(op, -1, ECANCELED);
+                    n++;
+                }
             }
         }
     }
@@ -1022,6 +1035,17 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
                      exs__prov_wc_status_str(cqe->status));
         if (tag == WR_TAG_READ)
             conn->reads--;
+        if (tag == WR_TAG_DATA || tag == WR_TAG_RING || tag == WR_TAG_READ) {
+            /* the op is alive: none is handed back while a work request of its own is
+             * outstanding; a cancelled one completes with its last one */
+            struct exs_op *op = (struct exs_op *)(uintptr_t)val;
+
+            EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
+            if (--op->inflight == 0 && op->cancel && conn->state >= EXS_CONN_DOWN)
+                conn_op_finish_locked(op, -1, ECANCELED);
+        } else if (tag == WR_TAG_BATCH) {
+            batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 0);
+        }
         /* while connecting, the cm event tells what happened */
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
             conn_fail_locked(conn, ECONNRESET, "work request failed");
@@ -1049,7 +1073,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         break;
     }
     case WR_TAG_BATCH:
-        batch_on_cqe_locked(conn, (uint32_t)(val >> 3));
+        batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 1);
         break;
     case WR_TAG_RING:
         conn->ring_wr_out--;
@@ -1057,16 +1081,20 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
     case WR_TAG_DATA: {
         struct exs_op *op = (struct exs_op *)(uintptr_t)val;
 
-        /* writes of one op complete in order: the op is done with its last one */
+        /* writes of one op complete in order: the op is done with its last one (a
+         * cancelled one from DOWN on, when no more of it will be posted) */
+        EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
         if (--op->inflight == 0 && op->posted == op->len) {
             conn_op_finish_locked(op, (ssize_t)op->len, 0);
             conn->stats.bytes_sent += op->len;
+        } else if (!op->inflight && op->cancel && conn->state >= EXS_CONN_DOWN) {
+            conn_op_finish_locked(op, -1, ECANCELED);
         }
         break;
     }
     case WR_TAG_READ:
         conn->reads--;
-        sp_on_read_cqe_locked(conn, (struct exs_op *)(uintptr_t)val, 1);
+        sp_on_read_cqe_locked(conn, (struct exs_op *)(uintptr_t)val);
         break;
     default:
         conn_fail_locked(conn, ECONNRESET, "unknown completion");

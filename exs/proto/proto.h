@@ -55,10 +55,13 @@ struct exs_op {
     uint32_t          advert_id;
     uint32_t          msg_len;        /* receive: length of the announced message it reads */
     size_t            posted;         /* send: bytes handed to WRITEs so far */
-    uint32_t          inflight;       /* send: its WRITEs not yet completed */
+    uint32_t          inflight;       /* its own work requests (send: WRITEs; receive: its
+                                       * READ) whose completion was not yet seen: the op
+                                       * is not handed back while it is non-zero */
     size_t            filled;         /* STREAM receive: bytes placed so far */
     uint32_t          phase;          /* STREAM receive: P_A of its ADVERT */
     int               cancel; /* exs_cancel / exs_close asked for it */
+    int               announced; /* SEQPACKET send: ANNOUNCEd, completed by READ_DONE */
     /* result */
     ssize_t           result; /* bytes, or -1 */
     int               err;    /* errno or 0 */
@@ -259,7 +262,9 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev);
 /* Operations (caller's thread). Errors: -ENOTCONN, -EPIPE, -ECONNRESET (latched). On
  * success the op belongs to the conn until op->done. */
 int  exs__conn_post(struct exs_conn *conn, struct exs_op *op);
-/* Cancel ops matching owner-side ahandle via the predicate; returns how many. */
+/* Cancel ops matching owner-side ahandle via the predicate; returns how many completed
+ * at once. From DOWN on, an op with work requests of its own outstanding (inflight) is
+ * only marked: it completes with ECANCELED once their completions have been seen. */
 int  exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void *arg), void *arg);
 /* Close: cancel everything outstanding, send SHUTDOWN if connected, disconnect. The
  * conn reaches DEAD later (cb->dead). */

@@ -67,7 +67,7 @@ enum batch_verdict {
 };
 enum batch_verdict batch_try_locked(struct exs_conn *conn, struct exs_list *from,
                                     batch_fit_fn fit);
-void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot);
+void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok);
 void batch_release_locked(struct exs_conn *conn);
 
 /* seqpacket.c */
@@ -77,7 +77,7 @@ int  sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
 int  sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a);
 int  sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq);
 int  sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a);
-void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op, int ok);
+void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op);
 void sp_free_pending_locked(struct exs_conn *conn);
 void sp_dead_drain_locked(struct exs_conn *conn);
 uint32_t sp_slot_len(uint32_t len);

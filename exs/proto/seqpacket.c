@@ -164,6 +164,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
               (unsigned long long)conn->tx_seq, len);
     op->seq = conn->tx_seq++;
     op->state = EXS_OPS_POSTED;
+    op->announced = 1;
     return 1;
 sent:
     /* one WRITE carries the whole message (cut or not): done when it completes */
@@ -228,7 +229,11 @@ int sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->seq == seq) {
+        /* only an announced send waits for a READ_DONE: an eager or direct one is
+         * completed by its own write, which may still be outstanding */
+        if (op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->seq == seq &&
+            op->announced) {
+            EXS_ASSERT(!op->inflight);
             conn_op_finish_locked(op, (ssize_t)op->len, 0);
             conn->stats.bytes_sent += op->len;
             return 0;
@@ -394,7 +399,8 @@ int sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
     return 0;
 }
 
-void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op, int ok)
+/* The READ of receive op completed successfully. */
+void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_wire_read_done d = {
         .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
@@ -402,8 +408,8 @@ void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op, int ok)
     };
     uint32_t n = (uint32_t)EXS_MIN((size_t)op->msg_len, op->len);
 
-    if (!ok)
-        return;
+    EXS_ASSERT(op->inflight == 1);
+    op->inflight = 0;
     op->rflags = op->msg_len > op->len ? MSG_TRUNC : 0;
     conn->stats.bytes_received += n;
     conn->stats.direct_xfers++;
@@ -459,6 +465,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
         }
         conn->wr_out++;
         conn->reads++;
+        op->inflight = 1;
         op->msg_len = m->len;
         op->seq = m->seq;
         op->state = EXS_OPS_POSTED;

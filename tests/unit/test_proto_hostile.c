@@ -625,6 +625,43 @@ START_TEST(hs_announce_key_not_writable)
 }
 END_TEST
 
+/* A READ_DONE naming an eager message whose write is still outstanding: only an
+ * announced send waits for one, so the peer broke the protocol (reset), and the send is
+ * not completed by it while its write is outstanding (the write flushes: ECONNRESET). */
+START_TEST(hs_read_done_for_eager_write)
+{
+    static uint8_t sb[100];
+    struct exs_wire_read_done d = {
+        .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
+    };
+    struct mock_stats st;
+    uint64_t sends;
+    struct pt_op s;
+
+    raw_open(SOCK_SEQPACKET);
+    d.seq = htobe64(pp.b.conn->tx_seq); /* the number of b's next message */
+    raw_post(EXS_PROV_WR_SEND, &d, sizeof(d), 0, 0, 0);
+    mock_stats(raw.ctx, &st);
+    sends = st.sends;
+    while (st.sends == sends) { /* the READ_DONE arrives at b, not yet dispatched */
+        ck_assert_int_eq(mock_step(), 1);
+        mock_stats(raw.ctx, &st);
+    }
+    pt_fill(sb, sizeof(sb), 3);
+    pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, sizeof(sb), 0);
+    ck_assert_int_eq(pt_post(&s), 0); /* eager: one write into raw's ring, posted */
+    ck_assert_int_eq(s.op.state, EXS_OPS_POSTED);
+    ck_assert_uint_eq(s.op.seq, be64toh(d.seq));
+    pt_run(&pp);
+    /* completed by its flushed write with the reset, not by the READ_DONE (100, 0) */
+    ck_assert_int_eq(s.done, 1);
+    ck_assert_int_eq(s.op.result, -1);
+    ck_assert_int_eq(s.op.err, ECONNRESET);
+    pt_op_fini(&s);
+    raw_close();
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -645,6 +682,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_advert_key_dies_with_receive);
     tcase_add_test(tc, hs_announce_key_read_only);
     tcase_add_test(tc, hs_announce_key_not_writable);
+    tcase_add_test(tc, hs_read_done_for_eager_write);
     tcase_add_test(tc, hs_batch_delivered);
     tcase_add_loop_test(tc, hs_batch_malformed, 0, 6);
     tcase_add_test(tc, hs_batch_rewritten);

@@ -3,6 +3,7 @@
 #include <check.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -506,6 +507,184 @@ START_TEST(td_grants_all_revoked)
 }
 END_TEST
 
+/* An op the owner frees as soon as it is handed back (as the api does), with what it
+ * was handed back with kept aside. */
+struct late_rec {
+    int done;
+    ssize_t result;
+    int err;
+};
+
+static void late_op_done(struct exs_op *op)
+{
+    struct pt_op *o = exs_container_of(op, struct pt_op, op);
+    struct late_rec *rec = o->op.owner;
+
+    rec->done++;
+    rec->result = op->result;
+    rec->err = op->err;
+    pt_op_fini(o);
+    free(o);
+}
+
+static struct pt_op *late_op_post(struct pt_side *s, enum exs_op_kind k, uint8_t *buf, size_t len,
+                                  struct late_rec *rec)
+{
+    struct pt_op *o = calloc(1, sizeof(*o));
+
+    ck_assert_ptr_nonnull(o);
+    if (k == EXS_OP_SEND)
+        pt_fill(buf, len, 0);
+    pt_op_init(o, s, k, buf, len, 0);
+    o->op.done = late_op_done;
+    o->op.owner = rec;
+    ck_assert_int_eq(pt_post(o), 0);
+    return o;
+}
+
+/* Step the fabric until side's ctx carried out one more work request of this kind
+ * (writes or reads); its completion then waits on the ctx, not yet dispatched. */
+static void late_step_until(struct pt_side *s, int reads)
+{
+    struct mock_stats st;
+    uint64_t before, now;
+
+    mock_stats(s->ctx, &st);
+    before = reads ? st.reads : st.writes;
+    for (int i = 0; i < 1000; i++) {
+        ck_assert_int_eq(mock_step(), 1);
+        mock_stats(s->ctx, &st);
+        now = reads ? st.reads : st.writes;
+        if (now > before)
+            return;
+    }
+    ck_abort_msg("the work request was never carried out");
+}
+
+/*
+ * A work request of an op completed successfully, the connection went DOWN (abort) and
+ * the op was cancelled before that completion was dispatched. The op may not be handed
+ * back while the provider still holds its work request (its owner frees it, and its
+ * buffer, at once): it completes with ECANCELED when the completion is seen. Cases:
+ * _i 0 SEQPACKET eager write into the ring, 1 STREAM eager write, 2 SEQPACKET direct
+ * write into an advertised receive, 3 STREAM direct write, 4 SEQPACKET RDMA READ of an
+ * announced message (the receive is the op), 5 SEQPACKET batched write of two sends.
+ * _i 6..11: the same with the mock holding completions back: the held one arrives after
+ * DISCONNECTED, in DRAINING.
+ */
+START_TEST(td_cancel_before_late_completion)
+{
+    static uint8_t sb[3][8000], rb[8000];
+    int c = _i % 6, held = _i >= 6;
+    int st_type = (c == 1 || c == 3) ? SOCK_STREAM : SOCK_SEQPACKET;
+    struct late_rec rec[2] = {{0}};
+    struct pt_side *s = c == 4 ? &pp.b : &pp.a;
+    int nrec = c == 5 ? 2 : 1;
+    struct pt_op peer;
+
+    td_begin(0, st_type);
+    pt_connect(&pp);
+    if (held)
+        mock_set_reorder(7919u * (uint32_t)_i);
+    switch (c) {
+    case 0:
+    case 1:
+        late_op_post(&pp.a, EXS_OP_SEND, sb[0], 100, &rec[0]);
+        late_step_until(&pp.a, 0);
+        break;
+    case 2:
+    case 3:
+        op_post(&peer, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+        pt_run(&pp); /* advertised */
+        late_op_post(&pp.a, EXS_OP_SEND, sb[0], sizeof(sb[0]), &rec[0]);
+        late_step_until(&pp.a, 0);
+        break;
+    case 4:
+        op_post(&peer, &pp.a, EXS_OP_SEND, sb[0], sizeof(sb[0]), 0);
+        pt_run(&pp); /* announced, waits at b */
+        late_op_post(&pp.b, EXS_OP_RECV, rb, sizeof(rb), &rec[0]);
+        late_step_until(&pp.b, 1);
+        break;
+    default:
+        op_post(&peer, &pp.a, EXS_OP_SEND, sb[0], 100, 0);     /* alone: a ring write */
+        late_op_post(&pp.a, EXS_OP_SEND, sb[1], 100, &rec[0]); /* gathered behind it */
+        late_op_post(&pp.a, EXS_OP_SEND, sb[2], 100, &rec[1]);
+        late_step_until(&pp.a, 0);
+        pt_dispatch_ctx(&pp, pp.a.ctx); /* its completion: the two leave as one write */
+        while (!peer.done) {
+            ck_assert_int_eq(mock_step(), 1); /* held: until it is delivered */
+            pt_dispatch_ctx(&pp, pp.a.ctx);
+        }
+        ck_assert_uint_eq(pp.a.conn->stats.batches_sent, 1);
+        late_step_until(&pp.a, 0);
+        break;
+    }
+    exs__conn_abort(s->conn);
+    ck_assert_int_eq(s->conn->state, EXS_CONN_DOWN);
+    ck_assert_int_eq(exs__conn_cancel(s->conn, match_all, NULL), 0);
+    for (int i = 0; i < nrec; i++)
+        ck_assert_int_eq(rec[i].done, 0); /* its completion is still to come */
+    if (held) {
+        pt_dispatch(&pp);
+        ck_assert_int_eq(s->conn->state, EXS_CONN_DRAINING);
+        for (int i = 0; i < nrec; i++)
+            ck_assert_int_eq(rec[i].done, 0);
+    }
+    pt_run(&pp);
+    for (int i = 0; i < nrec; i++) {
+        ck_assert_int_eq(rec[i].done, 1);
+        ck_assert_int_eq(rec[i].result, -1);
+        ck_assert_int_eq(rec[i].err, ECANCELED);
+    }
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.b.dead, 1);
+    if (c >= 2) {
+        ck_assert_int_eq(peer.done, 1);
+        pt_op_fini(&peer);
+    }
+    td_end();
+}
+END_TEST
+
+/* A batched write flushed by the disconnect: the sends cancelled from DOWN on complete
+ * with ECANCELED when its flush is seen, before the connection's end. */
+START_TEST(td_cancel_batched_write_flushed)
+{
+    static uint8_t sb[3][100];
+    struct late_rec rec[2] = {{0}};
+    struct exs_prov_cqe cqe[16];
+    struct pt_op first;
+    int n;
+
+    td_begin(0, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    op_post(&first, &pp.a, EXS_OP_SEND, sb[0], sizeof(sb[0]), 0);    /* alone: a ring write */
+    late_op_post(&pp.a, EXS_OP_SEND, sb[1], sizeof(sb[1]), &rec[0]); /* gathered behind it */
+    late_op_post(&pp.a, EXS_OP_SEND, sb[2], sizeof(sb[2]), &rec[1]);
+    late_step_until(&pp.a, 0);
+    pt_dispatch_ctx(&pp, pp.a.ctx); /* its completion: the two leave as one write */
+    ck_assert_int_eq(first.done, 1);
+    ck_assert_uint_eq(pp.a.conn->stats.batches_sent, 1);
+    exs__conn_abort(pp.a.conn); /* the batched write was not carried out: it flushes */
+    ck_assert_int_eq(exs__conn_cancel(pp.a.conn, match_all, NULL), 0);
+    ck_assert_int_eq(rec[0].done + rec[1].done, 0);
+    /* the completions alone, as the engine polls them, before the cm event */
+    while ((n = exs__prov_poll(pp.a.ctx, cqe, 16)) > 0)
+        exs__conn_on_cqes(cqe, n);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rec[i].done, 1);
+        ck_assert_int_eq(rec[i].result, -1);
+        ck_assert_int_eq(rec[i].err, ECANCELED);
+    }
+    pt_run(&pp);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.b.dead, 1);
+    pt_op_fini(&first);
+    td_end();
+}
+END_TEST
+
 Suite *proto_teardown_suite(void)
 {
     Suite *s = suite_create("proto_teardown");
@@ -520,6 +699,8 @@ Suite *proto_teardown_suite(void)
     tcase_add_loop_test(tc, td_error_completion_mid_transfer, 0, 3);
     tcase_add_loop_test(tc, td_close_with_send_on_the_wire, 0, 3);
     tcase_add_loop_test(tc, td_cancel, 0, 3);
+    tcase_add_loop_test(tc, td_cancel_before_late_completion, 0, 12);
+    tcase_add_test(tc, td_cancel_batched_write_flushed);
     tcase_add_loop_test(tc, td_connect_unreachable, 0, 2);
     tcase_add_test(tc, td_connect_rejected);
     tcase_add_test(tc, td_accept_no_resources);
