@@ -281,3 +281,15 @@ uint64_t pt_rnr(struct pt_pair *pp)
     mock_stats(pp->b.ctx, &b);
     return a.rnr + b.rnr;
 }
+
+void pt_recv_post(struct pt_op *o, struct pt_side *side, void *buf, size_t len, int flags)
+{
+    memset(buf, 0, len);
+    pt_op_init(o, side, EXS_OP_RECV, buf, len, flags);
+    ck_assert_int_eq(pt_post(o), 0);
+}
+
+void pt_stats(struct pt_side *side, struct exs_sock_stats *st)
+{
+    exs__conn_stats(side->conn, st);
+}

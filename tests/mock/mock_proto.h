@@ -69,6 +69,17 @@ void pt_op_init(struct pt_op *o, struct pt_side *side, enum exs_op_kind kind, vo
 int pt_post(struct pt_op *o);
 /* Release the op's registration (after it was handed back). */
 void pt_op_fini(struct pt_op *o);
+/* Post a receive of len bytes into buf (zeroed first) with flags; asserts the post works. */
+void pt_recv_post(struct pt_op *o, struct pt_side *side, void *buf, size_t len, int flags);
+/* The statistics of a side's connection. */
+void pt_stats(struct pt_side *side, struct exs_sock_stats *st);
+/* One delivery, with this result and errno (a macro: failures name the caller's line). */
+#define pt_assert_done(_o, _result, _err)                                                          \
+    do {                                                                                           \
+        ck_assert_int_eq((_o)->done, 1);                                                           \
+        ck_assert_int_eq((_o)->op.result, (_result));                                              \
+        ck_assert_int_eq((_o)->op.err, (_err));                                                    \
+    } while (0)
 
 /* Fill buf with the pattern of stream offset off (byte i = f(off + i)). */
 void pt_fill(void *buf, size_t len, uint64_t off);

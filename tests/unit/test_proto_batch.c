@@ -66,25 +66,6 @@ static void bt_teardown(void)
     pt_close_both(&pp);
 }
 
-static void bt_recv(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len, int flags)
-{
-    memset(buf, 0, len);
-    pt_op_init(o, s, EXS_OP_RECV, buf, len, flags);
-    ck_assert_int_eq(pt_post(o), 0);
-}
-
-#define assert_done(_o, _result, _err)                                                             \
-    do {                                                                                           \
-        ck_assert_int_eq((_o)->done, 1);                                                           \
-        ck_assert_int_eq((_o)->op.result, (_result));                                              \
-        ck_assert_int_eq((_o)->op.err, (_err));                                                    \
-    } while (0)
-
-static void stats(struct pt_side *s, struct exs_sock_stats *st)
-{
-    exs__conn_stats(s->conn, st);
-}
-
 #define BURST 10
 
 /*
@@ -122,19 +103,19 @@ START_TEST(bt_burst_one_write)
         ck_assert_uint_eq(tap.len[1], (BURST - 1) * 100);
     }
     for (int i = 0; i < BURST; i++) {
-        assert_done(&s[i], 100, 0);
+        pt_assert_done(&s[i], 100, 0);
         ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
     }
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.batches_sent, 1);
     ck_assert_uint_eq(st.msgs_batched, BURST - 1);
     ck_assert_uint_eq(st.indirect_xfers, 2);
     ck_assert_uint_eq(st.bytes_sent, BURST * 100);
     for (int i = 0; i < BURST; i++)
-        bt_recv(&r[i], &pp.b, rb[i], 100, 0);
+        pt_recv_post(&r[i], &pp.b, rb[i], 100, 0);
     pt_run(&pp);
     for (int i = 0; i < BURST; i++) {
-        assert_done(&r[i], 100, 0);
+        pt_assert_done(&r[i], 100, 0);
         ck_assert(pt_check(rb[i], 100, 100u * i));
         ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
     }
@@ -163,16 +144,16 @@ START_TEST(bt_lone_at_once)
         ck_assert_uint_eq(pp.a.conn->wr_out, wr_out + 1);
         ck_assert_int_eq(mock_step(), 1); /* the fabric carries it: nothing else waited */
         pt_run(&pp);
-        assert_done(&s[i], 64, 0);
+        pt_assert_done(&s[i], 64, 0);
         ck_assert_int_eq(tap.n, i + 1);
     }
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.batches_sent, 0);
     for (int i = 0; i < 5; i++)
-        bt_recv(&r[i], &pp.b, rb[i], 64, 0);
+        pt_recv_post(&r[i], &pp.b, rb[i], 64, 0);
     pt_run(&pp);
     for (int i = 0; i < 5; i++) {
-        assert_done(&r[i], 64, 0);
+        pt_assert_done(&r[i], 64, 0);
         ck_assert(pt_check(rb[i], 64, 64u * i));
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);
@@ -193,22 +174,22 @@ START_TEST(bt_sp_boundaries_trunc)
 
     bt_open(SOCK_SEQPACKET, 8192, 0);
     for (int i = 0; i < 3; i++)
-        bt_recv(&r[i], &pp.b, rb[i], 64, 0);
+        pt_recv_post(&r[i], &pp.b, rb[i], 64, 0);
     pt_run(&pp);
     for (int i = 0; i < N; i++)
         pt_send_pattern(&s[i], &pp.a, sb[i], lens[i], 1000u * i);
     pt_run(&pp);
     for (int i = 3; i < N; i++)
-        bt_recv(&r[i], &pp.b, rb[i], 64, 0);
+        pt_recv_post(&r[i], &pp.b, rb[i], 64, 0);
     pt_run(&pp);
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_ge(st.batches_sent, 1);
     ck_assert_uint_lt(st.indirect_xfers, N);
     for (int i = 0; i < N; i++) {
         size_t n = lens[i] < 64 ? lens[i] : 64;
 
-        assert_done(&s[i], (ssize_t)lens[i], 0);
-        assert_done(&r[i], (ssize_t)n, 0);
+        pt_assert_done(&s[i], (ssize_t)lens[i], 0);
+        pt_assert_done(&r[i], (ssize_t)n, 0);
         ck_assert_int_eq(r[i].op.rflags, lens[i] > 64 ? MSG_TRUNC : 0);
         ck_assert(pt_check(rb[i], n, 1000u * i));
         for (size_t j = n; j < 64; j++)
@@ -242,7 +223,7 @@ START_TEST(bt_st_mixed_partial)
     pt_run(&pp); /* all in the ring (4096 bytes), or waiting for room */
     while (got < off) {
         ck_assert_int_lt(nr, 64);
-        bt_recv(&r[nr], &pp.b, rb[nr], 150, 0);
+        pt_recv_post(&r[nr], &pp.b, rb[nr], 150, 0);
         pt_run(&pp);
         ck_assert_int_eq(r[nr].done, 1);
         ck_assert_int_gt(r[nr].op.result, 0);
@@ -251,10 +232,10 @@ START_TEST(bt_st_mixed_partial)
         nr++;
     }
     ck_assert_uint_eq(got, off);
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_ge(st.batches_sent, 1);
     for (int i = 0; i < N; i++) {
-        assert_done(&s[i], (ssize_t)lens[i], 0);
+        pt_assert_done(&s[i], (ssize_t)lens[i], 0);
         ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
         pt_op_fini(&s[i]);
     }
@@ -279,18 +260,18 @@ START_TEST(bt_sp_mixed_order)
         pt_send_pattern(&s[i], &pp.a, sb[i], lens[i], 1000u * i);
     pt_run(&pp);
     for (int i = 0; i < N; i++)
-        bt_recv(&r[i], &pp.b, rb[i], 2000, 0);
+        pt_recv_post(&r[i], &pp.b, rb[i], 2000, 0);
     pt_run(&pp);
     for (int i = 0; i < N; i++) {
-        assert_done(&s[i], (ssize_t)lens[i], 0);
-        assert_done(&r[i], (ssize_t)lens[i], 0);
+        pt_assert_done(&s[i], (ssize_t)lens[i], 0);
+        pt_assert_done(&r[i], (ssize_t)lens[i], 0);
         ck_assert(pt_check(rb[i], lens[i], 1000u * i));
         ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
         ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);
     }
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     /* 10 alone; {20, 30} leave before the large one is announced; {40, 50, 60} were
      * gathered behind that batched write */
     ck_assert_uint_eq(st.batches_sent, 2);
@@ -310,18 +291,18 @@ START_TEST(bt_st_waitall)
     for (int i = 0; i < 10; i++)
         pt_send_pattern(&s[i], &pp.a, sb[i], 100, 100u * i);
     pt_run(&pp);
-    bt_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
     pt_run(&pp);
     ck_assert_int_eq(r.done, 0); /* 1000 of 1500 */
     for (int i = 10; i < 20; i++)
         pt_send_pattern(&s[i], &pp.a, sb[i], 100, 100u * i);
     pt_run(&pp);
-    assert_done(&r, 1500, 0);
+    pt_assert_done(&r, 1500, 0);
     ck_assert(pt_check(rb, 1500, 0));
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_ge(st.batches_sent, 2);
     for (int i = 0; i < 20; i++) {
-        assert_done(&s[i], 100, 0);
+        pt_assert_done(&s[i], 100, 0);
         pt_op_fini(&s[i]);
     }
     pt_op_fini(&r);
@@ -347,16 +328,16 @@ START_TEST(bt_off)
         ck_assert_uint_eq(tap.len[i], 100);
         ck_assert_uint_eq(exs_imm_tag(tap.imm[i]), 0);
     }
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.batches_sent, 0);
     ck_assert_uint_eq(st.batch_thresh, 0);
     ck_assert_uint_eq(st.indirect_xfers, BURST);
     for (int i = 0; i < BURST; i++)
-        bt_recv(&r[i], &pp.b, rb[i], 100, 0);
+        pt_recv_post(&r[i], &pp.b, rb[i], 100, 0);
     pt_run(&pp);
     for (int i = 0; i < BURST; i++) {
-        assert_done(&s[i], 100, 0);
-        assert_done(&r[i], 100, 0);
+        pt_assert_done(&s[i], 100, 0);
+        pt_assert_done(&r[i], 100, 0);
         ck_assert(pt_check(rb[i], 100, 100u * i));
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);
@@ -380,20 +361,20 @@ START_TEST(bt_credits)
     for (int i = 0; i < N; i++)
         pt_send_pattern(&s[i], &pp.a, sb[i], 40, 40u * i);
     for (int i = 0; i < N; i++) {
-        bt_recv(&r[i], &pp.b, rb[i], 40, MSG_WAITALL * !sp);
+        pt_recv_post(&r[i], &pp.b, rb[i], 40, MSG_WAITALL * !sp);
         if (i % 7 == 0)
             pt_run(&pp);
     }
     pt_run(&pp);
     ck_assert_uint_eq(pt_rnr(&pp), 0);
     for (int i = 0; i < N; i++) {
-        assert_done(&s[i], 40, 0);
-        assert_done(&r[i], 40, 0);
+        pt_assert_done(&s[i], 40, 0);
+        pt_assert_done(&r[i], 40, 0);
         ck_assert(pt_check(rb[i], 40, 40u * i));
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);
     }
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_ge(st.batches_sent, 1);
     bt_teardown();
 }
@@ -413,25 +394,25 @@ START_TEST(bt_elastic)
     uint64_t off = 0, got = 0;
 
     bt_open(SOCK_STREAM, 4096, 0);
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.batch_thresh, EXS_BATCH_FLOOR);
     /* a burst: each call sees the first write still in flight */
     for (int i = 0; i < 30; i++) {
         pt_send_pattern(&s[i], &pp.a, sb[i], 100, off);
         off += 100;
     }
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.batch_thresh, 2048); /* the run filled 1024 with a write in flight */
     for (int i = 30; i < 100; i++) {
         pt_send_pattern(&s[i], &pp.a, sb[i], 100, off);
         off += 100;
     }
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.batch_thresh, 4096); /* and never more than EXS_BATCH_MAX */
     pt_run(&pp);
-    bt_recv(&r, &pp.b, rb, off, MSG_WAITALL);
+    pt_recv_post(&r, &pp.b, rb, off, MSG_WAITALL);
     pt_run(&pp);
-    assert_done(&r, (ssize_t)off, 0);
+    pt_assert_done(&r, (ssize_t)off, 0);
     ck_assert(pt_check(rb, off, 0));
     got = off;
     pt_op_fini(&r);
@@ -442,15 +423,15 @@ START_TEST(bt_elastic)
         off += 200;
         pt_run(&pp);
     }
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.batch_thresh, EXS_BATCH_FLOOR);
-    bt_recv(&r, &pp.b, rb, off - got, MSG_WAITALL);
+    pt_recv_post(&r, &pp.b, rb, off - got, MSG_WAITALL);
     pt_run(&pp);
-    assert_done(&r, (ssize_t)(off - got), 0);
+    pt_assert_done(&r, (ssize_t)(off - got), 0);
     ck_assert(pt_check(rb, off - got, got));
     pt_op_fini(&r);
     for (int i = 0; i < 120; i++) {
-        assert_done(&s[i], 100, 0);
+        pt_assert_done(&s[i], 100, 0);
         ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
         pt_op_fini(&s[i]);
     }
@@ -472,21 +453,21 @@ START_TEST(bt_grows_for_large)
     bt_eager = 2048;
     bt_open(SOCK_SEQPACKET, 8192, 0);
     for (int i = 0; i < N; i++)
-        bt_recv(&r[i], &pp.b, rb[i], 1500, 0);
+        pt_recv_post(&r[i], &pp.b, rb[i], 1500, 0);
     pt_run(&pp);
     for (int i = 0; i < N; i++) {
         pt_send_pattern(&s[i], &pp.a, sb[i], 1500 - i, 1000u * i);
         if (i == 1) {
-            stats(&pp.a, &st);
+            pt_stats(&pp.a, &st);
             ck_assert_uint_gt(st.batch_thresh, EXS_BATCH_FLOOR);
         }
     }
     pt_run(&pp);
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_ge(st.batches_sent, 1);
     for (int i = 0; i < N; i++) {
-        assert_done(&s[i], 1500 - i, 0);
-        assert_done(&r[i], 1500 - i, 0);
+        pt_assert_done(&s[i], 1500 - i, 0);
+        pt_assert_done(&r[i], 1500 - i, 0);
         ck_assert(pt_check(rb[i], 1500 - (size_t)i, 1000u * i));
         ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
         pt_op_fini(&s[i]);
@@ -517,14 +498,14 @@ START_TEST(bt_reordered)
         pt_send_pattern(&s[i], &pp.a, sb[i], len, sp ? 1000u * i : off);
         off += len;
         if (sp)
-            bt_recv(&r[nr], &pp.b, rb[nr], 300, 0), nr++;
+            pt_recv_post(&r[nr], &pp.b, rb[nr], 300, 0), nr++;
         if (i % 5 == 4)
             pt_run(&pp);
     }
     pt_run(&pp);
     while (!sp && got < off) {
         ck_assert_int_lt(nr, 2 * N);
-        bt_recv(&r[nr], &pp.b, rb[nr], 300, 0);
+        pt_recv_post(&r[nr], &pp.b, rb[nr], 300, 0);
         pt_run(&pp);
         ck_assert_int_eq(r[nr].done, 1);
         ck_assert_int_gt(r[nr].op.result, 0);
@@ -545,7 +526,7 @@ START_TEST(bt_reordered)
             ck_assert(pt_check(rb[i], (size_t)r[i].op.result, 1000u * i));
         }
     }
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_ge(st.batches_sent, 1);
     for (int i = 0; i < N; i++)
         pt_op_fini(&s[i]);
@@ -567,28 +548,28 @@ START_TEST(bt_close_sends_gathered)
     bt_open(sp ? SOCK_SEQPACKET : SOCK_STREAM, 8192, 0);
     for (int i = 0; i < 5; i++)
         pt_send_pattern(&s[i], &pp.a, sb[i], 100, 100u * i);
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.batches_sent, 0); /* four gathered behind the first */
     exs__conn_close(pp.a.conn);
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.batches_sent, 1);
     pt_run(&pp);
     if (sp) {
         for (int i = 0; i < 6; i++)
-            bt_recv(&r[i], &pp.b, rb[i], 100, 0);
+            pt_recv_post(&r[i], &pp.b, rb[i], 100, 0);
         pt_run(&pp);
         for (int i = 0; i < 5; i++) {
-            assert_done(&r[i], 100, 0);
+            pt_assert_done(&r[i], 100, 0);
             ck_assert(pt_check(rb[i], 100, 100u * i));
         }
-        assert_done(&r[5], 0, 0); /* end of stream */
+        pt_assert_done(&r[5], 0, 0); /* end of stream */
     } else {
-        bt_recv(&r[0], &pp.b, rb[0], 500, MSG_WAITALL);
-        bt_recv(&r[1], &pp.b, rb[1], 100, 0);
+        pt_recv_post(&r[0], &pp.b, rb[0], 500, MSG_WAITALL);
+        pt_recv_post(&r[1], &pp.b, rb[1], 100, 0);
         pt_run(&pp);
-        assert_done(&r[0], 500, 0);
+        pt_assert_done(&r[0], 500, 0);
         ck_assert(pt_check(rb[0], 500, 0));
-        assert_done(&r[1], 0, 0); /* end of stream */
+        pt_assert_done(&r[1], 0, 0); /* end of stream */
     }
     for (int i = 0; i < 5; i++) {
         ck_assert_int_eq(s[i].done, 1); /* closed: reported cancelled, in order */

@@ -40,14 +40,6 @@ static void recv_msg(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t le
     ck_assert_int_eq(pt_post(o), 0);
 }
 
-/* One delivery, with this result and errno (a macro: failures name the caller's line). */
-#define assert_done(_o, _result, _err)                                                             \
-    do {                                                                                           \
-        ck_assert_int_eq((_o)->done, 1);                                                           \
-        ck_assert_int_eq((_o)->op.result, (_result));                                              \
-        ck_assert_int_eq((_o)->op.err, (_err));                                                    \
-    } while (0)
-
 START_TEST(sp_eager_in_order)
 {
     static uint8_t sb[3][600], rb[3][1000];
@@ -64,8 +56,8 @@ START_TEST(sp_eager_in_order)
     recv_msg(&r[2], &pp.b, rb[2], sizeof(rb[2]));
     pt_run(&pp);
     for (int i = 0; i < 3; i++) {
-        assert_done(&s[i], (ssize_t)len[i], 0);
-        assert_done(&r[i], (ssize_t)len[i], 0);
+        pt_assert_done(&s[i], (ssize_t)len[i], 0);
+        pt_assert_done(&r[i], (ssize_t)len[i], 0);
         ck_assert_int_eq(r[i].op.rflags, 0);
         ck_assert(pt_check(rb[i], len[i], 1000 * i));
         /* nothing beyond the message was written */
@@ -100,8 +92,8 @@ START_TEST(sp_direct_into_advert)
     pt_run(&pp); /* the ADVERT reaches a */
     send_msg(&s, &pp.a, sb, sizeof(sb), 7);
     pt_run(&pp);
-    assert_done(&s, sizeof(sb), 0);
-    assert_done(&r, sizeof(rb), 0);
+    pt_assert_done(&s, sizeof(sb), 0);
+    pt_assert_done(&r, sizeof(rb), 0);
     ck_assert_int_eq(r.op.rflags, 0);
     ck_assert(pt_check(rb, sizeof(rb), 7));
     exs__conn_stats(pp.a.conn, &sa);
@@ -127,8 +119,8 @@ START_TEST(sp_rendezvous_read)
     ck_assert_int_eq(s.done, 0);
     recv_msg(&r, &pp.b, rb, sizeof(rb));
     pt_run(&pp);
-    assert_done(&r, sizeof(sb), 0);
-    assert_done(&s, sizeof(sb), 0);
+    pt_assert_done(&r, sizeof(sb), 0);
+    pt_assert_done(&s, sizeof(sb), 0);
     ck_assert_int_eq(r.op.rflags, 0);
     ck_assert(pt_check(rb, sizeof(sb), 11));
     for (size_t j = sizeof(sb); j < sizeof(rb); j++)
@@ -150,34 +142,34 @@ START_TEST(sp_truncation)
     pt_run(&pp);
     recv_msg(&r[0], &pp.b, rb[0], 100);
     pt_run(&pp);
-    assert_done(&r[0], 100, 0);
+    pt_assert_done(&r[0], 100, 0);
     ck_assert_int_eq(r[0].op.rflags, MSG_TRUNC);
     ck_assert(pt_check(rb[0], 100, 1));
-    assert_done(&s[0], 500, 0);
+    pt_assert_done(&s[0], 500, 0);
 
     /* direct: advertised 2000, message 3000 */
     recv_msg(&r[1], &pp.b, rb[1], 2000);
     pt_run(&pp);
     send_msg(&s[1], &pp.a, sb[1], 3000, 2);
     pt_run(&pp);
-    assert_done(&r[1], 2000, 0);
+    pt_assert_done(&r[1], 2000, 0);
     ck_assert_int_eq(r[1].op.rflags, MSG_TRUNC);
     ck_assert(pt_check(rb[1], 2000, 2));
     for (size_t j = 2000; j < sizeof(rb[1]); j++)
         ck_assert_uint_eq(rb[1][j], 0);
-    assert_done(&s[1], 3000, 0);
+    pt_assert_done(&s[1], 3000, 0);
 
     /* announced 5000, read into 2000 */
     send_msg(&s[2], &pp.a, sb[2], 5000, 3);
     pt_run(&pp);
     recv_msg(&r[2], &pp.b, rb[2], 2000);
     pt_run(&pp);
-    assert_done(&r[2], 2000, 0);
+    pt_assert_done(&r[2], 2000, 0);
     ck_assert_int_eq(r[2].op.rflags, MSG_TRUNC);
     ck_assert(pt_check(rb[2], 2000, 3));
     for (size_t j = 2000; j < sizeof(rb[2]); j++)
         ck_assert_uint_eq(rb[2][j], 0);
-    assert_done(&s[2], 5000, 0);
+    pt_assert_done(&s[2], 5000, 0);
     for (int i = 0; i < 3; i++) {
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);
@@ -196,7 +188,7 @@ START_TEST(sp_stale_advert_dropped)
     send_msg(&s[0], &pp.a, sb[0], 200, 21); /* eager, message 0 */
     recv_msg(&r[0], &pp.b, rb[0], 4096);    /* advertised for message 0 */
     pt_run(&pp);
-    assert_done(&r[0], 200, 0);
+    pt_assert_done(&r[0], 200, 0);
     ck_assert(pt_check(rb[0], 200, 21));
     send_msg(&s[1], &pp.a, sb[1], 6000, 22); /* must not go into r[0]'s buffer */
     pt_run(&pp);
@@ -207,9 +199,9 @@ START_TEST(sp_stale_advert_dropped)
         ck_assert_uint_eq(rb[0][j], 0);
     recv_msg(&r[1], &pp.b, rb[1], 6000);
     pt_run(&pp);
-    assert_done(&r[1], 6000, 0);
+    pt_assert_done(&r[1], 6000, 0);
     ck_assert(pt_check(rb[1], 6000, 22));
-    assert_done(&s[1], 6000, 0);
+    pt_assert_done(&s[1], 6000, 0);
     for (int i = 0; i < 2; i++) {
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);
@@ -230,25 +222,25 @@ START_TEST(sp_shutdown_eof)
     ck_assert_int_eq(pt_post(&late), -EPIPE);
     pt_op_fini(&late);
     pt_run(&pp);
-    assert_done(&sh, 0, 0);
+    pt_assert_done(&sh, 0, 0);
     for (int i = 0; i < 4; i++)
         recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
     pt_run(&pp);
     for (int i = 0; i < 2; i++) {
-        assert_done(&s[i], 300, 0);
-        assert_done(&r[i], 300, 0);
+        pt_assert_done(&s[i], 300, 0);
+        pt_assert_done(&r[i], 300, 0);
         ck_assert(pt_check(rb[i], 300, 40 + i));
     }
-    assert_done(&r[2], 0, 0); /* end of stream, and again */
-    assert_done(&r[3], 0, 0);
+    pt_assert_done(&r[2], 0, 0); /* end of stream, and again */
+    pt_assert_done(&r[3], 0, 0);
     /* b may still send: the other direction stays open */
     struct pt_op back, got;
     static uint8_t bb[64], gb[64];
     send_msg(&back, &pp.b, bb, sizeof(bb), 50);
     recv_msg(&got, &pp.a, gb, sizeof(gb));
     pt_run(&pp);
-    assert_done(&back, sizeof(bb), 0);
-    assert_done(&got, sizeof(gb), 0);
+    pt_assert_done(&back, sizeof(bb), 0);
+    pt_assert_done(&got, sizeof(gb), 0);
     ck_assert(pt_check(gb, sizeof(gb), 50));
     for (int i = 0; i < 2; i++)
         pt_op_fini(&s[i]);
@@ -301,8 +293,8 @@ START_TEST(sp_mixed_reordered)
         uint64_t prev = 0;
 
         for (int i = 0; i < MIX_N; i++) {
-            assert_done(&s[d][i], (ssize_t)len[i], 0);
-            assert_done(&r[d][i], (ssize_t)len[i], 0);
+            pt_assert_done(&s[d][i], (ssize_t)len[i], 0);
+            pt_assert_done(&r[d][i], (ssize_t)len[i], 0);
             ck_assert_uint_gt(r[d][i].order, prev); /* receives complete in posting order */
             prev = r[d][i].order;
             ck_assert(pt_check(rb[d][i], len[i], (uint64_t)d << 32 | i << 16));
@@ -346,8 +338,8 @@ START_TEST(sp_ring_skip)
         send_msg(&s[i], &pp.a, sb[i], 900, (uint64_t)i * 900);
         recv_msg(&r[i], &pp.b, rb[i], 900);
         pt_run(&pp);
-        assert_done(&s[i], 900, 0);
-        assert_done(&r[i], 900, 0);
+        pt_assert_done(&s[i], 900, 0);
+        pt_assert_done(&r[i], 900, 0);
         ck_assert(pt_check(rb[i], 900, (uint64_t)i * 900));
     }
     mock_set_tap(NULL, NULL);
@@ -380,28 +372,28 @@ START_TEST(sp_zero_length)
     send_msg(&s[n++], &pp.a, fill[5], 2000, 5 << 12);
     pt_run(&pp);
     for (int i = 0; i < 4; i++)
-        assert_done(&s[i], 1000, 0);
+        pt_assert_done(&s[i], 1000, 0);
     ck_assert_int_eq(s[4].done, 0); /* waits to be read */
     for (int i = 0; i < n; i++)
         recv_msg(&r[i], &pp.b, rb[i], 1000);
     pt_run(&pp);
     for (int i = 0; i < 4; i++) {
-        assert_done(&r[i], 1000, 0);
+        pt_assert_done(&r[i], 1000, 0);
         ck_assert(pt_check(rb[i], 1000, (uint64_t)i << 12));
     }
-    assert_done(&s[4], 0, 0);
-    assert_done(&r[4], 0, 0);
-    assert_done(&r[5], 1000, 0);
+    pt_assert_done(&s[4], 0, 0);
+    pt_assert_done(&r[4], 0, 0);
+    pt_assert_done(&r[5], 1000, 0);
     ck_assert_int_eq(r[5].op.rflags, MSG_TRUNC);
     ck_assert(pt_check(rb[5], 1000, 5 << 12));
-    assert_done(&s[5], 2000, 0);
+    pt_assert_done(&s[5], 2000, 0);
     /* and an empty message into an advertised receive */
     recv_msg(&r[n], &pp.b, rb[n], 1000);
     pt_run(&pp);
     send_msg(&s[n], &pp.a, fill[6], 0, 0);
     pt_run(&pp);
-    assert_done(&s[n], 0, 0);
-    assert_done(&r[n], 0, 0);
+    pt_assert_done(&s[n], 0, 0);
+    pt_assert_done(&r[n], 0, 0);
     ck_assert_int_eq(r[n].op.rflags, 0);
     n++;
     for (int i = 0; i < n; i++) {
@@ -434,8 +426,8 @@ START_TEST(sp_reads_throttled)
         recv_msg(&r[i], &pp.b, rb[i], 5000);
     pt_run(&pp);
     for (int i = 0; i < 6; i++) {
-        assert_done(&s[i], 5000 - i, 0);
-        assert_done(&r[i], 5000 - i, 0);
+        pt_assert_done(&s[i], 5000 - i, 0);
+        pt_assert_done(&r[i], 5000 - i, 0);
         ck_assert(pt_check(rb[i], 5000 - (size_t)i, (uint64_t)i << 16));
         ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
         pt_op_fini(&s[i]);
@@ -473,9 +465,9 @@ START_TEST(sp_direct_behind_announced)
     send_msg(&s[1], &pp.a, sb[1], 5000, 2 << 20);
     send_msg(&s[2], &pp.a, sb[2], 4000, 3 << 20);
     pt_run(&pp);
-    assert_done(&r[0], 6000, 0);
-    assert_done(&r[1], 5000, 0);
-    assert_done(&r[2], 4000, 0);
+    pt_assert_done(&r[0], 6000, 0);
+    pt_assert_done(&r[1], 5000, 0);
+    pt_assert_done(&r[2], 4000, 0);
     ck_assert(pt_check(rb[0], 6000, 1 << 20));
     ck_assert(pt_check(rb[1], 5000, 2 << 20));
     ck_assert(pt_check(rb[2], 4000, 3 << 20));
@@ -484,7 +476,7 @@ START_TEST(sp_direct_behind_announced)
     exs__conn_stats(pp.a.conn, &st);
     ck_assert_uint_eq(st.direct_xfers, 2);
     for (int i = 0; i < 3; i++) {
-        assert_done(&s[i], (ssize_t)s[i].op.len, 0);
+        pt_assert_done(&s[i], (ssize_t)s[i].op.len, 0);
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);
     }

@@ -68,26 +68,6 @@ static void st_send(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len
     pt_send_pattern(o, s, buf, len, off);
 }
 
-static void st_recv(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t len, int flags)
-{
-    memset(buf, 0, len);
-    pt_op_init(o, s, EXS_OP_RECV, buf, len, flags);
-    ck_assert_int_eq(pt_post(o), 0);
-}
-
-/* One delivery, with this result and errno (a macro: failures name the caller's line). */
-#define assert_done(_o, _result, _err)                                                             \
-    do {                                                                                           \
-        ck_assert_int_eq((_o)->done, 1);                                                           \
-        ck_assert_int_eq((_o)->op.result, (_result));                                              \
-        ck_assert_int_eq((_o)->op.err, (_err));                                                    \
-    } while (0)
-
-static void stats(struct pt_side *s, struct exs_sock_stats *st)
-{
-    exs__conn_stats(s->conn, st);
-}
-
 START_TEST(st_indirect_then_copy)
 {
     static uint8_t sb[3000], rb[5000];
@@ -96,14 +76,14 @@ START_TEST(st_indirect_then_copy)
 
     st_send(&s, &pp.a, sb, sizeof(sb), 0);
     pt_run(&pp);
-    assert_done(&s, 3000, 0); /* in the ring: done without a receive */
-    st_recv(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_assert_done(&s, 3000, 0); /* in the ring: done without a receive */
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), 0);
     pt_run(&pp);
-    assert_done(&r, 3000, 0);
+    pt_assert_done(&r, 3000, 0);
     ck_assert(pt_check(rb, 3000, 0));
     for (size_t j = 3000; j < sizeof(rb); j++)
         ck_assert_uint_eq(rb[j], 0);
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.indirect_xfers, 1);
     ck_assert_uint_eq(st.direct_xfers, 0);
     ck_assert_uint_eq(st.mode_switches, 1); /* phase 0 (direct) -> 1 */
@@ -118,14 +98,14 @@ START_TEST(st_direct_into_advert)
     struct pt_op s, r;
     struct exs_sock_stats st;
 
-    st_recv(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), 0);
     pt_run(&pp);
     st_send(&s, &pp.a, sb, sizeof(sb), 0);
     pt_run(&pp);
-    assert_done(&r, 5000, 0);
-    assert_done(&s, 5000, 0);
+    pt_assert_done(&r, 5000, 0);
+    pt_assert_done(&s, 5000, 0);
     ck_assert(pt_check(rb, 5000, 0));
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.direct_xfers, 1);
     ck_assert_uint_eq(st.indirect_xfers, 0);
     ck_assert_uint_eq(st.mode_switches, 0);
@@ -141,19 +121,19 @@ START_TEST(st_waitall_fills)
     struct pt_op s[3], r;
     struct exs_sock_stats st;
 
-    st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
     pt_run(&pp);
     for (int i = 0; i < 3; i++) {
         st_send(&s[i], &pp.a, sb[i], 2000, 2000 * i);
         pt_run(&pp);
         ck_assert_int_eq(r.done, i == 2);
     }
-    assert_done(&r, 6000, 0);
+    pt_assert_done(&r, 6000, 0);
     ck_assert(pt_check(rb, 6000, 0));
-    stats(&pp.a, &st);
+    pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.direct_xfers, 3);
     for (int i = 0; i < 3; i++) {
-        assert_done(&s[i], 2000, 0);
+        pt_assert_done(&s[i], 2000, 0);
         pt_op_fini(&s[i]);
     }
     pt_op_fini(&r);
@@ -177,53 +157,53 @@ START_TEST(st_stale_advert_phase_jump)
     st_send(&s[0], &pp.a, sb[0], 1000, off); /* ring, phase 1 */
     off += 1000;
     pt_run(&pp);
-    st_recv(&r[0], &pp.b, rb[0], 1000, 0); /* copied out at once */
-    assert_done(&r[0], 1000, 0);
+    pt_recv_post(&r[0], &pp.b, rb[0], 1000, 0); /* copied out at once */
+    pt_assert_done(&r[0], 1000, 0);
     ck_assert(pt_check(rb[0], 1000, 0));
-    st_recv(&r[1], &pp.b, rb[1], 500, 0); /* advertised: phase 2, offset 1000 */
+    pt_recv_post(&r[1], &pp.b, rb[1], 500, 0); /* advertised: phase 2, offset 1000 */
     ck_assert_int_eq(r[1].done, 0);
     st_send(&s[1], &pp.a, sb[1], 700, off); /* no ADVERT seen yet: ring again */
     off += 700;
     pt_run(&pp);
     /* the ring bytes fill the advertised receive (it is now of an earlier phase) */
-    assert_done(&r[1], 500, 0);
+    pt_assert_done(&r[1], 500, 0);
     ck_assert(pt_check(rb[1], 500, 1000));
-    st_recv(&r[2], &pp.b, rb[2], 1000, 0);
+    pt_recv_post(&r[2], &pp.b, rb[2], 1000, 0);
     pt_run(&pp);
-    assert_done(&r[2], 200, 0);
+    pt_assert_done(&r[2], 200, 0);
     ck_assert(pt_check(rb[2], 200, 1500));
 
     /* the next send meets the stale ADVERT and drops it */
     st_send(&s[2], &pp.a, sb[2], 300, off);
     off += 300;
     pt_run(&pp);
-    stats(&pp.a, &sa);
+    pt_stats(&pp.a, &sa);
     ck_assert_uint_eq(sa.adverts_received, 1);
     ck_assert_uint_eq(sa.adverts_discarded, 1);
     ck_assert_uint_eq(sa.direct_xfers, 0);
     /* a's bytes never went into r[1]'s buffer beyond what the ring copy put there */
     for (size_t j = 500; j < sizeof(rb[1]); j++)
         ck_assert_uint_eq(rb[1][j], 0);
-    st_recv(&r[3], &pp.b, rb[3], 1000, 0);
+    pt_recv_post(&r[3], &pp.b, rb[3], 1000, 0);
     pt_run(&pp);
-    assert_done(&r[3], 300, 0);
+    pt_assert_done(&r[3], 300, 0);
     ck_assert(pt_check(rb[3], 300, 1700));
 
     /* ring empty, nothing outstanding: a fresh ADVERT with the exact offset, used */
-    st_recv(&r[4], &pp.b, rb[4], 1000, 0);
+    pt_recv_post(&r[4], &pp.b, rb[4], 1000, 0);
     pt_run(&pp);
     st_send(&s[3], &pp.a, sb[3], 800, off);
     pt_run(&pp);
-    assert_done(&r[4], 800, 0);
+    pt_assert_done(&r[4], 800, 0);
     ck_assert(pt_check(rb[4], 800, 2000));
-    stats(&pp.a, &sa);
-    stats(&pp.b, &sbst);
+    pt_stats(&pp.a, &sa);
+    pt_stats(&pp.b, &sbst);
     ck_assert_uint_eq(sa.direct_xfers, 1);
     ck_assert_uint_eq(sbst.adverts_sent, 2);
     ck_assert_uint_eq(sa.adverts_received, 2);
     ck_assert_uint_eq(sa.adverts_discarded, 1);
     for (int i = 0; i < 4; i++) {
-        assert_done(&s[i], (ssize_t)s[i].op.len, 0);
+        pt_assert_done(&s[i], (ssize_t)s[i].op.len, 0);
         pt_op_fini(&s[i]);
     }
     for (int i = 0; i < 5; i++)
@@ -240,15 +220,15 @@ START_TEST(st_lazy_ring_ack)
 
     st_send(&s[0], &pp.a, sb[0], 500, 0);
     pt_run(&pp);
-    st_recv(&r[0], &pp.b, rb[0], 1000, 0);
+    pt_recv_post(&r[0], &pp.b, rb[0], 1000, 0);
     pt_run(&pp);
-    assert_done(&r[0], 500, 0);
+    pt_assert_done(&r[0], 500, 0);
     ck_assert_int_eq(tap.n_ack, 0); /* 500 < 4096 / 4 */
     st_send(&s[1], &pp.a, sb[1], 600, 500);
     pt_run(&pp);
-    st_recv(&r[1], &pp.b, rb[1], 1000, 0);
+    pt_recv_post(&r[1], &pp.b, rb[1], 1000, 0);
     pt_run(&pp);
-    assert_done(&r[1], 600, 0);
+    pt_assert_done(&r[1], 600, 0);
     ck_assert(pt_check(rb[1], 600, 500));
     ck_assert_int_eq(tap.n_ack, 1); /* 1100 >= 1024 */
     ck_assert_uint_eq(tap.ack[0], 1100);
@@ -274,7 +254,7 @@ static void wrap_recv(int d, size_t len, int flags)
     struct pt_side *side[2] = {&pp.a, &pp.b};
 
     ck_assert_int_lt(wrap_nr[d], WRAP_R);
-    st_recv(&wrap_r[d][wrap_nr[d]], side[!d], wrap_rb[d][wrap_nr[d]], len, flags);
+    pt_recv_post(&wrap_r[d][wrap_nr[d]], side[!d], wrap_rb[d][wrap_nr[d]], len, flags);
     wrap_nr[d]++;
 }
 
@@ -348,12 +328,12 @@ START_TEST(st_ring_wrap_reordered)
         ck_assert_uint_eq(wrap_roff[d], soff[d]);
         ck_assert_int_eq(wrap_checked[d], wrap_nr[d]);
         for (int i = 0; i < WRAP_N; i++) {
-            assert_done(&wrap_s[d][i], (ssize_t)wrap_s[d][i].op.len, 0);
+            pt_assert_done(&wrap_s[d][i], (ssize_t)wrap_s[d][i].op.len, 0);
             pt_op_fini(&wrap_s[d][i]);
         }
         for (int i = 0; i < wrap_nr[d]; i++)
             pt_op_fini(&wrap_r[d][i]);
-        stats(side[d], &st[d]);
+        pt_stats(side[d], &st[d]);
         ck_assert_uint_gt(st[d].indirect_xfers, 0);
         ck_assert_uint_eq(st[d].bytes_sent, soff[d]);
         ck_assert_uint_gt(soff[d], 4 * 4096); /* wrapped */
@@ -372,17 +352,17 @@ START_TEST(st_shutdown_eof)
     pt_op_init(&sh, &pp.a, EXS_OP_SHUTDOWN, NULL, 0, 0);
     ck_assert_int_eq(pt_post(&sh), 0);
     pt_run(&pp);
-    assert_done(&sh, 0, 0);
-    st_recv(&r[0], &pp.b, rb[0], 400, 0);
-    st_recv(&r[1], &pp.b, rb[1], 2000, 0);
-    st_recv(&r[2], &pp.b, rb[2], 2000, 0);
+    pt_assert_done(&sh, 0, 0);
+    pt_recv_post(&r[0], &pp.b, rb[0], 400, 0);
+    pt_recv_post(&r[1], &pp.b, rb[1], 2000, 0);
+    pt_recv_post(&r[2], &pp.b, rb[2], 2000, 0);
     pt_run(&pp);
-    assert_done(&r[0], 400, 0);
-    assert_done(&r[1], 600, 0);
-    assert_done(&r[2], 0, 0);
+    pt_assert_done(&r[0], 400, 0);
+    pt_assert_done(&r[1], 600, 0);
+    pt_assert_done(&r[2], 0, 0);
     ck_assert(pt_check(rb[0], 400, 0));
     ck_assert(pt_check(rb[1], 600, 400));
-    assert_done(&s, 1000, 0);
+    pt_assert_done(&s, 1000, 0);
     pt_op_fini(&s);
     for (int i = 0; i < 3; i++)
         pt_op_fini(&r[i]);
@@ -412,15 +392,15 @@ static void xfer_round(int recv_first, uint64_t off)
     struct pt_op s, r;
 
     if (recv_first)
-        st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+        pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
     st_send(&s, &pp.a, sb, sizeof(sb), off);
     pt_run(&pp);
     if (!recv_first) {
-        st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+        pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
         pt_run(&pp);
     }
-    assert_done(&s, 3000, 0);
-    assert_done(&r, 3000, 0);
+    pt_assert_done(&s, 3000, 0);
+    pt_assert_done(&r, 3000, 0);
     ck_assert(pt_check(rb, 3000, off));
     pt_op_fini(&s);
     pt_op_fini(&r);
@@ -456,10 +436,10 @@ START_TEST(st_xfer_direct_only_sender)
     ck_assert_uint_eq(sa.indirect_xfers, 0);
     static uint8_t rb[3000];
     struct pt_op r;
-    st_recv(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
     pt_run(&pp);
-    assert_done(&s, 3000, 0);
-    assert_done(&r, 3000, 0);
+    pt_assert_done(&s, 3000, 0);
+    pt_assert_done(&r, 3000, 0);
     ck_assert(pt_check(rb, 3000, 0));
     exs__conn_stats(pp.a.conn, &sa);
     ck_assert_uint_eq(sa.indirect_xfers, 0);
@@ -490,9 +470,9 @@ START_TEST(st_lazy_ring_ack_half)
     st_send(&s, &pp.a, sb, sizeof(sb), 0);
     pt_run(&pp);
     ck_assert_int_eq(tap.n_ack, 0);
-    st_recv(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), 0);
     pt_run(&pp);
-    assert_done(&r, 100, 0);
+    pt_assert_done(&r, 100, 0);
     ck_assert(pt_check(rb, 100, 0));
     ck_assert_int_eq(tap.n_ack, 1); /* 100 < 1024, but 2100 > 4096 / 2 was in use */
     ck_assert_uint_eq(tap.ack[0], 100);
@@ -511,14 +491,14 @@ START_TEST(st_shutdown_waitall_partial)
     st_send(&s, &pp.a, sb, sizeof(sb), 0);
     pt_op_init(&sh, &pp.a, EXS_OP_SHUTDOWN, NULL, 0, 0);
     ck_assert_int_eq(pt_post(&sh), 0);
-    st_recv(&r[0], &pp.b, rb[0], 1000, MSG_WAITALL);
-    st_recv(&r[1], &pp.b, rb[1], 1000, MSG_WAITALL);
+    pt_recv_post(&r[0], &pp.b, rb[0], 1000, MSG_WAITALL);
+    pt_recv_post(&r[1], &pp.b, rb[1], 1000, MSG_WAITALL);
     pt_run(&pp);
-    assert_done(&r[0], 100, 0);
+    pt_assert_done(&r[0], 100, 0);
     ck_assert(pt_check(rb[0], 100, 0));
-    assert_done(&r[1], 0, 0);
-    assert_done(&s, 100, 0);
-    assert_done(&sh, 0, 0);
+    pt_assert_done(&r[1], 0, 0);
+    pt_assert_done(&s, 100, 0);
+    pt_assert_done(&sh, 0, 0);
     pt_op_fini(&s);
     pt_op_fini(&r[0]);
     pt_op_fini(&r[1]);

@@ -47,14 +47,6 @@ static void op_post(struct pt_op *o, struct pt_side *s, enum exs_op_kind k, uint
     ck_assert_int_eq(pt_post(o), 0);
 }
 
-/* One delivery, with this result and errno (a macro: failures name the caller's line). */
-#define assert_done(_o, _result, _err)                                                             \
-    do {                                                                                           \
-        ck_assert_int_eq((_o)->done, 1);                                                           \
-        ck_assert_int_eq((_o)->op.result, (_result));                                              \
-        ck_assert_int_eq((_o)->op.err, (_err));                                                    \
-    } while (0)
-
 /* Orderly close, one side first (order 0: active first; 1: passive first): the closer's
  * outstanding receive is cancelled, the other side reads end of stream after the data,
  * its sends afterwards fail with EPIPE, and both conns die exactly once. */
@@ -70,8 +62,8 @@ static void close_in_order(int first_b, int seed, int sock_type)
     op_post(&r, o, EXS_OP_RECV, rb, sizeof(rb), 0);
     op_post(&cr, c, EXS_OP_RECV, rc, sizeof(rc), 0); /* never satisfied */
     pt_run(&pp);
-    assert_done(&s, 500, 0);
-    assert_done(&r, 500, 0);
+    pt_assert_done(&s, 500, 0);
+    pt_assert_done(&r, 500, 0);
     ck_assert(pt_check(rb, 500, 5));
     exs__conn_close(c->conn);
     pt_op_init(&l, c, EXS_OP_SEND, late, sizeof(late), 0);
@@ -80,16 +72,16 @@ static void close_in_order(int first_b, int seed, int sock_type)
     /* SEQPACKET: nothing of the small receive was on the wire, so it goes at once;
      * STREAM advertised it, so it goes once the disconnect took the ADVERT's buffer back */
     if (sock_type == SOCK_SEQPACKET)
-        assert_done(&cr, -1, ECANCELED);
+        pt_assert_done(&cr, -1, ECANCELED);
     pt_run(&pp);
-    assert_done(&cr, -1, ECANCELED);
+    pt_assert_done(&cr, -1, ECANCELED);
     op_post(&eof, o, EXS_OP_RECV, rd, sizeof(rd), 0);
     pt_run(&pp);
-    assert_done(&eof, 0, 0);
+    pt_assert_done(&eof, 0, 0);
     pt_op_init(&l, o, EXS_OP_SEND, late, sizeof(late), 0);
     ck_assert_int_eq(pt_post(&l), 0);
     pt_run(&pp);
-    assert_done(&l, -1, EPIPE);
+    pt_assert_done(&l, -1, EPIPE);
     ck_assert_int_eq(c->dead, 1);
     ck_assert_int_eq(o->dead, 1);
     exs__conn_close(o->conn);
@@ -144,8 +136,8 @@ START_TEST(td_abort)
     pt_run(&pp);
     exs__conn_abort(pp.a.conn);
     pt_run(&pp);
-    assert_done(&r, -1, ECONNRESET);
-    assert_done(&ar, -1, ECONNRESET);
+    pt_assert_done(&r, -1, ECONNRESET);
+    pt_assert_done(&ar, -1, ECONNRESET);
     ck_assert_int_eq(pp.a.dead, 1);
     ck_assert_int_eq(pp.b.dead, 1);
     pt_op_fini(&r);
@@ -167,19 +159,19 @@ START_TEST(td_peer_drop_mid_transfer_seqpacket)
     op_post(&s1, &pp.a, EXS_OP_SEND, small, sizeof(small), 1); /* eager */
     op_post(&s2, &pp.a, EXS_OP_SEND, big, sizeof(big), 2);     /* announced */
     pt_run(&pp);
-    assert_done(&s1, 300, 0);
+    pt_assert_done(&s1, 300, 0);
     ck_assert_int_eq(s2.done, 0);
     mock_drop(pp.a.conn->ep);
     pt_run(&pp);
-    assert_done(&s2, -1, ECONNRESET);
+    pt_assert_done(&s2, -1, ECONNRESET);
     ck_assert_int_eq(pp.a.dead, 1);
     ck_assert_int_eq(pp.b.dead, 1);
     op_post(&rr1, &pp.b, EXS_OP_RECV, r1, sizeof(r1), 0);
     op_post(&rr2, &pp.b, EXS_OP_RECV, r2, sizeof(r2), 0);
     pt_run(&pp);
-    assert_done(&rr1, 300, 0);
+    pt_assert_done(&rr1, 300, 0);
     ck_assert(pt_check(r1, 300, 1));
-    assert_done(&rr2, -1, ECONNRESET);
+    pt_assert_done(&rr2, -1, ECONNRESET);
     pt_op_fini(&s1);
     pt_op_fini(&s2);
     pt_op_fini(&rr1);
@@ -200,13 +192,13 @@ START_TEST(td_peer_drop_mid_transfer_stream)
     ck_assert_int_eq(s.done, 0);
     mock_drop(pp.b.conn->ep);
     pt_run(&pp);
-    assert_done(&s, -1, ECONNRESET);
+    pt_assert_done(&s, -1, ECONNRESET);
     op_post(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
     op_post(&r2, &pp.b, EXS_OP_RECV, rb2, sizeof(rb2), 0);
     pt_run(&pp);
-    assert_done(&r, 4096, 0); /* the ring's bytes, then the error */
+    pt_assert_done(&r, 4096, 0); /* the ring's bytes, then the error */
     ck_assert(pt_check(rb, 4096, 3));
-    assert_done(&r2, -1, ECONNRESET);
+    pt_assert_done(&r2, -1, ECONNRESET);
     pt_op_fini(&s);
     pt_op_fini(&r);
     pt_op_fini(&r2);
@@ -226,8 +218,8 @@ START_TEST(td_error_completion_mid_transfer)
     op_post(&s[0], &pp.a, EXS_OP_SEND, sb[0], 2000, 0);
     op_post(&r[0], &pp.b, EXS_OP_RECV, rb[0], 2000, 0);
     pt_run(&pp);
-    assert_done(&s[0], 2000, 0);
-    assert_done(&r[0], 2000, 0);
+    pt_assert_done(&s[0], 2000, 0);
+    pt_assert_done(&r[0], 2000, 0);
     ck_assert(pt_check(rb[0], 2000, 0));
     op_post(&r[1], &pp.b, EXS_OP_RECV, rb[1], 2000, 0);
     mock_inject_wr_error(pp.a.conn->ep, 1, EXS_PROV_WC_REM_ACCESS_ERR);
@@ -235,10 +227,10 @@ START_TEST(td_error_completion_mid_transfer)
     op_post(&s[2], &pp.a, EXS_OP_SEND, sb[2], 2000, 4000);
     op_post(&r[2], &pp.a, EXS_OP_RECV, rb[2], 2000, 0);
     pt_run(&pp);
-    assert_done(&s[1], -1, ECONNRESET);
-    assert_done(&s[2], -1, ECONNRESET);
-    assert_done(&r[1], -1, ECONNRESET);
-    assert_done(&r[2], -1, ECONNRESET);
+    pt_assert_done(&s[1], -1, ECONNRESET);
+    pt_assert_done(&s[2], -1, ECONNRESET);
+    pt_assert_done(&r[1], -1, ECONNRESET);
+    pt_assert_done(&r[2], -1, ECONNRESET);
     for (size_t j = 0; j < 2000; j++)
         ck_assert_uint_eq(rb[1][j], 0);
     ck_assert_int_eq(pp.a.dead, 1);
@@ -265,7 +257,7 @@ START_TEST(td_close_with_send_on_the_wire)
     exs__conn_close(pp.a.conn);
     ck_assert_int_eq(s.done, 0); /* the peer may still read it */
     pt_run(&pp);
-    assert_done(&s, -1, ECANCELED);
+    pt_assert_done(&s, -1, ECANCELED);
     exs__conn_close(pp.b.conn);
     pt_op_fini(&s);
     td_end();
@@ -293,11 +285,11 @@ START_TEST(td_cancel)
     ck_assert_int_eq(r[0].done, 0);
     op_post(&s, &pp.a, EXS_OP_SEND, sb, sizeof(sb), 9);
     pt_run(&pp);
-    assert_done(&r[0], 8000, 0);
+    pt_assert_done(&r[0], 8000, 0);
     ck_assert(pt_check(rb[0], 8000, 9));
     op_post(&r[1], &pp.b, EXS_OP_RECV, rb[1], 100, 0); /* small: not advertised */
     ck_assert_int_eq(exs__conn_cancel(pp.b.conn, match_all, NULL), 1);
-    assert_done(&r[1], -1, ECANCELED);
+    pt_assert_done(&r[1], -1, ECANCELED);
     exs__conn_close(pp.a.conn);
     exs__conn_close(pp.b.conn);
     pt_op_fini(&s);
@@ -459,7 +451,7 @@ START_TEST(td_advert_grant_fails)
     mock_fail(pp.b.ctx, MOCK_FAIL_GRANT, 1, -ENOMEM);
     op_post(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
     pt_run(&pp);
-    assert_done(&r, -1, ECONNRESET);
+    pt_assert_done(&r, -1, ECONNRESET);
     ck_assert_int_eq(pp.a.dead, 1);
     ck_assert_int_eq(pp.b.dead, 1);
     pt_op_fini(&r);
@@ -486,14 +478,14 @@ START_TEST(td_grants_all_revoked)
     op_post(&r[2], &pp.a, EXS_OP_RECV, rb[2], 8000, 0); /* advertised, never filled */
     pt_run(&pp);
     for (int i = 0; i < 2; i++) {
-        assert_done(&s[i], 8000, 0);
-        assert_done(&r[i], 8000, 0);
+        pt_assert_done(&s[i], 8000, 0);
+        pt_assert_done(&r[i], 8000, 0);
     }
     exs__conn_close(pp.a.conn);
     exs__conn_close(pp.b.conn);
     pt_run(&pp);
-    assert_done(&s[2], -1, ECANCELED);
-    assert_done(&r[2], -1, ECANCELED);
+    pt_assert_done(&s[2], -1, ECANCELED);
+    pt_assert_done(&r[2], -1, ECANCELED);
     for (int i = 0; i < 2; i++) {
         mock_stats(i ? pp.b.ctx : pp.a.ctx, &st);
         ck_assert_uint_gt(st.grants, 1);
