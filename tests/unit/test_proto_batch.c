@@ -66,6 +66,16 @@ static void bt_teardown(void)
     pt_close_both(&pp);
 }
 
+/* The end of a test: every send and receive op released, then the pair closed. */
+static void bt_end(struct pt_op *s, int ns, struct pt_op *r, int nr)
+{
+    for (int i = 0; i < ns; i++)
+        pt_op_fini(&s[i]);
+    for (int i = 0; i < nr; i++)
+        pt_op_fini(&r[i]);
+    bt_teardown();
+}
+
 #define BURST 10
 
 /*
@@ -119,11 +129,7 @@ START_TEST(bt_burst_one_write)
         ck_assert(pt_check(rb[i], 100, 100u * i));
         ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
     }
-    for (int i = 0; i < BURST; i++) {
-        pt_op_fini(&s[i]);
-        pt_op_fini(&r[i]);
-    }
-    bt_teardown();
+    bt_end(s, BURST, r, BURST);
 }
 END_TEST
 
@@ -528,11 +534,7 @@ START_TEST(bt_reordered)
     }
     pt_stats(&pp.a, &st);
     ck_assert_uint_ge(st.batches_sent, 1);
-    for (int i = 0; i < N; i++)
-        pt_op_fini(&s[i]);
-    for (int i = 0; i < nr; i++)
-        pt_op_fini(&r[i]);
-    bt_teardown();
+    bt_end(s, N, r, nr);
 }
 END_TEST
 
