@@ -38,6 +38,10 @@ Suite *integ_progress_suite(void);
 /* A test case with timeout seconds and the shared teardown it_teardown. */
 TCase *it_tcase(const char *name, int timeout_s);
 
+/* Adds to s the test case name (it_tcase) with the NULL-terminated tests, each run
+ * loops times (Check's loop index _i from 0; 1 for a plain test). */
+void it_suite_add(Suite *s, const char *name, int timeout_s, int loops, const TTest *const *tests);
+
 /* ---- library lifetime ---- */
 
 /* Set an EXS_* tunable for the next it_init(); it_teardown() unsets it again. */

@@ -48,6 +48,15 @@ TCase *it_tcase(const char *name, int timeout_s)
     return tc;
 }
 
+void it_suite_add(Suite *s, const char *name, int timeout_s, int loops, const TTest *const *tests)
+{
+    TCase *tc = it_tcase(name, timeout_s);
+
+    for (; *tests; tests++)
+        tcase_add_loop_test(tc, *tests, 0, loops);
+    suite_add_tcase(s, tc);
+}
+
 void it_setenv(const char *name, const char *value)
 {
     ck_assert_msg(!it_inited, "it_setenv(%s) after it_init: exs_init reads tunables", name);

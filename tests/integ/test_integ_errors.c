@@ -462,8 +462,7 @@ START_TEST(test_refused_incompatible)
     ck_assert_int_ge(s, 0);
     IT_EXPECT_OK(exs_connect(s, (struct sockaddr *)&addr, sizeof(addr), q, AH(2)));
     it_expect_err(q, EXS_EVT_CONNECT, s, AH(2), ECONNREFUSED);
-    ck_assert_msg(!it_try_event(q, EXS_EVT_ACCEPT, lfd, 200, &ev),
-                  "the refused peer was accepted");
+    ck_assert_msg(!it_try_event(q, EXS_EVT_ACCEPT, lfd, 200, &ev), "the refused peer was accepted");
     c = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
     IT_EXPECT_OK(exs_connect(c, (struct sockaddr *)&addr, sizeof(addr), q, AH(3)));
     it_wait_event(q, EXS_EVT_CONNECT, c, &ev);
@@ -535,38 +534,19 @@ END_TEST
 Suite *integ_errors_suite(void)
 {
     Suite *s = suite_create("integ_errors");
-    TCase *tc;
 
-    tc = it_tcase("ebadf", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_ebadf);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("enotsock", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_enotsock);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("einval", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_einval_queue);
-    tcase_add_test(tc, test_einval_mhandle);
-    tcase_add_test(tc, test_einval_args);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("eagain", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_eagain_max_ops);
-    tcase_add_test(tc, test_eagain_queue_full);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("enotconn", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_enotconn);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("epipe", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_epipe);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("econnrefused", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_econnrefused);
-    tcase_add_test(tc, test_refused_incompatible);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("socket", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_socket_errors);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("ebusy", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_ebusy);
-    suite_add_tcase(s, tc);
+    it_suite_add(s, "ebadf", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_ebadf, NULL});
+    it_suite_add(s, "enotsock", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_enotsock, NULL});
+    it_suite_add(
+        s, "einval", IT_CASE_TIMEOUT, 1,
+        (const TTest *const[]){test_einval_queue, test_einval_mhandle, test_einval_args, NULL});
+    it_suite_add(s, "eagain", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_eagain_max_ops, test_eagain_queue_full, NULL});
+    it_suite_add(s, "enotconn", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_enotconn, NULL});
+    it_suite_add(s, "epipe", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_epipe, NULL});
+    it_suite_add(s, "econnrefused", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_econnrefused, test_refused_incompatible, NULL});
+    it_suite_add(s, "socket", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_socket_errors, NULL});
+    it_suite_add(s, "ebusy", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_ebusy, NULL});
     return s;
 }

@@ -83,6 +83,37 @@ static void pingpong(struct it_pair *p, int rounds, int mode)
     it_buf_free(b);
 }
 
+/* A transfer of len bytes (pattern seed), client to server, that the progress thread
+ * completes while this thread makes no exs_qdequeue: both events are seen on exs_qfd
+ * first (when stands in the message), then taken and the data checked. */
+static void transfer_seen_on_qfds(struct it_pair *p, size_t len, uint32_t seed, const char *when)
+{
+    struct it_buf *a = it_buf_new(len, 1), *b = it_buf_new(len, 1);
+    struct pollfd pfd[2];
+    double end;
+    int seen = 0;
+
+    pfd[0].fd = exs_qfd(p->sq);
+    pfd[1].fd = exs_qfd(p->cq);
+    pfd[0].events = pfd[1].events = POLLIN;
+    it_fill(a->p, len, seed);
+    IT_EXPECT_OK(exs_recv(p->sfd, b->p, len, MSG_WAITALL, p->sq, AH(1), b->mh));
+    IT_EXPECT_OK(exs_send(p->cfd, a->p, len, 0, p->cq, AH(2), a->mh));
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (seen != 3 && it_now_ms() < end) {
+        pfd[0].revents = pfd[1].revents = 0;
+        ck_assert_int_ge(poll(pfd, 2, 100), 0);
+        seen |= (pfd[0].revents & POLLIN ? 1 : 0) | (pfd[1].revents & POLLIN ? 2 : 0);
+    }
+    ck_assert_msg(seen == 3, "%swithout exs_qdequeue: server event %d client event %d", when,
+                  seen & 1, !!(seen & 2));
+    it_expect_recv(p->sq, p->sfd, AH(1), (ssize_t)len, 0);
+    it_expect_send(p->cq, p->cfd, AH(2), (ssize_t)len);
+    ck_assert_int_eq(it_check(b->p, len, seed), -1);
+    it_buf_free(a);
+    it_buf_free(b);
+}
+
 /* With the progress thread kept away from the provider (test seam), a waiter in each
  * mode completes connection set-up, a ping-pong and the close by driving itself: the
  * progress thread found no work at all. */
@@ -130,40 +161,15 @@ END_TEST
 START_TEST(test_progress_while_computing)
 {
     struct it_pair p;
-    struct it_buf *a, *b;
-    struct pollfd pfd[2];
     exs_event_t ev;
-    const size_t len = 1 << 20;
-    double end;
-    int seen = 0;
 
     it_init();
     it_pair_open(&p, SOCK_STREAM, 64, 64);
     pingpong(&p, 0, EXS_WAIT_POLL);
-    a = it_buf_new(len, 1);
-    b = it_buf_new(len, 1);
     /* a few dequeues in POLL mode first, so the hand-off is exercised */
     for (int i = 0; i < 20; i++)
         ck_assert_int_eq(exs_qdequeue(p.cq, &ev, 1, &(struct timespec){0, 0}), 0);
-    pfd[0].fd = exs_qfd(p.sq);
-    pfd[1].fd = exs_qfd(p.cq);
-    pfd[0].events = pfd[1].events = POLLIN;
-    it_fill(a->p, len, 7);
-    IT_EXPECT_OK(exs_recv(p.sfd, b->p, len, MSG_WAITALL, p.sq, AH(1), b->mh));
-    IT_EXPECT_OK(exs_send(p.cfd, a->p, len, 0, p.cq, AH(2), a->mh));
-    end = it_now_ms() + IT_TIMEOUT_MS;
-    while (seen != 3 && it_now_ms() < end) {
-        pfd[0].revents = pfd[1].revents = 0;
-        ck_assert_int_ge(poll(pfd, 2, 100), 0);
-        seen |= (pfd[0].revents & POLLIN ? 1 : 0) | (pfd[1].revents & POLLIN ? 2 : 0);
-    }
-    ck_assert_msg(seen == 3, "without exs_qdequeue: server event %d client event %d", seen & 1,
-                  !!(seen & 2));
-    it_expect_recv(p.sq, p.sfd, AH(1), (ssize_t)len, 0);
-    it_expect_send(p.cq, p.cfd, AH(2), (ssize_t)len);
-    ck_assert_int_eq(it_check(b->p, len, 7), -1);
-    it_buf_free(a);
-    it_buf_free(b);
+    transfer_seen_on_qfds(&p, 1 << 20, 7, "");
     it_pair_close(&p);
 }
 END_TEST
@@ -175,13 +181,8 @@ END_TEST
 START_TEST(test_idle_wait_then_compute)
 {
     struct it_pair p;
-    struct it_buf *a, *b;
-    struct pollfd pfd[2];
     exs_event_t ev;
-    const size_t len = 1 << 16;
     uint64_t idle0;
-    double end;
-    int seen = 0;
 
     it_init();
     it_pair_open(&p, SOCK_STREAM, 64, 64);
@@ -190,27 +191,7 @@ START_TEST(test_idle_wait_then_compute)
     ck_assert_int_eq(exs_qdequeue(p.sq, &ev, 1, &(struct timespec){0, 300000000}), 0);
     ck_assert_msg(eng_counter("lease_idles") > idle0,
                   "the lease kept running while the same thread waited 300 ms");
-    a = it_buf_new(len, 1);
-    b = it_buf_new(len, 1);
-    pfd[0].fd = exs_qfd(p.sq);
-    pfd[1].fd = exs_qfd(p.cq);
-    pfd[0].events = pfd[1].events = POLLIN;
-    it_fill(a->p, len, 9);
-    IT_EXPECT_OK(exs_recv(p.sfd, b->p, len, MSG_WAITALL, p.sq, AH(1), b->mh));
-    IT_EXPECT_OK(exs_send(p.cfd, a->p, len, 0, p.cq, AH(2), a->mh));
-    end = it_now_ms() + IT_TIMEOUT_MS;
-    while (seen != 3 && it_now_ms() < end) {
-        pfd[0].revents = pfd[1].revents = 0;
-        ck_assert_int_ge(poll(pfd, 2, 100), 0);
-        seen |= (pfd[0].revents & POLLIN ? 1 : 0) | (pfd[1].revents & POLLIN ? 2 : 0);
-    }
-    ck_assert_msg(seen == 3, "after an idle wait, without exs_qdequeue: server event %d client "
-                  "event %d", seen & 1, !!(seen & 2));
-    it_expect_recv(p.sq, p.sfd, AH(1), (ssize_t)len, 0);
-    it_expect_send(p.cq, p.cfd, AH(2), (ssize_t)len);
-    ck_assert_int_eq(it_check(b->p, len, 9), -1);
-    it_buf_free(a);
-    it_buf_free(b);
+    transfer_seen_on_qfds(&p, 1 << 16, 9, "after an idle wait, ");
     it_pair_close(&p);
 }
 END_TEST
@@ -593,32 +574,22 @@ END_TEST
 Suite *integ_progress_suite(void)
 {
     Suite *s = suite_create("integ_progress");
-    TCase *tc;
 
-    tc = it_tcase("waiter_drives", IT_CASE_TIMEOUT);
-    tcase_add_loop_test(tc, test_waiter_drives, 0, 3);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("fd_writes", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_poll_no_fd_writes);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("qfd_late", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_qfd_late);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("computing", IT_CASE_TIMEOUT);
-    tcase_add_test(tc, test_progress_while_computing);
-    tcase_add_test(tc, test_idle_wait_then_compute);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("many_waiters", 2 * IT_CASE_TIMEOUT + 60);
-    tcase_add_loop_test(tc, test_many_waiters, 0, 3);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("wake_by_job", IT_CASE_TIMEOUT);
-    tcase_add_loop_test(tc, test_wake_by_job, 0, 2);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("sync_threads", 2 * IT_CASE_TIMEOUT + 60);
-    tcase_add_test(tc, test_sync_threads);
-    suite_add_tcase(s, tc);
-    tc = it_tcase("sleep_eintr", IT_CASE_TIMEOUT);
-    tcase_add_loop_test(tc, test_sleep_eintr, 0, 2);
-    suite_add_tcase(s, tc);
+    it_suite_add(s, "waiter_drives", IT_CASE_TIMEOUT, 3,
+                 (const TTest *const[]){test_waiter_drives, NULL});
+    it_suite_add(s, "fd_writes", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_poll_no_fd_writes, NULL});
+    it_suite_add(s, "qfd_late", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_qfd_late, NULL});
+    it_suite_add(
+        s, "computing", IT_CASE_TIMEOUT, 1,
+        (const TTest *const[]){test_progress_while_computing, test_idle_wait_then_compute, NULL});
+    it_suite_add(s, "many_waiters", 2 * IT_CASE_TIMEOUT + 60, 3,
+                 (const TTest *const[]){test_many_waiters, NULL});
+    it_suite_add(s, "wake_by_job", IT_CASE_TIMEOUT, 2,
+                 (const TTest *const[]){test_wake_by_job, NULL});
+    it_suite_add(s, "sync_threads", 2 * IT_CASE_TIMEOUT + 60, 1,
+                 (const TTest *const[]){test_sync_threads, NULL});
+    it_suite_add(s, "sleep_eintr", IT_CASE_TIMEOUT, 2,
+                 (const TTest *const[]){test_sleep_eintr, NULL});
     return s;
 }

@@ -24,45 +24,142 @@ static uint64_t tcp_cnt(struct exs_prov_ctx *c, size_t off)
 }
 #define TCP_CNT(_c, _f) tcp_cnt((_c), offsetof(struct tcp_counters, _f))
 
-/* ---- ping-pong in MANUAL_PROGRESS mode, one thread driving both ctxs ---- */
+/* ---- helpers: a pair this thread drives, its buffers, one-sided driving ---- */
 
 #define PP_ROUNDS 200
+
+/* Opens a pair in MANUAL_PROGRESS, both ctxs driven by this thread; returns 1 when the
+ * test is skipped (test names a tcp-only test; NULL runs on every provider). */
+static int manual_setup(struct pt_pair *p, const char *test)
+{
+    if (test && pt_skip_unless_tcp(test))
+        return 1;
+    pt_self_drive = 1;
+    pt_pair_setup(p, NULL, NULL);
+    return 0;
+}
+
+static void manual_close(struct pt_pair *p)
+{
+    pt_pair_close(p);
+    pt_self_drive = 0;
+}
+
+/* Four 64-byte buffers of the pair, allocated in this order: a's send and receive
+ * buffers (b[0], b[1]), then b's (b[2], b[3]). */
+enum { SA, RA, SB, RB };
+
+static void bufs64(struct pt_pair *p, struct pt_buf *b[4])
+{
+    b[SA] = pt_pair_buf(p, 'a', 64, LW, 0);
+    b[RA] = pt_pair_buf(p, 'a', 64, LW, 0);
+    b[SB] = pt_pair_buf(p, 'b', 64, LW, 0);
+    b[RB] = pt_pair_buf(p, 'b', 64, LW, 0);
+}
+
+/* PP_ROUNDS 64-byte SEND ping-pongs a -> b -> a, every completion expected; with
+ * check, each message carries a pattern that its receiver checks. */
+static void pingpong(struct pt_pair *p, struct pt_buf *const b[4], int check)
+{
+    for (uint32_t i = 0; i < PP_ROUNDS; i++) {
+        ck_assert_int_eq(pt_post_recv(p->eb, 1000 + i, b[RB], 0, 64), 0);
+        ck_assert_int_eq(pt_post_recv(p->ea, 2000 + i, b[RA], 0, 64), 0);
+        if (check)
+            pt_pattern(b[SA]->p, 64, i);
+        ck_assert_int_eq(
+            pt_post_send(p->ea, 3000 + i, EXS_PROV_WR_SEND, SIG, b[SA], 0, 64, 0, 0, 0), 0);
+        pt_expect_cqe(&p->b, 1000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        if (check) {
+            ck_assert_int_eq(pt_pattern_check(b[RB]->p, 64, i), -1);
+            pt_pattern(b[SB]->p, 64, i + 7);
+        }
+        ck_assert_int_eq(
+            pt_post_send(p->eb, 4000 + i, EXS_PROV_WR_SEND, SIG, b[SB], 0, 64, 0, 0, 0), 0);
+        pt_expect_wr(&p->a, 2000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        if (check)
+            ck_assert_int_eq(pt_pattern_check(b[RA]->p, 64, i + 7), -1);
+        pt_expect_wr(&p->a, 3000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        pt_expect_wr(&p->b, 4000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    }
+}
+
+/* Drives only b's ctx, one turn at a time, until b has a completion (into c) or, with
+ * ev, a cm event (into ev), or PT_TIMEOUT_MS passed; returns how many it got (0 or 1). */
+static int drive_b_until(struct pt_pair *p, struct exs_prov_cqe *c, struct exs_prov_cm_event *ev)
+{
+    double deadline = pt_now_ms() + PT_TIMEOUT_MS;
+    int n = 0;
+
+    while (n == 0 && pt_now_ms() < deadline) {
+        ck_assert_int_ge(pt_ops->ctx_progress(p->b.ctx), 0);
+        n = ev ? pt_ops->ctx_cm_poll(p->b.ctx, ev) : pt_ops->ctx_poll(p->b.ctx, c, 1);
+        ck_assert_int_ge(n, 0);
+        if (!n)
+            pt_sleep_ms(1);
+    }
+    return n;
+}
+
+/* A 64-byte request a -> b (receive wr_id 1 into rb, SEND wr_id 3 from sa) once every
+ * earlier frame is out, only b driven until the receive completes (into c); returns
+ * b's acks_tx from before the request. */
+static uint64_t request_to_b(struct pt_pair *p, struct pt_buf *sa, struct pt_buf *rb,
+                             struct exs_prov_cqe *c)
+{
+    uint64_t acks0;
+
+    ck_assert_int_eq(pt_post_recv(p->eb, 1, rb, 0, 64), 0);
+    while (pt_drive_all() > 0) /* quiet: every earlier ACK is out */
+        ;
+    acks0 = TCP_CNT(p->b.ctx, acks_tx);
+    ck_assert_int_eq(pt_post_send(p->ea, 3, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0), 0);
+    ck_assert_int_eq(drive_b_until(p, c, NULL), 1);
+    return acks0;
+}
+
+/* A pair as manual_setup opens it, with a request a -> b that b received (into c) and
+ * whose ACK it owes: request_to_b on two fresh 64-byte buffers; returns 1 when skipped. */
+static int ack_owed_setup(struct pt_pair *p, const char *test, struct exs_prov_cqe *c,
+                          uint64_t *acks0)
+{
+    struct pt_buf *sa, *rb;
+
+    if (manual_setup(p, test))
+        return 1;
+    sa = pt_pair_buf(p, 'a', 64, LW, 0);
+    rb = pt_pair_buf(p, 'b', 64, LW, 0);
+    *acks0 = request_to_b(p, sa, rb, c);
+    return 0;
+}
+
+/* A raw peer's SEND frame of len bytes of fill, header and payload. */
+static void raw_send_msg(int fd, uint8_t fill, uint32_t len)
+{
+    struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_SEND, 0, len, 0, 0, 0, 0);
+    uint8_t payload[64];
+
+    ck_assert_uint_le(len, sizeof(payload));
+    memset(payload, fill, len);
+    ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
+    ck_assert_int_eq(pt_raw_send(fd, payload, len), 0);
+}
+
+/* ---- ping-pong in MANUAL_PROGRESS mode, one thread driving both ctxs ---- */
 
 START_TEST(progress_pingpong_direct)
 {
     struct pt_pair p;
-    struct pt_buf *sa, *ra, *sb, *rb;
-    struct exs_prov_cqe c;
+    struct pt_buf *b[4];
     uint64_t da0, db0;
 
-    if (pt_skip_unless_tcp("progress_pingpong_direct"))
+    if (manual_setup(&p, "progress_pingpong_direct"))
         return;
-    pt_self_drive = 1;
-    pt_pair_setup(&p, NULL, NULL);
     ck_assert_int_eq(tcp_ctx_of(p.a.ctx)->has_thread, 0);
     ck_assert_int_eq(tcp_ctx_of(p.b.ctx)->has_thread, 0);
-    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
-    ra = pt_pair_buf(&p, 'a', 64, LW, 0);
-    sb = pt_pair_buf(&p, 'b', 64, LW, 0);
-    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    bufs64(&p, b);
     da0 = TCP_CNT(p.a.ctx, direct_writes);
     db0 = TCP_CNT(p.b.ctx, direct_writes);
-    for (uint32_t i = 0; i < PP_ROUNDS; i++) {
-        ck_assert_int_eq(pt_post_recv(p.eb, 1000 + i, rb, 0, 64), 0);
-        ck_assert_int_eq(pt_post_recv(p.ea, 2000 + i, ra, 0, 64), 0);
-        pt_pattern(sa->p, 64, i);
-        ck_assert_int_eq(pt_post_send(p.ea, 3000 + i, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0),
-                         0);
-        pt_expect_cqe(&p.b, 1000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
-        ck_assert_int_eq(pt_pattern_check(rb->p, 64, i), -1);
-        pt_pattern(sb->p, 64, i + 7);
-        ck_assert_int_eq(pt_post_send(p.eb, 4000 + i, EXS_PROV_WR_SEND, SIG, sb, 0, 64, 0, 0, 0),
-                         0);
-        pt_expect_wr(&p.a, 2000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
-        ck_assert_int_eq(pt_pattern_check(ra->p, 64, i + 7), -1);
-        pt_expect_wr(&p.a, 3000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-        pt_expect_wr(&p.b, 4000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-    }
+    pingpong(&p, b, 1);
     /* every post was framed and written by the posting thread, and nobody had to
      * be woken: no NIC thread exists, and the one driver never held the NIC role
      * while it posted */
@@ -70,8 +167,7 @@ START_TEST(progress_pingpong_direct)
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, direct_writes) - db0, PP_ROUNDS);
     ck_assert_uint_eq(TCP_CNT(p.a.ctx, wakeups), 0);
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, wakeups), 0);
-    pt_pair_close(&p);
-    pt_self_drive = 0;
+    manual_close(&p);
 }
 END_TEST
 
@@ -82,34 +178,22 @@ START_TEST(progress_post_writes_in_caller)
     struct pt_pair p;
     struct pt_buf *src, *dst;
     struct exs_prov_cqe c;
-    double deadline;
-    int n = 0;
 
-    if (pt_skip_unless_tcp("progress_post_writes_in_caller"))
+    if (manual_setup(&p, "progress_post_writes_in_caller"))
         return;
-    pt_self_drive = 1;
-    pt_pair_setup(&p, NULL, NULL);
     src = pt_pair_buf(&p, 'a', 256, LW, 0);
     dst = pt_pair_buf(&p, 'b', 256, LW, 0);
     pt_pattern(src->p, 256, 42);
     ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, 256), 0);
     ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, SIG, src, 0, 256, 0, 0, 0), 0);
     /* drive b only: a's ctx runs no turn from here on */
-    deadline = pt_now_ms() + PT_TIMEOUT_MS;
-    while (n == 0 && pt_now_ms() < deadline) {
-        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
-        n = pt_ops->ctx_poll(p.b.ctx, &c, 1);
-        ck_assert_int_ge(n, 0);
-        if (!n)
-            pt_sleep_ms(1);
-    }
-    ck_assert_msg(n == 1, "the SEND did not arrive while only the receiver was driven");
+    ck_assert_msg(drive_b_until(&p, &c, NULL) == 1,
+                  "the SEND did not arrive while only the receiver was driven");
     ck_assert_uint_eq(c.wr_id, 1);
     ck_assert_int_eq(c.status, EXS_PROV_WC_SUCCESS);
     ck_assert_int_eq(pt_pattern_check(dst->p, 256, 42), -1);
     pt_expect_wr(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-    pt_pair_close(&p);
-    pt_self_drive = 0;
+    manual_close(&p);
 }
 END_TEST
 
@@ -119,26 +203,14 @@ START_TEST(progress_command_in_caller)
 {
     struct pt_pair p;
     struct exs_prov_cm_event ev;
-    double deadline;
-    int n = 0;
 
-    pt_self_drive = 1;
-    pt_pair_setup(&p, NULL, NULL);
+    manual_setup(&p, NULL);
     ck_assert_int_eq(pt_ops->disconnect(p.ea), 0);
-    deadline = pt_now_ms() + PT_TIMEOUT_MS;
-    while (n == 0 && pt_now_ms() < deadline) {
-        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
-        n = pt_ops->ctx_cm_poll(p.b.ctx, &ev);
-        ck_assert_int_ge(n, 0);
-        if (!n)
-            pt_sleep_ms(1);
-    }
-    ck_assert_msg(n == 1, "no cm event at b while only b was driven");
+    ck_assert_msg(drive_b_until(&p, NULL, &ev) == 1, "no cm event at b while only b was driven");
     ck_assert_int_eq(ev.type, EXS_PROV_CM_DISCONNECTED);
     ck_assert_ptr_eq(ev.ep, p.eb);
     p.b_up = 0;
-    pt_pair_close(&p);
-    pt_self_drive = 0;
+    manual_close(&p);
 }
 END_TEST
 
@@ -147,31 +219,16 @@ END_TEST
 START_TEST(progress_ack_rides_with_reply)
 {
     struct pt_pair p;
-    struct pt_buf *sa, *ra, *sb, *rb;
+    struct pt_buf *b[4];
     struct exs_prov_cqe c;
     uint64_t acks0, calls0, frames0;
-    int n = 0;
 
-    if (pt_skip_unless_tcp("progress_ack_rides_with_reply"))
+    if (manual_setup(&p, "progress_ack_rides_with_reply"))
         return;
-    pt_self_drive = 1;
-    pt_pair_setup(&p, NULL, NULL);
-    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
-    ra = pt_pair_buf(&p, 'a', 64, LW, 0);
-    sb = pt_pair_buf(&p, 'b', 64, LW, 0);
-    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
-    ck_assert_int_eq(pt_post_recv(p.eb, 1, rb, 0, 64), 0);
-    ck_assert_int_eq(pt_post_recv(p.ea, 2, ra, 0, 64), 0);
-    while (pt_drive_all() > 0) /* quiet: every earlier ACK is out */
-        ;
-    acks0 = TCP_CNT(p.b.ctx, acks_tx);
-    ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0), 0);
+    bufs64(&p, b);
+    ck_assert_int_eq(pt_post_recv(p.ea, 2, b[RA], 0, 64), 0);
     /* b's consumer: one turn at a time until the receive completes */
-    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS; !n && pt_now_ms() < deadline;) {
-        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
-        n = pt_ops->ctx_poll(p.b.ctx, &c, 1);
-    }
-    ck_assert_int_eq(n, 1);
+    acks0 = request_to_b(&p, b[SA], b[RB], &c);
     ck_assert_uint_eq(c.wr_id, 1);
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0); /* owed, not sent */
     ck_assert_uint_ge(TCP_CNT(p.b.ctx, acks_deferred), 1);
@@ -179,15 +236,14 @@ START_TEST(progress_ack_rides_with_reply)
     ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), -EAGAIN);
     calls0 = TCP_CNT(p.b.ctx, tx_calls);
     frames0 = TCP_CNT(p.b.ctx, frames_tx);
-    ck_assert_int_eq(pt_post_send(p.eb, 4, EXS_PROV_WR_SEND, SIG, sb, 0, 64, 0, 0, 0), 0);
+    ck_assert_int_eq(pt_post_send(p.eb, 4, EXS_PROV_WR_SEND, SIG, b[SB], 0, 64, 0, 0, 0), 0);
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 1);
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, frames_tx), frames0 + 2);
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, tx_calls), calls0 + 1);
     pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
     pt_expect_wr(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
     pt_expect_wr(&p.b, 4, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-    pt_pair_close(&p);
-    pt_self_drive = 0;
+    manual_close(&p);
 }
 END_TEST
 
@@ -196,34 +252,17 @@ END_TEST
 START_TEST(progress_ack_deferred_next_turn)
 {
     struct pt_pair p;
-    struct pt_buf *sa, *rb;
     struct exs_prov_cqe c;
     uint64_t acks0;
-    int n = 0;
 
-    if (pt_skip_unless_tcp("progress_ack_deferred_next_turn"))
+    if (ack_owed_setup(&p, "progress_ack_deferred_next_turn", &c, &acks0))
         return;
-    pt_self_drive = 1;
-    pt_pair_setup(&p, NULL, NULL);
-    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
-    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
-    ck_assert_int_eq(pt_post_recv(p.eb, 1, rb, 0, 64), 0);
-    while (pt_drive_all() > 0)
-        ;
-    acks0 = TCP_CNT(p.b.ctx, acks_tx);
-    ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0), 0);
-    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS; !n && pt_now_ms() < deadline;) {
-        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
-        n = pt_ops->ctx_poll(p.b.ctx, &c, 1);
-    }
-    ck_assert_int_eq(n, 1);
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0);
     ck_assert_int_eq(pt_ops->ctx_progress(p.b.ctx), 0);
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 1);
     ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0);
     pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-    pt_pair_close(&p);
-    pt_self_drive = 0;
+    manual_close(&p);
 }
 END_TEST
 
@@ -232,30 +271,15 @@ END_TEST
 START_TEST(progress_ack_deferred_then_disconnect)
 {
     struct pt_pair p;
-    struct pt_buf *sa, *rb;
     struct exs_prov_cqe c;
-    int n = 0;
+    uint64_t acks0;
 
-    if (pt_skip_unless_tcp("progress_ack_deferred_then_disconnect"))
+    if (ack_owed_setup(&p, "progress_ack_deferred_then_disconnect", &c, &acks0))
         return;
-    pt_self_drive = 1;
-    pt_pair_setup(&p, NULL, NULL);
-    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
-    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
-    ck_assert_int_eq(pt_post_recv(p.eb, 1, rb, 0, 64), 0);
-    while (pt_drive_all() > 0)
-        ;
-    ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0), 0);
-    for (double deadline = pt_now_ms() + PT_TIMEOUT_MS; !n && pt_now_ms() < deadline;) {
-        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
-        n = pt_ops->ctx_poll(p.b.ctx, &c, 1);
-    }
-    ck_assert_int_eq(n, 1);
     ck_assert_uint_ge(TCP_CNT(p.b.ctx, acks_deferred), 1);
     ck_assert_int_eq(pt_ops->disconnect(p.eb), 0);
     pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-    pt_pair_close(&p);
-    pt_self_drive = 0;
+    manual_close(&p);
 }
 END_TEST
 
@@ -268,16 +292,13 @@ START_TEST(progress_post_acks_own_conn_only)
     struct exs_prov_ep *eb1;
     struct exs_prov_ep_attr attr = pt_default_attr();
     struct pt_buf *sa, *rb, *rb2, *sb;
-    struct tcp_wire_hdr h, ack;
+    struct tcp_wire_hdr ack;
     struct exs_prov_cqe c;
     uint64_t acks0, calls0;
-    uint8_t payload[16];
     int fd, got = 0;
 
-    if (pt_skip_unless_tcp("progress_post_acks_own_conn_only"))
+    if (manual_setup(&p, "progress_post_acks_own_conn_only"))
         return;
-    pt_self_drive = 1;
-    pt_pair_setup(&p, NULL, NULL);
     /* a second connection of b's ctx, to a raw peer */
     eb1 = p.eb;
     ck_assert_int_eq(pt_ops->ep_create(p.b.ctx, &attr, &p.eb), 0);
@@ -297,10 +318,7 @@ START_TEST(progress_post_acks_own_conn_only)
         acks0 = TCP_CNT(p.b.ctx, acks_tx);
         /* one request on each connection */
         ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0), 0);
-        h = pt_raw_hdr(TCP_WIRE_SEND, 0, sizeof(payload), 0, 0, 0, 0);
-        memset(payload, 0x33, sizeof(payload));
-        ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
-        ck_assert_int_eq(pt_raw_send(fd, payload, sizeof(payload)), 0);
+        raw_send_msg(fd, 0x33, 16);
         for (double deadline = pt_now_ms() + PT_TIMEOUT_MS; got < 2 && pt_now_ms() < deadline;) {
             ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
             while (got < 2 && pt_ops->ctx_poll(p.b.ctx, &c, 1) == 1) {
@@ -326,8 +344,7 @@ START_TEST(progress_post_acks_own_conn_only)
         close(fd);
         pt_ep_close(&p.b, eb2);
     }
-    pt_pair_close(&p);
-    pt_self_drive = 0;
+    manual_close(&p);
 }
 END_TEST
 
@@ -522,6 +539,24 @@ static void post_while_role_held(struct pt_pair *p, struct pt_buf *src, uint64_t
     ck_assert_uint_eq(TCP_CNT(p->a.ctx, wakeups), w0 + 1);
 }
 
+/* A 64-byte receive (wr_id 1) at b, and a's source holding pattern seed: dst and src. */
+static void role_busy_prepare(struct pt_pair *p, struct pt_buf **src, struct pt_buf **dst,
+                              uint32_t seed)
+{
+    *src = pt_pair_buf(p, 'a', 64, LW, 0);
+    *dst = pt_pair_buf(p, 'b', 64, LW, 0);
+    pt_pattern((*src)->p, 64, seed);
+    ck_assert_int_eq(pt_post_recv(p->eb, 1, *dst, 0, 64), 0);
+}
+
+/* The SEND posted while the role was held (wr_id 2) arrived whole and completed. */
+static void role_busy_check(struct pt_pair *p, struct pt_buf *dst, uint32_t seed)
+{
+    pt_expect_cqe(&p->b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    ck_assert_int_eq(pt_pattern_check(dst->p, 64, seed), -1);
+    pt_expect_cqe(&p->a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+}
+
 /* MANUAL_PROGRESS: the post is not lost: the event fd is readable, ctx_arm refuses to
  * let the driver sleep, and the next turn sends it. */
 START_TEST(progress_role_busy_manual)
@@ -531,14 +566,9 @@ START_TEST(progress_role_busy_manual)
     struct pollfd pfd;
     struct exs_prov_cqe c;
 
-    if (pt_skip_unless_tcp("progress_role_busy_manual"))
+    if (manual_setup(&p, "progress_role_busy_manual"))
         return;
-    pt_self_drive = 1;
-    pt_pair_setup(&p, NULL, NULL);
-    src = pt_pair_buf(&p, 'a', 64, LW, 0);
-    dst = pt_pair_buf(&p, 'b', 64, LW, 0);
-    pt_pattern(src->p, 64, 3);
-    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, 64), 0);
+    role_busy_prepare(&p, &src, &dst, 3);
     while (pt_ops->ctx_progress(p.a.ctx) > 0)
         ;
     ck_assert_int_eq(pt_ops->ctx_poll(p.a.ctx, &c, 1), 0);
@@ -549,11 +579,8 @@ START_TEST(progress_role_busy_manual)
     ck_assert_msg(poll(&pfd, 1, 0) == 1, "event fd not readable with a post waiting for a turn");
     ck_assert_int_eq(pt_ops->ctx_arm(p.a.ctx), -EAGAIN);
     ck_assert_int_eq(pt_ops->ctx_progress(p.a.ctx), 1);
-    pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
-    ck_assert_int_eq(pt_pattern_check(dst->p, 64, 3), -1);
-    pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-    pt_pair_close(&p);
-    pt_self_drive = 0;
+    role_busy_check(&p, dst, 3);
+    manual_close(&p);
 }
 END_TEST
 
@@ -571,14 +598,9 @@ START_TEST(progress_role_busy_thread)
     }
     pt_pair_setup(&p, NULL, NULL);
     ck_assert_int_eq(tcp_ctx_of(p.a.ctx)->has_thread, 1);
-    src = pt_pair_buf(&p, 'a', 64, LW, 0);
-    dst = pt_pair_buf(&p, 'b', 64, LW, 0);
-    pt_pattern(src->p, 64, 4);
-    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, 64), 0);
+    role_busy_prepare(&p, &src, &dst, 4);
     post_while_role_held(&p, src, 2);
-    pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
-    ck_assert_int_eq(pt_pattern_check(dst->p, 64, 4), -1);
-    pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    role_busy_check(&p, dst, 4);
     pt_pair_close(&p);
 }
 END_TEST
@@ -724,10 +746,8 @@ static void hold_hup(enum hup_kind kind)
 {
     struct pt_pair p;
     struct exs_prov_ep_attr attr = pt_default_attr();
-    struct tcp_wire_hdr h;
     struct idle_driver d;
     struct pt_buf *rb;
-    uint8_t payload[64];
     uint64_t waits0;
     int fd;
 
@@ -739,10 +759,7 @@ static void hold_hup(enum hup_kind kind)
     drive_for(&d, p.b.ctx, 300);
     ck_assert_uint_lt(d.turns, HUP_MAX_TURNS); /* the driver sleeps when idle */
     waits0 = TCP_CNT(p.b.ctx, rnr_waits);
-    h = pt_raw_hdr(TCP_WIRE_SEND, 0, sizeof(payload), 0, 0, 0, 0);
-    memset(payload, 0x5a, sizeof(payload));
-    ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
-    ck_assert_int_eq(pt_raw_send(fd, payload, sizeof(payload)), 0);
+    raw_send_msg(fd, 0x5a, 64);
     for (double deadline = pt_now_ms() + PT_TIMEOUT_MS;
          TCP_CNT(p.b.ctx, rnr_waits) == waits0 && pt_now_ms() < deadline;)
         ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
@@ -816,14 +833,12 @@ END_TEST
 START_TEST(progress_timer_walk_only_when_due)
 {
     struct pt_pair p;
-    struct pt_buf *sa, *ra, *sb, *rb;
+    struct pt_buf *b[4];
     int fds[TW_SILENT];
     uint64_t wa0, wb0;
 
-    if (pt_skip_unless_tcp("progress_timer_walk_only_when_due"))
+    if (manual_setup(&p, "progress_timer_walk_only_when_due"))
         return;
-    pt_self_drive = 1;
-    pt_pair_setup(&p, NULL, NULL);
     for (int i = 0; i < TW_SILENT; i++) {
         fds[i] = pt_raw_connect(&p);
         pt_drive_all(); /* accept as they come: the backlog is small */
@@ -834,24 +849,10 @@ START_TEST(progress_timer_walk_only_when_due)
     while (pt_drive_all() > 0)
         ;
     ck_assert_uint_ge(TCP_CNT(p.b.ctx, accept_calls), TW_SILENT);
-    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
-    ra = pt_pair_buf(&p, 'a', 64, LW, 0);
-    sb = pt_pair_buf(&p, 'b', 64, LW, 0);
-    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    bufs64(&p, b);
     wa0 = TCP_CNT(p.a.ctx, timer_walks);
     wb0 = TCP_CNT(p.b.ctx, timer_walks);
-    for (uint32_t i = 0; i < PP_ROUNDS; i++) {
-        ck_assert_int_eq(pt_post_recv(p.eb, 1000 + i, rb, 0, 64), 0);
-        ck_assert_int_eq(pt_post_recv(p.ea, 2000 + i, ra, 0, 64), 0);
-        ck_assert_int_eq(pt_post_send(p.ea, 3000 + i, EXS_PROV_WR_SEND, SIG, sa, 0, 64, 0, 0, 0),
-                         0);
-        pt_expect_cqe(&p.b, 1000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
-        ck_assert_int_eq(pt_post_send(p.eb, 4000 + i, EXS_PROV_WR_SEND, SIG, sb, 0, 64, 0, 0, 0),
-                         0);
-        pt_expect_wr(&p.a, 2000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
-        pt_expect_wr(&p.a, 3000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-        pt_expect_wr(&p.b, 4000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-    }
+    pingpong(&p, b, 0);
     printf("progress_timer_walk_only_when_due: %llu + %llu walks in %d rounds\n",
            (unsigned long long)(TCP_CNT(p.a.ctx, timer_walks) - wa0),
            (unsigned long long)(TCP_CNT(p.b.ctx, timer_walks) - wb0), PP_ROUNDS);
@@ -860,8 +861,7 @@ START_TEST(progress_timer_walk_only_when_due)
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, timer_walks), wb0);
     for (int i = 0; i < TW_SILENT; i++)
         close(fds[i]);
-    pt_pair_close(&p);
-    pt_self_drive = 0;
+    manual_close(&p);
 }
 END_TEST
 
@@ -873,10 +873,8 @@ START_TEST(progress_timer_fires_when_due)
     uint64_t w0, t0;
     int fd;
 
-    if (pt_skip_unless_tcp("progress_timer_fires_when_due"))
+    if (manual_setup(&p, "progress_timer_fires_when_due"))
         return;
-    pt_self_drive = 1;
-    pt_pair_setup(&p, NULL, NULL);
     tcp_ctx_of(p.b.ctx)->handshake_ns = 200 * 1000000ull; /* before the socket arrives */
     w0 = TCP_CNT(p.b.ctx, timer_walks);
     t0 = TCP_CNT(p.b.ctx, handshake_timeouts);
@@ -892,8 +890,7 @@ START_TEST(progress_timer_fires_when_due)
     ck_assert_uint_ge(TCP_CNT(p.b.ctx, timer_walks), w0 + 1);
     ck_assert_int_eq(pt_raw_closed_within(fd, PT_TIMEOUT_MS), 1);
     close(fd);
-    pt_pair_close(&p);
-    pt_self_drive = 0;
+    manual_close(&p);
 }
 END_TEST
 
