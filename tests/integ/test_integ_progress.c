@@ -11,6 +11,7 @@
 #include <sys/exs.h>
 
 #include "exs/api/evq.h"
+#include "exs/engine/engine.h"
 #include "exs/util/counters.h"
 #include "tests/integ/integ.h"
 
@@ -174,6 +175,24 @@ START_TEST(test_progress_while_computing)
 }
 END_TEST
 
+/* A job that does nothing: it only wakes the progress thread. */
+static void idle_nop_job(struct exs_job *job)
+{
+    (void)job;
+}
+
+static struct exs_job idle_job = {.fn = idle_nop_job};
+
+/* 30 ms into the wait, wake the progress thread once (a job), so that it sees a driver
+ * waiting and runs its lease, whatever it was doing before the wait began. */
+static void *idle_poke(void *arg)
+{
+    (void)arg;
+    it_sleep_ms(30);
+    exs__engine_post(&idle_job);
+    return NULL;
+}
+
 /* A thread waiting a long time with nothing to do: the lease stops (no wake-up every
  * lease_us while a server idles in exs_qdequeue), and when that waiter leaves, the
  * progress thread is woken and takes the provider back: a transfer then completes
@@ -183,12 +202,15 @@ START_TEST(test_idle_wait_then_compute)
     struct it_pair p;
     exs_event_t ev;
     uint64_t idle0;
+    pthread_t t;
 
     it_init();
     it_pair_open(&p, SOCK_STREAM, 64, 64);
     idle0 = eng_counter("lease_idles");
-    /* 300 ms with nothing to do: many leases (1 ms by default) */
+    ck_assert_int_eq(pthread_create(&t, NULL, idle_poke, NULL), 0);
+    /* 300 ms with nothing to do: many leases (1 ms by default) after the poke */
     ck_assert_int_eq(exs_qdequeue(p.sq, &ev, 1, &(struct timespec){0, 300000000}), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
     ck_assert_msg(eng_counter("lease_idles") > idle0,
                   "the lease kept running while the same thread waited 300 ms");
     transfer_seen_on_qfds(&p, 1 << 16, 9, "after an idle wait, ");
