@@ -1250,6 +1250,23 @@ static int wr_copy_sges(struct mock_wr *w, const struct exs_prov_sge *sge, int n
     return 0;
 }
 
+/* A work request with its own copy of the scatter/gather list. */
+static int wr_new(const struct exs_prov_sge *sg, int n, struct mock_wr **w_p)
+{
+    struct mock_wr *w = calloc(1, sizeof(*w));
+    int ret;
+
+    if (!w)
+        return -ENOMEM;
+    ret = wr_copy_sges(w, sg, n);
+    if (ret) {
+        free(w);
+        return ret;
+    }
+    *w_p = w;
+    return 0;
+}
+
 static int mock_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)
 {
     struct mock_ep *ep = MOCK_OF(mock_ep, e);
@@ -1258,14 +1275,9 @@ static int mock_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *
 
     if (ep->rq_count >= e->attr.max_recv_wr)
         return -ENOMEM;
-    w = calloc(1, sizeof(*w));
-    if (!w)
-        return -ENOMEM;
-    ret = wr_copy_sges(w, wr->sg_list, wr->num_sge);
-    if (ret) {
-        free(w);
+    ret = wr_new(wr->sg_list, wr->num_sge, &w);
+    if (ret)
         return ret;
-    }
     w->wr_id = wr->wr_id;
     ep->rq_count++;
     if (ep->state == EXS_PROV_EP_ERROR)
@@ -1295,14 +1307,9 @@ static int mock_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *
         return -ENOTCONN;
     if (ep->sq_out >= e->attr.max_send_wr)
         return -ENOMEM;
-    w = calloc(1, sizeof(*w));
-    if (!w)
-        return -ENOMEM;
-    ret = wr_copy_sges(w, wr->sg_list, wr->num_sge);
-    if (ret) {
-        free(w);
+    ret = wr_new(wr->sg_list, wr->num_sge, &w);
+    if (ret)
         return ret;
-    }
     w->is_send = 1;
     w->wr_id = wr->wr_id;
     w->opcode = wr->opcode;
