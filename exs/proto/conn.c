@@ -884,6 +884,7 @@ void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     *st = conn->stats;
     st->batch_thresh = conn->batch_thresh;
+    st->ring_size = conn->p.ring_size;
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 

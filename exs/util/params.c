@@ -95,6 +95,17 @@ static const struct exs_param_def params_table[] = {
           "verbs: use the device and port that hold this IP address (RoCE/IPoIB)"),
     PARAM(batch_max, "EXS_BATCH_MAX", "8192", UINT, 0,
           "largest ring write gathering several small sends while another is in flight, bytes, at most 1048576; 0 = no batching"),
+
+    /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
+
+    /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
+
+    /* -- fault-injection provider (issue 13) -- */
+
+    /* -- control endpoint, tracing, logging (issue 14) -- */
+
+    /* -- porting: kernel descriptors, timeouts (issue 15) -- */
+
 };
 
 /* Unloaded -> defaults (set before load, or by get/print) -> loaded (environment applied). */

@@ -62,6 +62,17 @@ struct exs_params {
     char     vrb_device[EXS_PARAM_STR_MAX]; /* EXS_VRB_DEVICE: NAME or NAME:PORT, "" = any */
     char     vrb_addr[EXS_PARAM_STR_MAX];   /* EXS_VRB_ADDR: the device holding this IP */
     uint64_t batch_max;        /* EXS_BATCH_MAX: largest batched ring write, 0 = off */
+
+    /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
+
+    /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
+
+    /* -- fault-injection provider (issue 13) -- */
+
+    /* -- control endpoint, tracing, logging (issue 14) -- */
+
+    /* -- porting: kernel descriptors, timeouts (issue 15) -- */
+
 };
 
 struct exs_param_def {

@@ -96,6 +96,21 @@ struct exs_sock_stats {
     uint64_t batches_sent;      /* ring writes that carried several sends (batching) */
     uint64_t msgs_batched;      /* sends that left inside such a write */
     uint64_t batch_thresh;      /* the elastic batch threshold now, bytes (0: batching off) */
+    /* adaptive stream algorithm (SOCK_STREAM) */
+    uint64_t direct_time_us;    /* time this side's sender spent in direct phases */
+    uint64_t indirect_time_us;  /* time this side's sender spent in indirect phases */
+    uint64_t drain_requests;    /* return-to-direct requests sent (receiver) + honoured (sender) */
+    uint64_t ring_resizes;      /* receive ring size changes (autotuning) */
+    uint64_t ring_size;         /* receive ring size now, bytes */
+    uint64_t ring_fill;         /* bytes waiting in the receive ring now */
+    /* robustness */
+    uint64_t rnr_events;        /* receiver-not-ready events seen (must stay 0) */
+    uint64_t fragments;         /* work requests that carried part of a larger transfer */
+    uint64_t wr_queued;         /* work requests that waited behind the per-connection cap */
+    uint64_t nops_sent;         /* NOPs that broke a full-window deadlock */
+    uint64_t keepalive_timeouts;/* 1 once the peer was declared dead by keepalive */
+    /* observability */
+    uint64_t srtt_us;           /* smoothed round-trip time, us (0: not measured yet) */
 };
 /* exs_getsockopt(EXS_SO_STATS) fills min(*optlen, sizeof) bytes and sets *optlen to that
  * count; *optlen below the first version's size is EINVAL. */
