@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "exs/prov/tcp/tcp.h"
+#include "exs/util/util.h"
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
 
@@ -247,18 +248,41 @@ START_TEST(progress_ack_rides_with_reply)
 }
 END_TEST
 
-/* MANUAL_PROGRESS: a deferred ACK leaves in the next turn even when nothing is posted
- * (a sender waiting for it to free send queue slots is never stalled). */
-START_TEST(progress_ack_deferred_next_turn)
+/* MANUAL_PROGRESS: a deferred ACK leaves before its consumer sleeps, even when nothing is
+ * posted: ctx_arm refuses while it is owed, and the turn after that refusal sends it (a
+ * sender waiting for it to free send queue slots is never stalled by a sleeper). */
+START_TEST(progress_ack_deferred_until_sleep)
 {
     struct pt_pair p;
     struct exs_prov_cqe c;
     uint64_t acks0;
 
-    if (ack_owed_setup(&p, "progress_ack_deferred_next_turn", &c, &acks0))
+    if (ack_owed_setup(&p, "progress_ack_deferred_until_sleep", &c, &acks0))
         return;
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0);
+    ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), -EAGAIN);
     ck_assert_int_eq(pt_ops->ctx_progress(p.b.ctx), 0);
+    ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 1);
+    ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0);
+    pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    manual_close(&p);
+}
+END_TEST
+
+/* MANUAL_PROGRESS: a consumer that busy-polls (turns, never ctx_arm) and posts nothing
+ * still sends the deferred ACK after a bounded delay (20 us by the spec; the test waits
+ * for it with a generous limit and asserts no duration). */
+START_TEST(progress_ack_deferred_busy_poll_bounded)
+{
+    struct pt_pair p;
+    struct exs_prov_cqe c;
+    uint64_t acks0, t0;
+
+    if (ack_owed_setup(&p, "progress_ack_deferred_busy_poll_bounded", &c, &acks0))
+        return;
+    t0 = exs__now_ns();
+    while (TCP_CNT(p.b.ctx, acks_tx) == acks0 && exs__now_ns() - t0 < 10000000000ull)
+        ck_assert_int_eq(pt_ops->ctx_progress(p.b.ctx), 0);
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 1);
     ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0);
     pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
@@ -903,7 +927,8 @@ Suite *prov_progress_suite(void)
     tcase_add_test(tc, progress_post_writes_in_caller);
     tcase_add_test(tc, progress_command_in_caller);
     tcase_add_test(tc, progress_ack_rides_with_reply);
-    tcase_add_test(tc, progress_ack_deferred_next_turn);
+    tcase_add_test(tc, progress_ack_deferred_until_sleep);
+    tcase_add_test(tc, progress_ack_deferred_busy_poll_bounded);
     tcase_add_test(tc, progress_ack_deferred_then_disconnect);
     tcase_add_test(tc, progress_post_acks_own_conn_only);
     tcase_add_test(tc, progress_role_busy_manual);

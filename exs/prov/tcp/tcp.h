@@ -378,6 +378,8 @@ struct tcp_ctx {
     struct exs_list         ack_defer;  /* conns owing a deferred ACK (spec: "ACK deferral") */
     int                     rx_turn;    /* a turn with epoll_wait runs (ACKs may be deferred) */
     unsigned                acks_deferred; /* length of ack_defer; atomic (read by ctx_arm) */
+    uint64_t                ack_defer_ns;  /* when the oldest deferred ACK was deferred */
+    int                     ack_flush_now; /* atomic: a consumer wants to sleep: next turn flushes */
     uint64_t                timer_armed_ns; /* the timerfd's deadline, 0 = disarmed or fired */
     int                     timers_due;  /* the timerfd fired: run the expired deadlines */
     int                     timer_rearm; /* a deadline may now be earlier than the armed one */

@@ -229,6 +229,8 @@ static int tcp_ctx_arm(struct exs_prov_ctx *c)
     pthread_mutex_lock(&ctx->lock);
     if (read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: event fd read: %m", (void *)ctx);
+    if (ctx->manual && __atomic_load_n(&ctx->acks_deferred, __ATOMIC_RELAXED))
+        __atomic_store_n(&ctx->ack_flush_now, 1, __ATOMIC_RELAXED); /* the next turn sends them */
     if (ctx->cq_count || !exs_list_empty(&ctx->cm_events) ||
         (ctx->manual && (!exs_list_empty(&ctx->work_eps) ||
                          __atomic_load_n(&ctx->acks_deferred, __ATOMIC_RELAXED)))) {
@@ -558,12 +560,21 @@ static void tcp_nic_acks_kick(struct tcp_ctx *ctx)
  * trylock queued its ep before writing wakefd, so a turn that consumed that write
  * also sees the ep. Returns the number of things done (events, eps taken).
  */
+/* How long a deferred ACK waits for a reply while consumers busy-poll (spec: "ACK deferral"). */
+#define TCP_ACK_DELAY_NS 20000u
+
 static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
 {
     struct epoll_event evs[64];
     int n, did = 0;
 
-    tcp_nic_acks(ctx); /* deferred ACKs: first in the queues, so they leave this turn */
+    /* Deferred ACKs go first in the queues, so they leave this turn, once they waited
+     * TCP_ACK_DELAY_NS for a reply to ride on, or at once when the consumer wants to
+     * sleep (ctx_arm refused) or this turn will not read. */
+    if (!exs_list_empty(&ctx->ack_defer) &&
+        (!io || __atomic_exchange_n(&ctx->ack_flush_now, 0, __ATOMIC_RELAXED) ||
+         exs__now_ns() - ctx->ack_defer_ns >= TCP_ACK_DELAY_NS))
+        tcp_nic_acks(ctx);
     if (io) {
         ctx->rx_turn = 1;
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);

@@ -75,6 +75,8 @@ static void tcp_conn_ack_later(struct tcp_conn *conn)
     if (conn->ack_deferred)
         return;
     conn->ack_deferred = 1;
+    if (exs_list_empty(&ctx->ack_defer))
+        ctx->ack_defer_ns = exs__now_ns();
     EXS_CNT_INC(ctx->cnt.acks_deferred);
     exs_list_add_tail(&ctx->ack_defer, &conn->ack_link);
     __atomic_add_fetch(&ctx->acks_deferred, 1, __ATOMIC_RELAXED);
