@@ -282,7 +282,7 @@ START_TEST(progress_ack_deferred_busy_poll_bounded)
         return;
     t0 = exs__now_ns();
     while (TCP_CNT(p.b.ctx, acks_tx) == acks0 && exs__now_ns() - t0 < 10000000000ull)
-        ck_assert_int_eq(pt_ops->ctx_progress(p.b.ctx), 0);
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
     ck_assert_uint_eq(TCP_CNT(p.b.ctx, acks_tx), acks0 + 1);
     ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0);
     pt_expect_wr(&p.a, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
