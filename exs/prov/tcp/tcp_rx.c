@@ -692,8 +692,12 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
     ssize_t n;
 
     while (budget && conn->fd >= 0) {
+        size_t want;
+        int short_read;
+
         if (conn->state == TCP_CONN_LINGER) {
-            n = recv(conn->fd, sink, sizeof(sink), MSG_DONTWAIT);
+            want = sizeof(sink);
+            n = recv(conn->fd, sink, want, MSG_DONTWAIT);
         } else if (conn->state == TCP_CONN_PENDING || conn->state == TCP_CONN_CONNECTING ||
                    conn->state == TCP_CONN_DEAD) {
             break;
@@ -713,14 +717,14 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
                     break;
                 continue;
             }
-            n = recv(conn->fd, conn->hbuf + conn->hgot, TCP_WIRE_HDR_LEN - conn->hgot,
-                     MSG_DONTWAIT);
+            want = TCP_WIRE_HDR_LEN - conn->hgot;
+            n = recv(conn->fd, conn->hbuf + conn->hgot, want, MSG_DONTWAIT);
         } else if (conn->rx_phase == TCP_RX_CONN) {
-            n = recv(conn->fd, conn->hs + conn->rx_off, conn->rx_len - conn->rx_off,
-                     MSG_DONTWAIT);
+            want = conn->rx_len - conn->rx_off;
+            n = recv(conn->fd, conn->hs + conn->rx_off, want, MSG_DONTWAIT);
         } else if (conn->rx_discard) {
-            n = recv(conn->fd, sink, EXS_MIN(sizeof(sink), conn->rx_len - conn->rx_off),
-                     MSG_DONTWAIT);
+            want = EXS_MIN(sizeof(sink), conn->rx_len - conn->rx_off);
+            n = recv(conn->fd, sink, want, MSG_DONTWAIT);
         } else {
             int k = exs__tcp_iov_fill(iov, TCP_TX_IOV - 1, conn->rx_seg, conn->rx_nseg,
                                  conn->rx_off, conn->rx_len - conn->rx_off);
@@ -729,6 +733,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
             /* the next frame's header comes in the same call when it is there */
             iov[k].iov_base = conn->hbuf;
             iov[k].iov_len = TCP_WIRE_HDR_LEN;
+            want = conn->rx_len - conn->rx_off + TCP_WIRE_HDR_LEN;
             if (key && exs__tcp_copy_begin(ctx, key)) {
                 /* revoked / deregistered during the WRITE: the rest goes to a sink */
                 tcp_conn_write_revoked(conn);
@@ -755,6 +760,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
             return;
         }
         EXS_CNT_ADD(ctx->cnt.bytes_rx, n);
+        short_read = (size_t)n < want;
         budget = (uint64_t)n >= budget ? 0 : budget - (uint64_t)n;
         if (conn->state == TCP_CONN_LINGER)
             continue;
@@ -777,6 +783,10 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
             if (conn->rx_off == conn->rx_len)
                 tcp_conn_payload_done(conn);
         }
+        /* A short read emptied the socket (what arrives later makes it readable again,
+         * level-triggered): no further call that would only return EAGAIN. */
+        if (short_read)
+            break;
     }
     /* A whole header read along with the last payload is no longer in the socket, so
      * level-triggered epoll would never bring us back for it (a budget exit): act on
