@@ -133,6 +133,26 @@ static int parse_num(const char *s, double lo, double hi, double *out)
     return 0;
 }
 
+/* A byte count with an optional binary suffix K or M, in [lo, hi]. */
+static int parse_bytes(const char *s, double lo, double hi, double *out)
+{
+    char b[32];
+    size_t n = strlen(s);
+    double mul = 1;
+
+    if (n == 0 || n >= sizeof(b))
+        return -1;
+    memcpy(b, s, n + 1);
+    if (b[n - 1] == 'K' || b[n - 1] == 'k')
+        mul = 1024, b[n - 1] = 0;
+    else if (b[n - 1] == 'M' || b[n - 1] == 'm')
+        mul = 1024 * 1024, b[n - 1] = 0;
+    if (parse_num(b, 0, hi, out) < 0)
+        return -1;
+    *out *= mul;
+    return *out < lo || *out > hi || *out != (double)(uint64_t)*out ? -1 : 0;
+}
+
 static int bad_arg(const char *cmd, const char *opt, const char *val)
 {
     fprintf(stderr, "exsctl %s: invalid value for %s: '%s' (exsctl help)\n", cmd, opt, val);
@@ -327,8 +347,8 @@ static void srv_log_done(struct server *s, struct sclient *c, const char *why)
         json_str(stdout, why);
         printf("}\n");
     } else {
-        printf("client %s: %llu pings, %llu data bytes in %llu messages, %.3f s: %s\n",
-               c->name, (unsigned long long)c->pings, (unsigned long long)c->data_bytes,
+        printf("client %s: %llu pings, %llu data bytes in %llu messages, %.3f s: %s\n", c->name,
+               (unsigned long long)c->pings, (unsigned long long)c->data_bytes,
                (unsigned long long)c->data_msgs, now_s() - c->t0, why);
     }
     fflush(stdout);
@@ -379,8 +399,8 @@ static void srv_accepted(struct server *s, const exs_event_t *e)
     }
     c->fd = a->exs_evt_newfd;
     c->t0 = now_s();
-    c->close_op = (struct sop){ SOP_CLOSE, 0, c };
-    c->rep_op = (struct sop){ SOP_REPORT, 0, c };
+    c->close_op = (struct sop){SOP_CLOSE, 0, c};
+    c->rep_op = (struct sop){SOP_REPORT, 0, c};
     c->rep_mh = EXS_MHANDLE_INVALID;
     addr_str(&a->exs_evt_addr, c->name, sizeof(c->name));
     c->next = s->all;
@@ -392,7 +412,7 @@ static void srv_accepted(struct server *s, const exs_event_t *e)
     for (int i = 0; i < SRV_RECVS; i++)
         c->mh[i] = EXS_MHANDLE_INVALID;
     for (int i = 0; i < SRV_RECVS; i++) {
-        c->op[i] = (struct sop){ SOP_BUF, i, c };
+        c->op[i] = (struct sop){SOP_BUF, i, c};
         c->buf[i] = malloc(PROBE_MSG_MAX);
         if (!c->buf[i] ||
             (c->mh[i] = exs_mregister(c->buf[i], PROBE_MSG_MAX, 0)) == EXS_MHANDLE_INVALID) {
@@ -485,9 +505,14 @@ static void srv_event(struct server *s, const exs_event_t *e)
     if (!op)
         return;
     switch (op->kind) {
-    case SOP_ACCEPT: srv_accepted(s, e); return;
-    case SOP_REJECT: return;
-    case SOP_CLOSE: srv_client_free(s, c); return;
+    case SOP_ACCEPT:
+        srv_accepted(s, e);
+        return;
+    case SOP_REJECT:
+        return;
+    case SOP_CLOSE:
+        srv_client_free(s, c);
+        return;
     case SOP_REPORT:
         c->rep_busy = 0;
         if (e->exs_evt_errno && !c->closing) {
@@ -512,12 +537,13 @@ static void srv_event(struct server *s, const exs_event_t *e)
 
 int exsctl_serve(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        { "port", required_argument, NULL, 'p' },  { "bind", required_argument, NULL, 'b' },
-        { "max-clients", required_argument, NULL, 'm' }, { "once", no_argument, NULL, 'o' },
-        { "json", no_argument, NULL, 'j' },        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 }
-    };
+    static const struct option lo[] = {{"port", required_argument, NULL, 'p'},
+                                       {"bind", required_argument, NULL, 'b'},
+                                       {"max-clients", required_argument, NULL, 'm'},
+                                       {"once", no_argument, NULL, 'o'},
+                                       {"json", no_argument, NULL, 'j'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
     struct server s;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
@@ -536,16 +562,25 @@ int exsctl_serve(int argc, char **argv)
                 return bad_arg("serve", "--port", optarg);
             port = (int)v;
             break;
-        case 'b': bind_addr = optarg; break;
+        case 'b':
+            bind_addr = optarg;
+            break;
         case 'm':
             if (parse_num(optarg, 1, 4096, &v))
                 return bad_arg("serve", "--max-clients", optarg);
             s.max_clients = (int)v;
             break;
-        case 'o': s.once = 1; break;
-        case 'j': s.json = 1; break;
-        case 'h': exsctl_probe_usage(stdout); return 0;
-        default: return 2;
+        case 'o':
+            s.once = 1;
+            break;
+        case 'j':
+            s.json = 1;
+            break;
+        case 'h':
+            exsctl_probe_usage(stdout);
+            return 0;
+        default:
+            return 2;
         }
     }
     if (optind < argc) {
@@ -592,11 +627,11 @@ int exsctl_serve(int argc, char **argv)
                "\"%s\", \"type\": \"seqpacket\"}\n",
                name, port, provider_name());
     else
-        printf("exsctl serve: listening on %s (port %d, SOCK_SEQPACKET, provider %s)\n", name,
-               port, provider_name());
+        printf("exsctl serve: listening on %s (port %d, SOCK_SEQPACKET, provider %s)\n", name, port,
+               provider_name());
     fflush(stdout);
-    s.accept_op = (struct sop){ SOP_ACCEPT, 0, NULL };
-    s.reject_op = (struct sop){ SOP_REJECT, 0, NULL };
+    s.accept_op = (struct sop){SOP_ACCEPT, 0, NULL};
+    s.reject_op = (struct sop){SOP_REJECT, 0, NULL};
     while (!probe_stop) {
         exs_event_t ev[32];
         struct timespec to = ts_of(0.2);
@@ -611,6 +646,8 @@ int exsctl_serve(int argc, char **argv)
             s.accept_posted = 1;
         }
         n = exs_qdequeue(s.q, ev, 32, &to);
+        if (n < 0 && errno == EINTR)
+            continue; /* a signal: the loop condition looks at it */
         if (n < 0) {
             fprintf(stderr, "exsctl serve: exs_qdequeue: %s\n", strerror(errno));
             rc = 1;
@@ -720,7 +757,9 @@ static void peer_event(struct prober *pr, const exs_event_t *e)
         else
             p->connected = 1;
         return;
-    case POP_CLOSE: p->closed = 1; return;
+    case POP_CLOSE:
+        p->closed = 1;
+        return;
     case POP_SEND:
         p->sbusy[op->idx] = 0;
         if (e->exs_evt_errno) {
@@ -729,8 +768,10 @@ static void peer_event(struct prober *pr, const exs_event_t *e)
         }
         p->t_last_done = now_s();
         return;
-    case POP_RECV: break;
-    default: return;
+    case POP_RECV:
+        break;
+    default:
+        return;
     }
     if (p->failed)
         return;
@@ -749,8 +790,10 @@ static void peer_event(struct prober *pr, const exs_event_t *e)
     if (hdr_get(p->rbuf[op->idx], (size_t)x->exs_evt_result, x->exs_evt_flags & MSG_TRUNC, &h) <
             0 ||
         (h.kind != PK_PONG && h.kind != PK_REPORT)) {
-        peer_fail(pr, p, "protocol error: a %zd-byte answer that is no probe answer (is the peer "
-                  "exsctl serve?)", x->exs_evt_result);
+        peer_fail(pr, p,
+                  "protocol error: a %zd-byte answer that is no probe answer (is the peer "
+                  "exsctl serve?)",
+                  x->exs_evt_result);
         return;
     }
     if (h.kind == PK_PONG) {
@@ -771,8 +814,7 @@ static void peer_event(struct prober *pr, const exs_event_t *e)
 }
 
 /* Take events until done(pr, arg) or the deadline; 0, or -1 when the queue failed. */
-static int pump(struct prober *pr, double deadline, int (*done)(struct prober *, void *),
-                void *arg)
+static int pump(struct prober *pr, double deadline, int (*done)(struct prober *, void *), void *arg)
 {
     exs_event_t ev[32];
 
@@ -785,6 +827,8 @@ static int pump(struct prober *pr, double deadline, int (*done)(struct prober *,
             return 0;
         to = ts_of(deadline - t);
         n = exs_qdequeue(pr->q, ev, 32, &to);
+        if (n < 0 && errno == EINTR)
+            continue;
         if (n < 0) {
             fprintf(stderr, "exsctl: exs_qdequeue: %s\n", strerror(errno));
             return -1;
@@ -824,8 +868,8 @@ static int peers_open(struct prober *pr, double connect_s, int nsend)
             p->rmh[k] = EXS_MHANDLE_INVALID;
         for (int k = 0; k < PEER_SENDS; k++)
             p->smh[k] = EXS_MHANDLE_INVALID;
-        p->oconn = (struct pop){ POP_CONNECT, 0, p };
-        p->oclose = (struct pop){ POP_CLOSE, 0, p };
+        p->oconn = (struct pop){POP_CONNECT, 0, p};
+        p->oclose = (struct pop){POP_CLOSE, 0, p};
         if (resolve(p->spec, EXSCTL_PROBE_PORT, &p->ss, &p->sl, p->err, sizeof(p->err)) < 0) {
             snprintf(p->name, sizeof(p->name), "%s", p->spec);
             p->failed = 1;
@@ -833,7 +877,7 @@ static int peers_open(struct prober *pr, double connect_s, int nsend)
         }
         addr_str(&p->ss, p->name, sizeof(p->name));
         for (int k = 0; k < PEER_RECVS; k++) {
-            p->orecv[k] = (struct pop){ POP_RECV, k, p };
+            p->orecv[k] = (struct pop){POP_RECV, k, p};
             if (!(p->rbuf[k] = malloc(p->rsize)) ||
                 (p->rmh[k] = exs_mregister(p->rbuf[k], p->rsize, 0)) == EXS_MHANDLE_INVALID) {
                 fprintf(stderr, "exsctl: buffers: %s\n", strerror(errno ? errno : ENOMEM));
@@ -841,7 +885,7 @@ static int peers_open(struct prober *pr, double connect_s, int nsend)
             }
         }
         for (int k = 0; k < nsend; k++) {
-            p->osend[k] = (struct pop){ POP_SEND, k, p };
+            p->osend[k] = (struct pop){POP_SEND, k, p};
             if (!(p->sbuf[k] = calloc(1, p->ssize)) ||
                 (p->smh[k] = exs_mregister(p->sbuf[k], p->ssize, 0)) == EXS_MHANDLE_INVALID) {
                 fprintf(stderr, "exsctl: buffers: %s\n", strerror(errno ? errno : ENOMEM));
@@ -944,7 +988,7 @@ static int ping_rounds(struct prober *pr, int count, size_t size, double interva
     }
     for (int r = 0; r < count && !probe_stop; r++) {
         double t0 = now_s();
-        struct round rd = { (uint32_t)r };
+        struct round rd = {(uint32_t)r};
         int alive = 0;
 
         for (int i = 0; i < pr->npeers; i++)
@@ -954,8 +998,8 @@ static int ping_rounds(struct prober *pr, int count, size_t size, double interva
 
         for (int i = 0; i < pr->npeers; i++) {
             struct peer *p = &pr->peers[i];
-            struct probe_hdr h = { PROBE_MAGIC, PK_PING, PROBE_VERSION, (uint32_t)r,
-                                   (uint32_t)size, 0, 0, 0 };
+            struct probe_hdr h = {
+                PROBE_MAGIC, PK_PING, PROBE_VERSION, (uint32_t)r, (uint32_t)size, 0, 0, 0};
 
             if (p->failed || !p->connected || p->sbusy[0])
                 continue; /* the last ping is not even sent: this one is lost */
@@ -993,13 +1037,14 @@ static void rtt_summary(struct peer *p, struct rtt_sum *s)
 
 int exsctl_ping(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        { "count", required_argument, NULL, 'c' },   { "interval", required_argument, NULL, 'i' },
-        { "size", required_argument, NULL, 's' },    { "timeout", required_argument, NULL, 't' },
-        { "connect-timeout", required_argument, NULL, 'C' },
-        { "json", no_argument, NULL, 'j' },          { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 }
-    };
+    static const struct option lo[] = {{"count", required_argument, NULL, 'c'},
+                                       {"interval", required_argument, NULL, 'i'},
+                                       {"size", required_argument, NULL, 's'},
+                                       {"timeout", required_argument, NULL, 't'},
+                                       {"connect-timeout", required_argument, NULL, 'C'},
+                                       {"json", no_argument, NULL, 'j'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
     struct prober pr;
     double v, interval_s = 0.1, connect_s = 5;
     int o, count = 10, json = 0, rc = 0;
@@ -1021,8 +1066,8 @@ int exsctl_ping(int argc, char **argv)
             interval_s = v / 1e3;
             break;
         case 's':
-            if (parse_num(optarg, PROBE_HDR, 65536, &v))
-                return bad_arg("ping", "--size (40..65536)", optarg);
+            if (parse_bytes(optarg, PROBE_HDR, 65536, &v))
+                return bad_arg("ping", "--size (40..64K)", optarg);
             size = (size_t)v;
             break;
         case 't':
@@ -1035,9 +1080,14 @@ int exsctl_ping(int argc, char **argv)
                 return bad_arg("ping", "--connect-timeout (ms)", optarg);
             connect_s = v / 1e3;
             break;
-        case 'j': json = 1; break;
-        case 'h': exsctl_probe_usage(stdout); return 0;
-        default: return 2;
+        case 'j':
+            json = 1;
+            break;
+        case 'h':
+            exsctl_probe_usage(stdout);
+            return 0;
+        default:
+            return 2;
         }
     }
     pr.npeers = argc - optind;
@@ -1074,8 +1124,8 @@ int exsctl_ping(int argc, char **argv)
         printf("# exsctl ping: %d probes of %zu bytes per peer, every %.0f ms, lost when not "
                "answered within %.0f ms (provider %s)\n"
                "#%-29s %6s %6s %6s %10s %10s %10s %10s  %s\n",
-               count, size, interval_s * 1e3, pr.timeout_s * 1e3, provider_name(), "peer",
-               "sent", "recv", "loss%", "min_us", "p50_us", "p99_us", "max_us", "error");
+               count, size, interval_s * 1e3, pr.timeout_s * 1e3, provider_name(), "peer", "sent",
+               "recv", "loss%", "min_us", "p50_us", "p99_us", "max_us", "error");
     for (int i = 0; i < pr.npeers; i++) {
         struct peer *p = &pr.peers[i];
         struct rtt_sum s;
@@ -1152,7 +1202,7 @@ static int perf_bandwidth(struct prober *pr, size_t size, int depth, double secs
 {
     struct peer *p = &pr->peers[0];
     double t0 = now_s(), t_end = t0 + secs;
-    struct probe_hdr h = { PROBE_MAGIC, PK_DATA, PROBE_VERSION, 0, (uint32_t)size, 0, 0, 0 };
+    struct probe_hdr h = {PROBE_MAGIC, PK_DATA, PROBE_VERSION, 0, (uint32_t)size, 0, 0, 0};
     exs_event_t ev[32];
 
     while (!p->failed && !probe_stop && now_s() < t_end) {
@@ -1170,6 +1220,8 @@ static int perf_bandwidth(struct prober *pr, size_t size, int depth, double secs
         }
         to = ts_of(t_end - now_s() < pr->timeout_s ? t_end - now_s() : pr->timeout_s);
         n = exs_qdequeue(pr->q, ev, 32, &to);
+        if (n < 0 && errno == EINTR)
+            continue;
         if (n < 0) {
             fprintf(stderr, "exsctl perf: exs_qdequeue: %s\n", strerror(errno));
             return -1;
@@ -1208,13 +1260,15 @@ static int perf_bandwidth(struct prober *pr, size_t size, int depth, double secs
 
 int exsctl_perf(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        { "time", required_argument, NULL, 'T' },    { "size", required_argument, NULL, 's' },
-        { "depth", required_argument, NULL, 'd' },   { "lat-count", required_argument, NULL, 'n' },
-        { "lat-size", required_argument, NULL, 'l' }, { "timeout", required_argument, NULL, 't' },
-        { "json", no_argument, NULL, 'j' },          { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 }
-    };
+    static const struct option lo[] = {{"time", required_argument, NULL, 'T'},
+                                       {"size", required_argument, NULL, 's'},
+                                       {"depth", required_argument, NULL, 'd'},
+                                       {"lat-count", required_argument, NULL, 'n'},
+                                       {"lat-size", required_argument, NULL, 'l'},
+                                       {"timeout", required_argument, NULL, 't'},
+                                       {"json", no_argument, NULL, 'j'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
     struct prober pr;
     struct peer *p;
     struct rtt_sum s;
@@ -1233,8 +1287,8 @@ int exsctl_perf(int argc, char **argv)
             secs = v;
             break;
         case 's':
-            if (parse_num(optarg, PROBE_HDR, PROBE_MSG_MAX, &v))
-                return bad_arg("perf", "--size (40..1048576)", optarg);
+            if (parse_bytes(optarg, PROBE_HDR, PROBE_MSG_MAX, &v))
+                return bad_arg("perf", "--size (40..1M)", optarg);
             size = (size_t)v;
             break;
         case 'd':
@@ -1248,8 +1302,8 @@ int exsctl_perf(int argc, char **argv)
             lat_count = (int)v;
             break;
         case 'l':
-            if (parse_num(optarg, PROBE_HDR, 65536, &v))
-                return bad_arg("perf", "--lat-size (40..65536)", optarg);
+            if (parse_bytes(optarg, PROBE_HDR, 65536, &v))
+                return bad_arg("perf", "--lat-size (40..64K)", optarg);
             lat_size = (size_t)v;
             break;
         case 't':
@@ -1257,9 +1311,14 @@ int exsctl_perf(int argc, char **argv)
                 return bad_arg("perf", "--timeout (ms)", optarg);
             pr.timeout_s = v / 1e3;
             break;
-        case 'j': json = 1; break;
-        case 'h': exsctl_probe_usage(stdout); return 0;
-        default: return 2;
+        case 'j':
+            json = 1;
+            break;
+        case 'h':
+            exsctl_probe_usage(stdout);
+            return 0;
+        default:
+            return 2;
         }
     }
     if (argc - optind != 1) {
@@ -1310,8 +1369,8 @@ int exsctl_perf(int argc, char **argv)
             printf("null");
         printf(",\n  \"throughput_gbps\": %.6f, \"bytes\": %llu, \"messages\": %llu, "
                "\"seconds\": %.6f, \"size\": %zu, \"depth\": %d,\n  \"error\": ",
-               rc ? 0.0 : gbps, (unsigned long long)p->sent_bytes,
-               (unsigned long long)p->sent_msgs, elapsed, size, depth);
+               rc ? 0.0 : gbps, (unsigned long long)p->sent_bytes, (unsigned long long)p->sent_msgs,
+               elapsed, size, depth);
         if (p->err[0])
             json_str(stdout, p->err);
         else

@@ -27,4 +27,10 @@ check-params: $(EXSCTL)
 
 check: check-params
 
-.PHONY: spec-params check-params
+# exsctl serve / ping / perf against each other over the tcp provider on 127.0.0.1.
+check-probe: $(EXSCTL)
+	$(Q)bash tools/probe_test.sh $(EXSCTL)
+
+check: check-probe
+
+.PHONY: spec-params check-params check-probe
