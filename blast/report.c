@@ -393,10 +393,16 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
 {
     const struct preset *ps = c->preset;
     int md = c->markdown, good = 0, judged = 0;
+    char amount[48];
+
+    if (c->bytes)
+        snprintf(amount, sizeof(amount), "%llu bytes", (unsigned long long)c->bytes);
+    else
+        snprintf(amount, sizeof(amount), "%.1f s", c->seconds);
 
     if (md) {
-        fprintf(f, "`blast --loopback --preset %s` (%d run(s) of %.1f s per mode and point%s%s; "
-                "%s)\n\n", ps->name, c->runs, c->seconds,
+        fprintf(f, "`blast --loopback --preset %s` (%d run(s) of %s per mode and point%s%s; "
+                "%s)\n\n", ps->name, c->runs, amount,
                 c->delay_ms > 0 ? ", emulated delay" : "", c->rate_mbps > 0 ? " and rate" : "",
                 ps->title);
         fprintf(f, "| sends/recvs | size | direct-only Gbit/s | indirect-only | dynamic | "
@@ -407,7 +413,7 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
         fprintf(f, "# blast --preset %s: %s\n", ps->name, ps->title);
         fprintf(f, "# paper (from its text and Table III; no values read off plots): %s\n",
                 ps->paper);
-        fprintf(f, "# ours: %d run(s) of %.1f s per mode and point", c->runs, c->seconds);
+        fprintf(f, "# ours: %d run(s) of %s per mode and point", c->runs, amount);
         if (c->delay_ms > 0 || c->rate_mbps > 0)
             fprintf(f, ", emulated link: one-way delay %.3g ms, rate %.0f Mbit/s", c->delay_ms,
                     c->rate_mbps);

@@ -133,7 +133,8 @@ if run "preset sweep conflict" 2 --loopback --preset fig9a --sweep depth=1,2; th
 # text: a '# paper' line, the header, exactly the first 2 points of Fig. 9b, three positive
 # Gbit/s figures, a dyn/best ratio and Table III's value on each line, and the summary
 if run "preset fig9b" 0 --loopback --preset fig9b --points 2 --time 0.2 --verify $Q \
-   && grep -q '^# paper' "$T/out" && grep -q '^#sends/recvs .*direct .*indirect .*dynamic .*dyn/best' "$T/out" \
+   && grep -q '^# paper' "$T/out" && grep -q '^# ours: 1 run(s) of 0.2 s per mode' "$T/out" \
+   && grep -q '^#sends/recvs .*direct .*indirect .*dynamic .*dyn/best' "$T/out" \
    && [ "$(grep -v '^#' "$T/out" | awk '{print $1}' | tr '\n' ' ')" = "1/2 2/4 " ] \
    && [ "$(grep -v '^#' "$T/out" | awk '$3 > 0 && $4 > 0 && $5 > 0 && $6 > 0 && /Table III/' | wc -l)" -eq 2 ] \
    && grep -q '^# dynamic >= 0.9 x the better fixed mode at [0-2] of 2 points' "$T/out"; then
@@ -141,6 +142,7 @@ if run "preset fig9b" 0 --loopback --preset fig9b --points 2 --time 0.2 --verify
 # Markdown: a header, a separator and one row of 12 cells per point
 if run "preset markdown" 0 --loopback --preset fig12 --points 2 --bytes 4M --markdown --verify $Q \
    && [ "$(grep -c '^| ' "$T/out")" -eq 3 ] && [ "$(grep -c '^|---' "$T/out")" -eq 1 ] \
+   && grep -q '^`blast --loopback --preset fig12` (1 run(s) of 4194304 bytes per mode' "$T/out" \
    && [ "$(grep '^| [0-9]' "$T/out" | awk -F'|' '{print NF - 2}' | sort -u)" = 12 ] \
    && grep -q '^| 2/4 | 4K |' "$T/out" && grep -q '^| 2/4 | 16K |' "$T/out"; then
     ok "--preset fig12 --markdown: table shape"; else bad "--preset fig12 --markdown"; cat "$T/out"; fi
