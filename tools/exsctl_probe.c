@@ -720,6 +720,7 @@ struct prober {
     struct peer *peers;
     int npeers;
     double timeout_s;
+    int inject; /* testing: the first ping carries a bad magic (the server must drop us) */
 };
 
 static void peer_fail(struct prober *pr, struct peer *p, const char *fmt, ...)
@@ -1005,6 +1006,8 @@ static int ping_rounds(struct prober *pr, int count, size_t size, double interva
                 continue; /* the last ping is not even sent: this one is lost */
             h.t_ns = (uint64_t)(now_s() * 1e9);
             p->t_sent[r] = now_s();
+            if (pr->inject && r == 0)
+                h.magic = ~PROBE_MAGIC;
             if (peer_send(pr, p, 0, &h) < 0)
                 continue;
             p->sent++;
@@ -1042,6 +1045,7 @@ int exsctl_ping(int argc, char **argv)
                                        {"size", required_argument, NULL, 's'},
                                        {"timeout", required_argument, NULL, 't'},
                                        {"connect-timeout", required_argument, NULL, 'C'},
+                                       {"inject-error", no_argument, NULL, 'E'},
                                        {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
@@ -1079,6 +1083,9 @@ int exsctl_ping(int argc, char **argv)
             if (parse_num(optarg, 1, 3600000, &v))
                 return bad_arg("ping", "--connect-timeout (ms)", optarg);
             connect_s = v / 1e3;
+            break;
+        case 'E':
+            pr.inject = 1;
             break;
         case 'j':
             json = 1;
@@ -1402,9 +1409,10 @@ void exsctl_probe_usage(FILE *f)
             "                     answer pings and perf probes (SOCK_SEQPACKET, port %d;\n"
             "                     provider from EXS_PROVIDER); stops on SIGINT/SIGTERM\n"
             "  ping HOST[:PORT]... [--count N] [--interval MS] [--size B] [--timeout MS]\n"
-            "       [--connect-timeout MS] [--json]\n"
+            "       [--connect-timeout MS] [--json] [--inject-error]\n"
             "                     round trips to each peer running exsctl serve: min/p50/p99/max,\n"
-            "                     loss (no answer within the timeout); exit 1 on any loss\n"
+            "                     loss (no answer within the timeout); exit 1 on any loss;\n"
+            "                     --inject-error (testing): a malformed first probe\n"
             "  perf HOST[:PORT] [--time S] [--size B] [--depth N] [--lat-count N]\n"
             "       [--lat-size B] [--timeout MS] [--json]\n"
             "                     latency (ping-pong) and bandwidth (Gbit/s) to exsctl serve\n",

@@ -119,6 +119,11 @@ if run 1 ping no-such-host.invalid --count 1 && grep -q 'unknown host' "$T/err";
 if run 2 ping && run 2 perf a b && run 2 ping x --count 0 && run 2 perf x --size 2M && run 2 serve --port x; then
     ok "bad usage: exit 2"; else bad "bad usage"; fi
 
+# a malformed probe (hostile client): the server drops that client and serves the next one
+if run 1 ping "$H" --count 3 --interval 1 --inject-error && grep -q 'closed the connection\|connection lost' "$T/err" \
+   && grep -q 'protocol error' "$T/srv.out" && run 0 ping "$H" --count 2 --interval 1; then
+    ok "serve drops a client sending a malformed probe, keeps serving"; else bad "serve and a malformed probe"; fi
+
 # the peer dies in the middle of a ping run and of a perf run
 if start_server victim; then
     (sleep 0.5; kill -9 "$SPID") & KP=$!
