@@ -217,8 +217,16 @@ static int resolve(const char *spec, int defport, struct sockaddr_storage *ss, s
             freeaddrinfo(ai);
         return -1;
     }
-    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
-    *len = ai->ai_addrlen;
+    /* IPv4 first: serve listens on 0.0.0.0 by default, and "localhost" may list ::1 first. */
+    const struct addrinfo *use = ai;
+
+    for (const struct addrinfo *a = ai; a; a = a->ai_next)
+        if (a->ai_family == AF_INET) {
+            use = a;
+            break;
+        }
+    memcpy(ss, use->ai_addr, use->ai_addrlen);
+    *len = use->ai_addrlen;
     freeaddrinfo(ai);
     return 0;
 }
@@ -311,6 +319,7 @@ struct sclient {
 struct server {
     exs_qhandle_t q;
     int lfd, json, accept_posted, clients, max_clients, once;
+    double resume; /* no accept posted before this time (after a failed accept) */
     long served;
     struct sop accept_op, reject_op;
     struct sclient *all;
@@ -362,10 +371,10 @@ static void srv_close(struct server *s, struct sclient *c, const char *why)
     c->closing = 1;
     srv_log_done(s, c, why);
     if (exs_close(c->fd, s->q, &c->close_op) < 0) {
+        /* Its operations may still report on the queue: keep it (freed at exit). */
         fprintf(stderr, "exsctl serve: exs_close(%s): %s; closing synchronously\n", c->name,
                 strerror(errno));
         exs_close(c->fd, EXS_QHANDLE_INVALID, NULL);
-        srv_client_free(s, c);
     }
 }
 
@@ -388,7 +397,10 @@ static void srv_accepted(struct server *s, const exs_event_t *e)
 
     s->accept_posted = 0;
     if (e->exs_evt_errno) {
-        fprintf(stderr, "exsctl serve: accept: %s\n", strerror(e->exs_evt_errno));
+        /* Out of descriptors or memory, say: pause accepting rather than spin on it. */
+        fprintf(stderr, "exsctl serve: accept: %s; accepting paused for 100 ms\n",
+                strerror(e->exs_evt_errno));
+        s->resume = now_s() + 0.1;
         return;
     }
     if (s->clients >= s->max_clients || !(c = calloc(1, sizeof(*c)))) {
@@ -637,7 +649,7 @@ int exsctl_serve(int argc, char **argv)
         struct timespec to = ts_of(0.2);
         int n;
 
-        if (!s.accept_posted && !(s.once && s.served > 0)) {
+        if (!s.accept_posted && !(s.once && s.served > 0) && now_s() >= s.resume) {
             if (exs_accept(s.lfd, s.q, &s.accept_op) < 0) {
                 fprintf(stderr, "exsctl serve: exs_accept: %s\n", strerror(errno));
                 rc = 1;
@@ -693,7 +705,7 @@ struct pop {
 
 struct peer {
     const char *spec;
-    char name[300], err[300];
+    char name[300], addr[80], err[300]; /* name: as given; addr: what it resolved to */
     struct sockaddr_storage ss;
     socklen_t sl;
     int fd, connected, failed, closing, closed;
@@ -871,12 +883,12 @@ static int peers_open(struct prober *pr, double connect_s, int nsend)
             p->smh[k] = EXS_MHANDLE_INVALID;
         p->oconn = (struct pop){POP_CONNECT, 0, p};
         p->oclose = (struct pop){POP_CLOSE, 0, p};
+        snprintf(p->name, sizeof(p->name), "%s", p->spec);
         if (resolve(p->spec, EXSCTL_PROBE_PORT, &p->ss, &p->sl, p->err, sizeof(p->err)) < 0) {
-            snprintf(p->name, sizeof(p->name), "%s", p->spec);
             p->failed = 1;
             continue;
         }
-        addr_str(&p->ss, p->name, sizeof(p->name));
+        addr_str(&p->ss, p->addr, sizeof(p->addr));
         for (int k = 0; k < PEER_RECVS; k++) {
             p->orecv[k] = (struct pop){POP_RECV, k, p};
             if (!(p->rbuf[k] = malloc(p->rsize)) ||
@@ -1148,6 +1160,11 @@ int exsctl_ping(int argc, char **argv)
         if (json) {
             printf("    {\"peer\": ");
             json_str(stdout, p->name);
+            printf(", \"address\": ");
+            if (p->addr[0])
+                json_str(stdout, p->addr);
+            else
+                printf("null");
             printf(", \"sent\": %d, \"received\": %d, \"lost\": %d, \"loss\": %.4f, "
                    "\"late\": %d, ",
                    p->sent, p->nrtt, lost, loss / 100, p->late);
@@ -1367,6 +1384,11 @@ int exsctl_perf(int argc, char **argv)
         printf("{\"tool\": \"exsctl\", \"command\": \"perf\", \"provider\": \"%s\", \"peer\": ",
                provider_name());
         json_str(stdout, p->name);
+        printf(", \"address\": ");
+        if (p->addr[0])
+            json_str(stdout, p->addr);
+        else
+            printf("null");
         printf(",\n  \"latency_us\": ");
         if (p->nrtt)
             printf("{\"count\": %d, \"size\": %zu, \"lost\": %d, \"min\": %.2f, \"p50\": %.2f, "

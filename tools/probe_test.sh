@@ -71,10 +71,11 @@ if run 0 ping "$H" "localhost:$SPORT" --count 20 --interval 5 \
     ok "ping: 2 peers, 20 probes each, loss 0, 0 < min <= p50 <= p99 <= max"; else bad "ping text"; fi
 
 # ping --json: the same, as JSON
-if run 0 ping "$H" "$H" --count 10 --interval 1 --json && python3 - "$T/out" <<'EOF' 2>> "$T/err"; then
+if run 0 ping "$H" "$H" --count 10 --interval 1 --json && python3 - "$T/out" "$H" <<'EOF' 2>> "$T/err"; then
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["command"] == "ping" and d["ok"] is True and len(d["peers"]) == 2, d
+assert [p["address"] for p in d["peers"]] == [sys.argv[2]] * 2, d
 for p in d["peers"]:
     assert p["sent"] == 10 and p["received"] == 10 and p["lost"] == 0 and p["loss"] == 0, p
     r = p["rtt_us"]
