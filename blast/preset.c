@@ -102,6 +102,11 @@ static const struct preset presets[] = {
 
 const struct preset *preset_find(const char *name)
 {
+    /* Fig. 10 is the receiver's CPU in the runs of Fig. 9: the cpu_r% column. */
+    if (!strcmp(name, "fig10a"))
+        name = "fig9a";
+    else if (!strcmp(name, "fig10b"))
+        name = "fig9b";
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
         if (!strcmp(presets[i].name, name))
             return &presets[i];
@@ -113,4 +118,6 @@ void preset_list(FILE *f)
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
         fprintf(f, "  %-6s %s (%d points x 3 modes, %.1f s per run)\n", presets[i].name,
                 presets[i].title, presets[i].npts, presets[i].seconds);
+    fprintf(f, "  (fig10a, fig10b: the same runs as fig9a, fig9b; Fig. 10 is their cpu_r%% "
+               "column)\n");
 }

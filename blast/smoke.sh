@@ -126,6 +126,8 @@ if run "stats columns" 0 --loopback --bytes 4M --runs 1 $Q && grep -q '^#xprt .*
 
 # presets: the paper's figures, a tiny sweep (--points) each
 if run "preset list" 0 --preset list && [ "$(grep -c '^  fig' "$T/out")" -eq 5 ]; then ok "--preset list"; else bad "--preset list"; fi
+if run "preset alias" 0 --loopback --preset fig10b --points 1 --bytes 4M $Q && grep -q '^# blast --preset fig9b:' "$T/out"; then
+    ok "--preset fig10b runs fig9b (Fig. 10 = its receiver CPU)"; else bad "--preset fig10b"; fi
 if run "preset unknown" 2 --loopback --preset fig99 && grep -q 'fig9a' "$T/err"; then
     ok "rejects an unknown preset, names the presets"; else bad "rejects an unknown preset"; fi
 if run "points without preset" 2 --loopback --points 2; then ok "rejects --points without --preset"; else bad "rejects --points without --preset"; fi
@@ -137,7 +139,7 @@ if run "preset fig9b" 0 --loopback --preset fig9b --points 2 --time 0.2 --verify
    && grep -q '^#sends/recvs .*direct .*indirect .*dynamic .*dyn/best' "$T/out" \
    && [ "$(grep -v '^#' "$T/out" | awk '{print $1}' | tr '\n' ' ')" = "1/2 2/4 " ] \
    && [ "$(grep -v '^#' "$T/out" | awk '$3 > 0 && $4 > 0 && $5 > 0 && $6 > 0 && /Table III/' | wc -l)" -eq 2 ] \
-   && grep -q '^# dynamic >= 0.9 x the better fixed mode at [0-2] of 2 points' "$T/out"; then
+   && grep -q '^# dynamic >= 0.9 x the better fixed mode at [0-2] of 2 points; dynamic direct ratio >= 0.9 at [0-2] of 2$' "$T/out"; then
     ok "--preset fig9b --points 2: table shape"; else bad "--preset fig9b --points 2"; cat "$T/out"; fi
 # Markdown: a header, a separator and one row of 12 cells per point
 if run "preset markdown" 0 --loopback --preset fig12 --points 2 --bytes 4M --markdown --verify $Q \
