@@ -380,6 +380,15 @@ static const struct result *at(const struct result *r, int n, int p, int mode)
     return NULL;
 }
 
+/* The kernel-TCP baseline at preset point `p` (--transport both), or NULL. */
+static const struct result *tcp_at(const struct result *r, int n, int p)
+{
+    for (int i = 0; i < n; i++)
+        if (r[i].point == p && r[i].transport == X_TCP)
+            return &r[i];
+    return NULL;
+}
+
 static void gbps(char *b, size_t n, const struct result *x)
 {
     if (x)
@@ -392,8 +401,11 @@ static void gbps(char *b, size_t n, const struct result *x)
 void report_preset(FILE *f, const struct config *c, const struct result *r, int n)
 {
     const struct preset *ps = c->preset;
-    int md = c->markdown, good = 0, judged = 0, direct = 0, ndyn = 0;
+    int md = c->markdown, good = 0, judged = 0, direct = 0, ndyn = 0, tcp = 0;
     char amount[48];
+
+    for (int k = 0; k < n; k++)
+        tcp |= r[k].transport == X_TCP && r[k].point >= 0;
 
     if (c->bytes)
         snprintf(amount, sizeof(amount), "%llu bytes", (unsigned long long)c->bytes);
@@ -402,35 +414,36 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
 
     if (md) {
         fprintf(f, "`blast --loopback --preset %s` (%d run(s) of %s per mode and point%s%s; "
-                "%s)\n\n", ps->name, c->runs, amount,
+                "%s%s)\n\n", ps->name, c->runs, amount,
                 c->delay_ms > 0 ? ", emulated delay" : "", c->rate_mbps > 0 ? " and rate" : "",
-                ps->title);
+                ps->title, tcp && (c->delay_ms > 0 || c->rate_mbps > 0)
+                               ? "; kernel TCP is not emulated" : "");
         fprintf(f, "| sends/recvs | size | direct-only Gbit/s | indirect-only | dynamic | "
                 "dynamic / best | dynamic direct ratio | switches | drain requests | ring KiB | "
-                "receiver CPU %% dir/ind/dyn | paper |\n");
-        fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "receiver CPU %% dir/ind/dyn | %spaper |\n", tcp ? "kernel TCP Gbit/s | " : "");
+        fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", tcp ? "---|" : "");
     } else {
         fprintf(f, "# blast --preset %s: %s\n", ps->name, ps->title);
         fprintf(f, "# paper (from its text and Table III; no values read off plots): %s\n",
                 ps->paper);
         fprintf(f, "# ours: %d run(s) of %s per mode and point", c->runs, amount);
         if (c->delay_ms > 0 || c->rate_mbps > 0)
-            fprintf(f, ", emulated link: one-way delay %.3g ms, rate %.0f Mbit/s", c->delay_ms,
-                    c->rate_mbps);
+            fprintf(f, ", emulated link: one-way delay %.3g ms, rate %.0f Mbit/s%s", c->delay_ms,
+                    c->rate_mbps, tcp ? " (the tcp column is NOT emulated)" : "");
         if (c->rcvbuf)
             fprintf(f, ", SO_RCVBUF %d", c->rcvbuf);
         fprintf(f, "\n# Gbit/s per mode; dyn/best = dynamic / the better fixed mode; d_ratio, "
                 "switches, drains, ring_K: the dynamic mode's; cpu_r%%: receiver, "
                 "direct/indirect/dynamic\n");
-        fprintf(f, "#%-11s %-9s %8s %8s %8s %8s %7s %8s %7s %7s %-14s %s\n", "sends/recvs",
+        fprintf(f, "#%-11s %-9s %8s %8s %8s %8s %7s %8s %7s %7s %-14s %s%s\n", "sends/recvs",
                 "size", "direct", "indirect", "dynamic", "dyn/best", "d_ratio", "switches",
-                "drains", "ring_K", "cpu_r%", "paper");
+                "drains", "ring_K", "cpu_r%", tcp ? "     tcp " : "", "paper");
     }
     for (int p = 0; p < c->nsweep; p++) {
         const struct result *d = at(r, n, p, M_DIRECT), *i = at(r, n, p, M_INDIRECT);
         const struct result *y = at(r, n, p, M_DYNAMIC), *any = d ? d : i ? i : y;
         const struct preset_point *pp = &ps->pts[p];
-        char sr[24], sz[64], gd[24], gi[24], gy[24], rel[24], cpu[48];
+        char sr[24], sz[64], gd[24], gi[24], gy[24], gt[24], rel[24], cpu[48];
         double best = 0;
 
         if (!any)
@@ -440,6 +453,7 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
         gbps(gd, sizeof(gd), d);
         gbps(gi, sizeof(gi), i);
         gbps(gy, sizeof(gy), y);
+        gbps(gt, sizeof(gt), tcp_at(r, n, p));
         best = d && (!i || d->tput_mean > i->tput_mean) ? d->tput_mean : i ? i->tput_mean : 0;
         if (y && best > 0) {
             snprintf(rel, sizeof(rel), "%.2f", y->tput_mean / best);
@@ -461,7 +475,10 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
                         y->drains_rcv, y->ring_size / 1024);
             else
                 fprintf(f, "- | - | - | - | ");
-            fprintf(f, "%s | %s |\n", cpu, pp->paper);
+            fprintf(f, "%s | ", cpu);
+            if (tcp)
+                fprintf(f, "%s | ", gt);
+            fprintf(f, "%s |\n", pp->paper);
         } else {
             fprintf(f, " %-11s %-9s %8s %8s %8s %8s ", sr, sz, gd, gi, gy, rel);
             if (y)
@@ -469,7 +486,10 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
                         y->drains_rcv, y->ring_size / 1024);
             else
                 fprintf(f, "%7s %8s %7s %7s ", "-", "-", "-", "-");
-            fprintf(f, "%-14s %s\n", cpu, pp->paper);
+            fprintf(f, "%-14s ", cpu);
+            if (tcp)
+                fprintf(f, "%8s ", gt);
+            fprintf(f, "%s\n", pp->paper);
         }
     }
     if (md)

@@ -161,6 +161,12 @@ assert abs(r[0]["paper_direct_ratio"] - 0.0011) < 1e-9, r[0]
 assert r[0]["direct_ratio"] == 1 and r[1]["direct_ratio"] == 0, r
 EOF
     ok "--preset fig9a --json: three modes, preset keys"; else bad "--preset fig9a --json"; fi
+# --transport both: the kernel-TCP baseline as one more column (13 cells in Markdown)
+if run "preset tcp" 0 --loopback --preset fig9a --points 1 --bytes 4M --transport both --markdown $Q \
+   && grep -q '| kernel TCP Gbit/s | paper |$' "$T/out" \
+   && [ "$(grep '^| 1/1' "$T/out" | awk -F'|' '{print NF - 2}')" = 13 ] \
+   && [ "$(grep '^| 1/1' "$T/out" | awk -F'|' '{print ($13 > 0)}')" = 1 ]; then
+    ok "--preset --transport both: a kernel TCP column"; else bad "--preset --transport both"; cat "$T/out"; fi
 rm -f "$T/p.png"
 if run "preset plot" 0 --loopback --preset fig11 --points 2 --bytes 2M --plot "$T/p.png" $Q \
    && [ "$(head -c 8 "$T/p.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; then
