@@ -51,6 +51,11 @@ static void usage(FILE *f)
 "  --poll                        busy-poll the sender's event queue (default: notification)\n"
 "  --poll-recv                   busy-poll the receiver's event queue too (or alone)\n"
 "  --seed N                      random sizes seed\n"
+"presets (the paper's figures, each point in all three modes; --preset list names them):\n"
+"  --preset NAME                 fig9a, fig9b, fig11, fig12, fig13: the paper's value next to ours\n"
+"  --points N                    only the first N points of the preset (quick checks)\n"
+"                                (--time, --runs, --mode, --rcvbuf override the preset's)\n"
+"  --markdown                    the preset table as Markdown (for blast/README.md)\n"
 "output:\n"
 "  --json | --csv                machine-readable output instead of the table\n"
 "  --plot FILE.png               gnuplot chart of a sweep\n"
@@ -157,7 +162,7 @@ enum {
     O_LOOP = 256, O_ONCE, O_TYPE, O_MODE, O_SENDS, O_RECVS, O_RATIO, O_SIZE, O_BYTES, O_TIME,
     O_WAITALL, O_RUNS, O_TRANSPORT, O_DELAY, O_RATE, O_RCVBUF, O_SWEEP, O_CONNS, O_MIX, O_VERIFY,
     O_NOVERIFY, O_LAT, O_NOLAT, O_LATITERS, O_LATSIZE, O_POLL, O_SEED, O_JSON, O_CSV, O_PLOT,
-    O_OUT, O_QUIET, O_INJECT, O_LATONLY, O_POLLRECV
+    O_OUT, O_QUIET, O_INJECT, O_LATONLY, O_POLLRECV, O_PRESET, O_POINTS, O_MARKDOWN
 };
 
 static const struct option longopts[] = {
@@ -186,6 +191,9 @@ static const struct option longopts[] = {
     { "csv", no_argument, NULL, O_CSV },         { "plot", required_argument, NULL, O_PLOT },
     { "output", required_argument, NULL, O_OUT }, { "quiet", no_argument, NULL, O_QUIET },
     { "inject-error", no_argument, NULL, O_INJECT },
+    { "preset", required_argument, NULL, O_PRESET },
+    { "points", required_argument, NULL, O_POINTS },
+    { "markdown", no_argument, NULL, O_MARKDOWN },
     { "help", no_argument, NULL, 'h' },          { NULL, 0, NULL, 0 }
 };
 
@@ -197,9 +205,53 @@ static int bad(const char *opt, const char *val)
 
 static uint64_t g_lat_size = 64;
 
+/* --preset: the figure's link, sizes, modes and points, unless the options set them. The x
+ * value of each point (for --plot and the JSON) is its size, its depth or its sends. */
+static int apply_preset(struct config *c, int set_time, int set_runs, int set_mode)
+{
+    const struct preset *p = c->preset;
+    int n = p->npts, fixed = 1, equal = 1;
+
+    if (c->nsweep || c->elephants || c->lat_only) {
+        fprintf(stderr, "blast: --preset replaces --sweep; not with --mix or --lat-only\n");
+        return -1;
+    }
+    if (c->preset_points > 0 && c->preset_points < n)
+        n = c->preset_points;
+    if (n > BLAST_MAX_SWEEP)
+        n = BLAST_MAX_SWEEP;
+    if (c->type != T_STREAM) {
+        fprintf(stderr, "blast: the paper's figures are SOCK_STREAM: not with --type\n");
+        return -1;
+    }
+    if (parse_sizegen(p->sizegen, &c->size) < 0)
+        return -1;
+    if (c->delay_ms == 0 && c->rate_mbps == 0) {
+        c->delay_ms = p->delay_ms;
+        c->rate_mbps = p->rate_mbps;
+    }
+    if (!set_time && !c->bytes)
+        c->seconds = p->seconds;
+    if (!set_runs)
+        c->runs = 1;
+    if (!set_mode) {
+        c->modes[0] = M_DIRECT, c->modes[1] = M_INDIRECT, c->modes[2] = M_DYNAMIC;
+        c->nmodes = 3;
+    }
+    for (int i = 0; i < n; i++) {
+        fixed &= p->pts[i].size != 0 && p->pts[i].group == 0;
+        equal &= p->pts[i].sends == p->pts[i].recvs;
+    }
+    c->sweep = fixed ? SW_SIZE : equal ? SW_DEPTH : SW_SENDS;
+    c->nsweep = n;
+    for (int i = 0; i < n; i++)
+        c->sweep_vals[i] = fixed ? p->pts[i].size : (uint64_t)p->pts[i].sends;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, struct config *c)
 {
-    int o;
+    int o, set_time = 0, set_runs = 0, set_mode = 0;
     uint64_t v;
     char *end;
 
@@ -242,6 +294,7 @@ static int parse_args(int argc, char **argv, struct config *c)
         case O_MODE:
             if (parse_modes(optarg, c))
                 return bad("--mode", optarg);
+            set_mode = 1;
             break;
         case O_SENDS:
         case O_RECVS:
@@ -267,12 +320,14 @@ static int parse_args(int argc, char **argv, struct config *c)
             if (*end || c->seconds <= 0)
                 return bad("--time", optarg);
             c->bytes = 0;
+            set_time = 1;
             break;
         case O_WAITALL: c->waitall = 1; break;
         case O_RUNS:
             c->runs = (int)strtol(optarg, &end, 10);
             if (*end || c->runs < 1 || c->runs > BLAST_MAX_RUNS)
                 return bad("--runs", optarg);
+            set_runs = 1;
             break;
         case O_TRANSPORT:
             if (!strcmp(optarg, "exs"))
@@ -355,6 +410,23 @@ static int parse_args(int argc, char **argv, struct config *c)
         case O_OUT: c->out = optarg; break;
         case O_QUIET: c->quiet = 1; break;
         case O_INJECT: c->inject = 1; c->verify = 1; break;
+        case O_PRESET:
+            if (!strcmp(optarg, "list")) {
+                preset_list(stdout);
+                exit(0);
+            }
+            if (!(c->preset = preset_find(optarg))) {
+                fprintf(stderr, "blast: unknown preset '%s'; the presets:\n", optarg);
+                preset_list(stderr);
+                return -1;
+            }
+            break;
+        case O_POINTS:
+            c->preset_points = (int)strtol(optarg, &end, 10);
+            if (*end || c->preset_points < 1)
+                return bad("--points", optarg);
+            break;
+        case O_MARKDOWN: c->markdown = 1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -369,18 +441,34 @@ static int parse_args(int argc, char **argv, struct config *c)
     }
     if (c->elephants)
         c->conns = c->elephants + c->mice;
+    if (c->preset && apply_preset(c, set_time, set_runs, set_mode) < 0)
+        return -1;
+    if (!c->preset && (c->preset_points || c->markdown)) {
+        fprintf(stderr, "blast: --points and --markdown go with --preset\n");
+        return -1;
+    }
+    if (c->markdown && (c->json || c->csv)) {
+        fprintf(stderr, "blast: --markdown excludes --json and --csv\n");
+        return -1;
+    }
     if (c->conns > BLAST_MAX_CONNS) {
         fprintf(stderr, "blast: at most %d connections\n", BLAST_MAX_CONNS);
         return -1;
     }
     int maxd = c->sends > c->recvs ? c->sends : c->recvs;
 
-    for (int i = 0; i < c->nsweep && c->sweep != SW_SIZE; i++) {
+    for (int i = 0; i < c->nsweep && c->sweep != SW_SIZE && !c->preset; i++) {
         int d = (int)c->sweep_vals[i];
 
         if (c->recv_ratio > 0 && c->sweep == SW_SENDS)
             d = (int)(d * c->recv_ratio + 0.5);
         maxd = d > maxd ? d : maxd;
+    }
+    for (int i = 0; c->preset && i < c->nsweep; i++) {
+        const struct preset_point *pp = &c->preset->pts[i];
+
+        maxd = pp->sends > maxd ? pp->sends : maxd;
+        maxd = pp->recvs > maxd ? pp->recvs : maxd;
     }
     if ((long)c->conns * maxd > 60000) {
         fprintf(stderr, "blast: --conns x outstanding operations is at most 60000 (one event "
@@ -391,6 +479,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 
     for (int i = 0; i < c->nsweep && c->sweep == SW_SIZE; i++)
         maxsz = c->sweep_vals[i] > maxsz ? c->sweep_vals[i] : maxsz;
+    for (int i = 0; c->preset && i < c->nsweep; i++)
+        maxsz = c->preset->pts[i].size > maxsz ? c->preset->pts[i].size : maxsz;
     if ((double)c->conns * maxd * (double)maxsz > 16.0 * (1ull << 30)) {
         fprintf(stderr, "blast: buffers of --conns x outstanding operations x largest message "
                 "exceed 16 GiB\n");
@@ -744,6 +834,12 @@ static int measure_point(int cfd, const struct config *c, int transport, int mod
         r->direct += (double)dir / c->runs;
         r->indirect += (double)snd.indirect / c->runs;
         r->switches += (double)snd.switches / c->runs;
+        r->dtime_ms += snd.dtime_us / 1e3 / c->runs;
+        r->itime_ms += snd.itime_us / 1e3 / c->runs;
+        r->drains_rcv += (double)rcv.drains / c->runs;
+        r->drains_snd += (double)snd.drains / c->runs;
+        r->resizes += (double)rcv.resizes / c->runs;
+        r->ring_size += (double)rcv.ring_size / c->runs;
         r->direct_ratio += (dir + snd.indirect ? (double)dir / (double)(dir + snd.indirect) : 0) /
                            c->runs;
         for (int k = 0; k < 2; k++) {
@@ -799,7 +895,17 @@ static int run_client(const struct config *c, const char *host, int port, struct
         struct sizegen sg = c->size;
         uint64_t sv = c->nsweep ? c->sweep_vals[p] : 0;
 
-        switch (c->sweep) {
+        if (c->preset) {
+            const struct preset_point *pp = &c->preset->pts[p];
+
+            sends = pp->sends;
+            recvs = pp->recvs;
+            if (pp->size) {
+                sg.exp = 0;
+                sg.mean = sg.max = pp->size;
+            }
+        }
+        switch (c->preset ? SW_NONE : c->sweep) {
         case SW_SENDS:
             sends = (int)sv;
             if (c->recv_ratio > 0)
@@ -820,10 +926,12 @@ static int run_client(const struct config *c, const char *host, int port, struct
 
             for (int m = 0; m < nm && !rc; m++) {
                 if (measure_point(cfd, c, c->transports[t], c->modes[m], sends, recvs, &sg, sv,
-                                  &res[n], n, total) < 0)
+                                  &res[n], n, total) < 0) {
                     rc = -1;
-                else
+                } else {
+                    res[n].point = c->preset ? p : -1;
                     n++;
+                }
             }
         }
     }
@@ -851,6 +959,8 @@ static int report(const struct config *c, const struct result *r, int n)
     }
     if (c->json)
         report_json(f, c, r, n);
+    else if (c->preset && !c->csv)
+        report_preset(f, c, r, n);
     else if (c->csv)
         report_csv(f, c, r, n);
     else

@@ -54,6 +54,9 @@ struct side_result {
     double cpu_sec;   /* user+sys over the run */
     double wall_sec;  /* wall time the CPU figure is divided by */
     uint64_t direct, indirect, switches, adverts, stalls; /* EXS_SO_STATS of this side */
+    /* the adaptive algorithm's EXS_SO_STATS fields, summed over this side's connections
+     * (ring_size: the largest ring of any connection at the end of the run) */
+    uint64_t dtime_us, itime_us, drains, resizes, ring_size;
     uint64_t verify_errors;
     /* mix classes: 0 elephants, 1 mice */
     uint64_t cls_bytes[2], cls_msgs[2];
@@ -63,6 +66,8 @@ struct side_result {
     double lat_p50_us, lat_p99_us, lat_p999_us, lat_mean_us;
     uint64_t lat_count;
 };
+
+struct preset;
 
 /* Command-line configuration. */
 struct config {
@@ -89,7 +94,28 @@ struct config {
     const char *plot;
     const char *out;            /* write the report here instead of stdout */
     uint64_t seed;
+    const struct preset *preset; /* --preset NAME: its points replace the sweep */
+    int preset_points;           /* --points N: only the first N points of the preset */
+    int markdown;                /* --markdown: the preset table as Markdown */
 };
+
+/* A paper figure as a list of points, each run in all three modes. The paper's values are
+ * the ones its text and Table III state; none are read off a plot unless said so. */
+struct preset_point {
+    int sends, recvs;
+    uint64_t size; /* fixed size; 0: the preset's size generator */
+    int group;     /* a line of the figure (Fig. 11: one per message size), 0 otherwise */
+    double paper_ratio; /* the paper's direct ratio for the dynamic mode, < 0 if not stated */
+    const char *paper;  /* what the paper reports for this point, short */
+};
+struct preset {
+    const char *name, *title, *sizegen, *paper; /* paper: the figure's result in a sentence */
+    double delay_ms, rate_mbps, seconds;        /* the link and the default time per run */
+    const struct preset_point *pts;
+    int npts;
+};
+const struct preset *preset_find(const char *name);
+void preset_list(FILE *f);
 
 /* One line of the report: a (transport, mode, sweep value) point over all its runs. */
 struct result {
@@ -98,9 +124,12 @@ struct result {
     uint64_t size_mean, size_max, mice_size;
     int size_exp;
     uint64_t sweep_val;
+    int point;          /* index of the preset point, -1 without a preset */
     double tput_mean, tput_ci, mps_mean, secs_mean;
     uint64_t bytes, messages;
     double direct, indirect, direct_ratio, switches;
+    double dtime_ms, itime_ms; /* sender: time in direct / indirect phases, per run */
+    double drains_rcv, drains_snd, resizes, ring_size; /* per run; ring: receiver's, bytes */
     double cpu_send, cpu_recv, cpu_send_ci, cpu_recv_ci;
     double cls_tput[2], cls_mps[2], cls_p50[2], cls_p99[2];
     uint64_t cls_bytes[2], cls_msgs[2];
@@ -171,5 +200,6 @@ void report_table(FILE *f, const struct config *c, const struct result *r, int n
 void report_json(FILE *f, const struct config *c, const struct result *r, int n);
 void report_csv(FILE *f, const struct config *c, const struct result *r, int n);
 int report_plot(const char *png, const struct config *c, const struct result *r, int n);
+void report_preset(FILE *f, const struct config *c, const struct result *r, int n);
 
 #endif

@@ -140,6 +140,13 @@ static void add_stats(int fd, struct side_result *res)
     res->switches += st.mode_switches;
     res->adverts += st.adverts_sent + st.adverts_received;
     res->stalls += st.credit_stalls;
+    /* Fields of later versions stay 0 when the library fills fewer bytes. */
+    res->dtime_us += st.direct_time_us;
+    res->itime_us += st.indirect_time_us;
+    res->drains += st.drain_requests;
+    res->resizes += st.ring_resizes;
+    if (st.ring_size > res->ring_size)
+        res->ring_size = st.ring_size;
 }
 
 /* The library's counters of one socket, for stall reports. */
@@ -151,11 +158,15 @@ static void stats_str(int fd, char *b, size_t n)
     memset(&st, 0, sizeof(st));
     exs_getsockopt(fd, SOL_EXS, EXS_SO_STATS, &st, &sl);
     snprintf(b, n, "sent %llu rcvd %llu direct %llu indirect %llu switches %llu adv_s %llu "
-             "adv_r %llu adv_disc %llu stalls %llu", (unsigned long long)st.bytes_sent,
+             "adv_r %llu adv_disc %llu stalls %llu direct_us %llu indirect_us %llu drains %llu "
+             "ring %llu (resized %llu, fill %llu)", (unsigned long long)st.bytes_sent,
              (unsigned long long)st.bytes_received, (unsigned long long)st.direct_xfers,
              (unsigned long long)st.indirect_xfers, (unsigned long long)st.mode_switches,
              (unsigned long long)st.adverts_sent, (unsigned long long)st.adverts_received,
-             (unsigned long long)st.adverts_discarded, (unsigned long long)st.credit_stalls);
+             (unsigned long long)st.adverts_discarded, (unsigned long long)st.credit_stalls,
+             (unsigned long long)st.direct_time_us, (unsigned long long)st.indirect_time_us,
+             (unsigned long long)st.drain_requests, (unsigned long long)st.ring_size,
+             (unsigned long long)st.ring_resizes, (unsigned long long)st.ring_fill);
 }
 
 /* Close every socket and wait for their CLOSE events (and any straggling operations). */
@@ -250,7 +261,7 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
             set_err(res, ETIMEDOUT, "receiver: no progress for %.0f s (%d of %d connections "
                     "accepted, %d finished)", now_sec() - last_ev, accepted, n, ndone);
             for (int i = 0; i < accepted; i++) {
-                char sb[300];
+                char sb[512];
 
                 stats_str(cs[i].fd, sb, sizeof(sb));
                 fprintf(stderr, "blast: receiver stalled: conn %d: %llu bytes received, %d "
@@ -547,7 +558,7 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
             set_err(res, ETIMEDOUT, "sender: no progress for %.0f s (%d of %d connected, %d "
                     "finished)", t - last_ev, nconn, n, ndone);
             for (int i = 0; i < n; i++) {
-                char sb[300];
+                char sb[512];
 
                 stats_str(cs[i].fd, sb, sizeof(sb));
                 fprintf(stderr, "blast: sender stalled: conn %d: %llu bytes posted, %llu "

@@ -9,7 +9,7 @@ trap 'rm -rf "$T"' EXIT
 pass=0; fail=0
 export EXS_PROVIDER=${EXS_PROVIDER:-tcp}
 TO=${BLAST_SMOKE_TIMEOUT:-60}
-KEYS=throughput_gbps,throughput_ci95_gbps,bytes,messages,seconds,direct_xfers,indirect_xfers,direct_ratio,mode_switches,cpu_send_pct,cpu_recv_pct,type,transport,mode,sends,recvs,size,conns,runs
+KEYS=throughput_gbps,throughput_ci95_gbps,bytes,messages,seconds,direct_xfers,indirect_xfers,direct_ratio,mode_switches,cpu_send_pct,cpu_recv_pct,type,transport,mode,sends,recvs,size,conns,runs,direct_time_ms,indirect_time_ms,drain_requests_sent,drain_requests_honoured,ring_resizes,ring_size
 Q="--quiet"
 t0=$(date +%s)
 
@@ -118,6 +118,63 @@ if run "plot" 0 --loopback --bytes 4M --runs 2 --sweep sends=1,2 --recv-ratio 2 
     ok "--plot PNG (--sweep sends --recv-ratio --mode all)"; else bad "--plot PNG"; fi
 if run "depth sweep + output" 0 --loopback --bytes 4M --runs 1 --sweep depth=1-4*2 --output "$T/o.txt" --verify $Q \
    && [ "$(grep -c '^ exs' "$T/o.txt")" -eq 3 ]; then ok "--sweep depth=1-4*2 --output FILE"; else bad "--sweep depth --output"; fi
+
+# the algorithm's EXS_SO_STATS fields are columns of the table
+if run "stats columns" 0 --loopback --bytes 4M --runs 1 $Q && grep -q '^#xprt .* dir_ms  *ind_ms  *drains  *ring_K  *resized' "$T/out" \
+   && [ "$(grep '^ exs' "$T/out" | awk '{print NF}')" -eq 20 ]; then
+    ok "table has dir_ms/ind_ms/drains/ring_K/resized"; else bad "table stats columns"; fi
+
+# presets: the paper's figures, a tiny sweep (--points) each
+if run "preset list" 0 --preset list && [ "$(grep -c '^  fig' "$T/out")" -eq 5 ]; then ok "--preset list"; else bad "--preset list"; fi
+if run "preset alias" 0 --loopback --preset fig10b --points 1 --bytes 4M $Q && grep -q '^# blast --preset fig9b:' "$T/out"; then
+    ok "--preset fig10b runs fig9b (Fig. 10 = its receiver CPU)"; else bad "--preset fig10b"; fi
+if run "preset unknown" 2 --loopback --preset fig99 && grep -q 'fig9a' "$T/err"; then
+    ok "rejects an unknown preset, names the presets"; else bad "rejects an unknown preset"; fi
+if run "points without preset" 2 --loopback --points 2; then ok "rejects --points without --preset"; else bad "rejects --points without --preset"; fi
+if run "preset sweep conflict" 2 --loopback --preset fig9a --sweep depth=1,2; then ok "rejects --preset with --sweep"; else bad "rejects --preset with --sweep"; fi
+# text: a '# paper' line, the header, exactly the first 2 points of Fig. 9b, three positive
+# Gbit/s figures, a dyn/best ratio and Table III's value on each line, and the summary
+if run "preset fig9b" 0 --loopback --preset fig9b --points 2 --time 0.2 --verify $Q \
+   && grep -q '^# paper' "$T/out" && grep -q '^# ours: 1 run(s) of 0.2 s per mode' "$T/out" \
+   && grep -q '^#sends/recvs .*direct .*indirect .*dynamic .*dyn/best' "$T/out" \
+   && [ "$(grep -v '^#' "$T/out" | awk '{print $1}' | tr '\n' ' ')" = "1/2 2/4 " ] \
+   && [ "$(grep -v '^#' "$T/out" | awk '$3 > 0 && $4 > 0 && $5 > 0 && $6 > 0 && /Table III/' | wc -l)" -eq 2 ] \
+   && grep -q '^# dynamic >= 0.9 x the better fixed mode at [0-2] of 2 points; dynamic direct ratio >= 0.9 at [0-2] of 2$' "$T/out"; then
+    ok "--preset fig9b --points 2: table shape"; else bad "--preset fig9b --points 2"; cat "$T/out"; fi
+# Markdown: a header, a separator and one row of 12 cells per point
+if run "preset markdown" 0 --loopback --preset fig12 --points 2 --bytes 4M --markdown --verify $Q \
+   && [ "$(grep -c '^| ' "$T/out")" -eq 3 ] && [ "$(grep -c '^|---' "$T/out")" -eq 1 ] \
+   && grep -q '^`blast --loopback --preset fig12` (1 run(s) of 4194304 bytes per mode' "$T/out" \
+   && [ "$(grep '^| [0-9]' "$T/out" | awk -F'|' '{print NF - 2}' | sort -u)" = 12 ] \
+   && grep -q '^| 2/4 | 4K |' "$T/out" && grep -q '^| 2/4 | 16K |' "$T/out"; then
+    ok "--preset fig12 --markdown: table shape"; else bad "--preset fig12 --markdown"; cat "$T/out"; fi
+# JSON: one result per mode and point, the preset's keys, the paper's Table III ratio
+if run "preset json" 0 --loopback --preset fig9a --points 1 --bytes 4M --json $Q && cp "$T/out" "$T/j" \
+   && json_ok "$T/j" preset,point,paper,paper_direct_ratio && python3 - "$T/j" <<'EOF' 2>> "$T/err"; then
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["preset"] == "fig9a" and d["paper"], d
+r = d["results"]
+assert [x["mode"] for x in r] == ["direct", "indirect", "dynamic"], r
+assert all(x["sends"] == 1 and x["recvs"] == 1 and x["point"] == 0 for x in r), r
+assert abs(r[0]["paper_direct_ratio"] - 0.0011) < 1e-9, r[0]
+assert r[0]["direct_ratio"] == 1 and r[1]["direct_ratio"] == 0, r
+EOF
+    ok "--preset fig9a --json: three modes, preset keys"; else bad "--preset fig9a --json"; fi
+# --transport both: the kernel-TCP baseline as one more column (13 cells in Markdown)
+if run "preset tcp" 0 --loopback --preset fig9a --points 1 --bytes 4M --transport both --markdown $Q \
+   && grep -q '| kernel TCP Gbit/s | paper |$' "$T/out" \
+   && [ "$(grep '^| 1/1' "$T/out" | awk -F'|' '{print NF - 2}')" = 13 ] \
+   && [ "$(grep '^| 1/1' "$T/out" | awk -F'|' '{print ($13 > 0)}')" = 1 ]; then
+    ok "--preset --transport both: a kernel TCP column"; else bad "--preset --transport both"; cat "$T/out"; fi
+rm -f "$T/p.png"
+if run "preset plot" 0 --loopback --preset fig11 --points 2 --bytes 2M --plot "$T/p.png" $Q \
+   && [ "$(head -c 8 "$T/p.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; then
+    ok "--preset fig11 --plot PNG"; else bad "--preset fig11 --plot"; fi
+# Fig. 13 sets the long link itself (48 ms round trip, 10 Gbit/s)
+if run "preset fig13" 0 --loopback --preset fig13 --points 1 --time 0.3 $Q \
+   && grep -q 'one-way delay 24 ms, rate 10000' "$T/out" && [ "$(grep -vc '^#' "$T/out")" -eq 1 ]; then
+    ok "--preset fig13: emulated 48 ms link"; else bad "--preset fig13"; cat "$T/out"; fi
 
 # separate roles: -s and -c. Fixed ports below the kernel's ephemeral range (32768+), so
 # other tests' connections cannot hold them; a port in use still gets another try.

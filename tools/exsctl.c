@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "exs/util/params.h"
+#include "tools/exsctl_probe.h"
 
 #ifndef EXSCTL_VERSION
 #define EXSCTL_VERSION "unknown"
@@ -16,7 +17,9 @@ static void usage(FILE *f)
                "commands:\n"
                "  params             tunables with their current values (EXS_* applied)\n"
                "  params --markdown  the tunables table of spec/params.md\n"
-               "  version            print the libexs version\n"
+               "  version            print the libexs version\n");
+    exsctl_probe_usage(f);
+    fprintf(f, ""
                "  help               print this text\n");
 }
 
@@ -49,6 +52,12 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "params") == 0)
         return cmd_params(argc - 1, argv + 1);
+    if (strcmp(cmd, "serve") == 0)
+        return exsctl_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "ping") == 0)
+        return exsctl_ping(argc - 1, argv + 1);
+    if (strcmp(cmd, "perf") == 0)
+        return exsctl_perf(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 && argc == 2) {
         printf("exsctl (libexs) %s\n", EXSCTL_VERSION);
         return 0;

@@ -1,9 +1,14 @@
 # SPDX-License-Identifier: MIT
-# Command-line tools: each tools/<name>.c is one program.
-TOOL_SRCS := $(wildcard tools/*.c)
+# Command-line tools: each tools/<name>.c is one program, except tools/exsctl_*.c: parts of exsctl.
+TOOL_SRCS := $(filter-out tools/exsctl_%.c,$(wildcard tools/*.c))
 TOOL_BINS += $(TOOL_SRCS:%.c=$(BUILD)/%)
 
 $(BUILD)/tools/%: $(BUILD)/tools/%.o $(LIB_A)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
+
+# exsctl's subcommands in other files (the library comes last on the link line).
+EXSCTL_PARTS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/exsctl_*.c))
+$(BUILD)/tools/exsctl: $(BUILD)/tools/exsctl.o $(EXSCTL_PARTS) $(LIB_A)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
 
 # exsctl reports the version of the tree it was built from.
@@ -22,4 +27,10 @@ check-params: $(EXSCTL)
 
 check: check-params
 
-.PHONY: spec-params check-params
+# exsctl serve / ping / perf against each other over the tcp provider on 127.0.0.1.
+check-probe: $(EXSCTL)
+	$(Q)bash tools/probe_test.sh $(EXSCTL)
+
+check: check-probe
+
+.PHONY: spec-params check-params check-probe
