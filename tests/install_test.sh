@@ -12,6 +12,8 @@ trap 'rm -rf "$tmp"' EXIT
 dest=$tmp/dest
 prefix=/opt/exs
 root=$dest$prefix
+ver=$(sed -n 's/^VERSION *:= *//p' "$top/GNUmakefile")
+major=${ver%%.*}
 export EXS_PROVIDER=tcp
 fail() {
     echo "install_test: FAIL: $*" >&2
@@ -24,7 +26,7 @@ mk install >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log" >&2; fail "make 
 # 1. exactly these files and links
 want=$( (
     printf '%s\n' bin/blast bin/exsctl include/exs.h include/sys/exs.h lib/libexs.a \
-        lib/libexs.so lib/libexs.so.0 lib/libexs.so.0.1.0 lib/pkgconfig/exs.pc
+        lib/libexs.so "lib/libexs.so.$major" "lib/libexs.so.$ver" lib/pkgconfig/exs.pc
     for p in "$top"/man/man3/*.3; do [ -e "$p" ] && echo "share/man/man3/${p##*/}"; done
     for p in "$top"/man/man7/*.7; do [ -e "$p" ] && echo "share/man/man7/${p##*/}"; done
 ) | sort)
@@ -37,11 +39,11 @@ extra=$(find "$dest" \( -type f -o -type l \) ! -path "$root/*" | sort)
 "$root/bin/exsctl" params >/dev/null || fail "installed exsctl does not run"
 
 # 2. soname and links
-[ "$(readlink "$root/lib/libexs.so")" = libexs.so.0 ] || fail "libexs.so -> $(readlink "$root/lib/libexs.so")"
-[ "$(readlink "$root/lib/libexs.so.0")" = libexs.so.0.1.0 ] || fail "libexs.so.0 -> $(readlink "$root/lib/libexs.so.0")"
-[ -f "$root/lib/libexs.so.0.1.0" ] && [ ! -L "$root/lib/libexs.so.0.1.0" ] || fail "libexs.so.0.1.0 is not a file"
-soname=$(readelf -d "$root/lib/libexs.so.0.1.0" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
-[ "$soname" = libexs.so.0 ] || fail "soname '$soname'"
+[ "$(readlink "$root/lib/libexs.so")" = "libexs.so.$major" ] || fail "libexs.so -> $(readlink "$root/lib/libexs.so")"
+[ "$(readlink "$root/lib/libexs.so.$major")" = "libexs.so.$ver" ] || fail "libexs.so.$major -> $(readlink "$root/lib/libexs.so.$major")"
+[ -f "$root/lib/libexs.so.$ver" ] && [ ! -L "$root/lib/libexs.so.$ver" ] || fail "libexs.so.$ver is not a file"
+soname=$(readelf -d "$root/lib/libexs.so.$ver" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+[ "$soname" = "libexs.so.$major" ] || fail "soname '$soname'"
 grep -q "^prefix=$prefix\$" "$root/lib/pkgconfig/exs.pc" || fail "exs.pc does not name prefix $prefix"
 
 # 3. an outside program, built with pkg-config against the DESTDIR copy (sysroot)
@@ -54,9 +56,9 @@ mkdir "$tmp/prog" && cp "$top/tests/install/outside.c" "$tmp/prog/prog.c"
 cd "$tmp/prog" || fail "cd"
 # shellcheck disable=SC2086
 cc -Wall -Werror prog.c $cflags $libs -o prog-shared 2>"$tmp/cc.log" || { cat "$tmp/cc.log" >&2; fail "shared build: cc prog.c $cflags $libs"; }
-readelf -d prog-shared | grep -q 'NEEDED.*\[libexs\.so\.0\]' || fail "prog-shared does not need libexs.so.0"
+readelf -d prog-shared | grep -q "NEEDED.*\\[libexs\\.so\\.$major\\]" || fail "prog-shared does not need libexs.so.$major"
 out=$(LD_LIBRARY_PATH=$root/lib timeout 60 ./prog-shared 2>&1) || fail "prog-shared: $out"
-echo "$out" | grep -qx "outside: 'hello from outside' echoed; exs_init from $root/lib/libexs.so.0" ||
+echo "$out" | grep -qx "outside: 'hello from outside' echoed; exs_init from $root/lib/libexs.so.$major" ||
     fail "prog-shared ran with another library: $out"
 # static: the archive by name, its dependencies from Libs.private
 slibs=$(pkg-config --static --libs exs)
