@@ -7,11 +7,17 @@
 # tools/, blast/, samples/ and spec/ (never include/: the public header has none of them;
 # never bench/: results and fixtures of past runs; never tests/install/: its outside program
 # defines the old names on purpose), then rebuilds and runs
-# scripts/check-symbols.sh.
+# scripts/check-symbols.sh. The renamed lines (only those) are then clang-formatted, as
+# longer names may push them past the column limit. Run it on a tree without uncommitted
+# changes to tracked files, and commit its output alone.
 #   scripts/rename-internal.sh [build-dir]
 set -eu
 build=${1:-build}
 cd "$(git rev-parse --show-toplevel)"
+if ! git diff --quiet HEAD --; then
+    echo "rename-internal: commit or stash the changes first (the rename must be a commit of its own)" >&2
+    exit 1
+fi
 make -s -j2 BUILD="$build" "$build/libexs.a"
 names=$(nm -g --defined-only "$build/libexs.a" | awk 'NF == 3 { print $3 }' |
     grep -Ev '^exs_|^__(odr_asan|asan|ubsan|tsan)' | sort -u || true)
@@ -34,6 +40,9 @@ fi
 files=$(git grep -IlwE "$pat" -- exs tests tools blast samples spec ":!tests/install" || true)
 # shellcheck disable=SC2086
 sed -i -E "s/\\b($pat)\\b/exs__\\1/g" $files
+if command -v git-clang-format >/dev/null; then
+    git clang-format -q --extensions c,h >/dev/null || true
+fi
 echo "rename-internal: $(wc -l <<<"$names") names in $(wc -w <<<"$files") files:" $names
 make -s -j2 BUILD="$build" "$build/libexs.a" "$build/libexs.so"
 bash scripts/check-symbols.sh "$build"
