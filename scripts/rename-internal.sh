@@ -41,7 +41,10 @@ files=$(git grep -IlwE "$pat" -- exs tests tools blast samples spec ":!tests/ins
 # shellcheck disable=SC2086
 sed -i -E "s/\\b($pat)\\b/exs__\\1/g" $files
 if command -v git-clang-format >/dev/null; then
-    git clang-format -q --extensions c,h >/dev/null || true
+    # git clang-format formats the lines changed in the index; it stages nothing itself
+    # shellcheck disable=SC2086
+    git add -- $files
+    git clang-format -q --extensions c,h >/dev/null
 fi
 echo "rename-internal: $(wc -l <<<"$names") names in $(wc -w <<<"$files") files:" $names
 make -s -j2 BUILD="$build" "$build/libexs.a" "$build/libexs.so"
