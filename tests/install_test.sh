@@ -3,7 +3,8 @@
 # make install into a temporary DESTDIR: the exact list of files, the soname links, a
 # program outside the tree built with pkg-config against that copy (shared, then static)
 # and run over loopback on the tcp provider; then make uninstall leaves no file behind.
-#   tests/install_test.sh [build-dir]
+#   [SANFLAGS=-fsanitize=...] tests/install_test.sh [build-dir]
+# A sanitizer build's library needs the program built with the same SANFLAGS.
 set -u
 build=${1:-build}
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,7 +56,7 @@ cflags=${cflags% }
 mkdir "$tmp/prog" && cp "$top/tests/install/outside.c" "$tmp/prog/prog.c"
 cd "$tmp/prog" || fail "cd"
 # shellcheck disable=SC2086
-cc -Wall -Werror prog.c $cflags $libs -o prog-shared 2>"$tmp/cc.log" || { cat "$tmp/cc.log" >&2; fail "shared build: cc prog.c $cflags $libs"; }
+cc -Wall -Werror ${SANFLAGS:-} prog.c $cflags $libs -o prog-shared 2>"$tmp/cc.log" || { cat "$tmp/cc.log" >&2; fail "shared build: cc prog.c $cflags $libs"; }
 readelf -d prog-shared | grep -q "NEEDED.*\\[libexs\\.so\\.$major\\]" || fail "prog-shared does not need libexs.so.$major"
 out=$(LD_LIBRARY_PATH=$root/lib timeout 60 ./prog-shared 2>&1) || fail "prog-shared: $out"
 echo "$out" | grep -qx "outside: 'hello from outside' echoed; exs_init from $root/lib/libexs.so.$major" ||
@@ -64,7 +65,7 @@ echo "$out" | grep -qx "outside: 'hello from outside' echoed; exs_init from $roo
 slibs=$(pkg-config --static --libs exs)
 slibs=${slibs/-lexs/-l:libexs.a}
 # shellcheck disable=SC2086
-cc -Wall -Werror prog.c $cflags $slibs -o prog-static 2>"$tmp/cc.log" || { cat "$tmp/cc.log" >&2; fail "static build: cc prog.c $cflags $slibs"; }
+cc -Wall -Werror ${SANFLAGS:-} prog.c $cflags $slibs -o prog-static 2>"$tmp/cc.log" || { cat "$tmp/cc.log" >&2; fail "static build: cc prog.c $cflags $slibs"; }
 ! readelf -d prog-static | grep -q 'NEEDED.*libexs' || fail "prog-static needs libexs.so"
 out=$(timeout 60 ./prog-static 2>&1) || fail "prog-static: $out"
 echo "$out" | grep -qx "outside: 'hello from outside' echoed; exs_init from .*prog-static" ||
