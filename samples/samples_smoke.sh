@@ -28,6 +28,7 @@ expect() { grep -Eq "$2" "$1" || fail "no line /$2/ in $(basename "$1")"; }
 start_server() {
     local name=$1 log=$tmp/$1.log
     shift
+    : >"$log"
     timeout 120 "$@" >"$log" 2>&1 &
     spid=$!
     port=
