@@ -6,8 +6,10 @@ SAMPLE_BINS += $(SAMPLE_SRCS:%.c=$(BUILD)/%)
 $(BUILD)/samples/%: $(BUILD)/samples/%.o $(LIB_A)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
 
-# make check also runs the stream file-transfer pair end to end (checksums and cmp).
+# make check runs every sample: the stream file-transfer pair end to end (checksums and
+# cmp), and the others over loopback (samples_smoke.sh: exit status and output).
 .PHONY: check-samples
 check-samples: $(SAMPLE_BINS)
 	$(Q)bash samples/stream_smoke.sh $(BUILD)
+	$(Q)bash samples/samples_smoke.sh $(BUILD)
 check: check-samples

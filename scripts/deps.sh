@@ -6,7 +6,8 @@
 # libFuzzer runtime of its version (libclang-rt-N-dev, only recommended by clang in Debian).
 # --bench adds what make bench runs besides the library: UCX's ucx_perftest (ucx-utils),
 # valgrind (callgrind), strace (system calls per message) and python3 (bench/bench.py);
-# gnuplot-nox is always installed.
+# gnuplot-nox is always installed, and groff-base and man-db (make check renders the man
+# pages with man -l).
 set -eu
 extra=()
 for a in "$@"; do
@@ -20,7 +21,8 @@ for a in "$@"; do
         extra+=("$a")
     fi
 done
-pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev spin gnuplot-nox ${extra[@]+"${extra[@]}"})
+pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev spin gnuplot-nox
+      groff-base man-db ${extra[@]+"${extra[@]}"})
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

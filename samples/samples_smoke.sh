@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Run every sample over loopback on the tcp provider and check exit status and output:
+# the porting steps (a server and two clients each), the libev + exs_qfd application,
+# 1000 connections on one queue, the SOCK_SEQPACKET echo pair and the provider demo.
+# (stream_send/stream_recv have their own script, stream_smoke.sh.)
+#   samples/samples_smoke.sh [build-dir]
+set -u
+build=${1:-build}
+S=$build/samples
+export EXS_PROVIDER=tcp
+tmp=$(mktemp -d /tmp/exs-samples.XXXXXX)
+spid=
+cleanup() {
+    [ -n "$spid" ] && kill "$spid" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() {
+    echo "samples_smoke: FAIL: $*" >&2
+    for f in "$tmp"/*.log; do [ -s "$f" ] && { echo "--- $f" >&2; cat "$f" >&2; }; done
+    exit 1
+}
+# expect LOG REGEX: the log has a line matching REGEX
+expect() { grep -Eq "$2" "$1" || fail "no line /$2/ in $(basename "$1")"; }
+
+# start_server NAME CMD...: run a server printing "... on 127.0.0.1:PORT"; sets port and spid
+start_server() {
+    local name=$1 log=$tmp/$1.log
+    shift
+    : >"$log"
+    timeout 120 "$@" >"$log" 2>&1 &
+    spid=$!
+    port=
+    for _ in $(seq 400); do
+        port=$(sed -n 's/^.* on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$log")
+        [ -n "$port" ] && return 0
+        kill -0 "$spid" 2>/dev/null || fail "$name exited before listening"
+        sleep 0.05
+    done
+    fail "$name did not start"
+}
+# wait_server NAME: the server must exit 0
+wait_server() {
+    local rc=0
+    wait "$spid" || rc=$?
+    spid=
+    [ "$rc" -eq 0 ] || fail "$1 exited $rc"
+}
+
+# Porting steps 0 and 2 (step 1, port_step1_*, is run by its own lines in module.mk): each
+# server serves two clients (small and large messages), then exits.
+for step in 0 2; do
+    start_server "step${step}_server" "$S/port_step${step}_server" 0 2
+    timeout 60 "$S/port_step${step}_client" "$port" 200 1000 >"$tmp/step${step}_c1.log" 2>&1 ||
+        fail "port_step${step}_client (200 x 1000 B)"
+    timeout 60 "$S/port_step${step}_client" "$port" 20 200000 >"$tmp/step${step}_c2.log" 2>&1 ||
+        fail "port_step${step}_client (20 x 200000 B)"
+    wait_server "port_step${step}_server"
+    expect "$tmp/step${step}_c1.log" '^200 messages of 1000 bytes echoed and verified$'
+    expect "$tmp/step${step}_c2.log" '^20 messages of 200000 bytes echoed and verified$'
+    expect "$tmp/step${step}_server.log" '^served 2 connection\(s\)$'
+    echo "samples_smoke: port_step${step}: 2 clients echoed and verified"
+done
+
+timeout 120 "$S/qfd_libev" 1000 >"$tmp/qfd.log" 2>&1 || fail "qfd_libev"
+expect "$tmp/qfd.log" '^qfd_libev: 1000 messages echoed through a libev loop watching exs_qfd'
+echo "samples_smoke: qfd_libev: 1000 messages through exs_qfd"
+
+n=${SAMPLES_CONNS:-1000}
+start_server many_server "$S/many_conns" server 0 "$n"
+timeout 120 "$S/many_conns" client "$port" "$n" >"$tmp/many_client.log" 2>&1 || fail "many_conns client"
+wait_server "many_conns server"
+expect "$tmp/many_client.log" "^many_conns client: $n connections open, every echo verified$"
+expect "$tmp/many_client.log" "^many_conns client: $n connections closed$"
+expect "$tmp/many_server.log" "^many_conns server: $n connections served, $n open at once at the peak, 0 failed$"
+echo "samples_smoke: many_conns: $n connections open at once on one queue"
+
+bash samples/run-echo.sh "$build" >"$tmp/echo.log" 2>&1 || fail "run-echo.sh"
+expect "$tmp/echo.log" '^2000 messages of 65536 bytes echoed and verified$'
+echo "samples_smoke: seqpacket echo: 3 clients"
+
+timeout 120 "$S/prov_demo" -p tcp >"$tmp/prov.log" 2>&1 || fail "prov_demo"
+expect "$tmp/prov.log" '^teardown .*both sides disconnected'
+echo "samples_smoke: prov_demo"
+echo "samples_smoke: every sample ran"
