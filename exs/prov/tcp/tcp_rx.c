@@ -689,6 +689,10 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
     static __thread uint8_t sink[16384];
     ssize_t n;
 
+    if (EXS_UNLIKELY(conn->fd >= 0 && exs__tcp_emu_blackholed(conn))) {
+        exs__tcp_conn_update_events(conn); /* the bytes stay in the socket */
+        return;
+    }
     while (budget && conn->fd >= 0) {
         if (conn->state == TCP_CONN_LINGER) {
             n = recv(conn->fd, sink, sizeof(sink), MSG_DONTWAIT);
