@@ -918,8 +918,7 @@ static int conn_ka_probe_locked(struct exs_conn *conn)
     int ret = exs__prov_post_send(conn->ep, &wr);
 
     if (ret) {
-        EXS_WARN(PROTO, "conn %p: keepalive probe: post failed: %s", (void *)conn,
-                 strerror(-ret));
+        EXS_WARN(PROTO, "conn %p: keepalive probe: post failed: %s", (void *)conn, strerror(-ret));
         return ret;
     }
     conn->wr_out++;
@@ -964,11 +963,12 @@ static int conn_stall_check_locked(struct exs_conn *conn, uint64_t now, uint64_t
     struct exs_list *pos;
     int waiting = 0;
 
-    exs_list_for_each(pos, &conn->sendq)
+    exs_list_for_each(pos, &conn->sendq) {
         if (exs_list_entry(pos, struct exs_op, link)->state != EXS_OPS_DONE) {
             waiting = 1;
             break;
         }
+    }
     if (!waiting || !limit_ms) {
         conn->tx_stall_ns = 0;
         return 0;
@@ -997,8 +997,7 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
             break;
         }
         EXS_INFO(PROTO, "conn %p: %s not established after %llu ms", (void *)conn,
-                 conn->active ? "connect" : "accepted connection",
-                 (unsigned long long)conn_ms);
+                 conn->active ? "connect" : "accepted connection", (unsigned long long)conn_ms);
         conn_dead_locked(conn, ETIMEDOUT, "handshake timed out");
         conn->cb->established(conn, ETIMEDOUT);
         break;

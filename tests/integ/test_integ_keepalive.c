@@ -41,7 +41,7 @@ struct peer {
 static void peer_child(int to_parent, enum peer_mode mode) __attribute__((noreturn));
 static void peer_child(int to_parent, enum peer_mode mode)
 {
-    struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     struct sockaddr_in addr;
     socklen_t len = sizeof(addr);
     exs_event_t ev;
@@ -53,9 +53,9 @@ static void peer_child(int to_parent, enum peer_mode mode)
         _exit(3);
     q = exs_qcreate(8);
     lfd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
-    if (q == EXS_QHANDLE_INVALID || lfd < 0 || exs_bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) ||
-        exs_listen(lfd, 8) || exs_getsockname(lfd, (struct sockaddr *)&addr, &len) ||
-        exs_accept(lfd, q, NULL))
+    if (q == EXS_QHANDLE_INVALID || lfd < 0 ||
+        exs_bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) || exs_listen(lfd, 8) ||
+        exs_getsockname(lfd, (struct sockaddr *)&addr, &len) || exs_accept(lfd, q, NULL))
         _exit(4);
     if (write(to_parent, &addr.sin_port, sizeof(addr.sin_port)) < 0)
         _exit(5);
@@ -93,7 +93,7 @@ static void peer_start(struct peer *p, enum peer_mode mode)
 /* The peer's byte: its side of the connection is up (and blackholed). */
 static void peer_wait_ready(struct peer *p)
 {
-    struct pollfd pfd = { .fd = p->from_child, .events = POLLIN };
+    struct pollfd pfd = {.fd = p->from_child, .events = POLLIN};
     char c;
 
     ck_assert_msg(poll(&pfd, 1, IT_TIMEOUT_MS) == 1, "the peer did not report its connection");
@@ -334,7 +334,7 @@ END_TEST
  * EXS_CONNECT_TIMEOUT_MS, the socket can connect again, nothing is left behind. */
 START_TEST(test_connect_deadline)
 {
-    struct sockaddr_in silent = { .sin_family = AF_INET }, addr;
+    struct sockaddr_in silent = {.sin_family = AF_INET}, addr;
     socklen_t len = sizeof(silent);
     exs_event_t ev;
     exs_qhandle_t q;
@@ -342,8 +342,10 @@ START_TEST(test_connect_deadline)
     double t0, dt;
 
     if (strcmp(it_provider, "tcp") != 0) {
-        test_skip("connect_deadline", "provider %s: a kernel TCP listener is no peer of its "
-                  "connection manager", it_provider);
+        test_skip("connect_deadline",
+                  "provider %s: a kernel TCP listener is no peer of its "
+                  "connection manager",
+                  it_provider);
         return;
     }
     kfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -421,8 +423,8 @@ START_TEST(test_send_stall_deadline)
     }
     ck_assert_msg(timed_out > 0, "every send completed: the peer read nothing, yet %d went", n);
     printf("send_stall_deadline (%s): %d sends went, %d ended ETIMEDOUT after %.0f ms "
-           "(EXS_SEND_TIMEOUT_MS 400)\n", type == SOCK_STREAM ? "stream" : "seqpacket", n,
-           timed_out, dt);
+           "(EXS_SEND_TIMEOUT_MS 400)\n",
+           type == SOCK_STREAM ? "stream" : "seqpacket", n, timed_out, dt);
     fflush(stdout);
     ck_assert_msg(dt >= 350, "the stall was declared after %.0f ms, before its deadline", dt);
     get_stats(p.cfd, &st);
