@@ -617,6 +617,58 @@ START_TEST(bad_keys_and_ranges)
 }
 END_TEST
 
+/* ---- bad peers (issue 13): a peer that stops returning credits ---- */
+
+/* A peer that takes the server's messages (its NIC acknowledges them, and every
+ * keepalive probe) but never returns a credit: the server's echoes beyond the credits
+ * of the peer's hello wait forever. After EXS_SEND_TIMEOUT_MS without progress the
+ * server resets that connection (ETIMEDOUT) and goes on serving others. */
+START_TEST(credits_withheld)
+{
+    static const char msg[64] = "a message the server echoes; its echo needs a credit from us..";
+    uint32_t psn, imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0);
+    struct exs_wire_hello h;
+    struct raw_peer p;
+    double t0, dt;
+    int err;
+
+    setenv("EXS_SEND_TIMEOUT_MS", "500", 1);
+    setenv("EXS_KEEPALIVE_INTV_MS", "100", 1);
+    start(SOCK_SEQPACKET, 0, 0);
+    unsetenv("EXS_SEND_TIMEOUT_MS");
+    unsetenv("EXS_KEEPALIVE_INTV_MS");
+    raw_hello_default(&h, SEQ);
+    h.credits = htobe16(4); /* the server may send us 4 messages until we return credits */
+    err = raw_open(&p, srv.port, &h, ANSWER_MS);
+    ck_assert_msg(err == 0, "handshake of the raw peer failed: %s", strerror(-err));
+    ck_assert_msg(raw_wait_ring(&p, ANSWER_MS) == 0, "the server's ring key never came");
+    /* 10 messages (the server granted 64 credits): 10 echoes, 4 of which can go */
+    for (uint32_t i = 0; i < 10; i++) {
+        ck_assert_int_eq(raw_write(&p, ring_addr(&p) + i * sizeof(msg), p.ring_rkey, 1, imm, msg,
+                                   sizeof(msg), &psn),
+                         0);
+        ck_assert_int_eq(raw_wait_psn(&p, psn, ANSWER_MS), 0);
+    }
+    t0 = raw_now_ms();
+    while (!p.closed && raw_now_ms() < t0 + 20000)
+        raw_pump(&p, 100); /* acknowledges everything the server sends, returns no credit */
+    dt = raw_now_ms() - t0;
+    ck_assert_msg(p.closed, "the server kept the connection without credits for %.0f ms", dt);
+    /* the credits also pay for the server's control records (RING, ACK) */
+    ck_assert_msg(p.data_msgs < 4, "%u echoes arrived with 4 credits", p.data_msgs);
+    /* it waited for credits that never came, then gave up (not a protocol error) */
+    ck_assert_msg(dt >= 400, "the server ended the connection after %.0f ms, before its deadline",
+                  dt);
+    printf("credits_withheld: %u of 10 echoes came, then the server reset the connection "
+           "%.0f ms after the last message (EXS_SEND_TIMEOUT_MS 500)\n",
+           p.data_msgs, dt);
+    fflush(stdout);
+    raw_close(&p);
+    expect_alive(SOCK_SEQPACKET, "a peer withholding credits");
+    stop();
+}
+END_TEST
+
 static Suite *hostile_suite(void)
 {
     Suite *s = suite_create("hostile");
@@ -646,6 +698,11 @@ static Suite *hostile_suite(void)
     tcase_add_test(t, malformed_control_records);
     tcase_add_test(t, half_frame_and_silence);
     tcase_add_test(t, bad_keys_and_ranges);
+    suite_add_tcase(s, t);
+
+    t = tcase_create("bad_peers");
+    tcase_set_timeout(t, 120);
+    tcase_add_test(t, credits_withheld);
     suite_add_tcase(s, t);
     return s;
 }
