@@ -617,7 +617,44 @@ START_TEST(bad_keys_and_ranges)
 }
 END_TEST
 
-/* ---- bad peers (issue 13): a peer that stops returning credits ---- */
+/* ---- bad peers (issue 13) ---- */
+
+/* A peer that completes the handshake and then goes silent, its TCP connection open
+ * (half-open: the process or its host is gone, nothing resets): it acknowledges
+ * nothing, not even keepalive probes. The server declares it dead after
+ * EXS_KEEPALIVE_PROBES unanswered intervals and drops the connection (which the peer
+ * finds ended once it reads again). With keepalive off the same peer is kept: the
+ * drop is keepalive's doing. */
+START_TEST(half_open_silent)
+{
+    struct exs_wire_hello h;
+    struct raw_peer p;
+    double t0;
+    int err, ka_on = _i == 0;
+
+    setenv("EXS_KEEPALIVE_INTV_MS", ka_on ? "100" : "0", 1);
+    setenv("EXS_KEEPALIVE_PROBES", "3", 1);
+    start(SOCK_SEQPACKET, 0, 0);
+    unsetenv("EXS_KEEPALIVE_INTV_MS");
+    unsetenv("EXS_KEEPALIVE_PROBES");
+    raw_hello_default(&h, SEQ);
+    err = raw_open(&p, srv.port, &h, ANSWER_MS);
+    ck_assert_msg(err == 0, "handshake of the raw peer failed: %s", strerror(-err));
+    /* silent: nothing read, nothing acknowledged, for 20 intervals */
+    usleep(2000 * 1000);
+    t0 = raw_now_ms();
+    while (!p.closed && raw_now_ms() < t0 + (ka_on ? 10000 : 1000))
+        raw_pump(&p, 100);
+    if (ka_on)
+        ck_assert_msg(p.closed, "the server still keeps a peer that answered nothing for 2 s "
+                                "(keepalive 100 ms x 3)");
+    else
+        ck_assert_msg(!p.closed, "without keepalive the server dropped a silent peer");
+    raw_close(&p);
+    expect_alive(SOCK_SEQPACKET, "a silent half-open peer");
+    stop();
+}
+END_TEST
 
 /* A peer that takes the server's messages (its NIC acknowledges them, and every
  * keepalive probe) but never returns a credit: the server's echoes beyond the credits
@@ -703,6 +740,7 @@ static Suite *hostile_suite(void)
     t = tcase_create("bad_peers");
     tcase_set_timeout(t, 120);
     tcase_add_test(t, credits_withheld);
+    tcase_add_loop_test(t, half_open_silent, 0, 2);
     suite_add_tcase(s, t);
     return s;
 }
