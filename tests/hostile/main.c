@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Hostile-peer tests: raw peers play the attacks of issue 10 against a forked echo server. */
+/* Hostile-peer tests: raw peers play the attacks of issue 10 and the bad peers of issue 13 against a
+ * forked echo server. */
 #include <check.h>
 #include <endian.h>
 #include <errno.h>
