@@ -1011,14 +1011,14 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
                 break;
             }
         }
+        if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
+            break; /* a failed probe post reset it */
         if (conn_stall_check_locked(conn, now, send_ms)) {
             EXS_INFO(PROTO, "conn %p: queued sends made no progress for %llu ms", (void *)conn,
                      (unsigned long long)send_ms);
             conn_timeout_locked(conn, "send timeout");
             break;
         }
-        if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
-            break; /* a failed probe reset it */
         /* the stall deadline is checked four times per period: found within 1.25 x */
         next = 0;
         if (ka_ms) {
