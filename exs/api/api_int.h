@@ -81,6 +81,11 @@ struct api_sock {
     struct exs_job          close_job;      /* sock_close: the listener or conn part */
     struct exs_job          finish_job;     /* entering FINISHING: sock_finish_close_job */
     struct exs_eng_timer    close_timer;    /* a close that hangs (frozen peer) is aborted */
+    /* the conn's periodic check (exs__conn_timer: handshake deadline, keepalive, send
+     * stall), on the progress thread; ka_job starts it after exs_connect */
+    struct exs_eng_timer    conn_timer;
+    struct exs_job          ka_job;
+    int                     ka_job_busy;    /* ka_job queued (lock) */
 };
 
 /* A socket's lock, at its level in the lock order: a listener's comes before its

@@ -120,6 +120,7 @@ static struct api_sock *sock_new(int domain, int type)
     s->type = type;
     s->rcvbuf = (uint32_t)exs__params.ring_size;
     s->xfer_mode = api_default_xfer_mode();
+    s->keepalive = 1; /* interval EXS_KEEPALIVE_INTV_MS unless EXS_SO_KEEPALIVE_MS is set */
     pthread_mutex_init(&s->lock, NULL);
     exs_list_init(&s->ready);
     exs_list_init(&s->accepts);
@@ -227,6 +228,55 @@ static void sock_conn_destroy_later(struct exs_conn *conn)
     exs__engine_post(&conn->owner_job);
 }
 
+/* The keepalive interval of s now, ms (0: off) (lock held). */
+static uint64_t sock_ka_ms_locked(struct api_sock *s)
+{
+    if (!s->keepalive)
+        return 0;
+    return s->keepalive_ms ? (uint64_t)s->keepalive_ms
+                           : __atomic_load_n(&exs__params.keepalive_intv_ms, __ATOMIC_RELAXED);
+}
+
+/* Progress thread: the conn's periodic check is due (spec/protocol.md §9). */
+static void sock_conn_timer(struct exs_eng_timer *t)
+{
+    struct api_sock *s = exs_container_of(t, struct api_sock, conn_timer);
+    struct exs_conn *conn;
+    uint64_t ka_ms, next = 0;
+
+    api_sock_lock(s);
+    conn = s->state < API_SOCK_FINISHING ? s->conn : NULL;
+    ka_ms = sock_ka_ms_locked(s);
+    api_sock_unlock(s);
+    if (conn)
+        next = exs__conn_timer(conn, ka_ms); /* may end conn: its callbacks run inside */
+    if (next)
+        exs__engine_timer_start(&s->conn_timer, next, sock_conn_timer);
+}
+
+/* Progress thread: run the check at once, which arms the next one. The finish job stops
+ * it, so it never outlives the socket. */
+static void sock_conn_timer_kick(struct api_sock *s)
+{
+    exs__engine_timer_stop(&s->conn_timer);
+    exs__engine_timer_start(&s->conn_timer, 0, sock_conn_timer);
+}
+
+/* Progress thread: exs_connect went out: its deadline starts. */
+static void sock_ka_job(struct exs_job *job)
+{
+    struct api_sock *s = exs_container_of(job, struct api_sock, ka_job);
+    int go;
+
+    api_sock_lock(s);
+    s->ka_job_busy = 0;
+    go = s->conn && (s->state == API_SOCK_CONNECTING || s->state == API_SOCK_CONNECTED);
+    api_sock_unlock(s);
+    if (go)
+        sock_conn_timer_kick(s);
+    api_sock_put(s); /* the job's reference */
+}
+
 static void sock_post_simple(struct api_op *op, int type, int err)
 {
     exs_event_t ev = { .exs_evt_type = type, .exs_evt_errno = err };
@@ -253,6 +303,7 @@ static void sock_conn_established(struct exs_conn *conn, int err)
             api_sock_lock(s);
             api_sock_set_state(s, API_SOCK_CONNECTED, "accepted");
             api_sock_unlock(s);
+            sock_conn_timer_kick(s); /* keepalive from now on */
             exs_list_add_tail(&parent->ready, &s->child_link);
             sock_deliver_accepts_locked(parent);
         } else if (!err) {
@@ -277,8 +328,10 @@ static void sock_conn_established(struct exs_conn *conn, int err)
     if (!err) {
         socklen_t len = sizeof(s->local);
 
-        if (s->state == API_SOCK_CONNECTING)
+        if (s->state == API_SOCK_CONNECTING) {
             api_sock_set_state(s, API_SOCK_CONNECTED, "connected");
+            sock_conn_timer_kick(s); /* keepalive from now on */
+        }
         if (!exs__prov_ep_local_addr(conn->ep, &s->local, &len))
             s->local_len = len;
     } else if (s->state == API_SOCK_CONNECTING) {
@@ -373,7 +426,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
     struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
     struct api_sock *c = NULL;
     uint32_t rcvbuf = 0;
-    int reason, ret, reserved = 0, xfer_mode = 0;
+    int reason, ret, reserved = 0, xfer_mode = 0, ka = 0, ka_ms = 0;
 
     /* Decide and reserve a backlog place under the listener's lock; build the child
      * without it (conn locks come before socket locks). */
@@ -395,6 +448,8 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
         reserved = 1;
         rcvbuf = lis->rcvbuf;
         xfer_mode = lis->xfer_mode;
+        ka = lis->keepalive;
+        ka_ms = lis->keepalive_ms;
         sock_get_ref(lis); /* the child's parent pointer */
     }
     api_sock_unlock(lis);
@@ -404,6 +459,8 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
         if (c) {
             c->rcvbuf = rcvbuf;
             c->xfer_mode = xfer_mode;
+            c->keepalive = ka;
+            c->keepalive_ms = ka_ms;
             api_sock_set_state(c, API_SOCK_CONNECTING, "connection request");
             c->local = lis->local;
             c->local_len = lis->local_len;
@@ -420,8 +477,10 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
     if (!reason) {
         /* the accept call consumes the request, also when it fails */
         ret = exs__conn_accept(c->conn, ev->req, ev->private_data);
-        if (!ret)
+        if (!ret) {
+            sock_conn_timer_kick(c); /* the handshake deadline */
             return; /* sock_conn_established follows */
+        }
         EXS_INFO(API, "listener fd %d: accept failed: %s", lis->fd, strerror(-ret));
     } else {
         EXS_INFO(API, "listener fd %d: connection request refused, reason %d", lis->fd, reason);
@@ -608,6 +667,13 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
         err = ret == -ENETUNREACH || ret == -EADDRNOTAVAIL ? -ret : ECONNREFUSED;
         goto out;
     }
+    if (!s->ka_job_busy && !sock_is_closing(s)) {
+        /* the deadline starts on the progress thread; a close queues its job after */
+        s->ka_job_busy = 1;
+        sock_get_ref(s);
+        s->ka_job.fn = sock_ka_job;
+        exs__engine_post(&s->ka_job);
+    }
     op = NULL;
 out:
     api_sock_unlock(s);
@@ -673,6 +739,7 @@ static void sock_finish_close_job(struct exs_job *job)
     struct api_op *connect_op, *close_op;
 
     exs__engine_timer_stop(&s->close_timer);
+    exs__engine_timer_stop(&s->conn_timer);
     api_sock_lock(s);
     connect_op = s->connect_op;
     close_op = s->close_op;

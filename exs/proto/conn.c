@@ -8,6 +8,7 @@
 
 #include "exs/proto/proto_int.h"
 #include "exs/util/log.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 
 #define CONN_TX_SLOTS     16u
@@ -378,6 +379,7 @@ int exs__conn_connect(struct exs_conn *conn, const struct sockaddr *addr, sockle
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     exs__conn_hello(conn, &h);
     conn->active = 1;
+    conn->dl_start_ns = exs__now_ns();
     conn_set_state(conn, EXS_CONN_CONNECTING, "connect");
     ret = exs__prov_connect(conn->ep, addr, len, &h, sizeof(h));
     if (ret)
@@ -394,6 +396,7 @@ int exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     conn_adopt_hello_locked(conn, peer_pd);
     exs__conn_hello(conn, &h);
+    conn->dl_start_ns = exs__now_ns();
     conn_set_state(conn, EXS_CONN_CONNECTING, "accept");
     ret = exs__prov_accept(req, conn->ep, &h, sizeof(h));
     if (ret)
@@ -879,6 +882,160 @@ void exs__conn_abort(struct exs_conn *conn)
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
+/* ---- keepalive and deadlines (§9; progress thread, from the owner's timer) ---- */
+
+/* The peer stopped answering, or the connection hung: end it at once, without waiting
+ * for anything from the peer. Every operation completes with ETIMEDOUT (eager data
+ * already in the ring is still handed out first), the endpoint and every grant go now
+ * (ep_destroy discards outstanding work without completions), and the owner hears of
+ * the death; the conn itself stays until its owner closes. */
+static void conn_timeout_locked(struct exs_conn *conn, const char *why)
+{
+    EXS_INFO(PROTO, "conn %p: %s: connection timed out", (void *)conn, why);
+    if (!conn->err)
+        conn->err = ETIMEDOUT;
+    conn_set_state(conn, EXS_CONN_DOWN, why);
+    conn_dead_locked(conn, ETIMEDOUT, why);
+    conn->cb->dead(conn);
+}
+
+/* Post the probe: a zero-byte RDMA WRITE, which consumes no receive at the peer and
+ * wakes nothing there; its completion says the peer's NIC acknowledged it. Zero-length
+ * writes are not checked against the key (spec/provider.md), so the ring's address and
+ * key serve whether or not the peer's RING record came. */
+static int conn_ka_probe_locked(struct exs_conn *conn)
+{
+    struct exs_prov_sge sge = { 0 };
+    struct exs_prov_send_wr wr = {
+        .wr_id = WR_ID(WR_TAG_KA, 0),
+        .opcode = EXS_PROV_WR_RDMA_WRITE,
+        .flags = EXS_PROV_SEND_SIGNALED,
+        .sg_list = &sge,
+        .num_sge = 0,
+        .remote_addr = conn->peer.ring_addr,
+        .rkey = conn->peer.ring_rkey,
+    };
+    int ret = exs__prov_post_send(conn->ep, &wr);
+
+    if (ret) {
+        EXS_WARN(PROTO, "conn %p: keepalive probe: post failed: %s", (void *)conn, strerror(-ret));
+        return ret;
+    }
+    conn->wr_out++;
+    conn->ka_probe_out = 1;
+    conn->stats.keepalive_probes++;
+    return 0;
+}
+
+/* One keepalive interval passed. Anything completed meanwhile proves the peer alive;
+ * otherwise a probe goes out, and each interval it stays unanswered counts as a failed
+ * probe (a later one could not overtake it: completions come in posting order). 1 when
+ * the peer is dead. */
+static int conn_ka_check_locked(struct exs_conn *conn)
+{
+    uint64_t probes = __atomic_load_n(&exs__params.keepalive_probes, __ATOMIC_RELAXED);
+
+    if (conn->ka_heard) {
+        conn->ka_heard = 0;
+        conn->ka_fails = 0;
+        return 0;
+    }
+    if (conn->ka_probe_out) {
+        if (++conn->ka_fails < probes)
+            return 0;
+        conn->stats.keepalive_timeouts = 1;
+        EXS_INFO(PROTO, "conn %p: keepalive: %u probe intervals without an answer: peer dead",
+                 (void *)conn, conn->ka_fails);
+        return 1;
+    }
+    if (conn_ka_probe_locked(conn)) {
+        conn_fail_locked(conn, ECONNRESET, "keepalive probe failed");
+        return 0;
+    }
+    return 0;
+}
+
+/* Do queued sends move? Waiting sends with no data write completed for the whole
+ * deadline mean a peer that stopped returning credits, ring space or ADVERTs (it may
+ * still answer probes). 1 when the deadline passed. */
+static int conn_stall_check_locked(struct exs_conn *conn, uint64_t now, uint64_t limit_ms)
+{
+    struct exs_list *pos;
+    int waiting = 0;
+
+    exs_list_for_each(pos, &conn->sendq) {
+        if (exs_list_entry(pos, struct exs_op, link)->state != EXS_OPS_DONE) {
+            waiting = 1;
+            break;
+        }
+    }
+    if (!waiting || !limit_ms) {
+        conn->tx_stall_ns = 0;
+        return 0;
+    }
+    if (!conn->tx_stall_ns || conn->tx_moved != conn->tx_moved_seen) {
+        conn->tx_stall_ns = now;
+        conn->tx_moved_seen = conn->tx_moved;
+        return 0;
+    }
+    return now - conn->tx_stall_ns >= limit_ms * 1000000u;
+}
+
+uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
+{
+    uint64_t now = exs__now_ns(), next = 0;
+    uint64_t conn_ms = __atomic_load_n(&exs__params.connect_timeout_ms, __ATOMIC_RELAXED);
+    uint64_t send_ms = __atomic_load_n(&exs__params.send_timeout_ms, __ATOMIC_RELAXED);
+
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    switch (conn->state) {
+    case EXS_CONN_CONNECTING: {
+        uint64_t due = conn->dl_start_ns + conn_ms * 1000000u;
+
+        if (now < due) {
+            next = (due - now + 999999u) / 1000000u;
+            break;
+        }
+        EXS_INFO(PROTO, "conn %p: %s not established after %llu ms", (void *)conn,
+                 conn->active ? "connect" : "accepted connection", (unsigned long long)conn_ms);
+        conn_dead_locked(conn, ETIMEDOUT, "handshake timed out");
+        conn->cb->established(conn, ETIMEDOUT);
+        break;
+    }
+    case EXS_CONN_CONNECTED:
+    case EXS_CONN_CLOSING:
+        if (ka_ms && now + 1000000u >= conn->ka_last_ns + ka_ms * 1000000u) {
+            conn->ka_last_ns = now; /* 1 ms early still counts: timers are not exact */
+            if (conn_ka_check_locked(conn)) {
+                conn_timeout_locked(conn, "keepalive");
+                break;
+            }
+        }
+        if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
+            break; /* a failed probe post reset it */
+        if (conn_stall_check_locked(conn, now, send_ms)) {
+            EXS_INFO(PROTO, "conn %p: queued sends made no progress for %llu ms", (void *)conn,
+                     (unsigned long long)send_ms);
+            conn_timeout_locked(conn, "send timeout");
+            break;
+        }
+        /* the stall deadline is checked four times per period: found within 1.25 x */
+        next = 0;
+        if (ka_ms) {
+            uint64_t due = conn->ka_last_ns + ka_ms * 1000000u;
+
+            next = due > now ? (due - now + 999999u) / 1000000u : 1;
+        }
+        if (send_ms)
+            next = next ? EXS_MIN(next, EXS_MAX(send_ms / 4, 1)) : EXS_MAX(send_ms / 4, 1);
+        break;
+    default:
+        break;
+    }
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    return next;
+}
+
 void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
 {
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
@@ -1052,6 +1209,8 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
             conn_fail_locked(conn, ECONNRESET, "work request failed");
         return;
     }
+    /* the peer (its NIC) answered: keepalive has nothing to probe this interval (§9) */
+    conn->ka_heard = 1;
     switch (tag) {
     case WR_TAG_RX:
         conn_on_rx_locked(conn, cqe, (uint32_t)(val >> 3));
@@ -1074,7 +1233,11 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         break;
     }
     case WR_TAG_BATCH:
+        conn->tx_moved++;
         batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 1);
+        break;
+    case WR_TAG_KA:
+        conn->ka_probe_out = 0;
         break;
     case WR_TAG_RING:
         conn->ring_wr_out--;
@@ -1082,6 +1245,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
     case WR_TAG_DATA: {
         struct exs_op *op = (struct exs_op *)(uintptr_t)val;
 
+        conn->tx_moved++;
         /* writes of one op complete in order: the op is done with its last one (a
          * cancelled one from DOWN on, when no more of it will be posted) */
         EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
@@ -1159,6 +1323,8 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
             conn_adopt_hello_locked(conn, ev->private_data);
         }
         conn_set_state(conn, EXS_CONN_CONNECTED, "established");
+        conn->ka_heard = 1; /* the peer just answered: the first interval probes nothing */
+        conn->ka_last_ns = exs__now_ns();
         established = conn->cb->established;
         conn_ring_grant_locked(conn);
         conn_kick_locked(conn);

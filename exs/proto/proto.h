@@ -229,6 +229,16 @@ struct exs_conn {
         uint32_t       nops;                 /* ops it carries */
     }                          batch_slot[EXS_BATCH_SLOTS];
 
+    /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
+    uint64_t                   dl_start_ns;  /* connect / accept began (handshake deadline) */
+    int                        ka_heard;     /* a completion succeeded since the last check */
+    int                        ka_probe_out; /* the probe is posted, not completed */
+    uint32_t                   ka_fails;     /* checks in a row that found it unanswered */
+    uint64_t                   ka_last_ns;   /* the last keepalive check (or establishment) */
+    uint64_t                   tx_moved;     /* data writes completed (send stall check) */
+    uint64_t                   tx_moved_seen; /* tx_moved when tx_stall_ns was set */
+    uint64_t                   tx_stall_ns;  /* queued sends without progress since; 0: none */
+
     struct exs_sock_stats      stats;
 };
 
@@ -272,6 +282,17 @@ void exs__conn_close(struct exs_conn *conn);
 /* Abort at once (exs_fini): disconnect without SHUTDOWN. */
 void exs__conn_abort(struct exs_conn *conn);
 void exs__conn_abort_locked(struct exs_conn *conn); /* from a conn callback */
+
+/* Progress thread: the conn's periodic check (spec/protocol.md §9). CONNECTING: the
+ * handshake deadline (EXS_CONNECT_TIMEOUT_MS from connect / accept): past it the conn
+ * dies and cb->established gets ETIMEDOUT. CONNECTED, CLOSING: keepalive with interval
+ * ka_ms (0: off; a probe after a silent interval, the peer dead after
+ * EXS_KEEPALIVE_PROBES unanswered intervals) and the send stall deadline
+ * (EXS_SEND_TIMEOUT_MS); either kills the conn at once with ETIMEDOUT (every operation
+ * completes, the endpoint and the grants are released) and calls cb->dead. Returns the
+ * milliseconds until the next check is due, 0 when none is (the conn is past them, or
+ * every check is off). */
+uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms);
 
 /* Statistics snapshot. */
 void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st);

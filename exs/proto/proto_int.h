@@ -15,6 +15,7 @@ enum {
     WR_TAG_READ = 4, /* a receive op's RDMA READ: op pointer */
     WR_TAG_RING = 5, /* a send op's WRITE WITH IMMEDIATE into the peer's ring: op pointer */
     WR_TAG_BATCH = 6, /* a batched ring write of several send ops: staging slot << 3 */
+    WR_TAG_KA   = 7, /* the keepalive probe, a zero-byte RDMA WRITE (§9): value 0 */
     WR_TAG_MASK = 7,
 };
 

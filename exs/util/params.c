@@ -99,6 +99,16 @@ static const struct exs_param_def params_table[] = {
     /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
+    PARAM(keepalive_intv_ms, "EXS_KEEPALIVE_INTV_MS", "1000", UINT, 1,
+          "keepalive: a connection silent this long is probed (zero-byte RDMA WRITE), milliseconds, at most 3600000, 0 = off; per socket SO_KEEPALIVE, EXS_SO_KEEPALIVE_MS"),
+    PARAM(keepalive_probes, "EXS_KEEPALIVE_PROBES", "3", UINT, 1,
+          "keepalive: probes unanswered for an interval each before the peer is dead (ETIMEDOUT), 1-100"),
+    PARAM(connect_timeout_ms, "EXS_CONNECT_TIMEOUT_MS", "30000", UINT, 1,
+          "exs_connect and the accept handshake fail with ETIMEDOUT after this, milliseconds, 1-3600000"),
+    PARAM(send_timeout_ms, "EXS_SEND_TIMEOUT_MS", "120000", UINT, 1,
+          "a connection whose queued sends made no progress this long (the peer returns no credits or ring space) is reset with ETIMEDOUT, milliseconds, at most 3600000, 0 = off"),
+    PARAM(emu_blackhole, "EXS_EMU_BLACKHOLE", "0", UINT, 1,
+          "tests: 1 = the tcp provider's link silently stops delivering: established connections' frames are neither written nor read, sockets stay open, 0-1"),
 
     /* -- fault-injection provider (issue 13) -- */
 
@@ -154,6 +164,17 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, eager_max) && v->u > (1u << 20))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, batch_max) && v->u > (1u << 20))
+            return -EINVAL;
+        if ((d->offset == offsetof(struct exs_params, keepalive_intv_ms) ||
+             d->offset == offsetof(struct exs_params, send_timeout_ms)) && v->u > 3600000)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, keepalive_probes) &&
+            (v->u < 1 || v->u > 100))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, connect_timeout_ms) &&
+            (v->u < 1 || v->u > 3600000))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, emu_blackhole) && v->u > 1)
             return -EINVAL;
         return 0;
     case EXS_PARAM_BOOL:

@@ -66,6 +66,11 @@ struct exs_params {
     /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
+    uint64_t keepalive_intv_ms;  /* EXS_KEEPALIVE_INTV_MS: silence before a probe, 0 = off */
+    uint64_t keepalive_probes;   /* EXS_KEEPALIVE_PROBES: failed probes before the peer is dead */
+    uint64_t connect_timeout_ms; /* EXS_CONNECT_TIMEOUT_MS: connect / accept handshake bound */
+    uint64_t send_timeout_ms;    /* EXS_SEND_TIMEOUT_MS: sends stalled this long reset, 0 = off */
+    uint64_t emu_blackhole;      /* EXS_EMU_BLACKHOLE: tcp link silently stops delivering (0/1) */
 
     /* -- fault-injection provider (issue 13) -- */
 

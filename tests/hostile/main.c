@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Hostile-peer tests: raw peers play the attacks of issue 10 against a forked echo server. */
+/* Hostile-peer tests: raw peers play the attacks of issue 10 and the bad peers of issue 13 against a
+ * forked echo server. */
 #include <check.h>
 #include <endian.h>
 #include <errno.h>
@@ -617,6 +618,95 @@ START_TEST(bad_keys_and_ranges)
 }
 END_TEST
 
+/* ---- bad peers (issue 13) ---- */
+
+/* A peer that completes the handshake and then goes silent, its TCP connection open
+ * (half-open: the process or its host is gone, nothing resets): it acknowledges
+ * nothing, not even keepalive probes. The server declares it dead after
+ * EXS_KEEPALIVE_PROBES unanswered intervals and drops the connection (which the peer
+ * finds ended once it reads again). With keepalive off the same peer is kept: the
+ * drop is keepalive's doing. */
+START_TEST(half_open_silent)
+{
+    struct exs_wire_hello h;
+    struct raw_peer p;
+    double t0;
+    int err, ka_on = _i == 0;
+
+    setenv("EXS_KEEPALIVE_INTV_MS", ka_on ? "100" : "0", 1);
+    setenv("EXS_KEEPALIVE_PROBES", "3", 1);
+    start(SOCK_SEQPACKET, 0, 0);
+    unsetenv("EXS_KEEPALIVE_INTV_MS");
+    unsetenv("EXS_KEEPALIVE_PROBES");
+    raw_hello_default(&h, SEQ);
+    err = raw_open(&p, srv.port, &h, ANSWER_MS);
+    ck_assert_msg(err == 0, "handshake of the raw peer failed: %s", strerror(-err));
+    /* silent: nothing read, nothing acknowledged, for 20 intervals */
+    usleep(2000 * 1000);
+    t0 = raw_now_ms();
+    while (!p.closed && raw_now_ms() < t0 + (ka_on ? 10000 : 1000))
+        raw_pump(&p, 100);
+    if (ka_on)
+        ck_assert_msg(p.closed, "the server still keeps a peer that answered nothing for 2 s "
+                                "(keepalive 100 ms x 3)");
+    else
+        ck_assert_msg(!p.closed, "without keepalive the server dropped a silent peer");
+    raw_close(&p);
+    expect_alive(SOCK_SEQPACKET, "a silent half-open peer");
+    stop();
+}
+END_TEST
+
+/* A peer that takes the server's messages (its NIC acknowledges them, and every
+ * keepalive probe) but never returns a credit: the server's echoes beyond the credits
+ * of the peer's hello wait forever. After EXS_SEND_TIMEOUT_MS without progress the
+ * server resets that connection (ETIMEDOUT) and goes on serving others. */
+START_TEST(credits_withheld)
+{
+    static const char msg[64] = "a message the server echoes; its echo needs a credit from us..";
+    uint32_t psn, imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0);
+    struct exs_wire_hello h;
+    struct raw_peer p;
+    double t0, dt;
+    int err;
+
+    setenv("EXS_SEND_TIMEOUT_MS", "500", 1);
+    setenv("EXS_KEEPALIVE_INTV_MS", "100", 1);
+    start(SOCK_SEQPACKET, 0, 0);
+    unsetenv("EXS_SEND_TIMEOUT_MS");
+    unsetenv("EXS_KEEPALIVE_INTV_MS");
+    raw_hello_default(&h, SEQ);
+    h.credits = htobe16(4); /* the server may send us 4 messages until we return credits */
+    err = raw_open(&p, srv.port, &h, ANSWER_MS);
+    ck_assert_msg(err == 0, "handshake of the raw peer failed: %s", strerror(-err));
+    ck_assert_msg(raw_wait_ring(&p, ANSWER_MS) == 0, "the server's ring key never came");
+    /* 10 messages (the server granted 64 credits): 10 echoes, 4 of which can go */
+    for (uint32_t i = 0; i < 10; i++) {
+        ck_assert_int_eq(raw_write(&p, ring_addr(&p) + i * sizeof(msg), p.ring_rkey, 1, imm, msg,
+                                   sizeof(msg), &psn),
+                         0);
+        ck_assert_int_eq(raw_wait_psn(&p, psn, ANSWER_MS), 0);
+    }
+    t0 = raw_now_ms();
+    while (!p.closed && raw_now_ms() < t0 + 20000)
+        raw_pump(&p, 100); /* acknowledges everything the server sends, returns no credit */
+    dt = raw_now_ms() - t0;
+    ck_assert_msg(p.closed, "the server kept the connection without credits for %.0f ms", dt);
+    /* the credits also pay for the server's control records (RING, ACK) */
+    ck_assert_msg(p.data_msgs < 4, "%u echoes arrived with 4 credits", p.data_msgs);
+    /* it waited for credits that never came, then gave up (not a protocol error) */
+    ck_assert_msg(dt >= 400, "the server ended the connection after %.0f ms, before its deadline",
+                  dt);
+    printf("credits_withheld: %u of 10 echoes came, then the server reset the connection "
+           "%.0f ms after the last message (EXS_SEND_TIMEOUT_MS 500)\n",
+           p.data_msgs, dt);
+    fflush(stdout);
+    raw_close(&p);
+    expect_alive(SOCK_SEQPACKET, "a peer withholding credits");
+    stop();
+}
+END_TEST
+
 static Suite *hostile_suite(void)
 {
     Suite *s = suite_create("hostile");
@@ -646,6 +736,12 @@ static Suite *hostile_suite(void)
     tcase_add_test(t, malformed_control_records);
     tcase_add_test(t, half_frame_and_silence);
     tcase_add_test(t, bad_keys_and_ranges);
+    suite_add_tcase(s, t);
+
+    t = tcase_create("bad_peers");
+    tcase_set_timeout(t, 120);
+    tcase_add_test(t, credits_withheld);
+    tcase_add_loop_test(t, half_open_silent, 0, 2);
     suite_add_tcase(s, t);
     return s;
 }

@@ -515,6 +515,8 @@ void exs__tcp_rx_release(struct tcp_conn *conn);
 
 /* tcp_emu.c */
 int      exs__tcp_emu_on(const struct tcp_ctx *ctx);
+/* 1 while EXS_EMU_BLACKHOLE stops conn's link: nothing is written or read. */
+int      exs__tcp_emu_blackholed(const struct tcp_conn *conn);
 void     exs__tcp_emu_stamp(struct tcp_conn *conn, struct tcp_txf *txf, uint64_t enq_ns);
 uint64_t exs__tcp_emu_ready(struct tcp_conn *conn, struct tcp_txf *txf, uint64_t now);
 uint64_t exs__tcp_emu_budget(struct tcp_conn *conn, uint64_t now, uint64_t *until_p);

@@ -481,6 +481,11 @@ static void tcp_nic_event(struct tcp_ctx *ctx, struct epoll_event *ev)
 
         if (conn->state == TCP_CONN_DEAD)
             break;
+        if (EXS_UNLIKELY(exs__tcp_emu_blackholed(conn))) {
+            /* nothing arrives over a dead link, not even the peer's reset */
+            exs__tcp_conn_update_events(conn);
+            break;
+        }
         if (conn->state == TCP_CONN_CONNECTING) {
             if (ev->events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
                 exs__tcp_conn_connected(conn);

@@ -340,6 +340,8 @@ void exs__tcp_conn_update_events(struct tcp_conn *conn)
     }
     if (conn->tx_blocked)
         ev |= EPOLLOUT;
+    if (exs__tcp_emu_blackholed(conn))
+        ev = EPOLLET; /* the link delivers nothing: a reset or hang-up wakes us once */
     exs__tcp_conn_epoll(conn, ev);
 }
 
@@ -442,6 +444,10 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
 
     if (conn->fd < 0 || conn->state == TCP_CONN_CONNECTING || conn->state == TCP_CONN_DEAD)
         return;
+    if (EXS_UNLIKELY(exs__tcp_emu_blackholed(conn))) {
+        exs__tcp_conn_update_events(conn); /* frames stay queued */
+        return;
+    }
     conn->tx_blocked = 0;
     for (;;) {
         struct exs_list *pos;

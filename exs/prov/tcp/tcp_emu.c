@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* Link emulation: per-direction one-way delay and bandwidth pacing of outgoing frames. */
+/* Link emulation: per-direction one-way delay, bandwidth pacing and a link that stops delivering. */
 #include "exs/prov/tcp/tcp.h"
 #include "exs/util/counters.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 
 /*
@@ -62,4 +63,20 @@ void exs__tcp_emu_sent(struct tcp_conn *conn, uint64_t n, uint64_t now)
     if (base + TCP_EMU_SLACK_NS < now)
         base = now - TCP_EMU_SLACK_NS;
     conn->emu_next_ns = base + n * 8000u / rate;
+}
+
+/*
+ * Blackhole (EXS_EMU_BLACKHOLE, online): the emulated link silently stops delivering,
+ * as an RDMA fabric does when a cable, a switch or the peer's host dies: no reset, no
+ * error, nothing. While it is set, established (UP) and lingering connections of every
+ * context of the process neither write nor read a byte: frames stay queued, the
+ * peer's bytes stay in the kernel's socket buffer, epoll stops watching the socket (so
+ * the NIC does not spin) and the TCP socket stays open, so neither side sees an end
+ * of file. Clearing it lets the next turn that touches the connection resume it.
+ * Connections being set up are not affected. Test seam for keepalive (spec/protocol.md §9).
+ */
+int exs__tcp_emu_blackholed(const struct tcp_conn *conn)
+{
+    return (conn->state == TCP_CONN_UP || conn->state == TCP_CONN_LINGER) &&
+           __atomic_load_n(&exs__params.emu_blackhole, __ATOMIC_RELAXED);
 }

@@ -691,6 +691,10 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
     static __thread uint8_t sink[16384];
     ssize_t n;
 
+    if (EXS_UNLIKELY(conn->fd >= 0 && exs__tcp_emu_blackholed(conn))) {
+        exs__tcp_conn_update_events(conn); /* the bytes stay in the socket */
+        return;
+    }
     while (budget && conn->fd >= 0) {
         size_t want;
         int short_read;
