@@ -927,32 +927,45 @@ static int conn_ka_probe_locked(struct exs_conn *conn)
     return 0;
 }
 
-/* One keepalive interval passed. Anything completed meanwhile proves the peer alive;
- * otherwise a probe goes out, and each interval it stays unanswered counts as a failed
- * probe (a later one could not overtake it: completions come in posting order). 1 when
- * the peer is dead. */
-static int conn_ka_check_locked(struct exs_conn *conn)
+/* Keepalive (spec/protocol.md §9.1): after an interval without a successful completion a
+ * probe goes out, and each further interval without one counts as a failed probe (an
+ * earlier probe still outstanding serves: completions come in posting order). So a peer
+ * that went silent at L is dead at L + interval x (probes + 1). *due_p: when to look
+ * again. 1 when the peer is dead. */
+static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t intv_ns,
+                                uint64_t *due_p)
 {
     uint64_t probes = __atomic_load_n(&exs__params.keepalive_probes, __ATOMIC_RELAXED);
+    const uint64_t slack = 1000000u; /* 1 ms early still counts: timers are not exact */
 
-    if (conn->ka_heard) {
-        conn->ka_heard = 0;
+    if (!conn->ka_waiting || conn->ka_heard_ns > conn->ka_probe_ns) {
+        conn->ka_waiting = 0;
         conn->ka_fails = 0;
-        return 0;
-    }
-    if (conn->ka_probe_out) {
-        if (++conn->ka_fails < probes)
+        if (now + slack < conn->ka_heard_ns + intv_ns) {
+            *due_p = conn->ka_heard_ns + intv_ns;
             return 0;
-        conn->stats.keepalive_timeouts = 1;
-        EXS_INFO(PROTO, "conn %p: keepalive: %u probe intervals without an answer: peer dead",
-                 (void *)conn, conn->ka_fails);
-        return 1;
-    }
-    if (conn_ka_probe_locked(conn)) {
-        conn_fail_locked(conn, ECONNRESET, "keepalive probe failed");
+        }
+        if (!conn->ka_probe_out && conn_ka_probe_locked(conn)) {
+            conn_fail_locked(conn, ECONNRESET, "keepalive probe failed");
+            return 0;
+        }
+        conn->ka_waiting = 1;
+        conn->ka_probe_ns = now;
+        *due_p = now + intv_ns;
         return 0;
     }
-    return 0;
+    if (now + slack < conn->ka_probe_ns + (conn->ka_fails + 1) * intv_ns) {
+        *due_p = conn->ka_probe_ns + (conn->ka_fails + 1) * intv_ns;
+        return 0;
+    }
+    if (++conn->ka_fails < probes) {
+        *due_p = conn->ka_probe_ns + (conn->ka_fails + 1) * intv_ns;
+        return 0;
+    }
+    conn->stats.keepalive_timeouts = 1;
+    EXS_INFO(PROTO, "conn %p: keepalive: %u probe intervals without an answer: peer dead",
+             (void *)conn, conn->ka_fails);
+    return 1;
 }
 
 /* Do queued sends move? Waiting sends with no data write completed for the whole
@@ -983,7 +996,7 @@ static int conn_stall_check_locked(struct exs_conn *conn, uint64_t now, uint64_t
 
 uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
 {
-    uint64_t now = exs__now_ns(), next = 0;
+    uint64_t now = exs__now_ns(), next = 0, ka_due = 0;
     uint64_t conn_ms = __atomic_load_n(&exs__params.connect_timeout_ms, __ATOMIC_RELAXED);
     uint64_t send_ms = __atomic_load_n(&exs__params.send_timeout_ms, __ATOMIC_RELAXED);
 
@@ -1004,12 +1017,9 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
     }
     case EXS_CONN_CONNECTED:
     case EXS_CONN_CLOSING:
-        if (ka_ms && now + 1000000u >= conn->ka_last_ns + ka_ms * 1000000u) {
-            conn->ka_last_ns = now; /* 1 ms early still counts: timers are not exact */
-            if (conn_ka_check_locked(conn)) {
-                conn_timeout_locked(conn, "keepalive");
-                break;
-            }
+        if (ka_ms && conn_ka_check_locked(conn, now, ka_ms * 1000000u, &ka_due)) {
+            conn_timeout_locked(conn, "keepalive");
+            break;
         }
         if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
             break; /* a failed probe post reset it */
@@ -1021,11 +1031,8 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
         }
         /* the stall deadline is checked four times per period: found within 1.25 x */
         next = 0;
-        if (ka_ms) {
-            uint64_t due = conn->ka_last_ns + ka_ms * 1000000u;
-
-            next = due > now ? (due - now + 999999u) / 1000000u : 1;
-        }
+        if (ka_ms)
+            next = ka_due > now ? (ka_due - now + 999999u) / 1000000u : 1;
         if (send_ms)
             next = next ? EXS_MIN(next, EXS_MAX(send_ms / 4, 1)) : EXS_MAX(send_ms / 4, 1);
         break;
@@ -1279,16 +1286,33 @@ static void conn_after_cqes_locked(struct exs_conn *conn)
     }
 }
 
+/* After a run of completions: one that succeeded proves the peer alive (keepalive);
+ * *now_p is read once per batch. */
+static void conn_heard_locked(struct exs_conn *conn, uint64_t *now_p)
+{
+    if (!conn->ka_heard)
+        return;
+    conn->ka_heard = 0;
+    if (!*now_p)
+        *now_p = exs__now_ns();
+    conn->ka_heard_ns = *now_p;
+}
+
 void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
+    uint64_t now = 0;
+
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     conn_on_cqe_locked(conn, cqe);
+    conn_heard_locked(conn, &now);
     conn_after_cqes_locked(conn);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
 {
+    uint64_t now = 0; /* read once, when a run proves a peer alive (keepalive) */
+
     for (int i = 0, j; i < n; i = j) {
         struct exs_conn *conn = cqe[i].ep->user;
 
@@ -1297,6 +1321,7 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
         EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
         for (j = i; j < n && cqe[j].ep->user == conn; j++)
             conn_on_cqe_locked(conn, &cqe[j]);
+        conn_heard_locked(conn, &now);
         conn_after_cqes_locked(conn);
         EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     }
@@ -1323,8 +1348,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
             conn_adopt_hello_locked(conn, ev->private_data);
         }
         conn_set_state(conn, EXS_CONN_CONNECTED, "established");
-        conn->ka_heard = 1; /* the peer just answered: the first interval probes nothing */
-        conn->ka_last_ns = exs__now_ns();
+        conn->ka_heard_ns = exs__now_ns(); /* the peer just answered */
         established = conn->cb->established;
         conn_ring_grant_locked(conn);
         conn_kick_locked(conn);

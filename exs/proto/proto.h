@@ -231,10 +231,12 @@ struct exs_conn {
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t                   dl_start_ns;  /* connect / accept began (handshake deadline) */
-    int                        ka_heard;     /* a completion succeeded since the last check */
+    int                        ka_heard;     /* a completion succeeded in this run of cqes */
     int                        ka_probe_out; /* the probe is posted, not completed */
-    uint32_t                   ka_fails;     /* checks in a row that found it unanswered */
-    uint64_t                   ka_last_ns;   /* the last keepalive check (or establishment) */
+    int                        ka_waiting;   /* silent for an interval: waiting for an answer */
+    uint32_t                   ka_fails;     /* intervals that wait stayed unanswered */
+    uint64_t                   ka_heard_ns;  /* the last successful completion (or establishment) */
+    uint64_t                   ka_probe_ns;  /* when the wait for an answer began */
     uint64_t                   tx_moved;     /* data writes completed (send stall check) */
     uint64_t                   tx_moved_seen; /* tx_moved when tx_stall_ns was set */
     uint64_t                   tx_stall_ns;  /* queued sends without progress since; 0: none */
