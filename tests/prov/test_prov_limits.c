@@ -273,7 +273,7 @@ START_TEST(limits_cq_shrinks)
     struct pt_host h;
     uint32_t cap0, cap;
 
-    if (pt_skip_unless_tcp("limits_cq_shrinks"))
+    if (pt_skip_unless_tcp_itself("limits_cq_shrinks"))
         return;
     pt_host_open(&h);
     cap0 = cq_cap_of(h.ctx);
