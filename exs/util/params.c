@@ -139,6 +139,8 @@ static const struct exs_param_def params_table[] = {
           "fault provider: each send post freezes its link with this probability, per million"),
     PARAM(fault_freeze_ms, "EXS_FAULT_FREEZE_MS", "1000", UINT, 1,
           "fault provider: how long a frozen link moves nothing in either direction, milliseconds"),
+    PARAM(fault_port, "EXS_FAULT_PORT", "0", UINT, 1,
+          "fault provider: endpoint faults only on connections whose local or remote port is this, 0 = every connection"),
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
 

@@ -87,6 +87,7 @@ struct exs_params {
     uint64_t fault_freeze_nth;  /* EXS_FAULT_FREEZE_NTH: every Nth send post freezes its link */
     uint64_t fault_freeze_ppm;  /* EXS_FAULT_FREEZE_PPM */
     uint64_t fault_freeze_ms;   /* EXS_FAULT_FREEZE_MS: how long a frozen link stays frozen */
+    uint64_t fault_port;        /* EXS_FAULT_PORT: only connections with this port, 0 = all */
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
 

@@ -95,6 +95,7 @@ struct fault_ep {
     int failed;            /* an error completion was injected: the rest flush */
     int connect_failed;    /* a connect fault ended it: state ERROR */
     int replaying;         /* a thread is posting the frozen sends */
+    uint16_t peer_port;    /* active side: the port connected to (host order) */
     struct exs_list posts; /* struct fault_post, while frozen */
 };
 
@@ -152,8 +153,10 @@ int exs__fault_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 uint64_t exs__fault_now_ns(void);
 /* Keep a completion for later delivery (ctx->lock held). -ENOMEM. */
 int exs__fault_hold_locked(struct fault_ctx *ctx, const struct fault_held *h);
-/* Whether this eligible call of kind k gets the fault (counts it; ctx->lock held). */
-int exs__fault_pick_locked(struct fault_ctx *ctx, enum fault_kind k);
+/* Whether this eligible call of kind k on ep (NULL: not about one) gets the fault;
+ * counts it (ctx->lock held). With fault_port set, a call on an ep of another
+ * connection is not eligible. */
+int exs__fault_pick_locked(struct fault_ctx *ctx, enum fault_kind k, struct fault_ep *ep);
 /* Make the event fd readable by deadline at the latest (ctx->lock held). */
 void exs__fault_timer_locked(struct fault_ctx *ctx, uint64_t deadline_ns);
 /* Queue an event for ctx_cm_poll (ctx->lock held). */

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Fault provider context: fault choice, held completions and events, event fd, arm, poll. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -115,8 +116,26 @@ static int fault_kind_on(enum fault_kind k)
     return fault_load(fault_nth_param(k)) || fault_load(fault_ppm_param(k));
 }
 
-int exs__fault_pick_locked(struct fault_ctx *ctx, enum fault_kind k)
+/* Whether ep belongs to the connection fault_port selects. */
+static int fault_port_match_locked(struct fault_ctx *ctx, struct fault_ep *ep, uint64_t port)
 {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+
+    if (ep->peer_port == port)
+        return 1;
+    if (ctx->inner->ops->ep_local_addr(ep->inner, &ss, &len))
+        return 0;
+    if (ss.ss_family == AF_INET)
+        return ntohs(((struct sockaddr_in *)&ss)->sin_port) == port;
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) == port;
+    return 0;
+}
+
+int exs__fault_pick_locked(struct fault_ctx *ctx, enum fault_kind k, struct fault_ep *ep)
+{
+    uint64_t port = fault_load(&exs__params.fault_port);
     uint64_t nth = fault_load(fault_nth_param(k));
     uint64_t ppm = fault_load(fault_ppm_param(k));
     uint64_t seed = fault_load(&exs__params.fault_seed);
@@ -125,6 +144,8 @@ int exs__fault_pick_locked(struct fault_ctx *ctx, enum fault_kind k)
     int hit;
 
     if (!nth && !ppm)
+        return 0;
+    if (ep && port && !fault_port_match_locked(ctx, ep, port))
         return 0;
     if (seed != ctx->seed)
         fault_reseed_locked(ctx, seed);
@@ -332,7 +353,7 @@ static int fault_drain_locked(struct fault_ctx *ctx, struct fault_ep **fail, int
                 if (h.cqe.status == EXS_PROV_WC_SUCCESS)
                     h.cqe.status = EXS_PROV_WC_WR_FLUSH_ERR;
             } else if (h.cqe.status == EXS_PROV_WC_SUCCESS &&
-                       exs__fault_pick_locked(ctx, FAULT_WC)) {
+                       exs__fault_pick_locked(ctx, FAULT_WC, ep)) {
                 uint64_t st = fault_load(&exs__params.fault_wc_status);
 
                 if (!st || st >= EXS_PROV_WC_STATUS_MAX)
@@ -346,11 +367,11 @@ static int fault_drain_locked(struct fault_ctx *ctx, struct fault_ep **fail, int
                          (void *)ep, exs__prov_wc_status_str(h.cqe.status),
                          exs__prov_wc_opcode_str(h.cqe.opcode), h.cqe.wr_id);
             }
-            if (exs__fault_pick_locked(ctx, FAULT_DELAY)) {
+            if (exs__fault_pick_locked(ctx, FAULT_DELAY, ep)) {
                 h.release_ns = now + fault_load(&exs__params.fault_delay_us) * 1000ull;
                 exs__fault_timer_locked(ctx, h.release_ns);
             }
-            if (!ep->stall_ns && exs__fault_pick_locked(ctx, FAULT_STALL)) {
+            if (!ep->stall_ns && exs__fault_pick_locked(ctx, FAULT_STALL, ep)) {
                 ep->stall_ns = now;
                 ctx->nblocked++;
                 EXS_INFO(PROV, "ep %p: completions stalled for %" PRIu64 " ms", (void *)ep,

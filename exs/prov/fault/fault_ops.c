@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Fault provider: memory, grants, endpoints, connections and posts over the inner provider. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@ static int fault_reg_fails(struct fault_ctx *ctx, const char *what, size_t lengt
     int hit;
 
     pthread_mutex_lock(&ctx->lock);
-    hit = exs__fault_pick_locked(ctx, FAULT_REG);
+    hit = exs__fault_pick_locked(ctx, FAULT_REG, NULL);
     pthread_mutex_unlock(&ctx->lock);
     if (hit)
         EXS_INFO(PROV, "ctx %p: injected registration failure (%s of %zu bytes)", (void *)ctx, what,
@@ -304,7 +305,11 @@ static int fault_connect(struct exs_prov_ep *e, const struct sockaddr *addr, soc
     struct fault_cm *cm;
 
     pthread_mutex_lock(&ctx->lock);
-    if (!exs__fault_pick_locked(ctx, FAULT_CONNECT)) {
+    if (addr && addr->sa_family == AF_INET && addrlen >= sizeof(struct sockaddr_in))
+        ep->peer_port = ntohs(((const struct sockaddr_in *)addr)->sin_port);
+    else if (addr && addr->sa_family == AF_INET6 && addrlen >= sizeof(struct sockaddr_in6))
+        ep->peer_port = ntohs(((const struct sockaddr_in6 *)addr)->sin6_port);
+    if (!exs__fault_pick_locked(ctx, FAULT_CONNECT, ep)) {
         pthread_mutex_unlock(&ctx->lock);
         return IOPS(ctx)->connect(ep->inner, addr, addrlen, pd, pdlen);
     }
@@ -451,7 +456,7 @@ static int fault_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr 
     int drop = 0;
 
     pthread_mutex_lock(&ctx->lock);
-    if (connected && !ep->freeze_ns && exs__fault_pick_locked(ctx, FAULT_FREEZE)) {
+    if (connected && !ep->freeze_ns && exs__fault_pick_locked(ctx, FAULT_FREEZE, ep)) {
         uint64_t now = exs__fault_now_ns();
 
         ep->freeze_ns = now;
@@ -472,7 +477,7 @@ static int fault_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr 
         return 0;
     }
     if (connected)
-        drop = exs__fault_pick_locked(ctx, FAULT_DROP);
+        drop = exs__fault_pick_locked(ctx, FAULT_DROP, ep);
     pthread_mutex_unlock(&ctx->lock);
     if (drop) {
         int ret = IOPS(ctx)->disconnect(ep->inner);
