@@ -75,18 +75,26 @@ static uint64_t fault_count(const char *kind)
     return v;
 }
 
-/* One message client -> server on p, its bytes verified (registered buffers). */
-static void xfer_ok(struct it_pair *p, uint32_t seed)
+/* One message client -> server on p through registered buffers s and r, its bytes
+ * verified. */
+static void xfer_bufs(struct it_pair *p, struct it_buf *s, struct it_buf *r, uint32_t seed)
 {
-    struct it_buf *s = it_buf_new(MSG_LEN, 1), *r = it_buf_new(MSG_LEN, 1);
-
     it_fill(s->p, MSG_LEN, seed);
+    memset(r->p, 0, MSG_LEN);
     IT_POST_RECV(p->sfd, r->p, MSG_LEN, p->sq, IT_AH(seed), r->mh);
     IT_POST_SEND(p->cfd, s->p, MSG_LEN, p->cq, IT_AH(seed), s->mh);
     it_expect_send(p->cq, p->cfd, IT_AH(seed), MSG_LEN);
     it_expect_recv(p->sq, p->sfd, IT_AH(seed), MSG_LEN, 0);
     ck_assert_int_eq(it_check(r->p, MSG_LEN, seed), -1);
     ck_assert(it_buf_guards_ok(r));
+}
+
+/* The same with buffers of its own. */
+static void xfer_ok(struct it_pair *p, uint32_t seed)
+{
+    struct it_buf *s = it_buf_new(MSG_LEN, 1), *r = it_buf_new(MSG_LEN, 1);
+
+    xfer_bufs(p, s, r, seed);
     it_buf_free(s);
     it_buf_free(r);
 }
@@ -484,6 +492,68 @@ START_TEST(test_fault_reproducible)
 }
 END_TEST
 
+/* Registration failures while a connection opens. Every Nth registration fails, N
+ * growing from 1 with the sequence restarted each time (a new fault_seed): while the
+ * Nth is one of the connecting side's, exs_connect fails at once with ENOMEM; the first
+ * N past them hits the accepting side, which refuses that connection (ECONNREFUSED at
+ * the client) and keeps its exs_accept posted for the next one. Connection b transfers
+ * throughout. */
+START_TEST(test_fault_reg_connect)
+{
+    struct it_pair b;
+    struct sockaddr_in addr;
+    struct it_buf *bs, *br;
+    exs_qhandle_t q, cq;
+    exs_event_t ev;
+    int lfd, fd, sfd, rc, n;
+    char nth[16], seed[16];
+
+    fault_init();
+    it_pair_open(&b, SOCK_SEQPACKET, 16, 16);
+    bs = it_buf_new(MSG_LEN, 1);
+    br = it_buf_new(MSG_LEN, 1);
+    q = it_qcreate(16);
+    cq = it_qcreate(16);
+    lfd = it_listen(SOCK_SEQPACKET, &addr);
+    ck_assert_int_eq(exs_accept(lfd, q, IT_AH(0xACC)), 0);
+    for (n = 1; n < 16; n++) {
+        snprintf(nth, sizeof(nth), "%d", n);
+        snprintf(seed, sizeof(seed), "%d", 100 + n);
+        fault_set("fault_seed", seed);
+        fault_set("fault_reg_nth", nth);
+        fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+        ck_assert_int_ge(fd, 0);
+        errno = 0;
+        rc = exs_connect(fd, (struct sockaddr *)&addr, sizeof(addr), cq, IT_AH(n));
+        if (rc == 0) {
+            it_expect_err(cq, EXS_EVT_CONNECT, fd, IT_AH(n), ECONNREFUSED);
+            it_close(fd, cq);
+            break;
+        }
+        ck_assert_msg(errno == ENOMEM, "exs_connect: errno %d (%s)", errno, strerror(errno));
+        it_close(fd, cq);
+        xfer_bufs(&b, bs, br, (uint32_t)n);
+    }
+    ck_assert_msg(n > 1 && n < 16, "the connecting side made %d registrations", n - 1);
+    ck_assert_uint_eq(fault_count("reg"), (uint64_t)n);
+    fault_set("fault_reg_nth", "0");
+    it_expect_no_event(q, 100); /* the refused connection never reached exs_accept */
+
+    fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+    ck_assert_int_eq(exs_connect(fd, (struct sockaddr *)&addr, sizeof(addr), cq, IT_AH(99)), 0);
+    it_expect_err(cq, EXS_EVT_CONNECT, fd, IT_AH(99), 0);
+    it_expect_err_at(q, EXS_EVT_ACCEPT, lfd, IT_AH(0xACC), 0, &ev, __FILE__, __LINE__);
+    sfd = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+    xfer_ok(&b, 50);
+    it_close(fd, cq);
+    it_close(sfd, q);
+    it_close(lfd, q);
+    it_qdelete(q);
+    it_qdelete(cq);
+    it_pair_close(&b);
+}
+END_TEST
+
 Suite *integ_fault_suite(void)
 {
     Suite *s = suite_create("fault");
@@ -499,6 +569,7 @@ Suite *integ_fault_suite(void)
     tcase_add_test(tc, test_fault_stall);
     tcase_add_test(tc, test_fault_delay);
     tcase_add_test(tc, test_fault_reproducible);
+    tcase_add_test(tc, test_fault_reg_connect);
     suite_add_tcase(s, tc);
     tcase_set_timeout(wc, IT_CASE_TIMEOUT);
     tcase_add_checked_fixture(wc, NULL, fault_teardown);
