@@ -446,7 +446,7 @@ START_TEST(progress_no_lost_wakeup)
     struct exs_prov_cqe c;
     int posted_rx = 0;
 
-    if (pt_skip_unless_tcp("progress_no_lost_wakeup"))
+    if (pt_skip_unless_tcp_itself("progress_no_lost_wakeup"))
         return;
     pt_self_drive = 1;
     attr.max_send_wr = 32;

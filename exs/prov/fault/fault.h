@@ -88,15 +88,16 @@ struct fault_ep {
     struct exs_prov_ep base;
     struct exs_prov_ep *inner;
     struct fault_ctx *ctx;
-    struct exs_list link;  /* in ctx->eps */
-    uint64_t stall_ns;     /* stalled since (0 = not) */
-    uint64_t freeze_ns;    /* frozen since (0 = not) */
-    uint32_t held;         /* completions of this ep in ctx->held */
-    int failed;            /* an error completion was injected: the rest flush */
-    int connect_failed;    /* a connect fault ended it: state ERROR */
-    int replaying;         /* a thread is posting the frozen sends */
-    uint16_t peer_port;    /* active side: the port connected to (host order) */
-    struct exs_list posts; /* struct fault_post, while frozen */
+    struct exs_list link;   /* in ctx->eps */
+    uint64_t stall_ns;      /* stalled since (0 = not) */
+    uint64_t freeze_ns;     /* frozen since (0 = not) */
+    uint32_t held;          /* completions of this ep in ctx->held */
+    int failed;             /* an error completion was injected: the rest flush */
+    int connect_failed;     /* a connect fault ended it: state ERROR */
+    int replaying;          /* a thread is posting the frozen sends */
+    uint16_t peer_port;     /* active side: the port connected to (host order) */
+    struct exs_list posts;  /* struct fault_post, while frozen */
+    struct exs_list grants; /* struct fault_grant alive */
 };
 
 struct fault_mr {
@@ -108,6 +109,7 @@ struct fault_mr {
 struct fault_grant {
     struct exs_prov_grant base;
     struct exs_prov_grant *inner;
+    struct exs_list link; /* in its ep's grants */
 };
 
 struct fault_req {

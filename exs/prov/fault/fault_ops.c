@@ -171,6 +171,9 @@ static int fault_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr,
     g->base.mr = m;
     g->inner = ig;
     __atomic_fetch_add(&fault_mr_of(m)->grants, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&ep->ctx->lock);
+    exs_list_add_tail(&ep->grants, &g->link);
+    pthread_mutex_unlock(&ep->ctx->lock);
     *grant_p = &g->base;
     return 0;
 }
@@ -178,8 +181,12 @@ static int fault_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr,
 static void fault_revoke(struct exs_prov_grant *gr)
 {
     struct fault_grant *g = exs_container_of(gr, struct fault_grant, base);
+    struct fault_ctx *ctx = fault_ep_of(gr->ep)->ctx;
 
-    IOPS(fault_ep_of(gr->ep)->ctx)->revoke(g->inner);
+    pthread_mutex_lock(&ctx->lock);
+    exs_list_del(&g->link);
+    pthread_mutex_unlock(&ctx->lock);
+    IOPS(ctx)->revoke(g->inner);
     __atomic_fetch_sub(&fault_mr_of(gr->mr)->grants, 1, __ATOMIC_RELEASE);
     free(g);
 }
@@ -212,6 +219,7 @@ static int fault_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr
     ep->base.attr.user = attr->user;
     ep->ctx = ctx;
     exs_list_init(&ep->posts);
+    exs_list_init(&ep->grants);
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->eps, &ep->link);
     pthread_mutex_unlock(&ctx->lock);
@@ -228,7 +236,15 @@ static void fault_ep_destroy(struct exs_prov_ep *e)
     exs__fault_purge_ep_locked(ctx, ep);
     exs_list_del(&ep->link);
     pthread_mutex_unlock(&ctx->lock);
+    /* revokes (and logs) the grants the consumer left */
     IOPS(ctx)->ep_destroy(ep->inner);
+    while (!exs_list_empty(&ep->grants)) {
+        struct fault_grant *g =
+            exs_list_entry(exs_list_pop_head(&ep->grants), struct fault_grant, link);
+
+        __atomic_fetch_sub(&fault_mr_of(g->base.mr)->grants, 1, __ATOMIC_RELEASE);
+        free(g);
+    }
     free(ep);
 }
 
