@@ -2,6 +2,7 @@
 /* Injected faults (the fault provider over the provider under test) end cleanly on the
  * connection they hit, leak nothing, and leave the other connections transferring. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,6 +430,84 @@ START_TEST(test_fault_delay)
 }
 END_TEST
 
+/* ---- every kind at once ---- */
+
+#define CHAOS_PAIRS 8
+#define CHAOS_MSGS  40
+
+/* Connections transferring while every kind of fault (but registrations and connects)
+ * hits at random, from a fixed seed: every operation ends, with its bytes verified or
+ * with an error (then its connection is done with), none hangs or is lost, and closing
+ * everything leaves nothing behind. */
+START_TEST(test_fault_chaos)
+{
+    struct it_pair p[CHAOS_PAIRS];
+    struct it_buf *sb[CHAOS_PAIRS], *rb[CHAOS_PAIRS];
+    int dead[CHAOS_PAIRS] = {0}, ndead = 0, nok = 0;
+    uint64_t injected = 0;
+    static const char *const kinds[] = {"delay", "stall", "drop", "wc", "freeze"};
+
+    fault_init();
+    for (int i = 0; i < CHAOS_PAIRS; i++) {
+        it_pair_open(&p[i], SOCK_SEQPACKET, 16, 16);
+        sb[i] = it_buf_new(MSG_LEN, 1);
+        rb[i] = it_buf_new(MSG_LEN, 1);
+    }
+    fault_set("fault_seed", "20261124");
+    fault_set("fault_delay_ppm", "50000");
+    fault_set("fault_delay_us", "2000");
+    fault_set("fault_stall_ppm", "5000");
+    fault_set("fault_stall_ms", "20");
+    fault_set("fault_freeze_ppm", "5000");
+    fault_set("fault_freeze_ms", "20");
+    fault_set("fault_drop_ppm", "4000");
+    fault_set("fault_wc_ppm", "4000");
+    for (uint32_t m = 0; m < CHAOS_MSGS; m++) {
+        for (int i = 0; i < CHAOS_PAIRS; i++) {
+            if (dead[i])
+                continue;
+            it_fill(sb[i]->p, MSG_LEN, m * 100 + (uint32_t)i);
+            memset(rb[i]->p, 0, MSG_LEN);
+            IT_POST_RECV(p[i].sfd, rb[i]->p, MSG_LEN, p[i].sq, IT_AH(m), rb[i]->mh);
+            IT_POST_SEND(p[i].cfd, sb[i]->p, MSG_LEN, p[i].cq, IT_AH(m), sb[i]->mh);
+        }
+        for (int i = 0; i < CHAOS_PAIRS; i++) {
+            exs_event_t es, er;
+
+            if (dead[i])
+                continue;
+            it_context("pair %d message %u", i, m);
+            it_wait_event(p[i].cq, EXS_EVT_SEND, p[i].cfd, &es);
+            it_wait_event(p[i].sq, EXS_EVT_RECV, p[i].sfd, &er);
+            if (!er.exs_evt_errno) {
+                ck_assert_int_eq(er.exs_evt_u.exs_evt_xfer.exs_evt_result, MSG_LEN);
+                ck_assert_int_eq(it_check(rb[i]->p, MSG_LEN, m * 100 + (uint32_t)i), -1);
+            }
+            if (es.exs_evt_errno || er.exs_evt_errno) {
+                dead[i] = 1;
+                ndead++;
+            } else {
+                nok++;
+            }
+        }
+    }
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
+        injected += fault_count(kinds[k]);
+    fault_params_reset();
+    ck_assert_msg(injected > 0 && nok > 0, "%" PRIu64 " faults, %d messages through", injected,
+                  nok);
+    /* a pair with no fault that ends it still works; every pair closes cleanly */
+    for (int i = 0; i < CHAOS_PAIRS; i++) {
+        if (!dead[i])
+            xfer_bufs(&p[i], sb[i], rb[i], 7777);
+        it_pair_close(&p[i]);
+    }
+    fprintf(stderr,
+            "chaos: %d messages through, %d connections ended by faults, %" PRIu64 " faults\n", nok,
+            ndead, injected);
+}
+END_TEST
+
 /* ---- reproducibility ---- */
 
 #define REPRO_CALLS 400
@@ -568,6 +647,7 @@ Suite *integ_fault_suite(void)
     tcase_add_test(tc, test_fault_freeze);
     tcase_add_test(tc, test_fault_stall);
     tcase_add_test(tc, test_fault_delay);
+    tcase_add_test(tc, test_fault_chaos);
     tcase_add_test(tc, test_fault_reproducible);
     tcase_add_test(tc, test_fault_reg_connect);
     suite_add_tcase(s, tc);
