@@ -198,6 +198,7 @@ Suite *prov_read_suite(void);
 Suite *prov_flush_suite(void);
 Suite *prov_cm_suite(void);
 Suite *prov_emu_suite(void);
+Suite *prov_fault_suite(void);
 Suite *prov_hostile_suite(void);
 Suite *prov_mem_suite(void);
 Suite *prov_select_suite(void);

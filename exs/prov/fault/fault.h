@@ -80,6 +80,13 @@ struct fault_ctx {
     struct exs_list eps; /* struct fault_ep */
     unsigned nblocked;   /* stalls + freezes in force */
     unsigned nfailed;    /* eps with an injected error completion */
+    /* default progress mode: frozen sends go out at the thaw without the consumer
+     * calling in, as the inner provider moves data on its own; a thread does it */
+    int manual;       /* opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
+    int thaw_started; /* thaw_thread runs */
+    int thaw_stop;
+    pthread_t thaw_thread;
+    pthread_cond_t thaw_cond; /* a freeze began, or stop */
     struct fault_counters cnt;
     struct exs_counter_set cset;
 };
@@ -168,6 +175,9 @@ void exs__fault_purge_ep_locked(struct fault_ctx *ctx, struct fault_ep *ep);
 void exs__fault_purge_lis_locked(struct fault_ctx *ctx, struct fault_lis *lis);
 /* Replay the sends of eps whose freeze ended; > 0 when something was posted. */
 int exs__fault_thaw(struct fault_ctx *ctx);
+/* A freeze began (ctx->lock held): in the default progress mode, make sure the thaw
+ * thread runs and looks. */
+void exs__fault_frozen_locked(struct fault_ctx *ctx);
 
 /* fault_ops.c: memory, endpoints, connections, posts */
 int exs__fault_post_replay(struct fault_ep *ep, struct fault_post *p);

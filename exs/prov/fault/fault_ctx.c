@@ -294,18 +294,67 @@ int exs__fault_thaw(struct fault_ctx *ctx)
             }
             exs__fault_post_free(p);
         }
-        ep->replaying = 0;
-        pthread_mutex_unlock(&ctx->lock);
         if (failed) {
-            int ret = ctx->inner->ops->disconnect(ep->inner);
+            int ret;
 
+            pthread_mutex_unlock(&ctx->lock);
+            ret = ctx->inner->ops->disconnect(ep->inner);
             if (ret)
                 EXS_ERR(PROV, "ep %p: disconnect after a failed replay: %s", (void *)ep,
                         strerror(-ret));
+            pthread_mutex_lock(&ctx->lock);
         }
+        ep->replaying = 0; /* from here on ep_destroy may free it */
+        pthread_mutex_unlock(&ctx->lock);
         did = 1;
     }
     return did;
+}
+
+/* The thaw thread (default progress mode only): while a freeze is in force, look every
+ * 10 ms whether it is over and replay its sends; asleep otherwise. */
+static void *fault_thaw_main(void *arg)
+{
+    struct fault_ctx *ctx = arg;
+
+    pthread_mutex_lock(&ctx->lock);
+    while (!ctx->thaw_stop) {
+        if (!ctx->nblocked) {
+            pthread_cond_wait(&ctx->thaw_cond, &ctx->lock);
+            continue;
+        }
+        uint64_t at = exs__fault_now_ns() + 10 * 1000000ull;
+        struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull),
+                              .tv_nsec = (long)(at % 1000000000ull)};
+
+        pthread_cond_timedwait(&ctx->thaw_cond, &ctx->lock, &ts);
+        if (ctx->thaw_stop)
+            break;
+        pthread_mutex_unlock(&ctx->lock);
+        exs__fault_thaw(ctx);
+        pthread_mutex_lock(&ctx->lock);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return NULL;
+}
+
+void exs__fault_frozen_locked(struct fault_ctx *ctx)
+{
+    int ret;
+
+    if (ctx->manual)
+        return; /* ctx_progress replays */
+    if (ctx->thaw_started) {
+        pthread_cond_signal(&ctx->thaw_cond);
+        return;
+    }
+    ret = pthread_create(&ctx->thaw_thread, NULL, fault_thaw_main, ctx);
+    if (ret) {
+        /* the consumer's own calls (poll, progress, arm) still replay */
+        EXS_ERR(PROV, "ctx %p: thaw thread: %s", (void *)ctx, strerror(ret));
+        return;
+    }
+    ctx->thaw_started = 1;
 }
 
 /* ---- held completions ---- */
@@ -386,6 +435,18 @@ static int fault_drain_locked(struct fault_ctx *ctx, struct fault_ep **fail, int
         }
     } while (n == FAULT_BATCH && ctx->held_count < (1u << 22));
     return 0;
+}
+
+/* An error completion moves its queue pair to ERROR: the peer sees the end too. */
+static void fault_fail_eps(struct fault_ctx *ctx, struct fault_ep **fail, int nfail)
+{
+    for (int i = 0; i < nfail; i++) {
+        int r = ctx->inner->ops->disconnect(fail[i]->inner);
+
+        if (r)
+            EXS_ERR(PROV, "ep %p: disconnect after an injected error: %s", (void *)fail[i],
+                    strerror(-r));
+    }
 }
 
 static int fault_in_set(struct fault_ep *const *set, int n, const struct fault_ep *ep)
@@ -473,14 +534,7 @@ int exs__fault_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
     if (n == max && fault_deliver_locked(ctx, NULL, 1, now))
         exs__fault_timer_locked(ctx, 0); /* more is ready: keep the event fd readable */
     pthread_mutex_unlock(&ctx->lock);
-    /* an error completion moves its queue pair to ERROR: the peer sees the end too */
-    for (int i = 0; i < nfail; i++) {
-        int r = ctx->inner->ops->disconnect(fail[i]->inner);
-
-        if (r)
-            EXS_ERR(PROV, "ep %p: disconnect after an injected error: %s", (void *)fail[i],
-                    strerror(-r));
-    }
+    fault_fail_eps(ctx, fail, nfail);
     if (ret && !n)
         return ret;
     return n;
@@ -544,6 +598,21 @@ int exs__fault_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
     int ret = 0;
 
     pthread_mutex_lock(&ctx->lock);
+    /* completions first: an ep's event waits for the completions held before it */
+    if (!fault_cq_plain_locked(ctx)) {
+        struct fault_ep *fail[FAULT_BATCH];
+        int nfail = 0;
+
+        fault_drain_locked(ctx, fail, &nfail);
+        if (nfail) {
+            /* delivered by the next ctx_poll; their eps fail now (as in ctx_poll) */
+            pthread_mutex_unlock(&ctx->lock);
+            fault_fail_eps(ctx, fail, nfail);
+            pthread_mutex_lock(&ctx->lock);
+        }
+        if (ctx->held_count)
+            exs__fault_timer_locked(ctx, 0);
+    }
     for (;;) {
         struct fault_cm *cm = malloc(sizeof(*cm));
 
@@ -692,6 +761,13 @@ void exs__fault_ctx_close(struct exs_prov_ctx *c)
 
     if (!exs_list_empty(&ctx->eps))
         EXS_ERR(PROV, "ctx %p: closed with endpoints alive", (void *)ctx);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->thaw_stop = 1;
+    pthread_cond_signal(&ctx->thaw_cond);
+    pthread_mutex_unlock(&ctx->lock);
+    if (ctx->thaw_started)
+        pthread_join(ctx->thaw_thread, NULL);
+    pthread_cond_destroy(&ctx->thaw_cond);
     exs__counters_unregister(&ctx->cset);
     ctx->inner->ops->ctx_close(ctx->inner);
     while (!exs_list_empty(&ctx->cmq))
@@ -749,6 +825,15 @@ int exs__fault_ctx_open(const struct exs_prov_ops *ops, const char *inner_name,
     ctx->base.ops = ops;
     ctx->base.caps = ctx->inner->caps;
     pthread_mutex_init(&ctx->lock, NULL);
+    {
+        pthread_condattr_t ca;
+
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&ctx->thaw_cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    ctx->manual = attr && (attr->flags & EXS_PROV_ATTR_MANUAL_PROGRESS);
     exs_list_init(&ctx->cmq);
     exs_list_init(&ctx->eps);
     fault_reseed_locked(ctx, fault_load(&exs__params.fault_seed));

@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "exs/prov/fault/fault.h"
 #include "exs/util/log.h"
@@ -233,6 +234,14 @@ static void fault_ep_destroy(struct exs_prov_ep *e)
     struct fault_ctx *ctx = ep->ctx;
 
     pthread_mutex_lock(&ctx->lock);
+    while (ep->replaying) {
+        /* the thaw thread is posting its frozen sends: a moment */
+        struct timespec ts = {.tv_nsec = 100000};
+
+        pthread_mutex_unlock(&ctx->lock);
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&ctx->lock);
+    }
     exs__fault_purge_ep_locked(ctx, ep);
     exs_list_del(&ep->link);
     pthread_mutex_unlock(&ctx->lock);
@@ -343,10 +352,11 @@ static int fault_connect(struct exs_prov_ep *e, const struct sockaddr *addr, soc
         cm->ev.status = -ETIMEDOUT;
     }
     ep->connect_failed = 1;
-    exs__fault_cm_push_locked(ctx, cm);
-    pthread_mutex_unlock(&ctx->lock);
+    /* logged before the event is queued: once unlocked, a poller may take and free it */
     EXS_INFO(PROV, "ep %p: injected connect failure: %s", (void *)ep,
              exs__prov_cm_event_str(cm->ev.type));
+    exs__fault_cm_push_locked(ctx, cm);
+    pthread_mutex_unlock(&ctx->lock);
     return 0;
 }
 
@@ -478,6 +488,7 @@ static int fault_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr 
         ep->freeze_ns = now;
         ctx->nblocked++;
         exs__fault_timer_locked(ctx, now + FAULT_RECHECK_NS);
+        exs__fault_frozen_locked(ctx);
         EXS_INFO(PROV, "ep %p: link frozen for %" PRIu64 " ms", (void *)ep,
                  __atomic_load_n(&exs__params.fault_freeze_ms, __ATOMIC_RELAXED));
     }
