@@ -446,12 +446,17 @@ START_TEST(test_fault_chaos)
     int dead[CHAOS_PAIRS] = {0}, ndead = 0, nok = 0;
     uint64_t injected = 0;
     static const char *const kinds[] = {"delay", "stall", "drop", "wc", "freeze"};
+    /* loop 0: SEQPACKET 3000 B (eager into the ring); 1: STREAM 64 KiB with MSG_WAITALL
+     * (direct placement and the ring) */
+    int type = _i ? SOCK_STREAM : SOCK_SEQPACKET;
+    size_t len = _i ? 65536 : MSG_LEN;
+    int rflags = _i ? MSG_WAITALL : 0;
 
     fault_init();
     for (int i = 0; i < CHAOS_PAIRS; i++) {
-        it_pair_open(&p[i], SOCK_SEQPACKET, 16, 16);
-        sb[i] = it_buf_new(MSG_LEN, 1);
-        rb[i] = it_buf_new(MSG_LEN, 1);
+        it_pair_open(&p[i], type, 16, 16);
+        sb[i] = it_buf_new(len, 1);
+        rb[i] = it_buf_new(len, 1);
     }
     fault_set("fault_seed", "20261124");
     fault_set("fault_delay_ppm", "50000");
@@ -466,10 +471,14 @@ START_TEST(test_fault_chaos)
         for (int i = 0; i < CHAOS_PAIRS; i++) {
             if (dead[i])
                 continue;
-            it_fill(sb[i]->p, MSG_LEN, m * 100 + (uint32_t)i);
-            memset(rb[i]->p, 0, MSG_LEN);
-            IT_POST_RECV(p[i].sfd, rb[i]->p, MSG_LEN, p[i].sq, IT_AH(m), rb[i]->mh);
-            IT_POST_SEND(p[i].cfd, sb[i]->p, MSG_LEN, p[i].cq, IT_AH(m), sb[i]->mh);
+            it_fill(sb[i]->p, len, m * 100 + (uint32_t)i);
+            memset(rb[i]->p, 0, len);
+            {
+                int rc = exs_recv(p[i].sfd, rb[i]->p, len, rflags, p[i].sq, IT_AH(m), rb[i]->mh);
+
+                ck_assert_msg(rc == 0, "exs_recv: errno %d (%s)", errno, strerror(errno));
+            }
+            IT_POST_SEND(p[i].cfd, sb[i]->p, len, p[i].cq, IT_AH(m), sb[i]->mh);
         }
         for (int i = 0; i < CHAOS_PAIRS; i++) {
             exs_event_t es, er;
@@ -480,8 +489,8 @@ START_TEST(test_fault_chaos)
             it_wait_event(p[i].cq, EXS_EVT_SEND, p[i].cfd, &es);
             it_wait_event(p[i].sq, EXS_EVT_RECV, p[i].sfd, &er);
             if (!er.exs_evt_errno) {
-                ck_assert_int_eq(er.exs_evt_u.exs_evt_xfer.exs_evt_result, MSG_LEN);
-                ck_assert_int_eq(it_check(rb[i]->p, MSG_LEN, m * 100 + (uint32_t)i), -1);
+                ck_assert_int_eq(er.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)len);
+                ck_assert_int_eq(it_check(rb[i]->p, len, m * 100 + (uint32_t)i), -1);
             }
             if (es.exs_evt_errno || er.exs_evt_errno) {
                 dead[i] = 1;
@@ -498,8 +507,19 @@ START_TEST(test_fault_chaos)
                   nok);
     /* a pair with no fault that ends it still works; every pair closes cleanly */
     for (int i = 0; i < CHAOS_PAIRS; i++) {
-        if (!dead[i])
-            xfer_bufs(&p[i], sb[i], rb[i], 7777);
+        if (!dead[i]) {
+            exs_event_t ev;
+
+            it_fill(sb[i]->p, len, 7777);
+            ck_assert_int_eq(
+                exs_recv(p[i].sfd, rb[i]->p, len, rflags, p[i].sq, IT_AH(7777), rb[i]->mh), 0);
+            IT_POST_SEND(p[i].cfd, sb[i]->p, len, p[i].cq, IT_AH(7777), sb[i]->mh);
+            it_expect_send(p[i].cq, p[i].cfd, IT_AH(7777), (ssize_t)len);
+            it_expect_err_at(p[i].sq, EXS_EVT_RECV, p[i].sfd, IT_AH(7777), 0, &ev, __FILE__,
+                             __LINE__);
+            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)len);
+            ck_assert_int_eq(it_check(rb[i]->p, len, 7777), -1);
+        }
         it_pair_close(&p[i]);
     }
     fprintf(stderr,
@@ -647,7 +667,7 @@ Suite *integ_fault_suite(void)
     tcase_add_test(tc, test_fault_freeze);
     tcase_add_test(tc, test_fault_stall);
     tcase_add_test(tc, test_fault_delay);
-    tcase_add_test(tc, test_fault_chaos);
+    tcase_add_loop_test(tc, test_fault_chaos, 0, 2);
     tcase_add_test(tc, test_fault_reproducible);
     tcase_add_test(tc, test_fault_reg_connect);
     suite_add_tcase(s, tc);
