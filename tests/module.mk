@@ -10,6 +10,8 @@ TEST_BINS += $(if $(UNIT_SRCS),$(UNIT_BIN)) $(if $(PROV_SRCS),$(PROV_BIN))
 CHECK_RUNS += $(if $(UNIT_SRCS),$(UNIT_BIN)) $(if $(PROV_SRCS),"$(PROV_BIN) -p tcp")
 # the same conformance suite with EXS_PROV_ATTR_MANUAL_PROGRESS (no NIC thread)
 CHECK_RUNS += $(if $(PROV_SRCS),"$(PROV_BIN) -p tcp --manual")
+# the same suite through the fault-injection wrapper with no fault configured (transparent)
+CHECK_RUNS += $(if $(PROV_SRCS),"$(PROV_BIN) -p fault:tcp" "$(PROV_BIN) -p fault:tcp --manual")
 
 $(UNIT_BIN): $(UNIT_SRCS:%.c=$(BUILD)/%.o) $(LIB_A)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CHECK_LIBS) $(LIBS_ALL)

@@ -11,15 +11,22 @@
 #include "exs/util/util.h"
 
 extern struct exs_prov_ops exs__prov_tcp_ops;
+extern struct exs_prov_ops exs__prov_fault_tcp_ops;
 #ifdef EXS_HAVE_VERBS_PROV
 extern struct exs_prov_ops exs__prov_verbs_ops;
+extern struct exs_prov_ops exs__prov_fault_verbs_ops;
 int exs__prov_verbs_device_active(void);
 #endif
 
+/* fault:NAME wraps provider NAME (exs/prov/fault/, spec/provider-fault.md) */
 static struct exs_prov_ops *prov_table[] = {
     &exs__prov_tcp_ops,
 #ifdef EXS_HAVE_VERBS_PROV
     &exs__prov_verbs_ops,
+#endif
+    &exs__prov_fault_tcp_ops,
+#ifdef EXS_HAVE_VERBS_PROV
+    &exs__prov_fault_verbs_ops,
 #endif
 };
 
@@ -169,9 +176,9 @@ int exs__prov_open_default(const struct exs_prov_attr *attr, struct exs_prov_ctx
     name = exs__params.provider[0] ? exs__params.provider : prov_default_name();
     ops = exs__prov_find(name);
     if (!ops) {
-        EXS_ERR(PROV, "provider %s: unknown (EXS_PROVIDER); known: tcp%s", name,
+        EXS_ERR(PROV, "provider %s: unknown (EXS_PROVIDER); known: tcp, fault:tcp%s", name,
 #ifdef EXS_HAVE_VERBS_PROV
-                ", verbs"
+                ", verbs, fault:verbs"
 #else
                 ""
 #endif

@@ -255,7 +255,7 @@ struct exs_prov_cm_event {
 
 /* ---- the ops table ---- */
 struct exs_prov_ops {
-    const char *name; /* "tcp" | "verbs": equals the directory and EXS_PROVIDER */
+    const char *name; /* "tcp" | "verbs" | "fault:tcp" | "fault:verbs": equals EXS_PROVIDER */
 
     /* context and its event descriptor */
     int  (*ctx_open)(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);

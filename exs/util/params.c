@@ -24,7 +24,7 @@ static const struct exs_param_def params_table[] = {
     PARAM(log_subsys, "EXS_LOG_SUBSYS", "all", STRING, 1,
           "subsystems to log, comma list of api eng proto prov cache util, or all"),
     PARAM(provider, "EXS_PROVIDER", "", STRING, 0,
-          "provider: tcp or verbs; empty = verbs when an active RDMA device exists, else tcp"),
+          "provider: tcp, verbs, fault:tcp or fault:verbs; empty = verbs when an active RDMA device exists, else tcp"),
     PARAM(emu_delay_us, "EXS_EMU_DELAY_US", "0", UINT, 0,
           "tcp link emulation: one-way delay added per direction, microseconds"),
     PARAM(emu_rate_mbps, "EXS_EMU_RATE_MBPS", "0", UINT, 0,
@@ -111,6 +111,46 @@ static const struct exs_param_def params_table[] = {
           "tests: 1 = the tcp provider's link silently stops delivering: established connections' frames are neither written nor read, sockets stay open, 0-1"),
 
     /* -- fault-injection provider (issue 13) -- */
+    PARAM(fault_seed, "EXS_FAULT_SEED", "1", UINT, 1,
+          "fault provider: seed of the probability choices; a change restarts every fault's sequence"),
+    PARAM(fault_delay_nth, "EXS_FAULT_DELAY_NTH", "0", UINT, 1,
+          "fault provider: hold every Nth completion for EXS_FAULT_DELAY_US, 0 = off"),
+    PARAM(fault_delay_ppm, "EXS_FAULT_DELAY_PPM", "0", UINT, 1,
+          "fault provider: hold each completion with this probability, per million"),
+    PARAM(fault_delay_us, "EXS_FAULT_DELAY_US", "1000", UINT, 1,
+          "fault provider: how long a delayed completion is held, microseconds"),
+    PARAM(fault_stall_nth, "EXS_FAULT_STALL_NTH", "0", UINT, 1,
+          "fault provider: every Nth completion stalls its endpoint's completions for EXS_FAULT_STALL_MS, 0 = off"),
+    PARAM(fault_stall_ppm, "EXS_FAULT_STALL_PPM", "0", UINT, 1,
+          "fault provider: each completion stalls its endpoint with this probability, per million"),
+    PARAM(fault_stall_ms, "EXS_FAULT_STALL_MS", "100", UINT, 1,
+          "fault provider: how long a stalled endpoint delivers no completion, milliseconds"),
+    PARAM(fault_drop_nth, "EXS_FAULT_DROP_NTH", "0", UINT, 1,
+          "fault provider: every Nth send post on a connected endpoint disconnects it, 0 = off"),
+    PARAM(fault_drop_ppm, "EXS_FAULT_DROP_PPM", "0", UINT, 1,
+          "fault provider: each send post disconnects its endpoint with this probability, per million"),
+    PARAM(fault_wc_nth, "EXS_FAULT_WC_NTH", "0", UINT, 1,
+          "fault provider: every Nth successful completion becomes an error completion, 0 = off"),
+    PARAM(fault_wc_ppm, "EXS_FAULT_WC_PPM", "0", UINT, 1,
+          "fault provider: each successful completion becomes an error with this probability, per million"),
+    PARAM(fault_wc_status, "EXS_FAULT_WC_STATUS", "0", UINT, 1,
+          "fault provider: status of injected error completions (1-9, as enum exs_prov_wc_status), 0 = each in turn"),
+    PARAM(fault_reg_nth, "EXS_FAULT_REG_NTH", "0", UINT, 1,
+          "fault provider: every Nth memory registration (mr_reg, mr_get, mem_alloc) fails with ENOMEM, 0 = off"),
+    PARAM(fault_reg_ppm, "EXS_FAULT_REG_PPM", "0", UINT, 1,
+          "fault provider: each memory registration fails with this probability, per million"),
+    PARAM(fault_connect_nth, "EXS_FAULT_CONNECT_NTH", "0", UINT, 1,
+          "fault provider: every Nth connect fails (rejected, then unreachable, in turn), 0 = off"),
+    PARAM(fault_connect_ppm, "EXS_FAULT_CONNECT_PPM", "0", UINT, 1,
+          "fault provider: each connect fails with this probability, per million"),
+    PARAM(fault_freeze_nth, "EXS_FAULT_FREEZE_NTH", "0", UINT, 1,
+          "fault provider: every Nth send post freezes its endpoint's link for EXS_FAULT_FREEZE_MS, 0 = off"),
+    PARAM(fault_freeze_ppm, "EXS_FAULT_FREEZE_PPM", "0", UINT, 1,
+          "fault provider: each send post freezes its link with this probability, per million"),
+    PARAM(fault_freeze_ms, "EXS_FAULT_FREEZE_MS", "1000", UINT, 1,
+          "fault provider: how long a frozen link moves nothing in either direction, milliseconds"),
+    PARAM(fault_port, "EXS_FAULT_PORT", "0", UINT, 1,
+          "fault provider: endpoint faults only on connections whose local or remote port is this, 0 = every connection"),
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
 
@@ -183,7 +223,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (!text || strlen(text) >= EXS_PARAM_STR_MAX)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, provider) && text[0] &&
-            strcmp(text, "tcp") != 0 && strcmp(text, "verbs") != 0)
+            strcmp(text, "tcp") != 0 && strcmp(text, "verbs") != 0 &&
+            strcmp(text, "fault:tcp") != 0 && strcmp(text, "fault:verbs") != 0)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, xfer_mode) && strcmp(text, "dynamic") &&
             strcmp(text, "direct") && strcmp(text, "indirect"))

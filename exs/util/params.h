@@ -23,7 +23,7 @@ struct exs_params {
     char     log_level[EXS_PARAM_STR_MAX];  /* EXS_LOG_LEVEL */
     char     log_subsys[EXS_PARAM_STR_MAX]; /* EXS_LOG_SUBSYS */
     /* provider choice */
-    char     provider[EXS_PARAM_STR_MAX];   /* EXS_PROVIDER: "" (auto), tcp, verbs */
+    char     provider[EXS_PARAM_STR_MAX];   /* EXS_PROVIDER: "" (auto), tcp, verbs, fault:tcp, fault:verbs */
     /* tcp provider and its link emulation */
     uint64_t emu_delay_us;     /* EXS_EMU_DELAY_US: one-way delay added per direction */
     uint64_t emu_rate_mbps;    /* EXS_EMU_RATE_MBPS: bandwidth cap per direction, 0 = none */
@@ -73,6 +73,26 @@ struct exs_params {
     uint64_t emu_blackhole;      /* EXS_EMU_BLACKHOLE: tcp link silently stops delivering (0/1) */
 
     /* -- fault-injection provider (issue 13) -- */
+    uint64_t fault_seed;        /* EXS_FAULT_SEED: seed of every probability choice */
+    uint64_t fault_delay_nth;   /* EXS_FAULT_DELAY_NTH: every Nth completion held, 0 = off */
+    uint64_t fault_delay_ppm;   /* EXS_FAULT_DELAY_PPM: or each with this probability (1e-6) */
+    uint64_t fault_delay_us;    /* EXS_FAULT_DELAY_US: how long a delayed completion is held */
+    uint64_t fault_stall_nth;   /* EXS_FAULT_STALL_NTH: every Nth completion stalls its ep */
+    uint64_t fault_stall_ppm;   /* EXS_FAULT_STALL_PPM */
+    uint64_t fault_stall_ms;    /* EXS_FAULT_STALL_MS: how long a stalled ep delivers nothing */
+    uint64_t fault_drop_nth;    /* EXS_FAULT_DROP_NTH: every Nth send post disconnects its ep */
+    uint64_t fault_drop_ppm;    /* EXS_FAULT_DROP_PPM */
+    uint64_t fault_wc_nth;      /* EXS_FAULT_WC_NTH: every Nth completion turned into an error */
+    uint64_t fault_wc_ppm;      /* EXS_FAULT_WC_PPM */
+    uint64_t fault_wc_status;   /* EXS_FAULT_WC_STATUS: the error status, 0 = each in turn */
+    uint64_t fault_reg_nth;     /* EXS_FAULT_REG_NTH: every Nth registration fails */
+    uint64_t fault_reg_ppm;     /* EXS_FAULT_REG_PPM */
+    uint64_t fault_connect_nth; /* EXS_FAULT_CONNECT_NTH: every Nth connect fails */
+    uint64_t fault_connect_ppm; /* EXS_FAULT_CONNECT_PPM */
+    uint64_t fault_freeze_nth;  /* EXS_FAULT_FREEZE_NTH: every Nth send post freezes its link */
+    uint64_t fault_freeze_ppm;  /* EXS_FAULT_FREEZE_PPM */
+    uint64_t fault_freeze_ms;   /* EXS_FAULT_FREEZE_MS: how long a frozen link stays frozen */
+    uint64_t fault_port;        /* EXS_FAULT_PORT: only connections with this port, 0 = all */
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
 

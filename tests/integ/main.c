@@ -14,6 +14,7 @@ static Suite *(*const suites[])(void) = {
     integ_stream_suite,    integ_hello_suite,     integ_grant_suite,
     integ_progress_suite,
     integ_keepalive_suite,
+    integ_fault_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

@@ -38,6 +38,9 @@ int pt_drive_all(void);
 int pt_is_tcp(void);
 /* Print a skip note for the current test and return 1 unless the provider is tcp. */
 int pt_skip_unless_tcp(const char *test);
+/* As pt_skip_unless_tcp, for tests that look inside the tcp provider's own objects
+ * (tcp_ctx_of, its counters): the tcp provider itself, not wrapped (fault:tcp). */
+int pt_skip_unless_tcp_itself(const char *test);
 
 /* One "host": a ctx plus stashes for entries drained while waiting for the other kind. */
 #define PT_CQE_STASH 8192
@@ -195,6 +198,7 @@ Suite *prov_read_suite(void);
 Suite *prov_flush_suite(void);
 Suite *prov_cm_suite(void);
 Suite *prov_emu_suite(void);
+Suite *prov_fault_suite(void);
 Suite *prov_hostile_suite(void);
 Suite *prov_mem_suite(void);
 Suite *prov_select_suite(void);

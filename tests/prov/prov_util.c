@@ -22,7 +22,8 @@ int pt_self_drive;
 
 int pt_is_tcp(void)
 {
-    return strcmp(pt_name, "tcp") == 0;
+    /* fault:tcp wraps tcp: the tcp-only tests (raw wire peers, tcp counters) apply */
+    return strcmp(pt_name, "tcp") == 0 || strcmp(pt_name, "fault:tcp") == 0;
 }
 
 int pt_skip_unless_tcp(const char *test)
@@ -30,6 +31,14 @@ int pt_skip_unless_tcp(const char *test)
     if (pt_is_tcp())
         return 0;
     test_skip(test, "tcp provider only; provider is %s", pt_name);
+    return 1;
+}
+
+int pt_skip_unless_tcp_itself(const char *test)
+{
+    if (strcmp(pt_name, "tcp") == 0)
+        return 0;
+    test_skip(test, "tcp provider itself only; provider is %s", pt_name);
     return 1;
 }
 

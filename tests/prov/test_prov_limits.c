@@ -144,7 +144,7 @@ START_TEST(limits_emfile_backoff)
     double deadline;
     pid_t pid;
 
-    if (pt_skip_unless_tcp("limits_emfile_backoff"))
+    if (pt_skip_unless_tcp_itself("limits_emfile_backoff"))
         return;
     ck_assert_int_eq(pipe(tochild), 0);
     ck_assert_int_eq(pipe(toparent), 0);
@@ -217,7 +217,7 @@ START_TEST(limits_half_open)
     uint64_t dropped = 0;
     double deadline;
 
-    if (pt_skip_unless_tcp("limits_half_open"))
+    if (pt_skip_unless_tcp_itself("limits_half_open"))
         return;
     setenv("EXS_TCP_HANDSHAKE_MS", "3000", 1);
     setenv("EXS_TCP_HANDSHAKE_MAX", "16", 1);
@@ -273,7 +273,7 @@ START_TEST(limits_cq_shrinks)
     struct pt_host h;
     uint32_t cap0, cap;
 
-    if (pt_skip_unless_tcp("limits_cq_shrinks"))
+    if (pt_skip_unless_tcp_itself("limits_cq_shrinks"))
         return;
     pt_host_open(&h);
     cap0 = cq_cap_of(h.ctx);

@@ -33,7 +33,7 @@ static uint64_t tcp_cnt(struct exs_prov_ctx *c, size_t off)
  * test is skipped (test names a tcp-only test; NULL runs on every provider). */
 static int manual_setup(struct pt_pair *p, const char *test)
 {
-    if (test && pt_skip_unless_tcp(test))
+    if (test && pt_skip_unless_tcp_itself(test))
         return 1;
     pt_self_drive = 1;
     pt_pair_setup(p, NULL, NULL);
@@ -470,7 +470,7 @@ START_TEST(progress_no_lost_wakeup)
     struct exs_prov_cqe c;
     int posted_rx = 0;
 
-    if (pt_skip_unless_tcp("progress_no_lost_wakeup"))
+    if (pt_skip_unless_tcp_itself("progress_no_lost_wakeup"))
         return;
     pt_self_drive = 1;
     attr.max_send_wr = 32;
@@ -614,7 +614,7 @@ START_TEST(progress_role_busy_thread)
     struct pt_pair p;
     struct pt_buf *src, *dst;
 
-    if (pt_skip_unless_tcp("progress_role_busy_thread"))
+    if (pt_skip_unless_tcp_itself("progress_role_busy_thread"))
         return;
     if (pt_manual) {
         test_skip("progress_role_busy_thread", "the default mode's NIC thread; run is --manual");
@@ -643,7 +643,7 @@ START_TEST(progress_full_socket)
     uint64_t full0;
     int fd;
 
-    if (pt_skip_unless_tcp("progress_full_socket"))
+    if (pt_skip_unless_tcp_itself("progress_full_socket"))
         return;
     attr.max_send_wr = 128;
     pt_pair_open(&p, &attr, &attr);
@@ -825,7 +825,7 @@ static void hold_hup(enum hup_kind kind)
 
 START_TEST(progress_hold_hup_shut_wr)
 {
-    if (pt_skip_unless_tcp("progress_hold_hup_shut_wr"))
+    if (pt_skip_unless_tcp_itself("progress_hold_hup_shut_wr"))
         return;
     hold_hup(HUP_SHUT_WR);
 }
@@ -833,7 +833,7 @@ END_TEST
 
 START_TEST(progress_hold_hup_close)
 {
-    if (pt_skip_unless_tcp("progress_hold_hup_close"))
+    if (pt_skip_unless_tcp_itself("progress_hold_hup_close"))
         return;
     hold_hup(HUP_CLOSE);
 }
@@ -841,7 +841,7 @@ END_TEST
 
 START_TEST(progress_hold_hup_reset)
 {
-    if (pt_skip_unless_tcp("progress_hold_hup_reset"))
+    if (pt_skip_unless_tcp_itself("progress_hold_hup_reset"))
         return;
     hold_hup(HUP_RESET);
 }

@@ -49,7 +49,7 @@ START_TEST(test_table_shape)
         ck_assert_int_eq(exs__params_get(t[i].name, buf, sizeof(buf)), 0);
         ck_assert_str_eq(buf, t[i].defval);
         /* online: the log settings, the adaptive spin, the deadlines and keepalive (issue
-         * 13, read at each use); the rest is start-up only */
+         * 13, read at each use), the fault provider's faults; the rest is start-up only */
         ck_assert_int_eq(t[i].online, strncmp(t[i].name, "log_", 4) == 0 ||
                                           strcmp(t[i].name, "qspin_us") == 0 ||
                                           strcmp(t[i].name, "close_timeout_ms") == 0 ||
@@ -57,7 +57,8 @@ START_TEST(test_table_shape)
                                           strcmp(t[i].name, "keepalive_probes") == 0 ||
                                           strcmp(t[i].name, "connect_timeout_ms") == 0 ||
                                           strcmp(t[i].name, "send_timeout_ms") == 0 ||
-                                          strcmp(t[i].name, "emu_blackhole") == 0);
+                                          strcmp(t[i].name, "emu_blackhole") == 0 ||
+                                          strncmp(t[i].name, "fault_", 6) == 0);
     }
     ck_assert_uint_eq(covered, sizeof(struct exs_params));
     ck_assert_ptr_null(exs__params_find("nope"));
