@@ -230,6 +230,20 @@ struct exs_conn {
     }                          batch_slot[EXS_BATCH_SLOTS];
 
     struct exs_sock_stats      stats;
+    uint64_t                   created_ns; /* exs__now_ns() at create (exsctl stat: age) */
+};
+
+/* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */
+struct exs_conn_info {
+    const char           *state;        /* conn state name (static string) */
+    const char           *phase;        /* STREAM sender: "direct" / "indirect"; else "" */
+    uint32_t              credits;      /* messages we may still send */
+    uint32_t              peer_credits; /* the peer's receives (our initial credits) */
+    uint32_t              wr_out;       /* work requests posted, not completed */
+    uint32_t              pending;      /* arrived messages not yet matched to a receive */
+    uint32_t              adverts_held; /* ADVERTs received, not used yet */
+    uint64_t              age_ms;       /* since the conn was created */
+    struct exs_sock_stats stats;        /* as exs__conn_stats */
 };
 
 /* Create a conn with its endpoint, ring and pre-posted receives (state IDLE).
@@ -275,6 +289,8 @@ void exs__conn_abort_locked(struct exs_conn *conn); /* from a conn callback */
 
 /* Statistics snapshot. */
 void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st);
+/* Snapshot for the control endpoint (takes the conn lock). */
+void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info);
 
 /* Live conns (leak checks). */
 int  exs__conn_live_count(void);

@@ -70,6 +70,11 @@ struct exs_params {
     /* -- fault-injection provider (issue 13) -- */
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
+    int      ctl_enable;       /* EXS_CTL_ENABLE: the control endpoint (offline) */
+    char     ctl_dir[EXS_PARAM_STR_MAX]; /* EXS_CTL_DIR: its directory, "" = the runtime dir */
+    uint64_t ctl_timeout_ms;   /* EXS_CTL_TIMEOUT_MS: a stalled or idle control client is dropped */
+    uint64_t log_rate_burst;   /* EXS_LOG_RATE_BURST: lines per call site before limiting, 0 = off */
+    uint64_t log_rate_per_s;   /* EXS_LOG_RATE_PER_S: lines per second per call site after it */
 
     /* -- porting: kernel descriptors, timeouts (issue 15) -- */
 
