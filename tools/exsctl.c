@@ -208,7 +208,10 @@ static int ctl_call(int pid, int fd, const char *req, struct reply *r)
 
     if (send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len || send(fd, "\n", 1, MSG_NOSIGNAL) != 1) {
         ret = -errno;
-        fprintf(stderr, "exsctl: pid %d: send: %s\n", pid, strerror(errno));
+        /* a refusal (another uid, too many clients) is written before the close */
+        if (ctl_read_reply(fd, 1000, r) == 0)
+            return ctl_check_reply(pid, 0, r);
+        fprintf(stderr, "exsctl: pid %d: send: %s\n", pid, strerror(-ret));
         return ret;
     }
     return ctl_check_reply(pid, ctl_read_reply(fd, REPLY_TIMEOUT_MS, r), r);

@@ -23,3 +23,6 @@ check-params: $(EXSCTL)
 check: check-params
 
 .PHONY: spec-params check-params
+
+# exsctl against live processes (blast, the echo server): tools/ctl_test.sh.
+CHECK_RUNS += "bash tools/ctl_test.sh $(BUILD)"
