@@ -221,7 +221,7 @@ kill -TERM "$srv"; wait "$srv" 2>/dev/null
 if [ ! -e "$EXS_CTL_DIR/$srv.sock" ]; then pass socket_removed_at_exit
 else fail socket_removed_at_exit "$EXS_CTL_DIR/$srv.sock still there"; fi
 kill "$blast" 2>/dev/null; wait "$blast" 2>/dev/null
-EXS_CTL_ENABLE=no $build/blast/blast --loopback --time 1 --quiet >/dev/null 2>&1 &
+EXS_CTL_ENABLE=0 $build/blast/blast --loopback --time 1 --quiet >/dev/null 2>&1 &
 off=$!
 sleep 0.5
 if [ ! -e "$EXS_CTL_DIR/$off.sock" ]; then pass ctl_enable_no; else fail ctl_enable_no "socket made"; fi

@@ -77,7 +77,7 @@ static int ctl_connect(int pid, int quiet)
     else if (ret == -ENOENT)
         fprintf(stderr,
                 "exsctl: pid %d: no control endpoint at %s (not a libexs process, "
-                "EXS_CTL_ENABLE=no, or another user's)\n",
+                "EXS_CTL_ENABLE=0, or another user's)\n",
                 pid, sa.sun_path);
     else if (ret == -ECONNREFUSED)
         fprintf(stderr, "exsctl: pid %d: %s: nobody listens (the process is gone)\n", pid,

@@ -49,6 +49,7 @@ static struct {
     int               efd;       /* eventfd: trace records queued */
     struct exs_eng_io lio, eio;
     struct exs_eng_timer sweep;
+    int               sweeping;  /* progress lock: the sweep timer runs (while clients exist) */
     struct exs_list   clients;
     int               nclients;
     char              path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -367,6 +368,7 @@ static void req_set(struct exs_jbuf *b, const char *name, const char *value)
 /* ---- clients ---- */
 
 static void ctl_client_io_cb(struct exs_eng_io *io, int revents);
+static void ctl_sweep_cb(struct exs_eng_timer *t);
 
 static void client_watch(struct ctl_client *c)
 {
@@ -601,6 +603,10 @@ static void ctl_accept_cb(struct exs_eng_io *io, int revents)
         exs_list_add_tail(&ctl.clients, &c->link);
         ctl.nclients++;
         client_watch(c);
+        if (!ctl.sweeping) {
+            exs__engine_timer_start(&ctl.sweep, CTL_SWEEP_MS, ctl_sweep_cb);
+            ctl.sweeping = 1;
+        }
     }
 }
 
@@ -722,7 +728,10 @@ static void ctl_sweep_cb(struct exs_eng_timer *t)
             client_close(c, "timeout");
         }
     }
-    exs__engine_timer_start(t, CTL_SWEEP_MS, ctl_sweep_cb);
+    /* no client, no timer: an idle process is not woken for the endpoint */
+    ctl.sweeping = !exs_list_empty(&ctl.clients);
+    if (ctl.sweeping)
+        exs__engine_timer_start(t, CTL_SWEEP_MS, ctl_sweep_cb);
 }
 
 /* ---- start and stop ---- */
@@ -732,7 +741,7 @@ static void ctl_start_job(void *arg)
     (void)arg;
     exs__engine_io_start(&ctl.lio, ctl.lfd, EV_READ, ctl_accept_cb);
     exs__engine_io_start(&ctl.eio, ctl.efd, EV_READ, ctl_trace_cb);
-    exs__engine_timer_start(&ctl.sweep, CTL_SWEEP_MS, ctl_sweep_cb);
+    ctl.sweeping = 0;
     ctl.running = 1;
 }
 
@@ -745,7 +754,9 @@ static void ctl_stop_job(void *arg)
         return;
     exs__engine_io_stop(&ctl.lio);
     exs__engine_io_stop(&ctl.eio);
-    exs__engine_timer_stop(&ctl.sweep);
+    if (ctl.sweeping)
+        exs__engine_timer_stop(&ctl.sweep);
+    ctl.sweeping = 0;
     while ((n = ctl.clients.next) != &ctl.clients)
         client_close(exs_list_entry(n, struct ctl_client, link), "library finishing");
     ctl.running = 0;

@@ -103,8 +103,8 @@ static const struct exs_param_def params_table[] = {
     /* -- fault-injection provider (issue 13) -- */
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
-    PARAM(ctl_enable, "EXS_CTL_ENABLE", "yes", BOOL, 0,
-          "control endpoint: a Unix socket per process for exsctl stat, params, set, trace"),
+    PARAM(ctl_enable, "EXS_CTL_ENABLE", "1", UINT, 0,
+          "control endpoint: a Unix socket per process for exsctl stat, params, set, trace; 0 = off, 0-1"),
     PARAM(ctl_dir, "EXS_CTL_DIR", "", STRING, 0,
           "control endpoint directory (mode 0700); empty = $XDG_RUNTIME_DIR/exs, else /run/exs/UID (root) or /tmp/exs-UID"),
     PARAM(ctl_timeout_ms, "EXS_CTL_TIMEOUT_MS", "10000", UINT, 1,
@@ -113,6 +113,10 @@ static const struct exs_param_def params_table[] = {
           "log lines one call site may write at once before rate limiting (err, warn, info); 0 = no limit"),
     PARAM(log_rate_per_s, "EXS_LOG_RATE_PER_S", "10", UINT, 1,
           "rate-limited call sites write this many lines per second, the rest are counted as suppressed, 1-1000000"),
+    PARAM(polling_warn_cycle_us, "EXS_POLLING_WARN_CYCLE_US", "0", UINT, 1,
+          "log an application thread that drives progress again after this long without waiting in the library (a slow poller), microseconds; 0 = off"),
+    PARAM(slow_threshold_us, "EXS_SLOW_THRESHOLD_US", "0", UINT, 1,
+          "log a progress pass that holds the progress lock longer than this, with what it ran, microseconds; 0 = off"),
 
     /* -- porting: kernel descriptors, timeouts (issue 15) -- */
 
@@ -164,6 +168,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, eager_max) && v->u > (1u << 20))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, batch_max) && v->u > (1u << 20))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, ctl_enable) && v->u > 1)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, ctl_timeout_ms) &&
             (v->u < 100 || v->u > 3600000))

@@ -48,10 +48,15 @@ START_TEST(test_table_shape)
         ck_assert_int_eq(exs__params_set(t[i].name, t[i].defval), 0);
         ck_assert_int_eq(exs__params_get(t[i].name, buf, sizeof(buf)), 0);
         ck_assert_str_eq(buf, t[i].defval);
-        /* online: the log settings and the adaptive spin; the rest is start-up only */
+        /* online: the log settings, the adaptive spin, the close timeout, the control
+         * client timeout and the slow-poll and slow-pass thresholds; the rest is start-up
+         * only */
         ck_assert_int_eq(t[i].online, strncmp(t[i].name, "log_", 4) == 0 ||
                                           strcmp(t[i].name, "qspin_us") == 0 ||
-                                          strcmp(t[i].name, "close_timeout_ms") == 0);
+                                          strcmp(t[i].name, "close_timeout_ms") == 0 ||
+                                          strcmp(t[i].name, "ctl_timeout_ms") == 0 ||
+                                          strcmp(t[i].name, "polling_warn_cycle_us") == 0 ||
+                                          strcmp(t[i].name, "slow_threshold_us") == 0);
     }
     ck_assert_uint_eq(covered, sizeof(struct exs_params));
     ck_assert_ptr_null(exs__params_find("nope"));
