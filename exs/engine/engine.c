@@ -213,12 +213,32 @@ static int eng_run_jobs(void)
 /* One round: provider work, completions, then each cm event after the completions that
  * precede it (a DISCONNECTED must not overtake the completions of the data and the
  * SHUTDOWN the peer sent before it), then jobs. Returns how much it did. */
+/* The end of a pass that began at t0 (0: not measured): its duration, and the report
+ * when it held the progress lock longer than slow_threshold_us. */
+static void eng_pass_end(uint64_t t0)
+{
+    uint64_t slow_us = exs__params.slow_threshold_us;
+
+    if (!t0)
+        return;
+    eng_pass.ns = exs__now_ns() - t0;
+    if (slow_us && eng_pass.ns > slow_us * 1000u)
+        EXS_WARN(ENG,
+                 "slow progress pass: the progress lock held %" PRIu64
+                 " us (slow_threshold_us %" PRIu64 ") by %s: %u completions, %u connection "
+                 "events, %u jobs (slowest job %p, %" PRIu64 " us)",
+                 eng_pass.ns / 1000u, slow_us,
+                 eng_is_loop ? "the progress thread" : "an application thread", eng_pass.cqes,
+                 eng_pass.cms, eng_pass.jobs, (void *)eng_pass.slow_fn,
+                 eng_pass.slow_fn_ns / 1000u);
+}
+
 static int eng_round(void)
 {
     struct exs_prov_cm_event ev;
     int p, n = 0, c;
-    uint64_t slow_us = exs__params.slow_threshold_us;
-    uint64_t t0 = slow_us || exs__params.polling_warn_cycle_us ? exs__now_ns() : 0;
+    uint64_t t0 = exs__params.slow_threshold_us || exs__params.polling_warn_cycle_us
+                      ? exs__now_ns() : 0;
 
     eng_pass = (struct eng_pass){0};
     p = exs__prov_progress(eng.ctx);
@@ -238,18 +258,7 @@ static int eng_round(void)
         n++;
     }
     n += eng_run_jobs();
-    if (t0) {
-        eng_pass.ns = exs__now_ns() - t0;
-        if (slow_us && eng_pass.ns > slow_us * 1000u)
-            EXS_WARN(ENG,
-                     "slow progress pass: the progress lock held %" PRIu64
-                     " us (slow_threshold_us %" PRIu64 ") by %s: %u completions, %u connection "
-                     "events, %u jobs (slowest job %p, %" PRIu64 " us)",
-                     eng_pass.ns / 1000u, slow_us,
-                     eng_is_loop ? "the progress thread" : "an application thread",
-                     eng_pass.cqes, eng_pass.cms, eng_pass.jobs, (void *)eng_pass.slow_fn,
-                     eng_pass.slow_fn_ns / 1000u);
-    }
+    eng_pass_end(t0);
     return n;
 }
 
@@ -385,9 +394,13 @@ static void eng_prov_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 static void eng_async_cb(struct ev_loop *loop, ev_async *w, int revents)
 {
+    uint64_t t0 = exs__params.slow_threshold_us ? exs__now_ns() : 0;
+
     (void)w;
     (void)revents;
+    eng_pass = (struct eng_pass){0};
     eng_run_jobs();
+    eng_pass_end(t0);
     if (eng.io_on)
         eng_drain_all();
     EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
