@@ -283,10 +283,20 @@ static void stat_counters(struct exs_jbuf *b)
     exs__jbuf_arr_end(b);
 }
 
+/* The log level as text (through the params lock: a concurrent set rewrites the string). */
+static void kv_log_level(struct exs_jbuf *b)
+{
+    char level[EXS_PARAM_STR_MAX];
+
+    if (exs__params_get("log_level", level, sizeof(level)) < 0)
+        level[0] = '\0';
+    exs__jbuf_kv_str(b, "log_level", level);
+}
+
 static void req_stat(struct exs_jbuf *b)
 {
     reply_head(b);
-    exs__jbuf_kv_str(b, "log_level", exs__params.log_level);
+    kv_log_level(b);
     exs__jbuf_kv_u64(b, "log_suppressed", exs__log_suppressed_total());
     exs__jbuf_key(b, "conns");
     exs__jbuf_arr_begin(b);
@@ -482,7 +492,7 @@ static void client_request(struct ctl_client *c, char *line)
         reply_head(b);
         exs__jbuf_key(b, "trace");
         exs__jbuf_bool(b, 1);
-        exs__jbuf_kv_str(b, "log_level", exs__params.log_level);
+        kv_log_level(b);
         exs__jbuf_obj_end(b);
         exs__jbuf_raw(b, "\n", 1);
     } else {
