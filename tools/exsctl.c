@@ -30,8 +30,8 @@ static int opt_json; /* --json anywhere on the command line */
 /* ---- talking to a process ---- */
 
 struct proc {
-    int              pid;
-    int              fd;
+    int pid;
+    int fd;
     struct exs_json *reply; /* last reply */
 };
 
@@ -39,7 +39,7 @@ struct proc {
 static int ctl_path(int pid, char *buf, size_t len)
 {
     char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    int  ret = exs__ctl_dir(dir, sizeof(dir), 0), n;
+    int ret = exs__ctl_dir(dir, sizeof(dir), 0), n;
 
     if (ret < 0)
         return ret;
@@ -51,7 +51,7 @@ static int ctl_path(int pid, char *buf, size_t len)
 static int ctl_connect(int pid, int quiet)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int                fd, ret;
+    int fd, ret;
 
     if ((ret = ctl_path(pid, sa.sun_path, sizeof(sa.sun_path))) < 0) {
         fprintf(stderr, "exsctl: pid %d: control directory name too long\n", pid);
@@ -89,7 +89,7 @@ static int ctl_connect(int pid, int quiet)
 
 /* A reply: its text (one line, no newline) and its parse. */
 struct reply {
-    char            *raw;
+    char *raw;
     struct exs_json *j;
 };
 
@@ -105,15 +105,15 @@ static void reply_free(struct reply *r)
 static int ctl_read_reply(int fd, int timeout_ms, struct reply *r)
 {
     size_t cap = 4096, len = 0, max = EXS_CTL_REPLY_MAX + 1024;
-    char  *buf = malloc(cap);
-    int    ret;
+    char *buf = malloc(cap);
+    int ret;
 
     if (!buf)
         return -ENOMEM;
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        char         *nl;
-        ssize_t       n;
+        char *nl;
+        ssize_t n;
 
         if (len && (nl = memchr(buf, '\n', len))) {
             *nl = '\0';
@@ -204,7 +204,7 @@ static int ctl_check_reply(int pid, int ret, struct reply *r)
 static int ctl_call(int pid, int fd, const char *req, struct reply *r)
 {
     size_t len = strlen(req);
-    int    ret;
+    int ret;
 
     if (send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len || send(fd, "\n", 1, MSG_NOSIGNAL) != 1) {
         ret = -errno;
@@ -238,16 +238,16 @@ static int cmp_int(const void *a, const void *b)
  * removed. Returns the count. */
 static int list_pids(int *pids, int max)
 {
-    char           dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    DIR           *d;
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    DIR *d;
     struct dirent *e;
-    int            n = 0;
+    int n = 0;
 
     if (exs__ctl_dir(dir, sizeof(dir), 0) < 0 || !(d = opendir(dir)))
         return 0;
     while ((e = readdir(d)) && n < max) {
         char *end;
-        long  pid = strtol(e->d_name, &end, 10);
+        long pid = strtol(e->d_name, &end, 10);
 
         if (end == e->d_name || strcmp(end, ".sock") != 0 || pid <= 0 || pid > 0x7fffffff)
             continue;
@@ -286,7 +286,7 @@ static int strip_json(int argc, char **argv)
 static int parse_pid(const char *s)
 {
     char *end;
-    long  v = strtol(s, &end, 10);
+    long v = strtol(s, &end, 10);
 
     return end != s && *end == '\0' && v > 0 && v <= 0x7fffffff ? (int)v : -1;
 }
@@ -294,8 +294,8 @@ static int parse_pid(const char *s)
 static void human_bytes(uint64_t v, char *buf, size_t len)
 {
     const char *u = "KMGTP";
-    double      d = (double)v;
-    int         i = -1;
+    double d = (double)v;
+    int i = -1;
 
     if (v < 10000) {
         snprintf(buf, len, "%" PRIu64, v);
@@ -337,11 +337,11 @@ static void print_conn(const struct exs_json *proc, const struct exs_json *c, do
     printf("%-7" PRIu64 " %-15.15s %-4" PRIu64 " %-9s %-10s %-21s %-21s %-5s %-15s %-5" PRIu64
            " %-7s %-8s %-8s %-7" PRIu64 " %-7" PRIu64 " %" PRIu64,
            exs__json_get_u64(proc, "pid"), exs__json_get_str(proc, "prog"),
-           exs__json_get_u64(c, "fd"), exs__json_get_str(c, "type"),
-           exs__json_get_str(c, "state"), or_dash(exs__json_get_str(c, "local")),
-           or_dash(exs__json_get_str(c, "peer")), exs__json_get_str(c, "provider"), mode,
-           exs__json_get_u64(c, "credits"), sr, tx, rx, exs__json_get_u64(c, "direct_xfers"),
-           exs__json_get_u64(c, "indirect_xfers"), exs__json_get_u64(c, "age_ms") / 1000);
+           exs__json_get_u64(c, "fd"), exs__json_get_str(c, "type"), exs__json_get_str(c, "state"),
+           or_dash(exs__json_get_str(c, "local")), or_dash(exs__json_get_str(c, "peer")),
+           exs__json_get_str(c, "provider"), mode, exs__json_get_u64(c, "credits"), sr, tx, rx,
+           exs__json_get_u64(c, "direct_xfers"), exs__json_get_u64(c, "indirect_xfers"),
+           exs__json_get_u64(c, "age_ms") / 1000);
     if (rate) {
         human_bytes((uint64_t)txr, a, sizeof(a));
         human_bytes((uint64_t)rxr, b, sizeof(b));
@@ -385,7 +385,7 @@ static void print_json_processes(struct reply *r, int n)
 static int cmd_stat(int argc, char **argv)
 {
     static struct reply r[MAX_PROCS];
-    int                 pid = -1, n;
+    int pid = -1, n;
 
     if (argc > 2 || (argc == 2 && (pid = parse_pid(argv[1])) < 0)) {
         fprintf(stderr, "usage: exsctl stat [PID] [--json]\n");
@@ -412,17 +412,17 @@ static int cmd_stat(int argc, char **argv)
 
 /* top: one row per connection with its rate since the previous round. */
 struct top_row {
-    uint64_t               pid, fd;
-    char                   conn[32];
-    uint64_t               tx, rx;
-    double                 txr, rxr;
+    uint64_t pid, fd;
+    char conn[32];
+    uint64_t tx, rx;
+    double txr, rxr;
     const struct exs_json *proc, *c;
 };
 
 static int top_cmp(const void *a, const void *b)
 {
     const struct top_row *x = a, *y = b;
-    double                tx = x->txr + x->rxr, ty = y->txr + y->rxr;
+    double tx = x->txr + x->rxr, ty = y->txr + y->rxr;
 
     return tx < ty ? 1 : tx > ty ? -1 : (x->pid > y->pid) - (x->pid < y->pid);
 }
@@ -430,10 +430,10 @@ static int top_cmp(const void *a, const void *b)
 static int cmd_top(int argc, char **argv)
 {
     static struct reply r[MAX_PROCS];
-    struct top_row     *prev = NULL, *cur = NULL;
-    int                 nprev = 0, iterations = -1, pid = -1;
-    double              interval = 1.0;
-    struct timespec     t0, t1;
+    struct top_row *prev = NULL, *cur = NULL;
+    int nprev = 0, iterations = -1, pid = -1;
+    double interval = 1.0;
+    struct timespec t0, t1;
 
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iterations") && i + 1 < argc)
@@ -447,7 +447,7 @@ static int cmd_top(int argc, char **argv)
         goto usage;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int it = 0; iterations < 0 || it < iterations; it++) {
-        int    n = gather(pid, r, MAX_PROCS), ncur = 0;
+        int n = gather(pid, r, MAX_PROCS), ncur = 0;
         double dt;
 
         if (n < 0)
@@ -490,8 +490,9 @@ static int cmd_top(int argc, char **argv)
         if (opt_json) {
             printf("{\"iteration\":%d,\"conns\":[", it + 1);
             for (int k = 0; k < ncur; k++)
-                printf("%s{\"pid\":%" PRIu64 ",\"fd\":%" PRIu64 ",\"conn\":\"%s\",\"bytes_sent\":%" PRIu64
-                       ",\"bytes_received\":%" PRIu64 ",\"tx_bps\":%.0f,\"rx_bps\":%.0f}",
+                printf("%s{\"pid\":%" PRIu64 ",\"fd\":%" PRIu64
+                       ",\"conn\":\"%s\",\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64
+                       ",\"tx_bps\":%.0f,\"rx_bps\":%.0f}",
                        k ? "," : "", cur[k].pid, cur[k].fd, cur[k].conn, cur[k].tx, cur[k].rx,
                        cur[k].txr, cur[k].rxr);
             printf("]}\n");
@@ -528,16 +529,16 @@ usage:
 static int cmd_params(int argc, char **argv)
 {
     struct reply r = {0};
-    int          pid, rc;
+    int pid, rc;
 
     if (argc == 1) {
         /* Bad EXS_* values are reported on stderr and make the status 1. */
         rc = exs__params_load();
         if (opt_json) {
-            size_t                      count;
+            size_t count;
             const struct exs_param_def *t = exs__params_table(&count);
-            struct exs_jbuf             b;
-            char                        val[EXS_PARAM_STR_MAX + 32];
+            struct exs_jbuf b;
+            char val[EXS_PARAM_STR_MAX + 32];
 
             exs__jbuf_init(&b, 1u << 20);
             exs__jbuf_obj_begin(&b);
@@ -594,9 +595,9 @@ static int cmd_params(int argc, char **argv)
 static int cmd_set(int argc, char **argv)
 {
     struct reply r = {0};
-    char         req[EXS_CTL_LINE_MAX];
-    char        *eq;
-    int          pid, n;
+    char req[EXS_CTL_LINE_MAX];
+    char *eq;
+    int pid, n;
 
     if (argc != 3 || (pid = parse_pid(argv[1])) < 0 || !(eq = strchr(argv[2], '=')) ||
         eq == argv[2] || !eq[1] || strchr(argv[2], ' ') || strchr(argv[2], '\n')) {
@@ -625,7 +626,7 @@ static int cmd_set(int argc, char **argv)
 static int cmd_trace(int argc, char **argv)
 {
     struct reply r = {0};
-    int          pid = -1, fd, count = -1, timeout_ms = -1, got = 0, ret;
+    int pid = -1, fd, count = -1, timeout_ms = -1, got = 0, ret;
 
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--count") && i + 1 < argc)
@@ -649,8 +650,9 @@ static int cmd_trace(int argc, char **argv)
     if (opt_json)
         printf("%s\n", r.raw);
     else
-        fprintf(stderr, "exsctl: tracing pid %d (%s), log level %s; exsctl set %d "
-                        "log_level=dbg for more\n",
+        fprintf(stderr,
+                "exsctl: tracing pid %d (%s), log level %s; exsctl set %d "
+                "log_level=dbg for more\n",
                 pid, exs__json_get_str(r.j, "prog"), exs__json_get_str(r.j, "log_level"), pid);
     fflush(stdout);
     reply_free(&r);
@@ -697,9 +699,12 @@ struct exsctl_cmd {
 };
 
 static const struct exsctl_cmd cmds[] = {
-    {"stat", cmd_stat, "stat [PID]              every connection of every libexs process (or PID's)"},
-    {"top", cmd_top, "top [PID] [--iterations N] [--interval S]  the same, refreshed, by throughput"},
-    {"params", cmd_params, "params [PID]            tunables (with PID: the running process's values)"},
+    {"stat", cmd_stat,
+     "stat [PID]              every connection of every libexs process (or PID's)"},
+    {"top", cmd_top,
+     "top [PID] [--iterations N] [--interval S]  the same, refreshed, by throughput"},
+    {"params", cmd_params,
+     "params [PID]            tunables (with PID: the running process's values)"},
     {"params", cmd_params, "params --markdown       the tunables table of spec/params.md"},
     {"set", cmd_set, "set PID NAME=VALUE      change an online tunable of a running process"},
     {"trace", cmd_trace, "trace PID [--count N] [--timeout S]  stream the process's log records"},

@@ -30,38 +30,38 @@
 /* One connected client (progress lock). */
 struct ctl_client {
     struct exs_eng_io io;
-    int               fd;
-    int               events;   /* EV_* watched now */
-    char              in[EXS_CTL_LINE_MAX];
-    size_t            in_len;
-    struct exs_jbuf   out;      /* reply or trace records not yet written */
-    size_t            out_off;  /* bytes of out already written */
-    int               trace;    /* subscribed to log records */
-    int               closing;  /* close once out is written */
-    uint64_t          dropped;  /* trace records lost for this client (its queue was full) */
-    uint64_t          active_ns; /* last request or write progress */
-    struct exs_list   link;
+    int fd;
+    int events; /* EV_* watched now */
+    char in[EXS_CTL_LINE_MAX];
+    size_t in_len;
+    struct exs_jbuf out; /* reply or trace records not yet written */
+    size_t out_off;      /* bytes of out already written */
+    int trace;           /* subscribed to log records */
+    int closing;         /* close once out is written */
+    uint64_t dropped;    /* trace records lost for this client (its queue was full) */
+    uint64_t active_ns;  /* last request or write progress */
+    struct exs_list link;
 };
 
 static struct {
-    int               running;   /* progress lock: watchers started */
-    int               lfd;       /* listening socket */
-    int               efd;       /* eventfd: trace records queued */
+    int running; /* progress lock: watchers started */
+    int lfd;     /* listening socket */
+    int efd;     /* eventfd: trace records queued */
     struct exs_eng_io lio, eio;
     struct exs_eng_timer sweep;
-    int               sweeping;  /* progress lock: the sweep timer runs (while clients exist) */
-    struct exs_list   clients;
-    int               nclients;
-    char              path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    pid_t             owner;     /* the process that made path (a forked child does not own it) */
-    uint64_t          start_ns;
-    int               atexit_done;
+    int sweeping; /* progress lock: the sweep timer runs (while clients exist) */
+    struct exs_list clients;
+    int nclients;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    pid_t owner; /* the process that made path (a forked child does not own it) */
+    uint64_t start_ns;
+    int atexit_done;
     /* trace records: the logger appends (any thread), the loop takes them */
-    pthread_mutex_t   tlock;
-    int               tracers;   /* atomic: clients subscribed */
-    char              tring[CTL_TRACE_RING];
-    size_t            tlen;
-    uint64_t          tdropped;  /* tlock: records lost because tring was full */
+    pthread_mutex_t tlock;
+    int tracers; /* atomic: clients subscribed */
+    char tring[CTL_TRACE_RING];
+    size_t tlen;
+    uint64_t tdropped; /* tlock: records lost because tring was full */
 } ctl = {
     .lfd = -1,
     .efd = -1,
@@ -75,9 +75,9 @@ static char ctl_drain_buf[CTL_TRACE_RING]; /* loop thread: tring's content being
 int exs__ctl_dir(char *buf, size_t len, int create)
 {
     const char *xdg = getenv("XDG_RUNTIME_DIR");
-    uid_t       uid = geteuid();
+    uid_t uid = geteuid();
     struct stat st;
-    int         n;
+    int n;
 
     exs__params_load();
     if (exs__params.ctl_dir[0])
@@ -122,14 +122,22 @@ int exs__ctl_dir(char *buf, size_t len, int create)
 static const char *errno_name(int err)
 {
     switch (err) {
-    case EACCES: return "EACCES";
-    case EPERM: return "EPERM";
-    case ENOENT: return "ENOENT";
-    case EINVAL: return "EINVAL";
-    case EBUSY: return "EBUSY";
-    case ENOMEM: return "ENOMEM";
-    case E2BIG: return "E2BIG";
-    default: return "EIO";
+    case EACCES:
+        return "EACCES";
+    case EPERM:
+        return "EPERM";
+    case ENOENT:
+        return "ENOENT";
+    case EINVAL:
+        return "EINVAL";
+    case EBUSY:
+        return "EBUSY";
+    case ENOMEM:
+        return "ENOMEM";
+    case E2BIG:
+        return "E2BIG";
+    default:
+        return "EIO";
     }
 }
 
@@ -183,37 +191,41 @@ static void addr_str(const struct sockaddr_storage *ss, socklen_t len, char *buf
     }
 }
 
-#define STAT_FIELD(_f) {#_f, offsetof(struct exs_sock_stats, _f)}
+#define STAT_FIELD(_f)                                                                             \
+    {                                                                                              \
+#_f, offsetof(struct exs_sock_stats, _f)                                                   \
+    }
 static const struct {
     const char *name;
-    size_t      off;
+    size_t off;
 } stat_fields[] = {
-    STAT_FIELD(bytes_sent),      STAT_FIELD(bytes_received),   STAT_FIELD(direct_xfers),
-    STAT_FIELD(indirect_xfers),  STAT_FIELD(mode_switches),    STAT_FIELD(adverts_sent),
+    STAT_FIELD(bytes_sent),       STAT_FIELD(bytes_received),    STAT_FIELD(direct_xfers),
+    STAT_FIELD(indirect_xfers),   STAT_FIELD(mode_switches),     STAT_FIELD(adverts_sent),
     STAT_FIELD(adverts_received), STAT_FIELD(adverts_discarded), STAT_FIELD(credit_stalls),
-    STAT_FIELD(keepalive_probes), STAT_FIELD(batches_sent),    STAT_FIELD(msgs_batched),
-    STAT_FIELD(batch_thresh),    STAT_FIELD(direct_time_us),   STAT_FIELD(indirect_time_us),
-    STAT_FIELD(drain_requests),  STAT_FIELD(ring_resizes),     STAT_FIELD(ring_size),
-    STAT_FIELD(ring_fill),       STAT_FIELD(rnr_events),       STAT_FIELD(fragments),
-    STAT_FIELD(wr_queued),       STAT_FIELD(nops_sent),        STAT_FIELD(keepalive_timeouts),
+    STAT_FIELD(keepalive_probes), STAT_FIELD(batches_sent),      STAT_FIELD(msgs_batched),
+    STAT_FIELD(batch_thresh),     STAT_FIELD(direct_time_us),    STAT_FIELD(indirect_time_us),
+    STAT_FIELD(drain_requests),   STAT_FIELD(ring_resizes),      STAT_FIELD(ring_size),
+    STAT_FIELD(ring_fill),        STAT_FIELD(rnr_events),        STAT_FIELD(fragments),
+    STAT_FIELD(wr_queued),        STAT_FIELD(nops_sent),         STAT_FIELD(keepalive_timeouts),
     STAT_FIELD(srtt_us),
 };
 
 static const char *xfer_mode_name(int m)
 {
-    return m == EXS_XFER_DIRECT_ONLY ? "direct" : m == EXS_XFER_INDIRECT_ONLY ? "indirect"
-                                                                              : "dynamic";
+    return m == EXS_XFER_DIRECT_ONLY     ? "direct"
+           : m == EXS_XFER_INDIRECT_ONLY ? "indirect"
+                                         : "dynamic";
 }
 
 /* One socket's row (progress lock held; the walk holds a reference to s). */
 static void stat_sock(struct api_sock *s, void *arg)
 {
-    struct exs_jbuf     *b = arg;
+    struct exs_jbuf *b = arg;
     struct exs_conn_info info;
-    struct exs_conn     *conn;
-    char                 local[80], peer[80], id[32];
-    int                  type, mode, n_send, n_recv;
-    enum api_sock_state  state;
+    struct exs_conn *conn;
+    char local[80], peer[80], id[32];
+    int type, mode, n_send, n_recv;
+    enum api_sock_state state;
 
     api_sock_lock(s);
     conn = s->conn;
@@ -257,9 +269,9 @@ static void stat_sock(struct api_sock *s, void *arg)
 /* The registered counter sets, as [{"set","name","value"}]. */
 static void stat_counters(struct exs_jbuf *b)
 {
-    char  *text = NULL, *line, *save = NULL;
+    char *text = NULL, *line, *save = NULL;
     size_t len = 0;
-    FILE  *f = open_memstream(&text, &len);
+    FILE *f = open_memstream(&text, &len);
 
     exs__jbuf_key(b, "counters");
     exs__jbuf_arr_begin(b);
@@ -313,9 +325,9 @@ static void req_stat(struct exs_jbuf *b)
 
 static void req_params(struct exs_jbuf *b)
 {
-    size_t                      count;
+    size_t count;
     const struct exs_param_def *t = exs__params_table(&count);
-    char                        val[EXS_PARAM_STR_MAX + 32];
+    char val[EXS_PARAM_STR_MAX + 32];
 
     reply_head(b);
     exs__jbuf_key(b, "params");
@@ -340,9 +352,9 @@ static void req_params(struct exs_jbuf *b)
 static void req_set(struct exs_jbuf *b, const char *name, const char *value)
 {
     const struct exs_param_def *d = exs__params_find(name);
-    char                        old[EXS_PARAM_STR_MAX + 32], now[EXS_PARAM_STR_MAX + 32];
-    char                        msg[256];
-    int                         ret;
+    char old[EXS_PARAM_STR_MAX + 32], now[EXS_PARAM_STR_MAX + 32];
+    char msg[256];
+    int ret;
 
     if (!d) {
         snprintf(msg, sizeof(msg), "no tunable named %s (exsctl params lists them)", name);
@@ -351,8 +363,8 @@ static void req_set(struct exs_jbuf *b, const char *name, const char *value)
     }
     if (!d->online) {
         snprintf(msg, sizeof(msg),
-                 "%s is offline: read once at start; set %s in the environment and restart",
-                 name, d->env);
+                 "%s is offline: read once at start; set %s in the environment and restart", name,
+                 d->env);
         reply_error(b, EPERM, msg);
         return;
     }
@@ -460,8 +472,8 @@ static int split_words(char *line, char **w, int max)
 static void client_request(struct ctl_client *c, char *line)
 {
     struct exs_jbuf *b = &c->out;
-    char            *w[4];
-    int              n;
+    char *w[4];
+    int n;
 
     for (const char *p = line; *p; p++)
         if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) {
@@ -534,9 +546,9 @@ static void ctl_client_io_cb(struct exs_eng_io *io, int revents)
     if ((revents & EV_WRITE) && client_flush(c) < 0)
         return;
     if ((revents & EV_READ) && !c->closing) {
-        char    trash[256];
-        char   *dst = c->trace ? trash : c->in + c->in_len;
-        size_t  room = c->trace ? sizeof(trash) : sizeof(c->in) - c->in_len;
+        char trash[256];
+        char *dst = c->trace ? trash : c->in + c->in_len;
+        size_t room = c->trace ? sizeof(trash) : sizeof(c->in) - c->in_len;
         ssize_t n = room ? recv(c->fd, dst, room, MSG_DONTWAIT) : 0;
 
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
@@ -572,15 +584,14 @@ static void ctl_accept_cb(struct exs_eng_io *io, int revents)
     (void)io;
     (void)revents;
     for (int i = 0; i < EXS_CTL_CLIENTS_MAX; i++) {
-        struct ucred       cred;
-        socklen_t          clen = sizeof(cred);
+        struct ucred cred;
+        socklen_t clen = sizeof(cred);
         struct ctl_client *c;
-        char               msg[160];
-        int                fd = accept4(ctl.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        char msg[160];
+        int fd = accept4(ctl.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
-                errno != ECONNABORTED)
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
                 EXS_WARN(API, "control endpoint: accept: %m");
             return;
         }
@@ -625,8 +636,8 @@ static void ctl_accept_cb(struct exs_eng_io *io, int revents)
 /* The logger's hook (any thread, any lock held): queue the line, wake the loop. */
 static void ctl_log_hook(const char *line, size_t len)
 {
-    char     head[32];
-    int      hlen, wake = 0;
+    char head[32];
+    int hlen, wake = 0;
     uint64_t one = 1;
 
     if (!__atomic_load_n(&ctl.tracers, __ATOMIC_RELAXED))
@@ -651,14 +662,15 @@ static void ctl_log_hook(const char *line, size_t len)
 static void trace_send(const char *rec, size_t len, uint64_t dropped)
 {
     struct exs_list *pos, *tmp;
-    const char      *sp = memchr(rec, ' ', len);
+    const char *sp = memchr(rec, ' ', len);
 
     if (!sp)
         return;
-    exs_list_for_each_safe(pos, tmp, &ctl.clients) {
+    exs_list_for_each_safe(pos, tmp, &ctl.clients)
+    {
         struct ctl_client *c = exs_list_entry(pos, struct ctl_client, link);
-        struct exs_jbuf   *b = &c->out;
-        size_t             before = b->len;
+        struct exs_jbuf *b = &c->out;
+        size_t before = b->len;
 
         if (!c->trace || c->closing)
             continue;
@@ -687,8 +699,8 @@ static void trace_send(const char *rec, size_t len, uint64_t dropped)
 
 static void ctl_trace_cb(struct exs_eng_io *io, int revents)
 {
-    uint64_t         v, dropped;
-    size_t           len;
+    uint64_t v, dropped;
+    size_t len;
     struct exs_list *pos, *tmp;
 
     (void)io;
@@ -704,13 +716,14 @@ static void ctl_trace_cb(struct exs_eng_io *io, int revents)
     pthread_mutex_unlock(&ctl.tlock);
     for (size_t off = 0; off < len;) {
         const char *nl = memchr(ctl_drain_buf + off, '\n', len - off);
-        size_t      rlen = nl ? (size_t)(nl - (ctl_drain_buf + off)) + 1 : len - off;
+        size_t rlen = nl ? (size_t)(nl - (ctl_drain_buf + off)) + 1 : len - off;
 
         trace_send(ctl_drain_buf + off, rlen, dropped);
         dropped = 0;
         off += rlen;
     }
-    exs_list_for_each_safe(pos, tmp, &ctl.clients) {
+    exs_list_for_each_safe(pos, tmp, &ctl.clients)
+    {
         struct ctl_client *c = exs_list_entry(pos, struct ctl_client, link);
 
         if (c->trace && client_flush(c) == 0)
@@ -722,13 +735,14 @@ static void ctl_trace_cb(struct exs_eng_io *io, int revents)
 
 static void ctl_sweep_cb(struct exs_eng_timer *t)
 {
-    uint64_t         now = exs__now_ns();
-    uint64_t         limit = exs__params.ctl_timeout_ms * 1000000u;
+    uint64_t now = exs__now_ns();
+    uint64_t limit = exs__params.ctl_timeout_ms * 1000000u;
     struct exs_list *pos, *tmp;
 
-    exs_list_for_each_safe(pos, tmp, &ctl.clients) {
+    exs_list_for_each_safe(pos, tmp, &ctl.clients)
+    {
         struct ctl_client *c = exs_list_entry(pos, struct ctl_client, link);
-        int                pending = c->out_off < c->out.len;
+        int pending = c->out_off < c->out.len;
 
         /* a tracer with nothing to read is waiting for records, not idle */
         if (now - c->active_ns > limit && (pending || !c->trace)) {
@@ -787,8 +801,8 @@ static void ctl_atexit(void)
 int exs__ctl_start(void)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    char               dir[sizeof(sa.sun_path)];
-    int                ret, n;
+    char dir[sizeof(sa.sun_path)];
+    int ret, n;
 
     ret = exs__ctl_dir(dir, sizeof(dir), 1);
     if (ret < 0)

@@ -39,7 +39,7 @@ void exs__jbuf_raw(struct exs_jbuf *b, const char *s, size_t n)
     }
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
-        char  *p;
+        char *p;
 
         while (cap < b->len + n + 1)
             cap *= 2;
@@ -96,7 +96,7 @@ static void jbuf_quoted(struct exs_jbuf *b, const char *s, size_t n)
     exs__jbuf_raw(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        char          esc[8];
+        char esc[8];
 
         if (c >= 0x20 && c != '"' && c != '\\' && c != 0x7f)
             continue;
@@ -139,7 +139,7 @@ void exs__jbuf_str(struct exs_jbuf *b, const char *s)
 void exs__jbuf_u64(struct exs_jbuf *b, uint64_t v)
 {
     char t[24];
-    int  n = snprintf(t, sizeof(t), "%" PRIu64, v);
+    int n = snprintf(t, sizeof(t), "%" PRIu64, v);
 
     jbuf_sep(b);
     exs__jbuf_raw(b, t, (size_t)n);
@@ -149,7 +149,7 @@ void exs__jbuf_u64(struct exs_jbuf *b, uint64_t v)
 void exs__jbuf_i64(struct exs_jbuf *b, int64_t v)
 {
     char t[24];
-    int  n = snprintf(t, sizeof(t), "%" PRId64, v);
+    int n = snprintf(t, sizeof(t), "%" PRId64, v);
 
     jbuf_sep(b);
     exs__jbuf_raw(b, t, (size_t)n);
@@ -179,7 +179,7 @@ void exs__jbuf_kv_u64(struct exs_jbuf *b, const char *key, uint64_t v)
 
 struct jparse {
     const char *s;
-    size_t      len, pos;
+    size_t len, pos;
 };
 
 static void jp_ws(struct jparse *p)
@@ -214,7 +214,7 @@ static int hexval(char c)
 static int jp_string(struct jparse *p, char **out_p)
 {
     size_t start = ++p->pos, cap, n = 0;
-    char  *out;
+    char *out;
 
     /* the decoded text is never longer than the source */
     while (p->pos < p->len && p->s[p->pos] != '"')
@@ -236,12 +236,26 @@ static int jp_string(struct jparse *p, char **out_p)
         }
         c = (unsigned char)p->s[++i];
         switch (c) {
-        case '"': case '\\': case '/': out[n++] = (char)c; break;
-        case 'b': out[n++] = '\b'; break;
-        case 'f': out[n++] = '\f'; break;
-        case 'n': out[n++] = '\n'; break;
-        case 'r': out[n++] = '\r'; break;
-        case 't': out[n++] = '\t'; break;
+        case '"':
+        case '\\':
+        case '/':
+            out[n++] = (char)c;
+            break;
+        case 'b':
+            out[n++] = '\b';
+            break;
+        case 'f':
+            out[n++] = '\f';
+            break;
+        case 'n':
+            out[n++] = '\n';
+            break;
+        case 'r':
+            out[n++] = '\r';
+            break;
+        case 't':
+            out[n++] = '\t';
+            break;
         case 'u': {
             unsigned v = 0;
 
@@ -288,7 +302,7 @@ static int jp_value(struct jparse *p, int depth, struct exs_json **j_p);
 static int jp_members(struct jparse *p, int depth, struct exs_json *j, int obj)
 {
     struct exs_json **tail = &j->child;
-    char              close = obj ? '}' : ']';
+    char close = obj ? '}' : ']';
 
     p->pos++;
     jp_ws(p);
@@ -297,9 +311,9 @@ static int jp_members(struct jparse *p, int depth, struct exs_json *j, int obj)
         return 0;
     }
     for (;;) {
-        char            *key = NULL;
+        char *key = NULL;
         struct exs_json *m;
-        int              ret;
+        int ret;
 
         jp_ws(p);
         if (obj) {
@@ -337,7 +351,7 @@ static int jp_members(struct jparse *p, int depth, struct exs_json *j, int obj)
 static int jp_value(struct jparse *p, int depth, struct exs_json **j_p)
 {
     struct exs_json *j;
-    int              ret = 0;
+    int ret = 0;
 
     if (depth > EXS_JSON_DEPTH_MAX)
         return -EINVAL;
@@ -397,9 +411,9 @@ static int jp_value(struct jparse *p, int depth, struct exs_json **j_p)
 
 int exs__json_parse(const char *text, size_t len, struct exs_json **root_p)
 {
-    struct jparse    p = {.s = text, .len = len};
+    struct jparse p = {.s = text, .len = len};
     struct exs_json *j;
-    int              ret = jp_value(&p, 0, &j);
+    int ret = jp_value(&p, 0, &j);
 
     if (ret)
         return ret;

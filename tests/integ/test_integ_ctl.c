@@ -33,7 +33,7 @@ static void ctl_path(char *buf, size_t len)
 static int ctl_open(void)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int                fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
     ck_assert_int_ge(fd, 0);
     ctl_path(sa.sun_path, sizeof(sa.sun_path));
@@ -46,14 +46,14 @@ static int ctl_open(void)
 static char *ctl_line(int fd, int ms)
 {
     size_t cap = 1 << 16, len = 0;
-    char  *buf = malloc(cap);
+    char *buf = malloc(cap);
     double end = it_now_ms() + ms;
 
     ck_assert_ptr_nonnull(buf);
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        double        left = end - it_now_ms();
-        ssize_t       n;
+        double left = end - it_now_ms();
+        ssize_t n;
 
         if (len && buf[len - 1] == '\n') {
             buf[len - 1] = '\0';
@@ -78,7 +78,7 @@ static char *ctl_line(int fd, int ms)
 static struct exs_json *ctl_req(int fd, const char *req)
 {
     struct exs_json *j;
-    char            *line;
+    char *line;
 
     ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
     line = ctl_line(fd, IT_TIMEOUT_MS);
@@ -97,7 +97,7 @@ static int trace_until(int fd, const char *want, const char *forbid, int ms)
 
     while (it_now_ms() < end) {
         char *line = ctl_line(fd, (int)(end - it_now_ms()) + 1);
-        int   hit;
+        int hit;
 
         if (!line)
             return 0;
@@ -115,15 +115,15 @@ static int trace_until(int fd, const char *want, const char *forbid, int ms)
  * the socket. */
 START_TEST(test_ctl_stat_matches_sockopt)
 {
-    struct it_pair         p;
-    struct it_buf         *b, *r;
-    struct exs_sock_stats  st;
-    socklen_t              len = sizeof(st);
-    struct stat            sb;
-    char                   path[128], req[32];
-    struct exs_json       *j;
+    struct it_pair p;
+    struct it_buf *b, *r;
+    struct exs_sock_stats st;
+    socklen_t len = sizeof(st);
+    struct stat sb;
+    char path[128], req[32];
+    struct exs_json *j;
     const struct exs_json *conns;
-    int                    fd, found = 0;
+    int fd, found = 0;
 
     ctl_setup();
     it_init();
@@ -187,9 +187,9 @@ END_TEST
  * to 0 online, the same gap is not. */
 START_TEST(test_ctl_slow_poller_reported)
 {
-    exs_qhandle_t    q;
+    exs_qhandle_t q;
     struct exs_json *j;
-    int              tfd, cfd;
+    int tfd, cfd;
 
     ctl_setup();
     it_setenv("EXS_POLLING_WARN_CYCLE_US", "20000");
@@ -200,7 +200,7 @@ START_TEST(test_ctl_slow_poller_reported)
     exs__json_free(ctl_req(tfd, "trace\n"));
 
     ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0); /* drives */
-    it_sleep_ms(100);                                     /* the application is busy */
+    it_sleep_ms(100);                                    /* the application is busy */
     ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0); /* drives again: reported */
     ck_assert_msg(trace_until(tfd, "slow poller", NULL, IT_TIMEOUT_MS),
                   "no slow-poller record in the trace");
@@ -268,7 +268,7 @@ Suite *integ_ctl_suite(void)
 
     it_suite_add(s, "ctl", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_ctl_stat_matches_sockopt,
-                                        test_ctl_slow_poller_reported,
-                                        test_ctl_slow_pass_reported, NULL});
+                                        test_ctl_slow_poller_reported, test_ctl_slow_pass_reported,
+                                        NULL});
     return s;
 }

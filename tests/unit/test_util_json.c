@@ -11,10 +11,10 @@
 /* Writer output parses back to the same values, escapes included. */
 START_TEST(test_roundtrip)
 {
-    struct exs_jbuf        b;
-    struct exs_json       *j;
+    struct exs_jbuf b;
+    struct exs_json *j;
     const struct exs_json *arr;
-    int                    n = 0;
+    int n = 0;
 
     exs__jbuf_init(&b, 4096);
     exs__jbuf_obj_begin(&b);
@@ -66,11 +66,12 @@ END_TEST
 START_TEST(test_reader_rejects)
 {
     static const char *const bad[] = {
-        "", "{", "}", "[1,]", "{\"a\"}", "{\"a\":}", "{a:1}", "\"open", "\"bad\\q\"",
-        "\"\\u00\"", "\"\\u0000\"", "tru", "nul", "1 2", "{\"a\":1}x", "\"ctl\x01\"", "[\"\\",
+        "",      "{",      "}",          "[1,]",        "{\"a\"}",     "{\"a\":}",
+        "{a:1}", "\"open", "\"bad\\q\"", "\"\\u00\"",   "\"\\u0000\"", "tru",
+        "nul",   "1 2",    "{\"a\":1}x", "\"ctl\x01\"", "[\"\\",
     };
     struct exs_json *j;
-    char             deep[200];
+    char deep[200];
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         ck_assert_msg(exs__json_parse(bad[i], strlen(bad[i]), &j) == -EINVAL, "accepted: %s",
