@@ -85,9 +85,17 @@ else fail stat_table "$(cat "$work/table.txt")"; fi
 
 "$exsctl" top --iterations 2 --interval 1 --json >"$work/top.json" 2>&1
 if [ "$(wc -l <"$work/top.json")" -eq 2 ] &&
-   python3 -c "import json,sys; l=[json.loads(x) for x in open(sys.argv[1])]; sys.exit(0 if any(c['tx_bps']+c['rx_bps']>0 for c in l[1]['conns']) else 1)" "$work/top.json"; then
-    pass top_rates
-else fail top_rates "$(cat "$work/top.json")"; fi
+   python3 -c "
+import json,sys
+l=[json.loads(x) for x in open(sys.argv[1])]
+r=[c['tx_bps']+c['rx_bps'] for c in l[1]['conns']]
+sys.exit(0 if any(r) and r == sorted(r, reverse=True) else 1)" "$work/top.json"; then
+    pass top_rates_sorted
+else fail top_rates_sorted "$(cat "$work/top.json")"; fi
+"$exsctl" stat "$srv" --counters >"$work/counters.txt" 2>&1
+if grep -qE '^  engine +drives_thread +[0-9]+' "$work/counters.txt" &&
+   grep -qE '^  prov\.tcp +bytes_tx +[1-9]' "$work/counters.txt"; then pass stat_counters
+else fail stat_counters "$(cat "$work/counters.txt")"; fi
 
 # ---- params and set ----
 if "$exsctl" set "$srv" log_level=info >/dev/null && "$exsctl" params "$srv" --json >"$work/p.json" &&

@@ -385,11 +385,13 @@ static void print_json_processes(struct reply *r, int n)
 static int cmd_stat(int argc, char **argv)
 {
     static struct reply r[MAX_PROCS];
-    int pid = -1, n;
+    int pid = -1, n, counters = 0;
 
-    if (argc > 2 || (argc == 2 && (pid = parse_pid(argv[1])) < 0)) {
-        fprintf(stderr, "usage: exsctl stat [PID] [--json]\n");
-        return 2;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--counters"))
+            counters = 1;
+        else if (pid > 0 || (pid = parse_pid(argv[i])) < 0)
+            goto usage;
     }
     n = gather(pid, r, MAX_PROCS);
     if (n < 0)
@@ -404,10 +406,28 @@ static int cmd_stat(int argc, char **argv)
             for (const struct exs_json *c = conns ? conns->child : NULL; c; c = c->next)
                 print_conn(r[i].j, c, 0, 0, 0);
         }
+        /* per process: one line, and with --counters every counter set */
+        for (int i = 0; i < n; i++) {
+            const struct exs_json *cs = exs__json_get(r[i].j, "counters");
+
+            printf("\npid %" PRIu64 " (%s): provider %s, up %" PRIu64 " s, log level %s, "
+                   "%" PRIu64 " log lines suppressed\n",
+                   exs__json_get_u64(r[i].j, "pid"), exs__json_get_str(r[i].j, "prog"),
+                   exs__json_get_str(r[i].j, "provider"),
+                   exs__json_get_u64(r[i].j, "uptime_ms") / 1000,
+                   exs__json_get_str(r[i].j, "log_level"),
+                   exs__json_get_u64(r[i].j, "log_suppressed"));
+            for (const struct exs_json *c = counters && cs ? cs->child : NULL; c; c = c->next)
+                printf("  %-20s %-24s %" PRIu64 "\n", exs__json_get_str(c, "set"),
+                       exs__json_get_str(c, "name"), exs__json_get_u64(c, "value"));
+        }
     }
     for (int i = 0; i < n; i++)
         reply_free(&r[i]);
     return 0;
+usage:
+    fprintf(stderr, "usage: exsctl stat [PID] [--counters] [--json]\n");
+    return 2;
 }
 
 /* top: one row per connection with its rate since the previous round. */
@@ -700,7 +720,8 @@ struct exsctl_cmd {
 
 static const struct exsctl_cmd cmds[] = {
     {"stat", cmd_stat,
-     "stat [PID]              every connection of every libexs process (or PID's)"},
+     "stat [PID] [--counters] every connection of every libexs process (or PID's); --counters: its "
+     "counter sets"},
     {"top", cmd_top,
      "top [PID] [--iterations N] [--interval S]  the same, refreshed, by throughput"},
     {"params", cmd_params,
