@@ -469,7 +469,26 @@ static int split_words(char *line, char **w, int max)
 }
 
 /* One request line (NUL-terminated, no newline). */
+static void client_request_words(struct ctl_client *c, char *line);
+
+/* One request, timed against slow_threshold_us like a progress pass (it holds the
+ * progress lock: a stat of many connections is the longest). */
 static void client_request(struct ctl_client *c, char *line)
+{
+    uint64_t slow_us = exs__params.slow_threshold_us;
+    uint64_t t0 = slow_us ? exs__now_ns() : 0;
+    char     verb[16];
+
+    snprintf(verb, sizeof(verb), "%.*s", (int)strcspn(line, " "), line);
+    client_request_words(c, line);
+    if (t0 && exs__now_ns() - t0 > slow_us * 1000u)
+        EXS_WARN(API,
+                 "slow control request: \"%s\" held the progress lock %" PRIu64
+                 " us (slow_threshold_us %" PRIu64 "), reply %zu bytes",
+                 verb, (exs__now_ns() - t0) / 1000u, slow_us, c->out.len);
+}
+
+static void client_request_words(struct ctl_client *c, char *line)
 {
     struct exs_jbuf *b = &c->out;
     char *w[4];
