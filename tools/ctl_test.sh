@@ -48,7 +48,9 @@ port=$(head -n 1 "$work/srv.out" | sed 's/.*://')
 wait_for 10 test -S "$EXS_CTL_DIR/$srv.sock" || fail endpoint "no socket $EXS_CTL_DIR/$srv.sock"
 $build/samples/seqpacket_echo_client "$port" 100000000 64 >/dev/null 2>&1 &
 cli=$!; pids+=($cli)
-$build/blast/blast --loopback --time $((20 * mult)) --quiet >"$work/blast.out" 2>&1 &
+# more connections than one part of a streamed stat reply (CTL_STAT_BATCH, 64)
+$build/blast/blast --loopback --conns 70 --size 16384 --rcvbuf 65536 --time $((20 * mult)) \
+    --quiet >"$work/blast.out" 2>&1 &
 blast=$!; pids+=($blast)
 
 # bytes moved by pid's tcp CONNECTED connections
@@ -76,6 +78,10 @@ if wait_for 20 blast_moving; then
     b1=$(all_bytes); sleep 1; b2=$(all_bytes)
     if [ "$b2" -gt "$b1" ]; then pass "stat_blast_bytes_grow ($b1 -> $b2)"
     else fail stat_blast_bytes_grow "$b1 -> $b2"; fi
+    # every connection of both ends, each once, in replies streamed in parts
+    n=$(jq_py "$work/all.json" "min(len(set(c['fd'] for c in p['conns'])) if len(set(c['fd'] for c in p['conns']))==len(p['conns']) else -1 for p in j['processes'] if p['prog']=='blast')")
+    if [ "${n:--1}" -ge 70 ]; then pass "stat_many_connections ($n sockets in the smaller process)"
+    else fail stat_many_connections "$n: $(head -c 600 "$work/all.json")"; fi
 else
     fail stat_blast "no blast connection with bytes: $(cat "$work/all.json")"
 fi
@@ -181,6 +187,12 @@ print("garbage", r["error"]); ok &= r["error"] == "EINVAL" and eof(s)
 s = conn(); s.sendall(b"x" * 5000); r = json.loads(reply(s))
 print("endless", r["error"]); ok &= r["error"] == "E2BIG" and eof(s)
 s = conn(); s.sendall(b"stat stat stat stat stat\n"); r = json.loads(reply(s)); print("words", r["error"]); ok &= not r["ok"]
+# pipelined requests in one write: every one answered, in order
+s = conn(); s.sendall(b"hello\nstat\nhello\r\nparams\nnope\n")
+s.settimeout(10 * mult); f = s.makefile("rb")
+rs = [json.loads(f.readline()) for _ in range(5)]
+print("pipelined", [r.get("error", "ok") for r in rs])
+ok &= [r["ok"] for r in rs] == [True, True, True, True, False] and "conns" in rs[1] and "params" in rs[3]
 # clients that ask and never read: dropped after EXS_CTL_TIMEOUT_MS (1 s)
 slow = []
 for i in range(12):

@@ -26,6 +26,7 @@
 
 #define CTL_TRACE_RING (64u << 10) /* log bytes queued between the logger and the loop */
 #define CTL_SWEEP_MS   100         /* how often stalled and idle clients are looked for */
+#define CTL_STAT_BATCH 64          /* sockets a stat reports per hold of the progress lock */
 
 /* One connected client (progress lock). */
 struct ctl_client {
@@ -34,12 +35,14 @@ struct ctl_client {
     int events; /* EV_* watched now */
     char in[EXS_CTL_LINE_MAX];
     size_t in_len;
-    struct exs_jbuf out; /* reply or trace records not yet written */
-    size_t out_off;      /* bytes of out already written */
-    int trace;           /* subscribed to log records */
-    int closing;         /* close once out is written */
-    uint64_t dropped;    /* trace records lost for this client (its queue was full) */
-    uint64_t active_ns;  /* last request or write progress */
+    struct exs_jbuf out;    /* reply or trace records not yet written */
+    size_t out_off;         /* bytes of out already written */
+    int trace;              /* subscribed to log records */
+    int closing;            /* close once out is written */
+    uint64_t dropped;       /* trace records lost for this client (its queue was full) */
+    uint64_t active_ns;     /* last request or write progress */
+    struct api_sock **walk; /* a stat in progress: the sockets, each referenced */
+    int walk_n, walk_i;     /* their count; the next to report */
     struct exs_list link;
 };
 
@@ -305,18 +308,47 @@ static void kv_log_level(struct exs_jbuf *b)
     exs__jbuf_kv_str(b, "log_level", level);
 }
 
-static void req_stat(struct exs_jbuf *b)
+/* A stat streams: the head now, then CTL_STAT_BATCH sockets each time the previous part
+ * is written (stat_step), so the progress lock is never held for all connections at once. */
+static void req_stat(struct ctl_client *c)
 {
+    struct exs_jbuf *b = &c->out;
+
+    if (api_sock_list(&c->walk, &c->walk_n) < 0) {
+        c->walk = NULL;
+        reply_error(b, ENOMEM, "no memory for the socket list");
+        return;
+    }
+    c->walk_i = 0;
     reply_head(b);
     kv_log_level(b);
     exs__jbuf_kv_u64(b, "log_suppressed", exs__log_suppressed_total());
     exs__jbuf_key(b, "conns");
     exs__jbuf_arr_begin(b);
-    if (api_sock_walk(stat_sock, b) < 0) {
-        exs__jbuf_reset(b);
-        reply_error(b, ENOMEM, "no memory for the socket list");
-        return;
+}
+
+static void stat_walk_end(struct ctl_client *c)
+{
+    while (c->walk_i < c->walk_n)
+        api_sock_put(c->walk[c->walk_i++]);
+    free(c->walk);
+    c->walk = NULL;
+}
+
+/* The next sockets of a stat in progress; its end once all are there. */
+static void stat_step(struct ctl_client *c)
+{
+    struct exs_jbuf *b = &c->out;
+
+    for (int k = 0; k < CTL_STAT_BATCH && c->walk_i < c->walk_n; k++) {
+        struct api_sock *s = c->walk[c->walk_i++];
+
+        stat_sock(s, b);
+        api_sock_put(s);
     }
+    if (c->walk_i < c->walk_n)
+        return;
+    stat_walk_end(c);
     exs__jbuf_arr_end(b);
     stat_counters(b);
     exs__jbuf_obj_end(b);
@@ -394,10 +426,12 @@ static void ctl_sweep_cb(struct exs_eng_timer *t);
 
 static void client_watch(struct ctl_client *c)
 {
-    int pending = c->out_off < c->out.len;
+    int pending = c->out_off < c->out.len || c->walk;
+    /* a complete request waits in c->in (pipelined): served from the next callback */
+    int queued = !pending && !c->trace && !c->closing && memchr(c->in, '\n', c->in_len);
     /* Reading waits while a reply is pending (one request at a time): a client that
      * does not read cannot make us queue more. Trace clients are read for EOF only. */
-    int ev = (pending ? EV_WRITE : 0) | (!pending || c->trace ? EV_READ : 0);
+    int ev = (pending || queued ? EV_WRITE : 0) | (!pending || c->trace ? EV_READ : 0);
 
     if (c->closing)
         ev = EV_WRITE;
@@ -414,6 +448,8 @@ static void client_close(struct ctl_client *c, const char *why)
     close(c->fd);
     if (c->trace)
         __atomic_sub_fetch(&ctl.tracers, 1, __ATOMIC_RELAXED);
+    if (c->walk)
+        stat_walk_end(c);
     exs_list_del(&c->link);
     ctl.nclients--;
     exs__jbuf_free(&c->out);
@@ -439,8 +475,12 @@ static int client_flush(struct ctl_client *c)
         c->active_ns = exs__now_ns();
     }
     if (c->out_off == c->out.len) {
+        int comma = c->out.comma;
+
         exs__jbuf_reset(&c->out);
         c->out_off = 0;
+        if (c->walk)
+            c->out.comma = comma; /* a stat continues the same JSON text */
         if (c->closing) {
             client_close(c, "reply written");
             return -1;
@@ -477,7 +517,7 @@ static void client_request(struct ctl_client *c, char *line)
 {
     uint64_t slow_us = exs__params.slow_threshold_us;
     uint64_t t0 = slow_us ? exs__now_ns() : 0;
-    char     verb[16];
+    char verb[16];
 
     snprintf(verb, sizeof(verb), "%.*s", (int)strcspn(line, " "), line);
     client_request_words(c, line);
@@ -510,7 +550,7 @@ static void client_request_words(struct ctl_client *c, char *line)
         exs__jbuf_obj_end(b);
         exs__jbuf_raw(b, "\n", 1);
     } else if (!strcmp(w[0], "stat") && n == 1) {
-        req_stat(b);
+        req_stat(c);
     } else if (!strcmp(w[0], "params") && n == 1) {
         req_params(b);
     } else if (!strcmp(w[0], "set") && n == 3) {
@@ -540,7 +580,7 @@ static void client_lines(struct ctl_client *c)
 {
     char *nl;
 
-    while (c->out_off == c->out.len && !c->closing && !c->trace &&
+    while (c->out_off == c->out.len && !c->closing && !c->trace && !c->walk &&
            (nl = memchr(c->in, '\n', c->in_len))) {
         size_t used = (size_t)(nl - c->in) + 1;
 
@@ -568,15 +608,32 @@ static void ctl_client_io_cb(struct exs_eng_io *io, int revents)
         char trash[256];
         char *dst = c->trace ? trash : c->in + c->in_len;
         size_t room = c->trace ? sizeof(trash) : sizeof(c->in) - c->in_len;
-        ssize_t n = room ? recv(c->fd, dst, room, MSG_DONTWAIT) : 0;
+        /* a full c->in holds a complete line (client_lines answers a full one without) */
+        ssize_t n = room ? recv(c->fd, dst, room, MSG_DONTWAIT) : -1;
 
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        if (room && (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))) {
             client_close(c, n == 0 ? "end of file" : "read failed");
             return;
         }
         if (n > 0 && !c->trace) {
             c->in_len += (size_t)n;
             c->active_ns = exs__now_ns();
+        }
+    }
+    /* a stat in progress: its next part once the previous one is written */
+    if (c->walk && c->out_off == c->out.len) {
+        uint64_t slow_us = exs__params.slow_threshold_us;
+        uint64_t t0 = slow_us ? exs__now_ns() : 0;
+
+        stat_step(c);
+        if (t0 && exs__now_ns() - t0 > slow_us * 1000u)
+            EXS_WARN(API,
+                     "slow control request: a part of \"stat\" held the progress lock %" PRIu64
+                     " us (slow_threshold_us %" PRIu64 "), %zu bytes",
+                     (exs__now_ns() - t0) / 1000u, slow_us, c->out.len);
+        if (c->out.overflow) {
+            client_close(c, "stat reply part too large");
+            return;
         }
     }
     client_lines(c);

@@ -128,9 +128,10 @@ static struct api_sock *sock_new(int domain, int type)
     return s;
 }
 
-/* Every socket of the table, each with a reference for the call (the control endpoint's
- * walk, api/ctl.c): fn runs without the table lock. -ENOMEM when the list cannot be made. */
-int api_sock_walk(void (*fn)(struct api_sock *s, void *arg), void *arg)
+/* Every socket of the table, each held by a reference the caller drops with
+ * api_sock_put, in an array the caller frees (the control endpoint's stat, api/ctl.c).
+ * -ENOMEM when the array cannot be made. */
+int api_sock_list(struct api_sock ***all_p, int *n_p)
 {
     struct api_sock **all;
     int n = 0;
@@ -145,11 +146,8 @@ int api_sock_walk(void (*fn)(struct api_sock *s, void *arg), void *arg)
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (!all)
         return -ENOMEM;
-    for (int i = 0; i < n; i++) {
-        fn(all[i], arg);
-        api_sock_put(all[i]);
-    }
-    free(all);
+    *all_p = all;
+    *n_p = n;
     return 0;
 }
 
