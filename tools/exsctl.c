@@ -104,7 +104,8 @@ static void reply_free(struct reply *r)
 /* Read one reply line (bounded, with a timeout; -1: none) and parse it. */
 static int ctl_read_reply(int fd, int timeout_ms, struct reply *r)
 {
-    size_t cap = 4096, len = 0, max = EXS_CTL_REPLY_MAX + 1024;
+    size_t cap = 4096, len = 0,
+           max = 256u << 20; /* a stat of many connections streams past EXS_CTL_REPLY_MAX */
     char *buf = malloc(cap);
     int ret;
 
