@@ -235,8 +235,8 @@ static void stat_sock(struct api_sock *s, void *arg)
     type = s->type;
     mode = s->xfer_mode;
     state = s->state;
-    n_send = s->n_send;
-    n_recv = s->n_recv;
+    n_send = __atomic_load_n(&s->n_send, __ATOMIC_RELAXED); /* counted without the lock (xfer.c) */
+    n_recv = __atomic_load_n(&s->n_recv, __ATOMIC_RELAXED);
     addr_str(&s->local, s->local_len, local, sizeof(local));
     addr_str(&s->peer, s->peer_len, peer, sizeof(peer));
     api_sock_unlock(s);
