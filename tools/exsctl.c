@@ -1,8 +1,21 @@
 /* SPDX-License-Identifier: MIT */
-/* exsctl: the libexs command-line tool (tunables now; statistics and probes later). */
+/* exsctl: the libexs command-line tool; one table of subcommands (stat, top, params, set,
+ * trace, version) that talk to running processes through their control endpoints. */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "exs/api/ctl.h"
+#include "exs/util/json.h"
 #include "exs/util/params.h"
 #include "tools/exsctl_probe.h"
 
@@ -10,27 +23,568 @@
 #define EXSCTL_VERSION "unknown"
 #endif
 
-static void usage(FILE *f)
+#define REPLY_TIMEOUT_MS 10000
+#define MAX_PROCS        1024
+
+static int opt_json; /* --json anywhere on the command line */
+
+/* ---- talking to a process ---- */
+
+struct proc {
+    int pid;
+    int fd;
+    struct exs_json *reply; /* last reply */
+};
+
+/* Socket path of pid; -ENAMETOOLONG. */
+static int ctl_path(int pid, char *buf, size_t len)
 {
-    fprintf(f, "usage: exsctl <command> [options]\n"
-               "\n"
-               "commands:\n"
-               "  params             tunables with their current values (EXS_* applied)\n"
-               "  params --markdown  the tunables table of spec/params.md\n"
-               "  version            print the libexs version\n");
-    exsctl_probe_usage(f);
-    fprintf(f, ""
-               "  help               print this text\n");
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int ret = exs__ctl_dir(dir, sizeof(dir), 0), n;
+
+    if (ret < 0)
+        return ret;
+    n = snprintf(buf, len, "%s/%d.sock", dir, pid);
+    return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
+
+/* Connect to pid's endpoint. Prints the reason and returns -errno on failure. */
+static int ctl_connect(int pid, int quiet)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd, ret;
+
+    if ((ret = ctl_path(pid, sa.sun_path, sizeof(sa.sun_path))) < 0) {
+        fprintf(stderr, "exsctl: pid %d: control directory name too long\n", pid);
+        return ret;
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        ret = -errno;
+        perror("exsctl: socket");
+        return ret;
+    }
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+        return fd;
+    ret = -errno;
+    close(fd);
+    if (quiet)
+        return ret;
+    if (ret == -EACCES || ret == -EPERM)
+        fprintf(stderr,
+                "exsctl: pid %d: permission denied (%s): the process belongs to another "
+                "user; only that user or root may connect\n",
+                pid, sa.sun_path);
+    else if (ret == -ENOENT)
+        fprintf(stderr,
+                "exsctl: pid %d: no control endpoint at %s (not a libexs process, "
+                "EXS_CTL_ENABLE=0, or another user's)\n",
+                pid, sa.sun_path);
+    else if (ret == -ECONNREFUSED)
+        fprintf(stderr, "exsctl: pid %d: %s: nobody listens (the process is gone)\n", pid,
+                sa.sun_path);
+    else
+        fprintf(stderr, "exsctl: pid %d: connect %s: %s\n", pid, sa.sun_path, strerror(-ret));
+    return ret;
+}
+
+/* A reply: its text (one line, no newline) and its parse. */
+struct reply {
+    char *raw;
+    struct exs_json *j;
+};
+
+static void reply_free(struct reply *r)
+{
+    free(r->raw);
+    exs__json_free(r->j);
+    r->raw = NULL;
+    r->j = NULL;
+}
+
+/* Read one reply line (bounded, with a timeout; -1: none) and parse it. */
+static int ctl_read_reply(int fd, int timeout_ms, struct reply *r)
+{
+    size_t cap = 4096, len = 0,
+           max = 256u << 20; /* a stat of many connections streams past EXS_CTL_REPLY_MAX */
+    char *buf = malloc(cap);
+    int ret;
+
+    if (!buf)
+        return -ENOMEM;
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        char *nl;
+        ssize_t n;
+
+        if (len && (nl = memchr(buf, '\n', len))) {
+            *nl = '\0';
+            ret = exs__json_parse(buf, (size_t)(nl - buf), &r->j);
+            if (ret == 0) {
+                r->raw = buf;
+                return 0;
+            }
+            ret = -EPROTO;
+            break;
+        }
+        if (len == cap) {
+            char *p;
+
+            if (cap >= max) {
+                ret = -E2BIG;
+                break;
+            }
+            p = realloc(buf, cap * 2);
+            if (!p) {
+                ret = -ENOMEM;
+                break;
+            }
+            buf = p;
+            cap *= 2;
+        }
+        if (timeout_ms >= 0) {
+            ret = poll(&pfd, 1, timeout_ms);
+            if (ret == 0) {
+                ret = -ETIMEDOUT;
+                break;
+            }
+            if (ret < 0 && errno != EINTR) {
+                ret = -errno;
+                break;
+            }
+        }
+        /* one byte at a time past the first newline would be slow; read what is there
+         * but never beyond one line: MSG_PEEK then consume up to the newline */
+        n = recv(fd, buf + len, cap - len, MSG_PEEK);
+        if (n > 0) {
+            char *e = memchr(buf + len, '\n', (size_t)n);
+
+            if (e)
+                n = e - (buf + len) + 1;
+            n = recv(fd, buf + len, (size_t)n, 0);
+        }
+        if (n == 0) {
+            ret = -ECONNRESET;
+            break;
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            ret = -errno;
+            break;
+        }
+        len += (size_t)n;
+    }
+    free(buf);
+    return ret;
+}
+
+/* Print why a reply failed: none (ret < 0) or "ok": false (-EACCES for a refused uid,
+ * -EPERM for an offline tunable, else -EIO). */
+static int ctl_check_reply(int pid, int ret, struct reply *r)
+{
+    const char *e;
+
+    if (ret < 0) {
+        fprintf(stderr, "exsctl: pid %d: no reply: %s\n", pid,
+                ret == -ECONNRESET ? "connection closed" : strerror(-ret));
+        return ret;
+    }
+    if (exs__json_get_bool(r->j, "ok"))
+        return 0;
+    e = exs__json_get_str(r->j, "error");
+    fprintf(stderr, "exsctl: pid %d: %s: %s\n", pid, e, exs__json_get_str(r->j, "message"));
+    ret = !strcmp(e, "EACCES") ? -EACCES : !strcmp(e, "EPERM") ? -EPERM : -EIO;
+    if (opt_json)
+        printf("%s\n", r->raw);
+    reply_free(r);
+    return ret;
+}
+
+/* Send a request line and read its reply; prints the reason on failure. A reply with
+ * "ok": false is printed and turned into -EIO (or -EACCES for a refused uid). */
+static int ctl_call(int pid, int fd, const char *req, struct reply *r)
+{
+    size_t len = strlen(req);
+    int ret;
+
+    if (send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len || send(fd, "\n", 1, MSG_NOSIGNAL) != 1) {
+        ret = -errno;
+        /* a refusal (another uid, too many clients) is written before the close */
+        if (ctl_read_reply(fd, 1000, r) == 0)
+            return ctl_check_reply(pid, 0, r);
+        fprintf(stderr, "exsctl: pid %d: send: %s\n", pid, strerror(-ret));
+        return ret;
+    }
+    return ctl_check_reply(pid, ctl_read_reply(fd, REPLY_TIMEOUT_MS, r), r);
+}
+
+/* One request to one process (connect, call, close). */
+static int ctl_once(int pid, const char *req, struct reply *r)
+{
+    int fd = ctl_connect(pid, 0), ret;
+
+    if (fd < 0)
+        return fd;
+    ret = ctl_call(pid, fd, req, r);
+    close(fd);
+    return ret;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    return *(const int *)a - *(const int *)b;
+}
+
+/* PIDs with a control socket in this user's directory; files of dead processes are
+ * removed. Returns the count. */
+static int list_pids(int *pids, int max)
+{
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    DIR *d;
+    struct dirent *e;
+    int n = 0;
+
+    if (exs__ctl_dir(dir, sizeof(dir), 0) < 0 || !(d = opendir(dir)))
+        return 0;
+    while ((e = readdir(d)) && n < max) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+
+        if (end == e->d_name || strcmp(end, ".sock") != 0 || pid <= 0 || pid > 0x7fffffff)
+            continue;
+        if (kill((pid_t)pid, 0) < 0 && errno == ESRCH) {
+            char path[sizeof(dir) + 300];
+
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            if (unlink(path) == 0 && !opt_json)
+                fprintf(stderr, "exsctl: removed the stale socket of dead pid %ld\n", pid);
+            continue;
+        }
+        pids[n++] = (int)pid;
+    }
+    closedir(d);
+    qsort(pids, (size_t)n, sizeof(*pids), cmp_int);
+    return n;
+}
+
+/* ---- argument helpers ---- */
+
+/* Remove --json from argv (anywhere); returns the new argc. */
+static int strip_json(int argc, char **argv)
+{
+    int n = 0;
+
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            opt_json = 1;
+        else
+            argv[n++] = argv[i];
+    }
+    argv[n] = NULL;
+    return n;
+}
+
+static int parse_pid(const char *s)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+
+    return end != s && *end == '\0' && v > 0 && v <= 0x7fffffff ? (int)v : -1;
+}
+
+static void human_bytes(uint64_t v, char *buf, size_t len)
+{
+    const char *u = "KMGTP";
+    double d = (double)v;
+    int i = -1;
+
+    if (v < 10000) {
+        snprintf(buf, len, "%" PRIu64, v);
+        return;
+    }
+    while (d >= 1024 && i < 4) {
+        d /= 1024;
+        i++;
+    }
+    snprintf(buf, len, "%.1f%c", d, u[i]);
+}
+
+/* ---- stat and top ---- */
+
+static void print_conn_header(int rate)
+{
+    printf("%-7s %-15s %-4s %-9s %-10s %-21s %-21s %-5s %-15s %-5s %-7s %-8s %-8s %-7s %-7s "
+           "%s%s\n",
+           "PID", "PROG", "FD", "TYPE", "STATE", "LOCAL", "PEER", "PROV", "MODE/PHASE", "CRED",
+           "SND/RCV", "TX", "RX", "DIRECT", "INDIR", "AGE_S", rate ? "  TX/s     RX/s" : "");
+}
+
+static const char *or_dash(const char *s)
+{
+    return s[0] ? s : "-";
+}
+
+static void print_conn(const struct exs_json *proc, const struct exs_json *c, double txr,
+                       double rxr, int rate)
+{
+    char tx[16], rx[16], mode[32], sr[24], a[16], b[16];
+
+    human_bytes(exs__json_get_u64(c, "bytes_sent"), tx, sizeof(tx));
+    human_bytes(exs__json_get_u64(c, "bytes_received"), rx, sizeof(rx));
+    snprintf(mode, sizeof(mode), "%.8s%s%.8s", exs__json_get_str(c, "mode"),
+             exs__json_get_str(c, "phase")[0] ? "/" : "", exs__json_get_str(c, "phase"));
+    snprintf(sr, sizeof(sr), "%" PRIu64 "/%" PRIu64, exs__json_get_u64(c, "sends_out"),
+             exs__json_get_u64(c, "recvs_out"));
+    printf("%-7" PRIu64 " %-15.15s %-4" PRIu64 " %-9s %-10s %-21s %-21s %-5s %-15s %-5" PRIu64
+           " %-7s %-8s %-8s %-7" PRIu64 " %-7" PRIu64 " %" PRIu64,
+           exs__json_get_u64(proc, "pid"), exs__json_get_str(proc, "prog"),
+           exs__json_get_u64(c, "fd"), exs__json_get_str(c, "type"), exs__json_get_str(c, "state"),
+           or_dash(exs__json_get_str(c, "local")), or_dash(exs__json_get_str(c, "peer")),
+           exs__json_get_str(c, "provider"), mode, exs__json_get_u64(c, "credits"), sr, tx, rx,
+           exs__json_get_u64(c, "direct_xfers"), exs__json_get_u64(c, "indirect_xfers"),
+           exs__json_get_u64(c, "age_ms") / 1000);
+    if (rate) {
+        human_bytes((uint64_t)txr, a, sizeof(a));
+        human_bytes((uint64_t)rxr, b, sizeof(b));
+        printf("  %-8s %s", a, b);
+    }
+    printf("\n");
+}
+
+/* Stat replies of pid (one) or of every process (pid < 0); in a scan, processes that
+ * fail (exited meanwhile, another user's) are skipped. Returns the count or -errno. */
+static int gather(int pid, struct reply *replies, int max)
+{
+    int pids[MAX_PROCS], n, got = 0;
+
+    if (pid > 0) {
+        int ret = ctl_once(pid, "stat", &replies[0]);
+
+        return ret < 0 ? ret : 1;
+    }
+    n = list_pids(pids, max < MAX_PROCS ? max : MAX_PROCS);
+    for (int i = 0; i < n; i++) {
+        int fd = ctl_connect(pids[i], 1);
+
+        if (fd < 0)
+            continue;
+        if (ctl_call(pids[i], fd, "stat", &replies[got]) == 0)
+            got++;
+        close(fd);
+    }
+    return got;
+}
+
+static void print_json_processes(struct reply *r, int n)
+{
+    printf("{\"processes\":[");
+    for (int i = 0; i < n; i++)
+        printf("%s%s", i ? "," : "", r[i].raw);
+    printf("]}\n");
+}
+
+static int cmd_stat(int argc, char **argv)
+{
+    static struct reply r[MAX_PROCS];
+    int pid = -1, n, counters = 0;
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--counters"))
+            counters = 1;
+        else if (pid > 0 || (pid = parse_pid(argv[i])) < 0)
+            goto usage;
+    }
+    n = gather(pid, r, MAX_PROCS);
+    if (n < 0)
+        return 1;
+    if (opt_json) {
+        print_json_processes(r, n);
+    } else {
+        print_conn_header(0);
+        for (int i = 0; i < n; i++) {
+            const struct exs_json *conns = exs__json_get(r[i].j, "conns");
+
+            for (const struct exs_json *c = conns ? conns->child : NULL; c; c = c->next)
+                print_conn(r[i].j, c, 0, 0, 0);
+        }
+        /* per process: one line, and with --counters every counter set */
+        for (int i = 0; i < n; i++) {
+            const struct exs_json *cs = exs__json_get(r[i].j, "counters");
+
+            printf("\npid %" PRIu64 " (%s): provider %s, up %" PRIu64 " s, log level %s, "
+                   "%" PRIu64 " log lines suppressed\n",
+                   exs__json_get_u64(r[i].j, "pid"), exs__json_get_str(r[i].j, "prog"),
+                   exs__json_get_str(r[i].j, "provider"),
+                   exs__json_get_u64(r[i].j, "uptime_ms") / 1000,
+                   exs__json_get_str(r[i].j, "log_level"),
+                   exs__json_get_u64(r[i].j, "log_suppressed"));
+            for (const struct exs_json *c = counters && cs ? cs->child : NULL; c; c = c->next)
+                printf("  %-20s %-24s %" PRIu64 "\n", exs__json_get_str(c, "set"),
+                       exs__json_get_str(c, "name"), exs__json_get_u64(c, "value"));
+        }
+    }
+    for (int i = 0; i < n; i++)
+        reply_free(&r[i]);
+    return 0;
+usage:
+    fprintf(stderr, "usage: exsctl stat [PID] [--counters] [--json]\n");
+    return 2;
+}
+
+/* top: one row per connection with its rate since the previous round. */
+struct top_row {
+    uint64_t pid, fd;
+    char conn[32];
+    uint64_t tx, rx;
+    double txr, rxr;
+    const struct exs_json *proc, *c;
+};
+
+static int top_cmp(const void *a, const void *b)
+{
+    const struct top_row *x = a, *y = b;
+    double tx = x->txr + x->rxr, ty = y->txr + y->rxr;
+
+    return tx < ty ? 1 : tx > ty ? -1 : (x->pid > y->pid) - (x->pid < y->pid);
+}
+
+static int cmd_top(int argc, char **argv)
+{
+    static struct reply r[MAX_PROCS];
+    struct top_row *prev = NULL, *cur = NULL;
+    int nprev = 0, iterations = -1, pid = -1;
+    double interval = 1.0;
+    struct timespec t0, t1;
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--iterations") && i + 1 < argc)
+            iterations = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--interval") && i + 1 < argc)
+            interval = atof(argv[++i]);
+        else if ((pid = parse_pid(argv[i])) < 0)
+            goto usage;
+    }
+    if (interval <= 0 || interval > 3600 || iterations == 0 || iterations < -1)
+        goto usage;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int it = 0; iterations < 0 || it < iterations; it++) {
+        int n = gather(pid, r, MAX_PROCS), ncur = 0;
+        double dt;
+
+        if (n < 0)
+            return 1;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        dt = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+        t0 = t1;
+        for (int i = 0; i < n; i++) {
+            const struct exs_json *conns = exs__json_get(r[i].j, "conns");
+
+            for (const struct exs_json *c = conns ? conns->child : NULL; c; c = c->next)
+                ncur++;
+        }
+        cur = calloc((size_t)ncur + 1, sizeof(*cur));
+        if (!cur)
+            return 1;
+        ncur = 0;
+        for (int i = 0; i < n; i++) {
+            const struct exs_json *conns = exs__json_get(r[i].j, "conns");
+
+            for (const struct exs_json *c = conns ? conns->child : NULL; c; c = c->next) {
+                struct top_row *row = &cur[ncur++];
+
+                row->pid = exs__json_get_u64(r[i].j, "pid");
+                row->fd = exs__json_get_u64(c, "fd");
+                snprintf(row->conn, sizeof(row->conn), "%s", exs__json_get_str(c, "conn"));
+                row->tx = exs__json_get_u64(c, "bytes_sent");
+                row->rx = exs__json_get_u64(c, "bytes_received");
+                row->proc = r[i].j;
+                row->c = c;
+                for (int k = 0; k < nprev && it > 0; k++)
+                    if (prev[k].pid == row->pid && !strcmp(prev[k].conn, row->conn) &&
+                        prev[k].fd == row->fd && dt > 0) {
+                        row->txr = (double)(row->tx - prev[k].tx) / dt;
+                        row->rxr = (double)(row->rx - prev[k].rx) / dt;
+                    }
+            }
+        }
+        qsort(cur, (size_t)ncur, sizeof(*cur), top_cmp);
+        if (opt_json) {
+            printf("{\"iteration\":%d,\"conns\":[", it + 1);
+            for (int k = 0; k < ncur; k++)
+                printf("%s{\"pid\":%" PRIu64 ",\"fd\":%" PRIu64
+                       ",\"conn\":\"%s\",\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64
+                       ",\"tx_bps\":%.0f,\"rx_bps\":%.0f}",
+                       k ? "," : "", cur[k].pid, cur[k].fd, cur[k].conn, cur[k].tx, cur[k].rx,
+                       cur[k].txr, cur[k].rxr);
+            printf("]}\n");
+        } else {
+            if (isatty(STDOUT_FILENO))
+                printf("\033[H\033[2J");
+            printf("exsctl top: %d processes, %d connections, every %.1f s (bytes/s since the "
+                   "last round)\n",
+                   n, ncur, interval);
+            print_conn_header(1);
+            for (int k = 0; k < ncur; k++)
+                print_conn(cur[k].proc, cur[k].c, cur[k].txr, cur[k].rxr, 1);
+        }
+        fflush(stdout);
+        free(prev);
+        prev = cur;
+        nprev = ncur;
+        for (int k = 0; k < nprev; k++)
+            prev[k].proc = prev[k].c = NULL; /* the trees are freed next */
+        for (int i = 0; i < n; i++)
+            reply_free(&r[i]);
+        if (iterations < 0 || it + 1 < iterations)
+            usleep((useconds_t)(interval * 1e6));
+    }
+    free(prev);
+    return 0;
+usage:
+    fprintf(stderr, "usage: exsctl top [PID] [--iterations N] [--interval SECONDS] [--json]\n");
+    return 2;
+}
+
+/* ---- params and set ---- */
 
 static int cmd_params(int argc, char **argv)
 {
-    int rc;
+    struct reply r = {0};
+    int pid, rc;
 
     if (argc == 1) {
         /* Bad EXS_* values are reported on stderr and make the status 1. */
         rc = exs__params_load();
-        exs__params_print(stdout, 0);
+        if (opt_json) {
+            size_t count;
+            const struct exs_param_def *t = exs__params_table(&count);
+            struct exs_jbuf b;
+            char val[EXS_PARAM_STR_MAX + 32];
+
+            exs__jbuf_init(&b, 1u << 20);
+            exs__jbuf_obj_begin(&b);
+            exs__jbuf_key(&b, "params");
+            exs__jbuf_arr_begin(&b);
+            for (size_t i = 0; i < count; i++) {
+                if (exs__params_get(t[i].name, val, sizeof(val)) < 0)
+                    val[0] = '\0';
+                exs__jbuf_obj_begin(&b);
+                exs__jbuf_kv_str(&b, "name", t[i].name);
+                exs__jbuf_kv_str(&b, "env", t[i].env);
+                exs__jbuf_kv_str(&b, "value", val);
+                exs__jbuf_kv_str(&b, "default", t[i].defval);
+                exs__jbuf_kv_str(&b, "mode", t[i].online ? "online" : "offline");
+                exs__jbuf_kv_str(&b, "help", t[i].help);
+                exs__jbuf_obj_end(&b);
+            }
+            exs__jbuf_arr_end(&b);
+            exs__jbuf_obj_end(&b);
+            printf("%s\n", b.p ? b.p : "{}");
+            exs__jbuf_free(&b);
+        } else {
+            exs__params_print(stdout, 0);
+        }
         return rc < 0 ? 1 : 0;
     }
     if (argc == 2 && strcmp(argv[1], "--markdown") == 0) {
@@ -38,35 +592,219 @@ static int cmd_params(int argc, char **argv)
         exs__params_print(stdout, 1);
         return 0;
     }
-    usage(stderr);
+    if (argc != 2 || (pid = parse_pid(argv[1])) < 0) {
+        fprintf(stderr, "usage: exsctl params [PID] [--json] | exsctl params --markdown\n");
+        return 2;
+    }
+    if (ctl_once(pid, "params", &r) < 0)
+        return 1;
+    if (opt_json) {
+        printf("%s\n", r.raw);
+    } else {
+        const struct exs_json *ps = exs__json_get(r.j, "params");
+
+        printf("pid %d (%s):\n", pid, exs__json_get_str(r.j, "prog"));
+        printf("%-22s %-24s %-8s %s\n", "NAME", "VALUE", "MODE", "DEFAULT");
+        for (const struct exs_json *p = ps ? ps->child : NULL; p; p = p->next)
+            printf("%-22s %-24s %-8s %s\n", exs__json_get_str(p, "name"),
+                   exs__json_get_str(p, "value"), exs__json_get_str(p, "mode"),
+                   exs__json_get_str(p, "default"));
+    }
+    reply_free(&r);
+    return 0;
+}
+
+static int cmd_set(int argc, char **argv)
+{
+    struct reply r = {0};
+    char req[EXS_CTL_LINE_MAX];
+    char *eq;
+    int pid, n;
+
+    if (argc != 3 || (pid = parse_pid(argv[1])) < 0 || !(eq = strchr(argv[2], '=')) ||
+        eq == argv[2] || !eq[1] || strchr(argv[2], ' ') || strchr(argv[2], '\n')) {
+        fprintf(stderr, "usage: exsctl set PID NAME=VALUE [--json]\n");
+        return 2;
+    }
+    *eq = '\0';
+    n = snprintf(req, sizeof(req), "set %s %s", argv[2], eq + 1);
+    if (n < 0 || (size_t)n >= sizeof(req)) {
+        fprintf(stderr, "exsctl: set: name or value too long\n");
+        return 2;
+    }
+    if (ctl_once(pid, req, &r) < 0)
+        return 1;
+    if (opt_json)
+        printf("%s\n", r.raw);
+    else
+        printf("pid %d: %s: \"%s\" -> \"%s\"\n", pid, exs__json_get_str(r.j, "name"),
+               exs__json_get_str(r.j, "old"), exs__json_get_str(r.j, "value"));
+    reply_free(&r);
+    return 0;
+}
+
+/* ---- trace ---- */
+
+static int cmd_trace(int argc, char **argv)
+{
+    struct reply r = {0};
+    int pid = -1, fd, count = -1, timeout_ms = -1, got = 0, ret;
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--count") && i + 1 < argc)
+            count = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
+            timeout_ms = (int)(atof(argv[++i]) * 1000);
+        else if (pid < 0 && (pid = parse_pid(argv[i])) > 0)
+            continue;
+        else
+            goto usage;
+    }
+    if (pid < 0 || count == 0 || count < -1)
+        goto usage;
+    fd = ctl_connect(pid, 0);
+    if (fd < 0)
+        return 1;
+    if (ctl_call(pid, fd, "trace", &r) < 0) {
+        close(fd);
+        return 1;
+    }
+    if (opt_json)
+        printf("%s\n", r.raw);
+    else
+        fprintf(stderr,
+                "exsctl: tracing pid %d (%s), log level %s; exsctl set %d "
+                "log_level=dbg for more\n",
+                pid, exs__json_get_str(r.j, "prog"), exs__json_get_str(r.j, "log_level"), pid);
+    fflush(stdout);
+    reply_free(&r);
+    while (count < 0 || got < count) {
+        ret = ctl_read_reply(fd, timeout_ms, &r);
+        if (ret == -ETIMEDOUT)
+            break;
+        if (ret < 0) {
+            if (ret != -ECONNRESET)
+                fprintf(stderr, "exsctl: pid %d: trace: %s\n", pid, strerror(-ret));
+            break;
+        }
+        if (opt_json) {
+            printf("%s\n", r.raw);
+        } else {
+            uint64_t t = exs__json_get_u64(r.j, "t_us");
+
+            printf("%" PRIu64 ".%06" PRIu64 " %s\n", t / 1000000, t % 1000000,
+                   exs__json_get_str(r.j, "log"));
+            if (exs__json_get_u64(r.j, "dropped"))
+                printf("(%" PRIu64 " records dropped before this one)\n",
+                       exs__json_get_u64(r.j, "dropped"));
+        }
+        fflush(stdout);
+        reply_free(&r);
+        got++;
+    }
+    close(fd);
+    return 0;
+usage:
+    fprintf(stderr, "usage: exsctl trace PID [--count N] [--timeout SECONDS] [--json]\n");
     return 2;
+}
+
+/* ---- the table of subcommands ---- */
+
+static int cmd_version(int argc, char **argv);
+static int cmd_help(int argc, char **argv);
+
+/* The probes parse their own options: give --json back to them. */
+static int cmd_probe(int (*fn)(int, char **), int argc, char **argv)
+{
+    char *v[argc + 2];
+
+    for (int i = 0; i < argc; i++)
+        v[i] = argv[i];
+    if (opt_json)
+        v[argc++] = (char *)"--json";
+    v[argc] = NULL;
+    return fn(argc, v);
+}
+
+static int cmd_serve(int argc, char **argv) { return cmd_probe(exsctl_serve, argc, argv); }
+static int cmd_ping(int argc, char **argv) { return cmd_probe(exsctl_ping, argc, argv); }
+static int cmd_perf(int argc, char **argv) { return cmd_probe(exsctl_perf, argc, argv); }
+
+struct exsctl_cmd {
+    const char *name;
+    int (*fn)(int argc, char **argv); /* argv[0] is the subcommand */
+    const char *usage;
+};
+
+static const struct exsctl_cmd cmds[] = {
+    {"stat", cmd_stat,
+     "stat [PID] [--counters] every connection of every libexs process (or PID's); --counters: its "
+     "counter sets"},
+    {"top", cmd_top,
+     "top [PID] [--iterations N] [--interval S]  the same, refreshed, by throughput"},
+    {"params", cmd_params,
+     "params [PID]            tunables (with PID: the running process's values)"},
+    {"params", cmd_params, "params --markdown       the tunables table of spec/params.md"},
+    {"set", cmd_set, "set PID NAME=VALUE      change an online tunable of a running process"},
+    {"trace", cmd_trace, "trace PID [--count N] [--timeout S]  stream the process's log records"},
+    /* probes (tools/exsctl_probe.c); their usage: exsctl_probe_usage */
+    {"serve", cmd_serve, NULL},
+    {"ping", cmd_ping, NULL},
+    {"perf", cmd_perf, NULL},
+    {"version", cmd_version, "version                 print the libexs version"},
+    {"help", cmd_help, "help                    print this text"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: exsctl <command> [options] [--json]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+        if (cmds[i].usage)
+            fprintf(f, "  %s\n", cmds[i].usage);
+    exsctl_probe_usage(f);
+    fprintf(f, "\n--json: machine-readable output (every command).\n"
+               "Processes are found in the control directory (EXS_CTL_DIR, else "
+               "$XDG_RUNTIME_DIR/exs, /run/exs/0 for root, /tmp/exs-UID).\n");
+}
+
+static int cmd_version(int argc, char **argv)
+{
+    (void)argv;
+    if (argc != 1) {
+        usage(stderr);
+        return 2;
+    }
+    if (opt_json)
+        printf("{\"version\":\"%s\"}\n", EXSCTL_VERSION);
+    else
+        printf("exsctl (libexs) %s\n", EXSCTL_VERSION);
+    return 0;
+}
+
+static int cmd_help(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    usage(stdout);
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
-    const char *cmd = argc > 1 ? argv[1] : NULL;
+    const char *cmd;
 
+    argc = strip_json(argc, argv);
+    cmd = argc > 1 ? argv[1] : NULL;
     if (!cmd) {
         usage(stderr);
         return 2;
     }
-    if (strcmp(cmd, "params") == 0)
-        return cmd_params(argc - 1, argv + 1);
-    if (strcmp(cmd, "serve") == 0)
-        return exsctl_serve(argc - 1, argv + 1);
-    if (strcmp(cmd, "ping") == 0)
-        return exsctl_ping(argc - 1, argv + 1);
-    if (strcmp(cmd, "perf") == 0)
-        return exsctl_perf(argc - 1, argv + 1);
-    if (strcmp(cmd, "version") == 0 && argc == 2) {
-        printf("exsctl (libexs) %s\n", EXSCTL_VERSION);
-        return 0;
-    }
-    if ((strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) &&
-        argc == 2) {
-        usage(stdout);
-        return 0;
-    }
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h"))
+        cmd = "help";
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+        if (!strcmp(cmd, cmds[i].name))
+            return cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "exsctl: unknown command or arguments: %s\n", cmd);
     usage(stderr);
     return 2;

@@ -34,3 +34,6 @@ check-probe: $(EXSCTL)
 check: check-probe
 
 .PHONY: spec-params check-params check-probe
+
+# exsctl against live processes (blast, the echo server): tools/ctl_test.sh.
+CHECK_RUNS += "bash tools/ctl_test.sh $(BUILD)"

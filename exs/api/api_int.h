@@ -119,6 +119,9 @@ static inline void api_sock_unlock(struct api_sock *s)
 /* The socket behind fd with a reference (EBADF, ENOTSOCK otherwise); drop it with put. */
 struct api_sock *api_sock_get(int fd, int *err_p);
 void api_sock_put(struct api_sock *s);
+/* Every socket in the table, each held by a reference, in an array to free (sock.c). */
+int  api_sock_list(struct api_sock ***all_p, int *n_p);
+const char *api_sock_state_name(enum api_sock_state st);
 int  api_default_xfer_mode(void);
 
 /* operations (xfer.c) */

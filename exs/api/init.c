@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
+#include "exs/api/ctl.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
@@ -45,6 +46,8 @@ exs_version_t exs_init(exs_version_t version)
         ret = exs__engine_start();
         if (!ret)
             __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+        if (!ret && exs__params.ctl_enable)
+            exs__ctl_start(); /* without it the library works; the failure is logged */
     }
     EXS_MUTEX_UNLOCK(&init_lock, EXS_LOCK_INIT);
     if (ret)
@@ -59,6 +62,7 @@ void exs_fini(void)
         EXS_MUTEX_UNLOCK(&init_lock, EXS_LOCK_INIT);
         return;
     }
+    exs__ctl_stop();
     api_sock_close_all();
     /* Sockets finish closing under the progress lock: help drive, and wait for them
      * (bounded). */

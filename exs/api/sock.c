@@ -129,6 +129,29 @@ static struct api_sock *sock_new(int domain, int type)
     return s;
 }
 
+/* Every socket of the table, each held by a reference the caller drops with
+ * api_sock_put, in an array the caller frees (the control endpoint's stat, api/ctl.c).
+ * -ENOMEM when the array cannot be made. */
+int api_sock_list(struct api_sock ***all_p, int *n_p)
+{
+    struct api_sock **all;
+    int n = 0;
+
+    EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
+    all = malloc(((size_t)tab_len + 1) * sizeof(*all));
+    for (int fd = 0; all && fd < tab_len; fd++)
+        if (tab[fd]) {
+            sock_get_ref(tab[fd]);
+            all[n++] = tab[fd];
+        }
+    EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
+    if (!all)
+        return -ENOMEM;
+    *all_p = all;
+    *n_p = n;
+    return 0;
+}
+
 /* ---- the socket's state machine (spec/states.md, "Socket") ---- */
 
 static const char *const sock_state_names[API_SOCK_STATE_COUNT] = {
@@ -137,6 +160,11 @@ static const char *const sock_state_names[API_SOCK_STATE_COUNT] = {
     [API_SOCK_CONNECTED] = "CONNECTED", [API_SOCK_CLOSING] = "CLOSING",
     [API_SOCK_ABORTING] = "ABORTING",   [API_SOCK_FINISHING] = "FINISHING",
 };
+
+const char *api_sock_state_name(enum api_sock_state st)
+{
+    return st < API_SOCK_STATE_COUNT ? sock_state_names[st] : "?";
+}
 
 #define SOCK_BIT(_st) (1u << (_st))
 #define SOCK_OPEN_STATES                                                                   \

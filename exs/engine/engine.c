@@ -3,6 +3,7 @@
  * application thread does. */
 #include <errno.h>
 #include <ev.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,17 @@ static struct {
 };
 
 static __thread int eng_holding; /* this thread holds eng.plock */
+/* Slow-poll detection (polling_warn_cycle_us): when this thread's last drive ended, 0 once
+ * it went to sleep (exs__engine_arm) or never drove. */
+static __thread uint64_t eng_poll_end_ns;
+
+/* What the last progress pass did (plock): slow-poll and slow-section reports. */
+static struct eng_pass {
+    unsigned cqes, cms, jobs;
+    uint64_t ns;              /* its duration (measured while a threshold is set) */
+    void   (*slow_fn)(struct exs_job *job); /* its slowest job */
+    uint64_t slow_fn_ns;
+} eng_pass;
 static __thread int eng_is_loop; /* this thread is the libev loop's */
 
 struct exs_eng_counters exs__eng_cnt;
@@ -183,34 +195,70 @@ static int eng_run_jobs(void)
     EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     while ((n = exs_list_pop_head(&todo))) {
         struct exs_job *job = exs_list_entry(n, struct exs_job, link);
+        void (*fn)(struct exs_job *job) = job->fn;
+        uint64_t t0 = exs__params.slow_threshold_us ? exs__now_ns() : 0;
 
         job->queued = 0;
-        job->fn(job); /* may free the job's object */
+        fn(job); /* may free the job's object */
         count++;
+        if (t0 && exs__now_ns() - t0 > eng_pass.slow_fn_ns) {
+            eng_pass.slow_fn_ns = exs__now_ns() - t0;
+            eng_pass.slow_fn = fn;
+        }
     }
+    eng_pass.jobs += (unsigned)count;
     return count;
 }
 
 /* One round: provider work, completions, then each cm event after the completions that
  * precede it (a DISCONNECTED must not overtake the completions of the data and the
  * SHUTDOWN the peer sent before it), then jobs. Returns how much it did. */
+/* The end of a pass that began at t0 (0: not measured): its duration, and the report
+ * when it held the progress lock longer than slow_threshold_us. */
+static void eng_pass_end(uint64_t t0)
+{
+    uint64_t slow_us = exs__params.slow_threshold_us;
+
+    if (!t0)
+        return;
+    eng_pass.ns = exs__now_ns() - t0;
+    if (slow_us && eng_pass.ns > slow_us * 1000u)
+        EXS_WARN(ENG,
+                 "slow progress pass: the progress lock held %" PRIu64
+                 " us (slow_threshold_us %" PRIu64 ") by %s: %u completions, %u connection "
+                 "events, %u jobs (slowest job %p, %" PRIu64 " us)",
+                 eng_pass.ns / 1000u, slow_us,
+                 eng_is_loop ? "the progress thread" : "an application thread", eng_pass.cqes,
+                 eng_pass.cms, eng_pass.jobs, (void *)eng_pass.slow_fn,
+                 eng_pass.slow_fn_ns / 1000u);
+}
+
 static int eng_round(void)
 {
     struct exs_prov_cm_event ev;
-    int p, n = 0;
+    int p, n = 0, c;
+    uint64_t t0 = exs__params.slow_threshold_us || exs__params.polling_warn_cycle_us
+                      ? exs__now_ns() : 0;
 
+    eng_pass = (struct eng_pass){0};
     p = exs__prov_progress(eng.ctx);
     if (p > 0)
         n += p;
     else if (p < 0)
         EXS_WARN(ENG, "provider progress failed: %d", p);
-    n += eng_drain_cq(ENG_DRIVE_ROUND);
+    c = eng_drain_cq(ENG_DRIVE_ROUND);
+    eng_pass.cqes += (unsigned)c;
+    n += c;
     while (exs__prov_cm_poll(eng.ctx, &ev) == 1) {
-        n += eng_drain_cq(INT32_MAX);
+        c = eng_drain_cq(INT32_MAX);
+        eng_pass.cqes += (unsigned)c;
+        n += c;
         eng_dispatch_cm(&ev);
+        eng_pass.cms++;
         n++;
     }
     n += eng_run_jobs();
+    eng_pass_end(t0);
     return n;
 }
 
@@ -241,6 +289,27 @@ static void eng_drain_all(void)
     } while (n > 0 || exs__prov_arm(eng.ctx) == -EAGAIN);
 }
 
+static __thread struct eng_pass eng_poll_last; /* this thread's last pass */
+
+/* An application thread drives again: report a gap since its previous drive longer than
+ * polling_warn_cycle_us (it stopped polling without sleeping in the library: its own code
+ * ran that long between two calls). Also at a failed trylock: that is a poll too. */
+static void eng_poll_check(void)
+{
+    uint64_t warn_us = __atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED);
+    uint64_t now = exs__now_ns(), gap;
+
+    if (eng_poll_end_ns && (gap = now - eng_poll_end_ns) > warn_us * 1000u)
+        EXS_WARN(ENG,
+                 "slow poller: this thread drove progress again after %" PRIu64
+                 " us without waiting in the library (polling_warn_cycle_us %" PRIu64
+                 "); its previous pass ran %u completions, %u connection events, %u jobs in %"
+                 PRIu64 " us",
+                 gap / 1000u, warn_us, eng_poll_last.cqes, eng_poll_last.cms,
+                 eng_poll_last.jobs, eng_poll_last.ns / 1000u);
+    eng_poll_end_ns = now;
+}
+
 int exs__engine_drive(int flags)
 {
     int n;
@@ -249,6 +318,8 @@ int exs__engine_drive(int flags)
         return 0; /* a dispatch on this thread is below us */
     if (!__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE))
         return 0;
+    if (__atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED))
+        eng_poll_check();
     if (flags & EXS_ENG_DRIVE_TRY) {
         if (eng_trylock())
             return -EBUSY;
@@ -259,6 +330,10 @@ int exs__engine_drive(int flags)
     /* One round: the caller looks at its queue next and drives again if it must; an
      * empty extra round would only cost system calls on every wake-up. */
     n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1) : 0;
+    if (eng_poll_end_ns || __atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED)) {
+        eng_poll_last = eng_pass; /* what this thread's pass did, for its next report */
+        eng_poll_end_ns = exs__now_ns();
+    }
     eng_unlock();
     if (n > 0)
         EXS_CNT_INC(exs__eng_cnt.drives_app);
@@ -279,8 +354,10 @@ int exs__engine_arm(int *fd_p)
         ret = -EAGAIN;
     } else {
         ret = exs__prov_arm(eng.ctx);
-        if (ret == 0)
+        if (ret == 0) {
             *fd_p = exs__prov_ctx_event_fd(eng.ctx);
+            eng_poll_end_ns = 0; /* it sleeps: a wait, not a slow poll */
+        }
         else if (ret != -EAGAIN)
             EXS_WARN(ENG, "provider arm failed: %d", ret);
     }
@@ -317,9 +394,13 @@ static void eng_prov_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 static void eng_async_cb(struct ev_loop *loop, ev_async *w, int revents)
 {
+    uint64_t t0 = exs__params.slow_threshold_us ? exs__now_ns() : 0;
+
     (void)w;
     (void)revents;
+    eng_pass = (struct eng_pass){0};
     eng_run_jobs();
+    eng_pass_end(t0);
     if (eng.io_on)
         eng_drain_all();
     EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
@@ -553,6 +634,35 @@ void exs__engine_timer_stop(struct exs_eng_timer *t)
     EXS_ASSERT(eng_holding);
     if (t->cb) {
         ev_timer_stop(eng.loop, &t->w);
+        eng.loop_dirty = 1;
+    }
+}
+
+static void eng_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct exs_eng_io *io = exs_container_of(w, struct exs_eng_io, w);
+
+    (void)loop;
+    io->cb(io, revents);
+}
+
+void exs__engine_io_start(struct exs_eng_io *io, int fd, int events,
+                          void (*cb)(struct exs_eng_io *io, int revents))
+{
+    EXS_ASSERT(eng_holding);
+    if (io->cb && ev_is_active(&io->w))
+        ev_io_stop(eng.loop, &io->w);
+    io->cb = cb;
+    ev_io_init(&io->w, eng_io_cb, fd, events);
+    ev_io_start(eng.loop, &io->w);
+    eng.loop_dirty = 1;
+}
+
+void exs__engine_io_stop(struct exs_eng_io *io)
+{
+    EXS_ASSERT(eng_holding);
+    if (io->cb && ev_is_active(&io->w)) {
+        ev_io_stop(eng.loop, &io->w);
         eng.loop_dirty = 1;
     }
 }

@@ -85,6 +85,17 @@ void exs__engine_timer_start(struct exs_eng_timer *t, uint64_t ms,
                              void (*cb)(struct exs_eng_timer *t));
 void exs__engine_timer_stop(struct exs_eng_timer *t);
 
+/* A descriptor watched by the progress loop (the control endpoint, api/ctl.c). Start,
+ * change and stop with the progress lock held; cb runs on the progress thread with the
+ * lock held, with EV_READ / EV_WRITE in revents. events: EV_READ | EV_WRITE. */
+struct exs_eng_io {
+    ev_io w;
+    void (*cb)(struct exs_eng_io *io, int revents);
+};
+void exs__engine_io_start(struct exs_eng_io *io, int fd, int events,
+                          void (*cb)(struct exs_eng_io *io, int revents));
+void exs__engine_io_stop(struct exs_eng_io *io);
+
 int  exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr,
                         socklen_t addrlen, int backlog);
 /* Progress thread only. */

@@ -205,6 +205,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     if (!conn)
         return -ENOMEM;
     pthread_mutex_init(&conn->lock, NULL);
+    conn->created_ns = exs__now_ns();
     conn->ctx = ctx;
     conn->cb = cb;
     conn->owner = owner;
@@ -1049,6 +1050,24 @@ void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
     *st = conn->stats;
     st->batch_thresh = conn->batch_thresh;
     st->ring_size = conn->p.ring_size;
+    st->ring_fill = conn->rd_arrived - conn->rd_consumed;
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+}
+
+void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info)
+{
+    exs__conn_stats(conn, &info->stats);
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    info->state = conn_state_names[conn->state];
+    info->phase = conn->p.sock_type != SOCK_STREAM     ? ""
+                  : PHASE_IS_DIRECT(conn->st_ps) ? "direct"
+                                                 : "indirect";
+    info->credits = conn->credits;
+    info->peer_credits = conn->peer.credits;
+    info->wr_out = conn->wr_out;
+    info->pending = conn->pending_count;
+    info->adverts_held = conn->adv_count;
+    info->age_ms = (exs__now_ns() - conn->created_ns) / 1000000u;
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 

@@ -242,6 +242,20 @@ struct exs_conn {
     uint64_t                   tx_stall_ns;  /* queued sends without progress since; 0: none */
 
     struct exs_sock_stats      stats;
+    uint64_t                   created_ns; /* exs__now_ns() at create (exsctl stat: age) */
+};
+
+/* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */
+struct exs_conn_info {
+    const char           *state;        /* conn state name (static string) */
+    const char           *phase;        /* STREAM sender: "direct" / "indirect"; else "" */
+    uint32_t              credits;      /* messages we may still send */
+    uint32_t              peer_credits; /* the peer's receives (our initial credits) */
+    uint32_t              wr_out;       /* work requests posted, not completed */
+    uint32_t              pending;      /* arrived messages not yet matched to a receive */
+    uint32_t              adverts_held; /* ADVERTs received, not used yet */
+    uint64_t              age_ms;       /* since the conn was created */
+    struct exs_sock_stats stats;        /* as exs__conn_stats */
 };
 
 /* Create a conn with its endpoint, ring and pre-posted receives (state IDLE).
@@ -298,6 +312,8 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms);
 
 /* Statistics snapshot. */
 void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st);
+/* Snapshot for the control endpoint (takes the conn lock). */
+void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info);
 
 /* Live conns (leak checks). */
 int  exs__conn_live_count(void);

@@ -115,7 +115,89 @@ static const char *subsys_name(unsigned subsys)
     return "?";
 }
 
+static exs_log_hook_fn *log_hook;
+static uint64_t         log_suppressed;
+
+void exs__log_set_hook(exs_log_hook_fn *fn)
+{
+    __atomic_store_n(&log_hook, fn, __ATOMIC_RELEASE);
+}
+
+uint64_t exs__log_suppressed_total(void)
+{
+    return __atomic_load_n(&log_suppressed, __ATOMIC_RELAXED);
+}
+
 void exs__log(int level, unsigned subsys, const char *func, int line, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    exs__vlog(level, subsys, func, line, fmt, ap);
+    va_end(ap);
+}
+
+/* 1 when the site may write a line now; *suppressed_p: lines it dropped before. */
+static int log_site_take(struct exs_log_site *site, uint64_t *suppressed_p)
+{
+    uint64_t burst = __atomic_load_n(&exs__params.log_rate_burst, __ATOMIC_RELAXED);
+    uint64_t rate = __atomic_load_n(&exs__params.log_rate_per_s, __ATOMIC_RELAXED);
+    uint64_t now = exs__now_ns();
+    int      ok = 1;
+
+    *suppressed_p = 0;
+    if (burst == 0 || rate == 0)
+        return 1; /* no limit (rate 0: the params were never loaded) */
+    pthread_mutex_lock(&site->lock);
+    if (!site->init) {
+        site->init = 1;
+        site->tokens = burst;
+        site->refill_ns = now;
+    } else if (now > site->refill_ns) {
+        uint64_t add = (now - site->refill_ns) / (1000000000u / rate ? 1000000000u / rate : 1);
+
+        if (add) {
+            site->tokens = EXS_MIN(burst, site->tokens + add);
+            site->refill_ns = now;
+        }
+    }
+    if (site->tokens == 0) {
+        site->suppressed++;
+        ok = 0;
+    } else {
+        site->tokens--;
+        *suppressed_p = site->suppressed;
+        site->suppressed = 0;
+    }
+    pthread_mutex_unlock(&site->lock);
+    if (!ok)
+        __atomic_fetch_add(&log_suppressed, 1, __ATOMIC_RELAXED);
+    return ok;
+}
+
+void exs__log_rl(struct exs_log_site *site, int level, unsigned subsys, const char *func,
+                 int line, const char *fmt, ...)
+{
+    int      saved_errno = errno;
+    uint64_t suppressed = 0;
+    va_list  ap;
+
+    if (level <= EXS_LOG_INFO && !log_site_take(site, &suppressed)) {
+        errno = saved_errno;
+        return;
+    }
+    if (suppressed)
+        exs__log(level, subsys, func, line,
+                 "%llu messages like the next suppressed (rate limit)",
+                 (unsigned long long)suppressed);
+    errno = saved_errno;
+    va_start(ap, fmt);
+    exs__vlog(level, subsys, func, line, fmt, ap);
+    va_end(ap);
+}
+
+void exs__vlog(int level, unsigned subsys, const char *func, int line, const char *fmt,
+               va_list ap0)
 {
     int     saved_errno = errno; /* first: %m and the caller both see the original */
     char    stack[1024];
@@ -124,6 +206,7 @@ void exs__log(int level, unsigned subsys, const char *func, int line, const char
     int     head, body;
     va_list ap;
     FILE   *f = __atomic_load_n(&log_stream, __ATOMIC_ACQUIRE);
+    exs_log_hook_fn *hook = __atomic_load_n(&log_hook, __ATOMIC_ACQUIRE);
 
     if (!f)
         f = stderr;
@@ -136,7 +219,7 @@ void exs__log(int level, unsigned subsys, const char *func, int line, const char
         buf[0] = '\0';
     }
     errno = saved_errno;
-    va_start(ap, fmt);
+    va_copy(ap, ap0);
     body = vsnprintf(buf + head, size - (size_t)head, fmt, ap);
     va_end(ap);
     if (body < 0)
@@ -149,7 +232,7 @@ void exs__log(int level, unsigned subsys, const char *func, int line, const char
         if (big) {
             memcpy(big, buf, (size_t)head);
             errno = saved_errno;
-            va_start(ap, fmt);
+            va_copy(ap, ap0);
             vsnprintf(big + head, (size_t)body + 1, fmt, ap);
             va_end(ap);
             buf = big;
@@ -171,6 +254,8 @@ void exs__log(int level, unsigned subsys, const char *func, int line, const char
     fwrite(buf, 1, (size_t)head + (size_t)body + 1, f);
     fflush(f);
     pthread_mutex_unlock(&log_lock);
+    if (hook)
+        hook(buf, (size_t)head + (size_t)body + 1);
 
     if (buf != stack)
         free(buf);

@@ -3,7 +3,9 @@
 #ifndef EXS_UTIL_LOG_H
 #define EXS_UTIL_LOG_H
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 
 enum exs_log_level {
@@ -50,14 +52,41 @@ void exs__log_set_stream(FILE *f);
 /* Writes "exs <level> <subsys> func:line: message\n"; keeps errno unchanged. */
 void exs__log(int level, unsigned subsys, const char *func, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+void exs__vlog(int level, unsigned subsys, const char *func, int line, const char *fmt,
+               va_list ap) __attribute__((format(printf, 5, 0)));
+
+/* Rate limiting (one per call site of the macros): a token bucket of log_rate_burst
+ * lines refilled at log_rate_per_s lines per second; err, warn and info lines past it
+ * are counted, and the next line the site writes is preceded by
+ * "N messages like the next suppressed (rate limit)". dbg and below are not limited. */
+struct exs_log_site {
+    pthread_mutex_t lock;
+    uint64_t        refill_ns;  /* when tokens were last refilled */
+    uint64_t        tokens;
+    uint64_t        suppressed; /* lines dropped since the last one written */
+    int             init;
+};
+#define EXS_LOG_SITE_INIT {.lock = PTHREAD_MUTEX_INITIALIZER}
+void exs__log_rl(struct exs_log_site *site, int level, unsigned subsys, const char *func,
+                 int line, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Lines suppressed by rate limiting, ever (tests, exsctl stat). */
+uint64_t exs__log_suppressed_total(void);
+
+/* Every line written is also handed to fn (the control endpoint's trace stream), after it
+ * is written and outside the log's lock; fn must not log. NULL removes it. */
+typedef void exs_log_hook_fn(const char *line, size_t len);
+void exs__log_set_hook(exs_log_hook_fn *fn);
 
 #define EXS_LOG_ON(_lvl, _sub)                                                       \
     ((_lvl) <= EXS_MAX_LOG_LEVEL && (_lvl) <= exs__log_level && (exs__log_subsys & (_sub)))
 
 #define EXS_LOG(_lvl, _sub, ...)                                                     \
     do {                                                                             \
-        if (EXS_LOG_ON(_lvl, EXS_SUB_##_sub))                                        \
-            exs__log(_lvl, EXS_SUB_##_sub, __func__, __LINE__, __VA_ARGS__);         \
+        if (EXS_LOG_ON(_lvl, EXS_SUB_##_sub)) {                                      \
+            static struct exs_log_site exs_log_site_ = EXS_LOG_SITE_INIT;            \
+            exs__log_rl(&exs_log_site_, _lvl, EXS_SUB_##_sub, __func__, __LINE__,     \
+                        __VA_ARGS__);                                                \
+        }                                                                            \
     } while (0)
 
 #define EXS_ERR(_sub, ...)   EXS_LOG(EXS_LOG_ERR, _sub, __VA_ARGS__)

@@ -153,6 +153,20 @@ static const struct exs_param_def params_table[] = {
           "fault provider: endpoint faults only on connections whose local or remote port is this, 0 = every connection"),
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
+    PARAM(ctl_enable, "EXS_CTL_ENABLE", "1", UINT, 0,
+          "control endpoint: a Unix socket per process for exsctl stat, params, set, trace; 0 = off, 0-1"),
+    PARAM(ctl_dir, "EXS_CTL_DIR", "", STRING, 0,
+          "control endpoint directory (mode 0700); empty = $XDG_RUNTIME_DIR/exs, else /run/exs/UID (root) or /tmp/exs-UID"),
+    PARAM(ctl_timeout_ms, "EXS_CTL_TIMEOUT_MS", "10000", UINT, 1,
+          "control clients that do not read their reply, or send no request, for this long are dropped, milliseconds, 100-3600000"),
+    PARAM(log_rate_burst, "EXS_LOG_RATE_BURST", "20", UINT, 1,
+          "log lines one call site may write at once before rate limiting (err, warn, info); 0 = no limit"),
+    PARAM(log_rate_per_s, "EXS_LOG_RATE_PER_S", "10", UINT, 1,
+          "rate-limited call sites write this many lines per second, the rest are counted as suppressed, 1-1000000"),
+    PARAM(polling_warn_cycle_us, "EXS_POLLING_WARN_CYCLE_US", "0", UINT, 1,
+          "log an application thread that drives progress again after this long without waiting in the library (a slow poller), microseconds; 0 = off"),
+    PARAM(slow_threshold_us, "EXS_SLOW_THRESHOLD_US", "0", UINT, 1,
+          "log a progress pass that holds the progress lock longer than this, with what it ran, microseconds; 0 = off"),
 
     /* -- porting: kernel descriptors, timeouts (issue 15) -- */
 
@@ -215,6 +229,14 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             (v->u < 1 || v->u > 3600000))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, emu_blackhole) && v->u > 1)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, ctl_enable) && v->u > 1)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, ctl_timeout_ms) &&
+            (v->u < 100 || v->u > 3600000))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, log_rate_per_s) &&
+            (v->u < 1 || v->u > 1000000))
             return -EINVAL;
         return 0;
     case EXS_PARAM_BOOL:

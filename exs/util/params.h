@@ -95,6 +95,13 @@ struct exs_params {
     uint64_t fault_port;        /* EXS_FAULT_PORT: only connections with this port, 0 = all */
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
+    uint64_t ctl_enable;       /* EXS_CTL_ENABLE: the control endpoint, 0-1 (offline) */
+    char     ctl_dir[EXS_PARAM_STR_MAX]; /* EXS_CTL_DIR: its directory, "" = the runtime dir */
+    uint64_t ctl_timeout_ms;   /* EXS_CTL_TIMEOUT_MS: a stalled or idle control client is dropped */
+    uint64_t log_rate_burst;   /* EXS_LOG_RATE_BURST: lines per call site before limiting, 0 = off */
+    uint64_t log_rate_per_s;   /* EXS_LOG_RATE_PER_S: lines per second per call site after it */
+    uint64_t polling_warn_cycle_us; /* EXS_POLLING_WARN_CYCLE_US: slow-poll report, 0 = off */
+    uint64_t slow_threshold_us; /* EXS_SLOW_THRESHOLD_US: slow progress pass report, 0 = off */
 
     /* -- porting: kernel descriptors, timeouts (issue 15) -- */
 

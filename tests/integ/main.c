@@ -15,6 +15,7 @@ static Suite *(*const suites[])(void) = {
     integ_progress_suite,
     integ_keepalive_suite,
     integ_fault_suite,
+    integ_ctl_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

@@ -10,6 +10,7 @@
 /* The only list of suites: add a constructor here (and declare it in unit.h). */
 static Suite *(*const suites[])(void) = {
     util_log_suite,
+    util_json_suite,
     util_params_suite,
     util_counters_suite,
     util_list_suite,

@@ -347,6 +347,114 @@ START_TEST(test_threads)
 }
 END_TEST
 
+/* Count the lines of text containing needle. */
+static int count_lines(const char *text, const char *needle)
+{
+    int n = 0;
+
+    for (const char *l = text; l && *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t      len = nl ? (size_t)(nl - l) : strlen(l);
+
+        if (memmem(l, len, needle, strlen(needle)))
+            n++;
+        l = nl ? nl + 1 : NULL;
+    }
+    return n;
+}
+
+/* A storm from one call site: the burst, then nothing, then (after a refill) one line
+ * preceded by the count of what was suppressed. Another site is not limited by it. */
+START_TEST(test_rate_limit)
+{
+    struct capture c;
+    const char    *sup;
+    uint64_t       before = exs__log_suppressed_total();
+
+    exs__params_load();
+    ck_assert_int_eq(exs__params_set("log_rate_burst", "5"), 0);
+    ck_assert_int_eq(exs__params_set("log_rate_per_s", "1"), 0);
+    exs__log_level = EXS_LOG_WARN;
+    cap_start(&c);
+    for (int i = 0; i < 1000; i++)
+        EXS_WARN(API, "storm %d", i);
+    EXS_WARN(API, "other site");
+    ck_assert_int_eq(count_lines(cap_text(&c), "storm"), 5);
+    ck_assert_int_eq(count_lines(cap_text(&c), "other site"), 1);
+    ck_assert_uint_eq(exs__log_suppressed_total() - before, 995);
+    cap_end(&c);
+
+    /* one token refills per second: the site's next line carries the count */
+    usleep(1100 * 1000);
+    cap_start(&c);
+    for (int i = 0; i < 3; i++)
+        EXS_WARN(API, "storm2 %d", i);
+    ck_assert_int_eq(count_lines(cap_text(&c), "storm2"), 3); /* a different site: its burst */
+    cap_end(&c);
+
+    cap_start(&c);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 1000; i++)
+            EXS_ERR(PROTO, "flood %d", i);
+        if (round == 0)
+            usleep(1100 * 1000);
+    }
+    /* 5 (burst) + 1 after the refill, preceded by "995 messages ... suppressed" */
+    ck_assert_int_eq(count_lines(cap_text(&c), "flood"), 6);
+    sup = strstr(cap_text(&c), "995 messages like the next suppressed");
+    ck_assert_ptr_nonnull(sup);
+    cap_end(&c);
+
+    /* 0 turns the limit off; dbg lines are never limited */
+    ck_assert_int_eq(exs__params_set("log_rate_burst", "0"), 0);
+    cap_start(&c);
+    for (int i = 0; i < 200; i++)
+        EXS_WARN(API, "free %d", i);
+    ck_assert_int_eq(count_lines(cap_text(&c), "free"), 200);
+    cap_end(&c);
+    ck_assert_int_eq(exs__params_set("log_rate_burst", "2"), 0);
+    exs__log_level = EXS_LOG_DBG;
+    cap_start(&c);
+    for (int i = 0; i < 50; i++)
+        EXS_DBG(API, "debug %d", i);
+    ck_assert_int_eq(count_lines(cap_text(&c), "debug"), 50);
+    cap_end(&c);
+}
+END_TEST
+
+static char   hook_buf[4096];
+static size_t hook_len;
+
+static void test_hook(const char *line, size_t len)
+{
+    if (hook_len + len < sizeof(hook_buf)) {
+        memcpy(hook_buf + hook_len, line, len);
+        hook_len += len;
+    }
+}
+
+/* The hook sees each written line whole, and only lines that pass the filters. */
+START_TEST(test_hook_sees_lines)
+{
+    struct capture c;
+
+    exs__log_level = EXS_LOG_WARN;
+    hook_len = 0;
+    exs__log_set_hook(test_hook);
+    cap_start(&c);
+    EXS_WARN(ENG, "hooked %d", 7);
+    EXS_INFO(ENG, "filtered");
+    exs__log_set_hook(NULL);
+    EXS_WARN(ENG, "after");
+    hook_buf[hook_len] = '\0';
+    ck_assert_ptr_nonnull(strstr(hook_buf, "exs warn eng"));
+    ck_assert_ptr_nonnull(strstr(hook_buf, "hooked 7\n"));
+    ck_assert_ptr_null(strstr(hook_buf, "filtered"));
+    ck_assert_ptr_null(strstr(hook_buf, "after"));
+    cap_end(&c);
+}
+END_TEST
+
 Suite *util_log_suite(void)
 {
     Suite *s = suite_create("util_log");
@@ -363,6 +471,8 @@ Suite *util_log_suite(void)
     tcase_add_test(tc, test_default_stderr);
     tcase_add_test(tc, test_init_env);
     tcase_add_test(tc, test_threads);
+    tcase_add_test(tc, test_rate_limit);
+    tcase_add_test(tc, test_hook_sees_lines);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -6,6 +6,7 @@
 #include <check.h>
 
 Suite *util_log_suite(void);
+Suite *util_json_suite(void);
 Suite *util_params_suite(void);
 Suite *util_counters_suite(void);
 Suite *util_list_suite(void);

@@ -1,0 +1,274 @@
+/* SPDX-License-Identifier: MIT */
+/* The control endpoint seen from inside a process: its socket and directory, stat against
+ * EXS_SO_STATS, removal at exs_fini, and the slow-poller and slow-pass reports in the trace. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/exs.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "exs/engine/engine.h"
+#include "exs/util/json.h"
+#include "tests/integ/integ.h"
+
+static char ctl_dir_path[64];
+
+/* A fresh control directory for this test (the library makes it), set before it_init. */
+static void ctl_setup(void)
+{
+    snprintf(ctl_dir_path, sizeof(ctl_dir_path), "/tmp/exs-integ-ctl-%d", (int)getpid());
+    it_setenv("EXS_CTL_DIR", ctl_dir_path);
+}
+
+static void ctl_path(char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/%d.sock", ctl_dir_path, (int)getpid());
+}
+
+static int ctl_open(void)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    ck_assert_int_ge(fd, 0);
+    ctl_path(sa.sun_path, sizeof(sa.sun_path));
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s: %s",
+                  sa.sun_path, strerror(errno));
+    return fd;
+}
+
+/* One line from fd within ms (NULL on timeout); the caller frees it. */
+static char *ctl_line(int fd, int ms)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    double end = it_now_ms() + ms;
+
+    ck_assert_ptr_nonnull(buf);
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        double left = end - it_now_ms();
+        ssize_t n;
+
+        if (len && buf[len - 1] == '\n') {
+            buf[len - 1] = '\0';
+            return buf;
+        }
+        if (left <= 0 || poll(&pfd, 1, (int)left + 1) == 0) {
+            free(buf);
+            return NULL;
+        }
+        if (len + 1 == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            ck_assert_ptr_nonnull(buf);
+        }
+        n = recv(fd, buf + len, 1, 0); /* one byte: never read past the line */
+        ck_assert_int_eq(n, 1);
+        len++;
+    }
+}
+
+/* Request and parsed reply ("ok" asserted). */
+static struct exs_json *ctl_req(int fd, const char *req)
+{
+    struct exs_json *j;
+    char *line;
+
+    ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    line = ctl_line(fd, IT_TIMEOUT_MS);
+    ck_assert_msg(line != NULL, "no reply to %s", req);
+    ck_assert_msg(exs__json_parse(line, strlen(line), &j) == 0, "not JSON: %s", line);
+    ck_assert_msg(exs__json_get_bool(j, "ok"), "%s: %s", req, line);
+    free(line);
+    return j;
+}
+
+/* Read trace records until one contains want (returns 1) or ms pass (0); a record with
+ * forbid before it fails the test. */
+static int trace_until(int fd, const char *want, const char *forbid, int ms)
+{
+    double end = it_now_ms() + ms;
+
+    while (it_now_ms() < end) {
+        char *line = ctl_line(fd, (int)(end - it_now_ms()) + 1);
+        int hit;
+
+        if (!line)
+            return 0;
+        ck_assert_msg(!forbid || !strstr(line, forbid), "unexpected record: %s", line);
+        hit = strstr(line, want) != NULL;
+        free(line);
+        if (hit)
+            return 1;
+    }
+    return 0;
+}
+
+/* The socket and its directory exist with their modes while the library runs; stat
+ * names this process and shows the pair's bytes as EXS_SO_STATS does; exs_fini removes
+ * the socket. */
+START_TEST(test_ctl_stat_matches_sockopt)
+{
+    struct it_pair p;
+    struct it_buf *b, *r;
+    struct exs_sock_stats st;
+    socklen_t len = sizeof(st);
+    struct stat sb;
+    char path[128], req[32];
+    struct exs_json *j;
+    const struct exs_json *conns;
+    int fd, found = 0;
+
+    ctl_setup();
+    it_init();
+    b = it_buf_new(4096, 1);
+    r = it_buf_new(4096, 1);
+    ctl_path(path, sizeof(path));
+    ck_assert_int_eq(stat(ctl_dir_path, &sb), 0);
+    ck_assert_uint_eq(sb.st_mode & 0777, 0700);
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert(S_ISSOCK(sb.st_mode));
+    ck_assert_uint_eq(sb.st_mode & 0777, 0600);
+
+    it_pair_open(&p, SOCK_STREAM, 16, 16);
+    IT_EXPECT_OK(exs_recv(p.sfd, r->p, 4096, MSG_WAITALL, p.sq, IT_AH(1), r->mh));
+    IT_EXPECT_OK(exs_send(p.cfd, b->p, 4096, 0, p.cq, IT_AH(2), b->mh));
+    it_expect_send(p.cq, p.cfd, IT_AH(2), 4096);
+    it_expect_recv(p.sq, p.sfd, IT_AH(1), 4096, 0);
+    ck_assert_int_eq(exs_getsockopt(p.cfd, SOL_EXS, EXS_SO_STATS, &st, &len), 0);
+    ck_assert_uint_eq(st.bytes_sent, 4096);
+
+    fd = ctl_open();
+    j = ctl_req(fd, "stat\n");
+    ck_assert_uint_eq(exs__json_get_u64(j, "pid"), (uint64_t)getpid());
+    ck_assert_str_eq(exs__json_get_str(j, "provider"), exs__prov_name(exs__engine_ctx()));
+    conns = exs__json_get(j, "conns");
+    ck_assert_ptr_nonnull(conns);
+    for (const struct exs_json *c = conns->child; c; c = c->next) {
+        if (exs__json_get_u64(c, "fd") == (uint64_t)p.cfd) {
+            found |= 1;
+            ck_assert_str_eq(exs__json_get_str(c, "state"), "CONNECTED");
+            ck_assert_str_eq(exs__json_get_str(c, "type"), "stream");
+            ck_assert_uint_eq(exs__json_get_u64(c, "bytes_sent"), st.bytes_sent);
+            ck_assert_ptr_nonnull(strstr(exs__json_get_str(c, "peer"), "127.0.0.1:"));
+        }
+        if (exs__json_get_u64(c, "fd") == (uint64_t)p.sfd) {
+            found |= 2;
+            ck_assert_uint_eq(exs__json_get_u64(c, "bytes_received"), 4096);
+        }
+        if (exs__json_get_u64(c, "fd") == (uint64_t)p.lfd) {
+            found |= 4;
+            ck_assert_str_eq(exs__json_get_str(c, "state"), "LISTENING");
+        }
+    }
+    ck_assert_int_eq(found, 7);
+    exs__json_free(j);
+    snprintf(req, sizeof(req), "hello\n");
+    exs__json_free(ctl_req(fd, req));
+    close(fd);
+    it_pair_close(&p);
+    it_buf_free(b);
+    it_buf_free(r);
+    it_fini();
+    ck_assert_int_eq(stat(path, &sb), -1);
+    ck_assert_int_eq(errno, ENOENT);
+    rmdir(ctl_dir_path);
+}
+END_TEST
+
+/* A thread that drives progress, stops polling for longer than polling_warn_cycle_us
+ * without waiting in the library, then drives again is reported; with the threshold set
+ * to 0 online, the same gap is not. */
+START_TEST(test_ctl_slow_poller_reported)
+{
+    exs_qhandle_t q;
+    struct exs_json *j;
+    int tfd, cfd;
+
+    ctl_setup();
+    it_setenv("EXS_POLLING_WARN_CYCLE_US", "20000");
+    it_init();
+    q = it_qcreate(8);
+    tfd = ctl_open();
+    cfd = ctl_open();
+    exs__json_free(ctl_req(tfd, "trace\n"));
+
+    ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0); /* drives */
+    it_sleep_ms(100);                                    /* the application is busy */
+    ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0); /* drives again: reported */
+    ck_assert_msg(trace_until(tfd, "slow poller", NULL, IT_TIMEOUT_MS),
+                  "no slow-poller record in the trace");
+
+    j = ctl_req(cfd, "set polling_warn_cycle_us 0\n");
+    ck_assert_str_eq(exs__json_get_str(j, "value"), "0");
+    exs__json_free(j);
+    ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0);
+    it_sleep_ms(100);
+    ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0); /* off: not reported */
+    /* a marker after the gap: records arrive in order, so none may precede it */
+    exs__json_free(ctl_req(cfd, "set log_level info\n"));
+    exs__json_free(ctl_req(cfd, "set qspin_us 51\n"));
+    ck_assert_msg(trace_until(tfd, "qspin_us changed", "slow poller", IT_TIMEOUT_MS),
+                  "no marker record in the trace");
+    close(tfd);
+    close(cfd);
+    it_qdelete(q);
+    it_fini();
+    rmdir(ctl_dir_path);
+}
+END_TEST
+
+static void slow_job(void *arg)
+{
+    (void)arg;
+    usleep(60 * 1000);
+}
+
+static void quick_job(void *arg)
+{
+    (void)arg;
+}
+
+/* A progress pass that holds the progress lock past slow_threshold_us is reported with
+ * its slowest job; a quick one is not. */
+START_TEST(test_ctl_slow_pass_reported)
+{
+    int tfd, cfd;
+
+    ctl_setup();
+    it_setenv("EXS_SLOW_THRESHOLD_US", "30000");
+    it_init();
+    tfd = ctl_open();
+    cfd = ctl_open();
+    exs__json_free(ctl_req(tfd, "trace\n"));
+    exs__engine_call(quick_job, NULL);
+    exs__json_free(ctl_req(cfd, "set log_level info\n"));
+    exs__json_free(ctl_req(cfd, "set qspin_us 52\n"));
+    ck_assert_msg(trace_until(tfd, "qspin_us changed", "slow progress pass", IT_TIMEOUT_MS),
+                  "no marker record in the trace");
+    exs__engine_call(slow_job, NULL);
+    ck_assert_msg(trace_until(tfd, "slow progress pass", NULL, IT_TIMEOUT_MS),
+                  "no slow-pass record in the trace");
+    close(tfd);
+    close(cfd);
+    it_fini();
+    rmdir(ctl_dir_path);
+}
+END_TEST
+
+Suite *integ_ctl_suite(void)
+{
+    Suite *s = suite_create("integ_ctl");
+
+    it_suite_add(s, "ctl", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_ctl_stat_matches_sockopt,
+                                        test_ctl_slow_poller_reported, test_ctl_slow_pass_reported,
+                                        NULL});
+    return s;
+}
