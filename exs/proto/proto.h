@@ -99,6 +99,12 @@ enum exs_conn_txshut {
     EXS_TXSHUT_COUNT
 };
 
+/* §7.2 backoff: a direct phase begun by a DRAIN that ends before this many ring sizes
+ * went directly doubles the arrivals required before the next request, up to
+ * EXS_ST_DRAIN_NEED_MAX; a longer one resets it to EXS_STREAM_DRAIN_STREAK. */
+#define EXS_ST_DRAIN_WORTH    4u
+#define EXS_ST_DRAIN_NEED_MAX 1024u
+
 /* The receiver's return to direct in an indirect phase (spec/protocol.md §7.2). */
 enum exs_st_drain {
     EXS_ST_DRAIN_IDLE = 0,  /* no request in this phase */
@@ -235,6 +241,9 @@ struct exs_conn {
     uint32_t                   st_streak;     /* ring arrivals in a row that left big receives
                                                * waiting with the ring empty (hysteresis) */
     uint64_t                   st_eval_arrived; /* rd_arrived at the last streak update */
+    uint32_t                   st_drain_need; /* streak required now (backoff; 0: not set) */
+    int                        st_drain_dir;  /* this direct phase began after a DRAIN */
+    uint64_t                   st_drain_bytes; /* bytes it delivered directly so far */
     uint64_t                   st_phase_t0;   /* when the sender's phase began, us (0: no
                                                * send yet); direct/indirect_time_us */
 

@@ -312,8 +312,20 @@ int st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
         if (conn->st_drain == EXS_ST_DRAIN_STOPPED &&
             conn->rx_seq + (conn->rd_arrived - conn->rd_consumed) + len > conn->st_drain_pos)
             return -EPROTO; /* ring bytes past the position the sender stopped at */
-        if (PHASE_IS_DIRECT(conn->st_pr))
+        if (PHASE_IS_DIRECT(conn->st_pr)) {
             conn->st_pr++;
+            if (conn->st_drain_dir) { /* §7.2 backoff: was the drain worth it? */
+                uint64_t base = EXS_MAX(exs__params.stream_drain_streak, (uint64_t)1);
+
+                if (conn->st_drain_bytes < (uint64_t)EXS_ST_DRAIN_WORTH * conn->p.ring_size)
+                    conn->st_drain_need = (uint32_t)EXS_MIN(
+                        EXS_MAX((uint64_t)conn->st_drain_need, base) * 2,
+                        (uint64_t)EXS_ST_DRAIN_NEED_MAX);
+                else
+                    conn->st_drain_need = (uint32_t)EXS_MIN(base, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
+                conn->st_drain_dir = 0;
+            }
+        }
         conn->rd_arrived += len;
         return 0;
     }
@@ -330,6 +342,8 @@ int st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
     }
     if (!(op->flags & MSG_WAITALL))
         conn->st_sr_next += len - 1;
+    if (conn->st_drain_dir)
+        conn->st_drain_bytes += len;
     st_recv_filled_locked(conn, op, len);
     return 0;
 }
@@ -394,6 +408,8 @@ static void st_advertise_locked(struct exs_conn *conn)
             return;
         if (PHASE_IS_INDIRECT(conn->st_pr)) {
             conn->st_pr++; /* a new direct sequence */
+            conn->st_drain_dir = conn->st_drain == EXS_ST_DRAIN_STOPPED;
+            conn->st_drain_bytes = 0;
             conn->st_drain = EXS_ST_DRAIN_IDLE;
             conn->st_streak = 0;
         }
@@ -468,7 +484,9 @@ static void st_drain_check_locked(struct exs_conn *conn)
         else
             conn->st_streak = 0;
     }
-    if (conn->st_streak < streak_min)
+    if (!conn->st_drain_need)
+        conn->st_drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
+    if (conn->st_streak < conn->st_drain_need)
         return;
     /* k_a = 0: a receive advertised in an earlier phase needs ring bytes */
     exs_list_for_each(pos, &conn->recvq) {
