@@ -517,7 +517,7 @@ END_TEST
  * writes the ring while the receiver's ADVERTs are in flight, so they arrive stale. mode:
  * 0 the waiting receive r3 is plain, 1 it has MSG_WAITALL and is partly filled from the
  * ring when the receiver asks, 2 hysteresis (streak 3: no request yet), 3 receives below
- * EXS_STREAM_DIRECT_MIN (no request even with streak 1).
+ * EXS_STREAM_DIRECT_MIN (no request even with streak 1). Mode 0 then checks the backoff.
  */
 static void st_drain_run(int mode)
 {
@@ -594,6 +594,28 @@ static void st_drain_run(int mode)
         ck_assert(pt_check(rb[3], 2000, stop));
         for (size_t j = 2000; j < sizeof(rb[3]); j++)
             ck_assert_uint_eq(rb[3][j], 0);
+    }
+    if (mode == 0) {
+        /* backoff: the direct phase the DRAIN began ends (the sender writes the ring
+         * again, no ADVERT left) after 2000 bytes, less than 4 rings: the drain did not
+         * pay, so the next one needs twice the streak */
+        static uint8_t sb5[500], rb5[1000];
+        struct pt_op s5, r5;
+
+        ck_assert_uint_eq(pp.b.conn->st_drain_need, 2);
+        st_send(&s5, &pp.a, sb5, sizeof(sb5), stop + 2000);
+        pt_run(&pp);
+        pt_stats(&pp.a, &sa);
+        ck_assert_uint_eq(sa.indirect_xfers, 4);
+        ck_assert_uint_eq(pp.b.conn->st_pr, 5);
+        ck_assert_uint_eq(pp.b.conn->st_drain_need, 4);
+        pt_recv_post(&r5, &pp.b, rb5, sizeof(rb5), 0);
+        pt_run(&pp);
+        pt_assert_done(&r5, 500, 0);
+        ck_assert(pt_check(rb5, 500, stop + 2000));
+        pt_assert_done(&s5, 500, 0);
+        pt_op_fini(&s5);
+        pt_op_fini(&r5);
     }
     for (int i = 0; i < 4; i++) {
         pt_assert_done(&s[i], (ssize_t)s[i].op.len, 0);
