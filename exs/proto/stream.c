@@ -374,7 +374,7 @@ static void st_copy_out_locked(struct exs_conn *conn)
 static void st_advertise_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
-    int outstanding = 0, drained = 0;
+    int outstanding = 0, drained = 0, redo = 0;
 
     if (conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut)
         return;
@@ -383,19 +383,21 @@ static void st_advertise_locked(struct exs_conn *conn)
     if (conn->st_drain == EXS_ST_DRAIN_STOPPED) {
         if (conn->rx_seq != conn->st_drain_pos || conn->rd_arrived != conn->rd_consumed)
             return; /* ring bytes before the stop position are still to come */
-        drained = 1;
+        drained = redo = 1;
     }
     exs_list_for_each(pos, &conn->recvq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state == EXS_OPS_DONE)
             continue;
-        if (op->state == EXS_OPS_ADVERTISED) {
+        if (op->state == EXS_OPS_ADVERTISED && (op->phase == conn->st_pr || !redo)) {
             if (op->phase != conn->st_pr)
                 return; /* k_a > 0: an ADVERT of an earlier phase is outstanding */
             outstanding = 1;
             continue;
         }
+        /* op has no ADVERT, or (after a drain, §7.2) one of an earlier phase that the
+         * sender dropped as stale: no ring byte will fill it, it is advertised again */
         /* op is the first receive without an ADVERT: k_b counts only it and later ones.
          * After a drain (§7.2) a WAITALL receive partly filled from the ring is
          * advertised for the rest of its buffer: no ring byte can follow. */
@@ -416,8 +418,9 @@ static void st_advertise_locked(struct exs_conn *conn)
         drained = 0; /* only the first ADVERT may cover a partly filled receive */
         if (!outstanding)
             conn->st_sr_next = conn->rx_seq; /* resynchronize (§7, receiver step 3) */
-        /* the peer may WRITE exactly this buffer until the receive completes */
-        if (conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
+        /* the peer may WRITE exactly this buffer until the receive completes (a receive
+         * advertised again keeps its grant) */
+        if (!op->grant && conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
             conn_fail_locked(conn, ECONNRESET, "advert grant failed");
             return;
         }
@@ -468,7 +471,6 @@ static void st_eof_locked(struct exs_conn *conn, int err)
 static void st_drain_check_locked(struct exs_conn *conn)
 {
     uint64_t streak_min = exs__params.stream_drain_streak;
-    struct exs_list *pos;
     struct exs_op *head;
 
     if (PHASE_IS_DIRECT(conn->st_pr) || conn->st_drain != EXS_ST_DRAIN_IDLE || !streak_min ||
@@ -488,13 +490,6 @@ static void st_drain_check_locked(struct exs_conn *conn)
         conn->st_drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
     if (conn->st_streak < conn->st_drain_need)
         return;
-    /* k_a = 0: a receive advertised in an earlier phase needs ring bytes */
-    exs_list_for_each(pos, &conn->recvq) {
-        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
-
-        if (op->state == EXS_OPS_ADVERTISED)
-            return;
-    }
     if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !conn_ctrl_flush_locked(conn))
         return;
     if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN))

@@ -65,7 +65,7 @@ configs=(
   "drain_rx_indirect_only|pass|-DIMPL_RULE -DDRAIN -DRX_INDIRECT_ONLY -DWAIT1=1"
   "drain_tx_direct_rx_indirect|pass|-DIMPL_RULE -DDRAIN -DTX_DIRECT_ONLY -DRX_INDIRECT_ONLY"
   "drain_witness_back_to_direct|fail|-DIMPL_RULE -DDRAIN -DDRAIN_WITNESS"
-  "broken_drain_prior_advert|fail|-DIMPL_RULE -DDRAIN -DBROKEN_DRAIN_PRIOR"
+  "broken_drain_no_readvertise|fail|-DIMPL_RULE -DDRAIN -DBROKEN_DRAIN_NO_READVERT"
   "broken_drain_no_hold|fail|-DIMPL_RULE -DDRAIN -DBROKEN_DRAIN_NO_HOLD"
 )
 

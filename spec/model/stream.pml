@@ -50,15 +50,17 @@
  *                         is a witness that late ADVERTs are used)
  *   DRAIN                 with IMPL_RULE: the return to direct of section 7.2.
  *                         The receiver may send DRAIN(pos, phase) at any moment
- *                         the C rule allows it (indirect phase, k_a == 0, no
- *                         request yet, before END; the streak and size
- *                         heuristics only pick some of these moments); the
+ *                         the C rule allows it (indirect phase, no request yet,
+ *                         before END; the streak and size heuristics only pick
+ *                         some of these moments); the
  *                         sender drops the stale ADVERTs before it, holds the
  *                         ring and answers STOPPED(S_s, P_s) on a channel of its
  *                         own (not ordered with the data); the receiver sends
  *                         no ADVERT until S_r reaches that position with the
  *                         ring empty, and then may advertise the rest of a
- *                         WAITALL receive partly filled from the ring. The C
+ *                         WAITALL receive partly filled from the ring, and
+ *                         advertises again the receives whose ADVERT was of an
+ *                         earlier phase (k_a: stale at the sender). The C
  *                         code's checks of both records are assertions here:
  *                         an honest peer never trips them.
  *   TX_DIRECT_ONLY        the sender's mode is direct-only: it never writes the
@@ -69,8 +71,8 @@
  *                         direct-only: every pairing is one of these)
  *   DRAIN_WITNESS         with DRAIN: assert that a held sender never goes direct
  *                         (a trail is a witness that DRAIN leads back to direct)
- *   BROKEN_DRAIN_PRIOR    with DRAIN: the receiver asks even while an ADVERT of
- *                         an earlier phase is outstanding (k_a > 0)
+ *   BROKEN_DRAIN_NO_READVERT  with DRAIN: after the drain the receiver does not
+ *                         advertise again receives of an earlier phase (k_a)
  *   BROKEN_DRAIN_NO_HOLD  with DRAIN: the sender answers but keeps writing the ring
  *   BROKEN_ADVERT_WHILE_RING_NONEMPTY  receiver ignores b_r > 0 (Fig. 3 line 1;
  *                                      turns out not to matter for safety)
@@ -159,10 +161,10 @@ chan stp = [TOTAL + 1] of { byte, byte };
 #else
 #define RING_FREE(h) (!(h))
 #endif
-#ifdef BROKEN_DRAIN_PRIOR
-#define DRAIN_KA_OK(k) 1
+#ifdef BROKEN_DRAIN_NO_READVERT
+#define REDO_PRIOR 0
 #else
-#define DRAIN_KA_OK(k) ((k) == 0)
+#define REDO_PRIOR 1
 #endif
 #if defined(TX_DIRECT_ONLY) && !defined(RX_INDIRECT_ONLY)
 #define TX_MAY_RING 0
@@ -341,12 +343,12 @@ end_drain:
  * phase == P_r", NONE "no ADVERT yet"; satisfied receives left the queue. */
 inline impl_advertise()
 {
-    j = 0; outst = 0; stop = !RX_ADVERTISES; drained = 0;
+    j = 0; outst = 0; stop = !RX_ADVERTISES; drained = 0; redo = 0;
 #ifdef DRAIN
     if
     :: dr == 1 -> stop = 1      /* no ADVERT before the sender's answer */
     :: dr == 2 && (S_r != dpos || b_r > 0) -> stop = 1
-    :: dr == 2 && S_r == dpos && b_r == 0 -> drained = 1
+    :: dr == 2 && S_r == dpos && b_r == 0 -> drained = 1; redo = REDO_PRIOR
     :: dr == 0 -> skip
     fi;
 #endif
@@ -354,10 +356,10 @@ inline impl_advertise()
     :: j < qn && !stop && !eos ->
         h = (qh + j) % RQ;
         if
-        :: q_adv[h] == PRIOR -> stop = 1     /* k_a > 0 */
+        :: q_adv[h] == PRIOR && !redo -> stop = 1     /* k_a > 0 */
         :: q_adv[h] == CUR -> outst = 1      /* current phase: keep going */
-        :: q_adv[h] == NONE && (b_r > 0 || (q_got[h] > 0 && !drained)) -> stop = 1
-        :: q_adv[h] == NONE && b_r == 0 && (q_got[h] == 0 || drained) ->
+        :: (q_adv[h] == NONE || (q_adv[h] == PRIOR && redo)) && (b_r > 0 || (q_got[h] > 0 && !drained)) -> stop = 1
+        :: (q_adv[h] == NONE || (q_adv[h] == PRIOR && redo)) && b_r == 0 && (q_got[h] == 0 || drained) ->
             if
             :: IS_INDIRECT(P_r) ->
                 P_r = P_r + 1;
@@ -387,8 +389,11 @@ inline impl_advertise()
             :: else -> S2_r = S2_r + 1
             fi;
             drained = 0;
+            if
+            :: q_adv[h] == PRIOR -> k_a--    /* advertised again after a drain */
+            :: else -> k_b--
+            fi;
             q_adv[h] = CUR;
-            k_b--;
             outst = 1
         fi;
         j++
@@ -422,6 +427,7 @@ proctype Receiver()
 #ifdef IMPL_RULE
     bit outst, stop;        /* impl_advertise(): an ADVERT is outstanding; walk ends */
     bit drained;            /* impl_advertise(): the ring stopped and drained (7.2) */
+    bit redo;               /* impl_advertise(): so prior-phase receives are advertised again */
 #ifdef DRAIN
     byte dr = 0;            /* 7.2: 0 IDLE, 1 REQUESTED, 2 STOPPED */
     byte dpos = 0, dph;     /* STOPPED: the sender's position; its phase */
@@ -632,7 +638,7 @@ proctype Receiver()
 
 #ifdef DRAIN
     /* 7.2: the request, at any moment the C rule allows */
-    :: IS_INDIRECT(P_r) && dr == 0 && RX_ADVERTISES && !eos && DRAIN_KA_OK(k_a) ->
+    :: IS_INDIRECT(P_r) && dr == 0 && RX_ADVERTISES && !eos ->
         atomic {
             assert(nfull(ctl));
             ctl!DRAIN_REQ, arrived, P_r, 0, 0, 0;

@@ -630,6 +630,57 @@ START_TEST(st_drain_to_direct)
 }
 END_TEST
 
+/* §7.2: a DRAIN while a receive advertised in an earlier phase waits (k_a > 0). Its
+ * ADVERT was stale at the sender, so once the ring stopped and drained it is advertised
+ * again, in the new direct phase, and filled directly. */
+START_TEST(st_drain_readvertise)
+{
+    static uint8_t sb[3][1000], rb[3][1000];
+    struct pt_op s[3], r[3];
+    struct exs_sock_stats sa, sbs;
+
+    exs__params.stream_drain_streak = 1;
+    exs__params.stream_direct_min = 1000;
+    st_send(&s[0], &pp.a, sb[0], 1000, 0); /* ring: phase 1 */
+    pt_run(&pp);
+    pt_recv_post(&r[0], &pp.b, rb[0], 1000, 0);
+    pt_assert_done(&r[0], 1000, 0);
+    pt_recv_post(&r[1], &pp.b, rb[1], 1000, 0); /* advertised: phase 2, offset 1000 */
+    pt_recv_post(&r[2], &pp.b, rb[2], 1000, 0); /* advertised: phase 2, offset 1001 */
+    ck_assert_uint_eq(pp.b.conn->st_pr, 2);
+    st_send(&s[1], &pp.a, sb[1], 500, 1000); /* crosses the ADVERTs: ring */
+    pt_run(&pp);
+    /* r1 from the ring; r2 (phase 2, an earlier phase now) waits: DRAIN all the same */
+    pt_assert_done(&r[1], 500, 0);
+    ck_assert(pt_check(rb[1], 500, 1000));
+    ck_assert_int_eq(r[2].done, 0);
+    ck_assert_int_eq(tap.n_drain, 1);
+    ck_assert_uint_eq(be64toh(tap.drain.pos), 1500);
+    pt_stats(&pp.b, &sbs);
+    ck_assert_uint_eq(sbs.drain_requests, 1);
+    ck_assert_uint_eq(sbs.adverts_sent, 3); /* r1, r2, and r2 again in phase 4 */
+    ck_assert_uint_eq(pp.b.conn->st_pr, 4);
+    ck_assert_uint_eq(r[2].op.phase, 4);
+    ck_assert_uint_eq(r[2].op.seq, 1500);
+    st_send(&s[2], &pp.a, sb[2], 700, 1500);
+    pt_run(&pp);
+    pt_assert_done(&r[2], 700, 0);
+    ck_assert(pt_check(rb[2], 700, 1500));
+    for (size_t j = 700; j < sizeof(rb[2]); j++)
+        ck_assert_uint_eq(rb[2][j], 0);
+    pt_stats(&pp.a, &sa);
+    ck_assert_uint_eq(sa.direct_xfers, 1);
+    ck_assert_uint_eq(sa.indirect_xfers, 2);
+    ck_assert_uint_eq(sa.adverts_discarded, 2);
+    ck_assert_uint_eq(sa.drain_requests, 1);
+    for (int i = 0; i < 3; i++) {
+        pt_assert_done(&s[i], (ssize_t)s[i].op.len, 0);
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
 /* ring_fill counts bytes in the ring; the sender's phase time runs from its first send. */
 START_TEST(st_stats_ring_fill_phase_time)
 {
@@ -674,6 +725,7 @@ Suite *proto_stream_suite(void)
     tcase_add_test(tc, st_shutdown_eof);
     tcase_add_test(tc, st_shutdown_waitall_partial);
     tcase_add_loop_test(tc, st_drain_to_direct, 0, 4);
+    tcase_add_test(tc, st_drain_readvertise);
     tcase_add_test(tc, st_stats_ring_fill_phase_time);
     suite_add_tcase(s, tc);
 
