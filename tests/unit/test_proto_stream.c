@@ -21,7 +21,7 @@ static struct {
     struct exs_prov_ep *ep; /* whose SENDs are decoded */
     int n_ack, n_advert, n_drain;
     struct exs_wire_drain drain; /* the last DRAIN */
-    uint64_t ack[MAX_RECS]; /* ring_consumed of each ACK */
+    uint64_t ack[MAX_RECS];      /* ring_consumed of each ACK */
 } tap;
 
 static void st_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
