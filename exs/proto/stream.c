@@ -172,8 +172,9 @@ static int st_drain_answer_locked(struct exs_conn *conn)
     if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN))
         return 0;
     struct exs_wire_drain d = {
-        .hdr = { .type = EXS_CTRL_DRAIN, .flags = EXS_DRAIN_STOPPED,
-                 .len = htobe16(EXS_WIRE_DRAIN_LEN) },
+        .hdr = {.type = EXS_CTRL_DRAIN,
+                .flags = EXS_DRAIN_STOPPED,
+                .len = htobe16(EXS_WIRE_DRAIN_LEN)},
         .pos = htobe64(conn->tx_seq),
         .phase = htobe32(conn->st_ps),
     };
@@ -251,9 +252,10 @@ int st_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *d)
         /* we asked in this phase; the sender cannot have stopped before bytes we hold */
         if (conn->st_drain != EXS_ST_DRAIN_REQUESTED || phase != conn->st_pr ||
             pos < conn->rx_seq + (conn->rd_arrived - conn->rd_consumed)) {
-            EXS_INFO(PROTO, "conn %p: STOPPED at %llu phase %u does not answer a request "
-                     "(state %d, phase %u)", (void *)conn, (unsigned long long)pos, phase,
-                     conn->st_drain, conn->st_pr);
+            EXS_INFO(PROTO,
+                     "conn %p: STOPPED at %llu phase %u does not answer a request "
+                     "(state %d, phase %u)",
+                     (void *)conn, (unsigned long long)pos, phase, conn->st_drain, conn->st_pr);
             return -EPROTO;
         }
         conn->st_drain = EXS_ST_DRAIN_STOPPED;
@@ -318,9 +320,9 @@ int st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
                 uint64_t base = EXS_MAX(exs__params.stream_drain_streak, (uint64_t)1);
 
                 if (conn->st_drain_bytes < (uint64_t)EXS_ST_DRAIN_WORTH * conn->p.ring_size)
-                    conn->st_drain_need = (uint32_t)EXS_MIN(
-                        EXS_MAX((uint64_t)conn->st_drain_need, base) * 2,
-                        (uint64_t)EXS_ST_DRAIN_NEED_MAX);
+                    conn->st_drain_need =
+                        (uint32_t)EXS_MIN(EXS_MAX((uint64_t)conn->st_drain_need, base) * 2,
+                                          (uint64_t)EXS_ST_DRAIN_NEED_MAX);
                 else
                     conn->st_drain_need = (uint32_t)EXS_MIN(base, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
                 conn->st_drain_dir = 0;
@@ -429,9 +431,9 @@ static void st_advertise_locked(struct exs_conn *conn)
         op->seq = conn->st_sr_next;
         conn->st_sr_next += (op->flags & MSG_WAITALL) ? op->len - op->filled : 1;
         struct exs_wire_advert a = {
-            .hdr = { .type = EXS_CTRL_ADVERT,
-                     .flags = (op->flags & MSG_WAITALL) ? EXS_ADVERT_WAITALL : 0,
-                     .len = htobe16(EXS_WIRE_ADVERT_LEN) },
+            .hdr = {.type = EXS_CTRL_ADVERT,
+                    .flags = (op->flags & MSG_WAITALL) ? EXS_ADVERT_WAITALL : 0,
+                    .len = htobe16(EXS_WIRE_ADVERT_LEN)},
             .addr = htobe64((uintptr_t)(op->buf + op->filled)),
             .len = htobe32((uint32_t)(op->len - op->filled)),
             .rkey = htobe32(op->rkey),
@@ -496,7 +498,7 @@ static void st_drain_check_locked(struct exs_conn *conn)
         return;
     uint64_t arrived = conn->rx_seq + (conn->rd_arrived - conn->rd_consumed);
     struct exs_wire_drain d = {
-        .hdr = { .type = EXS_CTRL_DRAIN, .len = htobe16(EXS_WIRE_DRAIN_LEN) },
+        .hdr = {.type = EXS_CTRL_DRAIN, .len = htobe16(EXS_WIRE_DRAIN_LEN)},
         .pos = htobe64(arrived),
         .phase = htobe32(conn->st_pr),
     };

@@ -1988,8 +1988,8 @@ static void drain_run(int waitall)
         exs_event_t ev;
         int k = exs_qdequeue(q.p.q, &ev, 1, &to);
 
-        ck_assert_msg(it_now_ms() < deadline, "no end after 60 s: %" PRIu64 " of %zu bytes",
-                      roff, total);
+        ck_assert_msg(it_now_ms() < deadline, "no end after 60 s: %" PRIu64 " of %zu bytes", roff,
+                      total);
         if (k <= 0)
             continue;
         ck_assert_msg(ev.exs_evt_errno == 0, "event type %d: errno %d", ev.exs_evt_type,
@@ -2018,8 +2018,10 @@ static void drain_run(int waitall)
         ck_assert_msg(bad < 0, "receive %" PRIu64 " (stream offset %" PRIu64 "): wrong byte at %ld",
                       idx, roff, bad);
         for (size_t j = (size_t)r; j < len; j++) /* nothing written past the result */
-            ck_assert_msg(buf[j] == IT_GUARD_BYTE, "receive %" PRIu64 ": byte %zu past its "
-                          "result %zd was written", idx, j, r);
+            ck_assert_msg(buf[j] == IT_GUARD_BYTE,
+                          "receive %" PRIu64 ": byte %zu past its "
+                          "result %zd was written",
+                          idx, j, r);
         roff += (uint64_t)r;
         memset(buf, IT_GUARD_BYTE, len);
         st_post_recv(&q.p, buf, len, waitall ? MSG_WAITALL : 0, q.rb->mh, posted_r++);
@@ -2046,8 +2048,8 @@ static void drain_run(int waitall)
     ck_assert_msg(s1.direct_xfers > s1.indirect_xfers - s0.indirect_xfers,
                   "after the start, most transfers must be direct [sender: %s]", sb);
     ck_assert_msg(s1.direct_time_us > 0 && s1.indirect_time_us > 0,
-                  "phase times: direct %" PRIu64 " us, indirect %" PRIu64 " us",
-                  s1.direct_time_us, s1.indirect_time_us);
+                  "phase times: direct %" PRIu64 " us, indirect %" PRIu64 " us", s1.direct_time_us,
+                  s1.indirect_time_us);
     /* the outstanding receives beyond the stream end with the sender's SHUT_WR */
     IT_EXPECT_OK(exs_shutdown(q.p.cfd, SHUT_WR, q.p.q, ST_AH(ST_SHUT, 0)));
     it_expect_err(q.p.q, EXS_EVT_SHUTDOWN, q.p.cfd, ST_AH(ST_SHUT, 0), 0);

@@ -714,7 +714,7 @@ START_TEST(hs_drain_honoured)
         uint64_t seq;
         uint32_t phase, id;
     } __attribute__((packed)) a = {htobe64((uintptr_t)rb), htobe32(1000), htobe32(raw.mr->rkey),
-                                   htobe64(100), htobe32(2), htobe32(7)};
+                                   htobe64(100),           htobe32(2),    htobe32(7)};
     raw_ctrl(EXS_CTRL_ADVERT, EXS_WIRE_ADVERT_LEN, 0, &a, sizeof(a));
     pt_run(&pp);
     pt_assert_done(&s2, 300, 0);
@@ -740,10 +740,18 @@ START_TEST(hs_drain_bad)
 
     raw_open(SOCK_STREAM);
     switch (_i) {
-    case 0: raw_drain(0, 1, NULL, NULL); break;
-    case 1: raw_drain(101, 1, &s, sb); break;
-    case 2: raw_drain(100, 2, &s, sb); break;
-    case 3: raw_drain(100, 3, &s, sb); break;
+    case 0:
+        raw_drain(0, 1, NULL, NULL);
+        break;
+    case 1:
+        raw_drain(101, 1, &s, sb);
+        break;
+    case 2:
+        raw_drain(100, 2, &s, sb);
+        break;
+    case 3:
+        raw_drain(100, 3, &s, sb);
+        break;
     case 4:
         raw_drain(100, 1, &s, sb);
         pt_run(&pp);
@@ -751,18 +759,21 @@ START_TEST(hs_drain_bad)
         raw_drain(100, 1, NULL, NULL);
         break;
     case 5: {
-        struct exs_wire_drain d = {
-            .hdr = {.type = EXS_CTRL_DRAIN, .flags = EXS_DRAIN_STOPPED,
-                    .len = htobe16(EXS_WIRE_DRAIN_LEN)},
-            .pos = 0, .phase = htobe32(1)};
+        struct exs_wire_drain d = {.hdr = {.type = EXS_CTRL_DRAIN,
+                                           .flags = EXS_DRAIN_STOPPED,
+                                           .len = htobe16(EXS_WIRE_DRAIN_LEN)},
+                                   .pos = 0,
+                                   .phase = htobe32(1)};
         raw_post(EXS_PROV_WR_SEND, &d, sizeof(d), 0, 0, 0);
         break;
     }
     default: {
-        struct exs_wire_drain d = {
-            .hdr = {.type = EXS_CTRL_DRAIN, .flags = _i == 7 ? 2 : 0,
-                    .len = htobe16(EXS_WIRE_DRAIN_LEN)},
-            .pos = htobe64(100), .phase = htobe32(1), .reserved = htobe32(_i == 6)};
+        struct exs_wire_drain d = {.hdr = {.type = EXS_CTRL_DRAIN,
+                                           .flags = _i == 7 ? 2 : 0,
+                                           .len = htobe16(EXS_WIRE_DRAIN_LEN)},
+                                   .pos = htobe64(100),
+                                   .phase = htobe32(1),
+                                   .reserved = htobe32(_i == 6)};
         pt_fill(sb, 100, 0);
         pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, 100, 0);
         ck_assert_int_eq(pt_post(&s), 0);
