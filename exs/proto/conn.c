@@ -1050,7 +1050,8 @@ void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
     *st = conn->stats;
     st->batch_thresh = conn->batch_thresh;
     st->ring_size = conn->p.ring_size;
-    st->ring_fill = conn->rd_arrived - conn->rd_consumed;
+    if (conn_is_stream(conn))
+        st_stats_locked(conn, st);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
@@ -1095,6 +1096,7 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_SHUTDOWN: want = EXS_WIRE_SHUTDOWN_LEN; break;
         case EXS_CTRL_NOP: want = EXS_WIRE_NOP_LEN; break;
         case EXS_CTRL_RING: want = EXS_WIRE_RING_LEN; break;
+        case EXS_CTRL_DRAIN: want = EXS_WIRE_DRAIN_LEN; break;
         default: return -EPROTO;
         }
         if (rlen != want)
@@ -1154,6 +1156,13 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
             memcpy(&r, rec, sizeof(r));
             conn->peer.ring_rkey = be32toh(r.rkey);
             conn->peer_ring_keyed = 1;
+            break;
+        }
+        case EXS_CTRL_DRAIN: {
+            struct exs_wire_drain d;
+            memcpy(&d, rec, sizeof(d));
+            if (st_on_drain_locked(conn, &d))
+                return -EPROTO;
             break;
         }
         case EXS_CTRL_SHUTDOWN: {

@@ -99,6 +99,20 @@ enum exs_conn_txshut {
     EXS_TXSHUT_COUNT
 };
 
+/* §7.2 backoff: a direct phase begun by a DRAIN that ends before this many ring sizes
+ * went directly doubles the arrivals required before the next request, up to
+ * EXS_ST_DRAIN_NEED_MAX; a longer one resets it to EXS_STREAM_DRAIN_STREAK. */
+#define EXS_ST_DRAIN_WORTH    4u
+#define EXS_ST_DRAIN_NEED_MAX 1024u
+
+/* The receiver's return to direct in an indirect phase (spec/protocol.md §7.2). */
+enum exs_st_drain {
+    EXS_ST_DRAIN_IDLE = 0,  /* no request in this phase */
+    EXS_ST_DRAIN_REQUESTED, /* DRAIN sent; no ADVERT until the sender's STOPPED answer */
+    EXS_ST_DRAIN_STOPPED,   /* answered: advertise once the ring bytes up to st_drain_pos
+                             * arrived and were copied out */
+};
+
 struct exs_conn_cb {
     /* connect/accept finished: err 0, ECONNREFUSED, ETIMEDOUT, ... */
     void (*established)(struct exs_conn *conn, int err);
@@ -217,6 +231,21 @@ struct exs_conn {
     uint32_t                   st_ps;      /* P_s */
     uint32_t                   st_pr;      /* P_r */
     uint64_t                   st_sr_next; /* S'_r */
+    /* return to direct (§7.2): sender side */
+    int                        st_held;       /* a DRAIN was honoured: no ring writes in
+                                               * phase st_ps (cleared when the phase changes) */
+    int                        st_drain_owed; /* its STOPPED answer is not yet appended */
+    /* receiver side */
+    enum exs_st_drain          st_drain;      /* EXS_ST_DRAIN_* of phase st_pr */
+    uint64_t                   st_drain_pos;  /* STOPPED: the sender's ring writes end here */
+    uint32_t                   st_streak;     /* ring arrivals in a row that left big receives
+                                               * waiting with the ring empty (hysteresis) */
+    uint64_t                   st_eval_arrived; /* rd_arrived at the last streak update */
+    uint32_t                   st_drain_need; /* streak required now (backoff; 0: not set) */
+    int                        st_drain_dir;  /* this direct phase began after a DRAIN */
+    uint64_t                   st_drain_bytes; /* bytes it delivered directly so far */
+    uint64_t                   st_phase_t0;   /* when the sender's phase began, us (0: no
+                                               * send yet); direct/indirect_time_us */
 
     /* sender batching (spec/protocol.md §6.1, §7.1) */
     uint32_t                   ring_wr_out;  /* ring (INDIRECT) writes posted, not completed */

@@ -88,6 +88,10 @@ void st_send_progress_locked(struct exs_conn *conn);
 void st_recv_progress_locked(struct exs_conn *conn);
 int  st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
 int  st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a);
+/* DRAIN record (§7.2): 0, or -EPROTO for a record that breaks the rules. */
+int  st_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *d);
+/* The STREAM fields of the statistics (phase times, ring fill) into st. */
+void st_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st);
 void st_enter_indirect_locked(struct exs_conn *conn);
 void st_dead_drain_locked(struct exs_conn *conn);
 

@@ -8,16 +8,42 @@
 
 #include "exs/proto/proto_int.h"
 #include "exs/util/log.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 
 /* ---- sending side (Fig. 2) ---- */
 
+/* Time of the sender's current phase goes to its bucket (direct_time_us, indirect_time_us). */
+static void st_phase_clock(struct exs_conn *conn, struct exs_sock_stats *st, uint64_t now)
+{
+    if (!conn->st_phase_t0 || now < conn->st_phase_t0)
+        return;
+    if (PHASE_IS_DIRECT(conn->st_ps))
+        st->direct_time_us += now - conn->st_phase_t0;
+    else
+        st->indirect_time_us += now - conn->st_phase_t0;
+}
+
 static void st_set_phase(struct exs_conn *conn, uint32_t p)
 {
-    if (PHASE_IS_DIRECT(p) != PHASE_IS_DIRECT(conn->st_ps))
+    if (PHASE_IS_DIRECT(p) != PHASE_IS_DIRECT(conn->st_ps)) {
+        uint64_t now = exs__now_us();
+
         conn->stats.mode_switches++;
+        st_phase_clock(conn, &conn->stats, now);
+        if (conn->st_phase_t0)
+            conn->st_phase_t0 = now;
+    }
     EXS_TRACE(PROTO, "conn %p: sender phase %u -> %u", (void *)conn, conn->st_ps, p);
+    if (p != conn->st_ps)
+        conn->st_held = 0; /* a DRAIN holds the ring only in the phase it named */
     conn->st_ps = p;
+}
+
+void st_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st)
+{
+    st_phase_clock(conn, st, exs__now_us());
+    st->ring_fill = conn->rd_arrived - conn->rd_consumed;
 }
 
 void st_enter_indirect_locked(struct exs_conn *conn)
@@ -28,9 +54,11 @@ void st_enter_indirect_locked(struct exs_conn *conn)
 /* Modes seen by this sender: may it write the ring, may it use ADVERTs? */
 static int st_may_indirect(const struct exs_conn *conn)
 {
-    /* a direct-only sender facing an indirect-only receiver would wait forever */
-    return conn->p.xfer_mode != EXS_XFER_DIRECT_ONLY ||
-           conn->peer.xfer_mode == EXS_XFER_INDIRECT_ONLY;
+    /* a direct-only sender facing an indirect-only receiver would wait forever; after a
+     * DRAIN (§7.2) new data waits for ADVERTs */
+    return (conn->p.xfer_mode != EXS_XFER_DIRECT_ONLY ||
+            conn->peer.xfer_mode == EXS_XFER_INDIRECT_ONLY) &&
+           !conn->st_held;
 }
 
 /* The usable ADVERT at the head of q_A after dropping stale ones, or NULL. */
@@ -61,6 +89,8 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
     struct exs_advert *a;
     uint32_t imm, lw;
 
+    if (!conn->st_phase_t0)
+        conn->st_phase_t0 = exs__now_us(); /* phase times count from the first send */
     if (!conn_can_spend_locked(conn)) {
         conn->stats.credit_stalls++;
         return 0;
@@ -134,10 +164,33 @@ static int st_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     return 1;
 }
 
+/* The sender's STOPPED answer to a DRAIN (§7.2): its ring writes of the phase end at S_s. */
+static int st_drain_answer_locked(struct exs_conn *conn)
+{
+    if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !conn_ctrl_flush_locked(conn))
+        return 0;
+    if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN))
+        return 0;
+    struct exs_wire_drain d = {
+        .hdr = {.type = EXS_CTRL_DRAIN,
+                .flags = EXS_DRAIN_STOPPED,
+                .len = htobe16(EXS_WIRE_DRAIN_LEN)},
+        .pos = htobe64(conn->tx_seq),
+        .phase = htobe32(conn->st_ps),
+    };
+    conn_ctrl_append_locked(conn, &d, sizeof(d));
+    conn->st_drain_owed = 0;
+    EXS_TRACE(PROTO, "conn %p: ring writes of phase %u stop at %llu", (void *)conn, conn->st_ps,
+              (unsigned long long)conn->tx_seq);
+    return 1;
+}
+
 void st_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
+    if (conn->st_drain_owed && !st_drain_answer_locked(conn))
+        return; /* nothing else leaves before it */
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
@@ -187,6 +240,44 @@ int st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
     return exs__advert_push_locked(conn, a);
 }
 
+/* A DRAIN record (§7.2), either direction; hostile until checked. */
+int st_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *d)
+{
+    uint64_t pos = be64toh(d->pos);
+    uint32_t phase = be32toh(d->phase);
+
+    if (!conn_is_stream(conn) || d->reserved || (d->hdr.flags & ~EXS_DRAIN_STOPPED))
+        return -EPROTO;
+    if (d->hdr.flags & EXS_DRAIN_STOPPED) {
+        /* we asked in this phase; the sender cannot have stopped before bytes we hold */
+        if (conn->st_drain != EXS_ST_DRAIN_REQUESTED || phase != conn->st_pr ||
+            pos < conn->rx_seq + (conn->rd_arrived - conn->rd_consumed)) {
+            EXS_INFO(PROTO,
+                     "conn %p: STOPPED at %llu phase %u does not answer a request "
+                     "(state %d, phase %u)",
+                     (void *)conn, (unsigned long long)pos, phase, conn->st_drain, conn->st_pr);
+            return -EPROTO;
+        }
+        conn->st_drain = EXS_ST_DRAIN_STOPPED;
+        conn->st_drain_pos = pos;
+        return 0;
+    }
+    /* a request: drop the ADVERTs that came before it, then we must be in its indirect
+     * phase (the receiver sends no ADVERT of a later phase before our answer), and it
+     * cannot have seen bytes we never sent */
+    (void)st_advert_head(conn);
+    if (PHASE_IS_DIRECT(phase) || phase != conn->st_ps || pos > conn->tx_seq || conn->st_held) {
+        EXS_INFO(PROTO, "conn %p: DRAIN at %llu phase %u in phase %u at %llu (held %d)",
+                 (void *)conn, (unsigned long long)pos, phase, conn->st_ps,
+                 (unsigned long long)conn->tx_seq, conn->st_held);
+        return -EPROTO;
+    }
+    conn->st_held = 1;
+    conn->st_drain_owed = 1;
+    conn->stats.drain_requests++;
+    return 0;
+}
+
 /* ---- receiving side (Fig. 3, 4, 5) ---- */
 
 /* The first receive not yet satisfied, or NULL. */
@@ -220,8 +311,23 @@ int st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
         /* Fig. 4: an indirect transfer starts (or continues) an indirect phase */
         if (conn->rd_arrived + len - conn->rd_consumed > conn->p.ring_size)
             return -EPROTO; /* the peer overran our ring */
-        if (PHASE_IS_DIRECT(conn->st_pr))
+        if (conn->st_drain == EXS_ST_DRAIN_STOPPED &&
+            conn->rx_seq + (conn->rd_arrived - conn->rd_consumed) + len > conn->st_drain_pos)
+            return -EPROTO; /* ring bytes past the position the sender stopped at */
+        if (PHASE_IS_DIRECT(conn->st_pr)) {
             conn->st_pr++;
+            if (conn->st_drain_dir) { /* §7.2 backoff: was the drain worth it? */
+                uint64_t base = EXS_MAX(exs__params.stream_drain_streak, (uint64_t)1);
+
+                if (conn->st_drain_bytes < (uint64_t)EXS_ST_DRAIN_WORTH * conn->p.ring_size)
+                    conn->st_drain_need =
+                        (uint32_t)EXS_MIN(EXS_MAX((uint64_t)conn->st_drain_need, base) * 2,
+                                          (uint64_t)EXS_ST_DRAIN_NEED_MAX);
+                else
+                    conn->st_drain_need = (uint32_t)EXS_MIN(base, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
+                conn->st_drain_dir = 0;
+            }
+        }
         conn->rd_arrived += len;
         return 0;
     }
@@ -238,6 +344,8 @@ int st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
     }
     if (!(op->flags & MSG_WAITALL))
         conn->st_sr_next += len - 1;
+    if (conn->st_drain_dir)
+        conn->st_drain_bytes += len;
     st_recv_filled_locked(conn, op, len);
     return 0;
 }
@@ -268,47 +376,66 @@ static void st_copy_out_locked(struct exs_conn *conn)
 static void st_advertise_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
-    int outstanding = 0;
+    int outstanding = 0, drained = 0, redo = 0;
 
     if (conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut)
         return;
+    if (conn->st_drain == EXS_ST_DRAIN_REQUESTED)
+        return; /* §7.2: until the sender says where its ring writes stop */
+    if (conn->st_drain == EXS_ST_DRAIN_STOPPED) {
+        if (conn->rx_seq != conn->st_drain_pos || conn->rd_arrived != conn->rd_consumed)
+            return; /* ring bytes before the stop position are still to come */
+        drained = redo = 1;
+    }
     exs_list_for_each(pos, &conn->recvq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state == EXS_OPS_DONE)
             continue;
-        if (op->state == EXS_OPS_ADVERTISED) {
+        if (op->state == EXS_OPS_ADVERTISED && (op->phase == conn->st_pr || !redo)) {
             if (op->phase != conn->st_pr)
                 return; /* k_a > 0: an ADVERT of an earlier phase is outstanding */
             outstanding = 1;
             continue;
         }
-        /* op is the first receive without an ADVERT: k_b counts only it and later ones */
-        if (conn->rd_arrived != conn->rd_consumed || op->filled || op->len > UINT32_MAX)
+        /* op has no ADVERT, or (after a drain, §7.2) one of an earlier phase that the
+         * sender dropped as stale: no ring byte will fill it, it is advertised again */
+        /* op is the first receive without an ADVERT: k_b counts only it and later ones.
+         * After a drain (§7.2) a WAITALL receive partly filled from the ring is
+         * advertised for the rest of its buffer: no ring byte can follow. */
+        if (conn->rd_arrived != conn->rd_consumed || (op->filled && !drained) ||
+            op->len - op->filled > UINT32_MAX)
             return; /* b_r > 0 */
         if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN) && !conn_ctrl_flush_locked(conn))
             return;
         if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN))
             return;
-        if (PHASE_IS_INDIRECT(conn->st_pr))
+        if (PHASE_IS_INDIRECT(conn->st_pr)) {
             conn->st_pr++; /* a new direct sequence */
+            conn->st_drain_dir = conn->st_drain == EXS_ST_DRAIN_STOPPED;
+            conn->st_drain_bytes = 0;
+            conn->st_drain = EXS_ST_DRAIN_IDLE;
+            conn->st_streak = 0;
+        }
+        drained = 0; /* only the first ADVERT may cover a partly filled receive */
         if (!outstanding)
             conn->st_sr_next = conn->rx_seq; /* resynchronize (§7, receiver step 3) */
-        /* the peer may WRITE exactly this buffer until the receive completes */
-        if (conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
+        /* the peer may WRITE exactly this buffer until the receive completes (a receive
+         * advertised again keeps its grant) */
+        if (!op->grant && conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
             conn_fail_locked(conn, ECONNRESET, "advert grant failed");
             return;
         }
         op->advert_id = conn->next_advert_id++;
         op->phase = conn->st_pr;
         op->seq = conn->st_sr_next;
-        conn->st_sr_next += (op->flags & MSG_WAITALL) ? op->len : 1;
+        conn->st_sr_next += (op->flags & MSG_WAITALL) ? op->len - op->filled : 1;
         struct exs_wire_advert a = {
-            .hdr = { .type = EXS_CTRL_ADVERT,
-                     .flags = (op->flags & MSG_WAITALL) ? EXS_ADVERT_WAITALL : 0,
-                     .len = htobe16(EXS_WIRE_ADVERT_LEN) },
-            .addr = htobe64((uintptr_t)op->buf),
-            .len = htobe32((uint32_t)op->len),
+            .hdr = {.type = EXS_CTRL_ADVERT,
+                    .flags = (op->flags & MSG_WAITALL) ? EXS_ADVERT_WAITALL : 0,
+                    .len = htobe16(EXS_WIRE_ADVERT_LEN)},
+            .addr = htobe64((uintptr_t)(op->buf + op->filled)),
+            .len = htobe32((uint32_t)(op->len - op->filled)),
             .rkey = htobe32(op->rkey),
             .seq = htobe64(op->seq),
             .phase = htobe32(op->phase),
@@ -341,6 +468,48 @@ static void st_eof_locked(struct exs_conn *conn, int err)
     }
 }
 
+/* §7.2: in an indirect phase, ask the sender back to direct once ring arrivals keep
+ * leaving big receives waiting with the ring empty (the receiver is ahead). */
+static void st_drain_check_locked(struct exs_conn *conn)
+{
+    uint64_t streak_min = exs__params.stream_drain_streak;
+    struct exs_op *head;
+
+    if (PHASE_IS_DIRECT(conn->st_pr) || conn->st_drain != EXS_ST_DRAIN_IDLE || !streak_min ||
+        conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut ||
+        !(conn->peer.features & EXS_WIRE_FEAT_DRAIN))
+        return;
+    if (conn->rd_arrived != conn->st_eval_arrived) { /* one step per arrival, not per call */
+        conn->st_eval_arrived = conn->rd_arrived;
+        head = st_head_recv(conn);
+        if (conn->rd_arrived == conn->rd_consumed && head &&
+            head->len - head->filled >= exs__params.stream_direct_min)
+            conn->st_streak++;
+        else
+            conn->st_streak = 0;
+    }
+    if (!conn->st_drain_need)
+        conn->st_drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
+    if (conn->st_streak < conn->st_drain_need)
+        return;
+    if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !conn_ctrl_flush_locked(conn))
+        return;
+    if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN))
+        return;
+    uint64_t arrived = conn->rx_seq + (conn->rd_arrived - conn->rd_consumed);
+    struct exs_wire_drain d = {
+        .hdr = {.type = EXS_CTRL_DRAIN, .len = htobe16(EXS_WIRE_DRAIN_LEN)},
+        .pos = htobe64(arrived),
+        .phase = htobe32(conn->st_pr),
+    };
+    conn_ctrl_append_locked(conn, &d, sizeof(d));
+    conn->st_drain = EXS_ST_DRAIN_REQUESTED;
+    conn->st_streak = 0;
+    conn->stats.drain_requests++;
+    EXS_TRACE(PROTO, "conn %p: DRAIN in phase %u at %llu", (void *)conn, conn->st_pr,
+              (unsigned long long)arrived);
+}
+
 void st_recv_progress_locked(struct exs_conn *conn)
 {
     if (conn->state != EXS_CONN_CONNECTED)
@@ -351,6 +520,7 @@ void st_recv_progress_locked(struct exs_conn *conn)
         st_eof_locked(conn, 0);
         return;
     }
+    st_drain_check_locked(conn);
     st_advertise_locked(conn);
 }
 

@@ -19,6 +19,8 @@
  *   v2 + feature BATCH (negotiated in hello.features, no version change): a SEQPACKET
  *       eager WRITE WITH IMMEDIATE may carry several messages, framed by
  *       exs_wire_batch_rec, its immediate tag giving their count (§6.1).
+ *   v2 + feature DRAIN (negotiated in hello.features): the STREAM return to direct (§7.2),
+ *       the DRAIN control record, sent only to a peer whose hello has the bit.
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -34,7 +36,9 @@ enum { /* exs_wire_hello.features */
     EXS_WIRE_FEAT_KEEPALIVE = 1u << 0, /* answers zero-byte WRITE probes (every RC peer does) */
     EXS_WIRE_FEAT_READ      = 1u << 1, /* may be asked to serve RDMA READ of announced buffers */
     EXS_WIRE_FEAT_BATCH     = 1u << 2, /* splits SEQPACKET batched ring writes (§6.1) */
-    EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH,
+    EXS_WIRE_FEAT_DRAIN     = 1u << 3, /* STREAM: understands DRAIN records (§7.2) */
+    EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
+                              EXS_WIRE_FEAT_DRAIN,
 };
 
 struct exs_wire_hello {
@@ -147,7 +151,8 @@ enum exs_wire_ctrl_type {
     EXS_CTRL_SHUTDOWN = 5, /* the sender will send no more data (SHUT_WR / close) */
     EXS_CTRL_NOP      = 6, /* carries credits only; breaks credit deadlocks */
     EXS_CTRL_RING     = 7, /* v2: the key of the sender's ring; its first record, once */
-    EXS_CTRL_TYPE_MAX = 7,
+    EXS_CTRL_DRAIN    = 8, /* STREAM, feature DRAIN: stop writing the ring / stopped (§7.2) */
+    EXS_CTRL_TYPE_MAX = 8,
 };
 
 /* Every record starts with this header; len includes it and is a multiple of 8. */
@@ -217,6 +222,23 @@ struct exs_wire_ring {
 } __attribute__((packed));
 #define EXS_WIRE_RING_LEN 16u
 
+enum { /* exs_wire_drain.hdr.flags */
+    EXS_DRAIN_STOPPED = 1u << 0, /* the data sender's answer; without it: the receiver's request */
+};
+
+/* DRAIN (§7.2, STREAM, feature DRAIN). Request (flags 0, from the data receiver): "stop
+ * writing my ring; wait for my ADVERTs", sent in indirect phase `phase` when its posted
+ * receives outrun the ring; pos = the stream offset just past the ring bytes that had
+ * arrived. Answer (EXS_DRAIN_STOPPED, from the data sender): its ring writes of `phase`
+ * end at stream offset pos; the next byte goes into an ADVERT. */
+struct exs_wire_drain {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 pos;      /* stream offset (see above) */
+    uint32_t                 phase;    /* P_r of the request (odd: an indirect phase) */
+    uint32_t                 reserved; /* 0 */
+} __attribute__((packed));
+#define EXS_WIRE_DRAIN_LEN 24u
+
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN
 
@@ -237,6 +259,7 @@ _Static_assert(sizeof(struct exs_wire_announce) == EXS_WIRE_ANNOUNCE_LEN, "annou
 _Static_assert(sizeof(struct exs_wire_read_done) == EXS_WIRE_READ_DONE_LEN, "read_done size");
 _Static_assert(sizeof(struct exs_wire_shutdown) == EXS_WIRE_SHUTDOWN_LEN, "shutdown size");
 _Static_assert(sizeof(struct exs_wire_ring) == EXS_WIRE_RING_LEN, "ring size");
+_Static_assert(sizeof(struct exs_wire_drain) == EXS_WIRE_DRAIN_LEN, "drain size");
 _Static_assert(sizeof(struct exs_wire_batch_rec) == EXS_WIRE_BATCH_REC_LEN, "batch rec size");
 
 #endif

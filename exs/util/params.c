@@ -97,6 +97,10 @@ static const struct exs_param_def params_table[] = {
           "largest ring write gathering several small sends while another is in flight, bytes, at most 1048576; 0 = no batching"),
 
     /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
+    PARAM(stream_direct_min, "EXS_STREAM_DIRECT_MIN", "32768", UINT, 0,
+          "SOCK_STREAM: a receiver in an indirect phase asks the sender back to direct (DRAIN) only for posted receives with at least this many bytes left; smaller ones stay indirect"),
+    PARAM(stream_drain_streak, "EXS_STREAM_DRAIN_STREAK", "2", UINT, 0,
+          "SOCK_STREAM: ring arrivals in a row that must leave such receives waiting with the ring empty before the receiver sends DRAIN (hysteresis); 0 = never (the published algorithm)"),
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
     PARAM(keepalive_intv_ms, "EXS_KEEPALIVE_INTV_MS", "1000", UINT, 1,

@@ -50,6 +50,23 @@ configs=(
   "impl_lazy_ring3_6bytes|pass|-DIMPL_RULE -DIMPL_LAZY -DRING=3 -DSEND0=2 -DSEND1=2 -DSEND2=2 -DWAIT1=1 -DRECV1=2 -DXLEN=1"
   "impl_drift_recovers|fail|-DIMPL_RULE -DDRIFT_PROBE"
   "impl_late_advert_used|fail|-DIMPL_RULE -DLATE_ADVERT_PROBE"
+  # transfer modes other than dynamic (published rule and the C rule)
+  "tx_direct_only|pass|-DTX_DIRECT_ONLY -DWAIT1=1"
+  "rx_indirect_only|pass|-DRX_INDIRECT_ONLY -DWAIT1=1"
+  "tx_direct_rx_indirect|pass|-DTX_DIRECT_ONLY -DRX_INDIRECT_ONLY"
+  "impl_tx_direct_only|pass|-DIMPL_RULE -DTX_DIRECT_ONLY -DWAIT0=1 -DWAIT1=1 -DWAIT2=1 -DRECV1=2"
+  # the return to direct of section 7.2 (DRAIN) on the C rule, every mode pairing
+  "drain_plain|pass|-DIMPL_RULE -DDRAIN"
+  "drain_waitall_mix|pass|-DIMPL_RULE -DDRAIN -DWAIT0=1 -DWAIT2=1"
+  "drain_waitall_all|pass|-DIMPL_RULE -DDRAIN -DWAIT0=1 -DWAIT1=1 -DWAIT2=1 -DRECV1=2"
+  "drain_ring3_6bytes|pass|-DIMPL_RULE -DDRAIN -DRING=3 -DSEND0=2 -DSEND1=2 -DSEND2=2 -DWAIT1=1 -DRECV1=2 -DXLEN=1"
+  "drain_lazy|pass|-DIMPL_RULE -DDRAIN -DIMPL_LAZY"
+  "drain_tx_direct_only|pass|-DIMPL_RULE -DDRAIN -DTX_DIRECT_ONLY -DWAIT1=1"
+  "drain_rx_indirect_only|pass|-DIMPL_RULE -DDRAIN -DRX_INDIRECT_ONLY -DWAIT1=1"
+  "drain_tx_direct_rx_indirect|pass|-DIMPL_RULE -DDRAIN -DTX_DIRECT_ONLY -DRX_INDIRECT_ONLY"
+  "drain_witness_back_to_direct|fail|-DIMPL_RULE -DDRAIN -DDRAIN_WITNESS"
+  "broken_drain_no_readvertise|fail|-DIMPL_RULE -DDRAIN -DBROKEN_DRAIN_NO_READVERT"
+  "broken_drain_no_hold|fail|-DIMPL_RULE -DDRAIN -DBROKEN_DRAIN_NO_HOLD"
 )
 
 passed=0

@@ -48,6 +48,32 @@
  *   LATE_ADVERT_PROBE     with IMPL_RULE: assert that no DIRECT lands in a
  *                         receive that was posted without an ADVERT (a trail
  *                         is a witness that late ADVERTs are used)
+ *   DRAIN                 with IMPL_RULE: the return to direct of section 7.2.
+ *                         The receiver may send DRAIN(pos, phase) at any moment
+ *                         the C rule allows it (indirect phase, no request yet,
+ *                         before END; the streak and size heuristics only pick
+ *                         some of these moments); the
+ *                         sender drops the stale ADVERTs before it, holds the
+ *                         ring and answers STOPPED(S_s, P_s) on a channel of its
+ *                         own (not ordered with the data); the receiver sends
+ *                         no ADVERT until S_r reaches that position with the
+ *                         ring empty, and then may advertise the rest of a
+ *                         WAITALL receive partly filled from the ring, and
+ *                         advertises again the receives whose ADVERT was of an
+ *                         earlier phase (k_a: stale at the sender). The C
+ *                         code's checks of both records are assertions here:
+ *                         an honest peer never trips them.
+ *   TX_DIRECT_ONLY        the sender's mode is direct-only: it never writes the
+ *                         ring (unless the receiver is indirect-only)
+ *   RX_INDIRECT_ONLY      the receiver's mode is indirect-only: it never
+ *                         advertises nor drains (a direct-only receiver behaves
+ *                         as a dynamic one, so do both sender modes but
+ *                         direct-only: every pairing is one of these)
+ *   DRAIN_WITNESS         with DRAIN: assert that a held sender never goes direct
+ *                         (a trail is a witness that DRAIN leads back to direct)
+ *   BROKEN_DRAIN_NO_READVERT  with DRAIN: after the drain the receiver does not
+ *                         advertise again receives of an earlier phase (k_a)
+ *   BROKEN_DRAIN_NO_HOLD  with DRAIN: the sender answers but keeps writing the ring
  *   BROKEN_ADVERT_WHILE_RING_NONEMPTY  receiver ignores b_r > 0 (Fig. 3 line 1;
  *                                      turns out not to matter for safety)
  *   BROKEN_IGNORE_PRIOR_ADVERTS        receiver ignores k_a > 0 (Fig. 6)
@@ -114,18 +140,74 @@
 #define CUR   1     /* advertised in the current direct phase */
 #define PRIOR 2     /* advertised in an earlier phase: counted in k_a */
 
-mtype = { ADVERT, ACK, DIRECT, INDIRECT, END };
+mtype = { ADVERT, ACK, DIRECT, INDIRECT, END, DRAIN_REQ };
 
 /* kind, S_A (ACK: bytes freed), P_A, length, MSG_WAITALL, advert id */
 chan ctl = [CTLCAP] of { mtype, byte, byte, byte, bit, byte };
 /* kind, advert id (DIRECT), offset of the first byte (END: total), length */
 chan data = [DATACAP] of { mtype, byte, byte, byte };
+#ifdef DRAIN
+/* STOPPED answers, sender -> receiver: position, phase (at most one per request,
+ * one request per indirect phase, phases bounded by the transfers) */
+chan stp = [TOTAL + 1] of { byte, byte };
+#endif
+#ifdef RX_INDIRECT_ONLY
+#define RX_ADVERTISES 0
+#else
+#define RX_ADVERTISES 1
+#endif
+#ifdef BROKEN_DRAIN_NO_HOLD
+#define RING_FREE(h) 1
+#else
+#define RING_FREE(h) (!(h))
+#endif
+#ifdef BROKEN_DRAIN_NO_READVERT
+#define REDO_PRIOR 0
+#else
+#define REDO_PRIOR 1
+#endif
+#if defined(TX_DIRECT_ONLY) && !defined(RX_INDIRECT_ONLY)
+#define TX_MAY_RING 0
+#else
+#define TX_MAY_RING 1
+#endif
 
 /* observable for claims and for the README statistics */
 #ifdef DRIFT_PROBE
 bit drifted = 0;    /* a direct phase started with S'_r != S_r */
 #endif
 byte n_direct = 0, n_indirect = 0, n_stale = 0;
+
+#ifdef DRAIN
+/* Section 7.2, the sender's side of a request DRAIN(x1 = pos, x2 = phase), inside
+ * the step that took it off ctl: the ADVERTs before it are examined first (stale
+ * ones dropped, as st_advert_head), then the C code's checks must hold. */
+inline sender_on_drain()
+{
+    atomic {
+        do
+        :: nempty(qA) ->
+            qA?<aS, aP, alen, aw, aid>;
+            if
+            :: IS_INDIRECT(P_s) && (aP < P_s || aS < S_s) ->
+                if
+                :: aP > P_s -> P_s = aP + 1; held = 0
+                :: else -> skip
+                fi;
+                qA?_, _, _, _, _;
+                n_stale++
+            :: else -> break
+            fi
+        :: empty(qA) -> break
+        od;
+        assert(IS_INDIRECT(x2) && x2 == P_s && x1 <= S_s && !held);
+        held = 1;
+        printf("MSC: S holds the ring at %d in phase %d (DRAIN at %d)\n", S_s, P_s, x1);
+        assert(nfull(stp));
+        stp!S_s, P_s
+    }
+}
+#endif
 
 proctype Sender()
 {
@@ -139,6 +221,7 @@ proctype Sender()
     chan qA = [QACAP] of { byte, byte, byte, bit, byte };  /* S_A, P_A, rlen, waitall, id */
     byte aS, aP, alen, aid, lw, x1, x2, x3, x5;
     bit aw, x4, used;
+    bit held = 0;           /* section 7.2: a DRAIN holds the ring in phase P_s */
     mtype k;
 
     do
@@ -146,8 +229,11 @@ proctype Sender()
         if
         :: k == ADVERT -> assert(nfull(qA)); qA!x1, x2, x3, x4, x5
         :: k == ACK -> b_s = b_s + x1; assert(b_s <= RING)
+#ifdef DRAIN
+        :: k == DRAIN_REQ -> sender_on_drain()
+#endif
         fi
-    :: i < NSEND && (nempty(qA) || b_s > 0) ->
+    :: i < NSEND && (nempty(qA) || (b_s > 0 && RING_FREE(held) && TX_MAY_RING)) ->
         atomic {
             used = 0;
             /* Fig. 2 lines 1-16: the ADVERTs, oldest first */
@@ -159,7 +245,7 @@ proctype Sender()
                     /* stale: drop it, and move past its phase */
 #ifndef BROKEN_NO_PHASE_JUMP
                     if
-                    :: aP > P_s -> P_s = aP + 1
+                    :: aP > P_s -> P_s = aP + 1; held = 0
                     :: else -> skip
                     fi;
 #endif
@@ -180,7 +266,11 @@ proctype Sender()
                          * estimate drifted */
                         assert(!drifted);
 #endif
-                        P_s = aP
+#ifdef DRAIN_WITNESS
+                        assert(!held);
+#endif
+                        P_s = aP;
+                        held = 0
                     :: else -> skip
                     fi;
                     lw = MIN(left, alen - fill);
@@ -203,7 +293,7 @@ proctype Sender()
             od;
             /* Fig. 2 lines 17-25: the ring */
             if
-            :: !used && b_s > 0 ->
+            :: !used && b_s > 0 && TX_MAY_RING && RING_FREE(held) ->
                 if
                 :: IS_DIRECT(P_s) -> P_s = P_s + 1
                 :: else -> skip
@@ -233,7 +323,17 @@ proctype Sender()
     /* all sent: keep taking ADVERTs and ACKs so the receiver never blocks */
 end_drain:
     do
+#ifdef DRAIN
+    :: ctl?k, x1, x2, x3, x4, x5 ->
+        if
+        /* the C sender keeps queueing ADVERTs, so a late DRAIN sees them */
+        :: k == ADVERT -> assert(nfull(qA)); qA!x1, x2, x3, x4, x5
+        :: k == DRAIN_REQ -> sender_on_drain()
+        :: else -> skip
+        fi
+#else
     :: ctl?_, _, _, _, _, _
+#endif
     od
 }
 
@@ -243,18 +343,29 @@ end_drain:
  * phase == P_r", NONE "no ADVERT yet"; satisfied receives left the queue. */
 inline impl_advertise()
 {
-    j = 0; outst = 0; stop = 0;
+    j = 0; outst = 0; stop = !RX_ADVERTISES; drained = 0; redo = 0;
+#ifdef DRAIN
+    if
+    :: dr == 1 -> stop = 1      /* no ADVERT before the sender's answer */
+    :: dr == 2 && (S_r != dpos || b_r > 0) -> stop = 1
+    :: dr == 2 && S_r == dpos && b_r == 0 -> drained = 1; redo = REDO_PRIOR
+    :: dr == 0 -> skip
+    fi;
+#endif
     do
     :: j < qn && !stop && !eos ->
         h = (qh + j) % RQ;
         if
-        :: q_adv[h] == PRIOR -> stop = 1     /* k_a > 0 */
+        :: q_adv[h] == PRIOR && !redo -> stop = 1     /* k_a > 0 */
         :: q_adv[h] == CUR -> outst = 1      /* current phase: keep going */
-        :: q_adv[h] == NONE && (b_r > 0 || q_got[h] > 0) -> stop = 1
-        :: q_adv[h] == NONE && b_r == 0 && q_got[h] == 0 ->
+        :: (q_adv[h] == NONE || (q_adv[h] == PRIOR && redo)) && (b_r > 0 || (q_got[h] > 0 && !drained)) -> stop = 1
+        :: (q_adv[h] == NONE || (q_adv[h] == PRIOR && redo)) && b_r == 0 && (q_got[h] == 0 || drained) ->
             if
             :: IS_INDIRECT(P_r) ->
                 P_r = P_r + 1;
+#ifdef DRAIN
+                dr = 0;
+#endif
 #ifdef DRIFT_PROBE
                 if
                 :: S2_r != S_r -> drifted = 1
@@ -269,14 +380,20 @@ inline impl_advertise()
             :: else -> skip
             fi;
             assert(nfull(ctl));
-            ctl!ADVERT, S2_r, P_r, q_len[h], q_w[h], q_id[h];
-            printf("MSC: R advertises receive %d (len %d, waitall %d, late %d): ADVERT S_A %d P_A %d (S_r %d)\n", q_id[h], q_len[h], q_w[h], q_late[h], S2_r, P_r, S_r);
+            /* the rest of the receive (all of it unless a drain let a
+             * partly filled WAITALL receive be advertised) */
+            ctl!ADVERT, S2_r, P_r, q_len[h] - q_got[h], q_w[h], q_id[h];
+            printf("MSC: R advertises receive %d (len %d, got %d, waitall %d, late %d): ADVERT S_A %d P_A %d (S_r %d)\n", q_id[h], q_len[h], q_got[h], q_w[h], q_late[h], S2_r, P_r, S_r);
             if
-            :: q_w[h] -> S2_r = S2_r + q_len[h]
+            :: q_w[h] -> S2_r = S2_r + q_len[h] - q_got[h]
             :: else -> S2_r = S2_r + 1
             fi;
+            drained = 0;
+            if
+            :: q_adv[h] == PRIOR -> k_a--    /* advertised again after a drain */
+            :: else -> k_b--
+            fi;
             q_adv[h] = CUR;
-            k_b--;
             outst = 1
         fi;
         j++
@@ -309,6 +426,12 @@ proctype Receiver()
     bit w;
 #ifdef IMPL_RULE
     bit outst, stop;        /* impl_advertise(): an ADVERT is outstanding; walk ends */
+    bit drained;            /* impl_advertise(): the ring stopped and drained (7.2) */
+    bit redo;               /* impl_advertise(): so prior-phase receives are advertised again */
+#ifdef DRAIN
+    byte dr = 0;            /* 7.2: 0 IDLE, 1 REQUESTED, 2 STOPPED */
+    byte dpos = 0, dph;     /* STOPPED: the sender's position; its phase */
+#endif
     bit q_late[RQ];         /* posted without an ADVERT (for LATE_ADVERT_PROBE) */
 #ifdef IMPL_LAZY
     bit adv_pending = 0;    /* something changed since the last evaluation */
@@ -340,7 +463,7 @@ proctype Receiver()
 #else
             /* Fig. 3 */
             if
-            :: (b_r == 0
+            :: RX_ADVERTISES && (b_r == 0
 #ifdef BROKEN_ADVERT_WHILE_RING_NONEMPTY
                  || 1
 #endif
@@ -441,7 +564,7 @@ proctype Receiver()
                     if
                     :: q_adv[h] == CUR -> q_adv[h] = PRIOR; k_a++
                     :: else ->
-#if !defined(BROKEN_ADVERT_WHILE_RING_NONEMPTY) && !defined(IMPL_LAZY)
+#if !defined(BROKEN_ADVERT_WHILE_RING_NONEMPTY) && !defined(IMPL_LAZY) && !defined(RX_INDIRECT_ONLY)
                         /* in a direct phase every receive has an ADVERT */
                         assert(false);
 #endif
@@ -454,6 +577,10 @@ proctype Receiver()
             fi;
             /* (b) the ring keeps the offsets in order, without gaps */
             assert(b_r == 0 || S == ring_start + b_r);
+#ifdef DRAIN
+            /* no ring byte beyond the position the sender stopped at */
+            assert(dr != 2 || S + lw <= dpos);
+#endif
             if
             :: b_r == 0 -> ring_start = S
             :: else -> skip
@@ -508,6 +635,26 @@ proctype Receiver()
 #endif
             skip
         }
+
+#ifdef DRAIN
+    /* 7.2: the request, at any moment the C rule allows */
+    :: IS_INDIRECT(P_r) && dr == 0 && RX_ADVERTISES && !eos ->
+        atomic {
+            assert(nfull(ctl));
+            ctl!DRAIN_REQ, arrived, P_r, 0, 0, 0;
+            printf("MSC: R sends DRAIN at %d in phase %d\n", arrived, P_r);
+            dr = 1
+        }
+    /* the sender's STOPPED answer (the C code's checks as assertions) */
+    :: stp?S, dph ->
+        atomic {
+            assert(dr == 1 && dph == P_r && S >= arrived);
+            dr = 2;
+            dpos = S;
+            IMPL_KICK;
+            skip
+        }
+#endif
 
     /* END: the sender's total */
     :: data?END, _, S, _ ->

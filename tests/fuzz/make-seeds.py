@@ -63,6 +63,10 @@ put(t + 'stream-data', b'\x01' + wwi(0x40000000, 0, b'x' * 100) + wwi(0x40010000
 put(t + 'seq-advert-announce', b'\x00' + send(adv + ann))
 put(t + 'seq-shutdown', b'\x00' + send(ctrl(5, 16) + struct.pack('>Q', 0)))
 put(t + 'seq-read-done', b'\x00' + send(ctrl(4, 16) + struct.pack('>Q', 0)))
+# STREAM DRAIN (section 7.2): a request after ring data, then an (unsolicited) STOPPED answer
+drain = ctrl(8, 24) + struct.pack('>QII', 100, 1, 0)
+stopped = struct.pack('>BBHHH', 8, 1, 24, 0, 0) + struct.pack('>QII', 100, 1, 0)
+put(t + 'stream-drain', b'\x01' + wwi(0x40000000, 0, b'x' * 100) + send(drain) + send(stopped))
 t = 'fuzz_imm/'
 put(t + 'eager', struct.pack('<I', 0x60000000))
 put(t + 'direct', struct.pack('<I', 0x2003abcd) + bytes([1, 0, 5, 0x12, 0x34, 1]))

@@ -662,6 +662,160 @@ START_TEST(hs_read_done_for_eager_write)
 }
 END_TEST
 
+/* §7.2 DRAIN from the raw peer (b is the data sender). b first puts 100 bytes into raw's
+ * ring (phase 1) when s is given; then raw's request DRAIN(pos, phase). */
+static void raw_drain(uint64_t pos, uint32_t phase, struct pt_op *s, uint8_t *sb)
+{
+    struct {
+        uint64_t pos;
+        uint32_t phase, reserved;
+    } __attribute__((packed)) d = {htobe64(pos), htobe32(phase), 0};
+
+    if (s) {
+        pt_fill(sb, 100, 0);
+        pt_op_init(s, &pp.b, EXS_OP_SEND, sb, 100, 0);
+        ck_assert_int_eq(pt_post(s), 0);
+        pt_run(&pp);
+        pt_assert_done(s, 100, 0);
+        ck_assert_uint_eq(pp.b.conn->st_ps, 1);
+    }
+    raw_ctrl(EXS_CTRL_DRAIN, EXS_WIRE_DRAIN_LEN, 0, &d, sizeof(d));
+}
+
+/* A well-formed request is honoured: b answers STOPPED at its stream offset, holds the
+ * ring (a new send waits), and writes directly into the next ADVERT, at that offset. */
+START_TEST(hs_drain_honoured)
+{
+    static uint8_t sb[100], sb2[300];
+    uint8_t *rb = raw.mem + RAW_RING + 2048; /* raw's receive buffer (its own memory) */
+    struct exs_wire_drain ans;
+    struct exs_sock_stats st;
+    struct pt_op s, s2;
+
+    raw_open(SOCK_STREAM);
+    raw_drain(100, 1, &s, sb);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_DRAIN, &ans, sizeof(ans)));
+    ck_assert_uint_eq(ans.hdr.flags, EXS_DRAIN_STOPPED);
+    ck_assert_uint_eq(be16toh(ans.hdr.len), EXS_WIRE_DRAIN_LEN);
+    ck_assert_uint_eq(be64toh(ans.pos), 100);
+    ck_assert_uint_eq(be32toh(ans.phase), 1);
+    pt_fill(sb2, sizeof(sb2), 100);
+    pt_op_init(&s2, &pp.b, EXS_OP_SEND, sb2, sizeof(sb2), 0);
+    ck_assert_int_eq(pt_post(&s2), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(s2.done, 0); /* held: no ring write */
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.indirect_xfers, 1);
+    ck_assert_uint_eq(st.drain_requests, 1);
+    struct {
+        uint64_t addr;
+        uint32_t len, rkey;
+        uint64_t seq;
+        uint32_t phase, id;
+    } __attribute__((packed)) a = {htobe64((uintptr_t)rb), htobe32(1000), htobe32(raw.mr->rkey),
+                                   htobe64(100),           htobe32(2),    htobe32(7)};
+    raw_ctrl(EXS_CTRL_ADVERT, EXS_WIRE_ADVERT_LEN, 0, &a, sizeof(a));
+    pt_run(&pp);
+    pt_assert_done(&s2, 300, 0);
+    ck_assert(pt_check(rb, 300, 100));
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.direct_xfers, 1);
+    ck_assert_uint_eq(st.indirect_xfers, 1);
+    ck_assert_uint_eq(pp.b.conn->st_ps, 2);
+    pt_op_fini(&s);
+    pt_op_fini(&s2);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* Hostile DRAINs: 0 in a direct phase (b sent nothing), 1 a position b never sent,
+ * 2 an even (direct) phase, 3 another phase than b's, 4 a second request in a held
+ * phase, 5 an unsolicited STOPPED answer, 6 reserved not 0, 7 unknown flags. */
+START_TEST(hs_drain_bad)
+{
+    static uint8_t sb[100];
+    struct pt_op s;
+
+    raw_open(SOCK_STREAM);
+    switch (_i) {
+    case 0:
+        raw_drain(0, 1, NULL, NULL);
+        break;
+    case 1:
+        raw_drain(101, 1, &s, sb);
+        break;
+    case 2:
+        raw_drain(100, 2, &s, sb);
+        break;
+    case 3:
+        raw_drain(100, 3, &s, sb);
+        break;
+    case 4:
+        raw_drain(100, 1, &s, sb);
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.dead, 0);
+        raw_drain(100, 1, NULL, NULL);
+        break;
+    case 5: {
+        struct exs_wire_drain d = {.hdr = {.type = EXS_CTRL_DRAIN,
+                                           .flags = EXS_DRAIN_STOPPED,
+                                           .len = htobe16(EXS_WIRE_DRAIN_LEN)},
+                                   .pos = 0,
+                                   .phase = htobe32(1)};
+        raw_post(EXS_PROV_WR_SEND, &d, sizeof(d), 0, 0, 0);
+        break;
+    }
+    default: {
+        struct exs_wire_drain d = {.hdr = {.type = EXS_CTRL_DRAIN,
+                                           .flags = _i == 7 ? 2 : 0,
+                                           .len = htobe16(EXS_WIRE_DRAIN_LEN)},
+                                   .pos = htobe64(100),
+                                   .phase = htobe32(1),
+                                   .reserved = htobe32(_i == 6)};
+        pt_fill(sb, 100, 0);
+        pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, 100, 0);
+        ck_assert_int_eq(pt_post(&s), 0);
+        pt_run(&pp);
+        raw_post(EXS_PROV_WR_SEND, &d, sizeof(d), 0, 0, 0);
+        break;
+    }
+    }
+    expect_reset();
+    if (_i && _i != 5)
+        pt_op_fini(&s);
+    raw_close();
+}
+END_TEST
+
+/* A DRAIN of a wrong length (16: the old size of nothing, 32: too long). */
+START_TEST(hs_drain_bad_length)
+{
+    uint8_t body[24] = {0};
+
+    raw_open(SOCK_STREAM);
+    raw_ctrl(EXS_CTRL_DRAIN, _i ? 32 : 16, 0, body, _i ? 24 : 8);
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* A DRAIN on a SEQPACKET connection. */
+START_TEST(hs_drain_seqpacket)
+{
+    struct {
+        uint64_t pos;
+        uint32_t phase, reserved;
+    } __attribute__((packed)) d = {0, htobe32(1), 0};
+
+    raw_open(SOCK_SEQPACKET);
+    raw_ctrl(EXS_CTRL_DRAIN, EXS_WIRE_DRAIN_LEN, 0, &d, sizeof(d));
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -686,6 +840,10 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_batch_delivered);
     tcase_add_loop_test(tc, hs_batch_malformed, 0, 6);
     tcase_add_test(tc, hs_batch_rewritten);
+    tcase_add_test(tc, hs_drain_honoured);
+    tcase_add_loop_test(tc, hs_drain_bad, 0, 8);
+    tcase_add_loop_test(tc, hs_drain_bad_length, 0, 2);
+    tcase_add_test(tc, hs_drain_seqpacket);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include "exs/util/params.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -17,8 +19,9 @@ static struct pt_pair pp;
 #define MAX_RECS 256
 static struct {
     struct exs_prov_ep *ep; /* whose SENDs are decoded */
-    int n_ack, n_advert;
-    uint64_t ack[MAX_RECS]; /* ring_consumed of each ACK */
+    int n_ack, n_advert, n_drain;
+    struct exs_wire_drain drain; /* the last DRAIN */
+    uint64_t ack[MAX_RECS];      /* ring_consumed of each ACK */
 } tap;
 
 static void st_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
@@ -38,6 +41,10 @@ static void st_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send
         }
         if (h.type == EXS_CTRL_ADVERT)
             tap.n_advert++;
+        if (h.type == EXS_CTRL_DRAIN && off + sizeof(tap.drain) <= len) {
+            tap.n_drain++;
+            memcpy(&tap.drain, p + off, sizeof(tap.drain));
+        }
         if (!be16toh(h.len))
             break;
         off += be16toh(h.len);
@@ -505,6 +512,203 @@ START_TEST(st_shutdown_waitall_partial)
 }
 END_TEST
 
+/*
+ * §7.2 return to direct. The published algorithm's trap, built step by step: the sender
+ * writes the ring while the receiver's ADVERTs are in flight, so they arrive stale. mode:
+ * 0 the waiting receive r3 is plain, 1 it has MSG_WAITALL and is partly filled from the
+ * ring when the receiver asks, 2 hysteresis (streak 3: no request yet), 3 receives below
+ * EXS_STREAM_DIRECT_MIN (no request even with streak 1). Mode 0 then checks the backoff.
+ */
+static void st_drain_run(int mode)
+{
+    static uint8_t sb[4][2500], rb[4][3000];
+    struct pt_op s[4], r[4];
+    struct exs_sock_stats sa, sbs;
+    int waitall = mode == 1;
+    uint32_t s2len = waitall ? 1500 : 500, s3len = waitall ? 2500 : 2000;
+    uint64_t stop = 1500 + s2len;
+    long guard = 0;
+
+    exs__params.stream_drain_streak = mode == 2 ? 3 : mode == 3 ? 1 : 2;
+    exs__params.stream_direct_min = mode == 3 ? 32768 : 1000;
+    st_send(&s[0], &pp.a, sb[0], 1000, 0); /* ring: phase 1 */
+    pt_run(&pp);
+    pt_recv_post(&r[0], &pp.b, rb[0], 1000, 0); /* copied out at once */
+    pt_assert_done(&r[0], 1000, 0);
+    pt_recv_post(&r[1], &pp.b, rb[1], 3000, 0); /* advertised: phase 2, offset 1000 */
+    pt_recv_post(&r[2], &pp.b, rb[2], 1000, 0); /* advertised too */
+    st_send(&s[1], &pp.a, sb[1], 500, 1000);    /* before the ADVERTs arrive: ring */
+    pt_run(&pp);
+    pt_assert_done(&r[1], 500, 0); /* r1 from the ring; r2 (an earlier phase) waits */
+    ck_assert(pt_check(rb[1], 500, 1000));
+    /* r3 is posted behind r2, whose ADVERT is of an earlier phase: no ADVERT for r3 */
+    pt_recv_post(&r[3], &pp.b, rb[3], 3000, waitall ? MSG_WAITALL : 0);
+    ck_assert_int_eq(r[3].op.state, EXS_OPS_QUEUED);
+    st_send(&s[2], &pp.a, sb[2], s2len, 1500); /* drops the stale ADVERTs: ring, phase 3 */
+    if (mode >= 2) {
+        pt_run(&pp);
+        pt_stats(&pp.b, &sbs);
+        ck_assert_uint_eq(sbs.drain_requests, 0);
+        ck_assert_int_eq(tap.n_drain, 0);
+        ck_assert_int_eq(pp.a.conn->st_held, 0);
+        ck_assert_int_eq(pp.b.conn->st_drain, EXS_ST_DRAIN_IDLE);
+        st_send(&s[3], &pp.a, sb[3], s3len, stop);
+        pt_run(&pp);
+    } else {
+        /* step until the sender honoured the DRAIN; its answer is not yet at the receiver */
+        while (!pp.a.conn->st_held) {
+            ck_assert_int_lt(guard++, 100000);
+            mock_step();
+            pt_dispatch(&pp);
+        }
+        ck_assert_int_eq(tap.n_drain, 1);
+        ck_assert_uint_eq(tap.drain.hdr.flags, 0);
+        ck_assert_uint_eq(be64toh(tap.drain.pos), stop);
+        ck_assert_uint_eq(be32toh(tap.drain.phase), 3);
+        pt_stats(&pp.a, &sa);
+        ck_assert_uint_eq(sa.indirect_xfers, 3);
+        /* held: a new send writes nothing until the receiver's next ADVERT */
+        st_send(&s[3], &pp.a, sb[3], s3len, stop);
+        ck_assert_uint_eq(s[3].op.posted, 0);
+        pt_stats(&pp.a, &sa);
+        ck_assert_uint_eq(sa.indirect_xfers, 3);
+        pt_run(&pp);
+        pt_stats(&pp.a, &sa);
+        pt_stats(&pp.b, &sbs);
+        ck_assert_uint_eq(sa.drain_requests, 1);  /* honoured */
+        ck_assert_uint_eq(sbs.drain_requests, 1); /* sent */
+        ck_assert_uint_eq(sa.indirect_xfers, 3);  /* nothing more went into the ring */
+        ck_assert_uint_eq(sa.direct_xfers, 1);    /* direct again, on the next ADVERT */
+        ck_assert_uint_eq(pp.a.conn->st_ps, 4);
+        ck_assert_int_eq(pp.a.conn->st_held, 0);
+        ck_assert_int_eq(tap.n_drain, 1);
+    }
+    pt_assert_done(&r[2], 1000 - (waitall ? 0 : 500), 0);
+    ck_assert(pt_check(rb[2], (size_t)r[2].op.result, 1500));
+    if (waitall) {
+        /* 500 bytes came from the ring before the request, the rest directly */
+        pt_assert_done(&r[3], 3000, 0);
+        ck_assert(pt_check(rb[3], 3000, 2500));
+    } else {
+        pt_assert_done(&r[3], 2000, 0);
+        ck_assert(pt_check(rb[3], 2000, stop));
+        for (size_t j = 2000; j < sizeof(rb[3]); j++)
+            ck_assert_uint_eq(rb[3][j], 0);
+    }
+    if (mode == 0) {
+        /* backoff: the direct phase the DRAIN began ends (the sender writes the ring
+         * again, no ADVERT left) after 2000 bytes, less than 4 rings: the drain did not
+         * pay, so the next one needs twice the streak */
+        static uint8_t sb5[500], rb5[1000];
+        struct pt_op s5, r5;
+
+        ck_assert_uint_eq(pp.b.conn->st_drain_need, 2);
+        st_send(&s5, &pp.a, sb5, sizeof(sb5), stop + 2000);
+        pt_run(&pp);
+        pt_stats(&pp.a, &sa);
+        ck_assert_uint_eq(sa.indirect_xfers, 4);
+        ck_assert_uint_eq(pp.b.conn->st_pr, 5);
+        ck_assert_uint_eq(pp.b.conn->st_drain_need, 4);
+        pt_recv_post(&r5, &pp.b, rb5, sizeof(rb5), 0);
+        pt_run(&pp);
+        pt_assert_done(&r5, 500, 0);
+        ck_assert(pt_check(rb5, 500, stop + 2000));
+        pt_assert_done(&s5, 500, 0);
+        pt_op_fini(&s5);
+        pt_op_fini(&r5);
+    }
+    for (int i = 0; i < 4; i++) {
+        pt_assert_done(&s[i], (ssize_t)s[i].op.len, 0);
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+
+START_TEST(st_drain_to_direct)
+{
+    st_drain_run(_i);
+}
+END_TEST
+
+/* §7.2: a DRAIN while a receive advertised in an earlier phase waits (k_a > 0). Its
+ * ADVERT was stale at the sender, so once the ring stopped and drained it is advertised
+ * again, in the new direct phase, and filled directly. */
+START_TEST(st_drain_readvertise)
+{
+    static uint8_t sb[3][1000], rb[3][1000];
+    struct pt_op s[3], r[3];
+    struct exs_sock_stats sa, sbs;
+
+    exs__params.stream_drain_streak = 1;
+    exs__params.stream_direct_min = 1000;
+    st_send(&s[0], &pp.a, sb[0], 1000, 0); /* ring: phase 1 */
+    pt_run(&pp);
+    pt_recv_post(&r[0], &pp.b, rb[0], 1000, 0);
+    pt_assert_done(&r[0], 1000, 0);
+    pt_recv_post(&r[1], &pp.b, rb[1], 1000, 0); /* advertised: phase 2, offset 1000 */
+    pt_recv_post(&r[2], &pp.b, rb[2], 1000, 0); /* advertised: phase 2, offset 1001 */
+    ck_assert_uint_eq(pp.b.conn->st_pr, 2);
+    st_send(&s[1], &pp.a, sb[1], 500, 1000); /* crosses the ADVERTs: ring */
+    pt_run(&pp);
+    /* r1 from the ring; r2 (phase 2, an earlier phase now) waits: DRAIN all the same */
+    pt_assert_done(&r[1], 500, 0);
+    ck_assert(pt_check(rb[1], 500, 1000));
+    ck_assert_int_eq(r[2].done, 0);
+    ck_assert_int_eq(tap.n_drain, 1);
+    ck_assert_uint_eq(be64toh(tap.drain.pos), 1500);
+    pt_stats(&pp.b, &sbs);
+    ck_assert_uint_eq(sbs.drain_requests, 1);
+    ck_assert_uint_eq(sbs.adverts_sent, 3); /* r1, r2, and r2 again in phase 4 */
+    ck_assert_uint_eq(pp.b.conn->st_pr, 4);
+    ck_assert_uint_eq(r[2].op.phase, 4);
+    ck_assert_uint_eq(r[2].op.seq, 1500);
+    st_send(&s[2], &pp.a, sb[2], 700, 1500);
+    pt_run(&pp);
+    pt_assert_done(&r[2], 700, 0);
+    ck_assert(pt_check(rb[2], 700, 1500));
+    for (size_t j = 700; j < sizeof(rb[2]); j++)
+        ck_assert_uint_eq(rb[2][j], 0);
+    pt_stats(&pp.a, &sa);
+    ck_assert_uint_eq(sa.direct_xfers, 1);
+    ck_assert_uint_eq(sa.indirect_xfers, 2);
+    ck_assert_uint_eq(sa.adverts_discarded, 2);
+    ck_assert_uint_eq(sa.drain_requests, 1);
+    for (int i = 0; i < 3; i++) {
+        pt_assert_done(&s[i], (ssize_t)s[i].op.len, 0);
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* ring_fill counts bytes in the ring; the sender's phase time runs from its first send. */
+START_TEST(st_stats_ring_fill_phase_time)
+{
+    static uint8_t sb[1000], rb[600];
+    struct exs_sock_stats sa, sbs;
+    struct pt_op s, r;
+
+    pt_stats(&pp.a, &sa);
+    ck_assert_uint_eq(sa.direct_time_us + sa.indirect_time_us, 0); /* nothing sent yet */
+    st_send(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_run(&pp);
+    pt_stats(&pp.b, &sbs);
+    ck_assert_uint_eq(sbs.ring_fill, 1000);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_run(&pp);
+    pt_assert_done(&r, 600, 0);
+    pt_stats(&pp.b, &sbs);
+    ck_assert_uint_eq(sbs.ring_fill, 400);
+    usleep(3000);
+    pt_stats(&pp.a, &sa);
+    ck_assert_uint_ge(sa.indirect_time_us, 3000); /* still indirect, at least the pause */
+    pt_stats(&pp.b, &sbs);
+    ck_assert_uint_eq(sbs.direct_time_us + sbs.indirect_time_us, 0); /* b never sent */
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
 Suite *proto_stream_suite(void)
 {
     Suite *s = suite_create("proto_stream");
@@ -520,6 +724,9 @@ Suite *proto_stream_suite(void)
     tcase_add_loop_test(tc, st_ring_wrap_reordered, 0, 4);
     tcase_add_test(tc, st_shutdown_eof);
     tcase_add_test(tc, st_shutdown_waitall_partial);
+    tcase_add_loop_test(tc, st_drain_to_direct, 0, 4);
+    tcase_add_test(tc, st_drain_readvertise);
+    tcase_add_test(tc, st_stats_ring_fill_phase_time);
     suite_add_tcase(s, tc);
 
     /* these build their own pair (transfer modes) and share the teardown */
