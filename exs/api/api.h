@@ -6,5 +6,8 @@
 /* Live library objects (sockets, connections, queues, memory handles, pending
  * operations); 0 after everything was closed. Tests assert it at the end. */
 int exs__debug_live_objects(void);
+/* Kernel-socket state (api/kfd.c): descriptors with operations pending, or whose
+ * watcher the progress thread has still to stop, plus their operations. */
+int exs__debug_kfd_live(void);
 
 #endif

@@ -557,6 +557,28 @@ void exs__engine_timer_stop(struct exs_eng_timer *t)
     }
 }
 
+static void eng_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct exs_eng_io *io = exs_container_of(w, struct exs_eng_io, w);
+
+    (void)loop;
+    io->cb(io, revents);
+}
+
+void exs__engine_io_set(struct exs_eng_io *io, int fd, int events,
+                        void (*cb)(struct exs_eng_io *io, int revents))
+{
+    EXS_ASSERT(eng_holding);
+    if (ev_is_active(&io->w))
+        ev_io_stop(eng.loop, &io->w);
+    if (events) {
+        io->cb = cb;
+        ev_io_init(&io->w, eng_io_cb, fd, events);
+        ev_io_start(eng.loop, &io->w);
+    }
+    eng.loop_dirty = 1;
+}
+
 int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr, socklen_t addrlen,
                        int backlog)
 {

@@ -85,6 +85,18 @@ void exs__engine_timer_start(struct exs_eng_timer *t, uint64_t ms,
                              void (*cb)(struct exs_eng_timer *t));
 void exs__engine_timer_stop(struct exs_eng_timer *t);
 
+/* A descriptor watched by the progress loop (operations on kernel sockets: api/kfd.c).
+ * Set, change and stop it with the progress lock held; cb runs on the progress thread.
+ * When libev finds the descriptor invalid it stops the watcher itself and calls cb
+ * with EV_ERROR. Stop it before the descriptor is closed. */
+struct exs_eng_io {
+    ev_io w;
+    void (*cb)(struct exs_eng_io *io, int revents);
+};
+/* Watch fd for events (EV_READ and/or EV_WRITE); events 0 stops the watcher. */
+void exs__engine_io_set(struct exs_eng_io *io, int fd, int events,
+                        void (*cb)(struct exs_eng_io *io, int revents));
+
 int  exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr,
                         socklen_t addrlen, int backlog);
 /* Progress thread only. */
