@@ -64,6 +64,8 @@ struct kfd {
     struct exs_list  sendq;      /* sends and shutdowns, posting order */
     struct exs_list  recvq;      /* receives, posting order */
     int              n_send, n_recv;
+    int              err;        /* lock: the connection failed (not EPIPE): every pending
+                                  * operation reports it */
     int              io_want;    /* lock: EV_READ / EV_WRITE the queues wait for */
     int              io_on;      /* lock + progress lock: events the watcher has */
     int              job_queued; /* lock */
@@ -227,6 +229,24 @@ static void kfd_op_drop(struct kfd_op *op)
 
 /* ---- moving bytes (k->lock held) ---- */
 
+/* An operation failed with err. The kernel reports a connection error (ECONNRESET,
+ * ETIMEDOUT, ...) to one call only and then says EPIPE or end of stream; so it is
+ * latched and every pending operation, in both directions, reports it. EPIPE (our own
+ * SHUT_WR, or after such an error) only ends the sends. */
+static void kfd_fail_locked(struct kfd *k, int err)
+{
+    struct exs_list *n;
+
+    if (err != EPIPE)
+        k->err = err;
+    while ((n = exs_list_pop_head(&k->sendq)))
+        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, err);
+    if (err == EPIPE)
+        return;
+    while ((n = exs_list_pop_head(&k->recvq)))
+        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, err);
+}
+
 /* Write what the kernel takes of the queued sends, in order, several per sendmsg;
  * run shutdowns when they reach the head. EAGAIN: wait for EV_WRITE. */
 static void kfd_send_run_locked(struct kfd *k)
@@ -266,13 +286,10 @@ static void kfd_send_run_locked(struct kfd *k)
             return;
         }
         if (n < 0) {
-            /* the connection failed: the head reports it; the next sendmsg tells the
-             * others (the kernel keeps saying EPIPE) */
             int err = errno;
 
             EXS_DBG(API, "kfd %d: sendmsg: %s", k->fd, strerror(err));
-            exs_list_del(&op->link);
-            kfd_op_finish_locked(k, op, -1, err);
+            kfd_fail_locked(k, err);
             continue;
         }
         /* n bytes left, the head's rest first */
@@ -313,23 +330,31 @@ static void kfd_recv_run_locked(struct kfd *k)
             if ((op->flags & MSG_WAITALL) && op->done < op->len)
                 continue;
         }
-        exs_list_del(&op->link);
-        if (n < 0 && !op->done) {
+        if (n < 0) {
             int err = errno;
 
             EXS_DBG(API, "kfd %d: recv: %s", k->fd, strerror(err));
-            kfd_op_finish_locked(k, op, -1, err);
-        } else {
-            /* data, end of stream (0, and 0 for each later receive), or an error
-             * after part of a MSG_WAITALL receive (the next receive reports it) */
-            kfd_op_finish_locked(k, op, (ssize_t)op->done, 0);
+            if (!op->done) {
+                kfd_fail_locked(k, err);
+                continue;
+            }
+            /* part of a MSG_WAITALL receive came first: it reports its bytes, the
+             * operations after it the error */
+            k->err = err;
         }
+        /* data, or the end of the stream (0, and 0 for each later receive) */
+        exs_list_del(&op->link);
+        kfd_op_finish_locked(k, op, (ssize_t)op->done, 0);
     }
     k->io_want &= ~EV_READ;
 }
 
 static void kfd_run_locked(struct kfd *k)
 {
+    if (k->err) {
+        kfd_fail_locked(k, k->err);
+        return;
+    }
     kfd_send_run_locked(k);
     kfd_recv_run_locked(k);
 }

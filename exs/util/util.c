@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Out-of-line helpers of util.h: the assertion failure path. */
+/* Out-of-line helpers of util.h: the assertion failure path, library thread creation. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +13,7 @@ void exs__assert_fail(const char *expr, const char *file, int line, const char *
     abort();
 }
 
-int exs__thread_create(pthread_t *thread, void *(*fn)(void *arg), void *arg)
+int exs__thread_create(pthread_t *thread, const char *name, void *(*fn)(void *arg), void *arg)
 {
     /* synchronous signals stay deliverable: they are the thread's own faults */
     static const int sync_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
@@ -30,5 +30,7 @@ int exs__thread_create(pthread_t *thread, void *(*fn)(void *arg), void *arg)
     ret = pthread_create(thread, NULL, fn, arg);
     ret2 = pthread_sigmask(SIG_SETMASK, &old, NULL);
     EXS_ASSERT(ret2 == 0); /* restoring a mask just read cannot fail */
+    if (!ret)
+        pthread_setname_np(*thread, name); /* a name is a convenience: errors ignored */
     return -ret;
 }

@@ -34,6 +34,7 @@ Suite *integ_robust_suite(void);
 Suite *integ_hello_suite(void);
 Suite *integ_grant_suite(void);
 Suite *integ_progress_suite(void);
+Suite *integ_kfd_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */
 TCase *it_tcase(const char *name, int timeout_s);

@@ -12,7 +12,7 @@ static Suite *(*const suites[])(void) = {
     integ_seqpacket_suite, integ_errors_suite,    integ_qdequeue_suite,
     integ_sync_suite,      integ_lifecycle_suite, integ_robust_suite,
     integ_stream_suite,    integ_hello_suite,     integ_grant_suite,
-    integ_progress_suite,
+    integ_progress_suite,  integ_kfd_suite,
 };
 
 static void usage(FILE *f, const char *argv0)
