@@ -318,6 +318,10 @@ static void kfd_recv_run_locked(struct kfd *k)
         struct kfd_op *op = exs_list_entry(k->recvq.next, struct kfd_op, link);
         ssize_t n;
 
+        if (k->err) {
+            kfd_fail_locked(k, k->err);
+            return;
+        }
         do
             n = recv(k->fd, op->buf + op->done, op->len - op->done, MSG_DONTWAIT);
         while (n < 0 && errno == EINTR);
