@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Porting, step 1: a blocking TCP client ported to asynchronous ES-API calls on its same kernel socket. */
+/* Porting, step 1: a blocking TCP client ported to asynchronous ES-API calls on its same kernel
+ * socket. */
 /*
  * usage: port_step1_client -p PORT [-t MS] [-l LEN]
  *

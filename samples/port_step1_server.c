@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Porting, step 1: the plain blocking TCP receiver the ported client talks to (kernel sockets only, no libexs). */
+/* Porting, step 1: the plain blocking TCP receiver the ported client talks to (kernel sockets only,
+ * no libexs). */
 /*
  * usage: port_step1_server [-p PORT] [-l LEN]
  *

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Asynchronous exs_send/exs_recv/exs_shutdown/exs_close/exs_cancel on the application's kernel stream sockets. */
+/* Asynchronous exs_send/exs_recv/exs_shutdown/exs_close/exs_cancel on the application's kernel
+ * stream sockets. */
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -44,33 +45,33 @@
 #define KFD_IOV_MAX 64 /* sends gathered in one sendmsg */
 
 struct kfd_op {
-    struct exs_list  link;    /* in k->sendq or k->recvq */
-    int              type;    /* EXS_EVT_SEND, RECV, SHUTDOWN or CLOSE */
-    int              flags;   /* recv: MSG_WAITALL */
-    int              how;     /* shutdown */
-    char            *buf;
-    size_t           len;
-    size_t           done;    /* bytes moved so far */
-    exs_ahandle_t    ah;
-    struct exs_evq  *evq;     /* slot reserved */
-    struct api_mreg *mreg;    /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
+    struct exs_list link; /* in k->sendq or k->recvq */
+    int type;             /* EXS_EVT_SEND, RECV, SHUTDOWN or CLOSE */
+    int flags;            /* recv: MSG_WAITALL */
+    int how;              /* shutdown */
+    char *buf;
+    size_t len;
+    size_t done; /* bytes moved so far */
+    exs_ahandle_t ah;
+    struct exs_evq *evq;   /* slot reserved */
+    struct api_mreg *mreg; /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
 };
 
 struct kfd {
-    int              fd;
-    int              refs;       /* atomic */
-    int              attached;   /* lock (and kfd_tab_lock to change): in the table */
-    pthread_mutex_t  lock;
-    struct exs_list  sendq;      /* sends and shutdowns, posting order */
-    struct exs_list  recvq;      /* receives, posting order */
-    int              n_send, n_recv;
-    int              err;        /* lock: the connection failed (not EPIPE): every pending
-                                  * operation reports it */
-    int              io_want;    /* lock: EV_READ / EV_WRITE the queues wait for */
-    int              io_on;      /* lock + progress lock: events the watcher has */
-    int              job_queued; /* lock */
-    struct kfd_op   *close_op;   /* lock: exs_close waiting for the watcher to stop */
-    struct exs_job   job;
+    int fd;
+    int refs;     /* atomic */
+    int attached; /* lock (and kfd_tab_lock to change): in the table */
+    pthread_mutex_t lock;
+    struct exs_list sendq; /* sends and shutdowns, posting order */
+    struct exs_list recvq; /* receives, posting order */
+    int n_send, n_recv;
+    int err;                 /* lock: the connection failed (not EPIPE): every pending
+                              * operation reports it */
+    int io_want;             /* lock: EV_READ / EV_WRITE the queues wait for */
+    int io_on;               /* lock + progress lock: events the watcher has */
+    int job_queued;          /* lock */
+    struct kfd_op *close_op; /* lock: exs_close waiting for the watcher to stop */
+    struct exs_job job;
     struct exs_eng_io io;
 };
 
@@ -90,8 +91,7 @@ static void kfd_put(struct kfd *k)
 {
     if (__atomic_sub_fetch(&k->refs, 1, __ATOMIC_ACQ_REL))
         return;
-    EXS_ASSERT(!k->attached && !k->io_on && exs_list_empty(&k->sendq) &&
-               exs_list_empty(&k->recvq));
+    EXS_ASSERT(!k->attached && !k->io_on && exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq));
     pthread_mutex_destroy(&k->lock);
     free(k);
     __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);

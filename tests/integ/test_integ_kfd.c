@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* ES-API calls on kernel TCP sockets (socket()/accept() descriptors), and signals reaching the application's threads. */
+/* ES-API calls on kernel TCP sockets (socket()/accept() descriptors), and signals reaching the
+ * application's threads. */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -149,8 +150,8 @@ START_TEST(test_kfd_send_order)
     r.total = (size_t)CHUNK * NSEND;
     for (int i = 0; i < NSEND; i++) {
         /* even sends from the two registered buffers in turn, odd ones unregistered */
-        uint8_t *p = (i & 1) ? unreg + (size_t)i * CHUNK
-                             : reg[(i / 2) & 1]->p + (size_t)(i / 4) * CHUNK * 2;
+        uint8_t *p =
+            (i & 1) ? unreg + (size_t)i * CHUNK : reg[(i / 2) & 1]->p + (size_t)(i / 4) * CHUNK * 2;
         exs_mhandle_t mh = (i & 1) ? EXS_MHANDLE_UNREGISTERED : reg[(i / 2) & 1]->mh;
 
         pat_fill(p, CHUNK, (size_t)i * CHUNK);
@@ -176,9 +177,8 @@ START_TEST(test_kfd_send_order)
     ck_assert_int_eq(fl0 & O_NONBLOCK, 0);
     /* a synchronous send on the same descriptor */
     pat_fill(unreg, 100, 0);
-    ck_assert_int_eq(exs_send(a, unreg, 100, 0, EXS_QHANDLE_INVALID, AH(0),
-                              EXS_MHANDLE_UNREGISTERED),
-                     100);
+    ck_assert_int_eq(
+        exs_send(a, unreg, 100, 0, EXS_QHANDLE_INVALID, AH(0), EXS_MHANDLE_UNREGISTERED), 100);
     ck_assert_int_eq(recv(b, unreg + 200, 100, MSG_WAITALL), 100);
     ck_assert_int_eq(pat_check(unreg + 200, 100, 0), -1);
     kfd_settle(q);
@@ -240,8 +240,8 @@ START_TEST(test_kfd_recv_order)
     fl0 = fcntl(b, F_GETFL);
     buf = it_buf_new((size_t)NRECV * RLEN, 1);
     for (int i = 0; i < NRECV; i++)
-        ck_assert_int_eq(exs_recv(b, buf->p + (size_t)i * RLEN, RLEN, (i % 3) ? 0 : MSG_WAITALL,
-                                  q, AH(i + 1), buf->mh),
+        ck_assert_int_eq(exs_recv(b, buf->p + (size_t)i * RLEN, RLEN, (i % 3) ? 0 : MSG_WAITALL, q,
+                                  AH(i + 1), buf->mh),
                          0);
     w.fd = a;
     w.total = (size_t)NRECV * RLEN / 2;
@@ -576,7 +576,7 @@ static int task_read(const char *tid, unsigned long long *blk, char *comm, size_
     return 1;
 }
 
-#define SIGBIT(_s) (1ull << ((_s) - 1))
+#define SIGBIT(_s) (1ull << ((_s)-1))
 
 /* Every thread but this one blocks SIGALRM and SIGINT; the library's own (named exs-*:
  * the progress thread, provider threads) keep SIGSEGV deliverable. A thread that is
@@ -612,8 +612,8 @@ START_TEST(test_sig_threads_blocked)
             lib++;
             if (blk & SIGBIT(SIGSEGV)) {
                 starting++;
-                snprintf(why, sizeof(why), "task %s (%s) blocks SIGSEGV (%llx)", de->d_name,
-                         comm, blk);
+                snprintf(why, sizeof(why), "task %s (%s) blocks SIGSEGV (%llx)", de->d_name, comm,
+                         blk);
             }
         }
         closedir(d);
