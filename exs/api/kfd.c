@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -25,21 +26,25 @@
  * EPIPE, not SIGPIPE).
  *
  * Who moves bytes: the posting thread tries at once (the new operation is at the head of
- * its queue); what the kernel cannot take or give now waits for the progress thread's
- * libev watcher on the descriptor (EV_WRITE while a send waits, EV_READ while a receive
- * waits), whose callback runs the queues again. Nothing blocks: every call is
- * non-blocking, and the watcher is level-triggered, so readiness that came between an
- * EAGAIN and the watcher's start is reported at once.
+ * its queue); what the kernel cannot take or give now waits for readiness. The
+ * descriptor is then registered (EPOLLOUT while a send waits, EPOLLIN while a receive
+ * waits) in the library's own epoll set, kfd_ep, which the progress thread's libev loop
+ * watches (one watcher for every kernel socket); its callback runs the queues of the
+ * ready descriptors. Nothing blocks: every call is non-blocking, and the registration
+ * is level-triggered, so readiness that came between an EAGAIN and the registration is
+ * reported at once. Registrations change with epoll_ctl from any thread (no progress
+ * lock needed), and the last one is removed (EPOLL_CTL_DEL) before the descriptor's last
+ * event is posted: once the application sees it, no part of the library names the
+ * descriptor any more (libev itself never sees it).
  *
  * Locks: kfd_tab_lock (level SOCK_TAB) guards the table; k->lock (level SOCK, like a
- * socket's) guards the queues and is held while the kernel is called and while events
- * are posted, so events leave in the order the operations finish. The watcher is
- * changed only with the progress lock held (from kfd_job or the watcher's callback);
- * a thread without it that needs a change queues k->job.
+ * socket's) guards the queues and the registration and is held while the kernel is
+ * called and while events are posted, so events leave in the order the operations
+ * finish.
  *
- * References (k->refs): the table's while attached, one per caller inside a call, the
- * queued job's, the active watcher's. The last put frees: a detached kfd whose watcher
- * is still on lives until the progress thread stops the watcher (kfd_job).
+ * References (k->refs): the table's while attached, one per thread inside a call or
+ * a callback on it. An epoll event names its kfd by descriptor and generation
+ * (kfd_ep_cb finds it in the table), never by pointer, so a stale event is ignored.
  */
 
 #define KFD_IOV_MAX 64 /* sends gathered in one sendmsg */
@@ -65,20 +70,25 @@ struct kfd {
     struct exs_list sendq; /* sends and shutdowns, posting order */
     struct exs_list recvq; /* receives, posting order */
     int n_send, n_recv;
-    int err;                 /* lock: the connection failed (not EPIPE): every pending
-                              * operation reports it */
-    int io_want;             /* lock: EV_READ / EV_WRITE the queues wait for */
-    int io_on;               /* lock + progress lock: events the watcher has */
-    int job_queued;          /* lock */
-    struct kfd_op *close_op; /* lock: exs_close waiting for the watcher to stop */
-    struct exs_job job;
-    struct exs_eng_io io;
+    int err;      /* lock: the connection failed (not EPIPE): every pending
+                   * operation reports it */
+    int io_want;  /* lock: EV_READ / EV_WRITE the queues wait for */
+    int io_reg;   /* lock: what is registered in kfd_ep (EV_READ / EV_WRITE) */
+    uint32_t gen; /* names this kfd in its epoll events */
 };
 
 static pthread_mutex_t kfd_tab_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kfd **kfd_tab;
 static int kfd_tab_len;
-static int kfd_live; /* kfds + their operations */
+static int kfd_live;     /* kfds + their operations */
+static uint32_t kfd_gen; /* kfd_tab_lock */
+
+/* The epoll set of the descriptors that wait, and its libev watcher (made at the first
+ * kfd, gone at exs_fini). kfd_ep is written under kfd_tab_lock, read by holders of a
+ * kfd (which exists only after kfd_ep does). */
+static int kfd_ep = -1;
+static struct exs_eng_io kfd_ep_io;
+static struct exs_job kfd_ep_start_job, kfd_ep_stop_job;
 
 int exs__debug_kfd_live(void)
 {
@@ -87,11 +97,15 @@ int exs__debug_kfd_live(void)
 
 /* ---- objects ---- */
 
+static int kfd_ep_open(void);
+static void kfd_reg_locked(struct kfd *k, int events);
+
 static void kfd_put(struct kfd *k)
 {
     if (__atomic_sub_fetch(&k->refs, 1, __ATOMIC_ACQ_REL))
         return;
-    EXS_ASSERT(!k->attached && !k->io_on && exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq));
+    EXS_ASSERT(!k->attached && !k->io_reg && exs_list_empty(&k->sendq) &&
+               exs_list_empty(&k->recvq));
     pthread_mutex_destroy(&k->lock);
     free(k);
     __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);
@@ -139,11 +153,16 @@ static struct kfd *kfd_get(int fd, int create, int *err_p)
         kfd_tab = t;
         kfd_tab_len = n;
     }
+    if (kfd_ep < 0 && kfd_ep_open()) {
+        *err_p = -errno;
+        goto out;
+    }
     k = calloc(1, sizeof(*k));
     if (!k) {
         *err_p = -ENOMEM;
         goto out;
     }
+    k->gen = ++kfd_gen;
     k->fd = fd;
     k->refs = 2; /* the table's and the caller's */
     k->attached = 1;
@@ -157,12 +176,13 @@ out:
     return k;
 }
 
-/* Take k out of the table (k->lock held; the caller holds a reference, so the table's
- * is never the last here). */
+/* Take k out of the table and out of kfd_ep (k->lock held; the caller holds a
+ * reference, so the table's is never the last here). */
 static void kfd_detach_locked(struct kfd *k)
 {
     if (!k->attached)
         return;
+    kfd_reg_locked(k, 0);
     EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     EXS_ASSERT(k->fd < kfd_tab_len && kfd_tab[k->fd] == k);
     kfd_tab[k->fd] = NULL;
@@ -363,95 +383,102 @@ static void kfd_run_locked(struct kfd *k)
     kfd_recv_run_locked(k);
 }
 
-/* ---- the watcher ---- */
+/* ---- readiness: the kfd_ep epoll set ---- */
 
-static void kfd_job(struct exs_job *job);
-static void kfd_io_cb(struct exs_eng_io *io, int revents);
+static void kfd_ep_cb(struct exs_eng_io *io, int revents);
 
-/* The events the watcher should have now (k->lock held). */
-static int kfd_io_target(const struct kfd *k)
+/* Progress thread: watch kfd_ep (queued once kfd_ep exists). */
+static void kfd_ep_start(struct exs_job *job)
 {
-    return k->attached ? k->io_want : 0;
+    (void)job;
+    exs__engine_io_set(&kfd_ep_io, kfd_ep, EV_READ, kfd_ep_cb);
 }
 
-/* Without the progress lock (k->lock held): have the progress thread bring the
- * watcher in line, or finish a close that waits for it. */
-static void kfd_kick_locked(struct kfd *k)
+/* Progress thread (also at exs_fini, when the engine stops): forget kfd_ep. */
+static void kfd_ep_stop(struct exs_job *job)
 {
-    if (k->job_queued || (kfd_io_target(k) == k->io_on && !k->close_op))
+    (void)job;
+    exs__engine_io_set(&kfd_ep_io, -1, 0, NULL);
+    EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+    close(kfd_ep);
+    kfd_ep = -1;
+    EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+}
+
+/* Make kfd_ep (kfd_tab_lock held). -1 with errno. */
+static int kfd_ep_open(void)
+{
+    kfd_ep = epoll_create1(EPOLL_CLOEXEC);
+    if (kfd_ep < 0) {
+        EXS_WARN(API, "kfd: epoll_create1: %m");
+        return -1;
+    }
+    kfd_ep_start_job.fn = kfd_ep_start;
+    exs__engine_post(&kfd_ep_start_job);
+    return 0;
+}
+
+/* Register in kfd_ep what k waits for (k->lock held): events (EV_READ / EV_WRITE), 0
+ * removes it. An error is the descriptor's (closed under us, not a socket any more):
+ * the queues are run again, and the kernel's error ends the operations. */
+static void kfd_reg_locked(struct kfd *k, int events)
+{
+    struct epoll_event ev = {
+        .events = (events & EV_READ ? EPOLLIN : 0) | (events & EV_WRITE ? EPOLLOUT : 0),
+        .data.u64 = (uint64_t)(uint32_t)k->fd | ((uint64_t)k->gen << 32),
+    };
+    int op = !events ? EPOLL_CTL_DEL : k->io_reg ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+
+    if (events == k->io_reg)
         return;
-    k->job_queued = 1;
-    kfd_ref(k); /* the job's */
-    k->job.fn = kfd_job;
-    exs__engine_post(&k->job);
+    if (epoll_ctl(kfd_ep, op, k->fd, &ev) && events) {
+        EXS_WARN(API, "kfd %d: epoll_ctl: %m", k->fd);
+        k->io_reg = 0;
+        return;
+    }
+    k->io_reg = events;
 }
 
-/* With the progress lock (k->lock held): set the watcher; finish a pending close once
- * it is off. Returns the references to drop after unlocking. */
-static int kfd_watch_locked(struct kfd *k)
+/* After running the queues (k->lock held): register what they wait for. */
+static void kfd_update_locked(struct kfd *k)
 {
-    int target = kfd_io_target(k), drop = 0;
-
-    if (target != k->io_on) {
-        exs__engine_io_set(&k->io, k->fd, target, kfd_io_cb);
-        if (!k->io_on)
-            kfd_ref(k); /* the watcher's */
-        else if (!target)
-            drop++;
-        k->io_on = target;
-    }
-    if (k->close_op && !k->io_on) {
-        struct kfd_op *op = k->close_op;
-        int err = 0;
-
-        k->close_op = NULL;
-        /* close() frees the descriptor whatever it returns (EINTR included) */
-        if (close(k->fd) && errno != EINTR)
-            err = errno;
-        kfd_op_finish_locked(k, op, 0, err);
-    }
-    return drop;
+    kfd_reg_locked(k, k->attached ? k->io_want : 0);
 }
 
-/* Progress thread: the watcher must change, or a close waits for it. */
-static void kfd_job(struct exs_job *job)
+/* Progress thread: kfd_ep is readable: run the queues of each ready descriptor. */
+static void kfd_ep_cb(struct exs_eng_io *io, int revents)
 {
-    struct kfd *k = exs_container_of(job, struct kfd, job);
-    int drop;
+    struct epoll_event evs[64];
+    int n;
 
-    kfd_lock(k);
-    k->job_queued = 0;
-    if (k->attached)
-        kfd_run_locked(k);
-    drop = kfd_watch_locked(k);
-    kfd_unlock(k);
-    while (drop--)
+    (void)io;
+    (void)revents;
+    do
+        n = epoll_wait(kfd_ep, evs, (int)EXS_ARRAY_SIZE(evs), 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        EXS_WARN(API, "kfd: epoll_wait: %m");
+    for (int i = 0; i < n; i++) {
+        int fd = (int)(uint32_t)evs[i].data.u64;
+        uint32_t gen = (uint32_t)(evs[i].data.u64 >> 32);
+        struct kfd *k = NULL;
+
+        EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (fd < kfd_tab_len && kfd_tab[fd] && kfd_tab[fd]->gen == gen) {
+            k = kfd_tab[fd];
+            kfd_ref(k);
+        }
+        EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (!k)
+            continue; /* its operations ended meanwhile */
+        kfd_lock(k);
+        if (k->attached) {
+            kfd_run_locked(k);
+            kfd_update_locked(k);
+        }
+        kfd_unlock(k);
         kfd_put(k);
-    kfd_put(k); /* the job's */
-}
-
-/* Progress thread: the descriptor is ready (or libev found it invalid). */
-static void kfd_io_cb(struct exs_eng_io *io, int revents)
-{
-    struct kfd *k = exs_container_of(io, struct kfd, io);
-    int drop = 0;
-
-    kfd_ref(k); /* the watcher's may go below */
-    kfd_lock(k);
-    if (revents & EV_ERROR) {
-        /* libev stopped the watcher (the descriptor was closed under it): the
-         * operations find out from the kernel below */
-        EXS_INFO(API, "kfd %d: descriptor invalid while watched", k->fd);
-        k->io_on = 0;
-        drop++;
     }
-    if (k->attached)
-        kfd_run_locked(k);
-    drop += kfd_watch_locked(k);
-    kfd_unlock(k);
-    while (drop--)
-        kfd_put(k);
-    kfd_put(k);
 }
 
 /* ---- calls ---- */
@@ -522,7 +549,7 @@ static void kfd_submit(struct kfd *k, struct kfd_op *op)
 {
     exs_list_add_tail(op->type == EXS_EVT_RECV ? &k->recvq : &k->sendq, &op->link);
     kfd_run_locked(k);
-    kfd_kick_locked(k);
+    kfd_update_locked(k);
     kfd_unlock(k);
     kfd_put(k);
 }
@@ -607,7 +634,7 @@ int api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
 
         kfd_op_finish_locked(k, op, 0, r ? errno : 0);
         kfd_run_locked(k);
-        kfd_kick_locked(k);
+        kfd_update_locked(k);
         kfd_unlock(k);
         kfd_put(k);
     } else {
@@ -637,19 +664,17 @@ int api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
         return api_sync_fail(sync, q, err);
     }
     /* From here the number belongs to this close: every operation ends cancelled (in
-     * posting order per direction), then the descriptor is closed (once the progress
-     * thread stopped watching it), then the CLOSE event. */
+     * posting order per direction; the descriptor leaves kfd_ep first), then the
+     * descriptor is closed, then the CLOSE event. */
     kfd_detach_locked(k);
     while ((n = exs_list_pop_head(&k->sendq)))
         kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
     while ((n = exs_list_pop_head(&k->recvq)))
         kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
-    k->close_op = op;
-    if (!k->io_on) {
-        kfd_watch_locked(k); /* nothing to stop: closes and posts now */
-    } else {
-        kfd_kick_locked(k);
-    }
+    /* close() frees the descriptor whatever it returns (EINTR included) */
+    if (close(fd) && errno != EINTR)
+        err = errno;
+    kfd_op_finish_locked(k, op, 0, err);
     kfd_unlock(k);
     kfd_put(k);
     return api_call_end(sync, q, &ev);
@@ -688,7 +713,7 @@ int api_kfd_cancel(int fd, exs_ahandle_t ah, int flags)
         /* a send behind the cancelled head may now be writable */
         if (k->attached)
             kfd_run_locked(k);
-        kfd_kick_locked(k);
+        kfd_update_locked(k);
     }
     kfd_unlock(k);
     kfd_put(k);
@@ -717,7 +742,6 @@ void api_kfd_close_all(void)
             kfd_op_drop(exs_list_entry(n, struct kfd_op, link));
         k->n_send = k->n_recv = 0;
         kfd_detach_locked(k);
-        kfd_kick_locked(k); /* the engine's stop runs the job: the watcher goes */
         kfd_unlock(k);
         kfd_put(k);
     }
@@ -725,5 +749,10 @@ void api_kfd_close_all(void)
     free(kfd_tab);
     kfd_tab = NULL;
     kfd_tab_len = 0;
+    if (kfd_ep >= 0) {
+        /* the engine's stop runs it: the watcher goes, then kfd_ep */
+        kfd_ep_stop_job.fn = kfd_ep_stop;
+        exs__engine_post(&kfd_ep_stop_job);
+    }
     EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
 }
