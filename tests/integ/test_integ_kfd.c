@@ -299,7 +299,6 @@ START_TEST(test_kfd_cancel)
 {
     struct it_buf *buf;
     exs_qhandle_t q;
-    exs_event_t ev;
     int a, b;
 
     it_init();
@@ -318,7 +317,6 @@ START_TEST(test_kfd_cancel)
     ck_assert_int_eq(send(a, buf->p + 150, 10, 0), 10);
     it_expect_recv(q, b, AH(2), 10, 0);
     ck_assert_int_eq(pat_check(buf->p + 100, 10, 0), -1);
-    (void)ev;
     kfd_settle(q);
     close(a);
     close(b);
