@@ -13,3 +13,10 @@ check-samples: $(SAMPLE_BINS)
 	$(Q)bash samples/stream_smoke.sh $(BUILD)
 	$(Q)bash samples/samples_smoke.sh $(BUILD)
 check: check-samples
+
+# Porting step 1 (issue 15's Done-when): the ported client on its kernel socket against the
+# plain blocking server.
+.PHONY: check-port-step1
+check-port-step1: $(SAMPLE_BINS)
+	$(Q)bash samples/port_step1.sh $(BUILD)
+check: check-port-step1

@@ -6,5 +6,9 @@
 /* Live library objects (sockets, connections, queues, memory handles, pending
  * operations); 0 after everything was closed. Tests assert it at the end. */
 int exs__debug_live_objects(void);
+/* Kernel-socket state (api/kfd.c): descriptors with operations pending, plus their
+ * operations (a thread still inside a call on a descriptor may hold it a moment after
+ * its last event). */
+int exs__debug_kfd_live(void);
 
 #endif

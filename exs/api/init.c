@@ -9,6 +9,7 @@
 
 #include "exs/api/api_int.h"
 #include "exs/api/ctl.h"
+#include "exs/api/kfd.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
@@ -73,6 +74,7 @@ void exs_fini(void)
     }
     if (api_sock_live())
         EXS_WARN(API, "exs_fini: %d sockets still closing, abandoned", api_sock_live());
+    api_kfd_close_all(); /* before the registrations its operations hold */
     api_mreg_destroy_all();
     exs__engine_stop();
     exs__evq_destroy_all();
@@ -83,8 +85,9 @@ void exs_fini(void)
 int exs__debug_live_objects(void)
 {
     if (getenv("EXS_DEBUG_LIVE"))
-        fprintf(stderr, "live: socks %d conns %d ops %d mregs %d evqs %d\n", api_sock_live(),
-                exs__conn_live_count(), api_op_live(), api_mreg_live(), exs__evq_live_count());
+        fprintf(stderr, "live: socks %d conns %d ops %d mregs %d evqs %d kfd %d\n",
+                api_sock_live(), exs__conn_live_count(), api_op_live(), api_mreg_live(),
+                exs__evq_live_count(), exs__debug_kfd_live());
     return api_sock_live() + exs__conn_live_count() + api_op_live() + api_mreg_live() +
-           exs__evq_live_count();
+           exs__evq_live_count() + exs__debug_kfd_live();
 }

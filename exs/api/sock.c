@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
+#include "exs/api/kfd.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -721,7 +722,7 @@ int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
     struct api_op *op;
 
     if (!s)
-        return exs__err(err);
+        return err == ENOTSOCK ? api_kfd_shutdown(fd, how, q, ah) : exs__err(err);
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
         err = EINVAL;
         goto out;
@@ -887,7 +888,7 @@ int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
     struct api_op *op;
 
     if (!s)
-        return exs__err(err);
+        return err == ENOTSOCK ? api_kfd_close(fd, q, ah) : exs__err(err);
     if (sync)
         q = api_sync_queue();
     op = api_op_new(s, EXS_EVT_CLOSE, q, ah, &err);

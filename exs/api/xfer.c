@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include "exs/api/api_int.h"
+#include "exs/api/kfd.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -102,6 +103,32 @@ static struct api_mreg *mreg_find_locked(exs_mhandle_t mh)
     if (mh <= 0 || idx < 0 || idx >= mreg_cap || !mregs[idx] || mregs[idx]->handle != mh)
         return NULL;
     return mregs[idx];
+}
+
+int api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)
+{
+    struct api_mreg *m;
+
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
+    m = mreg_find_locked(mh);
+    if (m && (uintptr_t)buf >= (uintptr_t)m->addr &&
+        (uintptr_t)buf + len <= (uintptr_t)m->addr + m->len &&
+        (uintptr_t)buf + len >= (uintptr_t)buf)
+        m->busy++;
+    else
+        m = NULL;
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
+    if (!m)
+        return -EINVAL;
+    *m_p = m;
+    return 0;
+}
+
+void api_mreg_release(struct api_mreg *m)
+{
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
+    m->busy--;
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
 }
 
 int exs_mderegister(exs_mhandle_t mh)
@@ -374,7 +401,8 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     int *count;
 
     if (!s)
-        return exs__err(err);
+        return err == ENOTSOCK ? api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv)
+                               : exs__err(err);
     count = recv ? &s->n_recv : &s->n_send;
     if (flags & ~allowed)
         err = EINVAL;
@@ -480,7 +508,7 @@ int exs_cancel(int fd, exs_ahandle_t ah, int flags)
     struct api_sock *s = api_sock_get(fd, &err);
 
     if (!s)
-        return exs__err(err);
+        return err == ENOTSOCK ? api_kfd_cancel(fd, ah, flags) : exs__err(err);
     api_sock_lock(s);
     struct exs_conn *conn = s->state == API_SOCK_CONNECTED ? s->conn : NULL;
     api_sock_unlock(s);

@@ -523,7 +523,7 @@ int exs__engine_start(void)
     eng.loop_dirty = 0;
     eng.stopping = 0;
     __atomic_store_n(&eng.running, 1, __ATOMIC_RELEASE);
-    ret = -pthread_create(&eng.thread, NULL, eng_main, NULL);
+    ret = exs__thread_create(&eng.thread, "exs-progress", eng_main, NULL);
     if (ret)
         goto err_loop;
     exs__counters_register(&eng_cset);

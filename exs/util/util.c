@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Out-of-line helpers of util.h: the assertion failure path. */
+/* Out-of-line helpers of util.h: the assertion failure path, library thread creation. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -10,4 +11,26 @@ void exs__assert_fail(const char *expr, const char *file, int line, const char *
     fprintf(stderr, "exs: assertion failed: %s (%s:%d %s)\n", expr, file, line, func);
     fflush(stderr);
     abort();
+}
+
+int exs__thread_create(pthread_t *thread, const char *name, void *(*fn)(void *arg), void *arg)
+{
+    /* synchronous signals stay deliverable: they are the thread's own faults */
+    static const int sync_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    sigset_t all, old;
+    int ret, ret2;
+
+    sigfillset(&all);
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(sync_sigs); i++)
+        sigdelset(&all, sync_sigs[i]);
+    /* the new thread inherits the creator's mask: block, create, restore */
+    ret = pthread_sigmask(SIG_BLOCK, &all, &old);
+    if (ret)
+        return -ret;
+    ret = pthread_create(thread, NULL, fn, arg);
+    ret2 = pthread_sigmask(SIG_SETMASK, &old, NULL);
+    EXS_ASSERT(ret2 == 0); /* restoring a mask just read cannot fail */
+    if (!ret)
+        pthread_setname_np(*thread, name); /* a name is a convenience: errors ignored */
+    return -ret;
 }

@@ -4,6 +4,7 @@
 #define EXS_UTIL_UTIL_H
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
@@ -33,6 +34,13 @@ static inline uint64_t exs__now_ns(void)
 }
 
 static inline uint64_t exs__now_us(void) { return exs__now_ns() / 1000u; }
+
+/* pthread_create for the library's own threads (engine, tcp NIC, verbs CM): the new
+ * thread blocks every asynchronous signal (all but SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+ * SIGTRAP, SIGSYS and SIGABRT), so SIGALRM, SIGINT and the like reach the application's
+ * threads and interrupt their waits (spec/api.md), and is named name ("exs-..." , at
+ * most 15 characters: top -H and /proc/self/task/N/comm show it). 0 or -errno. */
+int exs__thread_create(pthread_t *thread, const char *name, void *(*fn)(void *arg), void *arg);
 
 /* The ES-API boundary: set errno and return -1 (rsocket ERR()). */
 static inline int exs__err(int err)

@@ -867,7 +867,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     if (!ret && ctx->manual)
         ret = tcp_ctx_epoll_add(ctx, ctx->evfd, TCP_TAG_LIS);
     if (!ret && !ctx->manual) {
-        ret = -pthread_create(&ctx->thread, NULL, tcp_nic_main, ctx);
+        ret = exs__thread_create(&ctx->thread, "exs-tcp-nic", tcp_nic_main, ctx);
         ctx->has_thread = !ret;
     }
     if (ret) {

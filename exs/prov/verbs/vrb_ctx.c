@@ -760,7 +760,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         goto fail;
     ctx->mc.guard = exs__params.vrb_mcache_guard;
     vrb_udp_open(ctx);
-    ret = -pthread_create(&ctx->cm_thread, NULL, vrb_cm_main, ctx);
+    ret = exs__thread_create(&ctx->cm_thread, "exs-vrb-cm", vrb_cm_main, ctx);
     if (ret)
         goto fail;
     ctx->cm_thread_on = 1;

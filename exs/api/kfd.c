@@ -1,0 +1,758 @@
+/* SPDX-License-Identifier: MIT */
+/* Asynchronous exs_send/exs_recv/exs_shutdown/exs_close/exs_cancel on the application's kernel
+ * stream sockets. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "exs/api/api_int.h"
+#include "exs/api/kfd.h"
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+
+/*
+ * A struct kfd exists for a descriptor number only while operations are pending on it
+ * (spec/api.md, "Kernel sockets"): the application may close the descriptor after its
+ * last event without exs_close, and the number may then name another socket. So the
+ * kfd leaves the table (is "detached") before its last event is posted; a later call on
+ * the number makes a new one. The descriptor's file status flags are never touched:
+ * every send and recv is made with MSG_DONTWAIT (and MSG_NOSIGNAL: a reset peer gives
+ * EPIPE, not SIGPIPE).
+ *
+ * Who moves bytes: the posting thread tries at once (the new operation is at the head of
+ * its queue); what the kernel cannot take or give now waits for readiness. The
+ * descriptor is then registered (EPOLLOUT while a send waits, EPOLLIN while a receive
+ * waits) in the library's own epoll set, kfd_ep, which the progress thread's libev loop
+ * watches (one watcher for every kernel socket); its callback runs the queues of the
+ * ready descriptors. Nothing blocks: every call is non-blocking, and the registration
+ * is level-triggered, so readiness that came between an EAGAIN and the registration is
+ * reported at once. Registrations change with epoll_ctl from any thread (no progress
+ * lock needed), and the last one is removed (EPOLL_CTL_DEL) before the descriptor's last
+ * event is posted: once the application sees it, no part of the library names the
+ * descriptor any more (libev itself never sees it).
+ *
+ * Locks: kfd_tab_lock (level SOCK_TAB) guards the table; k->lock (level SOCK, like a
+ * socket's) guards the queues and the registration and is held while the kernel is
+ * called and while events are posted, so events leave in the order the operations
+ * finish.
+ *
+ * References (k->refs): the table's while attached, one per thread inside a call or
+ * a callback on it. An epoll event names its kfd by descriptor and generation
+ * (kfd_ep_cb finds it in the table), never by pointer, so a stale event is ignored.
+ */
+
+#define KFD_IOV_MAX 64 /* sends gathered in one sendmsg */
+
+struct kfd_op {
+    struct exs_list link; /* in k->sendq or k->recvq */
+    int type;             /* EXS_EVT_SEND, RECV, SHUTDOWN or CLOSE */
+    int flags;            /* recv: MSG_WAITALL */
+    int how;              /* shutdown */
+    char *buf;
+    size_t len;
+    size_t done; /* bytes moved so far */
+    exs_ahandle_t ah;
+    struct exs_evq *evq;   /* slot reserved */
+    struct api_mreg *mreg; /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
+};
+
+struct kfd {
+    int fd;
+    int refs;     /* atomic */
+    int attached; /* lock (and kfd_tab_lock to change): in the table */
+    pthread_mutex_t lock;
+    struct exs_list sendq; /* sends and shutdowns, posting order */
+    struct exs_list recvq; /* receives, posting order */
+    int n_send, n_recv;
+    int err;      /* lock: the connection failed (not EPIPE): every pending
+                   * operation reports it */
+    int io_want;  /* lock: EV_READ / EV_WRITE the queues wait for */
+    int io_reg;   /* lock: what is registered in kfd_ep (EV_READ / EV_WRITE) */
+    uint32_t gen; /* names this kfd in its epoll events */
+};
+
+static pthread_mutex_t kfd_tab_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kfd **kfd_tab;
+static int kfd_tab_len;
+static int kfd_live;     /* kfds + their operations */
+static uint32_t kfd_gen; /* kfd_tab_lock */
+
+/* The epoll set of the descriptors that wait, and its libev watcher (made at the first
+ * kfd, gone at exs_fini). kfd_ep is written under kfd_tab_lock, read by holders of a
+ * kfd (which exists only after kfd_ep does). */
+static int kfd_ep = -1;
+static struct exs_eng_io kfd_ep_io;
+static struct exs_job kfd_ep_start_job, kfd_ep_stop_job;
+
+int exs__debug_kfd_live(void)
+{
+    return __atomic_load_n(&kfd_live, __ATOMIC_RELAXED);
+}
+
+/* ---- objects ---- */
+
+static int kfd_ep_open(void);
+static void kfd_reg_locked(struct kfd *k, int events);
+
+static void kfd_put(struct kfd *k)
+{
+    if (__atomic_sub_fetch(&k->refs, 1, __ATOMIC_ACQ_REL))
+        return;
+    EXS_ASSERT(!k->attached && !k->io_reg && exs_list_empty(&k->sendq) &&
+               exs_list_empty(&k->recvq));
+    pthread_mutex_destroy(&k->lock);
+    free(k);
+    __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);
+}
+
+static void kfd_ref(struct kfd *k)
+{
+    __atomic_fetch_add(&k->refs, 1, __ATOMIC_RELAXED);
+}
+
+/* 1 when fd is a kernel SOCK_STREAM socket. */
+static int kfd_is_stream(int fd)
+{
+    int type = 0;
+    socklen_t len = sizeof(type);
+
+    return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
+}
+
+/* The kfd of fd with a reference, made when there is none (create); NULL with -ENOMEM,
+ * or (no create) -ENOENT. */
+static struct kfd *kfd_get(int fd, int create, int *err_p)
+{
+    struct kfd *k = NULL;
+
+    EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+    if (fd < kfd_tab_len && kfd_tab[fd]) {
+        k = kfd_tab[fd];
+        kfd_ref(k);
+        goto out;
+    }
+    if (!create) {
+        *err_p = -ENOENT;
+        goto out;
+    }
+    if (fd >= kfd_tab_len) {
+        int n = EXS_MAX(fd + 1, kfd_tab_len * 2);
+        struct kfd **t = realloc(kfd_tab, (size_t)n * sizeof(*t));
+
+        if (!t) {
+            *err_p = -ENOMEM;
+            goto out;
+        }
+        memset(t + kfd_tab_len, 0, (size_t)(n - kfd_tab_len) * sizeof(*t));
+        kfd_tab = t;
+        kfd_tab_len = n;
+    }
+    if (kfd_ep < 0 && kfd_ep_open()) {
+        *err_p = -errno;
+        goto out;
+    }
+    k = calloc(1, sizeof(*k));
+    if (!k) {
+        *err_p = -ENOMEM;
+        goto out;
+    }
+    k->gen = ++kfd_gen;
+    k->fd = fd;
+    k->refs = 2; /* the table's and the caller's */
+    k->attached = 1;
+    pthread_mutex_init(&k->lock, NULL);
+    exs_list_init(&k->sendq);
+    exs_list_init(&k->recvq);
+    kfd_tab[fd] = k;
+    __atomic_fetch_add(&kfd_live, 1, __ATOMIC_RELAXED);
+out:
+    EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+    return k;
+}
+
+/* Take k out of the table and out of kfd_ep (k->lock held; the caller holds a
+ * reference, so the table's is never the last here). */
+static void kfd_detach_locked(struct kfd *k)
+{
+    if (!k->attached)
+        return;
+    kfd_reg_locked(k, 0);
+    EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+    EXS_ASSERT(k->fd < kfd_tab_len && kfd_tab[k->fd] == k);
+    kfd_tab[k->fd] = NULL;
+    EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+    k->attached = 0;
+    __atomic_sub_fetch(&k->refs, 1, __ATOMIC_ACQ_REL);
+}
+
+static void kfd_lock(struct kfd *k)
+{
+    EXS_MUTEX_LOCK(&k->lock, EXS_LOCK_SOCK);
+}
+
+static void kfd_unlock(struct kfd *k)
+{
+    EXS_MUTEX_UNLOCK(&k->lock, EXS_LOCK_SOCK);
+}
+
+static void kfd_op_free(struct kfd_op *op)
+{
+    if (op->mreg)
+        api_mreg_release(op->mreg);
+    free(op);
+    __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);
+}
+
+/* Finish op (already off its queue; k->lock held): post its event. When k has nothing
+ * left it leaves the table first, so the application may close the descriptor as soon
+ * as it sees this event. */
+static void kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t result, int err)
+{
+    exs_event_t ev = {
+        .exs_evt_type = op->type,
+        .exs_evt_errno = err,
+        .exs_evt_fd = k->fd,
+        .exs_evt_ahandle = op->ah,
+    };
+    struct exs_evq *evq = op->evq;
+
+    if (op->type == EXS_EVT_SEND || op->type == EXS_EVT_RECV) {
+        ev.exs_evt_u.exs_evt_xfer.exs_evt_buf = op->buf;
+        ev.exs_evt_u.exs_evt_xfer.exs_evt_len = op->len;
+    }
+    if (op->type == EXS_EVT_SEND)
+        k->n_send--;
+    else if (op->type == EXS_EVT_RECV)
+        k->n_recv--;
+    ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : result;
+    if (exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && op->type != EXS_EVT_CLOSE)
+        kfd_detach_locked(k);
+    EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno %d", k->fd, op->type, op->ah,
+             (ssize_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, err);
+    /* release first: once the event is visible the application may count objects */
+    kfd_op_free(op);
+    exs__evq_post(evq, &ev);
+}
+
+/* Drop op without an event (exs_fini). */
+static void kfd_op_drop(struct kfd_op *op)
+{
+    exs__evq_unreserve(op->evq);
+    kfd_op_free(op);
+}
+
+/* ---- moving bytes (k->lock held) ---- */
+
+/* An operation failed with err. The kernel reports a connection error (ECONNRESET,
+ * ETIMEDOUT, ...) to one call only and then says EPIPE or end of stream; so it is
+ * latched and every pending operation, in both directions, reports it. EPIPE (our own
+ * SHUT_WR, or after such an error) only ends the sends. */
+static void kfd_fail_locked(struct kfd *k, int err)
+{
+    struct exs_list *n;
+
+    if (err != EPIPE)
+        k->err = err;
+    while ((n = exs_list_pop_head(&k->sendq)))
+        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, err);
+    if (err == EPIPE)
+        return;
+    while ((n = exs_list_pop_head(&k->recvq)))
+        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, err);
+}
+
+/* Write what the kernel takes of the queued sends, in order, several per sendmsg;
+ * run shutdowns when they reach the head. EAGAIN: wait for EV_WRITE. */
+static void kfd_send_run_locked(struct kfd *k)
+{
+    struct exs_list *pos;
+
+    while (!exs_list_empty(&k->sendq)) {
+        struct kfd_op *op = exs_list_entry(k->sendq.next, struct kfd_op, link);
+        struct iovec iov[KFD_IOV_MAX];
+        struct msghdr mh = {.msg_iov = iov};
+        ssize_t n;
+        int r;
+
+        if (op->type == EXS_EVT_SHUTDOWN) {
+            /* every send before it is on the wire */
+            r = shutdown(k->fd, op->how);
+            exs_list_del(&op->link);
+            kfd_op_finish_locked(k, op, 0, r ? errno : 0);
+            continue;
+        }
+        mh.msg_iovlen = 0;
+        for (pos = k->sendq.next; pos != &k->sendq && mh.msg_iovlen < KFD_IOV_MAX;
+             pos = pos->next) {
+            struct kfd_op *o = exs_list_entry(pos, struct kfd_op, link);
+
+            if (o->type != EXS_EVT_SEND)
+                break;
+            iov[mh.msg_iovlen].iov_base = o->buf + o->done;
+            iov[mh.msg_iovlen].iov_len = o->len - o->done;
+            mh.msg_iovlen++;
+        }
+        do
+            n = sendmsg(k->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            k->io_want |= EV_WRITE;
+            return;
+        }
+        if (n < 0) {
+            int err = errno;
+
+            EXS_DBG(API, "kfd %d: sendmsg: %s", k->fd, strerror(err));
+            kfd_fail_locked(k, err);
+            continue;
+        }
+        /* n bytes left, the head's rest first */
+        while (!exs_list_empty(&k->sendq)) {
+            struct kfd_op *o = exs_list_entry(k->sendq.next, struct kfd_op, link);
+            size_t take;
+
+            if (o->type != EXS_EVT_SEND)
+                break;
+            take = EXS_MIN((size_t)n, o->len - o->done);
+            o->done += take;
+            n -= (ssize_t)take;
+            if (o->done < o->len)
+                break;
+            exs_list_del(&o->link);
+            kfd_op_finish_locked(k, o, (ssize_t)o->len, 0);
+        }
+    }
+    k->io_want &= ~EV_WRITE;
+}
+
+/* Read into the queued receives, in order. EAGAIN: wait for EV_READ. */
+static void kfd_recv_run_locked(struct kfd *k)
+{
+    while (!exs_list_empty(&k->recvq)) {
+        struct kfd_op *op = exs_list_entry(k->recvq.next, struct kfd_op, link);
+        ssize_t n;
+
+        if (k->err) {
+            kfd_fail_locked(k, k->err);
+            return;
+        }
+        do
+            n = recv(k->fd, op->buf + op->done, op->len - op->done, MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            k->io_want |= EV_READ;
+            return;
+        }
+        if (n > 0) {
+            op->done += (size_t)n;
+            if ((op->flags & MSG_WAITALL) && op->done < op->len)
+                continue;
+        }
+        if (n < 0) {
+            int err = errno;
+
+            EXS_DBG(API, "kfd %d: recv: %s", k->fd, strerror(err));
+            if (!op->done) {
+                kfd_fail_locked(k, err);
+                continue;
+            }
+            /* part of a MSG_WAITALL receive came first: it reports its bytes, the
+             * operations after it the error */
+            k->err = err;
+        }
+        /* data, or the end of the stream (0, and 0 for each later receive) */
+        exs_list_del(&op->link);
+        kfd_op_finish_locked(k, op, (ssize_t)op->done, 0);
+    }
+    k->io_want &= ~EV_READ;
+}
+
+static void kfd_run_locked(struct kfd *k)
+{
+    if (k->err) {
+        kfd_fail_locked(k, k->err);
+        return;
+    }
+    kfd_send_run_locked(k);
+    kfd_recv_run_locked(k);
+}
+
+/* ---- readiness: the kfd_ep epoll set ---- */
+
+static void kfd_ep_cb(struct exs_eng_io *io, int revents);
+
+/* Progress thread: watch kfd_ep (queued once kfd_ep exists). */
+static void kfd_ep_start(struct exs_job *job)
+{
+    (void)job;
+    exs__engine_io_start(&kfd_ep_io, kfd_ep, EV_READ, kfd_ep_cb);
+}
+
+/* Progress thread (also at exs_fini, when the engine stops): forget kfd_ep. */
+static void kfd_ep_stop(struct exs_job *job)
+{
+    (void)job;
+    exs__engine_io_stop(&kfd_ep_io);
+    EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+    close(kfd_ep);
+    kfd_ep = -1;
+    EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+}
+
+/* Make kfd_ep (kfd_tab_lock held). -1 with errno. */
+static int kfd_ep_open(void)
+{
+    kfd_ep = epoll_create1(EPOLL_CLOEXEC);
+    if (kfd_ep < 0) {
+        EXS_WARN(API, "kfd: epoll_create1: %m");
+        return -1;
+    }
+    kfd_ep_start_job.fn = kfd_ep_start;
+    exs__engine_post(&kfd_ep_start_job);
+    return 0;
+}
+
+/* Register in kfd_ep what k waits for (k->lock held): events (EV_READ / EV_WRITE), 0
+ * removes it. An error is the descriptor's (closed under us, not a socket any more):
+ * the queues are run again, and the kernel's error ends the operations. */
+static void kfd_reg_locked(struct kfd *k, int events)
+{
+    struct epoll_event ev = {
+        .events = (events & EV_READ ? EPOLLIN : 0) | (events & EV_WRITE ? EPOLLOUT : 0),
+        .data.u64 = (uint64_t)(uint32_t)k->fd | ((uint64_t)k->gen << 32),
+    };
+    int op = !events ? EPOLL_CTL_DEL : k->io_reg ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+
+    if (events == k->io_reg)
+        return;
+    if (epoll_ctl(kfd_ep, op, k->fd, &ev) && events) {
+        EXS_WARN(API, "kfd %d: epoll_ctl: %m", k->fd);
+        k->io_reg = 0;
+        return;
+    }
+    k->io_reg = events;
+}
+
+/* After running the queues (k->lock held): register what they wait for. */
+static void kfd_update_locked(struct kfd *k)
+{
+    kfd_reg_locked(k, k->attached ? k->io_want : 0);
+}
+
+/* Progress thread: kfd_ep is readable: run the queues of each ready descriptor. */
+static void kfd_ep_cb(struct exs_eng_io *io, int revents)
+{
+    struct epoll_event evs[64];
+    int n;
+
+    (void)io;
+    (void)revents;
+    do
+        n = epoll_wait(kfd_ep, evs, (int)EXS_ARRAY_SIZE(evs), 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        EXS_WARN(API, "kfd: epoll_wait: %m");
+    for (int i = 0; i < n; i++) {
+        int fd = (int)(uint32_t)evs[i].data.u64;
+        uint32_t gen = (uint32_t)(evs[i].data.u64 >> 32);
+        struct kfd *k = NULL;
+
+        EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (fd < kfd_tab_len && kfd_tab[fd] && kfd_tab[fd]->gen == gen) {
+            k = kfd_tab[fd];
+            kfd_ref(k);
+        }
+        EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (!k)
+            continue; /* its operations ended meanwhile */
+        kfd_lock(k);
+        if (k->attached) {
+            kfd_run_locked(k);
+            kfd_update_locked(k);
+        }
+        kfd_unlock(k);
+        kfd_put(k);
+    }
+}
+
+/* ---- calls ---- */
+
+/* A new operation with its event slot in q (sync: the thread's queue). */
+static struct kfd_op *kfd_op_new(int type, exs_qhandle_t q, exs_ahandle_t ah, int *err_p)
+{
+    struct exs_evq *evq;
+    struct kfd_op *op;
+    int ret;
+
+    if (exs__evq_get(q, &evq)) {
+        *err_p = EINVAL;
+        return NULL;
+    }
+    ret = exs__evq_reserve(evq);
+    exs__evq_put(evq);
+    if (ret) {
+        *err_p = ret == -EAGAIN ? EAGAIN : EINVAL;
+        return NULL;
+    }
+    op = calloc(1, sizeof(*op));
+    if (!op) {
+        exs__evq_unreserve(evq);
+        *err_p = ENOMEM;
+        return NULL;
+    }
+    op->type = type;
+    op->ah = ah;
+    op->evq = evq;
+    exs_list_init(&op->link);
+    __atomic_fetch_add(&kfd_live, 1, __ATOMIC_RELAXED);
+    return op;
+}
+
+/* The kfd of fd, attached, locked, with a reference; NULL with an errno. */
+static struct kfd *kfd_get_locked(int fd, int *err_p)
+{
+    for (;;) {
+        int ret = 0;
+        struct kfd *k = kfd_get(fd, 1, &ret);
+
+        if (!k) {
+            *err_p = -ret;
+            return NULL;
+        }
+        kfd_lock(k);
+        if (k->attached)
+            return k;
+        /* its last event was just posted: the number starts afresh */
+        kfd_unlock(k);
+        kfd_put(k);
+    }
+}
+
+/* Check the call's common conditions: 0 or an errno. */
+static int kfd_check(int fd)
+{
+    if (!kfd_is_stream(fd))
+        return ENOTSOCK;
+    if (!api_initialized())
+        return EINVAL;
+    return 0;
+}
+
+/* Queue op on k and run the queues (k locked with our reference): unlocks and puts. */
+static void kfd_submit(struct kfd *k, struct kfd_op *op)
+{
+    exs_list_add_tail(op->type == EXS_EVT_RECV ? &k->recvq : &k->sendq, &op->link);
+    kfd_run_locked(k);
+    kfd_update_locked(k);
+    kfd_unlock(k);
+    kfd_put(k);
+}
+
+int api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
+                 exs_mhandle_t mh, int recv)
+{
+    int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
+    int err, sync = q == EXS_QHANDLE_INVALID;
+    struct api_mreg *m = NULL;
+    struct kfd_op *op;
+    struct kfd *k;
+    exs_event_t ev;
+
+    if ((err = kfd_check(fd)))
+        return exs__err(err);
+    if ((flags & ~allowed) || (!buf && len) || (recv && !len))
+        return exs__err(EINVAL);
+    if (len > SSIZE_MAX)
+        return exs__err(EMSGSIZE);
+    if (mh != EXS_MHANDLE_UNREGISTERED && api_mreg_hold(mh, buf, len, &m))
+        return exs__err(EINVAL);
+    if (sync)
+        q = api_sync_queue();
+    op = kfd_op_new(recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
+    if (!op)
+        goto err_mreg;
+    op->buf = buf;
+    op->len = len;
+    op->flags = flags & MSG_WAITALL;
+    op->mreg = m;
+    k = kfd_get_locked(fd, &err);
+    if (!k)
+        goto err_op;
+    int *count = recv ? &k->n_recv : &k->n_send;
+    if (*count >= (int)exs__params.sock_max_ops) {
+        kfd_unlock(k);
+        kfd_put(k);
+        err = EAGAIN;
+        goto err_op;
+    }
+    (*count)++;
+    kfd_submit(k, op);
+    if (api_call_end(sync, q, &ev))
+        return -1;
+    return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
+
+err_op:
+    kfd_op_drop(op); /* releases m */
+    return api_sync_fail(sync, q, err);
+err_mreg:
+    if (m)
+        api_mreg_release(m);
+    return api_sync_fail(sync, q, err);
+}
+
+int api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
+{
+    int err, sync = q == EXS_QHANDLE_INVALID;
+    struct kfd_op *op;
+    struct kfd *k;
+    exs_event_t ev;
+
+    if ((err = kfd_check(fd)))
+        return exs__err(err);
+    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
+        return exs__err(EINVAL);
+    if (sync)
+        q = api_sync_queue();
+    op = kfd_op_new(EXS_EVT_SHUTDOWN, q, ah, &err);
+    if (!op)
+        return api_sync_fail(sync, q, err);
+    op->how = how;
+    k = kfd_get_locked(fd, &err);
+    if (!k) {
+        kfd_op_drop(op);
+        return api_sync_fail(sync, q, err);
+    }
+    if (how == SHUT_RD) {
+        /* not ordered with sends: at once (pending receives then see the end) */
+        int r = shutdown(fd, SHUT_RD);
+
+        kfd_op_finish_locked(k, op, 0, r ? errno : 0);
+        kfd_run_locked(k);
+        kfd_update_locked(k);
+        kfd_unlock(k);
+        kfd_put(k);
+    } else {
+        kfd_submit(k, op); /* after the sends queued before it */
+    }
+    return api_call_end(sync, q, &ev);
+}
+
+int api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
+{
+    int err, sync = q == EXS_QHANDLE_INVALID;
+    struct kfd_op *op;
+    struct exs_list *n;
+    struct kfd *k;
+    exs_event_t ev;
+
+    if ((err = kfd_check(fd)))
+        return exs__err(err);
+    if (sync)
+        q = api_sync_queue();
+    op = kfd_op_new(EXS_EVT_CLOSE, q, ah, &err);
+    if (!op)
+        return api_sync_fail(sync, q, err);
+    k = kfd_get_locked(fd, &err);
+    if (!k) {
+        kfd_op_drop(op);
+        return api_sync_fail(sync, q, err);
+    }
+    /* From here the number belongs to this close: every operation ends cancelled (in
+     * posting order per direction; the descriptor leaves kfd_ep first), then the
+     * descriptor is closed, then the CLOSE event. */
+    kfd_detach_locked(k);
+    while ((n = exs_list_pop_head(&k->sendq)))
+        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
+    while ((n = exs_list_pop_head(&k->recvq)))
+        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
+    /* close() frees the descriptor whatever it returns (EINTR included) */
+    if (close(fd) && errno != EINTR)
+        err = errno;
+    kfd_op_finish_locked(k, op, 0, err);
+    kfd_unlock(k);
+    kfd_put(k);
+    return api_call_end(sync, q, &ev);
+}
+
+int api_kfd_cancel(int fd, exs_ahandle_t ah, int flags)
+{
+    struct exs_list *qs[2], *pos, *next;
+    struct kfd *k;
+    int ret = 0;
+
+    if (!kfd_is_stream(fd))
+        return exs__err(ENOTSOCK);
+    if (flags)
+        return exs__err(EINVAL);
+    k = kfd_get(fd, 0, &ret);
+    if (!k)
+        return 0; /* nothing pending */
+    kfd_lock(k);
+    qs[0] = &k->sendq;
+    qs[1] = &k->recvq;
+    /* Only what moved no byte yet: the stream stays whole. A cancelled operation's
+     * event may come before those of earlier ones still pending. */
+    for (int i = 0; i < 2 && k->attached; i++) {
+        for (pos = qs[i]->next; pos != qs[i]; pos = next) {
+            struct kfd_op *op = exs_list_entry(pos, struct kfd_op, link);
+
+            next = pos->next;
+            if (op->ah != ah || op->done || op->type == EXS_EVT_SHUTDOWN)
+                continue;
+            exs_list_del(&op->link);
+            kfd_op_finish_locked(k, op, -1, ECANCELED);
+        }
+    }
+    if (!k->attached || !exs_list_empty(&k->sendq) || !exs_list_empty(&k->recvq)) {
+        /* a send behind the cancelled head may now be writable */
+        if (k->attached)
+            kfd_run_locked(k);
+        kfd_update_locked(k);
+    }
+    kfd_unlock(k);
+    kfd_put(k);
+    return 0;
+}
+
+void api_kfd_close_all(void)
+{
+    for (;;) {
+        struct kfd *k = NULL;
+        struct exs_list *n;
+
+        EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        for (int fd = 0; fd < kfd_tab_len && !k; fd++)
+            if (kfd_tab[fd]) {
+                k = kfd_tab[fd];
+                kfd_ref(k);
+            }
+        EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (!k)
+            break;
+        kfd_lock(k);
+        while ((n = exs_list_pop_head(&k->sendq)))
+            kfd_op_drop(exs_list_entry(n, struct kfd_op, link));
+        while ((n = exs_list_pop_head(&k->recvq)))
+            kfd_op_drop(exs_list_entry(n, struct kfd_op, link));
+        k->n_send = k->n_recv = 0;
+        kfd_detach_locked(k);
+        kfd_unlock(k);
+        kfd_put(k);
+    }
+    EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+    free(kfd_tab);
+    kfd_tab = NULL;
+    kfd_tab_len = 0;
+    if (kfd_ep >= 0) {
+        /* the engine's stop runs it: the watcher goes, then kfd_ep */
+        kfd_ep_stop_job.fn = kfd_ep_stop;
+        exs__engine_post(&kfd_ep_stop_job);
+    }
+    EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+}
