@@ -117,30 +117,30 @@ static inline void api_sock_unlock(struct api_sock *s)
 
 /* descriptor table (sock.c) */
 /* The socket behind fd with a reference (EBADF, ENOTSOCK otherwise); drop it with put. */
-struct api_sock *api_sock_get(int fd, int *err_p);
-void api_sock_put(struct api_sock *s);
+struct api_sock *exs__api_sock_get(int fd, int *err_p);
+void exs__api_sock_put(struct api_sock *s);
 /* Every socket in the table, each held by a reference, in an array to free (sock.c). */
-int  api_sock_list(struct api_sock ***all_p, int *n_p);
-const char *api_sock_state_name(enum api_sock_state st);
-int  api_default_xfer_mode(void);
+int exs__api_sock_list(struct api_sock ***all_p, int *n_p);
+const char *exs__api_sock_state_name(enum api_sock_state st);
+int exs__api_default_xfer_mode(void);
 
 /* operations (xfer.c) */
-struct api_op *api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
-                          int *err_p);
-void api_op_event(struct api_op *op, const exs_event_t *ev);
-void api_op_abandon(struct api_op *op);
+struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
+                               int *err_p);
+void exs__api_op_event(struct api_op *op, const exs_event_t *ev);
+void exs__api_op_abandon(struct api_op *op);
 /* Synchronous calls post on their thread's queue (xfer.c) and wait for the one event. */
-exs_qhandle_t api_sync_queue(void);
-int  api_wait_sync(exs_qhandle_t q, exs_event_t *ev);
-int  api_sync_fail(int sync, exs_qhandle_t q, int err);
-int  api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev);
+exs_qhandle_t exs__api_sync_queue(void);
+int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev);
+int exs__api_sync_fail(int sync, exs_qhandle_t q, int err);
+int exs__api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev);
 
 /* life cycle (sock.c, init.c) */
-void api_sock_close_all(void);
-int  api_sock_live(void);
-int  api_mreg_live(void);
-void api_mreg_destroy_all(void);
-int  api_op_live(void);
-int  api_initialized(void);
+void exs__api_sock_close_all(void);
+int exs__api_sock_live(void);
+int exs__api_mreg_live(void);
+void exs__api_mreg_destroy_all(void);
+int exs__api_op_live(void);
+int exs__api_initialized(void);
 
 #endif

@@ -248,7 +248,7 @@ static void stat_sock(struct api_sock *s, void *arg)
     snprintf(id, sizeof(id), "%p", (void *)conn);
     exs__jbuf_kv_str(b, "conn", conn ? id : "");
     exs__jbuf_kv_str(b, "type", type == SOCK_STREAM ? "stream" : "seqpacket");
-    exs__jbuf_kv_str(b, "state", api_sock_state_name(state));
+    exs__jbuf_kv_str(b, "state", exs__api_sock_state_name(state));
     exs__jbuf_kv_str(b, "conn_state", conn ? info.state : "");
     exs__jbuf_kv_str(b, "local", local);
     exs__jbuf_kv_str(b, "peer", peer);
@@ -314,7 +314,7 @@ static void req_stat(struct ctl_client *c)
 {
     struct exs_jbuf *b = &c->out;
 
-    if (api_sock_list(&c->walk, &c->walk_n) < 0) {
+    if (exs__api_sock_list(&c->walk, &c->walk_n) < 0) {
         c->walk = NULL;
         reply_error(b, ENOMEM, "no memory for the socket list");
         return;
@@ -330,7 +330,7 @@ static void req_stat(struct ctl_client *c)
 static void stat_walk_end(struct ctl_client *c)
 {
     while (c->walk_i < c->walk_n)
-        api_sock_put(c->walk[c->walk_i++]);
+        exs__api_sock_put(c->walk[c->walk_i++]);
     free(c->walk);
     c->walk = NULL;
 }
@@ -344,7 +344,7 @@ static void stat_step(struct ctl_client *c)
         struct api_sock *s = c->walk[c->walk_i++];
 
         stat_sock(s, b);
-        api_sock_put(s);
+        exs__api_sock_put(s);
     }
     if (c->walk_i < c->walk_n)
         return;

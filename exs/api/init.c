@@ -18,12 +18,12 @@
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
 
-int api_initialized(void)
+int exs__api_initialized(void)
 {
     return __atomic_load_n(&initialized, __ATOMIC_ACQUIRE);
 }
 
-int api_default_xfer_mode(void)
+int exs__api_default_xfer_mode(void)
 {
     const char *m = exs__params.xfer_mode;
 
@@ -64,18 +64,18 @@ void exs_fini(void)
         return;
     }
     exs__ctl_stop();
-    api_sock_close_all();
+    exs__api_sock_close_all();
     /* Sockets finish closing under the progress lock: help drive, and wait for them
      * (bounded). */
-    for (int i = 0; i < 5000 && api_sock_live(); i++) {
+    for (int i = 0; i < 5000 && exs__api_sock_live(); i++) {
         exs__engine_drive(0);
-        if (api_sock_live())
+        if (exs__api_sock_live())
             usleep(1000);
     }
-    if (api_sock_live())
-        EXS_WARN(API, "exs_fini: %d sockets still closing, abandoned", api_sock_live());
-    api_kfd_close_all(); /* before the registrations its operations hold */
-    api_mreg_destroy_all();
+    if (exs__api_sock_live())
+        EXS_WARN(API, "exs_fini: %d sockets still closing, abandoned", exs__api_sock_live());
+    exs__api_kfd_close_all(); /* before the registrations its operations hold */
+    exs__api_mreg_destroy_all();
     exs__engine_stop();
     exs__evq_destroy_all();
     __atomic_store_n(&initialized, 0, __ATOMIC_RELEASE);
@@ -86,8 +86,8 @@ int exs__debug_live_objects(void)
 {
     if (getenv("EXS_DEBUG_LIVE"))
         fprintf(stderr, "live: socks %d conns %d ops %d mregs %d evqs %d kfd %d\n",
-                api_sock_live(), exs__conn_live_count(), api_op_live(), api_mreg_live(),
-                exs__evq_live_count(), exs__debug_kfd_live());
-    return api_sock_live() + exs__conn_live_count() + api_op_live() + api_mreg_live() +
-           exs__evq_live_count() + exs__debug_kfd_live();
+                exs__api_sock_live(), exs__conn_live_count(), exs__api_op_live(),
+                exs__api_mreg_live(), exs__evq_live_count(), exs__debug_kfd_live());
+    return exs__api_sock_live() + exs__conn_live_count() + exs__api_op_live() +
+           exs__api_mreg_live() + exs__evq_live_count() + exs__debug_kfd_live();
 }

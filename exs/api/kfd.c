@@ -204,7 +204,7 @@ static void kfd_unlock(struct kfd *k)
 static void kfd_op_free(struct kfd_op *op)
 {
     if (op->mreg)
-        api_mreg_release(op->mreg);
+        exs__api_mreg_release(op->mreg);
     free(op);
     __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);
 }
@@ -539,7 +539,7 @@ static int kfd_check(int fd)
 {
     if (!kfd_is_stream(fd))
         return ENOTSOCK;
-    if (!api_initialized())
+    if (!exs__api_initialized())
         return EINVAL;
     return 0;
 }
@@ -554,8 +554,8 @@ static void kfd_submit(struct kfd *k, struct kfd_op *op)
     kfd_put(k);
 }
 
-int api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
-                 exs_mhandle_t mh, int recv)
+int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
+                      exs_mhandle_t mh, int recv)
 {
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
     int err, sync = q == EXS_QHANDLE_INVALID;
@@ -570,10 +570,10 @@ int api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_
         return exs__err(EINVAL);
     if (len > SSIZE_MAX)
         return exs__err(EMSGSIZE);
-    if (mh != EXS_MHANDLE_UNREGISTERED && api_mreg_hold(mh, buf, len, &m))
+    if (mh != EXS_MHANDLE_UNREGISTERED && exs__api_mreg_hold(mh, buf, len, &m))
         return exs__err(EINVAL);
     if (sync)
-        q = api_sync_queue();
+        q = exs__api_sync_queue();
     op = kfd_op_new(recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
     if (!op)
         goto err_mreg;
@@ -593,20 +593,20 @@ int api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_
     }
     (*count)++;
     kfd_submit(k, op);
-    if (api_call_end(sync, q, &ev))
+    if (exs__api_call_end(sync, q, &ev))
         return -1;
     return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
 
 err_op:
     kfd_op_drop(op); /* releases m */
-    return api_sync_fail(sync, q, err);
+    return exs__api_sync_fail(sync, q, err);
 err_mreg:
     if (m)
-        api_mreg_release(m);
-    return api_sync_fail(sync, q, err);
+        exs__api_mreg_release(m);
+    return exs__api_sync_fail(sync, q, err);
 }
 
-int api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
+int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
 {
     int err, sync = q == EXS_QHANDLE_INVALID;
     struct kfd_op *op;
@@ -618,15 +618,15 @@ int api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
         return exs__err(EINVAL);
     if (sync)
-        q = api_sync_queue();
+        q = exs__api_sync_queue();
     op = kfd_op_new(EXS_EVT_SHUTDOWN, q, ah, &err);
     if (!op)
-        return api_sync_fail(sync, q, err);
+        return exs__api_sync_fail(sync, q, err);
     op->how = how;
     k = kfd_get_locked(fd, &err);
     if (!k) {
         kfd_op_drop(op);
-        return api_sync_fail(sync, q, err);
+        return exs__api_sync_fail(sync, q, err);
     }
     if (how == SHUT_RD) {
         /* not ordered with sends: at once (pending receives then see the end) */
@@ -640,10 +640,10 @@ int api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
     } else {
         kfd_submit(k, op); /* after the sends queued before it */
     }
-    return api_call_end(sync, q, &ev);
+    return exs__api_call_end(sync, q, &ev);
 }
 
-int api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
+int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
 {
     int err, sync = q == EXS_QHANDLE_INVALID;
     struct kfd_op *op;
@@ -654,14 +654,14 @@ int api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
     if ((err = kfd_check(fd)))
         return exs__err(err);
     if (sync)
-        q = api_sync_queue();
+        q = exs__api_sync_queue();
     op = kfd_op_new(EXS_EVT_CLOSE, q, ah, &err);
     if (!op)
-        return api_sync_fail(sync, q, err);
+        return exs__api_sync_fail(sync, q, err);
     k = kfd_get_locked(fd, &err);
     if (!k) {
         kfd_op_drop(op);
-        return api_sync_fail(sync, q, err);
+        return exs__api_sync_fail(sync, q, err);
     }
     /* From here the number belongs to this close: every operation ends cancelled (in
      * posting order per direction; the descriptor leaves kfd_ep first), then the
@@ -677,10 +677,10 @@ int api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
     kfd_op_finish_locked(k, op, 0, err);
     kfd_unlock(k);
     kfd_put(k);
-    return api_call_end(sync, q, &ev);
+    return exs__api_call_end(sync, q, &ev);
 }
 
-int api_kfd_cancel(int fd, exs_ahandle_t ah, int flags)
+int exs__api_kfd_cancel(int fd, exs_ahandle_t ah, int flags)
 {
     struct exs_list *qs[2], *pos, *next;
     struct kfd *k;
@@ -720,7 +720,7 @@ int api_kfd_cancel(int fd, exs_ahandle_t ah, int flags)
     return 0;
 }
 
-void api_kfd_close_all(void)
+void exs__api_kfd_close_all(void)
 {
     for (;;) {
         struct kfd *k = NULL;

@@ -8,26 +8,26 @@
 #include <sys/exs.h>
 
 /*
- * The exs_* calls reach these when the descriptor is not a libexs socket (api_sock_get
+ * The exs_* calls reach these when the descriptor is not a libexs socket (exs__api_sock_get
  * said ENOTSOCK). Each checks that fd is a kernel SOCK_STREAM socket (ENOTSOCK
  * otherwise), and returns as the ES-API call does: 0 (or the synchronous result), or -1
  * with errno. Operations complete through the same event queues as on libexs sockets,
  * in posting order per descriptor and direction (spec/api.md, "Kernel sockets").
  */
-int api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
-                 exs_mhandle_t mh, int recv);
-int api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah);
-int api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah);
-int api_kfd_cancel(int fd, exs_ahandle_t ah, int flags);
+int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
+                      exs_mhandle_t mh, int recv);
+int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah);
+int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah);
+int exs__api_kfd_cancel(int fd, exs_ahandle_t ah, int flags);
 /* exs_fini: drop every pending operation without an event (before the registrations
  * and the engine go). */
-void api_kfd_close_all(void);
+void exs__api_kfd_close_all(void);
 
 /* Registrations used by kernel-socket operations (xfer.c): the registration mh when it
  * covers [buf, buf + len), held busy (exs_mderegister says EBUSY) until released.
  * -EINVAL: no such registration, or it does not cover the buffer. */
 struct api_mreg;
-int api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p);
-void api_mreg_release(struct api_mreg *m);
+int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p);
+void exs__api_mreg_release(struct api_mreg *m);
 
 #endif

@@ -22,7 +22,7 @@ static struct api_sock **tab;
 static int tab_len;
 static int sock_live;
 
-int api_sock_live(void)
+int exs__api_sock_live(void)
 {
     return __atomic_load_n(&sock_live, __ATOMIC_RELAXED);
 }
@@ -32,7 +32,7 @@ static void sock_get_ref(struct api_sock *s)
     __atomic_fetch_add(&s->refs, 1, __ATOMIC_RELAXED);
 }
 
-void api_sock_put(struct api_sock *s)
+void exs__api_sock_put(struct api_sock *s)
 {
     if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL))
         return;
@@ -41,14 +41,14 @@ void api_sock_put(struct api_sock *s)
     if (s->fd_open)
         close(s->fd);
     if (s->parent)
-        api_sock_put(s->parent);
+        exs__api_sock_put(s->parent);
     pthread_mutex_destroy(&s->lock);
     free(s);
     __atomic_fetch_sub(&sock_live, 1, __ATOMIC_RELAXED);
 }
 
 /* The socket behind fd with a reference, or NULL with *err_p = EBADF / ENOTSOCK. */
-struct api_sock *api_sock_get(int fd, int *err_p)
+struct api_sock *exs__api_sock_get(int fd, int *err_p)
 {
     struct api_sock *s = NULL;
 
@@ -100,7 +100,7 @@ static int tab_remove(struct api_sock *s)
     }
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (removed)
-        api_sock_put(s);
+        exs__api_sock_put(s);
     return removed;
 }
 
@@ -120,7 +120,7 @@ static struct api_sock *sock_new(int domain, int type)
     s->domain = domain;
     s->type = type;
     s->rcvbuf = (uint32_t)exs__params.ring_size;
-    s->xfer_mode = api_default_xfer_mode();
+    s->xfer_mode = exs__api_default_xfer_mode();
     s->keepalive = 1; /* interval EXS_KEEPALIVE_INTV_MS unless EXS_SO_KEEPALIVE_MS is set */
     pthread_mutex_init(&s->lock, NULL);
     exs_list_init(&s->ready);
@@ -131,9 +131,9 @@ static struct api_sock *sock_new(int domain, int type)
 }
 
 /* Every socket of the table, each held by a reference the caller drops with
- * api_sock_put, in an array the caller frees (the control endpoint's stat, api/ctl.c).
+ * exs__api_sock_put, in an array the caller frees (the control endpoint's stat, api/ctl.c).
  * -ENOMEM when the array cannot be made. */
-int api_sock_list(struct api_sock ***all_p, int *n_p)
+int exs__api_sock_list(struct api_sock ***all_p, int *n_p)
 {
     struct api_sock **all;
     int n = 0;
@@ -162,7 +162,7 @@ static const char *const sock_state_names[API_SOCK_STATE_COUNT] = {
     [API_SOCK_ABORTING] = "ABORTING",   [API_SOCK_FINISHING] = "FINISHING",
 };
 
-const char *api_sock_state_name(enum api_sock_state st)
+const char *exs__api_sock_state_name(enum api_sock_state st)
 {
     return st < API_SOCK_STATE_COUNT ? sock_state_names[st] : "?";
 }
@@ -238,7 +238,7 @@ static int sock_conn_new(struct api_sock *s)
         .max_reads = (uint32_t)exs__params.max_reads,
         .batch_max = (uint32_t)exs__params.batch_max,
     };
-    /* The conn lives as long as its socket (freed in the last api_sock_put), so a
+    /* The conn lives as long as its socket (freed in the last exs__api_sock_put), so a
      * caller holding a socket reference may always use it; its callbacks stop at DEAD,
      * before the socket's closing reference goes. */
     return exs__conn_create(exs__engine_ctx(), &p, &sock_conn_cb, s, &s->conn);
@@ -303,7 +303,7 @@ static void sock_ka_job(struct exs_job *job)
     api_sock_unlock(s);
     if (go)
         sock_conn_timer_kick(s);
-    api_sock_put(s); /* the job's reference */
+    exs__api_sock_put(s); /* the job's reference */
 }
 
 static void sock_post_simple(struct api_op *op, int type, int err)
@@ -314,7 +314,7 @@ static void sock_post_simple(struct api_op *op, int type, int err)
         ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = -1;
     else
         ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : 0;
-    api_op_event(op, &ev);
+    exs__api_op_event(op, &ev);
 }
 
 static void sock_deliver_accepts_locked(struct api_sock *lis);
@@ -391,7 +391,7 @@ int exs_socket(int domain, int type, int protocol)
 {
     struct api_sock *s;
 
-    if (!api_initialized())
+    if (!exs__api_initialized())
         return exs__err(EINVAL);
     if (domain != AF_INET && domain != AF_INET6)
         return exs__err(EAFNOSUPPORT);
@@ -404,10 +404,10 @@ int exs_socket(int domain, int type, int protocol)
     if (!s)
         return exs__err(errno == EMFILE || errno == ENFILE ? errno : ENOMEM);
     if (tab_insert(s)) {
-        api_sock_put(s);
+        exs__api_sock_put(s);
         return exs__err(ENOMEM);
     }
-    api_sock_put(s); /* the table holds it */
+    exs__api_sock_put(s); /* the table holds it */
     return s->fd;
 }
 
@@ -426,7 +426,7 @@ static int sock_check_addr(struct api_sock *s, const struct sockaddr *addr, sock
 int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
 {
     int err = 0;
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
 
     if (!s)
         return exs__err(err);
@@ -442,7 +442,7 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
         }
     }
     api_sock_unlock(s);
-    api_sock_put(s);
+    exs__api_sock_put(s);
     return err ? exs__err(err) : 0;
 }
 
@@ -499,7 +499,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
             if (sock_conn_new(c))
                 reason = EXS_WIRE_REJ_RESOURCES;
         } else {
-            api_sock_put(lis);
+            exs__api_sock_put(lis);
             reason = EXS_WIRE_REJ_RESOURCES;
         }
     }
@@ -528,14 +528,14 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
             c->conn = NULL;
             exs__conn_destroy(conn);
         }
-        api_sock_put(c); /* also drops the parent reference */
+        exs__api_sock_put(c); /* also drops the parent reference */
     }
 }
 
 int exs_listen(int fd, int backlog)
 {
     int err = 0, ret;
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
     socklen_t len;
 
     if (!s)
@@ -573,7 +573,7 @@ int exs_listen(int fd, int backlog)
     s->local_len = len;
 out:
     api_sock_unlock(s);
-    api_sock_put(s);
+    exs__api_sock_put(s);
     return err ? exs__err(err) : 0;
 }
 
@@ -587,7 +587,7 @@ static void sock_deliver_accepts_locked(struct api_sock *lis)
         exs_event_t ev = { .exs_evt_type = EXS_EVT_ACCEPT };
 
         /* the child no longer belongs to the listener */
-        api_sock_put(c->parent);
+        exs__api_sock_put(c->parent);
         c->parent = NULL;
         ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = -1;
         if (tab_insert(c)) {
@@ -597,9 +597,9 @@ static void sock_deliver_accepts_locked(struct api_sock *lis)
             ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = c->fd;
             memcpy(&ev.exs_evt_u.exs_evt_accept.exs_evt_addr, &c->peer, sizeof(c->peer));
             ev.exs_evt_u.exs_evt_accept.exs_evt_addrlen = c->peer_len;
-            api_sock_put(c); /* the table holds it now */
+            exs__api_sock_put(c); /* the table holds it now */
         }
-        api_op_event(op, &ev);
+        exs__api_op_event(op, &ev);
     }
 }
 
@@ -607,20 +607,20 @@ int exs_accept(int fd, exs_qhandle_t q, exs_ahandle_t ah)
 {
     exs_event_t ev;
     int err = 0, sync = q == EXS_QHANDLE_INVALID;
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
     struct api_op *op;
 
     if (!s)
         return exs__err(err);
     if (sync)
-        q = api_sync_queue();
-    op = api_op_new(s, EXS_EVT_ACCEPT, q, ah, &err);
+        q = exs__api_sync_queue();
+    op = exs__api_op_new(s, EXS_EVT_ACCEPT, q, ah, &err);
     if (!op)
         goto out;
     api_sock_lock(s);
     if (s->state != API_SOCK_LISTENING) {
         api_sock_unlock(s);
-        api_op_abandon(op);
+        exs__api_op_abandon(op);
         err = EINVAL;
         goto out;
     }
@@ -628,10 +628,10 @@ int exs_accept(int fd, exs_qhandle_t q, exs_ahandle_t ah)
     sock_deliver_accepts_locked(s);
     api_sock_unlock(s);
 out:
-    api_sock_put(s);
+    exs__api_sock_put(s);
     if (err)
-        return api_sync_fail(sync, q, err);
-    if (api_call_end(sync, q, &ev))
+        return exs__api_sync_fail(sync, q, err);
+    if (exs__api_call_end(sync, q, &ev))
         return -1;
     return sync ? ev.exs_evt_u.exs_evt_accept.exs_evt_newfd : 0;
 }
@@ -641,7 +641,7 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
 {
     exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
     struct api_op *op = NULL;
 
     if (!s)
@@ -664,8 +664,8 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
         goto out;
     }
     if (sync)
-        q = api_sync_queue();
-    op = api_op_new(s, EXS_EVT_CONNECT, q, ah, &err);
+        q = exs__api_sync_queue();
+    op = exs__api_op_new(s, EXS_EVT_CONNECT, q, ah, &err);
     if (!op)
         goto out;
     if ((ret = sock_conn_new(s))) {
@@ -707,22 +707,22 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
 out:
     api_sock_unlock(s);
     if (op)
-        api_op_abandon(op);
-    api_sock_put(s);
+        exs__api_op_abandon(op);
+    exs__api_sock_put(s);
     if (err)
-        return api_sync_fail(sync, q, err);
-    return api_call_end(sync, q, &ev);
+        return exs__api_sync_fail(sync, q, err);
+    return exs__api_call_end(sync, q, &ev);
 }
 
 int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
 {
     exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
     struct api_op *op;
 
     if (!s)
-        return err == ENOTSOCK ? api_kfd_shutdown(fd, how, q, ah) : exs__err(err);
+        return err == ENOTSOCK ? exs__api_kfd_shutdown(fd, how, q, ah) : exs__err(err);
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
         err = EINVAL;
         goto out;
@@ -735,8 +735,8 @@ int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
         goto out;
     }
     if (sync)
-        q = api_sync_queue();
-    op = api_op_new(s, EXS_EVT_SHUTDOWN, q, ah, &err);
+        q = exs__api_sync_queue();
+    op = exs__api_op_new(s, EXS_EVT_SHUTDOWN, q, ah, &err);
     if (!op)
         goto out;
     if (how == SHUT_RD) {
@@ -749,14 +749,14 @@ int exs_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
         /* already shut: nothing more to do */
         sock_post_simple(op, EXS_EVT_SHUTDOWN, 0);
     } else if (ret) {
-        api_op_abandon(op);
+        exs__api_op_abandon(op);
         err = -ret;
     }
 out:
-    api_sock_put(s);
+    exs__api_sock_put(s);
     if (err)
-        return api_sync_fail(sync, q, err);
-    return api_call_end(sync, q, &ev);
+        return exs__api_sync_fail(sync, q, err);
+    return exs__api_call_end(sync, q, &ev);
 }
 
 /* ---- close ---- */
@@ -778,7 +778,7 @@ static void sock_finish_close_job(struct exs_job *job)
         sock_post_simple(connect_op, EXS_EVT_CONNECT, ECANCELED);
     /* the CLOSE event comes last, once the socket is gone (unless a caller still
      * holds a reference for a moment) */
-    api_sock_put(s); /* the closing reference */
+    exs__api_sock_put(s); /* the closing reference */
     if (close_op)
         sock_post_simple(close_op, EXS_EVT_CLOSE, 0);
 }
@@ -809,7 +809,7 @@ static void sock_close_listener_job(struct exs_job *job)
     api_sock_lock(s);
     sock_finish_locked(s, "listener closed");
     api_sock_unlock(s);
-    api_sock_put(s); /* the job's reference */
+    exs__api_sock_put(s); /* the job's reference */
 }
 
 /* Progress thread: a graceful close took too long (the peer froze): reset it. */
@@ -851,7 +851,7 @@ static void sock_close_conn_job(struct exs_job *job)
                                     sock_close_timeout);
         }
     }
-    api_sock_put(s); /* the job's reference */
+    exs__api_sock_put(s); /* the job's reference */
 }
 
 /* Take s from an open state to CLOSING (graceful) or ABORTING (reset) and queue its
@@ -884,36 +884,36 @@ static void sock_close(struct api_sock *s, struct api_op *op, int abort_)
 int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
 {
     int err = 0, sync = q == EXS_QHANDLE_INVALID;
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
     struct api_op *op;
 
     if (!s)
-        return err == ENOTSOCK ? api_kfd_close(fd, q, ah) : exs__err(err);
+        return err == ENOTSOCK ? exs__api_kfd_close(fd, q, ah) : exs__err(err);
     if (sync)
-        q = api_sync_queue();
-    op = api_op_new(s, EXS_EVT_CLOSE, q, ah, &err);
+        q = exs__api_sync_queue();
+    op = exs__api_op_new(s, EXS_EVT_CLOSE, q, ah, &err);
     if (!op) {
-        api_sock_put(s);
-        return api_sync_fail(sync, q, err);
+        exs__api_sock_put(s);
+        return exs__api_sync_fail(sync, q, err);
     }
     if (!tab_remove(s)) {
         /* a concurrent close won */
-        api_op_abandon(op);
-        api_sock_put(s);
-        return api_sync_fail(sync, q, EBADF);
+        exs__api_op_abandon(op);
+        exs__api_sock_put(s);
+        return exs__api_sync_fail(sync, q, EBADF);
     }
     /* our get reference becomes the closing reference, dropped by the finish job */
     sock_close(s, op, 0);
     if (sync) {
         exs_event_t ev;
 
-        return api_call_end(sync, q, &ev);
+        return exs__api_call_end(sync, q, &ev);
     }
     return 0;
 }
 
 /* exs_fini: close every socket without events. */
-void api_sock_close_all(void)
+void exs__api_sock_close_all(void)
 {
     for (;;) {
         struct api_sock *s = NULL;
@@ -930,7 +930,7 @@ void api_sock_close_all(void)
         if (tab_remove(s)) {
             sock_close(s, NULL, 1);
         } else {
-            api_sock_put(s);
+            exs__api_sock_put(s);
         }
     }
     EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
@@ -945,7 +945,7 @@ void api_sock_close_all(void)
 static int sock_name(int fd, struct sockaddr *addr, socklen_t *addrlen, int peer)
 {
     int err = 0;
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
 
     if (!s)
         return exs__err(err);
@@ -964,7 +964,7 @@ static int sock_name(int fd, struct sockaddr *addr, socklen_t *addrlen, int peer
         }
         api_sock_unlock(s);
     }
-    api_sock_put(s);
+    exs__api_sock_put(s);
     return err ? exs__err(err) : 0;
 }
 
@@ -981,7 +981,7 @@ int exs_getpeername(int fd, struct sockaddr *addr, socklen_t *addrlen)
 int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen)
 {
     int err = 0, v;
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
 
     if (!s)
         return exs__err(err);
@@ -1014,14 +1014,14 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
     }
     api_sock_unlock(s);
 out:
-    api_sock_put(s);
+    exs__api_sock_put(s);
     return err ? exs__err(err) : 0;
 }
 
 int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen)
 {
     int err = 0, v = 0;
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
 
     if (!s)
         return exs__err(err);
@@ -1076,6 +1076,6 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
         }
     }
 out:
-    api_sock_put(s);
+    exs__api_sock_put(s);
     return err ? exs__err(err) : 0;
 }

@@ -29,7 +29,7 @@ static struct api_mreg **mregs;
 static int mreg_cap, mreg_count;
 static unsigned mreg_gen;
 
-int api_mreg_live(void)
+int exs__api_mreg_live(void)
 {
     return __atomic_load_n(&mreg_count, __ATOMIC_RELAXED);
 }
@@ -39,7 +39,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
     struct api_mreg *m;
     int ret, idx = -1;
 
-    if (!api_initialized()) {
+    if (!exs__api_initialized()) {
         errno = EINVAL;
         return EXS_MHANDLE_INVALID;
     }
@@ -105,7 +105,7 @@ static struct api_mreg *mreg_find_locked(exs_mhandle_t mh)
     return mregs[idx];
 }
 
-int api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)
+int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)
 {
     struct api_mreg *m;
 
@@ -124,7 +124,7 @@ int api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg
     return 0;
 }
 
-void api_mreg_release(struct api_mreg *m)
+void exs__api_mreg_release(struct api_mreg *m)
 {
     EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     m->busy--;
@@ -154,7 +154,7 @@ int exs_mderegister(exs_mhandle_t mh)
     return 0;
 }
 
-void api_mreg_destroy_all(void)
+void exs__api_mreg_destroy_all(void)
 {
     EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     for (int i = 0; i < mreg_cap; i++)
@@ -172,15 +172,15 @@ void api_mreg_destroy_all(void)
 
 static int op_live;
 
-int api_op_live(void)
+int exs__api_op_live(void)
 {
     return __atomic_load_n(&op_live, __ATOMIC_RELAXED);
 }
 
 static void op_done(struct exs_op *pop);
 
-struct api_op *api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
-                          int *err_p)
+struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
+                               int *err_p)
 {
     struct api_op *op;
     struct exs_evq *evq;
@@ -227,13 +227,13 @@ static void op_release(struct api_op *op)
     __atomic_fetch_sub(&op_live, 1, __ATOMIC_RELAXED);
 }
 
-void api_op_abandon(struct api_op *op)
+void exs__api_op_abandon(struct api_op *op)
 {
     exs__evq_unreserve(op->evq);
     op_release(op);
 }
 
-void api_op_event(struct api_op *op, const exs_event_t *ev_in)
+void exs__api_op_event(struct api_op *op, const exs_event_t *ev_in)
 {
     exs_event_t ev = *ev_in;
     struct exs_evq *evq = op->evq;
@@ -260,7 +260,7 @@ static void op_done(struct exs_op *pop)
     ev.exs_evt_u.exs_evt_xfer.exs_evt_len = pop->len;
     ev.exs_evt_u.exs_evt_xfer.exs_evt_result = pop->err ? -1 : pop->result;
     ev.exs_evt_u.exs_evt_xfer.exs_evt_flags = pop->rflags;
-    api_op_event(op, &ev);
+    exs__api_op_event(op, &ev);
 }
 
 /* ---- synchronous calls: one queue per thread ----
@@ -308,7 +308,7 @@ static void sync_abandon(exs_qhandle_t q)
     errno = e;
 }
 
-exs_qhandle_t api_sync_queue(void)
+exs_qhandle_t exs__api_sync_queue(void)
 {
     struct exs_evq *evq;
     exs_qhandle_t q = sync_q;
@@ -350,7 +350,7 @@ static void sync_release(exs_qhandle_t q)
 }
 
 /* A synchronous call failed before its operation was accepted: report err. */
-int api_sync_fail(int sync, exs_qhandle_t q, int err)
+int exs__api_sync_fail(int sync, exs_qhandle_t q, int err)
 {
     if (sync)
         sync_release(q);
@@ -359,16 +359,16 @@ int api_sync_fail(int sync, exs_qhandle_t q, int err)
 
 /* The end of an accepted posting call: nothing more for an asynchronous one; a
  * synchronous one waits for its event. 0, or -1 with errno (the event's errno). */
-int api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev)
+int exs__api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev)
 {
     if (!sync)
         return 0;
-    if (api_wait_sync(q, ev))
+    if (exs__api_wait_sync(q, ev))
         return -1;
     return ev->exs_evt_errno ? exs__err(ev->exs_evt_errno) : 0;
 }
 
-int api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
+int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 {
     for (;;) {
         int n = exs_qdequeue(q, ev, 1, NULL);
@@ -396,12 +396,12 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
     struct api_op *op = NULL;
     int *count;
 
     if (!s)
-        return err == ENOTSOCK ? api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv)
+        return err == ENOTSOCK ? exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv)
                                : exs__err(err);
     count = recv ? &s->n_recv : &s->n_send;
     if (flags & ~allowed)
@@ -421,8 +421,8 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     if (err)
         goto out;
     if (sync)
-        q = api_sync_queue();
-    op = api_op_new(s, recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
+        q = exs__api_sync_queue();
+    op = exs__api_op_new(s, recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
     if (!op)
         goto out;
     op->op.kind = recv ? EXS_OP_RECV : EXS_OP_SEND;
@@ -474,11 +474,11 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     op = NULL;
 out:
     if (op)
-        api_op_abandon(op);
-    api_sock_put(s);
+        exs__api_op_abandon(op);
+    exs__api_sock_put(s);
     if (err)
-        return api_sync_fail(sync, q, err);
-    if (api_call_end(sync, q, &ev))
+        return exs__api_sync_fail(sync, q, err);
+    if (exs__api_call_end(sync, q, &ev))
         return -1;
     return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
 }
@@ -505,10 +505,10 @@ static int cancel_match(struct exs_op *pop, void *arg)
 int exs_cancel(int fd, exs_ahandle_t ah, int flags)
 {
     int err = 0;
-    struct api_sock *s = api_sock_get(fd, &err);
+    struct api_sock *s = exs__api_sock_get(fd, &err);
 
     if (!s)
-        return err == ENOTSOCK ? api_kfd_cancel(fd, ah, flags) : exs__err(err);
+        return err == ENOTSOCK ? exs__api_kfd_cancel(fd, ah, flags) : exs__err(err);
     api_sock_lock(s);
     struct exs_conn *conn = s->state == API_SOCK_CONNECTED ? s->conn : NULL;
     api_sock_unlock(s);
@@ -516,6 +516,6 @@ int exs_cancel(int fd, exs_ahandle_t ah, int flags)
         err = EINVAL;
     else if (conn)
         exs__conn_cancel(conn, cancel_match, ah);
-    api_sock_put(s);
+    exs__api_sock_put(s);
     return err ? exs__err(err) : 0;
 }

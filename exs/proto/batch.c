@@ -145,14 +145,14 @@ static enum batch_verdict batch_post_locked(struct exs_conn *conn, const struct 
         return BATCH_STALL; /* a batched write completes first */
     if (batch_staging_locked(conn))
         return BATCH_NONE;
-    if (!conn_can_spend_locked(conn)) {
+    if (!exs__conn_can_spend_locked(conn)) {
         conn->stats.credit_stalls++;
         return BATCH_STALL;
     }
     /* control records queued earlier (ANNOUNCE, SHUTDOWN) keep their place */
-    if (conn->ctrl_len && !conn_ctrl_flush_locked(conn))
+    if (conn->ctrl_len && !exs__conn_ctrl_flush_locked(conn))
         return BATCH_STALL;
-    if (!conn_can_spend_locked(conn))
+    if (!exs__conn_can_spend_locked(conn))
         return BATCH_STALL;
 
     dst = (uint8_t *)conn->batch_mem->addr + (size_t)slot * conn->p.batch_max;
@@ -160,18 +160,19 @@ static enum batch_verdict batch_post_locked(struct exs_conn *conn, const struct 
     if (conn_is_stream(conn)) {
         /* the run fits the contiguous ring room (st_batch_fit) */
         if (PHASE_IS_DIRECT(conn->st_ps))
-            st_enter_indirect_locked(conn);
+            exs__st_enter_indirect_locked(conn);
         raddr = conn->peer.ring_addr + conn->wr_tail % size;
         used = run->bytes;
-        imm = exs_imm_make(EXS_IMM_INDIRECT, 0, conn_take_owed_imm_locked(conn), 0);
+        imm = exs_imm_make(EXS_IMM_INDIRECT, 0, exs__conn_take_owed_imm_locked(conn), 0);
     } else {
         uint32_t off = (uint32_t)(conn->wr_tail % size);
-        uint32_t slot_len = sp_slot_len(run->bytes);
+        uint32_t slot_len = exs__sp_slot_len(run->bytes);
 
         skip = off + slot_len > size ? size - off : 0;
         used = skip + slot_len;
         raddr = conn->peer.ring_addr + (conn->wr_tail + skip) % size;
-        imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, conn_take_owed_imm_locked(conn), run->n);
+        imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, exs__conn_take_owed_imm_locked(conn),
+                           run->n);
     }
     struct exs_prov_sge sge = {(uintptr_t)dst, run->bytes, conn->batch_mem->lkey};
     struct exs_prov_send_wr wr = {
@@ -188,7 +189,7 @@ static enum batch_verdict batch_post_locked(struct exs_conn *conn, const struct 
         wr.flags |= EXS_PROV_SEND_INLINE;
     ret = exs__prov_post_send(conn->ep, &wr);
     if (ret) {
-        conn_fail_locked(conn, ECONNRESET, "batched write failed");
+        exs__conn_fail_locked(conn, ECONNRESET, "batched write failed");
         return BATCH_STALL;
     }
     conn->wr_out++;
@@ -220,7 +221,8 @@ static enum batch_verdict batch_post_locked(struct exs_conn *conn, const struct 
     return BATCH_SENT;
 }
 
-enum batch_verdict batch_try_locked(struct exs_conn *conn, struct exs_list *from, batch_fit_fn fit)
+enum batch_verdict exs__batch_try_locked(struct exs_conn *conn, struct exs_list *from,
+                                         batch_fit_fn fit)
 {
     struct batch_run run;
     enum batch_verdict v;
@@ -245,14 +247,14 @@ enum batch_verdict batch_try_locked(struct exs_conn *conn, struct exs_list *from
 
 /* A batched write completed (ok) or failed: its sends complete, in order; failed, only
  * the cancelled ones do (from DOWN on), the others end with the connection. */
-void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
+void exs__batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
 {
     struct exs_batch_slot *b;
     struct exs_list *pos;
     uint32_t n;
 
     if (slot >= EXS_BATCH_SLOTS || !conn->batch_slot[slot].first) {
-        conn_fail_locked(conn, ECONNRESET, "unknown batch completion");
+        exs__conn_fail_locked(conn, ECONNRESET, "unknown batch completion");
         return;
     }
     b = &conn->batch_slot[slot];
@@ -268,10 +270,10 @@ void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
         EXS_ASSERT(op->state == EXS_OPS_POSTED && op->inflight == 1);
         op->inflight = 0;
         if (ok) {
-            conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
             conn->stats.bytes_sent += op->len;
         } else if (op->cancel && conn->state >= EXS_CONN_DOWN) {
-            conn_op_finish_locked(op, -1, ECANCELED);
+            exs__conn_op_finish_locked(op, -1, ECANCELED);
         }
         n--;
     }
@@ -279,7 +281,7 @@ void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
     b->nops = 0;
 }
 
-void batch_release_locked(struct exs_conn *conn)
+void exs__batch_release_locked(struct exs_conn *conn)
 {
     if (conn->batch_mem)
         exs__prov_mem_free(conn->batch_mem);

@@ -118,7 +118,7 @@ static void conn_revoke_all_locked(struct exs_conn *conn)
 
     for (int i = 0; i < 2; i++)
         exs_list_for_each(pos, q[i])
-            conn_revoke_op_locked(exs_list_entry(pos, struct exs_op, link));
+            exs__conn_revoke_op_locked(exs_list_entry(pos, struct exs_op, link));
     if (conn->ring_grant)
         exs__prov_revoke(conn->ring_grant);
     conn->ring_grant = NULL;
@@ -138,7 +138,7 @@ static void conn_release_prov_locked(struct exs_conn *conn)
 /* Give the peer op's one right over its buffer (REMOTE_WRITE for an ADVERT, REMOTE_READ
  * for an ANNOUNCE); op->rkey is then the key to send. Revoked when op completes. A
  * zero-length buffer needs no grant (key 0). Errors: those of exs__prov_grant. */
-int conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned access)
+int exs__conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned access)
 {
     int ret;
 
@@ -161,7 +161,7 @@ int conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned acce
     return 0;
 }
 
-void conn_revoke_op_locked(struct exs_op *op)
+void exs__conn_revoke_op_locked(struct exs_op *op)
 {
     if (op->grant)
         exs__prov_revoke(op->grant);
@@ -173,7 +173,7 @@ static void conn_release_locked(struct exs_conn *conn)
 {
 
     conn_release_prov_locked(conn);
-    batch_release_locked(conn);
+    exs__batch_release_locked(conn);
     if (conn->ring_mem)
         exs__prov_mem_free(conn->ring_mem);
     if (conn->ctrl_mem)
@@ -188,7 +188,7 @@ static void conn_release_locked(struct exs_conn *conn)
     conn->tx_free = NULL;
     conn->tx_op = NULL;
     conn->adverts = NULL;
-    sp_free_pending_locked(conn);
+    exs__sp_free_pending_locked(conn);
 }
 
 int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
@@ -426,22 +426,22 @@ static void conn_ring_grant_locked(struct exs_conn *conn)
             EXS_INFO(PROTO, "conn %p: ring grant: endpoint not connected", (void *)conn);
         else
             EXS_WARN(PROTO, "conn %p: ring grant failed: %s", (void *)conn, strerror(-ret));
-        conn_fail_locked(conn, -ret == ENOMEM ? ENOMEM : ECONNRESET, "ring grant failed");
+        exs__conn_fail_locked(conn, -ret == ENOMEM ? ENOMEM : ECONNRESET, "ring grant failed");
         return;
     }
     r.rkey = htobe32(conn->ring_grant->rkey);
-    conn_ctrl_append_locked(conn, &r, sizeof(r));
+    exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
 }
 
 
 /* May one more message that consumes a peer receive go out? The last credit is kept for
  * a message that returns credits, so two starved sides can always unblock each other. */
-int conn_can_spend_locked(struct exs_conn *conn)
+int exs__conn_can_spend_locked(struct exs_conn *conn)
 {
     return conn->credits > 1 || (conn->credits == 1 && conn->owed > 0);
 }
 
-uint32_t conn_take_owed_imm_locked(struct exs_conn *conn)
+uint32_t exs__conn_take_owed_imm_locked(struct exs_conn *conn)
 {
     uint32_t n = EXS_MIN(conn->owed, EXS_IMM_CREDITS_MAX);
 
@@ -449,15 +449,15 @@ uint32_t conn_take_owed_imm_locked(struct exs_conn *conn)
     return n;
 }
 
-int conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len)
+int exs__conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len)
 {
     /* keep room for the ACK record the flush may add */
     return conn->ctrl_len + len + EXS_WIRE_ACK_LEN <= EXS_WIRE_CTRL_MAX;
 }
 
-void conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t len)
+void exs__conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t len)
 {
-    EXS_ASSERT(conn_ctrl_room_locked(conn, len));
+    EXS_ASSERT(exs__conn_ctrl_room_locked(conn, len));
     memcpy(conn->ctrl_out + conn->ctrl_len, rec, len);
     conn->ctrl_len += len;
 }
@@ -474,7 +474,7 @@ static int conn_needs_ack_locked(struct exs_conn *conn)
 
 /* Send the pending control records (adding an ACK when owed). Returns 1 when nothing
  * remains pending, 0 when they must wait (no credit or send slot). */
-int conn_ctrl_flush_locked(struct exs_conn *conn)
+int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
 {
     struct exs_wire_ctrl_hdr *first;
     uint32_t slot;
@@ -485,7 +485,7 @@ int conn_ctrl_flush_locked(struct exs_conn *conn)
         return 1;
     if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
         return 0;
-    if (!conn->tx_free_top || !conn_can_spend_locked(conn)) {
+    if (!conn->tx_free_top || !exs__conn_can_spend_locked(conn)) {
         if (conn->ctrl_len)
             conn->stats.credit_stalls++;
         return 0;
@@ -521,7 +521,7 @@ int conn_ctrl_flush_locked(struct exs_conn *conn)
         conn->wr_out++;
     if (ret) {
         conn->tx_free[conn->tx_free_top++] = slot;
-        conn_fail_locked(conn, ECONNRESET, "control send failed");
+        exs__conn_fail_locked(conn, ECONNRESET, "control send failed");
         return 0;
     }
     EXS_TRACE(PROTO, "conn %p: control send %u bytes, %u credits returned, %u left",
@@ -564,8 +564,8 @@ int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a)
 
 /* One WRITE WITH IMMEDIATE of len bytes from src (inside op's buffer). A write into the
  * peer's ring (INDIRECT) counts in ring_wr_out until it completes (batching, §6.1). */
-int conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
-                               uint32_t rkey, uint32_t len, uint32_t imm, const void *src)
+int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
+                                    uint32_t rkey, uint32_t len, uint32_t imm, const void *src)
 {
     int ring = exs_imm_kind(imm) == EXS_IMM_INDIRECT;
     struct exs_prov_sge sge = { (uintptr_t)src, len, op->lkey };
@@ -582,7 +582,7 @@ int conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_
     int ret = exs__prov_post_send(conn->ep, &wr);
 
     if (ret) {
-        conn_fail_locked(conn, ECONNRESET, "data write failed");
+        exs__conn_fail_locked(conn, ECONNRESET, "data write failed");
         return ret;
     }
     conn->wr_out++;
@@ -595,22 +595,22 @@ int conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_
 
 /* Append the SHUTDOWN record (§8) after everything sent so far; op, if any, is the
  * exs_shutdown operation its SEND completes. */
-void conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
+void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_wire_shutdown s = {
         .hdr = { .type = EXS_CTRL_SHUTDOWN, .len = htobe16(EXS_WIRE_SHUTDOWN_LEN) },
         .seq = htobe64(conn->tx_seq),
     };
 
-    conn_ctrl_append_locked(conn, &s, sizeof(s));
+    exs__conn_ctrl_append_locked(conn, &s, sizeof(s));
     conn_set_txshut(conn, EXS_TXSHUT_APPENDED, op ? "exs_shutdown" : "close");
     conn->shut_op = op;
 }
 
 /* A cancelled operation always reports ECANCELED, whatever became of it. */
-void conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
+void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
 {
-    conn_revoke_op_locked(op); /* the peer's right ends with the operation */
+    exs__conn_revoke_op_locked(op); /* the peer's right ends with the operation */
     if (op->cancel)
         err = ECANCELED;
     op->result = err ? -1 : result;
@@ -635,22 +635,22 @@ static void conn_deliver_locked(struct exs_conn *conn)
     }
 }
 
-void conn_kick_locked(struct exs_conn *conn)
+void exs__conn_kick_locked(struct exs_conn *conn)
 {
     if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) {
         if (conn_is_stream(conn)) {
-            st_recv_progress_locked(conn);
-            st_send_progress_locked(conn);
+            exs__st_recv_progress_locked(conn);
+            exs__st_send_progress_locked(conn);
         } else {
-            sp_recv_progress_locked(conn);
-            sp_send_progress_locked(conn);
+            exs__sp_recv_progress_locked(conn);
+            exs__sp_send_progress_locked(conn);
         }
-        conn_ctrl_flush_locked(conn);
+        exs__conn_ctrl_flush_locked(conn);
     }
     conn_deliver_locked(conn);
 }
 
-void conn_fail_locked(struct exs_conn *conn, int err, const char *why)
+void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
 {
     if (conn->state >= EXS_CONN_DOWN || conn->state == EXS_CONN_IDLE)
         return; /* already going away, or nothing to end */
@@ -675,7 +675,7 @@ static void conn_dead_locked(struct exs_conn *conn, int err, const char *why)
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state != EXS_OPS_DONE)
-            conn_op_finish_locked(op, -1, op->cancel ? ECANCELED : conn->err);
+            exs__conn_op_finish_locked(op, -1, op->cancel ? ECANCELED : conn->err);
     }
     /* receives still in flight (advertised, reading) end now; data that arrived
      * eagerly is still handed out, then end of stream or the error */
@@ -683,16 +683,16 @@ static void conn_dead_locked(struct exs_conn *conn, int err, const char *why)
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state == EXS_OPS_ADVERTISED || op->state == EXS_OPS_POSTED) {
-            conn_revoke_op_locked(op);
+            exs__conn_revoke_op_locked(op);
             op->state = EXS_OPS_QUEUED;
             op->inflight = 0; /* a READ of it: the provider objects go below */
         }
     }
     conn->reads = 0;
     if (conn_is_stream(conn))
-        st_dead_drain_locked(conn);
+        exs__st_dead_drain_locked(conn);
     else
-        sp_dead_drain_locked(conn);
+        exs__sp_dead_drain_locked(conn);
     conn_deliver_locked(conn);
     conn_release_prov_locked(conn);
 }
@@ -731,18 +731,18 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
         exs_list_add_tail(&conn->recvq, &op->link);
         if (conn->state == EXS_CONN_DEAD) {
             if (conn_is_stream(conn))
-                st_dead_drain_locked(conn);
+                exs__st_dead_drain_locked(conn);
             else
-                sp_dead_drain_locked(conn);
+                exs__sp_dead_drain_locked(conn);
         }
     } else {
         if (op->kind == EXS_OP_SHUTDOWN)
             conn_set_txshut(conn, EXS_TXSHUT_QUEUED, "exs_shutdown accepted");
         exs_list_add_tail(&conn->sendq, &op->link);
         if (conn->state == EXS_CONN_DEAD)
-            conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
+            exs__conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
     }
-    conn_kick_locked(conn);
+    exs__conn_kick_locked(conn);
 out:
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
@@ -780,7 +780,7 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
             if (op->kind == EXS_OP_SHUTDOWN)
                 continue;
             if (conn_cancellable_locked(conn, op)) {
-                conn_op_finish_locked(op, -1, ECANCELED);
+                exs__conn_op_finish_locked(op, -1, ECANCELED);
                 n++;
             } else if (conn->state >= EXS_CONN_DOWN) {
                 /* On the wire, and the connection is going away. With a work request
@@ -790,13 +790,13 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
                  * and finishing revokes that. */
                 op->cancel = 1;
                 if (!op->inflight) {
-                    conn_op_finish_locked(op, -1, ECANCELED);
+                    exs__conn_op_finish_locked(op, -1, ECANCELED);
                     n++;
                 }
             }
         }
     }
-    conn_kick_locked(conn);
+    exs__conn_kick_locked(conn);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return n;
 }
@@ -812,9 +812,9 @@ void exs__conn_close(struct exs_conn *conn)
     if (conn->state == EXS_CONN_CONNECTED && conn->ring_wr_out) {
         conn->batch_now = 1;
         if (conn_is_stream(conn))
-            st_send_progress_locked(conn);
+            exs__st_send_progress_locked(conn);
         else
-            sp_send_progress_locked(conn);
+            exs__sp_send_progress_locked(conn);
         conn->batch_now = 0;
     }
     /* Everything outstanding completes with ECANCELED: at once when nothing of it is
@@ -827,7 +827,7 @@ void exs__conn_close(struct exs_conn *conn)
                 continue;
             op->cancel = 1;
             if (op->state == EXS_OPS_QUEUED)
-                conn_op_finish_locked(op, -1, ECANCELED);
+                exs__conn_op_finish_locked(op, -1, ECANCELED);
         }
     }
     switch (conn->state) {
@@ -836,10 +836,10 @@ void exs__conn_close(struct exs_conn *conn)
          * so the peer reads end of stream rather than a reset. */
         conn_set_state(conn, EXS_CONN_CLOSING, "close");
         if (conn->txshut == EXS_TXSHUT_OPEN || conn->txshut == EXS_TXSHUT_QUEUED) {
-            if (!conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
-                conn_ctrl_flush_locked(conn);
-            if (conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
-                conn_shutdown_record_locked(conn, NULL);
+            if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
+                exs__conn_ctrl_flush_locked(conn);
+            if (exs__conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
+                exs__conn_shutdown_record_locked(conn, NULL);
             else /* cannot: reset below */
                 conn_set_txshut(conn, EXS_TXSHUT_DONE, "no room for the record");
         }
@@ -847,7 +847,7 @@ void exs__conn_close(struct exs_conn *conn)
             conn_set_state(conn, EXS_CONN_DOWN, "closed");
             exs__prov_disconnect(conn->ep);
         } else {
-            conn_ctrl_flush_locked(conn);
+            exs__conn_ctrl_flush_locked(conn);
         }
         break;
     case EXS_CONN_CONNECTING:
@@ -947,7 +947,7 @@ static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t in
             return 0;
         }
         if (!conn->ka_probe_out && conn_ka_probe_locked(conn)) {
-            conn_fail_locked(conn, ECONNRESET, "keepalive probe failed");
+            exs__conn_fail_locked(conn, ECONNRESET, "keepalive probe failed");
             return 0;
         }
         conn->ka_waiting = 1;
@@ -1051,7 +1051,7 @@ void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
     st->batch_thresh = conn->batch_thresh;
     st->ring_size = conn->p.ring_size;
     if (conn_is_stream(conn))
-        st_stats_locked(conn, st);
+        exs__st_stats_locked(conn, st);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
@@ -1133,21 +1133,22 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
                 .phase = be32toh(w.phase),
                 .flags = w.hdr.flags,
             };
-            if (conn_is_stream(conn) ? st_on_advert_locked(conn, &a) : sp_on_advert_locked(conn, &a))
+            if (conn_is_stream(conn) ? exs__st_on_advert_locked(conn, &a)
+                                     : exs__sp_on_advert_locked(conn, &a))
                 return -EPROTO;
             break;
         }
         case EXS_CTRL_ANNOUNCE: {
             struct exs_wire_announce a;
             memcpy(&a, rec, sizeof(a));
-            if (conn_is_stream(conn) || sp_on_announce_locked(conn, &a))
+            if (conn_is_stream(conn) || exs__sp_on_announce_locked(conn, &a))
                 return -EPROTO;
             break;
         }
         case EXS_CTRL_READ_DONE: {
             struct exs_wire_read_done d;
             memcpy(&d, rec, sizeof(d));
-            if (conn_is_stream(conn) || sp_on_read_done_locked(conn, be64toh(d.seq)))
+            if (conn_is_stream(conn) || exs__sp_on_read_done_locked(conn, be64toh(d.seq)))
                 return -EPROTO;
             break;
         }
@@ -1161,7 +1162,7 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_DRAIN: {
             struct exs_wire_drain d;
             memcpy(&d, rec, sizeof(d));
-            if (st_on_drain_locked(conn, &d))
+            if (exs__st_on_drain_locked(conn, &d))
                 return -EPROTO;
             break;
         }
@@ -1195,19 +1196,19 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
         if (conn->credits > conn->peer.credits)
             ret = -EPROTO;
         else
-            ret = conn_is_stream(conn) ? st_on_data_locked(conn, cqe->imm_data, cqe->byte_len)
-                                       : sp_on_data_locked(conn, cqe->imm_data, cqe->byte_len);
+            ret = conn_is_stream(conn) ? exs__st_on_data_locked(conn, cqe->imm_data, cqe->byte_len)
+                                       : exs__sp_on_data_locked(conn, cqe->imm_data, cqe->byte_len);
     } else {
         ret = -EPROTO;
     }
     if (ret) {
-        conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
+        exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
         return;
     }
     if (conn->state >= EXS_CONN_DOWN)
         return; /* going away: the slot is not needed any more */
     if (conn_post_rx_locked(conn, slot)) {
-        conn_fail_locked(conn, ECONNRESET, "receive re-post failed");
+        exs__conn_fail_locked(conn, ECONNRESET, "receive re-post failed");
         return;
     }
     conn->owed++;
@@ -1235,13 +1236,13 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
 
             EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
             if (--op->inflight == 0 && op->cancel && conn->state >= EXS_CONN_DOWN)
-                conn_op_finish_locked(op, -1, ECANCELED);
+                exs__conn_op_finish_locked(op, -1, ECANCELED);
         } else if (tag == WR_TAG_BATCH) {
-            batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 0);
+            exs__batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 0);
         }
         /* while connecting, the cm event tells what happened */
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
-            conn_fail_locked(conn, ECONNRESET, "work request failed");
+            exs__conn_fail_locked(conn, ECONNRESET, "work request failed");
         return;
     }
     /* the peer (its NIC) answered: keepalive has nothing to probe this interval (§9) */
@@ -1257,7 +1258,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         conn->tx_op[slot] = (struct exs_ctrl_tx){ 0 };
         conn->tx_free[conn->tx_free_top++] = slot;
         if (tx.op)
-            conn_op_finish_locked(tx.op, 0, 0);
+            exs__conn_op_finish_locked(tx.op, 0, 0);
         if (tx.shut) {
             conn_set_txshut(conn, EXS_TXSHUT_DONE, "control send completed");
             if (conn->state == EXS_CONN_CLOSING) {
@@ -1269,7 +1270,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
     }
     case WR_TAG_BATCH:
         conn->tx_moved++;
-        batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 1);
+        exs__batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 1);
         break;
     case WR_TAG_KA:
         conn->ka_probe_out = 0;
@@ -1285,19 +1286,19 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
          * cancelled one from DOWN on, when no more of it will be posted) */
         EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
         if (--op->inflight == 0 && op->posted == op->len) {
-            conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
             conn->stats.bytes_sent += op->len;
         } else if (!op->inflight && op->cancel && conn->state >= EXS_CONN_DOWN) {
-            conn_op_finish_locked(op, -1, ECANCELED);
+            exs__conn_op_finish_locked(op, -1, ECANCELED);
         }
         break;
     }
     case WR_TAG_READ:
         conn->reads--;
-        sp_on_read_cqe_locked(conn, (struct exs_op *)(uintptr_t)val);
+        exs__sp_on_read_cqe_locked(conn, (struct exs_op *)(uintptr_t)val);
         break;
     default:
-        conn_fail_locked(conn, ECONNRESET, "unknown completion");
+        exs__conn_fail_locked(conn, ECONNRESET, "unknown completion");
         break;
     }
 }
@@ -1306,7 +1307,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
 static void conn_after_cqes_locked(struct exs_conn *conn)
 {
     if (conn->state != EXS_CONN_DEAD)
-        conn_kick_locked(conn);
+        exs__conn_kick_locked(conn);
     if (conn->state == EXS_CONN_DRAINING && !conn->wr_out) {
         /* the last completion before the end: every byte that arrived was seen */
         conn_dead_locked(conn, conn->disc_err, "drained");
@@ -1379,7 +1380,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         conn->ka_heard_ns = exs__now_ns(); /* the peer just answered */
         established = conn->cb->established;
         conn_ring_grant_locked(conn);
-        conn_kick_locked(conn);
+        exs__conn_kick_locked(conn);
         break;
     case EXS_PROV_CM_REJECTED:
     case EXS_PROV_CM_UNREACHABLE:

@@ -39,20 +39,20 @@ struct exs_pending_msg {
 #define EXS_ANNOUNCED_MAX 65536u
 
 /* conn.c */
-void conn_kick_locked(struct exs_conn *conn);
-void conn_fail_locked(struct exs_conn *conn, int err, const char *why);
-int  conn_ctrl_flush_locked(struct exs_conn *conn);
-void conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op);
-int  conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len);
-void conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t len);
-int  conn_can_spend_locked(struct exs_conn *conn);
-uint32_t conn_take_owed_imm_locked(struct exs_conn *conn);
-void conn_op_finish_locked(struct exs_op *op, ssize_t result, int err);
+void exs__conn_kick_locked(struct exs_conn *conn);
+void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why);
+int exs__conn_ctrl_flush_locked(struct exs_conn *conn);
+void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op);
+int exs__conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len);
+void exs__conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t len);
+int exs__conn_can_spend_locked(struct exs_conn *conn);
+uint32_t exs__conn_take_owed_imm_locked(struct exs_conn *conn);
+void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err);
 /* Grants of an op's buffer to the peer (conn.c). Errors of grant: -ENOMEM, -EINVAL, -ENOTCONN. */
-int  conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned access);
-void conn_revoke_op_locked(struct exs_op *op);
-int  conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
-                                uint32_t rkey, uint32_t len, uint32_t imm, const void *src);
+int exs__conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned access);
+void exs__conn_revoke_op_locked(struct exs_op *op);
+int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
+                                    uint32_t rkey, uint32_t len, uint32_t imm, const void *src);
 int  exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
 
 /* batch.c: sender batching (spec/protocol.md §6.1, §7.1) */
@@ -66,34 +66,34 @@ enum batch_verdict {
     BATCH_WAIT,     /* gathered: leaves when the ring write in flight completes */
     BATCH_STALL,    /* must wait for a credit or a staging buffer */
 };
-enum batch_verdict batch_try_locked(struct exs_conn *conn, struct exs_list *from,
-                                    batch_fit_fn fit);
-void batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok);
-void batch_release_locked(struct exs_conn *conn);
+enum batch_verdict exs__batch_try_locked(struct exs_conn *conn, struct exs_list *from,
+                                         batch_fit_fn fit);
+void exs__batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok);
+void exs__batch_release_locked(struct exs_conn *conn);
 
 /* seqpacket.c */
-void sp_send_progress_locked(struct exs_conn *conn);
-void sp_recv_progress_locked(struct exs_conn *conn);
-int  sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
-int  sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a);
-int  sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq);
-int  sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a);
-void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op);
-void sp_free_pending_locked(struct exs_conn *conn);
-void sp_dead_drain_locked(struct exs_conn *conn);
-uint32_t sp_slot_len(uint32_t len);
+void exs__sp_send_progress_locked(struct exs_conn *conn);
+void exs__sp_recv_progress_locked(struct exs_conn *conn);
+int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
+int exs__sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a);
+int exs__sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq);
+int exs__sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a);
+void exs__sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op);
+void exs__sp_free_pending_locked(struct exs_conn *conn);
+void exs__sp_dead_drain_locked(struct exs_conn *conn);
+uint32_t exs__sp_slot_len(uint32_t len);
 
 /* stream.c */
-void st_send_progress_locked(struct exs_conn *conn);
-void st_recv_progress_locked(struct exs_conn *conn);
-int  st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
-int  st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a);
+void exs__st_send_progress_locked(struct exs_conn *conn);
+void exs__st_recv_progress_locked(struct exs_conn *conn);
+int exs__st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
+int exs__st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a);
 /* DRAIN record (§7.2): 0, or -EPROTO for a record that breaks the rules. */
-int  st_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *d);
+int exs__st_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *d);
 /* The STREAM fields of the statistics (phase times, ring fill) into st. */
-void st_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st);
-void st_enter_indirect_locked(struct exs_conn *conn);
-void st_dead_drain_locked(struct exs_conn *conn);
+void exs__st_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st);
+void exs__st_enter_indirect_locked(struct exs_conn *conn);
+void exs__st_dead_drain_locked(struct exs_conn *conn);
 
 #define PHASE_IS_DIRECT(_p)   (((_p) & 1u) == 0)
 #define PHASE_IS_INDIRECT(_p) (((_p) & 1u) == 1)

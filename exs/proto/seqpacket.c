@@ -11,8 +11,7 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-
-uint32_t sp_slot_len(uint32_t len)
+uint32_t exs__sp_slot_len(uint32_t len)
 {
     uint32_t n = (len + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
 
@@ -25,13 +24,13 @@ static void sp_ring_place(uint64_t pos, uint32_t size, uint32_t len, uint32_t *s
                           uint32_t *slot_p)
 {
     uint32_t off = (uint32_t)(pos % size);
-    uint32_t slot = sp_slot_len(len);
+    uint32_t slot = exs__sp_slot_len(len);
 
     *skip_p = off + slot > size ? size - off : 0;
     *slot_p = slot;
 }
 
-void sp_free_pending_locked(struct exs_conn *conn)
+void exs__sp_free_pending_locked(struct exs_conn *conn)
 {
     struct exs_list *n;
 
@@ -63,7 +62,7 @@ static void sp_advert_pop(struct exs_conn *conn)
     conn->adv_count--;
 }
 
-int sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
+int exs__sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
     /* adverts come in receive-posting order, so their message numbers only grow */
     if (conn->adv_count &&
@@ -81,14 +80,15 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
     struct exs_advert *adv;
 
     if (op->kind == EXS_OP_SHUTDOWN) {
-        if (!conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN) && !conn_ctrl_flush_locked(conn))
+        if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN) &&
+            !exs__conn_ctrl_flush_locked(conn))
             return 0;
-        conn_shutdown_record_locked(conn, op);
+        exs__conn_shutdown_record_locked(conn, op);
         op->state = EXS_OPS_POSTED;
-        conn_ctrl_flush_locked(conn);
+        exs__conn_ctrl_flush_locked(conn);
         return 1;
     }
-    if (!conn_can_spend_locked(conn)) {
+    if (!exs__conn_can_spend_locked(conn)) {
         conn->stats.credit_stalls++;
         return 0;
     }
@@ -101,15 +101,15 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         sp_ring_place(conn->wr_tail, conn->peer.ring_size, len, &skip, &slot);
         if ((uint64_t)skip + slot <= conn->peer.ring_size - (conn->wr_tail - conn->wr_consumed)) {
             /* earlier control records (ANNOUNCE, SHUTDOWN) must arrive first */
-            if (conn->ctrl_len && !conn_ctrl_flush_locked(conn))
+            if (conn->ctrl_len && !exs__conn_ctrl_flush_locked(conn))
                 return 0;
-            if (!conn_can_spend_locked(conn))
+            if (!exs__conn_can_spend_locked(conn))
                 return 0;
             uint64_t off = (conn->wr_tail + skip) % conn->peer.ring_size;
             uint32_t imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM,
-                                        conn_take_owed_imm_locked(conn), 0);
-            if (conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
-                                           conn->peer.ring_rkey, len, imm, op->buf))
+                                        exs__conn_take_owed_imm_locked(conn), 0);
+            if (exs__conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
+                                                conn->peer.ring_rkey, len, imm, op->buf))
                 return 0;
             conn->wr_tail += skip + slot;
             conn->stats.indirect_xfers++;
@@ -123,13 +123,13 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         uint32_t n = EXS_MIN(len, adv->len);
         unsigned flags = EXS_IMM_EOM | (len > adv->len ? EXS_IMM_TRUNC : 0);
 
-        if (conn->ctrl_len && !conn_ctrl_flush_locked(conn))
+        if (conn->ctrl_len && !exs__conn_ctrl_flush_locked(conn))
             return 0;
-        if (!conn_can_spend_locked(conn))
+        if (!exs__conn_can_spend_locked(conn))
             return 0;
-        uint32_t imm = exs_imm_make(EXS_IMM_DIRECT, flags, conn_take_owed_imm_locked(conn),
-                                    adv->id);
-        if (conn_post_write_imm_locked(conn, op, adv->addr, adv->rkey, n, imm, op->buf))
+        uint32_t imm =
+            exs_imm_make(EXS_IMM_DIRECT, flags, exs__conn_take_owed_imm_locked(conn), adv->id);
+        if (exs__conn_post_write_imm_locked(conn, op, adv->addr, adv->rkey, n, imm, op->buf))
             return 0;
         EXS_TRACE(PROTO, "conn %p: message %llu: direct %u bytes, advert %u", (void *)conn,
                   (unsigned long long)conn->tx_seq, n, adv->id);
@@ -143,13 +143,14 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
     if (len < eager && conn->peer.ring_size && !conn->peer_ring_keyed)
         return 0;
     /* 3. announce it; the receiver READs it when its receive is posted */
-    if (!conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN) && !conn_ctrl_flush_locked(conn))
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN) &&
+        !exs__conn_ctrl_flush_locked(conn))
         return 0;
-    if (!conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN))
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN))
         return 0;
     /* the peer may READ exactly this buffer until its READ_DONE */
-    if (conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_READ)) {
-        conn_fail_locked(conn, ECONNRESET, "announce grant failed");
+    if (exs__conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_READ)) {
+        exs__conn_fail_locked(conn, ECONNRESET, "announce grant failed");
         return 0;
     }
     struct exs_wire_announce a = {
@@ -159,7 +160,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         .rkey = htobe32(op->rkey),
         .seq = htobe64(conn->tx_seq),
     };
-    conn_ctrl_append_locked(conn, &a, sizeof(a));
+    exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
     EXS_TRACE(PROTO, "conn %p: message %llu: announce %u bytes", (void *)conn,
               (unsigned long long)conn->tx_seq, len);
     op->seq = conn->tx_seq++;
@@ -195,7 +196,7 @@ static int sp_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     return 1;
 }
 
-void sp_send_progress_locked(struct exs_conn *conn)
+void exs__sp_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
@@ -205,7 +206,7 @@ void sp_send_progress_locked(struct exs_conn *conn)
         if (op->state != EXS_OPS_QUEUED)
             continue;
         if (op->kind == EXS_OP_SEND) {
-            switch (batch_try_locked(conn, pos, sp_batch_fit)) {
+            switch (exs__batch_try_locked(conn, pos, sp_batch_fit)) {
             case BATCH_SENT:
                 if (conn->state >= EXS_CONN_DOWN)
                     return;
@@ -222,7 +223,7 @@ void sp_send_progress_locked(struct exs_conn *conn)
     }
 }
 
-int sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
+int exs__sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
 {
     struct exs_list *pos;
 
@@ -234,7 +235,7 @@ int sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
         if (op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->seq == seq &&
             op->announced) {
             EXS_ASSERT(!op->inflight);
-            conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
             conn->stats.bytes_sent += op->len;
             return 0;
         }
@@ -257,7 +258,7 @@ static struct exs_pending_msg *sp_pending_new(struct exs_conn *conn)
     return m;
 }
 
-int sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a)
+int exs__sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a)
 {
     struct exs_pending_msg *m;
 
@@ -350,7 +351,7 @@ static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
     return 0;
 }
 
-int sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
+int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     if (conn->peer_shut)
         return -EPROTO;
@@ -395,12 +396,12 @@ int sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
     conn->rx_matched++;
     op->rflags = (imm & EXS_IMM_TRUNC) ? MSG_TRUNC : 0;
     conn->stats.bytes_received += len;
-    conn_op_finish_locked(op, len, 0);
+    exs__conn_op_finish_locked(op, len, 0);
     return 0;
 }
 
 /* The READ of receive op completed successfully. */
-void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
+void exs__sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_wire_read_done d = {
         .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
@@ -413,13 +414,13 @@ void sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
     op->rflags = op->msg_len > op->len ? MSG_TRUNC : 0;
     conn->stats.bytes_received += n;
     conn->stats.direct_xfers++;
-    conn_op_finish_locked(op, n, 0);
+    exs__conn_op_finish_locked(op, n, 0);
     /* the sender's buffer is free now: tell it (owed if the batch is full; the owed
      * list is bounded because no READ starts while reads + owed reach max_reads) */
-    if (conn->rd_owed_count == 0 && !conn_ctrl_room_locked(conn, sizeof(d)))
-        conn_ctrl_flush_locked(conn);
-    if (conn->rd_owed_count == 0 && conn_ctrl_room_locked(conn, sizeof(d)))
-        conn_ctrl_append_locked(conn, &d, sizeof(d));
+    if (conn->rd_owed_count == 0 && !exs__conn_ctrl_room_locked(conn, sizeof(d)))
+        exs__conn_ctrl_flush_locked(conn);
+    if (conn->rd_owed_count == 0 && exs__conn_ctrl_room_locked(conn, sizeof(d)))
+        exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
     else
         conn->rd_owed[conn->rd_owed_count++] = op->seq;
 }
@@ -429,12 +430,12 @@ static void sp_flush_read_done_locked(struct exs_conn *conn)
 {
     uint32_t n = 0;
 
-    while (n < conn->rd_owed_count && conn_ctrl_room_locked(conn, EXS_WIRE_READ_DONE_LEN)) {
+    while (n < conn->rd_owed_count && exs__conn_ctrl_room_locked(conn, EXS_WIRE_READ_DONE_LEN)) {
         struct exs_wire_read_done d = {
             .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
             .seq = htobe64(conn->rd_owed[n]),
         };
-        conn_ctrl_append_locked(conn, &d, sizeof(d));
+        exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
         n++;
     }
     memmove(conn->rd_owed, conn->rd_owed + n, (conn->rd_owed_count - n) * sizeof(uint64_t));
@@ -460,7 +461,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
             .rkey = m->rkey,
         };
         if (exs__prov_post_send(conn->ep, &wr)) {
-            conn_fail_locked(conn, ECONNRESET, "read failed");
+            exs__conn_fail_locked(conn, ECONNRESET, "read failed");
             return 0;
         }
         conn->wr_out++;
@@ -474,7 +475,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
 
         if (sp_batch_rec(conn, (uint32_t)m->addr, m->batch_end, &len)) {
             /* rewritten since it arrived: the peer broke the protocol */
-            conn_fail_locked(conn, ECONNRESET, "batched write changed in the ring");
+            exs__conn_fail_locked(conn, ECONNRESET, "batched write changed in the ring");
             conn->pending_count -= m->batch_left;
             exs_list_del(&m->link);
             free(m);
@@ -485,7 +486,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
         op->rflags = len > op->len ? MSG_TRUNC : 0;
         op->seq = m->seq++;
         conn->stats.bytes_received += n;
-        conn_op_finish_locked(op, n, 0);
+        exs__conn_op_finish_locked(op, n, 0);
         conn->pending_count--;
         conn->rx_matched++;
         m->addr += exs_wire_batch_rec_size(len);
@@ -503,7 +504,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
         op->seq = m->seq;
         conn->rd_consumed = m->ring_end;
         conn->stats.bytes_received += n;
-        conn_op_finish_locked(op, n, 0);
+        exs__conn_op_finish_locked(op, n, 0);
     }
     exs_list_del(&m->link);
     conn->pending_count--;
@@ -513,7 +514,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
     return 1;
 }
 
-void sp_recv_progress_locked(struct exs_conn *conn)
+void exs__sp_recv_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
     uint64_t index = 0;
@@ -522,7 +523,7 @@ void sp_recv_progress_locked(struct exs_conn *conn)
         return;
     if (conn->rd_owed_count) {
         sp_flush_read_done_locked(conn);
-        if (conn->rd_owed_count && conn_ctrl_flush_locked(conn))
+        if (conn->rd_owed_count && exs__conn_ctrl_flush_locked(conn))
             sp_flush_read_done_locked(conn);
     }
     exs_list_for_each(pos, &conn->recvq) {
@@ -539,20 +540,20 @@ void sp_recv_progress_locked(struct exs_conn *conn)
             continue;
         }
         if (conn->peer_shut && conn->rx_seq == conn->peer_total) {
-            conn_op_finish_locked(op, 0, 0); /* end of stream */
+            exs__conn_op_finish_locked(op, 0, 0); /* end of stream */
             continue;
         }
         /* advertise it: it will take message rx_seq + index (§6) */
         if (op->state == EXS_OPS_QUEUED && op->len >= conn->p.eager_max &&
             conn->p.xfer_mode != EXS_XFER_INDIRECT_ONLY && op->len <= UINT32_MAX) {
-            if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN) &&
-                !conn_ctrl_flush_locked(conn))
+            if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN) &&
+                !exs__conn_ctrl_flush_locked(conn))
                 return;
-            if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN))
+            if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN))
                 return;
             /* the peer may WRITE exactly this buffer until the receive completes */
-            if (conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
-                conn_fail_locked(conn, ECONNRESET, "advert grant failed");
+            if (exs__conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
+                exs__conn_fail_locked(conn, ECONNRESET, "advert grant failed");
                 return;
             }
             op->advert_id = conn->next_advert_id++;
@@ -566,7 +567,7 @@ void sp_recv_progress_locked(struct exs_conn *conn)
                 .phase = 0,
                 .id = htobe32(op->advert_id),
             };
-            conn_ctrl_append_locked(conn, &a, sizeof(a));
+            exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
             op->state = EXS_OPS_ADVERTISED;
             conn->stats.adverts_sent++;
         }
@@ -577,7 +578,7 @@ void sp_recv_progress_locked(struct exs_conn *conn)
 /* The connection is over: hand the eager messages still in the ring to receives in
  * order (announced ones can no longer be read: their sends were cancelled), then end
  * of stream after an orderly SHUTDOWN, else the connection's error. */
-void sp_dead_drain_locked(struct exs_conn *conn)
+void exs__sp_dead_drain_locked(struct exs_conn *conn)
 {
     struct exs_list *pos, *tmp;
 
@@ -597,14 +598,14 @@ void sp_dead_drain_locked(struct exs_conn *conn)
         if (op->state == EXS_OPS_DONE)
             continue;
         if (op->cancel)
-            conn_op_finish_locked(op, -1, ECANCELED);
+            exs__conn_op_finish_locked(op, -1, ECANCELED);
         else if (!exs_list_empty(&conn->pending)) {
             if (sp_match_locked(conn, op, exs_list_entry(conn->pending.next,
                                                          struct exs_pending_msg, link)) < 0)
-                conn_op_finish_locked(op, -1, ECONNRESET);
+                exs__conn_op_finish_locked(op, -1, ECONNRESET);
         } else if (conn->peer_shut)
-            conn_op_finish_locked(op, 0, 0);
+            exs__conn_op_finish_locked(op, 0, 0);
         else
-            conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
+            exs__conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
     }
 }

@@ -40,13 +40,13 @@ static void st_set_phase(struct exs_conn *conn, uint32_t p)
     conn->st_ps = p;
 }
 
-void st_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st)
+void exs__st_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st)
 {
     st_phase_clock(conn, st, exs__now_us());
     st->ring_fill = conn->rd_arrived - conn->rd_consumed;
 }
 
-void st_enter_indirect_locked(struct exs_conn *conn)
+void exs__st_enter_indirect_locked(struct exs_conn *conn)
 {
     st_set_phase(conn, conn->st_ps + 1);
 }
@@ -91,14 +91,14 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
 
     if (!conn->st_phase_t0)
         conn->st_phase_t0 = exs__now_us(); /* phase times count from the first send */
-    if (!conn_can_spend_locked(conn)) {
+    if (!exs__conn_can_spend_locked(conn)) {
         conn->stats.credit_stalls++;
         return 0;
     }
     /* control records queued earlier (SHUTDOWN) keep their place */
-    if (conn->ctrl_len && !conn_ctrl_flush_locked(conn))
+    if (conn->ctrl_len && !exs__conn_ctrl_flush_locked(conn))
         return 0;
-    if (!conn_can_spend_locked(conn))
+    if (!exs__conn_can_spend_locked(conn))
         return 0;
 
     a = st_advert_head(conn);
@@ -106,9 +106,9 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         if (PHASE_IS_INDIRECT(conn->st_ps))
             st_set_phase(conn, a->phase); /* direct again */
         lw = (uint32_t)EXS_MIN(left, (size_t)(a->len - a->filled));
-        imm = exs_imm_make(EXS_IMM_DIRECT, 0, conn_take_owed_imm_locked(conn), a->id);
-        if (conn_post_write_imm_locked(conn, op, a->addr + a->filled, a->rkey, lw, imm,
-                                        op->buf + op->posted))
+        imm = exs_imm_make(EXS_IMM_DIRECT, 0, exs__conn_take_owed_imm_locked(conn), a->id);
+        if (exs__conn_post_write_imm_locked(conn, op, a->addr + a->filled, a->rkey, lw, imm,
+                                            op->buf + op->posted))
             return 0;
         EXS_TRACE(PROTO, "conn %p: direct %u bytes at %llu into advert %u", (void *)conn, lw,
                   (unsigned long long)conn->tx_seq, a->id);
@@ -130,9 +130,9 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         if (PHASE_IS_DIRECT(conn->st_ps))
             st_set_phase(conn, conn->st_ps + 1); /* now indirect */
         lw = (uint32_t)EXS_MIN(left, (size_t)EXS_MIN(size - used, (uint64_t)(size - off)));
-        imm = exs_imm_make(EXS_IMM_INDIRECT, 0, conn_take_owed_imm_locked(conn), 0);
-        if (conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
-                                        conn->peer.ring_rkey, lw, imm, op->buf + op->posted))
+        imm = exs_imm_make(EXS_IMM_INDIRECT, 0, exs__conn_take_owed_imm_locked(conn), 0);
+        if (exs__conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
+                                            conn->peer.ring_rkey, lw, imm, op->buf + op->posted))
             return 0;
         EXS_TRACE(PROTO, "conn %p: indirect %u bytes at %llu, ring offset %u", (void *)conn, lw,
                   (unsigned long long)conn->tx_seq, off);
@@ -167,9 +167,9 @@ static int st_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
 /* The sender's STOPPED answer to a DRAIN (§7.2): its ring writes of the phase end at S_s. */
 static int st_drain_answer_locked(struct exs_conn *conn)
 {
-    if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !conn_ctrl_flush_locked(conn))
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !exs__conn_ctrl_flush_locked(conn))
         return 0;
-    if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN))
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN))
         return 0;
     struct exs_wire_drain d = {
         .hdr = {.type = EXS_CTRL_DRAIN,
@@ -178,14 +178,14 @@ static int st_drain_answer_locked(struct exs_conn *conn)
         .pos = htobe64(conn->tx_seq),
         .phase = htobe32(conn->st_ps),
     };
-    conn_ctrl_append_locked(conn, &d, sizeof(d));
+    exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
     conn->st_drain_owed = 0;
     EXS_TRACE(PROTO, "conn %p: ring writes of phase %u stop at %llu", (void *)conn, conn->st_ps,
               (unsigned long long)conn->tx_seq);
     return 1;
 }
 
-void st_send_progress_locked(struct exs_conn *conn)
+void exs__st_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
@@ -200,16 +200,16 @@ void st_send_progress_locked(struct exs_conn *conn)
         if (op->kind == EXS_OP_SHUTDOWN) {
             if (op->state != EXS_OPS_QUEUED)
                 continue;
-            if (!conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN) &&
-                !conn_ctrl_flush_locked(conn))
+            if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN) &&
+                !exs__conn_ctrl_flush_locked(conn))
                 return;
-            conn_shutdown_record_locked(conn, op);
+            exs__conn_shutdown_record_locked(conn, op);
             op->state = EXS_OPS_POSTED;
-            conn_ctrl_flush_locked(conn);
+            exs__conn_ctrl_flush_locked(conn);
             continue;
         }
         if (op->posted == 0 && op->inflight == 0 && op->len) {
-            switch (batch_try_locked(conn, pos, st_batch_fit)) {
+            switch (exs__batch_try_locked(conn, pos, st_batch_fit)) {
             case BATCH_SENT:
                 continue; /* the run's ops are POSTED now: skipped below */
             case BATCH_WAIT:
@@ -221,7 +221,7 @@ void st_send_progress_locked(struct exs_conn *conn)
         }
         op->state = EXS_OPS_POSTED;
         if (op->len == 0) {
-            conn_op_finish_locked(op, 0, 0); /* nothing to send */
+            exs__conn_op_finish_locked(op, 0, 0); /* nothing to send */
             continue;
         }
         while (op->posted < op->len && conn->state < EXS_CONN_DOWN)
@@ -232,7 +232,7 @@ void st_send_progress_locked(struct exs_conn *conn)
     }
 }
 
-int st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
+int exs__st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
     /* Lemma 1: every ADVERT carries a direct phase */
     if (PHASE_IS_INDIRECT(a->phase) || !a->len)
@@ -241,7 +241,7 @@ int st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
 }
 
 /* A DRAIN record (§7.2), either direction; hostile until checked. */
-int st_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *d)
+int exs__st_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *d)
 {
     uint64_t pos = be64toh(d->pos);
     uint32_t phase = be32toh(d->phase);
@@ -300,10 +300,10 @@ static void st_recv_filled_locked(struct exs_conn *conn, struct exs_op *op, size
     conn->rx_seq += n; /* S_r */
     conn->stats.bytes_received += n;
     if (!(op->flags & MSG_WAITALL) || op->filled == op->len)
-        conn_op_finish_locked(op, (ssize_t)op->filled, 0);
+        exs__conn_op_finish_locked(op, (ssize_t)op->filled, 0);
 }
 
-int st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
+int exs__st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     if (conn->peer_shut)
         return -EPROTO;
@@ -406,9 +406,10 @@ static void st_advertise_locked(struct exs_conn *conn)
         if (conn->rd_arrived != conn->rd_consumed || (op->filled && !drained) ||
             op->len - op->filled > UINT32_MAX)
             return; /* b_r > 0 */
-        if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN) && !conn_ctrl_flush_locked(conn))
+        if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN) &&
+            !exs__conn_ctrl_flush_locked(conn))
             return;
-        if (!conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN))
+        if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN))
             return;
         if (PHASE_IS_INDIRECT(conn->st_pr)) {
             conn->st_pr++; /* a new direct sequence */
@@ -422,8 +423,8 @@ static void st_advertise_locked(struct exs_conn *conn)
             conn->st_sr_next = conn->rx_seq; /* resynchronize (§7, receiver step 3) */
         /* the peer may WRITE exactly this buffer until the receive completes (a receive
          * advertised again keeps its grant) */
-        if (!op->grant && conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
-            conn_fail_locked(conn, ECONNRESET, "advert grant failed");
+        if (!op->grant && exs__conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
+            exs__conn_fail_locked(conn, ECONNRESET, "advert grant failed");
             return;
         }
         op->advert_id = conn->next_advert_id++;
@@ -441,7 +442,7 @@ static void st_advertise_locked(struct exs_conn *conn)
             .phase = htobe32(op->phase),
             .id = htobe32(op->advert_id),
         };
-        conn_ctrl_append_locked(conn, &a, sizeof(a));
+        exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
         op->state = EXS_OPS_ADVERTISED;
         conn->stats.adverts_sent++;
         outstanding = 1;
@@ -460,11 +461,11 @@ static void st_eof_locked(struct exs_conn *conn, int err)
         if (op->state == EXS_OPS_DONE)
             continue;
         if (op->cancel)
-            conn_op_finish_locked(op, -1, ECANCELED);
+            exs__conn_op_finish_locked(op, -1, ECANCELED);
         else if (err && !op->filled)
-            conn_op_finish_locked(op, -1, err);
+            exs__conn_op_finish_locked(op, -1, err);
         else
-            conn_op_finish_locked(op, (ssize_t)op->filled, 0);
+            exs__conn_op_finish_locked(op, (ssize_t)op->filled, 0);
     }
 }
 
@@ -492,9 +493,9 @@ static void st_drain_check_locked(struct exs_conn *conn)
         conn->st_drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
     if (conn->st_streak < conn->st_drain_need)
         return;
-    if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !conn_ctrl_flush_locked(conn))
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !exs__conn_ctrl_flush_locked(conn))
         return;
-    if (!conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN))
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN))
         return;
     uint64_t arrived = conn->rx_seq + (conn->rd_arrived - conn->rd_consumed);
     struct exs_wire_drain d = {
@@ -502,7 +503,7 @@ static void st_drain_check_locked(struct exs_conn *conn)
         .pos = htobe64(arrived),
         .phase = htobe32(conn->st_pr),
     };
-    conn_ctrl_append_locked(conn, &d, sizeof(d));
+    exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
     conn->st_drain = EXS_ST_DRAIN_REQUESTED;
     conn->st_streak = 0;
     conn->stats.drain_requests++;
@@ -510,7 +511,7 @@ static void st_drain_check_locked(struct exs_conn *conn)
               (unsigned long long)arrived);
 }
 
-void st_recv_progress_locked(struct exs_conn *conn)
+void exs__st_recv_progress_locked(struct exs_conn *conn)
 {
     if (conn->state != EXS_CONN_CONNECTED)
         return;
@@ -524,7 +525,7 @@ void st_recv_progress_locked(struct exs_conn *conn)
     st_advertise_locked(conn);
 }
 
-void st_dead_drain_locked(struct exs_conn *conn)
+void exs__st_dead_drain_locked(struct exs_conn *conn)
 {
     /* receives in flight lose their ADVERTs; ring data still goes out in order */
     st_copy_out_locked(conn);
