@@ -390,6 +390,21 @@ int exs__evq_reserve(struct exs_evq *evq)
     return ret;
 }
 
+int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
+{
+    struct exs_evq *evq;
+    int ret;
+
+    if (exs__evq_get(q, &evq))
+        return EINVAL;
+    ret = exs__evq_reserve(evq);
+    exs__evq_put(evq); /* a successful reserve took its own reference */
+    if (ret)
+        return ret == -EAGAIN ? EAGAIN : EINVAL;
+    *evq_p = evq;
+    return 0;
+}
+
 void exs__evq_unreserve(struct exs_evq *evq)
 {
     EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);

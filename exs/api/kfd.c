@@ -490,14 +490,9 @@ static struct kfd_op *kfd_op_new(int type, exs_qhandle_t q, exs_ahandle_t ah, in
     struct kfd_op *op;
     int ret;
 
-    if (exs__evq_get(q, &evq)) {
-        *err_p = EINVAL;
-        return NULL;
-    }
-    ret = exs__evq_reserve(evq);
-    exs__evq_put(evq);
+    ret = exs__evq_reserve_handle(q, &evq);
     if (ret) {
-        *err_p = ret == -EAGAIN ? EAGAIN : EINVAL;
+        *err_p = ret;
         return NULL;
     }
     op = calloc(1, sizeof(*op));

@@ -186,14 +186,9 @@ struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q
     struct exs_evq *evq;
     int ret;
 
-    if (exs__evq_get(q, &evq)) {
-        *err_p = EINVAL;
-        return NULL;
-    }
-    ret = exs__evq_reserve(evq);
-    exs__evq_put(evq);
+    ret = exs__evq_reserve_handle(q, &evq);
     if (ret) {
-        *err_p = -ret == EAGAIN ? EAGAIN : EINVAL;
+        *err_p = ret;
         return NULL;
     }
     op = calloc(1, sizeof(*op));
