@@ -45,26 +45,42 @@ static int fault_reg_fails(struct fault_ctx *ctx, const char *what, size_t lengt
     return hit;
 }
 
+enum { FAULT_MR_REG, FAULT_MR_GET, FAULT_MR_MEM }; /* how the inner mr was made */
+
+/* Wrap the registration the inner provider made (ret, m); it is given back (as it was
+ * made: how) when the wrapper cannot be made. */
+static int fault_mr_done(struct fault_ctx *ctx, int ret, struct exs_prov_mr *m, int how,
+                         struct exs_prov_mr **mr_p)
+{
+    struct fault_mr *mr;
+
+    if (ret)
+        return ret;
+    mr = fault_mr_wrap(ctx, m);
+    if (!mr) {
+        if (how == FAULT_MR_GET)
+            IOPS(ctx)->mr_put(m);
+        else if (how == FAULT_MR_MEM)
+            IOPS(ctx)->mem_free(m);
+        else
+            IOPS(ctx)->mr_dereg(m);
+        return -ENOMEM;
+    }
+    *mr_p = &mr->base;
+    return 0;
+}
+
 static int fault_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned access,
                         struct exs_prov_mr **mr_p)
 {
     struct fault_ctx *ctx = fault_ctx_of(c);
-    struct exs_prov_mr *m;
-    struct fault_mr *mr;
+    struct exs_prov_mr *m = NULL;
     int ret;
 
     if (fault_reg_fails(ctx, "mr_reg", length))
         return -ENOMEM;
     ret = IOPS(ctx)->mr_reg(ctx->inner, addr, length, access, &m);
-    if (ret)
-        return ret;
-    mr = fault_mr_wrap(ctx, m);
-    if (!mr) {
-        IOPS(ctx)->mr_dereg(m);
-        return -ENOMEM;
-    }
-    *mr_p = &mr->base;
-    return 0;
+    return fault_mr_done(ctx, ret, m, FAULT_MR_REG, mr_p);
 }
 
 static int fault_mr_dereg(struct exs_prov_mr *m)
@@ -81,22 +97,13 @@ static int fault_mr_dereg(struct exs_prov_mr *m)
 static int fault_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **mr_p)
 {
     struct fault_ctx *ctx = fault_ctx_of(c);
-    struct exs_prov_mr *m;
-    struct fault_mr *mr;
+    struct exs_prov_mr *m = NULL;
     int ret;
 
     if (fault_reg_fails(ctx, "mem_alloc", len))
         return -ENOMEM;
     ret = IOPS(ctx)->mem_alloc(ctx->inner, len, &m);
-    if (ret)
-        return ret;
-    mr = fault_mr_wrap(ctx, m);
-    if (!mr) {
-        IOPS(ctx)->mem_free(m);
-        return -ENOMEM;
-    }
-    *mr_p = &mr->base;
-    return 0;
+    return fault_mr_done(ctx, ret, m, FAULT_MR_MEM, mr_p);
 }
 
 /* Whether mr may go: with grants alive the inner provider keeps the memory (the peer
@@ -124,22 +131,13 @@ static int fault_mr_get(struct exs_prov_ctx *c, void *addr, size_t length, unsig
                         struct exs_prov_mr **mr_p)
 {
     struct fault_ctx *ctx = fault_ctx_of(c);
-    struct exs_prov_mr *m;
-    struct fault_mr *mr;
+    struct exs_prov_mr *m = NULL;
     int ret;
 
     if (fault_reg_fails(ctx, "mr_get", length))
         return -ENOMEM;
     ret = IOPS(ctx)->mr_get(ctx->inner, addr, length, access, &m);
-    if (ret)
-        return ret;
-    mr = fault_mr_wrap(ctx, m);
-    if (!mr) {
-        IOPS(ctx)->mr_put(m);
-        return -ENOMEM;
-    }
-    *mr_p = &mr->base;
-    return 0;
+    return fault_mr_done(ctx, ret, m, FAULT_MR_GET, mr_p);
 }
 
 static void fault_mr_put(struct exs_prov_mr *m)
