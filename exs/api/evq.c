@@ -390,7 +390,8 @@ int exs__evq_reserve(struct exs_evq *evq)
     return ret;
 }
 
-int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
+/* 0, or the errno for the application (exs__evq_reserve_alloc). */
+static int evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
 {
     struct exs_evq *evq;
     int ret;
@@ -403,6 +404,23 @@ int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
         return ret == -EAGAIN ? EAGAIN : EINVAL;
     *evq_p = evq;
     return 0;
+}
+
+void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p)
+{
+    void *mem;
+    int ret = evq_reserve_handle(q, evq_p);
+
+    if (ret) {
+        *err_p = ret;
+        return NULL;
+    }
+    mem = calloc(1, size);
+    if (!mem) {
+        exs__evq_unreserve(*evq_p);
+        *err_p = ENOMEM;
+    }
+    return mem;
 }
 
 void exs__evq_unreserve(struct exs_evq *evq)

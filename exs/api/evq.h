@@ -33,10 +33,11 @@ exs_qhandle_t exs__evq_handle(const struct exs_evq *evq);
  * -EINVAL: the queue is being deleted. Each successful reserve takes a reference on the
  * queue that the matching post or unreserve drops. */
 int  exs__evq_reserve(struct exs_evq *evq);
-/* A posting call's first step: look q up and reserve one slot in it. 0 with *evq_p (the
- * reservation holds the reference), else the errno for the application: EINVAL (no such
- * live queue) or EAGAIN (full). */
-int  exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p);
+/* A posting call's first step: look q up, reserve one slot in it (the reservation holds
+ * the reference to *evq_p) and allocate size zeroed bytes for the operation that will
+ * post into it. NULL with *err_p = EINVAL (no such live queue), EAGAIN (full) or ENOMEM;
+ * nothing is reserved then. */
+void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p);
 void exs__evq_unreserve(struct exs_evq *evq);
 /* Queue an event into a slot reserved earlier; wakes waiters and makes exs_qfd readable. */
 void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev);

@@ -488,19 +488,10 @@ static struct kfd_op *kfd_op_new(int type, exs_qhandle_t q, exs_ahandle_t ah, in
 {
     struct exs_evq *evq;
     struct kfd_op *op;
-    int ret;
 
-    ret = exs__evq_reserve_handle(q, &evq);
-    if (ret) {
-        *err_p = ret;
+    op = exs__evq_reserve_alloc(q, sizeof(*op), &evq, err_p);
+    if (!op)
         return NULL;
-    }
-    op = calloc(1, sizeof(*op));
-    if (!op) {
-        exs__evq_unreserve(evq);
-        *err_p = ENOMEM;
-        return NULL;
-    }
     op->type = type;
     op->ah = ah;
     op->evq = evq;

@@ -184,19 +184,10 @@ struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q
 {
     struct api_op *op;
     struct exs_evq *evq;
-    int ret;
 
-    ret = exs__evq_reserve_handle(q, &evq);
-    if (ret) {
-        *err_p = ret;
+    op = exs__evq_reserve_alloc(q, sizeof(*op), &evq, err_p);
+    if (!op)
         return NULL;
-    }
-    op = calloc(1, sizeof(*op));
-    if (!op) {
-        exs__evq_unreserve(evq);
-        *err_p = ENOMEM;
-        return NULL;
-    }
     op->evt_type = evt_type;
     op->fd = s->fd;
     op->ah = ah;
