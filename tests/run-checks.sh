@@ -11,22 +11,24 @@ if [ "${1:-}" = --self-test ]; then
     t=$(mktemp -d)
     trap 'rm -rf "$t"' EXIT
     printf '#!/bin/sh\necho "SKIP a: not here"\necho "100%%: Checks: 3, Failures: 0, Errors: 0"\n' >"$t/ok"
-    printf '#!/bin/sh\necho "50%%: Checks: 2, Failures: 1, Errors: 0"\nexit 1\n' >"$t/bad"
+    printf '#!/bin/sh\necho "t.c:7:F:suite:case_x:0: boom"\necho "50%%: Checks: 2, Failures: 1, Errors: 0"\nexit 1\n' >"$t/bad"
     chmod +x "$t/ok" "$t/bad"
     rc=0
     bash "$0" "$t" "$t/ok" "$t/bad" >"$t/out" || rc=$?
     last=$(tail -n 1 "$t/out")
     want="3 passed, 1 failed, 1 skipped"
-    if [ "$last" = "$want" ] && [ "$rc" -ne 0 ]; then
-        echo "run-checks self-test: '$want', nonzero exit: ok"
+    named=$(tail -n 4 "$t/out" | grep -c '^!! t.c:7:F:suite:case_x:')
+    if [ "$last" = "$want" ] && [ "$rc" -ne 0 ] && [ "$named" -eq 1 ]; then
+        echo "run-checks self-test: '$want', failure named at the end, nonzero exit: ok"
         exit 0
     fi
-    echo "run-checks self-test: got '$last' (exit $rc), wanted '$want' and a nonzero exit" >&2
+    echo "run-checks self-test: got '$last' (exit $rc), wanted '$want', the failing case named above it and a nonzero exit" >&2
     exit 1
 fi
 build=$1; shift
 mult=${EXS_TEST_TIMEOUT_MULT:-1}
 total_pass=0; total_fail=0; total_skip=0; bad=0
+failed_list=$(mktemp)
 for cmd in "$@"; do
     echo "== $cmd"
     out=$(mktemp)
@@ -52,7 +54,16 @@ for cmd in "$@"; do
         total_fail=$((total_fail + 1))
     fi
     [ "$rc" -eq 0 ] || { bad=1; echo "!! $cmd exited $rc"; }
+    # Check's failure lines (file:line:F|E:suite:test:message), kept for the end of the run
+    grep -E '^[^:]+:[0-9]+:[FE]:' "$out" >>"$failed_list"
+    [ "$rc" -eq 0 ] || echo "$cmd exited $rc" >>"$failed_list"
     rm -f "$out"
 done
+# The failures again, right above the summary: a log read from its tail names them.
+if [ -s "$failed_list" ]; then
+    echo "== failures"
+    sed 's/^/!! /' "$failed_list"
+fi
+rm -f "$failed_list"
 echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 [ $bad -eq 0 ] && [ $total_fail -eq 0 ]

@@ -18,6 +18,12 @@
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
+/* Programs compiled against an earlier header keep working: new event members must fit the
+ * union as it was (the accept member, with its sockaddr_storage, sets its size). */
+#if defined(__x86_64__) || defined(__aarch64__)
+_Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI break");
+#endif
+
 /*
  * Locking. Two levels, always taken in this order:
  *   evq_tab.lock (rwlock)  the handle table; read-held by lookups, write-held by

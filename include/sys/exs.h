@@ -55,6 +55,10 @@ typedef struct {
     socklen_t               exs_evt_addrlen;
 } exs_evt_accept_t;
 
+/* -- issue 15: scatter/gather and file transfer types (exs_sendmsg, exs_recvmsg, exs_sendfile) -- */
+
+/* -- issue 15: poll and timeout types (exs_poll, SO_ASYNC_*_TIMEOUT) -- */
+
 typedef struct {
     int           exs_evt_type;    /* EXS_EVT_* */
     int           exs_evt_errno;   /* 0, or the errno of a failed / cancelled operation */
@@ -63,6 +67,8 @@ typedef struct {
     union {
         exs_evt_xfer_t   exs_evt_xfer;   /* SEND, RECV */
         exs_evt_accept_t exs_evt_accept; /* ACCEPT */
+        /* -- issue 15: SENDMSG/RECVMSG/SENDFILE members -- */
+        /* -- issue 15: POLL/SENDTIMEOUT/RECVTIMEOUT members -- */
     } exs_evt_u;
 } exs_event_t;
 
@@ -74,6 +80,7 @@ enum {
     EXS_SO_XFER_MODE,        /* int: EXS_XFER_* */
     EXS_SO_STATS,            /* struct exs_sock_stats, get only */
 };
+/* -- issue 15: SO_ASYNC_SEND_TIMEOUT, SO_ASYNC_RECV_TIMEOUT, SO_ASYNC_RECV_ORDERED -- */
 
 enum { /* EXS_SO_XFER_MODE values */
     EXS_XFER_DYNAMIC = 0,   /* the adaptive direct/indirect algorithm (default) */
@@ -157,6 +164,8 @@ EXS_API int exs_getsockname(int fd, struct sockaddr *addr, socklen_t *addrlen);
 EXS_API int exs_getpeername(int fd, struct sockaddr *addr, socklen_t *addrlen);
 EXS_API int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen);
 EXS_API int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen);
+/* -- issue 15: exs_sendmsg, exs_recvmsg, exs_sendfile -- */
+/* -- issue 15: exs_poll -- */
 
 #ifdef __cplusplus
 }
