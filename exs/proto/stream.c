@@ -377,6 +377,10 @@ static void st_advertise_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
     int outstanding = 0, drained = 0, redo = 0;
+    uint64_t small_min = conn->p.xfer_mode == EXS_XFER_DYNAMIC &&
+                                 conn->peer.xfer_mode != EXS_XFER_DIRECT_ONLY
+                             ? exs__params.stream_direct_min
+                             : 0;
 
     if (conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut)
         return;
@@ -406,6 +410,11 @@ static void st_advertise_locked(struct exs_conn *conn)
         if (conn->rd_arrived != conn->rd_consumed || (op->filled && !drained) ||
             op->len - op->filled > UINT32_MAX)
             return; /* b_r > 0 */
+        /* §7.3: a small receive stays indirect (its copy costs less than an ADVERT's
+         * round trip), unless the sender waits for an ADVERT (after a drain) or never
+         * writes the ring (direct-only) */
+        if (small_min && op->len - op->filled < small_min && !drained)
+            return;
         if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN) &&
             !exs__conn_ctrl_flush_locked(conn))
             return;

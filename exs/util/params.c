@@ -98,7 +98,7 @@ static const struct exs_param_def params_table[] = {
 
     /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
     PARAM(stream_direct_min, "EXS_STREAM_DIRECT_MIN", "32768", UINT, 0,
-          "SOCK_STREAM: a receiver in an indirect phase asks the sender back to direct (DRAIN) only for posted receives with at least this many bytes left; smaller ones stay indirect"),
+          "SOCK_STREAM, dynamic mode: receives with fewer bytes left than this stay indirect: the receiver advertises only bigger ones (except the first after a drain, or to a direct-only sender) and asks the sender back to direct (DRAIN) only for them; 0 = advertise every receive (the published algorithm)"),
     PARAM(stream_drain_streak, "EXS_STREAM_DRAIN_STREAK", "2", UINT, 0,
           "SOCK_STREAM: ring arrivals in a row that must leave such receives waiting with the ring empty before the receiver sends DRAIN (hysteresis); 0 = never (the published algorithm)"),
 

@@ -64,7 +64,7 @@ struct exs_params {
     uint64_t batch_max;        /* EXS_BATCH_MAX: largest batched ring write, 0 = off */
 
     /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
-    uint64_t stream_direct_min;   /* EXS_STREAM_DIRECT_MIN: receives this big pull back to direct */
+    uint64_t stream_direct_min;   /* EXS_STREAM_DIRECT_MIN: receives this big are advertised (direct) */
     uint64_t stream_drain_streak; /* EXS_STREAM_DRAIN_STREAK: arrivals in a row before DRAIN, 0 = off */
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */

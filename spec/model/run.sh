@@ -65,6 +65,17 @@ configs=(
   "drain_rx_indirect_only|pass|-DIMPL_RULE -DDRAIN -DRX_INDIRECT_ONLY -DWAIT1=1"
   "drain_tx_direct_rx_indirect|pass|-DIMPL_RULE -DDRAIN -DTX_DIRECT_ONLY -DRX_INDIRECT_ONLY"
   "drain_witness_back_to_direct|fail|-DIMPL_RULE -DDRAIN -DDRAIN_WITNESS"
+  # small receives stay indirect (section 7.3): receives of 1 byte are small here
+  "small_plain|pass|-DIMPL_RULE -DADVERT_MIN=2"
+  "small_waitall_all|pass|-DIMPL_RULE -DADVERT_MIN=2 -DWAIT0=1 -DWAIT1=1 -DWAIT2=1"
+  "small_ring3_6bytes|pass|-DIMPL_RULE -DADVERT_MIN=2 -DRING=3 -DSEND0=2 -DSEND1=2 -DSEND2=2 -DWAIT1=1 -DXLEN=1"
+  "small_drain|pass|-DIMPL_RULE -DDRAIN -DADVERT_MIN=2"
+  "small_drain_waitall_mix|pass|-DIMPL_RULE -DDRAIN -DADVERT_MIN=2 -DWAIT0=1 -DWAIT2=1"
+  "small_drain_lazy|pass|-DIMPL_RULE -DDRAIN -DIMPL_LAZY -DADVERT_MIN=2"
+  "small_tx_direct_only|pass|-DIMPL_RULE -DDRAIN -DTX_DIRECT_ONLY -DADVERT_MIN=2 -DWAIT1=1"
+  "small_rx_indirect_only|pass|-DIMPL_RULE -DDRAIN -DRX_INDIRECT_ONLY -DADVERT_MIN=2"
+  "broken_small_after_drain|fail|-DIMPL_RULE -DDRAIN -DADVERT_MIN=2 -DBROKEN_SMALL_AFTER_DRAIN"
+  "broken_small_direct_peer|fail|-DIMPL_RULE -DTX_DIRECT_ONLY -DADVERT_MIN=2 -DBROKEN_SMALL_DIRECT_PEER"
   "broken_drain_no_readvertise|fail|-DIMPL_RULE -DDRAIN -DBROKEN_DRAIN_NO_READVERT"
   "broken_drain_no_hold|fail|-DIMPL_RULE -DDRAIN -DBROKEN_DRAIN_NO_HOLD"
 )

@@ -48,6 +48,13 @@
  *   LATE_ADVERT_PROBE     with IMPL_RULE: assert that no DIRECT lands in a
  *                         receive that was posted without an ADVERT (a trail
  *                         is a witness that late ADVERTs are used)
+ *   ADVERT_MIN=n          with IMPL_RULE: receives shorter than n bytes are not
+ *                         advertised (small receives stay indirect, section 7.3),
+ *                         except the first after a drain
+ *   BROKEN_SMALL_AFTER_DRAIN  with ADVERT_MIN and DRAIN: not even after a drain
+ *                         (the held sender then waits for an ADVERT forever)
+ *   BROKEN_SMALL_DIRECT_PEER  with ADVERT_MIN and TX_DIRECT_ONLY: small receives
+ *                         are not advertised to a direct-only sender either
  *   DRAIN                 with IMPL_RULE: the return to direct of section 7.2.
  *                         The receiver may send DRAIN(pos, phase) at any moment
  *                         the C rule allows it (indirect phase, no request yet,
@@ -338,6 +345,24 @@ end_drain:
 }
 
 #ifdef IMPL_RULE
+/* ADVERT_MIN: receives shorter than this are not advertised (they stay indirect), except
+ * the first one after a drain (7.2), whose sender waits for an ADVERT. */
+#ifdef ADVERT_MIN
+#define SMALL_RULE
+#else
+#define ADVERT_MIN 0
+#endif
+/* a direct-only sender never writes the ring: every receive is advertised to it */
+#if defined(TX_DIRECT_ONLY) && !defined(BROKEN_SMALL_DIRECT_PEER)
+#define SMALL_MIN 0
+#else
+#define SMALL_MIN ADVERT_MIN
+#endif
+#ifdef BROKEN_SMALL_AFTER_DRAIN
+#define SMALL_DRAINED(d) 0
+#else
+#define SMALL_DRAINED(d) (d)
+#endif
 /* The C receiver's rule (st_advertise_locked), run inside the caller's atomic
  * step. q_adv PRIOR is "ADVERTISED with phase != P_r", CUR "ADVERTISED with
  * phase == P_r", NONE "no ADVERT yet"; satisfied receives left the queue. */
@@ -359,7 +384,10 @@ inline impl_advertise()
         :: q_adv[h] == PRIOR && !redo -> stop = 1     /* k_a > 0 */
         :: q_adv[h] == CUR -> outst = 1      /* current phase: keep going */
         :: (q_adv[h] == NONE || (q_adv[h] == PRIOR && redo)) && (b_r > 0 || (q_got[h] > 0 && !drained)) -> stop = 1
-        :: (q_adv[h] == NONE || (q_adv[h] == PRIOR && redo)) && b_r == 0 && (q_got[h] == 0 || drained) ->
+        :: (q_adv[h] == NONE || (q_adv[h] == PRIOR && redo)) && b_r == 0 && (q_got[h] == 0 || drained) &&
+           q_len[h] - q_got[h] < SMALL_MIN && !SMALL_DRAINED(drained) -> stop = 1  /* small: stays indirect */
+        :: (q_adv[h] == NONE || (q_adv[h] == PRIOR && redo)) && b_r == 0 && (q_got[h] == 0 || drained) &&
+           (q_len[h] - q_got[h] >= SMALL_MIN || SMALL_DRAINED(drained)) ->
             if
             :: IS_INDIRECT(P_r) ->
                 P_r = P_r + 1;
@@ -564,8 +592,9 @@ proctype Receiver()
                     if
                     :: q_adv[h] == CUR -> q_adv[h] = PRIOR; k_a++
                     :: else ->
-#if !defined(BROKEN_ADVERT_WHILE_RING_NONEMPTY) && !defined(IMPL_LAZY) && !defined(RX_INDIRECT_ONLY)
-                        /* in a direct phase every receive has an ADVERT */
+#if !defined(BROKEN_ADVERT_WHILE_RING_NONEMPTY) && !defined(IMPL_LAZY) && !defined(RX_INDIRECT_ONLY) && !defined(SMALL_RULE)
+                        /* in a direct phase every receive has an ADVERT (not so when small
+                         * receives stay unadvertised) */
                         assert(false);
 #endif
                         skip

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "exs/util/params.h"
 #include "tests/integ/integ.h"
 
 #define KiB ((size_t)1024)
@@ -147,8 +148,9 @@ static int st_get_int(int fd, int level, int name)
     return v;
 }
 
-/* A connected SOCK_STREAM pair on one queue of depth; mode < 0 leaves the default. */
-static void st_pair_open(struct st_pair *p, int mode, int depth)
+/* A connected SOCK_STREAM pair on one queue of depth; the listener (and so the accepted
+ * receiver) gets mode, the connecting sender cmode; < 0 leaves the default. */
+static void st_pair_open_modes(struct st_pair *p, int mode, int cmode, int depth)
 {
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = 0};
     socklen_t alen = sizeof(sin);
@@ -173,8 +175,8 @@ static void st_pair_open(struct st_pair *p, int mode, int depth)
     p->cfd = exs_socket(AF_INET, SOCK_STREAM, 0);
     ck_assert_msg(p->cfd >= 0, "exs_socket(SOCK_STREAM) = %d errno %d (%s)", p->cfd, errno,
                   strerror(errno));
-    if (mode >= 0)
-        st_set_mode(p->cfd, mode);
+    if (cmode >= 0)
+        st_set_mode(p->cfd, cmode);
     IT_EXPECT_OK(exs_connect(p->cfd, (struct sockaddr *)&sin, sizeof(sin), p->q, IT_AH(0xC0)));
     it_expect_err(p->q, EXS_EVT_CONNECT, p->cfd, IT_AH(0xC0), 0);
     it_expect_err_at(p->q, EXS_EVT_ACCEPT, p->lfd, IT_AH(0xACC), 0, &ev, __FILE__, __LINE__);
@@ -186,6 +188,11 @@ static void st_pair_open(struct st_pair *p, int mode, int depth)
         ck_assert_msg(st_get_int(p->sfd, SOL_EXS, EXS_SO_XFER_MODE) == mode,
                       "accepted socket: EXS_SO_XFER_MODE %d, the listener's is %d",
                       st_get_int(p->sfd, SOL_EXS, EXS_SO_XFER_MODE), mode);
+}
+
+static void st_pair_open(struct st_pair *p, int mode, int depth)
+{
+    st_pair_open_modes(p, mode, mode, depth);
 }
 
 static void st_pair_close(struct st_pair *p)
@@ -2070,6 +2077,85 @@ START_TEST(test_drain_waitall)
 }
 END_TEST
 
+/* §7.3: 16 receives of 64 bytes posted with the ring empty, then 16 sends of 64 bytes.
+ * small_min sets EXS_STREAM_DIRECT_MIN for the run; tx_mode is the sender's mode (the
+ * receiver stays dynamic). Returns the receiver's and the sender's statistics. */
+static void small_run(uint64_t small_min, int tx_mode, struct st_snap *x)
+{
+    uint64_t saved = exs__params.stream_direct_min;
+    struct st_seq s;
+
+    it_init();
+    exs__params.stream_direct_min = small_min;
+    memset(&s, 0, sizeof(s));
+    s.seed = st_mix(st_base_seed(), 0x5A11u);
+    st_pair_open_modes(&s.p, EXS_XFER_DYNAMIC, tx_mode, 256);
+    s.sb = it_buf_new(16 * 64, 1);
+    s.rb = it_buf_new(4096, 1); /* seq_finish takes the end of stream with 4096 bytes */
+    st_fill(s.sb->p, 0, 16 * 64, s.seed);
+    memset(s.rb->p, IT_GUARD_BYTE, 16 * 64);
+    for (int i = 0; i < 16; i++)
+        st_post_recv(&s.p, s.rb->p + (size_t)i * 64, 64, 0, s.rb->mh, s.nrecv + (uint64_t)i);
+    if (small_min == 0 || tx_mode == EXS_XFER_DIRECT_ONLY)
+        ST_WAIT_STAT(s.p.cfd, adverts_received, 1); /* advertised with the ring empty */
+    else
+        it_sleep_ms(50); /* room for an ADVERT the rule must not send */
+    seq_send(&s, 16, 64);
+    for (int i = 0; i < 16; i++) {
+        ssize_t r = st_wait_recv(&s.p, s.nrecv, NULL);
+        long bad;
+
+        ck_assert_msg(r > 0, "receive %d: result %zd", i, r);
+        bad = st_check(s.rb->p + (size_t)i * 64, s.roff, (size_t)r, s.seed);
+        ck_assert_msg(bad < 0, "receive %d: wrong byte at %ld", i, bad);
+        s.roff += (uint64_t)r;
+        s.nrecv++;
+    }
+    seq_recv_until(&s, 16 * 64, 64, 0); /* what the first 16 left (a receive may take less) */
+    seq_send_wait(&s);
+    snap(&s, x);
+    printf("small receives (min %" PRIu64 ", sender mode %d): sender: %s; receiver: %s\n",
+           small_min, tx_mode, x->sb, x->rb);
+    fflush(stdout);
+    seq_finish(&s);
+    exs__params.stream_direct_min = saved;
+}
+
+START_TEST(test_small_recvs_stay_indirect)
+{
+    struct st_snap x;
+
+    small_run(32768, EXS_XFER_DYNAMIC, &x);
+    ck_assert_msg(x.r.adverts_sent == 0 && x.s.direct_xfers == 0 && x.s.indirect_xfers > 0,
+                  "64-byte receives must stay indirect [sender: %s] [receiver: %s]", x.sb, x.rb);
+}
+END_TEST
+
+/* EXS_STREAM_DIRECT_MIN=0 is the published rule: the same receives are advertised. */
+START_TEST(test_small_recvs_published_rule)
+{
+    struct st_snap x;
+
+    small_run(0, EXS_XFER_DYNAMIC, &x);
+    ck_assert_msg(x.r.adverts_sent > 0 && x.s.direct_xfers > 0,
+                  "with EXS_STREAM_DIRECT_MIN=0 empty-ring receives are advertised [sender: %s] "
+                  "[receiver: %s]",
+                  x.sb, x.rb);
+}
+END_TEST
+
+/* A direct-only sender never writes the ring: small receives are advertised to it. */
+START_TEST(test_small_recvs_direct_only_peer)
+{
+    struct st_snap x;
+
+    small_run(32768, EXS_XFER_DIRECT_ONLY, &x);
+    ck_assert_msg(x.r.adverts_sent >= 16 && x.s.indirect_xfers == 0,
+                  "a direct-only sender gets every receive advertised [sender: %s] [receiver: %s]",
+                  x.sb, x.rb);
+}
+END_TEST
+
 Suite *integ_stream_suite(void)
 {
     Suite *s = suite_create("integ_stream");
@@ -2108,6 +2194,9 @@ Suite *integ_stream_suite(void)
     tc = it_tcase("stream_drain", 120);
     tcase_add_test(tc, test_drain_plain);
     tcase_add_test(tc, test_drain_waitall);
+    tcase_add_test(tc, test_small_recvs_stay_indirect);
+    tcase_add_test(tc, test_small_recvs_published_rule);
+    tcase_add_test(tc, test_small_recvs_direct_only_peer);
     suite_add_tcase(s, tc);
     return s;
 }
