@@ -38,6 +38,12 @@ int  exs__evq_reserve(struct exs_evq *evq);
  * post into it. NULL with *err_p = EINVAL (no such live queue), EAGAIN (full) or ENOMEM;
  * nothing is reserved then. */
 void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p);
+/* Free what exs__evq_reserve_alloc allocated (size: the same as given to it). Blocks of
+ * operation size go back to a small per-thread cache instead of malloc. */
+void exs__evq_op_free(void *mem, size_t size);
+/* Release the calling thread's cache of operation blocks (exs_fini; threads release theirs
+ * when they exit). */
+void exs__evq_op_cache_flush(void);
 void exs__evq_unreserve(struct exs_evq *evq);
 /* Queue an event into a slot reserved earlier; wakes waiters and makes exs_qfd readable. */
 void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev);

@@ -78,6 +78,7 @@ void exs_fini(void)
     exs__api_mreg_destroy_all();
     exs__engine_stop();
     exs__evq_destroy_all();
+    exs__evq_op_cache_flush(); /* other threads free theirs when they exit */
     __atomic_store_n(&initialized, 0, __ATOMIC_RELEASE);
     EXS_MUTEX_UNLOCK(&init_lock, EXS_LOCK_INIT);
 }

@@ -205,7 +205,7 @@ static void kfd_op_free(struct kfd_op *op)
 {
     if (op->mreg)
         exs__api_mreg_release(op->mreg);
-    free(op);
+    exs__evq_op_free(op, sizeof(*op));
     __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);
 }
 

@@ -114,7 +114,7 @@ int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api
     if (m && (uintptr_t)buf >= (uintptr_t)m->addr &&
         (uintptr_t)buf + len <= (uintptr_t)m->addr + m->len &&
         (uintptr_t)buf + len >= (uintptr_t)buf)
-        m->busy++;
+        __atomic_add_fetch(&m->busy, 1, __ATOMIC_RELAXED);
     else
         m = NULL;
     EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
@@ -124,11 +124,11 @@ int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api
     return 0;
 }
 
+/* No lock: busy only rises under mreg_lock (a hold), and exs_mderegister reads it there;
+ * a release it does not see yet only makes it answer EBUSY a moment longer. */
 void exs__api_mreg_release(struct api_mreg *m)
 {
-    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
-    m->busy--;
-    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
+    __atomic_sub_fetch(&m->busy, 1, __ATOMIC_RELEASE);
 }
 
 int exs_mderegister(exs_mhandle_t mh)
@@ -140,7 +140,7 @@ int exs_mderegister(exs_mhandle_t mh)
     m = mreg_find_locked(mh);
     if (!m)
         err = EINVAL;
-    else if (m->busy)
+    else if (__atomic_load_n(&m->busy, __ATOMIC_ACQUIRE))
         err = EBUSY;
     else {
         mregs[(mh & MREG_IDX_MASK) - 1] = NULL;
@@ -202,14 +202,11 @@ struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q
 
 static void op_release(struct api_op *op)
 {
-    if (op->mreg) {
-        EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
-        op->mreg->busy--;
-        EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
-    }
+    if (op->mreg)
+        exs__api_mreg_release(op->mreg);
     if (op->tmp_mr)
         exs__prov_mr_put(op->tmp_mr);
-    free(op);
+    exs__evq_op_free(op, sizeof(*op));
     __atomic_fetch_sub(&op_live, 1, __ATOMIC_RELAXED);
 }
 
@@ -428,23 +425,12 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
             op->op.lkey = op->tmp_mr->lkey;
         }
     } else {
-        struct api_mreg *m;
-
-        EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
-        m = mreg_find_locked(mh);
-        if (m && (uintptr_t)buf >= (uintptr_t)m->addr &&
-            (uintptr_t)buf + len <= (uintptr_t)m->addr + m->len &&
-            (uintptr_t)buf + len >= (uintptr_t)buf) {
-            m->busy++;
-            op->mreg = m;
-            op->op.mr = m->mr;
-            op->op.lkey = m->mr->lkey;
-        }
-        EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
-        if (!op->mreg) {
+        if (exs__api_mreg_hold(mh, buf, len, &op->mreg)) {
             err = EINVAL;
             goto out;
         }
+        op->op.mr = op->mreg->mr;
+        op->op.lkey = op->mreg->mr->lkey;
     }
     if (__atomic_add_fetch(count, 1, __ATOMIC_RELAXED) > (int)exs__params.sock_max_ops) {
         __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);

@@ -624,6 +624,10 @@ void exs__engine_timer_start(struct exs_eng_timer *t, uint64_t ms,
 {
     EXS_ASSERT(eng_holding);
     t->cb = cb;
+    /* The loop's notion of now is its last wake-up: while it slept (or another thread
+     * drove), it fell behind, and a timer set from it would fire that much early (a
+     * 500 ms close timeout was seen to end after 434 ms). Read the clock first. */
+    ev_now_update(eng.loop);
     ev_timer_init(&t->w, eng_timer_cb, (double)ms / 1000.0, 0.);
     ev_timer_start(eng.loop, &t->w);
     eng.loop_dirty = 1;

@@ -28,7 +28,7 @@ enum run_end {
 };
 
 struct batch_run {
-    struct exs_op *first;
+    struct exs_op *first, *last;
     uint32_t n;     /* ops */
     uint32_t bytes; /* bytes of the write */
     enum run_end end;
@@ -63,9 +63,49 @@ static void batch_run_build_locked(struct exs_conn *conn, struct exs_list *from,
         }
         if (!run->n)
             run->first = op;
+        run->last = op;
         run->n++;
         run->bytes += rec;
     }
+}
+
+/*
+ * The batch wait cache. While a ring write is in flight, synchronization-ahead holds the
+ * run of waiting sends back, and every new send used to rebuild that run from its first
+ * op (a fit call per waiting send per post: the hottest code of a stream of small sends).
+ * A held run stays held while only sends appended behind it changed: the ring write in
+ * flight has not completed and no completion brought an ADVERT, ACK, DRAIN or anything
+ * else (cqe_stamp), the threshold and the close state are the same, and the run still
+ * starts at the same op. Then only the appended sends are fitted. Any other outcome is
+ * computed from scratch, so the cache only ever answers "hold".
+ *
+ * The ops it points to stay in sendq while it is valid: they follow the ring write in
+ * flight, and sends leave sendq only in posting order.
+ */
+static int batch_wait_extend_locked(struct exs_conn *conn, struct exs_list *from,
+                                    batch_fit_fn fit)
+{
+    struct exs_batch_wait *w = &conn->bwait;
+    struct exs_list *pos;
+
+    if (!w->first || &w->first->link != from || w->cqe_stamp != conn->cqe_stamp ||
+        w->ring_wr_out != conn->ring_wr_out || !conn->ring_wr_out || conn->batch_now ||
+        w->thresh != conn->batch_thresh || conn->state != EXS_CONN_CONNECTED)
+        return 0;
+    for (pos = w->last->link.next; pos != &conn->sendq; pos = pos->next) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+        uint32_t rec = 0;
+
+        if (op->state == EXS_OPS_DONE)
+            continue;
+        if (fit(conn, op, w->bytes, &rec) != 1 || (uint64_t)w->bytes + rec > conn->batch_thresh ||
+            w->n == EXS_WIRE_BATCH_MAX_MSGS)
+            return 0;
+        w->last = op;
+        w->n++;
+        w->bytes += rec;
+    }
+    return 1;
 }
 
 /* The elastic threshold (§6.1): doubles when a run fills it (or a send alone passes it)
@@ -229,6 +269,9 @@ enum batch_verdict exs__batch_try_locked(struct exs_conn *conn, struct exs_list 
 
     if (!conn->batch_thresh)
         return BATCH_NONE; /* off */
+    if (batch_wait_extend_locked(conn, from, fit))
+        return BATCH_WAIT;
+    conn->bwait.first = NULL;
     batch_run_build_locked(conn, from, fit, &run);
     if (!run.n) {
         /* a send larger than the threshold, behind a ring write in flight: load too */
@@ -236,8 +279,18 @@ enum batch_verdict exs__batch_try_locked(struct exs_conn *conn, struct exs_list 
             batch_adapt_locked(conn, &run);
         return BATCH_NONE;
     }
-    if (run.end == RUN_TAIL && conn->ring_wr_out && !conn->batch_now)
+    if (run.end == RUN_TAIL && conn->ring_wr_out && !conn->batch_now) {
+        conn->bwait = (struct exs_batch_wait){
+            .first = run.first,
+            .last = run.last,
+            .n = run.n,
+            .bytes = run.bytes,
+            .thresh = conn->batch_thresh,
+            .ring_wr_out = conn->ring_wr_out,
+            .cqe_stamp = conn->cqe_stamp,
+        };
         return BATCH_WAIT; /* synchronization-ahead: leave with the next completion */
+    }
     batch_adapt_locked(conn, &run);
     if (run.n == 1)
         return BATCH_NONE; /* alone: as without batching (zero-copy, no framing) */

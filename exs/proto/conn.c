@@ -1222,6 +1222,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
 
     if (conn->state == EXS_CONN_DEAD)
         return;
+    conn->cqe_stamp++;
     conn->wr_out--;
     if (cqe->status != EXS_PROV_WC_SUCCESS) {
         if (cqe->status != EXS_PROV_WC_WR_FLUSH_ERR)

@@ -251,6 +251,14 @@ struct exs_conn {
     uint32_t                   ring_wr_out;  /* ring (INDIRECT) writes posted, not completed */
     uint32_t                   batch_thresh; /* elastic threshold, bytes (0: batching off) */
     int                        batch_now;    /* exs_close: a gathered run leaves at once */
+    uint64_t                   cqe_stamp;    /* completions handled (batch wait cache) */
+    struct exs_batch_wait {                  /* the run last held back by synchronization-
+                                              * ahead, valid while nothing but appended
+                                              * sends changed (batch.c) */
+        struct exs_op *first, *last;
+        uint32_t       n, bytes, thresh, ring_wr_out;
+        uint64_t       cqe_stamp;
+    }                          bwait;
     struct exs_prov_mr        *batch_mem;    /* EXS_BATCH_SLOTS staging buffers of batch_max
                                               * bytes, allocated at the first batch */
     struct exs_batch_slot {
