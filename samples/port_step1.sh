@@ -12,6 +12,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# the log exists before the server starts: the background job opens it only when it runs,
+# and a sed on a missing file would end this script (set -e) with sed's status 2
+: >"$tmp/server.log"
 timeout 120 "$build/samples/port_step1_server" >"$tmp/server.log" 2>&1 &
 spid=$!
 port=

@@ -93,7 +93,10 @@ START_TEST(emu_no_delay_pingpong)
     emu_set("EXS_EMU_RATE_MBPS", NULL);
     pingpong(&mn, &mx);
     printf("emu_no_delay_pingpong: round trips %.3f .. %.3f ms\n", mn, mx);
-    ck_assert_msg(mx < 10.0, "round trip %.2f ms without emulated delay, expected < 10", mx);
+    /* the fastest round trip: a load spike may stretch any single one (timed assertions
+     * on the slowest fail on a busy machine), while an emulated delay would stretch all */
+    ck_assert_msg(mn < 10.0, "fastest round trip %.2f ms without emulated delay, expected < 10",
+                  mn);
 }
 END_TEST
 
