@@ -491,6 +491,11 @@ void exs__evq_op_free(void *mem, size_t size)
 
     if (!mem)
         return;
+#if OP_CACHE_MAX == 0
+    (void)b;
+    (void)size;
+    free(mem);
+#else
     if (size > OP_BLOCK || op_cache_n >= OP_CACHE_MAX) {
         free(mem);
         return;
@@ -505,6 +510,7 @@ void exs__evq_op_free(void *mem, size_t size)
     b->next = op_cache;
     op_cache = b;
     op_cache_n++;
+#endif
 }
 
 void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p)
