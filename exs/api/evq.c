@@ -432,6 +432,7 @@ static int evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
 #define OP_CACHE_MAX 64
 #endif
 
+#if OP_CACHE_MAX > 0
 struct op_block {
     struct op_block *next;
 };
@@ -442,20 +443,17 @@ static pthread_key_t             op_cache_key;
 static pthread_once_t            op_cache_once = PTHREAD_ONCE_INIT;
 static int                       op_cache_keyed; /* the key exists: lists may be kept */
 
-static void op_cache_release(struct op_block *b)
+static void op_cache_thread_exit(void *arg)
 {
+    struct op_block *b = op_cache;
+
+    (void)arg;
     while (b) {
         struct op_block *next = b->next;
 
         free(b);
         b = next;
     }
-}
-
-static void op_cache_thread_exit(void *arg)
-{
-    (void)arg;
-    op_cache_release(op_cache);
     op_cache = NULL;
     op_cache_n = 0;
 }
@@ -491,11 +489,6 @@ void exs__evq_op_free(void *mem, size_t size)
 
     if (!mem)
         return;
-#if OP_CACHE_MAX == 0
-    (void)b;
-    (void)size;
-    free(mem);
-#else
     if (size > OP_BLOCK || op_cache_n >= OP_CACHE_MAX) {
         free(mem);
         return;
@@ -510,8 +503,23 @@ void exs__evq_op_free(void *mem, size_t size)
     b->next = op_cache;
     op_cache = b;
     op_cache_n++;
-#endif
 }
+#else
+void exs__evq_op_cache_flush(void)
+{
+}
+
+static void *op_alloc(size_t size)
+{
+    return calloc(1, size);
+}
+
+void exs__evq_op_free(void *mem, size_t size)
+{
+    (void)size;
+    free(mem);
+}
+#endif
 
 void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p)
 {
