@@ -48,7 +48,7 @@
 #define TCP_STG_LEN       4096       /* read-ahead of an UP connection at a frame start */
 #define TCP_ACK_EVERY     16         /* requests between forced ACKs */
 #define TCP_MAX_RD        16         /* RDMA_READs outstanding per ep */
-#define TCP_CTRL_MAX      64         /* responder frames queued before reading stops */
+#define TCP_CTRL_MAX(ctx) ((ctx)->ctrl_max) /* responder frames queued before reading stops */
 #define TCP_LINGER_NS     2000000000ull
 #define TCP_TX_IOV        64
 #define TCP_RESP_COPY_MAX 65536      /* READ responses copied when they cannot leave at once */
@@ -380,6 +380,7 @@ struct tcp_ctx {
     struct exs_list         dirty;      /* conns with frames to write */
     struct exs_list         rx_again;   /* conns with staged bytes they may place now */
     unsigned                rx_again_n; /* (atomic) its length: a driver must not sleep */
+    unsigned                ctrl_max;   /* EXS_TCP_CTRL_MAX, at least 1 */
     struct exs_list         timers;     /* conns with a deadline */
     struct exs_list         listeners;
     struct exs_list         ack_defer;  /* conns owing a deferred ACK (spec: "ACK deferral") */

@@ -852,6 +852,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->emu_delay_ns = exs__params.emu_delay_us * 1000u;
     ctx->emu_rate_mbps = exs__params.emu_rate_mbps;
     ctx->rnr_timer_ms = tcp_clamp32(exs__params.tcp_rnr_timer_ms, 0, 60000);
+    ctx->ctrl_max = tcp_clamp32(exs__params.tcp_ctrl_max, 1, 1u << 20);
     ctx->rnr_retry_max = (uint8_t)tcp_clamp32(exs__params.tcp_rnr_retry, 0, 7);
     ctx->handshake_ns =
         (uint64_t)tcp_env_u32("EXS_TCP_HANDSHAKE_MS", TCP_HANDSHAKE_MS, 1, 3600000) * 1000000u;

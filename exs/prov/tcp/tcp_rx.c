@@ -523,7 +523,7 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
             if (conn->last_resp == f && !f->off && h->imm <= TCP_RESP_COPY_MAX)
                 tcp_txf_snapshot(conn, f);
         }
-        if (conn->ctrl_queued >= TCP_CTRL_MAX) {
+        if (conn->ctrl_queued >= TCP_CTRL_MAX(conn->ctx)) {
             exs__tcp_conn_update_events(conn);
             return -1;
         }
