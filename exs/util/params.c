@@ -43,6 +43,8 @@ static const struct exs_param_def params_table[] = {
           "tcp: initial completion queue size of a context (grows as endpoints reserve theirs, up to 4194304)"),
     PARAM(tcp_max_msg, "EXS_TCP_MAX_MSG", "1073741824", UINT, 0,
           "tcp: largest work request, bytes"),
+    PARAM(tcp_ctrl_max, "EXS_TCP_CTRL_MAX", "64", UINT, 0,
+          "tcp provider: responder frames (ACK, NAK, READ response) queued on a connection before it stops reading (back-pressure on a requester that does not read); 1 makes every READ request pause reading (tests)"),
     PARAM(credits, "EXS_CREDITS", "64", UINT, 0,
           "receives pre-posted per connection, the send credits granted to the peer, 3-4095"),
     PARAM(ring_size, "EXS_RING_SIZE", "1048576", UINT, 0,

@@ -10,6 +10,7 @@
 
 #define LW  EXS_PROV_ACCESS_LOCAL_WRITE
 #define RW  EXS_PROV_ACCESS_REMOTE_WRITE
+#define RR  EXS_PROV_ACCESS_REMOTE_READ
 #define SIG EXS_PROV_SEND_SIGNALED
 
 static void emu_set(const char *var, const char *val)
@@ -129,6 +130,40 @@ START_TEST(emu_rate_cap)
 }
 END_TEST
 
+/*
+ * Read-ahead and back-pressure (spec/provider-tcp.md, "Implementation"): 16 READ requests
+ * reach b in one burst, so b's first read takes them all into its staging buffer. With
+ * EXS_TCP_CTRL_MAX=1 and an emulated delay holding each response, b stops reading after
+ * every request; when the response leaves, the requests still staged are no longer in
+ * the socket, so nothing but the ctx's rx_again list brings b back to them. Every READ
+ * must complete, in order, with its data.
+ */
+START_TEST(emu_staged_reads_backpressure)
+{
+    struct pt_pair p;
+    struct pt_buf *rem, *dst;
+
+    if (!emu_supported("emu_staged_reads_backpressure"))
+        return;
+    emu_set("EXS_TCP_CTRL_MAX", "1");
+    emu_set("EXS_EMU_DELAY_US", "2000");
+    pt_pair_setup(&p, NULL, NULL);
+    rem = pt_pair_buf(&p, 'b', 16 * 512, RR, 0);
+    dst = pt_pair_buf(&p, 'a', 16 * 512, LW, 0);
+    pt_pattern(rem->p, rem->len, 21);
+    for (uint32_t i = 0; i < 16; i++)
+        ck_assert_int_eq(pt_post_send(p.ea, i, EXS_PROV_WR_RDMA_READ, SIG, dst, 512 * i, 512, 0,
+                                      pt_raddr(rem, 512 * i), rem->mr->rkey),
+                         0);
+    for (uint32_t i = 0; i < 16; i++)
+        pt_expect_cqe(&p.a, i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_READ, NULL);
+    ck_assert_msg(memcmp(dst->p, rem->p, 16 * 512) == 0, "READ data wrong");
+    pt_pair_close(&p);
+    emu_set("EXS_EMU_DELAY_US", NULL);
+    emu_set("EXS_TCP_CTRL_MAX", NULL);
+}
+END_TEST
+
 Suite *prov_emu_suite(void)
 {
     Suite *s = suite_create("prov_emu");
@@ -137,6 +172,7 @@ Suite *prov_emu_suite(void)
     tcase_add_test(tc, emu_delay_pingpong);
     tcase_add_test(tc, emu_no_delay_pingpong);
     tcase_add_test(tc, emu_rate_cap);
+    tcase_add_test(tc, emu_staged_reads_backpressure);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -45,9 +45,10 @@
 
 #define TCP_MR_HASH       256
 #define TCP_RX_BUDGET     (1u << 20) /* bytes read per connection per loop turn */
+#define TCP_STG_LEN       4096       /* read-ahead of an UP connection at a frame start */
 #define TCP_ACK_EVERY     16         /* requests between forced ACKs */
 #define TCP_MAX_RD        16         /* RDMA_READs outstanding per ep */
-#define TCP_CTRL_MAX      64         /* responder frames queued before reading stops */
+#define TCP_CTRL_MAX(ctx) ((ctx)->ctrl_max) /* responder frames queued before reading stops */
 #define TCP_LINGER_NS     2000000000ull
 #define TCP_TX_IOV        64
 #define TCP_RESP_COPY_MAX 65536      /* READ responses copied when they cannot leave at once */
@@ -267,6 +268,10 @@ struct tcp_conn {
     struct tcp_txf      *last_resp;  /* the newest READ_RESP, while unsent */
     uint8_t              hbuf[TCP_WIRE_HDR_LEN];
     uint32_t             hgot;
+    uint8_t             *stg;        /* staging: TCP_STG_LEN bytes read ahead (UP only) */
+    uint32_t             stg_off, stg_len; /* bytes [stg_off, stg_len) not yet placed */
+    int                  rx_again;   /* on ctx->rx_again: staged bytes to place next turn */
+    struct exs_list      rx_again_link;
     struct tcp_wire_hdr  rh;         /* host order */
     const struct exs_prov_sge *rx_seg;
     int                  rx_nseg;
@@ -373,6 +378,9 @@ struct tcp_ctx {
     struct exs_list         conns;
     struct exs_list         dead;
     struct exs_list         dirty;      /* conns with frames to write */
+    struct exs_list         rx_again;   /* conns with staged bytes they may place now */
+    unsigned                rx_again_n; /* (atomic) its length: a driver must not sleep */
+    unsigned                ctrl_max;   /* EXS_TCP_CTRL_MAX, at least 1 */
     struct exs_list         timers;     /* conns with a deadline */
     struct exs_list         listeners;
     struct exs_list         ack_defer;  /* conns owing a deferred ACK (spec: "ACK deferral") */
@@ -507,6 +515,10 @@ void exs__tcp_txf_free(struct tcp_ctx *ctx, struct tcp_txf *txf);
 
 /* tcp_rx.c */
 void exs__tcp_conn_rx(struct tcp_conn *conn);
+/* Staged bytes of conn wait while it may read: the next turn places them (tcp_rx.c). */
+void exs__tcp_conn_rx_again(struct tcp_conn *conn);
+/* NIC turn: place the staged bytes of the connections that wait for it. */
+void exs__tcp_nic_rx_again(struct tcp_ctx *ctx);
 void exs__tcp_conn_ack_flush(struct tcp_conn *conn);
 void exs__tcp_conn_ack_undefer(struct tcp_conn *conn);
 void exs__tcp_conn_rnr_resume(struct tcp_conn *conn);

@@ -33,6 +33,7 @@ static struct tcp_conn *tcp_conn_new(struct tcp_ctx *ctx, int fd, enum tcp_conn_
     conn->state = state;
     exs_list_init(&conn->txq);
     exs_list_init(&conn->dirty_link);
+    exs_list_init(&conn->rx_again_link);
     exs_list_init(&conn->timer_link);
     exs_list_init(&conn->hs_link);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -78,6 +79,11 @@ void exs__tcp_conn_close(struct tcp_conn *conn)
     if (conn->tx_dirty) {
         exs_list_del(&conn->dirty_link);
         conn->tx_dirty = 0;
+    }
+    if (conn->rx_again) {
+        exs_list_del(&conn->rx_again_link);
+        conn->rx_again = 0;
+        __atomic_sub_fetch(&conn->ctx->rx_again_n, 1, __ATOMIC_RELAXED);
     }
     conn->rnr_at = conn->tx_at = conn->linger_at = 0;
     exs__tcp_conn_timer(conn);

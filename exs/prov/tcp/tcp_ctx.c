@@ -232,6 +232,7 @@ static int tcp_ctx_arm(struct exs_prov_ctx *c)
     if (ctx->manual && __atomic_load_n(&ctx->acks_deferred, __ATOMIC_RELAXED))
         __atomic_store_n(&ctx->ack_flush_now, 1, __ATOMIC_RELAXED); /* the next turn sends them */
     if (ctx->cq_count || !exs_list_empty(&ctx->cm_events) ||
+        __atomic_load_n(&ctx->rx_again_n, __ATOMIC_RELAXED) ||
         (ctx->manual && (!exs_list_empty(&ctx->work_eps) ||
                          __atomic_load_n(&ctx->acks_deferred, __ATOMIC_RELAXED)))) {
         ctx->armed = 0;
@@ -451,8 +452,12 @@ static void tcp_nic_reap(struct tcp_ctx *ctx)
 {
     struct exs_list *l;
 
-    while ((l = exs_list_pop_head(&ctx->dead)) != NULL)
-        free(exs_list_entry(l, struct tcp_conn, link));
+    while ((l = exs_list_pop_head(&ctx->dead)) != NULL) {
+        struct tcp_conn *conn = exs_list_entry(l, struct tcp_conn, link);
+
+        free(conn->stg);
+        free(conn);
+    }
 }
 
 static void tcp_nic_event(struct tcp_ctx *ctx, struct epoll_event *ev)
@@ -596,6 +601,7 @@ static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
         }
         ctx->rx_turn = 0;
     }
+    exs__tcp_nic_rx_again(ctx);
     did += tcp_nic_service(ctx);
     tcp_nic_timers(ctx);
     if (!io)
@@ -688,7 +694,7 @@ static int tcp_nic_step(struct tcp_ctx *ctx, uint64_t *stop_at, int *wait_ms)
     stop = ctx->stop;
     pthread_mutex_unlock(&ctx->lock);
     done = stop && !busy && tcp_nic_drained(ctx, stop_at);
-    busy |= !exs_list_empty(&ctx->dirty);
+    busy |= !exs_list_empty(&ctx->dirty) || !exs_list_empty(&ctx->rx_again);
     pthread_mutex_unlock(&ctx->nic_lock);
     *wait_ms = busy ? 0 : stop ? 10 : -1;
     return done;
@@ -825,6 +831,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     exs_list_init(&ctx->conns);
     exs_list_init(&ctx->dead);
     exs_list_init(&ctx->dirty);
+    exs_list_init(&ctx->rx_again);
     exs_list_init(&ctx->timers);
     exs_list_init(&ctx->listeners);
     exs_list_init(&ctx->ack_defer);
@@ -845,6 +852,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->emu_delay_ns = exs__params.emu_delay_us * 1000u;
     ctx->emu_rate_mbps = exs__params.emu_rate_mbps;
     ctx->rnr_timer_ms = tcp_clamp32(exs__params.tcp_rnr_timer_ms, 0, 60000);
+    ctx->ctrl_max = tcp_clamp32(exs__params.tcp_ctrl_max, 1, 1u << 20);
     ctx->rnr_retry_max = (uint8_t)tcp_clamp32(exs__params.tcp_rnr_retry, 0, 7);
     ctx->handshake_ns =
         (uint64_t)tcp_env_u32("EXS_TCP_HANDSHAKE_MS", TCP_HANDSHAKE_MS, 1, 3600000) * 1000000u;

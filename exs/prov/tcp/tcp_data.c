@@ -332,7 +332,7 @@ void exs__tcp_conn_update_events(struct tcp_conn *conn)
     case TCP_CONN_UP:
         if (conn->rx_phase == TCP_RX_HOLD)
             ev = EPOLLRDHUP; /* the peer ending the connection ends the RNR wait */
-        else if (conn->ctrl_queued < TCP_CTRL_MAX)
+        else if (conn->ctrl_queued < TCP_CTRL_MAX(conn->ctx))
             ev = EPOLLIN;
         break;
     default:
@@ -343,6 +343,8 @@ void exs__tcp_conn_update_events(struct tcp_conn *conn)
     if (exs__tcp_emu_blackholed(conn))
         ev = EPOLLET; /* the link delivers nothing: a reset or hang-up wakes us once */
     exs__tcp_conn_epoll(conn, ev);
+    if ((ev & EPOLLIN) && conn->stg_off != conn->stg_len)
+        exs__tcp_conn_rx_again(conn); /* read ahead: epoll no longer sees those bytes */
 }
 
 /* A frame left completely. */
@@ -359,7 +361,7 @@ static void tcp_txf_sent(struct tcp_conn *conn, struct tcp_txf *f)
         EXS_CNT_INC(ctx->cnt.naks_tx);
     }
     if (type == TCP_WIRE_ACK || type == TCP_WIRE_NAK || type == TCP_WIRE_READ_RESP) {
-        if (conn->ctrl_queued-- == TCP_CTRL_MAX)
+        if (conn->ctrl_queued-- == TCP_CTRL_MAX(conn->ctx))
             exs__tcp_conn_update_events(conn);
     }
     if (f == conn->last_resp)

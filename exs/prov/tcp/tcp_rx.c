@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
+#include <sys/epoll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -107,6 +108,7 @@ void exs__tcp_rx_release(struct tcp_conn *conn)
     conn->rx_discard = 0;
     conn->hold_resp = 0;
     conn->hgot = 0;
+    conn->stg_off = conn->stg_len = 0; /* read ahead for a request that no longer matters */
     conn->rnr_at = 0;
 }
 
@@ -521,7 +523,7 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
             if (conn->last_resp == f && !f->off && h->imm <= TCP_RESP_COPY_MAX)
                 tcp_txf_snapshot(conn, f);
         }
-        if (conn->ctrl_queued >= TCP_CTRL_MAX) {
+        if (conn->ctrl_queued >= TCP_CTRL_MAX(conn->ctx)) {
             exs__tcp_conn_update_events(conn);
             return -1;
         }
@@ -683,23 +685,109 @@ static void tcp_conn_dead(struct tcp_conn *conn, int err)
     exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, -1);
 }
 
+/*
+ * Read-ahead. A frame used to cost two system calls at least: its header, then its
+ * payload (with the next header). At a frame start an UP connection reads up to
+ * TCP_STG_LEN bytes into its staging buffer instead, and the state machine takes its
+ * bytes from there (headers, payloads, discarded payloads) before it reads the socket
+ * again: a burst of small frames costs one call. Large payloads still go from the socket
+ * straight into their target once the staging is empty.
+ *
+ * Staged bytes are not in the socket, so level-triggered epoll no longer announces them:
+ * the loop below places them all before it returns, except when the connection stops
+ * reading (a request held for RNR: exs__tcp_conn_rnr_resume and hold_hup call this
+ * function again; the connection ending: they are dropped with it), and they are never
+ * charged to the turn's byte budget (only socket reads are).
+ */
+static uint32_t tcp_stg_avail(const struct tcp_conn *conn)
+{
+    return conn->stg_len - conn->stg_off;
+}
+
+/* Place up to want staged bytes at dst. */
+static ssize_t tcp_stg_take(struct tcp_conn *conn, void *dst, size_t want)
+{
+    size_t n = EXS_MIN(want, (size_t)tcp_stg_avail(conn));
+
+    memcpy(dst, conn->stg + conn->stg_off, n);
+    conn->stg_off += (uint32_t)n;
+    return (ssize_t)n;
+}
+
+/* Place up to want staged bytes into the payload's segments at rx_off. */
+static ssize_t tcp_stg_take_segs(struct tcp_conn *conn, size_t want)
+{
+    struct iovec iov[TCP_TX_IOV];
+    size_t left = EXS_MIN(want, (size_t)tcp_stg_avail(conn)), done = 0;
+    int k = exs__tcp_iov_fill(iov, TCP_TX_IOV, conn->rx_seg, conn->rx_nseg, conn->rx_off, left);
+
+    for (int i = 0; i < k; i++) {
+        memcpy(iov[i].iov_base, conn->stg + conn->stg_off + done, iov[i].iov_len);
+        done += iov[i].iov_len;
+    }
+    conn->stg_off += (uint32_t)done;
+    return (ssize_t)done;
+}
+
+/* Refill the empty staging buffer from the socket (allocated at first use). */
+static ssize_t tcp_stg_fill(struct tcp_conn *conn)
+{
+    ssize_t n;
+
+    if (!conn->stg && !(conn->stg = malloc(TCP_STG_LEN))) {
+        errno = ENOMEM;
+        return -1;
+    }
+    n = recv(conn->fd, conn->stg, TCP_STG_LEN, MSG_DONTWAIT);
+    conn->stg_off = 0;
+    conn->stg_len = n > 0 ? (uint32_t)n : 0;
+    return n;
+}
+
+void exs__tcp_conn_rx_again(struct tcp_conn *conn)
+{
+    if (conn->rx_again || conn->state != TCP_CONN_UP || !tcp_stg_avail(conn))
+        return;
+    conn->rx_again = 1;
+    exs_list_add_tail(&conn->ctx->rx_again, &conn->rx_again_link);
+    __atomic_add_fetch(&conn->ctx->rx_again_n, 1, __ATOMIC_RELAXED);
+}
+
+void exs__tcp_nic_rx_again(struct tcp_ctx *ctx)
+{
+    unsigned n = __atomic_load_n(&ctx->rx_again_n, __ATOMIC_RELAXED);
+    struct exs_list *l;
+
+    /* those waiting now; any that stage again (at the tail) wait for the next turn */
+    while (n-- && (l = exs_list_pop_head(&ctx->rx_again)) != NULL) {
+        struct tcp_conn *conn = exs_list_entry(l, struct tcp_conn, rx_again_link);
+
+        conn->rx_again = 0;
+        __atomic_sub_fetch(&ctx->rx_again_n, 1, __ATOMIC_RELAXED);
+        if (conn->state == TCP_CONN_UP && (conn->events & EPOLLIN))
+            exs__tcp_conn_rx(conn);
+    }
+}
+
 void exs__tcp_conn_rx(struct tcp_conn *conn)
 {
     struct tcp_ctx *ctx = conn->ctx;
     uint64_t budget = TCP_RX_BUDGET;
     struct iovec iov[TCP_TX_IOV];
     static __thread uint8_t sink[16384];
+    int sock_empty = 0; /* a read came back short: the socket holds nothing more */
     ssize_t n;
 
     if (EXS_UNLIKELY(conn->fd >= 0 && exs__tcp_emu_blackholed(conn))) {
         exs__tcp_conn_update_events(conn); /* the bytes stay in the socket */
         return;
     }
-    while (budget && conn->fd >= 0) {
+    while (conn->fd >= 0 && (budget || tcp_stg_avail(conn))) {
         size_t want;
-        int short_read;
+        int short_read, staged = 0;
 
         if (conn->state == TCP_CONN_LINGER) {
+            conn->stg_off = conn->stg_len = 0; /* discarded, as what follows */
             want = sizeof(sink);
             n = recv(conn->fd, sink, want, MSG_DONTWAIT);
         } else if (conn->state == TCP_CONN_PENDING || conn->state == TCP_CONN_CONNECTING ||
@@ -722,13 +810,45 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
                 continue;
             }
             want = TCP_WIRE_HDR_LEN - conn->hgot;
-            n = recv(conn->fd, conn->hbuf + conn->hgot, want, MSG_DONTWAIT);
+            if (!tcp_stg_avail(conn) && conn->state == TCP_CONN_UP && conn->hgot == 0) {
+                if (sock_empty || !budget)
+                    break;
+                n = tcp_stg_fill(conn);
+                if (n > 0) {
+                    EXS_CNT_ADD(ctx->cnt.bytes_rx, n);
+                    budget = (uint64_t)n >= budget ? 0 : budget - (uint64_t)n;
+                    sock_empty = n < TCP_STG_LEN;
+                    continue; /* placed from the staging buffer */
+                }
+            } else if (tcp_stg_avail(conn)) {
+                n = tcp_stg_take(conn, conn->hbuf + conn->hgot, want);
+                staged = 1;
+            } else {
+                n = recv(conn->fd, conn->hbuf + conn->hgot, want, MSG_DONTWAIT);
+            }
         } else if (conn->rx_phase == TCP_RX_CONN) {
             want = conn->rx_len - conn->rx_off;
             n = recv(conn->fd, conn->hs + conn->rx_off, want, MSG_DONTWAIT);
         } else if (conn->rx_discard) {
             want = EXS_MIN(sizeof(sink), conn->rx_len - conn->rx_off);
-            n = recv(conn->fd, sink, want, MSG_DONTWAIT);
+            if (tcp_stg_avail(conn)) {
+                n = tcp_stg_take(conn, sink, want);
+                staged = 1;
+            } else {
+                n = recv(conn->fd, sink, want, MSG_DONTWAIT);
+            }
+        } else if (tcp_stg_avail(conn)) {
+            struct tcp_key *key = conn->rx_key;
+
+            want = conn->rx_len - conn->rx_off;
+            if (key && exs__tcp_copy_begin(ctx, key)) {
+                tcp_conn_write_revoked(conn); /* the rest goes to a sink */
+                continue;
+            }
+            n = tcp_stg_take_segs(conn, want);
+            if (key)
+                exs__tcp_copy_end(ctx);
+            staged = 1;
         } else {
             int k = exs__tcp_iov_fill(iov, TCP_TX_IOV - 1, conn->rx_seg, conn->rx_nseg,
                                  conn->rx_off, conn->rx_len - conn->rx_off);
@@ -751,7 +871,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
                 errno = e;
             }
         }
-        if (n == 0) {
+        if (n == 0 && !staged) {
             tcp_conn_dead(conn, 0);
             return;
         }
@@ -763,9 +883,13 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
             tcp_conn_dead(conn, errno);
             return;
         }
-        EXS_CNT_ADD(ctx->cnt.bytes_rx, n);
-        short_read = (size_t)n < want;
-        budget = (uint64_t)n >= budget ? 0 : budget - (uint64_t)n;
+        if (staged) {
+            short_read = 0; /* the staging buffer ran dry, not the socket */
+        } else {
+            EXS_CNT_ADD(ctx->cnt.bytes_rx, n);
+            short_read = (size_t)n < want;
+            budget = (uint64_t)n >= budget ? 0 : budget - (uint64_t)n;
+        }
         if (conn->state == TCP_CONN_LINGER)
             continue;
         if (conn->rx_phase == TCP_RX_HDR) {
@@ -798,6 +922,10 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
     if (conn->fd >= 0 && conn->state == TCP_CONN_UP && conn->rx_phase == TCP_RX_HDR &&
         !conn->rx_retry && conn->hgot == TCP_WIRE_HDR_LEN)
         tcp_conn_rx_hdr(conn);
+    /* read ahead left behind (a header that stopped the loop, the budget): the next
+     * turn places it while the connection may read (a held request: its resume does) */
+    if (conn->state == TCP_CONN_UP && conn->rx_phase != TCP_RX_HOLD && (conn->events & EPOLLIN))
+        exs__tcp_conn_rx_again(conn);
     if (conn->state == TCP_CONN_UP)
         tcp_conn_ack_later(conn);
 }
