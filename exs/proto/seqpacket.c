@@ -64,6 +64,11 @@ static void sp_advert_pop(struct exs_conn *conn)
 
 int exs__sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
+    /* Stale ADVERTs (for messages that went eager or batched) were dropped only when a
+     * send looked at the head, and a stream of batched sends never does: they piled up
+     * to CONN_ADVERTS_MAX and an honest peer was declared hostile. Drop them as new ones
+     * arrive: the queue then holds only receives ahead of the sender. */
+    (void)sp_advert_head(conn);
     /* adverts come in receive-posting order, so their message numbers only grow */
     if (conn->adv_count &&
         a->seq <= conn->adverts[(conn->adv_head + conn->adv_count - 1) % conn->adv_cap].seq)
