@@ -745,7 +745,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     } else {
         if (op->kind == EXS_OP_SHUTDOWN)
             conn_set_txshut(conn, EXS_TXSHUT_QUEUED, "exs_shutdown accepted");
-        if (EXS_UNLIKELY(exs__params.trace_sample_mask))
+        if (EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
             exs__rt_post_locked(conn, op);
         exs_list_add_tail(&conn->sendq, &op->link);
         if (conn->state == EXS_CONN_DEAD)

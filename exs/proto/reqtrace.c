@@ -15,10 +15,10 @@
 #include "exs/util/util.h"
 
 static exs_rt_sink_fn *rt_sink;
-static uint64_t        rt_count; /* atomic: records completed */
+static uint64_t rt_count; /* atomic: records completed */
 static pthread_mutex_t rt_file_lock = PTHREAD_MUTEX_INITIALIZER;
-static FILE           *rt_file;
-static int             rt_file_tried;
+static FILE *rt_file;
+static int rt_file_tried;
 
 void exs__rt_set_sink(exs_rt_sink_fn *fn)
 {
@@ -58,8 +58,8 @@ void exs__rt_post_locked(struct exs_conn *conn, struct exs_op *op)
     if (op->kind != EXS_OP_SEND || conn_is_stream(conn) ||
         !(conn->peer.features & EXS_WIRE_FEAT_TRACE) || !(rt = rt_get(conn)))
         return;
-    if (!exs__rt_sampled(rt->nsend++, __atomic_load_n(&exs__params.trace_sample_mask,
-                                                      __ATOMIC_RELAXED)))
+    if (!exs__rt_sampled(rt->nsend++,
+                         __atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
         return;
     for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
         struct exs_rt_tx *s = &rt->tx[i];
@@ -75,18 +75,20 @@ void exs__rt_post_locked(struct exs_conn *conn, struct exs_op *op)
         return;
     }
     /* EXS_RT_SLOTS sampled messages wait for their answers: this one is not traced */
-    EXS_DBG(PROTO, "conn %p: request tracing: %u traces outstanding, send not traced",
-            (void *)conn, EXS_RT_SLOTS);
+    EXS_DBG(PROTO, "conn %p: request tracing: %u traces outstanding, send not traced", (void *)conn,
+            EXS_RT_SLOTS);
 }
 
 int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_rt_tx *s = op->rt;
 
+    /* "wire": taken before anything of the message is posted (each attempt; the last one
+     * posts), so the peer cannot see it earlier, however the poster is preempted */
+    s->t_wire = exs__now_ns();
     if (s->req_sent)
         return 1;
-    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_TRACE_LEN) &&
-        !exs__conn_ctrl_flush_locked(conn))
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_TRACE_LEN) && !exs__conn_ctrl_flush_locked(conn))
         return 0;
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_TRACE_LEN))
         return 0;
@@ -94,18 +96,13 @@ int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
     s->seq = conn->tx_seq;
     s->t_req = exs__now_ns();
     struct exs_wire_trace w = {
-        .hdr = { .type = EXS_CTRL_TRACE, .len = htobe16(EXS_WIRE_TRACE_LEN) },
+        .hdr = {.type = EXS_CTRL_TRACE, .len = htobe16(EXS_WIRE_TRACE_LEN)},
         .seq = htobe64(s->seq),
         .t_req = htobe64(s->t_req),
     };
     exs__conn_ctrl_append_locked(conn, &w, sizeof(w));
     s->req_sent = 1;
     return 1;
-}
-
-void exs__rt_wire_locked(struct exs_op *op)
-{
-    op->rt->t_wire = exs__now_ns();
 }
 
 /* Minimum-delay filter: the exchange of least round trip bounds the offset best. */
@@ -136,13 +133,14 @@ static void rt_offset(struct exs_reqtrace *rt, const struct exs_rt_tx *s, int64_
 
 size_t exs__rt_format(const struct exs_rt_record *r, char *buf, size_t size)
 {
-    int n = snprintf(buf, size,
-                     "{\"conn\":\"%p\",\"seq\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"post_ns\":%" PRIu64
-                     ",\"wire_ns\":%" PRIu64 ",\"done_ns\":%" PRIu64 ",\"arrival_ns\":%" PRId64
-                     ",\"delivery_ns\":%" PRId64 ",\"answer_ns\":%" PRIu64 ",\"offset_ns\":%" PRId64
-                     ",\"offset_err_ns\":%" PRIu64 "}",
-                     r->conn, r->seq, r->bytes, r->post_ns, r->wire_ns, r->done_ns, r->arrival_ns,
-                     r->delivery_ns, r->answer_ns, r->offset_ns, r->offset_err_ns);
+    int n =
+        snprintf(buf, size,
+                 "{\"conn\":\"%p\",\"seq\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"post_ns\":%" PRIu64
+                 ",\"wire_ns\":%" PRIu64 ",\"done_ns\":%" PRIu64 ",\"arrival_ns\":%" PRId64
+                 ",\"delivery_ns\":%" PRId64 ",\"answer_ns\":%" PRIu64 ",\"offset_ns\":%" PRId64
+                 ",\"offset_err_ns\":%" PRIu64 "}",
+                 r->conn, r->seq, r->bytes, r->post_ns, r->wire_ns, r->done_ns, r->arrival_ns,
+                 r->delivery_ns, r->answer_ns, r->offset_ns, r->offset_err_ns);
 
     return n > 0 && (size_t)n < size ? (size_t)n : 0;
 }
@@ -227,9 +225,9 @@ void exs__rt_flush_locked(struct exs_conn *conn)
         if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_TRACE_LEN))
             return;
         struct exs_wire_trace w = {
-            .hdr = { .type = EXS_CTRL_TRACE,
-                     .flags = EXS_TRACE_ANSWER | (e->dropped ? EXS_TRACE_DROPPED : 0),
-                     .len = htobe16(EXS_WIRE_TRACE_LEN) },
+            .hdr = {.type = EXS_CTRL_TRACE,
+                    .flags = EXS_TRACE_ANSWER | (e->dropped ? EXS_TRACE_DROPPED : 0),
+                    .len = htobe16(EXS_WIRE_TRACE_LEN)},
             .seq = htobe64(e->seq),
         };
         if (!e->dropped) {
@@ -293,8 +291,10 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
 
     /* the request travels just before its message: nothing of seq has arrived yet */
     if (w->hdr.flags || seq != conn->rx_seq || w->t_arrival || w->t_delivery || w->t_answer) {
-        EXS_INFO(PROTO, "conn %p: TRACE request for message %llu (flags %#x) while message "
-                 "%llu is next", (void *)conn, (unsigned long long)seq, w->hdr.flags,
+        EXS_INFO(PROTO,
+                 "conn %p: TRACE request for message %llu (flags %#x) while message "
+                 "%llu is next",
+                 (void *)conn, (unsigned long long)seq, w->hdr.flags,
                  (unsigned long long)conn->rx_seq);
         return -EPROTO;
     }
@@ -308,8 +308,7 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
             free_e = &rt->rx[i];
     }
     if (!free_e) {
-        EXS_INFO(PROTO, "conn %p: TRACE request beyond %u outstanding", (void *)conn,
-                 EXS_RT_SLOTS);
+        EXS_INFO(PROTO, "conn %p: TRACE request beyond %u outstanding", (void *)conn, EXS_RT_SLOTS);
         return -EPROTO;
     }
     free_e->used = 1;
@@ -359,8 +358,7 @@ int exs__rt_on_record_locked(struct exs_conn *conn, const struct exs_wire_trace 
 
     /* sent only to a peer that announced the feature, on SEQPACKET (§5.1) */
     if (!(conn->peer.features & EXS_WIRE_FEAT_TRACE) || conn_is_stream(conn)) {
-        EXS_INFO(PROTO, "conn %p: TRACE record without feature TRACE or on a stream",
-                 (void *)conn);
+        EXS_INFO(PROTO, "conn %p: TRACE record without feature TRACE or on a stream", (void *)conn);
         return -EPROTO;
     }
     return w->hdr.flags & EXS_TRACE_ANSWER ? rt_on_answer(conn, w, seq)

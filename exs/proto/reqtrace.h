@@ -16,7 +16,7 @@
  */
 
 /* Sampled messages outstanding at each end of a connection (requests not answered). */
-#define EXS_RT_SLOTS 8
+#define EXS_RT_SLOTS         8
 /* Exchanges the clock-offset filter keeps (the one of least round-trip delay is used). */
 #define EXS_RT_OFFSET_WINDOW 8
 
@@ -25,38 +25,38 @@ struct exs_rt_tx {
     struct exs_reqtrace *owner;
     uint64_t seq, bytes;
     uint64_t t_post, t_wire, t_done, t_req, t_answer_rx; /* t_req T1, t_answer_rx T4 */
-    uint64_t r_req, r_arrival, r_delivery, r_answer;      /* the receiver's: T2, ..., T3 */
-    uint8_t  used, req_sent, done, answered;
+    uint64_t r_req, r_arrival, r_delivery, r_answer;     /* the receiver's: T2, ..., T3 */
+    uint8_t used, req_sent, done, answered;
 };
 
 /* A sampled message at its receiver (request seen, answer not yet appended). */
 struct exs_rt_rx {
     uint64_t seq;
     uint64_t t_req, t_arrival, t_delivery; /* 0: not yet */
-    uint8_t  used, ready, dropped;
+    uint8_t used, ready, dropped;
 };
 
 /* Per-connection trace state, allocated at the first sampled send or request. */
 struct exs_reqtrace {
     struct exs_conn *conn;
-    uint64_t         nsend;   /* sends posted so far: the sampling counter n */
+    uint64_t nsend; /* sends posted so far: the sampling counter n */
     struct exs_rt_tx tx[EXS_RT_SLOTS];
     struct exs_rt_rx rx[EXS_RT_SLOTS];
-    unsigned         rx_wait; /* rx entries still waiting for their arrival or delivery */
-    unsigned         rx_ready; /* rx entries whose answer waits for control room */
-    int64_t          off_ns[EXS_RT_OFFSET_WINDOW];  /* receiver clock - sender clock */
-    uint64_t         err_ns[EXS_RT_OFFSET_WINDOW];  /* its bound: half the round trip */
-    unsigned         off_count, off_next;
+    unsigned rx_wait;  /* rx entries still waiting for their arrival or delivery */
+    unsigned rx_ready; /* rx entries whose answer waits for control room */
+    int64_t off_ns[EXS_RT_OFFSET_WINDOW];  /* receiver clock - sender clock */
+    uint64_t err_ns[EXS_RT_OFFSET_WINDOW]; /* its bound: half the round trip */
+    unsigned off_count, off_next;
 };
 
 /* One completed trace, in the sender's clock (receiver times corrected by offset_ns). */
 struct exs_rt_record {
     const void *conn;
-    uint64_t    seq, bytes;
-    uint64_t    post_ns, wire_ns, done_ns, answer_ns;
-    int64_t     arrival_ns, delivery_ns; /* receiver's times minus offset_ns */
-    int64_t     offset_ns;               /* estimated receiver clock - sender clock */
-    uint64_t    offset_err_ns;           /* |true offset - offset_ns| <= this */
+    uint64_t seq, bytes;
+    uint64_t post_ns, wire_ns, done_ns, answer_ns;
+    int64_t arrival_ns, delivery_ns; /* receiver's times minus offset_ns */
+    int64_t offset_ns;               /* estimated receiver clock - sender clock */
+    uint64_t offset_err_ns;          /* |true offset - offset_ns| <= this */
 };
 
 /* Is send number n sampled under mask? (0: off; all ones: every send.) */
@@ -66,12 +66,11 @@ static inline int exs__rt_sampled(uint64_t n, uint64_t mask)
 }
 
 /* Sender hooks. post: exs__conn_post of a send (mask != 0); wire_begin: sp_send_one is
- * about to put op on the wire: appends its request, 0 when it could not (no control room:
- * the caller returns "wait"); wire: its data write (or ANNOUNCE) was posted; done: its
- * op finished (exs__conn_op_finish_locked). */
+ * about to put op on the wire: takes the wire time and appends its request (once), 0 when
+ * it could not (no control room: the caller returns "wait"); done: its op finished
+ * (exs__conn_op_finish_locked). */
 void exs__rt_post_locked(struct exs_conn *conn, struct exs_op *op);
 int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op);
-void exs__rt_wire_locked(struct exs_op *op);
 void exs__rt_done_locked(struct exs_op *op);
 
 /* Receiver hooks. arrival: after a receive completion was handled (conn->rx_seq moved);

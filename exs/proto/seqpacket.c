@@ -169,8 +169,6 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
     op->seq = conn->tx_seq++;
     op->state = EXS_OPS_POSTED;
     op->announced = 1;
-    if (op->rt)
-        exs__rt_wire_locked(op);
     return 1;
 sent:
     /* one WRITE carries the whole message (cut or not): done when it completes */
@@ -178,8 +176,6 @@ sent:
     op->inflight = 1;
     op->seq = conn->tx_seq++;
     op->state = EXS_OPS_POSTED;
-    if (op->rt)
-        exs__rt_wire_locked(op);
     return 1;
 }
 

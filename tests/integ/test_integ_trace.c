@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Request tracing seen through the process's own trace stream: records, their bounds, off at mask 0. */
+/* Request tracing seen through the process's own trace stream: records, their bounds, off at mask
+ * 0. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -229,8 +230,8 @@ Suite *integ_trace_suite(void)
 {
     Suite *s = suite_create("integ_trace");
 
-    it_suite_add(s, "trace", IT_CASE_TIMEOUT, 1,
-                 (const TTest *const[]){test_trace_sampled_records, test_trace_off_then_online,
-                                        NULL});
+    it_suite_add(
+        s, "trace", IT_CASE_TIMEOUT, 1,
+        (const TTest *const[]){test_trace_sampled_records, test_trace_off_then_online, NULL});
     return s;
 }
