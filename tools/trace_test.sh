@@ -143,11 +143,11 @@ if wait_for 20 have_sockets "$off" && wait_for 20 moved "$off"; then
     for p in $(run_pids "$off"); do
         "$exsctl" trace "$p" --json >"$work/off.$p.json" 2>&1 &
         tr=$!
-        wait_for 10 grep -q '"trace":true' "$work/off.$p.json"
+        wait_for 10 grep -qs '"trace":true' "$work/off.$p.json"
         # a marker: records arrive in order, so a request record would come before it
         "$exsctl" set "$p" log_level=info >/dev/null
         "$exsctl" set "$p" qspin_us=55 >/dev/null
-        if ! wait_for 20 grep -q 'qspin_us changed' "$work/off.$p.json"; then
+        if ! wait_for 20 grep -qs 'qspin_us changed' "$work/off.$p.json"; then
             ok=0; fail mask0_marker "pid $p: $(cat "$work/off.$p.json")"
         elif grep -q '"req"' "$work/off.$p.json"; then
             ok=0; fail mask0_no_records "pid $p: $(grep '"req"' "$work/off.$p.json" | head -3)"
