@@ -92,7 +92,17 @@ int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
         return 0;
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_TRACE_LEN))
         return 0;
-    /* the request goes before the message: the receiver sees it with rx_seq == seq */
+    /* the request goes before the message: the receiver sees it with rx_seq == seq. A
+     * request for this number already sent belonged to a send cancelled before it went
+     * out: the receiver replaces it with this one, and so does the sender. */
+    for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
+        struct exs_rt_tx *o = &conn->rt->tx[i];
+
+        if (o != s && o->used && o->req_sent && !o->answered && o->seq == conn->tx_seq) {
+            EXS_ASSERT(o->done); /* its op finished while queued */
+            memset(o, 0, sizeof(*o));
+        }
+    }
     s->seq = conn->tx_seq;
     s->t_req = exs__now_ns();
     struct exs_wire_trace w = {
@@ -302,8 +312,13 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
     if (!rt)
         return -ENOMEM;
     for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
-        if (rt->rx[i].used && rt->rx[i].seq == seq)
-            return -EPROTO; /* a second request for the same message */
+        if (rt->rx[i].used && rt->rx[i].seq == seq) {
+            /* the send of the earlier request was cancelled before it went out: this
+             * request, for the message that took its number, replaces it */
+            free_e = &rt->rx[i];
+            rt->rx_wait--;
+            break;
+        }
         if (!rt->rx[i].used && !free_e)
             free_e = &rt->rx[i];
     }
@@ -311,6 +326,7 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
         EXS_INFO(PROTO, "conn %p: TRACE request beyond %u outstanding", (void *)conn, EXS_RT_SLOTS);
         return -EPROTO;
     }
+    memset(free_e, 0, sizeof(*free_e));
     free_e->used = 1;
     free_e->seq = seq;
     free_e->t_req = exs__now_ns();

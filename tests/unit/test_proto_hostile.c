@@ -859,6 +859,8 @@ START_TEST(hs_trace_ok)
 
     raw_open(SOCK_SEQPACKET);
     raw_trace(0, 0, 5, 0, 0, 0); /* a request for message 0, which comes next */
+    raw_trace(0, 0, 6, 0, 0, 0); /* again: its send was cancelled, this one replaces it */
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
     raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, sb, 8, raw.peer.ring_addr, raw.peer.ring_rkey,
              exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
     pt_run(&pp);
@@ -899,9 +901,10 @@ START_TEST(hs_trace_bad)
     case 4: /* a request with answer fields */
         raw_trace(0, 0, 5, 6, 0, 0);
         break;
-    case 5: /* a second request for the same message */
-        raw_trace(0, 0, 5, 0, 0, 0);
-        raw_trace(0, 0, 6, 0, 0, 0);
+    case 5: /* an answer for another message than the traced one */
+        b_sends_traced(&s, sb);
+        sent = 1;
+        raw_trace(EXS_TRACE_ANSWER, 1, 10, 11, 12, 13);
         break;
     case 6: /* an answer for a message never traced */
         raw_trace(EXS_TRACE_ANSWER, 0, 10, 11, 12, 13);
