@@ -645,28 +645,150 @@ static int cmd_set(int argc, char **argv)
 
 /* ---- trace ---- */
 
+/* Chrome trace event JSON (spec/observability.md §8): each request trace becomes complete
+ * ("X") events on three tracks of the traced process: sender (request, send, queued),
+ * network, receiver (delivery). Times are the sender's clock, receiver times corrected by
+ * the trace's clock offset. */
+struct chrome {
+    FILE *f;
+    int   events;
+};
+
+static void chrome_event(struct chrome *c, const char *name, int pid, int tid, int64_t t0,
+                         int64_t t1, const struct exs_json *req)
+{
+    if (t1 < t0)
+        t1 = t0; /* a corrected receiver time within the offset's error of the sender's */
+    fprintf(c->f,
+            "%s\n{\"name\":\"%s\",\"cat\":\"exs\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
+            "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"conn\":\"%s\",\"seq\":%" PRIu64
+            ",\"bytes\":%" PRIu64 ",\"offset_err_us\":%.3f}}",
+            c->events ? "," : "", name, pid, tid, (double)t0 / 1000.0, (double)(t1 - t0) / 1000.0,
+            exs__json_get_str(req, "conn"), exs__json_get_u64(req, "seq"),
+            exs__json_get_u64(req, "bytes"),
+            (double)exs__json_get_u64(req, "offset_err_ns") / 1000.0);
+    c->events++;
+}
+
+static int chrome_open(struct chrome *c, const char *path)
+{
+    c->f = fopen(path, "w");
+    c->events = 0;
+    if (!c->f) {
+        fprintf(stderr, "exsctl: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    fprintf(c->f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[");
+    return 0;
+}
+
+static void chrome_add(struct chrome *c, int pid, const struct exs_json *req)
+{
+    static const char *tracks[] = {"sender", "network", "receiver"};
+    int64_t post = (int64_t)exs__json_get_u64(req, "post_ns");
+    int64_t wire = (int64_t)exs__json_get_u64(req, "wire_ns");
+    int64_t done = (int64_t)exs__json_get_u64(req, "done_ns");
+    int64_t arr = exs__json_get_i64(req, "arrival_ns");
+    int64_t dlv = exs__json_get_i64(req, "delivery_ns");
+
+    if (!c->events)
+        for (int t = 0; t < 3; t++) {
+            fprintf(c->f,
+                    "%s\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+                    "\"args\":{\"name\":\"%s\"}}",
+                    t ? "," : "", pid, t + 1, tracks[t]);
+            c->events++;
+        }
+    chrome_event(c, "request", pid, 1, post, done > dlv ? done : dlv, req);
+    chrome_event(c, "send", pid, 1, post, done, req);
+    chrome_event(c, "queued", pid, 1, post, wire, req);
+    chrome_event(c, "network", pid, 2, wire, arr, req);
+    chrome_event(c, "delivery", pid, 3, arr, dlv, req);
+}
+
+static int chrome_close(struct chrome *c, const char *path, int traces)
+{
+    int bad;
+
+    fprintf(c->f, "\n]}\n");
+    bad = ferror(c->f);
+    if (fclose(c->f) || bad) {
+        fprintf(stderr, "exsctl: %s: write failed\n", path);
+        return 1;
+    }
+    fprintf(stderr, "exsctl: %d request traces written to %s\n", traces, path);
+    return 0;
+}
+
+/* exsctl trace --chrome OUT --from FILE: convert an EXS_TRACE_FILE (JSON lines). */
+static int trace_convert(const char *out, const char *in)
+{
+    struct chrome c;
+    char line[4096];
+    int n = 0;
+    FILE *f = fopen(in, "r");
+
+    if (!f) {
+        fprintf(stderr, "exsctl: %s: %s\n", in, strerror(errno));
+        return 1;
+    }
+    if (chrome_open(&c, out) < 0) {
+        fclose(f);
+        return 1;
+    }
+    while (fgets(line, sizeof(line), f)) {
+        struct exs_json *j;
+
+        if (exs__json_parse(line, strlen(line), &j) < 0) {
+            fprintf(stderr, "exsctl: %s: a line is not JSON, skipped\n", in);
+            continue;
+        }
+        chrome_add(&c, 0, j);
+        exs__json_free(j);
+        n++;
+    }
+    fclose(f);
+    return chrome_close(&c, out, n);
+}
+
 static int cmd_trace(int argc, char **argv)
 {
     struct reply r = {0};
-    int pid = -1, fd, count = -1, timeout_ms = -1, got = 0, ret;
+    int pid = -1, fd, count = -1, timeout_ms = -1, got = 0, ret, traces = 0;
+    const char *chrome_path = NULL, *from = NULL;
+    struct chrome c;
 
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--count") && i + 1 < argc)
             count = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
             timeout_ms = (int)(atof(argv[++i]) * 1000);
-        else if (pid < 0 && (pid = parse_pid(argv[i])) > 0)
+        else if (!strcmp(argv[i], "--chrome") && i + 1 < argc)
+            chrome_path = argv[++i];
+        else if (!strcmp(argv[i], "--from") && i + 1 < argc)
+            from = argv[++i];
+        else if (pid < 0 && !from && (pid = parse_pid(argv[i])) > 0)
             continue;
         else
             goto usage;
     }
+    if (from) {
+        if (!chrome_path || pid > 0)
+            goto usage;
+        return trace_convert(chrome_path, from);
+    }
     if (pid < 0 || count == 0 || count < -1)
         goto usage;
-    fd = ctl_connect(pid, 0);
-    if (fd < 0)
+    if (chrome_path && chrome_open(&c, chrome_path) < 0)
         return 1;
-    if (ctl_call(pid, fd, "trace", &r) < 0) {
-        close(fd);
+    fd = ctl_connect(pid, 0);
+    if (fd < 0 || ctl_call(pid, fd, "trace", &r) < 0) {
+        if (fd >= 0)
+            close(fd);
+        if (chrome_path) {
+            fclose(c.f);
+            unlink(chrome_path);
+        }
         return 1;
     }
     if (opt_json)
@@ -687,8 +809,35 @@ static int cmd_trace(int argc, char **argv)
                 fprintf(stderr, "exsctl: pid %d: trace: %s\n", pid, strerror(-ret));
             break;
         }
+        const struct exs_json *req = exs__json_get(r.j, "req");
+
+        if (chrome_path) {
+            /* with --chrome, only request traces count and nothing is printed */
+            if (req && req->type == EXS_JSON_OBJ) {
+                chrome_add(&c, pid, req);
+                traces++;
+                got++;
+            }
+            reply_free(&r);
+            continue;
+        }
         if (opt_json) {
             printf("%s\n", r.raw);
+        } else if (req) {
+            uint64_t t = exs__json_get_u64(r.j, "t_us");
+            int64_t post = (int64_t)exs__json_get_u64(req, "post_ns");
+
+            printf("%" PRIu64 ".%06" PRIu64 " request conn %s seq %" PRIu64 " %" PRIu64
+                   " B: wire +%.1f us, arrival +%.1f us, delivery +%.1f us, completion +%.1f "
+                   "us (clock offset %+.1f us +- %.1f)\n",
+                   t / 1000000, t % 1000000, exs__json_get_str(req, "conn"),
+                   exs__json_get_u64(req, "seq"), exs__json_get_u64(req, "bytes"),
+                   (double)((int64_t)exs__json_get_u64(req, "wire_ns") - post) / 1e3,
+                   (double)(exs__json_get_i64(req, "arrival_ns") - post) / 1e3,
+                   (double)(exs__json_get_i64(req, "delivery_ns") - post) / 1e3,
+                   (double)((int64_t)exs__json_get_u64(req, "done_ns") - post) / 1e3,
+                   (double)exs__json_get_i64(req, "offset_ns") / 1e3,
+                   (double)exs__json_get_u64(req, "offset_err_ns") / 1e3);
         } else {
             uint64_t t = exs__json_get_u64(r.j, "t_us");
 
@@ -703,9 +852,10 @@ static int cmd_trace(int argc, char **argv)
         got++;
     }
     close(fd);
-    return 0;
+    return chrome_path ? chrome_close(&c, chrome_path, traces) : 0;
 usage:
-    fprintf(stderr, "usage: exsctl trace PID [--count N] [--timeout SECONDS] [--json]\n");
+    fprintf(stderr, "usage: exsctl trace PID [--count N] [--timeout SECONDS] [--json] "
+                    "[--chrome FILE]\n       exsctl trace --chrome FILE --from TRACE_FILE\n");
     return 2;
 }
 
@@ -747,7 +897,7 @@ static const struct exsctl_cmd cmds[] = {
      "params [PID]            tunables (with PID: the running process's values)"},
     {"params", cmd_params, "params --markdown       the tunables table of spec/params.md"},
     {"set", cmd_set, "set PID NAME=VALUE      change an online tunable of a running process"},
-    {"trace", cmd_trace, "trace PID [--count N] [--timeout S]  stream the process's log records"},
+    {"trace", cmd_trace, "trace PID [--count N] [--timeout S] [--chrome FILE]  stream the process's log and request-trace records (--chrome: request traces as Chrome trace JSON; --from FILE converts an EXS_TRACE_FILE)"},
     /* probes (tools/exsctl_probe.c); their usage: exsctl_probe_usage */
     {"serve", cmd_serve, NULL},
     {"ping", cmd_ping, NULL},

@@ -37,3 +37,6 @@ check: check-probe
 
 # exsctl against live processes (blast, the echo server): tools/ctl_test.sh.
 CHECK_RUNS += "bash tools/ctl_test.sh $(BUILD)"
+
+# request tracing against live blast runs: tools/trace_test.sh.
+CHECK_RUNS += "bash tools/trace_test.sh $(BUILD)"

@@ -15,6 +15,7 @@
 
 #include "exs/api/api_int.h"
 #include "exs/api/ctl.h"
+#include "exs/proto/reqtrace.h"
 #include "exs/util/json.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
@@ -709,22 +710,26 @@ static void ctl_accept_cb(struct exs_eng_io *io, int revents)
 
 /* ---- trace records ---- */
 
-/* The logger's hook (any thread, any lock held): queue the line, wake the loop. */
-static void ctl_log_hook(const char *line, size_t len)
+/* Queue one record "<t_us> <kind><text>" (kind 'L': a log line ending in '\n'; 'R': a
+ * request trace, one JSON object, given without its '\n') and wake the loop. */
+static void ctl_queue(char kind, const char *line, size_t len)
 {
     char head[32];
     int hlen, wake = 0;
     uint64_t one = 1;
+    size_t nl = kind == 'R';
 
     if (!__atomic_load_n(&ctl.tracers, __ATOMIC_RELAXED))
         return;
-    hlen = snprintf(head, sizeof(head), "%" PRIu64 " ", exs__now_us());
+    hlen = snprintf(head, sizeof(head), "%" PRIu64 " %c", exs__now_us(), kind);
     pthread_mutex_lock(&ctl.tlock);
-    if (ctl.tlen + (size_t)hlen + len <= sizeof(ctl.tring)) {
+    if (ctl.tlen + (size_t)hlen + len + nl <= sizeof(ctl.tring)) {
         wake = ctl.tlen == 0;
         memcpy(ctl.tring + ctl.tlen, head, (size_t)hlen);
         memcpy(ctl.tring + ctl.tlen + (size_t)hlen, line, len);
-        ctl.tlen += (size_t)hlen + len;
+        if (nl)
+            ctl.tring[ctl.tlen + (size_t)hlen + len] = '\n';
+        ctl.tlen += (size_t)hlen + len + nl;
     } else {
         ctl.tdropped++;
     }
@@ -734,13 +739,26 @@ static void ctl_log_hook(const char *line, size_t len)
     }
 }
 
-/* One record "<t_us> <line>\n" to every tracer. */
+/* The logger's hook (any thread, any lock held). */
+static void ctl_log_hook(const char *line, size_t len)
+{
+    ctl_queue('L', line, len);
+}
+
+/* The request tracer's sink (any thread, a conn lock held): one completed trace. */
+static void ctl_rt_sink(const char *json, size_t len)
+{
+    ctl_queue('R', json, len);
+}
+
+/* One record "<t_us> <kind><text>\n" to every tracer: {"t_us","log"} for a log line,
+ * {"t_us","req":{...}} for a request trace (spec/observability.md §8). */
 static void trace_send(const char *rec, size_t len, uint64_t dropped)
 {
     struct exs_list *pos, *tmp;
     const char *sp = memchr(rec, ' ', len);
 
-    if (!sp)
+    if (!sp || (size_t)(sp + 2 - rec) > len)
         return;
     exs_list_for_each_safe(pos, tmp, &ctl.clients)
     {
@@ -756,8 +774,15 @@ static void trace_send(const char *rec, size_t len, uint64_t dropped)
         }
         exs__jbuf_obj_begin(b);
         exs__jbuf_kv_u64(b, "t_us", strtoull(rec, NULL, 10));
-        exs__jbuf_key(b, "log");
-        exs__jbuf_strn(b, sp + 1, len - (size_t)(sp + 1 - rec) - 1);
+        if (sp[1] == 'R') {
+            /* our own formatting (exs__rt_format): an object, copied as it is */
+            exs__jbuf_key(b, "req");
+            exs__jbuf_raw(b, sp + 2, len - (size_t)(sp + 2 - rec) - 1);
+            b->comma = 1;
+        } else {
+            exs__jbuf_key(b, "log");
+            exs__jbuf_strn(b, sp + 2, len - (size_t)(sp + 2 - rec) - 1);
+        }
         if (dropped + c->dropped)
             exs__jbuf_kv_u64(b, "dropped", dropped + c->dropped);
         exs__jbuf_obj_end(b);
@@ -925,6 +950,7 @@ int exs__ctl_start(void)
     ctl.nclients = 0;
     ctl.start_ns = exs__now_ns();
     exs__log_set_hook(ctl_log_hook);
+    exs__rt_set_sink(ctl_rt_sink);
     exs__engine_call(ctl_start_job, NULL);
     EXS_INFO(API, "control endpoint %s", ctl.path);
     return 0;
@@ -944,6 +970,7 @@ void exs__ctl_stop(void)
         return;
     exs__engine_call(ctl_stop_job, NULL);
     exs__log_set_hook(NULL);
+    exs__rt_set_sink(NULL);
     ctl_unlink();
     close(ctl.lfd);
     ctl.lfd = -1;

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include "exs/proto/proto_int.h"
+#include "exs/proto/reqtrace.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -189,6 +190,7 @@ static void conn_release_locked(struct exs_conn *conn)
     conn->tx_op = NULL;
     conn->adverts = NULL;
     exs__sp_free_pending_locked(conn);
+    exs__rt_free_locked(conn);
 }
 
 int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
@@ -616,6 +618,8 @@ void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
     op->result = err ? -1 : result;
     op->err = err;
     op->state = EXS_OPS_DONE;
+    if (op->rt)
+        exs__rt_done_locked(op);
 }
 
 /* Hand finished operations to their owners, each direction in posting order. */
@@ -630,6 +634,8 @@ static void conn_deliver_locked(struct exs_conn *conn)
             if (op->state != EXS_OPS_DONE)
                 break;
             exs_list_del(&op->link);
+            if (i && conn->rt)
+                exs__rt_deliver_locked(conn, op);
             op->done(op);
         }
     }
@@ -727,6 +733,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     op->inflight = 0;
     op->announced = 0;
     op->filled = 0;
+    op->rt = NULL;
     if (op->kind == EXS_OP_RECV) {
         exs_list_add_tail(&conn->recvq, &op->link);
         if (conn->state == EXS_CONN_DEAD) {
@@ -738,6 +745,8 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     } else {
         if (op->kind == EXS_OP_SHUTDOWN)
             conn_set_txshut(conn, EXS_TXSHUT_QUEUED, "exs_shutdown accepted");
+        if (EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
+            exs__rt_post_locked(conn, op);
         exs_list_add_tail(&conn->sendq, &op->link);
         if (conn->state == EXS_CONN_DEAD)
             exs__conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
@@ -1097,6 +1106,7 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_NOP: want = EXS_WIRE_NOP_LEN; break;
         case EXS_CTRL_RING: want = EXS_WIRE_RING_LEN; break;
         case EXS_CTRL_DRAIN: want = EXS_WIRE_DRAIN_LEN; break;
+        case EXS_CTRL_TRACE: want = EXS_WIRE_TRACE_LEN; break;
         default: return -EPROTO;
         }
         if (rlen != want)
@@ -1166,6 +1176,13 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
                 return -EPROTO;
             break;
         }
+        case EXS_CTRL_TRACE: {
+            struct exs_wire_trace t;
+            memcpy(&t, rec, sizeof(t));
+            if (exs__rt_on_record_locked(conn, &t))
+                return -EPROTO;
+            break;
+        }
         case EXS_CTRL_SHUTDOWN: {
             struct exs_wire_shutdown s;
             memcpy(&s, rec, sizeof(s));
@@ -1205,6 +1222,8 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
         exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
         return;
     }
+    if (conn->rt)
+        exs__rt_arrival_locked(conn);
     if (conn->state >= EXS_CONN_DOWN)
         return; /* going away: the slot is not needed any more */
     if (conn_post_rx_locked(conn, slot)) {

@@ -21,6 +21,8 @@
  */
 
 struct exs_conn;
+struct exs_rt_tx;
+struct exs_reqtrace;
 
 /* ---- operations ---- */
 enum exs_op_kind {
@@ -62,6 +64,7 @@ struct exs_op {
     uint32_t          phase;          /* STREAM receive: P_A of its ADVERT */
     int               cancel; /* exs_cancel / exs_close asked for it */
     int               announced; /* SEQPACKET send: ANNOUNCEd, completed by READ_DONE */
+    struct exs_rt_tx *rt;     /* SEQPACKET send sampled for request tracing, else NULL */
     /* result */
     ssize_t           result; /* bytes, or -1 */
     int               err;    /* errno or 0 */
@@ -279,6 +282,7 @@ struct exs_conn {
     uint64_t                   tx_stall_ns;  /* queued sends without progress since; 0: none */
 
     struct exs_sock_stats      stats;
+    struct exs_reqtrace       *rt;         /* request tracing state (reqtrace.c), NULL: none */
     uint64_t                   created_ns; /* exs__now_ns() at create (exsctl stat: age) */
 };
 

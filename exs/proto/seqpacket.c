@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include "exs/proto/proto_int.h"
+#include "exs/proto/reqtrace.h"
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
@@ -97,6 +98,8 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         conn->stats.credit_stalls++;
         return 0;
     }
+    if (op->rt && !exs__rt_wire_begin_locked(conn, op))
+        return 0;
     adv = sp_advert_head(conn);
 
     /* 1. eager into the peer's ring */
@@ -188,7 +191,7 @@ static int sp_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     uint32_t eager = EXS_MIN(conn->p.eager_max, conn->peer.eager_max);
     uint32_t size = conn->peer.ring_size, rec, skip, slot;
 
-    if (op->kind != EXS_OP_SEND || op->state != EXS_OPS_QUEUED || op->len >= eager ||
+    if (op->kind != EXS_OP_SEND || op->state != EXS_OPS_QUEUED || op->len >= eager || op->rt ||
         !size || !conn->peer_ring_keyed || !(conn->peer.features & EXS_WIRE_FEAT_BATCH))
         return 0;
     rec = exs_wire_batch_rec_size((uint32_t)op->len);

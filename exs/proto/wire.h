@@ -21,6 +21,8 @@
  *       exs_wire_batch_rec, its immediate tag giving their count (§6.1).
  *   v2 + feature DRAIN (negotiated in hello.features): the STREAM return to direct (§7.2),
  *       the DRAIN control record, sent only to a peer whose hello has the bit.
+ *   v2 + feature TRACE (negotiated in hello.features): the TRACE control record (§5.1),
+ *       request tracing; sent only to a peer whose hello has the bit.
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -37,8 +39,9 @@ enum { /* exs_wire_hello.features */
     EXS_WIRE_FEAT_READ      = 1u << 1, /* may be asked to serve RDMA READ of announced buffers */
     EXS_WIRE_FEAT_BATCH     = 1u << 2, /* splits SEQPACKET batched ring writes (§6.1) */
     EXS_WIRE_FEAT_DRAIN     = 1u << 3, /* STREAM: understands DRAIN records (§7.2) */
+    EXS_WIRE_FEAT_TRACE     = 1u << 4, /* understands and answers TRACE records (§5.1) */
     EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
-                              EXS_WIRE_FEAT_DRAIN,
+                              EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE,
 };
 
 struct exs_wire_hello {
@@ -152,7 +155,8 @@ enum exs_wire_ctrl_type {
     EXS_CTRL_NOP      = 6, /* carries credits only; breaks credit deadlocks */
     EXS_CTRL_RING     = 7, /* v2: the key of the sender's ring; its first record, once */
     EXS_CTRL_DRAIN    = 8, /* STREAM, feature DRAIN: stop writing the ring / stopped (§7.2) */
-    EXS_CTRL_TYPE_MAX = 8,
+    EXS_CTRL_TRACE    = 9, /* SEQPACKET, feature TRACE: a traced message / its times (§5.1) */
+    EXS_CTRL_TYPE_MAX = 9,
 };
 
 /* Every record starts with this header; len includes it and is a multiple of 8. */
@@ -239,6 +243,28 @@ struct exs_wire_drain {
 } __attribute__((packed));
 #define EXS_WIRE_DRAIN_LEN 24u
 
+enum { /* exs_wire_trace.hdr.flags */
+    EXS_TRACE_ANSWER  = 1u << 0, /* the receiver's answer; without it: the sender's request */
+    EXS_TRACE_DROPPED = 1u << 1, /* answer: the receiver kept no times for seq (all 0) */
+};
+
+/* TRACE (§5.1, SEQPACKET, feature TRACE). Times are the writer's CLOCK_MONOTONIC in ns.
+ * Request (from the data sender, just before message seq, in the same connection's
+ * order): t_req = when the request was appended (T1); the other times are 0. Answer
+ * (EXS_TRACE_ANSWER, from the data receiver): t_req = when the request's completion was
+ * polled (T2), t_arrival = the completion that brought message seq (its write or its
+ * ANNOUNCE), t_delivery = its receive handed to the application's event queue, t_answer
+ * = when this answer was appended (T3); t_req <= t_arrival <= t_delivery <= t_answer. */
+struct exs_wire_trace {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 seq;        /* message number */
+    uint64_t                 t_req;      /* request: T1; answer: T2 */
+    uint64_t                 t_arrival;  /* answer only */
+    uint64_t                 t_delivery; /* answer only */
+    uint64_t                 t_answer;   /* answer only: T3 */
+} __attribute__((packed));
+#define EXS_WIRE_TRACE_LEN 48u
+
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN
 
@@ -260,6 +286,8 @@ _Static_assert(sizeof(struct exs_wire_read_done) == EXS_WIRE_READ_DONE_LEN, "rea
 _Static_assert(sizeof(struct exs_wire_shutdown) == EXS_WIRE_SHUTDOWN_LEN, "shutdown size");
 _Static_assert(sizeof(struct exs_wire_ring) == EXS_WIRE_RING_LEN, "ring size");
 _Static_assert(sizeof(struct exs_wire_drain) == EXS_WIRE_DRAIN_LEN, "drain size");
+_Static_assert(sizeof(struct exs_wire_trace) == EXS_WIRE_TRACE_LEN, "trace size");
+_Static_assert(offsetof(struct exs_wire_trace, t_answer) == 40, "trace.t_answer");
 _Static_assert(sizeof(struct exs_wire_batch_rec) == EXS_WIRE_BATCH_REC_LEN, "batch rec size");
 
 #endif

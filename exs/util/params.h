@@ -105,6 +105,8 @@ struct exs_params {
     uint64_t log_rate_per_s;   /* EXS_LOG_RATE_PER_S: lines per second per call site after it */
     uint64_t polling_warn_cycle_us; /* EXS_POLLING_WARN_CYCLE_US: slow-poll report, 0 = off */
     uint64_t slow_threshold_us; /* EXS_SLOW_THRESHOLD_US: slow progress pass report, 0 = off */
+    uint64_t trace_sample_mask; /* EXS_TRACE_SAMPLE_MASK: send n traced when (n & mask) == 0; 0 = off */
+    char     trace_file[EXS_PARAM_STR_MAX]; /* EXS_TRACE_FILE: completed traces appended here, "" = none */
 
     /* -- porting: kernel descriptors, timeouts (issue 15) -- */
 

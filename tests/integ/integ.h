@@ -37,6 +37,7 @@ Suite *integ_progress_suite(void);
 Suite *integ_keepalive_suite(void);
 Suite *integ_fault_suite(void);
 Suite *integ_ctl_suite(void);
+Suite *integ_trace_suite(void);
 Suite *integ_kfd_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */

@@ -6,7 +6,9 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "exs/proto/reqtrace.h"
 #include "exs/util/log.h"
+#include "exs/util/params.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -28,6 +30,7 @@ static struct raw {
 #define RAW_SEND (RAW_RECVS * 512 + 4096)
 
 static struct pt_pair pp;
+static uint16_t raw_features = EXS_WIRE_FEAT_ALL; /* the raw peer's hello.features */
 
 static void raw_post(enum exs_prov_wr_opcode op, const void *data, uint32_t len, uint64_t raddr,
                      uint32_t rkey, uint32_t imm);
@@ -65,7 +68,7 @@ static void raw_open_ring(int sock_type, int send_ring)
     h.magic = htobe16(EXS_WIRE_MAGIC);
     h.version = EXS_WIRE_VERSION;
     h.sock_type = sock_type == SOCK_STREAM ? EXS_WIRE_SOCK_STREAM : EXS_WIRE_SOCK_SEQPACKET;
-    h.features = htobe16(EXS_WIRE_FEAT_ALL);
+    h.features = htobe16(raw_features);
     h.credits = htobe16(RAW_RECVS);
     h.ctrl_size = htobe32(512);
     h.ring_size = htobe32(4096);
@@ -816,6 +819,170 @@ START_TEST(hs_drain_seqpacket)
 }
 END_TEST
 
+/* ---- TRACE records (spec/protocol.md §5.1) ---- */
+
+/* One TRACE record from the raw peer. */
+static void raw_trace(uint8_t flags, uint64_t seq, uint64_t t2, uint64_t ta, uint64_t td,
+                      uint64_t t3)
+{
+    struct exs_wire_trace w = {
+        .hdr = {.type = EXS_CTRL_TRACE, .flags = flags, .len = htobe16(EXS_WIRE_TRACE_LEN)},
+        .seq = htobe64(seq),
+        .t_req = htobe64(t2),
+        .t_arrival = htobe64(ta),
+        .t_delivery = htobe64(td),
+        .t_answer = htobe64(t3),
+    };
+
+    raw_post(EXS_PROV_WR_SEND, &w, sizeof(w), 0, 0, 0);
+    pt_run(&pp); /* the send area is reused by the next raw_post */
+}
+
+/* b sends one sampled 20-byte message to the raw peer: its request is message 0's. */
+static void b_sends_traced(struct pt_op *s, uint8_t *sb)
+{
+    exs__params.trace_sample_mask = UINT64_MAX;
+    pt_fill(sb, 20, 0);
+    pt_op_init(s, &pp.b, EXS_OP_SEND, sb, 20, 0);
+    ck_assert_int_eq(pt_post(s), 0);
+    pt_run(&pp);
+    exs__params.trace_sample_mask = 0;
+    ck_assert_int_eq(s->done, 1);
+}
+
+/* A request and a well-formed answer are accepted; an answer completes b's trace. */
+START_TEST(hs_trace_ok)
+{
+    static uint8_t sb[20];
+    struct pt_op s;
+    uint64_t before = exs__rt_completed();
+
+    raw_open(SOCK_SEQPACKET);
+    raw_trace(0, 0, 5, 0, 0, 0); /* a request for message 0, which comes next */
+    raw_trace(0, 0, 6, 0, 0, 0); /* again: its send was cancelled, this one replaces it */
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, sb, 8, raw.peer.ring_addr, raw.peer.ring_rkey,
+             exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+    pt_run(&pp);
+    b_sends_traced(&s, sb);
+    raw_trace(EXS_TRACE_ANSWER, 0, 10, 11, 12, 13);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_uint_eq(exs__rt_completed(), before + 1);
+    pt_op_fini(&s);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* Every violation of §5.1 resets the connection. */
+START_TEST(hs_trace_bad)
+{
+    static uint8_t sb[20];
+    struct pt_op s;
+    int sent = 0;
+
+    raw_open(_i == 0 ? SOCK_STREAM : SOCK_SEQPACKET);
+    switch (_i) {
+    case 0: /* on a STREAM connection */
+        raw_trace(0, 0, 5, 0, 0, 0);
+        break;
+    case 1: { /* a wrong length */
+        uint8_t body[32] = {0};
+        raw_ctrl(EXS_CTRL_TRACE, 40, 0, body, 32);
+        break;
+    }
+    case 2: /* a request for a message other than the next */
+        raw_trace(0, 3, 5, 0, 0, 0);
+        break;
+    case 3: /* a request with a flag it must not have */
+        raw_trace(EXS_TRACE_DROPPED, 0, 5, 0, 0, 0);
+        break;
+    case 4: /* a request with answer fields */
+        raw_trace(0, 0, 5, 6, 0, 0);
+        break;
+    case 5: /* an answer for another message than the traced one */
+        b_sends_traced(&s, sb);
+        sent = 1;
+        raw_trace(EXS_TRACE_ANSWER, 1, 10, 11, 12, 13);
+        break;
+    case 6: /* an answer for a message never traced */
+        raw_trace(EXS_TRACE_ANSWER, 0, 10, 11, 12, 13);
+        break;
+    case 7: /* an answer with times out of order */
+        b_sends_traced(&s, sb);
+        sent = 1;
+        raw_trace(EXS_TRACE_ANSWER, 0, 10, 12, 11, 13);
+        break;
+    case 8: /* an answer with an unknown flag */
+        b_sends_traced(&s, sb);
+        sent = 1;
+        raw_trace(EXS_TRACE_ANSWER | 4, 0, 10, 11, 12, 13);
+        break;
+    case 9: /* a DROPPED answer with times */
+        b_sends_traced(&s, sb);
+        sent = 1;
+        raw_trace(EXS_TRACE_ANSWER | EXS_TRACE_DROPPED, 0, 10, 11, 12, 13);
+        break;
+    case 10: /* a second answer for the same message */
+        b_sends_traced(&s, sb);
+        sent = 1;
+        raw_trace(EXS_TRACE_ANSWER, 0, 10, 11, 12, 13);
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        raw_trace(EXS_TRACE_ANSWER, 0, 10, 11, 12, 13);
+        break;
+    default: /* a ninth request while 8 wait for their answers (no receive posted) */
+        for (int i = 0; i < 9; i++) {
+            raw_trace(0, (uint64_t)i, 5, 0, 0, 0);
+            if (i < 8)
+                raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, sb, 8,
+                         raw.peer.ring_addr + 64u * (uint64_t)i, raw.peer.ring_rkey,
+                         exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+            pt_run(&pp);
+            if (i < 8)
+                ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        }
+        /* reset: the 8 eager messages are still handed to receives (§6), so look at the
+         * connection itself */
+        ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+        raw_close();
+        return;
+    }
+    expect_reset();
+    if (sent)
+        pt_op_fini(&s);
+    raw_close();
+}
+END_TEST
+
+/* A peer whose hello lacks feature TRACE: b never sends it a TRACE record, and one it
+ * sends anyway resets the connection. */
+START_TEST(hs_trace_without_feature)
+{
+    static uint8_t sb[20];
+    struct pt_op s;
+    struct exs_prov_cqe cqe;
+
+    raw_features = EXS_WIRE_FEAT_ALL & ~EXS_WIRE_FEAT_TRACE;
+    raw_open(SOCK_SEQPACKET);
+    raw_features = EXS_WIRE_FEAT_ALL;
+    b_sends_traced(&s, sb);
+    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1)
+        if (cqe.status == EXS_PROV_WC_SUCCESS && cqe.opcode == EXS_PROV_WC_RECV)
+            ck_assert_uint_ne(raw.mem[512 * cqe.wr_id], EXS_CTRL_TRACE);
+    ck_assert_ptr_null(pp.b.conn->rt);
+    if (_i) {
+        raw_trace(0, 0, 5, 0, 0, 0);
+        expect_reset();
+    } else {
+        exs__conn_close(pp.b.conn);
+    }
+    pt_op_fini(&s);
+    raw_close();
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -844,6 +1011,9 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_drain_bad, 0, 8);
     tcase_add_loop_test(tc, hs_drain_bad_length, 0, 2);
     tcase_add_test(tc, hs_drain_seqpacket);
+    tcase_add_test(tc, hs_trace_ok);
+    tcase_add_loop_test(tc, hs_trace_bad, 0, 12);
+    tcase_add_loop_test(tc, hs_trace_without_feature, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

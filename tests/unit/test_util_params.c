@@ -50,7 +50,7 @@ START_TEST(test_table_shape)
         ck_assert_str_eq(buf, t[i].defval);
         /* online: the log settings, the adaptive spin, the close timeout, the deadlines and
          * keepalive (issue 13, read at each use), the fault provider's faults, the control
-         * client timeout and the slow-poll and slow-pass thresholds; the rest is start-up
+         * client timeout, the slow-poll and slow-pass thresholds and trace sampling; the rest is start-up
          * only */
         ck_assert_int_eq(t[i].online, strncmp(t[i].name, "log_", 4) == 0 ||
                                           strcmp(t[i].name, "qspin_us") == 0 ||
@@ -63,7 +63,8 @@ START_TEST(test_table_shape)
                                           strncmp(t[i].name, "fault_", 6) == 0 ||
                                           strcmp(t[i].name, "ctl_timeout_ms") == 0 ||
                                           strcmp(t[i].name, "polling_warn_cycle_us") == 0 ||
-                                          strcmp(t[i].name, "slow_threshold_us") == 0);
+                                          strcmp(t[i].name, "slow_threshold_us") == 0 ||
+                                          strcmp(t[i].name, "trace_sample_mask") == 0);
     }
     ck_assert_uint_eq(covered, sizeof(struct exs_params));
     ck_assert_ptr_null(exs__params_find("nope"));

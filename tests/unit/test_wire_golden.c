@@ -8,7 +8,10 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "exs/proto/reqtrace.h"
 #include "exs/prov/tcp/tcp.h"
+#include "exs/util/json.h"
+#include "exs/util/params.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -111,7 +114,7 @@ START_TEST(golden_hello)
         0x45, 0x58,                         /* magic "EX" */
         0x02,                               /* version 2 */
         0x01,                               /* STREAM */
-        0x00, 0x0f,                         /* features: keepalive | read | batch | drain */
+        0x00, 0x1f,                         /* features: keepalive | read | batch | drain | trace */
         0x00, 0x21,                         /* credits 33 */
         0x00, 0x00, 0x02, 0x00,             /* ctrl_size 512 */
         0x00, 0x00, 0x20, 0x00,             /* ring_size 8192 */
@@ -521,6 +524,148 @@ START_TEST(golden_ring)
 }
 END_TEST
 
+/* ---- request tracing (§5.1) ---- */
+
+static char rt_json[512];
+static int rt_records;
+
+static void rt_sink(const char *json, size_t len)
+{
+    if (len < sizeof(rt_json)) {
+        memcpy(rt_json, json, len);
+        rt_json[len] = 0;
+    }
+    rt_records++;
+}
+
+static uint64_t get_be(const uint8_t *p)
+{
+    uint64_t v = 0;
+
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* The first captured SEND of ep holding a TRACE record (alone in it), or NULL. */
+static struct cap *cap_trace(struct exs_prov_ep *ep)
+{
+    for (int i = 0; i < ncaps; i++)
+        if (caps[i].ep == ep && caps[i].opcode == EXS_PROV_WR_SEND &&
+            caps[i].bytes[0] == EXS_CTRL_TRACE)
+            return &caps[i];
+    return NULL;
+}
+
+/* One sampled message (mask all ones): the request goes before the message, the answer
+ * comes back with ordered times, the record is complete and consistent. With _i == 1 the
+ * mask is 0: no TRACE record is sent and no record made. */
+START_TEST(golden_trace)
+{
+    static uint8_t sb[10], rb[64];
+    static const uint8_t req_hdr[8] = {0x09, 0x00, 0x00, 0x30}; /* TRACE, request, 48 bytes */
+    struct pt_op s, r;
+    int req_i = -1, wwi_i = -1;
+
+    gp_setup(SOCK_SEQPACKET, EXS_XFER_DYNAMIC);
+    exs__params.trace_sample_mask = _i ? 0 : UINT64_MAX;
+    rt_records = 0;
+    exs__rt_set_sink(rt_sink);
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_op_init(&s, &pp.a, EXS_OP_SEND, sb, sizeof(sb), 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(s.done, 1);
+    ck_assert_int_eq(r.done, 1);
+    ck_assert_int_eq(r.op.result, 10);
+    exs__rt_set_sink(NULL);
+    exs__params.trace_sample_mask = 0;
+    if (_i) {
+        ck_assert_ptr_null(cap_trace(pp.a.conn->ep));
+        ck_assert_ptr_null(cap_trace(pp.b.conn->ep));
+        ck_assert_int_eq(rt_records, 0);
+        goto out;
+    }
+    for (int i = 0; i < ncaps; i++) {
+        if (caps[i].ep != pp.a.conn->ep)
+            continue;
+        if (caps[i].opcode == EXS_PROV_WR_SEND && caps[i].bytes[0] == EXS_CTRL_TRACE && req_i < 0)
+            req_i = i;
+        if (caps[i].opcode == EXS_PROV_WR_RDMA_WRITE_WITH_IMM && wwi_i < 0)
+            wwi_i = i;
+    }
+    ck_assert_int_ge(req_i, 0);
+    ck_assert_int_gt(wwi_i, req_i); /* the request before the message */
+    struct cap *c = &caps[req_i];
+    ck_assert_uint_eq(c->len, EXS_WIRE_TRACE_LEN);
+    assert_bytes(c->bytes, req_hdr, 4);
+    ck_assert_uint_eq(c->bytes[6] | c->bytes[7], 0);        /* reserved */
+    ck_assert_uint_eq(get_be(c->bytes + 8), 0);             /* seq: message 0 */
+    uint64_t t1 = get_be(c->bytes + 16);
+    ck_assert_uint_ne(t1, 0);
+    for (int i = 24; i < 48; i++)
+        ck_assert_uint_eq(c->bytes[i], 0);                  /* answer fields: 0 */
+
+    c = cap_trace(pp.b.conn->ep);
+    ck_assert_ptr_nonnull(c);
+    /* the answer first in its SEND (an ACK of the ring slot may follow it) */
+    ck_assert_uint_ge(c->len, EXS_WIRE_TRACE_LEN);
+    ck_assert_uint_eq(c->bytes[3], EXS_WIRE_TRACE_LEN);
+    ck_assert_uint_eq(c->bytes[1], EXS_TRACE_ANSWER);
+    ck_assert_uint_eq(get_be(c->bytes + 8), 0);
+    uint64_t t2 = get_be(c->bytes + 16), ta = get_be(c->bytes + 24);
+    uint64_t td = get_be(c->bytes + 32), t3 = get_be(c->bytes + 40);
+    ck_assert_uint_le(t1, t2); /* one process, one clock */
+    ck_assert_uint_le(t2, ta);
+    ck_assert_uint_le(ta, td);
+    ck_assert_uint_le(td, t3);
+
+    ck_assert_int_eq(rt_records, 1);
+    struct exs_json *j;
+    ck_assert_int_eq(exs__json_parse(rt_json, strlen(rt_json), &j), 0);
+    uint64_t post = exs__json_get_u64(j, "post_ns"), wire = exs__json_get_u64(j, "wire_ns");
+    uint64_t done = exs__json_get_u64(j, "done_ns"), ans = exs__json_get_u64(j, "answer_ns");
+    int64_t arr = exs__json_get_i64(j, "arrival_ns"), dlv = exs__json_get_i64(j, "delivery_ns");
+    int64_t off = exs__json_get_i64(j, "offset_ns");
+    int64_t err = (int64_t)exs__json_get_u64(j, "offset_err_ns");
+    ck_assert_uint_eq(exs__json_get_u64(j, "seq"), 0);
+    ck_assert_uint_eq(exs__json_get_u64(j, "bytes"), 10);
+    ck_assert_uint_le(post, wire);
+    ck_assert_uint_le(wire, t1 + 1000000000ull);
+    ck_assert_uint_le(wire, done);
+    ck_assert_uint_le(t3, ans);
+    /* the true offset is 0 here: the estimate is within its bound */
+    ck_assert_int_le(off < 0 ? -off : off, err);
+    ck_assert_int_ge(arr + err, (int64_t)wire);
+    ck_assert_int_le(arr, dlv);
+    ck_assert_int_le(dlv, (int64_t)ans + err);
+    ck_assert_int_eq(arr + off, (int64_t)ta);
+    ck_assert_int_eq(dlv + off, (int64_t)td);
+    exs__json_free(j);
+out:
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+    gp_teardown();
+}
+END_TEST
+
+/* Sampling rule (spec/observability.md §8). */
+START_TEST(golden_trace_sampling)
+{
+    ck_assert(!exs__rt_sampled(0, 0));
+    ck_assert(exs__rt_sampled(0, 1023));
+    ck_assert(!exs__rt_sampled(1, 1023));
+    ck_assert(exs__rt_sampled(2048, 1023));
+    ck_assert(!exs__rt_sampled(2049, 1023));
+    ck_assert(exs__rt_sampled(12345, UINT64_MAX));
+    ck_assert(!exs__rt_sampled(1, 1));
+    ck_assert(exs__rt_sampled(2, 1));
+    ck_assert_int_eq(EXS_CTRL_TRACE, 9);
+    ck_assert_uint_eq(EXS_WIRE_FEAT_TRACE, 16);
+}
+END_TEST
+
 Suite *wire_golden_suite(void)
 {
     Suite *s = suite_create("wire_golden");
@@ -538,6 +683,8 @@ Suite *wire_golden_suite(void)
     tcase_add_test(tc, golden_batch_sent);
     tcase_add_test(tc, golden_ctrl_constants);
     tcase_add_test(tc, golden_tcp_frame);
+    tcase_add_loop_test(tc, golden_trace, 0, 2);
+    tcase_add_test(tc, golden_trace_sampling);
     suite_add_tcase(s, tc);
     return s;
 }

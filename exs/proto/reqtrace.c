@@ -1,0 +1,382 @@
+/* SPDX-License-Identifier: MIT */
+/* Sampled request tracing: per-message times at both ends, the TRACE exchange, clock offset. */
+#include <endian.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exs/proto/proto_int.h"
+#include "exs/proto/reqtrace.h"
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+
+static exs_rt_sink_fn *rt_sink;
+static uint64_t rt_count; /* atomic: records completed */
+static pthread_mutex_t rt_file_lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *rt_file;
+static int rt_file_tried;
+
+void exs__rt_set_sink(exs_rt_sink_fn *fn)
+{
+    __atomic_store_n(&rt_sink, fn, __ATOMIC_RELEASE);
+}
+
+uint64_t exs__rt_completed(void)
+{
+    return __atomic_load_n(&rt_count, __ATOMIC_RELAXED);
+}
+
+static struct exs_reqtrace *rt_get(struct exs_conn *conn)
+{
+    if (!conn->rt) {
+        conn->rt = calloc(1, sizeof(*conn->rt));
+        if (!conn->rt) {
+            EXS_WARN(PROTO, "conn %p: request tracing: out of memory", (void *)conn);
+            return NULL;
+        }
+        conn->rt->conn = conn;
+    }
+    return conn->rt;
+}
+
+void exs__rt_free_locked(struct exs_conn *conn)
+{
+    free(conn->rt);
+    conn->rt = NULL;
+}
+
+/* ---- sender ---- */
+
+void exs__rt_post_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    struct exs_reqtrace *rt;
+
+    if (op->kind != EXS_OP_SEND || conn_is_stream(conn) ||
+        !(conn->peer.features & EXS_WIRE_FEAT_TRACE) || !(rt = rt_get(conn)))
+        return;
+    if (!exs__rt_sampled(rt->nsend++,
+                         __atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
+        return;
+    for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
+        struct exs_rt_tx *s = &rt->tx[i];
+
+        if (s->used)
+            continue;
+        memset(s, 0, sizeof(*s));
+        s->used = 1;
+        s->owner = rt;
+        s->bytes = op->len;
+        s->t_post = exs__now_ns();
+        op->rt = s;
+        return;
+    }
+    /* EXS_RT_SLOTS sampled messages wait for their answers: this one is not traced */
+    EXS_DBG(PROTO, "conn %p: request tracing: %u traces outstanding, send not traced", (void *)conn,
+            EXS_RT_SLOTS);
+}
+
+int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    struct exs_rt_tx *s = op->rt;
+
+    /* "wire": taken before anything of the message is posted (each attempt; the last one
+     * posts), so the peer cannot see it earlier, however the poster is preempted */
+    s->t_wire = exs__now_ns();
+    if (s->req_sent)
+        return 1;
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_TRACE_LEN) && !exs__conn_ctrl_flush_locked(conn))
+        return 0;
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_TRACE_LEN))
+        return 0;
+    /* the request goes before the message: the receiver sees it with rx_seq == seq. A
+     * request for this number already sent belonged to a send cancelled before it went
+     * out: the receiver replaces it with this one, and so does the sender. */
+    for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
+        struct exs_rt_tx *o = &conn->rt->tx[i];
+
+        if (o != s && o->used && o->req_sent && !o->answered && o->seq == conn->tx_seq) {
+            EXS_ASSERT(o->done); /* its op finished while queued */
+            memset(o, 0, sizeof(*o));
+        }
+    }
+    s->seq = conn->tx_seq;
+    s->t_req = exs__now_ns();
+    struct exs_wire_trace w = {
+        .hdr = {.type = EXS_CTRL_TRACE, .len = htobe16(EXS_WIRE_TRACE_LEN)},
+        .seq = htobe64(s->seq),
+        .t_req = htobe64(s->t_req),
+    };
+    exs__conn_ctrl_append_locked(conn, &w, sizeof(w));
+    s->req_sent = 1;
+    return 1;
+}
+
+/* Minimum-delay filter: the exchange of least round trip bounds the offset best. */
+static void rt_offset(struct exs_reqtrace *rt, const struct exs_rt_tx *s, int64_t *off_p,
+                      uint64_t *err_p)
+{
+    /* receiver - sender, from each leg; the true offset lies between them. Unsigned
+     * arithmetic: the peer's times are whatever it sent. */
+    int64_t up = (int64_t)(s->r_req - s->t_req);            /* T2 - T1 >= offset */
+    int64_t down = (int64_t)(s->r_answer - s->t_answer_rx); /* T3 - T4 <= offset */
+    uint64_t spread;
+    unsigned best = 0;
+
+    if (down > up) /* clocks that disagree with causality: no bound at all */
+        down = up;
+    spread = (uint64_t)up - (uint64_t)down;
+    rt->off_ns[rt->off_next] = (int64_t)((uint64_t)down + spread / 2);
+    rt->err_ns[rt->off_next] = spread - spread / 2;
+    rt->off_next = (rt->off_next + 1) % EXS_RT_OFFSET_WINDOW;
+    if (rt->off_count < EXS_RT_OFFSET_WINDOW)
+        rt->off_count++;
+    for (unsigned i = 1; i < rt->off_count; i++)
+        if (rt->err_ns[i] < rt->err_ns[best])
+            best = i;
+    *off_p = rt->off_ns[best];
+    *err_p = rt->err_ns[best];
+}
+
+size_t exs__rt_format(const struct exs_rt_record *r, char *buf, size_t size)
+{
+    int n =
+        snprintf(buf, size,
+                 "{\"conn\":\"%p\",\"seq\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"post_ns\":%" PRIu64
+                 ",\"wire_ns\":%" PRIu64 ",\"done_ns\":%" PRIu64 ",\"arrival_ns\":%" PRId64
+                 ",\"delivery_ns\":%" PRId64 ",\"answer_ns\":%" PRIu64 ",\"offset_ns\":%" PRId64
+                 ",\"offset_err_ns\":%" PRIu64 "}",
+                 r->conn, r->seq, r->bytes, r->post_ns, r->wire_ns, r->done_ns, r->arrival_ns,
+                 r->delivery_ns, r->answer_ns, r->offset_ns, r->offset_err_ns);
+
+    return n > 0 && (size_t)n < size ? (size_t)n : 0;
+}
+
+static void rt_emit(struct exs_reqtrace *rt, struct exs_rt_tx *s)
+{
+    struct exs_rt_record r = {
+        .conn = rt->conn,
+        .seq = s->seq,
+        .bytes = s->bytes,
+        .post_ns = s->t_post,
+        .wire_ns = s->t_wire,
+        .done_ns = s->t_done,
+        .answer_ns = s->t_answer_rx,
+    };
+    exs_rt_sink_fn *sink = __atomic_load_n(&rt_sink, __ATOMIC_ACQUIRE);
+    char line[512];
+    size_t len;
+
+    rt_offset(rt, s, &r.offset_ns, &r.offset_err_ns);
+    r.arrival_ns = (int64_t)(s->r_arrival - (uint64_t)r.offset_ns);
+    r.delivery_ns = (int64_t)(s->r_delivery - (uint64_t)r.offset_ns);
+    len = exs__rt_format(&r, line, sizeof(line));
+    if (!len)
+        return;
+    __atomic_add_fetch(&rt_count, 1, __ATOMIC_RELAXED);
+    if (sink)
+        sink(line, len);
+    if (exs__params.trace_file[0]) {
+        pthread_mutex_lock(&rt_file_lock);
+        if (!rt_file && !rt_file_tried) {
+            rt_file_tried = 1;
+            rt_file = fopen(exs__params.trace_file, "ae");
+            if (!rt_file)
+                EXS_WARN(PROTO, "request tracing: cannot open %s: %m", exs__params.trace_file);
+        }
+        if (rt_file) {
+            line[len] = '\n';
+            fwrite(line, 1, len + 1, rt_file);
+            fflush(rt_file);
+        }
+        pthread_mutex_unlock(&rt_file_lock);
+    }
+}
+
+/* Done with a slot: a successful send answered with times is a record. */
+static void rt_tx_finish(struct exs_rt_tx *s)
+{
+    if (s->done == 1 && s->answered == 1)
+        rt_emit(s->owner, s);
+    memset(s, 0, sizeof(*s));
+}
+
+void exs__rt_done_locked(struct exs_op *op)
+{
+    struct exs_rt_tx *s = op->rt;
+
+    op->rt = NULL;
+    s->t_done = exs__now_ns();
+    s->done = op->err ? 2 : 1; /* 2: failed or cancelled, no record */
+    /* never requested: the peer will not answer; answered: complete */
+    if (!s->req_sent || s->answered)
+        rt_tx_finish(s);
+}
+
+/* ---- receiver ---- */
+
+void exs__rt_flush_locked(struct exs_conn *conn)
+{
+    struct exs_reqtrace *rt = conn->rt;
+
+    if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
+        return;
+    for (unsigned i = 0; i < EXS_RT_SLOTS && rt->rx_ready; i++) {
+        struct exs_rt_rx *e = &rt->rx[i];
+
+        if (!e->used || !e->ready)
+            continue;
+        if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_TRACE_LEN) &&
+            !exs__conn_ctrl_flush_locked(conn))
+            return;
+        if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_TRACE_LEN))
+            return;
+        struct exs_wire_trace w = {
+            .hdr = {.type = EXS_CTRL_TRACE,
+                    .flags = EXS_TRACE_ANSWER | (e->dropped ? EXS_TRACE_DROPPED : 0),
+                    .len = htobe16(EXS_WIRE_TRACE_LEN)},
+            .seq = htobe64(e->seq),
+        };
+        if (!e->dropped) {
+            w.t_req = htobe64(e->t_req);
+            w.t_arrival = htobe64(e->t_arrival);
+            w.t_delivery = htobe64(e->t_delivery);
+            w.t_answer = htobe64(exs__now_ns());
+        }
+        exs__conn_ctrl_append_locked(conn, &w, sizeof(w));
+        memset(e, 0, sizeof(*e));
+        rt->rx_ready--;
+    }
+    exs__conn_ctrl_flush_locked(conn);
+}
+
+void exs__rt_arrival_locked(struct exs_conn *conn)
+{
+    struct exs_reqtrace *rt = conn->rt;
+    uint64_t now = 0;
+
+    for (unsigned i = 0; i < EXS_RT_SLOTS && rt->rx_wait; i++) {
+        struct exs_rt_rx *e = &rt->rx[i];
+
+        if (e->used && !e->t_arrival && e->seq < conn->rx_seq) {
+            if (!now)
+                now = exs__now_ns();
+            e->t_arrival = now;
+        }
+    }
+    if (rt->rx_ready)
+        exs__rt_flush_locked(conn);
+}
+
+void exs__rt_deliver_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    struct exs_reqtrace *rt = conn->rt;
+
+    if (op->kind != EXS_OP_RECV || !rt->rx_wait)
+        return;
+    for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
+        struct exs_rt_rx *e = &rt->rx[i];
+
+        if (!e->used || e->ready || !e->t_arrival || e->seq != op->seq)
+            continue;
+        e->t_delivery = exs__now_ns();
+        e->dropped = op->err != 0;
+        e->ready = 1;
+        rt->rx_wait--;
+        rt->rx_ready++;
+        exs__rt_flush_locked(conn);
+        return;
+    }
+}
+
+/* ---- the record (§5.1) ---- */
+
+static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, uint64_t seq)
+{
+    struct exs_reqtrace *rt;
+    struct exs_rt_rx *free_e = NULL;
+
+    /* the request travels just before its message: nothing of seq has arrived yet */
+    if (w->hdr.flags || seq != conn->rx_seq || w->t_arrival || w->t_delivery || w->t_answer) {
+        EXS_INFO(PROTO,
+                 "conn %p: TRACE request for message %llu (flags %#x) while message "
+                 "%llu is next",
+                 (void *)conn, (unsigned long long)seq, w->hdr.flags,
+                 (unsigned long long)conn->rx_seq);
+        return -EPROTO;
+    }
+    rt = rt_get(conn);
+    if (!rt)
+        return -ENOMEM;
+    for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
+        if (rt->rx[i].used && rt->rx[i].seq == seq) {
+            /* the send of the earlier request was cancelled before it went out: this
+             * request, for the message that took its number, replaces it */
+            free_e = &rt->rx[i];
+            rt->rx_wait--;
+            break;
+        }
+        if (!rt->rx[i].used && !free_e)
+            free_e = &rt->rx[i];
+    }
+    if (!free_e) {
+        EXS_INFO(PROTO, "conn %p: TRACE request beyond %u outstanding", (void *)conn, EXS_RT_SLOTS);
+        return -EPROTO;
+    }
+    memset(free_e, 0, sizeof(*free_e));
+    free_e->used = 1;
+    free_e->seq = seq;
+    free_e->t_req = exs__now_ns();
+    rt->rx_wait++;
+    return 0;
+}
+
+static int rt_on_answer(struct exs_conn *conn, const struct exs_wire_trace *w, uint64_t seq)
+{
+    struct exs_reqtrace *rt = conn->rt;
+    uint64_t t2 = be64toh(w->t_req), ta = be64toh(w->t_arrival);
+    uint64_t td = be64toh(w->t_delivery), t3 = be64toh(w->t_answer);
+    int dropped = w->hdr.flags & EXS_TRACE_DROPPED;
+
+    if (w->hdr.flags & ~(EXS_TRACE_ANSWER | EXS_TRACE_DROPPED))
+        return -EPROTO;
+    if (dropped ? (t2 | ta | td | t3) != 0 : !(t2 && t2 <= ta && ta <= td && td <= t3)) {
+        EXS_INFO(PROTO, "conn %p: TRACE answer for message %llu with times out of order",
+                 (void *)conn, (unsigned long long)seq);
+        return -EPROTO;
+    }
+    for (unsigned i = 0; rt && i < EXS_RT_SLOTS; i++) {
+        struct exs_rt_tx *s = &rt->tx[i];
+
+        if (!s->used || !s->req_sent || s->answered || s->seq != seq)
+            continue;
+        s->t_answer_rx = exs__now_ns();
+        s->r_req = t2;
+        s->r_arrival = ta;
+        s->r_delivery = td;
+        s->r_answer = t3;
+        s->answered = dropped ? 2 : 1;
+        if (s->done)
+            rt_tx_finish(s);
+        return 0;
+    }
+    EXS_INFO(PROTO, "conn %p: TRACE answer for message %llu, which was not traced", (void *)conn,
+             (unsigned long long)seq);
+    return -EPROTO;
+}
+
+int exs__rt_on_record_locked(struct exs_conn *conn, const struct exs_wire_trace *w)
+{
+    uint64_t seq = be64toh(w->seq);
+
+    /* sent only to a peer that announced the feature, on SEQPACKET (§5.1) */
+    if (!(conn->peer.features & EXS_WIRE_FEAT_TRACE) || conn_is_stream(conn)) {
+        EXS_INFO(PROTO, "conn %p: TRACE record without feature TRACE or on a stream", (void *)conn);
+        return -EPROTO;
+    }
+    return w->hdr.flags & EXS_TRACE_ANSWER ? rt_on_answer(conn, w, seq)
+                                           : rt_on_request(conn, w, seq);
+}

@@ -1,0 +1,237 @@
+/* SPDX-License-Identifier: MIT */
+/* Request tracing seen through the process's own trace stream: records, their bounds, off at mask
+ * 0. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/exs.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "exs/util/json.h"
+#include "tests/integ/integ.h"
+
+static char rt_dir[64];
+
+static void rt_setup(void)
+{
+    snprintf(rt_dir, sizeof(rt_dir), "/tmp/exs-integ-trace-%d", (int)getpid());
+    it_setenv("EXS_CTL_DIR", rt_dir);
+}
+
+static int rt_open(void)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    ck_assert_int_ge(fd, 0);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%d.sock", rt_dir, (int)getpid());
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s: %s",
+                  sa.sun_path, strerror(errno));
+    return fd;
+}
+
+/* One line from fd within ms (NULL on timeout); the caller frees it. */
+static char *rt_line(int fd, int ms)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    double end = it_now_ms() + ms;
+
+    ck_assert_ptr_nonnull(buf);
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        double left = end - it_now_ms();
+
+        if (len && buf[len - 1] == '\n') {
+            buf[len - 1] = '\0';
+            return buf;
+        }
+        if (left <= 0 || poll(&pfd, 1, (int)left + 1) == 0) {
+            free(buf);
+            return NULL;
+        }
+        ck_assert_uint_lt(len + 1, cap);
+        ck_assert_int_eq(recv(fd, buf + len, 1, 0), 1); /* never read past the line */
+        len++;
+    }
+}
+
+static struct exs_json *rt_req(int fd, const char *req)
+{
+    struct exs_json *j;
+    char *line;
+
+    ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    line = rt_line(fd, IT_TIMEOUT_MS);
+    ck_assert_msg(line != NULL, "no reply to %s", req);
+    ck_assert_msg(exs__json_parse(line, strlen(line), &j) == 0, "not JSON: %s", line);
+    ck_assert_msg(exs__json_get_bool(j, "ok"), "%s: %s", req, line);
+    free(line);
+    return j;
+}
+
+/* The next request-trace record of the stream (log records skipped), NULL after ms. A
+ * log record containing stop ends the wait too (returns NULL, *stopped set). */
+static struct exs_json *rt_next(int fd, int ms, const char *stop, int *stopped)
+{
+    double end = it_now_ms() + ms;
+
+    while (it_now_ms() < end) {
+        char *line = rt_line(fd, (int)(end - it_now_ms()) + 1);
+        struct exs_json *j;
+
+        if (!line)
+            return NULL;
+        ck_assert_msg(exs__json_parse(line, strlen(line), &j) == 0, "not JSON: %s", line);
+        if (exs__json_get(j, "req")) {
+            free(line);
+            return j;
+        }
+        if (stop && strstr(line, stop)) {
+            *stopped = 1;
+            free(line);
+            exs__json_free(j);
+            return NULL;
+        }
+        free(line);
+        exs__json_free(j);
+    }
+    return NULL;
+}
+
+/* One message of len bytes from cfd to sfd, received, both completions seen. */
+static void rt_message(struct it_pair *p, struct it_buf *sb, struct it_buf *rb, size_t len, int n)
+{
+    IT_POST_RECV(p->sfd, rb->p, rb->len, p->sq, IT_AH(1000 + n), rb->mh);
+    IT_POST_SEND(p->cfd, sb->p, len, p->cq, IT_AH(n), sb->mh);
+    it_expect_send(p->cq, p->cfd, IT_AH(n), (ssize_t)len);
+    it_expect_recv(p->sq, p->sfd, IT_AH(1000 + n), (ssize_t)len, 0);
+}
+
+#define RT_MSGS 16
+#define RT_BIG  (256 * 1024)
+#define RT_10S  10000000000ll
+
+static size_t rt_size(int n)
+{
+    return n % 8 == 4 ? RT_BIG : 64; /* a large one (announced or direct) among small ones */
+}
+
+/* Mask 3: messages 0, 4, 8 and 12 are traced; each record is complete, its times ordered
+ * and plausible, its receiver times, corrected by the offset, between the sender's wire
+ * time and its reading of the answer within the offset's bound (same host: the offset
+ * itself is 0 within it). */
+START_TEST(test_trace_sampled_records)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    int tfd, seen[RT_MSGS] = {0};
+
+    rt_setup();
+    it_setenv("EXS_TRACE_SAMPLE_MASK", "3");
+    it_init();
+    tfd = rt_open();
+    exs__json_free(rt_req(tfd, "trace\n"));
+    sb = it_buf_new(RT_BIG, 1);
+    rb = it_buf_new(RT_BIG, 1);
+    it_pair_open(&p, SOCK_SEQPACKET, 16, 16);
+    for (int n = 0; n < RT_MSGS; n++)
+        rt_message(&p, sb, rb, rt_size(n), n);
+    for (int k = 0; k < RT_MSGS / 4; k++) {
+        struct exs_json *j = rt_next(tfd, IT_TIMEOUT_MS, NULL, NULL);
+        const struct exs_json *r;
+
+        ck_assert_msg(j != NULL, "only %d of %d trace records", k, RT_MSGS / 4);
+        r = exs__json_get(j, "req");
+        uint64_t seq = exs__json_get_u64(r, "seq");
+        int64_t post = (int64_t)exs__json_get_u64(r, "post_ns");
+        int64_t wire = (int64_t)exs__json_get_u64(r, "wire_ns");
+        int64_t done = (int64_t)exs__json_get_u64(r, "done_ns");
+        int64_t ans = (int64_t)exs__json_get_u64(r, "answer_ns");
+        int64_t arr = exs__json_get_i64(r, "arrival_ns");
+        int64_t dlv = exs__json_get_i64(r, "delivery_ns");
+        int64_t off = exs__json_get_i64(r, "offset_ns");
+        int64_t err = (int64_t)exs__json_get_u64(r, "offset_err_ns");
+
+        ck_assert_uint_lt(seq, RT_MSGS);
+        ck_assert_uint_eq(seq % 4, 0);
+        ck_assert_int_eq(seen[seq]++, 0);
+        ck_assert_uint_eq(exs__json_get_u64(r, "bytes"), rt_size((int)seq));
+        ck_assert(*exs__json_get_str(r, "conn"));
+        ck_assert_int_gt(post, 0);
+        ck_assert_int_le(post, wire);
+        ck_assert_int_le(wire, done);
+        ck_assert_int_le(arr, dlv);
+        ck_assert_int_ge(arr + err, wire);
+        ck_assert_int_le(dlv, ans + err);
+        ck_assert_int_le(off < 0 ? -off : off, err);
+        ck_assert_int_lt(done - post, RT_10S);
+        ck_assert_int_lt(ans - post, RT_10S);
+        ck_assert_int_lt(err, RT_10S);
+        exs__json_free(j);
+    }
+    close(tfd);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_fini();
+    rmdir(rt_dir);
+}
+END_TEST
+
+/* Mask 0: messages make no record (a marker log record, queued after their completions,
+ * comes first); set online to 1, the next messages are traced. */
+START_TEST(test_trace_off_then_online)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    struct exs_json *j;
+    int tfd, cfd, stopped = 0;
+
+    rt_setup();
+    it_init();
+    tfd = rt_open();
+    cfd = rt_open();
+    exs__json_free(rt_req(tfd, "trace\n"));
+    sb = it_buf_new(RT_BIG, 1);
+    rb = it_buf_new(RT_BIG, 1);
+    it_pair_open(&p, SOCK_SEQPACKET, 16, 16);
+    for (int n = 0; n < 8; n++)
+        rt_message(&p, sb, rb, rt_size(n), n);
+    exs__json_free(rt_req(cfd, "set log_level info\n"));
+    exs__json_free(rt_req(cfd, "set qspin_us 54\n"));
+    j = rt_next(tfd, IT_TIMEOUT_MS, "qspin_us changed", &stopped);
+    ck_assert_msg(j == NULL, "a trace record with tracing off");
+    ck_assert_msg(stopped, "no marker record in the trace");
+
+    exs__json_free(rt_req(cfd, "set trace_sample_mask 1\n"));
+    for (int n = 8; n < 12; n++)
+        rt_message(&p, sb, rb, 64, n);
+    j = rt_next(tfd, IT_TIMEOUT_MS, NULL, NULL);
+    ck_assert_msg(j != NULL, "no trace record once tracing was set on");
+    ck_assert_uint_ge(exs__json_get_u64(exs__json_get(j, "req"), "seq"), 8);
+    exs__json_free(j);
+    exs__json_free(rt_req(cfd, "set trace_sample_mask 0\n"));
+    close(tfd);
+    close(cfd);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_fini();
+    rmdir(rt_dir);
+}
+END_TEST
+
+Suite *integ_trace_suite(void)
+{
+    Suite *s = suite_create("integ_trace");
+
+    it_suite_add(
+        s, "trace", IT_CASE_TIMEOUT, 1,
+        (const TTest *const[]){test_trace_sampled_records, test_trace_off_then_online, NULL});
+    return s;
+}
