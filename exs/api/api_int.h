@@ -135,6 +135,12 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev);
 int exs__api_sync_fail(int sync, exs_qhandle_t q, int err);
 int exs__api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev);
 
+/* exs_poll (poll.c), progress thread: look at the registered requests again (readiness
+ * may have changed outside a round of progress, e.g. the keepalive check ended a conn). */
+void exs__api_poll_kick(void);
+/* exs_fini: end every registered request with ECANCELED. */
+void exs__api_poll_close_all(void);
+
 /* life cycle (sock.c, init.c) */
 void exs__api_sock_close_all(void);
 int exs__api_sock_live(void);

@@ -279,6 +279,8 @@ static void sock_conn_timer(struct exs_eng_timer *t)
     api_sock_unlock(s);
     if (conn)
         next = exs__conn_timer(conn, ka_ms); /* may end conn: its callbacks run inside */
+    if (conn)
+        exs__api_poll_kick(); /* a conn it ended is readable / hung up now */
     if (next)
         exs__engine_timer_start(&s->conn_timer, next, sock_conn_timer);
 }

@@ -58,6 +58,21 @@ typedef struct {
 /* -- issue 15: scatter/gather and file transfer types (exs_sendmsg, exs_recvmsg, exs_sendfile) -- */
 
 /* -- issue 15: poll and timeout types (exs_poll, SO_ASYNC_*_TIMEOUT) -- */
+#include <poll.h> /* POLLIN, POLLOUT, ..., nfds_t */
+
+/* One descriptor of exs_poll: laid out like struct pollfd (events and revents take the
+ * POLL* bits of <poll.h>); fd may be an exs socket or any kernel descriptor. */
+typedef struct {
+    int   fd;      /* negative: ignored, revents 0 */
+    short events;  /* requested POLLIN / POLLOUT / POLLPRI / POLLRDHUP */
+    short revents; /* written by exs_poll: the ready ones, plus POLLHUP / POLLERR / POLLNVAL */
+} exs_pollfd_t;
+
+typedef struct {
+    exs_pollfd_t *exs_evt_fds;    /* the array given to exs_poll, revents filled in */
+    nfds_t        exs_evt_nfds;   /* its length */
+    int           exs_evt_nready; /* entries with revents != 0 (0: the timeout passed) */
+} exs_evt_poll_t;
 
 typedef struct {
     int           exs_evt_type;    /* EXS_EVT_* */
@@ -69,6 +84,7 @@ typedef struct {
         exs_evt_accept_t exs_evt_accept; /* ACCEPT */
         /* -- issue 15: SENDMSG/RECVMSG/SENDFILE members -- */
         /* -- issue 15: POLL/SENDTIMEOUT/RECVTIMEOUT members -- */
+        exs_evt_poll_t   exs_evt_poll;   /* POLL */
     } exs_evt_u;
 } exs_event_t;
 
@@ -166,6 +182,13 @@ EXS_API int exs_setsockopt(int fd, int level, int optname, const void *optval, s
 EXS_API int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen);
 /* -- issue 15: exs_sendmsg, exs_recvmsg, exs_sendfile -- */
 /* -- issue 15: exs_poll -- */
+/* Readiness of nfds descriptors (exs sockets and kernel descriptors, mixed). q ==
+ * EXS_QHANDLE_INVALID: wait up to timeout_ms (-1: no limit) and return the number of
+ * ready entries, 0 on timeout, -1 with errno (EINTR: a signal). Otherwise: return 0 at
+ * once and post one EXS_EVT_POLL event with ahandle ah to q when an entry is ready or
+ * the timeout passed; fds is written then and must stay untouched until the event. */
+EXS_API int           exs_poll(exs_pollfd_t *fds, nfds_t nfds, int timeout_ms, exs_qhandle_t q,
+                               exs_ahandle_t ah);
 
 #ifdef __cplusplus
 }
