@@ -546,3 +546,177 @@ int exs_poll(exs_pollfd_t *fds, nfds_t nfds, int timeout_ms, exs_qhandle_t q, ex
     exs__engine_post(&p->job);
     return 0;
 }
+
+/* ---- SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT notices ----
+ *
+ * An asynchronous send or receive posted while its socket has a timeout for that
+ * direction is registered in sock->to_ops with its next due time. One engine timer per
+ * socket (to_timer, armed for the earliest due time by to_job or by itself, on the
+ * progress thread) posts the notices. Slots: the post reserves one extra slot in the
+ * op's queue for its first notice (EAGAIN when the queue cannot take it: the contract
+ * "an accepted operation's events are never dropped" covers the notice); each later
+ * notice reserves its slot when due, and when the queue is full it is deferred by one
+ * interval instead (it is a hint; nothing is dropped that was promised). The notices
+ * and the completion are ordered under the socket's lock: op_done unregisters the op
+ * before it posts the completion, and the timer posts only registered ops' notices, so
+ * no notice follows its operation's event. */
+
+static void to_job_fn(struct exs_job *job);
+
+/* Queue to_job, which re-arms the timer (socket lock held). */
+static void to_kick_locked(struct api_sock *s)
+{
+    if (s->to_job_busy)
+        return;
+    s->to_job_busy = 1;
+    __atomic_fetch_add(&s->refs, 1, __ATOMIC_RELAXED); /* the job's reference */
+    s->to_job.fn = to_job_fn;
+    exs__engine_post(&s->to_job);
+}
+
+int exs__api_to_op_start(struct api_sock *s, struct api_op *op, int recv)
+{
+    int v, ret;
+    uint64_t now;
+
+    api_sock_lock(s);
+    v = recv ? s->rcv_timeo : s->snd_timeo;
+    api_sock_unlock(s);
+    if (!v)
+        return 0;
+    ret = exs__evq_reserve(op->evq);
+    if (ret)
+        return ret == -EAGAIN ? EAGAIN : EINVAL;
+    now = exs__now_ns();
+    op->to_armed = 1;
+    op->to_slot = 1;
+    op->to_once = !!(v & EXS_TIMEOUT_ONCE);
+    op->to_ms = (uint32_t)(v & EXS_TIMEOUT_MS_MAX);
+    op->to_post_ns = now;
+    op->to_due_ns = now + (uint64_t)op->to_ms * 1000000u;
+    api_sock_lock(s);
+    op->to_on = 1;
+    exs_list_add_tail(&s->to_ops, &op->to_link);
+    s->to_posting++;
+    to_kick_locked(s);
+    api_sock_unlock(s);
+    return 0;
+}
+
+void exs__api_to_op_posted(struct api_sock *s)
+{
+    api_sock_lock(s);
+    s->to_posting--;
+    api_sock_unlock(s);
+}
+
+void exs__api_to_op_end(struct api_op *op)
+{
+    struct api_sock *s = op->sock;
+    int slot;
+
+    if (!op->to_armed)
+        return;
+    api_sock_lock(s);
+    if (op->to_on) {
+        op->to_on = 0;
+        exs_list_del(&op->to_link);
+        if (exs_list_empty(&s->to_ops))
+            to_kick_locked(s); /* the timer stops */
+    }
+    slot = op->to_slot;
+    op->to_slot = 0;
+    api_sock_unlock(s);
+    if (slot)
+        exs__evq_unreserve(op->evq);
+}
+
+static void to_timer_cb(struct exs_eng_timer *t);
+
+/* Progress thread: arm the timer for the earliest notice due, or stop it (it holds a
+ * reference on the socket while on; this may drop the last one). */
+static void to_arm(struct api_sock *s)
+{
+    uint64_t next = UINT64_MAX, now;
+    struct exs_list *pos;
+    int was = s->to_timer_on;
+
+    api_sock_lock(s);
+    exs_list_for_each(pos, &s->to_ops)
+    {
+        struct api_op *op = exs_list_entry(pos, struct api_op, to_link);
+
+        if (op->to_due_ns < next)
+            next = op->to_due_ns;
+    }
+    api_sock_unlock(s);
+    if (was)
+        exs__engine_timer_stop(&s->to_timer);
+    if (next != UINT64_MAX) {
+        now = exs__now_ns();
+        if (!was)
+            __atomic_fetch_add(&s->refs, 1, __ATOMIC_RELAXED); /* the timer's reference */
+        s->to_timer_on = 1;
+        exs__engine_timer_start(&s->to_timer, next > now ? (next - now + 999999u) / 1000000u : 1u,
+                                to_timer_cb);
+    } else if (was) {
+        s->to_timer_on = 0;
+        exs__api_sock_put(s);
+    }
+}
+
+static void to_job_fn(struct exs_job *job)
+{
+    struct api_sock *s = exs_container_of(job, struct api_sock, to_job);
+
+    api_sock_lock(s);
+    s->to_job_busy = 0;
+    api_sock_unlock(s);
+    to_arm(s);
+    exs__api_sock_put(s); /* the job's reference */
+}
+
+/* Progress thread: post the notices due. */
+static void to_timer_cb(struct exs_eng_timer *t)
+{
+    struct api_sock *s = exs_container_of(t, struct api_sock, to_timer);
+    struct exs_list *pos, *next;
+    uint64_t now = exs__now_ns();
+
+    api_sock_lock(s);
+    for (pos = s->to_ops.next; !s->to_posting && pos != &s->to_ops; pos = next) {
+        struct api_op *op = exs_list_entry(pos, struct api_op, to_link);
+        uint64_t ivl = (uint64_t)op->to_ms * 1000000u;
+        exs_event_t ev = {.exs_evt_fd = op->fd, .exs_evt_ahandle = op->ah};
+
+        next = pos->next;
+        if (op->to_due_ns > now)
+            continue;
+        if (!op->to_slot) {
+            if (exs__evq_reserve(op->evq)) {
+                op->to_due_ns = now + ivl; /* the queue is full: the next interval */
+                continue;
+            }
+            op->to_slot = 1;
+        }
+        op->to_slot = 0;
+        op->to_count++;
+        ev.exs_evt_type = op->evt_type == EXS_EVT_SEND ? EXS_EVT_SENDTIMEOUT : EXS_EVT_RECVTIMEOUT;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_buf = op->op.buf;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_len = op->op.len;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_count = op->to_count;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_elapsed_ms =
+            (unsigned)((now - op->to_post_ns) / 1000000u);
+        if (op->to_once) {
+            op->to_on = 0;
+            exs_list_del(&op->to_link);
+        } else {
+            op->to_due_ns += ivl;
+            if (op->to_due_ns <= now)
+                op->to_due_ns = now + ivl; /* late: no burst of notices */
+        }
+        exs__evq_post(op->evq, &ev);
+    }
+    api_sock_unlock(s);
+    to_arm(s); /* still on (it fired): re-armed, or stopped with its reference */
+}

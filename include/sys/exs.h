@@ -74,6 +74,15 @@ typedef struct {
     int           exs_evt_nready; /* entries with revents != 0 (0: the timeout passed) */
 } exs_evt_poll_t;
 
+/* EXS_EVT_SENDTIMEOUT / EXS_EVT_RECVTIMEOUT: a notice that a send / receive is still
+ * outstanding (it stays so and gets its own event later). */
+typedef struct {
+    void    *exs_evt_buf;        /* the operation's buffer */
+    size_t   exs_evt_len;        /* its length as posted */
+    unsigned exs_evt_count;      /* notices of this operation so far, this one included */
+    unsigned exs_evt_elapsed_ms; /* time since the operation was posted */
+} exs_evt_timeout_t;
+
 typedef struct {
     int           exs_evt_type;    /* EXS_EVT_* */
     int           exs_evt_errno;   /* 0, or the errno of a failed / cancelled operation */
@@ -85,6 +94,7 @@ typedef struct {
         /* -- issue 15: SENDMSG/RECVMSG/SENDFILE members -- */
         /* -- issue 15: POLL/SENDTIMEOUT/RECVTIMEOUT members -- */
         exs_evt_poll_t   exs_evt_poll;   /* POLL */
+        exs_evt_timeout_t exs_evt_timeout; /* SENDTIMEOUT, RECVTIMEOUT */
     } exs_evt_u;
 } exs_event_t;
 
@@ -97,6 +107,16 @@ enum {
     EXS_SO_STATS,            /* struct exs_sock_stats, get only */
 };
 /* -- issue 15: SO_ASYNC_SEND_TIMEOUT, SO_ASYNC_RECV_TIMEOUT, SO_ASYNC_RECV_ORDERED -- */
+/* Levels SOL_SOCKET and SOL_EXS alike (values outside Linux's SOL_SOCKET names). */
+enum {
+    SO_ASYNC_SEND_TIMEOUT = 0x4561, /* int ms (| EXS_TIMEOUT_ONCE) or struct timeval; 0: off */
+    SO_ASYNC_RECV_TIMEOUT,          /* the same for receives */
+    SO_ASYNC_RECV_ORDERED,          /* int: receive events in posting order (always 1) */
+};
+/* Or'ed into the int value of SO_ASYNC_*_TIMEOUT: one notice per operation, not one per
+ * interval. The interval itself is at most EXS_TIMEOUT_MS_MAX ms. */
+#define EXS_TIMEOUT_ONCE   0x40000000
+#define EXS_TIMEOUT_MS_MAX 0x3fffffff
 
 enum { /* EXS_SO_XFER_MODE values */
     EXS_XFER_DYNAMIC = 0,   /* the adaptive direct/indirect algorithm (default) */

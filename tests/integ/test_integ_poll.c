@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* exs_poll on exs sockets, kernel descriptors and both mixed, synchronous and asynchronous. */
+/* exs_poll on exs sockets, kernel descriptors and both mixed; timeout notices; ordered receives. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -420,6 +420,252 @@ START_TEST(test_poll_queue_full)
 }
 END_TEST
 
+/* ---- SO_ASYNC_*_TIMEOUT, SO_ASYNC_RECV_ORDERED ---- */
+
+static void set_int(int fd, int name, int v)
+{
+    IT_EXPECT_OK(exs_setsockopt(fd, SOL_SOCKET, name, &v, sizeof(v)));
+}
+
+/* Wait for the next notice of (q, type, fd): ahandle ah, count, elapsed >= count
+ * intervals (notices are never early). */
+static void expect_notice(exs_qhandle_t q, int type, int fd, exs_ahandle_t ah, unsigned count,
+                          int ivl_ms, void *buf)
+{
+    exs_event_t ev;
+
+    it_wait_event(q, type, fd, &ev);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, ah);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    ck_assert_ptr_eq(ev.exs_evt_u.exs_evt_timeout.exs_evt_buf, buf);
+    ck_assert_uint_eq(ev.exs_evt_u.exs_evt_timeout.exs_evt_count, count);
+    ck_assert_uint_ge(ev.exs_evt_u.exs_evt_timeout.exs_evt_elapsed_ms, count * (unsigned)ivl_ms);
+}
+
+/* The option values: int ms with EXS_TIMEOUT_ONCE, struct timeval, both levels, errors. */
+START_TEST(test_to_options)
+{
+    struct timeval tv = {.tv_sec = 1, .tv_usec = 500};
+    socklen_t len;
+    int s, v, sv[2];
+
+    it_init();
+    s = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(s, 0);
+    len = sizeof(v);
+    IT_EXPECT_OK(exs_getsockopt(s, SOL_SOCKET, SO_ASYNC_SEND_TIMEOUT, &v, &len));
+    ck_assert_int_eq(v, 0); /* off by default */
+    set_int(s, SO_ASYNC_SEND_TIMEOUT, 250 | EXS_TIMEOUT_ONCE);
+    IT_EXPECT_OK(exs_getsockopt(s, SOL_EXS, SO_ASYNC_SEND_TIMEOUT, &v, &len));
+    ck_assert_int_eq(v, 250 | EXS_TIMEOUT_ONCE);
+    IT_EXPECT_OK(exs_setsockopt(s, SOL_EXS, SO_ASYNC_RECV_TIMEOUT, &tv, sizeof(tv)));
+    IT_EXPECT_OK(exs_getsockopt(s, SOL_SOCKET, SO_ASYNC_RECV_TIMEOUT, &v, &len));
+    ck_assert_int_eq(v, 1001); /* rounded up to whole milliseconds */
+    memset(&tv, 0, sizeof(tv));
+    len = sizeof(tv);
+    IT_EXPECT_OK(exs_getsockopt(s, SOL_SOCKET, SO_ASYNC_RECV_TIMEOUT, &tv, &len));
+    ck_assert_int_eq(len, sizeof(tv));
+    ck_assert_int_eq(tv.tv_sec, 1);
+    ck_assert_int_eq(tv.tv_usec, 1000);
+    v = -1;
+    IT_EXPECT_FAIL(exs_setsockopt(s, SOL_SOCKET, SO_ASYNC_SEND_TIMEOUT, &v, sizeof(v)), EINVAL);
+    v = EXS_TIMEOUT_ONCE; /* once, but no interval */
+    IT_EXPECT_FAIL(exs_setsockopt(s, SOL_SOCKET, SO_ASYNC_SEND_TIMEOUT, &v, sizeof(v)), EINVAL);
+    tv = (struct timeval){.tv_sec = 0, .tv_usec = 1000000};
+    IT_EXPECT_FAIL(exs_setsockopt(s, SOL_SOCKET, SO_ASYNC_SEND_TIMEOUT, &tv, sizeof(tv)), EINVAL);
+    set_int(s, SO_ASYNC_SEND_TIMEOUT, 0);
+    len = sizeof(v);
+    IT_EXPECT_OK(exs_getsockopt(s, SOL_SOCKET, SO_ASYNC_SEND_TIMEOUT, &v, &len));
+    ck_assert_int_eq(v, 0);
+    /* ordered receives: always on */
+    IT_EXPECT_OK(exs_getsockopt(s, SOL_SOCKET, SO_ASYNC_RECV_ORDERED, &v, &len));
+    ck_assert_int_eq(v, 1);
+    set_int(s, SO_ASYNC_RECV_ORDERED, 1);
+    set_int(s, SO_ASYNC_RECV_ORDERED, 0);
+    IT_EXPECT_OK(exs_getsockopt(s, SOL_EXS, SO_ASYNC_RECV_ORDERED, &v, &len));
+    ck_assert_int_eq(v, 1);
+    v = 2;
+    IT_EXPECT_FAIL(exs_setsockopt(s, SOL_SOCKET, SO_ASYNC_RECV_ORDERED, &v, sizeof(v)), EINVAL);
+    /* kernel descriptors have no such options */
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    v = 100;
+    IT_EXPECT_FAIL(exs_setsockopt(sv[0], SOL_SOCKET, SO_ASYNC_RECV_TIMEOUT, &v, sizeof(v)),
+                   ENOTSOCK);
+    close(sv[0]);
+    close(sv[1]);
+    exs_qhandle_t q = it_qcreate(2);
+    it_close(s, q);
+    it_qdelete(q);
+}
+END_TEST
+
+/* A receive outstanding past the interval: a notice every interval, counted, never early;
+ * then it completes normally and the notices stop. */
+START_TEST(test_to_recv_repeat)
+{
+    struct it_pair p;
+    char buf[64];
+    double t0;
+
+    it_init();
+    it_pair_open(&p, pair_type(_i), 8, 8);
+    set_int(p.cfd, SO_ASYNC_RECV_TIMEOUT, 100);
+    t0 = it_now_ms();
+    IT_POST_RECV(p.cfd, buf, sizeof(buf), p.cq, AH(7), EXS_MHANDLE_UNREGISTERED);
+    expect_notice(p.cq, EXS_EVT_RECVTIMEOUT, p.cfd, AH(7), 1, 100, buf);
+    ck_assert_msg(it_now_ms() - t0 >= 100, "notice after %.0f ms", it_now_ms() - t0);
+    expect_notice(p.cq, EXS_EVT_RECVTIMEOUT, p.cfd, AH(7), 2, 100, buf);
+    expect_notice(p.cq, EXS_EVT_RECVTIMEOUT, p.cfd, AH(7), 3, 100, buf);
+    send_bytes(p.sfd, p.sq, 20);
+    /* notices posted meanwhile come first; the receive completes normally */
+    for (;;) {
+        exs_event_t ev;
+
+        it_wait_event(p.cq, -1, p.cfd, &ev);
+        if (ev.exs_evt_type == EXS_EVT_RECVTIMEOUT)
+            continue;
+        ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_RECV);
+        ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(7));
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 20);
+        break;
+    }
+    it_expect_no_event(p.cq, 350); /* no notice after the completion */
+    /* a receive that completes at once gets no notice */
+    send_bytes(p.sfd, p.sq, 5);
+    it_sleep_ms(50);
+    IT_POST_RECV(p.cfd, buf, sizeof(buf), p.cq, AH(8), EXS_MHANDLE_UNREGISTERED);
+    it_expect_recv(p.cq, p.cfd, AH(8), 5, 0);
+    it_expect_no_event(p.cq, 250);
+    it_pair_close(&p);
+}
+END_TEST
+
+/* A send that cannot complete (the peer receives nothing) with EXS_TIMEOUT_ONCE: one
+ * notice, then the send completes normally once the peer receives. */
+START_TEST(test_to_send_once)
+{
+    struct it_pair p;
+    /* SEQPACKET: announced (the peer reads it into a receive); STREAM: larger than the
+     * peer's ring */
+    size_t len = _i ? 256 * 1024 : 3 * 1024 * 1024;
+    struct it_buf *sb, *rb;
+    exs_event_t ev;
+    size_t got = 0;
+
+    it_init();
+    it_pair_open(&p, pair_type(_i), 8, 8);
+    sb = it_buf_new(len, 1);
+    rb = it_buf_new(len, 1);
+    it_fill(sb->p, len, 11);
+    set_int(p.cfd, SO_ASYNC_SEND_TIMEOUT, 80 | EXS_TIMEOUT_ONCE);
+    IT_POST_SEND(p.cfd, sb->p, len, p.cq, AH(9), sb->mh);
+    expect_notice(p.cq, EXS_EVT_SENDTIMEOUT, p.cfd, AH(9), 1, 80, sb->p);
+    it_expect_no_event(p.cq, 400); /* once: no second notice, and the send is still out */
+    while (got < len) {
+        IT_POST_RECV(p.sfd, rb->p + got, len - got, p.sq, AH(10), rb->mh);
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
+        got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+    }
+    ck_assert_int_eq(it_check(rb->p, len, 11), -1);
+    it_expect_send(p.cq, p.cfd, AH(9), (ssize_t)len);
+    it_expect_no_event(p.cq, 200);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_pair_close(&p);
+}
+END_TEST
+
+/* The notice's slot: reserved at posting (EAGAIN when the queue cannot take it); a
+ * repeat that finds the queue full waits for the next interval, never overflows it. */
+START_TEST(test_to_queue_full)
+{
+    struct it_pair p;
+    exs_qhandle_t q;
+    exs_event_t ev[4];
+    char buf[64], buf2[64];
+    int n;
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 8, 8);
+    q = it_qcreate(2);
+    set_int(p.cfd, SO_ASYNC_RECV_TIMEOUT, 100);
+    IT_POST_RECV(p.cfd, buf, sizeof(buf), q, AH(1), EXS_MHANDLE_UNREGISTERED);
+    /* two slots taken: the receive's and its first notice's */
+    IT_EXPECT_FAIL(exs_recv(p.cfd, buf2, sizeof(buf2), 0, q, AH(2), EXS_MHANDLE_UNREGISTERED),
+                   EAGAIN);
+    /* without the option the same queue takes one more receive than with it */
+    set_int(p.cfd, SO_ASYNC_RECV_TIMEOUT, 0);
+    /* the first notice fills the queue (1 queued + 1 reserved); later ones must wait */
+    it_sleep_ms(450);
+    n = exs_qdequeue(q, ev, 4, &(struct timespec){0, 0});
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(ev[0].exs_evt_type, EXS_EVT_RECVTIMEOUT);
+    ck_assert_uint_eq(ev[0].exs_evt_u.exs_evt_timeout.exs_evt_count, 1);
+    /* room again: the next notice comes (the option's later change does not stop it) */
+    it_wait_event(q, EXS_EVT_RECVTIMEOUT, p.cfd, &ev[0]);
+    ck_assert_uint_eq(ev[0].exs_evt_u.exs_evt_timeout.exs_evt_count, 2);
+    send_bytes(p.sfd, p.sq, 3);
+    for (;;) {
+        it_wait_event(q, -1, p.cfd, &ev[0]);
+        if (ev[0].exs_evt_type != EXS_EVT_RECVTIMEOUT)
+            break;
+    }
+    ck_assert_int_eq(ev[0].exs_evt_type, EXS_EVT_RECV);
+    ck_assert_int_eq(ev[0].exs_evt_u.exs_evt_xfer.exs_evt_result, 3);
+    /* option off: a depth-2 queue takes two receives */
+    IT_POST_RECV(p.cfd, buf, sizeof(buf), q, AH(3), EXS_MHANDLE_UNREGISTERED);
+    IT_POST_RECV(p.cfd, buf2, sizeof(buf2), q, AH(4), EXS_MHANDLE_UNREGISTERED);
+    send_bytes(p.sfd, p.sq, 64);
+    send_bytes(p.sfd, p.sq, 64);
+    it_expect_recv(q, p.cfd, AH(3), IT_ANY_RESULT, 0);
+    it_expect_recv(q, p.cfd, AH(4), IT_ANY_RESULT, 0);
+    it_qdelete(q);
+    it_pair_close(&p);
+}
+END_TEST
+
+/* SO_ASYNC_RECV_ORDERED: receive events in posting order even when a later receive is
+ * filled first (a small eager message behind a large announced / advertised one). */
+START_TEST(test_recv_ordered)
+{
+    enum { N = 6 };
+    struct it_pair p;
+    size_t big = 200 * 1024;
+    struct it_buf *rb[N], *sb[N];
+    size_t len[N];
+    exs_event_t ev;
+    int v = 1;
+
+    it_init();
+    it_pair_open(&p, pair_type(_i), 16, 16);
+    IT_EXPECT_OK(exs_setsockopt(p.sfd, SOL_SOCKET, SO_ASYNC_RECV_ORDERED, &v, sizeof(v)));
+    for (int k = 0; k < N; k++) {
+        len[k] = (k % 2) ? 64 : big;
+        rb[k] = it_buf_new(len[k], 1);
+        sb[k] = it_buf_new(len[k], 1);
+        it_fill(sb[k]->p, len[k], (uint32_t)k + 1);
+        IT_POST_RECV(p.sfd, rb[k]->p, len[k], p.sq, AH(100 + k), rb[k]->mh);
+    }
+    for (int k = 0; k < N; k++)
+        IT_POST_SEND(p.cfd, sb[k]->p, len[k], p.cq, AH(200 + k), sb[k]->mh);
+    for (int k = 0; k < N; k++) {
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        ck_assert_msg(ev.exs_evt_ahandle == AH(100 + k), "receive event %d has ahandle %ld", k,
+                      IT_AHN(ev.exs_evt_ahandle));
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)len[k]);
+        ck_assert_int_eq(it_check(rb[k]->p, len[k], (uint32_t)k + 1), -1);
+    }
+    for (int k = 0; k < N; k++)
+        it_expect_send(p.cq, p.cfd, AH(200 + k), (ssize_t)len[k]);
+    for (int k = 0; k < N; k++) {
+        it_buf_free(rb[k]);
+        it_buf_free(sb[k]);
+    }
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_poll_suite(void)
 {
     Suite *s = suite_create("integ_poll");
@@ -430,6 +676,11 @@ Suite *integ_poll_suite(void)
                                         NULL});
     it_suite_add(s, "poll_misc", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_poll_nval, test_poll_kernel, test_poll_eintr,
-                                        test_poll_queue_full, NULL});
+                                        test_poll_queue_full, test_to_options, NULL});
+    it_suite_add(
+        s, "async_timeouts", IT_CASE_TIMEOUT, 2,
+        (const TTest *const[]){test_to_recv_repeat, test_to_send_once, test_recv_ordered, NULL});
+    it_suite_add(s, "async_timeout_queue", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_to_queue_full, NULL});
     return s;
 }
