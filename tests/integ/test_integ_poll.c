@@ -381,10 +381,8 @@ START_TEST(test_poll_eintr)
     ck_assert_int_eq(sigaction(SIGALRM, &sa, &old), 0);
     alarms = 0;
     ck_assert_int_eq(setitimer(ITIMER_REAL, &it, NULL), 0);
-    it_watchdog_start(30, "exs_poll waiting for a SIGALRM");
-    r = exs_poll(&f, 1, -1, EXS_QHANDLE_INVALID, NULL);
+    r = exs_poll(&f, 1, -1, EXS_QHANDLE_INVALID, NULL); /* the case's timeout bounds it */
     e = errno;
-    it_watchdog_stop();
     setitimer(ITIMER_REAL, &off, NULL);
     sigaction(SIGALRM, &old, NULL);
     ck_assert_msg(r == -1 && e == EINTR, "exs_poll: %d errno %d, expected -1 EINTR", r, e);
@@ -532,7 +530,8 @@ START_TEST(test_to_recv_repeat)
     it_expect_no_event(p.cq, 350); /* no notice after the completion */
     /* a receive that completes at once gets no notice */
     send_bytes(p.sfd, p.sq, 5);
-    it_sleep_ms(50);
+    short rev;
+    ck_assert_int_eq(poll1(p.cfd, POLLIN, IT_TIMEOUT_MS, &rev), 1); /* arrived */
     IT_POST_RECV(p.cfd, buf, sizeof(buf), p.cq, AH(8), EXS_MHANDLE_UNREGISTERED);
     it_expect_recv(p.cq, p.cfd, AH(8), 5, 0);
     it_expect_no_event(p.cq, 250);
@@ -596,8 +595,12 @@ START_TEST(test_to_queue_full)
                    EAGAIN);
     /* without the option the same queue takes one more receive than with it */
     set_int(p.cfd, SO_ASYNC_RECV_TIMEOUT, 0);
-    /* the first notice fills the queue (1 queued + 1 reserved); later ones must wait */
-    it_sleep_ms(450);
+    /* the first notice fills the queue (1 queued + 1 reserved); later ones must wait:
+     * wait for it without taking it, give the repeats three intervals to overflow */
+    struct pollfd qp = {.fd = exs_qfd(q), .events = POLLIN};
+    ck_assert_int_ge(qp.fd, 0);
+    ck_assert_int_eq(poll(&qp, 1, IT_TIMEOUT_MS), 1);
+    it_sleep_ms(350);
     n = exs_qdequeue(q, ev, 4, &(struct timespec){0, 0});
     ck_assert_int_eq(n, 1);
     ck_assert_int_eq(ev[0].exs_evt_type, EXS_EVT_RECVTIMEOUT);
