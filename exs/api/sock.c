@@ -1002,9 +1002,13 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
         uint64_t ms;
 
         memcpy(&tv, optval, sizeof(tv));
+        if (tv.tv_sec < 0 || tv.tv_sec > EXS_TIMEOUT_MS_MAX / 1000 || tv.tv_usec < 0 ||
+            tv.tv_usec >= 1000000) {
+            err = EINVAL;
+            goto out;
+        }
         ms = (uint64_t)tv.tv_sec * 1000u + ((uint64_t)tv.tv_usec + 999u) / 1000u;
-        if (tv.tv_sec < 0 || tv.tv_usec < 0 || tv.tv_usec >= 1000000 ||
-            ms > EXS_TIMEOUT_MS_MAX) {
+        if (ms > EXS_TIMEOUT_MS_MAX) {
             err = EINVAL;
             goto out;
         }

@@ -471,6 +471,8 @@ START_TEST(test_to_options)
     IT_EXPECT_FAIL(exs_setsockopt(s, SOL_SOCKET, SO_ASYNC_SEND_TIMEOUT, &v, sizeof(v)), EINVAL);
     tv = (struct timeval){.tv_sec = 0, .tv_usec = 1000000};
     IT_EXPECT_FAIL(exs_setsockopt(s, SOL_SOCKET, SO_ASYNC_SEND_TIMEOUT, &tv, sizeof(tv)), EINVAL);
+    tv = (struct timeval){.tv_sec = (time_t)1 << 40, .tv_usec = 0}; /* too long */
+    IT_EXPECT_FAIL(exs_setsockopt(s, SOL_SOCKET, SO_ASYNC_SEND_TIMEOUT, &tv, sizeof(tv)), EINVAL);
     set_int(s, SO_ASYNC_SEND_TIMEOUT, 0);
     len = sizeof(v);
     IT_EXPECT_OK(exs_getsockopt(s, SOL_SOCKET, SO_ASYNC_SEND_TIMEOUT, &v, &len));
