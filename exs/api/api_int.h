@@ -44,6 +44,17 @@ struct api_op {
     struct api_mreg    *mreg;     /* registration referenced, or NULL */
     struct exs_prov_mr *tmp_mr;   /* EXS_MHANDLE_UNREGISTERED: registered for this op */
     struct exs_list     link;     /* listener: in sock->accepts */
+    /* SO_ASYNC_*_TIMEOUT (poll.c), set at posting when the socket had one; the rest
+     * under the socket's lock */
+    int                 to_armed;    /* it may get notices: op_done looks at the rest */
+    int                 to_on;       /* in sock->to_ops, notices still due */
+    int                 to_slot;     /* an extra slot of evq is reserved for the next notice */
+    int                 to_once;     /* EXS_TIMEOUT_ONCE */
+    unsigned            to_count;    /* notices posted */
+    uint32_t            to_ms;       /* interval */
+    uint64_t            to_post_ns;  /* posted at */
+    uint64_t            to_due_ns;   /* next notice due at */
+    struct exs_list     to_link;     /* in sock->to_ops */
 };
 
 struct api_sock {
@@ -86,6 +97,17 @@ struct api_sock {
     struct exs_eng_timer    conn_timer;
     struct exs_job          ka_job;
     int                     ka_job_busy;    /* ka_job queued (lock) */
+    /* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT (poll.c; under lock): interval ms (0:
+     * off) | EXS_TIMEOUT_ONCE; the operations that may still get notices; their timer
+     * (holds a socket reference while on) and the job that (re)arms it */
+    int                     snd_timeo, rcv_timeo;
+    struct exs_list         to_ops;
+    struct exs_eng_timer    to_timer;
+    int                     to_timer_on;    /* progress thread */
+    struct exs_job          to_job;
+    int                     to_job_busy;    /* to_job queued (lock) */
+    int                     to_posting;     /* armed ops being handed to the conn (lock):
+                                             * no notice meanwhile (the post may fail) */
 };
 
 /* A socket's lock, at its level in the lock order: a listener's comes before its
@@ -134,6 +156,20 @@ exs_qhandle_t exs__api_sync_queue(void);
 int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev);
 int exs__api_sync_fail(int sync, exs_qhandle_t q, int err);
 int exs__api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev);
+
+/* exs_poll (poll.c), progress thread: look at the registered requests again (readiness
+ * may have changed outside a round of progress, e.g. the keepalive check ended a conn). */
+void exs__api_poll_kick(void);
+/* exs_fini: end every registered request with ECANCELED. */
+void exs__api_poll_close_all(void);
+/* Timeout notices (poll.c). At posting, before the op is handed to the conn: when the
+ * socket has a timeout for this direction (asynchronous posts only), reserve the extra
+ * slot of the first notice and register the op (0, or EAGAIN: the queue cannot take the
+ * notice too). After a failed hand-over: unregister. In op_done, before its event:
+ * unregister (the notices end before the completion) and free an unused slot. */
+int  exs__api_to_op_start(struct api_sock *s, struct api_op *op, int recv);
+void exs__api_to_op_posted(struct api_sock *s); /* the hand-over of a started op ended */
+void exs__api_to_op_end(struct api_op *op);
 
 /* life cycle (sock.c, init.c) */
 void exs__api_sock_close_all(void);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
@@ -126,6 +127,7 @@ static struct api_sock *sock_new(int domain, int type)
     exs_list_init(&s->ready);
     exs_list_init(&s->accepts);
     exs_list_init(&s->child_link);
+    exs_list_init(&s->to_ops);
     __atomic_fetch_add(&sock_live, 1, __ATOMIC_RELAXED);
     return s;
 }
@@ -279,6 +281,8 @@ static void sock_conn_timer(struct exs_eng_timer *t)
     api_sock_unlock(s);
     if (conn)
         next = exs__conn_timer(conn, ka_ms); /* may end conn: its callbacks run inside */
+    if (conn)
+        exs__api_poll_kick(); /* a conn it ended is readable / hung up now */
     if (next)
         exs__engine_timer_start(&s->conn_timer, next, sock_conn_timer);
 }
@@ -978,6 +982,13 @@ int exs_getpeername(int fd, struct sockaddr *addr, socklen_t *addrlen)
     return sock_name(fd, addr, addrlen, 1);
 }
 
+/* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT, at either level. */
+static int sock_opt_is_timeo(int level, int optname)
+{
+    return (level == SOL_SOCKET || level == SOL_EXS) &&
+           (optname == SO_ASYNC_SEND_TIMEOUT || optname == SO_ASYNC_RECV_TIMEOUT);
+}
+
 int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen)
 {
     int err = 0, v;
@@ -985,13 +996,48 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
 
     if (!s)
         return exs__err(err);
+    if (optval && optlen == sizeof(struct timeval) && sock_opt_is_timeo(level, optname)) {
+        /* SO_ASYNC_*_TIMEOUT as a struct timeval: whole milliseconds, rounded up */
+        struct timeval tv;
+        uint64_t ms;
+
+        memcpy(&tv, optval, sizeof(tv));
+        if (tv.tv_sec < 0 || tv.tv_sec > EXS_TIMEOUT_MS_MAX / 1000 || tv.tv_usec < 0 ||
+            tv.tv_usec >= 1000000) {
+            err = EINVAL;
+            goto out;
+        }
+        ms = (uint64_t)tv.tv_sec * 1000u + ((uint64_t)tv.tv_usec + 999u) / 1000u;
+        if (ms > EXS_TIMEOUT_MS_MAX) {
+            err = EINVAL;
+            goto out;
+        }
+        v = (int)ms;
+        optval = &v;
+        optlen = sizeof(v);
+    }
     if (!optval || optlen != sizeof(int)) {
         err = EINVAL;
         goto out;
     }
     memcpy(&v, optval, sizeof(v));
     api_sock_lock(s);
-    if (level == SOL_SOCKET && optname == SO_RCVBUF) {
+    if (sock_opt_is_timeo(level, optname)) {
+        /* 0: off; else 1 .. EXS_TIMEOUT_MS_MAX ms, with EXS_TIMEOUT_ONCE or not; applies
+         * to asynchronous operations posted afterwards */
+        if (v < 0 || (v & ~(EXS_TIMEOUT_ONCE | EXS_TIMEOUT_MS_MAX)) ||
+            (v && !(v & EXS_TIMEOUT_MS_MAX)))
+            err = EINVAL;
+        else if (optname == SO_ASYNC_SEND_TIMEOUT)
+            s->snd_timeo = v;
+        else
+            s->rcv_timeo = v;
+    } else if ((level == SOL_SOCKET || level == SOL_EXS) && optname == SO_ASYNC_RECV_ORDERED) {
+        /* receive events always come in posting order (spec/api.md section 9): 1 is the only
+         * behaviour, 0 is accepted (unordered delivery allows this order too) */
+        if (v != 0 && v != 1)
+            err = EINVAL;
+    } else if (level == SOL_SOCKET && optname == SO_RCVBUF) {
         if (v < (int)EXS_RING_SLOT * 16 || (uint32_t)v > EXS_WIRE_RING_SIZE_MAX ||
             s->state > API_SOCK_BOUND)
             err = EINVAL;
@@ -1052,7 +1098,21 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
         goto out;
     }
     api_sock_lock(s);
-    if (level == SOL_SOCKET && optname == SO_RCVBUF)
+    if (sock_opt_is_timeo(level, optname)) {
+        v = optname == SO_ASYNC_SEND_TIMEOUT ? s->snd_timeo : s->rcv_timeo;
+        if (*optlen >= sizeof(struct timeval)) {
+            /* the struct timeval form (EXS_TIMEOUT_ONCE is not part of it) */
+            struct timeval tv = {.tv_sec = (v & EXS_TIMEOUT_MS_MAX) / 1000,
+                                 .tv_usec = (v & EXS_TIMEOUT_MS_MAX) % 1000 * 1000};
+
+            api_sock_unlock(s);
+            memcpy(optval, &tv, sizeof(tv));
+            *optlen = sizeof(tv);
+            goto out;
+        }
+    } else if ((level == SOL_SOCKET || level == SOL_EXS) && optname == SO_ASYNC_RECV_ORDERED) {
+        v = 1;
+    } else if (level == SOL_SOCKET && optname == SO_RCVBUF)
         v = (int)s->rcvbuf;
     else if (level == SOL_SOCKET && optname == SO_KEEPALIVE)
         v = s->keepalive;

@@ -239,6 +239,7 @@ static void op_done(struct exs_op *pop)
         __atomic_fetch_sub(&op->sock->n_send, 1, __ATOMIC_RELAXED);
     else if (op->evt_type == EXS_EVT_RECV)
         __atomic_fetch_sub(&op->sock->n_recv, 1, __ATOMIC_RELAXED);
+    exs__api_to_op_end(op); /* no timeout notice after this: the completion follows */
     ev.exs_evt_u.exs_evt_xfer.exs_evt_buf = pop->buf;
     ev.exs_evt_u.exs_evt_xfer.exs_evt_len = pop->len;
     ev.exs_evt_u.exs_evt_xfer.exs_evt_result = pop->err ? -1 : pop->result;
@@ -381,7 +382,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
     struct api_sock *s = exs__api_sock_get(fd, &err);
     struct api_op *op = NULL;
-    int *count;
+    int *count, armed = 0;
 
     if (!s)
         return err == ENOTSOCK ? exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv)
@@ -437,9 +438,21 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         err = EAGAIN;
         goto out;
     }
+    /* SO_ASYNC_*_TIMEOUT: the first notice's slot, and the op registered for notices */
+    if (!sync) {
+        err = exs__api_to_op_start(s, op, recv);
+        if (err) {
+            __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
+            goto out;
+        }
+        armed = op->to_armed;
+    }
     ret = exs__conn_post(conn, &op->op);
+    if (armed)
+        exs__api_to_op_posted(s); /* op may be gone on success: only s is touched */
     if (ret) {
         __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
+        exs__api_to_op_end(op);
         err = -ret;
         goto out;
     }

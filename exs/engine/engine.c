@@ -233,8 +233,16 @@ static void eng_pass_end(uint64_t t0)
                  eng_pass.slow_fn_ns / 1000u);
 }
 
+static void (*eng_round_hook)(void); /* exs__engine_set_round_hook */
+
+void exs__engine_set_round_hook(void (*fn)(void))
+{
+    __atomic_store_n(&eng_round_hook, fn, __ATOMIC_RELEASE);
+}
+
 static int eng_round(void)
 {
+    void (*hook)(void);
     struct exs_prov_cm_event ev;
     int p, n = 0, c;
     uint64_t t0 = exs__params.slow_threshold_us || exs__params.polling_warn_cycle_us
@@ -258,6 +266,9 @@ static int eng_round(void)
         n++;
     }
     n += eng_run_jobs();
+    hook = __atomic_load_n(&eng_round_hook, __ATOMIC_ACQUIRE);
+    if (n > 0 && hook)
+        hook();
     eng_pass_end(t0);
     return n;
 }

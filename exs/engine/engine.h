@@ -75,6 +75,11 @@ int  exs__engine_arm(int *fd_p);
 void exs__engine_driver_enter(void);
 void exs__engine_driver_leave(void);
 
+/* A function the progress lock's holder calls after each round of progress that did
+ * something (completions, connection events, jobs): readiness may have changed
+ * (exs_poll, api/poll.c). Set once; NULL: none. It must not drive. */
+void exs__engine_set_round_hook(void (*fn)(void));
+
 /* A one-shot timer of the progress loop. Start and stop with the progress lock held
  * (from a job or a callback); cb runs on the progress thread. */
 struct exs_eng_timer {

@@ -58,6 +58,30 @@ typedef struct {
 /* -- issue 15: scatter/gather and file transfer types (exs_sendmsg, exs_recvmsg, exs_sendfile) -- */
 
 /* -- issue 15: poll and timeout types (exs_poll, SO_ASYNC_*_TIMEOUT) -- */
+#include <poll.h> /* POLLIN, POLLOUT, ..., nfds_t */
+
+/* One descriptor of exs_poll: laid out like struct pollfd (events and revents take the
+ * POLL* bits of <poll.h>); fd may be an exs socket or any kernel descriptor. */
+typedef struct {
+    int   fd;      /* negative: ignored, revents 0 */
+    short events;  /* requested POLLIN / POLLOUT / POLLPRI / POLLRDHUP */
+    short revents; /* written by exs_poll: the ready ones, plus POLLHUP / POLLERR / POLLNVAL */
+} exs_pollfd_t;
+
+typedef struct {
+    exs_pollfd_t *exs_evt_fds;    /* the array given to exs_poll, revents filled in */
+    nfds_t        exs_evt_nfds;   /* its length */
+    int           exs_evt_nready; /* entries with revents != 0 (0: the timeout passed) */
+} exs_evt_poll_t;
+
+/* EXS_EVT_SENDTIMEOUT / EXS_EVT_RECVTIMEOUT: a notice that a send / receive is still
+ * outstanding (it stays so and gets its own event later). */
+typedef struct {
+    void    *exs_evt_buf;        /* the operation's buffer */
+    size_t   exs_evt_len;        /* its length as posted */
+    unsigned exs_evt_count;      /* notices of this operation so far, this one included */
+    unsigned exs_evt_elapsed_ms; /* time since the operation was posted */
+} exs_evt_timeout_t;
 
 typedef struct {
     int           exs_evt_type;    /* EXS_EVT_* */
@@ -69,6 +93,8 @@ typedef struct {
         exs_evt_accept_t exs_evt_accept; /* ACCEPT */
         /* -- issue 15: SENDMSG/RECVMSG/SENDFILE members -- */
         /* -- issue 15: POLL/SENDTIMEOUT/RECVTIMEOUT members -- */
+        exs_evt_poll_t   exs_evt_poll;   /* POLL */
+        exs_evt_timeout_t exs_evt_timeout; /* SENDTIMEOUT, RECVTIMEOUT */
     } exs_evt_u;
 } exs_event_t;
 
@@ -81,6 +107,16 @@ enum {
     EXS_SO_STATS,            /* struct exs_sock_stats, get only */
 };
 /* -- issue 15: SO_ASYNC_SEND_TIMEOUT, SO_ASYNC_RECV_TIMEOUT, SO_ASYNC_RECV_ORDERED -- */
+/* Levels SOL_SOCKET and SOL_EXS alike (values outside Linux's SOL_SOCKET names). */
+enum {
+    SO_ASYNC_SEND_TIMEOUT = 0x4561, /* int ms (| EXS_TIMEOUT_ONCE) or struct timeval; 0: off */
+    SO_ASYNC_RECV_TIMEOUT,          /* the same for receives */
+    SO_ASYNC_RECV_ORDERED,          /* int: receive events in posting order (always 1) */
+};
+/* Or'ed into the int value of SO_ASYNC_*_TIMEOUT: one notice per operation, not one per
+ * interval. The interval itself is at most EXS_TIMEOUT_MS_MAX ms. */
+#define EXS_TIMEOUT_ONCE   0x40000000
+#define EXS_TIMEOUT_MS_MAX 0x3fffffff
 
 enum { /* EXS_SO_XFER_MODE values */
     EXS_XFER_DYNAMIC = 0,   /* the adaptive direct/indirect algorithm (default) */
@@ -166,6 +202,13 @@ EXS_API int exs_setsockopt(int fd, int level, int optname, const void *optval, s
 EXS_API int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen);
 /* -- issue 15: exs_sendmsg, exs_recvmsg, exs_sendfile -- */
 /* -- issue 15: exs_poll -- */
+/* Readiness of nfds descriptors (exs sockets and kernel descriptors, mixed). q ==
+ * EXS_QHANDLE_INVALID: wait up to timeout_ms (-1: no limit) and return the number of
+ * ready entries, 0 on timeout, -1 with errno (EINTR: a signal). Otherwise: return 0 at
+ * once and post one EXS_EVT_POLL event with ahandle ah to q when an entry is ready or
+ * the timeout passed; fds is written then and must stay untouched until the event. */
+EXS_API int           exs_poll(exs_pollfd_t *fds, nfds_t nfds, int timeout_ms, exs_qhandle_t q,
+                               exs_ahandle_t ah);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,7 @@ static Suite *(*const suites[])(void) = {
     integ_ctl_suite,
     integ_trace_suite,
     integ_progress_suite,  integ_kfd_suite,
+    integ_poll_suite,
 };
 
 static void usage(FILE *f, const char *argv0)
