@@ -21,6 +21,8 @@
  *       exs_wire_batch_rec, its immediate tag giving their count (§6.1).
  *   v2 + feature DRAIN (negotiated in hello.features): the STREAM return to direct (§7.2),
  *       the DRAIN control record, sent only to a peer whose hello has the bit.
+ *   v2 + feature RESIZE (negotiated in hello.features): STREAM ring autotuning (§7.3),
+ *       the RESIZE control record, sent only to a peer whose hello has the bit.
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -37,8 +39,9 @@ enum { /* exs_wire_hello.features */
     EXS_WIRE_FEAT_READ      = 1u << 1, /* may be asked to serve RDMA READ of announced buffers */
     EXS_WIRE_FEAT_BATCH     = 1u << 2, /* splits SEQPACKET batched ring writes (§6.1) */
     EXS_WIRE_FEAT_DRAIN     = 1u << 3, /* STREAM: understands DRAIN records (§7.2) */
+    EXS_WIRE_FEAT_RESIZE    = 1u << 4, /* STREAM: understands RESIZE records (§7.3) */
     EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
-                              EXS_WIRE_FEAT_DRAIN,
+                              EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_RESIZE,
 };
 
 struct exs_wire_hello {
@@ -152,7 +155,8 @@ enum exs_wire_ctrl_type {
     EXS_CTRL_NOP      = 6, /* carries credits only; breaks credit deadlocks */
     EXS_CTRL_RING     = 7, /* v2: the key of the sender's ring; its first record, once */
     EXS_CTRL_DRAIN    = 8, /* STREAM, feature DRAIN: stop writing the ring / stopped (§7.2) */
-    EXS_CTRL_TYPE_MAX = 8,
+    EXS_CTRL_RESIZE   = 9, /* STREAM, feature RESIZE: a new ring region / switched (§7.3) */
+    EXS_CTRL_TYPE_MAX = 9,
 };
 
 /* Every record starts with this header; len includes it and is a multiple of 8. */
@@ -239,6 +243,28 @@ struct exs_wire_drain {
 } __attribute__((packed));
 #define EXS_WIRE_DRAIN_LEN 24u
 
+enum { /* exs_wire_resize.hdr.flags */
+    EXS_RESIZE_SWITCHED = 1u << 0, /* the data sender's answer; without it: the offer */
+};
+
+/* RESIZE (§7.3, STREAM, feature RESIZE). Offer (flags 0, from the ring's owner, the data
+ * receiver): "my ring moves to addr/size, write it with rkey"; pos is 0. At most one
+ * offer is outstanding, and none while a retired region still holds bytes. Answer
+ * (EXS_RESIZE_SWITCHED, from the data sender, sent before any later ring write): ring
+ * positions (the cumulative ring byte count that ACK reports) below pos were written into
+ * the old region, every later one goes into the new; size echoes the offer, addr and
+ * rkey are 0. A position p lives at offset p % size of the region that holds it. */
+struct exs_wire_resize {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 addr; /* offer: the new region (aligned to 64); answer: 0 */
+    uint32_t                 size; /* bytes of the new region (multiple of 64) */
+    uint32_t                 rkey; /* offer: its key; answer: 0 */
+    uint64_t                 pos;  /* answer: the first ring position in the new region */
+} __attribute__((packed));
+#define EXS_WIRE_RESIZE_LEN 32u
+/* Smallest region a RESIZE may offer. */
+#define EXS_WIRE_RESIZE_MIN (16u * 64u)
+
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN
 
@@ -260,6 +286,7 @@ _Static_assert(sizeof(struct exs_wire_read_done) == EXS_WIRE_READ_DONE_LEN, "rea
 _Static_assert(sizeof(struct exs_wire_shutdown) == EXS_WIRE_SHUTDOWN_LEN, "shutdown size");
 _Static_assert(sizeof(struct exs_wire_ring) == EXS_WIRE_RING_LEN, "ring size");
 _Static_assert(sizeof(struct exs_wire_drain) == EXS_WIRE_DRAIN_LEN, "drain size");
+_Static_assert(sizeof(struct exs_wire_resize) == EXS_WIRE_RESIZE_LEN, "resize size");
 _Static_assert(sizeof(struct exs_wire_batch_rec) == EXS_WIRE_BATCH_REC_LEN, "batch rec size");
 
 #endif
