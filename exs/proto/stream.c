@@ -430,8 +430,13 @@ static void st_ring_tune_locked(struct exs_conn *conn)
     uint64_t now;
     uint32_t size;
 
-    if (!conn->rs_win_bytes || !st_ring_tunable(conn))
+    if (!st_ring_tunable(conn))
         return;
+    if (!conn->rs_win_bytes) {
+        if (conn->p.ring_size > conn->ring_init) /* grown: idle long enough to shrink? */
+            (void)exs__st_ring_timer_locked(conn, exs__now_us());
+        return;
+    }
     now = exs__now_us();
     conn->rs_last_us = now;
     if (!conn->rs_win_t0) {
