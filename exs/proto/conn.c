@@ -53,7 +53,8 @@ int exs__conn_ring_region_locked(struct exs_conn *conn, uint32_t size, int budge
         return ret;
     }
     if (grant_p) {
-        ret = exs__prov_grant(conn->ep, mem, mem->addr, size, EXS_PROV_ACCESS_REMOTE_WRITE, grant_p);
+        ret = exs__prov_grant(conn->ep, mem, mem->addr, size, EXS_PROV_ACCESS_REMOTE_WRITE,
+                              grant_p);
         if (ret) {
             EXS_INFO(PROTO, "conn %p: grant of a %u-byte ring: %s", (void *)conn, size,
                      strerror(-ret));

@@ -394,8 +394,8 @@ int exs__st_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budget)
         return -EAGAIN;
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_RESIZE_LEN))
         return -EAGAIN;
-    ret = exs__conn_ring_region_locked(conn, size, budget, &conn->rs_next_mem,
-                                       &conn->rs_next_grant);
+    ret =
+        exs__conn_ring_region_locked(conn, size, budget, &conn->rs_next_mem, &conn->rs_next_grant);
     if (ret) {
         conn->rs_next_mem = NULL;
         conn->rs_next_grant = NULL;
@@ -410,8 +410,7 @@ int exs__st_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budget)
     exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
     conn->rs_offered = 1;
     conn->rs_next_size = size;
-    EXS_TRACE(PROTO, "conn %p: ring %u -> %u bytes offered", (void *)conn, conn->p.ring_size,
-              size);
+    EXS_TRACE(PROTO, "conn %p: ring %u -> %u bytes offered", (void *)conn, conn->p.ring_size, size);
     exs__conn_ctrl_flush_locked(conn);
     return 0;
 }

@@ -846,7 +846,7 @@ static void raw_b_sends(struct pt_op *s, uint8_t *sb, size_t len, uint64_t off)
 
 #define RAW_NEW_RING (RAW_SEND + 32768) /* the region raw offers (in raw.mr) */
 
-static int it_zero(const uint8_t *p, size_t n)
+static int all_zero(const uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (p[i])
@@ -878,7 +878,7 @@ START_TEST(hs_resize_honoured)
     memset(raw.mem + RAW_RING + 100, 0, 300);
     raw_b_sends(&s2, sb2, sizeof(sb2), 100);
     ck_assert(pt_check(raw.mem + RAW_NEW_RING + 100, 300, 100));
-    ck_assert(it_zero(raw.mem + RAW_RING + 100, 300));
+    ck_assert(all_zero(raw.mem + RAW_RING + 100, 300));
     ck_assert_uint_eq(pp.b.conn->peer.ring_size, 2048);
     pt_op_fini(&s);
     pt_op_fini(&s2);
@@ -900,26 +900,50 @@ START_TEST(hs_resize_bad_offer)
     addr = (uintptr_t)raw.mem + RAW_NEW_RING;
     key = raw.mr->rkey;
     switch (_i) {
-    case 0: raw_resize(0, addr, EXS_WIRE_RING_SIZE_MAX + 64, key, 0); break;
-    case 1: raw_resize(0, addr, 2048 + 8, key, 0); break;
-    case 2: raw_resize(0, addr, EXS_WIRE_RESIZE_MIN - 64, key, 0); break;
-    case 3: raw_resize(0, 0, 2048, key, 0); break;
-    case 4: raw_resize(0, addr + 8, 2048, key, 0); break;
-    case 5: raw_resize(0, UINT64_MAX - 1023, 2048, key, 0); break;
-    case 6: raw_resize(0, addr, 2048, key, 64); break;
+    case 0:
+        raw_resize(0, addr, EXS_WIRE_RING_SIZE_MAX + 64, key, 0);
+        break;
+    case 1:
+        raw_resize(0, addr, 2048 + 8, key, 0);
+        break;
+    case 2:
+        raw_resize(0, addr, EXS_WIRE_RESIZE_MIN - 64, key, 0);
+        break;
+    case 3:
+        raw_resize(0, 0, 2048, key, 0);
+        break;
+    case 4:
+        raw_resize(0, addr + 8, 2048, key, 0);
+        break;
+    case 5:
+        raw_resize(0, UINT64_MAX - 1023, 2048, key, 0);
+        break;
+    case 6:
+        raw_resize(0, addr, 2048, key, 64);
+        break;
     case 7: {
         struct exs_wire_resize r[2] = {
             {.hdr = {.type = EXS_CTRL_RESIZE, .len = htobe16(EXS_WIRE_RESIZE_LEN)},
-             .addr = htobe64(addr), .size = htobe32(2048), .rkey = htobe32(key)},
+             .addr = htobe64(addr),
+             .size = htobe32(2048),
+             .rkey = htobe32(key)},
             {.hdr = {.type = EXS_CTRL_RESIZE, .len = htobe16(EXS_WIRE_RESIZE_LEN)},
-             .addr = htobe64(addr), .size = htobe32(1024), .rkey = htobe32(key)},
+             .addr = htobe64(addr),
+             .size = htobe32(1024),
+             .rkey = htobe32(key)},
         };
         raw_post(EXS_PROV_WR_SEND, r, sizeof(r), 0, 0, 0);
         break;
     }
-    case 8: raw_resize(EXS_RESIZE_SWITCHED, 0, 2048, 0, 0); break;
-    case 9: raw_resize(2, addr, 2048, key, 0); break;
-    default: raw_resize(0, addr, 2048, key, 0); break;
+    case 8:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 2048, 0, 0);
+        break;
+    case 9:
+        raw_resize(2, addr, 2048, key, 0);
+        break;
+    default:
+        raw_resize(0, addr, 2048, key, 0);
+        break;
     }
     expect_reset();
     raw_close();
@@ -1003,11 +1027,21 @@ START_TEST(hs_resize_bad_answer)
     raw_open(SOCK_STREAM);
     raw_b_offers(&offer);
     switch (_i) {
-    case 0: raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, 0, 50); break;
-    case 1: raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, 0, 150); break;
-    case 2: raw_resize(EXS_RESIZE_SWITCHED, 0, 4096, 0, 100); break;
-    case 3: raw_resize(EXS_RESIZE_SWITCHED, be64toh(offer.addr), 8192, 0, 100); break;
-    case 4: raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, be32toh(offer.rkey), 100); break;
+    case 0:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, 0, 50);
+        break;
+    case 1:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, 0, 150);
+        break;
+    case 2:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 4096, 0, 100);
+        break;
+    case 3:
+        raw_resize(EXS_RESIZE_SWITCHED, be64toh(offer.addr), 8192, 0, 100);
+        break;
+    case 4:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, be32toh(offer.rkey), 100);
+        break;
     default:
         raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, 0, 100);
         pt_run(&pp);
