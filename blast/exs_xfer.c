@@ -157,16 +157,19 @@ static void stats_str(int fd, char *b, size_t n)
 
     memset(&st, 0, sizeof(st));
     exs_getsockopt(fd, SOL_EXS, EXS_SO_STATS, &st, &sl);
-    snprintf(b, n, "sent %llu rcvd %llu direct %llu indirect %llu switches %llu adv_s %llu "
+    snprintf(b, n,
+             "sent %llu rcvd %llu direct %llu indirect %llu switches %llu adv_s %llu "
              "adv_r %llu adv_disc %llu stalls %llu direct_us %llu indirect_us %llu drains %llu "
-             "ring %llu (resized %llu, fill %llu)", (unsigned long long)st.bytes_sent,
-             (unsigned long long)st.bytes_received, (unsigned long long)st.direct_xfers,
-             (unsigned long long)st.indirect_xfers, (unsigned long long)st.mode_switches,
-             (unsigned long long)st.adverts_sent, (unsigned long long)st.adverts_received,
-             (unsigned long long)st.adverts_discarded, (unsigned long long)st.credit_stalls,
-             (unsigned long long)st.direct_time_us, (unsigned long long)st.indirect_time_us,
-             (unsigned long long)st.drain_requests, (unsigned long long)st.ring_size,
-             (unsigned long long)st.ring_resizes, (unsigned long long)st.ring_fill);
+             "ring %llu (resized %llu, refused %llu, fill %llu) srtt_us %llu",
+             (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received,
+             (unsigned long long)st.direct_xfers, (unsigned long long)st.indirect_xfers,
+             (unsigned long long)st.mode_switches, (unsigned long long)st.adverts_sent,
+             (unsigned long long)st.adverts_received, (unsigned long long)st.adverts_discarded,
+             (unsigned long long)st.credit_stalls, (unsigned long long)st.direct_time_us,
+             (unsigned long long)st.indirect_time_us, (unsigned long long)st.drain_requests,
+             (unsigned long long)st.ring_size, (unsigned long long)st.ring_resizes,
+             (unsigned long long)st.ring_grow_refused, (unsigned long long)st.ring_fill,
+             (unsigned long long)st.srtt_us);
 }
 
 /* Close every socket and wait for their CLOSE events (and any straggling operations). */

@@ -74,6 +74,7 @@ struct api_sock {
     socklen_t               local_len, peer_len;
     /* options */
     uint32_t                rcvbuf;
+    int                     rcvbuf_set; /* SO_RCVBUF given: no ring autotuning */
     int                     xfer_mode;
     int                     keepalive, keepalive_ms;
     /* connection */

@@ -211,7 +211,7 @@ static const struct {
     STAT_FIELD(drain_requests),   STAT_FIELD(ring_resizes),      STAT_FIELD(ring_size),
     STAT_FIELD(ring_fill),        STAT_FIELD(rnr_events),        STAT_FIELD(fragments),
     STAT_FIELD(wr_queued),        STAT_FIELD(nops_sent),         STAT_FIELD(keepalive_timeouts),
-    STAT_FIELD(srtt_us),
+    STAT_FIELD(srtt_us),          STAT_FIELD(ring_grow_refused),
 };
 
 static const char *xfer_mode_name(int m)

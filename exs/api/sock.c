@@ -239,6 +239,7 @@ static int sock_conn_new(struct api_sock *s)
         .xfer_mode = s->xfer_mode,
         .max_reads = (uint32_t)exs__params.max_reads,
         .batch_max = (uint32_t)exs__params.batch_max,
+        .autotune = !s->rcvbuf_set, /* as on Linux, an explicit SO_RCVBUF fixes the size */
     };
     /* The conn lives as long as its socket (freed in the last exs__api_sock_put), so a
      * caller holding a socket reference may always use it; its callbacks stop at DEAD,
@@ -459,6 +460,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
     struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
     struct api_sock *c = NULL;
     uint32_t rcvbuf = 0;
+    int rcvbuf_set = 0;
     int reason, ret, reserved = 0, xfer_mode = 0, ka = 0, ka_ms = 0;
 
     /* Decide and reserve a backlog place under the listener's lock; build the child
@@ -480,6 +482,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
         lis->n_embryo++;
         reserved = 1;
         rcvbuf = lis->rcvbuf;
+        rcvbuf_set = lis->rcvbuf_set;
         xfer_mode = lis->xfer_mode;
         ka = lis->keepalive;
         ka_ms = lis->keepalive_ms;
@@ -491,6 +494,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
         c = sock_new(lis->domain, lis->type);
         if (c) {
             c->rcvbuf = rcvbuf;
+            c->rcvbuf_set = rcvbuf_set;
             c->xfer_mode = xfer_mode;
             c->keepalive = ka;
             c->keepalive_ms = ka_ms;
@@ -1041,8 +1045,10 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
         if (v < (int)EXS_RING_SLOT * 16 || (uint32_t)v > EXS_WIRE_RING_SIZE_MAX ||
             s->state > API_SOCK_BOUND)
             err = EINVAL;
-        else
+        else {
             s->rcvbuf = ((uint32_t)v + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
+            s->rcvbuf_set = 1;
+        }
     } else if (level == SOL_SOCKET && optname == SO_KEEPALIVE) {
         s->keepalive = !!v;
     } else if (level == SOL_EXS && optname == EXS_SO_KEEPALIVE_MS) {

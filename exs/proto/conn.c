@@ -17,6 +17,61 @@
 #define CONN_ADVERTS_MAX  65536u
 
 static int conn_live;
+static uint64_t conn_ring_bytes; /* every ring region of the process (§7.4 budget) */
+
+uint64_t exs__conn_ring_bytes(void)
+{
+    return __atomic_load_n(&conn_ring_bytes, __ATOMIC_RELAXED);
+}
+
+/* Count size more ring bytes; with budget, only while the total stays within it. */
+static int conn_ring_bytes_take(uint64_t size, uint64_t budget)
+{
+    uint64_t cur = __atomic_load_n(&conn_ring_bytes, __ATOMIC_RELAXED);
+
+    do {
+        if (budget && cur + size > budget)
+            return -ENOBUFS;
+    } while (!__atomic_compare_exchange_n(&conn_ring_bytes, &cur, cur + size, 1, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    return 0;
+}
+
+int exs__conn_ring_region_locked(struct exs_conn *conn, uint32_t size, int budget,
+                                 struct exs_prov_mr **mem_p, struct exs_prov_grant **grant_p)
+{
+    uint64_t limit = budget ? __atomic_load_n(&exs__params.ring_budget, __ATOMIC_RELAXED) : 0;
+    struct exs_prov_mr *mem;
+    int ret;
+
+    ret = conn_ring_bytes_take(size, limit);
+    if (ret)
+        return ret;
+    ret = exs__prov_mem_alloc(conn->ctx, size, &mem);
+    if (ret) {
+        EXS_WARN(PROTO, "conn %p: ring of %u bytes: %s", (void *)conn, size, strerror(-ret));
+        __atomic_fetch_sub(&conn_ring_bytes, (uint64_t)size, __ATOMIC_RELAXED);
+        return ret;
+    }
+    if (grant_p) {
+        ret = exs__prov_grant(conn->ep, mem, mem->addr, size, EXS_PROV_ACCESS_REMOTE_WRITE,
+                              grant_p);
+        if (ret) {
+            EXS_INFO(PROTO, "conn %p: grant of a %u-byte ring: %s", (void *)conn, size,
+                     strerror(-ret));
+            exs__conn_ring_region_free(mem);
+            return ret;
+        }
+    }
+    *mem_p = mem;
+    return 0;
+}
+
+void exs__conn_ring_region_free(struct exs_prov_mr *mem)
+{
+    __atomic_fetch_sub(&conn_ring_bytes, (uint64_t)mem->length, __ATOMIC_RELAXED);
+    exs__prov_mem_free(mem);
+}
 
 int exs__conn_live_count(void)
 {
@@ -123,6 +178,9 @@ static void conn_revoke_all_locked(struct exs_conn *conn)
     if (conn->ring_grant)
         exs__prov_revoke(conn->ring_grant);
     conn->ring_grant = NULL;
+    if (conn->rs_next_grant) /* an offered region (§7.4) */
+        exs__prov_revoke(conn->rs_next_grant);
+    conn->rs_next_grant = NULL;
 }
 
 /* Give back the endpoint after revoking every grant: the peer can no longer reach any
@@ -175,8 +233,9 @@ static void conn_release_locked(struct exs_conn *conn)
 
     conn_release_prov_locked(conn);
     exs__batch_release_locked(conn);
+    exs__st_ring_release_locked(conn);
     if (conn->ring_mem)
-        exs__prov_mem_free(conn->ring_mem);
+        exs__conn_ring_region_free(conn->ring_mem);
     if (conn->ctrl_mem)
         exs__prov_mem_free(conn->ctrl_mem);
     conn->ring_mem = conn->ctrl_mem = conn->rx_mr = conn->tx_mr = NULL;
@@ -232,10 +291,11 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
 
     /* registered memory from the provider (its memory cache on verbs): the ring, and the
      * control receive and send slots together, all for local access only */
-    ret = exs__prov_mem_alloc(ctx, p->ring_size, &conn->ring_mem);
+    ret = exs__conn_ring_region_locked(conn, p->ring_size, 0, &conn->ring_mem, NULL);
     if (ret)
         goto err;
     conn->ring = conn->ring_mem->addr;
+    conn->ring_init = p->ring_size;
     ret = exs__prov_mem_alloc(ctx, (size_t)(p->credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
                          &conn->ctrl_mem);
     if (ret)
@@ -530,6 +590,7 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
               (void *)conn, conn->ctrl_len, give, conn->credits - 1);
     conn->tx_op[slot].op = conn->shut_op;
     conn->tx_op[slot].shut = conn->txshut == EXS_TXSHUT_APPENDED;
+    conn->tx_op[slot].t_us = exs__now_us(); /* srtt_us (§7.4) */
     if (conn->txshut == EXS_TXSHUT_APPENDED)
         conn_set_txshut(conn, EXS_TXSHUT_POSTED, "control send posted");
     conn->shut_op = NULL;
@@ -1006,7 +1067,7 @@ static int conn_stall_check_locked(struct exs_conn *conn, uint64_t now, uint64_t
 
 uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
 {
-    uint64_t now = exs__now_ns(), next = 0, ka_due = 0;
+    uint64_t now = exs__now_ns(), next = 0, ka_due = 0, ring_ms;
     uint64_t conn_ms = __atomic_load_n(&exs__params.connect_timeout_ms, __ATOMIC_RELAXED);
     uint64_t send_ms = __atomic_load_n(&exs__params.send_timeout_ms, __ATOMIC_RELAXED);
 
@@ -1039,12 +1100,15 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
             conn_timeout_locked(conn, "send timeout");
             break;
         }
+        ring_ms = conn_is_stream(conn) ? exs__st_ring_timer_locked(conn, now / 1000u) : 0;
         /* the stall deadline is checked four times per period: found within 1.25 x */
         next = 0;
         if (ka_ms)
             next = ka_due > now ? (ka_due - now + 999999u) / 1000000u : 1;
         if (send_ms)
             next = next ? EXS_MIN(next, EXS_MAX(send_ms / 4, 1)) : EXS_MAX(send_ms / 4, 1);
+        if (ring_ms) /* ring autotuning: an idle grown ring shrinks (§7.4) */
+            next = next ? EXS_MIN(next, ring_ms) : ring_ms;
         break;
     default:
         break;
@@ -1107,6 +1171,7 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_RING: want = EXS_WIRE_RING_LEN; break;
         case EXS_CTRL_DRAIN: want = EXS_WIRE_DRAIN_LEN; break;
         case EXS_CTRL_TRACE: want = EXS_WIRE_TRACE_LEN; break;
+        case EXS_CTRL_RESIZE: want = EXS_WIRE_RESIZE_LEN; break;
         default: return -EPROTO;
         }
         if (rlen != want)
@@ -1183,6 +1248,13 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
                 return -EPROTO;
             break;
         }
+        case EXS_CTRL_RESIZE: {
+            struct exs_wire_resize r;
+            memcpy(&r, rec, sizeof(r));
+            if (exs__st_on_resize_locked(conn, &r))
+                return -EPROTO;
+            break;
+        }
         case EXS_CTRL_SHUTDOWN: {
             struct exs_wire_shutdown s;
             memcpy(&s, rec, sizeof(s));
@@ -1233,6 +1305,18 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
     conn->owed++;
 }
 
+/* A control SEND completes once the peer's NIC acknowledged it: one round-trip sample
+ * (spec/protocol.md §7.4), smoothed as TCP does (srtt += (sample - srtt) / 8). */
+static void conn_rtt_sample_locked(struct exs_conn *conn, uint64_t t_us)
+{
+    uint64_t now = exs__now_us(), rtt;
+
+    if (!t_us || now < t_us)
+        return;
+    rtt = EXS_MAX(now - t_us, (uint64_t)1);
+    conn->stats.srtt_us = conn->stats.srtt_us ? (7 * conn->stats.srtt_us + rtt + 4) / 8 : rtt;
+}
+
 /* One completion, conn->lock held; the caller kicks the conn afterwards. */
 static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
@@ -1277,6 +1361,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
 
         conn->tx_op[slot] = (struct exs_ctrl_tx){ 0 };
         conn->tx_free[conn->tx_free_top++] = slot;
+        conn_rtt_sample_locked(conn, tx.t_us);
         if (tx.op)
             exs__conn_op_finish_locked(tx.op, 0, 0);
         if (tx.shut) {

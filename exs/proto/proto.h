@@ -131,6 +131,7 @@ struct exs_conn_params {
     int      xfer_mode;   /* EXS_XFER_* */
     uint32_t max_reads;   /* outstanding RDMA READs per connection */
     uint32_t batch_max;   /* EXS_BATCH_MAX: largest batched ring write, bytes; 0 = no batching */
+    int      autotune;    /* STREAM: the ring may grow and shrink (§7.4); 0 after SO_RCVBUF */
 };
 
 /* Batched ring writes in flight at once per connection (each has its staging buffer). */
@@ -182,6 +183,7 @@ struct exs_conn {
     struct exs_ctrl_tx {
         struct exs_op *op;               /* exs_shutdown op completed by this send */
         int            shut;             /* this send carried the SHUTDOWN record */
+        uint64_t       t_us;             /* when it was posted (round-trip time, §7.4) */
     }                         *tx_op;    /* per control send slot */
 
     /* peer, from its hello (ring_rkey from its RING record) */
@@ -280,6 +282,26 @@ struct exs_conn {
     uint64_t                   tx_moved;     /* data writes completed (send stall check) */
     uint64_t                   tx_moved_seen; /* tx_moved when tx_stall_ns was set */
     uint64_t                   tx_stall_ns;  /* queued sends without progress since; 0: none */
+
+    /* ring autotuning (spec/protocol.md §7.4), STREAM. ring, ring_mem, ring_grant and
+     * p.ring_size above are the region the peer writes now. As the ring's owner: */
+    uint32_t                   ring_init;     /* p.ring_size at creation (shrink target) */
+    int                        rs_offered;    /* a RESIZE offer is out, not yet answered */
+    uint32_t                   rs_next_size;  /* the offered region (rs_offered) */
+    struct exs_prov_mr        *rs_next_mem;
+    struct exs_prov_grant     *rs_next_grant;
+    struct exs_prov_mr        *rs_old_mem;    /* retired region (no grant): holds the ring
+                                               * positions below rs_old_end until consumed */
+    uint32_t                   rs_old_size;
+    uint64_t                   rs_old_end;
+    uint64_t                   rs_win_t0;     /* start of the measuring window, us (0: none) */
+    uint64_t                   rs_win_bytes;  /* ring bytes arrived in it */
+    uint64_t                   rs_last_us;    /* last ring arrival seen (idle shrink), us */
+    /* as the writer of the peer's ring: */
+    int                        rs_owed;       /* the peer offered a region: answer (and
+                                               * switch) before the next ring write */
+    uint64_t                   rs_peer_addr;  /* the offer */
+    uint32_t                   rs_peer_size, rs_peer_rkey;
 
     struct exs_sock_stats      stats;
     struct exs_reqtrace       *rt;         /* request tracing state (reqtrace.c), NULL: none */

@@ -55,6 +55,16 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
                                     uint32_t rkey, uint32_t len, uint32_t imm, const void *src);
 int  exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
 
+/* Ring memory (conn.c, spec/protocol.md §7.4): a region of size bytes from the provider,
+ * counted in the process's ring bytes; with budget set, refused (-ENOBUFS) when the
+ * count would pass it. grant_p non-NULL: the peer's REMOTE_WRITE over it too.
+ * Errors: -ENOBUFS, those of mem_alloc and grant. */
+int exs__conn_ring_region_locked(struct exs_conn *conn, uint32_t size, int budget,
+                                 struct exs_prov_mr **mem_p, struct exs_prov_grant **grant_p);
+void exs__conn_ring_region_free(struct exs_prov_mr *mem);
+/* Bytes of every ring region of the process now. */
+uint64_t exs__conn_ring_bytes(void);
+
 /* batch.c: sender batching (spec/protocol.md §6.1, §7.1) */
 /* Does op join a run of bytes batched bytes? 1 yes (*rec_p: the bytes it adds), 0 it
  * cannot be batched (the run ends before it), -1 it could but the ring has no room. */
@@ -94,6 +104,34 @@ int exs__st_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *
 void exs__st_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st);
 void exs__st_enter_indirect_locked(struct exs_conn *conn);
 void exs__st_dead_drain_locked(struct exs_conn *conn);
+/* RESIZE record (§7.4): 0, or -EPROTO for a record that breaks the rules. */
+int exs__st_on_resize_locked(struct exs_conn *conn, const struct exs_wire_resize *r);
+/* Ring autotuning's periodic look (idle shrink, §7.4): ms until it is due again, 0: none. */
+uint64_t exs__st_ring_timer_locked(struct exs_conn *conn, uint64_t now_us);
+/* Offer the peer a ring region of size bytes now (§7.4; autotuning, and tests). 0,
+ * -EBUSY (an offer or a retired region is outstanding), -EOPNOTSUPP (SEQPACKET, the
+ * peer lacks the feature), -ENOBUFS (budget), -EINVAL, or a provider error. */
+int exs__st_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budget);
+/* Free the regions of autotuning (conn teardown). */
+void exs__st_ring_release_locked(struct exs_conn *conn);
+
+/* The autotuning decision (§7.4), a pure function. */
+enum exs_ring_tune_verdict {
+    EXS_RING_KEEP = 0,
+    EXS_RING_GROW,    /* *size_p: the doubled size (at most max) */
+    EXS_RING_SHRINK,  /* *size_p: init */
+    EXS_RING_REFUSED, /* a grow was due but would pass the process budget */
+};
+struct exs_ring_tune_in {
+    uint32_t size, init, max;  /* the ring now, at creation, ring_max */
+    uint64_t budget, in_use;   /* ring_budget (0: none), ring bytes of the process now */
+    uint64_t win_bytes;        /* ring bytes that arrived in the last window (one srtt) */
+    int      reader_waiting;   /* a receive is posted with the ring copied out: the
+                                * application keeps up, the ring is what limits */
+    uint64_t idle_us;          /* since the last ring arrival */
+    uint64_t idle_limit_us;    /* ring_idle_ms in us (0: never shrink) */
+};
+enum exs_ring_tune_verdict exs__st_ring_tune(const struct exs_ring_tune_in *in, uint32_t *size_p);
 
 #define PHASE_IS_DIRECT(_p)   (((_p) & 1u) == 0)
 #define PHASE_IS_INDIRECT(_p) (((_p) & 1u) == 1)

@@ -58,7 +58,7 @@ static int st_may_indirect(const struct exs_conn *conn)
      * DRAIN (§7.2) new data waits for ADVERTs */
     return (conn->p.xfer_mode != EXS_XFER_DIRECT_ONLY ||
             conn->peer.xfer_mode == EXS_XFER_INDIRECT_ONLY) &&
-           !conn->st_held;
+           !conn->st_held && !conn->rs_owed; /* §7.4: the peer's new region first */
 }
 
 /* The usable ADVERT at the head of q_A after dropping stale ones, or NULL. */
@@ -185,12 +185,41 @@ static int st_drain_answer_locked(struct exs_conn *conn)
     return 1;
 }
 
+/* The writer's SWITCHED answer to a RESIZE offer (§7.4): ring positions from wr_tail on
+ * go into the offered region. Every later ring write flushes the control records first,
+ * so the answer reaches the peer before them. 1 when appended. */
+static int st_resize_answer_locked(struct exs_conn *conn)
+{
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_RESIZE_LEN) &&
+        !exs__conn_ctrl_flush_locked(conn))
+        return 0;
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_RESIZE_LEN))
+        return 0;
+    struct exs_wire_resize r = {
+        .hdr = {.type = EXS_CTRL_RESIZE,
+                .flags = EXS_RESIZE_SWITCHED,
+                .len = htobe16(EXS_WIRE_RESIZE_LEN)},
+        .size = htobe32(conn->rs_peer_size),
+        .pos = htobe64(conn->wr_tail),
+    };
+    exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
+    EXS_TRACE(PROTO, "conn %p: peer ring %u -> %u bytes at ring position %llu", (void *)conn,
+              conn->peer.ring_size, conn->rs_peer_size, (unsigned long long)conn->wr_tail);
+    conn->peer.ring_addr = conn->rs_peer_addr;
+    conn->peer.ring_size = conn->rs_peer_size;
+    conn->peer.ring_rkey = conn->rs_peer_rkey;
+    conn->rs_owed = 0;
+    return 1;
+}
+
 void exs__st_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
     if (conn->st_drain_owed && !st_drain_answer_locked(conn))
         return; /* nothing else leaves before it */
+    if (conn->rs_owed && !st_resize_answer_locked(conn))
+        return; /* no ring write before it; the rest waits for the same room */
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
@@ -278,6 +307,264 @@ int exs__st_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *
     return 0;
 }
 
+/* ---- ring autotuning (§7.4) ---- */
+
+static struct exs_op *st_head_recv(struct exs_conn *conn);
+
+enum exs_ring_tune_verdict exs__st_ring_tune(const struct exs_ring_tune_in *in, uint32_t *size_p)
+{
+    uint32_t max = (uint32_t)EXS_MIN((uint64_t)in->max, (uint64_t)EXS_WIRE_RING_SIZE_MAX);
+
+    max -= max % EXS_RING_SLOT;
+    *size_p = in->size;
+    /* ring-limited: in one round trip the sender wrote half the ring or more, and the
+     * application had a receive waiting for more (it keeps up) */
+    if (in->win_bytes * 2 >= in->size && in->reader_waiting && in->size < max) {
+        uint32_t n = (uint32_t)EXS_MIN((uint64_t)in->size * 2, (uint64_t)max);
+
+        if (in->budget && in->in_use + n > in->budget)
+            return EXS_RING_REFUSED;
+        *size_p = n;
+        return EXS_RING_GROW;
+    }
+    if (in->size > in->init && in->idle_limit_us && in->idle_us >= in->idle_limit_us &&
+        !in->win_bytes) {
+        *size_p = in->init;
+        return EXS_RING_SHRINK;
+    }
+    return EXS_RING_KEEP;
+}
+
+/* Where ring position pos lives: in the retired region while below its end, else in the
+ * current one; *contig: bytes readable there without a wrap or a region change. */
+static uint8_t *st_ring_at(struct exs_conn *conn, uint64_t pos, uint64_t *contig)
+{
+    uint32_t off;
+
+    if (conn->rs_old_mem && pos < conn->rs_old_end) {
+        off = (uint32_t)(pos % conn->rs_old_size);
+        *contig = EXS_MIN((uint64_t)(conn->rs_old_size - off), conn->rs_old_end - pos);
+        return (uint8_t *)conn->rs_old_mem->addr + off;
+    }
+    off = (uint32_t)(pos % conn->p.ring_size);
+    *contig = conn->p.ring_size - off;
+    return conn->ring + off;
+}
+
+/* The retired region goes once every byte written into it was copied out. */
+static void st_ring_retire_locked(struct exs_conn *conn)
+{
+    if (!conn->rs_old_mem || conn->rd_consumed < conn->rs_old_end)
+        return;
+    EXS_TRACE(PROTO, "conn %p: retired ring region of %u bytes freed", (void *)conn,
+              conn->rs_old_size);
+    exs__conn_ring_region_free(conn->rs_old_mem);
+    conn->rs_old_mem = NULL;
+    conn->rs_old_size = 0;
+}
+
+void exs__st_ring_release_locked(struct exs_conn *conn)
+{
+    if (conn->rs_next_grant)
+        exs__prov_revoke(conn->rs_next_grant);
+    conn->rs_next_grant = NULL;
+    if (conn->rs_next_mem)
+        exs__conn_ring_region_free(conn->rs_next_mem);
+    conn->rs_next_mem = NULL;
+    if (conn->rs_old_mem)
+        exs__conn_ring_region_free(conn->rs_old_mem);
+    conn->rs_old_mem = NULL;
+    conn->rs_offered = 0;
+}
+
+int exs__st_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budget)
+{
+    int ret;
+
+    if (!conn_is_stream(conn) || !(conn->peer.features & EXS_WIRE_FEAT_RESIZE))
+        return -EOPNOTSUPP;
+    if (conn->state != EXS_CONN_CONNECTED || conn->peer_shut)
+        return -ENOTCONN;
+    if (conn->rs_offered || conn->rs_old_mem)
+        return -EBUSY;
+    if (size < EXS_WIRE_RESIZE_MIN || size % EXS_RING_SLOT || size > EXS_WIRE_RING_SIZE_MAX)
+        return -EINVAL;
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_RESIZE_LEN) &&
+        !exs__conn_ctrl_flush_locked(conn))
+        return -EAGAIN;
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_RESIZE_LEN))
+        return -EAGAIN;
+    ret =
+        exs__conn_ring_region_locked(conn, size, budget, &conn->rs_next_mem, &conn->rs_next_grant);
+    if (ret) {
+        conn->rs_next_mem = NULL;
+        conn->rs_next_grant = NULL;
+        return ret;
+    }
+    struct exs_wire_resize r = {
+        .hdr = {.type = EXS_CTRL_RESIZE, .len = htobe16(EXS_WIRE_RESIZE_LEN)},
+        .addr = htobe64((uintptr_t)conn->rs_next_mem->addr),
+        .size = htobe32(size),
+        .rkey = htobe32(conn->rs_next_grant->rkey),
+    };
+    exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
+    conn->rs_offered = 1;
+    conn->rs_next_size = size;
+    EXS_TRACE(PROTO, "conn %p: ring %u -> %u bytes offered", (void *)conn, conn->p.ring_size, size);
+    exs__conn_ctrl_flush_locked(conn);
+    return 0;
+}
+
+/* May this conn's ring be tuned now (and is anything to measure)? */
+static int st_ring_tunable(const struct exs_conn *conn)
+{
+    return conn->p.autotune && conn->state == EXS_CONN_CONNECTED && !conn->peer_shut &&
+           (conn->peer.features & EXS_WIRE_FEAT_RESIZE);
+}
+
+static void st_ring_tune_locked(struct exs_conn *conn)
+{
+    struct exs_ring_tune_in in;
+    enum exs_ring_tune_verdict v;
+    uint64_t now;
+    uint32_t size;
+
+    if (!st_ring_tunable(conn))
+        return;
+    if (!conn->rs_win_bytes) {
+        if (conn->p.ring_size > conn->ring_init) /* grown: idle long enough to shrink? */
+            (void)exs__st_ring_timer_locked(conn, exs__now_us());
+        return;
+    }
+    now = exs__now_us();
+    conn->rs_last_us = now;
+    if (!conn->rs_win_t0) {
+        conn->rs_win_t0 = now;
+        return;
+    }
+    if (!conn->stats.srtt_us || now - conn->rs_win_t0 < conn->stats.srtt_us)
+        return; /* one window is one smoothed round trip */
+    in = (struct exs_ring_tune_in){
+        .size = conn->p.ring_size,
+        .init = conn->ring_init,
+        .max = (uint32_t)EXS_MIN(__atomic_load_n(&exs__params.ring_max, __ATOMIC_RELAXED),
+                                 (uint64_t)EXS_WIRE_RING_SIZE_MAX),
+        .budget = __atomic_load_n(&exs__params.ring_budget, __ATOMIC_RELAXED),
+        .in_use = exs__conn_ring_bytes(),
+        .win_bytes = conn->rs_win_bytes,
+        .reader_waiting = st_head_recv(conn) && conn->rd_arrived == conn->rd_consumed,
+    };
+    conn->rs_win_t0 = now;
+    conn->rs_win_bytes = 0;
+    if (conn->rs_offered || conn->rs_old_mem)
+        return; /* one change at a time */
+    v = exs__st_ring_tune(&in, &size);
+    if (v == EXS_RING_REFUSED) {
+        conn->stats.ring_grow_refused++;
+        return;
+    }
+    if (v == EXS_RING_GROW) {
+        int ret = exs__st_ring_offer_locked(conn, size, 1);
+
+        if (ret == -ENOBUFS)
+            conn->stats.ring_grow_refused++;
+        else if (ret && ret != -EAGAIN)
+            EXS_INFO(PROTO, "conn %p: ring grow to %u bytes: %s", (void *)conn, size,
+                     strerror(-ret));
+    }
+}
+
+uint64_t exs__st_ring_timer_locked(struct exs_conn *conn, uint64_t now_us)
+{
+    uint64_t idle_ms = __atomic_load_n(&exs__params.ring_idle_ms, __ATOMIC_RELAXED);
+    struct exs_ring_tune_in in;
+    uint32_t size;
+    uint64_t due;
+
+    if (!idle_ms || conn->p.ring_size <= conn->ring_init || !st_ring_tunable(conn))
+        return 0;
+    if (conn->rs_offered || conn->rs_old_mem)
+        return idle_ms; /* look again once the change in progress is done */
+    in = (struct exs_ring_tune_in){
+        .size = conn->p.ring_size,
+        .init = conn->ring_init,
+        .max = conn->p.ring_size,
+        .win_bytes = conn->rs_win_bytes,
+        .idle_us = now_us > conn->rs_last_us ? now_us - conn->rs_last_us : 0,
+        .idle_limit_us = idle_ms * 1000u,
+    };
+    if (exs__st_ring_tune(&in, &size) == EXS_RING_SHRINK) {
+        int ret = exs__st_ring_offer_locked(conn, size, 0);
+
+        if (!ret)
+            return idle_ms;
+        if (ret != -EAGAIN)
+            EXS_INFO(PROTO, "conn %p: ring shrink to %u bytes: %s", (void *)conn, size,
+                     strerror(-ret));
+        return idle_ms;
+    }
+    due = conn->rs_last_us + idle_ms * 1000u;
+    return due > now_us ? (due - now_us + 999u) / 1000u : 1;
+}
+
+/* The owner's side of a RESIZE answer, or the writer's side of an offer (§7.4). */
+int exs__st_on_resize_locked(struct exs_conn *conn, const struct exs_wire_resize *r)
+{
+    uint64_t addr = be64toh(r->addr), pos = be64toh(r->pos);
+    uint32_t size = be32toh(r->size), rkey = be32toh(r->rkey);
+
+    if (!conn_is_stream(conn) || (r->hdr.flags & ~EXS_RESIZE_SWITCHED)) {
+        EXS_INFO(PROTO, "conn %p: RESIZE on a SEQPACKET conn or with flags %#x", (void *)conn,
+                 r->hdr.flags);
+        return -EPROTO;
+    }
+    if (r->hdr.flags & EXS_RESIZE_SWITCHED) {
+        /* our offer's answer: every ring write before it arrived already (receive
+         * completions come in posting order), so it must name exactly rd_arrived */
+        if (!conn->rs_offered || size != conn->rs_next_size || pos != conn->rd_arrived || addr ||
+            rkey) {
+            EXS_INFO(PROTO,
+                     "conn %p: SWITCHED to %u bytes at %llu does not answer an offer "
+                     "(offered %d, %u bytes, %llu arrived)",
+                     (void *)conn, size, (unsigned long long)pos, conn->rs_offered,
+                     conn->rs_next_size, (unsigned long long)conn->rd_arrived);
+            return -EPROTO;
+        }
+        /* the old region's key ends now: nothing more may be written there */
+        if (conn->ring_grant)
+            exs__prov_revoke(conn->ring_grant);
+        conn->ring_grant = conn->rs_next_grant;
+        conn->rs_old_mem = conn->ring_mem;
+        conn->rs_old_size = conn->p.ring_size;
+        conn->rs_old_end = pos;
+        conn->ring_mem = conn->rs_next_mem;
+        conn->ring = conn->ring_mem->addr;
+        conn->p.ring_size = size;
+        conn->rs_next_mem = NULL;
+        conn->rs_next_grant = NULL;
+        conn->rs_offered = 0;
+        conn->stats.ring_resizes++;
+        EXS_DBG(PROTO, "conn %p: ring %u -> %u bytes from ring position %llu", (void *)conn,
+                conn->rs_old_size, size, (unsigned long long)pos);
+        st_ring_retire_locked(conn);
+        return 0;
+    }
+    /* an offer: one at a time, a region the protocol can use (the key is checked by the
+     * provider at each write) */
+    if (conn->rs_owed || pos || !addr || addr % EXS_RING_SLOT || addr + size < addr ||
+        size < EXS_WIRE_RESIZE_MIN || size % EXS_RING_SLOT || size > EXS_WIRE_RING_SIZE_MAX) {
+        EXS_INFO(PROTO, "conn %p: bad RESIZE offer (%u bytes at %#llx, pos %llu, owed %d)",
+                 (void *)conn, size, (unsigned long long)addr, (unsigned long long)pos,
+                 conn->rs_owed);
+        return -EPROTO;
+    }
+    conn->rs_owed = 1;
+    conn->rs_peer_addr = addr;
+    conn->rs_peer_size = size;
+    conn->rs_peer_rkey = rkey;
+    return 0;
+}
+
 /* ---- receiving side (Fig. 3, 4, 5) ---- */
 
 /* The first receive not yet satisfied, or NULL. */
@@ -329,6 +616,7 @@ int exs__st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
             }
         }
         conn->rd_arrived += len;
+        conn->rs_win_bytes += len; /* autotuning's measure (§7.4) */
         return 0;
     }
     if (exs_imm_kind(imm) != EXS_IMM_DIRECT)
@@ -353,23 +641,25 @@ int exs__st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 /* Fig. 5: copy ring bytes into the head receives while both are there. */
 static void st_copy_out_locked(struct exs_conn *conn)
 {
-    uint32_t size = conn->p.ring_size;
     struct exs_op *op;
 
     while (conn->rd_arrived != conn->rd_consumed && (op = st_head_recv(conn))) {
-        uint64_t avail = conn->rd_arrived - conn->rd_consumed;
-        uint32_t off = (uint32_t)(conn->rd_consumed % size);
+        uint64_t avail = conn->rd_arrived - conn->rd_consumed, contig;
         size_t lc = (size_t)EXS_MIN(avail, (uint64_t)(op->len - op->filled));
-        size_t first = EXS_MIN(lc, (size_t)(size - off));
 
-        memcpy(op->buf + op->filled, conn->ring + off, first);
-        if (lc > first)
-            memcpy(op->buf + op->filled + first, conn->ring, lc - first);
+        /* in pieces: at the ring's end, and where a retired region ends (§7.4) */
+        for (size_t done = 0, n; done < lc; done += n) {
+            const uint8_t *src = st_ring_at(conn, conn->rd_consumed + done, &contig);
+
+            n = (size_t)EXS_MIN((uint64_t)(lc - done), contig);
+            memcpy(op->buf + op->filled + done, src, n);
+        }
         conn->rd_consumed += lc;
         if (op->state == EXS_OPS_ADVERTISED && !(op->flags & MSG_WAITALL))
             conn->st_sr_next += lc - 1;
         st_recv_filled_locked(conn, op, lc);
     }
+    st_ring_retire_locked(conn);
 }
 
 /* Fig. 3: advertise the first unadvertised receive when allowed. */
@@ -532,6 +822,7 @@ void exs__st_recv_progress_locked(struct exs_conn *conn)
     }
     st_drain_check_locked(conn);
     st_advertise_locked(conn);
+    st_ring_tune_locked(conn);
 }
 
 void exs__st_dead_drain_locked(struct exs_conn *conn)

@@ -23,6 +23,8 @@
  *       the DRAIN control record, sent only to a peer whose hello has the bit.
  *   v2 + feature TRACE (negotiated in hello.features): the TRACE control record (§5.1),
  *       request tracing; sent only to a peer whose hello has the bit.
+ *   v2 + feature RESIZE (negotiated in hello.features): STREAM ring autotuning (§7.4),
+ *       the RESIZE control record, sent only to a peer whose hello has the bit.
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -40,8 +42,9 @@ enum { /* exs_wire_hello.features */
     EXS_WIRE_FEAT_BATCH     = 1u << 2, /* splits SEQPACKET batched ring writes (§6.1) */
     EXS_WIRE_FEAT_DRAIN     = 1u << 3, /* STREAM: understands DRAIN records (§7.2) */
     EXS_WIRE_FEAT_TRACE     = 1u << 4, /* understands and answers TRACE records (§5.1) */
+    EXS_WIRE_FEAT_RESIZE    = 1u << 5, /* STREAM: understands RESIZE records (§7.4) */
     EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
-                              EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE,
+                              EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE | EXS_WIRE_FEAT_RESIZE,
 };
 
 struct exs_wire_hello {
@@ -156,7 +159,8 @@ enum exs_wire_ctrl_type {
     EXS_CTRL_RING     = 7, /* v2: the key of the sender's ring; its first record, once */
     EXS_CTRL_DRAIN    = 8, /* STREAM, feature DRAIN: stop writing the ring / stopped (§7.2) */
     EXS_CTRL_TRACE    = 9, /* SEQPACKET, feature TRACE: a traced message / its times (§5.1) */
-    EXS_CTRL_TYPE_MAX = 9,
+    EXS_CTRL_RESIZE   = 10, /* STREAM, feature RESIZE: a new ring region / switched (§7.4) */
+    EXS_CTRL_TYPE_MAX = 10,
 };
 
 /* Every record starts with this header; len includes it and is a multiple of 8. */
@@ -264,6 +268,27 @@ struct exs_wire_trace {
     uint64_t                 t_answer;   /* answer only: T3 */
 } __attribute__((packed));
 #define EXS_WIRE_TRACE_LEN 48u
+enum { /* exs_wire_resize.hdr.flags */
+    EXS_RESIZE_SWITCHED = 1u << 0, /* the data sender's answer; without it: the offer */
+};
+
+/* RESIZE (§7.4, STREAM, feature RESIZE). Offer (flags 0, from the ring's owner, the data
+ * receiver): "my ring moves to addr/size, write it with rkey"; pos is 0. At most one
+ * offer is outstanding, and none while a retired region still holds bytes. Answer
+ * (EXS_RESIZE_SWITCHED, from the data sender, sent before any later ring write): ring
+ * positions (the cumulative ring byte count that ACK reports) below pos were written into
+ * the old region, every later one goes into the new; size echoes the offer, addr and
+ * rkey are 0. A position p lives at offset p % size of the region that holds it. */
+struct exs_wire_resize {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 addr; /* offer: the new region (aligned to 64); answer: 0 */
+    uint32_t                 size; /* bytes of the new region (multiple of 64) */
+    uint32_t                 rkey; /* offer: its key; answer: 0 */
+    uint64_t                 pos;  /* answer: the first ring position in the new region */
+} __attribute__((packed));
+#define EXS_WIRE_RESIZE_LEN 32u
+/* Smallest region a RESIZE may offer. */
+#define EXS_WIRE_RESIZE_MIN (16u * 64u)
 
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN
@@ -288,6 +313,7 @@ _Static_assert(sizeof(struct exs_wire_ring) == EXS_WIRE_RING_LEN, "ring size");
 _Static_assert(sizeof(struct exs_wire_drain) == EXS_WIRE_DRAIN_LEN, "drain size");
 _Static_assert(sizeof(struct exs_wire_trace) == EXS_WIRE_TRACE_LEN, "trace size");
 _Static_assert(offsetof(struct exs_wire_trace, t_answer) == 40, "trace.t_answer");
+_Static_assert(sizeof(struct exs_wire_resize) == EXS_WIRE_RESIZE_LEN, "resize size");
 _Static_assert(sizeof(struct exs_wire_batch_rec) == EXS_WIRE_BATCH_REC_LEN, "batch rec size");
 
 #endif

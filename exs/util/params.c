@@ -103,6 +103,12 @@ static const struct exs_param_def params_table[] = {
           "SOCK_STREAM, dynamic mode: receives with fewer bytes left than this stay indirect: the receiver advertises only bigger ones (except the first after a drain, or to a direct-only sender) and asks the sender back to direct (DRAIN) only for them; 0 = advertise every receive (the published algorithm)"),
     PARAM(stream_drain_streak, "EXS_STREAM_DRAIN_STREAK", "2", UINT, 0,
           "SOCK_STREAM: ring arrivals in a row that must leave such receives waiting with the ring empty before the receiver sends DRAIN (hysteresis); 0 = never (the published algorithm)"),
+    PARAM(ring_max, "EXS_RING_MAX", "67108864", UINT, 0,
+          "SOCK_STREAM ring autotuning: a receiver whose sender is ring-limited doubles its ring up to this many bytes (at most 1073741824); at or below the initial ring (EXS_RING_SIZE, SO_RCVBUF) = off; an explicit SO_RCVBUF turns it off for that socket"),
+    PARAM(ring_budget, "EXS_RING_BUDGET", "1073741824", UINT, 0,
+          "SOCK_STREAM ring autotuning: bytes of every receive ring of the process together that a grow may reach; a grow past it is refused (initial rings always get their memory); 0 = no bound"),
+    PARAM(ring_idle_ms, "EXS_RING_IDLE_MS", "1000", UINT, 0,
+          "SOCK_STREAM ring autotuning: a grown ring that received nothing for this long shrinks back to its initial size, milliseconds; 0 = never"),
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
     PARAM(keepalive_intv_ms, "EXS_KEEPALIVE_INTV_MS", "1000", UINT, 1,

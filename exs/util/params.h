@@ -67,6 +67,9 @@ struct exs_params {
     /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
     uint64_t stream_direct_min;   /* EXS_STREAM_DIRECT_MIN: receives this big are advertised (direct) */
     uint64_t stream_drain_streak; /* EXS_STREAM_DRAIN_STREAK: arrivals in a row before DRAIN, 0 = off */
+    uint64_t ring_max;            /* EXS_RING_MAX: STREAM ring autotuning grows up to this, bytes */
+    uint64_t ring_budget;         /* EXS_RING_BUDGET: ring bytes of the process a grow may reach */
+    uint64_t ring_idle_ms;        /* EXS_RING_IDLE_MS: a grown ring idle this long shrinks, 0 = never */
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
     uint64_t keepalive_intv_ms;  /* EXS_KEEPALIVE_INTV_MS: silence before a probe, 0 = off */

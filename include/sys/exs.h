@@ -154,6 +154,7 @@ struct exs_sock_stats {
     uint64_t keepalive_timeouts;/* 1 once the peer was declared dead by keepalive */
     /* observability */
     uint64_t srtt_us;           /* smoothed round-trip time, us (0: not measured yet) */
+    uint64_t ring_grow_refused; /* ring grows refused: the process's ring budget (autotuning) */
 };
 /* exs_getsockopt(EXS_SO_STATS) fills min(*optlen, sizeof) bytes and sets *optlen to that
  * count; *optlen below the first version's size is EINVAL. */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Exhaustively check spec/model/stream.pml in every configuration.
+# Exhaustively check spec/model/stream.pml (and ring.pml: configurations ring_*) in every
+# configuration.
 # Correct configurations must verify with "errors: 0"; broken ones must make
 # Spin report an error. One line per configuration, then "N passed, M failed".
 set -u
@@ -78,6 +79,14 @@ configs=(
   "broken_small_direct_peer|fail|-DIMPL_RULE -DTX_DIRECT_ONLY -DADVERT_MIN=2 -DBROKEN_SMALL_DIRECT_PEER"
   "broken_drain_no_readvertise|fail|-DIMPL_RULE -DDRAIN -DBROKEN_DRAIN_NO_READVERT"
   "broken_drain_no_hold|fail|-DIMPL_RULE -DDRAIN -DBROKEN_DRAIN_NO_HOLD"
+  # ring autotuning's switch (section 7.4): ring.pml, configurations named ring_*
+  "ring_plain|pass|"
+  "ring_ring1|pass|-DRING0=1 -DN=5"
+  "ring_n7_ring3_3switches|pass|-DN=7 -DRING0=3 -DSWITCHES=3"
+  "ring_broken_free_early|fail|-DBROKEN_FREE_EARLY"
+  "ring_broken_answer_late|fail|-DBROKEN_ANSWER_LATE"
+  "ring_broken_room_new_only|fail|-DBROKEN_ROOM_NEW_ONLY"
+  "ring_broken_no_answer|fail|-DBROKEN_NO_ANSWER"
 )
 
 passed=0
@@ -87,7 +96,10 @@ for c in "${configs[@]}"; do
     IFS='|' read -r name expect flags <<<"$c"
     d=$tmp/$name
     mkdir -p "$d"
-    cp "$model" "$d/stream.pml"
+    case $name in
+    ring_*) cp "$here/ring.pml" "$d/stream.pml" ;; # the ring switch (section 7.4)
+    *) cp "$model" "$d/stream.pml" ;;
+    esac
     start=$(date +%s.%N)
     # shellcheck disable=SC2086
     if ! (cd "$d" && spin -a $flags stream.pml >spin.out 2>&1 &&

@@ -40,6 +40,7 @@ Suite *integ_ctl_suite(void);
 Suite *integ_trace_suite(void);
 Suite *integ_kfd_suite(void);
 Suite *integ_poll_suite(void);
+Suite *integ_ring_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */
 TCase *it_tcase(const char *name, int timeout_s);

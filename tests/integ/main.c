@@ -19,6 +19,7 @@ static Suite *(*const suites[])(void) = {
     integ_trace_suite,
     integ_kfd_suite,
     integ_poll_suite,
+    integ_ring_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

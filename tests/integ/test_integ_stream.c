@@ -2077,7 +2077,7 @@ START_TEST(test_drain_waitall)
 }
 END_TEST
 
-/* §7.3: 16 receives of 64 bytes posted with the ring empty, then 16 sends of 64 bytes.
+/* §7.4: 16 receives of 64 bytes posted with the ring empty, then 16 sends of 64 bytes.
  * small_min sets EXS_STREAM_DIRECT_MIN for the run; tx_mode is the sender's mode (the
  * receiver stays dynamic). Returns the receiver's and the sender's statistics. */
 static void small_run(uint64_t small_min, int tx_mode, struct st_snap *x)

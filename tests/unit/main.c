@@ -26,6 +26,7 @@ static Suite *(*const suites[])(void) = {
     proto_hostile_suite,
     wire_golden_suite,
     proto_batch_suite,
+    proto_ring_suite,
 };
 
 void unit_env_clean(void)

@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 
 #include "exs/proto/reqtrace.h"
+#include "exs/proto/proto_int.h"
+#include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "tests/mock/mock_proto.h"
@@ -983,6 +985,245 @@ START_TEST(hs_trace_without_feature)
 }
 END_TEST
 
+/* ---- §7.4 RESIZE ---- */
+
+/* A RESIZE record from the raw peer (flags, addr, size, rkey, pos; host order). */
+static void raw_resize(uint8_t flags, uint64_t addr, uint32_t size, uint32_t rkey, uint64_t pos)
+{
+    struct exs_wire_resize r = {
+        .hdr = {.type = EXS_CTRL_RESIZE, .flags = flags, .len = htobe16(EXS_WIRE_RESIZE_LEN)},
+        .addr = htobe64(addr),
+        .size = htobe32(size),
+        .rkey = htobe32(rkey),
+        .pos = htobe64(pos),
+    };
+
+    raw_post(EXS_PROV_WR_SEND, &r, sizeof(r), 0, 0, 0);
+}
+
+/* b (the data sender) puts len bytes of the stream at offset off into raw's ring. */
+static void raw_b_sends(struct pt_op *s, uint8_t *sb, size_t len, uint64_t off)
+{
+    pt_fill(sb, len, off);
+    pt_op_init(s, &pp.b, EXS_OP_SEND, sb, len, 0);
+    ck_assert_int_eq(pt_post(s), 0);
+    pt_run(&pp);
+    pt_assert_done(s, (ssize_t)len, 0);
+}
+
+#define RAW_NEW_RING (RAW_SEND + 32768) /* the region raw offers (in raw.mr) */
+
+static int all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+/* raw (the ring's owner) offers a new 2 KiB region after 100 ring bytes: b answers
+ * SWITCHED at ring position 100 and writes its next bytes at offset 100 of the new
+ * region, none into the old one. */
+START_TEST(hs_resize_honoured)
+{
+    static uint8_t sb[100], sb2[300];
+    struct exs_wire_resize ans;
+    struct pt_op s, s2;
+
+    raw_open(SOCK_STREAM);
+    raw_b_sends(&s, sb, sizeof(sb), 0);
+    ck_assert(pt_check(raw.mem + RAW_RING, 100, 0));
+    raw_resize(0, (uintptr_t)raw.mem + RAW_NEW_RING, 2048, raw.mr->rkey, 0);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_RESIZE, &ans, sizeof(ans)));
+    ck_assert_uint_eq(ans.hdr.flags, EXS_RESIZE_SWITCHED);
+    ck_assert_uint_eq(be16toh(ans.hdr.len), EXS_WIRE_RESIZE_LEN);
+    ck_assert_uint_eq(be64toh(ans.pos), 100);
+    ck_assert_uint_eq(be32toh(ans.size), 2048);
+    ck_assert_uint_eq(be64toh(ans.addr), 0);
+    ck_assert_uint_eq(be32toh(ans.rkey), 0);
+    memset(raw.mem + RAW_RING + 100, 0, 300);
+    raw_b_sends(&s2, sb2, sizeof(sb2), 100);
+    ck_assert(pt_check(raw.mem + RAW_NEW_RING + 100, 300, 100));
+    ck_assert(all_zero(raw.mem + RAW_RING + 100, 300));
+    ck_assert_uint_eq(pp.b.conn->peer.ring_size, 2048);
+    pt_op_fini(&s);
+    pt_op_fini(&s2);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* Hostile offers (b is the writer): 0 size above the wire limit, 1 size not a multiple
+ * of 64, 2 below the smallest region, 3 address 0, 4 address not aligned, 5 region
+ * wrapping the address space, 6 pos not 0, 7 a second offer before b answered, 8 an
+ * unsolicited SWITCHED, 9 unknown flags, 10 on a SEQPACKET conn. */
+START_TEST(hs_resize_bad_offer)
+{
+    uint64_t addr = (uintptr_t)raw.mem + RAW_NEW_RING;
+    uint32_t key;
+
+    raw_open(_i == 10 ? SOCK_SEQPACKET : SOCK_STREAM);
+    addr = (uintptr_t)raw.mem + RAW_NEW_RING;
+    key = raw.mr->rkey;
+    switch (_i) {
+    case 0:
+        raw_resize(0, addr, EXS_WIRE_RING_SIZE_MAX + 64, key, 0);
+        break;
+    case 1:
+        raw_resize(0, addr, 2048 + 8, key, 0);
+        break;
+    case 2:
+        raw_resize(0, addr, EXS_WIRE_RESIZE_MIN - 64, key, 0);
+        break;
+    case 3:
+        raw_resize(0, 0, 2048, key, 0);
+        break;
+    case 4:
+        raw_resize(0, addr + 8, 2048, key, 0);
+        break;
+    case 5:
+        raw_resize(0, UINT64_MAX - 1023, 2048, key, 0);
+        break;
+    case 6:
+        raw_resize(0, addr, 2048, key, 64);
+        break;
+    case 7: {
+        struct exs_wire_resize r[2] = {
+            {.hdr = {.type = EXS_CTRL_RESIZE, .len = htobe16(EXS_WIRE_RESIZE_LEN)},
+             .addr = htobe64(addr),
+             .size = htobe32(2048),
+             .rkey = htobe32(key)},
+            {.hdr = {.type = EXS_CTRL_RESIZE, .len = htobe16(EXS_WIRE_RESIZE_LEN)},
+             .addr = htobe64(addr),
+             .size = htobe32(1024),
+             .rkey = htobe32(key)},
+        };
+        raw_post(EXS_PROV_WR_SEND, r, sizeof(r), 0, 0, 0);
+        break;
+    }
+    case 8:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 2048, 0, 0);
+        break;
+    case 9:
+        raw_resize(2, addr, 2048, key, 0);
+        break;
+    default:
+        raw_resize(0, addr, 2048, key, 0);
+        break;
+    }
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* b (the ring's owner) offers 8 KiB after raw wrote 100 ring bytes; raw answers. */
+static void raw_b_offers(struct exs_wire_resize *offer)
+{
+    static uint8_t msg[100];
+
+    pt_fill(msg, sizeof(msg), 0);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
+             raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+    pt_run(&pp);
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 0), 0);
+    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 0), -EBUSY);
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_RESIZE, offer, sizeof(*offer)));
+    ck_assert_uint_eq(offer->hdr.flags, 0);
+    ck_assert_uint_eq(be32toh(offer->size), 8192);
+    ck_assert_uint_eq(be64toh(offer->pos), 0);
+}
+
+/* A correct answer: raw's next ring bytes go to offset 100 of the new region; b hands
+ * out the 100 old bytes, then the new ones, in order; the old key is dead (raw's write
+ * with it fails, the old region is untouched). */
+START_TEST(hs_resize_switched)
+{
+    static uint8_t rb[400];
+    struct exs_wire_resize offer;
+    struct exs_sock_stats st;
+    uint8_t msg[200];
+    struct pt_op r;
+
+    raw_open(SOCK_STREAM);
+    raw_b_offers(&offer);
+    raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, 0, 100);
+    pt_run(&pp); /* (raw's send area is reused below) */
+    pt_fill(msg, sizeof(msg), 100);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), be64toh(offer.addr) + 100,
+             be32toh(offer.rkey), exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.dead, 0);
+    ck_assert_uint_eq(pp.b.conn->p.ring_size, 8192);
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    pt_assert_done(&r, 300, 0);
+    ck_assert(pt_check(rb, 300, 0));
+    ck_assert_ptr_null(pp.b.conn->rs_old_mem); /* consumed: retired */
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.ring_resizes, 1);
+    ck_assert_uint_eq(st.ring_size, 8192);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_SUCCESS); /* the SWITCHED */
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_SUCCESS); /* the write into the new region */
+    memset(msg, 0xee, sizeof(msg));
+    raw_post(EXS_PROV_WR_RDMA_WRITE, msg, 64, raw.peer.ring_addr, raw.peer.ring_rkey, 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_REM_ACCESS_ERR);
+    pt_op_fini(&r);
+    exs__prov_ep_destroy(raw.ep); /* raw's ep is in ERROR now */
+    raw.ep = NULL;
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    exs__prov_mr_dereg(raw.mr);
+    exs__prov_ctx_close(raw.ctx);
+    pt_close(&pp);
+    ck_assert_uint_eq(exs__conn_ring_bytes(), 0);
+}
+END_TEST
+
+/* Hostile answers to b's offer: 0 a position in the past, 1 one in the future, 2 another
+ * size, 3 an address, 4 a key, 5 a second SWITCHED after the right one. */
+START_TEST(hs_resize_bad_answer)
+{
+    struct exs_wire_resize offer;
+
+    raw_open(SOCK_STREAM);
+    raw_b_offers(&offer);
+    switch (_i) {
+    case 0:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, 0, 50);
+        break;
+    case 1:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, 0, 150);
+        break;
+    case 2:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 4096, 0, 100);
+        break;
+    case 3:
+        raw_resize(EXS_RESIZE_SWITCHED, be64toh(offer.addr), 8192, 0, 100);
+        break;
+    case 4:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, be32toh(offer.rkey), 100);
+        break;
+    default:
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, 0, 100);
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.dead, 0);
+        raw_resize(EXS_RESIZE_SWITCHED, 0, 8192, 0, 100);
+        break;
+    }
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.dead, 1); /* (its 100 ring bytes would still be handed out) */
+    raw_close();
+    ck_assert_uint_eq(exs__conn_ring_bytes(), 0);
+}
+END_TEST
+
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -1014,6 +1255,10 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_trace_ok);
     tcase_add_loop_test(tc, hs_trace_bad, 0, 12);
     tcase_add_loop_test(tc, hs_trace_without_feature, 0, 2);
+    tcase_add_test(tc, hs_resize_honoured);
+    tcase_add_loop_test(tc, hs_resize_bad_offer, 0, 11);
+    tcase_add_test(tc, hs_resize_switched);
+    tcase_add_loop_test(tc, hs_resize_bad_answer, 0, 6);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -12,6 +12,9 @@
 #include "exs/prov/tcp/tcp.h"
 #include "exs/util/json.h"
 #include "exs/util/params.h"
+#include "exs/proto/proto_int.h"
+#include "exs/prov/tcp/tcp.h"
+#include "exs/util/lockorder.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -114,7 +117,8 @@ START_TEST(golden_hello)
         0x45, 0x58,                         /* magic "EX" */
         0x02,                               /* version 2 */
         0x01,                               /* STREAM */
-        0x00, 0x1f,                         /* features: keepalive | read | batch | drain | trace */
+        0x00, 0x3f,                         /* features: keepalive | read | batch | drain |
+                                               trace | resize */
         0x00, 0x21,                         /* credits 33 */
         0x00, 0x00, 0x02, 0x00,             /* ctrl_size 512 */
         0x00, 0x00, 0x20, 0x00,             /* ring_size 8192 */
@@ -318,6 +322,63 @@ START_TEST(golden_ack)
     memcpy(w, want, sizeof(w));
     w[5] = 0x02;
     assert_bytes(c->bytes, w, sizeof(w));
+    pt_op_fini(&r);
+    pt_op_fini(&s);
+    gp_teardown();
+}
+END_TEST
+
+/* STREAM ring autotuning (§7.4): b offers a new 8 KiB region in a RESIZE record (type 10,
+ * len 32, flags 0, addr, size, rkey, pos 0); a answers SWITCHED (flags 1) with addr and
+ * rkey 0, the size echoed and pos = the ring position where the new region begins. */
+START_TEST(golden_resize)
+{
+    static uint8_t sb[3000], rb[3000];
+    uint8_t offer[EXS_WIRE_RESIZE_LEN] = {
+        0x0a, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00, 0x00, /* RESIZE, 32 bytes (credits: below) */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* addr: below */
+        0x00, 0x00, 0x20, 0x00,                         /* size 8192 */
+        0,    0,    0,    0,                            /* rkey: below */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* pos 0 */
+    };
+    uint8_t answer[EXS_WIRE_RESIZE_LEN] = {
+        0x0a, 0x01, 0x00, 0x20, 0x00, 0x00, 0x00, 0x00, /* RESIZE SWITCHED, 32 bytes */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* addr 0 */
+        0x00, 0x00, 0x20, 0x00,                         /* size 8192 echoed */
+        0,    0,    0,    0,                            /* rkey 0 */
+        0,    0,    0,    0,    0,    0,    0x0b, 0xb8, /* pos 3000 */
+    };
+    struct pt_op s, r;
+    int from_a = 0, from_b = 0;
+
+    gp_setup(SOCK_STREAM, EXS_XFER_INDIRECT_ONLY);
+    pt_op_init(&s, &pp.a, EXS_OP_SEND, sb, sizeof(sb), 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), MSG_WAITALL);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(r.op.result, 3000);
+    from_a = from_b = ncaps; /* what follows the offer */
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 0), 0);
+    uint64_t addr = (uintptr_t)pp.b.conn->rs_next_mem->addr;
+    uint32_t rkey = pp.b.conn->rs_next_grant->rkey;
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pt_run(&pp);
+    put_be(offer + 8, addr, 8);
+    put_be(offer + 20, rkey, 4);
+    struct cap *c = cap_send(pp.b.conn->ep, &from_b);
+    ck_assert_uint_eq(c->len, EXS_WIRE_RESIZE_LEN);
+    offer[4] = c->bytes[4]; /* returned credits vary with the run */
+    offer[5] = c->bytes[5];
+    assert_bytes(c->bytes, offer, sizeof(offer));
+    c = cap_send(pp.a.conn->ep, &from_a);
+    ck_assert_uint_eq(c->len, EXS_WIRE_RESIZE_LEN);
+    answer[4] = c->bytes[4];
+    answer[5] = c->bytes[5];
+    assert_bytes(c->bytes, answer, sizeof(answer));
+    ck_assert_uint_eq(pp.b.conn->p.ring_size, 8192);
     pt_op_fini(&r);
     pt_op_fini(&s);
     gp_teardown();
@@ -680,6 +741,7 @@ Suite *wire_golden_suite(void)
     tcase_add_test(tc, golden_ack);
     tcase_add_test(tc, golden_announce_read_done_shutdown);
     tcase_add_test(tc, golden_ring);
+    tcase_add_test(tc, golden_resize);
     tcase_add_test(tc, golden_batch_sent);
     tcase_add_test(tc, golden_ctrl_constants);
     tcase_add_test(tc, golden_tcp_frame);

@@ -22,6 +22,7 @@ Suite *proto_teardown_suite(void);
 Suite *proto_hostile_suite(void);
 Suite *wire_golden_suite(void);
 Suite *proto_batch_suite(void);
+Suite *proto_ring_suite(void);
 
 /* Unset every EXS_* variable of the tunables table, forget loaded tunables, and put
  * the logger back to its defaults (writing to stderr). For fixtures. */

@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: MIT */
+/* STREAM ring autotuning (spec/protocol.md §7.4): the grow/shrink/budget decision and ring switches under traffic. */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "exs/proto/proto_int.h"
+#include "exs/util/lockorder.h"
+#include "exs/util/params.h"
+#include "tests/mock/mock_proto.h"
+#include "tests/unit/unit.h"
+
+/* ---- the decision (a pure function) ---- */
+
+static struct exs_ring_tune_in tune_in(void)
+{
+    return (struct exs_ring_tune_in){
+        .size = 1u << 20,
+        .init = 1u << 20,
+        .max = 64u << 20,
+        .budget = 1u << 30,
+        .in_use = 1u << 20,
+        .win_bytes = 1u << 20,
+        .reader_waiting = 1,
+        .idle_limit_us = 1000000,
+    };
+}
+
+START_TEST(rt_grow_when_ring_limited)
+{
+    struct exs_ring_tune_in in = tune_in();
+    uint32_t n;
+
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 2u << 20);
+    in.win_bytes = (1u << 19); /* exactly half the ring in a round trip: still limited */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    in.win_bytes = (1u << 19) - 1; /* less: the ring is not what limits */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    ck_assert_uint_eq(n, in.size);
+    in = tune_in();
+    in.reader_waiting = 0; /* the application does not keep up: more ring would not help */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+}
+END_TEST
+
+START_TEST(rt_grow_capped_by_max)
+{
+    struct exs_ring_tune_in in = tune_in();
+    uint32_t n;
+
+    in.size = 48u << 20;
+    in.win_bytes = in.size;
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 64u << 20); /* not 96 MiB */
+    in.size = 64u << 20;
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    in = tune_in();
+    in.max = (3u << 20) + 63; /* not a multiple of the slot: rounded down */
+    in.size = 2u << 20;
+    in.win_bytes = in.size;
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 3u << 20);
+    in.max = 0; /* off */
+    in.size = in.init;
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    in.max = 8u << 30; /* above the wire's limit: the limit */
+    in.size = EXS_WIRE_RING_SIZE_MAX;
+    in.win_bytes = in.size;
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+}
+END_TEST
+
+START_TEST(rt_budget_refuses)
+{
+    struct exs_ring_tune_in in = tune_in();
+    uint32_t n;
+
+    in.budget = 3u << 20;
+    in.in_use = 1u << 20; /* + 2 MiB = 3 MiB: fits */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    in.in_use = (1u << 20) + 64; /* one slot more: refused */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_REFUSED);
+    ck_assert_uint_eq(n, in.size);
+    in.budget = 0; /* no bound */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+}
+END_TEST
+
+START_TEST(rt_shrink_when_idle)
+{
+    struct exs_ring_tune_in in = tune_in();
+    uint32_t n;
+
+    in.size = 8u << 20;
+    in.win_bytes = 0;
+    in.idle_us = 999999;
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    in.idle_us = 1000000;
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_SHRINK);
+    ck_assert_uint_eq(n, in.init);
+    in.idle_limit_us = 0; /* never */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    in = tune_in();
+    in.win_bytes = 0;
+    in.idle_us = 5000000; /* at its initial size already */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+}
+END_TEST
+
+/* ---- ring switches under traffic (mock provider) ---- */
+
+static struct pt_pair pp;
+
+static void rg_setup(void)
+{
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+}
+
+static void rg_teardown(void)
+{
+    pt_close_both(&pp);
+    ck_assert_uint_eq(exs__conn_ring_bytes(), 0); /* every region went back */
+}
+
+/* Offer the peer of side a region of size bytes; the result of the offer. */
+static int rg_offer(struct pt_side *side, uint32_t size)
+{
+    int ret;
+
+    EXS_MUTEX_LOCK(&side->conn->lock, EXS_LOCK_CONN);
+    ret = exs__st_ring_offer_locked(side->conn, size, 0);
+    EXS_MUTEX_UNLOCK(&side->conn->lock, EXS_LOCK_CONN);
+    return ret;
+}
+
+#define RG_N 96
+#define RG_R 1024
+static uint8_t rg_sb[2][RG_N][3000], rg_rb[2][RG_R][3000];
+static struct pt_op rg_s[2][RG_N], rg_r[2][RG_R];
+static int rg_nr[2], rg_checked[2];
+static uint64_t rg_roff[2];
+
+static void rg_recv(int d, size_t len, int flags)
+{
+    struct pt_side *side[2] = {&pp.a, &pp.b};
+
+    ck_assert_int_lt(rg_nr[d], RG_R);
+    pt_recv_post(&rg_r[d][rg_nr[d]], side[!d], rg_rb[d][rg_nr[d]], len, flags);
+    rg_nr[d]++;
+}
+
+static void rg_verify(int d)
+{
+    while (rg_checked[d] < rg_nr[d] && rg_r[d][rg_checked[d]].done) {
+        struct pt_op *o = &rg_r[d][rg_checked[d]++];
+
+        ck_assert_int_eq(o->op.err, 0);
+        ck_assert_int_gt(o->op.result, 0);
+        ck_assert(pt_check(o->op.buf, (size_t)o->op.result, rg_roff[d]));
+        rg_roff[d] += (uint64_t)o->op.result;
+    }
+    for (int i = rg_checked[d]; i < rg_nr[d]; i++)
+        ck_assert_int_eq(rg_r[d][i].done, 0);
+}
+
+/* Both directions stream much more than the rings while each receiver moves its ring
+ * again and again (grow and shrink between 1 KiB and 16 KiB) with bytes still in it and
+ * writes in flight, completions reordered: every byte arrives once, in order; every
+ * retired region is freed once copied out; the old keys die. */
+START_TEST(rg_switch_under_traffic)
+{
+    static const uint32_t sizes[] = {1024, 2048, 4096, 8192, 16384, 1536, 6144};
+    struct pt_side *side[2] = {&pp.a, &pp.b};
+    uint64_t soff[2] = {0, 0}, switches[2] = {0, 0};
+    struct exs_sock_stats st;
+    uint32_t seed = (uint32_t)_i + 1;
+
+    memset(rg_nr, 0, sizeof(rg_nr));
+    memset(rg_checked, 0, sizeof(rg_checked));
+    memset(rg_roff, 0, sizeof(rg_roff));
+    mock_set_reorder(seed * 2654435761u);
+    srand(seed);
+    for (int k = 0; k < RG_N; k += 8) {
+        for (int d = 0; d < 2; d++) {
+            for (int i = k; i < k + 8; i++) {
+                size_t len = 1 + (size_t)(rand() % 3000);
+
+                pt_send_pattern(&rg_s[d][i], side[d], rg_sb[d][i], len, soff[d]);
+                soff[d] += len;
+                if (rand() % 4 == 0) {
+                    int ret = rg_offer(side[!d], sizes[rand() % 7]);
+
+                    ck_assert_msg(ret == 0 || ret == -EBUSY || ret == -EAGAIN, "offer: %d", ret);
+                    switches[d] += ret == 0;
+                }
+                if (rand() % 3 == 0)
+                    pt_run(&pp);
+            }
+        }
+        pt_run(&pp);
+        for (int d = 0; d < 2; d++) {
+            rg_verify(d);
+            while (rg_roff[d] < soff[d]) {
+                int waitall = rand() % 4 == 0;
+                size_t len = 1 + (size_t)(rand() % 3000);
+
+                if (waitall && len > soff[d] - rg_roff[d])
+                    len = soff[d] - rg_roff[d];
+                rg_recv(d, len, waitall ? MSG_WAITALL : 0);
+                pt_run(&pp);
+                rg_verify(d);
+                ck_assert_int_eq(rg_checked[d], rg_nr[d]);
+            }
+        }
+    }
+    for (int d = 0; d < 2; d++) {
+        ck_assert_uint_eq(rg_roff[d], soff[d]);
+        for (int i = 0; i < RG_N; i++) {
+            pt_assert_done(&rg_s[d][i], (ssize_t)rg_s[d][i].op.len, 0);
+            pt_op_fini(&rg_s[d][i]);
+        }
+        for (int i = 0; i < rg_nr[d]; i++)
+            pt_op_fini(&rg_r[d][i]);
+        /* every offer was answered (the ring data of the last ones all arrived) */
+        pt_stats(side[!d], &st);
+        ck_assert_uint_gt(switches[d], 3);
+        ck_assert_uint_eq(st.ring_resizes, switches[d]);
+        ck_assert_uint_eq(st.ring_size, side[!d]->conn->p.ring_size);
+        ck_assert_ptr_null(side[!d]->conn->rs_old_mem); /* all copied out: retired */
+        ck_assert_int_eq(side[!d]->conn->rs_offered, 0);
+    }
+    ck_assert_uint_eq(pt_rnr(&pp), 0);
+}
+END_TEST
+
+/* An offer still unanswered, or a retired region still holding bytes, when the
+ * connection closes: every region goes back (teardown checks the process count). */
+START_TEST(rg_close_with_offer_out)
+{
+    static uint8_t sb[2000];
+    struct pt_op s;
+
+    pt_send_pattern(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_run(&pp);
+    pt_assert_done(&s, 2000, 0);
+    ck_assert_int_eq(rg_offer(&pp.b, 8192), 0);
+    if (_i == 1) {
+        pt_run(&pp); /* answered: the old region holds the 2000 bytes nobody received */
+        ck_assert_ptr_nonnull(pp.b.conn->rs_old_mem);
+        ck_assert_uint_eq(pp.b.conn->p.ring_size, 8192);
+    }
+    ck_assert_uint_gt(exs__conn_ring_bytes(), 0);
+    pt_op_fini(&s);
+}
+END_TEST
+
+/* Offers that cannot be made: a second one while one is out, sizes out of bounds,
+ * SEQPACKET, a peer whose hello lacks the feature. */
+START_TEST(rg_offer_refused)
+{
+    ck_assert_int_eq(rg_offer(&pp.b, 1000), -EINVAL);
+    ck_assert_int_eq(rg_offer(&pp.b, EXS_WIRE_RESIZE_MIN - 64), -EINVAL);
+    ck_assert_int_eq(rg_offer(&pp.b, EXS_WIRE_RING_SIZE_MAX + 64), -EINVAL);
+    ck_assert_int_eq(rg_offer(&pp.b, 8192), 0);
+    ck_assert_int_eq(rg_offer(&pp.b, 16384), -EBUSY);
+    pt_run(&pp);
+    ck_assert_int_eq(rg_offer(&pp.b, 16384), 0); /* answered, nothing left in the old one */
+    pt_run(&pp);
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    pp.a.conn->peer.features &= ~EXS_WIRE_FEAT_RESIZE; /* as an old peer's hello */
+    ck_assert_int_eq(exs__st_ring_offer_locked(pp.a.conn, 8192, 0), -EOPNOTSUPP);
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+}
+END_TEST
+
+/* The process budget: an offer that would pass it is refused, with nothing allocated. */
+START_TEST(rg_offer_budget)
+{
+    uint64_t before = exs__conn_ring_bytes();
+
+    exs__params.ring_budget = before + 4096;
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 1), -ENOBUFS);
+    ck_assert_uint_eq(exs__conn_ring_bytes(), before);
+    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 4096, 1), 0);
+    ck_assert_uint_eq(exs__conn_ring_bytes(), before + 4096);
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pt_run(&pp);
+    ck_assert_uint_eq(exs__conn_ring_bytes(), before); /* the old 4 KiB went */
+}
+END_TEST
+
+Suite *proto_ring_suite(void)
+{
+    Suite *s = suite_create("proto_ring");
+    TCase *tc = tcase_create("tune");
+
+    tcase_add_test(tc, rt_grow_when_ring_limited);
+    tcase_add_test(tc, rt_grow_capped_by_max);
+    tcase_add_test(tc, rt_budget_refuses);
+    tcase_add_test(tc, rt_shrink_when_idle);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("switch");
+    tcase_add_checked_fixture(tc, rg_setup, rg_teardown);
+    tcase_add_loop_test(tc, rg_switch_under_traffic, 0, 6);
+    tcase_add_loop_test(tc, rg_close_with_offer_out, 0, 2);
+    tcase_add_test(tc, rg_offer_refused);
+    tcase_add_test(tc, rg_offer_budget);
+    suite_add_tcase(s, tc);
+    return s;
+}
