@@ -458,9 +458,9 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     op->op.flags = flags;
     if (mh == EXS_MHANDLE_UNREGISTERED) {
         if (len) {
-            ret = exs__prov_mr_get(conn->ctx, buf, len, /* the context conn runs on */
-                                 EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
-                                                 &op->tmp_mr);
+            ret = exs__prov_mr_get(conn->ctx, buf, len,         /* the context conn runs on */
+                                   EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
+                                   &op->tmp_mr);
             if (ret) {
                 err = ret == -ENOMEM ? ENOMEM : EINVAL;
                 goto out;

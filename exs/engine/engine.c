@@ -86,8 +86,9 @@ static const struct exs_counter_desc eng_counter_desc[] = {
                 "drives by the progress thread that found work"),
     EXS_COUNTER(struct exs_eng_counters, lease_handoffs,
                 "times the progress thread took the provider back when no thread drove"),
-    EXS_COUNTER(struct exs_eng_counters, lease_idles,
-                "leases stopped because the same threads kept waiting (idle waits cost no wake-up)"),
+    EXS_COUNTER(
+        struct exs_eng_counters, lease_idles,
+        "leases stopped because the same threads kept waiting (idle waits cost no wake-up)"),
     EXS_COUNTER(struct exs_eng_counters, evq_fd_writes,
                 "event queue descriptor writes (only for queues someone can see)"),
     EXS_COUNTER(struct exs_eng_counters, rounds,
@@ -301,8 +302,8 @@ static int eng_round_ctx(struct exs_prov_ctx *ctx)
 static int eng_round(void)
 {
     int n = 0;
-    uint64_t t0 = exs__params.slow_threshold_us || exs__params.polling_warn_cycle_us
-                      ? exs__now_ns() : 0;
+    uint64_t t0 =
+        exs__params.slow_threshold_us || exs__params.polling_warn_cycle_us ? exs__now_ns() : 0;
 
     eng_pass = (struct eng_pass){0};
     EXS_CNT_INC(exs__eng_cnt.rounds);
@@ -584,9 +585,8 @@ static int eng_fb_policy(const char *primary)
     if (strcmp(p, "any") == 0)
         return EXS_ENG_FB_ANY;
     /* auto */
-    return strcmp(primary, "verbs") == 0 || strcmp(primary, "fault:verbs") == 0
-               ? EXS_ENG_FB_CONNECT
-               : EXS_ENG_FB_OFF;
+    return strcmp(primary, "verbs") == 0 || strcmp(primary, "fault:verbs") == 0 ? EXS_ENG_FB_CONNECT
+                                                                                : EXS_ENG_FB_OFF;
 }
 
 /* Open the fallback context when the policy asks for one. It is opened here, not at the
@@ -610,8 +610,7 @@ static void eng_fb_open(void)
     eng.ctxs[eng.nctx++] = eng.fb;
     EXS_INFO(ENG, "fallback provider tcp opened (%s progress, policy %s, port offset %" PRIu64 ")",
              manual ? "manual" : "provider-thread",
-             eng.fb_policy == EXS_ENG_FB_ANY ? "any" : "connect",
-             exs__params.fallback_port_offset);
+             eng.fb_policy == EXS_ENG_FB_ANY ? "any" : "connect", exs__params.fallback_port_offset);
 }
 
 int exs__engine_fallback_policy(void)
@@ -891,9 +890,11 @@ void exs__engine_fallback_note(int err, const struct sockaddr *addr, int sock_fd
     EXS_CNT_INC(exs__eng_fb_cnt.fallback_connects);
     if (cnt)
         EXS_CNT_INC(*cnt);
-    EXS_INFO(ENG, "fd %d: connect to %s port %u over %s failed (%s: %s); retrying over tcp port %" PRIu64,
-             sock_fd, host, port, exs__prov_name(eng.ctx), why ? why : "?", strerror(err),
-             (uint64_t)port + exs__params.fallback_port_offset);
+    EXS_INFO(
+        ENG,
+        "fd %d: connect to %s port %u over %s failed (%s: %s); retrying over tcp port %" PRIu64,
+        sock_fd, host, port, exs__prov_name(eng.ctx), why ? why : "?", strerror(err),
+        (uint64_t)port + exs__params.fallback_port_offset);
 }
 
 /* A primary listener given up while exs_listen still holds its socket's lock: a
@@ -953,8 +954,7 @@ int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr
         if (!ret)
             ret = exs__engine_fallback_addr((struct sockaddr *)&ss, len, &fa, &flen);
         if (!ret)
-            ret = exs__prov_listen(eng.fb, (struct sockaddr *)&fa, flen, backlog, lis,
-                                   &lis->pl_fb);
+            ret = exs__prov_listen(eng.fb, (struct sockaddr *)&fa, flen, backlog, lis, &lis->pl_fb);
         if (!ret) {
             EXS_CNT_INC(exs__eng_fb_cnt.fallback_listens);
             EXS_DBG(ENG, "listener on %s port %u and tcp port %u", exs__prov_name(eng.ctx),

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The engine: the provider contexts (primary, fallback), the progress lock, and a progress thread running a libev loop. */
+/* The engine: the provider contexts (primary, fallback), the progress lock, and a progress thread
+ * running a libev loop. */
 #ifndef EXS_ENGINE_ENGINE_H
 #define EXS_ENGINE_ENGINE_H
 
@@ -68,20 +69,20 @@ struct exs_prov_ctx *exs__engine_ctx(void);
 /* ---- RDMA-to-TCP fallback (spec/provider.md, Fallback) ----
  * The policy (tunable fallback, read at start): */
 enum { EXS_ENG_FB_OFF = 0, EXS_ENG_FB_CONNECT, EXS_ENG_FB_ANY };
-int  exs__engine_fallback_policy(void);
+int exs__engine_fallback_policy(void);
 /* The fallback (tcp) context, or NULL when the policy opened none. */
 struct exs_prov_ctx *exs__engine_fallback_ctx(void);
 /* 1 when a connect on ctx that failed with errno err is to be retried over the fallback:
  * there is one, ctx is not it, and err is refused, unreachable, timed out or an address
  * error. */
-int  exs__engine_fallback_eligible(const struct exs_prov_ctx *ctx, int err);
+int exs__engine_fallback_eligible(const struct exs_prov_ctx *ctx, int err);
 /* Count a connect retried over the fallback (and its reason), log it (info) for socket
  * fd: addr is the address the primary failed to reach. */
 void exs__engine_fallback_note(int err, const struct sockaddr *addr, int sock_fd);
 /* addr with its port moved by fallback_port_offset: where the peer's fallback listener
  * is. Errors: -EINVAL, -EAFNOSUPPORT, -EADDRNOTAVAIL (past 65535). */
-int  exs__engine_fallback_addr(const struct sockaddr *addr, socklen_t addrlen,
-                               struct sockaddr_storage *out_p, socklen_t *outlen_p);
+int exs__engine_fallback_addr(const struct sockaddr *addr, socklen_t addrlen,
+                              struct sockaddr_storage *out_p, socklen_t *outlen_p);
 
 /* Run job->fn(job) on the progress thread soon (from any thread, also from the progress
  * thread itself: then after the current dispatch). Cannot fail: the job lives in the
@@ -106,7 +107,7 @@ int  exs__engine_drive(int flags);
  * on fds_p (each context's event fd, readable when it has work; -1 for none, all -1 when
  * the engine is not running); -EAGAIN: work is pending (completions or jobs), drive
  * again. */
-int  exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX]);
+int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX]);
 /* Count the application threads inside a wait (they drive, so the progress thread
  * stops watching the provider until they are all gone for one lease). */
 void exs__engine_driver_enter(void);

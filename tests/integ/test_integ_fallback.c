@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* RDMA-to-TCP fallback: connects the primary provider fails are retried over tcp, listeners listen on
- * both, and the second context is driven, slept on and released like the first. */
+/* RDMA-to-TCP fallback: connects the primary provider fails are retried over tcp, listeners listen
+ * on both, and the second context is driven, slept on and released like the first. */
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -64,9 +64,9 @@ static void fb_teardown(void)
 }
 
 /* Fallback counters since fb_init (they are process-wide). */
-static const char *const fb_names[] = {"fallback_connects", "fallback_refused",
+static const char *const fb_names[] = {"fallback_connects",    "fallback_refused",
                                        "fallback_unreachable", "fallback_timeout",
-                                       "fallback_addr", "fallback_listens"};
+                                       "fallback_addr",        "fallback_listens"};
 static uint64_t fb_base[sizeof(fb_names) / sizeof(fb_names[0])];
 
 static uint64_t fb_count_abs(const char *name)
@@ -447,13 +447,11 @@ START_TEST(test_fb_fini_open)
         IT_EXPECT_OK(exs_accept(lfd, q, IT_AH(1)));
         IT_EXPECT_OK(exs_connect(fd, (struct sockaddr *)&addr, sizeof(addr), q, IT_AH(2)));
         /* both events (the queue is not the helpers': they cannot wait on it) */
-        ck_assert_int_eq(exs_qdequeue(q, evs, -2, &(struct timespec){IT_TIMEOUT_MS / 1000, 0}),
-                         2);
+        ck_assert_int_eq(exs_qdequeue(q, evs, -2, &(struct timespec){IT_TIMEOUT_MS / 1000, 0}), 2);
         for (int i = 0; i < 2; i++) {
             ck_assert_int_eq(evs[i].exs_evt_errno, 0);
             if (evs[i].exs_evt_type == EXS_EVT_ACCEPT)
-                ck_assert_str_eq(fd_provider(evs[i].exs_evt_u.exs_evt_accept.exs_evt_newfd),
-                                 "tcp");
+                ck_assert_str_eq(fd_provider(evs[i].exs_evt_u.exs_evt_accept.exs_evt_newfd), "tcp");
             else
                 ck_assert_int_eq(evs[i].exs_evt_type, EXS_EVT_CONNECT);
         }
