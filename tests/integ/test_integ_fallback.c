@@ -228,6 +228,50 @@ START_TEST(test_fb_policy_off)
 }
 END_TEST
 
+/* A peer reachable by neither (a multicast address: the kernel refuses TCP to it): the
+ * primary's failure (unreachable) is retried once over tcp, and the CONNECT event reports
+ * the retry's failure; the socket can connect again, and does, over the fallback. */
+START_TEST(test_fb_both_fail)
+{
+    struct sockaddr_in nowhere = {.sin_family = AF_INET, .sin_port = htons(4000)};
+    struct sockaddr_in addr;
+    exs_qhandle_t q;
+    exs_event_t ev;
+    int lfd, fd;
+
+    if (strcmp(fb_inner(), "tcp") != 0) {
+        test_skip("test_fb_both_fail", "needs the tcp provider under test (primary fault:tcp)");
+        return;
+    }
+    fb_init("connect", NULL);
+    nowhere.sin_addr.s_addr = htonl(0xe0000001); /* 224.0.0.1 */
+    q = it_qcreate(8);
+    lfd = it_listen(SOCK_SEQPACKET, &addr);
+    fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+    ck_assert_int_ge(fd, 0);
+    IT_EXPECT_OK(exs_connect(fd, (struct sockaddr *)&nowhere, sizeof(nowhere), q, IT_AH(1)));
+    it_wait_event(q, EXS_EVT_CONNECT, fd, &ev);
+    ck_assert_int_eq(ev.exs_evt_errno, ENETUNREACH);
+    ck_assert_uint_eq(fb_count("fallback_connects"), 1);
+    ck_assert_uint_eq(fb_count("fallback_unreachable"), 1);
+    /* again, to a listener, with the primary failing by injection */
+    ck_assert_int_eq(exs__params_set("fault_connect_nth", "1"), 0);
+    IT_EXPECT_OK(exs_connect(fd, (struct sockaddr *)&addr, sizeof(addr), q, IT_AH(2)));
+    it_wait_event(q, EXS_EVT_CONNECT, fd, &ev);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    ck_assert_str_eq(fd_provider(fd), "tcp");
+    ck_assert_uint_eq(fb_count("fallback_connects"), 2);
+    IT_EXPECT_OK(exs_accept(lfd, q, IT_AH(3)));
+    it_wait_event(q, EXS_EVT_ACCEPT, lfd, &ev);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    ck_assert_str_eq(fd_provider(ev.exs_evt_u.exs_evt_accept.exs_evt_newfd), "tcp");
+    it_close(ev.exs_evt_u.exs_evt_accept.exs_evt_newfd, q);
+    it_close(fd, q);
+    it_close(lfd, q);
+    it_qdelete(q);
+}
+END_TEST
+
 /* A peer that has only tcp (another process, EXS_PROVIDER=tcp, no fallback) listening
  * on port L: this process, whose primary finds nothing at L - offset, reaches it over
  * tcp at L. The port L - offset is held bound (not listening) by a kernel socket, so the
@@ -475,6 +519,7 @@ Suite *integ_fallback_suite(void)
     tcase_add_checked_fixture(tc, NULL, fb_teardown);
     tcase_add_loop_test(tc, test_fb_connect, 0, 2);
     tcase_add_loop_test(tc, test_fb_policy_off, 0, 2);
+    tcase_add_test(tc, test_fb_both_fail);
     tcase_add_test(tc, test_fb_tcp_only_peer);
     suite_add_tcase(s, tc);
     tc = it_tcase("lifetime", IT_CASE_TIMEOUT);
