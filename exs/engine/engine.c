@@ -584,9 +584,9 @@ static int eng_fb_policy(const char *primary)
         return EXS_ENG_FB_CONNECT;
     if (strcmp(p, "any") == 0)
         return EXS_ENG_FB_ANY;
-    /* auto */
-    return strcmp(primary, "verbs") == 0 || strcmp(primary, "fault:verbs") == 0 ? EXS_ENG_FB_CONNECT
-                                                                                : EXS_ENG_FB_OFF;
+    /* auto: a real RDMA primary only; fault:verbs is a test set-up whose injected
+     * connect failures must reach the application (tests/integ/test_integ_fault.c) */
+    return strcmp(primary, "verbs") == 0 ? EXS_ENG_FB_CONNECT : EXS_ENG_FB_OFF;
 }
 
 /* Open the fallback context when the policy asks for one. It is opened here, not at the
