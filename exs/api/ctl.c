@@ -253,7 +253,8 @@ static void stat_sock(struct api_sock *s, void *arg)
     exs__jbuf_kv_str(b, "conn_state", conn ? info.state : "");
     exs__jbuf_kv_str(b, "local", local);
     exs__jbuf_kv_str(b, "peer", peer);
-    exs__jbuf_kv_str(b, "provider", exs__prov_name(exs__engine_ctx()));
+    /* the context the connection runs on: the primary or the fallback (tcp) */
+    exs__jbuf_kv_str(b, "provider", exs__prov_name(conn ? conn->ctx : exs__engine_ctx()));
     exs__jbuf_kv_str(b, "mode", xfer_mode_name(mode));
     exs__jbuf_kv_str(b, "phase", conn ? info.phase : "");
     exs__jbuf_kv_u64(b, "credits", info.credits);

@@ -815,9 +815,9 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     exs__engine_driver_enter();
     EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     for (;;) {
-        struct pollfd pfd[2];
+        struct pollfd pfd[1 + EXS_ENG_MAX_CTX];
         struct timespec ts, *tsp = NULL;
-        int n, pfd_prov;
+        int n, pfd_prov[EXS_ENG_MAX_CTX];
 
         if (evq->dead) {
             ret = -EINVAL;
@@ -872,14 +872,16 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         pfd[0].events = POLLIN;
         pfd[0].revents = 0;
         EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
-        if (exs__engine_arm(&pfd_prov) == -EAGAIN) {
+        if (exs__engine_arm(pfd_prov) == -EAGAIN) {
             exs__engine_drive(0);
             EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
             continue;
         }
-        pfd[1].fd = pfd_prov; /* -1 (ignored by ppoll) without an engine */
-        pfd[1].events = POLLIN;
-        pfd[1].revents = 0;
+        for (int i = 0; i < EXS_ENG_MAX_CTX; i++) {
+            pfd[1 + i].fd = pfd_prov[i]; /* -1 (ignored by ppoll): no such context */
+            pfd[1 + i].events = POLLIN;
+            pfd[1 + i].revents = 0;
+        }
         if (deadline != UINT64_MAX) {
             ts.tv_sec = (time_t)((deadline - now) / 1000000000u);
             ts.tv_nsec = (long)((deadline - now) % 1000000000u);
@@ -887,7 +889,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         }
         /* poll-type calls are never restarted after a signal handler, even with
          * SA_RESTART, so a signal always ends the wait with EINTR. */
-        n = ppoll(pfd, 2, tsp, NULL);
+        n = ppoll(pfd, 1 + EXS_ENG_MAX_CTX, tsp, NULL);
         ret = n < 0 ? -errno : 0;
         EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
         if (ret < 0)
@@ -898,7 +900,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             ret = -EBADF;
             break;
         }
-        if (n > 0 && (pfd[1].revents & POLLIN)) {
+        if (n > 0 && ((pfd[1].revents | pfd[2].revents) & POLLIN)) {
             /* Awake: no longer a sleeper while driving, so the events this drive
              * produces for this queue write no descriptor (the next sleep registers
              * again and looks at the queue first). */

@@ -229,7 +229,8 @@ static const struct exs_conn_cb sock_conn_cb = {
     .dead = sock_conn_dead,
 };
 
-static int sock_conn_new(struct api_sock *s)
+/* A conn for s on provider context ctx (the primary, or the fallback). */
+static int sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
 {
     struct exs_conn_params p = {
         .sock_type = s->type,
@@ -244,7 +245,7 @@ static int sock_conn_new(struct api_sock *s)
     /* The conn lives as long as its socket (freed in the last exs__api_sock_put), so a
      * caller holding a socket reference may always use it; its callbacks stop at DEAD,
      * before the socket's closing reference goes. */
-    return exs__conn_create(exs__engine_ctx(), &p, &sock_conn_cb, s, &s->conn);
+    return exs__conn_create(ctx, &p, &sock_conn_cb, s, &s->conn);
 }
 
 /* Progress thread: free a conn detached from its socket after a failed connect. */
@@ -324,6 +325,65 @@ static void sock_post_simple(struct api_op *op, int type, int err)
 
 static void sock_deliver_accepts_locked(struct api_sock *lis);
 
+/* Progress thread: the connect of s failed on the primary provider with errno err (the
+ * failed conn is gone): connect again to the same address over the fallback context
+ * (spec/provider.md, Fallback). Nothing to do when a close came meanwhile: it completes
+ * the connect operation. */
+static void sock_fallback_connect(struct api_sock *s, int err)
+{
+    struct sockaddr_storage fa;
+    socklen_t flen = 0;
+    struct exs_conn *conn = NULL;
+    struct api_op *op = NULL;
+    int ret;
+
+    api_sock_lock(s);
+    if (s->state != API_SOCK_CONNECTING || !s->connect_op || s->conn) {
+        api_sock_unlock(s);
+        return;
+    }
+    ret = exs__engine_fallback_addr((struct sockaddr *)&s->peer, s->peer_len, &fa, &flen);
+    if (!ret)
+        ret = sock_conn_new(s, exs__engine_fallback_ctx());
+    conn = ret ? NULL : s->conn;
+    api_sock_unlock(s);
+    if (!ret) {
+        exs__engine_fallback_note(err, (struct sockaddr *)&s->peer, s->fd);
+        ret = exs__conn_connect(conn, (struct sockaddr *)&fa, flen);
+    }
+    if (!ret) {
+        sock_conn_timer_kick(s); /* the new handshake's deadline */
+        return;
+    }
+    EXS_INFO(API, "fd %d: connect over the fallback failed at once: %s", s->fd, strerror(-ret));
+    api_sock_lock(s);
+    if (conn && s->conn == conn)
+        s->conn = NULL;
+    if (s->state == API_SOCK_CONNECTING) {
+        op = s->connect_op;
+        s->connect_op = NULL;
+        api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW, "connect failed");
+    }
+    api_sock_unlock(s);
+    if (conn)
+        exs__conn_destroy(conn); /* never connected: IDLE */
+    if (op)
+        sock_post_simple(op, EXS_EVT_CONNECT, err); /* the primary's failure */
+}
+
+/* Progress thread: a conn whose connect failed on the primary is freed and its socket's
+ * connect retried over the fallback. */
+static void sock_fallback_job(struct exs_job *job)
+{
+    struct exs_conn *conn = exs_container_of(job, struct exs_conn, owner_job);
+    struct api_sock *s = conn->owner;
+    int err = conn->err;
+
+    exs__conn_destroy(conn);
+    sock_fallback_connect(s, err);
+    exs__api_sock_put(s); /* the job's reference */
+}
+
 static void sock_conn_established(struct exs_conn *conn, int err)
 {
     struct api_sock *s = conn->owner;
@@ -368,6 +428,16 @@ static void sock_conn_established(struct exs_conn *conn, int err)
         }
         if (!exs__prov_ep_local_addr(conn->ep, &s->local, &len))
             s->local_len = len;
+    } else if (s->state == API_SOCK_CONNECTING && op &&
+               exs__engine_fallback_eligible(conn->ctx, err)) {
+        /* retried over the fallback context by a job (conn locks do not nest); the
+         * socket stays CONNECTING with its connect operation */
+        s->connect_op = op;
+        op = NULL;
+        s->conn = NULL;
+        sock_get_ref(s); /* the job's */
+        conn->owner_job.fn = sock_fallback_job;
+        exs__engine_post(&conn->owner_job);
     } else if (s->state == API_SOCK_CONNECTING) {
         api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW, "connect failed");
         s->conn = NULL;
@@ -504,7 +574,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
             memcpy(&c->peer, &ev->peer_addr, sizeof(c->peer));
             c->peer_len = ev->peer_addrlen;
             c->parent = lis;
-            if (sock_conn_new(c))
+            if (sock_conn_new(c, ev->listener->ctx)) /* the context the request came on */
                 reason = EXS_WIRE_REJ_RESOURCES;
         } else {
             exs__api_sock_put(lis);
@@ -676,7 +746,7 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
     op = exs__api_op_new(s, EXS_EVT_CONNECT, q, ah, &err);
     if (!op)
         goto out;
-    if ((ret = sock_conn_new(s))) {
+    if ((ret = sock_conn_new(s, exs__engine_ctx()))) {
         err = -ret == ENOMEM ? ENOMEM : ENOBUFS;
         goto out;
     }

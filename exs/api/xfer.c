@@ -20,6 +20,7 @@ struct api_mreg {
     void               *addr;
     size_t              len;
     struct exs_prov_mr *mr;
+    struct exs_prov_mr *mr_fb; /* on the fallback context, made at its first use there */
     int                 busy; /* operations using it */
     int                 handle;
 };
@@ -150,7 +151,45 @@ int exs_mderegister(exs_mhandle_t mh)
     if (err)
         return exs__err(err);
     exs__prov_mr_dereg(m->mr);
+    if (m->mr_fb)
+        exs__prov_mr_dereg(m->mr_fb);
     free(m);
+    return 0;
+}
+
+/* The registration of m on ctx (m held busy): m->mr, or the one on the fallback context,
+ * made at the first operation of a connection that runs there (spec/provider.md,
+ * Fallback). Errors: provider errors. */
+static int mreg_mr_on(struct api_mreg *m, struct exs_prov_ctx *ctx, struct exs_prov_mr **mr_p)
+{
+    struct exs_prov_mr *mr;
+    int ret;
+
+    if (m->mr->ctx == ctx) {
+        *mr_p = m->mr;
+        return 0;
+    }
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
+    mr = m->mr_fb;
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
+    if (!mr) {
+        /* registered without the lock (busy keeps m); a racing twin is dropped */
+        ret = exs__prov_mr_reg(ctx, m->addr, m->len, EXS_PROV_ACCESS_LOCAL_WRITE, &mr);
+        if (ret)
+            return ret;
+        EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
+        if (m->mr_fb) {
+            struct exs_prov_mr *twin = mr;
+
+            mr = m->mr_fb;
+            EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
+            exs__prov_mr_dereg(twin);
+        } else {
+            m->mr_fb = mr;
+            EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
+        }
+    }
+    *mr_p = mr;
     return 0;
 }
 
@@ -160,6 +199,8 @@ void exs__api_mreg_destroy_all(void)
     for (int i = 0; i < mreg_cap; i++)
         if (mregs[i]) {
             exs__prov_mr_dereg(mregs[i]->mr);
+            if (mregs[i]->mr_fb)
+                exs__prov_mr_dereg(mregs[i]->mr_fb);
             free(mregs[i]);
         }
     free(mregs);
@@ -415,9 +456,9 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     op->op.flags = flags;
     if (mh == EXS_MHANDLE_UNREGISTERED) {
         if (len) {
-            ret = exs__prov_mr_get(exs__engine_ctx(), buf, len,
-                                 EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
-                                                 &op->tmp_mr);
+            ret = exs__prov_mr_get(conn->ctx, buf, len,         /* the context conn runs on */
+                                   EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
+                                   &op->tmp_mr);
             if (ret) {
                 err = ret == -ENOMEM ? ENOMEM : EINVAL;
                 goto out;
@@ -430,8 +471,12 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
             err = EINVAL;
             goto out;
         }
-        op->op.mr = op->mreg->mr;
-        op->op.lkey = op->mreg->mr->lkey;
+        ret = mreg_mr_on(op->mreg, conn->ctx, &op->op.mr);
+        if (ret) {
+            err = ret == -ENOMEM ? ENOMEM : EINVAL;
+            goto out;
+        }
+        op->op.lkey = op->op.mr->lkey;
     }
     if (__atomic_add_fetch(count, 1, __ATOMIC_RELAXED) > (int)exs__params.sock_max_ops) {
         __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* Progress as a lock: whoever holds it drives the provider; a libev thread drives only while no
  * application thread does. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ev.h>
+#include <netinet/in.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -27,8 +29,16 @@
  */
 static struct {
     struct exs_prov_ctx *ctx;
+    /* The fallback context (tcp), opened at start when the policy needs it
+     * (spec/provider.md, Fallback), else NULL; fixed while running. ctxs[] lists the
+     * primary then the fallback: every round, arm and watch covers each. */
+    struct exs_prov_ctx *fb;
+    struct exs_prov_ctx *ctxs[EXS_ENG_MAX_CTX];
+    int nctx;
+    int fb_policy; /* EXS_ENG_FB_*, fixed while running */
     struct ev_loop *loop;
     ev_io prov_io;
+    ev_io fb_io; /* the fallback context's event fd, started and stopped with prov_io */
     ev_async wake;
     ev_prepare prep; /* before each blocking poll: who watches the provider */
     ev_timer lease;  /* while drivers > 0: look again whether they left */
@@ -67,6 +77,7 @@ static struct eng_pass {
 static __thread int eng_is_loop; /* this thread is the libev loop's */
 
 struct exs_eng_counters exs__eng_cnt;
+struct exs_eng_fb_counters exs__eng_fb_cnt;
 
 static const struct exs_counter_desc eng_counter_desc[] = {
     EXS_COUNTER(struct exs_eng_counters, drives_app,
@@ -75,10 +86,13 @@ static const struct exs_counter_desc eng_counter_desc[] = {
                 "drives by the progress thread that found work"),
     EXS_COUNTER(struct exs_eng_counters, lease_handoffs,
                 "times the progress thread took the provider back when no thread drove"),
-    EXS_COUNTER(struct exs_eng_counters, lease_idles,
-                "leases stopped because the same threads kept waiting (idle waits cost no wake-up)"),
+    EXS_COUNTER(
+        struct exs_eng_counters, lease_idles,
+        "leases stopped because the same threads kept waiting (idle waits cost no wake-up)"),
     EXS_COUNTER(struct exs_eng_counters, evq_fd_writes,
                 "event queue descriptor writes (only for queues someone can see)"),
+    EXS_COUNTER(struct exs_eng_counters, rounds,
+                "progress rounds run, also those that found nothing (an idle process runs none)"),
 };
 
 static struct exs_counter_set eng_cset = {
@@ -88,9 +102,36 @@ static struct exs_counter_set eng_cset = {
     .base = &exs__eng_cnt,
 };
 
+static const struct exs_counter_desc eng_fb_counter_desc[] = {
+    EXS_COUNTER(struct exs_eng_fb_counters, fallback_connects,
+                "connects the primary provider failed, retried over the fallback (tcp)"),
+    EXS_COUNTER(struct exs_eng_fb_counters, fallback_refused,
+                "of those: refused (rejected by the peer or its provider)"),
+    EXS_COUNTER(struct exs_eng_fb_counters, fallback_unreachable,
+                "of those: network or host unreachable, no route"),
+    EXS_COUNTER(struct exs_eng_fb_counters, fallback_timeout,
+                "of those: timed out (no answer, or the handshake deadline)"),
+    EXS_COUNTER(struct exs_eng_fb_counters, fallback_addr,
+                "of those: address error (cannot be resolved or used by the primary)"),
+    EXS_COUNTER(struct exs_eng_fb_counters, fallback_listens,
+                "listeners listening on the fallback context too"),
+};
+
+static struct exs_counter_set eng_fb_cset = {
+    .name = "fallback",
+    .desc = eng_fb_counter_desc,
+    .count = sizeof(eng_fb_counter_desc) / sizeof(eng_fb_counter_desc[0]),
+    .base = &exs__eng_fb_cnt,
+};
+
 struct exs_prov_ctx *exs__engine_ctx(void)
 {
     return eng.ctx;
+}
+
+struct exs_prov_ctx *exs__engine_fallback_ctx(void)
+{
+    return eng.fb;
 }
 
 int exs__engine_on_thread(void)
@@ -164,12 +205,12 @@ static void eng_dispatch_cm(const struct exs_prov_cm_event *ev)
 
 /* Hand up to batches * ENG_CQE_BATCH queued completions to their connections; returns
  * how many. */
-static int eng_drain_cq(int batches)
+static int eng_drain_cq(struct exs_prov_ctx *ctx, int batches)
 {
     struct exs_prov_cqe cqe[ENG_CQE_BATCH];
     int n, total = 0;
 
-    while (batches-- > 0 && (n = exs__prov_poll(eng.ctx, cqe, ENG_CQE_BATCH)) > 0) {
+    while (batches-- > 0 && (n = exs__prov_poll(ctx, cqe, ENG_CQE_BATCH)) > 0) {
         exs__conn_on_cqes(cqe, n); /* runs of one conn: one lock, one progress pass */
         total += n;
         if (n < ENG_CQE_BATCH)
@@ -240,31 +281,43 @@ void exs__engine_set_round_hook(void (*fn)(void))
     __atomic_store_n(&eng_round_hook, fn, __ATOMIC_RELEASE);
 }
 
-static int eng_round(void)
+/* One context's part of a round. */
+static int eng_round_ctx(struct exs_prov_ctx *ctx)
 {
-    void (*hook)(void);
     struct exs_prov_cm_event ev;
     int p, n = 0, c;
-    uint64_t t0 = exs__params.slow_threshold_us || exs__params.polling_warn_cycle_us
-                      ? exs__now_ns() : 0;
 
-    eng_pass = (struct eng_pass){0};
-    p = exs__prov_progress(eng.ctx);
+    p = exs__prov_progress(ctx);
     if (p > 0)
         n += p;
     else if (p < 0)
-        EXS_WARN(ENG, "provider progress failed: %d", p);
-    c = eng_drain_cq(ENG_DRIVE_ROUND);
+        EXS_WARN(ENG, "provider %s progress failed: %d", exs__prov_name(ctx), p);
+    c = eng_drain_cq(ctx, ENG_DRIVE_ROUND);
     eng_pass.cqes += (unsigned)c;
     n += c;
-    while (exs__prov_cm_poll(eng.ctx, &ev) == 1) {
-        c = eng_drain_cq(INT32_MAX);
+    while (exs__prov_cm_poll(ctx, &ev) == 1) {
+        c = eng_drain_cq(ctx, INT32_MAX);
         eng_pass.cqes += (unsigned)c;
         n += c;
         eng_dispatch_cm(&ev);
         eng_pass.cms++;
         n++;
     }
+    return n;
+}
+
+static int eng_round(void)
+{
+    int n = 0;
+    uint64_t t0 =
+        exs__params.slow_threshold_us || exs__params.polling_warn_cycle_us ? exs__now_ns() : 0;
+
+    eng_pass = (struct eng_pass){0};
+    EXS_CNT_INC(exs__eng_cnt.rounds);
+    void (*hook)(void);
+
+    for (int i = 0; i < eng.nctx; i++)
+        n += eng_round_ctx(eng.ctxs[i]);
     n += eng_run_jobs();
     hook = __atomic_load_n(&eng_round_hook, __ATOMIC_ACQUIRE);
     if (n > 0 && hook)
@@ -288,7 +341,26 @@ static int eng_drive_locked(int max)
     return total;
 }
 
-/* The loop thread: drive until the provider is armed with nothing left. */
+/* Arm every context (plock held): -EAGAIN as soon as one has work pending, 0 when all
+ * are armed, or the first other error (logged). */
+static int eng_arm_all(void)
+{
+    int ret = 0;
+
+    for (int i = 0; i < eng.nctx; i++) {
+        int r = exs__prov_arm(eng.ctxs[i]);
+
+        if (r == -EAGAIN)
+            return -EAGAIN;
+        if (r && !ret) {
+            EXS_WARN(ENG, "provider %s arm failed: %d", exs__prov_name(eng.ctxs[i]), r);
+            ret = r;
+        }
+    }
+    return ret;
+}
+
+/* The loop thread: drive until every context is armed with nothing left. */
 static void eng_drain_all(void)
 {
     int n;
@@ -297,7 +369,7 @@ static void eng_drain_all(void)
         n = eng_drive_locked(ENG_DRIVE_MAX);
         if (n > 0)
             EXS_CNT_INC(exs__eng_cnt.drives_thread);
-    } while (n > 0 || exs__prov_arm(eng.ctx) == -EAGAIN);
+    } while (n > 0 || eng_arm_all() == -EAGAIN);
 }
 
 static __thread struct eng_pass eng_poll_last; /* this thread's last pass */
@@ -351,11 +423,12 @@ int exs__engine_drive(int flags)
     return n;
 }
 
-int exs__engine_arm(int *fd_p)
+int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX])
 {
     int ret;
 
-    *fd_p = -1;
+    for (int i = 0; i < EXS_ENG_MAX_CTX; i++)
+        fds_p[i] = -1;
     if (eng_holding || !__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE))
         return 0;
     eng_lock();
@@ -364,13 +437,12 @@ int exs__engine_arm(int *fd_p)
     } else if (__atomic_load_n(&eng.njobs, __ATOMIC_ACQUIRE) > 0) {
         ret = -EAGAIN;
     } else {
-        ret = exs__prov_arm(eng.ctx);
+        ret = eng_arm_all();
         if (ret == 0) {
-            *fd_p = exs__prov_ctx_event_fd(eng.ctx);
+            for (int i = 0; i < eng.nctx; i++)
+                fds_p[i] = exs__prov_ctx_event_fd(eng.ctxs[i]);
             eng_poll_end_ns = 0; /* it sleeps: a wait, not a slow poll */
         }
-        else if (ret != -EAGAIN)
-            EXS_WARN(ENG, "provider arm failed: %d", ret);
     }
     eng_unlock();
     return ret == -EAGAIN ? -EAGAIN : 0;
@@ -462,6 +534,8 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
     if (drivers > 0 || recent || exs__params.test_engine_park) {
         if (eng.io_on) {
             ev_io_stop(loop, &eng.prov_io);
+            if (eng.fb)
+                ev_io_stop(loop, &eng.fb_io);
             eng.io_on = 0;
         }
         if (!ev_is_active(&eng.lease) && !__atomic_load_n(&eng.lease_idle, __ATOMIC_SEQ_CST)) {
@@ -475,6 +549,8 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
         ev_timer_stop(loop, &eng.lease);
     if (!eng.io_on) {
         ev_io_start(loop, &eng.prov_io);
+        if (eng.fb)
+            ev_io_start(loop, &eng.fb_io);
         eng.io_on = 1;
         EXS_CNT_INC(exs__eng_cnt.lease_handoffs);
         /* Drivers may have left work (or not armed): finish it and arm. */
@@ -492,12 +568,12 @@ static void *eng_main(void *arg)
     return NULL;
 }
 
-static int eng_open(struct exs_prov_ctx **ctx_p, int *manual_p)
+static int eng_open(int (*open)(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p),
+                    struct exs_prov_ctx **ctx_p, int *manual_p)
 {
     int ret;
 
-    ret = exs__prov_open_default(&(struct exs_prov_attr){.flags = EXS_PROV_ATTR_MANUAL_PROGRESS},
-                                 ctx_p);
+    ret = open(&(struct exs_prov_attr){.flags = EXS_PROV_ATTR_MANUAL_PROGRESS}, ctx_p);
     if (ret == 0) {
         *manual_p = 1;
         return 0;
@@ -506,7 +582,63 @@ static int eng_open(struct exs_prov_ctx **ctx_p, int *manual_p)
         return ret;
     EXS_INFO(ENG, "provider refused manual progress (%d): its own threads move data", ret);
     *manual_p = 0;
-    return exs__prov_open_default(&(struct exs_prov_attr){0}, ctx_p);
+    return open(&(struct exs_prov_attr){0}, ctx_p);
+}
+
+/* The fallback policy for primary provider name (spec/provider.md, Fallback). */
+static int eng_fb_policy(const char *primary)
+{
+    const char *p = exs__params.fallback;
+
+    if (strcmp(primary, "tcp") == 0 || strcmp(p, "off") == 0)
+        return EXS_ENG_FB_OFF;
+    if (strcmp(p, "connect") == 0)
+        return EXS_ENG_FB_CONNECT;
+    if (strcmp(p, "any") == 0)
+        return EXS_ENG_FB_ANY;
+    /* auto: a real RDMA primary only; fault:verbs is a test set-up whose injected
+     * connect failures must reach the application (tests/integ/test_integ_fault.c) */
+    return strcmp(primary, "verbs") == 0 ? EXS_ENG_FB_CONNECT : EXS_ENG_FB_OFF;
+}
+
+/* Open the fallback context when the policy asks for one. It is opened here, not at the
+ * first failed connect: a waiter that armed and went to sleep before it existed would
+ * not watch its event fd, and could sleep through its work. A failure leaves the
+ * process without fallback (logged), not without the primary. */
+static void eng_fb_open(void)
+{
+    int manual, ret;
+
+    eng.fb_policy = eng_fb_policy(exs__prov_name(eng.ctx));
+    if (eng.fb_policy == EXS_ENG_FB_OFF)
+        return;
+    ret = eng_open(exs__prov_open_fallback, &eng.fb, &manual);
+    if (ret) {
+        EXS_WARN(ENG, "fallback provider tcp: open failed (%s); no fallback", strerror(-ret));
+        eng.fb = NULL;
+        eng.fb_policy = EXS_ENG_FB_OFF;
+        return;
+    }
+    eng.ctxs[eng.nctx++] = eng.fb;
+    EXS_INFO(ENG, "fallback provider tcp opened (%s progress, policy %s, port offset %" PRIu64 ")",
+             manual ? "manual" : "provider-thread",
+             eng.fb_policy == EXS_ENG_FB_ANY ? "any" : "connect", exs__params.fallback_port_offset);
+}
+
+int exs__engine_fallback_policy(void)
+{
+    return eng.fb_policy;
+}
+
+static void eng_close_ctxs(void)
+{
+    if (eng.fb)
+        exs__prov_ctx_close(eng.fb);
+    exs__prov_ctx_close(eng.ctx);
+    eng.fb = eng.ctx = NULL;
+    eng.ctxs[0] = eng.ctxs[1] = NULL;
+    eng.nctx = 0;
+    eng.fb_policy = EXS_ENG_FB_OFF;
 }
 
 int exs__engine_start(void)
@@ -515,9 +647,12 @@ int exs__engine_start(void)
 
     exs_list_init(&eng.jobs);
     eng.njobs = 0;
-    ret = eng_open(&eng.ctx, &eng.manual);
+    ret = eng_open(exs__prov_open_default, &eng.ctx, &eng.manual);
     if (ret)
         return ret;
+    eng.ctxs[0] = eng.ctx;
+    eng.nctx = 1;
+    eng_fb_open();
     eng.loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
     if (!eng.loop) {
         ret = -ENOMEM;
@@ -525,6 +660,8 @@ int exs__engine_start(void)
     }
     ev_set_loop_release_cb(eng.loop, eng_loop_release, eng_loop_acquire);
     ev_io_init(&eng.prov_io, eng_prov_cb, exs__prov_ctx_event_fd(eng.ctx), EV_READ);
+    if (eng.fb)
+        ev_io_init(&eng.fb_io, eng_prov_cb, exs__prov_ctx_event_fd(eng.fb), EV_READ);
     ev_async_init(&eng.wake, eng_async_cb);
     ev_async_start(eng.loop, &eng.wake);
     ev_prepare_init(&eng.prep, eng_prepare_cb);
@@ -538,6 +675,7 @@ int exs__engine_start(void)
     if (ret)
         goto err_loop;
     exs__counters_register(&eng_cset);
+    exs__counters_register(&eng_fb_cset);
     EXS_INFO(ENG, "engine started on provider %s (%s progress)", exs__prov_name(eng.ctx),
              eng.manual ? "manual" : "provider-thread");
     return 0;
@@ -547,8 +685,7 @@ err_loop:
     ev_loop_destroy(eng.loop);
     eng.loop = NULL;
 err_close:
-    exs__prov_ctx_close(eng.ctx);
-    eng.ctx = NULL;
+    eng_close_ctxs();
     return ret;
 }
 
@@ -562,6 +699,7 @@ void exs__engine_stop(void)
     ev_async_send(eng.loop, &eng.wake);
     pthread_join(eng.thread, NULL);
     exs__counters_unregister(&eng_cset);
+    exs__counters_unregister(&eng_fb_cset);
     eng_lock();
     while (eng_run_jobs() > 0)
         ;
@@ -570,8 +708,7 @@ void exs__engine_stop(void)
     eng_unlock();
     ev_loop_destroy(eng.loop);
     eng.loop = NULL;
-    exs__prov_ctx_close(eng.ctx);
-    eng.ctx = NULL;
+    eng_close_ctxs();
 }
 
 void exs__engine_post(struct exs_job *job)
@@ -682,10 +819,181 @@ void exs__engine_io_stop(struct exs_eng_io *io)
     }
 }
 
+/* ---- fallback (spec/provider.md, Fallback) ---- */
+
+int exs__engine_fallback_addr(const struct sockaddr *addr, socklen_t addrlen,
+                              struct sockaddr_storage *out_p, socklen_t *outlen_p)
+{
+    uint64_t off = exs__params.fallback_port_offset;
+    unsigned port;
+
+    if (addrlen > sizeof(*out_p))
+        return -EINVAL;
+    memcpy(out_p, addr, addrlen);
+    if (addr->sa_family == AF_INET && addrlen >= sizeof(struct sockaddr_in)) {
+        struct sockaddr_in *in = (struct sockaddr_in *)out_p;
+
+        port = ntohs(in->sin_port);
+        if (port + off > 65535)
+            return -EADDRNOTAVAIL;
+        in->sin_port = htons((uint16_t)(port + off));
+    } else if (addr->sa_family == AF_INET6 && addrlen >= sizeof(struct sockaddr_in6)) {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)out_p;
+
+        port = ntohs(in6->sin6_port);
+        if (port + off > 65535)
+            return -EADDRNOTAVAIL;
+        in6->sin6_port = htons((uint16_t)(port + off));
+    } else {
+        return -EAFNOSUPPORT;
+    }
+    *outlen_p = addrlen;
+    return 0;
+}
+
+/* The reason a failed connect falls back for, or NULL when err is not one. */
+static const char *eng_fb_reason(int err, uint64_t **cnt_p)
+{
+    switch (err) {
+    case ECONNREFUSED:
+        *cnt_p = &exs__eng_fb_cnt.fallback_refused;
+        return "refused";
+    case ENETUNREACH:
+    case EHOSTUNREACH:
+    case ENETDOWN:
+    case EHOSTDOWN:
+        *cnt_p = &exs__eng_fb_cnt.fallback_unreachable;
+        return "unreachable";
+    case ETIMEDOUT:
+        *cnt_p = &exs__eng_fb_cnt.fallback_timeout;
+        return "timed out";
+    case EADDRNOTAVAIL:
+    case EAFNOSUPPORT:
+    case ENODEV:
+        *cnt_p = &exs__eng_fb_cnt.fallback_addr;
+        return "address error";
+    default:
+        return NULL;
+    }
+}
+
+int exs__engine_fallback_eligible(const struct exs_prov_ctx *ctx, int err)
+{
+    uint64_t *cnt;
+
+    return eng.fb && ctx != eng.fb && eng.fb_policy != EXS_ENG_FB_OFF &&
+           eng_fb_reason(err, &cnt) != NULL;
+}
+
+void exs__engine_fallback_note(int err, const struct sockaddr *addr, int sock_fd)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    uint64_t *cnt = NULL;
+    const char *why = eng_fb_reason(err, &cnt);
+    unsigned port = 0;
+
+    if (addr->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
+
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        port = ntohs(in->sin_port);
+    } else if (addr->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)addr;
+
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+        port = ntohs(in6->sin6_port);
+    }
+    EXS_CNT_INC(exs__eng_fb_cnt.fallback_connects);
+    if (cnt)
+        EXS_CNT_INC(*cnt);
+    EXS_INFO(
+        ENG,
+        "fd %d: connect to %s port %u over %s failed (%s: %s); retrying over tcp port %" PRIu64,
+        sock_fd, host, port, exs__prov_name(eng.ctx), why ? why : "?", strerror(err),
+        (uint64_t)port + exs__params.fallback_port_offset);
+}
+
+/* A primary listener given up while exs_listen still holds its socket's lock: a
+ * connection request already taken from the provider may be on its way to on_request
+ * (which waits for that lock), so it is destroyed by a job, on the progress thread,
+ * after any such dispatch. */
+struct eng_retire {
+    struct exs_job job;
+    struct exs_prov_listener *pl;
+};
+
+static void eng_retire_job(struct exs_job *job)
+{
+    struct eng_retire *r = exs_container_of(job, struct eng_retire, job);
+
+    exs__prov_listener_destroy(r->pl);
+    free(r);
+}
+
+static int eng_listener_retire(struct exs_prov_listener *pl)
+{
+    struct eng_retire *r = calloc(1, sizeof(*r));
+
+    if (!r)
+        return -ENOMEM;
+    r->pl = pl;
+    r->job.fn = eng_retire_job;
+    exs__engine_post(&r->job);
+    return 0;
+}
+
+static unsigned eng_sa_port(const struct sockaddr *a)
+{
+    if (a->sa_family == AF_INET)
+        return ntohs(((const struct sockaddr_in *)a)->sin_port);
+    if (a->sa_family == AF_INET6)
+        return ntohs(((const struct sockaddr_in6 *)a)->sin6_port);
+    return 0;
+}
+
+#define ENG_FB_LISTEN_TRIES 16 /* ephemeral primary ports tried for a free fallback port */
+
 int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr, socklen_t addrlen,
                        int backlog)
 {
-    return exs__prov_listen(eng.ctx, addr, addrlen, backlog, lis, &lis->pl);
+    struct sockaddr_storage ss, fa;
+    socklen_t len, flen;
+    int ret;
+
+    lis->pl = lis->pl_fb = NULL;
+    ret = exs__prov_listen(eng.ctx, addr, addrlen, backlog, lis, &lis->pl);
+    if (ret || !eng.fb)
+        return ret;
+    for (int tries = 1;; tries++) {
+        len = sizeof(ss);
+        ret = exs__prov_listener_addr(lis->pl, &ss, &len);
+        if (!ret)
+            ret = exs__engine_fallback_addr((struct sockaddr *)&ss, len, &fa, &flen);
+        if (!ret)
+            ret = exs__prov_listen(eng.fb, (struct sockaddr *)&fa, flen, backlog, lis, &lis->pl_fb);
+        if (!ret) {
+            EXS_CNT_INC(exs__eng_fb_cnt.fallback_listens);
+            EXS_DBG(ENG, "listener on %s port %u and tcp port %u", exs__prov_name(eng.ctx),
+                    eng_sa_port((struct sockaddr *)&ss), eng_sa_port((struct sockaddr *)&fa));
+            return 0;
+        }
+        /* An ephemeral primary port whose fallback port is taken: try another one. */
+        if (ret != -EADDRINUSE || eng_sa_port(addr) != 0 || tries == ENG_FB_LISTEN_TRIES)
+            break;
+        if (eng_listener_retire(lis->pl))
+            break;
+        lis->pl = NULL;
+        ret = exs__prov_listen(eng.ctx, addr, addrlen, backlog, lis, &lis->pl);
+        if (ret)
+            return ret;
+    }
+    EXS_INFO(ENG, "fallback listener on tcp: %s", strerror(-ret));
+    if (lis->pl && eng_listener_retire(lis->pl)) {
+        /* no memory for the job: a request for this brand-new listener is unlikely */
+        exs__prov_listener_destroy(lis->pl);
+    }
+    lis->pl = NULL;
+    return ret;
 }
 
 void exs__engine_listener_destroy(struct exs_eng_listener *lis)
@@ -693,5 +1001,7 @@ void exs__engine_listener_destroy(struct exs_eng_listener *lis)
     EXS_ASSERT(eng_holding);
     if (lis->pl)
         exs__prov_listener_destroy(lis->pl);
-    lis->pl = NULL;
+    if (lis->pl_fb)
+        exs__prov_listener_destroy(lis->pl_fb);
+    lis->pl = lis->pl_fb = NULL;
 }

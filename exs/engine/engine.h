@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The engine: one provider context, the progress lock, and a progress thread running a libev loop. */
+/* The engine: the provider contexts (primary, fallback), the progress lock, and a progress thread
+ * running a libev loop. */
 #ifndef EXS_ENGINE_ENGINE_H
 #define EXS_ENGINE_ENGINE_H
 
@@ -30,14 +31,32 @@ struct exs_eng_counters {
     uint64_t lease_handoffs; /* the progress thread took the provider back */
     uint64_t lease_idles;    /* leases stopped: the same drivers waited a whole lease */
     uint64_t evq_fd_writes;  /* event queue eventfd writes (api/evq.c) */
+    uint64_t rounds;         /* progress rounds, also empty ones */
 };
 extern struct exs_eng_counters exs__eng_cnt;
 
-/* A listening endpoint owned by the api layer. */
+/* Fallback counters (set "fallback"), spec/provider.md. */
+struct exs_eng_fb_counters {
+    uint64_t fallback_connects;    /* failed primary connects retried over the fallback */
+    uint64_t fallback_refused;     /* ... because refused */
+    uint64_t fallback_unreachable; /* ... unreachable, no route */
+    uint64_t fallback_timeout;     /* ... timed out */
+    uint64_t fallback_addr;        /* ... address error */
+    uint64_t fallback_listens;     /* listeners on the fallback context too */
+};
+extern struct exs_eng_fb_counters exs__eng_fb_cnt;
+
+/* Provider contexts: the primary, and the fallback (tcp) when the policy opened one. */
+#define EXS_ENG_MAX_CTX 2
+
+/* A listening endpoint owned by the api layer: on the primary context, and on the
+ * fallback context too when there is one (at the primary's port + fallback_port_offset). */
 struct exs_eng_listener {
     struct exs_prov_listener *pl;
-    /* progress thread: a connection request (ev->req, peer address, private data);
-     * must accept or reject ev->req before returning */
+    struct exs_prov_listener *pl_fb;
+    /* progress thread: a connection request (ev->req, peer address, private data) of
+     * either listener (ev->listener->ctx: the context to accept it on); must accept or
+     * reject ev->req before returning */
     void (*on_request)(struct exs_eng_listener *lis, const struct exs_prov_cm_event *ev);
 };
 
@@ -46,6 +65,24 @@ int  exs__engine_start(void);
 /* Stop the thread and close the provider (every conn and listener must be gone). */
 void exs__engine_stop(void);
 struct exs_prov_ctx *exs__engine_ctx(void);
+
+/* ---- RDMA-to-TCP fallback (spec/provider.md, Fallback) ----
+ * The policy (tunable fallback, read at start): */
+enum { EXS_ENG_FB_OFF = 0, EXS_ENG_FB_CONNECT, EXS_ENG_FB_ANY };
+int exs__engine_fallback_policy(void);
+/* The fallback (tcp) context, or NULL when the policy opened none. */
+struct exs_prov_ctx *exs__engine_fallback_ctx(void);
+/* 1 when a connect on ctx that failed with errno err is to be retried over the fallback:
+ * there is one, ctx is not it, and err is refused, unreachable, timed out or an address
+ * error. */
+int exs__engine_fallback_eligible(const struct exs_prov_ctx *ctx, int err);
+/* Count a connect retried over the fallback (and its reason), log it (info) for socket
+ * fd: addr is the address the primary failed to reach. */
+void exs__engine_fallback_note(int err, const struct sockaddr *addr, int sock_fd);
+/* addr with its port moved by fallback_port_offset: where the peer's fallback listener
+ * is. Errors: -EINVAL, -EAFNOSUPPORT, -EADDRNOTAVAIL (past 65535). */
+int exs__engine_fallback_addr(const struct sockaddr *addr, socklen_t addrlen,
+                              struct sockaddr_storage *out_p, socklen_t *outlen_p);
 
 /* Run job->fn(job) on the progress thread soon (from any thread, also from the progress
  * thread itself: then after the current dispatch). Cannot fail: the job lives in the
@@ -66,10 +103,11 @@ int  exs__engine_manual(void);
  * for a remote, only for another holder's turn. */
 #define EXS_ENG_DRIVE_TRY 1
 int  exs__engine_drive(int flags);
-/* Before a waiter sleeps: under the progress lock, arm the provider. 0: sleep (*fd_p is
- * the provider's event fd, readable when there is work; -1 when the engine is not
- * running); -EAGAIN: work is pending (completions or jobs), drive again. */
-int  exs__engine_arm(int *fd_p);
+/* Before a waiter sleeps: under the progress lock, arm every provider context. 0: sleep
+ * on fds_p (each context's event fd, readable when it has work; -1 for none, all -1 when
+ * the engine is not running); -EAGAIN: work is pending (completions or jobs), drive
+ * again. */
+int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX]);
 /* Count the application threads inside a wait (they drive, so the progress thread
  * stops watching the provider until they are all gone for one lease). */
 void exs__engine_driver_enter(void);
@@ -104,6 +142,9 @@ void exs__engine_io_start(struct exs_eng_io *io, int fd, int events,
                           void (*cb)(struct exs_eng_io *io, int revents));
 void exs__engine_io_stop(struct exs_eng_io *io);
 
+/* Listen on the primary context, and on the fallback one at the port + offset. When
+ * addr's port is 0 and the fallback port of the ephemeral one is taken, other ephemeral
+ * ports are tried. Errors: provider errors (-EADDRINUSE, ...). */
 int  exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr,
                         socklen_t addrlen, int backlog);
 /* Progress thread only. */

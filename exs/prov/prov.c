@@ -191,6 +191,13 @@ int exs__prov_open_default(const struct exs_prov_attr *attr, struct exs_prov_ctx
     return ops->ctx_open(attr, ctx_p);
 }
 
+int exs__prov_open_fallback(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
+{
+    const struct exs_prov_ops *ops = exs__prov_find("tcp");
+
+    return ops->ctx_open(attr, ctx_p);
+}
+
 const char *exs__prov_wc_status_str(enum exs_prov_wc_status status)
 {
     static const char *const names[] = {

@@ -355,6 +355,9 @@ const struct exs_prov_ops *exs__prov_find(const char *name);
 /* Open a context of the provider chosen by EXS_PROVIDER (default: verbs when an
  * active RDMA device exists, else tcp). Errors: -ENOENT unknown name, provider errors. */
 int exs__prov_open_default(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
+/* Open a context of the tcp provider: the fallback of another one (spec/provider.md,
+ * Fallback). Errors: provider errors. */
+int exs__prov_open_fallback(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
 /* Names for logs and tests. */
 const char *exs__prov_wc_status_str(enum exs_prov_wc_status status);
 const char *exs__prov_wc_opcode_str(enum exs_prov_wc_opcode opcode);

@@ -164,6 +164,12 @@ static const struct exs_param_def params_table[] = {
     PARAM(fault_port, "EXS_FAULT_PORT", "0", UINT, 1,
           "fault provider: endpoint faults only on connections whose local or remote port is this, 0 = every connection"),
 
+    /* -- RDMA-to-TCP fallback (issue 13) -- */
+    PARAM(fallback, "EXS_FALLBACK", "auto", STRING, 0,
+          "RDMA-to-TCP fallback (spec/provider.md, Fallback): off; connect = a connect the primary provider fails is retried over tcp and listeners listen on both; any = as connect (failure mid-stream: not built yet, as connect); auto = connect when the primary is verbs, else off (fault:verbs included)"),
+    PARAM(fallback_port_offset, "EXS_FALLBACK_PORT_OFFSET", "0", UINT, 0,
+          "RDMA-to-TCP fallback: the tcp listener and fallback connects use the primary's port plus this (0 for verbs, whose port space is not TCP's; set it when the primary is fault:tcp), 0-32767"),
+
     /* -- control endpoint, tracing, logging (issue 14) -- */
     PARAM(ctl_enable, "EXS_CTL_ENABLE", "1", UINT, 0,
           "control endpoint: a Unix socket per process for exsctl stat, params, set, trace; 0 = off, 0-1"),
@@ -246,6 +252,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, emu_blackhole) && v->u > 1)
             return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, fallback_port_offset) && v->u > 32767)
+            return -EINVAL;
         if (d->offset == offsetof(struct exs_params, ctl_enable) && v->u > 1)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, ctl_timeout_ms) &&
@@ -266,6 +274,9 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, xfer_mode) && strcmp(text, "dynamic") &&
             strcmp(text, "direct") && strcmp(text, "indirect"))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, fallback) && strcmp(text, "auto") &&
+            strcmp(text, "off") && strcmp(text, "connect") && strcmp(text, "any"))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, log_level) && exs__log_level_parse(text) < 0)
             return -EINVAL;

@@ -100,6 +100,10 @@ struct exs_params {
     uint64_t fault_freeze_ms;   /* EXS_FAULT_FREEZE_MS: how long a frozen link stays frozen */
     uint64_t fault_port;        /* EXS_FAULT_PORT: only connections with this port, 0 = all */
 
+    /* -- RDMA-to-TCP fallback (issue 13) -- */
+    char     fallback[EXS_PARAM_STR_MAX]; /* EXS_FALLBACK: auto, off, connect, any (offline) */
+    uint64_t fallback_port_offset;        /* EXS_FALLBACK_PORT_OFFSET: tcp ports = primary + this */
+
     /* -- control endpoint, tracing, logging (issue 14) -- */
     uint64_t ctl_enable;       /* EXS_CTL_ENABLE: the control endpoint, 0-1 (offline) */
     char     ctl_dir[EXS_PARAM_STR_MAX]; /* EXS_CTL_DIR: its directory, "" = the runtime dir */

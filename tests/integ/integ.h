@@ -36,6 +36,7 @@ Suite *integ_grant_suite(void);
 Suite *integ_progress_suite(void);
 Suite *integ_keepalive_suite(void);
 Suite *integ_fault_suite(void);
+Suite *integ_fallback_suite(void);
 Suite *integ_ctl_suite(void);
 Suite *integ_trace_suite(void);
 Suite *integ_kfd_suite(void);

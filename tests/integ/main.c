@@ -15,6 +15,7 @@ static Suite *(*const suites[])(void) = {
     integ_progress_suite,
     integ_keepalive_suite,
     integ_fault_suite,
+    integ_fallback_suite,
     integ_ctl_suite,
     integ_trace_suite,
     integ_kfd_suite,
