@@ -69,8 +69,7 @@ static int sender(int port, const char *path)
             return fail("EXS_EVT_SENDFILE");
         }
         /* a short result means the file shrank under us (sendfile(2) semantics) */
-        if (ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result !=
-            (ssize_t)(uintptr_t)ev.exs_evt_ahandle) {
+        if (ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result != (ssize_t)(uintptr_t)ev.exs_evt_ahandle) {
             fprintf(stderr, "file_xfer: %s changed while it was sent\n", path);
             return 1;
         }

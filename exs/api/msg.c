@@ -30,8 +30,7 @@ void exs__api_bounce_free(struct api_bounce *b)
         int ret = exs__prov_mr_dereg(b->mr);
 
         if (ret)
-            EXS_WARN(API, "msg: deregistration of a %zu-byte buffer: %s", b->len,
-                     strerror(-ret));
+            EXS_WARN(API, "msg: deregistration of a %zu-byte buffer: %s", b->len, strerror(-ret));
     }
     for (size_t i = 0; b->mregs && i < b->iovcnt; i++)
         if (b->mregs[i])

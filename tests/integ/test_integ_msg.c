@@ -74,11 +74,11 @@ static ssize_t expect_msg_at(exs_qhandle_t q, int type, int fd, exs_ahandle_t ah
     ck_assert_msg(ev.exs_evt_errno == 0, "%s:%d: %s errno %d (%s)", file, line, it_evt_name(type),
                   ev.exs_evt_errno, strerror(ev.exs_evt_errno));
     if (result >= 0)
-        ck_assert_msg(x->exs_evt_result == result, "%s:%d: %s result %zd, expected %zd", file,
-                      line, it_evt_name(type), x->exs_evt_result, result);
+        ck_assert_msg(x->exs_evt_result == result, "%s:%d: %s result %zd, expected %zd", file, line,
+                      it_evt_name(type), x->exs_evt_result, result);
     else
-        ck_assert_msg(x->exs_evt_result > 0, "%s:%d: %s result %zd", file, line,
-                      it_evt_name(type), x->exs_evt_result);
+        ck_assert_msg(x->exs_evt_result > 0, "%s:%d: %s result %zd", file, line, it_evt_name(type),
+                      x->exs_evt_result);
     /* the result sits where exs_evt_xfer_t has it */
     ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, x->exs_evt_result);
     if (type != EXS_EVT_SENDFILE) {
@@ -640,9 +640,11 @@ START_TEST(test_msg_sendfile_large)
     it_init();
     it_pair_open(&p, _i ? SOCK_SEQPACKET : SOCK_STREAM, 16, 16);
     ck_assert_int_eq(exs_recv(p.sfd, rbuf, EXS_SENDFILE_MAX, _i ? 0 : MSG_WAITALL, p.sq, AH(1),
-                              EXS_MHANDLE_UNREGISTERED), 0);
-    ck_assert_int_eq(exs_recv(p.sfd, rbuf + EXS_SENDFILE_MAX, 5000, _i ? 0 : MSG_WAITALL, p.sq, AH(2),
-                              EXS_MHANDLE_UNREGISTERED), 0);
+                              EXS_MHANDLE_UNREGISTERED),
+                     0);
+    ck_assert_int_eq(exs_recv(p.sfd, rbuf + EXS_SENDFILE_MAX, 5000, _i ? 0 : MSG_WAITALL, p.sq,
+                              AH(2), EXS_MHANDLE_UNREGISTERED),
+                     0);
     while (got < flen) {
         ssize_t n = exs_sendfile(p.cfd, file, (off_t)got, flen - got, EXS_QHANDLE_INVALID, 0);
 
@@ -852,8 +854,8 @@ START_TEST(test_msg_kfd_reset)
     ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result, -1);
     it_wait_event(q, EXS_EVT_SENDMSG, a, &ev);
     ck_assert(ev.exs_evt_ahandle == AH(2));
-    ck_assert_msg(ev.exs_evt_errno == ECONNRESET || ev.exs_evt_errno == EPIPE,
-                  "sendmsg errno %d", ev.exs_evt_errno);
+    ck_assert_msg(ev.exs_evt_errno == ECONNRESET || ev.exs_evt_errno == EPIPE, "sendmsg errno %d",
+                  ev.exs_evt_errno);
     ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result, -1);
     /* the registrations were let go */
     it_buf_free(r);
@@ -951,9 +953,9 @@ Suite *integ_msg_suite(void)
                                         test_msg_sendfile, NULL});
     it_suite_add(s, "msg_sync", IT_CASE_TIMEOUT, 2,
                  (const TTest *const[]){test_msg_sync, test_msg_sendfile_large, NULL});
-    it_suite_add(s, "msg_kfd", IT_CASE_TIMEOUT, 1,
-                 (const TTest *const[]){test_msg_kfd, test_msg_kfd_partial, test_msg_kfd_reset,
-                                        NULL});
+    it_suite_add(
+        s, "msg_kfd", IT_CASE_TIMEOUT, 1,
+        (const TTest *const[]){test_msg_kfd, test_msg_kfd_partial, test_msg_kfd_reset, NULL});
     tc = tcase_create("msg_reset");
     tcase_set_timeout(tc, IT_CASE_TIMEOUT);
     tcase_add_checked_fixture(tc, NULL, fault_teardown);
