@@ -509,6 +509,54 @@ START_TEST(test_msg_registration_held)
 }
 END_TEST
 
+/* exs_close ends a pending exs_recvmsg / exs_sendfile with ECANCELED before its CLOSE
+ * event; on a kernel socket exs_cancel ends a pending exs_recvmsg. Registrations are let
+ * go (it_buf_free deregisters, asserted) and nothing leaks (it_fini counts). */
+START_TEST(test_msg_cancel_close)
+{
+    struct it_pair p;
+    struct it_buf *e;
+    exs_iovec_t v[2];
+    exs_msghdr_t m = {.msg_iov = v, .msg_iovlen = 2};
+    exs_qhandle_t q;
+    exs_event_t ev;
+    int a, b;
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 16, 16);
+    e = it_buf_new(4096, 1);
+    v[0] = (exs_iovec_t){e->p, 2048, e->mh};
+    v[1] = (exs_iovec_t){e->p + 2048, 2048, EXS_MHANDLE_UNREGISTERED};
+    IT_EXPECT_OK(exs_recvmsg(p.sfd, &m, MSG_WAITALL, p.sq, AH(1)));
+    IT_EXPECT_FAIL(exs_mderegister(e->mh), EBUSY);
+    IT_EXPECT_OK(exs_close(p.sfd, p.sq, AH(2)));
+    it_expect_err(p.sq, EXS_EVT_RECVMSG, p.sfd, AH(1), ECANCELED);
+    it_wait_event(p.sq, EXS_EVT_CLOSE, p.sfd, &ev);
+    ck_assert(ev.exs_evt_ahandle == AH(2));
+    p.sfd = -1;
+    it_buf_free(e);
+    it_pair_close(&p);
+
+    /* kernel socket: exs_cancel */
+    q = it_qcreate(8);
+    tcp_pair(&a, &b, 0, 0);
+    e = it_buf_new(4096, 1);
+    v[0] = (exs_iovec_t){e->p, 2048, e->mh};
+    v[1] = (exs_iovec_t){e->p + 2048, 2048, EXS_MHANDLE_UNREGISTERED};
+    IT_EXPECT_OK(exs_recvmsg(a, &m, 0, q, AH(3)));
+    IT_EXPECT_OK(exs_cancel(a, AH(3), 0));
+    it_wait_event(q, EXS_EVT_RECVMSG, a, &ev);
+    ck_assert(ev.exs_evt_ahandle == AH(3));
+    ck_assert_int_eq(ev.exs_evt_errno, ECANCELED);
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result, -1);
+    it_buf_free(e);
+    kfd_settle(q);
+    close(a);
+    close(b);
+    it_qdelete(q);
+}
+END_TEST
+
 /* ---- synchronous forms ---- */
 
 /* q == EXS_QHANDLE_INVALID: exs_sendmsg / exs_recvmsg / exs_sendfile return the bytes. */
@@ -950,7 +998,7 @@ Suite *integ_msg_suite(void)
                  (const TTest *const[]){test_msg_sendmsg_seqpacket, test_msg_sendmsg_stream,
                                         test_msg_recvmsg_seqpacket, test_msg_recvmsg_stream,
                                         test_msg_einval, test_msg_registration_held,
-                                        test_msg_sendfile, NULL});
+                                        test_msg_cancel_close, test_msg_sendfile, NULL});
     it_suite_add(s, "msg_sync", IT_CASE_TIMEOUT, 2,
                  (const TTest *const[]){test_msg_sync, test_msg_sendfile_large, NULL});
     it_suite_add(
