@@ -17,6 +17,7 @@
 
 #include "exs/util/params.h"
 #include "tests/integ/integ.h"
+#include "tests/skip.h"
 
 #define AH(n) IT_AH(n)
 
@@ -715,6 +716,48 @@ START_TEST(test_msg_sendfile_large)
 }
 END_TEST
 
+/* The provider's largest message bounds both: a longer list is EMSGSIZE (nothing
+ * posted), a longer sendfile range a short count (tcp: EXS_TCP_MAX_MSG made small). */
+START_TEST(test_msg_max_msg)
+{
+    struct it_pair p;
+    struct it_buf *s, *r;
+    exs_iovec_t v[2];
+    exs_msghdr_t m = {.msg_iov = v, .msg_iovlen = 2};
+    uint8_t *fref = ref_new(10000, 101);
+    int file = tmpfile_new(10000, 101);
+    exs_event_t ev;
+
+    if (strcmp(it_provider, "tcp") && strcmp(it_provider, "fault:tcp")) {
+        test_skip("test_msg_max_msg", "EXS_TCP_MAX_MSG is a tcp provider tunable");
+        close(file);
+        free(fref);
+        return;
+    }
+    it_setenv("EXS_TCP_MAX_MSG", "4096");
+    it_init();
+    it_pair_open(&p, _i ? SOCK_STREAM : SOCK_SEQPACKET, 16, 16);
+    s = it_buf_new(5000, 1);
+    r = it_buf_new(4096, 1);
+    v[0] = (exs_iovec_t){s->p, 4000, s->mh};
+    v[1] = (exs_iovec_t){s->p + 4000, 97, EXS_MHANDLE_UNREGISTERED};
+    IT_EXPECT_FAIL(exs_sendmsg(p.cfd, &m, 0, p.cq, AH(1)), EMSGSIZE);
+    IT_EXPECT_FAIL(exs_recvmsg(p.sfd, &m, 0, p.sq, AH(1)), EMSGSIZE);
+    ck_assert_int_eq(exs_recv(p.sfd, r->p, 4096, _i ? MSG_WAITALL : 0, p.sq, AH(2), r->mh), 0);
+    IT_EXPECT_OK((int)exs_sendfile(p.cfd, file, 100, 9000, p.cq, AH(3)));
+    it_wait_event(p.cq, -1, -1, &ev); /* the first event: nothing else was posted */
+    ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_SENDFILE);
+    ck_assert(ev.exs_evt_ahandle == AH(3));
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result, 4096);
+    it_expect_recv(p.sq, p.sfd, AH(2), 4096, 0);
+    ck_assert_int_eq(memcmp(r->p, fref + 100, 4096), 0);
+    close(file);
+    free(fref);
+    it_pair_close(&p);
+}
+END_TEST
+
 /* ---- kernel sockets ---- */
 
 /* exs_send, exs_sendmsg, exs_sendfile and a synchronous exs_sendmsg on a kernel TCP socket
@@ -999,8 +1042,9 @@ Suite *integ_msg_suite(void)
                                         test_msg_recvmsg_seqpacket, test_msg_recvmsg_stream,
                                         test_msg_einval, test_msg_registration_held,
                                         test_msg_cancel_close, test_msg_sendfile, NULL});
-    it_suite_add(s, "msg_sync", IT_CASE_TIMEOUT, 2,
-                 (const TTest *const[]){test_msg_sync, test_msg_sendfile_large, NULL});
+    it_suite_add(
+        s, "msg_sync", IT_CASE_TIMEOUT, 2,
+        (const TTest *const[]){test_msg_sync, test_msg_sendfile_large, test_msg_max_msg, NULL});
     it_suite_add(
         s, "msg_kfd", IT_CASE_TIMEOUT, 1,
         (const TTest *const[]){test_msg_kfd, test_msg_kfd_partial, test_msg_kfd_reset, NULL});
