@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # Run every sample over loopback on the tcp provider and check exit status and output:
 # the porting steps (a server and two clients each), the libev + exs_qfd application,
-# 1000 connections on one queue, the SOCK_SEQPACKET echo pair and the provider demo.
+# 1000 connections on one queue, the exs_sendfile file transfer, the SOCK_SEQPACKET echo
+# pair and the provider demo.
 # (stream_send/stream_recv have their own script, stream_smoke.sh.)
 #   samples/samples_smoke.sh [build-dir]
 set -u
@@ -79,6 +80,19 @@ echo "samples_smoke: many_conns: $n connections open at once on one queue"
 bash samples/run-echo.sh "$build" >"$tmp/echo.log" 2>&1 || fail "run-echo.sh"
 expect "$tmp/echo.log" '^2000 messages of 65536 bytes echoed and verified$'
 echo "samples_smoke: seqpacket echo: 3 clients"
+
+# file_xfer: a file of 5 MiB and an odd tail sent with exs_sendfile, written out by the
+# receiver, compared byte for byte and by checksum
+head -c $((5 * 1024 * 1024 + 4321)) /dev/urandom >"$tmp/xfer.in"
+start_server file_xfer_recv "$S/file_xfer" recv "$tmp/xfer.out"
+timeout 60 "$S/file_xfer" send "$port" "$tmp/xfer.in" >"$tmp/file_xfer_send.log" 2>&1 ||
+    fail "file_xfer send"
+wait_server "file_xfer recv"
+cmp -s "$tmp/xfer.in" "$tmp/xfer.out" || fail "file_xfer: the received file differs"
+[ "$(sha256sum <"$tmp/xfer.in")" = "$(sha256sum <"$tmp/xfer.out")" ] || fail "file_xfer: checksums differ"
+expect "$tmp/file_xfer_send.log" "^file_xfer sender: $((5 * 1024 * 1024 + 4321)) bytes of .* sent$"
+expect "$tmp/file_xfer_recv.log" "^file_xfer receiver: $((5 * 1024 * 1024 + 4321)) bytes written to "
+echo "samples_smoke: file_xfer: 5 MiB sent with exs_sendfile, checksums equal"
 
 timeout 120 "$S/prov_demo" -p tcp >"$tmp/prov.log" 2>&1 || fail "prov_demo"
 expect "$tmp/prov.log" '^teardown .*both sides disconnected'

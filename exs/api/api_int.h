@@ -33,6 +33,31 @@ enum api_sock_state {
 
 struct api_mreg;
 
+/* exs_sendmsg / exs_recvmsg / exs_sendfile (msg.c): the transfer is an ordinary send or
+ * receive of one library buffer (gathered into before a send, scattered from after a
+ * receive); its event is filled by exs__api_bounce_event. Owned by its operation. */
+struct api_bounce {
+    int                 evt_type; /* EXS_EVT_SENDMSG, RECVMSG or SENDFILE */
+    uint8_t            *buf;      /* malloc'd, len bytes (NULL when len is 0) */
+    size_t              len;
+    struct exs_prov_mr *mr;       /* exs socket: buf registered for the operation */
+    exs_iovec_t        *iov;      /* the list copied at post time (RECVMSG: scattered into) */
+    size_t              iovcnt;
+    struct api_mreg   **mregs;    /* iovcnt entries: each element's registration held busy, or NULL */
+    exs_iovec_t        *uiov;     /* echoed in the event */
+    size_t              len_req;  /* echoed: total length / sendfile count */
+    int                 in_fd;    /* echoed: SENDFILE */
+    off_t               offset;   /* echoed: SENDFILE */
+};
+/* Fill ev's type and union for an operation of b that ended with result (-1: error) and
+ * rflags; a RECVMSG result is scattered into the list first. */
+void exs__api_bounce_event(struct api_bounce *b, ssize_t result, int rflags, exs_event_t *ev);
+/* Release what b holds (registrations, buffer) and free it. */
+void exs__api_bounce_free(struct api_bounce *b);
+/* exs_send / exs_recv of b's buffer on fd (exs or kernel socket): takes b in any case. */
+int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, int recv,
+                         struct api_bounce *b);
+
 /* An operation in flight: the protocol op plus what its event needs. */
 struct api_op {
     struct exs_op       op;       /* first: the proto layer sees only this */
@@ -43,6 +68,7 @@ struct api_op {
     struct api_sock    *sock;
     struct api_mreg    *mreg;     /* registration referenced, or NULL */
     struct exs_prov_mr *tmp_mr;   /* EXS_MHANDLE_UNREGISTERED: registered for this op */
+    struct api_bounce  *bounce;   /* exs_sendmsg / exs_recvmsg / exs_sendfile, or NULL */
     struct exs_list     link;     /* listener: in sock->accepts */
     /* SO_ASYNC_*_TIMEOUT (poll.c), set at posting when the socket had one; the rest
      * under the socket's lock */

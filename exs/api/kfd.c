@@ -60,6 +60,7 @@ struct kfd_op {
     exs_ahandle_t ah;
     struct exs_evq *evq;   /* slot reserved */
     struct api_mreg *mreg; /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
+    struct api_bounce *bounce; /* exs_sendmsg / exs_recvmsg / exs_sendfile: buf is its */
 };
 
 struct kfd {
@@ -205,6 +206,8 @@ static void kfd_op_free(struct kfd_op *op)
 {
     if (op->mreg)
         exs__api_mreg_release(op->mreg);
+    if (op->bounce)
+        exs__api_bounce_free(op->bounce);
     exs__evq_op_free(op, sizeof(*op));
     __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);
 }
@@ -231,6 +234,8 @@ static void kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t resul
     else if (op->type == EXS_EVT_RECV)
         k->n_recv--;
     ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : result;
+    if (op->bounce)
+        exs__api_bounce_event(op->bounce, err ? -1 : result, 0, &ev);
     if (exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && op->type != EXS_EVT_CLOSE)
         kfd_detach_locked(k);
     EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno %d", k->fd, op->type, op->ah,
@@ -541,7 +546,7 @@ static void kfd_submit(struct kfd *k, struct kfd_op *op)
 }
 
 int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
-                      exs_mhandle_t mh, int recv)
+                      exs_mhandle_t mh, int recv, struct api_bounce *b)
 {
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
     int err, sync = q == EXS_QHANDLE_INVALID;
@@ -551,13 +556,16 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     exs_event_t ev;
 
     if ((err = kfd_check(fd)))
-        return exs__err(err);
+        goto err_b;
+    err = EINVAL;
     if ((flags & ~allowed) || (!buf && len) || (recv && !len))
-        return exs__err(EINVAL);
+        goto err_b;
+    err = EMSGSIZE;
     if (len > SSIZE_MAX)
-        return exs__err(EMSGSIZE);
-    if (mh != EXS_MHANDLE_UNREGISTERED && exs__api_mreg_hold(mh, buf, len, &m))
-        return exs__err(EINVAL);
+        goto err_b;
+    err = EINVAL;
+    if (!b && mh != EXS_MHANDLE_UNREGISTERED && exs__api_mreg_hold(mh, buf, len, &m))
+        goto err_b;
     if (sync)
         q = exs__api_sync_queue();
     op = kfd_op_new(recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
@@ -567,6 +575,8 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     op->len = len;
     op->flags = flags & MSG_WAITALL;
     op->mreg = m;
+    op->bounce = b;
+    b = NULL;
     k = kfd_get_locked(fd, &err);
     if (!k)
         goto err_op;
@@ -584,12 +594,18 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
 
 err_op:
-    kfd_op_drop(op); /* releases m */
+    kfd_op_drop(op); /* releases m and b */
     return exs__api_sync_fail(sync, q, err);
 err_mreg:
     if (m)
         exs__api_mreg_release(m);
+    if (b)
+        exs__api_bounce_free(b);
     return exs__api_sync_fail(sync, q, err);
+err_b:
+    if (b)
+        exs__api_bounce_free(b);
+    return exs__err(err);
 }
 
 int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)

@@ -14,8 +14,11 @@
  * with errno. Operations complete through the same event queues as on libexs sockets,
  * in posting order per descriptor and direction (spec/api.md, "Kernel sockets").
  */
+struct api_bounce;
+/* b != NULL: exs_sendmsg / exs_recvmsg / exs_sendfile through b's buffer (buf, len and
+ * mh are ignored; b is taken in any case). */
 int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
-                      exs_mhandle_t mh, int recv);
+                      exs_mhandle_t mh, int recv, struct api_bounce *b);
 int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah);
 int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah);
 int exs__api_kfd_cancel(int fd, exs_ahandle_t ah, int flags);

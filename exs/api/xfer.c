@@ -247,6 +247,8 @@ static void op_release(struct api_op *op)
         exs__api_mreg_release(op->mreg);
     if (op->tmp_mr)
         exs__prov_mr_put(op->tmp_mr);
+    if (op->bounce)
+        exs__api_bounce_free(op->bounce);
     exs__evq_op_free(op, sizeof(*op));
     __atomic_fetch_sub(&op_live, 1, __ATOMIC_RELAXED);
 }
@@ -276,11 +278,16 @@ static void op_done(struct exs_op *pop)
     struct api_op *op = exs_container_of(pop, struct api_op, op);
     exs_event_t ev = { .exs_evt_errno = pop->err };
 
-    if (op->evt_type == EXS_EVT_SEND)
+    if (op->evt_type == EXS_EVT_SEND || (op->bounce && pop->kind == EXS_OP_SEND))
         __atomic_fetch_sub(&op->sock->n_send, 1, __ATOMIC_RELAXED);
-    else if (op->evt_type == EXS_EVT_RECV)
+    else if (op->evt_type == EXS_EVT_RECV || (op->bounce && pop->kind == EXS_OP_RECV))
         __atomic_fetch_sub(&op->sock->n_recv, 1, __ATOMIC_RELAXED);
     exs__api_to_op_end(op); /* no timeout notice after this: the completion follows */
+    if (op->bounce) {
+        exs__api_bounce_event(op->bounce, pop->err ? -1 : pop->result, pop->rflags, &ev);
+        exs__api_op_event(op, &ev);
+        return;
+    }
     ev.exs_evt_u.exs_evt_xfer.exs_evt_buf = pop->buf;
     ev.exs_evt_u.exs_evt_xfer.exs_evt_len = pop->len;
     ev.exs_evt_u.exs_evt_xfer.exs_evt_result = pop->err ? -1 : pop->result;
@@ -415,8 +422,10 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 
 /* ---- send / receive ---- */
 
+/* b != NULL: exs_sendmsg / exs_recvmsg / exs_sendfile of b's buffer (buf, len, mh ignored;
+ * b is taken in any case: freed with the operation, or here). */
 static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
-                     exs_mhandle_t mh, int recv)
+                     exs_mhandle_t mh, int recv, struct api_bounce *b)
 {
     exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
@@ -425,9 +434,17 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     struct api_op *op = NULL;
     int *count, armed = 0;
 
-    if (!s)
-        return err == ENOTSOCK ? exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv)
-                               : exs__err(err);
+    if (b) {
+        buf = b->buf;
+        len = b->len;
+    }
+    if (!s) {
+        if (err == ENOTSOCK)
+            return exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv, b);
+        if (b)
+            exs__api_bounce_free(b);
+        return exs__err(err);
+    }
     count = recv ? &s->n_recv : &s->n_send;
     if (flags & ~allowed)
         err = EINVAL;
@@ -447,14 +464,28 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         goto out;
     if (sync)
         q = exs__api_sync_queue();
-    op = exs__api_op_new(s, recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
+    op = exs__api_op_new(s, b ? b->evt_type : recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
     if (!op)
         goto out;
+    op->bounce = b;
+    b = NULL;
     op->op.kind = recv ? EXS_OP_RECV : EXS_OP_SEND;
     op->op.buf = buf;
     op->op.len = len;
     op->op.flags = flags;
-    if (mh == EXS_MHANDLE_UNREGISTERED) {
+    if (op->bounce) {
+        if (len) {
+            /* the library's buffer: registered for this operation only, never cached */
+            ret = exs__prov_mr_reg(exs__engine_ctx(), buf, len, EXS_PROV_ACCESS_LOCAL_WRITE,
+                                   &op->bounce->mr);
+            if (ret) {
+                err = ret == -ENOMEM ? ENOMEM : EINVAL;
+                goto out;
+            }
+            op->op.mr = op->bounce->mr;
+            op->op.lkey = op->bounce->mr->lkey;
+        }
+    } else if (mh == EXS_MHANDLE_UNREGISTERED) {
         if (len) {
             ret = exs__prov_mr_get(conn->ctx, buf, len,         /* the context conn runs on */
                                    EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
@@ -505,24 +536,33 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
 out:
     if (op)
         exs__api_op_abandon(op);
+    if (b)
+        exs__api_bounce_free(b);
     exs__api_sock_put(s);
     if (err)
         return exs__api_sync_fail(sync, q, err);
     if (exs__api_call_end(sync, q, &ev))
         return -1;
+    /* exs_evt_xfermsg_t keeps its result where exs_evt_xfer_t has it */
     return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
+}
+
+int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, int recv,
+                         struct api_bounce *b)
+{
+    return xfer_post(fd, NULL, 0, flags, q, ah, EXS_MHANDLE_UNREGISTERED, recv, b);
 }
 
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
              exs_mhandle_t mh)
 {
-    return xfer_post(fd, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0);
+    return xfer_post(fd, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
 }
 
 int exs_recv(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
              exs_mhandle_t mh)
 {
-    return xfer_post(fd, buf, len, flags, q, ah, mh, 1);
+    return xfer_post(fd, buf, len, flags, q, ah, mh, 1, NULL);
 }
 
 static int cancel_match(struct exs_op *pop, void *arg)

@@ -56,6 +56,37 @@ typedef struct {
 } exs_evt_accept_t;
 
 /* -- issue 15: scatter/gather and file transfer types (exs_sendmsg, exs_recvmsg, exs_sendfile) -- */
+#define EXS_IOV_MAX      1024        /* most elements in one exs_sendmsg / exs_recvmsg list */
+#define EXS_SENDFILE_MAX (16u << 20) /* most bytes one exs_sendfile moves (then a short count) */
+
+/* One element of a scatter/gather list: [iov_base, iov_base + iov_len), covered by the
+ * registration iov_mh or EXS_MHANDLE_UNREGISTERED. */
+typedef struct {
+    void         *iov_base;
+    size_t        iov_len;
+    exs_mhandle_t iov_mh;
+} exs_iovec_t;
+
+/* The list of exs_sendmsg / exs_recvmsg: msg_iovlen elements (1..EXS_IOV_MAX) at msg_iov.
+ * The library copies the list when the call posts the operation. */
+typedef struct {
+    exs_iovec_t *msg_iov;
+    size_t       msg_iovlen;
+} exs_msghdr_t;
+
+/* SENDMSG, RECVMSG, SENDFILE events. The first four members sit where exs_evt_xfer_t has
+ * its own. */
+typedef struct {
+    exs_iovec_t *exs_evt_iov;    /* SENDMSG/RECVMSG: msg_iov as given (not read after posting);
+                                  * SENDFILE: NULL */
+    size_t       exs_evt_len;    /* the list's total length; SENDFILE: the count given */
+    ssize_t      exs_evt_result; /* bytes transferred (0 on a stream receive = end of stream);
+                                  * -1 on error */
+    int          exs_evt_flags;  /* RECVMSG: MSG_TRUNC when a SOCK_SEQPACKET message was cut */
+    int          exs_evt_in_fd;  /* SENDFILE: in_fd; otherwise -1 */
+    size_t       exs_evt_iovlen; /* SENDMSG/RECVMSG: msg_iovlen; SENDFILE: 0 */
+    off_t        exs_evt_offset; /* SENDFILE: the offset given; otherwise 0 */
+} exs_evt_xfermsg_t;
 
 /* -- issue 15: poll and timeout types (exs_poll, SO_ASYNC_*_TIMEOUT) -- */
 #include <poll.h> /* POLLIN, POLLOUT, ..., nfds_t */
@@ -92,6 +123,7 @@ typedef struct {
         exs_evt_xfer_t   exs_evt_xfer;   /* SEND, RECV */
         exs_evt_accept_t exs_evt_accept; /* ACCEPT */
         /* -- issue 15: SENDMSG/RECVMSG/SENDFILE members -- */
+        exs_evt_xfermsg_t exs_evt_xfermsg; /* SENDMSG, RECVMSG, SENDFILE */
         /* -- issue 15: POLL/SENDTIMEOUT/RECVTIMEOUT members -- */
         exs_evt_poll_t   exs_evt_poll;   /* POLL */
         exs_evt_timeout_t exs_evt_timeout; /* SENDTIMEOUT, RECVTIMEOUT */
@@ -202,6 +234,12 @@ EXS_API int exs_getpeername(int fd, struct sockaddr *addr, socklen_t *addrlen);
 EXS_API int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen);
 EXS_API int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen);
 /* -- issue 15: exs_sendmsg, exs_recvmsg, exs_sendfile -- */
+EXS_API int     exs_sendmsg(int fd, const exs_msghdr_t *msg, int flags, exs_qhandle_t q,
+                            exs_ahandle_t ah);
+EXS_API int     exs_recvmsg(int fd, const exs_msghdr_t *msg, int flags, exs_qhandle_t q,
+                            exs_ahandle_t ah);
+EXS_API ssize_t exs_sendfile(int fd, int in_fd, off_t offset, size_t count, exs_qhandle_t q,
+                             exs_ahandle_t ah);
 /* -- issue 15: exs_poll -- */
 /* Readiness of nfds descriptors (exs sockets and kernel descriptors, mixed). q ==
  * EXS_QHANDLE_INVALID: wait up to timeout_ms (-1: no limit) and return the number of

@@ -21,6 +21,7 @@ static Suite *(*const suites[])(void) = {
     integ_kfd_suite,
     integ_poll_suite,
     integ_ring_suite,
+    integ_msg_suite,
 };
 
 static void usage(FILE *f, const char *argv0)
