@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include "exs/proto/proto_int.h"
+#include "exs/util/counters.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -20,6 +21,30 @@ static int conn_live;
 int exs__conn_live_count(void)
 {
     return __atomic_load_n(&conn_live, __ATOMIC_RELAXED);
+}
+
+/* The process counters of the protocol (set "proto", exsctl counters), over every conn. */
+struct exs_proto_counters exs__proto_cnt;
+
+static const struct exs_counter_desc proto_counter_desc[] = {
+    EXS_COUNTER(struct exs_proto_counters, rnr_events,
+                "receiver-not-ready completions (the credits make them impossible: must stay 0)"),
+    EXS_COUNTER(struct exs_proto_counters, nops_sent,
+                "NOP records sent to return credits to a peer whose window was full"),
+};
+
+static struct exs_counter_set proto_cset = {
+    .name = "proto",
+    .desc = proto_counter_desc,
+    .count = sizeof(proto_counter_desc) / sizeof(proto_counter_desc[0]),
+    .base = &exs__proto_cnt,
+};
+
+static pthread_once_t proto_cset_once = PTHREAD_ONCE_INIT;
+
+static void proto_cset_register(void)
+{
+    exs__counters_register(&proto_cset);
 }
 
 static const char *const conn_state_names[EXS_CONN_STATE_COUNT] = {
@@ -201,6 +226,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
         p->max_reads < 1 || p->ring_size < EXS_RING_SLOT || p->ring_size > EXS_WIRE_RING_SIZE_MAX ||
         p->batch_max > EXS_BATCH_MAX_LIMIT)
         return -EINVAL;
+    pthread_once(&proto_cset_once, proto_cset_register);
     conn = calloc(1, sizeof(*conn));
     if (!conn)
         return -ENOMEM;
@@ -434,16 +460,47 @@ static void conn_ring_grant_locked(struct exs_conn *conn)
 }
 
 
-/* May one more message that consumes a peer receive go out? The last credit is kept for
- * a message that returns credits, so two starved sides can always unblock each other. */
-int exs__conn_can_spend_locked(struct exs_conn *conn)
+/* The test seam EXS_WINDOW_TEST (EXS_WINDOW_TEST_* bits; 0 in production). */
+static unsigned conn_window_test(void)
+{
+    return (unsigned)__atomic_load_n(&exs__params.window_test, __ATOMIC_RELAXED);
+}
+
+/* May a control SEND (which consumes a peer receive) go out? The last credit is kept for
+ * a message that returns credits, so two starved sides can always unblock each other
+ * (spec/protocol.md §3.1). */
+static int conn_can_spend_ctrl_locked(struct exs_conn *conn)
 {
     return conn->credits > 1 || (conn->credits == 1 && conn->owed > 0);
+}
+
+/* May one more data write (WWI) go out? As a control SEND: its immediate returns the owed
+ * credits. Under the seam EXS_WINDOW_TEST_STRICT the last credit is for ACK / NOP only. */
+int exs__conn_can_spend_locked(struct exs_conn *conn)
+{
+    if (conn_window_test() & EXS_WINDOW_TEST_STRICT)
+        return conn->credits > 1;
+    return conn_can_spend_ctrl_locked(conn);
+}
+
+/* Owed credits that make the receiver send a standalone ACK (§3.1): EXS_ACK_EVERY, by
+ * default half the credits; at least 2 (an ACK answering an ACK would never end) and at
+ * most n - 1, so a sender whose window is full always gets its credits back. */
+static uint32_t conn_ack_threshold(const struct exs_conn *conn)
+{
+    uint64_t t = __atomic_load_n(&exs__params.ack_every, __ATOMIC_RELAXED);
+
+    if (!t)
+        t = conn->p.credits / 2;
+    return (uint32_t)EXS_MIN(EXS_MAX(t, 2u), (uint64_t)conn->p.credits - 1);
 }
 
 uint32_t exs__conn_take_owed_imm_locked(struct exs_conn *conn)
 {
     uint32_t n = EXS_MIN(conn->owed, EXS_IMM_CREDITS_MAX);
+
+    if (conn_window_test() & EXS_WINDOW_TEST_NO_ACK)
+        return 0; /* the seam: data returns none */
 
     conn->owed -= n;
     return n;
@@ -468,7 +525,10 @@ static int conn_needs_ack_locked(struct exs_conn *conn)
 {
     uint64_t unreported = conn->rd_consumed - conn->rd_reported;
 
-    return conn->owed >= EXS_MAX(2u, conn->p.credits / 2) || unreported >= conn->p.ring_size / 4 ||
+    if (conn->owed >= conn_ack_threshold(conn) &&
+        !(conn_window_test() & EXS_WINDOW_TEST_NO_ACK))
+        return 1;
+    return unreported >= conn->p.ring_size / 4 ||
            (unreported && conn->rd_arrived - conn->rd_reported > conn->p.ring_size / 2);
 }
 
@@ -485,7 +545,7 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
         return 1;
     if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
         return 0;
-    if (!conn->tx_free_top || !exs__conn_can_spend_locked(conn)) {
+    if (!conn->tx_free_top || !conn_can_spend_ctrl_locked(conn)) {
         if (conn->ctrl_len)
             conn->stats.credit_stalls++;
         return 0;
@@ -995,6 +1055,50 @@ static int conn_stall_check_locked(struct exs_conn *conn, uint64_t now, uint64_t
     return now - conn->tx_stall_ns >= limit_ms * 1000000u;
 }
 
+/* Do sends wait for a credit (a queued send or shutdown that a credit would let go)? */
+static int conn_sends_starved_locked(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    if (exs__conn_can_spend_locked(conn))
+        return 0;
+    exs_list_for_each(pos, &conn->sendq)
+        if (exs_list_entry(pos, struct exs_op, link)->state == EXS_OPS_QUEUED)
+            return 1;
+    return 0;
+}
+
+/* The window check (spec/protocol.md §3.1): the conn owes the peer credits and either the
+ * peer's window is full as far as we know (we owe it n - 1: it holds at most its reserved
+ * last credit) or our own sends wait for a credit: return the owed credits now in a NOP,
+ * which may spend the reserved last credit. Event-driven ACKs and piggybacking make this
+ * unnecessary with the default rules (§3.1 shows why); it is the safety net, and what
+ * unblocks the windows when the seam EXS_WINDOW_TEST turns those rules off. */
+static void conn_nop_check_locked(struct exs_conn *conn)
+{
+    struct exs_wire_ctrl_hdr nop = {
+        .type = EXS_CTRL_NOP,
+        .len = htobe16(EXS_WIRE_NOP_LEN),
+    };
+
+    if (!conn->owed || (conn_window_test() & EXS_WINDOW_TEST_NO_NOP))
+        return;
+    if (conn->owed < conn->p.credits - 1 && !conn_sends_starved_locked(conn))
+        return;
+    if (!conn->tx_free_top || !conn_can_spend_ctrl_locked(conn))
+        return; /* our own window is empty: the peer's next message returns credits */
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_NOP_LEN))
+        return; /* records wait that cannot go: they carry the credits when they do */
+    EXS_DBG(PROTO, "conn %p: window check: %u credits owed, %u left: NOP", (void *)conn,
+            conn->owed, conn->credits);
+    exs__conn_ctrl_append_locked(conn, &nop, sizeof(nop));
+    if (exs__conn_ctrl_flush_locked(conn)) {
+        conn->stats.nops_sent++;
+        EXS_CNT_INC(exs__proto_cnt.nops_sent);
+    }
+    exs__conn_kick_locked(conn); /* the credits it may have freed nothing; others may go */
+}
+
 uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
 {
     uint64_t now = exs__now_ns(), next = 0, ka_due = 0;
@@ -1030,12 +1134,18 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
             conn_timeout_locked(conn, "send timeout");
             break;
         }
+        conn_nop_check_locked(conn);
+        if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
+            break; /* the NOP's post failed: reset */
         /* the stall deadline is checked four times per period: found within 1.25 x */
         next = 0;
         if (ka_ms)
             next = ka_due > now ? (ka_due - now + 999999u) / 1000000u : 1;
         if (send_ms)
             next = next ? EXS_MIN(next, EXS_MAX(send_ms / 4, 1)) : EXS_MAX(send_ms / 4, 1);
+        /* the window check runs at least this often while credits are owed */
+        if (conn->owed)
+            next = next ? EXS_MIN(next, EXS_NOP_CHECK_MS) : EXS_NOP_CHECK_MS;
         break;
     default:
         break;
@@ -1224,6 +1334,11 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         return;
     conn->wr_out--;
     if (cqe->status != EXS_PROV_WC_SUCCESS) {
+        if (cqe->status == EXS_PROV_WC_RNR_RETRY_EXC_ERR) {
+            /* the credits make it impossible (§3.1): a peer or library bug */
+            conn->stats.rnr_events++;
+            EXS_CNT_INC(exs__proto_cnt.rnr_events);
+        }
         if (cqe->status != EXS_PROV_WC_WR_FLUSH_ERR)
             EXS_WARN(PROTO, "conn %p: work request failed: %s", (void *)conn,
                      exs__prov_wc_status_str(cqe->status));

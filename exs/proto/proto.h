@@ -344,6 +344,13 @@ void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st);
 /* Snapshot for the control endpoint (takes the conn lock). */
 void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info);
 
+/* Process counters of the protocol, summed over every conn (counter set "proto"). */
+struct exs_proto_counters {
+    uint64_t rnr_events; /* receiver-not-ready completions: must stay 0 (§3.1) */
+    uint64_t nops_sent;  /* NOPs sent by the window check */
+};
+extern struct exs_proto_counters exs__proto_cnt;
+
 /* Live conns (leak checks). */
 int  exs__conn_live_count(void);
 

@@ -113,6 +113,10 @@ static const struct exs_param_def params_table[] = {
           "a connection whose queued sends made no progress this long (the peer returns no credits or ring space) is reset with ETIMEDOUT, milliseconds, at most 3600000, 0 = off"),
     PARAM(emu_blackhole, "EXS_EMU_BLACKHOLE", "0", UINT, 1,
           "tests: 1 = the tcp provider's link silently stops delivering: established connections' frames are neither written nor read, sockets stay open, 0-1"),
+    PARAM(ack_every, "EXS_ACK_EVERY", "0", UINT, 1,
+          "credits a receiver owes before it returns them in a standalone ACK when nothing else goes out, 2-4095, capped at EXS_CREDITS - 1; 0 = half of EXS_CREDITS (at least 2)"),
+    PARAM(window_test, "EXS_WINDOW_TEST", "0", UINT, 1,
+          "tests only, never in production: bits that break the credit window on purpose so a test can show the NOP is what unblocks it: 1 = no NOP, 2 = owed credits return in no standalone ACK and no data write, 4 = data never spends the last credit; 0-7"),
 
     /* -- fault-injection provider (issue 13) -- */
     PARAM(fault_seed, "EXS_FAULT_SEED", "1", UINT, 1,
@@ -225,6 +229,10 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             return -EINVAL;
         if ((d->offset == offsetof(struct exs_params, keepalive_intv_ms) ||
              d->offset == offsetof(struct exs_params, send_timeout_ms)) && v->u > 3600000)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, ack_every) && (v->u == 1 || v->u > 4095))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, window_test) && v->u > 7)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, keepalive_probes) &&
             (v->u < 1 || v->u > 100))

@@ -38,6 +38,7 @@ Suite *integ_keepalive_suite(void);
 Suite *integ_fault_suite(void);
 Suite *integ_ctl_suite(void);
 Suite *integ_kfd_suite(void);
+Suite *integ_window_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */
 TCase *it_tcase(const char *name, int timeout_s);

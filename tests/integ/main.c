@@ -17,6 +17,7 @@ static Suite *(*const suites[])(void) = {
     integ_fault_suite,
     integ_ctl_suite,
     integ_progress_suite,  integ_kfd_suite,
+    integ_window_suite,
 };
 
 static void usage(FILE *f, const char *argv0)
