@@ -483,6 +483,13 @@ int exs__conn_can_spend_locked(struct exs_conn *conn)
     return conn_can_spend_ctrl_locked(conn);
 }
 
+uint32_t exs__conn_frag_size(void)
+{
+    uint64_t f = __atomic_load_n(&exs__params.frag_size, __ATOMIC_RELAXED);
+
+    return f ? (uint32_t)f : UINT32_MAX; /* 0: the tunables were never loaded (unit tests) */
+}
+
 /* Owed credits that make the receiver send a standalone ACK (§3.1): EXS_ACK_EVERY, by
  * default half the credits; at least 2 (an ACK answering an ACK would never end) and at
  * most n - 1, so a sender whose window is full always gets its credits back. */
@@ -545,6 +552,8 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
         return 1;
     if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
         return 0;
+    if (conn->sp_frag_op && conn->txshut == EXS_TXSHUT_APPENDED)
+        return 0; /* the SHUTDOWN counts a message whose pieces must all go first (§6.2) */
     if (!conn->tx_free_top || !conn_can_spend_ctrl_locked(conn)) {
         if (conn->ctrl_len)
             conn->stats.credit_stalls++;
@@ -648,6 +657,8 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
     conn->wr_out++;
     conn->credits--;
     conn->ring_wr_out += ring;
+    if (conn_is_stream(conn) && len != op->len)
+        conn->stats.fragments++; /* STREAM: part of the send (SEQPACKET counts its own) */
     return 0;
 }
 
@@ -719,6 +730,7 @@ void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
     if (!conn->err)
         conn->err = err;
     conn_set_state(conn, EXS_CONN_DOWN, why);
+    conn->sp_frag_op = NULL; /* no more pieces: its op ends with the conn */
     exs__prov_disconnect(conn->ep);
 }
 
@@ -731,6 +743,8 @@ static void conn_dead_locked(struct exs_conn *conn, int err, const char *why)
     if (!conn->err)
         conn->err = err;
     conn_set_state(conn, EXS_CONN_DEAD, why);
+    conn->sp_frag_op = NULL;
+    conn->sp_rx_frag = NULL;
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
@@ -1279,7 +1293,7 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_SHUTDOWN: {
             struct exs_wire_shutdown s;
             memcpy(&s, rec, sizeof(s));
-            if (conn->peer_shut || be64toh(s.seq) < conn->rx_seq)
+            if (conn->peer_shut || be64toh(s.seq) < conn->rx_seq || conn->sp_rx_frag)
                 return -EPROTO;
             conn->peer_shut = 1;
             conn->peer_total = be64toh(s.seq);

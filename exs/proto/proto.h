@@ -270,6 +270,13 @@ struct exs_conn {
     uint64_t                   tx_moved_seen; /* tx_moved when tx_stall_ns was set */
     uint64_t                   tx_stall_ns;  /* queued sends without progress since; 0: none */
 
+    /* fragmentation (spec/protocol.md §6.2) */
+    struct exs_op             *sp_frag_op;   /* SEQPACKET send whose direct pieces are not all
+                                              * posted: nothing after it leaves before them */
+    struct exs_advert          sp_frag_adv;  /* the ADVERT it fills */
+    uint32_t                   sp_frag_n;    /* bytes it writes (min(message, advert)) */
+    struct exs_op             *sp_rx_frag;   /* SEQPACKET receive that got pieces, no eom yet */
+
     struct exs_sock_stats      stats;
     uint64_t                   created_ns; /* exs__now_ns() at create (exsctl stat: age) */
 };

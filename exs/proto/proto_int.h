@@ -51,6 +51,8 @@ enum {
 #define EXS_NOP_CHECK_MS 1000u
 
 /* conn.c */
+/* EXS_FRAG_SIZE now: the largest data write of one transfer (§6.2). */
+uint32_t exs__conn_frag_size(void);
 void exs__conn_kick_locked(struct exs_conn *conn);
 void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why);
 int exs__conn_ctrl_flush_locked(struct exs_conn *conn);

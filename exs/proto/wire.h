@@ -37,8 +37,10 @@ enum { /* exs_wire_hello.features */
     EXS_WIRE_FEAT_READ      = 1u << 1, /* may be asked to serve RDMA READ of announced buffers */
     EXS_WIRE_FEAT_BATCH     = 1u << 2, /* splits SEQPACKET batched ring writes (§6.1) */
     EXS_WIRE_FEAT_DRAIN     = 1u << 3, /* STREAM: understands DRAIN records (§7.2) */
+    EXS_WIRE_FEAT_FRAG      = 1u << 4, /* SEQPACKET: takes a direct message in several WWIs,
+                                        * eom on the last only (§6.2) */
     EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
-                              EXS_WIRE_FEAT_DRAIN,
+                              EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_FRAG,
 };
 
 struct exs_wire_hello {

@@ -239,6 +239,178 @@ START_TEST(test_window_rnr_counted)
 }
 END_TEST
 
+/* ---- fragmentation (spec/protocol.md §6.2) ---- */
+
+/* Drive progress on q until fd has received n ADVERTs (so a send posted next goes
+ * directly), within IT_TIMEOUT_MS. Nothing is expected on q meanwhile. */
+static void wait_adverts(int fd, exs_qhandle_t q, uint64_t n)
+{
+    struct exs_sock_stats st;
+    double t0 = it_now_ms();
+    exs_event_t ev;
+
+    for (;;) {
+        get_stats(fd, &st);
+        if (st.adverts_received >= n)
+            return;
+        ck_assert_msg(it_now_ms() - t0 < IT_TIMEOUT_MS, "fd %d: %llu adverts after %d ms", fd,
+                      (unsigned long long)st.adverts_received, IT_TIMEOUT_MS);
+        ck_assert_msg(!it_try_event(q, -1, -1, 5, &ev), "unexpected %s event",
+                      it_evt_name(ev.exs_evt_type));
+    }
+}
+
+#define F_FRAG  4096
+#define F_BIG   (1u << 20)
+
+/* One SEQPACKET message of F_BIG bytes into an advertised receive of rlen bytes (posted
+ * first), with EXS_FRAG_SIZE 4096: it arrives whole (or cut, MSG_TRUNC), in order before
+ * a small message sent after it, and the sender counts one fragment per 4096 bytes
+ * written. _i: 0 fits, 1 truncated, 2 the receiver in indirect-only mode (announced and
+ * READ: no fragments). */
+START_TEST(test_frag_seqpacket)
+{
+    size_t rlen = _i == 1 ? 300001 : F_BIG, n = rlen < F_BIG ? rlen : F_BIG;
+    struct exs_sock_stats cst;
+    struct it_buf *sb, *rb, *sm, *rm;
+    struct it_pair p;
+
+    it_setenv("EXS_FRAG_SIZE", "4096");
+    if (_i == 2)
+        it_setenv("EXS_XFER_MODE", "indirect");
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 16, 16);
+    sb = it_buf_new(F_BIG, 1);
+    rb = it_buf_new(F_BIG, 1);
+    sm = it_buf_new(64, 1);
+    rm = it_buf_new(64, 1);
+    it_fill(sb->p, F_BIG, 41);
+    it_fill(sm->p, 64, 42);
+    memset(rb->p, 0, F_BIG);
+    IT_POST_RECV(p.sfd, rb->p, rlen, p.sq, IT_AH(1), rb->mh);
+    IT_POST_RECV(p.sfd, rm->p, 64, p.sq, IT_AH(2), rm->mh);
+    if (_i != 2)
+        wait_adverts(p.cfd, p.cq, 1); /* the big message goes directly, in pieces */
+    IT_POST_SEND(p.cfd, sb->p, F_BIG, p.cq, IT_AH(3), sb->mh);
+    IT_POST_SEND(p.cfd, sm->p, 64, p.cq, IT_AH(4), sm->mh);
+    it_expect_recv(p.sq, p.sfd, IT_AH(1), (ssize_t)n, _i == 1);
+    it_expect_recv(p.sq, p.sfd, IT_AH(2), 64, 0);
+    it_expect_send(p.cq, p.cfd, IT_AH(3), F_BIG);
+    it_expect_send(p.cq, p.cfd, IT_AH(4), 64);
+    ck_assert_int_eq(it_check(rb->p, n, 41), -1);
+    ck_assert_int_eq(it_check(rm->p, 64, 42), -1);
+    if (rlen < F_BIG)
+        ck_assert(it_all_bytes(rb->p + rlen, F_BIG - rlen, 0));
+    get_stats(p.cfd, &cst);
+    if (_i == 2) {
+        ck_assert_uint_eq(cst.fragments, 0);
+    } else {
+        ck_assert_uint_eq(cst.fragments, (n + F_FRAG - 1) / F_FRAG);
+        ck_assert_uint_ge(cst.direct_xfers, 1);
+    }
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_buf_free(sm);
+    it_buf_free(rm);
+}
+END_TEST
+
+/* STREAM bytes with EXS_FRAG_SIZE 4096: into a MSG_WAITALL receive posted first (direct
+ * pieces, _i 0) or into the ring before any receive is posted (indirect pieces, _i 1):
+ * every byte arrives in order and no write is larger than 4096 bytes (fragments counted:
+ * at least one per 4096 bytes). */
+START_TEST(test_frag_stream)
+{
+    const size_t len = 512 * 1024;
+    struct exs_sock_stats cst;
+    struct it_buf *sb, *rb;
+    exs_event_t ev;
+    struct it_pair p;
+    size_t got = 0;
+
+    it_setenv("EXS_FRAG_SIZE", "4096");
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 64, 64);
+    sb = it_buf_new(len, 1);
+    rb = it_buf_new(len, 1);
+    it_fill(sb->p, len, 51);
+    memset(rb->p, 0, len);
+    if (_i == 0) {
+        int rc = exs_recv(p.sfd, rb->p, len, MSG_WAITALL, p.sq, IT_AH(1), rb->mh);
+
+        ck_assert_int_eq(rc, 0);
+        /* the ADVERT must be there before the send, or the bytes go into the ring */
+        wait_adverts(p.cfd, p.cq, 1);
+    }
+    IT_POST_SEND(p.cfd, sb->p, len, p.cq, IT_AH(2), sb->mh);
+    it_expect_send(p.cq, p.cfd, IT_AH(2), (ssize_t)len);
+    for (int k = 0; got < len; k++) {
+        if (_i == 1 || k > 0)
+            IT_POST_RECV(p.sfd, rb->p + got, len - got, p.sq, IT_AH(10 + k), rb->mh);
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
+        got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+    }
+    ck_assert_uint_eq(got, len);
+    ck_assert_int_eq(it_check(rb->p, len, 51), -1);
+    get_stats(p.cfd, &cst);
+    ck_assert_msg(cst.fragments >= len / F_FRAG, "fragments %llu for %zu bytes",
+                  (unsigned long long)cst.fragments, len);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
+/* Interleaving: a 16 MiB SEQPACKET message from the client is in flight when the server
+ * sends the client an 8 KiB message (announced: the client must READ it, on the same
+ * queue pair the pieces use). With fragmentation the client's READ goes between pieces,
+ * so the client's receive completes before its huge send; in one 16 MiB write it could
+ * only go after it. Checked by the order of the client's completions, not by time. */
+START_TEST(test_frag_interleave)
+{
+    const size_t big = 16u << 20, small = 8192;
+    struct it_buf *sb, *rb, *ss, *rs;
+    struct exs_sock_stats cst;
+    exs_event_t ev;
+    struct it_pair p;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 16, 16);
+    sb = it_buf_new(big, 1);
+    rb = it_buf_new(big, 1);
+    ss = it_buf_new(small, 1);
+    rs = it_buf_new(small, 1);
+    it_fill(sb->p, big, 61);
+    it_fill(ss->p, small, 62);
+    IT_POST_RECV(p.sfd, rb->p, big, p.sq, IT_AH(1), rb->mh);
+    wait_adverts(p.cfd, p.cq, 1); /* the big message goes directly, in pieces */
+    IT_POST_SEND(p.cfd, sb->p, big, p.cq, IT_AH(2), sb->mh);
+    IT_POST_SEND(p.sfd, ss->p, small, p.sq, IT_AH(3), ss->mh);
+    IT_POST_RECV(p.cfd, rs->p, small, p.cq, IT_AH(4), rs->mh);
+    it_wait_event_at(p.cq, -1, p.cfd, W_WAIT_MS, &ev, __FILE__, __LINE__);
+    ck_assert_msg(ev.exs_evt_type == EXS_EVT_RECV && ev.exs_evt_ahandle == IT_AH(4),
+                  "the client's first completion is %s ah %ld, not its small receive",
+                  it_evt_name(ev.exs_evt_type), IT_AHN(ev.exs_evt_ahandle));
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)small);
+    it_expect_send(p.cq, p.cfd, IT_AH(2), (ssize_t)big);
+    it_expect_send(p.sq, p.sfd, IT_AH(3), (ssize_t)small);
+    it_expect_recv(p.sq, p.sfd, IT_AH(1), (ssize_t)big, 0);
+    ck_assert_int_eq(it_check(rs->p, small, 62), -1);
+    ck_assert_int_eq(it_check(rb->p, big, 61), -1);
+    get_stats(p.cfd, &cst);
+    ck_assert_uint_eq(cst.fragments, big / 65536); /* the default EXS_FRAG_SIZE */
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_buf_free(ss);
+    it_buf_free(rs);
+}
+END_TEST
+
 Suite *integ_window_suite(void)
 {
     Suite *s = suite_create("integ_window");
@@ -247,6 +419,11 @@ Suite *integ_window_suite(void)
     tc = it_tcase("window_nop", 120);
     tcase_add_loop_test(tc, test_window_nop_unblocks, 0, 2);
     tcase_add_loop_test(tc, test_window_no_nop_stalls, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("frag", 120);
+    tcase_add_loop_test(tc, test_frag_seqpacket, 0, 3);
+    tcase_add_loop_test(tc, test_frag_stream, 0, 2);
+    tcase_add_test(tc, test_frag_interleave);
     suite_add_tcase(s, tc);
     tc = it_tcase("window_rnr", 60);
     tcase_add_test(tc, test_window_rnr_counted);
