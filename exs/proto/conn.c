@@ -194,8 +194,11 @@ void exs__conn_revoke_op_locked(struct exs_op *op)
     op->rkey = 0;
 }
 
+static void conn_wrq_free_locked(struct exs_conn *conn);
+
 static void conn_release_locked(struct exs_conn *conn)
 {
+    conn_wrq_free_locked(conn);
 
     conn_release_prov_locked(conn);
     exs__batch_release_locked(conn);
@@ -241,6 +244,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     exs_list_init(&conn->sendq);
     exs_list_init(&conn->recvq);
     exs_list_init(&conn->pending);
+    exs_list_init(&conn->wrq);
     conn->batch_thresh = EXS_MIN(EXS_BATCH_FLOOR, p->batch_max); /* 0: off */
 
     conn->tx_slots = CONN_TX_SLOTS;
@@ -483,6 +487,106 @@ int exs__conn_can_spend_locked(struct exs_conn *conn)
     return conn_can_spend_ctrl_locked(conn);
 }
 
+/* ---- the work-request cap (§6.3) ---- */
+
+struct conn_wrq_ent {
+    struct exs_list          link;
+    struct exs_prov_send_wr  wr;
+    struct exs_prov_sge      sge;
+};
+
+static uint32_t conn_wr_max(void)
+{
+    uint64_t m = __atomic_load_n(&exs__params.wr_max, __ATOMIC_RELAXED);
+
+    return m ? (uint32_t)m : UINT32_MAX; /* 0: the tunables were never loaded (unit tests) */
+}
+
+int exs__conn_post_send_locked(struct exs_conn *conn, const struct exs_prov_send_wr *wr)
+{
+    struct conn_wrq_ent *e;
+    int ret;
+
+    EXS_ASSERT(wr->num_sge <= 1);
+    if (!conn->wrq_count && conn->sq_out < conn_wr_max()) {
+        ret = exs__prov_post_send(conn->ep, wr);
+        if (!ret)
+            conn->sq_out++;
+        return ret;
+    }
+    /* behind the cap, or behind others waiting: keep the order */
+    e = malloc(sizeof(*e));
+    if (!e) {
+        EXS_WARN(PROTO, "conn %p: no memory to queue a work request", (void *)conn);
+        return -ENOMEM;
+    }
+    e->wr = *wr;
+    if (wr->num_sge)
+        e->sge = wr->sg_list[0];
+    e->wr.sg_list = &e->sge;
+    exs_list_add_tail(&conn->wrq, &e->link);
+    conn->wrq_count++;
+    conn->stats.wr_queued++;
+    return 0;
+}
+
+/* Completions made room: post queued work requests, oldest first, up to the cap. */
+static void conn_wrq_post_locked(struct exs_conn *conn)
+{
+    uint32_t max = conn_wr_max();
+
+    while (conn->wrq_count && conn->sq_out < max &&
+           (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)) {
+        struct conn_wrq_ent *e = exs_list_entry(conn->wrq.next, struct conn_wrq_ent, link);
+        int ret = exs__prov_post_send(conn->ep, &e->wr);
+
+        if (ret) {
+            /* it stays queued: it is flushed with the others as the conn ends */
+            EXS_WARN(PROTO, "conn %p: queued work request: post failed: %s", (void *)conn,
+                     strerror(-ret));
+            exs__conn_fail_locked(conn, ECONNRESET, "queued work request failed");
+            return;
+        }
+        exs_list_del(&e->link);
+        conn->wrq_count--;
+        conn->sq_out++;
+        free(e);
+    }
+}
+
+static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe);
+
+/* The conn is going away (DOWN on): its queued work requests will never be posted; each
+ * completes as flushed, as the provider completes the posted ones, so every op and slot
+ * they hold is accounted for (wr_out reaches 0). */
+static void conn_wrq_flush_locked(struct exs_conn *conn)
+{
+    struct exs_list *n;
+
+    while ((n = exs_list_pop_head(&conn->wrq))) {
+        struct conn_wrq_ent *e = exs_list_entry(n, struct conn_wrq_ent, link);
+        struct exs_prov_cqe cqe = {
+            .wr_id = e->wr.wr_id,
+            .status = EXS_PROV_WC_WR_FLUSH_ERR,
+            .ep = conn->ep,
+        };
+
+        conn->wrq_count--;
+        free(e);
+        conn_on_cqe_locked(conn, &cqe);
+    }
+}
+
+/* The provider objects are gone (DEAD): queued work requests are dropped with them. */
+static void conn_wrq_free_locked(struct exs_conn *conn)
+{
+    struct exs_list *n;
+
+    while ((n = exs_list_pop_head(&conn->wrq)))
+        free(exs_list_entry(n, struct conn_wrq_ent, link));
+    conn->wrq_count = 0;
+}
+
 uint32_t exs__conn_frag_size(void)
 {
     uint64_t f = __atomic_load_n(&exs__params.frag_size, __ATOMIC_RELAXED);
@@ -585,7 +689,7 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
     };
     if (conn->ctrl_len <= conn->ep->attr.max_inline)
         wr.flags |= EXS_PROV_SEND_INLINE;
-    ret = exs__prov_post_send(conn->ep, &wr);
+    ret = exs__conn_post_send_locked(conn, &wr);
     if (!ret)
         conn->wr_out++;
     if (ret) {
@@ -648,7 +752,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
         .remote_addr = raddr,
         .rkey = rkey,
     };
-    int ret = exs__prov_post_send(conn->ep, &wr);
+    int ret = exs__conn_post_send_locked(conn, &wr);
 
     if (ret) {
         exs__conn_fail_locked(conn, ECONNRESET, "data write failed");
@@ -745,6 +849,7 @@ static void conn_dead_locked(struct exs_conn *conn, int err, const char *why)
     conn_set_state(conn, EXS_CONN_DEAD, why);
     conn->sp_frag_op = NULL;
     conn->sp_rx_frag = NULL;
+    conn_wrq_free_locked(conn);
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
@@ -990,7 +1095,7 @@ static int conn_ka_probe_locked(struct exs_conn *conn)
         .remote_addr = conn->peer.ring_addr,
         .rkey = conn->peer.ring_rkey,
     };
-    int ret = exs__prov_post_send(conn->ep, &wr);
+    int ret = exs__conn_post_send_locked(conn, &wr);
 
     if (ret) {
         EXS_WARN(PROTO, "conn %p: keepalive probe: post failed: %s", (void *)conn, strerror(-ret));
@@ -1192,6 +1297,7 @@ void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info)
     info->wr_out = conn->wr_out;
     info->pending = conn->pending_count;
     info->adverts_held = conn->adv_count;
+    info->wr_queued = conn->wrq_count;
     info->age_ms = (exs__now_ns() - conn->created_ns) / 1000000u;
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
@@ -1432,9 +1538,24 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
     }
 }
 
-/* After a run of completions of conn: progress once, and the end once drained. */
+/* A completion from the provider: a send work request leaves the cap's count. */
+static void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
+{
+    if ((cqe->wr_id & WR_TAG_MASK) != WR_TAG_RX && conn->sq_out)
+        conn->sq_out--;
+    conn_on_cqe_locked(conn, cqe);
+}
+
+/* After a run of completions of conn: queued work requests into the room they made,
+ * progress once, and the end once drained. */
 static void conn_after_cqes_locked(struct exs_conn *conn)
 {
+    if (conn->wrq_count) {
+        if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
+            conn_wrq_post_locked(conn);
+        if (conn->state >= EXS_CONN_DOWN && conn->state != EXS_CONN_DEAD)
+            conn_wrq_flush_locked(conn);
+    }
     if (conn->state != EXS_CONN_DEAD)
         exs__conn_kick_locked(conn);
     if (conn->state == EXS_CONN_DRAINING && !conn->wr_out) {
@@ -1461,7 +1582,7 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
     uint64_t now = 0;
 
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
-    conn_on_cqe_locked(conn, cqe);
+    conn_on_prov_cqe_locked(conn, cqe);
     conn_heard_locked(conn, &now);
     conn_after_cqes_locked(conn);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
@@ -1478,7 +1599,7 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
          * decision, one walk of the queues, one delivery) for all of them */
         EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
         for (j = i; j < n && cqe[j].ep->user == conn; j++)
-            conn_on_cqe_locked(conn, &cqe[j]);
+            conn_on_prov_cqe_locked(conn, &cqe[j]);
         conn_heard_locked(conn, &now);
         conn_after_cqes_locked(conn);
         EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
@@ -1550,6 +1671,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
             err = ev->status ? -ev->status : ECONNRESET;
             conn_set_state(conn, EXS_CONN_DRAINING, "disconnected");
             conn->disc_err = err;
+            conn_wrq_flush_locked(conn); /* never posted: flushed here */
             if (!conn->wr_out) {
                 conn_dead_locked(conn, err, "drained");
                 dead = conn->cb->dead;

@@ -276,6 +276,10 @@ struct exs_conn {
     struct exs_advert          sp_frag_adv;  /* the ADVERT it fills */
     uint32_t                   sp_frag_n;    /* bytes it writes (min(message, advert)) */
     struct exs_op             *sp_rx_frag;   /* SEQPACKET receive that got pieces, no eom yet */
+    /* the work-request cap (spec/protocol.md §6.3) */
+    uint32_t                   sq_out;       /* send work requests at the provider, not completed */
+    uint32_t                   wrq_count;    /* of wrq */
+    struct exs_list            wrq;          /* send work requests beyond EXS_WR_MAX, in order */
 
     struct exs_sock_stats      stats;
     uint64_t                   created_ns; /* exs__now_ns() at create (exsctl stat: age) */
@@ -290,6 +294,7 @@ struct exs_conn_info {
     uint32_t              wr_out;       /* work requests posted, not completed */
     uint32_t              pending;      /* arrived messages not yet matched to a receive */
     uint32_t              adverts_held; /* ADVERTs received, not used yet */
+    uint32_t              wr_queued;    /* send work requests waiting behind EXS_WR_MAX */
     uint64_t              age_ms;       /* since the conn was created */
     struct exs_sock_stats stats;        /* as exs__conn_stats */
 };

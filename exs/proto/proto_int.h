@@ -53,6 +53,10 @@ enum {
 /* conn.c */
 /* EXS_FRAG_SIZE now: the largest data write of one transfer (§6.2). */
 uint32_t exs__conn_frag_size(void);
+/* Post a send work request (at most one sge) to the conn's endpoint, or queue it behind
+ * EXS_WR_MAX outstanding ones (§6.3): either way it is the conn's now, in posting order,
+ * and completes (flushed, if the conn ends first) like a posted one. 0 or -errno. */
+int exs__conn_post_send_locked(struct exs_conn *conn, const struct exs_prov_send_wr *wr);
 void exs__conn_kick_locked(struct exs_conn *conn);
 void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why);
 int exs__conn_ctrl_flush_locked(struct exs_conn *conn);

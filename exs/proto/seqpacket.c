@@ -544,7 +544,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
             .remote_addr = m->addr,
             .rkey = m->rkey,
         };
-        if (exs__prov_post_send(conn->ep, &wr)) {
+        if (exs__conn_post_send_locked(conn, &wr)) {
             exs__conn_fail_locked(conn, ECONNRESET, "read failed");
             return 0;
         }

@@ -119,6 +119,8 @@ static const struct exs_param_def params_table[] = {
           "tests only, never in production: bits that break the credit window on purpose so a test can show the NOP is what unblocks it: 1 = no NOP, 2 = owed credits return in no standalone ACK and no data write, 4 = data never spends the last credit; 0-7"),
     PARAM(frag_size, "EXS_FRAG_SIZE", "65536", UINT, 1,
           "largest RDMA write of one transfer, bytes, 4096-1073741824: a larger SEQPACKET message into an advertised receive, or STREAM bytes into the ring or a MSG_WAITALL receive, leaves as several writes so control records of the connection go between them"),
+    PARAM(wr_max, "EXS_WR_MAX", "128", UINT, 1,
+          "send work requests (writes, control sends, reads, probes) outstanding per connection, 1-65536; more wait in order in the connection's queue and go as completions make room"),
 
     /* -- fault-injection provider (issue 13) -- */
     PARAM(fault_seed, "EXS_FAULT_SEED", "1", UINT, 1,
@@ -235,6 +237,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, ack_every) && (v->u == 1 || v->u > 4095))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, window_test) && v->u > 7)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, wr_max) && (v->u < 1 || v->u > 65536))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, frag_size) &&
             (v->u < 4096 || v->u > (1u << 30)))

@@ -411,6 +411,122 @@ START_TEST(test_frag_interleave)
 }
 END_TEST
 
+/* ---- the work-request cap (spec/protocol.md §6.3) ---- */
+
+#define Q_MSGS 60
+
+/* Length of message i of the cap test: eager, direct in pieces, and in between. */
+static size_t q_len(int i)
+{
+    static const size_t lens[] = {100, 200000, 5000, 64, 70000, 1};
+
+    return lens[i % 6];
+}
+
+/* EXS_WR_MAX 2 and EXS_FRAG_SIZE 4096: both sides send Q_MSGS messages of mixed sizes to
+ * each other at once (receives posted first) while control records (ADVERTs, ACKs, READ
+ * requests) share the two slots: every message arrives intact and in order, every send
+ * completes in order, and work requests waited in the queue (wr_queued). */
+START_TEST(test_wr_cap)
+{
+    int type = _i ? SOCK_STREAM : SOCK_SEQPACKET;
+    struct it_buf *cb, *sb, *crb, *srb;
+    struct exs_sock_stats cst, sst;
+    size_t total = 0, off;
+    struct it_pair p;
+
+    for (int i = 0; i < Q_MSGS; i++)
+        total += q_len(i);
+    it_setenv("EXS_WR_MAX", "2");
+    it_setenv("EXS_FRAG_SIZE", "4096");
+    it_init();
+    it_pair_open(&p, type, 4 * Q_MSGS, 4 * Q_MSGS);
+    cb = it_buf_new(total, 1);
+    sb = it_buf_new(total, 1);
+    crb = it_buf_new(total, 1);
+    srb = it_buf_new(total, 1);
+    it_fill(cb->p, total, 71);
+    it_fill(sb->p, total, 72);
+    memset(crb->p, 0, total);
+    memset(srb->p, 0, total);
+    if (type == SOCK_SEQPACKET) {
+        off = 0;
+        for (int i = 0; i < Q_MSGS; i++) {
+            IT_POST_RECV(p.sfd, srb->p + off, q_len(i), p.sq, IT_AH(100 + i), srb->mh);
+            IT_POST_RECV(p.cfd, crb->p + off, q_len(i), p.cq, IT_AH(300 + i), crb->mh);
+            off += q_len(i);
+        }
+    } else {
+        ck_assert_int_eq(exs_recv(p.sfd, srb->p, total, MSG_WAITALL, p.sq, IT_AH(100), srb->mh), 0);
+        ck_assert_int_eq(exs_recv(p.cfd, crb->p, total, MSG_WAITALL, p.cq, IT_AH(300), crb->mh), 0);
+    }
+    off = 0;
+    for (int i = 0; i < Q_MSGS; i++) {
+        IT_POST_SEND(p.cfd, cb->p + off, q_len(i), p.cq, IT_AH(200 + i), cb->mh);
+        IT_POST_SEND(p.sfd, sb->p + off, q_len(i), p.sq, IT_AH(400 + i), sb->mh);
+        off += q_len(i);
+    }
+    for (int i = 0; i < Q_MSGS; i++) {
+        it_context("message %d", i);
+        it_expect_send(p.cq, p.cfd, IT_AH(200 + i), (ssize_t)q_len(i));
+        it_expect_send(p.sq, p.sfd, IT_AH(400 + i), (ssize_t)q_len(i));
+        if (type == SOCK_SEQPACKET) {
+            it_expect_recv(p.sq, p.sfd, IT_AH(100 + i), (ssize_t)q_len(i), 0);
+            it_expect_recv(p.cq, p.cfd, IT_AH(300 + i), (ssize_t)q_len(i), 0);
+        }
+    }
+    if (type == SOCK_STREAM) {
+        it_expect_recv(p.sq, p.sfd, IT_AH(100), (ssize_t)total, 0);
+        it_expect_recv(p.cq, p.cfd, IT_AH(300), (ssize_t)total, 0);
+    }
+    ck_assert_int_eq(it_check(srb->p, total, 71), -1);
+    ck_assert_int_eq(it_check(crb->p, total, 72), -1);
+    get_stats(p.cfd, &cst);
+    get_stats(p.sfd, &sst);
+    ck_assert_msg(cst.wr_queued > 0 && sst.wr_queued > 0, "wr_queued: client %llu, server %llu",
+                  (unsigned long long)cst.wr_queued, (unsigned long long)sst.wr_queued);
+    ck_assert_uint_gt(cst.fragments, 0);
+    it_pair_close(&p);
+    it_buf_free(cb);
+    it_buf_free(sb);
+    it_buf_free(crb);
+    it_buf_free(srb);
+}
+END_TEST
+
+/* EXS_WR_MAX 1: a close while work requests wait in the queue ends them (flushed, never
+ * posted): every operation completes, nothing leaks (the teardown counts objects). */
+START_TEST(test_wr_cap_close)
+{
+    struct it_buf *sb;
+    exs_event_t ev;
+    struct it_pair p;
+    int ok = 0, failed = 0;
+
+    it_setenv("EXS_WR_MAX", "1");
+    it_setenv("EXS_FRAG_SIZE", "4096");
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 64, 64);
+    sb = it_buf_new(1 << 20, 1);
+    for (int i = 0; i < 16; i++)
+        IT_POST_SEND(p.cfd, sb->p, 65536, p.cq, IT_AH(10 + i), sb->mh);
+    ck_assert_int_eq(exs_close(p.sfd, p.sq, IT_AH(1)), 0); /* the peer goes: a reset */
+    it_wait_event(p.sq, EXS_EVT_CLOSE, p.sfd, &ev);
+    p.sfd = -1;
+    for (int i = 0; i < 16; i++) {
+        it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+        ck_assert_ptr_eq(ev.exs_evt_ahandle, IT_AH(10 + i));
+        if (ev.exs_evt_errno)
+            failed++;
+        else
+            ok++;
+    }
+    ck_assert_int_eq(ok + failed, 16);
+    it_pair_close(&p);
+    it_buf_free(sb);
+}
+END_TEST
+
 Suite *integ_window_suite(void)
 {
     Suite *s = suite_create("integ_window");
@@ -424,6 +540,10 @@ Suite *integ_window_suite(void)
     tcase_add_loop_test(tc, test_frag_seqpacket, 0, 3);
     tcase_add_loop_test(tc, test_frag_stream, 0, 2);
     tcase_add_test(tc, test_frag_interleave);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("wr_cap", 120);
+    tcase_add_loop_test(tc, test_wr_cap, 0, 2);
+    tcase_add_test(tc, test_wr_cap_close);
     suite_add_tcase(s, tc);
     tc = it_tcase("window_rnr", 60);
     tcase_add_test(tc, test_window_rnr_counted);
