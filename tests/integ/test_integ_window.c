@@ -14,13 +14,13 @@
 #include "integ.h"
 
 /* Credits per side (the window) and the messages each side sends: several windows. */
-#define W_CREDITS "8"
-#define W_MSGS    24
-#define W_LEN     64
+#define W_CREDITS  "8"
+#define W_MSGS     24
+#define W_LEN      64
 /* A stall is declared when no send completes for this long. */
 #define W_STALL_MS 3000
 /* The NOP check runs about once a second: a generous bound for each completion. */
-#define W_WAIT_MS 30000
+#define W_WAIT_MS  30000
 
 /* EXS_WINDOW_TEST bits (exs/proto/proto_int.h): 1 no NOP, 2 no standalone ACK and no
  * credits in data immediates, 4 data never spends the last credit (X-RDMA's window). */
@@ -64,8 +64,8 @@ static void recv_all(int fd, exs_qhandle_t q, struct it_buf *rb, uint32_t seed, 
         IT_POST_RECV(fd, rb->p + got, ask, q, IT_AH(3000 + ah), rb->mh);
         it_wait_event_at(q, EXS_EVT_RECV, fd, W_WAIT_MS, &ev, __FILE__, __LINE__);
         ck_assert_msg(ev.exs_evt_errno == 0 && ev.exs_evt_u.exs_evt_xfer.exs_evt_result > 0,
-                      "receive %d: result %zd errno %d", ah, (ssize_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result,
-                      ev.exs_evt_errno);
+                      "receive %d: result %zd errno %d", ah,
+                      (ssize_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, ev.exs_evt_errno);
         ck_assert_ptr_eq(ev.exs_evt_ahandle, IT_AH(3000 + ah));
         got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
         ah++;
@@ -162,7 +162,8 @@ START_TEST(test_window_no_nop_stalls)
     ck_assert_msg(!it_try_event(p.cq, EXS_EVT_SEND, p.cfd, 0, &ev),
                   "client send completed after the stall");
     printf("window_no_nop_stalls (%s): client %d, server %d of %d sends went before the "
-           "stall\n", type == SOCK_STREAM ? "stream" : "seqpacket", cn, sn, W_MSGS);
+           "stall\n",
+           type == SOCK_STREAM ? "stream" : "seqpacket", cn, sn, W_MSGS);
     fflush(stdout);
     ck_assert_msg(cn >= 1 && cn < atoi(W_CREDITS) && sn >= 1 && sn < atoi(W_CREDITS),
                   "client %d, server %d sends before the stall: the window is %s", cn, sn,
@@ -260,8 +261,8 @@ static void wait_adverts(int fd, exs_qhandle_t q, uint64_t n)
     }
 }
 
-#define F_FRAG  4096
-#define F_BIG   (1u << 20)
+#define F_FRAG 4096
+#define F_BIG  (1u << 20)
 
 /* One SEQPACKET message of F_BIG bytes into an advertised receive of rlen bytes (posted
  * first), with EXS_FRAG_SIZE 4096: it arrives whole (or cut, MSG_TRUNC), in order before
