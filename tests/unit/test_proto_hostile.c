@@ -868,8 +868,9 @@ START_TEST(hs_frag_pieces)
     case 0:
     case 1: /* the rest: fits (0), or 3000 + 2000 pass the advert's 4096 bytes (1; put
              * inside the buffer, where the grant lets it land: the sum is what is wrong) */
-        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg + first, 2000, _i ? addr : addr + first,
-                 be32toh(a.rkey), exs_imm_make(EXS_IMM_DIRECT, EXS_IMM_EOM, 0, tag));
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, _i ? msg : msg + first, 2000,
+                 _i ? addr : addr + first, be32toh(a.rkey),
+                 exs_imm_make(EXS_IMM_DIRECT, EXS_IMM_EOM, 0, tag));
         break;
     case 2: /* the next message, eagerly, before this one's eom */
         raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 64, raw.peer.ring_addr,
