@@ -264,6 +264,7 @@ static void stat_sock(struct api_sock *s, void *arg)
     exs__jbuf_kv_u64(b, "wr_out", info.wr_out);
     exs__jbuf_kv_u64(b, "pending", info.pending);
     exs__jbuf_kv_u64(b, "adverts_held", info.adverts_held);
+    exs__jbuf_kv_u64(b, "wrq_depth", info.wr_queued);
     exs__jbuf_kv_u64(b, "age_ms", info.age_ms);
     for (size_t i = 0; i < EXS_ARRAY_SIZE(stat_fields); i++)
         exs__jbuf_kv_u64(b, stat_fields[i].name,

@@ -227,7 +227,7 @@ static enum batch_verdict batch_post_locked(struct exs_conn *conn, const struct 
     };
     if (run->bytes <= conn->ep->attr.max_inline)
         wr.flags |= EXS_PROV_SEND_INLINE;
-    ret = exs__prov_post_send(conn->ep, &wr);
+    ret = exs__conn_post_send_locked(conn, &wr);
     if (ret) {
         exs__conn_fail_locked(conn, ECONNRESET, "batched write failed");
         return BATCH_STALL;

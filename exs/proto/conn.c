@@ -8,6 +8,7 @@
 
 #include "exs/proto/proto_int.h"
 #include "exs/proto/reqtrace.h"
+#include "exs/util/counters.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -76,6 +77,30 @@ void exs__conn_ring_region_free(struct exs_prov_mr *mem)
 int exs__conn_live_count(void)
 {
     return __atomic_load_n(&conn_live, __ATOMIC_RELAXED);
+}
+
+/* The process counters of the protocol (set "proto", exsctl counters), over every conn. */
+struct exs_proto_counters exs__proto_cnt;
+
+static const struct exs_counter_desc proto_counter_desc[] = {
+    EXS_COUNTER(struct exs_proto_counters, rnr_events,
+                "receiver-not-ready completions (the credits make them impossible: must stay 0)"),
+    EXS_COUNTER(struct exs_proto_counters, nops_sent,
+                "NOP records sent to return credits to a peer whose window was full"),
+};
+
+static struct exs_counter_set proto_cset = {
+    .name = "proto",
+    .desc = proto_counter_desc,
+    .count = sizeof(proto_counter_desc) / sizeof(proto_counter_desc[0]),
+    .base = &exs__proto_cnt,
+};
+
+static pthread_once_t proto_cset_once = PTHREAD_ONCE_INIT;
+
+static void proto_cset_register(void)
+{
+    exs__counters_register(&proto_cset);
 }
 
 static const char *const conn_state_names[EXS_CONN_STATE_COUNT] = {
@@ -228,8 +253,11 @@ void exs__conn_revoke_op_locked(struct exs_op *op)
     op->rkey = 0;
 }
 
+static void conn_wrq_free_locked(struct exs_conn *conn);
+
 static void conn_release_locked(struct exs_conn *conn)
 {
+    conn_wrq_free_locked(conn);
 
     conn_release_prov_locked(conn);
     exs__batch_release_locked(conn);
@@ -262,6 +290,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
         p->max_reads < 1 || p->ring_size < EXS_RING_SLOT || p->ring_size > EXS_WIRE_RING_SIZE_MAX ||
         p->batch_max > EXS_BATCH_MAX_LIMIT)
         return -EINVAL;
+    pthread_once(&proto_cset_once, proto_cset_register);
     conn = calloc(1, sizeof(*conn));
     if (!conn)
         return -ENOMEM;
@@ -276,6 +305,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     exs_list_init(&conn->sendq);
     exs_list_init(&conn->recvq);
     exs_list_init(&conn->pending);
+    exs_list_init(&conn->wrq);
     conn->batch_thresh = EXS_MIN(EXS_BATCH_FLOOR, p->batch_max); /* 0: off */
 
     conn->tx_slots = CONN_TX_SLOTS;
@@ -496,16 +526,154 @@ static void conn_ring_grant_locked(struct exs_conn *conn)
 }
 
 
-/* May one more message that consumes a peer receive go out? The last credit is kept for
- * a message that returns credits, so two starved sides can always unblock each other. */
-int exs__conn_can_spend_locked(struct exs_conn *conn)
+/* The test seam EXS_WINDOW_TEST (EXS_WINDOW_TEST_* bits; 0 in production). */
+static unsigned conn_window_test(void)
+{
+    return (unsigned)__atomic_load_n(&exs__params.window_test, __ATOMIC_RELAXED);
+}
+
+/* May a control SEND (which consumes a peer receive) go out? The last credit is kept for
+ * a message that returns credits, so two starved sides can always unblock each other
+ * (spec/protocol.md §3.1). */
+static int conn_can_spend_ctrl_locked(struct exs_conn *conn)
 {
     return conn->credits > 1 || (conn->credits == 1 && conn->owed > 0);
+}
+
+/* May one more data write (WWI) go out? As a control SEND: its immediate returns the owed
+ * credits. Under the seam EXS_WINDOW_TEST_STRICT the last credit is for ACK / NOP only. */
+int exs__conn_can_spend_locked(struct exs_conn *conn)
+{
+    if (conn_window_test() & EXS_WINDOW_TEST_STRICT)
+        return conn->credits > 1;
+    return conn_can_spend_ctrl_locked(conn);
+}
+
+/* ---- the work-request cap (§6.3) ---- */
+
+struct conn_wrq_ent {
+    struct exs_list          link;
+    struct exs_prov_send_wr  wr;
+    struct exs_prov_sge      sge;
+};
+
+static uint32_t conn_wr_max(void)
+{
+    uint64_t m = __atomic_load_n(&exs__params.wr_max, __ATOMIC_RELAXED);
+
+    return m ? (uint32_t)m : UINT32_MAX; /* 0: the tunables were never loaded (unit tests) */
+}
+
+int exs__conn_post_send_locked(struct exs_conn *conn, const struct exs_prov_send_wr *wr)
+{
+    struct conn_wrq_ent *e;
+    int ret;
+
+    EXS_ASSERT(wr->num_sge <= 1);
+    if (!conn->wrq_count && conn->sq_out < conn_wr_max()) {
+        ret = exs__prov_post_send(conn->ep, wr);
+        if (!ret)
+            conn->sq_out++;
+        return ret;
+    }
+    /* behind the cap, or behind others waiting: keep the order */
+    e = malloc(sizeof(*e));
+    if (!e) {
+        EXS_WARN(PROTO, "conn %p: no memory to queue a work request", (void *)conn);
+        return -ENOMEM;
+    }
+    e->wr = *wr;
+    if (wr->num_sge)
+        e->sge = wr->sg_list[0];
+    e->wr.sg_list = &e->sge;
+    exs_list_add_tail(&conn->wrq, &e->link);
+    conn->wrq_count++;
+    conn->stats.wr_queued++;
+    return 0;
+}
+
+/* Completions made room: post queued work requests, oldest first, up to the cap. */
+static void conn_wrq_post_locked(struct exs_conn *conn)
+{
+    uint32_t max = conn_wr_max();
+
+    while (conn->wrq_count && conn->sq_out < max &&
+           (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)) {
+        struct conn_wrq_ent *e = exs_list_entry(conn->wrq.next, struct conn_wrq_ent, link);
+        int ret = exs__prov_post_send(conn->ep, &e->wr);
+
+        if (ret) {
+            /* it stays queued: it is flushed with the others as the conn ends */
+            EXS_WARN(PROTO, "conn %p: queued work request: post failed: %s", (void *)conn,
+                     strerror(-ret));
+            exs__conn_fail_locked(conn, ECONNRESET, "queued work request failed");
+            return;
+        }
+        exs_list_del(&e->link);
+        conn->wrq_count--;
+        conn->sq_out++;
+        free(e);
+    }
+}
+
+static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe);
+
+/* The conn is going away (DOWN on): its queued work requests will never be posted; each
+ * completes as flushed, as the provider completes the posted ones, so every op and slot
+ * they hold is accounted for (wr_out reaches 0). */
+static void conn_wrq_flush_locked(struct exs_conn *conn)
+{
+    struct exs_list *n;
+
+    while ((n = exs_list_pop_head(&conn->wrq))) {
+        struct conn_wrq_ent *e = exs_list_entry(n, struct conn_wrq_ent, link);
+        struct exs_prov_cqe cqe = {
+            .wr_id = e->wr.wr_id,
+            .status = EXS_PROV_WC_WR_FLUSH_ERR,
+            .ep = conn->ep,
+        };
+
+        conn->wrq_count--;
+        free(e);
+        conn_on_cqe_locked(conn, &cqe);
+    }
+}
+
+/* The provider objects are gone (DEAD): queued work requests are dropped with them. */
+static void conn_wrq_free_locked(struct exs_conn *conn)
+{
+    struct exs_list *n;
+
+    while ((n = exs_list_pop_head(&conn->wrq)))
+        free(exs_list_entry(n, struct conn_wrq_ent, link));
+    conn->wrq_count = 0;
+}
+
+uint32_t exs__conn_frag_size(void)
+{
+    uint64_t f = __atomic_load_n(&exs__params.frag_size, __ATOMIC_RELAXED);
+
+    return f ? (uint32_t)f : UINT32_MAX; /* 0: the tunables were never loaded (unit tests) */
+}
+
+/* Owed credits that make the receiver send a standalone ACK (§3.1): EXS_ACK_EVERY, by
+ * default half the credits; at least 2 (an ACK answering an ACK would never end) and at
+ * most n - 1, so a sender whose window is full always gets its credits back. */
+static uint32_t conn_ack_threshold(const struct exs_conn *conn)
+{
+    uint64_t t = __atomic_load_n(&exs__params.ack_every, __ATOMIC_RELAXED);
+
+    if (!t)
+        t = conn->p.credits / 2;
+    return (uint32_t)EXS_MIN(EXS_MAX(t, 2u), (uint64_t)conn->p.credits - 1);
 }
 
 uint32_t exs__conn_take_owed_imm_locked(struct exs_conn *conn)
 {
     uint32_t n = EXS_MIN(conn->owed, EXS_IMM_CREDITS_MAX);
+
+    if (conn_window_test() & EXS_WINDOW_TEST_NO_ACK)
+        return 0; /* the seam: data returns none */
 
     conn->owed -= n;
     return n;
@@ -530,7 +698,10 @@ static int conn_needs_ack_locked(struct exs_conn *conn)
 {
     uint64_t unreported = conn->rd_consumed - conn->rd_reported;
 
-    return conn->owed >= EXS_MAX(2u, conn->p.credits / 2) || unreported >= conn->p.ring_size / 4 ||
+    if (conn->owed >= conn_ack_threshold(conn) &&
+        !(conn_window_test() & EXS_WINDOW_TEST_NO_ACK))
+        return 1;
+    return unreported >= conn->p.ring_size / 4 ||
            (unreported && conn->rd_arrived - conn->rd_reported > conn->p.ring_size / 2);
 }
 
@@ -547,7 +718,9 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
         return 1;
     if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
         return 0;
-    if (!conn->tx_free_top || !exs__conn_can_spend_locked(conn)) {
+    if (conn->sp_frag_op && conn->txshut == EXS_TXSHUT_APPENDED)
+        return 0; /* the SHUTDOWN counts a message whose pieces must all go first (§6.2) */
+    if (!conn->tx_free_top || !conn_can_spend_ctrl_locked(conn)) {
         if (conn->ctrl_len)
             conn->stats.credit_stalls++;
         return 0;
@@ -578,7 +751,7 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
     };
     if (conn->ctrl_len <= conn->ep->attr.max_inline)
         wr.flags |= EXS_PROV_SEND_INLINE;
-    ret = exs__prov_post_send(conn->ep, &wr);
+    ret = exs__conn_post_send_locked(conn, &wr);
     if (!ret)
         conn->wr_out++;
     if (ret) {
@@ -642,7 +815,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
         .remote_addr = raddr,
         .rkey = rkey,
     };
-    int ret = exs__prov_post_send(conn->ep, &wr);
+    int ret = exs__conn_post_send_locked(conn, &wr);
 
     if (ret) {
         exs__conn_fail_locked(conn, ECONNRESET, "data write failed");
@@ -651,6 +824,8 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
     conn->wr_out++;
     conn->credits--;
     conn->ring_wr_out += ring;
+    if (conn_is_stream(conn) && len != op->len)
+        conn->stats.fragments++; /* STREAM: part of the send (SEQPACKET counts its own) */
     return 0;
 }
 
@@ -726,6 +901,7 @@ void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
     if (!conn->err)
         conn->err = err;
     conn_set_state(conn, EXS_CONN_DOWN, why);
+    conn->sp_frag_op = NULL; /* no more pieces: its op ends with the conn */
     exs__prov_disconnect(conn->ep);
 }
 
@@ -738,6 +914,9 @@ static void conn_dead_locked(struct exs_conn *conn, int err, const char *why)
     if (!conn->err)
         conn->err = err;
     conn_set_state(conn, EXS_CONN_DEAD, why);
+    conn->sp_frag_op = NULL;
+    conn->sp_rx_frag = NULL;
+    conn_wrq_free_locked(conn);
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
@@ -986,7 +1165,7 @@ static int conn_ka_probe_locked(struct exs_conn *conn)
         .remote_addr = conn->peer.ring_addr,
         .rkey = conn->peer.ring_rkey,
     };
-    int ret = exs__prov_post_send(conn->ep, &wr);
+    int ret = exs__conn_post_send_locked(conn, &wr);
 
     if (ret) {
         EXS_WARN(PROTO, "conn %p: keepalive probe: post failed: %s", (void *)conn, strerror(-ret));
@@ -1065,6 +1244,50 @@ static int conn_stall_check_locked(struct exs_conn *conn, uint64_t now, uint64_t
     return now - conn->tx_stall_ns >= limit_ms * 1000000u;
 }
 
+/* Do sends wait for a credit (a queued send or shutdown that a credit would let go)? */
+static int conn_sends_starved_locked(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    if (exs__conn_can_spend_locked(conn))
+        return 0;
+    exs_list_for_each(pos, &conn->sendq)
+        if (exs_list_entry(pos, struct exs_op, link)->state == EXS_OPS_QUEUED)
+            return 1;
+    return 0;
+}
+
+/* The window check (spec/protocol.md §3.1): the conn owes the peer credits and either the
+ * peer's window is full as far as we know (we owe it n - 1: it holds at most its reserved
+ * last credit) or our own sends wait for a credit: return the owed credits now in a NOP,
+ * which may spend the reserved last credit. Event-driven ACKs and piggybacking make this
+ * unnecessary with the default rules (§3.1 shows why); it is the safety net, and what
+ * unblocks the windows when the seam EXS_WINDOW_TEST turns those rules off. */
+static void conn_nop_check_locked(struct exs_conn *conn)
+{
+    struct exs_wire_ctrl_hdr nop = {
+        .type = EXS_CTRL_NOP,
+        .len = htobe16(EXS_WIRE_NOP_LEN),
+    };
+
+    if (!conn->owed || (conn_window_test() & EXS_WINDOW_TEST_NO_NOP))
+        return;
+    if (conn->owed < conn->p.credits - 1 && !conn_sends_starved_locked(conn))
+        return;
+    if (!conn->tx_free_top || !conn_can_spend_ctrl_locked(conn))
+        return; /* our own window is empty: the peer's next message returns credits */
+    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_NOP_LEN))
+        return; /* records wait that cannot go: they carry the credits when they do */
+    EXS_DBG(PROTO, "conn %p: window check: %u credits owed, %u left: NOP", (void *)conn,
+            conn->owed, conn->credits);
+    exs__conn_ctrl_append_locked(conn, &nop, sizeof(nop));
+    if (exs__conn_ctrl_flush_locked(conn)) {
+        conn->stats.nops_sent++;
+        EXS_CNT_INC(exs__proto_cnt.nops_sent);
+    }
+    exs__conn_kick_locked(conn); /* the credits it may have freed nothing; others may go */
+}
+
 uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
 {
     uint64_t now = exs__now_ns(), next = 0, ka_due = 0, ring_ms;
@@ -1101,6 +1324,9 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
             break;
         }
         ring_ms = conn_is_stream(conn) ? exs__st_ring_timer_locked(conn, now / 1000u) : 0;
+        conn_nop_check_locked(conn);
+        if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
+            break; /* the NOP's post failed: reset */
         /* the stall deadline is checked four times per period: found within 1.25 x */
         next = 0;
         if (ka_ms)
@@ -1109,6 +1335,9 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
             next = next ? EXS_MIN(next, EXS_MAX(send_ms / 4, 1)) : EXS_MAX(send_ms / 4, 1);
         if (ring_ms) /* ring autotuning: an idle grown ring shrinks (§7.4) */
             next = next ? EXS_MIN(next, ring_ms) : ring_ms;
+        /* the window check runs at least this often while credits are owed */
+        if (conn->owed)
+            next = next ? EXS_MIN(next, EXS_NOP_CHECK_MS) : EXS_NOP_CHECK_MS;
         break;
     default:
         break;
@@ -1141,6 +1370,7 @@ void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info)
     info->wr_out = conn->wr_out;
     info->pending = conn->pending_count;
     info->adverts_held = conn->adv_count;
+    info->wr_queued = conn->wrq_count;
     info->age_ms = (exs__now_ns() - conn->created_ns) / 1000000u;
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
@@ -1258,7 +1488,7 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_SHUTDOWN: {
             struct exs_wire_shutdown s;
             memcpy(&s, rec, sizeof(s));
-            if (conn->peer_shut || be64toh(s.seq) < conn->rx_seq)
+            if (conn->peer_shut || be64toh(s.seq) < conn->rx_seq || conn->sp_rx_frag)
                 return -EPROTO;
             conn->peer_shut = 1;
             conn->peer_total = be64toh(s.seq);
@@ -1328,6 +1558,11 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
     conn->cqe_stamp++;
     conn->wr_out--;
     if (cqe->status != EXS_PROV_WC_SUCCESS) {
+        if (cqe->status == EXS_PROV_WC_RNR_RETRY_EXC_ERR) {
+            /* the credits make it impossible (§3.1): a peer or library bug */
+            conn->stats.rnr_events++;
+            EXS_CNT_INC(exs__proto_cnt.rnr_events);
+        }
         if (cqe->status != EXS_PROV_WC_WR_FLUSH_ERR)
             EXS_WARN(PROTO, "conn %p: work request failed: %s", (void *)conn,
                      exs__prov_wc_status_str(cqe->status));
@@ -1408,9 +1643,24 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
     }
 }
 
-/* After a run of completions of conn: progress once, and the end once drained. */
+/* A completion from the provider: a send work request leaves the cap's count. */
+static void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
+{
+    if ((cqe->wr_id & WR_TAG_MASK) != WR_TAG_RX && conn->sq_out)
+        conn->sq_out--;
+    conn_on_cqe_locked(conn, cqe);
+}
+
+/* After a run of completions of conn: queued work requests into the room they made,
+ * progress once, and the end once drained. */
 static void conn_after_cqes_locked(struct exs_conn *conn)
 {
+    if (conn->wrq_count) {
+        if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
+            conn_wrq_post_locked(conn);
+        if (conn->state >= EXS_CONN_DOWN && conn->state != EXS_CONN_DEAD)
+            conn_wrq_flush_locked(conn);
+    }
     if (conn->state != EXS_CONN_DEAD)
         exs__conn_kick_locked(conn);
     if (conn->state == EXS_CONN_DRAINING && !conn->wr_out) {
@@ -1437,7 +1687,7 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
     uint64_t now = 0;
 
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
-    conn_on_cqe_locked(conn, cqe);
+    conn_on_prov_cqe_locked(conn, cqe);
     conn_heard_locked(conn, &now);
     conn_after_cqes_locked(conn);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
@@ -1454,7 +1704,7 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
          * decision, one walk of the queues, one delivery) for all of them */
         EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
         for (j = i; j < n && cqe[j].ep->user == conn; j++)
-            conn_on_cqe_locked(conn, &cqe[j]);
+            conn_on_prov_cqe_locked(conn, &cqe[j]);
         conn_heard_locked(conn, &now);
         conn_after_cqes_locked(conn);
         EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
@@ -1526,6 +1776,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
             err = ev->status ? -ev->status : ECONNRESET;
             conn_set_state(conn, EXS_CONN_DRAINING, "disconnected");
             conn->disc_err = err;
+            conn_wrq_flush_locked(conn); /* never posted: flushed here */
             if (!conn->wr_out) {
                 conn_dead_locked(conn, err, "drained");
                 dead = conn->cb->dead;

@@ -302,6 +302,16 @@ struct exs_conn {
                                                * switch) before the next ring write */
     uint64_t                   rs_peer_addr;  /* the offer */
     uint32_t                   rs_peer_size, rs_peer_rkey;
+    /* fragmentation (spec/protocol.md §6.2) */
+    struct exs_op             *sp_frag_op;   /* SEQPACKET send whose direct pieces are not all
+                                              * posted: nothing after it leaves before them */
+    struct exs_advert          sp_frag_adv;  /* the ADVERT it fills */
+    uint32_t                   sp_frag_n;    /* bytes it writes (min(message, advert)) */
+    struct exs_op             *sp_rx_frag;   /* SEQPACKET receive that got pieces, no eom yet */
+    /* the work-request cap (spec/protocol.md §6.3) */
+    uint32_t                   sq_out;       /* send work requests at the provider, not completed */
+    uint32_t                   wrq_count;    /* of wrq */
+    struct exs_list            wrq;          /* send work requests beyond EXS_WR_MAX, in order */
 
     struct exs_sock_stats      stats;
     struct exs_reqtrace       *rt;         /* request tracing state (reqtrace.c), NULL: none */
@@ -317,6 +327,7 @@ struct exs_conn_info {
     uint32_t              wr_out;       /* work requests posted, not completed */
     uint32_t              pending;      /* arrived messages not yet matched to a receive */
     uint32_t              adverts_held; /* ADVERTs received, not used yet */
+    uint32_t              wr_queued;    /* send work requests waiting behind EXS_WR_MAX */
     uint64_t              age_ms;       /* since the conn was created */
     struct exs_sock_stats stats;        /* as exs__conn_stats */
 };
@@ -377,6 +388,13 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms);
 void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st);
 /* Snapshot for the control endpoint (takes the conn lock). */
 void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info);
+
+/* Process counters of the protocol, summed over every conn (counter set "proto"). */
+struct exs_proto_counters {
+    uint64_t rnr_events; /* receiver-not-ready completions: must stay 0 (§3.1) */
+    uint64_t nops_sent;  /* NOPs sent by the window check */
+};
+extern struct exs_proto_counters exs__proto_cnt;
 
 /* Live conns (leak checks). */
 int  exs__conn_live_count(void);

@@ -38,7 +38,25 @@ struct exs_pending_msg {
 /* Most announced messages a peer may make us hold (eager ones are bounded by the ring). */
 #define EXS_ANNOUNCED_MAX 65536u
 
+/* The test seam EXS_WINDOW_TEST (spec/protocol.md §3.1): bits that turn the credit rules
+ * off so a test can show the NOP is what unblocks the windows. 0 in production. */
+enum {
+    EXS_WINDOW_TEST_NO_NOP = 1, /* the window check never sends a NOP */
+    EXS_WINDOW_TEST_NO_ACK = 2, /* owed credits go back in no standalone ACK and in no data
+                                 * immediate (control records and ring ACKs still carry them) */
+    EXS_WINDOW_TEST_STRICT = 4, /* a data write never spends the last credit */
+};
+
+/* While credits are owed, the window check runs at least this often (ms). */
+#define EXS_NOP_CHECK_MS 1000u
+
 /* conn.c */
+/* EXS_FRAG_SIZE now: the largest data write of one transfer (§6.2). */
+uint32_t exs__conn_frag_size(void);
+/* Post a send work request (at most one sge) to the conn's endpoint, or queue it behind
+ * EXS_WR_MAX outstanding ones (§6.3): either way it is the conn's now, in posting order,
+ * and completes (flushed, if the conn ends first) like a posted one. 0 or -errno. */
+int exs__conn_post_send_locked(struct exs_conn *conn, const struct exs_prov_send_wr *wr);
 void exs__conn_kick_locked(struct exs_conn *conn);
 void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why);
 int exs__conn_ctrl_flush_locked(struct exs_conn *conn);

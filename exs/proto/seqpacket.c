@@ -77,6 +77,50 @@ int exs__sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
     return exs__advert_push_locked(conn, a);
 }
 
+/* Post the next pieces of the fragmented direct message (§6.2) while credits allow:
+ * control records waiting go first, between pieces (only those that number no message
+ * can be waiting: the send loop stops at this op). The last piece carries eom (and trunc
+ * when the message was longer than the ADVERT). */
+static void sp_frag_post_locked(struct exs_conn *conn)
+{
+    struct exs_op *op = conn->sp_frag_op;
+    const struct exs_advert *adv = &conn->sp_frag_adv;
+    uint32_t frag = exs__conn_frag_size();
+
+    while (op) {
+        uint32_t off = (uint32_t)op->posted;
+        uint32_t lw = EXS_MIN(frag, conn->sp_frag_n - off);
+        int last = off + lw == conn->sp_frag_n;
+        unsigned flags = last ? EXS_IMM_EOM | (op->len > adv->len ? EXS_IMM_TRUNC : 0) : 0;
+
+        /* a SHUTDOWN of exs_close waits in the batch behind these pieces */
+        if (conn->ctrl_len && conn->txshut != EXS_TXSHUT_APPENDED &&
+            !exs__conn_ctrl_flush_locked(conn))
+            return;
+        if (!exs__conn_can_spend_locked(conn)) {
+            conn->stats.credit_stalls++;
+            return;
+        }
+        uint32_t imm =
+            exs_imm_make(EXS_IMM_DIRECT, flags, exs__conn_take_owed_imm_locked(conn), adv->id);
+        if (exs__conn_post_write_imm_locked(conn, op, adv->addr + off, adv->rkey, lw, imm,
+                                            op->buf + off))
+            return;
+        op->inflight++;
+        conn->stats.fragments++;
+        if (!last) {
+            op->posted += lw;
+            continue;
+        }
+        /* the completion rule of a send: done with its last write once posted == len */
+        op->posted = op->len;
+        conn->sp_frag_op = NULL;
+        EXS_TRACE(PROTO, "conn %p: message %llu: %u bytes direct in pieces of %u, advert %u",
+                  (void *)conn, (unsigned long long)op->seq, conn->sp_frag_n, frag, adv->id);
+        return;
+    }
+}
+
 /* Try to put the head send op on the wire. 1: it went (or waits for the peer), 0: it
  * must wait for credits, ring space or a control slot. */
 static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
@@ -135,6 +179,20 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
             return 0;
         if (!exs__conn_can_spend_locked(conn))
             return 0;
+        if (n > exs__conn_frag_size() && (conn->peer.features & EXS_WIRE_FEAT_FRAG)) {
+            /* several pieces (§6.2): the message is numbered now, its pieces follow */
+            conn->sp_frag_adv = *adv;
+            conn->sp_frag_n = n;
+            conn->sp_frag_op = op;
+            sp_advert_pop(conn);
+            conn->stats.direct_xfers++;
+            op->posted = 0;
+            op->inflight = 0;
+            op->seq = conn->tx_seq++;
+            op->state = EXS_OPS_POSTED;
+            sp_frag_post_locked(conn);
+            return !conn->sp_frag_op;
+        }
         uint32_t imm =
             exs_imm_make(EXS_IMM_DIRECT, flags, exs__conn_take_owed_imm_locked(conn), adv->id);
         if (exs__conn_post_write_imm_locked(conn, op, adv->addr, adv->rkey, n, imm, op->buf))
@@ -208,6 +266,12 @@ void exs__sp_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
+    if (conn->sp_frag_op) {
+        sp_frag_post_locked(conn);
+        if (conn->sp_frag_op || conn->state >= EXS_CONN_DOWN)
+            return; /* the next message waits for the last piece of this one */
+    }
+
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
@@ -270,7 +334,7 @@ int exs__sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_anno
 {
     struct exs_pending_msg *m;
 
-    if (conn->peer_shut || be64toh(a->seq) != conn->rx_seq) {
+    if (conn->peer_shut || conn->sp_rx_frag || be64toh(a->seq) != conn->rx_seq) {
         EXS_INFO(PROTO, "conn %p: announce of message %llu, expected %llu", (void *)conn,
                  (unsigned long long)be64toh(a->seq), (unsigned long long)conn->rx_seq);
         return -EPROTO;
@@ -363,6 +427,11 @@ int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     if (conn->peer_shut)
         return -EPROTO;
+    if (conn->sp_rx_frag && exs_imm_kind(imm) != EXS_IMM_DIRECT) {
+        EXS_INFO(PROTO, "conn %p: message %llu not ended (no eom) when the next one came",
+                 (void *)conn, (unsigned long long)conn->rx_seq);
+        return -EPROTO;
+    }
     if (exs_imm_kind(imm) == EXS_IMM_INDIRECT && exs_imm_tag(imm))
         return sp_on_batch_locked(conn, exs_imm_tag(imm), len);
     if (exs_imm_kind(imm) == EXS_IMM_INDIRECT) {
@@ -392,7 +461,7 @@ int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
     struct exs_op *op = sp_nth_unmatched(conn, conn->pending_count);
     if (!op || op->state != EXS_OPS_ADVERTISED ||
         (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) || op->seq != conn->rx_seq ||
-        len > op->len) {
+        len > op->len - op->filled || (conn->sp_rx_frag && conn->sp_rx_frag != op)) {
         EXS_INFO(PROTO, "conn %p: direct write tag %u len %u for message %llu does not match "
                  "receive %p (state %d, advert %u, seq %llu), %u pending", (void *)conn,
                  exs_imm_tag(imm), len, (unsigned long long)conn->rx_seq, (void *)op,
@@ -400,11 +469,26 @@ int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
                  op ? (unsigned long long)op->seq : 0ull, conn->pending_count);
         return -EPROTO;
     }
+    if (!(imm & EXS_IMM_EOM)) {
+        /* a piece (§6.2): more of the message follows, into the same receive; a piece
+         * moves at least one byte (else a peer could send pieces forever) */
+        if (!len || (imm & EXS_IMM_TRUNC)) {
+            EXS_INFO(PROTO, "conn %p: piece of %u bytes, flags %#x, of message %llu",
+                     (void *)conn, len, imm & (EXS_IMM_EOM | EXS_IMM_TRUNC),
+                     (unsigned long long)conn->rx_seq);
+            return -EPROTO;
+        }
+        op->filled += len;
+        conn->sp_rx_frag = op;
+        conn->stats.bytes_received += len;
+        return 0;
+    }
+    conn->sp_rx_frag = NULL;
     conn->rx_seq++;
     conn->rx_matched++;
     op->rflags = (imm & EXS_IMM_TRUNC) ? MSG_TRUNC : 0;
     conn->stats.bytes_received += len;
-    exs__conn_op_finish_locked(op, len, 0);
+    exs__conn_op_finish_locked(op, (ssize_t)(op->filled + len), 0);
     return 0;
 }
 
@@ -468,7 +552,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
             .remote_addr = m->addr,
             .rkey = m->rkey,
         };
-        if (exs__prov_post_send(conn->ep, &wr)) {
+        if (exs__conn_post_send_locked(conn, &wr)) {
             exs__conn_fail_locked(conn, ECONNRESET, "read failed");
             return 0;
         }

@@ -106,6 +106,8 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         if (PHASE_IS_INDIRECT(conn->st_ps))
             st_set_phase(conn, a->phase); /* direct again */
         lw = (uint32_t)EXS_MIN(left, (size_t)(a->len - a->filled));
+        if (a->flags & EXS_ADVERT_WAITALL) /* filled piece by piece anyway (§6.2) */
+            lw = EXS_MIN(lw, exs__conn_frag_size());
         imm = exs_imm_make(EXS_IMM_DIRECT, 0, exs__conn_take_owed_imm_locked(conn), a->id);
         if (exs__conn_post_write_imm_locked(conn, op, a->addr + a->filled, a->rkey, lw, imm,
                                             op->buf + op->posted))
@@ -130,6 +132,7 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         if (PHASE_IS_DIRECT(conn->st_ps))
             st_set_phase(conn, conn->st_ps + 1); /* now indirect */
         lw = (uint32_t)EXS_MIN(left, (size_t)EXS_MIN(size - used, (uint64_t)(size - off)));
+        lw = EXS_MIN(lw, exs__conn_frag_size()); /* §6.2 */
         imm = exs_imm_make(EXS_IMM_INDIRECT, 0, exs__conn_take_owed_imm_locked(conn), 0);
         if (exs__conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
                                             conn->peer.ring_rkey, lw, imm, op->buf + op->posted))

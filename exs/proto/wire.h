@@ -43,8 +43,11 @@ enum { /* exs_wire_hello.features */
     EXS_WIRE_FEAT_DRAIN     = 1u << 3, /* STREAM: understands DRAIN records (§7.2) */
     EXS_WIRE_FEAT_TRACE     = 1u << 4, /* understands and answers TRACE records (§5.1) */
     EXS_WIRE_FEAT_RESIZE    = 1u << 5, /* STREAM: understands RESIZE records (§7.4) */
+    EXS_WIRE_FEAT_FRAG      = 1u << 6, /* SEQPACKET: takes a direct message in several WWIs,
+                                        * eom on the last only (§6.2) */
     EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
-                              EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE | EXS_WIRE_FEAT_RESIZE,
+                              EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE | EXS_WIRE_FEAT_RESIZE |
+                              EXS_WIRE_FEAT_FRAG,
 };
 
 struct exs_wire_hello {

@@ -121,6 +121,14 @@ static const struct exs_param_def params_table[] = {
           "a connection whose queued sends made no progress this long (the peer returns no credits or ring space) is reset with ETIMEDOUT, milliseconds, at most 3600000, 0 = off"),
     PARAM(emu_blackhole, "EXS_EMU_BLACKHOLE", "0", UINT, 1,
           "tests: 1 = the tcp provider's link silently stops delivering: established connections' frames are neither written nor read, sockets stay open, 0-1"),
+    PARAM(ack_every, "EXS_ACK_EVERY", "0", UINT, 1,
+          "credits a receiver owes before it returns them in a standalone ACK when nothing else goes out, 2-4095, capped at EXS_CREDITS - 1; 0 = half of EXS_CREDITS (at least 2)"),
+    PARAM(window_test, "EXS_WINDOW_TEST", "0", UINT, 1,
+          "tests only, never in production: bits that break the credit window on purpose so a test can show the NOP is what unblocks it: 1 = no NOP, 2 = owed credits return in no standalone ACK and no data write, 4 = data never spends the last credit; 0-7"),
+    PARAM(frag_size, "EXS_FRAG_SIZE", "65536", UINT, 1,
+          "largest RDMA write of one transfer, bytes, 4096-1073741824: a larger SEQPACKET message into an advertised receive, or STREAM bytes into the ring or a MSG_WAITALL receive, leaves as several writes so control records of the connection go between them"),
+    PARAM(wr_max, "EXS_WR_MAX", "128", UINT, 1,
+          "send work requests (writes, control sends, reads, probes) outstanding per connection, 1-65536; more wait in order in the connection's queue and go as completions make room"),
 
     /* -- fault-injection provider (issue 13) -- */
     PARAM(fault_seed, "EXS_FAULT_SEED", "1", UINT, 1,
@@ -243,6 +251,15 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             return -EINVAL;
         if ((d->offset == offsetof(struct exs_params, keepalive_intv_ms) ||
              d->offset == offsetof(struct exs_params, send_timeout_ms)) && v->u > 3600000)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, ack_every) && (v->u == 1 || v->u > 4095))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, window_test) && v->u > 7)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, wr_max) && (v->u < 1 || v->u > 65536))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, frag_size) &&
+            (v->u < 4096 || v->u > (1u << 30)))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, keepalive_probes) &&
             (v->u < 1 || v->u > 100))

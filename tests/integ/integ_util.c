@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "exs/util/counters.h"
 #include "tests/integ/integ.h"
 
 const char *it_provider = "tcp";
@@ -104,6 +105,29 @@ static void check_live(const char *when)
                  later == 0 ? "it reached 0" : "still not 0", t - t0);
 }
 
+/* Receiver-not-ready never happens (spec/protocol.md §3.1): the tcp provider never held
+ * a message for want of a receive, and no conn saw an RNR completion other than those the
+ * fault provider injected (its error completions, "prov.fault" wc), in the whole test. */
+static void it_check_no_rnr(void)
+{
+    static const char *const rnr[][2] = {{"prov.tcp", "rnr_waits"}, {"prov.tcp", "rnr_naks"}};
+    uint64_t v = 0, injected = 0;
+
+    for (size_t i = 0; i < sizeof(rnr) / sizeof(rnr[0]); i++) {
+        v = 0;
+        if (exs__counters_lookup(rnr[i][0], rnr[i][1], &v) == 0)
+            ck_assert_msg(v == 0, "teardown: counter %s %s = %llu (receiver not ready)",
+                          rnr[i][0], rnr[i][1], (unsigned long long)v);
+    }
+    v = 0;
+    exs__counters_lookup("prov.fault", "wc", &injected);
+    if (exs__counters_lookup("proto", "rnr_events", &v) == 0)
+        ck_assert_msg(v <= injected,
+                      "teardown: counter proto rnr_events = %llu, %llu error completions "
+                      "injected (receiver not ready)",
+                      (unsigned long long)v, (unsigned long long)injected);
+}
+
 void it_fini(void)
 {
     if (!it_inited)
@@ -123,6 +147,7 @@ void it_fini(void)
             it_buf_free(it_bufs[i]);
     }
     check_live("after the test's cleanup, before exs_fini");
+    it_check_no_rnr();
     exs_fini();
     it_inited = 0;
     ck_assert_msg(exs__debug_live_objects() == 0, "exs__debug_live_objects() == %d after exs_fini",

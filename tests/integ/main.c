@@ -22,6 +22,7 @@ static Suite *(*const suites[])(void) = {
     integ_poll_suite,
     integ_ring_suite,
     integ_msg_suite,
+    integ_window_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

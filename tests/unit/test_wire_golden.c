@@ -117,8 +117,8 @@ START_TEST(golden_hello)
         0x45, 0x58,                         /* magic "EX" */
         0x02,                               /* version 2 */
         0x01,                               /* STREAM */
-        0x00, 0x3f,                         /* features: keepalive | read | batch | drain |
-                                               trace | resize */
+        0x00, 0x7f,                         /* features: keepalive | read | batch | drain |
+                                               trace | resize | frag */
         0x00, 0x21,                         /* credits 33 */
         0x00, 0x00, 0x02, 0x00,             /* ctrl_size 512 */
         0x00, 0x00, 0x20, 0x00,             /* ring_size 8192 */
