@@ -440,7 +440,14 @@ START_TEST(test_connect_close_cycles)
     cq = it_qcreate(64);
     lfd = it_listen(SOCK_SEQPACKET, &addr);
     one_cycle(sq, cq, lfd, &addr, 0); /* warm-up: lazily created threads and descriptors */
+    /* the warm-up's last descriptors may still be closing: the fewest seen over a moment */
     fds1 = it_count_fds();
+    for (int i = 0; i < 30; i++) {
+        it_sleep_ms(10);
+        int now_fds = it_count_fds();
+
+        fds1 = now_fds < fds1 ? now_fds : fds1;
+    }
     tasks1 = it_count_tasks();
     t0 = it_now_ms();
     it_watchdog_start(30, cycle_step); /* 30 s without a completed cycle */
@@ -454,12 +461,17 @@ START_TEST(test_connect_close_cycles)
     }
     it_watchdog_stop();
     dt = it_now_ms() - t0;
+    /* the last cycle's descriptors go as its closes finish: wait for them (bounded) */
     fds2 = it_count_fds();
+    for (double dl = it_now_ms() + 5000; fds2 > fds1 && it_now_ms() < dl; fds2 = it_count_fds())
+        it_sleep_ms(10);
     tasks2 = it_count_tasks_expect(tasks1);
     printf("connect_close_cycles: %d cycles in %.0f ms (%.1f us each), provider %s\n", CYCLES, dt,
            dt * 1000 / CYCLES, it_provider);
     fflush(stdout);
-    ck_assert_msg(fds2 == fds1, "descriptors: %d after the first cycle, %d after %d more", fds1,
+    /* none left behind (fewer than after the warm-up is no leak: a closing descriptor of
+     * the warm-up may still have been counted there) */
+    ck_assert_msg(fds2 <= fds1, "descriptors: %d after the first cycle, %d after %d more", fds1,
                   fds2, CYCLES);
     ck_assert_msg(tasks2 == tasks1, "threads: %d after the first cycle, %d after %d more", tasks1,
                   tasks2, CYCLES);
