@@ -396,8 +396,7 @@ int exs__evq_reserve(struct exs_evq *evq)
     return ret;
 }
 
-/* 0, or the errno for the application (exs__evq_reserve_alloc). */
-static int evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
+int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
 {
     struct exs_evq *evq;
     int ret;
@@ -524,7 +523,7 @@ void exs__evq_op_free(void *mem, size_t size)
 void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p)
 {
     void *mem;
-    int ret = evq_reserve_handle(q, evq_p);
+    int ret = exs__evq_reserve_handle(q, evq_p);
 
     if (ret) {
         *err_p = ret;

@@ -38,6 +38,9 @@ int  exs__evq_reserve(struct exs_evq *evq);
  * post into it. NULL with *err_p = EINVAL (no such live queue), EAGAIN (full) or ENOMEM;
  * nothing is reserved then. */
 void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p);
+/* Look q up and reserve one slot in it (the reservation holds the reference to *evq_p):
+ * 0, or the errno for the application (EINVAL, EAGAIN). */
+int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p);
 /* Free what exs__evq_reserve_alloc allocated (size: the same as given to it). Blocks of
  * operation size go back to a small per-thread cache instead of malloc. */
 void exs__evq_op_free(void *mem, size_t size);

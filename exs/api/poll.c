@@ -446,17 +446,7 @@ void exs__api_poll_close_all(void)
 /* Reserve p's slot in q. 0 or the errno for the application. */
 static int poll_reserve(struct api_poll *p, exs_qhandle_t q)
 {
-    struct exs_evq *evq;
-    int ret;
-
-    if (exs__evq_get(q, &evq))
-        return EINVAL;
-    ret = exs__evq_reserve(evq);
-    exs__evq_put(evq); /* a successful reserve took its own reference */
-    if (ret)
-        return ret == -EAGAIN ? EAGAIN : EINVAL;
-    p->evq = evq;
-    return 0;
+    return exs__evq_reserve_handle(q, &p->evq);
 }
 
 /* The synchronous form once p must wait: on the thread's queue, until its event. */

@@ -230,6 +230,9 @@ uint64_t it_rand(uint64_t *state);
 
 /* Entries of /proc/self/fd and /proc/self/task. */
 int it_count_fds(void);
+/* A connected pair of kernel TCP sockets over loopback: *a connected, *b accepted;
+ * sndbuf / rcvbuf > 0 set SO_SNDBUF on a and SO_RCVBUF on b first. */
+void it_tcp_pair(int *a, int *b, int sndbuf, int rcvbuf);
 int it_count_tasks(void);
 /* it_count_tasks() once it equals want, or after 2 s: exited threads linger briefly. */
 int it_count_tasks_expect(int want);

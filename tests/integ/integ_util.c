@@ -750,3 +750,32 @@ int it_count_tasks_expect(int want)
     }
     return n;
 }
+
+/* A connected pair of kernel TCP sockets over loopback: *a connected, *b accepted.
+ * sndbuf / rcvbuf > 0 set SO_SNDBUF on a and SO_RCVBUF on b first (small buffers make
+ * partial writes). */
+void it_tcp_pair(int *a, int *b, int sndbuf, int rcvbuf)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET};
+    socklen_t len = sizeof(sin);
+    int l, c, s;
+
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    l = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(l, 0);
+    ck_assert_int_eq(bind(l, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    ck_assert_int_eq(listen(l, 4), 0);
+    ck_assert_int_eq(getsockname(l, (struct sockaddr *)&sin, &len), 0);
+    c = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(c, 0);
+    if (sndbuf > 0)
+        ck_assert_int_eq(setsockopt(c, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)), 0);
+    ck_assert_int_eq(connect(c, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    s = accept(l, NULL, NULL);
+    ck_assert_int_ge(s, 0);
+    if (rcvbuf > 0)
+        ck_assert_int_eq(setsockopt(s, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)), 0);
+    close(l);
+    *a = c;
+    *b = s;
+}

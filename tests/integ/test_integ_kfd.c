@@ -24,34 +24,6 @@
 
 /* ---- helpers ---- */
 
-/* A connected pair of kernel TCP sockets over loopback: *a connected, *b accepted.
- * sndbuf / rcvbuf > 0 set SO_SNDBUF on a and SO_RCVBUF on b first (small buffers make
- * partial writes). */
-static void tcp_pair(int *a, int *b, int sndbuf, int rcvbuf)
-{
-    struct sockaddr_in sin = {.sin_family = AF_INET};
-    socklen_t len = sizeof(sin);
-    int l, c, s;
-
-    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    l = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(l, 0);
-    ck_assert_int_eq(bind(l, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    ck_assert_int_eq(listen(l, 4), 0);
-    ck_assert_int_eq(getsockname(l, (struct sockaddr *)&sin, &len), 0);
-    c = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(c, 0);
-    if (sndbuf > 0)
-        ck_assert_int_eq(setsockopt(c, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)), 0);
-    ck_assert_int_eq(connect(c, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    s = accept(l, NULL, NULL);
-    ck_assert_int_ge(s, 0);
-    if (rcvbuf > 0)
-        ck_assert_int_eq(setsockopt(s, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)), 0);
-    close(l);
-    *a = c;
-    *b = s;
-}
 
 /* Byte i of the stream pattern. */
 static uint8_t pat(size_t i)
@@ -140,7 +112,7 @@ START_TEST(test_kfd_send_order)
 
     it_init();
     q = it_qcreate(NSEND + 4);
-    tcp_pair(&a, &b, 4096, 4096);
+    it_tcp_pair(&a, &b, 4096, 4096);
     fl0 = fcntl(a, F_GETFL);
     reg[0] = it_buf_new((size_t)CHUNK * NSEND / 2, 1);
     reg[1] = it_buf_new((size_t)CHUNK * NSEND / 2, 1);
@@ -236,7 +208,7 @@ START_TEST(test_kfd_recv_order)
 
     it_init();
     q = it_qcreate(NRECV + 8);
-    tcp_pair(&a, &b, 0, 0);
+    it_tcp_pair(&a, &b, 0, 0);
     fl0 = fcntl(b, F_GETFL);
     buf = it_buf_new((size_t)NRECV * RLEN, 1);
     for (int i = 0; i < NRECV; i++)
@@ -303,7 +275,7 @@ START_TEST(test_kfd_cancel)
 
     it_init();
     q = it_qcreate(8);
-    tcp_pair(&a, &b, 0, 0);
+    it_tcp_pair(&a, &b, 0, 0);
     buf = it_buf_new(200, 0);
     IT_EXPECT_OK(exs_cancel(b, AH(9), 0)); /* nothing pending */
     IT_POST_RECV(b, buf->p, 100, q, AH(1), buf->mh);
@@ -339,7 +311,7 @@ START_TEST(test_kfd_shutdown)
 
     it_init();
     q = it_qcreate(8);
-    tcp_pair(&a, &b, 8192, 8192);
+    it_tcp_pair(&a, &b, 8192, 8192);
     buf = it_buf_new(LEN, 1);
     pat_fill(buf->p, LEN, 0);
     IT_POST_SEND(a, buf->p, LEN / 2, q, AH(1), buf->mh);
@@ -381,7 +353,7 @@ START_TEST(test_kfd_close_pending)
 
     it_init();
     q = it_qcreate(8);
-    tcp_pair(&a, &b, 4096, 4096);
+    it_tcp_pair(&a, &b, 4096, 4096);
     buf = it_buf_new(LEN, 1);
     rb = it_buf_new(100, 0);
     /* nobody reads: the sends wait for the kernel */
@@ -418,7 +390,7 @@ START_TEST(test_kfd_reuse)
 
     it_init();
     q = it_qcreate(8);
-    tcp_pair(&a, &b, 4096, 4096);
+    it_tcp_pair(&a, &b, 4096, 4096);
     buf = it_buf_new(1 << 20, 1);
     fl0 = fcntl(b, F_GETFL);
     /* a receive that waits (the watcher is on), then completes */
@@ -431,7 +403,7 @@ START_TEST(test_kfd_reuse)
     close(b);
     close(a);
     /* the same numbers again */
-    tcp_pair(&a2, &b2, 4096, 4096);
+    it_tcp_pair(&a2, &b2, 4096, 4096);
     if (a2 != b && b2 != b) {
         close(a2);
         close(b2);
@@ -481,7 +453,7 @@ START_TEST(test_kfd_reset)
     it_init();
     ck_assert_int_eq(sigaction(SIGPIPE, &sa, &old), 0);
     q = it_qcreate(8);
-    tcp_pair(&a, &b, 4096, 4096);
+    it_tcp_pair(&a, &b, 4096, 4096);
     buf = it_buf_new(LEN, 1);
     rb = it_buf_new(100, 1);
     IT_POST_RECV(a, rb->p, 100, q, AH(1), rb->mh);
@@ -524,8 +496,8 @@ START_TEST(test_kfd_fini_pending)
     it_init();
     q = exs_qcreate(8); /* not tracked: exs_fini below frees it */
     ck_assert_int_ne(q, EXS_QHANDLE_INVALID);
-    tcp_pair(&a, &b, 0, 0);
-    tcp_pair(&c, &d, 4096, 4096);
+    it_tcp_pair(&a, &b, 0, 0);
+    it_tcp_pair(&c, &d, 4096, 4096);
     flb = fcntl(b, F_GETFL);
     flc = fcntl(c, F_GETFL);
     memset(big, 0x5a, LEN);
@@ -576,7 +548,7 @@ START_TEST(test_kfd_errors)
     IT_EXPECT_FAIL(exs_close(u, q, AH(1)), ENOTSOCK);
     IT_EXPECT_FAIL(exs_cancel(u, AH(1), 0), ENOTSOCK);
     close(u);
-    tcp_pair(&a, &b, 0, 0);
+    it_tcp_pair(&a, &b, 0, 0);
     IT_EXPECT_FAIL(exs_send(a, buf->p, 64, MSG_OOB, q, AH(1), buf->mh), EINVAL);
     IT_EXPECT_FAIL(exs_recv(a, buf->p, 0, 0, q, AH(1), buf->mh), EINVAL);
     IT_EXPECT_FAIL(exs_send(a, buf->p, 65, 0, q, AH(1), buf->mh), EINVAL); /* beyond mh */

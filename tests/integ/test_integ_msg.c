@@ -115,34 +115,6 @@ static int tmpfile_new(size_t len, uint32_t seed)
     return fd;
 }
 
-/* A connected pair of kernel TCP sockets over loopback: *a connected, *b accepted.
- * sndbuf / rcvbuf > 0 set SO_SNDBUF on a and SO_RCVBUF on b (small buffers make partial
- * writes). */
-static void tcp_pair(int *a, int *b, int sndbuf, int rcvbuf)
-{
-    struct sockaddr_in sin = {.sin_family = AF_INET};
-    socklen_t len = sizeof(sin);
-    int l, c, s;
-
-    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    l = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(l, 0);
-    ck_assert_int_eq(bind(l, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    ck_assert_int_eq(listen(l, 4), 0);
-    ck_assert_int_eq(getsockname(l, (struct sockaddr *)&sin, &len), 0);
-    c = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(c, 0);
-    if (sndbuf > 0)
-        ck_assert_int_eq(setsockopt(c, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)), 0);
-    ck_assert_int_eq(connect(c, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    s = accept(l, NULL, NULL);
-    ck_assert_int_ge(s, 0);
-    if (rcvbuf > 0)
-        ck_assert_int_eq(setsockopt(s, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)), 0);
-    close(l);
-    *a = c;
-    *b = s;
-}
 
 /* Blocking read of exactly len bytes from a kernel socket (a receive timeout of 20 s
  * bounds each read, so a lost byte fails the test instead of hanging it). */
@@ -540,7 +512,7 @@ START_TEST(test_msg_cancel_close)
 
     /* kernel socket: exs_cancel */
     q = it_qcreate(8);
-    tcp_pair(&a, &b, 0, 0);
+    it_tcp_pair(&a, &b, 0, 0);
     e = it_buf_new(4096, 1);
     v[0] = (exs_iovec_t){e->p, 2048, e->mh};
     v[1] = (exs_iovec_t){e->p + 2048, 2048, EXS_MHANDLE_UNREGISTERED};
@@ -775,7 +747,7 @@ START_TEST(test_msg_kfd)
     ck_assert_ptr_nonnull(in);
     it_init();
     q = it_qcreate(16);
-    tcp_pair(&a, &b, 0, 0);
+    it_tcp_pair(&a, &b, 0, 0);
     s = it_buf_new(20000, 1);
     e = it_buf_new(20000, 0);
     memcpy(s->p, ref, 1000);
@@ -882,7 +854,7 @@ START_TEST(test_msg_kfd_partial)
 
     it_init();
     q = it_qcreate(16);
-    tcp_pair(&a, &b, 4096, 4096);
+    it_tcp_pair(&a, &b, 4096, 4096);
     ck_assert_int_eq(setsockopt(b, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
     rd.fd = b;
     rd.buf = malloc(2 * LEN);
@@ -928,7 +900,7 @@ START_TEST(test_msg_kfd_reset)
     it_init();
     ck_assert_int_eq(sigaction(SIGPIPE, &sa, &old), 0);
     q = it_qcreate(8);
-    tcp_pair(&a, &b, 4096, 4096);
+    it_tcp_pair(&a, &b, 4096, 4096);
     s = it_buf_new(LEN, 1);
     r = it_buf_new(100, 1);
     rv[0] = (exs_iovec_t){r->p, 50, r->mh};
