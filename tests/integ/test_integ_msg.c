@@ -657,6 +657,16 @@ START_TEST(test_msg_sendfile_large)
 
     ck_assert_ptr_nonnull(rbuf);
     ck_assert_ptr_nonnull(fref);
+    if (strcmp(it_provider, "tcp") && strcmp(it_provider, "fault:tcp")) {
+        /* rxe's largest message (8 MiB) is below EXS_SENDFILE_MAX: the first call's count
+         * and the 16 MiB receive are the tcp provider's */
+        test_skip("test_msg_sendfile_large", "provider %s: largest message below 16 MiB",
+                  it_provider);
+        free(rbuf);
+        free(fref);
+        close(file);
+        return;
+    }
     ck_assert_int_eq(pread(file, fref, flen, 0), (ssize_t)flen);
     it_init();
     it_pair_open(&p, _i ? SOCK_SEQPACKET : SOCK_STREAM, 16, 16);
