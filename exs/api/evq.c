@@ -414,13 +414,12 @@ int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
 /*
  * Operation blocks. Every posting call allocates one operation and its event frees it, so
  * a stream of small sends spent a fifth of its instructions in malloc and free. Blocks of
- * up to OP_BLOCK bytes are kept in a per-thread list of at most OP_CACHE_MAX: a thread
+ * up to EXS_EVQ_OP_BLOCK bytes are kept in a per-thread list of at most OP_CACHE_MAX: a thread
  * that posts and dequeues (run to completion) reuses its own; a block freed by another
  * thread goes to that thread's list, or to free() when the list is full. No lock: each
  * list is its thread's alone. A thread's list is freed when the thread exits (key
  * destructor) or, for the thread calling exs_fini, by exs__evq_op_cache_flush.
  */
-#define OP_BLOCK 256
 #ifndef __has_feature
 #define __has_feature(x) 0
 #endif
@@ -471,7 +470,7 @@ static void *op_alloc(size_t size)
 {
     struct op_block *b = op_cache;
 
-    if (size > OP_BLOCK)
+    if (size > EXS_EVQ_OP_BLOCK)
         return calloc(1, size);
     if (b) {
         op_cache = b->next;
@@ -479,7 +478,7 @@ static void *op_alloc(size_t size)
         memset(b, 0, size);
         return b;
     }
-    return calloc(1, OP_BLOCK);
+    return calloc(1, EXS_EVQ_OP_BLOCK);
 }
 
 void exs__evq_op_free(void *mem, size_t size)
@@ -488,7 +487,7 @@ void exs__evq_op_free(void *mem, size_t size)
 
     if (!mem)
         return;
-    if (size > OP_BLOCK || op_cache_n >= OP_CACHE_MAX) {
+    if (size > EXS_EVQ_OP_BLOCK || op_cache_n >= OP_CACHE_MAX) {
         free(mem);
         return;
     }

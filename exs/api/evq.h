@@ -44,6 +44,8 @@ int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p);
 /* Free what exs__evq_reserve_alloc allocated (size: the same as given to it). Blocks of
  * operation size go back to a small per-thread cache instead of malloc. */
 void exs__evq_op_free(void *mem, size_t size);
+/* Largest block the cache keeps: every operation of the api (xfer.c asserts it). */
+#define EXS_EVQ_OP_BLOCK 384
 /* Release the calling thread's cache of operation blocks (exs_fini; threads release theirs
  * when they exit). */
 void exs__evq_op_cache_flush(void);

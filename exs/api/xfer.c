@@ -220,6 +220,10 @@ int exs__api_op_live(void)
 
 static void op_done(struct exs_op *pop);
 
+/* Operations come from the per-thread cache of exs__evq_reserve_alloc only when they fit
+ * its blocks: a field added beyond would silently send every post back to malloc. */
+_Static_assert(sizeof(struct api_op) <= EXS_EVQ_OP_BLOCK, "api_op outgrew EXS_EVQ_OP_BLOCK");
+
 struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
                                int *err_p)
 {
