@@ -49,14 +49,30 @@ void exs__rt_free_locked(struct exs_conn *conn)
     conn->rt = NULL;
 }
 
+/* Does the peer take TRACE records on this connection? (STREAM: also feature STRACE.) */
+static int rt_peer_traces(const struct exs_conn *conn)
+{
+    uint16_t need = EXS_WIRE_FEAT_TRACE | (conn_is_stream(conn) ? EXS_WIRE_FEAT_STRACE : 0);
+
+    return (conn->peer.features & need) == need;
+}
+
+/* STREAM: where the data stands at the receiver. Arrived: every byte before it has come
+ * (placed directly or waiting in the ring); placed: copied or written into a receive. */
+static uint64_t rt_st_arrived(const struct exs_conn *conn)
+{
+    return conn->rx_seq + (conn->rd_arrived - conn->rd_consumed);
+}
+
 /* ---- sender ---- */
 
 void exs__rt_post_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_reqtrace *rt;
 
-    if (op->kind != EXS_OP_SEND || conn_is_stream(conn) ||
-        !(conn->peer.features & EXS_WIRE_FEAT_TRACE) || !(rt = rt_get(conn)))
+    /* a STREAM send of no bytes has no last byte to trace */
+    if (op->kind != EXS_OP_SEND || (conn_is_stream(conn) && !op->len) || !rt_peer_traces(conn) ||
+        !(rt = rt_get(conn)))
         return;
     if (!exs__rt_sampled(rt->nsend++,
                          __atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
@@ -92,18 +108,22 @@ int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
         return 0;
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_TRACE_LEN))
         return 0;
-    /* the request goes before the message: the receiver sees it with rx_seq == seq. A
-     * request for this number already sent belonged to a send cancelled before it went
-     * out: the receiver replaces it with this one, and so does the sender. */
+    /* the request goes before the message (STREAM: before the send's first byte): the
+     * receiver sees it with rx_seq == seq (STREAM: with everything before the send
+     * arrived). A request already sent for a send starting here belonged to a send
+     * cancelled before it went out: the receiver replaces it with this one, and so does
+     * the sender. */
     for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
         struct exs_rt_tx *o = &conn->rt->tx[i];
+        uint64_t start = conn_is_stream(conn) ? o->seq - o->bytes : o->seq;
 
-        if (o != s && o->used && o->req_sent && !o->answered && o->seq == conn->tx_seq) {
+        if (o != s && o->used && o->req_sent && !o->answered && start == conn->tx_seq) {
             EXS_ASSERT(o->done); /* its op finished while queued */
             memset(o, 0, sizeof(*o));
         }
     }
-    s->seq = conn->tx_seq;
+    /* STREAM: seq names the offset just past the send's last byte */
+    s->seq = conn->tx_seq + (conn_is_stream(conn) ? s->bytes : 0);
     s->t_req = exs__now_ns();
     struct exs_wire_trace w = {
         .hdr = {.type = EXS_CTRL_TRACE, .len = htobe16(EXS_WIRE_TRACE_LEN)},
@@ -253,11 +273,48 @@ void exs__rt_flush_locked(struct exs_conn *conn)
     exs__conn_ctrl_flush_locked(conn);
 }
 
+/* STREAM: a traced send has arrived once the arrived position reaches its end offset,
+ * and is delivered once the placed position (S_r) does: its last byte is in a receive. */
+static void rt_st_progress(struct exs_conn *conn)
+{
+    struct exs_reqtrace *rt = conn->rt;
+    uint64_t arrived = rt_st_arrived(conn), now = 0;
+
+    for (unsigned i = 0; i < EXS_RT_SLOTS && rt->rx_wait; i++) {
+        struct exs_rt_rx *e = &rt->rx[i];
+
+        if (!e->used || e->ready || e->seq > arrived)
+            continue;
+        if (!now)
+            now = exs__now_ns();
+        if (!e->t_arrival)
+            e->t_arrival = now;
+        if (e->seq <= conn->rx_seq) {
+            e->t_delivery = now;
+            e->ready = 1;
+            rt->rx_wait--;
+            rt->rx_ready++;
+        }
+    }
+    if (rt->rx_ready)
+        exs__rt_flush_locked(conn);
+}
+
+void exs__rt_stream_placed_locked(struct exs_conn *conn)
+{
+    if (conn->rt->rx_wait)
+        rt_st_progress(conn);
+}
+
 void exs__rt_arrival_locked(struct exs_conn *conn)
 {
     struct exs_reqtrace *rt = conn->rt;
     uint64_t now = 0;
 
+    if (conn_is_stream(conn)) {
+        rt_st_progress(conn);
+        return;
+    }
     for (unsigned i = 0; i < EXS_RT_SLOTS && rt->rx_wait; i++) {
         struct exs_rt_rx *e = &rt->rx[i];
 
@@ -275,8 +332,8 @@ void exs__rt_deliver_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_reqtrace *rt = conn->rt;
 
-    if (op->kind != EXS_OP_RECV || !rt->rx_wait)
-        return;
+    if (op->kind != EXS_OP_RECV || !rt->rx_wait || conn_is_stream(conn))
+        return; /* STREAM: delivered when placed (rt_st_progress) */
     for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
         struct exs_rt_rx *e = &rt->rx[i];
 
@@ -300,7 +357,8 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
     struct exs_rt_rx *free_e = NULL;
 
     /* the request travels just before its message: nothing of seq has arrived yet */
-    if (w->hdr.flags || seq != conn->rx_seq || w->t_arrival || w->t_delivery || w->t_answer) {
+    if (w->hdr.flags || w->t_arrival || w->t_delivery || w->t_answer ||
+        (conn_is_stream(conn) ? seq <= rt_st_arrived(conn) : seq != conn->rx_seq)) {
         EXS_INFO(PROTO,
                  "conn %p: TRACE request for message %llu (flags %#x) while message "
                  "%llu is next",
@@ -312,7 +370,10 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
     if (!rt)
         return -ENOMEM;
     for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
-        if (rt->rx[i].used && rt->rx[i].seq == seq) {
+        /* STREAM: the request comes after every byte of the sends before its own, so an
+         * entry whose last byte has not arrived was the request of a cancelled send */
+        if (rt->rx[i].used &&
+            (conn_is_stream(conn) ? !rt->rx[i].t_arrival : rt->rx[i].seq == seq)) {
             /* the send of the earlier request was cancelled before it went out: this
              * request, for the message that took its number, replaces it */
             free_e = &rt->rx[i];
@@ -372,9 +433,10 @@ int exs__rt_on_record_locked(struct exs_conn *conn, const struct exs_wire_trace 
 {
     uint64_t seq = be64toh(w->seq);
 
-    /* sent only to a peer that announced the feature, on SEQPACKET (§5.1) */
-    if (!(conn->peer.features & EXS_WIRE_FEAT_TRACE) || conn_is_stream(conn)) {
-        EXS_INFO(PROTO, "conn %p: TRACE record without feature TRACE or on a stream", (void *)conn);
+    /* sent only to a peer that announced the feature (on STREAM: and STRACE, §5.1) */
+    if (!rt_peer_traces(conn)) {
+        EXS_INFO(PROTO, "conn %p: TRACE record without feature TRACE (STREAM: STRACE)",
+                 (void *)conn);
         return -EPROTO;
     }
     return w->hdr.flags & EXS_TRACE_ANSWER ? rt_on_answer(conn, w, seq)

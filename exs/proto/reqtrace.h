@@ -20,7 +20,8 @@
 /* Exchanges the clock-offset filter keeps (the one of least round-trip delay is used). */
 #define EXS_RT_OFFSET_WINDOW 8
 
-/* A sampled message at its sender: times are this host's CLOCK_MONOTONIC ns. */
+/* A sampled message at its sender: times are this host's CLOCK_MONOTONIC ns. seq: its
+ * message number, STREAM: the stream offset just past its last byte. */
 struct exs_rt_tx {
     struct exs_reqtrace *owner;
     uint64_t seq, bytes;
@@ -65,10 +66,10 @@ static inline int exs__rt_sampled(uint64_t n, uint64_t mask)
     return mask && (mask == UINT64_MAX || (n & mask) == 0);
 }
 
-/* Sender hooks. post: exs__conn_post of a send (mask != 0); wire_begin: sp_send_one is
- * about to put op on the wire: takes the wire time and appends its request (once), 0 when
- * it could not (no control room: the caller returns "wait"); done: its op finished
- * (exs__conn_op_finish_locked). */
+/* Sender hooks. post: exs__conn_post of a send (mask != 0); wire_begin: sp_send_one (or,
+ * STREAM, st_send_some for the send's first byte) is about to put op on the wire: takes the wire
+ * time and appends its request (once), 0 when it could not (no control room: the caller returns
+ * "wait"); done: its op finished (exs__conn_op_finish_locked). */
 void exs__rt_post_locked(struct exs_conn *conn, struct exs_op *op);
 int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op);
 void exs__rt_done_locked(struct exs_op *op);
@@ -78,6 +79,9 @@ void exs__rt_done_locked(struct exs_op *op);
 void exs__rt_arrival_locked(struct exs_conn *conn);
 void exs__rt_deliver_locked(struct exs_conn *conn, struct exs_op *op);
 void exs__rt_flush_locked(struct exs_conn *conn);
+/* STREAM receiver: bytes were placed into a receive (S_r moved; conn->rt set): a traced
+ * send whose last byte is now in a receive is delivered (spec/protocol.md §5.1). */
+void exs__rt_stream_placed_locked(struct exs_conn *conn);
 
 /* A TRACE record arrived (length already checked). 0, or -EPROTO: the peer broke §5.1
  * (no feature TRACE, a request out of sequence or beyond EXS_RT_SLOTS, an answer for no

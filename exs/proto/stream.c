@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include "exs/proto/proto_int.h"
+#include "exs/proto/reqtrace.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -95,7 +96,10 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         conn->stats.credit_stalls++;
         return 0;
     }
-    /* control records queued earlier (SHUTDOWN) keep their place */
+    /* a traced send's TRACE request goes before its first byte (§5.1) */
+    if (op->rt && !op->posted && !exs__rt_wire_begin_locked(conn, op))
+        return 0;
+    /* control records queued earlier (SHUTDOWN, TRACE) keep their place */
     if (conn->ctrl_len && !exs__conn_ctrl_flush_locked(conn))
         return 0;
     if (!exs__conn_can_spend_locked(conn))
@@ -155,7 +159,7 @@ static int st_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     uint32_t size = conn->peer.ring_size;
     uint64_t used = conn->wr_tail - conn->wr_consumed, room;
 
-    if (op->kind != EXS_OP_SEND || op->posted || op->inflight || !op->len ||
+    if (op->kind != EXS_OP_SEND || op->posted || op->inflight || !op->len || op->rt ||
         (op->state != EXS_OPS_QUEUED && op->state != EXS_OPS_POSTED))
         return 0;
     if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || st_advert_head(conn))
@@ -589,6 +593,8 @@ static void st_recv_filled_locked(struct exs_conn *conn, struct exs_op *op, size
     op->filled += n;
     conn->rx_seq += n; /* S_r */
     conn->stats.bytes_received += n;
+    if (conn->rt)
+        exs__rt_stream_placed_locked(conn);
     if (!(op->flags & MSG_WAITALL) || op->filled == op->len)
         exs__conn_op_finish_locked(op, (ssize_t)op->filled, 0);
 }

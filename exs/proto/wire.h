@@ -25,6 +25,8 @@
  *       request tracing; sent only to a peer whose hello has the bit.
  *   v2 + feature RESIZE (negotiated in hello.features): STREAM ring autotuning (§7.4),
  *       the RESIZE control record, sent only to a peer whose hello has the bit.
+ *   v2 + feature STRACE (with TRACE): TRACE records on a STREAM connection (§5.1), seq
+ *       then being the stream offset just past the traced send's last byte.
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -45,9 +47,10 @@ enum { /* exs_wire_hello.features */
     EXS_WIRE_FEAT_RESIZE    = 1u << 5, /* STREAM: understands RESIZE records (§7.4) */
     EXS_WIRE_FEAT_FRAG      = 1u << 6, /* SEQPACKET: takes a direct message in several WWIs,
                                         * eom on the last only (§6.2) */
+    EXS_WIRE_FEAT_STRACE    = 1u << 8, /* STREAM: TRACE records on a stream (§5.1), with TRACE */
     EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
                               EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE | EXS_WIRE_FEAT_RESIZE |
-                              EXS_WIRE_FEAT_FRAG,
+                              EXS_WIRE_FEAT_FRAG | EXS_WIRE_FEAT_STRACE,
 };
 
 struct exs_wire_hello {
@@ -161,7 +164,7 @@ enum exs_wire_ctrl_type {
     EXS_CTRL_NOP      = 6, /* carries credits only; breaks credit deadlocks */
     EXS_CTRL_RING     = 7, /* v2: the key of the sender's ring; its first record, once */
     EXS_CTRL_DRAIN    = 8, /* STREAM, feature DRAIN: stop writing the ring / stopped (§7.2) */
-    EXS_CTRL_TRACE    = 9, /* SEQPACKET, feature TRACE: a traced message / its times (§5.1) */
+    EXS_CTRL_TRACE    = 9, /* feature TRACE (+ STRACE on STREAM): a traced send / its times (§5.1) */
     EXS_CTRL_RESIZE   = 10, /* STREAM, feature RESIZE: a new ring region / switched (§7.4) */
     EXS_CTRL_TYPE_MAX = 10,
 };
@@ -255,7 +258,8 @@ enum { /* exs_wire_trace.hdr.flags */
     EXS_TRACE_DROPPED = 1u << 1, /* answer: the receiver kept no times for seq (all 0) */
 };
 
-/* TRACE (§5.1, SEQPACKET, feature TRACE). Times are the writer's CLOCK_MONOTONIC in ns.
+/* TRACE (§5.1, feature TRACE; on STREAM also STRACE, seq then being the stream offset just
+ * past the traced send's last byte). Times are the writer's CLOCK_MONOTONIC in ns.
  * Request (from the data sender, just before message seq, in the same connection's
  * order): t_req = when the request was appended (T1); the other times are 0. Answer
  * (EXS_TRACE_ANSWER, from the data receiver): t_req = when the request's completion was
@@ -264,7 +268,7 @@ enum { /* exs_wire_trace.hdr.flags */
  * = when this answer was appended (T3); t_req <= t_arrival <= t_delivery <= t_answer. */
 struct exs_wire_trace {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 seq;        /* message number */
+    uint64_t                 seq;        /* message number; STREAM: end offset of the send */
     uint64_t                 t_req;      /* request: T1; answer: T2 */
     uint64_t                 t_arrival;  /* answer only */
     uint64_t                 t_delivery; /* answer only */

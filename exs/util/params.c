@@ -194,7 +194,7 @@ static const struct exs_param_def params_table[] = {
     PARAM(slow_threshold_us, "EXS_SLOW_THRESHOLD_US", "0", UINT, 1,
           "log a progress pass that holds the progress lock longer than this, with what it ran, microseconds; 0 = off"),
     PARAM(trace_sample_mask, "EXS_TRACE_SAMPLE_MASK", "0", UINT, 1,
-          "request tracing (SEQPACKET): the n-th send of a connection is traced when (n & mask) == 0; 0 = off, 0xffffffffffffffff = every send"),
+          "request tracing (SEQPACKET and STREAM): the n-th send of a connection is traced when (n & mask) == 0; 0 = off, 0xffffffffffffffff = every send"),
     PARAM(trace_file, "EXS_TRACE_FILE", "", STRING, 0,
           "completed request traces are also appended to this file, one JSON object a line; empty = none"),
 

@@ -886,7 +886,7 @@ START_TEST(hs_trace_bad)
 
     raw_open(_i == 0 ? SOCK_STREAM : SOCK_SEQPACKET);
     switch (_i) {
-    case 0: /* on a STREAM connection */
+    case 0: /* on a STREAM connection: a request whose send ends where the stream stands */
         raw_trace(0, 0, 5, 0, 0, 0);
         break;
     case 1: { /* a wrong length */
@@ -958,29 +958,173 @@ START_TEST(hs_trace_bad)
 }
 END_TEST
 
-/* A peer whose hello lacks feature TRACE: b never sends it a TRACE record, and one it
- * sends anyway resets the connection. */
+/* A peer whose hello lacks feature TRACE (on STREAM: STRACE): b never sends it a TRACE
+ * record, and one it sends anyway resets the connection. */
 START_TEST(hs_trace_without_feature)
 {
     static uint8_t sb[20];
     struct pt_op s;
     struct exs_prov_cqe cqe;
+    int stream = _i >= 2;
 
-    raw_features = EXS_WIRE_FEAT_ALL & ~EXS_WIRE_FEAT_TRACE;
-    raw_open(SOCK_SEQPACKET);
+    raw_features = EXS_WIRE_FEAT_ALL & ~(stream ? EXS_WIRE_FEAT_STRACE : EXS_WIRE_FEAT_TRACE);
+    raw_open(stream ? SOCK_STREAM : SOCK_SEQPACKET);
     raw_features = EXS_WIRE_FEAT_ALL;
     b_sends_traced(&s, sb);
     while (exs__prov_poll(raw.ctx, &cqe, 1) == 1)
         if (cqe.status == EXS_PROV_WC_SUCCESS && cqe.opcode == EXS_PROV_WC_RECV)
             ck_assert_uint_ne(raw.mem[512 * cqe.wr_id], EXS_CTRL_TRACE);
     ck_assert_ptr_null(pp.b.conn->rt);
-    if (_i) {
-        raw_trace(0, 0, 5, 0, 0, 0);
+    if (_i & 1) {
+        raw_trace(0, stream ? 8 : 0, 5, 0, 0, 0); /* otherwise well formed */
         expect_reset();
     } else {
         exs__conn_close(pp.b.conn);
     }
     pt_op_fini(&s);
+    raw_close();
+}
+END_TEST
+
+/* ---- TRACE on STREAM (§5.1, feature STRACE) ---- */
+
+/* The TRACE records b sent raw since the last poll (at most n, as received); *data_first:
+ * whether a data write reached raw before the first of them. */
+static int raw_traces(struct exs_wire_trace *out, int n, int *data_first)
+{
+    struct exs_prov_cqe cqe;
+    int k = 0, data = 0;
+
+    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1) {
+        const uint8_t *m = raw.mem + 512 * cqe.wr_id;
+
+        if (cqe.status != EXS_PROV_WC_SUCCESS)
+            continue;
+        if (cqe.opcode == EXS_PROV_WC_RECV_RDMA_WITH_IMM && !k)
+            data = 1;
+        if (cqe.opcode != EXS_PROV_WC_RECV)
+            continue;
+        for (uint32_t off = 0; off + sizeof(struct exs_wire_ctrl_hdr) <= cqe.byte_len;) {
+            struct exs_wire_ctrl_hdr h;
+
+            memcpy(&h, m + off, sizeof(h));
+            if (!be16toh(h.len))
+                break;
+            if (h.type == EXS_CTRL_TRACE && k < n) {
+                ck_assert_uint_eq(be16toh(h.len), EXS_WIRE_TRACE_LEN);
+                memcpy(&out[k++], m + off, sizeof(*out));
+            }
+            off += be16toh(h.len);
+        }
+    }
+    if (data_first)
+        *data_first = data;
+    return k;
+}
+
+/* raw writes len stream bytes into b's ring at ring offset off */
+static void raw_st_write(const uint8_t *data, uint32_t len, uint64_t off)
+{
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, data, len, raw.peer.ring_addr + off,
+             raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+}
+
+/* Both directions of a traced STREAM send: b answers raw's traced 8 bytes once they are in a
+ * receive, with ordered times; b's own traced send is preceded by its request, which names
+ * the offset past its last byte, and raw's answer completes b's trace. */
+START_TEST(hs_trace_stream_ok)
+{
+    static uint8_t sb[20], rb[64];
+    struct pt_op s, r;
+    struct exs_wire_trace t[4];
+    uint64_t before = exs__rt_completed();
+    int data_first = 0;
+
+    raw_open(SOCK_STREAM);
+    raw_trace(0, 12, 5, 0, 0, 0); /* for a send of 12 bytes, cancelled before it went */
+    raw_trace(0, 8, 6, 0, 0, 0);  /* the next send takes its place: replaces it */
+    raw_st_write(sb, 8, 0);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_int_eq(raw_traces(t, 4, NULL), 0); /* arrived, in no receive yet */
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    ck_assert_int_eq(r.op.result, 8);
+    ck_assert_int_eq(raw_traces(t, 4, NULL), 1); /* one answer: the replaced request had none */
+    ck_assert_uint_eq(t[0].hdr.flags, EXS_TRACE_ANSWER);
+    ck_assert_uint_eq(be64toh(t[0].seq), 8);
+    ck_assert_uint_gt(be64toh(t[0].t_req), 0);
+    ck_assert_uint_le(be64toh(t[0].t_req), be64toh(t[0].t_arrival));
+    ck_assert_uint_le(be64toh(t[0].t_arrival), be64toh(t[0].t_delivery));
+    ck_assert_uint_le(be64toh(t[0].t_delivery), be64toh(t[0].t_answer));
+
+    b_sends_traced(&s, sb);
+    ck_assert_int_eq(raw_traces(t, 4, &data_first), 1);
+    ck_assert_int_eq(data_first, 0); /* the request went before the bytes */
+    ck_assert_uint_eq(t[0].hdr.flags, 0);
+    ck_assert_uint_eq(be64toh(t[0].seq), 20);
+    ck_assert_uint_gt(be64toh(t[0].t_req), 0);
+    ck_assert_uint_eq(exs__rt_completed(), before);
+    raw_trace(EXS_TRACE_ANSWER, 20, 10, 11, 12, 13);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_uint_eq(exs__rt_completed(), before + 1);
+    pt_op_fini(&r);
+    pt_op_fini(&s);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* Every violation of §5.1 on a STREAM resets the connection. */
+START_TEST(hs_trace_stream_bad)
+{
+    static uint8_t sb[20];
+    struct pt_op s;
+    int sent = 0;
+
+    raw_open(SOCK_STREAM);
+    switch (_i) {
+    case 0: /* a request for a send whose last byte has arrived already */
+        raw_st_write(sb, 8, 0);
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        raw_trace(0, 8, 5, 0, 0, 0);
+        ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN); /* a receive would get the bytes */
+        raw_close();
+        return;
+    case 1: /* a request with answer fields */
+        raw_trace(0, 8, 5, 6, 0, 0);
+        break;
+    case 2: /* an answer for an offset no traced send ends at */
+        b_sends_traced(&s, sb);
+        sent = 1;
+        raw_trace(EXS_TRACE_ANSWER, 19, 10, 11, 12, 13);
+        break;
+    case 3: /* an answer with times out of order */
+        b_sends_traced(&s, sb);
+        sent = 1;
+        raw_trace(EXS_TRACE_ANSWER, 20, 10, 11, 12, 9);
+        break;
+    default: /* a ninth request while 8 arrived sends wait for a receive */
+        for (int i = 0; i < 9; i++) {
+            raw_trace(0, (uint64_t)i + 1, 5, 0, 0, 0);
+            if (i < 8)
+                raw_st_write(sb, 1, (uint64_t)i);
+            pt_run(&pp);
+            if (i < 8)
+                ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        }
+        /* a receive now would still get the 8 bytes: look at the connection itself */
+        ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+        raw_close();
+        return;
+    }
+    expect_reset();
+    if (sent)
+        pt_op_fini(&s);
     raw_close();
 }
 END_TEST
@@ -1342,7 +1486,9 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_drain_seqpacket);
     tcase_add_test(tc, hs_trace_ok);
     tcase_add_loop_test(tc, hs_trace_bad, 0, 12);
-    tcase_add_loop_test(tc, hs_trace_without_feature, 0, 2);
+    tcase_add_loop_test(tc, hs_trace_without_feature, 0, 4);
+    tcase_add_test(tc, hs_trace_stream_ok);
+    tcase_add_loop_test(tc, hs_trace_stream_bad, 0, 5);
     tcase_add_test(tc, hs_resize_honoured);
     tcase_add_loop_test(tc, hs_resize_bad_offer, 0, 11);
     tcase_add_test(tc, hs_resize_switched);

@@ -117,8 +117,8 @@ START_TEST(golden_hello)
         0x45, 0x58,                         /* magic "EX" */
         0x02,                               /* version 2 */
         0x01,                               /* STREAM */
-        0x00, 0x7f,                         /* features: keepalive | read | batch | drain |
-                                               trace | resize | frag */
+        0x01, 0x7f,                         /* features: keepalive | read | batch | drain |
+                                               trace | resize | frag | strace (bit 8) */
         0x00, 0x21,                         /* credits 33 */
         0x00, 0x00, 0x02, 0x00,             /* ctrl_size 512 */
         0x00, 0x00, 0x20, 0x00,             /* ring_size 8192 */
@@ -724,6 +724,7 @@ START_TEST(golden_trace_sampling)
     ck_assert(exs__rt_sampled(2, 1));
     ck_assert_int_eq(EXS_CTRL_TRACE, 9);
     ck_assert_uint_eq(EXS_WIRE_FEAT_TRACE, 16);
+    ck_assert_uint_eq(EXS_WIRE_FEAT_STRACE, 256);
 }
 END_TEST
 
