@@ -314,9 +314,10 @@ static void human_bytes(uint64_t v, char *buf, size_t len)
 
 static void print_conn_header(int rate)
 {
-    printf("%-7s %-15s %-4s %-9s %-10s %-21s %-21s %-5s %-15s %-5s %-7s %-8s %-8s %-7s %-7s "
-           "%s%s\n",
-           "PID", "PROG", "FD", "TYPE", "STATE", "LOCAL", "PEER", "PROV", "MODE/PHASE", "CRED",
+    printf("%-7s %-15s %-4s %-9s %-10s %-21s %-21s %-5s %-12s %-15s %-5s %-7s %-8s %-8s %-7s "
+           "%-7s %s%s\n",
+           "PID", "PROG", "FD", "TYPE", "STATE", "LOCAL", "PEER", "PROV", "DEVICE", "MODE/PHASE",
+           "CRED",
            "SND/RCV", "TX", "RX", "DIRECT", "INDIR", "AGE_S", rate ? "  TX/s     RX/s" : "");
 }
 
@@ -336,12 +337,12 @@ static void print_conn(const struct exs_json *proc, const struct exs_json *c, do
              exs__json_get_str(c, "phase")[0] ? "/" : "", exs__json_get_str(c, "phase"));
     snprintf(sr, sizeof(sr), "%" PRIu64 "/%" PRIu64, exs__json_get_u64(c, "sends_out"),
              exs__json_get_u64(c, "recvs_out"));
-    printf("%-7" PRIu64 " %-15.15s %-4" PRIu64 " %-9s %-10s %-21s %-21s %-5s %-15s %-5" PRIu64
+    printf("%-7" PRIu64 " %-15.15s %-4" PRIu64 " %-9s %-10s %-21s %-21s %-5s %-12s %-15s %-5" PRIu64
            " %-7s %-8s %-8s %-7" PRIu64 " %-7" PRIu64 " %" PRIu64,
            exs__json_get_u64(proc, "pid"), exs__json_get_str(proc, "prog"),
            exs__json_get_u64(c, "fd"), exs__json_get_str(c, "type"), exs__json_get_str(c, "state"),
            or_dash(exs__json_get_str(c, "local")), or_dash(exs__json_get_str(c, "peer")),
-           exs__json_get_str(c, "provider"), mode, exs__json_get_u64(c, "credits"), sr, tx, rx,
+           exs__json_get_str(c, "provider"), or_dash(exs__json_get_str(c, "device")), mode, exs__json_get_u64(c, "credits"), sr, tx, rx,
            exs__json_get_u64(c, "direct_xfers"), exs__json_get_u64(c, "indirect_xfers"),
            exs__json_get_u64(c, "age_ms") / 1000);
     if (rate) {

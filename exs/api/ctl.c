@@ -255,6 +255,8 @@ static void stat_sock(struct api_sock *s, void *arg)
     exs__jbuf_kv_str(b, "peer", peer);
     /* the context the connection runs on: the primary or the fallback (tcp) */
     exs__jbuf_kv_str(b, "provider", exs__prov_name(conn ? conn->ctx : exs__engine_ctx()));
+    /* and its device and port ("tcp" on tcp) */
+    exs__jbuf_kv_str(b, "device", conn ? info.device : exs__prov_device(exs__engine_ctx()));
     exs__jbuf_kv_str(b, "mode", xfer_mode_name(mode));
     exs__jbuf_kv_str(b, "phase", conn ? info.phase : "");
     exs__jbuf_kv_u64(b, "credits", info.credits);

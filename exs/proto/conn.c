@@ -1372,6 +1372,7 @@ void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info)
     info->adverts_held = conn->adv_count;
     info->wr_queued = conn->wrq_count;
     info->age_ms = (exs__now_ns() - conn->created_ns) / 1000000u;
+    info->device = exs__prov_device(conn->ctx);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 

@@ -329,6 +329,7 @@ struct exs_conn_info {
     uint32_t              adverts_held; /* ADVERTs received, not used yet */
     uint32_t              wr_queued;    /* send work requests waiting behind EXS_WR_MAX */
     uint64_t              age_ms;       /* since the conn was created */
+    const char           *device;       /* its context's exs__prov_device: "tcp", "mlx5_0:1" */
     struct exs_sock_stats stats;        /* as exs__conn_stats */
 };
 

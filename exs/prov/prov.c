@@ -2,6 +2,7 @@
 /* Provider registry: the static table of providers, default selection, stubs and names. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,6 +156,19 @@ const struct exs_prov_ops *exs__prov_find(const char *name)
         if (strcmp(prov_table[i]->name, name) == 0)
             return prov_table[i];
     return NULL;
+}
+
+int exs__prov_set_device(struct exs_prov_ctx *ctx, const char *name, unsigned port)
+{
+    int n = snprintf(ctx->device, sizeof(ctx->device), "%s:%u", name, port);
+
+    if (n < 0 || (size_t)n >= sizeof(ctx->device)) {
+        EXS_WARN(PROV, "device name %.32s... port %u: longer than %zu bytes, not reported", name,
+                 port, sizeof(ctx->device) - 1);
+        ctx->device[0] = 0;
+        return -ENAMETOOLONG;
+    }
+    return 0;
 }
 
 static const char *prov_default_name(void)

@@ -69,9 +69,14 @@ struct exs_prov_attr {
     uint32_t    flags;   /* EXS_PROV_ATTR_* */
 };
 
+#define EXS_PROV_DEVICE_MAX 80 /* bytes of exs_prov_ctx.device, with its NUL */
+
 struct exs_prov_ctx {
     const struct exs_prov_ops *ops; /* set by the provider */
     struct exs_prov_caps       caps;
+    /* what the context runs on, for exsctl stat: "<device>:<port>" (verbs, set with
+     * exs__prov_set_device), "" = nothing more than the provider (exs__prov_device) */
+    char device[EXS_PROV_DEVICE_MAX];
 };
 
 /* ---- memory registration ---- */
@@ -350,6 +355,9 @@ struct exs_prov_ops {
 
 /* ---- registry (prov.c) ---- */
 
+/* Record "<name>:<port>" as ctx's device. 0, or -ENAMETOOLONG (ctx->device stays ""). */
+int exs__prov_set_device(struct exs_prov_ctx *ctx, const char *name, unsigned port);
+
 /* The ops table named name ("tcp", "verbs"), or NULL. */
 const struct exs_prov_ops *exs__prov_find(const char *name);
 /* Open a context of the provider chosen by EXS_PROVIDER (default: verbs when an
@@ -387,6 +395,13 @@ static inline void exs__prov_ctx_close(struct exs_prov_ctx *ctx)
 static inline const char *exs__prov_name(const struct exs_prov_ctx *ctx)
 {
     return ctx->ops->name;
+}
+
+/* The device and port ctx runs on ("mlx5_0:1"), or, without one, the provider's name
+ * ("tcp"). */
+static inline const char *exs__prov_device(const struct exs_prov_ctx *ctx)
+{
+    return ctx->device[0] ? ctx->device : ctx->ops->name;
 }
 
 static inline int exs__prov_poll(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max)

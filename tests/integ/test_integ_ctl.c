@@ -157,6 +157,15 @@ START_TEST(test_ctl_stat_matches_sockopt)
             ck_assert_str_eq(exs__json_get_str(c, "type"), "stream");
             ck_assert_uint_eq(exs__json_get_u64(c, "bytes_sent"), st.bytes_sent);
             ck_assert_ptr_nonnull(strstr(exs__json_get_str(c, "peer"), "127.0.0.1:"));
+            /* what it runs on: "tcp" on tcp (fault:tcp too), "<device>:<port>" on verbs */
+            const char *dev = exs__json_get_str(c, "device");
+            if (strstr(exs__json_get_str(c, "provider"), "tcp")) {
+                ck_assert_str_eq(dev, "tcp");
+            } else {
+                const char *colon = strrchr(dev, ':');
+
+                ck_assert_msg(colon && colon > dev && atoi(colon + 1) >= 1, "device %s", dev);
+            }
         }
         if (exs__json_get_u64(c, "fd") == (uint64_t)p.sfd) {
             found |= 2;

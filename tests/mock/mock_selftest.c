@@ -386,6 +386,32 @@ START_TEST(ms_capacity)
 }
 END_TEST
 
+/* What a context runs on (exsctl stat's device): the provider's name until a device is
+ * recorded, then "<device>:<port>"; a name too long for the field is refused, not cut. */
+START_TEST(ms_device_name)
+{
+    struct exs_prov_ctx *c;
+    char name[EXS_PROV_DEVICE_MAX];
+
+    ck_assert_int_eq(mock_ctx_open(NULL, &c), 0);
+    ck_assert_str_eq(exs__prov_device(c), "mock");
+    ck_assert_int_eq(exs__prov_set_device(c, "mlx5_0", 1), 0);
+    ck_assert_str_eq(exs__prov_device(c), "mlx5_0:1");
+    ck_assert_int_eq(exs__prov_set_device(c, "rxe0", 255), 0);
+    ck_assert_str_eq(exs__prov_device(c), "rxe0:255");
+    /* "<name>:1" of exactly EXS_PROV_DEVICE_MAX - 1 bytes fits; one byte more does not */
+    memset(name, 'd', sizeof(name));
+    name[EXS_PROV_DEVICE_MAX - 3] = 0;
+    ck_assert_int_eq(exs__prov_set_device(c, name, 1), 0);
+    ck_assert_uint_eq(strlen(exs__prov_device(c)), EXS_PROV_DEVICE_MAX - 1);
+    name[EXS_PROV_DEVICE_MAX - 3] = 'd';
+    name[EXS_PROV_DEVICE_MAX - 2] = 0;
+    ck_assert_int_eq(exs__prov_set_device(c, name, 1), -ENAMETOOLONG);
+    ck_assert_str_eq(exs__prov_device(c), "mock");
+    exs__prov_ctx_close(c);
+}
+END_TEST
+
 Suite *mock_prov_suite(void)
 {
     Suite *s = suite_create("mock_prov");
@@ -393,6 +419,7 @@ Suite *mock_prov_suite(void)
 
     tcase_add_checked_fixture(tc, ms_setup, ms_teardown);
     tcase_add_test(tc, ms_grant_exact);
+    tcase_add_test(tc, ms_device_name);
     tcase_add_test(tc, ms_grant_range_and_revoke);
     tcase_add_test(tc, ms_grant_revoked);
     tcase_add_test(tc, ms_grant_other_connection);

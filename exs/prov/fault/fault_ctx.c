@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -824,6 +825,8 @@ int exs__fault_ctx_open(const struct exs_prov_ops *ops, const char *inner_name,
     }
     ctx->base.ops = ops;
     ctx->base.caps = ctx->inner->caps;
+    /* it runs on the inner context's device ("tcp" for fault:tcp) */
+    snprintf(ctx->base.device, sizeof(ctx->base.device), "%s", exs__prov_device(ctx->inner));
     pthread_mutex_init(&ctx->lock, NULL);
     {
         pthread_condattr_t ca;

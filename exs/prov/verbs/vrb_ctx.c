@@ -770,6 +770,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->cset.count = EXS_ARRAY_SIZE(vrb_counter_desc);
     ctx->cset.base = &ctx->cnt;
     exs__counters_register(&ctx->cset);
+    exs__prov_set_device(&ctx->base, ibv_get_device_name(ctx->verbs->device), ctx->port);
     EXS_INFO(PROV, "verbs ctx %p: device %s port %u, cq %d, inline %u, sge %u, loopback %s",
              (void *)ctx, ibv_get_device_name(ctx->verbs->device), ctx->port, ctx->cq_cap,
              ctx->max_inline, ctx->base.caps.max_sge,
