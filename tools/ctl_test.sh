@@ -2,43 +2,8 @@
 # SPDX-License-Identifier: MIT
 # exsctl against live processes (a blast run and the echo server sample): stat, top, params,
 # set, trace, another uid refused, hostile control clients, stale sockets (Check-style summary).
-set -u
-build=${1:-build}
-mult=${EXS_TEST_TIMEOUT_MULT:-1}
-exsctl=$build/tools/exsctl
-checks=0
-fails=0
-pass() { checks=$((checks + 1)); echo "ok $1"; }
-fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL $1: $2"; }
-summary() {
-    echo "$(( checks ? 100 * (checks - fails) / checks : 100 ))%: Checks: $checks, Failures: $fails, Errors: 0"
-    [ "$fails" -eq 0 ]
-}
-if ! command -v python3 >/dev/null; then
-    echo "SKIP ctl_test: python3 is needed for the hostile clients and JSON checks"
-    echo "100%: Checks: 1, Failures: 0, Errors: 0"
-    exit 0
-fi
-
-work=$(mktemp -d)
-export EXS_CTL_DIR=$work/ctl EXS_PROVIDER=tcp EXS_CTL_TIMEOUT_MS=1000
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-# wait_for SECONDS CMD...: until CMD succeeds
-wait_for() {
-    local t=$(( $1 * 10 * mult )); shift
-    while [ $t -gt 0 ]; do "$@" && return 0; sleep 0.1; t=$((t - 1)); done
-    return 1
-}
-
-# json_get FILE EXPR: evaluate a Python expression on the parsed JSON (j)
-jq_py() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
+. "$(dirname "$0")/exsctl_test_lib.sh" ctl_test "the hostile clients and JSON checks" "${1:-build}"
+export EXS_CTL_TIMEOUT_MS=1000
 
 # ---- live processes: the echo server with a client, and a blast run ----
 $build/samples/seqpacket_echo_server 0 >"$work/srv.out" 2>"$work/srv.err" &
@@ -82,11 +47,16 @@ if wait_for 20 blast_moving; then
     n=$(jq_py "$work/all.json" "min(len(set(c['fd'] for c in p['conns'])) if len(set(c['fd'] for c in p['conns']))==len(p['conns']) else -1 for p in j['processes'] if p['prog']=='blast')")
     if [ "${n:--1}" -ge 70 ]; then pass "stat_many_connections ($n sockets in the smaller process)"
     else fail stat_many_connections "$n: $(head -c 600 "$work/all.json")"; fi
+    # what each connection runs on: the tcp provider says tcp, as a field and a column
+    d=$(jq_py "$work/all.json" "sorted(set(c['device'] for p in j['processes'] if p['prog']=='blast' for c in p['conns']))")
+    if [ "$d" = "['tcp']" ]; then pass stat_device_tcp
+    else fail stat_device_tcp "$d"; fi
 else
     fail stat_blast "no blast connection with bytes: $(cat "$work/all.json")"
 fi
 "$exsctl" stat >"$work/table.txt" 2>&1
-if grep -q CONNECTED "$work/table.txt" && grep -q ' tcp ' "$work/table.txt"; then pass stat_table
+if grep -q CONNECTED "$work/table.txt" && grep -q ' tcp ' "$work/table.txt" &&
+    head -n 1 "$work/table.txt" | grep -q ' DEVICE '; then pass stat_table
 else fail stat_table "$(cat "$work/table.txt")"; fi
 
 "$exsctl" top --iterations 2 --interval 1 --json >"$work/top.json" 2>&1

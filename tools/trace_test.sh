@@ -1,40 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Request tracing against live blast runs: exsctl trace --chrome, the JSON records, mask 0, EXS_TRACE_FILE.
-set -u
-build=${1:-build}
-mult=${EXS_TEST_TIMEOUT_MULT:-1}
-exsctl=$build/tools/exsctl
-checks=0
-fails=0
-pass() { checks=$((checks + 1)); echo "ok $1"; }
-fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL $1: $2"; }
-summary() {
-    echo "$(( checks ? 100 * (checks - fails) / checks : 100 ))%: Checks: $checks, Failures: $fails, Errors: 0"
-    [ "$fails" -eq 0 ]
-}
-if ! command -v python3 >/dev/null; then
-    echo "SKIP trace_test: python3 is needed for the JSON checks"
-    echo "100%: Checks: 1, Failures: 0, Errors: 0"
-    exit 0
-fi
-
-work=$(mktemp -d)
-export EXS_CTL_DIR=$work/ctl EXS_PROVIDER=tcp
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-# wait_for SECONDS CMD...: until CMD succeeds
-wait_for() {
-    local t=$(( $1 * 10 * mult )); shift
-    while [ $t -gt 0 ]; do "$@" && return 0; sleep 0.1; t=$((t - 1)); done
-    return 1
-}
+. "$(dirname "$0")/exsctl_test_lib.sh" trace_test "the JSON checks" "${1:-build}"
 
 # blast processes of a run: the parent (its pid) and the receiver it forks (--loopback)
 run_pids() { pgrep -P "$1" blast; echo "$1"; }
@@ -53,6 +20,10 @@ blast_run 0 10000000 "$work/off.out"
 off=$!; pids+=($off)
 blast_run 255 20000 "$work/file.out" EXS_TRACE_FILE="$work/traces.jsonl"
 file=$!; pids+=($file)
+# STREAM: a ping-pong of 1 KiB sends, one in 256 traced, to a file (spec/protocol.md §5.1)
+EXS_TRACE_SAMPLE_MASK=255 EXS_TRACE_FILE="$work/stream.jsonl" "$build/blast/blast" --loopback \
+    --type stream --lat-only --lat-iters 20000 --lat-size 1024 --quiet >"$work/st.out" 2>&1 &
+st=$!; pids+=($st)
 
 # ---- exsctl trace --chrome against the run with mask 63 ----
 if wait_for 20 have_sockets "$on"; then
@@ -173,8 +144,29 @@ else
     fail trace_file "$(head -3 "$work/traces.jsonl" 2>&1; cat "$work/from.err" "$work/file.out" 2>&1)"
 fi
 
+# ---- STREAM: records name the offset past the traced send's last byte ----
+wait "$st" 2>/dev/null
+if [ -s "$work/stream.jsonl" ] && python3 - "$work/stream.jsonl" >"$work/st.res" 2>&1 <<'EOF2'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) >= 2 * 70, len(recs)   # both ends send 20000 times (and warm up): 1 in 256
+for r in recs:
+    err = r["offset_err_ns"]
+    # send n of 1 KiB ends at (n + 1) KiB; n = 0, 256, 512, ... are traced
+    assert r["bytes"] == 1024 and r["seq"] % (256 * 1024) == 1024, r
+    assert r["post_ns"] <= r["wire_ns"] <= r["done_ns"], r
+    assert r["arrival_ns"] <= r["delivery_ns"], r
+    assert r["arrival_ns"] + err >= r["wire_ns"], r
+    assert r["delivery_ns"] <= r["answer_ns"] + err, r
+    assert abs(r["offset_ns"]) <= err, r
+    assert r["answer_ns"] - r["post_ns"] < 10e9, r
+print(len(recs))
+EOF2
+then pass "stream_trace_records ($(tail -n 1 "$work/st.res") records)"
+else fail stream_trace_records "$(cat "$work/st.res" "$work/st.out" 2>&1 | head -20)"; fi
+
 kill "$on" "$off" 2>/dev/null; wait 2>/dev/null
-if grep -qE 'Sanitizer|runtime error' "$work/on.out" "$work/off.out" "$work/file.out"; then
+if grep -qE 'Sanitizer|runtime error' "$work/on.out" "$work/off.out" "$work/file.out" "$work/st.out"; then
     fail traced_processes_sanitizer_clean "$(grep -hE -A30 'Sanitizer|runtime error' "$work"/*.out | head -60)"
 else pass traced_processes_sanitizer_clean; fi
 summary

@@ -15,100 +15,7 @@
 #include "exs/engine/engine.h"
 #include "exs/util/json.h"
 #include "tests/integ/integ.h"
-
-static char ctl_dir_path[64];
-
-/* A fresh control directory for this test (the library makes it), set before it_init. */
-static void ctl_setup(void)
-{
-    snprintf(ctl_dir_path, sizeof(ctl_dir_path), "/tmp/exs-integ-ctl-%d", (int)getpid());
-    it_setenv("EXS_CTL_DIR", ctl_dir_path);
-}
-
-static void ctl_path(char *buf, size_t len)
-{
-    snprintf(buf, len, "%s/%d.sock", ctl_dir_path, (int)getpid());
-}
-
-static int ctl_open(void)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    ck_assert_int_ge(fd, 0);
-    ctl_path(sa.sun_path, sizeof(sa.sun_path));
-    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s: %s",
-                  sa.sun_path, strerror(errno));
-    return fd;
-}
-
-/* One line from fd within ms (NULL on timeout); the caller frees it. */
-static char *ctl_line(int fd, int ms)
-{
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    double end = it_now_ms() + ms;
-
-    ck_assert_ptr_nonnull(buf);
-    for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        double left = end - it_now_ms();
-        ssize_t n;
-
-        if (len && buf[len - 1] == '\n') {
-            buf[len - 1] = '\0';
-            return buf;
-        }
-        if (left <= 0 || poll(&pfd, 1, (int)left + 1) == 0) {
-            free(buf);
-            return NULL;
-        }
-        if (len + 1 == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            ck_assert_ptr_nonnull(buf);
-        }
-        n = recv(fd, buf + len, 1, 0); /* one byte: never read past the line */
-        ck_assert_int_eq(n, 1);
-        len++;
-    }
-}
-
-/* Request and parsed reply ("ok" asserted). */
-static struct exs_json *ctl_req(int fd, const char *req)
-{
-    struct exs_json *j;
-    char *line;
-
-    ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
-    line = ctl_line(fd, IT_TIMEOUT_MS);
-    ck_assert_msg(line != NULL, "no reply to %s", req);
-    ck_assert_msg(exs__json_parse(line, strlen(line), &j) == 0, "not JSON: %s", line);
-    ck_assert_msg(exs__json_get_bool(j, "ok"), "%s: %s", req, line);
-    free(line);
-    return j;
-}
-
-/* Read trace records until one contains want (returns 1) or ms pass (0); a record with
- * forbid before it fails the test. */
-static int trace_until(int fd, const char *want, const char *forbid, int ms)
-{
-    double end = it_now_ms() + ms;
-
-    while (it_now_ms() < end) {
-        char *line = ctl_line(fd, (int)(end - it_now_ms()) + 1);
-        int hit;
-
-        if (!line)
-            return 0;
-        ck_assert_msg(!forbid || !strstr(line, forbid), "unexpected record: %s", line);
-        hit = strstr(line, want) != NULL;
-        free(line);
-        if (hit)
-            return 1;
-    }
-    return 0;
-}
+#include "tests/integ/integ_ctl.h"
 
 /* The socket and its directory exist with their modes while the library runs; stat
  * names this process and shows the pair's bytes as EXS_SO_STATS does; exs_fini removes
@@ -125,12 +32,12 @@ START_TEST(test_ctl_stat_matches_sockopt)
     const struct exs_json *conns;
     int fd, found = 0;
 
-    ctl_setup();
+    it_ctl_setup("ctl");
     it_init();
     b = it_buf_new(4096, 1);
     r = it_buf_new(4096, 1);
-    ctl_path(path, sizeof(path));
-    ck_assert_int_eq(stat(ctl_dir_path, &sb), 0);
+    it_ctl_path(path, sizeof(path));
+    ck_assert_int_eq(stat(it_ctl_dir(), &sb), 0);
     ck_assert_uint_eq(sb.st_mode & 0777, 0700);
     ck_assert_int_eq(stat(path, &sb), 0);
     ck_assert(S_ISSOCK(sb.st_mode));
@@ -144,8 +51,8 @@ START_TEST(test_ctl_stat_matches_sockopt)
     ck_assert_int_eq(exs_getsockopt(p.cfd, SOL_EXS, EXS_SO_STATS, &st, &len), 0);
     ck_assert_uint_eq(st.bytes_sent, 4096);
 
-    fd = ctl_open();
-    j = ctl_req(fd, "stat\n");
+    fd = it_ctl_open();
+    j = it_ctl_req(fd, "stat\n");
     ck_assert_uint_eq(exs__json_get_u64(j, "pid"), (uint64_t)getpid());
     ck_assert_str_eq(exs__json_get_str(j, "provider"), exs__prov_name(exs__engine_ctx()));
     conns = exs__json_get(j, "conns");
@@ -179,7 +86,7 @@ START_TEST(test_ctl_stat_matches_sockopt)
     ck_assert_int_eq(found, 7);
     exs__json_free(j);
     snprintf(req, sizeof(req), "hello\n");
-    exs__json_free(ctl_req(fd, req));
+    exs__json_free(it_ctl_req(fd, req));
     close(fd);
     it_pair_close(&p);
     it_buf_free(b);
@@ -187,7 +94,7 @@ START_TEST(test_ctl_stat_matches_sockopt)
     it_fini();
     ck_assert_int_eq(stat(path, &sb), -1);
     ck_assert_int_eq(errno, ENOENT);
-    rmdir(ctl_dir_path);
+    rmdir(it_ctl_dir());
 }
 END_TEST
 
@@ -200,36 +107,37 @@ START_TEST(test_ctl_slow_poller_reported)
     struct exs_json *j;
     int tfd, cfd;
 
-    ctl_setup();
+    it_ctl_setup("ctl");
     it_setenv("EXS_POLLING_WARN_CYCLE_US", "20000");
     it_init();
     q = it_qcreate(8);
-    tfd = ctl_open();
-    cfd = ctl_open();
-    exs__json_free(ctl_req(tfd, "trace\n"));
+    tfd = it_ctl_open();
+    cfd = it_ctl_open();
+    exs__json_free(it_ctl_req(tfd, "trace\n"));
 
     ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0); /* drives */
     it_sleep_ms(100);                                    /* the application is busy */
     ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0); /* drives again: reported */
-    ck_assert_msg(trace_until(tfd, "slow poller", NULL, IT_TIMEOUT_MS),
+    ck_assert_msg(it_ctl_trace_next(tfd, IT_TIMEOUT_MS, "slow poller", NULL, NULL) == IT_CTL_WANT,
                   "no slow-poller record in the trace");
 
-    j = ctl_req(cfd, "set polling_warn_cycle_us 0\n");
+    j = it_ctl_req(cfd, "set polling_warn_cycle_us 0\n");
     ck_assert_str_eq(exs__json_get_str(j, "value"), "0");
     exs__json_free(j);
     ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0);
     it_sleep_ms(100);
     ck_assert_int_eq(exs_qdequeue(q, NULL, 0, NULL), 0); /* off: not reported */
     /* a marker after the gap: records arrive in order, so none may precede it */
-    exs__json_free(ctl_req(cfd, "set log_level info\n"));
-    exs__json_free(ctl_req(cfd, "set qspin_us 51\n"));
-    ck_assert_msg(trace_until(tfd, "qspin_us changed", "slow poller", IT_TIMEOUT_MS),
+    exs__json_free(it_ctl_req(cfd, "set log_level info\n"));
+    exs__json_free(it_ctl_req(cfd, "set qspin_us 51\n"));
+    ck_assert_msg(it_ctl_trace_next(tfd, IT_TIMEOUT_MS, "qspin_us changed", "slow poller", NULL) ==
+                      IT_CTL_WANT,
                   "no marker record in the trace");
     close(tfd);
     close(cfd);
     it_qdelete(q);
     it_fini();
-    rmdir(ctl_dir_path);
+    rmdir(it_ctl_dir());
 }
 END_TEST
 
@@ -250,24 +158,26 @@ START_TEST(test_ctl_slow_pass_reported)
 {
     int tfd, cfd;
 
-    ctl_setup();
+    it_ctl_setup("ctl");
     it_setenv("EXS_SLOW_THRESHOLD_US", "30000");
     it_init();
-    tfd = ctl_open();
-    cfd = ctl_open();
-    exs__json_free(ctl_req(tfd, "trace\n"));
+    tfd = it_ctl_open();
+    cfd = it_ctl_open();
+    exs__json_free(it_ctl_req(tfd, "trace\n"));
     exs__engine_call(quick_job, NULL);
-    exs__json_free(ctl_req(cfd, "set log_level info\n"));
-    exs__json_free(ctl_req(cfd, "set qspin_us 52\n"));
-    ck_assert_msg(trace_until(tfd, "qspin_us changed", "slow progress pass", IT_TIMEOUT_MS),
+    exs__json_free(it_ctl_req(cfd, "set log_level info\n"));
+    exs__json_free(it_ctl_req(cfd, "set qspin_us 52\n"));
+    ck_assert_msg(it_ctl_trace_next(tfd, IT_TIMEOUT_MS, "qspin_us changed", "slow progress pass",
+                                    NULL) == IT_CTL_WANT,
                   "no marker record in the trace");
     exs__engine_call(slow_job, NULL);
-    ck_assert_msg(trace_until(tfd, "slow progress pass", NULL, IT_TIMEOUT_MS),
+    ck_assert_msg(it_ctl_trace_next(tfd, IT_TIMEOUT_MS, "slow progress pass", NULL, NULL) ==
+                      IT_CTL_WANT,
                   "no slow-pass record in the trace");
     close(tfd);
     close(cfd);
     it_fini();
-    rmdir(ctl_dir_path);
+    rmdir(it_ctl_dir());
 }
 END_TEST
 

@@ -13,95 +13,7 @@
 
 #include "exs/util/json.h"
 #include "tests/integ/integ.h"
-
-static char rt_dir[64];
-
-static void rt_setup(void)
-{
-    snprintf(rt_dir, sizeof(rt_dir), "/tmp/exs-integ-trace-%d", (int)getpid());
-    it_setenv("EXS_CTL_DIR", rt_dir);
-}
-
-static int rt_open(void)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    ck_assert_int_ge(fd, 0);
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%d.sock", rt_dir, (int)getpid());
-    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s: %s",
-                  sa.sun_path, strerror(errno));
-    return fd;
-}
-
-/* One line from fd within ms (NULL on timeout); the caller frees it. */
-static char *rt_line(int fd, int ms)
-{
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    double end = it_now_ms() + ms;
-
-    ck_assert_ptr_nonnull(buf);
-    for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        double left = end - it_now_ms();
-
-        if (len && buf[len - 1] == '\n') {
-            buf[len - 1] = '\0';
-            return buf;
-        }
-        if (left <= 0 || poll(&pfd, 1, (int)left + 1) == 0) {
-            free(buf);
-            return NULL;
-        }
-        ck_assert_uint_lt(len + 1, cap);
-        ck_assert_int_eq(recv(fd, buf + len, 1, 0), 1); /* never read past the line */
-        len++;
-    }
-}
-
-static struct exs_json *rt_req(int fd, const char *req)
-{
-    struct exs_json *j;
-    char *line;
-
-    ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
-    line = rt_line(fd, IT_TIMEOUT_MS);
-    ck_assert_msg(line != NULL, "no reply to %s", req);
-    ck_assert_msg(exs__json_parse(line, strlen(line), &j) == 0, "not JSON: %s", line);
-    ck_assert_msg(exs__json_get_bool(j, "ok"), "%s: %s", req, line);
-    free(line);
-    return j;
-}
-
-/* The next request-trace record of the stream (log records skipped), NULL after ms. A
- * log record containing stop ends the wait too (returns NULL, *stopped set). */
-static struct exs_json *rt_next(int fd, int ms, const char *stop, int *stopped)
-{
-    double end = it_now_ms() + ms;
-
-    while (it_now_ms() < end) {
-        char *line = rt_line(fd, (int)(end - it_now_ms()) + 1);
-        struct exs_json *j;
-
-        if (!line)
-            return NULL;
-        ck_assert_msg(exs__json_parse(line, strlen(line), &j) == 0, "not JSON: %s", line);
-        if (exs__json_get(j, "req")) {
-            free(line);
-            return j;
-        }
-        if (stop && strstr(line, stop)) {
-            *stopped = 1;
-            free(line);
-            exs__json_free(j);
-            return NULL;
-        }
-        free(line);
-        exs__json_free(j);
-    }
-    return NULL;
-}
+#include "tests/integ/integ_ctl.h"
 
 /* One message of len bytes from cfd to sfd, received, both completions seen. STREAM: the
  * receive takes exactly len bytes (MSG_WAITALL); send_first: the send completes before the
@@ -163,21 +75,22 @@ static void rt_sampled_records(int type)
     struct it_buf *sb, *rb;
     int tfd, seen[RT_MSGS] = {0}, stream = type == SOCK_STREAM;
 
-    rt_setup();
+    it_ctl_setup("trace");
     it_setenv("EXS_TRACE_SAMPLE_MASK", "3");
     it_init();
-    tfd = rt_open();
-    exs__json_free(rt_req(tfd, "trace\n"));
+    tfd = it_ctl_open();
+    exs__json_free(it_ctl_req(tfd, "trace\n"));
     sb = it_buf_new(RT_BIG, 1);
     rb = it_buf_new(RT_BIG, 1);
     it_pair_open(&p, type, 16, 16);
     for (int n = 0; n < RT_MSGS; n++)
         rt_message_at(&p, sb, rb, rt_size(n), n, stream, stream && n == 8);
     for (int k = 0; k < RT_MSGS / 4; k++) {
-        struct exs_json *j = rt_next(tfd, IT_TIMEOUT_MS, NULL, NULL);
+        struct exs_json *j = NULL;
         const struct exs_json *r;
 
-        ck_assert_msg(j != NULL, "only %d of %d trace records", k, RT_MSGS / 4);
+        ck_assert_msg(it_ctl_trace_next(tfd, IT_TIMEOUT_MS, NULL, NULL, &j) == IT_CTL_REQ,
+                      "only %d of %d trace records", k, RT_MSGS / 4);
         r = exs__json_get(j, "req");
         int n = rt_send_of(exs__json_get_u64(r, "seq"), stream);
         int64_t post = (int64_t)exs__json_get_u64(r, "post_ns");
@@ -213,7 +126,7 @@ static void rt_sampled_records(int type)
     it_buf_free(sb);
     it_buf_free(rb);
     it_fini();
-    rmdir(rt_dir);
+    rmdir(it_ctl_dir());
 }
 
 START_TEST(test_trace_sampled_records)
@@ -235,39 +148,40 @@ START_TEST(test_trace_off_then_online)
     struct it_pair p;
     struct it_buf *sb, *rb;
     struct exs_json *j;
-    int tfd, cfd, stopped = 0;
+    int tfd, cfd;
 
-    rt_setup();
+    it_ctl_setup("trace");
     it_init();
-    tfd = rt_open();
-    cfd = rt_open();
-    exs__json_free(rt_req(tfd, "trace\n"));
+    tfd = it_ctl_open();
+    cfd = it_ctl_open();
+    exs__json_free(it_ctl_req(tfd, "trace\n"));
     sb = it_buf_new(RT_BIG, 1);
     rb = it_buf_new(RT_BIG, 1);
     it_pair_open(&p, SOCK_SEQPACKET, 16, 16);
     for (int n = 0; n < 8; n++)
         rt_message(&p, sb, rb, rt_size(n), n);
-    exs__json_free(rt_req(cfd, "set log_level info\n"));
-    exs__json_free(rt_req(cfd, "set qspin_us 54\n"));
-    j = rt_next(tfd, IT_TIMEOUT_MS, "qspin_us changed", &stopped);
-    ck_assert_msg(j == NULL, "a trace record with tracing off");
-    ck_assert_msg(stopped, "no marker record in the trace");
+    exs__json_free(it_ctl_req(cfd, "set log_level info\n"));
+    exs__json_free(it_ctl_req(cfd, "set qspin_us 54\n"));
+    /* the marker, and no request trace before it */
+    ck_assert_msg(it_ctl_trace_next(tfd, IT_TIMEOUT_MS, "qspin_us changed", "\"req\"", NULL) ==
+                      IT_CTL_WANT,
+                  "no marker record in the trace");
 
-    exs__json_free(rt_req(cfd, "set trace_sample_mask 1\n"));
+    exs__json_free(it_ctl_req(cfd, "set trace_sample_mask 1\n"));
     for (int n = 8; n < 12; n++)
         rt_message(&p, sb, rb, 64, n);
-    j = rt_next(tfd, IT_TIMEOUT_MS, NULL, NULL);
-    ck_assert_msg(j != NULL, "no trace record once tracing was set on");
+    ck_assert_msg(it_ctl_trace_next(tfd, IT_TIMEOUT_MS, NULL, NULL, &j) == IT_CTL_REQ,
+                  "no trace record once tracing was set on");
     ck_assert_uint_ge(exs__json_get_u64(exs__json_get(j, "req"), "seq"), 8);
     exs__json_free(j);
-    exs__json_free(rt_req(cfd, "set trace_sample_mask 0\n"));
+    exs__json_free(it_ctl_req(cfd, "set trace_sample_mask 0\n"));
     close(tfd);
     close(cfd);
     it_pair_close(&p);
     it_buf_free(sb);
     it_buf_free(rb);
     it_fini();
-    rmdir(rt_dir);
+    rmdir(it_ctl_dir());
 }
 END_TEST
 
