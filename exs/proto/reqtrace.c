@@ -110,14 +110,14 @@ int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
         return 0;
     /* the request goes before the message (STREAM: before the send's first byte): the
      * receiver sees it with rx_seq == seq (STREAM: with everything before the send
-     * arrived). A request already sent for a send starting here belonged to a send
-     * cancelled before it went out: the receiver replaces it with this one, and so does
-     * the sender. */
+     * arrived). A request already sent for this number (STREAM: for a send ending past
+     * here, whose bytes never all went) belonged to a send cancelled before it went out:
+     * the receiver replaces it with this one, and so does the sender. */
     for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
         struct exs_rt_tx *o = &conn->rt->tx[i];
-        uint64_t start = conn_is_stream(conn) ? o->seq - o->bytes : o->seq;
+        int stale = conn_is_stream(conn) ? o->seq > conn->tx_seq : o->seq == conn->tx_seq;
 
-        if (o != s && o->used && o->req_sent && !o->answered && start == conn->tx_seq) {
+        if (o != s && o->used && o->req_sent && !o->answered && stale) {
             EXS_ASSERT(o->done); /* its op finished while queued */
             memset(o, 0, sizeof(*o));
         }

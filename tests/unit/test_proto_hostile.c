@@ -1116,6 +1116,53 @@ START_TEST(hs_trace_stream_ok)
 }
 END_TEST
 
+static int match_op(struct exs_op *op, void *arg)
+{
+    return op == arg;
+}
+
+/* STREAM, b sending: a traced send whose bytes wait for ring room after its request went
+ * can no longer be cancelled (a request never goes stale on a stream); once raw frees its
+ * ring the bytes follow, and raw's answer completes the trace, leaving no slot behind. */
+START_TEST(hs_trace_stream_waiting)
+{
+    static uint8_t fill[4096], sb[20];
+    struct pt_op f, s;
+    struct exs_wire_trace t[4];
+    uint64_t before = exs__rt_completed(), consumed = htobe64(4096);
+
+    raw_open(SOCK_STREAM);
+    pt_op_init(&f, &pp.b, EXS_OP_SEND, fill, sizeof(fill), 0); /* fills raw's ring */
+    ck_assert_int_eq(pt_post(&f), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(f.done, 1);
+    (void)raw_traces(t, 4, NULL);
+    exs__params.trace_sample_mask = UINT64_MAX;
+    pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, 20, 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    exs__params.trace_sample_mask = 0;
+    ck_assert_int_eq(raw_traces(t, 4, NULL), 1); /* its request went; its bytes wait */
+    ck_assert_uint_eq(t[0].hdr.flags, 0);
+    ck_assert_uint_eq(be64toh(t[0].seq), 4096 + 20);
+    ck_assert_int_eq(exs__conn_cancel(pp.b.conn, match_op, &s.op), 0);
+    ck_assert_int_eq(s.done, 0);
+    raw_ctrl(EXS_CTRL_ACK, EXS_WIRE_ACK_LEN, 0, &consumed, sizeof(consumed)); /* room */
+    pt_run(&pp);
+    ck_assert_int_eq(s.done, 1);
+    ck_assert_int_eq(s.op.err, 0);
+    raw_trace(EXS_TRACE_ANSWER, 4096 + 20, 10, 11, 12, 13);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_uint_eq(exs__rt_completed(), before + 1);
+    for (unsigned i = 0; i < EXS_RT_SLOTS; i++)
+        ck_assert_int_eq(pp.b.conn->rt->tx[i].used, 0);
+    pt_op_fini(&f);
+    pt_op_fini(&s);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
 /* ---- §7.4 RESIZE ---- */
 
 /* A RESIZE record from the raw peer (flags, addr, size, rkey, pos; host order). */
@@ -1475,6 +1522,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_trace_bad, 0, 17);
     tcase_add_loop_test(tc, hs_trace_without_feature, 0, 4);
     tcase_add_test(tc, hs_trace_stream_ok);
+    tcase_add_test(tc, hs_trace_stream_waiting);
     tcase_add_test(tc, hs_resize_honoured);
     tcase_add_loop_test(tc, hs_resize_bad_offer, 0, 11);
     tcase_add_test(tc, hs_resize_switched);
