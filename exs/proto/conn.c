@@ -261,6 +261,7 @@ static void conn_release_locked(struct exs_conn *conn)
 
     conn_release_prov_locked(conn);
     exs__batch_release_locked(conn);
+    exs__stage_release_locked(conn);
     exs__st_ring_release_locked(conn);
     if (conn->ring_mem)
         exs__conn_ring_region_free(conn->ring_mem);
@@ -870,6 +871,8 @@ static void conn_deliver_locked(struct exs_conn *conn)
             if (op->state != EXS_OPS_DONE)
                 break;
             exs_list_del(&op->link);
+            if (!i && !op->internal)
+                conn->sendq_user--;
             if (i && conn->rt)
                 exs__rt_deliver_locked(conn, op);
             op->done(op);
@@ -987,7 +990,12 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
             conn_set_txshut(conn, EXS_TXSHUT_QUEUED, "exs_shutdown accepted");
         if (EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
             exs__rt_post_locked(conn, op);
+        if (conn_is_stream(conn) && exs__stage_send_locked(conn, op)) {
+            exs__conn_kick_locked(conn); /* copied and handed back; the copy goes on */
+            goto out;
+        }
         exs_list_add_tail(&conn->sendq, &op->link);
+        conn->sendq_user++;
         if (conn->state == EXS_CONN_DEAD)
             exs__conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
     }
@@ -1024,7 +1032,7 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
         exs_list_for_each(pos, q[i]) {
             struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-            if (op->state == EXS_OPS_DONE || !match(op, arg))
+            if (op->state == EXS_OPS_DONE || op->internal || !match(op, arg))
                 continue;
             if (op->kind == EXS_OP_SHUTDOWN)
                 continue;
@@ -1072,8 +1080,8 @@ void exs__conn_close(struct exs_conn *conn)
         exs_list_for_each(pos, q[i]) {
             struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-            if (op->state == EXS_OPS_DONE)
-                continue;
+            if (op->state == EXS_OPS_DONE || op->internal)
+                continue; /* copies in the send buffer are sent: their sends completed */
             op->cancel = 1;
             if (op->state == EXS_OPS_QUEUED)
                 exs__conn_op_finish_locked(op, -1, ECANCELED);
@@ -1084,7 +1092,14 @@ void exs__conn_close(struct exs_conn *conn)
         /* Say goodbye with a SHUTDOWN record, then disconnect once its SEND completed,
          * so the peer reads end of stream rather than a reset. */
         conn_set_state(conn, EXS_CONN_CLOSING, "close");
-        if (conn->txshut == EXS_TXSHUT_OPEN || conn->txshut == EXS_TXSHUT_QUEUED) {
+        if ((conn->txshut == EXS_TXSHUT_OPEN || conn->txshut == EXS_TXSHUT_QUEUED) &&
+            exs__stage_pending_locked(conn) && !exs__stage_shutdown_locked(conn)) {
+            /* copies not yet on the wire (§7.5): the record follows them */
+            if (conn->txshut == EXS_TXSHUT_OPEN)
+                conn_set_txshut(conn, EXS_TXSHUT_QUEUED, "close behind the send buffer");
+            exs__st_send_progress_locked(conn);
+            exs__conn_ctrl_flush_locked(conn);
+        } else if (conn->txshut == EXS_TXSHUT_OPEN || conn->txshut == EXS_TXSHUT_QUEUED) {
             if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
                 exs__conn_ctrl_flush_locked(conn);
             if (exs__conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
@@ -1627,7 +1642,8 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
         if (--op->inflight == 0 && op->posted == op->len) {
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            conn->stats.bytes_sent += op->len;
+            if (!op->internal) /* a copy counted when its send completed (§7.5) */
+                conn->stats.bytes_sent += op->len;
         } else if (!op->inflight && op->cancel && conn->state >= EXS_CONN_DOWN) {
             exs__conn_op_finish_locked(op, -1, ECANCELED);
         }
