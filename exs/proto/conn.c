@@ -859,24 +859,41 @@ void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
         exs__rt_done_locked(op);
 }
 
-/* Hand finished operations to their owners, each direction in posting order. */
+/* Hand finished operations to their owners, each direction in posting order. The
+ * library's own ops (the send buffer's copies, §7.5) are nobody's events: a finished
+ * send behind one still on the wire is handed back (its bytes are in the copy or were
+ * written), while the internal ops themselves go in their own order. */
 static void conn_deliver_locked(struct exs_conn *conn)
 {
-    struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
+    struct exs_list *pos, *next;
+    int internal_waits = 0;
 
-    for (int i = 0; i < 2; i++) {
-        while (!exs_list_empty(q[i])) {
-            struct exs_op *op = exs_list_entry(q[i]->next, struct exs_op, link);
+    for (pos = conn->sendq.next; pos != &conn->sendq; pos = next) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-            if (op->state != EXS_OPS_DONE)
+        next = pos->next;
+        if (op->state != EXS_OPS_DONE) {
+            if (!op->internal)
                 break;
-            exs_list_del(&op->link);
-            if (!i && !op->internal)
-                conn->sendq_user--;
-            if (i && conn->rt)
-                exs__rt_deliver_locked(conn, op);
-            op->done(op);
+            internal_waits = 1;
+            continue;
         }
+        if (op->internal && internal_waits)
+            continue;
+        if (internal_waits)
+            conn->bwait.first = NULL; /* taken from the middle: a held run may point here */
+        exs_list_del(&op->link);
+        op->done(op);
+    }
+    while (!exs_list_empty(&conn->recvq)) {
+        struct exs_op *op = exs_list_entry(conn->recvq.next, struct exs_op, link);
+
+        if (op->state != EXS_OPS_DONE)
+            break;
+        exs_list_del(&op->link);
+        if (conn->rt)
+            exs__rt_deliver_locked(conn, op);
+        op->done(op);
     }
 }
 
@@ -990,12 +1007,9 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
             conn_set_txshut(conn, EXS_TXSHUT_QUEUED, "exs_shutdown accepted");
         if (EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
             exs__rt_post_locked(conn, op);
-        if (conn_is_stream(conn) && exs__stage_send_locked(conn, op)) {
-            exs__conn_kick_locked(conn); /* copied and handed back; the copy goes on */
-            goto out;
-        }
         exs_list_add_tail(&conn->sendq, &op->link);
-        conn->sendq_user++;
+        if (conn_is_stream(conn))
+            exs__stage_send_locked(conn, op); /* copied: finished, the copy goes on */
         if (conn->state == EXS_CONN_DEAD)
             exs__conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
     }

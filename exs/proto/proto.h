@@ -281,11 +281,12 @@ struct exs_conn {
 
     /* STREAM send buffer (spec/protocol.md §7.5, stage.c): small sends are copied into it
      * and completed at once; internal ops in sendq carry the copies */
-    uint32_t                   sendq_user;   /* application ops in sendq (not internal) */
     struct exs_prov_mr        *stg_mem;      /* p.sndbuf bytes, allocated at the first copy */
     uint64_t                   stg_head;     /* buffer position released so far */
     uint64_t                   stg_tail;     /* buffer position allocated so far */
     struct exs_op             *stg_last;     /* the newest internal send op, NULL: none */
+    int                        stg_full;     /* a send found no room: copy it when some frees */
+    int                        stg_released; /* bytes were released since stg_full was set */
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t                   dl_start_ns;  /* connect / accept began (handshake deadline) */

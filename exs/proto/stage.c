@@ -35,9 +35,11 @@ static void stage_op_done(struct exs_op *op)
     struct stage_op *so = exs_container_of(op, struct stage_op, op);
     struct exs_conn *conn = so->conn;
 
-    /* sendq hands ops back in order: positions are released in order */
-    if (op->kind == EXS_OP_SEND)
+    /* internal ops are handed back in order: positions are released in order */
+    if (op->kind == EXS_OP_SEND) {
         conn->stg_head = so->end;
+        conn->stg_released = 1;
+    }
     if (conn->stg_last == op)
         conn->stg_last = NULL;
     free(so);
@@ -73,40 +75,47 @@ static int stage_buffer_locked(struct exs_conn *conn)
     return ret;
 }
 
-/* The newest internal op takes len more bytes at stg_tail: it waits, untouched, and its
- * bytes end where the buffer's allocation ends, without wrapping. */
-static int stage_appendable(const struct exs_conn *conn, size_t len)
+/* May the newest internal op take len more bytes, for the send at pos? It must come
+ * right before pos in the stream (only finished sends, which carry no bytes, between
+ * them), not have started, and its bytes must end where the buffer's allocation ends,
+ * without wrapping. */
+static int stage_appendable(const struct exs_conn *conn, const struct exs_list *pos, size_t len)
 {
     const struct exs_op *op = conn->stg_last;
-    uint32_t cap = EXS_MAX(conn->batch_thresh, conn->p.copy_max);
+    const struct exs_list *prev = pos->prev;
 
-    if (!op || op->state != EXS_OPS_QUEUED || op->posted || op->inflight || op->cancel)
+    if (!op || op->state != EXS_OPS_QUEUED || op->posted || op->inflight)
         return 0;
-    if (exs_container_of(op, struct stage_op, op)->end != conn->stg_tail)
+    if (exs_container_of(op, const struct stage_op, op)->end != conn->stg_tail)
+        return 0;
+    while (prev != &conn->sendq && prev != &op->link) {
+        const struct exs_op *o = exs_list_entry(prev, const struct exs_op, link);
+
+        if (o->internal || o->state != EXS_OPS_DONE)
+            return 0;
+        prev = prev->prev;
+    }
+    if (prev != &op->link)
         return 0;
     /* where the op's bytes end in the buffer (stg_tail % sndbuf is 0 there when they
      * reach the buffer's end) */
     return (size_t)(op->buf - (uint8_t *)conn->stg_mem->addr) + op->len + len <= conn->p.sndbuf &&
-           op->len + len <= cap;
+           op->len + len <= exs__stage_cap(conn) &&
+           conn->stg_tail + len - conn->stg_head <= conn->p.sndbuf; /* room */
 }
 
-int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op)
+/* Copy send op (in sendq, not started) into the buffer, at its place in the stream.
+ * 1 when copied (op finished), 0 when the buffer has no room or memory. */
+static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
 {
-    uint64_t size = conn->p.sndbuf, off, pad = 0;
-    struct stage_op *so = NULL;
-    uint8_t *dst;
+    uint64_t size = conn->p.sndbuf, off = conn->stg_tail % size, pad = 0;
+    struct stage_op *so;
 
-    if (!size || op->kind != EXS_OP_SEND || !op->len || op->len > conn->p.copy_max ||
-        conn->state != EXS_CONN_CONNECTED || conn->sendq_user || op->rt)
-        return 0;
-    if (stage_buffer_locked(conn))
-        return 0;
-    off = conn->stg_tail % size;
-    if (!stage_appendable(conn, op->len)) {
+    if (!stage_appendable(conn, &op->link, op->len)) {
         if (off + op->len > size)
             pad = size - off; /* a copy never wraps: it starts again at 0 */
         if (conn->stg_tail + pad + op->len - conn->stg_head > size)
-            return 0; /* full: this one goes zero-copy (and the next ones behind it) */
+            return 0;
         so = stage_op_new(conn, EXS_OP_SEND);
         if (!so)
             return 0;
@@ -115,22 +124,87 @@ int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op)
         so->op.buf = (uint8_t *)conn->stg_mem->addr + off;
         so->op.mr = conn->stg_mem;
         so->op.lkey = conn->stg_mem->lkey;
-        exs_list_add_tail(&conn->sendq, &so->op.link);
+        exs_list_add_tail(&op->link, &so->op.link); /* right before op */
         conn->stg_last = &so->op;
-    } else if (conn->bwait.first) {
-        conn->bwait.first = NULL; /* the held run's bytes changed: built again */
     }
-    dst = (uint8_t *)conn->stg_mem->addr + off;
-    memcpy(dst, op->buf, op->len);
+    memcpy((uint8_t *)conn->stg_mem->addr + off, op->buf, op->len);
     conn->stg_last->len += op->len;
     conn->stg_tail += op->len;
     exs_container_of(conn->stg_last, struct stage_op, op)->end = conn->stg_tail;
+    conn->bwait.first = NULL; /* a held run may have changed: built again */
     conn->stats.sends_copied++;
     conn->stats.bytes_sent += op->len;
-    /* handed back now: nothing of the application's waits ahead of it in sendq */
+    /* finished: handed back in posting order, once no send before it waits */
     exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-    op->done(op);
     return 1;
+}
+
+static int stage_eligible(const struct exs_conn *conn, const struct exs_op *op)
+{
+    return op->kind == EXS_OP_SEND && !op->internal && op->state == EXS_OPS_QUEUED &&
+           !op->posted && !op->inflight && !op->cancel && op->len && op->len <= conn->p.copy_max &&
+           !op->rt;
+}
+
+/* No send of the application before op still waits: op's event would follow at once.
+ * Copies are only made then, so that (a) a copied send's success is never reported
+ * after an earlier send failed, and (b) the buffer's positions follow the stream. */
+static int stage_first_waiting(const struct exs_conn *conn, const struct exs_op *op)
+{
+    const struct exs_list *prev;
+
+    for (prev = op->link.prev; prev != &conn->sendq; prev = prev->prev) {
+        const struct exs_op *o = exs_list_entry(prev, const struct exs_op, link);
+
+        if (!o->internal && o->state != EXS_OPS_DONE)
+            return 0;
+    }
+    return 1;
+}
+
+int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    if (!conn->p.sndbuf || conn->state != EXS_CONN_CONNECTED || !stage_eligible(conn, op) ||
+        !stage_first_waiting(conn, op) || stage_buffer_locked(conn))
+        return 0;
+    if (stage_copy_locked(conn, op))
+        return 1;
+    conn->stg_full = 1; /* copied later, when the buffer has room (exs__stage_refill_locked) */
+    return 0;
+}
+
+void exs__stage_refill_locked(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    if (!conn->stg_full || !conn->stg_released || conn->state != EXS_CONN_CONNECTED)
+        return;
+    conn->stg_full = conn->stg_released = 0;
+    /* the sends waiting at the head of the application's sends, in order */
+    exs_list_for_each(pos, &conn->sendq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->internal || op->state == EXS_OPS_DONE)
+            continue;
+        if (!stage_eligible(conn, op))
+            return;
+        if (!stage_copy_locked(conn, op)) {
+            conn->stg_full = 1;
+            return;
+        }
+    }
+}
+
+uint32_t exs__stage_cap(const struct exs_conn *conn)
+{
+    return EXS_MAX(exs__conn_frag_size(), conn->p.copy_max);
+}
+
+int exs__stage_hold_locked(struct exs_conn *conn, const struct exs_op *op)
+{
+    return op->internal && op->kind == EXS_OP_SEND && op == conn->stg_last &&
+           op->state == EXS_OPS_QUEUED && !op->posted && conn->ring_wr_out && !conn->batch_now &&
+           op->len < exs__stage_cap(conn) && conn->state == EXS_CONN_CONNECTED;
 }
 
 int exs__stage_pending_locked(const struct exs_conn *conn)

@@ -84,6 +84,45 @@ START_TEST(sndbuf_sends_complete_at_once)
 }
 END_TEST
 
+/* A send buffer of 16 sends: the first 16 complete at once, the rest wait and are copied
+ * (or written zero-copy) as the receiver drains; every event in order, every byte right. */
+START_TEST(sndbuf_full_then_refilled)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    struct exs_sock_stats st;
+    exs_event_t ev;
+    int done;
+
+    sb_open(&p, "4096");
+    sb = it_buf_new(SB_TOTAL, 1);
+    rb = it_buf_new(SB_TOTAL, 1);
+    it_fill(sb->p, SB_TOTAL, 15);
+    for (int i = 0; i < SB_N; i++)
+        IT_POST_SEND(p.cfd, sb->p + i * SB_LEN, SB_LEN, p.cq, IT_AH(500 + i), sb->mh);
+    for (done = 0; done < 4096 / SB_LEN; done++)
+        it_expect_send(p.cq, p.cfd, IT_AH(500 + done), SB_LEN);
+    /* then only what the ring (1 KiB) takes from the buffer frees room for more copies */
+    while (it_try_event(p.cq, EXS_EVT_SEND, p.cfd, 300, &ev) == 1) {
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        ck_assert(ev.exs_evt_ahandle == IT_AH(500 + done));
+        done++;
+    }
+    ck_assert_msg(done <= (4096 + 1024) / SB_LEN, "%d sends completed: more than the buffer and "
+                  "the ring hold", done);
+    sb_receive_all(&p, rb, 15);
+    for (int i = done; i < SB_N; i++)
+        it_expect_send(p.cq, p.cfd, IT_AH(500 + i), SB_LEN);
+    sb_stats(p.cfd, &st);
+    ck_assert_msg(st.sends_copied >= 4096 / SB_LEN && st.sends_copied <= SB_N, "sends_copied %llu",
+                  (unsigned long long)st.sends_copied);
+    ck_assert_int_eq(st.bytes_sent, SB_TOTAL);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
 /* Copied and zero-copy sends mixed: events in posting order, bytes in order. */
 START_TEST(sndbuf_mixed_order)
 {
@@ -270,6 +309,7 @@ Suite *integ_sndbuf_suite(void)
     TCase *tc = it_tcase("sndbuf", 60);
 
     tcase_add_loop_test(tc, sndbuf_sends_complete_at_once, 0, 2);
+    tcase_add_test(tc, sndbuf_full_then_refilled);
     tcase_add_test(tc, sndbuf_mixed_order);
     tcase_add_test(tc, sndbuf_close_sends_copies);
     tcase_add_test(tc, sndbuf_option);
