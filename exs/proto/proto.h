@@ -285,8 +285,8 @@ struct exs_conn {
     uint64_t                   stg_head;     /* buffer position released so far */
     uint64_t                   stg_tail;     /* buffer position allocated so far */
     struct exs_op             *stg_last;     /* the newest internal send op, NULL: none */
-    int                        stg_full;     /* a send found no room: copy it when some frees */
-    int                        stg_released; /* bytes were released since stg_full was set */
+    int                        stg_pending;  /* a send that may be copied waits (no room
+                                              * yet, or an earlier send waits): refill */
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t                   dl_start_ns;  /* connect / accept began (handshake deadline) */

@@ -36,10 +36,8 @@ static void stage_op_done(struct exs_op *op)
     struct exs_conn *conn = so->conn;
 
     /* internal ops are handed back in order: positions are released in order */
-    if (op->kind == EXS_OP_SEND) {
+    if (op->kind == EXS_OP_SEND)
         conn->stg_head = so->end;
-        conn->stg_released = 1;
-    }
     if (conn->stg_last == op)
         conn->stg_last = NULL;
     free(so);
@@ -164,35 +162,31 @@ static int stage_first_waiting(const struct exs_conn *conn, const struct exs_op 
 
 int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op)
 {
-    if (!conn->p.sndbuf || conn->state != EXS_CONN_CONNECTED || !stage_eligible(conn, op) ||
-        !stage_first_waiting(conn, op) || stage_buffer_locked(conn))
+    if (!conn->p.sndbuf || conn->state != EXS_CONN_CONNECTED || !stage_eligible(conn, op))
         return 0;
-    if (stage_copy_locked(conn, op))
-        return 1;
-    conn->stg_full = 1; /* copied later, when the buffer has room (exs__stage_refill_locked) */
-    return 0;
+    if (!stage_first_waiting(conn, op) || stage_buffer_locked(conn) || !stage_copy_locked(conn, op)) {
+        conn->stg_pending = 1; /* copied by a refill once it may be */
+        return 0;
+    }
+    return 1;
 }
 
 void exs__stage_refill_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
-    if (!conn->stg_full || !conn->stg_released || conn->state != EXS_CONN_CONNECTED)
+    if (!conn->stg_pending || conn->state != EXS_CONN_CONNECTED || !conn->stg_mem)
         return;
-    conn->stg_full = conn->stg_released = 0;
     /* the sends waiting at the head of the application's sends, in order */
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->internal || op->state == EXS_OPS_DONE)
             continue;
-        if (!stage_eligible(conn, op))
-            return;
-        if (!stage_copy_locked(conn, op)) {
-            conn->stg_full = 1;
-            return;
-        }
+        if (!stage_eligible(conn, op) || !stage_copy_locked(conn, op))
+            return; /* this one waits (zero-copy, or for room): look again later */
     }
+    conn->stg_pending = 0; /* every send is copied or on its way */
 }
 
 uint32_t exs__stage_cap(const struct exs_conn *conn)
