@@ -101,6 +101,7 @@ struct api_sock {
     /* options */
     uint32_t                rcvbuf;
     int                     rcvbuf_set; /* SO_RCVBUF given: no ring autotuning */
+    uint32_t                sndbuf;  /* SO_SNDBUF: STREAM send buffer (protocol §7.5), 0 = off */
     int                     xfer_mode;
     int                     keepalive, keepalive_ms;
     /* connection */

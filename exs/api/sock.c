@@ -121,6 +121,7 @@ static struct api_sock *sock_new(int domain, int type)
     s->domain = domain;
     s->type = type;
     s->rcvbuf = (uint32_t)exs__params.ring_size;
+    s->sndbuf = (uint32_t)exs__params.sndbuf;
     s->xfer_mode = exs__api_default_xfer_mode();
     s->keepalive = 1; /* interval EXS_KEEPALIVE_INTV_MS unless EXS_SO_KEEPALIVE_MS is set */
     pthread_mutex_init(&s->lock, NULL);
@@ -241,6 +242,8 @@ static int sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
         .max_reads = (uint32_t)exs__params.max_reads,
         .batch_max = (uint32_t)exs__params.batch_max,
         .autotune = !s->rcvbuf_set, /* as on Linux, an explicit SO_RCVBUF fixes the size */
+        .sndbuf = s->sndbuf,
+        .copy_max = (uint32_t)EXS_MIN(exs__params.stream_copy_max, (uint64_t)s->sndbuf),
     };
     /* The conn lives as long as its socket (freed in the last exs__api_sock_put), so a
      * caller holding a socket reference may always use it; its callbacks stop at DEAD,
@@ -529,7 +532,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
     struct api_sock *lis = exs_container_of(el, struct api_sock, lis);
     struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
     struct api_sock *c = NULL;
-    uint32_t rcvbuf = 0;
+    uint32_t rcvbuf = 0, sndbuf = 0;
     int rcvbuf_set = 0;
     int reason, ret, reserved = 0, xfer_mode = 0, ka = 0, ka_ms = 0;
 
@@ -553,6 +556,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
         reserved = 1;
         rcvbuf = lis->rcvbuf;
         rcvbuf_set = lis->rcvbuf_set;
+        sndbuf = lis->sndbuf;
         xfer_mode = lis->xfer_mode;
         ka = lis->keepalive;
         ka_ms = lis->keepalive_ms;
@@ -565,6 +569,7 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
         if (c) {
             c->rcvbuf = rcvbuf;
             c->rcvbuf_set = rcvbuf_set;
+            c->sndbuf = sndbuf;
             c->xfer_mode = xfer_mode;
             c->keepalive = ka;
             c->keepalive_ms = ka_ms;
@@ -1119,6 +1124,13 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
             s->rcvbuf = ((uint32_t)v + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
             s->rcvbuf_set = 1;
         }
+    } else if (level == SOL_SOCKET && optname == SO_SNDBUF) {
+        /* 0: every STREAM send zero-copy; else the send buffer (protocol §7.5) */
+        if (v < 0 || (v && v < (int)EXS_SNDBUF_MIN) || (uint32_t)v > EXS_SNDBUF_MAX ||
+            s->state > API_SOCK_BOUND)
+            err = EINVAL;
+        else
+            s->sndbuf = ((uint32_t)v + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
     } else if (level == SOL_SOCKET && optname == SO_KEEPALIVE) {
         s->keepalive = !!v;
     } else if (level == SOL_EXS && optname == EXS_SO_KEEPALIVE_MS) {
@@ -1190,6 +1202,8 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
         v = 1;
     } else if (level == SOL_SOCKET && optname == SO_RCVBUF)
         v = (int)s->rcvbuf;
+    else if (level == SOL_SOCKET && optname == SO_SNDBUF)
+        v = (int)s->sndbuf;
     else if (level == SOL_SOCKET && optname == SO_KEEPALIVE)
         v = s->keepalive;
     else if (level == SOL_SOCKET && optname == SO_TYPE)

@@ -324,7 +324,8 @@ void exs__batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
         op->inflight = 0;
         if (ok) {
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            conn->stats.bytes_sent += op->len;
+            if (!op->internal) /* a copy counted when its send completed (§7.5) */
+                conn->stats.bytes_sent += op->len;
         } else if (op->cancel && conn->state >= EXS_CONN_DOWN) {
             exs__conn_op_finish_locked(op, -1, ECANCELED);
         }

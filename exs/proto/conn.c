@@ -261,6 +261,7 @@ static void conn_release_locked(struct exs_conn *conn)
 
     conn_release_prov_locked(conn);
     exs__batch_release_locked(conn);
+    exs__stage_release_locked(conn);
     exs__st_ring_release_locked(conn);
     if (conn->ring_mem)
         exs__conn_ring_region_free(conn->ring_mem);
@@ -858,22 +859,41 @@ void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
         exs__rt_done_locked(op);
 }
 
-/* Hand finished operations to their owners, each direction in posting order. */
+/* Hand finished operations to their owners, each direction in posting order. The
+ * library's own ops (the send buffer's copies, §7.5) are nobody's events: a finished
+ * send behind one still on the wire is handed back (its bytes are in the copy or were
+ * written), while the internal ops themselves go in their own order. */
 static void conn_deliver_locked(struct exs_conn *conn)
 {
-    struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
+    struct exs_list *pos, *next;
+    int internal_waits = 0;
 
-    for (int i = 0; i < 2; i++) {
-        while (!exs_list_empty(q[i])) {
-            struct exs_op *op = exs_list_entry(q[i]->next, struct exs_op, link);
+    for (pos = conn->sendq.next; pos != &conn->sendq; pos = next) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-            if (op->state != EXS_OPS_DONE)
+        next = pos->next;
+        if (op->state != EXS_OPS_DONE) {
+            if (!op->internal)
                 break;
-            exs_list_del(&op->link);
-            if (i && conn->rt)
-                exs__rt_deliver_locked(conn, op);
-            op->done(op);
+            internal_waits = 1;
+            continue;
         }
+        if (op->internal && internal_waits)
+            continue;
+        if (internal_waits)
+            conn->bwait.first = NULL; /* taken from the middle: a held run may point here */
+        exs_list_del(&op->link);
+        op->done(op);
+    }
+    while (!exs_list_empty(&conn->recvq)) {
+        struct exs_op *op = exs_list_entry(conn->recvq.next, struct exs_op, link);
+
+        if (op->state != EXS_OPS_DONE)
+            break;
+        exs_list_del(&op->link);
+        if (conn->rt)
+            exs__rt_deliver_locked(conn, op);
+        op->done(op);
     }
 }
 
@@ -988,6 +1008,8 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
         if (EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
             exs__rt_post_locked(conn, op);
         exs_list_add_tail(&conn->sendq, &op->link);
+        if (conn_is_stream(conn))
+            exs__stage_send_locked(conn, op); /* copied: finished, the copy goes on */
         if (conn->state == EXS_CONN_DEAD)
             exs__conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
     }
@@ -1024,7 +1046,7 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
         exs_list_for_each(pos, q[i]) {
             struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-            if (op->state == EXS_OPS_DONE || !match(op, arg))
+            if (op->state == EXS_OPS_DONE || op->internal || !match(op, arg))
                 continue;
             if (op->kind == EXS_OP_SHUTDOWN)
                 continue;
@@ -1072,8 +1094,8 @@ void exs__conn_close(struct exs_conn *conn)
         exs_list_for_each(pos, q[i]) {
             struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-            if (op->state == EXS_OPS_DONE)
-                continue;
+            if (op->state == EXS_OPS_DONE || op->internal)
+                continue; /* copies in the send buffer are sent: their sends completed */
             op->cancel = 1;
             if (op->state == EXS_OPS_QUEUED)
                 exs__conn_op_finish_locked(op, -1, ECANCELED);
@@ -1084,7 +1106,14 @@ void exs__conn_close(struct exs_conn *conn)
         /* Say goodbye with a SHUTDOWN record, then disconnect once its SEND completed,
          * so the peer reads end of stream rather than a reset. */
         conn_set_state(conn, EXS_CONN_CLOSING, "close");
-        if (conn->txshut == EXS_TXSHUT_OPEN || conn->txshut == EXS_TXSHUT_QUEUED) {
+        if ((conn->txshut == EXS_TXSHUT_OPEN || conn->txshut == EXS_TXSHUT_QUEUED) &&
+            exs__stage_pending_locked(conn) && !exs__stage_shutdown_locked(conn)) {
+            /* copies not yet on the wire (§7.5): the record follows them */
+            if (conn->txshut == EXS_TXSHUT_OPEN)
+                conn_set_txshut(conn, EXS_TXSHUT_QUEUED, "close behind the send buffer");
+            exs__st_send_progress_locked(conn);
+            exs__conn_ctrl_flush_locked(conn);
+        } else if (conn->txshut == EXS_TXSHUT_OPEN || conn->txshut == EXS_TXSHUT_QUEUED) {
             if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
                 exs__conn_ctrl_flush_locked(conn);
             if (exs__conn_ctrl_room_locked(conn, EXS_WIRE_SHUTDOWN_LEN))
@@ -1628,7 +1657,8 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
         if (--op->inflight == 0 && op->posted == op->len) {
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            conn->stats.bytes_sent += op->len;
+            if (!op->internal) /* a copy counted when its send completed (§7.5) */
+                conn->stats.bytes_sent += op->len;
         } else if (!op->inflight && op->cancel && conn->state >= EXS_CONN_DOWN) {
             exs__conn_op_finish_locked(op, -1, ECANCELED);
         }

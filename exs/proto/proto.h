@@ -64,6 +64,8 @@ struct exs_op {
     uint32_t          phase;          /* STREAM receive: P_A of its ADVERT */
     int               cancel; /* exs_cancel / exs_close asked for it */
     int               announced; /* SEQPACKET send: ANNOUNCEd, completed by READ_DONE */
+    int               internal; /* the library's own op (STREAM send buffer, §7.5): no
+                                 * application waits for it, exs_cancel never matches it */
     struct exs_rt_tx *rt;     /* SEQPACKET send sampled for request tracing, else NULL */
     /* result */
     ssize_t           result; /* bytes, or -1 */
@@ -132,6 +134,8 @@ struct exs_conn_params {
     uint32_t max_reads;   /* outstanding RDMA READs per connection */
     uint32_t batch_max;   /* EXS_BATCH_MAX: largest batched ring write, bytes; 0 = no batching */
     int      autotune;    /* STREAM: the ring may grow and shrink (§7.4); 0 after SO_RCVBUF */
+    uint32_t sndbuf;      /* STREAM send buffer (§7.5), bytes; 0 = every send zero-copy */
+    uint32_t copy_max;    /* STREAM sends up to this many bytes may be copied into it */
 };
 
 /* Batched ring writes in flight at once per connection (each has its staging buffer). */
@@ -140,6 +144,10 @@ struct exs_conn_params {
 #define EXS_BATCH_FLOOR 1024u
 /* Largest batch_max accepted (EXS_BATCH_MAX). */
 #define EXS_BATCH_MAX_LIMIT (1u << 20)
+
+/* SO_SNDBUF / EXS_SNDBUF bounds (the STREAM send buffer, §7.5; 0 = off). */
+#define EXS_SNDBUF_MIN 4096u
+#define EXS_SNDBUF_MAX (64u << 20)
 
 /* Ring slots: every eager message occupies a multiple of this (at least one slot), so a
  * receiver holds at most ring_size / EXS_RING_SLOT unconsumed messages. */
@@ -270,6 +278,15 @@ struct exs_conn {
         struct exs_op *first;                /* first op of the batch in sendq, NULL: free */
         uint32_t       nops;                 /* ops it carries */
     }                          batch_slot[EXS_BATCH_SLOTS];
+
+    /* STREAM send buffer (spec/protocol.md §7.5, stage.c): small sends are copied into it
+     * and completed at once; internal ops in sendq carry the copies */
+    struct exs_prov_mr        *stg_mem;      /* p.sndbuf bytes, allocated at the first copy */
+    uint64_t                   stg_head;     /* buffer position released so far */
+    uint64_t                   stg_tail;     /* buffer position allocated so far */
+    struct exs_op             *stg_last;     /* the newest internal send op, NULL: none */
+    int                        stg_pending;  /* a send that may be copied waits (no room
+                                              * yet, or an earlier send waits): refill */
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t                   dl_start_ns;  /* connect / accept began (handshake deadline) */

@@ -227,6 +227,7 @@ void exs__st_send_progress_locked(struct exs_conn *conn)
         return; /* nothing else leaves before it */
     if (conn->rs_owed && !st_resize_answer_locked(conn))
         return; /* no ring write before it; the rest waits for the same room */
+    exs__stage_refill_locked(conn);
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
@@ -245,6 +246,10 @@ void exs__st_send_progress_locked(struct exs_conn *conn)
             continue;
         }
         if (op->posted == 0 && op->inflight == 0 && op->len) {
+            /* the send buffer's newest copy gathers while a ring write is in flight
+             * (§7.5) unless an ADVERT takes it now */
+            if (exs__stage_hold_locked(conn, op) && !st_advert_head(conn))
+                return;
             switch (exs__batch_try_locked(conn, pos, st_batch_fit)) {
             case BATCH_SENT:
                 continue; /* the run's ops are POSTED now: skipped below */

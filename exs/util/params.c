@@ -97,6 +97,10 @@ static const struct exs_param_def params_table[] = {
           "verbs: use the device and port that hold this IP address (RoCE/IPoIB)"),
     PARAM(batch_max, "EXS_BATCH_MAX", "8192", UINT, 0,
           "largest ring write gathering several small sends while another is in flight, bytes, at most 1048576; 0 = no batching"),
+    PARAM(sndbuf, "EXS_SNDBUF", "262144", UINT, 0,
+          "SOCK_STREAM send buffer per connection (default of SO_SNDBUF), bytes, 0 or 4096..67108864: sends of at most EXS_STREAM_COPY_MAX bytes are copied into it and complete at once, like a kernel socket's send(); 0 = every send is zero-copy and completes when its bytes reached the peer"),
+    PARAM(stream_copy_max, "EXS_STREAM_COPY_MAX", "8192", UINT, 0,
+          "SOCK_STREAM: largest send copied into the send buffer (EXS_SNDBUF); larger sends are zero-copy; 0 = none"),
 
     /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
     PARAM(stream_direct_min, "EXS_STREAM_DIRECT_MIN", "32768", UINT, 0,
@@ -248,6 +252,11 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, eager_max) && v->u > (1u << 20))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, batch_max) && v->u > (1u << 20))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, sndbuf) && v->u &&
+            (v->u < 4096 || v->u > (64u << 20)))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, stream_copy_max) && v->u > (1u << 20))
             return -EINVAL;
         if ((d->offset == offsetof(struct exs_params, keepalive_intv_ms) ||
              d->offset == offsetof(struct exs_params, send_timeout_ms)) && v->u > 3600000)

@@ -63,6 +63,8 @@ struct exs_params {
     char     vrb_device[EXS_PARAM_STR_MAX]; /* EXS_VRB_DEVICE: NAME or NAME:PORT, "" = any */
     char     vrb_addr[EXS_PARAM_STR_MAX];   /* EXS_VRB_ADDR: the device holding this IP */
     uint64_t batch_max;        /* EXS_BATCH_MAX: largest batched ring write, 0 = off */
+    uint64_t sndbuf;           /* EXS_SNDBUF: STREAM send buffer per connection, 0 = off */
+    uint64_t stream_copy_max;  /* EXS_STREAM_COPY_MAX: STREAM sends up to this are copied */
 
     /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
     uint64_t stream_direct_min;   /* EXS_STREAM_DIRECT_MIN: receives this big are advertised (direct) */

@@ -187,6 +187,8 @@ struct exs_sock_stats {
     /* observability */
     uint64_t srtt_us;           /* smoothed round-trip time, us (0: not measured yet) */
     uint64_t ring_grow_refused; /* ring grows refused: the process's ring budget (autotuning) */
+    uint64_t sends_copied;      /* STREAM sends copied into the send buffer (SO_SNDBUF) and
+                                 * completed at once */
 };
 /* exs_getsockopt(EXS_SO_STATS) fills min(*optlen, sizeof) bytes and sets *optlen to that
  * count; *optlen below the first version's size is EINVAL. */

@@ -400,6 +400,7 @@ START_TEST(test_send_stall_deadline)
     it_setenv("EXS_SEND_TIMEOUT_MS", "400");
     it_setenv("EXS_KEEPALIVE_INTV_MS", "100");
     it_setenv("EXS_RING_SIZE", "4096");
+    it_setenv("EXS_SNDBUF", "4096"); /* STREAM: four sends fit the send buffer, the rest wait */
     it_init();
     it_pair_open(&p, type, 8, 64);
     sb = it_buf_new(1024, 1);

@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: MIT */
+/* The STREAM send buffer (spec/protocol.md §7.5, SO_SNDBUF): small sends complete once copied, in order, and close still sends them. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "tests/integ/integ.h"
+
+#define SB_N     32   /* small sends */
+#define SB_LEN   256  /* bytes each: SB_N x SB_LEN is 8 times the receiver's ring */
+#define SB_RING  "1024"
+#define SB_TOTAL (SB_N * SB_LEN)
+
+static void sb_stats(int fd, struct exs_sock_stats *st)
+{
+    socklen_t len = sizeof(*st);
+
+    memset(st, 0, sizeof(*st));
+    IT_EXPECT_OK(exs_getsockopt(fd, SOL_EXS, EXS_SO_STATS, st, &len));
+}
+
+/* A pair whose receiving side has a 1 KiB ring that never grows. */
+static void sb_open(struct it_pair *p, const char *sndbuf)
+{
+    it_setenv("EXS_RING_SIZE", SB_RING);
+    it_setenv("EXS_RING_MAX", SB_RING); /* no autotuning */
+    if (sndbuf)
+        it_setenv("EXS_SNDBUF", sndbuf);
+    it_init();
+    it_pair_open(p, SOCK_STREAM, 2 * SB_N + 8, 2 * SB_N + 8);
+}
+
+/* The receiver takes SB_TOTAL bytes in one MSG_WAITALL receive and checks them. */
+static void sb_receive_all(struct it_pair *p, struct it_buf *rb, uint32_t seed)
+{
+    IT_EXPECT_OK(exs_recv(p->sfd, rb->p, SB_TOTAL, MSG_WAITALL, p->sq, IT_AH(0x4EC), rb->mh));
+    it_expect_recv(p->sq, p->sfd, IT_AH(0x4EC), SB_TOTAL, 0);
+    ck_assert_int_eq(it_check(rb->p, SB_TOTAL, seed), -1);
+}
+
+/* _i 0: with the send buffer, every small send completes while the receiver has taken
+ * nothing and its ring holds only 4 of them; _i 1: without it (EXS_SNDBUF 0) sends
+ * complete only as the ring takes them. Either way the bytes arrive intact. */
+START_TEST(sndbuf_sends_complete_at_once)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    struct exs_sock_stats st;
+    exs_event_t ev;
+    int done = 0;
+
+    sb_open(&p, _i ? "0" : NULL);
+    sb = it_buf_new(SB_TOTAL, 1);
+    rb = it_buf_new(SB_TOTAL, 1);
+    it_fill(sb->p, SB_TOTAL, 11);
+    for (int i = 0; i < SB_N; i++)
+        IT_POST_SEND(p.cfd, sb->p + i * SB_LEN, SB_LEN, p.cq, IT_AH(100 + i), sb->mh);
+    if (!_i) {
+        for (int i = 0; i < SB_N; i++)
+            it_expect_send(p.cq, p.cfd, IT_AH(100 + i), SB_LEN);
+        sb_stats(p.cfd, &st);
+        ck_assert_int_eq(st.sends_copied, SB_N);
+        ck_assert_int_eq(st.bytes_sent, SB_TOTAL);
+    } else {
+        while (it_try_event(p.cq, EXS_EVT_SEND, p.cfd, 500, &ev) == 1) {
+            ck_assert_int_eq(ev.exs_evt_errno, 0);
+            ck_assert(ev.exs_evt_ahandle == IT_AH(100 + done));
+            done++;
+        }
+        ck_assert_msg(done <= 1024 / SB_LEN, "%d zero-copy sends completed: more than the ring holds",
+                      done);
+        sb_stats(p.cfd, &st);
+        ck_assert_int_eq(st.sends_copied, 0);
+    }
+    sb_receive_all(&p, rb, 11);
+    if (_i)
+        for (int i = done; i < SB_N; i++)
+            it_expect_send(p.cq, p.cfd, IT_AH(100 + i), SB_LEN);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
+/* A send buffer of 16 sends: the first 16 complete at once, the rest wait and are copied
+ * (or written zero-copy) as the receiver drains; every event in order, every byte right. */
+START_TEST(sndbuf_full_then_refilled)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    struct exs_sock_stats st;
+    exs_event_t ev;
+    int done;
+
+    sb_open(&p, "4096");
+    sb = it_buf_new(SB_TOTAL, 1);
+    rb = it_buf_new(SB_TOTAL, 1);
+    it_fill(sb->p, SB_TOTAL, 15);
+    for (int i = 0; i < SB_N; i++)
+        IT_POST_SEND(p.cfd, sb->p + i * SB_LEN, SB_LEN, p.cq, IT_AH(500 + i), sb->mh);
+    for (done = 0; done < 4096 / SB_LEN; done++)
+        it_expect_send(p.cq, p.cfd, IT_AH(500 + done), SB_LEN);
+    /* then only what the ring (1 KiB) takes from the buffer frees room for more copies */
+    while (it_try_event(p.cq, EXS_EVT_SEND, p.cfd, 300, &ev) == 1) {
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        ck_assert(ev.exs_evt_ahandle == IT_AH(500 + done));
+        done++;
+    }
+    ck_assert_msg(done <= (4096 + 1024) / SB_LEN, "%d sends completed: more than the buffer and "
+                  "the ring hold", done);
+    sb_receive_all(&p, rb, 15);
+    for (int i = done; i < SB_N; i++)
+        it_expect_send(p.cq, p.cfd, IT_AH(500 + i), SB_LEN);
+    sb_stats(p.cfd, &st);
+    ck_assert_msg(st.sends_copied >= 4096 / SB_LEN && st.sends_copied <= SB_N, "sends_copied %llu",
+                  (unsigned long long)st.sends_copied);
+    ck_assert_int_eq(st.bytes_sent, SB_TOTAL);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
+/* Copied and zero-copy sends mixed: events in posting order, bytes in order. */
+START_TEST(sndbuf_mixed_order)
+{
+    static const size_t sizes[] = {100, 20000, 100, 100, 9000, 50, 64, 8192, 1, 30000, 7};
+    enum { NS = sizeof(sizes) / sizeof(sizes[0]) };
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    struct exs_sock_stats st;
+    size_t total = 0, off = 0;
+
+    for (int i = 0; i < NS; i++)
+        total += sizes[i];
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 32, 32);
+    sb = it_buf_new(total, 1);
+    rb = it_buf_new(total, 1);
+    it_fill(sb->p, total, 12);
+    for (int i = 0; i < NS; i++) {
+        IT_POST_SEND(p.cfd, sb->p + off, sizes[i], p.cq, IT_AH(200 + i), sb->mh);
+        off += sizes[i];
+    }
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, total, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    for (int i = 0; i < NS; i++) /* it_expect_send checks the handle: posting order */
+        it_expect_send(p.cq, p.cfd, IT_AH(200 + i), (ssize_t)sizes[i]);
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), (ssize_t)total, 0);
+    ck_assert_int_eq(it_check(rb->p, total, 12), -1);
+    sb_stats(p.cfd, &st);
+    ck_assert_msg(st.sends_copied >= 1 && st.sends_copied <= 8, "sends_copied %llu",
+                  (unsigned long long)st.sends_copied);
+    ck_assert_int_eq(st.bytes_sent, total);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
+/* exs_close right after copied sends the ring could not take yet: the peer still gets
+ * every byte, then end of stream; the close completes without error. */
+START_TEST(sndbuf_close_sends_copies)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    exs_event_t ev;
+
+    sb_open(&p, NULL);
+    sb = it_buf_new(SB_TOTAL, 1);
+    rb = it_buf_new(SB_TOTAL, 1);
+    it_fill(sb->p, SB_TOTAL, 13);
+    for (int i = 0; i < SB_N; i++)
+        IT_POST_SEND(p.cfd, sb->p + i * SB_LEN, SB_LEN, p.cq, IT_AH(300 + i), sb->mh);
+    for (int i = 0; i < SB_N; i++)
+        it_expect_send(p.cq, p.cfd, IT_AH(300 + i), SB_LEN);
+    IT_EXPECT_OK(exs_close(p.cfd, p.cq, IT_AH(0xC105E)));
+    sb_receive_all(&p, rb, 13);
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 16, 0, p.sq, IT_AH(0xE0F), rb->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(0xE0F), 0, 0); /* end of stream, not a reset */
+    it_wait_event(p.cq, EXS_EVT_CLOSE, p.cfd, &ev);
+    ck_assert(ev.exs_evt_ahandle == IT_AH(0xC105E));
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    p.cfd = -1;
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
+static int sb_get(int fd)
+{
+    int v = -1;
+    socklen_t len = sizeof(v);
+
+    IT_EXPECT_OK(exs_getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, &len));
+    ck_assert_int_eq(len, sizeof(v));
+    return v;
+}
+
+static void sb_set(int fd, int v, int err)
+{
+    if (err)
+        IT_EXPECT_FAIL(exs_setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v)), err);
+    else
+        IT_EXPECT_OK(exs_setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v)));
+}
+
+/* SO_SNDBUF: default EXS_SNDBUF, bounds, rounding, only before connecting, inherited by
+ * accepted sockets; 0 sends zero-copy (nothing copied). */
+START_TEST(sndbuf_option)
+{
+    struct sockaddr_in addr;
+    struct exs_sock_stats st;
+    struct it_buf *b;
+    exs_qhandle_t q;
+    exs_event_t ev;
+    int lfd, cfd, sfd;
+
+    it_setenv("EXS_SNDBUF", "131072");
+    it_init();
+    q = it_qcreate(64);
+    b = it_buf_new(4096, 1);
+    lfd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(lfd, 0);
+    ck_assert_int_eq(sb_get(lfd), 131072);
+    sb_set(lfd, 100, EINVAL);       /* below 4096 (and not 0) */
+    sb_set(lfd, -1, EINVAL);
+    sb_set(lfd, (64 << 20) + 64, EINVAL);
+    sb_set(lfd, 5000, 0);
+    ck_assert_int_eq(sb_get(lfd), 5056); /* rounded up to 64 */
+    it_close(lfd, q);
+
+    lfd = it_listen(SOCK_STREAM, &addr);
+    sb_set(lfd, 8192, EINVAL); /* listening: too late, as for SO_RCVBUF */
+    it_close(lfd, q);
+    /* the listener's value goes to the sockets it accepts */
+    lfd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    sb_set(lfd, 8192, 0);
+    {
+        struct sockaddr_in any = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t alen = sizeof(addr);
+
+        IT_EXPECT_OK(exs_bind(lfd, (struct sockaddr *)&any, sizeof(any)));
+        IT_EXPECT_OK(exs_listen(lfd, 4));
+        IT_EXPECT_OK(exs_getsockname(lfd, (struct sockaddr *)&addr, &alen));
+    }
+    IT_EXPECT_OK(exs_accept(lfd, q, IT_AH(1)));
+    cfd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    sb_set(cfd, 0, 0);
+    ck_assert_int_eq(sb_get(cfd), 0);
+    IT_EXPECT_OK(exs_connect(cfd, (struct sockaddr *)&addr, sizeof(addr), q, IT_AH(2)));
+    it_expect_err(q, EXS_EVT_CONNECT, cfd, IT_AH(2), 0);
+    it_wait_event(q, EXS_EVT_ACCEPT, lfd, &ev);
+    sfd = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+    ck_assert_int_ge(sfd, 0);
+    ck_assert_int_eq(sb_get(sfd), 8192);
+    sb_set(cfd, 4096, EINVAL); /* connected */
+    /* the client copies nothing, the server does */
+    IT_EXPECT_OK(exs_recv(sfd, b->p, 100, MSG_WAITALL, q, IT_AH(3), b->mh));
+    IT_POST_SEND(cfd, b->p + 2048, 100, q, IT_AH(4), b->mh);
+    it_expect_send(q, cfd, IT_AH(4), 100);
+    it_expect_recv(q, sfd, IT_AH(3), 100, 0);
+    IT_EXPECT_OK(exs_recv(cfd, b->p, 100, MSG_WAITALL, q, IT_AH(5), b->mh));
+    IT_POST_SEND(sfd, b->p + 2048, 100, q, IT_AH(6), b->mh);
+    it_expect_send(q, sfd, IT_AH(6), 100);
+    it_expect_recv(q, cfd, IT_AH(5), 100, 0);
+    sb_stats(cfd, &st);
+    ck_assert_int_eq(st.sends_copied, 0);
+    sb_stats(sfd, &st);
+    ck_assert_int_eq(st.sends_copied, 1);
+    it_close(cfd, q);
+    it_close(sfd, q);
+    it_close(lfd, q);
+    it_qdelete(q);
+    it_buf_free(b);
+}
+END_TEST
+
+/* exs_cancel never reaches the library's copies: cancelling the handle of a completed
+ * copied send finds nothing, and the bytes still arrive. */
+START_TEST(sndbuf_cancel_spares_copies)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+
+    sb_open(&p, NULL);
+    sb = it_buf_new(SB_TOTAL, 1);
+    rb = it_buf_new(SB_TOTAL, 1);
+    it_fill(sb->p, SB_TOTAL, 14);
+    for (int i = 0; i < SB_N; i++)
+        IT_POST_SEND(p.cfd, sb->p + i * SB_LEN, SB_LEN, p.cq, IT_AH(400 + i), sb->mh);
+    for (int i = 0; i < SB_N; i++)
+        it_expect_send(p.cq, p.cfd, IT_AH(400 + i), SB_LEN);
+    for (int i = 0; i < SB_N; i++)
+        IT_EXPECT_OK(exs_cancel(p.cfd, IT_AH(400 + i), 0));
+    it_expect_no_event(p.cq, 100);
+    sb_receive_all(&p, rb, 14);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
+Suite *integ_sndbuf_suite(void)
+{
+    Suite *s = suite_create("integ_sndbuf");
+    TCase *tc = it_tcase("sndbuf", 60);
+
+    tcase_add_loop_test(tc, sndbuf_sends_complete_at_once, 0, 2);
+    tcase_add_test(tc, sndbuf_full_then_refilled);
+    tcase_add_test(tc, sndbuf_mixed_order);
+    tcase_add_test(tc, sndbuf_close_sends_copies);
+    tcase_add_test(tc, sndbuf_option);
+    tcase_add_test(tc, sndbuf_cancel_spares_copies);
+    suite_add_tcase(s, tc);
+    return s;
+}
