@@ -7,6 +7,8 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -58,9 +60,17 @@ struct kfd_op {
     size_t len;
     size_t done; /* bytes moved so far */
     exs_ahandle_t ah;
-    struct exs_evq *evq;   /* slot reserved */
-    struct api_mreg *mreg; /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
+    struct exs_evq *evq;       /* slot reserved */
+    struct api_mreg *mreg;     /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
     struct api_bounce *bounce; /* exs_sendmsg / exs_recvmsg / exs_sendfile: buf is its */
+    /* SO_ASYNC_*_TIMEOUT notices (k->lock): in k->to_ops while to_on */
+    struct exs_list to_link;
+    int to_on;   /* registered for notices */
+    int to_slot; /* a slot is reserved for the next notice */
+    int to_once;
+    uint32_t to_ms;
+    uint32_t to_count;
+    uint64_t to_post_ns, to_due_ns;
 };
 
 struct kfd {
@@ -76,6 +86,16 @@ struct kfd {
     int io_want;  /* lock: EV_READ / EV_WRITE the queues wait for */
     int io_reg;   /* lock: what is registered in kfd_ep (EV_READ / EV_WRITE) */
     uint32_t gen; /* names this kfd in its epoll events */
+    /* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT (lock): while either is set the kfd
+     * stays in the table between operations; dev/ino name the socket they were set on */
+    int snd_timeo, rcv_timeo;
+    dev_t dev;
+    ino_t ino;
+    struct exs_list to_ops; /* lock: operations registered for notices */
+    int to_job_busy;        /* lock: to_job queued */
+    struct exs_job to_job;  /* re-arms to_timer (holds a reference while queued) */
+    struct exs_eng_timer to_timer;
+    int to_timer_on; /* progress thread: armed (holds a reference) */
 };
 
 static pthread_mutex_t kfd_tab_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -100,13 +120,15 @@ int exs__debug_kfd_live(void)
 
 static int kfd_ep_open(void);
 static void kfd_reg_locked(struct kfd *k, int events);
+static int kfd_has_opts(const struct kfd *k);
+static void kfd_to_end_locked(struct kfd *k, struct kfd_op *op);
 
 static void kfd_put(struct kfd *k)
 {
     if (__atomic_sub_fetch(&k->refs, 1, __ATOMIC_ACQ_REL))
         return;
     EXS_ASSERT(!k->attached && !k->io_reg && exs_list_empty(&k->sendq) &&
-               exs_list_empty(&k->recvq));
+               exs_list_empty(&k->recvq) && exs_list_empty(&k->to_ops));
     pthread_mutex_destroy(&k->lock);
     free(k);
     __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);
@@ -170,6 +192,7 @@ static struct kfd *kfd_get(int fd, int create, int *err_p)
     pthread_mutex_init(&k->lock, NULL);
     exs_list_init(&k->sendq);
     exs_list_init(&k->recvq);
+    exs_list_init(&k->to_ops);
     kfd_tab[fd] = k;
     __atomic_fetch_add(&kfd_live, 1, __ATOMIC_RELAXED);
 out:
@@ -225,6 +248,7 @@ static void kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t resul
     };
     struct exs_evq *evq = op->evq;
 
+    kfd_to_end_locked(k, op); /* no notice after this event */
     if (op->type == EXS_EVT_SEND || op->type == EXS_EVT_RECV) {
         ev.exs_evt_u.exs_evt_xfer.exs_evt_buf = op->buf;
         ev.exs_evt_u.exs_evt_xfer.exs_evt_len = op->len;
@@ -236,13 +260,182 @@ static void kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t resul
     ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : result;
     if (op->bounce)
         exs__api_bounce_event(op->bounce, err ? -1 : result, 0, &ev);
-    if (exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && op->type != EXS_EVT_CLOSE)
+    if (exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && op->type != EXS_EVT_CLOSE &&
+        !kfd_has_opts(k))
         kfd_detach_locked(k);
     EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno %d", k->fd, op->type, op->ah,
              (ssize_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, err);
     /* release first: once the event is visible the application may count objects */
     kfd_op_free(op);
     exs__evq_post(evq, &ev);
+}
+
+/* ---- SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT notices ----
+ *
+ * As on exs sockets (poll.c, spec/api.md section 9.1): an asynchronous send or receive
+ * posted while k has a timeout for its direction is registered in k->to_ops with its
+ * next due time and one reserved slot for its first notice. One engine timer per kfd
+ * (to_timer, armed by to_job or by itself on the progress thread, holding a reference
+ * while on) posts the notices under k->lock; an operation leaves k->to_ops under the same
+ * lock before its event is posted, so no notice follows its operation's event. */
+
+static void kfd_to_job_fn(struct exs_job *job);
+
+/* 1 when k holds a socket option (it then stays in the table between operations). */
+static int kfd_has_opts(const struct kfd *k)
+{
+    return k->snd_timeo || k->rcv_timeo;
+}
+
+/* Queue to_job, which re-arms the timer (k->lock held). */
+static void kfd_to_kick_locked(struct kfd *k)
+{
+    if (k->to_job_busy)
+        return;
+    k->to_job_busy = 1;
+    kfd_ref(k); /* the job's */
+    k->to_job.fn = kfd_to_job_fn;
+    exs__engine_post(&k->to_job);
+}
+
+/* An asynchronous send or receive is posted (k->lock held): register it for notices when
+ * k has a timeout for its direction. 0, or EAGAIN when its queue cannot take the first
+ * notice's slot too. */
+static int kfd_to_start_locked(struct kfd *k, struct kfd_op *op)
+{
+    int v = op->type == EXS_EVT_RECV ? k->rcv_timeo : k->snd_timeo;
+    uint64_t now;
+    int ret;
+
+    if (!v)
+        return 0;
+    ret = exs__evq_reserve(op->evq);
+    if (ret)
+        return ret == -EAGAIN ? EAGAIN : -ret;
+    now = exs__now_ns();
+    op->to_on = 1;
+    op->to_slot = 1;
+    op->to_once = !!(v & EXS_TIMEOUT_ONCE);
+    op->to_ms = (uint32_t)(v & EXS_TIMEOUT_MS_MAX);
+    op->to_post_ns = now;
+    op->to_due_ns = now + (uint64_t)op->to_ms * 1000000u;
+    exs_list_add_tail(&k->to_ops, &op->to_link);
+    kfd_to_kick_locked(k);
+    return 0;
+}
+
+/* op ends or is dropped (k->lock held): unregistered, its unused notice slot returned. */
+static void kfd_to_end_locked(struct kfd *k, struct kfd_op *op)
+{
+    if (op->to_on) {
+        op->to_on = 0;
+        exs_list_del(&op->to_link);
+        if (exs_list_empty(&k->to_ops))
+            kfd_to_kick_locked(k); /* the timer stops */
+    }
+    if (op->to_slot) {
+        op->to_slot = 0;
+        exs__evq_unreserve(op->evq);
+    }
+}
+
+static void kfd_to_timer_cb(struct exs_eng_timer *t);
+
+/* Progress thread: arm the timer for the earliest notice due, or stop it (its reference
+ * goes with it; this may free k). */
+static void kfd_to_arm(struct kfd *k)
+{
+    uint64_t next = UINT64_MAX, now;
+    struct exs_list *pos;
+    int was = k->to_timer_on;
+
+    kfd_lock(k);
+    exs_list_for_each(pos, &k->to_ops)
+    {
+        struct kfd_op *op = exs_list_entry(pos, struct kfd_op, to_link);
+
+        if (op->to_due_ns < next)
+            next = op->to_due_ns;
+    }
+    kfd_unlock(k);
+    if (was)
+        exs__engine_timer_stop(&k->to_timer);
+    if (next != UINT64_MAX) {
+        now = exs__now_ns();
+        if (!was)
+            kfd_ref(k); /* the timer's */
+        k->to_timer_on = 1;
+        exs__engine_timer_start(&k->to_timer, next > now ? (next - now + 999999u) / 1000000u : 1u,
+                                kfd_to_timer_cb);
+    } else if (was) {
+        k->to_timer_on = 0;
+        kfd_put(k);
+    }
+}
+
+static void kfd_to_job_fn(struct exs_job *job)
+{
+    struct kfd *k = exs_container_of(job, struct kfd, to_job);
+
+    kfd_lock(k);
+    k->to_job_busy = 0;
+    kfd_unlock(k);
+    kfd_ref(k); /* kfd_to_arm may drop the timer's */
+    kfd_to_arm(k);
+    kfd_put(k);
+    kfd_put(k); /* the job's */
+}
+
+/* Progress thread: post the notices due (a queue with no free slot defers one by an
+ * interval: nothing is queued beyond its depth). */
+static void kfd_to_timer_cb(struct exs_eng_timer *t)
+{
+    struct kfd *k = exs_container_of(t, struct kfd, to_timer);
+    struct exs_list *pos, *next;
+    uint64_t now = exs__now_ns();
+
+    kfd_lock(k);
+    for (pos = k->to_ops.next; pos != &k->to_ops; pos = next) {
+        struct kfd_op *op = exs_list_entry(pos, struct kfd_op, to_link);
+        uint64_t ivl = (uint64_t)op->to_ms * 1000000u;
+        exs_event_t ev = {.exs_evt_fd = k->fd, .exs_evt_ahandle = op->ah};
+
+        next = pos->next;
+        if (op->to_due_ns > now)
+            continue;
+        if (!op->to_slot) {
+            if (exs__evq_reserve(op->evq)) {
+                op->to_due_ns = now + ivl;
+                continue;
+            }
+            op->to_slot = 1;
+        }
+        op->to_slot = 0;
+        op->to_count++;
+        ev.exs_evt_type = op->type == EXS_EVT_RECV ? EXS_EVT_RECVTIMEOUT : EXS_EVT_SENDTIMEOUT;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_buf = op->buf;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_len = op->len;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_count = op->to_count;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_elapsed_ms =
+            (unsigned)((now - op->to_post_ns) / 1000000u);
+        if (op->to_once) {
+            op->to_on = 0;
+            exs_list_del(&op->to_link);
+        } else {
+            op->to_due_ns += ivl;
+            if (op->to_due_ns <= now)
+                op->to_due_ns = now + ivl; /* late: no burst of notices */
+        }
+        EXS_DBG(API, "kfd %d: timeout notice %u of ah %p", k->fd, op->to_count, op->ah);
+        exs__evq_post(op->evq, &ev);
+    }
+    kfd_unlock(k);
+    /* it fired, so it is off: re-armed, or its reference dropped */
+    k->to_timer_on = 0;
+    kfd_ref(k);
+    kfd_to_arm(k);
+    kfd_put(k); /* what was the timer's, unless re-armed: it then took its own */
+    kfd_put(k);
 }
 
 /* Drop op without an event (exs_fini). */
@@ -505,24 +698,48 @@ static struct kfd_op *kfd_op_new(int type, exs_qhandle_t q, exs_ahandle_t ah, in
     return op;
 }
 
-/* The kfd of fd, attached, locked, with a reference; NULL with an errno. */
-static struct kfd *kfd_get_locked(int fd, int *err_p)
+/* 1 when k (attached, locked) holds options but no operation, and fd no longer names the
+ * socket they were set on (the application closed it and the number was reused; an
+ * fstat that fails counts as another socket too): k is then detached. */
+static int kfd_stale_locked(struct kfd *k)
+{
+    struct stat st;
+
+    if (!kfd_has_opts(k) || !exs_list_empty(&k->sendq) || !exs_list_empty(&k->recvq))
+        return 0;
+    if (fstat(k->fd, &st) == 0 && st.st_dev == k->dev && st.st_ino == k->ino)
+        return 0;
+    EXS_DBG(API, "kfd %d: another socket now: its options are dropped", k->fd);
+    k->snd_timeo = k->rcv_timeo = 0;
+    kfd_detach_locked(k);
+    return 1;
+}
+
+/* The kfd of fd (made when create), attached, locked, with a reference; NULL with an
+ * errno (no create: ENOENT when there is none). */
+static struct kfd *kfd_get_locked2(int fd, int create, int *err_p)
 {
     for (;;) {
         int ret = 0;
-        struct kfd *k = kfd_get(fd, 1, &ret);
+        struct kfd *k = kfd_get(fd, create, &ret);
 
         if (!k) {
             *err_p = -ret;
             return NULL;
         }
         kfd_lock(k);
-        if (k->attached)
+        if (k->attached && !kfd_stale_locked(k))
             return k;
-        /* its last event was just posted: the number starts afresh */
+        /* its last event was just posted, or the number names another socket now: it
+         * starts afresh */
         kfd_unlock(k);
         kfd_put(k);
     }
+}
+
+static struct kfd *kfd_get_locked(int fd, int *err_p)
+{
+    return kfd_get_locked2(fd, 1, err_p);
 }
 
 /* Check the call's common conditions: 0 or an errno. */
@@ -585,6 +802,11 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         kfd_unlock(k);
         kfd_put(k);
         err = EAGAIN;
+        goto err_op;
+    }
+    if (!sync && (err = kfd_to_start_locked(k, op))) {
+        kfd_unlock(k);
+        kfd_put(k);
         goto err_op;
     }
     (*count)++;
@@ -738,11 +960,14 @@ void exs__api_kfd_close_all(void)
         if (!k)
             break;
         kfd_lock(k);
-        while ((n = exs_list_pop_head(&k->sendq)))
-            kfd_op_drop(exs_list_entry(n, struct kfd_op, link));
-        while ((n = exs_list_pop_head(&k->recvq)))
-            kfd_op_drop(exs_list_entry(n, struct kfd_op, link));
+        while ((n = exs_list_pop_head(&k->sendq)) || (n = exs_list_pop_head(&k->recvq))) {
+            struct kfd_op *op = exs_list_entry(n, struct kfd_op, link);
+
+            kfd_to_end_locked(k, op);
+            kfd_op_drop(op);
+        }
         k->n_send = k->n_recv = 0;
+        k->snd_timeo = k->rcv_timeo = 0;
         kfd_detach_locked(k);
         kfd_unlock(k);
         kfd_put(k);
@@ -757,4 +982,121 @@ void exs__api_kfd_close_all(void)
         exs__engine_post(&kfd_ep_stop_job);
     }
     EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+}
+
+/* SO_ASYNC_*_TIMEOUT as exs_setsockopt takes it (int ms | EXS_TIMEOUT_ONCE, or a struct
+ * timeval rounded up to whole ms): 0 with *v_p, or EINVAL. */
+static int kfd_timeo_parse(const void *optval, socklen_t optlen, int *v_p)
+{
+    int v;
+
+    if (!optval)
+        return EINVAL;
+    if (optlen == sizeof(struct timeval)) {
+        struct timeval tv;
+        uint64_t ms;
+
+        memcpy(&tv, optval, sizeof(tv));
+        if (tv.tv_sec < 0 || tv.tv_sec > EXS_TIMEOUT_MS_MAX / 1000 || tv.tv_usec < 0 ||
+            tv.tv_usec >= 1000000)
+            return EINVAL;
+        ms = (uint64_t)tv.tv_sec * 1000u + ((uint64_t)tv.tv_usec + 999u) / 1000u;
+        if (ms > EXS_TIMEOUT_MS_MAX)
+            return EINVAL;
+        *v_p = (int)ms;
+        return 0;
+    }
+    if (optlen != sizeof(int))
+        return EINVAL;
+    memcpy(&v, optval, sizeof(v));
+    if (v < 0 || (v & ~(EXS_TIMEOUT_ONCE | EXS_TIMEOUT_MS_MAX)) || (v && !(v & EXS_TIMEOUT_MS_MAX)))
+        return EINVAL;
+    *v_p = v;
+    return 0;
+}
+
+static int kfd_opt_is_timeo(int level, int optname)
+{
+    return (level == SOL_SOCKET || level == SOL_EXS) &&
+           (optname == SO_ASYNC_SEND_TIMEOUT || optname == SO_ASYNC_RECV_TIMEOUT);
+}
+
+static int kfd_opt_is_ordered(int level, int optname)
+{
+    return (level == SOL_SOCKET || level == SOL_EXS) && optname == SO_ASYNC_RECV_ORDERED;
+}
+
+int exs__api_kfd_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen)
+{
+    struct stat st;
+    struct kfd *k;
+    int err, v = 0;
+
+    if ((err = kfd_check(fd)))
+        return exs__err(err);
+    if (kfd_opt_is_ordered(level, optname)) {
+        /* receive events always come in posting order (section 9) */
+        if (!optval || optlen != sizeof(int))
+            return exs__err(EINVAL);
+        memcpy(&v, optval, sizeof(v));
+        return v == 0 || v == 1 ? 0 : exs__err(EINVAL);
+    }
+    if (!kfd_opt_is_timeo(level, optname))
+        return exs__err(optval && optlen == sizeof(int) ? ENOPROTOOPT : EINVAL);
+    if ((err = kfd_timeo_parse(optval, optlen, &v)))
+        return exs__err(err);
+    if (fstat(fd, &st)) {
+        err = errno;
+        EXS_DBG(API, "kfd %d: fstat: %m", fd);
+        return exs__err(err);
+    }
+    k = kfd_get_locked(fd, &err);
+    if (!k)
+        return exs__err(err);
+    k->dev = st.st_dev;
+    k->ino = st.st_ino;
+    if (optname == SO_ASYNC_SEND_TIMEOUT)
+        k->snd_timeo = v;
+    else
+        k->rcv_timeo = v;
+    /* nothing pending and nothing set: no state is kept */
+    if (!kfd_has_opts(k) && exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq))
+        kfd_detach_locked(k);
+    kfd_unlock(k);
+    kfd_put(k);
+    return 0;
+}
+
+int exs__api_kfd_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen)
+{
+    struct kfd *k;
+    int err, v = 0;
+
+    if ((err = kfd_check(fd)))
+        return exs__err(err);
+    if (!optval || !optlen || *optlen < sizeof(int))
+        return exs__err(EINVAL);
+    if (kfd_opt_is_ordered(level, optname)) {
+        v = 1;
+    } else if (kfd_opt_is_timeo(level, optname)) {
+        k = kfd_get_locked2(fd, 0, &err);
+        if (k) {
+            v = optname == SO_ASYNC_SEND_TIMEOUT ? k->snd_timeo : k->rcv_timeo;
+            kfd_unlock(k);
+            kfd_put(k);
+        }
+        if (*optlen >= sizeof(struct timeval)) {
+            struct timeval tv = {.tv_sec = (v & EXS_TIMEOUT_MS_MAX) / 1000,
+                                 .tv_usec = (v & EXS_TIMEOUT_MS_MAX) % 1000 * 1000};
+
+            memcpy(optval, &tv, sizeof(tv));
+            *optlen = sizeof(tv);
+            return 0;
+        }
+    } else {
+        return exs__err(ENOPROTOOPT);
+    }
+    memcpy(optval, &v, sizeof(v));
+    *optlen = sizeof(int);
+    return 0;
 }

@@ -5,6 +5,7 @@
 #define EXS_API_KFD_H
 
 #include <stddef.h>
+#include <sys/socket.h>
 #include <sys/exs.h>
 
 /*
@@ -22,6 +23,11 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
 int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah);
 int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah);
 int exs__api_kfd_cancel(int fd, exs_ahandle_t ah, int flags);
+/* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT (kept for the socket until exs_close, until
+ * both are 0 with nothing pending, or until the number names another socket) and
+ * SO_ASYNC_RECV_ORDERED; other options: ENOPROTOOPT. */
+int exs__api_kfd_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen);
+int exs__api_kfd_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen);
 /* exs_fini: drop every pending operation without an event (before the registrations
  * and the engine go). */
 void exs__api_kfd_close_all(void);

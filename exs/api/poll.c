@@ -691,7 +691,8 @@ static void to_timer_cb(struct exs_eng_timer *t)
         }
         op->to_slot = 0;
         op->to_count++;
-        ev.exs_evt_type = op->evt_type == EXS_EVT_SEND ? EXS_EVT_SENDTIMEOUT : EXS_EVT_RECVTIMEOUT;
+        /* by direction: exs_sendmsg / exs_sendfile are sends too */
+        ev.exs_evt_type = op->op.kind == EXS_OP_SEND ? EXS_EVT_SENDTIMEOUT : EXS_EVT_RECVTIMEOUT;
         ev.exs_evt_u.exs_evt_timeout.exs_evt_buf = op->op.buf;
         ev.exs_evt_u.exs_evt_timeout.exs_evt_len = op->op.len;
         ev.exs_evt_u.exs_evt_timeout.exs_evt_count = op->to_count;

@@ -499,11 +499,20 @@ START_TEST(test_to_options)
     ck_assert_int_eq(v, 1);
     v = 2;
     IT_EXPECT_FAIL(exs_setsockopt(s, SOL_SOCKET, SO_ASYNC_RECV_ORDERED, &v, sizeof(v)), EINVAL);
-    /* kernel descriptors have no such options */
+    /* kernel stream sockets take them too (test_integ_kfd.c: kfd_timeouts); other
+     * descriptors do not */
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     v = 100;
-    IT_EXPECT_FAIL(exs_setsockopt(sv[0], SOL_SOCKET, SO_ASYNC_RECV_TIMEOUT, &v, sizeof(v)),
-                   ENOTSOCK);
+    IT_EXPECT_OK(exs_setsockopt(sv[0], SOL_SOCKET, SO_ASYNC_RECV_TIMEOUT, &v, sizeof(v)));
+    len = sizeof(v);
+    IT_EXPECT_OK(exs_getsockopt(sv[0], SOL_EXS, SO_ASYNC_RECV_TIMEOUT, &v, &len));
+    ck_assert_int_eq(v, 100);
+    set_int(sv[0], SO_ASYNC_RECV_TIMEOUT, 0); /* nothing is kept */
+    ck_assert_int_eq(exs__debug_kfd_live(), 0);
+    int dg = socket(AF_UNIX, SOCK_DGRAM, 0); /* not a stream socket */
+    ck_assert_int_ge(dg, 0);
+    IT_EXPECT_FAIL(exs_setsockopt(dg, SOL_SOCKET, SO_ASYNC_RECV_TIMEOUT, &v, sizeof(v)), ENOTSOCK);
+    close(dg);
     close(sv[0]);
     close(sv[1]);
     exs_qhandle_t q = it_qcreate(2);
@@ -665,9 +674,9 @@ START_TEST(test_recv_ordered)
         it_fill(sb[k]->p, len[k], (uint32_t)k + 1);
         /* STREAM: MSG_WAITALL, so that each receive takes exactly its send's bytes (a
          * plain stream receive may complete with part of them, e.g. at a fragment) */
-        ck_assert_int_eq(exs_recv(p.sfd, rb[k]->p, len[k], _i ? 0 : MSG_WAITALL, p.sq,
-                                  AH(100 + k), rb[k]->mh),
-                         0);
+        ck_assert_int_eq(
+            exs_recv(p.sfd, rb[k]->p, len[k], _i ? 0 : MSG_WAITALL, p.sq, AH(100 + k), rb[k]->mh),
+            0);
     }
     for (int k = 0; k < N; k++)
         IT_POST_SEND(p.cfd, sb[k]->p, len[k], p.cq, AH(200 + k), sb[k]->mh);
