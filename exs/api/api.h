@@ -10,5 +10,7 @@ int exs__debug_live_objects(void);
  * operations (a thread still inside a call on a descriptor may hold it a moment after
  * its last event). */
 int exs__debug_kfd_live(void);
+/* exs_poll requests (api/poll.c) not yet freed. */
+int exs__debug_poll_live(void);
 
 #endif

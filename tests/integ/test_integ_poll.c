@@ -10,6 +10,7 @@
 #include <sys/exs.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/integ/integ.h"
@@ -408,6 +409,101 @@ START_TEST(test_poll_eintr)
 }
 END_TEST
 
+/* exs_cancel(-1, ah, 0) ends the asynchronous requests posted with ah: one EXS_EVT_POLL
+ * each with ECANCELED, exactly once, the request freed; other requests are untouched. */
+START_TEST(test_poll_cancel)
+{
+    struct it_pair p;
+    exs_pollfd_t f, g, h;
+    exs_event_t ev;
+    int pp[2];
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 8, 8);
+    ck_assert_int_eq(pipe(pp), 0);
+    f = (exs_pollfd_t){.fd = p.cfd, .events = POLLIN};
+    g = (exs_pollfd_t){.fd = p.cfd, .events = POLLIN};
+    h = (exs_pollfd_t){.fd = pp[0], .events = POLLIN}; /* kernel descriptors only */
+    IT_EXPECT_OK(exs_poll(&f, 1, -1, p.cq, AH(0x20)));
+    IT_EXPECT_OK(exs_poll(&g, 1, -1, p.cq, AH(0x21)));
+    /* at once: its start job may not have run yet */
+    IT_EXPECT_OK(exs_cancel(-1, AH(0x20), 0));
+    it_wait_event(p.cq, EXS_EVT_POLL, -1, &ev);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(0x20));
+    ck_assert_int_eq(ev.exs_evt_errno, ECANCELED);
+    ck_assert_int_eq(ev.exs_evt_fd, -1);
+    ck_assert_ptr_eq(ev.exs_evt_u.exs_evt_poll.exs_evt_fds, &f);
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_poll.exs_evt_nready, -1);
+    ck_assert_int_eq(f.revents, 0);
+    /* a registered kernel-only request, cancelled after it waited */
+    IT_EXPECT_OK(exs_poll(&h, 1, -1, p.cq, AH(0x22)));
+    it_expect_no_event(p.cq, 100);
+    IT_EXPECT_OK(exs_cancel(-1, AH(0x22), 0));
+    it_wait_event(p.cq, EXS_EVT_POLL, -1, &ev);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(0x22));
+    ck_assert_int_eq(ev.exs_evt_errno, ECANCELED);
+    /* exactly once: nothing more for them; the other request still waits */
+    IT_EXPECT_OK(exs_cancel(-1, AH(0x20), 0));
+    IT_EXPECT_OK(exs_cancel(-1, AH(0x22), 0));
+    IT_EXPECT_FAIL(exs_cancel(-1, AH(0x21), 1), EINVAL);
+    it_expect_no_event(p.cq, 200);
+    ck_assert_int_eq(exs__debug_poll_live(), 1);
+    send_bytes(p.sfd, p.sq, 4);
+    expect_poll_evt(p.cq, AH(0x21), &g, 1, 1);
+    ck_assert_int_eq(g.revents, POLLIN);
+    ck_assert_int_eq(exs__debug_poll_live(), 0);
+    close(pp[0]);
+    close(pp[1]);
+    it_pair_close(&p);
+}
+END_TEST
+
+struct sync_poller {
+    exs_pollfd_t f;
+    int ret, err, done; /* done: atomic */
+};
+
+static void *sync_poller_main(void *arg)
+{
+    struct sync_poller *sp = arg;
+
+    sp->ret = exs_poll(&sp->f, 1, -1, EXS_QHANDLE_INVALID, NULL);
+    sp->err = errno;
+    __atomic_store_n(&sp->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* A synchronous exs_poll still waiting when exs_fini runs returns -1/ECANCELED, and its
+ * request is freed. */
+START_TEST(test_poll_sync_fini)
+{
+    struct sync_poller sp = {.ret = 99};
+    struct sockaddr_in addr;
+    struct timespec dl;
+    pthread_t th;
+    int lfd;
+
+    it_init();
+    lfd = it_listen(SOCK_STREAM, &addr); /* no connection comes: never readable */
+    sp.f = (exs_pollfd_t){.fd = lfd, .events = POLLIN};
+    ck_assert_int_eq(pthread_create(&th, NULL, sync_poller_main, &sp), 0);
+    /* wait until it is registered (allocated; then it waits) */
+    for (int i = 0; i < IT_TIMEOUT_MS / 10 && exs__debug_poll_live() == 0; i++)
+        it_sleep_ms(10);
+    ck_assert_int_eq(exs__debug_poll_live(), 1);
+    it_sleep_ms(50); /* usually past the look at the call: the registered request */
+    ck_assert_int_eq(__atomic_load_n(&sp.done, __ATOMIC_ACQUIRE), 0);
+    exs_fini();
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += IT_TIMEOUT_MS / 1000;
+    ck_assert_int_eq(pthread_timedjoin_np(th, NULL, &dl), 0);
+    ck_assert_int_eq(sp.ret, -1);
+    ck_assert_int_eq(sp.err, ECANCELED);
+    ck_assert_int_eq(exs__debug_poll_live(), 0);
+    ck_assert_int_eq(exs__debug_live_objects(), 0);
+}
+END_TEST
+
 /* The event's slot is reserved at the call: a full queue refuses with EAGAIN. */
 START_TEST(test_poll_queue_full)
 {
@@ -708,6 +804,8 @@ Suite *integ_poll_suite(void)
     it_suite_add(s, "poll_misc", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_poll_nval, test_poll_kernel, test_poll_eintr,
                                         test_poll_queue_full, test_to_options, NULL});
+    it_suite_add(s, "poll_cancel", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_poll_cancel, test_poll_sync_fini, NULL});
     it_suite_add(
         s, "async_timeouts", IT_CASE_TIMEOUT, 2,
         (const TTest *const[]){test_to_recv_repeat, test_to_send_once, test_recv_ordered, NULL});
