@@ -12,5 +12,7 @@ int exs__debug_live_objects(void);
 int exs__debug_kfd_live(void);
 /* exs_poll requests (api/poll.c) not yet freed. */
 int exs__debug_poll_live(void);
+/* Bytes exs_sendfile moved with sendfile(2) on kernel sockets (api/kfd.c). */
+unsigned long long exs__debug_kfd_sendfile_bytes(void);
 
 #endif

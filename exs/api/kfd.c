@@ -2,10 +2,12 @@
 /* Asynchronous exs_send/exs_recv/exs_shutdown/exs_close/exs_cancel on the application's kernel
  * stream sockets. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -59,6 +61,7 @@ struct kfd_op {
     char *buf;
     size_t len;
     size_t done; /* bytes moved so far */
+    size_t pre;  /* exs_sendfile: bytes sendfile(2) moved before buf (added to the result) */
     exs_ahandle_t ah;
     struct exs_evq *evq;       /* slot reserved */
     struct api_mreg *mreg;     /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
@@ -96,13 +99,18 @@ struct kfd {
     struct exs_job to_job;  /* re-arms to_timer (holds a reference while queued) */
     struct exs_eng_timer to_timer;
     int to_timer_on; /* progress thread: armed (holds a reference) */
+    /* lock: a posting thread runs exs_sendfile's sendfile(2) without the lock: sends
+     * queued meanwhile wait (not written), an exs_close waits in close_op */
+    int file_busy;
+    struct kfd_op *close_op;
 };
 
 static pthread_mutex_t kfd_tab_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kfd **kfd_tab;
 static int kfd_tab_len;
-static int kfd_live;     /* kfds + their operations */
-static uint32_t kfd_gen; /* kfd_tab_lock */
+static int kfd_live;                /* kfds + their operations */
+static uint64_t kfd_sendfile_bytes; /* atomic: bytes moved by sendfile(2) */
+static uint32_t kfd_gen;            /* kfd_tab_lock */
 
 /* The epoll set of the descriptors that wait, and its libev watcher (made at the first
  * kfd, gone at exs_fini). kfd_ep is written under kfd_tab_lock, read by holders of a
@@ -114,6 +122,11 @@ static struct exs_job kfd_ep_start_job, kfd_ep_stop_job;
 int exs__debug_kfd_live(void)
 {
     return __atomic_load_n(&kfd_live, __ATOMIC_RELAXED);
+}
+
+unsigned long long exs__debug_kfd_sendfile_bytes(void)
+{
+    return __atomic_load_n(&kfd_sendfile_bytes, __ATOMIC_RELAXED);
 }
 
 /* ---- objects ---- */
@@ -257,11 +270,13 @@ static void kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t resul
         k->n_send--;
     else if (op->type == EXS_EVT_RECV)
         k->n_recv--;
+    if (!err)
+        result += (ssize_t)op->pre;
     ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : result;
     if (op->bounce)
         exs__api_bounce_event(op->bounce, err ? -1 : result, 0, &ev);
     if (exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && op->type != EXS_EVT_CLOSE &&
-        !kfd_has_opts(k))
+        !kfd_has_opts(k) && !k->file_busy)
         kfd_detach_locked(k);
     EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno %d", k->fd, op->type, op->ah,
              (ssize_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, err);
@@ -471,6 +486,8 @@ static void kfd_send_run_locked(struct kfd *k)
 {
     struct exs_list *pos;
 
+    if (k->file_busy)
+        return; /* an exs_sendfile is writing: its poster runs the queue after it */
     while (!exs_list_empty(&k->sendq)) {
         struct kfd_op *op = exs_list_entry(k->sendq.next, struct kfd_op, link);
         struct iovec iov[KFD_IOV_MAX];
@@ -705,7 +722,8 @@ static int kfd_stale_locked(struct kfd *k)
 {
     struct stat st;
 
-    if (!kfd_has_opts(k) || !exs_list_empty(&k->sendq) || !exs_list_empty(&k->recvq))
+    if (!kfd_has_opts(k) || !exs_list_empty(&k->sendq) || !exs_list_empty(&k->recvq) ||
+        k->file_busy)
         return 0;
     if (fstat(k->fd, &st) == 0 && st.st_dev == k->dev && st.st_ino == k->ino)
         return 0;
@@ -740,6 +758,15 @@ static struct kfd *kfd_get_locked2(int fd, int create, int *err_p)
 static struct kfd *kfd_get_locked(int fd, int *err_p)
 {
     return kfd_get_locked2(fd, 1, err_p);
+}
+
+/* k (locked) has nothing pending, holds no option and no exs_sendfile is writing: it
+ * leaves the table (no state is kept). */
+static void kfd_idle_locked(struct kfd *k)
+{
+    if (k->attached && exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && !kfd_has_opts(k) &&
+        !k->file_busy)
+        kfd_detach_locked(k);
 }
 
 /* Check the call's common conditions: 0 or an errno. */
@@ -867,11 +894,30 @@ int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
     return exs__api_call_end(sync, q, &ev);
 }
 
+/* exs_close of k (locked) with its CLOSE op: from here the number belongs to this close:
+ * every operation ends cancelled (in posting order per direction; the descriptor leaves
+ * kfd_ep first), then the descriptor is closed, then the CLOSE event. */
+static void kfd_close_locked(struct kfd *k, struct kfd_op *op)
+{
+    struct exs_list *n;
+    int err = 0;
+
+    kfd_detach_locked(k);
+    while ((n = exs_list_pop_head(&k->sendq)))
+        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
+    while ((n = exs_list_pop_head(&k->recvq)))
+        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
+    k->snd_timeo = k->rcv_timeo = 0;
+    /* close() frees the descriptor whatever it returns (EINTR included) */
+    if (close(k->fd) && errno != EINTR)
+        err = errno;
+    kfd_op_finish_locked(k, op, 0, err);
+}
+
 int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
 {
     int err, sync = q == EXS_QHANDLE_INVALID;
     struct kfd_op *op;
-    struct exs_list *n;
     struct kfd *k;
     exs_event_t ev;
 
@@ -887,18 +933,10 @@ int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
         kfd_op_drop(op);
         return exs__api_sync_fail(sync, q, err);
     }
-    /* From here the number belongs to this close: every operation ends cancelled (in
-     * posting order per direction; the descriptor leaves kfd_ep first), then the
-     * descriptor is closed, then the CLOSE event. */
-    kfd_detach_locked(k);
-    while ((n = exs_list_pop_head(&k->sendq)))
-        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
-    while ((n = exs_list_pop_head(&k->recvq)))
-        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
-    /* close() frees the descriptor whatever it returns (EINTR included) */
-    if (close(fd) && errno != EINTR)
-        err = errno;
-    kfd_op_finish_locked(k, op, 0, err);
+    if (k->file_busy && !k->close_op)
+        k->close_op = op; /* after the exs_sendfile writing now (kfd_sendfile_end) */
+    else
+        kfd_close_locked(k, op);
     kfd_unlock(k);
     kfd_put(k);
     return exs__api_call_end(sync, q, &ev);
@@ -1060,8 +1098,7 @@ int exs__api_kfd_setsockopt(int fd, int level, int optname, const void *optval, 
     else
         k->rcv_timeo = v;
     /* nothing pending and nothing set: no state is kept */
-    if (!kfd_has_opts(k) && exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq))
-        kfd_detach_locked(k);
+    kfd_idle_locked(k);
     kfd_unlock(k);
     kfd_put(k);
     return 0;
@@ -1099,4 +1136,207 @@ int exs__api_kfd_getsockopt(int fd, int level, int optname, void *optval, sockle
     memcpy(optval, &v, sizeof(v));
     *optlen = sizeof(int);
     return 0;
+}
+
+/* ---- exs_sendfile: sendfile(2) ---- */
+
+/* The posting thread, k->lock free, k->file_busy ours: move up to want bytes of in_fd
+ * from offset with sendfile(2) (non-blocking: the socket's own O_NONBLOCK). Returns the
+ * bytes moved; *stop_p: 0 all moved, EAGAIN the socket is full, -1 end of file, else
+ * the errno that stopped it. */
+static size_t kfd_sendfile_run(int fd, int in_fd, off_t offset, size_t want, int *stop_p)
+{
+    off_t off = offset;
+    size_t sent = 0;
+
+    *stop_p = 0;
+    while (sent < want) {
+        ssize_t n = sendfile(fd, in_fd, &off, want - sent);
+
+        if (n > 0) {
+            sent += (size_t)n;
+            continue;
+        }
+        if (n == 0) {
+            *stop_p = -1;
+            break;
+        }
+        if (errno == EINTR)
+            continue;
+        *stop_p = errno;
+        break;
+    }
+    __atomic_fetch_add(&kfd_sendfile_bytes, (uint64_t)sent, __ATOMIC_RELAXED);
+    return sent;
+}
+
+/* The posting thread, k->lock free: read what sendfile(2) left (the socket was full)
+ * into op's buffer, so that the progress thread never reads the file. Short at the end
+ * of the file or at a read error. */
+static void kfd_sendfile_rest(struct kfd_op *op, int in_fd, off_t offset, size_t rest)
+{
+    struct api_bounce *b = op->bounce;
+    size_t got = 0;
+
+    b->buf = malloc(rest);
+    if (!b->buf) {
+        EXS_WARN(API, "sendfile: no memory for the %zu bytes left: a short count", rest);
+        return;
+    }
+    while (got < rest) {
+        ssize_t n = pread(in_fd, b->buf + got, rest - got, offset + (off_t)got);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n < 0)
+                EXS_DBG(API, "sendfile: pread(%d): %m: a short count", in_fd);
+            break;
+        }
+        got += (size_t)n;
+    }
+    b->len = got;
+    op->buf = (char *)b->buf;
+    op->len = got;
+}
+
+/* The posting thread is done writing (k locked again): queue the rest at the head, or
+ * finish op; then a deferred exs_close, or the sends queued meanwhile. */
+static void kfd_sendfile_end(struct kfd *k, struct kfd_op *op)
+{
+    k->file_busy = 0;
+    if (!k->attached) {
+        /* exs_fini dropped k meanwhile */
+        k->n_send--;
+        kfd_to_end_locked(k, op);
+        kfd_op_drop(op);
+        return;
+    }
+    if (k->close_op) {
+        struct kfd_op *c = k->close_op;
+
+        k->close_op = NULL;
+        kfd_op_finish_locked(k, op, -1, ECANCELED);
+        kfd_close_locked(k, c);
+        return;
+    }
+    if (op->len)
+        exs_list_add_head(&k->sendq, &op->link); /* before the sends queued meanwhile */
+    else
+        kfd_op_finish_locked(k, op, 0, 0);
+    kfd_run_locked(k);
+    kfd_update_locked(k);
+    kfd_idle_locked(k);
+}
+
+/* Give the synchronous queue back unused (the copying path takes it again). */
+static void kfd_sync_put(int sync, exs_qhandle_t q)
+{
+    int e = errno;
+
+    (void)exs__api_sync_fail(sync, q, 0);
+    errno = e;
+}
+
+ssize_t exs__api_kfd_sendfile(int fd, int in_fd, off_t offset, size_t count, size_t want,
+                              exs_qhandle_t q, exs_ahandle_t ah, int *taken_p)
+{
+    int err = 0, stop, fl, sync = q == EXS_QHANDLE_INVALID;
+    struct api_bounce *b;
+    struct kfd_op *op;
+    struct stat st;
+    struct kfd *k;
+    exs_event_t ev;
+    size_t sent;
+
+    *taken_p = 0;
+    /* only where sendfile(2) cannot block and reads what pread would: a non-blocking
+     * kernel stream socket (the application's own flag), a regular file */
+    if (!want || !exs__api_initialized() || !kfd_is_stream(fd))
+        return 0;
+    fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || !(fl & O_NONBLOCK) || fstat(in_fd, &st) || !S_ISREG(st.st_mode))
+        return 0;
+    b = calloc(1, sizeof(*b));
+    if (!b)
+        return 0; /* the copying path reports it */
+    b->evt_type = EXS_EVT_SENDFILE;
+    b->in_fd = in_fd;
+    b->offset = offset;
+    b->len_req = count;
+    if (sync)
+        q = exs__api_sync_queue();
+    op = kfd_op_new(EXS_EVT_SEND, q, ah, &err);
+    if (!op) {
+        exs__api_bounce_free(b);
+        *taken_p = 1;
+        return exs__api_sync_fail(sync, q, err);
+    }
+    op->bounce = b;
+    k = kfd_get_locked(fd, &err);
+    if (!k) {
+        kfd_op_drop(op);
+        *taken_p = 1;
+        return exs__api_sync_fail(sync, q, err);
+    }
+    if (!exs_list_empty(&k->sendq) || k->file_busy || k->close_op || k->err ||
+        k->n_send >= (int)exs__params.sock_max_ops) {
+        /* sends ahead of it (or a failed connection): the copying path queues behind */
+        kfd_idle_locked(k);
+        kfd_unlock(k);
+        kfd_put(k);
+        kfd_op_drop(op);
+        kfd_sync_put(sync, q);
+        return 0;
+    }
+    if (!sync && (err = kfd_to_start_locked(k, op))) {
+        kfd_idle_locked(k);
+        kfd_unlock(k);
+        kfd_put(k);
+        kfd_op_drop(op);
+        *taken_p = 1;
+        return exs__api_sync_fail(sync, q, err);
+    }
+    k->n_send++;
+    k->file_busy = 1;
+    kfd_unlock(k);
+    sent = kfd_sendfile_run(fd, in_fd, offset, want, &stop);
+    if (!sent && stop > 0 && stop != EAGAIN) {
+        /* refused (EINVAL, ENOSYS for this file, EBADF, ...): the copying path, which
+         * reports the errors pread and send give */
+        EXS_DBG(API, "kfd %d: sendfile(2) from %d: %s: copying instead", fd, in_fd, strerror(stop));
+        kfd_lock(k);
+        k->file_busy = 0;
+        k->n_send--;
+        kfd_to_end_locked(k, op);
+        if (k->close_op) {
+            struct kfd_op *c = k->close_op;
+
+            k->close_op = NULL;
+            kfd_close_locked(k, c);
+        } else if (k->attached) {
+            kfd_run_locked(k);
+            kfd_update_locked(k);
+            kfd_idle_locked(k);
+        }
+        kfd_unlock(k);
+        kfd_put(k);
+        kfd_op_drop(op);
+        kfd_sync_put(sync, q);
+        return 0;
+    }
+    op->pre = sent;
+    if (stop == EAGAIN)
+        kfd_sendfile_rest(op, in_fd, offset + (off_t)sent, want - sent);
+    else if (stop > 0)
+        EXS_DBG(API, "kfd %d: sendfile(2): %s after %zu bytes: a short count", fd, strerror(stop),
+                sent);
+    kfd_lock(k);
+    kfd_sendfile_end(k, op);
+    kfd_unlock(k);
+    kfd_put(k);
+    *taken_p = 1;
+    if (exs__api_call_end(sync, q, &ev))
+        return -1;
+    return sync ? (ssize_t)ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result : 0;
 }
