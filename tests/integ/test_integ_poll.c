@@ -695,6 +695,46 @@ START_TEST(test_to_send_once)
 }
 END_TEST
 
+/* exs_sendmsg is a send: its notice is EXS_EVT_SENDTIMEOUT (STREAM, larger than the
+ * peer's ring, the peer receives nothing until the notice). */
+START_TEST(test_to_sendmsg)
+{
+    struct it_pair p;
+    size_t len = 3 * 1024 * 1024, got = 0;
+    struct it_buf *sb, *rb;
+    exs_iovec_t v[2];
+    exs_msghdr_t m = {.msg_iov = v, .msg_iovlen = 2};
+    exs_event_t ev;
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 8, 8);
+    sb = it_buf_new(len, 1);
+    rb = it_buf_new(len, 1);
+    it_fill(sb->p, len, 12);
+    v[0] = (exs_iovec_t){sb->p, len / 2, sb->mh};
+    v[1] = (exs_iovec_t){sb->p + len / 2, len - len / 2, EXS_MHANDLE_UNREGISTERED};
+    set_int(p.cfd, SO_ASYNC_SEND_TIMEOUT, 80 | EXS_TIMEOUT_ONCE);
+    IT_EXPECT_OK(exs_sendmsg(p.cfd, &m, 0, p.cq, AH(11)));
+    it_wait_event(p.cq, -1, p.cfd, &ev);
+    ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_SENDTIMEOUT);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(11));
+    ck_assert_uint_eq(ev.exs_evt_u.exs_evt_timeout.exs_evt_count, 1);
+    while (got < len) {
+        IT_POST_RECV(p.sfd, rb->p + got, len - got, p.sq, AH(12), rb->mh);
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
+        got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+    }
+    ck_assert_int_eq(it_check(rb->p, len, 12), -1);
+    it_wait_event(p.cq, EXS_EVT_SENDMSG, p.cfd, &ev);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(11));
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result, (ssize_t)len);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_pair_close(&p);
+}
+END_TEST
+
 /* The notice's slot: reserved at posting (EAGAIN when the queue cannot take it); a
  * repeat that finds the queue full waits for the next interval, never overflows it. */
 START_TEST(test_to_queue_full)
@@ -810,6 +850,6 @@ Suite *integ_poll_suite(void)
         s, "async_timeouts", IT_CASE_TIMEOUT, 2,
         (const TTest *const[]){test_to_recv_repeat, test_to_send_once, test_recv_ordered, NULL});
     it_suite_add(s, "async_timeout_queue", IT_CASE_TIMEOUT, 1,
-                 (const TTest *const[]){test_to_queue_full, NULL});
+                 (const TTest *const[]){test_to_queue_full, test_to_sendmsg, NULL});
     return s;
 }
