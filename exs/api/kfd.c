@@ -25,7 +25,10 @@
  * (spec/api.md, "Kernel sockets"): the application may close the descriptor after its
  * last event without exs_close, and the number may then name another socket. So the
  * kfd leaves the table (is "detached") before its last event is posted; a later call on
- * the number makes a new one. The descriptor's file status flags are never touched:
+ * the number makes a new one. Two exceptions: an exs_sendfile writing with sendfile(2)
+ * (file_busy) keeps it, and SO_ASYNC_*_TIMEOUT values (spec/api.md section 9.1) keep it
+ * between operations, together with the socket's identity (fstat device and inode): a
+ * call that finds the number naming another socket drops it first (kfd_stale_locked). The descriptor's file status flags are never touched:
  * every send and recv is made with MSG_DONTWAIT (and MSG_NOSIGNAL: a reset peer gives
  * EPIPE, not SIGPIPE).
  *
