@@ -10,5 +10,9 @@ int exs__debug_live_objects(void);
  * operations (a thread still inside a call on a descriptor may hold it a moment after
  * its last event). */
 int exs__debug_kfd_live(void);
+/* exs_poll requests (api/poll.c) not yet freed. */
+int exs__debug_poll_live(void);
+/* Bytes exs_sendfile moved with sendfile(2) on kernel sockets (api/kfd.c). */
+unsigned long long exs__debug_kfd_sendfile_bytes(void);
 
 #endif

@@ -188,8 +188,12 @@ int exs__api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev);
 /* exs_poll (poll.c), progress thread: look at the registered requests again (readiness
  * may have changed outside a round of progress, e.g. the keepalive check ended a conn). */
 void exs__api_poll_kick(void);
-/* exs_fini: end every registered request with ECANCELED. */
+/* exs_fini: end every registered request with ECANCELED (before the sockets close: the
+ * requests hold references on them). */
 void exs__api_poll_close_all(void);
+/* exs_cancel(-1, ah, flags): end the pending asynchronous exs_poll requests posted with ah
+ * with ECANCELED. 0, or -1 with errno (EINVAL: flags, or before exs_init). */
+int exs__api_poll_cancel(exs_ahandle_t ah, int flags);
 /* Timeout notices (poll.c). At posting, before the op is handed to the conn: when the
  * socket has a timeout for this direction (asynchronous posts only), reserve the extra
  * slot of the first notice and register the op (0, or EAGAIN: the queue cannot take the

@@ -64,6 +64,7 @@ void exs_fini(void)
         return;
     }
     exs__ctl_stop();
+    exs__api_poll_close_all(); /* exs_poll requests still waiting: ECANCELED */
     exs__api_sock_close_all();
     /* Sockets finish closing under the progress lock: help drive, and wait for them
      * (bounded). */
@@ -74,7 +75,6 @@ void exs_fini(void)
     }
     if (exs__api_sock_live())
         EXS_WARN(API, "exs_fini: %d sockets still closing, abandoned", exs__api_sock_live());
-    exs__api_poll_close_all(); /* exs_poll requests still waiting: ECANCELED */
     exs__api_kfd_close_all(); /* before the registrations its operations hold */
     exs__api_mreg_destroy_all();
     exs__engine_stop();

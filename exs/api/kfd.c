@@ -2,11 +2,15 @@
 /* Asynchronous exs_send/exs_recv/exs_shutdown/exs_close/exs_cancel on the application's kernel
  * stream sockets. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -21,7 +25,10 @@
  * (spec/api.md, "Kernel sockets"): the application may close the descriptor after its
  * last event without exs_close, and the number may then name another socket. So the
  * kfd leaves the table (is "detached") before its last event is posted; a later call on
- * the number makes a new one. The descriptor's file status flags are never touched:
+ * the number makes a new one. Two exceptions: an exs_sendfile writing with sendfile(2)
+ * (file_busy) keeps it, and SO_ASYNC_*_TIMEOUT values (spec/api.md section 9.1) keep it
+ * between operations, together with the socket's identity (fstat device and inode): a
+ * call that finds the number naming another socket drops it first (kfd_stale_locked). The descriptor's file status flags are never touched:
  * every send and recv is made with MSG_DONTWAIT (and MSG_NOSIGNAL: a reset peer gives
  * EPIPE, not SIGPIPE).
  *
@@ -57,10 +64,19 @@ struct kfd_op {
     char *buf;
     size_t len;
     size_t done; /* bytes moved so far */
+    size_t pre;  /* exs_sendfile: bytes sendfile(2) moved before buf (added to the result) */
     exs_ahandle_t ah;
-    struct exs_evq *evq;   /* slot reserved */
-    struct api_mreg *mreg; /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
+    struct exs_evq *evq;       /* slot reserved */
+    struct api_mreg *mreg;     /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
     struct api_bounce *bounce; /* exs_sendmsg / exs_recvmsg / exs_sendfile: buf is its */
+    /* SO_ASYNC_*_TIMEOUT notices (k->lock): in k->to_ops while to_on */
+    struct exs_list to_link;
+    int to_on;   /* registered for notices */
+    int to_slot; /* a slot is reserved for the next notice */
+    int to_once;
+    uint32_t to_ms;
+    uint32_t to_count;
+    uint64_t to_post_ns, to_due_ns;
 };
 
 struct kfd {
@@ -76,13 +92,28 @@ struct kfd {
     int io_want;  /* lock: EV_READ / EV_WRITE the queues wait for */
     int io_reg;   /* lock: what is registered in kfd_ep (EV_READ / EV_WRITE) */
     uint32_t gen; /* names this kfd in its epoll events */
+    /* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT (lock): while either is set the kfd
+     * stays in the table between operations; dev/ino name the socket they were set on */
+    int snd_timeo, rcv_timeo;
+    dev_t dev;
+    ino_t ino;
+    struct exs_list to_ops; /* lock: operations registered for notices */
+    int to_job_busy;        /* lock: to_job queued */
+    struct exs_job to_job;  /* re-arms to_timer (holds a reference while queued) */
+    struct exs_eng_timer to_timer;
+    int to_timer_on; /* progress thread: armed (holds a reference) */
+    /* lock: a posting thread runs exs_sendfile's sendfile(2) without the lock: sends
+     * queued meanwhile wait (not written), an exs_close waits in close_op */
+    int file_busy;
+    struct kfd_op *close_op;
 };
 
 static pthread_mutex_t kfd_tab_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kfd **kfd_tab;
 static int kfd_tab_len;
-static int kfd_live;     /* kfds + their operations */
-static uint32_t kfd_gen; /* kfd_tab_lock */
+static int kfd_live;                /* kfds + their operations */
+static uint64_t kfd_sendfile_bytes; /* atomic: bytes moved by sendfile(2) */
+static uint32_t kfd_gen;            /* kfd_tab_lock */
 
 /* The epoll set of the descriptors that wait, and its libev watcher (made at the first
  * kfd, gone at exs_fini). kfd_ep is written under kfd_tab_lock, read by holders of a
@@ -96,17 +127,24 @@ int exs__debug_kfd_live(void)
     return __atomic_load_n(&kfd_live, __ATOMIC_RELAXED);
 }
 
+unsigned long long exs__debug_kfd_sendfile_bytes(void)
+{
+    return __atomic_load_n(&kfd_sendfile_bytes, __ATOMIC_RELAXED);
+}
+
 /* ---- objects ---- */
 
 static int kfd_ep_open(void);
 static void kfd_reg_locked(struct kfd *k, int events);
+static int kfd_has_opts(const struct kfd *k);
+static void kfd_to_end_locked(struct kfd *k, struct kfd_op *op);
 
 static void kfd_put(struct kfd *k)
 {
     if (__atomic_sub_fetch(&k->refs, 1, __ATOMIC_ACQ_REL))
         return;
     EXS_ASSERT(!k->attached && !k->io_reg && exs_list_empty(&k->sendq) &&
-               exs_list_empty(&k->recvq));
+               exs_list_empty(&k->recvq) && exs_list_empty(&k->to_ops));
     pthread_mutex_destroy(&k->lock);
     free(k);
     __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);
@@ -170,6 +208,7 @@ static struct kfd *kfd_get(int fd, int create, int *err_p)
     pthread_mutex_init(&k->lock, NULL);
     exs_list_init(&k->sendq);
     exs_list_init(&k->recvq);
+    exs_list_init(&k->to_ops);
     kfd_tab[fd] = k;
     __atomic_fetch_add(&kfd_live, 1, __ATOMIC_RELAXED);
 out:
@@ -225,6 +264,7 @@ static void kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t resul
     };
     struct exs_evq *evq = op->evq;
 
+    kfd_to_end_locked(k, op); /* no notice after this event */
     if (op->type == EXS_EVT_SEND || op->type == EXS_EVT_RECV) {
         ev.exs_evt_u.exs_evt_xfer.exs_evt_buf = op->buf;
         ev.exs_evt_u.exs_evt_xfer.exs_evt_len = op->len;
@@ -233,16 +273,187 @@ static void kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t resul
         k->n_send--;
     else if (op->type == EXS_EVT_RECV)
         k->n_recv--;
+    if (!err)
+        result += (ssize_t)op->pre;
     ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : result;
     if (op->bounce)
         exs__api_bounce_event(op->bounce, err ? -1 : result, 0, &ev);
-    if (exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && op->type != EXS_EVT_CLOSE)
+    if (exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && op->type != EXS_EVT_CLOSE &&
+        !kfd_has_opts(k) && !k->file_busy)
         kfd_detach_locked(k);
     EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno %d", k->fd, op->type, op->ah,
              (ssize_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, err);
     /* release first: once the event is visible the application may count objects */
     kfd_op_free(op);
     exs__evq_post(evq, &ev);
+}
+
+/* ---- SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT notices ----
+ *
+ * As on exs sockets (poll.c, spec/api.md section 9.1): an asynchronous send or receive
+ * posted while k has a timeout for its direction is registered in k->to_ops with its
+ * next due time and one reserved slot for its first notice. One engine timer per kfd
+ * (to_timer, armed by to_job or by itself on the progress thread, holding a reference
+ * while on) posts the notices under k->lock; an operation leaves k->to_ops under the same
+ * lock before its event is posted, so no notice follows its operation's event. */
+
+static void kfd_to_job_fn(struct exs_job *job);
+
+/* 1 when k holds a socket option (it then stays in the table between operations). */
+static int kfd_has_opts(const struct kfd *k)
+{
+    return k->snd_timeo || k->rcv_timeo;
+}
+
+/* Queue to_job, which re-arms the timer (k->lock held). */
+static void kfd_to_kick_locked(struct kfd *k)
+{
+    if (k->to_job_busy)
+        return;
+    k->to_job_busy = 1;
+    kfd_ref(k); /* the job's */
+    k->to_job.fn = kfd_to_job_fn;
+    exs__engine_post(&k->to_job);
+}
+
+/* An asynchronous send or receive is posted (k->lock held): register it for notices when
+ * k has a timeout for its direction. 0, or EAGAIN when its queue cannot take the first
+ * notice's slot too. */
+static int kfd_to_start_locked(struct kfd *k, struct kfd_op *op)
+{
+    int v = op->type == EXS_EVT_RECV ? k->rcv_timeo : k->snd_timeo;
+    uint64_t now;
+    int ret;
+
+    if (!v)
+        return 0;
+    ret = exs__evq_reserve(op->evq);
+    if (ret)
+        return ret == -EAGAIN ? EAGAIN : -ret;
+    now = exs__now_ns();
+    op->to_on = 1;
+    op->to_slot = 1;
+    op->to_once = !!(v & EXS_TIMEOUT_ONCE);
+    op->to_ms = (uint32_t)(v & EXS_TIMEOUT_MS_MAX);
+    op->to_post_ns = now;
+    op->to_due_ns = now + (uint64_t)op->to_ms * 1000000u;
+    exs_list_add_tail(&k->to_ops, &op->to_link);
+    kfd_to_kick_locked(k);
+    return 0;
+}
+
+/* op ends or is dropped (k->lock held): unregistered, its unused notice slot returned. */
+static void kfd_to_end_locked(struct kfd *k, struct kfd_op *op)
+{
+    if (op->to_on) {
+        op->to_on = 0;
+        exs_list_del(&op->to_link);
+        if (exs_list_empty(&k->to_ops))
+            kfd_to_kick_locked(k); /* the timer stops */
+    }
+    if (op->to_slot) {
+        op->to_slot = 0;
+        exs__evq_unreserve(op->evq);
+    }
+}
+
+static void kfd_to_timer_cb(struct exs_eng_timer *t);
+
+/* Progress thread: arm the timer for the earliest notice due, or stop it (its reference
+ * goes with it; this may free k). */
+static void kfd_to_arm(struct kfd *k)
+{
+    uint64_t next = UINT64_MAX, now;
+    struct exs_list *pos;
+    int was = k->to_timer_on;
+
+    kfd_lock(k);
+    exs_list_for_each(pos, &k->to_ops)
+    {
+        struct kfd_op *op = exs_list_entry(pos, struct kfd_op, to_link);
+
+        if (op->to_due_ns < next)
+            next = op->to_due_ns;
+    }
+    kfd_unlock(k);
+    if (was)
+        exs__engine_timer_stop(&k->to_timer);
+    if (next != UINT64_MAX) {
+        now = exs__now_ns();
+        if (!was)
+            kfd_ref(k); /* the timer's */
+        k->to_timer_on = 1;
+        exs__engine_timer_start(&k->to_timer, next > now ? (next - now + 999999u) / 1000000u : 1u,
+                                kfd_to_timer_cb);
+    } else if (was) {
+        k->to_timer_on = 0;
+        kfd_put(k);
+    }
+}
+
+static void kfd_to_job_fn(struct exs_job *job)
+{
+    struct kfd *k = exs_container_of(job, struct kfd, to_job);
+
+    kfd_lock(k);
+    k->to_job_busy = 0;
+    kfd_unlock(k);
+    kfd_ref(k); /* kfd_to_arm may drop the timer's */
+    kfd_to_arm(k);
+    kfd_put(k);
+    kfd_put(k); /* the job's */
+}
+
+/* Progress thread: post the notices due (a queue with no free slot defers one by an
+ * interval: nothing is queued beyond its depth). */
+static void kfd_to_timer_cb(struct exs_eng_timer *t)
+{
+    struct kfd *k = exs_container_of(t, struct kfd, to_timer);
+    struct exs_list *pos, *next;
+    uint64_t now = exs__now_ns();
+
+    kfd_lock(k);
+    for (pos = k->to_ops.next; pos != &k->to_ops; pos = next) {
+        struct kfd_op *op = exs_list_entry(pos, struct kfd_op, to_link);
+        uint64_t ivl = (uint64_t)op->to_ms * 1000000u;
+        exs_event_t ev = {.exs_evt_fd = k->fd, .exs_evt_ahandle = op->ah};
+
+        next = pos->next;
+        if (op->to_due_ns > now)
+            continue;
+        if (!op->to_slot) {
+            if (exs__evq_reserve(op->evq)) {
+                op->to_due_ns = now + ivl;
+                continue;
+            }
+            op->to_slot = 1;
+        }
+        op->to_slot = 0;
+        op->to_count++;
+        ev.exs_evt_type = op->type == EXS_EVT_RECV ? EXS_EVT_RECVTIMEOUT : EXS_EVT_SENDTIMEOUT;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_buf = op->buf;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_len = op->len;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_count = op->to_count;
+        ev.exs_evt_u.exs_evt_timeout.exs_evt_elapsed_ms =
+            (unsigned)((now - op->to_post_ns) / 1000000u);
+        if (op->to_once) {
+            op->to_on = 0;
+            exs_list_del(&op->to_link);
+        } else {
+            op->to_due_ns += ivl;
+            if (op->to_due_ns <= now)
+                op->to_due_ns = now + ivl; /* late: no burst of notices */
+        }
+        EXS_DBG(API, "kfd %d: timeout notice %u of ah %p", k->fd, op->to_count, op->ah);
+        exs__evq_post(op->evq, &ev);
+    }
+    kfd_unlock(k);
+    /* it fired, so it is off: re-armed, or its reference dropped */
+    k->to_timer_on = 0;
+    kfd_ref(k);
+    kfd_to_arm(k);
+    kfd_put(k); /* what was the timer's, unless re-armed: it then took its own */
+    kfd_put(k);
 }
 
 /* Drop op without an event (exs_fini). */
@@ -278,6 +489,8 @@ static void kfd_send_run_locked(struct kfd *k)
 {
     struct exs_list *pos;
 
+    if (k->file_busy)
+        return; /* an exs_sendfile is writing: its poster runs the queue after it */
     while (!exs_list_empty(&k->sendq)) {
         struct kfd_op *op = exs_list_entry(k->sendq.next, struct kfd_op, link);
         struct iovec iov[KFD_IOV_MAX];
@@ -505,24 +718,58 @@ static struct kfd_op *kfd_op_new(int type, exs_qhandle_t q, exs_ahandle_t ah, in
     return op;
 }
 
-/* The kfd of fd, attached, locked, with a reference; NULL with an errno. */
-static struct kfd *kfd_get_locked(int fd, int *err_p)
+/* 1 when k (attached, locked) holds options but no operation, and fd no longer names the
+ * socket they were set on (the application closed it and the number was reused; an
+ * fstat that fails counts as another socket too): k is then detached. */
+static int kfd_stale_locked(struct kfd *k)
+{
+    struct stat st;
+
+    if (!kfd_has_opts(k) || !exs_list_empty(&k->sendq) || !exs_list_empty(&k->recvq) ||
+        k->file_busy)
+        return 0;
+    if (fstat(k->fd, &st) == 0 && st.st_dev == k->dev && st.st_ino == k->ino)
+        return 0;
+    EXS_DBG(API, "kfd %d: another socket now: its options are dropped", k->fd);
+    k->snd_timeo = k->rcv_timeo = 0;
+    kfd_detach_locked(k);
+    return 1;
+}
+
+/* The kfd of fd (made when create), attached, locked, with a reference; NULL with an
+ * errno (no create: ENOENT when there is none). */
+static struct kfd *kfd_get_locked2(int fd, int create, int *err_p)
 {
     for (;;) {
         int ret = 0;
-        struct kfd *k = kfd_get(fd, 1, &ret);
+        struct kfd *k = kfd_get(fd, create, &ret);
 
         if (!k) {
             *err_p = -ret;
             return NULL;
         }
         kfd_lock(k);
-        if (k->attached)
+        if (k->attached && !kfd_stale_locked(k))
             return k;
-        /* its last event was just posted: the number starts afresh */
+        /* its last event was just posted, or the number names another socket now: it
+         * starts afresh */
         kfd_unlock(k);
         kfd_put(k);
     }
+}
+
+static struct kfd *kfd_get_locked(int fd, int *err_p)
+{
+    return kfd_get_locked2(fd, 1, err_p);
+}
+
+/* k (locked) has nothing pending, holds no option and no exs_sendfile is writing: it
+ * leaves the table (no state is kept). */
+static void kfd_idle_locked(struct kfd *k)
+{
+    if (k->attached && exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && !kfd_has_opts(k) &&
+        !k->file_busy)
+        kfd_detach_locked(k);
 }
 
 /* Check the call's common conditions: 0 or an errno. */
@@ -587,6 +834,11 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         err = EAGAIN;
         goto err_op;
     }
+    if (!sync && (err = kfd_to_start_locked(k, op))) {
+        kfd_unlock(k);
+        kfd_put(k);
+        goto err_op;
+    }
     (*count)++;
     kfd_submit(k, op);
     if (exs__api_call_end(sync, q, &ev))
@@ -645,11 +897,30 @@ int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
     return exs__api_call_end(sync, q, &ev);
 }
 
+/* exs_close of k (locked) with its CLOSE op: from here the number belongs to this close:
+ * every operation ends cancelled (in posting order per direction; the descriptor leaves
+ * kfd_ep first), then the descriptor is closed, then the CLOSE event. */
+static void kfd_close_locked(struct kfd *k, struct kfd_op *op)
+{
+    struct exs_list *n;
+    int err = 0;
+
+    kfd_detach_locked(k);
+    while ((n = exs_list_pop_head(&k->sendq)))
+        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
+    while ((n = exs_list_pop_head(&k->recvq)))
+        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
+    k->snd_timeo = k->rcv_timeo = 0;
+    /* close() frees the descriptor whatever it returns (EINTR included) */
+    if (close(k->fd) && errno != EINTR)
+        err = errno;
+    kfd_op_finish_locked(k, op, 0, err);
+}
+
 int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
 {
     int err, sync = q == EXS_QHANDLE_INVALID;
     struct kfd_op *op;
-    struct exs_list *n;
     struct kfd *k;
     exs_event_t ev;
 
@@ -665,18 +936,10 @@ int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
         kfd_op_drop(op);
         return exs__api_sync_fail(sync, q, err);
     }
-    /* From here the number belongs to this close: every operation ends cancelled (in
-     * posting order per direction; the descriptor leaves kfd_ep first), then the
-     * descriptor is closed, then the CLOSE event. */
-    kfd_detach_locked(k);
-    while ((n = exs_list_pop_head(&k->sendq)))
-        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
-    while ((n = exs_list_pop_head(&k->recvq)))
-        kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
-    /* close() frees the descriptor whatever it returns (EINTR included) */
-    if (close(fd) && errno != EINTR)
-        err = errno;
-    kfd_op_finish_locked(k, op, 0, err);
+    if (k->file_busy && !k->close_op)
+        k->close_op = op; /* after the exs_sendfile writing now (kfd_sendfile_end) */
+    else
+        kfd_close_locked(k, op);
     kfd_unlock(k);
     kfd_put(k);
     return exs__api_call_end(sync, q, &ev);
@@ -738,11 +1001,14 @@ void exs__api_kfd_close_all(void)
         if (!k)
             break;
         kfd_lock(k);
-        while ((n = exs_list_pop_head(&k->sendq)))
-            kfd_op_drop(exs_list_entry(n, struct kfd_op, link));
-        while ((n = exs_list_pop_head(&k->recvq)))
-            kfd_op_drop(exs_list_entry(n, struct kfd_op, link));
+        while ((n = exs_list_pop_head(&k->sendq)) || (n = exs_list_pop_head(&k->recvq))) {
+            struct kfd_op *op = exs_list_entry(n, struct kfd_op, link);
+
+            kfd_to_end_locked(k, op);
+            kfd_op_drop(op);
+        }
         k->n_send = k->n_recv = 0;
+        k->snd_timeo = k->rcv_timeo = 0;
         kfd_detach_locked(k);
         kfd_unlock(k);
         kfd_put(k);
@@ -757,4 +1023,323 @@ void exs__api_kfd_close_all(void)
         exs__engine_post(&kfd_ep_stop_job);
     }
     EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+}
+
+/* SO_ASYNC_*_TIMEOUT as exs_setsockopt takes it (int ms | EXS_TIMEOUT_ONCE, or a struct
+ * timeval rounded up to whole ms): 0 with *v_p, or EINVAL. */
+static int kfd_timeo_parse(const void *optval, socklen_t optlen, int *v_p)
+{
+    int v;
+
+    if (!optval)
+        return EINVAL;
+    if (optlen == sizeof(struct timeval)) {
+        struct timeval tv;
+        uint64_t ms;
+
+        memcpy(&tv, optval, sizeof(tv));
+        if (tv.tv_sec < 0 || tv.tv_sec > EXS_TIMEOUT_MS_MAX / 1000 || tv.tv_usec < 0 ||
+            tv.tv_usec >= 1000000)
+            return EINVAL;
+        ms = (uint64_t)tv.tv_sec * 1000u + ((uint64_t)tv.tv_usec + 999u) / 1000u;
+        if (ms > EXS_TIMEOUT_MS_MAX)
+            return EINVAL;
+        *v_p = (int)ms;
+        return 0;
+    }
+    if (optlen != sizeof(int))
+        return EINVAL;
+    memcpy(&v, optval, sizeof(v));
+    if (v < 0 || (v & ~(EXS_TIMEOUT_ONCE | EXS_TIMEOUT_MS_MAX)) || (v && !(v & EXS_TIMEOUT_MS_MAX)))
+        return EINVAL;
+    *v_p = v;
+    return 0;
+}
+
+static int kfd_opt_is_timeo(int level, int optname)
+{
+    return (level == SOL_SOCKET || level == SOL_EXS) &&
+           (optname == SO_ASYNC_SEND_TIMEOUT || optname == SO_ASYNC_RECV_TIMEOUT);
+}
+
+static int kfd_opt_is_ordered(int level, int optname)
+{
+    return (level == SOL_SOCKET || level == SOL_EXS) && optname == SO_ASYNC_RECV_ORDERED;
+}
+
+int exs__api_kfd_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen)
+{
+    struct stat st;
+    struct kfd *k;
+    int err, v = 0;
+
+    if ((err = kfd_check(fd)))
+        return exs__err(err);
+    if (kfd_opt_is_ordered(level, optname)) {
+        /* receive events always come in posting order (section 9) */
+        if (!optval || optlen != sizeof(int))
+            return exs__err(EINVAL);
+        memcpy(&v, optval, sizeof(v));
+        return v == 0 || v == 1 ? 0 : exs__err(EINVAL);
+    }
+    if (!kfd_opt_is_timeo(level, optname))
+        return exs__err(optval && optlen == sizeof(int) ? ENOPROTOOPT : EINVAL);
+    if ((err = kfd_timeo_parse(optval, optlen, &v)))
+        return exs__err(err);
+    if (fstat(fd, &st)) {
+        err = errno;
+        EXS_DBG(API, "kfd %d: fstat: %m", fd);
+        return exs__err(err);
+    }
+    k = kfd_get_locked(fd, &err);
+    if (!k)
+        return exs__err(err);
+    k->dev = st.st_dev;
+    k->ino = st.st_ino;
+    if (optname == SO_ASYNC_SEND_TIMEOUT)
+        k->snd_timeo = v;
+    else
+        k->rcv_timeo = v;
+    /* nothing pending and nothing set: no state is kept */
+    kfd_idle_locked(k);
+    kfd_unlock(k);
+    kfd_put(k);
+    return 0;
+}
+
+int exs__api_kfd_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen)
+{
+    struct kfd *k;
+    int err, v = 0;
+
+    if ((err = kfd_check(fd)))
+        return exs__err(err);
+    if (!optval || !optlen || *optlen < sizeof(int))
+        return exs__err(EINVAL);
+    if (kfd_opt_is_ordered(level, optname)) {
+        v = 1;
+    } else if (kfd_opt_is_timeo(level, optname)) {
+        k = kfd_get_locked2(fd, 0, &err);
+        if (k) {
+            v = optname == SO_ASYNC_SEND_TIMEOUT ? k->snd_timeo : k->rcv_timeo;
+            kfd_unlock(k);
+            kfd_put(k);
+        }
+        if (*optlen >= sizeof(struct timeval)) {
+            struct timeval tv = {.tv_sec = (v & EXS_TIMEOUT_MS_MAX) / 1000,
+                                 .tv_usec = (v & EXS_TIMEOUT_MS_MAX) % 1000 * 1000};
+
+            memcpy(optval, &tv, sizeof(tv));
+            *optlen = sizeof(tv);
+            return 0;
+        }
+    } else {
+        return exs__err(ENOPROTOOPT);
+    }
+    memcpy(optval, &v, sizeof(v));
+    *optlen = sizeof(int);
+    return 0;
+}
+
+/* ---- exs_sendfile: sendfile(2) ---- */
+
+/* The posting thread, k->lock free, k->file_busy ours: move up to want bytes of in_fd
+ * from offset with sendfile(2) (non-blocking: the socket's own O_NONBLOCK). Returns the
+ * bytes moved; *stop_p: 0 all moved, EAGAIN the socket is full, -1 end of file, else
+ * the errno that stopped it. */
+static size_t kfd_sendfile_run(int fd, int in_fd, off_t offset, size_t want, int *stop_p)
+{
+    off_t off = offset;
+    size_t sent = 0;
+
+    *stop_p = 0;
+    while (sent < want) {
+        ssize_t n = sendfile(fd, in_fd, &off, want - sent);
+
+        if (n > 0) {
+            sent += (size_t)n;
+            continue;
+        }
+        if (n == 0) {
+            *stop_p = -1;
+            break;
+        }
+        if (errno == EINTR)
+            continue;
+        *stop_p = errno;
+        break;
+    }
+    __atomic_fetch_add(&kfd_sendfile_bytes, (uint64_t)sent, __ATOMIC_RELAXED);
+    return sent;
+}
+
+/* The posting thread, k->lock free: read what sendfile(2) left (the socket was full)
+ * into op's buffer, so that the progress thread never reads the file. Short at the end
+ * of the file or at a read error. */
+static void kfd_sendfile_rest(struct kfd_op *op, int in_fd, off_t offset, size_t rest)
+{
+    struct api_bounce *b = op->bounce;
+    size_t got = 0;
+
+    b->buf = malloc(rest);
+    if (!b->buf) {
+        EXS_WARN(API, "sendfile: no memory for the %zu bytes left: a short count", rest);
+        return;
+    }
+    while (got < rest) {
+        ssize_t n = pread(in_fd, b->buf + got, rest - got, offset + (off_t)got);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n < 0)
+                EXS_DBG(API, "sendfile: pread(%d): %m: a short count", in_fd);
+            break;
+        }
+        got += (size_t)n;
+    }
+    b->len = got;
+    op->buf = (char *)b->buf;
+    op->len = got;
+}
+
+/* The posting thread is done writing (k locked again): queue the rest at the head, or
+ * finish op; then a deferred exs_close, or the sends queued meanwhile. */
+static void kfd_sendfile_end(struct kfd *k, struct kfd_op *op)
+{
+    k->file_busy = 0;
+    if (!k->attached) {
+        /* exs_fini dropped k meanwhile */
+        k->n_send--;
+        kfd_to_end_locked(k, op);
+        kfd_op_drop(op);
+        return;
+    }
+    if (k->close_op) {
+        struct kfd_op *c = k->close_op;
+
+        k->close_op = NULL;
+        kfd_op_finish_locked(k, op, -1, ECANCELED);
+        kfd_close_locked(k, c);
+        return;
+    }
+    if (op->len)
+        exs_list_add_head(&k->sendq, &op->link); /* before the sends queued meanwhile */
+    else
+        kfd_op_finish_locked(k, op, 0, 0);
+    kfd_run_locked(k);
+    kfd_update_locked(k);
+    kfd_idle_locked(k);
+}
+
+/* Give the synchronous queue back unused (the copying path takes it again). */
+static void kfd_sync_put(int sync, exs_qhandle_t q)
+{
+    int e = errno;
+
+    (void)exs__api_sync_fail(sync, q, 0);
+    errno = e;
+}
+
+ssize_t exs__api_kfd_sendfile(int fd, int in_fd, off_t offset, size_t count, size_t want,
+                              exs_qhandle_t q, exs_ahandle_t ah, int *taken_p)
+{
+    int err = 0, stop, fl, sync = q == EXS_QHANDLE_INVALID;
+    struct api_bounce *b;
+    struct kfd_op *op;
+    struct stat st;
+    struct kfd *k;
+    exs_event_t ev;
+    size_t sent;
+
+    *taken_p = 0;
+    /* only where sendfile(2) cannot block and reads what pread would: a non-blocking
+     * kernel stream socket (the application's own flag), a regular file */
+    if (!want || !exs__api_initialized() || !kfd_is_stream(fd))
+        return 0;
+    fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || !(fl & O_NONBLOCK) || fstat(in_fd, &st) || !S_ISREG(st.st_mode))
+        return 0;
+    b = calloc(1, sizeof(*b));
+    if (!b)
+        return 0; /* the copying path reports it */
+    b->evt_type = EXS_EVT_SENDFILE;
+    b->in_fd = in_fd;
+    b->offset = offset;
+    b->len_req = count;
+    if (sync)
+        q = exs__api_sync_queue();
+    op = kfd_op_new(EXS_EVT_SEND, q, ah, &err);
+    if (!op) {
+        exs__api_bounce_free(b);
+        *taken_p = 1;
+        return exs__api_sync_fail(sync, q, err);
+    }
+    op->bounce = b;
+    k = kfd_get_locked(fd, &err);
+    if (!k) {
+        kfd_op_drop(op);
+        *taken_p = 1;
+        return exs__api_sync_fail(sync, q, err);
+    }
+    if (!exs_list_empty(&k->sendq) || k->file_busy || k->close_op || k->err ||
+        k->n_send >= (int)exs__params.sock_max_ops) {
+        /* sends ahead of it (or a failed connection): the copying path queues behind */
+        kfd_idle_locked(k);
+        kfd_unlock(k);
+        kfd_put(k);
+        kfd_op_drop(op);
+        kfd_sync_put(sync, q);
+        return 0;
+    }
+    if (!sync && (err = kfd_to_start_locked(k, op))) {
+        kfd_idle_locked(k);
+        kfd_unlock(k);
+        kfd_put(k);
+        kfd_op_drop(op);
+        *taken_p = 1;
+        return exs__api_sync_fail(sync, q, err);
+    }
+    k->n_send++;
+    k->file_busy = 1;
+    kfd_unlock(k);
+    sent = kfd_sendfile_run(fd, in_fd, offset, want, &stop);
+    if (!sent && stop > 0 && stop != EAGAIN) {
+        /* refused (EINVAL, ENOSYS for this file, EBADF, ...): the copying path, which
+         * reports the errors pread and send give */
+        EXS_DBG(API, "kfd %d: sendfile(2) from %d: %s: copying instead", fd, in_fd, strerror(stop));
+        kfd_lock(k);
+        k->file_busy = 0;
+        k->n_send--;
+        kfd_to_end_locked(k, op);
+        if (k->close_op) {
+            struct kfd_op *c = k->close_op;
+
+            k->close_op = NULL;
+            kfd_close_locked(k, c);
+        } else if (k->attached) {
+            kfd_run_locked(k);
+            kfd_update_locked(k);
+            kfd_idle_locked(k);
+        }
+        kfd_unlock(k);
+        kfd_put(k);
+        kfd_op_drop(op);
+        kfd_sync_put(sync, q);
+        return 0;
+    }
+    op->pre = sent;
+    if (stop == EAGAIN)
+        kfd_sendfile_rest(op, in_fd, offset + (off_t)sent, want - sent);
+    else if (stop > 0)
+        EXS_DBG(API, "kfd %d: sendfile(2): %s after %zu bytes: a short count", fd, strerror(stop),
+                sent);
+    kfd_lock(k);
+    kfd_sendfile_end(k, op);
+    kfd_unlock(k);
+    kfd_put(k);
+    *taken_p = 1;
+    if (exs__api_call_end(sync, q, &ev))
+        return -1;
+    return sync ? (ssize_t)ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result : 0;
 }

@@ -5,6 +5,9 @@
 #define EXS_API_KFD_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/socket.h>
 #include <sys/exs.h>
 
 /*
@@ -22,6 +25,19 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
 int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah);
 int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah);
 int exs__api_kfd_cancel(int fd, exs_ahandle_t ah, int flags);
+/* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT (kept for the socket until exs_close, until
+ * both are 0 with nothing pending, or until the number names another socket) and
+ * SO_ASYNC_RECV_ORDERED; other options: ENOPROTOOPT. */
+/* exs_sendfile of want (<= count) bytes on fd: when fd is a kernel stream socket the
+ * application made non-blocking (O_NONBLOCK) and in_fd a regular file, the bytes go with
+ * sendfile(2) from the posting thread, and what the socket cannot take at once is read
+ * into a buffer and queued first (*taken_p = 1; returns as exs_sendfile). Otherwise, or
+ * when sendfile(2) refuses the file before moving a byte, *taken_p = 0: nothing was
+ * posted, the caller uses the copying path. */
+ssize_t exs__api_kfd_sendfile(int fd, int in_fd, off_t offset, size_t count, size_t want,
+                              exs_qhandle_t q, exs_ahandle_t ah, int *taken_p);
+int exs__api_kfd_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen);
+int exs__api_kfd_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen);
 /* exs_fini: drop every pending operation without an event (before the registrations
  * and the engine go). */
 void exs__api_kfd_close_all(void);

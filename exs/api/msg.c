@@ -157,6 +157,14 @@ ssize_t exs_sendfile(int fd, int in_fd, off_t offset, size_t count, exs_qhandle_
         return exs__err(in_fd < 0 ? EBADF : EINVAL);
     if (exs__api_initialized())
         want = EXS_MIN(want, (size_t)exs__engine_ctx()->caps.max_msg_size);
+    /* a non-blocking kernel socket and a regular file: sendfile(2) (kfd.c) */
+    {
+        int taken = 0;
+        ssize_t r = exs__api_kfd_sendfile(fd, in_fd, offset, count, want, q, ah, &taken);
+
+        if (taken)
+            return r;
+    }
     b = calloc(1, sizeof(*b));
     if (!b)
         return exs__err(ENOMEM);

@@ -8,6 +8,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include "exs/api/api.h"
 #include "exs/api/api_int.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
@@ -69,13 +70,23 @@ struct api_poll {
     struct exs_eng_timer timer;
     struct exs_eng_io io;
     int timer_on, io_on;
-    int active; /* in poll_active */
-    int done;   /* its event was posted */
+    int active;  /* in poll_active */
+    int counted; /* in poll_npending */
+    int done;    /* atomic: its event was posted */
     struct exs_list link;
 };
 
 static struct exs_list poll_active = EXS_LIST_INIT(poll_active); /* progress lock */
 static int poll_nactive; /* atomic: entries of poll_active (the hook's fast exit) */
+/* atomic: requests whose start job was posted and that have not ended (exs_cancel and
+ * exs_fini look for them on the progress thread, after every start job posted before) */
+static int poll_npending;
+static int poll_live; /* atomic: requests allocated (exs__debug_poll_live) */
+
+int exs__debug_poll_live(void)
+{
+    return __atomic_load_n(&poll_live, __ATOMIC_RELAXED);
+}
 
 /* ---- readiness ---- */
 
@@ -195,6 +206,7 @@ static void poll_free(struct api_poll *p)
     free(p->kfds);
     free(p->kidx);
     free(p);
+    __atomic_fetch_sub(&poll_live, 1, __ATOMIC_RELAXED);
 }
 
 /* Look the entries up: each exs socket referenced, each kernel descriptor noted. NULL
@@ -208,6 +220,7 @@ static struct api_poll *poll_new(exs_pollfd_t *fds, nfds_t nfds, int timeout_ms,
         *err_p = ENOMEM;
         return NULL;
     }
+    __atomic_fetch_add(&poll_live, 1, __ATOMIC_RELAXED);
     p->epfd = -1;
     p->fds = fds;
     p->nfds = nfds;
@@ -295,9 +308,19 @@ static void poll_finish(struct api_poll *p, int nready, int err)
     if (err)
         for (nfds_t i = 0; i < p->nfds; i++)
             p->fds[i].revents = 0;
-    p->done = 1;
-    if (!p->sync)
+    if (p->counted)
+        __atomic_fetch_sub(&poll_npending, 1, __ATOMIC_RELAXED);
+    if (!p->sync) {
         poll_free(p); /* before the event: once it is visible the application may count */
+    } else {
+        /* the sockets now (exs_fini waits for them to go); the memory is the waiter's */
+        for (nfds_t i = 0; i < p->nfds; i++)
+            if (p->socks[i]) {
+                exs__api_sock_put(p->socks[i]);
+                p->socks[i] = NULL;
+            }
+        __atomic_store_n(&p->done, 1, __ATOMIC_RELEASE);
+    }
     exs__evq_post(evq, &ev);
 }
 
@@ -416,10 +439,47 @@ static void poll_cancel_fn(void *arg)
 {
     struct api_poll *p = arg;
 
-    if (p->done)
+    if (__atomic_load_n(&p->done, __ATOMIC_ACQUIRE))
         return;
     poll_unlink(p);
     poll_finish(p, 0, EINTR);
+}
+
+struct poll_cancel_arg {
+    exs_ahandle_t ah;
+    int n;
+};
+
+/* Progress thread (exs__engine_call): end the asynchronous requests with this ahandle. */
+static void poll_cancel_ah_fn(void *arg)
+{
+    struct poll_cancel_arg *a = arg;
+    struct exs_list *pos, *next;
+
+    for (pos = poll_active.next; pos != &poll_active; pos = next) {
+        struct api_poll *p = exs_list_entry(pos, struct api_poll, link);
+
+        next = pos->next;
+        if (p->sync || p->ah != a->ah)
+            continue;
+        poll_unlink(p);
+        poll_finish(p, 0, ECANCELED);
+        a->n++;
+    }
+}
+
+int exs__api_poll_cancel(exs_ahandle_t ah, int flags)
+{
+    struct poll_cancel_arg a = {.ah = ah};
+
+    if (!exs__api_initialized() || flags)
+        return exs__err(EINVAL);
+    /* a request posted before this call has its start job queued before this one (the
+     * jobs run in order): it is registered by the time the function runs */
+    if (__atomic_load_n(&poll_npending, __ATOMIC_ACQUIRE))
+        exs__engine_call(poll_cancel_ah_fn, &a);
+    EXS_DBG(API, "poll: exs_cancel(-1, %p): %d requests cancelled", ah, a.n);
+    return 0;
 }
 
 static void poll_close_all_fn(void *arg)
@@ -437,8 +497,18 @@ static void poll_close_all_fn(void *arg)
 
 void exs__api_poll_close_all(void)
 {
-    if (__atomic_load_n(&poll_nactive, __ATOMIC_RELAXED))
+    /* npending, not nactive: a start job still queued runs before this call's */
+    if (__atomic_load_n(&poll_npending, __ATOMIC_ACQUIRE))
         exs__engine_call(poll_close_all_fn, NULL);
+}
+
+/* Post p's start job (counted as pending until its event). */
+static void poll_start(struct api_poll *p)
+{
+    p->counted = 1;
+    __atomic_fetch_add(&poll_npending, 1, __ATOMIC_RELEASE);
+    p->job.fn = poll_start_job;
+    exs__engine_post(&p->job);
 }
 
 /* ---- the call ---- */
@@ -466,8 +536,7 @@ static int poll_wait_sync(struct api_poll *p)
         return exs__err(err);
     }
     p->sync = 1;
-    p->job.fn = poll_start_job;
-    exs__engine_post(&p->job);
+    poll_start(p);
     for (;;) {
         int n = exs_qdequeue(q, &ev, 1, NULL);
 
@@ -480,9 +549,18 @@ static int poll_wait_sync(struct api_poll *p)
             continue;
         }
         if (n < 0) {
-            /* the queue is gone (exs_fini): p may still be registered; leave it */
-            EXS_WARN(API, "poll %p: synchronous wait failed: %m", (void *)p);
-            return -1;
+            /* the queue is gone: exs_fini ended p (ECANCELED) before it destroyed the
+             * queues, and nothing else names p any more */
+            int e = errno;
+
+            if (!__atomic_load_n(&p->done, __ATOMIC_ACQUIRE)) {
+                /* cannot happen (only exs_fini destroys the queue): leave p */
+                EXS_WARN(API, "poll %p: synchronous wait failed: %s", (void *)p, strerror(e));
+                return exs__err(e);
+            }
+            EXS_DBG(API, "poll %p: queue gone at exs_fini", (void *)p);
+            poll_free(p);
+            return exs__err(ECANCELED);
         }
     }
     poll_free(p);
@@ -532,8 +610,7 @@ int exs_poll(exs_pollfd_t *fds, nfds_t nfds, int timeout_ms, exs_qhandle_t q, ex
         poll_finish(p, n, 0);
         return 0;
     }
-    p->job.fn = poll_start_job;
-    exs__engine_post(&p->job);
+    poll_start(p);
     return 0;
 }
 
@@ -691,7 +768,8 @@ static void to_timer_cb(struct exs_eng_timer *t)
         }
         op->to_slot = 0;
         op->to_count++;
-        ev.exs_evt_type = op->evt_type == EXS_EVT_SEND ? EXS_EVT_SENDTIMEOUT : EXS_EVT_RECVTIMEOUT;
+        /* by direction: exs_sendmsg / exs_sendfile are sends too */
+        ev.exs_evt_type = op->op.kind == EXS_OP_SEND ? EXS_EVT_SENDTIMEOUT : EXS_EVT_RECVTIMEOUT;
         ev.exs_evt_u.exs_evt_timeout.exs_evt_buf = op->op.buf;
         ev.exs_evt_u.exs_evt_timeout.exs_evt_len = op->op.len;
         ev.exs_evt_u.exs_evt_timeout.exs_evt_count = op->to_count;

@@ -1074,7 +1074,8 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
     struct api_sock *s = exs__api_sock_get(fd, &err);
 
     if (!s)
-        return exs__err(err);
+        return err == ENOTSOCK ? exs__api_kfd_setsockopt(fd, level, optname, optval, optlen)
+                               : exs__err(err);
     if (optval && optlen == sizeof(struct timeval) && sock_opt_is_timeo(level, optname)) {
         /* SO_ASYNC_*_TIMEOUT as a struct timeval: whole milliseconds, rounded up */
         struct timeval tv;
@@ -1158,7 +1159,8 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
     struct api_sock *s = exs__api_sock_get(fd, &err);
 
     if (!s)
-        return exs__err(err);
+        return err == ENOTSOCK ? exs__api_kfd_getsockopt(fd, level, optname, optval, optlen)
+                               : exs__err(err);
     if (!optval || !optlen) {
         err = EINVAL;
         goto out;

@@ -579,7 +579,11 @@ static int cancel_match(struct exs_op *pop, void *arg)
 int exs_cancel(int fd, exs_ahandle_t ah, int flags)
 {
     int err = 0;
-    struct api_sock *s = exs__api_sock_get(fd, &err);
+    struct api_sock *s;
+
+    if (fd == -1) /* exs_poll requests: their events carry fd -1 */
+        return exs__api_poll_cancel(ah, flags);
+    s = exs__api_sock_get(fd, &err);
 
     if (!s)
         return err == ENOTSOCK ? exs__api_kfd_cancel(fd, ah, flags) : exs__err(err);

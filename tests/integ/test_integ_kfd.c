@@ -24,7 +24,6 @@
 
 /* ---- helpers ---- */
 
-
 /* Byte i of the stream pattern. */
 static uint8_t pat(size_t i)
 {
@@ -681,6 +680,227 @@ START_TEST(test_sig_alarm_eintr)
 }
 END_TEST
 
+/* ---- SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT on kernel sockets ---- */
+
+static void kset(int fd, int name, int v)
+{
+    IT_EXPECT_OK(exs_setsockopt(fd, SOL_EXS, name, &v, sizeof(v)));
+}
+
+static int kget(int fd, int name)
+{
+    int v = -1;
+    socklen_t len = sizeof(v);
+
+    IT_EXPECT_OK(exs_getsockopt(fd, SOL_SOCKET, name, &v, &len));
+    ck_assert_int_eq(len, sizeof(int));
+    return v;
+}
+
+/* The next notice of (q, type, fd): ahandle ah, count, never early, buf as posted. */
+static void kfd_expect_notice(exs_qhandle_t q, int type, int fd, exs_ahandle_t ah, unsigned count,
+                              unsigned ivl_ms, const void *buf)
+{
+    exs_event_t ev;
+
+    it_wait_event(q, type, fd, &ev);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, ah);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    ck_assert_ptr_eq(ev.exs_evt_u.exs_evt_timeout.exs_evt_buf, buf);
+    ck_assert_uint_eq(ev.exs_evt_u.exs_evt_timeout.exs_evt_count, count);
+    ck_assert_uint_ge(ev.exs_evt_u.exs_evt_timeout.exs_evt_elapsed_ms, count * ivl_ms);
+}
+
+/* The completion of (q, type, fd) after any notices: its result. */
+static ssize_t kfd_expect_done(exs_qhandle_t q, int type, int fd, exs_ahandle_t ah)
+{
+    exs_event_t ev;
+
+    for (;;) {
+        it_wait_event(q, -1, fd, &ev);
+        if (ev.exs_evt_type != EXS_EVT_SENDTIMEOUT && ev.exs_evt_type != EXS_EVT_RECVTIMEOUT)
+            break;
+        ck_assert_ptr_eq(ev.exs_evt_ahandle, ah);
+    }
+    ck_assert_int_eq(ev.exs_evt_type, type);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, ah);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    return ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+}
+
+/* A receive outstanding past the interval gets a notice per interval (counted, never
+ * early), then its own event and no notice after it; the option stays with the socket
+ * for the next receive; set to 0 with nothing pending, nothing is kept. */
+START_TEST(test_kfd_to_recv)
+{
+    struct timeval tv;
+    exs_qhandle_t q;
+    socklen_t len;
+    char buf[64];
+    int a, b;
+
+    it_init();
+    q = it_qcreate(8);
+    it_tcp_pair(&a, &b, 0, 0);
+    ck_assert_int_eq(kget(b, SO_ASYNC_RECV_TIMEOUT), 0);
+    kset(b, SO_ASYNC_RECV_TIMEOUT, 100);
+    ck_assert_int_eq(kget(b, SO_ASYNC_RECV_TIMEOUT), 100);
+    ck_assert_int_eq(kget(b, SO_ASYNC_SEND_TIMEOUT), 0);
+    len = sizeof(tv);
+    IT_EXPECT_OK(exs_getsockopt(b, SOL_EXS, SO_ASYNC_RECV_TIMEOUT, &tv, &len));
+    ck_assert_int_eq(len, sizeof(tv));
+    ck_assert_int_eq(tv.tv_sec, 0);
+    ck_assert_int_eq(tv.tv_usec, 100000);
+    IT_POST_RECV(b, buf, sizeof(buf), q, AH(1), EXS_MHANDLE_UNREGISTERED);
+    kfd_expect_notice(q, EXS_EVT_RECVTIMEOUT, b, AH(1), 1, 100, buf);
+    kfd_expect_notice(q, EXS_EVT_RECVTIMEOUT, b, AH(1), 2, 100, buf);
+    ck_assert_int_eq(send(a, "abc", 3, 0), 3);
+    ck_assert_int_eq(kfd_expect_done(q, EXS_EVT_RECV, b, AH(1)), 3);
+    it_expect_no_event(q, 300); /* no notice after the completion */
+    /* kept with the socket between operations */
+    ck_assert_int_eq(exs__debug_kfd_live(), 1);
+    IT_POST_RECV(b, buf, sizeof(buf), q, AH(2), EXS_MHANDLE_UNREGISTERED);
+    kfd_expect_notice(q, EXS_EVT_RECVTIMEOUT, b, AH(2), 1, 100, buf);
+    ck_assert_int_eq(send(a, "de", 2, 0), 2);
+    ck_assert_int_eq(kfd_expect_done(q, EXS_EVT_RECV, b, AH(2)), 2);
+    ck_assert_int_eq(memcmp(buf, "de", 2), 0);
+    /* a synchronous receive gets no notice (its event would be its queue's) */
+    ck_assert_int_eq(send(a, "f", 1, 0), 1);
+    ck_assert_int_eq(
+        exs_recv(b, buf, sizeof(buf), 0, EXS_QHANDLE_INVALID, NULL, EXS_MHANDLE_UNREGISTERED), 1);
+    /* off: no state is left */
+    kset(b, SO_ASYNC_RECV_TIMEOUT, 0);
+    kfd_settle(q);
+    ck_assert_int_eq(kget(b, SO_ASYNC_RECV_TIMEOUT), 0);
+    close(a);
+    close(b);
+}
+END_TEST
+
+/* EXS_TIMEOUT_ONCE on a send the kernel cannot take (nobody reads): one notice, then the
+ * send completes normally once the peer reads, every byte in order; exs_close drops the
+ * option with the descriptor. */
+START_TEST(test_kfd_to_send_once)
+{
+    enum { LEN = 32 << 20 }; /* more than the kernel buffers hold */
+    struct reader r = {0};
+    uint8_t *big = malloc(LEN);
+    exs_qhandle_t q;
+    pthread_t th;
+    int a, b;
+
+    ck_assert_ptr_nonnull(big);
+    pat_fill(big, LEN, 0);
+    it_init();
+    q = it_qcreate(8);
+    it_tcp_pair(&a, &b, 0, 0);
+    kset(a, SO_ASYNC_SEND_TIMEOUT, 80 | EXS_TIMEOUT_ONCE);
+    ck_assert_int_eq(kget(a, SO_ASYNC_SEND_TIMEOUT), 80 | EXS_TIMEOUT_ONCE);
+    IT_POST_SEND(a, big, LEN, q, AH(3), EXS_MHANDLE_UNREGISTERED);
+    kfd_expect_notice(q, EXS_EVT_SENDTIMEOUT, a, AH(3), 1, 80, big);
+    it_expect_no_event(q, 400); /* once: no second notice, and the send is still out */
+    r.fd = b;
+    r.total = LEN;
+    ck_assert_int_eq(pthread_create(&th, NULL, reader_main, &r), 0);
+    ck_assert_int_eq(kfd_expect_done(q, EXS_EVT_SEND, a, AH(3)), LEN);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_uint_eq(r.got, LEN);
+    ck_assert_int_eq(r.bad, -1);
+    it_expect_no_event(q, 200);
+    it_close(a, q); /* the descriptor goes, and its options with it */
+    kfd_settle(q);
+    close(b);
+    free(big);
+}
+END_TEST
+
+/* The application closes a descriptor with an option set (without exs_close) and the
+ * number then names another socket: the option is not applied to it, and the old state
+ * is dropped. */
+START_TEST(test_kfd_to_reuse)
+{
+    exs_qhandle_t q;
+    char buf[16];
+    int a, b, c, d;
+
+    it_init();
+    q = it_qcreate(8);
+    it_tcp_pair(&a, &b, 0, 0);
+    kset(b, SO_ASYNC_RECV_TIMEOUT, 50);
+    kset(b, SO_ASYNC_SEND_TIMEOUT, 50);
+    it_tcp_pair(&c, &d, 0, 0);
+    ck_assert_int_eq(dup2(d, b), b); /* closes b's socket: the number names d's now */
+    close(d);
+    close(a);
+    ck_assert_int_eq(kget(b, SO_ASYNC_RECV_TIMEOUT), 0);
+    IT_POST_RECV(b, buf, sizeof(buf), q, AH(4), EXS_MHANDLE_UNREGISTERED);
+    it_expect_no_event(q, 300); /* no notice: the new socket has no timeout */
+    ck_assert_int_eq(send(c, "x", 1, 0), 1);
+    it_expect_recv(q, b, AH(4), 1, 0);
+    kfd_settle(q); /* nothing of the old socket is left */
+    close(b);
+    close(c);
+}
+END_TEST
+
+/* Slots and errors: a receive with a timeout takes two slots of its queue (EAGAIN when
+ * it cannot); values are checked as on exs sockets; other options are not kernel
+ * sockets' to set here; exs_fini with a registered operation leaves nothing. */
+START_TEST(test_kfd_to_slots)
+{
+    struct timeval tv = {.tv_sec = 0, .tv_usec = 1};
+    exs_qhandle_t q;
+    char buf[16], buf2[16];
+    int a, b, v, p[2];
+
+    it_init();
+    q = it_qcreate(2);
+    it_tcp_pair(&a, &b, 0, 0);
+    IT_EXPECT_OK(exs_setsockopt(b, SOL_SOCKET, SO_ASYNC_RECV_TIMEOUT, &tv, sizeof(tv)));
+    ck_assert_int_eq(kget(b, SO_ASYNC_RECV_TIMEOUT), 1); /* rounded up */
+    kset(b, SO_ASYNC_RECV_TIMEOUT, 5000);
+    IT_POST_RECV(b, buf, sizeof(buf), q, AH(5), EXS_MHANDLE_UNREGISTERED);
+    IT_EXPECT_FAIL(exs_recv(b, buf2, sizeof(buf2), 0, q, AH(6), EXS_MHANDLE_UNREGISTERED), EAGAIN);
+    ck_assert_int_eq(send(a, "0123", 4, 0), 4);
+    it_expect_recv(q, b, AH(5), 4, 0);
+    /* without the option the same queue takes two receives */
+    kset(b, SO_ASYNC_RECV_TIMEOUT, 0);
+    IT_POST_RECV(b, buf, sizeof(buf), q, AH(5), EXS_MHANDLE_UNREGISTERED);
+    IT_POST_RECV(b, buf2, sizeof(buf2), q, AH(6), EXS_MHANDLE_UNREGISTERED);
+    ck_assert_int_eq(send(a, "0123456789abcdef0123", 20, 0), 20);
+    it_expect_recv(q, b, AH(5), IT_ANY_RESULT, 0);
+    it_expect_recv(q, b, AH(6), IT_ANY_RESULT, 0);
+    v = -1;
+    IT_EXPECT_FAIL(exs_setsockopt(b, SOL_EXS, SO_ASYNC_SEND_TIMEOUT, &v, sizeof(v)), EINVAL);
+    v = EXS_TIMEOUT_ONCE;
+    IT_EXPECT_FAIL(exs_setsockopt(b, SOL_EXS, SO_ASYNC_SEND_TIMEOUT, &v, sizeof(v)), EINVAL);
+    v = 1;
+    IT_EXPECT_FAIL(exs_setsockopt(b, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v)), ENOPROTOOPT);
+    IT_EXPECT_OK(exs_setsockopt(b, SOL_SOCKET, SO_ASYNC_RECV_ORDERED, &v, sizeof(v)));
+    ck_assert_int_eq(kget(b, SO_ASYNC_RECV_ORDERED), 1);
+    ck_assert_int_eq(pipe(p), 0);
+    v = 100;
+    IT_EXPECT_FAIL(exs_setsockopt(p[0], SOL_EXS, SO_ASYNC_SEND_TIMEOUT, &v, sizeof(v)), ENOTSOCK);
+    close(p[0]);
+    close(p[1]);
+    kfd_settle(q);
+    it_qdelete(q);
+    /* exs_fini while a receive is registered for notices: nothing leaks */
+    q = exs_qcreate(8); /* not tracked: exs_fini frees it */
+    ck_assert_int_ne(q, EXS_QHANDLE_INVALID);
+    kset(b, SO_ASYNC_RECV_TIMEOUT, 20);
+    ck_assert_int_eq(exs_recv(b, buf, sizeof(buf), 0, q, AH(7), EXS_MHANDLE_UNREGISTERED), 0);
+    exs_event_t ev;
+    ck_assert_int_eq(exs_qdequeue(q, &ev, 1, &(struct timespec){IT_TIMEOUT_MS / 1000, 0}), 1);
+    ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_RECVTIMEOUT);
+    ck_assert(ev.exs_evt_ahandle == AH(7));
+    exs_fini(); /* the receive is still registered for notices */
+    ck_assert_int_eq(exs__debug_live_objects(), 0);
+    close(a);
+    close(b);
+}
+END_TEST
+
 Suite *integ_kfd_suite(void)
 {
     Suite *s = suite_create("integ_kfd");
@@ -693,6 +913,9 @@ Suite *integ_kfd_suite(void)
                  (const TTest *const[]){test_kfd_cancel, test_kfd_shutdown, test_kfd_close_pending,
                                         test_kfd_reuse, test_kfd_reset, test_kfd_errors,
                                         test_kfd_fini_pending, NULL});
+    it_suite_add(s, "kfd_timeouts", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_kfd_to_recv, test_kfd_to_send_once, test_kfd_to_reuse,
+                                        test_kfd_to_slots, NULL});
     it_suite_add(s, "signals", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_sig_threads_blocked, test_sig_alarm_eintr, NULL});
     return s;

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "exs/api/api.h"
 #include "exs/util/params.h"
 #include "tests/integ/integ.h"
 #include "tests/skip.h"
@@ -847,6 +848,81 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
+/* exs_sendfile on a kernel socket the application made non-blocking: the bytes go with
+ * sendfile(2) (counted), what the small socket buffers cannot take at once is queued
+ * first, and a send posted behind it follows it on the wire; the file offset and the
+ * socket's flags are unchanged. A blocking socket takes the copying path; a file
+ * sendfile(2) refuses (not open for reading) falls back to it (EBADF, nothing posted). */
+START_TEST(test_msg_kfd_sendfile)
+{
+    enum { FLEN = 3 << 20, TAIL = 5000 };
+    uint8_t *fref = ref_new(FLEN, 94), *tail = ref_new(TAIL, 95);
+    struct reader rd = {.len = FLEN - 1000 + TAIL};
+    int file = tmpfile_new(FLEN, 94), a, b, fl, wfile;
+    unsigned long long zc0;
+    char path[] = "/tmp/exs-sendfile-XXXXXX";
+    exs_qhandle_t q;
+    pthread_t th;
+
+    it_init();
+    q = it_qcreate(16);
+    it_tcp_pair(&a, &b, 16384, 16384);
+    fl = fcntl(a, F_GETFL);
+    ck_assert_int_eq(fcntl(a, F_SETFL, fl | O_NONBLOCK), 0); /* the application's choice */
+    fl = fcntl(a, F_GETFL);
+    ck_assert_int_eq(lseek(file, 7, SEEK_SET), 7);
+    rd.fd = b;
+    rd.buf = malloc(rd.len);
+    ck_assert_ptr_nonnull(rd.buf);
+    zc0 = exs__debug_kfd_sendfile_bytes();
+    /* nobody reads yet: the socket fills, the rest is queued */
+    IT_EXPECT_OK((int)exs_sendfile(a, file, 1000, FLEN - 1000, q, AH(1)));
+    ck_assert_uint_gt(exs__debug_kfd_sendfile_bytes(), zc0);
+    IT_POST_SEND(a, tail, TAIL, q, AH(2), EXS_MHANDLE_UNREGISTERED);
+    ck_assert_int_eq(pthread_create(&th, NULL, reader_main, &rd), 0);
+    expect_msg(q, EXS_EVT_SENDFILE, a, AH(1), FLEN - 1000, NULL, 0, 0);
+    it_expect_send(q, a, AH(2), TAIL);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_uint_eq(rd.got, rd.len);
+    ck_assert_int_eq(memcmp(rd.buf, fref + 1000, FLEN - 1000), 0);
+    ck_assert_int_eq(memcmp(rd.buf + FLEN - 1000, tail, TAIL), 0);
+    ck_assert_int_eq(lseek(file, 0, SEEK_CUR), 7);
+    ck_assert_int_eq(fcntl(a, F_GETFL), fl);
+    /* synchronous, past the end of the file: a short count */
+    zc0 = exs__debug_kfd_sendfile_bytes();
+    ck_assert_int_eq(exs_sendfile(a, file, FLEN - 300, 1000, EXS_QHANDLE_INVALID, AH(3)), 300);
+    ck_assert_uint_eq(exs__debug_kfd_sendfile_bytes(), zc0 + 300);
+    read_full(b, rd.buf, 300);
+    ck_assert_int_eq(memcmp(rd.buf, fref + FLEN - 300, 300), 0);
+    /* refused by sendfile(2): the copying path reports pread's error */
+    wfile = mkstemp(path);
+    ck_assert_int_ge(wfile, 0);
+    ck_assert_int_eq(write(wfile, "abcdef", 6), 6);
+    close(wfile);
+    wfile = open(path, O_WRONLY); /* a regular file, not open for reading */
+    ck_assert_int_ge(wfile, 0);
+    unlink(path);
+    IT_EXPECT_FAIL((int)exs_sendfile(a, wfile, 0, 6, q, AH(4)), EBADF);
+    ck_assert_uint_eq(exs__debug_kfd_sendfile_bytes(), zc0 + 300);
+    close(wfile);
+    /* blocking: the copying path (sendfile(2) could block the caller) */
+    ck_assert_int_eq(fcntl(a, F_SETFL, fl & ~O_NONBLOCK), 0);
+    IT_EXPECT_OK((int)exs_sendfile(a, file, 0, 4000, q, AH(5)));
+    read_full(b, rd.buf, 4000);
+    ck_assert_int_eq(memcmp(rd.buf, fref, 4000), 0);
+    expect_msg(q, EXS_EVT_SENDFILE, a, AH(5), 4000, NULL, 0, 0);
+    ck_assert_uint_eq(exs__debug_kfd_sendfile_bytes(), zc0 + 300);
+    kfd_settle(q);
+    close(a);
+    close(b);
+    close(file);
+    free(rd.buf);
+    free(fref);
+    free(tail);
+    it_qdelete(q);
+}
+END_TEST
+
 /* A large exs_sendmsg through small kernel buffers: partial writes are retried, in order. */
 START_TEST(test_msg_kfd_partial)
 {
@@ -1028,9 +1104,9 @@ Suite *integ_msg_suite(void)
     it_suite_add(
         s, "msg_sync", IT_CASE_TIMEOUT, 2,
         (const TTest *const[]){test_msg_sync, test_msg_sendfile_large, test_msg_max_msg, NULL});
-    it_suite_add(
-        s, "msg_kfd", IT_CASE_TIMEOUT, 1,
-        (const TTest *const[]){test_msg_kfd, test_msg_kfd_partial, test_msg_kfd_reset, NULL});
+    it_suite_add(s, "msg_kfd", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_msg_kfd, test_msg_kfd_partial, test_msg_kfd_reset,
+                                        test_msg_kfd_sendfile, NULL});
     tc = tcase_create("msg_reset");
     tcase_set_timeout(tc, IT_CASE_TIMEOUT);
     tcase_add_checked_fixture(tc, NULL, fault_teardown);

@@ -10,6 +10,7 @@
 #include <sys/exs.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/integ/integ.h"
@@ -408,6 +409,101 @@ START_TEST(test_poll_eintr)
 }
 END_TEST
 
+/* exs_cancel(-1, ah, 0) ends the asynchronous requests posted with ah: one EXS_EVT_POLL
+ * each with ECANCELED, exactly once, the request freed; other requests are untouched. */
+START_TEST(test_poll_cancel)
+{
+    struct it_pair p;
+    exs_pollfd_t f, g, h;
+    exs_event_t ev;
+    int pp[2];
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 8, 8);
+    ck_assert_int_eq(pipe(pp), 0);
+    f = (exs_pollfd_t){.fd = p.cfd, .events = POLLIN};
+    g = (exs_pollfd_t){.fd = p.cfd, .events = POLLIN};
+    h = (exs_pollfd_t){.fd = pp[0], .events = POLLIN}; /* kernel descriptors only */
+    IT_EXPECT_OK(exs_poll(&f, 1, -1, p.cq, AH(0x20)));
+    IT_EXPECT_OK(exs_poll(&g, 1, -1, p.cq, AH(0x21)));
+    /* at once: its start job may not have run yet */
+    IT_EXPECT_OK(exs_cancel(-1, AH(0x20), 0));
+    it_wait_event(p.cq, EXS_EVT_POLL, -1, &ev);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(0x20));
+    ck_assert_int_eq(ev.exs_evt_errno, ECANCELED);
+    ck_assert_int_eq(ev.exs_evt_fd, -1);
+    ck_assert_ptr_eq(ev.exs_evt_u.exs_evt_poll.exs_evt_fds, &f);
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_poll.exs_evt_nready, -1);
+    ck_assert_int_eq(f.revents, 0);
+    /* a registered kernel-only request, cancelled after it waited */
+    IT_EXPECT_OK(exs_poll(&h, 1, -1, p.cq, AH(0x22)));
+    it_expect_no_event(p.cq, 100);
+    IT_EXPECT_OK(exs_cancel(-1, AH(0x22), 0));
+    it_wait_event(p.cq, EXS_EVT_POLL, -1, &ev);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(0x22));
+    ck_assert_int_eq(ev.exs_evt_errno, ECANCELED);
+    /* exactly once: nothing more for them; the other request still waits */
+    IT_EXPECT_OK(exs_cancel(-1, AH(0x20), 0));
+    IT_EXPECT_OK(exs_cancel(-1, AH(0x22), 0));
+    IT_EXPECT_FAIL(exs_cancel(-1, AH(0x21), 1), EINVAL);
+    it_expect_no_event(p.cq, 200);
+    ck_assert_int_eq(exs__debug_poll_live(), 1);
+    send_bytes(p.sfd, p.sq, 4);
+    expect_poll_evt(p.cq, AH(0x21), &g, 1, 1);
+    ck_assert_int_eq(g.revents, POLLIN);
+    ck_assert_int_eq(exs__debug_poll_live(), 0);
+    close(pp[0]);
+    close(pp[1]);
+    it_pair_close(&p);
+}
+END_TEST
+
+struct sync_poller {
+    exs_pollfd_t f;
+    int ret, err, done; /* done: atomic */
+};
+
+static void *sync_poller_main(void *arg)
+{
+    struct sync_poller *sp = arg;
+
+    sp->ret = exs_poll(&sp->f, 1, -1, EXS_QHANDLE_INVALID, NULL);
+    sp->err = errno;
+    __atomic_store_n(&sp->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* A synchronous exs_poll still waiting when exs_fini runs returns -1/ECANCELED, and its
+ * request is freed. */
+START_TEST(test_poll_sync_fini)
+{
+    struct sync_poller sp = {.ret = 99};
+    struct sockaddr_in addr;
+    struct timespec dl;
+    pthread_t th;
+    int lfd;
+
+    it_init();
+    lfd = it_listen(SOCK_STREAM, &addr); /* no connection comes: never readable */
+    sp.f = (exs_pollfd_t){.fd = lfd, .events = POLLIN};
+    ck_assert_int_eq(pthread_create(&th, NULL, sync_poller_main, &sp), 0);
+    /* wait until it is registered (allocated; then it waits) */
+    for (int i = 0; i < IT_TIMEOUT_MS / 10 && exs__debug_poll_live() == 0; i++)
+        it_sleep_ms(10);
+    ck_assert_int_eq(exs__debug_poll_live(), 1);
+    it_sleep_ms(50); /* usually past the look at the call: the registered request */
+    ck_assert_int_eq(__atomic_load_n(&sp.done, __ATOMIC_ACQUIRE), 0);
+    exs_fini();
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += IT_TIMEOUT_MS / 1000;
+    ck_assert_int_eq(pthread_timedjoin_np(th, NULL, &dl), 0);
+    ck_assert_int_eq(sp.ret, -1);
+    ck_assert_int_eq(sp.err, ECANCELED);
+    ck_assert_int_eq(exs__debug_poll_live(), 0);
+    ck_assert_int_eq(exs__debug_live_objects(), 0);
+}
+END_TEST
+
 /* The event's slot is reserved at the call: a full queue refuses with EAGAIN. */
 START_TEST(test_poll_queue_full)
 {
@@ -499,11 +595,20 @@ START_TEST(test_to_options)
     ck_assert_int_eq(v, 1);
     v = 2;
     IT_EXPECT_FAIL(exs_setsockopt(s, SOL_SOCKET, SO_ASYNC_RECV_ORDERED, &v, sizeof(v)), EINVAL);
-    /* kernel descriptors have no such options */
+    /* kernel stream sockets take them too (test_integ_kfd.c: kfd_timeouts); other
+     * descriptors do not */
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     v = 100;
-    IT_EXPECT_FAIL(exs_setsockopt(sv[0], SOL_SOCKET, SO_ASYNC_RECV_TIMEOUT, &v, sizeof(v)),
-                   ENOTSOCK);
+    IT_EXPECT_OK(exs_setsockopt(sv[0], SOL_SOCKET, SO_ASYNC_RECV_TIMEOUT, &v, sizeof(v)));
+    len = sizeof(v);
+    IT_EXPECT_OK(exs_getsockopt(sv[0], SOL_EXS, SO_ASYNC_RECV_TIMEOUT, &v, &len));
+    ck_assert_int_eq(v, 100);
+    set_int(sv[0], SO_ASYNC_RECV_TIMEOUT, 0); /* nothing is kept */
+    ck_assert_int_eq(exs__debug_kfd_live(), 0);
+    int dg = socket(AF_UNIX, SOCK_DGRAM, 0); /* not a stream socket */
+    ck_assert_int_ge(dg, 0);
+    IT_EXPECT_FAIL(exs_setsockopt(dg, SOL_SOCKET, SO_ASYNC_RECV_TIMEOUT, &v, sizeof(v)), ENOTSOCK);
+    close(dg);
     close(sv[0]);
     close(sv[1]);
     exs_qhandle_t q = it_qcreate(2);
@@ -590,6 +695,46 @@ START_TEST(test_to_send_once)
 }
 END_TEST
 
+/* exs_sendmsg is a send: its notice is EXS_EVT_SENDTIMEOUT (STREAM, larger than the
+ * peer's ring, the peer receives nothing until the notice). */
+START_TEST(test_to_sendmsg)
+{
+    struct it_pair p;
+    size_t len = 3 * 1024 * 1024, got = 0;
+    struct it_buf *sb, *rb;
+    exs_iovec_t v[2];
+    exs_msghdr_t m = {.msg_iov = v, .msg_iovlen = 2};
+    exs_event_t ev;
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 8, 8);
+    sb = it_buf_new(len, 1);
+    rb = it_buf_new(len, 1);
+    it_fill(sb->p, len, 12);
+    v[0] = (exs_iovec_t){sb->p, len / 2, sb->mh};
+    v[1] = (exs_iovec_t){sb->p + len / 2, len - len / 2, EXS_MHANDLE_UNREGISTERED};
+    set_int(p.cfd, SO_ASYNC_SEND_TIMEOUT, 80 | EXS_TIMEOUT_ONCE);
+    IT_EXPECT_OK(exs_sendmsg(p.cfd, &m, 0, p.cq, AH(11)));
+    it_wait_event(p.cq, -1, p.cfd, &ev);
+    ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_SENDTIMEOUT);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(11));
+    ck_assert_uint_eq(ev.exs_evt_u.exs_evt_timeout.exs_evt_count, 1);
+    while (got < len) {
+        IT_POST_RECV(p.sfd, rb->p + got, len - got, p.sq, AH(12), rb->mh);
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
+        got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+    }
+    ck_assert_int_eq(it_check(rb->p, len, 12), -1);
+    it_wait_event(p.cq, EXS_EVT_SENDMSG, p.cfd, &ev);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(11));
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result, (ssize_t)len);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_pair_close(&p);
+}
+END_TEST
+
 /* The notice's slot: reserved at posting (EAGAIN when the queue cannot take it); a
  * repeat that finds the queue full waits for the next interval, never overflows it. */
 START_TEST(test_to_queue_full)
@@ -665,9 +810,9 @@ START_TEST(test_recv_ordered)
         it_fill(sb[k]->p, len[k], (uint32_t)k + 1);
         /* STREAM: MSG_WAITALL, so that each receive takes exactly its send's bytes (a
          * plain stream receive may complete with part of them, e.g. at a fragment) */
-        ck_assert_int_eq(exs_recv(p.sfd, rb[k]->p, len[k], _i ? 0 : MSG_WAITALL, p.sq,
-                                  AH(100 + k), rb[k]->mh),
-                         0);
+        ck_assert_int_eq(
+            exs_recv(p.sfd, rb[k]->p, len[k], _i ? 0 : MSG_WAITALL, p.sq, AH(100 + k), rb[k]->mh),
+            0);
     }
     for (int k = 0; k < N; k++)
         IT_POST_SEND(p.cfd, sb[k]->p, len[k], p.cq, AH(200 + k), sb[k]->mh);
@@ -699,10 +844,12 @@ Suite *integ_poll_suite(void)
     it_suite_add(s, "poll_misc", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_poll_nval, test_poll_kernel, test_poll_eintr,
                                         test_poll_queue_full, test_to_options, NULL});
+    it_suite_add(s, "poll_cancel", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_poll_cancel, test_poll_sync_fini, NULL});
     it_suite_add(
         s, "async_timeouts", IT_CASE_TIMEOUT, 2,
         (const TTest *const[]){test_to_recv_repeat, test_to_send_once, test_recv_ordered, NULL});
     it_suite_add(s, "async_timeout_queue", IT_CASE_TIMEOUT, 1,
-                 (const TTest *const[]){test_to_queue_full, NULL});
+                 (const TTest *const[]){test_to_queue_full, test_to_sendmsg, NULL});
     return s;
 }
