@@ -302,6 +302,7 @@ struct exs_conn {
                                                * switch) before the next ring write */
     uint64_t                   rs_peer_addr;  /* the offer */
     uint32_t                   rs_peer_size, rs_peer_rkey;
+    uint32_t                   rs_peer_init;  /* the peer's ring before its first switch (0: none yet) */
     /* fragmentation (spec/protocol.md §6.2) */
     struct exs_op             *sp_frag_op;   /* SEQPACKET send whose direct pieces are not all
                                               * posted: nothing after it leaves before them */

@@ -83,6 +83,8 @@ static struct exs_advert *st_advert_head(struct exs_conn *conn)
 
 /* Put bytes of send op on the wire: one WWI per call. 1 when something went, 0 when
  * the op must wait (credit, ADVERT or ring space). */
+static uint32_t st_ring_piece_max(const struct exs_conn *conn);
+
 static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
 {
     size_t left = op->len - op->posted;
@@ -132,7 +134,7 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         if (PHASE_IS_DIRECT(conn->st_ps))
             st_set_phase(conn, conn->st_ps + 1); /* now indirect */
         lw = (uint32_t)EXS_MIN(left, (size_t)EXS_MIN(size - used, (uint64_t)(size - off)));
-        lw = EXS_MIN(lw, exs__conn_frag_size()); /* §6.2 */
+        lw = EXS_MIN(lw, st_ring_piece_max(conn)); /* §6.2, §7.4 */
         imm = exs_imm_make(EXS_IMM_INDIRECT, 0, exs__conn_take_owed_imm_locked(conn), 0);
         if (exs__conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
                                             conn->peer.ring_rkey, lw, imm, op->buf + op->posted))
@@ -208,6 +210,8 @@ static int st_resize_answer_locked(struct exs_conn *conn)
     exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
     EXS_TRACE(PROTO, "conn %p: peer ring %u -> %u bytes at ring position %llu", (void *)conn,
               conn->peer.ring_size, conn->rs_peer_size, (unsigned long long)conn->wr_tail);
+    if (!conn->rs_peer_init)
+        conn->rs_peer_init = conn->peer.ring_size;
     conn->peer.ring_addr = conn->rs_peer_addr;
     conn->peer.ring_size = conn->rs_peer_size;
     conn->peer.ring_rkey = conn->rs_peer_rkey;
@@ -418,6 +422,24 @@ int exs__st_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budget)
     return 0;
 }
 
+/* The largest piece of a ring write (§6.2, §7.4): EXS_FRAG_SIZE, but once autotuning grew
+ * the peer's ring, never so small that the peer's credits cannot cover it: every piece
+ * spends a credit and credits come back a round trip later, so with pieces of frag_size
+ * at most credits x frag_size ring bytes move per round trip however large the ring grew
+ * (64 x 64 KiB = 4 MiB: 0.7 Gbit/s over 48 ms). A quarter of the credits then fill the
+ * whole ring. */
+static uint32_t st_ring_piece_max(const struct exs_conn *conn)
+{
+    uint32_t frag = exs__conn_frag_size(), quarter = EXS_MAX(conn->peer.credits / 4u, 1u);
+    uint32_t piece;
+
+    if (!conn->rs_peer_init || conn->peer.ring_size <= conn->rs_peer_init)
+        return frag;
+    piece = conn->peer.ring_size / quarter;
+    piece -= piece % EXS_RING_SLOT;
+    return EXS_MAX(frag, piece);
+}
+
 /* May this conn's ring be tuned now (and is anything to measure)? */
 static int st_ring_tunable(const struct exs_conn *conn)
 {
@@ -484,8 +506,13 @@ uint64_t exs__st_ring_timer_locked(struct exs_conn *conn, uint64_t now_us)
     uint32_t size;
     uint64_t due;
 
-    if (!idle_ms || conn->p.ring_size <= conn->ring_init || !st_ring_tunable(conn))
+    if (!idle_ms || !st_ring_tunable(conn))
         return 0;
+    /* At its initial size the ring cannot shrink, but it may grow before the next check
+     * (nothing re-arms the owner's timer when it does): looking every EXS_RING_IDLE_MS
+     * bounds how late a grown ring's idle shrink can come to one more period. */
+    if (conn->p.ring_size <= conn->ring_init)
+        return idle_ms;
     if (conn->rs_offered || conn->rs_old_mem)
         return idle_ms; /* look again once the change in progress is done */
     in = (struct exs_ring_tune_in){

@@ -9,6 +9,7 @@
 #include "exs/proto/proto_int.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/params.h"
+#include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -261,6 +262,29 @@ START_TEST(rg_close_with_offer_out)
 }
 END_TEST
 
+/* The idle shrink comes on time (§7.4): while autotuning is on, the ring's periodic look
+ * asks to run again within EXS_RING_IDLE_MS even at the initial size (the ring may grow
+ * before the next check, and nothing re-arms it then); none when autotuning or idle
+ * shrinking is off. */
+START_TEST(rg_timer_watches_initial_ring)
+{
+    struct exs_conn *c = pp.b.conn;
+    uint64_t now = exs__now_us();
+
+    exs__params.ring_idle_ms = 200;
+    EXS_MUTEX_LOCK(&c->lock, EXS_LOCK_CONN);
+    ck_assert_uint_eq(c->p.ring_size, c->ring_init); /* not grown */
+    c->p.autotune = 1;
+    ck_assert_uint_eq(exs__st_ring_timer_locked(c, now), 200);
+    exs__params.ring_idle_ms = 0;
+    ck_assert_uint_eq(exs__st_ring_timer_locked(c, now), 0);
+    exs__params.ring_idle_ms = 200;
+    c->p.autotune = 0;
+    ck_assert_uint_eq(exs__st_ring_timer_locked(c, now), 0);
+    EXS_MUTEX_UNLOCK(&c->lock, EXS_LOCK_CONN);
+}
+END_TEST
+
 /* Offers that cannot be made: a second one while one is out, sizes out of bounds,
  * SEQPACKET, a peer whose hello lacks the feature. */
 START_TEST(rg_offer_refused)
@@ -313,6 +337,7 @@ Suite *proto_ring_suite(void)
     tcase_add_loop_test(tc, rg_close_with_offer_out, 0, 2);
     tcase_add_test(tc, rg_offer_refused);
     tcase_add_test(tc, rg_offer_budget);
+    tcase_add_test(tc, rg_timer_watches_initial_ring);
     suite_add_tcase(s, tc);
     return s;
 }
