@@ -451,7 +451,7 @@ static void st_ring_tune_locked(struct exs_conn *conn)
 {
     struct exs_ring_tune_in in;
     enum exs_ring_tune_verdict v;
-    uint64_t now;
+    uint64_t now, rtt, win;
     uint32_t size;
 
     if (!st_ring_tunable(conn))
@@ -467,8 +467,13 @@ static void st_ring_tune_locked(struct exs_conn *conn)
         conn->rs_win_t0 = now;
         return;
     }
-    if (!conn->stats.srtt_us || now - conn->rs_win_t0 < conn->stats.srtt_us)
-        return; /* one window is one smoothed round trip */
+    rtt = conn->rs_rtt_min;
+    if (!rtt || now - conn->rs_win_t0 < rtt)
+        return; /* a window lasts at least the path's round trip */
+    /* the bytes the sender moved per minimum round trip, at the rate the window saw: on a
+     * busy machine the smoothed round trip and the calls here come late, and counting
+     * a longer window's bytes against the ring would grow it where it never limited */
+    win = (uint64_t)((double)conn->rs_win_bytes * (double)rtt / (double)(now - conn->rs_win_t0));
     in = (struct exs_ring_tune_in){
         .size = conn->p.ring_size,
         .init = conn->ring_init,
@@ -476,7 +481,7 @@ static void st_ring_tune_locked(struct exs_conn *conn)
                                  (uint64_t)EXS_WIRE_RING_SIZE_MAX),
         .budget = __atomic_load_n(&exs__params.ring_budget, __ATOMIC_RELAXED),
         .in_use = exs__conn_ring_bytes(),
-        .win_bytes = conn->rs_win_bytes,
+        .win_bytes = win,
         .reader_waiting = st_head_recv(conn) && conn->rd_arrived == conn->rd_consumed,
     };
     conn->rs_win_t0 = now;
