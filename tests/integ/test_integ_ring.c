@@ -361,16 +361,18 @@ START_TEST(ring_idle_shrinks)
 }
 END_TEST
 
-/* Resizes racing with the dynamic mode's phases (DRAIN, direct, indirect; receives from
- * 1 byte to 4 MiB) and with shutdown: nothing lost, duplicated or reordered. */
+/* Resizes racing with the transfer modes' phases (dynamic: DRAIN, direct, indirect;
+ * direct-only; indirect-only; receives from 1 byte to 4 MiB) and with shutdown, with and
+ * without an emulated delay: nothing lost, duplicated or reordered. */
 START_TEST(ring_resize_races_phases)
 {
+    static const int modes[3] = {EXS_XFER_DYNAMIC, EXS_XFER_INDIRECT_ONLY, EXS_XFER_DIRECT_ONLY};
     struct exs_sock_stats st;
     struct rg_pair p;
 
-    rg_env(_i ? "1000" : NULL);
+    rg_env(_i % 2 ? "1000" : NULL);
     it_init();
-    rg_open(&p, 0, EXS_XFER_DYNAMIC);
+    rg_open(&p, 0, modes[_i / 2]);
     rg_transfer(&p, 32 * MiB, 11 + (uint32_t)_i, 0);
     rg_stats(p.cfd, &st);
     ck_assert_uint_le(st.ring_size, MiB);
@@ -406,7 +408,7 @@ Suite *integ_ring_suite(void)
     tcase_add_test(tc, ring_resize_races_close);
     suite_add_tcase(s, tc);
     tc = it_tcase("ring_races", 180);
-    tcase_add_loop_test(tc, ring_resize_races_phases, 0, 2);
+    tcase_add_loop_test(tc, ring_resize_races_phases, 0, 6);
     suite_add_tcase(s, tc);
     return s;
 }
