@@ -251,6 +251,8 @@ struct exs_conn {
     uint32_t                   st_drain_need; /* streak required now (backoff; 0: not set) */
     int                        st_drain_dir;  /* this direct phase began after a DRAIN */
     uint64_t                   st_drain_bytes; /* bytes it delivered directly so far */
+    uint64_t                   st_drain_t0;   /* when it began, us */
+    uint64_t                   st_drain_hold; /* no DRAIN before this time, us (backoff) */
     uint64_t                   st_phase_t0;   /* when the sender's phase began, us (0: no
                                                * send yet); direct/indirect_time_us */
 

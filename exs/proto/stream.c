@@ -625,6 +625,18 @@ static void st_recv_filled_locked(struct exs_conn *conn, struct exs_op *op, size
         exs__conn_op_finish_locked(op, (ssize_t)op->filled, 0);
 }
 
+/* §7.2 backoff: did the direct phase that a drain began pay for the drain? It must have
+ * carried EXS_ST_DRAIN_WORTH ring sizes and lasted EXS_ST_DRAIN_WORTH round trips (the
+ * drain held the ring for about one: over a long link a phase of one round trip's
+ * ADVERTs does not pay, however many bytes it carried). */
+static int st_drain_paid(const struct exs_conn *conn)
+{
+    uint64_t now = exs__now_us();
+
+    return conn->st_drain_bytes >= (uint64_t)EXS_ST_DRAIN_WORTH * conn->p.ring_size &&
+           now - conn->st_drain_t0 >= (uint64_t)EXS_ST_DRAIN_WORTH * conn->rs_rtt_min;
+}
+
 int exs__st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     if (conn->peer_shut)
@@ -641,12 +653,17 @@ int exs__st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
             if (conn->st_drain_dir) { /* §7.2 backoff: was the drain worth it? */
                 uint64_t base = EXS_MAX(exs__params.stream_drain_streak, (uint64_t)1);
 
-                if (conn->st_drain_bytes < (uint64_t)EXS_ST_DRAIN_WORTH * conn->p.ring_size)
+                if (!st_drain_paid(conn)) {
                     conn->st_drain_need =
                         (uint32_t)EXS_MIN(EXS_MAX((uint64_t)conn->st_drain_need, base) * 2,
                                           (uint64_t)EXS_ST_DRAIN_NEED_MAX);
-                else
+                    /* and in time: need x EXS_ST_DRAIN_WORTH round trips without one */
+                    conn->st_drain_hold = exs__now_us() + (uint64_t)conn->st_drain_need *
+                                                              EXS_ST_DRAIN_WORTH * conn->rs_rtt_min;
+                } else {
                     conn->st_drain_need = (uint32_t)EXS_MIN(base, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
+                    conn->st_drain_hold = 0;
+                }
                 conn->st_drain_dir = 0;
             }
         }
@@ -749,6 +766,7 @@ static void st_advertise_locked(struct exs_conn *conn)
             conn->st_pr++; /* a new direct sequence */
             conn->st_drain_dir = conn->st_drain == EXS_ST_DRAIN_STOPPED;
             conn->st_drain_bytes = 0;
+            conn->st_drain_t0 = exs__now_us();
             conn->st_drain = EXS_ST_DRAIN_IDLE;
             conn->st_streak = 0;
         }
@@ -827,6 +845,8 @@ static void st_drain_check_locked(struct exs_conn *conn)
         conn->st_drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
     if (conn->st_streak < conn->st_drain_need)
         return;
+    if (conn->st_drain_hold && exs__now_us() < conn->st_drain_hold)
+        return; /* backing off (§7.2): the streak stays, the request waits */
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !exs__conn_ctrl_flush_locked(conn))
         return;
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN))
