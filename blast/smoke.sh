@@ -139,13 +139,13 @@ if run "preset fig9b" 0 --loopback --preset fig9b --points 2 --time 0.2 --verify
    && grep -q '^#sends/recvs .*direct .*indirect .*dynamic .*dyn/best' "$T/out" \
    && [ "$(grep -v '^#' "$T/out" | awk '{print $1}' | tr '\n' ' ')" = "1/2 2/4 " ] \
    && [ "$(grep -v '^#' "$T/out" | awk '$3 > 0 && $4 > 0 && $5 > 0 && $6 > 0 && /Table III/' | wc -l)" -eq 2 ] \
-   && grep -q '^# dynamic >= 0.9 x the better fixed mode at [0-2] of 2 points; dynamic direct ratio >= 0.9 at [0-2] of 2$' "$T/out"; then
+   && grep -q '^# dynamic >= 0.9 x the better fixed mode at [0-2] of 2 points; dynamic direct ratio >= 0.9 at [0-2] of 2; direct time >= 0.9 at [0-2] of 2$' "$T/out"; then
     ok "--preset fig9b --points 2: table shape"; else bad "--preset fig9b --points 2"; cat "$T/out"; fi
-# Markdown: a header, a separator and one row of 12 cells per point
+# Markdown: a header, a separator and one row of 13 cells per point
 if run "preset markdown" 0 --loopback --preset fig12 --points 2 --bytes 4M --markdown --verify $Q \
    && [ "$(grep -c '^| ' "$T/out")" -eq 3 ] && [ "$(grep -c '^|---' "$T/out")" -eq 1 ] \
    && grep -q '^`blast --loopback --preset fig12` (1 run(s) of 4194304 bytes per mode' "$T/out" \
-   && [ "$(grep '^| [0-9]' "$T/out" | awk -F'|' '{print NF - 2}' | sort -u)" = 12 ] \
+   && [ "$(grep '^| [0-9]' "$T/out" | awk -F'|' '{print NF - 2}' | sort -u)" = 13 ] \
    && grep -q '^| 2/4 | 4K |' "$T/out" && grep -q '^| 2/4 | 16K |' "$T/out"; then
     ok "--preset fig12 --markdown: table shape"; else bad "--preset fig12 --markdown"; cat "$T/out"; fi
 # JSON: one result per mode and point, the preset's keys, the paper's Table III ratio
@@ -161,11 +161,11 @@ assert abs(r[0]["paper_direct_ratio"] - 0.0011) < 1e-9, r[0]
 assert r[0]["direct_ratio"] == 1 and r[1]["direct_ratio"] == 0, r
 EOF
     ok "--preset fig9a --json: three modes, preset keys"; else bad "--preset fig9a --json"; fi
-# --transport both: the kernel-TCP baseline as one more column (13 cells in Markdown)
+# --transport both: the kernel-TCP baseline as one more column (14 cells in Markdown)
 if run "preset tcp" 0 --loopback --preset fig9a --points 1 --bytes 4M --transport both --markdown $Q \
    && grep -q '| kernel TCP Gbit/s | paper |$' "$T/out" \
-   && [ "$(grep '^| 1/1' "$T/out" | awk -F'|' '{print NF - 2}')" = 13 ] \
-   && [ "$(grep '^| 1/1' "$T/out" | awk -F'|' '{print ($13 > 0)}')" = 1 ]; then
+   && [ "$(grep '^| 1/1' "$T/out" | awk -F'|' '{print NF - 2}')" = 14 ] \
+   && [ "$(grep '^| 1/1' "$T/out" | awk -F'|' '{print ($14 > 0)}')" = 1 ]; then
     ok "--preset --transport both: a kernel TCP column"; else bad "--preset --transport both"; cat "$T/out"; fi
 rm -f "$T/p.png"
 if run "preset plot" 0 --loopback --preset fig11 --points 2 --bytes 2M --plot "$T/p.png" $Q \

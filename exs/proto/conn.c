@@ -1575,6 +1575,12 @@ static void conn_rtt_sample_locked(struct exs_conn *conn, uint64_t t_us)
         return;
     rtt = EXS_MAX(now - t_us, (uint64_t)1);
     conn->stats.srtt_us = conn->stats.srtt_us ? (7 * conn->stats.srtt_us + rtt + 4) / 8 : rtt;
+    /* the path's own round trip, without the time samples wait in queues (§7.4) */
+    if (!conn->rs_rtt_min || rtt <= conn->rs_rtt_min ||
+        now - conn->rs_rtt_min_t > EXS_RTT_MIN_WIN_US) {
+        conn->rs_rtt_min = rtt;
+        conn->rs_rtt_min_t = now;
+    }
 }
 
 /* One completion, conn->lock held; the caller kicks the conn afterwards. */

@@ -107,6 +107,8 @@ enum exs_conn_txshut {
 /* §7.2 backoff: a direct phase begun by a DRAIN that ends before this many ring sizes
  * went directly doubles the arrivals required before the next request, up to
  * EXS_ST_DRAIN_NEED_MAX; a longer one resets it to EXS_STREAM_DRAIN_STREAK. */
+/* Ring autotuning (§7.4): the minimum round trip is taken over samples of this long. */
+#define EXS_RTT_MIN_WIN_US (10u * 1000u * 1000u)
 #define EXS_ST_DRAIN_WORTH    4u
 #define EXS_ST_DRAIN_NEED_MAX 1024u
 
@@ -257,6 +259,8 @@ struct exs_conn {
     uint32_t                   st_drain_need; /* streak required now (backoff; 0: not set) */
     int                        st_drain_dir;  /* this direct phase began after a DRAIN */
     uint64_t                   st_drain_bytes; /* bytes it delivered directly so far */
+    uint64_t                   st_drain_t0;   /* when it began, us */
+    uint64_t                   st_drain_hold; /* no DRAIN before this time, us (backoff) */
     uint64_t                   st_phase_t0;   /* when the sender's phase began, us (0: no
                                                * send yet); direct/indirect_time_us */
 
@@ -314,11 +318,15 @@ struct exs_conn {
     uint64_t                   rs_win_t0;     /* start of the measuring window, us (0: none) */
     uint64_t                   rs_win_bytes;  /* ring bytes arrived in it */
     uint64_t                   rs_last_us;    /* last ring arrival seen (idle shrink), us */
+    uint64_t                   rs_rtt_min;    /* smallest round-trip sample of the last
+                                               * EXS_RTT_MIN_WIN_US, us (0: none) */
+    uint64_t                   rs_rtt_min_t;  /* when it was taken, us */
     /* as the writer of the peer's ring: */
     int                        rs_owed;       /* the peer offered a region: answer (and
                                                * switch) before the next ring write */
     uint64_t                   rs_peer_addr;  /* the offer */
     uint32_t                   rs_peer_size, rs_peer_rkey;
+    uint32_t                   rs_peer_init;  /* the peer's ring before its first switch (0: none yet) */
     /* fragmentation (spec/protocol.md §6.2) */
     struct exs_op             *sp_frag_op;   /* SEQPACKET send whose direct pieces are not all
                                               * posted: nothing after it leaves before them */

@@ -84,6 +84,8 @@ static struct exs_advert *st_advert_head(struct exs_conn *conn)
 
 /* Put bytes of send op on the wire: one WWI per call. 1 when something went, 0 when
  * the op must wait (credit, ADVERT or ring space). */
+static uint32_t st_ring_piece_max(const struct exs_conn *conn);
+
 static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
 {
     size_t left = op->len - op->posted;
@@ -136,7 +138,7 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         if (PHASE_IS_DIRECT(conn->st_ps))
             st_set_phase(conn, conn->st_ps + 1); /* now indirect */
         lw = (uint32_t)EXS_MIN(left, (size_t)EXS_MIN(size - used, (uint64_t)(size - off)));
-        lw = EXS_MIN(lw, exs__conn_frag_size()); /* §6.2 */
+        lw = EXS_MIN(lw, st_ring_piece_max(conn)); /* §6.2, §7.4 */
         imm = exs_imm_make(EXS_IMM_INDIRECT, 0, exs__conn_take_owed_imm_locked(conn), 0);
         if (exs__conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
                                             conn->peer.ring_rkey, lw, imm, op->buf + op->posted))
@@ -212,6 +214,8 @@ static int st_resize_answer_locked(struct exs_conn *conn)
     exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
     EXS_TRACE(PROTO, "conn %p: peer ring %u -> %u bytes at ring position %llu", (void *)conn,
               conn->peer.ring_size, conn->rs_peer_size, (unsigned long long)conn->wr_tail);
+    if (!conn->rs_peer_init)
+        conn->rs_peer_init = conn->peer.ring_size;
     conn->peer.ring_addr = conn->rs_peer_addr;
     conn->peer.ring_size = conn->rs_peer_size;
     conn->peer.ring_rkey = conn->rs_peer_rkey;
@@ -427,6 +431,24 @@ int exs__st_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budget)
     return 0;
 }
 
+/* The largest piece of a ring write (§6.2, §7.4): EXS_FRAG_SIZE, but once autotuning grew
+ * the peer's ring, never so small that the peer's credits cannot cover it: every piece
+ * spends a credit and credits come back a round trip later, so with pieces of frag_size
+ * at most credits x frag_size ring bytes move per round trip however large the ring grew
+ * (64 x 64 KiB = 4 MiB: 0.7 Gbit/s over 48 ms). A quarter of the credits then fill the
+ * whole ring. */
+static uint32_t st_ring_piece_max(const struct exs_conn *conn)
+{
+    uint32_t frag = exs__conn_frag_size(), quarter = EXS_MAX(conn->peer.credits / 4u, 1u);
+    uint32_t piece;
+
+    if (!conn->rs_peer_init || conn->peer.ring_size <= conn->rs_peer_init)
+        return frag;
+    piece = conn->peer.ring_size / quarter;
+    piece -= piece % EXS_RING_SLOT;
+    return EXS_MAX(frag, piece);
+}
+
 /* May this conn's ring be tuned now (and is anything to measure)? */
 static int st_ring_tunable(const struct exs_conn *conn)
 {
@@ -438,7 +460,7 @@ static void st_ring_tune_locked(struct exs_conn *conn)
 {
     struct exs_ring_tune_in in;
     enum exs_ring_tune_verdict v;
-    uint64_t now;
+    uint64_t now, rtt, win;
     uint32_t size;
 
     if (!st_ring_tunable(conn))
@@ -454,8 +476,13 @@ static void st_ring_tune_locked(struct exs_conn *conn)
         conn->rs_win_t0 = now;
         return;
     }
-    if (!conn->stats.srtt_us || now - conn->rs_win_t0 < conn->stats.srtt_us)
-        return; /* one window is one smoothed round trip */
+    rtt = conn->rs_rtt_min;
+    if (!rtt || now - conn->rs_win_t0 < rtt)
+        return; /* a window lasts at least the path's round trip */
+    /* the bytes the sender moved per minimum round trip, at the rate the window saw: on a
+     * busy machine the smoothed round trip and the calls here come late, and counting
+     * a longer window's bytes against the ring would grow it where it never limited */
+    win = (uint64_t)((double)conn->rs_win_bytes * (double)rtt / (double)(now - conn->rs_win_t0));
     in = (struct exs_ring_tune_in){
         .size = conn->p.ring_size,
         .init = conn->ring_init,
@@ -463,7 +490,7 @@ static void st_ring_tune_locked(struct exs_conn *conn)
                                  (uint64_t)EXS_WIRE_RING_SIZE_MAX),
         .budget = __atomic_load_n(&exs__params.ring_budget, __ATOMIC_RELAXED),
         .in_use = exs__conn_ring_bytes(),
-        .win_bytes = conn->rs_win_bytes,
+        .win_bytes = win,
         .reader_waiting = st_head_recv(conn) && conn->rd_arrived == conn->rd_consumed,
     };
     conn->rs_win_t0 = now;
@@ -493,8 +520,13 @@ uint64_t exs__st_ring_timer_locked(struct exs_conn *conn, uint64_t now_us)
     uint32_t size;
     uint64_t due;
 
-    if (!idle_ms || conn->p.ring_size <= conn->ring_init || !st_ring_tunable(conn))
+    if (!idle_ms || !st_ring_tunable(conn))
         return 0;
+    /* At its initial size the ring cannot shrink, but it may grow before the next check
+     * (nothing re-arms the owner's timer when it does): looking every EXS_RING_IDLE_MS
+     * bounds how late a grown ring's idle shrink can come to one more period. */
+    if (conn->p.ring_size <= conn->ring_init)
+        return idle_ms;
     if (conn->rs_offered || conn->rs_old_mem)
         return idle_ms; /* look again once the change in progress is done */
     in = (struct exs_ring_tune_in){
@@ -604,6 +636,18 @@ static void st_recv_filled_locked(struct exs_conn *conn, struct exs_op *op, size
         exs__conn_op_finish_locked(op, (ssize_t)op->filled, 0);
 }
 
+/* §7.2 backoff: did the direct phase that a drain began pay for the drain? It must have
+ * carried EXS_ST_DRAIN_WORTH ring sizes and lasted EXS_ST_DRAIN_WORTH round trips (the
+ * drain held the ring for about one: over a long link a phase of one round trip's
+ * ADVERTs does not pay, however many bytes it carried). */
+static int st_drain_paid(const struct exs_conn *conn)
+{
+    uint64_t now = exs__now_us();
+
+    return conn->st_drain_bytes >= (uint64_t)EXS_ST_DRAIN_WORTH * conn->p.ring_size &&
+           now - conn->st_drain_t0 >= (uint64_t)EXS_ST_DRAIN_WORTH * conn->rs_rtt_min;
+}
+
 int exs__st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     if (conn->peer_shut)
@@ -620,12 +664,17 @@ int exs__st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
             if (conn->st_drain_dir) { /* §7.2 backoff: was the drain worth it? */
                 uint64_t base = EXS_MAX(exs__params.stream_drain_streak, (uint64_t)1);
 
-                if (conn->st_drain_bytes < (uint64_t)EXS_ST_DRAIN_WORTH * conn->p.ring_size)
+                if (!st_drain_paid(conn)) {
                     conn->st_drain_need =
                         (uint32_t)EXS_MIN(EXS_MAX((uint64_t)conn->st_drain_need, base) * 2,
                                           (uint64_t)EXS_ST_DRAIN_NEED_MAX);
-                else
+                    /* and in time: need x EXS_ST_DRAIN_WORTH round trips without one */
+                    conn->st_drain_hold = exs__now_us() + (uint64_t)conn->st_drain_need *
+                                                              EXS_ST_DRAIN_WORTH * conn->rs_rtt_min;
+                } else {
                     conn->st_drain_need = (uint32_t)EXS_MIN(base, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
+                    conn->st_drain_hold = 0;
+                }
                 conn->st_drain_dir = 0;
             }
         }
@@ -728,6 +777,7 @@ static void st_advertise_locked(struct exs_conn *conn)
             conn->st_pr++; /* a new direct sequence */
             conn->st_drain_dir = conn->st_drain == EXS_ST_DRAIN_STOPPED;
             conn->st_drain_bytes = 0;
+            conn->st_drain_t0 = exs__now_us();
             conn->st_drain = EXS_ST_DRAIN_IDLE;
             conn->st_streak = 0;
         }
@@ -806,6 +856,8 @@ static void st_drain_check_locked(struct exs_conn *conn)
         conn->st_drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
     if (conn->st_streak < conn->st_drain_need)
         return;
+    if (conn->st_drain_hold && exs__now_us() < conn->st_drain_hold)
+        return; /* backing off (§7.2): the streak stays, the request waits */
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !exs__conn_ctrl_flush_locked(conn))
         return;
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN))

@@ -222,6 +222,34 @@ START_TEST(ring_grows_when_ring_limited)
 }
 END_TEST
 
+/* Once the ring grew, a ring write's pieces grow with it (§6.2, §7.4): with EXS_FRAG_SIZE
+ * 4096 and 64 credits, a 1 MiB ring takes pieces of up to 64 KiB (a quarter of the credits
+ * cover the ring), so the sender's ring writes average more than 4096 bytes; with pieces
+ * of EXS_FRAG_SIZE it would take at least one write per 4096 bytes. */
+START_TEST(ring_pieces_follow_ring)
+{
+    const uint64_t volume = 24 * MiB;
+    struct exs_sock_stats st, rst;
+    struct rg_pair p;
+
+    rg_env("2000");
+    it_setenv("EXS_FRAG_SIZE", "4096");
+    it_setenv("EXS_CREDITS", "64");
+    it_init();
+    rg_open(&p, 0, EXS_XFER_INDIRECT_ONLY);
+    ck_assert_uint_eq(rg_transfer(&p, volume, 12, 0), volume);
+    rg_stats(p.cfd, &rst);
+    rg_stats(p.sfd, &st);
+    ck_assert_msg(rst.ring_resizes >= 1 && rst.ring_size > RG_RING, "resizes %" PRIu64,
+                  rst.ring_resizes);
+    ck_assert_uint_gt(st.indirect_xfers, 0);
+    ck_assert_msg(st.indirect_xfers < volume / 4096,
+                  "%" PRIu64 " ring writes for %" PRIu64 " bytes: pieces stayed at EXS_FRAG_SIZE",
+                  st.indirect_xfers, volume);
+    rg_close(&p);
+}
+END_TEST
+
 /* An explicit SO_RCVBUF turns autotuning off for that socket. */
 START_TEST(ring_rcvbuf_fixes_size)
 {
@@ -278,17 +306,21 @@ static void rg_wait_ring(int fd, uint64_t size, int ms, struct exs_sock_stats *s
     }
 }
 
-/* A grown ring that stays idle for EXS_RING_IDLE_MS shrinks back to its initial size
- * (the connection's periodic check, here every EXS_SEND_TIMEOUT_MS / 4), and the
- * connection still carries every byte afterwards, growing again. */
+/* A grown ring that stays idle for EXS_RING_IDLE_MS shrinks back to its initial size on
+ * time: while the ring is tunable the connection's periodic check looks at least every
+ * EXS_RING_IDLE_MS, so the shrink comes within about 2 x EXS_RING_IDLE_MS of the last ring
+ * byte. The send timeout keeps its default (120 s): its check period (30 s) must not be
+ * what finds the idle ring, so the wait is bounded well below it (10 s from the last
+ * byte: generous on a loaded machine, still a failure for a shrink that waits for the
+ * 30 s check). The connection still carries every byte afterwards, growing again. */
 START_TEST(ring_idle_shrinks)
 {
     struct exs_sock_stats st, st2;
     struct rg_pair p;
 
     rg_env("2000");
-    it_setenv("EXS_RING_IDLE_MS", "200");
-    it_setenv("EXS_SEND_TIMEOUT_MS", "1000");
+    it_setenv("EXS_RING_IDLE_MS", "1000");
+    it_setenv("EXS_SEND_TIMEOUT_MS", "120000");
     it_init();
     rg_open(&p, 0, EXS_XFER_INDIRECT_ONLY);
     {
@@ -309,6 +341,10 @@ START_TEST(ring_idle_shrinks)
             ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
             got += (uint64_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
         }
+        /* the last ring byte was copied out: the idle time runs from about now */
+        rg_stats(p.cfd, &st);
+        ck_assert_msg(st.ring_resizes >= 1, "the ring did not grow"); /* (may have shrunk already) */
+        rg_wait_ring(p.cfd, RG_RING, 10000, &st2);
         for (int i = 0; i < 8; i++)
             it_expect_send(p.q, p.sfd, RG_AH(AH_SEND, i), MiB);
         for (uint64_t o = 0; o < 8 * MiB; o++)
@@ -316,9 +352,6 @@ START_TEST(ring_idle_shrinks)
         it_buf_free(rb);
         it_buf_free(sb);
     }
-    rg_stats(p.cfd, &st);
-    ck_assert_msg(st.ring_resizes >= 1, "the ring did not grow"); /* (may have shrunk already) */
-    rg_wait_ring(p.cfd, RG_RING, 20000, &st2);
     ck_assert_uint_ge(st2.ring_resizes, 2); /* grown, then back to the initial size */
     ck_assert_uint_ge(st2.ring_resizes, st.ring_resizes);
     /* after the shrink: the stream continues, byte for byte (its offsets restart with
@@ -328,16 +361,18 @@ START_TEST(ring_idle_shrinks)
 }
 END_TEST
 
-/* Resizes racing with the dynamic mode's phases (DRAIN, direct, indirect; receives from
- * 1 byte to 4 MiB) and with shutdown: nothing lost, duplicated or reordered. */
+/* Resizes racing with the transfer modes' phases (dynamic: DRAIN, direct, indirect;
+ * direct-only; indirect-only; receives from 1 byte to 4 MiB) and with shutdown, with and
+ * without an emulated delay: nothing lost, duplicated or reordered. */
 START_TEST(ring_resize_races_phases)
 {
+    static const int modes[3] = {EXS_XFER_DYNAMIC, EXS_XFER_INDIRECT_ONLY, EXS_XFER_DIRECT_ONLY};
     struct exs_sock_stats st;
     struct rg_pair p;
 
-    rg_env(_i ? "1000" : NULL);
+    rg_env(_i % 2 ? "1000" : NULL);
     it_init();
-    rg_open(&p, 0, EXS_XFER_DYNAMIC);
+    rg_open(&p, 0, modes[_i / 2]);
     rg_transfer(&p, 32 * MiB, 11 + (uint32_t)_i, 0);
     rg_stats(p.cfd, &st);
     ck_assert_uint_le(st.ring_size, MiB);
@@ -367,12 +402,13 @@ Suite *integ_ring_suite(void)
     tc = it_tcase("ring", 180);
     tcase_add_test(tc, ring_grows_when_ring_limited);
     tcase_add_test(tc, ring_rcvbuf_fixes_size);
+    tcase_add_test(tc, ring_pieces_follow_ring);
     tcase_add_test(tc, ring_budget_caps_growth);
     tcase_add_test(tc, ring_idle_shrinks);
     tcase_add_test(tc, ring_resize_races_close);
     suite_add_tcase(s, tc);
     tc = it_tcase("ring_races", 180);
-    tcase_add_loop_test(tc, ring_resize_races_phases, 0, 2);
+    tcase_add_loop_test(tc, ring_resize_races_phases, 0, 6);
     suite_add_tcase(s, tc);
     return s;
 }

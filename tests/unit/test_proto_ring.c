@@ -9,6 +9,7 @@
 #include "exs/proto/proto_int.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/params.h"
+#include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -261,6 +262,72 @@ START_TEST(rg_close_with_offer_out)
 }
 END_TEST
 
+/* The idle shrink comes on time (§7.4): while autotuning is on, the ring's periodic look
+ * asks to run again within EXS_RING_IDLE_MS even at the initial size (the ring may grow
+ * before the next check, and nothing re-arms it then); none when autotuning or idle
+ * shrinking is off. */
+START_TEST(rg_timer_watches_initial_ring)
+{
+    struct exs_conn *c = pp.b.conn;
+    uint64_t now = exs__now_us();
+
+    exs__params.ring_idle_ms = 200;
+    EXS_MUTEX_LOCK(&c->lock, EXS_LOCK_CONN);
+    ck_assert_uint_eq(c->p.ring_size, c->ring_init); /* not grown */
+    c->p.autotune = 1;
+    ck_assert_uint_eq(exs__st_ring_timer_locked(c, now), 200);
+    exs__params.ring_idle_ms = 0;
+    ck_assert_uint_eq(exs__st_ring_timer_locked(c, now), 0);
+    exs__params.ring_idle_ms = 200;
+    c->p.autotune = 0;
+    ck_assert_uint_eq(exs__st_ring_timer_locked(c, now), 0);
+    EXS_MUTEX_UNLOCK(&c->lock, EXS_LOCK_CONN);
+}
+END_TEST
+
+/* Ring-limited is judged per minimum round trip (§7.4): a window of 100 ms that moved a
+ * whole ring is no reason to grow when the path's round trip is 1 ms (the smoothed one
+ * and the window stretched by a busy machine); the same bytes per 100 ms round trip are. */
+static int rg_tune_offers(uint64_t rtt_min_us, uint64_t window_us)
+{
+    struct exs_conn *c = pp.b.conn;
+    int offered;
+
+    EXS_MUTEX_LOCK(&c->lock, EXS_LOCK_CONN);
+    c->p.autotune = 1;
+    c->stats.srtt_us = window_us;
+    c->rs_rtt_min = rtt_min_us;
+    c->rs_rtt_min_t = exs__now_us();
+    c->rs_win_t0 = exs__now_us() - window_us;
+    c->rs_win_bytes = c->p.ring_size;
+    exs__st_recv_progress_locked(c);
+    offered = c->rs_offered;
+    EXS_MUTEX_UNLOCK(&c->lock, EXS_LOCK_CONN);
+    return offered;
+}
+
+START_TEST(rg_tune_per_min_rtt)
+{
+    static uint8_t sb[3000], rb[3000];
+    struct pt_op s, r;
+
+    exs__params.ring_max = 1u << 24;
+    exs__params.ring_budget = 0;
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), 0); /* the reader waits: it keeps up */
+    pt_run(&pp);
+    ck_assert_int_eq(rg_tune_offers(1000, 100000), 0);
+    ck_assert_int_eq(rg_tune_offers(100000, 100000), 1);
+    pt_send_pattern(&s, &pp.a, sb, sizeof(sb), 0);
+    pt_run(&pp);
+    pt_assert_done(&s, 3000, 0);
+    pt_assert_done(&r, 3000, 0);
+    ck_assert_int_eq(pt_check(rb, sizeof(rb), 0), 1);
+    ck_assert_uint_eq(pp.b.conn->stats.ring_resizes, 1);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
 /* Offers that cannot be made: a second one while one is out, sizes out of bounds,
  * SEQPACKET, a peer whose hello lacks the feature. */
 START_TEST(rg_offer_refused)
@@ -313,6 +380,8 @@ Suite *proto_ring_suite(void)
     tcase_add_loop_test(tc, rg_close_with_offer_out, 0, 2);
     tcase_add_test(tc, rg_offer_refused);
     tcase_add_test(tc, rg_offer_budget);
+    tcase_add_test(tc, rg_timer_watches_initial_ring);
+    tcase_add_test(tc, rg_tune_per_min_rtt);
     suite_add_tcase(s, tc);
     return s;
 }

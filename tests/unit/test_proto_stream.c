@@ -9,7 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "exs/proto/proto_int.h"
+#include "exs/util/lockorder.h"
 #include "exs/util/params.h"
+#include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -609,6 +612,7 @@ static void st_drain_run(int mode)
         ck_assert_uint_eq(sa.indirect_xfers, 4);
         ck_assert_uint_eq(pp.b.conn->st_pr, 5);
         ck_assert_uint_eq(pp.b.conn->st_drain_need, 4);
+        ck_assert_uint_gt(pp.b.conn->st_drain_hold, 0); /* and in time (§7.2) */
         pt_recv_post(&r5, &pp.b, rb5, sizeof(rb5), 0);
         pt_run(&pp);
         pt_assert_done(&r5, 500, 0);
@@ -616,6 +620,20 @@ static void st_drain_run(int mode)
         pt_assert_done(&s5, 500, 0);
         pt_op_fini(&s5);
         pt_op_fini(&r5);
+        /* the streak is there, but the hold is not over: no request; once it is, one */
+        EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        pp.b.conn->st_drain_hold = exs__now_us() + 60000000u;
+        pp.b.conn->st_streak = 100;
+        pp.b.conn->st_eval_arrived = pp.b.conn->rd_arrived;
+        exs__st_recv_progress_locked(pp.b.conn);
+        ck_assert_int_eq(pp.b.conn->st_drain, EXS_ST_DRAIN_IDLE);
+        pp.b.conn->st_drain_hold = 1;
+        exs__st_recv_progress_locked(pp.b.conn);
+        ck_assert_int_eq(pp.b.conn->st_drain, EXS_ST_DRAIN_REQUESTED);
+        EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        pt_run(&pp);
+        pt_stats(&pp.b, &sbs);
+        ck_assert_uint_eq(sbs.drain_requests, 2);
     }
     for (int i = 0; i < 4; i++) {
         pt_assert_done(&s[i], (ssize_t)s[i].op.len, 0);
