@@ -247,7 +247,6 @@ enum tcp_rx_phase {
 };
 
 struct tcp_conn {
-    int rx_lowat; /* SO_RCVLOWAT set above 1 for a large payload (tcp_rx.c), bytes */
     struct tcp_ctx      *ctx;
     int                  fd;
     enum tcp_conn_state  state;

@@ -253,28 +253,11 @@ static void tcp_conn_req_done(struct tcp_conn *conn)
         exs__tcp_conn_ack_flush(conn);
 }
 
-/* A large payload read piece by piece: wake up for it only once a good part of the rest
- * is in the socket (SO_RCVLOWAT; the kernel still wakes us under memory pressure), not
- * for every segment. Back to 1 before the next header, so that small frames are never
- * held back. A failure only costs wake-ups. */
-#define TCP_RX_LOWAT_MIN (128u << 10)
-#define TCP_RX_LOWAT_MAX (256u << 10)
-
-static void tcp_conn_set_lowat(struct tcp_conn *conn, int v)
-{
-    if (conn->rx_lowat == v || conn->fd < 0)
-        return;
-    if (setsockopt(conn->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) == 0)
-        conn->rx_lowat = v;
-}
-
 static void tcp_conn_payload_done(struct tcp_conn *conn)
 {
     struct tcp_ep *ep = conn->ep;
 
     conn->rx_phase = TCP_RX_HDR;
-    if (conn->rx_lowat > 1)
-        tcp_conn_set_lowat(conn, 1);
     if (conn->rx_discard) {
         conn->rx_discard = 0;
         return;
@@ -930,13 +913,8 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
         }
         /* A short read emptied the socket (what arrives later makes it readable again,
          * level-triggered): no further call that would only return EAGAIN. */
-        if (short_read) {
-            if (conn->rx_phase == TCP_RX_PAYLOAD && !conn->rx_discard &&
-                conn->rx_len - conn->rx_off >= TCP_RX_LOWAT_MIN && !exs__tcp_emu_on(ctx))
-                tcp_conn_set_lowat(conn,
-                                   (int)EXS_MIN(conn->rx_len - conn->rx_off, TCP_RX_LOWAT_MAX));
+        if (short_read)
             break;
-        }
     }
     /* A whole header read along with the last payload is no longer in the socket, so
      * level-triggered epoll would never bring us back for it (a budget exit): act on
