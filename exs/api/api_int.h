@@ -202,6 +202,11 @@ int exs__api_poll_cancel(exs_ahandle_t ah, int flags);
 int  exs__api_to_op_start(struct api_sock *s, struct api_op *op, int recv);
 void exs__api_to_op_posted(struct api_sock *s); /* the hand-over of a started op ended */
 void exs__api_to_op_end(struct api_op *op);
+/* Progress thread: run a notice timer t for the earliest notice due at next (ns;
+ * UINT64_MAX: none) or stop it; *on says whether it runs. +1: it started (its owner takes
+ * a reference for it), -1: it stopped (the owner drops that reference), 0: neither. */
+int exs__api_to_timer_set(struct exs_eng_timer *t, int *on, uint64_t next,
+                          void (*cb)(struct exs_eng_timer *t));
 
 /* life cycle (sock.c, init.c) */
 void exs__api_sock_close_all(void);

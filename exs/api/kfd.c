@@ -363,9 +363,8 @@ static void kfd_to_timer_cb(struct exs_eng_timer *t);
  * goes with it; this may free k). */
 static void kfd_to_arm(struct kfd *k)
 {
-    uint64_t next = UINT64_MAX, now;
+    uint64_t next = UINT64_MAX;
     struct exs_list *pos;
-    int was = k->to_timer_on;
 
     kfd_lock(k);
     exs_list_for_each(pos, &k->to_ops)
@@ -376,18 +375,15 @@ static void kfd_to_arm(struct kfd *k)
             next = op->to_due_ns;
     }
     kfd_unlock(k);
-    if (was)
-        exs__engine_timer_stop(&k->to_timer);
-    if (next != UINT64_MAX) {
-        now = exs__now_ns();
-        if (!was)
-            kfd_ref(k); /* the timer's */
-        k->to_timer_on = 1;
-        exs__engine_timer_start(&k->to_timer, next > now ? (next - now + 999999u) / 1000000u : 1u,
-                                kfd_to_timer_cb);
-    } else if (was) {
-        k->to_timer_on = 0;
+    switch (exs__api_to_timer_set(&k->to_timer, &k->to_timer_on, next, kfd_to_timer_cb)) {
+    case 1:
+        kfd_ref(k); /* the timer's */
+        break;
+    case -1:
         kfd_put(k);
+        break;
+    default:
+        break;
     }
 }
 

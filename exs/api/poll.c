@@ -704,9 +704,8 @@ static void to_timer_cb(struct exs_eng_timer *t);
  * reference on the socket while on; this may drop the last one). */
 static void to_arm(struct api_sock *s)
 {
-    uint64_t next = UINT64_MAX, now;
+    uint64_t next = UINT64_MAX;
     struct exs_list *pos;
-    int was = s->to_timer_on;
 
     api_sock_lock(s);
     exs_list_for_each(pos, &s->to_ops)
@@ -717,19 +716,34 @@ static void to_arm(struct api_sock *s)
             next = op->to_due_ns;
     }
     api_sock_unlock(s);
+    switch (exs__api_to_timer_set(&s->to_timer, &s->to_timer_on, next, to_timer_cb)) {
+    case 1:
+        __atomic_fetch_add(&s->refs, 1, __ATOMIC_RELAXED); /* the timer's reference */
+        break;
+    case -1:
+        exs__api_sock_put(s);
+        break;
+    default:
+        break;
+    }
+}
+
+int exs__api_to_timer_set(struct exs_eng_timer *t, int *on, uint64_t next,
+                          void (*cb)(struct exs_eng_timer *t))
+{
+    int was = *on;
+    uint64_t now;
+
     if (was)
-        exs__engine_timer_stop(&s->to_timer);
+        exs__engine_timer_stop(t);
     if (next != UINT64_MAX) {
         now = exs__now_ns();
-        if (!was)
-            __atomic_fetch_add(&s->refs, 1, __ATOMIC_RELAXED); /* the timer's reference */
-        s->to_timer_on = 1;
-        exs__engine_timer_start(&s->to_timer, next > now ? (next - now + 999999u) / 1000000u : 1u,
-                                to_timer_cb);
-    } else if (was) {
-        s->to_timer_on = 0;
-        exs__api_sock_put(s);
+        *on = 1;
+        exs__engine_timer_start(t, next > now ? (next - now + 999999u) / 1000000u : 1u, cb);
+        return was ? 0 : 1;
     }
+    *on = 0;
+    return was ? -1 : 0;
 }
 
 static void to_job_fn(struct exs_job *job)
