@@ -241,6 +241,9 @@ static int sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
         .max_reads = (uint32_t)exs__params.max_reads,
         .batch_max = (uint32_t)exs__params.batch_max,
         .autotune = !s->rcvbuf_set, /* as on Linux, an explicit SO_RCVBUF fixes the size */
+        /* policy any: a conn on the primary may be cut over to the fallback (§9.2) */
+        .resumable = exs__engine_fallback_policy() == EXS_ENG_FB_ANY &&
+                     ctx != exs__engine_fallback_ctx(),
     };
     /* The conn lives as long as its socket (freed in the last exs__api_sock_put), so a
      * caller holding a socket reference may always use it; its callbacks stop at DEAD,

@@ -387,7 +387,7 @@ void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *h)
     h->magic = htobe16(EXS_WIRE_MAGIC);
     h->version = EXS_WIRE_VERSION;
     h->sock_type = wire_sock_type(conn->p.sock_type);
-    h->features = htobe16(EXS_WIRE_FEAT_ALL);
+    h->features = htobe16(EXS_WIRE_FEAT_ALL | (conn->p.resumable ? EXS_WIRE_FEAT_RESUMABLE : 0));
     h->credits = htobe16((uint16_t)conn->p.credits);
     h->ctrl_size = htobe32(EXS_WIRE_CTRL_MAX);
     h->ring_size = htobe32(conn->p.ring_size);
@@ -452,7 +452,7 @@ static void conn_adopt_hello_locked(struct exs_conn *conn, const void *pd)
     conn->peer.magic = be16toh(h.magic);
     conn->peer.version = h.version;
     conn->peer.sock_type = h.sock_type;
-    conn->peer.features = be16toh(h.features) & EXS_WIRE_FEAT_ALL;
+    conn->peer.features = be16toh(h.features) & (EXS_WIRE_FEAT_ALL | EXS_WIRE_FEAT_RESUMABLE);
     conn->peer.credits = be16toh(h.credits);
     conn->peer.ctrl_size = be32toh(h.ctrl_size);
     conn->peer.ring_size = be32toh(h.ring_size);
@@ -1402,6 +1402,8 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_DRAIN: want = EXS_WIRE_DRAIN_LEN; break;
         case EXS_CTRL_TRACE: want = EXS_WIRE_TRACE_LEN; break;
         case EXS_CTRL_RESIZE: want = EXS_WIRE_RESIZE_LEN; break;
+        case EXS_CTRL_SESSION: want = EXS_WIRE_SESSION_LEN; break;
+        case EXS_CTRL_RESUME: want = EXS_WIRE_RESUME_LEN; break;
         default: return -EPROTO;
         }
         if (rlen != want)
@@ -1482,6 +1484,20 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
             struct exs_wire_resize r;
             memcpy(&r, rec, sizeof(r));
             if (exs__st_on_resize_locked(conn, &r))
+                return -EPROTO;
+            break;
+        }
+        case EXS_CTRL_SESSION: {
+            struct exs_wire_session s;
+            memcpy(&s, rec, sizeof(s));
+            if (exs__resume_on_session_locked(conn, &s))
+                return -EPROTO;
+            break;
+        }
+        case EXS_CTRL_RESUME: {
+            struct exs_wire_resume r;
+            memcpy(&r, rec, sizeof(r));
+            if (exs__resume_on_resume_locked(conn, &r))
                 return -EPROTO;
             break;
         }
@@ -1735,6 +1751,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         conn->ka_heard_ns = exs__now_ns(); /* the peer just answered */
         established = conn->cb->established;
         conn_ring_grant_locked(conn);
+        exs__resume_established_locked(conn);
         exs__conn_kick_locked(conn);
         break;
     case EXS_PROV_CM_REJECTED:

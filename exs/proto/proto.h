@@ -132,6 +132,7 @@ struct exs_conn_params {
     uint32_t max_reads;   /* outstanding RDMA READs per connection */
     uint32_t batch_max;   /* EXS_BATCH_MAX: largest batched ring write, bytes; 0 = no batching */
     int      autotune;    /* STREAM: the ring may grow and shrink (§7.4); 0 after SO_RCVBUF */
+    int      resumable;   /* hello feature RESUMABLE: may be cut over to the fallback (§9.2) */
 };
 
 /* Batched ring writes in flight at once per connection (each has its staging buffer). */
@@ -316,6 +317,8 @@ struct exs_conn {
     struct exs_sock_stats      stats;
     struct exs_reqtrace       *rt;         /* request tracing state (reqtrace.c), NULL: none */
     uint64_t                   created_ns; /* exs__now_ns() at create (exsctl stat: age) */
+    /* cut-over (spec/protocol.md §9.2, resume.c) */
+    uint64_t                   sess_token; /* the SESSION token (0: none, not resumable) */
 };
 
 /* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */

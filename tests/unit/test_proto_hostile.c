@@ -26,6 +26,7 @@ static struct raw {
         __attribute__((aligned(4096))); /* recvs, ring, send area */
     struct exs_wire_hello peer;         /* b's, host order */
     uint64_t wr_id;
+    uint64_t session; /* the token of b's SESSION record (§9.2), 0: none came */
 } raw;
 
 #define RAW_RING (RAW_RECVS * 512)
@@ -33,6 +34,7 @@ static struct raw {
 
 static struct pt_pair pp;
 static uint16_t raw_features = EXS_WIRE_FEAT_ALL; /* the raw peer's hello.features */
+static int b_resumable;                           /* b's conn params: resumable (§9.2) */
 
 static void raw_post(enum exs_prov_wr_opcode op, const void *data, uint32_t len, uint64_t raddr,
                      uint32_t rkey, uint32_t imm);
@@ -52,6 +54,8 @@ static void raw_open_ring(int sock_type, int send_ring)
     memset(&pp, 0, sizeof(pp));
     memset(&raw, 0, sizeof(raw));
     mock_set_reorder(0);
+    pt_params(&pp.pb, sock_type);
+    pp.pb.resumable = b_resumable;
     pt_open(&pp, sock_type);
     ck_assert_int_eq(mock_ctx_open(NULL, &raw.ctx), 0);
     ck_assert_int_eq(exs__prov_mr_reg(raw.ctx, raw.mem, sizeof(raw.mem),
@@ -126,6 +130,15 @@ static uint32_t raw_peer_ring_key(void)
         memcpy(&r, raw.mem + 512 * cqe.wr_id, sizeof(r));
         if (r.hdr.type == EXS_CTRL_RING)
             key = be32toh(r.rkey);
+        /* §9.2: b's SESSION record follows its RING record in the same SEND */
+        if (r.hdr.type == EXS_CTRL_RING &&
+            cqe.byte_len >= EXS_WIRE_RING_LEN + EXS_WIRE_SESSION_LEN) {
+            struct exs_wire_session ss;
+
+            memcpy(&ss, raw.mem + 512 * cqe.wr_id + EXS_WIRE_RING_LEN, sizeof(ss));
+            if (ss.hdr.type == EXS_CTRL_SESSION)
+                raw.session = be64toh(ss.token);
+        }
     }
     ck_assert_uint_ne(key, 0);
     return key;
@@ -1312,6 +1325,139 @@ START_TEST(hs_frag_pieces)
 }
 END_TEST
 
+/* ---- §9.2 SESSION and RESUME ---- */
+
+/* b resumable, the raw peer's hello with bit 7 (_i == 0) or without (_i == 1): b's
+ * first SEND carries a SESSION record after RING exactly when both have the bit; the
+ * connection works either way. */
+START_TEST(hs_session_sent)
+{
+    static uint8_t rb[100];
+    struct pt_op r;
+    uint8_t msg[50];
+
+    b_resumable = 1;
+    raw_features = EXS_WIRE_FEAT_ALL | (_i ? 0 : EXS_WIRE_FEAT_RESUMABLE);
+    raw_open(SOCK_SEQPACKET);
+    b_resumable = 0;
+    raw_features = EXS_WIRE_FEAT_ALL;
+    if (_i) {
+        ck_assert_uint_eq(raw.session, 0);
+        ck_assert_uint_eq(pp.b.conn->sess_token, 0);
+    } else {
+        ck_assert_uint_ne(raw.session, 0);
+        ck_assert_uint_eq(raw.session, pp.b.conn->sess_token);
+    }
+    pt_fill(msg, sizeof(msg), 5);
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
+             raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    ck_assert_int_eq(r.op.result, 50);
+    ck_assert(pt_check(rb, 50, 5));
+    pt_op_fini(&r);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* Records of the cut-over the passive side b must refuse (each resets the connection):
+ *  0 a SESSION when the raw peer's hello lacks bit 7        1 a SESSION from the active side
+ *  2 a SESSION of a wrong length                            3 a RESUME with b's own token
+ *  4 a RESUME with a wrong token                            5 a RESUME beyond what b sent
+ *  6 a RESUME on a connection that is not resumable (b not) 7 a RESUME of a wrong length
+ *  8 a second RESUME after a refused one cannot come: the first already reset; instead a
+ *    RESUME on a STREAM connection (positions 0) */
+START_TEST(hs_resume_bad)
+{
+    struct exs_wire_session ss = {.token = htobe64(0x1234)};
+    struct exs_wire_resume rs = {.token = 0};
+    int sock_type = _i == 8 ? SOCK_STREAM : SOCK_SEQPACKET;
+
+    b_resumable = _i != 6;
+    raw_features = EXS_WIRE_FEAT_ALL | (_i == 0 || _i == 6 ? 0 : EXS_WIRE_FEAT_RESUMABLE);
+    raw_open(sock_type);
+    b_resumable = 0;
+    raw_features = EXS_WIRE_FEAT_ALL;
+    ck_assert_uint_eq(raw.session, pp.b.conn->sess_token);
+    ck_assert(_i == 0 || _i == 6 ? raw.session == 0 : raw.session != 0);
+    rs.token = htobe64(_i == 4 ? raw.session + 1 : raw.session);
+    rs.rx_msgs = htobe64(_i == 5 ? 1000 : 0);
+    switch (_i) {
+    case 0:
+    case 1:
+        raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN, 0, (uint8_t *)&ss + 8, sizeof(ss) - 8);
+        break;
+    case 2:
+        raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN + 8, 0, (uint8_t *)&rs + 8, 16);
+        break;
+    case 7:
+        raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN - 8, 0, (uint8_t *)&rs + 8, 16);
+        break;
+    default:
+        raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN, 0, (uint8_t *)&rs + 8, sizeof(rs) - 8);
+        break;
+    }
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+static int on_session(struct exs_conn *conn, const struct exs_wire_session *ss)
+{
+    int ret;
+
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    ret = exs__resume_on_session_locked(conn, ss);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    return ret;
+}
+
+/* The active side refuses a SESSION it cannot take: a second one, token 0, flags set, or
+ * one on a connection where only it is resumable (each -EPROTO; the caller resets). */
+START_TEST(hs_session_active_checks)
+{
+    struct exs_wire_session ss = {
+        .hdr = {.type = EXS_CTRL_SESSION, .len = htobe16(EXS_WIRE_SESSION_LEN)},
+        .token = htobe64(77),
+    };
+    uint64_t token;
+
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pp.pa.resumable = 1;
+    pp.pb.resumable = _i != 3;
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+    token = pp.a.conn->sess_token;
+    ck_assert(_i == 3 ? token == 0 : token != 0);
+    if (_i == 0) { /* a second one */
+        ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
+    } else if (_i == 3) { /* the peer lacks the bit */
+        ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
+    } else {
+        pp.a.conn->sess_token = 0; /* as if none had come yet */
+        if (_i == 1)
+            ss.token = 0;
+        else
+            ss.hdr.flags = 1;
+        ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
+        ss.token = htobe64(77);
+        ss.hdr.flags = 0; /* and the good one is taken */
+        ck_assert_int_eq(on_session(pp.a.conn, &ss), 0);
+        ck_assert_uint_eq(pp.a.conn->sess_token, 77);
+    }
+    ck_assert_int_eq(on_session(pp.b.conn, &ss), -EPROTO); /* passive */
+    pt_close_both(&pp);
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -1348,6 +1494,9 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_resize_switched);
     tcase_add_loop_test(tc, hs_resize_bad_answer, 0, 6);
     tcase_add_loop_test(tc, hs_frag_pieces, 0, 7);
+    tcase_add_loop_test(tc, hs_session_sent, 0, 2);
+    tcase_add_loop_test(tc, hs_resume_bad, 0, 9);
+    tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
     suite_add_tcase(s, tc);
     return s;
 }
