@@ -101,6 +101,7 @@ static pthread_once_t proto_cset_once = PTHREAD_ONCE_INIT;
 static void proto_cset_register(void)
 {
     exs__counters_register(&proto_cset);
+    exs__resume_cset_register();
 }
 
 static const char *const conn_state_names[EXS_CONN_STATE_COUNT] = {
@@ -1213,6 +1214,7 @@ static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t in
         return 0;
     }
     conn->stats.keepalive_timeouts = 1;
+    exs__resume_path_failed_locked(conn, "keepalive timeout");
     EXS_INFO(PROTO, "conn %p: keepalive: %u probe intervals without an answer: peer dead",
              (void *)conn, conn->ka_fails);
     return 1;
@@ -1595,6 +1597,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         } else if (tag == WR_TAG_BATCH) {
             exs__batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 0);
         }
+        exs__resume_path_failed_locked(conn, "error completion");
         /* while connecting, the cm event tells what happened */
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
             exs__conn_fail_locked(conn, ECONNRESET, "work request failed");
@@ -1791,6 +1794,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
              * connection event can overtake them on verbs): the conn dies once every work
              * request it posted has completed (flushed, at the latest). */
             err = ev->status ? -ev->status : ECONNRESET;
+            exs__resume_path_failed_locked(conn, "disconnected");
             conn_set_state(conn, EXS_CONN_DRAINING, "disconnected");
             conn->disc_err = err;
             conn_wrq_flush_locked(conn); /* never posted: flushed here */

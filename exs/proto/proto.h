@@ -319,6 +319,7 @@ struct exs_conn {
     uint64_t                   created_ns; /* exs__now_ns() at create (exsctl stat: age) */
     /* cut-over (spec/protocol.md §9.2, resume.c) */
     uint64_t                   sess_token; /* the SESSION token (0: none, not resumable) */
+    int                        resume_noted; /* its path failure was counted */
 };
 
 /* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */

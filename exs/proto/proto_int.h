@@ -82,6 +82,13 @@ void exs__resume_established_locked(struct exs_conn *conn);
 /* A peer's SESSION / RESUME record (length checked): 0, or -EPROTO (logged). */
 int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_session *s);
 int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
+/* The path of conn failed (cause: for the log) while the peer may be alive: an error
+ * completion, DISCONNECTED without a SHUTDOWN, a keepalive timeout. Counts and logs a
+ * resumable connection that nobody was ending, once (§9.2, When); the caller then ends
+ * it as before. */
+void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause);
+/* Register the counters (once, with the proto set). */
+void exs__resume_cset_register(void);
 
 /* Ring memory (conn.c, spec/protocol.md §7.4): a region of size bytes from the provider,
  * counted in the process's ring bytes; with budget set, refused (-ENOBUFS) when the

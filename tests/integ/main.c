@@ -23,6 +23,7 @@ static Suite *(*const suites[])(void) = {
     integ_ring_suite,
     integ_msg_suite,
     integ_window_suite,
+    integ_resume_suite,
 };
 
 static void usage(FILE *f, const char *argv0)
