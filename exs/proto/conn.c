@@ -899,6 +899,7 @@ void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
         return; /* already going away, or nothing to end */
     if (conn->state == EXS_CONN_CONNECTED)
         EXS_INFO(PROTO, "conn %p: %s: connection reset", (void *)conn, why);
+    exs__resume_on_fail_locked(conn, why);
     if (!conn->err)
         conn->err = err;
     conn_set_state(conn, EXS_CONN_DOWN, why);

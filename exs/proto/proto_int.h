@@ -87,6 +87,9 @@ int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_re
  * resumable connection that nobody was ending, once (§9.2, When); the caller then ends
  * it as before. */
 void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause);
+/* exs__conn_fail_locked is ending conn (why): when its endpoint is no longer connected,
+ * the path failed first, whatever found it (a grant, a post): as above. */
+void exs__resume_on_fail_locked(struct exs_conn *conn, const char *why);
 /* Register the counters (once, with the proto set). */
 void exs__resume_cset_register(void);
 

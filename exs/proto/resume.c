@@ -153,3 +153,10 @@ void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause)
              "fallback is not built); the connection ends",
              (void *)conn, cause);
 }
+
+void exs__resume_on_fail_locked(struct exs_conn *conn, const char *why)
+{
+    if (conn->sess_token && conn->state == EXS_CONN_CONNECTED &&
+        exs__prov_ep_state(conn->ep) != EXS_PROV_EP_CONNECTED)
+        exs__resume_path_failed_locked(conn, why);
+}
