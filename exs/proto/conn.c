@@ -1215,9 +1215,9 @@ static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t in
         return 0;
     }
     conn->stats.keepalive_timeouts = 1;
-    exs__resume_path_failed_locked(conn, "keepalive timeout");
     EXS_INFO(PROTO, "conn %p: keepalive: %u probe intervals without an answer: peer dead",
              (void *)conn, conn->ka_fails);
+    exs__resume_path_failed_locked(conn, "keepalive timeout");
     return 1;
 }
 

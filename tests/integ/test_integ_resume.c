@@ -248,6 +248,50 @@ START_TEST(test_rs_cut)
 }
 END_TEST
 
+/* A link gone silent (both ends frozen by the fault provider) under policy any: each end's
+ * keepalive gives up (200 ms x 3), which is a path failure: counted once per end as not
+ * resumed; the operations end with ETIMEDOUT (ECONNRESET if the other end's release got
+ * through first), and nothing leaks. */
+START_TEST(test_rs_keepalive)
+{
+    struct it_buf *s, *r;
+    uint64_t fail0;
+    struct it_pair p;
+    exs_event_t ev;
+    char port[16];
+    int e;
+
+    it_setenv("EXS_KEEPALIVE_INTV_MS", "200");
+    it_setenv("EXS_KEEPALIVE_PROBES", "3");
+    if (rs_init("test_rs_keepalive", "any"))
+        return;
+    it_pair_open(&p, SOCK_STREAM, 16, 16);
+    rs_xfer(p.cfd, p.cq, p.sfd, p.sq, 100000, 3);
+    fail0 = rs_count("fallback_resume_failures");
+    s = it_buf_new(4096, 1);
+    r = it_buf_new(4096, 1);
+    it_fill(s->p, 4096, 4);
+    snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+    rs_set("fault_port", port);
+    rs_set("fault_freeze_ms", "3600000");
+    rs_set("fault_freeze_nth", "1");
+    IT_POST_RECV(p.sfd, r->p, 4096, p.sq, IT_AH(1), r->mh);
+    IT_POST_SEND(p.cfd, s->p, 4096, p.cq, IT_AH(2), s->mh);
+    it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+    e = ev.exs_evt_errno;
+    ck_assert_msg(e == ETIMEDOUT || e == ECONNRESET, "send errno %d (%s)", e, strerror(e));
+    it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+    e = ev.exs_evt_errno;
+    ck_assert_msg(e == ETIMEDOUT || e == ECONNRESET, "recv errno %d (%s)", e, strerror(e));
+    rs_set("fault_freeze_nth", "0");
+    rs_set("fault_freeze_ms", "0"); /* thaw what is left */
+    ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+    it_buf_free(s);
+    it_buf_free(r);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_resume_suite(void)
 {
     Suite *s = suite_create("integ_resume");
@@ -256,6 +300,7 @@ Suite *integ_resume_suite(void)
     tcase_add_checked_fixture(tc, NULL, rs_teardown);
     tcase_add_loop_test(tc, test_rs_session, 0, 4);
     tcase_add_loop_test(tc, test_rs_cut, 0, 6);
+    tcase_add_test(tc, test_rs_keepalive);
     suite_add_tcase(s, tc);
     return s;
 }
