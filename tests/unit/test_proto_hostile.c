@@ -1458,6 +1458,33 @@ START_TEST(hs_session_active_checks)
 }
 END_TEST
 
+/* The active side handled a SESSION before its ESTABLISHED event (the peer's hello not yet
+ * adopted; the tcp provider can deliver the peer's first SEND first): at ESTABLISHED a
+ * peer hello without bit 7 makes that a protocol error, and the connection is reset. */
+START_TEST(hs_session_early_without_bit)
+{
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pp.pa.resumable = 1;
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_uint_eq(pp.a.conn->sess_token, 0);
+    pp.a.conn->sess_token = 99; /* as if taken before the hello was adopted */
+    exs__resume_established_locked(pp.a.conn);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
+    ck_assert_int_eq(pp.a.conn->err, ECONNRESET);
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.a.dead, 1);
+    pt_close_both(&pp);
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -1497,6 +1524,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_session_sent, 0, 2);
     tcase_add_loop_test(tc, hs_resume_bad, 0, 9);
     tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
+    tcase_add_test(tc, hs_session_early_without_bit);
     suite_add_tcase(s, tc);
     return s;
 }
