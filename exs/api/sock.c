@@ -452,15 +452,22 @@ static void sock_conn_established(struct exs_conn *conn, int err)
 }
 
 /* Progress thread (conn->lock held): the connection is over. A closing socket can now
- * be finished; an open one stays (its operations already completed). */
+ * be finished; an open one stays (its operations already completed). A conn that ended
+ * before it was established (the peer broke the protocol during the handshake) ends its
+ * socket's connect, or its embryonic accepted socket, as a failed handshake would: with
+ * the conn's error (spec/api.md, exs_connect). */
 static void sock_conn_dead(struct exs_conn *conn)
 {
     struct api_sock *s = conn->owner;
+    int connecting;
 
     api_sock_lock(s);
     if (s->state == API_SOCK_CLOSING || s->state == API_SOCK_ABORTING)
         sock_finish_locked(s, "connection dead");
+    connecting = s->state == API_SOCK_CONNECTING && s->conn == conn;
     api_sock_unlock(s);
+    if (connecting)
+        sock_conn_established(conn, conn->err ? conn->err : ECONNRESET);
 }
 
 /* ---- socket calls ---- */

@@ -134,6 +134,8 @@ static void conn_set_state(struct exs_conn *conn, enum exs_conn_state st, const 
     EXS_ASSERT(conn_next[conn->state] & CONN_BIT(st));
     EXS_TRACE(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, conn_state_names[conn->state],
               conn_state_names[st], why);
+    if (conn->state == EXS_CONN_CONNECTING && st == EXS_CONN_DOWN)
+        conn->hs_down = 1; /* the handshake deadline bounds the drain (exs__conn_timer) */
     conn->state = st;
 }
 
@@ -902,6 +904,13 @@ void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
     exs__resume_on_fail_locked(conn, why);
     if (!conn->err)
         conn->err = err;
+    if (conn->state == EXS_CONN_CONNECTING) {
+        /* before ESTABLISHED: the owner hears of it through its dead callback (its
+         * connect or accept ends with conn->err), once the endpoint is drained or the
+         * handshake deadline passes (hs_down), whichever comes first */
+        EXS_INFO(PROTO, "conn %p: %s before the connection was established", (void *)conn,
+                 why);
+    }
     conn_set_state(conn, EXS_CONN_DOWN, why);
     conn->sp_frag_op = NULL; /* no more pieces: its op ends with the conn */
     exs__prov_disconnect(conn->ep);
@@ -1291,6 +1300,22 @@ static void conn_nop_check_locked(struct exs_conn *conn)
     exs__conn_kick_locked(conn); /* the credits it may have freed nothing; others may go */
 }
 
+/* A conn that went DOWN before ESTABLISHED (hs_down) waits for its endpoint to drain, but
+ * never past the handshake deadline: a peer cannot hold the connect open by breaking the
+ * protocol. Returns the ms until the deadline, 0 once it ended the conn. */
+static uint64_t conn_hs_down_timer_locked(struct exs_conn *conn, uint64_t now, uint64_t conn_ms)
+{
+    uint64_t due = conn->dl_start_ns + conn_ms * 1000000u;
+
+    if (now < due)
+        return (due - now + 999999u) / 1000000u;
+    EXS_INFO(PROTO, "conn %p: ended %s not drained after %llu ms", (void *)conn,
+             conn->active ? "connect" : "accepted connection", (unsigned long long)conn_ms);
+    conn_dead_locked(conn, conn->err ? conn->err : ETIMEDOUT, "ended handshake not drained");
+    conn->cb->dead(conn);
+    return 0;
+}
+
 uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
 {
     uint64_t now = exs__now_ns(), next = 0, ka_due = 0, ring_ms;
@@ -1312,6 +1337,10 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
         conn->cb->established(conn, ETIMEDOUT);
         break;
     }
+    case EXS_CONN_DOWN:
+    case EXS_CONN_DRAINING:
+        next = conn->hs_down ? conn_hs_down_timer_locked(conn, now, conn_ms) : 0;
+        break;
     case EXS_CONN_CONNECTED:
     case EXS_CONN_CLOSING:
         if (ka_ms && conn_ka_check_locked(conn, now, ka_ms * 1000000u, &ka_due)) {

@@ -274,6 +274,8 @@ struct exs_conn {
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t                   dl_start_ns;  /* connect / accept began (handshake deadline) */
+    int                        hs_down;      /* went DOWN before ESTABLISHED (failure, close,
+                                               * abort): the handshake deadline still ends it */
     int                        ka_heard;     /* a completion succeeded in this run of cqes */
     int                        ka_probe_out; /* the probe is posted, not completed */
     int                        ka_waiting;   /* silent for an interval: waiting for an answer */
