@@ -908,8 +908,7 @@ void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
         /* before ESTABLISHED: the owner hears of it through its dead callback (its
          * connect or accept ends with conn->err), once the endpoint is drained or the
          * handshake deadline passes (hs_down), whichever comes first */
-        EXS_INFO(PROTO, "conn %p: %s before the connection was established", (void *)conn,
-                 why);
+        EXS_INFO(PROTO, "conn %p: %s before the connection was established", (void *)conn, why);
     }
     conn_set_state(conn, EXS_CONN_DOWN, why);
     conn->sp_frag_op = NULL; /* no more pieces: its op ends with the conn */
