@@ -387,6 +387,20 @@ static void sock_fallback_job(struct exs_job *job)
     exs__api_sock_put(s); /* the job's reference */
 }
 
+/* exs_connect (s locked): the primary's connect call itself failed with errno err: as
+ * for a failure reported later, the socket stays CONNECTING with its connect operation and
+ * a job frees conn (IDLE, detached: nothing else reaches it) and connects over the
+ * fallback (spec/provider.md, Fallback). */
+static void sock_connect_fallback_later(struct api_sock *s, struct exs_conn *conn, int err)
+{
+    EXS_INFO(API, "fd %d: the primary's connect call failed (%s): over the fallback", s->fd,
+             strerror(err));
+    conn->err = err; /* read by the job */
+    sock_get_ref(s); /* the job's */
+    conn->owner_job.fn = sock_fallback_job;
+    exs__engine_post(&conn->owner_job);
+}
+
 static void sock_conn_established(struct exs_conn *conn, int err)
 {
     struct api_sock *s = conn->owner;
@@ -771,6 +785,14 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
     if (ret) {
         /* nothing went out: undo (a concurrent exs_close keeps its state) */
         s->conn = NULL;
+        err = ret == -ENETUNREACH || ret == -EADDRNOTAVAIL ? -ret : ECONNREFUSED;
+        if (s->connect_op == op && !sock_is_closing(s) &&
+            exs__engine_fallback_eligible(conn->ctx, err)) {
+            sock_connect_fallback_later(s, conn, err);
+            op = NULL;
+            err = 0;
+            goto out;
+        }
         sock_conn_destroy_later(conn);
         if (s->connect_op != op) {
             /* the close already completed the connect with ECANCELED */
@@ -781,7 +803,6 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
         if (!sock_is_closing(s))
             api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW,
                                "connect failed");
-        err = ret == -ENETUNREACH || ret == -EADDRNOTAVAIL ? -ret : ECONNREFUSED;
         goto out;
     }
     if (!s->ka_job_busy && !sock_is_closing(s)) {
