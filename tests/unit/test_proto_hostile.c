@@ -11,6 +11,7 @@
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -1485,6 +1486,57 @@ START_TEST(hs_session_early_without_bit)
 }
 END_TEST
 
+/* A connection that failed before its ESTABLISHED (here: the protocol error a record could
+ * raise) never reports through established(); with no provider event after it (the fabric
+ * is not stepped), the handshake deadline still ends it: until then the timer waits, at
+ * the deadline the conn dies and dead() is called once, with the latched ECONNRESET. */
+START_TEST(hs_down_before_established_deadline)
+{
+    uint64_t conn_ms, saved;
+
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    saved = exs__params.connect_timeout_ms;
+    ck_assert_int_eq(exs__params_set("connect_timeout_ms", "30000"), 0);
+    conn_ms = exs__params.connect_timeout_ms;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect_to(&pp, NULL, 0);
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_CONNECTING);
+    exs__conn_fail_locked(pp.a.conn, ECONNRESET, "test: protocol error before ESTABLISHED");
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
+    pp.a.conn->dl_start_ns = exs__now_ns(); /* the deadline is conn_ms away */
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_uint_gt(exs__conn_timer(pp.a.conn, 0), 0);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
+    ck_assert_int_eq(pp.a.dead, 0);
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    pp.a.conn->dl_start_ns -= (conn_ms + 1) * 1000000u; /* the deadline passed */
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_uint_eq(exs__conn_timer(pp.a.conn, 0), 0);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DEAD);
+    ck_assert_int_eq(pp.a.conn->err, ECONNRESET);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.a.established, 0);
+    /* what the fabric still delivers changes nothing: reported once */
+    pt_run(&pp);
+    ck_assert_int_eq(exs__conn_timer(pp.a.conn, 0), 0);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.a.established, 0);
+    if (pp.b.conn) {
+        exs__conn_close(pp.b.conn);
+        pt_run(&pp);
+        ck_assert(exs__conn_is_dead(pp.b.conn));
+    }
+    pt_close(&pp);
+    exs__params.connect_timeout_ms = saved;
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -1525,6 +1577,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_resume_bad, 0, 9);
     tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
     tcase_add_test(tc, hs_session_early_without_bit);
+    tcase_add_test(tc, hs_down_before_established_deadline);
     suite_add_tcase(s, tc);
     return s;
 }
