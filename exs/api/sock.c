@@ -244,6 +244,9 @@ static int sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
         .autotune = !s->rcvbuf_set, /* as on Linux, an explicit SO_RCVBUF fixes the size */
         .sndbuf = s->sndbuf,
         .copy_max = (uint32_t)EXS_MIN(exs__params.stream_copy_max, (uint64_t)s->sndbuf),
+        /* policy any: a conn on the primary may be cut over to the fallback (§9.2) */
+        .resumable = exs__engine_fallback_policy() == EXS_ENG_FB_ANY &&
+                     ctx != exs__engine_fallback_ctx(),
     };
     /* The conn lives as long as its socket (freed in the last exs__api_sock_put), so a
      * caller holding a socket reference may always use it; its callbacks stop at DEAD,
@@ -387,6 +390,20 @@ static void sock_fallback_job(struct exs_job *job)
     exs__api_sock_put(s); /* the job's reference */
 }
 
+/* exs_connect (s locked): the primary's connect call itself failed with errno err: as
+ * for a failure reported later, the socket stays CONNECTING with its connect operation and
+ * a job frees conn (IDLE, detached: nothing else reaches it) and connects over the
+ * fallback (spec/provider.md, Fallback). */
+static void sock_connect_fallback_later(struct api_sock *s, struct exs_conn *conn, int err)
+{
+    EXS_INFO(API, "fd %d: the primary's connect call failed (%s): over the fallback", s->fd,
+             strerror(err));
+    conn->err = err; /* read by the job */
+    sock_get_ref(s); /* the job's */
+    conn->owner_job.fn = sock_fallback_job;
+    exs__engine_post(&conn->owner_job);
+}
+
 static void sock_conn_established(struct exs_conn *conn, int err)
 {
     struct api_sock *s = conn->owner;
@@ -452,15 +469,22 @@ static void sock_conn_established(struct exs_conn *conn, int err)
 }
 
 /* Progress thread (conn->lock held): the connection is over. A closing socket can now
- * be finished; an open one stays (its operations already completed). */
+ * be finished; an open one stays (its operations already completed). A conn that ended
+ * before it was established (the peer broke the protocol during the handshake) ends its
+ * socket's connect, or its embryonic accepted socket, as a failed handshake would: with
+ * the conn's error (spec/api.md, exs_connect). */
 static void sock_conn_dead(struct exs_conn *conn)
 {
     struct api_sock *s = conn->owner;
+    int connecting;
 
     api_sock_lock(s);
     if (s->state == API_SOCK_CLOSING || s->state == API_SOCK_ABORTING)
         sock_finish_locked(s, "connection dead");
+    connecting = s->state == API_SOCK_CONNECTING && s->conn == conn;
     api_sock_unlock(s);
+    if (connecting)
+        sock_conn_established(conn, conn->err ? conn->err : ECONNRESET);
 }
 
 /* ---- socket calls ---- */
@@ -766,6 +790,14 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
     if (ret) {
         /* nothing went out: undo (a concurrent exs_close keeps its state) */
         s->conn = NULL;
+        err = ret == -ENETUNREACH || ret == -EADDRNOTAVAIL ? -ret : ECONNREFUSED;
+        if (s->connect_op == op && !sock_is_closing(s) &&
+            exs__engine_fallback_eligible(conn->ctx, err)) {
+            sock_connect_fallback_later(s, conn, err);
+            op = NULL;
+            err = 0;
+            goto out;
+        }
         sock_conn_destroy_later(conn);
         if (s->connect_op != op) {
             /* the close already completed the connect with ECANCELED */
@@ -776,7 +808,6 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
         if (!sock_is_closing(s))
             api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW,
                                "connect failed");
-        err = ret == -ENETUNREACH || ret == -EADDRNOTAVAIL ? -ret : ECONNREFUSED;
         goto out;
     }
     if (!s->ka_job_busy && !sock_is_closing(s)) {

@@ -101,6 +101,7 @@ static pthread_once_t proto_cset_once = PTHREAD_ONCE_INIT;
 static void proto_cset_register(void)
 {
     exs__counters_register(&proto_cset);
+    exs__resume_cset_register();
 }
 
 static const char *const conn_state_names[EXS_CONN_STATE_COUNT] = {
@@ -133,6 +134,8 @@ static void conn_set_state(struct exs_conn *conn, enum exs_conn_state st, const 
     EXS_ASSERT(conn_next[conn->state] & CONN_BIT(st));
     EXS_TRACE(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, conn_state_names[conn->state],
               conn_state_names[st], why);
+    if (conn->state == EXS_CONN_CONNECTING && st == EXS_CONN_DOWN)
+        conn->hs_down = 1; /* the handshake deadline bounds the drain (exs__conn_timer) */
     conn->state = st;
 }
 
@@ -388,7 +391,7 @@ void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *h)
     h->magic = htobe16(EXS_WIRE_MAGIC);
     h->version = EXS_WIRE_VERSION;
     h->sock_type = wire_sock_type(conn->p.sock_type);
-    h->features = htobe16(EXS_WIRE_FEAT_ALL);
+    h->features = htobe16(EXS_WIRE_FEAT_ALL | (conn->p.resumable ? EXS_WIRE_FEAT_RESUMABLE : 0));
     h->credits = htobe16((uint16_t)conn->p.credits);
     h->ctrl_size = htobe32(EXS_WIRE_CTRL_MAX);
     h->ring_size = htobe32(conn->p.ring_size);
@@ -453,7 +456,7 @@ static void conn_adopt_hello_locked(struct exs_conn *conn, const void *pd)
     conn->peer.magic = be16toh(h.magic);
     conn->peer.version = h.version;
     conn->peer.sock_type = h.sock_type;
-    conn->peer.features = be16toh(h.features) & EXS_WIRE_FEAT_ALL;
+    conn->peer.features = be16toh(h.features) & (EXS_WIRE_FEAT_ALL | EXS_WIRE_FEAT_RESUMABLE);
     conn->peer.credits = be16toh(h.credits);
     conn->peer.ctrl_size = be32toh(h.ctrl_size);
     conn->peer.ring_size = be32toh(h.ring_size);
@@ -918,8 +921,15 @@ void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
         return; /* already going away, or nothing to end */
     if (conn->state == EXS_CONN_CONNECTED)
         EXS_INFO(PROTO, "conn %p: %s: connection reset", (void *)conn, why);
+    exs__resume_on_fail_locked(conn, why);
     if (!conn->err)
         conn->err = err;
+    if (conn->state == EXS_CONN_CONNECTING) {
+        /* before ESTABLISHED: the owner hears of it through its dead callback (its
+         * connect or accept ends with conn->err), once the endpoint is drained or the
+         * handshake deadline passes (hs_down), whichever comes first */
+        EXS_INFO(PROTO, "conn %p: %s before the connection was established", (void *)conn, why);
+    }
     conn_set_state(conn, EXS_CONN_DOWN, why);
     conn->sp_frag_op = NULL; /* no more pieces: its op ends with the conn */
     exs__prov_disconnect(conn->ep);
@@ -1244,6 +1254,7 @@ static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t in
     conn->stats.keepalive_timeouts = 1;
     EXS_INFO(PROTO, "conn %p: keepalive: %u probe intervals without an answer: peer dead",
              (void *)conn, conn->ka_fails);
+    exs__resume_path_failed_locked(conn, "keepalive timeout");
     return 1;
 }
 
@@ -1317,6 +1328,22 @@ static void conn_nop_check_locked(struct exs_conn *conn)
     exs__conn_kick_locked(conn); /* the credits it may have freed nothing; others may go */
 }
 
+/* A conn that went DOWN before ESTABLISHED (hs_down) waits for its endpoint to drain, but
+ * never past the handshake deadline: a peer cannot hold the connect open by breaking the
+ * protocol. Returns the ms until the deadline, 0 once it ended the conn. */
+static uint64_t conn_hs_down_timer_locked(struct exs_conn *conn, uint64_t now, uint64_t conn_ms)
+{
+    uint64_t due = conn->dl_start_ns + conn_ms * 1000000u;
+
+    if (now < due)
+        return (due - now + 999999u) / 1000000u;
+    EXS_INFO(PROTO, "conn %p: ended %s not drained after %llu ms", (void *)conn,
+             conn->active ? "connect" : "accepted connection", (unsigned long long)conn_ms);
+    conn_dead_locked(conn, conn->err ? conn->err : ETIMEDOUT, "ended handshake not drained");
+    conn->cb->dead(conn);
+    return 0;
+}
+
 uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
 {
     uint64_t now = exs__now_ns(), next = 0, ka_due = 0, ring_ms;
@@ -1338,6 +1365,10 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
         conn->cb->established(conn, ETIMEDOUT);
         break;
     }
+    case EXS_CONN_DOWN:
+    case EXS_CONN_DRAINING:
+        next = conn->hs_down ? conn_hs_down_timer_locked(conn, now, conn_ms) : 0;
+        break;
     case EXS_CONN_CONNECTED:
     case EXS_CONN_CLOSING:
         if (ka_ms && conn_ka_check_locked(conn, now, ka_ms * 1000000u, &ka_due)) {
@@ -1432,6 +1463,8 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_DRAIN: want = EXS_WIRE_DRAIN_LEN; break;
         case EXS_CTRL_TRACE: want = EXS_WIRE_TRACE_LEN; break;
         case EXS_CTRL_RESIZE: want = EXS_WIRE_RESIZE_LEN; break;
+        case EXS_CTRL_SESSION: want = EXS_WIRE_SESSION_LEN; break;
+        case EXS_CTRL_RESUME: want = EXS_WIRE_RESUME_LEN; break;
         default: return -EPROTO;
         }
         if (rlen != want)
@@ -1512,6 +1545,20 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
             struct exs_wire_resize r;
             memcpy(&r, rec, sizeof(r));
             if (exs__st_on_resize_locked(conn, &r))
+                return -EPROTO;
+            break;
+        }
+        case EXS_CTRL_SESSION: {
+            struct exs_wire_session s;
+            memcpy(&s, rec, sizeof(s));
+            if (exs__resume_on_session_locked(conn, &s))
+                return -EPROTO;
+            break;
+        }
+        case EXS_CTRL_RESUME: {
+            struct exs_wire_resume r;
+            memcpy(&r, rec, sizeof(r));
+            if (exs__resume_on_resume_locked(conn, &r))
                 return -EPROTO;
             break;
         }
@@ -1615,6 +1662,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         } else if (tag == WR_TAG_BATCH) {
             exs__batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 0);
         }
+        exs__resume_path_failed_locked(conn, "error completion");
         /* while connecting, the cm event tells what happened */
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
             exs__conn_fail_locked(conn, ECONNRESET, "work request failed");
@@ -1772,6 +1820,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         conn->ka_heard_ns = exs__now_ns(); /* the peer just answered */
         established = conn->cb->established;
         conn_ring_grant_locked(conn);
+        exs__resume_established_locked(conn);
         exs__conn_kick_locked(conn);
         break;
     case EXS_PROV_CM_REJECTED:
@@ -1811,6 +1860,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
              * connection event can overtake them on verbs): the conn dies once every work
              * request it posted has completed (flushed, at the latest). */
             err = ev->status ? -ev->status : ECONNRESET;
+            exs__resume_path_failed_locked(conn, "disconnected");
             conn_set_state(conn, EXS_CONN_DRAINING, "disconnected");
             conn->disc_err = err;
             conn_wrq_flush_locked(conn); /* never posted: flushed here */

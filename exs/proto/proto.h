@@ -138,6 +138,7 @@ struct exs_conn_params {
     int      autotune;    /* STREAM: the ring may grow and shrink (§7.4); 0 after SO_RCVBUF */
     uint32_t sndbuf;      /* STREAM send buffer (§7.5), bytes; 0 = every send zero-copy */
     uint32_t copy_max;    /* STREAM sends up to this many bytes may be copied into it */
+    int      resumable;   /* hello feature RESUMABLE: may be cut over to the fallback (§9.2) */
 };
 
 /* Batched ring writes in flight at once per connection (each has its staging buffer). */
@@ -294,6 +295,8 @@ struct exs_conn {
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t                   dl_start_ns;  /* connect / accept began (handshake deadline) */
+    int                        hs_down;      /* went DOWN before ESTABLISHED (failure, close,
+                                               * abort): the handshake deadline still ends it */
     int                        ka_heard;     /* a completion succeeded in this run of cqes */
     int                        ka_probe_out; /* the probe is posted, not completed */
     int                        ka_waiting;   /* silent for an interval: waiting for an answer */
@@ -341,6 +344,9 @@ struct exs_conn {
     struct exs_sock_stats      stats;
     struct exs_reqtrace       *rt;         /* request tracing state (reqtrace.c), NULL: none */
     uint64_t                   created_ns; /* exs__now_ns() at create (exsctl stat: age) */
+    /* cut-over (spec/protocol.md §9.2, resume.c) */
+    uint64_t                   sess_token; /* the SESSION token (0: none, not resumable) */
+    int                        resume_noted; /* its path failure was counted */
 };
 
 /* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */

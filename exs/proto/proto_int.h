@@ -73,6 +73,26 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
                                     uint32_t rkey, uint32_t len, uint32_t imm, const void *src);
 int  exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
 
+/* resume.c: the cut-over's identity (spec/protocol.md §9.2) */
+/* Both sides may be cut over: this side is resumable and the peer's hello has the bit. */
+int exs__resume_negotiated(const struct exs_conn *conn);
+/* Just established, right after the RING record: the passive side of a resumable
+ * connection appends its SESSION record (a failure to draw a token ends the conn). */
+void exs__resume_established_locked(struct exs_conn *conn);
+/* A peer's SESSION / RESUME record (length checked): 0, or -EPROTO (logged). */
+int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_session *s);
+int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
+/* The path of conn failed (cause: for the log) while the peer may be alive: an error
+ * completion, DISCONNECTED without a SHUTDOWN, a keepalive timeout. Counts and logs a
+ * resumable connection that nobody was ending, once (§9.2, When); the caller then ends
+ * it as before. */
+void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause);
+/* exs__conn_fail_locked is ending conn (why): when its endpoint is no longer connected,
+ * the path failed first, whatever found it (a grant, a post): as above. */
+void exs__resume_on_fail_locked(struct exs_conn *conn, const char *why);
+/* Register the counters (once, with the proto set). */
+void exs__resume_cset_register(void);
+
 /* Ring memory (conn.c, spec/protocol.md §7.4): a region of size bytes from the provider,
  * counted in the process's ring bytes; with budget set, refused (-ENOBUFS) when the
  * count would pass it. grant_p non-NULL: the peer's REMOTE_WRITE over it too.

@@ -27,6 +27,9 @@
  *       the RESIZE control record, sent only to a peer whose hello has the bit.
  *   v2 + feature STRACE (with TRACE): TRACE records on a STREAM connection (§5.1), seq
  *       then being the stream offset just past the traced send's last byte.
+ *   v2 + feature RESUMABLE (bit 7, sent only by a side whose fallback policy is `any`,
+ *       used when both hellos have it): the passive side's SESSION record (§9.2) after
+ *       its RING record. The RESUME record (§9.2) is defined; no path sends it yet.
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -47,6 +50,9 @@ enum { /* exs_wire_hello.features */
     EXS_WIRE_FEAT_RESIZE    = 1u << 5, /* STREAM: understands RESIZE records (§7.4) */
     EXS_WIRE_FEAT_FRAG      = 1u << 6, /* SEQPACKET: takes a direct message in several WWIs,
                                         * eom on the last only (§6.2) */
+    EXS_WIRE_FEAT_RESUMABLE = 1u << 7, /* may be cut over to another path (§9.2); sent only
+                                        * by a side with fallback policy `any`, so it is
+                                        * not in EXS_WIRE_FEAT_ALL */
     EXS_WIRE_FEAT_STRACE    = 1u << 8, /* STREAM: TRACE records on a stream (§5.1), with TRACE */
     EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
                               EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE | EXS_WIRE_FEAT_RESIZE |
@@ -166,7 +172,9 @@ enum exs_wire_ctrl_type {
     EXS_CTRL_DRAIN    = 8, /* STREAM, feature DRAIN: stop writing the ring / stopped (§7.2) */
     EXS_CTRL_TRACE    = 9, /* feature TRACE (+ STRACE on STREAM): a traced send / its times (§5.1) */
     EXS_CTRL_RESIZE   = 10, /* STREAM, feature RESIZE: a new ring region / switched (§7.4) */
-    EXS_CTRL_TYPE_MAX = 10,
+    EXS_CTRL_SESSION  = 11, /* feature RESUMABLE: the passive side's session token (§9.2) */
+    EXS_CTRL_RESUME   = 12, /* feature RESUMABLE: first record on a new path (§9.2) */
+    EXS_CTRL_TYPE_MAX = 12,
 };
 
 /* Every record starts with this header; len includes it and is a multiple of 8. */
@@ -297,6 +305,27 @@ struct exs_wire_resize {
 /* Smallest region a RESIZE may offer. */
 #define EXS_WIRE_RESIZE_MIN (16u * 64u)
 
+/* SESSION (§9.2, feature RESUMABLE, both hellos): sent once by the passive side, in the
+ * SEND that carries its RING record, right after it; the active side sends none. token
+ * names the connection for a later RESUME: random, never 0. hdr.flags 0. */
+struct exs_wire_session {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 token;
+} __attribute__((packed));
+#define EXS_WIRE_SESSION_LEN 16u
+
+/* RESUME (§9.2): the first record of each side on the new path of a cut-over connection:
+ * the SESSION token and what the sender delivered to its application (messages for
+ * SEQPACKET, bytes for STREAM; the other field 0). Never valid on a connection's first
+ * path: there it ends the connection. hdr.flags 0. */
+struct exs_wire_resume {
+    struct exs_wire_ctrl_hdr hdr;
+    uint64_t                 token;
+    uint64_t                 rx_msgs;  /* SEQPACKET: messages delivered */
+    uint64_t                 rx_bytes; /* STREAM: bytes delivered */
+} __attribute__((packed));
+#define EXS_WIRE_RESUME_LEN 32u
+
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN
 
@@ -321,6 +350,9 @@ _Static_assert(sizeof(struct exs_wire_drain) == EXS_WIRE_DRAIN_LEN, "drain size"
 _Static_assert(sizeof(struct exs_wire_trace) == EXS_WIRE_TRACE_LEN, "trace size");
 _Static_assert(offsetof(struct exs_wire_trace, t_answer) == 40, "trace.t_answer");
 _Static_assert(sizeof(struct exs_wire_resize) == EXS_WIRE_RESIZE_LEN, "resize size");
+_Static_assert(sizeof(struct exs_wire_session) == EXS_WIRE_SESSION_LEN, "session size");
+_Static_assert(sizeof(struct exs_wire_resume) == EXS_WIRE_RESUME_LEN, "resume size");
+_Static_assert(offsetof(struct exs_wire_resume, rx_bytes) == 24, "resume.rx_bytes");
 _Static_assert(sizeof(struct exs_wire_batch_rec) == EXS_WIRE_BATCH_REC_LEN, "batch rec size");
 
 #endif

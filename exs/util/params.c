@@ -175,6 +175,8 @@ static const struct exs_param_def params_table[] = {
           "fault provider: how long a frozen link moves nothing in either direction, milliseconds"),
     PARAM(fault_port, "EXS_FAULT_PORT", "0", UINT, 1,
           "fault provider: endpoint faults only on connections whose local or remote port is this, 0 = every connection"),
+    PARAM(fault_connect_sync, "EXS_FAULT_CONNECT_SYNC", "0", UINT, 1,
+          "fault provider: 1 = an injected connect failure fails the connect call itself with ECONNREFUSED (a provider refusing at post time) instead of by a later event; 0 = by the event"),
 
     /* -- RDMA-to-TCP fallback (issue 13) -- */
     PARAM(fallback, "EXS_FALLBACK", "auto", STRING, 0,

@@ -105,6 +105,8 @@ struct exs_params {
     uint64_t fault_freeze_ppm;  /* EXS_FAULT_FREEZE_PPM */
     uint64_t fault_freeze_ms;   /* EXS_FAULT_FREEZE_MS: how long a frozen link stays frozen */
     uint64_t fault_port;        /* EXS_FAULT_PORT: only connections with this port, 0 = all */
+    uint64_t fault_connect_sync; /* EXS_FAULT_CONNECT_SYNC: injected connect failures fail
+                                  * the connect call itself (ECONNREFUSED) */
 
     /* -- RDMA-to-TCP fallback (issue 13) -- */
     char     fallback[EXS_PARAM_STR_MAX]; /* EXS_FALLBACK: auto, off, connect, any (offline) */

@@ -6,9 +6,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/exs.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -707,6 +709,107 @@ START_TEST(credits_withheld)
 }
 END_TEST
 
+/* ---- a hostile acceptor (issue 13): the library connects to a raw peer ---- */
+
+#define HACC_MS 30000 /* the connect's outcome must come within this (generous) */
+
+struct hacc {
+    int lfd, fd, err;
+};
+
+/* The hostile acceptor: CONN_ACCEPT with a good hello, then at once a SEND with an unknown
+ * record; the connection is then left open and silent. */
+static void *hacc_main(void *arg)
+{
+    struct hacc *a = arg;
+    struct exs_wire_hello h;
+    struct exs_wire_ctrl_hdr bad = {.type = 42, .len = htobe16(sizeof(bad))};
+
+    raw_hello_default(&h, STR);
+    a->fd = raw_accept_then_send(a->lfd, &h, &bad, sizeof(bad), HACC_MS);
+    a->err = a->fd < 0 ? a->fd : 0;
+    return NULL;
+}
+
+/* Wait for an event of type on q until deadline: its errno, or ETIMEDOUT. */
+static int hacc_wait(exs_qhandle_t q, int type, double deadline)
+{
+    exs_event_t ev;
+
+    for (;;) {
+        double left = deadline - raw_now_ms();
+        struct timespec ts;
+
+        if (left <= 0)
+            return ETIMEDOUT;
+        ts.tv_sec = (time_t)(left / 1000);
+        ts.tv_nsec = (long)((left - (double)ts.tv_sec * 1000) * 1e6);
+        if (exs_qdequeue(q, &ev, 1, &ts) == 1 && ev.exs_evt_type == type)
+            return ev.exs_evt_errno;
+    }
+}
+
+/* An acceptor that breaks the protocol in its first SEND, which the connector's provider
+ * delivers together with the acceptance (so the record is usually handled before the
+ * ESTABLISHED event): exs_connect ends with ECONNRESET, asynchronously (_i 0) and
+ * synchronously (_i 1). Where ESTABLISHED was handled first, the connect succeeds and the
+ * connection is reset: a receive ends with ECONNRESET. Either way nothing hangs (the
+ * library used to leave such a connect pending forever). */
+START_TEST(acceptor_breaks_protocol_early)
+{
+    int sync = _i, port = 0, fd, err;
+    struct hacc a = {.fd = -1};
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    exs_qhandle_t q = EXS_QHANDLE_INVALID;
+    pthread_t th;
+    char b[16];
+
+    a.lfd = raw_listen(&port);
+    ck_assert_int_ge(a.lfd, 0);
+    sin.sin_port = htons((uint16_t)port);
+    setenv("EXS_PROVIDER", "tcp", 1);
+    ck_assert_int_ge(exs_init(EXS_VERSION), 0);
+    ck_assert_int_eq(pthread_create(&th, NULL, hacc_main, &a), 0);
+    fd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    if (sync) {
+        err = exs_connect(fd, (struct sockaddr *)&sin, sizeof(sin), q, NULL) < 0 ? errno : 0;
+    } else {
+        q = exs_qcreate(16);
+        ck_assert(q != EXS_QHANDLE_INVALID);
+        ck_assert_int_eq(exs_connect(fd, (struct sockaddr *)&sin, sizeof(sin), q, NULL), 0);
+        err = hacc_wait(q, EXS_EVT_CONNECT, raw_now_ms() + HACC_MS);
+    }
+    pthread_join(th, NULL);
+    ck_assert_msg(a.err == 0, "the raw acceptor failed: %s", strerror(-a.err));
+    if (err == 0) {
+        /* ESTABLISHED came first: the record then resets the connection */
+        if (sync) {
+            err = exs_recv(fd, b, sizeof(b), 0, q, NULL, EXS_MHANDLE_UNREGISTERED) < 0 ? errno : 0;
+        } else {
+            ck_assert_int_eq(exs_recv(fd, b, sizeof(b), 0, q, NULL, EXS_MHANDLE_UNREGISTERED), 0);
+            err = hacc_wait(q, EXS_EVT_RECV, raw_now_ms() + HACC_MS);
+        }
+        ck_assert_msg(err == ECONNRESET, "connected, then the receive ended with %s",
+                      strerror(err));
+        printf("acceptor_breaks_protocol_early (%s): ESTABLISHED handled first, then reset\n",
+               sync ? "sync" : "async");
+    } else {
+        ck_assert_msg(err == ECONNRESET, "the connect ended with %s, not ECONNRESET",
+                      strerror(err));
+        printf("acceptor_breaks_protocol_early (%s): the connect failed with ECONNRESET\n",
+               sync ? "sync" : "async");
+    }
+    fflush(stdout);
+    ck_assert_int_eq(exs_close(fd, EXS_QHANDLE_INVALID, NULL), 0);
+    if (!sync)
+        exs_qdelete(q);
+    exs_fini();
+    close(a.fd);
+    close(a.lfd);
+}
+END_TEST
+
 static Suite *hostile_suite(void)
 {
     Suite *s = suite_create("hostile");
@@ -742,6 +845,11 @@ static Suite *hostile_suite(void)
     tcase_set_timeout(t, 120);
     tcase_add_test(t, credits_withheld);
     tcase_add_loop_test(t, half_open_silent, 0, 2);
+    suite_add_tcase(s, t);
+
+    t = tcase_create("hostile_acceptor");
+    tcase_set_timeout(t, 120);
+    tcase_add_loop_test(t, acceptor_breaks_protocol_early, 0, 2);
     suite_add_tcase(s, t);
     return s;
 }

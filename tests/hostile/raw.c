@@ -416,3 +416,75 @@ int raw_send_ctrl(struct raw_peer *p, const void *buf, uint32_t len, uint32_t *p
     *psn = p->tx_psn++;
     return raw_send_frame(p->fd, TCP_WIRE_SEND, 0, 0, len, *psn, 0, 0, 0, buf, len);
 }
+
+int raw_listen(int *port)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sin);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), err;
+
+    if (fd < 0)
+        return -errno;
+    if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0 || listen(fd, 4) < 0 ||
+        getsockname(fd, (struct sockaddr *)&sin, &len) < 0) {
+        err = -errno;
+        close(fd);
+        return err;
+    }
+    *port = ntohs(sin.sin_port);
+    return fd;
+}
+
+/* Append one frame (header in network order, then payload) to buf at *off. */
+static void frame_put(uint8_t *buf, size_t *off, unsigned type, uint32_t psn, const void *payload,
+                      uint32_t len)
+{
+    struct tcp_wire_hdr h;
+
+    memset(&h, 0, sizeof(h));
+    h.magic = htonl(TCP_WIRE_MAGIC);
+    h.version = TCP_WIRE_VERSION;
+    h.type = (uint8_t)type;
+    h.len = htonl(len);
+    h.psn = htonl(psn);
+    memcpy(buf + *off, &h, sizeof(h));
+    memcpy(buf + *off + sizeof(h), payload, len);
+    *off += sizeof(h) + len;
+}
+
+int raw_accept_then_send(int lfd, const struct exs_wire_hello *h, const void *ctrl,
+                         uint32_t ctrl_len, int ms)
+{
+    uint8_t buf[2 * TCP_WIRE_HDR_LEN + TCP_WIRE_CONN_LEN + TCP_WIRE_PD_MAX + 4096];
+    uint8_t acc[TCP_WIRE_CONN_LEN + sizeof(*h)];
+    struct tcp_wire_conn c = {.rnr_retry = 7, .rnr_timer_ms = 0};
+    struct pollfd pfd = {.fd = lfd, .events = POLLIN};
+    struct tcp_wire_hdr fh;
+    uint32_t got = 0;
+    size_t off = 0;
+    int fd, err, one = 1;
+
+    if (ctrl_len > 4096)
+        return -EINVAL;
+    if (poll(&pfd, 1, ms) != 1)
+        return -ETIMEDOUT;
+    fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        return -errno;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    err = read_frame(fd, &fh, buf, sizeof(buf), &got, raw_now_ms() + ms);
+    if (!err && fh.type != TCP_WIRE_CONN_REQ)
+        err = -EPROTO;
+    if (!err) {
+        memcpy(acc, &c, sizeof(c));
+        memcpy(acc + TCP_WIRE_CONN_LEN, h, sizeof(*h));
+        frame_put(buf, &off, TCP_WIRE_CONN_ACCEPT, 0, acc, sizeof(acc));
+        frame_put(buf, &off, TCP_WIRE_SEND, 0, ctrl, ctrl_len);
+        err = raw_write_all(fd, buf, off);
+    }
+    if (err) {
+        close(fd);
+        return err;
+    }
+    return fd;
+}

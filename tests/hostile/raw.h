@@ -60,6 +60,14 @@ void raw_hello_default(struct exs_wire_hello *h, unsigned sock_type);
 /* CONN_REQ carrying pd (the hello, or anything else) as private data. */
 int raw_send_conn_req(int fd, const void *pd, uint32_t pd_len);
 
+/* A loopback TCP listener on a free port: its fd (*port set), or -errno. */
+int raw_listen(int *port);
+/* Hostile acceptor: accept one connection on lfd, read its CONN_REQ (up to ms), then write
+ * CONN_ACCEPT with hello h and a SEND of the records in ctrl, in one write, so that the
+ * connector's provider sees both at once. The accepted fd (left open), or -errno. */
+int raw_accept_then_send(int lfd, const struct exs_wire_hello *h, const void *ctrl,
+                         uint32_t ctrl_len, int ms);
+
 /* Connect and send CONN_REQ with hello h; wait up to ms for CONN_ACCEPT.
  * 0 accepted (p->peer filled), -ECONNREFUSED rejected, -ECONNRESET closed, -ETIMEDOUT. */
 int raw_open(struct raw_peer *p, int port, const struct exs_wire_hello *h, int ms);

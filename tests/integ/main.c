@@ -24,6 +24,7 @@ static Suite *(*const suites[])(void) = {
     integ_msg_suite,
     integ_window_suite,
     integ_sndbuf_suite,
+    integ_resume_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

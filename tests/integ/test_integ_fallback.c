@@ -60,6 +60,7 @@ static void fb_teardown(void)
 {
     it_teardown();
     ck_assert_int_eq(exs__params_set("fault_connect_nth", "0"), 0);
+    ck_assert_int_eq(exs__params_set("fault_connect_sync", "0"), 0);
     ck_assert_int_eq(exs__params_set("emu_blackhole", "0"), 0);
 }
 
@@ -195,6 +196,49 @@ START_TEST(test_fb_connect)
     it_pair_close(&p1);
     it_pair_close(&p2);
     it_pair_close(&p3);
+}
+END_TEST
+
+/* The primary's connect call itself fails (the fault provider refusing at post time,
+ * EXS_FAULT_CONNECT_SYNC): exs_connect does not fail but retries over tcp as for a failure
+ * reported later, asynchronously (_i 0: it returns 0, EXS_EVT_CONNECT reports success)
+ * and synchronously (_i 1: it returns 0 once connected over tcp); the reason is counted
+ * as refused and data flows both ways with every byte verified. */
+START_TEST(test_fb_connect_call_fails)
+{
+    struct it_pair p;
+    exs_event_t ev;
+    int rc;
+
+    fb_init("connect", "1");
+    ck_assert_int_eq(exs__params_set("fault_connect_sync", "1"), 0);
+    if (_i == 0) {
+        it_pair_open(&p, SOCK_STREAM, 16, 16);
+    } else {
+        memset(&p, 0, sizeof(p));
+        p.type = SOCK_STREAM;
+        p.sq = it_qcreate(16);
+        p.cq = it_qcreate(16);
+        p.lfd = it_listen(SOCK_STREAM, &p.addr);
+        ck_assert_int_eq(exs_accept(p.lfd, p.sq, IT_AH(0xACC)), 0);
+        p.cfd = exs_socket(AF_INET, SOCK_STREAM, 0);
+        ck_assert_int_ge(p.cfd, 0);
+        errno = 0;
+        rc = exs_connect(p.cfd, (struct sockaddr *)&p.addr, sizeof(p.addr), EXS_QHANDLE_INVALID,
+                         NULL);
+        ck_assert_msg(rc == 0, "synchronous exs_connect = %d errno %d (%s)", rc, errno,
+                      strerror(errno));
+        it_expect_err_at(p.sq, EXS_EVT_ACCEPT, p.lfd, IT_AH(0xACC), 0, &ev, __FILE__, __LINE__);
+        p.sfd = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+        ck_assert_int_ge(p.sfd, 0);
+    }
+    ck_assert_str_eq(fd_provider(p.cfd), "tcp");
+    ck_assert_str_eq(fd_provider(p.sfd), "tcp");
+    ck_assert_uint_eq(fb_count("fallback_connects"), 1);
+    ck_assert_uint_eq(fb_count("fallback_refused"), 1);
+    ck_assert_uint_eq(fb_count("fallback_timeout"), 0);
+    xfer_both_ways(&p, 500);
+    it_pair_close(&p);
 }
 END_TEST
 
@@ -520,6 +564,7 @@ Suite *integ_fallback_suite(void)
     tc = it_tcase("connect", IT_CASE_TIMEOUT);
     tcase_add_checked_fixture(tc, NULL, fb_teardown);
     tcase_add_loop_test(tc, test_fb_connect, 0, 2);
+    tcase_add_loop_test(tc, test_fb_connect_call_fails, 0, 2);
     tcase_add_loop_test(tc, test_fb_policy_off, 0, 2);
     tcase_add_test(tc, test_fb_both_fail);
     tcase_add_test(tc, test_fb_tcp_only_peer);

@@ -11,6 +11,7 @@
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -26,6 +27,7 @@ static struct raw {
         __attribute__((aligned(4096))); /* recvs, ring, send area */
     struct exs_wire_hello peer;         /* b's, host order */
     uint64_t wr_id;
+    uint64_t session; /* the token of b's SESSION record (§9.2), 0: none came */
 } raw;
 
 #define RAW_RING (RAW_RECVS * 512)
@@ -33,6 +35,7 @@ static struct raw {
 
 static struct pt_pair pp;
 static uint16_t raw_features = EXS_WIRE_FEAT_ALL; /* the raw peer's hello.features */
+static int b_resumable;                           /* b's conn params: resumable (§9.2) */
 
 static void raw_post(enum exs_prov_wr_opcode op, const void *data, uint32_t len, uint64_t raddr,
                      uint32_t rkey, uint32_t imm);
@@ -52,6 +55,8 @@ static void raw_open_ring(int sock_type, int send_ring)
     memset(&pp, 0, sizeof(pp));
     memset(&raw, 0, sizeof(raw));
     mock_set_reorder(0);
+    pt_params(&pp.pb, sock_type);
+    pp.pb.resumable = b_resumable;
     pt_open(&pp, sock_type);
     ck_assert_int_eq(mock_ctx_open(NULL, &raw.ctx), 0);
     ck_assert_int_eq(exs__prov_mr_reg(raw.ctx, raw.mem, sizeof(raw.mem),
@@ -126,6 +131,15 @@ static uint32_t raw_peer_ring_key(void)
         memcpy(&r, raw.mem + 512 * cqe.wr_id, sizeof(r));
         if (r.hdr.type == EXS_CTRL_RING)
             key = be32toh(r.rkey);
+        /* §9.2: b's SESSION record follows its RING record in the same SEND */
+        if (r.hdr.type == EXS_CTRL_RING &&
+            cqe.byte_len >= EXS_WIRE_RING_LEN + EXS_WIRE_SESSION_LEN) {
+            struct exs_wire_session ss;
+
+            memcpy(&ss, raw.mem + 512 * cqe.wr_id + EXS_WIRE_RING_LEN, sizeof(ss));
+            if (ss.hdr.type == EXS_CTRL_SESSION)
+                raw.session = be64toh(ss.token);
+        }
     }
     ck_assert_uint_ne(key, 0);
     return key;
@@ -1490,6 +1504,217 @@ START_TEST(hs_frag_pieces)
 }
 END_TEST
 
+/* ---- §9.2 SESSION and RESUME ---- */
+
+/* b resumable, the raw peer's hello with bit 7 (_i == 0) or without (_i == 1): b's
+ * first SEND carries a SESSION record after RING exactly when both have the bit; the
+ * connection works either way. */
+START_TEST(hs_session_sent)
+{
+    static uint8_t rb[100];
+    struct pt_op r;
+    uint8_t msg[50];
+
+    b_resumable = 1;
+    raw_features = EXS_WIRE_FEAT_ALL | (_i ? 0 : EXS_WIRE_FEAT_RESUMABLE);
+    raw_open(SOCK_SEQPACKET);
+    b_resumable = 0;
+    raw_features = EXS_WIRE_FEAT_ALL;
+    if (_i) {
+        ck_assert_uint_eq(raw.session, 0);
+        ck_assert_uint_eq(pp.b.conn->sess_token, 0);
+    } else {
+        ck_assert_uint_ne(raw.session, 0);
+        ck_assert_uint_eq(raw.session, pp.b.conn->sess_token);
+    }
+    pt_fill(msg, sizeof(msg), 5);
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
+    ck_assert_int_eq(pt_post(&r), 0);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
+             raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    ck_assert_int_eq(r.op.result, 50);
+    ck_assert(pt_check(rb, 50, 5));
+    pt_op_fini(&r);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* Records of the cut-over the passive side b must refuse (each resets the connection):
+ *  0 a SESSION when the raw peer's hello lacks bit 7        1 a SESSION from the active side
+ *  2 a SESSION of a wrong length                            3 a RESUME with b's own token
+ *  4 a RESUME with a wrong token                            5 a RESUME beyond what b sent
+ *  6 a RESUME on a connection that is not resumable (b not) 7 a RESUME of a wrong length
+ *  8 a second RESUME after a refused one cannot come: the first already reset; instead a
+ *    RESUME on a STREAM connection (positions 0) */
+START_TEST(hs_resume_bad)
+{
+    struct exs_wire_session ss = {.token = htobe64(0x1234)};
+    struct exs_wire_resume rs = {.token = 0};
+    int sock_type = _i == 8 ? SOCK_STREAM : SOCK_SEQPACKET;
+
+    b_resumable = _i != 6;
+    raw_features = EXS_WIRE_FEAT_ALL | (_i == 0 || _i == 6 ? 0 : EXS_WIRE_FEAT_RESUMABLE);
+    raw_open(sock_type);
+    b_resumable = 0;
+    raw_features = EXS_WIRE_FEAT_ALL;
+    ck_assert_uint_eq(raw.session, pp.b.conn->sess_token);
+    ck_assert(_i == 0 || _i == 6 ? raw.session == 0 : raw.session != 0);
+    rs.token = htobe64(_i == 4 ? raw.session + 1 : raw.session);
+    rs.rx_msgs = htobe64(_i == 5 ? 1000 : 0);
+    switch (_i) {
+    case 0:
+    case 1:
+        raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN, 0, (uint8_t *)&ss + 8, sizeof(ss) - 8);
+        break;
+    case 2:
+        raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN + 8, 0, (uint8_t *)&rs + 8, 16);
+        break;
+    case 7:
+        raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN - 8, 0, (uint8_t *)&rs + 8, 16);
+        break;
+    default:
+        raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN, 0, (uint8_t *)&rs + 8, sizeof(rs) - 8);
+        break;
+    }
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+static int on_session(struct exs_conn *conn, const struct exs_wire_session *ss)
+{
+    int ret;
+
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    ret = exs__resume_on_session_locked(conn, ss);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    return ret;
+}
+
+/* The active side refuses a SESSION it cannot take: a second one, token 0, flags set, or
+ * one on a connection where only it is resumable (each -EPROTO; the caller resets). */
+START_TEST(hs_session_active_checks)
+{
+    struct exs_wire_session ss = {
+        .hdr = {.type = EXS_CTRL_SESSION, .len = htobe16(EXS_WIRE_SESSION_LEN)},
+        .token = htobe64(77),
+    };
+    uint64_t token;
+
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pp.pa.resumable = 1;
+    pp.pb.resumable = _i != 3;
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+    token = pp.a.conn->sess_token;
+    ck_assert(_i == 3 ? token == 0 : token != 0);
+    if (_i == 0) { /* a second one */
+        ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
+    } else if (_i == 3) { /* the peer lacks the bit */
+        ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
+    } else {
+        pp.a.conn->sess_token = 0; /* as if none had come yet */
+        if (_i == 1)
+            ss.token = 0;
+        else
+            ss.hdr.flags = 1;
+        ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
+        ss.token = htobe64(77);
+        ss.hdr.flags = 0; /* and the good one is taken */
+        ck_assert_int_eq(on_session(pp.a.conn, &ss), 0);
+        ck_assert_uint_eq(pp.a.conn->sess_token, 77);
+    }
+    ck_assert_int_eq(on_session(pp.b.conn, &ss), -EPROTO); /* passive */
+    pt_close_both(&pp);
+}
+END_TEST
+
+/* The active side handled a SESSION before its ESTABLISHED event (the peer's hello not yet
+ * adopted; the tcp provider can deliver the peer's first SEND first): at ESTABLISHED a
+ * peer hello without bit 7 makes that a protocol error, and the connection is reset. */
+START_TEST(hs_session_early_without_bit)
+{
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pp.pa.resumable = 1;
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_uint_eq(pp.a.conn->sess_token, 0);
+    pp.a.conn->sess_token = 99; /* as if taken before the hello was adopted */
+    exs__resume_established_locked(pp.a.conn);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
+    ck_assert_int_eq(pp.a.conn->err, ECONNRESET);
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.a.dead, 1);
+    pt_close_both(&pp);
+}
+END_TEST
+
+/* A connection that failed before its ESTABLISHED (here: the protocol error a record could
+ * raise) never reports through established(); with no provider event after it (the fabric
+ * is not stepped), the handshake deadline still ends it: until then the timer waits, at
+ * the deadline the conn dies and dead() is called once, with the latched ECONNRESET. */
+START_TEST(hs_down_before_established_deadline)
+{
+    uint64_t conn_ms, saved;
+
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    saved = exs__params.connect_timeout_ms;
+    ck_assert_int_eq(exs__params_set("connect_timeout_ms", "30000"), 0);
+    conn_ms = exs__params.connect_timeout_ms;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect_to(&pp, NULL, 0);
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_CONNECTING);
+    exs__conn_fail_locked(pp.a.conn, ECONNRESET, "test: protocol error before ESTABLISHED");
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
+    pp.a.conn->dl_start_ns = exs__now_ns(); /* the deadline is conn_ms away */
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_uint_gt(exs__conn_timer(pp.a.conn, 0), 0);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
+    ck_assert_int_eq(pp.a.dead, 0);
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    pp.a.conn->dl_start_ns -= (conn_ms + 1) * 1000000u; /* the deadline passed */
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_uint_eq(exs__conn_timer(pp.a.conn, 0), 0);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DEAD);
+    ck_assert_int_eq(pp.a.conn->err, ECONNRESET);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.a.established, 0);
+    /* what the fabric still delivers changes nothing: reported once */
+    pt_run(&pp);
+    ck_assert_int_eq(exs__conn_timer(pp.a.conn, 0), 0);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.a.established, 0);
+    if (pp.b.conn) {
+        exs__conn_close(pp.b.conn);
+        pt_run(&pp);
+        ck_assert(exs__conn_is_dead(pp.b.conn));
+    }
+    pt_close(&pp);
+    exs__params.connect_timeout_ms = saved;
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -1528,6 +1753,11 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_resize_switched);
     tcase_add_loop_test(tc, hs_resize_bad_answer, 0, 6);
     tcase_add_loop_test(tc, hs_frag_pieces, 0, 7);
+    tcase_add_loop_test(tc, hs_session_sent, 0, 2);
+    tcase_add_loop_test(tc, hs_resume_bad, 0, 9);
+    tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
+    tcase_add_test(tc, hs_session_early_without_bit);
+    tcase_add_test(tc, hs_down_before_established_deadline);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -585,6 +585,86 @@ START_TEST(golden_ring)
 }
 END_TEST
 
+/* §9.2 (feature RESUMABLE): with both sides resumable, both hellos have bit 7 and the
+ * passive side's first SEND is RING then SESSION (type 11) with its token, which the
+ * active side adopts; the active side sends no SESSION. With _i == 1 only the active
+ * side is resumable: no SESSION, no token on either side. */
+START_TEST(golden_session)
+{
+    uint8_t want[EXS_WIRE_RING_LEN + EXS_WIRE_SESSION_LEN] = {
+        0x07, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* RING, 16 bytes, 0 credits */
+        0,    0,    0,    0,                            /* rkey: below */
+        0x00, 0x00, 0x00, 0x00,                         /* reserved */
+        0x0b, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* SESSION, 16 bytes, 0 credits */
+        0,    0,    0,    0,    0,    0,    0,    0,    /* token: below */
+    };
+    struct exs_wire_hello h;
+    int fa = 0, fb = 0;
+
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    ncaps = 0;
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pp.pa.resumable = 1;
+    pp.pb.resumable = !_i;
+    pt_open(&pp, SOCK_STREAM);
+    mock_set_tap(cap_tap, NULL);
+    pt_connect(&pp);
+    exs__conn_hello(pp.a.conn, &h);
+    ck_assert_uint_eq(be16toh(h.features), 0x1ff); /* every bit, RESUMABLE (7) too */
+    exs__conn_hello(pp.b.conn, &h);
+    ck_assert_uint_eq(be16toh(h.features), _i ? 0x17f : 0x1ff);
+    struct cap *c = cap_send(pp.a.conn->ep, &fa);
+    ck_assert_uint_eq(c->len, EXS_WIRE_RING_LEN); /* the active side: RING alone */
+    c = cap_send(pp.b.conn->ep, &fb);
+    put_be(want + 8, pp.b.conn->ring_grant->rkey, 4);
+    if (_i) {
+        ck_assert_uint_eq(c->len, EXS_WIRE_RING_LEN);
+        assert_bytes(c->bytes, want, EXS_WIRE_RING_LEN);
+        ck_assert_uint_eq(pp.a.conn->sess_token, 0);
+        ck_assert_uint_eq(pp.b.conn->sess_token, 0);
+    } else {
+        ck_assert_uint_eq(c->len, sizeof(want));
+        ck_assert_uint_ne(pp.b.conn->sess_token, 0);
+        put_be(want + 24, pp.b.conn->sess_token, 8);
+        assert_bytes(c->bytes, want, sizeof(want));
+        ck_assert_uint_eq(pp.a.conn->sess_token, pp.b.conn->sess_token);
+    }
+    for (int i = 0; i < ncaps; i++) /* nothing else carries a SESSION */
+        if (caps[i].opcode == EXS_PROV_WR_SEND && &caps[i] != c)
+            for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= caps[i].len;
+                 off += (uint32_t)caps[i].bytes[off + 2] << 8 | caps[i].bytes[off + 3])
+                ck_assert_uint_ne(caps[i].bytes[off], EXS_CTRL_SESSION);
+    ck_assert_int_eq(EXS_CTRL_SESSION, 11);
+    gp_teardown();
+}
+END_TEST
+
+/* §9.2: the RESUME record's layout (type 12, 32 bytes). */
+START_TEST(golden_resume_layout)
+{
+    struct exs_wire_resume r = {
+        .hdr = {.type = EXS_CTRL_RESUME, .len = htobe16(EXS_WIRE_RESUME_LEN)},
+        .token = htobe64(0x0102030405060708ull),
+        .rx_msgs = htobe64(0x11),
+        .rx_bytes = htobe64(0x123456789aull),
+    };
+    static const uint8_t want[EXS_WIRE_RESUME_LEN] = {
+        0x0c, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00, 0x00, /* RESUME, 32 bytes */
+        0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, /* token */
+        0,    0,    0,    0,    0,    0,    0,    0x11, /* rx_msgs 17 */
+        0,    0,    0,    0x12, 0x34, 0x56, 0x78, 0x9a, /* rx_bytes */
+    };
+
+    assert_bytes(&r, want, sizeof(want));
+    ck_assert_int_eq(EXS_CTRL_RESUME, 12);
+    ck_assert_int_eq(EXS_WIRE_FEAT_RESUMABLE, 0x80);
+    ck_assert_int_eq(EXS_WIRE_FEAT_ALL & EXS_WIRE_FEAT_RESUMABLE, 0);
+}
+END_TEST
+
 /* ---- request tracing (§5.1) ---- */
 
 static char rt_json[512];
@@ -743,6 +823,8 @@ Suite *wire_golden_suite(void)
     tcase_add_test(tc, golden_announce_read_done_shutdown);
     tcase_add_test(tc, golden_ring);
     tcase_add_test(tc, golden_resize);
+    tcase_add_loop_test(tc, golden_session, 0, 2);
+    tcase_add_test(tc, golden_resume_layout);
     tcase_add_test(tc, golden_batch_sent);
     tcase_add_test(tc, golden_ctrl_constants);
     tcase_add_test(tc, golden_tcp_frame);

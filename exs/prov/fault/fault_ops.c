@@ -336,6 +336,12 @@ static int fault_connect(struct exs_prov_ep *e, const struct sockaddr *addr, soc
         pthread_mutex_unlock(&ctx->lock);
         return IOPS(ctx)->connect(ep->inner, addr, addrlen, pd, pdlen);
     }
+    if (__atomic_load_n(&exs__params.fault_connect_sync, __ATOMIC_RELAXED)) {
+        /* the call itself fails: nothing went out, no event follows */
+        pthread_mutex_unlock(&ctx->lock);
+        EXS_INFO(PROV, "ep %p: injected connect failure: the call refused", (void *)ep);
+        return -ECONNREFUSED;
+    }
     cm = calloc(1, sizeof(*cm));
     if (!cm) {
         pthread_mutex_unlock(&ctx->lock);

@@ -1,0 +1,306 @@
+/* SPDX-License-Identifier: MIT */
+/* The cut-over's identity with policy any (spec/protocol.md §9.2): SESSION tokens, and a path
+ * failure mid-transfer counted, logged and ended cleanly (the cut-over itself is not built). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "exs/api/api_int.h"
+#include "exs/engine/engine.h"
+#include "exs/prov/prov.h"
+#include "exs/proto/proto.h"
+#include "exs/util/counters.h"
+#include "exs/util/params.h"
+#include "integ.h"
+#include "tests/skip.h"
+
+#define RS_MSG   (64u * 1024u) /* SEQPACKET message */
+#define RS_NMSG  64u           /* messages of a transfer: 4 MiB */
+#define RS_TOTAL (RS_MSG * RS_NMSG)
+
+static char rs_prov[32];
+
+/* Primary fault:tcp, fallback tcp (ports moved by 1000), policy as given. 0, or 1 when
+ * the provider under test is not tcp (the test is then skipped). */
+static int rs_init(const char *test, const char *policy)
+{
+    const char *saved = it_provider;
+    const char *inner = strncmp(it_provider, "fault:", 6) == 0 ? it_provider + 6 : it_provider;
+
+    if (strcmp(inner, "tcp") != 0) {
+        test_skip(test, "needs the tcp provider under test (primary fault:tcp, fallback tcp)");
+        return 1;
+    }
+    snprintf(rs_prov, sizeof(rs_prov), "fault:tcp");
+    it_setenv("EXS_FALLBACK", policy);
+    it_setenv("EXS_FALLBACK_PORT_OFFSET", "1000");
+    it_provider = rs_prov;
+    it_init();
+    it_provider = saved;
+    return 0;
+}
+
+static void rs_teardown(void)
+{
+    size_t n;
+    const struct exs_param_def *t = exs__params_table(&n);
+
+    it_teardown();
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(t[i].name, "fault_", 6) == 0)
+            ck_assert_int_eq(exs__params_set(t[i].name, t[i].defval), 0);
+}
+
+/* A process counter of the cut-over (registered with the first connection: 0 before). */
+static uint64_t rs_count(const char *name)
+{
+    uint64_t v = 0;
+    int rc = exs__counters_lookup("fallback", name, &v);
+
+    ck_assert_msg(rc == 0 || (rc == -ENOENT && exs__conn_live_count() == 0),
+                  "counter fallback %s: %d", name, rc);
+    return v;
+}
+
+static void rs_set(const char *name, const char *value)
+{
+    int rc = exs__params_set(name, value);
+
+    ck_assert_msg(rc == 0, "exs__params_set(%s, %s) = %d", name, value, rc);
+}
+
+/* The SESSION token of fd's connection, and its provider's name into *prov. */
+static uint64_t fd_token(int fd, const char **prov)
+{
+    int err = 0;
+    struct api_sock *s = exs__api_sock_get(fd, &err);
+    uint64_t t;
+
+    ck_assert_msg(s != NULL, "fd %d: no socket (%d)", fd, err);
+    ck_assert_ptr_nonnull(s->conn);
+    EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
+    t = s->conn->sess_token;
+    EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
+    *prov = exs__prov_name(s->conn->ctx);
+    exs__api_sock_put(s);
+    return t;
+}
+
+/* len bytes of pattern seed from fd a to fd b, every byte verified (stream receives are
+ * repeated until all are in; SEQPACKET: one message). */
+static void rs_xfer(int a, exs_qhandle_t qa, int b, exs_qhandle_t qb, size_t len, uint32_t seed)
+{
+    struct it_buf *s = it_buf_new(len, 1), *r = it_buf_new(len, 1);
+    size_t got = 0;
+    exs_event_t ev;
+
+    it_fill(s->p, len, seed);
+    IT_POST_SEND(a, s->p, len, qa, IT_AH(seed), s->mh);
+    while (got < len) {
+        IT_POST_RECV(b, r->p + got, len - got, qb, IT_AH(seed), r->mh);
+        it_wait_event(qb, EXS_EVT_RECV, b, &ev);
+        ck_assert_msg(ev.exs_evt_errno == 0, "recv errno %d", ev.exs_evt_errno);
+        ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
+        got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+    }
+    it_expect_send(qa, a, IT_AH(seed), (ssize_t)len);
+    ck_assert_int_eq(it_check(r->p, len, seed), -1);
+    ck_assert(it_buf_guards_ok(r));
+    it_buf_free(s);
+    it_buf_free(r);
+}
+
+/* Policy any (_i 0, 1) gives both ends of a connection on the primary the same SESSION
+ * token; policy connect (_i 2, 3) none. Several MiB flow both ways, every byte verified,
+ * and an orderly close is no path failure. */
+START_TEST(test_rs_session)
+{
+    int type = _i & 1 ? SOCK_STREAM : SOCK_SEQPACKET;
+    int any = _i < 2;
+    uint64_t sess0, fail0, tc, ts;
+    const char *pc, *ps;
+    struct it_pair p;
+
+    if (rs_init("test_rs_session", any ? "any" : "connect"))
+        return;
+    ck_assert_int_eq(exs__engine_fallback_policy(), any ? EXS_ENG_FB_ANY : EXS_ENG_FB_CONNECT);
+    sess0 = rs_count("fallback_sessions");
+    fail0 = rs_count("fallback_resume_failures");
+    it_pair_open(&p, type, 16, 16);
+    tc = fd_token(p.cfd, &pc);
+    ts = fd_token(p.sfd, &ps);
+    ck_assert_str_eq(pc, rs_prov);
+    ck_assert_str_eq(ps, rs_prov);
+    if (any) {
+        ck_assert_uint_ne(ts, 0);
+        ck_assert_uint_eq(tc, ts);
+    } else {
+        ck_assert_uint_eq(tc, 0);
+        ck_assert_uint_eq(ts, 0);
+    }
+    rs_xfer(p.cfd, p.cq, p.sfd, p.sq, type == SOCK_STREAM ? RS_TOTAL : RS_MSG, 1);
+    rs_xfer(p.sfd, p.sq, p.cfd, p.cq, type == SOCK_STREAM ? RS_TOTAL : RS_MSG, 2);
+    it_pair_close(&p);
+    ck_assert_uint_eq(rs_count("fallback_sessions") - sess0, any ? 2 : 0);
+    ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+}
+END_TEST
+
+/* A transfer of 4 MiB cut mid-way by an injected drop (_i & 2 == 0) or error completion
+ * (_i & 2), STREAM (_i & 1) or SEQPACKET: with policy any (_i < 4) each end's path failure
+ * is counted once as not resumed; with policy connect (_i >= 4) nothing is counted. Either
+ * way what arrived before the cut is intact and in order (STREAM: a prefix of the stream;
+ * SEQPACKET: whole messages, in order, none twice), every operation completes, the
+ * connection is over on both ends, and nothing leaks (it_teardown). */
+START_TEST(test_rs_cut)
+{
+    int type = _i & 1 ? SOCK_STREAM : SOCK_SEQPACKET;
+    int wc = (_i & 2) != 0, any = _i < 4;
+    struct it_buf *s, *r;
+    uint64_t fail0;
+    struct it_pair p;
+    exs_event_t ev;
+    char port[16];
+    int failed = 0;
+
+    it_context("%s, %s, policy %s", type == SOCK_STREAM ? "STREAM" : "SEQPACKET",
+               wc ? "error completion" : "drop", any ? "any" : "connect");
+    if (rs_init("test_rs_cut", any ? "any" : "connect"))
+        return;
+    it_pair_open(&p, type, 256, 256);
+    fail0 = rs_count("fallback_resume_failures");
+    s = it_buf_new(RS_TOTAL, 1);
+    r = it_buf_new(RS_TOTAL, 1);
+    it_fill(s->p, RS_TOTAL, 7);
+    memset(r->p, 0, RS_TOTAL);
+    snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+    rs_set("fault_port", port);
+    if (wc) {
+        rs_set("fault_wc_status", "0");
+        rs_set("fault_wc_nth", "8");
+    } else {
+        rs_set("fault_drop_nth", "8");
+    }
+    if (type == SOCK_STREAM) {
+        size_t got = 0;
+
+        IT_POST_SEND(p.cfd, s->p, RS_TOTAL, p.cq, IT_AH(1), s->mh);
+        while (got < RS_TOTAL) {
+            IT_POST_RECV(p.sfd, r->p + got, RS_TOTAL - got, p.sq, IT_AH(2), r->mh);
+            it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+            if (ev.exs_evt_errno) {
+                failed++;
+                break;
+            }
+            ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
+            got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+        }
+        /* a prefix of the stream, nothing after it */
+        ck_assert_int_eq(it_check(r->p, got, 7), -1);
+        ck_assert(it_all_bytes(r->p + got, RS_TOTAL - got, 0));
+        it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+        failed += ev.exs_evt_errno != 0;
+    } else {
+        uint32_t next = 0;
+
+        for (uint32_t i = 0; i < RS_NMSG; i++)
+            IT_POST_RECV(p.sfd, r->p + (size_t)i * RS_MSG, RS_MSG, p.sq, IT_AH(100 + i), r->mh);
+        for (uint32_t i = 0; i < RS_NMSG; i++)
+            IT_POST_SEND(p.cfd, s->p + (size_t)i * RS_MSG, RS_MSG, p.cq, IT_AH(200 + i), s->mh);
+        /* receives complete in posting order: the delivered ones first, each whole */
+        for (uint32_t i = 0; i < RS_NMSG; i++) {
+            it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+            ck_assert_int_eq(IT_AHN(ev.exs_evt_ahandle), 100 + i);
+            if (ev.exs_evt_errno) {
+                failed++;
+                continue;
+            }
+            ck_assert_msg(next == i, "message %u delivered after a failed receive", i);
+            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, RS_MSG);
+            next++;
+        }
+        ck_assert_int_eq(it_check(r->p, (size_t)next * RS_MSG, 7), -1);
+        ck_assert(it_all_bytes(r->p + (size_t)next * RS_MSG, RS_TOTAL - (size_t)next * RS_MSG, 0));
+        for (uint32_t i = 0; i < RS_NMSG; i++) {
+            it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+            failed += ev.exs_evt_errno != 0;
+        }
+    }
+    rs_set("fault_drop_nth", "0");
+    rs_set("fault_wc_nth", "0");
+    ck_assert_msg(failed > 0, "the injected fault cut nothing");
+    /* the connection is over on both ends: a new receive fails at once */
+    IT_POST_RECV(p.cfd, r->p, 64, p.cq, IT_AH(3), r->mh);
+    it_wait_event(p.cq, EXS_EVT_RECV, p.cfd, &ev);
+    ck_assert_int_ne(ev.exs_evt_errno, 0);
+    IT_POST_RECV(p.sfd, r->p, 64, p.sq, IT_AH(4), r->mh);
+    it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+    ck_assert_int_ne(ev.exs_evt_errno, 0);
+    /* each end counted once (both conns are in this process), before its operations
+     * were completed */
+    ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, any ? 2 : 0);
+    it_buf_free(s);
+    it_buf_free(r);
+    it_pair_close(&p);
+}
+END_TEST
+
+/* A link gone silent (both ends frozen by the fault provider) under policy any: each end's
+ * keepalive gives up (200 ms x 3), which is a path failure: counted once per end as not
+ * resumed; the operations end with ETIMEDOUT (ECONNRESET if the other end's release got
+ * through first), and nothing leaks. */
+START_TEST(test_rs_keepalive)
+{
+    struct it_buf *s, *r;
+    uint64_t fail0;
+    struct it_pair p;
+    exs_event_t ev;
+    char port[16];
+    int e;
+
+    it_setenv("EXS_KEEPALIVE_INTV_MS", "200");
+    it_setenv("EXS_KEEPALIVE_PROBES", "3");
+    if (rs_init("test_rs_keepalive", "any"))
+        return;
+    it_pair_open(&p, SOCK_STREAM, 16, 16);
+    rs_xfer(p.cfd, p.cq, p.sfd, p.sq, 100000, 3);
+    fail0 = rs_count("fallback_resume_failures");
+    s = it_buf_new(4096, 1);
+    r = it_buf_new(4096, 1);
+    it_fill(s->p, 4096, 4);
+    snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+    rs_set("fault_port", port);
+    rs_set("fault_freeze_ms", "3600000");
+    rs_set("fault_freeze_nth", "1");
+    IT_POST_RECV(p.sfd, r->p, 4096, p.sq, IT_AH(1), r->mh);
+    IT_POST_SEND(p.cfd, s->p, 4096, p.cq, IT_AH(2), s->mh);
+    it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+    e = ev.exs_evt_errno;
+    ck_assert_msg(e == ETIMEDOUT || e == ECONNRESET, "send errno %d (%s)", e, strerror(e));
+    it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+    e = ev.exs_evt_errno;
+    ck_assert_msg(e == ETIMEDOUT || e == ECONNRESET, "recv errno %d (%s)", e, strerror(e));
+    rs_set("fault_freeze_nth", "0");
+    rs_set("fault_freeze_ms", "0"); /* thaw what is left */
+    ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+    it_buf_free(s);
+    it_buf_free(r);
+    it_pair_close(&p);
+}
+END_TEST
+
+Suite *integ_resume_suite(void)
+{
+    Suite *s = suite_create("integ_resume");
+    TCase *tc = it_tcase("resume", IT_CASE_TIMEOUT);
+
+    tcase_add_checked_fixture(tc, NULL, rs_teardown);
+    tcase_add_loop_test(tc, test_rs_session, 0, 4);
+    tcase_add_loop_test(tc, test_rs_cut, 0, 6);
+    tcase_add_test(tc, test_rs_keepalive);
+    suite_add_tcase(s, tc);
+    return s;
+}
