@@ -461,8 +461,14 @@ void exs__engine_driver_leave(void)
     __atomic_add_fetch(&eng.leave_gen, 1, __ATOMIC_SEQ_CST);
     if (__atomic_sub_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 0 &&
         __atomic_load_n(&eng.lease_idle, __ATOMIC_SEQ_CST) &&
-        __atomic_exchange_n(&eng.lease_idle, 0, __ATOMIC_SEQ_CST))
-        ev_async_send(eng.loop, &eng.wake);
+        __atomic_exchange_n(&eng.lease_idle, 0, __ATOMIC_SEQ_CST)) {
+        /* a wait that exs_fini ended (a synchronous exs_poll) may leave after the loop
+         * is gone: eng.loop is cleared under eng.lock before it is destroyed */
+        EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
+        if (eng.loop)
+            ev_async_send(eng.loop, &eng.wake);
+        EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
+    }
 }
 
 /* ---- the loop thread ---- */
@@ -706,8 +712,12 @@ void exs__engine_stop(void)
     __atomic_store_n(&eng.running, 0, __ATOMIC_RELEASE);
     eng.loop_dirty = 0;
     eng_unlock();
-    ev_loop_destroy(eng.loop);
-    eng.loop = NULL;
+    EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
+    struct ev_loop *loop = eng.loop;
+
+    eng.loop = NULL; /* a driver leaving late finds no loop to wake */
+    EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
+    ev_loop_destroy(loop);
     eng_close_ctxs();
 }
 
