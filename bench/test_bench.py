@@ -109,9 +109,10 @@ class Verdicts(unittest.TestCase):
         def f(system, size, kind):
             if kind == "lat":
                 p50 = {"exs_notify": 30, "exs_poll": 10, "exs_poll_send": 15, "kernel_tcp": 20,
-                       "ucx_tag_lat": 4}
+                       "kernel_tcp_poll": 8, "ucx_tag_lat": 4}
                 return {"p50_us": p50[system], "p99_us": 1, "mean_us": 1, "iters": 1}
-            mps = {"exs": 100, "kernel_tcp": 1000, "ucx_stream_bw": 50, "ucx_tag_bw": 60}
+            mps = {"exs": 100, "kernel_tcp": 1000, "kernel_tcp_1buf": 80, "ucx_stream_bw": 50,
+                   "ucx_tag_bw": 60}
             return {"msgs_per_sec": mps[system], "gbps": mps[system] / 100.0}
         t = {x["what"]: x for x in bench.targets(self.summary(f))}
         poll_k = t["64 B ping-pong p50, busy polling (both ends) vs kernel TCP"]
@@ -125,6 +126,12 @@ class Verdicts(unittest.TestCase):
         kern = t["64 B stream msg/s vs kernel TCP"]
         self.assertEqual((kern["ratio"], kern["met"]), (0.1, False))
         self.assertEqual(len(t), len(bench.TARGETS))
+        o = {x["what"]: x for x in bench.targets(self.summary(f), bench.OTHER_TARGETS)}
+        self.assertEqual(len(o), len(bench.OTHER_TARGETS))
+        busy = o["64 B ping-pong p50, busy polling (both ends) vs kernel TCP busy polling"]
+        self.assertEqual((busy["ratio"], busy["met"]), (1.25, False))
+        hot = o["1 MiB stream Gbit/s (direct) vs kernel TCP, one buffer"]
+        self.assertEqual((hot["ratio"], hot["met"]), (1.25, True))
 
     def test_failed_measurements_are_errors(self):
         with tempfile.TemporaryDirectory() as d:

@@ -50,6 +50,10 @@ static void usage(FILE *f)
 "  --lat-only                    only the ping-pong test: no throughput runs\n"
 "  --poll                        busy-poll the sender's event queue (default: notification)\n"
 "  --poll-recv                   busy-poll the receiver's event queue too (or alone)\n"
+"                                (tcp: the ping-pong spins on non-blocking reads instead)\n"
+"  --tcp-one-buffer              tcp: one buffer per connection, reused for every message\n"
+"                                (cache-hot; default: --sends buffers at the sender and\n"
+"                                --recvs at the receiver, in turn, as libexs runs use)\n"
 "  --seed N                      random sizes seed\n"
 "presets (the paper's figures, each point in all three modes; --preset list names them):\n"
 "  --preset NAME                 fig9a, fig9b, fig11, fig12, fig13: the paper's value next to ours\n"
@@ -162,7 +166,8 @@ enum {
     O_LOOP = 256, O_ONCE, O_TYPE, O_MODE, O_SENDS, O_RECVS, O_RATIO, O_SIZE, O_BYTES, O_TIME,
     O_WAITALL, O_RUNS, O_TRANSPORT, O_DELAY, O_RATE, O_RCVBUF, O_SWEEP, O_CONNS, O_MIX, O_VERIFY,
     O_NOVERIFY, O_LAT, O_NOLAT, O_LATITERS, O_LATSIZE, O_POLL, O_SEED, O_JSON, O_CSV, O_PLOT,
-    O_OUT, O_QUIET, O_INJECT, O_LATONLY, O_POLLRECV, O_PRESET, O_POINTS, O_MARKDOWN
+    O_OUT, O_QUIET, O_INJECT, O_LATONLY, O_POLLRECV, O_PRESET, O_POINTS, O_MARKDOWN,
+    O_ONEBUF
 };
 
 static const struct option longopts[] = {
@@ -186,6 +191,7 @@ static const struct option longopts[] = {
     { "lat-iters", required_argument, NULL, O_LATITERS },
     { "lat-size", required_argument, NULL, O_LATSIZE }, { "poll", no_argument, NULL, O_POLL },
     { "poll-recv", no_argument, NULL, O_POLLRECV },
+    { "tcp-one-buffer", no_argument, NULL, O_ONEBUF },
     { "lat-only", no_argument, NULL, O_LATONLY },
     { "seed", required_argument, NULL, O_SEED }, { "json", no_argument, NULL, O_JSON },
     { "csv", no_argument, NULL, O_CSV },         { "plot", required_argument, NULL, O_PLOT },
@@ -402,6 +408,7 @@ static int parse_args(int argc, char **argv, struct config *c)
             break;
         case O_POLL: c->poll |= POLL_SEND; break;
         case O_POLLRECV: c->poll |= POLL_RECV; break;
+        case O_ONEBUF: c->tcp_onebuf = 1; break;
         case O_LATONLY: c->lat_only = 1; break;
         case O_SEED: c->seed = strtoull(optarg, NULL, 0); break;
         case O_JSON: c->json = 1; break;
@@ -715,6 +722,7 @@ static void fill_params(const struct config *c, struct run_params *rp, int kind,
     rp->mice_sends = c->mice_sends;
     rp->mice_size = kind == K_LAT ? 0 : c->mice_size;
     rp->rcvbuf = c->rcvbuf;
+    rp->tcp_onebuf = c->tcp_onebuf;
     rp->size_mean = kind == K_LAT ? g_lat_size : sg->mean;
     rp->size_max = kind == K_LAT ? g_lat_size : sg->max;
     rp->size_exp = kind == K_LAT ? 0 : sg->exp;

@@ -8,7 +8,7 @@
 #include <stdio.h>
 
 #define BLAST_MAGIC      0x424c5354u /* "BLST" */
-#define BLAST_VERSION    1
+#define BLAST_VERSION    2
 #define BLAST_MAX_CONNS  256
 #define BLAST_MAX_SWEEP  64
 #define BLAST_MAX_RUNS   1000
@@ -42,6 +42,8 @@ struct run_params {
     double seconds;   /* time limit when bytes == 0 */
     uint32_t delay_us, rate_mbps; /* what the sender set: the receiver warns on mismatch */
     uint64_t seed;
+    int32_t tcp_onebuf; /* kernel TCP: one buffer per connection (cache-hot), not sends/recvs */
+    int32_t pad_;
 };
 
 /* Counters of one side of one run. */
@@ -82,6 +84,7 @@ struct config {
     uint64_t bytes;
     double seconds;
     int waitall, runs, verify, conns, poll, rcvbuf;
+    int tcp_onebuf;             /* --tcp-one-buffer */
     double delay_ms, rate_mbps;
     int sweep;
     uint64_t sweep_vals[BLAST_MAX_SWEEP];

@@ -83,6 +83,8 @@ t "stream --delay-ms --rate-mbps" --loopback --bytes 4M --runs 1 --delay-ms 2 --
 if grep -q 'emulated link' "$T/out"; then ok "emulation noted in the table"; else bad "emulation noted in the table"; fi
 t "--transport tcp" --loopback --bytes 8M --runs 2 --transport tcp --verify
 t "--transport tcp --type seqpacket --latency" --loopback --bytes 4M --runs 1 --transport tcp --type seqpacket --lat-iters 200 --verify
+t "--transport tcp --tcp-one-buffer" --loopback --bytes 8M --runs 1 --transport tcp --tcp-one-buffer --sends 4 --recvs 8 --verify
+t "--transport tcp --lat-only --poll --poll-recv" --loopback --transport tcp --type seqpacket --lat-only --lat-iters 200 --poll --poll-recv
 
 # JSON, CSV, plot, output file
 if run "json" 0 --loopback --bytes 8M --runs 2 --transport both --mode all --verify --json $Q && cp "$T/out" "$T/j" && json_ok "$T/j" \

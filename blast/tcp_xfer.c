@@ -18,7 +18,9 @@
 struct tconn {
     int fd, cls, done;
     uint64_t off, budget, msgs, cur_len, cur_done, slot;
-    unsigned char *buf;
+    unsigned char *buf;  /* the buffer of the current message (sender) or read (receiver) */
+    unsigned char *base; /* nbuf buffers of slot bytes, used in turn */
+    unsigned nbuf, bi;
     struct sizegen sg;
     double t_first, t_last, posted;
     double *lat;
@@ -26,6 +28,35 @@ struct tconn {
 };
 
 static int tl_fd = -1, tl_port;
+
+/* Buffers per connection: as many as the libexs run has operations outstanding on that
+ * side (n), so that both touch the same memory; one with --tcp-one-buffer and for the
+ * ping-pong. */
+static unsigned tcp_nbuf(const struct run_params *rp, int n)
+{
+    return rp->kind == K_LAT || rp->tcp_onebuf || n < 1 ? 1 : (unsigned)n;
+}
+
+/* read_full, spinning on non-blocking reads (--poll: a busy-polling ping-pong). */
+static int read_spin(int fd, void *buf, size_t len)
+{
+    char *p = buf;
+
+    while (len) {
+        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        if (n <= 0) {
+            if (n == 0)
+                errno = ECONNRESET;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
 
 int tcp_server_prepare(const struct run_params *rp, int port, int *data_port)
 {
@@ -96,7 +127,8 @@ int tcp_server_run(const struct run_params *rp, struct side_result *res)
             goto out;
         }
         set_bufs(cs[i].fd, rp);
-        cs[i].buf = malloc(slot);
+        cs[i].nbuf = tcp_nbuf(rp, rp->recvs);
+        cs[i].base = cs[i].buf = malloc(slot * cs[i].nbuf);
         if (!cs[i].buf) {
             set_err(res, ENOMEM, "receiver: out of memory");
             goto out;
@@ -106,9 +138,15 @@ int tcp_server_run(const struct run_params *rp, struct side_result *res)
     }
     cpu0 = cpu_now();
     w0 = now_sec();
-    while (ndone < n && !res->status) {
-        int k = poll(pf, (nfds_t)n, 30000 + (int)(rp->delay_us / 250));
+    int spin = rp->kind == K_LAT && (rp->poll & POLL_RECV);
+    double idle_since = now_sec();
 
+    while (ndone < n && !res->status) {
+        int k = poll(pf, (nfds_t)n, spin ? 0 : 30000 + (int)(rp->delay_us / 250));
+
+        if (k == 0 && spin && now_sec() - idle_since < 30)
+            continue; /* busy polling (--poll-recv): spin, up to the same 30 s */
+        idle_since = now_sec();
         if (k <= 0) {
             if (k < 0 && errno == EINTR)
                 continue;
@@ -122,6 +160,9 @@ int tcp_server_run(const struct run_params *rp, struct side_result *res)
             if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR)) || c->done)
                 continue;
             size_t want = rp->kind == K_LAT ? rp->size_max - c->cur_done : slot;
+
+            if (rp->kind != K_LAT) /* each read into the next buffer, like a posted receive */
+                c->buf = c->base + (size_t)(c->bi++ % c->nbuf) * slot;
             ssize_t got = read(c->fd, c->buf + (rp->kind == K_LAT ? c->cur_done : 0), want);
 
             if (got < 0) {
@@ -172,7 +213,7 @@ out:
     for (int i = 0; cs && i < n; i++) {
         if (cs[i].fd >= 0)
             close(cs[i].fd);
-        free(cs[i].buf);
+        free(cs[i].base);
     }
     free(cs);
     free(pf);
@@ -191,6 +232,7 @@ static void next_msg(struct tconn *c, const struct run_params *rp, int stop)
         len = c->slot;
     if (len > c->budget)
         len = c->budget;
+    c->buf = c->base + (size_t)(c->bi++ % c->nbuf) * c->slot;
     if (rp->verify)
         pattern_fill(c->buf, len, c->off);
     if ((rp->verify & 2) && c->off == 0)
@@ -236,7 +278,8 @@ static int latency_loop(struct tconn *c, const struct run_params *rp, struct sid
         double t = now_sec();
 
         if (write_full(c->fd, c->buf, rp->size_max) < 0 ||
-            read_full(c->fd, c->buf, rp->size_max) < 0) {
+            ((rp->poll & POLL_SEND) ? read_spin(c->fd, c->buf, rp->size_max)
+                                    : read_full(c->fd, c->buf, rp->size_max)) < 0) {
             set_err(res, errno, "sender: tcp ping: %s", strerror(errno));
             break;
         }
@@ -281,7 +324,8 @@ int tcp_client_run(const struct run_params *rp, const char *host, int data_port,
         sg_seed(&c->sg, rp->seed + 7919u * (uint64_t)(i + 1));
         c->budget = rp->bytes == 0 || c->cls || rp->kind == K_LAT ? UINT64_MAX
                     : rp->bytes / (uint64_t)nele + (i == 0 ? rp->bytes % (uint64_t)nele : 0);
-        c->buf = malloc(c->slot);
+        c->nbuf = tcp_nbuf(rp, rp->sends);
+        c->base = c->buf = malloc(c->slot * c->nbuf);
         c->fd = tcp_connect(host, data_port, rp);
         if (c->fd < 0 || !c->buf) {
             set_err(res, errno, "sender: tcp connect to %s:%d: %s", host, data_port,
@@ -407,7 +451,7 @@ out:
                 ;
             close(cs[i].fd);
         }
-        free(cs[i].buf);
+        free(cs[i].base);
         free(cs[i].lat);
     }
     free(cs);
