@@ -64,18 +64,18 @@ for t in r["targets"] + r["other_targets"]:
     assert t["ratio"] > 0 and abs(t["ratio"] - t["ours_value"] / t["peer_value"]) < 1e-9, t
     assert t["met"] in (True, False), t
 if cg:
-    c = r["callgrind"]["64"]
+    c = r["callgrind"]["65536"]
     assert c["ir_per_msg_sender"] > 100 and c["ir_per_msg_receiver"] > 100, c
     assert c["hotspots"] and all(0 < h["share"] <= 1 for h in c["hotspots"]), c
     assert any(h["function"].startswith(("exs", "st_", "conn")) or "exs" in h["function"]
                for h in c["hotspots"]), "no libexs function among the hot spots: %s" % c
 if st:
-    c = r["syscalls"]["64"]
+    c = r["syscalls"]["65536"]
     assert c["per_msg_total"] > 0 and c["per_msg"], c
 md = open(os.path.join(d, "results.md")).read()
 for t in r["targets"] + r["other_targets"]:
     assert "| " + t["what"] + " |" in md, t["what"]
-assert ("Hot spots, 64 B" in md) == cg
+assert ("Hot spots, 64 KiB" in md) == cg
 assert ("## System calls per message" in md) == st
 assert open(os.path.join(d, "results.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 PYEOF

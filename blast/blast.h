@@ -171,6 +171,8 @@ void set_err(struct side_result *r, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int write_full(int fd, const void *buf, size_t len);
 int read_full(int fd, void *buf, size_t len);
+/* spin: non-blocking reads in a loop (a busy-polling ping-pong), else read_full */
+int read_full_spin(int fd, void *buf, size_t len, int spin);
 void rusage_pair(double *cpu);
 
 /* blast.c: the end-of-run handshake on the control connection. The receiver reports its

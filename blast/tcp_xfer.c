@@ -37,27 +37,6 @@ static unsigned tcp_nbuf(const struct run_params *rp, int n)
     return rp->kind == K_LAT || rp->tcp_onebuf || n < 1 ? 1 : (unsigned)n;
 }
 
-/* read_full, spinning on non-blocking reads (--poll: a busy-polling ping-pong). */
-static int read_spin(int fd, void *buf, size_t len)
-{
-    char *p = buf;
-
-    while (len) {
-        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
-
-        if (n < 0 && (errno == EAGAIN || errno == EINTR))
-            continue;
-        if (n <= 0) {
-            if (n == 0)
-                errno = ECONNRESET;
-            return -1;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 int tcp_server_prepare(const struct run_params *rp, int port, int *data_port)
 {
     if (tl_fd < 0) {
@@ -278,8 +257,7 @@ static int latency_loop(struct tconn *c, const struct run_params *rp, struct sid
         double t = now_sec();
 
         if (write_full(c->fd, c->buf, rp->size_max) < 0 ||
-            ((rp->poll & POLL_SEND) ? read_spin(c->fd, c->buf, rp->size_max)
-                                    : read_full(c->fd, c->buf, rp->size_max)) < 0) {
+            read_full_spin(c->fd, c->buf, rp->size_max, rp->poll & POLL_SEND) < 0) {
             set_err(res, errno, "sender: tcp ping: %s", strerror(errno));
             break;
         }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -280,12 +281,17 @@ int write_full(int fd, const void *buf, size_t len)
 
 int read_full(int fd, void *buf, size_t len)
 {
+    return read_full_spin(fd, buf, len, 0);
+}
+
+int read_full_spin(int fd, void *buf, size_t len, int spin)
+{
     char *p = buf;
 
     while (len) {
-        ssize_t n = read(fd, p, len);
+        ssize_t n = spin ? recv(fd, p, len, MSG_DONTWAIT) : read(fd, p, len);
 
-        if (n < 0 && errno == EINTR)
+        if (n < 0 && (errno == EINTR || (spin && errno == EAGAIN)))
             continue;
         if (n <= 0) {
             if (n == 0)

@@ -889,6 +889,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
          * SA_RESTART, so a signal always ends the wait with EINTR. */
         n = ppoll(pfd, 1 + EXS_ENG_MAX_CTX, tsp, NULL);
         ret = n < 0 ? -errno : 0;
+        exs__engine_arm_end(pfd_prov); /* awake: a driver may disarm the providers now */
         EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
         if (ret < 0)
             break;

@@ -55,6 +55,9 @@ static struct {
     int lease_idle;     /* atomic: the lease is stopped; the last driver to leave wakes the loop */
     unsigned seen_gen;  /* plock (loop): leave_gen at the previous lease */
     int io_on;      /* plock: the loop watches the provider's event fd */
+    int psleepers;  /* atomic: application threads armed for, or asleep on, the event fds
+                       (exs__engine_arm .. exs__engine_arm_end) */
+    int armed;      /* plock: the contexts were armed since the last disarm */
     int loop_dirty; /* plock: a non-loop holder changed a watcher */
     int njobs;      /* atomic: queued jobs (a sleeper looks before sleeping) */
 } eng = {
@@ -347,6 +350,7 @@ static int eng_arm_all(void)
 {
     int ret = 0;
 
+    eng.armed = 1;
     for (int i = 0; i < eng.nctx; i++) {
         int r = exs__prov_arm(eng.ctxs[i]);
 
@@ -393,6 +397,19 @@ static void eng_poll_check(void)
     eng_poll_end_ns = now;
 }
 
+/* plock held, by an application thread about to drive: when nobody sleeps on the
+ * providers' event fds (no application thread between exs__engine_arm and
+ * exs__engine_arm_end, and the loop does not watch them), take back the last arm, so
+ * the completions this drive queues write no event fd (spec/threading.md §3). */
+static void eng_disarm_unwatched(void)
+{
+    if (!eng.armed || eng.io_on || __atomic_load_n(&eng.psleepers, __ATOMIC_SEQ_CST))
+        return;
+    eng.armed = 0;
+    for (int i = 0; i < eng.nctx; i++)
+        exs__prov_disarm(eng.ctxs[i]);
+}
+
 int exs__engine_drive(int flags)
 {
     int n;
@@ -410,6 +427,7 @@ int exs__engine_drive(int flags)
         eng_lock();
     }
     /* running is cleared under the lock by exs__engine_stop before the provider closes */
+    eng_disarm_unwatched();
     /* One round: the caller looks at its queue next and drives again if it must; an
      * empty extra round would only cost system calls on every wake-up. */
     n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1) : 0;
@@ -439,6 +457,8 @@ int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX])
     } else {
         ret = eng_arm_all();
         if (ret == 0) {
+            /* a sleeper from now until exs__engine_arm_end: no driver disarms */
+            __atomic_add_fetch(&eng.psleepers, 1, __ATOMIC_SEQ_CST);
             for (int i = 0; i < eng.nctx; i++)
                 fds_p[i] = exs__prov_ctx_event_fd(eng.ctxs[i]);
             eng_poll_end_ns = 0; /* it sleeps: a wait, not a slow poll */
@@ -446,6 +466,12 @@ int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX])
     }
     eng_unlock();
     return ret == -EAGAIN ? -EAGAIN : 0;
+}
+
+void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX])
+{
+    if (fds[0] >= 0)
+        __atomic_sub_fetch(&eng.psleepers, 1, __ATOMIC_SEQ_CST);
 }
 
 void exs__engine_driver_enter(void)

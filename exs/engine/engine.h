@@ -108,6 +108,8 @@ int  exs__engine_drive(int flags);
  * the engine is not running); -EAGAIN: work is pending (completions or jobs), drive
  * again. */
 int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX]);
+/* The caller of a successful exs__engine_arm (fds[0] >= 0) stopped sleeping on the fds. */
+void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX]);
 /* Count the application threads inside a wait (they drive, so the progress thread
  * stops watching the provider until they are all gone for one lease). */
 void exs__engine_driver_enter(void);

@@ -275,6 +275,11 @@ struct exs_prov_ops {
      * timer expired, another thread queued work): the sleeper then calls
      * ctx_progress, ctx_poll and ctx_cm_poll. Spurious readability is allowed. */
     int  (*ctx_arm)(struct exs_prov_ctx *ctx);
+    /* Take back an earlier ctx_arm: nobody sleeps on the event fd any more (the caller
+     * knows: spec/threading.md §3, "Disarm"), so entries queued from now on need not
+     * make it readable until the next ctx_arm. Optional (default: nothing; the event
+     * fd then becomes readable as before, which only costs a wake-up nobody waits for). */
+    void (*ctx_disarm)(struct exs_prov_ctx *ctx);
     /* Do the provider's pending work without blocking: transmit what was posted,
      * read and process what arrived, run expired provider timers, run queued
      * connection commands. Any thread, any mode; concurrent callers are serialized
@@ -417,6 +422,11 @@ static inline int exs__prov_cm_poll(struct exs_prov_ctx *ctx, struct exs_prov_cm
 static inline int exs__prov_arm(struct exs_prov_ctx *ctx)
 {
     return ctx->ops->ctx_arm(ctx);
+}
+
+static inline void exs__prov_disarm(struct exs_prov_ctx *ctx)
+{
+    ctx->ops->ctx_disarm(ctx);
 }
 
 static inline int exs__prov_progress(struct exs_prov_ctx *ctx)

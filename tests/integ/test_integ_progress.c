@@ -14,6 +14,7 @@
 #include "exs/engine/engine.h"
 #include "exs/util/counters.h"
 #include "tests/integ/integ.h"
+#include "tests/skip.h"
 
 #define AH(n) IT_AH(n)
 
@@ -152,6 +153,39 @@ START_TEST(test_poll_no_fd_writes)
     pingpong(&p, 200, EXS_WAIT_POLL);
     ck_assert_msg(eng_counter("evq_fd_writes") == w0, "%llu eventfd writes for queues nobody polls",
                   (unsigned long long)(eng_counter("evq_fd_writes") - w0));
+    it_pair_close(&p);
+}
+END_TEST
+
+/* Blocking waits (EXS_WAIT_NOTIFY) on the tcp provider: a waiter that woke drives with
+ * nobody else asleep on the provider's event fd, so it takes its arm back (ctx_disarm)
+ * and the completions its drive queues write no event fd; before, every wake-up wrote one
+ * (and the next arm read it back): two system calls per wake-up (spec/threading.md §3). */
+START_TEST(test_notify_disarms)
+{
+    struct it_pair p;
+    uint64_t n0 = 0, n1 = 0, d0 = 0, d1 = 0;
+    const int rounds = 200;
+
+    if (strcmp(it_provider, "tcp") != 0) {
+        test_skip("test_notify_disarms", "provider %s: ctx_disarm is the tcp provider's",
+                  it_provider);
+        return;
+    }
+    it_setenv("EXS_TEST_ENGINE_PARK", "1"); /* this thread is the only one on the fds */
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    pingpong(&p, 2, EXS_WAIT_NOTIFY); /* settle */
+    ck_assert_int_eq(exs__counters_lookup("prov.tcp", "notifies", &n0), 0);
+    ck_assert_int_eq(exs__counters_lookup("prov.tcp", "disarms", &d0), 0);
+    pingpong(&p, rounds, EXS_WAIT_NOTIFY);
+    ck_assert_int_eq(exs__counters_lookup("prov.tcp", "notifies", &n1), 0);
+    ck_assert_int_eq(exs__counters_lookup("prov.tcp", "disarms", &d1), 0);
+    ck_assert_msg(d1 - d0 >= (uint64_t)rounds, "%llu disarms in %d round trips",
+                  (unsigned long long)(d1 - d0), rounds);
+    ck_assert_msg(n1 - n0 < (uint64_t)rounds / 4,
+                  "%llu event fd writes in %d round trips with nobody asleep on it",
+                  (unsigned long long)(n1 - n0), rounds);
     it_pair_close(&p);
 }
 END_TEST
@@ -601,6 +635,8 @@ Suite *integ_progress_suite(void)
                  (const TTest *const[]){test_waiter_drives, NULL});
     it_suite_add(s, "fd_writes", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_poll_no_fd_writes, NULL});
+    it_suite_add(s, "notify_disarms", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_notify_disarms, NULL});
     it_suite_add(s, "qfd_late", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_qfd_late, NULL});
     it_suite_add(
         s, "computing", IT_CASE_TIMEOUT, 1,

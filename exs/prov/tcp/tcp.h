@@ -92,6 +92,9 @@ struct tcp_counters {
     uint64_t accept_backoffs;
     uint64_t handshake_timeouts;
     uint64_t handshake_evictions;
+    uint64_t notifies;
+    uint64_t ack_kicks;
+    uint64_t disarms;
 };
 
 /* A key the peer may present in a WRITE or READ_REQ: an mr's rkey (valid on every
@@ -366,6 +369,7 @@ struct tcp_ctx {
     pthread_t               thread;
     int                     stop;       /* (lock) */
     int                     armed;      /* (lock) */
+    int                     evfd_set;   /* (lock) evfd written since ctx_arm last read it */
     /* completion queue ring (lock) */
     struct exs_prov_cqe    *cq;
     uint32_t                cq_cap, cq_head, cq_count;

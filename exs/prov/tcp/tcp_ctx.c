@@ -63,6 +63,12 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
                 "incoming sockets silent until the handshake timeout"),
     EXS_COUNTER(struct tcp_counters, handshake_evictions,
                 "incoming sockets dropped: too many handshakes"),
+    EXS_COUNTER(struct tcp_counters, notifies,
+                "event fd writes: an entry queued while a consumer was armed"),
+    EXS_COUNTER(struct tcp_counters, ack_kicks,
+                "wake-ups written for ACKs left deferred while a consumer was armed"),
+    EXS_COUNTER(struct tcp_counters, disarms,
+                "arms taken back by ctx_disarm (nobody slept on the event fd any more)"),
 };
 
 static void tcp_wakefd_write(struct tcp_ctx *ctx)
@@ -93,6 +99,8 @@ static void tcp_ctx_notify_locked(struct tcp_ctx *ctx)
     if (!ctx->armed)
         return;
     ctx->armed = 0;
+    ctx->evfd_set = 1;
+    EXS_CNT_INC(ctx->cnt.notifies);
     if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: event fd write: %m", (void *)ctx);
 }
@@ -227,8 +235,10 @@ static int tcp_ctx_arm(struct exs_prov_ctx *c)
     int ret = 0;
 
     pthread_mutex_lock(&ctx->lock);
-    if (read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    /* only notify writes evfd: nothing to consume unless it did */
+    if (ctx->evfd_set && read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: event fd read: %m", (void *)ctx);
+    ctx->evfd_set = 0;
     if (ctx->manual && __atomic_load_n(&ctx->acks_deferred, __ATOMIC_RELAXED))
         __atomic_store_n(&ctx->ack_flush_now, 1, __ATOMIC_RELAXED); /* the next turn sends them */
     if (ctx->cq_count || !exs_list_empty(&ctx->cm_events) ||
@@ -242,6 +252,19 @@ static int tcp_ctx_arm(struct exs_prov_ctx *c)
     }
     pthread_mutex_unlock(&ctx->lock);
     return ret;
+}
+
+/* Nobody sleeps on the event fd: completions queued from now on write no evfd (and
+ * deferred ACKs wake no sleeper) until the next ctx_arm. */
+static void tcp_ctx_disarm(struct exs_prov_ctx *c)
+{
+    struct tcp_ctx *ctx = tcp_ctx_of(c);
+
+    pthread_mutex_lock(&ctx->lock);
+    if (ctx->armed)
+        EXS_CNT_INC(ctx->cnt.disarms);
+    ctx->armed = 0;
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 static int tcp_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max)
@@ -559,8 +582,10 @@ static void tcp_nic_acks_kick(struct tcp_ctx *ctx)
     pthread_mutex_lock(&ctx->lock);
     armed = ctx->armed;
     pthread_mutex_unlock(&ctx->lock);
-    if (armed)
+    if (armed) {
+        EXS_CNT_INC(ctx->cnt.ack_kicks);
         tcp_wakefd_write(ctx);
+    }
 }
 
 /*
@@ -927,6 +952,7 @@ struct exs_prov_ops exs__prov_tcp_ops = {
     .ctx_open = tcp_ctx_open,
     .ctx_close = tcp_ctx_close,
     .ctx_event_fd = tcp_ctx_event_fd,
+    .ctx_disarm = tcp_ctx_disarm,
     .ctx_arm = tcp_ctx_arm,
     .ctx_progress = tcp_ctx_progress,
     .ctx_poll = tcp_ctx_poll,
