@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The cut-over of a connection to another path (spec/protocol.md §9.2): its identity so far. */
+/* The cut-over of a connection to another path (spec/protocol.md §9.2): identity, positions. */
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -204,7 +204,9 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
         bad = stream ? "a message position on a stream" : "a byte position on SEQPACKET";
     else if (pos > conn->tx_seq)
         bad = "beyond what we sent";
-    else if (pos < done)
+    else if (pos < done) /* a hostile peer, or a receive completion reported in error
+                          * after its NIC acknowledged the write: those bytes are gone
+                          * here (completed, handed back), so the resume cannot be whole */
         bad = "below what we saw completed";
     if (bad) {
         EXS_INFO(PROTO,

@@ -30,6 +30,8 @@
  *   v2 + feature RESUMABLE (bit 7, sent only by a side whose fallback policy is `any`,
  *       used when both hellos have it): the passive side's SESSION record (§9.2) after
  *       its RING record. The RESUME record (§9.2) is defined; no path sends it yet.
+ *       hello.hflags (byte 37, was reserved 0) bit 0 RESUME marks a cut-over's new path
+ *       (with bit 7 only); reject reason 7: a resume hello the listener does not take.
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
