@@ -548,6 +548,22 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
     return err ? exs__err(err) : 0;
 }
 
+/* A checked hello asking to be the new path of a cut-over connection (spec/protocol.md
+ * §9.2): never a connection for exs_accept. The listener does not hold such a path yet
+ * (no connection ever waits in RESUMING): refused with reason 7, so the active side's
+ * resume fails at once. 0 for an ordinary hello. */
+static int sock_resume_request(struct api_sock *lis, const struct exs_prov_cm_event *ev)
+{
+    struct exs_wire_hello h;
+
+    memcpy(&h, ev->private_data, sizeof(h));
+    if (!(h.hflags & EXS_WIRE_HELLO_F_RESUME))
+        return 0;
+    EXS_INFO(API, "listener fd %d: resume request refused: no connection waits for a new path",
+             lis->fd);
+    return EXS_WIRE_REJ_RESUME;
+}
+
 /* Progress thread: a connection request for listener lis. Exactly one of accept and
  * reject is called on ev->req, and ev->req is not touched after that call (it consumes
  * the request whatever it returns: the provider may free it at once). */
@@ -564,6 +580,8 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
      * without it (conn locks come before socket locks). */
     api_sock_lock(lis);
     reason = exs__conn_hello_check(ev->private_data, ev->private_data_len, lis->type);
+    if (!reason)
+        reason = sock_resume_request(lis, ev);
     if (!reason && lis->state != API_SOCK_LISTENING)
         reason = EXS_WIRE_REJ_CLOSING;
     if (!reason) {

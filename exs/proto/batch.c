@@ -324,6 +324,7 @@ void exs__batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
         op->inflight = 0;
         if (ok) {
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            exs__resume_tx_done_locked(conn, op);
             if (!op->internal) /* a copy counted when its send completed (§7.5) */
                 conn->stats.bytes_sent += op->len;
         } else if (op->cancel && conn->state >= EXS_CONN_DOWN) {

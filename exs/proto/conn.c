@@ -438,6 +438,9 @@ int exs__conn_hello_check(const void *pd, uint32_t len, int sock_type)
         bad = "eager_max";
     else if (max_msg && max_msg < eager_max)
         bad = "max_msg";
+    else if ((h.hflags & EXS_WIRE_HELLO_F_RESUME) &&
+             !(be16toh(h.features) & EXS_WIRE_FEAT_RESUMABLE))
+        bad = "resume flag without feature bit 7";
     if (bad) {
         EXS_INFO(PROTO, "peer hello refused: bad %s (credits %u ctrl_size %u ring_size %u "
                  "ring_addr %#llx eager_max %u max_msg %u)", bad, credits, ctrl_size, ring_size,
@@ -1711,6 +1714,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
         if (--op->inflight == 0 && op->posted == op->len) {
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            exs__resume_tx_done_locked(conn, op);
             if (!op->internal) /* a copy counted when its send completed (§7.5) */
                 conn->stats.bytes_sent += op->len;
         } else if (!op->inflight && op->cancel && conn->state >= EXS_CONN_DOWN) {

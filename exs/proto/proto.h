@@ -347,6 +347,8 @@ struct exs_conn {
     /* cut-over (spec/protocol.md §9.2, resume.c) */
     uint64_t                   sess_token; /* the SESSION token (0: none, not resumable) */
     int                        resume_noted; /* its path failure was counted */
+    uint64_t                   resume_tx_done; /* STREAM: bytes of sends whose every write
+                                                * completed, a prefix of tx_seq (RESUME check) */
 };
 
 /* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */

@@ -92,6 +92,17 @@ void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause);
 void exs__resume_on_fail_locked(struct exs_conn *conn, const char *why);
 /* Register the counters (once, with the proto set). */
 void exs__resume_cset_register(void);
+/* Send op's every write completed successfully (STREAM: its bytes join resume_tx_done). */
+void exs__resume_tx_done_locked(struct exs_conn *conn, const struct exs_op *op);
+/* What has arrived over the path so far: STREAM bytes (placed in receives or waiting in
+ * the ring), SEQPACKET messages. Final once the old endpoint is drained (§9.2). */
+uint64_t exs__resume_arrived_locked(const struct exs_conn *conn);
+/* This side's RESUME record for the new path: the token and what arrived (§9.2). */
+void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resume *r);
+/* The peer's RESUME on a new path, hostile until checked (§9.2): flags 0, our token, the
+ * other kind's position 0, and a position at least what we saw completed and at most
+ * what we posted. 0, or -EPROTO (logged). */
+int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_resume *r);
 
 /* Ring memory (conn.c, spec/protocol.md §7.4): a region of size bytes from the provider,
  * counted in the process's ring bytes; with budget set, refused (-ENOBUFS) when the

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The cut-over of a connection to another path (spec/protocol.md §9.2): its identity so far. */
+/* The cut-over of a connection to another path (spec/protocol.md §9.2): identity, positions. */
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -152,6 +152,70 @@ void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause)
              "conn %p: path failed (%s) while resumable: not resumed (the cut-over to the "
              "fallback is not built); the connection ends",
              (void *)conn, cause);
+}
+
+void exs__resume_tx_done_locked(struct exs_conn *conn, const struct exs_op *op)
+{
+    /* the writes of one endpoint complete in posting order and a stream is written in
+     * order, so these bytes are a prefix of the stream */
+    if (conn_is_stream(conn) && op->kind == EXS_OP_SEND)
+        conn->resume_tx_done += op->len;
+}
+
+uint64_t exs__resume_arrived_locked(const struct exs_conn *conn)
+{
+    /* STREAM: S_r (bytes placed in receives, directly or copied out of the ring) and the
+     * bytes still in the ring (a STREAM ring has no skips, §7) */
+    if (conn_is_stream(conn))
+        return conn->rx_seq + (conn->rd_arrived - conn->rd_consumed);
+    return conn->rx_seq;
+}
+
+void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resume *r)
+{
+    uint64_t arrived = exs__resume_arrived_locked(conn);
+
+    memset(r, 0, sizeof(*r));
+    r->hdr.type = EXS_CTRL_RESUME;
+    r->hdr.len = htobe16(EXS_WIRE_RESUME_LEN);
+    r->token = htobe64(conn->sess_token);
+    if (conn_is_stream(conn))
+        r->rx_bytes = htobe64(arrived);
+    else
+        r->rx_msgs = htobe64(arrived);
+}
+
+int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_resume *r)
+{
+    uint64_t token = be64toh(r->token), msgs = be64toh(r->rx_msgs), bytes = be64toh(r->rx_bytes);
+    int stream = conn_is_stream(conn);
+    uint64_t pos = stream ? bytes : msgs;
+    /* SEQPACKET: what was seen completed is not tracked (yet): only the upper bound */
+    uint64_t done = stream ? conn->resume_tx_done : 0;
+    const char *bad = NULL;
+
+    if (!conn->sess_token)
+        bad = "the connection has no session";
+    else if (r->hdr.flags)
+        bad = "flags set";
+    else if (token != conn->sess_token)
+        bad = "not our token";
+    else if (stream ? msgs != 0 : bytes != 0)
+        bad = stream ? "a message position on a stream" : "a byte position on SEQPACKET";
+    else if (pos > conn->tx_seq)
+        bad = "beyond what we sent";
+    else if (pos < done) /* a hostile peer, or a receive completion reported in error
+                          * after its NIC acknowledged the write: those bytes are gone
+                          * here (completed, handed back), so the resume cannot be whole */
+        bad = "below what we saw completed";
+    if (bad) {
+        EXS_INFO(PROTO,
+                 "conn %p: RESUME refused: %s (position %" PRIu64 ", sent %" PRIu64
+                 ", completed %" PRIu64 ")",
+                 (void *)conn, bad, pos, conn->tx_seq, done);
+        return -EPROTO;
+    }
+    return 0;
 }
 
 void exs__resume_on_fail_locked(struct exs_conn *conn, const char *why)

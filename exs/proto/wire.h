@@ -30,6 +30,8 @@
  *   v2 + feature RESUMABLE (bit 7, sent only by a side whose fallback policy is `any`,
  *       used when both hellos have it): the passive side's SESSION record (§9.2) after
  *       its RING record. The RESUME record (§9.2) is defined; no path sends it yet.
+ *       hello.hflags (byte 37, was reserved 0) bit 0 RESUME marks a cut-over's new path
+ *       (with bit 7 only); reject reason 7: a resume hello the listener does not take.
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -72,10 +74,16 @@ struct exs_wire_hello {
     uint32_t eager_max; /* largest message the sender may write eagerly into the ring */
     uint32_t max_msg;   /* largest message the sender of this hello accepts (0: no limit) */
     uint8_t  xfer_mode; /* EXS_XFER_* of the sender (informational for the peer) */
-    uint8_t  reserved0;
+    uint8_t  hflags;    /* EXS_WIRE_HELLO_F_* (0 before the cut-over; unknown bits ignored) */
     uint16_t reserved1;
 } __attribute__((packed));
 #define EXS_WIRE_HELLO_LEN 40u
+
+enum { /* exs_wire_hello.hflags */
+    EXS_WIRE_HELLO_F_RESUME = 1u << 0, /* connect only: the new path of a cut-over connection
+                                        * (§9.2), its first record a RESUME; needs feature
+                                        * bit 7 in the same hello (else reason 6) */
+};
 
 /* Reject reason: private data of a reject is one exs_wire_reject. */
 enum exs_wire_reject_reason {
@@ -85,6 +93,7 @@ enum exs_wire_reject_reason {
     EXS_WIRE_REJ_RESOURCES = 4, /* the passive side could not allocate the connection */
     EXS_WIRE_REJ_CLOSING   = 5, /* listener is being closed */
     EXS_WIRE_REJ_HELLO     = 6, /* a hello field out of range (§2 lists the rules) */
+    EXS_WIRE_REJ_RESUME    = 7, /* a resume hello (§9.2) the listener does not take */
 };
 
 /* Bounds of a peer's hello (§2). */
@@ -315,14 +324,15 @@ struct exs_wire_session {
 #define EXS_WIRE_SESSION_LEN 16u
 
 /* RESUME (§9.2): the first record of each side on the new path of a cut-over connection:
- * the SESSION token and what the sender delivered to its application (messages for
- * SEQPACKET, bytes for STREAM; the other field 0). Never valid on a connection's first
- * path: there it ends the connection. hdr.flags 0. */
+ * the SESSION token and what has ARRIVED at the sender of the record over the old path
+ * (messages for SEQPACKET, bytes for STREAM; the other field 0), counted after every
+ * completion of the old endpoint was drained. Never valid on a connection's first path:
+ * there it ends the connection. hdr.flags 0. */
 struct exs_wire_resume {
     struct exs_wire_ctrl_hdr hdr;
     uint64_t                 token;
-    uint64_t                 rx_msgs;  /* SEQPACKET: messages delivered */
-    uint64_t                 rx_bytes; /* STREAM: bytes delivered */
+    uint64_t                 rx_msgs;  /* SEQPACKET: messages arrived */
+    uint64_t                 rx_bytes; /* STREAM: bytes arrived */
 } __attribute__((packed));
 #define EXS_WIRE_RESUME_LEN 32u
 

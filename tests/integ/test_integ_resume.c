@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The cut-over's identity with policy any (spec/protocol.md §9.2): SESSION tokens, and a path
  * failure mid-transfer counted, logged and ended cleanly (the cut-over itself is not built). */
+#include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -149,11 +150,24 @@ START_TEST(test_rs_session)
 }
 END_TEST
 
+/* Past what was delivered, r holds nothing but untouched bytes (0) or the bytes that
+ * belong exactly there (those of s at the same offset): a write whose receive completion
+ * then failed may have placed its data (RDMA semantics; the fault provider's injected
+ * error on a receive completion does exactly that), but no byte lands anywhere else. */
+static int rs_only_own_bytes(const uint8_t *r, const uint8_t *s, size_t from, size_t total)
+{
+    for (size_t k = from; k < total; k++)
+        if (r[k] && r[k] != s[k])
+            return 0;
+    return 1;
+}
+
 /* A transfer of 4 MiB cut mid-way by an injected drop (_i & 2 == 0) or error completion
  * (_i & 2), STREAM (_i & 1) or SEQPACKET: with policy any (_i < 4) each end's path failure
  * is counted once as not resumed; with policy connect (_i >= 4) nothing is counted. Either
  * way what arrived before the cut is intact and in order (STREAM: a prefix of the stream;
- * SEQPACKET: whole messages, in order, none twice), every operation completes, the
+ * SEQPACKET: whole messages, in order, none twice), no byte lands where it does not
+ * belong (rs_only_own_bytes), every operation completes, the
  * connection is over on both ends, and nothing leaks (it_teardown). */
 START_TEST(test_rs_cut)
 {
@@ -198,9 +212,9 @@ START_TEST(test_rs_cut)
             ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
             got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
         }
-        /* a prefix of the stream, nothing after it */
+        /* a prefix of the stream, nothing foreign after it */
         ck_assert_int_eq(it_check(r->p, got, 7), -1);
-        ck_assert(it_all_bytes(r->p + got, RS_TOTAL - got, 0));
+        ck_assert(rs_only_own_bytes(r->p, s->p, got, RS_TOTAL));
         it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
         failed += ev.exs_evt_errno != 0;
     } else {
@@ -223,7 +237,7 @@ START_TEST(test_rs_cut)
             next++;
         }
         ck_assert_int_eq(it_check(r->p, (size_t)next * RS_MSG, 7), -1);
-        ck_assert(it_all_bytes(r->p + (size_t)next * RS_MSG, RS_TOTAL - (size_t)next * RS_MSG, 0));
+        ck_assert(rs_only_own_bytes(r->p, s->p, (size_t)next * RS_MSG, RS_TOTAL));
         for (uint32_t i = 0; i < RS_NMSG; i++) {
             it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
             failed += ev.exs_evt_errno != 0;
@@ -293,6 +307,96 @@ START_TEST(test_rs_keepalive)
 }
 END_TEST
 
+/* A hello that passes the check, as a default STREAM peer with policy any sends it. */
+static struct exs_wire_hello rs_hello(uint8_t hflags, uint16_t features)
+{
+    struct exs_wire_hello h = {
+        .magic = htobe16(EXS_WIRE_MAGIC),
+        .version = EXS_WIRE_VERSION,
+        .sock_type = EXS_WIRE_SOCK_STREAM,
+        .features = htobe16(features),
+        .credits = htobe16(64),
+        .ctrl_size = htobe32(EXS_WIRE_CTRL_MAX),
+        .ring_size = htobe32(1u << 20),
+        .ring_addr = htobe64(0x7f0000100000ull),
+        .eager_max = htobe32(4096),
+        .hflags = hflags,
+    };
+    return h;
+}
+
+/* The hello's resume flag (§9.2): only with feature bit 7 (else reason 6); a listener,
+ * which holds no connection waiting for a new path, refuses a resume request with reason
+ * 7 and never offers it to exs_accept: the exs_accept posted before it gets the ordinary
+ * client that connects after it. Any provider. */
+START_TEST(test_rs_resume_hello_refused)
+{
+    struct exs_wire_hello h = rs_hello(EXS_WIRE_HELLO_F_RESUME, EXS_WIRE_FEAT_ALL);
+    struct exs_prov_ep_attr attr = {.max_send_wr = 16, .max_recv_wr = 16, .rnr_retry = 7};
+    struct exs_prov_ctx *ctx;
+    struct exs_prov_ep *ep;
+    struct exs_prov_cm_event ev;
+    struct exs_wire_reject rej;
+    struct sockaddr_in addr;
+    exs_qhandle_t q;
+    exs_event_t cev;
+    double end;
+    char buf[16] = "after a resume", got[16];
+    int lfd, cfd, sfd, n;
+
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), EXS_WIRE_REJ_HELLO);
+    h = rs_hello(EXS_WIRE_HELLO_F_RESUME, EXS_WIRE_FEAT_ALL | EXS_WIRE_FEAT_RESUMABLE);
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), 0);
+    h = rs_hello(0x80, EXS_WIRE_FEAT_ALL); /* an unknown flag is ignored */
+    ck_assert_int_eq(exs__conn_hello_check(&h, sizeof(h), SOCK_STREAM), 0);
+
+    it_init();
+    q = it_qcreate(8);
+    lfd = it_listen(SOCK_STREAM, &addr);
+    IT_EXPECT_OK(exs_accept(lfd, q, IT_AH(1)));
+    ck_assert_int_eq(exs__prov_open_default(&(struct exs_prov_attr){0}, &ctx), 0);
+    ck_assert_int_eq(exs__prov_ep_create(ctx, &attr, &ep), 0);
+    h = rs_hello(EXS_WIRE_HELLO_F_RESUME, EXS_WIRE_FEAT_ALL | EXS_WIRE_FEAT_RESUMABLE);
+    ck_assert_int_eq(exs__prov_connect(ep, (struct sockaddr *)&addr, sizeof(addr), &h, sizeof(h)),
+                     0);
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while ((n = exs__prov_cm_poll(ctx, &ev)) == 0 && it_now_ms() < end)
+        it_sleep_ms(1);
+    ck_assert_msg(n == 1, "raw peer: no cm event within %d ms", IT_TIMEOUT_MS);
+    ck_assert_int_eq(ev.type, EXS_PROV_CM_REJECTED);
+    ck_assert_uint_ge(ev.private_data_len, sizeof(rej));
+    memcpy(&rej, ev.private_data, sizeof(rej));
+    ck_assert_uint_eq(be16toh(rej.magic), EXS_WIRE_MAGIC);
+    ck_assert_uint_eq(rej.reason, EXS_WIRE_REJ_RESUME);
+    exs__prov_ep_destroy(ep);
+    exs__prov_ctx_close(ctx);
+
+    /* the accept posted before the resume request takes the next ordinary client */
+    cfd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(cfd, 0);
+    IT_EXPECT_OK(exs_connect(cfd, (struct sockaddr *)&addr, sizeof(addr), q, IT_AH(2)));
+    it_wait_event(q, EXS_EVT_ACCEPT, lfd, &cev);
+    ck_assert_int_eq(cev.exs_evt_errno, 0);
+    sfd = cev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+    ck_assert_int_ge(sfd, 0);
+    it_wait_event(q, EXS_EVT_CONNECT, cfd, &cev);
+    ck_assert_int_eq(cev.exs_evt_errno, 0);
+    memset(got, 0, sizeof(got));
+    IT_EXPECT_OK(exs_recv(sfd, got, sizeof(got), MSG_WAITALL, q, IT_AH(3),
+                          EXS_MHANDLE_UNREGISTERED));
+    IT_EXPECT_OK(exs_send(cfd, buf, sizeof(buf), 0, q, IT_AH(4), EXS_MHANDLE_UNREGISTERED));
+    it_wait_event(q, EXS_EVT_RECV, sfd, &cev);
+    ck_assert_int_eq(cev.exs_evt_errno, 0);
+    ck_assert_mem_eq(got, buf, sizeof(buf));
+    it_wait_event(q, EXS_EVT_SEND, cfd, &cev);
+    ck_assert_int_eq(cev.exs_evt_errno, 0);
+    it_close(cfd, q);
+    it_close(sfd, q);
+    it_close(lfd, q);
+    it_qdelete(q);
+}
+END_TEST
+
 Suite *integ_resume_suite(void)
 {
     Suite *s = suite_create("integ_resume");
@@ -302,6 +406,7 @@ Suite *integ_resume_suite(void)
     tcase_add_loop_test(tc, test_rs_session, 0, 4);
     tcase_add_loop_test(tc, test_rs_cut, 0, 6);
     tcase_add_test(tc, test_rs_keepalive);
+    tcase_add_test(tc, test_rs_resume_hello_refused);
     suite_add_tcase(s, tc);
     return s;
 }

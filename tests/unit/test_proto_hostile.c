@@ -1664,6 +1664,118 @@ START_TEST(hs_session_early_without_bit)
 }
 END_TEST
 
+static int check_resume(struct exs_conn *conn, const struct exs_wire_resume *r)
+{
+    int ret;
+
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    ret = exs__resume_check_locked(conn, r);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    return ret;
+}
+
+/* The RESUME of a new path (§9.2), hostile until checked. a sends b 5000 bytes (STREAM,
+ * _i 0) or 3 messages (SEQPACKET, _i 1); b's own RESUME then states exactly what arrived
+ * and passes a's check; a refuses every record that breaks a rule: flags, another token,
+ * the other kind's position, beyond what a sent, below what a saw completed. */
+START_TEST(hs_resume_positions)
+{
+    int stream = _i == 0, type = stream ? SOCK_STREAM : SOCK_SEQPACKET;
+    uint64_t want = stream ? 5000 : 3;
+    static uint8_t sb[3][5000], rb[3][5000];
+    struct pt_op s[3], r[3];
+    struct exs_wire_resume rec, bad;
+    int nops = stream ? 1 : 3;
+
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, type);
+    pt_params(&pp.pb, type);
+    pp.pa.resumable = pp.pb.resumable = 1;
+    pt_open(&pp, type);
+    pt_connect(&pp);
+    ck_assert_uint_ne(pp.a.conn->sess_token, 0);
+    ck_assert_uint_eq(pp.a.conn->sess_token, pp.b.conn->sess_token);
+    for (int i = 0; i < nops; i++) {
+        size_t len = stream ? sizeof(sb[i]) : 100;
+
+        pt_recv_post(&r[i], &pp.b, rb[i], len, stream ? MSG_WAITALL : 0);
+        pt_send_pattern(&s[i], &pp.a, sb[i], len, 0);
+    }
+    pt_run(&pp);
+    for (int i = 0; i < nops; i++) {
+        ck_assert_int_eq(s[i].done, 1);
+        ck_assert_int_eq(s[i].op.err, 0);
+        ck_assert_int_eq(r[i].done, 1);
+    }
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    ck_assert_uint_eq(exs__resume_arrived_locked(pp.b.conn), want);
+    exs__resume_record_locked(pp.b.conn, &rec);
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    ck_assert_uint_eq(rec.hdr.type, EXS_CTRL_RESUME);
+    ck_assert_uint_eq(be16toh(rec.hdr.len), EXS_WIRE_RESUME_LEN);
+    ck_assert_uint_eq(be64toh(rec.token), pp.b.conn->sess_token);
+    ck_assert_uint_eq(be64toh(stream ? rec.rx_bytes : rec.rx_msgs), want);
+    ck_assert_uint_eq(be64toh(stream ? rec.rx_msgs : rec.rx_bytes), 0);
+    ck_assert_int_eq(check_resume(pp.a.conn, &rec), 0);
+    if (stream)
+        ck_assert_uint_eq(pp.a.conn->resume_tx_done, want);
+
+    bad = rec;
+    bad.hdr.flags = 1;
+    ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    bad = rec;
+    bad.token = htobe64(pp.a.conn->sess_token ^ 1);
+    ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    bad = rec;
+    if (stream)
+        bad.rx_msgs = htobe64(1);
+    else
+        bad.rx_bytes = htobe64(1);
+    ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    bad = rec;
+    if (stream)
+        bad.rx_bytes = htobe64(want + 1);
+    else
+        bad.rx_msgs = htobe64(want + 1);
+    ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    if (stream) {
+        /* every byte was seen completed: less cannot have arrived */
+        bad = rec;
+        bad.rx_bytes = htobe64(want - 1);
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        /* with fewer seen completed (writes in flight), any position from there to what
+         * was sent is taken */
+        EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        pp.a.conn->resume_tx_done = want - 100;
+        EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
+        bad.rx_bytes = htobe64(want - 100);
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
+        bad.rx_bytes = htobe64(want - 101);
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    } else {
+        bad = rec;
+        bad.rx_msgs = htobe64(0); /* nothing completed is tracked on SEQPACKET yet */
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
+    }
+    /* a connection without a session takes no RESUME, whatever it says */
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    pp.a.conn->sess_token = 0;
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    bad = rec;
+    bad.token = 0;
+    ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    for (int i = 0; i < nops; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+    pt_close_both(&pp);
+}
+END_TEST
+
 /* A connection that failed before its ESTABLISHED (here: the protocol error a record could
  * raise) never reports through established(); with no provider event after it (the fabric
  * is not stepped), the handshake deadline still ends it: until then the timer waits, at
@@ -1756,6 +1868,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_session_sent, 0, 2);
     tcase_add_loop_test(tc, hs_resume_bad, 0, 9);
     tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
+    tcase_add_loop_test(tc, hs_resume_positions, 0, 2);
     tcase_add_test(tc, hs_session_early_without_bit);
     tcase_add_test(tc, hs_down_before_established_deadline);
     suite_add_tcase(s, tc);

@@ -4,6 +4,7 @@
 #include <check.h>
 #include <endian.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -127,7 +128,8 @@ START_TEST(golden_hello)
         0x00, 0x00, 0x07, 0xc0,             /* eager_max 1984 */
         0x00, 0x00, 0x00, 0x00,             /* max_msg 0 */
         0x02,                               /* xfer_mode indirect-only */
-        0x00, 0x00, 0x00,                   /* reserved */
+        0x00,                               /* hflags: no resume (§9.2) */
+        0x00, 0x00,                         /* reserved */
     };
 
     unit_env_clean();
@@ -177,6 +179,9 @@ START_TEST(golden_reject)
     ck_assert_int_eq(EXS_WIRE_REJ_SOCK_TYPE, 2);
     ck_assert_int_eq(EXS_WIRE_REJ_BACKLOG, 3);
     ck_assert_int_eq(EXS_WIRE_REJ_RESOURCES, 4);
+    ck_assert_int_eq(EXS_WIRE_REJ_CLOSING, 5);
+    ck_assert_int_eq(EXS_WIRE_REJ_HELLO, 6);
+    ck_assert_int_eq(EXS_WIRE_REJ_RESUME, 7); /* a resume hello not taken (§9.2) */
 }
 END_TEST
 
@@ -660,6 +665,9 @@ START_TEST(golden_resume_layout)
 
     assert_bytes(&r, want, sizeof(want));
     ck_assert_int_eq(EXS_CTRL_RESUME, 12);
+    /* the new path's hello: byte 37 (hflags) bit 0 RESUME, with feature bit 7 */
+    ck_assert_uint_eq(offsetof(struct exs_wire_hello, hflags), 37);
+    ck_assert_int_eq(EXS_WIRE_HELLO_F_RESUME, 0x01);
     ck_assert_int_eq(EXS_WIRE_FEAT_RESUMABLE, 0x80);
     ck_assert_int_eq(EXS_WIRE_FEAT_ALL & EXS_WIRE_FEAT_RESUMABLE, 0);
 }
