@@ -111,6 +111,9 @@ enum exs_conn_txshut {
 #define EXS_RTT_MIN_WIN_US (10u * 1000u * 1000u)
 #define EXS_ST_DRAIN_WORTH    4u
 #define EXS_ST_DRAIN_NEED_MAX 1024u
+/* Ring autotuning (§7.4): the growth factor once the ring limited a whole round trip
+ * (three quarters of it or more arrived in one); otherwise it doubles */
+#define EXS_RING_GROW_FAST    4u
 
 /* The receiver's return to direct in an indirect phase (spec/protocol.md §7.2). */
 enum exs_st_drain {

@@ -334,14 +334,22 @@ enum exs_ring_tune_verdict exs__st_ring_tune(const struct exs_ring_tune_in *in, 
     max -= max % EXS_RING_SLOT;
     *size_p = in->size;
     /* ring-limited: in one round trip the sender wrote half the ring or more, and the
-     * application had a receive waiting for more (it keeps up) */
+     * application had a receive waiting for more (it keeps up). When it refilled three
+     * quarters or more, the ring limited the whole round trip and how much more the
+     * sender has is unknown: grow by EXS_RING_GROW_FAST (slow start), else double. A
+     * fast step the budget refuses may still double. */
     if (in->win_bytes * 2 >= in->size && in->reader_waiting && in->size < max) {
-        uint32_t n = (uint32_t)EXS_MIN((uint64_t)in->size * 2, (uint64_t)max);
+        uint64_t f = in->win_bytes * 4 >= (uint64_t)in->size * 3 ? EXS_RING_GROW_FAST : 2;
 
-        if (in->budget && in->in_use + n > in->budget)
-            return EXS_RING_REFUSED;
-        *size_p = n;
-        return EXS_RING_GROW;
+        for (; f >= 2; f /= 2) {
+            uint32_t n = (uint32_t)EXS_MIN((uint64_t)in->size * f, (uint64_t)max);
+
+            if (in->budget && in->in_use + n > in->budget)
+                continue;
+            *size_p = n;
+            return EXS_RING_GROW;
+        }
+        return EXS_RING_REFUSED;
     }
     if (in->size > in->init && in->idle_limit_us && in->idle_us >= in->idle_limit_us &&
         !in->win_bytes) {
@@ -477,12 +485,25 @@ static void st_ring_tune_locked(struct exs_conn *conn)
         return;
     }
     rtt = conn->rs_rtt_min;
-    if (!rtt || now - conn->rs_win_t0 < rtt)
-        return; /* a window lasts at least the path's round trip */
-    /* the bytes the sender moved per minimum round trip, at the rate the window saw: on a
-     * busy machine the smoothed round trip and the calls here come late, and counting
-     * a longer window's bytes against the ring would grow it where it never limited */
-    win = (uint64_t)((double)conn->rs_win_bytes * (double)rtt / (double)(now - conn->rs_win_t0));
+    if (!rtt)
+        return;
+    if (now - conn->rs_win_t0 < rtt) {
+        /* a window lasts at least the path's round trip, unless three quarters of the
+         * ring arrived in less: the sender refilled it faster than a round trip, it is
+         * ring-limited whatever the rest of the window brings (decided now, not a round
+         * trip later; the window goes on while a change is under way) */
+        if (conn->rs_offered || conn->rs_old_mem ||
+            conn->rs_win_bytes * 4 < (uint64_t)conn->p.ring_size * 3)
+            return;
+        win = conn->rs_win_bytes;
+    } else {
+        /* the bytes the sender moved per minimum round trip, at the rate the window saw:
+         * on a busy machine the smoothed round trip and the calls here come late, and
+         * counting a longer window's bytes against the ring would grow it where it never
+         * limited */
+        win =
+            (uint64_t)((double)conn->rs_win_bytes * (double)rtt / (double)(now - conn->rs_win_t0));
+    }
     in = (struct exs_ring_tune_in){
         .size = conn->p.ring_size,
         .init = conn->ring_init,
@@ -588,6 +609,9 @@ int exs__st_on_resize_locked(struct exs_conn *conn, const struct exs_wire_resize
         conn->rs_next_grant = NULL;
         conn->rs_offered = 0;
         conn->stats.ring_resizes++;
+        /* a new window: every byte from here on was written against the new room */
+        conn->rs_win_t0 = exs__now_us();
+        conn->rs_win_bytes = 0;
         EXS_DBG(PROTO, "conn %p: ring %u -> %u bytes from ring position %llu", (void *)conn,
                 conn->rs_old_size, size, (unsigned long long)pos);
         st_ring_retire_locked(conn);

@@ -108,7 +108,7 @@ static const struct exs_param_def params_table[] = {
     PARAM(stream_drain_streak, "EXS_STREAM_DRAIN_STREAK", "2", UINT, 0,
           "SOCK_STREAM: ring arrivals in a row that must leave such receives waiting with the ring empty before the receiver sends DRAIN (hysteresis); 0 = never (the published algorithm)"),
     PARAM(ring_max, "EXS_RING_MAX", "67108864", UINT, 0,
-          "SOCK_STREAM ring autotuning: a receiver whose sender is ring-limited doubles its ring up to this many bytes (at most 1073741824); at or below the initial ring (EXS_RING_SIZE, SO_RCVBUF) = off; an explicit SO_RCVBUF turns it off for that socket"),
+          "SOCK_STREAM ring autotuning: a receiver whose sender is ring-limited grows its ring (2x, 4x when it filled in a round trip) up to this many bytes (at most 1073741824); at or below the initial ring (EXS_RING_SIZE, SO_RCVBUF) = off; an explicit SO_RCVBUF turns it off for that socket"),
     PARAM(ring_budget, "EXS_RING_BUDGET", "1073741824", UINT, 0,
           "SOCK_STREAM ring autotuning: bytes of every receive ring of the process together that a grow may reach; a grow past it is refused (initial rings always get their memory); 0 = no bound"),
     PARAM(ring_idle_ms, "EXS_RING_IDLE_MS", "1000", UINT, 0,

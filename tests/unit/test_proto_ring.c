@@ -34,16 +34,47 @@ START_TEST(rt_grow_when_ring_limited)
     struct exs_ring_tune_in in = tune_in();
     uint32_t n;
 
+    in.win_bytes = (3u << 18) - 1; /* less than three quarters of the ring: doubles */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, 2u << 20);
     in.win_bytes = (1u << 19); /* exactly half the ring in a round trip: still limited */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 2u << 20);
     in.win_bytes = (1u << 19) - 1; /* less: the ring is not what limits */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
     ck_assert_uint_eq(n, in.size);
     in = tune_in();
     in.reader_waiting = 0; /* the application does not keep up: more ring would not help */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+}
+END_TEST
+
+/* The ring limited the whole round trip (three quarters of it or more arrived in one):
+ * the sender may have much more, grow by EXS_RING_GROW_FAST at once (slow start) instead
+ * of doubling; 1 MiB reaches 64 MiB in 3 steps instead of 6. */
+START_TEST(rt_grow_fast_when_ring_full)
+{
+    struct exs_ring_tune_in in = tune_in();
+    uint32_t n;
+    int steps = 0;
+
+    in.win_bytes = 3u << 18; /* exactly three quarters */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, EXS_RING_GROW_FAST << 20);
+    in.win_bytes = 5u << 20; /* more than the ring: the same step, not sized from it */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, EXS_RING_GROW_FAST << 20);
+    for (in.size = 1u << 20; in.size < in.max; steps++) {
+        in.win_bytes = in.size;
+        ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+        ck_assert_uint_gt(n, in.size);
+        in.size = n;
+    }
+    ck_assert_uint_eq(in.size, 64u << 20);
+    ck_assert_int_eq(steps, 3);
+    in.size = 32u << 20; /* capped by max */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 64u << 20);
 }
 END_TEST
 
@@ -82,6 +113,11 @@ START_TEST(rt_budget_refuses)
     in.budget = 3u << 20;
     in.in_use = 1u << 20; /* + 2 MiB = 3 MiB: fits */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 2u << 20); /* the fast step (4 MiB) passes it: doubles */
+    in.budget = 5u << 20;
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 4u << 20); /* 1 + 4 MiB: the fast step fits */
+    in.budget = 3u << 20;
     in.in_use = (1u << 20) + 64; /* one slot more: refused */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_REFUSED);
     ck_assert_uint_eq(n, in.size);
@@ -370,6 +406,7 @@ Suite *proto_ring_suite(void)
     TCase *tc = tcase_create("tune");
 
     tcase_add_test(tc, rt_grow_when_ring_limited);
+    tcase_add_test(tc, rt_grow_fast_when_ring_full);
     tcase_add_test(tc, rt_grow_capped_by_max);
     tcase_add_test(tc, rt_budget_refuses);
     tcase_add_test(tc, rt_shrink_when_idle);
