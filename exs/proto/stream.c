@@ -62,6 +62,27 @@ static int st_may_indirect(const struct exs_conn *conn)
            !conn->st_held && !conn->rs_owed; /* §7.4: the peer's new region first */
 }
 
+/* §7 sender step 2, hysteresis: in a direct phase the sender writes the ring only once
+ * no write of its sends is in flight. An ADVERT for a receive that one of those writes
+ * fills is usually on its way (the receiver advertises what the application posts as
+ * receives complete), so a gap in q_A no longer ends the direct phase; the wait ends with
+ * the last completion, which runs the send path again. 1: wait. */
+static int st_ring_deferred(const struct exs_conn *conn)
+{
+    const struct exs_list *pos;
+
+    if (PHASE_IS_INDIRECT(conn->st_ps) || !exs__params.stream_direct_linger)
+        return 0;
+    exs_list_for_each(pos, &conn->sendq)
+    {
+        const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->inflight)
+            return 1;
+    }
+    return 0;
+}
+
 /* The usable ADVERT at the head of q_A after dropping stale ones, or NULL. */
 static struct exs_advert *st_advert_head(struct exs_conn *conn)
 {
@@ -132,7 +153,8 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         uint32_t off;
 
         /* nothing goes into the peer's ring before its key (RING record) arrived */
-        if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || used >= size)
+        if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || used >= size ||
+            st_ring_deferred(conn))
             return 0;
         off = (uint32_t)(conn->wr_tail % size);
         if (PHASE_IS_DIRECT(conn->st_ps))
@@ -164,7 +186,8 @@ static int st_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     if (op->kind != EXS_OP_SEND || op->posted || op->inflight || !op->len || op->rt ||
         (op->state != EXS_OPS_QUEUED && op->state != EXS_OPS_POSTED))
         return 0;
-    if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || st_advert_head(conn))
+    if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || st_advert_head(conn) ||
+        st_ring_deferred(conn))
         return 0;
     room = used >= size ? 0 : EXS_MIN(size - used, (uint64_t)(size - conn->wr_tail % size));
     if (bytes + op->len > room)

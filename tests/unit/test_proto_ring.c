@@ -400,6 +400,51 @@ START_TEST(rg_offer_budget)
 }
 END_TEST
 
+/* §7 sender step 2, hysteresis (EXS_STREAM_DIRECT_LINGER): a sender in a direct phase
+ * whose ADVERTs ran out writes the ring only once its writes in flight completed (the
+ * ADVERT of the next receive usually comes meanwhile); 0: at once (the published rule).
+ * Either way the data arrives, in order. _i: the linger setting. */
+START_TEST(rg_direct_linger)
+{
+    static uint8_t sb[2][3000], rb[2][3000];
+    struct pt_op s[2], r[2];
+    struct exs_sock_stats st;
+
+    exs__params.stream_direct_min = 0;
+    exs__params.stream_direct_linger = (uint64_t)_i;
+    pt_recv_post(&r[0], &pp.b, rb[0], 3000, 0);
+    pt_run(&pp);                                      /* its ADVERT is at the sender */
+    pt_send_pattern(&s[0], &pp.a, sb[0], 3000, 0);    /* direct, in flight */
+    pt_send_pattern(&s[1], &pp.a, sb[1], 2000, 3000); /* no ADVERT left */
+    pt_stats(&pp.a, &st);
+    ck_assert_uint_eq(st.direct_xfers, 1);
+    if (_i) { /* waits for the direct write */
+        ck_assert_uint_eq(st.indirect_xfers, 0);
+        ck_assert_uint_eq(st.mode_switches, 0);
+        ck_assert(PHASE_IS_DIRECT(pp.a.conn->st_ps));
+    } else { /* the ring at once: a switch */
+        ck_assert_uint_eq(st.indirect_xfers, 1);
+        ck_assert_uint_eq(st.mode_switches, 1);
+    }
+    pt_run(&pp); /* the direct write completes: with no ADVERT come, the ring */
+    pt_assert_done(&r[0], 3000, 0);
+    ck_assert(pt_check(rb[0], 3000, 0));
+    pt_assert_done(&s[0], 3000, 0);
+    pt_assert_done(&s[1], 2000, 0);
+    pt_stats(&pp.a, &st);
+    ck_assert_uint_eq(st.indirect_xfers, 1);
+    ck_assert_uint_eq(st.mode_switches, 1);
+    pt_recv_post(&r[1], &pp.b, rb[1], 3000, 0);
+    pt_run(&pp);
+    pt_assert_done(&r[1], 2000, 0);
+    ck_assert(pt_check(rb[1], 2000, 3000));
+    for (int i = 0; i < 2; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
 Suite *proto_ring_suite(void)
 {
     Suite *s = suite_create("proto_ring");
@@ -419,6 +464,7 @@ Suite *proto_ring_suite(void)
     tcase_add_test(tc, rg_offer_budget);
     tcase_add_test(tc, rg_timer_watches_initial_ring);
     tcase_add_test(tc, rg_tune_per_min_rtt);
+    tcase_add_loop_test(tc, rg_direct_linger, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
