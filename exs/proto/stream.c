@@ -32,12 +32,8 @@ static void st_set_phase(struct exs_conn *conn, uint32_t p)
 
         conn->stats.mode_switches++;
         st_phase_clock(conn, &conn->stats, now);
-        if (PHASE_IS_DIRECT(p)) { /* §7 linger: a new direct phase */
-            if (conn->st_linger_skip)
-                conn->st_linger_skip--;
-            conn->st_linger_us = 0;
-            conn->st_linger_n = 0;
-        }
+        if (PHASE_IS_DIRECT(p) && conn->st_linger_skip)
+            conn->st_linger_skip--; /* §7 linger: one more direct phase without it */
         if (conn->st_phase_t0)
             conn->st_phase_t0 = now;
     }
@@ -68,42 +64,20 @@ static int st_may_indirect(const struct exs_conn *conn)
            !conn->st_held && !conn->rs_owed; /* §7.4: the peer's new region first */
 }
 
-/* §7 linger: it did not pay; no linger in the rest of this direct phase and the next
- * 1, 2, 4 ... */
-static void st_linger_penalty(struct exs_conn *conn)
-{
-    conn->st_lingering = 0;
-    conn->st_linger_pen = EXS_MIN(EXS_MAX(conn->st_linger_pen * 2, 1u), EXS_ST_LINGER_SKIP_MAX);
-    conn->st_linger_skip = conn->st_linger_pen;
-}
-
-/* §7 linger: the ADVERT came. Lingers that took more than a quarter of the direct phase
- * so far (two at least) say the ADVERTs, not the sender, set the pace: the receives are
- * fewer than the sends, and over a long link each linger is most of a round trip. */
-static void st_linger_end(struct exs_conn *conn)
-{
-    uint64_t now = exs__now_us();
-
-    conn->st_lingering = 0;
-    conn->st_linger_us += now - conn->st_linger_t0;
-    conn->st_linger_n++;
-    if (conn->st_linger_n >= 2 && conn->st_phase_t0 &&
-        conn->st_linger_us * 2 > now - conn->st_phase_t0)
-        st_linger_penalty(conn);
-    else
-        conn->st_linger_pen = 0;
-}
-
 /* §7 sender step 2, the linger: in a direct phase the sender writes the ring only once
  * no write of its sends is in flight. An ADVERT for a receive that one of those writes
  * fills is usually on its way (the receiver advertises what the application posts as
  * receives complete), so a gap in q_A no longer ends the direct phase; the wait ends with
- * the last completion, which runs the send path again. A linger that ended that way, with
- * no ADVERT, or lingers that cost too much (st_linger_end) skip the linger for a while.
- * 1: wait. */
+ * the last completion, which runs the send path again. Only while the sends waiting are
+ * no more than those in flight: the writes in flight of a direct phase stand for the
+ * receives the peer has out, and more sends than receives make the ADVERTs the pace (over
+ * a long link a round trip per linger) where the ring would not be. A linger that no
+ * ADVERT ended skips the linger in the next 1, 2, 4 ... direct phases; one that an ADVERT
+ * ended resets that. 1: wait. */
 static int st_ring_deferred(struct exs_conn *conn)
 {
     const struct exs_list *pos;
+    uint32_t in = 0, wait = 0, seen = 0;
 
     if (PHASE_IS_INDIRECT(conn->st_ps) || !exs__params.stream_direct_linger || conn->st_linger_skip)
         return 0;
@@ -111,16 +85,20 @@ static int st_ring_deferred(struct exs_conn *conn)
     {
         const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (op->inflight) {
-            if (!conn->st_lingering) {
-                conn->st_lingering = 1;
-                conn->st_linger_t0 = exs__now_us();
-            }
-            return 1;
-        }
+        if (++seen > EXS_ST_LINGER_OPS_MAX)
+            return 0; /* a long queue: the ring it is */
+        in += op->inflight > 0;
+        wait += op->kind == EXS_OP_SEND && op->state != EXS_OPS_DONE && op->posted < op->len;
     }
-    if (conn->st_lingering) /* every write completed, no ADVERT came */
-        st_linger_penalty(conn);
+    if (in && wait <= in) {
+        conn->st_lingering = 1;
+        return 1;
+    }
+    if (conn->st_lingering && !in) { /* every write completed, no ADVERT came */
+        conn->st_linger_pen = EXS_MIN(EXS_MAX(conn->st_linger_pen * 2, 1u), EXS_ST_LINGER_SKIP_MAX);
+        conn->st_linger_skip = conn->st_linger_pen;
+    }
+    conn->st_lingering = 0;
     return 0;
 }
 
@@ -171,8 +149,10 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
 
     a = st_advert_head(conn);
     if (a) {
-        if (conn->st_lingering)
-            st_linger_end(conn);
+        if (conn->st_lingering) { /* §7 linger: the ADVERT came */
+            conn->st_lingering = 0;
+            conn->st_linger_pen = 0;
+        }
         if (PHASE_IS_INDIRECT(conn->st_ps))
             st_set_phase(conn, a->phase); /* direct again */
         lw = (uint32_t)EXS_MIN(left, (size_t)(a->len - a->filled));
