@@ -134,9 +134,7 @@ static const struct exs_param_def params_table[] = {
           "SOCK_STREAM ring autotuning: a grown ring that received nothing for this long shrinks "
           "back to its initial size, milliseconds; 0 = never"),
     PARAM(stream_direct_linger, "EXS_STREAM_DIRECT_LINGER", "1", UINT, 0,
-          "SOCK_STREAM, dynamic mode: 1 = a sender in a direct phase that has no ADVERT left "
-          "writes the ring only once none of its writes is in flight (an ADVERT usually comes "
-          "meanwhile: fewer switches); 0 = at once (the published algorithm)"),
+          "SOCK_STREAM, dynamic mode: 1 = a sender in a direct phase that has no ADVERT left, and no more sends waiting than sends in flight, writes the ring only once none of its writes is in flight (an ADVERT usually comes meanwhile: fewer switches); 0 = at once (the published algorithm)"),
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
     PARAM(keepalive_intv_ms, "EXS_KEEPALIVE_INTV_MS", "1000", UINT, 1,
