@@ -79,10 +79,10 @@ static int st_ring_deferred(struct exs_conn *conn)
     const struct exs_list *pos;
     uint32_t in = 0, wait = 0, seen = 0;
 
-    if (PHASE_IS_INDIRECT(conn->st_ps) || !exs__params.stream_direct_linger || conn->st_linger_skip)
+    if (PHASE_IS_INDIRECT(conn->st_ps) || !exs__params.stream_direct_linger ||
+        conn->st_linger_skip)
         return 0;
-    exs_list_for_each(pos, &conn->sendq)
-    {
+    exs_list_for_each(pos, &conn->sendq) {
         const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (++seen > EXS_ST_LINGER_OPS_MAX)
@@ -95,7 +95,8 @@ static int st_ring_deferred(struct exs_conn *conn)
         return 1;
     }
     if (conn->st_lingering && !in) { /* every write completed, no ADVERT came */
-        conn->st_linger_pen = EXS_MIN(EXS_MAX(conn->st_linger_pen * 2, 1u), EXS_ST_LINGER_SKIP_MAX);
+        conn->st_linger_pen =
+            EXS_MIN(EXS_MAX(conn->st_linger_pen * 2, 1u), EXS_ST_LINGER_SKIP_MAX);
         conn->st_linger_skip = conn->st_linger_pen;
     }
     conn->st_lingering = 0;
