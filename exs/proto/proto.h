@@ -111,6 +111,15 @@ enum exs_conn_txshut {
 #define EXS_RTT_MIN_WIN_US (10u * 1000u * 1000u)
 #define EXS_ST_DRAIN_WORTH    4u
 #define EXS_ST_DRAIN_NEED_MAX 1024u
+/* Ring autotuning (§7.4): the growth factor once the ring limited a whole round trip
+ * (three quarters of it or more arrived in one); otherwise it doubles */
+#define EXS_RING_GROW_FAST    4u
+/* §7 linger: a linger that ended without an ADVERT skips the linger in the next 1, 2, 4 ...
+ * direct phases, at most this many; one that an ADVERT ended resets it */
+#define EXS_ST_LINGER_SKIP_MAX 64u
+/* §7 linger: a sender with more sends queued than this does not linger (the walk that
+ * counts them stays short) */
+#define EXS_ST_LINGER_OPS_MAX 256u
 
 /* The receiver's return to direct in an indirect phase (spec/protocol.md §7.2). */
 enum exs_st_drain {
@@ -251,6 +260,10 @@ struct exs_conn {
     int                        st_held;       /* a DRAIN was honoured: no ring writes in
                                                * phase st_ps (cleared when the phase changes) */
     int                        st_drain_owed; /* its STOPPED answer is not yet appended */
+    /* the linger (§7): waiting in a direct phase for an ADVERT while writes are in flight */
+    int                        st_lingering;   /* waiting now */
+    uint32_t                   st_linger_skip; /* direct phases left without a linger */
+    uint32_t                   st_linger_pen;  /* the skip after the next failed linger / 2 */
     /* receiver side */
     enum exs_st_drain          st_drain;      /* EXS_ST_DRAIN_* of phase st_pr */
     uint64_t                   st_drain_pos;  /* STOPPED: the sender's ring writes end here */

@@ -186,14 +186,14 @@ void exs__st_ring_release_locked(struct exs_conn *conn);
 /* The autotuning decision (§7.4), a pure function. */
 enum exs_ring_tune_verdict {
     EXS_RING_KEEP = 0,
-    EXS_RING_GROW,    /* *size_p: the doubled size (at most max) */
+    EXS_RING_GROW,    /* *size_p: 2 or EXS_RING_GROW_FAST x size (at most max) */
     EXS_RING_SHRINK,  /* *size_p: init */
     EXS_RING_REFUSED, /* a grow was due but would pass the process budget */
 };
 struct exs_ring_tune_in {
     uint32_t size, init, max;  /* the ring now, at creation, ring_max */
     uint64_t budget, in_use;   /* ring_budget (0: none), ring bytes of the process now */
-    uint64_t win_bytes;        /* ring bytes that arrived in the last window (one srtt) */
+    uint64_t win_bytes;        /* ring bytes that arrived per min_rtt in the last window */
     int      reader_waiting;   /* a receive is posted with the ring copied out: the
                                 * application keeps up, the ring is what limits */
     uint64_t idle_us;          /* since the last ring arrival */

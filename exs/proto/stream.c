@@ -32,6 +32,8 @@ static void st_set_phase(struct exs_conn *conn, uint32_t p)
 
         conn->stats.mode_switches++;
         st_phase_clock(conn, &conn->stats, now);
+        if (PHASE_IS_DIRECT(p) && conn->st_linger_skip)
+            conn->st_linger_skip--; /* §7 linger: one more direct phase without it */
         if (conn->st_phase_t0)
             conn->st_phase_t0 = now;
     }
@@ -60,6 +62,45 @@ static int st_may_indirect(const struct exs_conn *conn)
     return (conn->p.xfer_mode != EXS_XFER_DIRECT_ONLY ||
             conn->peer.xfer_mode == EXS_XFER_INDIRECT_ONLY) &&
            !conn->st_held && !conn->rs_owed; /* §7.4: the peer's new region first */
+}
+
+/* §7 sender step 2, the linger: in a direct phase the sender writes the ring only once
+ * no write of its sends is in flight. An ADVERT for a receive that one of those writes
+ * fills is usually on its way (the receiver advertises what the application posts as
+ * receives complete), so a gap in q_A no longer ends the direct phase; the wait ends with
+ * the last completion, which runs the send path again. Only while the sends waiting are
+ * no more than those in flight: the writes in flight of a direct phase stand for the
+ * receives the peer has out, and more sends than receives make the ADVERTs the pace (over
+ * a long link a round trip per linger) where the ring would not be. A linger that no
+ * ADVERT ended skips the linger in the next 1, 2, 4 ... direct phases; one that an ADVERT
+ * ended resets that. 1: wait. */
+static int st_ring_deferred(struct exs_conn *conn)
+{
+    const struct exs_list *pos;
+    uint32_t in = 0, wait = 0, seen = 0;
+
+    if (PHASE_IS_INDIRECT(conn->st_ps) || !exs__params.stream_direct_linger ||
+        conn->st_linger_skip)
+        return 0;
+    exs_list_for_each(pos, &conn->sendq) {
+        const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (++seen > EXS_ST_LINGER_OPS_MAX)
+            return 0; /* a long queue: the ring it is */
+        in += op->inflight > 0;
+        wait += op->kind == EXS_OP_SEND && op->state != EXS_OPS_DONE && op->posted < op->len;
+    }
+    if (in && wait <= in) {
+        conn->st_lingering = 1;
+        return 1;
+    }
+    if (conn->st_lingering && !in) { /* every write completed, no ADVERT came */
+        conn->st_linger_pen =
+            EXS_MIN(EXS_MAX(conn->st_linger_pen * 2, 1u), EXS_ST_LINGER_SKIP_MAX);
+        conn->st_linger_skip = conn->st_linger_pen;
+    }
+    conn->st_lingering = 0;
+    return 0;
 }
 
 /* The usable ADVERT at the head of q_A after dropping stale ones, or NULL. */
@@ -109,6 +150,10 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
 
     a = st_advert_head(conn);
     if (a) {
+        if (conn->st_lingering) { /* §7 linger: the ADVERT came */
+            conn->st_lingering = 0;
+            conn->st_linger_pen = 0;
+        }
         if (PHASE_IS_INDIRECT(conn->st_ps))
             st_set_phase(conn, a->phase); /* direct again */
         lw = (uint32_t)EXS_MIN(left, (size_t)(a->len - a->filled));
@@ -132,7 +177,8 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         uint32_t off;
 
         /* nothing goes into the peer's ring before its key (RING record) arrived */
-        if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || used >= size)
+        if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || used >= size ||
+            st_ring_deferred(conn))
             return 0;
         off = (uint32_t)(conn->wr_tail % size);
         if (PHASE_IS_DIRECT(conn->st_ps))
@@ -164,7 +210,8 @@ static int st_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     if (op->kind != EXS_OP_SEND || op->posted || op->inflight || !op->len || op->rt ||
         (op->state != EXS_OPS_QUEUED && op->state != EXS_OPS_POSTED))
         return 0;
-    if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || st_advert_head(conn))
+    if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || st_advert_head(conn) ||
+        st_ring_deferred(conn))
         return 0;
     room = used >= size ? 0 : EXS_MIN(size - used, (uint64_t)(size - conn->wr_tail % size));
     if (bytes + op->len > room)
@@ -334,14 +381,22 @@ enum exs_ring_tune_verdict exs__st_ring_tune(const struct exs_ring_tune_in *in, 
     max -= max % EXS_RING_SLOT;
     *size_p = in->size;
     /* ring-limited: in one round trip the sender wrote half the ring or more, and the
-     * application had a receive waiting for more (it keeps up) */
+     * application had a receive waiting for more (it keeps up). When it refilled three
+     * quarters or more, the ring limited the whole round trip and how much more the
+     * sender has is unknown: grow by EXS_RING_GROW_FAST (slow start), else double. A
+     * fast step the budget refuses may still double. */
     if (in->win_bytes * 2 >= in->size && in->reader_waiting && in->size < max) {
-        uint32_t n = (uint32_t)EXS_MIN((uint64_t)in->size * 2, (uint64_t)max);
+        uint64_t f = in->win_bytes * 4 >= (uint64_t)in->size * 3 ? EXS_RING_GROW_FAST : 2;
 
-        if (in->budget && in->in_use + n > in->budget)
-            return EXS_RING_REFUSED;
-        *size_p = n;
-        return EXS_RING_GROW;
+        for (; f >= 2; f /= 2) {
+            uint32_t n = (uint32_t)EXS_MIN((uint64_t)in->size * f, (uint64_t)max);
+
+            if (in->budget && in->in_use + n > in->budget)
+                continue;
+            *size_p = n;
+            return EXS_RING_GROW;
+        }
+        return EXS_RING_REFUSED;
     }
     if (in->size > in->init && in->idle_limit_us && in->idle_us >= in->idle_limit_us &&
         !in->win_bytes) {
@@ -477,12 +532,25 @@ static void st_ring_tune_locked(struct exs_conn *conn)
         return;
     }
     rtt = conn->rs_rtt_min;
-    if (!rtt || now - conn->rs_win_t0 < rtt)
-        return; /* a window lasts at least the path's round trip */
-    /* the bytes the sender moved per minimum round trip, at the rate the window saw: on a
-     * busy machine the smoothed round trip and the calls here come late, and counting
-     * a longer window's bytes against the ring would grow it where it never limited */
-    win = (uint64_t)((double)conn->rs_win_bytes * (double)rtt / (double)(now - conn->rs_win_t0));
+    if (!rtt)
+        return;
+    if (now - conn->rs_win_t0 < rtt) {
+        /* a window lasts at least the path's round trip, unless three quarters of the
+         * ring arrived in less: the sender refilled it faster than a round trip, it is
+         * ring-limited whatever the rest of the window brings (decided now, not a round
+         * trip later; the window goes on while a change is under way) */
+        if (conn->rs_offered || conn->rs_old_mem ||
+            conn->rs_win_bytes * 4 < (uint64_t)conn->p.ring_size * 3)
+            return;
+        win = conn->rs_win_bytes;
+    } else {
+        /* the bytes the sender moved per minimum round trip, at the rate the window saw:
+         * on a busy machine the smoothed round trip and the calls here come late, and
+         * counting a longer window's bytes against the ring would grow it where it never
+         * limited */
+        win =
+            (uint64_t)((double)conn->rs_win_bytes * (double)rtt / (double)(now - conn->rs_win_t0));
+    }
     in = (struct exs_ring_tune_in){
         .size = conn->p.ring_size,
         .init = conn->ring_init,
@@ -588,6 +656,9 @@ int exs__st_on_resize_locked(struct exs_conn *conn, const struct exs_wire_resize
         conn->rs_next_grant = NULL;
         conn->rs_offered = 0;
         conn->stats.ring_resizes++;
+        /* a new window: every byte from here on was written against the new room */
+        conn->rs_win_t0 = exs__now_us();
+        conn->rs_win_bytes = 0;
         EXS_DBG(PROTO, "conn %p: ring %u -> %u bytes from ring position %llu", (void *)conn,
                 conn->rs_old_size, size, (unsigned long long)pos);
         st_ring_retire_locked(conn);

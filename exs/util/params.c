@@ -24,7 +24,8 @@ static const struct exs_param_def params_table[] = {
     PARAM(log_subsys, "EXS_LOG_SUBSYS", "all", STRING, 1,
           "subsystems to log, comma list of api eng proto prov cache util, or all"),
     PARAM(provider, "EXS_PROVIDER", "", STRING, 0,
-          "provider: tcp, verbs, fault:tcp or fault:verbs; empty = verbs when an active RDMA device exists, else tcp"),
+          "provider: tcp, verbs, fault:tcp or fault:verbs; empty = verbs when an active RDMA "
+          "device exists, else tcp"),
     PARAM(emu_delay_us, "EXS_EMU_DELAY_US", "0", UINT, 0,
           "tcp link emulation: one-way delay added per direction, microseconds"),
     PARAM(emu_rate_mbps, "EXS_EMU_RATE_MBPS", "0", UINT, 0,
@@ -33,18 +34,20 @@ static const struct exs_param_def params_table[] = {
           "tcp: receiver-not-ready retries, 0-7, 7 = forever"),
     PARAM(tcp_rnr_timer_ms, "EXS_TCP_RNR_TIMER_MS", "1", UINT, 0,
           "tcp: pause between receiver-not-ready retries, milliseconds"),
-    PARAM(tcp_max_inline, "EXS_TCP_MAX_INLINE", "256", UINT, 0,
-          "tcp: largest inline send, bytes"),
+    PARAM(tcp_max_inline, "EXS_TCP_MAX_INLINE", "256", UINT, 0, "tcp: largest inline send, bytes"),
     PARAM(tcp_max_sge, "EXS_TCP_MAX_SGE", "16", UINT, 0,
           "tcp: largest scatter/gather list of one work request"),
     PARAM(tcp_max_wr, "EXS_TCP_MAX_WR", "4096", UINT, 0,
           "tcp: largest send or receive queue depth"),
     PARAM(tcp_cq_size, "EXS_TCP_CQ_SIZE", "65536", UINT, 0,
-          "tcp: initial completion queue size of a context (grows as endpoints reserve theirs, up to 4194304)"),
+          "tcp: initial completion queue size of a context (grows as endpoints reserve theirs, up "
+          "to 4194304)"),
     PARAM(tcp_max_msg, "EXS_TCP_MAX_MSG", "1073741824", UINT, 0,
           "tcp: largest work request, bytes"),
     PARAM(tcp_ctrl_max, "EXS_TCP_CTRL_MAX", "64", UINT, 0,
-          "tcp provider: responder frames (ACK, NAK, READ response) queued on a connection before it stops reading (back-pressure on a requester that does not read); 1 makes every READ request pause reading (tests)"),
+          "tcp provider: responder frames (ACK, NAK, READ response) queued on a connection before "
+          "it stops reading (back-pressure on a requester that does not read); 1 makes every READ "
+          "request pause reading (tests)"),
     PARAM(credits, "EXS_CREDITS", "64", UINT, 0,
           "receives pre-posted per connection, the send credits granted to the peer, 3-4095"),
     PARAM(ring_size, "EXS_RING_SIZE", "1048576", UINT, 0,
@@ -64,13 +67,14 @@ static const struct exs_param_def params_table[] = {
     PARAM(test_close_pause_us, "EXS_TEST_CLOSE_PAUSE_US", "0", UINT, 0,
           "tests only: exs_close pauses this long once the socket is CLOSING, microseconds"),
     PARAM(lease_us, "EXS_LEASE_US", "1000", UINT, 0,
-          "while application threads drive progress, the progress thread checks this often whether they all left, microseconds, 10-1000000"),
+          "while application threads drive progress, the progress thread checks this often whether "
+          "they all left, microseconds, 10-1000000"),
     PARAM(test_engine_park, "EXS_TEST_ENGINE_PARK", "0", UINT, 0,
-          "tests only: 1 = the progress thread never drives the provider (only jobs and timers), 0-1"),
+          "tests only: 1 = the progress thread never drives the provider (only jobs and timers), "
+          "0-1"),
     PARAM(vrb_qp_timeout, "EXS_VRB_QP_TIMEOUT", "14", UINT, 0,
           "verbs: QP local ACK timeout exponent (4.096 us * 2^n per try), 0-31"),
-    PARAM(vrb_retry_cnt, "EXS_VRB_RETRY_CNT", "7", UINT, 0,
-          "verbs: QP transport retry count, 0-7"),
+    PARAM(vrb_retry_cnt, "EXS_VRB_RETRY_CNT", "7", UINT, 0, "verbs: QP transport retry count, 0-7"),
     PARAM(vrb_rnr_retry, "EXS_VRB_RNR_RETRY", "7", UINT, 0,
           "verbs: receiver-not-ready retries, caps every ep's rnr_retry, 0-7, 7 = forever"),
     PARAM(vrb_fork_safe, "EXS_VRB_FORK_SAFE", "no", BOOL, 0,
@@ -96,47 +100,77 @@ static const struct exs_param_def params_table[] = {
     PARAM(vrb_addr, "EXS_VRB_ADDR", "", STRING, 0,
           "verbs: use the device and port that hold this IP address (RoCE/IPoIB)"),
     PARAM(batch_max, "EXS_BATCH_MAX", "8192", UINT, 0,
-          "largest ring write gathering several small sends while another is in flight, bytes, at most 1048576; 0 = no batching"),
+          "largest ring write gathering several small sends while another is in flight, bytes, at "
+          "most 1048576; 0 = no batching"),
     PARAM(sndbuf, "EXS_SNDBUF", "262144", UINT, 0,
-          "SOCK_STREAM send buffer per connection (default of SO_SNDBUF), bytes, 0 or 4096..67108864: sends of at most EXS_STREAM_COPY_MAX bytes are copied into it and complete at once, like a kernel socket's send(); 0 = every send is zero-copy and completes when its bytes reached the peer"),
+          "SOCK_STREAM send buffer per connection (default of SO_SNDBUF), bytes, 0 or "
+          "4096..67108864: sends of at most EXS_STREAM_COPY_MAX bytes are copied into it and "
+          "complete at once, like a kernel socket's send(); 0 = every send is zero-copy and "
+          "completes when its bytes reached the peer"),
     PARAM(stream_copy_max, "EXS_STREAM_COPY_MAX", "8192", UINT, 0,
-          "SOCK_STREAM: largest send copied into the send buffer (EXS_SNDBUF); larger sends are zero-copy; 0 = none"),
+          "SOCK_STREAM: largest send copied into the send buffer (EXS_SNDBUF); larger sends are "
+          "zero-copy; 0 = none"),
 
     /* -- adaptive stream algorithm and ring autotuning (issue 12) -- */
     PARAM(stream_direct_min, "EXS_STREAM_DIRECT_MIN", "32768", UINT, 0,
-          "SOCK_STREAM, dynamic mode: receives with fewer bytes left than this stay indirect: the receiver advertises only bigger ones (except the first after a drain, or to a direct-only sender) and asks the sender back to direct (DRAIN) only for them; 0 = advertise every receive (the published algorithm)"),
-    PARAM(stream_drain_streak, "EXS_STREAM_DRAIN_STREAK", "2", UINT, 0,
-          "SOCK_STREAM: ring arrivals in a row that must leave such receives waiting with the ring empty before the receiver sends DRAIN (hysteresis); 0 = never (the published algorithm)"),
+          "SOCK_STREAM, dynamic mode: receives with fewer bytes left than this stay indirect: the "
+          "receiver advertises only bigger ones (except the first after a drain, or to a "
+          "direct-only sender) and asks the sender back to direct (DRAIN) only for them; 0 = "
+          "advertise every receive (the published algorithm)"),
+    PARAM(
+        stream_drain_streak, "EXS_STREAM_DRAIN_STREAK", "2", UINT, 0,
+        "SOCK_STREAM: ring arrivals in a row that must leave such receives waiting with the ring "
+        "empty before the receiver sends DRAIN (hysteresis); 0 = never (the published algorithm)"),
     PARAM(ring_max, "EXS_RING_MAX", "67108864", UINT, 0,
-          "SOCK_STREAM ring autotuning: a receiver whose sender is ring-limited doubles its ring up to this many bytes (at most 1073741824); at or below the initial ring (EXS_RING_SIZE, SO_RCVBUF) = off; an explicit SO_RCVBUF turns it off for that socket"),
+          "SOCK_STREAM ring autotuning: a receiver whose sender is ring-limited grows its ring "
+          "(2x, 4x when it filled in a round trip) up to this many bytes (at most 1073741824); at "
+          "or below the initial ring (EXS_RING_SIZE, SO_RCVBUF) = off; an explicit SO_RCVBUF turns "
+          "it off for that socket"),
     PARAM(ring_budget, "EXS_RING_BUDGET", "1073741824", UINT, 0,
-          "SOCK_STREAM ring autotuning: bytes of every receive ring of the process together that a grow may reach; a grow past it is refused (initial rings always get their memory); 0 = no bound"),
+          "SOCK_STREAM ring autotuning: bytes of every receive ring of the process together that a "
+          "grow may reach; a grow past it is refused (initial rings always get their memory); 0 = "
+          "no bound"),
     PARAM(ring_idle_ms, "EXS_RING_IDLE_MS", "1000", UINT, 0,
-          "SOCK_STREAM ring autotuning: a grown ring that received nothing for this long shrinks back to its initial size, milliseconds; 0 = never"),
+          "SOCK_STREAM ring autotuning: a grown ring that received nothing for this long shrinks "
+          "back to its initial size, milliseconds; 0 = never"),
+    PARAM(stream_direct_linger, "EXS_STREAM_DIRECT_LINGER", "1", UINT, 0,
+          "SOCK_STREAM, dynamic mode: 1 = a sender in a direct phase that has no ADVERT left, and no more sends waiting than sends in flight, writes the ring only once none of its writes is in flight (an ADVERT usually comes meanwhile: fewer switches); 0 = at once (the published algorithm)"),
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
     PARAM(keepalive_intv_ms, "EXS_KEEPALIVE_INTV_MS", "1000", UINT, 1,
-          "keepalive: a connection silent this long is probed (zero-byte RDMA WRITE), milliseconds, at most 3600000, 0 = off; per socket SO_KEEPALIVE, EXS_SO_KEEPALIVE_MS"),
+          "keepalive: a connection silent this long is probed (zero-byte RDMA WRITE), "
+          "milliseconds, at most 3600000, 0 = off; per socket SO_KEEPALIVE, EXS_SO_KEEPALIVE_MS"),
     PARAM(keepalive_probes, "EXS_KEEPALIVE_PROBES", "3", UINT, 1,
-          "keepalive: probes unanswered for an interval each before the peer is dead (ETIMEDOUT), 1-100"),
+          "keepalive: probes unanswered for an interval each before the peer is dead (ETIMEDOUT), "
+          "1-100"),
     PARAM(connect_timeout_ms, "EXS_CONNECT_TIMEOUT_MS", "30000", UINT, 1,
-          "exs_connect and the accept handshake fail with ETIMEDOUT after this, milliseconds, 1-3600000"),
+          "exs_connect and the accept handshake fail with ETIMEDOUT after this, milliseconds, "
+          "1-3600000"),
     PARAM(send_timeout_ms, "EXS_SEND_TIMEOUT_MS", "120000", UINT, 1,
-          "a connection whose queued sends made no progress this long (the peer returns no credits or ring space) is reset with ETIMEDOUT, milliseconds, at most 3600000, 0 = off"),
+          "a connection whose queued sends made no progress this long (the peer returns no credits "
+          "or ring space) is reset with ETIMEDOUT, milliseconds, at most 3600000, 0 = off"),
     PARAM(emu_blackhole, "EXS_EMU_BLACKHOLE", "0", UINT, 1,
-          "tests: 1 = the tcp provider's link silently stops delivering: established connections' frames are neither written nor read, sockets stay open, 0-1"),
+          "tests: 1 = the tcp provider's link silently stops delivering: established connections' "
+          "frames are neither written nor read, sockets stay open, 0-1"),
     PARAM(ack_every, "EXS_ACK_EVERY", "0", UINT, 1,
-          "credits a receiver owes before it returns them in a standalone ACK when nothing else goes out, 2-4095, capped at EXS_CREDITS - 1; 0 = half of EXS_CREDITS (at least 2)"),
+          "credits a receiver owes before it returns them in a standalone ACK when nothing else "
+          "goes out, 2-4095, capped at EXS_CREDITS - 1; 0 = half of EXS_CREDITS (at least 2)"),
     PARAM(window_test, "EXS_WINDOW_TEST", "0", UINT, 1,
-          "tests only, never in production: bits that break the credit window on purpose so a test can show the NOP is what unblocks it: 1 = no NOP, 2 = owed credits return in no standalone ACK and no data write, 4 = data never spends the last credit; 0-7"),
+          "tests only, never in production: bits that break the credit window on purpose so a test "
+          "can show the NOP is what unblocks it: 1 = no NOP, 2 = owed credits return in no "
+          "standalone ACK and no data write, 4 = data never spends the last credit; 0-7"),
     PARAM(frag_size, "EXS_FRAG_SIZE", "65536", UINT, 1,
-          "largest RDMA write of one transfer, bytes, 4096-1073741824: a larger SEQPACKET message into an advertised receive, or STREAM bytes into the ring or a MSG_WAITALL receive, leaves as several writes so control records of the connection go between them"),
+          "largest RDMA write of one transfer, bytes, 4096-1073741824: a larger SEQPACKET message "
+          "into an advertised receive, or STREAM bytes into the ring or a MSG_WAITALL receive, "
+          "leaves as several writes so control records of the connection go between them"),
     PARAM(wr_max, "EXS_WR_MAX", "128", UINT, 1,
-          "send work requests (writes, control sends, reads, probes) outstanding per connection, 1-65536; more wait in order in the connection's queue and go as completions make room"),
+          "send work requests (writes, control sends, reads, probes) outstanding per connection, "
+          "1-65536; more wait in order in the connection's queue and go as completions make room"),
 
     /* -- fault-injection provider (issue 13) -- */
     PARAM(fault_seed, "EXS_FAULT_SEED", "1", UINT, 1,
-          "fault provider: seed of the probability choices; a change restarts every fault's sequence"),
+          "fault provider: seed of the probability choices; a change restarts every fault's "
+          "sequence"),
     PARAM(fault_delay_nth, "EXS_FAULT_DELAY_NTH", "0", UINT, 1,
           "fault provider: hold every Nth completion for EXS_FAULT_DELAY_US, 0 = off"),
     PARAM(fault_delay_ppm, "EXS_FAULT_DELAY_PPM", "0", UINT, 1,
@@ -144,7 +178,8 @@ static const struct exs_param_def params_table[] = {
     PARAM(fault_delay_us, "EXS_FAULT_DELAY_US", "1000", UINT, 1,
           "fault provider: how long a delayed completion is held, microseconds"),
     PARAM(fault_stall_nth, "EXS_FAULT_STALL_NTH", "0", UINT, 1,
-          "fault provider: every Nth completion stalls its endpoint's completions for EXS_FAULT_STALL_MS, 0 = off"),
+          "fault provider: every Nth completion stalls its endpoint's completions for "
+          "EXS_FAULT_STALL_MS, 0 = off"),
     PARAM(fault_stall_ppm, "EXS_FAULT_STALL_PPM", "0", UINT, 1,
           "fault provider: each completion stalls its endpoint with this probability, per million"),
     PARAM(fault_stall_ms, "EXS_FAULT_STALL_MS", "100", UINT, 1,
@@ -152,15 +187,19 @@ static const struct exs_param_def params_table[] = {
     PARAM(fault_drop_nth, "EXS_FAULT_DROP_NTH", "0", UINT, 1,
           "fault provider: every Nth send post on a connected endpoint disconnects it, 0 = off"),
     PARAM(fault_drop_ppm, "EXS_FAULT_DROP_PPM", "0", UINT, 1,
-          "fault provider: each send post disconnects its endpoint with this probability, per million"),
+          "fault provider: each send post disconnects its endpoint with this probability, per "
+          "million"),
     PARAM(fault_wc_nth, "EXS_FAULT_WC_NTH", "0", UINT, 1,
           "fault provider: every Nth successful completion becomes an error completion, 0 = off"),
     PARAM(fault_wc_ppm, "EXS_FAULT_WC_PPM", "0", UINT, 1,
-          "fault provider: each successful completion becomes an error with this probability, per million"),
+          "fault provider: each successful completion becomes an error with this probability, per "
+          "million"),
     PARAM(fault_wc_status, "EXS_FAULT_WC_STATUS", "0", UINT, 1,
-          "fault provider: status of injected error completions (1-9, as enum exs_prov_wc_status), 0 = each in turn"),
+          "fault provider: status of injected error completions (1-9, as enum exs_prov_wc_status), "
+          "0 = each in turn"),
     PARAM(fault_reg_nth, "EXS_FAULT_REG_NTH", "0", UINT, 1,
-          "fault provider: every Nth memory registration (mr_reg, mr_get, mem_alloc) fails with ENOMEM, 0 = off"),
+          "fault provider: every Nth memory registration (mr_reg, mr_get, mem_alloc) fails with "
+          "ENOMEM, 0 = off"),
     PARAM(fault_reg_ppm, "EXS_FAULT_REG_PPM", "0", UINT, 1,
           "fault provider: each memory registration fails with this probability, per million"),
     PARAM(fault_connect_nth, "EXS_FAULT_CONNECT_NTH", "0", UINT, 1,
@@ -168,41 +207,59 @@ static const struct exs_param_def params_table[] = {
     PARAM(fault_connect_ppm, "EXS_FAULT_CONNECT_PPM", "0", UINT, 1,
           "fault provider: each connect fails with this probability, per million"),
     PARAM(fault_freeze_nth, "EXS_FAULT_FREEZE_NTH", "0", UINT, 1,
-          "fault provider: every Nth send post freezes its endpoint's link for EXS_FAULT_FREEZE_MS, 0 = off"),
+          "fault provider: every Nth send post freezes its endpoint's link for "
+          "EXS_FAULT_FREEZE_MS, 0 = off"),
     PARAM(fault_freeze_ppm, "EXS_FAULT_FREEZE_PPM", "0", UINT, 1,
           "fault provider: each send post freezes its link with this probability, per million"),
     PARAM(fault_freeze_ms, "EXS_FAULT_FREEZE_MS", "1000", UINT, 1,
           "fault provider: how long a frozen link moves nothing in either direction, milliseconds"),
     PARAM(fault_port, "EXS_FAULT_PORT", "0", UINT, 1,
-          "fault provider: endpoint faults only on connections whose local or remote port is this, 0 = every connection"),
+          "fault provider: endpoint faults only on connections whose local or remote port is this, "
+          "0 = every connection"),
     PARAM(fault_connect_sync, "EXS_FAULT_CONNECT_SYNC", "0", UINT, 1,
-          "fault provider: 1 = an injected connect failure fails the connect call itself with ECONNREFUSED (a provider refusing at post time) instead of by a later event; 0 = by the event"),
+          "fault provider: 1 = an injected connect failure fails the connect call itself with "
+          "ECONNREFUSED (a provider refusing at post time) instead of by a later event; 0 = by the "
+          "event"),
 
     /* -- RDMA-to-TCP fallback (issue 13) -- */
     PARAM(fallback, "EXS_FALLBACK", "auto", STRING, 0,
-          "RDMA-to-TCP fallback (spec/provider.md, Fallback): off; connect = a connect the primary provider fails is retried over tcp and listeners listen on both; any = as connect (failure mid-stream: not built yet, as connect); auto = connect when the primary is verbs, else off (fault:verbs included)"),
+          "RDMA-to-TCP fallback (spec/provider.md, Fallback): off; connect = a connect the primary "
+          "provider fails is retried over tcp and listeners listen on both; any = as connect "
+          "(failure mid-stream: not built yet, as connect); auto = connect when the primary is "
+          "verbs, else off (fault:verbs included)"),
     PARAM(fallback_port_offset, "EXS_FALLBACK_PORT_OFFSET", "0", UINT, 0,
-          "RDMA-to-TCP fallback: the tcp listener and fallback connects use the primary's port plus this (0 for verbs, whose port space is not TCP's; set it when the primary is fault:tcp), 0-32767"),
+          "RDMA-to-TCP fallback: the tcp listener and fallback connects use the primary's port "
+          "plus this (0 for verbs, whose port space is not TCP's; set it when the primary is "
+          "fault:tcp), 0-32767"),
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
     PARAM(ctl_enable, "EXS_CTL_ENABLE", "1", UINT, 0,
-          "control endpoint: a Unix socket per process for exsctl stat, params, set, trace; 0 = off, 0-1"),
+          "control endpoint: a Unix socket per process for exsctl stat, params, set, trace; 0 = "
+          "off, 0-1"),
     PARAM(ctl_dir, "EXS_CTL_DIR", "", STRING, 0,
-          "control endpoint directory (mode 0700); empty = $XDG_RUNTIME_DIR/exs, else /run/exs/UID (root) or /tmp/exs-UID"),
+          "control endpoint directory (mode 0700); empty = $XDG_RUNTIME_DIR/exs, else /run/exs/UID "
+          "(root) or /tmp/exs-UID"),
     PARAM(ctl_timeout_ms, "EXS_CTL_TIMEOUT_MS", "10000", UINT, 1,
-          "control clients that do not read their reply, or send no request, for this long are dropped, milliseconds, 100-3600000"),
+          "control clients that do not read their reply, or send no request, for this long are "
+          "dropped, milliseconds, 100-3600000"),
     PARAM(log_rate_burst, "EXS_LOG_RATE_BURST", "20", UINT, 1,
-          "log lines one call site may write at once before rate limiting (err, warn, info); 0 = no limit"),
+          "log lines one call site may write at once before rate limiting (err, warn, info); 0 = "
+          "no limit"),
     PARAM(log_rate_per_s, "EXS_LOG_RATE_PER_S", "10", UINT, 1,
-          "rate-limited call sites write this many lines per second, the rest are counted as suppressed, 1-1000000"),
+          "rate-limited call sites write this many lines per second, the rest are counted as "
+          "suppressed, 1-1000000"),
     PARAM(polling_warn_cycle_us, "EXS_POLLING_WARN_CYCLE_US", "0", UINT, 1,
-          "log an application thread that drives progress again after this long without waiting in the library (a slow poller), microseconds; 0 = off"),
+          "log an application thread that drives progress again after this long without waiting in "
+          "the library (a slow poller), microseconds; 0 = off"),
     PARAM(slow_threshold_us, "EXS_SLOW_THRESHOLD_US", "0", UINT, 1,
-          "log a progress pass that holds the progress lock longer than this, with what it ran, microseconds; 0 = off"),
+          "log a progress pass that holds the progress lock longer than this, with what it ran, "
+          "microseconds; 0 = off"),
     PARAM(trace_sample_mask, "EXS_TRACE_SAMPLE_MASK", "0", UINT, 1,
-          "request tracing (SEQPACKET and STREAM): the n-th send of a connection is traced when (n & mask) == 0; 0 = off, 0xffffffffffffffff = every send"),
+          "request tracing (SEQPACKET and STREAM): the n-th send of a connection is traced when (n "
+          "& mask) == 0; 0 = off, 0xffffffffffffffff = every send"),
     PARAM(trace_file, "EXS_TRACE_FILE", "", STRING, 0,
-          "completed request traces are also appended to this file, one JSON object a line; empty = none"),
+          "completed request traces are also appended to this file, one JSON object a line; empty "
+          "= none"),
 
     /* -- porting: kernel descriptors, timeouts (issue 15) -- */
 

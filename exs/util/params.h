@@ -72,6 +72,8 @@ struct exs_params {
     uint64_t ring_max;            /* EXS_RING_MAX: STREAM ring autotuning grows up to this, bytes */
     uint64_t ring_budget;         /* EXS_RING_BUDGET: ring bytes of the process a grow may reach */
     uint64_t ring_idle_ms;        /* EXS_RING_IDLE_MS: a grown ring idle this long shrinks, 0 = never */
+    uint64_t stream_direct_linger; /* EXS_STREAM_DIRECT_LINGER: a direct sender waits for its writes
+                                      before the ring */
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
     uint64_t keepalive_intv_ms;  /* EXS_KEEPALIVE_INTV_MS: silence before a probe, 0 = off */

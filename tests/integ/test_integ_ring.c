@@ -237,6 +237,32 @@ START_TEST(ring_grows_when_ring_limited)
 }
 END_TEST
 
+/* Slow start (§7.4): a ring the sender refills every round trip grows by more than a
+ * doubling per step (EXS_RING_GROW_FAST), so it reaches the size the link needs in fewer
+ * round trips. With doublings alone the ring would be exactly RG_RING << resizes. */
+START_TEST(ring_grows_fast_from_start)
+{
+    struct exs_sock_stats st;
+    struct rg_pair p;
+
+    if (rg_skip_without_emu("ring_grows_fast_from_start"))
+        return;
+    rg_env("2000");
+    it_setenv("EXS_RING_MAX", "4194304");
+    it_init();
+    rg_open(&p, 0, EXS_XFER_INDIRECT_ONLY);
+    rg_transfer(&p, 24 * MiB, 13, 0);
+    rg_stats(p.cfd, &st);
+    ck_assert_msg(st.ring_resizes >= 1 && st.ring_resizes < 63 &&
+                      st.ring_size > (uint64_t)RG_RING << st.ring_resizes &&
+                      st.ring_size <= 4 * MiB,
+                  "ring %" PRIu64 " bytes after %" PRIu64 " resizes from %u: doublings only",
+                  st.ring_size, st.ring_resizes, RG_RING);
+    ck_assert_uint_eq(st.ring_grow_refused, 0);
+    rg_close(&p);
+}
+END_TEST
+
 /* Once the ring grew, a ring write's pieces grow with it (§6.2, §7.4): with EXS_FRAG_SIZE
  * 4096 and 64 credits, a 1 MiB ring takes pieces of up to 64 KiB (a quarter of the credits
  * cover the ring), so the sender's ring writes average more than 4096 bytes; with pieces
@@ -285,9 +311,10 @@ START_TEST(ring_rcvbuf_fixes_size)
 }
 END_TEST
 
-/* The process budget: both initial rings (2 x 64 KiB) plus 256 KiB. A grow to 128 KiB
- * fits (64 + 64 + 128 while both regions live), the next one (to 256 KiB) would pass it:
- * refused, counted, the ring stays at 128 KiB, the data all arrives. */
+/* The process budget: both initial rings (2 x 64 KiB) plus 192 KiB. A fast grow to
+ * 256 KiB would pass it, the doubling to 128 KiB fits (64 + 64 + 128 while both regions
+ * live), the next one (to 256 KiB, or the fast one to 512 KiB) would pass it: refused,
+ * counted, the ring stays at 128 KiB, the data all arrives. */
 START_TEST(ring_budget_caps_growth)
 {
     struct exs_sock_stats st;
@@ -297,7 +324,7 @@ START_TEST(ring_budget_caps_growth)
     if (rg_skip_without_emu("ring_budget_caps_growth"))
         return;
     rg_env("2000");
-    snprintf(v, sizeof(v), "%u", 2 * RG_RING + 256 * KiB);
+    snprintf(v, sizeof(v), "%u", 2 * RG_RING + 192 * KiB);
     it_setenv("EXS_RING_BUDGET", v);
     it_init();
     rg_open(&p, 0, EXS_XFER_INDIRECT_ONLY);
@@ -422,6 +449,7 @@ Suite *integ_ring_suite(void)
 
     tc = it_tcase("ring", 180);
     tcase_add_test(tc, ring_grows_when_ring_limited);
+    tcase_add_test(tc, ring_grows_fast_from_start);
     tcase_add_test(tc, ring_rcvbuf_fixes_size);
     tcase_add_test(tc, ring_pieces_follow_ring);
     tcase_add_test(tc, ring_budget_caps_growth);

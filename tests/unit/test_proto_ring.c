@@ -34,16 +34,47 @@ START_TEST(rt_grow_when_ring_limited)
     struct exs_ring_tune_in in = tune_in();
     uint32_t n;
 
+    in.win_bytes = (3u << 18) - 1; /* less than three quarters of the ring: doubles */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, 2u << 20);
     in.win_bytes = (1u << 19); /* exactly half the ring in a round trip: still limited */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 2u << 20);
     in.win_bytes = (1u << 19) - 1; /* less: the ring is not what limits */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
     ck_assert_uint_eq(n, in.size);
     in = tune_in();
     in.reader_waiting = 0; /* the application does not keep up: more ring would not help */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+}
+END_TEST
+
+/* The ring limited the whole round trip (three quarters of it or more arrived in one):
+ * the sender may have much more, grow by EXS_RING_GROW_FAST at once (slow start) instead
+ * of doubling; 1 MiB reaches 64 MiB in 3 steps instead of 6. */
+START_TEST(rt_grow_fast_when_ring_full)
+{
+    struct exs_ring_tune_in in = tune_in();
+    uint32_t n;
+    int steps = 0;
+
+    in.win_bytes = 3u << 18; /* exactly three quarters */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, EXS_RING_GROW_FAST << 20);
+    in.win_bytes = 5u << 20; /* more than the ring: the same step, not sized from it */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, EXS_RING_GROW_FAST << 20);
+    for (in.size = 1u << 20; in.size < in.max; steps++) {
+        in.win_bytes = in.size;
+        ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+        ck_assert_uint_gt(n, in.size);
+        in.size = n;
+    }
+    ck_assert_uint_eq(in.size, 64u << 20);
+    ck_assert_int_eq(steps, 3);
+    in.size = 32u << 20; /* capped by max */
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 64u << 20);
 }
 END_TEST
 
@@ -82,6 +113,11 @@ START_TEST(rt_budget_refuses)
     in.budget = 3u << 20;
     in.in_use = 1u << 20; /* + 2 MiB = 3 MiB: fits */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 2u << 20); /* the fast step (4 MiB) passes it: doubles */
+    in.budget = 5u << 20;
+    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_uint_eq(n, 4u << 20); /* 1 + 4 MiB: the fast step fits */
+    in.budget = 3u << 20;
     in.in_use = (1u << 20) + 64; /* one slot more: refused */
     ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_REFUSED);
     ck_assert_uint_eq(n, in.size);
@@ -364,12 +400,101 @@ START_TEST(rg_offer_budget)
 }
 END_TEST
 
+/* §7 sender step 2, hysteresis (EXS_STREAM_DIRECT_LINGER): a sender in a direct phase
+ * whose ADVERTs ran out writes the ring only once its writes in flight completed (the
+ * ADVERT of the next receive usually comes meanwhile); 0: at once (the published rule).
+ * Either way the data arrives, in order. _i: the linger setting. */
+START_TEST(rg_direct_linger)
+{
+    static uint8_t sb[2][3000], rb[2][3000];
+    struct pt_op s[2], r[2];
+    struct exs_sock_stats st;
+
+    exs__params.stream_direct_min = 0;
+    exs__params.stream_direct_linger = (uint64_t)_i;
+    pt_recv_post(&r[0], &pp.b, rb[0], 3000, 0);
+    pt_run(&pp);                                      /* its ADVERT is at the sender */
+    pt_send_pattern(&s[0], &pp.a, sb[0], 3000, 0);    /* direct, in flight */
+    pt_send_pattern(&s[1], &pp.a, sb[1], 2000, 3000); /* no ADVERT left */
+    pt_stats(&pp.a, &st);
+    ck_assert_uint_eq(st.direct_xfers, 1);
+    if (_i) { /* waits for the direct write */
+        ck_assert_uint_eq(st.indirect_xfers, 0);
+        ck_assert_uint_eq(st.mode_switches, 0);
+        ck_assert(PHASE_IS_DIRECT(pp.a.conn->st_ps));
+    } else { /* the ring at once: a switch */
+        ck_assert_uint_eq(st.indirect_xfers, 1);
+        ck_assert_uint_eq(st.mode_switches, 1);
+    }
+    pt_run(&pp); /* the direct write completes: with no ADVERT come, the ring */
+    pt_assert_done(&r[0], 3000, 0);
+    ck_assert(pt_check(rb[0], 3000, 0));
+    pt_assert_done(&s[0], 3000, 0);
+    pt_assert_done(&s[1], 2000, 0);
+    pt_stats(&pp.a, &st);
+    ck_assert_uint_eq(st.indirect_xfers, 1);
+    ck_assert_uint_eq(st.mode_switches, 1);
+    /* a linger that no ADVERT ended skips the linger in the next direct phase */
+    ck_assert_uint_eq(pp.a.conn->st_linger_skip, (_i ? 1u : 0u));
+    pt_recv_post(&r[1], &pp.b, rb[1], 3000, 0);
+    pt_run(&pp);
+    pt_assert_done(&r[1], 2000, 0);
+    ck_assert(pt_check(rb[1], 2000, 3000));
+    for (int i = 0; i < 2; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* §7 linger, only while the sends waiting are no more than the writes in flight: with
+ * more, the receives are fewer than the sends and the ring goes at once (one send in
+ * flight, one waiting: it lingers until a third is queued). */
+START_TEST(rg_direct_linger_count)
+{
+    static uint8_t sb[3][3000], rb[2][3000];
+    struct pt_op s[3], r[2];
+    struct exs_sock_stats st;
+
+    exs__params.stream_direct_min = 0;
+    exs__params.stream_direct_linger = 1;
+    pt_recv_post(&r[0], &pp.b, rb[0], 3000, 0);
+    pt_run(&pp);
+    pt_send_pattern(&s[0], &pp.a, sb[0], 3000, 0);    /* direct, in flight */
+    pt_send_pattern(&s[1], &pp.a, sb[1], 2000, 3000); /* 1 waiting, 1 in flight: lingers */
+    pt_stats(&pp.a, &st);
+    ck_assert_uint_eq(st.indirect_xfers, 0);
+    ck_assert_int_eq(pp.a.conn->st_lingering, 1);
+    pt_send_pattern(&s[2], &pp.a, sb[2], 1000, 5000); /* 2 waiting, 1 in flight: the ring */
+    pt_stats(&pp.a, &st);
+    ck_assert_uint_eq(st.direct_xfers, 1);
+    ck_assert_uint_ge(st.indirect_xfers, 1); /* s2 may follow s1 once its write completed */
+    ck_assert_uint_eq(st.mode_switches, 1);
+    ck_assert_int_eq(pp.a.conn->st_lingering, 0);
+    ck_assert_uint_eq(pp.a.conn->st_linger_skip, 0); /* not a failed linger */
+    pt_run(&pp);
+    pt_assert_done(&r[0], 3000, 0);
+    ck_assert(pt_check(rb[0], 3000, 0));
+    pt_recv_post(&r[1], &pp.b, rb[1], 3000, 0);
+    pt_run(&pp);
+    pt_assert_done(&r[1], 3000, 0);
+    ck_assert(pt_check(rb[1], 3000, 3000));
+    for (int i = 0; i < 3; i++) {
+        pt_assert_done(&s[i], (ssize_t)s[i].op.len, 0);
+        pt_op_fini(&s[i]);
+    }
+    for (int i = 0; i < 2; i++)
+        pt_op_fini(&r[i]);
+}
+END_TEST
+
 Suite *proto_ring_suite(void)
 {
     Suite *s = suite_create("proto_ring");
     TCase *tc = tcase_create("tune");
 
     tcase_add_test(tc, rt_grow_when_ring_limited);
+    tcase_add_test(tc, rt_grow_fast_when_ring_full);
     tcase_add_test(tc, rt_grow_capped_by_max);
     tcase_add_test(tc, rt_budget_refuses);
     tcase_add_test(tc, rt_shrink_when_idle);
@@ -382,6 +507,8 @@ Suite *proto_ring_suite(void)
     tcase_add_test(tc, rg_offer_budget);
     tcase_add_test(tc, rg_timer_watches_initial_ring);
     tcase_add_test(tc, rg_tune_per_min_rtt);
+    tcase_add_loop_test(tc, rg_direct_linger, 0, 2);
+    tcase_add_test(tc, rg_direct_linger_count);
     suite_add_tcase(s, tc);
     return s;
 }
