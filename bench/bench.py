@@ -707,6 +707,10 @@ def update_readme(path, res):
             "%s %.1f (futex %.1f)" % (size_name(int(z)), sc[z]["per_msg_total"],
                                       sc[z]["per_msg"].get("futex", 0))
             for z in sorted(sc, key=int)) + "."]
+    if res.get("base"):
+        L += ["", "Against the base build %s (`make bench BENCH_BASE=...`: the same tree, "
+              "measured in the same rounds): %s." % (res["base"]["name"],
+                                                      base_tally(res["base"]["figures"]))]
     L += ["", "Every size, each round's value (the machine is shared and noisy: check them before "
           "reading a ratio), the hot spots and the commands: `bench/results.md`.", "",
           README_END]

@@ -327,6 +327,17 @@ class Readme(unittest.TestCase):
             self.assertTrue(text.endswith(bench.README_END + "\ntail\n"))
             self.assertNotIn("old table", text)
             self.assertIn("| 64 B stream msg/s vs kernel TCP | 10 msg/s | 10 msg/s | 1.00 |", text)
+            self.assertNotIn("Against the base build", text)
+            res["base"] = {"name": "TRACE=0", "figures": [
+                {"workload": "latency", "size": 64, "system": "exs_poll", "figure": "p50_us",
+                 "ratio": 1.01, "noise": 0.05, "verdict": "within noise"}]}
+            with open(p, "w") as fh:
+                fh.write("%s\n%s\n" % (bench.README_BEGIN, bench.README_END))
+            self.assertIsNone(bench.update_readme(p, res))
+            with open(p) as fh:
+                self.assertIn("Against the base build TRACE=0 (`make bench BENCH_BASE=...`: the "
+                              "same tree, measured in the same rounds): 1 of 1 figures within "
+                              "noise.", fh.read())
             with open(p, "w") as fh:
                 fh.write("no markers\n")
             self.assertIsNotNone(bench.update_readme(p, res))
