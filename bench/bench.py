@@ -962,6 +962,9 @@ def write_md(path, res):
              "--mode dynamic|direct --runs 1 --time T`")
     L.append("- kernel TCP stream: the same with `--transport tcp`")
     L.append("- UCX stream: `ucx_perftest 127.0.0.1 -t stream_bw|tag_bw -s S -n N -O 16`")
+    if res.get("base"):
+        L.append("- base (`make bench BENCH_BASE=...`): the libexs commands above with `%s`"
+                 % res["base"]["blast"])
     L.append("")
     L.append("N is chosen from the previous round so that each run lasts about T seconds.")
     L.append("")
