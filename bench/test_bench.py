@@ -87,6 +87,18 @@ class Strace(unittest.TestCase):
         self.assertEqual(r["per_msg_total"], 3.5)
 
 
+def results_md(d, cfg, summary, errors, **extra):
+    """results.md written into d for a run's summary (no callgrind); its text."""
+    res = {"machine": bench.machine(d), "config": cfg, "summary": summary,
+           "targets": bench.targets(summary), "callgrind": None, "errors": errors,
+           "elapsed_s": 0}
+    res.update(extra)
+    res["machine"]["loadavg_end"] = 0.0
+    bench.write_md(os.path.join(d, "results.md"), res)
+    with open(os.path.join(d, "results.md")) as fh:
+        return fh.read()
+
+
 class Verdicts(unittest.TestCase):
     def test_median_skips_failed_runs(self):
         self.assertEqual(bench.median([{"x": 3}, None, {"x": 1}, {"x": 2}], "x"), 2)
@@ -143,13 +155,7 @@ class Verdicts(unittest.TestCase):
             s = bench.summarize(lat, bw)
             self.assertTrue(all(t["ratio"] is None and t["met"] is None
                                 for t in bench.targets(s)))
-            res = {"machine": bench.machine(d), "config": cfg, "summary": s,
-                   "targets": bench.targets(s), "callgrind": None, "errors": b.errors,
-                   "elapsed_s": 0}
-            res["machine"]["loadavg_end"] = 0.0
-            bench.write_md(os.path.join(d, "results.md"), res)
-            with open(os.path.join(d, "results.md")) as fh:
-                md = fh.read()
+            md = results_md(d, cfg, s, b.errors)
             self.assertIn("## Errors", md)
             self.assertIn("| n/a |", md)
 
@@ -267,14 +273,8 @@ class Base(unittest.TestCase):
             gb = [f for f in figs if f["figure"] == "gbps"]
             self.assertEqual(len(gb), len(bench.SIZES))
             self.assertTrue(all(f["ratio"] == 1 and f["verdict"] == "within noise" for f in gb))
-            res = {"machine": bench.machine(d), "config": cfg, "summary": s,
-                   "targets": bench.targets(s), "callgrind": None, "errors": b.errors,
-                   "elapsed_s": 0, "base": {"name": "TRACE=0", "blast": blasts["base"],
-                                            "callgrind": None, "figures": figs}}
-            res["machine"]["loadavg_end"] = 0.0
-            bench.write_md(os.path.join(d, "results.md"), res)
-            with open(os.path.join(d, "results.md")) as fh:
-                md = fh.read()
+            md = results_md(d, cfg, s, b.errors, base={
+                "name": "TRACE=0", "blast": blasts["base"], "callgrind": None, "figures": figs})
             self.assertIn("## Against the base build (TRACE=0)", md)
             self.assertIn("| p50 / base |", md)
             self.assertIn("| 64 B | base (TRACE=0): libexs, busy polling at both ends "
