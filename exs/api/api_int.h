@@ -217,12 +217,12 @@ int exs__api_to_timer_set(struct exs_eng_timer *t, int *on, uint64_t next,
 /* An operation's notices begin (the caller reserved the first one's slot, and registers it
  * in its owner's to_ops): v is the SO_ASYNC_*_TIMEOUT value of its direction. */
 void exs__api_to_begin(struct api_to *to, int v);
-/* to leaves its owner's list ops (when it is on it): 1 when ops is then empty (the owner's
- * timer is to stop). Owner's lock held. */
-int exs__api_to_unlist(struct api_to *to, const struct exs_list *ops);
-/* The earliest due time of the notices registered in ops (struct api_to by link), or
- * UINT64_MAX when there is none. Owner's lock held. */
-uint64_t exs__api_to_earliest(const struct exs_list *ops);
+/* to leaves its owner's list head (when it is on it): 1 when the list is then empty (the
+ * owner's timer is to stop). Owner's lock held. */
+int exs__api_to_unlist(struct api_to *to, const struct exs_list *head);
+/* The earliest due time of the notices registered in the list head (struct api_to by
+ * link), or UINT64_MAX when there is none. Owner's lock held. */
+uint64_t exs__api_to_earliest(const struct exs_list *head);
 /* The notice timer fired at now: 1 when to's notice is due and has its slot, with ev's
  * timeout count and elapsed time filled (the caller fills the rest and posts it); its
  * next one is due an interval later, or (once) to leaves the list. 0: not due yet, or the

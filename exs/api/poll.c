@@ -722,21 +722,21 @@ void exs__api_to_begin(struct api_to *to, int v)
     to->due_ns = now + (uint64_t)to->ms * 1000000u;
 }
 
-int exs__api_to_unlist(struct api_to *to, const struct exs_list *ops)
+int exs__api_to_unlist(struct api_to *to, const struct exs_list *head)
 {
     if (!to->on)
         return 0;
     to->on = 0;
     exs_list_del(&to->link);
-    return exs_list_empty(ops);
+    return exs_list_empty(head);
 }
 
-uint64_t exs__api_to_earliest(const struct exs_list *ops)
+uint64_t exs__api_to_earliest(const struct exs_list *head)
 {
     uint64_t next = UINT64_MAX;
     const struct exs_list *pos;
 
-    for (pos = ops->next; pos != ops; pos = pos->next) {
+    for (pos = head->next; pos != head; pos = pos->next) {
         const struct api_to *to = exs_list_entry(pos, struct api_to, link);
 
         if (to->due_ns < next)
