@@ -124,7 +124,10 @@ for f in figs:
 cgf = [f for f in base["figures"] if f["workload"] == "callgrind"]
 if cg:
     assert [f["system"] for f in cgf] == ["sender", "receiver", "total"], cgf
-    assert all(f["base"] > 100 and abs(f["ratio"] - f["ours"] / f["base"]) < 1e-9 for f in cgf)
+    assert all(abs(f["ratio"] - f["ours"] / f["base"]) < 1e-9 for f in cgf), cgf
+    # the sender's count is the send path's; the receiver's (its threads' idle loops count
+    # too) moves with the machine's load at these tiny message counts: not bounded here
+    assert cgf[0]["base"] > 100 and cgf[2]["base"] > 100, cgf
     assert base["callgrind"]["64"]["ir_per_msg_total"] == cgf[2]["base"]
 else:
     assert not cgf and base["callgrind"] is None, base
