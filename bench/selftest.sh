@@ -66,13 +66,19 @@ for t in r["targets"]:
     assert t["met"] in (True, False), t
 if cg:
     c = r["callgrind"]["64"]
-    assert c["ir_per_msg_sender"] > 100 and c["ir_per_msg_receiver"] > 100, c
+    # the receiver's share is not bounded: at 64 B the send buffer (spec/protocol.md 7.5)
+    # hands it many messages per read, so its marginal count per message is small (15-90
+    # Ir seen on a quiet machine), and its threads' idle loops can even make it negative
+    assert c["ir_per_msg_sender"] > 100 and c["ir_per_msg_total"] > 100, c
     assert c["hotspots"] and all(0 < h["share"] <= 1 for h in c["hotspots"]), c
     assert any(h["function"].startswith(("exs", "st_", "conn")) or "exs" in h["function"]
                for h in c["hotspots"]), "no libexs function among the hot spots: %s" % c
 if st:
     c = r["syscalls"]["64"]
-    assert c["per_msg_total"] > 0 and c["per_msg"], c
+    # 200 more 64 B messages may take no more system calls than a few batched writes and
+    # reads: below bench.py's 0.005 per message each, so the table may be empty
+    assert c["per_msg_total"] >= 0 and isinstance(c["per_msg"], dict), c
+    assert all(v > 0.005 for v in c["per_msg"].values()), c
 md = open(os.path.join(d, "results.md")).read()
 for t in r["targets"]:
     assert "| " + t["what"] + " |" in md, t["what"]
