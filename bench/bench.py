@@ -4,7 +4,10 @@
 
 Runs every workload of issue 11's "Done when" round-robin across the systems (one
 measurement of each system per round, medians over the rounds), then instructions per
-message with callgrind, and writes results.json, results.md and results.png.
+message with callgrind, and writes results.json, results.md and results.png. With a base
+blast (BENCH_BASE_BLAST: another build of the tree, e.g. request tracing compiled out), every
+libexs system is measured a second time with it in the same rounds, and results give
+ours / base per figure.
 Configuration comes from the environment (bench/run.sh documents it).
 """
 import json
@@ -52,6 +55,37 @@ BW_SYSTEMS = [
 ]
 
 
+# The libexs systems a base build is measured as too: "base_" + name, the base's blast.
+BASE_PREFIX = "base_"
+BASE_LAT = ("exs_notify", "exs_poll", "exs_poll_send")
+BASE_BW = ("exs",)
+# The base comparison's figures: (workload, system, figure, lower is better).
+BASE_FIGURES = [("lat", n, k, True) for n in BASE_LAT for k in ("p50_us", "p99_us", "mean_us")] \
+    + [("bw", n, k, False) for n in BASE_BW for k in ("msgs_per_sec", "gbps")]
+
+
+def with_base(systems, names, base_name):
+    """systems with a base entry right after each of names (None: no base)."""
+    out = []
+    for n, d in systems:
+        out.append((n, d))
+        if base_name is not None and n in names:
+            out.append((BASE_PREFIX + n, "base (%s): %s" % (base_name, d)))
+    return out
+
+
+def round_order(systems, rnd):
+    """The order of round rnd (0, 1, ...): in rounds 1, 3, ... each base entry goes before
+    its own system, so that neither build is always measured first (a drift of the load
+    favours neither)."""
+    out = list(systems)
+    if rnd % 2:
+        for i in range(1, len(out)):
+            if out[i][0] == BASE_PREFIX + out[i - 1][0]:
+                out[i - 1], out[i] = out[i], out[i - 1]
+    return out
+
+
 def exs_mode(size):
     """The issue's workload: direct-only from 64 KiB up, the default protocol below."""
     return "direct" if size >= 65536 else "dynamic"
@@ -75,6 +109,10 @@ class Bench:
     def __init__(self, cfg):
         self.cfg = cfg
         self.blast = cfg["blast"]
+        self.base_blast = cfg.get("base_blast")
+        base = cfg.get("base_name") if self.base_blast else None
+        self.lat_systems = with_base(LAT_SYSTEMS, BASE_LAT, base)
+        self.bw_systems = with_base(BW_SYSTEMS, BASE_BW, base)
         self.env = dict(os.environ, EXS_PROVIDER="tcp")
         self.ucx_env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
         self.errors = []
@@ -97,8 +135,8 @@ class Bench:
                                                brief(p.stderr))
         return p.stdout, None
 
-    def blast_json(self, args):
-        argv = [self.blast, "--loopback", "--json", "--quiet"] + args
+    def blast_json(self, args, blast=None):
+        argv = [blast or self.blast, "--loopback", "--json", "--quiet"] + args
         out, err = self.run(argv, self.env, self.cfg["timeout"])
         if err:
             return None, err
@@ -163,6 +201,9 @@ class Bench:
     def lat_once(self, system, size):
         """Round trip p50/p99/mean in microseconds."""
         key = ("lat", system, size)
+        blast = self.blast
+        if system.startswith(BASE_PREFIX):  # the same run with the base's blast
+            system, blast = system[len(BASE_PREFIX):], self.base_blast
         lo, hi = self.cfg["lat_iters_min"], 2000000
         guess = self.cfg["lat_iters_guess"]
         if size > 4096:  # large messages: fewer round trips in the first round
@@ -177,7 +218,7 @@ class Bench:
                 args += ["--poll", "--poll-recv"]
             elif system == "exs_poll_send":
                 args += ["--poll"]
-            r, err = self.blast_json(args)
+            r, err = self.blast_json(args, blast)
             if err:
                 return None, err
             lat = r.get("latency_us")
@@ -204,6 +245,9 @@ class Bench:
 
     def bw_once(self, system, size):
         """Messages/s and Gbit/s (10^9 bits/s) of SOCK_STREAM sends, 16 sends outstanding."""
+        blast = self.blast
+        if system.startswith(BASE_PREFIX):
+            system, blast = system[len(BASE_PREFIX):], self.base_blast
         if system in ("exs", "kernel_tcp", "kernel_tcp_1buf"):
             args = ["--type", "stream", "--sends", str(SENDS), "--recvs", str(RECVS), "--size",
                     str(size), "--runs", "1", "--time", "%g" % self.cfg["run_secs"],
@@ -214,7 +258,7 @@ class Bench:
                 args += ["--transport", "tcp"]
                 if system == "kernel_tcp_1buf":
                     args += ["--tcp-one-buffer"]
-            r, err = self.blast_json(args)
+            r, err = self.blast_json(args, blast)
             if err:
                 return None, err
             return {"msgs_per_sec": r["messages_per_sec"], "gbps": r["throughput_gbps"],
@@ -233,19 +277,19 @@ class Bench:
     # --- the interleaved run -------------------------------------------------------------
 
     def measure(self):
-        lat = {s: {z: [] for z in SIZES} for s, _ in LAT_SYSTEMS}
-        bw = {s: {z: [] for z in SIZES} for s, _ in BW_SYSTEMS}
+        lat = {s: {z: [] for z in SIZES} for s, _ in self.lat_systems}
+        bw = {s: {z: [] for z in SIZES} for s, _ in self.bw_systems}
         rounds = self.cfg["rounds"]
         for rnd in range(rounds):
             for size in SIZES:
-                for system, _ in LAT_SYSTEMS:
+                for system, _ in round_order(self.lat_systems, rnd):
                     self.log("round %d/%d: ping-pong %s, %s" % (rnd + 1, rounds,
                                                                  size_name(size), system))
                     v, err = self.lat_once(system, size)
                     if err:
                         self.errors.append("latency %s %s: %s" % (system, size_name(size), err))
                     lat[system][size].append(v)
-                for system, _ in BW_SYSTEMS:
+                for system, _ in round_order(self.bw_systems, rnd):
                     self.log("round %d/%d: stream %s, %s" % (rnd + 1, rounds, size_name(size),
                                                               system))
                     v, err = self.bw_once(system, size)
@@ -256,13 +300,13 @@ class Bench:
 
     # --- callgrind -----------------------------------------------------------------------
 
-    def callgrind_run(self, size, count, outdir):
+    def callgrind_run(self, size, count, outdir, blast=None):
         """blast --loopback under callgrind: exactly `count` messages of `size` bytes.
         Returns {side: {"total": Ir, "fns": {function: Ir}}} for sender and receiver."""
         tag = "%d-%d" % (size, count)
         pattern = os.path.join(outdir, "cg.%s.%%p" % tag)
         argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + pattern,
-                self.blast, "--loopback", "--type", "stream", "--mode", exs_mode(size),
+                blast or self.blast, "--loopback", "--type", "stream", "--mode", exs_mode(size),
                 "--sends", str(SENDS), "--recvs", str(RECVS), "--size", str(size), "--bytes",
                 str(size * count), "--runs", "1", "--no-latency", "--quiet"]
         p = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL,
@@ -320,20 +364,22 @@ class Bench:
                 out[size].update({"mode": exs_mode(size), "counts": [n1, n2]})
         return out
 
-    def callgrind(self):
+    def callgrind(self, base=False):
+        """Ir per message of ours (or, base: of the base's blast) at each cg_counts size."""
+        blast, what = (self.base_blast, "callgrind (base)") if base else (self.blast, "callgrind")
         if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
-            self.errors.append("callgrind: valgrind not installed")
+            self.errors.append("%s: valgrind not installed" % what)
             return None
         out = {}
         tmp = tempfile.mkdtemp(prefix="exs-bench-cg.")
         try:
             for size, (n1, n2) in self.cfg["cg_counts"].items():
-                self.log("callgrind: %s x %d and x %d" % (size_name(size), n1, n2))
-                a, err = self.callgrind_run(size, n1, tmp)
+                self.log("%s: %s x %d and x %d" % (what, size_name(size), n1, n2))
+                a, err = self.callgrind_run(size, n1, tmp, blast)
                 if not err:
-                    b, err = self.callgrind_run(size, n2, tmp)
+                    b, err = self.callgrind_run(size, n2, tmp, blast)
                 if err:
-                    self.errors.append("callgrind %s: %s" % (size_name(size), err))
+                    self.errors.append("%s %s: %s" % (what, size_name(size), err))
                     continue
                 out[size] = ir_per_message(a, b, n2 - n1, self.cfg["hotspots"])
                 out[size].update({"mode": exs_mode(size), "counts": [n1, n2]})
@@ -471,9 +517,9 @@ def target_met(kind, r, target):
     return r <= target if kind == "max" else r >= target
 
 
-def summarize(lat, bw):
+def summarize(lat, bw, lat_systems=LAT_SYSTEMS, bw_systems=BW_SYSTEMS):
     s = {"latency": {}, "stream": {}}
-    for system, desc in LAT_SYSTEMS:
+    for system, desc in lat_systems:
         s["latency"][system] = {"description": desc, "sizes": {}}
         for size in SIZES:
             runs = lat[system][size]
@@ -483,7 +529,7 @@ def summarize(lat, bw):
                 "runs": [None if v is None else {k: v[k] for k in ("p50_us", "p99_us",
                                                                     "mean_us", "iters")}
                          for v in runs]}
-    for system, desc in BW_SYSTEMS:
+    for system, desc in bw_systems:
         s["stream"][system] = {"description": desc, "sizes": {}}
         for size in SIZES:
             runs = bw[system][size]
@@ -525,6 +571,54 @@ def ratios(summary):
                         "figure": "msgs_per_sec",
                         "ratio": ratio(figure(summary, "bw", size, "exs", "msgs_per_sec"),
                                        figure(summary, "bw", size, peer, "msgs_per_sec"))})
+    return out
+
+
+def spread(runs, key):
+    """The noise of one system's figure: (largest - smallest) / median over the rounds;
+    None with fewer than two measured rounds."""
+    xs = [v[key] for v in runs if v and v.get(key) is not None]
+    if len(xs) < 2 or not statistics.median(xs):
+        return None
+    return (max(xs) - min(xs)) / statistics.median(xs)
+
+
+def base_verdict(r, noise, lower_better):
+    """ours / base against the noise: "within noise" when |ratio - 1| <= the larger
+    spread of the two systems' rounds, else "ours better" or "ours worse"."""
+    if r is None or noise is None:
+        return None
+    if abs(r - 1) <= noise:
+        return "within noise"
+    return "ours better" if (r < 1) == lower_better else "ours worse"
+
+
+def base_compare(summary, cg=None, cg_base=None):
+    """Every libexs figure of ours against the same figure of the base build, per size:
+    medians, ratio, noise (spread of rounds) and verdict; callgrind Ir per message too."""
+    out = []
+    for kind, system, key, lower in BASE_FIGURES:
+        sect = summary["latency" if kind == "lat" else "stream"]
+        if BASE_PREFIX + system not in sect:
+            continue
+        for size in SIZES:
+            o = sect[system]["sizes"][str(size)]
+            b = sect[BASE_PREFIX + system]["sizes"][str(size)]
+            r = ratio(o[key], b[key])
+            sp = [spread(o["runs"], key), spread(b["runs"], key)]
+            noise = None if None in sp else max(sp)
+            out.append({"workload": "latency" if kind == "lat" else "stream", "size": size,
+                        "system": system, "figure": key, "ours": o[key], "base": b[key],
+                        "ratio": r, "noise": noise,
+                        "verdict": base_verdict(r, noise, lower)})
+    for size in sorted(set(cg or {}) & set(cg_base or {}), key=int):
+        for side in ("sender", "receiver", "total"):
+            k = "ir_per_msg_" + side
+            r = ratio(cg[size][k], cg_base[size][k])
+            # instruction counts do not depend on the load: any difference is the code's
+            out.append({"workload": "callgrind", "size": int(size), "system": side,
+                        "figure": k, "ours": cg[size][k], "base": cg_base[size][k],
+                        "ratio": r, "noise": None, "verdict": None})
     return out
 
 
@@ -633,6 +727,10 @@ def update_readme(path, res):
             "%s %.1f (futex %.1f)" % (size_name(int(z)), sc[z]["per_msg_total"],
                                       sc[z]["per_msg"].get("futex", 0))
             for z in sorted(sc, key=int)) + "."]
+    if res.get("base"):
+        L += ["", "Against the base build %s (`make bench BENCH_BASE=...`: the same tree, "
+              "measured in the same rounds): %s." % (res["base"]["name"],
+                                                      base_tally(res["base"]["figures"]))]
     L += ["", "Every size, each round's value (the machine is shared and noisy: check them before "
           "reading a ratio), the hot spots and the commands: `bench/results.md`.", "",
           README_END]
@@ -641,8 +739,96 @@ def update_readme(path, res):
     return None
 
 
+def systems_of(summary, kind):
+    """The systems of a summary in table order: the fixed ones, then the base's."""
+    sect, fixed = (summary["latency"], LAT_SYSTEMS) if kind == "lat" else (summary["stream"],
+                                                                          BW_SYSTEMS)
+    names = [n for n, _ in fixed]
+    names += [BASE_PREFIX + n for n in names if BASE_PREFIX + n in sect]
+    return [(n, sect[n]["description"]) for n in names if n in sect]
+
+
+def base_ratio(summary, kind, size, system, key):
+    """ours / base of a figure for a libexs system measured with the base too, else None."""
+    sect = summary["latency" if kind == "lat" else "stream"]
+    if system.startswith(BASE_PREFIX) or BASE_PREFIX + system not in sect:
+        return None
+    return ratio(figure(summary, kind, size, system, key),
+                 figure(summary, kind, size, BASE_PREFIX + system, key))
+
+
+def base_tally(figs):
+    """One line: how many of the measured figures are within noise, and the others."""
+    judged = [f for f in figs if f["verdict"]]
+    inside = [f for f in judged if f["verdict"] == "within noise"]
+    if judged:
+        out = ["%d of %d figures within noise" % (len(inside), len(judged))]
+    else:
+        out = ["no verdicts (the noise of a figure needs two rounds or more)"]
+    for f in judged:
+        if f["verdict"] != "within noise":
+            out.append("%s %s %s %s: %s (ratio %s, noise %s)" % (
+                f["workload"], size_name(f["size"]), f["system"], f["figure"], f["verdict"],
+                fmt_ratio(f["ratio"]), fmt_pct(f["noise"])))
+    cg = [f for f in figs if f["workload"] == "callgrind" and f["system"] == "total"]
+    for f in cg:
+        out.append("callgrind %s Ir/msg ours/base %s" % (size_name(f["size"]),
+                                                        fmt_ratio(f["ratio"])))
+    return "; ".join(out)
+
+
+def fmt_pct(v):
+    return "n/a" if v is None else "%.0f%%" % (100 * v)
+
+
+def base_section(res):
+    """results.md's comparison with the base build (ours / base per figure)."""
+    base, s = res["base"], res["summary"]
+    L = ["## Against the base build (%s)" % base["name"], "",
+         "The base is `%s`, measured as one more system in the same rounds, next to ours "
+         "(after it in odd rounds, before it in even ones; rows `base (...)` of the tables "
+         "above). ours / base per figure; noise = the "
+         "larger (largest - smallest) / median of the two systems' rounds; \"within noise\" "
+         "when |ours / base - 1| <= noise. Latency: lower is better; msg/s and Gbit/s: "
+         "higher is better. Summary: %s." % (base["blast"], base_tally(base["figures"])), "",
+         "| workload | size | system | figure | ours | base | ours / base | noise | verdict "
+         "| ours each round | base each round |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for f in base["figures"]:
+        if f["workload"] == "callgrind":
+            continue
+        kind = "lat" if f["workload"] == "latency" else "bw"
+        sect = s["latency" if kind == "lat" else "stream"]
+        digits = 0 if f["figure"] == "msgs_per_sec" else 2 if f["figure"] == "gbps" else 1
+        L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            f["workload"], size_name(f["size"]), f["system"], f["figure"],
+            fmt(f["ours"], digits), fmt(f["base"], digits), fmt_ratio(f["ratio"]),
+            fmt_pct(f["noise"]), f["verdict"] or "n/a",
+            each_round(sect[f["system"]]["sizes"][str(f["size"])]["runs"], f["figure"], digits),
+            each_round(sect[BASE_PREFIX + f["system"]]["sizes"][str(f["size"])]["runs"],
+                       f["figure"], digits)))
+    cg = [f for f in base["figures"] if f["workload"] == "callgrind"]
+    L.append("")
+    if cg:
+        L.append("Instructions per message (callgrind, measured as in the section below, for "
+                 "both builds): they do not move with the machine's load, so a difference here "
+                 "is the code's (up to the idle loops of the library's threads).")
+        L.append("")
+        L.append("| size | side | ours Ir/msg | base Ir/msg | ours / base |")
+        L.append("| --- | --- | --- | --- | --- |")
+        for f in cg:
+            L.append("| %s | %s | %s | %s | %s |" % (size_name(f["size"]), f["system"],
+                                                   fmt(f["ours"], 0), fmt(f["base"], 0),
+                                                   fmt_ratio(f["ratio"])))
+    else:
+        L.append("Instructions per message of the base: not measured in this run.")
+    L.append("")
+    return L
+
+
 def write_md(path, res):
     m, cfg, s = res["machine"], res["config"], res["summary"]
+    has_base = bool(res.get("base"))
     L = []
     L.append("# libexs benchmarks")
     L.append("")
@@ -691,16 +877,18 @@ def write_md(path, res):
              "(its p99 comes from a second run with `-R 99`).")
     L.append("")
     L.append("| size | system | p50 | p99 | mean | p50 / kernel TCP | p50 / UCX tag_lat "
-             "| p50 of each round |")
-    L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+             + ("| p50 / base " if has_base else "") + "| p50 of each round |")
+    L.append("| --- " * (9 if has_base else 8) + "|")
     for size in SIZES:
         k = figure(s, "lat", size, "kernel_tcp", "p50_us")
         u = figure(s, "lat", size, "ucx_tag_lat", "p50_us")
-        for system, desc in LAT_SYSTEMS:
+        for system, desc in systems_of(s, "lat"):
             f = s["latency"][system]["sizes"][str(size)]
-            L.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            br = base_ratio(s, "lat", size, system, "p50_us")
+            L.append("| %s | %s | %s | %s | %s | %s | %s | %s%s |" % (
                 size_name(size), desc, fmt(f["p50_us"]), fmt(f["p99_us"]), fmt(f["mean_us"]),
                 fmt_ratio(ratio(f["p50_us"], k)), fmt_ratio(ratio(f["p50_us"], u)),
+                (fmt_ratio(br) + " | ") if has_base else "",
                 each_round(f["runs"], "p50_us", 1)))
     L.append("")
     L.append("## SOCK_STREAM sends, %d outstanding (%d receives)" % (SENDS, RECVS))
@@ -710,18 +898,22 @@ def write_md(path, res):
              "64 KiB. UCX: `-O %d` outstanding sends." % SENDS)
     L.append("")
     L.append("| size | system | msg/s | Gbit/s | / kernel TCP | / UCX stream_bw | / UCX tag_bw "
-             "| msg/s of each round |")
-    L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+             + ("| / base " if has_base else "") + "| msg/s of each round |")
+    L.append("| --- " * (9 if has_base else 8) + "|")
     for size in SIZES:
         peers = [figure(s, "bw", size, p, "msgs_per_sec")
                  for p in ("kernel_tcp", "ucx_stream_bw", "ucx_tag_bw")]
-        for system, desc in BW_SYSTEMS:
+        for system, desc in systems_of(s, "bw"):
             f = s["stream"][system]["sizes"][str(size)]
-            L.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            br = base_ratio(s, "bw", size, system, "msgs_per_sec")
+            L.append("| %s | %s | %s | %s | %s | %s | %s | %s%s |" % (
                 size_name(size), desc, fmt(f["msgs_per_sec"]), fmt(f["gbps"], 2),
                 *[fmt_ratio(ratio(f["msgs_per_sec"], p)) for p in peers],
+                (fmt_ratio(br) + " | ") if has_base else "",
                 each_round(f["runs"], "msgs_per_sec", 0)))
     L.append("")
+    if has_base:
+        L += base_section(res)
     L.append("## Instructions per message (callgrind)")
     L.append("")
     cg = res.get("callgrind")
@@ -801,6 +993,9 @@ def write_md(path, res):
              "--mode dynamic|direct --runs 1 --time T`")
     L.append("- kernel TCP stream: the same with `--transport tcp`")
     L.append("- UCX stream: `ucx_perftest 127.0.0.1 -t stream_bw|tag_bw -s S -n N -O 16`")
+    if res.get("base"):
+        L.append("- base (`make bench BENCH_BASE=...`): the libexs commands above with `%s`"
+                 % res["base"]["blast"])
     L.append("")
     L.append("N is chosen from the previous round so that each run lasts about T seconds.")
     L.append("")
@@ -887,12 +1082,15 @@ def config_from_env():
         "callgrind": e.get("BENCH_CALLGRIND", "1") not in ("", "0"),
         "strace": e.get("BENCH_STRACE", "1") not in ("", "0"),
         "blast": e.get("BENCH_BLAST", "build/blast/blast"),
+        "base_blast": e.get("BENCH_BASE_BLAST") or None,
         "out": e.get("BENCH_OUT", "bench"),
         "quiet": e.get("BENCH_QUIET", "0") not in ("", "0"),
         "timeout": 120, "callgrind_timeout": 600, "hotspots": 12,
         "lat_iters_guess": 200 if tiny else 1000, "lat_iters_min": 50 if tiny else 200,
         "bw_bytes_guess": (16 if tiny else 64) << 20, "bw_iters_min": 100 if tiny else 1000,
     }
+    cfg["base_name"] = (e.get("BENCH_BASE_NAME") or cfg["base_blast"]) if cfg["base_blast"] \
+        else None
     if tiny:
         # 64 KiB: each message makes system calls and runs the library's per-message
         # path, so the marginal figures of a tiny run stand above its time-driven noise
@@ -932,21 +1130,28 @@ def main():
         return 2
     cfg = config_from_env()
     root = os.getcwd()
-    if not os.access(cfg["blast"], os.X_OK):
-        print("bench: no blast binary at %s (run make first)" % cfg["blast"], file=sys.stderr)
-        return 1
+    for k in ("blast", "base_blast"):
+        if cfg[k] and not os.access(cfg[k], os.X_OK):
+            print("bench: no blast binary at %s (run make first)" % cfg[k], file=sys.stderr)
+            return 1
     b = Bench(cfg)
     t0 = time.monotonic()
     res = {"tool": "libexs make bench", "version": 1, "machine": machine(root),
            "config": {k: v for k, v in cfg.items() if k != "cg_counts"},
            "sizes": SIZES, "sends": SENDS, "recvs": RECVS}
     lat, bw = b.measure()
-    res["summary"] = summarize(lat, bw)
+    res["summary"] = summarize(lat, bw, b.lat_systems, b.bw_systems)
     res["targets"] = targets(res["summary"])
     res["other_targets"] = targets(res["summary"], OTHER_TARGETS)
     res["ratios"] = ratios(res["summary"])
     res["callgrind"] = {str(k): v for k, v in (b.callgrind() or {}).items()} \
         if cfg["callgrind"] else None
+    if cfg["base_blast"]:
+        cgb = {str(k): v for k, v in (b.callgrind(base=True) or {}).items()} \
+            if cfg["callgrind"] else None
+        res["base"] = {"name": cfg["base_name"], "blast": cfg["base_blast"],
+                       "callgrind": cgb,
+                       "figures": base_compare(res["summary"], res["callgrind"], cgb)}
     res["syscalls"] = {str(k): v for k, v in (b.syscalls() or {}).items()} \
         if cfg["strace"] else None
     res["machine"]["loadavg_end"] = os.getloadavg()[0]
@@ -968,6 +1173,9 @@ def main():
     for t in res["targets"]:
         print("bench: %-52s ours/peer %-6s target %-6s %s" % (
             t["what"], fmt_ratio(t["ratio"]), t["target"], met_str(t["met"]).strip("*")))
+    if res.get("base"):
+        print("bench: against the base (%s): %s" % (res["base"]["name"],
+                                                    base_tally(res["base"]["figures"])))
     print("bench: %s/results.md, results.json, results.png (%d s)%s" % (
         cfg["out"], res["elapsed_s"],
         "; %d error(s): see results.md" % len(b.errors) if b.errors else ""))

@@ -3,14 +3,40 @@
 # callgrind instructions per message; writes bench/results.{md,json,png} (bench/run.sh).
 #   make bench BENCH_QUICK=1      the < 2 minute version
 #   make bench BENCH_CALLGRIND=0  without callgrind (BENCH_STRACE=0: without strace)
+#   make bench BENCH_BASE=TRACE=0 also measures a build of the same tree with request tracing
+#                                 compiled out (built here, in $(BUILD)-notrace/), interleaved
+#                                 in the same rounds: results.md gives ours / base per figure
+#   make bench BENCH_BASE=DIR     the same against DIR/blast/blast (any build directory)
 # check-bench: the bench tooling on a tiny configuration (bench/selftest.sh), in make check.
+#
+# TRACE=0 (GNUmakefile, exs/proto/reqtrace.h) is a build for this comparison only: make check
+# refuses it. The tracing tests (wire golden hello features, the hostile TRACE cases, the trace
+# integration suite, exsctl trace) test what TRACE=0 removes, and making each of them skip
+# would add a second configuration to maintain for a build nobody ships.
 BENCH_QUICK     ?= 0
 BENCH_CALLGRIND ?= 1
 BENCH_STRACE    ?= 1
+BENCH_BASE      ?=
+
+ifeq ($(BENCH_BASE),TRACE=0)
+BENCH_BASE_DIR := $(BUILD)-notrace
+bench: bench-base
+bench-base:
+	$(Q)$(MAKE) --no-print-directory TRACE=0 BUILD=$(BENCH_BASE_DIR) $(BENCH_BASE_DIR)/blast/blast
+.PHONY: bench-base
+else
+BENCH_BASE_DIR := $(BENCH_BASE)
+endif
 
 bench: $(BLAST)
 	$(Q)BENCH_QUICK=$(BENCH_QUICK) BENCH_CALLGRIND=$(BENCH_CALLGRIND) BENCH_STRACE=$(BENCH_STRACE) \
-		bash bench/run.sh $(BUILD)
+		BENCH_BASE='$(BENCH_BASE_DIR)' BENCH_BASE_NAME='$(BENCH_BASE)' bash bench/run.sh $(BUILD)
+
+ifeq ($(TRACE),0)
+ifneq ($(filter check check-%,$(MAKECMDGOALS)),)
+$(error TRACE=0 is a build for make bench BENCH_BASE=TRACE=0 only: make check needs tracing (bench/module.mk))
+endif
+endif
 
 CHECK_RUNS += "bash bench/selftest.sh $(BLAST)"
 

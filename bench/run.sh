@@ -14,12 +14,25 @@
 #   BENCH_OUT=DIR       where results.md, results.json and results.png go (default bench)
 #   BENCH_TINY=1        the self test's configuration (bench/selftest.sh): runs of 0.1 s
 #   BENCH_QUIET=1       no progress lines on stderr
+#   BENCH_BASE=DIR      also measure DIR/blast/blast (or DIR itself when it is the blast binary)
+#                       as the base: every libexs figure again, interleaved in the same rounds,
+#                       and ours / base per figure (make bench BENCH_BASE=TRACE=0 builds
+#                       build-notrace/ and passes it here)
+#   BENCH_BASE_NAME=S   the base's name in results.md (default: DIR)
 # Exit status: 0 when every figure was measured, 1 when one failed (results.md lists why).
 set -eu
 build=${1:-build}
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh --bench
 export BENCH_BLAST="$build/blast/blast"
+if [ -n "${BENCH_BASE:-}" ]; then
+    if [ -f "$BENCH_BASE" ]; then base_blast=$BENCH_BASE; else base_blast=$BENCH_BASE/blast/blast; fi
+    if [ ! -x "$base_blast" ]; then
+        echo "bench: BENCH_BASE=$BENCH_BASE: no blast binary at $base_blast (build it first)" >&2
+        exit 1
+    fi
+    export BENCH_BASE_BLAST="$base_blast" BENCH_BASE_NAME="${BENCH_BASE_NAME:-$BENCH_BASE}"
+fi
 case "$build" in
     build-*) echo "bench: note: $build is a sanitizer build; its figures are not comparable" >&2 ;;
 esac

@@ -3,8 +3,10 @@
 # Self test of make bench's tooling, run by make check: bench/test_bench.py (parsing, ratios,
 # verdicts, error recording), then bench/bench.py end to end on a tiny configuration
 # (BENCH_TINY: one round of 0.1 s runs, 64 B callgrind) whose results.json, results.md and
-# results.png are checked. Prints Check's summary line for tests/run-checks.sh; the end-to-end
-# test is reported as skipped without ucx_perftest (scripts/deps.sh --bench installs it).
+# results.png are checked, then once more with a base (BENCH_BASE_BLAST: the same blast, two
+# rounds), whose comparison (ours / base per figure, the base's callgrind) is checked.
+# Prints Check's summary line for tests/run-checks.sh; the end-to-end tests are reported as
+# skipped without ucx_perftest (scripts/deps.sh --bench installs it).
 #   bench/selftest.sh [path/to/blast]
 set -u
 B=${1:-build/blast/blast}
@@ -83,6 +85,62 @@ PYEOF
     echo "  ok    bench end to end (tiny: $what)"
 else
     fails=$((fails + 1)); echo "  FAIL  bench end to end: results"; sed 's/^/        /' "$T/check"
+fi
+
+checks=$((checks + 1))
+if ! command -v ucx_perftest >/dev/null || { [ $cg = 1 ] && ! command -v valgrind >/dev/null; }; then
+    echo "SKIP bench_base_end_to_end: ucx_perftest or valgrind not installed"
+elif ! BENCH_TINY=1 BENCH_ROUNDS=2 BENCH_CALLGRIND=$cg BENCH_STRACE=0 BENCH_QUIET=1 \
+        BENCH_OUT="$T/base" BENCH_BLAST="$B" BENCH_BASE_BLAST="$B" BENCH_BASE_NAME=selftest \
+        EXS_PROVIDER=tcp timeout 300 python3 bench/bench.py >"$T/log" 2>&1; then
+    fails=$((fails + 1)); echo "  FAIL  bench base end to end: bench.py failed"
+    sed 's/^/        /' "$T/log"
+    [ -f "$T/base/results.md" ] && sed -n '/## Errors/,$p' "$T/base/results.md" | sed 's/^/        /'
+elif python3 - "$T/base" "$cg" "$B" >"$T/check" 2>&1 <<'PYEOF'; then
+import json, os, sys
+d, cg, blast = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+r = json.load(open(os.path.join(d, "results.json")))
+assert r["errors"] == [], r["errors"]
+sizes = [64, 4096, 65536, 1048576]
+for system in ("exs_notify", "exs_poll", "exs_poll_send"):
+    for z in sizes:
+        o = r["summary"]["latency"][system]["sizes"][str(z)]
+        b = r["summary"]["latency"]["base_" + system]["sizes"][str(z)]
+        assert len(o["runs"]) == 2 and len(b["runs"]) == 2, (system, z)
+        assert b["p50_us"] > 0 and b["p99_us"] >= b["p50_us"], (system, z, b)
+for z in sizes:
+    b = r["summary"]["stream"]["base_exs"]["sizes"][str(z)]
+    assert b["msgs_per_sec"] > 0 and len(b["runs"]) == 2, (z, b)
+assert "base_kernel_tcp" not in r["summary"]["latency"]
+base = r["base"]
+assert base["name"] == "selftest" and base["blast"] == blast, base
+figs = [f for f in base["figures"] if f["workload"] != "callgrind"]
+assert len(figs) == 4 * (3 * 3 + 2), len(figs)
+for f in figs:
+    assert f["ours"] > 0 and f["base"] > 0, f
+    assert abs(f["ratio"] - f["ours"] / f["base"]) < 1e-9, f
+    assert f["noise"] is not None and f["noise"] >= 0, f
+    assert f["verdict"] in ("within noise", "ours better", "ours worse"), f
+    assert (f["verdict"] == "within noise") == (abs(f["ratio"] - 1) <= f["noise"]), f
+cgf = [f for f in base["figures"] if f["workload"] == "callgrind"]
+if cg:
+    assert [f["system"] for f in cgf] == ["sender", "receiver", "total"], cgf
+    assert all(abs(f["ratio"] - f["ours"] / f["base"]) < 1e-9 for f in cgf), cgf
+    # the sender's count is the send path's; the receiver's (its threads' idle loops count
+    # too) moves with the machine's load at these tiny message counts: not bounded here
+    assert cgf[0]["base"] > 100 and cgf[2]["base"] > 100, cgf
+    assert base["callgrind"]["65536"]["ir_per_msg_total"] == cgf[2]["base"]
+else:
+    assert not cgf and base["callgrind"] is None, base
+md = open(os.path.join(d, "results.md")).read()
+assert "## Against the base build (selftest)" in md
+assert "| p50 / base |" in md and "| / base |" in md
+assert "| 64 B | base (selftest): libexs, blocking waits |" in md
+assert ("ours Ir/msg | base Ir/msg" in md) == cg
+PYEOF
+    echo "  ok    bench base end to end (tiny, 2 rounds: ours / base per figure$([ $cg = 1 ] && echo ', callgrind'))"
+else
+    fails=$((fails + 1)); echo "  FAIL  bench base end to end: results"; sed 's/^/        /' "$T/check"
 fi
 
 echo "bench self test: $(( $(date +%s) - t0 )) s"

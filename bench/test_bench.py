@@ -87,6 +87,18 @@ class Strace(unittest.TestCase):
         self.assertEqual(r["per_msg_total"], 3.5)
 
 
+def results_md(d, cfg, summary, errors, **extra):
+    """results.md written into d for a run's summary (no callgrind); its text."""
+    res = {"machine": bench.machine(d), "config": cfg, "summary": summary,
+           "targets": bench.targets(summary), "callgrind": None, "errors": errors,
+           "elapsed_s": 0}
+    res.update(extra)
+    res["machine"]["loadavg_end"] = 0.0
+    bench.write_md(os.path.join(d, "results.md"), res)
+    with open(os.path.join(d, "results.md")) as fh:
+        return fh.read()
+
+
 class Verdicts(unittest.TestCase):
     def test_median_skips_failed_runs(self):
         self.assertEqual(bench.median([{"x": 3}, None, {"x": 1}, {"x": 2}], "x"), 2)
@@ -150,15 +162,134 @@ class Verdicts(unittest.TestCase):
             s = bench.summarize(lat, bw)
             self.assertTrue(all(t["ratio"] is None and t["met"] is None
                                 for t in bench.targets(s)))
-            res = {"machine": bench.machine(d), "config": cfg, "summary": s,
-                   "targets": bench.targets(s), "callgrind": None, "errors": b.errors,
-                   "elapsed_s": 0}
-            res["machine"]["loadavg_end"] = 0.0
-            bench.write_md(os.path.join(d, "results.md"), res)
-            with open(os.path.join(d, "results.md")) as fh:
-                md = fh.read()
+            md = results_md(d, cfg, s, b.errors)
             self.assertIn("## Errors", md)
             self.assertIn("| n/a |", md)
+
+
+FAKE_BLAST = """#!/bin/sh
+# a blast that answers every run with the same figures: p50 %(p50)s us, %(mps)s msg/s
+echo '{"results": [{"latency_us": {"p50": %(p50)s, "p99": %(p50)s, "mean": %(p50)s, "count": 1},
+  "messages_per_sec": %(mps)s, "throughput_gbps": 1, "cpu_send_pct": 0, "cpu_recv_pct": 0,
+  "direct_ratio": 0}]}'
+"""
+
+
+class Base(unittest.TestCase):
+    def test_systems_and_order(self):
+        lat = bench.with_base(bench.LAT_SYSTEMS, bench.BASE_LAT, "B")
+        names = [n for n, _ in lat]
+        self.assertEqual(names, ["exs_notify", "base_exs_notify", "exs_poll", "base_exs_poll",
+                                 "exs_poll_send", "base_exs_poll_send", "kernel_tcp",
+                                 "kernel_tcp_poll", "ucx_tag_lat"])
+        self.assertEqual(dict(lat)["base_exs_poll"],
+                         "base (B): libexs, busy polling at both ends (--poll --poll-recv)")
+        self.assertEqual(bench.with_base(bench.BW_SYSTEMS, bench.BASE_BW, None),
+                         bench.BW_SYSTEMS)
+        self.assertEqual(bench.round_order(lat, 0), lat)
+        odd = [n for n, _ in bench.round_order(lat, 1)]
+        self.assertEqual(odd, ["base_exs_notify", "exs_notify", "base_exs_poll", "exs_poll",
+                               "base_exs_poll_send", "exs_poll_send", "kernel_tcp",
+                               "kernel_tcp_poll", "ucx_tag_lat"])
+
+    def summary(self, ours, base):
+        """Two rounds; ours(size, rnd) / base(size, rnd) give p50 and msg/s."""
+        lsys = bench.with_base(bench.LAT_SYSTEMS, bench.BASE_LAT, "B")
+        bsys = bench.with_base(bench.BW_SYSTEMS, bench.BASE_BW, "B")
+
+        def f(system, size, rnd, kind):
+            v = (base if system.startswith("base_") else ours)(size, rnd)
+            if v is None:
+                return None  # a failed run
+            if kind == "lat":
+                return {"p50_us": v, "p99_us": v, "mean_us": v, "iters": 1}
+            return {"msgs_per_sec": v, "gbps": v / 1000.0}
+        lat = {s: {z: [f(s, z, r, "lat") for r in (0, 1)] for z in bench.SIZES}
+               for s, _ in lsys}
+        bw = {s: {z: [f(s, z, r, "bw") for r in (0, 1)] for z in bench.SIZES} for s, _ in bsys}
+        return bench.summarize(lat, bw, lsys, bsys)
+
+    def test_compare(self):
+        # ours: 100 and 110 in the two rounds (median 105, spread 10/105); base: 100 at 64 B
+        # (within noise), 50 at 4 KiB (ours twice as large), 200 at 64 KiB, None at 1 MiB
+        base_v = {64: 100, 4096: 50, 65536: 200, 1048576: None}
+        s = self.summary(lambda z, r: 100 + 10 * r, lambda z, r: base_v[z])
+        cg = {"64": {"ir_per_msg_sender": 1100, "ir_per_msg_receiver": 900,
+                     "ir_per_msg_total": 2000}}
+        cgb = {"64": {"ir_per_msg_sender": 1000, "ir_per_msg_receiver": 1000,
+                      "ir_per_msg_total": 2000}}
+        figs = bench.base_compare(s, cg, cgb)
+        self.assertEqual(len(figs), len(bench.SIZES) * len(bench.BASE_FIGURES) + 3)
+        by = {(f["workload"], f["size"], f["system"], f["figure"]): f for f in figs}
+        f = by[("latency", 64, "exs_poll", "p50_us")]
+        self.assertEqual((f["ours"], f["base"], f["ratio"]), (105, 100, 1.05))
+        self.assertAlmostEqual(f["noise"], 10 / 105)
+        self.assertEqual(f["verdict"], "within noise")
+        # latency: lower is better; ours 105 against 50 is worse, against 200 better
+        self.assertEqual(by[("latency", 4096, "exs_notify", "mean_us")]["verdict"], "ours worse")
+        self.assertEqual(by[("latency", 65536, "exs_poll_send", "p99_us")]["verdict"],
+                         "ours better")
+        # msg/s: higher is better
+        self.assertEqual(by[("stream", 4096, "exs", "msgs_per_sec")]["verdict"], "ours better")
+        self.assertEqual(by[("stream", 65536, "exs", "gbps")]["verdict"], "ours worse")
+        nobase = by[("stream", 1048576, "exs", "msgs_per_sec")]
+        self.assertEqual((nobase["ratio"], nobase["verdict"]), (None, None))
+        c = by[("callgrind", 64, "sender", "ir_per_msg_sender")]
+        self.assertEqual((c["ours"], c["base"], c["ratio"]), (1100, 1000, 1.1))
+        self.assertEqual(by[("callgrind", 64, "total", "ir_per_msg_total")]["ratio"], 1.0)
+        tally = bench.base_tally(figs)
+        self.assertTrue(tally.startswith("%d of %d figures within noise" % (
+            len([x for x in figs if x["verdict"] == "within noise"]),
+            len([x for x in figs if x["verdict"]]))), tally)
+        self.assertIn("latency 4 KiB exs_notify mean_us: ours worse (ratio 2.10", tally)
+        self.assertIn("callgrind 64 B Ir/msg ours/base 1.00", tally)
+        # one round: no noise, no verdict
+        self.assertIsNone(bench.spread([{"x": 1}, None], "x"))
+        self.assertIsNone(bench.base_verdict(1.5, None, True))
+
+    def test_base_blast_measured(self):
+        """The base systems run the base's blast, ours run ours, in the same rounds; the
+        tables and the comparison section show both and their ratio."""
+        with tempfile.TemporaryDirectory() as d:
+            blasts = {}
+            for name, p50, mps in (("ours", 10, 1000), ("base", 20, 500)):
+                blasts[name] = os.path.join(d, name)
+                with open(blasts[name], "w") as fh:
+                    fh.write(FAKE_BLAST % {"p50": p50, "mps": mps})
+                os.chmod(blasts[name], stat.S_IRWXU)
+            cfg = bench.config_from_env()
+            cfg.update({"blast": blasts["ours"], "base_blast": blasts["base"],
+                        "base_name": "TRACE=0", "rounds": 2, "quiet": True, "out": d})
+            b = bench.Bench(cfg)
+            b.have_ucx = False
+            lat, bw = b.measure()
+            for z in bench.SIZES:
+                self.assertEqual([v["p50_us"] for v in lat["exs_poll"][z]], [10, 10])
+                self.assertEqual([v["p50_us"] for v in lat["base_exs_poll"][z]], [20, 20])
+                self.assertEqual([v["p50_us"] for v in lat["kernel_tcp"][z]], [10, 10])
+                self.assertEqual([v["msgs_per_sec"] for v in bw["base_exs"][z]], [500, 500])
+            self.assertNotIn("base_kernel_tcp", lat)
+            # UCX is not installed here: those are the only errors
+            self.assertTrue(b.errors and all("UCX" in e or "ucx" in e for e in b.errors))
+            s = bench.summarize(lat, bw, b.lat_systems, b.bw_systems)
+            figs = bench.base_compare(s)
+            # the fake blasts print the same Gbit/s: equal, and within (no) noise
+            self.assertTrue(all(f["ratio"] == (0.5 if f["workload"] == "latency" else 2.0)
+                                and f["verdict"] == "ours better"
+                                for f in figs if f["figure"] != "gbps"))
+            gb = [f for f in figs if f["figure"] == "gbps"]
+            self.assertEqual(len(gb), len(bench.SIZES))
+            self.assertTrue(all(f["ratio"] == 1 and f["verdict"] == "within noise" for f in gb))
+            md = results_md(d, cfg, s, b.errors, base={
+                "name": "TRACE=0", "blast": blasts["base"], "callgrind": None, "figures": figs})
+            self.assertIn("## Against the base build (TRACE=0)", md)
+            self.assertIn("| p50 / base |", md)
+            self.assertIn("| 64 B | base (TRACE=0): libexs, busy polling at both ends "
+                          "(--poll --poll-recv) | 20.0 |", md)
+            self.assertIn("| latency | 64 B | exs_poll | p50_us | 10.0 | 20.0 | 0.50 | 0% "
+                          "| ours better | 10.0, 10.0 | 20.0, 20.0 |", md)
+            self.assertIn("| 64 B | libexs (dynamic < 64 KiB, direct >= 64 KiB) | 1,000 |", md)
+            self.assertIn("Summary: %d of %d figures within noise" % (len(gb), len(figs)), md)
 
 
 class Plot(unittest.TestCase):
@@ -203,6 +334,17 @@ class Readme(unittest.TestCase):
             self.assertTrue(text.endswith(bench.README_END + "\ntail\n"))
             self.assertNotIn("old table", text)
             self.assertIn("| 64 B stream msg/s vs kernel TCP | 10 msg/s | 10 msg/s | 1.00 |", text)
+            self.assertNotIn("Against the base build", text)
+            res["base"] = {"name": "TRACE=0", "figures": [
+                {"workload": "latency", "size": 64, "system": "exs_poll", "figure": "p50_us",
+                 "ratio": 1.01, "noise": 0.05, "verdict": "within noise"}]}
+            with open(p, "w") as fh:
+                fh.write("%s\n%s\n" % (bench.README_BEGIN, bench.README_END))
+            self.assertIsNone(bench.update_readme(p, res))
+            with open(p) as fh:
+                self.assertIn("Against the base build TRACE=0 (`make bench BENCH_BASE=...`: the "
+                              "same tree, measured in the same rounds): 1 of 1 figures within "
+                              "noise.", fh.read())
             with open(p, "w") as fh:
                 fh.write("no markers\n")
             self.assertIsNotNone(bench.update_readme(p, res))

@@ -58,6 +58,20 @@ void exs__api_bounce_free(struct api_bounce *b);
 int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, int recv,
                          struct api_bounce *b);
 
+/* The SO_ASYNC_*_TIMEOUT notices of one operation, the same for an exs socket's (struct
+ * api_op, poll.c) and a kernel socket's (struct kfd_op, kfd.c); under the owner's lock
+ * once the operation is registered. */
+struct api_to {
+    struct exs_list link; /* in the owner's to_ops while on */
+    int on;               /* registered, notices still due */
+    int slot;             /* an extra slot of evq is reserved for the next notice */
+    int once;             /* EXS_TIMEOUT_ONCE */
+    unsigned count;       /* notices posted */
+    uint32_t ms;          /* interval */
+    uint64_t post_ns;     /* posted at */
+    uint64_t due_ns;      /* next notice due at */
+};
+
 /* An operation in flight: the protocol op plus what its event needs. */
 struct api_op {
     struct exs_op       op;       /* first: the proto layer sees only this */
@@ -72,15 +86,8 @@ struct api_op {
     struct exs_list     link;     /* listener: in sock->accepts */
     /* SO_ASYNC_*_TIMEOUT (poll.c), set at posting when the socket had one; the rest
      * under the socket's lock */
-    int                 to_armed;    /* it may get notices: op_done looks at the rest */
-    int                 to_on;       /* in sock->to_ops, notices still due */
-    int                 to_slot;     /* an extra slot of evq is reserved for the next notice */
-    int                 to_once;     /* EXS_TIMEOUT_ONCE */
-    unsigned            to_count;    /* notices posted */
-    uint32_t            to_ms;       /* interval */
-    uint64_t            to_post_ns;  /* posted at */
-    uint64_t            to_due_ns;   /* next notice due at */
-    struct exs_list     to_link;     /* in sock->to_ops */
+    int                 to_armed;    /* it may get notices: op_done looks at to */
+    struct api_to       to;          /* in sock->to_ops while to.on */
 };
 
 struct api_sock {
@@ -207,6 +214,20 @@ void exs__api_to_op_end(struct api_op *op);
  * a reference for it), -1: it stopped (the owner drops that reference), 0: neither. */
 int exs__api_to_timer_set(struct exs_eng_timer *t, int *on, uint64_t next,
                           void (*cb)(struct exs_eng_timer *t));
+/* An operation's notices begin (the caller reserved the first one's slot, and registers it
+ * in its owner's to_ops): v is the SO_ASYNC_*_TIMEOUT value of its direction. */
+void exs__api_to_begin(struct api_to *to, int v);
+/* to leaves its owner's list head (when it is on it): 1 when the list is then empty (the
+ * owner's timer is to stop). Owner's lock held. */
+int exs__api_to_unlist(struct api_to *to, const struct exs_list *head);
+/* The earliest due time of the notices registered in the list head (struct api_to by
+ * link), or UINT64_MAX when there is none. Owner's lock held. */
+uint64_t exs__api_to_earliest(const struct exs_list *head);
+/* The notice timer fired at now: 1 when to's notice is due and has its slot, with ev's
+ * timeout count and elapsed time filled (the caller fills the rest and posts it); its
+ * next one is due an interval later, or (once) to leaves the list. 0: not due yet, or the
+ * queue is full (deferred by an interval). Owner's lock held. */
+int exs__api_to_due(struct api_to *to, struct exs_evq *evq, uint64_t now, exs_event_t *ev);
 
 /* life cycle (sock.c, init.c) */
 void exs__api_sock_close_all(void);

@@ -69,14 +69,8 @@ struct kfd_op {
     struct exs_evq *evq;       /* slot reserved */
     struct api_mreg *mreg;     /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
     struct api_bounce *bounce; /* exs_sendmsg / exs_recvmsg / exs_sendfile: buf is its */
-    /* SO_ASYNC_*_TIMEOUT notices (k->lock): in k->to_ops while to_on */
-    struct exs_list to_link;
-    int to_on;   /* registered for notices */
-    int to_slot; /* a slot is reserved for the next notice */
-    int to_once;
-    uint32_t to_ms;
-    uint32_t to_count;
-    uint64_t to_post_ns, to_due_ns;
+    /* SO_ASYNC_*_TIMEOUT notices (k->lock): in k->to_ops while to.on */
+    struct api_to to;
 };
 
 struct kfd {
@@ -322,7 +316,6 @@ static void kfd_to_kick_locked(struct kfd *k)
 static int kfd_to_start_locked(struct kfd *k, struct kfd_op *op)
 {
     int v = op->type == EXS_EVT_RECV ? k->rcv_timeo : k->snd_timeo;
-    uint64_t now;
     int ret;
 
     if (!v)
@@ -330,14 +323,9 @@ static int kfd_to_start_locked(struct kfd *k, struct kfd_op *op)
     ret = exs__evq_reserve(op->evq);
     if (ret)
         return ret == -EAGAIN ? EAGAIN : -ret;
-    now = exs__now_ns();
-    op->to_on = 1;
-    op->to_slot = 1;
-    op->to_once = !!(v & EXS_TIMEOUT_ONCE);
-    op->to_ms = (uint32_t)(v & EXS_TIMEOUT_MS_MAX);
-    op->to_post_ns = now;
-    op->to_due_ns = now + (uint64_t)op->to_ms * 1000000u;
-    exs_list_add_tail(&k->to_ops, &op->to_link);
+    exs__api_to_begin(&op->to, v);
+    op->to.on = 1;
+    exs_list_add_tail(&k->to_ops, &op->to.link);
     kfd_to_kick_locked(k);
     return 0;
 }
@@ -345,14 +333,10 @@ static int kfd_to_start_locked(struct kfd *k, struct kfd_op *op)
 /* op ends or is dropped (k->lock held): unregistered, its unused notice slot returned. */
 static void kfd_to_end_locked(struct kfd *k, struct kfd_op *op)
 {
-    if (op->to_on) {
-        op->to_on = 0;
-        exs_list_del(&op->to_link);
-        if (exs_list_empty(&k->to_ops))
-            kfd_to_kick_locked(k); /* the timer stops */
-    }
-    if (op->to_slot) {
-        op->to_slot = 0;
+    if (exs__api_to_unlist(&op->to, &k->to_ops))
+        kfd_to_kick_locked(k); /* the timer stops */
+    if (op->to.slot) {
+        op->to.slot = 0;
         exs__evq_unreserve(op->evq);
     }
 }
@@ -363,17 +347,10 @@ static void kfd_to_timer_cb(struct exs_eng_timer *t);
  * goes with it; this may free k). */
 static void kfd_to_arm(struct kfd *k)
 {
-    uint64_t next = UINT64_MAX;
-    struct exs_list *pos;
+    uint64_t next;
 
     kfd_lock(k);
-    exs_list_for_each(pos, &k->to_ops)
-    {
-        struct kfd_op *op = exs_list_entry(pos, struct kfd_op, to_link);
-
-        if (op->to_due_ns < next)
-            next = op->to_due_ns;
-    }
+    next = exs__api_to_earliest(&k->to_ops);
     kfd_unlock(k);
     switch (exs__api_to_timer_set(&k->to_timer, &k->to_timer_on, next, kfd_to_timer_cb)) {
     case 1:
@@ -410,37 +387,16 @@ static void kfd_to_timer_cb(struct exs_eng_timer *t)
 
     kfd_lock(k);
     for (pos = k->to_ops.next; pos != &k->to_ops; pos = next) {
-        struct kfd_op *op = exs_list_entry(pos, struct kfd_op, to_link);
-        uint64_t ivl = (uint64_t)op->to_ms * 1000000u;
+        struct kfd_op *op = exs_list_entry(pos, struct kfd_op, to.link);
         exs_event_t ev = {.exs_evt_fd = k->fd, .exs_evt_ahandle = op->ah};
 
         next = pos->next;
-        if (op->to_due_ns > now)
+        if (!exs__api_to_due(&op->to, op->evq, now, &ev))
             continue;
-        if (!op->to_slot) {
-            if (exs__evq_reserve(op->evq)) {
-                op->to_due_ns = now + ivl;
-                continue;
-            }
-            op->to_slot = 1;
-        }
-        op->to_slot = 0;
-        op->to_count++;
         ev.exs_evt_type = op->type == EXS_EVT_RECV ? EXS_EVT_RECVTIMEOUT : EXS_EVT_SENDTIMEOUT;
         ev.exs_evt_u.exs_evt_timeout.exs_evt_buf = op->buf;
         ev.exs_evt_u.exs_evt_timeout.exs_evt_len = op->len;
-        ev.exs_evt_u.exs_evt_timeout.exs_evt_count = op->to_count;
-        ev.exs_evt_u.exs_evt_timeout.exs_evt_elapsed_ms =
-            (unsigned)((now - op->to_post_ns) / 1000000u);
-        if (op->to_once) {
-            op->to_on = 0;
-            exs_list_del(&op->to_link);
-        } else {
-            op->to_due_ns += ivl;
-            if (op->to_due_ns <= now)
-                op->to_due_ns = now + ivl; /* late: no burst of notices */
-        }
-        EXS_DBG(API, "kfd %d: timeout notice %u of ah %p", k->fd, op->to_count, op->ah);
+        EXS_DBG(API, "kfd %d: timeout notice %u of ah %p", k->fd, op->to.count, op->ah);
         exs__evq_post(op->evq, &ev);
     }
     kfd_unlock(k);
@@ -697,13 +653,17 @@ static void kfd_ep_cb(struct exs_eng_io *io, int revents)
 
 /* ---- calls ---- */
 
-/* A new operation with its event slot in q (sync: the thread's queue). */
-static struct kfd_op *kfd_op_new(int type, exs_qhandle_t q, exs_ahandle_t ah, int *err_p)
+/* The opening of every call with an operation: a new operation with its event slot in *q;
+ * a synchronous call's (sync) *q is made the thread's own queue first, which the call then
+ * ends on (exs__api_call_end, or exs__api_sync_fail when op is NULL: *err_p set). */
+static struct kfd_op *kfd_op_new(int type, int sync, exs_qhandle_t *q, exs_ahandle_t ah, int *err_p)
 {
     struct exs_evq *evq;
     struct kfd_op *op;
 
-    op = exs__evq_reserve_alloc(q, sizeof(*op), &evq, err_p);
+    if (sync)
+        *q = exs__api_sync_queue();
+    op = exs__evq_reserve_alloc(*q, sizeof(*op), &evq, err_p);
     if (!op)
         return NULL;
     op->type = type;
@@ -759,6 +719,16 @@ static struct kfd *kfd_get_locked(int fd, int *err_p)
     return kfd_get_locked2(fd, 1, err_p);
 }
 
+/* kfd_get_locked for a call holding op: NULL with an errno, op dropped. */
+static struct kfd *kfd_get_for_op(int fd, struct kfd_op *op, int *err_p)
+{
+    struct kfd *k = kfd_get_locked(fd, err_p);
+
+    if (!k)
+        kfd_op_drop(op);
+    return k;
+}
+
 /* k (locked) has nothing pending, holds no option and no exs_sendfile is writing: it
  * leaves the table (no state is kept). */
 static void kfd_idle_locked(struct kfd *k)
@@ -809,9 +779,7 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     err = EINVAL;
     if (!b && mh != EXS_MHANDLE_UNREGISTERED && exs__api_mreg_hold(mh, buf, len, &m))
         goto err_b;
-    if (sync)
-        q = exs__api_sync_queue();
-    op = kfd_op_new(recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
+    op = kfd_op_new(recv ? EXS_EVT_RECV : EXS_EVT_SEND, sync, &q, ah, &err);
     if (!op)
         goto err_mreg;
     op->buf = buf;
@@ -820,9 +788,9 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     op->mreg = m;
     op->bounce = b;
     b = NULL;
-    k = kfd_get_locked(fd, &err);
+    k = kfd_get_for_op(fd, op, &err); /* on failure op and with it m and b are gone */
     if (!k)
-        goto err_op;
+        return exs__api_sync_fail(sync, q, err);
     int *count = recv ? &k->n_recv : &k->n_send;
     if (*count >= (int)exs__params.sock_max_ops) {
         kfd_unlock(k);
@@ -867,17 +835,13 @@ int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
         return exs__err(err);
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
         return exs__err(EINVAL);
-    if (sync)
-        q = exs__api_sync_queue();
-    op = kfd_op_new(EXS_EVT_SHUTDOWN, q, ah, &err);
+    op = kfd_op_new(EXS_EVT_SHUTDOWN, sync, &q, ah, &err);
     if (!op)
         return exs__api_sync_fail(sync, q, err);
     op->how = how;
-    k = kfd_get_locked(fd, &err);
-    if (!k) {
-        kfd_op_drop(op);
+    k = kfd_get_for_op(fd, op, &err);
+    if (!k)
         return exs__api_sync_fail(sync, q, err);
-    }
     if (how == SHUT_RD) {
         /* not ordered with sends: at once (pending receives then see the end) */
         int r = shutdown(fd, SHUT_RD);
@@ -922,16 +886,12 @@ int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
 
     if ((err = kfd_check(fd)))
         return exs__err(err);
-    if (sync)
-        q = exs__api_sync_queue();
-    op = kfd_op_new(EXS_EVT_CLOSE, q, ah, &err);
+    op = kfd_op_new(EXS_EVT_CLOSE, sync, &q, ah, &err);
     if (!op)
         return exs__api_sync_fail(sync, q, err);
-    k = kfd_get_locked(fd, &err);
-    if (!k) {
-        kfd_op_drop(op);
+    k = kfd_get_for_op(fd, op, &err);
+    if (!k)
         return exs__api_sync_fail(sync, q, err);
-    }
     if (k->file_busy && !k->close_op)
         k->close_op = op; /* after the exs_sendfile writing now (kfd_sendfile_end) */
     else
@@ -1237,6 +1197,15 @@ static void kfd_sync_put(int sync, exs_qhandle_t q)
     errno = e;
 }
 
+/* exs_sendfile leaves k (locked, with its reference) without queuing op: k unlocked and
+ * put, op dropped (the caller then takes the copying path or fails). */
+static void kfd_sendfile_leave(struct kfd *k, struct kfd_op *op)
+{
+    kfd_unlock(k);
+    kfd_put(k);
+    kfd_op_drop(op);
+}
+
 ssize_t exs__api_kfd_sendfile(int fd, int in_fd, off_t offset, size_t count, size_t want,
                               exs_qhandle_t q, exs_ahandle_t ah, int *taken_p)
 {
@@ -1263,18 +1232,13 @@ ssize_t exs__api_kfd_sendfile(int fd, int in_fd, off_t offset, size_t count, siz
     b->in_fd = in_fd;
     b->offset = offset;
     b->len_req = count;
-    if (sync)
-        q = exs__api_sync_queue();
-    op = kfd_op_new(EXS_EVT_SEND, q, ah, &err);
-    if (!op) {
+    op = kfd_op_new(EXS_EVT_SEND, sync, &q, ah, &err);
+    if (!op)
         exs__api_bounce_free(b);
-        *taken_p = 1;
-        return exs__api_sync_fail(sync, q, err);
-    }
-    op->bounce = b;
-    k = kfd_get_locked(fd, &err);
+    else
+        op->bounce = b;
+    k = op ? kfd_get_for_op(fd, op, &err) : NULL; /* without k, op and b are gone */
     if (!k) {
-        kfd_op_drop(op);
         *taken_p = 1;
         return exs__api_sync_fail(sync, q, err);
     }
@@ -1282,17 +1246,13 @@ ssize_t exs__api_kfd_sendfile(int fd, int in_fd, off_t offset, size_t count, siz
         k->n_send >= (int)exs__params.sock_max_ops) {
         /* sends ahead of it (or a failed connection): the copying path queues behind */
         kfd_idle_locked(k);
-        kfd_unlock(k);
-        kfd_put(k);
-        kfd_op_drop(op);
+        kfd_sendfile_leave(k, op);
         kfd_sync_put(sync, q);
         return 0;
     }
     if (!sync && (err = kfd_to_start_locked(k, op))) {
         kfd_idle_locked(k);
-        kfd_unlock(k);
-        kfd_put(k);
-        kfd_op_drop(op);
+        kfd_sendfile_leave(k, op);
         *taken_p = 1;
         return exs__api_sync_fail(sync, q, err);
     }
@@ -1318,9 +1278,7 @@ ssize_t exs__api_kfd_sendfile(int fd, int in_fd, off_t offset, size_t count, siz
             kfd_update_locked(k);
             kfd_idle_locked(k);
         }
-        kfd_unlock(k);
-        kfd_put(k);
-        kfd_op_drop(op);
+        kfd_sendfile_leave(k, op);
         kfd_sync_put(sync, q);
         return 0;
     }

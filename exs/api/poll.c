@@ -644,7 +644,6 @@ static void to_kick_locked(struct api_sock *s)
 int exs__api_to_op_start(struct api_sock *s, struct api_op *op, int recv)
 {
     int v, ret;
-    uint64_t now;
 
     api_sock_lock(s);
     v = recv ? s->rcv_timeo : s->snd_timeo;
@@ -654,16 +653,11 @@ int exs__api_to_op_start(struct api_sock *s, struct api_op *op, int recv)
     ret = exs__evq_reserve(op->evq);
     if (ret)
         return ret == -EAGAIN ? EAGAIN : EINVAL;
-    now = exs__now_ns();
     op->to_armed = 1;
-    op->to_slot = 1;
-    op->to_once = !!(v & EXS_TIMEOUT_ONCE);
-    op->to_ms = (uint32_t)(v & EXS_TIMEOUT_MS_MAX);
-    op->to_post_ns = now;
-    op->to_due_ns = now + (uint64_t)op->to_ms * 1000000u;
+    exs__api_to_begin(&op->to, v);
     api_sock_lock(s);
-    op->to_on = 1;
-    exs_list_add_tail(&s->to_ops, &op->to_link);
+    op->to.on = 1;
+    exs_list_add_tail(&s->to_ops, &op->to.link);
     s->to_posting++;
     to_kick_locked(s);
     api_sock_unlock(s);
@@ -685,14 +679,10 @@ void exs__api_to_op_end(struct api_op *op)
     if (!op->to_armed)
         return;
     api_sock_lock(s);
-    if (op->to_on) {
-        op->to_on = 0;
-        exs_list_del(&op->to_link);
-        if (exs_list_empty(&s->to_ops))
-            to_kick_locked(s); /* the timer stops */
-    }
-    slot = op->to_slot;
-    op->to_slot = 0;
+    if (exs__api_to_unlist(&op->to, &s->to_ops))
+        to_kick_locked(s); /* the timer stops */
+    slot = op->to.slot;
+    op->to.slot = 0;
     api_sock_unlock(s);
     if (slot)
         exs__evq_unreserve(op->evq);
@@ -704,17 +694,10 @@ static void to_timer_cb(struct exs_eng_timer *t);
  * reference on the socket while on; this may drop the last one). */
 static void to_arm(struct api_sock *s)
 {
-    uint64_t next = UINT64_MAX;
-    struct exs_list *pos;
+    uint64_t next;
 
     api_sock_lock(s);
-    exs_list_for_each(pos, &s->to_ops)
-    {
-        struct api_op *op = exs_list_entry(pos, struct api_op, to_link);
-
-        if (op->to_due_ns < next)
-            next = op->to_due_ns;
-    }
+    next = exs__api_to_earliest(&s->to_ops);
     api_sock_unlock(s);
     switch (exs__api_to_timer_set(&s->to_timer, &s->to_timer_on, next, to_timer_cb)) {
     case 1:
@@ -726,6 +709,68 @@ static void to_arm(struct api_sock *s)
     default:
         break;
     }
+}
+
+void exs__api_to_begin(struct api_to *to, int v)
+{
+    uint64_t now = exs__now_ns();
+
+    to->slot = 1;
+    to->once = !!(v & EXS_TIMEOUT_ONCE);
+    to->ms = (uint32_t)(v & EXS_TIMEOUT_MS_MAX);
+    to->post_ns = now;
+    to->due_ns = now + (uint64_t)to->ms * 1000000u;
+}
+
+int exs__api_to_unlist(struct api_to *to, const struct exs_list *head)
+{
+    if (!to->on)
+        return 0;
+    to->on = 0;
+    exs_list_del(&to->link);
+    return exs_list_empty(head);
+}
+
+uint64_t exs__api_to_earliest(const struct exs_list *head)
+{
+    uint64_t next = UINT64_MAX;
+    const struct exs_list *pos;
+
+    for (pos = head->next; pos != head; pos = pos->next) {
+        const struct api_to *to = exs_list_entry(pos, struct api_to, link);
+
+        if (to->due_ns < next)
+            next = to->due_ns;
+    }
+    return next;
+}
+
+int exs__api_to_due(struct api_to *to, struct exs_evq *evq, uint64_t now, exs_event_t *ev)
+{
+    uint64_t ivl = (uint64_t)to->ms * 1000000u;
+
+    if (to->due_ns > now)
+        return 0;
+    if (!to->slot) {
+        if (exs__evq_reserve(evq)) {
+            to->due_ns = now + ivl; /* the queue is full: the next interval */
+            return 0;
+        }
+        to->slot = 1;
+    }
+    to->slot = 0;
+    to->count++;
+    ev->exs_evt_u.exs_evt_timeout.exs_evt_count = to->count;
+    ev->exs_evt_u.exs_evt_timeout.exs_evt_elapsed_ms = (unsigned)((now - to->post_ns) / 1000000u);
+    if (to->once) {
+        to->on = 0;
+        exs_list_del(&to->link);
+    } else {
+        to->due_ns += ivl;
+        if (to->due_ns <= now)
+            to->due_ns = now + ivl; /* late: no burst of notices */
+    }
+    return 1;
 }
 
 int exs__api_to_timer_set(struct exs_eng_timer *t, int *on, uint64_t next,
@@ -766,37 +811,16 @@ static void to_timer_cb(struct exs_eng_timer *t)
 
     api_sock_lock(s);
     for (pos = s->to_ops.next; !s->to_posting && pos != &s->to_ops; pos = next) {
-        struct api_op *op = exs_list_entry(pos, struct api_op, to_link);
-        uint64_t ivl = (uint64_t)op->to_ms * 1000000u;
+        struct api_op *op = exs_list_entry(pos, struct api_op, to.link);
         exs_event_t ev = {.exs_evt_fd = op->fd, .exs_evt_ahandle = op->ah};
 
         next = pos->next;
-        if (op->to_due_ns > now)
+        if (!exs__api_to_due(&op->to, op->evq, now, &ev))
             continue;
-        if (!op->to_slot) {
-            if (exs__evq_reserve(op->evq)) {
-                op->to_due_ns = now + ivl; /* the queue is full: the next interval */
-                continue;
-            }
-            op->to_slot = 1;
-        }
-        op->to_slot = 0;
-        op->to_count++;
         /* by direction: exs_sendmsg / exs_sendfile are sends too */
         ev.exs_evt_type = op->op.kind == EXS_OP_SEND ? EXS_EVT_SENDTIMEOUT : EXS_EVT_RECVTIMEOUT;
         ev.exs_evt_u.exs_evt_timeout.exs_evt_buf = op->op.buf;
         ev.exs_evt_u.exs_evt_timeout.exs_evt_len = op->op.len;
-        ev.exs_evt_u.exs_evt_timeout.exs_evt_count = op->to_count;
-        ev.exs_evt_u.exs_evt_timeout.exs_evt_elapsed_ms =
-            (unsigned)((now - op->to_post_ns) / 1000000u);
-        if (op->to_once) {
-            op->to_on = 0;
-            exs_list_del(&op->to_link);
-        } else {
-            op->to_due_ns += ivl;
-            if (op->to_due_ns <= now)
-                op->to_due_ns = now + ivl; /* late: no burst of notices */
-        }
         exs__evq_post(op->evq, &ev);
     }
     api_sock_unlock(s);

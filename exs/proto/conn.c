@@ -391,7 +391,8 @@ void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *h)
     h->magic = htobe16(EXS_WIRE_MAGIC);
     h->version = EXS_WIRE_VERSION;
     h->sock_type = wire_sock_type(conn->p.sock_type);
-    h->features = htobe16(EXS_WIRE_FEAT_ALL | (conn->p.resumable ? EXS_WIRE_FEAT_RESUMABLE : 0));
+    h->features = htobe16((EXS_WIRE_FEAT_ALL & ~EXS_RT_FEAT_OFF) |
+                          (conn->p.resumable ? EXS_WIRE_FEAT_RESUMABLE : 0));
     h->credits = htobe16((uint16_t)conn->p.credits);
     h->ctrl_size = htobe32(EXS_WIRE_CTRL_MAX);
     h->ring_size = htobe32(conn->p.ring_size);
@@ -459,7 +460,8 @@ static void conn_adopt_hello_locked(struct exs_conn *conn, const void *pd)
     conn->peer.magic = be16toh(h.magic);
     conn->peer.version = h.version;
     conn->peer.sock_type = h.sock_type;
-    conn->peer.features = be16toh(h.features) & (EXS_WIRE_FEAT_ALL | EXS_WIRE_FEAT_RESUMABLE);
+    conn->peer.features =
+        be16toh(h.features) & ((EXS_WIRE_FEAT_ALL & ~EXS_RT_FEAT_OFF) | EXS_WIRE_FEAT_RESUMABLE);
     conn->peer.credits = be16toh(h.credits);
     conn->peer.ctrl_size = be32toh(h.ctrl_size);
     conn->peer.ring_size = be32toh(h.ring_size);
@@ -861,7 +863,7 @@ void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
     op->result = err ? -1 : result;
     op->err = err;
     op->state = EXS_OPS_DONE;
-    if (op->rt)
+    if (EXS_RT_ON && op->rt)
         exs__rt_done_locked(op);
 }
 
@@ -897,7 +899,7 @@ static void conn_deliver_locked(struct exs_conn *conn)
         if (op->state != EXS_OPS_DONE)
             break;
         exs_list_del(&op->link);
-        if (conn->rt)
+        if (EXS_RT_ON && conn->rt)
             exs__rt_deliver_locked(conn, op);
         op->done(op);
     }
@@ -1018,7 +1020,8 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     } else {
         if (op->kind == EXS_OP_SHUTDOWN)
             conn_set_txshut(conn, EXS_TXSHUT_QUEUED, "exs_shutdown accepted");
-        if (EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
+        if (EXS_RT_ON &&
+            EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
             exs__rt_post_locked(conn, op);
         exs_list_add_tail(&conn->sendq, &op->link);
         if (conn_is_stream(conn))
@@ -1604,7 +1607,7 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
         exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
         return;
     }
-    if (conn->rt)
+    if (EXS_RT_ON && conn->rt)
         exs__rt_arrival_locked(conn);
     if (conn->state >= EXS_CONN_DOWN)
         return; /* going away: the slot is not needed any more */

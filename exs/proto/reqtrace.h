@@ -7,6 +7,26 @@
 #include <stdint.h>
 
 #include "exs/proto/proto.h"
+#include "exs/proto/wire.h"
+
+/*
+ * EXS_REQTRACE 0 (make TRACE=0, build-notrace/) compiles request tracing out: EXS_RT_ON is
+ * a constant 0 in front of every hook's call, so the compiler drops the hooks and their
+ * branches from the send and receive paths, and EXS_RT_FEAT_OFF takes the TRACE and STRACE
+ * bits out of the hello (sent and accepted), so a peer never sends TRACE records and one that
+ * does breaks the protocol. The default build (1) compiles the same code as without these
+ * macros. For make bench's comparison only (bench/module.mk).
+ */
+#ifndef EXS_REQTRACE
+#define EXS_REQTRACE 1
+#endif
+#if EXS_REQTRACE
+#define EXS_RT_ON       1
+#define EXS_RT_FEAT_OFF 0u
+#else
+#define EXS_RT_ON       0
+#define EXS_RT_FEAT_OFF ((unsigned)(EXS_WIRE_FEAT_TRACE | EXS_WIRE_FEAT_STRACE))
+#endif
 
 /*
  * Every hook below is reached through one predictable branch on the data path: the

@@ -142,7 +142,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         conn->stats.credit_stalls++;
         return 0;
     }
-    if (op->rt && !exs__rt_wire_begin_locked(conn, op))
+    if (EXS_RT_ON && op->rt && !exs__rt_wire_begin_locked(conn, op))
         return 0;
     adv = sp_advert_head(conn);
 

@@ -140,7 +140,7 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         return 0;
     }
     /* a traced send's TRACE request goes before its first byte (§5.1) */
-    if (op->rt && !op->posted && !exs__rt_wire_begin_locked(conn, op))
+    if (EXS_RT_ON && op->rt && !op->posted && !exs__rt_wire_begin_locked(conn, op))
         return 0;
     /* control records queued earlier (SHUTDOWN, TRACE) keep their place */
     if (conn->ctrl_len && !exs__conn_ctrl_flush_locked(conn))
@@ -701,7 +701,7 @@ static void st_recv_filled_locked(struct exs_conn *conn, struct exs_op *op, size
     op->filled += n;
     conn->rx_seq += n; /* S_r */
     conn->stats.bytes_received += n;
-    if (conn->rt)
+    if (EXS_RT_ON && conn->rt)
         exs__rt_stream_placed_locked(conn);
     if (!(op->flags & MSG_WAITALL) || op->filled == op->len)
         exs__conn_op_finish_locked(op, (ssize_t)op->filled, 0);

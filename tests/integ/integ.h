@@ -7,6 +7,7 @@
 #include <check.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -235,6 +236,26 @@ int it_count_fds(void);
 /* A connected pair of kernel TCP sockets over loopback: *a connected, *b accepted;
  * sndbuf / rcvbuf > 0 set SO_SNDBUF on a and SO_RCVBUF on b first. */
 void it_tcp_pair(int *a, int *b, int sndbuf, int rcvbuf);
+/* The opening of a kernel-socket reset test: it_init, SIGPIPE at its default action (the
+ * old one in *old: the test restores it), a queue of depth 8 (returned) and a pair
+ * it_tcp_pair(a, b, 4096, 4096). it_tcp_reset(fd): close fd with a reset (RST). */
+exs_qhandle_t it_kfd_reset_open(int *a, int *b, struct sigaction *old);
+void it_tcp_reset(int fd);
+/* Drive q until no kernel-socket state is left (the last event detaches it; the watcher
+ * goes shortly after); fails the test when some is left after 10 s. */
+void it_kfd_settle(exs_qhandle_t q);
+
+/* The fault provider (exs/prov/fault): it_fault_init is it_init with the fault provider
+ * over the one under test (tcp -> fault:tcp); it_fault_teardown (a checked fixture) sets
+ * every fault_* tunable back to its default first, so that the next test starts clean
+ * even when this one failed half-way; it_fault_set sets one (online), it_fault_set_port
+ * aims the faults at connection p. */
+void it_fault_init(void);
+const char *it_fault_provider(void); /* its name (after it_fault_init) */
+void it_fault_params_reset(void);
+void it_fault_teardown(void);
+void it_fault_set(const char *name, const char *value);
+void it_fault_set_port(const struct it_pair *p);
 int it_count_tasks(void);
 /* it_count_tasks() once it equals want, or after 2 s: exited threads linger briefly. */
 int it_count_tasks_expect(int want);

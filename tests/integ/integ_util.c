@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "exs/util/counters.h"
+#include "exs/util/params.h"
 #include "tests/integ/integ.h"
 
 const char *it_provider = "tcp";
@@ -778,4 +780,85 @@ void it_tcp_pair(int *a, int *b, int sndbuf, int rcvbuf)
     close(l);
     *a = c;
     *b = s;
+}
+
+exs_qhandle_t it_kfd_reset_open(int *a, int *b, struct sigaction *old)
+{
+    struct sigaction sa = {.sa_handler = SIG_DFL};
+    exs_qhandle_t q;
+
+    it_init();
+    ck_assert_int_eq(sigaction(SIGPIPE, &sa, old), 0);
+    q = it_qcreate(8);
+    it_tcp_pair(a, b, 4096, 4096);
+    return q;
+}
+
+void it_tcp_reset(int fd)
+{
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+
+    ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+    close(fd); /* RST */
+}
+
+void it_kfd_settle(exs_qhandle_t q)
+{
+    for (int i = 0; i < 1000 && exs__debug_kfd_live(); i++) {
+        exs_qdequeue(q, NULL, 0, NULL);
+        it_sleep_ms(10);
+    }
+    ck_assert_msg(exs__debug_kfd_live() == 0, "%d kernel-socket objects left",
+                  exs__debug_kfd_live());
+}
+
+static char it_fault_prov[32];
+
+void it_fault_init(void)
+{
+    const char *saved = it_provider;
+
+    if (strncmp(it_provider, "fault:", 6) == 0)
+        snprintf(it_fault_prov, sizeof(it_fault_prov), "%s", it_provider);
+    else
+        snprintf(it_fault_prov, sizeof(it_fault_prov), "fault:%s", it_provider);
+    it_provider = it_fault_prov;
+    it_init();
+    it_provider = saved;
+}
+
+const char *it_fault_provider(void)
+{
+    return it_fault_prov;
+}
+
+void it_fault_params_reset(void)
+{
+    size_t n;
+    const struct exs_param_def *t = exs__params_table(&n);
+
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(t[i].name, "fault_", 6) == 0)
+            ck_assert_int_eq(exs__params_set(t[i].name, t[i].defval), 0);
+}
+
+void it_fault_teardown(void)
+{
+    it_fault_params_reset();
+    it_teardown();
+}
+
+void it_fault_set(const char *name, const char *value)
+{
+    int rc = exs__params_set(name, value);
+
+    ck_assert_msg(rc == 0, "exs__params_set(%s, %s) = %d", name, value, rc);
+}
+
+void it_fault_set_port(const struct it_pair *p)
+{
+    char port[16];
+
+    snprintf(port, sizeof(port), "%u", ntohs(p->addr.sin_port));
+    it_fault_set("fault_port", port);
 }

@@ -19,55 +19,6 @@
 /* How long a frozen or stalled connection is watched for anything getting through. */
 #define QUIET_MS 300
 
-static char fault_prov[32];
-
-/* The fault provider over the one under test (tcp -> fault:tcp). */
-static void fault_init(void)
-{
-    const char *saved = it_provider;
-
-    if (strncmp(it_provider, "fault:", 6) == 0)
-        snprintf(fault_prov, sizeof(fault_prov), "%s", it_provider);
-    else
-        snprintf(fault_prov, sizeof(fault_prov), "fault:%s", it_provider);
-    it_provider = fault_prov;
-    it_init();
-    it_provider = saved;
-}
-
-/* Every fault tunable back to its default (the next test, in this process or not,
- * starts clean even when this one failed half-way). */
-static void fault_params_reset(void)
-{
-    size_t n;
-    const struct exs_param_def *t = exs__params_table(&n);
-
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(t[i].name, "fault_", 6) == 0)
-            ck_assert_int_eq(exs__params_set(t[i].name, t[i].defval), 0);
-}
-
-static void fault_teardown(void)
-{
-    fault_params_reset();
-    it_teardown();
-}
-
-static void fault_set(const char *name, const char *value)
-{
-    int rc = exs__params_set(name, value);
-
-    ck_assert_msg(rc == 0, "exs__params_set(%s, %s) = %d", name, value, rc);
-}
-
-static void fault_set_port(const struct it_pair *p)
-{
-    char port[16];
-
-    snprintf(port, sizeof(port), "%u", ntohs(p->addr.sin_port));
-    fault_set("fault_port", port);
-}
-
 static uint64_t fault_count(const char *kind)
 {
     uint64_t v = 0;
@@ -127,7 +78,7 @@ START_TEST(test_fault_drop)
     struct it_buf *s, *r;
     int e;
 
-    fault_init();
+    it_fault_init();
     it_pair_open(&a, SOCK_SEQPACKET, 16, 16);
     it_pair_open(&b, SOCK_SEQPACKET, 16, 16);
     xfer_ok(&b, 1);
@@ -135,15 +86,15 @@ START_TEST(test_fault_drop)
     r = it_buf_new(MSG_LEN, 1);
     it_fill(s->p, MSG_LEN, 2);
 
-    fault_set_port(&a);
-    fault_set("fault_drop_nth", "1");
+    it_fault_set_port(&a);
+    it_fault_set("fault_drop_nth", "1");
     IT_POST_RECV(a.sfd, r->p, MSG_LEN, a.sq, IT_AH(2), r->mh);
     IT_POST_SEND(a.cfd, s->p, MSG_LEN, a.cq, IT_AH(2), s->mh);
     e = expect_failed(a.cq, EXS_EVT_SEND, a.cfd);
     ck_assert_msg(e == ECONNRESET, "send errno %d (%s)", e, strerror(e));
     e = expect_failed(a.sq, EXS_EVT_RECV, a.sfd);
     ck_assert_msg(e == ECONNRESET, "recv errno %d (%s)", e, strerror(e));
-    fault_set("fault_drop_nth", "0");
+    it_fault_set("fault_drop_nth", "0");
     ck_assert_uint_eq(fault_count("drop"), 1);
 
     for (uint32_t i = 0; i < 8; i++)
@@ -167,7 +118,7 @@ START_TEST(test_fault_wc_status)
     ck_assert_int_lt(status, EXS_PROV_WC_STATUS_MAX);
     it_context("injected status %d (%s)", status,
                exs__prov_wc_status_str((enum exs_prov_wc_status)status));
-    fault_init();
+    it_fault_init();
     it_pair_open(&a, SOCK_SEQPACKET, 16, 16);
     it_pair_open(&b, SOCK_SEQPACKET, 16, 16);
     xfer_ok(&b, 1);
@@ -176,9 +127,9 @@ START_TEST(test_fault_wc_status)
     it_fill(s->p, MSG_LEN, 2);
 
     snprintf(st, sizeof(st), "%d", status);
-    fault_set("fault_wc_status", st);
-    fault_set_port(&a);
-    fault_set("fault_wc_nth", "1");
+    it_fault_set("fault_wc_status", st);
+    it_fault_set_port(&a);
+    it_fault_set("fault_wc_nth", "1");
     IT_POST_RECV(a.sfd, r->p, MSG_LEN, a.sq, IT_AH(2), r->mh);
     IT_POST_SEND(a.cfd, s->p, MSG_LEN, a.cq, IT_AH(2), s->mh);
     /* The first completion of a (the send's, or the receive's) fails and takes the
@@ -191,7 +142,7 @@ START_TEST(test_fault_wc_status)
         ck_assert_int_eq(er.exs_evt_u.exs_evt_xfer.exs_evt_result, MSG_LEN);
         ck_assert_int_eq(it_check(r->p, MSG_LEN, 2), -1);
     }
-    fault_set("fault_wc_nth", "0");
+    it_fault_set("fault_wc_nth", "0");
     /* one per side of a that had a successful completion before the end reached it */
     ck_assert_uint_ge(fault_count("wc"), 1);
     ck_assert_uint_le(fault_count("wc"), 2);
@@ -220,7 +171,7 @@ START_TEST(test_fault_reg)
     exs_mhandle_t mh;
     char *buf;
 
-    fault_init();
+    it_fault_init();
     it_pair_open(&a, SOCK_SEQPACKET, 16, 16);
     it_pair_open(&b, SOCK_SEQPACKET, 16, 16);
     xfer_ok(&b, 1);
@@ -228,7 +179,7 @@ START_TEST(test_fault_reg)
     ck_assert_ptr_nonnull(buf);
     it_fill(buf, MSG_LEN, 5);
 
-    fault_set("fault_reg_nth", "1");
+    it_fault_set("fault_reg_nth", "1");
     errno = 0;
     mh = exs_mregister(buf, MSG_LEN, 0);
     ck_assert_msg(mh == EXS_MHANDLE_INVALID && errno == ENOMEM,
@@ -239,7 +190,7 @@ START_TEST(test_fault_reg)
     IT_EXPECT_FAIL(exs_send(a.cfd, buf, MSG_LEN, 0, a.cq, IT_AH(5), EXS_MHANDLE_UNREGISTERED),
                    ENOMEM);
     ck_assert_uint_eq(fault_count("reg"), 2);
-    fault_set("fault_reg_nth", "0");
+    it_fault_set("fault_reg_nth", "0");
 
     /* connection a survives a failed registration: the send goes through now */
     {
@@ -272,14 +223,14 @@ START_TEST(test_fault_connect)
     int lfd, fd, sfd;
     static const int want[2] = {ECONNREFUSED, ETIMEDOUT};
 
-    fault_init();
+    it_fault_init();
     it_pair_open(&b, SOCK_SEQPACKET, 16, 16);
     xfer_ok(&b, 1);
     q = it_qcreate(16);
     lfd = it_listen(SOCK_SEQPACKET, &addr);
     ck_assert_int_eq(exs_accept(lfd, q, IT_AH(0xACC)), 0);
 
-    fault_set("fault_connect_nth", "1");
+    it_fault_set("fault_connect_nth", "1");
     for (int i = 0; i < 2; i++) {
         fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
         ck_assert_int_ge(fd, 0);
@@ -288,7 +239,7 @@ START_TEST(test_fault_connect)
         it_close(fd, q);
         xfer_ok(&b, 2 + (uint32_t)i);
     }
-    fault_set("fault_connect_nth", "0");
+    it_fault_set("fault_connect_nth", "0");
     ck_assert_uint_eq(fault_count("connect"), 2);
     /* the listener saw nothing of them, and serves the next one */
     it_expect_no_event(q, 100);
@@ -307,6 +258,34 @@ END_TEST
 
 /* ---- frozen link, stalled completions, delays ---- */
 
+/* The opening of the freeze and stall tests: connections a and b, b carrying verified
+ * data; then the fault kind (freeze, stall) holds a's first transfer without end (until
+ * fault_<kind>_ms changes) and a message of seed (IT_AH(seed), MSG_LEN bytes from *s into
+ * *r) is posted on a, while b carries four more. */
+static void held_open(struct it_pair *a, struct it_pair *b, struct it_buf **s, struct it_buf **r,
+                      const char *kind, uint32_t seed)
+{
+    char name[32];
+
+    it_fault_init();
+    it_pair_open(a, SOCK_SEQPACKET, 16, 16);
+    it_pair_open(b, SOCK_SEQPACKET, 16, 16);
+    xfer_ok(b, 1);
+    *s = it_buf_new(MSG_LEN, 1);
+    *r = it_buf_new(MSG_LEN, 1);
+    it_fill((*s)->p, MSG_LEN, seed);
+
+    snprintf(name, sizeof(name), "fault_%s_ms", kind);
+    it_fault_set(name, FOREVER);
+    it_fault_set_port(a);
+    snprintf(name, sizeof(name), "fault_%s_nth", kind);
+    it_fault_set(name, "1");
+    IT_POST_RECV(a->sfd, (*r)->p, MSG_LEN, a->sq, IT_AH(seed), (*r)->mh);
+    IT_POST_SEND(a->cfd, (*s)->p, MSG_LEN, a->cq, IT_AH(seed), (*s)->mh);
+    for (uint32_t i = 0; i < 4; i++)
+        xfer_ok(b, 10 + i);
+}
+
 /* A frozen link moves nothing either way while the endpoint stays up; the other
  * connection transfers meanwhile. When the freeze ends (an online change of its length)
  * the held message arrives intact. */
@@ -315,28 +294,14 @@ START_TEST(test_fault_freeze)
     struct it_pair a, b;
     struct it_buf *s, *r;
 
-    fault_init();
-    it_pair_open(&a, SOCK_SEQPACKET, 16, 16);
-    it_pair_open(&b, SOCK_SEQPACKET, 16, 16);
-    xfer_ok(&b, 1);
-    s = it_buf_new(MSG_LEN, 1);
-    r = it_buf_new(MSG_LEN, 1);
-    it_fill(s->p, MSG_LEN, 7);
-
-    fault_set("fault_freeze_ms", FOREVER);
-    fault_set_port(&a);
-    fault_set("fault_freeze_nth", "1");
-    IT_POST_RECV(a.sfd, r->p, MSG_LEN, a.sq, IT_AH(7), r->mh);
-    IT_POST_SEND(a.cfd, s->p, MSG_LEN, a.cq, IT_AH(7), s->mh);
-    for (uint32_t i = 0; i < 4; i++)
-        xfer_ok(&b, 10 + i);
+    held_open(&a, &b, &s, &r, "freeze", 7);
     it_expect_no_event(a.cq, QUIET_MS);
     it_expect_no_event(a.sq, 0);
     ck_assert(it_all_bytes(r->p, MSG_LEN, IT_GUARD_BYTE)); /* not a byte landed */
-    fault_set("fault_freeze_nth", "0");
+    it_fault_set("fault_freeze_nth", "0");
     ck_assert_uint_eq(fault_count("freeze"), 1);
 
-    fault_set("fault_freeze_ms", "0"); /* thaw */
+    it_fault_set("fault_freeze_ms", "0"); /* thaw */
     it_expect_send(a.cq, a.cfd, IT_AH(7), MSG_LEN);
     it_expect_recv(a.sq, a.sfd, IT_AH(7), MSG_LEN, 0);
     ck_assert_int_eq(it_check(r->p, MSG_LEN, 7), -1);
@@ -357,29 +322,15 @@ START_TEST(test_fault_stall)
     exs_event_t ev;
     int got = 0;
 
-    fault_init();
-    it_pair_open(&a, SOCK_SEQPACKET, 16, 16);
-    it_pair_open(&b, SOCK_SEQPACKET, 16, 16);
-    xfer_ok(&b, 1);
-    s = it_buf_new(MSG_LEN, 1);
-    r = it_buf_new(MSG_LEN, 1);
-    it_fill(s->p, MSG_LEN, 9);
-
-    fault_set("fault_stall_ms", FOREVER);
-    fault_set_port(&a);
-    fault_set("fault_stall_nth", "1");
-    IT_POST_RECV(a.sfd, r->p, MSG_LEN, a.sq, IT_AH(9), r->mh);
-    IT_POST_SEND(a.cfd, s->p, MSG_LEN, a.cq, IT_AH(9), s->mh);
-    for (uint32_t i = 0; i < 4; i++)
-        xfer_ok(&b, 10 + i);
+    held_open(&a, &b, &s, &r, "stall", 9);
     /* the endpoint of a's first completion stalls: not both operations finish */
     got += it_try_event(a.cq, EXS_EVT_SEND, a.cfd, QUIET_MS, &ev);
     got += it_try_event(a.sq, EXS_EVT_RECV, a.sfd, 0, &ev);
     ck_assert_msg(got < 2, "both operations finished on a stalled connection");
-    fault_set("fault_stall_nth", "0");
+    it_fault_set("fault_stall_nth", "0");
     ck_assert_uint_ge(fault_count("stall"), 1);
 
-    fault_set("fault_stall_ms", "0"); /* the stall ends */
+    it_fault_set("fault_stall_ms", "0"); /* the stall ends */
     if (!it_try_event(a.cq, EXS_EVT_SEND, a.cfd, 0, &ev))
         it_expect_send(a.cq, a.cfd, IT_AH(9), MSG_LEN);
     if (!it_try_event(a.sq, EXS_EVT_RECV, a.sfd, 0, &ev))
@@ -401,15 +352,15 @@ START_TEST(test_fault_delay)
     struct it_buf *s, *r;
     double t0;
 
-    fault_init();
+    it_fault_init();
     it_pair_open(&a, SOCK_SEQPACKET, 16, 16);
     it_pair_open(&b, SOCK_SEQPACKET, 16, 16);
     s = it_buf_new(MSG_LEN, 1);
     r = it_buf_new(MSG_LEN, 1);
 
-    fault_set("fault_delay_us", "100000");
-    fault_set_port(&a);
-    fault_set("fault_delay_nth", "1");
+    it_fault_set("fault_delay_us", "100000");
+    it_fault_set_port(&a);
+    it_fault_set("fault_delay_nth", "1");
     for (uint32_t i = 0; i < 4; i++) {
         it_fill(s->p, MSG_LEN, 30 + i);
         t0 = it_now_ms();
@@ -423,7 +374,7 @@ START_TEST(test_fault_delay)
         ck_assert_int_eq(it_check(r->p, MSG_LEN, 30 + i), -1);
     }
     ck_assert_uint_ge(fault_count("delay"), 8);
-    fault_set("fault_delay_nth", "0");
+    it_fault_set("fault_delay_nth", "0");
     xfer_ok(&a, 40);
     it_pair_close(&a);
     it_pair_close(&b);
@@ -452,21 +403,21 @@ START_TEST(test_fault_chaos)
     size_t len = _i ? 65536 : MSG_LEN;
     int rflags = _i ? MSG_WAITALL : 0;
 
-    fault_init();
+    it_fault_init();
     for (int i = 0; i < CHAOS_PAIRS; i++) {
         it_pair_open(&p[i], type, 16, 16);
         sb[i] = it_buf_new(len, 1);
         rb[i] = it_buf_new(len, 1);
     }
-    fault_set("fault_seed", "20261124");
-    fault_set("fault_delay_ppm", "50000");
-    fault_set("fault_delay_us", "2000");
-    fault_set("fault_stall_ppm", "5000");
-    fault_set("fault_stall_ms", "20");
-    fault_set("fault_freeze_ppm", "5000");
-    fault_set("fault_freeze_ms", "20");
-    fault_set("fault_drop_ppm", "4000");
-    fault_set("fault_wc_ppm", "4000");
+    it_fault_set("fault_seed", "20261124");
+    it_fault_set("fault_delay_ppm", "50000");
+    it_fault_set("fault_delay_us", "2000");
+    it_fault_set("fault_stall_ppm", "5000");
+    it_fault_set("fault_stall_ms", "20");
+    it_fault_set("fault_freeze_ppm", "5000");
+    it_fault_set("fault_freeze_ms", "20");
+    it_fault_set("fault_drop_ppm", "4000");
+    it_fault_set("fault_wc_ppm", "4000");
     for (uint32_t m = 0; m < CHAOS_MSGS; m++) {
         for (int i = 0; i < CHAOS_PAIRS; i++) {
             if (dead[i])
@@ -502,7 +453,7 @@ START_TEST(test_fault_chaos)
     }
     for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
         injected += fault_count(kinds[k]);
-    fault_params_reset();
+    it_fault_params_reset();
     ck_assert_msg(injected > 0 && nok > 0, "%" PRIu64 " faults, %d messages through", injected,
                   nok);
     /* a pair with no fault that ends it still works; every pair closes cleanly */
@@ -536,14 +487,14 @@ END_TEST
  * context of the fault provider, with the seed given. Returns how many failed. */
 static int repro_run(const char *seed, unsigned char *failed)
 {
-    const struct exs_prov_ops *ops = exs__prov_find(fault_prov);
+    const struct exs_prov_ops *ops = exs__prov_find(it_fault_provider());
     struct exs_prov_ctx *ctx;
     static char buf[4096];
     uint64_t before = 0, after = 0;
     int n = 0;
 
     ck_assert_ptr_nonnull(ops);
-    fault_set("fault_seed", seed);
+    it_fault_set("fault_seed", seed);
     ck_assert_int_eq(exs__prov_ctx_open(ops, NULL, &ctx), 0);
     (void)exs__counters_lookup("prov.fault", "reg", &before);
     for (int i = 0; i < REPRO_CALLS; i++) {
@@ -571,8 +522,8 @@ START_TEST(test_fault_reproducible)
     unsigned char f1[REPRO_CALLS], f2[REPRO_CALLS], f3[REPRO_CALLS];
     int n1, n2, n3;
 
-    fault_init(); /* names fault_prov; the contexts below are the test's own */
-    fault_set("fault_reg_ppm", "250000");
+    it_fault_init(); /* names the provider; the contexts below are the test's own */
+    it_fault_set("fault_reg_ppm", "250000");
     n1 = repro_run("42", f1);
     n2 = repro_run("42", f2);
     n3 = repro_run("43", f3);
@@ -582,8 +533,8 @@ START_TEST(test_fault_reproducible)
     ck_assert_msg(memcmp(f1, f2, sizeof(f1)) == 0, "seed 42 twice: other call indices");
     ck_assert_msg(memcmp(f1, f3, sizeof(f1)) != 0 || n1 != n3, "seeds 42 and 43: same faults");
 
-    fault_set("fault_reg_ppm", "0");
-    fault_set("fault_reg_nth", "7");
+    it_fault_set("fault_reg_ppm", "0");
+    it_fault_set("fault_reg_nth", "7");
     n1 = repro_run("42", f1);
     ck_assert_int_eq(n1, REPRO_CALLS / 7);
     for (int i = 0; i < REPRO_CALLS; i++)
@@ -607,7 +558,7 @@ START_TEST(test_fault_reg_connect)
     int lfd, fd, sfd, rc, n;
     char nth[16], seed[16];
 
-    fault_init();
+    it_fault_init();
     it_pair_open(&b, SOCK_SEQPACKET, 16, 16);
     bs = it_buf_new(MSG_LEN, 1);
     br = it_buf_new(MSG_LEN, 1);
@@ -618,8 +569,8 @@ START_TEST(test_fault_reg_connect)
     for (n = 1; n < 16; n++) {
         snprintf(nth, sizeof(nth), "%d", n);
         snprintf(seed, sizeof(seed), "%d", 100 + n);
-        fault_set("fault_seed", seed);
-        fault_set("fault_reg_nth", nth);
+        it_fault_set("fault_seed", seed);
+        it_fault_set("fault_reg_nth", nth);
         fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
         ck_assert_int_ge(fd, 0);
         errno = 0;
@@ -635,7 +586,7 @@ START_TEST(test_fault_reg_connect)
     }
     ck_assert_msg(n > 1 && n < 16, "the connecting side made %d registrations", n - 1);
     ck_assert_uint_eq(fault_count("reg"), (uint64_t)n);
-    fault_set("fault_reg_nth", "0");
+    it_fault_set("fault_reg_nth", "0");
     it_expect_no_event(q, 100); /* the refused connection never reached exs_accept */
 
     fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
@@ -660,7 +611,7 @@ Suite *integ_fault_suite(void)
     TCase *wc = tcase_create("fault_wc");
 
     tcase_set_timeout(tc, IT_CASE_TIMEOUT);
-    tcase_add_checked_fixture(tc, NULL, fault_teardown);
+    tcase_add_checked_fixture(tc, NULL, it_fault_teardown);
     tcase_add_test(tc, test_fault_drop);
     tcase_add_test(tc, test_fault_reg);
     tcase_add_test(tc, test_fault_connect);
@@ -672,7 +623,7 @@ Suite *integ_fault_suite(void)
     tcase_add_test(tc, test_fault_reg_connect);
     suite_add_tcase(s, tc);
     tcase_set_timeout(wc, IT_CASE_TIMEOUT);
-    tcase_add_checked_fixture(wc, NULL, fault_teardown);
+    tcase_add_checked_fixture(wc, NULL, it_fault_teardown);
     tcase_add_loop_test(wc, test_fault_wc_status, 0, EXS_PROV_WC_STATUS_MAX - 1);
     suite_add_tcase(s, wc);
     return s;

@@ -45,18 +45,6 @@ static long pat_check(const uint8_t *p, size_t len, size_t off)
     return -1;
 }
 
-/* Drive until no kernel-socket state is left (the progress thread stops a watcher
- * shortly after the last event). */
-static void kfd_settle(exs_qhandle_t q)
-{
-    for (int i = 0; i < 1000 && exs__debug_kfd_live(); i++) {
-        exs_qdequeue(q, NULL, 0, NULL);
-        it_sleep_ms(10);
-    }
-    ck_assert_msg(exs__debug_kfd_live() == 0, "%d kernel-socket objects left",
-                  exs__debug_kfd_live());
-}
-
 /* A reader thread: reads total bytes from fd with blocking recv in small pieces,
  * pausing now and then (a slow peer), and checks them against the pattern. */
 struct reader {
@@ -152,7 +140,7 @@ START_TEST(test_kfd_send_order)
         exs_send(a, unreg, 100, 0, EXS_QHANDLE_INVALID, AH(0), EXS_MHANDLE_UNREGISTERED), 100);
     ck_assert_int_eq(recv(b, unreg + 200, 100, MSG_WAITALL), 100);
     ck_assert_int_eq(pat_check(unreg + 200, 100, 0), -1);
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     close(b);
     free(unreg);
@@ -255,7 +243,7 @@ START_TEST(test_kfd_recv_order)
         ck_assert_int_gt(n, 0);
     }
     ck_assert_int_eq(fcntl(b, F_GETFL), fl0);
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     close(b);
     it_qdelete(q);
@@ -288,7 +276,7 @@ START_TEST(test_kfd_cancel)
     ck_assert_int_eq(send(a, buf->p + 150, 10, 0), 10);
     it_expect_recv(q, b, AH(2), 10, 0);
     ck_assert_int_eq(pat_check(buf->p + 100, 10, 0), -1);
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     close(b);
     it_qdelete(q);
@@ -333,7 +321,7 @@ START_TEST(test_kfd_shutdown)
     pthread_join(th, NULL);
     ck_assert_msg(r.bad < 0 && r.got == LEN, "got %zu bad %ld", r.got, r.bad);
     ck_assert_int_eq(recv(b, &c, 1, 0), 0); /* end of stream */
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     close(b);
     it_qdelete(q);
@@ -374,7 +362,7 @@ START_TEST(test_kfd_close_pending)
     ck_assert_int_eq(exs_close(b, EXS_QHANDLE_INVALID, AH(0)), 0);
     errno = 0;
     ck_assert_int_eq(fcntl(b, F_GETFD), -1);
-    kfd_settle(q);
+    it_kfd_settle(q);
     it_qdelete(q);
 }
 END_TEST
@@ -406,7 +394,7 @@ START_TEST(test_kfd_reuse)
     if (a2 != b && b2 != b) {
         close(a2);
         close(b2);
-        kfd_settle(q);
+        it_kfd_settle(q);
         it_qdelete(q);
         printf("SKIP test_kfd_reuse: descriptor %d was not reused\n", b);
         return;
@@ -432,7 +420,7 @@ START_TEST(test_kfd_reuse)
         close(a2);
         close(b2);
     }
-    kfd_settle(q);
+    it_kfd_settle(q);
     it_qdelete(q);
 }
 END_TEST
@@ -442,25 +430,20 @@ END_TEST
 START_TEST(test_kfd_reset)
 {
     enum { LEN = 2 << 20 };
-    struct linger lg = {.l_onoff = 1, .l_linger = 0};
-    struct sigaction sa = {.sa_handler = SIG_DFL}, old;
+    struct sigaction old;
     struct it_buf *buf, *rb;
     exs_qhandle_t q;
     exs_event_t ev;
     int a, b;
 
-    it_init();
-    ck_assert_int_eq(sigaction(SIGPIPE, &sa, &old), 0);
-    q = it_qcreate(8);
-    it_tcp_pair(&a, &b, 4096, 4096);
+    q = it_kfd_reset_open(&a, &b, &old);
     buf = it_buf_new(LEN, 1);
     rb = it_buf_new(100, 1);
     IT_POST_RECV(a, rb->p, 100, q, AH(1), rb->mh);
     IT_POST_SEND(a, buf->p, LEN / 2, q, AH(2), buf->mh);
     IT_POST_SEND(a, buf->p + LEN / 2, LEN / 2, q, AH(3), buf->mh);
     it_expect_no_event(q, 50);
-    ck_assert_int_eq(setsockopt(b, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
-    close(b); /* RST */
+    it_tcp_reset(b);
     it_wait_event(q, EXS_EVT_RECV, a, &ev);
     ck_assert_msg(ev.exs_evt_errno == ECONNRESET, "recv errno %d", ev.exs_evt_errno);
     ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, -1);
@@ -475,7 +458,7 @@ START_TEST(test_kfd_reset)
     IT_POST_SEND(a, buf->p, 10, q, AH(4), buf->mh);
     it_expect_err(q, EXS_EVT_SEND, a, AH(4), EPIPE);
     sigaction(SIGPIPE, &old, NULL);
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     it_qdelete(q);
 }
@@ -519,7 +502,7 @@ START_TEST(test_kfd_fini_pending)
     ck_assert_int_eq(ev.exs_evt_errno, 0);
     ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 5);
     ck_assert_int_eq(memcmp(rbuf, "hello", 5), 0);
-    kfd_settle(q);
+    it_kfd_settle(q);
     ck_assert_int_eq(exs_qdelete(q), 0);
     close(a);
     close(b);
@@ -554,7 +537,7 @@ START_TEST(test_kfd_errors)
     IT_EXPECT_FAIL(exs_send(a, buf->p, 64, 0, q, AH(1), EXS_MHANDLE_INVALID), EINVAL);
     IT_EXPECT_FAIL(exs_send(a, buf->p, 64, 0, 12345, AH(1), buf->mh), EINVAL);
     it_expect_no_event(q, 50);
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     close(b);
     it_qdelete(q);
@@ -770,7 +753,7 @@ START_TEST(test_kfd_to_recv)
         exs_recv(b, buf, sizeof(buf), 0, EXS_QHANDLE_INVALID, NULL, EXS_MHANDLE_UNREGISTERED), 1);
     /* off: no state is left */
     kset(b, SO_ASYNC_RECV_TIMEOUT, 0);
-    kfd_settle(q);
+    it_kfd_settle(q);
     ck_assert_int_eq(kget(b, SO_ASYNC_RECV_TIMEOUT), 0);
     close(a);
     close(b);
@@ -808,7 +791,7 @@ START_TEST(test_kfd_to_send_once)
     ck_assert_int_eq(r.bad, -1);
     it_expect_no_event(q, 200);
     it_close(a, q); /* the descriptor goes, and its options with it */
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(b);
     free(big);
 }
@@ -837,7 +820,7 @@ START_TEST(test_kfd_to_reuse)
     it_expect_no_event(q, 300); /* no notice: the new socket has no timeout */
     ck_assert_int_eq(send(c, "x", 1, 0), 1);
     it_expect_recv(q, b, AH(4), 1, 0);
-    kfd_settle(q); /* nothing of the old socket is left */
+    it_kfd_settle(q); /* nothing of the old socket is left */
     close(b);
     close(c);
 }
@@ -883,7 +866,7 @@ START_TEST(test_kfd_to_slots)
     IT_EXPECT_FAIL(exs_setsockopt(p[0], SOL_EXS, SO_ASYNC_SEND_TIMEOUT, &v, sizeof(v)), ENOTSOCK);
     close(p[0]);
     close(p[1]);
-    kfd_settle(q);
+    it_kfd_settle(q);
     it_qdelete(q);
     /* exs_fini while a receive is registered for notices: nothing leaks */
     q = exs_qcreate(8); /* not tracked: exs_fini frees it */

@@ -150,18 +150,6 @@ static void write_full(int fd, const uint8_t *p, size_t len)
     }
 }
 
-/* Drive until no kernel-socket state is left (the last event detaches it; the watcher
- * goes shortly after). */
-static void kfd_settle(exs_qhandle_t q)
-{
-    for (int i = 0; i < 1000 && exs__debug_kfd_live(); i++) {
-        exs_qdequeue(q, NULL, 0, NULL);
-        it_sleep_ms(10);
-    }
-    ck_assert_msg(exs__debug_kfd_live() == 0, "%d kernel-socket objects left",
-                  exs__debug_kfd_live());
-}
-
 /* ---- exs sockets: exs_sendmsg -> exs_recv ---- */
 
 /* SOCK_SEQPACKET: each exs_sendmsg is one message gathered in list order (registered,
@@ -524,7 +512,7 @@ START_TEST(test_msg_cancel_close)
     ck_assert_int_eq(ev.exs_evt_errno, ECANCELED);
     ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result, -1);
     it_buf_free(e);
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     close(b);
     it_qdelete(q);
@@ -810,7 +798,7 @@ START_TEST(test_msg_kfd)
     ck_assert_int_eq(exs_sendfile(a, file, 0, 30000, EXS_QHANDLE_INVALID, AH(7)), 30000);
     read_full(b, in, 30000);
     ck_assert_int_eq(memcmp(in, fref, 30000), 0);
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     close(b);
     close(file);
@@ -913,7 +901,7 @@ START_TEST(test_msg_kfd_sendfile)
     ck_assert_int_eq(memcmp(rd.buf, fref, 4000), 0);
     expect_msg(q, EXS_EVT_SENDFILE, a, AH(5), 4000, NULL, 0, 0);
     ck_assert_uint_eq(exs__debug_kfd_sendfile_bytes(), zc0 + 300);
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     close(b);
     close(file);
@@ -961,7 +949,7 @@ START_TEST(test_msg_kfd_partial)
     pthread_join(th, NULL);
     ck_assert_uint_eq(rd.got, 2 * LEN);
     ck_assert_int_eq(memcmp(rd.buf, ref, 2 * LEN), 0);
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     close(b);
     free(rd.buf);
@@ -975,8 +963,7 @@ END_TEST
 START_TEST(test_msg_kfd_reset)
 {
     enum { LEN = 2 << 20 };
-    struct linger lg = {.l_onoff = 1, .l_linger = 0};
-    struct sigaction sa = {.sa_handler = SIG_DFL}, old;
+    struct sigaction old;
     struct it_buf *s, *r;
     exs_iovec_t sv[2], rv[2];
     exs_msghdr_t sm = {.msg_iov = sv, .msg_iovlen = 2}, rm = {.msg_iov = rv, .msg_iovlen = 2};
@@ -984,10 +971,7 @@ START_TEST(test_msg_kfd_reset)
     exs_event_t ev;
     int a, b;
 
-    it_init();
-    ck_assert_int_eq(sigaction(SIGPIPE, &sa, &old), 0);
-    q = it_qcreate(8);
-    it_tcp_pair(&a, &b, 4096, 4096);
+    q = it_kfd_reset_open(&a, &b, &old);
     s = it_buf_new(LEN, 1);
     r = it_buf_new(100, 1);
     rv[0] = (exs_iovec_t){r->p, 50, r->mh};
@@ -996,8 +980,7 @@ START_TEST(test_msg_kfd_reset)
     sv[1] = (exs_iovec_t){s->p + LEN / 2, LEN / 2, EXS_MHANDLE_UNREGISTERED};
     IT_EXPECT_OK(exs_recvmsg(a, &rm, 0, q, AH(1)));
     IT_EXPECT_OK(exs_sendmsg(a, &sm, 0, q, AH(2)));
-    ck_assert_int_eq(setsockopt(b, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
-    close(b); /* RST */
+    it_tcp_reset(b);
     it_wait_event(q, EXS_EVT_RECVMSG, a, &ev);
     ck_assert(ev.exs_evt_ahandle == AH(1));
     ck_assert_msg(ev.exs_evt_errno == ECONNRESET, "recvmsg errno %d", ev.exs_evt_errno);
@@ -1011,7 +994,7 @@ START_TEST(test_msg_kfd_reset)
     it_buf_free(r);
     it_buf_free(s);
     sigaction(SIGPIPE, &old, NULL);
-    kfd_settle(q);
+    it_kfd_settle(q);
     close(a);
     it_qdelete(q);
 }
@@ -1019,58 +1002,24 @@ END_TEST
 
 /* ---- exs sockets: the connection is reset under pending operations ---- */
 
-static char fault_prov[32];
-
-static void fault_reset_params(void)
-{
-    size_t n;
-    const struct exs_param_def *t = exs__params_table(&n);
-
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(t[i].name, "fault_", 6) == 0)
-            ck_assert_int_eq(exs__params_set(t[i].name, t[i].defval), 0);
-}
-
-static void fault_teardown(void)
-{
-    fault_reset_params();
-    it_teardown();
-}
-
-static void fault_set(const char *name, const char *value)
-{
-    int rc = exs__params_set(name, value);
-
-    ck_assert_msg(rc == 0, "exs__params_set(%s, %s) = %d", name, value, rc);
-}
-
 /* The fault provider drops connection p at its first send (as a peer reset would): the
  * pending exs_sendmsg and exs_recvmsg fail with ECONNRESET in their events, their
  * registrations are let go and nothing leaks (it_fini counts). */
 START_TEST(test_msg_reset)
 {
-    const char *saved = it_provider;
     struct it_pair p;
     struct it_buf *s, *r;
     exs_iovec_t sv[2], rv[2];
     exs_msghdr_t sm = {.msg_iov = sv, .msg_iovlen = 2}, rm = {.msg_iov = rv, .msg_iovlen = 2};
     exs_event_t ev;
-    char port[16];
 
-    if (strncmp(it_provider, "fault:", 6) == 0)
-        snprintf(fault_prov, sizeof(fault_prov), "%s", it_provider);
-    else
-        snprintf(fault_prov, sizeof(fault_prov), "fault:%s", it_provider);
-    it_provider = fault_prov;
     it_setenv("EXS_SNDBUF", "0"); /* STREAM: the send waits for its write, not the buffer */
-    it_init();
-    it_provider = saved;
+    it_fault_init();
     it_pair_open(&p, _i ? SOCK_STREAM : SOCK_SEQPACKET, 16, 16);
     s = it_buf_new(3000, 1);
     r = it_buf_new(3000, 1);
-    snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
-    fault_set("fault_port", port);
-    fault_set("fault_drop_nth", "1");
+    it_fault_set_port(&p);
+    it_fault_set("fault_drop_nth", "1");
     rv[0] = (exs_iovec_t){r->p, 1000, r->mh};
     rv[1] = (exs_iovec_t){r->p + 1000, 2000, EXS_MHANDLE_UNREGISTERED};
     sv[0] = (exs_iovec_t){s->p, 1000, EXS_MHANDLE_UNREGISTERED};
@@ -1085,7 +1034,7 @@ START_TEST(test_msg_reset)
     ck_assert(ev.exs_evt_ahandle == AH(1));
     ck_assert_msg(ev.exs_evt_errno == ECONNRESET, "recvmsg errno %d", ev.exs_evt_errno);
     ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result, -1);
-    fault_set("fault_drop_nth", "0");
+    it_fault_set("fault_drop_nth", "0");
     it_buf_free(s);
     it_buf_free(r);
     it_pair_close(&p);
@@ -1110,7 +1059,7 @@ Suite *integ_msg_suite(void)
                                         test_msg_kfd_sendfile, NULL});
     tc = tcase_create("msg_reset");
     tcase_set_timeout(tc, IT_CASE_TIMEOUT);
-    tcase_add_checked_fixture(tc, NULL, fault_teardown);
+    tcase_add_checked_fixture(tc, NULL, it_fault_teardown);
     tcase_add_loop_test(tc, test_msg_reset, 0, 2);
     suite_add_tcase(s, tc);
     return s;
