@@ -199,21 +199,14 @@ END_TEST
  * one connection is seen there, and resets that connection. */
 START_TEST(test_window_rnr_counted)
 {
-    char prov[32], port[16], st_s[16];
-    const char *saved = it_provider;
+    char port[16], st_s[16];
     struct exs_sock_stats cst, sst;
     struct it_buf *sb, *rb;
     exs_event_t es, er;
     uint64_t rnr = 0, wc = 0;
     struct it_pair p;
 
-    if (strncmp(it_provider, "fault:", 6) == 0)
-        snprintf(prov, sizeof(prov), "%s", it_provider);
-    else
-        snprintf(prov, sizeof(prov), "fault:%s", it_provider);
-    it_provider = prov;
-    it_init();
-    it_provider = saved;
+    it_fault_init();
     it_pair_open(&p, SOCK_SEQPACKET, 16, 16);
     sb = it_buf_new(W_LEN, 1);
     rb = it_buf_new(W_LEN, 1);
