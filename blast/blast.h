@@ -12,6 +12,7 @@
 #define BLAST_MAX_CONNS  256
 #define BLAST_MAX_SWEEP  64
 #define BLAST_MAX_RUNS   1000
+#define BLAST_MAX_ROUNDS 16
 #define BLAST_DEF_PORT   7480
 
 enum { T_STREAM = 0, T_SEQPACKET = 1 };
@@ -100,6 +101,7 @@ struct config {
     const struct preset *preset; /* --preset NAME: its points replace the sweep */
     int preset_points;           /* --points N: only the first N points of the preset */
     int markdown;                /* --markdown: the preset table as Markdown */
+    int rounds;                  /* --rounds N: modes interleaved N times, median kept */
 };
 
 /* A paper figure as a list of points, each run in all three modes. The paper's values are
@@ -136,6 +138,8 @@ struct result {
     double cpu_send, cpu_recv, cpu_send_ci, cpu_recv_ci;
     double cls_tput[2], cls_mps[2], cls_p50[2], cls_p99[2];
     uint64_t cls_bytes[2], cls_msgs[2];
+    int nrounds;                        /* --rounds: this mode's throughput in each round */
+    double round_tput[BLAST_MAX_ROUNDS];
     int has_lat;
     double lat_p50, lat_p99, lat_p999, lat_mean;
     uint64_t lat_count;

@@ -116,7 +116,7 @@ const struct preset *preset_find(const char *name)
 void preset_list(FILE *f)
 {
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
-        fprintf(f, "  %-6s %s (%d points x 3 modes, %.1f s per run)\n", presets[i].name,
+        fprintf(f, "  %-6s %s (%d points x 3 modes x 3 rounds, %.1f s per run)\n", presets[i].name,
                 presets[i].title, presets[i].npts, presets[i].seconds);
     fprintf(f, "  (fig10a, fig10b: the same runs as fig9a, fig9b; Fig. 10 is their cpu_r%% "
                "column)\n");

@@ -152,6 +152,12 @@ static void json_result(FILE *f, const struct config *c, const struct result *x)
             "\"drain_requests_sent\": %.2f, \"drain_requests_honoured\": %.2f, "
             "\"ring_resizes\": %.2f, \"ring_size\": %.0f,\n     ", x->dtime_ms, x->itime_ms,
             x->drains_rcv, x->drains_snd, x->resizes, x->ring_size);
+    if (x->nrounds > 1) {
+        fprintf(f, "\"rounds\": %d, \"round_throughputs_gbps\": [", x->nrounds);
+        for (int r = 0; r < x->nrounds; r++)
+            fprintf(f, "%s%.6f", r ? ", " : "", x->round_tput[r]);
+        fprintf(f, "], ");
+    }
     if (c->preset && x->point >= 0) {
         const struct preset_point *pp = &c->preset->pts[x->point];
 
@@ -402,7 +408,7 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
 {
     const struct preset *ps = c->preset;
     int md = c->markdown, good = 0, judged = 0, direct = 0, ndyn = 0, dtime = 0, tcp = 0;
-    char amount[48];
+    char amount[48], rounds[64] = "";
 
     for (int k = 0; k < n; k++)
         tcp |= r[k].transport == X_TCP && r[k].point >= 0;
@@ -411,10 +417,12 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
         snprintf(amount, sizeof(amount), "%llu bytes", (unsigned long long)c->bytes);
     else
         snprintf(amount, sizeof(amount), "%.1f s", c->seconds);
+    if (c->rounds > 1)
+        snprintf(rounds, sizeof(rounds), ", the median of %d interleaved rounds", c->rounds);
 
     if (md) {
-        fprintf(f, "`blast --loopback --preset %s` (%d run(s) of %s per mode and point%s%s; "
-                "%s%s)\n\n", ps->name, c->runs, amount,
+        fprintf(f, "`blast --loopback --preset %s` (%d run(s) of %s per mode and point%s%s%s; "
+                "%s%s)\n\n", ps->name, c->runs, amount, rounds,
                 c->delay_ms > 0 ? ", emulated delay" : "", c->rate_mbps > 0 ? " and rate" : "",
                 ps->title, tcp && (c->delay_ms > 0 || c->rate_mbps > 0)
                                ? "; kernel TCP is not emulated" : "");
@@ -427,7 +435,7 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
         fprintf(f, "# blast --preset %s: %s\n", ps->name, ps->title);
         fprintf(f, "# paper (from its text and Table III; no values read off plots): %s\n",
                 ps->paper);
-        fprintf(f, "# ours: %d run(s) of %s per mode and point", c->runs, amount);
+        fprintf(f, "# ours: %d run(s) of %s per mode and point%s", c->runs, amount, rounds);
         if (c->delay_ms > 0 || c->rate_mbps > 0)
             fprintf(f, ", emulated link: one-way delay %.3g ms, rate %.0f Mbit/s%s", c->delay_ms,
                     c->rate_mbps, tcp ? " (the tcp column is NOT emulated)" : "");

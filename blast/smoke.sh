@@ -163,6 +163,19 @@ assert abs(r[0]["paper_direct_ratio"] - 0.0011) < 1e-9, r[0]
 assert r[0]["direct_ratio"] == 1 and r[1]["direct_ratio"] == 0, r
 EOF
     ok "--preset fig9a --json: three modes, preset keys"; else bad "--preset fig9a --json"; fi
+# --rounds (the presets' default is 3): each mode ran 3 times and keeps its median round
+if run "preset rounds" 0 --loopback --preset fig9b --points 1 --bytes 4M --rounds 3 --json $Q && cp "$T/out" "$T/j" \
+   && json_ok "$T/j" rounds,round_throughputs_gbps && python3 - "$T/j" <<'EOF' 2>> "$T/err"; then
+import json, sys
+r = json.load(open(sys.argv[1]))["results"]
+assert [x["mode"] for x in r] == ["direct", "indirect", "dynamic"], r
+for x in r:
+    t = x["round_throughputs_gbps"]
+    assert x["rounds"] == 3 and len(t) == 3 and min(t) > 0, x
+    assert abs(x["throughput_gbps"] - sorted(t)[1]) < 1e-6, x
+EOF
+    ok "--preset --rounds 3: each mode's median round"; else bad "--preset --rounds 3"; fi
+if run "rounds bad" 2 --loopback --preset fig9b --rounds 17; then ok "rejects --rounds 17"; else bad "rejects --rounds 17"; fi
 # --transport both: the kernel-TCP baseline as one more column (14 cells in Markdown)
 if run "preset tcp" 0 --loopback --preset fig9a --points 1 --bytes 4M --transport both --markdown $Q \
    && grep -q '| kernel TCP Gbit/s | paper |$' "$T/out" \
