@@ -1992,7 +1992,7 @@ int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     int ret;
 
     EXS_ASSERT(!conn->ep && !conn->ctrl_mem);
-    conn->ctx = ctx;
+    __atomic_store_n(&conn->ctx, ctx, __ATOMIC_RELAXED); /* read unlocked by xfer.c, ctl.c */
     ret = exs__prov_mem_alloc(ctx, (size_t)(conn->p.credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
                               &conn->ctrl_mem);
     if (ret)

@@ -253,6 +253,7 @@ void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resu
 int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_resume *r)
 {
     uint64_t token = be64toh(r->token), msgs = be64toh(r->rx_msgs), bytes = be64toh(r->rx_bytes);
+    uint64_t ra = be64toh(r->ring_arrived), rc = be64toh(r->ring_consumed);
     int stream = conn_is_stream(conn);
     uint64_t pos = stream ? bytes : msgs;
     /* SEQPACKET: what was seen completed is not tracked (yet): only the upper bound */
@@ -273,6 +274,11 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
                           * after its NIC acknowledged the write: those bytes are gone
                           * here (completed, handed back), so the resume cannot be whole */
         bad = "below what we saw completed";
+    else if (stream && (rc > ra || ra > conn->wr_tail || rc < conn->wr_consumed ||
+                        ra - rc > conn->peer.ring_size))
+        /* the peer's ring: what arrived of what we wrote, at least what it reported
+         * read, at most a ring's worth unread */
+        bad = "ring positions out of range";
     if (bad) {
         EXS_INFO(PROTO,
                  "conn %p: RESUME refused: %s (position %" PRIu64 ", sent %" PRIu64
@@ -639,15 +645,6 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
 
     if (exs__resume_check_locked(conn, r))
         return -EPROTO;
-    /* the peer's ring: what arrived of what we wrote, at least what it reported read */
-    if (rc > ra || ra > conn->wr_tail || rc < conn->wr_consumed ||
-        ra - rc > conn->peer.ring_size) {
-        EXS_INFO(PROTO,
-                 "conn %p: RESUME refused: ring positions %" PRIu64 "/%" PRIu64
-                 " out of range (written %" PRIu64 ", reported %" PRIu64 ")",
-                 (void *)conn, ra, rc, conn->wr_tail, conn->wr_consumed);
-        return -EPROTO;
-    }
     exs_list_for_each(p, &conn->sendq) {
         struct exs_op *op = exs_list_entry(p, struct exs_op, link);
 
