@@ -105,11 +105,11 @@ static void proto_cset_register(void)
 }
 
 static const char *const conn_state_names[EXS_CONN_STATE_COUNT] = {
-    [EXS_CONN_IDLE] = "IDLE",         [EXS_CONN_CONNECTING] = "CONNECTING",
+    [EXS_CONN_IDLE] = "IDLE",           [EXS_CONN_CONNECTING] = "CONNECTING",
     [EXS_CONN_CONNECTED] = "CONNECTED", [EXS_CONN_CLOSING] = "CLOSING",
-    [EXS_CONN_RESUMING] = "RESUMING",
-    [EXS_CONN_DOWN] = "DOWN",         [EXS_CONN_REFUSING] = "REFUSING",
-    [EXS_CONN_DRAINING] = "DRAINING", [EXS_CONN_DEAD] = "DEAD",
+    [EXS_CONN_RESUMING] = "RESUMING",   [EXS_CONN_DOWN] = "DOWN",
+    [EXS_CONN_REFUSING] = "REFUSING",   [EXS_CONN_DRAINING] = "DRAINING",
+    [EXS_CONN_DEAD] = "DEAD",
 };
 
 #define CONN_BIT(_st) (1u << (_st))
@@ -2003,7 +2003,7 @@ int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     conn->tx_free_top = 0;
     for (uint32_t i = 0; i < conn->tx_slots; i++) {
         conn->tx_free[conn->tx_free_top++] = i;
-        conn->tx_op[i] = (struct exs_ctrl_tx){ 0 };
+        conn->tx_op[i] = (struct exs_ctrl_tx){0};
     }
     ret = exs__prov_ep_create(ctx, &attr, &conn->ep);
     if (ret) {

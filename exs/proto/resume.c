@@ -186,7 +186,8 @@ int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_re
         EXS_INFO(PROTO,
                  "conn %p: RESUME record refused: %s (token %s, %" PRIu64 " messages, %" PRIu64
                  " bytes)",
-                 (void *)conn, conn->rsm_peer_got || conn->rsm_over ? "a second one" : "a first path",
+                 (void *)conn,
+                 conn->rsm_peer_got || conn->rsm_over ? "a second one" : "a first path",
                  conn->sess_token && be64toh(r->token) == conn->sess_token ? "ours" : "not ours",
                  be64toh(r->rx_msgs), be64toh(r->rx_bytes));
         return -EPROTO;
@@ -334,8 +335,8 @@ static int resume_eligible(const struct exs_conn *conn)
 {
     return conn->sess_token && !conn->rsm_over && conn->state == EXS_CONN_CONNECTED &&
            conn->txshut == EXS_TXSHUT_OPEN && !conn->peer_shut && conn_is_stream(conn) &&
-           conn->cb->resume_mr && (!conn->active || conn->cb->resume_addr) &&
-           !conn->rs_offered && !conn->rs_old_mem && !conn->rs_owed;
+           conn->cb->resume_mr && (!conn->active || conn->cb->resume_addr) && !conn->rs_offered &&
+           !conn->rs_old_mem && !conn->rs_owed;
 }
 
 int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc)
@@ -348,8 +349,8 @@ int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc)
         exs__resume_path_failed_locked(conn, cause);
         return 0;
     }
-    EXS_INFO(PROTO, "conn %p: path failed (%s): resuming over the fallback (%s side)",
-             (void *)conn, cause, conn->active ? "active" : "passive");
+    EXS_INFO(PROTO, "conn %p: path failed (%s): resuming over the fallback (%s side)", (void *)conn,
+             cause, conn->active ? "active" : "passive");
     exs__conn_set_state_locked(conn, EXS_CONN_RESUMING, cause);
     conn->rsm_over = 1; /* one cut-over per connection */
     conn->rsm_t0_ns = exs__now_ns();
@@ -406,8 +407,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     exs__prov_ep_destroy(conn->ep); /* what it still held is discarded (rsm_abandon) */
     conn->ep = NULL;
     conn->wr_out = 0;
-    exs_list_for_each(pos, &conn->sendq)
-        exs_list_entry(pos, struct exs_op, link)->inflight = 0;
+    exs_list_for_each(pos, &conn->sendq) exs_list_entry(pos, struct exs_op, link)->inflight = 0;
     if (conn->rd_arrived != conn->rd_consumed) { /* §7.4's retired region */
         conn->rs_old_mem = conn->ring_mem;
         conn->rs_old_size = conn->p.ring_size;
@@ -439,7 +439,8 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
         if (ret)
             return ret;
         memcpy(stg->addr, old_stg->addr, old_stg->length);
-        exs_list_for_each(pos, &conn->sendq) {
+        exs_list_for_each(pos, &conn->sendq)
+        {
             struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
             if (op->internal && op->mr == old_stg) {
@@ -452,7 +453,8 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
         exs__prov_mem_free(old_stg);
     }
     for (int i = 0; i < 2; i++)
-        exs_list_for_each(pos, q[i]) {
+        exs_list_for_each(pos, q[i])
+        {
             struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
             if (op->internal || op->state == EXS_OPS_DONE || !op->mr || op->mr->ctx == ctx)
@@ -577,7 +579,7 @@ void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_ev
     struct exs_wire_resume r;
 
     if (ev->ep && ev->ep != conn->ep)
-        return; /* not the conn's endpoint now */
+        return;               /* not the conn's endpoint now */
     if (!conn->rsm_newpath) { /* the old endpoint */
         if (ev->type == EXS_PROV_CM_DISCONNECTED) {
             conn->rsm_disc = 1;
@@ -590,8 +592,7 @@ void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_ev
         if (conn->active) {
             struct exs_wire_hello h;
 
-            if (exs__conn_hello_check(ev->private_data, ev->private_data_len,
-                                      conn->p.sock_type)) {
+            if (exs__conn_hello_check(ev->private_data, ev->private_data_len, conn->p.sock_type)) {
                 resume_end_locked(conn, ECONNRESET, "bad hello on the new path", 1);
                 return;
             }
@@ -645,7 +646,8 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
 
     if (exs__resume_check_locked(conn, r))
         return -EPROTO;
-    exs_list_for_each(p, &conn->sendq) {
+    exs_list_for_each(p, &conn->sendq)
+    {
         struct exs_op *op = exs_list_entry(p, struct exs_op, link);
 
         if (op->kind != EXS_OP_SEND || op->state == EXS_OPS_DONE)
@@ -673,8 +675,8 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
     EXS_CNT_INC(resume_cnt.fallback_resumes);
     EXS_CNT_ADD(resume_cnt.fallback_replayed_bytes, sent - pos);
     EXS_INFO(PROTO,
-             "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %" PRIu64
-             ", %" PRIu64 " ring bytes of the old path still to read",
+             "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %" PRIu64 ", %" PRIu64
+             " ring bytes of the old path still to read",
              (void *)conn, exs__prov_name(conn->ctx), sent - pos, pos,
              conn->rd_arrived - conn->rd_consumed);
     return 0;
