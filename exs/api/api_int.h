@@ -186,6 +186,10 @@ struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q
                                int *err_p);
 void exs__api_op_event(struct api_op *op, const exs_event_t *ev);
 void exs__api_op_abandon(struct api_op *op);
+/* A cut-over (spec/protocol.md §9.2, conn->lock held): pop's buffer registered on ctx,
+ * pop->mr and pop->lkey replaced, the registration on the old context released. 0 or
+ * -errno. */
+int exs__api_op_resume_mr(struct exs_op *pop, struct exs_prov_ctx *ctx);
 /* Synchronous calls post on their thread's queue (xfer.c) and wait for the one event. */
 exs_qhandle_t exs__api_sync_queue(void);
 int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev);

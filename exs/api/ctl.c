@@ -254,7 +254,9 @@ static void stat_sock(struct api_sock *s, void *arg)
     exs__jbuf_kv_str(b, "local", local);
     exs__jbuf_kv_str(b, "peer", peer);
     /* the context the connection runs on: the primary or the fallback (tcp) */
-    exs__jbuf_kv_str(b, "provider", exs__prov_name(conn ? conn->ctx : exs__engine_ctx()));
+    exs__jbuf_kv_str(
+        b, "provider", /* a cut-over (§9.2) changes it under the conn lock */
+        exs__prov_name(conn ? __atomic_load_n(&conn->ctx, __ATOMIC_RELAXED) : exs__engine_ctx()));
     /* and its device and port ("tcp" on tcp) */
     exs__jbuf_kv_str(b, "device", conn ? info.device : exs__prov_device(exs__engine_ctx()));
     exs__jbuf_kv_str(b, "mode", xfer_mode_name(mode));

@@ -225,14 +225,43 @@ static void sock_conn_established(struct exs_conn *conn, int err);
 static void sock_close(struct api_sock *s, struct api_op *op, int abort_);
 static void sock_conn_dead(struct exs_conn *conn);
 
+/* The cut-over (spec/protocol.md §9.2), conn->lock held: the new path's context and the
+ * peer's address on it (the connect's address, port + fallback_port_offset). */
+static int sock_resume_addr(struct exs_conn *conn, struct exs_prov_ctx **ctx_p,
+                            struct sockaddr_storage *addr, socklen_t *len_p)
+{
+    struct api_sock *s = conn->owner;
+    struct exs_prov_ctx *fb = exs__engine_fallback_ctx();
+    int ret;
+
+    if (!fb)
+        return -EOPNOTSUPP;
+    api_sock_lock(s);
+    ret = exs__engine_fallback_addr((struct sockaddr *)&s->peer, s->peer_len, addr, len_p);
+    api_sock_unlock(s);
+    *ctx_p = fb;
+    return ret;
+}
+
+static int sock_resume_mr(struct exs_conn *conn, struct exs_op *op, struct exs_prov_ctx *ctx)
+{
+    (void)conn;
+    return exs__api_op_resume_mr(op, ctx);
+}
+
 static const struct exs_conn_cb sock_conn_cb = {
     .established = sock_conn_established,
     .dead = sock_conn_dead,
+    .resume_addr = sock_resume_addr,
+    .resume_mr = sock_resume_mr,
 };
 
 /* A conn for s on provider context ctx (the primary, or the fallback). */
 static int sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
 {
+    /* policy any: a conn on the primary may be cut over to the fallback (§9.2) */
+    int resumable =
+        exs__engine_fallback_policy() == EXS_ENG_FB_ANY && ctx != exs__engine_fallback_ctx();
     struct exs_conn_params p = {
         .sock_type = s->type,
         .credits = (uint32_t)exs__params.credits,
@@ -241,12 +270,12 @@ static int sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
         .xfer_mode = s->xfer_mode,
         .max_reads = (uint32_t)exs__params.max_reads,
         .batch_max = (uint32_t)exs__params.batch_max,
-        .autotune = !s->rcvbuf_set, /* as on Linux, an explicit SO_RCVBUF fixes the size */
+        /* as on Linux, an explicit SO_RCVBUF fixes the size; a resumable conn keeps its
+         * ring's size (the cut-over retires the old ring as a §7.4 resize does) */
+        .autotune = !s->rcvbuf_set && !resumable,
         .sndbuf = s->sndbuf,
         .copy_max = (uint32_t)EXS_MIN(exs__params.stream_copy_max, (uint64_t)s->sndbuf),
-        /* policy any: a conn on the primary may be cut over to the fallback (§9.2) */
-        .resumable = exs__engine_fallback_policy() == EXS_ENG_FB_ANY &&
-                     ctx != exs__engine_fallback_ctx(),
+        .resumable = resumable,
     };
     /* The conn lives as long as its socket (freed in the last exs__api_sock_put), so a
      * caller holding a socket reference may always use it; its callbacks stop at DEAD,
@@ -549,19 +578,26 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
 }
 
 /* A checked hello asking to be the new path of a cut-over connection (spec/protocol.md
- * §9.2): never a connection for exs_accept. The listener does not hold such a path yet
- * (no connection ever waits in RESUMING): refused with reason 7, so the active side's
- * resume fails at once. 0 for an ordinary hello. */
-static int sock_resume_request(struct api_sock *lis, const struct exs_prov_cm_event *ev)
+ * §9.2): never a connection for exs_accept. Over the fallback context, the connection
+ * its token names takes it (the request is then consumed: 1); anything else is refused
+ * with reason 7, *reason_p. 0 for an ordinary hello. Called without the listener's lock
+ * (conn locks come first). */
+static int sock_resume_request(struct api_sock *lis, const struct exs_prov_cm_event *ev,
+                               int *reason_p)
 {
     struct exs_wire_hello h;
 
     memcpy(&h, ev->private_data, sizeof(h));
     if (!(h.hflags & EXS_WIRE_HELLO_F_RESUME))
         return 0;
-    EXS_INFO(API, "listener fd %d: resume request refused: no connection waits for a new path",
-             lis->fd);
-    return EXS_WIRE_REJ_RESUME;
+    *reason_p = EXS_WIRE_REJ_RESUME;
+    if (!exs__engine_fallback_ctx() || ev->listener->ctx != exs__engine_fallback_ctx()) {
+        EXS_INFO(API, "listener fd %d: resume request refused: not over the fallback", lis->fd);
+        return 1;
+    }
+    *reason_p = exs__conn_resume_request(ev->listener->ctx, ev->req, ev->private_data,
+                                         ev->private_data_len, lis->type);
+    return 1;
 }
 
 /* Progress thread: a connection request for listener lis. Exactly one of accept and
@@ -578,10 +614,15 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
 
     /* Decide and reserve a backlog place under the listener's lock; build the child
      * without it (conn locks come before socket locks). */
-    api_sock_lock(lis);
     reason = exs__conn_hello_check(ev->private_data, ev->private_data_len, lis->type);
-    if (!reason)
-        reason = sock_resume_request(lis, ev);
+    if (!reason && sock_resume_request(lis, ev, &reason)) {
+        if (!reason)
+            return; /* taken by the connection it resumes */
+        rej.reason = (uint8_t)reason;
+        exs__prov_reject(ev->req, &rej, sizeof(rej));
+        return;
+    }
+    api_sock_lock(lis);
     if (!reason && lis->state != API_SOCK_LISTENING)
         reason = EXS_WIRE_REJ_CLOSING;
     if (!reason) {

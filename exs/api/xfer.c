@@ -299,6 +299,39 @@ static void op_done(struct exs_op *pop)
     exs__api_op_event(op, &ev);
 }
 
+int exs__api_op_resume_mr(struct exs_op *pop, struct exs_prov_ctx *ctx)
+{
+    struct api_op *op = exs_container_of(pop, struct api_op, op);
+    struct exs_prov_mr *mr;
+    int ret;
+
+    if (!pop->len)
+        return 0;
+    if (op->bounce) { /* the library's buffer: registered for this operation only */
+        ret = exs__prov_mr_reg(ctx, pop->buf, pop->len, EXS_PROV_ACCESS_LOCAL_WRITE, &mr);
+        if (ret)
+            return ret;
+        if (op->bounce->mr)
+            exs__prov_mr_dereg(op->bounce->mr);
+        op->bounce->mr = mr;
+    } else if (op->tmp_mr) {
+        ret = exs__prov_mr_get(ctx, pop->buf, pop->len, EXS_PROV_ACCESS_LOCAL_WRITE, &mr);
+        if (ret)
+            return ret;
+        exs__prov_mr_put(op->tmp_mr);
+        op->tmp_mr = mr;
+    } else if (op->mreg) {
+        ret = mreg_mr_on(op->mreg, ctx, &mr); /* kept with the handle (its mr_fb) */
+        if (ret)
+            return ret;
+    } else {
+        return -EINVAL;
+    }
+    pop->mr = mr;
+    pop->lkey = mr->lkey;
+    return 0;
+}
+
 /* ---- synchronous calls: one queue per thread ----
  *
  * A thread's synchronous calls post on its own queue, created at its first call and
@@ -491,7 +524,9 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         }
     } else if (mh == EXS_MHANDLE_UNREGISTERED) {
         if (len) {
-            ret = exs__prov_mr_get(conn->ctx, buf, len,         /* the context conn runs on */
+            /* the context conn runs on (a cut-over may change it: exs__conn_post then
+             * registers the buffer again, §9.2) */
+            ret = exs__prov_mr_get(__atomic_load_n(&conn->ctx, __ATOMIC_RELAXED), buf, len,
                                    EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
                                    &op->tmp_mr);
             if (ret) {
@@ -506,7 +541,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
             err = EINVAL;
             goto out;
         }
-        ret = mreg_mr_on(op->mreg, conn->ctx, &op->op.mr);
+        ret = mreg_mr_on(op->mreg, __atomic_load_n(&conn->ctx, __ATOMIC_RELAXED), &op->op.mr);
         if (ret) {
             err = ret == -ENOMEM ? ENOMEM : EINVAL;
             goto out;

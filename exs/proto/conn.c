@@ -105,10 +105,11 @@ static void proto_cset_register(void)
 }
 
 static const char *const conn_state_names[EXS_CONN_STATE_COUNT] = {
-    [EXS_CONN_IDLE] = "IDLE",         [EXS_CONN_CONNECTING] = "CONNECTING",
+    [EXS_CONN_IDLE] = "IDLE",           [EXS_CONN_CONNECTING] = "CONNECTING",
     [EXS_CONN_CONNECTED] = "CONNECTED", [EXS_CONN_CLOSING] = "CLOSING",
-    [EXS_CONN_DOWN] = "DOWN",         [EXS_CONN_REFUSING] = "REFUSING",
-    [EXS_CONN_DRAINING] = "DRAINING", [EXS_CONN_DEAD] = "DEAD",
+    [EXS_CONN_RESUMING] = "RESUMING",   [EXS_CONN_DOWN] = "DOWN",
+    [EXS_CONN_REFUSING] = "REFUSING",   [EXS_CONN_DRAINING] = "DRAINING",
+    [EXS_CONN_DEAD] = "DEAD",
 };
 
 #define CONN_BIT(_st) (1u << (_st))
@@ -120,8 +121,9 @@ static const uint32_t conn_next[EXS_CONN_STATE_COUNT] = {
                             CONN_BIT(EXS_CONN_REFUSING) | CONN_BIT(EXS_CONN_DOWN) |
                             CONN_BIT(EXS_CONN_DEAD),
     [EXS_CONN_CONNECTED] = CONN_BIT(EXS_CONN_CLOSING) | CONN_BIT(EXS_CONN_DOWN) |
-                           CONN_BIT(EXS_CONN_DRAINING),
+                           CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_RESUMING),
     [EXS_CONN_CLOSING] = CONN_BIT(EXS_CONN_DOWN) | CONN_BIT(EXS_CONN_DRAINING),
+    [EXS_CONN_RESUMING] = CONN_BIT(EXS_CONN_CONNECTED) | CONN_BIT(EXS_CONN_DOWN),
     [EXS_CONN_DOWN] = CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_DEAD),
     [EXS_CONN_REFUSING] = CONN_BIT(EXS_CONN_DEAD),
     [EXS_CONN_DRAINING] = CONN_BIT(EXS_CONN_DEAD),
@@ -372,6 +374,7 @@ void exs__conn_destroy(struct exs_conn *conn)
 {
     EXS_ASSERT(conn->state == EXS_CONN_DEAD || conn->state == EXS_CONN_IDLE);
     EXS_ASSERT(exs_list_empty(&conn->sendq) && exs_list_empty(&conn->recvq));
+    exs__resume_forget(conn);
     conn_release_locked(conn);
     pthread_mutex_destroy(&conn->lock);
     free(conn);
@@ -907,7 +910,8 @@ static void conn_deliver_locked(struct exs_conn *conn)
 
 void exs__conn_kick_locked(struct exs_conn *conn)
 {
-    if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) {
+    if ((conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
+        !conn->rsm_peer_wait) { /* a new path moves nothing before the peer's RESUME */
         if (conn_is_stream(conn)) {
             exs__st_recv_progress_locked(conn);
             exs__st_send_progress_locked(conn);
@@ -916,7 +920,8 @@ void exs__conn_kick_locked(struct exs_conn *conn)
             exs__sp_send_progress_locked(conn);
         }
         exs__conn_ctrl_flush_locked(conn);
-    }
+    } else if (conn->rsm_peer_wait && conn->state == EXS_CONN_CONNECTED)
+        exs__conn_ctrl_flush_locked(conn); /* our RING and RESUME records */
     conn_deliver_locked(conn);
 }
 
@@ -924,9 +929,10 @@ void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
 {
     if (conn->state >= EXS_CONN_DOWN || conn->state == EXS_CONN_IDLE)
         return; /* already going away, or nothing to end */
+    if (exs__resume_on_fail_locked(conn, err, why))
+        return; /* cut over (or being cut over): the connection goes on */
     if (conn->state == EXS_CONN_CONNECTED)
         EXS_INFO(PROTO, "conn %p: %s: connection reset", (void *)conn, why);
-    exs__resume_on_fail_locked(conn, why);
     if (!conn->err)
         conn->err = err;
     if (conn->state == EXS_CONN_CONNECTING) {
@@ -1009,6 +1015,12 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     op->announced = 0;
     op->filled = 0;
     op->rt = NULL;
+    if (op->mr && op->mr->ctx != conn->ctx) {
+        /* registered on the context the conn ran on before a cut-over (§9.2) */
+        ret = exs__resume_op_mr_locked(conn, op);
+        if (ret)
+            goto out;
+    }
     if (op->kind == EXS_OP_RECV) {
         exs_list_add_tail(&conn->recvq, &op->link);
         if (conn->state == EXS_CONN_DEAD) {
@@ -1117,6 +1129,11 @@ void exs__conn_close(struct exs_conn *conn)
                 exs__conn_op_finish_locked(op, -1, ECANCELED);
         }
     }
+    if (exs__resume_close_locked(conn)) { /* being cut over: reset now (§9.2) */
+        conn_deliver_locked(conn);
+        EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+        return;
+    }
     switch (conn->state) {
     case EXS_CONN_CONNECTED:
         /* Say goodbye with a SHUTDOWN record, then disconnect once its SEND completed,
@@ -1157,6 +1174,8 @@ void exs__conn_close(struct exs_conn *conn)
 
 void exs__conn_abort_locked(struct exs_conn *conn)
 {
+    if (exs__resume_close_locked(conn))
+        return;
     if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING ||
         conn->state == EXS_CONN_CONNECTING) {
         conn_set_state(conn, EXS_CONN_DOWN, "abort");
@@ -1260,7 +1279,6 @@ static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t in
     conn->stats.keepalive_timeouts = 1;
     EXS_INFO(PROTO, "conn %p: keepalive: %u probe intervals without an answer: peer dead",
              (void *)conn, conn->ka_fails);
-    exs__resume_path_failed_locked(conn, "keepalive timeout");
     return 1;
 }
 
@@ -1375,10 +1393,23 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
     case EXS_CONN_DRAINING:
         next = conn->hs_down ? conn_hs_down_timer_locked(conn, now, conn_ms) : 0;
         break;
+    case EXS_CONN_RESUMING:
+        next = exs__resume_timer_locked(conn, now, conn_ms);
+        break;
     case EXS_CONN_CONNECTED:
     case EXS_CONN_CLOSING:
+        if (conn->rsm_peer_wait) { /* the new path until the peer's RESUME (§9.2) */
+            next = exs__resume_timer_locked(conn, now, conn_ms);
+            break;
+        }
         if (ka_ms && conn_ka_check_locked(conn, now, ka_ms * 1000000u, &ka_due)) {
-            conn_timeout_locked(conn, "keepalive");
+            if (exs__resume_begin_locked(conn, "keepalive timeout", 0)) {
+                exs__resume_progress_locked(conn); /* the silent path is not drained */
+                if (conn->state == EXS_CONN_RESUMING)
+                    next = exs__resume_timer_locked(conn, now, conn_ms);
+            } else {
+                conn_timeout_locked(conn, "keepalive");
+            }
             break;
         }
         if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
@@ -1404,6 +1435,10 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
         /* the window check runs at least this often while credits are owed */
         if (conn->owed)
             next = next ? EXS_MIN(next, EXS_NOP_CHECK_MS) : EXS_NOP_CHECK_MS;
+        /* a conn that may be cut over is looked at within connect_timeout_ms, so a
+         * RESUMING begun meanwhile meets its deadline even with every check off (§9.2) */
+        if (conn->sess_token && !conn->rsm_over && conn_ms)
+            next = next ? EXS_MIN(next, conn_ms) : conn_ms;
         break;
     default:
         break;
@@ -1478,6 +1513,12 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         /* the peer's RING comes first and once (§2) */
         if ((h.type == EXS_CTRL_RING) == conn->peer_ring_keyed)
             return -EPROTO;
+        /* on a cut-over's new path its RESUME comes next (§9.2) */
+        if (conn->rsm_peer_wait && h.type != EXS_CTRL_RING && h.type != EXS_CTRL_RESUME) {
+            EXS_INFO(PROTO, "conn %p: record type %u before the peer's RESUME", (void *)conn,
+                     h.type);
+            return -EPROTO;
+        }
         EXS_TRACE(PROTO, "conn %p: control record type %u, %u credits", (void *)conn, h.type,
                   be16toh(h.credits));
         conn->credits += be16toh(h.credits);
@@ -1595,7 +1636,7 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
     } else if (cqe->opcode == EXS_PROV_WC_RECV_RDMA_WITH_IMM &&
                (cqe->flags & EXS_PROV_WC_WITH_IMM)) {
         conn->credits += exs_imm_credits(cqe->imm_data);
-        if (conn->credits > conn->peer.credits)
+        if (conn->credits > conn->peer.credits || conn->rsm_peer_wait)
             ret = -EPROTO;
         else
             ret = conn_is_stream(conn) ? exs__st_on_data_locked(conn, cqe->imm_data, cqe->byte_len)
@@ -1609,8 +1650,8 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
     }
     if (EXS_RT_ON && conn->rt)
         exs__rt_arrival_locked(conn);
-    if (conn->state >= EXS_CONN_DOWN)
-        return; /* going away: the slot is not needed any more */
+    if (conn->state >= EXS_CONN_DOWN || (conn->state == EXS_CONN_RESUMING && !conn->rsm_newpath))
+        return; /* going away, or the old path of a cut-over: the slot is not needed any more */
     if (conn_post_rx_locked(conn, slot)) {
         exs__conn_fail_locked(conn, ECONNRESET, "receive re-post failed");
         return;
@@ -1668,7 +1709,8 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         } else if (tag == WR_TAG_BATCH) {
             exs__batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 0);
         }
-        exs__resume_path_failed_locked(conn, "error completion");
+        if (exs__resume_begin_locked(conn, "error completion", 0))
+            return; /* cut over (§9.2): the op is sent again over the new path */
         /* while connecting, the cm event tells what happened */
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
             exs__conn_fail_locked(conn, ECONNRESET, "work request failed");
@@ -1750,8 +1792,14 @@ static void conn_after_cqes_locked(struct exs_conn *conn)
     if (conn->wrq_count) {
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
             conn_wrq_post_locked(conn);
-        if (conn->state >= EXS_CONN_DOWN && conn->state != EXS_CONN_DEAD)
+        if ((conn->state >= EXS_CONN_DOWN && conn->state != EXS_CONN_DEAD) ||
+            conn->state == EXS_CONN_RESUMING)
             conn_wrq_flush_locked(conn);
+    }
+    if (conn->state == EXS_CONN_RESUMING) {
+        exs__resume_progress_locked(conn); /* the old path drained: the new one */
+        if (conn->state == EXS_CONN_DEAD)
+            return;
     }
     if (conn->state != EXS_CONN_DEAD)
         exs__conn_kick_locked(conn);
@@ -1810,6 +1858,15 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
     int err = 0;
 
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    if (conn->state == EXS_CONN_RESUMING) { /* the cut-over's events (§9.2) */
+        exs__resume_on_cm_locked(conn, ev);
+        EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+        return;
+    }
+    if (ev->ep && ev->ep != conn->ep) { /* an endpoint the conn no longer has */
+        EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+        return;
+    }
     switch (ev->type) {
     case EXS_PROV_CM_ESTABLISHED:
         if (conn->state != EXS_CONN_CONNECTING)
@@ -1867,7 +1924,10 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
              * connection event can overtake them on verbs): the conn dies once every work
              * request it posted has completed (flushed, at the latest). */
             err = ev->status ? -ev->status : ECONNRESET;
-            exs__resume_path_failed_locked(conn, "disconnected");
+            if (exs__resume_begin_locked(conn, "disconnected", 1)) {
+                exs__resume_progress_locked(conn);
+                break; /* cut over (§9.2) */
+            }
             conn_set_state(conn, EXS_CONN_DRAINING, "disconnected");
             conn->disc_err = err;
             conn_wrq_flush_locked(conn); /* never posted: flushed here */
@@ -1888,4 +1948,76 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
     if (dead)
         dead(conn);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+}
+
+/* ---- for the cut-over (resume.c, spec/protocol.md §9.2) ---- */
+
+void exs__conn_set_state_locked(struct exs_conn *conn, enum exs_conn_state st, const char *why)
+{
+    conn_set_state(conn, st, why);
+}
+
+void exs__conn_end_locked(struct exs_conn *conn, int err, const char *why)
+{
+    conn_set_state(conn, EXS_CONN_DOWN, why);
+    conn_dead_locked(conn, err, why);
+    conn->cb->dead(conn);
+}
+
+void exs__conn_revoke_all_locked(struct exs_conn *conn)
+{
+    conn_revoke_all_locked(conn);
+}
+
+void exs__conn_adopt_hello_locked(struct exs_conn *conn, const void *pd)
+{
+    conn_adopt_hello_locked(conn, pd);
+}
+
+void exs__conn_ring_grant_locked(struct exs_conn *conn)
+{
+    conn_ring_grant_locked(conn);
+}
+
+void exs__conn_wrq_flush_locked(struct exs_conn *conn)
+{
+    conn_wrq_flush_locked(conn);
+}
+
+int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
+{
+    struct exs_prov_ep_attr attr = {
+        .max_send_wr = conn->p.credits + conn->p.max_reads + conn->tx_slots + 8,
+        .max_recv_wr = conn->p.credits,
+        .max_inline = EXS_MIN(ctx->caps.max_inline, CONN_CTRL_INLINE),
+        .rnr_retry = 3,
+        .user = conn,
+    };
+    int ret;
+
+    EXS_ASSERT(!conn->ep && !conn->ctrl_mem);
+    __atomic_store_n(&conn->ctx, ctx, __ATOMIC_RELAXED); /* read unlocked by xfer.c, ctl.c */
+    ret = exs__prov_mem_alloc(ctx, (size_t)(conn->p.credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
+                              &conn->ctrl_mem);
+    if (ret)
+        return ret;
+    conn->rx_bufs = conn->ctrl_mem->addr;
+    conn->tx_bufs = conn->rx_bufs + (size_t)conn->p.credits * EXS_WIRE_CTRL_MAX;
+    conn->rx_mr = conn->tx_mr = conn->ctrl_mem;
+    conn->tx_free_top = 0;
+    for (uint32_t i = 0; i < conn->tx_slots; i++) {
+        conn->tx_free[conn->tx_free_top++] = i;
+        conn->tx_op[i] = (struct exs_ctrl_tx){0};
+    }
+    ret = exs__prov_ep_create(ctx, &attr, &conn->ep);
+    if (ret) {
+        conn->ep = NULL;
+        return ret;
+    }
+    for (uint32_t i = 0; i < conn->p.credits; i++) {
+        ret = conn_post_rx_locked(conn, i);
+        if (ret)
+            return ret;
+    }
+    return 0;
 }

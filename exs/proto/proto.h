@@ -85,6 +85,9 @@ enum exs_conn_state {
     EXS_CONN_CONNECTING, /* connect/accept issued, waiting for ESTABLISHED */
     EXS_CONN_CONNECTED,  /* data flows */
     EXS_CONN_CLOSING,    /* exs_close: SHUTDOWN queued or sent, waiting for its SEND */
+    EXS_CONN_RESUMING,   /* the path failed mid-stream (policy any, spec/protocol.md §9.2):
+                          * operations stay pending while the old endpoint drains and a new
+                          * one is made over the fallback context */
     EXS_CONN_DOWN,       /* disconnect issued (close, abort or error): waiting for DISCONNECTED */
     EXS_CONN_REFUSING,   /* active side, the acceptor's hello was bad: disconnect issued,
                           * the connect fails with ECONNREFUSED once DISCONNECTED arrives */
@@ -134,6 +137,13 @@ struct exs_conn_cb {
     void (*established)(struct exs_conn *conn, int err);
     /* the conn reached DEAD (DISCONNECTED seen, all ops delivered) */
     void (*dead)(struct exs_conn *conn);
+    /* The cut-over (spec/protocol.md §9.2); NULL: the conn is never cut over. */
+    /* active side: the context and address of the new path. 0 or -errno. */
+    int (*resume_addr)(struct exs_conn *conn, struct exs_prov_ctx **ctx_p,
+                       struct sockaddr_storage *addr, socklen_t *len_p);
+    /* op's buffer registered on ctx (the new path's): op->mr and op->lkey replaced, the
+     * old registration released. 0 or -errno. */
+    int (*resume_mr)(struct exs_conn *conn, struct exs_op *op, struct exs_prov_ctx *ctx);
 };
 
 struct exs_conn_params {
@@ -362,6 +372,22 @@ struct exs_conn {
     int                        resume_noted; /* its path failure was counted */
     uint64_t                   resume_tx_done; /* STREAM: bytes of sends whose every write
                                                 * completed, a prefix of tx_seq (RESUME check) */
+    /* the cut-over itself (resume.c) */
+    int                        rsm_over;     /* cut over once: never again */
+    int                        rsm_disc;     /* RESUMING: the old endpoint's DISCONNECTED seen */
+    int                        rsm_abandon;  /* RESUMING: the old path is silent (keepalive):
+                                              * its endpoint goes without a drain */
+    int                        rsm_newpath;  /* RESUMING: the new endpoint exists */
+    int                        rsm_peer_wait; /* new path: the peer's RESUME not yet applied */
+    int                        rsm_peer_got; /* ... but it arrived before our ESTABLISHED */
+    int                        rsm_fail;     /* RESUMING: errno that ends the conn at the next
+                                              * progress-thread look (0: none) */
+    uint64_t                   rsm_t0_ns;    /* RESUMING began (bounded by connect_timeout_ms) */
+    struct exs_wire_resume     rsm_peer;     /* the peer's RESUME (rsm_peer_got) */
+    struct exs_prov_conn_req  *rsm_req;      /* passive: a resume request held until drained */
+    struct exs_prov_ctx       *rsm_req_ctx;  /* its context */
+    struct exs_wire_hello      rsm_req_hello; /* its hello */
+    struct exs_conn           *rsm_next;     /* the registry of passive sessions (resume.c) */
 };
 
 /* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */
@@ -397,6 +423,16 @@ int  exs__conn_hello_check(const void *pd, uint32_t len, int sock_type);
 int  exs__conn_connect(struct exs_conn *conn, const struct sockaddr *addr, socklen_t len);
 /* peer_pd: the connection request's private data, already checked. */
 int  exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const void *peer_pd);
+
+/* Listener side of a cut-over (spec/protocol.md §9.2), progress thread: a resume request
+ * (its hello checked, feature bit 7 and flag RESUME) came in on ctx with private data pd
+ * (len bytes: the hello, then the SESSION token). The passive connection of that token
+ * (sock_type) takes req: at once when its old path is drained, else once it is (a
+ * connection still CONNECTED fails its old path first). 0: req is taken (accepted or
+ * held; the caller never touches it again); else the reject reason for the caller to
+ * refuse req with (EXS_WIRE_REJ_RESUME: unknown token, not resumable). */
+int  exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req *req,
+                              const void *pd, uint32_t len, int sock_type);
 
 /* Progress thread: provider events for this conn. */
 void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe);

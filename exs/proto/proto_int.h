@@ -84,12 +84,45 @@ int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_s
 int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
 /* The path of conn failed (cause: for the log) while the peer may be alive: an error
  * completion, DISCONNECTED without a SHUTDOWN, a keepalive timeout. Counts and logs a
- * resumable connection that nobody was ending, once (§9.2, When); the caller then ends
- * it as before. */
+ * resumable connection that nobody was ending and that is not resumed, once (§9.2,
+ * When); the caller then ends it as before. */
 void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause);
-/* exs__conn_fail_locked is ending conn (why): when its endpoint is no longer connected,
- * the path failed first, whatever found it (a grant, a post): as above. */
-void exs__resume_on_fail_locked(struct exs_conn *conn, const char *why);
+/* The path of conn failed (cause; disc: it was the DISCONNECTED event): 1 when conn is
+ * (now, or already) RESUMING, the caller then leaves it alone; 0 when it is not cut
+ * over (counted as above) and the caller ends it as before (§9.2, When). */
+int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc);
+/* exs__conn_fail_locked is ending conn (err, why): 1 when it is cut over instead (its
+ * endpoint is no longer connected: the path failed first, whatever found it), or is
+ * RESUMING (the failure ends it at the next progress-thread look); 0: end it. */
+int exs__resume_on_fail_locked(struct exs_conn *conn, int err, const char *why);
+/* Progress thread, RESUMING: the old endpoint drained: make the new path (active:
+ * connect; passive: accept a request held); a failure noted: end the conn. */
+void exs__resume_progress_locked(struct exs_conn *conn);
+/* A cm event while RESUMING (the old endpoint's or the new one's). */
+void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_event *ev);
+/* RESUMING, or a new path waiting for the peer's RESUME: past connect_timeout_ms the conn
+ * ends with ETIMEDOUT. ms until the deadline, 0 once it ended the conn. */
+uint64_t exs__resume_timer_locked(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms);
+/* exs_close or an abort while being cut over: the conn ends now (1), else 0. */
+int exs__resume_close_locked(struct exs_conn *conn);
+/* A posted op registered on another context than the conn's (a cut-over happened): its
+ * registration on the conn's context. 0 or -errno. */
+int exs__resume_op_mr_locked(struct exs_conn *conn, struct exs_op *op);
+/* The conn is destroyed: out of the registry of sessions. */
+void exs__resume_forget(struct exs_conn *conn);
+
+/* conn.c, for the cut-over */
+void exs__conn_set_state_locked(struct exs_conn *conn, enum exs_conn_state st, const char *why);
+/* The conn is over at once: through DOWN to DEAD, every op completed (err), the endpoint
+ * and grants released, cb->dead called. Progress thread. */
+void exs__conn_end_locked(struct exs_conn *conn, int err, const char *why);
+void exs__conn_revoke_all_locked(struct exs_conn *conn);
+void exs__conn_adopt_hello_locked(struct exs_conn *conn, const void *pd);
+void exs__conn_ring_grant_locked(struct exs_conn *conn);
+void exs__conn_wrq_flush_locked(struct exs_conn *conn);
+/* The new path's control memory and endpoint on ctx (conn->ctx becomes ctx), receives
+ * posted. 0 or -errno (what was made stays for the conn's release). */
+int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx);
 /* Register the counters (once, with the proto set). */
 void exs__resume_cset_register(void);
 /* Send op's every write completed successfully (STREAM: its bytes join resume_tx_done). */

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The cut-over of a connection to another path (spec/protocol.md §9.2): identity, positions. */
+/* The cut-over of a connection to another path (spec/protocol.md §9.2): identity, positions,
+ * the RESUMING state, the new path and the replay. */
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -9,20 +10,26 @@
 #include "exs/proto/proto_int.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/util.h"
 
 /* Process counters of the cut-over, in the set "fallback" beside the engine's (lookups
  * of one set name add up). */
 static struct {
     uint64_t fallback_sessions;
     uint64_t fallback_resume_failures;
+    uint64_t fallback_resumes;
+    uint64_t fallback_replayed_bytes;
 } resume_cnt;
 
 static const struct exs_counter_desc resume_counter_desc[] = {
     EXS_COUNTER(__typeof__(resume_cnt), fallback_sessions,
                 "connections that took a SESSION token (both sides resumable, policy any)"),
     EXS_COUNTER(__typeof__(resume_cnt), fallback_resume_failures,
-                "of those: the path failed mid-stream and the connection was not resumed "
-                "(every one for now: the cut-over is not built)"),
+                "of those: the path failed mid-stream and the connection was not resumed"),
+    EXS_COUNTER(__typeof__(resume_cnt), fallback_resumes,
+                "of those: cut over to the fallback mid-stream and continued (each end counts)"),
+    EXS_COUNTER(__typeof__(resume_cnt), fallback_replayed_bytes,
+                "STREAM bytes sent again over a new path (sent on the old one, not arrived)"),
 };
 
 static struct exs_counter_set resume_cset = {
@@ -40,6 +47,48 @@ void exs__resume_cset_register(void)
 int exs__resume_negotiated(const struct exs_conn *conn)
 {
     return conn->p.resumable && (conn->peer.features & EXS_WIRE_FEAT_RESUMABLE);
+}
+
+/* The passive side's sessions, found by token when a resume request comes in (a leaf
+ * lock: taken alone, or inside a conn->lock). A conn is destroyed on the progress thread
+ * only, where requests are handled too, so one found here is alive. */
+static pthread_mutex_t resume_reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct exs_conn *resume_reg;
+
+static void resume_registry_add(struct exs_conn *conn)
+{
+    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    conn->rsm_next = resume_reg;
+    resume_reg = conn;
+    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+}
+
+void exs__resume_forget(struct exs_conn *conn)
+{
+    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    for (struct exs_conn **pp = &resume_reg; *pp; pp = &(*pp)->rsm_next)
+        if (*pp == conn) {
+            *pp = conn->rsm_next;
+            break;
+        }
+    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+}
+
+/* The session named token, or NULL: every entry is compared, without a branch on the
+ * bytes (a peer learns nothing from the time a wrong token takes). */
+static struct exs_conn *resume_registry_find(uint64_t token)
+{
+    uintptr_t found = 0;
+
+    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    for (struct exs_conn *c = resume_reg; c; c = c->rsm_next) {
+        uint64_t d = c->sess_token ^ token;
+        uintptr_t m = (uintptr_t)0 - (uintptr_t)(((d | (0 - d)) >> 63) ^ 1); /* d == 0: ~0 */
+
+        found = (found & ~m) | ((uintptr_t)c & m);
+    }
+    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    return (struct exs_conn *)found;
 }
 
 /* A random token, never 0. 0 or -errno. */
@@ -94,6 +143,7 @@ void exs__resume_established_locked(struct exs_conn *conn)
     }
     s.token = htobe64(conn->sess_token);
     exs__conn_ctrl_append_locked(conn, &s, sizeof(s));
+    resume_registry_add(conn);
     EXS_CNT_INC(resume_cnt.fallback_sessions);
     EXS_DBG(PROTO, "conn %p: session token %#" PRIx64 " sent", (void *)conn, conn->sess_token);
 }
@@ -126,17 +176,30 @@ int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_s
     return 0;
 }
 
+static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
+
 int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_resume *r)
 {
-    /* A RESUME is only ever the first record on a new path (§9.2), and no new path is
-     * made yet: on a connection's first path it is always hostile, whatever it says. */
-    EXS_INFO(PROTO,
-             "conn %p: RESUME record refused on a first path (token %s, %" PRIu64
-             " messages, %" PRIu64 " bytes)",
-             (void *)conn,
-             conn->sess_token && be64toh(r->token) == conn->sess_token ? "ours" : "not ours",
-             be64toh(r->rx_msgs), be64toh(r->rx_bytes));
-    return -EPROTO;
+    /* A RESUME is only ever the first record after RING on a new path (§9.2): on a first
+     * path, or a second one, it is hostile, whatever it says. */
+    if (!conn->rsm_peer_wait || conn->rsm_peer_got) {
+        EXS_INFO(PROTO,
+                 "conn %p: RESUME record refused: %s (token %s, %" PRIu64 " messages, %" PRIu64
+                 " bytes)",
+                 (void *)conn,
+                 conn->rsm_peer_got || conn->rsm_over ? "a second one" : "a first path",
+                 conn->sess_token && be64toh(r->token) == conn->sess_token ? "ours" : "not ours",
+                 be64toh(r->rx_msgs), be64toh(r->rx_bytes));
+        return -EPROTO;
+    }
+    if (conn->state == EXS_CONN_RESUMING) {
+        /* the peer's SEND overtook our ESTABLISHED event: applied there, once the
+         * peer's hello is adopted */
+        memcpy(&conn->rsm_peer, r, sizeof(*r));
+        conn->rsm_peer_got = 1;
+        return 0;
+    }
+    return resume_apply_locked(conn, r);
 }
 
 void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause)
@@ -179,15 +242,19 @@ void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resu
     r->hdr.type = EXS_CTRL_RESUME;
     r->hdr.len = htobe16(EXS_WIRE_RESUME_LEN);
     r->token = htobe64(conn->sess_token);
-    if (conn_is_stream(conn))
+    if (conn_is_stream(conn)) {
         r->rx_bytes = htobe64(arrived);
-    else
+        r->ring_arrived = htobe64(conn->rd_arrived);
+        r->ring_consumed = htobe64(conn->rd_consumed);
+    } else {
         r->rx_msgs = htobe64(arrived);
+    }
 }
 
 int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_resume *r)
 {
     uint64_t token = be64toh(r->token), msgs = be64toh(r->rx_msgs), bytes = be64toh(r->rx_bytes);
+    uint64_t ra = be64toh(r->ring_arrived), rc = be64toh(r->ring_consumed);
     int stream = conn_is_stream(conn);
     uint64_t pos = stream ? bytes : msgs;
     /* SEQPACKET: what was seen completed is not tracked (yet): only the upper bound */
@@ -200,7 +267,7 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
         bad = "flags set";
     else if (token != conn->sess_token)
         bad = "not our token";
-    else if (stream ? msgs != 0 : bytes != 0)
+    else if (stream ? msgs != 0 : (bytes || r->ring_arrived || r->ring_consumed))
         bad = stream ? "a message position on a stream" : "a byte position on SEQPACKET";
     else if (pos > conn->tx_seq)
         bad = "beyond what we sent";
@@ -208,6 +275,11 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
                           * after its NIC acknowledged the write: those bytes are gone
                           * here (completed, handed back), so the resume cannot be whole */
         bad = "below what we saw completed";
+    else if (stream && (rc > ra || ra > conn->wr_tail || rc < conn->wr_consumed ||
+                        ra - rc > conn->peer.ring_size))
+        /* the peer's ring: what arrived of what we wrote, at least what it reported
+         * read, at most a ring's worth unread */
+        bad = "ring positions out of range";
     if (bad) {
         EXS_INFO(PROTO,
                  "conn %p: RESUME refused: %s (position %" PRIu64 ", sent %" PRIu64
@@ -218,9 +290,472 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
     return 0;
 }
 
-void exs__resume_on_fail_locked(struct exs_conn *conn, const char *why)
+/* Count a resumable connection whose cut-over failed, once, with the cause. */
+static void resume_failed_note(struct exs_conn *conn, const char *cause)
 {
+    if (conn->resume_noted)
+        return;
+    conn->resume_noted = 1;
+    EXS_CNT_INC(resume_cnt.fallback_resume_failures);
+    EXS_INFO(PROTO, "conn %p: cut-over to the fallback failed (%s); the connection ends",
+             (void *)conn, cause);
+}
+
+/* A held resume request is refused (reason 7). */
+static void resume_req_reject(struct exs_conn *conn)
+{
+    struct exs_wire_reject rej = {
+        .magic = htobe16(EXS_WIRE_MAGIC),
+        .version = EXS_WIRE_VERSION,
+        .reason = EXS_WIRE_REJ_RESUME,
+    };
+
+    if (!conn->rsm_req)
+        return;
+    exs__prov_reject(conn->rsm_req, &rej, sizeof(rej));
+    conn->rsm_req = NULL;
+}
+
+/* The cut-over failed (or the application closed): the conn ends at once, every
+ * operation with err (§9.2: as without fallback). count: a failure to count. */
+static void resume_end_locked(struct exs_conn *conn, int err, const char *why, int count)
+{
+    if (count)
+        resume_failed_note(conn, why);
+    resume_req_reject(conn);
+    conn->rsm_peer_wait = conn->rsm_peer_got = 0;
+    if (!conn->err)
+        conn->err = err;
+    exs__conn_end_locked(conn, err, why);
+}
+
+/* May conn be cut over now (§9.2, When)? STREAM only; a conn cut over once is not again;
+ * ring autotuning is off on a resumable conn (sock.c), a region in change refuses. */
+static int resume_eligible(const struct exs_conn *conn)
+{
+    return conn->sess_token && !conn->rsm_over && conn->state == EXS_CONN_CONNECTED &&
+           conn->txshut == EXS_TXSHUT_OPEN && !conn->peer_shut && conn_is_stream(conn) &&
+           conn->cb->resume_mr && (!conn->active || conn->cb->resume_addr) && !conn->rs_offered &&
+           !conn->rs_old_mem && !conn->rs_owed;
+}
+
+int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc)
+{
+    if (conn->state == EXS_CONN_RESUMING) {
+        conn->rsm_disc |= disc;
+        return 1;
+    }
+    if (!resume_eligible(conn)) {
+        exs__resume_path_failed_locked(conn, cause);
+        return 0;
+    }
+    EXS_INFO(PROTO, "conn %p: path failed (%s): resuming over the fallback (%s side)", (void *)conn,
+             cause, conn->active ? "active" : "passive");
+    exs__conn_set_state_locked(conn, EXS_CONN_RESUMING, cause);
+    conn->rsm_over = 1; /* one cut-over per connection */
+    conn->rsm_t0_ns = exs__now_ns();
+    conn->rsm_disc = disc;
+    conn->rsm_newpath = 0;
+    conn->rsm_fail = 0;
+    /* a silent path (keepalive) is not drained: nothing more comes over it, and waiting
+     * for a flush would wait for the remote; its endpoint goes with what it holds */
+    conn->rsm_abandon = !strcmp(cause, "keepalive timeout") ||
+                        (!strcmp(cause, "resume request from the peer") && conn->ka_waiting);
+    conn->rsm_disc |= conn->rsm_abandon;
+    if (!disc)
+        exs__prov_disconnect(conn->ep); /* its outstanding work is flushed */
+    /* work requests never posted complete as flushed, as the posted ones will */
+    exs__conn_wrq_flush_locked(conn);
+    return 1;
+}
+
+int exs__resume_on_fail_locked(struct exs_conn *conn, int err, const char *why)
+{
+    if (conn->state == EXS_CONN_RESUMING) {
+        if (!conn->rsm_fail) {
+            EXS_INFO(PROTO, "conn %p: %s while resuming", (void *)conn, why);
+            conn->rsm_fail = err ? err : ECONNRESET;
+        }
+        return 1;
+    }
+    if (conn->rsm_peer_wait) { /* the new path failed before the resume was whole */
+        resume_failed_note(conn, why);
+        return 0;
+    }
     if (conn->sess_token && conn->state == EXS_CONN_CONNECTED &&
         exs__prov_ep_state(conn->ep) != EXS_PROV_EP_CONNECTED)
-        exs__resume_path_failed_locked(conn, why);
+        return exs__resume_begin_locked(conn, why, 0);
+    return 0;
+}
+
+/* Move every registration of the conn to ctx and restart what the old path held (§9.2,
+ * "What the cut-over has to move", "Everything else restarts"): the old endpoint goes
+ * (its grants first); the old ring stays, read locally, as a retired region until its
+ * bytes are copied out; the new path gets a ring, control slots and an endpoint of its
+ * own on ctx; the send buffer's copies move; the application's buffers are registered
+ * on ctx by the owner. 0 or -errno. */
+static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
+{
+    struct exs_prov_mr *old_ctrl = conn->ctrl_mem, *old_stg = conn->stg_mem;
+    struct exs_list *q[2] = {&conn->sendq, &conn->recvq};
+    struct exs_list *pos;
+    int ret;
+
+    if (conn->rs_offered || conn->rs_old_mem || conn->rs_owed)
+        return -EBUSY; /* a ring region in change (§7.4) */
+    exs__conn_revoke_all_locked(conn);
+    exs__prov_ep_destroy(conn->ep); /* what it still held is discarded (rsm_abandon) */
+    conn->ep = NULL;
+    conn->wr_out = 0;
+    exs_list_for_each(pos, &conn->sendq) exs_list_entry(pos, struct exs_op, link)->inflight = 0;
+    if (conn->rd_arrived != conn->rd_consumed) { /* §7.4's retired region */
+        conn->rs_old_mem = conn->ring_mem;
+        conn->rs_old_size = conn->p.ring_size;
+        conn->rs_old_end = conn->rd_arrived;
+    } else {
+        exs__conn_ring_region_free(conn->ring_mem);
+    }
+    conn->ring_mem = NULL;
+    conn->ring = NULL;
+    conn->ctrl_mem = conn->rx_mr = conn->tx_mr = NULL;
+    conn->rx_bufs = conn->tx_bufs = NULL;
+    exs__prov_mem_free(old_ctrl);
+    exs__batch_release_locked(conn); /* staging: made again at the next batch */
+    memset(conn->batch_slot, 0, sizeof(conn->batch_slot));
+    __atomic_store_n(&conn->ctx, ctx, __ATOMIC_RELAXED);
+    ret = exs__conn_ring_region_locked(conn, conn->p.ring_size, 0, &conn->ring_mem, NULL);
+    if (ret) {
+        conn->ring_mem = NULL;
+        return ret;
+    }
+    conn->ring = conn->ring_mem->addr;
+    ret = exs__conn_path_new_locked(conn, ctx);
+    if (ret)
+        return ret;
+    if (old_stg) { /* the send buffer's copies not yet arrived move with their bytes */
+        struct exs_prov_mr *stg;
+
+        ret = exs__prov_mem_alloc(ctx, old_stg->length, &stg);
+        if (ret)
+            return ret;
+        memcpy(stg->addr, old_stg->addr, old_stg->length);
+        exs_list_for_each(pos, &conn->sendq)
+        {
+            struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+            if (op->internal && op->mr == old_stg) {
+                op->buf = (uint8_t *)stg->addr + (op->buf - (uint8_t *)old_stg->addr);
+                op->mr = stg;
+                op->lkey = stg->lkey;
+            }
+        }
+        conn->stg_mem = stg;
+        exs__prov_mem_free(old_stg);
+    }
+    for (int i = 0; i < 2; i++)
+        exs_list_for_each(pos, q[i])
+        {
+            struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+            if (op->internal || op->state == EXS_OPS_DONE || !op->mr || op->mr->ctx == ctx)
+                continue;
+            ret = conn->cb->resume_mr(conn, op, ctx);
+            if (ret)
+                return ret;
+            if (op->state == EXS_OPS_ADVERTISED)
+                op->state = EXS_OPS_QUEUED; /* advertised again on the new path */
+        }
+    /* the receiver restarts in a direct phase (§7), its old ring's bytes first */
+    conn->st_pr = 0;
+    conn->st_sr_next = conn->rx_seq;
+    conn->st_drain = EXS_ST_DRAIN_IDLE;
+    conn->st_streak = 0;
+    conn->st_eval_arrived = conn->rd_arrived;
+    conn->st_drain_dir = 0;
+    conn->st_drain_hold = 0;
+    /* the sender's ADVERTs, credits and ring writes were the old path's */
+    conn->adv_head = conn->adv_count = 0;
+    conn->peer_ring_keyed = 0;
+    conn->credits = conn->owed = 0;
+    conn->sq_out = 0;
+    conn->ring_wr_out = 0;
+    conn->ctrl_len = 0;
+    conn->shut_op = NULL;
+    memset(&conn->bwait, 0, sizeof(conn->bwait));
+    conn->ka_probe_out = conn->ka_waiting = 0;
+    conn->ka_fails = 0;
+    conn->tx_stall_ns = 0;
+    conn->rsm_newpath = 1;
+    conn->rsm_peer_wait = 1;
+    return 0;
+}
+
+/* Active side: connect to the peer's fallback address with the resume hello. */
+static int resume_connect_locked(struct exs_conn *conn, const struct sockaddr_storage *addr,
+                                 socklen_t len)
+{
+    uint8_t pd[EXS_WIRE_RESUME_PD_LEN];
+    struct exs_wire_hello h;
+    uint64_t token = htobe64(conn->sess_token);
+
+    exs__conn_hello(conn, &h);
+    h.hflags = EXS_WIRE_HELLO_F_RESUME;
+    memcpy(pd, &h, sizeof(h));
+    memcpy(pd + EXS_WIRE_HELLO_LEN, &token, sizeof(token));
+    return exs__prov_connect(conn->ep, (const struct sockaddr *)addr, len, pd, sizeof(pd));
+}
+
+/* Passive side: accept the held request on the new endpoint. */
+static int resume_accept_locked(struct exs_conn *conn)
+{
+    struct exs_prov_conn_req *req = conn->rsm_req;
+    struct exs_wire_hello h;
+
+    conn->rsm_req = NULL;
+    exs__conn_adopt_hello_locked(conn, &conn->rsm_req_hello);
+    exs__conn_hello(conn, &h);
+    return exs__prov_accept(req, conn->ep, &h, sizeof(h)); /* consumes req */
+}
+
+void exs__resume_progress_locked(struct exs_conn *conn)
+{
+    struct sockaddr_storage addr;
+    struct exs_prov_ctx *ctx = NULL;
+    socklen_t len = 0;
+    int ret;
+
+    if (conn->state != EXS_CONN_RESUMING)
+        return;
+    if (conn->rsm_fail) {
+        resume_end_locked(conn, conn->rsm_fail, "failure while resuming", 1);
+        return;
+    }
+    if (conn->rsm_newpath) {
+        if (!conn->active && conn->rsm_req) {
+            ret = resume_accept_locked(conn);
+            if (ret)
+                resume_end_locked(conn, ECONNRESET, "accept of the new path failed", 1);
+        }
+        return;
+    }
+    /* the old path is over once its DISCONNECTED came and every work request completed:
+     * then what arrived is final (§9.2, Positions) */
+    if (!conn->rsm_disc || ((conn->wr_out || conn->wrq_count) && !conn->rsm_abandon))
+        return;
+    if (conn->peer_shut) { /* its SHUTDOWN came in the drain: the peer closed */
+        resume_end_locked(conn, ECONNRESET, "the peer closed", 0);
+        return;
+    }
+    if (conn->active) {
+        ret = conn->cb->resume_addr(conn, &ctx, &addr, &len);
+        if (ret) {
+            resume_end_locked(conn, ECONNRESET, "no fallback address", 1);
+            return;
+        }
+    } else {
+        ctx = conn->rsm_req ? conn->rsm_req_ctx : NULL;
+        if (!ctx)
+            return; /* the active side's request comes */
+    }
+    ret = resume_switch_locked(conn, ctx);
+    if (ret) {
+        EXS_WARN(PROTO, "conn %p: new path: %s", (void *)conn, strerror(-ret));
+        resume_end_locked(conn, ECONNRESET, "the new path could not be made", 1);
+        return;
+    }
+    ret = conn->active ? resume_connect_locked(conn, &addr, len) : resume_accept_locked(conn);
+    if (ret) {
+        EXS_INFO(PROTO, "conn %p: new path: %s failed: %s", (void *)conn,
+                 conn->active ? "connect" : "accept", strerror(-ret));
+        resume_end_locked(conn, ECONNRESET, "the new path's connect failed", 1);
+        return;
+    }
+    EXS_DBG(PROTO, "conn %p: old path drained (%" PRIu64 " bytes arrived): new path on %s",
+            (void *)conn, exs__resume_arrived_locked(conn), exs__prov_name(ctx));
+}
+
+void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
+{
+    struct exs_wire_resume r;
+
+    if (ev->ep && ev->ep != conn->ep)
+        return;               /* not the conn's endpoint now */
+    if (!conn->rsm_newpath) { /* the old endpoint */
+        if (ev->type == EXS_PROV_CM_DISCONNECTED) {
+            conn->rsm_disc = 1;
+            exs__resume_progress_locked(conn);
+        }
+        return;
+    }
+    switch (ev->type) {
+    case EXS_PROV_CM_ESTABLISHED:
+        if (conn->active) {
+            struct exs_wire_hello h;
+
+            if (exs__conn_hello_check(ev->private_data, ev->private_data_len, conn->p.sock_type)) {
+                resume_end_locked(conn, ECONNRESET, "bad hello on the new path", 1);
+                return;
+            }
+            memcpy(&h, ev->private_data, sizeof(h));
+            if (!(be16toh(h.features) & EXS_WIRE_FEAT_RESUMABLE)) {
+                resume_end_locked(conn, ECONNRESET, "new path's hello without bit 7", 1);
+                return;
+            }
+            exs__conn_adopt_hello_locked(conn, ev->private_data);
+        }
+        exs__conn_set_state_locked(conn, EXS_CONN_CONNECTED, "new path established");
+        conn->ka_heard_ns = exs__now_ns();
+        exs__conn_ring_grant_locked(conn); /* the RING record first */
+        if (conn->state != EXS_CONN_CONNECTED)
+            return;
+        /* then our RESUME: what arrived over the old path; the ring bytes still to be
+         * copied out are reported consumed by later ACKs */
+        exs__resume_record_locked(conn, &r);
+        conn->rd_reported = conn->rd_consumed;
+        exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
+        if (conn->rsm_peer_got) {
+            conn->rsm_peer_got = 0;
+            memcpy(&r, &conn->rsm_peer, sizeof(r));
+            if (resume_apply_locked(conn, &r)) {
+                exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
+                return;
+            }
+        }
+        exs__conn_kick_locked(conn);
+        break;
+    case EXS_PROV_CM_REJECTED:
+    case EXS_PROV_CM_UNREACHABLE:
+    case EXS_PROV_CM_DISCONNECTED:
+        resume_end_locked(conn, ECONNRESET,
+                          ev->type == EXS_PROV_CM_REJECTED ? "the peer refused the resume"
+                                                           : "the new path failed",
+                          1);
+        break;
+    default:
+        break;
+    }
+}
+
+/* The peer's RESUME on the new path, checked: the sender rewinds to the position the
+ * peer stated and sends everything past it again (§9.2, Replay). */
+static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resume *r)
+{
+    uint64_t pos = be64toh(r->rx_bytes), ra = be64toh(r->ring_arrived);
+    uint64_t rc = be64toh(r->ring_consumed), off = conn->resume_tx_done, sent = conn->tx_seq;
+    struct exs_list *p;
+
+    if (exs__resume_check_locked(conn, r))
+        return -EPROTO;
+    exs_list_for_each(p, &conn->sendq)
+    {
+        struct exs_op *op = exs_list_entry(p, struct exs_op, link);
+
+        if (op->kind != EXS_OP_SEND || op->state == EXS_OPS_DONE)
+            continue;
+        if (pos >= off + op->len && op->posted == op->len) { /* arrived whole */
+            exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            exs__resume_tx_done_locked(conn, op);
+            if (!op->internal)
+                conn->stats.bytes_sent += op->len;
+        } else {
+            op->posted = pos > off ? (size_t)(pos - off) : 0;
+            op->state = op->posted ? EXS_OPS_POSTED : EXS_OPS_QUEUED;
+        }
+        off += op->len;
+    }
+    conn->tx_seq = pos;
+    conn->wr_tail = ra;
+    conn->wr_consumed = rc;
+    /* the STREAM algorithm restarts in a direct phase */
+    conn->st_ps = 0;
+    conn->st_held = conn->st_drain_owed = conn->st_lingering = 0;
+    conn->rs_owed = 0;
+    conn->adv_head = conn->adv_count = 0;
+    conn->rsm_peer_wait = 0;
+    EXS_CNT_INC(resume_cnt.fallback_resumes);
+    EXS_CNT_ADD(resume_cnt.fallback_replayed_bytes, sent - pos);
+    EXS_INFO(PROTO,
+             "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %" PRIu64 ", %" PRIu64
+             " ring bytes of the old path still to read",
+             (void *)conn, exs__prov_name(conn->ctx), sent - pos, pos,
+             conn->rd_arrived - conn->rd_consumed);
+    return 0;
+}
+
+uint64_t exs__resume_timer_locked(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms)
+{
+    uint64_t due = conn->rsm_t0_ns + conn_ms * 1000000u;
+
+    if (conn->state == EXS_CONN_RESUMING && conn->rsm_fail) {
+        resume_end_locked(conn, conn->rsm_fail, "failure while resuming", 1);
+        return 0;
+    }
+    if (now_ns < due)
+        return (due - now_ns + 999999u) / 1000000u;
+    EXS_INFO(PROTO, "conn %p: not resumed after %" PRIu64 " ms", (void *)conn, conn_ms);
+    resume_end_locked(conn, ETIMEDOUT, "resume timed out", 1);
+    return 0;
+}
+
+int exs__resume_close_locked(struct exs_conn *conn)
+{
+    if (conn->state == EXS_CONN_RESUMING) {
+        resume_end_locked(conn, ECONNRESET, "closed while resuming", 0);
+        return 1;
+    }
+    if (conn->state == EXS_CONN_CONNECTED && conn->rsm_peer_wait) {
+        /* nothing was rewound yet: no SHUTDOWN can count the stream; reset */
+        if (!conn->err)
+            conn->err = ECONNRESET;
+        conn->rsm_peer_wait = 0;
+        exs__conn_set_state_locked(conn, EXS_CONN_DOWN, "closed while resuming");
+        exs__prov_disconnect(conn->ep);
+        return 1;
+    }
+    return 0;
+}
+
+int exs__resume_op_mr_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    return conn->cb->resume_mr ? conn->cb->resume_mr(conn, op, conn->ctx) : -EINVAL;
+}
+
+int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req *req,
+                             const void *pd, uint32_t len, int sock_type)
+{
+    struct exs_conn *conn;
+    uint64_t token;
+    const char *bad = NULL;
+
+    if (!pd || len < EXS_WIRE_RESUME_PD_LEN) {
+        EXS_INFO(PROTO, "resume request without a token (%u bytes)", len);
+        return EXS_WIRE_REJ_RESUME;
+    }
+    memcpy(&token, (const uint8_t *)pd + EXS_WIRE_HELLO_LEN, sizeof(token));
+    token = be64toh(token);
+    conn = token ? resume_registry_find(token) : NULL;
+    if (!conn) {
+        EXS_INFO(PROTO, "resume request for an unknown session refused");
+        return EXS_WIRE_REJ_RESUME;
+    }
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    if (conn->p.sock_type != sock_type || conn->active)
+        bad = "not a passive session of this socket type";
+    else if (conn->rsm_req)
+        bad = "a request is already held";
+    else if (conn->state == EXS_CONN_CONNECTED && !conn->rsm_over &&
+             !exs__resume_begin_locked(conn, "resume request from the peer", 0))
+        bad = "the connection cannot be resumed";
+    else if (conn->state != EXS_CONN_RESUMING || conn->rsm_newpath)
+        bad = "the connection is not waiting for a new path";
+    if (!bad) {
+        conn->rsm_req = req;
+        conn->rsm_req_ctx = ctx;
+        memcpy(&conn->rsm_req_hello, pd, sizeof(conn->rsm_req_hello));
+        exs__resume_progress_locked(conn); /* at once when drained */
+    } else {
+        EXS_INFO(PROTO, "conn %p: resume request refused: %s", (void *)conn, bad);
+    }
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    return bad ? EXS_WIRE_REJ_RESUME : 0;
 }

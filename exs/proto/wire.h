@@ -29,9 +29,11 @@
  *       then being the stream offset just past the traced send's last byte.
  *   v2 + feature RESUMABLE (bit 7, sent only by a side whose fallback policy is `any`,
  *       used when both hellos have it): the passive side's SESSION record (§9.2) after
- *       its RING record. The RESUME record (§9.2) is defined; no path sends it yet.
+ *       its RING record; the RESUME record (§9.2, 48 bytes: with the receiver's ring
+ *       positions for STREAM) after each side's RING on a cut-over's new path.
  *       hello.hflags (byte 37, was reserved 0) bit 0 RESUME marks a cut-over's new path
- *       (with bit 7 only); reject reason 7: a resume hello the listener does not take.
+ *       (with bit 7 only), its private data then 48 bytes: the hello and the SESSION
+ *       token (bytes 40-47); reject reason 7: a resume hello the listener does not take.
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -84,6 +86,10 @@ enum { /* exs_wire_hello.hflags */
                                         * (§9.2), its first record a RESUME; needs feature
                                         * bit 7 in the same hello (else reason 6) */
 };
+
+/* The private data of a resume connect (§9.2): the hello, then the SESSION token (8 bytes,
+ * network order) that names the connection to resume. */
+#define EXS_WIRE_RESUME_PD_LEN (EXS_WIRE_HELLO_LEN + 8u)
 
 /* Reject reason: private data of a reject is one exs_wire_reject. */
 enum exs_wire_reject_reason {
@@ -323,18 +329,22 @@ struct exs_wire_session {
 } __attribute__((packed));
 #define EXS_WIRE_SESSION_LEN 16u
 
-/* RESUME (§9.2): the first record of each side on the new path of a cut-over connection:
- * the SESSION token and what has ARRIVED at the sender of the record over the old path
- * (messages for SEQPACKET, bytes for STREAM; the other field 0), counted after every
- * completion of the old endpoint was drained. Never valid on a connection's first path:
- * there it ends the connection. hdr.flags 0. */
+/* RESUME (§9.2): the first record of each side on the new path of a cut-over connection
+ * (after its RING record): the SESSION token and what has ARRIVED at the sender of the
+ * record over the old path (messages for SEQPACKET, bytes for STREAM; the other field 0),
+ * counted after every completion of the old endpoint was drained; for STREAM also its
+ * ring positions (bytes arrived in its ring and copied out of it, with the old ring's
+ * bytes still to be read: the writer continues from there; 0 for SEQPACKET). Never valid
+ * on a connection's first path: there it ends the connection. hdr.flags 0. */
 struct exs_wire_resume {
     struct exs_wire_ctrl_hdr hdr;
     uint64_t                 token;
-    uint64_t                 rx_msgs;  /* SEQPACKET: messages arrived */
-    uint64_t                 rx_bytes; /* STREAM: bytes arrived */
+    uint64_t                 rx_msgs;       /* SEQPACKET: messages arrived */
+    uint64_t                 rx_bytes;      /* STREAM: bytes arrived */
+    uint64_t                 ring_arrived;  /* STREAM: ring position arrived (rd_arrived) */
+    uint64_t                 ring_consumed; /* STREAM: ring position copied out (rd_consumed) */
 } __attribute__((packed));
-#define EXS_WIRE_RESUME_LEN 32u
+#define EXS_WIRE_RESUME_LEN 48u
 
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The cut-over's identity with policy any (spec/protocol.md §9.2): SESSION tokens, and a path
- * failure mid-transfer counted, logged and ended cleanly (the cut-over itself is not built). */
+/* The cut-over with policy any (spec/protocol.md §9.2): SESSION tokens; a STREAM cut mid-transfer
+ * continues over the fallback with every byte verified; what is not resumed ends cleanly. */
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -15,6 +15,7 @@
 #include "exs/proto/proto.h"
 #include "exs/util/counters.h"
 #include "exs/util/params.h"
+#include "exs/util/util.h"
 #include "integ.h"
 #include "tests/skip.h"
 
@@ -162,17 +163,26 @@ static int rs_only_own_bytes(const uint8_t *r, const uint8_t *s, size_t from, si
     return 1;
 }
 
-/* A transfer of 4 MiB cut mid-way by an injected drop (_i & 2 == 0) or error completion
- * (_i & 2), STREAM (_i & 1) or SEQPACKET: with policy any (_i < 4) each end's path failure
- * is counted once as not resumed; with policy connect (_i >= 4) nothing is counted. Either
- * way what arrived before the cut is intact and in order (STREAM: a prefix of the stream;
- * SEQPACKET: whole messages, in order, none twice), no byte lands where it does not
- * belong (rs_only_own_bytes), every operation completes, the
- * connection is over on both ends, and nothing leaks (it_teardown). */
+/* The cuts that are not resumed: SEQPACKET (the cut-over is STREAM only so far) with policy
+ * any or connect, STREAM with policy connect; by a drop or an error completion. */
+static const struct {
+    int type, wc, any;
+} rs_cut_cases[] = {
+    {SOCK_SEQPACKET, 0, 1}, {SOCK_SEQPACKET, 1, 1}, {SOCK_SEQPACKET, 0, 0},
+    {SOCK_STREAM, 0, 0},    {SOCK_STREAM, 1, 0},
+};
+#define RS_CUT_CASES (int)(sizeof(rs_cut_cases) / sizeof(rs_cut_cases[0]))
+
+/* A transfer of 4 MiB cut mid-way by an injected drop or error completion, not resumed:
+ * with policy any each end's path failure is counted once as not resumed; with policy
+ * connect nothing is counted. Either way what arrived before the cut is intact and in
+ * order (STREAM: a prefix of the stream; SEQPACKET: whole messages, in order, none
+ * twice), no byte lands where it does not belong (rs_only_own_bytes), every operation
+ * completes, the connection is over on both ends, and nothing leaks (it_teardown). */
 START_TEST(test_rs_cut)
 {
-    int type = _i & 1 ? SOCK_STREAM : SOCK_SEQPACKET;
-    int wc = (_i & 2) != 0, any = _i < 4;
+    int type = rs_cut_cases[_i].type;
+    int wc = rs_cut_cases[_i].wc, any = rs_cut_cases[_i].any;
     struct it_buf *s, *r;
     uint64_t fail0;
     struct it_pair p;
@@ -262,18 +272,180 @@ START_TEST(test_rs_cut)
 }
 END_TEST
 
-/* A link gone silent (both ends frozen by the fault provider) under policy any: each end's
- * keepalive gives up (200 ms x 3), which is a path failure: counted once per end as not
- * resumed; the operations end with ETIMEDOUT (ECONNRESET if the other end's release got
- * through first), and nothing leaks. */
-START_TEST(test_rs_keepalive)
+/* The provider name of fd's connection now. */
+static const char *fd_prov(int fd)
+{
+    const char *prov;
+
+    (void)fd_token(fd, &prov);
+    return prov;
+}
+
+/* A STREAM transfer of 4 MiB cut mid-way by an injected drop (_i & 1 == 0) or error
+ * completion (_i & 1), in ring (indirect, _i & 2 == 0) or direct mode, policy any: the
+ * connection continues over the fallback (tcp): every byte arrives once and in order and
+ * is verified, the send completes whole, each end counts one fallback_resumes and no
+ * failure, both connections run on tcp afterwards, a new 4 MiB transfer each way is
+ * verified, and both ends close cleanly with nothing leaked (it_teardown). A receive
+ * completion failed by the fault after its write was acknowledged makes the resume
+ * impossible (§9.2, Positions): such a run is repeated with the next fault position, and
+ * at least one resume is required. */
+START_TEST(test_rs_resume)
+{
+    int wc = _i & 1, direct = (_i & 2) != 0;
+    uint64_t res0, fail0, rep0;
+    int resumed = 0;
+
+    it_context("STREAM, %s, %s mode", wc ? "error completion" : "drop",
+               direct ? "direct" : "indirect");
+    it_setenv("EXS_XFER_MODE", direct ? "direct" : "indirect");
+    if (rs_init("test_rs_resume", "any"))
+        return;
+    for (int attempt = 0; attempt < 8 && !resumed; attempt++) {
+        struct it_buf *s = it_buf_new(RS_TOTAL, 1), *r = it_buf_new(RS_TOTAL, 1);
+        struct it_pair p;
+        exs_event_t ev;
+        char port[16], nth[16];
+        size_t got = 0;
+        int failed = 0;
+
+        it_pair_open(&p, SOCK_STREAM, 256, 256);
+        res0 = rs_count("fallback_resumes");
+        fail0 = rs_count("fallback_resume_failures");
+        rep0 = rs_count("fallback_replayed_bytes");
+        it_fill(s->p, RS_TOTAL, 7 + (uint32_t)attempt);
+        memset(r->p, 0, RS_TOTAL);
+        snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+        snprintf(nth, sizeof(nth), "%d", 6 + attempt);
+        rs_set("fault_port", port);
+        rs_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
+        IT_POST_SEND(p.cfd, s->p, RS_TOTAL, p.cq, IT_AH(1), s->mh);
+        while (got < RS_TOTAL) {
+            /* receives of 256 KiB: in direct mode, one write each */
+            IT_POST_RECV(p.sfd, r->p + got, EXS_MIN(RS_TOTAL - got, (size_t)256 * 1024), p.sq,
+                         IT_AH(2), r->mh);
+            it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+            if (ev.exs_evt_errno) {
+                failed = 1;
+                break;
+            }
+            ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
+            got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+        }
+        rs_set("fault_drop_nth", "0");
+        rs_set("fault_wc_nth", "0");
+        /* every byte that arrived is the stream's, in order, none twice */
+        ck_assert_int_eq(it_check(r->p, got, 7 + (uint32_t)attempt), -1);
+        it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+        if (failed) {
+            /* the fault failed a receive completion whose write the sender had seen
+             * acknowledged: not resumable; ended cleanly, counted once per end */
+            ck_assert_msg(wc, "a drop was not resumed");
+            ck_assert_int_ne(ev.exs_evt_errno, 0);
+            ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+            it_buf_free(s);
+            it_buf_free(r);
+            it_pair_close(&p);
+            continue;
+        }
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)RS_TOTAL);
+        ck_assert(it_buf_guards_ok(r));
+        /* it was cut and resumed: one resume per end, over tcp now */
+        ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
+        ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+        ck_assert_uint_ge(rs_count("fallback_replayed_bytes"), rep0);
+        ck_assert_str_eq(fd_prov(p.cfd), "tcp");
+        ck_assert_str_eq(fd_prov(p.sfd), "tcp");
+        /* both ends continue: 4 MiB each way, verified */
+        rs_xfer(p.cfd, p.cq, p.sfd, p.sq, RS_TOTAL, 11);
+        rs_xfer(p.sfd, p.sq, p.cfd, p.cq, RS_TOTAL, 12);
+        it_pair_close(&p);
+        ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
+        ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+        it_buf_free(s);
+        it_buf_free(r);
+        resumed = 1;
+    }
+    ck_assert_msg(resumed, "no cut was resumed in 8 attempts");
+}
+END_TEST
+
+/* A resume that cannot be made (the listener, and with it the fallback listener, closed
+ * before the cut: the new path's connect is refused) ends the connection cleanly: the
+ * active side's send with ECONNRESET (refused), the passive side, which waited in
+ * RESUMING for a new path, with ETIMEDOUT after connect_timeout_ms (without the cut-over
+ * it would see ECONNRESET at once); each end counts one failure and no resume; nothing
+ * leaks (it_teardown). _i 1: the passive side is closed while it waits (RESUMING, or
+ * before it saw the failure): the close ends it at once, uncounted, so only the active
+ * side's failure counts (without the cut-over both would). */
+START_TEST(test_rs_resume_fails)
 {
     struct it_buf *s, *r;
-    uint64_t fail0;
+    uint64_t res0, fail0;
     struct it_pair p;
     exs_event_t ev;
     char port[16];
     int e;
+
+    it_setenv("EXS_CONNECT_TIMEOUT_MS", "2000");
+    it_setenv("EXS_SNDBUF", "0"); /* the send waits on the wire, not in the buffer */
+    if (rs_init("test_rs_resume_fails", "any"))
+        return;
+    it_pair_open(&p, SOCK_STREAM, 16, 16);
+    res0 = rs_count("fallback_resumes");
+    fail0 = rs_count("fallback_resume_failures");
+    it_close(p.lfd, p.sq);
+    p.lfd = -1;
+    s = it_buf_new(RS_TOTAL, 1);
+    r = it_buf_new(RS_TOTAL, 1);
+    it_fill(s->p, RS_TOTAL, 5);
+    snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+    rs_set("fault_port", port);
+    rs_set("fault_drop_nth", "4");
+    IT_POST_SEND(p.cfd, s->p, RS_TOTAL, p.cq, IT_AH(2), s->mh);
+    it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+    e = ev.exs_evt_errno;
+    ck_assert_msg(e == ECONNRESET, "send errno %d (%s)", e, strerror(e));
+    if (_i == 1) {
+        it_close(p.sfd, p.sq);
+        p.sfd = -1;
+        rs_set("fault_drop_nth", "0");
+        ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 1);
+        ck_assert_uint_eq(rs_count("fallback_resumes"), res0);
+        it_buf_free(s);
+        it_buf_free(r);
+        it_pair_close(&p);
+        return;
+    }
+    /* bytes that arrived before the cut are handed out first, then the error */
+    do {
+        IT_POST_RECV(p.sfd, r->p, RS_TOTAL, p.sq, IT_AH(1), r->mh);
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        e = ev.exs_evt_errno;
+    } while (!e && ev.exs_evt_u.exs_evt_xfer.exs_evt_result > 0);
+    rs_set("fault_drop_nth", "0");
+    ck_assert_msg(e == ETIMEDOUT, "recv errno %d (%s)", e, strerror(e));
+    ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+    ck_assert_uint_eq(rs_count("fallback_resumes"), res0);
+    it_buf_free(s);
+    it_buf_free(r);
+    it_pair_close(&p);
+}
+END_TEST
+
+/* A link gone silent (both ends frozen by the fault provider) under policy any: each end's
+ * keepalive gives up (200 ms x 3), which is a path failure: the silent path is abandoned
+ * (not drained) and the connection resumes over the fallback: the send that waited on the
+ * frozen link completes, its bytes arrive verified, each end counts one resume, and
+ * nothing leaks. */
+START_TEST(test_rs_keepalive)
+{
+    struct it_buf *s, *r;
+    uint64_t res0, fail0;
+    struct it_pair p;
+    exs_event_t ev;
+    char port[16];
 
     it_setenv("EXS_KEEPALIVE_INTV_MS", "200");
     it_setenv("EXS_KEEPALIVE_PROBES", "3");
@@ -282,6 +454,7 @@ START_TEST(test_rs_keepalive)
         return;
     it_pair_open(&p, SOCK_STREAM, 16, 16);
     rs_xfer(p.cfd, p.cq, p.sfd, p.sq, 100000, 3);
+    res0 = rs_count("fallback_resumes");
     fail0 = rs_count("fallback_resume_failures");
     s = it_buf_new(4096, 1);
     r = it_buf_new(4096, 1);
@@ -293,14 +466,18 @@ START_TEST(test_rs_keepalive)
     IT_POST_RECV(p.sfd, r->p, 4096, p.sq, IT_AH(1), r->mh);
     IT_POST_SEND(p.cfd, s->p, 4096, p.cq, IT_AH(2), s->mh);
     it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
-    e = ev.exs_evt_errno;
-    ck_assert_msg(e == ETIMEDOUT || e == ECONNRESET, "send errno %d (%s)", e, strerror(e));
+    ck_assert_msg(ev.exs_evt_errno == 0, "send errno %d", ev.exs_evt_errno);
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 4096);
     it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
-    e = ev.exs_evt_errno;
-    ck_assert_msg(e == ETIMEDOUT || e == ECONNRESET, "recv errno %d (%s)", e, strerror(e));
+    ck_assert_msg(ev.exs_evt_errno == 0, "recv errno %d", ev.exs_evt_errno);
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 4096);
+    ck_assert_int_eq(it_check(r->p, 4096, 4), -1);
     rs_set("fault_freeze_nth", "0");
     rs_set("fault_freeze_ms", "0"); /* thaw what is left */
-    ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+    ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
+    ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+    ck_assert_str_eq(fd_prov(p.cfd), "tcp");
+    ck_assert_str_eq(fd_prov(p.sfd), "tcp");
     it_buf_free(s);
     it_buf_free(r);
     it_pair_close(&p);
@@ -404,7 +581,9 @@ Suite *integ_resume_suite(void)
 
     tcase_add_checked_fixture(tc, NULL, rs_teardown);
     tcase_add_loop_test(tc, test_rs_session, 0, 4);
-    tcase_add_loop_test(tc, test_rs_cut, 0, 6);
+    tcase_add_loop_test(tc, test_rs_cut, 0, RS_CUT_CASES);
+    tcase_add_loop_test(tc, test_rs_resume, 0, 4);
+    tcase_add_loop_test(tc, test_rs_resume_fails, 0, 2);
     tcase_add_test(tc, test_rs_keepalive);
     tcase_add_test(tc, test_rs_resume_hello_refused);
     suite_add_tcase(s, tc);

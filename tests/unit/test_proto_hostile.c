@@ -1760,6 +1760,44 @@ START_TEST(hs_resume_positions)
         bad = rec;
         bad.rx_msgs = htobe64(0); /* nothing completed is tracked on SEQPACKET yet */
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
+        bad = rec; /* ring positions are STREAM's */
+        bad.ring_arrived = htobe64(64);
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    }
+    if (stream) {
+        /* the ring positions (the writer continues from them): what arrived of what was
+         * written, at least what was reported read, at most a ring's worth unread */
+        uint64_t tail, cons, size, saved_tail;
+
+        EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        pp.a.conn->resume_tx_done = want;
+        saved_tail = pp.a.conn->wr_tail;
+        cons = pp.a.conn->wr_consumed;
+        tail = pp.a.conn->wr_tail = cons + 64; /* 64 bytes written, not reported read */
+        size = pp.a.conn->peer.ring_size;
+        EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        bad = rec;
+        bad.ring_arrived = htobe64(tail);
+        bad.ring_consumed = htobe64(cons);
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
+        bad.ring_arrived = htobe64(tail + 1); /* more than was written */
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        bad.ring_arrived = htobe64(cons);
+        bad.ring_consumed = htobe64(cons + 1); /* read more than arrived */
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        if (cons) {
+            bad.ring_consumed = htobe64(cons - 1); /* less than it reported */
+            ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        }
+        EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        pp.a.conn->wr_tail = cons + size + 64;
+        EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        bad.ring_arrived = htobe64(cons + size + 64); /* more than a ring unread */
+        bad.ring_consumed = htobe64(cons);
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        pp.a.conn->wr_tail = saved_tail;
+        EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     }
     /* a connection without a session takes no RESUME, whatever it says */
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
@@ -1772,6 +1810,86 @@ START_TEST(hs_resume_positions)
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);
     }
+    pt_close_both(&pp);
+}
+END_TEST
+
+static int on_resume(struct exs_conn *conn, const struct exs_wire_resume *r)
+{
+    int ret;
+
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    ret = exs__resume_on_resume_locked(conn, r);
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    return ret;
+}
+
+/* The new path of a cut-over (§9.2), hostile until checked. A RESUME is taken only while
+ * a new path waits for it: on a first path it is refused; one that overtook the
+ * ESTABLISHED event is kept, and a second one refused; on an established new path a
+ * RESUME that fails the checks (here: not the token) is refused and rewinds nothing. A
+ * resume request is refused (reason 7, the request untouched) without a token, with
+ * token 0, with a token no session has, or naming a session of the other socket type. */
+START_TEST(hs_resume_new_path)
+{
+    struct exs_wire_resume rec, bad;
+    struct exs_conn *pas;
+    uint8_t pd[EXS_WIRE_RESUME_PD_LEN] = {0};
+    uint64_t tok, sent;
+
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pp.pa.resumable = pp.pb.resumable = 1;
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+    pas = pp.a.conn->active ? pp.b.conn : pp.a.conn;
+    ck_assert_uint_ne(pas->sess_token, 0);
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    exs__resume_record_locked(pp.b.conn, &rec);
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    /* a first path */
+    ck_assert_int_eq(on_resume(pp.a.conn, &rec), -EPROTO);
+    /* a new path not yet established: kept once, a second one refused */
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    pp.a.conn->state = EXS_CONN_RESUMING;
+    pp.a.conn->rsm_peer_wait = 1;
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(on_resume(pp.a.conn, &rec), 0);
+    ck_assert_int_eq(pp.a.conn->rsm_peer_got, 1);
+    ck_assert_int_eq(on_resume(pp.a.conn, &rec), -EPROTO);
+    /* an established new path: checked before anything moves */
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    pp.a.conn->state = EXS_CONN_CONNECTED;
+    pp.a.conn->rsm_peer_got = 0;
+    sent = pp.a.conn->tx_seq;
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    bad = rec;
+    bad.token = htobe64(pp.a.conn->sess_token + 1);
+    ck_assert_int_eq(on_resume(pp.a.conn, &bad), -EPROTO);
+    ck_assert_uint_eq(pp.a.conn->tx_seq, sent);
+    ck_assert_int_eq(pp.a.conn->rsm_peer_wait, 1);
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    pp.a.conn->rsm_peer_wait = 0;
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+
+    /* resume requests: refused before anything is touched (req NULL) */
+    ck_assert_int_eq(exs__conn_resume_request(NULL, NULL, pd, EXS_WIRE_HELLO_LEN, SOCK_STREAM),
+                     EXS_WIRE_REJ_RESUME);
+    ck_assert_int_eq(exs__conn_resume_request(NULL, NULL, pd, sizeof(pd), SOCK_STREAM),
+                     EXS_WIRE_REJ_RESUME);
+    tok = htobe64(pas->sess_token ^ 0x8000000000000000ull);
+    memcpy(pd + EXS_WIRE_HELLO_LEN, &tok, sizeof(tok));
+    ck_assert_int_eq(exs__conn_resume_request(NULL, NULL, pd, sizeof(pd), SOCK_STREAM),
+                     EXS_WIRE_REJ_RESUME);
+    tok = htobe64(pas->sess_token);
+    memcpy(pd + EXS_WIRE_HELLO_LEN, &tok, sizeof(tok));
+    ck_assert_int_eq(exs__conn_resume_request(NULL, NULL, pd, sizeof(pd), SOCK_SEQPACKET),
+                     EXS_WIRE_REJ_RESUME);
+    ck_assert_int_eq(pas->state, EXS_CONN_CONNECTED);
     pt_close_both(&pp);
 }
 END_TEST
@@ -1869,6 +1987,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_resume_bad, 0, 9);
     tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
     tcase_add_loop_test(tc, hs_resume_positions, 0, 2);
+    tcase_add_test(tc, hs_resume_new_path);
     tcase_add_test(tc, hs_session_early_without_bit);
     tcase_add_test(tc, hs_down_before_established_deadline);
     suite_add_tcase(s, tc);

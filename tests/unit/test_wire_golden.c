@@ -647,7 +647,8 @@ START_TEST(golden_session)
 }
 END_TEST
 
-/* §9.2: the RESUME record's layout (type 12, 32 bytes). */
+/* §9.2: the RESUME record's layout (type 12, 48 bytes), and the resume connect's private
+ * data (the hello, then the token). */
 START_TEST(golden_resume_layout)
 {
     struct exs_wire_resume r = {
@@ -655,12 +656,16 @@ START_TEST(golden_resume_layout)
         .token = htobe64(0x0102030405060708ull),
         .rx_msgs = htobe64(0x11),
         .rx_bytes = htobe64(0x123456789aull),
+        .ring_arrived = htobe64(0x2000),
+        .ring_consumed = htobe64(0x1f40),
     };
     static const uint8_t want[EXS_WIRE_RESUME_LEN] = {
-        0x0c, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00, 0x00, /* RESUME, 32 bytes */
+        0x0c, 0x00, 0x00, 0x30, 0x00, 0x00, 0x00, 0x00, /* RESUME, 48 bytes */
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, /* token */
         0,    0,    0,    0,    0,    0,    0,    0x11, /* rx_msgs 17 */
         0,    0,    0,    0x12, 0x34, 0x56, 0x78, 0x9a, /* rx_bytes */
+        0,    0,    0,    0,    0,    0,    0x20, 0x00, /* ring_arrived */
+        0,    0,    0,    0,    0,    0,    0x1f, 0x40, /* ring_consumed */
     };
 
     assert_bytes(&r, want, sizeof(want));
@@ -670,6 +675,8 @@ START_TEST(golden_resume_layout)
     ck_assert_int_eq(EXS_WIRE_HELLO_F_RESUME, 0x01);
     ck_assert_int_eq(EXS_WIRE_FEAT_RESUMABLE, 0x80);
     ck_assert_int_eq(EXS_WIRE_FEAT_ALL & EXS_WIRE_FEAT_RESUMABLE, 0);
+    /* its private data: the 40-byte hello, then the token at bytes 40-47 */
+    ck_assert_int_eq(EXS_WIRE_RESUME_PD_LEN, 48);
 }
 END_TEST
 
