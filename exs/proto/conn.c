@@ -374,7 +374,12 @@ void exs__conn_destroy(struct exs_conn *conn)
 {
     EXS_ASSERT(conn->state == EXS_CONN_DEAD || conn->state == EXS_CONN_IDLE);
     EXS_ASSERT(exs_list_empty(&conn->sendq) && exs_list_empty(&conn->recvq));
-    exs__resume_forget(conn);
+    if (exs__resume_forget(conn))
+        exs__conn_free(conn);
+}
+
+void exs__conn_free(struct exs_conn *conn)
+{
     conn_release_locked(conn);
     pthread_mutex_destroy(&conn->lock);
     free(conn);

@@ -388,6 +388,10 @@ struct exs_conn {
     struct exs_prov_ctx       *rsm_req_ctx;  /* its context */
     struct exs_wire_hello      rsm_req_hello; /* its hello */
     struct exs_conn           *rsm_next;     /* the registry of passive sessions (resume.c) */
+    uint32_t                   rsm_refs;     /* registry: finders using the conn now */
+    int                        rsm_gone;     /* registry: destroyed while a finder held it;
+                                              * the last finder frees it (both under the
+                                              * registry's lock) */
 };
 
 /* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */

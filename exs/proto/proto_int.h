@@ -108,8 +108,11 @@ int exs__resume_close_locked(struct exs_conn *conn);
 /* A posted op registered on another context than the conn's (a cut-over happened): its
  * registration on the conn's context. 0 or -errno. */
 int exs__resume_op_mr_locked(struct exs_conn *conn, struct exs_op *op);
-/* The conn is destroyed: out of the registry of sessions. */
-void exs__resume_forget(struct exs_conn *conn);
+/* The conn is destroyed: out of the registry of sessions. 1: the caller frees it now;
+ * 0: a resume request's finder still holds it and frees it (exs__conn_free) when done. */
+int exs__resume_forget(struct exs_conn *conn);
+/* conn.c: the last part of exs__conn_destroy (provider objects, memory, the struct). */
+void exs__conn_free(struct exs_conn *conn);
 
 /* conn.c, for the cut-over */
 void exs__conn_set_state_locked(struct exs_conn *conn, enum exs_conn_state st, const char *why);

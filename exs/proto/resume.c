@@ -63,19 +63,26 @@ static void resume_registry_add(struct exs_conn *conn)
     EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
 }
 
-void exs__resume_forget(struct exs_conn *conn)
+int exs__resume_forget(struct exs_conn *conn)
 {
+    int now;
+
     EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
     for (struct exs_conn **pp = &resume_reg; *pp; pp = &(*pp)->rsm_next)
         if (*pp == conn) {
             *pp = conn->rsm_next;
             break;
         }
+    now = conn->rsm_refs == 0;
+    conn->rsm_gone = !now;
     EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    return now;
 }
 
 /* The session named token, or NULL: every entry is compared, without a branch on the
- * bytes (a peer learns nothing from the time a wrong token takes). */
+ * bytes (a peer learns nothing from the time a wrong token takes). A conn found is held
+ * (rsm_refs) until resume_registry_put: its socket may be closed and the conn destroyed
+ * by another thread meanwhile, and the finder then frees it. */
 static struct exs_conn *resume_registry_find(uint64_t token)
 {
     uintptr_t found = 0;
@@ -87,8 +94,21 @@ static struct exs_conn *resume_registry_find(uint64_t token)
 
         found = (found & ~m) | ((uintptr_t)c & m);
     }
+    if (found)
+        ((struct exs_conn *)found)->rsm_refs++;
     EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
     return (struct exs_conn *)found;
+}
+
+static void resume_registry_put(struct exs_conn *conn)
+{
+    int last;
+
+    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    last = --conn->rsm_refs == 0 && conn->rsm_gone;
+    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    if (last)
+        exs__conn_free(conn); /* destroyed while we held it */
 }
 
 /* A random token, never 0. 0 or -errno. */
@@ -757,5 +777,6 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
         EXS_INFO(PROTO, "conn %p: resume request refused: %s", (void *)conn, bad);
     }
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    resume_registry_put(conn);
     return bad ? EXS_WIRE_REJ_RESUME : 0;
 }

@@ -3,8 +3,10 @@
 #include <check.h>
 #include <endian.h>
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "exs/proto/reqtrace.h"
 #include "exs/proto/proto_int.h"
@@ -1894,6 +1896,70 @@ START_TEST(hs_resume_new_path)
 }
 END_TEST
 
+struct rq_arg {
+    uint8_t pd[EXS_WIRE_RESUME_PD_LEN];
+    int     ret;
+};
+
+static void *rq_thread(void *a)
+{
+    struct rq_arg *q = a;
+
+    q->ret = exs__conn_resume_request(NULL, NULL, q->pd, sizeof(q->pd), SOCK_STREAM);
+    return NULL;
+}
+
+/* A resume request finds its session in the registry, then takes the conn's lock; the
+ * conn's socket may be closed and the conn destroyed by another thread in between. The
+ * finder holds the conn (rsm_refs): destroy leaves it to the finder, which sees it DEAD,
+ * refuses the request and frees it. Without the hold the conn is freed under the finder
+ * (ASan: use after free) and the live count is off. */
+START_TEST(hs_resume_request_vs_destroy)
+{
+    struct exs_conn *pas;
+    struct rq_arg q;
+    pthread_t th;
+    uint64_t tok;
+    int i;
+
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pp.pa.resumable = pp.pb.resumable = 1;
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+    pas = pp.a.conn->active ? pp.b.conn : pp.a.conn;
+    ck_assert_uint_ne(pas->sess_token, 0);
+    exs__conn_close(pp.a.conn);
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(pas->state, EXS_CONN_DEAD);
+
+    memset(&q, 0, sizeof(q));
+    tok = htobe64(pas->sess_token);
+    memcpy(q.pd + EXS_WIRE_HELLO_LEN, &tok, sizeof(tok));
+    EXS_MUTEX_LOCK(&pas->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(pthread_create(&th, NULL, rq_thread, &q), 0);
+    for (i = 0; i < 10000 && !__atomic_load_n(&pas->rsm_refs, __ATOMIC_ACQUIRE); i++)
+        nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    ck_assert_uint_eq(__atomic_load_n(&pas->rsm_refs, __ATOMIC_ACQUIRE), 1);
+    /* the finder waits for the lock: destroy the conn now */
+    exs__conn_destroy(pas);
+    ck_assert_int_eq(exs__conn_live_count(), 2); /* not freed: the finder holds it */
+    EXS_MUTEX_UNLOCK(&pas->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_int_eq(q.ret, EXS_WIRE_REJ_RESUME);
+    if (pp.a.conn == pas)
+        pp.a.conn = NULL;
+    else
+        pp.b.conn = NULL;
+    pt_close(&pp); /* asserts no conn is left: the finder freed it */
+}
+END_TEST
+
 /* A connection that failed before its ESTABLISHED (here: the protocol error a record could
  * raise) never reports through established(); with no provider event after it (the fabric
  * is not stepped), the handshake deadline still ends it: until then the timer waits, at
@@ -1988,6 +2054,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
     tcase_add_loop_test(tc, hs_resume_positions, 0, 2);
     tcase_add_test(tc, hs_resume_new_path);
+    tcase_add_test(tc, hs_resume_request_vs_destroy);
     tcase_add_test(tc, hs_session_early_without_bit);
     tcase_add_test(tc, hs_down_before_established_deadline);
     suite_add_tcase(s, tc);
