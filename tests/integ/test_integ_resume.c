@@ -25,18 +25,20 @@
 
 static char rs_prov[32];
 
-/* Primary fault:tcp, fallback tcp (ports moved by 1000), policy as given. 0, or 1 when
- * the provider under test is not tcp (the test is then skipped). */
+/* Primary fault:tcp (or fault:verbs when the provider under test is verbs: a cut-over
+ * from verbs to tcp, in the Soft-RoCE guest), fallback tcp (ports moved by 1000), policy
+ * as given. 0, or 1 when the provider under test is neither (the test is then skipped). */
 static int rs_init(const char *test, const char *policy)
 {
     const char *saved = it_provider;
     const char *inner = strncmp(it_provider, "fault:", 6) == 0 ? it_provider + 6 : it_provider;
 
-    if (strcmp(inner, "tcp") != 0) {
-        test_skip(test, "needs the tcp provider under test (primary fault:tcp, fallback tcp)");
+    if (strcmp(inner, "tcp") != 0 && strcmp(inner, "verbs") != 0) {
+        test_skip(test, "needs the tcp or verbs provider under test (primary fault:tcp or "
+                        "fault:verbs, fallback tcp)");
         return 1;
     }
-    snprintf(rs_prov, sizeof(rs_prov), "fault:tcp");
+    snprintf(rs_prov, sizeof(rs_prov), "fault:%s", inner);
     it_setenv("EXS_FALLBACK", policy);
     it_setenv("EXS_FALLBACK_PORT_OFFSET", "1000");
     it_provider = rs_prov;
