@@ -51,7 +51,7 @@
 #define TCP_CTRL_MAX(ctx) ((ctx)->ctrl_max) /* responder frames queued before reading stops */
 #define TCP_LINGER_NS     2000000000ull
 #define TCP_TX_IOV        64
-#define TCP_LOWAT_MIN     65536      /* payload left for SO_RCVLOWAT to be worth raising */
+#define TCP_LOWAT_MIN     (256u << 10) /* payload left for SO_RCVLOWAT to be worth raising */
 #define TCP_LOWAT_MAX     (1u << 20) /* SO_RCVLOWAT at most (the kernel caps it too) */
 #define TCP_RESP_COPY_MAX 65536      /* READ responses copied when they cannot leave at once */
 #define TCP_BACKOFF_MIN_MS 100       /* accept out of descriptors: first pause */
