@@ -13,19 +13,24 @@
 #define FIRST (128u << 10)
 #define MORE  (256u << 10)
 
-static uint64_t lowats(void)
+static uint64_t tcp_counter(const char *name)
 {
     uint64_t v = 0;
 
-    ck_assert_msg(exs__counters_lookup("prov.tcp", "rx_lowats", &v) == 0,
-                  "counter prov.tcp.rx_lowats not registered");
+    ck_assert_msg(exs__counters_lookup("prov.tcp", name, &v) == 0,
+                  "counter prov.tcp.%s not registered", name);
     return v;
+}
+
+static uint64_t lowats(void)
+{
+    return tcp_counter("rx_lowats");
 }
 
 /* A peer sends a 1 MiB SEND's header and first 128 KiB, then 256 KiB more, then the
  * rest. The provider places what it finds (perhaps nothing: the header may come alone)
  * and, the socket drained half-way, raises SO_RCVLOWAT; the next 256 KiB, less than the
- * payload still owes, stay in the socket; the rest completes the receive with every
+ * payload still owes, stay in the socket (not read); the rest completes the receive with every
  * byte right. Then a 64-byte SEND completes too: the socket wakes for any byte again. */
 START_TEST(lowat_rest_of_payload)
 {
@@ -35,7 +40,7 @@ START_TEST(lowat_rest_of_payload)
     struct exs_prov_cqe c;
     uint8_t *payload = malloc(LEN);
     uint8_t tiny[64];
-    uint64_t n0;
+    uint64_t n0, rx0;
     double deadline;
     int fd;
 
@@ -62,11 +67,15 @@ START_TEST(lowat_rest_of_payload)
         pt_sleep_ms(2);
     ck_assert_msg(lowats() > n0, "SO_RCVLOWAT not raised with most of a 1 MiB payload due");
 
-    /* less than the payload still owes: not a byte of it is placed */
+    /* less than the payload still owes: not a byte of it is read (the target is not
+     * looked at here: the NIC writes it later, through the socket, which a thread
+     * sanitizer cannot see as an order) */
+    rx0 = tcp_counter("bytes_rx");
     ck_assert_int_eq(pt_raw_send(fd, payload + FIRST, MORE), 0);
     pt_expect_no_cqe(&p.b, 100);
-    ck_assert_msg(pt_all_bytes(tgt->p + FIRST, LEN - FIRST, 0x5A),
-                  "bytes placed before the rest of the payload came");
+    ck_assert_msg(tcp_counter("bytes_rx") == rx0,
+                  "%llu bytes read before the rest of the payload came",
+                  (unsigned long long)(tcp_counter("bytes_rx") - rx0));
 
     ck_assert_int_eq(pt_raw_send(fd, payload + FIRST + MORE, LEN - FIRST - MORE), 0);
     pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
