@@ -52,8 +52,9 @@ static struct {
     int drivers;    /* atomic: application threads inside a wait */
     unsigned leave_gen; /* atomic: drivers that left, ever */
     uint64_t leave_ns;  /* atomic: when a driver last left */
-    uint64_t gap_ns;    /* atomic: the application's remembered gap between waits
-                           (exs__engine_gap_note; approximate when threads race) */
+    uint64_t gap_ns;    /* atomic: the application's remembered gap between waits, noted
+                           at gap_at (exs__engine_gap_now; approximate when threads race) */
+    uint64_t gap_at;    /* atomic */
     int lease_idle;     /* atomic: the lease is stopped; the last driver to leave wakes the loop */
     unsigned seen_gen;  /* plock (loop): leave_gen at the previous lease */
     int io_on;      /* plock: the loop watches the provider's event fd */
@@ -476,13 +477,11 @@ void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX])
         __atomic_sub_fetch(&eng.psleepers, 1, __ATOMIC_SEQ_CST);
 }
 
-uint64_t exs__engine_gap_note(uint64_t remembered_ns, uint64_t gap_ns, uint64_t lease_ns)
+uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint64_t now_ns, uint64_t lease_ns)
 {
-    uint64_t g = remembered_ns - remembered_ns / 8;
+    uint64_t halvings = lease_ns ? (now_ns - at_ns) / (EXS_ENG_HYST_LEASES * lease_ns) : 64;
 
-    if (gap_ns <= (uint64_t)EXS_ENG_HYST_LEASES * lease_ns && gap_ns > g)
-        g = gap_ns;
-    return g;
+    return halvings >= 64 ? 0 : gap_ns >> halvings;
 }
 
 uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns)
@@ -496,13 +495,17 @@ void exs__engine_driver_enter(void)
 {
     if (__atomic_add_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 1) {
         /* back from a gap: how long the application was away (posting, or computing) */
-        uint64_t gap = exs__now_ns() - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
-        uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
+        uint64_t now = exs__now_ns(), lease_ns = (uint64_t)exs__params.lease_us * 1000u;
+        uint64_t gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+        uint64_t g = exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
+                                         __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now,
+                                         lease_ns);
 
-        __atomic_store_n(&eng.gap_ns,
-                         exs__engine_gap_note(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
-                                              gap, lease_ns),
-                         __ATOMIC_RELAXED);
+        /* a longer gap is the application computing: not remembered */
+        if (gap <= (uint64_t)EXS_ENG_HYST_LEASES * lease_ns && gap >= g) {
+            __atomic_store_n(&eng.gap_ns, gap, __ATOMIC_RELAXED);
+            __atomic_store_n(&eng.gap_at, now, __ATOMIC_RELAXED);
+        }
     }
 }
 
@@ -589,8 +592,12 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
      * EXS_ENG_HYST_LEASES leases) for one that stays away for milliseconds posting
      * (a sender whose posts copy megabytes into the socket): a take-over then only
      * fights it for the locks and writes the socket from a second CPU. */
-    uint64_t hyst = exs__engine_hyst_ns(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED), lease_ns);
-    int recent = exs__now_ns() - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED) < hyst;
+    uint64_t now = exs__now_ns();
+    uint64_t hyst = exs__engine_hyst_ns(
+        exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
+                            __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now, lease_ns),
+        lease_ns);
+    int recent = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED) < hyst;
 
     (void)w;
     (void)revents;

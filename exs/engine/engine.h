@@ -116,14 +116,14 @@ void exs__engine_driver_enter(void);
 void exs__engine_driver_leave(void);
 
 /* The hand-off's hysteresis (spec/threading.md §4), pure functions. A busy
- * application's gap between two waits (drivers back from 0) is remembered as a decaying
- * maximum: exs__engine_gap_note returns the new one (gaps longer than the cap are the
- * application computing, not posting: they are not remembered). exs__engine_hyst_ns:
- * how long after the last driver left the progress thread still leaves the provider to
- * the application: one lease, or twice the remembered gap, at most EXS_ENG_HYST_LEASES
- * leases. */
+ * application's longest recent gap between two waits (drivers back from 0; gaps longer
+ * than EXS_ENG_HYST_LEASES leases are the application computing and are not noted) is
+ * remembered with the time it was noted; exs__engine_gap_now: what it is worth now (it
+ * halves every EXS_ENG_HYST_LEASES leases since). exs__engine_hyst_ns: how long after
+ * the last driver left the progress thread still leaves the provider to the application:
+ * one lease, or twice that gap, at most EXS_ENG_HYST_LEASES leases. */
 #define EXS_ENG_HYST_LEASES 8
-uint64_t exs__engine_gap_note(uint64_t remembered_ns, uint64_t gap_ns, uint64_t lease_ns);
+uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint64_t now_ns, uint64_t lease_ns);
 uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns);
 
 /* A function the progress lock's holder calls after each round of progress that did

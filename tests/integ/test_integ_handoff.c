@@ -23,26 +23,24 @@ static uint64_t eng_counter(const char *name)
 /* The rule itself (spec/threading.md §4), lease 1 ms. */
 START_TEST(test_hyst_rule)
 {
-    uint64_t g = 0;
+    const uint64_t t = 1000 * MS, fade = EXS_ENG_HYST_LEASES * MS;
 
     /* nothing remembered: one lease, as before */
     ck_assert_uint_eq(exs__engine_hyst_ns(0, MS), MS);
-    /* a gap of 3 ms: twice that */
-    g = exs__engine_gap_note(g, 3 * MS, MS);
-    ck_assert_uint_eq(g, 3 * MS);
-    ck_assert_uint_eq(exs__engine_hyst_ns(g, MS), 6 * MS);
+    /* a gap of 3 ms just noted: twice that */
+    ck_assert_uint_eq(exs__engine_gap_now(3 * MS, t, t, MS), 3 * MS);
+    ck_assert_uint_eq(exs__engine_hyst_ns(3 * MS, MS), 6 * MS);
     /* never below one lease, never above EXS_ENG_HYST_LEASES leases */
     ck_assert_uint_eq(exs__engine_hyst_ns(MS / 4, MS), MS);
     ck_assert_uint_eq(exs__engine_hyst_ns(7 * MS, MS), EXS_ENG_HYST_LEASES * MS);
-    /* a longer gap is the application computing: not remembered */
-    ck_assert_uint_eq(exs__engine_gap_note(0, (EXS_ENG_HYST_LEASES + 1) * MS, MS), 0);
-    ck_assert_uint_eq(exs__engine_gap_note(0, EXS_ENG_HYST_LEASES * MS, MS),
-                      EXS_ENG_HYST_LEASES * MS);
-    /* short gaps make a remembered long one fade: back to one lease */
-    for (int i = 0; i < 64; i++)
-        g = exs__engine_gap_note(g, 10000, MS);
-    ck_assert_uint_lt(g, MS / 2);
-    ck_assert_uint_eq(exs__engine_hyst_ns(g, MS), MS);
+    /* a remembered gap halves every EXS_ENG_HYST_LEASES leases, however often the
+     * application comes back meanwhile (a busy poller), and fades to nothing */
+    ck_assert_uint_eq(exs__engine_gap_now(4 * MS, t, t + fade - 1, MS), 4 * MS);
+    ck_assert_uint_eq(exs__engine_gap_now(4 * MS, t, t + fade, MS), 2 * MS);
+    ck_assert_uint_eq(exs__engine_gap_now(4 * MS, t, t + 3 * fade, MS), MS / 2);
+    ck_assert_uint_eq(exs__engine_gap_now(4 * MS, t, t + 64 * fade, MS), 0);
+    ck_assert_uint_eq(exs__engine_hyst_ns(exs__engine_gap_now(4 * MS, t, t + 3 * fade, MS), MS),
+                      MS);
 }
 END_TEST
 
