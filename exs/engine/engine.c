@@ -52,6 +52,9 @@ static struct {
     int drivers;    /* atomic: application threads inside a wait */
     unsigned leave_gen; /* atomic: drivers that left, ever */
     uint64_t leave_ns;  /* atomic: when a driver last left */
+    uint64_t gap_ns;    /* atomic: the application's remembered gap between waits, noted
+                           at gap_at (exs__engine_gap_now; approximate when threads race) */
+    uint64_t gap_at;    /* atomic */
     int lease_idle;     /* atomic: the lease is stopped; the last driver to leave wakes the loop */
     unsigned seen_gen;  /* plock (loop): leave_gen at the previous lease */
     int io_on;      /* plock: the loop watches the provider's event fd */
@@ -474,9 +477,36 @@ void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX])
         __atomic_sub_fetch(&eng.psleepers, 1, __ATOMIC_SEQ_CST);
 }
 
+uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint64_t now_ns, uint64_t lease_ns)
+{
+    uint64_t halvings = lease_ns ? (now_ns - at_ns) / (EXS_ENG_HYST_LEASES * lease_ns) : 64;
+
+    return halvings >= 64 ? 0 : gap_ns >> halvings;
+}
+
+uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns)
+{
+    uint64_t h = EXS_MIN(2 * remembered_ns, (uint64_t)EXS_ENG_HYST_LEASES * lease_ns);
+
+    return EXS_MAX(h, lease_ns);
+}
+
 void exs__engine_driver_enter(void)
 {
-    __atomic_add_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_add_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 1) {
+        /* back from a gap: how long the application was away (posting, or computing) */
+        uint64_t now = exs__now_ns(), lease_ns = (uint64_t)exs__params.lease_us * 1000u;
+        uint64_t gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+        uint64_t g = exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
+                                         __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now,
+                                         lease_ns);
+
+        /* a longer gap is the application computing: not remembered */
+        if (gap <= (uint64_t)EXS_ENG_HYST_LEASES * lease_ns && gap >= g) {
+            __atomic_store_n(&eng.gap_ns, gap, __ATOMIC_RELAXED);
+            __atomic_store_n(&eng.gap_at, now, __ATOMIC_RELAXED);
+        }
+    }
 }
 
 void exs__engine_driver_leave(void)
@@ -558,8 +588,16 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
     uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
     /* Hysteresis: take the provider back only after a whole lease without a driver, so
      * an application that leaves exs_qdequeue for a moment (a ping-pong posting its
-     * reply) keeps driving alone. */
-    int recent = exs__now_ns() - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED) < lease_ns;
+     * reply) keeps driving alone; longer (twice its usual gap, at most
+     * EXS_ENG_HYST_LEASES leases) for one that stays away for milliseconds posting
+     * (a sender whose posts copy megabytes into the socket): a take-over then only
+     * fights it for the locks and writes the socket from a second CPU. */
+    uint64_t now = exs__now_ns();
+    uint64_t hyst = exs__engine_hyst_ns(
+        exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
+                            __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now, lease_ns),
+        lease_ns);
+    int recent = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED) < hyst;
 
     (void)w;
     (void)revents;
@@ -679,6 +717,7 @@ int exs__engine_start(void)
 
     exs_list_init(&eng.jobs);
     eng.njobs = 0;
+    __atomic_store_n(&eng.gap_ns, 0, __ATOMIC_RELAXED); /* no gap remembered from a previous run */
     ret = eng_open(exs__prov_open_default, &eng.ctx, &eng.manual);
     if (ret)
         return ret;

@@ -115,6 +115,17 @@ void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX]);
 void exs__engine_driver_enter(void);
 void exs__engine_driver_leave(void);
 
+/* The hand-off's hysteresis (spec/threading.md §4), pure functions. A busy
+ * application's longest recent gap between two waits (drivers back from 0; gaps longer
+ * than EXS_ENG_HYST_LEASES leases are the application computing and are not noted) is
+ * remembered with the time it was noted; exs__engine_gap_now: what it is worth now (it
+ * halves every EXS_ENG_HYST_LEASES leases since). exs__engine_hyst_ns: how long after
+ * the last driver left the progress thread still leaves the provider to the application:
+ * one lease, or twice that gap, at most EXS_ENG_HYST_LEASES leases. */
+#define EXS_ENG_HYST_LEASES 8
+uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint64_t now_ns, uint64_t lease_ns);
+uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns);
+
 /* A function the progress lock's holder calls after each round of progress that did
  * something (completions, connection events, jobs): readiness may have changed
  * (exs_poll, api/poll.c). Set once; NULL: none. It must not drive. */

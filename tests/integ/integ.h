@@ -35,6 +35,7 @@ Suite *integ_robust_suite(void);
 Suite *integ_hello_suite(void);
 Suite *integ_grant_suite(void);
 Suite *integ_progress_suite(void);
+Suite *integ_handoff_suite(void);
 Suite *integ_keepalive_suite(void);
 Suite *integ_fault_suite(void);
 Suite *integ_fallback_suite(void);

@@ -199,6 +199,7 @@ Suite *prov_flush_suite(void);
 Suite *prov_cm_suite(void);
 Suite *prov_emu_suite(void);
 Suite *prov_fault_suite(void);
+Suite *prov_lowat_suite(void);
 Suite *prov_hostile_suite(void);
 Suite *prov_mem_suite(void);
 Suite *prov_select_suite(void);

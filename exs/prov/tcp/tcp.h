@@ -51,6 +51,8 @@
 #define TCP_CTRL_MAX(ctx) ((ctx)->ctrl_max) /* responder frames queued before reading stops */
 #define TCP_LINGER_NS     2000000000ull
 #define TCP_TX_IOV        64
+#define TCP_LOWAT_MIN     (256u << 10) /* payload left for SO_RCVLOWAT to be worth raising */
+#define TCP_LOWAT_MAX     (1u << 20) /* SO_RCVLOWAT at most (the kernel caps it too) */
 #define TCP_RESP_COPY_MAX 65536      /* READ responses copied when they cannot leave at once */
 #define TCP_BACKOFF_MIN_MS 100       /* accept out of descriptors: first pause */
 #define TCP_BACKOFF_MAX_MS 1000      /* pauses double up to this */
@@ -95,6 +97,7 @@ struct tcp_counters {
     uint64_t notifies;
     uint64_t ack_kicks;
     uint64_t disarms;
+    uint64_t rx_lowats;
 };
 
 /* A key the peer may present in a WRITE or READ_REQ: an mr's rkey (valid on every
@@ -274,6 +277,7 @@ struct tcp_conn {
     uint8_t             *stg;        /* staging: TCP_STG_LEN bytes read ahead (UP only) */
     uint32_t             stg_off, stg_len; /* bytes [stg_off, stg_len) not yet placed */
     int                  rx_again;   /* on ctx->rx_again: staged bytes to place next turn */
+    int                  lowat;      /* the socket's SO_RCVLOWAT as we set it (0: never, 1) */
     struct exs_list      rx_again_link;
     struct tcp_wire_hdr  rh;         /* host order */
     const struct exs_prov_sge *rx_seg;
@@ -524,6 +528,9 @@ void exs__tcp_conn_rx_again(struct tcp_conn *conn);
 /* NIC turn: place the staged bytes of the connections that wait for it. */
 void exs__tcp_nic_rx_again(struct tcp_ctx *ctx);
 void exs__tcp_conn_ack_flush(struct tcp_conn *conn);
+/* Raise SO_RCVLOWAT to the payload still due (the socket was drained half-way through a
+ * large payload) or bring it back to 1 (spec/provider-tcp.md, "Implementation"). */
+void exs__tcp_conn_lowat(struct tcp_conn *conn);
 void exs__tcp_conn_ack_undefer(struct tcp_conn *conn);
 void exs__tcp_conn_rnr_resume(struct tcp_conn *conn);
 void exs__tcp_conn_hold_hup(struct tcp_conn *conn);

@@ -69,6 +69,8 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
                 "wake-ups written for ACKs left deferred while a consumer was armed"),
     EXS_COUNTER(struct tcp_counters, disarms,
                 "arms taken back by ctx_disarm (nobody slept on the event fd any more)"),
+    EXS_COUNTER(struct tcp_counters, rx_lowats,
+                "SO_RCVLOWAT raised: the rest of a large payload wakes the reader once"),
 };
 
 static void tcp_wakefd_write(struct tcp_ctx *ctx)

@@ -343,6 +343,8 @@ void exs__tcp_conn_update_events(struct tcp_conn *conn)
     if (exs__tcp_emu_blackholed(conn))
         ev = EPOLLET; /* the link delivers nothing: a reset or hang-up wakes us once */
     exs__tcp_conn_epoll(conn, ev);
+    if (conn->lowat > 1)
+        exs__tcp_conn_lowat(conn); /* no longer mid-payload (failed, lingering): back to 1 */
     if ((ev & EPOLLIN) && conn->stg_off != conn->stg_len)
         exs__tcp_conn_rx_again(conn); /* read ahead: epoll no longer sees those bytes */
 }

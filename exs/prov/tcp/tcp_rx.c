@@ -769,6 +769,37 @@ void exs__tcp_nic_rx_again(struct tcp_ctx *ctx)
     }
 }
 
+/*
+ * A read into a large payload came back short: the socket is drained and the rest is on
+ * its way. Every segment of it would wake the reader (a ppoll, an epoll_wait, a readv
+ * of a few dozen kilobytes, and a wake-up the sender's kernel pays for) although nothing
+ * completes before the last byte. So the socket's SO_RCVLOWAT is raised to what the
+ * payload still owes (at most TCP_LOWAT_MAX): epoll reports it readable once that much is
+ * in (or at an end of file, an error, or when the kernel's receive window closes, which
+ * it checks itself), and back to 1 as soon as the reader is between payloads. The peer
+ * owes those bytes (it is half-way through the frame), so nothing waits for data that
+ * will not come.
+ */
+void exs__tcp_conn_lowat(struct tcp_conn *conn)
+{
+    int want = 1, have = conn->lowat ? conn->lowat : 1;
+
+    if (conn->fd < 0)
+        return;
+    if (conn->state == TCP_CONN_UP && conn->rx_phase == TCP_RX_PAYLOAD && !tcp_stg_avail(conn) &&
+        conn->rx_len - conn->rx_off >= TCP_LOWAT_MIN)
+        want = (int)EXS_MIN(conn->rx_len - conn->rx_off, (uint64_t)TCP_LOWAT_MAX);
+    if (want == have)
+        return;
+    if (setsockopt(conn->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) < 0) {
+        EXS_ERR(PROV, "conn %p: SO_RCVLOWAT %d: %m", (void *)conn, want);
+        return; /* a failed raise: as before; a failed reset: tried again next time */
+    }
+    if (want > 1)
+        EXS_CNT_INC(conn->ctx->cnt.rx_lowats);
+    conn->lowat = want;
+}
+
 void exs__tcp_conn_rx(struct tcp_conn *conn)
 {
     struct tcp_ctx *ctx = conn->ctx;
@@ -926,6 +957,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
      * turn places it while the connection may read (a held request: its resume does) */
     if (conn->state == TCP_CONN_UP && conn->rx_phase != TCP_RX_HOLD && (conn->events & EPOLLIN))
         exs__tcp_conn_rx_again(conn);
+    exs__tcp_conn_lowat(conn);
     if (conn->state == TCP_CONN_UP)
         tcp_conn_ack_later(conn);
 }

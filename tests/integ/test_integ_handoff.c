@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/* The hand-off's hysteresis: an application that stays away from exs_qdequeue for a few
+ * milliseconds at a time (posting) keeps the provider; one that computes longer does not. */
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/exs.h>
+
+#include "exs/engine/engine.h"
+#include "exs/util/counters.h"
+#include "tests/integ/integ.h"
+
+#define MS 1000000ull
+
+static uint64_t eng_counter(const char *name)
+{
+    uint64_t v = 0;
+
+    ck_assert_msg(exs__counters_lookup("engine", name, &v) == 0, "engine counter %s missing", name);
+    return v;
+}
+
+/* The rule itself (spec/threading.md §4), lease 1 ms. */
+START_TEST(test_hyst_rule)
+{
+    const uint64_t t = 1000 * MS, fade = EXS_ENG_HYST_LEASES * MS;
+
+    /* nothing remembered: one lease, as before */
+    ck_assert_uint_eq(exs__engine_hyst_ns(0, MS), MS);
+    /* a gap of 3 ms just noted: twice that */
+    ck_assert_uint_eq(exs__engine_gap_now(3 * MS, t, t, MS), 3 * MS);
+    ck_assert_uint_eq(exs__engine_hyst_ns(3 * MS, MS), 6 * MS);
+    /* never below one lease, never above EXS_ENG_HYST_LEASES leases */
+    ck_assert_uint_eq(exs__engine_hyst_ns(MS / 4, MS), MS);
+    ck_assert_uint_eq(exs__engine_hyst_ns(7 * MS, MS), EXS_ENG_HYST_LEASES * MS);
+    /* a remembered gap halves every EXS_ENG_HYST_LEASES leases, however often the
+     * application comes back meanwhile (a busy poller), and fades to nothing */
+    ck_assert_uint_eq(exs__engine_gap_now(4 * MS, t, t + fade - 1, MS), 4 * MS);
+    ck_assert_uint_eq(exs__engine_gap_now(4 * MS, t, t + fade, MS), 2 * MS);
+    ck_assert_uint_eq(exs__engine_gap_now(4 * MS, t, t + 3 * fade, MS), MS / 2);
+    ck_assert_uint_eq(exs__engine_gap_now(4 * MS, t, t + 64 * fade, MS), 0);
+    ck_assert_uint_eq(exs__engine_hyst_ns(exs__engine_gap_now(4 * MS, t, t + 3 * fade, MS), MS),
+                      MS);
+}
+END_TEST
+
+/* Busy until gap_ms passed: the application's own work, no sleep, no library call. */
+static void busy(double gap_ms)
+{
+    double end = it_now_ms() + gap_ms;
+
+    while (it_now_ms() < end)
+        ;
+}
+
+/* One event of q (busy-polling exs_qdequeue, a deadline of IT_TIMEOUT_MS), checked. */
+static void dq1(exs_qhandle_t q, int type, void *ctx)
+{
+    double end = it_now_ms() + IT_TIMEOUT_MS;
+    exs_event_t ev;
+    int n;
+
+    while ((n = exs_qdequeue(q, &ev, 1, &(struct timespec){0, 0})) == 0)
+        ck_assert_msg(it_now_ms() < end, "no event within %d ms", IT_TIMEOUT_MS);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(ev.exs_evt_type, type);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, ctx);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+}
+
+/* A sender that stays away from exs_qdequeue 2 ms at a time (twice the default lease)
+ * while its transfers wait to be driven: the progress thread used to take the provider
+ * back in nearly every gap and drive them itself; now it waits twice the remembered gap,
+ * so only a gap stretched past that (a thread preempted on a loaded machine) lets it in,
+ * and the application drives its own transfers. */
+START_TEST(test_busy_gaps_keep_provider)
+{
+    const int rounds = 60;
+    struct it_buf *sb, *rb;
+    struct it_pair p;
+    uint64_t d0 = 0, d1;
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 8, 8);
+    ck_assert_int_eq(exs_qsetwait(p.cq, EXS_WAIT_POLL, 0), 0);
+    ck_assert_int_eq(exs_qsetwait(p.sq, EXS_WAIT_POLL, 0), 0);
+    sb = it_buf_new(64, 1);
+    rb = it_buf_new(64, 1);
+    memset(sb->p, 0x5a, 64);
+    for (int i = 0; i < rounds + 5; i++) {
+        if (i == 5)
+            d0 = eng_counter("drives_thread"); /* from here on the gap is remembered */
+        ck_assert_int_eq(exs_recv(p.sfd, rb->p, 64, MSG_WAITALL, p.sq, rb, rb->mh), 0);
+        ck_assert_int_eq(exs_send(p.cfd, sb->p, 64, 0, p.cq, sb, sb->mh), 0);
+        busy(2.0);
+        dq1(p.cq, EXS_EVT_SEND, sb);
+        dq1(p.sq, EXS_EVT_RECV, rb);
+        ck_assert_int_eq(memcmp(rb->p, sb->p, 64), 0);
+    }
+    d1 = eng_counter("drives_thread");
+    ck_assert_msg(d1 - d0 < (uint64_t)rounds / 2,
+                  "the progress thread drove %llu times in %d gaps of 2 ms",
+                  (unsigned long long)(d1 - d0), rounds);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_pair_close(&p);
+}
+END_TEST
+
+Suite *integ_handoff_suite(void)
+{
+    Suite *s = suite_create("integ_handoff");
+
+    it_suite_add(s, "hyst_rule", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_hyst_rule, NULL});
+    it_suite_add(s, "busy_gaps", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_busy_gaps_keep_provider, NULL});
+    return s;
+}
