@@ -699,6 +699,8 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
 
             if (sp_match_locked(conn, op, m) <= 0)
                 return;
+            if (conn->state != EXS_CONN_CONNECTED)
+                return; /* a later READ piece failed to post: the conn is going away */
             continue;
         }
         if (conn->peer_shut && conn->rx_seq == conn->peer_total) {
