@@ -562,6 +562,7 @@ static void fr_teardown(void)
     mock_set_tap(NULL, NULL);
     pt_close_both(&pp);
     exs__params.frag_size = 0;
+    exs__params.wr_max = 0;
 }
 
 /* A 1 MiB announced message with frag_size 64 KiB and max_reads 4 is read as 16 READs
@@ -569,11 +570,12 @@ static void fr_teardown(void)
  * offsets of the receive, at most 4 at once; READ_DONE leaves only after the 16th
  * completed, and the receive completes with the whole message. _i & 1: the receive is
  * 300001 bytes: 5 pieces, the last 37857 bytes, MSG_TRUNC, nothing written past it.
- * _i & 2: max_reads 1, one piece at a time (none in flight between two pieces). */
+ * _i & 2: max_reads 1, one piece at a time (none in flight between two pieces).
+ * _i & 4: EXS_WR_MAX 2: pieces wait in the work-request queue (§6.3), in order. */
 START_TEST(sp_fragread_pieces)
 {
     static uint8_t sb[FR_BIG], rb[FR_BIG];
-    uint32_t maxr = (_i & 2) ? 1 : 4;
+    uint32_t maxr = (_i & 2) ? 1 : 4, cap = (_i & 4) ? 2 : 0;
     size_t rlen = (_i & 1) ? 300001 : FR_BIG;
     int pieces = (int)((rlen + FR_PIECE - 1) / FR_PIECE);
     struct exs_sock_stats st;
@@ -582,6 +584,7 @@ START_TEST(sp_fragread_pieces)
     uint32_t rkey;
 
     fr_begin(maxr);
+    exs__params.wr_max = cap; /* 0: no cap (the tunables were not loaded) */
     send_msg(&s, &pp.a, sb, FR_BIG, 77);
     pt_run(&pp);
     ck_assert_int_eq(s.done, 0); /* announced: waits to be read */
@@ -617,11 +620,13 @@ START_TEST(sp_fragread_pieces)
     ck_assert_int_eq(fr.recv_done_at_done, 1);
     mock_stats(pp.b.ctx, &ms);
     ck_assert_uint_eq(ms.reads, (uint64_t)pieces);
-    ck_assert_uint_le(ms.reads_max, maxr);
+    ck_assert_uint_le(ms.reads_max, cap && cap < maxr ? cap : maxr);
     if (maxr > 1)
         ck_assert_uint_gt(ms.reads_max, 1); /* the pieces overlap */
     exs__conn_stats(pp.b.conn, &st);
     ck_assert_uint_eq(st.fragments, (uint64_t)pieces);
+    if (cap && maxr > cap)
+        ck_assert_uint_gt(st.wr_queued, 0);
     ck_assert_uint_eq(st.bytes_received, rlen);
     exs__conn_stats(pp.a.conn, &st);
     ck_assert_uint_eq(st.fragments, 0);
@@ -773,7 +778,7 @@ Suite *proto_seqpacket_suite(void)
 
     tc = tcase_create("fragread");
     tcase_add_checked_fixture(tc, NULL, fr_teardown);
-    tcase_add_loop_test(tc, sp_fragread_pieces, 0, 4);
+    tcase_add_loop_test(tc, sp_fragread_pieces, 0, 8);
     tcase_add_test(tc, sp_fragread_piece_error);
     tcase_add_loop_test(tc, sp_fragread_order, 0, 4);
     tcase_add_test(tc, sp_fragread_close);
