@@ -138,6 +138,8 @@ static void conn_set_state(struct exs_conn *conn, enum exs_conn_state st, const 
               conn_state_names[st], why);
     if (conn->state == EXS_CONN_CONNECTING && st == EXS_CONN_DOWN)
         conn->hs_down = 1; /* the handshake deadline bounds the drain (exs__conn_timer) */
+    if (st >= EXS_CONN_DOWN)
+        conn->sp_rd_op = NULL; /* no more READ pieces (§6.2): its receive ends with the conn */
     conn->state = st;
 }
 

@@ -56,11 +56,15 @@ struct exs_op {
     uint64_t          seq;    /* SEQPACKET: message number once assigned */
     uint32_t          advert_id;
     uint32_t          msg_len;        /* receive: length of the announced message it reads */
-    size_t            posted;         /* send: bytes handed to WRITEs so far */
+    size_t            posted;         /* send: bytes handed to WRITEs so far; receive of an
+                                       * announced message: bytes handed to its READs */
     uint32_t          inflight;       /* its own work requests (send: WRITEs; receive: its
-                                       * READ) whose completion was not yet seen: the op
+                                       * READs) whose completion was not yet seen: the op
                                        * is not handed back while it is non-zero */
-    size_t            filled;         /* STREAM receive: bytes placed so far */
+    size_t            filled;         /* receive: bytes placed so far (STREAM; SEQPACKET
+                                       * pieces; announced: bytes its READs read) */
+    uint32_t          rd_piece;       /* receive of an announced message: bytes per READ
+                                       * (frag_size when it was matched, §6.2) */
     uint32_t          phase;          /* STREAM receive: P_A of its ADVERT */
     int               cancel; /* exs_cancel / exs_close asked for it */
     int               announced; /* SEQPACKET send: ANNOUNCEd, completed by READ_DONE */
@@ -359,6 +363,10 @@ struct exs_conn {
     struct exs_advert          sp_frag_adv;  /* the ADVERT it fills */
     uint32_t                   sp_frag_n;    /* bytes it writes (min(message, advert)) */
     struct exs_op             *sp_rx_frag;   /* SEQPACKET receive that got pieces, no eom yet */
+    struct exs_op             *sp_rd_op;     /* receive whose READ pieces are not all posted:
+                                              * no later message is read before them */
+    uint64_t                   sp_rd_addr;   /* its announced buffer (the peer's address) */
+    uint32_t                   sp_rd_rkey;   /* and key */
     /* the work-request cap (spec/protocol.md §6.3) */
     uint32_t                   sq_out;       /* send work requests at the provider, not completed */
     uint32_t                   wrq_count;    /* of wrq */

@@ -492,17 +492,81 @@ int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
     return 0;
 }
 
-/* The READ of receive op completed successfully. */
+/* Bytes the READs of receive op read: the announced message, cut to the receive. */
+static uint32_t sp_read_len(const struct exs_op *op)
+{
+    return (uint32_t)EXS_MIN((size_t)op->msg_len, op->len);
+}
+
+/* Post the next READ pieces of the receive being read (§6.2) while fewer than max_reads
+ * READs are in flight or owe their READ_DONE: each reads at most rd_piece bytes at the
+ * next offset of the announced buffer into the same offset of the receive. Pieces are
+ * posted in order, and the next message's READs start only after the last piece of
+ * this one, so messages complete in order (READs complete in posting order). */
+static void sp_read_post_locked(struct exs_conn *conn)
+{
+    struct exs_op *op;
+
+    while ((op = conn->sp_rd_op) && conn->state == EXS_CONN_CONNECTED &&
+           conn->reads + conn->rd_owed_count < conn->p.max_reads) {
+        uint32_t n = sp_read_len(op), off = (uint32_t)op->posted;
+        uint32_t lw = EXS_MIN(op->rd_piece, n - off);
+        struct exs_prov_sge sge = { (uintptr_t)(op->buf + off), lw, op->lkey };
+        struct exs_prov_send_wr wr = {
+            .wr_id = WR_ID(WR_TAG_READ, (uintptr_t)op),
+            .opcode = EXS_PROV_WR_RDMA_READ,
+            .flags = EXS_PROV_SEND_SIGNALED,
+            .sg_list = &sge,
+            .num_sge = lw ? 1 : 0,
+            .remote_addr = conn->sp_rd_addr + off,
+            .rkey = conn->sp_rd_rkey,
+        };
+        if (exs__conn_post_send_locked(conn, &wr)) {
+            exs__conn_fail_locked(conn, ECONNRESET, "read failed");
+            return;
+        }
+        conn->wr_out++;
+        conn->reads++;
+        op->inflight++;
+        op->posted += lw;
+        if (n > op->rd_piece)
+            conn->stats.fragments++;
+        if (op->posted == n) {
+            conn->sp_rd_op = NULL;
+            EXS_TRACE(PROTO, "conn %p: message %llu: %u bytes read in pieces of %u",
+                      (void *)conn, (unsigned long long)op->seq, n, op->rd_piece);
+        }
+    }
+}
+
+/* A READ (piece) of receive op completed successfully. The receive completes with its
+ * last piece, when every piece read its bytes; then READ_DONE frees the sender's
+ * buffer. A piece that failed took the connection down: the op ends with it. */
 void exs__sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_wire_read_done d = {
         .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
         .seq = htobe64(op->seq),
     };
-    uint32_t n = (uint32_t)EXS_MIN((size_t)op->msg_len, op->len);
+    uint32_t n = sp_read_len(op);
 
-    EXS_ASSERT(op->inflight == 1);
-    op->inflight = 0;
+    EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
+    op->inflight--;
+    /* pieces complete in posting order, each rd_piece bytes but the last */
+    op->filled += EXS_MIN((size_t)op->rd_piece, n - op->filled);
+    if (op->inflight)
+        return;
+    if (op == conn->sp_rd_op || op->filled != n) {
+        /* pieces not posted yet (CONNECTED: the next ones go in the next progress), or
+         * one failed or will never be posted (going away: it ends with the conn, a
+         * cancelled one now, as a send whose last write completed) */
+        if (op->cancel && conn->state >= EXS_CONN_DOWN) {
+            if (conn->sp_rd_op == op)
+                conn->sp_rd_op = NULL;
+            exs__conn_op_finish_locked(op, -1, ECANCELED);
+        }
+        return;
+    }
     op->rflags = op->msg_len > op->len ? MSG_TRUNC : 0;
     conn->stats.bytes_received += n;
     conn->stats.direct_xfers++;
@@ -539,29 +603,30 @@ static void sp_flush_read_done_locked(struct exs_conn *conn)
 static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_pending_msg *m)
 {
     if (m->announced) {
+        /* at most max_reads READs (§6.2); the pieces of the previous message stop only
+         * there, so they are all posted before this message's first */
         if (conn->reads + conn->rd_owed_count >= conn->p.max_reads)
             return 0;
-        uint32_t n = (uint32_t)EXS_MIN((size_t)m->len, op->len);
-        struct exs_prov_sge sge = { (uintptr_t)op->buf, n, op->lkey };
-        struct exs_prov_send_wr wr = {
-            .wr_id = WR_ID(WR_TAG_READ, (uintptr_t)op),
-            .opcode = EXS_PROV_WR_RDMA_READ,
-            .flags = EXS_PROV_SEND_SIGNALED,
-            .sg_list = &sge,
-            .num_sge = n ? 1 : 0,
-            .remote_addr = m->addr,
-            .rkey = m->rkey,
-        };
-        if (exs__conn_post_send_locked(conn, &wr)) {
-            exs__conn_fail_locked(conn, ECONNRESET, "read failed");
-            return 0;
-        }
-        conn->wr_out++;
-        conn->reads++;
-        op->inflight = 1;
+        EXS_ASSERT(!conn->sp_rd_op);
         op->msg_len = m->len;
         op->seq = m->seq;
+        op->posted = 0;
+        op->filled = 0;
+        op->inflight = 0;
+        op->rd_piece = exs__conn_frag_size();
         op->state = EXS_OPS_POSTED;
+        conn->sp_rd_op = op;
+        conn->sp_rd_addr = m->addr;
+        conn->sp_rd_rkey = m->rkey;
+        sp_read_post_locked(conn);
+        if (!op->inflight) {
+            /* not even the first piece went: the connection failed, the message
+             * stays pending and the receive queued, as before any READ */
+            EXS_ASSERT(conn->state != EXS_CONN_CONNECTED);
+            conn->sp_rd_op = NULL;
+            op->state = EXS_OPS_QUEUED;
+            return 0;
+        }
     } else if (m->batch_left) {
         uint32_t len, n;
 
@@ -618,6 +683,11 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
         if (conn->rd_owed_count && exs__conn_ctrl_flush_locked(conn))
             sp_flush_read_done_locked(conn);
     }
+    if (conn->sp_rd_op) {
+        sp_read_post_locked(conn);
+        if (conn->state != EXS_CONN_CONNECTED)
+            return;
+    }
     exs_list_for_each(pos, &conn->recvq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
@@ -629,6 +699,8 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
 
             if (sp_match_locked(conn, op, m) <= 0)
                 return;
+            if (conn->state != EXS_CONN_CONNECTED)
+                return; /* a later READ piece failed to post: the conn is going away */
             continue;
         }
         if (conn->peer_shut && conn->rx_seq == conn->peer_total) {

@@ -160,9 +160,10 @@ static const struct exs_param_def params_table[] = {
           "can show the NOP is what unblocks it: 1 = no NOP, 2 = owed credits return in no "
           "standalone ACK and no data write, 4 = data never spends the last credit; 0-7"),
     PARAM(frag_size, "EXS_FRAG_SIZE", "65536", UINT, 1,
-          "largest RDMA write of one transfer, bytes, 4096-1073741824: a larger SEQPACKET message "
-          "into an advertised receive, or STREAM bytes into the ring or a MSG_WAITALL receive, "
-          "leaves as several writes so control records of the connection go between them"),
+          "largest RDMA write or read of one transfer, bytes, 4096-1073741824: a larger SEQPACKET "
+          "message into an advertised receive or read from an announced one, or STREAM bytes into "
+          "the ring or a MSG_WAITALL receive, moves as several so control records of the "
+          "connection go between them"),
     PARAM(wr_max, "EXS_WR_MAX", "128", UINT, 1,
           "send work requests (writes, control sends, reads, probes) outstanding per connection, "
           "1-65536; more wait in order in the connection's queue and go as completions make room"),

@@ -488,3 +488,44 @@ int raw_accept_then_send(int lfd, const struct exs_wire_hello *h, const void *ct
     }
     return fd;
 }
+
+int raw_connect_then_send(struct raw_peer *p, int port, const struct exs_wire_hello *h,
+                          const void *ctrl, uint32_t ctrl_len, int ms)
+{
+    uint8_t buf[2 * TCP_WIRE_HDR_LEN + TCP_WIRE_CONN_LEN + TCP_WIRE_PD_MAX + 4096];
+    uint8_t req[TCP_WIRE_CONN_LEN + sizeof(*h)];
+    struct tcp_wire_conn c = {.rnr_retry = 7, .rnr_timer_ms = 0};
+    struct tcp_wire_hdr fh;
+    uint32_t got = 0;
+    size_t off = 0;
+    int err;
+
+    if (ctrl_len > 4096)
+        return -EINVAL;
+    memset(p, 0, sizeof(*p));
+    p->fd = raw_tcp_connect(port);
+    if (p->fd < 0)
+        return p->fd;
+    memcpy(req, &c, sizeof(c));
+    memcpy(req + TCP_WIRE_CONN_LEN, h, sizeof(*h));
+    frame_put(buf, &off, TCP_WIRE_CONN_REQ, 0, req, sizeof(req));
+    frame_put(buf, &off, TCP_WIRE_SEND, p->tx_psn++, ctrl, ctrl_len);
+    err = raw_write_all(p->fd, buf, off);
+    if (err)
+        return err;
+    err = read_frame(p->fd, &fh, buf, sizeof(buf), &got, raw_now_ms() + ms);
+    if (err == -EPROTO || err == -ECONNRESET) {
+        p->closed = 1;
+        return -ECONNRESET;
+    }
+    if (err)
+        return err;
+    if (fh.type == TCP_WIRE_CONN_REJECT) {
+        p->rejected = 1;
+        return -ECONNREFUSED;
+    }
+    if (fh.type != TCP_WIRE_CONN_ACCEPT || got < TCP_WIRE_CONN_LEN + EXS_WIRE_HELLO_LEN)
+        return -EPROTO;
+    memcpy(&p->peer, buf + TCP_WIRE_CONN_LEN, sizeof(p->peer));
+    return 0;
+}

@@ -68,6 +68,13 @@ int raw_listen(int *port);
 int raw_accept_then_send(int lfd, const struct exs_wire_hello *h, const void *ctrl,
                          uint32_t ctrl_len, int ms);
 
+/* Hostile connector: connect to port and write CONN_REQ with hello h and a SEND of the
+ * records in ctrl (psn 0) in one write, before any answer, so that the acceptor's
+ * provider has both at once; then wait up to ms for the answer. 0 accepted (p->peer
+ * filled, p->fd open), -ECONNREFUSED rejected, -ECONNRESET closed, -ETIMEDOUT. */
+int raw_connect_then_send(struct raw_peer *p, int port, const struct exs_wire_hello *h,
+                          const void *ctrl, uint32_t ctrl_len, int ms);
+
 /* Connect and send CONN_REQ with hello h; wait up to ms for CONN_ACCEPT.
  * 0 accepted (p->peer filled), -ECONNREFUSED rejected, -ECONNRESET closed, -ETIMEDOUT. */
 int raw_open(struct raw_peer *p, int port, const struct exs_wire_hello *h, int ms);

@@ -26,6 +26,7 @@ static Suite *(*const suites[])(void) = {
     integ_sndbuf_suite,
     integ_resume_suite,
     integ_handoff_suite,
+    integ_fragread_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

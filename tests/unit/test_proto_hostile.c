@@ -44,13 +44,11 @@ static void raw_post(enum exs_prov_wr_opcode op, const void *data, uint32_t len,
 static void raw_send_ring(void);
 static uint32_t raw_peer_ring_key(void);
 
-static void raw_open_ring(int sock_type, int send_ring)
+/* The pair (b listening), the raw peer's ctx, memory, ep and receives, and its hello *h. */
+static void raw_prepare(int sock_type, struct exs_wire_hello *hp)
 {
     struct exs_prov_ep_attr attr = {.max_send_wr = 256, .max_recv_wr = RAW_RECVS, .max_inline = 64};
-    struct sockaddr_storage ss;
-    struct exs_prov_cm_event ev;
     struct exs_wire_hello h;
-    socklen_t len;
 
     unit_env_clean();
     exs__log_level = EXS_LOG_ERR; /* the resets below are expected */
@@ -84,6 +82,17 @@ static void raw_open_ring(int sock_type, int send_ring)
     h.ring_addr = htobe64((uintptr_t)raw.mem + RAW_RING);
     h.ring_rkey = 0; /* reserved (v2): the key goes in the RING record */
     h.eager_max = htobe32(1024);
+    *hp = h;
+}
+
+static void raw_open_ring(int sock_type, int send_ring)
+{
+    struct sockaddr_storage ss;
+    struct exs_prov_cm_event ev;
+    struct exs_wire_hello h;
+    socklen_t len;
+
+    raw_prepare(sock_type, &h);
     ck_assert_int_eq(exs__prov_listener_addr(pp.lis, &ss, &len), 0);
     ck_assert_int_eq(exs__prov_connect(raw.ep, (struct sockaddr *)&ss, len, &h, sizeof(h)), 0);
     pt_run(&pp);
@@ -2011,6 +2020,100 @@ START_TEST(hs_down_before_established_deadline)
 }
 END_TEST
 
+/* The passive side's callbacks, as the driver's (tests/mock/mock_proto.c): counted on the
+ * pt_side that owns the conn. */
+static void hb_established(struct exs_conn *conn, int err)
+{
+    struct pt_side *side = conn->owner;
+
+    side->established++;
+    side->est_err = err;
+}
+
+static void hb_dead(struct exs_conn *conn)
+{
+    ((struct pt_side *)conn->owner)->dead++;
+}
+
+static const struct exs_conn_cb hb_cb = {.established = hb_established, .dead = hb_dead};
+
+/* A hostile connector (the passive side of the early-record case): b accepts the raw
+ * peer's request, and before b handles its ESTABLISHED the peer's first SEND, which breaks
+ * the protocol (an unknown record), has completed at b (on verbs the receive completion
+ * can overtake the connection event; the engine hands completions over first). The conn
+ * goes DOWN from CONNECTING; the ESTABLISHED that follows changes nothing; the conn ends
+ * once, through dead() with ECONNRESET and never through established(), which is how the
+ * socket layer finishes the embryo and frees its backlog slot (exs/api/sock.c,
+ * sock_conn_dead). _i 0: the provider's DISCONNECTED ends it (drained); _i 1: no provider
+ * event comes, the handshake deadline ends it. Then the listener accepts a good
+ * connection, and nothing leaks. */
+START_TEST(hs_record_before_established)
+{
+    struct exs_wire_ctrl_hdr bad = {.type = 42, .len = htobe16(sizeof(bad))};
+    struct sockaddr_storage ss;
+    struct exs_prov_cm_event ev;
+    struct exs_prov_cqe cqe[16];
+    struct exs_wire_hello h;
+    uint64_t conn_ms = 0, saved = exs__params.connect_timeout_ms;
+    socklen_t len;
+    int n;
+
+    raw_prepare(SOCK_SEQPACKET, &h);
+    if (_i) {
+        ck_assert_int_eq(exs__params_set("connect_timeout_ms", "30000"), 0);
+        conn_ms = exs__params.connect_timeout_ms;
+    }
+    ck_assert_int_eq(exs__prov_listener_addr(pp.lis, &ss, &len), 0);
+    ck_assert_int_eq(exs__prov_connect(raw.ep, (struct sockaddr *)&ss, len, &h, sizeof(h)), 0);
+    /* b's listener takes the request as exs/api/sock.c does, and nothing more yet */
+    ck_assert_int_eq(exs__prov_cm_poll(pp.b.ctx, &ev), 1);
+    ck_assert_int_eq(ev.type, EXS_PROV_CM_CONNECT_REQUEST);
+    ck_assert_int_eq(exs__conn_hello_check(ev.private_data, ev.private_data_len, SOCK_SEQPACKET), 0);
+    ck_assert_int_eq(exs__conn_create(pp.b.ctx, &pp.pb, &hb_cb, &pp.b, &pp.b.conn), 0);
+    ck_assert_int_eq(exs__conn_accept(pp.b.conn, ev.req, ev.private_data), 0);
+    /* the raw peer is connected: its first SEND carries a record no peer may send */
+    ck_assert_int_eq(exs__prov_cm_poll(raw.ctx, &ev), 1);
+    ck_assert_int_eq(ev.type, EXS_PROV_CM_ESTABLISHED);
+    raw_post(EXS_PROV_WR_SEND, &bad, sizeof(bad), 0, 0, 0);
+    ck_assert_int_ge(mock_run_until_idle(1000), 1);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTING);
+    /* b's progress: its completions first (the engine's order), the record among them */
+    while ((n = exs__prov_poll(pp.b.ctx, cqe, 16)) > 0)
+        exs__conn_on_cqes(cqe, n);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_DOWN);
+    ck_assert_int_eq(pp.b.conn->err, ECONNRESET);
+    ck_assert_int_eq(pp.b.established, 0);
+    ck_assert_int_eq(pp.b.dead, 0);
+    if (_i) {
+        /* no provider event: the handshake deadline ends it */
+        EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        pp.b.conn->dl_start_ns = exs__now_ns() - (conn_ms + 1) * 1000000u;
+        EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        ck_assert_uint_eq(exs__conn_timer(pp.b.conn, 0), 0);
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_DEAD);
+        ck_assert_int_eq(pp.b.dead, 1);
+    }
+    /* ESTABLISHED, then DISCONNECTED (the reset): ended once, never established */
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_DEAD);
+    ck_assert_int_eq(pp.b.conn->err, ECONNRESET);
+    ck_assert_int_eq(pp.b.dead, 1);
+    ck_assert_int_eq(pp.b.established, 0);
+    ck_assert_uint_eq(exs__conn_timer(pp.b.conn, 0), 0);
+    ck_assert_int_eq(pp.b.dead, 1);
+    exs__params.connect_timeout_ms = saved;
+    exs__conn_destroy(pp.b.conn);
+    pp.b.conn = NULL;
+    pp.b.dead = 0;
+    exs__prov_ep_destroy(raw.ep);
+    exs__prov_mr_dereg(raw.mr);
+    exs__prov_ctx_close(raw.ctx);
+    /* the listener still accepts: a good connection works */
+    pt_connect(&pp);
+    pt_close_both(&pp);
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -2057,6 +2160,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_resume_request_vs_destroy);
     tcase_add_test(tc, hs_session_early_without_bit);
     tcase_add_test(tc, hs_down_before_established_deadline);
+    tcase_add_loop_test(tc, hs_record_before_established, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

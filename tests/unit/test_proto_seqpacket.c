@@ -2,11 +2,15 @@
 /* SOCK_SEQPACKET protocol unit tests over the mock provider: eager, direct, rendezvous, truncation.
  */
 #include <check.h>
+#include <endian.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
+#include "exs/proto/wire.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -483,6 +487,272 @@ START_TEST(sp_direct_behind_announced)
 }
 END_TEST
 
+/* ---- fragmented RDMA READs of announced messages (spec/protocol.md §6.2) ---- */
+
+#define FR_PIECE (64u << 10)
+#define FR_BIG   (1u << 20)
+#define FR_MAXR  32
+
+/* What b's endpoint carried out: its READs (remote and local ranges, whether the receive
+ * was already complete then) and its READ_DONE records (how many READs were carried out
+ * by then, and whether the receive was complete). */
+static struct {
+    struct exs_prov_ep *ep;
+    struct pt_op *recv;
+    int nreads;
+    uint64_t raddr[FR_MAXR], laddr[FR_MAXR];
+    uint32_t rkey[FR_MAXR], llen[FR_MAXR];
+    int recv_done_at_read[FR_MAXR];
+    int read_dones;
+    int reads_at_done;
+    int recv_done_at_done;
+} fr;
+
+static void fr_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
+                   const uint8_t *p, uint32_t len)
+{
+    (void)arg;
+    if (ep != fr.ep)
+        return;
+    if (wr->opcode == EXS_PROV_WR_RDMA_READ) {
+        ck_assert_int_lt(fr.nreads, FR_MAXR);
+        fr.raddr[fr.nreads] = wr->remote_addr;
+        fr.rkey[fr.nreads] = wr->rkey;
+        fr.laddr[fr.nreads] = wr->num_sge ? wr->sg_list[0].addr : 0;
+        fr.llen[fr.nreads] = wr->num_sge ? wr->sg_list[0].length : 0;
+        fr.recv_done_at_read[fr.nreads] = fr.recv->op.state == EXS_OPS_DONE;
+        fr.nreads++;
+        return;
+    }
+    if (wr->opcode != EXS_PROV_WR_SEND)
+        return;
+    for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= len;) {
+        struct exs_wire_ctrl_hdr h;
+
+        memcpy(&h, p + off, sizeof(h));
+        if (h.type == EXS_CTRL_READ_DONE) {
+            fr.read_dones++;
+            fr.reads_at_done = fr.nreads;
+            fr.recv_done_at_done = fr.recv->op.state == EXS_OPS_DONE;
+        }
+        if (!be16toh(h.len))
+            break;
+        off += be16toh(h.len);
+    }
+}
+
+/* Connect a and b with frag_size 64 KiB; b reads at most max_reads at once. */
+static void fr_begin(uint32_t max_reads)
+{
+    unit_env_clean();
+    exs__params.frag_size = FR_PIECE;
+    memset(&pp, 0, sizeof(pp));
+    memset(&fr, 0, sizeof(fr));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_SEQPACKET);
+    pt_params(&pp.pb, SOCK_SEQPACKET);
+    pp.pb.max_reads = max_reads;
+    pt_open(&pp, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    fr.ep = pp.b.conn->ep;
+}
+
+static void fr_teardown(void)
+{
+    mock_set_tap(NULL, NULL);
+    pt_close_both(&pp);
+    exs__params.frag_size = 0;
+    exs__params.wr_max = 0;
+}
+
+/* A 1 MiB announced message with frag_size 64 KiB and max_reads 4 is read as 16 READs
+ * of 64 KiB at increasing offsets of the announced buffer (its key) into the same
+ * offsets of the receive, at most 4 at once; READ_DONE leaves only after the 16th
+ * completed, and the receive completes with the whole message. _i & 1: the receive is
+ * 300001 bytes: 5 pieces, the last 37857 bytes, MSG_TRUNC, nothing written past it.
+ * _i & 2: max_reads 1, one piece at a time (none in flight between two pieces).
+ * _i & 4: EXS_WR_MAX 2: pieces wait in the work-request queue (§6.3), in order. */
+START_TEST(sp_fragread_pieces)
+{
+    static uint8_t sb[FR_BIG], rb[FR_BIG];
+    uint32_t maxr = (_i & 2) ? 1 : 4, cap = (_i & 4) ? 2 : 0;
+    size_t rlen = (_i & 1) ? 300001 : FR_BIG;
+    int pieces = (int)((rlen + FR_PIECE - 1) / FR_PIECE);
+    struct exs_sock_stats st;
+    struct mock_stats ms;
+    struct pt_op s, r;
+    uint32_t rkey;
+
+    fr_begin(maxr);
+    exs__params.wr_max = cap; /* 0: no cap (the tunables were not loaded) */
+    send_msg(&s, &pp.a, sb, FR_BIG, 77);
+    pt_run(&pp);
+    ck_assert_int_eq(s.done, 0); /* announced: waits to be read */
+    ck_assert(s.op.announced);
+    rkey = s.op.rkey;
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, rlen, 0);
+    memset(rb, 0, sizeof(rb));
+    fr.recv = &r;
+    mock_set_tap(fr_tap, NULL);
+    ck_assert_int_eq(pt_post(&r), 0);
+    pt_run(&pp);
+    mock_set_tap(NULL, NULL);
+    pt_assert_done(&r, (ssize_t)rlen, 0);
+    ck_assert_int_eq(r.op.rflags, (_i & 1) ? MSG_TRUNC : 0);
+    pt_assert_done(&s, FR_BIG, 0);
+    ck_assert(pt_check(rb, rlen, 77));
+    for (size_t j = rlen; j < sizeof(rb); j++)
+        ck_assert_uint_eq(rb[j], 0);
+    ck_assert_int_eq(fr.nreads, pieces);
+    for (int i = 0; i < pieces; i++) {
+        size_t want = EXS_MIN((size_t)FR_PIECE, rlen - (size_t)i * FR_PIECE);
+
+        ck_assert_msg(fr.raddr[i] == (uintptr_t)sb + (uint64_t)i * FR_PIECE,
+                      "piece %d reads remote offset %lld", i,
+                      (long long)(fr.raddr[i] - (uintptr_t)sb));
+        ck_assert_uint_eq(fr.rkey[i], rkey);
+        ck_assert_uint_eq(fr.laddr[i], (uintptr_t)rb + (uint64_t)i * FR_PIECE);
+        ck_assert_uint_eq(fr.llen[i], want);
+        ck_assert_int_eq(fr.recv_done_at_read[i], 0);
+    }
+    ck_assert_int_eq(fr.read_dones, 1);
+    ck_assert_int_eq(fr.reads_at_done, pieces);
+    ck_assert_int_eq(fr.recv_done_at_done, 1);
+    mock_stats(pp.b.ctx, &ms);
+    ck_assert_uint_eq(ms.reads, (uint64_t)pieces);
+    ck_assert_uint_le(ms.reads_max, cap && cap < maxr ? cap : maxr);
+    if (maxr > 1)
+        ck_assert_uint_gt(ms.reads_max, 1); /* the pieces overlap */
+    exs__conn_stats(pp.b.conn, &st);
+    ck_assert_uint_eq(st.fragments, (uint64_t)pieces);
+    if (cap && maxr > cap)
+        ck_assert_uint_gt(st.wr_queued, 0);
+    ck_assert_uint_eq(st.bytes_received, rlen);
+    exs__conn_stats(pp.a.conn, &st);
+    ck_assert_uint_eq(st.fragments, 0);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
+/* The 5th READ piece fails (the responder refused it): no READ_DONE ever leaves, the
+ * receive fails with ECONNRESET (as a failed whole READ does), the send fails, the four
+ * pieces before it were the only READs carried out, and nothing leaks (teardown). */
+START_TEST(sp_fragread_piece_error)
+{
+    static uint8_t sb[FR_BIG], rb[FR_BIG];
+    struct mock_stats ms;
+    struct pt_op s, r;
+
+    fr_begin(4);
+    send_msg(&s, &pp.a, sb, FR_BIG, 78);
+    pt_run(&pp);
+    ck_assert_int_eq(s.done, 0);
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, FR_BIG, 0);
+    memset(rb, 0, sizeof(rb));
+    fr.recv = &r;
+    mock_set_tap(fr_tap, NULL);
+    ck_assert_int_eq(pt_post(&r), 0); /* pieces 1-4 are posted (max_reads 4) */
+    ck_assert_uint_eq(pp.b.conn->reads, 4);
+    /* the next work request b posts is piece 5: each piece's completion posts the next */
+    mock_inject_wr_error(pp.b.conn->ep, 1, EXS_PROV_WC_REM_ACCESS_ERR);
+    pt_run(&pp);
+    mock_set_tap(NULL, NULL);
+    pt_assert_done(&r, -1, ECONNRESET);
+    ck_assert_int_eq(s.done, 1);
+    ck_assert_int_eq(s.op.result, -1);
+    ck_assert_int_eq(fr.read_dones, 0);
+    ck_assert_int_eq(fr.nreads, 4);
+    mock_stats(pp.b.ctx, &ms);
+    ck_assert_uint_eq(ms.reads, 4);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.b.dead, 1);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
+/* Messages behind a fragmented announced one keep their order: an announced message
+ * (6 pieces), an eager one and a second announced one (3 pieces) into three receives
+ * posted at once: the second message's READs start only after the first's last piece,
+ * every receive gets its own message, and they complete in posting order. _i seeds the
+ * mock's reordering across endpoints. */
+START_TEST(sp_fragread_order)
+{
+    static uint8_t sb[3][6 * FR_PIECE], rb[3][6 * FR_PIECE];
+    static const size_t len[3] = {6 * FR_PIECE - 5, 100, 2 * FR_PIECE + 1};
+    struct pt_op s[3], r[3];
+    struct exs_sock_stats st;
+
+    fr_begin(4);
+    mock_set_reorder((uint32_t)_i * 977u);
+    pp.a.conn->batch_thresh = 0;
+    send_msg(&s[0], &pp.a, sb[0], len[0], 1u << 24);
+    send_msg(&s[1], &pp.a, sb[1], len[1], 2u << 24);
+    send_msg(&s[2], &pp.a, sb[2], len[2], 3u << 24);
+    pt_run(&pp);
+    fr.recv = &r[0];
+    mock_set_tap(fr_tap, NULL);
+    for (int i = 0; i < 3; i++)
+        recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+    pt_run(&pp);
+    mock_set_tap(NULL, NULL);
+    for (int i = 0; i < 3; i++) {
+        pt_assert_done(&r[i], (ssize_t)len[i], 0);
+        pt_assert_done(&s[i], (ssize_t)len[i], 0);
+        ck_assert(pt_check(rb[i], len[i], (uint64_t)(i + 1) << 24));
+        ck_assert_uint_eq(r[i].order, (uint64_t)i + 1);
+    }
+    /* 6 pieces of message 0, then 3 of message 2, in order */
+    ck_assert_int_eq(fr.nreads, 9);
+    for (int i = 0; i < 9; i++) {
+        int m = i < 6 ? 0 : 2, k = i < 6 ? i : i - 6;
+
+        ck_assert_uint_eq(fr.raddr[i], (uintptr_t)sb[m] + (uint64_t)k * FR_PIECE);
+        ck_assert_uint_eq(fr.laddr[i], (uintptr_t)rb[m] + (uint64_t)k * FR_PIECE);
+    }
+    ck_assert_int_eq(fr.read_dones, 2);
+    exs__conn_stats(pp.b.conn, &st);
+    ck_assert_uint_eq(st.fragments, 9);
+    for (int i = 0; i < 3; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* b closes while the pieces of a message are being read (two of 16 carried out): the
+ * receive ends with ECANCELED, no READ_DONE leaves, no piece is posted after the close
+ * was seen to take the connection down, and nothing leaks (teardown). */
+START_TEST(sp_fragread_close)
+{
+    static uint8_t sb[FR_BIG], rb[FR_BIG];
+    struct pt_op s, r;
+
+    fr_begin(4);
+    send_msg(&s, &pp.a, sb, FR_BIG, 79);
+    pt_run(&pp);
+    pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, FR_BIG, 0);
+    fr.recv = &r;
+    mock_set_tap(fr_tap, NULL);
+    ck_assert_int_eq(pt_post(&r), 0);
+    while (fr.nreads < 2) {
+        ck_assert(mock_step());
+        pt_dispatch(&pp);
+    }
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    mock_set_tap(NULL, NULL);
+    pt_assert_done(&r, -1, ECANCELED);
+    ck_assert_int_eq(fr.read_dones, 0);
+    ck_assert_int_lt(fr.nreads, 16);
+    ck_assert_int_eq(s.done, 1);
+    ck_assert_int_eq(s.op.result, -1);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
 Suite *proto_seqpacket_suite(void)
 {
     Suite *s = suite_create("proto_seqpacket");
@@ -504,6 +774,14 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_checked_fixture(tc, NULL, sp_teardown);
     tcase_add_loop_test(tc, sp_reads_throttled, 0, 3);
     tcase_add_loop_test(tc, sp_direct_behind_announced, 0, 3);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("fragread");
+    tcase_add_checked_fixture(tc, NULL, fr_teardown);
+    tcase_add_loop_test(tc, sp_fragread_pieces, 0, 8);
+    tcase_add_test(tc, sp_fragread_piece_error);
+    tcase_add_loop_test(tc, sp_fragread_order, 0, 4);
+    tcase_add_test(tc, sp_fragread_close);
     suite_add_tcase(s, tc);
     return s;
 }
