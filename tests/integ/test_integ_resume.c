@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "exs/api/api_int.h"
 #include "exs/engine/engine.h"
@@ -373,6 +374,152 @@ START_TEST(test_rs_resume)
 }
 END_TEST
 
+/* The ADVERTs fd's connection holds (receives of the peer it may write into). */
+static uint32_t fd_adverts(int fd)
+{
+    int err = 0;
+    struct api_sock *s = exs__api_sock_get(fd, &err);
+    uint32_t n;
+
+    ck_assert_msg(s != NULL, "fd %d: no socket (%d)", fd, err);
+    ck_assert_ptr_nonnull(s->conn);
+    EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
+    n = s->conn->adv_count;
+    EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
+    exs__api_sock_put(s);
+    return n;
+}
+
+/* SEQPACKET messages of the resume test: 100 B (eager), 16 KiB (direct, one write) and
+ * 1 MiB (direct, in frag_size pieces) in turn, 4 MiB and more in all. */
+#define RS_SP_NMSG 12u
+#define RS_SP_BUF  ((size_t)1024 * 1024)
+
+static size_t rs_sp_len(uint32_t i)
+{
+    static const size_t len[3] = {100, 16 * 1024, RS_SP_BUF};
+
+    return len[i % 3];
+}
+
+/* A SEQPACKET transfer of RS_SP_NMSG messages (rs_sp_len) cut mid-way by an injected drop
+ * (_i 0) or error completion (_i 1), policy any, every receive advertised before the
+ * first send (so no message is announced at the cut): the connection continues over
+ * the fallback (tcp): every message arrives exactly once, in order, whole and verified,
+ * every send completes whole, each end counts one fallback_resumes and no failure, both
+ * connections run on tcp afterwards, a 4 MiB message each way is verified, and both ends
+ * close cleanly with nothing leaked (it_teardown). A receive completion failed by the
+ * fault after its write was acknowledged makes the resume impossible (§9.2, Positions):
+ * such a run is repeated with the next fault position; at least one resume is
+ * required. */
+START_TEST(test_rs_resume_seqpacket)
+{
+    int wc = _i & 1;
+    int resumed = 0;
+
+    it_context("SEQPACKET, %s", wc ? "error completion" : "drop");
+    if (rs_init("test_rs_resume_seqpacket", "any"))
+        return;
+    for (int attempt = 0; attempt < 8 && !resumed; attempt++) {
+        struct it_buf *s = it_buf_new(RS_SP_BUF * RS_SP_NMSG, 1);
+        struct it_buf *r = it_buf_new(RS_SP_BUF * RS_SP_NMSG, 1);
+        uint64_t res0, fail0, t0;
+        uint32_t seed = 21 + (uint32_t)attempt;
+        struct it_pair p;
+        exs_event_t ev;
+        char port[16], nth[16];
+        int failed = 0;
+
+        it_pair_open(&p, SOCK_SEQPACKET, 256, 256);
+        res0 = rs_count("fallback_resumes");
+        fail0 = rs_count("fallback_resume_failures");
+        it_fill(s->p, RS_SP_BUF * RS_SP_NMSG, seed);
+        memset(r->p, 0, RS_SP_BUF * RS_SP_NMSG);
+        for (uint32_t i = 0; i < RS_SP_NMSG; i++)
+            IT_POST_RECV(p.sfd, r->p + i * RS_SP_BUF, RS_SP_BUF, p.sq, IT_AH(100 + i), r->mh);
+        /* every receive advertised at the sender before the first send: no message of
+         * the old path is announced (announced ones are not resumed yet) */
+        t0 = exs__now_ns();
+        while (fd_adverts(p.cfd) < RS_SP_NMSG) {
+            ck_assert_msg(exs__now_ns() - t0 < (uint64_t)2 * IT_TIMEOUT_MS * 1000000u,
+                          "only %u of %u receives advertised", fd_adverts(p.cfd), RS_SP_NMSG);
+            exs_qdequeue(p.sq, NULL, 0, NULL);
+            exs_qdequeue(p.cq, NULL, 0, NULL);
+            usleep(1000);
+        }
+        snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+        snprintf(nth, sizeof(nth), "%d", 6 + attempt);
+        rs_set("fault_port", port);
+        rs_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
+        for (uint32_t i = 0; i < RS_SP_NMSG; i++)
+            IT_POST_SEND(p.cfd, s->p + i * RS_SP_BUF, rs_sp_len(i), p.cq, IT_AH(200 + i),
+                         s->mh);
+        /* receives complete in posting order, each with its own message, whole */
+        for (uint32_t i = 0; i < RS_SP_NMSG; i++) {
+            it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+            ck_assert_int_eq(IT_AHN(ev.exs_evt_ahandle), 100 + i);
+            if (ev.exs_evt_errno) {
+                failed++;
+                continue;
+            }
+            ck_assert_msg(!failed, "message %u delivered after a failed receive", i);
+            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)rs_sp_len(i));
+            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_flags & MSG_TRUNC, 0);
+            ck_assert_msg(memcmp(r->p + i * RS_SP_BUF, s->p + i * RS_SP_BUF, rs_sp_len(i)) == 0,
+                          "message %u: content differs", i);
+            ck_assert(rs_only_own_bytes(r->p + i * RS_SP_BUF, s->p + i * RS_SP_BUF, 0,
+                                        RS_SP_BUF));
+        }
+        /* every send completes once (an announced one at its READ_DONE: not
+         * necessarily in posting order), whole unless the cut was not resumed */
+        uint32_t seen = 0;
+
+        for (uint32_t i = 0; i < RS_SP_NMSG; i++) {
+            uint32_t k;
+
+            it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+            k = (uint32_t)IT_AHN(ev.exs_evt_ahandle) - 200;
+            ck_assert_uint_lt(k, RS_SP_NMSG);
+            ck_assert_msg(!(seen & (1u << k)), "send %u completed twice", k);
+            seen |= 1u << k;
+            if (!failed) {
+                ck_assert_int_eq(ev.exs_evt_errno, 0);
+                ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result,
+                                 (ssize_t)rs_sp_len(k));
+            }
+        }
+        rs_set("fault_drop_nth", "0");
+        rs_set("fault_wc_nth", "0");
+        if (failed) {
+            /* a receive completion failed after its write was acknowledged: not
+             * resumable; ended cleanly, counted once per end */
+            ck_assert_msg(wc, "a drop was not resumed");
+            ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+            it_buf_free(s);
+            it_buf_free(r);
+            it_pair_close(&p);
+            continue;
+        }
+        ck_assert(it_buf_guards_ok(r));
+        /* it was cut and resumed: one resume per end, over tcp now */
+        ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
+        ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+        ck_assert_str_eq(fd_prov(p.cfd), "tcp");
+        ck_assert_str_eq(fd_prov(p.sfd), "tcp");
+        /* both ends continue: a 4 MiB message each way, verified */
+        rs_xfer(p.cfd, p.cq, p.sfd, p.sq, RS_TOTAL, 11);
+        rs_xfer(p.sfd, p.sq, p.cfd, p.cq, RS_TOTAL, 12);
+        it_pair_close(&p);
+        ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
+        ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+        it_buf_free(s);
+        it_buf_free(r);
+        resumed = 1;
+    }
+    ck_assert_msg(resumed, "no cut was resumed in 8 attempts");
+}
+END_TEST
+
 /* A resume that cannot be made (the listener, and with it the fallback listener, closed
  * before the cut: the new path's connect is refused) ends the connection cleanly: the
  * active side's send with ECONNRESET (refused), the passive side, which waited in
@@ -585,6 +732,7 @@ Suite *integ_resume_suite(void)
     tcase_add_loop_test(tc, test_rs_session, 0, 4);
     tcase_add_loop_test(tc, test_rs_cut, 0, RS_CUT_CASES);
     tcase_add_loop_test(tc, test_rs_resume, 0, 4);
+    tcase_add_loop_test(tc, test_rs_resume_seqpacket, 0, 2);
     tcase_add_loop_test(tc, test_rs_resume_fails, 0, 2);
     tcase_add_test(tc, test_rs_keepalive);
     tcase_add_test(tc, test_rs_resume_hello_refused);
