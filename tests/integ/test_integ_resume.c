@@ -166,12 +166,13 @@ static int rs_only_own_bytes(const uint8_t *r, const uint8_t *s, size_t from, si
     return 1;
 }
 
-/* The cuts that are not resumed: SEQPACKET (the cut-over is STREAM only so far) with policy
- * any or connect, STREAM with policy connect; by a drop or an error completion. */
+/* The cuts that are not resumed: policy connect, SEQPACKET or STREAM, by a drop or an
+ * error completion (SEQPACKET with policy any: test_rs_resume_seqpacket and
+ * test_rs_cut_announced). */
 static const struct {
     int type, wc, any;
 } rs_cut_cases[] = {
-    {SOCK_SEQPACKET, 0, 1}, {SOCK_SEQPACKET, 1, 1}, {SOCK_SEQPACKET, 0, 0},
+    {SOCK_SEQPACKET, 0, 0},
     {SOCK_STREAM, 0, 0},    {SOCK_STREAM, 1, 0},
 };
 #define RS_CUT_CASES (int)(sizeof(rs_cut_cases) / sizeof(rs_cut_cases[0]))
@@ -374,8 +375,9 @@ START_TEST(test_rs_resume)
 }
 END_TEST
 
-/* The ADVERTs fd's connection holds (receives of the peer it may write into). */
-static uint32_t fd_adverts(int fd)
+/* The ADVERTs fd's connection holds (receives of the peer it may write into), or with
+ * announced set the announced messages it holds, not read yet. */
+static uint32_t fd_conn_count(int fd, int announced)
 {
     int err = 0;
     struct api_sock *s = exs__api_sock_get(fd, &err);
@@ -384,7 +386,7 @@ static uint32_t fd_adverts(int fd)
     ck_assert_msg(s != NULL, "fd %d: no socket (%d)", fd, err);
     ck_assert_ptr_nonnull(s->conn);
     EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
-    n = s->conn->adv_count;
+    n = announced ? s->conn->pending_announced : s->conn->adv_count;
     EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
     exs__api_sock_put(s);
     return n;
@@ -440,9 +442,9 @@ START_TEST(test_rs_resume_seqpacket)
         /* every receive advertised at the sender before the first send: no message of
          * the old path is announced (announced ones are not resumed yet) */
         t0 = exs__now_ns();
-        while (fd_adverts(p.cfd) < RS_SP_NMSG) {
+        while (fd_conn_count(p.cfd, 0) < RS_SP_NMSG) {
             ck_assert_msg(exs__now_ns() - t0 < (uint64_t)2 * IT_TIMEOUT_MS * 1000000u,
-                          "only %u of %u receives advertised", fd_adverts(p.cfd), RS_SP_NMSG);
+                          "only %u of %u receives advertised", fd_conn_count(p.cfd, 0), RS_SP_NMSG);
             exs_qdequeue(p.sq, NULL, 0, NULL);
             exs_qdequeue(p.cq, NULL, 0, NULL);
             usleep(1000);
@@ -517,6 +519,59 @@ START_TEST(test_rs_resume_seqpacket)
         resumed = 1;
     }
     ck_assert_msg(resumed, "no cut was resumed in 8 attempts");
+}
+END_TEST
+
+/* A SEQPACKET cut, policy any, while the receiver holds announced messages it has not
+ * read (64 sends of 64 KiB, no receive posted: all announced; the first receive's RDMA
+ * READ is dropped by the fault): announcing them again is not built, so the cut is not
+ * resumed but ends cleanly: the receive and every send fail, each end counts one
+ * failure and no resume, both ends are over, nothing leaks (it_teardown). */
+START_TEST(test_rs_cut_announced)
+{
+    struct it_buf *s, *r;
+    uint64_t res0, fail0, t0;
+    struct it_pair p;
+    exs_event_t ev;
+    char port[16];
+
+    if (rs_init("test_rs_cut_announced", "any"))
+        return;
+    it_pair_open(&p, SOCK_SEQPACKET, 256, 256);
+    res0 = rs_count("fallback_resumes");
+    fail0 = rs_count("fallback_resume_failures");
+    s = it_buf_new(RS_TOTAL, 1);
+    r = it_buf_new(RS_MSG, 1);
+    it_fill(s->p, RS_TOTAL, 5);
+    for (uint32_t i = 0; i < RS_NMSG; i++)
+        IT_POST_SEND(p.cfd, s->p + (size_t)i * RS_MSG, RS_MSG, p.cq, IT_AH(200 + i), s->mh);
+    t0 = exs__now_ns();
+    while (fd_conn_count(p.sfd, 1) == 0) {
+        ck_assert_msg(exs__now_ns() - t0 < (uint64_t)2 * IT_TIMEOUT_MS * 1000000u,
+                      "no message announced");
+        exs_qdequeue(p.sq, NULL, 0, NULL);
+        exs_qdequeue(p.cq, NULL, 0, NULL);
+        usleep(1000);
+    }
+    snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+    rs_set("fault_port", port);
+    rs_set("fault_drop_nth", "1");
+    IT_POST_RECV(p.sfd, r->p, RS_MSG, p.sq, IT_AH(100), r->mh);
+    it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+    ck_assert_int_ne(ev.exs_evt_errno, 0);
+    for (uint32_t i = 0; i < RS_NMSG; i++) {
+        it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+        ck_assert_int_ne(ev.exs_evt_errno, 0);
+    }
+    rs_set("fault_drop_nth", "0");
+    IT_POST_RECV(p.cfd, r->p, 64, p.cq, IT_AH(3), r->mh);
+    it_wait_event(p.cq, EXS_EVT_RECV, p.cfd, &ev);
+    ck_assert_int_ne(ev.exs_evt_errno, 0);
+    ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+    ck_assert_uint_eq(rs_count("fallback_resumes"), res0);
+    it_buf_free(s);
+    it_buf_free(r);
+    it_pair_close(&p);
 }
 END_TEST
 
@@ -733,6 +788,7 @@ Suite *integ_resume_suite(void)
     tcase_add_loop_test(tc, test_rs_cut, 0, RS_CUT_CASES);
     tcase_add_loop_test(tc, test_rs_resume, 0, 4);
     tcase_add_loop_test(tc, test_rs_resume_seqpacket, 0, 2);
+    tcase_add_test(tc, test_rs_cut_announced);
     tcase_add_loop_test(tc, test_rs_resume_fails, 0, 2);
     tcase_add_test(tc, test_rs_keepalive);
     tcase_add_test(tc, test_rs_resume_hello_refused);
