@@ -392,23 +392,30 @@ static uint32_t fd_conn_count(int fd, int announced)
     return n;
 }
 
-/* SEQPACKET messages of the resume test: 100 B (eager), 16 KiB (direct, one write) and
- * 1 MiB (direct, in frag_size pieces) in turn, 4 MiB and more in all. */
-#define RS_SP_NMSG 12u
-#define RS_SP_BUF  ((size_t)1024 * 1024)
+/* SEQPACKET messages of the resume test. Direct mix: 100 B (eager), 16 KiB (direct, one
+ * write) and 1 MiB (direct, in frag_size pieces) in turn, 4 MiB and more in all, into
+ * receives of 1 MiB advertised before the first send. Ring mode: 100 B, 1000 B and
+ * 3000 B (eager, batched when close together) in turn, each received by a receive of
+ * its own length (not advertised) posted one after the other while the sender runs
+ * ahead, so the receiver's ring holds messages at the cut. */
+#define RS_SP_NMSG      12u
+#define RS_SP_NMSG_RING 1500u
+#define RS_SP_BUF       ((size_t)1024 * 1024)
+#define RS_SP_BUF_RING  ((size_t)4096)
 
-static size_t rs_sp_len(uint32_t i)
+static size_t rs_sp_len(int ring, uint32_t i)
 {
-    static const size_t len[3] = {100, 16 * 1024, RS_SP_BUF};
+    static const size_t len[2][3] = {{100, 16 * 1024, RS_SP_BUF}, {100, 1000, 3000}};
 
-    return len[i % 3];
+    return len[ring][i % 3];
 }
 
-/* A SEQPACKET transfer of RS_SP_NMSG messages (rs_sp_len) cut mid-way by an injected drop
- * (_i 0) or error completion (_i 1), policy any, every receive advertised before the
- * first send (so no message is announced at the cut): the connection continues over
- * the fallback (tcp): every message arrives exactly once, in order, whole and verified,
- * every send completes whole, each end counts one fallback_resumes and no failure, both
+/* A SEQPACKET transfer (rs_sp_len) cut mid-way by an injected drop (_i & 1 == 0) or
+ * error completion (_i & 1), direct mix (_i & 2 == 0) or ring mode, policy any, no
+ * message announced at the cut (announced ones are not resumed yet): the connection
+ * continues over the fallback (tcp): every message arrives exactly once, in order,
+ * whole and verified (eager ones still in the old ring delivered from it), every send
+ * completes once and whole, each end counts one fallback_resumes and no failure, both
  * connections run on tcp afterwards, a 4 MiB message each way is verified, and both ends
  * close cleanly with nothing leaked (it_teardown). A receive completion failed by the
  * fault after its write was acknowledged makes the resume impossible (§9.2, Positions):
@@ -416,15 +423,18 @@ static size_t rs_sp_len(uint32_t i)
  * required. */
 START_TEST(test_rs_resume_seqpacket)
 {
-    int wc = _i & 1;
+    int wc = _i & 1, ring = (_i & 2) != 0;
+    uint32_t nmsg = ring ? RS_SP_NMSG_RING : RS_SP_NMSG;
+    size_t slot = ring ? RS_SP_BUF_RING : RS_SP_BUF;
     int resumed = 0;
 
-    it_context("SEQPACKET, %s", wc ? "error completion" : "drop");
+    it_context("SEQPACKET, %s, %s", wc ? "error completion" : "drop",
+               ring ? "ring mode" : "direct mix");
     if (rs_init("test_rs_resume_seqpacket", "any"))
         return;
     for (int attempt = 0; attempt < 8 && !resumed; attempt++) {
-        struct it_buf *s = it_buf_new(RS_SP_BUF * RS_SP_NMSG, 1);
-        struct it_buf *r = it_buf_new(RS_SP_BUF * RS_SP_NMSG, 1);
+        struct it_buf *s = it_buf_new(slot * nmsg, 1), *r = it_buf_new(slot * nmsg, 1);
+        uint8_t *seen = calloc(nmsg, 1);
         uint64_t res0, fail0, t0;
         uint32_t seed = 21 + (uint32_t)attempt;
         struct it_pair p;
@@ -432,64 +442,72 @@ START_TEST(test_rs_resume_seqpacket)
         char port[16], nth[16];
         int failed = 0;
 
-        it_pair_open(&p, SOCK_SEQPACKET, 256, 256);
+        ck_assert_ptr_nonnull(seen);
+        it_pair_open(&p, SOCK_SEQPACKET, 4096, 4096);
         res0 = rs_count("fallback_resumes");
         fail0 = rs_count("fallback_resume_failures");
-        it_fill(s->p, RS_SP_BUF * RS_SP_NMSG, seed);
-        memset(r->p, 0, RS_SP_BUF * RS_SP_NMSG);
-        for (uint32_t i = 0; i < RS_SP_NMSG; i++)
-            IT_POST_RECV(p.sfd, r->p + i * RS_SP_BUF, RS_SP_BUF, p.sq, IT_AH(100 + i), r->mh);
-        /* every receive advertised at the sender before the first send: no message of
-         * the old path is announced (announced ones are not resumed yet) */
-        t0 = exs__now_ns();
-        while (fd_conn_count(p.cfd, 0) < RS_SP_NMSG) {
-            ck_assert_msg(exs__now_ns() - t0 < (uint64_t)2 * IT_TIMEOUT_MS * 1000000u,
-                          "only %u of %u receives advertised", fd_conn_count(p.cfd, 0), RS_SP_NMSG);
-            exs_qdequeue(p.sq, NULL, 0, NULL);
-            exs_qdequeue(p.cq, NULL, 0, NULL);
-            usleep(1000);
+        it_fill(s->p, slot * nmsg, seed);
+        memset(r->p, 0, slot * nmsg);
+        if (!ring) {
+            for (uint32_t i = 0; i < nmsg; i++)
+                IT_POST_RECV(p.sfd, r->p + i * slot, slot, p.sq, IT_AH(100 + i), r->mh);
+            /* every receive advertised at the sender before the first send: no message
+             * of the old path is announced */
+            t0 = exs__now_ns();
+            while (fd_conn_count(p.cfd, 0) < nmsg) {
+                ck_assert_msg(exs__now_ns() - t0 < (uint64_t)2 * IT_TIMEOUT_MS * 1000000u,
+                              "only %u of %u receives advertised", fd_conn_count(p.cfd, 0),
+                              nmsg);
+                exs_qdequeue(p.sq, NULL, 0, NULL);
+                exs_qdequeue(p.cq, NULL, 0, NULL);
+                usleep(1000);
+            }
         }
         snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
         snprintf(nth, sizeof(nth), "%d", 6 + attempt);
         rs_set("fault_port", port);
         rs_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
-        for (uint32_t i = 0; i < RS_SP_NMSG; i++)
-            IT_POST_SEND(p.cfd, s->p + i * RS_SP_BUF, rs_sp_len(i), p.cq, IT_AH(200 + i),
-                         s->mh);
+        for (uint32_t i = 0; i < nmsg; i++)
+            IT_POST_SEND(p.cfd, s->p + i * slot, rs_sp_len(ring, i), p.cq,
+                         IT_AH(100000 + i), s->mh);
         /* receives complete in posting order, each with its own message, whole */
-        for (uint32_t i = 0; i < RS_SP_NMSG; i++) {
+        for (uint32_t i = 0; i < nmsg; i++) {
+            if (ring)
+                IT_POST_RECV(p.sfd, r->p + i * slot, rs_sp_len(ring, i), p.sq, IT_AH(100 + i),
+                             r->mh);
             it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
             ck_assert_int_eq(IT_AHN(ev.exs_evt_ahandle), 100 + i);
             if (ev.exs_evt_errno) {
                 failed++;
+                if (ring)
+                    break;
                 continue;
             }
             ck_assert_msg(!failed, "message %u delivered after a failed receive", i);
-            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)rs_sp_len(i));
+            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result,
+                             (ssize_t)rs_sp_len(ring, i));
             ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_flags & MSG_TRUNC, 0);
-            ck_assert_msg(memcmp(r->p + i * RS_SP_BUF, s->p + i * RS_SP_BUF, rs_sp_len(i)) == 0,
+            ck_assert_msg(memcmp(r->p + i * slot, s->p + i * slot, rs_sp_len(ring, i)) == 0,
                           "message %u: content differs", i);
-            ck_assert(rs_only_own_bytes(r->p + i * RS_SP_BUF, s->p + i * RS_SP_BUF, 0,
-                                        RS_SP_BUF));
+            ck_assert(rs_only_own_bytes(r->p + i * slot, s->p + i * slot, 0, slot));
         }
         /* every send completes once (an announced one at its READ_DONE: not
          * necessarily in posting order), whole unless the cut was not resumed */
-        uint32_t seen = 0;
-
-        for (uint32_t i = 0; i < RS_SP_NMSG; i++) {
+        for (uint32_t i = 0; i < nmsg; i++) {
             uint32_t k;
 
             it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
-            k = (uint32_t)IT_AHN(ev.exs_evt_ahandle) - 200;
-            ck_assert_uint_lt(k, RS_SP_NMSG);
-            ck_assert_msg(!(seen & (1u << k)), "send %u completed twice", k);
-            seen |= 1u << k;
+            k = (uint32_t)IT_AHN(ev.exs_evt_ahandle) - 100000;
+            ck_assert_uint_lt(k, nmsg);
+            ck_assert_msg(!seen[k], "send %u completed twice", k);
+            seen[k] = 1;
             if (!failed) {
                 ck_assert_int_eq(ev.exs_evt_errno, 0);
                 ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result,
-                                 (ssize_t)rs_sp_len(k));
+                                 (ssize_t)rs_sp_len(ring, k));
             }
         }
+        free(seen);
         rs_set("fault_drop_nth", "0");
         rs_set("fault_wc_nth", "0");
         if (failed) {
@@ -787,7 +805,7 @@ Suite *integ_resume_suite(void)
     tcase_add_loop_test(tc, test_rs_session, 0, 4);
     tcase_add_loop_test(tc, test_rs_cut, 0, RS_CUT_CASES);
     tcase_add_loop_test(tc, test_rs_resume, 0, 4);
-    tcase_add_loop_test(tc, test_rs_resume_seqpacket, 0, 2);
+    tcase_add_loop_test(tc, test_rs_resume_seqpacket, 0, 4);
     tcase_add_test(tc, test_rs_cut_announced);
     tcase_add_loop_test(tc, test_rs_resume_fails, 0, 2);
     tcase_add_test(tc, test_rs_keepalive);
