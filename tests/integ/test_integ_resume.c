@@ -397,9 +397,9 @@ static uint32_t fd_conn_count(int fd, int announced)
  * receives of 1 MiB advertised before the first send. Ring mode: 100 B, 1000 B and
  * 3000 B (eager, batched when close together) in turn, each received by a receive of
  * its own length (not advertised) posted one after the other while the sender runs
- * ahead, so the receiver's ring holds messages at the cut. */
+ * ahead (fewer than EXS_SOCK_MAX_OPS), so the receiver's ring holds messages at the cut. */
 #define RS_SP_NMSG      12u
-#define RS_SP_NMSG_RING 1500u
+#define RS_SP_NMSG_RING 900u
 #define RS_SP_BUF       ((size_t)1024 * 1024)
 #define RS_SP_BUF_RING  ((size_t)4096)
 
