@@ -358,9 +358,9 @@ static void resume_end_locked(struct exs_conn *conn, int err, const char *why, i
 static int resume_eligible(const struct exs_conn *conn)
 {
     return conn->sess_token && !conn->rsm_over && conn->state == EXS_CONN_CONNECTED &&
-           conn->txshut == EXS_TXSHUT_OPEN && !conn->peer_shut &&
-           conn->cb->resume_mr && (!conn->active || conn->cb->resume_addr) && !conn->rs_offered &&
-           !conn->rs_old_mem && !conn->rs_owed;
+           conn->txshut == EXS_TXSHUT_OPEN && !conn->peer_shut && conn->cb->resume_mr &&
+           (!conn->active || conn->cb->resume_addr) && !conn->rs_offered && !conn->rs_old_mem &&
+           !conn->rs_owed;
 }
 
 int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc)
@@ -770,11 +770,10 @@ rewound:
     EXS_CNT_INC(resume_cnt.fallback_resumes);
     EXS_CNT_ADD(resume_cnt.fallback_replayed_bytes, again);
     EXS_INFO(PROTO,
-             "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %s %" PRIu64
-             ", %" PRIu64 " ring bytes of the old path still to read",
+             "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %s %" PRIu64 ", %" PRIu64
+             " ring bytes of the old path still to read",
              (void *)conn, exs__prov_name(conn->ctx), again,
-             conn_is_stream(conn) ? "byte" : "message", pos,
-             conn->rd_arrived - conn->rd_consumed);
+             conn_is_stream(conn) ? "byte" : "message", pos, conn->rd_arrived - conn->rd_consumed);
     return 0;
 }
 

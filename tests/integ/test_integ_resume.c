@@ -173,7 +173,8 @@ static const struct {
     int type, wc, any;
 } rs_cut_cases[] = {
     {SOCK_SEQPACKET, 0, 0},
-    {SOCK_STREAM, 0, 0},    {SOCK_STREAM, 1, 0},
+    {SOCK_STREAM, 0, 0},
+    {SOCK_STREAM, 1, 0},
 };
 #define RS_CUT_CASES (int)(sizeof(rs_cut_cases) / sizeof(rs_cut_cases[0]))
 
@@ -456,8 +457,7 @@ START_TEST(test_rs_resume_seqpacket)
             t0 = exs__now_ns();
             while (fd_conn_count(p.cfd, 0) < nmsg) {
                 ck_assert_msg(exs__now_ns() - t0 < (uint64_t)2 * IT_TIMEOUT_MS * 1000000u,
-                              "only %u of %u receives advertised", fd_conn_count(p.cfd, 0),
-                              nmsg);
+                              "only %u of %u receives advertised", fd_conn_count(p.cfd, 0), nmsg);
                 exs_qdequeue(p.sq, NULL, 0, NULL);
                 exs_qdequeue(p.cq, NULL, 0, NULL);
                 usleep(1000);
@@ -468,8 +468,8 @@ START_TEST(test_rs_resume_seqpacket)
         rs_set("fault_port", port);
         rs_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
         for (uint32_t i = 0; i < nmsg; i++)
-            IT_POST_SEND(p.cfd, s->p + i * slot, rs_sp_len(ring, i), p.cq,
-                         IT_AH(100000 + i), s->mh);
+            IT_POST_SEND(p.cfd, s->p + i * slot, rs_sp_len(ring, i), p.cq, IT_AH(100000 + i),
+                         s->mh);
         /* receives complete in posting order, each with its own message, whole */
         for (uint32_t i = 0; i < nmsg; i++) {
             if (ring)
@@ -484,8 +484,7 @@ START_TEST(test_rs_resume_seqpacket)
                 continue;
             }
             ck_assert_msg(!failed, "message %u delivered after a failed receive", i);
-            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result,
-                             (ssize_t)rs_sp_len(ring, i));
+            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)rs_sp_len(ring, i));
             ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_flags & MSG_TRUNC, 0);
             ck_assert_msg(memcmp(r->p + i * slot, s->p + i * slot, rs_sp_len(ring, i)) == 0,
                           "message %u: content differs", i);
@@ -781,8 +780,8 @@ START_TEST(test_rs_resume_hello_refused)
     it_wait_event(q, EXS_EVT_CONNECT, cfd, &cev);
     ck_assert_int_eq(cev.exs_evt_errno, 0);
     memset(got, 0, sizeof(got));
-    IT_EXPECT_OK(exs_recv(sfd, got, sizeof(got), MSG_WAITALL, q, IT_AH(3),
-                          EXS_MHANDLE_UNREGISTERED));
+    IT_EXPECT_OK(
+        exs_recv(sfd, got, sizeof(got), MSG_WAITALL, q, IT_AH(3), EXS_MHANDLE_UNREGISTERED));
     IT_EXPECT_OK(exs_send(cfd, buf, sizeof(buf), 0, q, IT_AH(4), EXS_MHANDLE_UNREGISTERED));
     it_wait_event(q, EXS_EVT_RECV, sfd, &cev);
     ck_assert_int_eq(cev.exs_evt_errno, 0);
