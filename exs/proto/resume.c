@@ -233,8 +233,9 @@ void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause)
     conn->resume_noted = 1;
     EXS_CNT_INC(resume_cnt.fallback_resume_failures);
     EXS_INFO(PROTO,
-             "conn %p: path failed (%s) while resumable: not resumed (the cut-over to the "
-             "fallback is not built); the connection ends",
+             "conn %p: path failed (%s) while resumable: not resumed (not eligible: cut over "
+             "once already, no fallback from its owner, or a ring region in change); the "
+             "connection ends",
              (void *)conn, cause);
 }
 
