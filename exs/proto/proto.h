@@ -379,7 +379,9 @@ struct exs_conn {
     uint64_t                   sess_token; /* the SESSION token (0: none, not resumable) */
     int                        resume_noted; /* its path failure was counted */
     uint64_t                   resume_tx_done; /* STREAM: bytes of sends whose every write
-                                                * completed, a prefix of tx_seq (RESUME check) */
+                                                * completed, a prefix of tx_seq; SEQPACKET:
+                                                * one past the highest message completed
+                                                * (RESUME check) */
     /* the cut-over itself (resume.c) */
     int                        rsm_over;     /* cut over once: never again */
     int                        rsm_disc;     /* RESUMING: the old endpoint's DISCONNECTED seen */

@@ -29,7 +29,8 @@ static const struct exs_counter_desc resume_counter_desc[] = {
     EXS_COUNTER(__typeof__(resume_cnt), fallback_resumes,
                 "of those: cut over to the fallback mid-stream and continued (each end counts)"),
     EXS_COUNTER(__typeof__(resume_cnt), fallback_replayed_bytes,
-                "STREAM bytes sent again over a new path (sent on the old one, not arrived)"),
+                "bytes sent again over a new path (STREAM bytes, SEQPACKET messages sent whole "
+                "again: sent on the old path, not arrived)"),
 };
 
 static struct exs_counter_set resume_cset = {
@@ -232,17 +233,23 @@ void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause)
     conn->resume_noted = 1;
     EXS_CNT_INC(resume_cnt.fallback_resume_failures);
     EXS_INFO(PROTO,
-             "conn %p: path failed (%s) while resumable: not resumed (the cut-over to the "
-             "fallback is not built); the connection ends",
+             "conn %p: path failed (%s) while resumable: not resumed (not eligible: cut over "
+             "once already, no fallback from its owner, or a ring region in change); the "
+             "connection ends",
              (void *)conn, cause);
 }
 
 void exs__resume_tx_done_locked(struct exs_conn *conn, const struct exs_op *op)
 {
     /* the writes of one endpoint complete in posting order and a stream is written in
-     * order, so these bytes are a prefix of the stream */
-    if (conn_is_stream(conn) && op->kind == EXS_OP_SEND)
+     * order, so these bytes are a prefix of the stream; SEQPACKET: one past the highest
+     * message seen completed (announced ones complete out of order, at READ_DONE) */
+    if (op->kind != EXS_OP_SEND)
+        return;
+    if (conn_is_stream(conn))
         conn->resume_tx_done += op->len;
+    else if (op->seq + 1 > conn->resume_tx_done)
+        conn->resume_tx_done = op->seq + 1;
 }
 
 uint64_t exs__resume_arrived_locked(const struct exs_conn *conn)
@@ -262,13 +269,12 @@ void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resu
     r->hdr.type = EXS_CTRL_RESUME;
     r->hdr.len = htobe16(EXS_WIRE_RESUME_LEN);
     r->token = htobe64(conn->sess_token);
-    if (conn_is_stream(conn)) {
+    if (conn_is_stream(conn))
         r->rx_bytes = htobe64(arrived);
-        r->ring_arrived = htobe64(conn->rd_arrived);
-        r->ring_consumed = htobe64(conn->rd_consumed);
-    } else {
+    else
         r->rx_msgs = htobe64(arrived);
-    }
+    r->ring_arrived = htobe64(conn->rd_arrived);
+    r->ring_consumed = htobe64(conn->rd_consumed);
 }
 
 int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_resume *r)
@@ -277,8 +283,7 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
     uint64_t ra = be64toh(r->ring_arrived), rc = be64toh(r->ring_consumed);
     int stream = conn_is_stream(conn);
     uint64_t pos = stream ? bytes : msgs;
-    /* SEQPACKET: what was seen completed is not tracked (yet): only the upper bound */
-    uint64_t done = stream ? conn->resume_tx_done : 0;
+    uint64_t done = conn->resume_tx_done; /* bytes (STREAM) or messages (SEQPACKET) */
     const char *bad = NULL;
 
     if (!conn->sess_token)
@@ -287,7 +292,7 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
         bad = "flags set";
     else if (token != conn->sess_token)
         bad = "not our token";
-    else if (stream ? msgs != 0 : (bytes || r->ring_arrived || r->ring_consumed))
+    else if (stream ? msgs != 0 : bytes != 0)
         bad = stream ? "a message position on a stream" : "a byte position on SEQPACKET";
     else if (pos > conn->tx_seq)
         bad = "beyond what we sent";
@@ -295,8 +300,8 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
                           * after its NIC acknowledged the write: those bytes are gone
                           * here (completed, handed back), so the resume cannot be whole */
         bad = "below what we saw completed";
-    else if (stream && (rc > ra || ra > conn->wr_tail || rc < conn->wr_consumed ||
-                        ra - rc > conn->peer.ring_size))
+    else if (rc > ra || ra > conn->wr_tail || rc < conn->wr_consumed ||
+             ra - rc > conn->peer.ring_size)
         /* the peer's ring: what arrived of what we wrote, at least what it reported
          * read, at most a ring's worth unread */
         bad = "ring positions out of range";
@@ -349,14 +354,14 @@ static void resume_end_locked(struct exs_conn *conn, int err, const char *why, i
     exs__conn_end_locked(conn, err, why);
 }
 
-/* May conn be cut over now (§9.2, When)? STREAM only; a conn cut over once is not again;
+/* May conn be cut over now (§9.2, When)? A conn cut over once is not again;
  * ring autotuning is off on a resumable conn (sock.c), a region in change refuses. */
 static int resume_eligible(const struct exs_conn *conn)
 {
     return conn->sess_token && !conn->rsm_over && conn->state == EXS_CONN_CONNECTED &&
-           conn->txshut == EXS_TXSHUT_OPEN && !conn->peer_shut && conn_is_stream(conn) &&
-           conn->cb->resume_mr && (!conn->active || conn->cb->resume_addr) && !conn->rs_offered &&
-           !conn->rs_old_mem && !conn->rs_owed;
+           conn->txshut == EXS_TXSHUT_OPEN && !conn->peer_shut && conn->cb->resume_mr &&
+           (!conn->active || conn->cb->resume_addr) && !conn->rs_offered && !conn->rs_old_mem &&
+           !conn->rs_owed;
 }
 
 int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc)
@@ -405,6 +410,25 @@ int exs__resume_on_fail_locked(struct exs_conn *conn, int err, const char *why)
     if (conn->sess_token && conn->state == EXS_CONN_CONNECTED &&
         exs__prov_ep_state(conn->ep) != EXS_PROV_EP_CONNECTED)
         return exs__resume_begin_locked(conn, why, 0);
+    return 0;
+}
+
+/* SEQPACKET: an announced message arrived and not read whole (pending, or its READ
+ * in flight at the cut): its grant died with the old endpoint; announcing it again is
+ * not built, so such a cut is not resumed (§9.2). */
+static int resume_sp_unread_locked(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    if (conn->pending_announced)
+        return 1;
+    exs_list_for_each(pos, &conn->recvq)
+    {
+        const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state == EXS_OPS_POSTED && op->inflight)
+            return 1;
+    }
     return 0;
 }
 
@@ -485,6 +509,13 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
             if (op->state == EXS_OPS_ADVERTISED)
                 op->state = EXS_OPS_QUEUED; /* advertised again on the new path */
         }
+    if (conn->sp_rx_frag) { /* SEQPACKET: a message cut between its pieces comes again
+                             * whole; its receive is advertised again from offset 0 */
+        conn->stats.bytes_received -= conn->sp_rx_frag->filled;
+        conn->sp_rx_frag->filled = 0;
+        conn->sp_rx_frag = NULL;
+    }
+    conn->sp_frag_op = NULL; /* the sender's: re-sent whole from its first byte */
     /* the receiver restarts in a direct phase (§7), its old ring's bytes first */
     conn->st_pr = 0;
     conn->st_sr_next = conn->rx_seq;
@@ -577,6 +608,11 @@ void exs__resume_progress_locked(struct exs_conn *conn)
         if (!ctx)
             return; /* the active side's request comes */
     }
+    if (!conn_is_stream(conn) && resume_sp_unread_locked(conn)) {
+        resume_end_locked(conn, ECONNRESET,
+                          "announced messages not read at the cut (not resumed yet)", 1);
+        return;
+    }
     ret = resume_switch_locked(conn, ctx);
     if (ret) {
         EXS_WARN(PROTO, "conn %p: new path: %s", (void *)conn, strerror(-ret));
@@ -656,16 +692,54 @@ void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_ev
     }
 }
 
+/* SEQPACKET replay from message pos (§9.2, Replay): a send whose message arrived
+ * completes now (an announced one was read whole: a receiver with an announced message
+ * not read does not resume); every later one goes again whole from its first byte, in
+ * order (QUEUED: numbered again from pos). The bytes of messages sent again. */
+static uint64_t resume_sp_rewind_locked(struct exs_conn *conn, uint64_t pos)
+{
+    uint64_t again = 0;
+    struct exs_list *p;
+
+    exs_list_for_each(p, &conn->sendq)
+    {
+        struct exs_op *op = exs_list_entry(p, struct exs_op, link);
+
+        if (op->kind != EXS_OP_SEND || op->state == EXS_OPS_DONE)
+            continue;
+        if (op->state == EXS_OPS_POSTED && op->seq < pos) {
+            exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            exs__resume_tx_done_locked(conn, op);
+            if (!op->internal)
+                conn->stats.bytes_sent += op->len;
+            continue;
+        }
+        if (op->state == EXS_OPS_POSTED)
+            again += op->len;
+        op->state = EXS_OPS_QUEUED;
+        op->posted = 0;
+        op->inflight = 0;
+        op->announced = 0;
+    }
+    return again;
+}
+
 /* The peer's RESUME on the new path, checked: the sender rewinds to the position the
  * peer stated and sends everything past it again (§9.2, Replay). */
 static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resume *r)
 {
     uint64_t pos = be64toh(r->rx_bytes), ra = be64toh(r->ring_arrived);
     uint64_t rc = be64toh(r->ring_consumed), off = conn->resume_tx_done, sent = conn->tx_seq;
+    uint64_t again;
     struct exs_list *p;
 
     if (exs__resume_check_locked(conn, r))
         return -EPROTO;
+    if (!conn_is_stream(conn)) {
+        pos = be64toh(r->rx_msgs);
+        again = resume_sp_rewind_locked(conn, pos);
+        goto rewound;
+    }
     exs_list_for_each(p, &conn->sendq)
     {
         struct exs_op *op = exs_list_entry(p, struct exs_op, link);
@@ -683,6 +757,8 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
         }
         off += op->len;
     }
+    again = sent - pos;
+rewound:
     conn->tx_seq = pos;
     conn->wr_tail = ra;
     conn->wr_consumed = rc;
@@ -693,12 +769,12 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
     conn->adv_head = conn->adv_count = 0;
     conn->rsm_peer_wait = 0;
     EXS_CNT_INC(resume_cnt.fallback_resumes);
-    EXS_CNT_ADD(resume_cnt.fallback_replayed_bytes, sent - pos);
+    EXS_CNT_ADD(resume_cnt.fallback_replayed_bytes, again);
     EXS_INFO(PROTO,
-             "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %" PRIu64 ", %" PRIu64
+             "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %s %" PRIu64 ", %" PRIu64
              " ring bytes of the old path still to read",
-             (void *)conn, exs__prov_name(conn->ctx), sent - pos, pos,
-             conn->rd_arrived - conn->rd_consumed);
+             (void *)conn, exs__prov_name(conn->ctx), again,
+             conn_is_stream(conn) ? "byte" : "message", pos, conn->rd_arrived - conn->rd_consumed);
     return 0;
 }
 

@@ -308,6 +308,7 @@ int exs__sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
             op->announced) {
             EXS_ASSERT(!op->inflight);
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
+            exs__resume_tx_done_locked(conn, op);
             conn->stats.bytes_sent += op->len;
             return 0;
         }
@@ -369,17 +370,38 @@ static struct exs_op *sp_nth_unmatched(struct exs_conn *conn, uint32_t n)
     return NULL;
 }
 
+/* The ring holding pending message m: the old path's (retired at a cut-over, §9.2)
+ * while m arrived over it, else the current one. */
+static const uint8_t *sp_ring_of(const struct exs_conn *conn, const struct exs_pending_msg *m)
+{
+    if (conn->rs_old_mem && m->ring_end <= conn->rs_old_end)
+        return conn->rs_old_mem->addr;
+    return conn->ring;
+}
+
+/* Ring space given back up to end: the retired ring goes once all of it was read. */
+static void sp_ring_consumed_locked(struct exs_conn *conn, uint64_t end)
+{
+    conn->rd_consumed = end;
+    if (conn->rs_old_mem && end >= conn->rs_old_end) {
+        exs__conn_ring_region_free(conn->rs_old_mem);
+        conn->rs_old_mem = NULL;
+        conn->rs_old_size = 0;
+    }
+}
+
 /* The record at ring offset off of a batched write ending at ring offset end (§6.1):
  * 0 and its payload length, or -EPROTO. The peer may rewrite its ring at any time, so a
  * record is checked again each time it is read. */
-static int sp_batch_rec(struct exs_conn *conn, uint32_t off, uint32_t end, uint32_t *len_p)
+static int sp_batch_rec(struct exs_conn *conn, const uint8_t *ring, uint32_t off, uint32_t end,
+                        uint32_t *len_p)
 {
     struct exs_wire_batch_rec h;
     uint32_t len;
 
     if (end - off < EXS_WIRE_BATCH_REC_LEN)
         return -EPROTO;
-    memcpy(&h, conn->ring + off, sizeof(h));
+    memcpy(&h, ring + off, sizeof(h));
     len = be32toh(h.len);
     if (h.reserved || len >= conn->p.eager_max ||
         exs_wire_batch_rec_size(len) > end - off)
@@ -403,7 +425,7 @@ static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
     off = (uint32_t)((conn->rd_arrived + skip) % size);
     end = off + len;
     for (uint32_t o = off, l; o < end; o += exs_wire_batch_rec_size(l), count++)
-        if (sp_batch_rec(conn, o, end, &l))
+        if (sp_batch_rec(conn, conn->ring, o, end, &l))
             return -EPROTO;
     if (count != n) {
         EXS_INFO(PROTO, "conn %p: batched write of %u bytes holds %u messages, its tag says %u",
@@ -630,7 +652,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
     } else if (m->batch_left) {
         uint32_t len, n;
 
-        if (sp_batch_rec(conn, (uint32_t)m->addr, m->batch_end, &len)) {
+        if (sp_batch_rec(conn, sp_ring_of(conn, m), (uint32_t)m->addr, m->batch_end, &len)) {
             /* rewritten since it arrived: the peer broke the protocol */
             exs__conn_fail_locked(conn, ECONNRESET, "batched write changed in the ring");
             conn->pending_count -= m->batch_left;
@@ -639,7 +661,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
             return -1;
         }
         n = (uint32_t)EXS_MIN((size_t)len, op->len);
-        memcpy(op->buf, conn->ring + m->addr + EXS_WIRE_BATCH_REC_LEN, n);
+        memcpy(op->buf, sp_ring_of(conn, m) + m->addr + EXS_WIRE_BATCH_REC_LEN, n);
         op->rflags = len > op->len ? MSG_TRUNC : 0;
         op->seq = m->seq++;
         conn->stats.bytes_received += n;
@@ -649,17 +671,17 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
         m->addr += exs_wire_batch_rec_size(len);
         if (--m->batch_left)
             return 1; /* more messages in this write */
-        conn->rd_consumed = m->ring_end; /* the ring space goes back with the last one */
+        sp_ring_consumed_locked(conn, m->ring_end); /* the space goes back with the last */
         exs_list_del(&m->link);
         free(m);
         return 1;
     } else {
         uint32_t n = (uint32_t)EXS_MIN((size_t)m->len, op->len);
 
-        memcpy(op->buf, conn->ring + m->addr, n);
+        memcpy(op->buf, sp_ring_of(conn, m) + m->addr, n);
         op->rflags = m->len > op->len ? MSG_TRUNC : 0;
         op->seq = m->seq;
-        conn->rd_consumed = m->ring_end;
+        sp_ring_consumed_locked(conn, m->ring_end);
         conn->stats.bytes_received += n;
         exs__conn_op_finish_locked(op, n, 0);
     }

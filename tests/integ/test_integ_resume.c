@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "exs/api/api_int.h"
 #include "exs/engine/engine.h"
@@ -165,13 +166,15 @@ static int rs_only_own_bytes(const uint8_t *r, const uint8_t *s, size_t from, si
     return 1;
 }
 
-/* The cuts that are not resumed: SEQPACKET (the cut-over is STREAM only so far) with policy
- * any or connect, STREAM with policy connect; by a drop or an error completion. */
+/* The cuts that are not resumed: policy connect, SEQPACKET or STREAM, by a drop or an
+ * error completion (SEQPACKET with policy any: test_rs_resume_seqpacket and
+ * test_rs_cut_announced). */
 static const struct {
     int type, wc, any;
 } rs_cut_cases[] = {
-    {SOCK_SEQPACKET, 0, 1}, {SOCK_SEQPACKET, 1, 1}, {SOCK_SEQPACKET, 0, 0},
-    {SOCK_STREAM, 0, 0},    {SOCK_STREAM, 1, 0},
+    {SOCK_SEQPACKET, 0, 0},
+    {SOCK_STREAM, 0, 0},
+    {SOCK_STREAM, 1, 0},
 };
 #define RS_CUT_CASES (int)(sizeof(rs_cut_cases) / sizeof(rs_cut_cases[0]))
 
@@ -373,6 +376,222 @@ START_TEST(test_rs_resume)
 }
 END_TEST
 
+/* The ADVERTs fd's connection holds (receives of the peer it may write into), or with
+ * announced set the announced messages it holds, not read yet. */
+static uint32_t fd_conn_count(int fd, int announced)
+{
+    int err = 0;
+    struct api_sock *s = exs__api_sock_get(fd, &err);
+    uint32_t n;
+
+    ck_assert_msg(s != NULL, "fd %d: no socket (%d)", fd, err);
+    ck_assert_ptr_nonnull(s->conn);
+    EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
+    n = announced ? s->conn->pending_announced : s->conn->adv_count;
+    EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
+    exs__api_sock_put(s);
+    return n;
+}
+
+/* SEQPACKET messages of the resume test. Direct mix: 100 B (eager), 16 KiB (direct, one
+ * write) and 1 MiB (direct, in frag_size pieces) in turn, 4 MiB and more in all, into
+ * receives of 1 MiB advertised before the first send. Ring mode: 100 B, 1000 B and
+ * 3000 B (eager, batched when close together) in turn, each received by a receive of
+ * its own length (not advertised) posted one after the other while the sender runs
+ * ahead (fewer than EXS_SOCK_MAX_OPS), so the receiver's ring holds messages at the cut. */
+#define RS_SP_NMSG      12u
+#define RS_SP_NMSG_RING 900u
+#define RS_SP_BUF       ((size_t)1024 * 1024)
+#define RS_SP_BUF_RING  ((size_t)4096)
+
+static size_t rs_sp_len(int ring, uint32_t i)
+{
+    static const size_t len[2][3] = {{100, 16 * 1024, RS_SP_BUF}, {100, 1000, 3000}};
+
+    return len[ring][i % 3];
+}
+
+/* A SEQPACKET transfer (rs_sp_len) cut mid-way by an injected drop (_i & 1 == 0) or
+ * error completion (_i & 1), direct mix (_i & 2 == 0) or ring mode, policy any, no
+ * message announced at the cut (announced ones are not resumed yet): the connection
+ * continues over the fallback (tcp): every message arrives exactly once, in order,
+ * whole and verified (eager ones still in the old ring delivered from it), every send
+ * completes once and whole, each end counts one fallback_resumes and no failure, both
+ * connections run on tcp afterwards, a 4 MiB message each way is verified, and both ends
+ * close cleanly with nothing leaked (it_teardown). A receive completion failed by the
+ * fault after its write was acknowledged makes the resume impossible (§9.2, Positions):
+ * such a run is repeated with the next fault position; at least one resume is
+ * required. */
+START_TEST(test_rs_resume_seqpacket)
+{
+    int wc = _i & 1, ring = (_i & 2) != 0;
+    uint32_t nmsg = ring ? RS_SP_NMSG_RING : RS_SP_NMSG;
+    size_t slot = ring ? RS_SP_BUF_RING : RS_SP_BUF;
+    int resumed = 0;
+
+    it_context("SEQPACKET, %s, %s", wc ? "error completion" : "drop",
+               ring ? "ring mode" : "direct mix");
+    if (rs_init("test_rs_resume_seqpacket", "any"))
+        return;
+    for (int attempt = 0; attempt < 8 && !resumed; attempt++) {
+        struct it_buf *s = it_buf_new(slot * nmsg, 1), *r = it_buf_new(slot * nmsg, 1);
+        uint8_t *seen = calloc(nmsg, 1);
+        uint64_t res0, fail0, t0;
+        uint32_t seed = 21 + (uint32_t)attempt;
+        struct it_pair p;
+        exs_event_t ev;
+        char port[16], nth[16];
+        int failed = 0;
+
+        ck_assert_ptr_nonnull(seen);
+        it_pair_open(&p, SOCK_SEQPACKET, 4096, 4096);
+        res0 = rs_count("fallback_resumes");
+        fail0 = rs_count("fallback_resume_failures");
+        it_fill(s->p, slot * nmsg, seed);
+        memset(r->p, 0, slot * nmsg);
+        if (!ring) {
+            for (uint32_t i = 0; i < nmsg; i++)
+                IT_POST_RECV(p.sfd, r->p + i * slot, slot, p.sq, IT_AH(100 + i), r->mh);
+            /* every receive advertised at the sender before the first send: no message
+             * of the old path is announced */
+            t0 = exs__now_ns();
+            while (fd_conn_count(p.cfd, 0) < nmsg) {
+                ck_assert_msg(exs__now_ns() - t0 < (uint64_t)2 * IT_TIMEOUT_MS * 1000000u,
+                              "only %u of %u receives advertised", fd_conn_count(p.cfd, 0), nmsg);
+                exs_qdequeue(p.sq, NULL, 0, NULL);
+                exs_qdequeue(p.cq, NULL, 0, NULL);
+                usleep(1000);
+            }
+        }
+        snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+        snprintf(nth, sizeof(nth), "%d", 6 + attempt);
+        rs_set("fault_port", port);
+        rs_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
+        for (uint32_t i = 0; i < nmsg; i++)
+            IT_POST_SEND(p.cfd, s->p + i * slot, rs_sp_len(ring, i), p.cq, IT_AH(100000 + i),
+                         s->mh);
+        /* receives complete in posting order, each with its own message, whole */
+        for (uint32_t i = 0; i < nmsg; i++) {
+            if (ring)
+                IT_POST_RECV(p.sfd, r->p + i * slot, rs_sp_len(ring, i), p.sq, IT_AH(100 + i),
+                             r->mh);
+            it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+            ck_assert_int_eq(IT_AHN(ev.exs_evt_ahandle), 100 + i);
+            if (ev.exs_evt_errno) {
+                failed++;
+                if (ring)
+                    break;
+                continue;
+            }
+            ck_assert_msg(!failed, "message %u delivered after a failed receive", i);
+            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)rs_sp_len(ring, i));
+            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_flags & MSG_TRUNC, 0);
+            ck_assert_msg(memcmp(r->p + i * slot, s->p + i * slot, rs_sp_len(ring, i)) == 0,
+                          "message %u: content differs", i);
+            ck_assert(rs_only_own_bytes(r->p + i * slot, s->p + i * slot, 0, slot));
+        }
+        /* every send completes once (an announced one at its READ_DONE: not
+         * necessarily in posting order), whole unless the cut was not resumed */
+        for (uint32_t i = 0; i < nmsg; i++) {
+            uint32_t k;
+
+            it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+            k = (uint32_t)IT_AHN(ev.exs_evt_ahandle) - 100000;
+            ck_assert_uint_lt(k, nmsg);
+            ck_assert_msg(!seen[k], "send %u completed twice", k);
+            seen[k] = 1;
+            if (!failed) {
+                ck_assert_int_eq(ev.exs_evt_errno, 0);
+                ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result,
+                                 (ssize_t)rs_sp_len(ring, k));
+            }
+        }
+        free(seen);
+        rs_set("fault_drop_nth", "0");
+        rs_set("fault_wc_nth", "0");
+        if (failed) {
+            /* a receive completion failed after its write was acknowledged: not
+             * resumable; ended cleanly, counted once per end */
+            ck_assert_msg(wc, "a drop was not resumed");
+            ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+            it_buf_free(s);
+            it_buf_free(r);
+            it_pair_close(&p);
+            continue;
+        }
+        ck_assert(it_buf_guards_ok(r));
+        /* it was cut and resumed: one resume per end, over tcp now */
+        ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
+        ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+        ck_assert_str_eq(fd_prov(p.cfd), "tcp");
+        ck_assert_str_eq(fd_prov(p.sfd), "tcp");
+        /* both ends continue: a 4 MiB message each way, verified */
+        rs_xfer(p.cfd, p.cq, p.sfd, p.sq, RS_TOTAL, 11);
+        rs_xfer(p.sfd, p.sq, p.cfd, p.cq, RS_TOTAL, 12);
+        it_pair_close(&p);
+        ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
+        ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+        it_buf_free(s);
+        it_buf_free(r);
+        resumed = 1;
+    }
+    ck_assert_msg(resumed, "no cut was resumed in 8 attempts");
+}
+END_TEST
+
+/* A SEQPACKET cut, policy any, while the receiver holds announced messages it has not
+ * read (64 sends of 64 KiB, no receive posted: all announced; the first receive's RDMA
+ * READ is dropped by the fault): announcing them again is not built, so the cut is not
+ * resumed but ends cleanly: the receive and every send fail, each end counts one
+ * failure and no resume, both ends are over, nothing leaks (it_teardown). */
+START_TEST(test_rs_cut_announced)
+{
+    struct it_buf *s, *r;
+    uint64_t res0, fail0, t0;
+    struct it_pair p;
+    exs_event_t ev;
+    char port[16];
+
+    if (rs_init("test_rs_cut_announced", "any"))
+        return;
+    it_pair_open(&p, SOCK_SEQPACKET, 256, 256);
+    res0 = rs_count("fallback_resumes");
+    fail0 = rs_count("fallback_resume_failures");
+    s = it_buf_new(RS_TOTAL, 1);
+    r = it_buf_new(RS_MSG, 1);
+    it_fill(s->p, RS_TOTAL, 5);
+    for (uint32_t i = 0; i < RS_NMSG; i++)
+        IT_POST_SEND(p.cfd, s->p + (size_t)i * RS_MSG, RS_MSG, p.cq, IT_AH(200 + i), s->mh);
+    t0 = exs__now_ns();
+    while (fd_conn_count(p.sfd, 1) == 0) {
+        ck_assert_msg(exs__now_ns() - t0 < (uint64_t)2 * IT_TIMEOUT_MS * 1000000u,
+                      "no message announced");
+        exs_qdequeue(p.sq, NULL, 0, NULL);
+        exs_qdequeue(p.cq, NULL, 0, NULL);
+        usleep(1000);
+    }
+    snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+    rs_set("fault_port", port);
+    rs_set("fault_drop_nth", "1");
+    IT_POST_RECV(p.sfd, r->p, RS_MSG, p.sq, IT_AH(100), r->mh);
+    it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+    ck_assert_int_ne(ev.exs_evt_errno, 0);
+    for (uint32_t i = 0; i < RS_NMSG; i++) {
+        it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+        ck_assert_int_ne(ev.exs_evt_errno, 0);
+    }
+    rs_set("fault_drop_nth", "0");
+    IT_POST_RECV(p.cfd, r->p, 64, p.cq, IT_AH(3), r->mh);
+    it_wait_event(p.cq, EXS_EVT_RECV, p.cfd, &ev);
+    ck_assert_int_ne(ev.exs_evt_errno, 0);
+    ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+    ck_assert_uint_eq(rs_count("fallback_resumes"), res0);
+    it_buf_free(s);
+    it_buf_free(r);
+    it_pair_close(&p);
+}
+END_TEST
+
 /* A resume that cannot be made (the listener, and with it the fallback listener, closed
  * before the cut: the new path's connect is refused) ends the connection cleanly: the
  * active side's send with ECONNRESET (refused), the passive side, which waited in
@@ -561,8 +780,8 @@ START_TEST(test_rs_resume_hello_refused)
     it_wait_event(q, EXS_EVT_CONNECT, cfd, &cev);
     ck_assert_int_eq(cev.exs_evt_errno, 0);
     memset(got, 0, sizeof(got));
-    IT_EXPECT_OK(exs_recv(sfd, got, sizeof(got), MSG_WAITALL, q, IT_AH(3),
-                          EXS_MHANDLE_UNREGISTERED));
+    IT_EXPECT_OK(
+        exs_recv(sfd, got, sizeof(got), MSG_WAITALL, q, IT_AH(3), EXS_MHANDLE_UNREGISTERED));
     IT_EXPECT_OK(exs_send(cfd, buf, sizeof(buf), 0, q, IT_AH(4), EXS_MHANDLE_UNREGISTERED));
     it_wait_event(q, EXS_EVT_RECV, sfd, &cev);
     ck_assert_int_eq(cev.exs_evt_errno, 0);
@@ -585,6 +804,8 @@ Suite *integ_resume_suite(void)
     tcase_add_loop_test(tc, test_rs_session, 0, 4);
     tcase_add_loop_test(tc, test_rs_cut, 0, RS_CUT_CASES);
     tcase_add_loop_test(tc, test_rs_resume, 0, 4);
+    tcase_add_loop_test(tc, test_rs_resume_seqpacket, 0, 4);
+    tcase_add_test(tc, test_rs_cut_announced);
     tcase_add_loop_test(tc, test_rs_resume_fails, 0, 2);
     tcase_add_test(tc, test_rs_keepalive);
     tcase_add_test(tc, test_rs_resume_hello_refused);

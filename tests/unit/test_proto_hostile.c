@@ -1731,8 +1731,8 @@ START_TEST(hs_resume_positions)
     ck_assert_uint_eq(be64toh(stream ? rec.rx_bytes : rec.rx_msgs), want);
     ck_assert_uint_eq(be64toh(stream ? rec.rx_msgs : rec.rx_bytes), 0);
     ck_assert_int_eq(check_resume(pp.a.conn, &rec), 0);
-    if (stream)
-        ck_assert_uint_eq(pp.a.conn->resume_tx_done, want);
+    /* STREAM: bytes seen completed; SEQPACKET: one past the last message seen completed */
+    ck_assert_uint_eq(pp.a.conn->resume_tx_done, want);
 
     bad = rec;
     bad.hdr.flags = 1;
@@ -1768,16 +1768,27 @@ START_TEST(hs_resume_positions)
         bad.rx_bytes = htobe64(want - 101);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
     } else {
+        /* every message was seen completed: fewer cannot have arrived */
         bad = rec;
-        bad.rx_msgs = htobe64(0); /* nothing completed is tracked on SEQPACKET yet */
+        bad.rx_msgs = htobe64(want - 1);
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        bad.rx_msgs = htobe64(0);
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        /* with only message 0 seen completed, 1 to what was sent is taken, 0 not */
+        EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        pp.a.conn->resume_tx_done = 1;
+        EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        bad.rx_msgs = htobe64(1);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
-        bad = rec; /* ring positions are STREAM's */
-        bad.ring_arrived = htobe64(64);
+        bad.rx_msgs = htobe64(want - 1);
+        ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
+        bad.rx_msgs = htobe64(0);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
     }
-    if (stream) {
-        /* the ring positions (the writer continues from them): what arrived of what was
-         * written, at least what was reported read, at most a ring's worth unread */
+    {
+        /* the ring positions (the writer continues from them, STREAM and SEQPACKET):
+         * what arrived of what was written, at least what was reported read, at most a
+         * ring's worth unread */
         uint64_t tail, cons, size, saved_tail;
 
         EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
