@@ -225,8 +225,9 @@ static const struct exs_param_def params_table[] = {
     /* -- RDMA-to-TCP fallback (issue 13) -- */
     PARAM(fallback, "EXS_FALLBACK", "auto", STRING, 0,
           "RDMA-to-TCP fallback (spec/provider.md, Fallback): off; connect = a connect the primary "
-          "provider fails is retried over tcp and listeners listen on both; any = as connect "
-          "(failure mid-stream: not built yet, as connect); auto = connect when the primary is "
+          "provider fails is retried over tcp and listeners listen on both; any = as connect, and "
+          "an established connection whose path fails mid-stream is cut over to tcp with no "
+          "byte lost or repeated (spec/protocol.md 9.2); auto = connect when the primary is "
           "verbs, else off (fault:verbs included)"),
     PARAM(fallback_port_offset, "EXS_FALLBACK_PORT_OFFSET", "0", UINT, 0,
           "RDMA-to-TCP fallback: the tcp listener and fallback connects use the primary's port "
