@@ -187,20 +187,15 @@ static int read_frame(int fd, struct tcp_wire_hdr *h, uint8_t *buf, uint32_t cap
     return err;
 }
 
-int raw_open(struct raw_peer *p, int port, const struct exs_wire_hello *h, int ms)
+/* The acceptor's answer to our CONN_REQ: its hello in p->peer (0), or -ECONNRESET (the
+ * connection was closed: p->closed), -ECONNREFUSED (rejected: p->rejected), -EPROTO. */
+static int raw_read_accept(struct raw_peer *p, int ms)
 {
     uint8_t buf[TCP_WIRE_CONN_LEN + TCP_WIRE_PD_MAX];
     struct tcp_wire_hdr fh;
     uint32_t got = 0;
     int err;
 
-    memset(p, 0, sizeof(*p));
-    p->fd = raw_tcp_connect(port);
-    if (p->fd < 0)
-        return p->fd;
-    err = raw_send_conn_req(p->fd, h, sizeof(*h));
-    if (err)
-        return err;
     err = read_frame(p->fd, &fh, buf, sizeof(buf), &got, raw_now_ms() + ms);
     if (err == -EPROTO || err == -ECONNRESET) {
         p->closed = 1;
@@ -215,6 +210,23 @@ int raw_open(struct raw_peer *p, int port, const struct exs_wire_hello *h, int m
     if (fh.type != TCP_WIRE_CONN_ACCEPT || got < TCP_WIRE_CONN_LEN + EXS_WIRE_HELLO_LEN)
         return -EPROTO;
     memcpy(&p->peer, buf + TCP_WIRE_CONN_LEN, sizeof(p->peer));
+    return 0;
+}
+
+int raw_open(struct raw_peer *p, int port, const struct exs_wire_hello *h, int ms)
+{
+    int err;
+
+    memset(p, 0, sizeof(*p));
+    p->fd = raw_tcp_connect(port);
+    if (p->fd < 0)
+        return p->fd;
+    err = raw_send_conn_req(p->fd, h, sizeof(*h));
+    if (err)
+        return err;
+    err = raw_read_accept(p, ms);
+    if (err)
+        return err;
     p->ring_rkey = be32toh(p->peer.ring_rkey);
 #ifdef EXS_WIRE_RING_LEN
     {
@@ -495,8 +507,6 @@ int raw_connect_then_send(struct raw_peer *p, int port, const struct exs_wire_he
     uint8_t buf[2 * TCP_WIRE_HDR_LEN + TCP_WIRE_CONN_LEN + TCP_WIRE_PD_MAX + 4096];
     uint8_t req[TCP_WIRE_CONN_LEN + sizeof(*h)];
     struct tcp_wire_conn c = {.rnr_retry = 7, .rnr_timer_ms = 0};
-    struct tcp_wire_hdr fh;
-    uint32_t got = 0;
     size_t off = 0;
     int err;
 
@@ -513,19 +523,8 @@ int raw_connect_then_send(struct raw_peer *p, int port, const struct exs_wire_he
     err = raw_write_all(p->fd, buf, off);
     if (err)
         return err;
-    err = read_frame(p->fd, &fh, buf, sizeof(buf), &got, raw_now_ms() + ms);
-    if (err == -EPROTO || err == -ECONNRESET) {
-        p->closed = 1;
-        return -ECONNRESET;
-    }
+    err = raw_read_accept(p, ms);
     if (err)
         return err;
-    if (fh.type == TCP_WIRE_CONN_REJECT) {
-        p->rejected = 1;
-        return -ECONNREFUSED;
-    }
-    if (fh.type != TCP_WIRE_CONN_ACCEPT || got < TCP_WIRE_CONN_LEN + EXS_WIRE_HELLO_LEN)
-        return -EPROTO;
-    memcpy(&p->peer, buf + TCP_WIRE_CONN_LEN, sizeof(p->peer));
     return 0;
 }
