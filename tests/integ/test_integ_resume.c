@@ -286,6 +286,21 @@ static const char *fd_prov(int fd)
     return prov;
 }
 
+/* After a resumed cut: one resume per end and no failure, both ends on tcp, and both
+ * continue (RS_TOTAL each way, verified) and close cleanly. */
+static void rs_after_resume(struct it_pair *p, uint64_t res0, uint64_t fail0)
+{
+    ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
+    ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+    ck_assert_str_eq(fd_prov(p->cfd), "tcp");
+    ck_assert_str_eq(fd_prov(p->sfd), "tcp");
+    rs_xfer(p->cfd, p->cq, p->sfd, p->sq, RS_TOTAL, 11);
+    rs_xfer(p->sfd, p->sq, p->cfd, p->cq, RS_TOTAL, 12);
+    it_pair_close(p);
+    ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
+    ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+}
+
 /* A STREAM transfer of 4 MiB cut mid-way by an injected drop (_i & 1 == 0) or error
  * completion (_i & 1), in ring (indirect, _i & 2 == 0) or direct mode, policy any: the
  * connection continues over the fallback (tcp): every byte arrives once and in order and
@@ -356,18 +371,9 @@ START_TEST(test_rs_resume)
         ck_assert_int_eq(ev.exs_evt_errno, 0);
         ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)RS_TOTAL);
         ck_assert(it_buf_guards_ok(r));
-        /* it was cut and resumed: one resume per end, over tcp now */
-        ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
-        ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+        /* it was cut and resumed, over tcp now; both ends continue */
         ck_assert_uint_ge(rs_count("fallback_replayed_bytes"), rep0);
-        ck_assert_str_eq(fd_prov(p.cfd), "tcp");
-        ck_assert_str_eq(fd_prov(p.sfd), "tcp");
-        /* both ends continue: 4 MiB each way, verified */
-        rs_xfer(p.cfd, p.cq, p.sfd, p.sq, RS_TOTAL, 11);
-        rs_xfer(p.sfd, p.sq, p.cfd, p.cq, RS_TOTAL, 12);
-        it_pair_close(&p);
-        ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
-        ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+        rs_after_resume(&p, res0, fail0);
         it_buf_free(s);
         it_buf_free(r);
         resumed = 1;
@@ -520,17 +526,8 @@ START_TEST(test_rs_resume_seqpacket)
             continue;
         }
         ck_assert(it_buf_guards_ok(r));
-        /* it was cut and resumed: one resume per end, over tcp now */
-        ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
-        ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
-        ck_assert_str_eq(fd_prov(p.cfd), "tcp");
-        ck_assert_str_eq(fd_prov(p.sfd), "tcp");
-        /* both ends continue: a 4 MiB message each way, verified */
-        rs_xfer(p.cfd, p.cq, p.sfd, p.sq, RS_TOTAL, 11);
-        rs_xfer(p.sfd, p.sq, p.cfd, p.cq, RS_TOTAL, 12);
-        it_pair_close(&p);
-        ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
-        ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+        /* it was cut and resumed, over tcp now; both ends continue */
+        rs_after_resume(&p, res0, fail0);
         it_buf_free(s);
         it_buf_free(r);
         resumed = 1;
