@@ -977,9 +977,14 @@ static void conn_dead_locked(struct exs_conn *conn, int err, const char *why)
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state == EXS_OPS_ADVERTISED || op->state == EXS_OPS_POSTED) {
+            int lost = !conn_is_stream(conn) && op->state == EXS_OPS_POSTED && op->rd_piece;
+
             exs__conn_revoke_op_locked(op);
             op->state = EXS_OPS_QUEUED;
             op->inflight = 0; /* a READ of it: the provider objects go below */
+            if (lost) /* its announced message cannot be read any more (§6): it ends
+                       * with the error in its place, never with a later message */
+                exs__conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
         }
     }
     conn->reads = 0;

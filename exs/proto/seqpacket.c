@@ -766,26 +766,29 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
  * of stream after an orderly SHUTDOWN, else the connection's error. */
 void exs__sp_dead_drain_locked(struct exs_conn *conn)
 {
-    struct exs_list *pos, *tmp;
+    struct exs_list *pos;
 
-    exs_list_for_each_safe(pos, tmp, &conn->pending) {
-        struct exs_pending_msg *m = exs_list_entry(pos, struct exs_pending_msg, link);
+    exs_list_for_each(pos, &conn->recvq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+        struct exs_pending_msg *m;
 
-        if (m->announced) {
+        if (op->state == EXS_OPS_DONE)
+            continue;
+        m = exs_list_empty(&conn->pending)
+                ? NULL
+                : exs_list_entry(conn->pending.next, struct exs_pending_msg, link);
+        if (op->cancel)
+            exs__conn_op_finish_locked(op, -1, ECANCELED);
+        else if (m && m->announced) {
+            /* it can no longer be read: the receive it numbers ends with the error, the
+             * next receive takes the next message (message k always ends the k-th
+             * receive, §6; none is handed a later message in place of a lost one) */
             exs_list_del(&m->link);
             conn->pending_count--;
             conn->pending_announced--;
             free(m);
-        }
-    }
-    exs_list_for_each(pos, &conn->recvq) {
-        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
-
-        if (op->state == EXS_OPS_DONE)
-            continue;
-        if (op->cancel)
-            exs__conn_op_finish_locked(op, -1, ECANCELED);
-        else if (!exs_list_empty(&conn->pending)) {
+            exs__conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
+        } else if (m) {
             if (sp_match_locked(conn, op, exs_list_entry(conn->pending.next,
                                                          struct exs_pending_msg, link)) < 0)
                 exs__conn_op_finish_locked(op, -1, ECONNRESET);

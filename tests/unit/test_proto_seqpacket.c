@@ -136,6 +136,45 @@ START_TEST(sp_rendezvous_read)
 }
 END_TEST
 
+/* The connection dies with an announced message not read (message 0) and an eager one
+ * behind it (message 1): the receive that message 0 numbers ends with the error and the
+ * next receive gets message 1, whole. _i 0: the first receive was reading message 0 when
+ * the link died; _i 1: nothing was posted before the death. Handing message 1 to the
+ * first receive (as the drain once did) fails here. */
+START_TEST(sp_dead_announced_in_place)
+{
+    static uint8_t sb0[8000], sb1[100], rb0[9000], rb1[9000];
+    struct pt_op s0, s1, r0, r1;
+
+    send_msg(&s0, &pp.a, sb0, sizeof(sb0), 21);
+    send_msg(&s1, &pp.a, sb1, sizeof(sb1), 22);
+    pt_run(&pp);
+    ck_assert_int_eq(s0.done, 0); /* announced: waits for the READ */
+    if (_i == 0) {
+        recv_msg(&r0, &pp.b, rb0, sizeof(rb0)); /* its READ is posted, not carried out */
+        ck_assert_uint_eq(pp.b.conn->reads, 1);
+    }
+    mock_drop(pp.a.conn->ep);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.b.dead, 1);
+    if (_i == 1)
+        recv_msg(&r0, &pp.b, rb0, sizeof(rb0));
+    recv_msg(&r1, &pp.b, rb1, sizeof(rb1));
+    pt_run(&pp);
+    ck_assert_int_eq(r0.done, 1);
+    ck_assert_int_eq(r0.op.result, -1);
+    ck_assert_int_ne(r0.op.err, 0);
+    pt_assert_done(&r1, sizeof(sb1), 0);
+    ck_assert(pt_check(rb1, sizeof(sb1), 22));
+    ck_assert_int_lt(r0.order, r1.order);
+    pt_op_fini(&s0);
+    pt_op_fini(&s1);
+    pt_op_fini(&r0);
+    pt_op_fini(&r1);
+}
+END_TEST
+
 START_TEST(sp_truncation)
 {
     static uint8_t sb[3][5000], rb[3][5000];
@@ -768,6 +807,7 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_ring_skip);
     tcase_add_test(tc, sp_zero_length);
     tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
+    tcase_add_loop_test(tc, sp_dead_announced_in_place, 0, 2);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("reads");
