@@ -1595,6 +1595,21 @@ START_TEST(hs_resume_bad)
 }
 END_TEST
 
+/* A connected mock pair of this type on which both ends are resumable (policy any): the
+ * passive side has drawn the SESSION token. */
+static void rs_pair_open(int type)
+{
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, type);
+    pt_params(&pp.pb, type);
+    pp.pa.resumable = pp.pb.resumable = 1;
+    pt_open(&pp, type);
+    pt_connect(&pp);
+}
+
 static int on_session(struct exs_conn *conn, const struct exs_wire_session *ss)
 {
     int ret;
@@ -1698,15 +1713,7 @@ START_TEST(hs_resume_positions)
     struct exs_wire_resume rec, bad;
     int nops = stream ? 1 : 3;
 
-    unit_env_clean();
-    exs__log_level = EXS_LOG_ERR;
-    memset(&pp, 0, sizeof(pp));
-    mock_set_reorder(0);
-    pt_params(&pp.pa, type);
-    pt_params(&pp.pb, type);
-    pp.pa.resumable = pp.pb.resumable = 1;
-    pt_open(&pp, type);
-    pt_connect(&pp);
+    rs_pair_open(type);
     ck_assert_uint_ne(pp.a.conn->sess_token, 0);
     ck_assert_uint_eq(pp.a.conn->sess_token, pp.b.conn->sess_token);
     for (int i = 0; i < nops; i++) {
@@ -1859,15 +1866,7 @@ START_TEST(hs_resume_new_path)
     uint8_t pd[EXS_WIRE_RESUME_PD_LEN] = {0};
     uint64_t tok, sent;
 
-    unit_env_clean();
-    exs__log_level = EXS_LOG_ERR;
-    memset(&pp, 0, sizeof(pp));
-    mock_set_reorder(0);
-    pt_params(&pp.pa, SOCK_STREAM);
-    pt_params(&pp.pb, SOCK_STREAM);
-    pp.pa.resumable = pp.pb.resumable = 1;
-    pt_open(&pp, SOCK_STREAM);
-    pt_connect(&pp);
+    rs_pair_open(SOCK_STREAM);
     pas = pp.a.conn->active ? pp.b.conn : pp.a.conn;
     ck_assert_uint_ne(pas->sess_token, 0);
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
@@ -1942,15 +1941,7 @@ START_TEST(hs_resume_request_vs_destroy)
     uint64_t tok;
     int i;
 
-    unit_env_clean();
-    exs__log_level = EXS_LOG_ERR;
-    memset(&pp, 0, sizeof(pp));
-    mock_set_reorder(0);
-    pt_params(&pp.pa, SOCK_STREAM);
-    pt_params(&pp.pb, SOCK_STREAM);
-    pp.pa.resumable = pp.pb.resumable = 1;
-    pt_open(&pp, SOCK_STREAM);
-    pt_connect(&pp);
+    rs_pair_open(SOCK_STREAM);
     pas = pp.a.conn->active ? pp.b.conn : pp.a.conn;
     ck_assert_uint_ne(pas->sess_token, 0);
     exs__conn_close(pp.a.conn);
