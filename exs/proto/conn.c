@@ -1624,7 +1624,11 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_SHUTDOWN: {
             struct exs_wire_shutdown s;
             memcpy(&s, rec, sizeof(s));
-            if (conn->peer_shut || be64toh(s.seq) < conn->rx_seq || conn->sp_rx_frag)
+            /* everything the peer sent came before its SHUTDOWN on the one ordered
+             * path, so its count is exactly what arrived (§8): a count above it would
+             * leave receives waiting for data that never comes */
+            if (conn->peer_shut || be64toh(s.seq) != exs__resume_arrived_locked(conn) ||
+                conn->sp_rx_frag)
                 return -EPROTO;
             conn->peer_shut = 1;
             conn->peer_total = be64toh(s.seq);

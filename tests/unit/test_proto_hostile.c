@@ -480,6 +480,48 @@ START_TEST(hs_data_after_shutdown)
 }
 END_TEST
 
+/* SHUTDOWN's count must be exactly what arrived (spec §8): one above it (variants 0-1:
+ * nothing arrived, count 1) would leave receives waiting for data that never comes, and
+ * resets; the exact count (variants 2-3: 10 bytes, or one message of 10, then count 10 /
+ * 1) gives the data and then end of stream. Even variants SEQPACKET, odd STREAM. */
+START_TEST(hs_shutdown_count)
+{
+    int stream = _i & 1, exact = _i >= 2;
+    uint64_t seq = htobe64(exact ? (stream ? 10 : 1) : 1);
+    static uint8_t rb[2][64];
+    uint8_t msg[10];
+    struct pt_op r[2];
+
+    raw_open(stream ? SOCK_STREAM : SOCK_SEQPACKET);
+    if (!exact) {
+        raw_ctrl(EXS_CTRL_SHUTDOWN, EXS_WIRE_SHUTDOWN_LEN, 0, &seq, sizeof(seq));
+        expect_reset();
+        raw_close();
+        return;
+    }
+    pt_fill(msg, sizeof(msg), 31);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
+             raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, stream ? 0 : EXS_IMM_EOM, 0, 0));
+    pt_run(&pp); /* raw's send area is reused by the next post */
+    raw_ctrl(EXS_CTRL_SHUTDOWN, EXS_WIRE_SHUTDOWN_LEN, 0, &seq, sizeof(seq));
+    pt_run(&pp);
+    for (int i = 0; i < 2; i++) {
+        pt_op_init(&r[i], &pp.b, EXS_OP_RECV, rb[i], sizeof(rb[i]), 0);
+        ck_assert_int_eq(pt_post(&r[i]), 0);
+        pt_run(&pp);
+        ck_assert_int_eq(r[i].done, 1);
+        ck_assert_int_eq(r[i].op.err, 0);
+    }
+    ck_assert_int_eq(r[0].op.result, 10);
+    ck_assert(pt_check(rb[0], 10, 31));
+    ck_assert_int_eq(r[1].op.result, 0); /* end of stream */
+    pt_op_fini(&r[0]);
+    pt_op_fini(&r[1]);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
 /* v2: the peer's first record must be its RING, and it comes once. */
 START_TEST(hs_record_before_ring)
 {
@@ -2131,6 +2173,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_announce_out_of_sequence);
     tcase_add_test(tc, hs_bad_imm_kind);
     tcase_add_test(tc, hs_data_after_shutdown);
+    tcase_add_loop_test(tc, hs_shutdown_count, 0, 4);
     tcase_add_test(tc, hs_record_before_ring);
     tcase_add_test(tc, hs_second_ring);
     tcase_add_test(tc, hs_advert_key_dies_with_receive);
