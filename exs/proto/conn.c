@@ -1447,10 +1447,11 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
         /* the window check runs at least this often while credits are owed */
         if (conn->owed)
             next = next ? EXS_MIN(next, EXS_NOP_CHECK_MS) : EXS_NOP_CHECK_MS;
-        /* a conn that may be cut over is looked at within connect_timeout_ms, so a
-         * RESUMING begun meanwhile meets its deadline even with every check off (§9.2) */
+        /* a conn that may be cut over is looked at four times per connect_timeout_ms,
+         * so a RESUMING begun meanwhile ends within 1.25 x its deadline even with every
+         * other check off (§9.2) */
         if (conn->sess_token && !conn->rsm_over && conn_ms)
-            next = next ? EXS_MIN(next, conn_ms) : conn_ms;
+            next = next ? EXS_MIN(next, EXS_MAX(conn_ms / 4, 1)) : EXS_MAX(conn_ms / 4, 1);
         break;
     default:
         break;

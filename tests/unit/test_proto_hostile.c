@@ -2013,6 +2013,31 @@ START_TEST(hs_resume_request_vs_destroy)
 }
 END_TEST
 
+/* A connection that may be cut over is looked at four times per connect_timeout_ms, even
+ * with keepalive (ka_ms 0) and the send deadline off, so a RESUMING begun between two
+ * looks ends within 1.25 x its deadline (spec §9.2): at 2000 ms, within 500 ms (the
+ * window check alone would look in 1000, the old rule in 2000). */
+START_TEST(hs_resume_tick)
+{
+    uint64_t saved_conn = exs__params.connect_timeout_ms;
+    uint64_t saved_send = exs__params.send_timeout_ms;
+
+    rs_pair_open(SOCK_STREAM);
+    ck_assert_int_eq(exs__params_set("connect_timeout_ms", "2000"), 0);
+    ck_assert_int_eq(exs__params_set("send_timeout_ms", "0"), 0);
+    ck_assert_uint_ne(pp.a.conn->sess_token, 0);
+    for (int i = 0; i < 2; i++) {
+        uint64_t next = exs__conn_timer(i ? pp.b.conn : pp.a.conn, 0);
+
+        ck_assert_uint_ge(next, 1);
+        ck_assert_uint_le(next, 500);
+    }
+    pt_close_both(&pp);
+    exs__params.connect_timeout_ms = saved_conn;
+    exs__params.send_timeout_ms = saved_send;
+}
+END_TEST
+
 /* A connection that failed before its ESTABLISHED (here: the protocol error a record could
  * raise) never reports through established(); with no provider event after it (the fabric
  * is not stepped), the handshake deadline still ends it: until then the timer waits, at
@@ -2203,6 +2228,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_resume_positions, 0, 2);
     tcase_add_test(tc, hs_resume_new_path);
     tcase_add_test(tc, hs_resume_request_vs_destroy);
+    tcase_add_test(tc, hs_resume_tick);
     tcase_add_test(tc, hs_session_early_without_bit);
     tcase_add_test(tc, hs_down_before_established_deadline);
     tcase_add_loop_test(tc, hs_record_before_established, 0, 2);
