@@ -461,10 +461,11 @@ static void sp_memo_flush_locked(struct exs_conn *conn)
  * it again, to be read from offset 0 (its bytes were not counted); every pending
  * announced message becomes stale until the sender announces it again. READ_DONEs not
  * yet appended are forgotten: each is answered again to its re-announce (the memo).
- * Opens the re-announce window. The stale messages. */
+ * Opens the re-announce window. The stale messages, or UINT32_MAX when out of memory. */
 uint32_t exs__sp_resume_cut_locked(struct exs_conn *conn)
 {
     struct exs_list back, *pos, *n;
+    int nomem = 0;
 
     exs_list_init(&back);
     exs_list_for_each(pos, &conn->recvq)
@@ -475,8 +476,11 @@ uint32_t exs__sp_resume_cut_locked(struct exs_conn *conn)
         if (op->state != EXS_OPS_POSTED)
             continue; /* only a receive reading an announced message is POSTED */
         m = calloc(1, sizeof(*m));
-        if (!m)
-            return UINT32_MAX; /* the cut-over fails: the connection ends */
+        if (!m) {
+            nomem = 1; /* the cut-over fails: the connection ends (what was given back
+                        * is pending, the rest ends with it) */
+            break;
+        }
         m->announced = 1;
         m->seq = op->seq;
         m->len = op->msg_len;
@@ -513,7 +517,7 @@ uint32_t exs__sp_resume_cut_locked(struct exs_conn *conn)
     conn->sp_reann_open = 1;
     conn->sp_reann_end = conn->rx_seq;
     conn->sp_reann_next = 0;
-    return conn->sp_stale;
+    return nomem ? UINT32_MAX : conn->sp_stale;
 }
 
 /* A message at or past the cut's position arrived: the re-announce window closes. Every
