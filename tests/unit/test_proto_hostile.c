@@ -2315,6 +2315,62 @@ START_TEST(hs_reann_read_done)
 }
 END_TEST
 
+/* A receive whose READ was in flight when the path failed (flushed in the drain): at the
+ * cut it gives its message back, first in the pending list and stale like the message
+ * after it, and waits for it again, to be read from offset 0 (nothing of it counted);
+ * no READ is outstanding any more. (The mock harness has no fallback: b is put in
+ * RESUMING by hand, as exs__resume_begin_locked does, and the link dropped.) */
+START_TEST(hs_reann_inflight)
+{
+    static uint8_t rb[RAW_MSG_LEN];
+    struct exs_pending_msg *m0, *m1;
+    struct exs_sock_stats st;
+    struct pt_op r;
+
+    ra_open();
+    ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+    ra_announce(1, 1, RAW_MSG_LEN, raw.mr->rkey);
+    pt_recv_post(&r, &pp.b, rb, RAW_MSG_LEN, 0); /* its READ is posted, not carried out */
+    ck_assert_int_eq(r.op.state, EXS_OPS_POSTED);
+    ck_assert_uint_eq(r.op.inflight, 1);
+    ck_assert_uint_eq(pp.b.conn->pending_announced, 1);
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pp.b.conn->state = EXS_CONN_RESUMING;
+    pp.b.conn->rsm_over = 1;
+    pp.b.conn->rsm_t0_ns = exs__now_ns();
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    mock_drop(raw.ep);
+    pt_run(&pp); /* the READ flushes, the DISCONNECTED comes: the old path is over */
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_RESUMING);
+    ck_assert_int_eq(r.done, 0);
+    ck_assert_uint_eq(r.op.inflight, 0);
+    ck_assert_uint_eq(ra_cut(), 2);
+    ck_assert_int_eq(r.op.state, EXS_OPS_QUEUED);
+    ck_assert_uint_eq(r.op.filled, 0);
+    ck_assert_uint_eq(pp.b.conn->reads, 0);
+    ck_assert_ptr_null(pp.b.conn->sp_rd_op);
+    ck_assert_uint_eq(pp.b.conn->pending_count, 2);
+    ck_assert_uint_eq(pp.b.conn->pending_announced, 2);
+    ck_assert_uint_eq(pp.b.conn->rx_seq, 2);
+    ck_assert_uint_eq(pp.b.conn->rx_matched, 0);
+    m0 = exs_list_entry(pp.b.conn->pending.next, struct exs_pending_msg, link);
+    m1 = exs_list_entry(m0->link.next, struct exs_pending_msg, link);
+    ck_assert_uint_eq(m0->seq, 0);
+    ck_assert_uint_eq(m0->len, RAW_MSG_LEN);
+    ck_assert_int_eq(m0->stale, 1);
+    ck_assert_uint_eq(m1->seq, 1);
+    ck_assert_int_eq(m1->stale, 1);
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.bytes_received, 0);
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    ck_assert_int_eq(r.op.result, -1);
+    pt_op_fini(&r);
+    raw_close();
+}
+END_TEST
+
 /* Re-announces b refuses (each resets the connection, which ends cleanly):
  *  0 of a message that arrived eager (neither stale nor remembered read)
  *  1 in decreasing order (1 then 0, both stale)
@@ -2524,6 +2580,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_record_before_established, 0, 2);
     tcase_add_test(tc, hs_reann_stale);
     tcase_add_test(tc, hs_reann_read_done);
+    tcase_add_test(tc, hs_reann_inflight);
     tcase_add_loop_test(tc, hs_reann_bad, 0, 8);
     tcase_add_test(tc, hs_reann_sender);
     suite_add_tcase(s, tc);
