@@ -402,6 +402,23 @@ struct exs_conn {
     int                        rsm_gone;     /* registry: destroyed while a finder held it;
                                               * the last finder frees it (both under the
                                               * registry's lock) */
+    /* SEQPACKET announced messages across a cut (spec/protocol.md §9.2, Replay,
+     * SEQPACKET; seqpacket.c) */
+    uint64_t                  *sp_memo;      /* receiver, resumable: the last announced
+                                              * messages read whole (ring of seqs; a set top
+                                              * bit: its READ_DONE is owed again) */
+    uint32_t                   sp_memo_cap;  /* its entries (0: its bound at the
+                                              * first; tests lower it before) */
+    uint32_t                   sp_memo_n;    /* entries used */
+    uint32_t                   sp_memo_head; /* the next entry written */
+    uint32_t                   sp_memo_owed; /* READ_DONEs owed to re-announces */
+    int                        sp_reann_open; /* receiver: the re-announce window is open */
+    uint64_t                   sp_reann_end; /* receiver: rx_seq at the cut (the window's end) */
+    uint64_t                   sp_reann_next; /* receiver: lowest seq a re-announce may name */
+    uint32_t                   sp_stale;     /* receiver: announced messages whose grant died
+                                              * at the cut, not announced again yet */
+    uint32_t                   sp_reann_left; /* sender: announced sends to announce again */
+    uint64_t                   sp_reann_pos; /* sender: the peer's position P at the cut */
 };
 
 /* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */

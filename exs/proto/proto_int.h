@@ -33,10 +33,16 @@ struct exs_pending_msg {
     uint32_t        batch_left; /* batched write (§6.1): its messages not yet matched (addr is
                                  * then the ring offset of the next record); 0: one message */
     uint32_t        batch_end; /* batched write: ring offset just past its last record */
+    int             stale;     /* announced, its grant died at a cut (§9.2): waits for the
+                                * sender to announce it again */
 };
 
 /* Most announced messages a peer may make us hold (eager ones are bounded by the ring). */
 #define EXS_ANNOUNCED_MAX 65536u
+
+/* READ_DONE records of one control SEND at most: the bound of the announced messages
+ * read whole a resumable receiver remembers (§9.2) is counted in these. */
+#define EXS_SP_RDONE_PER_SEND (EXS_WIRE_CTRL_MAX / EXS_WIRE_READ_DONE_LEN)
 
 /* The test seam EXS_WINDOW_TEST (spec/protocol.md §3.1): bits that turn the credit rules
  * off so a test can show the NOP is what unblocks the windows. 0 in production. */
@@ -195,6 +201,8 @@ int exs__sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a);
 void exs__sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op);
 void exs__sp_free_pending_locked(struct exs_conn *conn);
 void exs__sp_dead_drain_locked(struct exs_conn *conn);
+uint32_t exs__sp_resume_cut_locked(struct exs_conn *conn);
+void exs__sp_resume_reann_mark_locked(struct exs_conn *conn, struct exs_op *op);
 uint32_t exs__sp_slot_len(uint32_t len);
 
 /* stream.c */

@@ -413,22 +413,21 @@ int exs__resume_on_fail_locked(struct exs_conn *conn, int err, const char *why)
     return 0;
 }
 
-/* SEQPACKET: an announced message arrived and not read whole (pending, or its READ
- * in flight at the cut): its grant died with the old endpoint; announcing it again is
- * not built, so such a cut is not resumed (§9.2). */
-static int resume_sp_unread_locked(struct exs_conn *conn)
+/* SEQPACKET receiver, once the old path is over: announced messages that arrived and
+ * were not read whole lost their grants with the old endpoint; they wait, stale, to be
+ * announced again by the sender on the new path (§9.2, Replay, SEQPACKET). 0, or
+ * -ENOMEM (the cut-over fails). */
+static int resume_sp_cut_locked(struct exs_conn *conn)
 {
-    struct exs_list *pos;
+    uint32_t stale = exs__sp_resume_cut_locked(conn);
 
-    if (conn->pending_announced)
-        return 1;
-    exs_list_for_each(pos, &conn->recvq)
-    {
-        const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
-
-        if (op->state == EXS_OPS_POSTED && op->inflight)
-            return 1;
-    }
+    if (stale == UINT32_MAX)
+        return -ENOMEM;
+    if (stale)
+        EXS_INFO(PROTO,
+                 "conn %p: %u announced messages not read at the cut wait to be "
+                 "announced again",
+                 (void *)conn, stale);
     return 0;
 }
 
@@ -608,9 +607,8 @@ void exs__resume_progress_locked(struct exs_conn *conn)
         if (!ctx)
             return; /* the active side's request comes */
     }
-    if (!conn_is_stream(conn) && resume_sp_unread_locked(conn)) {
-        resume_end_locked(conn, ECONNRESET,
-                          "announced messages not read at the cut (not resumed yet)", 1);
+    if (!conn_is_stream(conn) && resume_sp_cut_locked(conn)) {
+        resume_end_locked(conn, ECONNRESET, "no memory for announced messages", 1);
         return;
     }
     ret = resume_switch_locked(conn, ctx);
@@ -693,9 +691,10 @@ void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_ev
 }
 
 /* SEQPACKET replay from message pos (§9.2, Replay): a send whose message arrived
- * completes now (an announced one was read whole: a receiver with an announced message
- * not read does not resume); every later one goes again whole from its first byte, in
- * order (QUEUED: numbered again from pos). The bytes of messages sent again. */
+ * completes now, but an announced one still waiting for its READ_DONE is announced again
+ * first (the receiver reads it, or answers READ_DONE if it read it whole); every later
+ * one goes again whole from its first byte, in order (QUEUED: numbered again from pos).
+ * The bytes of messages sent again. */
 static uint64_t resume_sp_rewind_locked(struct exs_conn *conn, uint64_t pos)
 {
     uint64_t again = 0;
@@ -707,6 +706,10 @@ static uint64_t resume_sp_rewind_locked(struct exs_conn *conn, uint64_t pos)
 
         if (op->kind != EXS_OP_SEND || op->state == EXS_OPS_DONE)
             continue;
+        if (op->state == EXS_OPS_POSTED && op->seq < pos && op->announced) {
+            exs__sp_resume_reann_mark_locked(conn, op);
+            continue;
+        }
         if (op->state == EXS_OPS_POSTED && op->seq < pos) {
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
             exs__resume_tx_done_locked(conn, op);
@@ -737,6 +740,7 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
         return -EPROTO;
     if (!conn_is_stream(conn)) {
         pos = be64toh(r->rx_msgs);
+        conn->sp_reann_pos = pos;
         again = resume_sp_rewind_locked(conn, pos);
         goto rewound;
     }

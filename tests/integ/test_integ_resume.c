@@ -419,7 +419,7 @@ static size_t rs_sp_len(int ring, uint32_t i)
 
 /* A SEQPACKET transfer (rs_sp_len) cut mid-way by an injected drop (_i & 1 == 0) or
  * error completion (_i & 1), direct mix (_i & 2 == 0) or ring mode, policy any, no
- * message announced at the cut (announced ones are not resumed yet): the connection
+ * message announced at the cut (those: test_rs_cut_announced): the connection
  * continues over the fallback (tcp): every message arrives exactly once, in order,
  * whole and verified (eager ones still in the old ring delivered from it), every send
  * completes once and whole, each end counts one fallback_resumes and no failure, both
@@ -536,56 +536,88 @@ START_TEST(test_rs_resume_seqpacket)
 }
 END_TEST
 
+/* Messages of the announced cut: 1 MiB each (above the eager threshold; sent before any
+ * receive is posted, so none is direct: all are announced), read in 4 KiB pieces. */
+#define RS_AN_MSG  ((size_t)1024 * 1024)
+#define RS_AN_NMSG 6u
+
 /* A SEQPACKET cut, policy any, while the receiver holds announced messages it has not
- * read (64 sends of 64 KiB, no receive posted: all announced; the first receive's RDMA
- * READ is dropped by the fault): announcing them again is not built, so the cut is not
- * resumed but ends cleanly: the receive and every send fail, each end counts one
- * failure and no resume, both ends are over, nothing leaks (it_teardown). */
+ * read whole: RS_AN_NMSG sends of 1 MiB, all announced before the first receive is
+ * posted; then the fault drops the link at the first (_i 0), the 40th (_i 1) or the
+ * 400th (_i 2) send post from there, which are the READ pieces (frag_size 4 KiB: 256 of
+ * them per message) and READ_DONEs of the receives posted meanwhile: the first READ, a
+ * READ of message 0 with pieces in flight, or later (message 0 read whole, its READ_DONE
+ * perhaps lost). The messages the receiver held are announced again on the new path
+ * (§9.2, Replay, SEQPACKET): every receive gets its own message exactly once, in order,
+ * whole and verified, every send completes once and whole, each end counts one resume
+ * and no failure, both continue on tcp (4 MiB each way verified) and close cleanly, and
+ * nothing leaks (it_teardown). Without the re-announce the cut ends the connection (the
+ * receives fail). */
 START_TEST(test_rs_cut_announced)
 {
+    static const char *const nth[] = {"1", "40", "400"};
     struct it_buf *s, *r;
     uint64_t res0, fail0, t0;
+    uint8_t seen[RS_AN_NMSG] = {0};
     struct it_pair p;
     exs_event_t ev;
     char port[16];
 
+    it_context("drop at send post %s after the announces", nth[_i]);
+    it_setenv("EXS_FRAG_SIZE", "4096");
     if (rs_init("test_rs_cut_announced", "any"))
         return;
     it_pair_open(&p, SOCK_SEQPACKET, 256, 256);
     res0 = rs_count("fallback_resumes");
     fail0 = rs_count("fallback_resume_failures");
-    s = it_buf_new(RS_TOTAL, 1);
-    r = it_buf_new(RS_MSG, 1);
-    it_fill(s->p, RS_TOTAL, 5);
-    for (uint32_t i = 0; i < RS_NMSG; i++)
-        IT_POST_SEND(p.cfd, s->p + (size_t)i * RS_MSG, RS_MSG, p.cq, IT_AH(200 + i), s->mh);
+    s = it_buf_new(RS_AN_MSG * RS_AN_NMSG, 1);
+    r = it_buf_new(RS_AN_MSG * RS_AN_NMSG, 1);
+    it_fill(s->p, RS_AN_MSG * RS_AN_NMSG, 5 + (uint32_t)_i);
+    memset(r->p, 0, RS_AN_MSG * RS_AN_NMSG);
+    for (uint32_t i = 0; i < RS_AN_NMSG; i++)
+        IT_POST_SEND(p.cfd, s->p + (size_t)i * RS_AN_MSG, RS_AN_MSG, p.cq, IT_AH(200 + i), s->mh);
     t0 = exs__now_ns();
-    while (fd_conn_count(p.sfd, 1) == 0) {
+    while (fd_conn_count(p.sfd, 1) < RS_AN_NMSG) {
         ck_assert_msg(exs__now_ns() - t0 < (uint64_t)2 * IT_TIMEOUT_MS * 1000000u,
-                      "no message announced");
+                      "only %u of %u messages announced", fd_conn_count(p.sfd, 1), RS_AN_NMSG);
         exs_qdequeue(p.sq, NULL, 0, NULL);
         exs_qdequeue(p.cq, NULL, 0, NULL);
         usleep(1000);
     }
     snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
     rs_set("fault_port", port);
-    rs_set("fault_drop_nth", "1");
-    IT_POST_RECV(p.sfd, r->p, RS_MSG, p.sq, IT_AH(100), r->mh);
-    it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
-    ck_assert_int_ne(ev.exs_evt_errno, 0);
-    for (uint32_t i = 0; i < RS_NMSG; i++) {
+    rs_set("fault_drop_nth", nth[_i]);
+    for (uint32_t i = 0; i < RS_AN_NMSG; i++)
+        IT_POST_RECV(p.sfd, r->p + (size_t)i * RS_AN_MSG, RS_AN_MSG, p.sq, IT_AH(100 + i), r->mh);
+    /* receives complete in posting order, each with its own message, whole, once */
+    for (uint32_t i = 0; i < RS_AN_NMSG; i++) {
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        ck_assert_int_eq(IT_AHN(ev.exs_evt_ahandle), 100 + i);
+        ck_assert_msg(ev.exs_evt_errno == 0, "receive %u: errno %d", i, ev.exs_evt_errno);
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)RS_AN_MSG);
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_flags & MSG_TRUNC, 0);
+        ck_assert_msg(
+            memcmp(r->p + (size_t)i * RS_AN_MSG, s->p + (size_t)i * RS_AN_MSG, RS_AN_MSG) == 0,
+            "message %u: content differs", i);
+    }
+    /* every send completes once (at its READ_DONE), whole */
+    for (uint32_t i = 0; i < RS_AN_NMSG; i++) {
+        uint32_t k;
+
         it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
-        ck_assert_int_ne(ev.exs_evt_errno, 0);
+        k = (uint32_t)IT_AHN(ev.exs_evt_ahandle) - 200;
+        ck_assert_uint_lt(k, RS_AN_NMSG);
+        ck_assert_msg(!seen[k], "send %u completed twice", k);
+        seen[k] = 1;
+        ck_assert_msg(ev.exs_evt_errno == 0, "send %u: errno %d", k, ev.exs_evt_errno);
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)RS_AN_MSG);
     }
     rs_set("fault_drop_nth", "0");
-    IT_POST_RECV(p.cfd, r->p, 64, p.cq, IT_AH(3), r->mh);
-    it_wait_event(p.cq, EXS_EVT_RECV, p.cfd, &ev);
-    ck_assert_int_ne(ev.exs_evt_errno, 0);
-    ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
-    ck_assert_uint_eq(rs_count("fallback_resumes"), res0);
+    ck_assert(it_buf_guards_ok(r));
     it_buf_free(s);
     it_buf_free(r);
-    it_pair_close(&p);
+    /* it was cut and resumed, over tcp now; both ends continue */
+    rs_after_resume(&p, res0, fail0);
 }
 END_TEST
 
@@ -802,7 +834,7 @@ Suite *integ_resume_suite(void)
     tcase_add_loop_test(tc, test_rs_cut, 0, RS_CUT_CASES);
     tcase_add_loop_test(tc, test_rs_resume, 0, 4);
     tcase_add_loop_test(tc, test_rs_resume_seqpacket, 0, 4);
-    tcase_add_test(tc, test_rs_cut_announced);
+    tcase_add_loop_test(tc, test_rs_cut_announced, 0, 3);
     tcase_add_loop_test(tc, test_rs_resume_fails, 0, 2);
     tcase_add_test(tc, test_rs_keepalive);
     tcase_add_test(tc, test_rs_resume_hello_refused);

@@ -2183,6 +2183,421 @@ START_TEST(hs_record_before_established)
 }
 END_TEST
 
+/* ---- re-announce after a cut (§9.2, Replay, SEQPACKET): raw is the sender ---- */
+
+#define RAW_MSGS    (RAW_SEND + 4096) /* raw's announced messages: 4 KiB each from here */
+#define RAW_MSG_LEN 3000u
+
+/* raw (resumable) and b (resumable) connected: b holds a SESSION token. */
+static void ra_open(void)
+{
+    b_resumable = 1;
+    raw_features = EXS_WIRE_FEAT_ALL | EXS_WIRE_FEAT_RESUMABLE;
+    raw_open(SOCK_SEQPACKET);
+    b_resumable = 0;
+    raw_features = EXS_WIRE_FEAT_ALL;
+    ck_assert_uint_ne(pp.b.conn->sess_token, 0);
+}
+
+/* Message i of raw: RAW_MSG_LEN pattern bytes (offset 1000 * i) in its own slot. */
+static uint8_t *ra_msg(uint32_t i)
+{
+    uint8_t *p = raw.mem + RAW_MSGS + 4096 * i;
+
+    pt_fill(p, RAW_MSG_LEN, 1000 * (uint64_t)i);
+    return p;
+}
+
+/* raw announces message i as number seq with key rkey (len bytes); b handles it. */
+static void ra_announce(uint64_t seq, uint32_t i, uint32_t len, uint32_t rkey)
+{
+    struct exs_wire_announce a = {
+        .addr = htobe64((uintptr_t)ra_msg(i)),
+        .len = htobe32(len),
+        .rkey = htobe32(rkey),
+        .seq = htobe64(seq),
+    };
+
+    raw_ctrl(EXS_CTRL_ANNOUNCE, EXS_WIRE_ANNOUNCE_LEN, 0, (uint8_t *)&a + EXS_WIRE_CTRL_HDR_LEN,
+             sizeof(a) - EXS_WIRE_CTRL_HDR_LEN);
+    pt_run(&pp); /* raw's next post reuses its send area */
+}
+
+/* The cut as b's receiver sees it once the old path is over (resume.c calls this before
+ * the new path): the number of its stale messages. */
+static uint32_t ra_cut(void)
+{
+    uint32_t n;
+
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    n = exs__sp_resume_cut_locked(pp.b.conn);
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    return n;
+}
+
+/* READ_DONE records raw received since the last look, and of those naming seq. */
+static uint32_t ra_read_dones(uint64_t seq, uint32_t *named)
+{
+    struct exs_prov_cqe cqe;
+    uint32_t n = 0;
+
+    *named = 0;
+    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1) {
+        const uint8_t *p = raw.mem + 512 * cqe.wr_id;
+
+        if (cqe.status != EXS_PROV_WC_SUCCESS || cqe.opcode != EXS_PROV_WC_RECV)
+            continue;
+        for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= cqe.byte_len;) {
+            struct exs_wire_ctrl_hdr h;
+
+            memcpy(&h, p + off, sizeof(h));
+            if (!be16toh(h.len))
+                break;
+            if (h.type == EXS_CTRL_READ_DONE) {
+                struct exs_wire_read_done d;
+
+                memcpy(&d, p + off, sizeof(d));
+                n++;
+                *named += be64toh(d.seq) == seq;
+            }
+            off += be16toh(h.len);
+        }
+    }
+    return n;
+}
+
+/* A receive of b into rb: done with message i whole. */
+static void ra_expect_msg(struct pt_op *r, uint8_t *rb, uint32_t i)
+{
+    pt_assert_done(r, (ssize_t)RAW_MSG_LEN, 0);
+    ck_assert(pt_check(rb, RAW_MSG_LEN, 1000 * (uint64_t)i));
+}
+
+/* Announced messages b holds unread at a cut (no receive yet) lose their grants: after
+ * the cut a receive does not READ them (they are stale) until raw announces each again
+ * with a new key, the old key's registration gone; then each is read with the new key,
+ * whole, once, into the receive it numbers, and answered with its READ_DONE; the window
+ * closes at the first new message, which is read as usual. Without the stale mark the
+ * receive READs with the dead key: REM_ACCESS_ERR, the connection fails. */
+START_TEST(hs_reann_stale)
+{
+    static uint8_t rb[3][RAW_MSG_LEN];
+    struct exs_prov_mr *mr_a, *mr_b;
+    struct mock_stats st0, st;
+    uint32_t named;
+    struct pt_op r[3];
+
+    ra_open();
+    ck_assert_int_eq(exs__prov_mr_reg(raw.ctx, raw.mem + RAW_MSGS, 3 * 4096,
+                                      EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_READ,
+                                      &mr_a),
+                     0);
+    ra_announce(0, 0, RAW_MSG_LEN, mr_a->rkey);
+    ra_announce(1, 1, RAW_MSG_LEN, mr_a->rkey);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_uint_eq(pp.b.conn->rx_seq, 2);
+    ck_assert_uint_eq(pp.b.conn->pending_announced, 2);
+    ck_assert_uint_eq(ra_cut(), 2);
+    ck_assert_uint_eq(pp.b.conn->pending_announced, 2);
+    ck_assert_uint_eq(pp.b.conn->rx_seq, 2); /* its RESUME still counts them arrived */
+    exs__prov_mr_dereg(mr_a);                /* the old key dies with the old path */
+    ck_assert_int_eq(exs__prov_mr_reg(raw.ctx, raw.mem + RAW_MSGS, 3 * 4096,
+                                      EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_READ,
+                                      &mr_b),
+                     0);
+    mock_stats(pp.b.ctx, &st0);
+    for (int i = 0; i < 3; i++)
+        pt_recv_post(&r[i], &pp.b, rb[i], RAW_MSG_LEN, 0);
+    pt_run(&pp);
+    mock_stats(pp.b.ctx, &st);
+    ck_assert_uint_eq(st.reads, st0.reads); /* stale: nothing read */
+    ck_assert_int_eq(r[0].done, 0);
+    ra_announce(0, 0, RAW_MSG_LEN, mr_b->rkey);
+    pt_run(&pp);
+    ra_expect_msg(&r[0], rb[0], 0);
+    ck_assert_int_eq(r[1].done, 0); /* message 1 is still stale */
+    ck_assert_uint_eq(ra_read_dones(0, &named), 1);
+    ck_assert_uint_eq(named, 1);
+    ra_announce(1, 1, RAW_MSG_LEN, mr_b->rkey);
+    pt_run(&pp);
+    ra_expect_msg(&r[1], rb[1], 1);
+    ck_assert_uint_eq(ra_read_dones(1, &named), 1);
+    ck_assert_uint_eq(named, 1);
+    ck_assert_int_eq(pp.b.conn->sp_reann_open, 1);
+    ra_announce(2, 2, RAW_MSG_LEN, mr_b->rkey); /* the first new message */
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.conn->sp_reann_open, 0);
+    ra_expect_msg(&r[2], rb[2], 2);
+    mock_stats(pp.b.ctx, &st);
+    ck_assert_uint_eq(st.reads - st0.reads, 3);
+    ck_assert_uint_eq(st.rem_access_err, st0.rem_access_err);
+    ck_assert_uint_eq(pp.b.conn->rx_seq, 3);
+    for (int i = 0; i < 3; i++)
+        pt_op_fini(&r[i]);
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    exs__prov_mr_dereg(mr_b);
+    raw_close();
+}
+END_TEST
+
+/* An announced message b read whole before the cut, whose READ_DONE the sender did not
+ * get (lost with the old path): announced again, it is answered with exactly one
+ * READ_DONE and no READ, and no receive takes it again: the next receive gets the next
+ * message. */
+START_TEST(hs_reann_read_done)
+{
+    static uint8_t rb[2][RAW_MSG_LEN];
+    struct mock_stats st0, st;
+    uint32_t named;
+    struct pt_op r[2];
+
+    ra_open();
+    pt_recv_post(&r[0], &pp.b, rb[0], RAW_MSG_LEN, 0);
+    pt_run(&pp);
+    ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+    pt_run(&pp);
+    ra_expect_msg(&r[0], rb[0], 0);
+    ck_assert_uint_eq(ra_read_dones(0, &named), 1);
+    ck_assert_uint_eq(ra_cut(), 0);
+    mock_stats(pp.b.ctx, &st0);
+    pt_recv_post(&r[1], &pp.b, rb[1], RAW_MSG_LEN, 0);
+    ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+    pt_run(&pp);
+    mock_stats(pp.b.ctx, &st);
+    ck_assert_uint_eq(st.reads, st0.reads);         /* no READ */
+    ck_assert_uint_eq(ra_read_dones(0, &named), 1); /* exactly one READ_DONE, for it */
+    ck_assert_uint_eq(named, 1);
+    ck_assert_int_eq(r[1].done, 0);
+    ra_announce(1, 1, RAW_MSG_LEN, raw.mr->rkey);
+    pt_run(&pp);
+    ra_expect_msg(&r[1], rb[1], 1);
+    ck_assert_uint_eq(ra_read_dones(1, &named), 1);
+    ck_assert_uint_eq(named, 1);
+    for (int i = 0; i < 2; i++)
+        pt_op_fini(&r[i]);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* A receive whose READ was in flight when the path failed (flushed in the drain): at the
+ * cut it gives its message back, first in the pending list and stale like the message
+ * after it, and waits for it again, to be read from offset 0 (nothing of it counted);
+ * no READ is outstanding any more. (The mock harness has no fallback: b is put in
+ * RESUMING by hand, as exs__resume_begin_locked does, and the link dropped.) */
+START_TEST(hs_reann_inflight)
+{
+    static uint8_t rb[RAW_MSG_LEN];
+    struct exs_pending_msg *m0, *m1;
+    struct exs_sock_stats st;
+    struct pt_op r;
+
+    ra_open();
+    ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+    ra_announce(1, 1, RAW_MSG_LEN, raw.mr->rkey);
+    pt_recv_post(&r, &pp.b, rb, RAW_MSG_LEN, 0); /* its READ is posted, not carried out */
+    ck_assert_int_eq(r.op.state, EXS_OPS_POSTED);
+    ck_assert_uint_eq(r.op.inflight, 1);
+    ck_assert_uint_eq(pp.b.conn->pending_announced, 1);
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pp.b.conn->state = EXS_CONN_RESUMING;
+    pp.b.conn->rsm_over = 1;
+    pp.b.conn->rsm_t0_ns = exs__now_ns();
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    mock_drop(raw.ep);
+    pt_run(&pp); /* the READ flushes, the DISCONNECTED comes: the old path is over */
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_RESUMING);
+    ck_assert_int_eq(r.done, 0);
+    ck_assert_uint_eq(r.op.inflight, 0);
+    ck_assert_uint_eq(ra_cut(), 2);
+    ck_assert_int_eq(r.op.state, EXS_OPS_QUEUED);
+    ck_assert_uint_eq(r.op.filled, 0);
+    ck_assert_uint_eq(pp.b.conn->reads, 0);
+    ck_assert_ptr_null(pp.b.conn->sp_rd_op);
+    ck_assert_uint_eq(pp.b.conn->pending_count, 2);
+    ck_assert_uint_eq(pp.b.conn->pending_announced, 2);
+    ck_assert_uint_eq(pp.b.conn->rx_seq, 2);
+    ck_assert_uint_eq(pp.b.conn->rx_matched, 0);
+    m0 = exs_list_entry(pp.b.conn->pending.next, struct exs_pending_msg, link);
+    m1 = exs_list_entry(m0->link.next, struct exs_pending_msg, link);
+    ck_assert_uint_eq(m0->seq, 0);
+    ck_assert_uint_eq(m0->len, RAW_MSG_LEN);
+    ck_assert_int_eq(m0->stale, 1);
+    ck_assert_uint_eq(m1->seq, 1);
+    ck_assert_int_eq(m1->stale, 1);
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.bytes_received, 0);
+    exs__conn_close(pp.b.conn);
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    ck_assert_int_eq(r.op.result, -1);
+    pt_op_fini(&r);
+    raw_close();
+}
+END_TEST
+
+/* Re-announces b refuses (each resets the connection, which ends cleanly):
+ *  0 of a message that arrived eager (neither stale nor remembered read)
+ *  1 in decreasing order (1 then 0, both stale)
+ *  2 after the first new message closed the window (0 read whole, then eager message 1)
+ *  3 on a connection never cut (0 read whole)
+ *  4 beyond what b remembers (memo of 1: 0 and 1 read whole, 0 forgotten)
+ *  5 of a stale message with another length
+ *  6 none: a new message while one is still stale (it had to be announced again first)
+ *  7 the same message twice (0 read whole: answered once, then refused) */
+START_TEST(hs_reann_bad)
+{
+    static uint8_t rb[2][RAW_MSG_LEN];
+    uint8_t msg[100] = {0};
+    struct pt_op r[2];
+    uint32_t named;
+    int nr = 0;
+
+    ra_open();
+    if (_i == 4)
+        pp.b.conn->sp_memo_cap = 1; /* before the first read */
+    switch (_i) {
+    case 0:
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
+                 raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+        pt_recv_post(&r[nr++], &pp.b, rb[0], RAW_MSG_LEN, 0);
+        pt_run(&pp);
+        pt_assert_done(&r[0], (ssize_t)sizeof(msg), 0);
+        break;
+    case 1:
+    case 5:
+    case 6:
+        ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+        ra_announce(1, 1, RAW_MSG_LEN, raw.mr->rkey);
+        pt_run(&pp);
+        break;
+    default:
+        for (int i = 0; i < (_i == 4 ? 2 : 1); i++) {
+            pt_recv_post(&r[nr++], &pp.b, rb[i], RAW_MSG_LEN, 0);
+            pt_run(&pp);
+            ra_announce((uint64_t)i, (uint32_t)i, RAW_MSG_LEN, raw.mr->rkey);
+            pt_run(&pp);
+            ra_expect_msg(&r[i], rb[i], (uint32_t)i);
+        }
+        break;
+    }
+    if (_i != 3)
+        ck_assert_uint_eq(ra_cut(), _i == 1 || _i == 5 || _i == 6 ? 2 : 0);
+    (void)ra_read_dones(0, &named);
+    switch (_i) {
+    case 1:
+        ra_announce(1, 1, RAW_MSG_LEN, raw.mr->rkey);
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED); /* 1 is taken */
+        ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+        break;
+    case 2:
+        pt_recv_post(&r[nr++], &pp.b, rb[1], RAW_MSG_LEN, 0);
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
+                 raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        pt_assert_done(&r[1], (ssize_t)sizeof(msg), 0);
+        ck_assert_int_eq(pp.b.conn->sp_reann_open, 0);
+        ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+        break;
+    case 4:
+        ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+        break;
+    case 5:
+        ra_announce(0, 0, RAW_MSG_LEN - 1, raw.mr->rkey);
+        break;
+    case 6:
+        ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
+                 raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+        break;
+    case 7:
+        ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        ck_assert_uint_eq(ra_read_dones(0, &named), 1);
+        ck_assert_uint_eq(named, 1);
+        ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+        break;
+    default: /* 0, 3 */
+        ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
+        break;
+    }
+    expect_reset();
+    for (int i = 0; i < nr; i++)
+        pt_op_fini(&r[i]);
+    raw_close();
+}
+END_TEST
+
+/* The sender's side: b announced message 0 (8000 bytes) and the cut lost its READ_DONE
+ * (raw never read it). Applying raw's RESUME (position 1: the ANNOUNCE arrived) the send
+ * is not completed but announced again, first, with a new grant (the old one revoked);
+ * raw READs it with the new key and answers READ_DONE: the send completes once, whole.
+ * Without the re-announce the send completes at the RESUME, unread. */
+START_TEST(hs_reann_sender)
+{
+    static uint8_t sb[8000];
+    struct exs_wire_announce a, a2;
+    struct exs_wire_read_done d = {
+        .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
+    };
+    struct exs_wire_resume rec;
+    struct mock_stats st0, st;
+    struct pt_op s;
+
+    ra_open();
+    pt_fill(sb, sizeof(sb), 9);
+    pt_op_init(&s, &pp.b, EXS_OP_SEND, sb, sizeof(sb), 0);
+    ck_assert_int_eq(pt_post(&s), 0);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_ANNOUNCE, &a, sizeof(a)));
+    ck_assert_uint_eq(be64toh(a.seq), 0);
+    /* the new path: b waits for raw's RESUME, which states message 0 arrived */
+    memset(&rec, 0, sizeof(rec));
+    rec.hdr.type = EXS_CTRL_RESUME;
+    rec.hdr.len = htobe16(EXS_WIRE_RESUME_LEN);
+    rec.token = htobe64(pp.b.conn->sess_token);
+    rec.rx_msgs = htobe64(1);
+    rec.ring_arrived = htobe64(pp.b.conn->wr_tail);
+    rec.ring_consumed = htobe64(pp.b.conn->wr_consumed);
+    mock_stats(pp.b.ctx, &st0);
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pp.b.conn->rsm_peer_wait = 1;
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(on_resume(pp.b.conn, &rec), 0);
+    ck_assert_int_eq(s.done, 0); /* not completed: its READ_DONE never came */
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    exs__conn_kick_locked(pp.b.conn);
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pt_run(&pp);
+    ck_assert(raw_find_record(EXS_CTRL_ANNOUNCE, &a2, sizeof(a2)));
+    ck_assert_uint_eq(be64toh(a2.seq), 0);
+    ck_assert_uint_eq(be64toh(a2.addr), (uintptr_t)sb);
+    ck_assert_uint_eq(be32toh(a2.len), sizeof(sb));
+    mock_stats(pp.b.ctx, &st);
+    ck_assert_uint_eq(st.revokes - st0.revokes, 1); /* the old grant */
+    ck_assert_uint_eq(st.grants - st0.grants, 1);   /* the new one */
+    ck_assert_int_eq(s.done, 0);
+    raw_post(EXS_PROV_WR_RDMA_READ, NULL, sizeof(sb), be64toh(a2.addr), be32toh(a2.rkey), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(raw_send_status(), EXS_PROV_WC_SUCCESS);
+    ck_assert(pt_check(raw.mem + RAW_SEND, sizeof(sb), 9));
+    d.seq = a2.seq;
+    raw_post(EXS_PROV_WR_SEND, &d, sizeof(d), 0, 0, 0);
+    pt_run(&pp);
+    pt_assert_done(&s, (ssize_t)sizeof(sb), 0);
+    pt_op_fini(&s);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -2232,6 +2647,11 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_session_early_without_bit);
     tcase_add_test(tc, hs_down_before_established_deadline);
     tcase_add_loop_test(tc, hs_record_before_established, 0, 2);
+    tcase_add_test(tc, hs_reann_stale);
+    tcase_add_test(tc, hs_reann_read_done);
+    tcase_add_test(tc, hs_reann_inflight);
+    tcase_add_loop_test(tc, hs_reann_bad, 0, 8);
+    tcase_add_test(tc, hs_reann_sender);
     suite_add_tcase(s, tc);
     return s;
 }
