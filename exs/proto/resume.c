@@ -95,8 +95,8 @@ static struct exs_conn *resume_registry_find(uint64_t token)
 
         found = (found & ~m) | ((uintptr_t)c & m);
     }
-    if (found)
-        ((struct exs_conn *)found)->rsm_refs++;
+    if (found) /* atomic: written under the lock, but a unit test watches it without */
+        __atomic_add_fetch(&((struct exs_conn *)found)->rsm_refs, 1, __ATOMIC_RELEASE);
     EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
     return (struct exs_conn *)found;
 }
@@ -106,7 +106,7 @@ static void resume_registry_put(struct exs_conn *conn)
     int last;
 
     EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    last = --conn->rsm_refs == 0 && conn->rsm_gone;
+    last = __atomic_sub_fetch(&conn->rsm_refs, 1, __ATOMIC_RELEASE) == 0 && conn->rsm_gone;
     EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
     if (last)
         exs__conn_free(conn); /* destroyed while we held it */
