@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "exs/util/counters.h"
 #include "exs/util/params.h"
 #include "integ.h"
 #include "tests/skip.h"
@@ -281,6 +282,63 @@ START_TEST(test_ka_idle_healthy)
 }
 END_TEST
 
+/* A peer whose library stopped while its NIC still acknowledges (what a frozen process
+ * is on RDMA hardware and Soft-RoCE), emulated over any provider by the fault provider's
+ * freeze: the client's endpoint sends nothing and delivers no completion, while the
+ * server's sends still reach it and complete at the server. The server probes; its PINGs
+ * complete (acknowledged below the client's library) and are never answered: it finds the
+ * client dead within the bound, its outstanding receive ends with ETIMEDOUT. Without
+ * feature ALIVE the acknowledged probes kept the client "alive" forever. */
+START_TEST(test_ka_frozen_library)
+{
+    struct exs_sock_stats st;
+    struct it_buf *sb, *rb;
+    struct it_pair p;
+    exs_event_t ev;
+    int ms = KA_INTV_MS;
+    uint64_t n = 0;
+    double t0, dt;
+
+    /* keepalive off until the client is frozen (no probe may be the frozen send), then
+     * on for the server alone: the client's library would still run its timer */
+    it_setenv("EXS_KEEPALIVE_INTV_MS", "0");
+    it_setenv("EXS_KEEPALIVE_PROBES", "3"); /* KA_PROBES */
+    it_fault_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 8, 8);
+    sb = it_buf_new(64, 1);
+    rb = it_buf_new(64, 1);
+    it_fault_set("fault_freeze_ms", "3600000");
+    it_fault_set_port(&p);
+    it_fault_set("fault_freeze_nth", "1");
+    IT_POST_SEND(p.cfd, sb->p, sb->len, p.cq, IT_AH(1), sb->mh); /* freezes the client */
+    it_fault_set("fault_freeze_nth", "0");
+    ck_assert_int_eq(exs__counters_lookup("prov.fault", "freeze", &n), 0);
+    ck_assert_uint_eq(n, 1);
+    IT_EXPECT_OK(exs_setsockopt(p.sfd, SOL_EXS, EXS_SO_KEEPALIVE_MS, &ms, sizeof(ms)));
+    t0 = it_now_ms();
+    IT_POST_RECV(p.sfd, rb->p, rb->len, p.sq, IT_AH(2), rb->mh);
+    it_wait_event_at(p.sq, EXS_EVT_RECV, p.sfd, KA_BOUND_MS + 4000, &ev, __FILE__, __LINE__);
+    dt = it_now_ms() - t0;
+    get_stats(p.sfd, &st);
+    printf("ka_frozen_library: the server's receive ended (%s) %.0f ms after it was posted, "
+           "%llu probes (interval %d ms x %d)\n",
+           strerror(ev.exs_evt_errno), dt, (unsigned long long)st.keepalive_probes, KA_INTV_MS,
+           KA_PROBES);
+    fflush(stdout);
+    ck_assert_msg(ev.exs_evt_errno == ETIMEDOUT, "the receive ended with errno %d (%s)",
+                  ev.exs_evt_errno, strerror(ev.exs_evt_errno));
+    ck_assert_msg(dt <= KA_BOUND_MS, "found after %.0f ms (bound %d)", dt, KA_BOUND_MS);
+    ck_assert_uint_eq(st.keepalive_timeouts, 1);
+    ck_assert_uint_ge(st.keepalive_probes, 1);
+    /* thaw: the client's held send goes to a peer that is gone */
+    it_fault_set("fault_freeze_ms", "0");
+    it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
 /* Keepalive answered by the peer's library (feature ALIVE): one side probes (200 ms x 3),
  * the other has keepalive off and only answers. _i 0: the client probes, _i 1: the
  * server. An idle, healthy connection stays up for 3 s (15 intervals) although only
@@ -536,6 +594,11 @@ Suite *integ_keepalive_suite(void)
     tcase_add_test(tc, test_ka_blackholed_link);
     tcase_add_test(tc, test_ka_frozen_peer);
     tcase_add_test(tc, test_ka_killed_peer);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("keepalive_frozen_library");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, NULL, it_fault_teardown);
+    tcase_add_test(tc, test_ka_frozen_library);
     suite_add_tcase(s, tc);
     tc = it_tcase("keepalive_idle", 30);
     tcase_add_test(tc, test_ka_idle_healthy);
