@@ -2326,6 +2326,79 @@ START_TEST(hs_ka_send_completion_not_alive)
 }
 END_TEST
 
+/* A PING waits for a credit and the wait keeps counting (§3.1, §9.1). raw PINGs b until
+ * b's answers spent b's every credit (raw returns none); the next PING's answer waits.
+ * b's silent interval ends: its PING cannot go (no credit), no probe is counted, and a
+ * further interval counts as failed (the PING tried again, still without a credit). Then
+ * raw returns one credit in a NOP: a receive, which proves raw alive (the wait ends,
+ * nothing failed) and lets the waiting answer go; b never sent a PING. Time is moved
+ * by hand: nothing here depends on the machine's speed. */
+START_TEST(hs_ka_ping_waits_for_credit)
+{
+    const uint64_t ka_ms = 1000, intv = ka_ms * 1000000u;
+    struct exs_sock_stats st;
+    struct ka_seen k = {0};
+    struct exs_conn *b;
+    int nops;
+
+    raw_open(SOCK_SEQPACKET);
+    ck_assert_int_eq(exs__params_set("keepalive_probes", "3"), 0);
+    b = pp.b.conn;
+    ka_collect(&k);
+    for (int i = 0; i < 64 && b->credits > 0; i++) {
+        ka_raw_pings(1, 0);
+        pt_run(&pp);
+        ka_collect(&k);
+    }
+    ck_assert_uint_eq(b->credits, 0);
+    nops = k.nops;
+    ck_assert_int_eq(k.pings, 0);
+    ka_raw_pings(1, 0); /* its answer waits for a credit */
+    pt_run(&pp);
+    ka_collect(&k);
+    ck_assert_int_eq(k.nops, nops);
+    ck_assert_uint_gt(b->ctrl_len, 0);
+    ck_assert_uint_eq(b->owed, 1);
+    /* an interval of silence: the PING cannot go, the wait begins */
+    EXS_MUTEX_LOCK(&b->lock, EXS_LOCK_CONN);
+    b->ka_heard_ns -= intv + intv / 2;
+    EXS_MUTEX_UNLOCK(&b->lock, EXS_LOCK_CONN);
+    ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.keepalive_probes, 0);
+    ck_assert_int_eq(b->ka_waiting, 1);
+    ck_assert_int_eq(b->ka_ping, 0);
+    /* another: tried again, still no credit; one failed interval */
+    EXS_MUTEX_LOCK(&b->lock, EXS_LOCK_CONN);
+    b->ka_probe_ns -= intv + intv / 2;
+    EXS_MUTEX_UNLOCK(&b->lock, EXS_LOCK_CONN);
+    ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
+    ck_assert_uint_eq(b->ka_fails, 1);
+    ck_assert_int_eq(b->state, EXS_CONN_CONNECTED);
+    pt_run(&pp);
+    ka_collect(&k);
+    ck_assert_int_eq(k.pings, 0);
+    ck_assert_int_eq(k.nops, nops);
+    /* raw returns a credit: a receive (alive), and the answer goes */
+    raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 1, NULL, 0);
+    pt_run(&pp);
+    ka_collect(&k);
+    ck_assert_int_eq(k.nops, nops + 1);
+    ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
+    ck_assert_int_eq(b->ka_waiting, 0);
+    ck_assert_uint_eq(b->ka_fails, 0);
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.keepalive_probes, 0);
+    ck_assert_uint_eq(st.keepalive_timeouts, 0);
+    ck_assert_int_eq(k.pings, 0);
+    ck_assert_int_eq(b->state, EXS_CONN_CONNECTED);
+    raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 4, NULL, 0); /* credits for b's SHUTDOWN */
+    pt_run(&pp);
+    exs__conn_close(b);
+    raw_close();
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -2377,6 +2450,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_ka_ping_flood, 0, 2);
     tcase_add_test(tc, hs_ka_ping_without_feature);
     tcase_add_loop_test(tc, hs_ka_send_completion_not_alive, 0, 2);
+    tcase_add_test(tc, hs_ka_ping_waits_for_credit);
     suite_add_tcase(s, tc);
     return s;
 }
