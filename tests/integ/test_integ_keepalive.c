@@ -295,31 +295,37 @@ END_TEST
 START_TEST(test_ka_frozen_library)
 {
     struct exs_sock_stats st;
-    struct it_buf *sb, *rb;
+    struct it_buf *cb, *sb;
     struct it_pair p;
     exs_event_t ev;
     int ms = KA_INTV_MS;
     uint64_t n = 0;
-    double t0, dt;
+    double t0, dt, end;
 
     /* keepalive off until the client is frozen (no probe may be the frozen send), then
-     * on for the server alone: the client's library would still run its timer */
+     * on for the server alone; the connections' timers look every 100 ms (a quarter of
+     * the send deadline; no send waits here), so that applies at once */
     it_setenv("EXS_KEEPALIVE_INTV_MS", "0");
     it_setenv("EXS_KEEPALIVE_PROBES", "3"); /* KA_PROBES */
+    it_setenv("EXS_SEND_TIMEOUT_MS", "400");
     it_fault_init();
     it_pair_open(&p, SOCK_SEQPACKET, 8, 8);
+    cb = it_buf_new(65536, 1); /* at least eager_max: advertised */
     sb = it_buf_new(64, 1);
-    rb = it_buf_new(64, 1);
     it_fault_set("fault_freeze_ms", "3600000");
     it_fault_set_port(&p);
     it_fault_set("fault_freeze_nth", "1");
-    IT_POST_SEND(p.cfd, sb->p, sb->len, p.cq, IT_AH(1), sb->mh); /* freezes the client */
+    /* the client's receive is advertised (§6): that SEND freezes the client's endpoint */
+    IT_POST_RECV(p.cfd, cb->p, cb->len, p.cq, IT_AH(1), cb->mh);
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (exs__counters_lookup("prov.fault", "freeze", &n) == 0 && !n && it_now_ms() < end)
+        it_sleep_ms(1);
     it_fault_set("fault_freeze_nth", "0");
     ck_assert_int_eq(exs__counters_lookup("prov.fault", "freeze", &n), 0);
     ck_assert_uint_eq(n, 1);
     IT_EXPECT_OK(exs_setsockopt(p.sfd, SOL_EXS, EXS_SO_KEEPALIVE_MS, &ms, sizeof(ms)));
     t0 = it_now_ms();
-    IT_POST_RECV(p.sfd, rb->p, rb->len, p.sq, IT_AH(2), rb->mh);
+    IT_POST_RECV(p.sfd, sb->p, sb->len, p.sq, IT_AH(2), sb->mh);
     it_wait_event_at(p.sq, EXS_EVT_RECV, p.sfd, KA_BOUND_MS + 4000, &ev, __FILE__, __LINE__);
     dt = it_now_ms() - t0;
     get_stats(p.sfd, &st);
@@ -333,12 +339,13 @@ START_TEST(test_ka_frozen_library)
     ck_assert_msg(dt <= KA_BOUND_MS, "found after %.0f ms (bound %d)", dt, KA_BOUND_MS);
     ck_assert_uint_eq(st.keepalive_timeouts, 1);
     ck_assert_uint_ge(st.keepalive_probes, 1);
-    /* thaw: the client's held send goes to a peer that is gone */
+    /* thaw: the client learns that its peer is gone */
     it_fault_set("fault_freeze_ms", "0");
-    it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+    it_wait_event(p.cq, EXS_EVT_RECV, p.cfd, &ev);
+    ck_assert_int_ne(ev.exs_evt_errno, 0);
     it_pair_close(&p);
+    it_buf_free(cb);
     it_buf_free(sb);
-    it_buf_free(rb);
 }
 END_TEST
 
