@@ -915,6 +915,8 @@ static void conn_deliver_locked(struct exs_conn *conn)
     }
 }
 
+static void conn_ka_answer_locked(struct exs_conn *conn);
+
 void exs__conn_kick_locked(struct exs_conn *conn)
 {
     if ((conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
@@ -926,6 +928,7 @@ void exs__conn_kick_locked(struct exs_conn *conn)
             exs__sp_recv_progress_locked(conn);
             exs__sp_send_progress_locked(conn);
         }
+        conn_ka_answer_locked(conn);
         exs__conn_ctrl_flush_locked(conn);
     } else if (conn->rsm_peer_wait && conn->state == EXS_CONN_CONNECTED)
         exs__conn_ctrl_flush_locked(conn); /* our RING and RESUME records */
@@ -1253,11 +1256,90 @@ static int conn_ka_probe_locked(struct exs_conn *conn)
     return 0;
 }
 
-/* Keepalive (spec/protocol.md §9.1): after an interval without a successful completion a
- * probe goes out, and each further interval without one counts as a failed probe (an
- * earlier probe still outstanding serves: completions come in posting order). So a peer
- * that went silent at L is dead at L + interval x (probes + 1). *due_p: when to look
- * again. 1 when the peer is dead. */
+/* Both hellos have feature ALIVE: the peer's library answers probes (§9.1). Not under
+ * the window seam EXS_WINDOW_TEST (tests only): a PING returns credits, and the seam's
+ * windows must stay full until its NOP (§3.1), so keepalive keeps the zero-byte WRITE. */
+static int conn_ka_alive(const struct exs_conn *conn)
+{
+    return (conn->peer.features & EXS_WIRE_FEAT_ALIVE) && !conn_window_test();
+}
+
+/* Feature ALIVE: the probe is a NOP with flag PING, a SEND that costs a credit like any
+ * control record and carries the owed credits; the peer's library answers it with a NOP,
+ * a receive here. 0 when it cannot go yet (no send slot, no credit it may spend, records
+ * waiting fill the control buffer): it waits while the interval keeps counting; a live
+ * peer returns credits by itself meanwhile, and that receive is its answer (§9.1). */
+static int conn_ka_ping_locked(struct exs_conn *conn)
+{
+    struct exs_wire_ctrl_hdr ping = {
+        .type = EXS_CTRL_NOP,
+        .flags = EXS_NOP_PING,
+        .len = htobe16(EXS_WIRE_NOP_LEN),
+    };
+
+    if (!conn->tx_free_top || !conn_can_spend_ctrl_locked(conn) ||
+        !exs__conn_ctrl_room_locked(conn, EXS_WIRE_NOP_LEN))
+        return 0;
+    exs__conn_ctrl_append_locked(conn, &ping, sizeof(ping));
+    conn->ka_ping = 1;
+    conn->stats.keepalive_probes++;
+    exs__conn_ctrl_flush_locked(conn); /* a failed post resets the conn */
+    return 1;
+}
+
+/* A NOP record came (flags: its hdr.flags). A PING is answered once per progress pass
+ * (conn_ka_answer_locked), however many came; from a peer without feature ALIVE it is a
+ * protocol error. -EPROTO on a violation. */
+static int conn_ka_on_nop_locked(struct exs_conn *conn, uint8_t flags)
+{
+    if (!(flags & EXS_NOP_PING))
+        return 0;
+    if (!conn_ka_alive(conn)) {
+        EXS_INFO(PROTO, "conn %p: keepalive PING from a peer without feature ALIVE", (void *)conn);
+        return -EPROTO;
+    }
+    conn->ka_answer = 1;
+    return 0;
+}
+
+/* Answer the peer's PING (progress pass, before the flush): a NOP (credits only) unless
+ * records already wait to go, which answer as well (any SEND of ours is a receive at the
+ * peer). One answer at most is pending: PINGs that come while it waits for a credit are
+ * answered by it. Never wakes the application. */
+static void conn_ka_answer_locked(struct exs_conn *conn)
+{
+    struct exs_wire_ctrl_hdr nop = {
+        .type = EXS_CTRL_NOP,
+        .len = htobe16(EXS_WIRE_NOP_LEN),
+    };
+
+    if (!conn->ka_answer)
+        return;
+    conn->ka_answer = 0;
+    if (conn->ctrl_len || !exs__conn_ctrl_room_locked(conn, EXS_WIRE_NOP_LEN))
+        return; /* the waiting records answer */
+    exs__conn_ctrl_append_locked(conn, &nop, sizeof(nop));
+    conn->stats.keepalive_answers++;
+}
+
+/* The probe of this silent interval: a PING with feature ALIVE (a failed post resets the
+ * conn there: the caller sees its state), else the zero-byte WRITE unless one is still
+ * outstanding. 0, or -errno when the WRITE's post failed. */
+static int conn_ka_send_probe_locked(struct exs_conn *conn)
+{
+    if (!conn_ka_alive(conn))
+        return conn->ka_probe_out ? 0 : conn_ka_probe_locked(conn);
+    if (!conn->ka_ping)
+        conn_ka_ping_locked(conn);
+    return 0;
+}
+
+/* Keepalive (spec/protocol.md §9.1): after an interval without a successful completion
+ * (with feature ALIVE: without a receive) a probe goes out, and each further interval
+ * without one counts as a failed probe (an earlier probe still outstanding serves:
+ * completions come in posting order; a PING that could not go is tried again at each
+ * look). So a peer that went silent at L is dead at L + interval x (probes + 1).
+ * *due_p: when to look again. 1 when the peer is dead. */
 static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t intv_ns,
                                 uint64_t *due_p)
 {
@@ -1267,11 +1349,12 @@ static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t in
     if (!conn->ka_waiting || conn->ka_heard_ns > conn->ka_probe_ns) {
         conn->ka_waiting = 0;
         conn->ka_fails = 0;
+        conn->ka_ping = 0;
         if (now + slack < conn->ka_heard_ns + intv_ns) {
             *due_p = conn->ka_heard_ns + intv_ns;
             return 0;
         }
-        if (!conn->ka_probe_out && conn_ka_probe_locked(conn)) {
+        if (conn_ka_send_probe_locked(conn)) {
             exs__conn_fail_locked(conn, ECONNRESET, "keepalive probe failed");
             return 0;
         }
@@ -1283,6 +1366,11 @@ static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t in
     if (now + slack < conn->ka_probe_ns + (conn->ka_fails + 1) * intv_ns) {
         *due_p = conn->ka_probe_ns + (conn->ka_fails + 1) * intv_ns;
         return 0;
+    }
+    if (conn_ka_alive(conn) && !conn->ka_ping) {
+        conn_ka_ping_locked(conn); /* the PING could not go until now */
+        if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
+            return 0; /* its post failed: reset */
     }
     if (++conn->ka_fails < probes) {
         *due_p = conn->ka_probe_ns + (conn->ka_fails + 1) * intv_ns;
@@ -1635,6 +1723,10 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
             conn->peer_total = be64toh(s.seq);
             break;
         }
+        case EXS_CTRL_NOP:
+            if (conn_ka_on_nop_locked(conn, h.flags))
+                return -EPROTO;
+            break;
         default:
             break;
         }
@@ -1733,8 +1825,11 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
             exs__conn_fail_locked(conn, ECONNRESET, "work request failed");
         return;
     }
-    /* the peer (its NIC) answered: keepalive has nothing to probe this interval (§9) */
-    conn->ka_heard = 1;
+    /* the peer answered: keepalive has nothing to probe this interval (§9.1). With
+     * feature ALIVE only a receive counts (the peer's library posted it); without it any
+     * completion does (a send the peer's NIC acknowledged) */
+    if (tag == WR_TAG_RX || !conn_ka_alive(conn))
+        conn->ka_heard = 1;
     switch (tag) {
     case WR_TAG_RX:
         conn_on_rx_locked(conn, cqe, (uint32_t)(val >> 3));

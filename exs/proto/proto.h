@@ -330,6 +330,8 @@ struct exs_conn {
     uint32_t                   ka_fails;     /* intervals that wait stayed unanswered */
     uint64_t                   ka_heard_ns;  /* the last successful completion (or establishment) */
     uint64_t                   ka_probe_ns;  /* when the wait for an answer began */
+    int                        ka_ping;      /* feature ALIVE: this wait's PING is out */
+    int                        ka_answer;    /* feature ALIVE: a PING came, its answer is owed */
     uint64_t                   tx_moved;     /* data writes completed (send stall check) */
     uint64_t                   tx_moved_seen; /* tx_moved when tx_stall_ns was set */
     uint64_t                   tx_stall_ns;  /* queued sends without progress since; 0: none */

@@ -34,6 +34,9 @@
  *       hello.hflags (byte 37, was reserved 0) bit 0 RESUME marks a cut-over's new path
  *       (with bit 7 only), its private data then 48 bytes: the hello and the SESSION
  *       token (bytes 40-47); reject reason 7: a resume hello the listener does not take.
+ *   v2 + feature ALIVE (bit 9, used when both hellos have it): liveness is answered by the
+ *       peer's library: a keepalive probe is a NOP with flag PING (a SEND), answered by a
+ *       NOP; only receive completions prove the peer alive (§9.1).
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -58,9 +61,11 @@ enum { /* exs_wire_hello.features */
                                         * by a side with fallback policy `any`, so it is
                                         * not in EXS_WIRE_FEAT_ALL */
     EXS_WIRE_FEAT_STRACE    = 1u << 8, /* STREAM: TRACE records on a stream (§5.1), with TRACE */
+    EXS_WIRE_FEAT_ALIVE     = 1u << 9, /* answers a NOP with flag PING by a NOP; probes so
+                                        * and counts only receives as alive (§9.1) */
     EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
                               EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE | EXS_WIRE_FEAT_RESIZE |
-                              EXS_WIRE_FEAT_FRAG | EXS_WIRE_FEAT_STRACE,
+                              EXS_WIRE_FEAT_FRAG | EXS_WIRE_FEAT_STRACE | EXS_WIRE_FEAT_ALIVE,
 };
 
 struct exs_wire_hello {
@@ -348,6 +353,12 @@ struct exs_wire_resume {
 
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN
+
+enum { /* NOP hdr.flags */
+    EXS_NOP_PING = 1u << 0, /* keepalive probe (feature ALIVE, §9.1): the peer's library
+                             * answers with a NOP; from a peer without the feature a
+                             * protocol error; other bits ignored */
+};
 
 /* Largest control SEND: a batch of records. Receive buffers are at least this big. */
 #define EXS_WIRE_CTRL_MAX 512u

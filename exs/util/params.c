@@ -138,7 +138,8 @@ static const struct exs_param_def params_table[] = {
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
     PARAM(keepalive_intv_ms, "EXS_KEEPALIVE_INTV_MS", "1000", UINT, 1,
-          "keepalive: a connection silent this long is probed (zero-byte RDMA WRITE), "
+          "keepalive: a connection silent this long is probed (a PING the peer's library "
+          "answers; a zero-byte RDMA WRITE to an older peer), "
           "milliseconds, at most 3600000, 0 = off; per socket SO_KEEPALIVE, EXS_SO_KEEPALIVE_MS"),
     PARAM(keepalive_probes, "EXS_KEEPALIVE_PROBES", "3", UINT, 1,
           "keepalive: probes unanswered for an interval each before the peer is dead (ETIMEDOUT), "

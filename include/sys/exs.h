@@ -189,6 +189,7 @@ struct exs_sock_stats {
     uint64_t ring_grow_refused; /* ring grows refused: the process's ring budget (autotuning) */
     uint64_t sends_copied;      /* STREAM sends copied into the send buffer (SO_SNDBUF) and
                                  * completed at once */
+    uint64_t keepalive_answers; /* keepalive PINGs of the peer answered (feature ALIVE) */
 };
 /* exs_getsockopt(EXS_SO_STATS) fills min(*optlen, sizeof) bytes and sets *optlen to that
  * count; *optlen below the first version's size is EINVAL. */

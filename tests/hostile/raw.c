@@ -105,7 +105,8 @@ void raw_hello_default(struct exs_wire_hello *h, unsigned sock_type)
     h->magic = htobe16(EXS_WIRE_MAGIC);
     h->version = EXS_WIRE_VERSION;
     h->sock_type = (uint8_t)sock_type;
-    h->features = htobe16(EXS_WIRE_FEAT_ALL);
+    /* raw peers answer no keepalive PING: they do not claim feature ALIVE (§9.1) */
+    h->features = htobe16(EXS_WIRE_FEAT_ALL & ~EXS_WIRE_FEAT_ALIVE);
     h->credits = htobe16(64);
     h->ctrl_size = htobe32(EXS_WIRE_CTRL_MAX);
     h->ring_size = htobe32(1u << 20);

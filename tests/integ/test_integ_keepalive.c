@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "exs/util/counters.h"
 #include "exs/util/params.h"
 #include "integ.h"
 #include "tests/skip.h"
@@ -144,12 +145,11 @@ static void run_gone(enum gone_how how, const char *name)
     int fd, fds0, expect_err = ETIMEDOUT;
     double t0, dt;
 
-    if (how != GONE_KILLED && strcmp(it_provider, "tcp") != 0) {
-        /* an RDMA NIC answers for a stopped process, and the blackhole is the tcp
-         * provider's link emulation */
-        test_skip(name, "provider %s: %s", it_provider,
-                  how == GONE_FROZEN ? "its NIC answers for a stopped process"
-                                     : "the link emulation is the tcp provider's");
+    if (how == GONE_BLACKHOLE && strcmp(it_provider, "tcp") != 0) {
+        /* a frozen peer is found on every provider (its NIC answers for the stopped
+         * process, its library does not: feature ALIVE, spec/protocol.md §9.1); the
+         * blackhole is the tcp provider's link emulation */
+        test_skip(name, "provider %s: the link emulation is the tcp provider's", it_provider);
         return;
     }
     peer_start(&peer, how == GONE_BLACKHOLE ? PEER_BLACKHOLE : PEER_IDLE);
@@ -158,7 +158,10 @@ static void run_gone(enum gone_how how, const char *name)
     it_init();
     q = it_qcreate(8);
     rb = it_buf_new(64, 1);
-    sb = it_buf_new(64, 1);
+    /* more than the peer's eager_max (EXS_EAGER_MAX, 4096): announced, so only the
+     * peer's library (its READ) completes the send; an eager one completes once the
+     * peer's NIC took it, which a frozen process's NIC does on RDMA hardware */
+    sb = it_buf_new(65536, 1);
     fds0 = it_count_fds();
     fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
     ck_assert_int_ge(fd, 0);
@@ -279,6 +282,149 @@ START_TEST(test_ka_idle_healthy)
     it_buf_free(rb);
     it_buf_free(sb);
     it_pair_close(&p);
+}
+END_TEST
+
+/* A peer whose library stopped while its NIC still acknowledges (what a frozen process
+ * is on RDMA hardware and Soft-RoCE), emulated over any provider by the fault provider's
+ * freeze: the client's endpoint sends nothing and delivers no completion, while the
+ * server's sends still reach it and complete at the server. The server probes; its PINGs
+ * complete (acknowledged below the client's library) and are never answered: it finds the
+ * client dead within the bound, its outstanding receive ends with ETIMEDOUT. Without
+ * feature ALIVE the acknowledged probes kept the client "alive" forever. */
+START_TEST(test_ka_frozen_library)
+{
+    struct exs_sock_stats st;
+    struct it_buf *cb, *sb;
+    struct it_pair p;
+    exs_event_t ev;
+    int ms = KA_INTV_MS;
+    uint64_t n = 0;
+    double t0, dt, end;
+
+    /* keepalive off until the client is frozen (no probe may be the frozen send), then
+     * on for the server alone; the connections' timers look every 100 ms (a quarter of
+     * the send deadline; no send waits here), so that applies at once */
+    it_setenv("EXS_KEEPALIVE_INTV_MS", "0");
+    it_setenv("EXS_KEEPALIVE_PROBES", "3"); /* KA_PROBES */
+    it_setenv("EXS_SEND_TIMEOUT_MS", "400");
+    it_fault_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 8, 8);
+    cb = it_buf_new(65536, 1); /* at least eager_max: advertised */
+    sb = it_buf_new(64, 1);
+    it_fault_set("fault_freeze_ms", "3600000");
+    it_fault_set_port(&p);
+    it_fault_set("fault_freeze_nth", "1");
+    /* the client's receive is advertised (§6): that SEND freezes the client's endpoint */
+    IT_POST_RECV(p.cfd, cb->p, cb->len, p.cq, IT_AH(1), cb->mh);
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (exs__counters_lookup("prov.fault", "freeze", &n) == 0 && !n && it_now_ms() < end)
+        it_sleep_ms(1);
+    it_fault_set("fault_freeze_nth", "0");
+    ck_assert_int_eq(exs__counters_lookup("prov.fault", "freeze", &n), 0);
+    ck_assert_uint_eq(n, 1);
+    IT_EXPECT_OK(exs_setsockopt(p.sfd, SOL_EXS, EXS_SO_KEEPALIVE_MS, &ms, sizeof(ms)));
+    t0 = it_now_ms();
+    IT_POST_RECV(p.sfd, sb->p, sb->len, p.sq, IT_AH(2), sb->mh);
+    it_wait_event_at(p.sq, EXS_EVT_RECV, p.sfd, KA_BOUND_MS + 4000, &ev, __FILE__, __LINE__);
+    dt = it_now_ms() - t0;
+    get_stats(p.sfd, &st);
+    printf("ka_frozen_library: the server's receive ended (%s) %.0f ms after it was posted, "
+           "%llu probes (interval %d ms x %d)\n",
+           strerror(ev.exs_evt_errno), dt, (unsigned long long)st.keepalive_probes, KA_INTV_MS,
+           KA_PROBES);
+    fflush(stdout);
+    ck_assert_msg(ev.exs_evt_errno == ETIMEDOUT, "the receive ended with errno %d (%s)",
+                  ev.exs_evt_errno, strerror(ev.exs_evt_errno));
+    ck_assert_msg(dt <= KA_BOUND_MS, "found after %.0f ms (bound %d)", dt, KA_BOUND_MS);
+    ck_assert_uint_eq(st.keepalive_timeouts, 1);
+    ck_assert_uint_ge(st.keepalive_probes, 1);
+    /* thaw: the client learns that its peer is gone */
+    it_fault_set("fault_freeze_ms", "0");
+    it_wait_event(p.cq, EXS_EVT_RECV, p.cfd, &ev);
+    ck_assert_int_ne(ev.exs_evt_errno, 0);
+    it_pair_close(&p);
+    it_buf_free(cb);
+    it_buf_free(sb);
+}
+END_TEST
+
+/* Keepalive answered by the peer's library (feature ALIVE): one side probes (200 ms x 3),
+ * the other has keepalive off and only answers. _i 0: the client probes, _i 1: the
+ * server. An idle, healthy connection stays up for 3 s (15 intervals) although only
+ * receives prove the peer alive: every PING was answered by the other side's library
+ * (without the answers the prober declares the peer dead after 800 ms), neither
+ * application sees anything, then data flows both ways and the close is clean. */
+START_TEST(test_ka_idle_answered)
+{
+    struct sockaddr_in addr;
+    struct exs_sock_stats ps, as;
+    struct it_buf *cb, *sb, *crb, *srb;
+    exs_qhandle_t q;
+    exs_event_t ev;
+    int lfd, cfd, sfd, off = 0, pfd, afd;
+
+    it_setenv("EXS_KEEPALIVE_INTV_MS", "200"); /* KA_INTV_MS */
+    it_setenv("EXS_KEEPALIVE_PROBES", "3");    /* KA_PROBES */
+    it_init();
+    q = it_qcreate(16);
+    lfd = it_listen(SOCK_SEQPACKET, &addr);
+    cfd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+    ck_assert_int_ge(cfd, 0);
+    /* the answering side: keepalive off (a listener's children take its setting) */
+    IT_EXPECT_OK(exs_setsockopt(_i ? cfd : lfd, SOL_SOCKET, SO_KEEPALIVE, &off, sizeof(off)));
+    IT_EXPECT_OK(exs_accept(lfd, q, IT_AH(1)));
+    IT_EXPECT_OK(exs_connect(cfd, (struct sockaddr *)&addr, sizeof(addr), q, IT_AH(2)));
+    it_expect_err(q, EXS_EVT_CONNECT, cfd, IT_AH(2), 0);
+    it_expect_err_at(q, EXS_EVT_ACCEPT, lfd, IT_AH(1), 0, &ev, __FILE__, __LINE__);
+    sfd = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+    ck_assert_int_ge(sfd, 0);
+    pfd = _i ? sfd : cfd;
+    afd = _i ? cfd : sfd;
+    it_expect_no_event(q, 3000); /* 15 intervals */
+    get_stats(pfd, &ps);
+    get_stats(afd, &as);
+    printf("ka_idle_answered (%s probes): %llu probes, %llu answers in 3 s (interval %d ms x "
+           "%d)\n",
+           _i ? "server" : "client", (unsigned long long)ps.keepalive_probes,
+           (unsigned long long)as.keepalive_answers, KA_INTV_MS, KA_PROBES);
+    fflush(stdout);
+    ck_assert_uint_eq(ps.keepalive_timeouts, 0);
+    ck_assert_uint_eq(as.keepalive_timeouts, 0);
+    /* one probe per silent interval: about 14; answered one for one (nothing else
+     * goes while idle), so at least as many answers as probes less the last */
+    ck_assert_msg(ps.keepalive_probes >= 5, "%llu probes in 15 intervals",
+                  (unsigned long long)ps.keepalive_probes);
+    ck_assert_msg(as.keepalive_answers + 1 >= ps.keepalive_probes, "%llu probes, %llu answers",
+                  (unsigned long long)ps.keepalive_probes,
+                  (unsigned long long)as.keepalive_answers);
+    ck_assert_uint_eq(as.keepalive_probes, 0);
+    ck_assert_uint_eq(ps.keepalive_answers, 0);
+    /* the connection still carries data, both ways */
+    cb = it_buf_new(64, 1);
+    sb = it_buf_new(64, 1);
+    crb = it_buf_new(64, 1);
+    srb = it_buf_new(64, 1);
+    it_fill(cb->p, 64, 5);
+    it_fill(sb->p, 64, 6);
+    IT_POST_RECV(sfd, srb->p, srb->len, q, IT_AH(3), srb->mh);
+    IT_POST_RECV(cfd, crb->p, crb->len, q, IT_AH(4), crb->mh);
+    IT_POST_SEND(cfd, cb->p, cb->len, q, IT_AH(5), cb->mh);
+    IT_POST_SEND(sfd, sb->p, sb->len, q, IT_AH(6), sb->mh);
+    it_expect_send(q, cfd, IT_AH(5), 64);
+    it_expect_send(q, sfd, IT_AH(6), 64);
+    it_expect_recv(q, sfd, IT_AH(3), 64, 0);
+    it_expect_recv(q, cfd, IT_AH(4), 64, 0);
+    ck_assert_int_eq(it_check(srb->p, 64, 5), -1);
+    ck_assert_int_eq(it_check(crb->p, 64, 6), -1);
+    it_close(cfd, q);
+    it_close(sfd, q);
+    it_close(lfd, q);
+    it_qdelete(q);
+    it_buf_free(cb);
+    it_buf_free(sb);
+    it_buf_free(crb);
+    it_buf_free(srb);
 }
 END_TEST
 
@@ -459,8 +605,14 @@ Suite *integ_keepalive_suite(void)
     tcase_add_test(tc, test_ka_frozen_peer);
     tcase_add_test(tc, test_ka_killed_peer);
     suite_add_tcase(s, tc);
+    tc = tcase_create("keepalive_frozen_library");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, NULL, it_fault_teardown);
+    tcase_add_test(tc, test_ka_frozen_library);
+    suite_add_tcase(s, tc);
     tc = it_tcase("keepalive_idle", 30);
     tcase_add_test(tc, test_ka_idle_healthy);
+    tcase_add_loop_test(tc, test_ka_idle_answered, 0, 2);
     tcase_add_loop_test(tc, test_ka_off, 0, 2);
     suite_add_tcase(s, tc);
     tc = it_tcase("deadlines", 60);

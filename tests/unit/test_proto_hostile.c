@@ -2598,6 +2598,289 @@ START_TEST(hs_reann_sender)
 }
 END_TEST
 
+/* ---- keepalive answered by the peer's library (feature ALIVE, spec/protocol.md §9.1) ---- */
+
+/* What b sent raw since the last call: the NOPs answering (flags 0), the PINGs, the
+ * credits all its records returned and its SENDs; each receive is posted again. */
+struct ka_seen {
+    int nops, pings, sends;
+    uint32_t credits;
+};
+
+static void ka_collect(struct ka_seen *k)
+{
+    struct exs_prov_cqe cqe;
+
+    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1) {
+        const uint8_t *p = raw.mem + 512 * cqe.wr_id;
+        struct exs_prov_sge sge = {(uintptr_t)p, 512, raw.mr->lkey};
+        struct exs_prov_recv_wr wr = {.wr_id = cqe.wr_id, .sg_list = &sge, .num_sge = 1};
+
+        if (cqe.opcode != EXS_PROV_WC_RECV || cqe.status != EXS_PROV_WC_SUCCESS)
+            continue; /* raw's own sends; receives flushed once b's endpoint is gone */
+        k->sends++;
+        for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= cqe.byte_len;) {
+            struct exs_wire_ctrl_hdr h;
+
+            memcpy(&h, p + off, sizeof(h));
+            ck_assert_uint_ge(be16toh(h.len), EXS_WIRE_CTRL_HDR_LEN);
+            k->credits += be16toh(h.credits);
+            if (h.type == EXS_CTRL_NOP) {
+                if (h.flags & EXS_NOP_PING)
+                    k->pings++;
+                else
+                    k->nops++;
+            }
+            off += be16toh(h.len);
+        }
+        ck_assert_int_eq(exs__prov_post_recv(raw.ep, &wr), 0);
+    }
+}
+
+/* n PING records from raw in one SEND. */
+static void ka_raw_pings(int n, uint16_t credits)
+{
+    uint8_t rec[EXS_WIRE_CTRL_MAX] = {0};
+
+    ck_assert_uint_le((uint32_t)n * EXS_WIRE_NOP_LEN, sizeof(rec));
+    for (int i = 0; i < n; i++) {
+        struct exs_wire_ctrl_hdr h = {
+            .type = EXS_CTRL_NOP,
+            .flags = EXS_NOP_PING,
+            .len = htobe16(EXS_WIRE_NOP_LEN),
+            .credits = htobe16(i ? 0 : credits),
+        };
+
+        memcpy(rec + i * EXS_WIRE_NOP_LEN, &h, sizeof(h));
+    }
+    raw_post(EXS_PROV_WR_SEND, rec, (uint32_t)n * EXS_WIRE_NOP_LEN, 0, 0, 0);
+}
+
+/* A PING is answered by exactly one NOP, at once, without the application (b's timer is
+ * never run: the answer is the library's); the NOP returns exactly the credits of the
+ * receives b consumed (raw's RING and the PING). A second PING, a second answer. */
+START_TEST(hs_ka_ping_answered)
+{
+    struct exs_sock_stats st;
+    struct ka_seen k = {0};
+
+    raw_open(SOCK_SEQPACKET);
+    ka_collect(&k); /* b's RING, read already */
+    ka_raw_pings(1, 0);
+    pt_run(&pp);
+    ka_collect(&k);
+    ck_assert_int_eq(k.nops, 1);
+    ck_assert_int_eq(k.pings, 0);
+    ck_assert_int_eq(k.sends, 1);
+    ck_assert_uint_eq(k.credits, 2); /* RING + PING */
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.keepalive_answers, 1);
+    ck_assert_uint_eq(st.keepalive_probes, 0);
+    ka_raw_pings(1, 0);
+    pt_run(&pp);
+    ka_collect(&k);
+    ck_assert_int_eq(k.nops, 2);
+    ck_assert_int_eq(k.sends, 2);
+    ck_assert_uint_eq(k.credits, 3);
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.keepalive_answers, 2);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* A PING flood. _i 0: 40 PINGs in one SEND get one answer. _i 1: a PING in every SEND
+ * raw may send (b's credits, spent to the last, then again with the credits returned):
+ * at most one answer per SEND, never more credits returned than receives consumed, no
+ * credit of b overspent (no RNR, checked by raw_close), and the conn stays up. */
+START_TEST(hs_ka_ping_flood)
+{
+    struct exs_sock_stats st;
+    struct ka_seen k = {0};
+    uint32_t credits, sent = 1; /* raw's RING */
+
+    raw_open(SOCK_SEQPACKET);
+    ka_collect(&k);
+    credits = raw.peer.credits - 1 + k.credits; /* what raw may still send */
+    if (_i == 0) {
+        ka_raw_pings(40, 0);
+        sent++;
+        pt_run(&pp);
+        ka_collect(&k);
+        ck_assert_int_eq(k.nops, 1);
+        ck_assert_int_eq(k.sends, 1);
+    } else {
+        for (int round = 0; round < 3; round++) {
+            uint32_t before = k.credits;
+
+            for (uint32_t i = 0; i < credits; i++)
+                ka_raw_pings(1, 0);
+            sent += credits;
+            pt_run(&pp);
+            ka_collect(&k);
+            ck_assert_int_ge(k.nops, round + 1);
+            ck_assert_int_le(k.nops, (int)(sent - 1));
+            ck_assert_int_le(k.sends, (int)sent);
+            credits = k.credits - before; /* returned: raw may send that many again */
+            ck_assert_uint_ge(credits, 1);
+        }
+    }
+    ck_assert_int_eq(k.pings, 0);
+    ck_assert_uint_eq(k.credits, sent); /* every receive consumed came back, no more */
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.keepalive_answers, (uint64_t)k.nops);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
+/* A PING from a peer whose hello lacks feature ALIVE is a protocol error (decided so: it
+ * asks for an answer the connection never agreed to give); without the flag the same
+ * NOP is fine. */
+START_TEST(hs_ka_ping_without_feature)
+{
+    raw_features = EXS_WIRE_FEAT_ALL & ~EXS_WIRE_FEAT_ALIVE;
+    raw_open(SOCK_SEQPACKET);
+    raw_features = EXS_WIRE_FEAT_ALL;
+    raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 0, NULL, 0);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ka_raw_pings(1, 0);
+    expect_reset();
+    raw_close();
+}
+END_TEST
+
+/* Keepalive against a peer whose NIC acknowledges everything and whose library never
+ * answers (raw: its receives are posted, it sends nothing). _i 0: with feature ALIVE
+ * the probes are PINGs, their send completions prove nothing, b declares raw dead after
+ * interval x (probes + 1): ETIMEDOUT, keepalive_timeouts 1. _i 1: raw without ALIVE:
+ * the probes are zero-byte WRITEs whose completions count, as before: b keeps the
+ * connection over many intervals and raw never sees a PING. */
+START_TEST(hs_ka_send_completion_not_alive)
+{
+    const uint64_t ka_ms = 20;
+    struct exs_sock_stats st;
+    struct ka_seen k = {0};
+    double t0, end;
+    int alive = _i == 0;
+
+    raw_features = alive ? EXS_WIRE_FEAT_ALL : EXS_WIRE_FEAT_ALL & ~EXS_WIRE_FEAT_ALIVE;
+    raw_open(SOCK_SEQPACKET);
+    raw_features = EXS_WIRE_FEAT_ALL;
+    ck_assert_int_eq(exs__params_set("keepalive_probes", "2"), 0);
+    ka_collect(&k);
+    t0 = (double)exs__now_ns() / 1e6;
+    /* dead at 3 intervals of silence: 60 ms; bounds generous for a loaded machine */
+    end = t0 + (alive ? 10000.0 : 20.0 * ka_ms);
+    while ((double)exs__now_ns() / 1e6 < end && pp.b.conn->state != EXS_CONN_DEAD) {
+        struct timespec ts = {0, 2000000};
+
+        pt_run(&pp); /* b's completions: its probes' (the NIC's acknowledgements) */
+        ka_collect(&k);
+        exs__conn_timer(pp.b.conn, ka_ms);
+        nanosleep(&ts, NULL);
+    }
+    pt_run(&pp);
+    ka_collect(&k);
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_ge(st.keepalive_probes, 1);
+    if (alive) {
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_DEAD);
+        ck_assert_int_eq(pp.b.conn->err, ETIMEDOUT);
+        ck_assert_uint_eq(st.keepalive_timeouts, 1);
+        /* one PING: its completion proved nothing, so the wait it began never ended
+         * (were send completions counted, each would begin a new wait and a new PING,
+         * until raw's credits ran out) */
+        ck_assert_int_eq(k.pings, 1);
+        ck_assert_uint_eq(st.keepalive_probes, 1);
+        ck_assert_int_eq(pp.b.dead, 1);
+    } else {
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        ck_assert_uint_eq(st.keepalive_timeouts, 0);
+        ck_assert_uint_ge(st.keepalive_probes, 3);
+        ck_assert_int_eq(k.pings, 0);
+        exs__conn_close(pp.b.conn);
+    }
+    raw_close();
+}
+END_TEST
+
+/* A PING waits for a credit and the wait keeps counting (§3.1, §9.1). raw PINGs b until
+ * b's answers spent b's every credit (raw returns none); the next PING's answer waits.
+ * b's silent interval ends: its PING cannot go (no credit), no probe is counted, and a
+ * further interval counts as failed (the PING tried again, still without a credit). Then
+ * raw returns one credit in a NOP: a receive, which proves raw alive (the wait ends,
+ * nothing failed) and lets the waiting answer go; b never sent a PING. Time is moved
+ * by hand: nothing here depends on the machine's speed. */
+START_TEST(hs_ka_ping_waits_for_credit)
+{
+    const uint64_t ka_ms = 1000, intv = ka_ms * 1000000u;
+    struct exs_sock_stats st;
+    struct ka_seen k = {0};
+    struct exs_conn *b;
+    int nops;
+
+    raw_open(SOCK_SEQPACKET);
+    ck_assert_int_eq(exs__params_set("keepalive_probes", "3"), 0);
+    b = pp.b.conn;
+    ka_collect(&k);
+    for (int i = 0; i < 64 && b->credits > 0; i++) {
+        ka_raw_pings(1, 0);
+        pt_run(&pp);
+        ka_collect(&k);
+    }
+    ck_assert_uint_eq(b->credits, 0);
+    nops = k.nops;
+    ck_assert_int_eq(k.pings, 0);
+    ka_raw_pings(1, 0); /* its answer waits for a credit */
+    pt_run(&pp);
+    ka_collect(&k);
+    ck_assert_int_eq(k.nops, nops);
+    ck_assert_uint_gt(b->ctrl_len, 0);
+    ck_assert_uint_eq(b->owed, 1);
+    /* an interval of silence: the PING cannot go, the wait begins */
+    EXS_MUTEX_LOCK(&b->lock, EXS_LOCK_CONN);
+    b->ka_heard_ns -= intv + intv / 2;
+    EXS_MUTEX_UNLOCK(&b->lock, EXS_LOCK_CONN);
+    ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.keepalive_probes, 0);
+    ck_assert_int_eq(b->ka_waiting, 1);
+    ck_assert_int_eq(b->ka_ping, 0);
+    /* another: tried again, still no credit; one failed interval */
+    EXS_MUTEX_LOCK(&b->lock, EXS_LOCK_CONN);
+    b->ka_probe_ns -= intv + intv / 2;
+    EXS_MUTEX_UNLOCK(&b->lock, EXS_LOCK_CONN);
+    ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
+    ck_assert_uint_eq(b->ka_fails, 1);
+    ck_assert_int_eq(b->state, EXS_CONN_CONNECTED);
+    pt_run(&pp);
+    ka_collect(&k);
+    ck_assert_int_eq(k.pings, 0);
+    ck_assert_int_eq(k.nops, nops);
+    /* raw returns a credit: a receive (alive), and the answer goes */
+    raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 1, NULL, 0);
+    pt_run(&pp);
+    ka_collect(&k);
+    ck_assert_int_eq(k.nops, nops + 1);
+    ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
+    ck_assert_int_eq(b->ka_waiting, 0);
+    ck_assert_uint_eq(b->ka_fails, 0);
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.keepalive_probes, 0);
+    ck_assert_uint_eq(st.keepalive_timeouts, 0);
+    ck_assert_int_eq(k.pings, 0);
+    ck_assert_int_eq(b->state, EXS_CONN_CONNECTED);
+    raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 4, NULL, 0); /* credits for b's SHUTDOWN */
+    pt_run(&pp);
+    exs__conn_close(b);
+    raw_close();
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -2652,6 +2935,11 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_reann_inflight);
     tcase_add_loop_test(tc, hs_reann_bad, 0, 8);
     tcase_add_test(tc, hs_reann_sender);
+    tcase_add_test(tc, hs_ka_ping_answered);
+    tcase_add_loop_test(tc, hs_ka_ping_flood, 0, 2);
+    tcase_add_test(tc, hs_ka_ping_without_feature);
+    tcase_add_loop_test(tc, hs_ka_send_completion_not_alive, 0, 2);
+    tcase_add_test(tc, hs_ka_ping_waits_for_credit);
     suite_add_tcase(s, tc);
     return s;
 }

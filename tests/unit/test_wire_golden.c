@@ -118,8 +118,9 @@ START_TEST(golden_hello)
         0x45, 0x58,                         /* magic "EX" */
         0x02,                               /* version 2 */
         0x01,                               /* STREAM */
-        0x01, 0x7f,                         /* features: keepalive | read | batch | drain |
-                                               trace | resize | frag | strace (bit 8) */
+        0x03, 0x7f,                         /* features: keepalive | read | batch | drain |
+                                               trace | resize | frag | strace (bit 8) |
+                                               alive (bit 9) */
         0x00, 0x21,                         /* credits 33 */
         0x00, 0x00, 0x02, 0x00,             /* ctrl_size 512 */
         0x00, 0x00, 0x20, 0x00,             /* ring_size 8192 */
@@ -511,6 +512,43 @@ START_TEST(golden_ctrl_constants)
 }
 END_TEST
 
+/* §9.1 (feature ALIVE, bit 9): a's keepalive probe after a silent interval is one SEND of
+ * one NOP record with flag 1 (PING) carrying a's owed credits; b answers at once with a
+ * NOP, flags 0, carrying b's. */
+START_TEST(golden_ping)
+{
+    uint8_t want[EXS_WIRE_NOP_LEN] = {0x06, 0x01, 0x00, 0x08, 0, 0, 0x00, 0x00};
+    uint32_t owed, b_owed;
+    int fa = 0, fb = 0;
+
+    ck_assert_uint_eq(EXS_WIRE_FEAT_ALIVE, 0x200);
+    ck_assert_uint_eq(EXS_WIRE_FEAT_ALL & EXS_WIRE_FEAT_ALIVE, 0x200);
+    ck_assert_uint_eq(EXS_NOP_PING, 1);
+    gp_setup(SOCK_SEQPACKET, EXS_XFER_DYNAMIC);
+    ck_assert_uint_ne(pp.a.conn->peer.features & EXS_WIRE_FEAT_ALIVE, 0);
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    pp.a.conn->ka_heard_ns -= 2000000000ull; /* silent for 2 s: the 1 s interval passed */
+    owed = pp.a.conn->owed;
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_uint_gt(exs__conn_timer(pp.a.conn, 1000), 0);
+    ck_assert_uint_eq(pp.a.conn->stats.keepalive_probes, 1);
+    b_owed = pp.b.conn->owed; /* what b owes before the PING arrives */
+    pt_run(&pp);              /* the PING goes (the tap sees it on the fabric), b answers */
+    struct cap *c = cap_send(pp.a.conn->ep, &fa);
+    ck_assert_uint_eq(c->len, EXS_WIRE_NOP_LEN);
+    put_be(want + 4, owed, 2);
+    assert_bytes(c->bytes, want, sizeof(want));
+    c = cap_send(pp.b.conn->ep, &fb);
+    ck_assert_uint_eq(c->len, EXS_WIRE_NOP_LEN);
+    want[1] = 0x00;
+    put_be(want + 4, b_owed + 1, 2); /* with the PING's receive */
+    assert_bytes(c->bytes, want, sizeof(want));
+    for (int i = 0; i < ncaps; i++) /* the probe was no zero-byte WRITE */
+        ck_assert_int_ne(caps[i].opcode, EXS_PROV_WR_RDMA_WRITE);
+    gp_teardown();
+}
+END_TEST
+
 /* The tcp provider's frame header (spec/provider-tcp.md), as exs__tcp_hdr_init and the
  * posting code fill it. */
 START_TEST(golden_tcp_frame)
@@ -618,9 +656,9 @@ START_TEST(golden_session)
     mock_set_tap(cap_tap, NULL);
     pt_connect(&pp);
     exs__conn_hello(pp.a.conn, &h);
-    ck_assert_uint_eq(be16toh(h.features), 0x1ff); /* every bit, RESUMABLE (7) too */
+    ck_assert_uint_eq(be16toh(h.features), 0x3ff); /* every bit, RESUMABLE (7) too */
     exs__conn_hello(pp.b.conn, &h);
-    ck_assert_uint_eq(be16toh(h.features), _i ? 0x17f : 0x1ff);
+    ck_assert_uint_eq(be16toh(h.features), _i ? 0x37f : 0x3ff);
     struct cap *c = cap_send(pp.a.conn->ep, &fa);
     ck_assert_uint_eq(c->len, EXS_WIRE_RING_LEN); /* the active side: RING alone */
     c = cap_send(pp.b.conn->ep, &fb);
@@ -842,6 +880,7 @@ Suite *wire_golden_suite(void)
     tcase_add_test(tc, golden_resume_layout);
     tcase_add_test(tc, golden_batch_sent);
     tcase_add_test(tc, golden_ctrl_constants);
+    tcase_add_test(tc, golden_ping);
     tcase_add_test(tc, golden_tcp_frame);
     tcase_add_loop_test(tc, golden_trace, 0, 2);
     tcase_add_test(tc, golden_trace_sampling);
