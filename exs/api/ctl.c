@@ -211,8 +211,13 @@ static const struct {
     STAT_FIELD(drain_requests),   STAT_FIELD(ring_resizes),      STAT_FIELD(ring_size),
     STAT_FIELD(ring_fill),        STAT_FIELD(rnr_events),        STAT_FIELD(fragments),
     STAT_FIELD(wr_queued),        STAT_FIELD(nops_sent),         STAT_FIELD(keepalive_timeouts),
-    STAT_FIELD(srtt_us),          STAT_FIELD(ring_grow_refused),
+    STAT_FIELD(srtt_us),          STAT_FIELD(ring_grow_refused), STAT_FIELD(sends_copied),
+    STAT_FIELD(keepalive_answers),
 };
+/* every field of EXS_SO_STATS is a counter shown here: one appended there is listed */
+_Static_assert(sizeof(stat_fields) / sizeof(stat_fields[0]) * sizeof(uint64_t) ==
+                   sizeof(struct exs_sock_stats),
+               "exsctl stat lists every EXS_SO_STATS field");
 
 static const char *xfer_mode_name(int m)
 {

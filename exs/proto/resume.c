@@ -533,6 +533,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     conn->shut_op = NULL;
     memset(&conn->bwait, 0, sizeof(conn->bwait));
     conn->ka_probe_out = conn->ka_waiting = 0;
+    conn->ka_ping = conn->ka_answer = 0; /* the old path's PING and its owed answer */
     conn->ka_fails = 0;
     conn->tx_stall_ns = 0;
     conn->rsm_newpath = 1;
