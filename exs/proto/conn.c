@@ -1532,9 +1532,9 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
             next = next ? EXS_MIN(next, EXS_MAX(send_ms / 4, 1)) : EXS_MAX(send_ms / 4, 1);
         if (ring_ms) /* ring autotuning: an idle grown ring shrinks (§7.4) */
             next = next ? EXS_MIN(next, ring_ms) : ring_ms;
-        /* the window check runs at least this often while credits are owed */
-        if (conn->owed)
-            next = next ? EXS_MIN(next, EXS_NOP_CHECK_MS) : EXS_NOP_CHECK_MS;
+        /* the window check runs at least this often: credits owed since the last look,
+         * and online changes of keepalive and the deadlines, are seen within it */
+        next = next ? EXS_MIN(next, EXS_NOP_CHECK_MS) : EXS_NOP_CHECK_MS;
         /* a conn that may be cut over is looked at four times per connect_timeout_ms,
          * so a RESUMING begun meanwhile ends within 1.25 x its deadline even with every
          * other check off (§9.2) */

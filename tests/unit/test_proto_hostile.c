@@ -2013,6 +2013,38 @@ START_TEST(hs_resume_request_vs_destroy)
 }
 END_TEST
 
+/* An established connection is looked at at least once a second (the window check,
+ * spec §3.1) whatever the other periods: here it owes nothing, keepalive is off and the
+ * send deadline's quarter is 30 s, so credits it comes to owe are still checked in time. */
+START_TEST(hs_window_tick)
+{
+    uint64_t saved_send = exs__params.send_timeout_ms;
+
+    unit_env_clean();
+    exs__log_level = EXS_LOG_ERR;
+    memset(&pp, 0, sizeof(pp));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pt_open(&pp, SOCK_STREAM); /* not resumable: no cut-over look either */
+    pt_connect(&pp);
+    ck_assert_int_eq(exs__params_set("send_timeout_ms", "120000"), 0);
+    for (int i = 0; i < 2; i++) {
+        struct exs_conn *c = i ? pp.b.conn : pp.a.conn;
+        uint64_t next;
+
+        EXS_MUTEX_LOCK(&c->lock, EXS_LOCK_CONN);
+        c->owed = 0; /* as after an ACK went */
+        EXS_MUTEX_UNLOCK(&c->lock, EXS_LOCK_CONN);
+        next = exs__conn_timer(c, 0);
+        ck_assert_uint_ge(next, 1);
+        ck_assert_uint_le(next, 1000);
+    }
+    pt_close_both(&pp);
+    exs__params.send_timeout_ms = saved_send;
+}
+END_TEST
+
 /* A connection that may be cut over is looked at four times per connect_timeout_ms, even
  * with keepalive (ka_ms 0) and the send deadline off, so a RESUMING begun between two
  * looks ends within 1.25 x its deadline (spec §9.2): at 2000 ms, within 500 ms (the
@@ -2927,6 +2959,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_resume_new_path);
     tcase_add_test(tc, hs_resume_request_vs_destroy);
     tcase_add_test(tc, hs_resume_tick);
+    tcase_add_test(tc, hs_window_tick);
     tcase_add_test(tc, hs_session_early_without_bit);
     tcase_add_test(tc, hs_down_before_established_deadline);
     tcase_add_loop_test(tc, hs_record_before_established, 0, 2);
