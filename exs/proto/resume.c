@@ -232,11 +232,11 @@ void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause)
         return;
     conn->resume_noted = 1;
     EXS_CNT_INC(resume_cnt.fallback_resume_failures);
+    /* what is left of resume_eligible: a ring region in change is no reason (§9.2) */
     EXS_INFO(PROTO,
-             "conn %p: path failed (%s) while resumable: not resumed (not eligible: cut over "
-             "once already, no fallback from its owner, or a ring region in change); the "
-             "connection ends",
-             (void *)conn, cause);
+             "conn %p: path failed (%s) while resumable: not resumed (%s); the connection ends",
+             (void *)conn, cause,
+             conn->rsm_over ? "cut over once already" : "no fallback from its owner");
 }
 
 void exs__resume_tx_done_locked(struct exs_conn *conn, const struct exs_op *op)

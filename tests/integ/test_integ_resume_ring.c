@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Ring autotuning on a resumable STREAM (spec/protocol.md §7.4, §9.2): a cut while the ring grows resumes whole, and the ring is tuned again over the new path. */
+/* Ring autotuning on a resumable STREAM (spec/protocol.md §7.4, §9.2): a cut while the ring grows
+ * resumes whole, and the ring is tuned again over the new path. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -17,7 +18,7 @@
 #include "integ.h"
 #include "tests/skip.h"
 
-#define RR_RING  (16u * 1024u)  /* the initial ring (EXS_RING_SIZE) */
+#define RR_RING  (16u * 1024u)   /* the initial ring (EXS_RING_SIZE) */
 #define RR_MAX   (1024u * 1024u) /* EXS_RING_MAX: room to grow after the cut */
 #define RR_XFER  (4u * 1024u * 1024u)
 #define RR_RECV  (256u * 1024u)

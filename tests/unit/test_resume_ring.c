@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* A cut-over (spec/protocol.md §9.2) in each ring autotuning state (§7.4), on the mock: every byte read once and in order, no region leaked. */
+/* A cut-over (spec/protocol.md §9.2) in each ring autotuning state (§7.4), on the mock: every byte
+ * read once and in order, no region leaked. */
 #include <check.h>
 #include <endian.h>
 #include <errno.h>
@@ -22,8 +23,8 @@ static struct pt_pair pp;
 static struct exs_prov_ctx *fb[2];
 static struct exs_prov_listener *fb_lis;
 
-#define RR_NS 16 /* sends */
-#define RR_NR 96 /* receives */
+#define RR_NS   16 /* sends */
+#define RR_NR   96 /* receives */
 #define RR_RECV 1000u
 static uint8_t rr_sb[RR_NS][16384], rr_rb[RR_NR][RR_RECV];
 static struct pt_op rr_s[RR_NS], rr_r[RR_NR];
@@ -99,8 +100,8 @@ static int rr_drain_fb(struct exs_prov_ctx *ctx)
             total += n;
         }
         if (ev.type == EXS_PROV_CM_CONNECT_REQUEST) {
-            int reason = exs__conn_resume_request(ctx, ev.req, ev.private_data,
-                                                  ev.private_data_len, SOCK_STREAM);
+            int reason = exs__conn_resume_request(ctx, ev.req, ev.private_data, ev.private_data_len,
+                                                  SOCK_STREAM);
 
             if (reason) {
                 struct exs_wire_reject rej = {.magic = htobe16(EXS_WIRE_MAGIC),
@@ -152,8 +153,8 @@ static void rr_setup(void)
     pt_open(&pp, SOCK_STREAM);
     ck_assert_int_eq(mock_ctx_open(NULL, &fb[0]), 0);
     ck_assert_int_eq(mock_ctx_open(NULL, &fb[1]), 0);
-    ck_assert_int_eq(exs__prov_listen(fb[1], (struct sockaddr *)&sin, sizeof(sin), 16, &pp, &fb_lis),
-                     0);
+    ck_assert_int_eq(
+        exs__prov_listen(fb[1], (struct sockaddr *)&sin, sizeof(sin), 16, &pp, &fb_lis), 0);
     pt_connect(&pp);
     ck_assert_uint_ne(pp.a.conn->sess_token, 0);
     ck_assert(pp.b.conn->peer.features & EXS_WIRE_FEAT_RESIZE);
