@@ -484,11 +484,14 @@ int exs__st_ring_cut_locked(struct exs_conn *conn)
                  (unsigned long long)conn->rs_old_end);
         return -EPROTO;
     }
+    if (conn->rs_offered || conn->rs_owed || conn->rs_old_mem || unread)
+        EXS_INFO(PROTO, "conn %p: ring at the cut: %s%s%s%llu bytes unread (ring %u bytes%s)",
+                 (void *)conn, conn->rs_offered ? "offer dropped, " : "",
+                 conn->rs_owed ? "answer owed dropped, " : "", both ? "two regions merged, " : "",
+                 (unsigned long long)unread, conn->p.ring_size,
+                 conn->rs_old_mem ? ", a retired region" : "");
     /* an offer out dies with the old path (its grant went with the others); the writer
      * drops an answer it owes: the new path's hello and RING grant the ring anew */
-    if (conn->rs_offered)
-        EXS_DBG(PROTO, "conn %p: ring offer of %u bytes dropped at the cut", (void *)conn,
-                conn->rs_next_size);
     if (conn->rs_next_grant)
         exs__prov_revoke(conn->rs_next_grant);
     conn->rs_next_grant = NULL;

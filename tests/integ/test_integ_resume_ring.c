@@ -22,6 +22,7 @@
 #define RR_MAX   (1024u * 1024u) /* EXS_RING_MAX: room to grow after the cut */
 #define RR_XFER  (4u * 1024u * 1024u)
 #define RR_RECV  (256u * 1024u)
+#define RR_MID   4  /* mid-transfer cut positions */
 #define RR_TRIES 16 /* transfers that may be needed for a resize (a generous bound) */
 
 static char rr_prov[32];
@@ -110,6 +111,8 @@ static const char *rr_fd_prov(int fd)
  * most RR_RECV, every byte verified once and in order; the send completes whole. With
  * drop_nth, the fault provider drops the connection at that send post of the transfer
  * (a cut mid-transfer) and the resume must make it whole. */
+static size_t rr_recv_len = RR_RECV; /* smaller: the reader lags, the ring holds bytes */
+
 static void rr_xfer(struct it_pair *p, uint32_t seed, const char *drop_nth)
 {
     struct it_buf *s = it_buf_new(RR_XFER, 1), *r = it_buf_new(RR_XFER, 1);
@@ -126,7 +129,7 @@ static void rr_xfer(struct it_pair *p, uint32_t seed, const char *drop_nth)
     }
     IT_POST_SEND(p->cfd, s->p, RR_XFER, p->cq, IT_AH(seed), s->mh);
     while (got < RR_XFER) {
-        IT_POST_RECV(p->sfd, r->p + got, EXS_MIN(RR_XFER - got, (size_t)RR_RECV), p->sq,
+        IT_POST_RECV(p->sfd, r->p + got, EXS_MIN(RR_XFER - got, rr_recv_len), p->sq,
                      IT_AH(seed + 1), r->mh);
         it_wait_event(p->sq, EXS_EVT_RECV, p->sfd, &ev);
         ck_assert_msg(ev.exs_evt_errno == 0, "recv errno %d after %zu bytes", ev.exs_evt_errno,
@@ -174,8 +177,11 @@ static void rr_wait_resumes(uint64_t base, uint64_t n)
 }
 
 /* A resumable STREAM whose receive ring autotuning grew (ring_resizes >= 1 before the
- * cut) is cut by an injected drop: mid-transfer (_i 0), or at the very post of the
- * receiver's RESIZE offer on an idle connection (_i 1: the cut finds the offer out, it
+ * cut) is cut by an injected drop: mid-transfer (_i 0-3: at the 3rd, 8th, 21st or 55th
+ * send post of the transfer, while the ring may be in any state of a resize; at the 8th
+ * and 55th into receives of 4 KiB that leave ring bytes unread), or at the
+ * very post of the receiver's RESIZE offer on an idle connection (_i 4: the cut finds
+ * the offer out, it
  * dies with the old path, the new path's ring has the size of the current one). Each
  * resumes over tcp: every byte arrives once and in order, the send completes whole, one
  * resume per end and no failure; the ring is resized again over the new path; both
@@ -187,7 +193,10 @@ START_TEST(test_rr_cut_while_tuning)
     uint64_t res0, fail0, before;
     struct it_pair p;
 
-    it_context("cut %s", _i ? "at a RESIZE offer" : "mid-transfer");
+    static const char *const nth[RR_MID] = {"3", "8", "21", "55"};
+
+    it_context("cut %s%s", _i < RR_MID ? "mid-transfer at send post " : "at a RESIZE offer",
+               _i < RR_MID ? nth[_i] : "");
     if (rr_init("test_rr_cut_while_tuning"))
         return;
     it_pair_open(&p, SOCK_STREAM, 256, 256);
@@ -195,8 +204,10 @@ START_TEST(test_rr_cut_while_tuning)
     fail0 = rr_count("fallback_resume_failures");
     before = rr_resize_past(&p, 0, 100);
     ck_assert_uint_ge(before, 1);
-    if (!_i) {
-        rr_xfer(&p, 200, "8");
+    if (_i < RR_MID) {
+        rr_recv_len = _i & 1 ? 4096 : RR_RECV; /* odd: receives of 4 KiB, the ring fills */
+        rr_xfer(&p, 200, nth[_i]);
+        rr_recv_len = RR_RECV;
     } else {
         int err = 0;
         struct api_sock *s = exs__api_sock_get(p.sfd, &err);
@@ -258,7 +269,7 @@ Suite *integ_resume_ring_suite(void)
     TCase *tc = it_tcase("resume_ring", 240);
 
     tcase_add_checked_fixture(tc, NULL, rr_teardown);
-    tcase_add_loop_test(tc, test_rr_cut_while_tuning, 0, 2);
+    tcase_add_loop_test(tc, test_rr_cut_while_tuning, 0, RR_MID + 1);
     suite_add_tcase(s, tc);
     return s;
 }
