@@ -414,6 +414,39 @@ START_TEST(rr_cut_after_shrink)
 }
 END_TEST
 
+/* On the new path the owner offers nothing until the peer's RESUME is applied (the peer
+ * takes nothing but RING and RESUME before its own): an offer then is -EAGAIN, and
+ * autotuning waits; once applied, offers go again. */
+START_TEST(rr_no_offer_before_resume)
+{
+    uint64_t res0 = rr_count("fallback_resumes");
+    int seen = 0;
+
+    rr_send(3000);
+    rr_recv_all(); /* no retired region at the cut: nothing else refuses an offer */
+    mock_drop(pp.b.conn->ep);
+    for (long steps = 0; steps < 1000000L && !seen; steps++) {
+        int m;
+
+        do
+            m = pt_dispatch(&pp) + rr_drain_fb(fb[0]) + rr_drain_fb(fb[1]);
+        while (m && !(pp.b.conn->state == EXS_CONN_CONNECTED && pp.b.conn->rsm_peer_wait));
+        if (pp.b.conn->state == EXS_CONN_CONNECTED && pp.b.conn->rsm_peer_wait) {
+            ck_assert_int_eq(rr_offer(&pp.b, 8192), -EAGAIN);
+            ck_assert_int_eq(pp.b.conn->rs_offered, 0);
+            seen = 1;
+        } else if (!mock_step()) {
+            break;
+        }
+    }
+    ck_assert_int_eq(seen, 1);
+    rr_run();
+    ck_assert_uint_eq(rr_count("fallback_resumes") - res0, 2);
+    ck_assert_int_eq(pp.b.conn->rsm_peer_wait, 0);
+    rr_after_cut();
+}
+END_TEST
+
 Suite *proto_resume_ring_suite(void)
 {
     Suite *s = suite_create("proto_resume_ring");
@@ -425,6 +458,7 @@ Suite *proto_resume_ring_suite(void)
     tcase_add_test(tc, rr_cut_switched_unseen);
     tcase_add_test(tc, rr_cut_two_regions);
     tcase_add_test(tc, rr_cut_after_shrink);
+    tcase_add_test(tc, rr_no_offer_before_resume);
     suite_add_tcase(s, tc);
     return s;
 }
