@@ -270,9 +270,9 @@ static int sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
         .xfer_mode = s->xfer_mode,
         .max_reads = (uint32_t)exs__params.max_reads,
         .batch_max = (uint32_t)exs__params.batch_max,
-        /* as on Linux, an explicit SO_RCVBUF fixes the size; a resumable conn keeps its
-         * ring's size (the cut-over retires the old ring as a §7.4 resize does) */
-        .autotune = !s->rcvbuf_set && !resumable,
+        /* as on Linux, an explicit SO_RCVBUF fixes the size; a resumable conn is tuned
+         * too (a cut in any resize state resumes, §9.2) */
+        .autotune = !s->rcvbuf_set,
         .sndbuf = s->sndbuf,
         .copy_max = (uint32_t)EXS_MIN(exs__params.stream_copy_max, (uint64_t)s->sndbuf),
         .resumable = resumable,

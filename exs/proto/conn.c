@@ -1503,7 +1503,7 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
             break;
         }
         if (ka_ms && conn_ka_check_locked(conn, now, ka_ms * 1000000u, &ka_due)) {
-            if (exs__resume_begin_locked(conn, "keepalive timeout", 0)) {
+            if (exs__resume_begin_locked(conn, "keepalive timeout", 0, 1)) {
                 exs__resume_progress_locked(conn); /* the silent path is not drained */
                 if (conn->state == EXS_CONN_RESUMING)
                     next = exs__resume_timer_locked(conn, now, conn_ms);
@@ -1818,7 +1818,7 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         } else if (tag == WR_TAG_BATCH) {
             exs__batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 0);
         }
-        if (exs__resume_begin_locked(conn, "error completion", 0))
+        if (exs__resume_begin_locked(conn, "error completion", 0, 0))
             return; /* cut over (§9.2): the op is sent again over the new path */
         /* while connecting, the cm event tells what happened */
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
@@ -2036,7 +2036,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
              * connection event can overtake them on verbs): the conn dies once every work
              * request it posted has completed (flushed, at the latest). */
             err = ev->status ? -ev->status : ECONNRESET;
-            if (exs__resume_begin_locked(conn, "disconnected", 1)) {
+            if (exs__resume_begin_locked(conn, "disconnected", 1, 0)) {
                 exs__resume_progress_locked(conn);
                 break; /* cut over (§9.2) */
             }

@@ -93,10 +93,11 @@ int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_re
  * resumable connection that nobody was ending and that is not resumed, once (§9.2,
  * When); the caller then ends it as before. */
 void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause);
-/* The path of conn failed (cause; disc: it was the DISCONNECTED event): 1 when conn is
+/* The path of conn failed (cause; disc: it was the DISCONNECTED event; silent: the path
+ * went silent, a keepalive timeout, so its drain is not waited for): 1 when conn is
  * (now, or already) RESUMING, the caller then leaves it alone; 0 when it is not cut
  * over (counted as above) and the caller ends it as before (§9.2, When). */
-int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc);
+int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc, int silent);
 /* exs__conn_fail_locked is ending conn (err, why): 1 when it is cut over instead (its
  * endpoint is no longer connected: the path failed first, whatever found it), or is
  * RESUMING (the failure ends it at the next progress-thread look); 0: end it. */
@@ -226,6 +227,11 @@ uint64_t exs__st_ring_timer_locked(struct exs_conn *conn, uint64_t now_us);
 int exs__st_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budget);
 /* Free the regions of autotuning (conn teardown). */
 void exs__st_ring_release_locked(struct exs_conn *conn);
+/* The ring at a cut-over (§9.2, The ring at the cut), after the old endpoint and its
+ * grants are gone: an offer out dies, an answer owed is dropped, every unread byte ends
+ * in one retired region, and p.ring_size becomes the size of the new path's ring (to be
+ * allocated by the caller). 0 or -EPROTO (positions that no legal history gives). */
+int exs__st_ring_cut_locked(struct exs_conn *conn);
 
 /* The autotuning decision (§7.4), a pure function. */
 enum exs_ring_tune_verdict {

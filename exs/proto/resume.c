@@ -232,11 +232,11 @@ void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause)
         return;
     conn->resume_noted = 1;
     EXS_CNT_INC(resume_cnt.fallback_resume_failures);
+    /* what is left of resume_eligible: a ring region in change is no reason (§9.2) */
     EXS_INFO(PROTO,
-             "conn %p: path failed (%s) while resumable: not resumed (not eligible: cut over "
-             "once already, no fallback from its owner, or a ring region in change); the "
-             "connection ends",
-             (void *)conn, cause);
+             "conn %p: path failed (%s) while resumable: not resumed (%s); the connection ends",
+             (void *)conn, cause,
+             conn->rsm_over ? "cut over once already" : "no fallback from its owner");
 }
 
 void exs__resume_tx_done_locked(struct exs_conn *conn, const struct exs_op *op)
@@ -354,17 +354,16 @@ static void resume_end_locked(struct exs_conn *conn, int err, const char *why, i
     exs__conn_end_locked(conn, err, why);
 }
 
-/* May conn be cut over now (§9.2, When)? A conn cut over once is not again;
- * ring autotuning is off on a resumable conn (sock.c), a region in change refuses. */
+/* May conn be cut over now (§9.2, When)? A conn cut over once is not again; a ring
+ * region in change (§7.4) is not a reason (exs__st_ring_cut_locked). */
 static int resume_eligible(const struct exs_conn *conn)
 {
     return conn->sess_token && !conn->rsm_over && conn->state == EXS_CONN_CONNECTED &&
            conn->txshut == EXS_TXSHUT_OPEN && !conn->peer_shut && conn->cb->resume_mr &&
-           (!conn->active || conn->cb->resume_addr) && !conn->rs_offered && !conn->rs_old_mem &&
-           !conn->rs_owed;
+           (!conn->active || conn->cb->resume_addr);
 }
 
-int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc)
+int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc, int silent)
 {
     if (conn->state == EXS_CONN_RESUMING) {
         conn->rsm_disc |= disc;
@@ -384,8 +383,7 @@ int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc)
     conn->rsm_fail = 0;
     /* a silent path (keepalive) is not drained: nothing more comes over it, and waiting
      * for a flush would wait for the remote; its endpoint goes with what it holds */
-    conn->rsm_abandon = !strcmp(cause, "keepalive timeout") ||
-                        (!strcmp(cause, "resume request from the peer") && conn->ka_waiting);
+    conn->rsm_abandon = !!silent;
     conn->rsm_disc |= conn->rsm_abandon;
     if (!disc)
         exs__prov_disconnect(conn->ep); /* its outstanding work is flushed */
@@ -409,7 +407,7 @@ int exs__resume_on_fail_locked(struct exs_conn *conn, int err, const char *why)
     }
     if (conn->sess_token && conn->state == EXS_CONN_CONNECTED &&
         exs__prov_ep_state(conn->ep) != EXS_PROV_EP_CONNECTED)
-        return exs__resume_begin_locked(conn, why, 0);
+        return exs__resume_begin_locked(conn, why, 0, 0);
     return 0;
 }
 
@@ -444,22 +442,14 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     struct exs_list *pos;
     int ret;
 
-    if (conn->rs_offered || conn->rs_old_mem || conn->rs_owed)
-        return -EBUSY; /* a ring region in change (§7.4) */
     exs__conn_revoke_all_locked(conn);
     exs__prov_ep_destroy(conn->ep); /* what it still held is discarded (rsm_abandon) */
     conn->ep = NULL;
     conn->wr_out = 0;
     exs_list_for_each(pos, &conn->sendq) exs_list_entry(pos, struct exs_op, link)->inflight = 0;
-    if (conn->rd_arrived != conn->rd_consumed) { /* §7.4's retired region */
-        conn->rs_old_mem = conn->ring_mem;
-        conn->rs_old_size = conn->p.ring_size;
-        conn->rs_old_end = conn->rd_arrived;
-    } else {
-        exs__conn_ring_region_free(conn->ring_mem);
-    }
-    conn->ring_mem = NULL;
-    conn->ring = NULL;
+    ret = exs__st_ring_cut_locked(conn); /* unread bytes retired; the new ring's size */
+    if (ret)
+        return ret;
     conn->ctrl_mem = conn->rx_mr = conn->tx_mr = NULL;
     conn->rx_bufs = conn->tx_bufs = NULL;
     exs__prov_mem_free(old_ctrl);
@@ -845,7 +835,7 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     else if (conn->rsm_req)
         bad = "a request is already held";
     else if (conn->state == EXS_CONN_CONNECTED && !conn->rsm_over &&
-             !exs__resume_begin_locked(conn, "resume request from the peer", 0))
+             !exs__resume_begin_locked(conn, "resume request from the peer", 0, conn->ka_waiting))
         bad = "the connection cannot be resumed";
     else if (conn->state != EXS_CONN_RESUMING || conn->rsm_newpath)
         bad = "the connection is not waiting for a new path";

@@ -448,6 +448,87 @@ void exs__st_ring_release_locked(struct exs_conn *conn)
     conn->rs_offered = 0;
 }
 
+/* Copy the unread positions [from, to) of the retired region into the current ring at
+ * their own offsets (free there: the caller checked they fit beside the current ring's). */
+static void st_ring_merge_old(struct exs_conn *conn, uint64_t from, uint64_t to)
+{
+    const uint8_t *old = conn->rs_old_mem->addr;
+
+    for (uint64_t pos = from, n; pos < to; pos += n) {
+        uint32_t src = (uint32_t)(pos % conn->rs_old_size);
+        uint32_t dst = (uint32_t)(pos % conn->p.ring_size);
+
+        n = EXS_MIN(to - pos, (uint64_t)EXS_MIN(conn->rs_old_size - src, conn->p.ring_size - dst));
+        memcpy(conn->ring + dst, old + src, (size_t)n);
+    }
+}
+
+int exs__st_ring_cut_locked(struct exs_conn *conn)
+{
+    uint64_t unread = conn->rd_arrived - conn->rd_consumed;
+    int both = conn->rs_old_mem && conn->rd_arrived > conn->rs_old_end;
+    uint32_t size = conn->p.ring_size;
+    int fits;
+
+    /* Every arrival was checked against the ring it went into (the overrun check), and
+     * what is unread only shrinks: the unread bytes fit the region of the last arrival,
+     * the current ring when it holds some, else the retired one. */
+    if (both || !conn->rs_old_mem)
+        fits = unread <= conn->p.ring_size;
+    else
+        fits = unread <= conn->rs_old_size && conn->rd_consumed < conn->rs_old_end;
+    if (!fits) {
+        EXS_WARN(PROTO,
+                 "conn %p: ring positions at the cut: %llu unread, ring %u, retired %u up to %llu",
+                 (void *)conn, (unsigned long long)unread, conn->p.ring_size, conn->rs_old_size,
+                 (unsigned long long)conn->rs_old_end);
+        return -EPROTO;
+    }
+    if (conn->rs_offered || conn->rs_owed || conn->rs_old_mem || unread)
+        EXS_INFO(PROTO, "conn %p: ring at the cut: %s%s%s%llu bytes unread (ring %u bytes%s)",
+                 (void *)conn, conn->rs_offered ? "offer dropped, " : "",
+                 conn->rs_owed ? "answer owed dropped, " : "", both ? "two regions merged, " : "",
+                 (unsigned long long)unread, conn->p.ring_size,
+                 conn->rs_old_mem ? ", a retired region" : "");
+    /* an offer out dies with the old path (its grant went with the others); the writer
+     * drops an answer it owes: the new path's hello and RING grant the ring anew */
+    if (conn->rs_next_grant)
+        exs__prov_revoke(conn->rs_next_grant);
+    conn->rs_next_grant = NULL;
+    if (conn->rs_next_mem)
+        exs__conn_ring_region_free(conn->rs_next_mem);
+    conn->rs_next_mem = NULL;
+    conn->rs_offered = 0;
+    conn->rs_owed = 0;
+    if (both) {
+        /* the retired region and the current ring both hold unread bytes: the retired
+         * region's go into the current ring at their own offsets, free there since the
+         * whole unread span fits the current ring; one retired region is left */
+        st_ring_merge_old(conn, conn->rd_consumed, conn->rs_old_end);
+        exs__conn_ring_region_free(conn->rs_old_mem);
+        conn->rs_old_mem = NULL;
+    }
+    if (unread && !conn->rs_old_mem) { /* the current ring is retired (§7.4) */
+        conn->rs_old_mem = conn->ring_mem;
+        conn->rs_old_size = conn->p.ring_size;
+        conn->rs_old_end = conn->rd_arrived;
+    } else {
+        exs__conn_ring_region_free(conn->ring_mem);
+    }
+    conn->ring_mem = NULL;
+    conn->ring = NULL;
+    /* the new path's ring has the current size, or the retired region's when more is
+     * unread than that (a shrink switched, its old region not yet read): the writer then
+     * counts the unread bytes against a ring they fit (§9.2) */
+    if (unread > size)
+        size = conn->rs_old_size;
+    conn->p.ring_size = size;
+    /* autotuning measures the new path afresh: its round trip and its windows */
+    conn->rs_win_t0 = conn->rs_win_bytes = 0;
+    conn->rs_rtt_min = conn->rs_rtt_min_t = 0;
+    return 0;
+}
+
 int exs__st_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budget)
 {
     int ret;
@@ -456,6 +537,8 @@ int exs__st_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budget)
         return -EOPNOTSUPP;
     if (conn->state != EXS_CONN_CONNECTED || conn->peer_shut)
         return -ENOTCONN;
+    if (conn->rsm_peer_wait)
+        return -EAGAIN; /* a new path: nothing but RING and RESUME before the peer's RESUME */
     if (conn->rs_offered || conn->rs_old_mem)
         return -EBUSY;
     if (size < EXS_WIRE_RESIZE_MIN || size % EXS_RING_SLOT || size > EXS_WIRE_RING_SIZE_MAX)
@@ -508,7 +591,7 @@ static uint32_t st_ring_piece_max(const struct exs_conn *conn)
 static int st_ring_tunable(const struct exs_conn *conn)
 {
     return conn->p.autotune && conn->state == EXS_CONN_CONNECTED && !conn->peer_shut &&
-           (conn->peer.features & EXS_WIRE_FEAT_RESIZE);
+           !conn->rsm_peer_wait && (conn->peer.features & EXS_WIRE_FEAT_RESIZE);
 }
 
 static void st_ring_tune_locked(struct exs_conn *conn)

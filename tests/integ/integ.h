@@ -48,6 +48,7 @@ Suite *integ_msg_suite(void);
 Suite *integ_window_suite(void);
 Suite *integ_sndbuf_suite(void);
 Suite *integ_resume_suite(void);
+Suite *integ_resume_ring_suite(void);
 Suite *integ_fragread_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */

@@ -25,6 +25,7 @@ static Suite *(*const suites[])(void) = {
     integ_window_suite,
     integ_sndbuf_suite,
     integ_resume_suite,
+    integ_resume_ring_suite,
     integ_handoff_suite,
     integ_fragread_suite,
 };

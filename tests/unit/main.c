@@ -27,6 +27,7 @@ static Suite *(*const suites[])(void) = {
     wire_golden_suite,
     proto_batch_suite,
     proto_ring_suite,
+    proto_resume_ring_suite,
 };
 
 void unit_env_clean(void)
