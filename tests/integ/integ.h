@@ -256,6 +256,8 @@ void it_kfd_settle(exs_qhandle_t q);
 void it_fault_init(void);
 const char *it_fault_provider(void); /* its name (after it_fault_init) */
 void it_fault_params_reset(void);
+/* A process counter of the cut-over (set "fallback"; 0 before the first connection). */
+uint64_t it_fallback_count(const char *name);
 void it_fault_teardown(void);
 void it_fault_set(const char *name, const char *value);
 void it_fault_set_port(const struct it_pair *p);

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "exs/proto/proto.h"
 #include "exs/util/counters.h"
 #include "exs/util/params.h"
 #include "tests/integ/integ.h"
@@ -840,6 +841,17 @@ void it_fault_params_reset(void)
     for (size_t i = 0; i < n; i++)
         if (strncmp(t[i].name, "fault_", 6) == 0)
             ck_assert_int_eq(exs__params_set(t[i].name, t[i].defval), 0);
+}
+
+uint64_t it_fallback_count(const char *name)
+{
+    uint64_t v = 0;
+    int rc = exs__counters_lookup("fallback", name, &v);
+
+    /* the set is registered with the first connection: 0 before */
+    ck_assert_msg(rc == 0 || (rc == -ENOENT && exs__conn_live_count() == 0),
+                  "counter fallback %s: %d", name, rc);
+    return v;
 }
 
 void it_fault_teardown(void)

@@ -50,31 +50,8 @@ static int rs_init(const char *test, const char *policy)
 
 static void rs_teardown(void)
 {
-    size_t n;
-    const struct exs_param_def *t = exs__params_table(&n);
-
     it_teardown();
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(t[i].name, "fault_", 6) == 0)
-            ck_assert_int_eq(exs__params_set(t[i].name, t[i].defval), 0);
-}
-
-/* A process counter of the cut-over (registered with the first connection: 0 before). */
-static uint64_t rs_count(const char *name)
-{
-    uint64_t v = 0;
-    int rc = exs__counters_lookup("fallback", name, &v);
-
-    ck_assert_msg(rc == 0 || (rc == -ENOENT && exs__conn_live_count() == 0),
-                  "counter fallback %s: %d", name, rc);
-    return v;
-}
-
-static void rs_set(const char *name, const char *value)
-{
-    int rc = exs__params_set(name, value);
-
-    ck_assert_msg(rc == 0, "exs__params_set(%s, %s) = %d", name, value, rc);
+    it_fault_params_reset();
 }
 
 /* The SESSION token of fd's connection, and its provider's name into *prov. */
@@ -132,8 +109,8 @@ START_TEST(test_rs_session)
     if (rs_init("test_rs_session", any ? "any" : "connect"))
         return;
     ck_assert_int_eq(exs__engine_fallback_policy(), any ? EXS_ENG_FB_ANY : EXS_ENG_FB_CONNECT);
-    sess0 = rs_count("fallback_sessions");
-    fail0 = rs_count("fallback_resume_failures");
+    sess0 = it_fallback_count("fallback_sessions");
+    fail0 = it_fallback_count("fallback_resume_failures");
     it_pair_open(&p, type, 16, 16);
     tc = fd_token(p.cfd, &pc);
     ts = fd_token(p.sfd, &ps);
@@ -149,8 +126,8 @@ START_TEST(test_rs_session)
     rs_xfer(p.cfd, p.cq, p.sfd, p.sq, type == SOCK_STREAM ? RS_TOTAL : RS_MSG, 1);
     rs_xfer(p.sfd, p.sq, p.cfd, p.cq, type == SOCK_STREAM ? RS_TOTAL : RS_MSG, 2);
     it_pair_close(&p);
-    ck_assert_uint_eq(rs_count("fallback_sessions") - sess0, any ? 2 : 0);
-    ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+    ck_assert_uint_eq(it_fallback_count("fallback_sessions") - sess0, any ? 2 : 0);
+    ck_assert_uint_eq(it_fallback_count("fallback_resume_failures"), fail0);
 }
 END_TEST
 
@@ -200,18 +177,18 @@ START_TEST(test_rs_cut)
     if (rs_init("test_rs_cut", any ? "any" : "connect"))
         return;
     it_pair_open(&p, type, 256, 256);
-    fail0 = rs_count("fallback_resume_failures");
+    fail0 = it_fallback_count("fallback_resume_failures");
     s = it_buf_new(RS_TOTAL, 1);
     r = it_buf_new(RS_TOTAL, 1);
     it_fill(s->p, RS_TOTAL, 7);
     memset(r->p, 0, RS_TOTAL);
     snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
-    rs_set("fault_port", port);
+    it_fault_set("fault_port", port);
     if (wc) {
-        rs_set("fault_wc_status", "0");
-        rs_set("fault_wc_nth", "8");
+        it_fault_set("fault_wc_status", "0");
+        it_fault_set("fault_wc_nth", "8");
     } else {
-        rs_set("fault_drop_nth", "8");
+        it_fault_set("fault_drop_nth", "8");
     }
     if (type == SOCK_STREAM) {
         size_t got = 0;
@@ -258,8 +235,8 @@ START_TEST(test_rs_cut)
             failed += ev.exs_evt_errno != 0;
         }
     }
-    rs_set("fault_drop_nth", "0");
-    rs_set("fault_wc_nth", "0");
+    it_fault_set("fault_drop_nth", "0");
+    it_fault_set("fault_wc_nth", "0");
     ck_assert_msg(failed > 0, "the injected fault cut nothing");
     /* the connection is over on both ends: a new receive fails at once */
     IT_POST_RECV(p.cfd, r->p, 64, p.cq, IT_AH(3), r->mh);
@@ -270,7 +247,7 @@ START_TEST(test_rs_cut)
     ck_assert_int_ne(ev.exs_evt_errno, 0);
     /* each end counted once (both conns are in this process), before its operations
      * were completed */
-    ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, any ? 2 : 0);
+    ck_assert_uint_eq(it_fallback_count("fallback_resume_failures") - fail0, any ? 2 : 0);
     it_buf_free(s);
     it_buf_free(r);
     it_pair_close(&p);
@@ -290,15 +267,15 @@ static const char *fd_prov(int fd)
  * continue (RS_TOTAL each way, verified) and close cleanly. */
 static void rs_after_resume(struct it_pair *p, uint64_t res0, uint64_t fail0)
 {
-    ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
-    ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+    ck_assert_uint_eq(it_fallback_count("fallback_resumes") - res0, 2);
+    ck_assert_uint_eq(it_fallback_count("fallback_resume_failures"), fail0);
     ck_assert_str_eq(fd_prov(p->cfd), "tcp");
     ck_assert_str_eq(fd_prov(p->sfd), "tcp");
     rs_xfer(p->cfd, p->cq, p->sfd, p->sq, RS_TOTAL, 11);
     rs_xfer(p->sfd, p->sq, p->cfd, p->cq, RS_TOTAL, 12);
     it_pair_close(p);
-    ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
-    ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+    ck_assert_uint_eq(it_fallback_count("fallback_resumes") - res0, 2);
+    ck_assert_uint_eq(it_fallback_count("fallback_resume_failures"), fail0);
 }
 
 /* A STREAM transfer of 4 MiB cut mid-way by an injected drop (_i & 1 == 0) or error
@@ -330,15 +307,15 @@ START_TEST(test_rs_resume)
         int failed = 0;
 
         it_pair_open(&p, SOCK_STREAM, 256, 256);
-        res0 = rs_count("fallback_resumes");
-        fail0 = rs_count("fallback_resume_failures");
-        rep0 = rs_count("fallback_replayed_bytes");
+        res0 = it_fallback_count("fallback_resumes");
+        fail0 = it_fallback_count("fallback_resume_failures");
+        rep0 = it_fallback_count("fallback_replayed_bytes");
         it_fill(s->p, RS_TOTAL, 7 + (uint32_t)attempt);
         memset(r->p, 0, RS_TOTAL);
         snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
         snprintf(nth, sizeof(nth), "%d", 6 + attempt);
-        rs_set("fault_port", port);
-        rs_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
+        it_fault_set("fault_port", port);
+        it_fault_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
         IT_POST_SEND(p.cfd, s->p, RS_TOTAL, p.cq, IT_AH(1), s->mh);
         while (got < RS_TOTAL) {
             /* receives of 256 KiB: in direct mode, one write each */
@@ -352,8 +329,8 @@ START_TEST(test_rs_resume)
             ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
             got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
         }
-        rs_set("fault_drop_nth", "0");
-        rs_set("fault_wc_nth", "0");
+        it_fault_set("fault_drop_nth", "0");
+        it_fault_set("fault_wc_nth", "0");
         /* every byte that arrived is the stream's, in order, none twice */
         ck_assert_int_eq(it_check(r->p, got, 7 + (uint32_t)attempt), -1);
         it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
@@ -362,7 +339,7 @@ START_TEST(test_rs_resume)
              * acknowledged: not resumable; ended cleanly, counted once per end */
             ck_assert_msg(wc, "a drop was not resumed");
             ck_assert_int_ne(ev.exs_evt_errno, 0);
-            ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+            ck_assert_uint_eq(it_fallback_count("fallback_resume_failures") - fail0, 2);
             it_buf_free(s);
             it_buf_free(r);
             it_pair_close(&p);
@@ -372,7 +349,7 @@ START_TEST(test_rs_resume)
         ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)RS_TOTAL);
         ck_assert(it_buf_guards_ok(r));
         /* it was cut and resumed, over tcp now; both ends continue */
-        ck_assert_uint_ge(rs_count("fallback_replayed_bytes"), rep0);
+        ck_assert_uint_ge(it_fallback_count("fallback_replayed_bytes"), rep0);
         rs_after_resume(&p, res0, fail0);
         it_buf_free(s);
         it_buf_free(r);
@@ -451,8 +428,8 @@ START_TEST(test_rs_resume_seqpacket)
 
         ck_assert_ptr_nonnull(seen);
         it_pair_open(&p, SOCK_SEQPACKET, 4096, 4096);
-        res0 = rs_count("fallback_resumes");
-        fail0 = rs_count("fallback_resume_failures");
+        res0 = it_fallback_count("fallback_resumes");
+        fail0 = it_fallback_count("fallback_resume_failures");
         it_fill(s->p, slot * nmsg, seed);
         memset(r->p, 0, slot * nmsg);
         if (!ring) {
@@ -471,8 +448,8 @@ START_TEST(test_rs_resume_seqpacket)
         }
         snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
         snprintf(nth, sizeof(nth), "%d", 6 + attempt);
-        rs_set("fault_port", port);
-        rs_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
+        it_fault_set("fault_port", port);
+        it_fault_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
         for (uint32_t i = 0; i < nmsg; i++)
             IT_POST_SEND(p.cfd, s->p + i * slot, rs_sp_len(ring, i), p.cq, IT_AH(100000 + i),
                          s->mh);
@@ -513,13 +490,13 @@ START_TEST(test_rs_resume_seqpacket)
             }
         }
         free(seen);
-        rs_set("fault_drop_nth", "0");
-        rs_set("fault_wc_nth", "0");
+        it_fault_set("fault_drop_nth", "0");
+        it_fault_set("fault_wc_nth", "0");
         if (failed) {
             /* a receive completion failed after its write was acknowledged: not
              * resumable; ended cleanly, counted once per end */
             ck_assert_msg(wc, "a drop was not resumed");
-            ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
+            ck_assert_uint_eq(it_fallback_count("fallback_resume_failures") - fail0, 2);
             it_buf_free(s);
             it_buf_free(r);
             it_pair_close(&p);
@@ -568,8 +545,8 @@ START_TEST(test_rs_cut_announced)
     if (rs_init("test_rs_cut_announced", "any"))
         return;
     it_pair_open(&p, SOCK_SEQPACKET, 256, 256);
-    res0 = rs_count("fallback_resumes");
-    fail0 = rs_count("fallback_resume_failures");
+    res0 = it_fallback_count("fallback_resumes");
+    fail0 = it_fallback_count("fallback_resume_failures");
     s = it_buf_new(RS_AN_MSG * RS_AN_NMSG, 1);
     r = it_buf_new(RS_AN_MSG * RS_AN_NMSG, 1);
     it_fill(s->p, RS_AN_MSG * RS_AN_NMSG, 5 + (uint32_t)_i);
@@ -585,8 +562,8 @@ START_TEST(test_rs_cut_announced)
         usleep(1000);
     }
     snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
-    rs_set("fault_port", port);
-    rs_set("fault_drop_nth", nth[_i]);
+    it_fault_set("fault_port", port);
+    it_fault_set("fault_drop_nth", nth[_i]);
     for (uint32_t i = 0; i < RS_AN_NMSG; i++)
         IT_POST_RECV(p.sfd, r->p + (size_t)i * RS_AN_MSG, RS_AN_MSG, p.sq, IT_AH(100 + i), r->mh);
     /* receives complete in posting order, each with its own message, whole, once */
@@ -612,7 +589,7 @@ START_TEST(test_rs_cut_announced)
         ck_assert_msg(ev.exs_evt_errno == 0, "send %u: errno %d", k, ev.exs_evt_errno);
         ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)RS_AN_MSG);
     }
-    rs_set("fault_drop_nth", "0");
+    it_fault_set("fault_drop_nth", "0");
     ck_assert(it_buf_guards_ok(r));
     it_buf_free(s);
     it_buf_free(r);
@@ -643,16 +620,16 @@ START_TEST(test_rs_resume_fails)
     if (rs_init("test_rs_resume_fails", "any"))
         return;
     it_pair_open(&p, SOCK_STREAM, 16, 16);
-    res0 = rs_count("fallback_resumes");
-    fail0 = rs_count("fallback_resume_failures");
+    res0 = it_fallback_count("fallback_resumes");
+    fail0 = it_fallback_count("fallback_resume_failures");
     it_close(p.lfd, p.sq);
     p.lfd = -1;
     s = it_buf_new(RS_TOTAL, 1);
     r = it_buf_new(RS_TOTAL, 1);
     it_fill(s->p, RS_TOTAL, 5);
     snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
-    rs_set("fault_port", port);
-    rs_set("fault_drop_nth", "4");
+    it_fault_set("fault_port", port);
+    it_fault_set("fault_drop_nth", "4");
     IT_POST_SEND(p.cfd, s->p, RS_TOTAL, p.cq, IT_AH(2), s->mh);
     it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
     e = ev.exs_evt_errno;
@@ -660,9 +637,9 @@ START_TEST(test_rs_resume_fails)
     if (_i == 1) {
         it_close(p.sfd, p.sq);
         p.sfd = -1;
-        rs_set("fault_drop_nth", "0");
-        ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 1);
-        ck_assert_uint_eq(rs_count("fallback_resumes"), res0);
+        it_fault_set("fault_drop_nth", "0");
+        ck_assert_uint_eq(it_fallback_count("fallback_resume_failures") - fail0, 1);
+        ck_assert_uint_eq(it_fallback_count("fallback_resumes"), res0);
         it_buf_free(s);
         it_buf_free(r);
         it_pair_close(&p);
@@ -674,10 +651,10 @@ START_TEST(test_rs_resume_fails)
         it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
         e = ev.exs_evt_errno;
     } while (!e && ev.exs_evt_u.exs_evt_xfer.exs_evt_result > 0);
-    rs_set("fault_drop_nth", "0");
+    it_fault_set("fault_drop_nth", "0");
     ck_assert_msg(e == ETIMEDOUT, "recv errno %d (%s)", e, strerror(e));
-    ck_assert_uint_eq(rs_count("fallback_resume_failures") - fail0, 2);
-    ck_assert_uint_eq(rs_count("fallback_resumes"), res0);
+    ck_assert_uint_eq(it_fallback_count("fallback_resume_failures") - fail0, 2);
+    ck_assert_uint_eq(it_fallback_count("fallback_resumes"), res0);
     it_buf_free(s);
     it_buf_free(r);
     it_pair_close(&p);
@@ -704,15 +681,15 @@ START_TEST(test_rs_keepalive)
         return;
     it_pair_open(&p, SOCK_STREAM, 16, 16);
     rs_xfer(p.cfd, p.cq, p.sfd, p.sq, 100000, 3);
-    res0 = rs_count("fallback_resumes");
-    fail0 = rs_count("fallback_resume_failures");
+    res0 = it_fallback_count("fallback_resumes");
+    fail0 = it_fallback_count("fallback_resume_failures");
     s = it_buf_new(4096, 1);
     r = it_buf_new(4096, 1);
     it_fill(s->p, 4096, 4);
     snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
-    rs_set("fault_port", port);
-    rs_set("fault_freeze_ms", "3600000");
-    rs_set("fault_freeze_nth", "1");
+    it_fault_set("fault_port", port);
+    it_fault_set("fault_freeze_ms", "3600000");
+    it_fault_set("fault_freeze_nth", "1");
     IT_POST_RECV(p.sfd, r->p, 4096, p.sq, IT_AH(1), r->mh);
     IT_POST_SEND(p.cfd, s->p, 4096, p.cq, IT_AH(2), s->mh);
     it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
@@ -722,10 +699,10 @@ START_TEST(test_rs_keepalive)
     ck_assert_msg(ev.exs_evt_errno == 0, "recv errno %d", ev.exs_evt_errno);
     ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 4096);
     ck_assert_int_eq(it_check(r->p, 4096, 4), -1);
-    rs_set("fault_freeze_nth", "0");
-    rs_set("fault_freeze_ms", "0"); /* thaw what is left */
-    ck_assert_uint_eq(rs_count("fallback_resumes") - res0, 2);
-    ck_assert_uint_eq(rs_count("fallback_resume_failures"), fail0);
+    it_fault_set("fault_freeze_nth", "0");
+    it_fault_set("fault_freeze_ms", "0"); /* thaw what is left */
+    ck_assert_uint_eq(it_fallback_count("fallback_resumes") - res0, 2);
+    ck_assert_uint_eq(it_fallback_count("fallback_resume_failures"), fail0);
     ck_assert_str_eq(fd_prov(p.cfd), "tcp");
     ck_assert_str_eq(fd_prov(p.sfd), "tcp");
     it_buf_free(s);

@@ -64,30 +64,8 @@ static int rr_init(const char *test)
 
 static void rr_teardown(void)
 {
-    size_t n;
-    const struct exs_param_def *t = exs__params_table(&n);
-
     it_teardown();
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(t[i].name, "fault_", 6) == 0)
-            ck_assert_int_eq(exs__params_set(t[i].name, t[i].defval), 0);
-}
-
-static uint64_t rr_count(const char *name)
-{
-    uint64_t v = 0;
-    int rc = exs__counters_lookup("fallback", name, &v);
-
-    ck_assert_msg(rc == 0 || (rc == -ENOENT && exs__conn_live_count() == 0),
-                  "counter fallback %s: %d", name, rc);
-    return v;
-}
-
-static void rr_set(const char *name, const char *value)
-{
-    int rc = exs__params_set(name, value);
-
-    ck_assert_msg(rc == 0, "exs__params_set(%s, %s) = %d", name, value, rc);
+    it_fault_params_reset();
 }
 
 static void rr_stats(int fd, struct exs_sock_stats *st)
@@ -129,8 +107,8 @@ static void rr_xfer(struct it_pair *p, uint32_t seed, const char *drop_nth)
     memset(r->p, 0, RR_XFER);
     if (drop_nth) {
         snprintf(port, sizeof(port), "%u", ntohs(p->addr.sin_port));
-        rr_set("fault_port", port);
-        rr_set("fault_drop_nth", drop_nth);
+        it_fault_set("fault_port", port);
+        it_fault_set("fault_drop_nth", drop_nth);
     }
     IT_POST_SEND(p->cfd, s->p, RR_XFER, p->cq, IT_AH(seed), s->mh);
     while (got < RR_XFER) {
@@ -142,7 +120,7 @@ static void rr_xfer(struct it_pair *p, uint32_t seed, const char *drop_nth)
         ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
         got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
     }
-    rr_set("fault_drop_nth", "0");
+    it_fault_set("fault_drop_nth", "0");
     it_expect_send(p->cq, p->cfd, IT_AH(seed), (ssize_t)RR_XFER);
     ck_assert_int_eq(it_check(r->p, RR_XFER, seed), -1);
     ck_assert(it_buf_guards_ok(r));
@@ -205,9 +183,9 @@ static uint64_t rr_resize_past(struct it_pair *p, uint64_t than, uint32_t seed)
 /* Wait (bounded) until n more resumes were counted than base. */
 static void rr_wait_resumes(uint64_t base, uint64_t n)
 {
-    for (int w = 0; w < 1000 && rr_count("fallback_resumes") - base < n; w++)
+    for (int w = 0; w < 1000 && it_fallback_count("fallback_resumes") - base < n; w++)
         nanosleep(&(struct timespec){.tv_nsec = 20 * 1000000}, NULL);
-    ck_assert_uint_eq(rr_count("fallback_resumes") - base, n);
+    ck_assert_uint_eq(it_fallback_count("fallback_resumes") - base, n);
 }
 
 /* A resumable STREAM whose receive ring autotuning grew (ring_resizes >= 1 before the
@@ -234,8 +212,8 @@ START_TEST(test_rr_cut_while_tuning)
     if (rr_init("test_rr_cut_while_tuning"))
         return;
     it_pair_open(&p, SOCK_STREAM, 256, 256);
-    res0 = rr_count("fallback_resumes");
-    fail0 = rr_count("fallback_resume_failures");
+    res0 = it_fallback_count("fallback_resumes");
+    fail0 = it_fallback_count("fallback_resume_failures");
     before = rr_resize_past(&p, 0, 100);
     ck_assert_uint_ge(before, 1);
     if (_i < RR_MID) {
@@ -252,7 +230,7 @@ START_TEST(test_rr_cut_while_tuning)
 
         ck_assert_ptr_nonnull(s);
         snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
-        rr_set("fault_port", port);
+        it_fault_set("fault_port", port);
         EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
         size = s->conn->p.ring_size;
         /* a shrink back (as autotuning offers when idle) may be under way: wait for it */
@@ -263,12 +241,12 @@ START_TEST(test_rr_cut_while_tuning)
             size = s->conn->p.ring_size;
         }
         resizes = s->conn->stats.ring_resizes;
-        rr_set("fault_drop_nth", "1"); /* the next send post: the offer's */
+        it_fault_set("fault_drop_nth", "1"); /* the next send post: the offer's */
         ret = exs__st_ring_offer_locked(s->conn, size < RR_MAX ? size * 2 : size / 2, 0);
         EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
         ck_assert_msg(ret == 0, "offer: %d", ret);
         rr_wait_resumes(res0, 2);
-        rr_set("fault_drop_nth", "0");
+        it_fault_set("fault_drop_nth", "0");
         rr_stats(p.sfd, &st);
         /* the offer died with the old path (never switched to); the new ring has the
          * size of the current one, unless an idle shrink over the new path came since */
@@ -280,8 +258,8 @@ START_TEST(test_rr_cut_while_tuning)
         exs__api_sock_put(s);
         rr_xfer(&p, 300, NULL);
     }
-    ck_assert_uint_eq(rr_count("fallback_resumes") - res0, 2);
-    ck_assert_uint_eq(rr_count("fallback_resume_failures"), fail0);
+    ck_assert_uint_eq(it_fallback_count("fallback_resumes") - res0, 2);
+    ck_assert_uint_eq(it_fallback_count("fallback_resume_failures"), fail0);
     ck_assert_str_eq(rr_fd_prov(p.cfd), "tcp");
     ck_assert_str_eq(rr_fd_prov(p.sfd), "tcp");
     /* autotuning goes on over the new path */
@@ -292,8 +270,8 @@ START_TEST(test_rr_cut_while_tuning)
     ck_assert_uint_le(st.ring_size, RR_MAX);
     ck_assert_uint_eq(st.rnr_events, 0);
     it_pair_close(&p);
-    ck_assert_uint_eq(rr_count("fallback_resumes") - res0, 2);
-    ck_assert_uint_eq(rr_count("fallback_resume_failures"), fail0);
+    ck_assert_uint_eq(it_fallback_count("fallback_resumes") - res0, 2);
+    ck_assert_uint_eq(it_fallback_count("fallback_resume_failures"), fail0);
 }
 END_TEST
 
