@@ -434,7 +434,8 @@ static void st_ring_retire_locked(struct exs_conn *conn)
     conn->rs_old_size = 0;
 }
 
-void exs__st_ring_release_locked(struct exs_conn *conn)
+/* An offered region goes: its grant, its memory, the offer. */
+static void st_ring_offer_drop(struct exs_conn *conn)
 {
     if (conn->rs_next_grant)
         exs__prov_revoke(conn->rs_next_grant);
@@ -442,10 +443,15 @@ void exs__st_ring_release_locked(struct exs_conn *conn)
     if (conn->rs_next_mem)
         exs__conn_ring_region_free(conn->rs_next_mem);
     conn->rs_next_mem = NULL;
+    conn->rs_offered = 0;
+}
+
+void exs__st_ring_release_locked(struct exs_conn *conn)
+{
+    st_ring_offer_drop(conn);
     if (conn->rs_old_mem)
         exs__conn_ring_region_free(conn->rs_old_mem);
     conn->rs_old_mem = NULL;
-    conn->rs_offered = 0;
 }
 
 /* Copy the unread positions [from, to) of the retired region into the current ring at
@@ -492,13 +498,7 @@ int exs__st_ring_cut_locked(struct exs_conn *conn)
                  conn->rs_old_mem ? ", a retired region" : "");
     /* an offer out dies with the old path (its grant went with the others); the writer
      * drops an answer it owes: the new path's hello and RING grant the ring anew */
-    if (conn->rs_next_grant)
-        exs__prov_revoke(conn->rs_next_grant);
-    conn->rs_next_grant = NULL;
-    if (conn->rs_next_mem)
-        exs__conn_ring_region_free(conn->rs_next_mem);
-    conn->rs_next_mem = NULL;
-    conn->rs_offered = 0;
+    st_ring_offer_drop(conn);
     conn->rs_owed = 0;
     if (both) {
         /* the retired region and the current ring both hold unread bytes: the retired
