@@ -88,11 +88,6 @@ void exs__resume_established_locked(struct exs_conn *conn);
 /* A peer's SESSION / RESUME record (length checked): 0, or -EPROTO (logged). */
 int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_session *s);
 int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
-/* The path of conn failed (cause: for the log) while the peer may be alive: an error
- * completion, DISCONNECTED without a SHUTDOWN, a keepalive timeout. Counts and logs a
- * resumable connection that nobody was ending and that is not resumed, once (§9.2,
- * When); the caller then ends it as before. */
-void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause);
 /* The path of conn failed (cause; disc: it was the DISCONNECTED event; silent: the path
  * went silent, a keepalive timeout, so its drain is not waited for): 1 when conn is
  * (now, or already) RESUMING, the caller then leaves it alone; 0 when it is not cut

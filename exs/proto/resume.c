@@ -223,7 +223,10 @@ int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_re
     return resume_apply_locked(conn, r);
 }
 
-void exs__resume_path_failed_locked(struct exs_conn *conn, const char *cause)
+/* The path of conn failed (cause: for the log) and conn is not resumed: a resumable
+ * connection that nobody was ending is counted and logged, once (§9.2, When); the caller
+ * then ends it as before. */
+static void resume_path_failed_locked(struct exs_conn *conn, const char *cause)
 {
     /* only an established, resumable connection that nobody was ending (no exs_close,
      * exs_shutdown or SHUTDOWN record on either side) is cut over (§9.2, When) */
@@ -370,7 +373,7 @@ int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc,
         return 1;
     }
     if (!resume_eligible(conn)) {
-        exs__resume_path_failed_locked(conn, cause);
+        resume_path_failed_locked(conn, cause);
         return 0;
     }
     EXS_INFO(PROTO, "conn %p: path failed (%s): resuming over the fallback (%s side)", (void *)conn,
