@@ -16,7 +16,7 @@ static struct pt_side *pt_side_of(struct exs_conn *conn)
     return conn->owner;
 }
 
-static void pt_on_established(struct exs_conn *conn, int err)
+void pt_on_established(struct exs_conn *conn, int err)
 {
     struct pt_side *s = pt_side_of(conn);
 
@@ -24,7 +24,7 @@ static void pt_on_established(struct exs_conn *conn, int err)
     s->est_err = err;
 }
 
-static void pt_on_dead(struct exs_conn *conn)
+void pt_on_dead(struct exs_conn *conn)
 {
     pt_side_of(conn)->dead++;
 }

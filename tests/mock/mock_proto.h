@@ -56,6 +56,10 @@ int pt_dispatch(struct pt_pair *pp);
 /* Close what is left (conns must be DEAD or IDLE first: close, run), destroy the
  * listener and ctxs; asserts no conn leaks and no provider contract violation. */
 void pt_close(struct pt_pair *pp);
+/* The driver's connection callbacks: counted on the pt_side that owns the conn (for
+ * tests that build their own exs_conn_cb around them). */
+void pt_on_established(struct exs_conn *conn, int err);
+void pt_on_dead(struct exs_conn *conn);
 /* Orderly end of a test: both sides close, everything runs out, both conns die, no RNR,
  * then pt_close and the mock's reordering off. */
 void pt_close_both(struct pt_pair *pp);

@@ -543,30 +543,64 @@ END_TEST
 
 /* The control records raw received since the last call, searched for one of type;
  * copies it into rec (len bytes). */
-static int raw_find_record(uint8_t type, void *rec, size_t len)
+/* Each control record raw received since the last look goes to fn with what is left of
+ * its SEND from it; a length below a header ends that SEND. repost: each receive is
+ * posted again. Returns the SENDs seen. */
+typedef void raw_rec_fn(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                        uint32_t left);
+
+static int raw_each_record(raw_rec_fn *fn, void *arg, int repost)
 {
     struct exs_prov_cqe cqe;
-    int found = 0;
+    int sends = 0;
 
     while (exs__prov_poll(raw.ctx, &cqe, 1) == 1) {
         const uint8_t *p = raw.mem + 512 * cqe.wr_id;
+        struct exs_prov_sge sge = {(uintptr_t)p, 512, raw.mr->lkey};
+        struct exs_prov_recv_wr wr = {.wr_id = cqe.wr_id, .sg_list = &sge, .num_sge = 1};
 
         if (cqe.status != EXS_PROV_WC_SUCCESS || cqe.opcode != EXS_PROV_WC_RECV)
-            continue;
+            continue; /* raw's own sends; receives flushed once b's endpoint is gone */
+        sends++;
         for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= cqe.byte_len;) {
             struct exs_wire_ctrl_hdr h;
 
             memcpy(&h, p + off, sizeof(h));
-            if (h.type == type && off + len <= cqe.byte_len && !found) {
-                memcpy(rec, p + off, len);
-                found = 1;
-            }
-            if (!be16toh(h.len))
+            fn(arg, &h, p + off, cqe.byte_len - off);
+            if (be16toh(h.len) < EXS_WIRE_CTRL_HDR_LEN)
                 break;
             off += be16toh(h.len);
         }
+        if (repost)
+            ck_assert_int_eq(exs__prov_post_recv(raw.ep, &wr), 0);
     }
-    return found;
+    return sends;
+}
+
+struct raw_find {
+    uint8_t type;
+    void *rec;
+    size_t len;
+    int found;
+};
+
+static void raw_find_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                         uint32_t left)
+{
+    struct raw_find *f = arg;
+
+    if (h->type == f->type && f->len <= left && !f->found) {
+        memcpy(f->rec, rec, f->len);
+        f->found = 1;
+    }
+}
+
+static int raw_find_record(uint8_t type, void *rec, size_t len)
+{
+    struct raw_find f = {.type = type, .rec = rec, .len = len};
+
+    raw_each_record(raw_find_one, &f, 0);
+    return f.found;
 }
 
 /* The status of raw's next completion of a send work request. */
@@ -2121,22 +2155,8 @@ START_TEST(hs_down_before_established_deadline)
 }
 END_TEST
 
-/* The passive side's callbacks, as the driver's (tests/mock/mock_proto.c): counted on the
- * pt_side that owns the conn. */
-static void hb_established(struct exs_conn *conn, int err)
-{
-    struct pt_side *side = conn->owner;
-
-    side->established++;
-    side->est_err = err;
-}
-
-static void hb_dead(struct exs_conn *conn)
-{
-    ((struct pt_side *)conn->owner)->dead++;
-}
-
-static const struct exs_conn_cb hb_cb = {.established = hb_established, .dead = hb_dead};
+/* The passive side's callbacks are the driver's (tests/mock/mock_proto.c). */
+static const struct exs_conn_cb hb_cb = {.established = pt_on_established, .dead = pt_on_dead};
 
 /* A hostile connector (the passive side of the early-record case): b accepts the raw
  * peer's request, and before b handles its ESTABLISHED the peer's first SEND, which breaks
@@ -2268,34 +2288,31 @@ static uint32_t ra_cut(void)
 }
 
 /* READ_DONE records raw received since the last look, and of those naming seq. */
+struct ra_rd {
+    uint64_t seq;
+    uint32_t n, named;
+};
+
+static void ra_read_done_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                             uint32_t left)
+{
+    struct ra_rd *c = arg;
+    struct exs_wire_read_done d;
+
+    if (h->type != EXS_CTRL_READ_DONE || left < sizeof(d))
+        return;
+    memcpy(&d, rec, sizeof(d));
+    c->n++;
+    c->named += be64toh(d.seq) == c->seq;
+}
+
 static uint32_t ra_read_dones(uint64_t seq, uint32_t *named)
 {
-    struct exs_prov_cqe cqe;
-    uint32_t n = 0;
+    struct ra_rd c = {.seq = seq};
 
-    *named = 0;
-    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1) {
-        const uint8_t *p = raw.mem + 512 * cqe.wr_id;
-
-        if (cqe.status != EXS_PROV_WC_SUCCESS || cqe.opcode != EXS_PROV_WC_RECV)
-            continue;
-        for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= cqe.byte_len;) {
-            struct exs_wire_ctrl_hdr h;
-
-            memcpy(&h, p + off, sizeof(h));
-            if (!be16toh(h.len))
-                break;
-            if (h.type == EXS_CTRL_READ_DONE) {
-                struct exs_wire_read_done d;
-
-                memcpy(&d, p + off, sizeof(d));
-                n++;
-                *named += be64toh(d.seq) == seq;
-            }
-            off += be16toh(h.len);
-        }
-    }
-    return n;
+    raw_each_record(ra_read_done_one, &c, 0);
+    *named = c.named;
+    return c.n;
 }
 
 /* A receive of b into rb: done with message i whole. */
@@ -2639,34 +2656,26 @@ struct ka_seen {
     uint32_t credits;
 };
 
+static void ka_collect_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                           uint32_t left)
+{
+    struct ka_seen *k = arg;
+
+    (void)rec;
+    (void)left;
+    ck_assert_uint_ge(be16toh(h->len), EXS_WIRE_CTRL_HDR_LEN);
+    k->credits += be16toh(h->credits);
+    if (h->type == EXS_CTRL_NOP) {
+        if (h->flags & EXS_NOP_PING)
+            k->pings++;
+        else
+            k->nops++;
+    }
+}
+
 static void ka_collect(struct ka_seen *k)
 {
-    struct exs_prov_cqe cqe;
-
-    while (exs__prov_poll(raw.ctx, &cqe, 1) == 1) {
-        const uint8_t *p = raw.mem + 512 * cqe.wr_id;
-        struct exs_prov_sge sge = {(uintptr_t)p, 512, raw.mr->lkey};
-        struct exs_prov_recv_wr wr = {.wr_id = cqe.wr_id, .sg_list = &sge, .num_sge = 1};
-
-        if (cqe.opcode != EXS_PROV_WC_RECV || cqe.status != EXS_PROV_WC_SUCCESS)
-            continue; /* raw's own sends; receives flushed once b's endpoint is gone */
-        k->sends++;
-        for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= cqe.byte_len;) {
-            struct exs_wire_ctrl_hdr h;
-
-            memcpy(&h, p + off, sizeof(h));
-            ck_assert_uint_ge(be16toh(h.len), EXS_WIRE_CTRL_HDR_LEN);
-            k->credits += be16toh(h.credits);
-            if (h.type == EXS_CTRL_NOP) {
-                if (h.flags & EXS_NOP_PING)
-                    k->pings++;
-                else
-                    k->nops++;
-            }
-            off += be16toh(h.len);
-        }
-        ck_assert_int_eq(exs__prov_post_recv(raw.ep, &wr), 0);
-    }
+    k->sends += raw_each_record(ka_collect_one, k, 1);
 }
 
 /* n PING records from raw in one SEND. */

@@ -31,19 +31,6 @@ static struct pt_op rr_s[RR_NS], rr_r[RR_NR];
 static int rr_ns, rr_nr;
 static uint64_t rr_soff, rr_roff;
 
-static void rr_established(struct exs_conn *conn, int err)
-{
-    struct pt_side *s = conn->owner;
-
-    s->established++;
-    s->est_err = err;
-}
-
-static void rr_dead(struct exs_conn *conn)
-{
-    ((struct pt_side *)conn->owner)->dead++;
-}
-
 static int rr_resume_addr(struct exs_conn *conn, struct exs_prov_ctx **ctx_p,
                           struct sockaddr_storage *addr, socklen_t *len_p)
 {
@@ -75,8 +62,8 @@ static int rr_resume_mr(struct exs_conn *conn, struct exs_op *op, struct exs_pro
 }
 
 static const struct exs_conn_cb rr_cb = {
-    .established = rr_established,
-    .dead = rr_dead,
+    .established = pt_on_established,
+    .dead = pt_on_dead,
     .resume_addr = rr_resume_addr,
     .resume_mr = rr_resume_mr,
 };
