@@ -1675,14 +1675,7 @@ END_TEST
  * passive side has drawn the SESSION token. */
 static void rs_pair_open(int type)
 {
-    unit_env_clean();
-    exs__log_level = EXS_LOG_ERR;
-    memset(&pp, 0, sizeof(pp));
-    mock_set_reorder(0);
-    pt_params(&pp.pa, type);
-    pt_params(&pp.pb, type);
-    pp.pa.resumable = pp.pb.resumable = 1;
-    pt_open(&pp, type);
+    unit_pair_fresh(&pp, type, 1, 1);
     pt_connect(&pp);
 }
 
@@ -1706,15 +1699,7 @@ START_TEST(hs_session_active_checks)
     };
     uint64_t token;
 
-    unit_env_clean();
-    exs__log_level = EXS_LOG_ERR;
-    memset(&pp, 0, sizeof(pp));
-    mock_set_reorder(0);
-    pt_params(&pp.pa, SOCK_STREAM);
-    pt_params(&pp.pb, SOCK_STREAM);
-    pp.pa.resumable = 1;
-    pp.pb.resumable = _i != 3;
-    pt_open(&pp, SOCK_STREAM);
+    unit_pair_fresh(&pp, SOCK_STREAM, 1, _i != 3);
     pt_connect(&pp);
     token = pp.a.conn->sess_token;
     ck_assert(_i == 3 ? token == 0 : token != 0);
@@ -1744,14 +1729,7 @@ END_TEST
  * peer hello without bit 7 makes that a protocol error, and the connection is reset. */
 START_TEST(hs_session_early_without_bit)
 {
-    unit_env_clean();
-    exs__log_level = EXS_LOG_ERR;
-    memset(&pp, 0, sizeof(pp));
-    mock_set_reorder(0);
-    pt_params(&pp.pa, SOCK_STREAM);
-    pt_params(&pp.pb, SOCK_STREAM);
-    pp.pa.resumable = 1;
-    pt_open(&pp, SOCK_STREAM);
+    unit_pair_fresh(&pp, SOCK_STREAM, 1, 0);
     pt_connect(&pp);
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(pp.a.conn->sess_token, 0);
@@ -2054,13 +2032,7 @@ START_TEST(hs_window_tick)
 {
     uint64_t saved_send = exs__params.send_timeout_ms;
 
-    unit_env_clean();
-    exs__log_level = EXS_LOG_ERR;
-    memset(&pp, 0, sizeof(pp));
-    mock_set_reorder(0);
-    pt_params(&pp.pa, SOCK_STREAM);
-    pt_params(&pp.pb, SOCK_STREAM);
-    pt_open(&pp, SOCK_STREAM); /* not resumable: no cut-over look either */
+    unit_pair_fresh(&pp, SOCK_STREAM, 0, 0); /* not resumable: no cut-over look either */
     pt_connect(&pp);
     ck_assert_int_eq(exs__params_set("send_timeout_ms", "120000"), 0);
     for (int i = 0; i < 2; i++) {

@@ -130,14 +130,7 @@ static void rr_setup(void)
 {
     struct sockaddr_in sin = {.sin_family = AF_INET};
 
-    unit_env_clean();
-    exs__log_level = EXS_LOG_ERR;
-    memset(&pp, 0, sizeof(pp));
-    mock_set_reorder(0);
-    pt_params(&pp.pa, SOCK_STREAM);
-    pt_params(&pp.pb, SOCK_STREAM);
-    pp.pa.resumable = pp.pb.resumable = 1;
-    pt_open(&pp, SOCK_STREAM);
+    unit_pair_fresh(&pp, SOCK_STREAM, 1, 1);
     ck_assert_int_eq(mock_ctx_open(NULL, &fb[0]), 0);
     ck_assert_int_eq(mock_ctx_open(NULL, &fb[1]), 0);
     ck_assert_int_eq(

@@ -29,4 +29,10 @@ Suite *proto_resume_ring_suite(void);
  * the logger back to its defaults (writing to stderr). For fixtures. */
 void unit_env_clean(void);
 
+struct pt_pair;
+/* A fresh mock pair of this type, opened (not connected) after unit_env_clean, with errors
+ * logged only (the tests provoke warnings), the mock's reordering off and each side
+ * resumable (policy any) as asked. */
+void unit_pair_fresh(struct pt_pair *pp, int type, int a_resumable, int b_resumable);
+
 #endif
