@@ -830,14 +830,13 @@ static int cmd_trace(int argc, char **argv)
 
             printf("%" PRIu64 ".%06" PRIu64 " request conn %s seq %" PRIu64 " %" PRIu64
                    " B: wire +%.1f us, arrival +%.1f us, delivery +%.1f us, completion +%.1f "
-                   "us (clock offset %+.1f us +- %.1f)\n",
+                   "us (receiver times +- %.1f us)\n",
                    t / 1000000, t % 1000000, exs__json_get_str(req, "conn"),
                    exs__json_get_u64(req, "seq"), exs__json_get_u64(req, "bytes"),
                    (double)((int64_t)exs__json_get_u64(req, "wire_ns") - post) / 1e3,
                    (double)(exs__json_get_i64(req, "arrival_ns") - post) / 1e3,
                    (double)(exs__json_get_i64(req, "delivery_ns") - post) / 1e3,
                    (double)((int64_t)exs__json_get_u64(req, "done_ns") - post) / 1e3,
-                   (double)exs__json_get_i64(req, "offset_ns") / 1e3,
                    (double)exs__json_get_u64(req, "offset_err_ns") / 1e3);
         } else {
             uint64_t t = exs__json_get_u64(r.j, "t_us");

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "exs/proto/proto_int.h"
 #include "exs/proto/reqtrace.h"
@@ -30,6 +31,28 @@ uint64_t exs__rt_completed(void)
     return __atomic_load_n(&rt_count, __ATOMIC_RELAXED);
 }
 
+/* The connection's trace clock (§5.1): what the peer sees of this host's time is
+ * now - epoch, where epoch lies a random 2^61 to 2^62 ns before the connection's trace
+ * state was made. Without getrandom (old kernel, or its pool not ready: never waited
+ * for on the progress path) the random part is 0 and the clock starts at 2^61 then: the
+ * peer still learns no more than how long the connection has been traced. */
+static uint64_t rt_epoch_draw(void)
+{
+    uint64_t r = 0;
+
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
+        EXS_DBG(PROTO, "request tracing: getrandom: %m; the trace clock starts at 2^61");
+        r = 0;
+    }
+    return exs__now_ns() - ((1ull << 61) | (r & ((1ull << 61) - 1)));
+}
+
+/* A local CLOCK_MONOTONIC time as the peer sees it (never 0: see rt_epoch_draw). */
+static uint64_t rt_wire_time(const struct exs_reqtrace *rt, uint64_t t)
+{
+    return t - rt->epoch_ns;
+}
+
 static struct exs_reqtrace *rt_get(struct exs_conn *conn)
 {
     if (!conn->rt) {
@@ -39,6 +62,7 @@ static struct exs_reqtrace *rt_get(struct exs_conn *conn)
             return NULL;
         }
         conn->rt->conn = conn;
+        conn->rt->epoch_ns = rt_epoch_draw();
     }
     return conn->rt;
 }
@@ -128,7 +152,7 @@ int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
     struct exs_wire_trace w = {
         .hdr = {.type = EXS_CTRL_TRACE, .len = htobe16(EXS_WIRE_TRACE_LEN)},
         .seq = htobe64(s->seq),
-        .t_req = htobe64(s->t_req),
+        .t_req = htobe64(rt_wire_time(conn->rt, s->t_req)),
     };
     exs__conn_ctrl_append_locked(conn, &w, sizeof(w));
     s->req_sent = 1;
@@ -261,10 +285,10 @@ void exs__rt_flush_locked(struct exs_conn *conn)
             .seq = htobe64(e->seq),
         };
         if (!e->dropped) {
-            w.t_req = htobe64(e->t_req);
-            w.t_arrival = htobe64(e->t_arrival);
-            w.t_delivery = htobe64(e->t_delivery);
-            w.t_answer = htobe64(exs__now_ns());
+            w.t_req = htobe64(rt_wire_time(rt, e->t_req));
+            w.t_arrival = htobe64(rt_wire_time(rt, e->t_arrival));
+            w.t_delivery = htobe64(rt_wire_time(rt, e->t_delivery));
+            w.t_answer = htobe64(rt_wire_time(rt, exs__now_ns()));
         }
         exs__conn_ctrl_append_locked(conn, &w, sizeof(w));
         memset(e, 0, sizeof(*e));

@@ -40,7 +40,8 @@
 /* Exchanges the clock-offset filter keeps (the one of least round-trip delay is used). */
 #define EXS_RT_OFFSET_WINDOW 8
 
-/* A sampled message at its sender: times are this host's CLOCK_MONOTONIC ns. seq: its
+/* A sampled message at its sender: times are this host's CLOCK_MONOTONIC ns (r_*: the
+ * receiver's trace clock, as it sent them). seq: its
  * message number, STREAM: the stream offset just past its last byte. */
 struct exs_rt_tx {
     struct exs_reqtrace *owner;
@@ -50,7 +51,8 @@ struct exs_rt_tx {
     uint8_t used, req_sent, done, answered;
 };
 
-/* A sampled message at its receiver (request seen, answer not yet appended). */
+/* A sampled message at its receiver (request seen, answer not yet appended); times are
+ * this host's CLOCK_MONOTONIC ns, sent on the connection's trace clock. */
 struct exs_rt_rx {
     uint64_t seq;
     uint64_t t_req, t_arrival, t_delivery; /* 0: not yet */
@@ -65,7 +67,8 @@ struct exs_reqtrace {
     struct exs_rt_rx rx[EXS_RT_SLOTS];
     unsigned rx_wait;  /* rx entries still waiting for their arrival or delivery */
     unsigned rx_ready; /* rx entries whose answer waits for control room */
-    int64_t off_ns[EXS_RT_OFFSET_WINDOW];  /* receiver clock - sender clock */
+    uint64_t epoch_ns; /* the trace clock's zero (random, §5.1): the wire says t - epoch_ns */
+    int64_t off_ns[EXS_RT_OFFSET_WINDOW];  /* receiver's trace clock - sender clock */
     uint64_t err_ns[EXS_RT_OFFSET_WINDOW]; /* its bound: half the round trip */
     unsigned off_count, off_next;
 };
@@ -76,7 +79,7 @@ struct exs_rt_record {
     uint64_t seq, bytes;
     uint64_t post_ns, wire_ns, done_ns, answer_ns;
     int64_t arrival_ns, delivery_ns; /* receiver's times minus offset_ns */
-    int64_t offset_ns;               /* estimated receiver clock - sender clock */
+    int64_t offset_ns;               /* estimated receiver's trace clock - sender clock */
     uint64_t offset_err_ns;          /* |true offset - offset_ns| <= this */
 };
 

@@ -287,7 +287,8 @@ enum { /* exs_wire_trace.hdr.flags */
 };
 
 /* TRACE (§5.1, feature TRACE; on STREAM also STRACE, seq then being the stream offset just
- * past the traced send's last byte). Times are the writer's CLOCK_MONOTONIC in ns.
+ * past the traced send's last byte). Times are ns on the writer's trace clock: its
+ * CLOCK_MONOTONIC minus a random per-connection epoch, never the host's clock (§5.1).
  * Request (from the data sender, just before message seq, in the same connection's
  * order): t_req = when the request was appended (T1); the other times are 0. Answer
  * (EXS_TRACE_ANSWER, from the data receiver): t_req = when the request's completion was

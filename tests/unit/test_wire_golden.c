@@ -16,6 +16,7 @@
 #include "exs/proto/proto_int.h"
 #include "exs/prov/tcp/tcp.h"
 #include "exs/util/lockorder.h"
+#include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
 
@@ -741,6 +742,17 @@ static uint64_t get_be(const uint8_t *p)
     return v;
 }
 
+/* A time read off the wire is not near this host's CLOCK_MONOTONIC (§5.1: it is on the
+ * connection's trace clock, whose epoch is drawn at random 2^61 to 2^62 ns back): more
+ * than a year away from it. */
+static void rt_not_host_clock(uint64_t t)
+{
+    uint64_t now = exs__now_ns(), year = 365ull * 86400 * 1000000000;
+
+    ck_assert_msg(t > now + year || t + year < now, "wire time %llu near the clock %llu",
+                  (unsigned long long)t, (unsigned long long)now);
+}
+
 /* The first captured SEND of ep holding a TRACE record (alone in it), or NULL. */
 static struct cap *cap_trace(struct exs_prov_ep *ep)
 {
@@ -798,6 +810,7 @@ START_TEST(golden_trace)
     ck_assert_uint_eq(get_be(c->bytes + 8), 0);             /* seq: message 0 */
     uint64_t t1 = get_be(c->bytes + 16);
     ck_assert_uint_ne(t1, 0);
+    rt_not_host_clock(t1);
     for (int i = 24; i < 48; i++)
         ck_assert_uint_eq(c->bytes[i], 0);                  /* answer fields: 0 */
 
@@ -810,7 +823,12 @@ START_TEST(golden_trace)
     ck_assert_uint_eq(get_be(c->bytes + 8), 0);
     uint64_t t2 = get_be(c->bytes + 16), ta = get_be(c->bytes + 24);
     uint64_t td = get_be(c->bytes + 32), t3 = get_be(c->bytes + 40);
-    ck_assert_uint_le(t1, t2); /* one process, one clock */
+    /* each end's times are on its own trace clock (a random epoch per connection, §5.1) */
+    uint64_t ea = pp.a.conn->rt->epoch_ns, eb = pp.b.conn->rt->epoch_ns;
+    rt_not_host_clock(t2);
+    rt_not_host_clock(t3);
+    ck_assert_uint_ne(ea, eb);
+    ck_assert_uint_le(t1 + ea, t2 + eb); /* one process, one clock */
     ck_assert_uint_le(t2, ta);
     ck_assert_uint_le(ta, td);
     ck_assert_uint_le(td, t3);
@@ -826,11 +844,13 @@ START_TEST(golden_trace)
     ck_assert_uint_eq(exs__json_get_u64(j, "seq"), 0);
     ck_assert_uint_eq(exs__json_get_u64(j, "bytes"), 10);
     ck_assert_uint_le(post, wire);
-    ck_assert_uint_le(wire, t1 + 1000000000ull);
-    ck_assert_uint_le(wire, done);
-    ck_assert_uint_le(t3, ans);
-    /* the true offset is 0 here: the estimate is within its bound */
-    ck_assert_int_le(off < 0 ? -off : off, err);
+    ck_assert_uint_le(wire, t1 + ea); /* T1, back on a's clock */
+    ck_assert_uint_le(t1 + ea, done);
+    ck_assert_uint_le(t3 + eb, ans);
+    /* one clock: the true offset is b's trace clock minus it, -eb; the estimate is within
+     * its bound */
+    int64_t miss = off - (int64_t)(0 - eb);
+    ck_assert_int_le(miss < 0 ? -miss : miss, err);
     ck_assert_int_ge(arr + err, (int64_t)wire);
     ck_assert_int_le(arr, dlv);
     ck_assert_int_le(dlv, (int64_t)ans + err);
