@@ -126,6 +126,124 @@ else
     pass other_uid_refused
 fi
 
+# ---- squatted, open and shared directories; forged endpoints (spec/observability.md §2) ----
+# fake_server DIR NAME|self HOW LOG: another user's endpoint (uid 65534) answering every
+# request with a forged success for pid $victim; what it receives goes to LOG. HOW nobody:
+# nobody binds; rootbind: root binds (the file is root's, mode 0666), nobody listens and
+# serves, so only SO_PEERCRED tells. Prints its pid once it listens.
+fake_server() {
+    python3 - "$@" "${victim:-0}" <<'PY' &
+import os, socket, sys
+d, name, how, log, victim = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+path = "%s/%s" % (d, "%d.sock" % os.getpid() if name == "self" else name)
+s = socket.socket(socket.AF_UNIX)
+if how == "rootbind":
+    s.bind(path); os.chmod(path, 0o666)
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+if how == "nobody":
+    s.bind(path)
+s.listen(8)
+print(os.getpid(), flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(5)
+    try:
+        data = c.recv(4096)
+        with open(log, "ab") as f: f.write(data)
+        c.sendall(b'{"ok":true,"pid":%d,"prog":"forged","uid":0,"version":"1","provider":"tcp",'
+                  b'"uptime_ms":1,"log_level":"warn","log_suppressed":0,"conns":[],"counters":[],'
+                  b'"name":"log_level","old":"warn","value":"debug"}\n' % victim)
+    except OSError: pass
+    c.close()
+PY
+}
+# refused CHECK LOG CMD...: CMD fails, says why on stderr, and LOG got no request
+refused() {
+    local name=$1 log=$2; shift 2
+    if "$@" >"$work/$name.out" 2>"$work/$name.err"; then
+        fail "$name" "accepted: $(cat "$work/$name.out")"
+    elif ! grep -q 'not trusted, nothing sent' "$work/$name.err"; then
+        fail "$name" "no reason: $(cat "$work/$name.err" "$work/$name.out")"
+    elif [ -s "$log" ]; then
+        fail "$name" "the forged endpoint got: $(cat "$log")"
+    else pass "$name ($(head -c 120 "$work/$name.err"))"; fi
+}
+if [ "$(id -u)" -eq 0 ] && command -v runuser >/dev/null; then
+    chmod o+rx "$work"
+    # a squatted directory: nobody made it first; the library refuses it and says so, and
+    # exsctl neither shows nobody's forged answer nor sends it a set
+    mkdir -m 0755 "$work/squat" && chown 65534:65534 "$work/squat"
+    EXS_CTL_DIR=$work/squat $build/samples/seqpacket_echo_server 0 >"$work/sq.out" 2>"$work/sq.err" &
+    victim=$!; pids+=($victim)
+    wait_for 10 grep -q . "$work/sq.out"
+    if grep -q "warn.*control endpoint: directory $work/squat belongs to uid 65534.*not used" \
+        "$work/sq.err" && [ ! -e "$work/squat/$victim.sock" ]; then pass squatted_dir_refused_warned
+    else fail squatted_dir_refused_warned "$(cat "$work/sq.err"; ls -la "$work/squat")"; fi
+    : >"$work/fake1.log"; chmod 666 "$work/fake1.log"
+    fake_server "$work/squat" "$victim.sock" nobody "$work/fake1.log" >"$work/fake1.pid"
+    pids+=($!)
+    wait_for 10 test -S "$work/squat/$victim.sock"
+    EXS_CTL_DIR=$work/squat refused squatted_dir_stat_refused "$work/fake1.log" "$exsctl" stat "$victim"
+    EXS_CTL_DIR=$work/squat refused squatted_dir_set_refused "$work/fake1.log" \
+        "$exsctl" set "$victim" log_level=debug
+    kill "$victim"; wait "$victim" 2>/dev/null
+
+    # a directory others may write in (not sticky): refused by both, its mode left alone
+    mkdir -m 0777 "$work/open"; chmod 0777 "$work/open"
+    EXS_CTL_DIR=$work/open $build/samples/seqpacket_echo_server 0 >"$work/op.out" 2>"$work/op.err" &
+    victim=$!; pids+=($victim)
+    wait_for 10 grep -q . "$work/op.out"
+    if grep -q "control endpoint: directory $work/open has mode 0777.*not used" "$work/op.err" &&
+        [ "$(stat -c %a "$work/open")" = 777 ] && [ ! -e "$work/open/$victim.sock" ]; then
+        pass open_dir_refused_mode_kept
+    else fail open_dir_refused_mode_kept "$(stat -c %a "$work/open"): $(cat "$work/op.err")"; fi
+    : >"$work/fake2.log"; chmod 666 "$work/fake2.log"
+    fake_server "$work/open" "$victim.sock" nobody "$work/fake2.log" >/dev/null
+    pids+=($!)
+    wait_for 10 test -S "$work/open/$victim.sock"
+    EXS_CTL_DIR=$work/open refused open_dir_stat_refused "$work/fake2.log" "$exsctl" stat "$victim"
+    kill "$victim"; wait "$victim" 2>/dev/null
+
+    # a shared sticky directory (root's, 1777): the library's socket goes in, the mode stays
+    mkdir -m 1777 "$work/shared"; chmod 1777 "$work/shared"
+    EXS_CTL_DIR=$work/shared $build/samples/seqpacket_echo_server 0 >"$work/sh.out" 2>"$work/sh.err" &
+    shsrv=$!; pids+=($shsrv)
+    wait_for 10 test -S "$work/shared/$shsrv.sock"
+    if [ "$(stat -c %a "$work/shared")" = 1777 ] &&
+        EXS_CTL_DIR=$work/shared "$exsctl" stat "$shsrv" --json >"$work/sh.json" &&
+        [ "$(jq_py "$work/sh.json" "j['processes'][0]['pid']")" = "$shsrv" ]; then
+        pass shared_sticky_dir_used_mode_kept
+    else
+        fail shared_sticky_dir_used_mode_kept "$(stat -c %a "$work/shared"): $(cat "$work/sh.err" "$work/sh.json")"
+    fi
+    # nobody serves a socket there named for another process (root made the file, so only
+    # SO_PEERCRED's pid tells): refused
+    sleep 1000 & victim=$!; pids+=($victim)
+    : >"$work/fake3.log"; chmod 666 "$work/fake3.log"
+    fake_server "$work/shared" "$victim.sock" rootbind "$work/fake3.log" >/dev/null
+    pids+=($!)
+    wait_for 10 test -S "$work/shared/$victim.sock"
+    EXS_CTL_DIR=$work/shared refused peercred_pid_refused "$work/fake3.log" "$exsctl" stat "$victim"
+    EXS_CTL_DIR=$work/shared refused peercred_pid_set_refused "$work/fake3.log" \
+        "$exsctl" set "$victim" log_level=debug
+    # uid 1 asks for nobody's own process, whose file root made: SO_PEERCRED's uid refuses
+    : >"$work/fake4.log"; chmod 666 "$work/fake4.log"
+    fake_server "$work/shared" self rootbind "$work/fake4.log" >"$work/fake4.pid"
+    pids+=($!)
+    wait_for 10 grep -q . "$work/fake4.pid"
+    f4=$(cat "$work/fake4.pid")
+    wait_for 10 test -S "$work/shared/$f4.sock"
+    EXS_CTL_DIR=$work/shared refused peercred_uid_refused "$work/fake4.log" \
+        runuser -u daemon -- "$exsctl" stat "$f4"
+    kill "$shsrv"; wait "$shsrv" 2>/dev/null
+    if [ "$(stat -c %a "$work/shared")" = 1777 ] && [ ! -e "$work/shared/$shsrv.sock" ]; then
+        pass shared_sticky_dir_after_exit
+    else fail shared_sticky_dir_after_exit "$(stat -c %a "$work/shared"); $(ls -la "$work/shared")"; fi
+else
+    echo "SKIP squatted_dirs: needs root and runuser"
+    pass squatted_dirs
+fi
+
 # ---- hostile clients: garbage, an endless line, clients that never read, a crowd ----
 rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 rss0=$(rss "$srv")

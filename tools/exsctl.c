@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,55 +38,189 @@ struct proc {
     struct exs_json *reply; /* last reply */
 };
 
-/* Socket path of pid; -ENAMETOOLONG. */
-static int ctl_path(int pid, char *buf, size_t len)
+/* The uid a root caller may trust besides root for pid's endpoint: the process's own
+ * (its effective uid, /proc/<pid>/status); EXS_CTL_UID_NONE for another caller, or when it
+ * cannot be read (the process is gone). */
+static uid_t ctl_also(int pid)
 {
-    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    int ret = exs__ctl_dir(dir, sizeof(dir), 0), n;
+    char path[64], line[256];
+    unsigned r, e;
+    uid_t also = EXS_CTL_UID_NONE;
+    FILE *f;
 
-    if (ret < 0)
-        return ret;
-    n = snprintf(buf, len, "%s/%d.sock", dir, pid);
-    return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+    if (geteuid() != 0)
+        return EXS_CTL_UID_NONE;
+    snprintf(path, sizeof(path), "/proc/%d/status", pid);
+    f = fopen(path, "re");
+    if (!f)
+        return EXS_CTL_UID_NONE;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "Uid: %u %u", &r, &e) == 2) {
+            also = (uid_t)e;
+            break;
+        }
+    fclose(f);
+    return also;
 }
 
-/* Connect to pid's endpoint. Prints the reason and returns -errno on failure. */
-static int ctl_connect(int pid, int quiet)
+/* Who exsctl trusts, for a message: "uid 1000 or root" or "uid 0, uid 1000 (the process's)
+ * or root". */
+static const char *ctl_trusted(uid_t also, char *buf, size_t size)
 {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int fd, ret;
+    uid_t uid = geteuid();
 
-    if ((ret = ctl_path(pid, sa.sun_path, sizeof(sa.sun_path))) < 0) {
-        fprintf(stderr, "exsctl: pid %d: control directory name too long\n", pid);
+    if (also != EXS_CTL_UID_NONE && also != EXS_CTL_UID_ANY && also != uid && also != 0)
+        snprintf(buf, size, "uid %u, uid %u (the process's) or root", (unsigned)uid,
+                 (unsigned)also);
+    else
+        snprintf(buf, size, "uid %u or root", (unsigned)uid);
+    return buf;
+}
+
+/* The control directory, opened and checked (spec/observability.md §2; also: as for
+ * exs__ctl_uid_ok): its descriptor, its name in dir; or -errno, the reason printed
+ * (-ENOENT quietly when quiet: no process of this user ever made it). */
+static int ctl_dir_open(char *dir, size_t len, uid_t also, int quiet)
+{
+    char why[160];
+    int shared, dfd, ret = exs__ctl_dir(dir, len, 0);
+
+    if (ret < 0) {
+        fprintf(stderr, "exsctl: control directory name too long\n");
         return ret;
     }
+    dfd = exs__ctl_dir_open(dir, also, &shared, why, sizeof(why));
+    if (dfd == -EPERM || dfd == -ELOOP)
+        fprintf(stderr,
+                "exsctl: control directory %s %s: not trusted, nothing sent "
+                "(spec/observability.md §2)\n",
+                dir, why);
+    else if (dfd == -EACCES)
+        fprintf(stderr,
+                "exsctl: control directory %s: permission denied: another user's; only that "
+                "user or root may use it\n",
+                dir);
+    else if (dfd < 0 && !(quiet && dfd == -ENOENT))
+        fprintf(stderr, "exsctl: control directory %s: %s\n", dir, why);
+    return dfd;
+}
+
+/* The socket file name in the directory dfd: a socket whose owner exsctl trusts
+ * (exs__ctl_uid_ok); 0, or -errno, the reason printed. */
+static int ctl_sock_check(int pid, int dfd, const char *dir, const char *name, uid_t also,
+                          int quiet)
+{
+    char who[96];
+    struct stat st;
+
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        int ret = -errno;
+
+        if (quiet)
+            return ret;
+        if (ret == -ENOENT)
+            fprintf(stderr,
+                    "exsctl: pid %d: no control endpoint at %s/%s (not a libexs process, "
+                    "EXS_CTL_ENABLE=0, or another user's)\n",
+                    pid, dir, name);
+        else
+            fprintf(stderr, "exsctl: pid %d: %s/%s: %s\n", pid, dir, name, strerror(-ret));
+        return ret;
+    }
+    if (!S_ISSOCK(st.st_mode) || !exs__ctl_uid_ok(st.st_uid, geteuid(), also)) {
+        fprintf(stderr,
+                "exsctl: pid %d: %s/%s is %s of uid %u, not a socket of %s: not trusted, "
+                "nothing sent\n",
+                pid, dir, name, S_ISSOCK(st.st_mode) ? "a socket" : "not a socket",
+                (unsigned)st.st_uid, ctl_trusted(also, who, sizeof(who)));
+        return -EPERM;
+    }
+    return 0;
+}
+
+/* Who answers on fd: the process asked for (pid), of a uid exsctl trusts
+ * (exs__ctl_uid_ok). 0, or -EPERM, the reason printed. */
+static int ctl_peer_check(int pid, int fd, const char *path, uid_t also)
+{
+    struct ucred cred;
+    socklen_t clen = sizeof(cred);
+    char who[96];
+
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
+        fprintf(stderr, "exsctl: pid %d: SO_PEERCRED on %s: %s: not trusted, nothing sent\n", pid,
+                path, strerror(errno));
+        return -EPERM;
+    }
+    if (cred.pid != pid || !exs__ctl_uid_ok(cred.uid, geteuid(), also)) {
+        fprintf(stderr,
+                "exsctl: pid %d: %s is served by pid %d of uid %u, not by pid %d of %s: not "
+                "trusted, nothing sent (another user's socket?)\n",
+                pid, path, (int)cred.pid, (unsigned)cred.uid, pid,
+                ctl_trusted(also, who, sizeof(who)));
+        return -EPERM;
+    }
+    return 0;
+}
+
+/* Connect to pid's endpoint once its directory, its socket file and the process serving
+ * it are checked (spec/observability.md §2). Prints the reason and returns -errno on
+ * failure (quiet: not for a missing or dead endpoint, but always for a refused one). */
+static int ctl_connect(int pid, int quiet)
+{
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)], path[sizeof(dir) + 32], name[32];
+    struct sockaddr_un sa;
+    uid_t also = ctl_also(pid);
+    int dfd, fd, ret;
+
+    dfd = ctl_dir_open(dir, sizeof(dir), also, 0);
+    if (dfd < 0)
+        return dfd;
+    snprintf(name, sizeof(name), "%d.sock", pid);
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    ret = ctl_sock_check(pid, dfd, dir, name, also, quiet);
+    if (ret < 0)
+        goto out;
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         ret = -errno;
         perror("exsctl: socket");
-        return ret;
+        goto out;
     }
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-        return fd;
+    exs__ctl_sockaddr_at(dfd, name, &sa); /* the file just checked, not a name looked up again */
+    ret = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+    if (ret < 0 && errno == ENOENT && strlen(path) < sizeof(sa.sun_path)) { /* no /proc */
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        ret = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+    }
+    if (ret == 0) {
+        ret = ctl_peer_check(pid, fd, path, also);
+        if (ret == 0) {
+            close(dfd);
+            return fd;
+        }
+        close(fd);
+        goto out;
+    }
     ret = -errno;
     close(fd);
     if (quiet)
-        return ret;
+        goto out;
     if (ret == -EACCES || ret == -EPERM)
         fprintf(stderr,
                 "exsctl: pid %d: permission denied (%s): the process belongs to another "
                 "user; only that user or root may connect\n",
-                pid, sa.sun_path);
+                pid, path);
     else if (ret == -ENOENT)
         fprintf(stderr,
                 "exsctl: pid %d: no control endpoint at %s (not a libexs process, "
                 "EXS_CTL_ENABLE=0, or another user's)\n",
-                pid, sa.sun_path);
+                pid, path);
     else if (ret == -ECONNREFUSED)
-        fprintf(stderr, "exsctl: pid %d: %s: nobody listens (the process is gone)\n", pid,
-                sa.sun_path);
+        fprintf(stderr, "exsctl: pid %d: %s: nobody listens (the process is gone)\n", pid, path);
     else
-        fprintf(stderr, "exsctl: pid %d: connect %s: %s\n", pid, sa.sun_path, strerror(-ret));
+        fprintf(stderr, "exsctl: pid %d: connect %s: %s\n", pid, path, strerror(-ret));
+out:
+    close(dfd);
     return ret;
 }
 
@@ -236,28 +372,34 @@ static int cmp_int(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
-/* PIDs with a control socket in this user's directory; files of dead processes are
+/* PIDs with a control socket in this user's directory (checked first: -errno when it is
+ * not trusted, 0 when there is none); files of dead processes that are this user's are
  * removed. Returns the count. */
 static int list_pids(int *pids, int max)
 {
     char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
     DIR *d;
     struct dirent *e;
-    int n = 0;
+    /* a root caller lists anyone's directory; each process is checked when connected */
+    int n = 0, dfd = ctl_dir_open(dir, sizeof(dir),
+                                  geteuid() == 0 ? EXS_CTL_UID_ANY : EXS_CTL_UID_NONE, 1);
 
-    if (exs__ctl_dir(dir, sizeof(dir), 0) < 0 || !(d = opendir(dir)))
+    if (dfd < 0)
+        return dfd == -ENOENT ? 0 : dfd;
+    if (!(d = fdopendir(dfd))) {
+        close(dfd);
         return 0;
+    }
     while ((e = readdir(d)) && n < max) {
         char *end;
         long pid = strtol(e->d_name, &end, 10);
+        struct stat st;
 
         if (end == e->d_name || strcmp(end, ".sock") != 0 || pid <= 0 || pid > 0x7fffffff)
             continue;
         if (kill((pid_t)pid, 0) < 0 && errno == ESRCH) {
-            char path[sizeof(dir) + 300];
-
-            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-            if (unlink(path) == 0 && !opt_json)
+            if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_uid == geteuid() &&
+                !S_ISDIR(st.st_mode) && unlinkat(dfd, e->d_name, 0) == 0 && !opt_json)
                 fprintf(stderr, "exsctl: removed the stale socket of dead pid %ld\n", pid);
             continue;
         }
@@ -365,6 +507,8 @@ static int gather(int pid, struct reply *replies, int max)
         return ret < 0 ? ret : 1;
     }
     n = list_pids(pids, max < MAX_PROCS ? max : MAX_PROCS);
+    if (n < 0)
+        return n;
     for (int i = 0; i < n; i++) {
         int fd = ctl_connect(pids[i], 1);
 

@@ -3,6 +3,7 @@
  * progress loop; requests are hostile text lines, replies JSON lines (spec/observability.md). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +81,6 @@ int exs__ctl_dir(char *buf, size_t len, int create)
 {
     const char *xdg = getenv("XDG_RUNTIME_DIR");
     uid_t uid = geteuid();
-    struct stat st;
     int n;
 
     exs__params_load();
@@ -101,24 +101,84 @@ int exs__ctl_dir(char *buf, size_t len, int create)
         EXS_WARN(API, "control endpoint: mkdir /run/exs: %m");
         return -errno;
     }
+    /* made private; one that exists is checked as it is, never changed (ctl_dir_open) */
     if (mkdir(buf, 0700) < 0 && errno != EEXIST) {
         EXS_WARN(API, "control endpoint: mkdir %s: %m", buf);
         return -errno;
     }
-    if (lstat(buf, &st) < 0) {
-        EXS_WARN(API, "control endpoint: lstat %s: %m", buf);
-        return -errno;
-    }
-    if (!S_ISDIR(st.st_mode) || st.st_uid != uid) {
-        EXS_WARN(API, "control endpoint: %s is not a directory of uid %u: not used", buf,
-                 (unsigned)uid);
+    return 0;
+}
+
+int exs__ctl_uid_ok(uid_t owner, uid_t uid, uid_t also)
+{
+    return owner == uid || owner == 0 || also == EXS_CTL_UID_ANY ||
+           (also != EXS_CTL_UID_NONE && owner == also);
+}
+
+int exs__ctl_dir_trust(const struct stat *st, uid_t uid, uid_t also, char *why, size_t size)
+{
+    unsigned mode = (unsigned)st->st_mode & 07777;
+    int shared = (mode & S_ISVTX) && (mode & 022);
+    /* the library (also: EXS_CTL_UID_LIB): its own directory, or a shared one of root's or
+     * its own; exsctl: its own, root's, or the one also names */
+    int owner_ok = also == EXS_CTL_UID_LIB ? st->st_uid == uid || (shared && st->st_uid == 0)
+                                           : exs__ctl_uid_ok(st->st_uid, uid, also);
+
+    if (!S_ISDIR(st->st_mode)) {
+        snprintf(why, size, "is not a directory");
         return -EPERM;
     }
-    if ((st.st_mode & 077) && chmod(buf, 0700) < 0) {
-        EXS_WARN(API, "control endpoint: chmod 0700 %s: %m", buf);
-        return -errno;
+    if (!owner_ok) {
+        char other[48] = "", self[24] = "root";
+
+        if (also != EXS_CTL_UID_LIB && also != EXS_CTL_UID_NONE && also != uid && also != 0)
+            snprintf(other, sizeof(other), " or uid %u (the process's)", (unsigned)also);
+        else if (uid && (also != EXS_CTL_UID_LIB || shared))
+            snprintf(other, sizeof(other), " or root");
+        if (uid)
+            snprintf(self, sizeof(self), "uid %u", (unsigned)uid);
+        snprintf(why, size, "belongs to uid %u (mode %04o), not to %s%s", (unsigned)st->st_uid,
+                 mode, self, other);
+        return -EPERM;
     }
-    return 0;
+    if ((mode & 022) && !shared) {
+        snprintf(why, size, "has mode %04o: others may write in it and it is not sticky", mode);
+        return -EPERM;
+    }
+    return shared;
+}
+
+int exs__ctl_dir_open(const char *dir, uid_t also, int *shared_p, char *why, size_t size)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), ret;
+    struct stat st;
+
+    if (fd < 0) {
+        ret = -errno;
+        snprintf(why, size, "%s", ret == -ELOOP ? "is a symbolic link" : strerror(-ret));
+        return ret;
+    }
+    /* what the descriptor holds is what is used: no name is looked up twice */
+    if (fstat(fd, &st) < 0) {
+        ret = -errno;
+        snprintf(why, size, "fstat: %s", strerror(-ret));
+        close(fd);
+        return ret;
+    }
+    ret = exs__ctl_dir_trust(&st, geteuid(), also, why, size);
+    if (ret < 0) {
+        close(fd);
+        return ret;
+    }
+    *shared_p = ret;
+    return fd;
+}
+
+void exs__ctl_sockaddr_at(int dfd, const char *name, struct sockaddr_un *sa)
+{
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    snprintf(sa->sun_path, sizeof(sa->sun_path), "/proc/self/fd/%d/%s", dfd, name);
 }
 
 /* ---- replies ---- */
@@ -898,9 +958,14 @@ static void ctl_stop_job(void *arg)
     ctl.running = 0;
 }
 
+/* Remove our socket file: only in the process that made it, and only while the name is
+ * still a socket of our uid (in a shared directory nothing else may go). */
 static void ctl_unlink(void)
 {
-    if (ctl.path[0] && ctl.owner == getpid())
+    struct stat st;
+
+    if (ctl.path[0] && ctl.owner == getpid() && lstat(ctl.path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+        st.st_uid == geteuid())
         unlink(ctl.path);
     ctl.path[0] = '\0';
 }
@@ -910,38 +975,82 @@ static void ctl_atexit(void)
     ctl_unlink();
 }
 
+/* Bind lfd as name in the checked directory dfd (path: its name, for the log): through
+ * /proc/self/fd, so the directory bound in is the one checked (the path when /proc is not
+ * there). A stale file of an earlier process with our pid is removed when it is a socket
+ * of our uid; anything else there is left alone and the endpoint stays off. */
+static int ctl_bind_at(int dfd, const char *name, const char *path)
+{
+    struct sockaddr_un sa;
+    struct stat st;
+    int ret;
+
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid()) {
+            EXS_WARN(API, "control endpoint: %s exists and is not a socket of uid %u: not used",
+                     path, (unsigned)geteuid());
+            return -EEXIST;
+        }
+        unlinkat(dfd, name, 0);
+    }
+    exs__ctl_sockaddr_at(dfd, name, &sa);
+    ret = bind(ctl.lfd, (struct sockaddr *)&sa, sizeof(sa));
+    if (ret < 0 && errno == ENOENT) { /* no /proc */
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        ret = bind(ctl.lfd, (struct sockaddr *)&sa, sizeof(sa));
+    }
+    if (ret < 0) {
+        ret = -errno;
+        EXS_WARN(API, "control endpoint: bind %s: %m", path);
+        return ret;
+    }
+    snprintf(ctl.path, sizeof(ctl.path), "%s", path);
+    ctl.owner = getpid();
+    /* the name is ours now: no one else may remove or replace it, shared directory or not */
+    if (fchmodat(dfd, name, 0600, 0) < 0) {
+        ret = -errno;
+        EXS_WARN(API, "control endpoint: chmod %s: %m", path);
+        return ret;
+    }
+    return 0;
+}
+
 int exs__ctl_start(void)
 {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    char dir[sizeof(sa.sun_path)];
-    int ret, n;
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)], path[sizeof(dir)], name[32], why[160];
+    int ret, n, dfd, shared;
 
     ret = exs__ctl_dir(dir, sizeof(dir), 1);
     if (ret < 0)
         goto err;
-    n = snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%d.sock", dir, (int)getpid());
-    if (n < 0 || (size_t)n >= sizeof(sa.sun_path)) {
+    snprintf(name, sizeof(name), "%d.sock", (int)getpid());
+    n = snprintf(path, sizeof(path), "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= sizeof(path)) {
         EXS_WARN(API, "control endpoint: directory name %s too long for a socket", dir);
         ret = -ENAMETOOLONG;
         goto err;
     }
-    unlink(sa.sun_path); /* a stale file of an earlier process with our pid */
+    dfd = exs__ctl_dir_open(dir, EXS_CTL_UID_LIB, &shared, why, sizeof(why));
+    if (dfd < 0) {
+        ret = dfd;
+        EXS_WARN(API,
+                 "control endpoint: directory %s %s: not used, no endpoint "
+                 "(spec/observability.md §2)",
+                 dir, why);
+        goto err;
+    }
     ctl.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (ctl.lfd < 0) {
         ret = -errno;
         EXS_WARN(API, "control endpoint: socket: %m");
-        goto err;
+        goto err_dir;
     }
-    if (bind(ctl.lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    ret = ctl_bind_at(dfd, name, path);
+    if (ret < 0)
+        goto err_unlink;
+    if (listen(ctl.lfd, EXS_CTL_CLIENTS_MAX) < 0) {
         ret = -errno;
-        EXS_WARN(API, "control endpoint: bind %s: %m", sa.sun_path);
-        goto err_close;
-    }
-    memcpy(ctl.path, sa.sun_path, sizeof(ctl.path));
-    ctl.owner = getpid();
-    if (chmod(ctl.path, 0600) < 0 || listen(ctl.lfd, EXS_CTL_CLIENTS_MAX) < 0) {
-        ret = -errno;
-        EXS_WARN(API, "control endpoint: chmod or listen %s: %m", ctl.path);
+        EXS_WARN(API, "control endpoint: listen %s: %m", ctl.path);
         goto err_unlink;
     }
     /* The eventfd lives as long as the process: a logger thread that saw a tracer just
@@ -953,6 +1062,7 @@ int exs__ctl_start(void)
         EXS_WARN(API, "control endpoint: eventfd: %m");
         goto err_unlink;
     }
+    close(dfd);
     if (!ctl.atexit_done) {
         atexit(ctl_atexit);
         ctl.atexit_done = 1;
@@ -963,14 +1073,15 @@ int exs__ctl_start(void)
     exs__log_set_hook(ctl_log_hook);
     exs__rt_set_sink(ctl_rt_sink);
     exs__engine_call(ctl_start_job, NULL);
-    EXS_INFO(API, "control endpoint %s", ctl.path);
+    EXS_INFO(API, "control endpoint %s%s", ctl.path, shared ? " (in a shared directory)" : "");
     return 0;
 
 err_unlink:
     ctl_unlink();
-err_close:
     close(ctl.lfd);
     ctl.lfd = -1;
+err_dir:
+    close(dfd);
 err:
     return ret;
 }

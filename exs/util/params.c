@@ -240,8 +240,9 @@ static const struct exs_param_def params_table[] = {
           "control endpoint: a Unix socket per process for exsctl stat, params, set, trace; 0 = "
           "off, 0-1"),
     PARAM(ctl_dir, "EXS_CTL_DIR", "", STRING, 0,
-          "control endpoint directory (mode 0700); empty = $XDG_RUNTIME_DIR/exs, else /run/exs/UID "
-          "(root) or /tmp/exs-UID"),
+          "control endpoint directory (made 0700 if missing; used if the user's and not "
+          "writable by others, or sticky and the user's or root's); empty = "
+          "$XDG_RUNTIME_DIR/exs, else /run/exs/UID (root) or /tmp/exs-UID"),
     PARAM(ctl_timeout_ms, "EXS_CTL_TIMEOUT_MS", "10000", UINT, 1,
           "control clients that do not read their reply, or send no request, for this long are "
           "dropped, milliseconds, 100-3600000"),

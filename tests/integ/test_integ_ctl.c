@@ -14,8 +14,10 @@
 
 #include "exs/engine/engine.h"
 #include "exs/util/json.h"
+#include "exs/util/log.h"
 #include "tests/integ/integ.h"
 #include "tests/integ/integ_ctl.h"
+#include "tests/skip.h"
 
 /* The socket and its directory exist with their modes while the library runs; stat
  * names this process and shows the pair's bytes as EXS_SO_STATS does; exs_fini removes
@@ -181,6 +183,64 @@ START_TEST(test_ctl_slow_pass_reported)
 }
 END_TEST
 
+/* The control directory as the library finds it (spec/observability.md §2): _i 0, one
+ * others may write in (0777, not sticky), _i 2, one of another uid (as root: 65534's),
+ * are refused with one warn line saying why, and left as they were; _i 1, a shared sticky
+ * one (01777), gets the socket and keeps its mode, also after exs_fini. */
+START_TEST(test_ctl_dir_modes)
+{
+    static const mode_t modes[] = {0777, 01777, 0700};
+    char path[128], *log = NULL;
+    size_t loglen = 0;
+    struct stat sb;
+    FILE *f;
+    const char *dir;
+
+    if (_i == 2 && geteuid() != 0) {
+        test_skip("test_ctl_dir_modes:2", "a directory of another uid needs root");
+        return;
+    }
+    dir = it_ctl_setup("dir");
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    ck_assert_int_eq(chmod(dir, modes[_i]), 0); /* not through the umask */
+    if (_i == 2)
+        ck_assert_int_eq(chown(dir, 65534, 65534), 0);
+    f = open_memstream(&log, &loglen);
+    ck_assert_ptr_nonnull(f);
+    exs__log_set_stream(f);
+    it_init();
+    exs__log_set_stream(NULL);
+    fclose(f);
+    it_ctl_path(path, sizeof(path));
+    ck_assert_int_eq(stat(dir, &sb), 0);
+    ck_assert_uint_eq(sb.st_mode & 07777, modes[_i]);
+    if (_i == 1) {
+        ck_assert_msg(!strstr(log, "warn"), "%s", log);
+        ck_assert_int_eq(stat(path, &sb), 0);
+        ck_assert(S_ISSOCK(sb.st_mode));
+        ck_assert_uint_eq(sb.st_mode & 0777, 0600);
+        ck_assert_uint_eq(sb.st_uid, geteuid());
+        close(it_ctl_open());
+    } else {
+        const char *w = strstr(log, "warn");
+
+        ck_assert_msg(w && strstr(w, "control endpoint: directory") &&
+                          strstr(w, _i ? "belongs to uid 65534" : "has mode 0777") &&
+                          strstr(w, "not used"),
+                      "no warning: %s", log);
+        ck_assert_msg(!strstr(w + 1, "warn"), "more than one warning: %s", log);
+        ck_assert_int_eq(stat(path, &sb), -1);
+        ck_assert_int_eq(errno, ENOENT);
+    }
+    free(log);
+    it_fini();
+    ck_assert_int_eq(stat(dir, &sb), 0);
+    ck_assert_uint_eq(sb.st_mode & 07777, modes[_i]);
+    ck_assert_int_eq(stat(path, &sb), -1); /* removed at exs_fini (or never made) */
+    ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
 Suite *integ_ctl_suite(void)
 {
     Suite *s = suite_create("integ_ctl");
@@ -189,5 +249,7 @@ Suite *integ_ctl_suite(void)
                  (const TTest *const[]){test_ctl_stat_matches_sockopt,
                                         test_ctl_slow_poller_reported, test_ctl_slow_pass_reported,
                                         NULL});
+    it_suite_add(s, "ctl_dir", IT_CASE_TIMEOUT, 3,
+                 (const TTest *const[]){test_ctl_dir_modes, NULL});
     return s;
 }
