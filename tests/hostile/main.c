@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/exs.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/hostile/raw.h"
@@ -243,6 +244,50 @@ START_TEST(isolation_no_forged_delivery)
     expect_refused(r, "B writing A's ring");
     raw_close(&a);
     expect_alive(SOCK_SEQPACKET, "forged ring writes");
+    stop();
+}
+END_TEST
+
+/* A peer that asks for a trace (spec/protocol.md §5.1) learns nothing of the host's
+ * clock: the server's answer carries times on its trace clock for the connection (a
+ * random epoch), not CLOCK_MONOTONIC, which would tell the host's uptime. */
+START_TEST(trace_answer_no_host_clock)
+{
+    static const char msg[64] = "a traced message; the server's answer must not tell its uptime";
+    struct exs_wire_trace req = {
+        .hdr = {.type = EXS_CTRL_TRACE, .len = htobe16(EXS_WIRE_TRACE_LEN)},
+        .t_req = htobe64(1), /* T1 of message 0, the next one */
+    };
+    uint32_t psn, imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0);
+    uint64_t year = 365ull * 86400 * 1000000000, now, t[4];
+    struct raw_peer a;
+    struct timespec ts;
+    double deadline;
+
+    start(SOCK_SEQPACKET, 0, 0);
+    open_peer(&a, SEQ);
+    ck_assert_int_eq(raw_send_ctrl(&a, &req, sizeof(req), &psn), 0);
+    ck_assert_int_eq(raw_write(&a, ring_addr(&a), a.ring_rkey, 1, imm, msg, sizeof(msg), &psn), 0);
+    expect_echo(&a, msg, sizeof(msg));
+    deadline = raw_now_ms() + ANSWER_MS;
+    while (!a.trace_answers && !a.closed && raw_now_ms() < deadline)
+        raw_pump(&a, 100);
+    ck_assert_msg(a.trace_answers == 1, "%u TRACE answers", a.trace_answers);
+    ck_assert_uint_eq(be64toh(a.trace.seq), 0);
+    ck_assert_uint_eq(a.trace.hdr.flags, EXS_TRACE_ANSWER);
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* the server's host: this one */
+    now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    t[0] = be64toh(a.trace.t_req);
+    t[1] = be64toh(a.trace.t_arrival);
+    t[2] = be64toh(a.trace.t_delivery);
+    t[3] = be64toh(a.trace.t_answer);
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(t[i] > now + year || t[i] + year < now,
+                      "time %d of the answer, %llu, is within a year of the host's clock %llu", i,
+                      (unsigned long long)t[i], (unsigned long long)now);
+    ck_assert(t[0] <= t[1] && t[1] <= t[2] && t[2] <= t[3]);
+    raw_close(&a);
+    expect_alive(SOCK_SEQPACKET, "a traced message");
     stop();
 }
 END_TEST
@@ -895,6 +940,7 @@ static Suite *hostile_suite(void)
     tcase_add_test(t, isolation_advert_key);
     tcase_add_test(t, isolation_announce_key);
     tcase_add_test(t, keys_not_guessable);
+    tcase_add_test(t, trace_answer_no_host_clock);
     tcase_add_loop_test(t, stream_bad_hello, 0, (int)(sizeof(bad_hellos) / sizeof(bad_hellos[0])));
     tcase_add_test(t, fd_exhaustion_no_spin);
     suite_add_tcase(s, t);

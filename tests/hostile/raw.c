@@ -303,6 +303,10 @@ int raw_parse_ctrl(struct raw_peer *p, const uint8_t *buf, uint32_t len)
             memcpy(&a, buf + off, sizeof(a));
             add_key(p->announces, &p->n_announces, be64toh(a.addr), be32toh(a.len), be32toh(a.rkey),
                     0, be64toh(a.seq));
+        } else if (h.type == EXS_CTRL_TRACE && rlen >= EXS_WIRE_TRACE_LEN &&
+                   (h.flags & EXS_TRACE_ANSWER)) {
+            memcpy(&p->trace, buf + off, sizeof(p->trace));
+            p->trace_answers++;
         }
 #ifdef EXS_WIRE_RING_LEN
         else if (h.type == EXS_CTRL_RING && rlen >= EXS_WIRE_RING_LEN) {

@@ -42,6 +42,8 @@ struct raw_peer {
     uint8_t read_resp[65536]; /* payload of the last READ_RESP */
     uint32_t read_resp_len;
     int read_resp_seen;
+    struct exs_wire_trace trace; /* the last TRACE answer the server sent (as received) */
+    unsigned trace_answers;      /* TRACE answers received */
 };
 
 double raw_now_ms(void);
