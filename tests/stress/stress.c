@@ -392,6 +392,8 @@ START_TEST(resume_churn)
     int rst_every = (int)st_env_long("EXS_STRESS_CHURN_RST", 8);
     struct churn_result sum = {0}, r;
     long sessions, failures, evicted;
+    const char *prov = getenv("EXS_PROVIDER");
+    char prov0[64];
     struct st_server s;
     int fds0, pfd[2], peak = 0;
     double t0, ms;
@@ -400,6 +402,7 @@ START_TEST(resume_churn)
 
     /* the server only: a resumable listener with a fallback one at port + 1000; the
      * waiting connections end 3 s after their cut (the resets') */
+    snprintf(prov0, sizeof(prov0), "%s", prov ? prov : "tcp");
     setenv("EXS_PROVIDER", "fault:tcp", 1);
     setenv("EXS_FALLBACK", "any", 1);
     setenv("EXS_FALLBACK_PORT_OFFSET", "1000", 1);
@@ -408,7 +411,7 @@ START_TEST(resume_churn)
     unsetenv("EXS_FALLBACK");
     unsetenv("EXS_FALLBACK_PORT_OFFSET");
     unsetenv("EXS_CONNECT_TIMEOUT_MS");
-    setenv("EXS_PROVIDER", "tcp", 1);
+    setenv("EXS_PROVIDER", prov0, 1); /* new clients (st_served) as the other cases' */
     ck_assert_int_eq(pipe(pfd), 0);
     t0 = st_now_ms();
     for (int w = 0; w < workers; w++) {
