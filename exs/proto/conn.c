@@ -140,6 +140,8 @@ static void conn_set_state(struct exs_conn *conn, enum exs_conn_state st, const 
         conn->hs_down = 1; /* the handshake deadline bounds the drain (exs__conn_timer) */
     if (st >= EXS_CONN_DOWN)
         conn->sp_rd_op = NULL; /* no more READ pieces (§6.2): its receive ends with the conn */
+    if (conn->state == EXS_CONN_RESUMING && st != EXS_CONN_RESUMING)
+        exs__resume_wait_leave(conn); /* no longer counts against resume_max (§9.2) */
     conn->state = st;
 }
 
@@ -1545,6 +1547,7 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
         break;
     }
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    exs__resume_evict_run(); /* connections a keepalive cut made give up (§9.2) */
     return next;
 }
 
@@ -1818,6 +1821,10 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
         } else if (tag == WR_TAG_BATCH) {
             exs__batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 0);
         }
+        if (cqe->status == EXS_PROV_WC_WR_FLUSH_ERR && conn->state == EXS_CONN_CONNECTED &&
+            conn->sess_token && !conn->rsm_over)
+            return; /* a consequence: the endpoint's DISCONNECTED, which follows, says
+                     * whether the path failed or the peer closed (§9.2, When) */
         if (exs__resume_begin_locked(conn, "error completion", 0, 0))
             return; /* cut over (§9.2): the op is sent again over the new path */
         /* while connecting, the cm event tells what happened */
@@ -1961,6 +1968,7 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
         conn_after_cqes_locked(conn);
         EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     }
+    exs__resume_evict_run(); /* connections a cut made give up (§9.2, The wait) */
 }
 
 void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
@@ -1971,8 +1979,12 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
 
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     if (conn->state == EXS_CONN_RESUMING) { /* the cut-over's events (§9.2) */
+        if (ev->type == EXS_PROV_CM_DISCONNECTED && ev->ep && ev->ep == conn->ep &&
+            !conn->rsm_newpath && (ev->flags & EXS_PROV_CM_F_PEER_CLOSED))
+            conn->rsm_peer_closed = 1; /* the peer closed: no cut-over after the drain */
         exs__resume_on_cm_locked(conn, ev);
         EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+        exs__resume_evict_run();
         return;
     }
     if (ev->ep && ev->ep != conn->ep) { /* an endpoint the conn no longer has */
@@ -2036,7 +2048,10 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
              * connection event can overtake them on verbs): the conn dies once every work
              * request it posted has completed (flushed, at the latest). */
             err = ev->status ? -ev->status : ECONNRESET;
-            if (exs__resume_begin_locked(conn, "disconnected", 1, 0)) {
+            /* a peer that closed its endpoint ended the connection: not a path failure,
+             * never cut over (§9.2, When) */
+            if (!(ev->flags & EXS_PROV_CM_F_PEER_CLOSED) &&
+                exs__resume_begin_locked(conn, "disconnected", 1, 0)) {
                 exs__resume_progress_locked(conn);
                 break; /* cut over (§9.2) */
             }
@@ -2060,6 +2075,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
     if (dead)
         dead(conn);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    exs__resume_evict_run(); /* those a cut made give up (§9.2, The wait) */
 }
 
 /* ---- for the cut-over (resume.c, spec/protocol.md §9.2) ---- */

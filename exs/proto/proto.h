@@ -404,6 +404,12 @@ struct exs_conn {
     int                        rsm_gone;     /* registry: destroyed while a finder held it;
                                               * the last finder frees it (both under the
                                               * registry's lock) */
+    /* RESUMING bounded (spec/protocol.md §9.2, The wait; resume.c) */
+    int                        rsm_peer_closed; /* RESUMING: the old endpoint's DISCONNECTED
+                                                 * said the peer closed it (no cut-over) */
+    int                        rsm_waiting;  /* in the wait list (registry's lock) */
+    int                        rsm_evicting; /* in the eviction list, held (rsm_refs) */
+    struct exs_list            rsm_wait_link; /* in one of the two (registry's lock) */
     /* SEQPACKET announced messages across a cut (spec/protocol.md §9.2, Replay,
      * SEQPACKET; seqpacket.c) */
     uint64_t                  *sp_memo;      /* receiver, resumable: the last announced

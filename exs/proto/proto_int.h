@@ -113,6 +113,11 @@ int exs__resume_op_mr_locked(struct exs_conn *conn, struct exs_op *op);
 /* The conn is destroyed: out of the registry of sessions. 1: the caller frees it now;
  * 0: a resume request's finder still holds it and frees it (exs__conn_free) when done. */
 int exs__resume_forget(struct exs_conn *conn);
+/* conn leaves RESUMING (conn->lock held): it no longer counts against resume_max. */
+void exs__resume_wait_leave(struct exs_conn *conn);
+/* End the connections evicted from the wait list (spec/protocol.md §9.2, The wait): run
+ * by the progress thread's entry points into proto once they hold no conn lock. */
+void exs__resume_evict_run(void);
 /* conn.c: the last part of exs__conn_destroy (provider objects, memory, the struct). */
 void exs__conn_free(struct exs_conn *conn);
 

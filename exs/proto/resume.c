@@ -10,6 +10,7 @@
 #include "exs/proto/proto_int.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 
 /* Process counters of the cut-over, in the set "fallback" beside the engine's (lookups
@@ -19,6 +20,7 @@ static struct {
     uint64_t fallback_resume_failures;
     uint64_t fallback_resumes;
     uint64_t fallback_replayed_bytes;
+    uint64_t fallback_resume_evicted;
 } resume_cnt;
 
 static const struct exs_counter_desc resume_counter_desc[] = {
@@ -31,6 +33,9 @@ static const struct exs_counter_desc resume_counter_desc[] = {
     EXS_COUNTER(__typeof__(resume_cnt), fallback_replayed_bytes,
                 "bytes sent again over a new path (STREAM bytes, SEQPACKET messages sent whole "
                 "again: sent on the old path, not arrived)"),
+    EXS_COUNTER(__typeof__(resume_cnt), fallback_resume_evicted,
+                "of the failures: waiting for the new path, ended because resume_max newer "
+                "connections were waiting too (ETIMEDOUT)"),
 };
 
 static struct exs_counter_set resume_cset = {
@@ -77,6 +82,7 @@ int exs__resume_forget(struct exs_conn *conn)
     now = conn->rsm_refs == 0;
     conn->rsm_gone = !now;
     EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    exs__resume_wait_leave(conn); /* (it left RESUMING before: nothing, normally) */
     return now;
 }
 
@@ -110,6 +116,84 @@ static void resume_registry_put(struct exs_conn *conn)
     EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
     if (last)
         exs__conn_free(conn); /* destroyed while we held it */
+}
+
+/* ---- RESUMING bounded (§9.2, The wait) ----
+ * The connections past their old path's drain that wait for the new path, oldest first
+ * (resume_waitq), at most resume_max; those evicted from it and not yet ended
+ * (resume_evictq), each held (rsm_refs) until exs__resume_evict_run ends it without
+ * another conn's lock. Both lists, the rsm_waiting and rsm_evicting flags under the
+ * registry's lock. */
+static struct exs_list resume_waitq = EXS_LIST_INIT(resume_waitq);
+static struct exs_list resume_evictq = EXS_LIST_INIT(resume_evictq);
+static uint64_t resume_nwait;
+static uint32_t resume_nevict; /* also read without the lock (atomic) */
+
+/* conn (its lock held), its old path over, joins the wait; while more than resume_max
+ * wait, the oldest is evicted (never conn itself: resume_max is at least 1). */
+static void resume_wait_join_locked(struct exs_conn *conn)
+{
+    uint64_t max = __atomic_load_n(&exs__params.resume_max, __ATOMIC_RELAXED);
+
+    if (!max) /* the tunables were never loaded (unit tests) */
+        max = UINT64_MAX;
+    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    if (!conn->rsm_waiting && !conn->rsm_evicting) {
+        exs_list_add_tail(&resume_waitq, &conn->rsm_wait_link);
+        conn->rsm_waiting = 1;
+        resume_nwait++;
+        while (resume_nwait > max) {
+            struct exs_conn *v = exs_list_entry(resume_waitq.next, struct exs_conn, rsm_wait_link);
+
+            exs_list_del(&v->rsm_wait_link);
+            resume_nwait--;
+            v->rsm_waiting = 0;
+            v->rsm_evicting = 1; /* for good: it never waits again */
+            __atomic_add_fetch(&v->rsm_refs, 1, __ATOMIC_RELEASE);
+            exs_list_add_tail(&resume_evictq, &v->rsm_wait_link);
+            __atomic_add_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
+        }
+    }
+    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+}
+
+void exs__resume_wait_leave(struct exs_conn *conn)
+{
+    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    if (conn->rsm_waiting) {
+        exs_list_del(&conn->rsm_wait_link);
+        conn->rsm_waiting = 0;
+        resume_nwait--;
+    }
+    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+}
+
+static void resume_end_locked(struct exs_conn *conn, int err, const char *why, int count);
+
+void exs__resume_evict_run(void)
+{
+    if (!__atomic_load_n(&resume_nevict, __ATOMIC_ACQUIRE))
+        return;
+    for (;;) {
+        struct exs_list *n;
+        struct exs_conn *v;
+
+        EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+        n = exs_list_pop_head(&resume_evictq);
+        if (n)
+            __atomic_sub_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
+        EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+        if (!n)
+            return;
+        v = exs_list_entry(n, struct exs_conn, rsm_wait_link);
+        EXS_MUTEX_LOCK(&v->lock, EXS_LOCK_CONN);
+        if (v->state == EXS_CONN_RESUMING) { /* else it resumed or ended meanwhile */
+            EXS_CNT_INC(resume_cnt.fallback_resume_evicted);
+            resume_end_locked(v, ETIMEDOUT, "evicted: resume_max newer connections wait", 1);
+        }
+        EXS_MUTEX_UNLOCK(&v->lock, EXS_LOCK_CONN);
+        resume_registry_put(v); /* frees it when it was destroyed meanwhile */
+    }
 }
 
 /* A random token, never 0. 0 or -errno. */
@@ -432,6 +516,22 @@ static int resume_sp_cut_locked(struct exs_conn *conn)
     return 0;
 }
 
+/* The old path is over: its endpoint goes, its grants first, so a connection waiting for
+ * its new path holds no provider resource (§9.2, The old path). What the endpoint still
+ * held is discarded (rsm_abandon). Nothing when it went already. */
+static void resume_old_path_release_locked(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    if (!conn->ep)
+        return;
+    exs__conn_revoke_all_locked(conn);
+    exs__prov_ep_destroy(conn->ep);
+    conn->ep = NULL;
+    conn->wr_out = 0;
+    exs_list_for_each(pos, &conn->sendq) exs_list_entry(pos, struct exs_op, link)->inflight = 0;
+}
+
 /* Move every registration of the conn to ctx and restart what the old path held (§9.2,
  * "What the cut-over has to move", "Everything else restarts"): the old endpoint goes
  * (its grants first); the old ring stays, read locally, as a retired region until its
@@ -445,11 +545,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     struct exs_list *pos;
     int ret;
 
-    exs__conn_revoke_all_locked(conn);
-    exs__prov_ep_destroy(conn->ep); /* what it still held is discarded (rsm_abandon) */
-    conn->ep = NULL;
-    conn->wr_out = 0;
-    exs_list_for_each(pos, &conn->sendq) exs_list_entry(pos, struct exs_op, link)->inflight = 0;
+    resume_old_path_release_locked(conn); /* (the passive side's went when it began to wait) */
     ret = exs__st_ring_cut_locked(conn); /* unread bytes retired; the new ring's size */
     if (ret)
         return ret;
@@ -586,10 +682,13 @@ void exs__resume_progress_locked(struct exs_conn *conn)
      * then what arrived is final (§9.2, Positions) */
     if (!conn->rsm_disc || ((conn->wr_out || conn->wrq_count) && !conn->rsm_abandon))
         return;
-    if (conn->peer_shut) { /* its SHUTDOWN came in the drain: the peer closed */
+    if (conn->peer_shut || conn->rsm_peer_closed) {
+        /* its SHUTDOWN came in the drain, or its endpoint closed (the provider told,
+         * after a failure seen first had begun the cut-over): the peer closed */
         resume_end_locked(conn, ECONNRESET, "the peer closed", 0);
         return;
     }
+    resume_wait_join_locked(conn); /* at most resume_max wait: the oldest give up */
     if (conn->active) {
         ret = conn->cb->resume_addr(conn, &ctx, &addr, &len);
         if (ret) {
@@ -598,8 +697,10 @@ void exs__resume_progress_locked(struct exs_conn *conn)
         }
     } else {
         ctx = conn->rsm_req ? conn->rsm_req_ctx : NULL;
-        if (!ctx)
-            return; /* the active side's request comes */
+        if (!ctx) { /* the active side's request comes; nothing of the old path waits */
+            resume_old_path_release_locked(conn);
+            return;
+        }
     }
     if (!conn_is_stream(conn) && resume_sp_cut_locked(conn)) {
         resume_end_locked(conn, ECONNRESET, "no memory for announced messages", 1);
@@ -852,5 +953,6 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     }
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     resume_registry_put(conn);
+    exs__resume_evict_run(); /* those it made give up (the wait) */
     return bad ? EXS_WIRE_REJ_RESUME : 0;
 }

@@ -244,6 +244,15 @@ enum exs_prov_cm_event_type {
     EXS_PROV_CM_DISCONNECTED,        /* ep: the connection ended (either side, or peer died); status = 0 or -errno */
 };
 
+/* exs_prov_cm_event.flags (spec/provider.md, "Why a connection ended") */
+enum {
+    /* DISCONNECTED: the peer closed its endpoint for good (its ep_destroy, or its process
+     * ended and its kernel closed the connection), as far as the provider can tell: an
+     * orderly end by the peer, not a failure of the path. Absent: the provider cannot
+     * tell, or the path failed (a reset, an error, the peer's disconnect). */
+    EXS_PROV_CM_F_PEER_CLOSED = 1u << 0,
+};
+
 #define EXS_PROV_PRIVATE_DATA_MAX 256
 
 struct exs_prov_cm_event {
@@ -252,6 +261,7 @@ struct exs_prov_cm_event {
     struct exs_prov_listener   *listener; /* CONNECT_REQUEST */
     struct exs_prov_conn_req   *req;      /* CONNECT_REQUEST */
     int                         status;   /* 0 or -errno */
+    unsigned                    flags;    /* EXS_PROV_CM_F_* */
     struct sockaddr_storage     peer_addr;
     socklen_t                   peer_addrlen;
     uint32_t                    private_data_len;

@@ -234,6 +234,10 @@ static const struct exs_param_def params_table[] = {
           "RDMA-to-TCP fallback: the tcp listener and fallback connects use the primary's port "
           "plus this (0 for verbs, whose port space is not TCP's; set it when the primary is "
           "fault:tcp), 0-32767"),
+    PARAM(resume_max, "EXS_RESUME_MAX", "128", UINT, 1,
+          "RDMA-to-TCP fallback, policy any: connections of the process waiting for their new "
+          "path after a path failure (RESUMING, spec/protocol.md 9.2); one more makes the "
+          "oldest give up (ETIMEDOUT, counted in fallback_resume_evicted), 1-1000000"),
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
     PARAM(ctl_enable, "EXS_CTL_ENABLE", "1", UINT, 0,
@@ -342,6 +346,9 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, emu_blackhole) && v->u > 1)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, fallback_port_offset) && v->u > 32767)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, resume_max) &&
+            (v->u < 1 || v->u > 1000000))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, ctl_enable) && v->u > 1)
             return -EINVAL;

@@ -113,6 +113,7 @@ struct exs_params {
     /* -- RDMA-to-TCP fallback (issue 13) -- */
     char     fallback[EXS_PARAM_STR_MAX]; /* EXS_FALLBACK: auto, off, connect, any (offline) */
     uint64_t fallback_port_offset;        /* EXS_FALLBACK_PORT_OFFSET: tcp ports = primary + this */
+    uint64_t resume_max;                  /* EXS_RESUME_MAX: connections waiting in RESUMING */
 
     /* -- control endpoint, tracing, logging (issue 14) -- */
     uint64_t ctl_enable;       /* EXS_CTL_ENABLE: the control endpoint, 0-1 (offline) */

@@ -74,6 +74,7 @@ struct mock_ep {
     uint32_t inject_at;
     enum exs_prov_wc_status inject_status;
     int disc_queued; /* DISCONNECTED queued for this ep */
+    int peer_closed; /* its peer destroyed its ep: DISCONNECTED says F_PEER_CLOSED */
     int had_addr;
     struct sockaddr_in local;
     struct mock_req *req; /* active side: its pending request */
@@ -228,6 +229,8 @@ static void ep_event(struct mock_ep *ep, enum exs_prov_cm_event_type type, int s
 {
     struct exs_prov_cm_event ev = {.type = type, .ep = &ep->super, .status = status};
 
+    if (type == EXS_PROV_CM_DISCONNECTED && ep->peer_closed)
+        ev.flags = EXS_PROV_CM_F_PEER_CLOSED;
     if (pdlen)
         memcpy(ev.private_data, pd, pdlen);
     ev.private_data_len = pdlen;
@@ -996,6 +999,7 @@ static void mock_ep_destroy(struct exs_prov_ep *e)
     struct exs_list *pos, *tmp, *n;
 
     if (ep->peer) {
+        ep->peer->peer_closed = 1; /* closed for good, not a path failure */
         ep_disconnect_one(ep->peer, 0);
         ep->peer->peer = NULL;
     }

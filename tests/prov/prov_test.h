@@ -191,6 +191,7 @@ void pt_sleep_ms(int ms);
 
 /* The suites (one per file). */
 Suite *prov_basic_suite(void);
+Suite *prov_close_suite(void);
 Suite *prov_order_suite(void);
 Suite *prov_rnr_suite(void);
 Suite *prov_access_suite(void);

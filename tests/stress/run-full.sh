@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # The connection stress tests at the issue's numbers: 4,096 connections at once (RUNS runs in
 # a row, default 10), 10,000 connections reset at once (two rounds), 10,000 half-open
-# connections, and the echo server at its descriptor limit. Prints every figure and ends with
+# connections, the echo server at its descriptor limit, and 20,000 connect-and-close cycles
+# against a resumable listener (issue 24 finding 2). Prints every figure and ends with
 # "N passed, N failed"; exits 1 if any run failed.
 #
 #   tests/stress/run-full.sh [BUILD] [RUNS]
@@ -41,5 +42,6 @@ done
 run reset_many EXS_STRESS_RESET=${EXS_STRESS_RESET:-9980} EXS_STRESS_ROUNDS=2
 run half_open EXS_STRESS_HALFOPEN=10000 EXS_STRESS_ROUNDS=2
 run echo_fd_limit
+run resume_churn EXS_STRESS_CHURN=20000
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

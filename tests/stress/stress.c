@@ -4,19 +4,25 @@
  * The server is samples/seqpacket_echo_server in its own process; clients are forked
  * processes using the library. Counts come from the environment (make check uses small
  * ones, tests/stress/run-full.sh the issue's): EXS_STRESS_CONNECT, EXS_STRESS_RESET,
- * EXS_STRESS_HALFOPEN. Every wait is a condition polled under a generous limit. */
+ * EXS_STRESS_HALFOPEN, EXS_STRESS_CHURN. Every wait is a condition polled under a generous
+ * limit. */
 #include <arpa/inet.h>
 #include <check.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/hostile/raw.h"
 #include "tests/stress/stress.h"
 
 #define EXS_MAX(_a, _b) ((_a) > (_b) ? (_a) : (_b))
@@ -88,10 +94,12 @@ static long rss_limit(long rss)
     return rss + slack;
 }
 
-/* Start the server and serve one client first, so lazily created state is in the baseline. */
-static void start_measured(const char *test, struct st_server *s, int *fds0, long *rss0)
+/* Start the server (nofile > 0: with that RLIMIT_NOFILE) and serve one client first, so
+ * lazily created state is in the baseline. */
+static void start_measured_nofile(const char *test, struct st_server *s, long nofile, int *fds0,
+                                  long *rss0)
 {
-    st_server_start(s, 0);
+    st_server_start(s, nofile);
     ck_assert_msg(st_served(s->port, wait_ms()), "%s: first client not served", test);
     /* the served client's connection is still being finished: wait until it settles */
     *fds0 = st_proc_fds(s->pid);
@@ -106,6 +114,11 @@ static void start_measured(const char *test, struct st_server *s, int *fds0, lon
     }
     *rss0 = st_proc_rss_kib(s->pid);
     printf("%s: server baseline: %d descriptors, RSS %ld KiB\n", test, *fds0, *rss0);
+}
+
+static void start_measured(const char *test, struct st_server *s, int *fds0, long *rss0)
+{
+    start_measured_nofile(test, s, 0, fds0, rss0);
 }
 
 /* Finding 8: more clients than the server can take, past its old queue depth (1024) and into
@@ -260,6 +273,220 @@ START_TEST(half_open)
 }
 END_TEST
 
+/* ---- resume_churn (issue 24 finding 2) ---- */
+
+#define CHURN_MS     10000 /* one step of a cycle (the server answers at once when serving) */
+#define CHURN_NOFILE 256   /* the server's descriptors, as in the finding */
+
+struct churn_result {
+    int cycles, failed, resets, retries, first_err, at;
+};
+
+/* One connect-and-close cycle of a resumable raw peer (hello bit 7): the handshake, the
+ * server's first SEND (its RING and SESSION records: the connection is resumable), then
+ * an orderly close without SHUTDOWN (the socket's FIN, as when a process ends: the server
+ * closes its end, seen as EOF here) or, with rst, a reset (SO_LINGER 0: a path failure for
+ * the server, whose connection waits in RESUMING, bounded by resume_max). 0 or -errno. */
+static int churn_cycle(int port, int rst)
+{
+    struct exs_wire_hello h;
+    struct raw_peer p;
+    int err;
+
+    raw_hello_default(&h, EXS_WIRE_SOCK_SEQPACKET);
+    h.features = htobe16(be16toh(h.features) | EXS_WIRE_FEAT_RESUMABLE);
+    err = raw_open(&p, port, &h, CHURN_MS);
+    if (!err)
+        err = raw_wait_ring(&p, CHURN_MS);
+    if (!err && rst) {
+        struct linger l = {.l_onoff = 1, .l_linger = 0};
+
+        setsockopt(p.fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+    } else if (!err) {
+        double end = raw_now_ms() + CHURN_MS;
+
+        shutdown(p.fd, SHUT_WR);
+        while (!p.closed && raw_now_ms() < end)
+            raw_pump(&p, 100);
+        if (!p.closed)
+            err = -ETIMEDOUT; /* the server never closed its end */
+    }
+    if (p.fd >= 0)
+        close(p.fd);
+    return err;
+}
+
+/* A counter of the server's "fallback" set, as exsctl stat --counters shows it (exsctl next
+ * to this binary: BUILD/tests/stress/x -> BUILD/tools/exsctl); -1 when not shown. */
+static long churn_counter(pid_t pid, const char *name)
+{
+    char exe[PATH_MAX], cmd[PATH_MAX + 64], line[256], set[64], cname[64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    long v = -1, val;
+    FILE *f;
+
+    ck_assert_int_gt(n, 0);
+    exe[n] = '\0';
+    for (int i = 0; i < 3; i++) {
+        char *slash = strrchr(exe, '/');
+
+        ck_assert_ptr_nonnull(slash);
+        *slash = '\0';
+    }
+    snprintf(cmd, sizeof(cmd), "%s/tools/exsctl stat %d --counters", exe, (int)pid);
+    f = popen(cmd, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "%63s %63s %ld", set, cname, &val) == 3 && !strcmp(set, "fallback") &&
+            !strcmp(cname, name))
+            v = val;
+    pclose(f);
+    return v;
+}
+
+/* A worker process: n cycles, every rst_every-th a reset (0: none). A cycle refused or
+ * cut (the server at its descriptor limit for a moment: its application closes sockets
+ * behind the cycles) is tried again 10 ms later, as a client would, and counted; a cycle
+ * not done by end_ms (st_now_ms) fails, and the worker stops and reports through out_fd. */
+static void churn_worker(int port, int n, int rst_every, double end_ms, int out_fd)
+{
+    struct churn_result r = {0};
+
+    for (int i = 0; i < n; i++) {
+        int rst = rst_every > 0 && i % rst_every == rst_every - 1;
+        int err;
+
+        while ((err = churn_cycle(port, rst)) != 0 && st_now_ms() < end_ms) {
+            r.retries++;
+            r.first_err = -err;
+            usleep(10 * 1000);
+        }
+        r.cycles += !err;
+        r.resets += rst && !err;
+        if (err) {
+            r.failed++;
+            r.first_err = -err;
+            r.at = i;
+            break;
+        }
+    }
+    if (write(out_fd, &r, sizeof(r)) != (ssize_t)sizeof(r))
+        _exit(1);
+    _exit(0);
+}
+
+/* Issue 24 finding 2: connect-and-close cycles against a resumable listener (EXS_FALLBACK
+ * any over fault:tcp, with its fallback listener; RLIMIT_NOFILE 256 as in the finding),
+ * EXS_STRESS_CHURN of them (20,000 in run-full.sh) from 4 worker processes, every 8th
+ * closed by a reset (EXS_STRESS_CHURN_RST: every Nth, 0 = none): every cycle completes
+ * within a minute (one refused while the server's application catches up is tried again),
+ * then the server serves a new client and its descriptors come back to the baseline; no
+ * orderly close was taken for a path failure (fallback_resume_failures at most the resets,
+ * exsctl stat --counters). Before the fix each connection waited in RESUMING with its
+ * descriptor (connect_timeout_ms, 3 s here): the server refused every connection after
+ * about 230 cycles, and every orderly close counted as a failed resume. */
+START_TEST(resume_churn)
+{
+    const int workers = 4;
+    int n = (int)st_env_long("EXS_STRESS_CHURN", 2000);
+    int rst_every = (int)st_env_long("EXS_STRESS_CHURN_RST", 8);
+    struct churn_result sum = {0}, r;
+    long sessions, failures, evicted;
+    const char *prov = getenv("EXS_PROVIDER");
+    char prov0[64];
+    struct st_server s;
+    int fds0, pfd[2], peak = 0;
+    double t0, ms;
+    pid_t pid[4];
+    long rss0;
+
+    /* the server only: a resumable listener with a fallback one at port + 1000; the
+     * waiting connections end 3 s after their cut (the resets') */
+    snprintf(prov0, sizeof(prov0), "%s", prov ? prov : "tcp");
+    setenv("EXS_PROVIDER", "fault:tcp", 1);
+    setenv("EXS_FALLBACK", "any", 1);
+    setenv("EXS_FALLBACK_PORT_OFFSET", "1000", 1);
+    setenv("EXS_CONNECT_TIMEOUT_MS", "3000", 1);
+    start_measured_nofile("resume_churn", &s, CHURN_NOFILE, &fds0, &rss0);
+    unsetenv("EXS_FALLBACK");
+    unsetenv("EXS_FALLBACK_PORT_OFFSET");
+    unsetenv("EXS_CONNECT_TIMEOUT_MS");
+    setenv("EXS_PROVIDER", prov0, 1); /* new clients (st_served) as the other cases' */
+    ck_assert_int_eq(pipe(pfd), 0);
+    t0 = st_now_ms();
+    for (int w = 0; w < workers; w++) {
+        pid[w] = fork();
+        ck_assert_int_ge(pid[w], 0);
+        if (pid[w] == 0) {
+            close(pfd[0]);
+            churn_worker(s.port, n / workers + (w < n % workers), rst_every,
+                         t0 + 60000.0 * st_timeout_mult(), pfd[1]);
+        }
+    }
+    close(pfd[1]);
+    for (int w = 0; w < workers; w++) {
+        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+        int got;
+
+        /* watch the server's descriptors meanwhile */
+        while ((got = poll(&p, 1, 200)) == 0) {
+            int fds = st_proc_fds(s.pid);
+
+            peak = fds > peak ? fds : peak;
+            ck_assert_msg(st_now_ms() - t0 < 10.0 * wait_ms(), "resume_churn: workers hang");
+        }
+        ck_assert_int_eq(got, 1);
+        got = st_proc_fds(s.pid);
+        peak = got > peak ? got : peak;
+        ck_assert_int_eq(read(pfd[0], &r, sizeof(r)), (ssize_t)sizeof(r));
+        sum.cycles += r.cycles;
+        sum.resets += r.resets;
+        sum.retries += r.retries;
+        if (r.retries && !sum.failed)
+            sum.first_err = r.first_err;
+        if (r.failed && !sum.failed) {
+            sum.first_err = r.first_err;
+            sum.at = r.at;
+        }
+        sum.failed += r.failed;
+    }
+    ms = st_now_ms() - t0;
+    close(pfd[0]);
+    for (int w = 0; w < workers; w++) {
+        int status;
+
+        if (sum.failed) /* the others stop at their own failure, or run on: not waited for */
+            kill(pid[w], SIGKILL);
+        ck_assert_int_eq(waitpid(pid[w], &status, 0), pid[w]);
+    }
+    printf("resume_churn: %d cycles (%d closed by a reset) in %.1f s (%.0f/s), %d tried again, "
+           "%d failed%s%s; server descriptors at most %d (baseline %d, limit %d)\n",
+           sum.cycles, sum.resets, ms / 1e3, sum.cycles / (ms / 1e3), sum.retries, sum.failed,
+           sum.first_err ? ", last error: " : "", sum.first_err ? strerror(sum.first_err) : "",
+           peak, fds0, CHURN_NOFILE);
+    fflush(stdout);
+    ck_assert_msg(!sum.failed, "resume_churn: cycle %d of a worker not done in a minute: %s",
+                  sum.at, strerror(sum.first_err));
+    ck_assert_int_eq(sum.cycles, n);
+    ck_assert_msg(ms <= 60000.0 * st_timeout_mult(), "resume_churn: %d cycles took %.1f s", n,
+                  ms / 1e3);
+    ck_assert_msg(st_served(s.port, wait_ms()), "resume_churn: a new client is not served");
+    expect_baseline("resume_churn", &s, fds0, 0);
+    sessions = churn_counter(s.pid, "fallback_sessions");
+    failures = churn_counter(s.pid, "fallback_resume_failures");
+    evicted = churn_counter(s.pid, "fallback_resume_evicted");
+    printf("resume_churn: server counters: fallback_sessions %ld, fallback_resume_failures %ld, "
+           "fallback_resume_evicted %ld\n",
+           sessions, failures, evicted);
+    ck_assert_msg(sessions >= n, "resume_churn: %ld sessions for %d resumable cycles", sessions, n);
+    ck_assert_msg(failures >= 0 && failures <= sum.resets,
+                  "resume_churn: %ld failed resumes, %d cycles closed by a reset: orderly closes "
+                  "were taken for path failures",
+                  failures, sum.resets);
+    st_server_stop(&s);
+}
+END_TEST
+
 /* exs_stress_test [CASE...]: the cases named (all by default); CK_RUN_CASE works too. */
 int main(int argc, char **argv)
 {
@@ -269,7 +496,8 @@ int main(int argc, char **argv)
     } cases[] = {{"echo_fd_limit", echo_fd_limit},
                  {"connect_many", connect_many},
                  {"reset_many", reset_many},
-                 {"half_open", half_open}};
+                 {"half_open", half_open},
+                 {"resume_churn", resume_churn}};
     Suite *su = suite_create("stress");
     SRunner *sr;
     int failed;

@@ -50,7 +50,7 @@ START_TEST(test_table_shape)
         ck_assert_str_eq(buf, t[i].defval);
         /* online: the log settings, the adaptive spin, the close timeout, the deadlines,
          * keepalive, the window, fragmentation and the work-request cap (issue 13, read at
-         * each use), the fault provider's faults, the control client timeout, the slow-poll
+         * each use), the bound of connections resuming, the fault provider's faults, the control client timeout, the slow-poll
          * and slow-pass thresholds and trace sampling; the rest is start-up only */
         ck_assert_int_eq(t[i].online, strncmp(t[i].name, "log_", 4) == 0 ||
                                           strcmp(t[i].name, "qspin_us") == 0 ||
@@ -58,6 +58,7 @@ START_TEST(test_table_shape)
                                           strcmp(t[i].name, "keepalive_intv_ms") == 0 ||
                                           strcmp(t[i].name, "keepalive_probes") == 0 ||
                                           strcmp(t[i].name, "connect_timeout_ms") == 0 ||
+                                          strcmp(t[i].name, "resume_max") == 0 ||
                                           strcmp(t[i].name, "send_timeout_ms") == 0 ||
                                           strcmp(t[i].name, "emu_blackhole") == 0 ||
                                           strcmp(t[i].name, "ack_every") == 0 ||

@@ -209,6 +209,8 @@ struct tcp_ep {
     uint32_t           snd_nxt;      /* next request psn */
     unsigned           reads_out;    /* READs sent and not answered */
     int                disc_sent;    /* DISCONNECTED queued */
+    int                peer_closed;  /* the peer closed its endpoint (DISCONNECT with F_CLOSED,
+                                      * EOF): DISCONNECTED says EXS_PROV_CM_F_PEER_CLOSED */
     int                destroyed;
     struct exs_list    link;         /* ctx->eps (ctx->lock) */
     struct exs_list    grants;       /* live tcp_grant of this ep (ctx->mr_lock) */

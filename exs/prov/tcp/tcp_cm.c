@@ -123,6 +123,8 @@ static void tcp_cm_event(struct tcp_ctx *ctx, enum exs_prov_cm_event_type type,
     ev.type = type;
     ev.ep = &ep->base;
     ev.status = status;
+    if (type == EXS_PROV_CM_DISCONNECTED && ep->peer_closed)
+        ev.flags = EXS_PROV_CM_F_PEER_CLOSED;
     if (ep->conn) {
         ev.peer_addr = ep->conn->peer;
         ev.peer_addrlen = ep->conn->peerlen;
@@ -216,8 +218,8 @@ static void tcp_ep_unconnected(struct tcp_ep *ep, enum exs_prov_cm_event_type ty
 
 /*
  * NIC: end conn. status goes into the ep's DISCONNECTED (or UNREACHABLE) event.
- * syndrome != 0: send NAK(psn, syndrome) last. mode: 1 send DISCONNECT last,
- * 0 nothing more, -1 the socket is dead (close now).
+ * syndrome != 0: send NAK(psn, syndrome) last. mode: 1 send DISCONNECT last (2: with
+ * F_CLOSED, the endpoint is destroyed), 0 nothing more, -1 the socket is dead (close now).
  */
 void exs__tcp_conn_fail(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
                         int mode)
@@ -296,6 +298,8 @@ void exs__tcp_conn_fail_cqe(struct tcp_conn *conn, int status, uint8_t syndrome,
             }
         } else if (mode > 0) {
             f = exs__tcp_txf_ctrl(conn, TCP_WIRE_DISCONNECT, 0);
+            if (f && mode == 2)
+                f->hdr.flags = TCP_WIRE_F_CLOSED;
         }
         if (f)
             exs__tcp_txq_push(conn, f);
@@ -572,7 +576,7 @@ static void tcp_ep_destroy_nic(struct tcp_ctx *ctx, struct tcp_ep *ep)
     ep->disc_sent = 1; /* no more events */
     if (conn) {
         if (conn->state == TCP_CONN_UP)
-            exs__tcp_conn_fail(conn, 0, 0, 0, 1);
+            exs__tcp_conn_fail(conn, 0, 0, 0, 2); /* closed for good: F_CLOSED */
         else
             exs__tcp_conn_close(conn);
     }

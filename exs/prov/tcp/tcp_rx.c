@@ -562,7 +562,10 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
         exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, 0, 0, 0, &cqe);
         return -1;
     case TCP_WIRE_DISCONNECT:
-        EXS_DBG(PROV, "ep %p: peer disconnected", (void *)ep);
+        EXS_DBG(PROV, "ep %p: peer disconnected%s", (void *)ep,
+                h->flags & TCP_WIRE_F_CLOSED ? " (its endpoint closed)" : "");
+        if (h->flags & TCP_WIRE_F_CLOSED)
+            ep->peer_closed = 1;
         exs__tcp_conn_fail(conn, 0, 0, 0, 0);
         return -1;
     default:
@@ -603,7 +606,8 @@ static int tcp_conn_rx_hdr(struct tcp_conn *conn)
         bad = "bad version";
     else if (h->type < 1 || h->type > TCP_WIRE_TYPE_MAX)
         bad = "bad frame type";
-    else if (h->flags & ~TCP_WIRE_F_ALL)
+    else if ((h->flags & ~TCP_WIRE_F_ALL) ||
+             ((h->flags & TCP_WIRE_F_CLOSED) && h->type != TCP_WIRE_DISCONNECT))
         bad = "bad flags";
     else if (h->type == TCP_WIRE_NAK ? (h->syndrome < 1 || h->syndrome > TCP_WIRE_SYN_MAX)
                                      : h->syndrome != 0)
@@ -682,6 +686,10 @@ static void tcp_conn_dead(struct tcp_conn *conn, int err)
         exs__tcp_conn_close(conn);
         return;
     }
+    /* EOF: the peer's socket was closed, by its provider or by its kernel when its
+     * process ended; a reset or an error may be the path's */
+    if (!err && conn->state == TCP_CONN_UP && conn->ep)
+        conn->ep->peer_closed = 1;
     exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, -1);
 }
 

@@ -44,7 +44,10 @@ enum tcp_wire_type {
 
 enum {
     TCP_WIRE_F_IMM = 1u << 0, /* SEND, WRITE: imm carries immediate data */
-    TCP_WIRE_F_ALL = TCP_WIRE_F_IMM,
+    /* DISCONNECT: the sender's endpoint was destroyed (ep_destroy): it closed for good,
+     * no path failed (the receiver's DISCONNECTED carries EXS_PROV_CM_F_PEER_CLOSED) */
+    TCP_WIRE_F_CLOSED = 1u << 1,
+    TCP_WIRE_F_ALL = TCP_WIRE_F_IMM | TCP_WIRE_F_CLOSED,
 };
 
 /* NAK syndromes: the requester's work request completes with the matching status. */
@@ -111,7 +114,8 @@ _Static_assert(offsetof(struct tcp_wire_conn, rnr_timer_ms) == 1, "rnr_timer off
 /*
  * Limits a receiver enforces before acting on a header (anything else ends
  * the connection with a protocol error):
- *   magic, version exact; 1 <= type <= TCP_WIRE_TYPE_MAX; flags & ~F_ALL == 0;
+ *   magic, version exact; 1 <= type <= TCP_WIRE_TYPE_MAX; flags & ~F_ALL == 0, F_CLOSED
+ *   on DISCONNECT only;
  *   CONN_REQ/CONN_ACCEPT: 8 <= len <= 8 + TCP_WIRE_PD_MAX; CONN_REJECT: len <= PD_MAX;
  *   READ_REQ, ACK, NAK, DISCONNECT: len == 0;
  *   SEND, WRITE, READ_REQ.imm, READ_RESP: len <= the receiver's max_msg_size.

@@ -126,6 +126,7 @@ struct vrb_ep {
     struct sockaddr_in peer_bye; /* the peer context's goodbye socket */
     int bye_ok;                  /* the peer will say goodbye before an orderly end */
     int got_bye;
+    int peer_closed;             /* its goodbye was VRB_DG_CLOSED: its endpoint was destroyed */
     int local_disc;            /* we ended it */
     uint64_t disc_at;          /* DISCONNECTED held until then for a goodbye */
     struct exs_list disc_link; /* ctx->disc_wait */

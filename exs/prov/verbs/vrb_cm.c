@@ -66,11 +66,13 @@ static int vrb_pd_parse(const void *data, uint32_t dlen, struct exs_prov_cm_even
 }
 
 /* ---- goodbye datagrams: HELLO (active -> passive, after the REP) tells the passive side
- * where to say goodbye; BYE precedes an orderly DREQ. A DREQ without BYE is a dead peer. */
+ * where to say goodbye; BYE precedes an orderly DREQ (CLOSED: the DREQ of an endpoint
+ * destroyed, closed for good). A DREQ without BYE is a dead peer. */
 
 #define VRB_DG_MAGIC 0x45585342u /* "EXSB" */
 #define VRB_DG_HELLO 1u
 #define VRB_DG_BYE   2u
+#define VRB_DG_CLOSED 3u
 #define VRB_DG_LEN   26
 
 static void vrb_dg_send(struct vrb_ctx *ctx, const struct sockaddr_in *to, uint32_t type,
@@ -114,11 +116,12 @@ static struct vrb_ep *vrb_ep_by_tok(struct vrb_ctx *ctx, uint64_t tok)
     return found;
 }
 
-/* Say goodbye before an orderly end (cm_lock held). */
-static void vrb_say_bye(struct vrb_ep *ep)
+/* Say goodbye before an orderly end (cm_lock held): type VRB_DG_BYE (disconnect) or
+ * VRB_DG_CLOSED (ep_destroy). */
+static void vrb_say_bye(struct vrb_ep *ep, uint32_t type)
 {
     if (ep->bye_ok && ep->up)
-        vrb_dg_send(ep->ctx, &ep->peer_bye, VRB_DG_BYE, ep->peer_tok, ep->tok);
+        vrb_dg_send(ep->ctx, &ep->peer_bye, type, ep->peer_tok, ep->tok);
 }
 
 static void vrb_disc_release(struct vrb_ep *ep, int status)
@@ -131,6 +134,8 @@ static void vrb_disc_release(struct vrb_ep *ep, int status)
     ev.type = EXS_PROV_CM_DISCONNECTED;
     ev.ep = &ep->base;
     ev.status = status;
+    if (ep->peer_closed)
+        ev.flags = EXS_PROV_CM_F_PEER_CLOSED;
     exs__vrb_cm_push(ep->ctx, &ev);
 }
 
@@ -166,8 +171,10 @@ void exs__vrb_udp_input(struct vrb_ctx *ctx)
             ep->peer_bye = from;
             memcpy(&ep->peer_bye.sin_port, b + 24, 2);
             ep->bye_ok = 1;
-        } else if (ntohl(type) == VRB_DG_BYE && src == ep->peer_tok) {
+        } else if ((ntohl(type) == VRB_DG_BYE || ntohl(type) == VRB_DG_CLOSED) &&
+                   src == ep->peer_tok) {
             ep->got_bye = 1;
+            ep->peer_closed = ntohl(type) == VRB_DG_CLOSED;
             if (ep->disc_at)
                 vrb_disc_release(ep, 0);
         }
@@ -505,7 +512,7 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
     exs_list_del(&ep->disc_link);
     if (ep->id) {
         if (ep->up && !ep->disc_sent) {
-            vrb_say_bye(ep);
+            vrb_say_bye(ep, VRB_DG_CLOSED);
             rdma_disconnect(ep->id);
         }
         ep->id->context = NULL;
@@ -842,7 +849,7 @@ int exs__vrb_disconnect(struct exs_prov_ep *e)
     /* The local end is final at once: DISCONNECTED now, not when the peer's CM answers the
      * DREQ (a stopped peer process answers only after the CM's retries, a minute). */
     if (ep->up)
-        vrb_say_bye(ep);
+        vrb_say_bye(ep, VRB_DG_BYE);
     if (ep->id)
         rdma_disconnect(ep->id);
     ep->disc_sent = 1;
@@ -1056,6 +1063,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
             return 0;
         }
         vrb_ep_event(ep, EXS_PROV_CM_DISCONNECTED, ep->up ? 0 : -ECONNRESET, ev);
+        if (ep->peer_closed)
+            ev->flags = EXS_PROV_CM_F_PEER_CLOSED;
         return 1;
     default:
         return 0;
