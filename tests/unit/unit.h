@@ -11,6 +11,7 @@ Suite *util_params_suite(void);
 Suite *util_counters_suite(void);
 Suite *util_list_suite(void);
 Suite *util_misc_suite(void);
+Suite *util_sha256_suite(void);
 Suite *util_lockorder_suite(void);
 Suite *api_evq_suite(void);
 Suite *prov_vrb_cache_suite(void);
