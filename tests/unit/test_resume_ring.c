@@ -396,7 +396,9 @@ END_TEST
 
 /* On the new path the owner offers nothing until the peer's RESUME is applied (the peer
  * takes nothing but RING and RESUME before its own): an offer then is -EAGAIN, and
- * autotuning waits; once applied, offers go again. */
+ * autotuning waits; once applied, offers go again. Seen at the active side a, the owner of
+ * its own ring: the passive side takes the new path together with the peer's RESUME (it
+ * came in the SEND that proved the request, §9.2), so it has no such window. */
 START_TEST(rr_no_offer_before_resume)
 {
     uint64_t res0 = rr_count("fallback_resumes");
@@ -410,10 +412,10 @@ START_TEST(rr_no_offer_before_resume)
 
         do
             m = pt_dispatch(&pp) + rr_drain_fb(fb[0]) + rr_drain_fb(fb[1]);
-        while (m && !(pp.b.conn->state == EXS_CONN_CONNECTED && pp.b.conn->rsm_peer_wait));
-        if (pp.b.conn->state == EXS_CONN_CONNECTED && pp.b.conn->rsm_peer_wait) {
-            ck_assert_int_eq(rr_offer(&pp.b, 8192), -EAGAIN);
-            ck_assert_int_eq(pp.b.conn->rs_offered, 0);
+        while (m && !(pp.a.conn->state == EXS_CONN_CONNECTED && pp.a.conn->rsm_peer_wait));
+        if (pp.a.conn->state == EXS_CONN_CONNECTED && pp.a.conn->rsm_peer_wait) {
+            ck_assert_int_eq(rr_offer(&pp.a, 8192), -EAGAIN);
+            ck_assert_int_eq(pp.a.conn->rs_offered, 0);
             seen = 1;
         } else if (!mock_step()) {
             break;
