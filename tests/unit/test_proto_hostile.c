@@ -1643,7 +1643,9 @@ END_TEST
  *  4 a RESUME with a wrong token                            5 a RESUME beyond what b sent
  *  6 a RESUME on a connection that is not resumable (b not) 7 a RESUME of a wrong length
  *  8 a second RESUME after a refused one cannot come: the first already reset; instead a
- *    RESUME on a STREAM connection (positions 0) */
+ *    RESUME on a STREAM connection (positions 0)
+ *  9 an AUTH (valid only first on a resume request's new path, taken by its trial) on a
+ *    connection's first path */
 START_TEST(hs_resume_bad)
 {
     struct exs_wire_session ss = {.key = {0x12, 0x34}};
@@ -1675,6 +1677,12 @@ START_TEST(hs_resume_bad)
     case 7:
         raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN - 8, 0, (uint8_t *)&rs + 8, 16);
         break;
+    case 9: {
+        struct exs_wire_auth au = {.mac = {1}};
+
+        raw_ctrl(EXS_CTRL_AUTH, EXS_WIRE_AUTH_LEN, 0, (uint8_t *)&au + 8, sizeof(au) - 8);
+        break;
+    }
     default:
         raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN, 0, (uint8_t *)&rs + 8, sizeof(rs) - 8);
         break;
@@ -2952,7 +2960,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_resize_bad_answer, 0, 6);
     tcase_add_loop_test(tc, hs_frag_pieces, 0, 7);
     tcase_add_loop_test(tc, hs_session_sent, 0, 2);
-    tcase_add_loop_test(tc, hs_resume_bad, 0, 9);
+    tcase_add_loop_test(tc, hs_resume_bad, 0, 10);
     tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
     tcase_add_loop_test(tc, hs_resume_positions, 0, 2);
     tcase_add_test(tc, hs_resume_new_path);
