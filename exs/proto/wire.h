@@ -383,7 +383,8 @@ struct exs_wire_auth {
 #define EXS_WIRE_AUTH_LEN 40u
 
 /* RESUME (§9.2): the first record of each side on the new path of a cut-over connection
- * (after its RING record): the SESSION token and what has ARRIVED at the sender of the
+ * after its RING record (the active side's AUTH comes before both): the session's token
+ * and what has ARRIVED at the sender of the
  * record over the old path (messages for SEQPACKET, bytes for STREAM; the other field 0),
  * counted after every completion of the old endpoint was drained; for STREAM also its
  * ring positions (bytes arrived in its ring and copied out of it, with the old ring's
