@@ -38,6 +38,27 @@ static int conn_ring_bytes_take(uint64_t size, uint64_t budget)
     return 0;
 }
 
+/* A ring region of size bytes on ctx, counted (within limit, 0: none). 0 or -errno. */
+static int conn_ring_mem_alloc(struct exs_prov_ctx *ctx, uint32_t size, uint64_t limit,
+                               struct exs_prov_mr **mem_p)
+{
+    int ret = conn_ring_bytes_take(size, limit);
+
+    if (ret)
+        return ret;
+    ret = exs__prov_mem_alloc(ctx, size, mem_p);
+    if (ret) {
+        EXS_WARN(PROTO, "ring of %u bytes: %s", size, strerror(-ret));
+        __atomic_fetch_sub(&conn_ring_bytes, (uint64_t)size, __ATOMIC_RELAXED);
+    }
+    return ret;
+}
+
+int exs__conn_ring_alloc(struct exs_prov_ctx *ctx, uint32_t size, struct exs_prov_mr **mem_p)
+{
+    return conn_ring_mem_alloc(ctx, size, 0, mem_p);
+}
+
 int exs__conn_ring_region_locked(struct exs_conn *conn, uint32_t size, int budget,
                                  struct exs_prov_mr **mem_p, struct exs_prov_grant **grant_p)
 {
@@ -45,15 +66,9 @@ int exs__conn_ring_region_locked(struct exs_conn *conn, uint32_t size, int budge
     struct exs_prov_mr *mem;
     int ret;
 
-    ret = conn_ring_bytes_take(size, limit);
+    ret = conn_ring_mem_alloc(conn->ctx, size, limit, &mem);
     if (ret)
         return ret;
-    ret = exs__prov_mem_alloc(conn->ctx, size, &mem);
-    if (ret) {
-        EXS_WARN(PROTO, "conn %p: ring of %u bytes: %s", (void *)conn, size, strerror(-ret));
-        __atomic_fetch_sub(&conn_ring_bytes, (uint64_t)size, __ATOMIC_RELAXED);
-        return ret;
-    }
     if (grant_p) {
         ret = exs__prov_grant(conn->ep, mem, mem->addr, size, EXS_PROV_ACCESS_REMOTE_WRITE,
                               grant_p);
@@ -181,18 +196,24 @@ int exs__conn_is_dead(struct exs_conn *conn)
 
 /* ---- resources ---- */
 
-static int conn_post_rx_locked(struct exs_conn *conn, uint32_t slot)
+/* Receive slot slot of the control slots ctrl (their receive part first) posted on ep. */
+static int conn_post_rx_on(struct exs_prov_ep *ep, struct exs_prov_mr *ctrl, uint32_t slot)
 {
     struct exs_prov_sge sge = {
-        .addr = (uintptr_t)(conn->rx_bufs + (size_t)slot * EXS_WIRE_CTRL_MAX),
+        .addr = (uintptr_t)ctrl->addr + (size_t)slot * EXS_WIRE_CTRL_MAX,
         .length = EXS_WIRE_CTRL_MAX,
-        .lkey = conn->rx_mr->lkey,
+        .lkey = ctrl->lkey,
     };
     struct exs_prov_recv_wr wr = {
         .wr_id = WR_ID(WR_TAG_RX, (uint64_t)slot << 3), .sg_list = &sge, .num_sge = 1
     };
 
-    int ret = exs__prov_post_recv(conn->ep, &wr);
+    return exs__prov_post_recv(ep, &wr);
+}
+
+static int conn_post_rx_locked(struct exs_conn *conn, uint32_t slot)
+{
+    int ret = conn_post_rx_on(conn->ep, conn->rx_mr, slot);
 
     if (!ret)
         conn->wr_out++;
@@ -222,6 +243,7 @@ static void conn_revoke_all_locked(struct exs_conn *conn)
  * can still be received after the end. */
 static void conn_release_prov_locked(struct exs_conn *conn)
 {
+    exs__resume_pend_end_locked(conn, 0); /* a resume request on trial goes too (§9.2) */
     conn_revoke_all_locked(conn);
     if (conn->ep)
         exs__prov_ep_destroy(conn->ep);
@@ -267,6 +289,7 @@ static void conn_wrq_free_locked(struct exs_conn *conn);
 static void conn_release_locked(struct exs_conn *conn)
 {
     conn_wrq_free_locked(conn);
+    exs__resume_pend_end_locked(conn, 1);
 
     conn_release_prov_locked(conn);
     exs__batch_release_locked(conn);
@@ -531,7 +554,10 @@ static void conn_ring_grant_locked(struct exs_conn *conn)
     };
     int ret;
 
-    EXS_ASSERT(!conn->ctrl_len && !conn->ring_grant);
+    /* first, but for the active side's AUTH on a cut-over's new path (§9.2) */
+    EXS_ASSERT(!conn->ring_grant &&
+               (!conn->ctrl_len || (conn->active && conn->rsm_newpath &&
+                                    conn->ctrl_len == EXS_WIRE_AUTH_LEN)));
     ret = exs__prov_grant(conn->ep, conn->ring_mem, conn->ring, conn->p.ring_size,
                           EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_grant);
     if (ret) {
@@ -1546,6 +1572,8 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
     default:
         break;
     }
+    if (conn->rsm_pend) /* a resume request on trial: bounded by connect_timeout_ms (§9.2) */
+        next = exs__resume_pend_timer_locked(conn, now, conn_ms, next);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     exs__resume_evict_run(); /* connections a keepalive cut made give up (§9.2) */
     return next;
@@ -1610,6 +1638,10 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_RESIZE: want = EXS_WIRE_RESIZE_LEN; break;
         case EXS_CTRL_SESSION: want = EXS_WIRE_SESSION_LEN; break;
         case EXS_CTRL_RESUME: want = EXS_WIRE_RESUME_LEN; break;
+        case EXS_CTRL_AUTH: /* taken by a resume request on trial only (§9.2): on a
+                             * connection, a second one, or one on a first path */
+            EXS_INFO(PROTO, "conn %p: AUTH record where none may come", (void *)conn);
+            return -EPROTO;
         default: return -EPROTO;
         }
         if (rlen != want)
@@ -1899,6 +1931,8 @@ static void conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe 
 /* A completion from the provider: a send work request leaves the cap's count. */
 static void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
+    if (conn->rsm_pend && exs__resume_pend_cqe_locked(conn, cqe))
+        return; /* a resume request's new path, on trial (§9.2) */
     if ((cqe->wr_id & WR_TAG_MASK) != WR_TAG_RX && conn->sq_out)
         conn->sq_out--;
     conn_on_cqe_locked(conn, cqe);
@@ -1978,6 +2012,10 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
     int err = 0;
 
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    if (conn->rsm_pend && exs__resume_pend_cm_locked(conn, ev)) {
+        EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN); /* a resume request's new path (§9.2) */
+        return;
+    }
     if (conn->state == EXS_CONN_RESUMING) { /* the cut-over's events (§9.2) */
         if (ev->type == EXS_PROV_CM_DISCONNECTED && ev->ep && ev->ep == conn->ep &&
             !conn->rsm_newpath && (ev->flags & EXS_PROV_CM_F_PEER_CLOSED))
@@ -2112,7 +2150,7 @@ void exs__conn_wrq_flush_locked(struct exs_conn *conn)
     conn_wrq_flush_locked(conn);
 }
 
-int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
+int exs__conn_path_make(struct exs_conn *conn, struct exs_prov_ctx *ctx, struct exs_conn_path *path)
 {
     struct exs_prov_ep_attr attr = {
         .max_send_wr = conn->p.credits + conn->p.max_reads + conn->tx_slots + 8,
@@ -2123,12 +2161,42 @@ int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     };
     int ret;
 
-    EXS_ASSERT(!conn->ep && !conn->ctrl_mem);
-    __atomic_store_n(&conn->ctx, ctx, __ATOMIC_RELAXED); /* read unlocked by xfer.c, ctl.c */
+    memset(path, 0, sizeof(*path));
+    path->ctx = ctx;
     ret = exs__prov_mem_alloc(ctx, (size_t)(conn->p.credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
-                              &conn->ctrl_mem);
-    if (ret)
+                              &path->ctrl_mem);
+    if (ret) {
+        path->ctrl_mem = NULL;
         return ret;
+    }
+    ret = exs__prov_ep_create(ctx, &attr, &path->ep);
+    if (ret) {
+        path->ep = NULL;
+        return ret;
+    }
+    for (uint32_t i = 0; i < conn->p.credits; i++) {
+        ret = conn_post_rx_on(path->ep, path->ctrl_mem, i);
+        if (ret)
+            return ret;
+        path->posted++;
+    }
+    return 0;
+}
+
+void exs__conn_path_drop(struct exs_conn_path *path)
+{
+    if (path->ep)
+        exs__prov_ep_destroy(path->ep);
+    if (path->ctrl_mem)
+        exs__prov_mem_free(path->ctrl_mem);
+    memset(path, 0, sizeof(*path));
+}
+
+void exs__conn_path_take_locked(struct exs_conn *conn, struct exs_conn_path *path)
+{
+    EXS_ASSERT(!conn->ep && !conn->ctrl_mem);
+    __atomic_store_n(&conn->ctx, path->ctx, __ATOMIC_RELAXED); /* read unlocked by xfer.c, ctl.c */
+    conn->ctrl_mem = path->ctrl_mem;
     conn->rx_bufs = conn->ctrl_mem->addr;
     conn->tx_bufs = conn->rx_bufs + (size_t)conn->p.credits * EXS_WIRE_CTRL_MAX;
     conn->rx_mr = conn->tx_mr = conn->ctrl_mem;
@@ -2137,15 +2205,25 @@ int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
         conn->tx_free[conn->tx_free_top++] = i;
         conn->tx_op[i] = (struct exs_ctrl_tx){0};
     }
-    ret = exs__prov_ep_create(ctx, &attr, &conn->ep);
+    conn->ep = path->ep;
+    conn->wr_out += path->posted;
+    memset(path, 0, sizeof(*path));
+}
+
+int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
+{
+    struct exs_conn_path path;
+    int ret = exs__conn_path_make(conn, ctx, &path);
+
     if (ret) {
-        conn->ep = NULL;
+        exs__conn_path_drop(&path);
         return ret;
     }
-    for (uint32_t i = 0; i < conn->p.credits; i++) {
-        ret = conn_post_rx_locked(conn, i);
-        if (ret)
-            return ret;
-    }
+    exs__conn_path_take_locked(conn, &path);
     return 0;
+}
+
+void exs__conn_on_rx_held_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
+{
+    conn_on_rx_locked(conn, cqe, (uint32_t)((cqe->wr_id & ~(uint64_t)WR_TAG_MASK) >> 3));
 }

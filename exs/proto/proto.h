@@ -180,6 +180,12 @@ struct exs_conn_params {
 #define EXS_RING_SLOT 64u
 
 struct exs_pending_msg; /* an arrived, unmatched SEQPACKET message */
+struct exs_rsm_pend;    /* a resume request on trial (resume.c) */
+
+enum { /* exs_conn.rsm_keys */
+    EXS_RSM_KEY_OWN  = 1, /* ours drawn and sent in our SESSION record */
+    EXS_RSM_KEY_PEER = 2, /* the peer's taken from its SESSION record */
+};
 
 struct exs_advert {
     uint64_t addr;
@@ -396,9 +402,13 @@ struct exs_conn {
                                               * progress-thread look (0: none) */
     uint64_t                   rsm_t0_ns;    /* RESUMING began (bounded by connect_timeout_ms) */
     struct exs_wire_resume     rsm_peer;     /* the peer's RESUME (rsm_peer_got) */
-    struct exs_prov_conn_req  *rsm_req;      /* passive: a resume request held until drained */
-    struct exs_prov_ctx       *rsm_req_ctx;  /* its context */
-    struct exs_wire_hello      rsm_req_hello; /* its hello */
+    uint8_t                    rsm_key[2 * EXS_WIRE_SESSION_KEY_LEN]; /* K_A || K_B: the
+                                              * resume proof's HMAC key (SESSION records) */
+    int                        rsm_keys;     /* EXS_RSM_KEY_* known */
+    uint8_t                    rsm_nonce[EXS_WIRE_NONCE_LEN]; /* active: nonce_A of its
+                                              * resume connect */
+    struct exs_rsm_pend       *rsm_pend;     /* passive: a resume request on trial, its new
+                                              * path made on the side (resume.c) */
     struct exs_conn           *rsm_next;     /* the registry of passive sessions (resume.c) */
     uint32_t                   rsm_refs;     /* registry: finders using the conn now */
     int                        rsm_gone;     /* registry: destroyed while a finder held it;
@@ -465,11 +475,13 @@ int  exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, cons
 
 /* Listener side of a cut-over (spec/protocol.md §9.2), progress thread: a resume request
  * (its hello checked, feature bit 7 and flag RESUME) came in on ctx with private data pd
- * (len bytes: the hello, then the SESSION token). The passive connection of that token
- * (sock_type) takes req: at once when its old path is drained, else once it is (a
- * connection still CONNECTED fails its old path first). 0: req is taken (accepted or
- * held; the caller never touches it again); else the reject reason for the caller to
- * refuse req with (EXS_WIRE_REJ_RESUME: unknown token, not resumable). */
+ * (len bytes: exs_wire_resume_req). The passive connection its token names (sock_type)
+ * puts it on trial without being disturbed: a new path is made on the side and accepted
+ * with the passive side's proof; only the peer's valid AUTH record on it makes the
+ * connection leave its old path for the new one. 0: req is taken (accepted; the caller
+ * never touches it again); else the reject reason for the caller to refuse req with
+ * (EXS_WIRE_REJ_RESUME: unknown token, not resumable, a request already on trial, too
+ * many on trial in the process, no resources). */
 int  exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req *req,
                               const void *pd, uint32_t len, int sock_type);
 

@@ -82,9 +82,16 @@ int  exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
 /* resume.c: the cut-over's identity (spec/protocol.md §9.2) */
 /* Both sides may be cut over: this side is resumable and the peer's hello has the bit. */
 int exs__resume_negotiated(const struct exs_conn *conn);
-/* Just established, right after the RING record: the passive side of a resumable
- * connection appends its SESSION record (a failure to draw a token ends the conn). */
+/* Just established, right after the RING record: each side of a resumable connection
+ * draws its key and appends its SESSION record; the passive side registers the session
+ * under the token its key gives (a failure to draw a key ends the conn). */
 void exs__resume_established_locked(struct exs_conn *conn);
+/* The resume proof (§9.2): the token a passive side's key K_B gives (the first 8 bytes of
+ * SHA-256(K_B), big endian), and HMAC-SHA256(key = K_A || K_B, label || nonce_A ||
+ * nonce_B) into out (32 bytes; MAC_B is its first 8). */
+uint64_t exs__resume_token_of(const uint8_t *kb);
+void exs__resume_mac(const uint8_t *key, uint8_t label, const uint8_t *nonce_a,
+                     const uint8_t *nonce_b, uint8_t *out);
 /* A peer's SESSION / RESUME record (length checked): 0, or -EPROTO (logged). */
 int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_session *s);
 int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
@@ -98,13 +105,27 @@ int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc,
  * RESUMING (the failure ends it at the next progress-thread look); 0: end it. */
 int exs__resume_on_fail_locked(struct exs_conn *conn, int err, const char *why);
 /* Progress thread, RESUMING: the old endpoint drained: make the new path (active:
- * connect; passive: accept a request held); a failure noted: end the conn. */
+ * connect; passive: take the new path of a resume request whose proof checked out); a
+ * failure noted: end the conn. */
 void exs__resume_progress_locked(struct exs_conn *conn);
 /* A cm event while RESUMING (the old endpoint's or the new one's). */
 void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_event *ev);
 /* RESUMING, or a new path waiting for the peer's RESUME: past connect_timeout_ms the conn
  * ends with ETIMEDOUT. ms until the deadline, 0 once it ended the conn. */
 uint64_t exs__resume_timer_locked(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms);
+/* A resume request on trial (passive side, §9.2): its new path's endpoint has the conn as
+ * its user, so its completions and events come here first. 1 when cqe / ev was the
+ * trial's (handled: held, or the proof checked), 0 when it is the conn's own. */
+int exs__resume_pend_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe);
+int exs__resume_pend_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_event *ev);
+/* Its deadline (connect_timeout_ms from the accept): past it, the request is refused.
+ * Returns next (the conn timer's ms until its next look, 0: none) lowered to the trial's
+ * deadline. */
+uint64_t exs__resume_pend_timer_locked(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms,
+                                       uint64_t next);
+/* The conn ends (destroy 0: its endpoint is disconnected, the objects go at a later safe
+ * point; destroy 1, the conn is freed: everything goes now). Not counted. */
+void exs__resume_pend_end_locked(struct exs_conn *conn, int destroy);
 /* exs_close or an abort while being cut over: the conn ends now (1), else 0. */
 int exs__resume_close_locked(struct exs_conn *conn);
 /* A posted op registered on another context than the conn's (a cut-over happened): its
@@ -131,8 +152,25 @@ void exs__conn_adopt_hello_locked(struct exs_conn *conn, const void *pd);
 void exs__conn_ring_grant_locked(struct exs_conn *conn);
 void exs__conn_wrq_flush_locked(struct exs_conn *conn);
 /* The new path's control memory and endpoint on ctx (conn->ctx becomes ctx), receives
- * posted. 0 or -errno (what was made stays for the conn's release). */
+ * posted. 0 or -errno (nothing made is left). */
 int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx);
+/* The same in two steps, so a resume request on trial can hold a path the conn takes only
+ * once the request's proof checked out (§9.2): made on ctx for conn (its endpoint's user
+ * is conn; conn itself is not touched), dropped, or taken by conn. */
+struct exs_conn_path {
+    struct exs_prov_ctx *ctx;
+    struct exs_prov_ep  *ep;       /* user: the conn */
+    struct exs_prov_mr  *ctrl_mem; /* credits receive slots, then the control send slots */
+    uint32_t             posted;   /* receives posted on ep, completion not yet taken */
+};
+/* 0 or -errno (drop what was made). Progress thread. */
+int exs__conn_path_make(struct exs_conn *conn, struct exs_prov_ctx *ctx, struct exs_conn_path *path);
+void exs__conn_path_drop(struct exs_conn_path *path);
+/* conn (without an endpoint or control slots) takes path; path is emptied. */
+void exs__conn_path_take_locked(struct exs_conn *conn, struct exs_conn_path *path);
+/* A receive completion of a path conn took, held until then (by a resume request on
+ * trial): handled as if it came now (records, re-post, a credit owed). */
+void exs__conn_on_rx_held_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe);
 /* Register the counters (once, with the proto set). */
 void exs__resume_cset_register(void);
 /* Send op's every write completed successfully (STREAM: its bytes join resume_tx_done). */
@@ -154,6 +192,9 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
 int exs__conn_ring_region_locked(struct exs_conn *conn, uint32_t size, int budget,
                                  struct exs_prov_mr **mem_p, struct exs_prov_grant **grant_p);
 void exs__conn_ring_region_free(struct exs_prov_mr *mem);
+/* A ring region of size bytes on ctx (a resume request's new path), counted, no budget,
+ * no grant. 0 or -errno. */
+int exs__conn_ring_alloc(struct exs_prov_ctx *ctx, uint32_t size, struct exs_prov_mr **mem_p);
 /* Bytes of every ring region of the process now. */
 uint64_t exs__conn_ring_bytes(void);
 

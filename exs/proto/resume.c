@@ -11,6 +11,7 @@
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/sha256.h"
 #include "exs/util/util.h"
 
 /* Process counters of the cut-over, in the set "fallback" beside the engine's (lookups
@@ -21,6 +22,7 @@ static struct {
     uint64_t fallback_resumes;
     uint64_t fallback_replayed_bytes;
     uint64_t fallback_resume_evicted;
+    uint64_t fallback_resume_refused;
 } resume_cnt;
 
 static const struct exs_counter_desc resume_counter_desc[] = {
@@ -36,6 +38,9 @@ static const struct exs_counter_desc resume_counter_desc[] = {
     EXS_COUNTER(__typeof__(resume_cnt), fallback_resume_evicted,
                 "of the failures: waiting for the new path, ended because resume_max newer "
                 "connections were waiting too (ETIMEDOUT)"),
+    EXS_COUNTER(__typeof__(resume_cnt), fallback_resume_refused,
+                "resume requests naming a live session refused on trial (no valid AUTH proof "
+                "in time): the connection was not touched"),
 };
 
 static struct exs_counter_set resume_cset = {
@@ -196,25 +201,57 @@ void exs__resume_evict_run(void)
     }
 }
 
-/* A random token, never 0. 0 or -errno. */
-static int resume_token_new(uint64_t *token_p)
+/* len random bytes into buf. 0 or -errno. */
+static int resume_random(void *buf, size_t len)
 {
-    uint64_t t = 0;
+    uint8_t *p = buf;
 
-    while (!t) {
-        ssize_t n = getrandom(&t, sizeof(t), 0);
+    while (len) {
+        ssize_t n = getrandom(p, len, 0);
 
         if (n < 0 && errno == EINTR)
             continue;
-        if (n != (ssize_t)sizeof(t)) {
+        if (n <= 0) {
             int err = n < 0 ? errno : EIO;
 
-            EXS_WARN(PROTO, "session token: getrandom failed: %s", strerror(err));
+            EXS_WARN(PROTO, "session: getrandom failed: %s", strerror(err));
             return -err;
         }
+        p += n;
+        len -= (size_t)n;
     }
-    *token_p = t;
     return 0;
+}
+
+uint64_t exs__resume_token_of(const uint8_t *kb)
+{
+    uint8_t d[EXS_SHA256_LEN];
+    uint64_t t;
+
+    exs__sha256(kb, EXS_WIRE_SESSION_KEY_LEN, d);
+    memcpy(&t, d, sizeof(t));
+    return be64toh(t);
+}
+
+void exs__resume_mac(const uint8_t *key, uint8_t label, const uint8_t *nonce_a,
+                     const uint8_t *nonce_b, uint8_t *out)
+{
+    const void *parts[3] = {&label, nonce_a, nonce_b};
+    const size_t lens[3] = {1, EXS_WIRE_NONCE_LEN, EXS_WIRE_NONCE_LEN};
+
+    exs__hmac_sha256(key, 2 * EXS_WIRE_SESSION_KEY_LEN, 3, parts, lens, out);
+}
+
+static void resume_mac(const struct exs_conn *conn, uint8_t label, const uint8_t *nonce_a,
+                       const uint8_t *nonce_b, uint8_t out[EXS_SHA256_LEN])
+{
+    exs__resume_mac(conn->rsm_key, label, nonce_a, nonce_b, out);
+}
+
+/* Where each side's key lives in conn->rsm_key: K_A (the active side's) first. */
+static uint8_t *resume_key_of(struct exs_conn *conn, int active)
+{
+    return conn->rsm_key + (active ? 0 : EXS_WIRE_SESSION_KEY_LEN);
 }
 
 void exs__resume_established_locked(struct exs_conn *conn)
@@ -222,62 +259,71 @@ void exs__resume_established_locked(struct exs_conn *conn)
     struct exs_wire_session s = {
         .hdr = {.type = EXS_CTRL_SESSION, .len = htobe16(EXS_WIRE_SESSION_LEN)},
     };
-    int ret;
+    uint8_t *key = resume_key_of(conn, conn->active);
 
     if (conn->state != EXS_CONN_CONNECTED)
         return;
-    if (conn->active) {
-        /* the passive side's SEND may have been handled before this event (its hello
-         * was not adopted yet): a token it sent needs the bit in that hello */
-        if (conn->sess_token && !exs__resume_negotiated(conn)) {
-            EXS_INFO(PROTO, "conn %p: SESSION record refused: the peer's hello lacks bit 7",
-                     (void *)conn);
-            exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
-        } else if (conn->sess_token) {
-            EXS_CNT_INC(resume_cnt.fallback_sessions);
-        }
+    /* the passive side's SEND may have been handled before the active side's event (its
+     * hello was not adopted yet): a SESSION it sent needs the bit in that hello */
+    if (conn->active && (conn->rsm_keys & EXS_RSM_KEY_PEER) && !exs__resume_negotiated(conn)) {
+        EXS_INFO(PROTO, "conn %p: SESSION record refused: the peer's hello lacks bit 7",
+                 (void *)conn);
+        exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
         return;
     }
-    /* the passive side names the session; the active side learns the name */
     if (!exs__resume_negotiated(conn))
         return;
-    ret = resume_token_new(&conn->sess_token);
-    if (ret) {
-        exs__conn_fail_locked(conn, ECONNRESET, "no session token");
+    /* each side draws its key; the passive side's names the session (a key whose token
+     * would be 0 is drawn again) */
+    do {
+        if (resume_random(key, EXS_WIRE_SESSION_KEY_LEN)) {
+            exs__conn_fail_locked(conn, ECONNRESET, "no session key");
+            return;
+        }
+    } while (!conn->active && !exs__resume_token_of(key));
+    conn->rsm_keys |= EXS_RSM_KEY_OWN;
+    memcpy(s.key, key, sizeof(s.key));
+    exs__conn_ctrl_append_locked(conn, &s, sizeof(s));
+    memset(&s, 0, sizeof(s));
+    if (conn->active) {
+        if (conn->sess_token) /* the peer's came first: counted now */
+            EXS_CNT_INC(resume_cnt.fallback_sessions);
         return;
     }
-    s.token = htobe64(conn->sess_token);
-    exs__conn_ctrl_append_locked(conn, &s, sizeof(s));
+    conn->sess_token = exs__resume_token_of(key);
     resume_registry_add(conn);
     EXS_CNT_INC(resume_cnt.fallback_sessions);
-    EXS_DBG(PROTO, "conn %p: session token %#" PRIx64 " sent", (void *)conn, conn->sess_token);
+    EXS_DBG(PROTO, "conn %p: session key sent (token %#" PRIx64 ")", (void *)conn,
+            conn->sess_token);
 }
 
 int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_session *s)
 {
-    uint64_t token = be64toh(s->token);
+    uint64_t token = conn->active ? exs__resume_token_of(s->key) : 0;
     const char *bad = NULL;
 
     /* before the active side's ESTABLISHED event the peer's hello is not adopted yet:
      * its bit is checked then (exs__resume_established_locked) */
     if (!conn->p.resumable || (conn->peer.magic == EXS_WIRE_MAGIC && !exs__resume_negotiated(conn)))
         bad = "feature RESUMABLE not negotiated";
-    else if (!conn->active)
-        bad = "from the active side";
-    else if (conn->sess_token)
+    else if (conn->rsm_keys & EXS_RSM_KEY_PEER)
         bad = "a second one";
-    else if (!token)
-        bad = "token 0";
     else if (s->hdr.flags)
         bad = "flags set";
+    else if (conn->active && !token)
+        bad = "a key whose token is 0";
     if (bad) {
         EXS_INFO(PROTO, "conn %p: SESSION record refused: %s", (void *)conn, bad);
         return -EPROTO;
     }
+    memcpy(resume_key_of(conn, !conn->active), s->key, EXS_WIRE_SESSION_KEY_LEN);
+    conn->rsm_keys |= EXS_RSM_KEY_PEER;
+    if (!conn->active)
+        return 0; /* K_A: the passive side can check a resume's proof from now on */
     conn->sess_token = token;
     if (conn->state == EXS_CONN_CONNECTED) /* else counted at ESTABLISHED */
         EXS_CNT_INC(resume_cnt.fallback_sessions);
-    EXS_DBG(PROTO, "conn %p: session token %#" PRIx64 " received", (void *)conn, token);
+    EXS_DBG(PROTO, "conn %p: session key received (token %#" PRIx64 ")", (void *)conn, token);
     return 0;
 }
 
@@ -413,19 +459,288 @@ static void resume_failed_note(struct exs_conn *conn, const char *cause)
              (void *)conn, cause);
 }
 
-/* A held resume request is refused (reason 7). */
-static void resume_req_reject(struct exs_conn *conn)
-{
-    struct exs_wire_reject rej = {
-        .magic = htobe16(EXS_WIRE_MAGIC),
-        .version = EXS_WIRE_VERSION,
-        .reason = EXS_WIRE_REJ_RESUME,
-    };
+/* ---- a resume request on trial (§9.2, Proof) ----
+ *
+ * The passive side never disturbs a connection for a request it has not authenticated:
+ * the new path is made on the side (its ring, control slots and endpoint on the request's
+ * context, the endpoint's user the conn so its completions and events come to it) and
+ * accepted with nonce_B and MAC_B; the conn stays as it was. The first SEND on the new
+ * path must start with a valid AUTH record; then the conn fails its old path (when still
+ * CONNECTED) and, once drained, takes the new path and the completions held meanwhile.
+ * Anything else (a bad AUTH, another record or a write first, a failure or disconnect of
+ * the new path, its deadline) refuses it: the trial ends, the conn untouched, counted in
+ * fallback_resume_refused. An endpoint is destroyed only where none of its completions
+ * can be in a batch being handed out (a cm event, the timer, the conn's free): elsewhere
+ * the trial is disconnected and ended (dead), and reaped at the next such point. */
 
-    if (!conn->rsm_req)
+/* Trials at once in the process (each holds a ring, control slots and an endpoint for at
+ * most connect_timeout_ms): a flood of requests naming live sessions is refused beyond. */
+#define RSM_PEND_MAX 64u
+
+static uint32_t resume_pend_live; /* trials not dead */
+
+struct exs_rsm_pend {
+    struct exs_conn_path  path;      /* the new path's endpoint, control slots, receives */
+    struct exs_prov_mr   *ring_mem;  /* its ring (announced in the accept's hello) */
+    uint32_t              ring_size;
+    uint8_t               nonce_a[EXS_WIRE_NONCE_LEN];
+    uint8_t               nonce_b[EXS_WIRE_NONCE_LEN];
+    struct exs_wire_hello peer;      /* the request's hello (checked), adopted at the take */
+    uint64_t              t0_ns;     /* accepted (bounded by connect_timeout_ms) */
+    int                   established; /* the new endpoint's ESTABLISHED came */
+    int                   authed;    /* the peer's AUTH checked out */
+    int                   dead;      /* ended: the endpoint is disconnected, to be reaped */
+    uint32_t              held;      /* receive completions held for the conn */
+    struct exs_prov_cqe   cqe[];     /* ... at most the receives posted (credits) */
+};
+
+/* Free a dead trial's objects (a safe point: see above). */
+static void resume_pend_reap_locked(struct exs_conn *conn)
+{
+    struct exs_rsm_pend *pd = conn->rsm_pend;
+
+    if (!pd || !pd->dead)
         return;
-    exs__prov_reject(conn->rsm_req, &rej, sizeof(rej));
-    conn->rsm_req = NULL;
+    exs__conn_path_drop(&pd->path);
+    if (pd->ring_mem)
+        exs__conn_ring_region_free(pd->ring_mem);
+    free(pd);
+    conn->rsm_pend = NULL;
+}
+
+/* End the trial: its endpoint disconnected (the peer learns at once), the objects reaped
+ * later, or now with reap. */
+static void resume_pend_kill_locked(struct exs_conn *conn, int reap)
+{
+    struct exs_rsm_pend *pd = conn->rsm_pend;
+
+    if (pd && !pd->dead) {
+        pd->dead = 1;
+        __atomic_sub_fetch(&resume_pend_live, 1, __ATOMIC_RELAXED);
+        if (pd->path.ep)
+            exs__prov_disconnect(pd->path.ep);
+    }
+    if (reap)
+        resume_pend_reap_locked(conn);
+}
+
+/* The trial is refused (why: for the log): counted, logged once, the conn untouched. */
+static void resume_pend_refuse_locked(struct exs_conn *conn, const char *why, int reap)
+{
+    EXS_CNT_INC(resume_cnt.fallback_resume_refused);
+    EXS_INFO(PROTO, "conn %p: resume request refused on trial: %s; the connection goes on",
+             (void *)conn, why);
+    resume_pend_kill_locked(conn, reap);
+}
+
+void exs__resume_pend_end_locked(struct exs_conn *conn, int destroy)
+{
+    resume_pend_kill_locked(conn, destroy);
+}
+
+/* The size of the new path's ring: what the cut would give now (exs__st_ring_cut_locked),
+ * the current ring's, or the retired region's when more is unread than the current ring
+ * holds. The peer, which asked to resume, writes nothing more on the old path, so what is
+ * unread only shrinks until the cut, which checks that it fits. */
+static uint32_t resume_ring_size(const struct exs_conn *conn)
+{
+    uint64_t unread = conn->rd_arrived - conn->rd_consumed;
+
+    return unread > conn->p.ring_size && conn->rs_old_mem ? conn->rs_old_size : conn->p.ring_size;
+}
+
+/* Open a trial for the request req (its private data q) on ctx: the new path made on the
+ * side and accepted with our proof. 0: req consumed (accepted, or its accept failed and
+ * the trial ended); else a reject reason, req untouched. */
+static int resume_pend_open_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx,
+                                   struct exs_prov_conn_req *req,
+                                   const struct exs_wire_resume_req *q)
+{
+    struct exs_wire_resume_acc acc;
+    struct exs_rsm_pend *pd;
+    uint8_t mac[EXS_SHA256_LEN];
+    int ret;
+
+    pd = calloc(1, sizeof(*pd) + conn->p.credits * sizeof(pd->cqe[0]));
+    if (!pd)
+        return EXS_WIRE_REJ_RESOURCES;
+    conn->rsm_pend = pd;
+    __atomic_add_fetch(&resume_pend_live, 1, __ATOMIC_RELAXED);
+    pd->ring_size = resume_ring_size(conn);
+    ret = exs__conn_ring_alloc(ctx, pd->ring_size, &pd->ring_mem);
+    if (!ret)
+        ret = exs__conn_path_make(conn, ctx, &pd->path);
+    if (!ret)
+        ret = resume_random(pd->nonce_b, sizeof(pd->nonce_b));
+    if (ret) {
+        EXS_INFO(PROTO, "conn %p: resume request: no new path: %s", (void *)conn, strerror(-ret));
+        resume_pend_kill_locked(conn, 1);
+        return EXS_WIRE_REJ_RESOURCES;
+    }
+    memcpy(pd->nonce_a, q->nonce_a, sizeof(pd->nonce_a));
+    pd->peer = q->hello;
+    pd->t0_ns = exs__now_ns();
+    exs__conn_hello(conn, &acc.hello);
+    acc.hello.ring_size = htobe32(pd->ring_size);
+    acc.hello.ring_addr = htobe64((uintptr_t)pd->ring_mem->addr);
+    memcpy(acc.nonce_b, pd->nonce_b, sizeof(acc.nonce_b));
+    resume_mac(conn, EXS_WIRE_AUTH_LABEL_B, pd->nonce_a, pd->nonce_b, mac);
+    memcpy(acc.mac_b, mac, sizeof(acc.mac_b));
+    ret = exs__prov_accept(req, pd->path.ep, &acc, sizeof(acc)); /* consumes req */
+    if (ret) {
+        EXS_INFO(PROTO, "conn %p: resume request: accept failed: %s", (void *)conn,
+                 strerror(-ret));
+        resume_pend_kill_locked(conn, 1);
+        return 0;
+    }
+    EXS_DBG(PROTO, "conn %p: resume request on trial (ring %u bytes)", (void *)conn,
+            pd->ring_size);
+    return 0;
+}
+
+/* The first SEND on the trial's path, len bytes at buf: NULL when it starts with a valid
+ * AUTH record (constant-time compare), else what is wrong. */
+static const char *resume_auth_check(const struct exs_conn *conn, const struct exs_rsm_pend *pd,
+                                     const uint8_t *buf, uint32_t len)
+{
+    struct exs_wire_auth a;
+    uint8_t mac[EXS_SHA256_LEN];
+
+    if (len < EXS_WIRE_AUTH_LEN)
+        return "its first SEND is too short for an AUTH record";
+    memcpy(&a, buf, sizeof(a));
+    if (a.hdr.type != EXS_CTRL_AUTH)
+        return "its first record is not AUTH";
+    if (be16toh(a.hdr.len) != EXS_WIRE_AUTH_LEN || a.hdr.flags || a.hdr.credits)
+        return "a malformed AUTH record";
+    resume_mac(conn, EXS_WIRE_AUTH_LABEL_A, pd->nonce_a, pd->nonce_b, mac);
+    if (!exs__mem_equal_ct(mac, a.mac, sizeof(mac)))
+        return "a wrong AUTH proof";
+    return NULL;
+}
+
+/* The proof checked out: now the conn leaves its old path for the trial's (a conn still
+ * CONNECTED fails its old path first, §9.2, The old path). */
+static void resume_pend_authed_locked(struct exs_conn *conn)
+{
+    struct exs_rsm_pend *pd = conn->rsm_pend;
+
+    pd->authed = 1;
+    EXS_INFO(PROTO, "conn %p: resume request proved: the connection leaves its old path",
+             (void *)conn);
+    if (conn->state == EXS_CONN_CONNECTED &&
+        !exs__resume_begin_locked(conn, "resume request from the peer", 0, conn->ka_waiting)) {
+        EXS_INFO(PROTO, "conn %p: proved resume request: the connection cannot be resumed",
+                 (void *)conn);
+        resume_pend_kill_locked(conn, 0);
+        return;
+    }
+    if (conn->state != EXS_CONN_RESUMING || conn->rsm_newpath) {
+        EXS_INFO(PROTO, "conn %p: proved resume request: the connection is not waiting for a "
+                 "new path", (void *)conn);
+        resume_pend_kill_locked(conn, 0);
+        return;
+    }
+    exs__resume_progress_locked(conn); /* at once when drained */
+}
+
+int exs__resume_pend_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
+{
+    struct exs_rsm_pend *pd = conn->rsm_pend;
+    uint32_t slot = (uint32_t)((cqe->wr_id & ~(uint64_t)WR_TAG_MASK) >> 3);
+    uint8_t *buf;
+    const char *bad;
+
+    if (cqe->ep != pd->path.ep)
+        return 0;
+    if (pd->dead) /* flushed after the end: the slots go with the trial */
+        return 1;
+    if ((cqe->wr_id & WR_TAG_MASK) != WR_TAG_RX || slot >= conn->p.credits) {
+        resume_pend_refuse_locked(conn, "an unexpected completion", 0); /* we post no send */
+        return 1;
+    }
+    pd->path.posted--;
+    if (cqe->status != EXS_PROV_WC_SUCCESS) {
+        if (!pd->authed) {
+            resume_pend_refuse_locked(conn, "the new path failed before its proof", 0);
+        } else {
+            resume_pend_kill_locked(conn, 0);
+            exs__resume_on_fail_locked(conn, ECONNRESET, "the new path failed");
+        }
+        return 1;
+    }
+    if (pd->authed) { /* the conn handles it once it takes the path */
+        EXS_ASSERT(pd->held < conn->p.credits);
+        pd->cqe[pd->held++] = *cqe;
+        return 1;
+    }
+    buf = (uint8_t *)pd->path.ctrl_mem->addr + (size_t)slot * EXS_WIRE_CTRL_MAX;
+    bad = cqe->opcode != EXS_PROV_WC_RECV ? "a write before the proof"
+                                          : resume_auth_check(conn, pd, buf, cqe->byte_len);
+    if (bad) {
+        resume_pend_refuse_locked(conn, bad, 0);
+        return 1;
+    }
+    /* the records after AUTH (RING, RESUME) wait for the conn, from the slot's start */
+    pd->cqe[0] = *cqe;
+    pd->cqe[0].byte_len -= EXS_WIRE_AUTH_LEN;
+    memmove(buf, buf + EXS_WIRE_AUTH_LEN, pd->cqe[0].byte_len);
+    pd->held = 1;
+    resume_pend_authed_locked(conn);
+    return 1;
+}
+
+int exs__resume_pend_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
+{
+    struct exs_rsm_pend *pd = conn->rsm_pend;
+
+    if (!ev->ep || ev->ep != pd->path.ep) {
+        resume_pend_reap_locked(conn); /* a cm event: a safe point */
+        return 0;
+    }
+    if (pd->dead) {
+        resume_pend_reap_locked(conn);
+        return 1;
+    }
+    switch (ev->type) {
+    case EXS_PROV_CM_ESTABLISHED:
+        pd->established = 1;
+        if (pd->authed)
+            exs__resume_progress_locked(conn);
+        break;
+    case EXS_PROV_CM_REJECTED:
+    case EXS_PROV_CM_UNREACHABLE:
+    case EXS_PROV_CM_DISCONNECTED:
+        if (!pd->authed) {
+            resume_pend_refuse_locked(conn, "the new path ended before its proof", 1);
+        } else {
+            resume_pend_kill_locked(conn, 1);
+            exs__resume_on_fail_locked(conn, ECONNRESET, "the new path failed");
+        }
+        break;
+    default:
+        break;
+    }
+    return 1;
+}
+
+uint64_t exs__resume_pend_timer_locked(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms,
+                                       uint64_t next)
+{
+    struct exs_rsm_pend *pd = conn->rsm_pend;
+    uint64_t due, ms;
+
+    resume_pend_reap_locked(conn); /* the timer: a safe point */
+    pd = conn->rsm_pend;
+    if (!pd || pd->authed) /* proved: the conn's own deadline (RESUMING) bounds it */
+        return next;
+    due = pd->t0_ns + conn_ms * 1000000u; /* connect_timeout_ms is at least 1 */
+    if (now_ns >= due) {
+        resume_pend_refuse_locked(conn, "no proof before the deadline", 1);
+        return next;
+    }
+    ms = (due - now_ns + 999999u) / 1000000u;
+    return next ? EXS_MIN(next, ms) : ms;
 }
 
 /* The cut-over failed (or the application closed): the conn ends at once, every
@@ -434,7 +749,7 @@ static void resume_end_locked(struct exs_conn *conn, int err, const char *why, i
 {
     if (count)
         resume_failed_note(conn, why);
-    resume_req_reject(conn);
+    resume_pend_kill_locked(conn, 0);
     conn->rsm_peer_wait = conn->rsm_peer_got = 0;
     if (!conn->err)
         conn->err = err;
@@ -532,6 +847,38 @@ static void resume_old_path_release_locked(struct exs_conn *conn)
     exs_list_for_each(pos, &conn->sendq) exs_list_entry(pos, struct exs_op, link)->inflight = 0;
 }
 
+/* The new path's ring and endpoint on ctx (conn->ctx already): made now (the active side),
+ * or taken from the resume request whose proof checked out (the passive side: the ring
+ * its accept announced must hold what is unread). 0 or -errno. */
+static int resume_path_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
+{
+    struct exs_rsm_pend *pd = conn->rsm_pend;
+    uint64_t unread = conn->rd_arrived - conn->rd_consumed;
+    int ret;
+
+    if (conn->active) {
+        ret = exs__conn_ring_region_locked(conn, conn->p.ring_size, 0, &conn->ring_mem, NULL);
+        if (ret) {
+            conn->ring_mem = NULL;
+            return ret;
+        }
+        conn->ring = conn->ring_mem->addr;
+        return exs__conn_path_new_locked(conn, ctx);
+    }
+    EXS_ASSERT(pd && pd->authed && !pd->dead && pd->path.ctx == ctx);
+    if (unread > pd->ring_size) {
+        EXS_INFO(PROTO, "conn %p: %" PRIu64 " bytes unread at the cut: more than the %u-byte "
+                 "ring the new path announced", (void *)conn, unread, pd->ring_size);
+        return -ENOSPC;
+    }
+    conn->p.ring_size = pd->ring_size;
+    conn->ring_mem = pd->ring_mem;
+    conn->ring = conn->ring_mem->addr;
+    pd->ring_mem = NULL;
+    exs__conn_path_take_locked(conn, &pd->path);
+    return 0;
+}
+
 /* Move every registration of the conn to ctx and restart what the old path held (§9.2,
  * "What the cut-over has to move", "Everything else restarts"): the old endpoint goes
  * (its grants first); the old ring stays, read locally, as a retired region until its
@@ -555,13 +902,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     exs__batch_release_locked(conn); /* staging: made again at the next batch */
     memset(conn->batch_slot, 0, sizeof(conn->batch_slot));
     __atomic_store_n(&conn->ctx, ctx, __ATOMIC_RELAXED);
-    ret = exs__conn_ring_region_locked(conn, conn->p.ring_size, 0, &conn->ring_mem, NULL);
-    if (ret) {
-        conn->ring_mem = NULL;
-        return ret;
-    }
-    conn->ring = conn->ring_mem->addr;
-    ret = exs__conn_path_new_locked(conn, ctx);
+    ret = resume_path_locked(conn, ctx);
     if (ret)
         return ret;
     if (old_stg) { /* the send buffer's copies not yet arrived move with their bytes */
@@ -630,31 +971,68 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     return 0;
 }
 
-/* Active side: connect to the peer's fallback address with the resume hello. */
+/* Active side: connect to the peer's fallback address with the resume hello, the token
+ * and a fresh nonce_A (§9.2, Proof). */
 static int resume_connect_locked(struct exs_conn *conn, const struct sockaddr_storage *addr,
                                  socklen_t len)
 {
-    uint8_t pd[EXS_WIRE_RESUME_PD_LEN];
-    struct exs_wire_hello h;
-    uint64_t token = htobe64(conn->sess_token);
+    struct exs_wire_resume_req q;
+    int ret = resume_random(conn->rsm_nonce, sizeof(conn->rsm_nonce));
 
-    exs__conn_hello(conn, &h);
-    h.hflags = EXS_WIRE_HELLO_F_RESUME;
-    memcpy(pd, &h, sizeof(h));
-    memcpy(pd + EXS_WIRE_HELLO_LEN, &token, sizeof(token));
-    return exs__prov_connect(conn->ep, (const struct sockaddr *)addr, len, pd, sizeof(pd));
+    if (ret)
+        return ret;
+    exs__conn_hello(conn, &q.hello);
+    q.hello.hflags = EXS_WIRE_HELLO_F_RESUME;
+    q.token = htobe64(conn->sess_token);
+    memcpy(q.nonce_a, conn->rsm_nonce, sizeof(q.nonce_a));
+    return exs__prov_connect(conn->ep, (const struct sockaddr *)addr, len, &q, sizeof(q));
 }
 
-/* Passive side: accept the held request on the new endpoint. */
-static int resume_accept_locked(struct exs_conn *conn)
+/* The new path is up (the active side's ESTABLISHED, with its AUTH appended; the passive
+ * side's take of a proved request): CONNECTED, our RING and RESUME, and the peer's RESUME
+ * applied when it came first. */
+static void resume_newpath_up_locked(struct exs_conn *conn)
 {
-    struct exs_prov_conn_req *req = conn->rsm_req;
-    struct exs_wire_hello h;
+    struct exs_wire_resume r;
 
-    conn->rsm_req = NULL;
-    exs__conn_adopt_hello_locked(conn, &conn->rsm_req_hello);
-    exs__conn_hello(conn, &h);
-    return exs__prov_accept(req, conn->ep, &h, sizeof(h)); /* consumes req */
+    exs__conn_set_state_locked(conn, EXS_CONN_CONNECTED, "new path established");
+    conn->ka_heard_ns = exs__now_ns();
+    exs__conn_ring_grant_locked(conn); /* the RING record (after AUTH on the active side) */
+    if (conn->state != EXS_CONN_CONNECTED)
+        return;
+    /* then our RESUME: what arrived over the old path; the ring bytes still to be
+     * copied out are reported consumed by later ACKs */
+    exs__resume_record_locked(conn, &r);
+    conn->rd_reported = conn->rd_consumed;
+    exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
+    if (conn->rsm_peer_got) {
+        conn->rsm_peer_got = 0;
+        memcpy(&r, &conn->rsm_peer, sizeof(r));
+        if (resume_apply_locked(conn, &r)) {
+            exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
+            return;
+        }
+    }
+    exs__conn_kick_locked(conn);
+}
+
+/* Passive side, the path switched to the proved request's: its hello adopted, the
+ * completions it held handed to the conn (the records after AUTH first), the trial gone. */
+static void resume_pend_take_locked(struct exs_conn *conn)
+{
+    struct exs_rsm_pend *pd = conn->rsm_pend;
+
+    exs__conn_adopt_hello_locked(conn, &pd->peer);
+    for (uint32_t i = 0; i < pd->held && !conn->rsm_fail && conn->state == EXS_CONN_RESUMING; i++)
+        exs__conn_on_rx_held_locked(conn, &pd->cqe[i]);
+    __atomic_sub_fetch(&resume_pend_live, 1, __ATOMIC_RELAXED);
+    free(pd);
+    conn->rsm_pend = NULL;
+    if (conn->rsm_fail) {
+        resume_end_locked(conn, conn->rsm_fail, "failure while resuming", 1);
+        return;
+    }
+    resume_newpath_up_locked(conn);
 }
 
 void exs__resume_progress_locked(struct exs_conn *conn)
@@ -670,14 +1048,8 @@ void exs__resume_progress_locked(struct exs_conn *conn)
         resume_end_locked(conn, conn->rsm_fail, "failure while resuming", 1);
         return;
     }
-    if (conn->rsm_newpath) {
-        if (!conn->active && conn->rsm_req) {
-            ret = resume_accept_locked(conn);
-            if (ret)
-                resume_end_locked(conn, ECONNRESET, "accept of the new path failed", 1);
-        }
+    if (conn->rsm_newpath)
         return;
-    }
     /* the old path is over once its DISCONNECTED came and every work request completed:
      * then what arrived is final (§9.2, Positions) */
     if (!conn->rsm_disc || ((conn->wr_out || conn->wrq_count) && !conn->rsm_abandon))
@@ -696,8 +1068,12 @@ void exs__resume_progress_locked(struct exs_conn *conn)
             return;
         }
     } else {
-        ctx = conn->rsm_req ? conn->rsm_req_ctx : NULL;
-        if (!ctx) { /* the active side's request comes; nothing of the old path waits */
+        struct exs_rsm_pend *pd = conn->rsm_pend;
+
+        /* a request whose proof checked out, its new path established */
+        ctx = pd && pd->authed && !pd->dead && pd->established ? pd->path.ctx : NULL;
+        if (!ctx) { /* the active side's request (or its proof) comes; nothing of the
+                     * old path waits */
             resume_old_path_release_locked(conn);
             return;
         }
@@ -712,20 +1088,56 @@ void exs__resume_progress_locked(struct exs_conn *conn)
         resume_end_locked(conn, ECONNRESET, "the new path could not be made", 1);
         return;
     }
-    ret = conn->active ? resume_connect_locked(conn, &addr, len) : resume_accept_locked(conn);
-    if (ret) {
-        EXS_INFO(PROTO, "conn %p: new path: %s failed: %s", (void *)conn,
-                 conn->active ? "connect" : "accept", strerror(-ret));
-        resume_end_locked(conn, ECONNRESET, "the new path's connect failed", 1);
-        return;
-    }
     EXS_DBG(PROTO, "conn %p: old path drained (%" PRIu64 " bytes arrived): new path on %s",
             (void *)conn, exs__resume_arrived_locked(conn), exs__prov_name(ctx));
+    if (!conn->active) {
+        resume_pend_take_locked(conn);
+        return;
+    }
+    ret = resume_connect_locked(conn, &addr, len);
+    if (ret) {
+        EXS_INFO(PROTO, "conn %p: new path: connect failed: %s", (void *)conn, strerror(-ret));
+        resume_end_locked(conn, ECONNRESET, "the new path's connect failed", 1);
+    }
+}
+
+/* Active side, the new path established: the accept's hello checked and MAC_B, the
+ * passive side's proof, before anything is sent; then AUTH, our proof, first (§9.2). */
+static void resume_established_active_locked(struct exs_conn *conn,
+                                             const struct exs_prov_cm_event *ev)
+{
+    struct exs_wire_auth a = {
+        .hdr = {.type = EXS_CTRL_AUTH, .len = htobe16(EXS_WIRE_AUTH_LEN)},
+    };
+    struct exs_wire_resume_acc acc;
+    uint8_t mac[EXS_SHA256_LEN];
+
+    if (exs__conn_hello_check(ev->private_data, ev->private_data_len, conn->p.sock_type)) {
+        resume_end_locked(conn, ECONNRESET, "bad hello on the new path", 1);
+        return;
+    }
+    if (ev->private_data_len < EXS_WIRE_RESUME_ACC_LEN) {
+        resume_end_locked(conn, ECONNRESET, "the new path's accept carries no proof", 1);
+        return;
+    }
+    memcpy(&acc, ev->private_data, sizeof(acc));
+    resume_mac(conn, EXS_WIRE_AUTH_LABEL_B, conn->rsm_nonce, acc.nonce_b, mac);
+    if (!exs__mem_equal_ct(mac, acc.mac_b, sizeof(acc.mac_b))) {
+        resume_end_locked(conn, ECONNRESET, "the new path's accept has a wrong proof (MAC_B)", 1);
+        return;
+    }
+    if (!(be16toh(acc.hello.features) & EXS_WIRE_FEAT_RESUMABLE)) {
+        resume_end_locked(conn, ECONNRESET, "new path's hello without bit 7", 1);
+        return;
+    }
+    exs__conn_adopt_hello_locked(conn, &acc.hello);
+    resume_mac(conn, EXS_WIRE_AUTH_LABEL_A, conn->rsm_nonce, acc.nonce_b, a.mac);
+    exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
+    resume_newpath_up_locked(conn);
 }
 
 void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
 {
-    struct exs_wire_resume r;
 
     if (ev->ep && ev->ep != conn->ep)
         return;               /* not the conn's endpoint now */
@@ -738,39 +1150,8 @@ void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_ev
     }
     switch (ev->type) {
     case EXS_PROV_CM_ESTABLISHED:
-        if (conn->active) {
-            struct exs_wire_hello h;
-
-            if (exs__conn_hello_check(ev->private_data, ev->private_data_len, conn->p.sock_type)) {
-                resume_end_locked(conn, ECONNRESET, "bad hello on the new path", 1);
-                return;
-            }
-            memcpy(&h, ev->private_data, sizeof(h));
-            if (!(be16toh(h.features) & EXS_WIRE_FEAT_RESUMABLE)) {
-                resume_end_locked(conn, ECONNRESET, "new path's hello without bit 7", 1);
-                return;
-            }
-            exs__conn_adopt_hello_locked(conn, ev->private_data);
-        }
-        exs__conn_set_state_locked(conn, EXS_CONN_CONNECTED, "new path established");
-        conn->ka_heard_ns = exs__now_ns();
-        exs__conn_ring_grant_locked(conn); /* the RING record first */
-        if (conn->state != EXS_CONN_CONNECTED)
-            return;
-        /* then our RESUME: what arrived over the old path; the ring bytes still to be
-         * copied out are reported consumed by later ACKs */
-        exs__resume_record_locked(conn, &r);
-        conn->rd_reported = conn->rd_consumed;
-        exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
-        if (conn->rsm_peer_got) {
-            conn->rsm_peer_got = 0;
-            memcpy(&r, &conn->rsm_peer, sizeof(r));
-            if (resume_apply_locked(conn, &r)) {
-                exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
-                return;
-            }
-        }
-        exs__conn_kick_locked(conn);
+        if (conn->active) /* the passive side's new path is a trial's until taken */
+            resume_established_active_locked(conn, ev);
         break;
     case EXS_PROV_CM_REJECTED:
     case EXS_PROV_CM_UNREACHABLE:
@@ -918,41 +1299,43 @@ int exs__resume_op_mr_locked(struct exs_conn *conn, struct exs_op *op)
 int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req *req,
                              const void *pd, uint32_t len, int sock_type)
 {
+    struct exs_wire_resume_req q;
     struct exs_conn *conn;
     uint64_t token;
     const char *bad = NULL;
+    int reason = EXS_WIRE_REJ_RESUME;
 
     if (!pd || len < EXS_WIRE_RESUME_PD_LEN) {
-        EXS_INFO(PROTO, "resume request without a token (%u bytes)", len);
+        EXS_INFO(PROTO, "resume request without a token and nonce (%u bytes)", len);
         return EXS_WIRE_REJ_RESUME;
     }
-    memcpy(&token, (const uint8_t *)pd + EXS_WIRE_HELLO_LEN, sizeof(token));
-    token = be64toh(token);
+    memcpy(&q, pd, sizeof(q));
+    token = be64toh(q.token);
     conn = token ? resume_registry_find(token) : NULL;
     if (!conn) {
         EXS_INFO(PROTO, "resume request for an unknown session refused");
         return EXS_WIRE_REJ_RESUME;
     }
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    resume_pend_reap_locked(conn); /* a cm event: a safe point */
+    /* nothing here touches the connection: the request is only put on trial */
     if (conn->p.sock_type != sock_type || conn->active)
         bad = "not a passive session of this socket type";
-    else if (conn->rsm_req)
-        bad = "a request is already held";
-    else if (conn->state == EXS_CONN_CONNECTED && !conn->rsm_over &&
-             !exs__resume_begin_locked(conn, "resume request from the peer", 0, conn->ka_waiting))
+    else if (conn->rsm_keys != (EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER))
+        bad = "the session's keys are not both known";
+    else if (conn->rsm_pend)
+        bad = "a request is already on trial";
+    else if (!(conn->state == EXS_CONN_CONNECTED && resume_eligible(conn)) &&
+             !(conn->state == EXS_CONN_RESUMING && !conn->rsm_newpath))
         bad = "the connection cannot be resumed";
-    else if (conn->state != EXS_CONN_RESUMING || conn->rsm_newpath)
-        bad = "the connection is not waiting for a new path";
-    if (!bad) {
-        conn->rsm_req = req;
-        conn->rsm_req_ctx = ctx;
-        memcpy(&conn->rsm_req_hello, pd, sizeof(conn->rsm_req_hello));
-        exs__resume_progress_locked(conn); /* at once when drained */
-    } else {
+    else if (__atomic_load_n(&resume_pend_live, __ATOMIC_RELAXED) >= RSM_PEND_MAX)
+        bad = "too many resume requests on trial in the process";
+    if (!bad)
+        reason = resume_pend_open_locked(conn, ctx, req, &q);
+    else
         EXS_INFO(PROTO, "conn %p: resume request refused: %s", (void *)conn, bad);
-    }
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     resume_registry_put(conn);
     exs__resume_evict_run(); /* those it made give up (the wait) */
-    return bad ? EXS_WIRE_REJ_RESUME : 0;
+    return reason;
 }

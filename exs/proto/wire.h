@@ -32,8 +32,16 @@
  *       its RING record; the RESUME record (§9.2, 48 bytes: with the receiver's ring
  *       positions for STREAM) after each side's RING on a cut-over's new path.
  *       hello.hflags (byte 37, was reserved 0) bit 0 RESUME marks a cut-over's new path
- *       (with bit 7 only), its private data then 48 bytes: the hello and the SESSION
- *       token (bytes 40-47); reject reason 7: a resume hello the listener does not take.
+ *       (with bit 7 only); reject reason 7: a resume hello the listener does not take.
+ *       Bit 7 was later redefined (no version change: the feature was new), so that a
+ *       resume proves knowledge of keys instead of presenting a bearer token (§9.2): each
+ *       side's SESSION record carries a 32-byte key (K_B from the passive side, K_A from
+ *       the active side), the token is derived from K_B and never sent at establishment;
+ *       the resume connect's private data is exs_wire_resume_req (56 bytes: hello, token,
+ *       nonce_A), the accept's exs_wire_resume_acc (56 bytes: hello, nonce_B, MAC_B), and
+ *       the active side's first record on the new path is an AUTH record (type 13). The
+ *       earlier form (a 16-byte SESSION with the token itself, 48 bytes of resume private
+ *       data, no proof) is not understood any more.
  *   v2 + feature ALIVE (bit 9, used when both hellos have it): liveness is answered by the
  *       peer's library: a keepalive probe is a NOP with flag PING (a SEND), answered by a
  *       NOP; only receive completions prove the peer alive (§9.1).
@@ -92,9 +100,34 @@ enum { /* exs_wire_hello.hflags */
                                         * bit 7 in the same hello (else reason 6) */
 };
 
-/* The private data of a resume connect (§9.2): the hello, then the SESSION token (8 bytes,
- * network order) that names the connection to resume. */
-#define EXS_WIRE_RESUME_PD_LEN (EXS_WIRE_HELLO_LEN + 8u)
+/* The resume proof (§9.2): keys and nonces. */
+#define EXS_WIRE_SESSION_KEY_LEN 32u /* K_A, K_B: each side's random key (SESSION record) */
+#define EXS_WIRE_NONCE_LEN       8u  /* nonce_A, nonce_B: fresh random per resume attempt */
+#define EXS_WIRE_MAC_B_LEN       8u  /* the passive side's proof: a truncated HMAC */
+#define EXS_WIRE_MAC_A_LEN       32u /* the active side's proof (AUTH): a whole HMAC */
+/* The one-byte labels that keep the two proofs apart (the first byte HMACed). */
+#define EXS_WIRE_AUTH_LABEL_A 'A'
+#define EXS_WIRE_AUTH_LABEL_B 'B'
+
+/* The private data of a resume connect (§9.2): the hello (flag RESUME, feature bit 7),
+ * the token that names the connection to resume (the first 8 bytes of SHA-256(K_B), never
+ * all zero) and the active side's fresh nonce_A. */
+struct exs_wire_resume_req {
+    struct exs_wire_hello hello;
+    uint64_t              token;                       /* network order */
+    uint8_t               nonce_a[EXS_WIRE_NONCE_LEN]; /* random, new per attempt */
+} __attribute__((packed));
+#define EXS_WIRE_RESUME_PD_LEN 56u
+
+/* The private data of the accept of a resume (§9.2): the passive side's hello for the new
+ * path, its fresh nonce_B and MAC_B = the first 8 bytes of HMAC-SHA256(K_A || K_B,
+ * 'B' || nonce_A || nonce_B). The active side checks MAC_B before it sends anything. */
+struct exs_wire_resume_acc {
+    struct exs_wire_hello hello;
+    uint8_t               nonce_b[EXS_WIRE_NONCE_LEN];
+    uint8_t               mac_b[EXS_WIRE_MAC_B_LEN];
+} __attribute__((packed));
+#define EXS_WIRE_RESUME_ACC_LEN 56u
 
 /* Reject reason: private data of a reject is one exs_wire_reject. */
 enum exs_wire_reject_reason {
@@ -194,7 +227,9 @@ enum exs_wire_ctrl_type {
     EXS_CTRL_RESIZE   = 10, /* STREAM, feature RESIZE: a new ring region / switched (§7.4) */
     EXS_CTRL_SESSION  = 11, /* feature RESUMABLE: the passive side's session token (§9.2) */
     EXS_CTRL_RESUME   = 12, /* feature RESUMABLE: first record on a new path (§9.2) */
-    EXS_CTRL_TYPE_MAX = 12,
+    EXS_CTRL_AUTH     = 13, /* feature RESUMABLE: the active side's proof, first on a new
+                             * path, before RING (§9.2) */
+    EXS_CTRL_TYPE_MAX = 13,
 };
 
 /* Every record starts with this header; len includes it and is a multiple of 8. */
@@ -326,17 +361,31 @@ struct exs_wire_resize {
 /* Smallest region a RESIZE may offer. */
 #define EXS_WIRE_RESIZE_MIN (16u * 64u)
 
-/* SESSION (§9.2, feature RESUMABLE, both hellos): sent once by the passive side, in the
- * SEND that carries its RING record, right after it; the active side sends none. token
- * names the connection for a later RESUME: random, never 0. hdr.flags 0. */
+/* SESSION (§9.2, feature RESUMABLE, both hellos): sent once by each side, in the SEND
+ * that carries its RING record, right after it: the passive side's key K_B, the active
+ * side's K_A, each 32 random bytes. The session's token (its name in a resume request) is
+ * the first 8 bytes of SHA-256(K_B), never all zero (the passive side draws K_B again).
+ * A resume proves knowledge of K_A || K_B without sending them. hdr.flags 0. */
 struct exs_wire_session {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 token;
+    uint8_t                  key[EXS_WIRE_SESSION_KEY_LEN];
 } __attribute__((packed));
-#define EXS_WIRE_SESSION_LEN 16u
+#define EXS_WIRE_SESSION_LEN 40u
+
+/* AUTH (§9.2): the active side's first record on a cut-over's new path, before its RING,
+ * in the SEND that carries RING and RESUME: mac = HMAC-SHA256(K_A || K_B, 'A' || nonce_A ||
+ * nonce_B) with the nonces of this path's connect and accept. The passive side touches
+ * the connection only once it checked out; anywhere else it is a protocol error.
+ * hdr.flags 0, hdr.credits 0. */
+struct exs_wire_auth {
+    struct exs_wire_ctrl_hdr hdr;
+    uint8_t                  mac[EXS_WIRE_MAC_A_LEN];
+} __attribute__((packed));
+#define EXS_WIRE_AUTH_LEN 40u
 
 /* RESUME (§9.2): the first record of each side on the new path of a cut-over connection
- * (after its RING record): the SESSION token and what has ARRIVED at the sender of the
+ * after its RING record (the active side's AUTH comes before both): the session's token
+ * and what has ARRIVED at the sender of the
  * record over the old path (messages for SEQPACKET, bytes for STREAM; the other field 0),
  * counted after every completion of the old endpoint was drained; for STREAM also its
  * ring positions (bytes arrived in its ring and copied out of it, with the old ring's
@@ -383,6 +432,13 @@ _Static_assert(sizeof(struct exs_wire_trace) == EXS_WIRE_TRACE_LEN, "trace size"
 _Static_assert(offsetof(struct exs_wire_trace, t_answer) == 40, "trace.t_answer");
 _Static_assert(sizeof(struct exs_wire_resize) == EXS_WIRE_RESIZE_LEN, "resize size");
 _Static_assert(sizeof(struct exs_wire_session) == EXS_WIRE_SESSION_LEN, "session size");
+_Static_assert(sizeof(struct exs_wire_auth) == EXS_WIRE_AUTH_LEN, "auth size");
+_Static_assert(sizeof(struct exs_wire_resume_req) == EXS_WIRE_RESUME_PD_LEN, "resume req size");
+_Static_assert(offsetof(struct exs_wire_resume_req, nonce_a) == 48, "resume_req.nonce_a");
+_Static_assert(sizeof(struct exs_wire_resume_acc) == EXS_WIRE_RESUME_ACC_LEN, "resume acc size");
+_Static_assert(offsetof(struct exs_wire_resume_acc, mac_b) == 48, "resume_acc.mac_b");
+_Static_assert(EXS_WIRE_RESUME_PD_LEN <= 56 && EXS_WIRE_RESUME_ACC_LEN <= 56,
+               "resume private data fits rdma_cm's 56 bytes");
 _Static_assert(sizeof(struct exs_wire_resume) == EXS_WIRE_RESUME_LEN, "resume size");
 _Static_assert(offsetof(struct exs_wire_resume, rx_bytes) == 24, "resume.rx_bytes");
 _Static_assert(sizeof(struct exs_wire_batch_rec) == EXS_WIRE_BATCH_REC_LEN, "batch rec size");

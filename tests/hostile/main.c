@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "exs/util/sha256.h"
 #include "tests/hostile/raw.h"
 #include "tests/hostile/server.h"
 
@@ -926,6 +927,153 @@ START_TEST(connector_breaks_protocol_early)
 }
 END_TEST
 
+/* ---- resume takeover (issue 24, 1): spec/protocol.md §9.2, Proof ---- */
+
+static void start_resumable(void)
+{
+    struct srv_opts o = {.sock_type = SOCK_SEQPACKET, .resumable = 1};
+
+    ck_assert_int_eq(srv_start(&srv, &o), 0);
+}
+
+static unsigned echo_slot; /* the real client's messages so far: its next ring slot */
+
+/* The real client of a resumable server: a raw peer with feature bit 7 that learns the
+ * server's key K_B from its SESSION record and sends its own K_A after its RING, as the
+ * library's active side does. */
+static void open_resumable(struct raw_peer *p, uint8_t ka[EXS_WIRE_SESSION_KEY_LEN])
+{
+    struct exs_wire_session ss = {
+        .hdr = {.type = EXS_CTRL_SESSION, .len = htobe16(EXS_WIRE_SESSION_LEN)},
+    };
+    struct exs_wire_hello h;
+    double deadline = raw_now_ms() + ANSWER_MS;
+    uint32_t psn;
+
+    raw_hello_default(&h, SEQ);
+    h.features |= htobe16(EXS_WIRE_FEAT_RESUMABLE);
+    echo_slot = 0;
+    ck_assert_int_eq(raw_open(p, srv.port, &h, ANSWER_MS), 0);
+    ck_assert_int_eq(raw_wait_ring(p, ANSWER_MS), 0);
+    while (!p->sess_keyed && !p->closed && raw_now_ms() < deadline)
+        raw_pump(p, 50);
+    ck_assert_msg(p->sess_keyed, "the resumable server sent no SESSION key");
+    for (unsigned i = 0; i < EXS_WIRE_SESSION_KEY_LEN; i++)
+        ka[i] = (uint8_t)(0x40 + i * 7);
+    memcpy(ss.key, ka, EXS_WIRE_SESSION_KEY_LEN);
+    ck_assert_int_eq(raw_send_ctrl(p, &ss, sizeof(ss), &psn), 0);
+    ck_assert_int_eq(raw_wait_psn(p, psn, ANSWER_MS), 0);
+}
+
+/* Message i of the real client (64 bytes, eager into the server's next ring slot) comes
+ * back whole: the session serves. */
+static void echo_msg(struct raw_peer *p, unsigned i)
+{
+    uint32_t psn, imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0);
+    char msg[64];
+
+    snprintf(msg, sizeof(msg), "message %u of the real peer, which must come back unchanged..", i);
+    ck_assert_int_eq(raw_write(p, ring_addr(p) + 64u * echo_slot++, p->ring_rkey, 1, imm, msg,
+                               sizeof(msg), &psn),
+                     0);
+    ck_assert_int_eq(raw_wait_psn(p, psn, ANSWER_MS), 0);
+    expect_echo(p, msg, sizeof(msg));
+}
+
+/* A resume hello for token with nonce_A: the library's hello form, flag RESUME. */
+static void resume_hello(struct exs_wire_resume_req *q, uint64_t token, uint8_t nonce)
+{
+    memset(q, 0, sizeof(*q));
+    raw_hello_default(&q->hello, SEQ);
+    q->hello.features |= htobe16(EXS_WIRE_FEAT_RESUMABLE);
+    q->hello.hflags = EXS_WIRE_HELLO_F_RESUME;
+    q->token = htobe64(token);
+    memset(q->nonce_a, nonce, sizeof(q->nonce_a));
+}
+
+/* HMAC-SHA256(K_A || K_B, label || nonce_A || nonce_B), as §9.2 defines the proofs. */
+static void resume_proof(const uint8_t *ka, const uint8_t *kb, uint8_t label, const uint8_t *na,
+                         const uint8_t *nb, uint8_t out[EXS_SHA256_LEN])
+{
+    uint8_t key[2 * EXS_WIRE_SESSION_KEY_LEN];
+    const void *parts[3] = {&label, na, nb};
+    size_t lens[3] = {1, EXS_WIRE_NONCE_LEN, EXS_WIRE_NONCE_LEN};
+
+    memcpy(key, ka, EXS_WIRE_SESSION_KEY_LEN);
+    memcpy(key + EXS_WIRE_SESSION_KEY_LEN, kb, EXS_WIRE_SESSION_KEY_LEN);
+    exs__hmac_sha256(key, sizeof(key), 3, parts, lens, out);
+}
+
+/* The server ends connection p (a refused trial) within ANSWER_MS. */
+static void expect_ended(struct raw_peer *p, const char *what)
+{
+    double deadline = raw_now_ms() + ANSWER_MS;
+
+    while (!p->closed && raw_now_ms() < deadline)
+        raw_pump(p, 100);
+    ck_assert_msg(p->closed, "%s: the server kept the connection", what);
+}
+
+/* Against a resumable server whose real client is connected and transferring:
+ *  _i 0: another TCP connection presents the live session's token (what an observer of a
+ *        resume hello learns; here computed from K_B as the hello carries it) on the
+ *        fallback port, with an AUTH it cannot compute;
+ *  _i 1: a capture replayed: the real client's own resume hello and the AUTH it made for
+ *        that exchange's nonce_B (an exchange abandoned before the AUTH went, so the
+ *        session is still resumable), sent again on a new connection.
+ * Each is refused (that connection ended) and the real client's session goes on
+ * untouched: not disconnected, its messages echoed whole before and after. */
+START_TEST(resume_takeover)
+{
+    uint8_t ka[EXS_WIRE_SESSION_KEY_LEN], mac[EXS_SHA256_LEN];
+    struct exs_wire_auth auth = {.hdr = {.type = EXS_CTRL_AUTH, .len = htobe16(EXS_WIRE_AUTH_LEN)}};
+    struct exs_wire_resume_req q;
+    struct exs_wire_resume_acc acc;
+    struct raw_peer a, b;
+    uint32_t psn;
+
+    start_resumable();
+    open_resumable(&a, ka);
+    echo_msg(&a, 0);
+    if (_i == 0) {
+        resume_hello(&q, a.sess_token, 0x33);
+        ck_assert_int_eq(raw_open_pd(&b, srv.fb_port, &q, sizeof(q), ANSWER_MS), 0);
+        ck_assert_uint_ge(b.acc_pd_len, sizeof(acc));
+        memset(auth.mac, 0x5c, sizeof(auth.mac)); /* no keys: a guess */
+    } else {
+        struct raw_peer c;
+
+        /* the real client's exchange, seen on the wire: hello, accept, and its AUTH */
+        resume_hello(&q, a.sess_token, 0x44);
+        ck_assert_int_eq(raw_open_pd(&c, srv.fb_port, &q, sizeof(q), ANSWER_MS), 0);
+        ck_assert_uint_ge(c.acc_pd_len, sizeof(acc));
+        memcpy(&acc, c.acc_pd, sizeof(acc));
+        /* the server proved its keys: MAC_B checks out for the real client */
+        resume_proof(ka, a.sess_key, EXS_WIRE_AUTH_LABEL_B, q.nonce_a, acc.nonce_b, mac);
+        ck_assert_int_eq(memcmp(mac, acc.mac_b, sizeof(acc.mac_b)), 0);
+        resume_proof(ka, a.sess_key, EXS_WIRE_AUTH_LABEL_A, q.nonce_a, acc.nonce_b, auth.mac);
+        raw_close(&c); /* abandoned before the AUTH went */
+        echo_msg(&a, 1);
+        /* the replay */
+        ck_assert_int_eq(raw_open_pd(&b, srv.fb_port, &q, sizeof(q), ANSWER_MS), 0);
+        ck_assert_uint_ge(b.acc_pd_len, sizeof(acc));
+        ck_assert_msg(memcmp(acc.nonce_b, b.acc_pd + offsetof(struct exs_wire_resume_acc, nonce_b),
+                             EXS_WIRE_NONCE_LEN),
+                      "the server answered a replayed hello with the same nonce_B");
+    }
+    ck_assert_int_eq(raw_send_ctrl(&b, &auth, sizeof(auth), &psn), 0);
+    expect_ended(&b, _i ? "a replayed resume" : "a resume with the token alone");
+    raw_close(&b);
+    ck_assert_msg(!a.closed, "the real client's connection was ended");
+    echo_msg(&a, 2);
+    echo_msg(&a, 3);
+    ck_assert_msg(!a.closed, "the real client's connection was ended");
+    raw_close(&a);
+    expect_alive(SOCK_SEQPACKET, "resume takeover attempts");
+    stop();
+}
+END_TEST
+
 static Suite *hostile_suite(void)
 {
     Suite *s = suite_create("hostile");
@@ -967,6 +1115,11 @@ static Suite *hostile_suite(void)
     t = tcase_create("hostile_acceptor");
     tcase_set_timeout(t, 120);
     tcase_add_loop_test(t, acceptor_breaks_protocol_early, 0, 2);
+    suite_add_tcase(s, t);
+
+    t = tcase_create("resume");
+    tcase_set_timeout(t, 120);
+    tcase_add_loop_test(t, resume_takeover, 0, 2);
     suite_add_tcase(s, t);
 
     t = tcase_create("hostile_connector");

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "exs/util/sha256.h"
 #include "tests/hostile/raw.h"
 
 static int raw_step(struct raw_peer *p, double deadline);
@@ -211,7 +212,21 @@ static int raw_read_accept(struct raw_peer *p, int ms)
     if (fh.type != TCP_WIRE_CONN_ACCEPT || got < TCP_WIRE_CONN_LEN + EXS_WIRE_HELLO_LEN)
         return -EPROTO;
     memcpy(&p->peer, buf + TCP_WIRE_CONN_LEN, sizeof(p->peer));
+    p->acc_pd_len = got - TCP_WIRE_CONN_LEN;
+    memcpy(p->acc_pd, buf + TCP_WIRE_CONN_LEN, p->acc_pd_len);
     return 0;
+}
+
+int raw_open_pd(struct raw_peer *p, int port, const void *pd, uint32_t pd_len, int ms)
+{
+    int err;
+
+    memset(p, 0, sizeof(*p));
+    p->fd = raw_tcp_connect(port);
+    if (p->fd < 0)
+        return p->fd;
+    err = raw_send_conn_req(p->fd, pd, pd_len);
+    return err ? err : raw_read_accept(p, ms);
 }
 
 int raw_open(struct raw_peer *p, int port, const struct exs_wire_hello *h, int ms)
@@ -307,6 +322,17 @@ int raw_parse_ctrl(struct raw_peer *p, const uint8_t *buf, uint32_t len)
                    (h.flags & EXS_TRACE_ANSWER)) {
             memcpy(&p->trace, buf + off, sizeof(p->trace));
             p->trace_answers++;
+        }
+        else if (h.type == EXS_CTRL_SESSION && rlen == EXS_WIRE_SESSION_LEN) {
+            /* §9.2: the server's key K_B; the token a resume hello carries is the first 8
+             * bytes of its SHA-256 */
+            uint8_t d[EXS_SHA256_LEN];
+
+            memcpy(p->sess_key, buf + off + EXS_WIRE_CTRL_HDR_LEN, sizeof(p->sess_key));
+            exs__sha256(p->sess_key, sizeof(p->sess_key), d);
+            memcpy(&p->sess_token, d, sizeof(p->sess_token));
+            p->sess_token = be64toh(p->sess_token);
+            p->sess_keyed = 1;
         }
 #ifdef EXS_WIRE_RING_LEN
         else if (h.type == EXS_CTRL_RING && rlen >= EXS_WIRE_RING_LEN) {

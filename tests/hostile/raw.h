@@ -39,6 +39,11 @@ struct raw_peer {
     uint8_t data[65536]; /* payload of the last data WRITE the server sent us */
     uint32_t data_len;
     unsigned data_msgs;       /* data WRITEs (with immediate) received */
+    uint8_t acc_pd[TCP_WIRE_PD_MAX]; /* the acceptor's private data (its hello first) */
+    uint32_t acc_pd_len;
+    uint8_t sess_key[EXS_WIRE_SESSION_KEY_LEN]; /* the server's SESSION key (K_B, §9.2) */
+    int sess_keyed;                             /* ... came */
+    uint64_t sess_token;        /* the session's token: what a resume hello carries */
     uint8_t read_resp[65536]; /* payload of the last READ_RESP */
     uint32_t read_resp_len;
     int read_resp_seen;
@@ -81,6 +86,9 @@ int raw_connect_then_send(struct raw_peer *p, int port, const struct exs_wire_he
  * 0 accepted (p->peer filled), -ECONNREFUSED rejected, -ECONNRESET closed, -ETIMEDOUT. */
 int raw_open(struct raw_peer *p, int port, const struct exs_wire_hello *h, int ms);
 void raw_close(struct raw_peer *p);
+/* Connect and send CONN_REQ with private data pd (anything), wait up to ms for the answer;
+ * no record is sent after. 0 accepted (p->acc_pd, p->peer), or as raw_open. */
+int raw_open_pd(struct raw_peer *p, int port, const void *pd, uint32_t pd_len, int ms);
 /* Pump until the server's ring key is known (hello in v1, its RING record in v2). */
 int raw_wait_ring(struct raw_peer *p, int ms);
 /* Read and handle frames for up to ms (0: those already there; returns earlier once

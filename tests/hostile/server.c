@@ -166,6 +166,18 @@ int srv_start(struct srv *s, const struct srv_opts *o)
     s->port = raw_free_port();
     if (s->port < 0)
         return s->port;
+    /* the fallback listens on port + EXS_FALLBACK_PORT_OFFSET (1-32767): two free ports,
+     * the second above the first */
+    for (int tries = 0; o->resumable && !s->fb_port && tries < 64; tries++) {
+        int fb = raw_free_port();
+
+        if (fb > s->port && fb - s->port <= 32767)
+            s->fb_port = fb;
+        else if (fb > 0)
+            s->port = fb;
+    }
+    if (o->resumable && !s->fb_port)
+        return -EADDRINUSE;
     if (pipe(ready) || pipe(ctl))
         return -errno;
     s->pid = fork();
@@ -179,6 +191,14 @@ int srv_start(struct srv *s, const struct srv_opts *o)
         close(ready[0]);
         close(ctl[1]);
         setenv("EXS_PROVIDER", "tcp", 1);
+        if (o->resumable) { /* tcp has no fallback: the same wire through fault:tcp */
+            char off[16];
+
+            snprintf(off, sizeof(off), "%d", s->fb_port - s->port);
+            setenv("EXS_PROVIDER", "fault:tcp", 1);
+            setenv("EXS_FALLBACK", "any", 1);
+            setenv("EXS_FALLBACK_PORT_OFFSET", off, 1);
+        }
         if (!getenv("EXS_LOG_LEVEL"))
             setenv("EXS_LOG_LEVEL", "err", 1);
         if (o->quiet) {

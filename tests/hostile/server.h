@@ -10,11 +10,14 @@ struct srv_opts {
     int nofile;        /* RLIMIT_NOFILE of the server (0: unchanged) */
     int quiet;         /* stderr to /dev/null (a test that floods the log) */
     int close_at_once; /* close every connection as soon as it is accepted */
+    int resumable;     /* policy any (spec/protocol.md §9.2): primary fault:tcp (no fault),
+                        * its tcp fallback listener on fb_port, connections cut over */
 };
 
 struct srv {
     pid_t pid;
     int port;
+    int fb_port; /* resumable: the fallback listener's port (resume requests go there) */
     int ctl;  /* write end of the command pipe */
     int dead; /* exit status collected */
     int status;

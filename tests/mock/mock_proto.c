@@ -293,3 +293,120 @@ void pt_stats(struct pt_side *side, struct exs_sock_stats *st)
 {
     exs__conn_stats(side->conn, st);
 }
+
+/* ---- the fallback of a cut-over (spec/protocol.md §9.2) ---- */
+
+struct pt_fb pt_fb;
+
+static int pt_fb_resume_addr(struct exs_conn *conn, struct exs_prov_ctx **ctx_p,
+                             struct sockaddr_storage *addr, socklen_t *len_p)
+{
+    (void)conn;
+    *ctx_p = pt_fb.ctx[0];
+    *len_p = sizeof(*addr);
+    return exs__prov_listener_addr(pt_fb.lis, addr, len_p);
+}
+
+/* As exs/api/xfer.c: the op's buffer registered on the new path's ctx, the old
+ * registration released (the pt_op keeps the new one for pt_op_fini). */
+static int pt_fb_resume_mr(struct exs_conn *conn, struct exs_op *op, struct exs_prov_ctx *ctx)
+{
+    struct pt_op *o = exs_container_of(op, struct pt_op, op);
+    struct exs_prov_mr *mr;
+    int ret;
+
+    (void)conn;
+    if (!op->len)
+        return 0;
+    ret = exs__prov_mr_reg(ctx, op->buf, op->len, EXS_PROV_ACCESS_LOCAL_WRITE, &mr);
+    if (ret)
+        return ret;
+    if (o->mr)
+        exs__prov_mr_dereg(o->mr);
+    o->mr = op->mr = mr;
+    op->lkey = mr->lkey;
+    return 0;
+}
+
+const struct exs_conn_cb pt_fb_cb = {
+    .established = pt_on_established,
+    .dead = pt_on_dead,
+    .resume_addr = pt_fb_resume_addr,
+    .resume_mr = pt_fb_resume_mr,
+};
+
+void pt_fb_open(struct pt_pair *pp)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET};
+
+    pt_fb.on_request = NULL;
+    pt_fb.sock_type = pp->pb.sock_type;
+    ck_assert_int_eq(mock_ctx_open(NULL, &pt_fb.ctx[0]), 0);
+    ck_assert_int_eq(mock_ctx_open(NULL, &pt_fb.ctx[1]), 0);
+    ck_assert_int_eq(
+        exs__prov_listen(pt_fb.ctx[1], (struct sockaddr *)&sin, sizeof(sin), 16, pp, &pt_fb.lis),
+        0);
+    pp->a.conn->cb = &pt_fb_cb;
+    pp->b.conn->cb = &pt_fb_cb;
+}
+
+/* A resume request, as exs/api/sock.c hands it (sock_on_request, sock_resume_request). */
+static void pt_fb_request(const struct exs_prov_cm_event *ev)
+{
+    int reason;
+
+    if (pt_fb.on_request && pt_fb.on_request(ev))
+        return;
+    reason = exs__conn_hello_check(ev->private_data, ev->private_data_len, pt_fb.sock_type);
+    if (!reason)
+        reason = exs__conn_resume_request(pt_fb.ctx[1], ev->req, ev->private_data,
+                                          ev->private_data_len, pt_fb.sock_type);
+    if (reason) {
+        struct exs_wire_reject rej = {.magic = htobe16(EXS_WIRE_MAGIC),
+                                      .version = EXS_WIRE_VERSION,
+                                      .reason = (uint8_t)reason};
+
+        ck_assert_int_eq(exs__prov_reject(ev->req, &rej, sizeof(rej)), 0);
+    }
+}
+
+int pt_fb_drain(int i)
+{
+    struct exs_prov_cm_event ev;
+    int total = pt_drain_cq(pt_fb.ctx[i]);
+
+    while (exs__prov_cm_poll(pt_fb.ctx[i], &ev) == 1) {
+        total += pt_drain_cq(pt_fb.ctx[i]) + 1;
+        if (ev.type == EXS_PROV_CM_CONNECT_REQUEST)
+            pt_fb_request(&ev);
+        else if (ev.ep && ev.ep->user)
+            exs__conn_on_cm(ev.ep->user, &ev);
+    }
+    return total;
+}
+
+void pt_fb_run(struct pt_pair *pp)
+{
+    for (long steps = 0;; steps++) {
+        int m;
+
+        do
+            m = pt_dispatch(pp) + pt_fb_drain(0) + pt_fb_drain(1);
+        while (m);
+        if (!mock_step())
+            break;
+        ck_assert_msg(steps < PT_MAX_STEPS, "the fabric never went idle");
+    }
+}
+
+void pt_fb_close(void)
+{
+    if (pt_fb.lis)
+        exs__prov_listener_destroy(pt_fb.lis);
+    pt_fb.lis = NULL;
+    for (int i = 0; i < 2; i++) {
+        if (pt_fb.ctx[i])
+            exs__prov_ctx_close(pt_fb.ctx[i]);
+        pt_fb.ctx[i] = NULL;
+    }
+}

@@ -93,4 +93,28 @@ int pt_check(const void *buf, size_t len, uint64_t off);
 /* The mock's RNR counters of both sides added. */
 uint64_t pt_rnr(struct pt_pair *pp);
 
+/* ---- the fallback of a cut-over (spec/protocol.md §9.2) ----
+ * Each side gets a fallback ctx; b's has a listener of its own for resume requests, which
+ * go to the session they name as exs/api/sock.c hands them (hello checked, then
+ * exs__conn_resume_request), unless on_request takes them. pt_fb_cb is the owner's
+ * callbacks with a fallback (sock.c's, on the mock: a's new path goes to that listener,
+ * an op's buffer is registered again on the new ctx). */
+struct pt_fb {
+    struct exs_prov_ctx *ctx[2];   /* a's, b's */
+    struct exs_prov_listener *lis; /* on ctx[1] */
+    int sock_type;
+    /* a connect request on the listener: 1 taken (accepted or rejected), 0 the default */
+    int (*on_request)(const struct exs_prov_cm_event *ev);
+};
+extern struct pt_fb pt_fb;
+extern const struct exs_conn_cb pt_fb_cb;
+/* After pt_connect: open the fallback ctxs and listener; both conns take pt_fb_cb. */
+void pt_fb_open(struct pt_pair *pp);
+/* pt_run over the primary and the fallback ctxs. */
+void pt_fb_run(struct pt_pair *pp);
+/* Dispatch what the fallback ctx i holds (completions, events); entries handled. */
+int pt_fb_drain(int i);
+/* Destroy the listener and close the fallback ctxs (after pt_close). */
+void pt_fb_close(void);
+
 #endif

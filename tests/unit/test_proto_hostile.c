@@ -13,6 +13,7 @@
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/sha256.h"
 #include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
@@ -29,7 +30,8 @@ static struct raw {
         __attribute__((aligned(4096))); /* recvs, ring, send area */
     struct exs_wire_hello peer;         /* b's, host order */
     uint64_t wr_id;
-    uint64_t session; /* the token of b's SESSION record (§9.2), 0: none came */
+    uint64_t session; /* the token of b's SESSION record's key (§9.2), 0: none came */
+    uint8_t kb[EXS_WIRE_SESSION_KEY_LEN]; /* that key, K_B */
 } raw;
 
 #define RAW_RING (RAW_RECVS * 512)
@@ -148,8 +150,14 @@ static uint32_t raw_peer_ring_key(void)
             struct exs_wire_session ss;
 
             memcpy(&ss, raw.mem + 512 * cqe.wr_id + EXS_WIRE_RING_LEN, sizeof(ss));
-            if (ss.hdr.type == EXS_CTRL_SESSION)
-                raw.session = be64toh(ss.token);
+            if (ss.hdr.type == EXS_CTRL_SESSION) {
+                uint8_t d[EXS_SHA256_LEN];
+
+                memcpy(raw.kb, ss.key, sizeof(raw.kb));
+                exs__sha256(ss.key, sizeof(ss.key), d);
+                memcpy(&raw.session, d, sizeof(raw.session));
+                raw.session = be64toh(raw.session);
+            }
         }
     }
     ck_assert_uint_ne(key, 0);
@@ -1630,15 +1638,17 @@ START_TEST(hs_session_sent)
 END_TEST
 
 /* Records of the cut-over the passive side b must refuse (each resets the connection):
- *  0 a SESSION when the raw peer's hello lacks bit 7        1 a SESSION from the active side
+ *  0 a SESSION when the raw peer's hello lacks bit 7        1 a second SESSION of the active side
  *  2 a SESSION of a wrong length                            3 a RESUME with b's own token
  *  4 a RESUME with a wrong token                            5 a RESUME beyond what b sent
  *  6 a RESUME on a connection that is not resumable (b not) 7 a RESUME of a wrong length
  *  8 a second RESUME after a refused one cannot come: the first already reset; instead a
- *    RESUME on a STREAM connection (positions 0) */
+ *    RESUME on a STREAM connection (positions 0)
+ *  9 an AUTH (valid only first on a resume request's new path, taken by its trial) on a
+ *    connection's first path */
 START_TEST(hs_resume_bad)
 {
-    struct exs_wire_session ss = {.token = htobe64(0x1234)};
+    struct exs_wire_session ss = {.key = {0x12, 0x34}};
     struct exs_wire_resume rs = {.token = 0};
     int sock_type = _i == 8 ? SOCK_STREAM : SOCK_SEQPACKET;
 
@@ -1652,8 +1662,13 @@ START_TEST(hs_resume_bad)
     rs.token = htobe64(_i == 4 ? raw.session + 1 : raw.session);
     rs.rx_msgs = htobe64(_i == 5 ? 1000 : 0);
     switch (_i) {
+    case 1: /* the first is taken (the raw peer's K_A) */
+        raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN, 0, (uint8_t *)&ss + 8, sizeof(ss) - 8);
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        ck_assert_int_eq(pp.b.conn->rsm_keys, EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER);
+        /* fall through: a second one */
     case 0:
-    case 1:
         raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN, 0, (uint8_t *)&ss + 8, sizeof(ss) - 8);
         break;
     case 2:
@@ -1662,6 +1677,12 @@ START_TEST(hs_resume_bad)
     case 7:
         raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN - 8, 0, (uint8_t *)&rs + 8, 16);
         break;
+    case 9: {
+        struct exs_wire_auth au = {.mac = {1}};
+
+        raw_ctrl(EXS_CTRL_AUTH, EXS_WIRE_AUTH_LEN, 0, (uint8_t *)&au + 8, sizeof(au) - 8);
+        break;
+    }
     default:
         raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN, 0, (uint8_t *)&rs + 8, sizeof(rs) - 8);
         break;
@@ -1689,37 +1710,41 @@ static int on_session(struct exs_conn *conn, const struct exs_wire_session *ss)
     return ret;
 }
 
-/* The active side refuses a SESSION it cannot take: a second one, token 0, flags set, or
- * one on a connection where only it is resumable (each -EPROTO; the caller resets). */
+/* A side refuses a SESSION it cannot take: a second one (the active side's _i 0, the
+ * passive side's _i 2), flags set (_i 1: the good one is then taken, and names the
+ * session), or one on a connection where only it is resumable (_i 3) (each -EPROTO; the
+ * caller resets). A key whose token is 0 is refused too (not testable: it takes a
+ * SHA-256 preimage). */
 START_TEST(hs_session_active_checks)
 {
     struct exs_wire_session ss = {
         .hdr = {.type = EXS_CTRL_SESSION, .len = htobe16(EXS_WIRE_SESSION_LEN)},
-        .token = htobe64(77),
+        .key = {77},
     };
+    uint8_t d[EXS_SHA256_LEN];
     uint64_t token;
 
     unit_pair_fresh(&pp, SOCK_STREAM, 1, _i != 3);
     pt_connect(&pp);
     token = pp.a.conn->sess_token;
     ck_assert(_i == 3 ? token == 0 : token != 0);
-    if (_i == 0) { /* a second one */
+    ck_assert(_i == 3 ? pp.b.conn->sess_token == 0 : pp.b.conn->sess_token == token);
+    if (_i == 0 || _i == 3) { /* a second one; the peer lacks the bit */
         ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
-    } else if (_i == 3) { /* the peer lacks the bit */
-        ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
+    } else if (_i == 2) {
+        ck_assert_int_eq(on_session(pp.b.conn, &ss), -EPROTO);
     } else {
         pp.a.conn->sess_token = 0; /* as if none had come yet */
-        if (_i == 1)
-            ss.token = 0;
-        else
-            ss.hdr.flags = 1;
+        pp.a.conn->rsm_keys &= ~EXS_RSM_KEY_PEER;
+        ss.hdr.flags = 1;
         ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
-        ss.token = htobe64(77);
         ss.hdr.flags = 0; /* and the good one is taken */
         ck_assert_int_eq(on_session(pp.a.conn, &ss), 0);
-        ck_assert_uint_eq(pp.a.conn->sess_token, 77);
+        exs__sha256(ss.key, sizeof(ss.key), d);
+        memcpy(&token, d, sizeof(token));
+        ck_assert_uint_eq(pp.a.conn->sess_token, be64toh(token));
+        ck_assert_int_eq(memcmp(pp.a.conn->rsm_key + EXS_WIRE_SESSION_KEY_LEN, ss.key, 32), 0);
     }
-    ck_assert_int_eq(on_session(pp.b.conn, &ss), -EPROTO); /* passive */
     pt_close_both(&pp);
 }
 END_TEST
@@ -1734,6 +1759,7 @@ START_TEST(hs_session_early_without_bit)
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(pp.a.conn->sess_token, 0);
     pp.a.conn->sess_token = 99; /* as if taken before the hello was adopted */
+    pp.a.conn->rsm_keys |= EXS_RSM_KEY_PEER;
     exs__resume_established_locked(pp.a.conn);
     ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
     ck_assert_int_eq(pp.a.conn->err, ECONNRESET);
@@ -2934,7 +2960,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_resize_bad_answer, 0, 6);
     tcase_add_loop_test(tc, hs_frag_pieces, 0, 7);
     tcase_add_loop_test(tc, hs_session_sent, 0, 2);
-    tcase_add_loop_test(tc, hs_resume_bad, 0, 9);
+    tcase_add_loop_test(tc, hs_resume_bad, 0, 10);
     tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
     tcase_add_loop_test(tc, hs_resume_positions, 0, 2);
     tcase_add_test(tc, hs_resume_new_path);

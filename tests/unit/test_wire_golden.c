@@ -629,20 +629,22 @@ START_TEST(golden_ring)
 }
 END_TEST
 
-/* §9.2 (feature RESUMABLE): with both sides resumable, both hellos have bit 7 and the
- * passive side's first SEND is RING then SESSION (type 11) with its token, which the
- * active side adopts; the active side sends no SESSION. With _i == 1 only the active
- * side is resumable: no SESSION, no token on either side. */
+/* §9.2 (feature RESUMABLE): with both sides resumable, both hellos have bit 7 and each
+ * side's first SEND is RING then SESSION (type 11, 40 bytes) with its own 32-byte key:
+ * the passive side's K_B, the active side's K_A; both ends then hold K_A || K_B and the
+ * token, the first 8 bytes of SHA-256(K_B), which no record carries. With _i == 1 only
+ * the active side is resumable: no SESSION, no token on either side. */
 START_TEST(golden_session)
 {
     uint8_t want[EXS_WIRE_RING_LEN + EXS_WIRE_SESSION_LEN] = {
         0x07, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* RING, 16 bytes, 0 credits */
         0,    0,    0,    0,                            /* rkey: below */
         0x00, 0x00, 0x00, 0x00,                         /* reserved */
-        0x0b, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, /* SESSION, 16 bytes, 0 credits */
-        0,    0,    0,    0,    0,    0,    0,    0,    /* token: below */
+        0x0b, 0x00, 0x00, 0x28, 0x00, 0x00, 0x00, 0x00, /* SESSION, 40 bytes, 0 credits */
+        /* key (32): below */
     };
     struct exs_wire_hello h;
+    uint8_t tok[8];
     int fa = 0, fb = 0;
 
     unit_env_clean();
@@ -660,24 +662,37 @@ START_TEST(golden_session)
     ck_assert_uint_eq(be16toh(h.features), 0x3ff); /* every bit, RESUMABLE (7) too */
     exs__conn_hello(pp.b.conn, &h);
     ck_assert_uint_eq(be16toh(h.features), _i ? 0x37f : 0x3ff);
-    struct cap *c = cap_send(pp.a.conn->ep, &fa);
-    ck_assert_uint_eq(c->len, EXS_WIRE_RING_LEN); /* the active side: RING alone */
-    c = cap_send(pp.b.conn->ep, &fb);
-    put_be(want + 8, pp.b.conn->ring_grant->rkey, 4);
-    if (_i) {
-        ck_assert_uint_eq(c->len, EXS_WIRE_RING_LEN);
-        assert_bytes(c->bytes, want, EXS_WIRE_RING_LEN);
-        ck_assert_uint_eq(pp.a.conn->sess_token, 0);
-        ck_assert_uint_eq(pp.b.conn->sess_token, 0);
-    } else {
-        ck_assert_uint_eq(c->len, sizeof(want));
+    for (int side = 0; side < 2; side++) {
+        struct exs_conn *c = side ? pp.b.conn : pp.a.conn;
+        struct cap *cp = cap_send(c->ep, side ? &fb : &fa);
+
+        put_be(want + 8, c->ring_grant->rkey, 4);
+        if (_i) {
+            ck_assert_uint_eq(cp->len, EXS_WIRE_RING_LEN); /* RING alone */
+            assert_bytes(cp->bytes, want, EXS_WIRE_RING_LEN);
+            ck_assert_uint_eq(c->sess_token, 0);
+            ck_assert_int_eq(c->rsm_keys, 0);
+            continue;
+        }
+        ck_assert_uint_eq(cp->len, sizeof(want));
+        /* K_A first in the HMAC key, then K_B */
+        memcpy(want + 24, c->rsm_key + (side ? EXS_WIRE_SESSION_KEY_LEN : 0), 32);
+        assert_bytes(cp->bytes, want, sizeof(want));
+        ck_assert_int_eq(c->rsm_keys, EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER);
+    }
+    if (!_i) {
+        ck_assert_int_eq(memcmp(pp.a.conn->rsm_key, pp.b.conn->rsm_key, 64), 0);
         ck_assert_uint_ne(pp.b.conn->sess_token, 0);
-        put_be(want + 24, pp.b.conn->sess_token, 8);
-        assert_bytes(c->bytes, want, sizeof(want));
         ck_assert_uint_eq(pp.a.conn->sess_token, pp.b.conn->sess_token);
+        ck_assert_uint_eq(pp.b.conn->sess_token,
+                          exs__resume_token_of(pp.b.conn->rsm_key + EXS_WIRE_SESSION_KEY_LEN));
+        put_be(tok, pp.b.conn->sess_token, 8);
+        for (int i = 0; i < ncaps; i++) /* the token itself is on no record */
+            for (uint32_t off = 0; off + 8 <= caps[i].len; off++)
+                ck_assert_int_ne(memcmp(caps[i].bytes + off, tok, 8), 0);
     }
     for (int i = 0; i < ncaps; i++) /* nothing else carries a SESSION */
-        if (caps[i].opcode == EXS_PROV_WR_SEND && &caps[i] != c)
+        if (caps[i].opcode == EXS_PROV_WR_SEND && i != fa - 1 && i != fb - 1)
             for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= caps[i].len;
                  off += (uint32_t)caps[i].bytes[off + 2] << 8 | caps[i].bytes[off + 3])
                 ck_assert_uint_ne(caps[i].bytes[off], EXS_CTRL_SESSION);
@@ -686,8 +701,12 @@ START_TEST(golden_session)
 }
 END_TEST
 
-/* §9.2: the RESUME record's layout (type 12, 48 bytes), and the resume connect's private
- * data (the hello, then the token). */
+/* §9.2: the RESUME record's layout (type 12, 48 bytes), the AUTH record's (type 13, 40
+ * bytes), the resume connect's private data (hello, token, nonce_A: 56 bytes) and the
+ * accept's (hello, nonce_B, MAC_B: 56 bytes), and the proof itself pinned on a fixed key
+ * and nonces (K_A || K_B = 00 01 .. 3f, nonce_A = a0 .. a7, nonce_B = b0 .. b7; values
+ * from an independent HMAC-SHA256): AUTH = HMAC(key, 'A' nonce_A nonce_B), MAC_B = the
+ * first 8 bytes of HMAC(key, 'B' nonce_A nonce_B), token of K_B = 20 .. 3f. */
 START_TEST(golden_resume_layout)
 {
     struct exs_wire_resume r = {
@@ -706,6 +725,16 @@ START_TEST(golden_resume_layout)
         0,    0,    0,    0,    0,    0,    0x20, 0x00, /* ring_arrived */
         0,    0,    0,    0,    0,    0,    0x1f, 0x40, /* ring_consumed */
     };
+    static const uint8_t auth_want[32] = {
+        0xba, 0x31, 0x82, 0xe6, 0xd7, 0x99, 0x12, 0x28, 0x31, 0xa1, 0xf8, 0x49, 0x75, 0x9d, 0xca, 0x5f,
+        0xcb, 0x22, 0xe7, 0x95, 0xf3, 0xc6, 0x51, 0x55, 0x07, 0x2e, 0x54, 0xb9, 0x5f, 0x5c, 0xf3, 0xb2,
+    };
+    static const uint8_t mac_b_want[8] = {0x39, 0x80, 0xee, 0xcc, 0x62, 0x79, 0x98, 0x46};
+    struct exs_wire_auth a = {.hdr = {.type = EXS_CTRL_AUTH, .len = htobe16(EXS_WIRE_AUTH_LEN)}};
+    static const uint8_t auth_hdr[8] = {0x0d, 0x00, 0x00, 0x28, 0x00, 0x00, 0x00, 0x00};
+    uint8_t key[64], na[8], nb[8], mac[32];
+    struct exs_wire_resume_req q;
+    struct exs_wire_resume_acc acc;
 
     assert_bytes(&r, want, sizeof(want));
     ck_assert_int_eq(EXS_CTRL_RESUME, 12);
@@ -714,8 +743,33 @@ START_TEST(golden_resume_layout)
     ck_assert_int_eq(EXS_WIRE_HELLO_F_RESUME, 0x01);
     ck_assert_int_eq(EXS_WIRE_FEAT_RESUMABLE, 0x80);
     ck_assert_int_eq(EXS_WIRE_FEAT_ALL & EXS_WIRE_FEAT_RESUMABLE, 0);
-    /* its private data: the 40-byte hello, then the token at bytes 40-47 */
-    ck_assert_int_eq(EXS_WIRE_RESUME_PD_LEN, 48);
+    /* the connect's private data: the 40-byte hello, the token at 40-47, nonce_A at 48-55 */
+    ck_assert_int_eq(EXS_WIRE_RESUME_PD_LEN, 56);
+    ck_assert_uint_eq(sizeof(q), 56);
+    ck_assert_uint_eq(offsetof(struct exs_wire_resume_req, token), 40);
+    ck_assert_uint_eq(offsetof(struct exs_wire_resume_req, nonce_a), 48);
+    /* the accept's: the hello, nonce_B at 40-47, MAC_B at 48-55 */
+    ck_assert_int_eq(EXS_WIRE_RESUME_ACC_LEN, 56);
+    ck_assert_uint_eq(sizeof(acc), 56);
+    ck_assert_uint_eq(offsetof(struct exs_wire_resume_acc, nonce_b), 40);
+    ck_assert_uint_eq(offsetof(struct exs_wire_resume_acc, mac_b), 48);
+    /* AUTH: type 13, 40 bytes, the whole HMAC after the header */
+    ck_assert_int_eq(EXS_CTRL_AUTH, 13);
+    ck_assert_uint_eq(sizeof(a), 40);
+    assert_bytes(&a, auth_hdr, sizeof(auth_hdr));
+    ck_assert_uint_eq(offsetof(struct exs_wire_auth, mac), 8);
+    /* the proofs on fixed inputs */
+    for (int i = 0; i < 64; i++)
+        key[i] = (uint8_t)i;
+    for (int i = 0; i < 8; i++) {
+        na[i] = (uint8_t)(0xa0 + i);
+        nb[i] = (uint8_t)(0xb0 + i);
+    }
+    exs__resume_mac(key, EXS_WIRE_AUTH_LABEL_A, na, nb, mac);
+    assert_bytes(mac, auth_want, sizeof(auth_want));
+    exs__resume_mac(key, EXS_WIRE_AUTH_LABEL_B, na, nb, mac);
+    assert_bytes(mac, mac_b_want, sizeof(mac_b_want));
+    ck_assert_uint_eq(exs__resume_token_of(key + 32), 0x72dbb7336c767800ull);
 }
 END_TEST
 

@@ -11,6 +11,7 @@ Suite *util_params_suite(void);
 Suite *util_counters_suite(void);
 Suite *util_list_suite(void);
 Suite *util_misc_suite(void);
+Suite *util_sha256_suite(void);
 Suite *util_lockorder_suite(void);
 Suite *api_evq_suite(void);
 Suite *prov_vrb_cache_suite(void);
@@ -25,6 +26,7 @@ Suite *proto_batch_suite(void);
 Suite *proto_ring_suite(void);
 Suite *proto_resume_ring_suite(void);
 Suite *proto_resume_bound_suite(void);
+Suite *proto_resume_auth_suite(void);
 
 /* Unset every EXS_* variable of the tunables table, forget loaded tunables, and put
  * the logger back to its defaults (writing to stderr). For fixtures. */
