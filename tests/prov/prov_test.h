@@ -185,6 +185,16 @@ int pt_raw_closed_within(int fd, int ms);
  * accept it onto p->eb; returns the socket, eb is CONNECTED. */
 int pt_raw_establish(struct pt_pair *p);
 
+/* Bytes the tcp provider's receivers read so far (counter prov.tcp bytes_rx, headers
+ * included, every ctx; fault:tcp counts its inner tcp). */
+uint64_t pt_raw_rx_bytes(void);
+/* Wait (PT_TIMEOUT_MS, else fail) until the tcp provider read n bytes more than base
+ * (pt_raw_rx_bytes), then make h's ctx run a command (a listen and its destroy): a
+ * command holds the ctx's NIC role (exs/prov/tcp/tcp.h), so every turn that read those
+ * bytes is over, and what it placed (the payload of a WRITE, which has no completion at
+ * the target) is in memory and ordered before the caller's reads of it. */
+void pt_raw_rx_settle(struct pt_host *h, uint64_t base, uint64_t n);
+
 /* Milliseconds on the monotonic clock. */
 double pt_now_ms(void);
 void pt_sleep_ms(int ms);
