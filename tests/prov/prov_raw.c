@@ -57,6 +57,7 @@ int pt_raw_recv(int fd, void *buf, size_t len, int ms)
             return -1;
         q += n;
         len -= (size_t)n;
+        deadline = pt_now_ms() + ms; /* progress: ms bounds a stall, not the whole read */
     }
     return 0;
 }

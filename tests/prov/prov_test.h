@@ -177,7 +177,9 @@ struct tcp_wire_hdr pt_raw_hdr(uint8_t type, uint8_t flags, uint32_t len, uint32
 int pt_raw_connect(const struct pt_pair *p);
 /* Write all of buf; 0, or -1 when the provider already closed the socket. */
 int pt_raw_send(int fd, const void *buf, size_t len);
-/* Read exactly len bytes within ms; 0 ok, -1 closed / timed out. */
+/* Read exactly len bytes, waiting at most ms for each piece (a bound on a stall, not on
+ * the whole read: many MiB take what they take on a loaded machine); 0 ok, -1 closed /
+ * stalled. */
 int pt_raw_recv(int fd, void *buf, size_t len, int ms);
 /* 1 when the peer closed (EOF or reset) within ms, reading and discarding anything else. */
 int pt_raw_closed_within(int fd, int ms);

@@ -605,6 +605,7 @@ START_TEST(grant_revoke_read_response_queued)
     struct hang_call hc = {0};
     struct tcp_wire_hdr h[2], r;
     uint8_t *buf = malloc(R1);
+    uint64_t rx0;
     int fd;
 
     ck_assert_ptr_nonnull(buf);
@@ -620,12 +621,13 @@ START_TEST(grant_revoke_read_response_queued)
     hc.g = grant_ok(p.eb, s2, 0, R2, RR);
     h[0] = pt_raw_hdr(TCP_WIRE_READ_REQ, 0, 0, 0, g1->addr, g1->rkey, R1);
     h[1] = pt_raw_hdr(TCP_WIRE_READ_REQ, 0, 0, 1, hc.g->addr, hc.g->rkey, R2);
+    rx0 = pt_raw_rx_bytes();
     ck_assert_int_eq(pt_raw_send(fd, h, sizeof(h)), 0);
     /* the first response fills the socket; the second waits behind it, not started */
     ck_assert_int_eq(pt_raw_recv(fd, &r, sizeof(r), PT_TIMEOUT_MS), 0);
     ck_assert_uint_eq(r.type, TCP_WIRE_READ_RESP);
     ck_assert_uint_eq(ntohl(r.len), R1);
-    pt_sleep_ms(100);
+    pt_raw_rx_settle(&p.b, rx0, sizeof(h)); /* both requests taken */
     ck_assert_int_eq(call_with_watchdog(&hc), 0);
     memset(s2->p, 0x77, R2);
     /* the first response arrives whole; then a NAK for the second */
