@@ -71,6 +71,20 @@ static uint64_t fd_token(int fd, const char **prov)
     return t;
 }
 
+/* fd_token once it is not 0, waiting up to IT_TIMEOUT_MS for it. The active side learns
+ * the token from the passive side's SESSION record (spec/protocol.md §9.2, Identity),
+ * sent at the passive side's ESTABLISHED: over rdma_cm that follows the active side's
+ * ESTABLISHED, so its CONNECT event may come before the record arrives. */
+static uint64_t fd_token_wait(int fd, const char **prov)
+{
+    double deadline = it_now_ms() + IT_TIMEOUT_MS;
+    uint64_t t;
+
+    while (!(t = fd_token(fd, prov)) && it_now_ms() < deadline)
+        it_sleep_ms(1);
+    return t;
+}
+
 /* len bytes of pattern seed from fd a to fd b, every byte verified (stream receives are
  * repeated until all are in; SEQPACKET: one message). */
 static void rs_xfer(int a, exs_qhandle_t qa, int b, exs_qhandle_t qb, size_t len, uint32_t seed)
@@ -112,8 +126,10 @@ START_TEST(test_rs_session)
     sess0 = it_fallback_count("fallback_sessions");
     fail0 = it_fallback_count("fallback_resume_failures");
     it_pair_open(&p, type, 16, 16);
-    tc = fd_token(p.cfd, &pc);
+    /* the passive side has its token from its ESTABLISHED on (before its ACCEPT event);
+     * the active side once the SESSION record arrived */
     ts = fd_token(p.sfd, &ps);
+    tc = any ? fd_token_wait(p.cfd, &pc) : fd_token(p.cfd, &pc);
     ck_assert_str_eq(pc, rs_prov);
     ck_assert_str_eq(ps, rs_prov);
     if (any) {
@@ -125,6 +141,8 @@ START_TEST(test_rs_session)
     }
     rs_xfer(p.cfd, p.cq, p.sfd, p.sq, type == SOCK_STREAM ? RS_TOTAL : RS_MSG, 1);
     rs_xfer(p.sfd, p.sq, p.cfd, p.cq, type == SOCK_STREAM ? RS_TOTAL : RS_MSG, 2);
+    /* a SESSION record sent would have arrived before the data behind it */
+    ck_assert_uint_eq(fd_token(p.cfd, &pc), tc);
     it_pair_close(&p);
     ck_assert_uint_eq(it_fallback_count("fallback_sessions") - sess0, any ? 2 : 0);
     ck_assert_uint_eq(it_fallback_count("fallback_resume_failures"), fail0);

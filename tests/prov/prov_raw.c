@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "exs/util/counters.h"
 #include "tests/prov/prov_test.h"
 
 int pt_raw_connect(const struct pt_pair *p)
@@ -56,6 +57,7 @@ int pt_raw_recv(int fd, void *buf, size_t len, int ms)
             return -1;
         q += n;
         len -= (size_t)n;
+        deadline = pt_now_ms() + ms; /* progress: ms bounds a stall, not the whole read */
     }
     return 0;
 }
@@ -121,4 +123,28 @@ int pt_raw_establish(struct pt_pair *p)
     ck_assert_ptr_eq(ev.ep, p->eb);
     p->b_up = 1;
     return fd;
+}
+
+uint64_t pt_raw_rx_bytes(void)
+{
+    uint64_t v = 0;
+
+    ck_assert_msg(exs__counters_lookup("prov.tcp", "bytes_rx", &v) == 0,
+                  "counter prov.tcp.bytes_rx not registered");
+    return v;
+}
+
+void pt_raw_rx_settle(struct pt_host *h, uint64_t base, uint64_t n)
+{
+    double deadline = pt_now_ms() + PT_TIMEOUT_MS;
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+
+    while (pt_raw_rx_bytes() - base < n && pt_now_ms() < deadline) {
+        if (!pt_drive_all()) /* ctxs without a driver thread (pt_self_drive) */
+            pt_sleep_ms(1);
+    }
+    ck_assert_msg(pt_raw_rx_bytes() - base >= n, "the provider read %llu of %llu bytes",
+                  (unsigned long long)(pt_raw_rx_bytes() - base), (unsigned long long)n);
+    pt_ops->listener_destroy(pt_listen(h, &addr, &addrlen));
 }

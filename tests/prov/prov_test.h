@@ -177,13 +177,25 @@ struct tcp_wire_hdr pt_raw_hdr(uint8_t type, uint8_t flags, uint32_t len, uint32
 int pt_raw_connect(const struct pt_pair *p);
 /* Write all of buf; 0, or -1 when the provider already closed the socket. */
 int pt_raw_send(int fd, const void *buf, size_t len);
-/* Read exactly len bytes within ms; 0 ok, -1 closed / timed out. */
+/* Read exactly len bytes, waiting at most ms for each piece (a bound on a stall, not on
+ * the whole read: many MiB take what they take on a loaded machine); 0 ok, -1 closed /
+ * stalled. */
 int pt_raw_recv(int fd, void *buf, size_t len, int ms);
 /* 1 when the peer closed (EOF or reset) within ms, reading and discarding anything else. */
 int pt_raw_closed_within(int fd, int ms);
 /* Complete a handshake (CONN_REQ, rnr_retry 7, no private data) from a raw socket and
  * accept it onto p->eb; returns the socket, eb is CONNECTED. */
 int pt_raw_establish(struct pt_pair *p);
+
+/* Bytes the tcp provider's receivers read so far (counter prov.tcp bytes_rx, headers
+ * included, every ctx; fault:tcp counts its inner tcp). */
+uint64_t pt_raw_rx_bytes(void);
+/* Wait (PT_TIMEOUT_MS, else fail) until the tcp provider read n bytes more than base
+ * (pt_raw_rx_bytes), then make h's ctx run a command (a listen and its destroy): a
+ * command holds the ctx's NIC role (exs/prov/tcp/tcp.h), so every turn that read those
+ * bytes is over, and what it placed (the payload of a WRITE, which has no completion at
+ * the target) is in memory and ordered before the caller's reads of it. */
+void pt_raw_rx_settle(struct pt_host *h, uint64_t base, uint64_t n);
 
 /* Milliseconds on the monotonic clock. */
 double pt_now_ms(void);

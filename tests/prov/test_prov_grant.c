@@ -463,8 +463,7 @@ static void stall_case(const char *test, int use_grant)
     struct tcp_wire_hdr h, nak;
     uint8_t *payload = malloc(WLEN);
     uint32_t rkey;
-    uint64_t raddr;
-    double deadline;
+    uint64_t raddr, rx0;
     int fd;
 
     ck_assert_ptr_nonnull(payload);
@@ -486,11 +485,12 @@ static void stall_case(const char *test, int use_grant)
     /* a WRITE header and the first FIRST bytes of its payload, then silence */
     memset(payload, 0x99, WLEN);
     h = pt_raw_hdr(TCP_WIRE_WRITE, 0, WLEN, 0, raddr, rkey, 0);
+    rx0 = pt_raw_rx_bytes();
     ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
     ck_assert_int_eq(pt_raw_send(fd, payload, FIRST), 0);
-    deadline = pt_now_ms() + PT_TIMEOUT_MS;
-    while (!pt_all_bytes(tgt->p + GOFF, FIRST, 0x99) && pt_now_ms() < deadline)
-        pt_sleep_ms(2);
+    /* read only once the NIC is done with them (no completion says so: the WRITE is
+     * half-way) */
+    pt_raw_rx_settle(&p.b, rx0, sizeof(h) + FIRST);
     ck_assert_msg(pt_all_bytes(tgt->p + GOFF, FIRST, 0x99), "the first bytes did not land");
     /* the peer is silent half-way through its WRITE: this must return at once */
     ck_assert_int_eq(call_with_watchdog(&hc), 0);
@@ -605,6 +605,7 @@ START_TEST(grant_revoke_read_response_queued)
     struct hang_call hc = {0};
     struct tcp_wire_hdr h[2], r;
     uint8_t *buf = malloc(R1);
+    uint64_t rx0;
     int fd;
 
     ck_assert_ptr_nonnull(buf);
@@ -620,12 +621,13 @@ START_TEST(grant_revoke_read_response_queued)
     hc.g = grant_ok(p.eb, s2, 0, R2, RR);
     h[0] = pt_raw_hdr(TCP_WIRE_READ_REQ, 0, 0, 0, g1->addr, g1->rkey, R1);
     h[1] = pt_raw_hdr(TCP_WIRE_READ_REQ, 0, 0, 1, hc.g->addr, hc.g->rkey, R2);
+    rx0 = pt_raw_rx_bytes();
     ck_assert_int_eq(pt_raw_send(fd, h, sizeof(h)), 0);
     /* the first response fills the socket; the second waits behind it, not started */
     ck_assert_int_eq(pt_raw_recv(fd, &r, sizeof(r), PT_TIMEOUT_MS), 0);
     ck_assert_uint_eq(r.type, TCP_WIRE_READ_RESP);
     ck_assert_uint_eq(ntohl(r.len), R1);
-    pt_sleep_ms(100);
+    pt_raw_rx_settle(&p.b, rx0, sizeof(h)); /* both requests taken */
     ck_assert_int_eq(call_with_watchdog(&hc), 0);
     memset(s2->p, 0x77, R2);
     /* the first response arrives whole; then a NAK for the second */

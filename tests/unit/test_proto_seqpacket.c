@@ -640,8 +640,13 @@ START_TEST(sp_fragread_pieces)
     ck_assert_int_eq(r.op.rflags, (_i & 1) ? MSG_TRUNC : 0);
     pt_assert_done(&s, FR_BIG, 0);
     ck_assert(pt_check(rb, rlen, 77));
-    for (size_t j = rlen; j < sizeof(rb); j++)
-        ck_assert_uint_eq(rb[j], 0);
+    {
+        size_t j = rlen; /* one check, not one per byte: 750 KiB under a sanitizer */
+
+        while (j < sizeof(rb) && !rb[j])
+            j++;
+        ck_assert_msg(j == sizeof(rb), "byte %zu past the receive written", j);
+    }
     ck_assert_int_eq(fr.nreads, pieces);
     for (int i = 0; i < pieces; i++) {
         size_t want = EXS_MIN((size_t)FR_PIECE, rlen - (size_t)i * FR_PIECE);
