@@ -347,10 +347,15 @@ static void conn_release_locked(struct exs_conn *conn)
     exs__rt_free_locked(conn);
 }
 
-/* The malloc'd arrays of a connection as created (the ADVERT queue at its first size). */
+/* The malloc'd arrays of a connection as created (the ADVERT queue at its first size),
+ * and an estimate of what it makes others hold: the provider endpoint's work requests and
+ * completion queue entries, its state and the socket (a page each). */
 static uint64_t conn_arrays_bytes(const struct exs_conn *conn)
 {
-    return exs__mem_chunk(conn->tx_slots * sizeof(*conn->tx_free)) +
+    uint64_t wrs = 2ull * conn->p.credits + conn->p.max_reads + conn->tx_slots + 8;
+
+    return wrs * (sizeof(struct exs_prov_cqe) + 64) + 2 * 4096 +
+           exs__mem_chunk(conn->tx_slots * sizeof(*conn->tx_free)) +
            exs__mem_chunk(conn->tx_slots * sizeof(*conn->tx_op)) +
            exs__mem_chunk(conn->adv_cap * sizeof(*conn->adverts)) +
            exs__mem_chunk((conn->p.max_reads ? conn->p.max_reads : 1) * sizeof(*conn->rd_owed));
