@@ -129,8 +129,8 @@ static const struct exs_param_def params_table[] = {
           "it off for that socket"),
     PARAM(ring_budget, "EXS_RING_BUDGET", "1073741824", UINT, 0,
           "SOCK_STREAM ring autotuning: bytes of every receive ring of the process together that a "
-          "grow may reach; a grow past it is refused (initial rings always get their memory); 0 = "
-          "no bound"),
+          "grow may reach; a grow past it is refused (initial rings are not held to it, only to "
+          "EXS_MEM_BUDGET); 0 = no bound"),
     PARAM(mem_budget, "EXS_MEM_BUDGET", "auto", UINT, 1,
           "bytes every connection of the process together may hold for its peer (rings, send "
           "buffers, control slots, batch staging, pending messages, ADVERTs, resume state): past "
