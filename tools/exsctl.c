@@ -529,6 +529,33 @@ static void print_json_processes(struct reply *r, int n)
     printf("]}\n");
 }
 
+/* Counter name of set "mem" in a process's counter rows (0 when absent). */
+static uint64_t mem_counter(const struct exs_json *cs, const char *name)
+{
+    for (const struct exs_json *c = cs ? cs->child : NULL; c; c = c->next)
+        if (!strcmp(exs__json_get_str(c, "set"), "mem") && !strcmp(exs__json_get_str(c, "name"), name))
+            return exs__json_get_u64(c, "value");
+    return 0;
+}
+
+/* The memory budget's line (spec/protocol.md §9.3), when the process has the set. */
+static void print_mem_line(const struct exs_json *cs)
+{
+    uint64_t budget = mem_counter(cs, "mem_budget");
+
+    if (!mem_counter(cs, "mem_peak"))
+        return; /* no connection yet (or an older library) */
+    printf("  memory: %" PRIu64 " bytes held for peers (peak %" PRIu64 "), budget ",
+           mem_counter(cs, "mem_used"), mem_counter(cs, "mem_peak"));
+    if (budget)
+        printf("%" PRIu64, budget);
+    else
+        printf("none");
+    printf("; refused: %" PRIu64 " connections, %" PRIu64 " ring grows, %" PRIu64 " other\n",
+           mem_counter(cs, "mem_refused_conns"), mem_counter(cs, "mem_refused_growth"),
+           mem_counter(cs, "mem_refused_other"));
+}
+
 static int cmd_stat(int argc, char **argv)
 {
     static struct reply r[MAX_PROCS];
@@ -564,6 +591,7 @@ static int cmd_stat(int argc, char **argv)
                    exs__json_get_u64(r[i].j, "uptime_ms") / 1000,
                    exs__json_get_str(r[i].j, "log_level"),
                    exs__json_get_u64(r[i].j, "log_suppressed"));
+            print_mem_line(cs);
             for (const struct exs_json *c = counters && cs ? cs->child : NULL; c; c = c->next)
                 printf("  %-20s %-24s %" PRIu64 "\n", exs__json_get_str(c, "set"),
                        exs__json_get_str(c, "name"), exs__json_get_u64(c, "value"));

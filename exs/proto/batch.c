@@ -129,8 +129,8 @@ static int batch_staging_locked(struct exs_conn *conn)
 
     if (conn->batch_mem)
         return 0;
-    ret = exs__prov_mem_alloc(conn->ctx, (size_t)EXS_BATCH_SLOTS * conn->p.batch_max,
-                              &conn->batch_mem);
+    ret = exs__conn_mem_alloc(conn->ctx, (size_t)EXS_BATCH_SLOTS * conn->p.batch_max,
+                              EXS_MEM_OTHER, &conn->batch_mem);
     if (ret) {
         EXS_WARN(PROTO, "conn %p: batch staging of %u bytes: %s; batching off", (void *)conn,
                  EXS_BATCH_SLOTS * conn->p.batch_max, strerror(-ret));
@@ -339,6 +339,6 @@ void exs__batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
 void exs__batch_release_locked(struct exs_conn *conn)
 {
     if (conn->batch_mem)
-        exs__prov_mem_free(conn->batch_mem);
+        exs__conn_mem_free(conn->batch_mem);
     conn->batch_mem = NULL;
 }

@@ -10,12 +10,12 @@
 #include "exs/proto/reqtrace.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/membudget.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
 #define CONN_TX_SLOTS     16u
 #define CONN_CTRL_INLINE  128u /* inline size asked for control sends */
-#define CONN_ADVERTS_MAX  65536u
 
 static int conn_live;
 static uint64_t conn_ring_bytes; /* every ring region of the process (§7.4 budget) */
@@ -38,35 +38,92 @@ static int conn_ring_bytes_take(uint64_t size, uint64_t budget)
     return 0;
 }
 
-/* A ring region of size bytes on ctx, counted (within limit, 0: none). 0 or -errno. */
+/* Room a new connection leaves in the memory budget (§9.3): what a peer can make a live
+ * connection's tables hold (pending announced messages, ADVERTs), so that admitting one
+ * more does not leave the live ones without room for theirs. */
+static uint64_t conn_mem_slack(enum exs_mem_kind kind)
+{
+    if (kind != EXS_MEM_CONN)
+        return 0;
+    return EXS_WIRE_ANNOUNCED_MAX * exs__mem_chunk(sizeof(struct exs_pending_msg)) +
+           EXS_WIRE_ADVERTS_MAX * (uint64_t)sizeof(struct exs_advert);
+}
+
+int exs__conn_mem_alloc(struct exs_prov_ctx *ctx, size_t size, enum exs_mem_kind kind,
+                        struct exs_prov_mr **mem_p)
+{
+    int ret = exs__mem_take(exs__mem_pages(size), kind, conn_mem_slack(kind));
+
+    if (ret)
+        return ret;
+    ret = exs__prov_mem_alloc(ctx, size, mem_p);
+    if (ret)
+        exs__mem_give(exs__mem_pages(size));
+    return ret;
+}
+
+void exs__conn_mem_free(struct exs_prov_mr *mem)
+{
+    exs__mem_give(exs__mem_pages(mem->length));
+    exs__prov_mem_free(mem);
+}
+
+int exs__conn_mem_take_locked(struct exs_conn *conn, uint64_t n, enum exs_mem_kind kind)
+{
+    int ret = exs__mem_take(n, kind, conn_mem_slack(kind));
+
+    if (!ret)
+        conn->mem_held += n;
+    return ret;
+}
+
+void exs__conn_mem_give_locked(struct exs_conn *conn, uint64_t n)
+{
+    EXS_ASSERT(conn->mem_held >= n);
+    conn->mem_held -= n;
+    exs__mem_give(n);
+}
+
+/* A ring region of size bytes on ctx, counted (within limit, 0: none) and charged to the
+ * memory budget as kind. 0 or -errno. */
 static int conn_ring_mem_alloc(struct exs_prov_ctx *ctx, uint32_t size, uint64_t limit,
-                               struct exs_prov_mr **mem_p)
+                               enum exs_mem_kind kind, struct exs_prov_mr **mem_p)
 {
     int ret = conn_ring_bytes_take(size, limit);
 
     if (ret)
         return ret;
-    ret = exs__prov_mem_alloc(ctx, size, mem_p);
+    ret = exs__conn_mem_alloc(ctx, size, kind, mem_p);
     if (ret) {
-        EXS_WARN(PROTO, "ring of %u bytes: %s", size, strerror(-ret));
+        if (ret == -ENOBUFS)
+            EXS_INFO(PROTO, "ring of %u bytes: memory budget (EXS_MEM_BUDGET) reached", size);
+        else
+            EXS_WARN(PROTO, "ring of %u bytes: %s", size, strerror(-ret));
         __atomic_fetch_sub(&conn_ring_bytes, (uint64_t)size, __ATOMIC_RELAXED);
     }
     return ret;
 }
 
+/* A resume trial's ring (§9.2, Proof): made for a peer not yet proved, so refused past the
+ * memory budget like any other memory a peer makes a live connection take. */
 int exs__conn_ring_alloc(struct exs_prov_ctx *ctx, uint32_t size, struct exs_prov_mr **mem_p)
 {
-    return conn_ring_mem_alloc(ctx, size, 0, mem_p);
+    return conn_ring_mem_alloc(ctx, size, 0, EXS_MEM_OTHER, mem_p);
 }
 
 int exs__conn_ring_region_locked(struct exs_conn *conn, uint32_t size, int budget,
                                  struct exs_prov_mr **mem_p, struct exs_prov_grant **grant_p)
 {
     uint64_t limit = budget ? __atomic_load_n(&exs__params.ring_budget, __ATOMIC_RELAXED) : 0;
+    /* a grow is refused past the memory budget; so is a new connection's ring (IDLE: being
+     * created); a resume's new ring and a shrink's are not (what they replace goes back) */
+    enum exs_mem_kind kind = budget                           ? EXS_MEM_GROW
+                             : conn->state == EXS_CONN_IDLE ? EXS_MEM_CONN
+                                                            : EXS_MEM_FORCE;
     struct exs_prov_mr *mem;
     int ret;
 
-    ret = conn_ring_mem_alloc(conn->ctx, size, limit, &mem);
+    ret = conn_ring_mem_alloc(conn->ctx, size, limit, kind, &mem);
     if (ret)
         return ret;
     if (grant_p) {
@@ -86,7 +143,7 @@ int exs__conn_ring_region_locked(struct exs_conn *conn, uint32_t size, int budge
 void exs__conn_ring_region_free(struct exs_prov_mr *mem)
 {
     __atomic_fetch_sub(&conn_ring_bytes, (uint64_t)mem->length, __ATOMIC_RELAXED);
-    exs__prov_mem_free(mem);
+    exs__conn_mem_free(mem);
 }
 
 int exs__conn_live_count(void)
@@ -117,6 +174,7 @@ static void proto_cset_register(void)
 {
     exs__counters_register(&proto_cset);
     exs__resume_cset_register();
+    exs__mem_cset_register();
 }
 
 static const char *const conn_state_names[EXS_CONN_STATE_COUNT] = {
@@ -298,12 +356,15 @@ static void conn_release_locked(struct exs_conn *conn)
     if (conn->ring_mem)
         exs__conn_ring_region_free(conn->ring_mem);
     if (conn->ctrl_mem)
-        exs__prov_mem_free(conn->ctrl_mem);
+        exs__conn_mem_free(conn->ctrl_mem);
     conn->ring_mem = conn->ctrl_mem = conn->rx_mr = conn->tx_mr = NULL;
     free(conn->tx_free);
     free(conn->tx_op);
     free(conn->adverts);
     free(conn->rd_owed);
+    if (conn->mem_arrays)
+        exs__conn_mem_give_locked(conn, conn->mem_arrays);
+    conn->mem_arrays = 0;
     conn->rd_owed = NULL;
     conn->ring = conn->rx_bufs = conn->tx_bufs = NULL;
     conn->tx_free = NULL;
@@ -311,6 +372,29 @@ static void conn_release_locked(struct exs_conn *conn)
     conn->adverts = NULL;
     exs__sp_free_pending_locked(conn);
     exs__rt_free_locked(conn);
+}
+
+/* The malloc'd arrays of a connection as created (the ADVERT queue at its first size),
+ * and an estimate of what it makes others hold: the provider endpoint's work requests and
+ * completion queue entries, its state and the socket (a page each). */
+static uint64_t conn_arrays_bytes(const struct exs_conn *conn)
+{
+    uint64_t wrs = 2ull * conn->p.credits + conn->p.max_reads + conn->tx_slots + 8;
+
+    return wrs * (sizeof(struct exs_prov_cqe) + 64) + 2 * 4096 +
+           exs__mem_chunk(conn->tx_slots * sizeof(*conn->tx_free)) +
+           exs__mem_chunk(conn->tx_slots * sizeof(*conn->tx_op)) +
+           exs__mem_chunk(conn->adv_cap * sizeof(*conn->adverts)) +
+           exs__mem_chunk((conn->p.max_reads ? conn->p.max_reads : 1) * sizeof(*conn->rd_owed));
+}
+
+/* The struct itself, once everything it held went back: its account is empty. */
+static void conn_struct_free(struct exs_conn *conn)
+{
+    EXS_ASSERT(!conn->mem_held);
+    pthread_mutex_destroy(&conn->lock);
+    free(conn);
+    exs__mem_give(exs__mem_chunk(sizeof(*conn)));
 }
 
 int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
@@ -324,9 +408,20 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
         p->batch_max > EXS_BATCH_MAX_LIMIT)
         return -EINVAL;
     pthread_once(&proto_cset_once, proto_cset_register);
+    /* the connection's own memory first: past the budget, nothing is allocated (§9.3) */
+    ret = exs__mem_take(exs__mem_chunk(sizeof(*conn)), EXS_MEM_CONN,
+                        conn_mem_slack(EXS_MEM_CONN));
+    if (ret) {
+        EXS_INFO(PROTO, "conn: refused, memory budget (EXS_MEM_BUDGET %llu bytes) reached",
+                 (unsigned long long)__atomic_load_n(&exs__params.mem_budget, __ATOMIC_RELAXED));
+        return ret;
+    }
+    ret = -ENOMEM;
     conn = calloc(1, sizeof(*conn));
-    if (!conn)
+    if (!conn) {
+        exs__mem_give(exs__mem_chunk(sizeof(*conn)));
         return -ENOMEM;
+    }
     pthread_mutex_init(&conn->lock, NULL);
     conn->created_ns = exs__now_ns();
     conn->ctx = ctx;
@@ -349,6 +444,10 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     conn->rd_owed = calloc(p->max_reads ? p->max_reads : 1, sizeof(*conn->rd_owed));
     if (!conn->rd_owed || !conn->tx_free || !conn->tx_op || !conn->adverts)
         goto err;
+    ret = exs__conn_mem_take_locked(conn, conn_arrays_bytes(conn), EXS_MEM_CONN);
+    if (ret)
+        goto err;
+    conn->mem_arrays = conn_arrays_bytes(conn);
     for (uint32_t i = 0; i < conn->tx_slots; i++)
         conn->tx_free[conn->tx_free_top++] = i;
 
@@ -359,8 +458,8 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
         goto err;
     conn->ring = conn->ring_mem->addr;
     conn->ring_init = p->ring_size;
-    ret = exs__prov_mem_alloc(ctx, (size_t)(p->credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
-                         &conn->ctrl_mem);
+    ret = exs__conn_mem_alloc(ctx, (size_t)(p->credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
+                              EXS_MEM_CONN, &conn->ctrl_mem);
     if (ret)
         goto err;
     conn->rx_bufs = conn->ctrl_mem->addr;
@@ -390,10 +489,13 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     return 0;
 
 err:
-    EXS_WARN(PROTO, "conn: set-up failed: %s", strerror(-ret));
+    if (ret != -ENOBUFS)
+        EXS_WARN(PROTO, "conn: set-up failed: %s", strerror(-ret));
+    else
+        EXS_INFO(PROTO, "conn: refused, memory budget (EXS_MEM_BUDGET %llu bytes) reached",
+                 (unsigned long long)__atomic_load_n(&exs__params.mem_budget, __ATOMIC_RELAXED));
     conn_release_locked(conn);
-    pthread_mutex_destroy(&conn->lock);
-    free(conn);
+    conn_struct_free(conn);
     return ret;
 }
 
@@ -408,8 +510,7 @@ void exs__conn_destroy(struct exs_conn *conn)
 void exs__conn_free(struct exs_conn *conn)
 {
     conn_release_locked(conn);
-    pthread_mutex_destroy(&conn->lock);
-    free(conn);
+    conn_struct_free(conn);
     __atomic_fetch_sub(&conn_live, 1, __ATOMIC_RELAXED);
 }
 
@@ -823,15 +924,26 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
 /* Store a received ADVERT at the tail of q_A, growing it up to a bound. */
 int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
+    if (conn->adv_count >= EXS_WIRE_ADVERTS_MAX) {
+        EXS_INFO(PROTO, "conn %p: more than %u usable ADVERTs held (§6, §7: ADVERTS_MAX)",
+                 (void *)conn, EXS_WIRE_ADVERTS_MAX);
+        return -EPROTO;
+    }
     if (conn->adv_count == conn->adv_cap) {
-        uint32_t cap = conn->adv_cap * 2;
+        uint32_t cap = EXS_MIN(conn->adv_cap * 2, EXS_WIRE_ADVERTS_MAX);
+        uint64_t more = exs__mem_chunk(cap * sizeof(*conn->adverts)) -
+                        exs__mem_chunk(conn->adv_cap * sizeof(*conn->adverts));
         struct exs_advert *n;
+        int ret = exs__conn_mem_take_locked(conn, more, EXS_MEM_OTHER);
 
-        if (cap > CONN_ADVERTS_MAX)
-            return -EPROTO;
+        if (ret)
+            return ret;
         n = calloc(cap, sizeof(*n));
-        if (!n)
+        if (!n) {
+            exs__conn_mem_give_locked(conn, more);
             return -ENOMEM;
+        }
+        conn->mem_arrays += more;
         for (uint32_t i = 0; i < conn->adv_count; i++)
             n[i] = conn->adverts[(conn->adv_head + i) % conn->adv_cap];
         free(conn->adverts);
@@ -1684,16 +1796,18 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
                 .phase = be32toh(w.phase),
                 .flags = w.hdr.flags,
             };
-            if (conn_is_stream(conn) ? exs__st_on_advert_locked(conn, &a)
-                                     : exs__sp_on_advert_locked(conn, &a))
-                return -EPROTO;
+            int ret = conn_is_stream(conn) ? exs__st_on_advert_locked(conn, &a)
+                                           : exs__sp_on_advert_locked(conn, &a);
+            if (ret)
+                return ret == -ENOBUFS ? ret : -EPROTO;
             break;
         }
         case EXS_CTRL_ANNOUNCE: {
             struct exs_wire_announce a;
             memcpy(&a, rec, sizeof(a));
-            if (conn_is_stream(conn) || exs__sp_on_announce_locked(conn, &a))
-                return -EPROTO;
+            int ret = conn_is_stream(conn) ? -EPROTO : exs__sp_on_announce_locked(conn, &a);
+            if (ret)
+                return ret == -ENOBUFS ? ret : -EPROTO;
             break;
         }
         case EXS_CTRL_READ_DONE: {
@@ -1789,7 +1903,9 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
         ret = -EPROTO;
     }
     if (ret) {
-        exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
+        exs__conn_fail_locked(conn, ECONNRESET,
+                              ret == -ENOBUFS ? "memory budget (EXS_MEM_BUDGET) reached"
+                                              : "peer broke the protocol");
         return;
     }
     if (EXS_RT_ON && conn->rt)
@@ -2150,7 +2266,8 @@ void exs__conn_wrq_flush_locked(struct exs_conn *conn)
     conn_wrq_flush_locked(conn);
 }
 
-int exs__conn_path_make(struct exs_conn *conn, struct exs_prov_ctx *ctx, struct exs_conn_path *path)
+int exs__conn_path_make(struct exs_conn *conn, struct exs_prov_ctx *ctx, enum exs_mem_kind kind,
+                        struct exs_conn_path *path)
 {
     struct exs_prov_ep_attr attr = {
         .max_send_wr = conn->p.credits + conn->p.max_reads + conn->tx_slots + 8,
@@ -2163,8 +2280,8 @@ int exs__conn_path_make(struct exs_conn *conn, struct exs_prov_ctx *ctx, struct 
 
     memset(path, 0, sizeof(*path));
     path->ctx = ctx;
-    ret = exs__prov_mem_alloc(ctx, (size_t)(conn->p.credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
-                              &path->ctrl_mem);
+    ret = exs__conn_mem_alloc(ctx, (size_t)(conn->p.credits + conn->tx_slots) * EXS_WIRE_CTRL_MAX,
+                              kind, &path->ctrl_mem);
     if (ret) {
         path->ctrl_mem = NULL;
         return ret;
@@ -2188,7 +2305,7 @@ void exs__conn_path_drop(struct exs_conn_path *path)
     if (path->ep)
         exs__prov_ep_destroy(path->ep);
     if (path->ctrl_mem)
-        exs__prov_mem_free(path->ctrl_mem);
+        exs__conn_mem_free(path->ctrl_mem);
     memset(path, 0, sizeof(*path));
 }
 
@@ -2213,7 +2330,7 @@ void exs__conn_path_take_locked(struct exs_conn *conn, struct exs_conn_path *pat
 int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
 {
     struct exs_conn_path path;
-    int ret = exs__conn_path_make(conn, ctx, &path);
+    int ret = exs__conn_path_make(conn, ctx, EXS_MEM_FORCE, &path);
 
     if (ret) {
         exs__conn_path_drop(&path);

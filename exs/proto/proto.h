@@ -248,6 +248,10 @@ struct exs_conn {
     uint64_t                   tx_seq;   /* next message number to send */
     struct exs_advert         *adverts;  /* received ADVERTs, a ring */
     uint32_t                   adv_cap, adv_head, adv_count;
+    uint64_t                   mem_held;   /* malloc'd bytes charged to the memory account
+                                            * (§9.3): arrays, ADVERTs, pending, memo */
+    uint64_t                   mem_arrays; /* ... of which the arrays made at creation and
+                                            * the ADVERT queue's growth */
     enum exs_conn_txshut       txshut;      /* the SHUTDOWN record (conn_set_txshut) */
     struct exs_op             *shut_op;     /* the exs_shutdown op of the record in ctrl_out */
     int                        active;      /* this side connected (vs accepted) */
@@ -436,6 +440,9 @@ struct exs_conn {
     uint32_t                   sp_stale;     /* receiver: announced messages whose grant died
                                               * at the cut, not announced again yet */
     uint32_t                   sp_reann_left; /* sender: announced sends to announce again */
+    uint32_t                   sp_ann_out;    /* sender: announced sends whose READ_DONE did
+                                               * not come (at least; recounted at the
+                                               * ANNOUNCED_MAX cap, §6) */
     uint64_t                   sp_reann_pos; /* sender: the peer's position P at the cut */
 };
 

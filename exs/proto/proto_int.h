@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include "exs/proto/proto.h"
+#include "exs/util/membudget.h"
 
 /* wr_id tags in the low 3 bits (every tagged object is at least 8-byte aligned). */
 enum {
@@ -36,9 +37,6 @@ struct exs_pending_msg {
     int             stale;     /* announced, its grant died at a cut (§9.2): waits for the
                                 * sender to announce it again */
 };
-
-/* Most announced messages a peer may make us hold (eager ones are bounded by the ring). */
-#define EXS_ANNOUNCED_MAX 65536u
 
 /* READ_DONE records of one control SEND at most: the bound of the announced messages
  * read whole a resumable receiver remembers (§9.2) is counted in these. */
@@ -164,7 +162,8 @@ struct exs_conn_path {
     uint32_t             posted;   /* receives posted on ep, completion not yet taken */
 };
 /* 0 or -errno (drop what was made). Progress thread. */
-int exs__conn_path_make(struct exs_conn *conn, struct exs_prov_ctx *ctx, struct exs_conn_path *path);
+int exs__conn_path_make(struct exs_conn *conn, struct exs_prov_ctx *ctx, enum exs_mem_kind kind,
+                        struct exs_conn_path *path);
 void exs__conn_path_drop(struct exs_conn_path *path);
 /* conn (without an endpoint or control slots) takes path; path is emptied. */
 void exs__conn_path_take_locked(struct exs_conn *conn, struct exs_conn_path *path);
@@ -185,6 +184,17 @@ void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resu
  * what we posted. 0, or -EPROTO (logged). */
 int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_resume *r);
 
+/* Provider memory charged to the memory account (spec/protocol.md §9.3): size bytes,
+ * refused (-ENOBUFS) past EXS_MEM_BUDGET unless kind is EXS_MEM_FORCE; a new connection's
+ * (EXS_MEM_CONN) also leaves room for a connection's tables. Errors: -ENOBUFS, those of
+ * mem_alloc. */
+int exs__conn_mem_alloc(struct exs_prov_ctx *ctx, size_t size, enum exs_mem_kind kind,
+                        struct exs_prov_mr **mem_p);
+void exs__conn_mem_free(struct exs_prov_mr *mem);
+/* n malloc'd bytes of conn charged (conn->mem_held), as above; 0 or -ENOBUFS. Given back
+ * exactly as freed. */
+int exs__conn_mem_take_locked(struct exs_conn *conn, uint64_t n, enum exs_mem_kind kind);
+void exs__conn_mem_give_locked(struct exs_conn *conn, uint64_t n);
 /* Ring memory (conn.c, spec/protocol.md §7.4): a region of size bytes from the provider,
  * counted in the process's ring bytes; with budget set, refused (-ENOBUFS) when the
  * count would pass it. grant_p non-NULL: the peer's REMOTE_WRITE over it too.

@@ -569,7 +569,7 @@ static int resume_pend_open_locked(struct exs_conn *conn, struct exs_prov_ctx *c
     pd->ring_size = resume_ring_size(conn);
     ret = exs__conn_ring_alloc(ctx, pd->ring_size, &pd->ring_mem);
     if (!ret)
-        ret = exs__conn_path_make(conn, ctx, &pd->path);
+        ret = exs__conn_path_make(conn, ctx, EXS_MEM_OTHER, &pd->path);
     if (!ret)
         ret = resume_random(pd->nonce_b, sizeof(pd->nonce_b));
     if (ret) {
@@ -898,7 +898,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
         return ret;
     conn->ctrl_mem = conn->rx_mr = conn->tx_mr = NULL;
     conn->rx_bufs = conn->tx_bufs = NULL;
-    exs__prov_mem_free(old_ctrl);
+    exs__conn_mem_free(old_ctrl);
     exs__batch_release_locked(conn); /* staging: made again at the next batch */
     memset(conn->batch_slot, 0, sizeof(conn->batch_slot));
     __atomic_store_n(&conn->ctx, ctx, __ATOMIC_RELAXED);
@@ -908,7 +908,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     if (old_stg) { /* the send buffer's copies not yet arrived move with their bytes */
         struct exs_prov_mr *stg;
 
-        ret = exs__prov_mem_alloc(ctx, old_stg->length, &stg);
+        ret = exs__conn_mem_alloc(ctx, old_stg->length, EXS_MEM_FORCE, &stg);
         if (ret)
             return ret;
         memcpy(stg->addr, old_stg->addr, old_stg->length);
@@ -923,7 +923,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
             }
         }
         conn->stg_mem = stg;
-        exs__prov_mem_free(old_stg);
+        exs__conn_mem_free(old_stg);
     }
     for (int i = 0; i < 2; i++)
         exs_list_for_each(pos, q[i])

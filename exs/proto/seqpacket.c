@@ -31,13 +31,44 @@ static void sp_ring_place(uint64_t pos, uint32_t size, uint32_t len, uint32_t *s
     *slot_p = slot;
 }
 
+/* A pending message entry, charged to the memory account (§9.3): NULL when the budget is
+ * reached (*err_p -ENOBUFS: the connection ends) or out of memory (-ENOMEM). */
+static struct exs_pending_msg *sp_pending_alloc(struct exs_conn *conn, int *err_p)
+{
+    struct exs_pending_msg *m;
+
+    *err_p = exs__conn_mem_take_locked(conn, exs__mem_chunk(sizeof(*m)), EXS_MEM_OTHER);
+    if (*err_p)
+        return NULL;
+    m = calloc(1, sizeof(*m));
+    if (!m) {
+        exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*m)));
+        *err_p = -ENOMEM;
+    }
+    return m;
+}
+
+static void sp_pending_free(struct exs_conn *conn, struct exs_pending_msg *m)
+{
+    free(m);
+    exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*m)));
+}
+
+/* Bytes of the remembered-reads array (§9.2) of cap entries. */
+static uint64_t sp_memo_bytes(uint32_t cap)
+{
+    return exs__mem_chunk(cap * sizeof(uint64_t));
+}
+
 void exs__sp_free_pending_locked(struct exs_conn *conn)
 {
     struct exs_list *n;
 
     while ((n = exs_list_pop_head(&conn->pending)))
-        free(exs_list_entry(n, struct exs_pending_msg, link));
+        sp_pending_free(conn, exs_list_entry(n, struct exs_pending_msg, link));
     conn->pending_count = conn->pending_announced = 0;
+    if (conn->sp_memo)
+        exs__conn_mem_give_locked(conn, sp_memo_bytes(conn->sp_memo_cap));
     free(conn->sp_memo);
     conn->sp_memo = NULL;
     conn->sp_memo_n = conn->sp_memo_head = conn->sp_memo_owed = 0;
@@ -190,8 +221,27 @@ static int sp_reannounce_locked(struct exs_conn *conn)
     return 1;
 }
 
+/* May one more message be announced (§6: at most ANNOUNCED_MAX whose READ_DONE has not
+ * come)? sp_ann_out only over-counts (a send announced again after a cut counts twice):
+ * at the cap the sends still waiting for their READ_DONE are counted again. */
+static int sp_may_announce(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+    uint32_t n = 0;
+
+    if (conn->sp_ann_out < EXS_WIRE_ANNOUNCED_MAX)
+        return 1;
+    exs_list_for_each(pos, &conn->sendq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        n += op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->announced;
+    }
+    conn->sp_ann_out = n;
+    return n < EXS_WIRE_ANNOUNCED_MAX;
+}
+
 /* Try to put the head send op on the wire. 1: it went (or waits for the peer), 0: it
- * must wait for credits, ring space or a control slot. */
+ * must wait for credits, ring space, a control slot or a READ_DONE. */
 static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
 {
     uint32_t eager = EXS_MIN(conn->p.eager_max, conn->peer.eager_max);
@@ -278,6 +328,8 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
     if (len < eager && conn->peer.ring_size && !conn->peer_ring_keyed)
         return 0;
     /* 3. announce it; the receiver READs it when its receive is posted */
+    if (!sp_may_announce(conn))
+        return 0; /* the next READ_DONE runs the send path again */
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN) &&
         !exs__conn_ctrl_flush_locked(conn))
         return 0;
@@ -290,6 +342,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
     op->seq = conn->tx_seq++;
     op->state = EXS_OPS_POSTED;
     op->announced = 1;
+    conn->sp_ann_out++;
     return 1;
 sent:
     /* one WRITE carries the whole message (cut or not): done when it completes */
@@ -369,6 +422,8 @@ int exs__sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
         if (op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->seq == seq &&
             op->announced) {
             EXS_ASSERT(!op->inflight);
+            if (conn->sp_ann_out)
+                conn->sp_ann_out--;
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
             exs__resume_tx_done_locked(conn, op);
             conn->stats.bytes_sent += op->len;
@@ -380,11 +435,10 @@ int exs__sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
 
 /* ---- receiving side ---- */
 
-static struct exs_pending_msg *sp_pending_new(struct exs_conn *conn)
+static struct exs_pending_msg *sp_pending_new(struct exs_conn *conn, int *err_p)
 {
-    struct exs_pending_msg *m;
+    struct exs_pending_msg *m = sp_pending_alloc(conn, err_p);
 
-    m = calloc(1, sizeof(*m));
     if (!m)
         return NULL;
     m->seq = conn->rx_seq++;
@@ -411,10 +465,16 @@ static void sp_memo_add_locked(struct exs_conn *conn, uint64_t seq)
         if (!conn->sp_memo_cap)
             conn->sp_memo_cap = conn->p.max_reads +
                                 (conn->tx_slots + 1 + conn->peer.credits) * EXS_SP_RDONE_PER_SEND;
+        if (exs__conn_mem_take_locked(conn, sp_memo_bytes(conn->sp_memo_cap), EXS_MEM_OTHER)) {
+            EXS_INFO(PROTO, "conn %p: memory budget reached: announced messages read are not "
+                     "remembered", (void *)conn);
+            return; /* as out of memory, below */
+        }
         conn->sp_memo = calloc(conn->sp_memo_cap, sizeof(*conn->sp_memo));
         if (!conn->sp_memo) {
             /* a later re-announce of it is refused: the connection ends then */
             EXS_WARN(PROTO, "conn %p: no memory to remember announced messages read", (void *)conn);
+            exs__conn_mem_give_locked(conn, sp_memo_bytes(conn->sp_memo_cap));
             return;
         }
     }
@@ -465,7 +525,7 @@ static void sp_memo_flush_locked(struct exs_conn *conn)
 uint32_t exs__sp_resume_cut_locked(struct exs_conn *conn)
 {
     struct exs_list back, *pos, *n;
-    int nomem = 0;
+    int nomem = 0, err;
 
     exs_list_init(&back);
     exs_list_for_each(pos, &conn->recvq)
@@ -475,7 +535,7 @@ uint32_t exs__sp_resume_cut_locked(struct exs_conn *conn)
 
         if (op->state != EXS_OPS_POSTED)
             continue; /* only a receive reading an announced message is POSTED */
-        m = calloc(1, sizeof(*m));
+        m = sp_pending_alloc(conn, &err);
         if (!m) {
             nomem = 1; /* the cut-over fails: the connection ends (what was given back
                         * is pending, the rest ends with it) */
@@ -587,6 +647,7 @@ static int sp_on_reannounce_locked(struct exs_conn *conn, const struct exs_wire_
 int exs__sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a)
 {
     struct exs_pending_msg *m;
+    int err;
 
     if (conn->sp_reann_open && !conn->peer_shut) {
         if (be64toh(a->seq) < conn->sp_reann_end)
@@ -599,11 +660,14 @@ int exs__sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_anno
                  (unsigned long long)be64toh(a->seq), (unsigned long long)conn->rx_seq);
         return -EPROTO;
     }
-    if (conn->pending_announced >= EXS_ANNOUNCED_MAX)
+    if (conn->pending_announced >= EXS_WIRE_ANNOUNCED_MAX) {
+        EXS_INFO(PROTO, "conn %p: more than %u announced messages pending (§6: ANNOUNCED_MAX)",
+                 (void *)conn, EXS_WIRE_ANNOUNCED_MAX);
         return -EPROTO;
-    m = sp_pending_new(conn);
+    }
+    m = sp_pending_new(conn, &err);
     if (!m)
-        return -EPROTO;
+        return err == -ENOBUFS ? err : -EPROTO;
     m->announced = 1;
     conn->pending_announced++;
     m->addr = be64toh(a->addr);
@@ -675,6 +739,7 @@ static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
 {
     uint32_t size = conn->p.ring_size, skip, slot, off, end, count = 0;
     struct exs_pending_msg *m;
+    int err;
 
     if (len > size)
         return -EPROTO;
@@ -691,9 +756,9 @@ static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
                  (void *)conn, len, count, n);
         return -EPROTO;
     }
-    m = sp_pending_new(conn);
+    m = sp_pending_new(conn, &err);
     if (!m)
-        return -EPROTO;
+        return err == -ENOBUFS ? err : -EPROTO;
     conn->rx_seq += n - 1; /* sp_pending_new numbered the first */
     conn->pending_count += n - 1;
     m->batch_left = n;
@@ -720,15 +785,16 @@ int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
     if (exs_imm_kind(imm) == EXS_IMM_INDIRECT) {
         uint32_t size = conn->p.ring_size, skip, slot;
         struct exs_pending_msg *m;
+        int err;
 
         if (len >= conn->p.eager_max)
             return -EPROTO;
         sp_ring_place(conn->rd_arrived, size, len, &skip, &slot);
         if (conn->rd_arrived + skip + slot - conn->rd_consumed > size)
             return -EPROTO; /* the peer overran our ring */
-        m = sp_pending_new(conn);
+        m = sp_pending_new(conn, &err);
         if (!m)
-            return -EPROTO;
+            return err == -ENOBUFS ? err : -EPROTO;
         conn->rd_arrived += skip;
         m->addr = conn->rd_arrived % size;
         m->len = len;
@@ -921,7 +987,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
             exs__conn_fail_locked(conn, ECONNRESET, "batched write changed in the ring");
             conn->pending_count -= m->batch_left;
             exs_list_del(&m->link);
-            free(m);
+            sp_pending_free(conn, m);
             return -1;
         }
         n = (uint32_t)EXS_MIN((size_t)len, op->len);
@@ -937,7 +1003,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
             return 1; /* more messages in this write */
         sp_ring_consumed_locked(conn, m->ring_end); /* the space goes back with the last */
         exs_list_del(&m->link);
-        free(m);
+        sp_pending_free(conn, m);
         return 1;
     } else {
         uint32_t n = (uint32_t)EXS_MIN((size_t)m->len, op->len);
@@ -953,7 +1019,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
     conn->pending_count--;
     conn->pending_announced -= m->announced;
     conn->rx_matched++;
-    free(m);
+    sp_pending_free(conn, m);
     return 1;
 }
 
@@ -961,6 +1027,7 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
     uint64_t index = 0;
+    uint32_t advertised = 0;
 
     if (conn->state != EXS_CONN_CONNECTED)
         return;
@@ -995,7 +1062,12 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
             exs__conn_op_finish_locked(op, 0, 0); /* end of stream */
             continue;
         }
-        /* advertise it: it will take message rx_seq + index (§6) */
+        if (op->state == EXS_OPS_ADVERTISED)
+            advertised++;
+        /* advertise it: it will take message rx_seq + index (§6), unless ADVERTS_MAX
+         * receives are advertised already (the sender would hold too many) */
+        if (op->state == EXS_OPS_QUEUED && advertised >= EXS_WIRE_ADVERTS_MAX)
+            return;
         if (op->state == EXS_OPS_QUEUED && op->len >= conn->p.eager_max &&
             conn->p.xfer_mode != EXS_XFER_INDIRECT_ONLY && op->len <= UINT32_MAX) {
             if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN) &&
@@ -1021,6 +1093,7 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
             };
             exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
             op->state = EXS_OPS_ADVERTISED;
+            advertised++;
             conn->stats.adverts_sent++;
         }
         index++;
@@ -1052,7 +1125,7 @@ void exs__sp_dead_drain_locked(struct exs_conn *conn)
             exs_list_del(&m->link);
             conn->pending_count--;
             conn->pending_announced--;
-            free(m);
+            sp_pending_free(conn, m);
             exs__conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
         } else if (m) {
             if (sp_match_locked(conn, op, exs_list_entry(conn->pending.next,

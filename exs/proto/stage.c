@@ -64,7 +64,7 @@ static int stage_buffer_locked(struct exs_conn *conn)
 
     if (conn->stg_mem)
         return 0;
-    ret = exs__prov_mem_alloc(conn->ctx, conn->p.sndbuf, &conn->stg_mem);
+    ret = exs__conn_mem_alloc(conn->ctx, conn->p.sndbuf, EXS_MEM_OTHER, &conn->stg_mem);
     if (ret) {
         EXS_WARN(PROTO, "conn %p: send buffer of %u bytes: %s; sends stay zero-copy",
                  (void *)conn, conn->p.sndbuf, strerror(-ret));
@@ -228,7 +228,7 @@ int exs__stage_shutdown_locked(struct exs_conn *conn)
 void exs__stage_release_locked(struct exs_conn *conn)
 {
     if (conn->stg_mem)
-        exs__prov_mem_free(conn->stg_mem);
+        exs__conn_mem_free(conn->stg_mem);
     conn->stg_mem = NULL;
     conn->stg_last = NULL;
 }

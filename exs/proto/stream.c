@@ -329,6 +329,15 @@ int exs__st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
     /* Lemma 1: every ADVERT carries a direct phase */
     if (PHASE_IS_INDIRECT(a->phase) || !a->len)
         return -EPROTO;
+    /* ADVERTs of a phase before an indirect sender's are stale whatever comes next (step 1
+     * drops them, with no phase change): drop them as new ones arrive, so that a sender
+     * that sends nothing holds only the receives the peer has out (ADVERTS_MAX, §7) */
+    while (conn->adv_count && PHASE_IS_INDIRECT(conn->st_ps) &&
+           conn->adverts[conn->adv_head].phase < conn->st_ps) {
+        conn->adv_head = (conn->adv_head + 1) % conn->adv_cap;
+        conn->adv_count--;
+        conn->stats.adverts_discarded++;
+    }
     return exs__advert_push_locked(conn, a);
 }
 
@@ -883,7 +892,8 @@ static void st_copy_out_locked(struct exs_conn *conn)
 static void st_advertise_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
-    int outstanding = 0, drained = 0, redo = 0;
+    uint32_t outstanding = 0; /* ADVERTs of this phase whose receives are not satisfied */
+    int drained = 0, redo = 0;
     uint64_t small_min = conn->p.xfer_mode == EXS_XFER_DYNAMIC &&
                                  conn->peer.xfer_mode != EXS_XFER_DIRECT_ONLY
                              ? exs__params.stream_direct_min
@@ -906,7 +916,7 @@ static void st_advertise_locked(struct exs_conn *conn)
         if (op->state == EXS_OPS_ADVERTISED && (op->phase == conn->st_pr || !redo)) {
             if (op->phase != conn->st_pr)
                 return; /* k_a > 0: an ADVERT of an earlier phase is outstanding */
-            outstanding = 1;
+            outstanding++;
             continue;
         }
         /* op has no ADVERT, or (after a drain, §7.2) one of an earlier phase that the
@@ -922,6 +932,8 @@ static void st_advertise_locked(struct exs_conn *conn)
          * writes the ring (direct-only) */
         if (small_min && op->len - op->filled < small_min && !drained)
             return;
+        if (outstanding >= EXS_WIRE_ADVERTS_MAX)
+            return; /* the sender would hold too many (ADVERTS_MAX) */
         if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN) &&
             !exs__conn_ctrl_flush_locked(conn))
             return;
@@ -962,7 +974,7 @@ static void st_advertise_locked(struct exs_conn *conn)
         exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
         op->state = EXS_OPS_ADVERTISED;
         conn->stats.adverts_sent++;
-        outstanding = 1;
+        outstanding++;
     }
 }
 

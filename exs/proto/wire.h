@@ -413,6 +413,13 @@ enum { /* NOP hdr.flags */
 /* Largest control SEND: a batch of records. Receive buffers are at least this big. */
 #define EXS_WIRE_CTRL_MAX 512u
 
+/* What one side may make the other hold (§6, §7): announced messages whose READ_DONE has
+ * not come (a sender announces no more; a receiver holding more is facing a protocol
+ * error), and ADVERTs of receives not yet filled (a receiver advertises no more; a sender
+ * holding more usable ones is facing a protocol error). */
+#define EXS_WIRE_ANNOUNCED_MAX 1024u
+#define EXS_WIRE_ADVERTS_MAX   1024u
+
 _Static_assert(sizeof(struct exs_wire_hello) == EXS_WIRE_HELLO_LEN, "hello size");
 _Static_assert(EXS_WIRE_HELLO_LEN <= 56, "hello fits rdma_cm private data");
 _Static_assert(offsetof(struct exs_wire_hello, credits) == 6, "hello.credits");

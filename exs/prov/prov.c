@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "exs/prov/prov.h"
 #include "exs/util/log.h"
@@ -49,6 +50,30 @@ static int prov_progress_none(struct exs_prov_ctx *ctx)
     return 0;
 }
 
+/* Regions this big or bigger (rings, send buffers) are mappings of their own: freed, they
+ * go back to the system at once, where the heap would keep them (glibc raises its mmap
+ * threshold past the size of a freed mapping, so later rings came from the heap and a
+ * closed connection's memory stayed in the process). */
+#define PROV_MEM_MAP_MIN (64u << 10)
+
+static void *prov_mem_get(size_t sz)
+{
+    void *p;
+
+    if (sz < PROV_MEM_MAP_MIN)
+        return aligned_alloc(4096, sz);
+    p = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void prov_mem_put(void *p, size_t sz)
+{
+    if (sz < PROV_MEM_MAP_MIN)
+        free(p);
+    else
+        munmap(p, sz);
+}
+
 /* Default mem_alloc/mem_free: page-aligned memory with a local-only registration. */
 static int prov_mem_alloc(struct exs_prov_ctx *ctx, size_t len, struct exs_prov_mr **mr_p)
 {
@@ -58,18 +83,19 @@ static int prov_mem_alloc(struct exs_prov_ctx *ctx, size_t len, struct exs_prov_
 
     if (!len || sz < len)
         return -EINVAL;
-    p = aligned_alloc(4096, sz);
+    p = prov_mem_get(sz);
     if (!p)
         return -ENOMEM;
     ret = ctx->ops->mr_reg(ctx, p, len, EXS_PROV_ACCESS_LOCAL_WRITE, mr_p);
     if (ret)
-        free(p);
+        prov_mem_put(p, sz);
     return ret;
 }
 
 static void prov_mem_free(struct exs_prov_mr *mr)
 {
     void *p = mr->addr;
+    size_t sz = (mr->length + 4095) & ~(size_t)4095;
     int ret = mr->ctx->ops->mr_dereg(mr);
 
     if (ret) {
@@ -78,7 +104,7 @@ static void prov_mem_free(struct exs_prov_mr *mr)
         EXS_ERR(PROV, "mem_free %p: mr_dereg: %d; memory not freed", p, ret);
         return;
     }
-    free(p);
+    prov_mem_put(p, sz);
 }
 
 /* Default mr_get/mr_put: a registration per operation. */

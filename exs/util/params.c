@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "exs/util/log.h"
 #include "exs/util/params.h"
@@ -128,8 +129,14 @@ static const struct exs_param_def params_table[] = {
           "it off for that socket"),
     PARAM(ring_budget, "EXS_RING_BUDGET", "1073741824", UINT, 0,
           "SOCK_STREAM ring autotuning: bytes of every receive ring of the process together that a "
-          "grow may reach; a grow past it is refused (initial rings always get their memory); 0 = "
-          "no bound"),
+          "grow may reach; a grow past it is refused (initial rings are not held to it, only to "
+          "EXS_MEM_BUDGET); 0 = no bound"),
+    PARAM(mem_budget, "EXS_MEM_BUDGET", "auto", UINT, 1,
+          "bytes every connection of the process together may hold for its peer (rings, send "
+          "buffers, control slots, batch staging, pending messages, ADVERTs, resume state): past "
+          "it new connections are refused (ENOBUFS; a listener rejects with reason RESOURCES), ring "
+          "grows and send buffers are refused, a peer's message that needs more ends its "
+          "connection; auto = a quarter of physical memory; 0 = no bound"),
     PARAM(ring_idle_ms, "EXS_RING_IDLE_MS", "1000", UINT, 0,
           "SOCK_STREAM ring autotuning: a grown ring that received nothing for this long shrinks "
           "back to its initial size, milliseconds; 0 = never"),
@@ -287,10 +294,25 @@ union param_val {
 };
 
 /* Parse and validate text for row d. Returns 0 or -EINVAL. */
+/* EXS_MEM_BUDGET=auto: a quarter of physical memory (1 GiB when unknown). */
+static uint64_t params_phys_quarter(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+
+    if (pages <= 0 || psz <= 0)
+        return 1ull << 30;
+    return (uint64_t)pages * (uint64_t)psz / 4;
+}
+
 static int param_parse(const struct exs_param_def *d, const char *text, union param_val *v)
 {
     switch (d->type) {
     case EXS_PARAM_UINT:
+        if (d->offset == offsetof(struct exs_params, mem_budget) && text &&
+            !strcmp(text, "auto")) {
+            v->u = params_phys_quarter();
+            return 0;
+        }
         if (exs__parse_uint(text, &v->u) < 0)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, tcp_rnr_retry) && v->u > 7)

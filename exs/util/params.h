@@ -71,6 +71,7 @@ struct exs_params {
     uint64_t stream_drain_streak; /* EXS_STREAM_DRAIN_STREAK: arrivals in a row before DRAIN, 0 = off */
     uint64_t ring_max;            /* EXS_RING_MAX: STREAM ring autotuning grows up to this, bytes */
     uint64_t ring_budget;         /* EXS_RING_BUDGET: ring bytes of the process a grow may reach */
+    uint64_t mem_budget;          /* EXS_MEM_BUDGET: bytes peers may make the process hold */
     uint64_t ring_idle_ms;        /* EXS_RING_IDLE_MS: a grown ring idle this long shrinks, 0 = never */
     uint64_t stream_direct_linger; /* EXS_STREAM_DIRECT_LINGER: a direct sender waits for its writes
                                       before the ring */

@@ -1074,6 +1074,160 @@ START_TEST(resume_takeover)
 }
 END_TEST
 
+/* ---- memory: EXS_MEM_BUDGET holds against many hostile connections (issue 24) ---- */
+
+#define MEM_BUDGET_MB 256
+
+#ifdef __SANITIZE_ADDRESS__
+/* AddressSanitizer's shadow memory and quarantine of freed memory count in the RSS: it says
+ * nothing of the library's here (the refusals and the client served are still checked) */
+#define MEM_RSS_COMPARED 0
+#else
+#define MEM_RSS_COMPARED 1
+#endif
+
+/* The server's resident set, KiB (/proc/<pid>/status VmRSS). */
+static long srv_rss_kb(void)
+{
+    char path[64], line[256];
+    long kb = -1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)srv.pid);
+    f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+/* One hostile connection doing what a peer may do to make the server hold memory: fill
+ * its ring (every page of it touched), announce messages (never answering their READs)
+ * and advertise receives, as many as its credits carry, within the caps of §6. 0 when
+ * accepted, -ECONNREFUSED when the server refused it. */
+static int mem_hog(struct raw_peer *p)
+{
+    static uint8_t fill[65536];
+    struct exs_wire_hello h;
+    uint8_t rec[512];
+    uint32_t psn = 0, size;
+    uint64_t seq = 0;
+    int err;
+
+    raw_hello_default(&h, SEQ);
+    err = raw_open(p, srv.port, &h, ANSWER_MS);
+    if (err)
+        return err;
+    p->stall_reads = 1;
+    if (raw_wait_ring(p, ANSWER_MS))
+        return -ETIMEDOUT;
+    size = ring_size(p);
+    memset(fill, 0x5A, sizeof(fill));
+    for (uint32_t off = 0; off < size; off += sizeof(fill))
+        ck_assert_int_eq(raw_write(p, ring_addr(p) + off, p->ring_rkey, 0, 0, fill,
+                                   size - off < sizeof(fill) ? size - off : (uint32_t)sizeof(fill), &psn),
+                         0);
+    ck_assert_int_eq(raw_wait_psn(p, psn, ANSWER_MS), 0);
+    /* 32 SENDs of 16 ANNOUNCEs, 24 of 12 ADVERTs: with the RING record, 57 of the server's
+     * 64 receives, so no record waits for a credit back */
+    for (int i = 0; i < 32; i++) {
+        for (int k = 0; k < 16; k++) {
+            struct exs_wire_announce a = {
+                .hdr = {.type = EXS_CTRL_ANNOUNCE, .len = htobe16(EXS_WIRE_ANNOUNCE_LEN)},
+                .addr = htobe64(0x10000), .len = htobe32(1u << 20), .rkey = htobe32(0x77),
+                .seq = htobe64(seq++)};
+            memcpy(rec + k * EXS_WIRE_ANNOUNCE_LEN, &a, sizeof(a));
+        }
+        ck_assert_int_eq(raw_send_ctrl(p, rec, 16 * EXS_WIRE_ANNOUNCE_LEN, &psn), 0);
+    }
+    for (int i = 0; i < 24; i++) {
+        for (int k = 0; k < 12; k++) {
+            struct exs_wire_advert a = {
+                .hdr = {.type = EXS_CTRL_ADVERT, .len = htobe16(EXS_WIRE_ADVERT_LEN)},
+                .addr = htobe64(0x10000), .len = htobe32(1u << 20), .rkey = htobe32(0x77),
+                .seq = htobe64((uint64_t)(i * 12 + k) + 1), .id = htobe32((uint32_t)(i * 12 + k))};
+            memcpy(rec + k * EXS_WIRE_ADVERT_LEN, &a, sizeof(a));
+        }
+        ck_assert_int_eq(raw_send_ctrl(p, rec, 12 * EXS_WIRE_ADVERT_LEN, &psn), 0);
+    }
+    /* every record taken (a reset, were the server to end it, would do too) */
+    ck_assert_int_ne(raw_wait_psn(p, psn, ANSWER_MS), -ETIMEDOUT);
+    return 0;
+}
+
+/* EXS_MEM_BUDGET=256 MiB: many hostile connections (EXS_HOSTILE_MEM_CONNS, default 300;
+ * 1000 in tests/stress/run-full.sh) that fill their rings, announce and advertise keep
+ * the server's RSS under its baseline plus the budget: past the budget it refuses them
+ * (reason RESOURCES). Once they are gone its RSS comes back near the baseline, and a
+ * well-behaved client is served. Without the budget the 300 take 330 MB. */
+START_TEST(mem_budget_holds)
+{
+    const char *env = getenv("EXS_HOSTILE_MEM_CONNS");
+    int n = env ? atoi(env) : 300, accepted = 0, refused = 0;
+    struct raw_peer **p = calloc((size_t)n, sizeof(*p));
+    long base, peak = 0, rss, limit;
+    double deadline;
+
+    ck_assert(p != NULL);
+    setenv("EXS_MEM_BUDGET", "256m", 1);
+    setenv("EXS_KEEPALIVE_INTV_MS", "0", 1); /* the hogs hold on: nothing ends them */
+    start(SOCK_SEQPACKET, 0, 1);
+    unsetenv("EXS_MEM_BUDGET");
+    unsetenv("EXS_KEEPALIVE_INTV_MS");
+    expect_alive(SOCK_SEQPACKET, "start"); /* a connection made and gone: the baseline */
+    base = srv_rss_kb();
+    limit = base + MEM_BUDGET_MB * 1024L;
+    for (int i = 0; i < n; i++) {
+        int err;
+
+        p[i] = calloc(1, sizeof(*p[i]));
+        ck_assert(p[i] != NULL);
+        err = mem_hog(p[i]);
+        if (err == -ECONNREFUSED)
+            refused++;
+        else
+            ck_assert_msg(err == 0, "hostile connection %d: %s", i, strerror(-err));
+        accepted += !err;
+        if (err) {
+            raw_close(p[i]);
+            free(p[i]);
+            p[i] = NULL;
+        }
+        rss = srv_rss_kb();
+        peak = rss > peak ? rss : peak;
+        ck_assert_msg(!MEM_RSS_COMPARED || rss <= limit, "after %d hostile connections (%d refused) the server's RSS "
+                      "is %ld KiB, more than its baseline %ld + %d MiB", i + 1, refused, rss, base,
+                      MEM_BUDGET_MB);
+    }
+    printf("mem_budget_holds: %d hostile connections, %d accepted, %d refused; server RSS "
+           "baseline %ld KiB, peak %ld KiB (limit %ld)\n", n, accepted, refused, base, peak, limit);
+    for (int i = 0; i < n; i++)
+        if (p[i]) {
+            raw_pump(p[i], 0); /* each answered its READs with nothing: still open */
+            raw_close(p[i]);
+            free(p[i]);
+        }
+    free(p);
+    /* the closes reach the server: wait for its memory to go back */
+    deadline = raw_now_ms() + 30000;
+    while (MEM_RSS_COMPARED && srv_rss_kb() > base + 32 * 1024 && raw_now_ms() < deadline)
+        usleep(100 * 1000);
+    rss = srv_rss_kb();
+    printf("mem_budget_holds: server RSS after every hostile connection closed: %ld KiB "
+           "(baseline %ld)\n", rss, base);
+    fflush(stdout);
+    if (!MEM_RSS_COMPARED)
+        printf("mem_budget_holds: RSS not compared under AddressSanitizer\n");
+    ck_assert_msg(!MEM_RSS_COMPARED || rss <= base + 32 * 1024, "the server kept %ld KiB over its baseline",
+                  rss - base);
+    ck_assert_msg(n < 250 || refused > 0, "%d connections of 1 MiB rings, none refused", n);
+    expect_alive(SOCK_SEQPACKET, "the memory hogs");
+    stop();
+}
+END_TEST
+
 static Suite *hostile_suite(void)
 {
     Suite *s = suite_create("hostile");
@@ -1120,6 +1274,11 @@ static Suite *hostile_suite(void)
     t = tcase_create("resume");
     tcase_set_timeout(t, 120);
     tcase_add_loop_test(t, resume_takeover, 0, 2);
+    suite_add_tcase(s, t);
+
+    t = tcase_create("memory");
+    tcase_set_timeout(t, 600);
+    tcase_add_test(t, mem_budget_holds);
     suite_add_tcase(s, t);
 
     t = tcase_create("hostile_connector");

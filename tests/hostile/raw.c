@@ -353,6 +353,8 @@ static int on_frame(struct raw_peer *p, const struct tcp_wire_hdr *h, const uint
 {
     if (p->mute) {
         p->closed |= h->type == TCP_WIRE_DISCONNECT || h->type == TCP_WIRE_NAK;
+        if (h->type == TCP_WIRE_ACK)
+            p->acked = h->psn + 1; /* ours are still acknowledged: we only answer nothing */
         return 0;
     }
     switch (h->type) {
@@ -369,6 +371,12 @@ static int on_frame(struct raw_peer *p, const struct tcp_wire_hdr *h, const uint
         /* acknowledge at once: we are a prompt responder */
         return raw_send_frame(p->fd, TCP_WIRE_ACK, 0, 0, 0, h->psn, 0, 0, 0, NULL, 0);
     case TCP_WIRE_READ_REQ:
+        if (p->stall_reads) {
+            /* never answered, nor anything after it (responses go in order): the
+             * reader waits */
+            p->mute = 1;
+            return 0;
+        }
         /* we announce nothing: refuse, which ends the connection */
         return raw_send_frame(p->fd, TCP_WIRE_NAK, 0, TCP_WIRE_SYN_REM_ACCESS, 0, h->psn, 0, 0, 0,
                               NULL, 0);

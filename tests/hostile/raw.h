@@ -30,6 +30,8 @@ struct raw_peer {
     int closed;                 /* EOF or reset seen */
     int rejected;               /* CONN_REJECT seen */
     int mute;                   /* read frames but answer none (mid-frame attacker) */
+    int stall_reads;            /* answer no READ request, and nothing after the first
+                                 * (mute): its announced messages can never be read */
     struct exs_wire_hello peer; /* the server's hello (network order, as received) */
     uint32_t ring_rkey;         /* the server's ring key, wherever it came from */
     struct raw_key adverts[RAW_MAX_KEYS];

@@ -8,6 +8,7 @@
 
 #include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
+#include "exs/util/membudget.h"
 
 #define PT_MAX_STEPS 1000000L
 
@@ -184,6 +185,8 @@ void pt_close(struct pt_pair *pp)
         s[i]->ctx = NULL;
     }
     ck_assert_int_eq(exs__conn_live_count(), 0);
+    /* every byte charged to the memory account went back with the last conn (§9.3) */
+    ck_assert_uint_eq(exs__mem_used(), 0);
     ck_assert_uint_eq(mock_violations(), 0);
 }
 

@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: MIT
 # The connection stress tests at the issue's numbers: 4,096 connections at once (RUNS runs in
 # a row, default 10), 10,000 connections reset at once (two rounds), 10,000 half-open
-# connections, the echo server at its descriptor limit, and 20,000 connect-and-close cycles
-# against a resumable listener (issue 24 finding 2). Prints every figure and ends with
+# connections, the echo server at its descriptor limit, 20,000 connect-and-close cycles
+# against a resumable listener (issue 24 finding 2), and 1,000 hostile connections against
+# a 256 MiB memory budget (tests/hostile mem_budget_holds). Prints every figure and ends with
 # "N passed, N failed"; exits 1 if any run failed.
 #
 #   tests/stress/run-full.sh [BUILD] [RUNS]
@@ -43,5 +44,16 @@ run reset_many EXS_STRESS_RESET=${EXS_STRESS_RESET:-9980} EXS_STRESS_ROUNDS=2
 run half_open EXS_STRESS_HALFOPEN=10000 EXS_STRESS_ROUNDS=2
 run echo_fd_limit
 run resume_churn EXS_STRESS_CHURN=20000
+# the memory budget (issue 24): 1,000 hostile connections against EXS_MEM_BUDGET=256m
+t0=$SECONDS
+EXS_HOSTILE_MEM_CONNS=1000 CK_RUN_SUITE=hostile CK_RUN_CASE=memory \
+    "$build/tests/hostile/exs_hostile_test" >"$log" 2>&1
+rc=$?
+grep -E "^mem_budget_holds|^[0-9]+%: Checks|:[FE]:" "$log"
+if [ $rc -eq 0 ] && grep -q '^100%: Checks: 1, Failures: 0, Errors: 0' "$log"; then
+    pass=$((pass + 1)); echo "== mem_budget_holds EXS_HOSTILE_MEM_CONNS=1000: PASS ($((SECONDS - t0)) s)"
+else
+    fail=$((fail + 1)); echo "== mem_budget_holds EXS_HOSTILE_MEM_CONNS=1000: FAIL (exit $rc)"
+fi
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -4,6 +4,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -12,6 +13,7 @@
 #include "exs/proto/proto_int.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
+#include "exs/util/membudget.h"
 #include "exs/util/params.h"
 #include "exs/util/sha256.h"
 #include "exs/util/util.h"
@@ -2733,6 +2735,126 @@ END_TEST
  * raw may send (b's credits, spent to the last, then again with the credits returned):
  * at most one answer per SEND, never more credits returned than receives consumed, no
  * credit of b overspent (no RNR, checked by raw_close), and the conn stays up. */
+/* ---- memory: the per-connection caps of §6 and §7 (ANNOUNCED_MAX, ADVERTS_MAX) ---- */
+
+static void raw_rec_ignore(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                           uint32_t left)
+{
+    (void)arg, (void)h, (void)rec, (void)left;
+}
+
+/* n records of rlen bytes from raw, record i made by make(i, rec): as many per SEND as
+ * fit, b running after each SEND (its receives come back) and raw's receives posted
+ * again. */
+static void raw_records(uint32_t n, uint32_t rlen, void (*make)(uint32_t i, uint8_t *rec))
+{
+    uint8_t buf[512];
+
+    for (uint32_t i = 0; i < n;) {
+        uint32_t len = 0;
+
+        for (; i < n && len + rlen <= sizeof(buf); i++, len += rlen)
+            make(i, buf + len);
+        raw_post(EXS_PROV_WR_SEND, buf, len, 0, 0, 0);
+        pt_run(&pp);
+        raw_each_record(raw_rec_ignore, NULL, 1);
+    }
+}
+
+static void make_announce(uint32_t i, uint8_t *rec)
+{
+    struct exs_wire_announce a = {
+        .hdr = {.type = EXS_CTRL_ANNOUNCE, .len = htobe16(EXS_WIRE_ANNOUNCE_LEN)},
+        .addr = htobe64((uintptr_t)raw.mem + RAW_SEND),
+        .len = htobe32(8192),
+        .rkey = htobe32(raw.mr->rkey),
+        .seq = htobe64(i),
+    };
+
+    memcpy(rec, &a, sizeof(a));
+}
+
+static int raw_stream; /* make_advert: STREAM (phase 0, offsets) or SEQPACKET (numbers) */
+
+static void make_advert(uint32_t i, uint8_t *rec)
+{
+    struct exs_wire_advert a = {
+        .hdr = {.type = EXS_CTRL_ADVERT, .len = htobe16(EXS_WIRE_ADVERT_LEN)},
+        .addr = htobe64((uintptr_t)raw.mem + RAW_SEND),
+        .len = htobe32(8192),
+        .rkey = htobe32(raw.mr->rkey),
+        .seq = htobe64(raw_stream ? (uint64_t)i * 8192 : i),
+        .phase = 0,
+        .id = htobe32(i + 1),
+    };
+
+    memcpy(rec, &a, sizeof(a));
+}
+
+/* SEQPACKET receiver: ANNOUNCED_MAX announced messages pending are held (and charged to
+ * the memory account); one more is a protocol error (§6), not 64 KiB more of them. */
+START_TEST(hs_announce_cap)
+{
+    uint64_t before;
+
+    raw_open(SOCK_SEQPACKET);
+    before = exs__mem_used();
+    raw_records(EXS_WIRE_ANNOUNCED_MAX, EXS_WIRE_ANNOUNCE_LEN, make_announce);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_uint_eq(pp.b.conn->pending_count, EXS_WIRE_ANNOUNCED_MAX);
+    ck_assert_uint_ge(exs__mem_used() - before,
+                      EXS_WIRE_ANNOUNCED_MAX * sizeof(struct exs_pending_msg));
+    make_announce(EXS_WIRE_ANNOUNCED_MAX, raw.mem + RAW_SEND);
+    raw_post(EXS_PROV_WR_SEND, NULL, EXS_WIRE_ANNOUNCE_LEN, 0, 0, 0);
+    pt_run(&pp);
+    ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+    ck_assert_int_eq(pp.b.conn->err, ECONNRESET);
+    raw_close(); /* and pt_close: the account is back at 0 */
+}
+END_TEST
+
+/* Sender: ADVERTS_MAX usable ADVERTs are held; one more is a protocol error (§6, §7). */
+START_TEST(hs_advert_cap)
+{
+    raw_stream = _i;
+    raw_open(_i ? SOCK_STREAM : SOCK_SEQPACKET);
+    raw_records(EXS_WIRE_ADVERTS_MAX, EXS_WIRE_ADVERT_LEN, make_advert);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_uint_eq(pp.b.conn->adv_count, EXS_WIRE_ADVERTS_MAX);
+    make_advert(EXS_WIRE_ADVERTS_MAX, raw.mem + RAW_SEND);
+    raw_post(EXS_PROV_WR_SEND, NULL, EXS_WIRE_ADVERT_LEN, 0, 0, 0);
+    pt_run(&pp);
+    ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+    raw_close();
+}
+END_TEST
+
+/* The memory budget (§9.3): a peer's announced message past it ends the connection
+ * (ENOBUFS counted), and the account goes back to 0. */
+START_TEST(hs_announce_budget)
+{
+    uint64_t refused = exs__mem.mem_refused_other;
+    char v[32];
+
+    raw_open(SOCK_SEQPACKET);
+    /* room for 10 more pending messages */
+    snprintf(v, sizeof(v), "%llu",
+             (unsigned long long)(exs__mem_used() +
+                                  10 * exs__mem_chunk(sizeof(struct exs_pending_msg))));
+    ck_assert_int_eq(exs__params_set("mem_budget", v), 0);
+    raw_records(10, EXS_WIRE_ANNOUNCE_LEN, make_announce);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_uint_eq(exs__mem.mem_refused_other, refused);
+    make_announce(10, raw.mem + RAW_SEND);
+    raw_post(EXS_PROV_WR_SEND, NULL, EXS_WIRE_ANNOUNCE_LEN, 0, 0, 0);
+    pt_run(&pp);
+    ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+    ck_assert_uint_eq(exs__mem.mem_refused_other, refused + 1);
+    raw_close();
+    ck_assert_int_eq(exs__params_set("mem_budget", "0"), 0);
+}
+END_TEST
+
 START_TEST(hs_ka_ping_flood)
 {
     struct exs_sock_stats st;
@@ -2980,6 +3102,9 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_ka_ping_without_feature);
     tcase_add_loop_test(tc, hs_ka_send_completion_not_alive, 0, 2);
     tcase_add_test(tc, hs_ka_ping_waits_for_credit);
+    tcase_add_test(tc, hs_announce_cap);
+    tcase_add_loop_test(tc, hs_advert_cap, 0, 2);
+    tcase_add_test(tc, hs_announce_budget);
     suite_add_tcase(s, tc);
     return s;
 }

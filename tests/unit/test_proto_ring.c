@@ -8,6 +8,7 @@
 
 #include "exs/proto/proto_int.h"
 #include "exs/util/lockorder.h"
+#include "exs/util/membudget.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
@@ -400,6 +401,35 @@ START_TEST(rg_offer_budget)
 }
 END_TEST
 
+/* The memory budget (§9.3): past it a grow is refused (counted) with nothing allocated,
+ * and so is a new connection; what the live ones hold is unchanged. */
+START_TEST(rg_mem_budget)
+{
+    static const struct exs_conn_cb cb;
+    uint64_t used = exs__mem_used(), grows = exs__mem.mem_refused_growth;
+    uint64_t conns = exs__mem.mem_refused_conns;
+    struct exs_conn *c = NULL;
+
+    ck_assert_uint_gt(used, 2 * 4096); /* two rings at least */
+    exs__params.ring_budget = 0;
+    exs__params.mem_budget = used + 4096;
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 1), -ENOBUFS);
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    ck_assert_uint_eq(exs__mem.mem_refused_growth, grows + 1);
+    ck_assert_uint_eq(exs__mem_used(), used);
+    ck_assert_int_eq(exs__conn_create(pp.a.ctx, &pp.pa, &cb, NULL, &c), -ENOBUFS);
+    ck_assert_ptr_null(c);
+    ck_assert_uint_eq(exs__mem.mem_refused_conns, conns + 1);
+    ck_assert_uint_eq(exs__mem_used(), used);
+    exs__params.mem_budget = 0;
+    ck_assert_int_eq(exs__conn_create(pp.a.ctx, &pp.pa, &cb, NULL, &c), 0);
+    ck_assert_uint_gt(exs__mem_used(), used);
+    exs__conn_destroy(c);
+    ck_assert_uint_eq(exs__mem_used(), used);
+}
+END_TEST
+
 /* §7 sender step 2, hysteresis (EXS_STREAM_DIRECT_LINGER): a sender in a direct phase
  * whose ADVERTs ran out writes the ring only once its writes in flight completed (the
  * ADVERT of the next receive usually comes meanwhile); 0: at once (the published rule).
@@ -505,6 +535,7 @@ Suite *proto_ring_suite(void)
     tcase_add_loop_test(tc, rg_close_with_offer_out, 0, 2);
     tcase_add_test(tc, rg_offer_refused);
     tcase_add_test(tc, rg_offer_budget);
+    tcase_add_test(tc, rg_mem_budget);
     tcase_add_test(tc, rg_timer_watches_initial_ring);
     tcase_add_test(tc, rg_tune_per_min_rtt);
     tcase_add_loop_test(tc, rg_direct_linger, 0, 2);

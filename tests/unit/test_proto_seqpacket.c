@@ -797,6 +797,48 @@ START_TEST(sp_fragread_close)
 }
 END_TEST
 
+/* An honest peer stays within the caps of §6 (ANNOUNCED_MAX, ADVERTS_MAX) whatever the
+ * application posts, and everything is delivered. _i 0: sends first (the sender announces
+ * ANNOUNCED_MAX and waits for READ_DONEs); _i 1: receives first (the receiver advertises
+ * ADVERTS_MAX and the rest once those are filled). */
+START_TEST(sp_caps_honoured)
+{
+    enum { N = EXS_WIRE_ANNOUNCED_MAX + 40, L = 2048 };
+    uint8_t *sb = malloc((size_t)N * L), *rb = malloc((size_t)N * L);
+    struct pt_op *s = calloc(N, sizeof(*s)), *r = calloc(N, sizeof(*r));
+
+    ck_assert(sb && rb && s && r);
+    _Static_assert(EXS_WIRE_ANNOUNCED_MAX == EXS_WIRE_ADVERTS_MAX, "one N for both");
+    if (_i == 0) {
+        for (int i = 0; i < N; i++)
+            send_msg(&s[i], &pp.a, sb + (size_t)i * L, L, (uint64_t)i * L);
+        pt_run(&pp);
+        ck_assert_uint_eq(pp.b.conn->pending_announced, EXS_WIRE_ANNOUNCED_MAX);
+        for (int i = 0; i < N; i++)
+            recv_msg(&r[i], &pp.b, rb + (size_t)i * L, L);
+    } else {
+        for (int i = 0; i < N; i++)
+            recv_msg(&r[i], &pp.b, rb + (size_t)i * L, L);
+        pt_run(&pp);
+        ck_assert_uint_eq(pp.a.conn->adv_count, EXS_WIRE_ADVERTS_MAX);
+        for (int i = 0; i < N; i++)
+            send_msg(&s[i], &pp.a, sb + (size_t)i * L, L, (uint64_t)i * L);
+    }
+    pt_run(&pp);
+    for (int i = 0; i < N; i++) {
+        pt_assert_done(&s[i], L, 0);
+        pt_assert_done(&r[i], L, 0);
+        ck_assert(pt_check(rb + (size_t)i * L, L, (uint64_t)i * L));
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+    free(sb);
+    free(rb);
+    free(s);
+    free(r);
+}
+END_TEST
+
 Suite *proto_seqpacket_suite(void)
 {
     Suite *s = suite_create("proto_seqpacket");
@@ -813,6 +855,7 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_zero_length);
     tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
     tcase_add_loop_test(tc, sp_dead_announced_in_place, 0, 2);
+    tcase_add_loop_test(tc, sp_caps_honoured, 0, 2);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("reads");

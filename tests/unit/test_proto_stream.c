@@ -727,6 +727,38 @@ START_TEST(st_stats_ring_fill_phase_time)
 }
 END_TEST
 
+/* An honest receiver advertises at most ADVERTS_MAX receives at once (§7) whatever the
+ * application posts; the rest are advertised as those fill, and every byte arrives in
+ * order. */
+START_TEST(st_adverts_capped)
+{
+    enum { N = EXS_WIRE_ADVERTS_MAX + 40, L = 2048 };
+    uint8_t *sb = malloc((size_t)N * L), *rb = malloc((size_t)N * L);
+    struct pt_op *s = calloc(N, sizeof(*s)), *r = calloc(N, sizeof(*r));
+
+    ck_assert(sb && rb && s && r);
+    for (int i = 0; i < N; i++)
+        pt_recv_post(&r[i], &pp.b, rb + (size_t)i * L, L, 0);
+    pt_run(&pp);
+    ck_assert_uint_eq(pp.a.conn->adv_count, EXS_WIRE_ADVERTS_MAX);
+    for (int i = 0; i < N; i++)
+        st_send(&s[i], &pp.a, sb + (size_t)i * L, L, (uint64_t)i * L);
+    pt_run(&pp);
+    for (int i = 0; i < N; i++) {
+        pt_assert_done(&s[i], L, 0);
+        pt_assert_done(&r[i], L, 0);
+        ck_assert(pt_check(rb + (size_t)i * L, L, (uint64_t)i * L));
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_CONNECTED);
+    free(sb);
+    free(rb);
+    free(s);
+    free(r);
+}
+END_TEST
+
 Suite *proto_stream_suite(void)
 {
     Suite *s = suite_create("proto_stream");
@@ -745,6 +777,7 @@ Suite *proto_stream_suite(void)
     tcase_add_loop_test(tc, st_drain_to_direct, 0, 4);
     tcase_add_test(tc, st_drain_readvertise);
     tcase_add_test(tc, st_stats_ring_fill_phase_time);
+    tcase_add_test(tc, st_adverts_capped);
     suite_add_tcase(s, tc);
 
     /* these build their own pair (transfer modes) and share the teardown */
