@@ -58,6 +58,7 @@
 #define TCP_BACKOFF_MAX_MS 1000      /* pauses double up to this */
 #define TCP_HANDSHAKE_MS   10000     /* default of EXS_TCP_HANDSHAKE_MS */
 #define TCP_HANDSHAKE_MAX  1024      /* default of EXS_TCP_HANDSHAKE_MAX */
+#define TCP_LISTEN_QUEUE   65535     /* listen(2) backlog; the kernel caps it (somaxconn) */
 
 struct tcp_ctx;
 struct tcp_conn;
@@ -227,6 +228,7 @@ struct tcp_listener {
     /* NIC: descriptor exhaustion back-off */
     uint64_t                 resume_at;  /* not watched until then; 0 = watched */
     uint32_t                 backoff_ms; /* last pause, 0 after a successful accept */
+    int                      paused;     /* NIC: listener_pause: not watched until resumed */
 };
 
 struct tcp_req {
@@ -325,6 +327,7 @@ enum tcp_cmd_type {
     TCP_CMD_EP_DESTROY,
     TCP_CMD_LISTEN,
     TCP_CMD_LISTENER_DESTROY,
+    TCP_CMD_LISTENER_PAUSE, /* pdlen: 1 pause, 0 go on */
 };
 
 struct tcp_cmd {
@@ -481,6 +484,7 @@ int  exs__tcp_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, sock
 int  exs__tcp_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
                             socklen_t *addrlen);
 void exs__tcp_listener_destroy(struct exs_prov_listener *lis);
+int  exs__tcp_listener_pause(struct exs_prov_listener *lis, int pause);
 int  exs__tcp_connect(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
                       const void *pd, uint32_t pdlen);
 int  exs__tcp_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *pd,

@@ -437,9 +437,11 @@ static void tcp_listener_backoff(struct tcp_listener *lis, int err)
     exs__tcp_listener_watch(lis, 0);
 }
 
-/* NIC: accept incoming sockets. */
+/* NIC: accept incoming sockets (none while paused: an event polled before the pause). */
 void exs__tcp_listener_ready(struct tcp_listener *lis)
 {
+    if (lis->paused)
+        return;
     for (int i = 0; i < 16; i++) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
@@ -635,7 +637,11 @@ int exs__tcp_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
     if (fd < 0)
         return -errno;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, addr, addrlen) < 0 || listen(fd, backlog > 0 ? backlog : 128) < 0) {
+    /* The kernel's queue is as long as the system allows (net.core.somaxconn caps it),
+     * whatever the consumer's backlog: the consumer bounds its own queues and, when they
+     * are full, pauses the listener (listener_pause), and then the clients wait here. */
+    (void)backlog;
+    if (bind(fd, addr, addrlen) < 0 || listen(fd, TCP_LISTEN_QUEUE) < 0) {
         ret = -errno;
         EXS_DBG(PROV, "listen: %m");
         close(fd);
@@ -739,6 +745,31 @@ void exs__tcp_listener_destroy(struct exs_prov_listener *l)
     exs__tcp_ctx_call(lis->ctx, &cmd);
     close(lis->fd);
     free(lis);
+}
+
+/* NIC: stop or go on accepting sockets (a back-off in progress watches it again when it
+ * ends, unless paused). */
+static void tcp_listener_pause_nic(struct tcp_listener *lis, int pause)
+{
+    if (lis->paused == pause)
+        return;
+    lis->paused = pause;
+    if (lis->resume_at)
+        return;
+    exs__tcp_listener_watch(lis, !pause);
+    if (!pause)
+        exs__tcp_listener_ready(lis);
+}
+
+int exs__tcp_listener_pause(struct exs_prov_listener *l, int pause)
+{
+    struct tcp_listener *lis = (struct tcp_listener *)l;
+    struct tcp_cmd cmd = { .type = TCP_CMD_LISTENER_PAUSE, .pdlen = !!pause };
+
+    if (!lis)
+        return -EINVAL;
+    cmd.lis = lis;
+    return exs__tcp_ctx_call(lis->ctx, &cmd);
 }
 
 /* ---- connect / accept / reject / disconnect ---- */
@@ -935,6 +966,9 @@ void exs__tcp_cmd_run(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
         break;
     case TCP_CMD_LISTENER_DESTROY:
         tcp_listener_destroy_nic(ctx, cmd->lis);
+        break;
+    case TCP_CMD_LISTENER_PAUSE:
+        tcp_listener_pause_nic(cmd->lis, (int)cmd->pdlen);
         break;
     }
     cmd->ret = ret;
