@@ -95,6 +95,7 @@ struct tcp_counters {
     uint64_t accept_backoffs;
     uint64_t handshake_timeouts;
     uint64_t handshake_evictions;
+    uint64_t handshake_waits;
     uint64_t notifies;
     uint64_t ack_kicks;
     uint64_t disarms;
@@ -229,6 +230,9 @@ struct tcp_listener {
     uint64_t                 resume_at;  /* not watched until then; 0 = watched */
     uint32_t                 backoff_ms; /* last pause, 0 after a successful accept */
     int                      paused;     /* NIC: listener_pause: not watched until resumed */
+    int                      hs_wait;    /* NIC: handshakes at the bound, none silent long
+                                          * enough to drop: not watched until one leaves or
+                                          * resume_at */
 };
 
 struct tcp_req {
@@ -315,6 +319,7 @@ struct tcp_conn {
     struct exs_list      timer_link;
     struct exs_list      hs_link;    /* lis->handshakes while WAIT_REQ */
     int                  on_hs;
+    uint64_t             hs_at;      /* on_hs: when it was accepted (ns) */
     struct exs_list      link;       /* ctx->conns or ctx->dead */
 };
 

@@ -63,6 +63,8 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
                 "incoming sockets silent until the handshake timeout"),
     EXS_COUNTER(struct tcp_counters, handshake_evictions,
                 "incoming sockets dropped: too many handshakes"),
+    EXS_COUNTER(struct tcp_counters, handshake_waits,
+                "listener pauses: as many handshakes as allowed, none silent long enough to drop"),
     EXS_COUNTER(struct tcp_counters, notifies,
                 "event fd writes: an entry queued while a consumer was armed"),
     EXS_COUNTER(struct tcp_counters, ack_kicks,
@@ -370,6 +372,7 @@ static void tcp_nic_timers(struct tcp_ctx *ctx)
             /* back-off over: watch again and try at once (unless the consumer paused it:
              * resuming it does that) */
             lis->resume_at = 0;
+            lis->hs_wait = 0;
             if (!lis->paused) {
                 exs__tcp_listener_watch(lis, 1);
                 exs__tcp_listener_ready(lis);
