@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* SOCK_SEQPACKET echo server: accepts connections and sends every message back.
  *
- *   seqpacket_echo_server [PORT] [MAX_CONNECTIONS] [MAX_CLIENTS]
+ *   seqpacket_echo_server [PORT] [MAX_CONNECTIONS] [MAX_CLIENTS] [BACKLOG] [ACCEPTS]
  *
  * PORT 0 takes an ephemeral port; the first line printed names the port listened on.
  * MAX_CONNECTIONS: exit after serving that many connections (0, the default: forever).
  * MAX_CLIENTS: connections served at the same time (default 16384); at the limit the
  * server stops accepting until one closes, and new clients wait in the backlog.
+ * BACKLOG: exs_listen's backlog (default 4096). ACCEPTS: exs_accept operations kept
+ * posted at once (default 1).
  *
  * The whole program is the asynchronous ES-API pattern: post operations with an
  * ahandle naming what they are, then take their completions off one event queue.
@@ -45,7 +47,7 @@ struct server {
     long max_conns, served; /* served: connections accepted so far */
     long max_clients, clients;
     struct client *all; /* list of the clients */
-    int accept_posted;
+    int accept_posted, accepts; /* accepts posted now, and how many to keep posted */
     double resume_ms; /* accepting paused until then (0: not paused) */
     int backoff_ms;
     double log_ms; /* last rate-limited message, and messages held back since */
@@ -102,26 +104,27 @@ static void accept_failed(struct server *s, int err, const char *what)
     s->backoff_ms = s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : s->backoff_ms * 2;
 }
 
-/* Keep one accept posted while there is room for a client and no pause; 0 or -1 (fatal). */
+/* Keep s->accepts accepts posted while there is room for a client and no pause; 0 or -1
+ * (fatal). */
 static int accept_more(struct server *s)
 {
-    if (s->accept_posted || s->clients >= s->max_clients ||
-        (s->max_conns && s->served >= s->max_conns))
-        return 0;
-    if (s->resume_ms) {
-        if (now_ms() < s->resume_ms)
-            return 0;
-        s->resume_ms = 0;
-    }
-    if (exs_accept(s->lfd, s->q, NULL) < 0) { /* ahandle NULL marks the accept */
-        if (accept_err_fatal(errno)) {
-            perror("exs_accept");
-            return -1;
+    while (s->accept_posted < s->accepts && s->clients + s->accept_posted < s->max_clients &&
+           (!s->max_conns || s->served + s->accept_posted < s->max_conns)) {
+        if (s->resume_ms) {
+            if (now_ms() < s->resume_ms)
+                return 0;
+            s->resume_ms = 0;
         }
-        accept_failed(s, errno, "exs_accept");
-        return 0;
+        if (exs_accept(s->lfd, s->q, NULL) < 0) { /* ahandle NULL marks the accept */
+            if (accept_err_fatal(errno)) {
+                perror("exs_accept");
+                return -1;
+            }
+            accept_failed(s, errno, "exs_accept");
+            return 0;
+        }
+        s->accept_posted++;
     }
-    s->accept_posted = 1;
     return 0;
 }
 
@@ -165,7 +168,7 @@ static void on_accept(struct server *s, const exs_event_t *ev)
     int fd = ev->exs_evt_u.exs_evt_accept.exs_evt_newfd;
     struct client *c;
 
-    s->accept_posted = 0;
+    s->accept_posted--;
     if (ev->exs_evt_errno) {
         accept_failed(s, ev->exs_evt_errno, "accept");
         return;
@@ -231,20 +234,26 @@ static void on_event(struct server *s, const exs_event_t *ev)
 
 int main(int argc, char **argv)
 {
-    struct server s = {.max_clients = 16384, .backoff_ms = BACKOFF_MIN_MS};
+    struct server s = {.max_clients = 16384, .accepts = 1, .backoff_ms = BACKOFF_MIN_MS};
     int port = argc > 1 ? atoi(argv[1]) : 7471;
     struct sockaddr_in sin = {.sin_family = AF_INET,
                               .sin_port = htons((uint16_t)port),
                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t slen = sizeof(sin);
+    int backlog = 4096;
 
     s.max_conns = argc > 2 ? atol(argv[2]) : 0;
     if (argc > 3)
         s.max_clients = atol(argv[3]);
-    if (argc > 4 || port < 0 || port > 65535 || s.max_conns < 0 || s.max_clients < 1 ||
-        s.max_clients > (1 << 20) - 2) {
+    if (argc > 4)
+        backlog = atoi(argv[4]);
+    if (argc > 5)
+        s.accepts = atoi(argv[5]);
+    if (argc > 6 || port < 0 || port > 65535 || s.max_conns < 0 || s.max_clients < 1 ||
+        s.max_clients > (1 << 20) - 2 || backlog < 1 || s.accepts < 1 ||
+        s.accepts > 65536) {
         fprintf(stderr, "usage: seqpacket_echo_server [PORT] [MAX_CONNECTIONS] "
-                        "[MAX_CLIENTS 1..1048574]\n");
+                        "[MAX_CLIENTS 1..1048574] [BACKLOG] [ACCEPTS 1..65536]\n");
         return 2;
     }
     /* SIGINT and SIGTERM stop the server cleanly. They stay blocked in the library's
@@ -271,15 +280,15 @@ int main(int argc, char **argv)
         return 1;
     }
     /* One queue for everything. Each client has one operation in flight (receive, send or
-     * close) and there is one accept: this depth can never run out of slots. */
-    s.q = exs_qcreate((int)s.max_clients + 2);
+     * close) and there are s.accepts accepts: this depth can never run out of slots. */
+    s.q = exs_qcreate((int)s.max_clients + s.accepts + 1);
     if (s.q == EXS_QHANDLE_INVALID) {
         perror("exs_qcreate");
         return 1;
     }
     s.lfd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
     if (s.lfd < 0 || exs_bind(s.lfd, (struct sockaddr *)&sin, sizeof(sin)) < 0 ||
-        exs_listen(s.lfd, 4096) < 0 || exs_getsockname(s.lfd, (struct sockaddr *)&sin, &slen) < 0) {
+        exs_listen(s.lfd, backlog) < 0 || exs_getsockname(s.lfd, (struct sockaddr *)&sin, &slen) < 0) {
         perror("exs listen");
         return 1;
     }

@@ -118,10 +118,22 @@ struct api_sock {
     int                     n_send, n_recv; /* outstanding operations (EXS_SOCK_MAX_OPS) */
     /* listener */
     struct exs_eng_listener lis;
-    int                     backlog;
+    int                     backlog;        /* bounds established children not yet accepted */
     int                     n_embryo;       /* children being established */
     struct exs_list         ready;          /* established children waiting for exs_accept */
     struct exs_list         accepts;        /* pending exs_accept ops */
+    int                     n_ready, n_accepts; /* lengths of ready and accepts */
+    /* requests waiting for room (sock.c, "the listener's queues"): a FIFO of struct
+     * sock_deferred under lock; the job that starts those there is room for; the oldest
+     * one's deadline (progress thread); the provider listeners told to stop taking
+     * requests (progress thread) */
+    struct exs_list         deferred;
+    int                     n_deferred;
+    struct exs_job          defer_job;
+    int                     defer_job_busy; /* defer_job queued (lock) */
+    struct exs_eng_timer    defer_timer;
+    int                     defer_timer_on;
+    int                     defer_paused;
     struct api_sock        *parent;         /* child: its listener until accepted */
     struct exs_list         child_link;     /* in parent->ready */
     struct exs_job          close_job;      /* sock_close: the listener or conn part */

@@ -99,6 +99,14 @@ static const struct exs_counter_desc eng_counter_desc[] = {
                 "event queue descriptor writes (only for queues someone can see)"),
     EXS_COUNTER(struct exs_eng_counters, rounds,
                 "progress rounds run, also those that found nothing (an idle process runs none)"),
+    EXS_COUNTER(struct exs_eng_counters, listen_deferred,
+                "connection requests that waited for room in their listener's backlog"),
+    EXS_COUNTER(struct exs_eng_counters, listen_defer_timeouts,
+                "of those: refused (backlog full) after waiting half of connect_timeout_ms"),
+    EXS_COUNTER(struct exs_eng_counters, listen_defer_full,
+                "connection requests refused at once (backlog full): too many already waiting"),
+    EXS_COUNTER(struct exs_eng_counters, listen_pauses,
+                "times a listener's provider was told to stop taking requests (too many waiting)"),
 };
 
 static struct exs_counter_set eng_cset = {
@@ -1068,6 +1076,18 @@ int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr
         exs__prov_listener_destroy(lis->pl);
     }
     lis->pl = NULL;
+    return ret;
+}
+
+int exs__engine_listener_pause(struct exs_eng_listener *lis, int pause)
+{
+    int ret = 0, r;
+
+    EXS_ASSERT(eng_holding);
+    if (lis->pl && (r = exs__prov_listener_pause(lis->pl, pause)))
+        ret = r;
+    if (lis->pl_fb && (r = exs__prov_listener_pause(lis->pl_fb, pause)) && !ret)
+        ret = r;
     return ret;
 }
 

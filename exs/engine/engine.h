@@ -32,6 +32,11 @@ struct exs_eng_counters {
     uint64_t lease_idles;    /* leases stopped: the same drivers waited a whole lease */
     uint64_t evq_fd_writes;  /* event queue eventfd writes (api/evq.c) */
     uint64_t rounds;         /* progress rounds, also empty ones */
+    /* listeners (api/sock.c, spec/api.md exs_listen) */
+    uint64_t listen_deferred;       /* connection requests that waited for room */
+    uint64_t listen_defer_timeouts; /* ... refused (reason 3) after waiting their limit */
+    uint64_t listen_defer_full;     /* requests refused (reason 3) at once: too many waiting */
+    uint64_t listen_pauses;         /* provider listeners told to stop taking requests */
 };
 extern struct exs_eng_counters exs__eng_cnt;
 
@@ -55,8 +60,9 @@ struct exs_eng_listener {
     struct exs_prov_listener *pl;
     struct exs_prov_listener *pl_fb;
     /* progress thread: a connection request (ev->req, peer address, private data) of
-     * either listener (ev->listener->ctx: the context to accept it on); must accept or
-     * reject ev->req before returning */
+     * either listener (ev->listener->ctx: the context to accept it on); accepts or
+     * rejects ev->req, now or later (the request stays valid until then, or until the
+     * listener is destroyed: spec/provider.md, Connection management) */
     void (*on_request)(struct exs_eng_listener *lis, const struct exs_prov_cm_event *ev);
 };
 
@@ -162,5 +168,9 @@ int  exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *add
                         socklen_t addrlen, int backlog);
 /* Progress thread only. */
 void exs__engine_listener_destroy(struct exs_eng_listener *lis);
+/* Ask lis's provider listeners to stop (pause 1) or go on (0) taking new connection
+ * requests (exs__prov_listener_pause); progress thread. 0 when every one of them did,
+ * else the first error (-EOPNOTSUPP: a provider that cannot; its requests keep coming). */
+int  exs__engine_listener_pause(struct exs_eng_listener *lis, int pause);
 
 #endif

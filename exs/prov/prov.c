@@ -161,6 +161,7 @@ void exs__prov_fill_defaults(struct exs_prov_ops *ops)
     FILL(listen, prov_stub);
     FILL(listener_addr, prov_stub);
     FILL(listener_destroy, prov_stub_void);
+    FILL(listener_pause, prov_stub);
     FILL(connect, prov_stub);
     FILL(accept, prov_stub);
     FILL(reject, prov_stub);

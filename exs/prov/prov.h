@@ -355,6 +355,15 @@ struct exs_prov_ops {
     int (*listener_addr)(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
                          socklen_t *addrlen);
     void (*listener_destroy)(struct exs_prov_listener *lis); /* pending requests are rejected */
+    /* Stop (pause 1) or go on (pause 0) taking new connection requests on lis, so that
+     * clients wait below the provider (and retry there) while the consumer has no room
+     * for them. Requests the provider had taken before still arrive as CONNECT_REQUEST
+     * events (at most the provider's own handshake bound); requests already delivered
+     * stay valid. Progress thread or any thread, never waits for a peer. Optional
+     * (default -EOPNOTSUPP: the provider cannot, and requests keep arriving). tcp: stops
+     * accept()ing on the listening socket (the kernel's listen queue holds the clients,
+     * its SYN retries beyond it). */
+    int (*listener_pause)(struct exs_prov_listener *lis, int pause);
     int (*connect)(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
                    const void *private_data, uint32_t private_data_len);
     int (*accept)(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *private_data,
@@ -534,6 +543,11 @@ static inline int exs__prov_connect(struct exs_prov_ep *ep, const struct sockadd
                                     socklen_t addrlen, const void *pd, uint32_t pdlen)
 {
     return ep->ctx->ops->connect(ep, addr, addrlen, pd, pdlen);
+}
+
+static inline int exs__prov_listener_pause(struct exs_prov_listener *lis, int pause)
+{
+    return lis->ctx->ops->listener_pause(lis, pause);
 }
 
 static inline int exs__prov_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep,

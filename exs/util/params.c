@@ -175,6 +175,13 @@ static const struct exs_param_def params_table[] = {
     PARAM(wr_max, "EXS_WR_MAX", "128", UINT, 1,
           "send work requests (writes, control sends, reads, probes) outstanding per connection, "
           "1-65536; more wait in order in the connection's queue and go as completions make room"),
+    PARAM(listen_embryo_max, "EXS_LISTEN_EMBRYO_MAX", "256", UINT, 1,
+          "connections a listener has in their handshake at once, at least its backlog, 1-1048576; "
+          "requests beyond wait for room (spec/api.md, exs_listen)"),
+    PARAM(listen_defer_max, "EXS_LISTEN_DEFER_MAX", "1024", UINT, 1,
+          "connection requests a listener keeps waiting for room in its backlog, 0-1048576; "
+          "beyond it the tcp provider stops accepting (clients wait in the kernel's listen queue) "
+          "and others refuse (ECONNREFUSED at the peer); 0 = refuse at once"),
 
     /* -- fault-injection provider (issue 13) -- */
     PARAM(fault_seed, "EXS_FAULT_SEED", "1", UINT, 1,
@@ -353,6 +360,11 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, ack_every) && (v->u == 1 || v->u > 4095))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, window_test) && v->u > 7)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, listen_embryo_max) &&
+            (v->u < 1 || v->u > (1u << 20)))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, listen_defer_max) && v->u > (1u << 20))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, wr_max) && (v->u < 1 || v->u > 65536))
             return -EINVAL;

@@ -86,6 +86,9 @@ struct exs_params {
     uint64_t window_test;        /* EXS_WINDOW_TEST: test seam, EXS_WINDOW_TEST_* bits, 0 = off */
     uint64_t frag_size;          /* EXS_FRAG_SIZE: largest data write of a transfer, bytes */
     uint64_t wr_max;             /* EXS_WR_MAX: send work requests outstanding per connection */
+    uint64_t listen_embryo_max;  /* EXS_LISTEN_EMBRYO_MAX: handshakes in flight per listener
+                                  * (at least its backlog) */
+    uint64_t listen_defer_max;   /* EXS_LISTEN_DEFER_MAX: requests waiting for room per listener */
 
     /* -- fault-injection provider (issue 13) -- */
     uint64_t fault_seed;        /* EXS_FAULT_SEED: seed of every probability choice */

@@ -28,6 +28,7 @@ static Suite *(*const suites[])(void) = {
     integ_resume_ring_suite,
     integ_handoff_suite,
     integ_fragread_suite,
+    integ_backlog_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # The connection stress tests at the issue's numbers: 4,096 connections at once (RUNS runs in
-# a row, default 10), 10,000 connections reset at once (two rounds), 10,000 half-open
+# a row, default 10), the same against a listener with backlog 64 and 256 accepts posted
+# (RUNS runs in a row), 10,000 connections reset at once (two rounds), 10,000 half-open
 # connections, the echo server at its descriptor limit, 20,000 connect-and-close cycles
 # against a resumable listener (issue 24 finding 2), and 1,000 hostile connections against
 # a 256 MiB memory budget (tests/hostile mem_budget_holds). Prints every figure and ends with
@@ -35,6 +36,10 @@ run() {
 for i in $(seq "$runs"); do
     echo "== connect_many run $i of $runs"
     run connect_many EXS_STRESS_CONNECT=4096
+done
+for i in $(seq "$runs"); do
+    echo "== connect_backlog run $i of $runs"
+    run connect_backlog EXS_STRESS_BACKLOG=4096 EXS_STRESS_BACKLOG_RUNS=1
 done
 # Each connection takes two descriptors on each side (the ES-API descriptor is an eventfd,
 # plus the TCP socket): under a hard RLIMIT_NOFILE of 20,000 a process holds at most 9,992,

@@ -32,6 +32,8 @@ void st_raise_nofile(long want);
 
 /* Start the server (nofile > 0: with that RLIMIT_NOFILE); fails the test on error. */
 void st_server_start(struct st_server *s, long nofile);
+/* The same with the server's listen backlog and the number of accepts it keeps posted. */
+void st_server_start_backlog(struct st_server *s, int backlog, int accepts);
 /* Check it is still running, stop it (SIGTERM) and check it exited cleanly (status 0). */
 void st_server_stop(struct st_server *s);
 int st_proc_fds(pid_t pid);

@@ -114,8 +114,10 @@ static int read_line(int fd, char *buf, size_t len, int timeout_ms)
     return 0;
 }
 
-/* One attempt to start the server: 0, or -1 when it exited before saying where it listens. */
-static int server_try(struct st_server *s, const char *path, long nofile)
+/* One attempt to start the server: 0, or -1 when it exited before saying where it listens.
+ * backlog > 0: its listen backlog and how many accepts it keeps posted. */
+static int server_try(struct st_server *s, const char *path, long nofile, int backlog,
+                      int accepts)
 {
     char line[256], port[16];
     int pfd[2], status;
@@ -142,7 +144,15 @@ static int server_try(struct st_server *s, const char *path, long nofile)
             if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
                 _exit(126);
         }
-        execl(path, path, port, NULL);
+        if (backlog > 0) {
+            char b[16], a[16];
+
+            snprintf(b, sizeof(b), "%d", backlog);
+            snprintf(a, sizeof(a), "%d", accepts);
+            execl(path, path, port, "0", "16384", b, a, NULL);
+        } else {
+            execl(path, path, port, NULL);
+        }
         perror(path);
         _exit(127);
     }
@@ -159,18 +169,28 @@ static int server_try(struct st_server *s, const char *path, long nofile)
     return 0;
 }
 
-void st_server_start(struct st_server *s, long nofile)
+static void server_start(struct st_server *s, long nofile, int backlog, int accepts)
 {
     char path[PATH_MAX];
     int tries = 0;
 
     server_path(path, sizeof(path));
     srandom((unsigned)getpid() ^ (unsigned)st_now_ms());
-    while (server_try(s, path, nofile) < 0)
+    while (server_try(s, path, nofile, backlog, accepts) < 0)
         ck_assert_msg(++tries < 5, "%s did not start", path);
     printf("server %s pid %d port %d%s\n", path, (int)s->pid, s->port,
            nofile > 0 ? " (low RLIMIT_NOFILE)" : "");
     fflush(stdout);
+}
+
+void st_server_start(struct st_server *s, long nofile)
+{
+    server_start(s, nofile, 0, 0);
+}
+
+void st_server_start_backlog(struct st_server *s, int backlog, int accepts)
+{
+    server_start(s, 0, backlog, accepts);
 }
 
 void st_server_stop(struct st_server *s)

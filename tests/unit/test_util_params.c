@@ -53,7 +53,7 @@ START_TEST(test_table_shape)
             ck_assert_str_eq(buf, t[i].defval);
         /* online: the log settings, the adaptive spin, the close timeout, the deadlines,
          * keepalive, the window, fragmentation and the work-request cap (issue 13, read at
-         * each use), the bound of connections resuming, the fault provider's faults, the control client timeout, the slow-poll
+         * each use), the bound of connections resuming, the listeners' bounds (read at each request), the fault provider's faults, the control client timeout, the slow-poll
          * and slow-pass thresholds and trace sampling; the rest is start-up only */
         ck_assert_int_eq(t[i].online, strncmp(t[i].name, "log_", 4) == 0 ||
                                           strcmp(t[i].name, "qspin_us") == 0 ||
@@ -69,6 +69,7 @@ START_TEST(test_table_shape)
                                           strcmp(t[i].name, "window_test") == 0 ||
                                           strcmp(t[i].name, "frag_size") == 0 ||
                                           strcmp(t[i].name, "wr_max") == 0 ||
+                                          strncmp(t[i].name, "listen_", 7) == 0 ||
                                           strncmp(t[i].name, "fault_", 6) == 0 ||
                                           strcmp(t[i].name, "ctl_timeout_ms") == 0 ||
                                           strcmp(t[i].name, "polling_warn_cycle_us") == 0 ||

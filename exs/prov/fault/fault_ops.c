@@ -320,6 +320,11 @@ static void fault_listener_destroy(struct exs_prov_listener *l)
     free(lis);
 }
 
+static int fault_listener_pause(struct exs_prov_listener *l, int pause)
+{
+    return IOPS(fault_ctx_of(l->ctx))->listener_pause(fault_lis_of(l)->inner, pause);
+}
+
 static int fault_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen_t addrlen,
                          const void *pd, uint32_t pdlen)
 {
@@ -531,6 +536,7 @@ static int fault_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr 
         .ep_create = fault_ep_create, .ep_destroy = fault_ep_destroy, .ep_state = fault_ep_state,  \
         .ep_local_addr = fault_ep_local_addr, .listen = fault_listen,                              \
         .listener_addr = fault_listener_addr, .listener_destroy = fault_listener_destroy,          \
+        .listener_pause = fault_listener_pause,                                                    \
         .connect = fault_connect, .accept = fault_accept, .reject = fault_reject,                  \
         .disconnect = fault_disconnect, .post_recv = fault_post_recv,                              \
         .post_send = fault_post_send,                                                              \

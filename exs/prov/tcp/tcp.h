@@ -58,6 +58,7 @@
 #define TCP_BACKOFF_MAX_MS 1000      /* pauses double up to this */
 #define TCP_HANDSHAKE_MS   10000     /* default of EXS_TCP_HANDSHAKE_MS */
 #define TCP_HANDSHAKE_MAX  1024      /* default of EXS_TCP_HANDSHAKE_MAX */
+#define TCP_LISTEN_QUEUE   65535     /* listen(2) backlog; the kernel caps it (somaxconn) */
 
 struct tcp_ctx;
 struct tcp_conn;
@@ -94,6 +95,7 @@ struct tcp_counters {
     uint64_t accept_backoffs;
     uint64_t handshake_timeouts;
     uint64_t handshake_evictions;
+    uint64_t handshake_waits;
     uint64_t notifies;
     uint64_t ack_kicks;
     uint64_t disarms;
@@ -229,6 +231,10 @@ struct tcp_listener {
     /* NIC: descriptor exhaustion back-off */
     uint64_t                 resume_at;  /* not watched until then; 0 = watched */
     uint32_t                 backoff_ms; /* last pause, 0 after a successful accept */
+    int                      paused;     /* NIC: listener_pause: not watched until resumed */
+    int                      hs_wait;    /* NIC: handshakes at the bound, none silent long
+                                          * enough to drop: not watched until one leaves or
+                                          * resume_at */
 };
 
 struct tcp_req {
@@ -315,6 +321,7 @@ struct tcp_conn {
     struct exs_list      timer_link;
     struct exs_list      hs_link;    /* lis->handshakes while WAIT_REQ */
     int                  on_hs;
+    uint64_t             hs_at;      /* on_hs: when it was accepted (ns) */
     struct exs_list      link;       /* ctx->conns or ctx->dead */
 };
 
@@ -327,6 +334,7 @@ enum tcp_cmd_type {
     TCP_CMD_EP_DESTROY,
     TCP_CMD_LISTEN,
     TCP_CMD_LISTENER_DESTROY,
+    TCP_CMD_LISTENER_PAUSE, /* pdlen: 1 pause, 0 go on */
 };
 
 struct tcp_cmd {
@@ -483,6 +491,7 @@ int  exs__tcp_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, sock
 int  exs__tcp_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
                             socklen_t *addrlen);
 void exs__tcp_listener_destroy(struct exs_prov_listener *lis);
+int  exs__tcp_listener_pause(struct exs_prov_listener *lis, int pause);
 int  exs__tcp_connect(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
                       const void *pd, uint32_t pdlen);
 int  exs__tcp_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *pd,

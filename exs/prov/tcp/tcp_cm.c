@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -60,11 +61,20 @@ static void tcp_conn_txq_clear(struct tcp_conn *conn)
 /* NIC: the conn no longer waits for its CONN_REQ (it came, or the conn ends). */
 void exs__tcp_conn_hs_leave(struct tcp_conn *conn)
 {
+    struct tcp_listener *lis = conn->lis;
+
     if (!conn->on_hs)
         return;
     exs_list_del(&conn->hs_link);
-    conn->lis->n_handshakes--;
+    lis->n_handshakes--;
     conn->on_hs = 0;
+    if (lis->hs_wait) {
+        /* a slot is free: accept again from the next turn (tcp_listener_hs_room) */
+        lis->hs_wait = 0;
+        lis->resume_at = 0;
+        if (!lis->paused)
+            exs__tcp_listener_watch(lis, 1);
+    }
 }
 
 /* Close the socket now; the memory goes at the end of the loop turn. */
@@ -441,9 +451,48 @@ static void tcp_listener_backoff(struct tcp_listener *lis, int err)
     exs__tcp_listener_watch(lis, 0);
 }
 
-/* NIC: accept incoming sockets. */
+/* NIC: room for one more socket waiting for its CONN_REQ? The number is bounded: at the
+ * bound the oldest one is closed if it is silent (nothing to read) and has waited a tenth
+ * of the handshake timeout, which bounds the descriptors half-open connections hold.
+ * Otherwise the sockets are a burst of live clients whose requests are on their way (a
+ * loaded client may take a while to send them) or not read yet: evicting them would reset
+ * good clients, so the listener is not watched until one of them leaves the handshake or
+ * the oldest may be judged, and new clients wait in the kernel's listen queue meanwhile. */
+static int tcp_listener_hs_room(struct tcp_listener *lis)
+{
+    struct tcp_ctx *ctx = lis->ctx;
+    struct tcp_conn *old;
+    uint64_t now, judge;
+    int unread = 0;
+
+    if (lis->n_handshakes < ctx->handshake_max)
+        return 1;
+    old = exs_list_entry(lis->handshakes.next, struct tcp_conn, hs_link);
+    now = exs__now_ns();
+    judge = old->hs_at + ctx->handshake_ns / 10;
+    if (ioctl(old->fd, FIONREAD, &unread) < 0)
+        unread = 0;
+    if (now >= judge && !unread) {
+        EXS_CNT_INC(ctx->cnt.handshake_evictions);
+        EXS_CNT_INC(ctx->cnt.bogus_conns);
+        EXS_DBG(PROV, "listener %p: %u handshakes pending: dropping conn %p", (void *)lis,
+                lis->n_handshakes, (void *)old);
+        exs__tcp_conn_close(old);
+        return 1;
+    }
+    EXS_CNT_INC(ctx->cnt.handshake_waits);
+    lis->hs_wait = 1;
+    lis->resume_at = unread || now >= judge ? now + 1000000u : judge;
+    exs__tcp_timer_moved(ctx);
+    exs__tcp_listener_watch(lis, 0);
+    return 0;
+}
+
+/* NIC: accept incoming sockets (none while paused: an event polled before the pause). */
 void exs__tcp_listener_ready(struct tcp_listener *lis)
 {
+    if (lis->paused)
+        return;
     for (int i = 0; i < 16; i++) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
@@ -451,6 +500,8 @@ void exs__tcp_listener_ready(struct tcp_listener *lis)
         int fd;
 
         EXS_CNT_INC(lis->ctx->cnt.accept_calls);
+        if (!tcp_listener_hs_room(lis))
+            return;
         fd = accept4(lis->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             int err = errno;
@@ -466,16 +517,6 @@ void exs__tcp_listener_ready(struct tcp_listener *lis)
             return;
         }
         lis->backoff_ms = 0;
-        if (lis->n_handshakes >= lis->ctx->handshake_max) {
-            /* bounded: the oldest silent socket makes room for the new one */
-            struct tcp_conn *old = exs_list_entry(lis->handshakes.next, struct tcp_conn, hs_link);
-
-            EXS_CNT_INC(lis->ctx->cnt.handshake_evictions);
-            EXS_CNT_INC(lis->ctx->cnt.bogus_conns);
-            EXS_DBG(PROV, "listener %p: %u handshakes pending: dropping conn %p", (void *)lis,
-                    lis->n_handshakes, (void *)old);
-            exs__tcp_conn_close(old);
-        }
         conn = tcp_conn_new(lis->ctx, fd, TCP_CONN_WAIT_REQ);
         if (!conn) {
             close(fd);
@@ -486,6 +527,7 @@ void exs__tcp_listener_ready(struct tcp_listener *lis)
         conn->peerlen = sl;
         exs_list_add_tail(&lis->handshakes, &conn->hs_link);
         conn->on_hs = 1;
+        conn->hs_at = exs__now_ns();
         lis->n_handshakes++;
         conn->linger_at = exs__now_ns() + lis->ctx->handshake_ns;
         exs__tcp_conn_timer(conn);
@@ -639,7 +681,11 @@ int exs__tcp_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
     if (fd < 0)
         return -errno;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, addr, addrlen) < 0 || listen(fd, backlog > 0 ? backlog : 128) < 0) {
+    /* The kernel's queue is as long as the system allows (net.core.somaxconn caps it),
+     * whatever the consumer's backlog: the consumer bounds its own queues and, when they
+     * are full, pauses the listener (listener_pause), and then the clients wait here. */
+    (void)backlog;
+    if (bind(fd, addr, addrlen) < 0 || listen(fd, TCP_LISTEN_QUEUE) < 0) {
         ret = -errno;
         EXS_DBG(PROV, "listen: %m");
         close(fd);
@@ -743,6 +789,31 @@ void exs__tcp_listener_destroy(struct exs_prov_listener *l)
     exs__tcp_ctx_call(lis->ctx, &cmd);
     close(lis->fd);
     free(lis);
+}
+
+/* NIC: stop or go on accepting sockets (a back-off in progress watches it again when it
+ * ends, unless paused). */
+static void tcp_listener_pause_nic(struct tcp_listener *lis, int pause)
+{
+    if (lis->paused == pause)
+        return;
+    lis->paused = pause;
+    if (lis->resume_at)
+        return;
+    exs__tcp_listener_watch(lis, !pause);
+    if (!pause)
+        exs__tcp_listener_ready(lis);
+}
+
+int exs__tcp_listener_pause(struct exs_prov_listener *l, int pause)
+{
+    struct tcp_listener *lis = (struct tcp_listener *)l;
+    struct tcp_cmd cmd = { .type = TCP_CMD_LISTENER_PAUSE, .pdlen = !!pause };
+
+    if (!lis)
+        return -EINVAL;
+    cmd.lis = lis;
+    return exs__tcp_ctx_call(lis->ctx, &cmd);
 }
 
 /* ---- connect / accept / reject / disconnect ---- */
@@ -939,6 +1010,9 @@ void exs__tcp_cmd_run(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
         break;
     case TCP_CMD_LISTENER_DESTROY:
         tcp_listener_destroy_nic(ctx, cmd->lis);
+        break;
+    case TCP_CMD_LISTENER_PAUSE:
+        tcp_listener_pause_nic(cmd->lis, (int)cmd->pdlen);
         break;
     }
     cmd->ret = ret;

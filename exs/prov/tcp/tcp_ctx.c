@@ -63,6 +63,8 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
                 "incoming sockets silent until the handshake timeout"),
     EXS_COUNTER(struct tcp_counters, handshake_evictions,
                 "incoming sockets dropped: too many handshakes"),
+    EXS_COUNTER(struct tcp_counters, handshake_waits,
+                "listener pauses: as many handshakes as allowed, none silent long enough to drop"),
     EXS_COUNTER(struct tcp_counters, notifies,
                 "event fd writes: an entry queued while a consumer was armed"),
     EXS_COUNTER(struct tcp_counters, ack_kicks,
@@ -367,10 +369,14 @@ static void tcp_nic_timers(struct tcp_ctx *ctx)
         if (!now)
             now = exs__now_ns();
         if (lis->resume_at <= now) {
-            /* back-off over: watch again and try at once */
+            /* back-off over: watch again and try at once (unless the consumer paused it:
+             * resuming it does that) */
             lis->resume_at = 0;
-            exs__tcp_listener_watch(lis, 1);
-            exs__tcp_listener_ready(lis);
+            lis->hs_wait = 0;
+            if (!lis->paused) {
+                exs__tcp_listener_watch(lis, 1);
+                exs__tcp_listener_ready(lis);
+            }
         }
     }
     if (exs_list_empty(&ctx->timers))
@@ -970,6 +976,7 @@ struct exs_prov_ops exs__prov_tcp_ops = {
     .listen = exs__tcp_listen,
     .listener_addr = exs__tcp_listener_addr,
     .listener_destroy = exs__tcp_listener_destroy,
+    .listener_pause = exs__tcp_listener_pause,
     .connect = exs__tcp_connect,
     .accept = exs__tcp_accept,
     .reject = exs__tcp_reject,
