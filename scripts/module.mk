@@ -5,15 +5,15 @@
 # comes up, or if a run passes without a single packet going through rxe0 (a silent
 # fallback to tcp).
 #
-#   RXE_VM_TIMEOUT=1200   hard limit of the whole guest run, seconds (environment)
-#   RXE_TEST_TIMEOUT=960  limit of each test binary in the guest, seconds (blast: 120);
+#   RXE_VM_TIMEOUT=2700   hard limit of the whole guest run, seconds (environment)
+#   RXE_TEST_TIMEOUT=1800 limit of each test binary in the guest, seconds (blast: 120);
 #                         RXE_VM_TIMEOUT bounds them all (measured here: exs_prov_test
 #                         9 s, exs_integ_test 89 s, or 701 s with 10,000 cycles)
 #   RXE_CK_MULT=10        CK_TIMEOUT_MULTIPLIER in the guest: TCG is slow
 #   RXE_TEST_CYCLES=1000  EXS_TEST_CYCLES in the guest: fixed-count stress loops (the integ
 #                         connect/close cycles) are 100-1000x slower there
 RXE_CHECK_DIR    := $(BUILD)/rxe-vm/check
-RXE_TEST_TIMEOUT ?= 960
+RXE_TEST_TIMEOUT ?= 1800
 RXE_CK_MULT      ?= 10
 RXE_TEST_CYCLES  ?= 1000
 

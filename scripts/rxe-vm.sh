@@ -24,7 +24,7 @@
 # Environment:
 #   BUILD=build            the base initramfs is cached in $BUILD/rxe-vm/ (rebuilt when
 #                          this script, the kernel or any host file put into it changes)
-#   RXE_VM_TIMEOUT=1200    hard limit in seconds for the whole run (install, build, boot,
+#   RXE_VM_TIMEOUT=2700    hard limit in seconds for the whole run (install, build, boot,
 #                          command); the guest kills COMMAND a little before it
 #   RXE_VM_MEM=2G  RXE_VM_SMP=2  guest memory and CPUs
 #   RXE_VM_KVER=<version>  kernel under /lib/modules (default: newest with rdma_rxe.ko)
@@ -49,7 +49,7 @@ guest_dir=$1
 shift
 [ "$guest_dir" = - ] || [ -d "$guest_dir" ] || die "not a directory: $guest_dir"
 
-limit=${RXE_VM_TIMEOUT:-1200}
+limit=${RXE_VM_TIMEOUT:-2700}
 mem=${RXE_VM_MEM:-2G}
 smp=${RXE_VM_SMP:-2}
 cache=${BUILD:-build}/rxe-vm
