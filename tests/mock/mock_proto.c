@@ -276,6 +276,17 @@ int pt_check(const void *buf, size_t len, uint64_t off)
     return 1;
 }
 
+void pt_assert_pairs_done(struct pt_op *s, struct pt_op *r, int n, const uint8_t *rb, size_t len)
+{
+    for (int i = 0; i < n; i++) {
+        pt_assert_done(&s[i], (ssize_t)len, 0);
+        pt_assert_done(&r[i], (ssize_t)len, 0);
+        ck_assert(pt_check(rb + (size_t)i * len, len, (uint64_t)i * len));
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+
 uint64_t pt_rnr(struct pt_pair *pp)
 {
     struct mock_stats a, b;

@@ -90,6 +90,10 @@ void pt_fill(void *buf, size_t len, uint64_t off);
 /* 1 when buf holds the pattern of offset off. */
 int pt_check(const void *buf, size_t len, uint64_t off);
 
+/* n sends s[i] of len bytes and their receives r[i] (into rb + i * len, pattern of offset
+ * i * len): each delivered whole, the bytes verified; every op finished. */
+void pt_assert_pairs_done(struct pt_op *s, struct pt_op *r, int n, const uint8_t *rb, size_t len);
+
 /* The mock's RNR counters of both sides added. */
 uint64_t pt_rnr(struct pt_pair *pp);
 

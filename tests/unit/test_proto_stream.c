@@ -744,13 +744,7 @@ START_TEST(st_adverts_capped)
     for (int i = 0; i < N; i++)
         st_send(&s[i], &pp.a, sb + (size_t)i * L, L, (uint64_t)i * L);
     pt_run(&pp);
-    for (int i = 0; i < N; i++) {
-        pt_assert_done(&s[i], L, 0);
-        pt_assert_done(&r[i], L, 0);
-        ck_assert(pt_check(rb + (size_t)i * L, L, (uint64_t)i * L));
-        pt_op_fini(&s[i]);
-        pt_op_fini(&r[i]);
-    }
+    pt_assert_pairs_done(s, r, N, rb, L);
     ck_assert_int_eq(pp.a.conn->state, EXS_CONN_CONNECTED);
     free(sb);
     free(rb);
