@@ -120,6 +120,9 @@ START_TEST(test_backlog_wait_times_out)
     int lfd, first, second, a1;
 
     it_setenv("EXS_CONNECT_TIMEOUT_MS", "2000");
+    /* one attempt: with the default policy a verbs connect refused by the listener falls
+     * back to its tcp listener and waits there again (a second timeout counted) */
+    it_setenv("EXS_FALLBACK", "off");
     it_init();
     q = it_qcreate(64);
     t0 = bl_count("listen_defer_timeouts");
