@@ -35,7 +35,8 @@ enum exs_log_subsys {
 #define EXS_MAX_LOG_LEVEL EXS_LOG_TRACE
 #endif
 
-/* Current run-time settings (read by the macros without a call). */
+/* Current run-time settings (read by the macros without a call; relaxed atomics: the control
+ * endpoint's `set` changes them while other threads log). */
 extern int      exs__log_level;
 extern unsigned exs__log_subsys;
 
@@ -78,7 +79,8 @@ typedef void exs_log_hook_fn(const char *line, size_t len);
 void exs__log_set_hook(exs_log_hook_fn *fn);
 
 #define EXS_LOG_ON(_lvl, _sub)                                                       \
-    ((_lvl) <= EXS_MAX_LOG_LEVEL && (_lvl) <= exs__log_level && (exs__log_subsys & (_sub)))
+    ((_lvl) <= EXS_MAX_LOG_LEVEL && (_lvl) <= __atomic_load_n(&exs__log_level, __ATOMIC_RELAXED) && \
+     (__atomic_load_n(&exs__log_subsys, __ATOMIC_RELAXED) & (_sub)))
 
 #define EXS_LOG(_lvl, _sub, ...)                                                     \
     do {                                                                             \
