@@ -289,18 +289,20 @@ double srv_cpu_ms(struct srv *s)
     return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
 }
 
-double srv_runnable_ms(struct srv *s)
+int srv_threads_snap(struct srv *s, struct srv_tsnap *out)
 {
-    char path[512];
-    unsigned long long run, wait, sum = 0;
+    char path[512], line[256];
+    unsigned long long run, wait, v;
     struct dirent *d;
     DIR *dir;
 
+    out->n = 0;
     snprintf(path, sizeof(path), "/proc/%d/task", (int)s->pid);
     dir = opendir(path);
     if (!dir)
         return -1;
-    while ((d = readdir(dir))) {
+    while ((d = readdir(dir)) && out->n < (int)(sizeof(out->t) / sizeof(out->t[0]))) {
+        int ok = 0;
         FILE *f;
 
         if (d->d_name[0] == '.')
@@ -309,12 +311,45 @@ double srv_runnable_ms(struct srv *s)
         f = fopen(path, "r");
         if (!f)
             continue; /* the thread just ended */
-        if (fscanf(f, "%llu %llu", &run, &wait) == 2)
-            sum += run + wait;
+        ok = fscanf(f, "%llu %llu", &run, &wait) == 2;
         fclose(f);
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/status", (int)s->pid, d->d_name);
+        f = ok ? fopen(path, "r") : NULL;
+        if (!f)
+            continue;
+        ok = 0;
+        while (fgets(line, sizeof(line), f))
+            if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1)
+                ok = 1;
+        fclose(f);
+        if (!ok)
+            continue;
+        out->t[out->n].tid = atoi(d->d_name);
+        out->t[out->n].runnable_ms = (double)(run + wait) / 1e6;
+        out->t[out->n].blocked = v;
+        out->n++;
     }
     closedir(dir);
-    return (double)sum / 1e6;
+    return 0;
+}
+
+double srv_spinning_ms(const struct srv_tsnap *a, const struct srv_tsnap *b, int *tid)
+{
+    double most = 0;
+
+    *tid = 0;
+    for (int i = 0; i < b->n; i++)
+        for (int j = 0; j < a->n; j++) {
+            double ms = b->t[i].runnable_ms - a->t[j].runnable_ms;
+
+            if (a->t[j].tid != b->t[i].tid)
+                continue;
+            if (b->t[i].blocked - a->t[j].blocked < 5 && ms > most) {
+                most = ms;
+                *tid = b->t[i].tid;
+            }
+        }
+    return most;
 }
 
 /* ---- the well-behaved client ---- */

@@ -19,10 +19,11 @@
 /* The provider under test (main() sets EXS_PROVIDER to it before any test runs). */
 extern const char *it_provider;
 
-/* Default bound of every wait for something that should happen promptly. */
-#define IT_TIMEOUT_MS   10000
+/* Default bound of every wait for something that should happen promptly: a safety net
+ * only (every wait is for a condition), wide enough for a host loaded many times over. */
+#define IT_TIMEOUT_MS   30000
 /* Default Check timeout of a test case, in seconds. */
-#define IT_CASE_TIMEOUT 60
+#define IT_CASE_TIMEOUT 120
 
 /* The suites (one per test file). */
 Suite *integ_seqpacket_suite(void);
