@@ -9,6 +9,7 @@
 #include "exs/engine/engine.h"
 #include "exs/util/counters.h"
 #include "tests/integ/integ.h"
+#include "tests/skip.h"
 
 #define MS 1000000ull
 
@@ -73,15 +74,17 @@ static void dq1(exs_qhandle_t q, int type, void *ctx)
  * back in nearly every gap and drive them itself; now it waits twice the remembered gap,
  * so only a gap stretched past that (a thread preempted on a loaded machine) lets it in,
  * and the application drives its own transfers. A round stretched past twice the gap
- * lets it in by design and is not judged: rounds go on (bounded) until `rounds` were
- * not stretched. */
+ * lets it in by design and is not judged, nor is the round after one (the remembered gap
+ * decays while rounds stretch, so the next gap may be let in by design too): rounds go
+ * on (bounded) until `rounds` were judged; a host too loaded to give that many is
+ * reported as a skip, not judged. */
 START_TEST(test_busy_gaps_keep_provider)
 {
     const int rounds = 60;
     struct it_buf *sb, *rb;
     struct it_pair p;
     uint64_t drives = 0;
-    int judged = 0, i;
+    int judged = 0, i, kept = 0;
 
     it_init();
     it_pair_open(&p, SOCK_STREAM, 8, 8);
@@ -100,15 +103,25 @@ START_TEST(test_busy_gaps_keep_provider)
         dq1(p.cq, EXS_EVT_SEND, sb);
         dq1(p.sq, EXS_EVT_RECV, rb);
         ck_assert_int_eq(memcmp(rb->p, sb->p, 64), 0);
-        if (i < 5 || it_now_ms() - t0 > 4.0)
-            continue; /* the gap is remembered from round 5 on; a stretched round */
+        if (it_now_ms() - t0 > 4.0) {
+            kept = 0; /* a stretched round */
+            continue;
+        }
+        if (i < 5 || kept++ == 0)
+            continue; /* the gap is remembered from round 5 on, and refreshed by a kept one */
         judged++;
         drives += eng_counter("drives_thread") - d0;
     }
-    ck_assert_msg(judged == rounds, "only %d of %d rounds kept their gap of 2 ms", judged, i);
+    if (judged < rounds) {
+        test_skip("busy_gaps_keep_provider",
+                  "only %d of %d rounds kept their gap of 2 ms after a kept one: host too loaded",
+                  judged, i);
+        goto out;
+    }
     ck_assert_msg(drives < (uint64_t)rounds / 2,
                   "the progress thread drove %llu times in %d gaps of 2 ms",
                   (unsigned long long)drives, rounds);
+out:
     it_buf_free(sb);
     it_buf_free(rb);
     it_pair_close(&p);
