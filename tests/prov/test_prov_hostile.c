@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "exs/prov/tcp/tcp.h"
 #include "exs/prov/tcp/tcp_wire.h"
 #include "tests/prov/prov_test.h"
 
@@ -378,6 +379,92 @@ START_TEST(hostile_peer_vanishes_mid_frame)
 }
 END_TEST
 
+/* ---- the state tables (spec/provider-tcp.md, "States") ---- */
+
+/* The transition tables are the spec's: every pair checked, in and out. */
+START_TEST(states_tables)
+{
+    static const char *conn_ok[] = {
+        "CONNECTING WAIT_REPLY", "CONNECTING DEAD", "WAIT_REPLY UP", "WAIT_REPLY DEAD",
+        "WAIT_REQ PENDING",      "WAIT_REQ DEAD",   "PENDING UP",    "PENDING LINGER",
+        "PENDING DEAD",          "UP LINGER",       "UP DEAD",       "LINGER DEAD",
+    };
+    /* IDLE CONNECTING CONNECTED ERROR */
+    static const int ep_ok[4][4] = {{0, 1, 1, 1}, {1, 0, 1, 1}, {0, 0, 0, 1}, {0, 0, 0, 1}};
+    int legal = 0;
+
+    if (pt_skip_unless_tcp_itself("states_tables"))
+        return;
+    for (int from = TCP_CONN_CONNECTING; from <= TCP_CONN_DEAD; from++) {
+        for (int to = TCP_CONN_CONNECTING; to <= TCP_CONN_DEAD; to++) {
+            char pair[64];
+            int want = 0;
+
+            snprintf(pair, sizeof(pair), "%s %s", exs__tcp_conn_state_str(from),
+                     exs__tcp_conn_state_str(to));
+            for (size_t i = 0; i < sizeof(conn_ok) / sizeof(conn_ok[0]); i++)
+                want |= strcmp(pair, conn_ok[i]) == 0;
+            ck_assert_msg(exs__tcp_conn_state_legal(from, to) == want, "conn %s: %d", pair,
+                          !want);
+            legal += want;
+        }
+    }
+    ck_assert_int_eq(legal, (int)(sizeof(conn_ok) / sizeof(conn_ok[0])));
+    ck_assert(!exs__tcp_conn_state_legal(TCP_CONN_DEAD + 1, TCP_CONN_DEAD));
+    for (int from = 0; from < 4; from++)
+        for (int to = 0; to < 4; to++)
+            ck_assert_msg(exs__tcp_ep_state_legal(from, to) == ep_ok[from][to], "ep %d -> %d",
+                          from, to);
+}
+END_TEST
+
+/* A transition outside the tables fails the object cleanly (never a crash, never the
+ * illegal state): the ep goes to ERROR with its receives flushed and one DISCONNECTED,
+ * the connection is closed (the peer sees its end), and the listener serves on. */
+START_TEST(states_illegal_fails_cleanly)
+{
+    struct pt_pair p;
+    struct pt_buf *dst;
+    struct exs_prov_cm_event ev;
+    struct exs_prov_ep_attr at;
+    struct tcp_ctx *tb;
+    struct tcp_conn *conn;
+    int ret;
+
+    if (pt_skip_unless_tcp_itself("states_illegal_fails_cleanly"))
+        return;
+    pt_pair_setup(&p, NULL, NULL);
+    dst = pt_pair_buf(&p, 'b', 64, LW, 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 5, dst, 0, 64), 0);
+    tb = tcp_ctx_of(p.b.ctx);
+    pthread_mutex_lock(&tb->nic_lock);
+    ret = exs__tcp_ep_set_state(tcp_ep_of(p.eb), EXS_PROV_EP_CONNECTING, "test: illegal");
+    pthread_mutex_unlock(&tb->nic_lock);
+    ck_assert_int_eq(ret, -EPROTO);
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_ERROR);
+    pt_wait_cm(&p.b, EXS_PROV_CM_DISCONNECTED, 5000, &ev);
+    ck_assert_int_eq(ev.status, -EPROTO);
+    pt_expect_cqe(&p.b, 5, EXS_PROV_WC_WR_FLUSH_ERR, EXS_PROV_WC_RECV, NULL);
+    ck_assert_uint_eq(tb->cnt.state_errors, 1);
+
+    /* a connection: UP -> PENDING closes it; the peer's ep learns it */
+    pthread_mutex_lock(&tb->nic_lock);
+    conn = tcp_ep_of(p.eb)->conn;
+    ret = conn ? exs__tcp_conn_set_state(conn, TCP_CONN_PENDING, "test: illegal") : -ENOENT;
+    pthread_mutex_unlock(&tb->nic_lock);
+    ck_assert_int_eq(ret, -EPROTO);
+    pt_wait_cm(&p.a, EXS_PROV_CM_DISCONNECTED, 5000, &ev);
+    ck_assert_uint_eq(tb->cnt.state_errors, 2);
+    tb->cnt.state_errors = 0; /* pt_ctx_close asserts none */
+    p.a_up = p.b_up = 0;
+    pt_ops->ep_destroy(p.ea);
+    at = pt_default_attr();
+    ck_assert_int_eq(pt_ops->ep_create(p.a.ctx, &at, &p.ea), 0);
+    normal_connection_works(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_hostile_suite(void)
 {
     Suite *s = suite_create("prov_hostile");
@@ -402,6 +489,10 @@ Suite *prov_hostile_suite(void)
     tcase_add_test(tc, hostile_bad_flags);
     tcase_add_test(tc, hostile_send_too_long);
     tcase_add_test(tc, hostile_peer_vanishes_mid_frame);
+    suite_add_tcase(s, tc);
+    tc = pt_tcase("states");
+    tcase_add_test(tc, states_tables);
+    tcase_add_test(tc, states_illegal_fails_cleanly);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -73,6 +73,12 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
                 "arms taken back by ctx_disarm (nobody slept on the event fd any more)"),
     EXS_COUNTER(struct tcp_counters, rx_lowats,
                 "SO_RCVLOWAT raised: the rest of a large payload wakes the reader once"),
+    EXS_COUNTER(struct tcp_counters, hello_refused,
+                "incoming sockets reset: no CONN_REQ by the hello deadline, or bytes that are "
+                "not one (not an exs peer)"),
+    EXS_COUNTER(struct tcp_counters, state_errors,
+                "state changes outside the transition table (a bug: the connection or endpoint "
+                "was failed instead)"),
 };
 
 static void tcp_wakefd_write(struct tcp_ctx *ctx)
@@ -539,7 +545,7 @@ static void tcp_nic_event(struct tcp_ctx *ctx, struct epoll_event *ev)
             if (conn->rx_phase == TCP_RX_HOLD)
                 exs__tcp_conn_hold_hup(conn);
             else
-                exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, -1);
+                exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, TCP_END_ABORT);
         }
         break;
     }

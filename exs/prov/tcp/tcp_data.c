@@ -430,7 +430,7 @@ static int tcp_conn_resp_fence(struct tcp_conn *conn, int *naked)
         EXS_CNT_INC(ctx->cnt.access_errors);
         EXS_DBG(PROV, "conn %p ep %p: read response cut: key revoked", (void *)conn,
                 (void *)conn->ep);
-        exs__tcp_conn_fail(conn, -ECONNABORTED, 0, 0, -1);
+        exs__tcp_conn_fail(conn, -ECONNABORTED, 0, 0, TCP_END_ABORT);
         return -1;
     }
     return live;
@@ -541,7 +541,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
                 break;
             }
             EXS_DBG(PROV, "conn %p: send: %m", (void *)conn);
-            exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, -1);
+            exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, TCP_END_ABORT);
             return;
         }
         EXS_CNT_ADD(ctx->cnt.bytes_tx, n);
@@ -570,7 +570,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
     if (naked && conn->state == TCP_CONN_UP) {
         /* a READ was refused (key revoked): the requester's ep goes to ERROR, ours too */
         EXS_CNT_INC(ctx->cnt.access_errors);
-        exs__tcp_conn_fail(conn, -ECONNABORTED, 0, 0, 0);
+        exs__tcp_conn_fail(conn, -ECONNABORTED, 0, 0, TCP_END_QUIET);
         return;
     }
     if (hold && !conn->tx_blocked) {
@@ -639,7 +639,7 @@ void exs__tcp_ep_tx_fill(struct tcp_ep *ep)
                     (unsigned long long)wr->wr_id);
             exs_list_del(&wr->link);
             exs__tcp_wr_cqe(ep, wr, EXS_PROV_WC_LOC_PROT_ERR, &cqe);
-            exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, 0, 0, 1, &cqe);
+            exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, 0, 0, TCP_END_DISCONNECT, &cqe);
             free(wr);
             return;
         }
