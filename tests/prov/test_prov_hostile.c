@@ -13,6 +13,7 @@
 
 #include "exs/prov/tcp/tcp.h"
 #include "exs/prov/tcp/tcp_wire.h"
+#include "exs/util/params.h"
 #include "tests/prov/prov_test.h"
 
 #define LW  EXS_PROV_ACCESS_LOCAL_WRITE
@@ -125,6 +126,129 @@ START_TEST(hostile_data_before_handshake)
     struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_WRITE, 0, 0xFFFFFFF0u, 0, 0x1000, 0x100, 0);
 
     pre_handshake_case("hostile_data_before_handshake", &h, sizeof(h), 0);
+}
+END_TEST
+
+/* ---- the hello deadline: a plain TCP client gets a prompt reset ---- */
+
+/* Wait (up to ms) for fd's end; returns the errno of a reset (ECONNRESET), 0 for an
+ * orderly end (EOF), -1 when fd is still open at the end of the wait. */
+static int raw_end_within(int fd, int ms)
+{
+    double deadline = pt_now_ms() + ms;
+    char buf[512];
+
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int left = (int)(deadline - pt_now_ms());
+        ssize_t n;
+
+        if (left <= 0 || poll(&pfd, 1, left) <= 0)
+            return -1;
+        n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0)
+            return 0;
+        if (n < 0 && errno != EINTR && errno != EAGAIN)
+            return errno;
+    }
+}
+
+static uint64_t hello_refused(const struct pt_pair *p)
+{
+    return __atomic_load_n(&tcp_ctx_of(p->b.ctx)->cnt.hello_refused, __ATOMIC_RELAXED);
+}
+
+/* A client that connects and says nothing (nc, a health check, a stalled client) is reset
+ * at the hello deadline (EXS_TCP_HELLO_MS, short here) rather than left hanging; counted
+ * and logged; the next, real, client is served. (The old provider closed it with a FIN
+ * after 10 s.) */
+START_TEST(hello_silent_client_reset)
+{
+    struct pt_pair p;
+    double t0, ms;
+    int fd, end;
+
+    if (pt_skip_unless_tcp_itself("hello_silent_client_reset"))
+        return;
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", "300"), 0);
+    pt_pair_open(&p, NULL, NULL);
+    t0 = pt_now_ms();
+    fd = pt_raw_connect(&p);
+    end = raw_end_within(fd, PT_TIMEOUT_MS);
+    ms = pt_now_ms() - t0;
+    printf("hello_silent_client_reset: end after %.0f ms: %s\n", ms,
+           end > 0 ? strerror(end) : end == 0 ? "EOF" : "none");
+    ck_assert_msg(end == ECONNRESET, "silent client: %s, expected a reset",
+                  end > 0 ? strerror(end) : end == 0 ? "EOF (a FIN)" : "still open");
+    ck_assert_msg(ms >= 250, "reset after %.0f ms, before the 300 ms deadline", ms);
+    ck_assert_uint_eq(hello_refused(&p), 1);
+    close(fd);
+    pt_expect_no_cm(&p.b, 100);
+    normal_connection_works(&p);
+    ck_assert_uint_eq(hello_refused(&p), 1);
+    pt_pair_close(&p);
+    exs__params_set("tcp_hello_ms", "3000");
+}
+END_TEST
+
+/* A client that speaks another protocol (here a short HTTP request, shorter than a frame
+ * header) is reset as soon as its first bytes show it is no exs peer: the deadline is an
+ * hour, so only the early check can end it. (The old provider waited for a whole header.) */
+START_TEST(hello_foreign_client_reset)
+{
+    static const char req[] = "GET / HTTP/1.0\r\n\r\n";
+    struct pt_pair p;
+    int fd, end;
+
+    if (pt_skip_unless_tcp_itself("hello_foreign_client_reset"))
+        return;
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", "3600000"), 0);
+    pt_pair_open(&p, NULL, NULL);
+    fd = pt_raw_connect(&p);
+    ck_assert_int_eq(pt_raw_send(fd, req, sizeof(req) - 1), 0);
+    end = raw_end_within(fd, PT_TIMEOUT_MS);
+    ck_assert_msg(end == ECONNRESET, "foreign client: %s, expected a reset",
+                  end > 0 ? strerror(end) : end == 0 ? "EOF (a FIN)" : "still open");
+    ck_assert_uint_eq(hello_refused(&p), 1);
+    close(fd);
+    /* a CONN_REQ cut after its first bytes is not refused early: only the deadline ends it */
+    {
+        struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN, 0, 0, 0, 0);
+
+        fd = pt_raw_connect(&p);
+        ck_assert_int_eq(pt_raw_send(fd, &h, 11), 0);
+        ck_assert_int_eq(raw_end_within(fd, 300), -1);
+        close(fd);
+    }
+    pt_expect_no_cm(&p.b, 100);
+    normal_connection_works(&p);
+    ck_assert_uint_eq(hello_refused(&p), 1);
+    pt_pair_close(&p);
+    exs__params_set("tcp_hello_ms", "3000");
+}
+END_TEST
+
+/* The prefix check against every header byte that can decide it. */
+START_TEST(hello_prefix_check)
+{
+    struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN + 200, 0, 0, 0, 0);
+    uint8_t b[TCP_WIRE_HDR_LEN];
+
+    if (pt_skip_unless_tcp_itself("hello_prefix_check"))
+        return;
+    memcpy(b, &h, sizeof(b));
+    for (uint32_t n = 0; n < TCP_WIRE_HDR_LEN; n++)
+        ck_assert_msg(exs__tcp_hello_prefix_ok(b, n), "a valid CONN_REQ refused at %u bytes", n);
+    for (uint32_t i = 0; i < 11; i++) {
+        uint8_t bad[TCP_WIRE_HDR_LEN];
+
+        memcpy(bad, b, sizeof(bad));
+        bad[i] ^= i == 10 ? 0x02 : 0x40; /* byte 10: a length of 512 or more */
+        ck_assert_msg(exs__tcp_hello_prefix_ok(bad, i), "refused before byte %u came", i);
+        ck_assert_msg(!exs__tcp_hello_prefix_ok(bad, i + 1), "byte %u changed, not refused", i);
+    }
+    ck_assert(!exs__tcp_hello_prefix_ok((const uint8_t *)"GET ", 1));
+    ck_assert(!exs__tcp_hello_prefix_ok((const uint8_t *)"\x16\x03\x01", 3)); /* TLS */
 }
 END_TEST
 
@@ -489,6 +613,11 @@ Suite *prov_hostile_suite(void)
     tcase_add_test(tc, hostile_bad_flags);
     tcase_add_test(tc, hostile_send_too_long);
     tcase_add_test(tc, hostile_peer_vanishes_mid_frame);
+    suite_add_tcase(s, tc);
+    tc = pt_tcase("hello");
+    tcase_add_test(tc, hello_silent_client_reset);
+    tcase_add_test(tc, hello_foreign_client_reset);
+    tcase_add_test(tc, hello_prefix_check);
     suite_add_tcase(s, tc);
     tc = pt_tcase("states");
     tcase_add_test(tc, states_tables);

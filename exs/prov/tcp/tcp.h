@@ -56,8 +56,6 @@
 #define TCP_RESP_COPY_MAX 65536      /* READ responses copied when they cannot leave at once */
 #define TCP_BACKOFF_MIN_MS 100       /* accept out of descriptors: first pause */
 #define TCP_BACKOFF_MAX_MS 1000      /* pauses double up to this */
-#define TCP_HANDSHAKE_MS   10000     /* default of EXS_TCP_HANDSHAKE_MS */
-#define TCP_HANDSHAKE_MAX  1024      /* default of EXS_TCP_HANDSHAKE_MAX */
 #define TCP_LISTEN_QUEUE   65535     /* listen(2) backlog; the kernel caps it (somaxconn) */
 
 struct tcp_ctx;
@@ -237,6 +235,7 @@ struct tcp_listener {
     int                      hs_wait;    /* NIC: handshakes at the bound, none silent long
                                           * enough to drop: not watched until one leaves or
                                           * resume_at */
+    int                      hello_logged; /* NIC: a refused hello was logged at info level */
 };
 
 struct tcp_req {
@@ -433,8 +432,6 @@ struct tcp_ctx {
     uint64_t                emu_rate_mbps;
     uint32_t                rnr_timer_ms;
     uint8_t                 rnr_retry_max;  /* EXS_TCP_RNR_RETRY caps every ep's rnr_retry */
-    uint64_t                handshake_ns;   /* an accepted socket must send CONN_REQ by then */
-    unsigned                handshake_max;  /* sockets waiting for CONN_REQ per listener */
     struct tcp_counters     cnt;
     struct exs_counter_set  cset;
 };
@@ -533,6 +530,12 @@ void exs__tcp_listener_destroy(struct exs_prov_listener *lis);
 int  exs__tcp_listener_pause(struct exs_prov_listener *lis, int pause);
 void exs__tcp_listener_ready(struct tcp_listener *lis);
 int  exs__tcp_lis_cmd(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
+/* The hello (spec/provider-tcp.md, "Handshake"): a WAIT_REQ socket that is no exs peer, or
+ * late, is reset (RST) and counted (hello_refused); its deadline passed (timer); whether
+ * the n header bytes read so far may begin a CONN_REQ. */
+void exs__tcp_conn_refuse(struct tcp_conn *conn, const char *why);
+void exs__tcp_conn_hello_late(struct tcp_conn *conn);
+int  exs__tcp_hello_prefix_ok(const uint8_t *b, uint32_t n);
 
 /* tcp_cm.c */
 int  exs__tcp_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,

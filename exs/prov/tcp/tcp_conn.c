@@ -522,8 +522,7 @@ int exs__tcp_conn_hs_frame(struct tcp_conn *conn)
     switch (conn->rh.type) {
     case TCP_WIRE_CONN_REQ:
         if (conn->hs[0] > 7) {
-            EXS_CNT_INC(ctx->cnt.bogus_conns);
-            exs__tcp_conn_close(conn);
+            exs__tcp_conn_refuse(conn, "rnr_retry above 7 in the connection request");
             return -1;
         }
         req = calloc(1, sizeof(*req));

@@ -394,12 +394,10 @@ static void tcp_nic_timers(struct tcp_ctx *ctx)
 
         if (conn->linger_at && conn->linger_at <= now) {
             conn->linger_at = 0;
-            if (conn->state == TCP_CONN_WAIT_REQ) {
-                EXS_CNT_INC(ctx->cnt.handshake_timeouts);
-                EXS_CNT_INC(ctx->cnt.bogus_conns);
-                EXS_DBG(PROV, "conn %p: no connection request in time", (void *)conn);
-            }
-            exs__tcp_conn_close(conn);
+            if (conn->state == TCP_CONN_WAIT_REQ)
+                exs__tcp_conn_hello_late(conn);
+            else
+                exs__tcp_conn_close(conn);
             continue;
         }
         if (conn->tx_at && conn->tx_at <= now) {
@@ -820,24 +818,6 @@ static uint32_t tcp_clamp32(uint64_t v, uint32_t lo, uint32_t hi)
     return v < lo ? lo : v > hi ? hi : (uint32_t)v;
 }
 
-/* A number from the environment (read at ctx_open), clamped; def when unset or bad. */
-static uint32_t tcp_env_u32(const char *name, uint32_t def, uint32_t lo, uint32_t hi)
-{
-    const char *v = getenv(name);
-    char *end;
-    unsigned long long n;
-
-    if (!v || !*v)
-        return def;
-    errno = 0;
-    n = strtoull(v, &end, 10);
-    if (errno || *end || v[0] == '-') {
-        EXS_WARN(PROV, "%s=\"%s\": not a number; using %u", name, v, def);
-        return def;
-    }
-    return tcp_clamp32(n, lo, hi);
-}
-
 static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
 {
     struct tcp_ctx *ctx;
@@ -893,9 +873,6 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->rnr_timer_ms = tcp_clamp32(exs__params.tcp_rnr_timer_ms, 0, 60000);
     ctx->ctrl_max = tcp_clamp32(exs__params.tcp_ctrl_max, 1, 1u << 20);
     ctx->rnr_retry_max = (uint8_t)tcp_clamp32(exs__params.tcp_rnr_retry, 0, 7);
-    ctx->handshake_ns =
-        (uint64_t)tcp_env_u32("EXS_TCP_HANDSHAKE_MS", TCP_HANDSHAKE_MS, 1, 3600000) * 1000000u;
-    ctx->handshake_max = tcp_env_u32("EXS_TCP_HANDSHAKE_MAX", TCP_HANDSHAKE_MAX, 1, 1u << 20);
 
     ctx->cq = calloc(ctx->cq_cap, sizeof(*ctx->cq));
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);

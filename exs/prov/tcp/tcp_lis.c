@@ -16,6 +16,7 @@
 #include "exs/prov/tcp/tcp.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 
 /* NIC: out of descriptors (or memory): the pending connection stays in the kernel's
@@ -36,6 +37,98 @@ static void tcp_listener_backoff(struct tcp_listener *lis, int err)
     exs__tcp_listener_watch(lis, 0);
 }
 
+/* ---- the hello: an accepted socket until its CONN_REQ (spec/provider-tcp.md, "Handshake") ---- */
+
+/* How long an accepted socket has for its CONN_REQ: EXS_TCP_HELLO_MS (online: read at
+ * each accept) plus the emulated one-way delay. */
+static uint64_t tcp_hello_ns(const struct tcp_ctx *ctx)
+{
+    return __atomic_load_n(&exs__params.tcp_hello_ms, __ATOMIC_RELAXED) * 1000000u +
+           ctx->emu_delay_ns;
+}
+
+static unsigned tcp_hello_max(void)
+{
+    uint64_t v = __atomic_load_n(&exs__params.tcp_hello_max, __ATOMIC_RELAXED);
+
+    return v < 1 ? 1 : v > (1u << 20) ? 1u << 20 : (unsigned)v;
+}
+
+static void tcp_peer_str(const struct tcp_conn *conn, char *buf, size_t len)
+{
+    const struct sockaddr_in *in4 = (const struct sockaddr_in *)&conn->peer;
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&conn->peer;
+    char a[INET6_ADDRSTRLEN] = "?";
+
+    if (conn->peer.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &in4->sin_addr, a, sizeof(a));
+        snprintf(buf, len, "%s:%u", a, ntohs(in4->sin_port));
+    } else if (conn->peer.ss_family == AF_INET6) {
+        inet_ntop(AF_INET6, &in6->sin6_addr, a, sizeof(a));
+        snprintf(buf, len, "[%s]:%u", a, ntohs(in6->sin6_port));
+    } else {
+        snprintf(buf, len, "?");
+    }
+}
+
+/*
+ * NIC: conn (WAIT_REQ) is no exs peer, or has not said so in time: reset it. SO_LINGER 0
+ * makes close() send RST rather than FIN, so a plain TCP client (nc, an HTTP client, a
+ * port scanner) learns at once that this is not its server instead of waiting for its own
+ * timeout. Counted (hello_refused); the first of each listener is logged at info level,
+ * the others at debug level (a scanner must not flood the log).
+ */
+void exs__tcp_conn_refuse(struct tcp_conn *conn, const char *why)
+{
+    struct tcp_ctx *ctx = conn->ctx;
+    struct tcp_listener *lis = conn->lis;
+    struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+    char peer[INET6_ADDRSTRLEN + 16];
+
+    EXS_CNT_INC(ctx->cnt.hello_refused);
+    EXS_CNT_INC(ctx->cnt.bogus_conns);
+    tcp_peer_str(conn, peer, sizeof(peer));
+    if (lis && !lis->hello_logged) {
+        lis->hello_logged = 1;
+        EXS_INFO(PROV, "listener %p: connection from %s reset: %s (an exs tcp listener talks "
+                 "to exs peers only; counter prov.tcp.hello_refused, later ones at debug "
+                 "level)", (void *)lis, peer, why);
+    } else {
+        EXS_DBG(PROV, "listener %p: connection from %s reset: %s", (void *)lis, peer, why);
+    }
+    if (conn->fd >= 0 && setsockopt(conn->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) < 0)
+        EXS_DBG(PROV, "conn %p: SO_LINGER: %m", (void *)conn);
+    exs__tcp_conn_close(conn);
+}
+
+/* NIC timer: conn's hello deadline passed. What arrived in time is read first (a CONN_REQ
+ * the turn has not read yet is not late); then it is refused if still waiting. */
+void exs__tcp_conn_hello_late(struct tcp_conn *conn)
+{
+    exs__tcp_conn_rx(conn);
+    if (conn->state != TCP_CONN_WAIT_REQ)
+        return;
+    EXS_CNT_INC(conn->ctx->cnt.handshake_timeouts);
+    exs__tcp_conn_refuse(conn, "no connection request by the hello deadline");
+}
+
+/* The first n bytes of a header read from a WAIT_REQ socket may begin a CONN_REQ: magic,
+ * version, type, no flags or syndrome, a length of 8 to 264 (checked as far as it came). */
+int exs__tcp_hello_prefix_ok(const uint8_t *b, uint32_t n)
+{
+    static const uint8_t want[8] = { (uint8_t)(TCP_WIRE_MAGIC >> 24),
+                                     (uint8_t)(TCP_WIRE_MAGIC >> 16),
+                                     (uint8_t)(TCP_WIRE_MAGIC >> 8),
+                                     (uint8_t)TCP_WIRE_MAGIC,
+                                     TCP_WIRE_VERSION,
+                                     TCP_WIRE_CONN_REQ,
+                                     0,
+                                     0 };
+
+    return memcmp(b, want, EXS_MIN(n, (uint32_t)sizeof(want))) == 0 && (n <= 8 || b[8] == 0) &&
+           (n <= 9 || b[9] == 0) && (n <= 10 || b[10] <= (TCP_WIRE_CONN_LEN + TCP_WIRE_PD_MAX) >> 8);
+}
+
 /* NIC: room for one more socket waiting for its CONN_REQ? The number is bounded: at the
  * bound the oldest one is closed if it is silent (nothing to read) and has waited a tenth
  * of the handshake timeout, which bounds the descriptors half-open connections hold.
@@ -50,19 +143,18 @@ static int tcp_listener_hs_room(struct tcp_listener *lis)
     uint64_t now, judge;
     int unread = 0;
 
-    if (lis->n_handshakes < ctx->handshake_max)
+    if (lis->n_handshakes < tcp_hello_max())
         return 1;
     old = exs_list_entry(lis->handshakes.next, struct tcp_conn, hs_link);
     now = exs__now_ns();
-    judge = old->hs_at + ctx->handshake_ns / 10;
+    judge = old->hs_at + tcp_hello_ns(ctx) / 10;
     if (ioctl(old->fd, FIONREAD, &unread) < 0)
         unread = 0;
     if (now >= judge && !unread) {
         EXS_CNT_INC(ctx->cnt.handshake_evictions);
-        EXS_CNT_INC(ctx->cnt.bogus_conns);
         EXS_DBG(PROV, "listener %p: %u handshakes pending: dropping conn %p", (void *)lis,
                 lis->n_handshakes, (void *)old);
-        exs__tcp_conn_close(old);
+        exs__tcp_conn_refuse(old, "silent while the listener is at EXS_TCP_HELLO_MAX");
         return 1;
     }
     EXS_CNT_INC(ctx->cnt.handshake_waits);
@@ -114,7 +206,7 @@ void exs__tcp_listener_ready(struct tcp_listener *lis)
         conn->on_hs = 1;
         conn->hs_at = exs__now_ns();
         lis->n_handshakes++;
-        conn->linger_at = exs__now_ns() + lis->ctx->handshake_ns;
+        conn->linger_at = exs__now_ns() + tcp_hello_ns(lis->ctx);
         exs__tcp_conn_timer(conn);
     }
 }

@@ -667,6 +667,8 @@ static int tcp_conn_rx_hdr(struct tcp_conn *conn)
     if (bad) {
         if (conn->state == TCP_CONN_UP) {
             tcp_conn_proto_err(conn, bad);
+        } else if (conn->state == TCP_CONN_WAIT_REQ) {
+            exs__tcp_conn_refuse(conn, bad);
         } else {
             EXS_CNT_INC(conn->ctx->cnt.protocol_errors);
             EXS_DBG(PROV, "conn %p: handshake: %s", (void *)conn, bad);
@@ -933,8 +935,15 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
             continue;
         if (conn->rx_phase == TCP_RX_HDR) {
             conn->hgot += (uint32_t)n;
-            if (conn->hgot == TCP_WIRE_HDR_LEN && tcp_conn_rx_hdr(conn) < 0)
-                break;
+            if (conn->hgot == TCP_WIRE_HDR_LEN) {
+                if (tcp_conn_rx_hdr(conn) < 0)
+                    break;
+            } else if (conn->state == TCP_CONN_WAIT_REQ &&
+                       !exs__tcp_hello_prefix_ok(conn->hbuf, conn->hgot)) {
+                /* not an exs peer: no need to wait for the rest of a header */
+                exs__tcp_conn_refuse(conn, "bytes that begin no connection request");
+                return;
+            }
         } else if (conn->rx_phase == TCP_RX_CONN) {
             conn->rx_off += (uint64_t)n;
             if (conn->rx_off == conn->rx_len && exs__tcp_conn_hs_frame(conn) < 0)
