@@ -23,14 +23,12 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
                        struct exs_prov_ep **ep_p)
 {
     struct tcp_ctx *ctx = tcp_ctx_of(c);
-    const struct exs_prov_caps *caps = &c->caps;
     struct tcp_ep *ep;
     int ret;
 
-    if (!attr || !attr->max_send_wr || attr->max_send_wr > caps->max_send_wr ||
-        !attr->max_recv_wr || attr->max_recv_wr > caps->max_recv_wr ||
-        attr->max_inline > caps->max_inline || attr->rnr_retry > 7)
-        return -EINVAL;
+    ret = exs__prov_ep_attr_check(&c->caps, attr);
+    if (ret)
+        return ret;
     ep = calloc(1, sizeof(*ep));
     if (!ep)
         return -ENOMEM;

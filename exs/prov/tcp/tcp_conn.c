@@ -324,9 +324,7 @@ void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, enum tcp_fail_event not
             cqe.wr_id = wr->wr_id;
             cqe.ep = &ep->base;
             cqe.status = EXS_PROV_WC_WR_FLUSH_ERR;
-            cqe.opcode = wr->opcode == EXS_PROV_WR_RDMA_READ ? EXS_PROV_WC_RDMA_READ
-                         : wr->opcode >= EXS_PROV_WR_RDMA_WRITE ? EXS_PROV_WC_RDMA_WRITE
-                                                                : EXS_PROV_WC_SEND;
+            cqe.opcode = exs__prov_wr_wc_opcode(wr->opcode);
             /* ep_destroy: discarded without completions */
             if (!ep->destroyed) {
                 EXS_CNT_INC(ctx->cnt.flushed_wrs);

@@ -17,19 +17,6 @@
 
 /* ---- helpers ---- */
 
-static enum exs_prov_wc_opcode tcp_wr_wc_opcode(const struct tcp_wr *wr)
-{
-    switch (wr->opcode) {
-    case EXS_PROV_WR_RDMA_WRITE:
-    case EXS_PROV_WR_RDMA_WRITE_WITH_IMM:
-        return EXS_PROV_WC_RDMA_WRITE;
-    case EXS_PROV_WR_RDMA_READ:
-        return EXS_PROV_WC_RDMA_READ;
-    default:
-        return EXS_PROV_WC_SEND;
-    }
-}
-
 void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr,
                      enum exs_prov_wc_status st, struct exs_prov_cqe *cqe)
 {
@@ -37,7 +24,7 @@ void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr,
     cqe->wr_id = wr->wr_id;
     cqe->ep = (struct exs_prov_ep *)&ep->base;
     cqe->status = st;
-    cqe->opcode = tcp_wr_wc_opcode(wr);
+    cqe->opcode = exs__prov_wr_wc_opcode(wr->opcode);
     cqe->byte_len = st == EXS_PROV_WC_SUCCESS ? wr->len : 0;
 }
 

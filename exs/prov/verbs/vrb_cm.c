@@ -427,10 +427,9 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
 
     uint32_t room = ctx->grant_mode == VRB_GRANT_MR ? 0 : VRB_INT_ROOM;
 
-    if (!attr || !attr->max_send_wr || attr->max_send_wr > caps->max_send_wr ||
-        !attr->max_recv_wr || attr->max_recv_wr > caps->max_recv_wr ||
-        attr->max_inline > caps->max_inline || attr->rnr_retry > 7)
-        return -EINVAL;
+    ret = exs__prov_ep_attr_check(caps, attr);
+    if (ret)
+        return ret;
     ep = calloc(1, sizeof(*ep));
     if (!ep)
         return -ENOMEM;
