@@ -448,6 +448,22 @@ static inline struct tcp_ep *tcp_ep_of(struct exs_prov_ep *e)
 
 extern struct exs_prov_ops exs__prov_tcp_ops;
 
+/*
+ * What the provider's files share. A function used by one file only is static there; what
+ * is declared below is used across files, because the NIC's concerns call each other (a
+ * frame read ends a connection, its end flushes the ep, the flush queues completions, a
+ * command opens a connection that the next turn reads):
+ *  - the ops entry points (ep_create ... post_send, mr_reg ... revoke), named here for the
+ *    ops table in tcp_ctx.c only;
+ *  - the NIC's services: the completion and cm queues, kicks, epoll and deadlines
+ *    (tcp_ctx.c); keys and the copy fence (tcp_mr.c); connections' life and the state
+ *    machines (tcp_conn.c); listeners and the hello (tcp_lis.c); endpoints and commands
+ *    (tcp_cm.c); framing and transmit (tcp_data.c); receive (tcp_rx.c); link emulation
+ *    (tcp_emu.c);
+ *  - for the tests (tests/prov, tests/unit): the state tables (conn_state_legal,
+ *    ep_state_legal, conn_state_str), hello_prefix_ok, hdr_init.
+ */
+
 /* tcp_ctx.c */
 int  exs__tcp_epoll_add_listener(struct tcp_listener *lis);
 void exs__tcp_listener_watch(struct tcp_listener *lis, int on);
@@ -471,8 +487,6 @@ void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events);
 /* After setting or clearing conn's rnr_at / tx_at / linger_at: (un)list it and, when
  * a deadline may now come before the armed one, have the turn re-arm the timerfd. */
 void exs__tcp_conn_timer(struct tcp_conn *conn);
-/* A listener's resume_at was set: the turn re-arms the timerfd. */
-void exs__tcp_timer_moved(struct tcp_ctx *ctx);
 
 /* tcp_mr.c */
 int  exs__tcp_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
@@ -519,7 +533,6 @@ void exs__tcp_ep_fail(struct tcp_ep *ep, int status, enum tcp_fail_event notify)
 void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, enum tcp_fail_event notify,
                           const struct exs_prov_cqe *first);
 void exs__tcp_conn_close(struct tcp_conn *conn);
-void exs__tcp_conn_hs_leave(struct tcp_conn *conn);
 
 /* tcp_lis.c */
 int  exs__tcp_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,

@@ -205,7 +205,7 @@ static void tcp_conn_txq_clear(struct tcp_conn *conn)
 }
 
 /* NIC: the conn no longer waits for its CONN_REQ (it came, or the conn ends). */
-void exs__tcp_conn_hs_leave(struct tcp_conn *conn)
+static void tcp_conn_hs_leave(struct tcp_conn *conn)
 {
     struct tcp_listener *lis = conn->lis;
 
@@ -228,7 +228,7 @@ void exs__tcp_conn_close(struct tcp_conn *conn)
 {
     if (conn->state == TCP_CONN_DEAD)
         return;
-    exs__tcp_conn_hs_leave(conn);
+    tcp_conn_hs_leave(conn);
     exs__tcp_conn_ack_undefer(conn);
     exs__tcp_rx_release(conn);
     tcp_conn_txq_clear(conn);
@@ -533,7 +533,7 @@ int exs__tcp_conn_hs_frame(struct tcp_conn *conn)
         req->base.listener = &conn->lis->base;
         req->conn = conn;
         conn->req = req;
-        exs__tcp_conn_hs_leave(conn);
+        tcp_conn_hs_leave(conn);
         if (exs__tcp_conn_set_state(conn, TCP_CONN_PENDING, "CONN_REQ read")) {
             conn->req = NULL;
             free(req);

@@ -332,11 +332,6 @@ void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events)
     conn->events = events;
 }
 
-void exs__tcp_timer_moved(struct tcp_ctx *ctx)
-{
-    ctx->timer_rearm = 1;
-}
-
 void exs__tcp_conn_timer(struct tcp_conn *conn)
 {
     struct tcp_ctx *ctx = conn->ctx;

@@ -30,7 +30,7 @@ static void tcp_listener_backoff(struct tcp_listener *lis, int err)
     lis->backoff_ms =
         lis->backoff_ms ? EXS_MIN(lis->backoff_ms * 2, TCP_BACKOFF_MAX_MS) : TCP_BACKOFF_MIN_MS;
     lis->resume_at = exs__now_ns() + (uint64_t)lis->backoff_ms * 1000000u;
-    exs__tcp_timer_moved(ctx);
+    ctx->timer_rearm = 1; /* resume_at set: the turn re-arms the timerfd */
     EXS_CNT_INC(ctx->cnt.accept_backoffs);
     EXS_WARN(PROV, "listener %p: accept: %s; not accepting for %u ms", (void *)lis, strerror(err),
              lis->backoff_ms);
@@ -160,7 +160,7 @@ static int tcp_listener_hs_room(struct tcp_listener *lis)
     EXS_CNT_INC(ctx->cnt.handshake_waits);
     lis->hs_wait = 1;
     lis->resume_at = unread || now >= judge ? now + 1000000u : judge;
-    exs__tcp_timer_moved(ctx);
+    ctx->timer_rearm = 1; /* resume_at set: the turn re-arms the timerfd */
     exs__tcp_listener_watch(lis, 0);
     return 0;
 }
