@@ -595,18 +595,24 @@ static void tcp_nic_acks_kick(struct tcp_ctx *ctx)
     }
 }
 
+/* What a NIC turn does besides the queued work. */
+enum tcp_turn {
+    TCP_TURN_QUEUED, /* only what is queued: posted work, timers, flush, reap (a command) */
+    TCP_TURN_IO,     /* also collect the ready descriptors (epoll_wait, timeout 0) */
+};
+
 /*
  * One NIC turn, shared by the NIC thread, ctx_progress, commands and direct writes
- * (nic_lock held). io: also collect the ready descriptors (epoll_wait, timeout 0)
- * and handle them. The posted work is taken AFTER the events: a poster that lost
+ * (nic_lock held). TCP_TURN_IO: also collect the ready descriptors and handle them. The posted work is taken AFTER the events: a poster that lost
  * trylock queued its ep before writing wakefd, so a turn that consumed that write
  * also sees the ep. Returns the number of things done (events, eps taken).
  */
 /* How long a deferred ACK waits for a reply while consumers busy-poll (spec: "ACK deferral"). */
 #define TCP_ACK_DELAY_NS 20000u
 
-static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
+static int tcp_nic_turn(struct tcp_ctx *ctx, enum tcp_turn kind)
 {
+    int io = kind == TCP_TURN_IO;
     struct epoll_event evs[64];
     int n, did = 0;
 
@@ -691,7 +697,7 @@ int exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
         return -ESHUTDOWN;
     }
     exs__tcp_cmd_run(ctx, cmd);
-    tcp_nic_turn(ctx, 0); /* what the command queued leaves now; dead conns are freed */
+    tcp_nic_turn(ctx, TCP_TURN_QUEUED); /* what the command queued leaves now; dead conns are freed */
     pthread_mutex_unlock(&ctx->nic_lock);
     return cmd->ret;
 }
@@ -704,7 +710,7 @@ static int tcp_ctx_progress(struct exs_prov_ctx *c)
 
     pthread_mutex_lock(&ctx->nic_lock);
     EXS_CNT_INC(ctx->cnt.progress_turns);
-    did = tcp_nic_turn(ctx, 1);
+    did = tcp_nic_turn(ctx, TCP_TURN_IO);
     pthread_mutex_unlock(&ctx->nic_lock);
     return did > 0;
 }
@@ -720,7 +726,7 @@ static int tcp_nic_step(struct tcp_ctx *ctx, uint64_t *stop_at, int *wait_ms)
     int busy, stop, done;
 
     pthread_mutex_lock(&ctx->nic_lock);
-    tcp_nic_turn(ctx, 1);
+    tcp_nic_turn(ctx, TCP_TURN_IO);
     pthread_mutex_lock(&ctx->lock);
     busy = !exs_list_empty(&ctx->work_eps) || !exs_list_empty(&ctx->ack_defer);
     stop = ctx->stop;
