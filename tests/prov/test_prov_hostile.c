@@ -131,31 +131,31 @@ END_TEST
 
 /* ---- the hello deadline: a plain TCP client gets a prompt reset ---- */
 
-/* Wait (up to ms) for fd's end; returns the errno of a reset (ECONNRESET), 0 for an
- * orderly end (EOF), -1 when fd is still open at the end of the wait. */
-static int raw_end_within(int fd, int ms)
-{
-    double deadline = pt_now_ms() + ms;
-    char buf[512];
-
-    for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int left = (int)(deadline - pt_now_ms());
-        ssize_t n;
-
-        if (left <= 0 || poll(&pfd, 1, left) <= 0)
-            return -1;
-        n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (n == 0)
-            return 0;
-        if (n < 0 && errno != EINTR && errno != EAGAIN)
-            return errno;
-    }
-}
-
 static uint64_t hello_refused(const struct pt_pair *p)
 {
     return __atomic_load_n(&tcp_ctx_of(p->b.ctx)->cnt.hello_refused, __ATOMIC_RELAXED);
+}
+
+/* fd (a raw client) is reset by the provider, once. */
+static void hello_expect_reset(const struct pt_pair *p, int fd, const char *what)
+{
+    int end = pt_raw_end_within(fd, PT_TIMEOUT_MS);
+
+    ck_assert_msg(end == ECONNRESET, "%s: %s, expected a reset", what,
+                  end > 0 ? strerror(end) : end == 0 ? "EOF (a FIN)" : "still open");
+    ck_assert_uint_eq(hello_refused(p), 1);
+    close(fd);
+}
+
+/* After the refused client: nothing reached the application, the next client is served,
+ * nothing more was refused. */
+static void hello_case_end(struct pt_pair *p)
+{
+    pt_expect_no_cm(&p->b, 100);
+    normal_connection_works(p);
+    ck_assert_uint_eq(hello_refused(p), 1);
+    pt_pair_close(p);
+    exs__params_set("tcp_hello_ms", "3000");
 }
 
 /* A client that connects and says nothing (nc, a health check, a stalled client) is reset
@@ -166,7 +166,7 @@ START_TEST(hello_silent_client_reset)
 {
     struct pt_pair p;
     double t0, ms;
-    int fd, end;
+    int fd;
 
     if (pt_skip_unless_tcp_itself("hello_silent_client_reset"))
         return;
@@ -174,20 +174,11 @@ START_TEST(hello_silent_client_reset)
     pt_pair_open(&p, NULL, NULL);
     t0 = pt_now_ms();
     fd = pt_raw_connect(&p);
-    end = raw_end_within(fd, PT_TIMEOUT_MS);
+    hello_expect_reset(&p, fd, "silent client");
     ms = pt_now_ms() - t0;
-    printf("hello_silent_client_reset: end after %.0f ms: %s\n", ms,
-           end > 0 ? strerror(end) : end == 0 ? "EOF" : "none");
-    ck_assert_msg(end == ECONNRESET, "silent client: %s, expected a reset",
-                  end > 0 ? strerror(end) : end == 0 ? "EOF (a FIN)" : "still open");
+    printf("hello_silent_client_reset: reset after %.0f ms\n", ms);
     ck_assert_msg(ms >= 250, "reset after %.0f ms, before the 300 ms deadline", ms);
-    ck_assert_uint_eq(hello_refused(&p), 1);
-    close(fd);
-    pt_expect_no_cm(&p.b, 100);
-    normal_connection_works(&p);
-    ck_assert_uint_eq(hello_refused(&p), 1);
-    pt_pair_close(&p);
-    exs__params_set("tcp_hello_ms", "3000");
+    hello_case_end(&p);
 }
 END_TEST
 
@@ -198,7 +189,7 @@ START_TEST(hello_foreign_client_reset)
 {
     static const char req[] = "GET / HTTP/1.0\r\n\r\n";
     struct pt_pair p;
-    int fd, end;
+    int fd;
 
     if (pt_skip_unless_tcp_itself("hello_foreign_client_reset"))
         return;
@@ -206,25 +197,17 @@ START_TEST(hello_foreign_client_reset)
     pt_pair_open(&p, NULL, NULL);
     fd = pt_raw_connect(&p);
     ck_assert_int_eq(pt_raw_send(fd, req, sizeof(req) - 1), 0);
-    end = raw_end_within(fd, PT_TIMEOUT_MS);
-    ck_assert_msg(end == ECONNRESET, "foreign client: %s, expected a reset",
-                  end > 0 ? strerror(end) : end == 0 ? "EOF (a FIN)" : "still open");
-    ck_assert_uint_eq(hello_refused(&p), 1);
-    close(fd);
+    hello_expect_reset(&p, fd, "foreign client");
     /* a CONN_REQ cut after its first bytes is not refused early: only the deadline ends it */
     {
         struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN, 0, 0, 0, 0);
 
         fd = pt_raw_connect(&p);
         ck_assert_int_eq(pt_raw_send(fd, &h, 11), 0);
-        ck_assert_int_eq(raw_end_within(fd, 300), -1);
+        ck_assert_int_eq(pt_raw_end_within(fd, 300), -1);
         close(fd);
     }
-    pt_expect_no_cm(&p.b, 100);
-    normal_connection_works(&p);
-    ck_assert_uint_eq(hello_refused(&p), 1);
-    pt_pair_close(&p);
-    exs__params_set("tcp_hello_ms", "3000");
+    hello_case_end(&p);
 }
 END_TEST
 
