@@ -49,7 +49,7 @@ static const struct exs_param_def params_table[] = {
           "tcp provider: responder frames (ACK, NAK, READ response) queued on a connection before "
           "it stops reading (back-pressure on a requester that does not read); 1 makes every READ "
           "request pause reading (tests)"),
-    PARAM(tcp_hello_ms, "EXS_TCP_HELLO_MS", "3000", UINT, 1,
+    PARAM(tcp_hello_ms, "EXS_TCP_HELLO_MS", "5000", UINT, 1,
           "tcp provider: a socket accepted by a listener that has not sent a complete connection "
           "request (the provider's hello) this long after the accept is reset (not an exs peer), "
           "milliseconds, 1-3600000; bytes that cannot begin one reset it at once"),

@@ -155,7 +155,7 @@ static void hello_case_end(struct pt_pair *p)
     normal_connection_works(p);
     ck_assert_uint_eq(hello_refused(p), 1);
     pt_pair_close(p);
-    exs__params_set("tcp_hello_ms", "3000");
+    exs__params_set("tcp_hello_ms", exs__params_find("tcp_hello_ms")->defval);
 }
 
 /* A client that connects and says nothing (nc, a health check, a stalled client) is reset

@@ -251,8 +251,8 @@ START_TEST(limits_half_open)
     for (int i = 0; i < N; i++)
         close(fds[i]);
     pt_pair_close(&p);
-    exs__params_set("tcp_hello_ms", "3000");
-    exs__params_set("tcp_hello_max", "1024");
+    exs__params_set("tcp_hello_ms", exs__params_find("tcp_hello_ms")->defval);
+    exs__params_set("tcp_hello_max", exs__params_find("tcp_hello_max")->defval);
 }
 END_TEST
 
@@ -288,7 +288,7 @@ START_TEST(limits_handshake_burst)
     for (int i = 0; i < N; i++)
         close(fds[i]);
     pt_pair_close(&p);
-    exs__params_set("tcp_hello_max", "1024");
+    exs__params_set("tcp_hello_max", exs__params_find("tcp_hello_max")->defval);
 }
 END_TEST
 

@@ -927,7 +927,7 @@ START_TEST(progress_timer_fires_when_due)
     ck_assert_int_eq(pt_raw_closed_within(fd, PT_TIMEOUT_MS), 1);
     close(fd);
     manual_close(&p);
-    exs__params_set("tcp_hello_ms", "3000");
+    exs__params_set("tcp_hello_ms", exs__params_find("tcp_hello_ms")->defval);
 }
 END_TEST
 

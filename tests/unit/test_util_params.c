@@ -98,7 +98,7 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(exs__params.tcp_max_wr, 4096);
     ck_assert_uint_eq(exs__params.tcp_cq_size, 65536);
     ck_assert_uint_eq(exs__params.tcp_max_msg, 1073741824);
-    ck_assert_uint_eq(exs__params.tcp_hello_ms, 3000);
+    ck_assert_uint_eq(exs__params.tcp_hello_ms, 5000);
     ck_assert_uint_eq(exs__params.tcp_hello_max, 1024);
     /* their ranges, and online after the load (read at each accept) */
     ck_assert_int_eq(exs__params_set("tcp_hello_ms", "0"), -EINVAL);
