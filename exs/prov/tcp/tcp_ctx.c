@@ -603,9 +603,10 @@ enum tcp_turn {
 
 /*
  * One NIC turn, shared by the NIC thread, ctx_progress, commands and direct writes
- * (nic_lock held). TCP_TURN_IO: also collect the ready descriptors and handle them. The posted work is taken AFTER the events: a poster that lost
- * trylock queued its ep before writing wakefd, so a turn that consumed that write
- * also sees the ep. Returns the number of things done (events, eps taken).
+ * (nic_lock held). TCP_TURN_IO: also collect the ready descriptors and handle them.
+ * The posted work is taken AFTER the events: a poster that lost trylock queued its ep
+ * before writing wakefd, so a turn that consumed that write also sees the ep. Returns
+ * the number of things done (events, eps taken).
  */
 /* How long a deferred ACK waits for a reply while consumers busy-poll (spec: "ACK deferral"). */
 #define TCP_ACK_DELAY_NS 20000u
@@ -697,7 +698,8 @@ int exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
         return -ESHUTDOWN;
     }
     exs__tcp_cmd_run(ctx, cmd);
-    tcp_nic_turn(ctx, TCP_TURN_QUEUED); /* what the command queued leaves now; dead conns are freed */
+    /* what the command queued leaves now; dead conns are freed */
+    tcp_nic_turn(ctx, TCP_TURN_QUEUED);
     pthread_mutex_unlock(&ctx->nic_lock);
     return cmd->ret;
 }

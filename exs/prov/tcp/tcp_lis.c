@@ -127,7 +127,8 @@ int exs__tcp_hello_prefix_ok(const uint8_t *b, uint32_t n)
                                      0 };
 
     return memcmp(b, want, EXS_MIN(n, (uint32_t)sizeof(want))) == 0 && (n <= 8 || b[8] == 0) &&
-           (n <= 9 || b[9] == 0) && (n <= 10 || b[10] <= (TCP_WIRE_CONN_LEN + TCP_WIRE_PD_MAX) >> 8);
+           (n <= 9 || b[9] == 0) &&
+           (n <= 10 || b[10] <= (TCP_WIRE_CONN_LEN + TCP_WIRE_PD_MAX) >> 8);
 }
 
 /* NIC: room for one more socket waiting for its CONN_REQ? The number is bounded: at the

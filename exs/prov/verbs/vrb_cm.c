@@ -787,8 +787,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
             uint16_t port = 0;
             struct sockaddr *peer = rdma_get_peer_addr(ep->id);
 
-            if (exs__vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
-                             &port, &ep->peer_tok) &&
+            if (exs__vrb_pd_parse(cme->param.conn.private_data,
+                                  cme->param.conn.private_data_len, ev, &port, &ep->peer_tok) &&
                 port && ctx->udpfd >= 0 && peer && peer->sa_family == AF_INET) {
                 memcpy(&ep->peer_bye, peer, sizeof(ep->peer_bye));
                 ep->peer_bye.sin_port = port;
@@ -818,8 +818,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
         vrb_ep_up(ep);
         vrb_ep_event(ep, EXS_PROV_CM_ESTABLISHED, 0, ev);
         if (ep->active)
-            exs__vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev, NULL,
-                         NULL);
+            exs__vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
+                              NULL, NULL);
         return 1;
     case RDMA_CM_EVENT_REJECTED:
         if (ep->disc_sent)
@@ -832,8 +832,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
         }
         vrb_ep_event(ep, EXS_PROV_CM_REJECTED, -ECONNREFUSED, ev);
         if (cme->status == VRB_REJ_CONSUMER &&
-            exs__vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev, NULL,
-                         NULL)) {
+            exs__vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
+                              NULL, NULL)) {
             EXS_CNT_INC(ctx->cnt.conns_rejected);
             return 1;
         }
