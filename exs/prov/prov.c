@@ -289,3 +289,29 @@ const char *exs__prov_cm_event_str(enum exs_prov_cm_event_type type)
         return names[type];
     return "unknown event";
 }
+
+/* ---- shared by the providers ---- */
+
+int exs__prov_ep_attr_check(const struct exs_prov_caps *caps, const struct exs_prov_ep_attr *attr)
+{
+    if (!attr || !attr->max_send_wr || attr->max_send_wr > caps->max_send_wr ||
+        !attr->max_recv_wr || attr->max_recv_wr > caps->max_recv_wr ||
+        attr->max_inline > caps->max_inline || attr->rnr_retry > 7)
+        return -EINVAL;
+    return 0;
+}
+
+enum exs_prov_wc_opcode exs__prov_wr_wc_opcode(enum exs_prov_wr_opcode opcode)
+{
+    switch (opcode) {
+    case EXS_PROV_WR_RDMA_WRITE:
+    case EXS_PROV_WR_RDMA_WRITE_WITH_IMM:
+        return EXS_PROV_WC_RDMA_WRITE;
+    case EXS_PROV_WR_RDMA_READ:
+        return EXS_PROV_WC_RDMA_READ;
+    case EXS_PROV_WR_SEND:
+    case EXS_PROV_WR_SEND_WITH_IMM:
+        break;
+    }
+    return EXS_PROV_WC_SEND;
+}

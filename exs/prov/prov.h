@@ -396,6 +396,13 @@ const char *exs__prov_wc_opcode_str(enum exs_prov_wc_opcode opcode);
 const char *exs__prov_cm_event_str(enum exs_prov_cm_event_type type);
 /* Points every NULL op at a stub returning -EOPNOTSUPP. */
 void exs__prov_fill_defaults(struct exs_prov_ops *ops);
+/* Shared by the providers (one definition of what every provider checks or maps). */
+/* ep_create's attribute check against the context's caps: 0, or -EINVAL (no attr, a
+ * queue depth of 0 or above caps, max_inline above caps, rnr_retry above 7). */
+int exs__prov_ep_attr_check(const struct exs_prov_caps *caps, const struct exs_prov_ep_attr *attr);
+/* The completion opcode of a send work request's opcode (SEND and SEND_WITH_IMM: SEND;
+ * RDMA_WRITE and RDMA_WRITE_WITH_IMM: RDMA_WRITE; RDMA_READ: RDMA_READ), as verbs. */
+enum exs_prov_wc_opcode exs__prov_wr_wc_opcode(enum exs_prov_wr_opcode opcode);
 
 /* ---- inline wrappers: the only way code outside exs/prov/ calls a provider ----
  * (a check in `make check`, scripts/check-prov-door.sh, fails on any other use). */

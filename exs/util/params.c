@@ -49,6 +49,14 @@ static const struct exs_param_def params_table[] = {
           "tcp provider: responder frames (ACK, NAK, READ response) queued on a connection before "
           "it stops reading (back-pressure on a requester that does not read); 1 makes every READ "
           "request pause reading (tests)"),
+    PARAM(tcp_hello_ms, "EXS_TCP_HELLO_MS", "5000", UINT, 1,
+          "tcp provider: a socket accepted by a listener that has not sent a complete connection "
+          "request (the provider's hello) this long after the accept is reset (not an exs peer), "
+          "milliseconds, 1-3600000; bytes that cannot begin one reset it at once"),
+    PARAM(tcp_hello_max, "EXS_TCP_HELLO_MAX", "1024", UINT, 1,
+          "tcp provider: accepted sockets a listener keeps waiting for their connection request, "
+          "1-1048576; at the bound the oldest silent one is reset once it waited a tenth of "
+          "EXS_TCP_HELLO_MS, else accepting pauses"),
     PARAM(credits, "EXS_CREDITS", "64", UINT, 0,
           "receives pre-posted per connection, the send credits granted to the peer, 3-4095"),
     PARAM(ring_size, "EXS_RING_SIZE", "1048576", UINT, 0,
@@ -374,8 +382,12 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, keepalive_probes) &&
             (v->u < 1 || v->u > 100))
             return -EINVAL;
-        if (d->offset == offsetof(struct exs_params, connect_timeout_ms) &&
+        if ((d->offset == offsetof(struct exs_params, connect_timeout_ms) ||
+             d->offset == offsetof(struct exs_params, tcp_hello_ms)) &&
             (v->u < 1 || v->u > 3600000))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, tcp_hello_max) &&
+            (v->u < 1 || v->u > (1u << 20)))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, emu_blackhole) && v->u > 1)
             return -EINVAL;

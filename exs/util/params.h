@@ -35,6 +35,8 @@ struct exs_params {
     uint64_t tcp_cq_size;      /* EXS_TCP_CQ_SIZE: ctx completion queue capacity */
     uint64_t tcp_max_msg;      /* EXS_TCP_MAX_MSG: largest work request in bytes */
     uint64_t tcp_ctrl_max;     /* EXS_TCP_CTRL_MAX: responder frames queued before reading stops */
+    uint64_t tcp_hello_ms;     /* EXS_TCP_HELLO_MS: an accepted socket's CONN_REQ deadline */
+    uint64_t tcp_hello_max;    /* EXS_TCP_HELLO_MAX: sockets waiting for CONN_REQ per listener */
     /* protocol and sockets */
     uint64_t credits;          /* EXS_CREDITS: receives pre-posted per connection (3-4095) */
     uint64_t ring_size;        /* EXS_RING_SIZE: default SO_RCVBUF, bytes of the hidden ring */

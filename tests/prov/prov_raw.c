@@ -62,7 +62,7 @@ int pt_raw_recv(int fd, void *buf, size_t len, int ms)
     return 0;
 }
 
-int pt_raw_closed_within(int fd, int ms)
+int pt_raw_end_within(int fd, int ms)
 {
     double deadline = pt_now_ms() + ms;
     char buf[512];
@@ -73,11 +73,18 @@ int pt_raw_closed_within(int fd, int ms)
         ssize_t n;
 
         if (left <= 0 || poll(&pfd, 1, left) <= 0)
+            return -1;
+        n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0)
             return 0;
-        n = recv(fd, buf, sizeof(buf), 0);
-        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
-            return 1;
+        if (n < 0 && errno != EINTR && errno != EAGAIN)
+            return errno;
     }
+}
+
+int pt_raw_closed_within(int fd, int ms)
+{
+    return pt_raw_end_within(fd, ms) >= 0;
 }
 
 struct tcp_wire_hdr pt_raw_hdr(uint8_t type, uint8_t flags, uint32_t len, uint32_t psn,

@@ -183,6 +183,9 @@ int pt_raw_send(int fd, const void *buf, size_t len);
 int pt_raw_recv(int fd, void *buf, size_t len, int ms);
 /* 1 when the peer closed (EOF or reset) within ms, reading and discarding anything else. */
 int pt_raw_closed_within(int fd, int ms);
+/* As pt_raw_closed_within: the errno of a reset (ECONNRESET), 0 for an orderly end (EOF),
+ * -1 when fd is still open after ms. */
+int pt_raw_end_within(int fd, int ms);
 /* Complete a handshake (CONN_REQ, rnr_retry 7, no private data) from a raw socket and
  * accept it onto p->eb; returns the socket, eb is CONNECTED. */
 int pt_raw_establish(struct pt_pair *p);

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "exs/prov/tcp/tcp.h"
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
 
@@ -165,6 +166,10 @@ void pt_ctx_close(struct exs_prov_ctx *ctx)
         close(d->stopfd);
         memset(d, 0, sizeof(*d));
     }
+    /* every state change of the tcp provider kept to its tables (spec/provider-tcp.md) */
+    if (strcmp(pt_name, "tcp") == 0)
+        ck_assert_uint_eq(
+            __atomic_load_n(&tcp_ctx_of(ctx)->cnt.state_errors, __ATOMIC_RELAXED), 0);
     pt_ops->ctx_close(ctx);
 }
 

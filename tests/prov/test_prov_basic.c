@@ -60,6 +60,48 @@ START_TEST(ep_attr_granted)
 }
 END_TEST
 
+/* Every provider refuses the same attributes (one check, exs__prov_ep_attr_check), and
+ * takes them at the caps' limits. */
+START_TEST(ep_attr_refused)
+{
+    struct pt_host h;
+    struct exs_prov_ep *ep = NULL;
+    struct exs_prov_ep_attr a;
+    const struct exs_prov_caps *caps;
+
+    pt_host_open(&h);
+    caps = &h.ctx->caps;
+    ck_assert_int_eq(pt_ops->ep_create(h.ctx, NULL, &ep), -EINVAL);
+    for (int i = 0; i < 6; i++) {
+        a = pt_default_attr();
+        switch (i) {
+        case 0: a.max_send_wr = 0; break;
+        case 1: a.max_send_wr = caps->max_send_wr + 1; break;
+        case 2: a.max_recv_wr = 0; break;
+        case 3: a.max_recv_wr = caps->max_recv_wr + 1; break;
+        case 4: a.max_inline = caps->max_inline + 1; break;
+        case 5: a.rnr_retry = 8; break;
+        }
+        ck_assert_msg(pt_ops->ep_create(h.ctx, &a, &ep) == -EINVAL, "attribute case %d taken", i);
+        ck_assert_int_eq(exs__prov_ep_attr_check(caps, &a), -EINVAL);
+    }
+    a = pt_default_attr();
+    a.max_inline = caps->max_inline;
+    a.rnr_retry = 7;
+    ck_assert_int_eq(exs__prov_ep_attr_check(caps, &a), 0);
+    ck_assert_int_eq(pt_ops->ep_create(h.ctx, &a, &ep), 0);
+    pt_ops->ep_destroy(ep);
+    /* the completion opcode of each send opcode, one map for every provider */
+    ck_assert_int_eq(exs__prov_wr_wc_opcode(EXS_PROV_WR_SEND), EXS_PROV_WC_SEND);
+    ck_assert_int_eq(exs__prov_wr_wc_opcode(EXS_PROV_WR_SEND_WITH_IMM), EXS_PROV_WC_SEND);
+    ck_assert_int_eq(exs__prov_wr_wc_opcode(EXS_PROV_WR_RDMA_WRITE), EXS_PROV_WC_RDMA_WRITE);
+    ck_assert_int_eq(exs__prov_wr_wc_opcode(EXS_PROV_WR_RDMA_WRITE_WITH_IMM),
+                     EXS_PROV_WC_RDMA_WRITE);
+    ck_assert_int_eq(exs__prov_wr_wc_opcode(EXS_PROV_WR_RDMA_READ), EXS_PROV_WC_RDMA_READ);
+    pt_host_close(&h);
+}
+END_TEST
+
 /* One SEND of len bytes from src into a receive of dst_len bytes, both directions. */
 static void send_one_way(struct pt_pair *p, char from, uint32_t len, uint32_t seed)
 {
@@ -619,6 +661,7 @@ Suite *prov_basic_suite(void)
 
     tcase_add_test(tc, caps_sane);
     tcase_add_test(tc, ep_attr_granted);
+    tcase_add_test(tc, ep_attr_refused);
     tcase_add_test(tc, send_recv_both_ways);
     tcase_add_test(tc, send_zero_length);
     tcase_add_test(tc, send_with_imm);

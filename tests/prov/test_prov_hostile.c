@@ -11,7 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "exs/prov/tcp/tcp.h"
 #include "exs/prov/tcp/tcp_wire.h"
+#include "exs/util/params.h"
 #include "tests/prov/prov_test.h"
 
 #define LW  EXS_PROV_ACCESS_LOCAL_WRITE
@@ -124,6 +126,112 @@ START_TEST(hostile_data_before_handshake)
     struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_WRITE, 0, 0xFFFFFFF0u, 0, 0x1000, 0x100, 0);
 
     pre_handshake_case("hostile_data_before_handshake", &h, sizeof(h), 0);
+}
+END_TEST
+
+/* ---- the hello deadline: a plain TCP client gets a prompt reset ---- */
+
+static uint64_t hello_refused(const struct pt_pair *p)
+{
+    return __atomic_load_n(&tcp_ctx_of(p->b.ctx)->cnt.hello_refused, __ATOMIC_RELAXED);
+}
+
+/* fd (a raw client) is reset by the provider, once. */
+static void hello_expect_reset(const struct pt_pair *p, int fd, const char *what)
+{
+    int end = pt_raw_end_within(fd, PT_TIMEOUT_MS);
+
+    ck_assert_msg(end == ECONNRESET, "%s: %s, expected a reset", what,
+                  end > 0 ? strerror(end) : end == 0 ? "EOF (a FIN)" : "still open");
+    ck_assert_uint_eq(hello_refused(p), 1);
+    close(fd);
+}
+
+/* After the refused client: nothing reached the application, the next client is served,
+ * nothing more was refused. */
+static void hello_case_end(struct pt_pair *p)
+{
+    pt_expect_no_cm(&p->b, 100);
+    normal_connection_works(p);
+    ck_assert_uint_eq(hello_refused(p), 1);
+    pt_pair_close(p);
+    exs__params_set("tcp_hello_ms", exs__params_find("tcp_hello_ms")->defval);
+}
+
+/* A client that connects and says nothing (nc, a health check, a stalled client) is reset
+ * at the hello deadline (EXS_TCP_HELLO_MS, short here) rather than left hanging; counted
+ * and logged; the next, real, client is served. (The old provider closed it with a FIN
+ * after 10 s.) */
+START_TEST(hello_silent_client_reset)
+{
+    struct pt_pair p;
+    double t0, ms;
+    int fd;
+
+    if (pt_skip_unless_tcp_itself("hello_silent_client_reset"))
+        return;
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", "300"), 0);
+    pt_pair_open(&p, NULL, NULL);
+    t0 = pt_now_ms();
+    fd = pt_raw_connect(&p);
+    hello_expect_reset(&p, fd, "silent client");
+    ms = pt_now_ms() - t0;
+    printf("hello_silent_client_reset: reset after %.0f ms\n", ms);
+    ck_assert_msg(ms >= 250, "reset after %.0f ms, before the 300 ms deadline", ms);
+    hello_case_end(&p);
+}
+END_TEST
+
+/* A client that speaks another protocol (here a short HTTP request, shorter than a frame
+ * header) is reset as soon as its first bytes show it is no exs peer: the deadline is an
+ * hour, so only the early check can end it. (The old provider waited for a whole header.) */
+START_TEST(hello_foreign_client_reset)
+{
+    static const char req[] = "GET / HTTP/1.0\r\n\r\n";
+    struct pt_pair p;
+    int fd;
+
+    if (pt_skip_unless_tcp_itself("hello_foreign_client_reset"))
+        return;
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", "3600000"), 0);
+    pt_pair_open(&p, NULL, NULL);
+    fd = pt_raw_connect(&p);
+    ck_assert_int_eq(pt_raw_send(fd, req, sizeof(req) - 1), 0);
+    hello_expect_reset(&p, fd, "foreign client");
+    /* a CONN_REQ cut after its first bytes is not refused early: only the deadline ends it */
+    {
+        struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN, 0, 0, 0, 0);
+
+        fd = pt_raw_connect(&p);
+        ck_assert_int_eq(pt_raw_send(fd, &h, 11), 0);
+        ck_assert_int_eq(pt_raw_end_within(fd, 300), -1);
+        close(fd);
+    }
+    hello_case_end(&p);
+}
+END_TEST
+
+/* The prefix check against every header byte that can decide it. */
+START_TEST(hello_prefix_check)
+{
+    struct tcp_wire_hdr h = pt_raw_hdr(TCP_WIRE_CONN_REQ, 0, TCP_WIRE_CONN_LEN + 200, 0, 0, 0, 0);
+    uint8_t b[TCP_WIRE_HDR_LEN];
+
+    if (pt_skip_unless_tcp_itself("hello_prefix_check"))
+        return;
+    memcpy(b, &h, sizeof(b));
+    for (uint32_t n = 0; n < TCP_WIRE_HDR_LEN; n++)
+        ck_assert_msg(exs__tcp_hello_prefix_ok(b, n), "a valid CONN_REQ refused at %u bytes", n);
+    for (uint32_t i = 0; i < 11; i++) {
+        uint8_t bad[TCP_WIRE_HDR_LEN];
+
+        memcpy(bad, b, sizeof(bad));
+        bad[i] ^= i == 10 ? 0x02 : 0x40; /* byte 10: a length of 512 or more */
+        ck_assert_msg(exs__tcp_hello_prefix_ok(bad, i), "refused before byte %u came", i);
+        ck_assert_msg(!exs__tcp_hello_prefix_ok(bad, i + 1), "byte %u changed, not refused", i);
+    }
+    ck_assert(!exs__tcp_hello_prefix_ok((const uint8_t *)"GET ", 1));
+    ck_assert(!exs__tcp_hello_prefix_ok((const uint8_t *)"\x16\x03\x01", 3)); /* TLS */
 }
 END_TEST
 
@@ -378,6 +486,92 @@ START_TEST(hostile_peer_vanishes_mid_frame)
 }
 END_TEST
 
+/* ---- the state tables (spec/provider-tcp.md, "States") ---- */
+
+/* The transition tables are the spec's: every pair checked, in and out. */
+START_TEST(states_tables)
+{
+    static const char *conn_ok[] = {
+        "CONNECTING WAIT_REPLY", "CONNECTING DEAD", "WAIT_REPLY UP", "WAIT_REPLY DEAD",
+        "WAIT_REQ PENDING",      "WAIT_REQ DEAD",   "PENDING UP",    "PENDING LINGER",
+        "PENDING DEAD",          "UP LINGER",       "UP DEAD",       "LINGER DEAD",
+    };
+    /* IDLE CONNECTING CONNECTED ERROR */
+    static const int ep_ok[4][4] = {{0, 1, 1, 1}, {1, 0, 1, 1}, {0, 0, 0, 1}, {0, 0, 0, 1}};
+    int legal = 0;
+
+    if (pt_skip_unless_tcp_itself("states_tables"))
+        return;
+    for (int from = TCP_CONN_CONNECTING; from <= TCP_CONN_DEAD; from++) {
+        for (int to = TCP_CONN_CONNECTING; to <= TCP_CONN_DEAD; to++) {
+            char pair[64];
+            int want = 0;
+
+            snprintf(pair, sizeof(pair), "%s %s", exs__tcp_conn_state_str(from),
+                     exs__tcp_conn_state_str(to));
+            for (size_t i = 0; i < sizeof(conn_ok) / sizeof(conn_ok[0]); i++)
+                want |= strcmp(pair, conn_ok[i]) == 0;
+            ck_assert_msg(exs__tcp_conn_state_legal(from, to) == want, "conn %s: %d", pair,
+                          !want);
+            legal += want;
+        }
+    }
+    ck_assert_int_eq(legal, (int)(sizeof(conn_ok) / sizeof(conn_ok[0])));
+    ck_assert(!exs__tcp_conn_state_legal(TCP_CONN_DEAD + 1, TCP_CONN_DEAD));
+    for (int from = 0; from < 4; from++)
+        for (int to = 0; to < 4; to++)
+            ck_assert_msg(exs__tcp_ep_state_legal(from, to) == ep_ok[from][to], "ep %d -> %d",
+                          from, to);
+}
+END_TEST
+
+/* A transition outside the tables fails the object cleanly (never a crash, never the
+ * illegal state): the ep goes to ERROR with its receives flushed and one DISCONNECTED,
+ * the connection is closed (the peer sees its end), and the listener serves on. */
+START_TEST(states_illegal_fails_cleanly)
+{
+    struct pt_pair p;
+    struct pt_buf *dst;
+    struct exs_prov_cm_event ev;
+    struct exs_prov_ep_attr at;
+    struct tcp_ctx *tb;
+    struct tcp_conn *conn;
+    int ret;
+
+    if (pt_skip_unless_tcp_itself("states_illegal_fails_cleanly"))
+        return;
+    pt_pair_setup(&p, NULL, NULL);
+    dst = pt_pair_buf(&p, 'b', 64, LW, 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 5, dst, 0, 64), 0);
+    tb = tcp_ctx_of(p.b.ctx);
+    pthread_mutex_lock(&tb->nic_lock);
+    ret = exs__tcp_ep_set_state(tcp_ep_of(p.eb), EXS_PROV_EP_CONNECTING, "test: illegal");
+    pthread_mutex_unlock(&tb->nic_lock);
+    ck_assert_int_eq(ret, -EPROTO);
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_ERROR);
+    pt_wait_cm(&p.b, EXS_PROV_CM_DISCONNECTED, 5000, &ev);
+    ck_assert_int_eq(ev.status, -EPROTO);
+    pt_expect_cqe(&p.b, 5, EXS_PROV_WC_WR_FLUSH_ERR, EXS_PROV_WC_RECV, NULL);
+    ck_assert_uint_eq(tb->cnt.state_errors, 1);
+
+    /* a connection: UP -> PENDING closes it; the peer's ep learns it */
+    pthread_mutex_lock(&tb->nic_lock);
+    conn = tcp_ep_of(p.eb)->conn;
+    ret = conn ? exs__tcp_conn_set_state(conn, TCP_CONN_PENDING, "test: illegal") : -ENOENT;
+    pthread_mutex_unlock(&tb->nic_lock);
+    ck_assert_int_eq(ret, -EPROTO);
+    pt_wait_cm(&p.a, EXS_PROV_CM_DISCONNECTED, 5000, &ev);
+    ck_assert_uint_eq(tb->cnt.state_errors, 2);
+    tb->cnt.state_errors = 0; /* pt_ctx_close asserts none */
+    p.a_up = p.b_up = 0;
+    pt_ops->ep_destroy(p.ea);
+    at = pt_default_attr();
+    ck_assert_int_eq(pt_ops->ep_create(p.a.ctx, &at, &p.ea), 0);
+    normal_connection_works(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_hostile_suite(void)
 {
     Suite *s = suite_create("prov_hostile");
@@ -402,6 +596,15 @@ Suite *prov_hostile_suite(void)
     tcase_add_test(tc, hostile_bad_flags);
     tcase_add_test(tc, hostile_send_too_long);
     tcase_add_test(tc, hostile_peer_vanishes_mid_frame);
+    suite_add_tcase(s, tc);
+    tc = pt_tcase("hello");
+    tcase_add_test(tc, hello_silent_client_reset);
+    tcase_add_test(tc, hello_foreign_client_reset);
+    tcase_add_test(tc, hello_prefix_check);
+    suite_add_tcase(s, tc);
+    tc = pt_tcase("states");
+    tcase_add_test(tc, states_tables);
+    tcase_add_test(tc, states_illegal_fails_cleanly);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "exs/prov/tcp/tcp.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 #include "tests/prov/prov_test.h"
 
@@ -221,11 +222,9 @@ START_TEST(limits_half_open)
         return;
     /* a silent socket may be dropped for a new one after a tenth of it (100 ms): the 300
      * ahead of the new client go in about 19 rounds of 16 */
-    setenv("EXS_TCP_HANDSHAKE_MS", "1000", 1);
-    setenv("EXS_TCP_HANDSHAKE_MAX", "16", 1);
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", "1000"), 0);
+    ck_assert_int_eq(exs__params_set("tcp_hello_max", "16"), 0);
     pt_pair_open(&p, NULL, NULL);
-    unsetenv("EXS_TCP_HANDSHAKE_MS");
-    unsetenv("EXS_TCP_HANDSHAKE_MAX");
     base = count_fds();
     for (int i = 0; i < N; i++)
         fds[i] = pt_raw_connect(&p); /* and never a CONN_REQ */
@@ -252,6 +251,8 @@ START_TEST(limits_half_open)
     for (int i = 0; i < N; i++)
         close(fds[i]);
     pt_pair_close(&p);
+    exs__params_set("tcp_hello_ms", exs__params_find("tcp_hello_ms")->defval);
+    exs__params_set("tcp_hello_max", exs__params_find("tcp_hello_max")->defval);
 }
 END_TEST
 
@@ -269,11 +270,10 @@ START_TEST(limits_handshake_burst)
 
     if (pt_skip_unless_tcp_itself("limits_handshake_burst"))
         return;
-    setenv("EXS_TCP_HANDSHAKE_MS", "3000", 1); /* a socket may be judged silent at 300 ms */
-    setenv("EXS_TCP_HANDSHAKE_MAX", "2", 1);
+    /* a socket may be judged silent at 300 ms */
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", "3000"), 0);
+    ck_assert_int_eq(exs__params_set("tcp_hello_max", "2"), 0);
     pt_pair_open(&p, NULL, NULL);
-    unsetenv("EXS_TCP_HANDSHAKE_MS");
-    unsetenv("EXS_TCP_HANDSHAKE_MAX");
     t0 = pt_now_ms();
     for (int i = 0; i < N; i++)
         fds[i] = pt_raw_connect(&p); /* they fill the bound, young */
@@ -288,6 +288,7 @@ START_TEST(limits_handshake_burst)
     for (int i = 0; i < N; i++)
         close(fds[i]);
     pt_pair_close(&p);
+    exs__params_set("tcp_hello_max", exs__params_find("tcp_hello_max")->defval);
 }
 END_TEST
 

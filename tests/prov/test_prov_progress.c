@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "exs/prov/tcp/tcp.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
@@ -909,7 +910,8 @@ START_TEST(progress_timer_fires_when_due)
 
     if (manual_setup(&p, "progress_timer_fires_when_due"))
         return;
-    tcp_ctx_of(p.b.ctx)->handshake_ns = 200 * 1000000ull; /* before the socket arrives */
+    /* before the socket arrives */
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", "200"), 0);
     w0 = TCP_CNT(p.b.ctx, timer_walks);
     t0 = TCP_CNT(p.b.ctx, handshake_timeouts);
     fd = pt_raw_connect(&p);
@@ -925,6 +927,7 @@ START_TEST(progress_timer_fires_when_due)
     ck_assert_int_eq(pt_raw_closed_within(fd, PT_TIMEOUT_MS), 1);
     close(fd);
     manual_close(&p);
+    exs__params_set("tcp_hello_ms", exs__params_find("tcp_hello_ms")->defval);
 }
 END_TEST
 

@@ -55,7 +55,9 @@ START_TEST(test_table_shape)
          * keepalive, the window, fragmentation and the work-request cap (issue 13, read at
          * each use), the bound of connections resuming, the listeners' bounds (read at each request), the fault provider's faults, the control client timeout, the slow-poll
          * and slow-pass thresholds and trace sampling; the rest is start-up only */
+        /* and the tcp provider's hello deadline and bound (read at each accept) */
         ck_assert_int_eq(t[i].online, strncmp(t[i].name, "log_", 4) == 0 ||
+                                          strncmp(t[i].name, "tcp_hello_", 10) == 0 ||
                                           strcmp(t[i].name, "qspin_us") == 0 ||
                                           strcmp(t[i].name, "close_timeout_ms") == 0 ||
                                           strcmp(t[i].name, "keepalive_intv_ms") == 0 ||
@@ -97,6 +99,15 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(exs__params.tcp_max_wr, 4096);
     ck_assert_uint_eq(exs__params.tcp_cq_size, 65536);
     ck_assert_uint_eq(exs__params.tcp_max_msg, 1073741824);
+    ck_assert_uint_eq(exs__params.tcp_hello_ms, 5000);
+    ck_assert_uint_eq(exs__params.tcp_hello_max, 1024);
+    /* their ranges, and online after the load (read at each accept) */
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", "0"), -EINVAL);
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", "3600001"), -EINVAL);
+    ck_assert_int_eq(exs__params_set("tcp_hello_max", "0"), -EINVAL);
+    ck_assert_int_eq(exs__params_set("tcp_hello_max", "1048577"), -EINVAL);
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", "250"), 0);
+    ck_assert_uint_eq(exs__params.tcp_hello_ms, 250);
     ck_assert_int_eq(exs__log_level, EXS_LOG_WARN);
     ck_assert_uint_eq(exs__log_subsys, EXS_SUB_ALL);
 }

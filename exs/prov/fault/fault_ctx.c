@@ -286,9 +286,7 @@ int exs__fault_thaw(struct fault_ctx *ctx)
                 h.cqe.wr_id = p->wr.wr_id;
                 h.cqe.ep = &ep->base;
                 h.cqe.status = EXS_PROV_WC_WR_FLUSH_ERR;
-                h.cqe.opcode = p->wr.opcode == EXS_PROV_WR_RDMA_READ       ? EXS_PROV_WC_RDMA_READ
-                               : p->wr.opcode <= EXS_PROV_WR_SEND_WITH_IMM ? EXS_PROV_WC_SEND
-                                                                           : EXS_PROV_WC_RDMA_WRITE;
+                h.cqe.opcode = exs__prov_wr_wc_opcode(p->wr.opcode);
                 if (exs__fault_hold_locked(ctx, &h) == 0)
                     exs__fault_timer_locked(ctx, 0);
                 failed = 1;

@@ -56,8 +56,6 @@
 #define TCP_RESP_COPY_MAX 65536      /* READ responses copied when they cannot leave at once */
 #define TCP_BACKOFF_MIN_MS 100       /* accept out of descriptors: first pause */
 #define TCP_BACKOFF_MAX_MS 1000      /* pauses double up to this */
-#define TCP_HANDSHAKE_MS   10000     /* default of EXS_TCP_HANDSHAKE_MS */
-#define TCP_HANDSHAKE_MAX  1024      /* default of EXS_TCP_HANDSHAKE_MAX */
 #define TCP_LISTEN_QUEUE   65535     /* listen(2) backlog; the kernel caps it (somaxconn) */
 
 struct tcp_ctx;
@@ -100,6 +98,8 @@ struct tcp_counters {
     uint64_t ack_kicks;
     uint64_t disarms;
     uint64_t rx_lowats;
+    uint64_t hello_refused;
+    uint64_t state_errors;
 };
 
 /* A key the peer may present in a WRITE or READ_REQ: an mr's rkey (valid on every
@@ -235,6 +235,7 @@ struct tcp_listener {
     int                      hs_wait;    /* NIC: handshakes at the bound, none silent long
                                           * enough to drop: not watched until one leaves or
                                           * resume_at */
+    int                      hello_logged; /* NIC: a refused hello was logged at info level */
 };
 
 struct tcp_req {
@@ -251,6 +252,22 @@ enum tcp_conn_state {
     TCP_CONN_UP,          /* bound to an ep, frames flow */
     TCP_CONN_LINGER,      /* detached: sending the last frames, then discarding until EOF */
     TCP_CONN_DEAD,        /* closed; freed at the end of the loop turn */
+};
+
+/* How exs__tcp_conn_fail ends an UP connection (the other states end as their row of the
+ * table in spec/provider-tcp.md says, whatever the mode). */
+enum tcp_conn_end {
+    TCP_END_ABORT,      /* the socket is dead or unusable: close it now */
+    TCP_END_QUIET,      /* LINGER: what is queued (and a NAK, with a syndrome) leaves, nothing
+                         * more (the peer ended it, or broke the protocol) */
+    TCP_END_DISCONNECT, /* LINGER, DISCONNECT last (disconnect; a local error) */
+    TCP_END_CLOSED,     /* LINGER, DISCONNECT with F_CLOSED last (ep_destroy) */
+};
+
+/* Whether exs__tcp_ep_fail queues the ep's one DISCONNECTED event. */
+enum tcp_fail_event {
+    TCP_FAIL_SILENT,       /* no event (ep_destroy, or the caller queues its own) */
+    TCP_FAIL_DISCONNECTED, /* one DISCONNECTED with the status (not twice: disc_sent) */
 };
 
 enum tcp_rx_phase {
@@ -334,7 +351,7 @@ enum tcp_cmd_type {
     TCP_CMD_EP_DESTROY,
     TCP_CMD_LISTEN,
     TCP_CMD_LISTENER_DESTROY,
-    TCP_CMD_LISTENER_PAUSE, /* pdlen: 1 pause, 0 go on */
+    TCP_CMD_LISTENER_PAUSE,
 };
 
 struct tcp_cmd {
@@ -347,6 +364,7 @@ struct tcp_cmd {
     socklen_t              addrlen;
     const void            *pd;
     uint32_t               pdlen;
+    int                    pause;   /* LISTENER_PAUSE: 1 pause, 0 go on */
     int                    ret;
 };
 
@@ -414,8 +432,6 @@ struct tcp_ctx {
     uint64_t                emu_rate_mbps;
     uint32_t                rnr_timer_ms;
     uint8_t                 rnr_retry_max;  /* EXS_TCP_RNR_RETRY caps every ep's rnr_retry */
-    uint64_t                handshake_ns;   /* an accepted socket must send CONN_REQ by then */
-    unsigned                handshake_max;  /* sockets waiting for CONN_REQ per listener */
     struct tcp_counters     cnt;
     struct exs_counter_set  cset;
 };
@@ -431,6 +447,22 @@ static inline struct tcp_ep *tcp_ep_of(struct exs_prov_ep *e)
 }
 
 extern struct exs_prov_ops exs__prov_tcp_ops;
+
+/*
+ * What the provider's files share. A function used by one file only is static there; what
+ * is declared below is used across files, because the NIC's concerns call each other (a
+ * frame read ends a connection, its end flushes the ep, the flush queues completions, a
+ * command opens a connection that the next turn reads):
+ *  - the ops entry points (ep_create ... post_send, mr_reg ... revoke), named here for the
+ *    ops table in tcp_ctx.c only;
+ *  - the NIC's services: the completion and cm queues, kicks, epoll and deadlines
+ *    (tcp_ctx.c); keys and the copy fence (tcp_mr.c); connections' life and the state
+ *    machines (tcp_conn.c); listeners and the hello (tcp_lis.c); endpoints and commands
+ *    (tcp_cm.c); framing and transmit (tcp_data.c); receive (tcp_rx.c); link emulation
+ *    (tcp_emu.c);
+ *  - for the tests (tests/prov, tests/unit): the state tables (conn_state_legal,
+ *    ep_state_legal, conn_state_str), hello_prefix_ok, hdr_init.
+ */
 
 /* tcp_ctx.c */
 int  exs__tcp_epoll_add_listener(struct tcp_listener *lis);
@@ -455,8 +487,6 @@ void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events);
 /* After setting or clearing conn's rnr_at / tx_at / linger_at: (un)list it and, when
  * a deadline may now come before the armed one, have the turn re-arm the timerfd. */
 void exs__tcp_conn_timer(struct tcp_conn *conn);
-/* A listener's resume_at was set: the turn re-arms the timerfd. */
-void exs__tcp_timer_moved(struct tcp_ctx *ctx);
 
 /* tcp_mr.c */
 int  exs__tcp_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
@@ -479,6 +509,47 @@ void exs__tcp_key_put_locked(struct tcp_ctx *ctx, struct tcp_key *key);
 int  exs__tcp_copy_begin(struct tcp_ctx *ctx, struct tcp_key *key);
 void exs__tcp_copy_end(struct tcp_ctx *ctx);
 
+/* tcp_conn.c */
+struct tcp_conn *exs__tcp_conn_new(struct tcp_ctx *ctx, int fd, enum tcp_conn_state state);
+struct tcp_txf *exs__tcp_hs_frame(struct tcp_conn *conn, uint8_t type, struct tcp_ep *ep,
+                                  const void *pd, uint32_t pdlen);
+/* The state machines (spec/provider-tcp.md, "States"): the one place each state changes,
+ * checked against the transition table, logged; -EPROTO (and the object failed) outside it. */
+int  exs__tcp_conn_set_state(struct tcp_conn *conn, enum tcp_conn_state to, const char *why);
+int  exs__tcp_ep_set_state(struct tcp_ep *ep, enum exs_prov_ep_state to, const char *why);
+int  exs__tcp_conn_state_legal(enum tcp_conn_state from, enum tcp_conn_state to);
+int  exs__tcp_ep_state_legal(enum exs_prov_ep_state from, enum exs_prov_ep_state to);
+const char *exs__tcp_conn_state_str(enum tcp_conn_state s);
+int  exs__tcp_ep_established(struct tcp_ep *ep, const void *pd, uint32_t pdlen);
+void exs__tcp_ep_unconnected(struct tcp_ep *ep, enum exs_prov_cm_event_type type, int status,
+                             const void *pd, uint32_t pdlen);
+int  exs__tcp_conn_hs_frame(struct tcp_conn *conn);
+void exs__tcp_conn_connected(struct tcp_conn *conn);
+void exs__tcp_conn_fail(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
+                        enum tcp_conn_end mode);
+void exs__tcp_conn_fail_cqe(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
+                            enum tcp_conn_end mode, const struct exs_prov_cqe *first);
+void exs__tcp_ep_fail(struct tcp_ep *ep, int status, enum tcp_fail_event notify);
+void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, enum tcp_fail_event notify,
+                          const struct exs_prov_cqe *first);
+void exs__tcp_conn_close(struct tcp_conn *conn);
+
+/* tcp_lis.c */
+int  exs__tcp_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
+                     int backlog, void *user, struct exs_prov_listener **lis_p);
+int  exs__tcp_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
+                            socklen_t *addrlen);
+void exs__tcp_listener_destroy(struct exs_prov_listener *lis);
+int  exs__tcp_listener_pause(struct exs_prov_listener *lis, int pause);
+void exs__tcp_listener_ready(struct tcp_listener *lis);
+int  exs__tcp_lis_cmd(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
+/* The hello (spec/provider-tcp.md, "Handshake"): a WAIT_REQ socket that is no exs peer, or
+ * late, is reset (RST) and counted (hello_refused); its deadline passed (timer); whether
+ * the n header bytes read so far may begin a CONN_REQ. */
+void exs__tcp_conn_refuse(struct tcp_conn *conn, const char *why);
+void exs__tcp_conn_hello_late(struct tcp_conn *conn);
+int  exs__tcp_hello_prefix_ok(const uint8_t *b, uint32_t n);
+
 /* tcp_cm.c */
 int  exs__tcp_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
                         struct exs_prov_ep **ep_p);
@@ -486,12 +557,6 @@ void exs__tcp_ep_destroy(struct exs_prov_ep *ep);
 enum exs_prov_ep_state exs__tcp_ep_state(struct exs_prov_ep *ep);
 int exs__tcp_ep_local_addr(struct exs_prov_ep *ep, struct sockaddr_storage *addr,
                            socklen_t *addrlen);
-int  exs__tcp_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
-                     int backlog, void *user, struct exs_prov_listener **lis_p);
-int  exs__tcp_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
-                            socklen_t *addrlen);
-void exs__tcp_listener_destroy(struct exs_prov_listener *lis);
-int  exs__tcp_listener_pause(struct exs_prov_listener *lis, int pause);
 int  exs__tcp_connect(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
                       const void *pd, uint32_t pdlen);
 int  exs__tcp_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *pd,
@@ -499,18 +564,6 @@ int  exs__tcp_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, cons
 int  exs__tcp_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen);
 int  exs__tcp_disconnect(struct exs_prov_ep *ep);
 void exs__tcp_cmd_run(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
-void exs__tcp_listener_ready(struct tcp_listener *lis);
-int  exs__tcp_conn_hs_frame(struct tcp_conn *conn);
-void exs__tcp_conn_connected(struct tcp_conn *conn);
-void exs__tcp_conn_fail(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
-                        int send_disc);
-void exs__tcp_conn_fail_cqe(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
-                            int mode, const struct exs_prov_cqe *first);
-void exs__tcp_ep_fail(struct tcp_ep *ep, int status, int notify);
-void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, int notify,
-                          const struct exs_prov_cqe *first);
-void exs__tcp_conn_close(struct tcp_conn *conn);
-void exs__tcp_conn_hs_leave(struct tcp_conn *conn);
 
 /* tcp_data.c */
 int  exs__tcp_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);

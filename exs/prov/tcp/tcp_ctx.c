@@ -73,6 +73,12 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
                 "arms taken back by ctx_disarm (nobody slept on the event fd any more)"),
     EXS_COUNTER(struct tcp_counters, rx_lowats,
                 "SO_RCVLOWAT raised: the rest of a large payload wakes the reader once"),
+    EXS_COUNTER(struct tcp_counters, hello_refused,
+                "incoming sockets reset: no CONN_REQ by the hello deadline, or bytes that are "
+                "not one (not an exs peer)"),
+    EXS_COUNTER(struct tcp_counters, state_errors,
+                "state changes outside the transition table (a bug: the connection or endpoint "
+                "was failed instead)"),
 };
 
 static void tcp_wakefd_write(struct tcp_ctx *ctx)
@@ -326,11 +332,6 @@ void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events)
     conn->events = events;
 }
 
-void exs__tcp_timer_moved(struct tcp_ctx *ctx)
-{
-    ctx->timer_rearm = 1;
-}
-
 void exs__tcp_conn_timer(struct tcp_conn *conn)
 {
     struct tcp_ctx *ctx = conn->ctx;
@@ -388,12 +389,10 @@ static void tcp_nic_timers(struct tcp_ctx *ctx)
 
         if (conn->linger_at && conn->linger_at <= now) {
             conn->linger_at = 0;
-            if (conn->state == TCP_CONN_WAIT_REQ) {
-                EXS_CNT_INC(ctx->cnt.handshake_timeouts);
-                EXS_CNT_INC(ctx->cnt.bogus_conns);
-                EXS_DBG(PROV, "conn %p: no connection request in time", (void *)conn);
-            }
-            exs__tcp_conn_close(conn);
+            if (conn->state == TCP_CONN_WAIT_REQ)
+                exs__tcp_conn_hello_late(conn);
+            else
+                exs__tcp_conn_close(conn);
             continue;
         }
         if (conn->tx_at && conn->tx_at <= now) {
@@ -539,7 +538,7 @@ static void tcp_nic_event(struct tcp_ctx *ctx, struct epoll_event *ev)
             if (conn->rx_phase == TCP_RX_HOLD)
                 exs__tcp_conn_hold_hup(conn);
             else
-                exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, -1);
+                exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, TCP_END_ABORT);
         }
         break;
     }
@@ -596,18 +595,25 @@ static void tcp_nic_acks_kick(struct tcp_ctx *ctx)
     }
 }
 
+/* What a NIC turn does besides the queued work. */
+enum tcp_turn {
+    TCP_TURN_QUEUED, /* only what is queued: posted work, timers, flush, reap (a command) */
+    TCP_TURN_IO,     /* also collect the ready descriptors (epoll_wait, timeout 0) */
+};
+
 /*
  * One NIC turn, shared by the NIC thread, ctx_progress, commands and direct writes
- * (nic_lock held). io: also collect the ready descriptors (epoll_wait, timeout 0)
- * and handle them. The posted work is taken AFTER the events: a poster that lost
- * trylock queued its ep before writing wakefd, so a turn that consumed that write
- * also sees the ep. Returns the number of things done (events, eps taken).
+ * (nic_lock held). TCP_TURN_IO: also collect the ready descriptors and handle them.
+ * The posted work is taken AFTER the events: a poster that lost trylock queued its ep
+ * before writing wakefd, so a turn that consumed that write also sees the ep. Returns
+ * the number of things done (events, eps taken).
  */
 /* How long a deferred ACK waits for a reply while consumers busy-poll (spec: "ACK deferral"). */
 #define TCP_ACK_DELAY_NS 20000u
 
-static int tcp_nic_turn(struct tcp_ctx *ctx, int io)
+static int tcp_nic_turn(struct tcp_ctx *ctx, enum tcp_turn kind)
 {
+    int io = kind == TCP_TURN_IO;
     struct epoll_event evs[64];
     int n, did = 0;
 
@@ -692,7 +698,8 @@ int exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
         return -ESHUTDOWN;
     }
     exs__tcp_cmd_run(ctx, cmd);
-    tcp_nic_turn(ctx, 0); /* what the command queued leaves now; dead conns are freed */
+    /* what the command queued leaves now; dead conns are freed */
+    tcp_nic_turn(ctx, TCP_TURN_QUEUED);
     pthread_mutex_unlock(&ctx->nic_lock);
     return cmd->ret;
 }
@@ -705,7 +712,7 @@ static int tcp_ctx_progress(struct exs_prov_ctx *c)
 
     pthread_mutex_lock(&ctx->nic_lock);
     EXS_CNT_INC(ctx->cnt.progress_turns);
-    did = tcp_nic_turn(ctx, 1);
+    did = tcp_nic_turn(ctx, TCP_TURN_IO);
     pthread_mutex_unlock(&ctx->nic_lock);
     return did > 0;
 }
@@ -721,7 +728,7 @@ static int tcp_nic_step(struct tcp_ctx *ctx, uint64_t *stop_at, int *wait_ms)
     int busy, stop, done;
 
     pthread_mutex_lock(&ctx->nic_lock);
-    tcp_nic_turn(ctx, 1);
+    tcp_nic_turn(ctx, TCP_TURN_IO);
     pthread_mutex_lock(&ctx->lock);
     busy = !exs_list_empty(&ctx->work_eps) || !exs_list_empty(&ctx->ack_defer);
     stop = ctx->stop;
@@ -814,24 +821,6 @@ static uint32_t tcp_clamp32(uint64_t v, uint32_t lo, uint32_t hi)
     return v < lo ? lo : v > hi ? hi : (uint32_t)v;
 }
 
-/* A number from the environment (read at ctx_open), clamped; def when unset or bad. */
-static uint32_t tcp_env_u32(const char *name, uint32_t def, uint32_t lo, uint32_t hi)
-{
-    const char *v = getenv(name);
-    char *end;
-    unsigned long long n;
-
-    if (!v || !*v)
-        return def;
-    errno = 0;
-    n = strtoull(v, &end, 10);
-    if (errno || *end || v[0] == '-') {
-        EXS_WARN(PROV, "%s=\"%s\": not a number; using %u", name, v, def);
-        return def;
-    }
-    return tcp_clamp32(n, lo, hi);
-}
-
 static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
 {
     struct tcp_ctx *ctx;
@@ -887,9 +876,6 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->rnr_timer_ms = tcp_clamp32(exs__params.tcp_rnr_timer_ms, 0, 60000);
     ctx->ctrl_max = tcp_clamp32(exs__params.tcp_ctrl_max, 1, 1u << 20);
     ctx->rnr_retry_max = (uint8_t)tcp_clamp32(exs__params.tcp_rnr_retry, 0, 7);
-    ctx->handshake_ns =
-        (uint64_t)tcp_env_u32("EXS_TCP_HANDSHAKE_MS", TCP_HANDSHAKE_MS, 1, 3600000) * 1000000u;
-    ctx->handshake_max = tcp_env_u32("EXS_TCP_HANDSHAKE_MAX", TCP_HANDSHAKE_MAX, 1, 1u << 20);
 
     ctx->cq = calloc(ctx->cq_cap, sizeof(*ctx->cq));
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);

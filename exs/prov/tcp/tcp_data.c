@@ -17,19 +17,6 @@
 
 /* ---- helpers ---- */
 
-static enum exs_prov_wc_opcode tcp_wr_wc_opcode(const struct tcp_wr *wr)
-{
-    switch (wr->opcode) {
-    case EXS_PROV_WR_RDMA_WRITE:
-    case EXS_PROV_WR_RDMA_WRITE_WITH_IMM:
-        return EXS_PROV_WC_RDMA_WRITE;
-    case EXS_PROV_WR_RDMA_READ:
-        return EXS_PROV_WC_RDMA_READ;
-    default:
-        return EXS_PROV_WC_SEND;
-    }
-}
-
 void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr,
                      enum exs_prov_wc_status st, struct exs_prov_cqe *cqe)
 {
@@ -37,7 +24,7 @@ void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr,
     cqe->wr_id = wr->wr_id;
     cqe->ep = (struct exs_prov_ep *)&ep->base;
     cqe->status = st;
-    cqe->opcode = tcp_wr_wc_opcode(wr);
+    cqe->opcode = exs__prov_wr_wc_opcode(wr->opcode);
     cqe->byte_len = st == EXS_PROV_WC_SUCCESS ? wr->len : 0;
 }
 
@@ -430,7 +417,7 @@ static int tcp_conn_resp_fence(struct tcp_conn *conn, int *naked)
         EXS_CNT_INC(ctx->cnt.access_errors);
         EXS_DBG(PROV, "conn %p ep %p: read response cut: key revoked", (void *)conn,
                 (void *)conn->ep);
-        exs__tcp_conn_fail(conn, -ECONNABORTED, 0, 0, -1);
+        exs__tcp_conn_fail(conn, -ECONNABORTED, 0, 0, TCP_END_ABORT);
         return -1;
     }
     return live;
@@ -541,7 +528,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
                 break;
             }
             EXS_DBG(PROV, "conn %p: send: %m", (void *)conn);
-            exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, -1);
+            exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, TCP_END_ABORT);
             return;
         }
         EXS_CNT_ADD(ctx->cnt.bytes_tx, n);
@@ -570,7 +557,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
     if (naked && conn->state == TCP_CONN_UP) {
         /* a READ was refused (key revoked): the requester's ep goes to ERROR, ours too */
         EXS_CNT_INC(ctx->cnt.access_errors);
-        exs__tcp_conn_fail(conn, -ECONNABORTED, 0, 0, 0);
+        exs__tcp_conn_fail(conn, -ECONNABORTED, 0, 0, TCP_END_QUIET);
         return;
     }
     if (hold && !conn->tx_blocked) {
@@ -639,7 +626,7 @@ void exs__tcp_ep_tx_fill(struct tcp_ep *ep)
                     (unsigned long long)wr->wr_id);
             exs_list_del(&wr->link);
             exs__tcp_wr_cqe(ep, wr, EXS_PROV_WC_LOC_PROT_ERR, &cqe);
-            exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, 0, 0, 1, &cqe);
+            exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, 0, 0, TCP_END_DISCONNECT, &cqe);
             free(wr);
             return;
         }

@@ -22,7 +22,7 @@ static void tcp_conn_proto_err(struct tcp_conn *conn, const char *why)
     EXS_ERR(PROV, "conn %p ep %p: protocol error: %s (type %u psn %u len %u)", (void *)conn,
             (void *)conn->ep, why, conn->rh.type, conn->rh.psn, conn->rh.len);
     EXS_CNT_INC(conn->ctx->cnt.protocol_errors);
-    exs__tcp_conn_fail(conn, -EPROTO, 0, 0, 0);
+    exs__tcp_conn_fail(conn, -EPROTO, 0, 0, TCP_END_QUIET);
 }
 
 /* Queue the ACK owed (or move the psn of a queued, unstarted one). */
@@ -47,7 +47,7 @@ void exs__tcp_conn_ack_flush(struct tcp_conn *conn)
 
 static void tcp_conn_nak(struct tcp_conn *conn, uint8_t syn, int status)
 {
-    exs__tcp_conn_fail(conn, status, syn, conn->rh.psn, 0);
+    exs__tcp_conn_fail(conn, status, syn, conn->rh.psn, TCP_END_QUIET);
 }
 
 void exs__tcp_conn_ack_undefer(struct tcp_conn *conn)
@@ -199,7 +199,7 @@ static int tcp_conn_take_recv(struct tcp_conn *conn)
 void exs__tcp_conn_hold_hup(struct tcp_conn *conn)
 {
     if (conn->state != TCP_CONN_UP || conn->rx_phase != TCP_RX_HOLD) {
-        exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, -1);
+        exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, TCP_END_ABORT);
         return;
     }
     tcp_conn_drop_held(conn);
@@ -242,7 +242,7 @@ static void tcp_conn_recv_fail(struct tcp_conn *conn, enum exs_prov_wc_status st
     conn->rx_rwr = NULL;
     exs__tcp_rwr_cqe(conn->ep, rwr, st, &cqe);
     free(rwr);
-    exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, syn, conn->rh.psn, 0, &cqe);
+    exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, syn, conn->rh.psn, TCP_END_QUIET, &cqe);
 }
 
 /* A request (SEND / WRITE / READ_REQ) was carried out. */
@@ -349,13 +349,13 @@ static int tcp_conn_zombie(struct tcp_conn *conn, const struct exs_prov_cqe *fir
             continue;
         if (f->off) {
             /* half written from a buffer about to be flushed: end it all */
-            exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, 0, 0, -1, first);
+            exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, 0, 0, TCP_END_ABORT, first);
             return -1;
         }
         exs_list_del(&f->link);
     }
     conn->zombie = 1;
-    exs__tcp_ep_fail_cqe(conn->ep, -ECONNABORTED, 0, first);
+    exs__tcp_ep_fail_cqe(conn->ep, -ECONNABORTED, TCP_FAIL_SILENT, first);
     return 0;
 }
 
@@ -559,14 +559,14 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
         free(wr);
         if (h->syndrome == TCP_WIRE_SYN_RNR_EXC)
             return tcp_conn_zombie(conn, &cqe);
-        exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, 0, 0, 0, &cqe);
+        exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, 0, 0, TCP_END_QUIET, &cqe);
         return -1;
     case TCP_WIRE_DISCONNECT:
         EXS_DBG(PROV, "ep %p: peer disconnected%s", (void *)ep,
                 h->flags & TCP_WIRE_F_CLOSED ? " (its endpoint closed)" : "");
         if (h->flags & TCP_WIRE_F_CLOSED)
             ep->peer_closed = 1;
-        exs__tcp_conn_fail(conn, 0, 0, 0, 0);
+        exs__tcp_conn_fail(conn, 0, 0, 0, TCP_END_QUIET);
         return -1;
     default:
         return tcp_conn_proto_err(conn, "unexpected frame type"), -1;
@@ -667,10 +667,12 @@ static int tcp_conn_rx_hdr(struct tcp_conn *conn)
     if (bad) {
         if (conn->state == TCP_CONN_UP) {
             tcp_conn_proto_err(conn, bad);
+        } else if (conn->state == TCP_CONN_WAIT_REQ) {
+            exs__tcp_conn_refuse(conn, bad);
         } else {
             EXS_CNT_INC(conn->ctx->cnt.protocol_errors);
             EXS_DBG(PROV, "conn %p: handshake: %s", (void *)conn, bad);
-            exs__tcp_conn_fail(conn, -EPROTO, 0, 0, 0);
+            exs__tcp_conn_fail(conn, -EPROTO, 0, 0, TCP_END_QUIET);
         }
         return -1;
     }
@@ -690,7 +692,7 @@ static void tcp_conn_dead(struct tcp_conn *conn, int err)
      * process ended; a reset or an error may be the path's */
     if (!err && conn->state == TCP_CONN_UP && conn->ep)
         conn->ep->peer_closed = 1;
-    exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, -1);
+    exs__tcp_conn_fail(conn, -ECONNRESET, 0, 0, TCP_END_ABORT);
 }
 
 /*
@@ -933,8 +935,15 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
             continue;
         if (conn->rx_phase == TCP_RX_HDR) {
             conn->hgot += (uint32_t)n;
-            if (conn->hgot == TCP_WIRE_HDR_LEN && tcp_conn_rx_hdr(conn) < 0)
-                break;
+            if (conn->hgot == TCP_WIRE_HDR_LEN) {
+                if (tcp_conn_rx_hdr(conn) < 0)
+                    break;
+            } else if (conn->state == TCP_CONN_WAIT_REQ &&
+                       !exs__tcp_hello_prefix_ok(conn->hbuf, conn->hgot)) {
+                /* not an exs peer: no need to wait for the rest of a header */
+                exs__tcp_conn_refuse(conn, "bytes that begin no connection request");
+                return;
+            }
         } else if (conn->rx_phase == TCP_RX_CONN) {
             conn->rx_off += (uint64_t)n;
             if (conn->rx_off == conn->rx_len && exs__tcp_conn_hs_frame(conn) < 0)

@@ -280,6 +280,16 @@ void exs__vrb_qp_destroy_cb(void *arg, void *qp);
 /* Cm thread, cm_lock held: read goodbye datagrams; release held DISCONNECTED events whose
  * wait ran out. vrb_disc_due returns the earliest deadline (0 = none). */
 void exs__vrb_udp_input(struct vrb_ctx *ctx);
+/* vrb_bye.c: REP / REJ private data = a 14-byte header (magic, length, goodbye port, token)
+ * + the user's bytes; pd_parse: 1 and the user's bytes in ev when data has the header. */
+void exs__vrb_pd_hdr(uint8_t *buf, const void *pd, uint32_t len, uint16_t port_be, uint64_t tok);
+int  exs__vrb_pd_parse(const void *data, uint32_t dlen, struct exs_prov_cm_event *ev,
+                       uint16_t *port_be_p, uint64_t *tok_p);
+/* Goodbye datagrams (cm_lock held): HELLO (active, after the REP) tells the passive side
+ * where to say goodbye; BYE (disconnect) or CLOSED (closed: ep_destroy) precedes an orderly
+ * DREQ. */
+void exs__vrb_say_bye(struct vrb_ep *ep, int closed);
+void exs__vrb_say_hello(struct vrb_ep *ep);
 uint64_t exs__vrb_disc_due(struct vrb_ctx *ctx, uint64_t now_ns);
 
 /* vrb_mr.c */

@@ -23,183 +23,6 @@ void exs__vrb_qp_destroy_cb(void *arg, void *qp)
         EXS_WARN(PROV, "ibv_destroy_qp failed");
 }
 
-/* ---- private data: REQ carries the length in retry_count / rnr_retry_count (3 + 3 bits),
- * so all 56 bytes of the REQ are the user's; REP and REJ carry a 4-byte header ---- */
-
-static void vrb_pd_hdr(uint8_t *buf, const void *pd, uint32_t len, uint16_t port_be, uint64_t tok)
-{
-    buf[0] = (uint8_t)(VRB_PD_MAGIC >> 8);
-    buf[1] = (uint8_t)VRB_PD_MAGIC;
-    buf[2] = 0;
-    buf[3] = (uint8_t)len;
-    memcpy(buf + 4, &port_be, 2);
-    for (int i = 0; i < 8; i++)
-        buf[6 + i] = (uint8_t)(tok >> (56 - 8 * i));
-    if (len)
-        memcpy(buf + VRB_PD_HDR, pd, len);
-}
-
-/* 1 and the user's bytes in ev (and the goodbye port / token) when the peer's data has our
- * header. */
-static int vrb_pd_parse(const void *data, uint32_t dlen, struct exs_prov_cm_event *ev,
-                        uint16_t *port_be_p, uint64_t *tok_p)
-{
-    const uint8_t *b = data;
-    uint32_t len;
-    uint64_t tok = 0;
-
-    if (!b || dlen < VRB_PD_HDR || b[0] != (uint8_t)(VRB_PD_MAGIC >> 8) ||
-        b[1] != (uint8_t)VRB_PD_MAGIC || b[2] != 0)
-        return 0;
-    len = b[3];
-    if (len > VRB_PD_MAX || len > dlen - VRB_PD_HDR)
-        return 0;
-    memcpy(ev->private_data, b + VRB_PD_HDR, len);
-    ev->private_data_len = len;
-    for (int i = 0; i < 8; i++)
-        tok = tok << 8 | b[6 + i];
-    if (port_be_p)
-        memcpy(port_be_p, b + 4, 2);
-    if (tok_p)
-        *tok_p = tok;
-    return 1;
-}
-
-/* ---- goodbye datagrams: HELLO (active -> passive, after the REP) tells the passive side
- * where to say goodbye; BYE precedes an orderly DREQ (CLOSED: the DREQ of an endpoint
- * destroyed, closed for good). A DREQ without BYE is a dead peer. */
-
-#define VRB_DG_MAGIC 0x45585342u /* "EXSB" */
-#define VRB_DG_HELLO 1u
-#define VRB_DG_BYE   2u
-#define VRB_DG_CLOSED 3u
-#define VRB_DG_LEN   26
-
-static void vrb_dg_send(struct vrb_ctx *ctx, const struct sockaddr_in *to, uint32_t type,
-                        uint64_t dst_tok, uint64_t src_tok)
-{
-    uint8_t b[VRB_DG_LEN];
-    uint32_t w;
-
-    w = htonl(VRB_DG_MAGIC);
-    memcpy(b, &w, 4);
-    w = htonl(type);
-    memcpy(b + 4, &w, 4);
-    for (int i = 0; i < 8; i++) {
-        b[8 + i] = (uint8_t)(dst_tok >> (56 - 8 * i));
-        b[16 + i] = (uint8_t)(src_tok >> (56 - 8 * i));
-    }
-    memcpy(b + 24, &ctx->udp_port, 2);
-    if (sendto(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (const struct sockaddr *)to, sizeof(*to)) <
-        0)
-        EXS_DBG(PROV, "ctx %p: goodbye datagram: %m", (void *)ctx);
-}
-
-static struct vrb_ep *vrb_ep_by_tok(struct vrb_ctx *ctx, uint64_t tok)
-{
-    struct exs_list *pos;
-    struct vrb_ep *found = NULL;
-
-    if (!tok)
-        return NULL;
-    pthread_mutex_lock(&ctx->lock);
-    exs_list_for_each(pos, &ctx->eps)
-    {
-        struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, link);
-
-        if (ep->tok == tok) {
-            found = ep;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    return found;
-}
-
-/* Say goodbye before an orderly end (cm_lock held): type VRB_DG_BYE (disconnect) or
- * VRB_DG_CLOSED (ep_destroy). */
-static void vrb_say_bye(struct vrb_ep *ep, uint32_t type)
-{
-    if (ep->bye_ok && ep->up)
-        vrb_dg_send(ep->ctx, &ep->peer_bye, type, ep->peer_tok, ep->tok);
-}
-
-static void vrb_disc_release(struct vrb_ep *ep, int status)
-{
-    struct exs_prov_cm_event ev;
-
-    exs_list_del(&ep->disc_link);
-    ep->disc_at = 0;
-    memset(&ev, 0, sizeof(ev));
-    ev.type = EXS_PROV_CM_DISCONNECTED;
-    ev.ep = &ep->base;
-    ev.status = status;
-    if (ep->peer_closed)
-        ev.flags = EXS_PROV_CM_F_PEER_CLOSED;
-    exs__vrb_cm_push(ep->ctx, &ev);
-}
-
-void exs__vrb_udp_input(struct vrb_ctx *ctx)
-{
-    uint8_t b[64];
-    struct sockaddr_in from;
-
-    for (;;) {
-        socklen_t fl = sizeof(from);
-        ssize_t n = recvfrom(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (struct sockaddr *)&from, &fl);
-        uint32_t magic, type;
-        uint64_t dst = 0, src = 0;
-        struct vrb_ep *ep;
-
-        if (n < 0)
-            return;
-        if (n != VRB_DG_LEN || from.sin_family != AF_INET)
-            continue;
-        memcpy(&magic, b, 4);
-        memcpy(&type, b + 4, 4);
-        if (ntohl(magic) != VRB_DG_MAGIC)
-            continue;
-        for (int i = 0; i < 8; i++) {
-            dst = dst << 8 | b[8 + i];
-            src = src << 8 | b[16 + i];
-        }
-        ep = vrb_ep_by_tok(ctx, dst);
-        if (!ep)
-            continue;
-        if (ntohl(type) == VRB_DG_HELLO && !ep->active) {
-            ep->peer_tok = src;
-            ep->peer_bye = from;
-            memcpy(&ep->peer_bye.sin_port, b + 24, 2);
-            ep->bye_ok = 1;
-        } else if ((ntohl(type) == VRB_DG_BYE || ntohl(type) == VRB_DG_CLOSED) &&
-                   src == ep->peer_tok) {
-            ep->got_bye = 1;
-            ep->peer_closed = ntohl(type) == VRB_DG_CLOSED;
-            if (ep->disc_at)
-                vrb_disc_release(ep, 0);
-        }
-    }
-}
-
-uint64_t exs__vrb_disc_due(struct vrb_ctx *ctx, uint64_t now_ns)
-{
-    struct exs_list *pos, *tmp;
-    uint64_t next = 0;
-
-    exs_list_for_each_safe(pos, tmp, &ctx->disc_wait)
-    {
-        struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, disc_link);
-
-        if (ep->disc_at <= now_ns) {
-            EXS_DBG(PROV, "ep %p: DREQ without goodbye: the peer died", (void *)ep);
-            vrb_disc_release(ep, -ECONNRESET);
-        } else if (!next || ep->disc_at < next) {
-            next = ep->disc_at;
-        }
-    }
-    return next;
-}
-
 /* ---- small helpers ---- */
 
 static socklen_t vrb_sa_len(const struct sockaddr *sa)
@@ -427,10 +250,9 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
 
     uint32_t room = ctx->grant_mode == VRB_GRANT_MR ? 0 : VRB_INT_ROOM;
 
-    if (!attr || !attr->max_send_wr || attr->max_send_wr > caps->max_send_wr ||
-        !attr->max_recv_wr || attr->max_recv_wr > caps->max_recv_wr ||
-        attr->max_inline > caps->max_inline || attr->rnr_retry > 7)
-        return -EINVAL;
+    ret = exs__prov_ep_attr_check(caps, attr);
+    if (ret)
+        return ret;
     ep = calloc(1, sizeof(*ep));
     if (!ep)
         return -ENOMEM;
@@ -512,7 +334,7 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
     exs_list_del(&ep->disc_link);
     if (ep->id) {
         if (ep->up && !ep->disc_sent) {
-            vrb_say_bye(ep, VRB_DG_CLOSED);
+            exs__vrb_say_bye(ep, 1);
             rdma_disconnect(ep->id);
         }
         ep->id->context = NULL;
@@ -644,7 +466,7 @@ static void vrb_req_free(struct vrb_req *req, int reject)
         /* with our header, so that the active side sees REJECTED, not UNREACHABLE */
         uint8_t buf[VRB_PD_HDR];
 
-        vrb_pd_hdr(buf, NULL, 0, 0, 0);
+        exs__vrb_pd_hdr(buf, NULL, 0, 0, 0);
         if (rdma_reject(req->id, buf, VRB_PD_HDR))
             EXS_DBG(PROV, "rdma_reject: %m (the peer gave up)");
     }
@@ -774,7 +596,7 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
         pthread_mutex_unlock(&ctx->cm_lock);
         return ret;
     }
-    vrb_pd_hdr(buf, pd, pdlen, ctx->udp_port, ep->tok);
+    exs__vrb_pd_hdr(buf, pd, pdlen, ctx->udp_port, ep->tok);
     memset(&cp, 0, sizeof(cp));
     cp.private_data = buf;
     cp.private_data_len = (uint8_t)(VRB_PD_HDR + pdlen);
@@ -813,7 +635,7 @@ int exs__vrb_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     if (!req || pdlen > VRB_PD_MAX || (pdlen && !pd))
         return -EINVAL;
     ctx = req->lis->ctx;
-    vrb_pd_hdr(buf, pd, pdlen, 0, 0);
+    exs__vrb_pd_hdr(buf, pd, pdlen, 0, 0);
     pthread_mutex_lock(&ctx->cm_lock);
     /* The request is released whatever happens: a peer that gave up meanwhile (broken,
      * or its cm already gone when rdma_reject runs) has nothing left to be told. */
@@ -849,7 +671,7 @@ int exs__vrb_disconnect(struct exs_prov_ep *e)
     /* The local end is final at once: DISCONNECTED now, not when the peer's CM answers the
      * DREQ (a stopped peer process answers only after the CM's retries, a minute). */
     if (ep->up)
-        vrb_say_bye(ep, VRB_DG_BYE);
+        exs__vrb_say_bye(ep, 0);
     if (ep->id)
         rdma_disconnect(ep->id);
     ep->disc_sent = 1;
@@ -965,15 +787,15 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
             uint16_t port = 0;
             struct sockaddr *peer = rdma_get_peer_addr(ep->id);
 
-            if (vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
-                             &port, &ep->peer_tok) &&
+            if (exs__vrb_pd_parse(cme->param.conn.private_data,
+                                  cme->param.conn.private_data_len, ev, &port, &ep->peer_tok) &&
                 port && ctx->udpfd >= 0 && peer && peer->sa_family == AF_INET) {
                 memcpy(&ep->peer_bye, peer, sizeof(ep->peer_bye));
                 ep->peer_bye.sin_port = port;
                 ep->bye_ok = 1;
                 /* before the RTU: the passive side knows where to say goodbye by the time
                  * it sees ESTABLISHED */
-                vrb_dg_send(ctx, &ep->peer_bye, VRB_DG_HELLO, ep->peer_tok, ep->tok);
+                exs__vrb_say_hello(ep);
             }
         }
         ret = vrb_qp_to_rts(
@@ -996,8 +818,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
         vrb_ep_up(ep);
         vrb_ep_event(ep, EXS_PROV_CM_ESTABLISHED, 0, ev);
         if (ep->active)
-            vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev, NULL,
-                         NULL);
+            exs__vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
+                              NULL, NULL);
         return 1;
     case RDMA_CM_EVENT_REJECTED:
         if (ep->disc_sent)
@@ -1010,8 +832,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
         }
         vrb_ep_event(ep, EXS_PROV_CM_REJECTED, -ECONNREFUSED, ev);
         if (cme->status == VRB_REJ_CONSUMER &&
-            vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev, NULL,
-                         NULL)) {
+            exs__vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len, ev,
+                              NULL, NULL)) {
             EXS_CNT_INC(ctx->cnt.conns_rejected);
             return 1;
         }

@@ -35,19 +35,6 @@ enum exs_prov_wc_status exs__vrb_wc_status(enum ibv_wc_status st)
     }
 }
 
-static enum exs_prov_wc_opcode vrb_send_wc_opcode(uint8_t wr_opcode)
-{
-    switch (wr_opcode) {
-    case EXS_PROV_WR_RDMA_WRITE:
-    case EXS_PROV_WR_RDMA_WRITE_WITH_IMM:
-        return EXS_PROV_WC_RDMA_WRITE;
-    case EXS_PROV_WR_RDMA_READ:
-        return EXS_PROV_WC_RDMA_READ;
-    default:
-        return EXS_PROV_WC_SEND;
-    }
-}
-
 static struct vrb_ep *vrb_ep_lookup(struct vrb_ctx *ctx, uint32_t epid)
 {
     struct exs_list *pos, *h = &ctx->ep_hash[epid % VRB_EP_HASH];
@@ -133,7 +120,7 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         }
         s = &ep->sq[seq % ep->sq_cap];
         cqe->wr_id = s->wr_id;
-        cqe->opcode = vrb_send_wc_opcode(s->opcode);
+        cqe->opcode = exs__prov_wr_wc_opcode(s->opcode);
         if (s->opcode == EXS_PROV_WR_RDMA_READ && wc->status == IBV_WC_SUCCESS)
             cqe->byte_len = s->len;
         /* rxe NAKs a SEND longer than the receive as a remote operation error; the
