@@ -292,7 +292,7 @@ double srv_cpu_ms(struct srv *s)
 int srv_threads_snap(struct srv *s, struct srv_tsnap *out)
 {
     char path[512], line[256];
-    unsigned long long run, wait, v;
+    unsigned long long run, wait, v = 0, nv = 0;
     struct dirent *d;
     DIR *dir;
 
@@ -318,38 +318,47 @@ int srv_threads_snap(struct srv *s, struct srv_tsnap *out)
         if (!f)
             continue;
         ok = 0;
-        while (fgets(line, sizeof(line), f))
+        while (fgets(line, sizeof(line), f)) {
             if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1)
-                ok = 1;
+                ok |= 1;
+            if (sscanf(line, "nonvoluntary_ctxt_switches: %llu", &nv) == 1)
+                ok |= 2;
+        }
         fclose(f);
-        if (!ok)
+        if (ok != 3)
             continue;
         out->t[out->n].tid = atoi(d->d_name);
-        out->t[out->n].runnable_ms = (double)(run + wait) / 1e6;
+        out->t[out->n].run_ms = (double)run / 1e6;
+        out->t[out->n].wait_ms = (double)wait / 1e6;
         out->t[out->n].blocked = v;
+        out->t[out->n].preempted = nv;
         out->n++;
     }
     closedir(dir);
     return 0;
 }
 
-double srv_spinning_ms(const struct srv_tsnap *a, const struct srv_tsnap *b, int *tid)
+int srv_spinning(const struct srv_tsnap *a, const struct srv_tsnap *b, char *why, size_t len)
 {
-    double most = 0;
-
-    *tid = 0;
+    snprintf(why, len, "none");
     for (int i = 0; i < b->n; i++)
         for (int j = 0; j < a->n; j++) {
-            double ms = b->t[i].runnable_ms - a->t[j].runnable_ms;
+            double run = b->t[i].run_ms - a->t[j].run_ms;
+            double wait = b->t[i].wait_ms - a->t[j].wait_ms;
+            unsigned long long blocked = b->t[i].blocked - a->t[j].blocked;
+            unsigned long long preempted = b->t[i].preempted - a->t[j].preempted;
 
-            if (a->t[j].tid != b->t[i].tid)
+            if (a->t[j].tid != b->t[i].tid || blocked >= 5)
                 continue;
-            if (b->t[i].blocked - a->t[j].blocked < 5 && ms > most) {
-                most = ms;
-                *tid = b->t[i].tid;
+            if (run >= 1500 || (preempted >= 5 && run + wait >= 1500)) {
+                snprintf(why, len,
+                         "thread %d: %.0f ms on a CPU, %.0f ms waiting for one, blocked %llu "
+                         "times, preempted %llu",
+                         b->t[i].tid, run, wait, blocked, preempted);
+                return b->t[i].tid;
             }
         }
-    return most;
+    return 0;
 }
 
 /* ---- the well-behaved client ---- */

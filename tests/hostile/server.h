@@ -35,23 +35,24 @@ const char *srv_how(struct srv *s, char *buf, size_t len);
 void srv_stop(struct srv *s);
 /* User + system CPU time of the server so far, in ms (from /proc/<pid>/stat). */
 double srv_cpu_ms(struct srv *s);
-/* Each thread of the server: the time it was runnable (on a CPU or waiting for one, from
- * /proc/<pid>/task/<tid>/schedstat) and how often it blocked (voluntary context switches,
- * from .../status), so far. */
+/* Each thread of the server: its time on a CPU and waiting for one (from
+ * /proc/<pid>/task/<tid>/schedstat), how often it blocked and how often it was preempted
+ * (voluntary and nonvoluntary context switches, from .../status), so far. */
 struct srv_tsnap {
     int n;
     struct {
         int tid;
-        double runnable_ms;
-        unsigned long long blocked;
+        double run_ms, wait_ms;
+        unsigned long long blocked, preempted;
     } t[64];
 };
 int srv_threads_snap(struct srv *s, struct srv_tsnap *out);
-/* Between two snapshots: the longest time one thread was runnable without blocking more
- * than a few times (*tid names it), i.e. spinning. A spinning thread counts the whole wall
- * time even on a loaded machine, where its CPU time alone may be small; a thread that
- * sleeps between rounds blocks every round, however long it waits for a CPU when woken. */
-double srv_spinning_ms(const struct srv_tsnap *a, const struct srv_tsnap *b, int *tid);
+/* Between two snapshots: a thread that spun, i.e. blocked fewer than 5 times while it ran
+ * 1.5 s on a CPU, or while it was runnable 1.5 s and preempted at least 5 times (a spinner
+ * on a loaded host gets little CPU but never gives it up); its tid, described in why, or
+ * 0. A thread that sleeps between rounds blocks every round it gets a CPU, however long a
+ * loaded host keeps it waiting for one. */
+int srv_spinning(const struct srv_tsnap *a, const struct srv_tsnap *b, char *why, size_t len);
 
 /* A well-behaved library client in this process: connect, send n bytes, get them echoed.
  * 0, or -errno (-ETIMEDOUT after ms). */
