@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "exs/api/ctl.h"
+#include "exs/ctl/ctl.h"
 #include "exs/util/json.h"
 #include "exs/util/params.h"
 #include "tools/exsctl_probe.h"

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
-#include "exs/api/ctl.h"
+#include "exs/ctl/ctl.h"
 #include "exs/proto/reqtrace.h"
 #include "exs/util/json.h"
 #include "exs/util/log.h"
