@@ -13,6 +13,7 @@
 #include "exs/api/api_int.h"
 #include "exs/ctl/ctl.h"
 #include "exs/ctl/ctl_int.h"
+#include "exs/util/counters.h"
 #include "exs/util/json.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
@@ -98,26 +99,12 @@ static void addr_str(const struct sockaddr_storage *ss, socklen_t len, char *buf
     }
 }
 
-#define STAT_FIELD(_f)                                                                             \
-    {                                                                                              \
-#_f, offsetof(struct exs_sock_stats, _f)                                                   \
-    }
+#define STAT_FIELD(_f, _kind, _help) {#_f, offsetof(struct exs_sock_stats, _f)},
 static const struct {
     const char *name;
     size_t off;
-} stat_fields[] = {
-    STAT_FIELD(bytes_sent),       STAT_FIELD(bytes_received),    STAT_FIELD(direct_xfers),
-    STAT_FIELD(indirect_xfers),   STAT_FIELD(mode_switches),     STAT_FIELD(adverts_sent),
-    STAT_FIELD(adverts_received), STAT_FIELD(adverts_discarded), STAT_FIELD(credit_stalls),
-    STAT_FIELD(keepalive_probes), STAT_FIELD(batches_sent),      STAT_FIELD(msgs_batched),
-    STAT_FIELD(batch_thresh),     STAT_FIELD(direct_time_us),    STAT_FIELD(indirect_time_us),
-    STAT_FIELD(drain_requests),   STAT_FIELD(ring_resizes),      STAT_FIELD(ring_size),
-    STAT_FIELD(ring_fill),        STAT_FIELD(rnr_events),        STAT_FIELD(fragments),
-    STAT_FIELD(wr_queued),        STAT_FIELD(nops_sent),         STAT_FIELD(keepalive_timeouts),
-    STAT_FIELD(srtt_us),          STAT_FIELD(ring_grow_refused), STAT_FIELD(sends_copied),
-    STAT_FIELD(keepalive_answers),
-};
-/* every field of EXS_SO_STATS is a counter shown here: one appended there is listed */
+} stat_fields[] = {EXS_CTL_STAT_FIELDS(STAT_FIELD)};
+#undef STAT_FIELD
 _Static_assert(sizeof(stat_fields) / sizeof(stat_fields[0]) * sizeof(uint64_t) ==
                    sizeof(struct exs_sock_stats),
                "exsctl stat lists every EXS_SO_STATS field");
@@ -184,32 +171,26 @@ static void stat_sock(struct api_sock *s, void *arg)
     exs__jbuf_obj_end(b);
 }
 
-/* The registered counter sets, as [{"set","name","value"}]. */
+static void counter_row(const char *set, const struct exs_counter_desc *d, uint64_t value,
+                        void *arg)
+{
+    struct exs_jbuf *b = arg;
+
+    exs__jbuf_obj_begin(b);
+    exs__jbuf_kv_str(b, "set", set);
+    exs__jbuf_kv_str(b, "name", d->name);
+    exs__jbuf_kv_u64(b, "value", value);
+    exs__jbuf_kv_str(b, "help", d->help ? d->help : "");
+    exs__jbuf_obj_end(b);
+}
+
+/* The registered counter sets, as [{"set","name","value","help"}] (a help ending in
+ * "(gauge)" marks a gauge: exsctl metrics). */
 static void stat_counters(struct exs_jbuf *b)
 {
-    char *text = NULL, *line, *save = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-
     exs__jbuf_key(b, "counters");
     exs__jbuf_arr_begin(b);
-    if (f) {
-        exs__counters_print(f);
-        fclose(f);
-        for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-            char set[128], name[128];
-            unsigned long long v;
-
-            if (sscanf(line, "%127s %127s %llu", set, name, &v) != 3)
-                continue;
-            exs__jbuf_obj_begin(b);
-            exs__jbuf_kv_str(b, "set", set);
-            exs__jbuf_kv_str(b, "name", name);
-            exs__jbuf_kv_u64(b, "value", v);
-            exs__jbuf_obj_end(b);
-        }
-        free(text);
-    }
+    exs__counters_each(counter_row, b);
     exs__jbuf_arr_end(b);
 }
 
