@@ -295,6 +295,19 @@ static void fam_print(FILE *out, const struct family *f, struct exsctl_stat *r, 
     }
 }
 
+/* A family of one sample per process: the member key of its reply, times scale. */
+static void proc_family(FILE *out, struct exsctl_stat *r, int n, const char *name,
+                        const char *help, const char *type, const char *key, double scale)
+{
+    put_head(out, name, help, type);
+    for (int p = 0; p < n; p++) {
+        fprintf(out, "%s{", name);
+        put_proc_labels(out, r[p].j);
+        fputc('}', out);
+        put_value(out, exs__json_get_u64(r[p].j, key), scale);
+    }
+}
+
 /* The whole exposition of n processes. */
 static void metrics_write(FILE *out, struct exsctl_stat *r, int n)
 {
@@ -313,22 +326,10 @@ static void metrics_write(FILE *out, struct exsctl_stat *r, int n)
         put_label(out, 0, "log_level", exs__json_get_str(r[p].j, "log_level"));
         fputs("} 1\n", out);
     }
-    put_head(out, "exs_process_uptime_seconds", "time since the control endpoint started",
-             "gauge");
-    for (int p = 0; p < n; p++) {
-        fputs("exs_process_uptime_seconds{", out);
-        put_proc_labels(out, r[p].j);
-        fputc('}', out);
-        put_value(out, exs__json_get_u64(r[p].j, "uptime_ms"), 1e-3);
-    }
-    put_head(out, "exs_process_log_suppressed_total", "log lines suppressed by rate limiting",
-             "counter");
-    for (int p = 0; p < n; p++) {
-        fputs("exs_process_log_suppressed_total{", out);
-        put_proc_labels(out, r[p].j);
-        fputc('}', out);
-        put_value(out, exs__json_get_u64(r[p].j, "log_suppressed"), 1);
-    }
+    proc_family(out, r, n, "exs_process_uptime_seconds", "time since the control endpoint started",
+                "gauge", "uptime_ms", 1e-3);
+    proc_family(out, r, n, "exs_process_log_suppressed_total",
+                "log lines suppressed by rate limiting", "counter", "log_suppressed", 1);
     put_head(out, "exs_process_sockets", "exs sockets open (listeners included)", "gauge");
     for (int p = 0; p < n; p++) {
         const struct exs_json *conns = exs__json_get(r[p].j, "conns");

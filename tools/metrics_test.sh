@@ -36,13 +36,15 @@ else fail stat_lists_listener "no LISTENING row for port $port: $(cat "$work/tab
 rc=$?
 if [ $rc -eq 0 ] && [ -s "$work/m.prom" ]; then pass metrics_runs
 else fail metrics_runs "exit $rc: $(cat "$work/m.err")"; fi
-if command -v promtool >/dev/null; then
-    if promtool check metrics <"$work/m.prom" >"$work/promtool.out" 2>&1; then pass promtool_check_metrics
-    else fail promtool_check_metrics "$(head -20 "$work/promtool.out")"; fi
-else
-    echo "SKIP promtool_check_metrics: no promtool (Debian package prometheus: scripts/deps.sh)"
-    pass promtool_check_metrics
-fi
+# promtool_check NAME FILE: promtool check metrics passes on FILE (skipped without promtool)
+promtool_check() {
+    if ! command -v promtool >/dev/null; then
+        echo "SKIP $1: no promtool (Debian package prometheus: scripts/deps.sh)"
+        pass "$1"
+    elif promtool check metrics <"$2" >"$work/$1.out" 2>&1; then pass "$1"
+    else fail "$1" "$(head -20 "$work/$1.out")"; fi
+}
+promtool_check promtool_check_metrics "$work/m.prom"
 "$exsctl" stat --json >"$work/st.json"
 
 # parse the exposition ourselves (strictly) and compare it with a stat taken after it:
@@ -160,13 +162,7 @@ if [ $rc -eq 0 ] && tail -n 1 "$work/tf.out" | grep -qx ok; then pass "textfile_
 else fail textfile_whole "exit $rc: $(cat "$work/tf.out" "$work/tf.err")"; fi
 if [ "$(ls -A "$work/tf")" = exs.prom ]; then pass textfile_no_temporary_left
 else fail textfile_no_temporary_left "$(ls -A "$work/tf")"; fi
-if command -v promtool >/dev/null; then
-    if promtool check metrics <"$work/tf/exs.prom" >"$work/promtool2.out" 2>&1; then pass textfile_promtool
-    else fail textfile_promtool "$(head -20 "$work/promtool2.out")"; fi
-else
-    echo "SKIP textfile_promtool: no promtool"
-    pass textfile_promtool
-fi
+promtool_check textfile_promtool "$work/tf/exs.prom"
 # until killed: SIGTERM ends it between rounds, nothing left behind
 rm -f "$work/tf/exs.prom"
 "$exsctl" metrics --textfile "$work/tf" --interval 30 2>"$work/tf2.err" &
