@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "exs/ctl/ctl.h"
+#include "exs/ctl/ctl_fields.h"
 #include "exs/util/json.h"
 #include "tools/exsctl_metrics.h"
 

@@ -12,6 +12,7 @@
 
 #include "exs/api/api_int.h"
 #include "exs/ctl/ctl.h"
+#include "exs/ctl/ctl_fields.h"
 #include "exs/ctl/ctl_int.h"
 #include "exs/util/counters.h"
 #include "exs/util/json.h"
