@@ -27,7 +27,7 @@ trap 'rm -rf "$tmp"' EXIT
 printf '.TH BROKEN 3\n.SH NAME\nbroken \\- x\n.XY undefined macro\n' >"$tmp/broken.3"
 [ -n "$(render "$tmp/broken.3")" ] || { echo "check-man: man/groff report no warning for a broken page" >&2; exit 1; }
 
-pages=$(ls man3/*.3 man7/*.7 2>/dev/null)
+pages=$(ls man1/*.1 man3/*.3 man7/*.7 2>/dev/null)
 [ -n "$pages" ] || { echo "check-man: no pages under man/" >&2; exit 1; }
 for p in $pages; do
     stem=$(basename "$p"); stem=${stem%.*}

@@ -7,11 +7,14 @@
 # --bench adds what make bench runs besides the library: UCX's ucx_perftest (ucx-utils),
 # valgrind (callgrind), strace (system calls per message) and python3 (bench/bench.py);
 # gnuplot-nox is always installed, and groff-base and man-db (make check renders the man
-# pages with man -l).
+# pages with man -l). prometheus (its promtool checks exsctl metrics in make check) is
+# always installed. --deb adds what scripts/deb.sh runs: dpkg-dev, debhelper, lintian.
 set -eu
 extra=()
 for a in "$@"; do
-    if [ "$a" = --bench ]; then
+    if [ "$a" = --deb ]; then
+        extra+=(dpkg-dev debhelper lintian)
+    elif [ "$a" = --bench ]; then
         extra+=(ucx-utils valgrind strace python3)
     elif [ "$a" = --fuzz ]; then
         v=$(clang --version 2>/dev/null | sed -nE 's/.*clang version ([0-9]+).*/\1/p' | head -n 1)
@@ -22,7 +25,7 @@ for a in "$@"; do
     fi
 done
 pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev spin gnuplot-nox
-      groff-base man-db ${extra[@]+"${extra[@]}"})
+      groff-base man-db prometheus ${extra[@]+"${extra[@]}"})
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

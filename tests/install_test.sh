@@ -28,6 +28,7 @@ mk install >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log" >&2; fail "make 
 want=$( (
     printf '%s\n' bin/blast bin/exsctl include/exs.h include/sys/exs.h lib/libexs.a \
         lib/libexs.so "lib/libexs.so.$major" "lib/libexs.so.$ver" lib/pkgconfig/exs.pc
+    for p in "$top"/man/man1/*.1; do [ -e "$p" ] && echo "share/man/man1/${p##*/}"; done
     for p in "$top"/man/man3/*.3; do [ -e "$p" ] && echo "share/man/man3/${p##*/}"; done
     for p in "$top"/man/man7/*.7; do [ -e "$p" ] && echo "share/man/man7/${p##*/}"; done
 ) | sort)

@@ -16,9 +16,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "exs/api/ctl.h"
+#include "exs/ctl/ctl.h"
 #include "exs/util/json.h"
 #include "exs/util/params.h"
+#include "tools/exsctl_metrics.h"
 #include "tools/exsctl_probe.h"
 
 #ifndef EXSCTL_VERSION
@@ -519,6 +520,29 @@ static int gather(int pid, struct reply *replies, int max)
         close(fd);
     }
     return got;
+}
+
+/* gather and reply_free for exsctl metrics (tools/exsctl_metrics.c). */
+int exsctl_stat_gather(int pid, struct exsctl_stat *out, int max)
+{
+    struct reply *r = calloc((size_t)(max > 0 ? max : 1), sizeof(*r));
+    int n = r ? gather(pid, r, max) : -ENOMEM;
+
+    for (int i = 0; i < n; i++) {
+        out[i].raw = r[i].raw;
+        out[i].j = r[i].j;
+    }
+    free(r);
+    return n;
+}
+
+void exsctl_stat_free(struct exsctl_stat *s)
+{
+    struct reply r = {s->raw, s->j};
+
+    reply_free(&r);
+    s->raw = NULL;
+    s->j = NULL;
 }
 
 static void print_json_processes(struct reply *r, int n)
@@ -1065,6 +1089,7 @@ static const struct exsctl_cmd cmds[] = {
      "counter sets"},
     {"top", cmd_top,
      "top [PID] [--iterations N] [--interval S]  the same, refreshed, by throughput"},
+    {"metrics", exsctl_metrics, NULL},
     {"params", cmd_params,
      "params [PID]            tunables (with PID: the running process's values)"},
     {"params", cmd_params, "params --markdown       the tunables table of spec/params.md"},
@@ -1084,6 +1109,7 @@ static void usage(FILE *f)
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
         if (cmds[i].usage)
             fprintf(f, "  %s\n", cmds[i].usage);
+    exsctl_metrics_usage(f);
     exsctl_probe_usage(f);
     fprintf(f, "\n--json: machine-readable output (every command).\n"
                "Processes are found in the control directory (EXS_CTL_DIR, else "

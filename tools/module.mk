@@ -40,3 +40,6 @@ CHECK_RUNS += "bash tools/ctl_test.sh $(BUILD)"
 
 # request tracing against live blast runs: tools/trace_test.sh.
 CHECK_RUNS += "bash tools/trace_test.sh $(BUILD)"
+
+# exsctl metrics against live processes, checked by promtool: tools/metrics_test.sh.
+CHECK_RUNS += "bash tools/metrics_test.sh $(BUILD)"

@@ -135,7 +135,7 @@ static struct api_sock *sock_new(int domain, int type)
 }
 
 /* Every socket of the table, each held by a reference the caller drops with
- * exs__api_sock_put, in an array the caller frees (the control endpoint's stat, api/ctl.c).
+ * exs__api_sock_put, in an array the caller frees (the control endpoint's stat, ctl/ctl.c).
  * -ENOMEM when the array cannot be made. */
 int exs__api_sock_list(struct api_sock ***all_p, int *n_p)
 {

@@ -147,7 +147,7 @@ void exs__engine_timer_start(struct exs_eng_timer *t, uint64_t ms,
                              void (*cb)(struct exs_eng_timer *t));
 void exs__engine_timer_stop(struct exs_eng_timer *t);
 
-/* A descriptor watched by the progress loop (the control endpoint, api/ctl.c; the
+/* A descriptor watched by the progress loop (the control endpoint, ctl/ctl.c; the
  * library's epoll set of the application's kernel sockets, api/kfd.c). Start, change and
  * stop with the progress lock held; cb runs on the progress thread with the lock held,
  * with EV_READ / EV_WRITE in revents (EV_ERROR when libev found the descriptor invalid:

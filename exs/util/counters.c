@@ -63,7 +63,9 @@ int exs__counters_lookup(const char *set_name, const char *counter, uint64_t *va
     return rc;
 }
 
-void exs__counters_print(FILE *f)
+void exs__counters_each(void (*fn)(const char *set, const struct exs_counter_desc *d,
+                                   uint64_t value, void *arg),
+                        void *arg)
 {
     struct exs_list *pos;
 
@@ -73,8 +75,17 @@ void exs__counters_print(FILE *f)
         const struct exs_counter_set *set = exs_list_entry(pos, struct exs_counter_set, link);
 
         for (size_t i = 0; i < set->count; i++)
-            fprintf(f, "%s %s %" PRIu64 "\n", set->name, set->desc[i].name,
-                    exs__counters_value(set, i));
+            fn(set->name, &set->desc[i], exs__counters_value(set, i), arg);
     }
     pthread_mutex_unlock(&counters_lock);
+}
+
+static void print_one(const char *set, const struct exs_counter_desc *d, uint64_t value, void *arg)
+{
+    fprintf(arg, "%s %s %" PRIu64 "\n", set, d->name, value);
+}
+
+void exs__counters_print(FILE *f)
+{
+    exs__counters_each(print_one, f);
 }

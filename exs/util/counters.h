@@ -42,5 +42,10 @@ uint64_t exs__counters_value(const struct exs_counter_set *set, size_t i);
 int exs__counters_lookup(const char *set_name, const char *counter, uint64_t *value_p);
 /* "set counter value" lines for every registered set. */
 void exs__counters_print(FILE *f);
+/* fn(set name, counter, its value, arg) for every counter of every registered set, in
+ * registration order, under the registry's lock (fn takes no lock of the library's). */
+void exs__counters_each(void (*fn)(const char *set, const struct exs_counter_desc *d,
+                                   uint64_t value, void *arg),
+                        void *arg);
 
 #endif

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* The control endpoint: a Unix socket per process through which exsctl reads statistics,
  * reads and sets tunables and streams log records (spec/observability.md). */
-#ifndef EXS_API_CTL_H
-#define EXS_API_CTL_H
+#ifndef EXS_CTL_CTL_H
+#define EXS_CTL_CTL_H
 
 #include <stddef.h>
 #include <sys/stat.h>

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* The control endpoint: one Unix stream socket per process, served without blocking by the
  * progress loop; requests are hostile text lines, replies JSON lines (spec/observability.md). */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -15,38 +14,16 @@
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
-#include "exs/api/ctl.h"
+#include "exs/ctl/ctl.h"
+#include "exs/ctl/ctl_int.h"
 #include "exs/proto/reqtrace.h"
 #include "exs/util/json.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
-#ifndef EXS_CTL_VERSION
-#define EXS_CTL_VERSION "1"
-#endif
-
 #define CTL_TRACE_RING (64u << 10) /* log bytes queued between the logger and the loop */
 #define CTL_SWEEP_MS   100         /* how often stalled and idle clients are looked for */
-#define CTL_STAT_BATCH 64          /* sockets a stat reports per hold of the progress lock */
-
-/* One connected client (progress lock). */
-struct ctl_client {
-    struct exs_eng_io io;
-    int fd;
-    int events; /* EV_* watched now */
-    char in[EXS_CTL_LINE_MAX];
-    size_t in_len;
-    struct exs_jbuf out;    /* reply or trace records not yet written */
-    size_t out_off;         /* bytes of out already written */
-    int trace;              /* subscribed to log records */
-    int closing;            /* close once out is written */
-    uint64_t dropped;       /* trace records lost for this client (its queue was full) */
-    uint64_t active_ns;     /* last request or write progress */
-    struct api_sock **walk; /* a stat in progress: the sockets, each referenced */
-    int walk_n, walk_i;     /* their count; the next to report */
-    struct exs_list link;
-};
 
 static struct {
     int running; /* progress lock: watchers started */
@@ -75,420 +52,9 @@ static struct {
 
 static char ctl_drain_buf[CTL_TRACE_RING]; /* loop thread: tring's content being sent */
 
-/* ---- directory ---- */
-
-int exs__ctl_dir(char *buf, size_t len, int create)
+uint64_t exs__ctl_uptime_ms(void)
 {
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    uid_t uid = geteuid();
-    int n;
-
-    exs__params_load();
-    if (exs__params.ctl_dir[0])
-        n = snprintf(buf, len, "%s", exs__params.ctl_dir);
-    else if (xdg && xdg[0] == '/')
-        n = snprintf(buf, len, "%s/exs", xdg);
-    else if (uid == 0)
-        n = snprintf(buf, len, "/run/exs/0");
-    else
-        n = snprintf(buf, len, "/tmp/exs-%u", (unsigned)uid);
-    if (n < 0 || (size_t)n >= len)
-        return -ENAMETOOLONG;
-    if (!create)
-        return 0;
-    if (!exs__params.ctl_dir[0] && !(xdg && xdg[0] == '/') && uid == 0 &&
-        mkdir("/run/exs", 0755) < 0 && errno != EEXIST) {
-        EXS_WARN(API, "control endpoint: mkdir /run/exs: %m");
-        return -errno;
-    }
-    /* made private; one that exists is checked as it is, never changed (ctl_dir_open) */
-    if (mkdir(buf, 0700) < 0 && errno != EEXIST) {
-        EXS_WARN(API, "control endpoint: mkdir %s: %m", buf);
-        return -errno;
-    }
-    return 0;
-}
-
-int exs__ctl_uid_ok(uid_t owner, uid_t uid, uid_t also)
-{
-    return owner == uid || owner == 0 || also == EXS_CTL_UID_ANY ||
-           (also != EXS_CTL_UID_NONE && owner == also);
-}
-
-int exs__ctl_dir_trust(const struct stat *st, uid_t uid, uid_t also, char *why, size_t size)
-{
-    unsigned mode = (unsigned)st->st_mode & 07777;
-    int shared = (mode & S_ISVTX) && (mode & 022);
-    /* the library (also: EXS_CTL_UID_LIB): its own directory, or a shared one of root's or
-     * its own; exsctl: its own, root's, or the one also names */
-    int owner_ok = also == EXS_CTL_UID_LIB ? st->st_uid == uid || (shared && st->st_uid == 0)
-                                           : exs__ctl_uid_ok(st->st_uid, uid, also);
-
-    if (!S_ISDIR(st->st_mode)) {
-        snprintf(why, size, "is not a directory");
-        return -EPERM;
-    }
-    if (!owner_ok) {
-        char other[48] = "", self[24] = "root";
-
-        if (also != EXS_CTL_UID_LIB && also != EXS_CTL_UID_NONE && also != uid && also != 0)
-            snprintf(other, sizeof(other), " or uid %u (the process's)", (unsigned)also);
-        else if (uid && (also != EXS_CTL_UID_LIB || shared))
-            snprintf(other, sizeof(other), " or root");
-        if (uid)
-            snprintf(self, sizeof(self), "uid %u", (unsigned)uid);
-        snprintf(why, size, "belongs to uid %u (mode %04o), not to %s%s", (unsigned)st->st_uid,
-                 mode, self, other);
-        return -EPERM;
-    }
-    if ((mode & 022) && !shared) {
-        snprintf(why, size, "has mode %04o: others may write in it and it is not sticky", mode);
-        return -EPERM;
-    }
-    return shared;
-}
-
-int exs__ctl_dir_open(const char *dir, uid_t also, int *shared_p, char *why, size_t size)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), ret;
-    struct stat st;
-
-    if (fd < 0) {
-        ret = -errno;
-        snprintf(why, size, "%s", ret == -ELOOP ? "is a symbolic link" : strerror(-ret));
-        return ret;
-    }
-    /* what the descriptor holds is what is used: no name is looked up twice */
-    if (fstat(fd, &st) < 0) {
-        ret = -errno;
-        snprintf(why, size, "fstat: %s", strerror(-ret));
-        close(fd);
-        return ret;
-    }
-    ret = exs__ctl_dir_trust(&st, geteuid(), also, why, size);
-    if (ret < 0) {
-        close(fd);
-        return ret;
-    }
-    *shared_p = ret;
-    return fd;
-}
-
-void exs__ctl_sockaddr_at(int dfd, const char *name, struct sockaddr_un *sa)
-{
-    memset(sa, 0, sizeof(*sa));
-    sa->sun_family = AF_UNIX;
-    snprintf(sa->sun_path, sizeof(sa->sun_path), "/proc/self/fd/%d/%s", dfd, name);
-}
-
-/* ---- replies ---- */
-
-static const char *errno_name(int err)
-{
-    switch (err) {
-    case EACCES:
-        return "EACCES";
-    case EPERM:
-        return "EPERM";
-    case ENOENT:
-        return "ENOENT";
-    case EINVAL:
-        return "EINVAL";
-    case EBUSY:
-        return "EBUSY";
-    case ENOMEM:
-        return "ENOMEM";
-    case E2BIG:
-        return "E2BIG";
-    default:
-        return "EIO";
-    }
-}
-
-static void reply_error(struct exs_jbuf *b, int err, const char *msg)
-{
-    exs__jbuf_obj_begin(b);
-    exs__jbuf_key(b, "ok");
-    exs__jbuf_bool(b, 0);
-    exs__jbuf_kv_str(b, "error", errno_name(err));
-    exs__jbuf_kv_str(b, "message", msg);
-    exs__jbuf_obj_end(b);
-    exs__jbuf_raw(b, "\n", 1);
-}
-
-static void reply_head(struct exs_jbuf *b)
-{
-    char prog[64] = "";
-    FILE *f = fopen("/proc/self/comm", "re");
-
-    if (f) {
-        if (fgets(prog, sizeof(prog), f))
-            prog[strcspn(prog, "\n")] = '\0';
-        fclose(f);
-    }
-    exs__jbuf_obj_begin(b);
-    exs__jbuf_key(b, "ok");
-    exs__jbuf_bool(b, 1);
-    exs__jbuf_kv_u64(b, "pid", (uint64_t)getpid());
-    exs__jbuf_kv_str(b, "prog", prog);
-    exs__jbuf_kv_u64(b, "uid", (uint64_t)geteuid());
-    exs__jbuf_kv_str(b, "version", EXS_CTL_VERSION);
-    exs__jbuf_kv_str(b, "provider", exs__prov_name(exs__engine_ctx()));
-    exs__jbuf_kv_u64(b, "uptime_ms", (exs__now_ns() - ctl.start_ns) / 1000000u);
-}
-
-static void addr_str(const struct sockaddr_storage *ss, socklen_t len, char *buf, size_t size)
-{
-    char host[INET6_ADDRSTRLEN] = "";
-
-    buf[0] = '\0';
-    if (len >= sizeof(struct sockaddr_in) && ss->ss_family == AF_INET) {
-        const struct sockaddr_in *a = (const void *)ss;
-
-        inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-        snprintf(buf, size, "%s:%u", host, ntohs(a->sin_port));
-    } else if (len >= sizeof(struct sockaddr_in6) && ss->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const void *)ss;
-
-        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-        snprintf(buf, size, "[%s]:%u", host, ntohs(a->sin6_port));
-    }
-}
-
-#define STAT_FIELD(_f)                                                                             \
-    {                                                                                              \
-#_f, offsetof(struct exs_sock_stats, _f)                                                   \
-    }
-static const struct {
-    const char *name;
-    size_t off;
-} stat_fields[] = {
-    STAT_FIELD(bytes_sent),       STAT_FIELD(bytes_received),    STAT_FIELD(direct_xfers),
-    STAT_FIELD(indirect_xfers),   STAT_FIELD(mode_switches),     STAT_FIELD(adverts_sent),
-    STAT_FIELD(adverts_received), STAT_FIELD(adverts_discarded), STAT_FIELD(credit_stalls),
-    STAT_FIELD(keepalive_probes), STAT_FIELD(batches_sent),      STAT_FIELD(msgs_batched),
-    STAT_FIELD(batch_thresh),     STAT_FIELD(direct_time_us),    STAT_FIELD(indirect_time_us),
-    STAT_FIELD(drain_requests),   STAT_FIELD(ring_resizes),      STAT_FIELD(ring_size),
-    STAT_FIELD(ring_fill),        STAT_FIELD(rnr_events),        STAT_FIELD(fragments),
-    STAT_FIELD(wr_queued),        STAT_FIELD(nops_sent),         STAT_FIELD(keepalive_timeouts),
-    STAT_FIELD(srtt_us),          STAT_FIELD(ring_grow_refused), STAT_FIELD(sends_copied),
-    STAT_FIELD(keepalive_answers),
-};
-/* every field of EXS_SO_STATS is a counter shown here: one appended there is listed */
-_Static_assert(sizeof(stat_fields) / sizeof(stat_fields[0]) * sizeof(uint64_t) ==
-                   sizeof(struct exs_sock_stats),
-               "exsctl stat lists every EXS_SO_STATS field");
-
-static const char *xfer_mode_name(int m)
-{
-    return m == EXS_XFER_DIRECT_ONLY     ? "direct"
-           : m == EXS_XFER_INDIRECT_ONLY ? "indirect"
-                                         : "dynamic";
-}
-
-/* One socket's row (progress lock held; the walk holds a reference to s). */
-static void stat_sock(struct api_sock *s, void *arg)
-{
-    struct exs_jbuf *b = arg;
-    struct exs_conn_info info;
-    struct exs_conn *conn;
-    char local[80], peer[80], id[32];
-    int type, mode, n_send, n_recv;
-    enum api_sock_state state;
-
-    api_sock_lock(s);
-    conn = s->conn;
-    type = s->type;
-    mode = s->xfer_mode;
-    state = s->state;
-    n_send = __atomic_load_n(&s->n_send, __ATOMIC_RELAXED); /* counted without the lock (xfer.c) */
-    n_recv = __atomic_load_n(&s->n_recv, __ATOMIC_RELAXED);
-    addr_str(&s->local, s->local_len, local, sizeof(local));
-    addr_str(&s->peer, s->peer_len, peer, sizeof(peer));
-    api_sock_unlock(s);
-    memset(&info, 0, sizeof(info));
-    if (conn)
-        exs__conn_info(conn, &info); /* conn locks come without the socket's */
-    exs__jbuf_obj_begin(b);
-    exs__jbuf_kv_u64(b, "fd", (uint64_t)s->fd);
-    snprintf(id, sizeof(id), "%p", (void *)conn);
-    exs__jbuf_kv_str(b, "conn", conn ? id : "");
-    exs__jbuf_kv_str(b, "type", type == SOCK_STREAM ? "stream" : "seqpacket");
-    exs__jbuf_kv_str(b, "state", exs__api_sock_state_name(state));
-    exs__jbuf_kv_str(b, "conn_state", conn ? info.state : "");
-    exs__jbuf_kv_str(b, "local", local);
-    exs__jbuf_kv_str(b, "peer", peer);
-    /* the context the connection runs on: the primary or the fallback (tcp) */
-    exs__jbuf_kv_str(
-        b, "provider", /* a cut-over (§9.2) changes it under the conn lock */
-        exs__prov_name(conn ? __atomic_load_n(&conn->ctx, __ATOMIC_RELAXED) : exs__engine_ctx()));
-    /* and its device and port ("tcp" on tcp) */
-    exs__jbuf_kv_str(b, "device", conn ? info.device : exs__prov_device(exs__engine_ctx()));
-    exs__jbuf_kv_str(b, "mode", xfer_mode_name(mode));
-    exs__jbuf_kv_str(b, "phase", conn ? info.phase : "");
-    exs__jbuf_kv_u64(b, "credits", info.credits);
-    exs__jbuf_kv_u64(b, "peer_credits", info.peer_credits);
-    exs__jbuf_kv_u64(b, "sends_out", (uint64_t)n_send);
-    exs__jbuf_kv_u64(b, "recvs_out", (uint64_t)n_recv);
-    exs__jbuf_kv_u64(b, "wr_out", info.wr_out);
-    exs__jbuf_kv_u64(b, "pending", info.pending);
-    exs__jbuf_kv_u64(b, "adverts_held", info.adverts_held);
-    exs__jbuf_kv_u64(b, "wrq_depth", info.wr_queued);
-    exs__jbuf_kv_u64(b, "age_ms", info.age_ms);
-    for (size_t i = 0; i < EXS_ARRAY_SIZE(stat_fields); i++)
-        exs__jbuf_kv_u64(b, stat_fields[i].name,
-                         *(const uint64_t *)((const char *)&info.stats + stat_fields[i].off));
-    exs__jbuf_obj_end(b);
-}
-
-/* The registered counter sets, as [{"set","name","value"}]. */
-static void stat_counters(struct exs_jbuf *b)
-{
-    char *text = NULL, *line, *save = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-
-    exs__jbuf_key(b, "counters");
-    exs__jbuf_arr_begin(b);
-    if (f) {
-        exs__counters_print(f);
-        fclose(f);
-        for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-            char set[128], name[128];
-            unsigned long long v;
-
-            if (sscanf(line, "%127s %127s %llu", set, name, &v) != 3)
-                continue;
-            exs__jbuf_obj_begin(b);
-            exs__jbuf_kv_str(b, "set", set);
-            exs__jbuf_kv_str(b, "name", name);
-            exs__jbuf_kv_u64(b, "value", v);
-            exs__jbuf_obj_end(b);
-        }
-        free(text);
-    }
-    exs__jbuf_arr_end(b);
-}
-
-/* The log level as text (through the params lock: a concurrent set rewrites the string). */
-static void kv_log_level(struct exs_jbuf *b)
-{
-    char level[EXS_PARAM_STR_MAX];
-
-    if (exs__params_get("log_level", level, sizeof(level)) < 0)
-        level[0] = '\0';
-    exs__jbuf_kv_str(b, "log_level", level);
-}
-
-/* A stat streams: the head now, then CTL_STAT_BATCH sockets each time the previous part
- * is written (stat_step), so the progress lock is never held for all connections at once. */
-static void req_stat(struct ctl_client *c)
-{
-    struct exs_jbuf *b = &c->out;
-
-    if (exs__api_sock_list(&c->walk, &c->walk_n) < 0) {
-        c->walk = NULL;
-        reply_error(b, ENOMEM, "no memory for the socket list");
-        return;
-    }
-    c->walk_i = 0;
-    reply_head(b);
-    kv_log_level(b);
-    exs__jbuf_kv_u64(b, "log_suppressed", exs__log_suppressed_total());
-    exs__jbuf_key(b, "conns");
-    exs__jbuf_arr_begin(b);
-}
-
-static void stat_walk_end(struct ctl_client *c)
-{
-    while (c->walk_i < c->walk_n)
-        exs__api_sock_put(c->walk[c->walk_i++]);
-    free(c->walk);
-    c->walk = NULL;
-}
-
-/* The next sockets of a stat in progress; its end once all are there. */
-static void stat_step(struct ctl_client *c)
-{
-    struct exs_jbuf *b = &c->out;
-
-    for (int k = 0; k < CTL_STAT_BATCH && c->walk_i < c->walk_n; k++) {
-        struct api_sock *s = c->walk[c->walk_i++];
-
-        stat_sock(s, b);
-        exs__api_sock_put(s);
-    }
-    if (c->walk_i < c->walk_n)
-        return;
-    stat_walk_end(c);
-    exs__jbuf_arr_end(b);
-    stat_counters(b);
-    exs__jbuf_obj_end(b);
-    exs__jbuf_raw(b, "\n", 1);
-}
-
-static void req_params(struct exs_jbuf *b)
-{
-    size_t count;
-    const struct exs_param_def *t = exs__params_table(&count);
-    char val[EXS_PARAM_STR_MAX + 32];
-
-    reply_head(b);
-    exs__jbuf_key(b, "params");
-    exs__jbuf_arr_begin(b);
-    for (size_t i = 0; i < count; i++) {
-        if (exs__params_get(t[i].name, val, sizeof(val)) < 0)
-            strcpy(val, "?");
-        exs__jbuf_obj_begin(b);
-        exs__jbuf_kv_str(b, "name", t[i].name);
-        exs__jbuf_kv_str(b, "env", t[i].env);
-        exs__jbuf_kv_str(b, "value", val);
-        exs__jbuf_kv_str(b, "default", t[i].defval);
-        exs__jbuf_kv_str(b, "mode", t[i].online ? "online" : "offline");
-        exs__jbuf_kv_str(b, "help", t[i].help);
-        exs__jbuf_obj_end(b);
-    }
-    exs__jbuf_arr_end(b);
-    exs__jbuf_obj_end(b);
-    exs__jbuf_raw(b, "\n", 1);
-}
-
-static void req_set(struct exs_jbuf *b, const char *name, const char *value)
-{
-    const struct exs_param_def *d = exs__params_find(name);
-    char old[EXS_PARAM_STR_MAX + 32], now[EXS_PARAM_STR_MAX + 32];
-    char msg[256];
-    int ret;
-
-    if (!d) {
-        snprintf(msg, sizeof(msg), "no tunable named %s (exsctl params lists them)", name);
-        reply_error(b, ENOENT, msg);
-        return;
-    }
-    if (!d->online) {
-        snprintf(msg, sizeof(msg),
-                 "%s is offline: read once at start; set %s in the environment and restart", name,
-                 d->env);
-        reply_error(b, EPERM, msg);
-        return;
-    }
-    if (exs__params_get(name, old, sizeof(old)) < 0)
-        old[0] = '\0';
-    ret = exs__params_set(name, value);
-    if (ret < 0) {
-        snprintf(msg, sizeof(msg), "%s: invalid value \"%s\" (%s)", name, value, d->help);
-        reply_error(b, -ret, msg);
-        return;
-    }
-    if (exs__params_get(name, now, sizeof(now)) < 0)
-        now[0] = '\0';
-    EXS_INFO(API, "control endpoint: %s changed from \"%s\" to \"%s\"", name, old, now);
-    reply_head(b);
-    exs__jbuf_kv_str(b, "name", name);
-    exs__jbuf_kv_str(b, "old", old);
-    exs__jbuf_kv_str(b, "value", now);
-    exs__jbuf_obj_end(b);
-    exs__jbuf_raw(b, "\n", 1);
+    return (exs__now_ns() - ctl.start_ns) / 1000000u;
 }
 
 /* ---- clients ---- */
@@ -521,7 +87,7 @@ static void client_close(struct ctl_client *c, const char *why)
     if (c->trace)
         __atomic_sub_fetch(&ctl.tracers, 1, __ATOMIC_RELAXED);
     if (c->walk)
-        stat_walk_end(c);
+        exs__ctl_stat_walk_end(c);
     exs_list_del(&c->link);
     ctl.nclients--;
     exs__jbuf_free(&c->out);
@@ -608,42 +174,42 @@ static void client_request_words(struct ctl_client *c, char *line)
 
     for (const char *p = line; *p; p++)
         if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) {
-            reply_error(b, EINVAL, "a request is one line of printable ASCII");
+            exs__ctl_reply_error(b, EINVAL, "a request is one line of printable ASCII");
             c->closing = 1;
             return;
         }
     n = split_words(line, w, 4);
     if (n < 0 || n == 0) {
-        reply_error(b, EINVAL, "empty request or too many words");
+        exs__ctl_reply_error(b, EINVAL, "empty request or too many words");
         return;
     }
     if (!strcmp(w[0], "hello") && n == 1) {
-        reply_head(b);
+        exs__ctl_reply_head(b);
         exs__jbuf_obj_end(b);
         exs__jbuf_raw(b, "\n", 1);
     } else if (!strcmp(w[0], "stat") && n == 1) {
-        req_stat(c);
+        exs__ctl_req_stat(c);
     } else if (!strcmp(w[0], "params") && n == 1) {
-        req_params(b);
+        exs__ctl_req_params(b);
     } else if (!strcmp(w[0], "set") && n == 3) {
-        req_set(b, w[1], w[2]);
+        exs__ctl_req_set(b, w[1], w[2]);
     } else if (!strcmp(w[0], "trace") && n == 1) {
         if (!c->trace) {
             c->trace = 1;
             __atomic_add_fetch(&ctl.tracers, 1, __ATOMIC_RELAXED);
         }
-        reply_head(b);
+        exs__ctl_reply_head(b);
         exs__jbuf_key(b, "trace");
         exs__jbuf_bool(b, 1);
-        kv_log_level(b);
+        exs__ctl_kv_log_level(b);
         exs__jbuf_obj_end(b);
         exs__jbuf_raw(b, "\n", 1);
     } else {
-        reply_error(b, EINVAL, "unknown request (hello, stat, params, set NAME VALUE, trace)");
+        exs__ctl_reply_error(b, EINVAL, "unknown request (hello, stat, params, set NAME VALUE, trace)");
     }
     if (b->overflow) {
         exs__jbuf_reset(b);
-        reply_error(b, E2BIG, "reply larger than the control endpoint's limit");
+        exs__ctl_reply_error(b, E2BIG, "reply larger than the control endpoint's limit");
     }
 }
 
@@ -665,7 +231,7 @@ static void client_lines(struct ctl_client *c)
     }
     if (c->in_len == sizeof(c->in) && !memchr(c->in, '\n', c->in_len) && !c->closing) {
         exs__jbuf_reset(&c->out);
-        reply_error(&c->out, E2BIG, "request line too long");
+        exs__ctl_reply_error(&c->out, E2BIG, "request line too long");
         c->closing = 1;
     }
 }
@@ -697,7 +263,7 @@ static void ctl_client_io_cb(struct exs_eng_io *io, int revents)
         uint64_t slow_us = exs__params.slow_threshold_us;
         uint64_t t0 = slow_us ? exs__now_ns() : 0;
 
-        stat_step(c);
+        exs__ctl_stat_step(c);
         if (t0 && exs__now_ns() - t0 > slow_us * 1000u)
             EXS_WARN(API,
                      "slow control request: a part of \"stat\" held the progress lock %" PRIu64
@@ -720,7 +286,7 @@ static void refuse(int fd, int err, const char *msg)
     struct exs_jbuf b;
 
     exs__jbuf_init(&b, 1024);
-    reply_error(&b, err, msg);
+    exs__ctl_reply_error(&b, err, msg);
     if (b.len && send(fd, b.p, b.len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
         EXS_DBG(API, "control endpoint: refusal not sent: %m");
     exs__jbuf_free(&b);
