@@ -83,6 +83,8 @@ enum {
 };
 
 #define EXS_PV_DETAIL_MAX 96u
+/* exs__pv_reason's line, rule and record names included, fits EXS_ERROR_REASON_MAX (160,
+ * include/sys/exs.h): the longest name is 19 bytes, a record's 10 */
 
 /* A connection's first violation (the member exs_conn.pv; under conn->lock). */
 struct exs_pv_state {
