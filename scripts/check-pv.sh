@@ -56,6 +56,18 @@ case ${1:-} in
     exit 0 ;;
 esac
 
+# The rule table of violation.h and the one of spec/protocol.md §10 name the same rules in
+# the same order.
+code_rules=$(grep -oE '^ *X\([A-Z_]+, "[a-z-]+"' exs/proto/violation.h | sed 's/.*"\(.*\)"/\1/')
+spec_rules=$(sed -n '/^## 10\. Protocol violations/,/^## /p' spec/protocol.md |
+             grep -oE '^\| `[a-z-]+` \|' | sed 's/| `\(.*\)` |/\1/')
+if [ "$code_rules" != "$spec_rules" ] || [ -z "$code_rules" ]; then
+    echo "check-pv: the rules of exs/proto/violation.h and spec/protocol.md §10 differ:"
+    diff <(echo "$code_rules") <(echo "$spec_rules")
+    echo "check-pv: 0 passed, 1 failed"
+    exit 1
+fi
+
 now=$(counts)
 allowed=$(grep -v '^#' "$base" | awk 'NF == 2')
 fail=0 stale=
