@@ -6,6 +6,7 @@
 # libFuzzer runtime of its version (libclang-rt-N-dev, only recommended by clang in Debian).
 # --bench adds what make bench runs besides the library: UCX's ucx_perftest (ucx-utils),
 # valgrind (callgrind), strace (system calls per message) and python3 (bench/bench.py);
+# --format adds clang-format (scripts/check-format.sh, make check CHECK_FORMAT=1);
 # gnuplot-nox is always installed, and groff-base and man-db (make check renders the man
 # pages with man -l).
 set -eu
@@ -13,6 +14,8 @@ extra=()
 for a in "$@"; do
     if [ "$a" = --bench ]; then
         extra+=(ucx-utils valgrind strace python3)
+    elif [ "$a" = --format ]; then
+        extra+=(clang-format)
     elif [ "$a" = --fuzz ]; then
         v=$(clang --version 2>/dev/null | sed -nE 's/.*clang version ([0-9]+).*/\1/p' | head -n 1)
         [ -n "$v" ] || v=$(apt-cache depends clang 2>/dev/null | sed -nE 's/.*Depends: clang-([0-9]+)$/\1/p' | head -n 1)

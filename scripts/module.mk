@@ -89,3 +89,13 @@ check-pv:
 	$(Q)bash scripts/check-pv.sh
 check: check-pv
 .PHONY: check-pv
+
+# The tree formatted by .clang-format (scripts/check-format.sh). Off in make check until the
+# tree has been formatted once (make format): then CHECK_FORMAT ?= 1 here.
+CHECK_FORMAT ?= 0
+check-format:
+	$(Q)bash scripts/check-format.sh
+ifeq ($(CHECK_FORMAT),1)
+check: check-format
+endif
+.PHONY: check-format
