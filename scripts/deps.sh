@@ -6,6 +6,7 @@
 # libFuzzer runtime of its version (libclang-rt-N-dev, only recommended by clang in Debian).
 # --bench adds what make bench runs besides the library: UCX's ucx_perftest (ucx-utils),
 # valgrind (callgrind), strace (system calls per message) and python3 (bench/bench.py);
+# --format adds clang-format (scripts/check-format.sh, make check CHECK_FORMAT=1);
 # gnuplot-nox is always installed, and groff-base and man-db (make check renders the man
 # pages with man -l). prometheus (its promtool checks exsctl metrics in make check) is
 # always installed. --deb adds what scripts/deb.sh runs: dpkg-dev, debhelper, lintian.
@@ -16,6 +17,8 @@ for a in "$@"; do
         extra+=(dpkg-dev debhelper lintian)
     elif [ "$a" = --bench ]; then
         extra+=(ucx-utils valgrind strace python3)
+    elif [ "$a" = --format ]; then
+        extra+=(clang-format)
     elif [ "$a" = --fuzz ]; then
         v=$(clang --version 2>/dev/null | sed -nE 's/.*clang version ([0-9]+).*/\1/p' | head -n 1)
         [ -n "$v" ] || v=$(apt-cache depends clang 2>/dev/null | sed -nE 's/.*Depends: clang-([0-9]+)$/\1/p' | head -n 1)

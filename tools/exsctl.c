@@ -494,6 +494,9 @@ static void print_conn(const struct exs_json *proc, const struct exs_json *c, do
         printf("  %-8s %s", a, b);
     }
     printf("\n");
+    /* the rule the peer broke, when it reset the connection (spec/protocol.md §10) */
+    if (exs__json_get_str(c, "violation")[0])
+        printf("        violation: %s\n", exs__json_get_str(c, "violation"));
 }
 
 /* Stat replies of pid (one) or of every process (pid < 0); in a scan, processes that

@@ -1501,6 +1501,23 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
         *optlen = n;
         goto out;
     }
+    if (level == SOL_EXS && optname == EXS_SO_ERROR_REASON) {
+        char why[EXS_ERROR_REASON_MAX] = "";
+
+        api_sock_lock(s); /* the conn as for EXS_SO_STATS */
+        struct exs_conn *conn = s->conn;
+        api_sock_unlock(s);
+        if (*optlen < 1) {
+            err = EINVAL;
+            goto out;
+        }
+        if (conn)
+            exs__pv_reason(conn, why, sizeof(why));
+        *optlen = EXS_MIN(*optlen, (socklen_t)strlen(why) + 1);
+        memcpy(optval, why, *optlen - 1);
+        ((char *)optval)[*optlen - 1] = '\0';
+        goto out;
+    }
     api_sock_lock(s);
     if (sock_opt_is_timeo(level, optname)) {
         v = optname == SO_ASYNC_SEND_TIMEOUT ? s->snd_timeo : s->rcv_timeo;

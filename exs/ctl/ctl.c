@@ -348,13 +348,14 @@ static void ctl_accept_cb(struct exs_eng_io *io, int revents)
 /* ---- trace records ---- */
 
 /* Queue one record "<t_us> <kind><text>" (kind 'L': a log line ending in '\n'; 'R': a
- * request trace, one JSON object, given without its '\n') and wake the loop. */
+ * request trace, 'V': a violation, one JSON object, given without its '\n') and wake the
+ * loop. */
 static void ctl_queue(char kind, const char *line, size_t len)
 {
     char head[32];
     int hlen, wake = 0;
     uint64_t one = 1;
-    size_t nl = kind == 'R';
+    size_t nl = kind != 'L';
 
     if (!__atomic_load_n(&ctl.tracers, __ATOMIC_RELAXED))
         return;
@@ -388,6 +389,12 @@ static void ctl_rt_sink(const char *json, size_t len)
     ctl_queue('R', json, len);
 }
 
+/* The violation sink (any thread, a conn lock held): a protocol violation recorded. */
+static void ctl_pv_sink(const char *json, size_t len)
+{
+    ctl_queue('V', json, len);
+}
+
 /* One record "<t_us> <kind><text>\n" to every tracer: {"t_us","log"} for a log line,
  * {"t_us","req":{...}} for a request trace (spec/observability.md §8). */
 static void trace_send(const char *rec, size_t len, uint64_t dropped)
@@ -411,9 +418,9 @@ static void trace_send(const char *rec, size_t len, uint64_t dropped)
         }
         exs__jbuf_obj_begin(b);
         exs__jbuf_kv_u64(b, "t_us", strtoull(rec, NULL, 10));
-        if (sp[1] == 'R') {
-            /* our own formatting (exs__rt_format): an object, copied as it is */
-            exs__jbuf_key(b, "req");
+        if (sp[1] == 'R' || sp[1] == 'V') {
+            /* our own formatting (exs__rt_format, exs__pv_format): an object, as it is */
+            exs__jbuf_key(b, sp[1] == 'R' ? "req" : "violation");
             exs__jbuf_raw(b, sp + 2, len - (size_t)(sp + 2 - rec) - 1);
             b->comma = 1;
         } else {
@@ -638,6 +645,7 @@ int exs__ctl_start(void)
     ctl.start_ns = exs__now_ns();
     exs__log_set_hook(ctl_log_hook);
     exs__rt_set_sink(ctl_rt_sink);
+    exs__pv_set_sink(ctl_pv_sink);
     exs__engine_call(ctl_start_job, NULL);
     EXS_INFO(API, "control endpoint %s%s", ctl.path, shared ? " (in a shared directory)" : "");
     return 0;
@@ -659,6 +667,7 @@ void exs__ctl_stop(void)
     exs__engine_call(ctl_stop_job, NULL);
     exs__log_set_hook(NULL);
     exs__rt_set_sink(NULL);
+    exs__pv_set_sink(NULL);
     ctl_unlink();
     close(ctl.lfd);
     ctl.lfd = -1;

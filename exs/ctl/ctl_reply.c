@@ -123,7 +123,7 @@ static void stat_sock(struct api_sock *s, void *arg)
     struct exs_jbuf *b = arg;
     struct exs_conn_info info;
     struct exs_conn *conn;
-    char local[80], peer[80], id[32];
+    char local[80], peer[80], id[32], why[EXS_ERROR_REASON_MAX] = "";
     int type, mode, n_send, n_recv;
     enum api_sock_state state;
 
@@ -166,6 +166,9 @@ static void stat_sock(struct api_sock *s, void *arg)
     exs__jbuf_kv_u64(b, "adverts_held", info.adverts_held);
     exs__jbuf_kv_u64(b, "wrq_depth", info.wr_queued);
     exs__jbuf_kv_u64(b, "age_ms", info.age_ms);
+    if (conn) /* the peer's protocol violation, "" for none (spec/protocol.md §10) */
+        exs__pv_reason(conn, why, sizeof(why));
+    exs__jbuf_kv_str(b, "violation", why);
     for (size_t i = 0; i < EXS_ARRAY_SIZE(stat_fields); i++)
         exs__jbuf_kv_u64(b, stat_fields[i].name,
                          *(const uint64_t *)((const char *)&info.stats + stat_fields[i].off));

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <sys/exs.h>
 
+#include "exs/proto/violation.h"
 #include "exs/proto/wire.h"
 #include "exs/prov/prov.h"
 #include "exs/util/job.h"
@@ -444,6 +445,9 @@ struct exs_conn {
                                                * not come (at least; recounted at the
                                                * ANNOUNCED_MAX cap, §6) */
     uint64_t                   sp_reann_pos; /* sender: the peer's position P at the cut */
+    /* the first protocol violation of the peer, kept as the connection's reason
+     * (violation.c; EXS_SO_ERROR_REASON, exsctl stat) */
+    struct exs_pv_state        pv;
 };
 
 /* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */

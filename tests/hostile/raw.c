@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "exs/proto/wire_names.h"
 #include "exs/util/sha256.h"
 #include "tests/hostile/raw.h"
 
@@ -292,59 +293,56 @@ static void add_key(struct raw_key *keys, unsigned *n, uint64_t addr, uint32_t l
         (*n)++;
 }
 
+static int raw_parse_rec(void *arg, const struct exs_wire_ctrl_hdr *hp, const uint8_t *rec,
+                         uint32_t rlen)
+{
+    struct raw_peer *p = arg;
+    struct exs_wire_ctrl_hdr h = *hp;
+
+    if (h.type == EXS_CTRL_ADVERT && rlen >= EXS_WIRE_ADVERT_LEN) {
+        struct exs_wire_advert a;
+
+        memcpy(&a, rec, sizeof(a));
+        add_key(p->adverts, &p->n_adverts, be64toh(a.addr), be32toh(a.len), be32toh(a.rkey),
+                be32toh(a.id), be64toh(a.seq));
+    } else if (h.type == EXS_CTRL_ANNOUNCE && rlen >= EXS_WIRE_ANNOUNCE_LEN) {
+        struct exs_wire_announce a;
+
+        memcpy(&a, rec, sizeof(a));
+        add_key(p->announces, &p->n_announces, be64toh(a.addr), be32toh(a.len), be32toh(a.rkey),
+                0, be64toh(a.seq));
+    } else if (h.type == EXS_CTRL_TRACE && rlen >= EXS_WIRE_TRACE_LEN &&
+               (h.flags & EXS_TRACE_ANSWER)) {
+        memcpy(&p->trace, rec, sizeof(p->trace));
+        p->trace_answers++;
+    }
+    else if (h.type == EXS_CTRL_SESSION && rlen == EXS_WIRE_SESSION_LEN) {
+        /* §9.2: the server's key K_B; the token a resume hello carries is the first 8
+         * bytes of its SHA-256 */
+        uint8_t d[EXS_SHA256_LEN];
+
+        memcpy(p->sess_key, rec + EXS_WIRE_CTRL_HDR_LEN, sizeof(p->sess_key));
+        exs__sha256(p->sess_key, sizeof(p->sess_key), d);
+        memcpy(&p->sess_token, d, sizeof(p->sess_token));
+        p->sess_token = be64toh(p->sess_token);
+        p->sess_keyed = 1;
+    }
+#ifdef EXS_WIRE_RING_LEN
+    else if (h.type == EXS_CTRL_RING && rlen >= EXS_WIRE_RING_LEN) {
+        struct exs_wire_ring r;
+
+        memcpy(&r, rec, sizeof(r));
+        p->ring_rkey = be32toh(r.rkey);
+    }
+#endif
+    return 0;
+}
+
+/* The records of one control SEND (the shared walker, exs/proto/wire_names.h): 0, or
+ * -EPROTO for a malformed one. */
 int raw_parse_ctrl(struct raw_peer *p, const uint8_t *buf, uint32_t len)
 {
-    uint32_t off = 0;
-
-    while (off < len) {
-        struct exs_wire_ctrl_hdr h;
-        uint32_t rlen;
-
-        if (len - off < sizeof(h))
-            return -EPROTO;
-        memcpy(&h, buf + off, sizeof(h));
-        rlen = be16toh(h.len);
-        if (rlen < sizeof(h) || rlen > len - off)
-            return -EPROTO;
-        if (h.type == EXS_CTRL_ADVERT && rlen >= EXS_WIRE_ADVERT_LEN) {
-            struct exs_wire_advert a;
-
-            memcpy(&a, buf + off, sizeof(a));
-            add_key(p->adverts, &p->n_adverts, be64toh(a.addr), be32toh(a.len), be32toh(a.rkey),
-                    be32toh(a.id), be64toh(a.seq));
-        } else if (h.type == EXS_CTRL_ANNOUNCE && rlen >= EXS_WIRE_ANNOUNCE_LEN) {
-            struct exs_wire_announce a;
-
-            memcpy(&a, buf + off, sizeof(a));
-            add_key(p->announces, &p->n_announces, be64toh(a.addr), be32toh(a.len), be32toh(a.rkey),
-                    0, be64toh(a.seq));
-        } else if (h.type == EXS_CTRL_TRACE && rlen >= EXS_WIRE_TRACE_LEN &&
-                   (h.flags & EXS_TRACE_ANSWER)) {
-            memcpy(&p->trace, buf + off, sizeof(p->trace));
-            p->trace_answers++;
-        }
-        else if (h.type == EXS_CTRL_SESSION && rlen == EXS_WIRE_SESSION_LEN) {
-            /* §9.2: the server's key K_B; the token a resume hello carries is the first 8
-             * bytes of its SHA-256 */
-            uint8_t d[EXS_SHA256_LEN];
-
-            memcpy(p->sess_key, buf + off + EXS_WIRE_CTRL_HDR_LEN, sizeof(p->sess_key));
-            exs__sha256(p->sess_key, sizeof(p->sess_key), d);
-            memcpy(&p->sess_token, d, sizeof(p->sess_token));
-            p->sess_token = be64toh(p->sess_token);
-            p->sess_keyed = 1;
-        }
-#ifdef EXS_WIRE_RING_LEN
-        else if (h.type == EXS_CTRL_RING && rlen >= EXS_WIRE_RING_LEN) {
-            struct exs_wire_ring r;
-
-            memcpy(&r, buf + off, sizeof(r));
-            p->ring_rkey = be32toh(r.rkey);
-        }
-#endif
-        off += rlen;
-    }
-    return 0;
+    return exs__wire_walk(buf, len, raw_parse_rec, p) ? -EPROTO : 0;
 }
 
 /* Handle one frame from the server. */

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include "exs/proto/proto.h"
+#include "exs/proto/wire_names.h"
 #include "exs/prov/prov.h"
 #include "integ.h"
 
@@ -94,33 +95,36 @@ static void rawp_cqe(struct rawp *r, struct exs_prov_cqe *cqe)
     ck_assert_msg(n == 1, "raw peer: no completion within %d ms", IT_TIMEOUT_MS);
 }
 
+static int rawp_on_rec(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                       uint32_t rlen)
+{
+    struct rawp *r = arg;
+
+    /* the library's RING comes first, once */
+    ck_assert_msg((h->type == EXS_CTRL_RING) == !r->got_ring, "record %s, ring seen %d",
+                  exs__wire_type_name(h->type), r->got_ring);
+    if (h->type == EXS_CTRL_RING) {
+        struct exs_wire_ring ring;
+
+        ck_assert_uint_eq(rlen, sizeof(ring));
+        memcpy(&ring, rec, sizeof(ring));
+        r->ring_rkey = be32toh(ring.rkey);
+        r->got_ring = 1;
+    } else if (h->type == EXS_CTRL_ADVERT) {
+        ck_assert_uint_eq(rlen, sizeof(r->adv));
+        memcpy(&r->adv, rec, sizeof(r->adv));
+        r->got_advert = 1;
+    }
+    return 0;
+}
+
 /* Handle one received control SEND: remember RING and ADVERT records; re-post the slot. */
 static void rawp_on_recv(struct rawp *r, const struct exs_prov_cqe *cqe)
 {
     const uint8_t *buf = r->mem + cqe->wr_id * RAW_SLOT;
-    uint32_t off = 0;
 
     ck_assert_int_eq(cqe->opcode, EXS_PROV_WC_RECV);
-    while (off + EXS_WIRE_CTRL_HDR_LEN <= cqe->byte_len) {
-        struct exs_wire_ctrl_hdr h;
-
-        memcpy(&h, buf + off, sizeof(h));
-        ck_assert_uint_ge(be16toh(h.len), EXS_WIRE_CTRL_HDR_LEN);
-        /* the library's RING comes first, once */
-        ck_assert_msg((h.type == EXS_CTRL_RING) == !r->got_ring, "record type %u, ring seen %d",
-                      h.type, r->got_ring);
-        if (h.type == EXS_CTRL_RING) {
-            struct exs_wire_ring ring;
-
-            memcpy(&ring, buf + off, sizeof(ring));
-            r->ring_rkey = be32toh(ring.rkey);
-            r->got_ring = 1;
-        } else if (h.type == EXS_CTRL_ADVERT) {
-            memcpy(&r->adv, buf + off, sizeof(r->adv));
-            r->got_advert = 1;
-        }
-        off += be16toh(h.len);
-    }
+    ck_assert_int_eq(exs__wire_walk(buf, cqe->byte_len, rawp_on_rec, r), 0);
     rawp_post_recv(r, (uint32_t)cqe->wr_id);
 }
 

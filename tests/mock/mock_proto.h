@@ -94,6 +94,19 @@ int pt_check(const void *buf, size_t len, uint64_t off);
  * i * len): each delivered whole, the bytes verified; every op finished. */
 void pt_assert_pairs_done(struct pt_op *s, struct pt_op *r, int n, const uint8_t *rb, size_t len);
 
+/* The connection's first protocol violation is rule _rule (enum exs_pv_rule,
+ * exs/proto/violation.h): the reason a reset is asserted by, not only ECONNRESET. A
+ * failure names both rules and the recorded detail. */
+#define ck_assert_pv(_conn, _rule)                                                                 \
+    do {                                                                                           \
+        struct exs_pv_state _pv;                                                                   \
+        int _got = exs__pv_get((_conn), &_pv);                                                     \
+        ck_assert_msg(_got == 0 && _pv.rule == (_rule),                                            \
+                      "protocol violation %s expected, got %s %s: %s", exs__pv_rule_name(_rule),   \
+                      exs__pv_rule_name(_got ? 0u : _pv.rule), exs__pv_rec_name(_pv.rec_type),     \
+                      _got ? "(none recorded)" : _pv.detail);                                      \
+    } while (0)
+
 /* The mock's RNR counters of both sides added. */
 uint64_t pt_rnr(struct pt_pair *pp);
 

@@ -17,7 +17,7 @@ static Suite *(*const suites[])(void) = {
     prov_vrb_cache_suite,  mock_prov_suite,      proto_credits_suite,     proto_stream_suite,
     proto_seqpacket_suite, proto_teardown_suite, proto_hostile_suite,     wire_golden_suite,
     proto_batch_suite,     proto_ring_suite,     proto_resume_ring_suite, proto_resume_bound_suite,
-    util_sha256_suite,     proto_resume_auth_suite,
+    util_sha256_suite,     proto_resume_auth_suite, proto_violation_suite,
 };
 
 void unit_env_clean(void)

@@ -11,6 +11,7 @@
 
 #include "exs/proto/reqtrace.h"
 #include "exs/proto/proto_int.h"
+#include "exs/proto/wire_names.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/membudget.h"
@@ -556,10 +557,8 @@ END_TEST
 /* Each control record raw received since the last look goes to fn with what is left of
  * its SEND from it; a length below a header ends that SEND. repost: each receive is
  * posted again. Returns the SENDs seen. */
-typedef void raw_rec_fn(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
-                        uint32_t left);
 
-static int raw_each_record(raw_rec_fn *fn, void *arg, int repost)
+static int raw_each_record(exs_wire_rec_fn *fn, void *arg, int repost)
 {
     struct exs_prov_cqe cqe;
     int sends = 0;
@@ -572,15 +571,7 @@ static int raw_each_record(raw_rec_fn *fn, void *arg, int repost)
         if (cqe.status != EXS_PROV_WC_SUCCESS || cqe.opcode != EXS_PROV_WC_RECV)
             continue; /* raw's own sends; receives flushed once b's endpoint is gone */
         sends++;
-        for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= cqe.byte_len;) {
-            struct exs_wire_ctrl_hdr h;
-
-            memcpy(&h, p + off, sizeof(h));
-            fn(arg, &h, p + off, cqe.byte_len - off);
-            if (be16toh(h.len) < EXS_WIRE_CTRL_HDR_LEN)
-                break;
-            off += be16toh(h.len);
-        }
+        ck_assert_int_eq(exs__wire_walk(p, cqe.byte_len, fn, arg), 0);
         if (repost)
             ck_assert_int_eq(exs__prov_post_recv(raw.ep, &wr), 0);
     }
@@ -594,15 +585,16 @@ struct raw_find {
     int found;
 };
 
-static void raw_find_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
-                         uint32_t left)
+static int raw_find_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                        uint32_t rlen)
 {
     struct raw_find *f = arg;
 
-    if (h->type == f->type && f->len <= left && !f->found) {
+    if (h->type == f->type && f->len <= rlen && !f->found) {
         memcpy(f->rec, rec, f->len);
         f->found = 1;
     }
+    return 0;
 }
 
 static int raw_find_record(uint8_t type, void *rec, size_t len)
@@ -1113,6 +1105,23 @@ END_TEST
 
 /* ---- TRACE on STREAM (§5.1, feature STRACE) ---- */
 
+struct rt_collect {
+    struct exs_wire_trace *out;
+    int n, k;
+};
+
+static int rt_collect_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                          uint32_t rlen)
+{
+    struct rt_collect *c = arg;
+
+    if (h->type == EXS_CTRL_TRACE && c->k < c->n) {
+        ck_assert_uint_eq(rlen, EXS_WIRE_TRACE_LEN);
+        memcpy(&c->out[c->k++], rec, sizeof(*c->out));
+    }
+    return 0;
+}
+
 /* The TRACE records b sent raw since the last poll (at most n, as received); *data_first:
  * whether a data write reached raw before the first of them. */
 static int raw_traces(struct exs_wire_trace *out, int n, int *data_first)
@@ -1129,18 +1138,10 @@ static int raw_traces(struct exs_wire_trace *out, int n, int *data_first)
             data = 1;
         if (cqe.opcode != EXS_PROV_WC_RECV)
             continue;
-        for (uint32_t off = 0; off + sizeof(struct exs_wire_ctrl_hdr) <= cqe.byte_len;) {
-            struct exs_wire_ctrl_hdr h;
+        struct rt_collect c = {.out = out, .n = n, .k = k};
 
-            memcpy(&h, m + off, sizeof(h));
-            if (!be16toh(h.len))
-                break;
-            if (h.type == EXS_CTRL_TRACE && k < n) {
-                ck_assert_uint_eq(be16toh(h.len), EXS_WIRE_TRACE_LEN);
-                memcpy(&out[k++], m + off, sizeof(*out));
-            }
-            off += be16toh(h.len);
-        }
+        ck_assert_int_eq(exs__wire_walk(m, cqe.byte_len, rt_collect_one, &c), 0);
+        k = c.k;
     }
     if (data_first)
         *data_first = data;
@@ -2293,17 +2294,18 @@ struct ra_rd {
     uint32_t n, named;
 };
 
-static void ra_read_done_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
-                             uint32_t left)
+static int ra_read_done_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                            uint32_t rlen)
 {
     struct ra_rd *c = arg;
     struct exs_wire_read_done d;
 
-    if (h->type != EXS_CTRL_READ_DONE || left < sizeof(d))
-        return;
+    if (h->type != EXS_CTRL_READ_DONE || rlen < sizeof(d))
+        return 0;
     memcpy(&d, rec, sizeof(d));
     c->n++;
     c->named += be64toh(d.seq) == c->seq;
+    return 0;
 }
 
 static uint32_t ra_read_dones(uint64_t seq, uint32_t *named)
@@ -2656,14 +2658,13 @@ struct ka_seen {
     uint32_t credits;
 };
 
-static void ka_collect_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
-                           uint32_t left)
+static int ka_collect_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                          uint32_t rlen)
 {
     struct ka_seen *k = arg;
 
     (void)rec;
-    (void)left;
-    ck_assert_uint_ge(be16toh(h->len), EXS_WIRE_CTRL_HDR_LEN);
+    (void)rlen;
     k->credits += be16toh(h->credits);
     if (h->type == EXS_CTRL_NOP) {
         if (h->flags & EXS_NOP_PING)
@@ -2671,6 +2672,7 @@ static void ka_collect_one(void *arg, const struct exs_wire_ctrl_hdr *h, const u
         else
             k->nops++;
     }
+    return 0;
 }
 
 static void ka_collect(struct ka_seen *k)
@@ -2737,10 +2739,11 @@ END_TEST
  * credit of b overspent (no RNR, checked by raw_close), and the conn stays up. */
 /* ---- memory: the per-connection caps of §6 and §7 (ANNOUNCED_MAX, ADVERTS_MAX) ---- */
 
-static void raw_rec_ignore(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
-                           uint32_t left)
+static int raw_rec_ignore(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                          uint32_t rlen)
 {
-    (void)arg, (void)h, (void)rec, (void)left;
+    (void)arg, (void)h, (void)rec, (void)rlen;
+    return 0;
 }
 
 /* n records of rlen bytes from raw, record i made by make(i, rec): as many per SEND as

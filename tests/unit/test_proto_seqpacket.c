@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include "exs/proto/wire.h"
+#include "exs/proto/wire_names.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
@@ -547,6 +548,18 @@ static struct {
     int recv_done_at_done;
 } fr;
 
+static int fr_tap_rec(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                      uint32_t rlen)
+{
+    (void)arg, (void)rec, (void)rlen;
+    if (h->type == EXS_CTRL_READ_DONE) {
+        fr.read_dones++;
+        fr.reads_at_done = fr.nreads;
+        fr.recv_done_at_done = fr.recv->op.state == EXS_OPS_DONE;
+    }
+    return 0;
+}
+
 static void fr_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
                    const uint8_t *p, uint32_t len)
 {
@@ -565,19 +578,7 @@ static void fr_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send
     }
     if (wr->opcode != EXS_PROV_WR_SEND)
         return;
-    for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= len;) {
-        struct exs_wire_ctrl_hdr h;
-
-        memcpy(&h, p + off, sizeof(h));
-        if (h.type == EXS_CTRL_READ_DONE) {
-            fr.read_dones++;
-            fr.reads_at_done = fr.nreads;
-            fr.recv_done_at_done = fr.recv->op.state == EXS_OPS_DONE;
-        }
-        if (!be16toh(h.len))
-            break;
-        off += be16toh(h.len);
-    }
+    ck_assert_int_eq(exs__wire_walk(p, len, fr_tap_rec, NULL), 0);
 }
 
 /* Connect a and b with frag_size 64 KiB; b reads at most max_reads at once. */

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "exs/proto/proto_int.h"
+#include "exs/proto/wire_names.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -27,31 +28,31 @@ static struct {
     uint64_t ack[MAX_RECS];      /* ring_consumed of each ACK */
 } tap;
 
+static int st_tap_rec(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
+                      uint32_t rlen)
+{
+    (void)arg;
+    if (h->type == EXS_CTRL_ACK && tap.n_ack < MAX_RECS && rlen >= sizeof(struct exs_wire_ack)) {
+        struct exs_wire_ack a;
+        memcpy(&a, rec, sizeof(a));
+        tap.ack[tap.n_ack++] = be64toh(a.ring_consumed);
+    }
+    if (h->type == EXS_CTRL_ADVERT)
+        tap.n_advert++;
+    if (h->type == EXS_CTRL_DRAIN && rlen >= sizeof(tap.drain)) {
+        tap.n_drain++;
+        memcpy(&tap.drain, rec, sizeof(tap.drain));
+    }
+    return 0;
+}
+
 static void st_tap(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
                    const uint8_t *p, uint32_t len)
 {
     (void)arg;
     if (ep != tap.ep || wr->opcode != EXS_PROV_WR_SEND)
         return;
-    for (uint32_t off = 0; off + EXS_WIRE_CTRL_HDR_LEN <= len;) {
-        struct exs_wire_ctrl_hdr h;
-
-        memcpy(&h, p + off, sizeof(h));
-        if (h.type == EXS_CTRL_ACK && tap.n_ack < MAX_RECS) {
-            struct exs_wire_ack a;
-            memcpy(&a, p + off, sizeof(a));
-            tap.ack[tap.n_ack++] = be64toh(a.ring_consumed);
-        }
-        if (h.type == EXS_CTRL_ADVERT)
-            tap.n_advert++;
-        if (h.type == EXS_CTRL_DRAIN && off + sizeof(tap.drain) <= len) {
-            tap.n_drain++;
-            memcpy(&tap.drain, p + off, sizeof(tap.drain));
-        }
-        if (!be16toh(h.len))
-            break;
-        off += be16toh(h.len);
-    }
+    ck_assert_int_eq(exs__wire_walk(p, len, st_tap_rec, NULL), 0);
 }
 
 static void st_setup(void)
