@@ -17,7 +17,8 @@ A=10.0.2.15
 export PATH=/guest:$PATH
 VS=/guest/rxe-vstat.so
 export VSTAT_OUT=/tmp/vstat.txt
-export UCX_MODULE_DIR=/guest/ucx UCX_TLS=rc_verbs UCX_NET_DEVICES=rxe0:1 UCX_WARN_UNUSED_ENV_VARS=n
+# rc_verbs with ud_verbs for the wire-up (rc alone reported "Destination is unreachable")
+export UCX_MODULE_DIR=/guest/ucx UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES=rxe0:1 UCX_WARN_UNUSED_ENV_VARS=n
 PORT=7600
 if [ "$QUICK" = 1 ]; then SIZES="64 65536"; else SIZES="64 4096 65536 1048576"; fi
 iters() { case $1 in 64 | 4096) echo 1000 ;; 65536) echo 200 ;; *) echo 40 ;; esac; }
@@ -148,7 +149,10 @@ sys_perftest() {
     for s in 65536 1048576; do
         PT_SIZE=$s
         if r=$(pt_run ib_write_bw -s $s -D $BT --report_gbits); then
-            emit ib_write_bw gbps $s "$(echo "$r" | awk '{print $(NF - 1)}')"
+            # from the row's completed iterations over the duration (its BW columns read 0
+            # under TCG's coarse timing): #bytes #iterations BW-peak BW-average MsgRate
+            echo "BRRAW ib_write_bw $s: $r"
+            emit ib_write_bw gbps $s "$(echo "$r" | awk -v t=$BT -v s=$s '{printf "%.4f", $2 * s * 8 / t / 1e9}')"
         else fail ib_write_bw gbps $s "$r"; fi
         vstat_flush "ib_write_bw/gbps/$s/$R/msgs=0"
     done
@@ -212,30 +216,34 @@ done
 # ---- profile pass: system calls and where the time goes, 64 B round trips ----
 R=0
 n=$(iters 64)
-prof() {  # name cmd...: strace -c, then perf record, of one client run
-    name=$1; shift
+# name pre cmd...: strace -c, then perf record, of one client run each; pre (a function
+# or true) runs before each of the two (rstream's server serves one client).
+prof() {
+    name=$1; pre=$2; shift 2
     if command -v strace >/dev/null; then
+        $pre
         strace -f -c -o /tmp/strace.txt "$@" >/dev/null 2>&1
         tot=$(awk '$NF == "total" {print $4}' /tmp/strace.txt)
         echo "BRSYS name=$name msgs=$((2 * n)) syscalls=${tot:-?}"
         grep -E '^ +[0-9]' /tmp/strace.txt | sort -k4 -nr | head -n 6 |
             awk -v nm=$name '{print "BRSYSTOP name=" nm " call=" $NF " count=" $4}'
+        wait
     fi
     if command -v perf >/dev/null; then
+        $pre
         perf record -q -F 2000 -e cpu-clock -o /tmp/perf.data "$@" >/dev/null 2>/tmp/perf.err
         perf report -q -i /tmp/perf.data --stdio --sort dso 2>/dev/null |
             awk -v nm=$name 'NF >= 2 && $1 ~ /%$/ {print "BRPERF name=" nm " share=" $1 " dso=" $2}' | head -n 8
+        wait
     fi
 }
 export VSTAT_OUT=/dev/null
-prof libexs_busy ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n --poll --poll-recv
-prof libexs_block ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n
-for t in n b; do
-    newport
-    rstream -p $PORT -S 64 -C 1 -I $n -T $t >/dev/null 2>&1 &
-    sleep 1
-    prof rstream_$t rstream -s $A -p $PORT -S 64 -C 1 -I $n -T $t
-    wait
+prof libexs_busy true ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n --poll --poll-recv
+prof libexs_block true ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n
+rs_srv() { newport; export PORT; timeout 300 rstream -p $PORT -S 64 -C 1 -I $n -T $T >/dev/null 2>&1 & sleep 1; }
+for T in n b; do
+    export A n T
+    prof rstream_$T rs_srv sh -c 'exec rstream -s $A -p $PORT -S 64 -C 1 -I $n -T $T'
 done
 kill $BLAST_SRV 2>/dev/null
 echo "BRINFO done (uptime $(cut -d' ' -f1 /proc/uptime))"

@@ -96,6 +96,21 @@ until grep -q 'booting' "$work/a.err" 2>/dev/null || [ -e "$work/a.rc" ]; do sle
 pids+=($!)
 tail -s 0.3 -f --pid="${pids[0]}" "$work/a.out" | sed -u 's/^/a| /' &
 tail -s 0.3 -f --pid="${pids[1]}" "$work/b.out" | sed -u 's/^/b| /' &
+# When one guest's run ends in failure, the other would wait at its next barrier until its
+# time limit: its qemu (found by the link port only it uses) is stopped.
+stop_guest() {
+    local p
+    for p in $(pgrep -f "qemu-system.*localaddr=127.0.0.1:$1 " || true); do kill "$p" 2>/dev/null || true; done
+}
+while [ ! -e "$work/a.rc" ] || [ ! -e "$work/b.rc" ]; do
+    if [ -e "$work/a.rc" ] && [ ! -e "$work/b.rc" ] && [ "$(cat "$work/a.rc")" != 0 ]; then
+        say "a failed (exit $(cat "$work/a.rc")): stopping b"; stop_guest "$pb"; break
+    fi
+    if [ -e "$work/b.rc" ] && [ ! -e "$work/a.rc" ] && [ "$(cat "$work/b.rc")" != 0 ]; then
+        say "b failed (exit $(cat "$work/b.rc")): stopping a"; stop_guest "$pa"; break
+    fi
+    sleep 1
+done
 wait "${pids[0]}" "${pids[1]}" || true
 wait || true
 pids=()

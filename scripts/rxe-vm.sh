@@ -287,7 +287,7 @@ say "booting $kver (tcg, -smp $smp -m $mem, ${L}s left)"
 timeout -k 5 "$L" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M q35 \
     -m "$mem" -smp "$smp" -nodefaults -nographic -no-reboot \
     -kernel "$kernel" -initrd "$run/initrd" \
-    -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1 no_timer_check rdinit=/init" \
     -serial "file:$run/console" -serial "file:$run/out" -serial "file:$run/report" \
     -netdev user,id=net0 -device virtio-net-pci,netdev=net0,romfile= ${RXE_VM_QEMU_ARGS:-} \
     -pidfile "$run/qemu.pid" </dev/null >"$run/qemu.log" 2>&1 &
