@@ -26,8 +26,10 @@ if ON a; then
     run blast-loss1pct 300 ./blast -c $B -p $BLAST_PORT --time 2 --runs 1 --verify --quiet
     netem_off
     if [ "${RXE_2HOST_INTEG:-1}" = 1 ]; then
-        run exs_integ_test "$RXE_TEST_TIMEOUT" env EXS_TEST_LISTEN_ADDR=$HAIRPIN EXS_TEST_ADDR=$A \
-            ./exs_integ_test -p verbs
+        # RXE_2HOST_HAIRPIN=0 (a check of the check): 127.0.0.1, looped back on a: must FAIL
+        run exs_integ_test "$RXE_TEST_TIMEOUT" env \
+            EXS_TEST_LISTEN_ADDR=$([ "${RXE_2HOST_HAIRPIN:-1}" = 1 ] && echo $HAIRPIN) \
+            EXS_TEST_ADDR=$A ./exs_integ_test -p verbs
     else
         say2 "integration suite not run (RXE_2HOST_INTEG=0)"
     fi

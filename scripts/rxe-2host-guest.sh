@@ -93,19 +93,24 @@ run() {
     echo; say2 "=== $name: $*"
     s0=$(cat $cnt/sent_pkts); r0=$(cat $cnt/rcvd_pkts); d0=$(cat $cnt/duplicate_request 2>/dev/null || echo 0)
     q0=$(cat $cnt/retry_exceeded_err 2>/dev/null || echo 0); t0=$(date +%s)
+    e0=$(cat /sys/class/net/$LINK/statistics/tx_packets)
     timeout "$limit" setsid "$@"
     rc=$?
     s=$(($(cat $cnt/sent_pkts) - s0)); r=$(($(cat $cnt/rcvd_pkts) - r0)); t=$(($(date +%s) - t0))
     dup=$(($(cat $cnt/duplicate_request 2>/dev/null || echo 0) - d0))
     rex=$(($(cat $cnt/retry_exceeded_err 2>/dev/null || echo 0) - q0))
+    e=$(($(cat /sys/class/net/$LINK/statistics/tx_packets) - e0))
     if [ $rc -ne 0 ]; then
         why="FAIL: exit $rc"; [ $rc -eq 143 ] && why="$why (killed after ${limit}s)"
     elif [ $s -eq 0 ]; then
         why="FAIL: exit 0 but no packet went through rxe1 (not the verbs provider?)"; rc=1
+    elif [ $e -lt $((s / 2)) ]; then
+        # rxe loops packets to its own addresses back in the kernel: they never reach the NIC
+        why="FAIL: exit 0 but rxe1's packets did not cross the link ($LINK sent $e)"; rc=1
     else
         why=PASS
     fi
-    say2 "--- $name: $why; ${t}s; rxe1 sent $s, received $r packets, duplicate requests $dup, retry exceeded $rex"
+    say2 "--- $name: $why; ${t}s; rxe1 sent $s, received $r packets, duplicate requests $dup, retry exceeded $rex; $LINK sent $e"
     if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures="$failures $name"; fi
     return $rc
 }
