@@ -24,6 +24,10 @@ B=10.0.3.2
 HAIRPIN=10.0.4.1
 case $ROLE in a) ME=$A PEER=$B ;; *) ME=$B PEER=$A ;; esac
 export PATH=/guest:$PATH
+# libexs's keepalive (1 s x 3 probes by default) declares a peer dead after about 4 s of
+# silence; a TCG guest on a loaded host stalls that long (blast failed ETIMEDOUT on the plain
+# link at load average 46): 5 s x 3 here unless RXE_2HOST_KEEPALIVE_MS says otherwise.
+export EXS_KEEPALIVE_INTV_MS=${RXE_2HOST_KEEPALIVE_MS:-5000}
 ON() { [ "$ROLE" = "$1" ]; }
 say2() { echo "[$ROLE $(cut -d' ' -f1 /proc/uptime)] $*"; }
 die2() { say2 "setup failed: $*"; dmesg | tail -n 20; exit 3; }
