@@ -167,7 +167,7 @@ ucx_run() {  # opts...
     timeout 300 ucx_perftest $A -p $PORT "$@" >/tmp/ucx.out 2>&1
     rc=$?
     wait $sp
-    [ $rc -eq 0 ] || { grep -v '^ *$' /tmp/ucx.out | tail -n 3 | tr '\n' ' '; return 1; }
+    [ $rc -eq 0 ] || { grep -m 4 -E 'ERROR|Assert|assert|Fatal|failed|unreachable' /tmp/ucx.out /tmp/ucx-srv.out | tr '\n' ' '; return 1; }
     grep 'Final:' /tmp/ucx.out | tail -n 1
 }
 UCX_OK=1
