@@ -102,13 +102,20 @@ stop_guest() {
     local p
     for p in $(pgrep -f "qemu-system.*localaddr=127.0.0.1:$1 " || true); do kill "$p" 2>/dev/null || true; done
 }
+# (After a grace of 120 s: a scenario that failed may still have met every barrier.)
+grace=0
 while [ ! -e "$work/a.rc" ] || [ ! -e "$work/b.rc" ]; do
-    if [ -e "$work/a.rc" ] && [ ! -e "$work/b.rc" ] && [ "$(cat "$work/a.rc")" != 0 ]; then
-        say "a failed (exit $(cat "$work/a.rc")): stopping b"; stop_guest "$pb"; break
-    fi
-    if [ -e "$work/b.rc" ] && [ ! -e "$work/a.rc" ] && [ "$(cat "$work/b.rc")" != 0 ]; then
-        say "b failed (exit $(cat "$work/b.rc")): stopping a"; stop_guest "$pa"; break
-    fi
+    for h in a b; do
+        o=b; [ $h = b ] && o=a
+        if [ -e "$work/$h.rc" ] && [ ! -e "$work/$o.rc" ] && [ "$(cat "$work/$h.rc")" != 0 ]; then
+            grace=$((grace + 1))
+            if [ $grace -ge 120 ]; then
+                say "$h failed (exit $(cat "$work/$h.rc")) and $o still runs after 120 s: stopping $o"
+                if [ $o = a ]; then stop_guest "$pa"; else stop_guest "$pb"; fi
+                break 2
+            fi
+        fi
+    done
     sleep 1
 done
 wait "${pids[0]}" "${pids[1]}" || true
