@@ -6,6 +6,8 @@
 # libFuzzer runtime of its version (libclang-rt-N-dev, only recommended by clang in Debian).
 # --bench adds what make bench runs besides the library: UCX's ucx_perftest (ucx-utils),
 # valgrind (callgrind), strace (system calls per message) and python3 (bench/bench.py);
+# --bench-rxe adds what make bench-rxe runs in its guest: perftest, ucx-utils, rdmacm-utils
+# (rstream, riostream), strace and linux-perf;
 # --format adds clang-format (scripts/check-format.sh, make check CHECK_FORMAT=1);
 # gnuplot-nox is always installed, and groff-base and man-db (make check renders the man
 # pages with man -l). prometheus (its promtool checks exsctl metrics in make check) is
@@ -19,6 +21,8 @@ for a in "$@"; do
         extra+=(ucx-utils valgrind strace python3)
     elif [ "$a" = --format ]; then
         extra+=(clang-format)
+    elif [ "$a" = --bench-rxe ]; then
+        extra+=(perftest ucx-utils rdmacm-utils strace linux-perf python3)
     elif [ "$a" = --fuzz ]; then
         v=$(clang --version 2>/dev/null | sed -nE 's/.*clang version ([0-9]+).*/\1/p' | head -n 1)
         [ -n "$v" ] || v=$(apt-cache depends clang 2>/dev/null | sed -nE 's/.*Depends: clang-([0-9]+)$/\1/p' | head -n 1)

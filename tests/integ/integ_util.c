@@ -502,13 +502,20 @@ int it_listen(int type, struct sockaddr_in *addr)
     socklen_t len = sizeof(*addr);
     int fd, rc;
 
+    const char *at = getenv("EXS_TEST_LISTEN_ADDR");
+
+    /* EXS_TEST_LISTEN_ADDR (scripts/rxe-2host.sh): listen on this address instead of
+     * 127.0.0.1, so that a pair's connection leaves the host (spec/rxe-vm.md, two hosts). */
     sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (at && *at)
+        ck_assert_msg(inet_pton(AF_INET, at, &sin.sin_addr) == 1, "EXS_TEST_LISTEN_ADDR '%s'", at);
     errno = 0;
     fd = exs_socket(AF_INET, type, 0);
     ck_assert_msg(fd >= 0, "exs_socket(AF_INET, %d, 0) = %d errno %d (%s)", type, fd, errno,
                   strerror(errno));
     rc = exs_bind(fd, (struct sockaddr *)&sin, sizeof(sin));
-    ck_assert_msg(rc == 0, "exs_bind(127.0.0.1:0) = %d errno %d (%s)", rc, errno, strerror(errno));
+    ck_assert_msg(rc == 0, "exs_bind(%s:0) = %d errno %d (%s)", at && *at ? at : "127.0.0.1", rc,
+                  errno, strerror(errno));
     rc = exs_listen(fd, 128);
     ck_assert_msg(rc == 0, "exs_listen = %d errno %d (%s)", rc, errno, strerror(errno));
     memset(addr, 0, sizeof(*addr));
