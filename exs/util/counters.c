@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "exs/util/counters.h"
+#include "exs/util/util.h"
 
 static pthread_mutex_t counters_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct exs_list counters_sets = EXS_LIST_INIT(counters_sets);
@@ -77,4 +78,14 @@ void exs__counters_print(FILE *f)
                     exs__counters_value(set, i));
     }
     pthread_mutex_unlock(&counters_lock);
+}
+
+void exs__counters_fork(int phase)
+{
+    if (phase == EXS_FORK_PREPARE)
+        pthread_mutex_lock(&counters_lock);
+    else if (phase == EXS_FORK_PARENT)
+        pthread_mutex_unlock(&counters_lock);
+    else
+        pthread_mutex_init(&counters_lock, NULL); /* the child: a new one, as the parent's was */
 }

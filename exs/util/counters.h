@@ -43,4 +43,8 @@ int exs__counters_lookup(const char *set_name, const char *counter, uint64_t *va
 /* "set counter value" lines for every registered set. */
 void exs__counters_print(FILE *f);
 
+/* fork (exs/api/fork.c): the registry's lock held across fork(2) (phase: enum
+ * exs_fork_phase), so the child's list is whole. */
+void exs__counters_fork(int phase);
+
 #endif

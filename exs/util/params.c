@@ -284,6 +284,10 @@ static const struct exs_param_def params_table[] = {
           "= none"),
 
     /* -- porting: kernel descriptors, timeouts (issue 15) -- */
+    PARAM(exit_linger_ms, "EXS_EXIT_LINGER_MS", "3000", UINT, 1,
+          "at a normal process exit, open connections deliver their queued sends and end "
+          "gracefully within this many milliseconds (SO_LINGER overrides it per socket), else "
+          "reset; 0 = reset at once, at most 3600000"),
 
 };
 
@@ -334,6 +338,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             (v->u < 1 || v->u > (1u << 20)))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, qspin_us) && v->u > 1000000)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, exit_linger_ms) && v->u > 3600000)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, close_timeout_ms) &&
             (v->u < 1 || v->u > 3600000))
@@ -647,4 +653,14 @@ void exs__params_print(FILE *f, int markdown)
         fprintf(f, "%-*s  %-*s  %-*s  %-*s  %-7s  %s\n", wname, d->name, wenv, d->env, wval, val,
                 wdef, def, d->online ? "online" : "offline", d->help);
     }
+}
+
+void exs__params_fork(int phase)
+{
+    if (phase == EXS_FORK_PREPARE)
+        pthread_mutex_lock(&params_lock);
+    else if (phase == EXS_FORK_PARENT)
+        pthread_mutex_unlock(&params_lock);
+    else
+        pthread_mutex_init(&params_lock, NULL); /* the child: a new one, as the parent's was */
 }

@@ -29,6 +29,7 @@ static Suite *(*const suites[])(void) = {
     integ_handoff_suite,
     integ_fragread_suite,
     integ_backlog_suite,
+    integ_fork_suite,
 };
 
 static void usage(FILE *f, const char *argv0)
