@@ -189,6 +189,7 @@ static void exit_handler(void)
     struct exit_run *r;
     pthread_condattr_t ca;
     pthread_t t;
+    int done;
 
     if (!exs__api_initialized() || __atomic_load_n(&exit_pid, __ATOMIC_RELAXED) != getpid())
         return;
@@ -212,7 +213,6 @@ static void exit_handler(void)
         exit_main(r); /* no thread: here, unbounded */
         return;
     }
-    pthread_detach(t);
     pthread_mutex_lock(&r->lock);
     while (!r->done) {
         struct timespec until = {.tv_sec = (time_t)(r->bound_ns / 1000000000u),
@@ -222,9 +222,14 @@ static void exit_handler(void)
             exs__now_ns() >= r->bound_ns)
             break;
     }
-    if (!r->done)
-        EXS_WARN(API, "exit: the library did not finish in time: connections reset");
+    done = r->done;
     pthread_mutex_unlock(&r->lock);
+    if (done) {
+        pthread_join(t, NULL); /* gone before the process's own exit handlers run */
+    } else {
+        EXS_WARN(API, "exit: the library did not finish in time: connections reset");
+        pthread_detach(t);
+    }
     exit_run_put(r);
 }
 

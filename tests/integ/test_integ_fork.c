@@ -132,6 +132,24 @@ static void fk_child_own_pair(void)
  * Before the fork handlers, the child's exs_send was accepted and wrote the parent's TCP
  * socket ("ack for an unknown sequence" at the peer), and it hung in the wait.
  */
+/* ThreadSanitizer kills a child of a threaded process that starts threads (the child's
+ * exs_init does) unless TSAN_OPTIONS has die_after_fork=0: then the test is skipped. */
+static int fk_tsan_refuses(const char *test)
+{
+#if defined(__SANITIZE_THREAD__)
+    const char *o = getenv("TSAN_OPTIONS");
+
+    if (!o || !strstr(o, "die_after_fork=0")) {
+        test_skip(test, "ThreadSanitizer without TSAN_OPTIONS=die_after_fork=0 kills the "
+                        "forked child at its exs_init");
+        return 1;
+    }
+#else
+    (void)test;
+#endif
+    return 0;
+}
+
 static void fk_run(int child_mode)
 {
     struct fk_conns c;
@@ -197,6 +215,8 @@ static void fk_run(int child_mode)
 
 START_TEST(test_fork_child_inherited)
 {
+    if (fk_tsan_refuses("test_fork_child_inherited"))
+        return;
     fk_run(0);
 }
 END_TEST
@@ -226,12 +246,14 @@ static pid_t fx_child(int type, int nsend, int how, int *pipe_w_p)
     if (pid == 0) {
         struct sockaddr_in a = {.sin_family = AF_INET};
         uint16_t port;
-        uint8_t *buf = malloc((size_t)nsend * FX_CHUNK);
+        /* static: still referenced at exit (the sends own it until then), not a leak */
+        static uint8_t *buf;
         exs_qhandle_t q;
         int fd;
 
         alarm(60);
         close(pfd[1]);
+        buf = malloc((size_t)nsend * FX_CHUNK);
         FK_CHECK(read(pfd[0], &port, sizeof(port)) == (ssize_t)sizeof(port), 30);
         FK_CHECK(buf != NULL, 31);
         FK_CHECK(exs_init(EXS_VERSION) == EXS_VERSION, 32);
@@ -277,6 +299,7 @@ static int fx_run(int type, int nsend, int how, size_t *got_p)
 
     ck_assert_ptr_nonnull(want);
     it_fill(want, (size_t)nsend * FX_CHUNK, 7);
+    /* the child is forked before this process starts threads (it_init below) */
     pid = fx_child(type, nsend, how, &pw);
     it_init();
     q = it_qcreate(16);
