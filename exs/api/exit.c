@@ -89,7 +89,8 @@ static void exit_linger(struct exit_run *r)
     uint64_t last = 0;
 
     e = calloc((size_t)n, sizeof(*e));
-    q = e ? exs_qcreate(2 * n + 1) : EXS_QHANDLE_INVALID;
+    /* two events a socket (shutdown, close); past the deepest queue the rest reset */
+    q = e ? exs_qcreate(EXS_MIN(2 * n + 1, 1 << 20)) : EXS_QHANDLE_INVALID;
     for (int i = 0; i < n; i++) {
         struct api_sock *s = all[i];
         uint64_t ms = 0;

@@ -234,7 +234,8 @@ END_TEST
 
 /* A child (forked before this process initializes the library) connects to port,
  * posts nsend sends of FX_CHUNK (pattern seed 7) without waiting for any, and then:
- * how 0: exit(0); 1: SIGKILL itself; 2: SO_LINGER {1, 0}, then exit(0). */
+ * how 0: exit(0); 1: SIGKILL itself; 2: SO_LINGER {1, 0}, then exit(0); 3: exit(0) with
+ * EXS_EXIT_LINGER_MS=300 (the parent reads nothing until the child is gone). */
 static pid_t fx_child(int type, int nsend, int how, int *pipe_w_p)
 {
     int pfd[2];
@@ -256,6 +257,8 @@ static pid_t fx_child(int type, int nsend, int how, int *pipe_w_p)
         buf = malloc((size_t)nsend * FX_CHUNK);
         FK_CHECK(read(pfd[0], &port, sizeof(port)) == (ssize_t)sizeof(port), 30);
         FK_CHECK(buf != NULL, 31);
+        if (how == 3)
+            setenv("EXS_EXIT_LINGER_MS", "300", 1);
         FK_CHECK(exs_init(EXS_VERSION) == EXS_VERSION, 32);
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         a.sin_port = port;
@@ -310,6 +313,8 @@ static int fx_run(int type, int nsend, int how, size_t *got_p)
     close(pw);
     it_expect_err_at(q, EXS_EVT_ACCEPT, lfd, IT_AH(0xACC), 0, &ev, __FILE__, __LINE__);
     fd = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+    if (how == 3) /* a peer that reads nothing: the child's exit must end by its linger */
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     ck_assert_int_ge(fd, 0);
     while (end < 0) {
         ssize_t r;
@@ -327,7 +332,8 @@ static int fx_run(int type, int nsend, int how, size_t *got_p)
                       got);
         got += (size_t)r;
     }
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    if (how != 3)
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     if (how == 1)
         ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child status %#x",
                       (unsigned)status);
@@ -393,6 +399,19 @@ START_TEST(test_exit_linger_zero_resets)
 }
 END_TEST
 
+/* The linger bounds the exit: a peer that reads nothing cannot keep the process alive
+ * (its alarm would kill it after 60 s); past EXS_EXIT_LINGER_MS the connection is reset. */
+START_TEST(test_exit_linger_bounded)
+{
+    size_t got;
+    int end = fx_run(SOCK_STREAM, 64, 3, &got);
+
+    ck_assert_msg(end == ECONNRESET && got < 64 * FX_CHUNK,
+                  "end errno %d (%s) after %zu bytes: expected ECONNRESET before the end", end,
+                  strerror(end), got);
+}
+END_TEST
+
 Suite *integ_fork_suite(void)
 {
     Suite *s = suite_create("integ_fork");
@@ -406,6 +425,7 @@ Suite *integ_fork_suite(void)
     tcase_add_test(tc, test_exit_seqpacket_delivers);
     tcase_add_test(tc, test_exit_killed_resets);
     tcase_add_test(tc, test_exit_linger_zero_resets);
+    tcase_add_test(tc, test_exit_linger_bounded);
     suite_add_tcase(s, tc);
     return s;
 }
