@@ -165,12 +165,17 @@ static void fk_run(int child_mode)
         char b[16] = "child";
         int fds[] = {c.st.cfd, c.st.sfd, c.sp.cfd, c.sp.sfd};
 
+        /* over verbs the kernel refuses the parent's devices to the child: its exs_init
+         * fails (spec/api.md section 2), the rest holds */
+        int verbs = strstr(it_provider, "verbs") != NULL;
+
         alarm(60); /* a hang fails the test (status: SIGALRM) */
         if (child_mode == 1)
             _exit(0);
         if (child_mode == 2)
             exit(0);
-        FK_CHECK(fk_count_sockets() == 0, 2);
+        /* the verbs provider's own descriptors (rdma_cm, its UDP socket) are not closed */
+        FK_CHECK(verbs || fk_count_sockets() == 0, 2);
         for (int round = 0; round < 2; round++) {
             for (int i = 0; i < 4; i++) {
                 errno = 0;
@@ -185,7 +190,9 @@ static void fk_run(int child_mode)
             }
             errno = 0;
             FK_CHECK(exs_qdequeue(c.st.cq, NULL, 0, NULL) == -1 && errno == EINVAL, 6);
-            if (round == 0)
+            if (round == 0 && verbs)
+                FK_CHECK(exs_init(EXS_VERSION) == -1 && errno == EOPNOTSUPP, 7);
+            else if (round == 0)
                 FK_CHECK(exs_init(EXS_VERSION) == EXS_VERSION, 7);
         }
         /* exs_close fails too, and takes the child's copy of the number */
@@ -196,7 +203,8 @@ static void fk_run(int child_mode)
             FK_CHECK(exs_close(fds[i], EXS_QHANDLE_INVALID, NULL) == -1 &&
                          (errno == EBADF || errno == ENOTSOCK), 9);
         }
-        fk_child_own_pair();
+        if (!verbs)
+            fk_child_own_pair();
         exit(0);
     }
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
