@@ -8,6 +8,38 @@
 #include <arpa/inet.h>
 #include <stdio.h>
 #include <sys/exs.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+/* A kernel TCP listener on 127.0.0.1:port (0: ephemeral), as the textbook server makes it
+ * (flags: SOCK_CLOEXEC or 0); *port_p gets the port. -1 (reported) on failure. */
+static inline int pf_kernel_listen(int port, int flags, int *port_p)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET,
+                              .sin_port = htons((uint16_t)port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sin);
+    int one = 1, lfd = socket(AF_INET, SOCK_STREAM | flags, 0);
+
+    if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+        bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) < 0 || listen(lfd, 16) < 0 ||
+        getsockname(lfd, (struct sockaddr *)&sin, &len) < 0) {
+        perror("listen");
+        return -1;
+    }
+    *port_p = ntohs(sin.sin_port);
+    return lfd;
+}
+
+/* Wait for every child; the number that did not exit 0. */
+static inline int pf_wait_children(void)
+{
+    int status, failed = 0;
+
+    while (wait(&status) > 0)
+        failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    return failed;
+}
 
 /* An exs SOCK_STREAM listener on 127.0.0.1:port (0: ephemeral); *port_p gets the port.
  * -1 (reported) on failure. */

@@ -12,12 +12,10 @@
  * process that called exs_init cannot use the connections it inherits (spec/api.md
  * section 2, "fork"). samples/README.md ports it three ways: port_fork_threads.c,
  * port_fork_exec.c, port_fork_prefork.c. */
-#include <arpa/inet.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
+
+#include "port_fork.h" /* pf_kernel_listen, pf_wait_children: plain kernel-socket code */
 
 static int serve(int fd)
 {
@@ -33,20 +31,12 @@ static int serve(int fd)
 
 int main(int argc, char **argv)
 {
-    int port = argc > 1 ? atoi(argv[1]) : 0, conns = argc > 2 ? atoi(argv[2]) : 1, one = 1;
-    struct sockaddr_in sin = {.sin_family = AF_INET,
-                              .sin_port = htons((uint16_t)port),
-                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sin);
-    int lfd = socket(AF_INET, SOCK_STREAM, 0), failed = 0, status;
+    int port = argc > 1 ? atoi(argv[1]) : 0, conns = argc > 2 ? atoi(argv[2]) : 1, failed;
+    int lfd = pf_kernel_listen(port, 0, &port);
 
-    if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
-        bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) < 0 || listen(lfd, 16) < 0 ||
-        getsockname(lfd, (struct sockaddr *)&sin, &len) < 0) {
-        perror("listen");
+    if (lfd < 0)
         return 1;
-    }
-    printf("fork-per-client echo server on 127.0.0.1:%d\n", ntohs(sin.sin_port));
+    printf("fork-per-client echo server on 127.0.0.1:%d\n", port);
     fflush(stdout);
     for (int i = 0; i < conns; i++) {
         int fd = accept(lfd, NULL, NULL);
@@ -67,8 +57,7 @@ int main(int argc, char **argv)
         close(fd); /* the parent: the child has its copy */
     }
     close(lfd);
-    while (wait(&status) > 0)
-        failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    failed = pf_wait_children();
     printf("served %d connection(s), %d failed\n", conns, failed);
     return failed != 0;
 }

@@ -42,20 +42,12 @@ int main(int argc, char **argv)
     if (argc == 3 && strcmp(argv[1], "--serve") == 0)
         return serve(atoi(argv[2]));
 
-    int port = argc > 1 ? atoi(argv[1]) : 0, conns = argc > 2 ? atoi(argv[2]) : 1, one = 1;
-    struct sockaddr_in sin = {.sin_family = AF_INET,
-                              .sin_port = htons((uint16_t)port),
-                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sin);
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), failed = 0, status;
+    int port = argc > 1 ? atoi(argv[1]) : 0, conns = argc > 2 ? atoi(argv[2]) : 1, failed;
+    int lfd = pf_kernel_listen(port, SOCK_CLOEXEC, &port); /* the exec'd child has no use for it */
 
-    if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
-        bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) < 0 || listen(lfd, 16) < 0 ||
-        getsockname(lfd, (struct sockaddr *)&sin, &len) < 0) {
-        perror("listen");
+    if (lfd < 0)
         return 1;
-    }
-    printf("accept-and-exec echo server on 127.0.0.1:%d\n", ntohs(sin.sin_port));
+    printf("accept-and-exec echo server on 127.0.0.1:%d\n", port);
     fflush(stdout);
     for (int i = 0; i < conns; i++) {
         int fd = accept(lfd, NULL, NULL); /* no SOCK_CLOEXEC: the exec'd child keeps it */
@@ -77,8 +69,7 @@ int main(int argc, char **argv)
         close(fd);
     }
     close(lfd);
-    while (wait(&status) > 0)
-        failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    failed = pf_wait_children();
     printf("served %d connection(s), %d failed\n", conns, failed);
     return failed != 0;
 }

@@ -45,7 +45,7 @@ static int worker(int n, int conns, int report)
 int main(int argc, char **argv)
 {
     int workers = argc > 1 ? atoi(argv[1]) : 2, conns = argc > 2 ? atoi(argv[2]) : 1;
-    int failed = 0, status;
+    int failed;
 
     fflush(stdout);
     for (int n = 0; n < workers; n++) {
@@ -69,8 +69,7 @@ int main(int argc, char **argv)
         printf("worker %d on 127.0.0.1:%d\n", n, port);
         fflush(stdout);
     }
-    while (wait(&status) > 0)
-        failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    failed = pf_wait_children();
     printf("%d worker(s) served %d connection(s) each, %d failed\n", workers, conns, failed);
     return failed != 0;
 }

@@ -82,10 +82,5 @@ void exs__counters_print(FILE *f)
 
 void exs__counters_fork(int phase)
 {
-    if (phase == EXS_FORK_PREPARE)
-        pthread_mutex_lock(&counters_lock);
-    else if (phase == EXS_FORK_PARENT)
-        pthread_mutex_unlock(&counters_lock);
-    else
-        pthread_mutex_init(&counters_lock, NULL); /* the child: a new one, as the parent's was */
+    exs__mutex_fork(&counters_lock, phase);
 }

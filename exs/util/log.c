@@ -264,10 +264,5 @@ void exs__vlog(int level, unsigned subsys, const char *func, int line, const cha
 
 void exs__log_fork(int phase)
 {
-    if (phase == EXS_FORK_PREPARE)
-        pthread_mutex_lock(&log_lock);
-    else if (phase == EXS_FORK_PARENT)
-        pthread_mutex_unlock(&log_lock);
-    else
-        pthread_mutex_init(&log_lock, NULL); /* the child: a new one, as the parent's was */
+    exs__mutex_fork(&log_lock, phase);
 }

@@ -657,10 +657,5 @@ void exs__params_print(FILE *f, int markdown)
 
 void exs__params_fork(int phase)
 {
-    if (phase == EXS_FORK_PREPARE)
-        pthread_mutex_lock(&params_lock);
-    else if (phase == EXS_FORK_PARENT)
-        pthread_mutex_unlock(&params_lock);
-    else
-        pthread_mutex_init(&params_lock, NULL); /* the child: a new one, as the parent's was */
+    exs__mutex_fork(&params_lock, phase);
 }

@@ -53,3 +53,13 @@ void exs__forsake(const void *p)
     n->next = util_forsaken;
     util_forsaken = n;
 }
+
+void exs__mutex_fork(pthread_mutex_t *m, int phase)
+{
+    if (phase == EXS_FORK_PREPARE)
+        pthread_mutex_lock(m);
+    else if (phase == EXS_FORK_PARENT)
+        pthread_mutex_unlock(m);
+    else
+        pthread_mutex_init(m, NULL);
+}

@@ -34,6 +34,10 @@ enum exs_fork_phase { EXS_FORK_PREPARE, EXS_FORK_PARENT, EXS_FORK_CHILD };
  * checker at the child's exit does not report the parent's objects. Child only. */
 void exs__forsake(const void *p);
 
+/* A leaf mutex across fork(2): PREPARE locks it, PARENT unlocks it, CHILD makes it anew
+ * (unlocked: the child's only thread held it, under the parent's thread id). */
+void exs__mutex_fork(pthread_mutex_t *m, int phase);
+
 /* Monotonic clock in nanoseconds / microseconds. */
 static inline uint64_t exs__now_ns(void)
 {
