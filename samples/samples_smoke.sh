@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Run every sample over loopback on the tcp provider and check exit status and output:
-# the porting steps (a server and two clients each), the libev + exs_qfd application,
+# the porting steps (a server and two clients each), the fork-per-client server ported
+# three ways, the libev + exs_qfd application,
 # 1000 connections on one queue, the exs_sendfile file transfer, the SOCK_SEQPACKET echo
 # pair and the provider demo.
 # (stream_send/stream_recv have their own script, stream_smoke.sh.)
@@ -63,6 +64,44 @@ for step in 0 2; do
     expect "$tmp/step${step}_server.log" '^served 2 connection\(s\)$'
     echo "samples_smoke: port_step${step}: 2 clients echoed and verified"
 done
+
+# The fork-per-client server (kernel sockets) and its three ports (samples/README.md,
+# section 1b): each serves two clients at once, small and large messages.
+# two_clients NAME CLIENT PORT1 PORT2: both clients at once, each must verify its echoes
+two_clients() {
+    local name=$1 client=$2 c1 c2
+    timeout 60 "$S/$client" "$3" 200 1000 >"$tmp/${name}_c1.log" 2>&1 &
+    c1=$!
+    timeout 60 "$S/$client" "$4" 20 200000 >"$tmp/${name}_c2.log" 2>&1 &
+    c2=$!
+    wait "$c1" || fail "$name: $client (200 x 1000 B)"
+    wait "$c2" || fail "$name: $client (20 x 200000 B)"
+    expect "$tmp/${name}_c1.log" '^200 messages of 1000 bytes echoed and verified$'
+    expect "$tmp/${name}_c2.log" '^20 messages of 200000 bytes echoed and verified$'
+}
+for way in fork0_server:port_step0_client fork_threads:port_step2_client \
+    fork_exec:port_step0_client; do
+    name=${way%%:*}
+    start_server "$name" "$S/port_$name" 0 2
+    two_clients "$name" "${way#*:}" "$port" "$port"
+    wait_server "port_$name"
+    expect "$tmp/$name.log" '^served 2 connection\(s\), 0 failed$'
+done
+expect "$tmp/fork_threads.log" '^thread: client 127\.0\.0\.1:[1-9][0-9]*$'
+: >"$tmp/prefork.log"
+timeout 120 "$S/port_fork_prefork" 2 1 >"$tmp/prefork.log" 2>&1 &
+spid=$!
+for _ in $(seq 400); do
+    [ "$(grep -c '^worker [01] on ' "$tmp/prefork.log")" -eq 2 ] && break
+    kill -0 "$spid" 2>/dev/null || fail "port_fork_prefork exited before listening"
+    sleep 0.05
+done
+ports=$(sed -n 's/^worker [01] on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$tmp/prefork.log")
+[ "$(echo "$ports" | wc -w)" -eq 2 ] || fail "port_fork_prefork: no two worker ports"
+two_clients prefork port_step2_client $ports
+wait_server port_fork_prefork
+expect "$tmp/prefork.log" '^2 worker\(s\) served 1 connection\(s\) each, 0 failed$'
+echo "samples_smoke: fork-per-client server and its ports (threads, exec, prefork): 2 clients each"
 
 timeout 120 "$S/qfd_libev" 1000 >"$tmp/qfd.log" 2>&1 || fail "qfd_libev"
 expect "$tmp/qfd.log" '^qfd_libev: 1000 messages echoed through a libev loop watching exs_qfd'

@@ -155,6 +155,8 @@ struct api_sock {
     int                     to_job_busy;    /* to_job queued (lock) */
     int                     to_posting;     /* armed ops being handed to the conn (lock):
                                              * no notice meanwhile (the post may fail) */
+    /* SO_LINGER (exit.c; under lock): set, and its l_onoff and l_linger (seconds) */
+    int                     linger_set, linger_on, linger_s;
 };
 
 /* A socket's lock, at its level in the lock order: a listener's comes before its
@@ -214,6 +216,8 @@ void exs__api_poll_kick(void);
 /* exs_fini: end every registered request with ECANCELED (before the sockets close: the
  * requests hold references on them). */
 void exs__api_poll_close_all(void);
+/* In a forked child (fork.c): forget the parent's requests. */
+void exs__api_poll_fork_child(void);
 /* exs_cancel(-1, ah, flags): end the pending asynchronous exs_poll requests posted with ah
  * with ECANCELED. 0, or -1 with errno (EINVAL: flags, or before exs_init). */
 int exs__api_poll_cancel(exs_ahandle_t ah, int flags);
@@ -246,6 +250,26 @@ uint64_t exs__api_to_earliest(const struct exs_list *head);
 int exs__api_to_due(struct api_to *to, struct exs_evq *evq, uint64_t now, exs_event_t *ev);
 
 /* life cycle (sock.c, init.c) */
+/* exs_init: the fork handlers (fork.c) and the exit handler (exit.c), registered once. */
+void exs__api_fork_setup(void);
+void exs__api_exit_setup(void);
+/* SO_LINGER (exit.c; s->lock held): a struct linger. 0 or an errno (EINVAL). */
+int exs__api_linger_set(struct api_sock *s, const void *optval, socklen_t optlen);
+int exs__api_linger_get(struct api_sock *s, void *optval, socklen_t *optlen);
+/* fork(2) (fork.c; phase: enum exs_fork_phase): the descriptor table's lock held across
+ * it; in the child its sockets become inherited descriptors (exs__api_fork_stale). */
+void exs__api_sock_fork(int phase);
+/* Inherited descriptors of a forked child (fork.c): mark fd (child, one thread); 1 when
+ * fd is one (still the same eventfd; no system call unless fd was marked); the child's
+ * copy of fd closed and forgotten. */
+void exs__api_fork_stale_mark(int fd);
+int exs__api_fork_stale(int fd);
+void exs__api_fork_stale_close(int fd);
+/* init.c: init_lock held across fork(2) (PREPARE returns 1 when the library is
+ * initialized); in the child the library is no longer initialized. */
+int exs__api_init_fork(int phase);
+/* In a forked child (fork.c): forget the parent's registrations and operations. */
+void exs__api_xfer_fork_child(void);
 void exs__api_sock_close_all(void);
 int exs__api_sock_live(void);
 int exs__api_mreg_live(void);

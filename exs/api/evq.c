@@ -954,3 +954,46 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
     exs__evq_put(evq);
     return ret < 0 ? exs__err(-ret) : ret;
 }
+
+/* fork (fork.c). PREPARE/PARENT: the table's lock, for writing, held across the fork.
+ * CHILD: every queue is the parent's (its events are the parent's operations'): the
+ * handles become invalid as after exs_fini (fresh ones start above every old
+ * generation), the child's copies of their descriptors are closed, the queues are left
+ * unused. */
+void exs__evq_fork(int phase)
+{
+    int gen_max;
+
+    if (phase == EXS_FORK_PREPARE) {
+        EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
+        pthread_rwlock_wrlock(&evq_tab.lock);
+        return;
+    }
+    if (phase == EXS_FORK_PARENT) {
+        evq_tab_unlock();
+        return;
+    }
+    gen_max = evq_tab.gen_base;
+    for (int i = 0; i < evq_tab.used; i++) {
+        struct exs_evq *evq = evq_tab.slots[i].evq;
+
+        gen_max = EXS_MAX(gen_max, evq_tab.slots[i].gen);
+        if (!evq)
+            continue;
+        if (evq->qfd >= 0)
+            close(evq->qfd);
+        if (evq->wfd >= 0)
+            close(evq->wfd);
+        evq->qfd = evq->wfd = -1;
+        exs__forsake(evq);
+    }
+    exs__forsake(evq_tab.slots);
+    evq_tab.slots = NULL;
+    evq_tab.nslots = evq_tab.used = 0;
+    evq_tab.free_head = evq_tab.free_tail = -1;
+    evq_tab.gen_base = (gen_max + 1) & EVQ_GEN_MASK;
+    evq_live = evq_private_live = 0;
+    /* a new lock: glibc's write unlock looks for the parent's thread id */
+    pthread_rwlock_init(&evq_tab.lock, NULL);
+    EXS_LOCK_RELEASE(EXS_LOCK_EVQ_TAB);
+}

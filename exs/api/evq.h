@@ -64,5 +64,8 @@ exs_qhandle_t exs__evq_create_private(int depth);
 int exs__evq_clean(exs_qhandle_t q);
 /* Free every queue (exs_fini). */
 void exs__evq_destroy_all(void);
+/* fork(2) (fork.c; phase: enum exs_fork_phase): the handle table's lock held across it;
+ * in the child every queue of the parent is gone (EINVAL) and its descriptors closed. */
+void exs__evq_fork(int phase);
 
 #endif

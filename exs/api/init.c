@@ -23,6 +23,22 @@ int exs__api_initialized(void)
     return __atomic_load_n(&initialized, __ATOMIC_ACQUIRE);
 }
 
+int exs__api_init_fork(int phase)
+{
+    if (phase == EXS_FORK_PREPARE) {
+        EXS_MUTEX_LOCK(&init_lock, EXS_LOCK_INIT);
+        return initialized;
+    }
+    if (phase == EXS_FORK_CHILD) {
+        __atomic_store_n(&initialized, 0, __ATOMIC_RELEASE);
+        pthread_mutex_init(&init_lock, NULL); /* held by the parent's thread id */
+        EXS_LOCK_RELEASE(EXS_LOCK_INIT);
+        return 0;
+    }
+    EXS_MUTEX_UNLOCK(&init_lock, EXS_LOCK_INIT);
+    return 0;
+}
+
 int exs__api_default_xfer_mode(void)
 {
     const char *m = exs__params.xfer_mode;
@@ -45,8 +61,11 @@ exs_version_t exs_init(exs_version_t version)
         exs__params_load();
         exs__log_init();
         ret = exs__engine_start();
-        if (!ret)
+        if (!ret) {
+            exs__api_fork_setup(); /* fork.c: the child forgets the parent's library */
+            exs__api_exit_setup(); /* exit.c: exit() ends connections as close() would */
             __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+        }
         if (!ret && exs__params.ctl_enable)
             exs__ctl_start(); /* without it the library works; the failure is logged */
     }

@@ -1297,3 +1297,22 @@ ssize_t exs__api_kfd_sendfile(int fd, int in_fd, off_t offset, size_t count, siz
         return -1;
     return sync ? (ssize_t)ev.exs_evt_u.exs_evt_xfermsg.exs_evt_result : 0;
 }
+
+/* A forked child (fork.c): the parent's operations on kernel sockets are its own (the
+ * sockets are the application's, shared, and stay open); their state is dropped
+ * unused, and the child's copy of the epoll set closed (never changed: the set is the
+ * parent's too). */
+void exs__api_kfd_fork_child(void)
+{
+    exs__forsake(kfd_tab);
+    kfd_tab = NULL;
+    kfd_tab_len = 0;
+    kfd_live = 0;
+    pthread_mutex_init(&kfd_tab_lock, NULL);
+    if (kfd_ep >= 0)
+        close(kfd_ep);
+    kfd_ep = -1;
+    memset(&kfd_ep_io, 0, sizeof(kfd_ep_io));
+    memset(&kfd_ep_start_job, 0, sizeof(kfd_ep_start_job));
+    memset(&kfd_ep_stop_job, 0, sizeof(kfd_ep_stop_job));
+}

@@ -41,6 +41,8 @@ int exs__api_kfd_getsockopt(int fd, int level, int optname, void *optval, sockle
 /* exs_fini: drop every pending operation without an event (before the registrations
  * and the engine go). */
 void exs__api_kfd_close_all(void);
+/* In a forked child (fork.c): forget the parent's kernel-socket state. */
+void exs__api_kfd_fork_child(void);
 
 /* Registrations used by kernel-socket operations (xfer.c): the registration mh when it
  * covers [buf, buf + len), held busy (exs_mderegister says EBUSY) until released.

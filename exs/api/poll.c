@@ -826,3 +826,21 @@ static void to_timer_cb(struct exs_eng_timer *t)
     api_sock_unlock(s);
     to_arm(s); /* still on (it fired): re-armed, or stopped with its reference */
 }
+
+/* A forked child (fork.c, the progress lock was held across the fork): the parent's
+ * requests are dropped unused; the child's copies of their epoll sets are closed. */
+void exs__api_poll_fork_child(void)
+{
+    struct exs_list *n;
+
+    exs_list_for_each(n, &poll_active) {
+        struct api_poll *p = exs_list_entry(n, struct api_poll, link);
+
+        exs__forsake(p);
+        if (p->epfd >= 0)
+            close(p->epfd);
+        p->epfd = -1;
+    }
+    exs_list_init(&poll_active);
+    poll_nactive = poll_npending = poll_live = 0;
+}

@@ -60,7 +60,9 @@ struct api_sock *exs__api_sock_get(int fd, int *err_p)
     }
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (!s)
-        *err_p = (fd >= 0 && fcntl(fd, F_GETFD) != -1) ? ENOTSOCK : EBADF;
+        *err_p = exs__api_fork_stale(fd)                        ? ESTALE
+                 : (fd >= 0 && fcntl(fd, F_GETFD) != -1) ? ENOTSOCK
+                                                         : EBADF;
     return s;
 }
 
@@ -1284,8 +1286,11 @@ int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
     struct api_sock *s = exs__api_sock_get(fd, &err);
     struct api_op *op;
 
-    if (!s)
+    if (!s) {
+        if (err == ESTALE)
+            exs__api_fork_stale_close(fd); /* the child's copy goes; still an error */
         return err == ENOTSOCK ? exs__api_kfd_close(fd, q, ah) : exs__err(err);
+    }
     if (sync)
         q = exs__api_sync_queue();
     op = exs__api_op_new(s, EXS_EVT_CLOSE, q, ah, &err);
@@ -1334,6 +1339,30 @@ void exs__api_sock_close_all(void)
     free(tab);
     tab = NULL;
     tab_len = 0;
+    EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
+}
+
+/* fork(2) (fork.c). PREPARE/PARENT: the table's lock held across it. CHILD: every
+ * socket is the parent's: its descriptor (the eventfd, kept open so the number is not
+ * reused) is marked inherited, and the sockets are left unused. */
+void exs__api_sock_fork(int phase)
+{
+    if (phase == EXS_FORK_PREPARE) {
+        EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
+        return;
+    }
+    if (phase == EXS_FORK_CHILD) {
+        for (int fd = 0; fd < tab_len; fd++)
+            if (tab[fd] && tab[fd]->fd_open)
+                exs__api_fork_stale_mark(fd);
+        exs__forsake(tab);
+        tab = NULL;
+        tab_len = 0;
+        sock_live = 0;
+        pthread_mutex_init(&tab_lock, NULL); /* held by the parent's thread id */
+        EXS_LOCK_RELEASE(EXS_LOCK_SOCK_TAB);
+        return;
+    }
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
 }
 
@@ -1409,6 +1438,12 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
         v = (int)ms;
         optval = &v;
         optlen = sizeof(v);
+    }
+    if (level == SOL_SOCKET && optname == SO_LINGER) { /* exit.c */
+        api_sock_lock(s);
+        err = exs__api_linger_set(s, optval, optlen);
+        api_sock_unlock(s);
+        goto out;
     }
     if (!optval || optlen != sizeof(int)) {
         err = EINVAL;
@@ -1516,6 +1551,12 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
         *optlen = EXS_MIN(*optlen, (socklen_t)strlen(why) + 1);
         memcpy(optval, why, *optlen - 1);
         ((char *)optval)[*optlen - 1] = '\0';
+        goto out;
+    }
+    if (level == SOL_SOCKET && optname == SO_LINGER) { /* exit.c */
+        api_sock_lock(s);
+        err = exs__api_linger_get(s, optval, optlen);
+        api_sock_unlock(s);
         goto out;
     }
     api_sock_lock(s);

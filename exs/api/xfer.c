@@ -632,3 +632,15 @@ int exs_cancel(int fd, exs_ahandle_t ah, int flags)
     exs__api_sock_put(s);
     return err ? exs__err(err) : 0;
 }
+
+/* A forked child (fork.c): the parent's registrations and operations are not the
+ * child's; their handles fail with EINVAL (the generation goes on, so a new handle
+ * differs from an inherited one). */
+void exs__api_xfer_fork_child(void)
+{
+    exs__forsake(mregs);
+    mregs = NULL;
+    mreg_cap = mreg_count = 0;
+    op_live = 0;
+    pthread_mutex_init(&mreg_lock, NULL);
+}

@@ -676,3 +676,40 @@ void exs__ctl_stop(void)
     ctl.tdropped = 0;
     pthread_mutex_unlock(&ctl.tlock);
 }
+
+/* A forked child (fork.c; the progress lock, under which clients come and go, was held
+ * across the fork): the endpoint is the parent's. The child closes its copies of the
+ * listening socket, the clients' sockets and the trace eventfd (none is written: the
+ * parent's clients hear nothing from the child), leaves the socket file to its owner
+ * (its name is forgotten here), and drops the hooks; exs_init in the child starts an
+ * endpoint of its own. */
+void exs__ctl_fork_child(void)
+{
+    struct exs_list *n;
+
+    exs__log_set_hook(NULL);
+    exs__rt_set_sink(NULL);
+    exs__pv_set_sink(NULL);
+    if (ctl.lfd >= 0) {
+        exs_list_for_each(n, &ctl.clients) {
+            struct ctl_client *c = exs_list_entry(n, struct ctl_client, link);
+
+            if (c->fd >= 0)
+                close(c->fd);
+            c->fd = -1;
+            exs__forsake(c);
+        }
+        close(ctl.lfd);
+    }
+    if (ctl.efd >= 0)
+        close(ctl.efd);
+    ctl.lfd = ctl.efd = -1;
+    ctl.running = ctl.sweeping = 0;
+    exs_list_init(&ctl.clients);
+    ctl.nclients = 0;
+    ctl.path[0] = '\0';
+    pthread_mutex_init(&ctl.tlock, NULL);
+    ctl.tracers = 0;
+    ctl.tlen = 0;
+    ctl.tdropped = 0;
+}

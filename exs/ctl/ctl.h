@@ -51,5 +51,7 @@ void exs__ctl_sockaddr_at(int dfd, const char *name, struct sockaddr_un *sa);
 int exs__ctl_start(void);
 /* exs_fini, before the engine stops: drop the clients and remove the socket file. */
 void exs__ctl_stop(void);
+/* In a forked child (exs/api/fork.c): close the child's copies of the parent's endpoint. */
+void exs__ctl_fork_child(void);
 
 #endif

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "exs/engine/engine.h"
 #include "exs/util/list.h"
@@ -902,201 +903,60 @@ void exs__engine_io_stop(struct exs_eng_io *io)
     }
 }
 
-/* ---- fallback (spec/provider.md, Fallback) ---- */
+/* ---- fork (exs/api/fork.c, spec/threading.md §8) ---- */
 
-int exs__engine_fallback_addr(const struct sockaddr *addr, socklen_t addrlen,
-                              struct sockaddr_storage *out_p, socklen_t *outlen_p)
+static int eng_fork_held; /* PREPARE took the progress lock and the contexts' */
+
+void exs__engine_fork(int phase)
 {
-    uint64_t off = exs__params.fallback_port_offset;
-    unsigned port;
-
-    if (addrlen > sizeof(*out_p))
-        return -EINVAL;
-    memcpy(out_p, addr, addrlen);
-    if (addr->sa_family == AF_INET && addrlen >= sizeof(struct sockaddr_in)) {
-        struct sockaddr_in *in = (struct sockaddr_in *)out_p;
-
-        port = ntohs(in->sin_port);
-        if (port + off > 65535)
-            return -EADDRNOTAVAIL;
-        in->sin_port = htons((uint16_t)(port + off));
-    } else if (addr->sa_family == AF_INET6 && addrlen >= sizeof(struct sockaddr_in6)) {
-        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)out_p;
-
-        port = ntohs(in6->sin6_port);
-        if (port + off > 65535)
-            return -EADDRNOTAVAIL;
-        in6->sin6_port = htons((uint16_t)(port + off));
-    } else {
-        return -EAFNOSUPPORT;
+    if (phase == EXS_FORK_PREPARE) {
+        if (!__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE) || eng_holding)
+            return;
+        eng_lock();
+        for (int i = 0; i < eng.nctx; i++)
+            exs__prov_ctx_fork(eng.ctxs[i], EXS_FORK_PREPARE);
+        eng_fork_held = 1;
+        return;
     }
-    *outlen_p = addrlen;
-    return 0;
-}
-
-/* The reason a failed connect falls back for, or NULL when err is not one. */
-static const char *eng_fb_reason(int err, uint64_t **cnt_p)
-{
-    switch (err) {
-    case ECONNREFUSED:
-        *cnt_p = &exs__eng_fb_cnt.fallback_refused;
-        return "refused";
-    case ENETUNREACH:
-    case EHOSTUNREACH:
-    case ENETDOWN:
-    case EHOSTDOWN:
-        *cnt_p = &exs__eng_fb_cnt.fallback_unreachable;
-        return "unreachable";
-    case ETIMEDOUT:
-        *cnt_p = &exs__eng_fb_cnt.fallback_timeout;
-        return "timed out";
-    case EADDRNOTAVAIL:
-    case EAFNOSUPPORT:
-    case ENODEV:
-        *cnt_p = &exs__eng_fb_cnt.fallback_addr;
-        return "address error";
-    default:
-        return NULL;
+    if (!eng_fork_held)
+        return;
+    eng_fork_held = 0;
+    for (int i = eng.nctx - 1; i >= 0; i--)
+        exs__prov_ctx_fork(eng.ctxs[i], phase);
+    if (phase == EXS_FORK_PARENT) {
+        eng_unlock();
+        return;
     }
-}
-
-int exs__engine_fallback_eligible(const struct exs_prov_ctx *ctx, int err)
-{
-    uint64_t *cnt;
-
-    return eng.fb && ctx != eng.fb && eng.fb_policy != EXS_ENG_FB_OFF &&
-           eng_fb_reason(err, &cnt) != NULL;
-}
-
-void exs__engine_fallback_note(int err, const struct sockaddr *addr, int sock_fd)
-{
-    char host[INET6_ADDRSTRLEN] = "?";
-    uint64_t *cnt = NULL;
-    const char *why = eng_fb_reason(err, &cnt);
-    unsigned port = 0;
-
-    if (addr->sa_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
-
-        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-        port = ntohs(in->sin_port);
-    } else if (addr->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)addr;
-
-        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-        port = ntohs(in6->sin6_port);
-    }
-    EXS_CNT_INC(exs__eng_fb_cnt.fallback_connects);
-    if (cnt)
-        EXS_CNT_INC(*cnt);
-    EXS_INFO(
-        ENG,
-        "fd %d: connect to %s port %u over %s failed (%s: %s); retrying over tcp port %" PRIu64,
-        sock_fd, host, port, exs__prov_name(eng.ctx), why ? why : "?", strerror(err),
-        (uint64_t)port + exs__params.fallback_port_offset);
-}
-
-/* A primary listener given up while exs_listen still holds its socket's lock: a
- * connection request already taken from the provider may be on its way to on_request
- * (which waits for that lock), so it is destroyed by a job, on the progress thread,
- * after any such dispatch. */
-struct eng_retire {
-    struct exs_job job;
-    struct exs_prov_listener *pl;
-};
-
-static void eng_retire_job(struct exs_job *job)
-{
-    struct eng_retire *r = exs_container_of(job, struct eng_retire, job);
-
-    exs__prov_listener_destroy(r->pl);
-    free(r);
-}
-
-static int eng_listener_retire(struct exs_prov_listener *pl)
-{
-    struct eng_retire *r = calloc(1, sizeof(*r));
-
-    if (!r)
-        return -ENOMEM;
-    r->pl = pl;
-    r->job.fn = eng_retire_job;
-    exs__engine_post(&r->job);
-    return 0;
-}
-
-static unsigned eng_sa_port(const struct sockaddr *a)
-{
-    if (a->sa_family == AF_INET)
-        return ntohs(((const struct sockaddr_in *)a)->sin_port);
-    if (a->sa_family == AF_INET6)
-        return ntohs(((const struct sockaddr_in6 *)a)->sin6_port);
-    return 0;
-}
-
-#define ENG_FB_LISTEN_TRIES 16 /* ephemeral primary ports tried for a free fallback port */
-
-int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr, socklen_t addrlen,
-                       int backlog)
-{
-    struct sockaddr_storage ss, fa;
-    socklen_t len, flen;
-    int ret;
-
-    lis->pl = lis->pl_fb = NULL;
-    ret = exs__prov_listen(eng.ctx, addr, addrlen, backlog, lis, &lis->pl);
-    if (ret || !eng.fb)
-        return ret;
-    for (int tries = 1;; tries++) {
-        len = sizeof(ss);
-        ret = exs__prov_listener_addr(lis->pl, &ss, &len);
-        if (!ret)
-            ret = exs__engine_fallback_addr((struct sockaddr *)&ss, len, &fa, &flen);
-        if (!ret)
-            ret = exs__prov_listen(eng.fb, (struct sockaddr *)&fa, flen, backlog, lis, &lis->pl_fb);
-        if (!ret) {
-            EXS_CNT_INC(exs__eng_fb_cnt.fallback_listens);
-            EXS_DBG(ENG, "listener on %s port %u and tcp port %u", exs__prov_name(eng.ctx),
-                    eng_sa_port((struct sockaddr *)&ss), eng_sa_port((struct sockaddr *)&fa));
-            return 0;
-        }
-        /* An ephemeral primary port whose fallback port is taken: try another one. */
-        if (ret != -EADDRINUSE || eng_sa_port(addr) != 0 || tries == ENG_FB_LISTEN_TRIES)
-            break;
-        if (eng_listener_retire(lis->pl))
-            break;
-        lis->pl = NULL;
-        ret = exs__prov_listen(eng.ctx, addr, addrlen, backlog, lis, &lis->pl);
-        if (ret)
-            return ret;
-    }
-    EXS_INFO(ENG, "fallback listener on tcp: %s", strerror(-ret));
-    if (lis->pl && eng_listener_retire(lis->pl)) {
-        /* no memory for the job: a request for this brand-new listener is unlikely */
-        exs__prov_listener_destroy(lis->pl);
-    }
-    lis->pl = NULL;
-    return ret;
-}
-
-int exs__engine_listener_pause(struct exs_eng_listener *lis, int pause)
-{
-    int ret = 0, r;
-
-    EXS_ASSERT(eng_holding);
-    if (lis->pl && (r = exs__prov_listener_pause(lis->pl, pause)))
-        ret = r;
-    if (lis->pl_fb && (r = exs__prov_listener_pause(lis->pl_fb, pause)) && !ret)
-        ret = r;
-    return ret;
-}
-
-void exs__engine_listener_destroy(struct exs_eng_listener *lis)
-{
-    EXS_ASSERT(eng_holding);
-    if (lis->pl)
-        exs__prov_listener_destroy(lis->pl);
-    if (lis->pl_fb)
-        exs__prov_listener_destroy(lis->pl_fb);
-    lis->pl = lis->pl_fb = NULL;
+    /* The child: the progress thread and the providers' threads are not there, the loop
+     * and the contexts are the parent's (their descriptors shared with it): the
+     * contexts closed their copies above; the loop's own epoll set and wake-up eventfd
+     * (libev does not tell their numbers) stay open, unused: they hold none of the
+     * parent's connections and are never written here. Nothing of it is touched again:
+     * the next exs_init starts a new engine. */
+    exs__counters_unregister(&eng_cset);
+    exs__counters_unregister(&eng_fb_cset);
+    exs__forsake(eng.loop);
+    for (int i = 0; i < eng.nctx; i++)
+        exs__forsake(eng.ctxs[i]);
+    /* a new progress lock (the parent's thread id held it), nothing woken */
+    eng.loop_dirty = 0;
+    eng_holding = 0;
+    pthread_mutex_init(&eng.plock, NULL);
+    EXS_LOCK_RELEASE(EXS_LOCK_PROGRESS);
+    eng.ctx = eng.fb = NULL;
+    eng.ctxs[0] = eng.ctxs[1] = NULL;
+    eng.nctx = 0;
+    eng.fb_policy = EXS_ENG_FB_OFF;
+    eng.loop = NULL;
+    pthread_mutex_init(&eng.lock, NULL); /* a thread of the parent may have held it */
+    exs_list_init(&eng.jobs);
+    eng.stopping = eng.manual = eng.drivers = eng.lease_idle = eng.io_on = 0;
+    eng.psleepers = eng.armed = eng.njobs = 0;
+    eng.leave_gen = eng.seen_gen = 0;
+    eng.leave_ns = eng.gap_ns = eng.gap_at = 0;
+    __atomic_store_n(&eng.running, 0, __ATOMIC_RELEASE);
+    eng_pass = (struct eng_pass){0};
+    eng_poll_end_ns = 0;
+    memset(&exs__eng_cnt, 0, sizeof(exs__eng_cnt));
+    memset(&exs__eng_fb_cnt, 0, sizeof(exs__eng_fb_cnt));
 }

@@ -71,6 +71,11 @@ int  exs__engine_start(void);
 /* Stop the thread and close the provider (every conn and listener must be gone). */
 void exs__engine_stop(void);
 struct exs_prov_ctx *exs__engine_ctx(void);
+/* fork(2) (exs/api/fork.c; phase: enum exs_fork_phase), init_lock held. PREPARE: take the
+ * progress lock and each context's fork locks (exs__prov_ctx_fork); PARENT: release them.
+ * CHILD: every context closes its descriptors, and the engine forgets the parent's
+ * (not running: exs_init starts a new one). Nothing when the engine was not running. */
+void exs__engine_fork(int phase);
 
 /* ---- RDMA-to-TCP fallback (spec/provider.md, Fallback) ----
  * The policy (tunable fallback, read at start): */

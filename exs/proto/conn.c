@@ -2344,3 +2344,10 @@ void exs__conn_on_rx_held_locked(struct exs_conn *conn, const struct exs_prov_cq
 {
     conn_on_rx_locked(conn, cqe, (uint32_t)((cqe->wr_id & ~(uint64_t)WR_TAG_MASK) >> 3));
 }
+
+void exs__proto_fork_child(void)
+{
+    exs__resume_fork_child();
+    conn_live = 0;
+    conn_ring_bytes = 0;
+}

@@ -543,5 +543,8 @@ extern struct exs_proto_counters exs__proto_cnt;
 
 /* Live conns (leak checks). */
 int  exs__conn_live_count(void);
+/* In a forked child (exs/api/fork.c): the parent's connections are not the child's (the
+ * live count, the ring budget and the resume registry start empty). */
+void exs__proto_fork_child(void);
 
 #endif

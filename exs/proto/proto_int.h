@@ -132,6 +132,8 @@ int exs__resume_op_mr_locked(struct exs_conn *conn, struct exs_op *op);
 /* The conn is destroyed: out of the registry of sessions. 1: the caller frees it now;
  * 0: a resume request's finder still holds it and frees it (exs__conn_free) when done. */
 int exs__resume_forget(struct exs_conn *conn);
+/* A forked child: the registry and the wait lists start empty (exs__proto_fork_child). */
+void exs__resume_fork_child(void);
 /* conn leaves RESUMING (conn->lock held): it no longer counts against resume_max. */
 void exs__resume_wait_leave(struct exs_conn *conn);
 /* End the connections evicted from the wait list (spec/protocol.md §9.2, The wait): run

@@ -1339,3 +1339,14 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     exs__resume_evict_run(); /* those it made give up (the wait) */
     return reason;
 }
+
+void exs__resume_fork_child(void)
+{
+    pthread_mutex_init(&resume_reg_lock, NULL);
+    resume_reg = NULL;
+    exs_list_init(&resume_waitq);
+    exs_list_init(&resume_evictq);
+    resume_nwait = 0;
+    resume_nevict = 0;
+    resume_pend_live = 0;
+}

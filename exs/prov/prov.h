@@ -302,6 +302,17 @@ struct exs_prov_ops {
     int  (*ctx_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max);
     /* One cm event: 1 when *ev was filled, 0 when none is queued. */
     int  (*ctx_cm_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cm_event *ev);
+    /* fork(2) (spec/provider.md, "Fork"), phase an enum exs_fork_phase. PREPARE, in the
+     * forking thread before the fork: keep the context's kernel descriptors and the lists
+     * that hold them from changing (take the lock under which they are made and
+     * recorded); PARENT, after it in the parent: let go. CHILD, in the child (one thread,
+     * the forking one, which got the PREPARE locks with the memory): close the child's
+     * copy of every kernel descriptor of the context and unregister its counter sets;
+     * nothing else: no shutdown, epoll_ctl, write or any call that acts on what the child
+     * shares with the parent, no free (the context is abandoned, never used again).
+     * Optional (default: nothing; the child then keeps copies that hold the parent's
+     * connections and listeners open in the kernel as long as it lives). */
+    void (*ctx_fork)(struct exs_prov_ctx *ctx, int phase);
 
     /* memory registration */
     int (*mr_reg)(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
@@ -443,6 +454,11 @@ static inline int exs__prov_poll(struct exs_prov_ctx *ctx, struct exs_prov_cqe *
 static inline int exs__prov_cm_poll(struct exs_prov_ctx *ctx, struct exs_prov_cm_event *ev)
 {
     return ctx->ops->ctx_cm_poll(ctx, ev);
+}
+
+static inline void exs__prov_ctx_fork(struct exs_prov_ctx *ctx, int phase)
+{
+    ctx->ops->ctx_fork(ctx, phase);
 }
 
 static inline int exs__prov_arm(struct exs_prov_ctx *ctx)

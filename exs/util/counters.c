@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "exs/util/counters.h"
+#include "exs/util/util.h"
 
 static pthread_mutex_t counters_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct exs_list counters_sets = EXS_LIST_INIT(counters_sets);
@@ -88,4 +89,9 @@ static void print_one(const char *set, const struct exs_counter_desc *d, uint64_
 void exs__counters_print(FILE *f)
 {
     exs__counters_each(print_one, f);
+}
+
+void exs__counters_fork(int phase)
+{
+    exs__mutex_fork(&counters_lock, phase);
 }

@@ -48,4 +48,8 @@ void exs__counters_each(void (*fn)(const char *set, const struct exs_counter_des
                                    uint64_t value, void *arg),
                         void *arg);
 
+/* fork (exs/api/fork.c): the registry's lock held across fork(2) (phase: enum
+ * exs_fork_phase), so the child's list is whole. */
+void exs__counters_fork(int phase);
+
 #endif

@@ -261,3 +261,8 @@ void exs__vlog(int level, unsigned subsys, const char *func, int line, const cha
         free(buf);
     errno = saved_errno;
 }
+
+void exs__log_fork(int phase)
+{
+    exs__mutex_fork(&log_lock, phase);
+}

@@ -78,6 +78,10 @@ uint64_t exs__log_suppressed_total(void);
 typedef void exs_log_hook_fn(const char *line, size_t len);
 void exs__log_set_hook(exs_log_hook_fn *fn);
 
+/* fork (exs/api/fork.c): the log's lock held across fork(2) (phase: enum exs_fork_phase),
+ * so no line is half written in the child's copy of the stream. */
+void exs__log_fork(int phase);
+
 #define EXS_LOG_ON(_lvl, _sub)                                                       \
     ((_lvl) <= EXS_MAX_LOG_LEVEL && (_lvl) <= __atomic_load_n(&exs__log_level, __ATOMIC_RELAXED) && \
      (__atomic_load_n(&exs__log_subsys, __ATOMIC_RELAXED) & (_sub)))

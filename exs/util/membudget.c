@@ -101,3 +101,9 @@ uint64_t exs__mem_used(void)
 {
     return __atomic_load_n(&exs__mem.mem_used, __ATOMIC_RELAXED);
 }
+
+void exs__mem_fork_child(void)
+{
+    __atomic_store_n(&exs__mem.mem_used, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&mem_given, 0, __ATOMIC_RELAXED);
+}

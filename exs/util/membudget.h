@@ -51,4 +51,7 @@ static inline uint64_t exs__mem_pages(size_t n)
 /* Register the set "mem" (once). */
 void exs__mem_cset_register(void);
 
+/* In a forked child (exs/api/fork.c): the parent's charges are not the child's. */
+void exs__mem_fork_child(void);
+
 #endif

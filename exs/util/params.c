@@ -292,6 +292,10 @@ static const struct exs_param_def params_table[] = {
           "= none"),
 
     /* -- porting: kernel descriptors, timeouts (issue 15) -- */
+    PARAM(exit_linger_ms, "EXS_EXIT_LINGER_MS", "3000", UINT, 1,
+          "at a normal process exit, open connections deliver their queued sends and end "
+          "gracefully within this many milliseconds (SO_LINGER overrides it per socket), else "
+          "reset; 0 = reset at once, at most 3600000"),
 
 };
 
@@ -342,6 +346,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             (v->u < 1 || v->u > (1u << 20)))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, qspin_us) && v->u > 1000000)
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, exit_linger_ms) && v->u > 3600000)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, close_timeout_ms) &&
             (v->u < 1 || v->u > 3600000))
@@ -659,4 +665,9 @@ void exs__params_print(FILE *f, int markdown)
         fprintf(f, "%-*s  %-*s  %-*s  %-*s  %-7s  %s\n", wname, d->name, wenv, d->env, wval, val,
                 wdef, def, d->online ? "online" : "offline", d->help);
     }
+}
+
+void exs__params_fork(int phase)
+{
+    exs__mutex_fork(&params_lock, phase);
 }

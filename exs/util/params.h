@@ -133,6 +133,7 @@ struct exs_params {
     char     trace_file[EXS_PARAM_STR_MAX]; /* EXS_TRACE_FILE: completed traces appended here, "" = none */
 
     /* -- porting: kernel descriptors, timeouts (issue 15) -- */
+    uint64_t exit_linger_ms; /* EXS_EXIT_LINGER_MS: at exit, open connections finish this long */
 
 };
 
@@ -165,5 +166,9 @@ const struct exs_param_def *exs__params_find(const char *name);
 /* Print the table (name, variable, current, default, online/offline, help) to f;
  * markdown=1 prints the spec/params.md table. */
 void exs__params_print(FILE *f, int markdown);
+
+/* fork (exs/api/fork.c): the table's lock held across fork(2) (phase: enum
+ * exs_fork_phase); the child keeps the parent's values. */
+void exs__params_fork(int phase);
 
 #endif

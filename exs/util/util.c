@@ -34,3 +34,32 @@ int exs__thread_create(pthread_t *thread, const char *name, void *(*fn)(void *ar
         pthread_setname_np(*thread, name); /* a name is a convenience: errors ignored */
     return -ret;
 }
+
+/* A list of what forked children abandoned (exs__forsake): its head is a global, so
+ * everything in it stays reachable. */
+struct util_forsaken {
+    struct util_forsaken *next;
+    const void *p;
+};
+static struct util_forsaken *util_forsaken;
+
+void exs__forsake(const void *p)
+{
+    struct util_forsaken *n;
+
+    if (!p || !(n = malloc(sizeof(*n))))
+        return;
+    n->p = p;
+    n->next = util_forsaken;
+    util_forsaken = n;
+}
+
+void exs__mutex_fork(pthread_mutex_t *m, int phase)
+{
+    if (phase == EXS_FORK_PREPARE)
+        pthread_mutex_lock(m);
+    else if (phase == EXS_FORK_PARENT)
+        pthread_mutex_unlock(m);
+    else
+        pthread_mutex_init(m, NULL);
+}

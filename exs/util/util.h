@@ -24,6 +24,20 @@ void exs__assert_fail(const char *expr, const char *file, int line, const char *
 #define EXS_ASSERT(_e)                                                               \
     ((_e) ? (void)0 : exs__assert_fail(#_e, __FILE__, __LINE__, __func__))
 
+/* The three moments of fork(2) at which the library's pthread_atfork handlers run
+ * (exs/api/fork.c, spec/api.md section 2, "fork"): before it in the forking thread, then
+ * after it in the parent, or in the child (its only thread, the forking one). */
+enum exs_fork_phase { EXS_FORK_PREPARE, EXS_FORK_PARENT, EXS_FORK_CHILD };
+
+/* Memory a forked child abandons (the parent's sockets, connections, contexts, tables:
+ * exs/api/fork.c): never used or freed again, but kept reachable from here so a leak
+ * checker at the child's exit does not report the parent's objects. Child only. */
+void exs__forsake(const void *p);
+
+/* A leaf mutex across fork(2): PREPARE locks it, PARENT unlocks it, CHILD makes it anew
+ * (unlocked: the child's only thread held it, under the parent's thread id). */
+void exs__mutex_fork(pthread_mutex_t *m, int phase);
+
 /* Monotonic clock in nanoseconds / microseconds. */
 static inline uint64_t exs__now_ns(void)
 {

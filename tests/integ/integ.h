@@ -53,6 +53,7 @@ Suite *integ_resume_ring_suite(void);
 Suite *integ_fragread_suite(void);
 Suite *integ_backlog_suite(void);
 Suite *integ_pv_suite(void);
+Suite *integ_fork_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */
 TCase *it_tcase(const char *name, int timeout_s);

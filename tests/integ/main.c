@@ -30,6 +30,7 @@ static Suite *(*const suites[])(void) = {
     integ_fragread_suite,
     integ_backlog_suite,
     integ_pv_suite,
+    integ_fork_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

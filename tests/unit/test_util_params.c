@@ -54,12 +54,14 @@ START_TEST(test_table_shape)
         /* online: the log settings, the adaptive spin, the close timeout, the deadlines,
          * keepalive, the window, fragmentation and the work-request cap (issue 13, read at
          * each use), the bound of connections resuming, the listeners' bounds (read at each request), the fault provider's faults, the control client timeout, the slow-poll
-         * and slow-pass thresholds and trace sampling; the rest is start-up only */
+         * and slow-pass thresholds and trace sampling, the exit linger (read at exit); the
+         * rest is start-up only */
         /* and the tcp provider's hello deadline and bound (read at each accept) */
         ck_assert_int_eq(t[i].online, strncmp(t[i].name, "log_", 4) == 0 ||
                                           strncmp(t[i].name, "tcp_hello_", 10) == 0 ||
                                           strcmp(t[i].name, "qspin_us") == 0 ||
                                           strcmp(t[i].name, "close_timeout_ms") == 0 ||
+                                          strcmp(t[i].name, "exit_linger_ms") == 0 ||
                                           strcmp(t[i].name, "keepalive_intv_ms") == 0 ||
                                           strcmp(t[i].name, "keepalive_probes") == 0 ||
                                           strcmp(t[i].name, "connect_timeout_ms") == 0 ||

@@ -153,6 +153,7 @@ int exs__fault_ctx_open(const struct exs_prov_ops *ops, const char *inner_name,
                         const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
 void exs__fault_ctx_close(struct exs_prov_ctx *c);
 int exs__fault_ctx_event_fd(struct exs_prov_ctx *c);
+void exs__fault_ctx_fork(struct exs_prov_ctx *c, int phase);
 int exs__fault_ctx_arm(struct exs_prov_ctx *c);
 int exs__fault_ctx_progress(struct exs_prov_ctx *c);
 int exs__fault_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max);

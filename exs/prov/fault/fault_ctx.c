@@ -752,6 +752,20 @@ int exs__fault_ctx_event_fd(struct exs_prov_ctx *c)
     return fault_ctx_of(c)->epfd;
 }
 
+/* fork (prov.h, ctx_fork): the inner context's descriptors, then our own. */
+void exs__fault_ctx_fork(struct exs_prov_ctx *c, int phase)
+{
+    struct fault_ctx *ctx = fault_ctx_of(c);
+
+    ctx->inner->ops->ctx_fork(ctx->inner, phase);
+    if (phase != EXS_FORK_CHILD)
+        return;
+    exs__counters_unregister(&ctx->cset);
+    close(ctx->timerfd);
+    close(ctx->epfd);
+    ctx->timerfd = ctx->epfd = -1;
+}
+
 /* ---- open and close ---- */
 
 void exs__fault_ctx_close(struct exs_prov_ctx *c)

@@ -530,7 +530,8 @@ static int fault_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr 
         .name = _name, .ctx_open = _open, .ctx_close = exs__fault_ctx_close,                       \
         .ctx_event_fd = exs__fault_ctx_event_fd, .ctx_arm = exs__fault_ctx_arm,                    \
         .ctx_progress = exs__fault_ctx_progress, .ctx_poll = exs__fault_ctx_poll,                  \
-        .ctx_cm_poll = exs__fault_ctx_cm_poll, .mr_reg = fault_mr_reg, .mr_dereg = fault_mr_dereg, \
+        .ctx_cm_poll = exs__fault_ctx_cm_poll, .ctx_fork = exs__fault_ctx_fork,                    \
+        .mr_reg = fault_mr_reg, .mr_dereg = fault_mr_dereg, \
         .mem_alloc = fault_mem_alloc, .mem_free = fault_mem_free, .mr_get = fault_mr_get,          \
         .mr_put = fault_mr_put, .grant = fault_grant, .revoke = fault_revoke,                      \
         .ep_create = fault_ep_create, .ep_destroy = fault_ep_destroy, .ep_state = fault_ep_state,  \

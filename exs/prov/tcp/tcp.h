@@ -436,6 +436,9 @@ struct tcp_ctx {
     struct exs_counter_set  cset;
 };
 
+/* ctx_fork (prov.h): nic_lock held across the fork; the child closes every socket. */
+void exs__tcp_ctx_fork(struct exs_prov_ctx *c, int phase);
+
 static inline struct tcp_ctx *tcp_ctx_of(struct exs_prov_ctx *c)
 {
     return (struct tcp_ctx *)c;

@@ -951,6 +951,7 @@ struct exs_prov_ops exs__prov_tcp_ops = {
     .ctx_progress = tcp_ctx_progress,
     .ctx_poll = tcp_ctx_poll,
     .ctx_cm_poll = tcp_ctx_cm_poll,
+    .ctx_fork = exs__tcp_ctx_fork,
     .mr_reg = exs__tcp_mr_reg,
     .mr_dereg = exs__tcp_mr_dereg,
     .grant = exs__tcp_grant,

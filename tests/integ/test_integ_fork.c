@@ -1,0 +1,434 @@
+/* SPDX-License-Identifier: MIT */
+/* fork and exit like a socket library (spec/api.md section 2, "fork" and "Exit"): a forked
+ * child cannot touch the parent's connections, its own exs_init works; connections still
+ * open at exit end gracefully, a killed process still resets them. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "integ.h"
+#include "tests/skip.h"
+
+#define FK_MSG 1000 /* bytes of each message the parent exchanges */
+
+/* The parent's two live connections, one of each type. */
+struct fk_conns {
+    struct it_pair st, sp;
+    struct it_buf *sb, *rb;
+};
+
+static void fk_open(struct fk_conns *c)
+{
+    it_init();
+    it_pair_open(&c->st, SOCK_STREAM, 64, 64);
+    it_pair_open(&c->sp, SOCK_SEQPACKET, 64, 64);
+    c->sb = it_buf_new(FK_MSG, 1);
+    c->rb = it_buf_new(FK_MSG, 1);
+}
+
+/* One message each way on p (seed: the pattern), every byte checked, no error. */
+static void fk_exchange(struct fk_conns *c, struct it_pair *p, uint32_t seed)
+{
+    for (int dir = 0; dir < 2; dir++) {
+        int from = dir ? p->sfd : p->cfd, to = dir ? p->cfd : p->sfd;
+        exs_qhandle_t fq = dir ? p->sq : p->cq, tq = dir ? p->cq : p->sq;
+        size_t got = 0;
+        exs_event_t ev;
+
+        it_fill(c->sb->p, FK_MSG, seed + (uint32_t)dir);
+        IT_POST_SEND(from, c->sb->p, FK_MSG, fq, IT_AH(1), c->sb->mh);
+        while (got < FK_MSG) {
+            IT_POST_RECV(to, c->rb->p + got, FK_MSG - got, tq, IT_AH(2), c->rb->mh);
+            it_wait_event(tq, EXS_EVT_RECV, to, &ev);
+            ck_assert_msg(ev.exs_evt_errno == 0 && ev.exs_evt_u.exs_evt_xfer.exs_evt_result > 0,
+                          "%s: receive errno %d result %zd",
+                          p->type == SOCK_STREAM ? "STREAM" : "SEQPACKET", ev.exs_evt_errno,
+                          ev.exs_evt_u.exs_evt_xfer.exs_evt_result);
+            got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+        }
+        ck_assert_int_eq(got, FK_MSG);
+        ck_assert_int_lt(it_check(c->rb->p, FK_MSG, seed + (uint32_t)dir), 0);
+        it_expect_send(fq, from, IT_AH(1), FK_MSG);
+    }
+}
+
+static void fk_close(struct fk_conns *c)
+{
+    it_buf_free(c->sb);
+    it_buf_free(c->rb);
+    it_pair_close(&c->st);
+    it_pair_close(&c->sp);
+    it_fini();
+}
+
+/* Child side: exit code step when cond fails. */
+#define FK_CHECK(cond, step)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "child step %d: %s (errno %d %s)\n", (step), #cond, errno,             \
+                    strerror(errno));                                                              \
+            _exit(step);                                                                           \
+        }                                                                                          \
+    } while (0)
+
+/* The number of socket descriptors this process holds. */
+static int fk_count_sockets(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *de;
+    int n = 0;
+
+    if (!d)
+        return -1;
+    while ((de = readdir(d))) {
+        struct stat st;
+        int fd = atoi(de->d_name);
+
+        if (de->d_name[0] != '.' && fd != dirfd(d) && fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode))
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* In the child: a loopback pair of its own carries one message each way. */
+static void fk_child_own_pair(void)
+{
+    struct sockaddr_in a;
+    char out[64] = "from the child's own connection", in[64] = {0};
+    int lfd, cfd, sfd;
+
+    lfd = it_listen(SOCK_STREAM, &a);
+    cfd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    FK_CHECK(cfd >= 0, 20);
+    /* the synchronous accept needs the connect going: the connect goes async */
+    exs_qhandle_t q = exs_qcreate(8);
+    FK_CHECK(q != EXS_QHANDLE_INVALID, 21);
+    FK_CHECK(exs_connect(cfd, (struct sockaddr *)&a, sizeof(a), q, IT_AH(1)) == 0, 22);
+    sfd = exs_accept(lfd, EXS_QHANDLE_INVALID, NULL);
+    FK_CHECK(sfd >= 0, 23);
+    exs_event_t ev;
+    FK_CHECK(exs_qdequeue(q, &ev, 1, NULL) == 1 && ev.exs_evt_errno == 0, 24);
+    FK_CHECK(exs_send(cfd, out, sizeof(out), 0, EXS_QHANDLE_INVALID, NULL,
+                      EXS_MHANDLE_UNREGISTERED) == (int)sizeof(out), 25);
+    FK_CHECK(exs_recv(sfd, in, sizeof(in), MSG_WAITALL, EXS_QHANDLE_INVALID, NULL,
+                      EXS_MHANDLE_UNREGISTERED) == (int)sizeof(in), 26);
+    FK_CHECK(memcmp(in, out, sizeof(in)) == 0, 27);
+    /* left open: exit ends them (the child's own, not the parent's) */
+}
+
+/*
+ * The parent has a STREAM and a SEQPACKET connection (both ends), with data moving. The
+ * child: every call on an inherited descriptor fails at once with ESTALE (send, receive,
+ * close, on both types, before and after exs_init), an inherited queue handle is
+ * EINVAL, it holds no socket descriptor at all (the provider's sockets and the control
+ * endpoint are closed in it), then exs_init works and a connection of its own carries
+ * data, and it exits with it open. Both parent connections then carry data, checked.
+ * Before the fork handlers, the child's exs_send was accepted and wrote the parent's TCP
+ * socket ("ack for an unknown sequence" at the peer), and it hung in the wait.
+ */
+/* ThreadSanitizer cannot follow a child of a threaded process that starts threads of its
+ * own (it dies, or trips over the parent's thread ids: "dup thread with used id"), so
+ * under it the child stops before its exs_init: the handlers around the fork and the
+ * parent's connections afterwards are what it checks there. */
+#if defined(__SANITIZE_THREAD__)
+#define FK_CHILD_INIT 0
+#else
+#define FK_CHILD_INIT 1
+#endif
+
+static void fk_run(int child_mode)
+{
+    struct fk_conns c;
+    int status;
+    pid_t pid;
+
+    fk_open(&c);
+    fk_exchange(&c, &c.st, 1);
+    fk_exchange(&c, &c.sp, 3);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char b[16] = "child";
+        int fds[] = {c.st.cfd, c.st.sfd, c.sp.cfd, c.sp.sfd};
+
+        /* over verbs the kernel refuses the parent's devices to the child: its exs_init
+         * fails (spec/api.md section 2), the rest holds */
+        int verbs = strstr(it_provider, "verbs") != NULL;
+
+        alarm(60); /* a hang fails the test (status: SIGALRM) */
+        if (child_mode == 1)
+            _exit(0);
+        if (child_mode == 2)
+            exit(0);
+        /* the verbs provider's own descriptors (rdma_cm, its UDP socket) are not closed */
+        FK_CHECK(verbs || fk_count_sockets() == 0, 2);
+        for (int round = 0; round < 2; round++) {
+            for (int i = 0; i < 4; i++) {
+                errno = 0;
+                FK_CHECK(exs_send(fds[i], b, sizeof(b), 0, c.st.cq, NULL,
+                                  EXS_MHANDLE_UNREGISTERED) == -1 && errno == ESTALE, 3);
+                errno = 0;
+                FK_CHECK(exs_recv(fds[i], b, sizeof(b), 0, EXS_QHANDLE_INVALID, NULL,
+                                  EXS_MHANDLE_UNREGISTERED) == -1 && errno == ESTALE, 4);
+                errno = 0;
+                FK_CHECK(exs_shutdown(fds[i], SHUT_WR, EXS_QHANDLE_INVALID, NULL) == -1 &&
+                             errno == ESTALE, 5);
+            }
+            errno = 0;
+            FK_CHECK(exs_qdequeue(c.st.cq, NULL, 0, NULL) == -1 && errno == EINVAL, 6);
+            if (round == 0 && !FK_CHILD_INIT)
+                _exit(0);
+            if (round == 0 && verbs)
+                FK_CHECK(exs_init(EXS_VERSION) == -1 && errno == EOPNOTSUPP, 7);
+            else if (round == 0)
+                FK_CHECK(exs_init(EXS_VERSION) == EXS_VERSION, 7);
+        }
+        /* exs_close fails too, and takes the child's copy of the number */
+        for (int i = 0; i < 4; i++) {
+            errno = 0;
+            FK_CHECK(exs_close(fds[i], EXS_QHANDLE_INVALID, NULL) == -1 && errno == ESTALE, 8);
+            errno = 0;
+            FK_CHECK(exs_close(fds[i], EXS_QHANDLE_INVALID, NULL) == -1 &&
+                         (errno == EBADF || errno == ENOTSOCK), 9);
+        }
+        if (!verbs)
+            fk_child_own_pair();
+        exit(0);
+    }
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "child status %#x (exit code: the step that failed)", (unsigned)status);
+    for (int i = 0; i < 3; i++) {
+        fk_exchange(&c, &c.st, 10 + 2 * (uint32_t)i);
+        fk_exchange(&c, &c.sp, 20 + 2 * (uint32_t)i);
+    }
+    it_expect_no_event(c.st.cq, 0);
+    it_expect_no_event(c.st.sq, 0);
+    it_expect_no_event(c.sp.cq, 0);
+    it_expect_no_event(c.sp.sq, 0);
+    fk_close(&c);
+}
+
+START_TEST(test_fork_child_inherited)
+{
+    if (!FK_CHILD_INIT)
+        test_skip("test_fork_child_inherited (the child's exs_init and connection)",
+                  "ThreadSanitizer cannot follow threads started in a forked child");
+    fk_run(0);
+}
+END_TEST
+
+START_TEST(test_fork_child_exits)
+{
+    fk_run(1); /* _exit */
+    fk_run(2); /* exit: the exit handler must not run for the parent's library */
+}
+END_TEST
+
+/* ---- exit ---- */
+
+#define FX_CHUNK (64u << 10)
+
+/* A child (forked before this process initializes the library) connects to port,
+ * posts nsend sends of FX_CHUNK (pattern seed 7) without waiting for any, and then:
+ * how 0: exit(0); 1: SIGKILL itself; 2: SO_LINGER {1, 0}, then exit(0); 3: exit(0) with
+ * EXS_EXIT_LINGER_MS=300 (the parent reads nothing until the child is gone). */
+static pid_t fx_child(int type, int nsend, int how, int *pipe_w_p)
+{
+    int pfd[2];
+    pid_t pid;
+
+    ck_assert_int_eq(pipe(pfd), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct sockaddr_in a = {.sin_family = AF_INET};
+        uint16_t port;
+        /* static: still referenced at exit (the sends own it until then), not a leak */
+        static uint8_t *buf;
+        exs_qhandle_t q;
+        int fd;
+
+        alarm(60);
+        close(pfd[1]);
+        buf = malloc((size_t)nsend * FX_CHUNK);
+        FK_CHECK(read(pfd[0], &port, sizeof(port)) == (ssize_t)sizeof(port), 30);
+        FK_CHECK(buf != NULL, 31);
+        if (how == 3)
+            setenv("EXS_EXIT_LINGER_MS", "300", 1);
+        FK_CHECK(exs_init(EXS_VERSION) == EXS_VERSION, 32);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = port;
+        fd = exs_socket(AF_INET, type, 0);
+        FK_CHECK(fd >= 0, 33);
+        FK_CHECK(exs_connect(fd, (struct sockaddr *)&a, sizeof(a), EXS_QHANDLE_INVALID, NULL) == 0,
+                 34);
+        q = exs_qcreate(nsend + 1);
+        FK_CHECK(q != EXS_QHANDLE_INVALID, 35);
+        it_fill(buf, (size_t)nsend * FX_CHUNK, 7);
+        for (int i = 0; i < nsend; i++)
+            FK_CHECK(exs_send(fd, buf + (size_t)i * FX_CHUNK, FX_CHUNK, 0, q, NULL,
+                              EXS_MHANDLE_UNREGISTERED) == 0, 36);
+        if (how == 1)
+            kill(getpid(), SIGKILL);
+        if (how == 2) {
+            struct linger l = {.l_onoff = 1, .l_linger = 0};
+
+            FK_CHECK(exs_setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l)) == 0, 37);
+        }
+        exit(0); /* no exs_close, no exs_fini: the library ends the connection */
+    }
+    close(pfd[0]);
+    *pipe_w_p = pfd[1];
+    return pid;
+}
+
+/* The parent's side: accept the child's connection (type), read until the end, checking
+ * every byte; returns the errno of the end (0: orderly end of stream / of messages) and
+ * the bytes read in *got_p. */
+static int fx_run(int type, int nsend, int how, size_t *got_p)
+{
+    struct sockaddr_in a;
+    struct it_buf *rb;
+    exs_qhandle_t q;
+    exs_event_t ev;
+    size_t got = 0;
+    int lfd, fd, pw, status, end = -1;
+    uint8_t *want = malloc((size_t)nsend * FX_CHUNK);
+    pid_t pid;
+
+    ck_assert_ptr_nonnull(want);
+    it_fill(want, (size_t)nsend * FX_CHUNK, 7);
+    /* the child is forked before this process starts threads (it_init below) */
+    pid = fx_child(type, nsend, how, &pw);
+    it_init();
+    q = it_qcreate(16);
+    rb = it_buf_new(FX_CHUNK, 1);
+    lfd = it_listen(type, &a);
+    IT_EXPECT_OK(exs_accept(lfd, q, IT_AH(0xACC)));
+    ck_assert_int_eq(write(pw, &a.sin_port, sizeof(a.sin_port)), (ssize_t)sizeof(a.sin_port));
+    close(pw);
+    it_expect_err_at(q, EXS_EVT_ACCEPT, lfd, IT_AH(0xACC), 0, &ev, __FILE__, __LINE__);
+    fd = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+    if (how == 3) /* a peer that reads nothing: the child's exit must end by its linger */
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_int_ge(fd, 0);
+    while (end < 0) {
+        ssize_t r;
+
+        IT_POST_RECV(fd, rb->p, FX_CHUNK, q, IT_AH(2), rb->mh);
+        it_wait_event(q, EXS_EVT_RECV, fd, &ev);
+        r = ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+        if (ev.exs_evt_errno || r <= 0) {
+            end = ev.exs_evt_errno;
+            break;
+        }
+        ck_assert_msg(got + (size_t)r <= (size_t)nsend * FX_CHUNK, "more bytes than were sent");
+        /* the pattern of seed 7 over the whole volume, at offset got */
+        ck_assert_msg(memcmp(rb->p, want + got, (size_t)r) == 0, "bytes differ at offset %zu",
+                      got);
+        got += (size_t)r;
+    }
+    if (how != 3)
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    if (how == 1)
+        ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child status %#x",
+                      (unsigned)status);
+    else
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                      "child status %#x (exit code: the step that failed)", (unsigned)status);
+    free(want);
+    it_buf_free(rb);
+    it_close(fd, q);
+    it_close(lfd, q);
+    it_qdelete(q);
+    it_fini();
+    *got_p = got;
+    return end;
+}
+
+/* exit(0) with the sends still queued (more than the ring holds): every byte, then end
+ * of stream (result 0, errno 0). Before, the peer got ECONNRESET. */
+START_TEST(test_exit_stream_delivers)
+{
+    size_t got;
+    int end = fx_run(SOCK_STREAM, 64, 0, &got);
+
+    ck_assert_msg(end == 0 && got == 64 * FX_CHUNK,
+                  "end errno %d (%s) after %zu of %u bytes: expected every byte then end of "
+                  "stream",
+                  end, strerror(end), got, 64 * FX_CHUNK);
+}
+END_TEST
+
+/* The same for SEQPACKET messages (eager and announced): every message, then the end of
+ * messages (a receive with result 0). */
+START_TEST(test_exit_seqpacket_delivers)
+{
+    size_t got;
+    int end = fx_run(SOCK_SEQPACKET, 16, 0, &got);
+
+    ck_assert_msg(end == 0 && got == 16 * FX_CHUNK,
+                  "end errno %d (%s) after %zu of %u bytes: expected every message then the end",
+                  end, strerror(end), got, 16 * FX_CHUNK);
+}
+END_TEST
+
+/* Killed: the peer sees a reset, as with a kernel socket. */
+START_TEST(test_exit_killed_resets)
+{
+    size_t got;
+    int end = fx_run(SOCK_STREAM, 64, 1, &got);
+
+    ck_assert_msg(end == ECONNRESET, "end errno %d (%s) after %zu bytes: expected ECONNRESET",
+                  end, strerror(end), got);
+}
+END_TEST
+
+/* SO_LINGER {1, 0}: exit resets the connection at once, like close() would. */
+START_TEST(test_exit_linger_zero_resets)
+{
+    size_t got;
+    int end = fx_run(SOCK_STREAM, 64, 2, &got);
+
+    ck_assert_msg(end == ECONNRESET, "end errno %d (%s) after %zu bytes: expected ECONNRESET",
+                  end, strerror(end), got);
+}
+END_TEST
+
+/* The linger bounds the exit: a peer that reads nothing cannot keep the process alive
+ * (its alarm would kill it after 60 s); past EXS_EXIT_LINGER_MS the connection is reset. */
+START_TEST(test_exit_linger_bounded)
+{
+    size_t got;
+    int end = fx_run(SOCK_STREAM, 64, 3, &got);
+
+    ck_assert_msg(end == ECONNRESET && got < 64 * FX_CHUNK,
+                  "end errno %d (%s) after %zu bytes: expected ECONNRESET before the end", end,
+                  strerror(end), got);
+}
+END_TEST
+
+Suite *integ_fork_suite(void)
+{
+    Suite *s = suite_create("integ_fork");
+    TCase *tc = it_tcase("fork", 120);
+
+    tcase_add_test(tc, test_fork_child_inherited);
+    tcase_add_test(tc, test_fork_child_exits);
+    suite_add_tcase(s, tc);
+    tc = it_tcase("exit", 120);
+    tcase_add_test(tc, test_exit_stream_delivers);
+    tcase_add_test(tc, test_exit_seqpacket_delivers);
+    tcase_add_test(tc, test_exit_killed_resets);
+    tcase_add_test(tc, test_exit_linger_zero_resets);
+    tcase_add_test(tc, test_exit_linger_bounded);
+    suite_add_tcase(s, tc);
+    return s;
+}
