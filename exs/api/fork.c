@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
-#include "exs/api/ctl.h"
+#include "exs/ctl/ctl.h"
 #include "exs/api/kfd.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
