@@ -846,7 +846,7 @@ static void trace_send(const char *rec, size_t len, uint64_t dropped)
         exs__jbuf_obj_begin(b);
         exs__jbuf_kv_u64(b, "t_us", strtoull(rec, NULL, 10));
         if (sp[1] == 'R') {
-            /* our own formatting (exs__rt_format): an object, copied as it is */
+            /* our own formatting (exs__reqtrace_format): an object, copied as it is */
             exs__jbuf_key(b, "req");
             exs__jbuf_raw(b, sp + 2, len - (size_t)(sp + 2 - rec) - 1);
             b->comma = 1;
@@ -1071,7 +1071,7 @@ int exs__ctl_start(void)
     ctl.nclients = 0;
     ctl.start_ns = exs__now_ns();
     exs__log_set_hook(ctl_log_hook);
-    exs__rt_set_sink(ctl_rt_sink);
+    exs__reqtrace_set_sink(ctl_rt_sink);
     exs__engine_call(ctl_start_job, NULL);
     EXS_INFO(API, "control endpoint %s%s", ctl.path, shared ? " (in a shared directory)" : "");
     return 0;
@@ -1092,7 +1092,7 @@ void exs__ctl_stop(void)
         return;
     exs__engine_call(ctl_stop_job, NULL);
     exs__log_set_hook(NULL);
-    exs__rt_set_sink(NULL);
+    exs__reqtrace_set_sink(NULL);
     ctl_unlink();
     close(ctl.lfd);
     ctl.lfd = -1;

@@ -200,13 +200,13 @@ static enum batch_verdict batch_post_locked(struct exs_conn *conn, const struct 
     if (conn_is_stream(conn)) {
         /* the run fits the contiguous ring room (st_batch_fit) */
         if (PHASE_IS_DIRECT(conn->st_ps))
-            exs__st_enter_indirect_locked(conn);
+            exs__stream_enter_indirect_locked(conn);
         raddr = conn->peer.ring_addr + conn->wr_tail % size;
         used = run->bytes;
         imm = exs_imm_make(EXS_IMM_INDIRECT, 0, exs__conn_take_owed_imm_locked(conn), 0);
     } else {
         uint32_t off = (uint32_t)(conn->wr_tail % size);
-        uint32_t slot_len = exs__sp_slot_len(run->bytes);
+        uint32_t slot_len = exs__seqpkt_slot_len(run->bytes);
 
         skip = off + slot_len > size ? size - off : 0;
         used = skip + slot_len;

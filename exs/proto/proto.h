@@ -21,7 +21,7 @@
  */
 
 struct exs_conn;
-struct exs_rt_tx;
+struct exs_reqtrace_tx;
 struct exs_reqtrace;
 
 /* ---- operations ---- */
@@ -70,7 +70,7 @@ struct exs_op {
     int               announced; /* SEQPACKET send: ANNOUNCEd, completed by READ_DONE */
     int               internal; /* the library's own op (STREAM send buffer, §7.5): no
                                  * application waits for it, exs_cancel never matches it */
-    struct exs_rt_tx *rt;     /* SEQPACKET send sampled for request tracing, else NULL */
+    struct exs_reqtrace_tx *rt;     /* SEQPACKET send sampled for request tracing, else NULL */
     /* result */
     ssize_t           result; /* bytes, or -1 */
     int               err;    /* errno or 0 */
@@ -113,26 +113,26 @@ enum exs_conn_txshut {
 
 /* §7.2 backoff: a direct phase begun by a DRAIN that ends before this many ring sizes
  * went directly doubles the arrivals required before the next request, up to
- * EXS_ST_DRAIN_NEED_MAX; a longer one resets it to EXS_STREAM_DRAIN_STREAK. */
+ * EXS_STREAM_DRAIN_NEED_MAX; a longer one resets it to EXS_STREAM_DRAIN_STREAK. */
 /* Ring autotuning (§7.4): the minimum round trip is taken over samples of this long. */
 #define EXS_RTT_MIN_WIN_US (10u * 1000u * 1000u)
-#define EXS_ST_DRAIN_WORTH    4u
-#define EXS_ST_DRAIN_NEED_MAX 1024u
+#define EXS_STREAM_DRAIN_WORTH    4u
+#define EXS_STREAM_DRAIN_NEED_MAX 1024u
 /* Ring autotuning (§7.4): the growth factor once the ring limited a whole round trip
  * (three quarters of it or more arrived in one); otherwise it doubles */
 #define EXS_RING_GROW_FAST    4u
 /* §7 linger: a linger that ended without an ADVERT skips the linger in the next 1, 2, 4 ...
  * direct phases, at most this many; one that an ADVERT ended resets it */
-#define EXS_ST_LINGER_SKIP_MAX 64u
+#define EXS_STREAM_LINGER_SKIP_MAX 64u
 /* §7 linger: a sender with more sends queued than this does not linger (the walk that
  * counts them stays short) */
-#define EXS_ST_LINGER_OPS_MAX 256u
+#define EXS_STREAM_LINGER_OPS_MAX 256u
 
 /* The receiver's return to direct in an indirect phase (spec/protocol.md §7.2). */
-enum exs_st_drain {
-    EXS_ST_DRAIN_IDLE = 0,  /* no request in this phase */
-    EXS_ST_DRAIN_REQUESTED, /* DRAIN sent; no ADVERT until the sender's STOPPED answer */
-    EXS_ST_DRAIN_STOPPED,   /* answered: advertise once the ring bytes up to st_drain_pos
+enum exs_stream_drain {
+    EXS_STREAM_DRAIN_IDLE = 0,  /* no request in this phase */
+    EXS_STREAM_DRAIN_REQUESTED, /* DRAIN sent; no ADVERT until the sender's STOPPED answer */
+    EXS_STREAM_DRAIN_STOPPED,   /* answered: advertise once the ring bytes up to st_drain_pos
                              * arrived and were copied out */
 };
 
@@ -289,7 +289,7 @@ struct exs_conn {
     uint32_t                   st_linger_skip; /* direct phases left without a linger */
     uint32_t                   st_linger_pen;  /* the skip after the next failed linger / 2 */
     /* receiver side */
-    enum exs_st_drain          st_drain;      /* EXS_ST_DRAIN_* of phase st_pr */
+    enum exs_stream_drain          st_drain;      /* EXS_STREAM_DRAIN_* of phase st_pr */
     uint64_t                   st_drain_pos;  /* STOPPED: the sender's ring writes end here */
     uint32_t                   st_streak;     /* ring arrivals in a row that left big receives
                                                * waiting with the ring empty (hysteresis) */

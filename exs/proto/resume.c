@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The cut-over of a connection to another path (spec/protocol.md §9.2): identity, positions,
- * the RESUMING state, the new path and the replay. */
+/* The cut-over (spec/protocol.md §9.2): a failed path's connection RESUMING, the new path
+ * made and checked, the replay; the passive side's resume requests on trial. Layer 3 of
+ * spec/proto-layout.md, above resume_sess.c. */
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -13,115 +14,6 @@
 #include "exs/util/params.h"
 #include "exs/util/sha256.h"
 #include "exs/util/util.h"
-
-/* Process counters of the cut-over, in the set "fallback" beside the engine's (lookups
- * of one set name add up). */
-static struct {
-    uint64_t fallback_sessions;
-    uint64_t fallback_resume_failures;
-    uint64_t fallback_resumes;
-    uint64_t fallback_replayed_bytes;
-    uint64_t fallback_resume_evicted;
-    uint64_t fallback_resume_refused;
-} resume_cnt;
-
-static const struct exs_counter_desc resume_counter_desc[] = {
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_sessions,
-                "connections that took a SESSION token (both sides resumable, policy any)"),
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_resume_failures,
-                "of those: the path failed mid-stream and the connection was not resumed"),
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_resumes,
-                "of those: cut over to the fallback mid-stream and continued (each end counts)"),
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_replayed_bytes,
-                "bytes sent again over a new path (STREAM bytes, SEQPACKET messages sent whole "
-                "again: sent on the old path, not arrived)"),
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_resume_evicted,
-                "of the failures: waiting for the new path, ended because resume_max newer "
-                "connections were waiting too (ETIMEDOUT)"),
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_resume_refused,
-                "resume requests naming a live session refused on trial (no valid AUTH proof "
-                "in time): the connection was not touched"),
-};
-
-static struct exs_counter_set resume_cset = {
-    .name = "fallback",
-    .desc = resume_counter_desc,
-    .count = sizeof(resume_counter_desc) / sizeof(resume_counter_desc[0]),
-    .base = &resume_cnt,
-};
-
-void exs__resume_cset_register(void)
-{
-    exs__counters_register(&resume_cset);
-}
-
-int exs__resume_negotiated(const struct exs_conn *conn)
-{
-    return conn->p.resumable && (conn->peer.features & EXS_WIRE_FEAT_RESUMABLE);
-}
-
-/* The passive side's sessions, found by token when a resume request comes in (a leaf
- * lock: taken alone, or inside a conn->lock). A conn is destroyed on the progress thread
- * only, where requests are handled too, so one found here is alive. */
-static pthread_mutex_t resume_reg_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct exs_conn *resume_reg;
-
-static void resume_registry_add(struct exs_conn *conn)
-{
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    conn->rsm_next = resume_reg;
-    resume_reg = conn;
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-}
-
-int exs__resume_forget(struct exs_conn *conn)
-{
-    int now;
-
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    for (struct exs_conn **pp = &resume_reg; *pp; pp = &(*pp)->rsm_next)
-        if (*pp == conn) {
-            *pp = conn->rsm_next;
-            break;
-        }
-    now = conn->rsm_refs == 0;
-    conn->rsm_gone = !now;
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    exs__resume_wait_leave(conn); /* (it left RESUMING before: nothing, normally) */
-    return now;
-}
-
-/* The session named token, or NULL: every entry is compared, without a branch on the
- * bytes (a peer learns nothing from the time a wrong token takes). A conn found is held
- * (rsm_refs) until resume_registry_put: its socket may be closed and the conn destroyed
- * by another thread meanwhile, and the finder then frees it. */
-static struct exs_conn *resume_registry_find(uint64_t token)
-{
-    uintptr_t found = 0;
-
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    for (struct exs_conn *c = resume_reg; c; c = c->rsm_next) {
-        uint64_t d = c->sess_token ^ token;
-        uintptr_t m = (uintptr_t)0 - (uintptr_t)(((d | (0 - d)) >> 63) ^ 1); /* d == 0: ~0 */
-
-        found = (found & ~m) | ((uintptr_t)c & m);
-    }
-    if (found) /* atomic: written under the lock, but a unit test watches it without */
-        __atomic_add_fetch(&((struct exs_conn *)found)->rsm_refs, 1, __ATOMIC_RELEASE);
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    return (struct exs_conn *)found;
-}
-
-static void resume_registry_put(struct exs_conn *conn)
-{
-    int last;
-
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    last = __atomic_sub_fetch(&conn->rsm_refs, 1, __ATOMIC_RELEASE) == 0 && conn->rsm_gone;
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    if (last)
-        exs__conn_free(conn); /* destroyed while we held it */
-}
 
 /* ---- RESUMING bounded (§9.2, The wait) ----
  * The connections past their old path's drain that wait for the new path, oldest first
@@ -142,7 +34,7 @@ static void resume_wait_join_locked(struct exs_conn *conn)
 
     if (!max) /* the tunables were never loaded (unit tests) */
         max = UINT64_MAX;
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
     if (!conn->rsm_waiting && !conn->rsm_evicting) {
         exs_list_add_tail(&resume_waitq, &conn->rsm_wait_link);
         conn->rsm_waiting = 1;
@@ -159,18 +51,18 @@ static void resume_wait_join_locked(struct exs_conn *conn)
             __atomic_add_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
         }
     }
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
 }
 
 void exs__resume_wait_leave(struct exs_conn *conn)
 {
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
     if (conn->rsm_waiting) {
         exs_list_del(&conn->rsm_wait_link);
         conn->rsm_waiting = 0;
         resume_nwait--;
     }
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+    EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
 }
 
 static void resume_end_locked(struct exs_conn *conn, int err, const char *why, int count);
@@ -183,148 +75,22 @@ void exs__resume_evict_run(void)
         struct exs_list *n;
         struct exs_conn *v;
 
-        EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+        EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
         n = exs_list_pop_head(&resume_evictq);
         if (n)
             __atomic_sub_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
-        EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
+        EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
         if (!n)
             return;
         v = exs_list_entry(n, struct exs_conn, rsm_wait_link);
         EXS_MUTEX_LOCK(&v->lock, EXS_LOCK_CONN);
         if (v->state == EXS_CONN_RESUMING) { /* else it resumed or ended meanwhile */
-            EXS_CNT_INC(resume_cnt.fallback_resume_evicted);
+            EXS_CNT_INC(exs__resume_cnt.fallback_resume_evicted);
             resume_end_locked(v, ETIMEDOUT, "evicted: resume_max newer connections wait", 1);
         }
         EXS_MUTEX_UNLOCK(&v->lock, EXS_LOCK_CONN);
-        resume_registry_put(v); /* frees it when it was destroyed meanwhile */
+        exs__resume_registry_put(v); /* frees it when it was destroyed meanwhile */
     }
-}
-
-/* len random bytes into buf. 0 or -errno. */
-static int resume_random(void *buf, size_t len)
-{
-    uint8_t *p = buf;
-
-    while (len) {
-        ssize_t n = getrandom(p, len, 0);
-
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int err = n < 0 ? errno : EIO;
-
-            EXS_WARN(PROTO, "session: getrandom failed: %s", strerror(err));
-            return -err;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-uint64_t exs__resume_token_of(const uint8_t *kb)
-{
-    uint8_t d[EXS_SHA256_LEN];
-    uint64_t t;
-
-    exs__sha256(kb, EXS_WIRE_SESSION_KEY_LEN, d);
-    memcpy(&t, d, sizeof(t));
-    return be64toh(t);
-}
-
-void exs__resume_mac(const uint8_t *key, uint8_t label, const uint8_t *nonce_a,
-                     const uint8_t *nonce_b, uint8_t *out)
-{
-    const void *parts[3] = {&label, nonce_a, nonce_b};
-    const size_t lens[3] = {1, EXS_WIRE_NONCE_LEN, EXS_WIRE_NONCE_LEN};
-
-    exs__hmac_sha256(key, 2 * EXS_WIRE_SESSION_KEY_LEN, 3, parts, lens, out);
-}
-
-static void resume_mac(const struct exs_conn *conn, uint8_t label, const uint8_t *nonce_a,
-                       const uint8_t *nonce_b, uint8_t out[EXS_SHA256_LEN])
-{
-    exs__resume_mac(conn->rsm_key, label, nonce_a, nonce_b, out);
-}
-
-/* Where each side's key lives in conn->rsm_key: K_A (the active side's) first. */
-static uint8_t *resume_key_of(struct exs_conn *conn, int active)
-{
-    return conn->rsm_key + (active ? 0 : EXS_WIRE_SESSION_KEY_LEN);
-}
-
-void exs__resume_established_locked(struct exs_conn *conn)
-{
-    struct exs_wire_session s = {
-        .hdr = {.type = EXS_CTRL_SESSION, .len = htobe16(EXS_WIRE_SESSION_LEN)},
-    };
-    uint8_t *key = resume_key_of(conn, conn->active);
-
-    if (conn->state != EXS_CONN_CONNECTED)
-        return;
-    /* the passive side's SEND may have been handled before the active side's event (its
-     * hello was not adopted yet): a SESSION it sent needs the bit in that hello */
-    if (conn->active && (conn->rsm_keys & EXS_RSM_KEY_PEER) && !exs__resume_negotiated(conn)) {
-        EXS_INFO(PROTO, "conn %p: SESSION record refused: the peer's hello lacks bit 7",
-                 (void *)conn);
-        exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
-        return;
-    }
-    if (!exs__resume_negotiated(conn))
-        return;
-    /* each side draws its key; the passive side's names the session (a key whose token
-     * would be 0 is drawn again) */
-    do {
-        if (resume_random(key, EXS_WIRE_SESSION_KEY_LEN)) {
-            exs__conn_fail_locked(conn, ECONNRESET, "no session key");
-            return;
-        }
-    } while (!conn->active && !exs__resume_token_of(key));
-    conn->rsm_keys |= EXS_RSM_KEY_OWN;
-    memcpy(s.key, key, sizeof(s.key));
-    exs__conn_ctrl_append_locked(conn, &s, sizeof(s));
-    memset(&s, 0, sizeof(s));
-    if (conn->active) {
-        if (conn->sess_token) /* the peer's came first: counted now */
-            EXS_CNT_INC(resume_cnt.fallback_sessions);
-        return;
-    }
-    conn->sess_token = exs__resume_token_of(key);
-    resume_registry_add(conn);
-    EXS_CNT_INC(resume_cnt.fallback_sessions);
-    EXS_DBG(PROTO, "conn %p: session key sent (token %#" PRIx64 ")", (void *)conn,
-            conn->sess_token);
-}
-
-int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_session *s)
-{
-    uint64_t token = conn->active ? exs__resume_token_of(s->key) : 0;
-    const char *bad = NULL;
-
-    /* before the active side's ESTABLISHED event the peer's hello is not adopted yet:
-     * its bit is checked then (exs__resume_established_locked) */
-    if (!conn->p.resumable || (conn->peer.magic == EXS_WIRE_MAGIC && !exs__resume_negotiated(conn)))
-        bad = "feature RESUMABLE not negotiated";
-    else if (conn->rsm_keys & EXS_RSM_KEY_PEER)
-        bad = "a second one";
-    else if (s->hdr.flags)
-        bad = "flags set";
-    else if (conn->active && !token)
-        bad = "a key whose token is 0";
-    if (bad) {
-        EXS_INFO(PROTO, "conn %p: SESSION record refused: %s", (void *)conn, bad);
-        return -EPROTO;
-    }
-    memcpy(resume_key_of(conn, !conn->active), s->key, EXS_WIRE_SESSION_KEY_LEN);
-    conn->rsm_keys |= EXS_RSM_KEY_PEER;
-    if (!conn->active)
-        return 0; /* K_A: the passive side can check a resume's proof from now on */
-    conn->sess_token = token;
-    if (conn->state == EXS_CONN_CONNECTED) /* else counted at ESTABLISHED */
-        EXS_CNT_INC(resume_cnt.fallback_sessions);
-    EXS_DBG(PROTO, "conn %p: session key received (token %#" PRIx64 ")", (void *)conn, token);
-    return 0;
 }
 
 static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
@@ -364,88 +130,12 @@ static void resume_path_failed_locked(struct exs_conn *conn, const char *cause)
         conn->txshut != EXS_TXSHUT_OPEN || conn->peer_shut)
         return;
     conn->resume_noted = 1;
-    EXS_CNT_INC(resume_cnt.fallback_resume_failures);
+    EXS_CNT_INC(exs__resume_cnt.fallback_resume_failures);
     /* what is left of resume_eligible: a ring region in change is no reason (§9.2) */
     EXS_INFO(PROTO,
              "conn %p: path failed (%s) while resumable: not resumed (%s); the connection ends",
              (void *)conn, cause,
              conn->rsm_over ? "cut over once already" : "no fallback from its owner");
-}
-
-void exs__resume_tx_done_locked(struct exs_conn *conn, const struct exs_op *op)
-{
-    /* the writes of one endpoint complete in posting order and a stream is written in
-     * order, so these bytes are a prefix of the stream; SEQPACKET: one past the highest
-     * message seen completed (announced ones complete out of order, at READ_DONE) */
-    if (op->kind != EXS_OP_SEND)
-        return;
-    if (conn_is_stream(conn))
-        conn->resume_tx_done += op->len;
-    else if (op->seq + 1 > conn->resume_tx_done)
-        conn->resume_tx_done = op->seq + 1;
-}
-
-uint64_t exs__resume_arrived_locked(const struct exs_conn *conn)
-{
-    /* STREAM: S_r (bytes placed in receives, directly or copied out of the ring) and the
-     * bytes still in the ring (a STREAM ring has no skips, §7) */
-    if (conn_is_stream(conn))
-        return conn->rx_seq + (conn->rd_arrived - conn->rd_consumed);
-    return conn->rx_seq;
-}
-
-void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resume *r)
-{
-    uint64_t arrived = exs__resume_arrived_locked(conn);
-
-    memset(r, 0, sizeof(*r));
-    r->hdr.type = EXS_CTRL_RESUME;
-    r->hdr.len = htobe16(EXS_WIRE_RESUME_LEN);
-    r->token = htobe64(conn->sess_token);
-    if (conn_is_stream(conn))
-        r->rx_bytes = htobe64(arrived);
-    else
-        r->rx_msgs = htobe64(arrived);
-    r->ring_arrived = htobe64(conn->rd_arrived);
-    r->ring_consumed = htobe64(conn->rd_consumed);
-}
-
-int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_resume *r)
-{
-    uint64_t token = be64toh(r->token), msgs = be64toh(r->rx_msgs), bytes = be64toh(r->rx_bytes);
-    uint64_t ra = be64toh(r->ring_arrived), rc = be64toh(r->ring_consumed);
-    int stream = conn_is_stream(conn);
-    uint64_t pos = stream ? bytes : msgs;
-    uint64_t done = conn->resume_tx_done; /* bytes (STREAM) or messages (SEQPACKET) */
-    const char *bad = NULL;
-
-    if (!conn->sess_token)
-        bad = "the connection has no session";
-    else if (r->hdr.flags)
-        bad = "flags set";
-    else if (token != conn->sess_token)
-        bad = "not our token";
-    else if (stream ? msgs != 0 : bytes != 0)
-        bad = stream ? "a message position on a stream" : "a byte position on SEQPACKET";
-    else if (pos > conn->tx_seq)
-        bad = "beyond what we sent";
-    else if (pos < done) /* a hostile peer, or a receive completion reported in error
-                          * after its NIC acknowledged the write: those bytes are gone
-                          * here (completed, handed back), so the resume cannot be whole */
-        bad = "below what we saw completed";
-    else if (rc > ra || ra > conn->wr_tail || rc < conn->wr_consumed ||
-             ra - rc > conn->peer.ring_size)
-        /* the peer's ring: what arrived of what we wrote, at least what it reported
-         * read, at most a ring's worth unread */
-        bad = "ring positions out of range";
-    if (bad) {
-        EXS_INFO(PROTO,
-                 "conn %p: RESUME refused: %s (position %" PRIu64 ", sent %" PRIu64
-                 ", completed %" PRIu64 ")",
-                 (void *)conn, bad, pos, conn->tx_seq, done);
-        return -EPROTO;
-    }
-    return 0;
 }
 
 /* Count a resumable connection whose cut-over failed, once, with the cause. */
@@ -454,7 +144,7 @@ static void resume_failed_note(struct exs_conn *conn, const char *cause)
     if (conn->resume_noted)
         return;
     conn->resume_noted = 1;
-    EXS_CNT_INC(resume_cnt.fallback_resume_failures);
+    EXS_CNT_INC(exs__resume_cnt.fallback_resume_failures);
     EXS_INFO(PROTO, "conn %p: cut-over to the fallback failed (%s); the connection ends",
              (void *)conn, cause);
 }
@@ -527,7 +217,7 @@ static void resume_pend_kill_locked(struct exs_conn *conn, int reap)
 /* The trial is refused (why: for the log): counted, logged once, the conn untouched. */
 static void resume_pend_refuse_locked(struct exs_conn *conn, const char *why, int reap)
 {
-    EXS_CNT_INC(resume_cnt.fallback_resume_refused);
+    EXS_CNT_INC(exs__resume_cnt.fallback_resume_refused);
     EXS_INFO(PROTO, "conn %p: resume request refused on trial: %s; the connection goes on",
              (void *)conn, why);
     resume_pend_kill_locked(conn, reap);
@@ -538,7 +228,7 @@ void exs__resume_pend_end_locked(struct exs_conn *conn, int destroy)
     resume_pend_kill_locked(conn, destroy);
 }
 
-/* The size of the new path's ring: what the cut would give now (exs__st_ring_cut_locked),
+/* The size of the new path's ring: what the cut would give now (exs__stream_ring_cut_locked),
  * the current ring's, or the retired region's when more is unread than the current ring
  * holds. The peer, which asked to resume, writes nothing more on the old path, so what is
  * unread only shrinks until the cut, which checks that it fits. */
@@ -571,7 +261,7 @@ static int resume_pend_open_locked(struct exs_conn *conn, struct exs_prov_ctx *c
     if (!ret)
         ret = exs__conn_path_make(conn, ctx, EXS_MEM_OTHER, &pd->path);
     if (!ret)
-        ret = resume_random(pd->nonce_b, sizeof(pd->nonce_b));
+        ret = exs__resume_random(pd->nonce_b, sizeof(pd->nonce_b));
     if (ret) {
         EXS_INFO(PROTO, "conn %p: resume request: no new path: %s", (void *)conn, strerror(-ret));
         resume_pend_kill_locked(conn, 1);
@@ -584,7 +274,7 @@ static int resume_pend_open_locked(struct exs_conn *conn, struct exs_prov_ctx *c
     acc.hello.ring_size = htobe32(pd->ring_size);
     acc.hello.ring_addr = htobe64((uintptr_t)pd->ring_mem->addr);
     memcpy(acc.nonce_b, pd->nonce_b, sizeof(acc.nonce_b));
-    resume_mac(conn, EXS_WIRE_AUTH_LABEL_B, pd->nonce_a, pd->nonce_b, mac);
+    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_B, pd->nonce_a, pd->nonce_b, mac);
     memcpy(acc.mac_b, mac, sizeof(acc.mac_b));
     ret = exs__prov_accept(req, pd->path.ep, &acc, sizeof(acc)); /* consumes req */
     if (ret) {
@@ -613,7 +303,7 @@ static const char *resume_auth_check(const struct exs_conn *conn, const struct e
         return "its first record is not AUTH";
     if (be16toh(a.hdr.len) != EXS_WIRE_AUTH_LEN || a.hdr.flags || a.hdr.credits)
         return "a malformed AUTH record";
-    resume_mac(conn, EXS_WIRE_AUTH_LABEL_A, pd->nonce_a, pd->nonce_b, mac);
+    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_A, pd->nonce_a, pd->nonce_b, mac);
     if (!exs__mem_equal_ct(mac, a.mac, sizeof(mac)))
         return "a wrong AUTH proof";
     return NULL;
@@ -757,7 +447,7 @@ static void resume_end_locked(struct exs_conn *conn, int err, const char *why, i
 }
 
 /* May conn be cut over now (§9.2, When)? A conn cut over once is not again; a ring
- * region in change (§7.4) is not a reason (exs__st_ring_cut_locked). */
+ * region in change (§7.4) is not a reason (exs__stream_ring_cut_locked). */
 static int resume_eligible(const struct exs_conn *conn)
 {
     return conn->sess_token && !conn->rsm_over && conn->state == EXS_CONN_CONNECTED &&
@@ -819,7 +509,7 @@ int exs__resume_on_fail_locked(struct exs_conn *conn, int err, const char *why)
  * -ENOMEM (the cut-over fails). */
 static int resume_sp_cut_locked(struct exs_conn *conn)
 {
-    uint32_t stale = exs__sp_resume_cut_locked(conn);
+    uint32_t stale = exs__seqpkt_resume_cut_locked(conn);
 
     if (stale == UINT32_MAX)
         return -ENOMEM;
@@ -893,7 +583,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     int ret;
 
     resume_old_path_release_locked(conn); /* (the passive side's went when it began to wait) */
-    ret = exs__st_ring_cut_locked(conn); /* unread bytes retired; the new ring's size */
+    ret = exs__stream_ring_cut_locked(conn); /* unread bytes retired; the new ring's size */
     if (ret)
         return ret;
     conn->ctrl_mem = conn->rx_mr = conn->tx_mr = NULL;
@@ -948,7 +638,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     /* the receiver restarts in a direct phase (§7), its old ring's bytes first */
     conn->st_pr = 0;
     conn->st_sr_next = conn->rx_seq;
-    conn->st_drain = EXS_ST_DRAIN_IDLE;
+    conn->st_drain = EXS_STREAM_DRAIN_IDLE;
     conn->st_streak = 0;
     conn->st_eval_arrived = conn->rd_arrived;
     conn->st_drain_dir = 0;
@@ -977,7 +667,7 @@ static int resume_connect_locked(struct exs_conn *conn, const struct sockaddr_st
                                  socklen_t len)
 {
     struct exs_wire_resume_req q;
-    int ret = resume_random(conn->rsm_nonce, sizeof(conn->rsm_nonce));
+    int ret = exs__resume_random(conn->rsm_nonce, sizeof(conn->rsm_nonce));
 
     if (ret)
         return ret;
@@ -1121,7 +811,7 @@ static void resume_established_active_locked(struct exs_conn *conn,
         return;
     }
     memcpy(&acc, ev->private_data, sizeof(acc));
-    resume_mac(conn, EXS_WIRE_AUTH_LABEL_B, conn->rsm_nonce, acc.nonce_b, mac);
+    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_B, conn->rsm_nonce, acc.nonce_b, mac);
     if (!exs__mem_equal_ct(mac, acc.mac_b, sizeof(acc.mac_b))) {
         resume_end_locked(conn, ECONNRESET, "the new path's accept has a wrong proof (MAC_B)", 1);
         return;
@@ -1131,7 +821,7 @@ static void resume_established_active_locked(struct exs_conn *conn,
         return;
     }
     exs__conn_adopt_hello_locked(conn, &acc.hello);
-    resume_mac(conn, EXS_WIRE_AUTH_LABEL_A, conn->rsm_nonce, acc.nonce_b, a.mac);
+    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_A, conn->rsm_nonce, acc.nonce_b, a.mac);
     exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
     resume_newpath_up_locked(conn);
 }
@@ -1183,7 +873,7 @@ static uint64_t resume_sp_rewind_locked(struct exs_conn *conn, uint64_t pos)
         if (op->kind != EXS_OP_SEND || op->state == EXS_OPS_DONE)
             continue;
         if (op->state == EXS_OPS_POSTED && op->seq < pos && op->announced) {
-            exs__sp_resume_reann_mark_locked(conn, op);
+            exs__seqpkt_resume_reann_mark_locked(conn, op);
             continue;
         }
         if (op->state == EXS_OPS_POSTED && op->seq < pos) {
@@ -1248,8 +938,8 @@ rewound:
     conn->rs_owed = 0;
     conn->adv_head = conn->adv_count = 0;
     conn->rsm_peer_wait = 0;
-    EXS_CNT_INC(resume_cnt.fallback_resumes);
-    EXS_CNT_ADD(resume_cnt.fallback_replayed_bytes, again);
+    EXS_CNT_INC(exs__resume_cnt.fallback_resumes);
+    EXS_CNT_ADD(exs__resume_cnt.fallback_replayed_bytes, again);
     EXS_INFO(PROTO,
              "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %s %" PRIu64 ", %" PRIu64
              " ring bytes of the old path still to read",
@@ -1311,7 +1001,7 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     }
     memcpy(&q, pd, sizeof(q));
     token = be64toh(q.token);
-    conn = token ? resume_registry_find(token) : NULL;
+    conn = token ? exs__resume_registry_find(token) : NULL;
     if (!conn) {
         EXS_INFO(PROTO, "resume request for an unknown session refused");
         return EXS_WIRE_REJ_RESUME;
@@ -1335,7 +1025,7 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     else
         EXS_INFO(PROTO, "conn %p: resume request refused: %s", (void *)conn, bad);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
-    resume_registry_put(conn);
+    exs__resume_registry_put(conn);
     exs__resume_evict_run(); /* those it made give up (the wait) */
     return reason;
 }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* SOCK_SEQPACKET data path (spec/protocol.md §6): eager ring writes, direct writes into
- * advertised receives, and announce + RDMA READ rendezvous. */
+ * advertised receives, and announce + RDMA READ rendezvous. Layer 2 of
+ * spec/proto-layout.md; seqpkt_ann.c below it holds the announced messages' records. */
 #include <endian.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -12,7 +13,7 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-uint32_t exs__sp_slot_len(uint32_t len)
+uint32_t exs__seqpkt_slot_len(uint32_t len)
 {
     uint32_t n = (len + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
 
@@ -25,27 +26,10 @@ static void sp_ring_place(uint64_t pos, uint32_t size, uint32_t len, uint32_t *s
                           uint32_t *slot_p)
 {
     uint32_t off = (uint32_t)(pos % size);
-    uint32_t slot = exs__sp_slot_len(len);
+    uint32_t slot = exs__seqpkt_slot_len(len);
 
     *skip_p = off + slot > size ? size - off : 0;
     *slot_p = slot;
-}
-
-/* A pending message entry, charged to the memory account (§9.3): NULL when the budget is
- * reached (*err_p -ENOBUFS: the connection ends) or out of memory (-ENOMEM). */
-static struct exs_pending_msg *sp_pending_alloc(struct exs_conn *conn, int *err_p)
-{
-    struct exs_pending_msg *m;
-
-    *err_p = exs__conn_mem_take_locked(conn, exs__mem_chunk(sizeof(*m)), EXS_MEM_OTHER);
-    if (*err_p)
-        return NULL;
-    m = calloc(1, sizeof(*m));
-    if (!m) {
-        exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*m)));
-        *err_p = -ENOMEM;
-    }
-    return m;
 }
 
 static void sp_pending_free(struct exs_conn *conn, struct exs_pending_msg *m)
@@ -54,13 +38,7 @@ static void sp_pending_free(struct exs_conn *conn, struct exs_pending_msg *m)
     exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*m)));
 }
 
-/* Bytes of the remembered-reads array (§9.2) of cap entries. */
-static uint64_t sp_memo_bytes(uint32_t cap)
-{
-    return exs__mem_chunk(cap * sizeof(uint64_t));
-}
-
-void exs__sp_free_pending_locked(struct exs_conn *conn)
+void exs__seqpkt_free_pending_locked(struct exs_conn *conn)
 {
     struct exs_list *n;
 
@@ -68,7 +46,7 @@ void exs__sp_free_pending_locked(struct exs_conn *conn)
         sp_pending_free(conn, exs_list_entry(n, struct exs_pending_msg, link));
     conn->pending_count = conn->pending_announced = 0;
     if (conn->sp_memo)
-        exs__conn_mem_give_locked(conn, sp_memo_bytes(conn->sp_memo_cap));
+        exs__conn_mem_give_locked(conn, exs__seqpkt_memo_bytes(conn->sp_memo_cap));
     free(conn->sp_memo);
     conn->sp_memo = NULL;
     conn->sp_memo_n = conn->sp_memo_head = conn->sp_memo_owed = 0;
@@ -97,7 +75,7 @@ static void sp_advert_pop(struct exs_conn *conn)
     conn->adv_count--;
 }
 
-int exs__sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
+int exs__seqpkt_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
     /* Stale ADVERTs (for messages that went eager or batched) were dropped only when a
      * send looked at the head, and a stream of batched sends never does: they piled up
@@ -155,72 +133,6 @@ static void sp_frag_post_locked(struct exs_conn *conn)
     }
 }
 
-/* Append the ANNOUNCE of send op as message seq (room checked by the caller), with a
- * grant of its buffer: the peer may READ exactly this buffer until its READ_DONE. 0, or
- * -errno when the grant failed (the connection fails). */
-static int sp_announce_locked(struct exs_conn *conn, struct exs_op *op, uint64_t seq)
-{
-    int ret = exs__conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_READ);
-
-    if (ret) {
-        exs__conn_fail_locked(conn, ECONNRESET, "announce grant failed");
-        return ret;
-    }
-    struct exs_wire_announce a = {
-        .hdr = {.type = EXS_CTRL_ANNOUNCE, .len = htobe16(EXS_WIRE_ANNOUNCE_LEN)},
-        .addr = htobe64((uintptr_t)op->buf),
-        .len = htobe32((uint32_t)op->len),
-        .rkey = htobe32(op->rkey),
-        .seq = htobe64(seq),
-    };
-    exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
-    return 0;
-}
-
-/* Sender, applying the peer's RESUME (§9.2, Replay, SEQPACKET): announced send op, whose
- * ANNOUNCE arrived (seq below the peer's position) and whose READ_DONE did not, stays
- * POSTED and is announced again on the new path, before anything else moves. */
-void exs__sp_resume_reann_mark_locked(struct exs_conn *conn, struct exs_op *op)
-{
-    op->announced = 0; /* until announced again: no READ_DONE completes it */
-    op->inflight = 0;
-    op->posted = 0;
-    conn->sp_reann_left++;
-}
-
-/* Announce again, in message order, every send marked by exs__sp_resume_reann_mark_locked,
- * each with a new grant on the new path's endpoint (the old one died with the old path).
- * 1 when all went (the send queue goes on), 0 when one waits for control room. */
-static int sp_reannounce_locked(struct exs_conn *conn)
-{
-    struct exs_list *pos;
-
-    exs_list_for_each(pos, &conn->sendq)
-    {
-        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
-
-        if (!conn->sp_reann_left)
-            break;
-        if (op->kind != EXS_OP_SEND || op->state != EXS_OPS_POSTED || op->announced ||
-            op->seq >= conn->sp_reann_pos)
-            continue;
-        if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN) &&
-            !exs__conn_ctrl_flush_locked(conn))
-            return 0;
-        if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN))
-            return 0;
-        exs__conn_revoke_op_locked(op); /* a grant of the old path (none after a switch) */
-        if (sp_announce_locked(conn, op, op->seq))
-            return 0;
-        op->announced = 1;
-        conn->sp_reann_left--;
-        EXS_DBG(PROTO, "conn %p: message %llu: announced again, %zu bytes", (void *)conn,
-                (unsigned long long)op->seq, op->len);
-    }
-    EXS_ASSERT(!conn->sp_reann_left);
-    return 1;
-}
-
 /* May one more message be announced (§6: at most ANNOUNCED_MAX whose READ_DONE has not
  * come)? sp_ann_out only over-counts (a send announced again after a cut counts twice):
  * at the cap the sends still waiting for their READ_DONE are counted again. */
@@ -261,7 +173,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         conn->stats.credit_stalls++;
         return 0;
     }
-    if (EXS_RT_ON && op->rt && !exs__rt_wire_begin_locked(conn, op))
+    if (EXS_REQTRACE_ON && op->rt && !exs__reqtrace_wire_begin_locked(conn, op))
         return 0;
     adv = sp_advert_head(conn);
 
@@ -335,7 +247,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         return 0;
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN))
         return 0;
-    if (sp_announce_locked(conn, op, conn->tx_seq))
+    if (exs__seqpkt_announce_locked(conn, op, conn->tx_seq))
         return 0;
     EXS_TRACE(PROTO, "conn %p: message %llu: announce %u bytes", (void *)conn,
               (unsigned long long)conn->tx_seq, len);
@@ -373,12 +285,12 @@ static int sp_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     return 1;
 }
 
-void exs__sp_send_progress_locked(struct exs_conn *conn)
+void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
     /* after a cut, messages announced again go first (§9.2) */
-    if (conn->sp_reann_left && (!sp_reannounce_locked(conn) || conn->state >= EXS_CONN_DOWN))
+    if (conn->sp_reann_left && (!exs__seqpkt_reannounce_locked(conn) || conn->state >= EXS_CONN_DOWN))
         return;
 
     if (conn->sp_frag_op) {
@@ -410,7 +322,7 @@ void exs__sp_send_progress_locked(struct exs_conn *conn)
     }
 }
 
-int exs__sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
+int exs__seqpkt_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
 {
     struct exs_list *pos;
 
@@ -437,7 +349,7 @@ int exs__sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
 
 static struct exs_pending_msg *sp_pending_new(struct exs_conn *conn, int *err_p)
 {
-    struct exs_pending_msg *m = sp_pending_alloc(conn, err_p);
+    struct exs_pending_msg *m = exs__seqpkt_pending_alloc(conn, err_p);
 
     if (!m)
         return NULL;
@@ -447,212 +359,15 @@ static struct exs_pending_msg *sp_pending_new(struct exs_conn *conn, int *err_p)
     return m;
 }
 
-#define SP_MEMO_OWED (1ull << 63) /* a memo entry's READ_DONE is owed to a re-announce */
-#define SP_MEMO_GONE UINT64_MAX   /* a memo entry answered: never again */
-
-/* A resumable receiver read announced message seq whole: remember it, so that a
- * re-announce after a cut (its READ_DONE lost with the old path) is answered with a
- * READ_DONE and no READ (§9.2). The oldest entry goes when the memo is full: its bound
- * covers every READ_DONE that can be unsent or unprocessed when a path fails. Nothing
- * is added after the cut (one cut per connection). */
-static void sp_memo_add_locked(struct exs_conn *conn, uint64_t seq)
-{
-    /* until the cut is over: on the new path nothing is cut again, and an entry whose
-     * READ_DONE is owed to a re-announce is never overwritten */
-    if (!conn->sess_token || (conn->rsm_over && conn->state != EXS_CONN_RESUMING))
-        return;
-    if (!conn->sp_memo) {
-        if (!conn->sp_memo_cap)
-            conn->sp_memo_cap = conn->p.max_reads +
-                                (conn->tx_slots + 1 + conn->peer.credits) * EXS_SP_RDONE_PER_SEND;
-        if (exs__conn_mem_take_locked(conn, sp_memo_bytes(conn->sp_memo_cap), EXS_MEM_OTHER)) {
-            EXS_INFO(PROTO, "conn %p: memory budget reached: announced messages read are not "
-                     "remembered", (void *)conn);
-            return; /* as out of memory, below */
-        }
-        conn->sp_memo = calloc(conn->sp_memo_cap, sizeof(*conn->sp_memo));
-        if (!conn->sp_memo) {
-            /* a later re-announce of it is refused: the connection ends then */
-            EXS_WARN(PROTO, "conn %p: no memory to remember announced messages read", (void *)conn);
-            exs__conn_mem_give_locked(conn, sp_memo_bytes(conn->sp_memo_cap));
-            return;
-        }
-    }
-    conn->sp_memo[conn->sp_memo_head] = seq;
-    conn->sp_memo_head = (conn->sp_memo_head + 1) % conn->sp_memo_cap;
-    if (conn->sp_memo_n < conn->sp_memo_cap)
-        conn->sp_memo_n++;
-}
-
-/* The memo entry of message seq, or NULL. */
-static uint64_t *sp_memo_find(struct exs_conn *conn, uint64_t seq)
-{
-    for (uint32_t i = 0; i < conn->sp_memo_n; i++)
-        if (conn->sp_memo[i] == seq)
-            return &conn->sp_memo[i];
-    return NULL;
-}
-
-/* Append the READ_DONEs owed to re-announces while the control batch has room. */
-static void sp_memo_flush_locked(struct exs_conn *conn)
-{
-    for (uint32_t i = 0; i < conn->sp_memo_n && conn->sp_memo_owed; i++) {
-        struct exs_wire_read_done d = {
-            .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
-        };
-
-        if (conn->sp_memo[i] == SP_MEMO_GONE || !(conn->sp_memo[i] & SP_MEMO_OWED))
-            continue;
-        if (!exs__conn_ctrl_room_locked(conn, sizeof(d)) && !exs__conn_ctrl_flush_locked(conn))
-            return;
-        if (!exs__conn_ctrl_room_locked(conn, sizeof(d)))
-            return;
-        d.seq = htobe64(conn->sp_memo[i] & ~SP_MEMO_OWED);
-        exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
-        conn->sp_memo[i] = SP_MEMO_GONE;
-        conn->sp_memo_owed--;
-    }
-}
-
-/* Receiver, at a cut over (§9.2, Replay, SEQPACKET), once the old path is over: every
- * announced message that arrived and was not read whole has lost its grant with the old
- * endpoint. A receive whose READs did not all complete (flushed, or in flight on an
- * abandoned endpoint) gives its message back, first in the pending list, and waits for
- * it again, to be read from offset 0 (its bytes were not counted); every pending
- * announced message becomes stale until the sender announces it again. READ_DONEs not
- * yet appended are forgotten: each is answered again to its re-announce (the memo).
- * Opens the re-announce window. The stale messages, or UINT32_MAX when out of memory. */
-uint32_t exs__sp_resume_cut_locked(struct exs_conn *conn)
-{
-    struct exs_list back, *pos, *n;
-    int nomem = 0, err;
-
-    exs_list_init(&back);
-    exs_list_for_each(pos, &conn->recvq)
-    {
-        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
-        struct exs_pending_msg *m;
-
-        if (op->state != EXS_OPS_POSTED)
-            continue; /* only a receive reading an announced message is POSTED */
-        m = sp_pending_alloc(conn, &err);
-        if (!m) {
-            nomem = 1; /* the cut-over fails: the connection ends (what was given back
-                        * is pending, the rest ends with it) */
-            break;
-        }
-        m->announced = 1;
-        m->seq = op->seq;
-        m->len = op->msg_len;
-        exs_list_add_tail(&back, &m->link);
-        conn->pending_count++;
-        conn->pending_announced++;
-        conn->rx_matched--;
-        op->state = EXS_OPS_QUEUED;
-        op->posted = op->filled = 0;
-        op->inflight = 0;
-        op->msg_len = 0;
-    }
-    /* in message order, before the messages still pending (they came after) */
-    for (pos = back.prev; pos != &back; pos = n) {
-        n = pos->prev;
-        exs_list_del(pos);
-        exs_list_add_head(&conn->pending, pos);
-    }
-    conn->sp_rd_op = NULL;
-    conn->reads = 0;
-    conn->sp_stale = 0;
-    exs_list_for_each(pos, &conn->pending)
-    {
-        struct exs_pending_msg *m = exs_list_entry(pos, struct exs_pending_msg, link);
-
-        if (m->announced) {
-            m->stale = 1;
-            m->addr = 0;
-            m->rkey = 0;
-            conn->sp_stale++;
-        }
-    }
-    conn->rd_owed_count = 0;
-    conn->sp_reann_open = 1;
-    conn->sp_reann_end = conn->rx_seq;
-    conn->sp_reann_next = 0;
-    return nomem ? UINT32_MAX : conn->sp_stale;
-}
-
-/* A message at or past the cut's position arrived: the re-announce window closes. Every
- * stale message must have been announced again before it (the sender announces them
- * first): one still stale means the peer broke the protocol. 0 or -EPROTO. */
-static int sp_reann_close_locked(struct exs_conn *conn)
-{
-    conn->sp_reann_open = 0;
-    if (!conn->sp_stale)
-        return 0;
-    EXS_INFO(PROTO,
-             "conn %p: message %llu came before %u announced messages of the cut were "
-             "announced again",
-             (void *)conn, (unsigned long long)conn->rx_seq, conn->sp_stale);
-    return -EPROTO;
-}
-
-/* An ANNOUNCE of message seq below the cut's position (§9.2): in the window, in
- * increasing order, of a stale message (it gets the new grant and is read when its
- * receive comes) or of one read whole (remembered: answered with one READ_DONE, no
- * READ). Anything else: -EPROTO. */
-static int sp_on_reannounce_locked(struct exs_conn *conn, const struct exs_wire_announce *a,
-                                   uint64_t seq)
-{
-    struct exs_list *pos;
-    uint64_t *e;
-
-    if (seq < conn->sp_reann_next) {
-        EXS_INFO(PROTO, "conn %p: message %llu announced again after %llu", (void *)conn,
-                 (unsigned long long)seq, (unsigned long long)conn->sp_reann_next - 1);
-        return -EPROTO;
-    }
-    exs_list_for_each(pos, &conn->pending)
-    {
-        struct exs_pending_msg *m = exs_list_entry(pos, struct exs_pending_msg, link);
-
-        if (m->seq > seq)
-            break;
-        if (m->seq != seq || !m->announced || !m->stale)
-            continue;
-        if (be32toh(a->len) != m->len) {
-            EXS_INFO(PROTO, "conn %p: message %llu announced again with %u bytes, not %u",
-                     (void *)conn, (unsigned long long)seq, be32toh(a->len), m->len);
-            return -EPROTO;
-        }
-        m->addr = be64toh(a->addr);
-        m->rkey = be32toh(a->rkey);
-        m->stale = 0;
-        conn->sp_stale--;
-        conn->sp_reann_next = seq + 1;
-        return 0;
-    }
-    e = conn->sp_memo ? sp_memo_find(conn, seq) : NULL;
-    if (!e) {
-        EXS_INFO(PROTO,
-                 "conn %p: message %llu announced again: not an announced message "
-                 "unread at the cut nor one remembered read",
-                 (void *)conn, (unsigned long long)seq);
-        return -EPROTO;
-    }
-    *e |= SP_MEMO_OWED; /* its READ_DONE is appended by the next progress */
-    conn->sp_memo_owed++;
-    conn->sp_reann_next = seq + 1;
-    return 0;
-}
-
-int exs__sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a)
+int exs__seqpkt_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a)
 {
     struct exs_pending_msg *m;
     int err;
 
     if (conn->sp_reann_open && !conn->peer_shut) {
         if (be64toh(a->seq) < conn->sp_reann_end)
-            return sp_on_reannounce_locked(conn, a, be64toh(a->seq));
-        if (sp_reann_close_locked(conn))
+            return exs__seqpkt_on_reannounce_locked(conn, a, be64toh(a->seq));
+        if (exs__seqpkt_reann_close_locked(conn))
             return -EPROTO;
     }
     if (conn->peer_shut || conn->sp_rx_frag || be64toh(a->seq) != conn->rx_seq) {
@@ -769,11 +484,11 @@ static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
     return 0;
 }
 
-int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
+int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     if (conn->peer_shut)
         return -EPROTO;
-    if (conn->sp_reann_open && sp_reann_close_locked(conn))
+    if (conn->sp_reann_open && exs__seqpkt_reann_close_locked(conn))
         return -EPROTO;
     if (conn->sp_rx_frag && exs_imm_kind(imm) != EXS_IMM_DIRECT) {
         EXS_INFO(PROTO, "conn %p: message %llu not ended (no eom) when the next one came",
@@ -891,7 +606,7 @@ static void sp_read_post_locked(struct exs_conn *conn)
 /* A READ (piece) of receive op completed successfully. The receive completes with its
  * last piece, when every piece read its bytes; then READ_DONE frees the sender's
  * buffer. A piece that failed took the connection down: the op ends with it. */
-void exs__sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
+void exs__seqpkt_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_wire_read_done d = {
         .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
@@ -920,7 +635,7 @@ void exs__sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
     conn->stats.bytes_received += n;
     conn->stats.direct_xfers++;
     exs__conn_op_finish_locked(op, n, 0);
-    sp_memo_add_locked(conn, op->seq);
+    exs__seqpkt_memo_add_locked(conn, op->seq);
     /* the sender's buffer is free now: tell it (owed if the batch is full; the owed
      * list is bounded because no READ starts while reads + owed reach max_reads) */
     if (conn->rd_owed_count == 0 && !exs__conn_ctrl_room_locked(conn, sizeof(d)))
@@ -1023,7 +738,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
     return 1;
 }
 
-void exs__sp_recv_progress_locked(struct exs_conn *conn)
+void exs__seqpkt_recv_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
     uint64_t index = 0;
@@ -1037,7 +752,7 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
             sp_flush_read_done_locked(conn);
     }
     if (conn->sp_memo_owed)
-        sp_memo_flush_locked(conn);
+        exs__seqpkt_memo_flush_locked(conn);
     if (conn->sp_rd_op) {
         sp_read_post_locked(conn);
         if (conn->state != EXS_CONN_CONNECTED)
@@ -1103,7 +818,7 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
 /* The connection is over: hand the eager messages still in the ring to receives in
  * order (announced ones can no longer be read: their sends were cancelled), then end
  * of stream after an orderly SHUTDOWN, else the connection's error. */
-void exs__sp_dead_drain_locked(struct exs_conn *conn)
+void exs__seqpkt_dead_drain_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 

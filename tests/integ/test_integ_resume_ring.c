@@ -135,7 +135,7 @@ static int rr_offer(int fd, uint32_t size)
 
     ck_assert_ptr_nonnull(s);
     EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
-    ret = exs__st_ring_offer_locked(s->conn, size, 0);
+    ret = exs__stream_ring_offer_locked(s->conn, size, 0);
     EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
     exs__api_sock_put(s);
     return ret;
@@ -264,7 +264,7 @@ START_TEST(test_rr_cut_while_tuning)
         }
         resizes = s->conn->stats.ring_resizes;
         it_fault_set("fault_drop_nth", "1"); /* the next send post: the offer's */
-        ret = exs__st_ring_offer_locked(s->conn, size < RR_MAX ? size * 2 : size / 2, 0);
+        ret = exs__stream_ring_offer_locked(s->conn, size < RR_MAX ? size * 2 : size / 2, 0);
         EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
         ck_assert_msg(ret == 0, "offer: %d", ret);
         rr_wait_resumes(res0, 2);

@@ -971,7 +971,7 @@ START_TEST(hs_trace_ok)
 {
     static uint8_t sb[20];
     struct pt_op s;
-    uint64_t before = exs__rt_completed();
+    uint64_t before = exs__reqtrace_completed();
 
     raw_open(SOCK_SEQPACKET);
     raw_trace(0, 0, 5, 0, 0, 0); /* a request for message 0, which comes next */
@@ -984,7 +984,7 @@ START_TEST(hs_trace_ok)
     raw_trace(EXS_TRACE_ANSWER, 0, 10, 11, 12, 13);
     pt_run(&pp);
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
-    ck_assert_uint_eq(exs__rt_completed(), before + 1);
+    ck_assert_uint_eq(exs__reqtrace_completed(), before + 1);
     pt_op_fini(&s);
     exs__conn_close(pp.b.conn);
     raw_close();
@@ -1155,7 +1155,7 @@ static void raw_st_write(const uint8_t *data, uint32_t len, uint64_t off)
 }
 
 /* Nine TRACE requests from raw, each but the last followed by its data (SEQPACKET: an eager
- * message; STREAM: one byte), none received: the ninth, with EXS_RT_SLOTS waiting, resets
+ * message; STREAM: one byte), none received: the ninth, with EXS_REQTRACE_SLOTS waiting, resets
  * the connection. Closes raw. */
 static void raw_trace_ninth(int stream)
 {
@@ -1186,7 +1186,7 @@ START_TEST(hs_trace_stream_ok)
     static uint8_t sb[20], rb[64];
     struct pt_op s, r;
     struct exs_wire_trace t[4];
-    uint64_t before = exs__rt_completed();
+    uint64_t before = exs__reqtrace_completed();
     int data_first = 0;
 
     raw_open(SOCK_STREAM);
@@ -1215,11 +1215,11 @@ START_TEST(hs_trace_stream_ok)
     ck_assert_uint_eq(t[0].hdr.flags, 0);
     ck_assert_uint_eq(be64toh(t[0].seq), 20);
     ck_assert_uint_gt(be64toh(t[0].t_req), 0);
-    ck_assert_uint_eq(exs__rt_completed(), before);
+    ck_assert_uint_eq(exs__reqtrace_completed(), before);
     raw_trace(EXS_TRACE_ANSWER, 20, 10, 11, 12, 13);
     pt_run(&pp);
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
-    ck_assert_uint_eq(exs__rt_completed(), before + 1);
+    ck_assert_uint_eq(exs__reqtrace_completed(), before + 1);
     pt_op_fini(&r);
     pt_op_fini(&s);
     exs__conn_close(pp.b.conn);
@@ -1240,7 +1240,7 @@ START_TEST(hs_trace_stream_waiting)
     static uint8_t fill[4096], sb[20];
     struct pt_op f, s;
     struct exs_wire_trace t[4];
-    uint64_t before = exs__rt_completed(), consumed = htobe64(4096);
+    uint64_t before = exs__reqtrace_completed(), consumed = htobe64(4096);
 
     raw_open(SOCK_STREAM);
     pt_op_init(&f, &pp.b, EXS_OP_SEND, fill, sizeof(fill), 0); /* fills raw's ring */
@@ -1264,8 +1264,8 @@ START_TEST(hs_trace_stream_waiting)
     ck_assert_int_eq(s.op.err, 0);
     raw_trace(EXS_TRACE_ANSWER, 4096 + 20, 10, 11, 12, 13);
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
-    ck_assert_uint_eq(exs__rt_completed(), before + 1);
-    for (unsigned i = 0; i < EXS_RT_SLOTS; i++)
+    ck_assert_uint_eq(exs__reqtrace_completed(), before + 1);
+    for (unsigned i = 0; i < EXS_REQTRACE_SLOTS; i++)
         ck_assert_int_eq(pp.b.conn->rt->tx[i].used, 0);
     pt_op_fini(&f);
     pt_op_fini(&s);
@@ -1416,8 +1416,8 @@ static void raw_b_offers(struct exs_wire_resize *offer)
              raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
     pt_run(&pp);
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
-    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 0), 0);
-    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 0), -EBUSY);
+    ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 0), 0);
+    ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 0), -EBUSY);
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pt_run(&pp);
     ck_assert(raw_find_record(EXS_CTRL_RESIZE, offer, sizeof(*offer)));
@@ -2282,7 +2282,7 @@ static uint32_t ra_cut(void)
     uint32_t n;
 
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
-    n = exs__sp_resume_cut_locked(pp.b.conn);
+    n = exs__seqpkt_resume_cut_locked(pp.b.conn);
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     return n;
 }

@@ -554,7 +554,7 @@ static void st_drain_run(int mode)
         ck_assert_uint_eq(sbs.drain_requests, 0);
         ck_assert_int_eq(tap.n_drain, 0);
         ck_assert_int_eq(pp.a.conn->st_held, 0);
-        ck_assert_int_eq(pp.b.conn->st_drain, EXS_ST_DRAIN_IDLE);
+        ck_assert_int_eq(pp.b.conn->st_drain, EXS_STREAM_DRAIN_IDLE);
         st_send(&s[3], &pp.a, sb[3], s3len, stop);
         pt_run(&pp);
     } else {
@@ -625,11 +625,11 @@ static void st_drain_run(int mode)
         pp.b.conn->st_drain_hold = exs__now_us() + 60000000u;
         pp.b.conn->st_streak = 100;
         pp.b.conn->st_eval_arrived = pp.b.conn->rd_arrived;
-        exs__st_recv_progress_locked(pp.b.conn);
-        ck_assert_int_eq(pp.b.conn->st_drain, EXS_ST_DRAIN_IDLE);
+        exs__stream_recv_progress_locked(pp.b.conn);
+        ck_assert_int_eq(pp.b.conn->st_drain, EXS_STREAM_DRAIN_IDLE);
         pp.b.conn->st_drain_hold = 1;
-        exs__st_recv_progress_locked(pp.b.conn);
-        ck_assert_int_eq(pp.b.conn->st_drain, EXS_ST_DRAIN_REQUESTED);
+        exs__stream_recv_progress_locked(pp.b.conn);
+        ck_assert_int_eq(pp.b.conn->st_drain, EXS_STREAM_DRAIN_REQUESTED);
         EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
         pt_run(&pp);
         pt_stats(&pp.b, &sbs);

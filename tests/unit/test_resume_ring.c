@@ -115,7 +115,7 @@ static int rr_offer(struct pt_side *side, uint32_t size)
     int ret;
 
     EXS_MUTEX_LOCK(&side->conn->lock, EXS_LOCK_CONN);
-    ret = exs__st_ring_offer_locked(side->conn, size, 0);
+    ret = exs__stream_ring_offer_locked(side->conn, size, 0);
     EXS_MUTEX_UNLOCK(&side->conn->lock, EXS_LOCK_CONN);
     return ret;
 }
@@ -213,7 +213,7 @@ START_TEST(rr_cut_answer_owed)
     r.addr = htobe64((uintptr_t)pp.b.conn->rs_next_mem->addr);
     r.rkey = htobe32(pp.b.conn->rs_next_grant->rkey);
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
-    ck_assert_int_eq(exs__st_on_resize_locked(pp.a.conn, &r), 0);
+    ck_assert_int_eq(exs__stream_on_resize_locked(pp.a.conn, &r), 0);
     ck_assert_int_eq(pp.a.conn->rs_owed, 1);
     EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     rr_cut();

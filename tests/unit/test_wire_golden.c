@@ -368,7 +368,7 @@ START_TEST(golden_resize)
     ck_assert_int_eq(r.op.result, 3000);
     from_a = from_b = ncaps; /* what follows the offer */
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
-    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 0), 0);
+    ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 0), 0);
     uint64_t addr = (uintptr_t)pp.b.conn->rs_next_mem->addr;
     uint32_t rkey = pp.b.conn->rs_next_grant->rkey;
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
@@ -830,7 +830,7 @@ START_TEST(golden_trace)
     gp_setup(SOCK_SEQPACKET, EXS_XFER_DYNAMIC);
     exs__params.trace_sample_mask = _i ? 0 : UINT64_MAX;
     rt_records = 0;
-    exs__rt_set_sink(rt_sink);
+    exs__reqtrace_set_sink(rt_sink);
     pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
     ck_assert_int_eq(pt_post(&r), 0);
     pt_op_init(&s, &pp.a, EXS_OP_SEND, sb, sizeof(sb), 0);
@@ -839,7 +839,7 @@ START_TEST(golden_trace)
     ck_assert_int_eq(s.done, 1);
     ck_assert_int_eq(r.done, 1);
     ck_assert_int_eq(r.op.result, 10);
-    exs__rt_set_sink(NULL);
+    exs__reqtrace_set_sink(NULL);
     exs__params.trace_sample_mask = 0;
     if (_i) {
         ck_assert_ptr_null(cap_trace(pp.a.conn->ep));
@@ -921,14 +921,14 @@ END_TEST
 /* Sampling rule (spec/observability.md §8). */
 START_TEST(golden_trace_sampling)
 {
-    ck_assert(!exs__rt_sampled(0, 0));
-    ck_assert(exs__rt_sampled(0, 1023));
-    ck_assert(!exs__rt_sampled(1, 1023));
-    ck_assert(exs__rt_sampled(2048, 1023));
-    ck_assert(!exs__rt_sampled(2049, 1023));
-    ck_assert(exs__rt_sampled(12345, UINT64_MAX));
-    ck_assert(!exs__rt_sampled(1, 1));
-    ck_assert(exs__rt_sampled(2, 1));
+    ck_assert(!exs__reqtrace_sampled(0, 0));
+    ck_assert(exs__reqtrace_sampled(0, 1023));
+    ck_assert(!exs__reqtrace_sampled(1, 1023));
+    ck_assert(exs__reqtrace_sampled(2048, 1023));
+    ck_assert(!exs__reqtrace_sampled(2049, 1023));
+    ck_assert(exs__reqtrace_sampled(12345, UINT64_MAX));
+    ck_assert(!exs__reqtrace_sampled(1, 1));
+    ck_assert(exs__reqtrace_sampled(2, 1));
     ck_assert_int_eq(EXS_CTRL_TRACE, 9);
     ck_assert_uint_eq(EXS_WIRE_FEAT_TRACE, 16);
     ck_assert_uint_eq(EXS_WIRE_FEAT_STRACE, 256);
