@@ -17,6 +17,7 @@ cc=${CC:-gcc}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
+root=$(cd "$dir/../.." && pwd) # the tree dir belongs to: its headers
 
 # the layer table: rows "| `file.c` | N | ..." of spec/proto-layout.md
 sed -nE 's/^\| `([a-z_0-9]+\.c)` +\| +([0-9]+) +\|.*/\1 \2/p' "$spec" >"$tmp/layers"
@@ -27,7 +28,7 @@ for f in "$dir"/*.c; do
         fail=1
     fi
     # the call graph of one file: GCC writes <dumpbase>.ci next to the object
-    if ! "$cc" -D_GNU_SOURCE -Iinclude -I. -std=gnu11 -O0 -pthread -fcallgraph-info \
+    if ! "$cc" -D_GNU_SOURCE -I"$root/include" -I"$root" -std=gnu11 -O0 -pthread -fcallgraph-info \
         -c -o "$tmp/${b%.c}.o" "$f" 2>"$tmp/${b%.c}.err"; then
         echo "check-proto-calls: $f does not compile:"
         cat "$tmp/${b%.c}.err"

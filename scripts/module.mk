@@ -82,3 +82,10 @@ check-prov-door:
 	$(Q)bash scripts/check-prov-door.sh
 check: check-prov-door
 .PHONY: check-prov-door
+
+# The protocol layer's call graph (scripts/check-proto-calls.sh, spec/proto-layout.md):
+# no call from a lower layer up, no cycle between files, one choice of the data path.
+check-proto-calls:
+	$(Q)bash scripts/check-proto-calls.sh
+check: check-proto-calls
+.PHONY: check-proto-calls

@@ -91,7 +91,7 @@ void exs__conn_set_state_locked(struct exs_conn *conn, enum exs_conn_state st, c
     if (st >= EXS_CONN_DOWN)
         conn->sp_rd_op = NULL; /* no more READ pieces (§6.2): its receive ends with the conn */
     if (conn->state == EXS_CONN_RESUMING && st != EXS_CONN_RESUMING)
-        exs__resume_wait_leave(conn); /* no longer counts against resume_max (§9.2) */
+        exs__conn_hooks.resuming_leave(conn); /* no longer counts against resume_max (§9.2) */
     conn->state = st;
 }
 
@@ -178,7 +178,7 @@ void exs__conn_revoke_all_locked(struct exs_conn *conn)
  * can still be received after the end. */
 static void conn_release_prov_locked(struct exs_conn *conn)
 {
-    exs__resume_pend_end_locked(conn, 0); /* a resume request on trial goes too (§9.2) */
+    exs__conn_hooks.trial_end(conn, 0); /* a resume request on trial goes too (§9.2) */
     exs__conn_revoke_all_locked(conn);
     if (conn->ep)
         exs__prov_ep_destroy(conn->ep);
@@ -225,12 +225,10 @@ static void conn_wrq_free_locked(struct exs_conn *conn);
 void exs__conn_release_locked(struct exs_conn *conn)
 {
     conn_wrq_free_locked(conn);
-    exs__resume_pend_end_locked(conn, 1);
+    exs__conn_hooks.trial_end(conn, 1);
 
     conn_release_prov_locked(conn);
-    exs__batch_release_locked(conn);
-    exs__stage_release_locked(conn);
-    exs__stream_ring_release_locked(conn);
+    conn->dp->release(conn);
     if (conn->ring_mem)
         exs__conn_ring_region_free(conn->ring_mem);
     if (conn->ctrl_mem)
@@ -248,8 +246,7 @@ void exs__conn_release_locked(struct exs_conn *conn)
     conn->tx_free = NULL;
     conn->tx_op = NULL;
     conn->adverts = NULL;
-    exs__seqpkt_free_pending_locked(conn);
-    exs__reqtrace_free_locked(conn);
+    exs__conn_hooks.trace_free(conn);
 }
 
 /* The malloc'd arrays of a connection as created (the ADVERT queue at its first size),
@@ -711,7 +708,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
     conn->wr_out++;
     conn->credits--;
     conn->ring_wr_out += ring;
-    if (conn_is_stream(conn) && len != op->len)
+    if (conn->dp->bytes && len != op->len)
         conn->stats.fragments++; /* STREAM: part of the send (SEQPACKET counts its own) */
     return 0;
 }
@@ -732,6 +729,20 @@ void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
     conn->shut_op = op;
 }
 
+/* Send op's every write completed successfully (§9.2: resume_tx_done). */
+void exs__conn_tx_done_locked(struct exs_conn *conn, const struct exs_op *op)
+{
+    /* the writes of one endpoint complete in posting order and a stream is written in
+     * order, so these bytes are a prefix of the stream; SEQPACKET: one past the highest
+     * message seen completed (announced ones complete out of order, at READ_DONE) */
+    if (op->kind != EXS_OP_SEND)
+        return;
+    if (conn->dp->bytes)
+        conn->resume_tx_done += op->len;
+    else if (op->seq + 1 > conn->resume_tx_done)
+        conn->resume_tx_done = op->seq + 1;
+}
+
 /* A cancelled operation always reports ECANCELED, whatever became of it. */
 void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
 {
@@ -742,7 +753,7 @@ void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
     op->err = err;
     op->state = EXS_OPS_DONE;
     if (EXS_REQTRACE_ON && op->rt)
-        exs__reqtrace_done_locked(op);
+        exs__conn_hooks.trace_done(op);
 }
 
 /* Hand finished operations to their owners, each direction in posting order. The
@@ -778,7 +789,7 @@ void exs__conn_deliver_locked(struct exs_conn *conn)
             break;
         exs_list_del(&op->link);
         if (EXS_REQTRACE_ON && conn->rt)
-            exs__reqtrace_deliver_locked(conn, op);
+            exs__conn_hooks.trace_deliver(conn, op);
         op->done(op);
     }
 }
@@ -807,13 +818,8 @@ void exs__conn_kick_locked(struct exs_conn *conn)
 {
     if ((conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
         !conn->rsm_peer_wait) { /* a new path moves nothing before the peer's RESUME */
-        if (conn_is_stream(conn)) {
-            exs__stream_recv_progress_locked(conn);
-            exs__stream_send_progress_locked(conn);
-        } else {
-            exs__seqpkt_recv_progress_locked(conn);
-            exs__seqpkt_send_progress_locked(conn);
-        }
+        conn->dp->recv_progress(conn);
+        conn->dp->send_progress(conn);
         exs__conn_ka_answer_locked(conn);
         exs__conn_ctrl_flush_locked(conn);
     } else if (conn->rsm_peer_wait && conn->state == EXS_CONN_CONNECTED)
@@ -825,7 +831,7 @@ void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
 {
     if (conn->state >= EXS_CONN_DOWN || conn->state == EXS_CONN_IDLE)
         return; /* already going away, or nothing to end */
-    if (exs__resume_on_fail_locked(conn, err, why))
+    if (exs__conn_hooks.fail(conn, err, why))
         return; /* cut over (or being cut over): the connection goes on */
     if (conn->state == EXS_CONN_CONNECTED)
         EXS_INFO(PROTO, "conn %p: %s: connection reset", (void *)conn, why);
@@ -866,7 +872,7 @@ void exs__conn_dead_locked(struct exs_conn *conn, int err, const char *why)
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state == EXS_OPS_ADVERTISED || op->state == EXS_OPS_POSTED) {
-            int lost = !conn_is_stream(conn) && op->state == EXS_OPS_POSTED && op->rd_piece;
+            int lost = !conn->dp->bytes && op->state == EXS_OPS_POSTED && op->rd_piece;
 
             exs__conn_revoke_op_locked(op);
             op->state = EXS_OPS_QUEUED;
@@ -877,10 +883,7 @@ void exs__conn_dead_locked(struct exs_conn *conn, int err, const char *why)
         }
     }
     conn->reads = 0;
-    if (conn_is_stream(conn))
-        exs__stream_dead_drain_locked(conn);
-    else
-        exs__seqpkt_dead_drain_locked(conn);
+    conn->dp->dead_drain(conn);
     exs__conn_deliver_locked(conn);
     conn_release_prov_locked(conn);
 }

@@ -39,6 +39,58 @@ enum {
 /* While credits are owed, the window check runs at least this often (ms). */
 #define EXS_NOP_CHECK_MS 1000u
 
+/* The data path of a connection (spec/proto-layout.md, "The data-path table"): STREAM
+ * (stream.c) and SEQPACKET (seqpacket.c) each fill one; entry.c chooses it once, at
+ * creation (conn->dp). The core, dispatch, keepalive and the entry points reach the data
+ * path only through it. A NULL entry: the data path has no such thing (a record of that
+ * type breaks the protocol; no timer). */
+struct exs_datapath {
+    const char *name;
+    int bytes;       /* positions (tx_seq, rx_seq) count bytes (STREAM), else messages */
+    int ring_resize; /* the ring may be resized (§7.4) */
+    /* control records and arrivals (dispatch.c); 0 or -errno as the handlers' */
+    int (*on_advert)(struct exs_conn *conn, const struct exs_advert *a);
+    int (*on_announce)(struct exs_conn *conn, const struct exs_wire_announce *a);
+    int (*on_read_done)(struct exs_conn *conn, uint64_t seq);
+    int (*on_drain)(struct exs_conn *conn, const struct exs_wire_drain *d);
+    int (*on_resize)(struct exs_conn *conn, const struct exs_wire_resize *r);
+    int (*on_data)(struct exs_conn *conn, uint32_t imm, uint32_t len);
+    void (*on_read_cqe)(struct exs_conn *conn, struct exs_op *op);
+    /* progress (exs__conn_kick_locked): receive side first, then the send side */
+    void (*recv_progress)(struct exs_conn *conn);
+    void (*send_progress)(struct exs_conn *conn);
+    /* the conn is DEAD: receives get what arrived, then end of stream or the error */
+    void (*dead_drain)(struct exs_conn *conn);
+    /* a send op just queued: copied into the send buffer (§7.5)? 1 yes */
+    int (*stage_send)(struct exs_conn *conn, struct exs_op *op);
+    /* the ring's periodic look (§7.4): ms until due again, 0: none */
+    uint64_t (*ring_timer)(struct exs_conn *conn, uint64_t now_us);
+    /* statistics of the data path into st */
+    void (*stats)(struct exs_conn *conn, struct exs_sock_stats *st);
+    /* a batched ring write is about to be posted (§6.1) */
+    void (*batch_ring_write)(struct exs_conn *conn);
+    /* the conn's memory goes (exs__conn_release_locked): what the data path holds */
+    void (*release)(struct exs_conn *conn);
+};
+/* Where the modules above the core hook into it (spec/proto-layout.md, "Hook points"):
+ * the core calls them only through this table, filled in entry.c. */
+struct exs_conn_hooks {
+    /* the cut-over (resume.c): state RESUMING's row of the state table (spec/states.md) */
+    void (*resuming_leave)(struct exs_conn *conn); /* the conn leaves RESUMING */
+    int (*fail)(struct exs_conn *conn, int err, const char *why); /* 1: cut over instead */
+    void (*trial_end)(struct exs_conn *conn, int destroy); /* a resume request on trial goes */
+    /* request tracing (reqtrace.c) */
+    void (*trace_done)(struct exs_op *op);                        /* op->rt set */
+    void (*trace_deliver)(struct exs_conn *conn, struct exs_op *op); /* conn->rt set */
+    void (*trace_free)(struct exs_conn *conn);
+    /* dispatch (dispatch.c), for the cut-over */
+    void (*wrq_flush)(struct exs_conn *conn);
+    void (*on_rx_held)(struct exs_conn *conn, const struct exs_prov_cqe *cqe);
+};
+extern const struct exs_conn_hooks exs__conn_hooks; /* entry.c */
+extern const struct exs_datapath exs__stream_path;  /* stream.c */
+extern const struct exs_datapath exs__seqpkt_path;  /* seqpacket.c */
+
 /* Control send slots per connection, and the inline size asked for control sends. */
 #define CONN_TX_SLOTS     16u
 #define CONN_CTRL_INLINE  128u
@@ -69,6 +121,8 @@ int  exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
 /* conn.c: the last part of exs__conn_destroy (provider objects, memory, the struct). */
 void exs__conn_free(struct exs_conn *conn);
 
+/* Send op's every write completed successfully (STREAM: its bytes join resume_tx_done). */
+void exs__conn_tx_done_locked(struct exs_conn *conn, const struct exs_op *op);
 /* The cut-over's use of the core (resume.c) */
 void exs__conn_set_state_locked(struct exs_conn *conn, enum exs_conn_state st, const char *why);
 /* The conn is over at once: through DOWN to DEAD, every op completed (err), the endpoint

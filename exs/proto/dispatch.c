@@ -101,8 +101,7 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
                 .phase = be32toh(w.phase),
                 .flags = w.hdr.flags,
             };
-            int ret = conn_is_stream(conn) ? exs__stream_on_advert_locked(conn, &a)
-                                           : exs__seqpkt_on_advert_locked(conn, &a);
+            int ret = conn->dp->on_advert(conn, &a);
             if (ret)
                 return ret == -ENOBUFS ? ret : -EPROTO;
             break;
@@ -110,7 +109,7 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_ANNOUNCE: {
             struct exs_wire_announce a;
             memcpy(&a, rec, sizeof(a));
-            int ret = conn_is_stream(conn) ? -EPROTO : exs__seqpkt_on_announce_locked(conn, &a);
+            int ret = conn->dp->on_announce ? conn->dp->on_announce(conn, &a) : -EPROTO;
             if (ret)
                 return ret == -ENOBUFS ? ret : -EPROTO;
             break;
@@ -118,7 +117,7 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_READ_DONE: {
             struct exs_wire_read_done d;
             memcpy(&d, rec, sizeof(d));
-            if (conn_is_stream(conn) || exs__seqpkt_on_read_done_locked(conn, be64toh(d.seq)))
+            if (!conn->dp->on_read_done || conn->dp->on_read_done(conn, be64toh(d.seq)))
                 return -EPROTO;
             break;
         }
@@ -132,7 +131,7 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_DRAIN: {
             struct exs_wire_drain d;
             memcpy(&d, rec, sizeof(d));
-            if (exs__stream_on_drain_locked(conn, &d))
+            if (!conn->dp->on_drain || conn->dp->on_drain(conn, &d))
                 return -EPROTO;
             break;
         }
@@ -146,7 +145,12 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         case EXS_CTRL_RESIZE: {
             struct exs_wire_resize r;
             memcpy(&r, rec, sizeof(r));
-            if (exs__stream_on_resize_locked(conn, &r))
+            if (!conn->dp->on_resize) {
+                EXS_INFO(PROTO, "conn %p: RESIZE on a SEQPACKET conn or with flags %#x",
+                         (void *)conn, r.hdr.flags);
+                return -EPROTO;
+            }
+            if (conn->dp->on_resize(conn, &r))
                 return -EPROTO;
             break;
         }
@@ -202,8 +206,7 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
         if (conn->credits > conn->peer.credits || conn->rsm_peer_wait)
             ret = -EPROTO;
         else
-            ret = conn_is_stream(conn) ? exs__stream_on_data_locked(conn, cqe->imm_data, cqe->byte_len)
-                                       : exs__seqpkt_on_data_locked(conn, cqe->imm_data, cqe->byte_len);
+            ret = conn->dp->on_data(conn, cqe->imm_data, cqe->byte_len);
     } else {
         ret = -EPROTO;
     }
@@ -331,7 +334,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
         EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
         if (--op->inflight == 0 && op->posted == op->len) {
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__resume_tx_done_locked(conn, op);
+            exs__conn_tx_done_locked(conn, op);
             if (!op->internal) /* a copy counted when its send completed (§7.5) */
                 conn->stats.bytes_sent += op->len;
         } else if (!op->inflight && op->cancel && conn->state >= EXS_CONN_DOWN) {
@@ -341,7 +344,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
     }
     case WR_TAG_READ:
         conn->reads--;
-        exs__seqpkt_on_read_cqe_locked(conn, (struct exs_op *)(uintptr_t)val);
+        conn->dp->on_read_cqe(conn, (struct exs_op *)(uintptr_t)val); /* only SEQPACKET reads */
         break;
     default:
         exs__conn_fail_locked(conn, ECONNRESET, "unknown completion");

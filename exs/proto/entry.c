@@ -15,6 +15,23 @@
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
+static inline int conn_is_stream(const struct exs_conn *conn)
+{
+    return conn->p.sock_type == SOCK_STREAM;
+}
+
+/* The modules above the core, hooked in (conn.h, spec/proto-layout.md). */
+const struct exs_conn_hooks exs__conn_hooks = {
+    .resuming_leave = exs__resume_wait_leave,
+    .fail = exs__resume_on_fail_locked,
+    .trial_end = exs__resume_pend_end_locked,
+    .trace_done = exs__reqtrace_done_locked,
+    .trace_deliver = exs__reqtrace_deliver_locked,
+    .trace_free = exs__reqtrace_free_locked,
+    .wrq_flush = exs__conn_wrq_flush_locked,
+    .on_rx_held = exs__conn_on_rx_held_locked,
+};
+
 static pthread_once_t proto_cset_once = PTHREAD_ONCE_INIT;
 
 static void proto_cset_register(void)
@@ -55,6 +72,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     conn->cb = cb;
     conn->owner = owner;
     conn->p = *p;
+    conn->dp = conn_is_stream(conn) ? &exs__stream_path : &exs__seqpkt_path; /* the one choice */
     /* our hello must pass the peer's check (§2): nothing larger than the ring goes eagerly */
     conn->p.eager_max = EXS_MIN(p->eager_max, p->ring_size);
     exs_list_init(&conn->sendq);
@@ -208,10 +226,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     if (op->kind == EXS_OP_RECV) {
         exs_list_add_tail(&conn->recvq, &op->link);
         if (conn->state == EXS_CONN_DEAD) {
-            if (conn_is_stream(conn))
-                exs__stream_dead_drain_locked(conn);
-            else
-                exs__seqpkt_dead_drain_locked(conn);
+            conn->dp->dead_drain(conn);
         }
     } else {
         if (op->kind == EXS_OP_SHUTDOWN)
@@ -220,8 +235,8 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
             EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
             exs__reqtrace_post_locked(conn, op);
         exs_list_add_tail(&conn->sendq, &op->link);
-        if (conn_is_stream(conn))
-            exs__stage_send_locked(conn, op); /* copied: finished, the copy goes on */
+        if (conn->dp->stage_send)
+            conn->dp->stage_send(conn, op); /* copied: finished, the copy goes on */
         if (conn->state == EXS_CONN_DEAD)
             exs__conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
     }
@@ -294,10 +309,7 @@ void exs__conn_close(struct exs_conn *conn)
      * the wire without batching: they leave now, so close sends what it sent before. */
     if (conn->state == EXS_CONN_CONNECTED && conn->ring_wr_out) {
         conn->batch_now = 1;
-        if (conn_is_stream(conn))
-            exs__stream_send_progress_locked(conn);
-        else
-            exs__seqpkt_send_progress_locked(conn);
+        conn->dp->send_progress(conn);
         conn->batch_now = 0;
     }
     /* Everything outstanding completes with ECANCELED: at once when nothing of it is
@@ -386,8 +398,8 @@ void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
     *st = conn->stats;
     st->batch_thresh = conn->batch_thresh;
     st->ring_size = conn->p.ring_size;
-    if (conn_is_stream(conn))
-        exs__stream_stats_locked(conn, st);
+    if (conn->dp->stats)
+        conn->dp->stats(conn, st);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 

@@ -304,7 +304,7 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
             conn_timeout_locked(conn, "send timeout");
             break;
         }
-        ring_ms = conn_is_stream(conn) ? exs__stream_ring_timer_locked(conn, now / 1000u) : 0;
+        ring_ms = conn->dp->ring_timer ? conn->dp->ring_timer(conn, now / 1000u) : 0;
         conn_nop_check_locked(conn);
         if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
             break; /* the NOP's post failed: reset */

@@ -23,6 +23,7 @@
 struct exs_conn;
 struct exs_reqtrace_tx;
 struct exs_reqtrace;
+struct exs_datapath;
 
 /* ---- operations ---- */
 enum exs_op_kind {
@@ -208,6 +209,7 @@ struct exs_conn {
     void                      *owner;   /* the api socket */
     struct exs_job             owner_job; /* the owner's, e.g. to destroy it under the progress lock */
     struct exs_conn_params     p;
+    const struct exs_datapath *dp;      /* STREAM or SEQPACKET (conn.h), chosen at creation */
 
     /* local buffers */
     uint8_t                   *ring;     /* hidden receive ring, written by the peer */

@@ -17,9 +17,5 @@
 #include "exs/proto/stage.h"
 #include "exs/proto/stream.h"
 
-static inline int conn_is_stream(const struct exs_conn *conn)
-{
-    return conn->p.sock_type == SOCK_STREAM;
-}
 
 #endif

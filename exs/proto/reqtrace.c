@@ -76,7 +76,7 @@ void exs__reqtrace_free_locked(struct exs_conn *conn)
 /* Does the peer take TRACE records on this connection? (STREAM: also feature STRACE.) */
 static int rt_peer_traces(const struct exs_conn *conn)
 {
-    uint16_t need = EXS_WIRE_FEAT_TRACE | (conn_is_stream(conn) ? EXS_WIRE_FEAT_STRACE : 0);
+    uint16_t need = EXS_WIRE_FEAT_TRACE | (conn->dp->bytes ? EXS_WIRE_FEAT_STRACE : 0);
 
     return (conn->peer.features & need) == need;
 }
@@ -95,7 +95,7 @@ void exs__reqtrace_post_locked(struct exs_conn *conn, struct exs_op *op)
     struct exs_reqtrace *rt;
 
     /* a STREAM send of no bytes has no last byte to trace */
-    if (op->kind != EXS_OP_SEND || (conn_is_stream(conn) && !op->len) || !rt_peer_traces(conn) ||
+    if (op->kind != EXS_OP_SEND || (conn->dp->bytes && !op->len) || !rt_peer_traces(conn) ||
         !(rt = rt_get(conn)))
         return;
     if (!exs__reqtrace_sampled(rt->nsend++,
@@ -139,7 +139,7 @@ int exs__reqtrace_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
      * the receiver replaces it with this one, and so does the sender. */
     for (unsigned i = 0; i < EXS_REQTRACE_SLOTS; i++) {
         struct exs_reqtrace_tx *o = &conn->rt->tx[i];
-        int stale = conn_is_stream(conn) ? o->seq > conn->tx_seq : o->seq == conn->tx_seq;
+        int stale = conn->dp->bytes ? o->seq > conn->tx_seq : o->seq == conn->tx_seq;
 
         if (o != s && o->used && o->req_sent && !o->answered && stale) {
             EXS_ASSERT(o->done); /* its op finished while queued */
@@ -147,7 +147,7 @@ int exs__reqtrace_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
         }
     }
     /* STREAM: seq names the offset just past the send's last byte */
-    s->seq = conn->tx_seq + (conn_is_stream(conn) ? s->bytes : 0);
+    s->seq = conn->tx_seq + (conn->dp->bytes ? s->bytes : 0);
     s->t_req = exs__now_ns();
     struct exs_wire_trace w = {
         .hdr = {.type = EXS_CTRL_TRACE, .len = htobe16(EXS_WIRE_TRACE_LEN)},
@@ -335,7 +335,7 @@ void exs__reqtrace_arrival_locked(struct exs_conn *conn)
     struct exs_reqtrace *rt = conn->rt;
     uint64_t now = 0;
 
-    if (conn_is_stream(conn)) {
+    if (conn->dp->bytes) {
         rt_st_progress(conn);
         return;
     }
@@ -356,7 +356,7 @@ void exs__reqtrace_deliver_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_reqtrace *rt = conn->rt;
 
-    if (op->kind != EXS_OP_RECV || !rt->rx_wait || conn_is_stream(conn))
+    if (op->kind != EXS_OP_RECV || !rt->rx_wait || conn->dp->bytes)
         return; /* STREAM: delivered when placed (rt_st_progress) */
     for (unsigned i = 0; i < EXS_REQTRACE_SLOTS; i++) {
         struct exs_reqtrace_rx *e = &rt->rx[i];
@@ -382,7 +382,7 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
 
     /* the request travels just before its message: nothing of seq has arrived yet */
     if (w->hdr.flags || w->t_arrival || w->t_delivery || w->t_answer ||
-        (conn_is_stream(conn) ? seq <= rt_st_arrived(conn) : seq != conn->rx_seq)) {
+        (conn->dp->bytes ? seq <= rt_st_arrived(conn) : seq != conn->rx_seq)) {
         EXS_INFO(PROTO,
                  "conn %p: TRACE request for message %llu (flags %#x) while message "
                  "%llu is next",
@@ -397,7 +397,7 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
         /* STREAM: the request comes after every byte of the sends before its own, so an
          * entry whose last byte has not arrived was the request of a cancelled send */
         if (rt->rx[i].used &&
-            (conn_is_stream(conn) ? !rt->rx[i].t_arrival : rt->rx[i].seq == seq)) {
+            (conn->dp->bytes ? !rt->rx[i].t_arrival : rt->rx[i].seq == seq)) {
             /* the send of the earlier request was cancelled before it went out: this
              * request, for the message that took its number, replaces it */
             free_e = &rt->rx[i];

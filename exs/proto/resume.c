@@ -15,74 +15,13 @@
 #include "exs/util/sha256.h"
 #include "exs/util/util.h"
 
-/* ---- RESUMING bounded (§9.2, The wait) ----
- * The connections past their old path's drain that wait for the new path, oldest first
- * (resume_waitq), at most resume_max; those evicted from it and not yet ended
- * (resume_evictq), each held (rsm_refs) until exs__resume_evict_run ends it without
- * another conn's lock. Both lists, the rsm_waiting and rsm_evicting flags under the
- * registry's lock. */
-static struct exs_list resume_waitq = EXS_LIST_INIT(resume_waitq);
-static struct exs_list resume_evictq = EXS_LIST_INIT(resume_evictq);
-static uint64_t resume_nwait;
-static uint32_t resume_nevict; /* also read without the lock (atomic) */
-
-/* conn (its lock held), its old path over, joins the wait; while more than resume_max
- * wait, the oldest is evicted (never conn itself: resume_max is at least 1). */
-static void resume_wait_join_locked(struct exs_conn *conn)
-{
-    uint64_t max = __atomic_load_n(&exs__params.resume_max, __ATOMIC_RELAXED);
-
-    if (!max) /* the tunables were never loaded (unit tests) */
-        max = UINT64_MAX;
-    EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-    if (!conn->rsm_waiting && !conn->rsm_evicting) {
-        exs_list_add_tail(&resume_waitq, &conn->rsm_wait_link);
-        conn->rsm_waiting = 1;
-        resume_nwait++;
-        while (resume_nwait > max) {
-            struct exs_conn *v = exs_list_entry(resume_waitq.next, struct exs_conn, rsm_wait_link);
-
-            exs_list_del(&v->rsm_wait_link);
-            resume_nwait--;
-            v->rsm_waiting = 0;
-            v->rsm_evicting = 1; /* for good: it never waits again */
-            __atomic_add_fetch(&v->rsm_refs, 1, __ATOMIC_RELEASE);
-            exs_list_add_tail(&resume_evictq, &v->rsm_wait_link);
-            __atomic_add_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
-        }
-    }
-    EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-}
-
-void exs__resume_wait_leave(struct exs_conn *conn)
-{
-    EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-    if (conn->rsm_waiting) {
-        exs_list_del(&conn->rsm_wait_link);
-        conn->rsm_waiting = 0;
-        resume_nwait--;
-    }
-    EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-}
-
 static void resume_end_locked(struct exs_conn *conn, int err, const char *why, int count);
 
 void exs__resume_evict_run(void)
 {
-    if (!__atomic_load_n(&resume_nevict, __ATOMIC_ACQUIRE))
-        return;
-    for (;;) {
-        struct exs_list *n;
-        struct exs_conn *v;
+    struct exs_conn *v;
 
-        EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-        n = exs_list_pop_head(&resume_evictq);
-        if (n)
-            __atomic_sub_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
-        EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-        if (!n)
-            return;
-        v = exs_list_entry(n, struct exs_conn, rsm_wait_link);
+    while ((v = exs__resume_evict_pop())) {
         EXS_MUTEX_LOCK(&v->lock, EXS_LOCK_CONN);
         if (v->state == EXS_CONN_RESUMING) { /* else it resumed or ended meanwhile */
             EXS_CNT_INC(exs__resume_cnt.fallback_resume_evicted);
@@ -480,7 +419,7 @@ int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc,
     if (!disc)
         exs__prov_disconnect(conn->ep); /* its outstanding work is flushed */
     /* work requests never posted complete as flushed, as the posted ones will */
-    exs__conn_wrq_flush_locked(conn);
+    exs__conn_hooks.wrq_flush(conn);
     return 1;
 }
 
@@ -714,7 +653,7 @@ static void resume_pend_take_locked(struct exs_conn *conn)
 
     exs__conn_adopt_hello_locked(conn, &pd->peer);
     for (uint32_t i = 0; i < pd->held && !conn->rsm_fail && conn->state == EXS_CONN_RESUMING; i++)
-        exs__conn_on_rx_held_locked(conn, &pd->cqe[i]);
+        exs__conn_hooks.on_rx_held(conn, &pd->cqe[i]);
     __atomic_sub_fetch(&resume_pend_live, 1, __ATOMIC_RELAXED);
     free(pd);
     conn->rsm_pend = NULL;
@@ -750,7 +689,7 @@ void exs__resume_progress_locked(struct exs_conn *conn)
         resume_end_locked(conn, ECONNRESET, "the peer closed", 0);
         return;
     }
-    resume_wait_join_locked(conn); /* at most resume_max wait: the oldest give up */
+    exs__resume_wait_join_locked(conn); /* at most resume_max wait: the oldest give up */
     if (conn->active) {
         ret = conn->cb->resume_addr(conn, &ctx, &addr, &len);
         if (ret) {
@@ -768,7 +707,7 @@ void exs__resume_progress_locked(struct exs_conn *conn)
             return;
         }
     }
-    if (!conn_is_stream(conn) && resume_sp_cut_locked(conn)) {
+    if (!conn->dp->bytes && resume_sp_cut_locked(conn)) {
         resume_end_locked(conn, ECONNRESET, "no memory for announced messages", 1);
         return;
     }
@@ -878,7 +817,7 @@ static uint64_t resume_sp_rewind_locked(struct exs_conn *conn, uint64_t pos)
         }
         if (op->state == EXS_OPS_POSTED && op->seq < pos) {
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__resume_tx_done_locked(conn, op);
+            exs__conn_tx_done_locked(conn, op);
             if (!op->internal)
                 conn->stats.bytes_sent += op->len;
             continue;
@@ -904,7 +843,7 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
 
     if (exs__resume_check_locked(conn, r))
         return -EPROTO;
-    if (!conn_is_stream(conn)) {
+    if (!conn->dp->bytes) {
         pos = be64toh(r->rx_msgs);
         conn->sp_reann_pos = pos;
         again = resume_sp_rewind_locked(conn, pos);
@@ -918,7 +857,7 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
             continue;
         if (pos >= off + op->len && op->posted == op->len) { /* arrived whole */
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__resume_tx_done_locked(conn, op);
+            exs__conn_tx_done_locked(conn, op);
             if (!op->internal)
                 conn->stats.bytes_sent += op->len;
         } else {
@@ -944,7 +883,7 @@ rewound:
              "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %s %" PRIu64 ", %" PRIu64
              " ring bytes of the old path still to read",
              (void *)conn, exs__prov_name(conn->ctx), again,
-             conn_is_stream(conn) ? "byte" : "message", pos, conn->rd_arrived - conn->rd_consumed);
+             conn->dp->bytes ? "byte" : "message", pos, conn->rd_arrived - conn->rd_consumed);
     return 0;
 }
 

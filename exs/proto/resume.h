@@ -69,8 +69,6 @@ void exs__resume_evict_run(void);
 void exs__conn_on_rx_held_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe);
 /* Register the counters (once, with the proto set). */
 void exs__resume_cset_register(void);
-/* Send op's every write completed successfully (STREAM: its bytes join resume_tx_done). */
-void exs__resume_tx_done_locked(struct exs_conn *conn, const struct exs_op *op);
 /* What has arrived over the path so far: STREAM bytes (placed in receives or waiting in
  * the ring), SEQPACKET messages. Final once the old endpoint is drained (§9.2). */
 uint64_t exs__resume_arrived_locked(const struct exs_conn *conn);
@@ -104,5 +102,11 @@ void exs__resume_registry_put(struct exs_conn *conn);
 int exs__resume_random(void *buf, size_t len);
 void exs__resume_conn_mac(const struct exs_conn *conn, uint8_t label, const uint8_t *nonce_a,
                           const uint8_t *nonce_b, uint8_t out[EXS_SHA256_LEN]);
+/* conn (its lock held), its old path over, joins the wait; while more than resume_max
+ * wait, the oldest is evicted (never conn itself: resume_max is at least 1). */
+void exs__resume_wait_join_locked(struct exs_conn *conn);
+/* The next connection evicted from the wait (held: rsm_refs), out of the eviction list;
+ * NULL when none is. */
+struct exs_conn *exs__resume_evict_pop(void);
 
 #endif

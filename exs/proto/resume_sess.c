@@ -243,24 +243,11 @@ int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_s
     return 0;
 }
 
-void exs__resume_tx_done_locked(struct exs_conn *conn, const struct exs_op *op)
-{
-    /* the writes of one endpoint complete in posting order and a stream is written in
-     * order, so these bytes are a prefix of the stream; SEQPACKET: one past the highest
-     * message seen completed (announced ones complete out of order, at READ_DONE) */
-    if (op->kind != EXS_OP_SEND)
-        return;
-    if (conn_is_stream(conn))
-        conn->resume_tx_done += op->len;
-    else if (op->seq + 1 > conn->resume_tx_done)
-        conn->resume_tx_done = op->seq + 1;
-}
-
 uint64_t exs__resume_arrived_locked(const struct exs_conn *conn)
 {
     /* STREAM: S_r (bytes placed in receives, directly or copied out of the ring) and the
      * bytes still in the ring (a STREAM ring has no skips, §7) */
-    if (conn_is_stream(conn))
+    if (conn->dp->bytes)
         return conn->rx_seq + (conn->rd_arrived - conn->rd_consumed);
     return conn->rx_seq;
 }
@@ -273,7 +260,7 @@ void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resu
     r->hdr.type = EXS_CTRL_RESUME;
     r->hdr.len = htobe16(EXS_WIRE_RESUME_LEN);
     r->token = htobe64(conn->sess_token);
-    if (conn_is_stream(conn))
+    if (conn->dp->bytes)
         r->rx_bytes = htobe64(arrived);
     else
         r->rx_msgs = htobe64(arrived);
@@ -285,7 +272,7 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
 {
     uint64_t token = be64toh(r->token), msgs = be64toh(r->rx_msgs), bytes = be64toh(r->rx_bytes);
     uint64_t ra = be64toh(r->ring_arrived), rc = be64toh(r->ring_consumed);
-    int stream = conn_is_stream(conn);
+    int stream = conn->dp->bytes;
     uint64_t pos = stream ? bytes : msgs;
     uint64_t done = conn->resume_tx_done; /* bytes (STREAM) or messages (SEQPACKET) */
     const char *bad = NULL;
@@ -317,4 +304,70 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
         return -EPROTO;
     }
     return 0;
+}
+
+/* ---- RESUMING bounded (§9.2, The wait) ----
+ * The connections past their old path's drain that wait for the new path, oldest first
+ * (resume_waitq), at most resume_max; those evicted from it and not yet ended
+ * (resume_evictq), each held (rsm_refs) until exs__resume_evict_run ends it without
+ * another conn's lock. Both lists, the rsm_waiting and rsm_evicting flags under the
+ * registry's lock. */
+static struct exs_list resume_waitq = EXS_LIST_INIT(resume_waitq);
+static struct exs_list resume_evictq = EXS_LIST_INIT(resume_evictq);
+static uint64_t resume_nwait;
+static uint32_t resume_nevict; /* also read without the lock (atomic) */
+
+/* conn (its lock held), its old path over, joins the wait; while more than resume_max
+ * wait, the oldest is evicted (never conn itself: resume_max is at least 1). */
+void exs__resume_wait_join_locked(struct exs_conn *conn)
+{
+    uint64_t max = __atomic_load_n(&exs__params.resume_max, __ATOMIC_RELAXED);
+
+    if (!max) /* the tunables were never loaded (unit tests) */
+        max = UINT64_MAX;
+    EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
+    if (!conn->rsm_waiting && !conn->rsm_evicting) {
+        exs_list_add_tail(&resume_waitq, &conn->rsm_wait_link);
+        conn->rsm_waiting = 1;
+        resume_nwait++;
+        while (resume_nwait > max) {
+            struct exs_conn *v = exs_list_entry(resume_waitq.next, struct exs_conn, rsm_wait_link);
+
+            exs_list_del(&v->rsm_wait_link);
+            resume_nwait--;
+            v->rsm_waiting = 0;
+            v->rsm_evicting = 1; /* for good: it never waits again */
+            __atomic_add_fetch(&v->rsm_refs, 1, __ATOMIC_RELEASE);
+            exs_list_add_tail(&resume_evictq, &v->rsm_wait_link);
+            __atomic_add_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
+        }
+    }
+    EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
+}
+
+void exs__resume_wait_leave(struct exs_conn *conn)
+{
+    EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
+    if (conn->rsm_waiting) {
+        exs_list_del(&conn->rsm_wait_link);
+        conn->rsm_waiting = 0;
+        resume_nwait--;
+    }
+    EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
+}
+
+/* The next connection evicted from the wait (held: rsm_refs), out of the eviction list;
+ * NULL when none is. */
+struct exs_conn *exs__resume_evict_pop(void)
+{
+    struct exs_list *n;
+
+    if (!__atomic_load_n(&resume_nevict, __ATOMIC_ACQUIRE))
+        return NULL;
+    EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
+    n = exs_list_pop_head(&resume_evictq);
+    if (n)
+        __atomic_sub_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
+    EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
+    return n ? exs_list_entry(n, struct exs_conn, rsm_wait_link) : NULL;
 }

@@ -13,13 +13,6 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-uint32_t exs__seqpkt_slot_len(uint32_t len)
-{
-    uint32_t n = (len + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
-
-    return n ? n : EXS_RING_SLOT;
-}
-
 /* Where a message of len bytes goes in a ring of size bytes whose tail is at pos: the
  * bytes skipped at the end (a message never wraps) and the slot length. */
 static void sp_ring_place(uint64_t pos, uint32_t size, uint32_t len, uint32_t *skip_p,
@@ -337,7 +330,7 @@ int exs__seqpkt_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
             if (conn->sp_ann_out)
                 conn->sp_ann_out--;
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__resume_tx_done_locked(conn, op);
+            exs__conn_tx_done_locked(conn, op);
             conn->stats.bytes_sent += op->len;
             return 0;
         }
@@ -852,3 +845,24 @@ void exs__seqpkt_dead_drain_locked(struct exs_conn *conn)
             exs__conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
     }
 }
+
+/* The memory the SEQPACKET data path holds: batching's staging, the pending messages and
+ * the memo. */
+static void sp_release(struct exs_conn *conn)
+{
+    exs__batch_release_locked(conn);
+    exs__seqpkt_free_pending_locked(conn);
+}
+
+const struct exs_datapath exs__seqpkt_path = {
+    .name = "SEQPACKET",
+    .on_advert = exs__seqpkt_on_advert_locked,
+    .on_announce = exs__seqpkt_on_announce_locked,
+    .on_read_done = exs__seqpkt_on_read_done_locked,
+    .on_data = exs__seqpkt_on_data_locked,
+    .on_read_cqe = exs__seqpkt_on_read_cqe_locked,
+    .recv_progress = exs__seqpkt_recv_progress_locked,
+    .send_progress = exs__seqpkt_send_progress_locked,
+    .dead_drain = exs__seqpkt_dead_drain_locked,
+    .release = sp_release,
+};

@@ -34,7 +34,13 @@ void exs__seqpkt_free_pending_locked(struct exs_conn *conn);
 void exs__seqpkt_dead_drain_locked(struct exs_conn *conn);
 uint32_t exs__seqpkt_resume_cut_locked(struct exs_conn *conn);
 void exs__seqpkt_resume_reann_mark_locked(struct exs_conn *conn, struct exs_op *op);
-uint32_t exs__seqpkt_slot_len(uint32_t len);
+/* Ring bytes an eager message of len bytes occupies: whole slots, at least one. */
+static inline uint32_t exs__seqpkt_slot_len(uint32_t len)
+{
+    uint32_t n = (len + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
+
+    return n ? n : EXS_RING_SLOT;
+}
 
 /* Shared by seqpacket.c and seqpkt_ann.c */
 /* A pending message entry, charged to the memory account (§9.3): NULL when the budget is

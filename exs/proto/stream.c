@@ -347,7 +347,7 @@ int exs__stream_on_drain_locked(struct exs_conn *conn, const struct exs_wire_dra
     uint64_t pos = be64toh(d->pos);
     uint32_t phase = be32toh(d->phase);
 
-    if (!conn_is_stream(conn) || d->reserved || (d->hdr.flags & ~EXS_DRAIN_STOPPED))
+    if (d->reserved || (d->hdr.flags & ~EXS_DRAIN_STOPPED))
         return -EPROTO;
     if (d->hdr.flags & EXS_DRAIN_STOPPED) {
         /* we asked in this phase; the sender cannot have stopped before bytes we hold */
@@ -382,20 +382,6 @@ int exs__stream_on_drain_locked(struct exs_conn *conn, const struct exs_wire_dra
 /* ---- ring autotuning (§7.4) ---- */
 
 /* ---- receiving side (Fig. 3, 4, 5) ---- */
-
-/* The first receive not yet satisfied, or NULL. */
-struct exs_op *exs__stream_head_recv(struct exs_conn *conn)
-{
-    struct exs_list *pos;
-
-    exs_list_for_each(pos, &conn->recvq) {
-        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
-
-        if (op->state != EXS_OPS_DONE)
-            return op;
-    }
-    return NULL;
-}
 
 static void st_recv_filled_locked(struct exs_conn *conn, struct exs_op *op, size_t n)
 {
@@ -672,3 +658,37 @@ void exs__stream_dead_drain_locked(struct exs_conn *conn)
     st_copy_out_locked(conn);
     st_eof_locked(conn, conn->peer_shut ? 0 : (conn->err ? conn->err : ECONNRESET));
 }
+
+/* A batched ring write (§6.1) of a direct phase makes it indirect. */
+static void st_batch_ring_write(struct exs_conn *conn)
+{
+    if (PHASE_IS_DIRECT(conn->st_ps))
+        exs__stream_enter_indirect_locked(conn);
+}
+
+/* The memory the STREAM data path holds: batching's staging, the send buffer, the
+ * regions of autotuning. */
+static void st_release(struct exs_conn *conn)
+{
+    exs__batch_release_locked(conn);
+    exs__stage_release_locked(conn);
+    exs__stream_ring_release_locked(conn);
+}
+
+const struct exs_datapath exs__stream_path = {
+    .name = "STREAM",
+    .bytes = 1,
+    .ring_resize = 1,
+    .on_advert = exs__stream_on_advert_locked,
+    .on_drain = exs__stream_on_drain_locked,
+    .on_resize = exs__stream_on_resize_locked,
+    .on_data = exs__stream_on_data_locked,
+    .recv_progress = exs__stream_recv_progress_locked,
+    .send_progress = exs__stream_send_progress_locked,
+    .dead_drain = exs__stream_dead_drain_locked,
+    .stage_send = exs__stage_send_locked,
+    .ring_timer = exs__stream_ring_timer_locked,
+    .stats = exs__stream_stats_locked,
+    .batch_ring_write = st_batch_ring_write,
+    .release = st_release,
+};

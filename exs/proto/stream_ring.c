@@ -44,6 +44,20 @@ enum exs_ring_tune_verdict exs__stream_ring_tune(const struct exs_ring_tune_in *
     return EXS_RING_KEEP;
 }
 
+/* The first receive not yet satisfied, or NULL. */
+struct exs_op *exs__stream_head_recv(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    exs_list_for_each(pos, &conn->recvq) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state != EXS_OPS_DONE)
+            return op;
+    }
+    return NULL;
+}
+
 /* Where ring position pos lives: in the retired region while below its end, else in the
  * current one; *contig: bytes readable there without a wrap or a region change. */
 uint8_t *exs__stream_ring_at(struct exs_conn *conn, uint64_t pos, uint64_t *contig)
@@ -171,7 +185,7 @@ int exs__stream_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budg
 {
     int ret;
 
-    if (!conn_is_stream(conn) || !(conn->peer.features & EXS_WIRE_FEAT_RESIZE))
+    if (!conn->dp->ring_resize || !(conn->peer.features & EXS_WIRE_FEAT_RESIZE))
         return -EOPNOTSUPP;
     if (conn->state != EXS_CONN_CONNECTED || conn->peer_shut)
         return -ENOTCONN;
@@ -346,7 +360,7 @@ int exs__stream_on_resize_locked(struct exs_conn *conn, const struct exs_wire_re
     uint64_t addr = be64toh(r->addr), pos = be64toh(r->pos);
     uint32_t size = be32toh(r->size), rkey = be32toh(r->rkey);
 
-    if (!conn_is_stream(conn) || (r->hdr.flags & ~EXS_RESIZE_SWITCHED)) {
+    if (r->hdr.flags & ~EXS_RESIZE_SWITCHED) {
         EXS_INFO(PROTO, "conn %p: RESIZE on a SEQPACKET conn or with flags %#x", (void *)conn,
                  r->hdr.flags);
         return -EPROTO;
