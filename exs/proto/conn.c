@@ -89,7 +89,7 @@ void exs__conn_set_state_locked(struct exs_conn *conn, enum exs_conn_state st, c
     if (conn->state == EXS_CONN_CONNECTING && st == EXS_CONN_DOWN)
         conn->hs_down = 1; /* the handshake deadline bounds the drain (exs__conn_timer) */
     if (st >= EXS_CONN_DOWN)
-        conn->sp_rd_op = NULL; /* no more READ pieces (§6.2): its receive ends with the conn */
+        conn->seqpkt.rd_op = NULL; /* no more READ pieces (§6.2): its receive ends with the conn */
     if (conn->state == EXS_CONN_RESUMING && st != EXS_CONN_RESUMING)
         exs__conn_hooks.resuming_leave(conn); /* no longer counts against resume_max (§9.2) */
     conn->state = st;
@@ -168,9 +168,9 @@ void exs__conn_revoke_all_locked(struct exs_conn *conn)
     if (conn->ring_grant)
         exs__prov_revoke(conn->ring_grant);
     conn->ring_grant = NULL;
-    if (conn->rs_next_grant) /* an offered region (§7.4) */
-        exs__prov_revoke(conn->rs_next_grant);
-    conn->rs_next_grant = NULL;
+    if (conn->autotune.next_grant) /* an offered region (§7.4) */
+        exs__prov_revoke(conn->autotune.next_grant);
+    conn->autotune.next_grant = NULL;
 }
 
 /* Give back the endpoint after revoking every grant: the peer can no longer reach any
@@ -387,7 +387,7 @@ void exs__conn_ring_grant_locked(struct exs_conn *conn)
 
     /* first, but for the active side's AUTH on a cut-over's new path (§9.2) */
     EXS_ASSERT(!conn->ring_grant &&
-               (!conn->ctrl_len || (conn->active && conn->rsm_newpath &&
+               (!conn->ctrl_len || (conn->active && conn->resume.newpath &&
                                     conn->ctrl_len == EXS_WIRE_AUTH_LEN)));
     ret = exs__prov_grant(conn->ep, conn->ring_mem, conn->ring, conn->p.ring_size,
                           EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_grant);
@@ -591,7 +591,7 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
         return 1;
     if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
         return 0;
-    if (conn->sp_frag_op && conn->txshut == EXS_TXSHUT_APPENDED)
+    if (conn->seqpkt.frag_op && conn->txshut == EXS_TXSHUT_APPENDED)
         return 0; /* the SHUTDOWN counts a message whose pieces must all go first (§6.2) */
     if (!conn->tx_free_top || !exs__conn_can_spend_ctrl_locked(conn)) {
         if (conn->ctrl_len)
@@ -805,9 +805,9 @@ void exs__conn_ka_answer_locked(struct exs_conn *conn)
         .len = htobe16(EXS_WIRE_NOP_LEN),
     };
 
-    if (!conn->ka_answer)
+    if (!conn->keepalive.answer)
         return;
-    conn->ka_answer = 0;
+    conn->keepalive.answer = 0;
     if (conn->ctrl_len || !exs__conn_ctrl_room_locked(conn, EXS_WIRE_NOP_LEN))
         return; /* the waiting records answer */
     exs__conn_ctrl_append_locked(conn, &nop, sizeof(nop));
@@ -817,12 +817,12 @@ void exs__conn_ka_answer_locked(struct exs_conn *conn)
 void exs__conn_kick_locked(struct exs_conn *conn)
 {
     if ((conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
-        !conn->rsm_peer_wait) { /* a new path moves nothing before the peer's RESUME */
+        !conn->resume.peer_wait) { /* a new path moves nothing before the peer's RESUME */
         conn->dp->recv_progress(conn);
         conn->dp->send_progress(conn);
         exs__conn_ka_answer_locked(conn);
         exs__conn_ctrl_flush_locked(conn);
-    } else if (conn->rsm_peer_wait && conn->state == EXS_CONN_CONNECTED)
+    } else if (conn->resume.peer_wait && conn->state == EXS_CONN_CONNECTED)
         exs__conn_ctrl_flush_locked(conn); /* our RING and RESUME records */
     exs__conn_deliver_locked(conn);
 }
@@ -844,7 +844,7 @@ void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
         EXS_INFO(PROTO, "conn %p: %s before the connection was established", (void *)conn, why);
     }
     exs__conn_set_state_locked(conn, EXS_CONN_DOWN, why);
-    conn->sp_frag_op = NULL; /* no more pieces: its op ends with the conn */
+    conn->seqpkt.frag_op = NULL; /* no more pieces: its op ends with the conn */
     exs__prov_disconnect(conn->ep);
 }
 
@@ -857,8 +857,8 @@ void exs__conn_dead_locked(struct exs_conn *conn, int err, const char *why)
     if (!conn->err)
         conn->err = err;
     exs__conn_set_state_locked(conn, EXS_CONN_DEAD, why);
-    conn->sp_frag_op = NULL;
-    conn->sp_rx_frag = NULL;
+    conn->seqpkt.frag_op = NULL;
+    conn->seqpkt.rx_frag = NULL;
     conn_wrq_free_locked(conn);
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);

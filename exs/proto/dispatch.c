@@ -28,13 +28,201 @@ void exs__conn_wrq_flush_locked(struct exs_conn *conn)
 
 /* ---- completions (progress lock held: the progress thread or a driving waiter) ---- */
 
+/* ---- control records (§5): one table of type, length and handler ---- */
+
+/* A record of its table's length (checked), at rec; h its header. 0, or -errno: -EPROTO
+ * (the peer broke the protocol) or -ENOBUFS (the memory budget). */
+typedef int (*rec_fn)(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h);
+
+static int rec_ack(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_ack a;
+    uint64_t c;
+
+    (void)h;
+    memcpy(&a, rec, sizeof(a));
+    c = be64toh(a.ring_consumed);
+    if (c - conn->wr_consumed > conn->wr_tail - conn->wr_consumed)
+        return -EPROTO;
+    conn->wr_consumed = c;
+    return 0;
+}
+
+static int rec_advert(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_advert w;
+    int ret;
+
+    (void)h;
+    memcpy(&w, rec, sizeof(w));
+    struct exs_advert a = {
+        .addr = be64toh(w.addr),
+        .len = be32toh(w.len),
+        .rkey = be32toh(w.rkey),
+        .seq = be64toh(w.seq),
+        .id = be32toh(w.id),
+        .phase = be32toh(w.phase),
+        .flags = w.hdr.flags,
+    };
+    ret = conn->dp->on_advert(conn, &a);
+    if (ret)
+        return ret == -ENOBUFS ? ret : -EPROTO;
+    return 0;
+}
+
+static int rec_announce(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_announce a;
+    int ret;
+
+    (void)h;
+    memcpy(&a, rec, sizeof(a));
+    ret = conn->dp->on_announce ? conn->dp->on_announce(conn, &a) : -EPROTO;
+    if (ret)
+        return ret == -ENOBUFS ? ret : -EPROTO;
+    return 0;
+}
+
+static int rec_read_done(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_read_done d;
+
+    (void)h;
+    memcpy(&d, rec, sizeof(d));
+    if (!conn->dp->on_read_done || conn->dp->on_read_done(conn, be64toh(d.seq)))
+        return -EPROTO;
+    return 0;
+}
+
+static int rec_shutdown(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_shutdown s;
+
+    (void)h;
+    memcpy(&s, rec, sizeof(s));
+    /* everything the peer sent came before its SHUTDOWN on the one ordered path, so its
+     * count is exactly what arrived (§8): a count above it would leave receives waiting
+     * for data that never comes */
+    if (conn->peer_shut || be64toh(s.seq) != exs__resume_arrived_locked(conn) ||
+        conn->seqpkt.rx_frag)
+        return -EPROTO;
+    conn->peer_shut = 1;
+    conn->peer_total = be64toh(s.seq);
+    return 0;
+}
+
+static int rec_nop(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    (void)rec;
+    if (exs__conn_ka_on_nop_locked(conn, h->flags))
+        return -EPROTO;
+    return 0;
+}
+
+static int rec_ring(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_ring r;
+
+    (void)h;
+    memcpy(&r, rec, sizeof(r));
+    conn->peer.ring_rkey = be32toh(r.rkey);
+    conn->peer_ring_keyed = 1;
+    return 0;
+}
+
+static int rec_drain(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_drain d;
+
+    (void)h;
+    memcpy(&d, rec, sizeof(d));
+    if (!conn->dp->on_drain || conn->dp->on_drain(conn, &d))
+        return -EPROTO;
+    return 0;
+}
+
+static int rec_trace(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_trace t;
+
+    (void)h;
+    memcpy(&t, rec, sizeof(t));
+    if (exs__reqtrace_on_record_locked(conn, &t))
+        return -EPROTO;
+    return 0;
+}
+
+static int rec_resize(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_resize r;
+
+    (void)h;
+    memcpy(&r, rec, sizeof(r));
+    if (!conn->dp->on_resize) {
+        EXS_INFO(PROTO, "conn %p: RESIZE on a SEQPACKET conn or with flags %#x", (void *)conn,
+                 r.hdr.flags);
+        return -EPROTO;
+    }
+    if (conn->dp->on_resize(conn, &r))
+        return -EPROTO;
+    return 0;
+}
+
+static int rec_session(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_session s;
+
+    (void)h;
+    memcpy(&s, rec, sizeof(s));
+    if (exs__resume_on_session_locked(conn, &s))
+        return -EPROTO;
+    return 0;
+}
+
+static int rec_resume(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+{
+    struct exs_wire_resume r;
+
+    (void)h;
+    memcpy(&r, rec, sizeof(r));
+    if (exs__resume_on_resume_locked(conn, &r))
+        return -EPROTO;
+    return 0;
+}
+
+/* Every record type a connection takes: its length (exact: §5) and handler. A type not
+ * here, or with refused set, breaks the protocol (refused is logged first). */
+static const struct ctrl_rec {
+    uint16_t    len;
+    rec_fn      on;
+    const char *refused;
+} ctrl_recs[EXS_CTRL_TYPE_MAX + 1] = {
+    [EXS_CTRL_ACK] = { EXS_WIRE_ACK_LEN, rec_ack, NULL },
+    [EXS_CTRL_ADVERT] = { EXS_WIRE_ADVERT_LEN, rec_advert, NULL },
+    [EXS_CTRL_ANNOUNCE] = { EXS_WIRE_ANNOUNCE_LEN, rec_announce, NULL },
+    [EXS_CTRL_READ_DONE] = { EXS_WIRE_READ_DONE_LEN, rec_read_done, NULL },
+    [EXS_CTRL_SHUTDOWN] = { EXS_WIRE_SHUTDOWN_LEN, rec_shutdown, NULL },
+    [EXS_CTRL_NOP] = { EXS_WIRE_NOP_LEN, rec_nop, NULL },
+    [EXS_CTRL_RING] = { EXS_WIRE_RING_LEN, rec_ring, NULL },
+    [EXS_CTRL_DRAIN] = { EXS_WIRE_DRAIN_LEN, rec_drain, NULL },
+    [EXS_CTRL_TRACE] = { EXS_WIRE_TRACE_LEN, rec_trace, NULL },
+    [EXS_CTRL_RESIZE] = { EXS_WIRE_RESIZE_LEN, rec_resize, NULL },
+    [EXS_CTRL_SESSION] = { EXS_WIRE_SESSION_LEN, rec_session, NULL },
+    [EXS_CTRL_RESUME] = { EXS_WIRE_RESUME_LEN, rec_resume, NULL },
+    /* taken by a resume request on trial only (§9.2): on a connection, a second one, or
+     * one on a first path */
+    [EXS_CTRL_AUTH] = { 0, NULL, "AUTH record where none may come" },
+};
+
 static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32_t len)
 {
     uint32_t off = 0;
 
     while (off < len) {
         struct exs_wire_ctrl_hdr h;
-        uint32_t rlen, want = 0;
+        const struct ctrl_rec *k;
+        uint32_t rlen;
+        int ret;
 
         if (len - off < EXS_WIRE_CTRL_HDR_LEN)
             return -EPROTO;
@@ -42,32 +230,18 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         rlen = be16toh(h.len);
         if (rlen < EXS_WIRE_CTRL_HDR_LEN || rlen % 8 || rlen > len - off)
             return -EPROTO;
-        switch (h.type) {
-        case EXS_CTRL_ACK: want = EXS_WIRE_ACK_LEN; break;
-        case EXS_CTRL_ADVERT: want = EXS_WIRE_ADVERT_LEN; break;
-        case EXS_CTRL_ANNOUNCE: want = EXS_WIRE_ANNOUNCE_LEN; break;
-        case EXS_CTRL_READ_DONE: want = EXS_WIRE_READ_DONE_LEN; break;
-        case EXS_CTRL_SHUTDOWN: want = EXS_WIRE_SHUTDOWN_LEN; break;
-        case EXS_CTRL_NOP: want = EXS_WIRE_NOP_LEN; break;
-        case EXS_CTRL_RING: want = EXS_WIRE_RING_LEN; break;
-        case EXS_CTRL_DRAIN: want = EXS_WIRE_DRAIN_LEN; break;
-        case EXS_CTRL_TRACE: want = EXS_WIRE_TRACE_LEN; break;
-        case EXS_CTRL_RESIZE: want = EXS_WIRE_RESIZE_LEN; break;
-        case EXS_CTRL_SESSION: want = EXS_WIRE_SESSION_LEN; break;
-        case EXS_CTRL_RESUME: want = EXS_WIRE_RESUME_LEN; break;
-        case EXS_CTRL_AUTH: /* taken by a resume request on trial only (§9.2): on a
-                             * connection, a second one, or one on a first path */
-            EXS_INFO(PROTO, "conn %p: AUTH record where none may come", (void *)conn);
+        k = h.type <= EXS_CTRL_TYPE_MAX ? &ctrl_recs[h.type] : NULL;
+        if (k && k->refused) {
+            EXS_INFO(PROTO, "conn %p: %s", (void *)conn, k->refused);
             return -EPROTO;
-        default: return -EPROTO;
         }
-        if (rlen != want)
+        if (!k || !k->on || rlen != k->len)
             return -EPROTO;
         /* the peer's RING comes first and once (§2) */
         if ((h.type == EXS_CTRL_RING) == conn->peer_ring_keyed)
             return -EPROTO;
         /* on a cut-over's new path its RESUME comes next (§9.2) */
-        if (conn->rsm_peer_wait && h.type != EXS_CTRL_RING && h.type != EXS_CTRL_RESUME) {
+        if (conn->resume.peer_wait && h.type != EXS_CTRL_RING && h.type != EXS_CTRL_RESUME) {
             EXS_INFO(PROTO, "conn %p: record type %u before the peer's RESUME", (void *)conn,
                      h.type);
             return -EPROTO;
@@ -77,117 +251,9 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         conn->credits += be16toh(h.credits);
         if (conn->credits > conn->peer.credits)
             return -EPROTO;
-
-        const uint8_t *rec = buf + off;
-        switch (h.type) {
-        case EXS_CTRL_ACK: {
-            struct exs_wire_ack a;
-            memcpy(&a, rec, sizeof(a));
-            uint64_t c = be64toh(a.ring_consumed);
-            if (c - conn->wr_consumed > conn->wr_tail - conn->wr_consumed)
-                return -EPROTO;
-            conn->wr_consumed = c;
-            break;
-        }
-        case EXS_CTRL_ADVERT: {
-            struct exs_wire_advert w;
-            memcpy(&w, rec, sizeof(w));
-            struct exs_advert a = {
-                .addr = be64toh(w.addr),
-                .len = be32toh(w.len),
-                .rkey = be32toh(w.rkey),
-                .seq = be64toh(w.seq),
-                .id = be32toh(w.id),
-                .phase = be32toh(w.phase),
-                .flags = w.hdr.flags,
-            };
-            int ret = conn->dp->on_advert(conn, &a);
-            if (ret)
-                return ret == -ENOBUFS ? ret : -EPROTO;
-            break;
-        }
-        case EXS_CTRL_ANNOUNCE: {
-            struct exs_wire_announce a;
-            memcpy(&a, rec, sizeof(a));
-            int ret = conn->dp->on_announce ? conn->dp->on_announce(conn, &a) : -EPROTO;
-            if (ret)
-                return ret == -ENOBUFS ? ret : -EPROTO;
-            break;
-        }
-        case EXS_CTRL_READ_DONE: {
-            struct exs_wire_read_done d;
-            memcpy(&d, rec, sizeof(d));
-            if (!conn->dp->on_read_done || conn->dp->on_read_done(conn, be64toh(d.seq)))
-                return -EPROTO;
-            break;
-        }
-        case EXS_CTRL_RING: {
-            struct exs_wire_ring r;
-            memcpy(&r, rec, sizeof(r));
-            conn->peer.ring_rkey = be32toh(r.rkey);
-            conn->peer_ring_keyed = 1;
-            break;
-        }
-        case EXS_CTRL_DRAIN: {
-            struct exs_wire_drain d;
-            memcpy(&d, rec, sizeof(d));
-            if (!conn->dp->on_drain || conn->dp->on_drain(conn, &d))
-                return -EPROTO;
-            break;
-        }
-        case EXS_CTRL_TRACE: {
-            struct exs_wire_trace t;
-            memcpy(&t, rec, sizeof(t));
-            if (exs__reqtrace_on_record_locked(conn, &t))
-                return -EPROTO;
-            break;
-        }
-        case EXS_CTRL_RESIZE: {
-            struct exs_wire_resize r;
-            memcpy(&r, rec, sizeof(r));
-            if (!conn->dp->on_resize) {
-                EXS_INFO(PROTO, "conn %p: RESIZE on a SEQPACKET conn or with flags %#x",
-                         (void *)conn, r.hdr.flags);
-                return -EPROTO;
-            }
-            if (conn->dp->on_resize(conn, &r))
-                return -EPROTO;
-            break;
-        }
-        case EXS_CTRL_SESSION: {
-            struct exs_wire_session s;
-            memcpy(&s, rec, sizeof(s));
-            if (exs__resume_on_session_locked(conn, &s))
-                return -EPROTO;
-            break;
-        }
-        case EXS_CTRL_RESUME: {
-            struct exs_wire_resume r;
-            memcpy(&r, rec, sizeof(r));
-            if (exs__resume_on_resume_locked(conn, &r))
-                return -EPROTO;
-            break;
-        }
-        case EXS_CTRL_SHUTDOWN: {
-            struct exs_wire_shutdown s;
-            memcpy(&s, rec, sizeof(s));
-            /* everything the peer sent came before its SHUTDOWN on the one ordered
-             * path, so its count is exactly what arrived (§8): a count above it would
-             * leave receives waiting for data that never comes */
-            if (conn->peer_shut || be64toh(s.seq) != exs__resume_arrived_locked(conn) ||
-                conn->sp_rx_frag)
-                return -EPROTO;
-            conn->peer_shut = 1;
-            conn->peer_total = be64toh(s.seq);
-            break;
-        }
-        case EXS_CTRL_NOP:
-            if (exs__conn_ka_on_nop_locked(conn, h.flags))
-                return -EPROTO;
-            break;
-        default:
-            break;
-        }
+        ret = k->on(conn, buf + off, &h);
+        if (ret)
+            return ret;
         off += rlen;
     }
     return 0;
@@ -203,7 +269,7 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
     } else if (cqe->opcode == EXS_PROV_WC_RECV_RDMA_WITH_IMM &&
                (cqe->flags & EXS_PROV_WC_WITH_IMM)) {
         conn->credits += exs_imm_credits(cqe->imm_data);
-        if (conn->credits > conn->peer.credits || conn->rsm_peer_wait)
+        if (conn->credits > conn->peer.credits || conn->resume.peer_wait)
             ret = -EPROTO;
         else
             ret = conn->dp->on_data(conn, cqe->imm_data, cqe->byte_len);
@@ -218,7 +284,7 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
     }
     if (EXS_REQTRACE_ON && conn->rt)
         exs__reqtrace_arrival_locked(conn);
-    if (conn->state >= EXS_CONN_DOWN || (conn->state == EXS_CONN_RESUMING && !conn->rsm_newpath))
+    if (conn->state >= EXS_CONN_DOWN || (conn->state == EXS_CONN_RESUMING && !conn->resume.newpath))
         return; /* going away, or the old path of a cut-over: the slot is not needed any more */
     if (exs__conn_post_rx_locked(conn, slot)) {
         exs__conn_fail_locked(conn, ECONNRESET, "receive re-post failed");
@@ -238,10 +304,10 @@ static void conn_rtt_sample_locked(struct exs_conn *conn, uint64_t t_us)
     rtt = EXS_MAX(now - t_us, (uint64_t)1);
     conn->stats.srtt_us = conn->stats.srtt_us ? (7 * conn->stats.srtt_us + rtt + 4) / 8 : rtt;
     /* the path's own round trip, without the time samples wait in queues (§7.4) */
-    if (!conn->rs_rtt_min || rtt <= conn->rs_rtt_min ||
-        now - conn->rs_rtt_min_t > EXS_RTT_MIN_WIN_US) {
-        conn->rs_rtt_min = rtt;
-        conn->rs_rtt_min_t = now;
+    if (!conn->autotune.rtt_min || rtt <= conn->autotune.rtt_min ||
+        now - conn->autotune.rtt_min_t > EXS_RTT_MIN_WIN_US) {
+        conn->autotune.rtt_min = rtt;
+        conn->autotune.rtt_min_t = now;
     }
 }
 
@@ -278,7 +344,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
             exs__batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 0);
         }
         if (cqe->status == EXS_PROV_WC_WR_FLUSH_ERR && conn->state == EXS_CONN_CONNECTED &&
-            conn->sess_token && !conn->rsm_over)
+            conn->sess_token && !conn->resume.over)
             return; /* a consequence: the endpoint's DISCONNECTED, which follows, says
                      * whether the path failed or the peer closed (§9.2, When) */
         if (exs__resume_begin_locked(conn, "error completion", 0, 0))
@@ -292,7 +358,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
      * feature ALIVE only a receive counts (the peer's library posted it); without it any
      * completion does (a send the peer's NIC acknowledged) */
     if (tag == WR_TAG_RX || !exs__conn_ka_alive(conn))
-        conn->ka_heard = 1;
+        conn->keepalive.heard = 1;
     switch (tag) {
     case WR_TAG_RX:
         conn_on_rx_locked(conn, cqe, (uint32_t)(val >> 3));
@@ -320,7 +386,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
         exs__batch_on_cqe_locked(conn, (uint32_t)(val >> 3), 1);
         break;
     case WR_TAG_KA:
-        conn->ka_probe_out = 0;
+        conn->keepalive.probe_out = 0;
         break;
     case WR_TAG_RING:
         conn->ring_wr_out--;
@@ -355,7 +421,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
 /* A completion from the provider: a send work request leaves the cap's count. */
 static void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
-    if (conn->rsm_pend && exs__resume_pend_cqe_locked(conn, cqe))
+    if (conn->resume.pend && exs__resume_pend_cqe_locked(conn, cqe))
         return; /* a resume request's new path, on trial (§9.2) */
     if ((cqe->wr_id & WR_TAG_MASK) != WR_TAG_RX && conn->sq_out)
         conn->sq_out--;
@@ -391,12 +457,12 @@ static void conn_after_cqes_locked(struct exs_conn *conn)
  * *now_p is read once per batch. */
 static void conn_heard_locked(struct exs_conn *conn, uint64_t *now_p)
 {
-    if (!conn->ka_heard)
+    if (!conn->keepalive.heard)
         return;
-    conn->ka_heard = 0;
+    conn->keepalive.heard = 0;
     if (!*now_p)
         *now_p = exs__now_ns();
-    conn->ka_heard_ns = *now_p;
+    conn->keepalive.heard_ns = *now_p;
 }
 
 void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
@@ -436,14 +502,14 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
     int err = 0;
 
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
-    if (conn->rsm_pend && exs__resume_pend_cm_locked(conn, ev)) {
+    if (conn->resume.pend && exs__resume_pend_cm_locked(conn, ev)) {
         EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN); /* a resume request's new path (§9.2) */
         return;
     }
     if (conn->state == EXS_CONN_RESUMING) { /* the cut-over's events (§9.2) */
         if (ev->type == EXS_PROV_CM_DISCONNECTED && ev->ep && ev->ep == conn->ep &&
-            !conn->rsm_newpath && (ev->flags & EXS_PROV_CM_F_PEER_CLOSED))
-            conn->rsm_peer_closed = 1; /* the peer closed: no cut-over after the drain */
+            !conn->resume.newpath && (ev->flags & EXS_PROV_CM_F_PEER_CLOSED))
+            conn->resume.peer_closed = 1; /* the peer closed: no cut-over after the drain */
         exs__resume_on_cm_locked(conn, ev);
         EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
         exs__resume_evict_run();
@@ -467,7 +533,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
             exs__conn_adopt_hello_locked(conn, ev->private_data);
         }
         exs__conn_set_state_locked(conn, EXS_CONN_CONNECTED, "established");
-        conn->ka_heard_ns = exs__now_ns(); /* the peer just answered */
+        conn->keepalive.heard_ns = exs__now_ns(); /* the peer just answered */
         established = conn->cb->established;
         exs__conn_ring_grant_locked(conn);
         exs__resume_established_locked(conn);

@@ -409,7 +409,7 @@ void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info)
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     info->state = exs__conn_state_name(conn->state);
     info->phase = conn->p.sock_type != SOCK_STREAM     ? ""
-                  : PHASE_IS_DIRECT(conn->st_ps) ? "direct"
+                  : PHASE_IS_DIRECT(conn->stream.ps) ? "direct"
                                                  : "indirect";
     info->credits = conn->credits;
     info->peer_credits = conn->peer.credits;

@@ -55,7 +55,7 @@ static int conn_ka_probe_locked(struct exs_conn *conn)
         return ret;
     }
     conn->wr_out++;
-    conn->ka_probe_out = 1;
+    conn->keepalive.probe_out = 1;
     conn->stats.keepalive_probes++;
     return 0;
 }
@@ -85,7 +85,7 @@ static int conn_ka_ping_locked(struct exs_conn *conn)
         !exs__conn_ctrl_room_locked(conn, EXS_WIRE_NOP_LEN))
         return 0;
     exs__conn_ctrl_append_locked(conn, &ping, sizeof(ping));
-    conn->ka_ping = 1;
+    conn->keepalive.ping = 1;
     conn->stats.keepalive_probes++;
     exs__conn_ctrl_flush_locked(conn); /* a failed post resets the conn */
     return 1;
@@ -102,7 +102,7 @@ int exs__conn_ka_on_nop_locked(struct exs_conn *conn, uint8_t flags)
         EXS_INFO(PROTO, "conn %p: keepalive PING from a peer without feature ALIVE", (void *)conn);
         return -EPROTO;
     }
-    conn->ka_answer = 1;
+    conn->keepalive.answer = 1;
     return 0;
 }
 
@@ -112,8 +112,8 @@ int exs__conn_ka_on_nop_locked(struct exs_conn *conn, uint8_t flags)
 static int conn_ka_send_probe_locked(struct exs_conn *conn)
 {
     if (!exs__conn_ka_alive(conn))
-        return conn->ka_probe_out ? 0 : conn_ka_probe_locked(conn);
-    if (!conn->ka_ping)
+        return conn->keepalive.probe_out ? 0 : conn_ka_probe_locked(conn);
+    if (!conn->keepalive.ping)
         conn_ka_ping_locked(conn);
     return 0;
 }
@@ -130,39 +130,39 @@ static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t in
     uint64_t probes = __atomic_load_n(&exs__params.keepalive_probes, __ATOMIC_RELAXED);
     const uint64_t slack = 1000000u; /* 1 ms early still counts: timers are not exact */
 
-    if (!conn->ka_waiting || conn->ka_heard_ns > conn->ka_probe_ns) {
-        conn->ka_waiting = 0;
-        conn->ka_fails = 0;
-        conn->ka_ping = 0;
-        if (now + slack < conn->ka_heard_ns + intv_ns) {
-            *due_p = conn->ka_heard_ns + intv_ns;
+    if (!conn->keepalive.waiting || conn->keepalive.heard_ns > conn->keepalive.probe_ns) {
+        conn->keepalive.waiting = 0;
+        conn->keepalive.fails = 0;
+        conn->keepalive.ping = 0;
+        if (now + slack < conn->keepalive.heard_ns + intv_ns) {
+            *due_p = conn->keepalive.heard_ns + intv_ns;
             return 0;
         }
         if (conn_ka_send_probe_locked(conn)) {
             exs__conn_fail_locked(conn, ECONNRESET, "keepalive probe failed");
             return 0;
         }
-        conn->ka_waiting = 1;
-        conn->ka_probe_ns = now;
+        conn->keepalive.waiting = 1;
+        conn->keepalive.probe_ns = now;
         *due_p = now + intv_ns;
         return 0;
     }
-    if (now + slack < conn->ka_probe_ns + (conn->ka_fails + 1) * intv_ns) {
-        *due_p = conn->ka_probe_ns + (conn->ka_fails + 1) * intv_ns;
+    if (now + slack < conn->keepalive.probe_ns + (conn->keepalive.fails + 1) * intv_ns) {
+        *due_p = conn->keepalive.probe_ns + (conn->keepalive.fails + 1) * intv_ns;
         return 0;
     }
-    if (exs__conn_ka_alive(conn) && !conn->ka_ping) {
+    if (exs__conn_ka_alive(conn) && !conn->keepalive.ping) {
         conn_ka_ping_locked(conn); /* the PING could not go until now */
         if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
             return 0; /* its post failed: reset */
     }
-    if (++conn->ka_fails < probes) {
-        *due_p = conn->ka_probe_ns + (conn->ka_fails + 1) * intv_ns;
+    if (++conn->keepalive.fails < probes) {
+        *due_p = conn->keepalive.probe_ns + (conn->keepalive.fails + 1) * intv_ns;
         return 0;
     }
     conn->stats.keepalive_timeouts = 1;
     EXS_INFO(PROTO, "conn %p: keepalive: %u probe intervals without an answer: peer dead",
-             (void *)conn, conn->ka_fails);
+             (void *)conn, conn->keepalive.fails);
     return 1;
 }
 
@@ -282,7 +282,7 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
         break;
     case EXS_CONN_CONNECTED:
     case EXS_CONN_CLOSING:
-        if (conn->rsm_peer_wait) { /* the new path until the peer's RESUME (§9.2) */
+        if (conn->resume.peer_wait) { /* the new path until the peer's RESUME (§9.2) */
             next = exs__resume_timer_locked(conn, now, conn_ms);
             break;
         }
@@ -322,13 +322,13 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
         /* a conn that may be cut over is looked at four times per connect_timeout_ms,
          * so a RESUMING begun meanwhile ends within 1.25 x its deadline even with every
          * other check off (§9.2) */
-        if (conn->sess_token && !conn->rsm_over && conn_ms)
+        if (conn->sess_token && !conn->resume.over && conn_ms)
             next = next ? EXS_MIN(next, EXS_MAX(conn_ms / 4, 1)) : EXS_MAX(conn_ms / 4, 1);
         break;
     default:
         break;
     }
-    if (conn->rsm_pend) /* a resume request on trial: bounded by connect_timeout_ms (§9.2) */
+    if (conn->resume.pend) /* a resume request on trial: bounded by connect_timeout_ms (§9.2) */
         next = exs__resume_pend_timer_locked(conn, now, conn_ms, next);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     exs__resume_evict_run(); /* connections a keepalive cut made give up (§9.2) */

@@ -38,12 +38,12 @@ int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_re
 {
     /* A RESUME is only ever the first record after RING on a new path (§9.2): on a first
      * path, or a second one, it is hostile, whatever it says. */
-    if (!conn->rsm_peer_wait || conn->rsm_peer_got) {
+    if (!conn->resume.peer_wait || conn->resume.peer_got) {
         EXS_INFO(PROTO,
                  "conn %p: RESUME record refused: %s (token %s, %" PRIu64 " messages, %" PRIu64
                  " bytes)",
                  (void *)conn,
-                 conn->rsm_peer_got || conn->rsm_over ? "a second one" : "a first path",
+                 conn->resume.peer_got || conn->resume.over ? "a second one" : "a first path",
                  conn->sess_token && be64toh(r->token) == conn->sess_token ? "ours" : "not ours",
                  be64toh(r->rx_msgs), be64toh(r->rx_bytes));
         return -EPROTO;
@@ -51,8 +51,8 @@ int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_re
     if (conn->state == EXS_CONN_RESUMING) {
         /* the peer's SEND overtook our ESTABLISHED event: applied there, once the
          * peer's hello is adopted */
-        memcpy(&conn->rsm_peer, r, sizeof(*r));
-        conn->rsm_peer_got = 1;
+        memcpy(&conn->resume.peer, r, sizeof(*r));
+        conn->resume.peer_got = 1;
         return 0;
     }
     return resume_apply_locked(conn, r);
@@ -74,7 +74,7 @@ static void resume_path_failed_locked(struct exs_conn *conn, const char *cause)
     EXS_INFO(PROTO,
              "conn %p: path failed (%s) while resumable: not resumed (%s); the connection ends",
              (void *)conn, cause,
-             conn->rsm_over ? "cut over once already" : "no fallback from its owner");
+             conn->resume.over ? "cut over once already" : "no fallback from its owner");
 }
 
 /* Count a resumable connection whose cut-over failed, once, with the cause. */
@@ -126,7 +126,7 @@ struct exs_rsm_pend {
 /* Free a dead trial's objects (a safe point: see above). */
 static void resume_pend_reap_locked(struct exs_conn *conn)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
 
     if (!pd || !pd->dead)
         return;
@@ -134,14 +134,14 @@ static void resume_pend_reap_locked(struct exs_conn *conn)
     if (pd->ring_mem)
         exs__conn_ring_region_free(pd->ring_mem);
     free(pd);
-    conn->rsm_pend = NULL;
+    conn->resume.pend = NULL;
 }
 
 /* End the trial: its endpoint disconnected (the peer learns at once), the objects reaped
  * later, or now with reap. */
 static void resume_pend_kill_locked(struct exs_conn *conn, int reap)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
 
     if (pd && !pd->dead) {
         pd->dead = 1;
@@ -175,7 +175,7 @@ static uint32_t resume_ring_size(const struct exs_conn *conn)
 {
     uint64_t unread = conn->rd_arrived - conn->rd_consumed;
 
-    return unread > conn->p.ring_size && conn->rs_old_mem ? conn->rs_old_size : conn->p.ring_size;
+    return unread > conn->p.ring_size && conn->autotune.old_mem ? conn->autotune.old_size : conn->p.ring_size;
 }
 
 /* Open a trial for the request req (its private data q) on ctx: the new path made on the
@@ -193,7 +193,7 @@ static int resume_pend_open_locked(struct exs_conn *conn, struct exs_prov_ctx *c
     pd = calloc(1, sizeof(*pd) + conn->p.credits * sizeof(pd->cqe[0]));
     if (!pd)
         return EXS_WIRE_REJ_RESOURCES;
-    conn->rsm_pend = pd;
+    conn->resume.pend = pd;
     __atomic_add_fetch(&resume_pend_live, 1, __ATOMIC_RELAXED);
     pd->ring_size = resume_ring_size(conn);
     ret = exs__conn_ring_alloc(ctx, pd->ring_size, &pd->ring_mem);
@@ -252,19 +252,19 @@ static const char *resume_auth_check(const struct exs_conn *conn, const struct e
  * CONNECTED fails its old path first, §9.2, The old path). */
 static void resume_pend_authed_locked(struct exs_conn *conn)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
 
     pd->authed = 1;
     EXS_INFO(PROTO, "conn %p: resume request proved: the connection leaves its old path",
              (void *)conn);
     if (conn->state == EXS_CONN_CONNECTED &&
-        !exs__resume_begin_locked(conn, "resume request from the peer", 0, conn->ka_waiting)) {
+        !exs__resume_begin_locked(conn, "resume request from the peer", 0, conn->keepalive.waiting)) {
         EXS_INFO(PROTO, "conn %p: proved resume request: the connection cannot be resumed",
                  (void *)conn);
         resume_pend_kill_locked(conn, 0);
         return;
     }
-    if (conn->state != EXS_CONN_RESUMING || conn->rsm_newpath) {
+    if (conn->state != EXS_CONN_RESUMING || conn->resume.newpath) {
         EXS_INFO(PROTO, "conn %p: proved resume request: the connection is not waiting for a "
                  "new path", (void *)conn);
         resume_pend_kill_locked(conn, 0);
@@ -275,7 +275,7 @@ static void resume_pend_authed_locked(struct exs_conn *conn)
 
 int exs__resume_pend_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
     uint32_t slot = (uint32_t)((cqe->wr_id & ~(uint64_t)WR_TAG_MASK) >> 3);
     uint8_t *buf;
     const char *bad;
@@ -321,7 +321,7 @@ int exs__resume_pend_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe
 
 int exs__resume_pend_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
 
     if (!ev->ep || ev->ep != pd->path.ep) {
         resume_pend_reap_locked(conn); /* a cm event: a safe point */
@@ -356,11 +356,11 @@ int exs__resume_pend_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_e
 uint64_t exs__resume_pend_timer_locked(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms,
                                        uint64_t next)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
     uint64_t due, ms;
 
     resume_pend_reap_locked(conn); /* the timer: a safe point */
-    pd = conn->rsm_pend;
+    pd = conn->resume.pend;
     if (!pd || pd->authed) /* proved: the conn's own deadline (RESUMING) bounds it */
         return next;
     due = pd->t0_ns + conn_ms * 1000000u; /* connect_timeout_ms is at least 1 */
@@ -379,7 +379,7 @@ static void resume_end_locked(struct exs_conn *conn, int err, const char *why, i
     if (count)
         resume_failed_note(conn, why);
     resume_pend_kill_locked(conn, 0);
-    conn->rsm_peer_wait = conn->rsm_peer_got = 0;
+    conn->resume.peer_wait = conn->resume.peer_got = 0;
     if (!conn->err)
         conn->err = err;
     exs__conn_end_locked(conn, err, why);
@@ -389,7 +389,7 @@ static void resume_end_locked(struct exs_conn *conn, int err, const char *why, i
  * region in change (§7.4) is not a reason (exs__stream_ring_cut_locked). */
 static int resume_eligible(const struct exs_conn *conn)
 {
-    return conn->sess_token && !conn->rsm_over && conn->state == EXS_CONN_CONNECTED &&
+    return conn->sess_token && !conn->resume.over && conn->state == EXS_CONN_CONNECTED &&
            conn->txshut == EXS_TXSHUT_OPEN && !conn->peer_shut && conn->cb->resume_mr &&
            (!conn->active || conn->cb->resume_addr);
 }
@@ -397,7 +397,7 @@ static int resume_eligible(const struct exs_conn *conn)
 int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc, int silent)
 {
     if (conn->state == EXS_CONN_RESUMING) {
-        conn->rsm_disc |= disc;
+        conn->resume.disc |= disc;
         return 1;
     }
     if (!resume_eligible(conn)) {
@@ -407,15 +407,15 @@ int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc,
     EXS_INFO(PROTO, "conn %p: path failed (%s): resuming over the fallback (%s side)", (void *)conn,
              cause, conn->active ? "active" : "passive");
     exs__conn_set_state_locked(conn, EXS_CONN_RESUMING, cause);
-    conn->rsm_over = 1; /* one cut-over per connection */
-    conn->rsm_t0_ns = exs__now_ns();
-    conn->rsm_disc = disc;
-    conn->rsm_newpath = 0;
-    conn->rsm_fail = 0;
+    conn->resume.over = 1; /* one cut-over per connection */
+    conn->resume.t0_ns = exs__now_ns();
+    conn->resume.disc = disc;
+    conn->resume.newpath = 0;
+    conn->resume.fail = 0;
     /* a silent path (keepalive) is not drained: nothing more comes over it, and waiting
      * for a flush would wait for the remote; its endpoint goes with what it holds */
-    conn->rsm_abandon = !!silent;
-    conn->rsm_disc |= conn->rsm_abandon;
+    conn->resume.abandon = !!silent;
+    conn->resume.disc |= conn->resume.abandon;
     if (!disc)
         exs__prov_disconnect(conn->ep); /* its outstanding work is flushed */
     /* work requests never posted complete as flushed, as the posted ones will */
@@ -426,13 +426,13 @@ int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc,
 int exs__resume_on_fail_locked(struct exs_conn *conn, int err, const char *why)
 {
     if (conn->state == EXS_CONN_RESUMING) {
-        if (!conn->rsm_fail) {
+        if (!conn->resume.fail) {
             EXS_INFO(PROTO, "conn %p: %s while resuming", (void *)conn, why);
-            conn->rsm_fail = err ? err : ECONNRESET;
+            conn->resume.fail = err ? err : ECONNRESET;
         }
         return 1;
     }
-    if (conn->rsm_peer_wait) { /* the new path failed before the resume was whole */
+    if (conn->resume.peer_wait) { /* the new path failed before the resume was whole */
         resume_failed_note(conn, why);
         return 0;
     }
@@ -462,7 +462,7 @@ static int resume_sp_cut_locked(struct exs_conn *conn)
 
 /* The old path is over: its endpoint goes, its grants first, so a connection waiting for
  * its new path holds no provider resource (§9.2, The old path). What the endpoint still
- * held is discarded (rsm_abandon). Nothing when it went already. */
+ * held is discarded (resume.abandon). Nothing when it went already. */
 static void resume_old_path_release_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
@@ -481,7 +481,7 @@ static void resume_old_path_release_locked(struct exs_conn *conn)
  * its accept announced must hold what is unread). 0 or -errno. */
 static int resume_path_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
     uint64_t unread = conn->rd_arrived - conn->rd_consumed;
     int ret;
 
@@ -567,21 +567,21 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
             if (op->state == EXS_OPS_ADVERTISED)
                 op->state = EXS_OPS_QUEUED; /* advertised again on the new path */
         }
-    if (conn->sp_rx_frag) { /* SEQPACKET: a message cut between its pieces comes again
+    if (conn->seqpkt.rx_frag) { /* SEQPACKET: a message cut between its pieces comes again
                              * whole; its receive is advertised again from offset 0 */
-        conn->stats.bytes_received -= conn->sp_rx_frag->filled;
-        conn->sp_rx_frag->filled = 0;
-        conn->sp_rx_frag = NULL;
+        conn->stats.bytes_received -= conn->seqpkt.rx_frag->filled;
+        conn->seqpkt.rx_frag->filled = 0;
+        conn->seqpkt.rx_frag = NULL;
     }
-    conn->sp_frag_op = NULL; /* the sender's: re-sent whole from its first byte */
+    conn->seqpkt.frag_op = NULL; /* the sender's: re-sent whole from its first byte */
     /* the receiver restarts in a direct phase (§7), its old ring's bytes first */
-    conn->st_pr = 0;
-    conn->st_sr_next = conn->rx_seq;
-    conn->st_drain = EXS_STREAM_DRAIN_IDLE;
-    conn->st_streak = 0;
-    conn->st_eval_arrived = conn->rd_arrived;
-    conn->st_drain_dir = 0;
-    conn->st_drain_hold = 0;
+    conn->stream.pr = 0;
+    conn->stream.sr_next = conn->rx_seq;
+    conn->stream.drain = EXS_STREAM_DRAIN_IDLE;
+    conn->stream.streak = 0;
+    conn->stream.eval_arrived = conn->rd_arrived;
+    conn->stream.drain_dir = 0;
+    conn->stream.drain_hold = 0;
     /* the sender's ADVERTs, credits and ring writes were the old path's */
     conn->adv_head = conn->adv_count = 0;
     conn->peer_ring_keyed = 0;
@@ -591,12 +591,12 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     conn->ctrl_len = 0;
     conn->shut_op = NULL;
     memset(&conn->bwait, 0, sizeof(conn->bwait));
-    conn->ka_probe_out = conn->ka_waiting = 0;
-    conn->ka_ping = conn->ka_answer = 0; /* the old path's PING and its owed answer */
-    conn->ka_fails = 0;
+    conn->keepalive.probe_out = conn->keepalive.waiting = 0;
+    conn->keepalive.ping = conn->keepalive.answer = 0; /* the old path's PING and its owed answer */
+    conn->keepalive.fails = 0;
     conn->tx_stall_ns = 0;
-    conn->rsm_newpath = 1;
-    conn->rsm_peer_wait = 1;
+    conn->resume.newpath = 1;
+    conn->resume.peer_wait = 1;
     return 0;
 }
 
@@ -606,14 +606,14 @@ static int resume_connect_locked(struct exs_conn *conn, const struct sockaddr_st
                                  socklen_t len)
 {
     struct exs_wire_resume_req q;
-    int ret = exs__resume_random(conn->rsm_nonce, sizeof(conn->rsm_nonce));
+    int ret = exs__resume_random(conn->resume.nonce, sizeof(conn->resume.nonce));
 
     if (ret)
         return ret;
     exs__conn_hello(conn, &q.hello);
     q.hello.hflags = EXS_WIRE_HELLO_F_RESUME;
     q.token = htobe64(conn->sess_token);
-    memcpy(q.nonce_a, conn->rsm_nonce, sizeof(q.nonce_a));
+    memcpy(q.nonce_a, conn->resume.nonce, sizeof(q.nonce_a));
     return exs__prov_connect(conn->ep, (const struct sockaddr *)addr, len, &q, sizeof(q));
 }
 
@@ -625,7 +625,7 @@ static void resume_newpath_up_locked(struct exs_conn *conn)
     struct exs_wire_resume r;
 
     exs__conn_set_state_locked(conn, EXS_CONN_CONNECTED, "new path established");
-    conn->ka_heard_ns = exs__now_ns();
+    conn->keepalive.heard_ns = exs__now_ns();
     exs__conn_ring_grant_locked(conn); /* the RING record (after AUTH on the active side) */
     if (conn->state != EXS_CONN_CONNECTED)
         return;
@@ -634,9 +634,9 @@ static void resume_newpath_up_locked(struct exs_conn *conn)
     exs__resume_record_locked(conn, &r);
     conn->rd_reported = conn->rd_consumed;
     exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
-    if (conn->rsm_peer_got) {
-        conn->rsm_peer_got = 0;
-        memcpy(&r, &conn->rsm_peer, sizeof(r));
+    if (conn->resume.peer_got) {
+        conn->resume.peer_got = 0;
+        memcpy(&r, &conn->resume.peer, sizeof(r));
         if (resume_apply_locked(conn, &r)) {
             exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
             return;
@@ -649,16 +649,16 @@ static void resume_newpath_up_locked(struct exs_conn *conn)
  * completions it held handed to the conn (the records after AUTH first), the trial gone. */
 static void resume_pend_take_locked(struct exs_conn *conn)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
 
     exs__conn_adopt_hello_locked(conn, &pd->peer);
-    for (uint32_t i = 0; i < pd->held && !conn->rsm_fail && conn->state == EXS_CONN_RESUMING; i++)
+    for (uint32_t i = 0; i < pd->held && !conn->resume.fail && conn->state == EXS_CONN_RESUMING; i++)
         exs__conn_hooks.on_rx_held(conn, &pd->cqe[i]);
     __atomic_sub_fetch(&resume_pend_live, 1, __ATOMIC_RELAXED);
     free(pd);
-    conn->rsm_pend = NULL;
-    if (conn->rsm_fail) {
-        resume_end_locked(conn, conn->rsm_fail, "failure while resuming", 1);
+    conn->resume.pend = NULL;
+    if (conn->resume.fail) {
+        resume_end_locked(conn, conn->resume.fail, "failure while resuming", 1);
         return;
     }
     resume_newpath_up_locked(conn);
@@ -673,17 +673,17 @@ void exs__resume_progress_locked(struct exs_conn *conn)
 
     if (conn->state != EXS_CONN_RESUMING)
         return;
-    if (conn->rsm_fail) {
-        resume_end_locked(conn, conn->rsm_fail, "failure while resuming", 1);
+    if (conn->resume.fail) {
+        resume_end_locked(conn, conn->resume.fail, "failure while resuming", 1);
         return;
     }
-    if (conn->rsm_newpath)
+    if (conn->resume.newpath)
         return;
     /* the old path is over once its DISCONNECTED came and every work request completed:
      * then what arrived is final (§9.2, Positions) */
-    if (!conn->rsm_disc || ((conn->wr_out || conn->wrq_count) && !conn->rsm_abandon))
+    if (!conn->resume.disc || ((conn->wr_out || conn->wrq_count) && !conn->resume.abandon))
         return;
-    if (conn->peer_shut || conn->rsm_peer_closed) {
+    if (conn->peer_shut || conn->resume.peer_closed) {
         /* its SHUTDOWN came in the drain, or its endpoint closed (the provider told,
          * after a failure seen first had begun the cut-over): the peer closed */
         resume_end_locked(conn, ECONNRESET, "the peer closed", 0);
@@ -697,7 +697,7 @@ void exs__resume_progress_locked(struct exs_conn *conn)
             return;
         }
     } else {
-        struct exs_rsm_pend *pd = conn->rsm_pend;
+        struct exs_rsm_pend *pd = conn->resume.pend;
 
         /* a request whose proof checked out, its new path established */
         ctx = pd && pd->authed && !pd->dead && pd->established ? pd->path.ctx : NULL;
@@ -750,7 +750,7 @@ static void resume_established_active_locked(struct exs_conn *conn,
         return;
     }
     memcpy(&acc, ev->private_data, sizeof(acc));
-    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_B, conn->rsm_nonce, acc.nonce_b, mac);
+    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_B, conn->resume.nonce, acc.nonce_b, mac);
     if (!exs__mem_equal_ct(mac, acc.mac_b, sizeof(acc.mac_b))) {
         resume_end_locked(conn, ECONNRESET, "the new path's accept has a wrong proof (MAC_B)", 1);
         return;
@@ -760,7 +760,7 @@ static void resume_established_active_locked(struct exs_conn *conn,
         return;
     }
     exs__conn_adopt_hello_locked(conn, &acc.hello);
-    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_A, conn->rsm_nonce, acc.nonce_b, a.mac);
+    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_A, conn->resume.nonce, acc.nonce_b, a.mac);
     exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
     resume_newpath_up_locked(conn);
 }
@@ -770,9 +770,9 @@ void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_ev
 
     if (ev->ep && ev->ep != conn->ep)
         return;               /* not the conn's endpoint now */
-    if (!conn->rsm_newpath) { /* the old endpoint */
+    if (!conn->resume.newpath) { /* the old endpoint */
         if (ev->type == EXS_PROV_CM_DISCONNECTED) {
-            conn->rsm_disc = 1;
+            conn->resume.disc = 1;
             exs__resume_progress_locked(conn);
         }
         return;
@@ -845,7 +845,7 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
         return -EPROTO;
     if (!conn->dp->bytes) {
         pos = be64toh(r->rx_msgs);
-        conn->sp_reann_pos = pos;
+        conn->seqpkt.reann_pos = pos;
         again = resume_sp_rewind_locked(conn, pos);
         goto rewound;
     }
@@ -872,11 +872,11 @@ rewound:
     conn->wr_tail = ra;
     conn->wr_consumed = rc;
     /* the STREAM algorithm restarts in a direct phase */
-    conn->st_ps = 0;
-    conn->st_held = conn->st_drain_owed = conn->st_lingering = 0;
-    conn->rs_owed = 0;
+    conn->stream.ps = 0;
+    conn->stream.held = conn->stream.drain_owed = conn->stream.lingering = 0;
+    conn->autotune.owed = 0;
     conn->adv_head = conn->adv_count = 0;
-    conn->rsm_peer_wait = 0;
+    conn->resume.peer_wait = 0;
     EXS_CNT_INC(exs__resume_cnt.fallback_resumes);
     EXS_CNT_ADD(exs__resume_cnt.fallback_replayed_bytes, again);
     EXS_INFO(PROTO,
@@ -889,10 +889,10 @@ rewound:
 
 uint64_t exs__resume_timer_locked(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms)
 {
-    uint64_t due = conn->rsm_t0_ns + conn_ms * 1000000u;
+    uint64_t due = conn->resume.t0_ns + conn_ms * 1000000u;
 
-    if (conn->state == EXS_CONN_RESUMING && conn->rsm_fail) {
-        resume_end_locked(conn, conn->rsm_fail, "failure while resuming", 1);
+    if (conn->state == EXS_CONN_RESUMING && conn->resume.fail) {
+        resume_end_locked(conn, conn->resume.fail, "failure while resuming", 1);
         return 0;
     }
     if (now_ns < due)
@@ -908,11 +908,11 @@ int exs__resume_close_locked(struct exs_conn *conn)
         resume_end_locked(conn, ECONNRESET, "closed while resuming", 0);
         return 1;
     }
-    if (conn->state == EXS_CONN_CONNECTED && conn->rsm_peer_wait) {
+    if (conn->state == EXS_CONN_CONNECTED && conn->resume.peer_wait) {
         /* nothing was rewound yet: no SHUTDOWN can count the stream; reset */
         if (!conn->err)
             conn->err = ECONNRESET;
-        conn->rsm_peer_wait = 0;
+        conn->resume.peer_wait = 0;
         exs__conn_set_state_locked(conn, EXS_CONN_DOWN, "closed while resuming");
         exs__prov_disconnect(conn->ep);
         return 1;
@@ -950,12 +950,12 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     /* nothing here touches the connection: the request is only put on trial */
     if (conn->p.sock_type != sock_type || conn->active)
         bad = "not a passive session of this socket type";
-    else if (conn->rsm_keys != (EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER))
+    else if (conn->resume.keys != (EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER))
         bad = "the session's keys are not both known";
-    else if (conn->rsm_pend)
+    else if (conn->resume.pend)
         bad = "a request is already on trial";
     else if (!(conn->state == EXS_CONN_CONNECTED && resume_eligible(conn)) &&
-             !(conn->state == EXS_CONN_RESUMING && !conn->rsm_newpath))
+             !(conn->state == EXS_CONN_RESUMING && !conn->resume.newpath))
         bad = "the connection cannot be resumed";
     else if (__atomic_load_n(&resume_pend_live, __ATOMIC_RELAXED) >= RSM_PEND_MAX)
         bad = "too many resume requests on trial in the process";

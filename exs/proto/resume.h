@@ -1,6 +1,47 @@
 /* SPDX-License-Identifier: MIT */
 /* The cut-over (resume.c, spec/protocol.md §9.2). */
 #ifndef EXS_PROTO_RESUME_H
+#include "exs/proto/proto.h" /* first: it takes the state part below (EXS_PROTO_STATE) */
+#endif
+
+#if defined(EXS_PROTO_STATE) && !defined(EXS_PROTO_RESUME_H_STATE)
+#define EXS_PROTO_RESUME_H_STATE
+/* The cut-over (spec/protocol.md §9.2; resume.c, resume_sess.c): its part of struct exs_conn (conn->resume). */
+struct exs_resume_state {
+    /* the cut-over itself (resume.c) */
+    int                        over;         /* cut over once: never again */
+    int                        disc;         /* RESUMING: the old endpoint's DISCONNECTED seen */
+    int                        abandon;      /* RESUMING: the old path is silent (keepalive):
+                                              * its endpoint goes without a drain */
+    int                        newpath;      /* RESUMING: the new endpoint exists */
+    int                        peer_wait;     /* new path: the peer's RESUME not yet applied */
+    int                        peer_got;     /* ... but it arrived before our ESTABLISHED */
+    int                        fail;         /* RESUMING: errno that ends the conn at the next
+                                              * progress-thread look (0: none) */
+    uint64_t                   t0_ns;        /* RESUMING began (bounded by connect_timeout_ms) */
+    struct exs_wire_resume     peer;         /* the peer's RESUME (resume.peer_got) */
+    uint8_t                    key[2 * EXS_WIRE_SESSION_KEY_LEN];     /* K_A || K_B: the
+                                              * resume proof's HMAC key (SESSION records) */
+    int                        keys;         /* EXS_RSM_KEY_* known */
+    uint8_t                    nonce[EXS_WIRE_NONCE_LEN];     /* active: nonce_A of its
+                                              * resume connect */
+    struct exs_rsm_pend       *pend;         /* passive: a resume request on trial, its new
+                                              * path made on the side (resume.c) */
+    struct exs_conn           *next;         /* the registry of passive sessions (resume.c) */
+    uint32_t                   refs;         /* registry: finders using the conn now */
+    int                        gone;         /* registry: destroyed while a finder held it;
+                                              * the last finder frees it (both under the
+                                              * registry's lock) */
+    /* RESUMING bounded (spec/protocol.md §9.2, The wait; resume.c) */
+    int                        peer_closed;     /* RESUMING: the old endpoint's DISCONNECTED
+                                                 * said the peer closed it (no cut-over) */
+    int                        waiting;      /* in the wait list (registry's lock) */
+    int                        evicting;     /* in the eviction list, held (resume.refs) */
+    struct exs_list            wait_link;     /* in one of the two (registry's lock) */
+};
+#endif
+
+#if !defined(EXS_PROTO_STATE) && !defined(EXS_PROTO_RESUME_H)
 #define EXS_PROTO_RESUME_H
 
 #include "exs/proto/proto.h"
@@ -94,7 +135,7 @@ extern struct exs_resume_counters exs__resume_cnt;
 extern pthread_mutex_t exs__resume_reg_lock;
 /* The session named token, or NULL: every entry is compared, without a branch on the
  * bytes (a peer learns nothing from the time a wrong token takes). A conn found is held
- * (rsm_refs) until exs__resume_registry_put: its socket may be closed and the conn destroyed
+ * (resume.refs) until exs__resume_registry_put: its socket may be closed and the conn destroyed
  * by another thread meanwhile, and the finder then frees it. */
 struct exs_conn *exs__resume_registry_find(uint64_t token);
 void exs__resume_registry_put(struct exs_conn *conn);
@@ -105,7 +146,7 @@ void exs__resume_conn_mac(const struct exs_conn *conn, uint8_t label, const uint
 /* conn (its lock held), its old path over, joins the wait; while more than resume_max
  * wait, the oldest is evicted (never conn itself: resume_max is at least 1). */
 void exs__resume_wait_join_locked(struct exs_conn *conn);
-/* The next connection evicted from the wait (held: rsm_refs), out of the eviction list;
+/* The next connection evicted from the wait (held: resume.refs), out of the eviction list;
  * NULL when none is. */
 struct exs_conn *exs__resume_evict_pop(void);
 

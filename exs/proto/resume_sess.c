@@ -63,7 +63,7 @@ static struct exs_conn *resume_reg;
 static void resume_registry_add(struct exs_conn *conn)
 {
     EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-    conn->rsm_next = resume_reg;
+    conn->resume.next = resume_reg;
     resume_reg = conn;
     EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
 }
@@ -73,13 +73,13 @@ int exs__resume_forget(struct exs_conn *conn)
     int now;
 
     EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-    for (struct exs_conn **pp = &resume_reg; *pp; pp = &(*pp)->rsm_next)
+    for (struct exs_conn **pp = &resume_reg; *pp; pp = &(*pp)->resume.next)
         if (*pp == conn) {
-            *pp = conn->rsm_next;
+            *pp = conn->resume.next;
             break;
         }
-    now = conn->rsm_refs == 0;
-    conn->rsm_gone = !now;
+    now = conn->resume.refs == 0;
+    conn->resume.gone = !now;
     EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
     exs__resume_wait_leave(conn); /* (it left RESUMING before: nothing, normally) */
     return now;
@@ -87,21 +87,21 @@ int exs__resume_forget(struct exs_conn *conn)
 
 /* The session named token, or NULL: every entry is compared, without a branch on the
  * bytes (a peer learns nothing from the time a wrong token takes). A conn found is held
- * (rsm_refs) until exs__resume_registry_put: its socket may be closed and the conn destroyed
+ * (resume.refs) until exs__resume_registry_put: its socket may be closed and the conn destroyed
  * by another thread meanwhile, and the finder then frees it. */
 struct exs_conn *exs__resume_registry_find(uint64_t token)
 {
     uintptr_t found = 0;
 
     EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-    for (struct exs_conn *c = resume_reg; c; c = c->rsm_next) {
+    for (struct exs_conn *c = resume_reg; c; c = c->resume.next) {
         uint64_t d = c->sess_token ^ token;
         uintptr_t m = (uintptr_t)0 - (uintptr_t)(((d | (0 - d)) >> 63) ^ 1); /* d == 0: ~0 */
 
         found = (found & ~m) | ((uintptr_t)c & m);
     }
     if (found) /* atomic: written under the lock, but a unit test watches it without */
-        __atomic_add_fetch(&((struct exs_conn *)found)->rsm_refs, 1, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&((struct exs_conn *)found)->resume.refs, 1, __ATOMIC_RELEASE);
     EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
     return (struct exs_conn *)found;
 }
@@ -111,7 +111,7 @@ void exs__resume_registry_put(struct exs_conn *conn)
     int last;
 
     EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-    last = __atomic_sub_fetch(&conn->rsm_refs, 1, __ATOMIC_RELEASE) == 0 && conn->rsm_gone;
+    last = __atomic_sub_fetch(&conn->resume.refs, 1, __ATOMIC_RELEASE) == 0 && conn->resume.gone;
     EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
     if (last)
         exs__conn_free(conn); /* destroyed while we held it */
@@ -161,13 +161,13 @@ void exs__resume_mac(const uint8_t *key, uint8_t label, const uint8_t *nonce_a,
 void exs__resume_conn_mac(const struct exs_conn *conn, uint8_t label, const uint8_t *nonce_a,
                        const uint8_t *nonce_b, uint8_t out[EXS_SHA256_LEN])
 {
-    exs__resume_mac(conn->rsm_key, label, nonce_a, nonce_b, out);
+    exs__resume_mac(conn->resume.key, label, nonce_a, nonce_b, out);
 }
 
-/* Where each side's key lives in conn->rsm_key: K_A (the active side's) first. */
+/* Where each side's key lives in conn->resume.key: K_A (the active side's) first. */
 static uint8_t *resume_key_of(struct exs_conn *conn, int active)
 {
-    return conn->rsm_key + (active ? 0 : EXS_WIRE_SESSION_KEY_LEN);
+    return conn->resume.key + (active ? 0 : EXS_WIRE_SESSION_KEY_LEN);
 }
 
 void exs__resume_established_locked(struct exs_conn *conn)
@@ -181,7 +181,7 @@ void exs__resume_established_locked(struct exs_conn *conn)
         return;
     /* the passive side's SEND may have been handled before the active side's event (its
      * hello was not adopted yet): a SESSION it sent needs the bit in that hello */
-    if (conn->active && (conn->rsm_keys & EXS_RSM_KEY_PEER) && !exs__resume_negotiated(conn)) {
+    if (conn->active && (conn->resume.keys & EXS_RSM_KEY_PEER) && !exs__resume_negotiated(conn)) {
         EXS_INFO(PROTO, "conn %p: SESSION record refused: the peer's hello lacks bit 7",
                  (void *)conn);
         exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
@@ -197,7 +197,7 @@ void exs__resume_established_locked(struct exs_conn *conn)
             return;
         }
     } while (!conn->active && !exs__resume_token_of(key));
-    conn->rsm_keys |= EXS_RSM_KEY_OWN;
+    conn->resume.keys |= EXS_RSM_KEY_OWN;
     memcpy(s.key, key, sizeof(s.key));
     exs__conn_ctrl_append_locked(conn, &s, sizeof(s));
     memset(&s, 0, sizeof(s));
@@ -222,7 +222,7 @@ int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_s
      * its bit is checked then (exs__resume_established_locked) */
     if (!conn->p.resumable || (conn->peer.magic == EXS_WIRE_MAGIC && !exs__resume_negotiated(conn)))
         bad = "feature RESUMABLE not negotiated";
-    else if (conn->rsm_keys & EXS_RSM_KEY_PEER)
+    else if (conn->resume.keys & EXS_RSM_KEY_PEER)
         bad = "a second one";
     else if (s->hdr.flags)
         bad = "flags set";
@@ -233,7 +233,7 @@ int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_s
         return -EPROTO;
     }
     memcpy(resume_key_of(conn, !conn->active), s->key, EXS_WIRE_SESSION_KEY_LEN);
-    conn->rsm_keys |= EXS_RSM_KEY_PEER;
+    conn->resume.keys |= EXS_RSM_KEY_PEER;
     if (!conn->active)
         return 0; /* K_A: the passive side can check a resume's proof from now on */
     conn->sess_token = token;
@@ -309,8 +309,8 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
 /* ---- RESUMING bounded (§9.2, The wait) ----
  * The connections past their old path's drain that wait for the new path, oldest first
  * (resume_waitq), at most resume_max; those evicted from it and not yet ended
- * (resume_evictq), each held (rsm_refs) until exs__resume_evict_run ends it without
- * another conn's lock. Both lists, the rsm_waiting and rsm_evicting flags under the
+ * (resume_evictq), each held (resume.refs) until exs__resume_evict_run ends it without
+ * another conn's lock. Both lists, the resume.waiting and resume.evicting flags under the
  * registry's lock. */
 static struct exs_list resume_waitq = EXS_LIST_INIT(resume_waitq);
 static struct exs_list resume_evictq = EXS_LIST_INIT(resume_evictq);
@@ -326,19 +326,19 @@ void exs__resume_wait_join_locked(struct exs_conn *conn)
     if (!max) /* the tunables were never loaded (unit tests) */
         max = UINT64_MAX;
     EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-    if (!conn->rsm_waiting && !conn->rsm_evicting) {
-        exs_list_add_tail(&resume_waitq, &conn->rsm_wait_link);
-        conn->rsm_waiting = 1;
+    if (!conn->resume.waiting && !conn->resume.evicting) {
+        exs_list_add_tail(&resume_waitq, &conn->resume.wait_link);
+        conn->resume.waiting = 1;
         resume_nwait++;
         while (resume_nwait > max) {
-            struct exs_conn *v = exs_list_entry(resume_waitq.next, struct exs_conn, rsm_wait_link);
+            struct exs_conn *v = exs_list_entry(resume_waitq.next, struct exs_conn, resume.wait_link);
 
-            exs_list_del(&v->rsm_wait_link);
+            exs_list_del(&v->resume.wait_link);
             resume_nwait--;
-            v->rsm_waiting = 0;
-            v->rsm_evicting = 1; /* for good: it never waits again */
-            __atomic_add_fetch(&v->rsm_refs, 1, __ATOMIC_RELEASE);
-            exs_list_add_tail(&resume_evictq, &v->rsm_wait_link);
+            v->resume.waiting = 0;
+            v->resume.evicting = 1; /* for good: it never waits again */
+            __atomic_add_fetch(&v->resume.refs, 1, __ATOMIC_RELEASE);
+            exs_list_add_tail(&resume_evictq, &v->resume.wait_link);
             __atomic_add_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
         }
     }
@@ -348,15 +348,15 @@ void exs__resume_wait_join_locked(struct exs_conn *conn)
 void exs__resume_wait_leave(struct exs_conn *conn)
 {
     EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-    if (conn->rsm_waiting) {
-        exs_list_del(&conn->rsm_wait_link);
-        conn->rsm_waiting = 0;
+    if (conn->resume.waiting) {
+        exs_list_del(&conn->resume.wait_link);
+        conn->resume.waiting = 0;
         resume_nwait--;
     }
     EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
 }
 
-/* The next connection evicted from the wait (held: rsm_refs), out of the eviction list;
+/* The next connection evicted from the wait (held: resume.refs), out of the eviction list;
  * NULL when none is. */
 struct exs_conn *exs__resume_evict_pop(void)
 {
@@ -369,5 +369,5 @@ struct exs_conn *exs__resume_evict_pop(void)
     if (n)
         __atomic_sub_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
     EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
-    return n ? exs_list_entry(n, struct exs_conn, rsm_wait_link) : NULL;
+    return n ? exs_list_entry(n, struct exs_conn, resume.wait_link) : NULL;
 }

@@ -38,11 +38,11 @@ void exs__seqpkt_free_pending_locked(struct exs_conn *conn)
     while ((n = exs_list_pop_head(&conn->pending)))
         sp_pending_free(conn, exs_list_entry(n, struct exs_pending_msg, link));
     conn->pending_count = conn->pending_announced = 0;
-    if (conn->sp_memo)
-        exs__conn_mem_give_locked(conn, exs__seqpkt_memo_bytes(conn->sp_memo_cap));
-    free(conn->sp_memo);
-    conn->sp_memo = NULL;
-    conn->sp_memo_n = conn->sp_memo_head = conn->sp_memo_owed = 0;
+    if (conn->seqpkt.memo)
+        exs__conn_mem_give_locked(conn, exs__seqpkt_memo_bytes(conn->seqpkt.memo_cap));
+    free(conn->seqpkt.memo);
+    conn->seqpkt.memo = NULL;
+    conn->seqpkt.memo_n = conn->seqpkt.memo_head = conn->seqpkt.memo_owed = 0;
 }
 
 /* ---- sending side ---- */
@@ -88,14 +88,14 @@ int exs__seqpkt_on_advert_locked(struct exs_conn *conn, const struct exs_advert 
  * when the message was longer than the ADVERT). */
 static void sp_frag_post_locked(struct exs_conn *conn)
 {
-    struct exs_op *op = conn->sp_frag_op;
-    const struct exs_advert *adv = &conn->sp_frag_adv;
+    struct exs_op *op = conn->seqpkt.frag_op;
+    const struct exs_advert *adv = &conn->seqpkt.frag_adv;
     uint32_t frag = exs__conn_frag_size();
 
     while (op) {
         uint32_t off = (uint32_t)op->posted;
-        uint32_t lw = EXS_MIN(frag, conn->sp_frag_n - off);
-        int last = off + lw == conn->sp_frag_n;
+        uint32_t lw = EXS_MIN(frag, conn->seqpkt.frag_n - off);
+        int last = off + lw == conn->seqpkt.frag_n;
         unsigned flags = last ? EXS_IMM_EOM | (op->len > adv->len ? EXS_IMM_TRUNC : 0) : 0;
 
         /* a SHUTDOWN of exs_close waits in the batch behind these pieces */
@@ -119,29 +119,29 @@ static void sp_frag_post_locked(struct exs_conn *conn)
         }
         /* the completion rule of a send: done with its last write once posted == len */
         op->posted = op->len;
-        conn->sp_frag_op = NULL;
+        conn->seqpkt.frag_op = NULL;
         EXS_TRACE(PROTO, "conn %p: message %llu: %u bytes direct in pieces of %u, advert %u",
-                  (void *)conn, (unsigned long long)op->seq, conn->sp_frag_n, frag, adv->id);
+                  (void *)conn, (unsigned long long)op->seq, conn->seqpkt.frag_n, frag, adv->id);
         return;
     }
 }
 
 /* May one more message be announced (§6: at most ANNOUNCED_MAX whose READ_DONE has not
- * come)? sp_ann_out only over-counts (a send announced again after a cut counts twice):
+ * come)? seqpkt.ann_out only over-counts (a send announced again after a cut counts twice):
  * at the cap the sends still waiting for their READ_DONE are counted again. */
 static int sp_may_announce(struct exs_conn *conn)
 {
     struct exs_list *pos;
     uint32_t n = 0;
 
-    if (conn->sp_ann_out < EXS_WIRE_ANNOUNCED_MAX)
+    if (conn->seqpkt.ann_out < EXS_WIRE_ANNOUNCED_MAX)
         return 1;
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         n += op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->announced;
     }
-    conn->sp_ann_out = n;
+    conn->seqpkt.ann_out = n;
     return n < EXS_WIRE_ANNOUNCED_MAX;
 }
 
@@ -205,9 +205,9 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
             return 0;
         if (n > exs__conn_frag_size() && (conn->peer.features & EXS_WIRE_FEAT_FRAG)) {
             /* several pieces (§6.2): the message is numbered now, its pieces follow */
-            conn->sp_frag_adv = *adv;
-            conn->sp_frag_n = n;
-            conn->sp_frag_op = op;
+            conn->seqpkt.frag_adv = *adv;
+            conn->seqpkt.frag_n = n;
+            conn->seqpkt.frag_op = op;
             sp_advert_pop(conn);
             conn->stats.direct_xfers++;
             op->posted = 0;
@@ -215,7 +215,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
             op->seq = conn->tx_seq++;
             op->state = EXS_OPS_POSTED;
             sp_frag_post_locked(conn);
-            return !conn->sp_frag_op;
+            return !conn->seqpkt.frag_op;
         }
         uint32_t imm =
             exs_imm_make(EXS_IMM_DIRECT, flags, exs__conn_take_owed_imm_locked(conn), adv->id);
@@ -247,7 +247,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
     op->seq = conn->tx_seq++;
     op->state = EXS_OPS_POSTED;
     op->announced = 1;
-    conn->sp_ann_out++;
+    conn->seqpkt.ann_out++;
     return 1;
 sent:
     /* one WRITE carries the whole message (cut or not): done when it completes */
@@ -283,12 +283,12 @@ void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
     struct exs_list *pos;
 
     /* after a cut, messages announced again go first (§9.2) */
-    if (conn->sp_reann_left && (!exs__seqpkt_reannounce_locked(conn) || conn->state >= EXS_CONN_DOWN))
+    if (conn->seqpkt.reann_left && (!exs__seqpkt_reannounce_locked(conn) || conn->state >= EXS_CONN_DOWN))
         return;
 
-    if (conn->sp_frag_op) {
+    if (conn->seqpkt.frag_op) {
         sp_frag_post_locked(conn);
-        if (conn->sp_frag_op || conn->state >= EXS_CONN_DOWN)
+        if (conn->seqpkt.frag_op || conn->state >= EXS_CONN_DOWN)
             return; /* the next message waits for the last piece of this one */
     }
 
@@ -327,8 +327,8 @@ int exs__seqpkt_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
         if (op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->seq == seq &&
             op->announced) {
             EXS_ASSERT(!op->inflight);
-            if (conn->sp_ann_out)
-                conn->sp_ann_out--;
+            if (conn->seqpkt.ann_out)
+                conn->seqpkt.ann_out--;
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
             exs__conn_tx_done_locked(conn, op);
             conn->stats.bytes_sent += op->len;
@@ -357,13 +357,13 @@ int exs__seqpkt_on_announce_locked(struct exs_conn *conn, const struct exs_wire_
     struct exs_pending_msg *m;
     int err;
 
-    if (conn->sp_reann_open && !conn->peer_shut) {
-        if (be64toh(a->seq) < conn->sp_reann_end)
+    if (conn->seqpkt.reann_open && !conn->peer_shut) {
+        if (be64toh(a->seq) < conn->seqpkt.reann_end)
             return exs__seqpkt_on_reannounce_locked(conn, a, be64toh(a->seq));
         if (exs__seqpkt_reann_close_locked(conn))
             return -EPROTO;
     }
-    if (conn->peer_shut || conn->sp_rx_frag || be64toh(a->seq) != conn->rx_seq) {
+    if (conn->peer_shut || conn->seqpkt.rx_frag || be64toh(a->seq) != conn->rx_seq) {
         EXS_INFO(PROTO, "conn %p: announce of message %llu, expected %llu", (void *)conn,
                  (unsigned long long)be64toh(a->seq), (unsigned long long)conn->rx_seq);
         return -EPROTO;
@@ -405,8 +405,8 @@ static struct exs_op *sp_nth_unmatched(struct exs_conn *conn, uint32_t n)
  * while m arrived over it, else the current one. */
 static const uint8_t *sp_ring_of(const struct exs_conn *conn, const struct exs_pending_msg *m)
 {
-    if (conn->rs_old_mem && m->ring_end <= conn->rs_old_end)
-        return conn->rs_old_mem->addr;
+    if (conn->autotune.old_mem && m->ring_end <= conn->autotune.old_end)
+        return conn->autotune.old_mem->addr;
     return conn->ring;
 }
 
@@ -414,10 +414,10 @@ static const uint8_t *sp_ring_of(const struct exs_conn *conn, const struct exs_p
 static void sp_ring_consumed_locked(struct exs_conn *conn, uint64_t end)
 {
     conn->rd_consumed = end;
-    if (conn->rs_old_mem && end >= conn->rs_old_end) {
-        exs__conn_ring_region_free(conn->rs_old_mem);
-        conn->rs_old_mem = NULL;
-        conn->rs_old_size = 0;
+    if (conn->autotune.old_mem && end >= conn->autotune.old_end) {
+        exs__conn_ring_region_free(conn->autotune.old_mem);
+        conn->autotune.old_mem = NULL;
+        conn->autotune.old_size = 0;
     }
 }
 
@@ -481,9 +481,9 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
 {
     if (conn->peer_shut)
         return -EPROTO;
-    if (conn->sp_reann_open && exs__seqpkt_reann_close_locked(conn))
+    if (conn->seqpkt.reann_open && exs__seqpkt_reann_close_locked(conn))
         return -EPROTO;
-    if (conn->sp_rx_frag && exs_imm_kind(imm) != EXS_IMM_DIRECT) {
+    if (conn->seqpkt.rx_frag && exs_imm_kind(imm) != EXS_IMM_DIRECT) {
         EXS_INFO(PROTO, "conn %p: message %llu not ended (no eom) when the next one came",
                  (void *)conn, (unsigned long long)conn->rx_seq);
         return -EPROTO;
@@ -518,7 +518,7 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
     struct exs_op *op = sp_nth_unmatched(conn, conn->pending_count);
     if (!op || op->state != EXS_OPS_ADVERTISED ||
         (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) || op->seq != conn->rx_seq ||
-        len > op->len - op->filled || (conn->sp_rx_frag && conn->sp_rx_frag != op)) {
+        len > op->len - op->filled || (conn->seqpkt.rx_frag && conn->seqpkt.rx_frag != op)) {
         EXS_INFO(PROTO, "conn %p: direct write tag %u len %u for message %llu does not match "
                  "receive %p (state %d, advert %u, seq %llu), %u pending", (void *)conn,
                  exs_imm_tag(imm), len, (unsigned long long)conn->rx_seq, (void *)op,
@@ -536,11 +536,11 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
             return -EPROTO;
         }
         op->filled += len;
-        conn->sp_rx_frag = op;
+        conn->seqpkt.rx_frag = op;
         conn->stats.bytes_received += len;
         return 0;
     }
-    conn->sp_rx_frag = NULL;
+    conn->seqpkt.rx_frag = NULL;
     conn->rx_seq++;
     conn->rx_matched++;
     op->rflags = (imm & EXS_IMM_TRUNC) ? MSG_TRUNC : 0;
@@ -564,7 +564,7 @@ static void sp_read_post_locked(struct exs_conn *conn)
 {
     struct exs_op *op;
 
-    while ((op = conn->sp_rd_op) && conn->state == EXS_CONN_CONNECTED &&
+    while ((op = conn->seqpkt.rd_op) && conn->state == EXS_CONN_CONNECTED &&
            conn->reads + conn->rd_owed_count < conn->p.max_reads) {
         uint32_t n = sp_read_len(op), off = (uint32_t)op->posted;
         uint32_t lw = EXS_MIN(op->rd_piece, n - off);
@@ -575,8 +575,8 @@ static void sp_read_post_locked(struct exs_conn *conn)
             .flags = EXS_PROV_SEND_SIGNALED,
             .sg_list = &sge,
             .num_sge = lw ? 1 : 0,
-            .remote_addr = conn->sp_rd_addr + off,
-            .rkey = conn->sp_rd_rkey,
+            .remote_addr = conn->seqpkt.rd_addr + off,
+            .rkey = conn->seqpkt.rd_rkey,
         };
         if (exs__conn_post_send_locked(conn, &wr)) {
             exs__conn_fail_locked(conn, ECONNRESET, "read failed");
@@ -589,7 +589,7 @@ static void sp_read_post_locked(struct exs_conn *conn)
         if (n > op->rd_piece)
             conn->stats.fragments++;
         if (op->posted == n) {
-            conn->sp_rd_op = NULL;
+            conn->seqpkt.rd_op = NULL;
             EXS_TRACE(PROTO, "conn %p: message %llu: %u bytes read in pieces of %u",
                       (void *)conn, (unsigned long long)op->seq, n, op->rd_piece);
         }
@@ -613,13 +613,13 @@ void exs__seqpkt_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
     op->filled += EXS_MIN((size_t)op->rd_piece, n - op->filled);
     if (op->inflight)
         return;
-    if (op == conn->sp_rd_op || op->filled != n) {
+    if (op == conn->seqpkt.rd_op || op->filled != n) {
         /* pieces not posted yet (CONNECTED: the next ones go in the next progress), or
          * one failed or will never be posted (going away: it ends with the conn, a
          * cancelled one now, as a send whose last write completed) */
         if (op->cancel && conn->state >= EXS_CONN_DOWN) {
-            if (conn->sp_rd_op == op)
-                conn->sp_rd_op = NULL;
+            if (conn->seqpkt.rd_op == op)
+                conn->seqpkt.rd_op = NULL;
             exs__conn_op_finish_locked(op, -1, ECANCELED);
         }
         return;
@@ -667,7 +667,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
          * there, so they are all posted before this message's first */
         if (conn->reads + conn->rd_owed_count >= conn->p.max_reads)
             return 0;
-        EXS_ASSERT(!conn->sp_rd_op);
+        EXS_ASSERT(!conn->seqpkt.rd_op);
         op->msg_len = m->len;
         op->seq = m->seq;
         op->posted = 0;
@@ -675,15 +675,15 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
         op->inflight = 0;
         op->rd_piece = exs__conn_frag_size();
         op->state = EXS_OPS_POSTED;
-        conn->sp_rd_op = op;
-        conn->sp_rd_addr = m->addr;
-        conn->sp_rd_rkey = m->rkey;
+        conn->seqpkt.rd_op = op;
+        conn->seqpkt.rd_addr = m->addr;
+        conn->seqpkt.rd_rkey = m->rkey;
         sp_read_post_locked(conn);
         if (!op->inflight) {
             /* not even the first piece went: the connection failed, the message
              * stays pending and the receive queued, as before any READ */
             EXS_ASSERT(conn->state != EXS_CONN_CONNECTED);
-            conn->sp_rd_op = NULL;
+            conn->seqpkt.rd_op = NULL;
             op->state = EXS_OPS_QUEUED;
             return 0;
         }
@@ -744,9 +744,9 @@ void exs__seqpkt_recv_progress_locked(struct exs_conn *conn)
         if (conn->rd_owed_count && exs__conn_ctrl_flush_locked(conn))
             sp_flush_read_done_locked(conn);
     }
-    if (conn->sp_memo_owed)
+    if (conn->seqpkt.memo_owed)
         exs__seqpkt_memo_flush_locked(conn);
-    if (conn->sp_rd_op) {
+    if (conn->seqpkt.rd_op) {
         sp_read_post_locked(conn);
         if (conn->state != EXS_CONN_CONNECTED)
             return;

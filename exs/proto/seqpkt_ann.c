@@ -67,7 +67,7 @@ void exs__seqpkt_resume_reann_mark_locked(struct exs_conn *conn, struct exs_op *
     op->announced = 0; /* until announced again: no READ_DONE completes it */
     op->inflight = 0;
     op->posted = 0;
-    conn->sp_reann_left++;
+    conn->seqpkt.reann_left++;
 }
 
 /* Announce again, in message order, every send marked by exs__seqpkt_resume_reann_mark_locked,
@@ -81,10 +81,10 @@ int exs__seqpkt_reannounce_locked(struct exs_conn *conn)
     {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (!conn->sp_reann_left)
+        if (!conn->seqpkt.reann_left)
             break;
         if (op->kind != EXS_OP_SEND || op->state != EXS_OPS_POSTED || op->announced ||
-            op->seq >= conn->sp_reann_pos)
+            op->seq >= conn->seqpkt.reann_pos)
             continue;
         if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN) &&
             !exs__conn_ctrl_flush_locked(conn))
@@ -95,11 +95,11 @@ int exs__seqpkt_reannounce_locked(struct exs_conn *conn)
         if (exs__seqpkt_announce_locked(conn, op, op->seq))
             return 0;
         op->announced = 1;
-        conn->sp_reann_left--;
+        conn->seqpkt.reann_left--;
         EXS_DBG(PROTO, "conn %p: message %llu: announced again, %zu bytes", (void *)conn,
                 (unsigned long long)op->seq, op->len);
     }
-    EXS_ASSERT(!conn->sp_reann_left);
+    EXS_ASSERT(!conn->seqpkt.reann_left);
     return 1;
 }
 
@@ -115,58 +115,58 @@ void exs__seqpkt_memo_add_locked(struct exs_conn *conn, uint64_t seq)
 {
     /* until the cut is over: on the new path nothing is cut again, and an entry whose
      * READ_DONE is owed to a re-announce is never overwritten */
-    if (!conn->sess_token || (conn->rsm_over && conn->state != EXS_CONN_RESUMING))
+    if (!conn->sess_token || (conn->resume.over && conn->state != EXS_CONN_RESUMING))
         return;
-    if (!conn->sp_memo) {
-        if (!conn->sp_memo_cap)
-            conn->sp_memo_cap = conn->p.max_reads +
+    if (!conn->seqpkt.memo) {
+        if (!conn->seqpkt.memo_cap)
+            conn->seqpkt.memo_cap = conn->p.max_reads +
                                 (conn->tx_slots + 1 + conn->peer.credits) * EXS_SEQPKT_RDONE_PER_SEND;
-        if (exs__conn_mem_take_locked(conn, exs__seqpkt_memo_bytes(conn->sp_memo_cap), EXS_MEM_OTHER)) {
+        if (exs__conn_mem_take_locked(conn, exs__seqpkt_memo_bytes(conn->seqpkt.memo_cap), EXS_MEM_OTHER)) {
             EXS_INFO(PROTO, "conn %p: memory budget reached: announced messages read are not "
                      "remembered", (void *)conn);
             return; /* as out of memory, below */
         }
-        conn->sp_memo = calloc(conn->sp_memo_cap, sizeof(*conn->sp_memo));
-        if (!conn->sp_memo) {
+        conn->seqpkt.memo = calloc(conn->seqpkt.memo_cap, sizeof(*conn->seqpkt.memo));
+        if (!conn->seqpkt.memo) {
             /* a later re-announce of it is refused: the connection ends then */
             EXS_WARN(PROTO, "conn %p: no memory to remember announced messages read", (void *)conn);
-            exs__conn_mem_give_locked(conn, exs__seqpkt_memo_bytes(conn->sp_memo_cap));
+            exs__conn_mem_give_locked(conn, exs__seqpkt_memo_bytes(conn->seqpkt.memo_cap));
             return;
         }
     }
-    conn->sp_memo[conn->sp_memo_head] = seq;
-    conn->sp_memo_head = (conn->sp_memo_head + 1) % conn->sp_memo_cap;
-    if (conn->sp_memo_n < conn->sp_memo_cap)
-        conn->sp_memo_n++;
+    conn->seqpkt.memo[conn->seqpkt.memo_head] = seq;
+    conn->seqpkt.memo_head = (conn->seqpkt.memo_head + 1) % conn->seqpkt.memo_cap;
+    if (conn->seqpkt.memo_n < conn->seqpkt.memo_cap)
+        conn->seqpkt.memo_n++;
 }
 
 /* The memo entry of message seq, or NULL. */
 static uint64_t *sp_memo_find(struct exs_conn *conn, uint64_t seq)
 {
-    for (uint32_t i = 0; i < conn->sp_memo_n; i++)
-        if (conn->sp_memo[i] == seq)
-            return &conn->sp_memo[i];
+    for (uint32_t i = 0; i < conn->seqpkt.memo_n; i++)
+        if (conn->seqpkt.memo[i] == seq)
+            return &conn->seqpkt.memo[i];
     return NULL;
 }
 
 /* Append the READ_DONEs owed to re-announces while the control batch has room. */
 void exs__seqpkt_memo_flush_locked(struct exs_conn *conn)
 {
-    for (uint32_t i = 0; i < conn->sp_memo_n && conn->sp_memo_owed; i++) {
+    for (uint32_t i = 0; i < conn->seqpkt.memo_n && conn->seqpkt.memo_owed; i++) {
         struct exs_wire_read_done d = {
             .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
         };
 
-        if (conn->sp_memo[i] == SP_MEMO_GONE || !(conn->sp_memo[i] & SP_MEMO_OWED))
+        if (conn->seqpkt.memo[i] == SP_MEMO_GONE || !(conn->seqpkt.memo[i] & SP_MEMO_OWED))
             continue;
         if (!exs__conn_ctrl_room_locked(conn, sizeof(d)) && !exs__conn_ctrl_flush_locked(conn))
             return;
         if (!exs__conn_ctrl_room_locked(conn, sizeof(d)))
             return;
-        d.seq = htobe64(conn->sp_memo[i] & ~SP_MEMO_OWED);
+        d.seq = htobe64(conn->seqpkt.memo[i] & ~SP_MEMO_OWED);
         exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
-        conn->sp_memo[i] = SP_MEMO_GONE;
-        conn->sp_memo_owed--;
+        conn->seqpkt.memo[i] = SP_MEMO_GONE;
+        conn->seqpkt.memo_owed--;
     }
 }
 
@@ -215,9 +215,9 @@ uint32_t exs__seqpkt_resume_cut_locked(struct exs_conn *conn)
         exs_list_del(pos);
         exs_list_add_head(&conn->pending, pos);
     }
-    conn->sp_rd_op = NULL;
+    conn->seqpkt.rd_op = NULL;
     conn->reads = 0;
-    conn->sp_stale = 0;
+    conn->seqpkt.stale = 0;
     exs_list_for_each(pos, &conn->pending)
     {
         struct exs_pending_msg *m = exs_list_entry(pos, struct exs_pending_msg, link);
@@ -226,14 +226,14 @@ uint32_t exs__seqpkt_resume_cut_locked(struct exs_conn *conn)
             m->stale = 1;
             m->addr = 0;
             m->rkey = 0;
-            conn->sp_stale++;
+            conn->seqpkt.stale++;
         }
     }
     conn->rd_owed_count = 0;
-    conn->sp_reann_open = 1;
-    conn->sp_reann_end = conn->rx_seq;
-    conn->sp_reann_next = 0;
-    return nomem ? UINT32_MAX : conn->sp_stale;
+    conn->seqpkt.reann_open = 1;
+    conn->seqpkt.reann_end = conn->rx_seq;
+    conn->seqpkt.reann_next = 0;
+    return nomem ? UINT32_MAX : conn->seqpkt.stale;
 }
 
 /* A message at or past the cut's position arrived: the re-announce window closes. Every
@@ -241,13 +241,13 @@ uint32_t exs__seqpkt_resume_cut_locked(struct exs_conn *conn)
  * first): one still stale means the peer broke the protocol. 0 or -EPROTO. */
 int exs__seqpkt_reann_close_locked(struct exs_conn *conn)
 {
-    conn->sp_reann_open = 0;
-    if (!conn->sp_stale)
+    conn->seqpkt.reann_open = 0;
+    if (!conn->seqpkt.stale)
         return 0;
     EXS_INFO(PROTO,
              "conn %p: message %llu came before %u announced messages of the cut were "
              "announced again",
-             (void *)conn, (unsigned long long)conn->rx_seq, conn->sp_stale);
+             (void *)conn, (unsigned long long)conn->rx_seq, conn->seqpkt.stale);
     return -EPROTO;
 }
 
@@ -261,9 +261,9 @@ int exs__seqpkt_on_reannounce_locked(struct exs_conn *conn, const struct exs_wir
     struct exs_list *pos;
     uint64_t *e;
 
-    if (seq < conn->sp_reann_next) {
+    if (seq < conn->seqpkt.reann_next) {
         EXS_INFO(PROTO, "conn %p: message %llu announced again after %llu", (void *)conn,
-                 (unsigned long long)seq, (unsigned long long)conn->sp_reann_next - 1);
+                 (unsigned long long)seq, (unsigned long long)conn->seqpkt.reann_next - 1);
         return -EPROTO;
     }
     exs_list_for_each(pos, &conn->pending)
@@ -282,11 +282,11 @@ int exs__seqpkt_on_reannounce_locked(struct exs_conn *conn, const struct exs_wir
         m->addr = be64toh(a->addr);
         m->rkey = be32toh(a->rkey);
         m->stale = 0;
-        conn->sp_stale--;
-        conn->sp_reann_next = seq + 1;
+        conn->seqpkt.stale--;
+        conn->seqpkt.reann_next = seq + 1;
         return 0;
     }
-    e = conn->sp_memo ? sp_memo_find(conn, seq) : NULL;
+    e = conn->seqpkt.memo ? sp_memo_find(conn, seq) : NULL;
     if (!e) {
         EXS_INFO(PROTO,
                  "conn %p: message %llu announced again: not an announced message "
@@ -295,7 +295,7 @@ int exs__seqpkt_on_reannounce_locked(struct exs_conn *conn, const struct exs_wir
         return -EPROTO;
     }
     *e |= SP_MEMO_OWED; /* its READ_DONE is appended by the next progress */
-    conn->sp_memo_owed++;
-    conn->sp_reann_next = seq + 1;
+    conn->seqpkt.memo_owed++;
+    conn->seqpkt.reann_next = seq + 1;
     return 0;
 }

@@ -18,30 +18,30 @@
 /* Time of the sender's current phase goes to its bucket (direct_time_us, indirect_time_us). */
 static void st_phase_clock(struct exs_conn *conn, struct exs_sock_stats *st, uint64_t now)
 {
-    if (!conn->st_phase_t0 || now < conn->st_phase_t0)
+    if (!conn->stream.phase_t0 || now < conn->stream.phase_t0)
         return;
-    if (PHASE_IS_DIRECT(conn->st_ps))
-        st->direct_time_us += now - conn->st_phase_t0;
+    if (PHASE_IS_DIRECT(conn->stream.ps))
+        st->direct_time_us += now - conn->stream.phase_t0;
     else
-        st->indirect_time_us += now - conn->st_phase_t0;
+        st->indirect_time_us += now - conn->stream.phase_t0;
 }
 
 static void st_set_phase(struct exs_conn *conn, uint32_t p)
 {
-    if (PHASE_IS_DIRECT(p) != PHASE_IS_DIRECT(conn->st_ps)) {
+    if (PHASE_IS_DIRECT(p) != PHASE_IS_DIRECT(conn->stream.ps)) {
         uint64_t now = exs__now_us();
 
         conn->stats.mode_switches++;
         st_phase_clock(conn, &conn->stats, now);
-        if (PHASE_IS_DIRECT(p) && conn->st_linger_skip)
-            conn->st_linger_skip--; /* §7 linger: one more direct phase without it */
-        if (conn->st_phase_t0)
-            conn->st_phase_t0 = now;
+        if (PHASE_IS_DIRECT(p) && conn->stream.linger_skip)
+            conn->stream.linger_skip--; /* §7 linger: one more direct phase without it */
+        if (conn->stream.phase_t0)
+            conn->stream.phase_t0 = now;
     }
-    EXS_TRACE(PROTO, "conn %p: sender phase %u -> %u", (void *)conn, conn->st_ps, p);
-    if (p != conn->st_ps)
-        conn->st_held = 0; /* a DRAIN holds the ring only in the phase it named */
-    conn->st_ps = p;
+    EXS_TRACE(PROTO, "conn %p: sender phase %u -> %u", (void *)conn, conn->stream.ps, p);
+    if (p != conn->stream.ps)
+        conn->stream.held = 0; /* a DRAIN holds the ring only in the phase it named */
+    conn->stream.ps = p;
 }
 
 void exs__stream_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st)
@@ -52,7 +52,7 @@ void exs__stream_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st)
 
 void exs__stream_enter_indirect_locked(struct exs_conn *conn)
 {
-    st_set_phase(conn, conn->st_ps + 1);
+    st_set_phase(conn, conn->stream.ps + 1);
 }
 
 /* Modes seen by this sender: may it write the ring, may it use ADVERTs? */
@@ -62,7 +62,7 @@ static int st_may_indirect(const struct exs_conn *conn)
      * DRAIN (§7.2) new data waits for ADVERTs */
     return (conn->p.xfer_mode != EXS_XFER_DIRECT_ONLY ||
             conn->peer.xfer_mode == EXS_XFER_INDIRECT_ONLY) &&
-           !conn->st_held && !conn->rs_owed; /* §7.4: the peer's new region first */
+           !conn->stream.held && !conn->autotune.owed; /* §7.4: the peer's new region first */
 }
 
 /* §7 sender step 2, the linger: in a direct phase the sender writes the ring only once
@@ -80,8 +80,8 @@ static int st_ring_deferred(struct exs_conn *conn)
     const struct exs_list *pos;
     uint32_t in = 0, wait = 0, seen = 0;
 
-    if (PHASE_IS_INDIRECT(conn->st_ps) || !exs__params.stream_direct_linger ||
-        conn->st_linger_skip)
+    if (PHASE_IS_INDIRECT(conn->stream.ps) || !exs__params.stream_direct_linger ||
+        conn->stream.linger_skip)
         return 0;
     exs_list_for_each(pos, &conn->sendq) {
         const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
@@ -92,15 +92,15 @@ static int st_ring_deferred(struct exs_conn *conn)
         wait += op->kind == EXS_OP_SEND && op->state != EXS_OPS_DONE && op->posted < op->len;
     }
     if (in && wait <= in) {
-        conn->st_lingering = 1;
+        conn->stream.lingering = 1;
         return 1;
     }
-    if (conn->st_lingering && !in) { /* every write completed, no ADVERT came */
-        conn->st_linger_pen =
-            EXS_MIN(EXS_MAX(conn->st_linger_pen * 2, 1u), EXS_STREAM_LINGER_SKIP_MAX);
-        conn->st_linger_skip = conn->st_linger_pen;
+    if (conn->stream.lingering && !in) { /* every write completed, no ADVERT came */
+        conn->stream.linger_pen =
+            EXS_MIN(EXS_MAX(conn->stream.linger_pen * 2, 1u), EXS_STREAM_LINGER_SKIP_MAX);
+        conn->stream.linger_skip = conn->stream.linger_pen;
     }
-    conn->st_lingering = 0;
+    conn->stream.lingering = 0;
     return 0;
 }
 
@@ -110,9 +110,9 @@ static struct exs_advert *st_advert_head(struct exs_conn *conn)
     while (conn->adv_count) {
         struct exs_advert *a = &conn->adverts[conn->adv_head];
 
-        if (PHASE_IS_INDIRECT(conn->st_ps) && (a->phase < conn->st_ps || a->seq < conn->tx_seq)) {
+        if (PHASE_IS_INDIRECT(conn->stream.ps) && (a->phase < conn->stream.ps || a->seq < conn->tx_seq)) {
             /* stale: its receive is being filled from the ring */
-            if (conn->st_ps < a->phase)
+            if (conn->stream.ps < a->phase)
                 st_set_phase(conn, a->phase + 1);
             conn->adv_head = (conn->adv_head + 1) % conn->adv_cap;
             conn->adv_count--;
@@ -133,8 +133,8 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
     struct exs_advert *a;
     uint32_t imm, lw;
 
-    if (!conn->st_phase_t0)
-        conn->st_phase_t0 = exs__now_us(); /* phase times count from the first send */
+    if (!conn->stream.phase_t0)
+        conn->stream.phase_t0 = exs__now_us(); /* phase times count from the first send */
     if (!exs__conn_can_spend_locked(conn)) {
         conn->stats.credit_stalls++;
         return 0;
@@ -150,11 +150,11 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
 
     a = st_advert_head(conn);
     if (a) {
-        if (conn->st_lingering) { /* §7 linger: the ADVERT came */
-            conn->st_lingering = 0;
-            conn->st_linger_pen = 0;
+        if (conn->stream.lingering) { /* §7 linger: the ADVERT came */
+            conn->stream.lingering = 0;
+            conn->stream.linger_pen = 0;
         }
-        if (PHASE_IS_INDIRECT(conn->st_ps))
+        if (PHASE_IS_INDIRECT(conn->stream.ps))
             st_set_phase(conn, a->phase); /* direct again */
         lw = (uint32_t)EXS_MIN(left, (size_t)(a->len - a->filled));
         if (a->flags & EXS_ADVERT_WAITALL) /* filled piece by piece anyway (§6.2) */
@@ -181,8 +181,8 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
             st_ring_deferred(conn))
             return 0;
         off = (uint32_t)(conn->wr_tail % size);
-        if (PHASE_IS_DIRECT(conn->st_ps))
-            st_set_phase(conn, conn->st_ps + 1); /* now indirect */
+        if (PHASE_IS_DIRECT(conn->stream.ps))
+            st_set_phase(conn, conn->stream.ps + 1); /* now indirect */
         lw = (uint32_t)EXS_MIN(left, (size_t)EXS_MIN(size - used, (uint64_t)(size - off)));
         lw = EXS_MIN(lw, exs__stream_ring_piece_max(conn)); /* §6.2, §7.4 */
         imm = exs_imm_make(EXS_IMM_INDIRECT, 0, exs__conn_take_owed_imm_locked(conn), 0);
@@ -232,11 +232,11 @@ static int st_drain_answer_locked(struct exs_conn *conn)
                 .flags = EXS_DRAIN_STOPPED,
                 .len = htobe16(EXS_WIRE_DRAIN_LEN)},
         .pos = htobe64(conn->tx_seq),
-        .phase = htobe32(conn->st_ps),
+        .phase = htobe32(conn->stream.ps),
     };
     exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
-    conn->st_drain_owed = 0;
-    EXS_TRACE(PROTO, "conn %p: ring writes of phase %u stop at %llu", (void *)conn, conn->st_ps,
+    conn->stream.drain_owed = 0;
+    EXS_TRACE(PROTO, "conn %p: ring writes of phase %u stop at %llu", (void *)conn, conn->stream.ps,
               (unsigned long long)conn->tx_seq);
     return 1;
 }
@@ -255,18 +255,18 @@ static int st_resize_answer_locked(struct exs_conn *conn)
         .hdr = {.type = EXS_CTRL_RESIZE,
                 .flags = EXS_RESIZE_SWITCHED,
                 .len = htobe16(EXS_WIRE_RESIZE_LEN)},
-        .size = htobe32(conn->rs_peer_size),
+        .size = htobe32(conn->autotune.peer_size),
         .pos = htobe64(conn->wr_tail),
     };
     exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
     EXS_TRACE(PROTO, "conn %p: peer ring %u -> %u bytes at ring position %llu", (void *)conn,
-              conn->peer.ring_size, conn->rs_peer_size, (unsigned long long)conn->wr_tail);
-    if (!conn->rs_peer_init)
-        conn->rs_peer_init = conn->peer.ring_size;
-    conn->peer.ring_addr = conn->rs_peer_addr;
-    conn->peer.ring_size = conn->rs_peer_size;
-    conn->peer.ring_rkey = conn->rs_peer_rkey;
-    conn->rs_owed = 0;
+              conn->peer.ring_size, conn->autotune.peer_size, (unsigned long long)conn->wr_tail);
+    if (!conn->autotune.peer_init)
+        conn->autotune.peer_init = conn->peer.ring_size;
+    conn->peer.ring_addr = conn->autotune.peer_addr;
+    conn->peer.ring_size = conn->autotune.peer_size;
+    conn->peer.ring_rkey = conn->autotune.peer_rkey;
+    conn->autotune.owed = 0;
     return 1;
 }
 
@@ -274,9 +274,9 @@ void exs__stream_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
-    if (conn->st_drain_owed && !st_drain_answer_locked(conn))
+    if (conn->stream.drain_owed && !st_drain_answer_locked(conn))
         return; /* nothing else leaves before it */
-    if (conn->rs_owed && !st_resize_answer_locked(conn))
+    if (conn->autotune.owed && !st_resize_answer_locked(conn))
         return; /* no ring write before it; the rest waits for the same room */
     exs__stage_refill_locked(conn);
     exs_list_for_each(pos, &conn->sendq) {
@@ -332,8 +332,8 @@ int exs__stream_on_advert_locked(struct exs_conn *conn, const struct exs_advert 
     /* ADVERTs of a phase before an indirect sender's are stale whatever comes next (step 1
      * drops them, with no phase change): drop them as new ones arrive, so that a sender
      * that sends nothing holds only the receives the peer has out (ADVERTS_MAX, §7) */
-    while (conn->adv_count && PHASE_IS_INDIRECT(conn->st_ps) &&
-           conn->adverts[conn->adv_head].phase < conn->st_ps) {
+    while (conn->adv_count && PHASE_IS_INDIRECT(conn->stream.ps) &&
+           conn->adverts[conn->adv_head].phase < conn->stream.ps) {
         conn->adv_head = (conn->adv_head + 1) % conn->adv_cap;
         conn->adv_count--;
         conn->stats.adverts_discarded++;
@@ -351,30 +351,30 @@ int exs__stream_on_drain_locked(struct exs_conn *conn, const struct exs_wire_dra
         return -EPROTO;
     if (d->hdr.flags & EXS_DRAIN_STOPPED) {
         /* we asked in this phase; the sender cannot have stopped before bytes we hold */
-        if (conn->st_drain != EXS_STREAM_DRAIN_REQUESTED || phase != conn->st_pr ||
+        if (conn->stream.drain != EXS_STREAM_DRAIN_REQUESTED || phase != conn->stream.pr ||
             pos < conn->rx_seq + (conn->rd_arrived - conn->rd_consumed)) {
             EXS_INFO(PROTO,
                      "conn %p: STOPPED at %llu phase %u does not answer a request "
                      "(state %d, phase %u)",
-                     (void *)conn, (unsigned long long)pos, phase, conn->st_drain, conn->st_pr);
+                     (void *)conn, (unsigned long long)pos, phase, conn->stream.drain, conn->stream.pr);
             return -EPROTO;
         }
-        conn->st_drain = EXS_STREAM_DRAIN_STOPPED;
-        conn->st_drain_pos = pos;
+        conn->stream.drain = EXS_STREAM_DRAIN_STOPPED;
+        conn->stream.drain_pos = pos;
         return 0;
     }
     /* a request: drop the ADVERTs that came before it, then we must be in its indirect
      * phase (the receiver sends no ADVERT of a later phase before our answer), and it
      * cannot have seen bytes we never sent */
     (void)st_advert_head(conn);
-    if (PHASE_IS_DIRECT(phase) || phase != conn->st_ps || pos > conn->tx_seq || conn->st_held) {
+    if (PHASE_IS_DIRECT(phase) || phase != conn->stream.ps || pos > conn->tx_seq || conn->stream.held) {
         EXS_INFO(PROTO, "conn %p: DRAIN at %llu phase %u in phase %u at %llu (held %d)",
-                 (void *)conn, (unsigned long long)pos, phase, conn->st_ps,
-                 (unsigned long long)conn->tx_seq, conn->st_held);
+                 (void *)conn, (unsigned long long)pos, phase, conn->stream.ps,
+                 (unsigned long long)conn->tx_seq, conn->stream.held);
         return -EPROTO;
     }
-    conn->st_held = 1;
-    conn->st_drain_owed = 1;
+    conn->stream.held = 1;
+    conn->stream.drain_owed = 1;
     conn->stats.drain_requests++;
     return 0;
 }
@@ -402,8 +402,8 @@ static int st_drain_paid(const struct exs_conn *conn)
 {
     uint64_t now = exs__now_us();
 
-    return conn->st_drain_bytes >= (uint64_t)EXS_STREAM_DRAIN_WORTH * conn->p.ring_size &&
-           now - conn->st_drain_t0 >= (uint64_t)EXS_STREAM_DRAIN_WORTH * conn->rs_rtt_min;
+    return conn->stream.drain_bytes >= (uint64_t)EXS_STREAM_DRAIN_WORTH * conn->p.ring_size &&
+           now - conn->stream.drain_t0 >= (uint64_t)EXS_STREAM_DRAIN_WORTH * conn->autotune.rtt_min;
 }
 
 int exs__stream_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
@@ -414,30 +414,30 @@ int exs__stream_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
         /* Fig. 4: an indirect transfer starts (or continues) an indirect phase */
         if (conn->rd_arrived + len - conn->rd_consumed > conn->p.ring_size)
             return -EPROTO; /* the peer overran our ring */
-        if (conn->st_drain == EXS_STREAM_DRAIN_STOPPED &&
-            conn->rx_seq + (conn->rd_arrived - conn->rd_consumed) + len > conn->st_drain_pos)
+        if (conn->stream.drain == EXS_STREAM_DRAIN_STOPPED &&
+            conn->rx_seq + (conn->rd_arrived - conn->rd_consumed) + len > conn->stream.drain_pos)
             return -EPROTO; /* ring bytes past the position the sender stopped at */
-        if (PHASE_IS_DIRECT(conn->st_pr)) {
-            conn->st_pr++;
-            if (conn->st_drain_dir) { /* §7.2 backoff: was the drain worth it? */
+        if (PHASE_IS_DIRECT(conn->stream.pr)) {
+            conn->stream.pr++;
+            if (conn->stream.drain_dir) { /* §7.2 backoff: was the drain worth it? */
                 uint64_t base = EXS_MAX(exs__params.stream_drain_streak, (uint64_t)1);
 
                 if (!st_drain_paid(conn)) {
-                    conn->st_drain_need =
-                        (uint32_t)EXS_MIN(EXS_MAX((uint64_t)conn->st_drain_need, base) * 2,
+                    conn->stream.drain_need =
+                        (uint32_t)EXS_MIN(EXS_MAX((uint64_t)conn->stream.drain_need, base) * 2,
                                           (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
                     /* and in time: need x EXS_STREAM_DRAIN_WORTH round trips without one */
-                    conn->st_drain_hold = exs__now_us() + (uint64_t)conn->st_drain_need *
-                                                              EXS_STREAM_DRAIN_WORTH * conn->rs_rtt_min;
+                    conn->stream.drain_hold = exs__now_us() + (uint64_t)conn->stream.drain_need *
+                                                              EXS_STREAM_DRAIN_WORTH * conn->autotune.rtt_min;
                 } else {
-                    conn->st_drain_need = (uint32_t)EXS_MIN(base, (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
-                    conn->st_drain_hold = 0;
+                    conn->stream.drain_need = (uint32_t)EXS_MIN(base, (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
+                    conn->stream.drain_hold = 0;
                 }
-                conn->st_drain_dir = 0;
+                conn->stream.drain_dir = 0;
             }
         }
         conn->rd_arrived += len;
-        conn->rs_win_bytes += len; /* autotuning's measure (§7.4) */
+        conn->autotune.win_bytes += len; /* autotuning's measure (§7.4) */
         return 0;
     }
     if (exs_imm_kind(imm) != EXS_IMM_DIRECT)
@@ -445,16 +445,16 @@ int exs__stream_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
     /* the safety theorem: a direct transfer fills the head receive's ADVERT */
     struct exs_op *op = exs__stream_head_recv(conn);
     if (!op || op->state != EXS_OPS_ADVERTISED || conn->rd_arrived != conn->rd_consumed ||
-        op->phase != conn->st_pr || (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) ||
+        op->phase != conn->stream.pr || (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) ||
         len > op->len - op->filled || !len) {
         EXS_INFO(PROTO, "conn %p: direct transfer of %u bytes (tag %u) does not fit the head "
                  "receive %p", (void *)conn, len, exs_imm_tag(imm), (void *)op);
         return -EPROTO;
     }
     if (!(op->flags & MSG_WAITALL))
-        conn->st_sr_next += len - 1;
-    if (conn->st_drain_dir)
-        conn->st_drain_bytes += len;
+        conn->stream.sr_next += len - 1;
+    if (conn->stream.drain_dir)
+        conn->stream.drain_bytes += len;
     st_recv_filled_locked(conn, op, len);
     return 0;
 }
@@ -477,7 +477,7 @@ static void st_copy_out_locked(struct exs_conn *conn)
         }
         conn->rd_consumed += lc;
         if (op->state == EXS_OPS_ADVERTISED && !(op->flags & MSG_WAITALL))
-            conn->st_sr_next += lc - 1;
+            conn->stream.sr_next += lc - 1;
         st_recv_filled_locked(conn, op, lc);
     }
     exs__stream_ring_retire_locked(conn);
@@ -496,10 +496,10 @@ static void st_advertise_locked(struct exs_conn *conn)
 
     if (conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut)
         return;
-    if (conn->st_drain == EXS_STREAM_DRAIN_REQUESTED)
+    if (conn->stream.drain == EXS_STREAM_DRAIN_REQUESTED)
         return; /* §7.2: until the sender says where its ring writes stop */
-    if (conn->st_drain == EXS_STREAM_DRAIN_STOPPED) {
-        if (conn->rx_seq != conn->st_drain_pos || conn->rd_arrived != conn->rd_consumed)
+    if (conn->stream.drain == EXS_STREAM_DRAIN_STOPPED) {
+        if (conn->rx_seq != conn->stream.drain_pos || conn->rd_arrived != conn->rd_consumed)
             return; /* ring bytes before the stop position are still to come */
         drained = redo = 1;
     }
@@ -508,8 +508,8 @@ static void st_advertise_locked(struct exs_conn *conn)
 
         if (op->state == EXS_OPS_DONE)
             continue;
-        if (op->state == EXS_OPS_ADVERTISED && (op->phase == conn->st_pr || !redo)) {
-            if (op->phase != conn->st_pr)
+        if (op->state == EXS_OPS_ADVERTISED && (op->phase == conn->stream.pr || !redo)) {
+            if (op->phase != conn->stream.pr)
                 return; /* k_a > 0: an ADVERT of an earlier phase is outstanding */
             outstanding++;
             continue;
@@ -534,17 +534,17 @@ static void st_advertise_locked(struct exs_conn *conn)
             return;
         if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN))
             return;
-        if (PHASE_IS_INDIRECT(conn->st_pr)) {
-            conn->st_pr++; /* a new direct sequence */
-            conn->st_drain_dir = conn->st_drain == EXS_STREAM_DRAIN_STOPPED;
-            conn->st_drain_bytes = 0;
-            conn->st_drain_t0 = exs__now_us();
-            conn->st_drain = EXS_STREAM_DRAIN_IDLE;
-            conn->st_streak = 0;
+        if (PHASE_IS_INDIRECT(conn->stream.pr)) {
+            conn->stream.pr++; /* a new direct sequence */
+            conn->stream.drain_dir = conn->stream.drain == EXS_STREAM_DRAIN_STOPPED;
+            conn->stream.drain_bytes = 0;
+            conn->stream.drain_t0 = exs__now_us();
+            conn->stream.drain = EXS_STREAM_DRAIN_IDLE;
+            conn->stream.streak = 0;
         }
         drained = 0; /* only the first ADVERT may cover a partly filled receive */
         if (!outstanding)
-            conn->st_sr_next = conn->rx_seq; /* resynchronize (§7, receiver step 3) */
+            conn->stream.sr_next = conn->rx_seq; /* resynchronize (§7, receiver step 3) */
         /* the peer may WRITE exactly this buffer until the receive completes (a receive
          * advertised again keeps its grant) */
         if (!op->grant && exs__conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
@@ -552,9 +552,9 @@ static void st_advertise_locked(struct exs_conn *conn)
             return;
         }
         op->advert_id = conn->next_advert_id++;
-        op->phase = conn->st_pr;
-        op->seq = conn->st_sr_next;
-        conn->st_sr_next += (op->flags & MSG_WAITALL) ? op->len - op->filled : 1;
+        op->phase = conn->stream.pr;
+        op->seq = conn->stream.sr_next;
+        conn->stream.sr_next += (op->flags & MSG_WAITALL) ? op->len - op->filled : 1;
         struct exs_wire_advert a = {
             .hdr = {.type = EXS_CTRL_ADVERT,
                     .flags = (op->flags & MSG_WAITALL) ? EXS_ADVERT_WAITALL : 0,
@@ -600,24 +600,24 @@ static void st_drain_check_locked(struct exs_conn *conn)
     uint64_t streak_min = exs__params.stream_drain_streak;
     struct exs_op *head;
 
-    if (PHASE_IS_DIRECT(conn->st_pr) || conn->st_drain != EXS_STREAM_DRAIN_IDLE || !streak_min ||
+    if (PHASE_IS_DIRECT(conn->stream.pr) || conn->stream.drain != EXS_STREAM_DRAIN_IDLE || !streak_min ||
         conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut ||
         !(conn->peer.features & EXS_WIRE_FEAT_DRAIN))
         return;
-    if (conn->rd_arrived != conn->st_eval_arrived) { /* one step per arrival, not per call */
-        conn->st_eval_arrived = conn->rd_arrived;
+    if (conn->rd_arrived != conn->stream.eval_arrived) { /* one step per arrival, not per call */
+        conn->stream.eval_arrived = conn->rd_arrived;
         head = exs__stream_head_recv(conn);
         if (conn->rd_arrived == conn->rd_consumed && head &&
             head->len - head->filled >= exs__params.stream_direct_min)
-            conn->st_streak++;
+            conn->stream.streak++;
         else
-            conn->st_streak = 0;
+            conn->stream.streak = 0;
     }
-    if (!conn->st_drain_need)
-        conn->st_drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
-    if (conn->st_streak < conn->st_drain_need)
+    if (!conn->stream.drain_need)
+        conn->stream.drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
+    if (conn->stream.streak < conn->stream.drain_need)
         return;
-    if (conn->st_drain_hold && exs__now_us() < conn->st_drain_hold)
+    if (conn->stream.drain_hold && exs__now_us() < conn->stream.drain_hold)
         return; /* backing off (§7.2): the streak stays, the request waits */
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !exs__conn_ctrl_flush_locked(conn))
         return;
@@ -627,13 +627,13 @@ static void st_drain_check_locked(struct exs_conn *conn)
     struct exs_wire_drain d = {
         .hdr = {.type = EXS_CTRL_DRAIN, .len = htobe16(EXS_WIRE_DRAIN_LEN)},
         .pos = htobe64(arrived),
-        .phase = htobe32(conn->st_pr),
+        .phase = htobe32(conn->stream.pr),
     };
     exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
-    conn->st_drain = EXS_STREAM_DRAIN_REQUESTED;
-    conn->st_streak = 0;
+    conn->stream.drain = EXS_STREAM_DRAIN_REQUESTED;
+    conn->stream.streak = 0;
     conn->stats.drain_requests++;
-    EXS_TRACE(PROTO, "conn %p: DRAIN in phase %u at %llu", (void *)conn, conn->st_pr,
+    EXS_TRACE(PROTO, "conn %p: DRAIN in phase %u at %llu", (void *)conn, conn->stream.pr,
               (unsigned long long)arrived);
 }
 
@@ -662,7 +662,7 @@ void exs__stream_dead_drain_locked(struct exs_conn *conn)
 /* A batched ring write (§6.1) of a direct phase makes it indirect. */
 static void st_batch_ring_write(struct exs_conn *conn)
 {
-    if (PHASE_IS_DIRECT(conn->st_ps))
+    if (PHASE_IS_DIRECT(conn->stream.ps))
         exs__stream_enter_indirect_locked(conn);
 }
 

@@ -64,10 +64,10 @@ uint8_t *exs__stream_ring_at(struct exs_conn *conn, uint64_t pos, uint64_t *cont
 {
     uint32_t off;
 
-    if (conn->rs_old_mem && pos < conn->rs_old_end) {
-        off = (uint32_t)(pos % conn->rs_old_size);
-        *contig = EXS_MIN((uint64_t)(conn->rs_old_size - off), conn->rs_old_end - pos);
-        return (uint8_t *)conn->rs_old_mem->addr + off;
+    if (conn->autotune.old_mem && pos < conn->autotune.old_end) {
+        off = (uint32_t)(pos % conn->autotune.old_size);
+        *contig = EXS_MIN((uint64_t)(conn->autotune.old_size - off), conn->autotune.old_end - pos);
+        return (uint8_t *)conn->autotune.old_mem->addr + off;
     }
     off = (uint32_t)(pos % conn->p.ring_size);
     *contig = conn->p.ring_size - off;
@@ -77,46 +77,46 @@ uint8_t *exs__stream_ring_at(struct exs_conn *conn, uint64_t pos, uint64_t *cont
 /* The retired region goes once every byte written into it was copied out. */
 void exs__stream_ring_retire_locked(struct exs_conn *conn)
 {
-    if (!conn->rs_old_mem || conn->rd_consumed < conn->rs_old_end)
+    if (!conn->autotune.old_mem || conn->rd_consumed < conn->autotune.old_end)
         return;
     EXS_TRACE(PROTO, "conn %p: retired ring region of %u bytes freed", (void *)conn,
-              conn->rs_old_size);
-    exs__conn_ring_region_free(conn->rs_old_mem);
-    conn->rs_old_mem = NULL;
-    conn->rs_old_size = 0;
+              conn->autotune.old_size);
+    exs__conn_ring_region_free(conn->autotune.old_mem);
+    conn->autotune.old_mem = NULL;
+    conn->autotune.old_size = 0;
 }
 
 /* An offered region goes: its grant, its memory, the offer. */
 static void st_ring_offer_drop(struct exs_conn *conn)
 {
-    if (conn->rs_next_grant)
-        exs__prov_revoke(conn->rs_next_grant);
-    conn->rs_next_grant = NULL;
-    if (conn->rs_next_mem)
-        exs__conn_ring_region_free(conn->rs_next_mem);
-    conn->rs_next_mem = NULL;
-    conn->rs_offered = 0;
+    if (conn->autotune.next_grant)
+        exs__prov_revoke(conn->autotune.next_grant);
+    conn->autotune.next_grant = NULL;
+    if (conn->autotune.next_mem)
+        exs__conn_ring_region_free(conn->autotune.next_mem);
+    conn->autotune.next_mem = NULL;
+    conn->autotune.offered = 0;
 }
 
 void exs__stream_ring_release_locked(struct exs_conn *conn)
 {
     st_ring_offer_drop(conn);
-    if (conn->rs_old_mem)
-        exs__conn_ring_region_free(conn->rs_old_mem);
-    conn->rs_old_mem = NULL;
+    if (conn->autotune.old_mem)
+        exs__conn_ring_region_free(conn->autotune.old_mem);
+    conn->autotune.old_mem = NULL;
 }
 
 /* Copy the unread positions [from, to) of the retired region into the current ring at
  * their own offsets (free there: the caller checked they fit beside the current ring's). */
 static void st_ring_merge_old(struct exs_conn *conn, uint64_t from, uint64_t to)
 {
-    const uint8_t *old = conn->rs_old_mem->addr;
+    const uint8_t *old = conn->autotune.old_mem->addr;
 
     for (uint64_t pos = from, n; pos < to; pos += n) {
-        uint32_t src = (uint32_t)(pos % conn->rs_old_size);
+        uint32_t src = (uint32_t)(pos % conn->autotune.old_size);
         uint32_t dst = (uint32_t)(pos % conn->p.ring_size);
 
-        n = EXS_MIN(to - pos, (uint64_t)EXS_MIN(conn->rs_old_size - src, conn->p.ring_size - dst));
+        n = EXS_MIN(to - pos, (uint64_t)EXS_MIN(conn->autotune.old_size - src, conn->p.ring_size - dst));
         memcpy(conn->ring + dst, old + src, (size_t)n);
     }
 }
@@ -124,46 +124,46 @@ static void st_ring_merge_old(struct exs_conn *conn, uint64_t from, uint64_t to)
 int exs__stream_ring_cut_locked(struct exs_conn *conn)
 {
     uint64_t unread = conn->rd_arrived - conn->rd_consumed;
-    int both = conn->rs_old_mem && conn->rd_arrived > conn->rs_old_end;
+    int both = conn->autotune.old_mem && conn->rd_arrived > conn->autotune.old_end;
     uint32_t size = conn->p.ring_size;
     int fits;
 
     /* Every arrival was checked against the ring it went into (the overrun check), and
      * what is unread only shrinks: the unread bytes fit the region of the last arrival,
      * the current ring when it holds some, else the retired one. */
-    if (both || !conn->rs_old_mem)
+    if (both || !conn->autotune.old_mem)
         fits = unread <= conn->p.ring_size;
     else
-        fits = unread <= conn->rs_old_size && conn->rd_consumed < conn->rs_old_end;
+        fits = unread <= conn->autotune.old_size && conn->rd_consumed < conn->autotune.old_end;
     if (!fits) {
         EXS_WARN(PROTO,
                  "conn %p: ring positions at the cut: %llu unread, ring %u, retired %u up to %llu",
-                 (void *)conn, (unsigned long long)unread, conn->p.ring_size, conn->rs_old_size,
-                 (unsigned long long)conn->rs_old_end);
+                 (void *)conn, (unsigned long long)unread, conn->p.ring_size, conn->autotune.old_size,
+                 (unsigned long long)conn->autotune.old_end);
         return -EPROTO;
     }
-    if (conn->rs_offered || conn->rs_owed || conn->rs_old_mem || unread)
+    if (conn->autotune.offered || conn->autotune.owed || conn->autotune.old_mem || unread)
         EXS_INFO(PROTO, "conn %p: ring at the cut: %s%s%s%llu bytes unread (ring %u bytes%s)",
-                 (void *)conn, conn->rs_offered ? "offer dropped, " : "",
-                 conn->rs_owed ? "answer owed dropped, " : "", both ? "two regions merged, " : "",
+                 (void *)conn, conn->autotune.offered ? "offer dropped, " : "",
+                 conn->autotune.owed ? "answer owed dropped, " : "", both ? "two regions merged, " : "",
                  (unsigned long long)unread, conn->p.ring_size,
-                 conn->rs_old_mem ? ", a retired region" : "");
+                 conn->autotune.old_mem ? ", a retired region" : "");
     /* an offer out dies with the old path (its grant went with the others); the writer
      * drops an answer it owes: the new path's hello and RING grant the ring anew */
     st_ring_offer_drop(conn);
-    conn->rs_owed = 0;
+    conn->autotune.owed = 0;
     if (both) {
         /* the retired region and the current ring both hold unread bytes: the retired
          * region's go into the current ring at their own offsets, free there since the
          * whole unread span fits the current ring; one retired region is left */
-        st_ring_merge_old(conn, conn->rd_consumed, conn->rs_old_end);
-        exs__conn_ring_region_free(conn->rs_old_mem);
-        conn->rs_old_mem = NULL;
+        st_ring_merge_old(conn, conn->rd_consumed, conn->autotune.old_end);
+        exs__conn_ring_region_free(conn->autotune.old_mem);
+        conn->autotune.old_mem = NULL;
     }
-    if (unread && !conn->rs_old_mem) { /* the current ring is retired (§7.4) */
-        conn->rs_old_mem = conn->ring_mem;
-        conn->rs_old_size = conn->p.ring_size;
-        conn->rs_old_end = conn->rd_arrived;
+    if (unread && !conn->autotune.old_mem) { /* the current ring is retired (§7.4) */
+        conn->autotune.old_mem = conn->ring_mem;
+        conn->autotune.old_size = conn->p.ring_size;
+        conn->autotune.old_end = conn->rd_arrived;
     } else {
         exs__conn_ring_region_free(conn->ring_mem);
     }
@@ -173,11 +173,11 @@ int exs__stream_ring_cut_locked(struct exs_conn *conn)
      * unread than that (a shrink switched, its old region not yet read): the writer then
      * counts the unread bytes against a ring they fit (§9.2) */
     if (unread > size)
-        size = conn->rs_old_size;
+        size = conn->autotune.old_size;
     conn->p.ring_size = size;
     /* autotuning measures the new path afresh: its round trip and its windows */
-    conn->rs_win_t0 = conn->rs_win_bytes = 0;
-    conn->rs_rtt_min = conn->rs_rtt_min_t = 0;
+    conn->autotune.win_t0 = conn->autotune.win_bytes = 0;
+    conn->autotune.rtt_min = conn->autotune.rtt_min_t = 0;
     return 0;
 }
 
@@ -189,9 +189,9 @@ int exs__stream_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budg
         return -EOPNOTSUPP;
     if (conn->state != EXS_CONN_CONNECTED || conn->peer_shut)
         return -ENOTCONN;
-    if (conn->rsm_peer_wait)
+    if (conn->resume.peer_wait)
         return -EAGAIN; /* a new path: nothing but RING and RESUME before the peer's RESUME */
-    if (conn->rs_offered || conn->rs_old_mem)
+    if (conn->autotune.offered || conn->autotune.old_mem)
         return -EBUSY;
     if (size < EXS_WIRE_RESIZE_MIN || size % EXS_RING_SLOT || size > EXS_WIRE_RING_SIZE_MAX)
         return -EINVAL;
@@ -201,21 +201,21 @@ int exs__stream_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budg
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_RESIZE_LEN))
         return -EAGAIN;
     ret =
-        exs__conn_ring_region_locked(conn, size, budget, &conn->rs_next_mem, &conn->rs_next_grant);
+        exs__conn_ring_region_locked(conn, size, budget, &conn->autotune.next_mem, &conn->autotune.next_grant);
     if (ret) {
-        conn->rs_next_mem = NULL;
-        conn->rs_next_grant = NULL;
+        conn->autotune.next_mem = NULL;
+        conn->autotune.next_grant = NULL;
         return ret;
     }
     struct exs_wire_resize r = {
         .hdr = {.type = EXS_CTRL_RESIZE, .len = htobe16(EXS_WIRE_RESIZE_LEN)},
-        .addr = htobe64((uintptr_t)conn->rs_next_mem->addr),
+        .addr = htobe64((uintptr_t)conn->autotune.next_mem->addr),
         .size = htobe32(size),
-        .rkey = htobe32(conn->rs_next_grant->rkey),
+        .rkey = htobe32(conn->autotune.next_grant->rkey),
     };
     exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
-    conn->rs_offered = 1;
-    conn->rs_next_size = size;
+    conn->autotune.offered = 1;
+    conn->autotune.next_size = size;
     EXS_TRACE(PROTO, "conn %p: ring %u -> %u bytes offered", (void *)conn, conn->p.ring_size, size);
     exs__conn_ctrl_flush_locked(conn);
     return 0;
@@ -232,7 +232,7 @@ uint32_t exs__stream_ring_piece_max(const struct exs_conn *conn)
     uint32_t frag = exs__conn_frag_size(), quarter = EXS_MAX(conn->peer.credits / 4u, 1u);
     uint32_t piece;
 
-    if (!conn->rs_peer_init || conn->peer.ring_size <= conn->rs_peer_init)
+    if (!conn->autotune.peer_init || conn->peer.ring_size <= conn->autotune.peer_init)
         return frag;
     piece = conn->peer.ring_size / quarter;
     piece -= piece % EXS_RING_SLOT;
@@ -243,7 +243,7 @@ uint32_t exs__stream_ring_piece_max(const struct exs_conn *conn)
 static int st_ring_tunable(const struct exs_conn *conn)
 {
     return conn->p.autotune && conn->state == EXS_CONN_CONNECTED && !conn->peer_shut &&
-           !conn->rsm_peer_wait && (conn->peer.features & EXS_WIRE_FEAT_RESIZE);
+           !conn->resume.peer_wait && (conn->peer.features & EXS_WIRE_FEAT_RESIZE);
 }
 
 void exs__stream_ring_tune_locked(struct exs_conn *conn)
@@ -255,36 +255,36 @@ void exs__stream_ring_tune_locked(struct exs_conn *conn)
 
     if (!st_ring_tunable(conn))
         return;
-    if (!conn->rs_win_bytes) {
+    if (!conn->autotune.win_bytes) {
         if (conn->p.ring_size > conn->ring_init) /* grown: idle long enough to shrink? */
             (void)exs__stream_ring_timer_locked(conn, exs__now_us());
         return;
     }
     now = exs__now_us();
-    conn->rs_last_us = now;
-    if (!conn->rs_win_t0) {
-        conn->rs_win_t0 = now;
+    conn->autotune.last_us = now;
+    if (!conn->autotune.win_t0) {
+        conn->autotune.win_t0 = now;
         return;
     }
-    rtt = conn->rs_rtt_min;
+    rtt = conn->autotune.rtt_min;
     if (!rtt)
         return;
-    if (now - conn->rs_win_t0 < rtt) {
+    if (now - conn->autotune.win_t0 < rtt) {
         /* a window lasts at least the path's round trip, unless three quarters of the
          * ring arrived in less: the sender refilled it faster than a round trip, it is
          * ring-limited whatever the rest of the window brings (decided now, not a round
          * trip later; the window goes on while a change is under way) */
-        if (conn->rs_offered || conn->rs_old_mem ||
-            conn->rs_win_bytes * 4 < (uint64_t)conn->p.ring_size * 3)
+        if (conn->autotune.offered || conn->autotune.old_mem ||
+            conn->autotune.win_bytes * 4 < (uint64_t)conn->p.ring_size * 3)
             return;
-        win = conn->rs_win_bytes;
+        win = conn->autotune.win_bytes;
     } else {
         /* the bytes the sender moved per minimum round trip, at the rate the window saw:
          * on a busy machine the smoothed round trip and the calls here come late, and
          * counting a longer window's bytes against the ring would grow it where it never
          * limited */
         win =
-            (uint64_t)((double)conn->rs_win_bytes * (double)rtt / (double)(now - conn->rs_win_t0));
+            (uint64_t)((double)conn->autotune.win_bytes * (double)rtt / (double)(now - conn->autotune.win_t0));
     }
     in = (struct exs_ring_tune_in){
         .size = conn->p.ring_size,
@@ -296,9 +296,9 @@ void exs__stream_ring_tune_locked(struct exs_conn *conn)
         .win_bytes = win,
         .reader_waiting = exs__stream_head_recv(conn) && conn->rd_arrived == conn->rd_consumed,
     };
-    conn->rs_win_t0 = now;
-    conn->rs_win_bytes = 0;
-    if (conn->rs_offered || conn->rs_old_mem)
+    conn->autotune.win_t0 = now;
+    conn->autotune.win_bytes = 0;
+    if (conn->autotune.offered || conn->autotune.old_mem)
         return; /* one change at a time */
     v = exs__stream_ring_tune(&in, &size);
     if (v == EXS_RING_REFUSED) {
@@ -330,14 +330,14 @@ uint64_t exs__stream_ring_timer_locked(struct exs_conn *conn, uint64_t now_us)
      * bounds how late a grown ring's idle shrink can come to one more period. */
     if (conn->p.ring_size <= conn->ring_init)
         return idle_ms;
-    if (conn->rs_offered || conn->rs_old_mem)
+    if (conn->autotune.offered || conn->autotune.old_mem)
         return idle_ms; /* look again once the change in progress is done */
     in = (struct exs_ring_tune_in){
         .size = conn->p.ring_size,
         .init = conn->ring_init,
         .max = conn->p.ring_size,
-        .win_bytes = conn->rs_win_bytes,
-        .idle_us = now_us > conn->rs_last_us ? now_us - conn->rs_last_us : 0,
+        .win_bytes = conn->autotune.win_bytes,
+        .idle_us = now_us > conn->autotune.last_us ? now_us - conn->autotune.last_us : 0,
         .idle_limit_us = idle_ms * 1000u,
     };
     if (exs__stream_ring_tune(&in, &size) == EXS_RING_SHRINK) {
@@ -350,7 +350,7 @@ uint64_t exs__stream_ring_timer_locked(struct exs_conn *conn, uint64_t now_us)
                      strerror(-ret));
         return idle_ms;
     }
-    due = conn->rs_last_us + idle_ms * 1000u;
+    due = conn->autotune.last_us + idle_ms * 1000u;
     return due > now_us ? (due - now_us + 999u) / 1000u : 1;
 }
 
@@ -368,49 +368,49 @@ int exs__stream_on_resize_locked(struct exs_conn *conn, const struct exs_wire_re
     if (r->hdr.flags & EXS_RESIZE_SWITCHED) {
         /* our offer's answer: every ring write before it arrived already (receive
          * completions come in posting order), so it must name exactly rd_arrived */
-        if (!conn->rs_offered || size != conn->rs_next_size || pos != conn->rd_arrived || addr ||
+        if (!conn->autotune.offered || size != conn->autotune.next_size || pos != conn->rd_arrived || addr ||
             rkey) {
             EXS_INFO(PROTO,
                      "conn %p: SWITCHED to %u bytes at %llu does not answer an offer "
                      "(offered %d, %u bytes, %llu arrived)",
-                     (void *)conn, size, (unsigned long long)pos, conn->rs_offered,
-                     conn->rs_next_size, (unsigned long long)conn->rd_arrived);
+                     (void *)conn, size, (unsigned long long)pos, conn->autotune.offered,
+                     conn->autotune.next_size, (unsigned long long)conn->rd_arrived);
             return -EPROTO;
         }
         /* the old region's key ends now: nothing more may be written there */
         if (conn->ring_grant)
             exs__prov_revoke(conn->ring_grant);
-        conn->ring_grant = conn->rs_next_grant;
-        conn->rs_old_mem = conn->ring_mem;
-        conn->rs_old_size = conn->p.ring_size;
-        conn->rs_old_end = pos;
-        conn->ring_mem = conn->rs_next_mem;
+        conn->ring_grant = conn->autotune.next_grant;
+        conn->autotune.old_mem = conn->ring_mem;
+        conn->autotune.old_size = conn->p.ring_size;
+        conn->autotune.old_end = pos;
+        conn->ring_mem = conn->autotune.next_mem;
         conn->ring = conn->ring_mem->addr;
         conn->p.ring_size = size;
-        conn->rs_next_mem = NULL;
-        conn->rs_next_grant = NULL;
-        conn->rs_offered = 0;
+        conn->autotune.next_mem = NULL;
+        conn->autotune.next_grant = NULL;
+        conn->autotune.offered = 0;
         conn->stats.ring_resizes++;
         /* a new window: every byte from here on was written against the new room */
-        conn->rs_win_t0 = exs__now_us();
-        conn->rs_win_bytes = 0;
+        conn->autotune.win_t0 = exs__now_us();
+        conn->autotune.win_bytes = 0;
         EXS_DBG(PROTO, "conn %p: ring %u -> %u bytes from ring position %llu", (void *)conn,
-                conn->rs_old_size, size, (unsigned long long)pos);
+                conn->autotune.old_size, size, (unsigned long long)pos);
         exs__stream_ring_retire_locked(conn);
         return 0;
     }
     /* an offer: one at a time, a region the protocol can use (the key is checked by the
      * provider at each write) */
-    if (conn->rs_owed || pos || !addr || addr % EXS_RING_SLOT || addr + size < addr ||
+    if (conn->autotune.owed || pos || !addr || addr % EXS_RING_SLOT || addr + size < addr ||
         size < EXS_WIRE_RESIZE_MIN || size % EXS_RING_SLOT || size > EXS_WIRE_RING_SIZE_MAX) {
         EXS_INFO(PROTO, "conn %p: bad RESIZE offer (%u bytes at %#llx, pos %llu, owed %d)",
                  (void *)conn, size, (unsigned long long)addr, (unsigned long long)pos,
-                 conn->rs_owed);
+                 conn->autotune.owed);
         return -EPROTO;
     }
-    conn->rs_owed = 1;
-    conn->rs_peer_addr = addr;
-    conn->rs_peer_size = size;
-    conn->rs_peer_rkey = rkey;
+    conn->autotune.owed = 1;
+    conn->autotune.peer_addr = addr;
+    conn->autotune.peer_size = size;
+    conn->autotune.peer_rkey = rkey;
     return 0;
 }

@@ -271,8 +271,8 @@ START_TEST(rg_switch_under_traffic)
         ck_assert_uint_gt(switches[d], 3);
         ck_assert_uint_eq(st.ring_resizes, switches[d]);
         ck_assert_uint_eq(st.ring_size, side[!d]->conn->p.ring_size);
-        ck_assert_ptr_null(side[!d]->conn->rs_old_mem); /* all copied out: retired */
-        ck_assert_int_eq(side[!d]->conn->rs_offered, 0);
+        ck_assert_ptr_null(side[!d]->conn->autotune.old_mem); /* all copied out: retired */
+        ck_assert_int_eq(side[!d]->conn->autotune.offered, 0);
     }
     ck_assert_uint_eq(pt_rnr(&pp), 0);
 }
@@ -291,7 +291,7 @@ START_TEST(rg_close_with_offer_out)
     ck_assert_int_eq(rg_offer(&pp.b, 8192), 0);
     if (_i == 1) {
         pt_run(&pp); /* answered: the old region holds the 2000 bytes nobody received */
-        ck_assert_ptr_nonnull(pp.b.conn->rs_old_mem);
+        ck_assert_ptr_nonnull(pp.b.conn->autotune.old_mem);
         ck_assert_uint_eq(pp.b.conn->p.ring_size, 8192);
     }
     ck_assert_uint_gt(exs__conn_ring_bytes(), 0);
@@ -333,12 +333,12 @@ static int rg_tune_offers(uint64_t rtt_min_us, uint64_t window_us)
     EXS_MUTEX_LOCK(&c->lock, EXS_LOCK_CONN);
     c->p.autotune = 1;
     c->stats.srtt_us = window_us;
-    c->rs_rtt_min = rtt_min_us;
-    c->rs_rtt_min_t = exs__now_us();
-    c->rs_win_t0 = exs__now_us() - window_us;
-    c->rs_win_bytes = c->p.ring_size;
+    c->autotune.rtt_min = rtt_min_us;
+    c->autotune.rtt_min_t = exs__now_us();
+    c->autotune.win_t0 = exs__now_us() - window_us;
+    c->autotune.win_bytes = c->p.ring_size;
     exs__stream_recv_progress_locked(c);
-    offered = c->rs_offered;
+    offered = c->autotune.offered;
     EXS_MUTEX_UNLOCK(&c->lock, EXS_LOCK_CONN);
     return offered;
 }
@@ -451,7 +451,7 @@ START_TEST(rg_direct_linger)
     if (_i) { /* waits for the direct write */
         ck_assert_uint_eq(st.indirect_xfers, 0);
         ck_assert_uint_eq(st.mode_switches, 0);
-        ck_assert(PHASE_IS_DIRECT(pp.a.conn->st_ps));
+        ck_assert(PHASE_IS_DIRECT(pp.a.conn->stream.ps));
     } else { /* the ring at once: a switch */
         ck_assert_uint_eq(st.indirect_xfers, 1);
         ck_assert_uint_eq(st.mode_switches, 1);
@@ -465,7 +465,7 @@ START_TEST(rg_direct_linger)
     ck_assert_uint_eq(st.indirect_xfers, 1);
     ck_assert_uint_eq(st.mode_switches, 1);
     /* a linger that no ADVERT ended skips the linger in the next direct phase */
-    ck_assert_uint_eq(pp.a.conn->st_linger_skip, (_i ? 1u : 0u));
+    ck_assert_uint_eq(pp.a.conn->stream.linger_skip, (_i ? 1u : 0u));
     pt_recv_post(&r[1], &pp.b, rb[1], 3000, 0);
     pt_run(&pp);
     pt_assert_done(&r[1], 2000, 0);
@@ -494,14 +494,14 @@ START_TEST(rg_direct_linger_count)
     pt_send_pattern(&s[1], &pp.a, sb[1], 2000, 3000); /* 1 waiting, 1 in flight: lingers */
     pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.indirect_xfers, 0);
-    ck_assert_int_eq(pp.a.conn->st_lingering, 1);
+    ck_assert_int_eq(pp.a.conn->stream.lingering, 1);
     pt_send_pattern(&s[2], &pp.a, sb[2], 1000, 5000); /* 2 waiting, 1 in flight: the ring */
     pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.direct_xfers, 1);
     ck_assert_uint_ge(st.indirect_xfers, 1); /* s2 may follow s1 once its write completed */
     ck_assert_uint_eq(st.mode_switches, 1);
-    ck_assert_int_eq(pp.a.conn->st_lingering, 0);
-    ck_assert_uint_eq(pp.a.conn->st_linger_skip, 0); /* not a failed linger */
+    ck_assert_int_eq(pp.a.conn->stream.lingering, 0);
+    ck_assert_uint_eq(pp.a.conn->stream.linger_skip, 0); /* not a failed linger */
     pt_run(&pp);
     pt_assert_done(&r[0], 3000, 0);
     ck_assert(pt_check(rb[0], 3000, 0));
