@@ -9,11 +9,36 @@
 # conn_is_stream() only in the file that chooses the data-path table.
 # Prints each offending call with its file and line.
 #   scripts/check-proto-calls.sh [proto-dir]   (default exs/proto)
+#   scripts/check-proto-calls.sh --self-test   (the check fails on a copy of exs/proto
+#                                               given a call up, a cycle and a stray
+#                                               conn_is_stream)
 set -u
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --self-test ]; then
+    t=$(mktemp -d)
+    trap 'rm -rf "$t"' EXIT
+    mkdir -p "$t/tree/exs"
+    cp -r include "$t/tree/" && cp -r exs/proto exs/prov exs/util "$t/tree/exs/"
+    # mem.c (layer 0) calls the core up; conn.c and mem.c then call each other
+    printf '\nvoid exs__mem_selftest(struct exs_conn *c)\n{\n    exs__conn_kick_locked(c);\n}\n' \
+        >>"$t/tree/exs/proto/mem.c"
+    sed -i '1a #include "exs/proto/conn.h"' "$t/tree/exs/proto/mem.c"
+    printf '\nstatic inline int conn_is_stream(const struct exs_conn *c) { return c->p.sock_type; }\n' \
+        >>"$t/tree/exs/proto/dispatch.c"
+    bash "$0" "$t/tree/exs/proto" >"$t/out" 2>&1 && { echo "check-proto-calls: self-test: passed a bad tree"; exit 1; }
+    for want in "call up: mem.c (layer 0) calls exs__conn_kick_locked() of conn.c" \
+                "conn.c -> mem.c:" "mem.c -> conn.c: exs__conn_kick_locked()" \
+                "dispatch.c:"; do
+        if ! grep -qF "$want" "$t/out"; then
+            echo "check-proto-calls: self-test: no \"$want\" in:"; cat "$t/out"; exit 1
+        fi
+    done
+    echo "check-proto-calls: self-test: 1 passed, 0 failed"
+    exit 0
+fi
 dir=${1:-exs/proto}
 spec=spec/proto-layout.md
-cc=${CC:-gcc}
+cc=gcc # -fcallgraph-info is GCC's (whatever CC builds the tree)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0

@@ -87,5 +87,6 @@ check: check-prov-door
 # no call from a lower layer up, no cycle between files, one choice of the data path.
 check-proto-calls:
 	$(Q)bash scripts/check-proto-calls.sh
+	$(Q)bash scripts/check-proto-calls.sh --self-test
 check: check-proto-calls
 .PHONY: check-proto-calls

@@ -49,49 +49,25 @@ void exs__conn_cset_register(void)
     exs__counters_register(&proto_cset);
 }
 
-static const char *const conn_state_names[EXS_CONN_STATE_COUNT] = {
-    [EXS_CONN_IDLE] = "IDLE",           [EXS_CONN_CONNECTING] = "CONNECTING",
-    [EXS_CONN_CONNECTED] = "CONNECTED", [EXS_CONN_CLOSING] = "CLOSING",
-    [EXS_CONN_RESUMING] = "RESUMING",   [EXS_CONN_DOWN] = "DOWN",
-    [EXS_CONN_REFUSING] = "REFUSING",   [EXS_CONN_DRAINING] = "DRAINING",
-    [EXS_CONN_DEAD] = "DEAD",
-};
-
 const char *exs__conn_state_name(enum exs_conn_state st)
 {
-    return conn_state_names[st];
+    return exs__conn_rows[st].name;
 }
-
-#define CONN_BIT(_st) (1u << (_st))
-
-/* The transition table (spec/states.md, "Connection"): from each state, where it may go. */
-static const uint32_t conn_next[EXS_CONN_STATE_COUNT] = {
-    [EXS_CONN_IDLE] = CONN_BIT(EXS_CONN_CONNECTING),
-    [EXS_CONN_CONNECTING] = CONN_BIT(EXS_CONN_IDLE) | CONN_BIT(EXS_CONN_CONNECTED) |
-                            CONN_BIT(EXS_CONN_REFUSING) | CONN_BIT(EXS_CONN_DOWN) |
-                            CONN_BIT(EXS_CONN_DEAD),
-    [EXS_CONN_CONNECTED] = CONN_BIT(EXS_CONN_CLOSING) | CONN_BIT(EXS_CONN_DOWN) |
-                           CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_RESUMING),
-    [EXS_CONN_CLOSING] = CONN_BIT(EXS_CONN_DOWN) | CONN_BIT(EXS_CONN_DRAINING),
-    [EXS_CONN_RESUMING] = CONN_BIT(EXS_CONN_CONNECTED) | CONN_BIT(EXS_CONN_DOWN),
-    [EXS_CONN_DOWN] = CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_DEAD),
-    [EXS_CONN_REFUSING] = CONN_BIT(EXS_CONN_DEAD),
-    [EXS_CONN_DRAINING] = CONN_BIT(EXS_CONN_DEAD),
-    [EXS_CONN_DEAD] = 0,
-};
 
 /* The one place a conn changes state (conn->lock held). */
 void exs__conn_set_state_locked(struct exs_conn *conn, enum exs_conn_state st, const char *why)
 {
-    EXS_ASSERT(conn_next[conn->state] & CONN_BIT(st));
-    EXS_TRACE(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, conn_state_names[conn->state],
-              conn_state_names[st], why);
+    const struct exs_conn_row *row = &exs__conn_rows[conn->state];
+
+    EXS_ASSERT(row->next & CONN_BIT(st));
+    EXS_TRACE(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, row->name,
+              exs__conn_rows[st].name, why);
     if (conn->state == EXS_CONN_CONNECTING && st == EXS_CONN_DOWN)
         conn->hs_down = 1; /* the handshake deadline bounds the drain (exs__conn_timer) */
     if (st >= EXS_CONN_DOWN)
         conn->seqpkt.rd_op = NULL; /* no more READ pieces (§6.2): its receive ends with the conn */
-    if (conn->state == EXS_CONN_RESUMING && st != EXS_CONN_RESUMING)
-        exs__conn_hooks.resuming_leave(conn); /* no longer counts against resume_max (§9.2) */
+    if (row->leave && st != conn->state)
+        row->leave(conn); /* RESUMING: no longer counts against resume_max (§9.2) */
     conn->state = st;
 }
 

@@ -75,8 +75,7 @@ struct exs_datapath {
 /* Where the modules above the core hook into it (spec/proto-layout.md, "Hook points"):
  * the core calls them only through this table, filled in entry.c. */
 struct exs_conn_hooks {
-    /* the cut-over (resume.c): state RESUMING's row of the state table (spec/states.md) */
-    void (*resuming_leave)(struct exs_conn *conn); /* the conn leaves RESUMING */
+    /* the cut-over (resume.c) */
     int (*fail)(struct exs_conn *conn, int err, const char *why); /* 1: cut over instead */
     void (*trial_end)(struct exs_conn *conn, int destroy); /* a resume request on trial goes */
     /* request tracing (reqtrace.c) */
@@ -88,6 +87,26 @@ struct exs_conn_hooks {
     void (*on_rx_held)(struct exs_conn *conn, const struct exs_prov_cqe *cqe);
 };
 extern const struct exs_conn_hooks exs__conn_hooks; /* entry.c */
+
+#define CONN_BIT(_st) (1u << (_st))
+
+/* The connection's state table (spec/states.md, "Connection"), one row per state: its
+ * name, the states it may go to (exs__conn_set_state_locked checks each transition),
+ * and the handlers of a state that handles these itself (RESUMING: resume.c); NULL:
+ * the generic handling of conn.c, dispatch.c and keepalive.c. Filled in entry.c. */
+struct exs_conn_row {
+    const char *name;
+    uint32_t    next; /* CONN_BIT of each state it may go to */
+    /* the conn leaves the state */
+    void (*leave)(struct exs_conn *conn);
+    /* after a run of completions, before the kick */
+    void (*after_cqes)(struct exs_conn *conn);
+    /* a connection event (any endpoint the conn has or had) */
+    void (*on_cm)(struct exs_conn *conn, const struct exs_prov_cm_event *ev);
+    /* the periodic look: ms until the next, 0 once it ended the conn */
+    uint64_t (*timer)(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms);
+};
+extern const struct exs_conn_row exs__conn_rows[EXS_CONN_STATE_COUNT];
 extern const struct exs_datapath exs__stream_path;  /* stream.c */
 extern const struct exs_datapath exs__seqpkt_path;  /* seqpacket.c */
 

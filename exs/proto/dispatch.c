@@ -439,8 +439,8 @@ static void conn_after_cqes_locked(struct exs_conn *conn)
             conn->state == EXS_CONN_RESUMING)
             exs__conn_wrq_flush_locked(conn);
     }
-    if (conn->state == EXS_CONN_RESUMING) {
-        exs__resume_progress_locked(conn); /* the old path drained: the new one */
+    if (exs__conn_rows[conn->state].after_cqes) { /* RESUMING: the old path drained */
+        exs__conn_rows[conn->state].after_cqes(conn);
         if (conn->state == EXS_CONN_DEAD)
             return;
     }
@@ -506,11 +506,8 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN); /* a resume request's new path (§9.2) */
         return;
     }
-    if (conn->state == EXS_CONN_RESUMING) { /* the cut-over's events (§9.2) */
-        if (ev->type == EXS_PROV_CM_DISCONNECTED && ev->ep && ev->ep == conn->ep &&
-            !conn->resume.newpath && (ev->flags & EXS_PROV_CM_F_PEER_CLOSED))
-            conn->resume.peer_closed = 1; /* the peer closed: no cut-over after the drain */
-        exs__resume_on_cm_locked(conn, ev);
+    if (exs__conn_rows[conn->state].on_cm) { /* RESUMING: the cut-over's events (§9.2) */
+        exs__conn_rows[conn->state].on_cm(conn, ev);
         EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
         exs__resume_evict_run();
         return;

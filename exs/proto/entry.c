@@ -22,7 +22,6 @@ static inline int conn_is_stream(const struct exs_conn *conn)
 
 /* The modules above the core, hooked in (conn.h, spec/proto-layout.md). */
 const struct exs_conn_hooks exs__conn_hooks = {
-    .resuming_leave = exs__resume_wait_leave,
     .fail = exs__resume_on_fail_locked,
     .trial_end = exs__resume_pend_end_locked,
     .trace_done = exs__reqtrace_done_locked,
@@ -30,6 +29,32 @@ const struct exs_conn_hooks exs__conn_hooks = {
     .trace_free = exs__reqtrace_free_locked,
     .wrq_flush = exs__conn_wrq_flush_locked,
     .on_rx_held = exs__conn_on_rx_held_locked,
+};
+
+/* The state table (conn.h, spec/states.md): RESUMING is the one state with handlers of
+ * its own, the cut-over's (resume.c). */
+const struct exs_conn_row exs__conn_rows[EXS_CONN_STATE_COUNT] = {
+    [EXS_CONN_IDLE] = { .name = "IDLE", .next = CONN_BIT(EXS_CONN_CONNECTING) },
+    [EXS_CONN_CONNECTING] = { .name = "CONNECTING",
+                              .next = CONN_BIT(EXS_CONN_IDLE) | CONN_BIT(EXS_CONN_CONNECTED) |
+                                      CONN_BIT(EXS_CONN_REFUSING) | CONN_BIT(EXS_CONN_DOWN) |
+                                      CONN_BIT(EXS_CONN_DEAD) },
+    [EXS_CONN_CONNECTED] = { .name = "CONNECTED",
+                             .next = CONN_BIT(EXS_CONN_CLOSING) | CONN_BIT(EXS_CONN_DOWN) |
+                                     CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_RESUMING) },
+    [EXS_CONN_CLOSING] = { .name = "CLOSING",
+                           .next = CONN_BIT(EXS_CONN_DOWN) | CONN_BIT(EXS_CONN_DRAINING) },
+    [EXS_CONN_RESUMING] = { .name = "RESUMING",
+                            .next = CONN_BIT(EXS_CONN_CONNECTED) | CONN_BIT(EXS_CONN_DOWN),
+                            .leave = exs__resume_wait_leave,
+                            .after_cqes = exs__resume_progress_locked,
+                            .on_cm = exs__resume_on_cm_locked,
+                            .timer = exs__resume_timer_locked },
+    [EXS_CONN_DOWN] = { .name = "DOWN",
+                        .next = CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_DEAD) },
+    [EXS_CONN_REFUSING] = { .name = "REFUSING", .next = CONN_BIT(EXS_CONN_DEAD) },
+    [EXS_CONN_DRAINING] = { .name = "DRAINING", .next = CONN_BIT(EXS_CONN_DEAD) },
+    [EXS_CONN_DEAD] = { .name = "DEAD", .next = 0 },
 };
 
 static pthread_once_t proto_cset_once = PTHREAD_ONCE_INIT;

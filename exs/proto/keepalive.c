@@ -277,9 +277,6 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
     case EXS_CONN_DRAINING:
         next = conn->hs_down ? conn_hs_down_timer_locked(conn, now, conn_ms) : 0;
         break;
-    case EXS_CONN_RESUMING:
-        next = exs__resume_timer_locked(conn, now, conn_ms);
-        break;
     case EXS_CONN_CONNECTED:
     case EXS_CONN_CLOSING:
         if (conn->resume.peer_wait) { /* the new path until the peer's RESUME (§9.2) */
@@ -325,7 +322,9 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
         if (conn->sess_token && !conn->resume.over && conn_ms)
             next = next ? EXS_MIN(next, EXS_MAX(conn_ms / 4, 1)) : EXS_MAX(conn_ms / 4, 1);
         break;
-    default:
+    default: /* RESUMING: the cut-over's deadline (§9.2) */
+        if (exs__conn_rows[conn->state].timer)
+            next = exs__conn_rows[conn->state].timer(conn, now, conn_ms);
         break;
     }
     if (conn->resume.pend) /* a resume request on trial: bounded by connect_timeout_ms (§9.2) */

@@ -767,6 +767,9 @@ static void resume_established_active_locked(struct exs_conn *conn,
 
 void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
 {
+    if (ev->type == EXS_PROV_CM_DISCONNECTED && ev->ep && ev->ep == conn->ep &&
+        !conn->resume.newpath && (ev->flags & EXS_PROV_CM_F_PEER_CLOSED))
+        conn->resume.peer_closed = 1; /* the peer closed: no cut-over after the drain */
 
     if (ev->ep && ev->ep != conn->ep)
         return;               /* not the conn's endpoint now */
