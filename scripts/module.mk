@@ -99,3 +99,11 @@ ifeq ($(CHECK_FORMAT),1)
 check: check-format
 endif
 .PHONY: check-format
+
+# The protocol layer's call graph (scripts/check-proto-calls.sh, spec/proto-layout.md):
+# no call from a lower layer up, no cycle between files, one choice of the data path.
+check-proto-calls:
+	$(Q)bash scripts/check-proto-calls.sh
+	$(Q)bash scripts/check-proto-calls.sh --self-test
+check: check-proto-calls
+.PHONY: check-proto-calls

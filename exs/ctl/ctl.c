@@ -419,7 +419,7 @@ static void trace_send(const char *rec, size_t len, uint64_t dropped)
         exs__jbuf_obj_begin(b);
         exs__jbuf_kv_u64(b, "t_us", strtoull(rec, NULL, 10));
         if (sp[1] == 'R' || sp[1] == 'V') {
-            /* our own formatting (exs__rt_format, exs__pv_format): an object, as it is */
+            /* our own formatting (exs__reqtrace_format, exs__pv_format): an object, as it is */
             exs__jbuf_key(b, sp[1] == 'R' ? "req" : "violation");
             exs__jbuf_raw(b, sp + 2, len - (size_t)(sp + 2 - rec) - 1);
             b->comma = 1;
@@ -644,7 +644,7 @@ int exs__ctl_start(void)
     ctl.nclients = 0;
     ctl.start_ns = exs__now_ns();
     exs__log_set_hook(ctl_log_hook);
-    exs__rt_set_sink(ctl_rt_sink);
+    exs__reqtrace_set_sink(ctl_rt_sink);
     exs__pv_set_sink(ctl_pv_sink);
     exs__engine_call(ctl_start_job, NULL);
     EXS_INFO(API, "control endpoint %s%s", ctl.path, shared ? " (in a shared directory)" : "");
@@ -666,7 +666,7 @@ void exs__ctl_stop(void)
         return;
     exs__engine_call(ctl_stop_job, NULL);
     exs__log_set_hook(NULL);
-    exs__rt_set_sink(NULL);
+    exs__reqtrace_set_sink(NULL);
     exs__pv_set_sink(NULL);
     ctl_unlink();
     close(ctl.lfd);
@@ -688,7 +688,7 @@ void exs__ctl_fork_child(void)
     struct exs_list *n;
 
     exs__log_set_hook(NULL);
-    exs__rt_set_sink(NULL);
+    exs__reqtrace_set_sink(NULL);
     exs__pv_set_sink(NULL);
     if (ctl.lfd >= 0) {
         exs_list_for_each(n, &ctl.clients) {

@@ -150,7 +150,7 @@ static void batch_fill_locked(struct exs_conn *conn, const struct batch_run *run
 
         if (op->state == EXS_OPS_DONE)
             continue;
-        if (conn_is_stream(conn)) {
+        if (conn->dp->bytes) { /* STREAM: the bytes alone */
             memcpy(dst + off, op->buf, op->len);
             off += (uint32_t)op->len;
         } else {
@@ -197,16 +197,15 @@ static enum batch_verdict batch_post_locked(struct exs_conn *conn, const struct 
 
     dst = (uint8_t *)conn->batch_mem->addr + (size_t)slot * conn->p.batch_max;
     batch_fill_locked(conn, run, dst);
-    if (conn_is_stream(conn)) {
+    if (conn->dp->bytes) {
         /* the run fits the contiguous ring room (st_batch_fit) */
-        if (PHASE_IS_DIRECT(conn->st_ps))
-            exs__st_enter_indirect_locked(conn);
+        conn->dp->batch_ring_write(conn);
         raddr = conn->peer.ring_addr + conn->wr_tail % size;
         used = run->bytes;
         imm = exs_imm_make(EXS_IMM_INDIRECT, 0, exs__conn_take_owed_imm_locked(conn), 0);
     } else {
         uint32_t off = (uint32_t)(conn->wr_tail % size);
-        uint32_t slot_len = exs__sp_slot_len(run->bytes);
+        uint32_t slot_len = exs__seqpkt_slot_len(run->bytes);
 
         skip = off + slot_len > size ? size - off : 0;
         used = skip + slot_len;
@@ -247,7 +246,7 @@ static enum batch_verdict batch_post_locked(struct exs_conn *conn, const struct 
         op->posted = op->len;
         op->inflight = 1;
         op->state = EXS_OPS_POSTED;
-        if (conn_is_stream(conn))
+        if (conn->dp->bytes)
             conn->tx_seq += op->len;
         else
             op->seq = conn->tx_seq++;
@@ -324,7 +323,7 @@ void exs__batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
         op->inflight = 0;
         if (ok) {
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__resume_tx_done_locked(conn, op);
+            exs__conn_tx_done_locked(conn, op);
             if (!op->internal) /* a copy counted when its send completed (§7.5) */
                 conn->stats.bytes_sent += op->len;
         } else if (op->cancel && conn->state >= EXS_CONN_DOWN) {

@@ -22,8 +22,9 @@
  */
 
 struct exs_conn;
-struct exs_rt_tx;
+struct exs_reqtrace_tx;
 struct exs_reqtrace;
+struct exs_datapath;
 
 /* ---- operations ---- */
 enum exs_op_kind {
@@ -71,7 +72,7 @@ struct exs_op {
     int               announced; /* SEQPACKET send: ANNOUNCEd, completed by READ_DONE */
     int               internal; /* the library's own op (STREAM send buffer, §7.5): no
                                  * application waits for it, exs_cancel never matches it */
-    struct exs_rt_tx *rt;     /* SEQPACKET send sampled for request tracing, else NULL */
+    struct exs_reqtrace_tx *rt;     /* SEQPACKET send sampled for request tracing, else NULL */
     /* result */
     ssize_t           result; /* bytes, or -1 */
     int               err;    /* errno or 0 */
@@ -114,26 +115,26 @@ enum exs_conn_txshut {
 
 /* §7.2 backoff: a direct phase begun by a DRAIN that ends before this many ring sizes
  * went directly doubles the arrivals required before the next request, up to
- * EXS_ST_DRAIN_NEED_MAX; a longer one resets it to EXS_STREAM_DRAIN_STREAK. */
+ * EXS_STREAM_DRAIN_NEED_MAX; a longer one resets it to EXS_STREAM_DRAIN_STREAK. */
 /* Ring autotuning (§7.4): the minimum round trip is taken over samples of this long. */
 #define EXS_RTT_MIN_WIN_US (10u * 1000u * 1000u)
-#define EXS_ST_DRAIN_WORTH    4u
-#define EXS_ST_DRAIN_NEED_MAX 1024u
+#define EXS_STREAM_DRAIN_WORTH    4u
+#define EXS_STREAM_DRAIN_NEED_MAX 1024u
 /* Ring autotuning (§7.4): the growth factor once the ring limited a whole round trip
  * (three quarters of it or more arrived in one); otherwise it doubles */
 #define EXS_RING_GROW_FAST    4u
 /* §7 linger: a linger that ended without an ADVERT skips the linger in the next 1, 2, 4 ...
  * direct phases, at most this many; one that an ADVERT ended resets it */
-#define EXS_ST_LINGER_SKIP_MAX 64u
+#define EXS_STREAM_LINGER_SKIP_MAX 64u
 /* §7 linger: a sender with more sends queued than this does not linger (the walk that
  * counts them stays short) */
-#define EXS_ST_LINGER_OPS_MAX 256u
+#define EXS_STREAM_LINGER_OPS_MAX 256u
 
 /* The receiver's return to direct in an indirect phase (spec/protocol.md §7.2). */
-enum exs_st_drain {
-    EXS_ST_DRAIN_IDLE = 0,  /* no request in this phase */
-    EXS_ST_DRAIN_REQUESTED, /* DRAIN sent; no ADVERT until the sender's STOPPED answer */
-    EXS_ST_DRAIN_STOPPED,   /* answered: advertise once the ring bytes up to st_drain_pos
+enum exs_stream_drain {
+    EXS_STREAM_DRAIN_IDLE = 0,  /* no request in this phase */
+    EXS_STREAM_DRAIN_REQUESTED, /* DRAIN sent; no ADVERT until the sender's STOPPED answer */
+    EXS_STREAM_DRAIN_STOPPED,   /* answered: advertise once the ring bytes up to stream.drain_pos
                              * arrived and were copied out */
 };
 
@@ -183,7 +184,7 @@ struct exs_conn_params {
 struct exs_pending_msg; /* an arrived, unmatched SEQPACKET message */
 struct exs_rsm_pend;    /* a resume request on trial (resume.c) */
 
-enum { /* exs_conn.rsm_keys */
+enum { /* exs_conn.resume.keys */
     EXS_RSM_KEY_OWN  = 1, /* ours drawn and sent in our SESSION record */
     EXS_RSM_KEY_PEER = 2, /* the peer's taken from its SESSION record */
 };
@@ -199,6 +200,15 @@ struct exs_advert {
     uint32_t filled; /* STREAM WAITALL: bytes written into it so far */
 };
 
+/* The modules' parts of a connection: the state sections of their headers, each a
+ * struct named for its module (spec/proto-layout.md). */
+#define EXS_PROTO_STATE
+#include "exs/proto/keepalive.h"
+#include "exs/proto/resume.h"
+#include "exs/proto/seqpkt.h"
+#include "exs/proto/stream.h"
+#undef EXS_PROTO_STATE
+
 struct exs_conn {
     pthread_mutex_t            lock;
     enum exs_conn_state        state;
@@ -209,6 +219,7 @@ struct exs_conn {
     void                      *owner;   /* the api socket */
     struct exs_job             owner_job; /* the owner's, e.g. to destroy it under the progress lock */
     struct exs_conn_params     p;
+    const struct exs_datapath *dp;      /* STREAM or SEQPACKET (conn.h), chosen at creation */
 
     /* local buffers */
     uint8_t                   *ring;     /* hidden receive ring, written by the peer */
@@ -277,31 +288,7 @@ struct exs_conn {
     uint8_t                    ctrl_out[EXS_WIRE_CTRL_MAX];
     uint32_t                   ctrl_len;
 
-    /* STREAM (spec/protocol.md §7): tx_seq is S_s, rx_seq is S_r */
-    uint32_t                   st_ps;      /* P_s */
-    uint32_t                   st_pr;      /* P_r */
-    uint64_t                   st_sr_next; /* S'_r */
-    /* return to direct (§7.2): sender side */
-    int                        st_held;       /* a DRAIN was honoured: no ring writes in
-                                               * phase st_ps (cleared when the phase changes) */
-    int                        st_drain_owed; /* its STOPPED answer is not yet appended */
-    /* the linger (§7): waiting in a direct phase for an ADVERT while writes are in flight */
-    int                        st_lingering;   /* waiting now */
-    uint32_t                   st_linger_skip; /* direct phases left without a linger */
-    uint32_t                   st_linger_pen;  /* the skip after the next failed linger / 2 */
-    /* receiver side */
-    enum exs_st_drain          st_drain;      /* EXS_ST_DRAIN_* of phase st_pr */
-    uint64_t                   st_drain_pos;  /* STOPPED: the sender's ring writes end here */
-    uint32_t                   st_streak;     /* ring arrivals in a row that left big receives
-                                               * waiting with the ring empty (hysteresis) */
-    uint64_t                   st_eval_arrived; /* rd_arrived at the last streak update */
-    uint32_t                   st_drain_need; /* streak required now (backoff; 0: not set) */
-    int                        st_drain_dir;  /* this direct phase began after a DRAIN */
-    uint64_t                   st_drain_bytes; /* bytes it delivered directly so far */
-    uint64_t                   st_drain_t0;   /* when it began, us */
-    uint64_t                   st_drain_hold; /* no DRAIN before this time, us (backoff) */
-    uint64_t                   st_phase_t0;   /* when the sender's phase began, us (0: no
-                                               * send yet); direct/indirect_time_us */
+    struct exs_stream_state           stream; /* STREAM (spec/protocol.md §7; stream.c) */
 
     /* sender batching (spec/protocol.md §6.1, §7.1) */
     uint32_t                   ring_wr_out;  /* ring (INDIRECT) writes posted, not completed */
@@ -335,14 +322,7 @@ struct exs_conn {
     uint64_t                   dl_start_ns;  /* connect / accept began (handshake deadline) */
     int                        hs_down;      /* went DOWN before ESTABLISHED (failure, close,
                                                * abort): the handshake deadline still ends it */
-    int                        ka_heard;     /* a completion succeeded in this run of cqes */
-    int                        ka_probe_out; /* the probe is posted, not completed */
-    int                        ka_waiting;   /* silent for an interval: waiting for an answer */
-    uint32_t                   ka_fails;     /* intervals that wait stayed unanswered */
-    uint64_t                   ka_heard_ns;  /* the last successful completion (or establishment) */
-    uint64_t                   ka_probe_ns;  /* when the wait for an answer began */
-    int                        ka_ping;      /* feature ALIVE: this wait's PING is out */
-    int                        ka_answer;    /* feature ALIVE: a PING came, its answer is owed */
+    struct exs_keepalive_state        keepalive; /* keepalive (spec/protocol.md §9.1; keepalive.c) */
     uint64_t                   tx_moved;     /* data writes completed (send stall check) */
     uint64_t                   tx_moved_seen; /* tx_moved when tx_stall_ns was set */
     uint64_t                   tx_stall_ns;  /* queued sends without progress since; 0: none */
@@ -350,36 +330,8 @@ struct exs_conn {
     /* ring autotuning (spec/protocol.md §7.4), STREAM. ring, ring_mem, ring_grant and
      * p.ring_size above are the region the peer writes now. As the ring's owner: */
     uint32_t                   ring_init;     /* p.ring_size at creation (shrink target) */
-    int                        rs_offered;    /* a RESIZE offer is out, not yet answered */
-    uint32_t                   rs_next_size;  /* the offered region (rs_offered) */
-    struct exs_prov_mr        *rs_next_mem;
-    struct exs_prov_grant     *rs_next_grant;
-    struct exs_prov_mr        *rs_old_mem;    /* retired region (no grant): holds the ring
-                                               * positions below rs_old_end until consumed */
-    uint32_t                   rs_old_size;
-    uint64_t                   rs_old_end;
-    uint64_t                   rs_win_t0;     /* start of the measuring window, us (0: none) */
-    uint64_t                   rs_win_bytes;  /* ring bytes arrived in it */
-    uint64_t                   rs_last_us;    /* last ring arrival seen (idle shrink), us */
-    uint64_t                   rs_rtt_min;    /* smallest round-trip sample of the last
-                                               * EXS_RTT_MIN_WIN_US, us (0: none) */
-    uint64_t                   rs_rtt_min_t;  /* when it was taken, us */
-    /* as the writer of the peer's ring: */
-    int                        rs_owed;       /* the peer offered a region: answer (and
-                                               * switch) before the next ring write */
-    uint64_t                   rs_peer_addr;  /* the offer */
-    uint32_t                   rs_peer_size, rs_peer_rkey;
-    uint32_t                   rs_peer_init;  /* the peer's ring before its first switch (0: none yet) */
-    /* fragmentation (spec/protocol.md §6.2) */
-    struct exs_op             *sp_frag_op;   /* SEQPACKET send whose direct pieces are not all
-                                              * posted: nothing after it leaves before them */
-    struct exs_advert          sp_frag_adv;  /* the ADVERT it fills */
-    uint32_t                   sp_frag_n;    /* bytes it writes (min(message, advert)) */
-    struct exs_op             *sp_rx_frag;   /* SEQPACKET receive that got pieces, no eom yet */
-    struct exs_op             *sp_rd_op;     /* receive whose READ pieces are not all posted:
-                                              * no later message is read before them */
-    uint64_t                   sp_rd_addr;   /* its announced buffer (the peer's address) */
-    uint32_t                   sp_rd_rkey;   /* and key */
+    struct exs_autotune_state         autotune; /* ring autotuning (spec/protocol.md §7.4; stream_ring.c) */
+    struct exs_seqpkt_state           seqpkt; /* SEQPACKET (spec/protocol.md §6, §9.2; seqpacket.c, seqpkt_ann.c) */
     /* the work-request cap (spec/protocol.md §6.3) */
     uint32_t                   sq_out;       /* send work requests at the provider, not completed */
     uint32_t                   wrq_count;    /* of wrq */
@@ -395,59 +347,10 @@ struct exs_conn {
                                                 * completed, a prefix of tx_seq; SEQPACKET:
                                                 * one past the highest message completed
                                                 * (RESUME check) */
-    /* the cut-over itself (resume.c) */
-    int                        rsm_over;     /* cut over once: never again */
-    int                        rsm_disc;     /* RESUMING: the old endpoint's DISCONNECTED seen */
-    int                        rsm_abandon;  /* RESUMING: the old path is silent (keepalive):
-                                              * its endpoint goes without a drain */
-    int                        rsm_newpath;  /* RESUMING: the new endpoint exists */
-    int                        rsm_peer_wait; /* new path: the peer's RESUME not yet applied */
-    int                        rsm_peer_got; /* ... but it arrived before our ESTABLISHED */
-    int                        rsm_fail;     /* RESUMING: errno that ends the conn at the next
-                                              * progress-thread look (0: none) */
-    uint64_t                   rsm_t0_ns;    /* RESUMING began (bounded by connect_timeout_ms) */
-    struct exs_wire_resume     rsm_peer;     /* the peer's RESUME (rsm_peer_got) */
-    uint8_t                    rsm_key[2 * EXS_WIRE_SESSION_KEY_LEN]; /* K_A || K_B: the
-                                              * resume proof's HMAC key (SESSION records) */
-    int                        rsm_keys;     /* EXS_RSM_KEY_* known */
-    uint8_t                    rsm_nonce[EXS_WIRE_NONCE_LEN]; /* active: nonce_A of its
-                                              * resume connect */
-    struct exs_rsm_pend       *rsm_pend;     /* passive: a resume request on trial, its new
-                                              * path made on the side (resume.c) */
-    struct exs_conn           *rsm_next;     /* the registry of passive sessions (resume.c) */
-    uint32_t                   rsm_refs;     /* registry: finders using the conn now */
-    int                        rsm_gone;     /* registry: destroyed while a finder held it;
-                                              * the last finder frees it (both under the
-                                              * registry's lock) */
-    /* RESUMING bounded (spec/protocol.md §9.2, The wait; resume.c) */
-    int                        rsm_peer_closed; /* RESUMING: the old endpoint's DISCONNECTED
-                                                 * said the peer closed it (no cut-over) */
-    int                        rsm_waiting;  /* in the wait list (registry's lock) */
-    int                        rsm_evicting; /* in the eviction list, held (rsm_refs) */
-    struct exs_list            rsm_wait_link; /* in one of the two (registry's lock) */
-    /* SEQPACKET announced messages across a cut (spec/protocol.md §9.2, Replay,
-     * SEQPACKET; seqpacket.c) */
-    uint64_t                  *sp_memo;      /* receiver, resumable: the last announced
-                                              * messages read whole (ring of seqs; a set top
-                                              * bit: its READ_DONE is owed again) */
-    uint32_t                   sp_memo_cap;  /* its entries (0: its bound at the
-                                              * first; tests lower it before) */
-    uint32_t                   sp_memo_n;    /* entries used */
-    uint32_t                   sp_memo_head; /* the next entry written */
-    uint32_t                   sp_memo_owed; /* READ_DONEs owed to re-announces */
-    int                        sp_reann_open; /* receiver: the re-announce window is open */
-    uint64_t                   sp_reann_end; /* receiver: rx_seq at the cut (the window's end) */
-    uint64_t                   sp_reann_next; /* receiver: lowest seq a re-announce may name */
-    uint32_t                   sp_stale;     /* receiver: announced messages whose grant died
-                                              * at the cut, not announced again yet */
-    uint32_t                   sp_reann_left; /* sender: announced sends to announce again */
-    uint32_t                   sp_ann_out;    /* sender: announced sends whose READ_DONE did
-                                               * not come (at least; recounted at the
-                                               * ANNOUNCED_MAX cap, §6) */
-    uint64_t                   sp_reann_pos; /* sender: the peer's position P at the cut */
+    struct exs_resume_state           resume; /* the cut-over (spec/protocol.md §9.2; resume.c, resume_sess.c) */
     /* the first protocol violation of the peer, kept as the connection's reason
      * (violation.c; EXS_SO_ERROR_REASON, exsctl stat) */
-    struct exs_pv_state        pv;
+    struct exs_pv_state               pv;
 };
 
 /* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */

@@ -15,18 +15,18 @@
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
-static exs_rt_sink_fn *rt_sink;
+static exs_reqtrace_sink_fn *rt_sink;
 static uint64_t rt_count; /* atomic: records completed */
 static pthread_mutex_t rt_file_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *rt_file;
 static int rt_file_tried;
 
-void exs__rt_set_sink(exs_rt_sink_fn *fn)
+void exs__reqtrace_set_sink(exs_reqtrace_sink_fn *fn)
 {
     __atomic_store_n(&rt_sink, fn, __ATOMIC_RELEASE);
 }
 
-uint64_t exs__rt_completed(void)
+uint64_t exs__reqtrace_completed(void)
 {
     return __atomic_load_n(&rt_count, __ATOMIC_RELAXED);
 }
@@ -67,7 +67,7 @@ static struct exs_reqtrace *rt_get(struct exs_conn *conn)
     return conn->rt;
 }
 
-void exs__rt_free_locked(struct exs_conn *conn)
+void exs__reqtrace_free_locked(struct exs_conn *conn)
 {
     free(conn->rt);
     conn->rt = NULL;
@@ -76,7 +76,7 @@ void exs__rt_free_locked(struct exs_conn *conn)
 /* Does the peer take TRACE records on this connection? (STREAM: also feature STRACE.) */
 static int rt_peer_traces(const struct exs_conn *conn)
 {
-    uint16_t need = EXS_WIRE_FEAT_TRACE | (conn_is_stream(conn) ? EXS_WIRE_FEAT_STRACE : 0);
+    uint16_t need = EXS_WIRE_FEAT_TRACE | (conn->dp->bytes ? EXS_WIRE_FEAT_STRACE : 0);
 
     return (conn->peer.features & need) == need;
 }
@@ -90,19 +90,19 @@ static uint64_t rt_st_arrived(const struct exs_conn *conn)
 
 /* ---- sender ---- */
 
-void exs__rt_post_locked(struct exs_conn *conn, struct exs_op *op)
+void exs__reqtrace_post_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_reqtrace *rt;
 
     /* a STREAM send of no bytes has no last byte to trace */
-    if (op->kind != EXS_OP_SEND || (conn_is_stream(conn) && !op->len) || !rt_peer_traces(conn) ||
+    if (op->kind != EXS_OP_SEND || (conn->dp->bytes && !op->len) || !rt_peer_traces(conn) ||
         !(rt = rt_get(conn)))
         return;
-    if (!exs__rt_sampled(rt->nsend++,
+    if (!exs__reqtrace_sampled(rt->nsend++,
                          __atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
         return;
-    for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
-        struct exs_rt_tx *s = &rt->tx[i];
+    for (unsigned i = 0; i < EXS_REQTRACE_SLOTS; i++) {
+        struct exs_reqtrace_tx *s = &rt->tx[i];
 
         if (s->used)
             continue;
@@ -114,14 +114,14 @@ void exs__rt_post_locked(struct exs_conn *conn, struct exs_op *op)
         op->rt = s;
         return;
     }
-    /* EXS_RT_SLOTS sampled messages wait for their answers: this one is not traced */
+    /* EXS_REQTRACE_SLOTS sampled messages wait for their answers: this one is not traced */
     EXS_DBG(PROTO, "conn %p: request tracing: %u traces outstanding, send not traced", (void *)conn,
-            EXS_RT_SLOTS);
+            EXS_REQTRACE_SLOTS);
 }
 
-int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
+int exs__reqtrace_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
 {
-    struct exs_rt_tx *s = op->rt;
+    struct exs_reqtrace_tx *s = op->rt;
 
     /* "wire": taken before anything of the message is posted (each attempt; the last one
      * posts), so the peer cannot see it earlier, however the poster is preempted */
@@ -137,9 +137,9 @@ int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
      * arrived). A request already sent for this number (STREAM: for a send ending past
      * here, whose bytes never all went) belonged to a send cancelled before it went out:
      * the receiver replaces it with this one, and so does the sender. */
-    for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
-        struct exs_rt_tx *o = &conn->rt->tx[i];
-        int stale = conn_is_stream(conn) ? o->seq > conn->tx_seq : o->seq == conn->tx_seq;
+    for (unsigned i = 0; i < EXS_REQTRACE_SLOTS; i++) {
+        struct exs_reqtrace_tx *o = &conn->rt->tx[i];
+        int stale = conn->dp->bytes ? o->seq > conn->tx_seq : o->seq == conn->tx_seq;
 
         if (o != s && o->used && o->req_sent && !o->answered && stale) {
             EXS_ASSERT(o->done); /* its op finished while queued */
@@ -147,7 +147,7 @@ int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
         }
     }
     /* STREAM: seq names the offset just past the send's last byte */
-    s->seq = conn->tx_seq + (conn_is_stream(conn) ? s->bytes : 0);
+    s->seq = conn->tx_seq + (conn->dp->bytes ? s->bytes : 0);
     s->t_req = exs__now_ns();
     struct exs_wire_trace w = {
         .hdr = {.type = EXS_CTRL_TRACE, .len = htobe16(EXS_WIRE_TRACE_LEN)},
@@ -160,7 +160,7 @@ int exs__rt_wire_begin_locked(struct exs_conn *conn, struct exs_op *op)
 }
 
 /* Minimum-delay filter: the exchange of least round trip bounds the offset best. */
-static void rt_offset(struct exs_reqtrace *rt, const struct exs_rt_tx *s, int64_t *off_p,
+static void rt_offset(struct exs_reqtrace *rt, const struct exs_reqtrace_tx *s, int64_t *off_p,
                       uint64_t *err_p)
 {
     /* receiver - sender, from each leg; the true offset lies between them. Unsigned
@@ -175,8 +175,8 @@ static void rt_offset(struct exs_reqtrace *rt, const struct exs_rt_tx *s, int64_
     spread = (uint64_t)up - (uint64_t)down;
     rt->off_ns[rt->off_next] = (int64_t)((uint64_t)down + spread / 2);
     rt->err_ns[rt->off_next] = spread - spread / 2;
-    rt->off_next = (rt->off_next + 1) % EXS_RT_OFFSET_WINDOW;
-    if (rt->off_count < EXS_RT_OFFSET_WINDOW)
+    rt->off_next = (rt->off_next + 1) % EXS_REQTRACE_OFFSET_WINDOW;
+    if (rt->off_count < EXS_REQTRACE_OFFSET_WINDOW)
         rt->off_count++;
     for (unsigned i = 1; i < rt->off_count; i++)
         if (rt->err_ns[i] < rt->err_ns[best])
@@ -185,7 +185,7 @@ static void rt_offset(struct exs_reqtrace *rt, const struct exs_rt_tx *s, int64_
     *err_p = rt->err_ns[best];
 }
 
-size_t exs__rt_format(const struct exs_rt_record *r, char *buf, size_t size)
+size_t exs__reqtrace_format(const struct exs_reqtrace_record *r, char *buf, size_t size)
 {
     int n =
         snprintf(buf, size,
@@ -199,9 +199,9 @@ size_t exs__rt_format(const struct exs_rt_record *r, char *buf, size_t size)
     return n > 0 && (size_t)n < size ? (size_t)n : 0;
 }
 
-static void rt_emit(struct exs_reqtrace *rt, struct exs_rt_tx *s)
+static void rt_emit(struct exs_reqtrace *rt, struct exs_reqtrace_tx *s)
 {
-    struct exs_rt_record r = {
+    struct exs_reqtrace_record r = {
         .conn = rt->conn,
         .seq = s->seq,
         .bytes = s->bytes,
@@ -210,14 +210,14 @@ static void rt_emit(struct exs_reqtrace *rt, struct exs_rt_tx *s)
         .done_ns = s->t_done,
         .answer_ns = s->t_answer_rx,
     };
-    exs_rt_sink_fn *sink = __atomic_load_n(&rt_sink, __ATOMIC_ACQUIRE);
+    exs_reqtrace_sink_fn *sink = __atomic_load_n(&rt_sink, __ATOMIC_ACQUIRE);
     char line[512];
     size_t len;
 
     rt_offset(rt, s, &r.offset_ns, &r.offset_err_ns);
     r.arrival_ns = (int64_t)(s->r_arrival - (uint64_t)r.offset_ns);
     r.delivery_ns = (int64_t)(s->r_delivery - (uint64_t)r.offset_ns);
-    len = exs__rt_format(&r, line, sizeof(line));
+    len = exs__reqtrace_format(&r, line, sizeof(line));
     if (!len)
         return;
     __atomic_add_fetch(&rt_count, 1, __ATOMIC_RELAXED);
@@ -241,16 +241,16 @@ static void rt_emit(struct exs_reqtrace *rt, struct exs_rt_tx *s)
 }
 
 /* Done with a slot: a successful send answered with times is a record. */
-static void rt_tx_finish(struct exs_rt_tx *s)
+static void rt_tx_finish(struct exs_reqtrace_tx *s)
 {
     if (s->done == 1 && s->answered == 1)
         rt_emit(s->owner, s);
     memset(s, 0, sizeof(*s));
 }
 
-void exs__rt_done_locked(struct exs_op *op)
+void exs__reqtrace_done_locked(struct exs_op *op)
 {
-    struct exs_rt_tx *s = op->rt;
+    struct exs_reqtrace_tx *s = op->rt;
 
     op->rt = NULL;
     s->t_done = exs__now_ns();
@@ -262,14 +262,14 @@ void exs__rt_done_locked(struct exs_op *op)
 
 /* ---- receiver ---- */
 
-void exs__rt_flush_locked(struct exs_conn *conn)
+void exs__reqtrace_flush_locked(struct exs_conn *conn)
 {
     struct exs_reqtrace *rt = conn->rt;
 
     if (conn->state != EXS_CONN_CONNECTED && conn->state != EXS_CONN_CLOSING)
         return;
-    for (unsigned i = 0; i < EXS_RT_SLOTS && rt->rx_ready; i++) {
-        struct exs_rt_rx *e = &rt->rx[i];
+    for (unsigned i = 0; i < EXS_REQTRACE_SLOTS && rt->rx_ready; i++) {
+        struct exs_reqtrace_rx *e = &rt->rx[i];
 
         if (!e->used || !e->ready)
             continue;
@@ -304,8 +304,8 @@ static void rt_st_progress(struct exs_conn *conn)
     struct exs_reqtrace *rt = conn->rt;
     uint64_t arrived = rt_st_arrived(conn), now = 0;
 
-    for (unsigned i = 0; i < EXS_RT_SLOTS && rt->rx_wait; i++) {
-        struct exs_rt_rx *e = &rt->rx[i];
+    for (unsigned i = 0; i < EXS_REQTRACE_SLOTS && rt->rx_wait; i++) {
+        struct exs_reqtrace_rx *e = &rt->rx[i];
 
         if (!e->used || e->ready || e->seq > arrived)
             continue;
@@ -321,26 +321,26 @@ static void rt_st_progress(struct exs_conn *conn)
         }
     }
     if (rt->rx_ready)
-        exs__rt_flush_locked(conn);
+        exs__reqtrace_flush_locked(conn);
 }
 
-void exs__rt_stream_placed_locked(struct exs_conn *conn)
+void exs__reqtrace_stream_placed_locked(struct exs_conn *conn)
 {
     if (conn->rt->rx_wait)
         rt_st_progress(conn);
 }
 
-void exs__rt_arrival_locked(struct exs_conn *conn)
+void exs__reqtrace_arrival_locked(struct exs_conn *conn)
 {
     struct exs_reqtrace *rt = conn->rt;
     uint64_t now = 0;
 
-    if (conn_is_stream(conn)) {
+    if (conn->dp->bytes) {
         rt_st_progress(conn);
         return;
     }
-    for (unsigned i = 0; i < EXS_RT_SLOTS && rt->rx_wait; i++) {
-        struct exs_rt_rx *e = &rt->rx[i];
+    for (unsigned i = 0; i < EXS_REQTRACE_SLOTS && rt->rx_wait; i++) {
+        struct exs_reqtrace_rx *e = &rt->rx[i];
 
         if (e->used && !e->t_arrival && e->seq < conn->rx_seq) {
             if (!now)
@@ -349,17 +349,17 @@ void exs__rt_arrival_locked(struct exs_conn *conn)
         }
     }
     if (rt->rx_ready)
-        exs__rt_flush_locked(conn);
+        exs__reqtrace_flush_locked(conn);
 }
 
-void exs__rt_deliver_locked(struct exs_conn *conn, struct exs_op *op)
+void exs__reqtrace_deliver_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_reqtrace *rt = conn->rt;
 
-    if (op->kind != EXS_OP_RECV || !rt->rx_wait || conn_is_stream(conn))
+    if (op->kind != EXS_OP_RECV || !rt->rx_wait || conn->dp->bytes)
         return; /* STREAM: delivered when placed (rt_st_progress) */
-    for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
-        struct exs_rt_rx *e = &rt->rx[i];
+    for (unsigned i = 0; i < EXS_REQTRACE_SLOTS; i++) {
+        struct exs_reqtrace_rx *e = &rt->rx[i];
 
         if (!e->used || e->ready || !e->t_arrival || e->seq != op->seq)
             continue;
@@ -368,7 +368,7 @@ void exs__rt_deliver_locked(struct exs_conn *conn, struct exs_op *op)
         e->ready = 1;
         rt->rx_wait--;
         rt->rx_ready++;
-        exs__rt_flush_locked(conn);
+        exs__reqtrace_flush_locked(conn);
         return;
     }
 }
@@ -378,11 +378,11 @@ void exs__rt_deliver_locked(struct exs_conn *conn, struct exs_op *op)
 static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, uint64_t seq)
 {
     struct exs_reqtrace *rt;
-    struct exs_rt_rx *free_e = NULL;
+    struct exs_reqtrace_rx *free_e = NULL;
 
     /* the request travels just before its message: nothing of seq has arrived yet */
     if (w->hdr.flags || w->t_arrival || w->t_delivery || w->t_answer ||
-        (conn_is_stream(conn) ? seq <= rt_st_arrived(conn) : seq != conn->rx_seq)) {
+        (conn->dp->bytes ? seq <= rt_st_arrived(conn) : seq != conn->rx_seq)) {
         EXS_INFO(PROTO,
                  "conn %p: TRACE request for message %llu (flags %#x) while message "
                  "%llu is next",
@@ -393,11 +393,11 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
     rt = rt_get(conn);
     if (!rt)
         return -ENOMEM;
-    for (unsigned i = 0; i < EXS_RT_SLOTS; i++) {
+    for (unsigned i = 0; i < EXS_REQTRACE_SLOTS; i++) {
         /* STREAM: the request comes after every byte of the sends before its own, so an
          * entry whose last byte has not arrived was the request of a cancelled send */
         if (rt->rx[i].used &&
-            (conn_is_stream(conn) ? !rt->rx[i].t_arrival : rt->rx[i].seq == seq)) {
+            (conn->dp->bytes ? !rt->rx[i].t_arrival : rt->rx[i].seq == seq)) {
             /* the send of the earlier request was cancelled before it went out: this
              * request, for the message that took its number, replaces it */
             free_e = &rt->rx[i];
@@ -408,7 +408,7 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
             free_e = &rt->rx[i];
     }
     if (!free_e) {
-        EXS_INFO(PROTO, "conn %p: TRACE request beyond %u outstanding", (void *)conn, EXS_RT_SLOTS);
+        EXS_INFO(PROTO, "conn %p: TRACE request beyond %u outstanding", (void *)conn, EXS_REQTRACE_SLOTS);
         return -EPROTO;
     }
     memset(free_e, 0, sizeof(*free_e));
@@ -433,8 +433,8 @@ static int rt_on_answer(struct exs_conn *conn, const struct exs_wire_trace *w, u
                  (void *)conn, (unsigned long long)seq);
         return -EPROTO;
     }
-    for (unsigned i = 0; rt && i < EXS_RT_SLOTS; i++) {
-        struct exs_rt_tx *s = &rt->tx[i];
+    for (unsigned i = 0; rt && i < EXS_REQTRACE_SLOTS; i++) {
+        struct exs_reqtrace_tx *s = &rt->tx[i];
 
         if (!s->used || !s->req_sent || s->answered || s->seq != seq)
             continue;
@@ -453,7 +453,7 @@ static int rt_on_answer(struct exs_conn *conn, const struct exs_wire_trace *w, u
     return -EPROTO;
 }
 
-int exs__rt_on_record_locked(struct exs_conn *conn, const struct exs_wire_trace *w)
+int exs__reqtrace_on_record_locked(struct exs_conn *conn, const struct exs_wire_trace *w)
 {
     uint64_t seq = be64toh(w->seq);
 

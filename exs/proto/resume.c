@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The cut-over of a connection to another path (spec/protocol.md §9.2): identity, positions,
- * the RESUMING state, the new path and the replay. */
+/* The cut-over (spec/protocol.md §9.2): a failed path's connection RESUMING, the new path
+ * made and checked, the replay; the passive side's resume requests on trial. Layer 3 of
+ * spec/proto-layout.md, above resume_sess.c. */
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -14,317 +15,21 @@
 #include "exs/util/sha256.h"
 #include "exs/util/util.h"
 
-/* Process counters of the cut-over, in the set "fallback" beside the engine's (lookups
- * of one set name add up). */
-static struct {
-    uint64_t fallback_sessions;
-    uint64_t fallback_resume_failures;
-    uint64_t fallback_resumes;
-    uint64_t fallback_replayed_bytes;
-    uint64_t fallback_resume_evicted;
-    uint64_t fallback_resume_refused;
-} resume_cnt;
-
-static const struct exs_counter_desc resume_counter_desc[] = {
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_sessions,
-                "connections that took a SESSION token (both sides resumable, policy any)"),
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_resume_failures,
-                "of those: the path failed mid-stream and the connection was not resumed"),
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_resumes,
-                "of those: cut over to the fallback mid-stream and continued (each end counts)"),
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_replayed_bytes,
-                "bytes sent again over a new path (STREAM bytes, SEQPACKET messages sent whole "
-                "again: sent on the old path, not arrived)"),
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_resume_evicted,
-                "of the failures: waiting for the new path, ended because resume_max newer "
-                "connections were waiting too (ETIMEDOUT)"),
-    EXS_COUNTER(__typeof__(resume_cnt), fallback_resume_refused,
-                "resume requests naming a live session refused on trial (no valid AUTH proof "
-                "in time): the connection was not touched"),
-};
-
-static struct exs_counter_set resume_cset = {
-    .name = "fallback",
-    .desc = resume_counter_desc,
-    .count = sizeof(resume_counter_desc) / sizeof(resume_counter_desc[0]),
-    .base = &resume_cnt,
-};
-
-void exs__resume_cset_register(void)
-{
-    exs__counters_register(&resume_cset);
-}
-
-int exs__resume_negotiated(const struct exs_conn *conn)
-{
-    return conn->p.resumable && (conn->peer.features & EXS_WIRE_FEAT_RESUMABLE);
-}
-
-/* The passive side's sessions, found by token when a resume request comes in (a leaf
- * lock: taken alone, or inside a conn->lock). A conn is destroyed on the progress thread
- * only, where requests are handled too, so one found here is alive. */
-static pthread_mutex_t resume_reg_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct exs_conn *resume_reg;
-
-static void resume_registry_add(struct exs_conn *conn)
-{
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    conn->rsm_next = resume_reg;
-    resume_reg = conn;
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-}
-
-int exs__resume_forget(struct exs_conn *conn)
-{
-    int now;
-
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    for (struct exs_conn **pp = &resume_reg; *pp; pp = &(*pp)->rsm_next)
-        if (*pp == conn) {
-            *pp = conn->rsm_next;
-            break;
-        }
-    now = conn->rsm_refs == 0;
-    conn->rsm_gone = !now;
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    exs__resume_wait_leave(conn); /* (it left RESUMING before: nothing, normally) */
-    return now;
-}
-
-/* The session named token, or NULL: every entry is compared, without a branch on the
- * bytes (a peer learns nothing from the time a wrong token takes). A conn found is held
- * (rsm_refs) until resume_registry_put: its socket may be closed and the conn destroyed
- * by another thread meanwhile, and the finder then frees it. */
-static struct exs_conn *resume_registry_find(uint64_t token)
-{
-    uintptr_t found = 0;
-
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    for (struct exs_conn *c = resume_reg; c; c = c->rsm_next) {
-        uint64_t d = c->sess_token ^ token;
-        uintptr_t m = (uintptr_t)0 - (uintptr_t)(((d | (0 - d)) >> 63) ^ 1); /* d == 0: ~0 */
-
-        found = (found & ~m) | ((uintptr_t)c & m);
-    }
-    if (found) /* atomic: written under the lock, but a unit test watches it without */
-        __atomic_add_fetch(&((struct exs_conn *)found)->rsm_refs, 1, __ATOMIC_RELEASE);
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    return (struct exs_conn *)found;
-}
-
-static void resume_registry_put(struct exs_conn *conn)
-{
-    int last;
-
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    last = __atomic_sub_fetch(&conn->rsm_refs, 1, __ATOMIC_RELEASE) == 0 && conn->rsm_gone;
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    if (last)
-        exs__conn_free(conn); /* destroyed while we held it */
-}
-
-/* ---- RESUMING bounded (§9.2, The wait) ----
- * The connections past their old path's drain that wait for the new path, oldest first
- * (resume_waitq), at most resume_max; those evicted from it and not yet ended
- * (resume_evictq), each held (rsm_refs) until exs__resume_evict_run ends it without
- * another conn's lock. Both lists, the rsm_waiting and rsm_evicting flags under the
- * registry's lock. */
-static struct exs_list resume_waitq = EXS_LIST_INIT(resume_waitq);
-static struct exs_list resume_evictq = EXS_LIST_INIT(resume_evictq);
-static uint64_t resume_nwait;
-static uint32_t resume_nevict; /* also read without the lock (atomic) */
-
-/* conn (its lock held), its old path over, joins the wait; while more than resume_max
- * wait, the oldest is evicted (never conn itself: resume_max is at least 1). */
-static void resume_wait_join_locked(struct exs_conn *conn)
-{
-    uint64_t max = __atomic_load_n(&exs__params.resume_max, __ATOMIC_RELAXED);
-
-    if (!max) /* the tunables were never loaded (unit tests) */
-        max = UINT64_MAX;
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    if (!conn->rsm_waiting && !conn->rsm_evicting) {
-        exs_list_add_tail(&resume_waitq, &conn->rsm_wait_link);
-        conn->rsm_waiting = 1;
-        resume_nwait++;
-        while (resume_nwait > max) {
-            struct exs_conn *v = exs_list_entry(resume_waitq.next, struct exs_conn, rsm_wait_link);
-
-            exs_list_del(&v->rsm_wait_link);
-            resume_nwait--;
-            v->rsm_waiting = 0;
-            v->rsm_evicting = 1; /* for good: it never waits again */
-            __atomic_add_fetch(&v->rsm_refs, 1, __ATOMIC_RELEASE);
-            exs_list_add_tail(&resume_evictq, &v->rsm_wait_link);
-            __atomic_add_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
-        }
-    }
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-}
-
-void exs__resume_wait_leave(struct exs_conn *conn)
-{
-    EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-    if (conn->rsm_waiting) {
-        exs_list_del(&conn->rsm_wait_link);
-        conn->rsm_waiting = 0;
-        resume_nwait--;
-    }
-    EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-}
-
 static void resume_end_locked(struct exs_conn *conn, int err, const char *why, int count);
 
 void exs__resume_evict_run(void)
 {
-    if (!__atomic_load_n(&resume_nevict, __ATOMIC_ACQUIRE))
-        return;
-    for (;;) {
-        struct exs_list *n;
-        struct exs_conn *v;
+    struct exs_conn *v;
 
-        EXS_MUTEX_LOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-        n = exs_list_pop_head(&resume_evictq);
-        if (n)
-            __atomic_sub_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
-        EXS_MUTEX_UNLOCK(&resume_reg_lock, EXS_LOCK_LEAF);
-        if (!n)
-            return;
-        v = exs_list_entry(n, struct exs_conn, rsm_wait_link);
+    while ((v = exs__resume_evict_pop())) {
         EXS_MUTEX_LOCK(&v->lock, EXS_LOCK_CONN);
         if (v->state == EXS_CONN_RESUMING) { /* else it resumed or ended meanwhile */
-            EXS_CNT_INC(resume_cnt.fallback_resume_evicted);
+            EXS_CNT_INC(exs__resume_cnt.fallback_resume_evicted);
             resume_end_locked(v, ETIMEDOUT, "evicted: resume_max newer connections wait", 1);
         }
         EXS_MUTEX_UNLOCK(&v->lock, EXS_LOCK_CONN);
-        resume_registry_put(v); /* frees it when it was destroyed meanwhile */
+        exs__resume_registry_put(v); /* frees it when it was destroyed meanwhile */
     }
-}
-
-/* len random bytes into buf. 0 or -errno. */
-static int resume_random(void *buf, size_t len)
-{
-    uint8_t *p = buf;
-
-    while (len) {
-        ssize_t n = getrandom(p, len, 0);
-
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int err = n < 0 ? errno : EIO;
-
-            EXS_WARN(PROTO, "session: getrandom failed: %s", strerror(err));
-            return -err;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-uint64_t exs__resume_token_of(const uint8_t *kb)
-{
-    uint8_t d[EXS_SHA256_LEN];
-    uint64_t t;
-
-    exs__sha256(kb, EXS_WIRE_SESSION_KEY_LEN, d);
-    memcpy(&t, d, sizeof(t));
-    return be64toh(t);
-}
-
-void exs__resume_mac(const uint8_t *key, uint8_t label, const uint8_t *nonce_a,
-                     const uint8_t *nonce_b, uint8_t *out)
-{
-    const void *parts[3] = {&label, nonce_a, nonce_b};
-    const size_t lens[3] = {1, EXS_WIRE_NONCE_LEN, EXS_WIRE_NONCE_LEN};
-
-    exs__hmac_sha256(key, 2 * EXS_WIRE_SESSION_KEY_LEN, 3, parts, lens, out);
-}
-
-static void resume_mac(const struct exs_conn *conn, uint8_t label, const uint8_t *nonce_a,
-                       const uint8_t *nonce_b, uint8_t out[EXS_SHA256_LEN])
-{
-    exs__resume_mac(conn->rsm_key, label, nonce_a, nonce_b, out);
-}
-
-/* Where each side's key lives in conn->rsm_key: K_A (the active side's) first. */
-static uint8_t *resume_key_of(struct exs_conn *conn, int active)
-{
-    return conn->rsm_key + (active ? 0 : EXS_WIRE_SESSION_KEY_LEN);
-}
-
-void exs__resume_established_locked(struct exs_conn *conn)
-{
-    struct exs_wire_session s = {
-        .hdr = {.type = EXS_CTRL_SESSION, .len = htobe16(EXS_WIRE_SESSION_LEN)},
-    };
-    uint8_t *key = resume_key_of(conn, conn->active);
-
-    if (conn->state != EXS_CONN_CONNECTED)
-        return;
-    /* the passive side's SEND may have been handled before the active side's event (its
-     * hello was not adopted yet): a SESSION it sent needs the bit in that hello */
-    if (conn->active && (conn->rsm_keys & EXS_RSM_KEY_PEER) && !exs__resume_negotiated(conn)) {
-        EXS_INFO(PROTO, "conn %p: SESSION record refused: the peer's hello lacks bit 7",
-                 (void *)conn);
-        exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
-        return;
-    }
-    if (!exs__resume_negotiated(conn))
-        return;
-    /* each side draws its key; the passive side's names the session (a key whose token
-     * would be 0 is drawn again) */
-    do {
-        if (resume_random(key, EXS_WIRE_SESSION_KEY_LEN)) {
-            exs__conn_fail_locked(conn, ECONNRESET, "no session key");
-            return;
-        }
-    } while (!conn->active && !exs__resume_token_of(key));
-    conn->rsm_keys |= EXS_RSM_KEY_OWN;
-    memcpy(s.key, key, sizeof(s.key));
-    exs__conn_ctrl_append_locked(conn, &s, sizeof(s));
-    memset(&s, 0, sizeof(s));
-    if (conn->active) {
-        if (conn->sess_token) /* the peer's came first: counted now */
-            EXS_CNT_INC(resume_cnt.fallback_sessions);
-        return;
-    }
-    conn->sess_token = exs__resume_token_of(key);
-    resume_registry_add(conn);
-    EXS_CNT_INC(resume_cnt.fallback_sessions);
-    EXS_DBG(PROTO, "conn %p: session key sent (token %#" PRIx64 ")", (void *)conn,
-            conn->sess_token);
-}
-
-int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_session *s)
-{
-    uint64_t token = conn->active ? exs__resume_token_of(s->key) : 0;
-    const char *bad = NULL;
-
-    /* before the active side's ESTABLISHED event the peer's hello is not adopted yet:
-     * its bit is checked then (exs__resume_established_locked) */
-    if (!conn->p.resumable || (conn->peer.magic == EXS_WIRE_MAGIC && !exs__resume_negotiated(conn)))
-        bad = "feature RESUMABLE not negotiated";
-    else if (conn->rsm_keys & EXS_RSM_KEY_PEER)
-        bad = "a second one";
-    else if (s->hdr.flags)
-        bad = "flags set";
-    else if (conn->active && !token)
-        bad = "a key whose token is 0";
-    if (bad) {
-        EXS_INFO(PROTO, "conn %p: SESSION record refused: %s", (void *)conn, bad);
-        return -EPROTO;
-    }
-    memcpy(resume_key_of(conn, !conn->active), s->key, EXS_WIRE_SESSION_KEY_LEN);
-    conn->rsm_keys |= EXS_RSM_KEY_PEER;
-    if (!conn->active)
-        return 0; /* K_A: the passive side can check a resume's proof from now on */
-    conn->sess_token = token;
-    if (conn->state == EXS_CONN_CONNECTED) /* else counted at ESTABLISHED */
-        EXS_CNT_INC(resume_cnt.fallback_sessions);
-    EXS_DBG(PROTO, "conn %p: session key received (token %#" PRIx64 ")", (void *)conn, token);
-    return 0;
 }
 
 static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
@@ -333,12 +38,12 @@ int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_re
 {
     /* A RESUME is only ever the first record after RING on a new path (§9.2): on a first
      * path, or a second one, it is hostile, whatever it says. */
-    if (!conn->rsm_peer_wait || conn->rsm_peer_got) {
+    if (!conn->resume.peer_wait || conn->resume.peer_got) {
         EXS_INFO(PROTO,
                  "conn %p: RESUME record refused: %s (token %s, %" PRIu64 " messages, %" PRIu64
                  " bytes)",
                  (void *)conn,
-                 conn->rsm_peer_got || conn->rsm_over ? "a second one" : "a first path",
+                 conn->resume.peer_got || conn->resume.over ? "a second one" : "a first path",
                  conn->sess_token && be64toh(r->token) == conn->sess_token ? "ours" : "not ours",
                  be64toh(r->rx_msgs), be64toh(r->rx_bytes));
         return -EPROTO;
@@ -346,8 +51,8 @@ int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_re
     if (conn->state == EXS_CONN_RESUMING) {
         /* the peer's SEND overtook our ESTABLISHED event: applied there, once the
          * peer's hello is adopted */
-        memcpy(&conn->rsm_peer, r, sizeof(*r));
-        conn->rsm_peer_got = 1;
+        memcpy(&conn->resume.peer, r, sizeof(*r));
+        conn->resume.peer_got = 1;
         return 0;
     }
     return resume_apply_locked(conn, r);
@@ -364,88 +69,12 @@ static void resume_path_failed_locked(struct exs_conn *conn, const char *cause)
         conn->txshut != EXS_TXSHUT_OPEN || conn->peer_shut)
         return;
     conn->resume_noted = 1;
-    EXS_CNT_INC(resume_cnt.fallback_resume_failures);
+    EXS_CNT_INC(exs__resume_cnt.fallback_resume_failures);
     /* what is left of resume_eligible: a ring region in change is no reason (§9.2) */
     EXS_INFO(PROTO,
              "conn %p: path failed (%s) while resumable: not resumed (%s); the connection ends",
              (void *)conn, cause,
-             conn->rsm_over ? "cut over once already" : "no fallback from its owner");
-}
-
-void exs__resume_tx_done_locked(struct exs_conn *conn, const struct exs_op *op)
-{
-    /* the writes of one endpoint complete in posting order and a stream is written in
-     * order, so these bytes are a prefix of the stream; SEQPACKET: one past the highest
-     * message seen completed (announced ones complete out of order, at READ_DONE) */
-    if (op->kind != EXS_OP_SEND)
-        return;
-    if (conn_is_stream(conn))
-        conn->resume_tx_done += op->len;
-    else if (op->seq + 1 > conn->resume_tx_done)
-        conn->resume_tx_done = op->seq + 1;
-}
-
-uint64_t exs__resume_arrived_locked(const struct exs_conn *conn)
-{
-    /* STREAM: S_r (bytes placed in receives, directly or copied out of the ring) and the
-     * bytes still in the ring (a STREAM ring has no skips, §7) */
-    if (conn_is_stream(conn))
-        return conn->rx_seq + (conn->rd_arrived - conn->rd_consumed);
-    return conn->rx_seq;
-}
-
-void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resume *r)
-{
-    uint64_t arrived = exs__resume_arrived_locked(conn);
-
-    memset(r, 0, sizeof(*r));
-    r->hdr.type = EXS_CTRL_RESUME;
-    r->hdr.len = htobe16(EXS_WIRE_RESUME_LEN);
-    r->token = htobe64(conn->sess_token);
-    if (conn_is_stream(conn))
-        r->rx_bytes = htobe64(arrived);
-    else
-        r->rx_msgs = htobe64(arrived);
-    r->ring_arrived = htobe64(conn->rd_arrived);
-    r->ring_consumed = htobe64(conn->rd_consumed);
-}
-
-int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_resume *r)
-{
-    uint64_t token = be64toh(r->token), msgs = be64toh(r->rx_msgs), bytes = be64toh(r->rx_bytes);
-    uint64_t ra = be64toh(r->ring_arrived), rc = be64toh(r->ring_consumed);
-    int stream = conn_is_stream(conn);
-    uint64_t pos = stream ? bytes : msgs;
-    uint64_t done = conn->resume_tx_done; /* bytes (STREAM) or messages (SEQPACKET) */
-    const char *bad = NULL;
-
-    if (!conn->sess_token)
-        bad = "the connection has no session";
-    else if (r->hdr.flags)
-        bad = "flags set";
-    else if (token != conn->sess_token)
-        bad = "not our token";
-    else if (stream ? msgs != 0 : bytes != 0)
-        bad = stream ? "a message position on a stream" : "a byte position on SEQPACKET";
-    else if (pos > conn->tx_seq)
-        bad = "beyond what we sent";
-    else if (pos < done) /* a hostile peer, or a receive completion reported in error
-                          * after its NIC acknowledged the write: those bytes are gone
-                          * here (completed, handed back), so the resume cannot be whole */
-        bad = "below what we saw completed";
-    else if (rc > ra || ra > conn->wr_tail || rc < conn->wr_consumed ||
-             ra - rc > conn->peer.ring_size)
-        /* the peer's ring: what arrived of what we wrote, at least what it reported
-         * read, at most a ring's worth unread */
-        bad = "ring positions out of range";
-    if (bad) {
-        EXS_INFO(PROTO,
-                 "conn %p: RESUME refused: %s (position %" PRIu64 ", sent %" PRIu64
-                 ", completed %" PRIu64 ")",
-                 (void *)conn, bad, pos, conn->tx_seq, done);
-        return -EPROTO;
-    }
-    return 0;
+             conn->resume.over ? "cut over once already" : "no fallback from its owner");
 }
 
 /* Count a resumable connection whose cut-over failed, once, with the cause. */
@@ -454,7 +83,7 @@ static void resume_failed_note(struct exs_conn *conn, const char *cause)
     if (conn->resume_noted)
         return;
     conn->resume_noted = 1;
-    EXS_CNT_INC(resume_cnt.fallback_resume_failures);
+    EXS_CNT_INC(exs__resume_cnt.fallback_resume_failures);
     EXS_INFO(PROTO, "conn %p: cut-over to the fallback failed (%s); the connection ends",
              (void *)conn, cause);
 }
@@ -497,7 +126,7 @@ struct exs_rsm_pend {
 /* Free a dead trial's objects (a safe point: see above). */
 static void resume_pend_reap_locked(struct exs_conn *conn)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
 
     if (!pd || !pd->dead)
         return;
@@ -505,14 +134,14 @@ static void resume_pend_reap_locked(struct exs_conn *conn)
     if (pd->ring_mem)
         exs__conn_ring_region_free(pd->ring_mem);
     free(pd);
-    conn->rsm_pend = NULL;
+    conn->resume.pend = NULL;
 }
 
 /* End the trial: its endpoint disconnected (the peer learns at once), the objects reaped
  * later, or now with reap. */
 static void resume_pend_kill_locked(struct exs_conn *conn, int reap)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
 
     if (pd && !pd->dead) {
         pd->dead = 1;
@@ -527,7 +156,7 @@ static void resume_pend_kill_locked(struct exs_conn *conn, int reap)
 /* The trial is refused (why: for the log): counted, logged once, the conn untouched. */
 static void resume_pend_refuse_locked(struct exs_conn *conn, const char *why, int reap)
 {
-    EXS_CNT_INC(resume_cnt.fallback_resume_refused);
+    EXS_CNT_INC(exs__resume_cnt.fallback_resume_refused);
     EXS_INFO(PROTO, "conn %p: resume request refused on trial: %s; the connection goes on",
              (void *)conn, why);
     resume_pend_kill_locked(conn, reap);
@@ -538,7 +167,7 @@ void exs__resume_pend_end_locked(struct exs_conn *conn, int destroy)
     resume_pend_kill_locked(conn, destroy);
 }
 
-/* The size of the new path's ring: what the cut would give now (exs__st_ring_cut_locked),
+/* The size of the new path's ring: what the cut would give now (exs__stream_ring_cut_locked),
  * the current ring's, or the retired region's when more is unread than the current ring
  * holds. The peer, which asked to resume, writes nothing more on the old path, so what is
  * unread only shrinks until the cut, which checks that it fits. */
@@ -546,7 +175,7 @@ static uint32_t resume_ring_size(const struct exs_conn *conn)
 {
     uint64_t unread = conn->rd_arrived - conn->rd_consumed;
 
-    return unread > conn->p.ring_size && conn->rs_old_mem ? conn->rs_old_size : conn->p.ring_size;
+    return unread > conn->p.ring_size && conn->autotune.old_mem ? conn->autotune.old_size : conn->p.ring_size;
 }
 
 /* Open a trial for the request req (its private data q) on ctx: the new path made on the
@@ -564,14 +193,14 @@ static int resume_pend_open_locked(struct exs_conn *conn, struct exs_prov_ctx *c
     pd = calloc(1, sizeof(*pd) + conn->p.credits * sizeof(pd->cqe[0]));
     if (!pd)
         return EXS_WIRE_REJ_RESOURCES;
-    conn->rsm_pend = pd;
+    conn->resume.pend = pd;
     __atomic_add_fetch(&resume_pend_live, 1, __ATOMIC_RELAXED);
     pd->ring_size = resume_ring_size(conn);
     ret = exs__conn_ring_alloc(ctx, pd->ring_size, &pd->ring_mem);
     if (!ret)
         ret = exs__conn_path_make(conn, ctx, EXS_MEM_OTHER, &pd->path);
     if (!ret)
-        ret = resume_random(pd->nonce_b, sizeof(pd->nonce_b));
+        ret = exs__resume_random(pd->nonce_b, sizeof(pd->nonce_b));
     if (ret) {
         EXS_INFO(PROTO, "conn %p: resume request: no new path: %s", (void *)conn, strerror(-ret));
         resume_pend_kill_locked(conn, 1);
@@ -584,7 +213,7 @@ static int resume_pend_open_locked(struct exs_conn *conn, struct exs_prov_ctx *c
     acc.hello.ring_size = htobe32(pd->ring_size);
     acc.hello.ring_addr = htobe64((uintptr_t)pd->ring_mem->addr);
     memcpy(acc.nonce_b, pd->nonce_b, sizeof(acc.nonce_b));
-    resume_mac(conn, EXS_WIRE_AUTH_LABEL_B, pd->nonce_a, pd->nonce_b, mac);
+    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_B, pd->nonce_a, pd->nonce_b, mac);
     memcpy(acc.mac_b, mac, sizeof(acc.mac_b));
     ret = exs__prov_accept(req, pd->path.ep, &acc, sizeof(acc)); /* consumes req */
     if (ret) {
@@ -613,7 +242,7 @@ static const char *resume_auth_check(const struct exs_conn *conn, const struct e
         return "its first record is not AUTH";
     if (be16toh(a.hdr.len) != EXS_WIRE_AUTH_LEN || a.hdr.flags || a.hdr.credits)
         return "a malformed AUTH record";
-    resume_mac(conn, EXS_WIRE_AUTH_LABEL_A, pd->nonce_a, pd->nonce_b, mac);
+    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_A, pd->nonce_a, pd->nonce_b, mac);
     if (!exs__mem_equal_ct(mac, a.mac, sizeof(mac)))
         return "a wrong AUTH proof";
     return NULL;
@@ -623,19 +252,19 @@ static const char *resume_auth_check(const struct exs_conn *conn, const struct e
  * CONNECTED fails its old path first, §9.2, The old path). */
 static void resume_pend_authed_locked(struct exs_conn *conn)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
 
     pd->authed = 1;
     EXS_INFO(PROTO, "conn %p: resume request proved: the connection leaves its old path",
              (void *)conn);
     if (conn->state == EXS_CONN_CONNECTED &&
-        !exs__resume_begin_locked(conn, "resume request from the peer", 0, conn->ka_waiting)) {
+        !exs__resume_begin_locked(conn, "resume request from the peer", 0, conn->keepalive.waiting)) {
         EXS_INFO(PROTO, "conn %p: proved resume request: the connection cannot be resumed",
                  (void *)conn);
         resume_pend_kill_locked(conn, 0);
         return;
     }
-    if (conn->state != EXS_CONN_RESUMING || conn->rsm_newpath) {
+    if (conn->state != EXS_CONN_RESUMING || conn->resume.newpath) {
         EXS_INFO(PROTO, "conn %p: proved resume request: the connection is not waiting for a "
                  "new path", (void *)conn);
         resume_pend_kill_locked(conn, 0);
@@ -646,7 +275,7 @@ static void resume_pend_authed_locked(struct exs_conn *conn)
 
 int exs__resume_pend_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
     uint32_t slot = (uint32_t)((cqe->wr_id & ~(uint64_t)WR_TAG_MASK) >> 3);
     uint8_t *buf;
     const char *bad;
@@ -692,7 +321,7 @@ int exs__resume_pend_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe
 
 int exs__resume_pend_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
 
     if (!ev->ep || ev->ep != pd->path.ep) {
         resume_pend_reap_locked(conn); /* a cm event: a safe point */
@@ -727,11 +356,11 @@ int exs__resume_pend_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_e
 uint64_t exs__resume_pend_timer_locked(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms,
                                        uint64_t next)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
     uint64_t due, ms;
 
     resume_pend_reap_locked(conn); /* the timer: a safe point */
-    pd = conn->rsm_pend;
+    pd = conn->resume.pend;
     if (!pd || pd->authed) /* proved: the conn's own deadline (RESUMING) bounds it */
         return next;
     due = pd->t0_ns + conn_ms * 1000000u; /* connect_timeout_ms is at least 1 */
@@ -750,17 +379,17 @@ static void resume_end_locked(struct exs_conn *conn, int err, const char *why, i
     if (count)
         resume_failed_note(conn, why);
     resume_pend_kill_locked(conn, 0);
-    conn->rsm_peer_wait = conn->rsm_peer_got = 0;
+    conn->resume.peer_wait = conn->resume.peer_got = 0;
     if (!conn->err)
         conn->err = err;
     exs__conn_end_locked(conn, err, why);
 }
 
 /* May conn be cut over now (§9.2, When)? A conn cut over once is not again; a ring
- * region in change (§7.4) is not a reason (exs__st_ring_cut_locked). */
+ * region in change (§7.4) is not a reason (exs__stream_ring_cut_locked). */
 static int resume_eligible(const struct exs_conn *conn)
 {
-    return conn->sess_token && !conn->rsm_over && conn->state == EXS_CONN_CONNECTED &&
+    return conn->sess_token && !conn->resume.over && conn->state == EXS_CONN_CONNECTED &&
            conn->txshut == EXS_TXSHUT_OPEN && !conn->peer_shut && conn->cb->resume_mr &&
            (!conn->active || conn->cb->resume_addr);
 }
@@ -768,7 +397,7 @@ static int resume_eligible(const struct exs_conn *conn)
 int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc, int silent)
 {
     if (conn->state == EXS_CONN_RESUMING) {
-        conn->rsm_disc |= disc;
+        conn->resume.disc |= disc;
         return 1;
     }
     if (!resume_eligible(conn)) {
@@ -778,32 +407,32 @@ int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc,
     EXS_INFO(PROTO, "conn %p: path failed (%s): resuming over the fallback (%s side)", (void *)conn,
              cause, conn->active ? "active" : "passive");
     exs__conn_set_state_locked(conn, EXS_CONN_RESUMING, cause);
-    conn->rsm_over = 1; /* one cut-over per connection */
-    conn->rsm_t0_ns = exs__now_ns();
-    conn->rsm_disc = disc;
-    conn->rsm_newpath = 0;
-    conn->rsm_fail = 0;
+    conn->resume.over = 1; /* one cut-over per connection */
+    conn->resume.t0_ns = exs__now_ns();
+    conn->resume.disc = disc;
+    conn->resume.newpath = 0;
+    conn->resume.fail = 0;
     /* a silent path (keepalive) is not drained: nothing more comes over it, and waiting
      * for a flush would wait for the remote; its endpoint goes with what it holds */
-    conn->rsm_abandon = !!silent;
-    conn->rsm_disc |= conn->rsm_abandon;
+    conn->resume.abandon = !!silent;
+    conn->resume.disc |= conn->resume.abandon;
     if (!disc)
         exs__prov_disconnect(conn->ep); /* its outstanding work is flushed */
     /* work requests never posted complete as flushed, as the posted ones will */
-    exs__conn_wrq_flush_locked(conn);
+    exs__conn_hooks.wrq_flush(conn);
     return 1;
 }
 
 int exs__resume_on_fail_locked(struct exs_conn *conn, int err, const char *why)
 {
     if (conn->state == EXS_CONN_RESUMING) {
-        if (!conn->rsm_fail) {
+        if (!conn->resume.fail) {
             EXS_INFO(PROTO, "conn %p: %s while resuming", (void *)conn, why);
-            conn->rsm_fail = err ? err : ECONNRESET;
+            conn->resume.fail = err ? err : ECONNRESET;
         }
         return 1;
     }
-    if (conn->rsm_peer_wait) { /* the new path failed before the resume was whole */
+    if (conn->resume.peer_wait) { /* the new path failed before the resume was whole */
         resume_failed_note(conn, why);
         return 0;
     }
@@ -819,7 +448,7 @@ int exs__resume_on_fail_locked(struct exs_conn *conn, int err, const char *why)
  * -ENOMEM (the cut-over fails). */
 static int resume_sp_cut_locked(struct exs_conn *conn)
 {
-    uint32_t stale = exs__sp_resume_cut_locked(conn);
+    uint32_t stale = exs__seqpkt_resume_cut_locked(conn);
 
     if (stale == UINT32_MAX)
         return -ENOMEM;
@@ -833,7 +462,7 @@ static int resume_sp_cut_locked(struct exs_conn *conn)
 
 /* The old path is over: its endpoint goes, its grants first, so a connection waiting for
  * its new path holds no provider resource (§9.2, The old path). What the endpoint still
- * held is discarded (rsm_abandon). Nothing when it went already. */
+ * held is discarded (resume.abandon). Nothing when it went already. */
 static void resume_old_path_release_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
@@ -852,7 +481,7 @@ static void resume_old_path_release_locked(struct exs_conn *conn)
  * its accept announced must hold what is unread). 0 or -errno. */
 static int resume_path_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
     uint64_t unread = conn->rd_arrived - conn->rd_consumed;
     int ret;
 
@@ -893,7 +522,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     int ret;
 
     resume_old_path_release_locked(conn); /* (the passive side's went when it began to wait) */
-    ret = exs__st_ring_cut_locked(conn); /* unread bytes retired; the new ring's size */
+    ret = exs__stream_ring_cut_locked(conn); /* unread bytes retired; the new ring's size */
     if (ret)
         return ret;
     conn->ctrl_mem = conn->rx_mr = conn->tx_mr = NULL;
@@ -938,21 +567,21 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
             if (op->state == EXS_OPS_ADVERTISED)
                 op->state = EXS_OPS_QUEUED; /* advertised again on the new path */
         }
-    if (conn->sp_rx_frag) { /* SEQPACKET: a message cut between its pieces comes again
+    if (conn->seqpkt.rx_frag) { /* SEQPACKET: a message cut between its pieces comes again
                              * whole; its receive is advertised again from offset 0 */
-        conn->stats.bytes_received -= conn->sp_rx_frag->filled;
-        conn->sp_rx_frag->filled = 0;
-        conn->sp_rx_frag = NULL;
+        conn->stats.bytes_received -= conn->seqpkt.rx_frag->filled;
+        conn->seqpkt.rx_frag->filled = 0;
+        conn->seqpkt.rx_frag = NULL;
     }
-    conn->sp_frag_op = NULL; /* the sender's: re-sent whole from its first byte */
+    conn->seqpkt.frag_op = NULL; /* the sender's: re-sent whole from its first byte */
     /* the receiver restarts in a direct phase (§7), its old ring's bytes first */
-    conn->st_pr = 0;
-    conn->st_sr_next = conn->rx_seq;
-    conn->st_drain = EXS_ST_DRAIN_IDLE;
-    conn->st_streak = 0;
-    conn->st_eval_arrived = conn->rd_arrived;
-    conn->st_drain_dir = 0;
-    conn->st_drain_hold = 0;
+    conn->stream.pr = 0;
+    conn->stream.sr_next = conn->rx_seq;
+    conn->stream.drain = EXS_STREAM_DRAIN_IDLE;
+    conn->stream.streak = 0;
+    conn->stream.eval_arrived = conn->rd_arrived;
+    conn->stream.drain_dir = 0;
+    conn->stream.drain_hold = 0;
     /* the sender's ADVERTs, credits and ring writes were the old path's */
     conn->adv_head = conn->adv_count = 0;
     conn->peer_ring_keyed = 0;
@@ -962,12 +591,12 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     conn->ctrl_len = 0;
     conn->shut_op = NULL;
     memset(&conn->bwait, 0, sizeof(conn->bwait));
-    conn->ka_probe_out = conn->ka_waiting = 0;
-    conn->ka_ping = conn->ka_answer = 0; /* the old path's PING and its owed answer */
-    conn->ka_fails = 0;
+    conn->keepalive.probe_out = conn->keepalive.waiting = 0;
+    conn->keepalive.ping = conn->keepalive.answer = 0; /* the old path's PING and its owed answer */
+    conn->keepalive.fails = 0;
     conn->tx_stall_ns = 0;
-    conn->rsm_newpath = 1;
-    conn->rsm_peer_wait = 1;
+    conn->resume.newpath = 1;
+    conn->resume.peer_wait = 1;
     return 0;
 }
 
@@ -977,14 +606,14 @@ static int resume_connect_locked(struct exs_conn *conn, const struct sockaddr_st
                                  socklen_t len)
 {
     struct exs_wire_resume_req q;
-    int ret = resume_random(conn->rsm_nonce, sizeof(conn->rsm_nonce));
+    int ret = exs__resume_random(conn->resume.nonce, sizeof(conn->resume.nonce));
 
     if (ret)
         return ret;
     exs__conn_hello(conn, &q.hello);
     q.hello.hflags = EXS_WIRE_HELLO_F_RESUME;
     q.token = htobe64(conn->sess_token);
-    memcpy(q.nonce_a, conn->rsm_nonce, sizeof(q.nonce_a));
+    memcpy(q.nonce_a, conn->resume.nonce, sizeof(q.nonce_a));
     return exs__prov_connect(conn->ep, (const struct sockaddr *)addr, len, &q, sizeof(q));
 }
 
@@ -996,7 +625,7 @@ static void resume_newpath_up_locked(struct exs_conn *conn)
     struct exs_wire_resume r;
 
     exs__conn_set_state_locked(conn, EXS_CONN_CONNECTED, "new path established");
-    conn->ka_heard_ns = exs__now_ns();
+    conn->keepalive.heard_ns = exs__now_ns();
     exs__conn_ring_grant_locked(conn); /* the RING record (after AUTH on the active side) */
     if (conn->state != EXS_CONN_CONNECTED)
         return;
@@ -1005,9 +634,9 @@ static void resume_newpath_up_locked(struct exs_conn *conn)
     exs__resume_record_locked(conn, &r);
     conn->rd_reported = conn->rd_consumed;
     exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
-    if (conn->rsm_peer_got) {
-        conn->rsm_peer_got = 0;
-        memcpy(&r, &conn->rsm_peer, sizeof(r));
+    if (conn->resume.peer_got) {
+        conn->resume.peer_got = 0;
+        memcpy(&r, &conn->resume.peer, sizeof(r));
         if (resume_apply_locked(conn, &r)) {
             exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
             return;
@@ -1020,16 +649,16 @@ static void resume_newpath_up_locked(struct exs_conn *conn)
  * completions it held handed to the conn (the records after AUTH first), the trial gone. */
 static void resume_pend_take_locked(struct exs_conn *conn)
 {
-    struct exs_rsm_pend *pd = conn->rsm_pend;
+    struct exs_rsm_pend *pd = conn->resume.pend;
 
     exs__conn_adopt_hello_locked(conn, &pd->peer);
-    for (uint32_t i = 0; i < pd->held && !conn->rsm_fail && conn->state == EXS_CONN_RESUMING; i++)
-        exs__conn_on_rx_held_locked(conn, &pd->cqe[i]);
+    for (uint32_t i = 0; i < pd->held && !conn->resume.fail && conn->state == EXS_CONN_RESUMING; i++)
+        exs__conn_hooks.on_rx_held(conn, &pd->cqe[i]);
     __atomic_sub_fetch(&resume_pend_live, 1, __ATOMIC_RELAXED);
     free(pd);
-    conn->rsm_pend = NULL;
-    if (conn->rsm_fail) {
-        resume_end_locked(conn, conn->rsm_fail, "failure while resuming", 1);
+    conn->resume.pend = NULL;
+    if (conn->resume.fail) {
+        resume_end_locked(conn, conn->resume.fail, "failure while resuming", 1);
         return;
     }
     resume_newpath_up_locked(conn);
@@ -1044,23 +673,23 @@ void exs__resume_progress_locked(struct exs_conn *conn)
 
     if (conn->state != EXS_CONN_RESUMING)
         return;
-    if (conn->rsm_fail) {
-        resume_end_locked(conn, conn->rsm_fail, "failure while resuming", 1);
+    if (conn->resume.fail) {
+        resume_end_locked(conn, conn->resume.fail, "failure while resuming", 1);
         return;
     }
-    if (conn->rsm_newpath)
+    if (conn->resume.newpath)
         return;
     /* the old path is over once its DISCONNECTED came and every work request completed:
      * then what arrived is final (§9.2, Positions) */
-    if (!conn->rsm_disc || ((conn->wr_out || conn->wrq_count) && !conn->rsm_abandon))
+    if (!conn->resume.disc || ((conn->wr_out || conn->wrq_count) && !conn->resume.abandon))
         return;
-    if (conn->peer_shut || conn->rsm_peer_closed) {
+    if (conn->peer_shut || conn->resume.peer_closed) {
         /* its SHUTDOWN came in the drain, or its endpoint closed (the provider told,
          * after a failure seen first had begun the cut-over): the peer closed */
         resume_end_locked(conn, ECONNRESET, "the peer closed", 0);
         return;
     }
-    resume_wait_join_locked(conn); /* at most resume_max wait: the oldest give up */
+    exs__resume_wait_join_locked(conn); /* at most resume_max wait: the oldest give up */
     if (conn->active) {
         ret = conn->cb->resume_addr(conn, &ctx, &addr, &len);
         if (ret) {
@@ -1068,7 +697,7 @@ void exs__resume_progress_locked(struct exs_conn *conn)
             return;
         }
     } else {
-        struct exs_rsm_pend *pd = conn->rsm_pend;
+        struct exs_rsm_pend *pd = conn->resume.pend;
 
         /* a request whose proof checked out, its new path established */
         ctx = pd && pd->authed && !pd->dead && pd->established ? pd->path.ctx : NULL;
@@ -1078,7 +707,7 @@ void exs__resume_progress_locked(struct exs_conn *conn)
             return;
         }
     }
-    if (!conn_is_stream(conn) && resume_sp_cut_locked(conn)) {
+    if (!conn->dp->bytes && resume_sp_cut_locked(conn)) {
         resume_end_locked(conn, ECONNRESET, "no memory for announced messages", 1);
         return;
     }
@@ -1121,7 +750,7 @@ static void resume_established_active_locked(struct exs_conn *conn,
         return;
     }
     memcpy(&acc, ev->private_data, sizeof(acc));
-    resume_mac(conn, EXS_WIRE_AUTH_LABEL_B, conn->rsm_nonce, acc.nonce_b, mac);
+    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_B, conn->resume.nonce, acc.nonce_b, mac);
     if (!exs__mem_equal_ct(mac, acc.mac_b, sizeof(acc.mac_b))) {
         resume_end_locked(conn, ECONNRESET, "the new path's accept has a wrong proof (MAC_B)", 1);
         return;
@@ -1131,19 +760,22 @@ static void resume_established_active_locked(struct exs_conn *conn,
         return;
     }
     exs__conn_adopt_hello_locked(conn, &acc.hello);
-    resume_mac(conn, EXS_WIRE_AUTH_LABEL_A, conn->rsm_nonce, acc.nonce_b, a.mac);
+    exs__resume_conn_mac(conn, EXS_WIRE_AUTH_LABEL_A, conn->resume.nonce, acc.nonce_b, a.mac);
     exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
     resume_newpath_up_locked(conn);
 }
 
 void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
 {
+    if (ev->type == EXS_PROV_CM_DISCONNECTED && ev->ep && ev->ep == conn->ep &&
+        !conn->resume.newpath && (ev->flags & EXS_PROV_CM_F_PEER_CLOSED))
+        conn->resume.peer_closed = 1; /* the peer closed: no cut-over after the drain */
 
     if (ev->ep && ev->ep != conn->ep)
         return;               /* not the conn's endpoint now */
-    if (!conn->rsm_newpath) { /* the old endpoint */
+    if (!conn->resume.newpath) { /* the old endpoint */
         if (ev->type == EXS_PROV_CM_DISCONNECTED) {
-            conn->rsm_disc = 1;
+            conn->resume.disc = 1;
             exs__resume_progress_locked(conn);
         }
         return;
@@ -1183,12 +815,12 @@ static uint64_t resume_sp_rewind_locked(struct exs_conn *conn, uint64_t pos)
         if (op->kind != EXS_OP_SEND || op->state == EXS_OPS_DONE)
             continue;
         if (op->state == EXS_OPS_POSTED && op->seq < pos && op->announced) {
-            exs__sp_resume_reann_mark_locked(conn, op);
+            exs__seqpkt_resume_reann_mark_locked(conn, op);
             continue;
         }
         if (op->state == EXS_OPS_POSTED && op->seq < pos) {
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__resume_tx_done_locked(conn, op);
+            exs__conn_tx_done_locked(conn, op);
             if (!op->internal)
                 conn->stats.bytes_sent += op->len;
             continue;
@@ -1214,9 +846,9 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
 
     if (exs__resume_check_locked(conn, r))
         return -EPROTO;
-    if (!conn_is_stream(conn)) {
+    if (!conn->dp->bytes) {
         pos = be64toh(r->rx_msgs);
-        conn->sp_reann_pos = pos;
+        conn->seqpkt.reann_pos = pos;
         again = resume_sp_rewind_locked(conn, pos);
         goto rewound;
     }
@@ -1228,7 +860,7 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
             continue;
         if (pos >= off + op->len && op->posted == op->len) { /* arrived whole */
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__resume_tx_done_locked(conn, op);
+            exs__conn_tx_done_locked(conn, op);
             if (!op->internal)
                 conn->stats.bytes_sent += op->len;
         } else {
@@ -1243,27 +875,27 @@ rewound:
     conn->wr_tail = ra;
     conn->wr_consumed = rc;
     /* the STREAM algorithm restarts in a direct phase */
-    conn->st_ps = 0;
-    conn->st_held = conn->st_drain_owed = conn->st_lingering = 0;
-    conn->rs_owed = 0;
+    conn->stream.ps = 0;
+    conn->stream.held = conn->stream.drain_owed = conn->stream.lingering = 0;
+    conn->autotune.owed = 0;
     conn->adv_head = conn->adv_count = 0;
-    conn->rsm_peer_wait = 0;
-    EXS_CNT_INC(resume_cnt.fallback_resumes);
-    EXS_CNT_ADD(resume_cnt.fallback_replayed_bytes, again);
+    conn->resume.peer_wait = 0;
+    EXS_CNT_INC(exs__resume_cnt.fallback_resumes);
+    EXS_CNT_ADD(exs__resume_cnt.fallback_replayed_bytes, again);
     EXS_INFO(PROTO,
              "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %s %" PRIu64 ", %" PRIu64
              " ring bytes of the old path still to read",
              (void *)conn, exs__prov_name(conn->ctx), again,
-             conn_is_stream(conn) ? "byte" : "message", pos, conn->rd_arrived - conn->rd_consumed);
+             conn->dp->bytes ? "byte" : "message", pos, conn->rd_arrived - conn->rd_consumed);
     return 0;
 }
 
 uint64_t exs__resume_timer_locked(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms)
 {
-    uint64_t due = conn->rsm_t0_ns + conn_ms * 1000000u;
+    uint64_t due = conn->resume.t0_ns + conn_ms * 1000000u;
 
-    if (conn->state == EXS_CONN_RESUMING && conn->rsm_fail) {
-        resume_end_locked(conn, conn->rsm_fail, "failure while resuming", 1);
+    if (conn->state == EXS_CONN_RESUMING && conn->resume.fail) {
+        resume_end_locked(conn, conn->resume.fail, "failure while resuming", 1);
         return 0;
     }
     if (now_ns < due)
@@ -1279,11 +911,11 @@ int exs__resume_close_locked(struct exs_conn *conn)
         resume_end_locked(conn, ECONNRESET, "closed while resuming", 0);
         return 1;
     }
-    if (conn->state == EXS_CONN_CONNECTED && conn->rsm_peer_wait) {
+    if (conn->state == EXS_CONN_CONNECTED && conn->resume.peer_wait) {
         /* nothing was rewound yet: no SHUTDOWN can count the stream; reset */
         if (!conn->err)
             conn->err = ECONNRESET;
-        conn->rsm_peer_wait = 0;
+        conn->resume.peer_wait = 0;
         exs__conn_set_state_locked(conn, EXS_CONN_DOWN, "closed while resuming");
         exs__prov_disconnect(conn->ep);
         return 1;
@@ -1311,7 +943,7 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     }
     memcpy(&q, pd, sizeof(q));
     token = be64toh(q.token);
-    conn = token ? resume_registry_find(token) : NULL;
+    conn = token ? exs__resume_registry_find(token) : NULL;
     if (!conn) {
         EXS_INFO(PROTO, "resume request for an unknown session refused");
         return EXS_WIRE_REJ_RESUME;
@@ -1321,12 +953,12 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     /* nothing here touches the connection: the request is only put on trial */
     if (conn->p.sock_type != sock_type || conn->active)
         bad = "not a passive session of this socket type";
-    else if (conn->rsm_keys != (EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER))
+    else if (conn->resume.keys != (EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER))
         bad = "the session's keys are not both known";
-    else if (conn->rsm_pend)
+    else if (conn->resume.pend)
         bad = "a request is already on trial";
     else if (!(conn->state == EXS_CONN_CONNECTED && resume_eligible(conn)) &&
-             !(conn->state == EXS_CONN_RESUMING && !conn->rsm_newpath))
+             !(conn->state == EXS_CONN_RESUMING && !conn->resume.newpath))
         bad = "the connection cannot be resumed";
     else if (__atomic_load_n(&resume_pend_live, __ATOMIC_RELAXED) >= RSM_PEND_MAX)
         bad = "too many resume requests on trial in the process";
@@ -1335,18 +967,13 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     else
         EXS_INFO(PROTO, "conn %p: resume request refused: %s", (void *)conn, bad);
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
-    resume_registry_put(conn);
+    exs__resume_registry_put(conn);
     exs__resume_evict_run(); /* those it made give up (the wait) */
     return reason;
 }
 
 void exs__resume_fork_child(void)
 {
-    pthread_mutex_init(&resume_reg_lock, NULL);
-    resume_reg = NULL;
-    exs_list_init(&resume_waitq);
-    exs_list_init(&resume_evictq);
-    resume_nwait = 0;
-    resume_nevict = 0;
+    exs__resume_sess_fork_child();
     resume_pend_live = 0;
 }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* SOCK_SEQPACKET data path (spec/protocol.md §6): eager ring writes, direct writes into
- * advertised receives, and announce + RDMA READ rendezvous. */
+ * advertised receives, and announce + RDMA READ rendezvous. Layer 2 of
+ * spec/proto-layout.md; seqpkt_ann.c below it holds the announced messages' records. */
 #include <endian.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -12,40 +13,16 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-uint32_t exs__sp_slot_len(uint32_t len)
-{
-    uint32_t n = (len + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
-
-    return n ? n : EXS_RING_SLOT;
-}
-
 /* Where a message of len bytes goes in a ring of size bytes whose tail is at pos: the
  * bytes skipped at the end (a message never wraps) and the slot length. */
 static void sp_ring_place(uint64_t pos, uint32_t size, uint32_t len, uint32_t *skip_p,
                           uint32_t *slot_p)
 {
     uint32_t off = (uint32_t)(pos % size);
-    uint32_t slot = exs__sp_slot_len(len);
+    uint32_t slot = exs__seqpkt_slot_len(len);
 
     *skip_p = off + slot > size ? size - off : 0;
     *slot_p = slot;
-}
-
-/* A pending message entry, charged to the memory account (§9.3): NULL when the budget is
- * reached (*err_p -ENOBUFS: the connection ends) or out of memory (-ENOMEM). */
-static struct exs_pending_msg *sp_pending_alloc(struct exs_conn *conn, int *err_p)
-{
-    struct exs_pending_msg *m;
-
-    *err_p = exs__conn_mem_take_locked(conn, exs__mem_chunk(sizeof(*m)), EXS_MEM_OTHER);
-    if (*err_p)
-        return NULL;
-    m = calloc(1, sizeof(*m));
-    if (!m) {
-        exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*m)));
-        *err_p = -ENOMEM;
-    }
-    return m;
 }
 
 static void sp_pending_free(struct exs_conn *conn, struct exs_pending_msg *m)
@@ -54,24 +31,18 @@ static void sp_pending_free(struct exs_conn *conn, struct exs_pending_msg *m)
     exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*m)));
 }
 
-/* Bytes of the remembered-reads array (§9.2) of cap entries. */
-static uint64_t sp_memo_bytes(uint32_t cap)
-{
-    return exs__mem_chunk(cap * sizeof(uint64_t));
-}
-
-void exs__sp_free_pending_locked(struct exs_conn *conn)
+void exs__seqpkt_free_pending_locked(struct exs_conn *conn)
 {
     struct exs_list *n;
 
     while ((n = exs_list_pop_head(&conn->pending)))
         sp_pending_free(conn, exs_list_entry(n, struct exs_pending_msg, link));
     conn->pending_count = conn->pending_announced = 0;
-    if (conn->sp_memo)
-        exs__conn_mem_give_locked(conn, sp_memo_bytes(conn->sp_memo_cap));
-    free(conn->sp_memo);
-    conn->sp_memo = NULL;
-    conn->sp_memo_n = conn->sp_memo_head = conn->sp_memo_owed = 0;
+    if (conn->seqpkt.memo)
+        exs__conn_mem_give_locked(conn, exs__seqpkt_memo_bytes(conn->seqpkt.memo_cap));
+    free(conn->seqpkt.memo);
+    conn->seqpkt.memo = NULL;
+    conn->seqpkt.memo_n = conn->seqpkt.memo_head = conn->seqpkt.memo_owed = 0;
 }
 
 /* ---- sending side ---- */
@@ -97,7 +68,7 @@ static void sp_advert_pop(struct exs_conn *conn)
     conn->adv_count--;
 }
 
-int exs__sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
+int exs__seqpkt_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
     /* Stale ADVERTs (for messages that went eager or batched) were dropped only when a
      * send looked at the head, and a stream of batched sends never does: they piled up
@@ -117,14 +88,14 @@ int exs__sp_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
  * when the message was longer than the ADVERT). */
 static void sp_frag_post_locked(struct exs_conn *conn)
 {
-    struct exs_op *op = conn->sp_frag_op;
-    const struct exs_advert *adv = &conn->sp_frag_adv;
+    struct exs_op *op = conn->seqpkt.frag_op;
+    const struct exs_advert *adv = &conn->seqpkt.frag_adv;
     uint32_t frag = exs__conn_frag_size();
 
     while (op) {
         uint32_t off = (uint32_t)op->posted;
-        uint32_t lw = EXS_MIN(frag, conn->sp_frag_n - off);
-        int last = off + lw == conn->sp_frag_n;
+        uint32_t lw = EXS_MIN(frag, conn->seqpkt.frag_n - off);
+        int last = off + lw == conn->seqpkt.frag_n;
         unsigned flags = last ? EXS_IMM_EOM | (op->len > adv->len ? EXS_IMM_TRUNC : 0) : 0;
 
         /* a SHUTDOWN of exs_close waits in the batch behind these pieces */
@@ -148,95 +119,29 @@ static void sp_frag_post_locked(struct exs_conn *conn)
         }
         /* the completion rule of a send: done with its last write once posted == len */
         op->posted = op->len;
-        conn->sp_frag_op = NULL;
+        conn->seqpkt.frag_op = NULL;
         EXS_TRACE(PROTO, "conn %p: message %llu: %u bytes direct in pieces of %u, advert %u",
-                  (void *)conn, (unsigned long long)op->seq, conn->sp_frag_n, frag, adv->id);
+                  (void *)conn, (unsigned long long)op->seq, conn->seqpkt.frag_n, frag, adv->id);
         return;
     }
 }
 
-/* Append the ANNOUNCE of send op as message seq (room checked by the caller), with a
- * grant of its buffer: the peer may READ exactly this buffer until its READ_DONE. 0, or
- * -errno when the grant failed (the connection fails). */
-static int sp_announce_locked(struct exs_conn *conn, struct exs_op *op, uint64_t seq)
-{
-    int ret = exs__conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_READ);
-
-    if (ret) {
-        exs__conn_fail_locked(conn, ECONNRESET, "announce grant failed");
-        return ret;
-    }
-    struct exs_wire_announce a = {
-        .hdr = {.type = EXS_CTRL_ANNOUNCE, .len = htobe16(EXS_WIRE_ANNOUNCE_LEN)},
-        .addr = htobe64((uintptr_t)op->buf),
-        .len = htobe32((uint32_t)op->len),
-        .rkey = htobe32(op->rkey),
-        .seq = htobe64(seq),
-    };
-    exs__conn_ctrl_append_locked(conn, &a, sizeof(a));
-    return 0;
-}
-
-/* Sender, applying the peer's RESUME (§9.2, Replay, SEQPACKET): announced send op, whose
- * ANNOUNCE arrived (seq below the peer's position) and whose READ_DONE did not, stays
- * POSTED and is announced again on the new path, before anything else moves. */
-void exs__sp_resume_reann_mark_locked(struct exs_conn *conn, struct exs_op *op)
-{
-    op->announced = 0; /* until announced again: no READ_DONE completes it */
-    op->inflight = 0;
-    op->posted = 0;
-    conn->sp_reann_left++;
-}
-
-/* Announce again, in message order, every send marked by exs__sp_resume_reann_mark_locked,
- * each with a new grant on the new path's endpoint (the old one died with the old path).
- * 1 when all went (the send queue goes on), 0 when one waits for control room. */
-static int sp_reannounce_locked(struct exs_conn *conn)
-{
-    struct exs_list *pos;
-
-    exs_list_for_each(pos, &conn->sendq)
-    {
-        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
-
-        if (!conn->sp_reann_left)
-            break;
-        if (op->kind != EXS_OP_SEND || op->state != EXS_OPS_POSTED || op->announced ||
-            op->seq >= conn->sp_reann_pos)
-            continue;
-        if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN) &&
-            !exs__conn_ctrl_flush_locked(conn))
-            return 0;
-        if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN))
-            return 0;
-        exs__conn_revoke_op_locked(op); /* a grant of the old path (none after a switch) */
-        if (sp_announce_locked(conn, op, op->seq))
-            return 0;
-        op->announced = 1;
-        conn->sp_reann_left--;
-        EXS_DBG(PROTO, "conn %p: message %llu: announced again, %zu bytes", (void *)conn,
-                (unsigned long long)op->seq, op->len);
-    }
-    EXS_ASSERT(!conn->sp_reann_left);
-    return 1;
-}
-
 /* May one more message be announced (§6: at most ANNOUNCED_MAX whose READ_DONE has not
- * come)? sp_ann_out only over-counts (a send announced again after a cut counts twice):
+ * come)? seqpkt.ann_out only over-counts (a send announced again after a cut counts twice):
  * at the cap the sends still waiting for their READ_DONE are counted again. */
 static int sp_may_announce(struct exs_conn *conn)
 {
     struct exs_list *pos;
     uint32_t n = 0;
 
-    if (conn->sp_ann_out < EXS_WIRE_ANNOUNCED_MAX)
+    if (conn->seqpkt.ann_out < EXS_WIRE_ANNOUNCED_MAX)
         return 1;
     exs_list_for_each(pos, &conn->sendq) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         n += op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->announced;
     }
-    conn->sp_ann_out = n;
+    conn->seqpkt.ann_out = n;
     return n < EXS_WIRE_ANNOUNCED_MAX;
 }
 
@@ -261,7 +166,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         conn->stats.credit_stalls++;
         return 0;
     }
-    if (EXS_RT_ON && op->rt && !exs__rt_wire_begin_locked(conn, op))
+    if (EXS_REQTRACE_ON && op->rt && !exs__reqtrace_wire_begin_locked(conn, op))
         return 0;
     adv = sp_advert_head(conn);
 
@@ -300,9 +205,9 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
             return 0;
         if (n > exs__conn_frag_size() && (conn->peer.features & EXS_WIRE_FEAT_FRAG)) {
             /* several pieces (§6.2): the message is numbered now, its pieces follow */
-            conn->sp_frag_adv = *adv;
-            conn->sp_frag_n = n;
-            conn->sp_frag_op = op;
+            conn->seqpkt.frag_adv = *adv;
+            conn->seqpkt.frag_n = n;
+            conn->seqpkt.frag_op = op;
             sp_advert_pop(conn);
             conn->stats.direct_xfers++;
             op->posted = 0;
@@ -310,7 +215,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
             op->seq = conn->tx_seq++;
             op->state = EXS_OPS_POSTED;
             sp_frag_post_locked(conn);
-            return !conn->sp_frag_op;
+            return !conn->seqpkt.frag_op;
         }
         uint32_t imm =
             exs_imm_make(EXS_IMM_DIRECT, flags, exs__conn_take_owed_imm_locked(conn), adv->id);
@@ -335,14 +240,14 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
         return 0;
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ANNOUNCE_LEN))
         return 0;
-    if (sp_announce_locked(conn, op, conn->tx_seq))
+    if (exs__seqpkt_announce_locked(conn, op, conn->tx_seq))
         return 0;
     EXS_TRACE(PROTO, "conn %p: message %llu: announce %u bytes", (void *)conn,
               (unsigned long long)conn->tx_seq, len);
     op->seq = conn->tx_seq++;
     op->state = EXS_OPS_POSTED;
     op->announced = 1;
-    conn->sp_ann_out++;
+    conn->seqpkt.ann_out++;
     return 1;
 sent:
     /* one WRITE carries the whole message (cut or not): done when it completes */
@@ -373,17 +278,17 @@ static int sp_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     return 1;
 }
 
-void exs__sp_send_progress_locked(struct exs_conn *conn)
+void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
     /* after a cut, messages announced again go first (§9.2) */
-    if (conn->sp_reann_left && (!sp_reannounce_locked(conn) || conn->state >= EXS_CONN_DOWN))
+    if (conn->seqpkt.reann_left && (!exs__seqpkt_reannounce_locked(conn) || conn->state >= EXS_CONN_DOWN))
         return;
 
-    if (conn->sp_frag_op) {
+    if (conn->seqpkt.frag_op) {
         sp_frag_post_locked(conn);
-        if (conn->sp_frag_op || conn->state >= EXS_CONN_DOWN)
+        if (conn->seqpkt.frag_op || conn->state >= EXS_CONN_DOWN)
             return; /* the next message waits for the last piece of this one */
     }
 
@@ -410,7 +315,7 @@ void exs__sp_send_progress_locked(struct exs_conn *conn)
     }
 }
 
-int exs__sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
+int exs__seqpkt_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
 {
     struct exs_list *pos;
 
@@ -422,10 +327,10 @@ int exs__sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
         if (op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->seq == seq &&
             op->announced) {
             EXS_ASSERT(!op->inflight);
-            if (conn->sp_ann_out)
-                conn->sp_ann_out--;
+            if (conn->seqpkt.ann_out)
+                conn->seqpkt.ann_out--;
             exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__resume_tx_done_locked(conn, op);
+            exs__conn_tx_done_locked(conn, op);
             conn->stats.bytes_sent += op->len;
             return 0;
         }
@@ -437,7 +342,7 @@ int exs__sp_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
 
 static struct exs_pending_msg *sp_pending_new(struct exs_conn *conn, int *err_p)
 {
-    struct exs_pending_msg *m = sp_pending_alloc(conn, err_p);
+    struct exs_pending_msg *m = exs__seqpkt_pending_alloc(conn, err_p);
 
     if (!m)
         return NULL;
@@ -447,215 +352,18 @@ static struct exs_pending_msg *sp_pending_new(struct exs_conn *conn, int *err_p)
     return m;
 }
 
-#define SP_MEMO_OWED (1ull << 63) /* a memo entry's READ_DONE is owed to a re-announce */
-#define SP_MEMO_GONE UINT64_MAX   /* a memo entry answered: never again */
-
-/* A resumable receiver read announced message seq whole: remember it, so that a
- * re-announce after a cut (its READ_DONE lost with the old path) is answered with a
- * READ_DONE and no READ (§9.2). The oldest entry goes when the memo is full: its bound
- * covers every READ_DONE that can be unsent or unprocessed when a path fails. Nothing
- * is added after the cut (one cut per connection). */
-static void sp_memo_add_locked(struct exs_conn *conn, uint64_t seq)
-{
-    /* until the cut is over: on the new path nothing is cut again, and an entry whose
-     * READ_DONE is owed to a re-announce is never overwritten */
-    if (!conn->sess_token || (conn->rsm_over && conn->state != EXS_CONN_RESUMING))
-        return;
-    if (!conn->sp_memo) {
-        if (!conn->sp_memo_cap)
-            conn->sp_memo_cap = conn->p.max_reads +
-                                (conn->tx_slots + 1 + conn->peer.credits) * EXS_SP_RDONE_PER_SEND;
-        if (exs__conn_mem_take_locked(conn, sp_memo_bytes(conn->sp_memo_cap), EXS_MEM_OTHER)) {
-            EXS_INFO(PROTO, "conn %p: memory budget reached: announced messages read are not "
-                     "remembered", (void *)conn);
-            return; /* as out of memory, below */
-        }
-        conn->sp_memo = calloc(conn->sp_memo_cap, sizeof(*conn->sp_memo));
-        if (!conn->sp_memo) {
-            /* a later re-announce of it is refused: the connection ends then */
-            EXS_WARN(PROTO, "conn %p: no memory to remember announced messages read", (void *)conn);
-            exs__conn_mem_give_locked(conn, sp_memo_bytes(conn->sp_memo_cap));
-            return;
-        }
-    }
-    conn->sp_memo[conn->sp_memo_head] = seq;
-    conn->sp_memo_head = (conn->sp_memo_head + 1) % conn->sp_memo_cap;
-    if (conn->sp_memo_n < conn->sp_memo_cap)
-        conn->sp_memo_n++;
-}
-
-/* The memo entry of message seq, or NULL. */
-static uint64_t *sp_memo_find(struct exs_conn *conn, uint64_t seq)
-{
-    for (uint32_t i = 0; i < conn->sp_memo_n; i++)
-        if (conn->sp_memo[i] == seq)
-            return &conn->sp_memo[i];
-    return NULL;
-}
-
-/* Append the READ_DONEs owed to re-announces while the control batch has room. */
-static void sp_memo_flush_locked(struct exs_conn *conn)
-{
-    for (uint32_t i = 0; i < conn->sp_memo_n && conn->sp_memo_owed; i++) {
-        struct exs_wire_read_done d = {
-            .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
-        };
-
-        if (conn->sp_memo[i] == SP_MEMO_GONE || !(conn->sp_memo[i] & SP_MEMO_OWED))
-            continue;
-        if (!exs__conn_ctrl_room_locked(conn, sizeof(d)) && !exs__conn_ctrl_flush_locked(conn))
-            return;
-        if (!exs__conn_ctrl_room_locked(conn, sizeof(d)))
-            return;
-        d.seq = htobe64(conn->sp_memo[i] & ~SP_MEMO_OWED);
-        exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
-        conn->sp_memo[i] = SP_MEMO_GONE;
-        conn->sp_memo_owed--;
-    }
-}
-
-/* Receiver, at a cut over (§9.2, Replay, SEQPACKET), once the old path is over: every
- * announced message that arrived and was not read whole has lost its grant with the old
- * endpoint. A receive whose READs did not all complete (flushed, or in flight on an
- * abandoned endpoint) gives its message back, first in the pending list, and waits for
- * it again, to be read from offset 0 (its bytes were not counted); every pending
- * announced message becomes stale until the sender announces it again. READ_DONEs not
- * yet appended are forgotten: each is answered again to its re-announce (the memo).
- * Opens the re-announce window. The stale messages, or UINT32_MAX when out of memory. */
-uint32_t exs__sp_resume_cut_locked(struct exs_conn *conn)
-{
-    struct exs_list back, *pos, *n;
-    int nomem = 0, err;
-
-    exs_list_init(&back);
-    exs_list_for_each(pos, &conn->recvq)
-    {
-        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
-        struct exs_pending_msg *m;
-
-        if (op->state != EXS_OPS_POSTED)
-            continue; /* only a receive reading an announced message is POSTED */
-        m = sp_pending_alloc(conn, &err);
-        if (!m) {
-            nomem = 1; /* the cut-over fails: the connection ends (what was given back
-                        * is pending, the rest ends with it) */
-            break;
-        }
-        m->announced = 1;
-        m->seq = op->seq;
-        m->len = op->msg_len;
-        exs_list_add_tail(&back, &m->link);
-        conn->pending_count++;
-        conn->pending_announced++;
-        conn->rx_matched--;
-        op->state = EXS_OPS_QUEUED;
-        op->posted = op->filled = 0;
-        op->inflight = 0;
-        op->msg_len = 0;
-    }
-    /* in message order, before the messages still pending (they came after) */
-    for (pos = back.prev; pos != &back; pos = n) {
-        n = pos->prev;
-        exs_list_del(pos);
-        exs_list_add_head(&conn->pending, pos);
-    }
-    conn->sp_rd_op = NULL;
-    conn->reads = 0;
-    conn->sp_stale = 0;
-    exs_list_for_each(pos, &conn->pending)
-    {
-        struct exs_pending_msg *m = exs_list_entry(pos, struct exs_pending_msg, link);
-
-        if (m->announced) {
-            m->stale = 1;
-            m->addr = 0;
-            m->rkey = 0;
-            conn->sp_stale++;
-        }
-    }
-    conn->rd_owed_count = 0;
-    conn->sp_reann_open = 1;
-    conn->sp_reann_end = conn->rx_seq;
-    conn->sp_reann_next = 0;
-    return nomem ? UINT32_MAX : conn->sp_stale;
-}
-
-/* A message at or past the cut's position arrived: the re-announce window closes. Every
- * stale message must have been announced again before it (the sender announces them
- * first): one still stale means the peer broke the protocol. 0 or -EPROTO. */
-static int sp_reann_close_locked(struct exs_conn *conn)
-{
-    conn->sp_reann_open = 0;
-    if (!conn->sp_stale)
-        return 0;
-    EXS_INFO(PROTO,
-             "conn %p: message %llu came before %u announced messages of the cut were "
-             "announced again",
-             (void *)conn, (unsigned long long)conn->rx_seq, conn->sp_stale);
-    return -EPROTO;
-}
-
-/* An ANNOUNCE of message seq below the cut's position (§9.2): in the window, in
- * increasing order, of a stale message (it gets the new grant and is read when its
- * receive comes) or of one read whole (remembered: answered with one READ_DONE, no
- * READ). Anything else: -EPROTO. */
-static int sp_on_reannounce_locked(struct exs_conn *conn, const struct exs_wire_announce *a,
-                                   uint64_t seq)
-{
-    struct exs_list *pos;
-    uint64_t *e;
-
-    if (seq < conn->sp_reann_next) {
-        EXS_INFO(PROTO, "conn %p: message %llu announced again after %llu", (void *)conn,
-                 (unsigned long long)seq, (unsigned long long)conn->sp_reann_next - 1);
-        return -EPROTO;
-    }
-    exs_list_for_each(pos, &conn->pending)
-    {
-        struct exs_pending_msg *m = exs_list_entry(pos, struct exs_pending_msg, link);
-
-        if (m->seq > seq)
-            break;
-        if (m->seq != seq || !m->announced || !m->stale)
-            continue;
-        if (be32toh(a->len) != m->len) {
-            EXS_INFO(PROTO, "conn %p: message %llu announced again with %u bytes, not %u",
-                     (void *)conn, (unsigned long long)seq, be32toh(a->len), m->len);
-            return -EPROTO;
-        }
-        m->addr = be64toh(a->addr);
-        m->rkey = be32toh(a->rkey);
-        m->stale = 0;
-        conn->sp_stale--;
-        conn->sp_reann_next = seq + 1;
-        return 0;
-    }
-    e = conn->sp_memo ? sp_memo_find(conn, seq) : NULL;
-    if (!e) {
-        EXS_INFO(PROTO,
-                 "conn %p: message %llu announced again: not an announced message "
-                 "unread at the cut nor one remembered read",
-                 (void *)conn, (unsigned long long)seq);
-        return -EPROTO;
-    }
-    *e |= SP_MEMO_OWED; /* its READ_DONE is appended by the next progress */
-    conn->sp_memo_owed++;
-    conn->sp_reann_next = seq + 1;
-    return 0;
-}
-
-int exs__sp_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a)
+int exs__seqpkt_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a)
 {
     struct exs_pending_msg *m;
     int err;
 
-    if (conn->sp_reann_open && !conn->peer_shut) {
-        if (be64toh(a->seq) < conn->sp_reann_end)
-            return sp_on_reannounce_locked(conn, a, be64toh(a->seq));
-        if (sp_reann_close_locked(conn))
+    if (conn->seqpkt.reann_open && !conn->peer_shut) {
+        if (be64toh(a->seq) < conn->seqpkt.reann_end)
+            return exs__seqpkt_on_reannounce_locked(conn, a, be64toh(a->seq));
+        if (exs__seqpkt_reann_close_locked(conn))
             return -EPROTO;
     }
-    if (conn->peer_shut || conn->sp_rx_frag || be64toh(a->seq) != conn->rx_seq) {
+    if (conn->peer_shut || conn->seqpkt.rx_frag || be64toh(a->seq) != conn->rx_seq) {
         EXS_INFO(PROTO, "conn %p: announce of message %llu, expected %llu", (void *)conn,
                  (unsigned long long)be64toh(a->seq), (unsigned long long)conn->rx_seq);
         return -EPROTO;
@@ -697,8 +405,8 @@ static struct exs_op *sp_nth_unmatched(struct exs_conn *conn, uint32_t n)
  * while m arrived over it, else the current one. */
 static const uint8_t *sp_ring_of(const struct exs_conn *conn, const struct exs_pending_msg *m)
 {
-    if (conn->rs_old_mem && m->ring_end <= conn->rs_old_end)
-        return conn->rs_old_mem->addr;
+    if (conn->autotune.old_mem && m->ring_end <= conn->autotune.old_end)
+        return conn->autotune.old_mem->addr;
     return conn->ring;
 }
 
@@ -706,10 +414,10 @@ static const uint8_t *sp_ring_of(const struct exs_conn *conn, const struct exs_p
 static void sp_ring_consumed_locked(struct exs_conn *conn, uint64_t end)
 {
     conn->rd_consumed = end;
-    if (conn->rs_old_mem && end >= conn->rs_old_end) {
-        exs__conn_ring_region_free(conn->rs_old_mem);
-        conn->rs_old_mem = NULL;
-        conn->rs_old_size = 0;
+    if (conn->autotune.old_mem && end >= conn->autotune.old_end) {
+        exs__conn_ring_region_free(conn->autotune.old_mem);
+        conn->autotune.old_mem = NULL;
+        conn->autotune.old_size = 0;
     }
 }
 
@@ -769,13 +477,13 @@ static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
     return 0;
 }
 
-int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
+int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     if (conn->peer_shut)
         return -EPROTO;
-    if (conn->sp_reann_open && sp_reann_close_locked(conn))
+    if (conn->seqpkt.reann_open && exs__seqpkt_reann_close_locked(conn))
         return -EPROTO;
-    if (conn->sp_rx_frag && exs_imm_kind(imm) != EXS_IMM_DIRECT) {
+    if (conn->seqpkt.rx_frag && exs_imm_kind(imm) != EXS_IMM_DIRECT) {
         EXS_INFO(PROTO, "conn %p: message %llu not ended (no eom) when the next one came",
                  (void *)conn, (unsigned long long)conn->rx_seq);
         return -EPROTO;
@@ -810,7 +518,7 @@ int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
     struct exs_op *op = sp_nth_unmatched(conn, conn->pending_count);
     if (!op || op->state != EXS_OPS_ADVERTISED ||
         (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) || op->seq != conn->rx_seq ||
-        len > op->len - op->filled || (conn->sp_rx_frag && conn->sp_rx_frag != op)) {
+        len > op->len - op->filled || (conn->seqpkt.rx_frag && conn->seqpkt.rx_frag != op)) {
         EXS_INFO(PROTO, "conn %p: direct write tag %u len %u for message %llu does not match "
                  "receive %p (state %d, advert %u, seq %llu), %u pending", (void *)conn,
                  exs_imm_tag(imm), len, (unsigned long long)conn->rx_seq, (void *)op,
@@ -828,11 +536,11 @@ int exs__sp_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
             return -EPROTO;
         }
         op->filled += len;
-        conn->sp_rx_frag = op;
+        conn->seqpkt.rx_frag = op;
         conn->stats.bytes_received += len;
         return 0;
     }
-    conn->sp_rx_frag = NULL;
+    conn->seqpkt.rx_frag = NULL;
     conn->rx_seq++;
     conn->rx_matched++;
     op->rflags = (imm & EXS_IMM_TRUNC) ? MSG_TRUNC : 0;
@@ -856,7 +564,7 @@ static void sp_read_post_locked(struct exs_conn *conn)
 {
     struct exs_op *op;
 
-    while ((op = conn->sp_rd_op) && conn->state == EXS_CONN_CONNECTED &&
+    while ((op = conn->seqpkt.rd_op) && conn->state == EXS_CONN_CONNECTED &&
            conn->reads + conn->rd_owed_count < conn->p.max_reads) {
         uint32_t n = sp_read_len(op), off = (uint32_t)op->posted;
         uint32_t lw = EXS_MIN(op->rd_piece, n - off);
@@ -867,8 +575,8 @@ static void sp_read_post_locked(struct exs_conn *conn)
             .flags = EXS_PROV_SEND_SIGNALED,
             .sg_list = &sge,
             .num_sge = lw ? 1 : 0,
-            .remote_addr = conn->sp_rd_addr + off,
-            .rkey = conn->sp_rd_rkey,
+            .remote_addr = conn->seqpkt.rd_addr + off,
+            .rkey = conn->seqpkt.rd_rkey,
         };
         if (exs__conn_post_send_locked(conn, &wr)) {
             exs__conn_fail_locked(conn, ECONNRESET, "read failed");
@@ -881,7 +589,7 @@ static void sp_read_post_locked(struct exs_conn *conn)
         if (n > op->rd_piece)
             conn->stats.fragments++;
         if (op->posted == n) {
-            conn->sp_rd_op = NULL;
+            conn->seqpkt.rd_op = NULL;
             EXS_TRACE(PROTO, "conn %p: message %llu: %u bytes read in pieces of %u",
                       (void *)conn, (unsigned long long)op->seq, n, op->rd_piece);
         }
@@ -891,7 +599,7 @@ static void sp_read_post_locked(struct exs_conn *conn)
 /* A READ (piece) of receive op completed successfully. The receive completes with its
  * last piece, when every piece read its bytes; then READ_DONE frees the sender's
  * buffer. A piece that failed took the connection down: the op ends with it. */
-void exs__sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
+void exs__seqpkt_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_wire_read_done d = {
         .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
@@ -905,13 +613,13 @@ void exs__sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
     op->filled += EXS_MIN((size_t)op->rd_piece, n - op->filled);
     if (op->inflight)
         return;
-    if (op == conn->sp_rd_op || op->filled != n) {
+    if (op == conn->seqpkt.rd_op || op->filled != n) {
         /* pieces not posted yet (CONNECTED: the next ones go in the next progress), or
          * one failed or will never be posted (going away: it ends with the conn, a
          * cancelled one now, as a send whose last write completed) */
         if (op->cancel && conn->state >= EXS_CONN_DOWN) {
-            if (conn->sp_rd_op == op)
-                conn->sp_rd_op = NULL;
+            if (conn->seqpkt.rd_op == op)
+                conn->seqpkt.rd_op = NULL;
             exs__conn_op_finish_locked(op, -1, ECANCELED);
         }
         return;
@@ -920,7 +628,7 @@ void exs__sp_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
     conn->stats.bytes_received += n;
     conn->stats.direct_xfers++;
     exs__conn_op_finish_locked(op, n, 0);
-    sp_memo_add_locked(conn, op->seq);
+    exs__seqpkt_memo_add_locked(conn, op->seq);
     /* the sender's buffer is free now: tell it (owed if the batch is full; the owed
      * list is bounded because no READ starts while reads + owed reach max_reads) */
     if (conn->rd_owed_count == 0 && !exs__conn_ctrl_room_locked(conn, sizeof(d)))
@@ -959,7 +667,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
          * there, so they are all posted before this message's first */
         if (conn->reads + conn->rd_owed_count >= conn->p.max_reads)
             return 0;
-        EXS_ASSERT(!conn->sp_rd_op);
+        EXS_ASSERT(!conn->seqpkt.rd_op);
         op->msg_len = m->len;
         op->seq = m->seq;
         op->posted = 0;
@@ -967,15 +675,15 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
         op->inflight = 0;
         op->rd_piece = exs__conn_frag_size();
         op->state = EXS_OPS_POSTED;
-        conn->sp_rd_op = op;
-        conn->sp_rd_addr = m->addr;
-        conn->sp_rd_rkey = m->rkey;
+        conn->seqpkt.rd_op = op;
+        conn->seqpkt.rd_addr = m->addr;
+        conn->seqpkt.rd_rkey = m->rkey;
         sp_read_post_locked(conn);
         if (!op->inflight) {
             /* not even the first piece went: the connection failed, the message
              * stays pending and the receive queued, as before any READ */
             EXS_ASSERT(conn->state != EXS_CONN_CONNECTED);
-            conn->sp_rd_op = NULL;
+            conn->seqpkt.rd_op = NULL;
             op->state = EXS_OPS_QUEUED;
             return 0;
         }
@@ -1023,7 +731,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
     return 1;
 }
 
-void exs__sp_recv_progress_locked(struct exs_conn *conn)
+void exs__seqpkt_recv_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
     uint64_t index = 0;
@@ -1036,9 +744,9 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
         if (conn->rd_owed_count && exs__conn_ctrl_flush_locked(conn))
             sp_flush_read_done_locked(conn);
     }
-    if (conn->sp_memo_owed)
-        sp_memo_flush_locked(conn);
-    if (conn->sp_rd_op) {
+    if (conn->seqpkt.memo_owed)
+        exs__seqpkt_memo_flush_locked(conn);
+    if (conn->seqpkt.rd_op) {
         sp_read_post_locked(conn);
         if (conn->state != EXS_CONN_CONNECTED)
             return;
@@ -1103,7 +811,7 @@ void exs__sp_recv_progress_locked(struct exs_conn *conn)
 /* The connection is over: hand the eager messages still in the ring to receives in
  * order (announced ones can no longer be read: their sends were cancelled), then end
  * of stream after an orderly SHUTDOWN, else the connection's error. */
-void exs__sp_dead_drain_locked(struct exs_conn *conn)
+void exs__seqpkt_dead_drain_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
@@ -1137,3 +845,24 @@ void exs__sp_dead_drain_locked(struct exs_conn *conn)
             exs__conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
     }
 }
+
+/* The memory the SEQPACKET data path holds: batching's staging, the pending messages and
+ * the memo. */
+static void sp_release(struct exs_conn *conn)
+{
+    exs__batch_release_locked(conn);
+    exs__seqpkt_free_pending_locked(conn);
+}
+
+const struct exs_datapath exs__seqpkt_path = {
+    .name = "SEQPACKET",
+    .on_advert = exs__seqpkt_on_advert_locked,
+    .on_announce = exs__seqpkt_on_announce_locked,
+    .on_read_done = exs__seqpkt_on_read_done_locked,
+    .on_data = exs__seqpkt_on_data_locked,
+    .on_read_cqe = exs__seqpkt_on_read_cqe_locked,
+    .recv_progress = exs__seqpkt_recv_progress_locked,
+    .send_progress = exs__seqpkt_send_progress_locked,
+    .dead_drain = exs__seqpkt_dead_drain_locked,
+    .release = sp_release,
+};

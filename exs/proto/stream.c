@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* SOCK_STREAM data path (spec/protocol.md §7): the UNH EXS dynamic choice between direct
- * writes into advertised receives and indirect writes into the hidden ring. */
+ * writes into advertised receives and indirect writes into the hidden ring. Layer 2 of
+ * spec/proto-layout.md; the ring's autotuning is in stream_ring.c. */
 #include <endian.h>
 #include <errno.h>
 #include <string.h>
@@ -17,41 +18,41 @@
 /* Time of the sender's current phase goes to its bucket (direct_time_us, indirect_time_us). */
 static void st_phase_clock(struct exs_conn *conn, struct exs_sock_stats *st, uint64_t now)
 {
-    if (!conn->st_phase_t0 || now < conn->st_phase_t0)
+    if (!conn->stream.phase_t0 || now < conn->stream.phase_t0)
         return;
-    if (PHASE_IS_DIRECT(conn->st_ps))
-        st->direct_time_us += now - conn->st_phase_t0;
+    if (PHASE_IS_DIRECT(conn->stream.ps))
+        st->direct_time_us += now - conn->stream.phase_t0;
     else
-        st->indirect_time_us += now - conn->st_phase_t0;
+        st->indirect_time_us += now - conn->stream.phase_t0;
 }
 
 static void st_set_phase(struct exs_conn *conn, uint32_t p)
 {
-    if (PHASE_IS_DIRECT(p) != PHASE_IS_DIRECT(conn->st_ps)) {
+    if (PHASE_IS_DIRECT(p) != PHASE_IS_DIRECT(conn->stream.ps)) {
         uint64_t now = exs__now_us();
 
         conn->stats.mode_switches++;
         st_phase_clock(conn, &conn->stats, now);
-        if (PHASE_IS_DIRECT(p) && conn->st_linger_skip)
-            conn->st_linger_skip--; /* §7 linger: one more direct phase without it */
-        if (conn->st_phase_t0)
-            conn->st_phase_t0 = now;
+        if (PHASE_IS_DIRECT(p) && conn->stream.linger_skip)
+            conn->stream.linger_skip--; /* §7 linger: one more direct phase without it */
+        if (conn->stream.phase_t0)
+            conn->stream.phase_t0 = now;
     }
-    EXS_TRACE(PROTO, "conn %p: sender phase %u -> %u", (void *)conn, conn->st_ps, p);
-    if (p != conn->st_ps)
-        conn->st_held = 0; /* a DRAIN holds the ring only in the phase it named */
-    conn->st_ps = p;
+    EXS_TRACE(PROTO, "conn %p: sender phase %u -> %u", (void *)conn, conn->stream.ps, p);
+    if (p != conn->stream.ps)
+        conn->stream.held = 0; /* a DRAIN holds the ring only in the phase it named */
+    conn->stream.ps = p;
 }
 
-void exs__st_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st)
+void exs__stream_stats_locked(struct exs_conn *conn, struct exs_sock_stats *st)
 {
     st_phase_clock(conn, st, exs__now_us());
     st->ring_fill = conn->rd_arrived - conn->rd_consumed;
 }
 
-void exs__st_enter_indirect_locked(struct exs_conn *conn)
+void exs__stream_enter_indirect_locked(struct exs_conn *conn)
 {
-    st_set_phase(conn, conn->st_ps + 1);
+    st_set_phase(conn, conn->stream.ps + 1);
 }
 
 /* Modes seen by this sender: may it write the ring, may it use ADVERTs? */
@@ -61,7 +62,7 @@ static int st_may_indirect(const struct exs_conn *conn)
      * DRAIN (§7.2) new data waits for ADVERTs */
     return (conn->p.xfer_mode != EXS_XFER_DIRECT_ONLY ||
             conn->peer.xfer_mode == EXS_XFER_INDIRECT_ONLY) &&
-           !conn->st_held && !conn->rs_owed; /* §7.4: the peer's new region first */
+           !conn->stream.held && !conn->autotune.owed; /* §7.4: the peer's new region first */
 }
 
 /* §7 sender step 2, the linger: in a direct phase the sender writes the ring only once
@@ -79,27 +80,27 @@ static int st_ring_deferred(struct exs_conn *conn)
     const struct exs_list *pos;
     uint32_t in = 0, wait = 0, seen = 0;
 
-    if (PHASE_IS_INDIRECT(conn->st_ps) || !exs__params.stream_direct_linger ||
-        conn->st_linger_skip)
+    if (PHASE_IS_INDIRECT(conn->stream.ps) || !exs__params.stream_direct_linger ||
+        conn->stream.linger_skip)
         return 0;
     exs_list_for_each(pos, &conn->sendq) {
         const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (++seen > EXS_ST_LINGER_OPS_MAX)
+        if (++seen > EXS_STREAM_LINGER_OPS_MAX)
             return 0; /* a long queue: the ring it is */
         in += op->inflight > 0;
         wait += op->kind == EXS_OP_SEND && op->state != EXS_OPS_DONE && op->posted < op->len;
     }
     if (in && wait <= in) {
-        conn->st_lingering = 1;
+        conn->stream.lingering = 1;
         return 1;
     }
-    if (conn->st_lingering && !in) { /* every write completed, no ADVERT came */
-        conn->st_linger_pen =
-            EXS_MIN(EXS_MAX(conn->st_linger_pen * 2, 1u), EXS_ST_LINGER_SKIP_MAX);
-        conn->st_linger_skip = conn->st_linger_pen;
+    if (conn->stream.lingering && !in) { /* every write completed, no ADVERT came */
+        conn->stream.linger_pen =
+            EXS_MIN(EXS_MAX(conn->stream.linger_pen * 2, 1u), EXS_STREAM_LINGER_SKIP_MAX);
+        conn->stream.linger_skip = conn->stream.linger_pen;
     }
-    conn->st_lingering = 0;
+    conn->stream.lingering = 0;
     return 0;
 }
 
@@ -109,9 +110,9 @@ static struct exs_advert *st_advert_head(struct exs_conn *conn)
     while (conn->adv_count) {
         struct exs_advert *a = &conn->adverts[conn->adv_head];
 
-        if (PHASE_IS_INDIRECT(conn->st_ps) && (a->phase < conn->st_ps || a->seq < conn->tx_seq)) {
+        if (PHASE_IS_INDIRECT(conn->stream.ps) && (a->phase < conn->stream.ps || a->seq < conn->tx_seq)) {
             /* stale: its receive is being filled from the ring */
-            if (conn->st_ps < a->phase)
+            if (conn->stream.ps < a->phase)
                 st_set_phase(conn, a->phase + 1);
             conn->adv_head = (conn->adv_head + 1) % conn->adv_cap;
             conn->adv_count--;
@@ -125,7 +126,6 @@ static struct exs_advert *st_advert_head(struct exs_conn *conn)
 
 /* Put bytes of send op on the wire: one WWI per call. 1 when something went, 0 when
  * the op must wait (credit, ADVERT or ring space). */
-static uint32_t st_ring_piece_max(const struct exs_conn *conn);
 
 static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
 {
@@ -133,14 +133,14 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
     struct exs_advert *a;
     uint32_t imm, lw;
 
-    if (!conn->st_phase_t0)
-        conn->st_phase_t0 = exs__now_us(); /* phase times count from the first send */
+    if (!conn->stream.phase_t0)
+        conn->stream.phase_t0 = exs__now_us(); /* phase times count from the first send */
     if (!exs__conn_can_spend_locked(conn)) {
         conn->stats.credit_stalls++;
         return 0;
     }
     /* a traced send's TRACE request goes before its first byte (§5.1) */
-    if (EXS_RT_ON && op->rt && !op->posted && !exs__rt_wire_begin_locked(conn, op))
+    if (EXS_REQTRACE_ON && op->rt && !op->posted && !exs__reqtrace_wire_begin_locked(conn, op))
         return 0;
     /* control records queued earlier (SHUTDOWN, TRACE) keep their place */
     if (conn->ctrl_len && !exs__conn_ctrl_flush_locked(conn))
@@ -150,11 +150,11 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
 
     a = st_advert_head(conn);
     if (a) {
-        if (conn->st_lingering) { /* §7 linger: the ADVERT came */
-            conn->st_lingering = 0;
-            conn->st_linger_pen = 0;
+        if (conn->stream.lingering) { /* §7 linger: the ADVERT came */
+            conn->stream.lingering = 0;
+            conn->stream.linger_pen = 0;
         }
-        if (PHASE_IS_INDIRECT(conn->st_ps))
+        if (PHASE_IS_INDIRECT(conn->stream.ps))
             st_set_phase(conn, a->phase); /* direct again */
         lw = (uint32_t)EXS_MIN(left, (size_t)(a->len - a->filled));
         if (a->flags & EXS_ADVERT_WAITALL) /* filled piece by piece anyway (§6.2) */
@@ -181,10 +181,10 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
             st_ring_deferred(conn))
             return 0;
         off = (uint32_t)(conn->wr_tail % size);
-        if (PHASE_IS_DIRECT(conn->st_ps))
-            st_set_phase(conn, conn->st_ps + 1); /* now indirect */
+        if (PHASE_IS_DIRECT(conn->stream.ps))
+            st_set_phase(conn, conn->stream.ps + 1); /* now indirect */
         lw = (uint32_t)EXS_MIN(left, (size_t)EXS_MIN(size - used, (uint64_t)(size - off)));
-        lw = EXS_MIN(lw, st_ring_piece_max(conn)); /* §6.2, §7.4 */
+        lw = EXS_MIN(lw, exs__stream_ring_piece_max(conn)); /* §6.2, §7.4 */
         imm = exs_imm_make(EXS_IMM_INDIRECT, 0, exs__conn_take_owed_imm_locked(conn), 0);
         if (exs__conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
                                             conn->peer.ring_rkey, lw, imm, op->buf + op->posted))
@@ -232,11 +232,11 @@ static int st_drain_answer_locked(struct exs_conn *conn)
                 .flags = EXS_DRAIN_STOPPED,
                 .len = htobe16(EXS_WIRE_DRAIN_LEN)},
         .pos = htobe64(conn->tx_seq),
-        .phase = htobe32(conn->st_ps),
+        .phase = htobe32(conn->stream.ps),
     };
     exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
-    conn->st_drain_owed = 0;
-    EXS_TRACE(PROTO, "conn %p: ring writes of phase %u stop at %llu", (void *)conn, conn->st_ps,
+    conn->stream.drain_owed = 0;
+    EXS_TRACE(PROTO, "conn %p: ring writes of phase %u stop at %llu", (void *)conn, conn->stream.ps,
               (unsigned long long)conn->tx_seq);
     return 1;
 }
@@ -255,28 +255,28 @@ static int st_resize_answer_locked(struct exs_conn *conn)
         .hdr = {.type = EXS_CTRL_RESIZE,
                 .flags = EXS_RESIZE_SWITCHED,
                 .len = htobe16(EXS_WIRE_RESIZE_LEN)},
-        .size = htobe32(conn->rs_peer_size),
+        .size = htobe32(conn->autotune.peer_size),
         .pos = htobe64(conn->wr_tail),
     };
     exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
     EXS_TRACE(PROTO, "conn %p: peer ring %u -> %u bytes at ring position %llu", (void *)conn,
-              conn->peer.ring_size, conn->rs_peer_size, (unsigned long long)conn->wr_tail);
-    if (!conn->rs_peer_init)
-        conn->rs_peer_init = conn->peer.ring_size;
-    conn->peer.ring_addr = conn->rs_peer_addr;
-    conn->peer.ring_size = conn->rs_peer_size;
-    conn->peer.ring_rkey = conn->rs_peer_rkey;
-    conn->rs_owed = 0;
+              conn->peer.ring_size, conn->autotune.peer_size, (unsigned long long)conn->wr_tail);
+    if (!conn->autotune.peer_init)
+        conn->autotune.peer_init = conn->peer.ring_size;
+    conn->peer.ring_addr = conn->autotune.peer_addr;
+    conn->peer.ring_size = conn->autotune.peer_size;
+    conn->peer.ring_rkey = conn->autotune.peer_rkey;
+    conn->autotune.owed = 0;
     return 1;
 }
 
-void exs__st_send_progress_locked(struct exs_conn *conn)
+void exs__stream_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
-    if (conn->st_drain_owed && !st_drain_answer_locked(conn))
+    if (conn->stream.drain_owed && !st_drain_answer_locked(conn))
         return; /* nothing else leaves before it */
-    if (conn->rs_owed && !st_resize_answer_locked(conn))
+    if (conn->autotune.owed && !st_resize_answer_locked(conn))
         return; /* no ring write before it; the rest waits for the same room */
     exs__stage_refill_locked(conn);
     exs_list_for_each(pos, &conn->sendq) {
@@ -324,7 +324,7 @@ void exs__st_send_progress_locked(struct exs_conn *conn)
     }
 }
 
-int exs__st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
+int exs__stream_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
     /* Lemma 1: every ADVERT carries a direct phase */
     if (PHASE_IS_INDIRECT(a->phase) || !a->len)
@@ -332,8 +332,8 @@ int exs__st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
     /* ADVERTs of a phase before an indirect sender's are stale whatever comes next (step 1
      * drops them, with no phase change): drop them as new ones arrive, so that a sender
      * that sends nothing holds only the receives the peer has out (ADVERTS_MAX, §7) */
-    while (conn->adv_count && PHASE_IS_INDIRECT(conn->st_ps) &&
-           conn->adverts[conn->adv_head].phase < conn->st_ps) {
+    while (conn->adv_count && PHASE_IS_INDIRECT(conn->stream.ps) &&
+           conn->adverts[conn->adv_head].phase < conn->stream.ps) {
         conn->adv_head = (conn->adv_head + 1) % conn->adv_cap;
         conn->adv_count--;
         conn->stats.adverts_discarded++;
@@ -342,476 +342,71 @@ int exs__st_on_advert_locked(struct exs_conn *conn, const struct exs_advert *a)
 }
 
 /* A DRAIN record (§7.2), either direction; hostile until checked. */
-int exs__st_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *d)
+int exs__stream_on_drain_locked(struct exs_conn *conn, const struct exs_wire_drain *d)
 {
     uint64_t pos = be64toh(d->pos);
     uint32_t phase = be32toh(d->phase);
 
-    if (!conn_is_stream(conn) || d->reserved || (d->hdr.flags & ~EXS_DRAIN_STOPPED))
+    if (d->reserved || (d->hdr.flags & ~EXS_DRAIN_STOPPED))
         return -EPROTO;
     if (d->hdr.flags & EXS_DRAIN_STOPPED) {
         /* we asked in this phase; the sender cannot have stopped before bytes we hold */
-        if (conn->st_drain != EXS_ST_DRAIN_REQUESTED || phase != conn->st_pr ||
+        if (conn->stream.drain != EXS_STREAM_DRAIN_REQUESTED || phase != conn->stream.pr ||
             pos < conn->rx_seq + (conn->rd_arrived - conn->rd_consumed)) {
             EXS_INFO(PROTO,
                      "conn %p: STOPPED at %llu phase %u does not answer a request "
                      "(state %d, phase %u)",
-                     (void *)conn, (unsigned long long)pos, phase, conn->st_drain, conn->st_pr);
+                     (void *)conn, (unsigned long long)pos, phase, conn->stream.drain, conn->stream.pr);
             return -EPROTO;
         }
-        conn->st_drain = EXS_ST_DRAIN_STOPPED;
-        conn->st_drain_pos = pos;
+        conn->stream.drain = EXS_STREAM_DRAIN_STOPPED;
+        conn->stream.drain_pos = pos;
         return 0;
     }
     /* a request: drop the ADVERTs that came before it, then we must be in its indirect
      * phase (the receiver sends no ADVERT of a later phase before our answer), and it
      * cannot have seen bytes we never sent */
     (void)st_advert_head(conn);
-    if (PHASE_IS_DIRECT(phase) || phase != conn->st_ps || pos > conn->tx_seq || conn->st_held) {
+    if (PHASE_IS_DIRECT(phase) || phase != conn->stream.ps || pos > conn->tx_seq || conn->stream.held) {
         EXS_INFO(PROTO, "conn %p: DRAIN at %llu phase %u in phase %u at %llu (held %d)",
-                 (void *)conn, (unsigned long long)pos, phase, conn->st_ps,
-                 (unsigned long long)conn->tx_seq, conn->st_held);
+                 (void *)conn, (unsigned long long)pos, phase, conn->stream.ps,
+                 (unsigned long long)conn->tx_seq, conn->stream.held);
         return -EPROTO;
     }
-    conn->st_held = 1;
-    conn->st_drain_owed = 1;
+    conn->stream.held = 1;
+    conn->stream.drain_owed = 1;
     conn->stats.drain_requests++;
     return 0;
 }
 
 /* ---- ring autotuning (§7.4) ---- */
 
-static struct exs_op *st_head_recv(struct exs_conn *conn);
-
-enum exs_ring_tune_verdict exs__st_ring_tune(const struct exs_ring_tune_in *in, uint32_t *size_p)
-{
-    uint32_t max = (uint32_t)EXS_MIN((uint64_t)in->max, (uint64_t)EXS_WIRE_RING_SIZE_MAX);
-
-    max -= max % EXS_RING_SLOT;
-    *size_p = in->size;
-    /* ring-limited: in one round trip the sender wrote half the ring or more, and the
-     * application had a receive waiting for more (it keeps up). When it refilled three
-     * quarters or more, the ring limited the whole round trip and how much more the
-     * sender has is unknown: grow by EXS_RING_GROW_FAST (slow start), else double. A
-     * fast step the budget refuses may still double. */
-    if (in->win_bytes * 2 >= in->size && in->reader_waiting && in->size < max) {
-        uint64_t f = in->win_bytes * 4 >= (uint64_t)in->size * 3 ? EXS_RING_GROW_FAST : 2;
-
-        for (; f >= 2; f /= 2) {
-            uint32_t n = (uint32_t)EXS_MIN((uint64_t)in->size * f, (uint64_t)max);
-
-            if (in->budget && in->in_use + n > in->budget)
-                continue;
-            *size_p = n;
-            return EXS_RING_GROW;
-        }
-        return EXS_RING_REFUSED;
-    }
-    if (in->size > in->init && in->idle_limit_us && in->idle_us >= in->idle_limit_us &&
-        !in->win_bytes) {
-        *size_p = in->init;
-        return EXS_RING_SHRINK;
-    }
-    return EXS_RING_KEEP;
-}
-
-/* Where ring position pos lives: in the retired region while below its end, else in the
- * current one; *contig: bytes readable there without a wrap or a region change. */
-static uint8_t *st_ring_at(struct exs_conn *conn, uint64_t pos, uint64_t *contig)
-{
-    uint32_t off;
-
-    if (conn->rs_old_mem && pos < conn->rs_old_end) {
-        off = (uint32_t)(pos % conn->rs_old_size);
-        *contig = EXS_MIN((uint64_t)(conn->rs_old_size - off), conn->rs_old_end - pos);
-        return (uint8_t *)conn->rs_old_mem->addr + off;
-    }
-    off = (uint32_t)(pos % conn->p.ring_size);
-    *contig = conn->p.ring_size - off;
-    return conn->ring + off;
-}
-
-/* The retired region goes once every byte written into it was copied out. */
-static void st_ring_retire_locked(struct exs_conn *conn)
-{
-    if (!conn->rs_old_mem || conn->rd_consumed < conn->rs_old_end)
-        return;
-    EXS_TRACE(PROTO, "conn %p: retired ring region of %u bytes freed", (void *)conn,
-              conn->rs_old_size);
-    exs__conn_ring_region_free(conn->rs_old_mem);
-    conn->rs_old_mem = NULL;
-    conn->rs_old_size = 0;
-}
-
-/* An offered region goes: its grant, its memory, the offer. */
-static void st_ring_offer_drop(struct exs_conn *conn)
-{
-    if (conn->rs_next_grant)
-        exs__prov_revoke(conn->rs_next_grant);
-    conn->rs_next_grant = NULL;
-    if (conn->rs_next_mem)
-        exs__conn_ring_region_free(conn->rs_next_mem);
-    conn->rs_next_mem = NULL;
-    conn->rs_offered = 0;
-}
-
-void exs__st_ring_release_locked(struct exs_conn *conn)
-{
-    st_ring_offer_drop(conn);
-    if (conn->rs_old_mem)
-        exs__conn_ring_region_free(conn->rs_old_mem);
-    conn->rs_old_mem = NULL;
-}
-
-/* Copy the unread positions [from, to) of the retired region into the current ring at
- * their own offsets (free there: the caller checked they fit beside the current ring's). */
-static void st_ring_merge_old(struct exs_conn *conn, uint64_t from, uint64_t to)
-{
-    const uint8_t *old = conn->rs_old_mem->addr;
-
-    for (uint64_t pos = from, n; pos < to; pos += n) {
-        uint32_t src = (uint32_t)(pos % conn->rs_old_size);
-        uint32_t dst = (uint32_t)(pos % conn->p.ring_size);
-
-        n = EXS_MIN(to - pos, (uint64_t)EXS_MIN(conn->rs_old_size - src, conn->p.ring_size - dst));
-        memcpy(conn->ring + dst, old + src, (size_t)n);
-    }
-}
-
-int exs__st_ring_cut_locked(struct exs_conn *conn)
-{
-    uint64_t unread = conn->rd_arrived - conn->rd_consumed;
-    int both = conn->rs_old_mem && conn->rd_arrived > conn->rs_old_end;
-    uint32_t size = conn->p.ring_size;
-    int fits;
-
-    /* Every arrival was checked against the ring it went into (the overrun check), and
-     * what is unread only shrinks: the unread bytes fit the region of the last arrival,
-     * the current ring when it holds some, else the retired one. */
-    if (both || !conn->rs_old_mem)
-        fits = unread <= conn->p.ring_size;
-    else
-        fits = unread <= conn->rs_old_size && conn->rd_consumed < conn->rs_old_end;
-    if (!fits) {
-        EXS_WARN(PROTO,
-                 "conn %p: ring positions at the cut: %llu unread, ring %u, retired %u up to %llu",
-                 (void *)conn, (unsigned long long)unread, conn->p.ring_size, conn->rs_old_size,
-                 (unsigned long long)conn->rs_old_end);
-        return -EPROTO;
-    }
-    if (conn->rs_offered || conn->rs_owed || conn->rs_old_mem || unread)
-        EXS_INFO(PROTO, "conn %p: ring at the cut: %s%s%s%llu bytes unread (ring %u bytes%s)",
-                 (void *)conn, conn->rs_offered ? "offer dropped, " : "",
-                 conn->rs_owed ? "answer owed dropped, " : "", both ? "two regions merged, " : "",
-                 (unsigned long long)unread, conn->p.ring_size,
-                 conn->rs_old_mem ? ", a retired region" : "");
-    /* an offer out dies with the old path (its grant went with the others); the writer
-     * drops an answer it owes: the new path's hello and RING grant the ring anew */
-    st_ring_offer_drop(conn);
-    conn->rs_owed = 0;
-    if (both) {
-        /* the retired region and the current ring both hold unread bytes: the retired
-         * region's go into the current ring at their own offsets, free there since the
-         * whole unread span fits the current ring; one retired region is left */
-        st_ring_merge_old(conn, conn->rd_consumed, conn->rs_old_end);
-        exs__conn_ring_region_free(conn->rs_old_mem);
-        conn->rs_old_mem = NULL;
-    }
-    if (unread && !conn->rs_old_mem) { /* the current ring is retired (§7.4) */
-        conn->rs_old_mem = conn->ring_mem;
-        conn->rs_old_size = conn->p.ring_size;
-        conn->rs_old_end = conn->rd_arrived;
-    } else {
-        exs__conn_ring_region_free(conn->ring_mem);
-    }
-    conn->ring_mem = NULL;
-    conn->ring = NULL;
-    /* the new path's ring has the current size, or the retired region's when more is
-     * unread than that (a shrink switched, its old region not yet read): the writer then
-     * counts the unread bytes against a ring they fit (§9.2) */
-    if (unread > size)
-        size = conn->rs_old_size;
-    conn->p.ring_size = size;
-    /* autotuning measures the new path afresh: its round trip and its windows */
-    conn->rs_win_t0 = conn->rs_win_bytes = 0;
-    conn->rs_rtt_min = conn->rs_rtt_min_t = 0;
-    return 0;
-}
-
-int exs__st_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budget)
-{
-    int ret;
-
-    if (!conn_is_stream(conn) || !(conn->peer.features & EXS_WIRE_FEAT_RESIZE))
-        return -EOPNOTSUPP;
-    if (conn->state != EXS_CONN_CONNECTED || conn->peer_shut)
-        return -ENOTCONN;
-    if (conn->rsm_peer_wait)
-        return -EAGAIN; /* a new path: nothing but RING and RESUME before the peer's RESUME */
-    if (conn->rs_offered || conn->rs_old_mem)
-        return -EBUSY;
-    if (size < EXS_WIRE_RESIZE_MIN || size % EXS_RING_SLOT || size > EXS_WIRE_RING_SIZE_MAX)
-        return -EINVAL;
-    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_RESIZE_LEN) &&
-        !exs__conn_ctrl_flush_locked(conn))
-        return -EAGAIN;
-    if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_RESIZE_LEN))
-        return -EAGAIN;
-    ret =
-        exs__conn_ring_region_locked(conn, size, budget, &conn->rs_next_mem, &conn->rs_next_grant);
-    if (ret) {
-        conn->rs_next_mem = NULL;
-        conn->rs_next_grant = NULL;
-        return ret;
-    }
-    struct exs_wire_resize r = {
-        .hdr = {.type = EXS_CTRL_RESIZE, .len = htobe16(EXS_WIRE_RESIZE_LEN)},
-        .addr = htobe64((uintptr_t)conn->rs_next_mem->addr),
-        .size = htobe32(size),
-        .rkey = htobe32(conn->rs_next_grant->rkey),
-    };
-    exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
-    conn->rs_offered = 1;
-    conn->rs_next_size = size;
-    EXS_TRACE(PROTO, "conn %p: ring %u -> %u bytes offered", (void *)conn, conn->p.ring_size, size);
-    exs__conn_ctrl_flush_locked(conn);
-    return 0;
-}
-
-/* The largest piece of a ring write (§6.2, §7.4): EXS_FRAG_SIZE, but once autotuning grew
- * the peer's ring, never so small that the peer's credits cannot cover it: every piece
- * spends a credit and credits come back a round trip later, so with pieces of frag_size
- * at most credits x frag_size ring bytes move per round trip however large the ring grew
- * (64 x 64 KiB = 4 MiB: 0.7 Gbit/s over 48 ms). A quarter of the credits then fill the
- * whole ring. */
-static uint32_t st_ring_piece_max(const struct exs_conn *conn)
-{
-    uint32_t frag = exs__conn_frag_size(), quarter = EXS_MAX(conn->peer.credits / 4u, 1u);
-    uint32_t piece;
-
-    if (!conn->rs_peer_init || conn->peer.ring_size <= conn->rs_peer_init)
-        return frag;
-    piece = conn->peer.ring_size / quarter;
-    piece -= piece % EXS_RING_SLOT;
-    return EXS_MAX(frag, piece);
-}
-
-/* May this conn's ring be tuned now (and is anything to measure)? */
-static int st_ring_tunable(const struct exs_conn *conn)
-{
-    return conn->p.autotune && conn->state == EXS_CONN_CONNECTED && !conn->peer_shut &&
-           !conn->rsm_peer_wait && (conn->peer.features & EXS_WIRE_FEAT_RESIZE);
-}
-
-static void st_ring_tune_locked(struct exs_conn *conn)
-{
-    struct exs_ring_tune_in in;
-    enum exs_ring_tune_verdict v;
-    uint64_t now, rtt, win;
-    uint32_t size;
-
-    if (!st_ring_tunable(conn))
-        return;
-    if (!conn->rs_win_bytes) {
-        if (conn->p.ring_size > conn->ring_init) /* grown: idle long enough to shrink? */
-            (void)exs__st_ring_timer_locked(conn, exs__now_us());
-        return;
-    }
-    now = exs__now_us();
-    conn->rs_last_us = now;
-    if (!conn->rs_win_t0) {
-        conn->rs_win_t0 = now;
-        return;
-    }
-    rtt = conn->rs_rtt_min;
-    if (!rtt)
-        return;
-    if (now - conn->rs_win_t0 < rtt) {
-        /* a window lasts at least the path's round trip, unless three quarters of the
-         * ring arrived in less: the sender refilled it faster than a round trip, it is
-         * ring-limited whatever the rest of the window brings (decided now, not a round
-         * trip later; the window goes on while a change is under way) */
-        if (conn->rs_offered || conn->rs_old_mem ||
-            conn->rs_win_bytes * 4 < (uint64_t)conn->p.ring_size * 3)
-            return;
-        win = conn->rs_win_bytes;
-    } else {
-        /* the bytes the sender moved per minimum round trip, at the rate the window saw:
-         * on a busy machine the smoothed round trip and the calls here come late, and
-         * counting a longer window's bytes against the ring would grow it where it never
-         * limited */
-        win =
-            (uint64_t)((double)conn->rs_win_bytes * (double)rtt / (double)(now - conn->rs_win_t0));
-    }
-    in = (struct exs_ring_tune_in){
-        .size = conn->p.ring_size,
-        .init = conn->ring_init,
-        .max = (uint32_t)EXS_MIN(__atomic_load_n(&exs__params.ring_max, __ATOMIC_RELAXED),
-                                 (uint64_t)EXS_WIRE_RING_SIZE_MAX),
-        .budget = __atomic_load_n(&exs__params.ring_budget, __ATOMIC_RELAXED),
-        .in_use = exs__conn_ring_bytes(),
-        .win_bytes = win,
-        .reader_waiting = st_head_recv(conn) && conn->rd_arrived == conn->rd_consumed,
-    };
-    conn->rs_win_t0 = now;
-    conn->rs_win_bytes = 0;
-    if (conn->rs_offered || conn->rs_old_mem)
-        return; /* one change at a time */
-    v = exs__st_ring_tune(&in, &size);
-    if (v == EXS_RING_REFUSED) {
-        conn->stats.ring_grow_refused++;
-        return;
-    }
-    if (v == EXS_RING_GROW) {
-        int ret = exs__st_ring_offer_locked(conn, size, 1);
-
-        if (ret == -ENOBUFS)
-            conn->stats.ring_grow_refused++;
-        else if (ret && ret != -EAGAIN)
-            EXS_INFO(PROTO, "conn %p: ring grow to %u bytes: %s", (void *)conn, size,
-                     strerror(-ret));
-    }
-}
-
-uint64_t exs__st_ring_timer_locked(struct exs_conn *conn, uint64_t now_us)
-{
-    uint64_t idle_ms = __atomic_load_n(&exs__params.ring_idle_ms, __ATOMIC_RELAXED);
-    struct exs_ring_tune_in in;
-    uint32_t size;
-    uint64_t due;
-
-    if (!idle_ms || !st_ring_tunable(conn))
-        return 0;
-    /* At its initial size the ring cannot shrink, but it may grow before the next check
-     * (nothing re-arms the owner's timer when it does): looking every EXS_RING_IDLE_MS
-     * bounds how late a grown ring's idle shrink can come to one more period. */
-    if (conn->p.ring_size <= conn->ring_init)
-        return idle_ms;
-    if (conn->rs_offered || conn->rs_old_mem)
-        return idle_ms; /* look again once the change in progress is done */
-    in = (struct exs_ring_tune_in){
-        .size = conn->p.ring_size,
-        .init = conn->ring_init,
-        .max = conn->p.ring_size,
-        .win_bytes = conn->rs_win_bytes,
-        .idle_us = now_us > conn->rs_last_us ? now_us - conn->rs_last_us : 0,
-        .idle_limit_us = idle_ms * 1000u,
-    };
-    if (exs__st_ring_tune(&in, &size) == EXS_RING_SHRINK) {
-        int ret = exs__st_ring_offer_locked(conn, size, 0);
-
-        if (!ret)
-            return idle_ms;
-        if (ret != -EAGAIN)
-            EXS_INFO(PROTO, "conn %p: ring shrink to %u bytes: %s", (void *)conn, size,
-                     strerror(-ret));
-        return idle_ms;
-    }
-    due = conn->rs_last_us + idle_ms * 1000u;
-    return due > now_us ? (due - now_us + 999u) / 1000u : 1;
-}
-
-/* The owner's side of a RESIZE answer, or the writer's side of an offer (§7.4). */
-int exs__st_on_resize_locked(struct exs_conn *conn, const struct exs_wire_resize *r)
-{
-    uint64_t addr = be64toh(r->addr), pos = be64toh(r->pos);
-    uint32_t size = be32toh(r->size), rkey = be32toh(r->rkey);
-
-    if (!conn_is_stream(conn) || (r->hdr.flags & ~EXS_RESIZE_SWITCHED)) {
-        EXS_INFO(PROTO, "conn %p: RESIZE on a SEQPACKET conn or with flags %#x", (void *)conn,
-                 r->hdr.flags);
-        return -EPROTO;
-    }
-    if (r->hdr.flags & EXS_RESIZE_SWITCHED) {
-        /* our offer's answer: every ring write before it arrived already (receive
-         * completions come in posting order), so it must name exactly rd_arrived */
-        if (!conn->rs_offered || size != conn->rs_next_size || pos != conn->rd_arrived || addr ||
-            rkey) {
-            EXS_INFO(PROTO,
-                     "conn %p: SWITCHED to %u bytes at %llu does not answer an offer "
-                     "(offered %d, %u bytes, %llu arrived)",
-                     (void *)conn, size, (unsigned long long)pos, conn->rs_offered,
-                     conn->rs_next_size, (unsigned long long)conn->rd_arrived);
-            return -EPROTO;
-        }
-        /* the old region's key ends now: nothing more may be written there */
-        if (conn->ring_grant)
-            exs__prov_revoke(conn->ring_grant);
-        conn->ring_grant = conn->rs_next_grant;
-        conn->rs_old_mem = conn->ring_mem;
-        conn->rs_old_size = conn->p.ring_size;
-        conn->rs_old_end = pos;
-        conn->ring_mem = conn->rs_next_mem;
-        conn->ring = conn->ring_mem->addr;
-        conn->p.ring_size = size;
-        conn->rs_next_mem = NULL;
-        conn->rs_next_grant = NULL;
-        conn->rs_offered = 0;
-        conn->stats.ring_resizes++;
-        /* a new window: every byte from here on was written against the new room */
-        conn->rs_win_t0 = exs__now_us();
-        conn->rs_win_bytes = 0;
-        EXS_DBG(PROTO, "conn %p: ring %u -> %u bytes from ring position %llu", (void *)conn,
-                conn->rs_old_size, size, (unsigned long long)pos);
-        st_ring_retire_locked(conn);
-        return 0;
-    }
-    /* an offer: one at a time, a region the protocol can use (the key is checked by the
-     * provider at each write) */
-    if (conn->rs_owed || pos || !addr || addr % EXS_RING_SLOT || addr + size < addr ||
-        size < EXS_WIRE_RESIZE_MIN || size % EXS_RING_SLOT || size > EXS_WIRE_RING_SIZE_MAX) {
-        EXS_INFO(PROTO, "conn %p: bad RESIZE offer (%u bytes at %#llx, pos %llu, owed %d)",
-                 (void *)conn, size, (unsigned long long)addr, (unsigned long long)pos,
-                 conn->rs_owed);
-        return -EPROTO;
-    }
-    conn->rs_owed = 1;
-    conn->rs_peer_addr = addr;
-    conn->rs_peer_size = size;
-    conn->rs_peer_rkey = rkey;
-    return 0;
-}
-
 /* ---- receiving side (Fig. 3, 4, 5) ---- */
-
-/* The first receive not yet satisfied, or NULL. */
-static struct exs_op *st_head_recv(struct exs_conn *conn)
-{
-    struct exs_list *pos;
-
-    exs_list_for_each(pos, &conn->recvq) {
-        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
-
-        if (op->state != EXS_OPS_DONE)
-            return op;
-    }
-    return NULL;
-}
 
 static void st_recv_filled_locked(struct exs_conn *conn, struct exs_op *op, size_t n)
 {
     op->filled += n;
     conn->rx_seq += n; /* S_r */
     conn->stats.bytes_received += n;
-    if (EXS_RT_ON && conn->rt)
-        exs__rt_stream_placed_locked(conn);
+    if (EXS_REQTRACE_ON && conn->rt)
+        exs__reqtrace_stream_placed_locked(conn);
     if (!(op->flags & MSG_WAITALL) || op->filled == op->len)
         exs__conn_op_finish_locked(op, (ssize_t)op->filled, 0);
 }
 
 /* §7.2 backoff: did the direct phase that a drain began pay for the drain? It must have
- * carried EXS_ST_DRAIN_WORTH ring sizes and lasted EXS_ST_DRAIN_WORTH round trips (the
+ * carried EXS_STREAM_DRAIN_WORTH ring sizes and lasted EXS_STREAM_DRAIN_WORTH round trips (the
  * drain held the ring for about one: over a long link a phase of one round trip's
  * ADVERTs does not pay, however many bytes it carried). */
 static int st_drain_paid(const struct exs_conn *conn)
 {
     uint64_t now = exs__now_us();
 
-    return conn->st_drain_bytes >= (uint64_t)EXS_ST_DRAIN_WORTH * conn->p.ring_size &&
-           now - conn->st_drain_t0 >= (uint64_t)EXS_ST_DRAIN_WORTH * conn->rs_rtt_min;
+    return conn->stream.drain_bytes >= (uint64_t)EXS_STREAM_DRAIN_WORTH * conn->p.ring_size &&
+           now - conn->stream.drain_t0 >= (uint64_t)EXS_STREAM_DRAIN_WORTH * conn->autotune.rtt_min;
 }
 
-int exs__st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
+int exs__stream_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     if (conn->peer_shut)
         return -EPROTO;
@@ -819,47 +414,47 @@ int exs__st_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
         /* Fig. 4: an indirect transfer starts (or continues) an indirect phase */
         if (conn->rd_arrived + len - conn->rd_consumed > conn->p.ring_size)
             return -EPROTO; /* the peer overran our ring */
-        if (conn->st_drain == EXS_ST_DRAIN_STOPPED &&
-            conn->rx_seq + (conn->rd_arrived - conn->rd_consumed) + len > conn->st_drain_pos)
+        if (conn->stream.drain == EXS_STREAM_DRAIN_STOPPED &&
+            conn->rx_seq + (conn->rd_arrived - conn->rd_consumed) + len > conn->stream.drain_pos)
             return -EPROTO; /* ring bytes past the position the sender stopped at */
-        if (PHASE_IS_DIRECT(conn->st_pr)) {
-            conn->st_pr++;
-            if (conn->st_drain_dir) { /* §7.2 backoff: was the drain worth it? */
+        if (PHASE_IS_DIRECT(conn->stream.pr)) {
+            conn->stream.pr++;
+            if (conn->stream.drain_dir) { /* §7.2 backoff: was the drain worth it? */
                 uint64_t base = EXS_MAX(exs__params.stream_drain_streak, (uint64_t)1);
 
                 if (!st_drain_paid(conn)) {
-                    conn->st_drain_need =
-                        (uint32_t)EXS_MIN(EXS_MAX((uint64_t)conn->st_drain_need, base) * 2,
-                                          (uint64_t)EXS_ST_DRAIN_NEED_MAX);
-                    /* and in time: need x EXS_ST_DRAIN_WORTH round trips without one */
-                    conn->st_drain_hold = exs__now_us() + (uint64_t)conn->st_drain_need *
-                                                              EXS_ST_DRAIN_WORTH * conn->rs_rtt_min;
+                    conn->stream.drain_need =
+                        (uint32_t)EXS_MIN(EXS_MAX((uint64_t)conn->stream.drain_need, base) * 2,
+                                          (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
+                    /* and in time: need x EXS_STREAM_DRAIN_WORTH round trips without one */
+                    conn->stream.drain_hold = exs__now_us() + (uint64_t)conn->stream.drain_need *
+                                                              EXS_STREAM_DRAIN_WORTH * conn->autotune.rtt_min;
                 } else {
-                    conn->st_drain_need = (uint32_t)EXS_MIN(base, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
-                    conn->st_drain_hold = 0;
+                    conn->stream.drain_need = (uint32_t)EXS_MIN(base, (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
+                    conn->stream.drain_hold = 0;
                 }
-                conn->st_drain_dir = 0;
+                conn->stream.drain_dir = 0;
             }
         }
         conn->rd_arrived += len;
-        conn->rs_win_bytes += len; /* autotuning's measure (§7.4) */
+        conn->autotune.win_bytes += len; /* autotuning's measure (§7.4) */
         return 0;
     }
     if (exs_imm_kind(imm) != EXS_IMM_DIRECT)
         return -EPROTO;
     /* the safety theorem: a direct transfer fills the head receive's ADVERT */
-    struct exs_op *op = st_head_recv(conn);
+    struct exs_op *op = exs__stream_head_recv(conn);
     if (!op || op->state != EXS_OPS_ADVERTISED || conn->rd_arrived != conn->rd_consumed ||
-        op->phase != conn->st_pr || (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) ||
+        op->phase != conn->stream.pr || (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) ||
         len > op->len - op->filled || !len) {
         EXS_INFO(PROTO, "conn %p: direct transfer of %u bytes (tag %u) does not fit the head "
                  "receive %p", (void *)conn, len, exs_imm_tag(imm), (void *)op);
         return -EPROTO;
     }
     if (!(op->flags & MSG_WAITALL))
-        conn->st_sr_next += len - 1;
-    if (conn->st_drain_dir)
-        conn->st_drain_bytes += len;
+        conn->stream.sr_next += len - 1;
+    if (conn->stream.drain_dir)
+        conn->stream.drain_bytes += len;
     st_recv_filled_locked(conn, op, len);
     return 0;
 }
@@ -869,23 +464,23 @@ static void st_copy_out_locked(struct exs_conn *conn)
 {
     struct exs_op *op;
 
-    while (conn->rd_arrived != conn->rd_consumed && (op = st_head_recv(conn))) {
+    while (conn->rd_arrived != conn->rd_consumed && (op = exs__stream_head_recv(conn))) {
         uint64_t avail = conn->rd_arrived - conn->rd_consumed, contig;
         size_t lc = (size_t)EXS_MIN(avail, (uint64_t)(op->len - op->filled));
 
         /* in pieces: at the ring's end, and where a retired region ends (§7.4) */
         for (size_t done = 0, n; done < lc; done += n) {
-            const uint8_t *src = st_ring_at(conn, conn->rd_consumed + done, &contig);
+            const uint8_t *src = exs__stream_ring_at(conn, conn->rd_consumed + done, &contig);
 
             n = (size_t)EXS_MIN((uint64_t)(lc - done), contig);
             memcpy(op->buf + op->filled + done, src, n);
         }
         conn->rd_consumed += lc;
         if (op->state == EXS_OPS_ADVERTISED && !(op->flags & MSG_WAITALL))
-            conn->st_sr_next += lc - 1;
+            conn->stream.sr_next += lc - 1;
         st_recv_filled_locked(conn, op, lc);
     }
-    st_ring_retire_locked(conn);
+    exs__stream_ring_retire_locked(conn);
 }
 
 /* Fig. 3: advertise the first unadvertised receive when allowed. */
@@ -901,10 +496,10 @@ static void st_advertise_locked(struct exs_conn *conn)
 
     if (conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut)
         return;
-    if (conn->st_drain == EXS_ST_DRAIN_REQUESTED)
+    if (conn->stream.drain == EXS_STREAM_DRAIN_REQUESTED)
         return; /* §7.2: until the sender says where its ring writes stop */
-    if (conn->st_drain == EXS_ST_DRAIN_STOPPED) {
-        if (conn->rx_seq != conn->st_drain_pos || conn->rd_arrived != conn->rd_consumed)
+    if (conn->stream.drain == EXS_STREAM_DRAIN_STOPPED) {
+        if (conn->rx_seq != conn->stream.drain_pos || conn->rd_arrived != conn->rd_consumed)
             return; /* ring bytes before the stop position are still to come */
         drained = redo = 1;
     }
@@ -913,8 +508,8 @@ static void st_advertise_locked(struct exs_conn *conn)
 
         if (op->state == EXS_OPS_DONE)
             continue;
-        if (op->state == EXS_OPS_ADVERTISED && (op->phase == conn->st_pr || !redo)) {
-            if (op->phase != conn->st_pr)
+        if (op->state == EXS_OPS_ADVERTISED && (op->phase == conn->stream.pr || !redo)) {
+            if (op->phase != conn->stream.pr)
                 return; /* k_a > 0: an ADVERT of an earlier phase is outstanding */
             outstanding++;
             continue;
@@ -939,17 +534,17 @@ static void st_advertise_locked(struct exs_conn *conn)
             return;
         if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_ADVERT_LEN))
             return;
-        if (PHASE_IS_INDIRECT(conn->st_pr)) {
-            conn->st_pr++; /* a new direct sequence */
-            conn->st_drain_dir = conn->st_drain == EXS_ST_DRAIN_STOPPED;
-            conn->st_drain_bytes = 0;
-            conn->st_drain_t0 = exs__now_us();
-            conn->st_drain = EXS_ST_DRAIN_IDLE;
-            conn->st_streak = 0;
+        if (PHASE_IS_INDIRECT(conn->stream.pr)) {
+            conn->stream.pr++; /* a new direct sequence */
+            conn->stream.drain_dir = conn->stream.drain == EXS_STREAM_DRAIN_STOPPED;
+            conn->stream.drain_bytes = 0;
+            conn->stream.drain_t0 = exs__now_us();
+            conn->stream.drain = EXS_STREAM_DRAIN_IDLE;
+            conn->stream.streak = 0;
         }
         drained = 0; /* only the first ADVERT may cover a partly filled receive */
         if (!outstanding)
-            conn->st_sr_next = conn->rx_seq; /* resynchronize (§7, receiver step 3) */
+            conn->stream.sr_next = conn->rx_seq; /* resynchronize (§7, receiver step 3) */
         /* the peer may WRITE exactly this buffer until the receive completes (a receive
          * advertised again keeps its grant) */
         if (!op->grant && exs__conn_grant_op_locked(conn, op, EXS_PROV_ACCESS_REMOTE_WRITE)) {
@@ -957,9 +552,9 @@ static void st_advertise_locked(struct exs_conn *conn)
             return;
         }
         op->advert_id = conn->next_advert_id++;
-        op->phase = conn->st_pr;
-        op->seq = conn->st_sr_next;
-        conn->st_sr_next += (op->flags & MSG_WAITALL) ? op->len - op->filled : 1;
+        op->phase = conn->stream.pr;
+        op->seq = conn->stream.sr_next;
+        conn->stream.sr_next += (op->flags & MSG_WAITALL) ? op->len - op->filled : 1;
         struct exs_wire_advert a = {
             .hdr = {.type = EXS_CTRL_ADVERT,
                     .flags = (op->flags & MSG_WAITALL) ? EXS_ADVERT_WAITALL : 0,
@@ -1005,24 +600,24 @@ static void st_drain_check_locked(struct exs_conn *conn)
     uint64_t streak_min = exs__params.stream_drain_streak;
     struct exs_op *head;
 
-    if (PHASE_IS_DIRECT(conn->st_pr) || conn->st_drain != EXS_ST_DRAIN_IDLE || !streak_min ||
+    if (PHASE_IS_DIRECT(conn->stream.pr) || conn->stream.drain != EXS_STREAM_DRAIN_IDLE || !streak_min ||
         conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut ||
         !(conn->peer.features & EXS_WIRE_FEAT_DRAIN))
         return;
-    if (conn->rd_arrived != conn->st_eval_arrived) { /* one step per arrival, not per call */
-        conn->st_eval_arrived = conn->rd_arrived;
-        head = st_head_recv(conn);
+    if (conn->rd_arrived != conn->stream.eval_arrived) { /* one step per arrival, not per call */
+        conn->stream.eval_arrived = conn->rd_arrived;
+        head = exs__stream_head_recv(conn);
         if (conn->rd_arrived == conn->rd_consumed && head &&
             head->len - head->filled >= exs__params.stream_direct_min)
-            conn->st_streak++;
+            conn->stream.streak++;
         else
-            conn->st_streak = 0;
+            conn->stream.streak = 0;
     }
-    if (!conn->st_drain_need)
-        conn->st_drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_ST_DRAIN_NEED_MAX);
-    if (conn->st_streak < conn->st_drain_need)
+    if (!conn->stream.drain_need)
+        conn->stream.drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
+    if (conn->stream.streak < conn->stream.drain_need)
         return;
-    if (conn->st_drain_hold && exs__now_us() < conn->st_drain_hold)
+    if (conn->stream.drain_hold && exs__now_us() < conn->stream.drain_hold)
         return; /* backing off (§7.2): the streak stays, the request waits */
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_DRAIN_LEN) && !exs__conn_ctrl_flush_locked(conn))
         return;
@@ -1032,17 +627,17 @@ static void st_drain_check_locked(struct exs_conn *conn)
     struct exs_wire_drain d = {
         .hdr = {.type = EXS_CTRL_DRAIN, .len = htobe16(EXS_WIRE_DRAIN_LEN)},
         .pos = htobe64(arrived),
-        .phase = htobe32(conn->st_pr),
+        .phase = htobe32(conn->stream.pr),
     };
     exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
-    conn->st_drain = EXS_ST_DRAIN_REQUESTED;
-    conn->st_streak = 0;
+    conn->stream.drain = EXS_STREAM_DRAIN_REQUESTED;
+    conn->stream.streak = 0;
     conn->stats.drain_requests++;
-    EXS_TRACE(PROTO, "conn %p: DRAIN in phase %u at %llu", (void *)conn, conn->st_pr,
+    EXS_TRACE(PROTO, "conn %p: DRAIN in phase %u at %llu", (void *)conn, conn->stream.pr,
               (unsigned long long)arrived);
 }
 
-void exs__st_recv_progress_locked(struct exs_conn *conn)
+void exs__stream_recv_progress_locked(struct exs_conn *conn)
 {
     if (conn->state != EXS_CONN_CONNECTED)
         return;
@@ -1054,12 +649,46 @@ void exs__st_recv_progress_locked(struct exs_conn *conn)
     }
     st_drain_check_locked(conn);
     st_advertise_locked(conn);
-    st_ring_tune_locked(conn);
+    exs__stream_ring_tune_locked(conn);
 }
 
-void exs__st_dead_drain_locked(struct exs_conn *conn)
+void exs__stream_dead_drain_locked(struct exs_conn *conn)
 {
     /* receives in flight lose their ADVERTs; ring data still goes out in order */
     st_copy_out_locked(conn);
     st_eof_locked(conn, conn->peer_shut ? 0 : (conn->err ? conn->err : ECONNRESET));
 }
+
+/* A batched ring write (§6.1) of a direct phase makes it indirect. */
+static void st_batch_ring_write(struct exs_conn *conn)
+{
+    if (PHASE_IS_DIRECT(conn->stream.ps))
+        exs__stream_enter_indirect_locked(conn);
+}
+
+/* The memory the STREAM data path holds: batching's staging, the send buffer, the
+ * regions of autotuning. */
+static void st_release(struct exs_conn *conn)
+{
+    exs__batch_release_locked(conn);
+    exs__stage_release_locked(conn);
+    exs__stream_ring_release_locked(conn);
+}
+
+const struct exs_datapath exs__stream_path = {
+    .name = "STREAM",
+    .bytes = 1,
+    .ring_resize = 1,
+    .on_advert = exs__stream_on_advert_locked,
+    .on_drain = exs__stream_on_drain_locked,
+    .on_resize = exs__stream_on_resize_locked,
+    .on_data = exs__stream_on_data_locked,
+    .recv_progress = exs__stream_recv_progress_locked,
+    .send_progress = exs__stream_send_progress_locked,
+    .dead_drain = exs__stream_dead_drain_locked,
+    .stage_send = exs__stage_send_locked,
+    .ring_timer = exs__stream_ring_timer_locked,
+    .stats = exs__stream_stats_locked,
+    .batch_ring_write = st_batch_ring_write,
+    .release = st_release,
+};

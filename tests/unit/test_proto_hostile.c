@@ -785,7 +785,7 @@ static void raw_drain(uint64_t pos, uint32_t phase, struct pt_op *s, uint8_t *sb
         ck_assert_int_eq(pt_post(s), 0);
         pt_run(&pp);
         pt_assert_done(s, 100, 0);
-        ck_assert_uint_eq(pp.b.conn->st_ps, 1);
+        ck_assert_uint_eq(pp.b.conn->stream.ps, 1);
     }
     raw_ctrl(EXS_CTRL_DRAIN, EXS_WIRE_DRAIN_LEN, 0, &d, sizeof(d));
 }
@@ -830,7 +830,7 @@ START_TEST(hs_drain_honoured)
     pt_stats(&pp.b, &st);
     ck_assert_uint_eq(st.direct_xfers, 1);
     ck_assert_uint_eq(st.indirect_xfers, 1);
-    ck_assert_uint_eq(pp.b.conn->st_ps, 2);
+    ck_assert_uint_eq(pp.b.conn->stream.ps, 2);
     pt_op_fini(&s);
     pt_op_fini(&s2);
     exs__conn_close(pp.b.conn);
@@ -963,7 +963,7 @@ START_TEST(hs_trace_ok)
 {
     static uint8_t sb[20];
     struct pt_op s;
-    uint64_t before = exs__rt_completed();
+    uint64_t before = exs__reqtrace_completed();
 
     raw_open(SOCK_SEQPACKET);
     raw_trace(0, 0, 5, 0, 0, 0); /* a request for message 0, which comes next */
@@ -976,7 +976,7 @@ START_TEST(hs_trace_ok)
     raw_trace(EXS_TRACE_ANSWER, 0, 10, 11, 12, 13);
     pt_run(&pp);
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
-    ck_assert_uint_eq(exs__rt_completed(), before + 1);
+    ck_assert_uint_eq(exs__reqtrace_completed(), before + 1);
     pt_op_fini(&s);
     exs__conn_close(pp.b.conn);
     raw_close();
@@ -1156,7 +1156,7 @@ static void raw_st_write(const uint8_t *data, uint32_t len, uint64_t off)
 }
 
 /* Nine TRACE requests from raw, each but the last followed by its data (SEQPACKET: an eager
- * message; STREAM: one byte), none received: the ninth, with EXS_RT_SLOTS waiting, resets
+ * message; STREAM: one byte), none received: the ninth, with EXS_REQTRACE_SLOTS waiting, resets
  * the connection. Closes raw. */
 static void raw_trace_ninth(int stream)
 {
@@ -1187,7 +1187,7 @@ START_TEST(hs_trace_stream_ok)
     static uint8_t sb[20], rb[64];
     struct pt_op s, r;
     struct exs_wire_trace t[4];
-    uint64_t before = exs__rt_completed();
+    uint64_t before = exs__reqtrace_completed();
     int data_first = 0;
 
     raw_open(SOCK_STREAM);
@@ -1216,11 +1216,11 @@ START_TEST(hs_trace_stream_ok)
     ck_assert_uint_eq(t[0].hdr.flags, 0);
     ck_assert_uint_eq(be64toh(t[0].seq), 20);
     ck_assert_uint_gt(be64toh(t[0].t_req), 0);
-    ck_assert_uint_eq(exs__rt_completed(), before);
+    ck_assert_uint_eq(exs__reqtrace_completed(), before);
     raw_trace(EXS_TRACE_ANSWER, 20, 10, 11, 12, 13);
     pt_run(&pp);
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
-    ck_assert_uint_eq(exs__rt_completed(), before + 1);
+    ck_assert_uint_eq(exs__reqtrace_completed(), before + 1);
     pt_op_fini(&r);
     pt_op_fini(&s);
     exs__conn_close(pp.b.conn);
@@ -1241,7 +1241,7 @@ START_TEST(hs_trace_stream_waiting)
     static uint8_t fill[4096], sb[20];
     struct pt_op f, s;
     struct exs_wire_trace t[4];
-    uint64_t before = exs__rt_completed(), consumed = htobe64(4096);
+    uint64_t before = exs__reqtrace_completed(), consumed = htobe64(4096);
 
     raw_open(SOCK_STREAM);
     pt_op_init(&f, &pp.b, EXS_OP_SEND, fill, sizeof(fill), 0); /* fills raw's ring */
@@ -1265,8 +1265,8 @@ START_TEST(hs_trace_stream_waiting)
     ck_assert_int_eq(s.op.err, 0);
     raw_trace(EXS_TRACE_ANSWER, 4096 + 20, 10, 11, 12, 13);
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
-    ck_assert_uint_eq(exs__rt_completed(), before + 1);
-    for (unsigned i = 0; i < EXS_RT_SLOTS; i++)
+    ck_assert_uint_eq(exs__reqtrace_completed(), before + 1);
+    for (unsigned i = 0; i < EXS_REQTRACE_SLOTS; i++)
         ck_assert_int_eq(pp.b.conn->rt->tx[i].used, 0);
     pt_op_fini(&f);
     pt_op_fini(&s);
@@ -1417,8 +1417,8 @@ static void raw_b_offers(struct exs_wire_resize *offer)
              raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
     pt_run(&pp);
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
-    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 0), 0);
-    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 0), -EBUSY);
+    ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 0), 0);
+    ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 0), -EBUSY);
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pt_run(&pp);
     ck_assert(raw_find_record(EXS_CTRL_RESIZE, offer, sizeof(*offer)));
@@ -1453,7 +1453,7 @@ START_TEST(hs_resize_switched)
     pt_run(&pp);
     pt_assert_done(&r, 300, 0);
     ck_assert(pt_check(rb, 300, 0));
-    ck_assert_ptr_null(pp.b.conn->rs_old_mem); /* consumed: retired */
+    ck_assert_ptr_null(pp.b.conn->autotune.old_mem); /* consumed: retired */
     pt_stats(&pp.b, &st);
     ck_assert_uint_eq(st.ring_resizes, 1);
     ck_assert_uint_eq(st.ring_size, 8192);
@@ -1669,7 +1669,7 @@ START_TEST(hs_resume_bad)
         raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN, 0, (uint8_t *)&ss + 8, sizeof(ss) - 8);
         pt_run(&pp);
         ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
-        ck_assert_int_eq(pp.b.conn->rsm_keys, EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER);
+        ck_assert_int_eq(pp.b.conn->resume.keys, EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER);
         /* fall through: a second one */
     case 0:
         raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN, 0, (uint8_t *)&ss + 8, sizeof(ss) - 8);
@@ -1738,7 +1738,7 @@ START_TEST(hs_session_active_checks)
         ck_assert_int_eq(on_session(pp.b.conn, &ss), -EPROTO);
     } else {
         pp.a.conn->sess_token = 0; /* as if none had come yet */
-        pp.a.conn->rsm_keys &= ~EXS_RSM_KEY_PEER;
+        pp.a.conn->resume.keys &= ~EXS_RSM_KEY_PEER;
         ss.hdr.flags = 1;
         ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
         ss.hdr.flags = 0; /* and the good one is taken */
@@ -1746,7 +1746,7 @@ START_TEST(hs_session_active_checks)
         exs__sha256(ss.key, sizeof(ss.key), d);
         memcpy(&token, d, sizeof(token));
         ck_assert_uint_eq(pp.a.conn->sess_token, be64toh(token));
-        ck_assert_int_eq(memcmp(pp.a.conn->rsm_key + EXS_WIRE_SESSION_KEY_LEN, ss.key, 32), 0);
+        ck_assert_int_eq(memcmp(pp.a.conn->resume.key + EXS_WIRE_SESSION_KEY_LEN, ss.key, 32), 0);
     }
     pt_close_both(&pp);
 }
@@ -1762,7 +1762,7 @@ START_TEST(hs_session_early_without_bit)
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(pp.a.conn->sess_token, 0);
     pp.a.conn->sess_token = 99; /* as if taken before the hello was adopted */
-    pp.a.conn->rsm_keys |= EXS_RSM_KEY_PEER;
+    pp.a.conn->resume.keys |= EXS_RSM_KEY_PEER;
     exs__resume_established_locked(pp.a.conn);
     ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
     ck_assert_int_eq(pp.a.conn->err, ECONNRESET);
@@ -1960,24 +1960,24 @@ START_TEST(hs_resume_new_path)
     /* a new path not yet established: kept once, a second one refused */
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->state = EXS_CONN_RESUMING;
-    pp.a.conn->rsm_peer_wait = 1;
+    pp.a.conn->resume.peer_wait = 1;
     EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(on_resume(pp.a.conn, &rec), 0);
-    ck_assert_int_eq(pp.a.conn->rsm_peer_got, 1);
+    ck_assert_int_eq(pp.a.conn->resume.peer_got, 1);
     ck_assert_int_eq(on_resume(pp.a.conn, &rec), -EPROTO);
     /* an established new path: checked before anything moves */
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->state = EXS_CONN_CONNECTED;
-    pp.a.conn->rsm_peer_got = 0;
+    pp.a.conn->resume.peer_got = 0;
     sent = pp.a.conn->tx_seq;
     EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     bad = rec;
     bad.token = htobe64(pp.a.conn->sess_token + 1);
     ck_assert_int_eq(on_resume(pp.a.conn, &bad), -EPROTO);
     ck_assert_uint_eq(pp.a.conn->tx_seq, sent);
-    ck_assert_int_eq(pp.a.conn->rsm_peer_wait, 1);
+    ck_assert_int_eq(pp.a.conn->resume.peer_wait, 1);
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
-    pp.a.conn->rsm_peer_wait = 0;
+    pp.a.conn->resume.peer_wait = 0;
     EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
 
     /* resume requests: refused before anything is touched (req NULL) */
@@ -2013,7 +2013,7 @@ static void *rq_thread(void *a)
 
 /* A resume request finds its session in the registry, then takes the conn's lock; the
  * conn's socket may be closed and the conn destroyed by another thread in between. The
- * finder holds the conn (rsm_refs): destroy leaves it to the finder, which sees it DEAD,
+ * finder holds the conn (resume.refs): destroy leaves it to the finder, which sees it DEAD,
  * refuses the request and frees it. Without the hold the conn is freed under the finder
  * (ASan: use after free) and the live count is off. */
 START_TEST(hs_resume_request_vs_destroy)
@@ -2037,9 +2037,9 @@ START_TEST(hs_resume_request_vs_destroy)
     memcpy(q.pd + EXS_WIRE_HELLO_LEN, &tok, sizeof(tok));
     EXS_MUTEX_LOCK(&pas->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(pthread_create(&th, NULL, rq_thread, &q), 0);
-    for (i = 0; i < 10000 && !__atomic_load_n(&pas->rsm_refs, __ATOMIC_ACQUIRE); i++)
+    for (i = 0; i < 10000 && !__atomic_load_n(&pas->resume.refs, __ATOMIC_ACQUIRE); i++)
         nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-    ck_assert_uint_eq(__atomic_load_n(&pas->rsm_refs, __ATOMIC_ACQUIRE), 1);
+    ck_assert_uint_eq(__atomic_load_n(&pas->resume.refs, __ATOMIC_ACQUIRE), 1);
     /* the finder waits for the lock: destroy the conn now */
     exs__conn_destroy(pas);
     ck_assert_int_eq(exs__conn_live_count(), 2); /* not freed: the finder holds it */
@@ -2283,7 +2283,7 @@ static uint32_t ra_cut(void)
     uint32_t n;
 
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
-    n = exs__sp_resume_cut_locked(pp.b.conn);
+    n = exs__seqpkt_resume_cut_locked(pp.b.conn);
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     return n;
 }
@@ -2375,10 +2375,10 @@ START_TEST(hs_reann_stale)
     ra_expect_msg(&r[1], rb[1], 1);
     ck_assert_uint_eq(ra_read_dones(1, &named), 1);
     ck_assert_uint_eq(named, 1);
-    ck_assert_int_eq(pp.b.conn->sp_reann_open, 1);
+    ck_assert_int_eq(pp.b.conn->seqpkt.reann_open, 1);
     ra_announce(2, 2, RAW_MSG_LEN, mr_b->rkey); /* the first new message */
     pt_run(&pp);
-    ck_assert_int_eq(pp.b.conn->sp_reann_open, 0);
+    ck_assert_int_eq(pp.b.conn->seqpkt.reann_open, 0);
     ra_expect_msg(&r[2], rb[2], 2);
     mock_stats(pp.b.ctx, &st);
     ck_assert_uint_eq(st.reads - st0.reads, 3);
@@ -2454,8 +2454,8 @@ START_TEST(hs_reann_inflight)
     ck_assert_uint_eq(pp.b.conn->pending_announced, 1);
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pp.b.conn->state = EXS_CONN_RESUMING;
-    pp.b.conn->rsm_over = 1;
-    pp.b.conn->rsm_t0_ns = exs__now_ns();
+    pp.b.conn->resume.over = 1;
+    pp.b.conn->resume.t0_ns = exs__now_ns();
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     mock_drop(raw.ep);
     pt_run(&pp); /* the READ flushes, the DISCONNECTED comes: the old path is over */
@@ -2466,7 +2466,7 @@ START_TEST(hs_reann_inflight)
     ck_assert_int_eq(r.op.state, EXS_OPS_QUEUED);
     ck_assert_uint_eq(r.op.filled, 0);
     ck_assert_uint_eq(pp.b.conn->reads, 0);
-    ck_assert_ptr_null(pp.b.conn->sp_rd_op);
+    ck_assert_ptr_null(pp.b.conn->seqpkt.rd_op);
     ck_assert_uint_eq(pp.b.conn->pending_count, 2);
     ck_assert_uint_eq(pp.b.conn->pending_announced, 2);
     ck_assert_uint_eq(pp.b.conn->rx_seq, 2);
@@ -2508,7 +2508,7 @@ START_TEST(hs_reann_bad)
 
     ra_open();
     if (_i == 4)
-        pp.b.conn->sp_memo_cap = 1; /* before the first read */
+        pp.b.conn->seqpkt.memo_cap = 1; /* before the first read */
     switch (_i) {
     case 0:
         raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
@@ -2551,7 +2551,7 @@ START_TEST(hs_reann_bad)
         pt_run(&pp);
         ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
         pt_assert_done(&r[1], (ssize_t)sizeof(msg), 0);
-        ck_assert_int_eq(pp.b.conn->sp_reann_open, 0);
+        ck_assert_int_eq(pp.b.conn->seqpkt.reann_open, 0);
         ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
         break;
     case 4:
@@ -2619,7 +2619,7 @@ START_TEST(hs_reann_sender)
     rec.ring_consumed = htobe64(pp.b.conn->wr_consumed);
     mock_stats(pp.b.ctx, &st0);
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
-    pp.b.conn->rsm_peer_wait = 1;
+    pp.b.conn->resume.peer_wait = 1;
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(on_resume(pp.b.conn, &rec), 0);
     ck_assert_int_eq(s.done, 0); /* not completed: its READ_DONE never came */
@@ -3007,19 +3007,19 @@ START_TEST(hs_ka_ping_waits_for_credit)
     ck_assert_uint_eq(b->owed, 1);
     /* an interval of silence: the PING cannot go, the wait begins */
     EXS_MUTEX_LOCK(&b->lock, EXS_LOCK_CONN);
-    b->ka_heard_ns -= intv + intv / 2;
+    b->keepalive.heard_ns -= intv + intv / 2;
     EXS_MUTEX_UNLOCK(&b->lock, EXS_LOCK_CONN);
     ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
     pt_stats(&pp.b, &st);
     ck_assert_uint_eq(st.keepalive_probes, 0);
-    ck_assert_int_eq(b->ka_waiting, 1);
-    ck_assert_int_eq(b->ka_ping, 0);
+    ck_assert_int_eq(b->keepalive.waiting, 1);
+    ck_assert_int_eq(b->keepalive.ping, 0);
     /* another: tried again, still no credit; one failed interval */
     EXS_MUTEX_LOCK(&b->lock, EXS_LOCK_CONN);
-    b->ka_probe_ns -= intv + intv / 2;
+    b->keepalive.probe_ns -= intv + intv / 2;
     EXS_MUTEX_UNLOCK(&b->lock, EXS_LOCK_CONN);
     ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
-    ck_assert_uint_eq(b->ka_fails, 1);
+    ck_assert_uint_eq(b->keepalive.fails, 1);
     ck_assert_int_eq(b->state, EXS_CONN_CONNECTED);
     pt_run(&pp);
     ka_collect(&k);
@@ -3031,8 +3031,8 @@ START_TEST(hs_ka_ping_waits_for_credit)
     ka_collect(&k);
     ck_assert_int_eq(k.nops, nops + 1);
     ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
-    ck_assert_int_eq(b->ka_waiting, 0);
-    ck_assert_uint_eq(b->ka_fails, 0);
+    ck_assert_int_eq(b->keepalive.waiting, 0);
+    ck_assert_uint_eq(b->keepalive.fails, 0);
     pt_stats(&pp.b, &st);
     ck_assert_uint_eq(st.keepalive_probes, 0);
     ck_assert_uint_eq(st.keepalive_timeouts, 0);

@@ -36,17 +36,17 @@ START_TEST(rt_grow_when_ring_limited)
     uint32_t n;
 
     in.win_bytes = (3u << 18) - 1; /* less than three quarters of the ring: doubles */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, 2u << 20);
     in.win_bytes = (1u << 19); /* exactly half the ring in a round trip: still limited */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, 2u << 20);
     in.win_bytes = (1u << 19) - 1; /* less: the ring is not what limits */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_KEEP);
     ck_assert_uint_eq(n, in.size);
     in = tune_in();
     in.reader_waiting = 0; /* the application does not keep up: more ring would not help */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_KEEP);
 }
 END_TEST
 
@@ -60,21 +60,21 @@ START_TEST(rt_grow_fast_when_ring_full)
     int steps = 0;
 
     in.win_bytes = 3u << 18; /* exactly three quarters */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, EXS_RING_GROW_FAST << 20);
     in.win_bytes = 5u << 20; /* more than the ring: the same step, not sized from it */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, EXS_RING_GROW_FAST << 20);
     for (in.size = 1u << 20; in.size < in.max; steps++) {
         in.win_bytes = in.size;
-        ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+        ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
         ck_assert_uint_gt(n, in.size);
         in.size = n;
     }
     ck_assert_uint_eq(in.size, 64u << 20);
     ck_assert_int_eq(steps, 3);
     in.size = 32u << 20; /* capped by max */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, 64u << 20);
 }
 END_TEST
@@ -86,23 +86,23 @@ START_TEST(rt_grow_capped_by_max)
 
     in.size = 48u << 20;
     in.win_bytes = in.size;
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, 64u << 20); /* not 96 MiB */
     in.size = 64u << 20;
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_KEEP);
     in = tune_in();
     in.max = (3u << 20) + 63; /* not a multiple of the slot: rounded down */
     in.size = 2u << 20;
     in.win_bytes = in.size;
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, 3u << 20);
     in.max = 0; /* off */
     in.size = in.init;
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_KEEP);
     in.max = 8u << 30; /* above the wire's limit: the limit */
     in.size = EXS_WIRE_RING_SIZE_MAX;
     in.win_bytes = in.size;
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_KEEP);
 }
 END_TEST
 
@@ -113,17 +113,17 @@ START_TEST(rt_budget_refuses)
 
     in.budget = 3u << 20;
     in.in_use = 1u << 20; /* + 2 MiB = 3 MiB: fits */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, 2u << 20); /* the fast step (4 MiB) passes it: doubles */
     in.budget = 5u << 20;
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
     ck_assert_uint_eq(n, 4u << 20); /* 1 + 4 MiB: the fast step fits */
     in.budget = 3u << 20;
     in.in_use = (1u << 20) + 64; /* one slot more: refused */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_REFUSED);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_REFUSED);
     ck_assert_uint_eq(n, in.size);
     in.budget = 0; /* no bound */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_GROW);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_GROW);
 }
 END_TEST
 
@@ -135,16 +135,16 @@ START_TEST(rt_shrink_when_idle)
     in.size = 8u << 20;
     in.win_bytes = 0;
     in.idle_us = 999999;
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_KEEP);
     in.idle_us = 1000000;
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_SHRINK);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_SHRINK);
     ck_assert_uint_eq(n, in.init);
     in.idle_limit_us = 0; /* never */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_KEEP);
     in = tune_in();
     in.win_bytes = 0;
     in.idle_us = 5000000; /* at its initial size already */
-    ck_assert_int_eq(exs__st_ring_tune(&in, &n), EXS_RING_KEEP);
+    ck_assert_int_eq(exs__stream_ring_tune(&in, &n), EXS_RING_KEEP);
 }
 END_TEST
 
@@ -173,7 +173,7 @@ static int rg_offer(struct pt_side *side, uint32_t size)
     int ret;
 
     EXS_MUTEX_LOCK(&side->conn->lock, EXS_LOCK_CONN);
-    ret = exs__st_ring_offer_locked(side->conn, size, 0);
+    ret = exs__stream_ring_offer_locked(side->conn, size, 0);
     EXS_MUTEX_UNLOCK(&side->conn->lock, EXS_LOCK_CONN);
     return ret;
 }
@@ -271,8 +271,8 @@ START_TEST(rg_switch_under_traffic)
         ck_assert_uint_gt(switches[d], 3);
         ck_assert_uint_eq(st.ring_resizes, switches[d]);
         ck_assert_uint_eq(st.ring_size, side[!d]->conn->p.ring_size);
-        ck_assert_ptr_null(side[!d]->conn->rs_old_mem); /* all copied out: retired */
-        ck_assert_int_eq(side[!d]->conn->rs_offered, 0);
+        ck_assert_ptr_null(side[!d]->conn->autotune.old_mem); /* all copied out: retired */
+        ck_assert_int_eq(side[!d]->conn->autotune.offered, 0);
     }
     ck_assert_uint_eq(pt_rnr(&pp), 0);
 }
@@ -291,7 +291,7 @@ START_TEST(rg_close_with_offer_out)
     ck_assert_int_eq(rg_offer(&pp.b, 8192), 0);
     if (_i == 1) {
         pt_run(&pp); /* answered: the old region holds the 2000 bytes nobody received */
-        ck_assert_ptr_nonnull(pp.b.conn->rs_old_mem);
+        ck_assert_ptr_nonnull(pp.b.conn->autotune.old_mem);
         ck_assert_uint_eq(pp.b.conn->p.ring_size, 8192);
     }
     ck_assert_uint_gt(exs__conn_ring_bytes(), 0);
@@ -312,12 +312,12 @@ START_TEST(rg_timer_watches_initial_ring)
     EXS_MUTEX_LOCK(&c->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(c->p.ring_size, c->ring_init); /* not grown */
     c->p.autotune = 1;
-    ck_assert_uint_eq(exs__st_ring_timer_locked(c, now), 200);
+    ck_assert_uint_eq(exs__stream_ring_timer_locked(c, now), 200);
     exs__params.ring_idle_ms = 0;
-    ck_assert_uint_eq(exs__st_ring_timer_locked(c, now), 0);
+    ck_assert_uint_eq(exs__stream_ring_timer_locked(c, now), 0);
     exs__params.ring_idle_ms = 200;
     c->p.autotune = 0;
-    ck_assert_uint_eq(exs__st_ring_timer_locked(c, now), 0);
+    ck_assert_uint_eq(exs__stream_ring_timer_locked(c, now), 0);
     EXS_MUTEX_UNLOCK(&c->lock, EXS_LOCK_CONN);
 }
 END_TEST
@@ -333,12 +333,12 @@ static int rg_tune_offers(uint64_t rtt_min_us, uint64_t window_us)
     EXS_MUTEX_LOCK(&c->lock, EXS_LOCK_CONN);
     c->p.autotune = 1;
     c->stats.srtt_us = window_us;
-    c->rs_rtt_min = rtt_min_us;
-    c->rs_rtt_min_t = exs__now_us();
-    c->rs_win_t0 = exs__now_us() - window_us;
-    c->rs_win_bytes = c->p.ring_size;
-    exs__st_recv_progress_locked(c);
-    offered = c->rs_offered;
+    c->autotune.rtt_min = rtt_min_us;
+    c->autotune.rtt_min_t = exs__now_us();
+    c->autotune.win_t0 = exs__now_us() - window_us;
+    c->autotune.win_bytes = c->p.ring_size;
+    exs__stream_recv_progress_locked(c);
+    offered = c->autotune.offered;
     EXS_MUTEX_UNLOCK(&c->lock, EXS_LOCK_CONN);
     return offered;
 }
@@ -379,7 +379,7 @@ START_TEST(rg_offer_refused)
     pt_run(&pp);
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->peer.features &= ~EXS_WIRE_FEAT_RESIZE; /* as an old peer's hello */
-    ck_assert_int_eq(exs__st_ring_offer_locked(pp.a.conn, 8192, 0), -EOPNOTSUPP);
+    ck_assert_int_eq(exs__stream_ring_offer_locked(pp.a.conn, 8192, 0), -EOPNOTSUPP);
     EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
 }
 END_TEST
@@ -391,9 +391,9 @@ START_TEST(rg_offer_budget)
 
     exs__params.ring_budget = before + 4096;
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
-    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 1), -ENOBUFS);
+    ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 1), -ENOBUFS);
     ck_assert_uint_eq(exs__conn_ring_bytes(), before);
-    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 4096, 1), 0);
+    ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 4096, 1), 0);
     ck_assert_uint_eq(exs__conn_ring_bytes(), before + 4096);
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pt_run(&pp);
@@ -414,7 +414,7 @@ START_TEST(rg_mem_budget)
     exs__params.ring_budget = 0;
     exs__params.mem_budget = used + 4096;
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
-    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 1), -ENOBUFS);
+    ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 1), -ENOBUFS);
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(exs__mem.mem_refused_growth, grows + 1);
     ck_assert_uint_eq(exs__mem_used(), used);
@@ -451,7 +451,7 @@ START_TEST(rg_direct_linger)
     if (_i) { /* waits for the direct write */
         ck_assert_uint_eq(st.indirect_xfers, 0);
         ck_assert_uint_eq(st.mode_switches, 0);
-        ck_assert(PHASE_IS_DIRECT(pp.a.conn->st_ps));
+        ck_assert(PHASE_IS_DIRECT(pp.a.conn->stream.ps));
     } else { /* the ring at once: a switch */
         ck_assert_uint_eq(st.indirect_xfers, 1);
         ck_assert_uint_eq(st.mode_switches, 1);
@@ -465,7 +465,7 @@ START_TEST(rg_direct_linger)
     ck_assert_uint_eq(st.indirect_xfers, 1);
     ck_assert_uint_eq(st.mode_switches, 1);
     /* a linger that no ADVERT ended skips the linger in the next direct phase */
-    ck_assert_uint_eq(pp.a.conn->st_linger_skip, (_i ? 1u : 0u));
+    ck_assert_uint_eq(pp.a.conn->stream.linger_skip, (_i ? 1u : 0u));
     pt_recv_post(&r[1], &pp.b, rb[1], 3000, 0);
     pt_run(&pp);
     pt_assert_done(&r[1], 2000, 0);
@@ -494,14 +494,14 @@ START_TEST(rg_direct_linger_count)
     pt_send_pattern(&s[1], &pp.a, sb[1], 2000, 3000); /* 1 waiting, 1 in flight: lingers */
     pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.indirect_xfers, 0);
-    ck_assert_int_eq(pp.a.conn->st_lingering, 1);
+    ck_assert_int_eq(pp.a.conn->stream.lingering, 1);
     pt_send_pattern(&s[2], &pp.a, sb[2], 1000, 5000); /* 2 waiting, 1 in flight: the ring */
     pt_stats(&pp.a, &st);
     ck_assert_uint_eq(st.direct_xfers, 1);
     ck_assert_uint_ge(st.indirect_xfers, 1); /* s2 may follow s1 once its write completed */
     ck_assert_uint_eq(st.mode_switches, 1);
-    ck_assert_int_eq(pp.a.conn->st_lingering, 0);
-    ck_assert_uint_eq(pp.a.conn->st_linger_skip, 0); /* not a failed linger */
+    ck_assert_int_eq(pp.a.conn->stream.lingering, 0);
+    ck_assert_uint_eq(pp.a.conn->stream.linger_skip, 0); /* not a failed linger */
     pt_run(&pp);
     pt_assert_done(&r[0], 3000, 0);
     ck_assert(pt_check(rb[0], 3000, 0));

@@ -554,13 +554,13 @@ static void st_drain_run(int mode)
         pt_stats(&pp.b, &sbs);
         ck_assert_uint_eq(sbs.drain_requests, 0);
         ck_assert_int_eq(tap.n_drain, 0);
-        ck_assert_int_eq(pp.a.conn->st_held, 0);
-        ck_assert_int_eq(pp.b.conn->st_drain, EXS_ST_DRAIN_IDLE);
+        ck_assert_int_eq(pp.a.conn->stream.held, 0);
+        ck_assert_int_eq(pp.b.conn->stream.drain, EXS_STREAM_DRAIN_IDLE);
         st_send(&s[3], &pp.a, sb[3], s3len, stop);
         pt_run(&pp);
     } else {
         /* step until the sender honoured the DRAIN; its answer is not yet at the receiver */
-        while (!pp.a.conn->st_held) {
+        while (!pp.a.conn->stream.held) {
             ck_assert_int_lt(guard++, 100000);
             mock_step();
             pt_dispatch(&pp);
@@ -583,8 +583,8 @@ static void st_drain_run(int mode)
         ck_assert_uint_eq(sbs.drain_requests, 1); /* sent */
         ck_assert_uint_eq(sa.indirect_xfers, 3);  /* nothing more went into the ring */
         ck_assert_uint_eq(sa.direct_xfers, 1);    /* direct again, on the next ADVERT */
-        ck_assert_uint_eq(pp.a.conn->st_ps, 4);
-        ck_assert_int_eq(pp.a.conn->st_held, 0);
+        ck_assert_uint_eq(pp.a.conn->stream.ps, 4);
+        ck_assert_int_eq(pp.a.conn->stream.held, 0);
         ck_assert_int_eq(tap.n_drain, 1);
     }
     pt_assert_done(&r[2], 1000 - (waitall ? 0 : 500), 0);
@@ -606,14 +606,14 @@ static void st_drain_run(int mode)
         static uint8_t sb5[500], rb5[1000];
         struct pt_op s5, r5;
 
-        ck_assert_uint_eq(pp.b.conn->st_drain_need, 2);
+        ck_assert_uint_eq(pp.b.conn->stream.drain_need, 2);
         st_send(&s5, &pp.a, sb5, sizeof(sb5), stop + 2000);
         pt_run(&pp);
         pt_stats(&pp.a, &sa);
         ck_assert_uint_eq(sa.indirect_xfers, 4);
-        ck_assert_uint_eq(pp.b.conn->st_pr, 5);
-        ck_assert_uint_eq(pp.b.conn->st_drain_need, 4);
-        ck_assert_uint_gt(pp.b.conn->st_drain_hold, 0); /* and in time (§7.2) */
+        ck_assert_uint_eq(pp.b.conn->stream.pr, 5);
+        ck_assert_uint_eq(pp.b.conn->stream.drain_need, 4);
+        ck_assert_uint_gt(pp.b.conn->stream.drain_hold, 0); /* and in time (§7.2) */
         pt_recv_post(&r5, &pp.b, rb5, sizeof(rb5), 0);
         pt_run(&pp);
         pt_assert_done(&r5, 500, 0);
@@ -623,14 +623,14 @@ static void st_drain_run(int mode)
         pt_op_fini(&r5);
         /* the streak is there, but the hold is not over: no request; once it is, one */
         EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
-        pp.b.conn->st_drain_hold = exs__now_us() + 60000000u;
-        pp.b.conn->st_streak = 100;
-        pp.b.conn->st_eval_arrived = pp.b.conn->rd_arrived;
-        exs__st_recv_progress_locked(pp.b.conn);
-        ck_assert_int_eq(pp.b.conn->st_drain, EXS_ST_DRAIN_IDLE);
-        pp.b.conn->st_drain_hold = 1;
-        exs__st_recv_progress_locked(pp.b.conn);
-        ck_assert_int_eq(pp.b.conn->st_drain, EXS_ST_DRAIN_REQUESTED);
+        pp.b.conn->stream.drain_hold = exs__now_us() + 60000000u;
+        pp.b.conn->stream.streak = 100;
+        pp.b.conn->stream.eval_arrived = pp.b.conn->rd_arrived;
+        exs__stream_recv_progress_locked(pp.b.conn);
+        ck_assert_int_eq(pp.b.conn->stream.drain, EXS_STREAM_DRAIN_IDLE);
+        pp.b.conn->stream.drain_hold = 1;
+        exs__stream_recv_progress_locked(pp.b.conn);
+        ck_assert_int_eq(pp.b.conn->stream.drain, EXS_STREAM_DRAIN_REQUESTED);
         EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
         pt_run(&pp);
         pt_stats(&pp.b, &sbs);
@@ -666,7 +666,7 @@ START_TEST(st_drain_readvertise)
     pt_assert_done(&r[0], 1000, 0);
     pt_recv_post(&r[1], &pp.b, rb[1], 1000, 0); /* advertised: phase 2, offset 1000 */
     pt_recv_post(&r[2], &pp.b, rb[2], 1000, 0); /* advertised: phase 2, offset 1001 */
-    ck_assert_uint_eq(pp.b.conn->st_pr, 2);
+    ck_assert_uint_eq(pp.b.conn->stream.pr, 2);
     st_send(&s[1], &pp.a, sb[1], 500, 1000); /* crosses the ADVERTs: ring */
     pt_run(&pp);
     /* r1 from the ring; r2 (phase 2, an earlier phase now) waits: DRAIN all the same */
@@ -678,7 +678,7 @@ START_TEST(st_drain_readvertise)
     pt_stats(&pp.b, &sbs);
     ck_assert_uint_eq(sbs.drain_requests, 1);
     ck_assert_uint_eq(sbs.adverts_sent, 3); /* r1, r2, and r2 again in phase 4 */
-    ck_assert_uint_eq(pp.b.conn->st_pr, 4);
+    ck_assert_uint_eq(pp.b.conn->stream.pr, 4);
     ck_assert_uint_eq(r[2].op.phase, 4);
     ck_assert_uint_eq(r[2].op.seq, 1500);
     st_send(&s[2], &pp.a, sb[2], 700, 1500);

@@ -200,7 +200,7 @@ static void expect_untouched(void)
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
     ck_assert_ptr_eq(pp.a.conn->ctx, pp.a.ctx);
     ck_assert_ptr_eq(pp.b.conn->ctx, pp.b.ctx);
-    ck_assert_int_eq(pp.b.conn->rsm_over, 0);
+    ck_assert_int_eq(pp.b.conn->resume.over, 0);
     ck_assert_uint_eq(ra_count("fallback_resume_failures"), fail0);
     ck_assert_uint_eq(ra_count("fallback_resumes"), res0);
     pt_send_pattern(&s, &pp.a, sb, sizeof(sb), 0);
@@ -235,7 +235,7 @@ START_TEST(ra_refused)
     ck_assert_int_eq(att.accepted, 1);
     ck_assert_uint_eq(att.acc.hello.magic, htobe16(EXS_WIRE_MAGIC));
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED); /* nothing touched yet */
-    ck_assert_ptr_nonnull(pp.b.conn->rsm_pend);
+    ck_assert_ptr_nonnull(pp.b.conn->resume.pend);
     switch (_i) {
     case 0:
         att_auth(&a, &q, NULL);
@@ -259,7 +259,7 @@ START_TEST(ra_refused)
         att_poll();
         break;
     case 4:
-        att_auth(&a, &q, pp.b.conn->rsm_key); /* the real peer's proof for this nonce_B */
+        att_auth(&a, &q, pp.b.conn->resume.key); /* the real peer's proof for this nonce_B */
         memcpy(nonce_b1, att.acc.nonce_b, sizeof(nonce_b1));
         exs__prov_disconnect(att.ep);
         pt_fb_run(&pp);
@@ -315,7 +315,7 @@ START_TEST(ra_timeout)
     pt_fb_run(&pp);
     att_poll();
     ck_assert_int_eq(att.ended, 1);
-    ck_assert_ptr_null(pp.b.conn->rsm_pend); /* reaped at the timer */
+    ck_assert_ptr_null(pp.b.conn->resume.pend); /* reaped at the timer */
     expect_untouched();
 }
 END_TEST
@@ -334,7 +334,7 @@ START_TEST(ra_auth_twice)
     att_req(&q, 2);
     att_connect(&q);
     ck_assert_int_eq(att.accepted, 1);
-    att_auth(&a[0], &q, pp.b.conn->rsm_key);
+    att_auth(&a[0], &q, pp.b.conn->resume.key);
     a[1] = a[0];
     att_send(a, sizeof(a));
     ck_assert_uint_eq(ra_count("fallback_resume_refused"), refused0);

@@ -114,7 +114,7 @@ START_TEST(rb_peer_closed_not_resuming)
     exs__conn_end_locked(a, ECONNRESET, "the process ended");
     EXS_MUTEX_UNLOCK(&a->lock, EXS_LOCK_CONN);
     pt_run(&rb[0]);
-    ck_assert_int_eq(rb[0].b.conn->rsm_over, 0); /* never RESUMING */
+    ck_assert_int_eq(rb[0].b.conn->resume.over, 0); /* never RESUMING */
     ck_assert_int_eq(rb_state(rb[0].b.conn), EXS_CONN_DEAD);
     ck_assert_int_eq(rb[0].b.dead, 1);
     pt_assert_done(&rb_r[0], -1, ECONNRESET);

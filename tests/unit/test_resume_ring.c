@@ -115,7 +115,7 @@ static int rr_offer(struct pt_side *side, uint32_t size)
     int ret;
 
     EXS_MUTEX_LOCK(&side->conn->lock, EXS_LOCK_CONN);
-    ret = exs__st_ring_offer_locked(side->conn, size, 0);
+    ret = exs__stream_ring_offer_locked(side->conn, size, 0);
     EXS_MUTEX_UNLOCK(&side->conn->lock, EXS_LOCK_CONN);
     return ret;
 }
@@ -136,18 +136,18 @@ static void rr_cut(void)
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
     ck_assert_ptr_eq(pp.a.conn->ctx, pt_fb.ctx[0]);
     ck_assert_ptr_eq(pp.b.conn->ctx, pt_fb.ctx[1]);
-    ck_assert_int_eq(pp.a.conn->rsm_peer_wait, 0);
-    ck_assert_int_eq(pp.b.conn->rsm_peer_wait, 0);
+    ck_assert_int_eq(pp.a.conn->resume.peer_wait, 0);
+    ck_assert_int_eq(pp.b.conn->resume.peer_wait, 0);
     ck_assert_uint_eq(rr_count("fallback_resumes") - res0, 2);
     ck_assert_uint_eq(rr_count("fallback_resume_failures"), fail0);
     pt_stats(&pp.b, &st);
     ck_assert_uint_eq(st.ring_resizes, resizes);
     ck_assert_uint_eq(st.ring_size, pp.b.conn->p.ring_size);
     /* nothing of a change survives the cut */
-    ck_assert_int_eq(pp.b.conn->rs_offered, 0);
-    ck_assert_ptr_null(pp.b.conn->rs_next_mem);
-    ck_assert_ptr_null(pp.b.conn->rs_next_grant);
-    ck_assert_int_eq(pp.a.conn->rs_owed, 0);
+    ck_assert_int_eq(pp.b.conn->autotune.offered, 0);
+    ck_assert_ptr_null(pp.b.conn->autotune.next_mem);
+    ck_assert_ptr_null(pp.b.conn->autotune.next_grant);
+    ck_assert_int_eq(pp.a.conn->autotune.owed, 0);
     /* the writer sees the ring the new hello announced */
     ck_assert_uint_eq(pp.a.conn->peer.ring_size, pp.b.conn->p.ring_size);
 }
@@ -160,7 +160,7 @@ static void rr_after_cut(void)
     uint32_t size;
 
     rr_recv_all();
-    ck_assert_ptr_null(pp.b.conn->rs_old_mem); /* read: retired region freed */
+    ck_assert_ptr_null(pp.b.conn->autotune.old_mem); /* read: retired region freed */
     pt_stats(&pp.b, &st);
     resizes = st.ring_resizes;
     size = pp.b.conn->p.ring_size * 2;
@@ -174,7 +174,7 @@ static void rr_after_cut(void)
     rr_run();
     ck_assert_uint_eq(pp.b.conn->rd_arrived - pp.b.conn->rd_consumed, size - 100);
     rr_recv_all();
-    ck_assert_ptr_null(pp.b.conn->rs_old_mem);
+    ck_assert_ptr_null(pp.b.conn->autotune.old_mem);
 }
 
 /* The owner's offer is out, the writer never saw it: the offer dies with the old path,
@@ -185,19 +185,19 @@ START_TEST(rr_cut_offer_unseen)
     rr_run();
     ck_assert_uint_eq(exs__conn_ring_bytes(), 2 * 4096);
     ck_assert_int_eq(rr_offer(&pp.b, 8192), 0); /* posted, never carried out */
-    ck_assert_int_eq(pp.b.conn->rs_offered, 1);
+    ck_assert_int_eq(pp.b.conn->autotune.offered, 1);
     ck_assert_uint_eq(exs__conn_ring_bytes(), 2 * 4096 + 8192);
     rr_cut();
     ck_assert_uint_eq(pp.b.conn->p.ring_size, 4096);
-    ck_assert_ptr_nonnull(pp.b.conn->rs_old_mem); /* the old ring, retired */
-    ck_assert_uint_eq(pp.b.conn->rs_old_end, 3000);
+    ck_assert_ptr_nonnull(pp.b.conn->autotune.old_mem); /* the old ring, retired */
+    ck_assert_uint_eq(pp.b.conn->autotune.old_end, 3000);
     /* a's new ring, b's new ring and its retired one: the offered region went back */
     ck_assert_uint_eq(exs__conn_ring_bytes(), 3 * 4096);
     rr_after_cut();
 }
 END_TEST
 
-/* The writer took the owner's offer and owes its answer (rs_owed) at the cut: the answer
+/* The writer took the owner's offer and owes its answer (autotune.owed) at the cut: the answer
  * is dropped, the new path's hello and RING grant the owner's ring as it is. */
 START_TEST(rr_cut_answer_owed)
 {
@@ -210,11 +210,11 @@ START_TEST(rr_cut_answer_owed)
     rr_run();
     ck_assert_int_eq(rr_offer(&pp.b, 8192), 0);
     /* the record as it travels, taken by a whose answer has not gone yet */
-    r.addr = htobe64((uintptr_t)pp.b.conn->rs_next_mem->addr);
-    r.rkey = htobe32(pp.b.conn->rs_next_grant->rkey);
+    r.addr = htobe64((uintptr_t)pp.b.conn->autotune.next_mem->addr);
+    r.rkey = htobe32(pp.b.conn->autotune.next_grant->rkey);
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
-    ck_assert_int_eq(exs__st_on_resize_locked(pp.a.conn, &r), 0);
-    ck_assert_int_eq(pp.a.conn->rs_owed, 1);
+    ck_assert_int_eq(exs__stream_on_resize_locked(pp.a.conn, &r), 0);
+    ck_assert_int_eq(pp.a.conn->autotune.owed, 1);
     EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     rr_cut();
     ck_assert_uint_eq(pp.b.conn->p.ring_size, 4096);
@@ -237,7 +237,7 @@ START_TEST(rr_cut_switched_unseen)
         pt_dispatch_ctx(&pp, pp.a.ctx);
     }
     ck_assert_uint_eq(pp.a.conn->peer.ring_size, 8192);
-    ck_assert_int_eq(pp.b.conn->rs_offered, 1);
+    ck_assert_int_eq(pp.b.conn->autotune.offered, 1);
     rr_cut();
     ck_assert_uint_eq(pp.b.conn->p.ring_size, 4096);
     rr_after_cut();
@@ -254,8 +254,8 @@ START_TEST(rr_cut_two_regions)
     rr_run();
     ck_assert_int_eq(rr_offer(&pp.b, 8192), 0);
     rr_run();
-    ck_assert_ptr_nonnull(pp.b.conn->rs_old_mem);
-    ck_assert_uint_eq(pp.b.conn->rs_old_end, 3000);
+    ck_assert_ptr_nonnull(pp.b.conn->autotune.old_mem);
+    ck_assert_uint_eq(pp.b.conn->autotune.old_end, 3000);
     ck_assert_uint_eq(pp.b.conn->p.ring_size, 8192);
     rr_send(5000);
     rr_run();
@@ -263,9 +263,9 @@ START_TEST(rr_cut_two_regions)
     ck_assert_uint_eq(pp.b.conn->rd_consumed, 0);
     pt_assert_done(&rr_s[1], 5000, 0);
     rr_cut();
-    ck_assert_ptr_nonnull(pp.b.conn->rs_old_mem);
-    ck_assert_uint_eq(pp.b.conn->rs_old_size, 8192);
-    ck_assert_uint_eq(pp.b.conn->rs_old_end, 8000);
+    ck_assert_ptr_nonnull(pp.b.conn->autotune.old_mem);
+    ck_assert_uint_eq(pp.b.conn->autotune.old_size, 8192);
+    ck_assert_uint_eq(pp.b.conn->autotune.old_end, 8000);
     ck_assert_uint_eq(pp.b.conn->p.ring_size, 8192);
     /* a's ring, b's new ring and one retired region */
     ck_assert_uint_eq(exs__conn_ring_bytes(), 4096 + 2 * 8192);
@@ -281,17 +281,17 @@ START_TEST(rr_cut_after_shrink)
     ck_assert_int_eq(rr_offer(&pp.b, 8192), 0);
     rr_run();
     ck_assert_uint_eq(pp.b.conn->p.ring_size, 8192);
-    ck_assert_ptr_null(pp.b.conn->rs_old_mem);
+    ck_assert_ptr_null(pp.b.conn->autotune.old_mem);
     rr_send(7000);
     rr_run();
     ck_assert_int_eq(rr_offer(&pp.b, 4096), 0);
     rr_run();
     ck_assert_uint_eq(pp.b.conn->p.ring_size, 4096);
-    ck_assert_ptr_nonnull(pp.b.conn->rs_old_mem);
-    ck_assert_uint_eq(pp.b.conn->rs_old_end, 7000);
+    ck_assert_ptr_nonnull(pp.b.conn->autotune.old_mem);
+    ck_assert_uint_eq(pp.b.conn->autotune.old_end, 7000);
     rr_cut();
     ck_assert_uint_eq(pp.b.conn->p.ring_size, 8192);
-    ck_assert_uint_eq(pp.b.conn->rs_old_size, 8192);
+    ck_assert_uint_eq(pp.b.conn->autotune.old_size, 8192);
     rr_after_cut();
 }
 END_TEST
@@ -314,10 +314,10 @@ START_TEST(rr_no_offer_before_resume)
 
         do
             m = pt_dispatch(&pp) + pt_fb_drain(0) + pt_fb_drain(1);
-        while (m && !(pp.a.conn->state == EXS_CONN_CONNECTED && pp.a.conn->rsm_peer_wait));
-        if (pp.a.conn->state == EXS_CONN_CONNECTED && pp.a.conn->rsm_peer_wait) {
+        while (m && !(pp.a.conn->state == EXS_CONN_CONNECTED && pp.a.conn->resume.peer_wait));
+        if (pp.a.conn->state == EXS_CONN_CONNECTED && pp.a.conn->resume.peer_wait) {
             ck_assert_int_eq(rr_offer(&pp.a, 8192), -EAGAIN);
-            ck_assert_int_eq(pp.a.conn->rs_offered, 0);
+            ck_assert_int_eq(pp.a.conn->autotune.offered, 0);
             seen = 1;
         } else if (!mock_step()) {
             break;
@@ -326,7 +326,7 @@ START_TEST(rr_no_offer_before_resume)
     ck_assert_int_eq(seen, 1);
     rr_run();
     ck_assert_uint_eq(rr_count("fallback_resumes") - res0, 2);
-    ck_assert_int_eq(pp.b.conn->rsm_peer_wait, 0);
+    ck_assert_int_eq(pp.b.conn->resume.peer_wait, 0);
     rr_after_cut();
 }
 END_TEST

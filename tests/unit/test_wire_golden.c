@@ -368,9 +368,9 @@ START_TEST(golden_resize)
     ck_assert_int_eq(r.op.result, 3000);
     from_a = from_b = ncaps; /* what follows the offer */
     EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
-    ck_assert_int_eq(exs__st_ring_offer_locked(pp.b.conn, 8192, 0), 0);
-    uint64_t addr = (uintptr_t)pp.b.conn->rs_next_mem->addr;
-    uint32_t rkey = pp.b.conn->rs_next_grant->rkey;
+    ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 0), 0);
+    uint64_t addr = (uintptr_t)pp.b.conn->autotune.next_mem->addr;
+    uint32_t rkey = pp.b.conn->autotune.next_grant->rkey;
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pt_run(&pp);
     put_be(offer + 8, addr, 8);
@@ -528,7 +528,7 @@ START_TEST(golden_ping)
     gp_setup(SOCK_SEQPACKET, EXS_XFER_DYNAMIC);
     ck_assert_uint_ne(pp.a.conn->peer.features & EXS_WIRE_FEAT_ALIVE, 0);
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
-    pp.a.conn->ka_heard_ns -= 2000000000ull; /* silent for 2 s: the 1 s interval passed */
+    pp.a.conn->keepalive.heard_ns -= 2000000000ull; /* silent for 2 s: the 1 s interval passed */
     owed = pp.a.conn->owed;
     EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_gt(exs__conn_timer(pp.a.conn, 1000), 0);
@@ -671,21 +671,21 @@ START_TEST(golden_session)
             ck_assert_uint_eq(cp->len, EXS_WIRE_RING_LEN); /* RING alone */
             assert_bytes(cp->bytes, want, EXS_WIRE_RING_LEN);
             ck_assert_uint_eq(c->sess_token, 0);
-            ck_assert_int_eq(c->rsm_keys, 0);
+            ck_assert_int_eq(c->resume.keys, 0);
             continue;
         }
         ck_assert_uint_eq(cp->len, sizeof(want));
         /* K_A first in the HMAC key, then K_B */
-        memcpy(want + 24, c->rsm_key + (side ? EXS_WIRE_SESSION_KEY_LEN : 0), 32);
+        memcpy(want + 24, c->resume.key + (side ? EXS_WIRE_SESSION_KEY_LEN : 0), 32);
         assert_bytes(cp->bytes, want, sizeof(want));
-        ck_assert_int_eq(c->rsm_keys, EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER);
+        ck_assert_int_eq(c->resume.keys, EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER);
     }
     if (!_i) {
-        ck_assert_int_eq(memcmp(pp.a.conn->rsm_key, pp.b.conn->rsm_key, 64), 0);
+        ck_assert_int_eq(memcmp(pp.a.conn->resume.key, pp.b.conn->resume.key, 64), 0);
         ck_assert_uint_ne(pp.b.conn->sess_token, 0);
         ck_assert_uint_eq(pp.a.conn->sess_token, pp.b.conn->sess_token);
         ck_assert_uint_eq(pp.b.conn->sess_token,
-                          exs__resume_token_of(pp.b.conn->rsm_key + EXS_WIRE_SESSION_KEY_LEN));
+                          exs__resume_token_of(pp.b.conn->resume.key + EXS_WIRE_SESSION_KEY_LEN));
         put_be(tok, pp.b.conn->sess_token, 8);
         for (int i = 0; i < ncaps; i++) /* the token itself is on no record */
             for (uint32_t off = 0; off + 8 <= caps[i].len; off++)
@@ -830,7 +830,7 @@ START_TEST(golden_trace)
     gp_setup(SOCK_SEQPACKET, EXS_XFER_DYNAMIC);
     exs__params.trace_sample_mask = _i ? 0 : UINT64_MAX;
     rt_records = 0;
-    exs__rt_set_sink(rt_sink);
+    exs__reqtrace_set_sink(rt_sink);
     pt_op_init(&r, &pp.b, EXS_OP_RECV, rb, sizeof(rb), 0);
     ck_assert_int_eq(pt_post(&r), 0);
     pt_op_init(&s, &pp.a, EXS_OP_SEND, sb, sizeof(sb), 0);
@@ -839,7 +839,7 @@ START_TEST(golden_trace)
     ck_assert_int_eq(s.done, 1);
     ck_assert_int_eq(r.done, 1);
     ck_assert_int_eq(r.op.result, 10);
-    exs__rt_set_sink(NULL);
+    exs__reqtrace_set_sink(NULL);
     exs__params.trace_sample_mask = 0;
     if (_i) {
         ck_assert_ptr_null(cap_trace(pp.a.conn->ep));
@@ -921,14 +921,14 @@ END_TEST
 /* Sampling rule (spec/observability.md §8). */
 START_TEST(golden_trace_sampling)
 {
-    ck_assert(!exs__rt_sampled(0, 0));
-    ck_assert(exs__rt_sampled(0, 1023));
-    ck_assert(!exs__rt_sampled(1, 1023));
-    ck_assert(exs__rt_sampled(2048, 1023));
-    ck_assert(!exs__rt_sampled(2049, 1023));
-    ck_assert(exs__rt_sampled(12345, UINT64_MAX));
-    ck_assert(!exs__rt_sampled(1, 1));
-    ck_assert(exs__rt_sampled(2, 1));
+    ck_assert(!exs__reqtrace_sampled(0, 0));
+    ck_assert(exs__reqtrace_sampled(0, 1023));
+    ck_assert(!exs__reqtrace_sampled(1, 1023));
+    ck_assert(exs__reqtrace_sampled(2048, 1023));
+    ck_assert(!exs__reqtrace_sampled(2049, 1023));
+    ck_assert(exs__reqtrace_sampled(12345, UINT64_MAX));
+    ck_assert(!exs__reqtrace_sampled(1, 1));
+    ck_assert(exs__reqtrace_sampled(2, 1));
     ck_assert_int_eq(EXS_CTRL_TRACE, 9);
     ck_assert_uint_eq(EXS_WIRE_FEAT_TRACE, 16);
     ck_assert_uint_eq(EXS_WIRE_FEAT_STRACE, 256);
