@@ -7,7 +7,7 @@
 # --bench adds what make bench runs besides the library: UCX's ucx_perftest (ucx-utils),
 # valgrind (callgrind), strace (system calls per message) and python3 (bench/bench.py);
 # gnuplot-nox is always installed, and groff-base and man-db (make check renders the man
-# pages with man -l).
+# pages with man -l), and strace (make check counts exs_send's system calls, bench/kfd).
 set -eu
 extra=()
 for a in "$@"; do
@@ -22,7 +22,7 @@ for a in "$@"; do
     fi
 done
 pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev spin gnuplot-nox
-      groff-base man-db ${extra[@]+"${extra[@]}"})
+      groff-base man-db strace ${extra[@]+"${extra[@]}"})
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -187,6 +187,8 @@ static inline void api_sock_unlock(struct api_sock *s)
 /* descriptor table (sock.c) */
 /* The socket behind fd with a reference (EBADF, ENOTSOCK otherwise); drop it with put. */
 struct api_sock *exs__api_sock_get(int fd, int *err_p);
+/* The same without telling EBADF from ENOTSOCK: NULL when fd is no libexs socket. */
+struct api_sock *exs__api_sock_find(int fd);
 void exs__api_sock_put(struct api_sock *s);
 /* Every socket in the table, each held by a reference, in an array to free (sock.c). */
 int exs__api_sock_list(struct api_sock ***all_p, int *n_p);

@@ -22,14 +22,25 @@
 #include "exs/util/util.h"
 
 /*
- * A struct kfd exists for a descriptor number only while operations are pending on it
- * (spec/api.md, "Kernel sockets"): the application may close the descriptor after its
- * last event without exs_close, and the number may then name another socket. So the
- * kfd leaves the table (is "detached") before its last event is posted; a later call on
- * the number makes a new one. Two exceptions: an exs_sendfile writing with sendfile(2)
- * (file_busy) keeps it, and SO_ASYNC_*_TIMEOUT values (spec/api.md section 9.1) keep it
- * between operations, together with the socket's identity (fstat device and inode): a
- * call that finds the number naming another socket drops it first (kfd_stale_locked). The descriptor's file status flags are never touched:
+ * A struct kfd is made for a descriptor number at its first call and stays in the table
+ * (kfd_tab) until exs_close or exs_fini, with what the library knows of the descriptor,
+ * so that an operation that completes at once makes no system call and no allocation of
+ * the library's own where it can (spec/api.md, "Kernel sockets"). The application may
+ * close the descriptor after its last event without exs_close (or dup2 over it), and the
+ * number may then name another file; the cache must never make a call answer otherwise
+ * than the kernel would. So: a call checks the descriptor (kfd_verify_locked: fstat, a
+ * socket, its device and inode; at the first look or when they changed also SO_TYPE,
+ * SOCK_STREAM, and SO_DOMAIN), except a send on a TCP socket (AF_INET, AF_INET6) already
+ * checked: every sendmsg on it carries a probe (kfd_probe_fill) that TCP ignores and any
+ * other kind of socket refuses, so the send itself says whether the number still names a
+ * TCP socket. Any error, a send that must wait (before it is registered) and every call
+ * while an option is set make the check again: the number naming no file gives EBADF, a
+ * file that is not a stream socket ENOTSOCK, as before the cache; another stream socket
+ * starts with no state (latched error, options) of the old one. The posting call of an
+ * operation that fails so returns the errno (no event), as the check before the cache
+ * did. A receive has no such probe (TCP and AF_UNIX sockets answer recvmsg alike), so
+ * each receive is checked (one fstat). The state of a connection (the latched error) is
+ * dropped when the queues empty, where the kfd itself went before the cache. The descriptor's file status flags are never touched:
  * every send and recv is made with MSG_DONTWAIT (and MSG_NOSIGNAL: a reset peer gives
  * EPIPE, not SIGPIPE).
  *
@@ -60,7 +71,8 @@
 static pthread_mutex_t kfd_tab_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kfd **kfd_tab;
 static int kfd_tab_len;
-static int kfd_live;                /* kfds + their operations */
+static int kfd_live;                /* kfds with something pending (counted) + operations */
+static int kfd_cached;              /* every struct kfd */
 static uint32_t kfd_gen;            /* kfd_tab_lock */
 
 /* The epoll set of the descriptors that wait, and its libev watcher (made at the first
@@ -73,6 +85,11 @@ static struct exs_job kfd_ep_start_job, kfd_ep_stop_job;
 int exs__debug_kfd_live(void)
 {
     return __atomic_load_n(&kfd_live, __ATOMIC_RELAXED);
+}
+
+int exs__debug_kfd_cached(void)
+{
+    return __atomic_load_n(&kfd_cached, __ATOMIC_RELAXED);
 }
 
 /* ---- objects ---- */
@@ -88,7 +105,7 @@ void exs__api_kfd_put(struct kfd *k)
                exs_list_empty(&k->recvq) && exs_list_empty(&k->to_ops));
     pthread_mutex_destroy(&k->lock);
     free(k);
-    __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&kfd_cached, 1, __ATOMIC_RELAXED);
 }
 
 void exs__api_kfd_ref(struct kfd *k)
@@ -151,7 +168,7 @@ static struct kfd *kfd_get(int fd, int create, int *err_p)
     exs_list_init(&k->recvq);
     exs_list_init(&k->to_ops);
     kfd_tab[fd] = k;
-    __atomic_fetch_add(&kfd_live, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&kfd_cached, 1, __ATOMIC_RELAXED);
 out:
     EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     return k;
@@ -169,7 +186,46 @@ static void kfd_detach_locked(struct kfd *k)
     kfd_tab[k->fd] = NULL;
     EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     k->attached = 0;
+    k->known = 0;
+    exs__api_kfd_count_locked(k);
     __atomic_sub_fetch(&k->refs, 1, __ATOMIC_ACQ_REL);
+}
+
+/* 1 while k holds something beyond the cache: operations, an option, a sendfile. */
+static int kfd_busy_locked(const struct kfd *k)
+{
+    return k->attached && (!exs_list_empty(&k->sendq) || !exs_list_empty(&k->recvq) ||
+                           exs__api_kfd_has_opts(k) || k->file_busy);
+}
+
+/* Count k in kfd_live while it is busy (k->lock held): the leak checks see the cache
+ * entries of idle descriptors only in exs__debug_kfd_cached. */
+void exs__api_kfd_count_locked(struct kfd *k)
+{
+    int busy = kfd_busy_locked(k);
+
+    if (busy == k->counted)
+        return;
+    k->counted = busy;
+    if (busy)
+        __atomic_fetch_add(&kfd_live, 1, __ATOMIC_RELAXED);
+    else
+        __atomic_fetch_sub(&kfd_live, 1, __ATOMIC_RELAXED);
+}
+
+/* k's queues are empty (k->lock held): it leaves kfd_ep, and a failed connection's
+ * latched error goes with the descriptor's check (the kernel answers the next call);
+ * what the cache knows of a healthy socket stays. */
+static void kfd_rest_locked(struct kfd *k)
+{
+    if (!k->attached)
+        return;
+    kfd_reg_locked(k, 0);
+    if (k->err) {
+        k->err = 0;
+        k->known = 0;
+    }
+    exs__api_kfd_count_locked(k);
 }
 
 void exs__api_kfd_lock(struct kfd *k)
@@ -193,8 +249,9 @@ static void kfd_op_free(struct kfd_op *op)
 }
 
 /* Finish op (already off its queue; k->lock held): post its event. When k has nothing
- * left it leaves the table first, so the application may close the descriptor as soon
- * as it sees this event. */
+ * left it leaves kfd_ep first, so the application may close the descriptor as soon as it
+ * sees this event. The posting call's own operation ending with an identity error
+ * (k->posting) gets no event: the call returns the errno. */
 void exs__api_kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t result, int err)
 {
     exs_event_t ev = {
@@ -220,8 +277,13 @@ void exs__api_kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t res
     if (op->bounce)
         exs__api_bounce_event(op->bounce, err ? -1 : result, 0, &ev);
     if (exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && op->type != EXS_EVT_CLOSE &&
-        !exs__api_kfd_has_opts(k) && !k->file_busy)
-        kfd_detach_locked(k);
+        !k->file_busy)
+        kfd_rest_locked(k);
+    if (op == k->posting && (err == EBADF || err == ENOTSOCK) && !k->known) {
+        k->posting_err = err;
+        exs__api_kfd_op_drop(op);
+        return;
+    }
     EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno %d", k->fd, op->type, op->ah,
              (ssize_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, err);
     /* release first: once the event is visible the application may count objects */
@@ -235,6 +297,94 @@ void exs__api_kfd_op_drop(struct kfd_op *op)
 {
     exs__evq_unreserve(op->evq);
     kfd_op_free(op);
+}
+
+/* ---- what the descriptor is (k->lock held) ---- */
+
+/* The probe every send on a trusted descriptor carries: a two-byte address of the
+ * AF_UNIX family, which TCP ignores and every datagram, raw, packet and netlink socket
+ * refuses (EINVAL), and an SO_TIMESTAMPING control message asking for no timestamp,
+ * which TCP takes (the send records no transmit timestamp) and every AF_UNIX socket
+ * refuses (EINVAL). */
+static const struct sockaddr kfd_probe_addr = {.sa_family = AF_UNIX};
+
+union kfd_probe_cmsg {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+};
+
+static void kfd_probe_fill(struct msghdr *mh, union kfd_probe_cmsg *c)
+{
+    struct cmsghdr *h;
+
+    memset(c, 0, sizeof(*c));
+    mh->msg_name = (void *)&kfd_probe_addr;
+    mh->msg_namelen = sizeof(kfd_probe_addr.sa_family);
+    mh->msg_control = c->buf;
+    mh->msg_controllen = sizeof(c->buf);
+    h = CMSG_FIRSTHDR(mh);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SO_TIMESTAMPING;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+}
+
+/* Check what k's number names now (fstat; another device or inode, or the first check:
+ * SO_TYPE and SO_DOMAIN too): 0 when a kernel stream socket (another one than before
+ * starts with none of the old one's state), else the errno a call gets (EBADF, ENOTSOCK,
+ * ...; k->known is then 0). */
+int exs__api_kfd_verify_locked(struct kfd *k)
+{
+    int type = 0, family = 0;
+    socklen_t len = sizeof(type);
+    struct stat st;
+
+    if (fstat(k->fd, &st)) {
+        k->known = 0;
+        return errno;
+    }
+    if (k->known && st.st_dev == k->dev && st.st_ino == k->ino)
+        return 0;
+    if (k->known || exs__api_kfd_has_opts(k))
+        EXS_DBG(API, "kfd %d: another file now: no state of the old one is kept", k->fd);
+    k->known = k->probe = 0;
+    k->err = 0;
+    k->snd_timeo = k->rcv_timeo = 0;
+    if (!S_ISSOCK(st.st_mode))
+        return ENOTSOCK;
+    if (getsockopt(k->fd, SOL_SOCKET, SO_TYPE, &type, &len))
+        return errno;
+    if (type != SOCK_STREAM)
+        return ENOTSOCK;
+    len = sizeof(family);
+    if (getsockopt(k->fd, SOL_SOCKET, SO_DOMAIN, &family, &len))
+        return errno;
+    k->dev = st.st_dev;
+    k->ino = st.st_ino;
+    k->known = 1;
+    k->probe = family == AF_INET || family == AF_INET6;
+    return 0;
+}
+
+/* A call on k's descriptor failed with err (not EAGAIN, EINTR). probed: a send with
+ * the probe. Returns the errno its operations
+ * get: EBADF, ENOTSOCK, ... when the number names no stream socket now; -1: the socket
+ * refused only the probe, which is off for it from now (try again); else err. */
+static int kfd_refused_locked(struct kfd *k, int err, int probed)
+{
+    int e = exs__api_kfd_verify_locked(k);
+
+    if (e)
+        return e;
+    if (probed && !k->probe)
+        return -1; /* another stream socket that refuses the probe (AF_UNIX) */
+    if (probed && (err == EINVAL || err == EISCONN || err == EOPNOTSUPP ||
+                   err == EAFNOSUPPORT || err == EDESTADDRREQ)) {
+        EXS_DBG(API, "kfd %d: the socket refuses the probe (%s): checked at each operation",
+                k->fd, strerror(err));
+        k->probe = 0;
+        return -1;
+    }
+    return err;
 }
 
 /* ---- moving bytes (k->lock held) ---- */
@@ -269,8 +419,9 @@ static void kfd_send_run_locked(struct kfd *k)
         struct kfd_op *op = exs_list_entry(k->sendq.next, struct kfd_op, link);
         struct iovec iov[KFD_IOV_MAX];
         struct msghdr mh = {.msg_iov = iov};
+        union kfd_probe_cmsg pc;
         ssize_t n;
-        int r;
+        int r, probed;
 
         if (op->type == EXS_EVT_SHUTDOWN) {
             /* every send before it is on the wire */
@@ -280,6 +431,9 @@ static void kfd_send_run_locked(struct kfd *k)
             continue;
         }
         mh.msg_iovlen = 0;
+        probed = k->probe;
+        if (probed)
+            kfd_probe_fill(&mh, &pc);
         for (pos = k->sendq.next; pos != &k->sendq && mh.msg_iovlen < KFD_IOV_MAX;
              pos = pos->next) {
             struct kfd_op *o = exs_list_entry(pos, struct kfd_op, link);
@@ -301,7 +455,9 @@ static void kfd_send_run_locked(struct kfd *k)
             int err = errno;
 
             EXS_DBG(API, "kfd %d: sendmsg: %s", k->fd, strerror(err));
-            kfd_fail_locked(k, err);
+            err = kfd_refused_locked(k, err, probed);
+            if (err > 0)
+                kfd_fail_locked(k, err);
             continue;
         }
         /* n bytes left, the head's rest first */
@@ -350,7 +506,8 @@ static void kfd_recv_run_locked(struct kfd *k)
             int err = errno;
 
             EXS_DBG(API, "kfd %d: recv: %s", k->fd, strerror(err));
-            if (!op->done) {
+            err = kfd_refused_locked(k, err, 0);
+            if (!op->done || err == EBADF || err == ENOTSOCK) {
                 kfd_fail_locked(k, err);
                 continue;
             }
@@ -434,7 +591,15 @@ static void kfd_reg_locked(struct kfd *k, int events)
 /* After running the queues (k->lock held): register what they wait for. */
 void exs__api_kfd_update_locked(struct kfd *k)
 {
+    int err;
+
+    /* an operation starts to wait: is the number still the socket it was? */
+    if (k->attached && k->io_want && !k->io_reg && (err = exs__api_kfd_verify_locked(k))) {
+        kfd_fail_locked(k, err);
+        k->io_want = 0;
+    }
     kfd_reg_locked(k, k->attached ? k->io_want : 0);
+    exs__api_kfd_count_locked(k);
 }
 
 /* Progress thread: kfd_ep is readable: run the queues of each ready descriptor. */
@@ -496,22 +661,17 @@ struct kfd_op *exs__api_kfd_op_new(int type, int sync, exs_qhandle_t *q, exs_aha
     return op;
 }
 
-/* 1 when k (attached, locked) holds options but no operation, and fd no longer names the
- * socket they were set on (the application closed it and the number was reused; an
- * fstat that fails counts as another socket too): k is then detached. */
-static int kfd_stale_locked(struct kfd *k)
+/* k (attached, locked) holds options but no operation: when fd no longer names the
+ * socket they were set on (the application closed it and the number was reused, or it
+ * names nothing), they are dropped (kfd_verify_locked). */
+static void kfd_stale_locked(struct kfd *k)
 {
-    struct stat st;
-
     if (!exs__api_kfd_has_opts(k) || !exs_list_empty(&k->sendq) || !exs_list_empty(&k->recvq) ||
         k->file_busy)
-        return 0;
-    if (fstat(k->fd, &st) == 0 && st.st_dev == k->dev && st.st_ino == k->ino)
-        return 0;
-    EXS_DBG(API, "kfd %d: another socket now: its options are dropped", k->fd);
-    k->snd_timeo = k->rcv_timeo = 0;
-    kfd_detach_locked(k);
-    return 1;
+        return;
+    if (exs__api_kfd_verify_locked(k))
+        k->snd_timeo = k->rcv_timeo = 0;
+    exs__api_kfd_count_locked(k);
 }
 
 /* The kfd of fd (made when create), attached, locked, with a reference; NULL with an
@@ -527,10 +687,11 @@ struct kfd *exs__api_kfd_get_locked2(int fd, int create, int *err_p)
             return NULL;
         }
         exs__api_kfd_lock(k);
-        if (k->attached && !kfd_stale_locked(k))
+        if (k->attached) {
+            kfd_stale_locked(k);
             return k;
-        /* its last event was just posted, or the number names another socket now: it
-         * starts afresh */
+        }
+        /* exs_close or exs_fini took it meanwhile: the number starts afresh */
         exs__api_kfd_unlock(k);
         exs__api_kfd_put(k);
     }
@@ -551,20 +712,20 @@ struct kfd *exs__api_kfd_get_for_op(int fd, struct kfd_op *op, int *err_p)
     return k;
 }
 
-/* k (locked) has nothing pending, holds no option and no exs_sendfile is writing: it
- * leaves the table (no state is kept). */
+/* k (locked) may have nothing pending any more: it leaves kfd_ep and the count of live
+ * objects then (what the cache knows of the descriptor stays). */
 void exs__api_kfd_idle_locked(struct kfd *k)
 {
-    if (k->attached && exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && !exs__api_kfd_has_opts(k) &&
-        !k->file_busy)
-        kfd_detach_locked(k);
+    if (k->attached && exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && !k->file_busy)
+        kfd_rest_locked(k);
+    exs__api_kfd_count_locked(k);
 }
 
-/* Check the call's common conditions: 0 or an errno. */
+/* Check the call's common conditions: 0 or an errno (EBADF: fd names nothing). */
 int exs__api_kfd_check(int fd)
 {
     if (!exs__api_kfd_is_stream(fd))
-        return ENOTSOCK;
+        return fd < 0 || fcntl(fd, F_GETFD) < 0 ? EBADF : ENOTSOCK;
     if (!exs__api_initialized())
         return EINVAL;
     return 0;
@@ -590,8 +751,15 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     struct kfd *k;
     exs_event_t ev;
 
-    if ((err = exs__api_kfd_check(fd)))
+    /* a trusted descriptor is checked by the operation itself (kfd_verify_locked) */
+    if (fd < 0) {
+        err = EBADF;
         goto err_b;
+    }
+    if (!exs__api_initialized()) {
+        err = exs__api_kfd_check(fd);
+        goto err_b;
+    }
     err = EINVAL;
     if ((flags & ~allowed) || (!buf && len) || (recv && !len))
         goto err_b;
@@ -614,6 +782,12 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     if (!k)
         return exs__api_sync_fail(sync, q, err);
     int *count = recv ? &k->n_recv : &k->n_send;
+    if (!(!recv && k->known && k->probe && !exs__api_kfd_has_opts(k)) &&
+        (err = exs__api_kfd_verify_locked(k))) {
+        exs__api_kfd_unlock(k);
+        exs__api_kfd_put(k);
+        goto err_op;
+    }
     if (*count >= (int)exs__params.sock_max_ops) {
         exs__api_kfd_unlock(k);
         exs__api_kfd_put(k);
@@ -626,7 +800,17 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         goto err_op;
     }
     (*count)++;
-    kfd_submit(k, op);
+    k->posting = op;
+    k->posting_err = 0;
+    exs_list_add_tail(recv ? &k->recvq : &k->sendq, &op->link);
+    exs__api_kfd_run_locked(k);
+    exs__api_kfd_update_locked(k);
+    k->posting = NULL;
+    err = k->posting_err;
+    exs__api_kfd_unlock(k);
+    exs__api_kfd_put(k);
+    if (err)
+        return exs__api_sync_fail(sync, q, err); /* op ended without its event */
     if (exs__api_call_end(sync, q, &ev))
         return -1;
     return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;

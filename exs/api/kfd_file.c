@@ -186,6 +186,7 @@ ssize_t exs__api_kfd_sendfile(int fd, int in_fd, off_t offset, size_t count, siz
     }
     k->n_send++;
     k->file_busy = 1;
+    exs__api_kfd_count_locked(k);
     exs__api_kfd_unlock(k);
     sent = kfd_sendfile_run(fd, in_fd, offset, want, &stop);
     if (!sent && stop > 0 && stop != EAGAIN) {

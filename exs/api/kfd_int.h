@@ -41,11 +41,22 @@ struct kfd {
     int io_want;  /* lock: EV_READ / EV_WRITE the queues wait for */
     int io_reg;   /* lock: what is registered in kfd_ep (EV_READ / EV_WRITE) */
     uint32_t gen; /* names this kfd in its epoll events */
-    /* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT (lock): while either is set the kfd
-     * stays in the table between operations; dev/ino name the socket they were set on */
+    /* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT (lock): dropped when the number
+     * names another socket */
     int snd_timeo, rcv_timeo;
+    /* What the library knows of the descriptor (lock; spec/api.md, "Kernel sockets"):
+     * known: fd was a kernel SOCK_STREAM socket, the file dev/ino (fstat); probe: a TCP
+     * socket (AF_INET, AF_INET6) that takes the probe of each send (kfd.c), which tells
+     * another kind of file now at the number without a check of its own. */
+    int known, probe;
     dev_t dev;
     ino_t ino;
+    int counted; /* lock: counted in kfd_live (operations, an option or a sendfile) */
+    /* lock: the operation its posting call runs now; when it ends because the number
+     * names no stream socket any more it ends without an event, and the call returns
+     * posting_err (EBADF, ENOTSOCK) as it would have without the cache */
+    struct kfd_op *posting;
+    int posting_err;
     struct exs_list to_ops; /* lock: operations registered for notices */
     int to_job_busy;        /* lock: to_job queued */
     struct exs_job to_job;  /* re-arms to_timer (holds a reference while queued) */
@@ -59,6 +70,8 @@ struct kfd {
 
 /* kfd.c */
 int exs__api_kfd_check(int fd);
+int exs__api_kfd_verify_locked(struct kfd *k);
+void exs__api_kfd_count_locked(struct kfd *k);
 void exs__api_kfd_close_locked(struct kfd *k, struct kfd_op *op);
 struct kfd *exs__api_kfd_get_for_op(int fd, struct kfd_op *op, int *err_p);
 struct kfd *exs__api_kfd_get_locked(int fd, int *err_p);

@@ -188,7 +188,6 @@ static int kfd_opt_is_ordered(int level, int optname)
 
 int exs__api_kfd_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen)
 {
-    struct stat st;
     struct kfd *k;
     int err, v = 0;
 
@@ -205,16 +204,15 @@ int exs__api_kfd_setsockopt(int fd, int level, int optname, const void *optval, 
         return exs__err(optval && optlen == sizeof(int) ? ENOPROTOOPT : EINVAL);
     if ((err = kfd_timeo_parse(optval, optlen, &v)))
         return exs__err(err);
-    if (fstat(fd, &st)) {
-        err = errno;
-        EXS_DBG(API, "kfd %d: fstat: %m", fd);
-        return exs__err(err);
-    }
     k = exs__api_kfd_get_locked(fd, &err);
     if (!k)
         return exs__err(err);
-    k->dev = st.st_dev;
-    k->ino = st.st_ino;
+    if ((err = exs__api_kfd_verify_locked(k))) {
+        /* the socket they are for (its device and inode) */
+        exs__api_kfd_unlock(k);
+        exs__api_kfd_put(k);
+        return exs__err(err);
+    }
     if (optname == SO_ASYNC_SEND_TIMEOUT)
         k->snd_timeo = v;
     else

@@ -49,8 +49,8 @@ void exs__api_sock_put(struct api_sock *s)
     __atomic_fetch_sub(&sock_live, 1, __ATOMIC_RELAXED);
 }
 
-/* The socket behind fd with a reference, or NULL with *err_p = EBADF / ENOTSOCK. */
-struct api_sock *exs__api_sock_get(int fd, int *err_p)
+/* The socket behind fd with a reference, or NULL (no system call). */
+struct api_sock *exs__api_sock_find(int fd)
 {
     struct api_sock *s = NULL;
 
@@ -60,6 +60,14 @@ struct api_sock *exs__api_sock_get(int fd, int *err_p)
         exs__api_sock_ref(s);
     }
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
+    return s;
+}
+
+/* The socket behind fd with a reference, or NULL with *err_p = EBADF / ENOTSOCK. */
+struct api_sock *exs__api_sock_get(int fd, int *err_p)
+{
+    struct api_sock *s = exs__api_sock_find(fd);
+
     if (!s)
         *err_p = (fd >= 0 && fcntl(fd, F_GETFD) != -1) ? ENOTSOCK : EBADF;
     return s;

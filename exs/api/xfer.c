@@ -467,7 +467,8 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
-    struct api_sock *s = exs__api_sock_get(fd, &err);
+    /* not a libexs socket: a kernel socket's operation tells EBADF and ENOTSOCK apart */
+    struct api_sock *s = exs__api_sock_find(fd);
     struct api_op *op = NULL;
     int *count, armed = 0;
 
@@ -475,13 +476,8 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         buf = b->buf;
         len = b->len;
     }
-    if (!s) {
-        if (err == ENOTSOCK)
-            return exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv, b);
-        if (b)
-            exs__api_bounce_free(b);
-        return exs__err(err);
-    }
+    if (!s)
+        return exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv, b);
     count = recv ? &s->n_recv : &s->n_send;
     if (flags & ~allowed)
         err = EINVAL;
