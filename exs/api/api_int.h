@@ -247,6 +247,12 @@ uint64_t exs__api_to_earliest(const struct exs_list *head);
  * queue is full (deferred by an interval). Owner's lock held. */
 int exs__api_to_due(struct api_to *to, struct exs_evq *evq, uint64_t now, exs_event_t *ev);
 
+/* exs_cancel's flags (xfer.c, kfd.c): 0 or one of EXS_CAF_AHANDLE, EXS_CAF_FILDES. */
+static inline int exs__api_cancel_flags_bad(int flags)
+{
+    return flags != 0 && flags != EXS_CAF_AHANDLE && flags != EXS_CAF_FILDES;
+}
+
 /* life cycle (sock.c, init.c) */
 void exs__api_sock_close_all(void);
 int exs__api_sock_live(void);

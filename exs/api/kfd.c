@@ -75,9 +75,9 @@ static int kfd_live;                /* kfds with something pending (counted) + o
 static int kfd_cached;              /* every struct kfd */
 static uint32_t kfd_gen;            /* kfd_tab_lock */
 
-/* The epoll set of the descriptors that wait, and its libev watcher (made at the first
- * kfd, gone at exs_fini). kfd_ep is written under kfd_tab_lock, read by holders of a
- * kfd (which exists only after kfd_ep does). */
+/* The epoll set of the descriptors that wait, and its libev watcher (made when a first
+ * operation waits, gone at exs_fini). kfd_ep is written under kfd_tab_lock with atomic
+ * stores, read with atomic loads. */
 static int kfd_ep = -1;
 static struct exs_eng_io kfd_ep_io;
 static struct exs_job kfd_ep_start_job, kfd_ep_stop_job;
@@ -95,7 +95,7 @@ int exs__debug_kfd_cached(void)
 /* ---- objects ---- */
 
 static int kfd_ep_open(void);
-static void kfd_reg_locked(struct kfd *k, int events);
+static int kfd_reg_locked(struct kfd *k, int events);
 
 void exs__api_kfd_put(struct kfd *k)
 {
@@ -149,10 +149,6 @@ static struct kfd *kfd_get(int fd, int create, int *err_p)
         memset(t + kfd_tab_len, 0, (size_t)(n - kfd_tab_len) * sizeof(*t));
         kfd_tab = t;
         kfd_tab_len = n;
-    }
-    if (kfd_ep < 0 && kfd_ep_open()) {
-        *err_p = -errno;
-        goto out;
     }
     k = calloc(1, sizeof(*k));
     if (!k) {
@@ -550,42 +546,61 @@ static void kfd_ep_stop(struct exs_job *job)
     exs__engine_io_stop(&kfd_ep_io);
     EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     close(kfd_ep);
-    kfd_ep = -1;
+    __atomic_store_n(&kfd_ep, -1, __ATOMIC_RELEASE);
     EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
 }
 
 /* Make kfd_ep (kfd_tab_lock held). -1 with errno. */
 static int kfd_ep_open(void)
 {
-    kfd_ep = epoll_create1(EPOLL_CLOEXEC);
-    if (kfd_ep < 0) {
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+
+    if (ep < 0) {
         EXS_WARN(API, "kfd: epoll_create1: %m");
         return -1;
     }
+    __atomic_store_n(&kfd_ep, ep, __ATOMIC_RELEASE);
     kfd_ep_start_job.fn = kfd_ep_start;
     exs__engine_post(&kfd_ep_start_job);
     return 0;
 }
 
 /* Register in kfd_ep what k waits for (k->lock held): events (EV_READ / EV_WRITE), 0
- * removes it. An error is the descriptor's (closed under us, not a socket any more):
- * the queues are run again, and the kernel's error ends the operations. */
-static void kfd_reg_locked(struct kfd *k, int events)
+ * removes it. 0, or the errno that keeps it from waiting (kfd_ep cannot be made, or
+ * epoll_ctl refused the descriptor): the caller ends the operations with it. */
+static int kfd_reg_locked(struct kfd *k, int events)
 {
     struct epoll_event ev = {
         .events = (events & EV_READ ? EPOLLIN : 0) | (events & EV_WRITE ? EPOLLOUT : 0),
         .data.u64 = (uint64_t)(uint32_t)k->fd | ((uint64_t)k->gen << 32),
     };
     int op = !events ? EPOLL_CTL_DEL : k->io_reg ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    int ep = __atomic_load_n(&kfd_ep, __ATOMIC_ACQUIRE);
 
     if (events == k->io_reg)
-        return;
-    if (epoll_ctl(kfd_ep, op, k->fd, &ev) && events) {
+        return 0;
+    if (events && ep < 0) {
+        /* the first wait: made now, not at the first call, so that a call's check sees
+         * the descriptor numbers as the application left them */
+        int err = 0;
+
+        EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (kfd_ep < 0 && kfd_ep_open())
+            err = errno;
+        EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (err)
+            return err;
+        ep = __atomic_load_n(&kfd_ep, __ATOMIC_ACQUIRE);
+    }
+    if (epoll_ctl(ep, op, k->fd, &ev) && events) {
+        int err = errno;
+
         EXS_WARN(API, "kfd %d: epoll_ctl: %m", k->fd);
         k->io_reg = 0;
-        return;
+        return err;
     }
     k->io_reg = events;
+    return 0;
 }
 
 /* After running the queues (k->lock held): register what they wait for. */
@@ -598,7 +613,12 @@ void exs__api_kfd_update_locked(struct kfd *k)
         kfd_fail_locked(k, err);
         k->io_want = 0;
     }
-    kfd_reg_locked(k, k->attached ? k->io_want : 0);
+    if ((err = kfd_reg_locked(k, k->attached ? k->io_want : 0))) {
+        /* no readiness can be watched (no epoll set, no memory): they end now */
+        kfd_fail_locked(k, err);
+        k->io_want = 0;
+        kfd_reg_locked(k, 0);
+    }
     exs__api_kfd_count_locked(k);
 }
 
@@ -915,7 +935,7 @@ int exs__api_kfd_cancel(int fd, exs_ahandle_t ah, int flags)
 
     if (!exs__api_kfd_is_stream(fd))
         return exs__err(ENOTSOCK);
-    if (flags)
+    if (exs__api_cancel_flags_bad(flags))
         return exs__err(EINVAL);
     k = kfd_get(fd, 0, &ret);
     if (!k)
@@ -930,7 +950,8 @@ int exs__api_kfd_cancel(int fd, exs_ahandle_t ah, int flags)
             struct kfd_op *op = exs_list_entry(pos, struct kfd_op, link);
 
             next = pos->next;
-            if (op->ah != ah || op->done || op->type == EXS_EVT_SHUTDOWN)
+            if ((op->ah != ah && flags != EXS_CAF_FILDES) || op->done ||
+                op->type == EXS_EVT_SHUTDOWN)
                 continue;
             exs_list_del(&op->link);
             exs__api_kfd_op_finish_locked(k, op, -1, ECANCELED);

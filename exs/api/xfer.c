@@ -44,7 +44,8 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         errno = EINVAL;
         return EXS_MHANDLE_INVALID;
     }
-    if (!addr || !len || flags || (uintptr_t)addr + len < (uintptr_t)addr) {
+    /* EXS_MRF_SHARED: every registration serves every socket and queue of the process */
+    if (!addr || !len || (flags & ~EXS_MRF_SHARED) || (uintptr_t)addr + len < (uintptr_t)addr) {
         errno = EINVAL;
         return EXS_MHANDLE_INVALID;
     }
@@ -607,13 +608,21 @@ static int cancel_match(struct exs_op *pop, void *arg)
     return op->ah == arg;
 }
 
+/* EXS_CAF_FILDES: every operation of the socket. */
+static int cancel_match_all(struct exs_op *pop, void *arg)
+{
+    (void)pop;
+    (void)arg;
+    return 1;
+}
+
 int exs_cancel(int fd, exs_ahandle_t ah, int flags)
 {
     int err = 0;
     struct api_sock *s;
 
     if (fd == -1) /* exs_poll requests: their events carry fd -1 */
-        return exs__api_poll_cancel(ah, flags);
+        return exs__api_poll_cancel(ah, flags == EXS_CAF_AHANDLE ? 0 : flags);
     s = exs__api_sock_get(fd, &err);
 
     if (!s)
@@ -621,10 +630,10 @@ int exs_cancel(int fd, exs_ahandle_t ah, int flags)
     api_sock_lock(s);
     struct exs_conn *conn = s->state == API_SOCK_CONNECTED ? s->conn : NULL;
     api_sock_unlock(s);
-    if (flags)
+    if (exs__api_cancel_flags_bad(flags))
         err = EINVAL;
     else if (conn)
-        exs__conn_cancel(conn, cancel_match, ah);
+        exs__conn_cancel(conn, flags == EXS_CAF_FILDES ? cancel_match_all : cancel_match, ah);
     exs__api_sock_put(s);
     return err ? exs__err(err) : 0;
 }
