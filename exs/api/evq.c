@@ -12,6 +12,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "exs/api/api_int.h"
+#include "exs/api/kfd.h"
 #include "exs/engine/engine.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
@@ -813,7 +815,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     exs__engine_driver_enter();
     EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     for (;;) {
-        struct pollfd pfd[1 + EXS_ENG_MAX_CTX];
+        struct pollfd pfd[2 + EXS_ENG_MAX_CTX]; /* queue, providers, kernel sockets */
         struct timespec ts, *tsp = NULL;
         int n, pfd_prov[EXS_ENG_MAX_CTX];
 
@@ -821,7 +823,10 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             ret = -EINVAL;
             break;
         }
-        if (driven && evq->queued >= want) {
+        /* Events already there are taken without driving when the process has no
+         * libexs socket (its only operations are on kernel sockets, which complete in the
+         * posting call or on the progress thread): no system call of its own then. */
+        if ((driven || !exs__api_sock_live()) && evq->queued >= want) {
             ret = EXS_MIN(evq->queued, max);
             evq_take(evq, events, ret);
             break;
@@ -880,6 +885,10 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             pfd[1 + i].events = POLLIN;
             pfd[1 + i].revents = 0;
         }
+        /* kernel sockets' readiness: this thread runs their queues itself when woken */
+        pfd[1 + EXS_ENG_MAX_CTX].fd = exs__api_kfd_wait_fd();
+        pfd[1 + EXS_ENG_MAX_CTX].events = POLLIN;
+        pfd[1 + EXS_ENG_MAX_CTX].revents = 0;
         if (deadline != UINT64_MAX) {
             ts.tv_sec = (time_t)((deadline - now) / 1000000000u);
             ts.tv_nsec = (long)((deadline - now) % 1000000000u);
@@ -887,7 +896,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         }
         /* poll-type calls are never restarted after a signal handler, even with
          * SA_RESTART, so a signal always ends the wait with EINTR. */
-        n = ppoll(pfd, 1 + EXS_ENG_MAX_CTX, tsp, NULL);
+        n = ppoll(pfd, 2 + EXS_ENG_MAX_CTX, tsp, NULL);
         ret = n < 0 ? -errno : 0;
         exs__engine_arm_end(pfd_prov); /* awake: a driver may disarm the providers now */
         EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
@@ -898,6 +907,11 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
                      pfd[0].fd);
             ret = -EBADF;
             break;
+        }
+        if (n > 0 && (pfd[1 + EXS_ENG_MAX_CTX].revents & POLLIN)) {
+            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            exs__api_kfd_run_ready();
+            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
         }
         if (n > 0 && ((pfd[1].revents | pfd[2].revents) & POLLIN)) {
             /* Awake: no longer a sleeper while driving, so the events this drive

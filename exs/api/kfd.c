@@ -625,11 +625,23 @@ void exs__api_kfd_update_locked(struct kfd *k)
 /* Progress thread: kfd_ep is readable: run the queues of each ready descriptor. */
 static void kfd_ep_cb(struct exs_eng_io *io, int revents)
 {
+    (void)io;
+    (void)revents;
+    exs__api_kfd_run_ready();
+}
+
+int exs__api_kfd_wait_fd(void)
+{
+    return __atomic_load_n(&kfd_ep, __ATOMIC_ACQUIRE);
+}
+
+void exs__api_kfd_run_ready(void)
+{
     struct epoll_event evs[64];
     int n;
 
-    (void)io;
-    (void)revents;
+    if (__atomic_load_n(&kfd_ep, __ATOMIC_ACQUIRE) < 0)
+        return;
     do
         n = epoll_wait(kfd_ep, evs, (int)EXS_ARRAY_SIZE(evs), 0);
     while (n < 0 && errno == EINTR);
