@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: MIT
 # make check: exs_send on a kernel TCP socket makes no system call of the library's own
 # (issue 27): strace -c -f of kfd_bench --only exs (N sends of 64 B, one outstanding)
-# must count N sendmsg and, of the calls the library used to check a descriptor with
-# (fcntl, getsockopt, fstat), no more than a fixed few for the whole run. Prints a Check
+# must count N sendmsg and, of the calls the library used to make per send and dequeue
+# (fcntl, getsockopt and fstat to check the descriptor, epoll_wait to drive progress
+# before taking an event already queued), fewer than N/4 for the whole run (a few per
+# wait for a full socket buffer are fine; one per send is not). Prints a Check
 # summary line (tests/run-checks.sh); a SKIP when strace cannot trace here.
 set -u
 bench=$1
@@ -23,13 +25,14 @@ fi
 count() { awk -v c="$1" '$NF == c { print ($4 ~ /^[0-9]+$/) ? $4 : $5 }' "$out" | head -n 1; }
 sends=$(count sendmsg)
 checks=0
-for c in fcntl getsockopt fstat newfstatat statx; do
+for c in fcntl getsockopt fstat newfstatat statx epoll_wait ppoll; do
     v=$(count $c)
     echo "kfd_syscalls: $c ${v:-0}"
     checks=$((checks + ${v:-0}))
 done
-echo "kfd_syscalls: $n exs_send: sendmsg ${sends:-0}, descriptor checks $checks (at most 64 allowed)"
-if [ "${sends:-0}" -ge "$n" ] && [ "$checks" -le 64 ]; then
+limit=$((n / 4))
+echo "kfd_syscalls: $n exs_send: sendmsg ${sends:-0}, other calls of the library $checks (fewer than $limit allowed)"
+if [ "${sends:-0}" -ge "$n" ] && [ "$checks" -lt "$limit" ]; then
     echo "100%: Checks: 1, Failures: 0, Errors: 0"
     exit 0
 fi
