@@ -324,43 +324,6 @@ static void kfd_probe_fill(struct msghdr *mh, union kfd_probe_cmsg *c)
     h->cmsg_len = CMSG_LEN(sizeof(int));
 }
 
-/* Check what k's number names now (fstat; another device or inode, or the first check:
- * SO_TYPE and SO_DOMAIN too): 0 when a kernel stream socket (another one than before
- * starts with none of the old one's state), else the errno a call gets (EBADF, ENOTSOCK,
- * ...; k->known is then 0). */
-int exs__api_kfd_verify_locked(struct kfd *k)
-{
-    int type = 0, family = 0;
-    socklen_t len = sizeof(type);
-    struct stat st;
-
-    if (fstat(k->fd, &st)) {
-        k->known = 0;
-        return errno;
-    }
-    if (k->known && st.st_dev == k->dev && st.st_ino == k->ino)
-        return 0;
-    if (k->known || exs__api_kfd_has_opts(k))
-        EXS_DBG(API, "kfd %d: another file now: no state of the old one is kept", k->fd);
-    k->known = k->probe = 0;
-    k->err = 0;
-    k->snd_timeo = k->rcv_timeo = 0;
-    if (!S_ISSOCK(st.st_mode))
-        return ENOTSOCK;
-    if (getsockopt(k->fd, SOL_SOCKET, SO_TYPE, &type, &len))
-        return errno;
-    if (type != SOCK_STREAM)
-        return ENOTSOCK;
-    len = sizeof(family);
-    if (getsockopt(k->fd, SOL_SOCKET, SO_DOMAIN, &family, &len))
-        return errno;
-    k->dev = st.st_dev;
-    k->ino = st.st_ino;
-    k->known = 1;
-    k->probe = family == AF_INET || family == AF_INET6;
-    return 0;
-}
-
 /* A call on k's descriptor failed with err (not EAGAIN, EINTR). probed: a send with
  * the probe. Returns the errno its operations
  * get: EBADF, ENOTSOCK, ... when the number names no stream socket now; -1: the socket
@@ -792,15 +755,20 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         err = exs__api_kfd_check(fd);
         goto err_b;
     }
-    err = EINVAL;
+    err = 0;
     if ((flags & ~allowed) || (!buf && len) || (recv && !len))
+        err = EINVAL;
+    else if (len > SSIZE_MAX)
+        err = EMSGSIZE;
+    else if (!b && mh != EXS_MHANDLE_UNREGISTERED && exs__api_mreg_hold(mh, buf, len, &m))
+        err = EINVAL;
+    if (err) {
+        /* the descriptor's errors first (EBADF, ENOTSOCK), as before the cache */
+        int e = exs__api_kfd_check(fd);
+
+        err = e ? e : err;
         goto err_b;
-    err = EMSGSIZE;
-    if (len > SSIZE_MAX)
-        goto err_b;
-    err = EINVAL;
-    if (!b && mh != EXS_MHANDLE_UNREGISTERED && exs__api_mreg_hold(mh, buf, len, &m))
-        goto err_b;
+    }
     op = exs__api_kfd_op_new(recv ? EXS_EVT_RECV : EXS_EVT_SEND, sync, &q, ah, &err);
     if (!op)
         goto err_mreg;

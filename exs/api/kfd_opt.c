@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Kernel sockets: SO_ASYNC_*_TIMEOUT notices and the options exs_setsockopt / exs_getsockopt take. */
+/* Kernel sockets: SO_ASYNC_*_TIMEOUT notices, the options exs_setsockopt / exs_getsockopt
+ * take, and the check of what a descriptor is. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -255,5 +256,44 @@ int exs__api_kfd_getsockopt(int fd, int level, int optname, void *optval, sockle
     }
     memcpy(optval, &v, sizeof(v));
     *optlen = sizeof(int);
+    return 0;
+}
+
+/* ---- what the descriptor is (kfd.c's opening comment) ---- */
+
+/* Check what k's number names now (fstat; another device or inode, or the first check:
+ * SO_TYPE and SO_DOMAIN too): 0 when a kernel stream socket (another one than before
+ * starts with none of the old one's state), else the errno a call gets (EBADF, ENOTSOCK,
+ * ...; k->known is then 0). */
+int exs__api_kfd_verify_locked(struct kfd *k)
+{
+    int type = 0, family = 0;
+    socklen_t len = sizeof(type);
+    struct stat st;
+
+    if (fstat(k->fd, &st)) {
+        k->known = 0;
+        return errno;
+    }
+    if (k->known && st.st_dev == k->dev && st.st_ino == k->ino)
+        return 0;
+    if (k->known || exs__api_kfd_has_opts(k))
+        EXS_DBG(API, "kfd %d: another file now: no state of the old one is kept", k->fd);
+    k->known = k->probe = 0;
+    k->err = 0;
+    k->snd_timeo = k->rcv_timeo = 0;
+    if (!S_ISSOCK(st.st_mode))
+        return ENOTSOCK;
+    if (getsockopt(k->fd, SOL_SOCKET, SO_TYPE, &type, &len))
+        return errno;
+    if (type != SOCK_STREAM)
+        return ENOTSOCK;
+    len = sizeof(family);
+    if (getsockopt(k->fd, SOL_SOCKET, SO_DOMAIN, &family, &len))
+        return errno;
+    k->dev = st.st_dev;
+    k->ino = st.st_ino;
+    k->known = 1;
+    k->probe = family == AF_INET || family == AF_INET6;
     return 0;
 }

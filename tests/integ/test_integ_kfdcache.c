@@ -83,6 +83,8 @@ START_TEST(test_kfdc_closed_and_files)
     IT_EXPECT_FAIL(exs_send(n, "z", 1, 0, EXS_QHANDLE_INVALID, AH(2), EXS_MHANDLE_UNREGISTERED),
                    EBADF);
     IT_EXPECT_FAIL(exs_recv(n, buf, 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED), EBADF);
+    /* the descriptor's error before the arguments' (MSG_WAITALL is no send flag) */
+    IT_EXPECT_FAIL(exs_send(n, "z", 1, MSG_WAITALL, q, AH(2), EXS_MHANDLE_UNREGISTERED), EBADF);
     /* a file */
     f = open("/dev/null", O_RDWR | O_CLOEXEC);
     ck_assert_int_ge(f, 0);
