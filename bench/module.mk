@@ -41,3 +41,20 @@ endif
 CHECK_RUNS += "bash bench/selftest.sh $(BLAST)"
 
 .PHONY: bench
+
+# make bench-kfd: the ES-API calls on a kernel TCP socket against plain send() (issue 27),
+# 64 B to 1 MiB, median of 5 interleaved rounds (bench/kfd/kfd_bench.c; KFD_BENCH_ARGS adds
+# options, e.g. --rounds 9 --bytes 256M).
+KFD_BENCH := $(BUILD)/bench/kfd/kfd_bench
+TOOL_BINS += $(KFD_BENCH)
+
+$(KFD_BENCH): $(BUILD)/bench/kfd/kfd_bench.o $(LIB_A)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
+
+bench-kfd: $(KFD_BENCH)
+	$(Q)$(KFD_BENCH) $(KFD_BENCH_ARGS)
+
+.PHONY: bench-kfd
+
+# make check: no system call of the library's own per exs_send on a kernel socket (strace).
+CHECK_RUNS += "bash bench/kfd/syscalls.sh $(KFD_BENCH)"

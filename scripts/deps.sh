@@ -10,7 +10,7 @@
 # (rstream, riostream), strace and linux-perf;
 # --format adds clang-format (scripts/check-format.sh, make check CHECK_FORMAT=1);
 # gnuplot-nox is always installed, and groff-base and man-db (make check renders the man
-# pages with man -l). prometheus (its promtool checks exsctl metrics in make check) is
+# pages with man -l), strace (make check counts exs_send's system calls, bench/kfd). prometheus (its promtool checks exsctl metrics in make check) is
 # always installed. --deb adds what scripts/deb.sh runs: dpkg-dev, debhelper, lintian.
 set -eu
 extra=()
@@ -32,7 +32,7 @@ for a in "$@"; do
     fi
 done
 pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev spin gnuplot-nox
-      groff-base man-db prometheus ${extra[@]+"${extra[@]}"})
+      groff-base man-db prometheus strace ${extra[@]+"${extra[@]}"})
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -10,6 +10,8 @@ int exs__debug_live_objects(void);
  * operations (a thread still inside a call on a descriptor may hold it a moment after
  * its last event). */
 int exs__debug_kfd_live(void);
+/* Every kernel descriptor the library has a cache entry for, busy or not (0 after exs_fini). */
+int exs__debug_kfd_cached(void);
 /* exs_poll requests (api/poll.c) not yet freed. */
 int exs__debug_poll_live(void);
 /* Bytes exs_sendfile moved with sendfile(2) on kernel sockets (api/kfd.c). */

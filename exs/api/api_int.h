@@ -189,6 +189,8 @@ static inline void api_sock_unlock(struct api_sock *s)
 /* descriptor table (sock.c) */
 /* The socket behind fd with a reference (EBADF, ENOTSOCK otherwise); drop it with put. */
 struct api_sock *exs__api_sock_get(int fd, int *err_p);
+/* The same without telling EBADF from ENOTSOCK: NULL when fd is no libexs socket. */
+struct api_sock *exs__api_sock_find(int fd);
 void exs__api_sock_put(struct api_sock *s);
 /* Every socket in the table, each held by a reference, in an array to free (sock.c). */
 int exs__api_sock_list(struct api_sock ***all_p, int *n_p);
@@ -248,6 +250,12 @@ uint64_t exs__api_to_earliest(const struct exs_list *head);
  * next one is due an interval later, or (once) to leaves the list. 0: not due yet, or the
  * queue is full (deferred by an interval). Owner's lock held. */
 int exs__api_to_due(struct api_to *to, struct exs_evq *evq, uint64_t now, exs_event_t *ev);
+
+/* exs_cancel's flags (xfer.c, kfd.c): 0 or one of EXS_CAF_AHANDLE, EXS_CAF_FILDES. */
+static inline int exs__api_cancel_flags_bad(int flags)
+{
+    return flags != 0 && flags != EXS_CAF_AHANDLE && flags != EXS_CAF_FILDES;
+}
 
 /* life cycle (sock.c, init.c) */
 /* exs_init: the fork handlers (fork.c) and the exit handler (exit.c), registered once. */

@@ -12,6 +12,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "exs/api/api_int.h"
+#include "exs/api/kfd.h"
 #include "exs/engine/engine.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
@@ -813,7 +815,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     exs__engine_driver_enter();
     EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     for (;;) {
-        struct pollfd pfd[1 + EXS_ENG_MAX_CTX];
+        struct pollfd pfd[2 + EXS_ENG_MAX_CTX]; /* queue, providers, kernel sockets */
         struct timespec ts, *tsp = NULL;
         int n, pfd_prov[EXS_ENG_MAX_CTX];
 
@@ -821,7 +823,10 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             ret = -EINVAL;
             break;
         }
-        if (driven && evq->queued >= want) {
+        /* Events already there are taken without driving when the process has no
+         * libexs socket (its only operations are on kernel sockets, which complete in the
+         * posting call or on the progress thread): no system call of its own then. */
+        if ((driven || !exs__api_sock_live()) && evq->queued >= want) {
             ret = EXS_MIN(evq->queued, max);
             evq_take(evq, events, ret);
             break;
@@ -880,6 +885,10 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             pfd[1 + i].events = POLLIN;
             pfd[1 + i].revents = 0;
         }
+        /* kernel sockets' readiness: this thread runs their queues itself when woken */
+        pfd[1 + EXS_ENG_MAX_CTX].fd = exs__api_kfd_wait_fd();
+        pfd[1 + EXS_ENG_MAX_CTX].events = POLLIN;
+        pfd[1 + EXS_ENG_MAX_CTX].revents = 0;
         if (deadline != UINT64_MAX) {
             ts.tv_sec = (time_t)((deadline - now) / 1000000000u);
             ts.tv_nsec = (long)((deadline - now) % 1000000000u);
@@ -887,7 +896,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         }
         /* poll-type calls are never restarted after a signal handler, even with
          * SA_RESTART, so a signal always ends the wait with EINTR. */
-        n = ppoll(pfd, 1 + EXS_ENG_MAX_CTX, tsp, NULL);
+        n = ppoll(pfd, 2 + EXS_ENG_MAX_CTX, tsp, NULL);
         ret = n < 0 ? -errno : 0;
         exs__engine_arm_end(pfd_prov); /* awake: a driver may disarm the providers now */
         EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
@@ -898,6 +907,11 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
                      pfd[0].fd);
             ret = -EBADF;
             break;
+        }
+        if (n > 0 && (pfd[1 + EXS_ENG_MAX_CTX].revents & POLLIN)) {
+            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            exs__api_kfd_run_ready();
+            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
         }
         if (n > 0 && ((pfd[1].revents | pfd[2].revents) & POLLIN)) {
             /* Awake: no longer a sleeper while driving, so the events this drive
@@ -996,4 +1010,92 @@ void exs__evq_fork(int phase)
     /* a new lock: glibc's write unlock looks for the parent's thread id */
     pthread_rwlock_init(&evq_tab.lock, NULL);
     EXS_LOCK_RELEASE(EXS_LOCK_EVQ_TAB);
+}
+
+/* ---- queue attributes (UNH EXS names, spec/api.md) ---- */
+
+/* An int attribute value: 0, or EINVAL when the buffer cannot hold one. */
+static int evq_attr_int(void *val, socklen_t *len, int v)
+{
+    if (!val || !len || *len < sizeof(int))
+        return EINVAL;
+    memcpy(val, &v, sizeof(v));
+    *len = sizeof(int);
+    return 0;
+}
+
+int exs_qgetattr(exs_qhandle_t q, int attr, void *val, socklen_t *len)
+{
+    exs_signal_t sig = {.exs_sig_state = EXS_SIG_DISABLE};
+    struct exs_evq *evq;
+    int ret, err = 0;
+
+    ret = exs__evq_get(q, &evq);
+    if (ret < 0)
+        return exs__err(-ret);
+    switch (attr) {
+    case EXS_QATTR_DEPTH:
+        err = evq_attr_int(val, len, evq->depth);
+        break;
+    case EXS_QATTR_EVENTS:
+        err = evq_attr_int(val, len, __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE));
+        break;
+    case EXS_QATTR_WAIT:
+        err = evq_attr_int(val, len, __atomic_load_n(&evq->mode, __ATOMIC_RELAXED));
+        break;
+    case EXS_QATTR_SIGNAL:
+        if (!val || !len || *len < sizeof(sig)) {
+            err = EINVAL;
+            break;
+        }
+        memcpy(val, &sig, sizeof(sig)); /* never enabled */
+        *len = sizeof(sig);
+        break;
+    default:
+        err = EINVAL;
+        break;
+    }
+    exs__evq_put(evq);
+    return err ? exs__err(err) : 0;
+}
+
+int exs_qsetattr(exs_qhandle_t q, int attr, const void *val, socklen_t len)
+{
+    exs_signal_t sig;
+    struct exs_evq *evq;
+    int ret, v, err = 0;
+
+    ret = exs__evq_get(q, &evq);
+    if (ret < 0)
+        return exs__err(-ret);
+    switch (attr) {
+    case EXS_QATTR_WAIT:
+        if (!val || len != sizeof(int)) {
+            err = EINVAL;
+            break;
+        }
+        memcpy(&v, val, sizeof(v));
+        exs__evq_put(evq);
+        /* the spin bound stays the default (exs_qsetwait sets it) */
+        return exs_qsetwait(q, v, 0);
+    case EXS_QATTR_SIGNAL:
+        if (!val || len != sizeof(sig)) {
+            err = EINVAL;
+            break;
+        }
+        memcpy(&sig, val, sizeof(sig));
+        if (sig.exs_sig_state == EXS_SIG_ENABLE)
+            err = EOPNOTSUPP; /* no signal notification: exs_qfd with poll/epoll instead */
+        else if (sig.exs_sig_state != EXS_SIG_DISABLE)
+            err = EINVAL;
+        break;
+    case EXS_QATTR_DEPTH:
+        err = EOPNOTSUPP; /* fixed at exs_qcreate */
+        break;
+    default: /* EXS_QATTR_EVENTS is read only */
+        err = EINVAL;
+        break;
+    }
+    exs__evq_put(evq);
+    return err ? exs__err(err) : 0;
 }

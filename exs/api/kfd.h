@@ -38,6 +38,12 @@ ssize_t exs__api_kfd_sendfile(int fd, int in_fd, off_t offset, size_t count, siz
                               exs_qhandle_t q, exs_ahandle_t ah, int *taken_p);
 int exs__api_kfd_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen);
 int exs__api_kfd_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen);
+/* exs_qdequeue's sleep (evq.c): the epoll set of the kernel sockets whose operations
+ * wait (-1: none yet), which a sleeping thread watches too, and the run of the queues
+ * of its ready descriptors (what the progress thread does; any thread may), so that a
+ * thread waiting for a kernel socket's event is woken by the socket itself. */
+int exs__api_kfd_wait_fd(void);
+void exs__api_kfd_run_ready(void);
 /* exs_fini: drop every pending operation without an event (before the registrations
  * and the engine go). */
 void exs__api_kfd_close_all(void);

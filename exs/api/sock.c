@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* ES-API sockets: descriptor table, socket/bind/listen/accept/connect/shutdown/close, options. */
+/* ES-API sockets: descriptor table, state machine, connections, socket/bind/connect/shutdown/close. */
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -12,6 +12,7 @@
 
 #include "exs/api/api_int.h"
 #include "exs/api/kfd.h"
+#include "exs/api/sock_int.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -28,7 +29,7 @@ int exs__api_sock_live(void)
     return __atomic_load_n(&sock_live, __ATOMIC_RELAXED);
 }
 
-static void sock_get_ref(struct api_sock *s)
+void exs__api_sock_ref(struct api_sock *s)
 {
     __atomic_fetch_add(&s->refs, 1, __ATOMIC_RELAXED);
 }
@@ -48,17 +49,25 @@ void exs__api_sock_put(struct api_sock *s)
     __atomic_fetch_sub(&sock_live, 1, __ATOMIC_RELAXED);
 }
 
-/* The socket behind fd with a reference, or NULL with *err_p = EBADF / ENOTSOCK. */
-struct api_sock *exs__api_sock_get(int fd, int *err_p)
+/* The socket behind fd with a reference, or NULL (no system call). */
+struct api_sock *exs__api_sock_find(int fd)
 {
     struct api_sock *s = NULL;
 
     EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (fd >= 0 && fd < tab_len && tab[fd]) {
         s = tab[fd];
-        sock_get_ref(s);
+        exs__api_sock_ref(s);
     }
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
+    return s;
+}
+
+/* The socket behind fd with a reference, or NULL with *err_p = EBADF / ENOTSOCK. */
+struct api_sock *exs__api_sock_get(int fd, int *err_p)
+{
+    struct api_sock *s = exs__api_sock_find(fd);
+
     if (!s)
         *err_p = exs__api_fork_stale(fd)                        ? ESTALE
                  : (fd >= 0 && fcntl(fd, F_GETFD) != -1) ? ENOTSOCK
@@ -66,7 +75,7 @@ struct api_sock *exs__api_sock_get(int fd, int *err_p)
     return s;
 }
 
-static int tab_insert(struct api_sock *s)
+int exs__api_sock_tab_insert(struct api_sock *s)
 {
     int ret = 0;
 
@@ -85,7 +94,7 @@ static int tab_insert(struct api_sock *s)
     }
     EXS_ASSERT(!tab[s->fd]);
     tab[s->fd] = s;
-    sock_get_ref(s);
+    exs__api_sock_ref(s);
 out:
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     return ret;
@@ -107,7 +116,7 @@ static int tab_remove(struct api_sock *s)
     return removed;
 }
 
-static struct api_sock *sock_new(int domain, int type)
+struct api_sock *exs__api_sock_new(int domain, int type)
 {
     struct api_sock *s = calloc(1, sizeof(*s));
 
@@ -148,7 +157,7 @@ int exs__api_sock_list(struct api_sock ***all_p, int *n_p)
     all = malloc(((size_t)tab_len + 1) * sizeof(*all));
     for (int fd = 0; all && fd < tab_len; fd++)
         if (tab[fd]) {
-            sock_get_ref(tab[fd]);
+            exs__api_sock_ref(tab[fd]);
             all[n++] = tab[fd];
         }
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
@@ -197,7 +206,7 @@ static const uint32_t sock_next[API_SOCK_STATE_COUNT] = {
 };
 
 /* The one place a socket changes state (s->lock held, or s not yet shared). */
-static void api_sock_set_state(struct api_sock *s, enum api_sock_state st, const char *why)
+void exs__api_sock_set_state(struct api_sock *s, enum api_sock_state st, const char *why)
 {
     EXS_ASSERT(sock_next[s->state] & SOCK_BIT(st));
     EXS_TRACE(API, "sock %p fd %d: %s -> %s (%s)", (void *)s, s->fd, sock_state_names[s->state],
@@ -217,7 +226,7 @@ static void sock_finish_close_job(struct exs_job *job);
  * step of the close. The state says it is queued once. */
 static void sock_finish_locked(struct api_sock *s, const char *why)
 {
-    api_sock_set_state(s, API_SOCK_FINISHING, why);
+    exs__api_sock_set_state(s, API_SOCK_FINISHING, why);
     s->finish_job.fn = sock_finish_close_job;
     exs__engine_post(&s->finish_job);
 }
@@ -225,7 +234,6 @@ static void sock_finish_locked(struct api_sock *s, const char *why)
 /* ---- connections: callbacks from the proto layer (conn->lock held) ---- */
 
 static void sock_conn_established(struct exs_conn *conn, int err);
-static void sock_close(struct api_sock *s, struct api_op *op, int abort_);
 static void sock_conn_dead(struct exs_conn *conn);
 
 /* The cut-over (spec/protocol.md §9.2), conn->lock held: the new path's context and the
@@ -260,7 +268,7 @@ static const struct exs_conn_cb sock_conn_cb = {
 };
 
 /* A conn for s on provider context ctx (the primary, or the fallback). */
-static int sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
+int exs__api_sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
 {
     /* policy any: a conn on the primary may be cut over to the fallback (§9.2) */
     int resumable =
@@ -329,7 +337,7 @@ static void sock_conn_timer(struct exs_eng_timer *t)
 
 /* Progress thread: run the check at once, which arms the next one. The finish job stops
  * it, so it never outlives the socket. */
-static void sock_conn_timer_kick(struct api_sock *s)
+void exs__api_sock_conn_timer_kick(struct api_sock *s)
 {
     exs__engine_timer_stop(&s->conn_timer);
     exs__engine_timer_start(&s->conn_timer, 0, sock_conn_timer);
@@ -346,7 +354,7 @@ static void sock_ka_job(struct exs_job *job)
     go = s->conn && (s->state == API_SOCK_CONNECTING || s->state == API_SOCK_CONNECTED);
     api_sock_unlock(s);
     if (go)
-        sock_conn_timer_kick(s);
+        exs__api_sock_conn_timer_kick(s);
     exs__api_sock_put(s); /* the job's reference */
 }
 
@@ -361,8 +369,6 @@ static void sock_post_simple(struct api_op *op, int type, int err)
     exs__api_op_event(op, &ev);
 }
 
-static void sock_deliver_accepts_locked(struct api_sock *lis);
-static void sock_defer_kick_locked(struct api_sock *lis);
 
 /* Progress thread: the connect of s failed on the primary provider with errno err (the
  * failed conn is gone): connect again to the same address over the fallback context
@@ -383,7 +389,7 @@ static void sock_fallback_connect(struct api_sock *s, int err)
     }
     ret = exs__engine_fallback_addr((struct sockaddr *)&s->peer, s->peer_len, &fa, &flen);
     if (!ret)
-        ret = sock_conn_new(s, exs__engine_fallback_ctx());
+        ret = exs__api_sock_conn_new(s, exs__engine_fallback_ctx());
     conn = ret ? NULL : s->conn;
     api_sock_unlock(s);
     if (!ret) {
@@ -391,7 +397,7 @@ static void sock_fallback_connect(struct api_sock *s, int err)
         ret = exs__conn_connect(conn, (struct sockaddr *)&fa, flen);
     }
     if (!ret) {
-        sock_conn_timer_kick(s); /* the new handshake's deadline */
+        exs__api_sock_conn_timer_kick(s); /* the new handshake's deadline */
         return;
     }
     EXS_INFO(API, "fd %d: connect over the fallback failed at once: %s", s->fd, strerror(-ret));
@@ -401,7 +407,7 @@ static void sock_fallback_connect(struct api_sock *s, int err)
     if (s->state == API_SOCK_CONNECTING) {
         op = s->connect_op;
         s->connect_op = NULL;
-        api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW, "connect failed");
+        exs__api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW, "connect failed");
     }
     api_sock_unlock(s);
     if (conn)
@@ -432,7 +438,7 @@ static void sock_connect_fallback_later(struct api_sock *s, struct exs_conn *con
     EXS_INFO(API, "fd %d: the primary's connect call failed (%s): over the fallback", s->fd,
              strerror(err));
     conn->err = err; /* read by the job */
-    sock_get_ref(s); /* the job's */
+    exs__api_sock_ref(s); /* the job's */
     conn->owner_job.fn = sock_fallback_job;
     exs__engine_post(&conn->owner_job);
 }
@@ -448,20 +454,20 @@ static void sock_conn_established(struct exs_conn *conn, int err)
         parent->n_embryo--;
         if (!err && parent->state == API_SOCK_LISTENING) {
             api_sock_lock(s);
-            api_sock_set_state(s, API_SOCK_CONNECTED, "accepted");
+            exs__api_sock_set_state(s, API_SOCK_CONNECTED, "accepted");
             api_sock_unlock(s);
-            sock_conn_timer_kick(s); /* keepalive from now on */
+            exs__api_sock_conn_timer_kick(s); /* keepalive from now on */
             exs_list_add_tail(&parent->ready, &s->child_link);
             parent->n_ready++;
-            sock_deliver_accepts_locked(parent);
+            exs__api_sock_deliver_accepts_locked(parent);
         } else if (!err) {
             /* the listener closed meanwhile: reset the child; its death finishes it */
             api_sock_lock(s);
-            api_sock_set_state(s, API_SOCK_ABORTING, "listener closed");
+            exs__api_sock_set_state(s, API_SOCK_ABORTING, "listener closed");
             api_sock_unlock(s);
             exs__conn_abort_locked(conn);
         }
-        sock_defer_kick_locked(parent); /* an embryo fewer */
+        exs__api_sock_defer_kick_locked(parent); /* an embryo fewer */
         api_sock_unlock(parent);
         if (err) {
             /* never accepted and already dead: finished as a closed socket */
@@ -478,8 +484,8 @@ static void sock_conn_established(struct exs_conn *conn, int err)
         socklen_t len = sizeof(s->local);
 
         if (s->state == API_SOCK_CONNECTING) {
-            api_sock_set_state(s, API_SOCK_CONNECTED, "connected");
-            sock_conn_timer_kick(s); /* keepalive from now on */
+            exs__api_sock_set_state(s, API_SOCK_CONNECTED, "connected");
+            exs__api_sock_conn_timer_kick(s); /* keepalive from now on */
         }
         if (!exs__prov_ep_local_addr(conn->ep, &s->local, &len))
             s->local_len = len;
@@ -490,11 +496,11 @@ static void sock_conn_established(struct exs_conn *conn, int err)
         s->connect_op = op;
         op = NULL;
         s->conn = NULL;
-        sock_get_ref(s); /* the job's */
+        exs__api_sock_ref(s); /* the job's */
         conn->owner_job.fn = sock_fallback_job;
         exs__engine_post(&conn->owner_job);
     } else if (s->state == API_SOCK_CONNECTING) {
-        api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW, "connect failed");
+        exs__api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW, "connect failed");
         s->conn = NULL;
         sock_conn_destroy_later(conn);
     }
@@ -537,10 +543,10 @@ int exs_socket(int domain, int type, int protocol)
         return exs__err(EPROTONOSUPPORT);
     if (protocol != 0)
         return exs__err(EPROTONOSUPPORT);
-    s = sock_new(domain, type);
+    s = exs__api_sock_new(domain, type);
     if (!s)
         return exs__err(errno == EMFILE || errno == ENFILE ? errno : ENOMEM);
-    if (tab_insert(s)) {
+    if (exs__api_sock_tab_insert(s)) {
         exs__api_sock_put(s);
         return exs__err(ENOMEM);
     }
@@ -575,7 +581,7 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
             s->local_len = s->domain == AF_INET ? sizeof(struct sockaddr_in)
                                                 : sizeof(struct sockaddr_in6);
             memcpy(&s->local, addr, s->local_len);
-            api_sock_set_state(s, API_SOCK_BOUND, "bind");
+            exs__api_sock_set_state(s, API_SOCK_BOUND, "bind");
         }
     }
     api_sock_unlock(s);
@@ -583,441 +589,6 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
     return err ? exs__err(err) : 0;
 }
 
-/* A checked hello asking to be the new path of a cut-over connection (spec/protocol.md
- * §9.2): never a connection for exs_accept. Over the fallback context, the connection
- * its token names takes it (the request is then consumed: 1); anything else is refused
- * with reason 7, *reason_p. 0 for an ordinary hello. Called without the listener's lock
- * (conn locks come first). */
-static int sock_resume_request(struct api_sock *lis, const struct exs_prov_cm_event *ev,
-                               int *reason_p)
-{
-    struct exs_wire_hello h;
-
-    memcpy(&h, ev->private_data, sizeof(h));
-    if (!(h.hflags & EXS_WIRE_HELLO_F_RESUME))
-        return 0;
-    *reason_p = EXS_WIRE_REJ_RESUME;
-    if (!exs__engine_fallback_ctx() || ev->listener->ctx != exs__engine_fallback_ctx()) {
-        EXS_INFO(API, "listener fd %d: resume request refused: not over the fallback", lis->fd);
-        return 1;
-    }
-    *reason_p = exs__conn_resume_request(ev->listener->ctx, ev->req, ev->private_data,
-                                         ev->private_data_len, lis->type);
-    return 1;
-}
-
-/* ---- the listener's queues (spec/api.md, exs_listen) ----
- *
- * A connection request either starts its handshake at once (a child socket with its conn:
- * an embryo) or waits in the listener's FIFO of deferred requests, holding the provider's
- * request (valid until accepted or rejected, spec/provider.md) and a copy of its event,
- * nothing more. There is room for a handshake when the embryos are fewer than the embryo
- * bound (listen_embryo_max, at least the backlog) and the embryos plus the established
- * children not yet accepted are fewer than the backlog plus the accepts posted (a posted
- * accept takes an established child at once): so the backlog bounds the established
- * connections nobody has taken, as on Linux. Requests start in arrival order whenever room
- * frees (an embryo ends, an accept is posted, the backlog grows: defer_job). One still
- * waiting half of connect_timeout_ms after it came is refused with reason 3: the refusal,
- * or a handshake started just before, reaches a peer with the same deadline before it
- * gives up. At listen_defer_max waiting, the provider listeners are paused (tcp: the
- * kernel's listen queue holds the clients, its SYN retries beyond it); requests they had
- * already taken still wait, up to twice the bound, and the listeners go on at half of it;
- * a provider that cannot pause (verbs) has requests beyond the bound refused at once. The
- * lists and counts are under the listener's lock; the rest runs with the progress lock
- * (requests, the job, the timer, the listener's close job), and nothing waits for a
- * peer. */
-
-struct sock_deferred {
-    struct exs_list          link;        /* lis->deferred, oldest first */
-    uint64_t                 deadline_ns; /* refused (reason 3) if still waiting then */
-    struct exs_prov_cm_event ev;          /* the request, its peer and its hello */
-};
-
-static void sock_defer_job(struct exs_job *job);
-
-/* Handshakes lis runs at once: listen_embryo_max, at least the backlog (lock held). */
-static int sock_embryo_max_locked(const struct api_sock *lis)
-{
-    uint64_t m = __atomic_load_n(&exs__params.listen_embryo_max, __ATOMIC_RELAXED);
-
-    return (uint64_t)lis->backlog > m ? lis->backlog : (int)m;
-}
-
-/* Room for one more handshake (lock held). */
-static int sock_room_locked(const struct api_sock *lis)
-{
-    return lis->n_embryo < sock_embryo_max_locked(lis) &&
-           lis->n_embryo + lis->n_ready < lis->backlog + lis->n_accepts;
-}
-
-/* Room may have freed (an embryo ended, an accept was posted, the backlog grew): queue
- * the job that starts deferred requests, once (lock held). */
-static void sock_defer_kick_locked(struct api_sock *lis)
-{
-    if (lis->defer_job_busy || !lis->n_deferred || lis->state != API_SOCK_LISTENING ||
-        !sock_room_locked(lis))
-        return;
-    lis->defer_job_busy = 1;
-    sock_get_ref(lis); /* the job's */
-    lis->defer_job.fn = sock_defer_job;
-    exs__engine_post(&lis->defer_job);
-}
-
-/* Refuse request ev with reason (consumes ev->req). */
-static void sock_refuse(struct api_sock *lis, const struct exs_prov_cm_event *ev, int reason)
-{
-    struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
-
-    EXS_INFO(API, "listener fd %d: connection request refused, reason %d", lis->fd, reason);
-    rej.reason = (uint8_t)reason;
-    exs__prov_reject(ev->req, &rej, sizeof(rej));
-}
-
-/* Progress thread: start the handshake of request ev, whose place the caller reserved
- * under lis's lock (n_embryo counted, a reference for the child's parent pointer).
- * Consumes ev->req: accepted onto a new child, or rejected (also after a failed accept:
- * the request is still ours, spec/provider.md). */
-static void sock_start_child(struct api_sock *lis, const struct exs_prov_cm_event *ev)
-{
-    struct api_sock *c = sock_new(lis->domain, lis->type);
-    int reason = 0, ret;
-
-    if (c) {
-        api_sock_lock(lis);
-        c->rcvbuf = lis->rcvbuf;
-        c->rcvbuf_set = lis->rcvbuf_set;
-        c->sndbuf = lis->sndbuf;
-        c->xfer_mode = lis->xfer_mode;
-        c->keepalive = lis->keepalive;
-        c->keepalive_ms = lis->keepalive_ms;
-        c->local = lis->local;
-        c->local_len = lis->local_len;
-        api_sock_unlock(lis);
-        api_sock_set_state(c, API_SOCK_CONNECTING, "connection request");
-        memcpy(&c->peer, &ev->peer_addr, sizeof(c->peer));
-        c->peer_len = ev->peer_addrlen;
-        c->parent = lis;
-        if (sock_conn_new(c, ev->listener->ctx)) /* the context the request came on */
-            reason = EXS_WIRE_REJ_RESOURCES;
-    } else {
-        exs__api_sock_put(lis);
-        reason = EXS_WIRE_REJ_RESOURCES;
-    }
-    if (!reason) {
-        ret = exs__conn_accept(c->conn, ev->req, ev->private_data);
-        if (!ret) {
-            sock_conn_timer_kick(c); /* the handshake deadline */
-            return; /* sock_conn_established follows */
-        }
-        EXS_INFO(API, "listener fd %d: accept failed: %s", lis->fd, strerror(-ret));
-        reason = EXS_WIRE_REJ_RESOURCES; /* nothing is sent to a peer that is gone */
-    }
-    sock_refuse(lis, ev, reason);
-    api_sock_lock(lis);
-    lis->n_embryo--;
-    sock_defer_kick_locked(lis);
-    api_sock_unlock(lis);
-    if (c) {
-        if (c->conn) {
-            struct exs_conn *conn = c->conn;
-
-            c->conn = NULL;
-            exs__conn_destroy(conn);
-        }
-        exs__api_sock_put(c); /* also drops the parent reference */
-    }
-}
-
-/* Request ev waits for room (lock held): 0, or the reason it is refused instead.
- * *pause_p: it is the one that filled the FIFO, pause the provider listeners. */
-static int sock_defer_locked(struct api_sock *lis, const struct exs_prov_cm_event *ev,
-                             int *pause_p)
-{
-    uint64_t max = __atomic_load_n(&exs__params.listen_defer_max, __ATOMIC_RELAXED);
-    uint64_t wait_ms = __atomic_load_n(&exs__params.connect_timeout_ms, __ATOMIC_RELAXED) / 2;
-    struct sock_deferred *d;
-
-    /* a request of a provider listener exs_listen gave up (exs__engine_listen) must not
-     * outlive it */
-    if (ev->listener != lis->lis.pl && ev->listener != lis->lis.pl_fb)
-        return EXS_WIRE_REJ_BACKLOG;
-    if ((uint64_t)lis->n_deferred >= (lis->defer_paused ? 2 * max : max)) {
-        EXS_CNT_INC(exs__eng_cnt.listen_defer_full);
-        return EXS_WIRE_REJ_BACKLOG;
-    }
-    d = malloc(sizeof(*d));
-    if (!d)
-        return EXS_WIRE_REJ_RESOURCES;
-    d->ev = *ev;
-    d->deadline_ns = exs__now_ns() + EXS_MAX(wait_ms, 1) * 1000000u;
-    exs_list_add_tail(&lis->deferred, &d->link);
-    lis->n_deferred++;
-    EXS_CNT_INC(exs__eng_cnt.listen_deferred);
-    *pause_p = !lis->defer_paused && (uint64_t)lis->n_deferred >= max;
-    return 0;
-}
-
-static void sock_defer_timeout(struct exs_eng_timer *t);
-
-/* Progress thread, after the FIFO changed: let the provider listeners go on once half of
- * listen_defer_max is left, and arm the oldest request's deadline. */
-static void sock_defer_after(struct api_sock *lis)
-{
-    uint64_t max = __atomic_load_n(&exs__params.listen_defer_max, __ATOMIC_RELAXED);
-    uint64_t ms = 0, now;
-    int resume = 0, arm = 0;
-
-    api_sock_lock(lis);
-    if (lis->state == API_SOCK_LISTENING) {
-        resume = lis->defer_paused && (uint64_t)lis->n_deferred <= max / 2;
-        if (resume)
-            lis->defer_paused = 0;
-        if (!lis->defer_timer_on && lis->n_deferred) {
-            struct sock_deferred *d =
-                exs_list_entry(lis->deferred.next, struct sock_deferred, link);
-
-            now = exs__now_ns();
-            ms = d->deadline_ns > now ? (d->deadline_ns - now + 999999u) / 1000000u : 0;
-            lis->defer_timer_on = arm = 1;
-        }
-    }
-    api_sock_unlock(lis);
-    if (resume)
-        exs__engine_listener_pause(&lis->lis, 0);
-    if (arm)
-        exs__engine_timer_start(&lis->defer_timer, ms, sock_defer_timeout);
-}
-
-/* Take the deferred requests off lis (all, or those whose deadline passed) into out
- * (lock held). */
-static void sock_defer_take_locked(struct api_sock *lis, struct exs_list *out, int all)
-{
-    uint64_t now = exs__now_ns();
-
-    exs_list_init(out);
-    while (lis->n_deferred) {
-        struct sock_deferred *d = exs_list_entry(lis->deferred.next, struct sock_deferred, link);
-
-        if (!all && d->deadline_ns > now)
-            break;
-        exs_list_del(&d->link);
-        exs_list_add_tail(out, &d->link);
-        lis->n_deferred--;
-    }
-}
-
-/* Refuse every request of list with reason and free them. */
-static void sock_defer_refuse(struct api_sock *lis, struct exs_list *list, int reason)
-{
-    struct exs_list *n;
-
-    while ((n = exs_list_pop_head(list))) {
-        struct sock_deferred *d = exs_list_entry(n, struct sock_deferred, link);
-
-        if (reason == EXS_WIRE_REJ_BACKLOG)
-            EXS_CNT_INC(exs__eng_cnt.listen_defer_timeouts);
-        sock_refuse(lis, &d->ev, reason);
-        free(d);
-    }
-}
-
-/* Progress thread: the oldest deferred request's deadline: refuse those that waited too
- * long. The listener's close job stops the timer. */
-static void sock_defer_timeout(struct exs_eng_timer *t)
-{
-    struct api_sock *lis = exs_container_of(t, struct api_sock, defer_timer);
-    struct exs_list late;
-
-    api_sock_lock(lis);
-    lis->defer_timer_on = 0;
-    sock_defer_take_locked(lis, &late, 0);
-    api_sock_unlock(lis);
-    sock_defer_refuse(lis, &late, EXS_WIRE_REJ_BACKLOG);
-    sock_defer_after(lis);
-}
-
-/* Progress thread: start deferred requests, oldest first, while there is room. */
-static void sock_defer_job(struct exs_job *job)
-{
-    struct api_sock *lis = exs_container_of(job, struct api_sock, defer_job);
-
-    for (;;) {
-        struct sock_deferred *d = NULL;
-
-        api_sock_lock(lis);
-        if (lis->state == API_SOCK_LISTENING && lis->n_deferred && sock_room_locked(lis)) {
-            d = exs_list_entry(exs_list_pop_head(&lis->deferred), struct sock_deferred, link);
-            lis->n_deferred--;
-            lis->n_embryo++;
-            sock_get_ref(lis); /* the child's parent pointer */
-        } else {
-            lis->defer_job_busy = 0;
-        }
-        api_sock_unlock(lis);
-        if (!d)
-            break;
-        sock_start_child(lis, &d->ev);
-        free(d);
-    }
-    sock_defer_after(lis);
-    exs__api_sock_put(lis); /* the job's reference */
-}
-
-/* Progress thread: a connection request for listener lis. Exactly one of accept and
- * reject is called on ev->req, now or, when it waits for room, later (the provider keeps
- * it valid until then); ev->req is not touched after that call (it consumes the request
- * whatever it returns: the provider may free it at once). */
-static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_cm_event *ev)
-{
-    struct api_sock *lis = exs_container_of(el, struct api_sock, lis);
-    struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
-    int reason, start = 0, deferred = 0, pause = 0;
-
-    /* Decide under the listener's lock: a place for the handshake now, or a place in the
-     * FIFO; build the child without it (conn locks come before socket locks). */
-    reason = exs__conn_hello_check(ev->private_data, ev->private_data_len, lis->type);
-    if (!reason && sock_resume_request(lis, ev, &reason)) {
-        if (!reason)
-            return; /* taken by the connection it resumes */
-        rej.reason = (uint8_t)reason;
-        exs__prov_reject(ev->req, &rej, sizeof(rej));
-        return;
-    }
-    api_sock_lock(lis);
-    if (!reason && lis->state != API_SOCK_LISTENING)
-        reason = EXS_WIRE_REJ_CLOSING;
-    if (!reason && !lis->n_deferred && sock_room_locked(lis)) {
-        lis->n_embryo++;
-        sock_get_ref(lis); /* the child's parent pointer */
-        start = 1;
-    } else if (!reason) {
-        reason = sock_defer_locked(lis, ev, &pause);
-        deferred = !reason;
-    }
-    api_sock_unlock(lis);
-    if (start) {
-        sock_start_child(lis, ev);
-    } else if (deferred) {
-        if (pause && !exs__engine_listener_pause(&lis->lis, 1)) {
-            lis->defer_paused = 1; /* progress thread */
-            EXS_CNT_INC(exs__eng_cnt.listen_pauses);
-            EXS_INFO(API, "listener fd %d: %d requests waiting: provider listener paused",
-                     lis->fd, lis->n_deferred);
-        }
-        sock_defer_after(lis);
-    } else {
-        sock_refuse(lis, ev, reason);
-    }
-}
-
-int exs_listen(int fd, int backlog)
-{
-    int err = 0, ret;
-    struct api_sock *s = exs__api_sock_get(fd, &err);
-    socklen_t len;
-
-    if (!s)
-        return exs__err(err);
-    api_sock_lock(s);
-    if (backlog <= 0 || backlog > 4096)
-        backlog = backlog <= 0 ? 128 : 4096;
-    if (s->state == API_SOCK_LISTENING) {
-        s->backlog = backlog;
-        sock_defer_kick_locked(s); /* a larger backlog has room */
-        goto out;
-    }
-    if (s->state != API_SOCK_NEW && s->state != API_SOCK_BOUND) {
-        err = EINVAL;
-        goto out;
-    }
-    if (s->state == API_SOCK_NEW) {
-        memset(&s->local, 0, sizeof(s->local));
-        s->local.ss_family = (sa_family_t)s->domain;
-        s->local_len = s->domain == AF_INET ? sizeof(struct sockaddr_in)
-                                            : sizeof(struct sockaddr_in6);
-    }
-    s->lis.on_request = sock_on_request;
-    s->backlog = backlog;
-    api_sock_set_state(s, API_SOCK_LISTENING, "listen"); /* before requests can arrive */
-    __atomic_store_n(&s->listener, 1, __ATOMIC_RELAXED);
-    ret = exs__engine_listen(&s->lis, (struct sockaddr *)&s->local, s->local_len, backlog);
-    if (ret) {
-        api_sock_set_state(s, API_SOCK_BOUND, "listen failed");
-        __atomic_store_n(&s->listener, 0, __ATOMIC_RELAXED);
-        err = ret == -EADDRINUSE || ret == -EADDRNOTAVAIL || ret == -EACCES ? -ret : EINVAL;
-        goto out;
-    }
-    len = sizeof(s->local);
-    exs__prov_listener_addr(s->lis.pl, &s->local, &len);
-    s->local_len = len;
-out:
-    api_sock_unlock(s);
-    exs__api_sock_put(s);
-    return err ? exs__err(err) : 0;
-}
-
-/* Match established children with pending exs_accept operations (lis->lock held). */
-static void sock_deliver_accepts_locked(struct api_sock *lis)
-{
-    while (!exs_list_empty(&lis->ready) && !exs_list_empty(&lis->accepts)) {
-        struct api_sock *c = exs_list_entry(exs_list_pop_head(&lis->ready), struct api_sock,
-                                            child_link);
-        struct api_op *op = exs_list_entry(exs_list_pop_head(&lis->accepts), struct api_op, link);
-        exs_event_t ev = { .exs_evt_type = EXS_EVT_ACCEPT };
-
-        lis->n_ready--;
-        lis->n_accepts--;
-        /* the child no longer belongs to the listener */
-        exs__api_sock_put(c->parent);
-        c->parent = NULL;
-        ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = -1;
-        if (tab_insert(c)) {
-            ev.exs_evt_errno = ENOMEM;
-            sock_close(c, NULL, 0); /* finishes on the progress thread */
-        } else {
-            ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = c->fd;
-            memcpy(&ev.exs_evt_u.exs_evt_accept.exs_evt_addr, &c->peer, sizeof(c->peer));
-            ev.exs_evt_u.exs_evt_accept.exs_evt_addrlen = c->peer_len;
-            exs__api_sock_put(c); /* the table holds it now */
-        }
-        exs__api_op_event(op, &ev);
-    }
-}
-
-int exs_accept(int fd, exs_qhandle_t q, exs_ahandle_t ah)
-{
-    exs_event_t ev;
-    int err = 0, sync = q == EXS_QHANDLE_INVALID;
-    struct api_sock *s = exs__api_sock_get(fd, &err);
-    struct api_op *op;
-
-    if (!s)
-        return exs__err(err);
-    if (sync)
-        q = exs__api_sync_queue();
-    op = exs__api_op_new(s, EXS_EVT_ACCEPT, q, ah, &err);
-    if (!op)
-        goto out;
-    api_sock_lock(s);
-    if (s->state != API_SOCK_LISTENING) {
-        api_sock_unlock(s);
-        exs__api_op_abandon(op);
-        err = EINVAL;
-        goto out;
-    }
-    exs_list_add_tail(&s->accepts, &op->link);
-    s->n_accepts++;
-    sock_deliver_accepts_locked(s);
-    sock_defer_kick_locked(s); /* the accept makes room */
-    api_sock_unlock(s);
-out:
-    exs__api_sock_put(s);
-    if (err)
-        return exs__api_sync_fail(sync, q, err);
-    if (exs__api_call_end(sync, q, &ev))
-        return -1;
-    return sync ? ev.exs_evt_u.exs_evt_accept.exs_evt_newfd : 0;
-}
 
 int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhandle_t q,
                 exs_ahandle_t ah)
@@ -1051,14 +622,14 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
     op = exs__api_op_new(s, EXS_EVT_CONNECT, q, ah, &err);
     if (!op)
         goto out;
-    if ((ret = sock_conn_new(s, exs__engine_ctx()))) {
+    if ((ret = exs__api_sock_conn_new(s, exs__engine_ctx()))) {
         err = -ret == ENOMEM ? ENOMEM : ENOBUFS;
         goto out;
     }
     s->peer_len = addrlen > sizeof(s->peer) ? sizeof(s->peer) : addrlen;
     memcpy(&s->peer, addr, s->peer_len);
     s->connect_op = op;
-    api_sock_set_state(s, API_SOCK_CONNECTING, "connect");
+    exs__api_sock_set_state(s, API_SOCK_CONNECTING, "connect");
     struct exs_conn *conn = s->conn;
     api_sock_unlock(s);
     ret = exs__conn_connect(conn, addr, addrlen);
@@ -1082,14 +653,14 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
         }
         s->connect_op = NULL;
         if (!sock_is_closing(s))
-            api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW,
+            exs__api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW,
                                "connect failed");
         goto out;
     }
     if (!s->ka_job_busy && !sock_is_closing(s)) {
         /* the deadline starts on the progress thread; a close queues its job after */
         s->ka_job_busy = 1;
-        sock_get_ref(s);
+        exs__api_sock_ref(s);
         s->ka_job.fn = sock_ka_job;
         exs__engine_post(&s->ka_job);
     }
@@ -1184,9 +755,9 @@ static void sock_close_listener_job(struct exs_job *job)
     exs__engine_timer_stop(&s->defer_timer);
     api_sock_lock(s);
     s->defer_timer_on = 0;
-    sock_defer_take_locked(s, &deferred, 1);
+    exs__api_sock_defer_take_locked(s, &deferred, 1);
     api_sock_unlock(s);
-    sock_defer_refuse(s, &deferred, EXS_WIRE_REJ_CLOSING);
+    exs__api_sock_defer_refuse(s, &deferred, EXS_WIRE_REJ_CLOSING);
     exs__engine_listener_destroy(&s->lis); /* no request arrives after this */
     exs_list_init(&accepts);
     exs_list_init(&ready);
@@ -1203,7 +774,7 @@ static void sock_close_listener_job(struct exs_job *job)
         struct api_sock *c = exs_list_entry(n, struct api_sock, child_link);
 
         /* never accepted: closed as the application would */
-        sock_close(c, NULL, 0);
+        exs__api_sock_close(c, NULL, 0);
     }
     api_sock_lock(s);
     sock_finish_locked(s, "listener closed");
@@ -1256,7 +827,7 @@ static void sock_close_conn_job(struct exs_job *job)
 /* Take s from an open state to CLOSING (graceful) or ABORTING (reset) and queue its
  * close job. Once per socket: only the call that took it out of the table (or off its
  * listener) gets here. */
-static void sock_close(struct api_sock *s, struct api_op *op, int abort_)
+void exs__api_sock_close(struct api_sock *s, struct api_op *op, int abort_)
 {
     enum api_sock_state was;
 
@@ -1264,9 +835,9 @@ static void sock_close(struct api_sock *s, struct api_op *op, int abort_)
     /* The job's own reference, taken before CLOSING becomes visible: from then on the
      * conn may die (sock_conn_dead) and the finish job drop the closing reference
      * before this job is even queued. */
-    sock_get_ref(s);
+    exs__api_sock_ref(s);
     was = s->state;
-    api_sock_set_state(s, abort_ ? API_SOCK_ABORTING : API_SOCK_CLOSING,
+    exs__api_sock_set_state(s, abort_ ? API_SOCK_ABORTING : API_SOCK_CLOSING,
                        abort_ ? "exs_fini" : "exs_close");
     s->close_op = op;
     if (s->fd_open) {
@@ -1305,7 +876,7 @@ int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
         return exs__api_sync_fail(sync, q, EBADF);
     }
     /* our get reference becomes the closing reference, dropped by the finish job */
-    sock_close(s, op, 0);
+    exs__api_sock_close(s, op, 0);
     if (sync) {
         exs_event_t ev;
 
@@ -1324,13 +895,13 @@ void exs__api_sock_close_all(void)
         for (int fd = 0; fd < tab_len && !s; fd++)
             if (tab[fd]) {
                 s = tab[fd];
-                sock_get_ref(s);
+                exs__api_sock_ref(s);
             }
         EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
         if (!s)
             break;
         if (tab_remove(s)) {
-            sock_close(s, NULL, 1);
+            exs__api_sock_close(s, NULL, 1);
         } else {
             exs__api_sock_put(s);
         }
@@ -1364,242 +935,4 @@ void exs__api_sock_fork(int phase)
         return;
     }
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
-}
-
-/* ---- names and options ---- */
-
-static int sock_name(int fd, struct sockaddr *addr, socklen_t *addrlen, int peer)
-{
-    int err = 0;
-    struct api_sock *s = exs__api_sock_get(fd, &err);
-
-    if (!s)
-        return exs__err(err);
-    if (!addr || !addrlen) {
-        err = EINVAL;
-    } else {
-        api_sock_lock(s);
-        const struct sockaddr_storage *a = peer ? &s->peer : &s->local;
-        socklen_t len = peer ? s->peer_len : s->local_len;
-
-        if (peer && s->state != API_SOCK_CONNECTED)
-            err = ENOTCONN;
-        else {
-            memcpy(addr, a, EXS_MIN(*addrlen, len));
-            *addrlen = len;
-        }
-        api_sock_unlock(s);
-    }
-    exs__api_sock_put(s);
-    return err ? exs__err(err) : 0;
-}
-
-int exs_getsockname(int fd, struct sockaddr *addr, socklen_t *addrlen)
-{
-    return sock_name(fd, addr, addrlen, 0);
-}
-
-int exs_getpeername(int fd, struct sockaddr *addr, socklen_t *addrlen)
-{
-    return sock_name(fd, addr, addrlen, 1);
-}
-
-/* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT, at either level. */
-static int sock_opt_is_timeo(int level, int optname)
-{
-    return (level == SOL_SOCKET || level == SOL_EXS) &&
-           (optname == SO_ASYNC_SEND_TIMEOUT || optname == SO_ASYNC_RECV_TIMEOUT);
-}
-
-int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t optlen)
-{
-    int err = 0, v;
-    struct api_sock *s = exs__api_sock_get(fd, &err);
-
-    if (!s)
-        return err == ENOTSOCK ? exs__api_kfd_setsockopt(fd, level, optname, optval, optlen)
-                               : exs__err(err);
-    if (optval && optlen == sizeof(struct timeval) && sock_opt_is_timeo(level, optname)) {
-        /* SO_ASYNC_*_TIMEOUT as a struct timeval: whole milliseconds, rounded up */
-        struct timeval tv;
-        uint64_t ms;
-
-        memcpy(&tv, optval, sizeof(tv));
-        if (tv.tv_sec < 0 || tv.tv_sec > EXS_TIMEOUT_MS_MAX / 1000 || tv.tv_usec < 0 ||
-            tv.tv_usec >= 1000000) {
-            err = EINVAL;
-            goto out;
-        }
-        ms = (uint64_t)tv.tv_sec * 1000u + ((uint64_t)tv.tv_usec + 999u) / 1000u;
-        if (ms > EXS_TIMEOUT_MS_MAX) {
-            err = EINVAL;
-            goto out;
-        }
-        v = (int)ms;
-        optval = &v;
-        optlen = sizeof(v);
-    }
-    if (level == SOL_SOCKET && optname == SO_LINGER) { /* exit.c */
-        api_sock_lock(s);
-        err = exs__api_linger_set(s, optval, optlen);
-        api_sock_unlock(s);
-        goto out;
-    }
-    if (!optval || optlen != sizeof(int)) {
-        err = EINVAL;
-        goto out;
-    }
-    memcpy(&v, optval, sizeof(v));
-    api_sock_lock(s);
-    if (sock_opt_is_timeo(level, optname)) {
-        /* 0: off; else 1 .. EXS_TIMEOUT_MS_MAX ms, with EXS_TIMEOUT_ONCE or not; applies
-         * to asynchronous operations posted afterwards */
-        if (v < 0 || (v & ~(EXS_TIMEOUT_ONCE | EXS_TIMEOUT_MS_MAX)) ||
-            (v && !(v & EXS_TIMEOUT_MS_MAX)))
-            err = EINVAL;
-        else if (optname == SO_ASYNC_SEND_TIMEOUT)
-            s->snd_timeo = v;
-        else
-            s->rcv_timeo = v;
-    } else if ((level == SOL_SOCKET || level == SOL_EXS) && optname == SO_ASYNC_RECV_ORDERED) {
-        /* receive events always come in posting order (spec/api.md section 9): 1 is the only
-         * behaviour, 0 is accepted (unordered delivery allows this order too) */
-        if (v != 0 && v != 1)
-            err = EINVAL;
-    } else if (level == SOL_SOCKET && optname == SO_RCVBUF) {
-        if (v < (int)EXS_RING_SLOT * 16 || (uint32_t)v > EXS_WIRE_RING_SIZE_MAX ||
-            s->state > API_SOCK_BOUND)
-            err = EINVAL;
-        else {
-            s->rcvbuf = ((uint32_t)v + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
-            s->rcvbuf_set = 1;
-        }
-    } else if (level == SOL_SOCKET && optname == SO_SNDBUF) {
-        /* 0: every STREAM send zero-copy; else the send buffer (protocol §7.5) */
-        if (v < 0 || (v && v < (int)EXS_SNDBUF_MIN) || (uint32_t)v > EXS_SNDBUF_MAX ||
-            s->state > API_SOCK_BOUND)
-            err = EINVAL;
-        else
-            s->sndbuf = ((uint32_t)v + EXS_RING_SLOT - 1) / EXS_RING_SLOT * EXS_RING_SLOT;
-    } else if (level == SOL_SOCKET && optname == SO_KEEPALIVE) {
-        s->keepalive = !!v;
-    } else if (level == SOL_EXS && optname == EXS_SO_KEEPALIVE_MS) {
-        if (v <= 0)
-            err = EINVAL;
-        else
-            s->keepalive_ms = v;
-    } else if (level == SOL_EXS && optname == EXS_SO_XFER_MODE) {
-        if (v < EXS_XFER_DYNAMIC || v > EXS_XFER_INDIRECT_ONLY || s->state > API_SOCK_LISTENING)
-            err = EINVAL;
-        else
-            s->xfer_mode = v;
-    } else {
-        err = ENOPROTOOPT;
-    }
-    api_sock_unlock(s);
-out:
-    exs__api_sock_put(s);
-    return err ? exs__err(err) : 0;
-}
-
-int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen)
-{
-    int err = 0, v = 0;
-    struct api_sock *s = exs__api_sock_get(fd, &err);
-
-    if (!s)
-        return err == ENOTSOCK ? exs__api_kfd_getsockopt(fd, level, optname, optval, optlen)
-                               : exs__err(err);
-    if (!optval || !optlen) {
-        err = EINVAL;
-        goto out;
-    }
-    if (level == SOL_EXS && optname == EXS_SO_STATS) {
-        struct exs_sock_stats st = { 0 };
-        socklen_t n = EXS_MIN(*optlen, (socklen_t)sizeof(st));
-
-        /* The struct only grows at its end: a caller built against an older header
-         * passes a shorter length and gets the prefix it knows (at least the ten
-         * counters of the first version). */
-        if (*optlen < EXS_SOCK_STATS_V1_SIZE) {
-            err = EINVAL;
-            goto out;
-        }
-        /* the conn lives as long as the socket (our reference); its lock is taken
-         * without the socket's (conn locks come first) */
-        api_sock_lock(s);
-        struct exs_conn *conn = s->conn;
-        api_sock_unlock(s);
-        if (conn)
-            exs__conn_stats(conn, &st);
-        memcpy(optval, &st, n);
-        *optlen = n;
-        goto out;
-    }
-    if (level == SOL_EXS && optname == EXS_SO_ERROR_REASON) {
-        char why[EXS_ERROR_REASON_MAX] = "";
-
-        api_sock_lock(s); /* the conn as for EXS_SO_STATS */
-        struct exs_conn *conn = s->conn;
-        api_sock_unlock(s);
-        if (*optlen < 1) {
-            err = EINVAL;
-            goto out;
-        }
-        if (conn)
-            exs__pv_reason(conn, why, sizeof(why));
-        *optlen = EXS_MIN(*optlen, (socklen_t)strlen(why) + 1);
-        memcpy(optval, why, *optlen - 1);
-        ((char *)optval)[*optlen - 1] = '\0';
-        goto out;
-    }
-    if (level == SOL_SOCKET && optname == SO_LINGER) { /* exit.c */
-        api_sock_lock(s);
-        err = exs__api_linger_get(s, optval, optlen);
-        api_sock_unlock(s);
-        goto out;
-    }
-    api_sock_lock(s);
-    if (sock_opt_is_timeo(level, optname)) {
-        v = optname == SO_ASYNC_SEND_TIMEOUT ? s->snd_timeo : s->rcv_timeo;
-        if (*optlen >= sizeof(struct timeval)) {
-            /* the struct timeval form (EXS_TIMEOUT_ONCE is not part of it) */
-            struct timeval tv = {.tv_sec = (v & EXS_TIMEOUT_MS_MAX) / 1000,
-                                 .tv_usec = (v & EXS_TIMEOUT_MS_MAX) % 1000 * 1000};
-
-            api_sock_unlock(s);
-            memcpy(optval, &tv, sizeof(tv));
-            *optlen = sizeof(tv);
-            goto out;
-        }
-    } else if ((level == SOL_SOCKET || level == SOL_EXS) && optname == SO_ASYNC_RECV_ORDERED) {
-        v = 1;
-    } else if (level == SOL_SOCKET && optname == SO_RCVBUF)
-        v = (int)s->rcvbuf;
-    else if (level == SOL_SOCKET && optname == SO_SNDBUF)
-        v = (int)s->sndbuf;
-    else if (level == SOL_SOCKET && optname == SO_KEEPALIVE)
-        v = s->keepalive;
-    else if (level == SOL_SOCKET && optname == SO_TYPE)
-        v = s->type;
-    else if (level == SOL_SOCKET && optname == SO_ERROR)
-        v = 0;
-    else if (level == SOL_EXS && optname == EXS_SO_KEEPALIVE_MS)
-        v = s->keepalive_ms;
-    else if (level == SOL_EXS && optname == EXS_SO_XFER_MODE)
-        v = s->xfer_mode;
-    else
-        err = ENOPROTOOPT;
-    api_sock_unlock(s);
-    if (!err) {
-        if (*optlen < sizeof(int)) {
-            err = EINVAL;
-        } else {
-            memcpy(optval, &v, sizeof(v));
-            *optlen = sizeof(int);
-        }
-    }
-out:
-    exs__api_sock_put(s);
-    return err ? exs__err(err) : 0;
 }

@@ -44,7 +44,8 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         errno = EINVAL;
         return EXS_MHANDLE_INVALID;
     }
-    if (!addr || !len || flags || (uintptr_t)addr + len < (uintptr_t)addr) {
+    /* EXS_MRF_SHARED: every registration serves every socket and queue of the process */
+    if (!addr || !len || (flags & ~EXS_MRF_SHARED) || (uintptr_t)addr + len < (uintptr_t)addr) {
         errno = EINVAL;
         return EXS_MHANDLE_INVALID;
     }
@@ -467,7 +468,8 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
-    struct api_sock *s = exs__api_sock_get(fd, &err);
+    /* not a libexs socket: a kernel socket's operation tells EBADF and ENOTSOCK apart */
+    struct api_sock *s = exs__api_sock_find(fd);
     struct api_op *op = NULL;
     int *count, armed = 0;
 
@@ -475,13 +477,8 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         buf = b->buf;
         len = b->len;
     }
-    if (!s) {
-        if (err == ENOTSOCK)
-            return exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv, b);
-        if (b)
-            exs__api_bounce_free(b);
-        return exs__err(err);
-    }
+    if (!s)
+        return exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv, b);
     count = recv ? &s->n_recv : &s->n_send;
     if (flags & ~allowed)
         err = EINVAL;
@@ -611,13 +608,21 @@ static int cancel_match(struct exs_op *pop, void *arg)
     return op->ah == arg;
 }
 
+/* EXS_CAF_FILDES: every operation of the socket. */
+static int cancel_match_all(struct exs_op *pop, void *arg)
+{
+    (void)pop;
+    (void)arg;
+    return 1;
+}
+
 int exs_cancel(int fd, exs_ahandle_t ah, int flags)
 {
     int err = 0;
     struct api_sock *s;
 
     if (fd == -1) /* exs_poll requests: their events carry fd -1 */
-        return exs__api_poll_cancel(ah, flags);
+        return exs__api_poll_cancel(ah, flags == EXS_CAF_AHANDLE ? 0 : flags);
     s = exs__api_sock_get(fd, &err);
 
     if (!s)
@@ -625,10 +630,10 @@ int exs_cancel(int fd, exs_ahandle_t ah, int flags)
     api_sock_lock(s);
     struct exs_conn *conn = s->state == API_SOCK_CONNECTED ? s->conn : NULL;
     api_sock_unlock(s);
-    if (flags)
+    if (exs__api_cancel_flags_bad(flags))
         err = EINVAL;
     else if (conn)
-        exs__conn_cancel(conn, cancel_match, ah);
+        exs__conn_cancel(conn, flags == EXS_CAF_FILDES ? cancel_match_all : cancel_match, ah);
     exs__api_sock_put(s);
     return err ? exs__err(err) : 0;
 }

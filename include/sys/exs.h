@@ -208,6 +208,73 @@ enum {
     EXS_WAIT_ADAPTIVE,   /* spin for a while, then sleep (X-RDMA hybrid polling) */
 };
 
+/* ---- UNH EXS names (issue 27): the names of the UNH EXS library's API that sources
+ * written for it use, with UNH's meaning where it is known; what the library cannot do
+ * fails with a clear errno (spec/api.md, "UNH EXS names"). Extensions. ---- */
+#ifndef AF_IB
+#define AF_IB 27 /* InfiniBand native addressing: exs_socket says EAFNOSUPPORT */
+#endif
+#define EXS_WAIT_BUSY_POLL EXS_WAIT_POLL /* UNH's name of the busy-polling wait */
+#define EXS_POLLIN         POLLIN        /* exs_poll events */
+#define EXS_POLLOUT        POLLOUT
+#define EXS_SHUT_WR        SHUT_WR       /* exs_shutdown: end the sending side */
+/* exs_mregister flags: the registration may be used by every socket and queue of the
+ * process at once (every registration is; accepted for UNH's sources) */
+#define EXS_MRF_SHARED 0x1
+/* exs_cancel flags: the operations posted on fd with ahandle ah (the same as 0), or every
+ * operation of fd whatever its ahandle */
+#define EXS_CAF_AHANDLE 0x1
+#define EXS_CAF_FILDES  0x2
+
+/* Queue attributes: exs_qgetattr / exs_qsetattr */
+enum {
+    EXS_QATTR_DEPTH = 1, /* int: the depth given to exs_qcreate (set: EOPNOTSUPP) */
+    EXS_QATTR_SIGNAL,    /* exs_signal_t: a signal when events arrive (enable: EOPNOTSUPP) */
+    EXS_QATTR_EVENTS,    /* int: events queued now (get only: set is EINVAL) */
+    EXS_QATTR_WAIT,      /* int: how exs_qdequeue waits, EXS_WAIT_* (as exs_qsetwait) */
+};
+enum { /* exs_signal_t.exs_sig_state */
+    EXS_SIG_DISABLE = 0,
+    EXS_SIG_ENABLE,
+};
+typedef struct {
+    int exs_sig_state; /* EXS_SIG_ENABLE or EXS_SIG_DISABLE */
+    int exs_sig_signo; /* the signal raised when an event is queued (enable only) */
+} exs_signal_t;
+
+/* The peer of an accepted connection: what EXS_EVT_ACCEPT's exs_evt_addr and
+ * exs_evt_addrlen hold, as one object (exs_getpeername fills the same). */
+typedef struct {
+    struct sockaddr_storage exs_addr;
+    socklen_t               exs_addrlen;
+} exs_acceptaddr_t;
+
+/* A file transfer made of pieces taken in order, each memory (EXS_IOVEC) or a range of a
+ * file (EXS_FDVEC), and its completion event. No call of this library takes one
+ * (exs_sendfile moves one range, exs_sendmsg memory pieces); the types let UNH's sources
+ * compile. */
+enum { /* exs_xferfile_t.xf_type */
+    EXS_IOVEC = 1,
+    EXS_FDVEC,
+};
+typedef struct {
+    int    fdv_fd;     /* a regular file */
+    off_t  fdv_offset; /* where its range starts */
+    size_t fdv_len;    /* its length */
+} exs_fdvec_t;
+typedef struct {
+    int xf_type; /* EXS_IOVEC or EXS_FDVEC */
+    union {
+        exs_iovec_t xf_iov;
+        exs_fdvec_t xf_fdv;
+    } xf_u;
+} exs_xferfile_t;
+typedef struct {
+    exs_xferfile_t *exs_evt_vec;    /* the pieces as given */
+    size_t          exs_evt_veclen; /* their count */
+    ssize_t         exs_evt_result; /* bytes transferred; -1 on error */
+} exs_evt_xferfile_t;
+
 /* ---- functions ---- */
 EXS_API exs_version_t exs_init(exs_version_t version);
 EXS_API void          exs_fini(void); /* extension */
@@ -220,6 +287,9 @@ EXS_API int           exs_qfd(exs_qhandle_t q); /* extension */
 /* Extension: how exs_qdequeue waits on q; spin_us bounds the spin of EXS_WAIT_ADAPTIVE
  * (0 = the default, tunable EXS_QSPIN_US). */
 EXS_API int           exs_qsetwait(exs_qhandle_t q, int mode, int spin_us);
+/* Extension (UNH EXS): an attribute EXS_QATTR_* of q, like exs_getsockopt / exs_setsockopt. */
+EXS_API int           exs_qgetattr(exs_qhandle_t q, int attr, void *val, socklen_t *len);
+EXS_API int           exs_qsetattr(exs_qhandle_t q, int attr, const void *val, socklen_t len);
 
 EXS_API exs_mhandle_t exs_mregister(void *addr, size_t len, int flags);
 EXS_API int           exs_mderegister(exs_mhandle_t mh);

@@ -43,6 +43,8 @@ Suite *integ_fallback_suite(void);
 Suite *integ_ctl_suite(void);
 Suite *integ_trace_suite(void);
 Suite *integ_kfd_suite(void);
+Suite *integ_kfdcache_suite(void);
+Suite *integ_unh_suite(void);
 Suite *integ_poll_suite(void);
 Suite *integ_ring_suite(void);
 Suite *integ_msg_suite(void);

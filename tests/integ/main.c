@@ -19,6 +19,8 @@ static Suite *(*const suites[])(void) = {
     integ_ctl_suite,
     integ_trace_suite,
     integ_kfd_suite,
+    integ_kfdcache_suite,
+    integ_unh_suite,
     integ_poll_suite,
     integ_ring_suite,
     integ_msg_suite,

@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: MIT */
+/* Private to the kernel-socket files (kfd.c, kfd_opt.c, kfd_file.c): the per-descriptor
+ * state and what one file needs of another. kfd.c's opening comment describes them. */
+#ifndef EXS_API_KFD_INT_H
+#define EXS_API_KFD_INT_H
+
+#include <pthread.h>
+#include <sys/types.h>
+
+#include "exs/api/api_int.h"
+#include "exs/util/list.h"
+
+
+struct kfd_op {
+    struct exs_list link; /* in k->sendq or k->recvq */
+    int type;             /* EXS_EVT_SEND, RECV, SHUTDOWN or CLOSE */
+    int flags;            /* recv: MSG_WAITALL */
+    int how;              /* shutdown */
+    char *buf;
+    size_t len;
+    size_t done; /* bytes moved so far */
+    size_t pre;  /* exs_sendfile: bytes sendfile(2) moved before buf (added to the result) */
+    exs_ahandle_t ah;
+    struct exs_evq *evq;       /* slot reserved */
+    struct api_mreg *mreg;     /* held busy, or NULL (EXS_MHANDLE_UNREGISTERED) */
+    struct api_bounce *bounce; /* exs_sendmsg / exs_recvmsg / exs_sendfile: buf is its */
+    /* SO_ASYNC_*_TIMEOUT notices (k->lock): in k->to_ops while to.on */
+    struct api_to to;
+};
+
+struct kfd {
+    int fd;
+    int refs;     /* atomic */
+    int attached; /* lock (and kfd_tab_lock to change): in the table */
+    pthread_mutex_t lock;
+    struct exs_list sendq; /* sends and shutdowns, posting order */
+    struct exs_list recvq; /* receives, posting order */
+    int n_send, n_recv;
+    int err;      /* lock: the connection failed (not EPIPE): every pending
+                   * operation reports it */
+    int io_want;  /* lock: EV_READ / EV_WRITE the queues wait for */
+    int io_reg;   /* lock: what is registered in kfd_ep (EV_READ / EV_WRITE) */
+    uint32_t gen; /* names this kfd in its epoll events */
+    /* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT (lock): dropped when the number
+     * names another socket */
+    int snd_timeo, rcv_timeo;
+    /* What the library knows of the descriptor (lock; spec/api.md, "Kernel sockets"):
+     * known: fd was a kernel SOCK_STREAM socket, the file dev/ino (fstat); probe: a TCP
+     * socket (AF_INET, AF_INET6) that takes the probe of each send (kfd.c), which tells
+     * another kind of file now at the number without a check of its own. */
+    int known, probe;
+    dev_t dev;
+    ino_t ino;
+    int counted; /* lock: counted in kfd_live (operations, an option or a sendfile) */
+    /* lock: the operation its posting call runs now; when it ends because the number
+     * names no stream socket any more it ends without an event, and the call returns
+     * posting_err (EBADF, ENOTSOCK) as it would have without the cache */
+    struct kfd_op *posting;
+    int posting_err;
+    struct exs_list to_ops; /* lock: operations registered for notices */
+    int to_job_busy;        /* lock: to_job queued */
+    struct exs_job to_job;  /* re-arms to_timer (holds a reference while queued) */
+    struct exs_eng_timer to_timer;
+    int to_timer_on; /* progress thread: armed (holds a reference) */
+    /* lock: a posting thread runs exs_sendfile's sendfile(2) without the lock: sends
+     * queued meanwhile wait (not written), an exs_close waits in close_op */
+    int file_busy;
+    struct kfd_op *close_op;
+};
+
+/* kfd.c */
+int exs__api_kfd_check(int fd);
+int exs__api_kfd_verify_locked(struct kfd *k);
+void exs__api_kfd_count_locked(struct kfd *k);
+void exs__api_kfd_close_locked(struct kfd *k, struct kfd_op *op);
+struct kfd *exs__api_kfd_get_for_op(int fd, struct kfd_op *op, int *err_p);
+struct kfd *exs__api_kfd_get_locked(int fd, int *err_p);
+struct kfd *exs__api_kfd_get_locked2(int fd, int create, int *err_p);
+void exs__api_kfd_idle_locked(struct kfd *k);
+int exs__api_kfd_is_stream(int fd);
+void exs__api_kfd_lock(struct kfd *k);
+void exs__api_kfd_op_drop(struct kfd_op *op);
+void exs__api_kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t result, int err);
+struct kfd_op *exs__api_kfd_op_new(int type, int sync, exs_qhandle_t *q, exs_ahandle_t ah, int *err_p);
+void exs__api_kfd_put(struct kfd *k);
+void exs__api_kfd_ref(struct kfd *k);
+void exs__api_kfd_run_locked(struct kfd *k);
+void exs__api_kfd_unlock(struct kfd *k);
+void exs__api_kfd_update_locked(struct kfd *k);
+
+/* kfd_opt.c: SO_ASYNC_*_TIMEOUT notices */
+int exs__api_kfd_has_opts(const struct kfd *k);
+void exs__api_kfd_to_end_locked(struct kfd *k, struct kfd_op *op);
+int exs__api_kfd_to_start_locked(struct kfd *k, struct kfd_op *op);
+
+#endif

@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: MIT */
+/* What the library keeps of a kernel socket between calls (api/kfd.c, spec/api.md "Kernel
+ * sockets") never makes a call answer otherwise than the kernel would: the number closed,
+ * reused by another kind of file or socket, or dup2'd over, gives EBADF / ENOTSOCK at the
+ * call, writes and reads nothing, and another stream socket there starts afresh. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/exs.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "exs/api/api.h"
+#include "tests/integ/integ.h"
+
+#define AH(n) IT_AH(n)
+
+/* One byte sent on fd with exs_send completes (the descriptor's state is cached), and
+ * peer reads it. */
+static void send_one(exs_qhandle_t q, int fd, int peer, char c)
+{
+    char got = 0;
+
+    IT_POST_SEND(fd, &c, 1, q, AH(1), EXS_MHANDLE_UNREGISTERED);
+    it_expect_send(q, fd, AH(1), 1);
+    ck_assert_int_eq(recv(peer, &got, 1, MSG_WAITALL), 1);
+    ck_assert_int_eq(got, c);
+}
+
+/* A connected datagram-like pair of the given kind: *x the one dup2'd over the number. */
+static void dgram_pair(int kind, int *x, int *y)
+{
+    if (kind == 0) {
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof(sa);
+
+        *y = socket(AF_INET, SOCK_DGRAM, 0);
+        ck_assert_int_ge(*y, 0);
+        ck_assert_int_eq(bind(*y, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        ck_assert_int_eq(getsockname(*y, (struct sockaddr *)&sa, &len), 0);
+        *x = socket(AF_INET, SOCK_DGRAM, 0);
+        ck_assert_int_ge(*x, 0);
+        ck_assert_int_eq(connect(*x, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        len = sizeof(sa);
+        ck_assert_int_eq(getsockname(*x, (struct sockaddr *)&sa, &len), 0);
+        ck_assert_int_eq(connect(*y, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    } else {
+        int sv[2];
+
+        ck_assert_int_eq(socketpair(AF_UNIX, kind == 1 ? SOCK_SEQPACKET : SOCK_DGRAM, 0, sv), 0);
+        *x = sv[0];
+        *y = sv[1];
+    }
+}
+
+/* Nothing to read on fd. */
+static void expect_nothing(int fd)
+{
+    char c;
+
+    ck_assert_int_eq(recv(fd, &c, 1, MSG_DONTWAIT), -1);
+    ck_assert_int_eq(errno, EAGAIN);
+}
+
+START_TEST(test_kfdc_closed_and_files)
+{
+    exs_qhandle_t q;
+    int a, b, n, f;
+    char buf[4];
+
+    it_init();
+    q = it_qcreate(8);
+    it_tcp_pair(&a, &b, 0, 0);
+    send_one(q, a, b, 'x'); /* trusted now */
+    /* a synchronous send: the thread's queue (a descriptor) is made before a's number frees */
+    ck_assert_int_eq(exs_send(a, "y", 1, 0, EXS_QHANDLE_INVALID, AH(1), EXS_MHANDLE_UNREGISTERED), 1);
+    ck_assert_int_eq(recv(b, buf, 1, MSG_WAITALL), 1);
+    n = a;
+    ck_assert_int_eq(close(a), 0);
+    /* the number names nothing */
+    IT_EXPECT_FAIL(exs_send(n, "z", 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED), EBADF);
+    IT_EXPECT_FAIL(exs_send(n, "z", 1, 0, EXS_QHANDLE_INVALID, AH(2), EXS_MHANDLE_UNREGISTERED),
+                   EBADF);
+    IT_EXPECT_FAIL(exs_recv(n, buf, 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED), EBADF);
+    /* the descriptor's error before the arguments' (MSG_WAITALL is no send flag) */
+    IT_EXPECT_FAIL(exs_send(n, "z", 1, MSG_WAITALL, q, AH(2), EXS_MHANDLE_UNREGISTERED), EBADF);
+    /* a file */
+    f = open("/dev/null", O_RDWR | O_CLOEXEC);
+    ck_assert_int_ge(f, 0);
+    ck_assert_int_eq(dup2(f, n), n);
+    IT_EXPECT_FAIL(exs_send(n, "z", 1, 0, q, AH(3), EXS_MHANDLE_UNREGISTERED), ENOTSOCK);
+    IT_EXPECT_FAIL(exs_recv(n, buf, 1, 0, q, AH(3), EXS_MHANDLE_UNREGISTERED), ENOTSOCK);
+    /* a pipe */
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    ck_assert_int_eq(dup2(p[1], n), n);
+    IT_EXPECT_FAIL(exs_send(n, "z", 1, 0, q, AH(4), EXS_MHANDLE_UNREGISTERED), ENOTSOCK);
+    ck_assert_int_eq(fcntl(p[0], F_SETFL, O_NONBLOCK), 0);
+    ck_assert_int_eq(read(p[0], buf, 1), -1); /* nothing written into it */
+    ck_assert_int_eq(errno, EAGAIN);
+    close(p[0]);
+    close(p[1]);
+    close(f);
+    close(n);
+    ck_assert_int_eq(recv(b, buf, 1, MSG_DONTWAIT), 0); /* the end, no 'z' */
+    it_expect_no_event(q, 50);
+    close(b);
+    it_kfd_settle(q);
+    it_qdelete(q);
+    ck_assert_int_gt(exs__debug_kfd_cached(), 0);
+    it_fini();
+    ck_assert_int_eq(exs__debug_kfd_cached(), 0);
+}
+END_TEST
+
+/* A socket of another kind dup2'd over a trusted TCP descriptor: connected UDP, AF_UNIX
+ * seqpacket and datagram pairs. The send writes nothing, the receive reads nothing. */
+START_TEST(test_kfdc_other_sockets)
+{
+    static const char *const names[] = {"udp", "unix seqpacket", "unix dgram"};
+    exs_qhandle_t q;
+    int a, b, x, y;
+    char buf[8];
+
+    it_init();
+    q = it_qcreate(8);
+    it_tcp_pair(&a, &b, 0, 0);
+    for (int kind = 0; kind < 3; kind++) {
+        it_context("%s", names[kind]);
+        send_one(q, a, b, 'a');
+        send_one(q, a, b, 'b');
+        dgram_pair(kind, &x, &y);
+        int saved = dup(a);
+        ck_assert_int_ge(saved, 0);
+        ck_assert_int_eq(dup2(x, a), a);
+        IT_EXPECT_FAIL(exs_send(a, "c", 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED), ENOTSOCK);
+        IT_EXPECT_FAIL(exs_send(a, "c", 1, 0, EXS_QHANDLE_INVALID, AH(2), EXS_MHANDLE_UNREGISTERED),
+                       ENOTSOCK);
+        expect_nothing(y);
+        ck_assert_int_eq(send(y, "dg", 2, 0), 2);
+        IT_EXPECT_FAIL(exs_recv(a, buf, sizeof(buf), 0, q, AH(3), EXS_MHANDLE_UNREGISTERED),
+                       ENOTSOCK);
+        ck_assert_int_eq(recv(x, buf, sizeof(buf), MSG_DONTWAIT), 2); /* still there */
+        it_expect_no_event(q, 20);
+        /* the TCP socket back at its number: trusted again after its check */
+        ck_assert_int_eq(dup2(saved, a), a);
+        close(saved);
+        close(x);
+        close(y);
+    }
+    send_one(q, a, b, 'e');
+    expect_nothing(b);
+    close(a);
+    close(b);
+    it_kfd_settle(q);
+    it_qdelete(q);
+}
+END_TEST
+
+/* Another TCP connection at the number after the first one failed (reset by its peer):
+ * it starts afresh, the failure is not latched onto it. */
+START_TEST(test_kfdc_other_tcp)
+{
+    exs_qhandle_t q;
+    int a, b, c, d;
+    char big[4096];
+    exs_event_t ev;
+
+    it_init();
+    q = it_qcreate(8);
+    it_tcp_pair(&a, &b, 0, 0);
+    it_tcp_pair(&c, &d, 0, 0);
+    send_one(q, a, b, 'a');
+    it_tcp_reset(b);
+    /* sends on a until the reset is seen */
+    memset(big, 'r', sizeof(big));
+    for (int i = 0;; i++) {
+        ck_assert_int_lt(i, 1000);
+        IT_POST_SEND(a, big, sizeof(big), q, AH(1), EXS_MHANDLE_UNREGISTERED);
+        it_wait_event(q, EXS_EVT_SEND, a, &ev);
+        if (ev.exs_evt_errno) {
+            ck_assert(ev.exs_evt_errno == ECONNRESET || ev.exs_evt_errno == EPIPE);
+            break;
+        }
+    }
+    ck_assert_int_eq(dup2(c, a), a);
+    close(c);
+    send_one(q, a, d, 'n');
+    send_one(q, a, d, 'm');
+    char r = 0;
+    IT_POST_RECV(a, &r, 1, q, AH(5), EXS_MHANDLE_UNREGISTERED);
+    ck_assert_int_eq(send(d, "k", 1, 0), 1);
+    it_expect_recv(q, a, AH(5), 1, 0);
+    ck_assert_int_eq(r, 'k');
+    close(a);
+    close(d);
+    it_kfd_settle(q);
+    it_qdelete(q);
+}
+END_TEST
+
+Suite *integ_kfdcache_suite(void)
+{
+    Suite *s = suite_create("integ_kfdcache");
+
+    it_suite_add(s, "kfdcache", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_kfdc_closed_and_files, test_kfdc_other_sockets,
+                                        test_kfdc_other_tcp, NULL});
+    return s;
+}
