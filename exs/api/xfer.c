@@ -477,6 +477,12 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         buf = b->buf;
         len = b->len;
     }
+    if (!s && exs__api_fork_stale(fd)) { /* inherited from a parent (fork.c): no system call
+                                            * unless fd was one */
+        if (b)
+            exs__api_bounce_free(b);
+        return exs__err(ESTALE);
+    }
     if (!s)
         return exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv, b);
     count = recv ? &s->n_recv : &s->n_send;
