@@ -109,7 +109,8 @@ struct shm_hs {
     uint8_t  flags;
     uint8_t  rnr_retry;
     uint8_t  rnr_timer_ms;
-    uint8_t  rsvd[3];
+    uint8_t  rsvd;
+    uint16_t src_port;  /* REQ: the active side's port as it shows it (its ep_local_addr) */
     uint32_t seg_bytes; /* REQ: the memfd's size */
     uint32_t pdlen;
     uint8_t  pd[SHM_PD_MAX];
@@ -398,6 +399,25 @@ void exs__shm_conn_end(struct shm_conn *conn, int status, unsigned flags, int se
 void exs__shm_conn_free(struct shm_conn *conn);
 /* ctx->lock held: complete the ep's queues with WR_FLUSH_ERR (send queue, then receives). */
 void exs__shm_ep_flush_locked(struct shm_ep *ep);
+
+/* shm_cm.c: shared with shm_lis.c */
+struct sockaddr_un;
+int  exs__shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx *ctx,
+                      const struct shm_ep *ep, const void *pd, uint32_t pdlen, const int *fds,
+                      int nfds, unsigned sport);
+struct shm_conn *exs__shm_conn_new(struct shm_ctx *ctx, int fd, int side);
+/* SO_PEERCRED: our user only; the peer's pid and a pidfd watched for its exit. */
+int  exs__shm_conn_peer(struct shm_conn *conn);
+/* conn is DEAD (freed by the next turn): detached from its ep, descriptors closed. */
+void exs__shm_conn_detach(struct shm_conn *conn);
+void exs__shm_req_free(struct shm_conn *conn);
+
+/* shm_lis.c */
+socklen_t exs__shm_unix_name(struct sockaddr_un *un, unsigned port);
+int  exs__shm_addr_port(const struct sockaddr *sa, socklen_t len, unsigned *port_p);
+/* 1 when sa is this host's: a wildcard, loopback, or an address of one of its interfaces. */
+int  exs__shm_addr_local(const struct sockaddr *sa);
+void exs__shm_loopback(struct sockaddr_storage *ss, socklen_t *len, int family, unsigned port);
 
 /* shm_data.c */
 int  exs__shm_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);

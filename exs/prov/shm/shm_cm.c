@@ -30,91 +30,11 @@
 #endif
 #define SHM_SEALS (F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW)
 
-/* ---- addresses ---- */
-
-/* The abstract unix name of a listener on port (one namespace per network namespace). */
-static socklen_t shm_unix_name(struct sockaddr_un *un, unsigned port)
-{
-    int n;
-
-    memset(un, 0, sizeof(*un));
-    un->sun_family = AF_UNIX;
-    n = snprintf(un->sun_path + 1, sizeof(un->sun_path) - 1, "exs-shm.%u", port);
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-}
-
-static int shm_addr_port(const struct sockaddr *sa, socklen_t len, unsigned *port_p)
-{
-    if (!sa)
-        return -EINVAL;
-    if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in))
-        *port_p = ntohs(((const struct sockaddr_in *)sa)->sin_port);
-    else if (sa->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6))
-        *port_p = ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
-    else
-        return -EAFNOSUPPORT;
-    return 0;
-}
-
-/* 1 when addr is this host's: a wildcard, loopback, or an address of one of its interfaces. */
-static int shm_addr_local(const struct sockaddr *sa)
-{
-    struct ifaddrs *ifa, *i;
-    int found = 0;
-
-    if (sa->sa_family == AF_INET) {
-        uint32_t a = ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr);
-
-        if (a == INADDR_ANY || (a >> 24) == 127)
-            return 1;
-    } else {
-        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-
-        if (IN6_IS_ADDR_UNSPECIFIED(a) || IN6_IS_ADDR_LOOPBACK(a) ||
-            (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127))
-            return 1;
-    }
-    if (getifaddrs(&ifa) < 0)
-        return 0;
-    for (i = ifa; i && !found; i = i->ifa_next) {
-        if (!i->ifa_addr || i->ifa_addr->sa_family != sa->sa_family)
-            continue;
-        if (sa->sa_family == AF_INET)
-            found = ((const struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr ==
-                    ((const struct sockaddr_in *)sa)->sin_addr.s_addr;
-        else
-            found = !memcmp(&((const struct sockaddr_in6 *)i->ifa_addr)->sin6_addr,
-                            &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
-    }
-    freeifaddrs(ifa);
-    return found;
-}
-
-static void shm_loopback(struct sockaddr_storage *ss, socklen_t *len, int family, unsigned port)
-{
-    memset(ss, 0, sizeof(*ss));
-    if (family == AF_INET6) {
-        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
-
-        s6->sin6_family = AF_INET6;
-        s6->sin6_addr = in6addr_loopback;
-        s6->sin6_port = htons((uint16_t)port);
-        *len = sizeof(*s6);
-    } else {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
-
-        s4->sin_family = AF_INET;
-        s4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        s4->sin_port = htons((uint16_t)port);
-        *len = sizeof(*s4);
-    }
-}
-
 /* ---- handshake messages ---- */
 
-static int shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx *ctx,
+int exs__shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx *ctx,
                        const struct shm_ep *ep, const void *pd, uint32_t pdlen, const int *fds,
-                       int nfds)
+                       int nfds, unsigned sport)
 {
     struct shm_hs hs;
     union {
@@ -135,6 +55,7 @@ static int shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx
         hs.rnr_timer_ms = ep->base.attr.rnr_timer_ms;
     }
     hs.seg_bytes = type == SHM_HS_REQ ? SHM_SEG_BYTES : 0;
+    hs.src_port = (uint16_t)sport;
     hs.pdlen = pdlen;
     if (pdlen)
         memcpy(hs.pd, pd, pdlen);
@@ -230,7 +151,7 @@ static void shm_event_ep(struct shm_ctx *ctx, enum exs_prov_cm_event_type type,
 
 /* ---- connections ---- */
 
-static struct shm_conn *shm_conn_new(struct shm_ctx *ctx, int fd, int side)
+struct shm_conn *exs__shm_conn_new(struct shm_ctx *ctx, int fd, int side)
 {
     struct shm_conn *conn = calloc(1, sizeof(*conn));
 
@@ -247,7 +168,7 @@ static struct shm_conn *shm_conn_new(struct shm_ctx *ctx, int fd, int side)
 
 /* The peer process (SO_PEERCRED): same user (cross-memory attach needs it), and a pidfd
  * that becomes readable when it exits. */
-static int shm_conn_peer(struct shm_conn *conn)
+int exs__shm_conn_peer(struct shm_conn *conn)
 {
     struct ucred cr;
     socklen_t len = sizeof(cr);
@@ -375,7 +296,7 @@ static void shm_ep_fail(struct shm_ep *ep, int status, unsigned flags, int notif
         shm_event_ep(ctx, EXS_PROV_CM_DISCONNECTED, ep, status, flags, NULL, 0);
 }
 
-static void shm_conn_detach(struct shm_conn *conn)
+void exs__shm_conn_detach(struct shm_conn *conn)
 {
     struct shm_ctx *ctx = conn->ctx;
 
@@ -396,10 +317,10 @@ void exs__shm_conn_end(struct shm_conn *conn, int status, unsigned flags, int se
     if (conn->state == SHM_CONN_DEAD)
         return;
     if (send_disc && conn->fd >= 0)
-        (void)shm_hs_send(conn->fd, SHM_HS_DISC, send_disc == 2 ? SHM_HSF_CLOSED : 0, conn->ctx,
-                          NULL, NULL, 0, NULL, 0);
+        (void)exs__shm_hs_send(conn->fd, SHM_HS_DISC, send_disc == 2 ? SHM_HSF_CLOSED : 0, conn->ctx,
+                          NULL, NULL, 0, NULL, 0, 0);
     EXS_DBG(PROV, "shm conn %p: ends, status %d", (void *)conn, status);
-    shm_conn_detach(conn);
+    exs__shm_conn_detach(conn);
     if (ep)
         shm_ep_fail(ep, status, flags, 1);
 }
@@ -423,7 +344,7 @@ void exs__shm_conn_peer_died(struct shm_conn *conn)
         struct shm_ep *ep = conn->ep;
 
         EXS_CNT_INC(ctx->cnt.conns_unreachable);
-        shm_conn_detach(conn);
+        exs__shm_conn_detach(conn);
         if (ep) {
             pthread_mutex_lock(&ctx->lock);
             ep->state = EXS_PROV_EP_ERROR;
@@ -436,7 +357,7 @@ void exs__shm_conn_peer_died(struct shm_conn *conn)
     }
     default:
         EXS_CNT_INC(ctx->cnt.bogus_conns);
-        shm_conn_detach(conn);
+        exs__shm_conn_detach(conn);
         break;
     }
 }
@@ -471,7 +392,7 @@ static void shm_conn_got_req(struct shm_conn *conn, const struct shm_hs *hs, int
     shm_conn_map(conn, seg);
     req = calloc(1, sizeof(*req));
     if (!req) {
-        shm_conn_detach(conn);
+        exs__shm_conn_detach(conn);
         return;
     }
     req->base.listener = &lis->base;
@@ -481,7 +402,7 @@ static void shm_conn_got_req(struct shm_conn *conn, const struct shm_hs *hs, int
     conn->peer_rnr_retry = hs->rnr_retry;
     conn->peer_rnr_timer_ms = hs->rnr_timer_ms;
     conn->state = SHM_CONN_PENDING;
-    shm_loopback(&conn->peer_addr, &conn->peer_addrlen, lis->addr.ss_family, 0);
+    exs__shm_loopback(&conn->peer_addr, &conn->peer_addrlen, lis->addr.ss_family, hs->src_port);
     memset(&ev, 0, sizeof(ev));
     ev.type = EXS_PROV_CM_CONNECT_REQUEST;
     ev.listener = &lis->base;
@@ -496,7 +417,7 @@ static void shm_conn_got_req(struct shm_conn *conn, const struct shm_hs *hs, int
 bogus:
     EXS_CNT_INC(ctx->cnt.bogus_conns);
     shm_close_fds(fds, nfds);
-    shm_conn_detach(conn);
+    exs__shm_conn_detach(conn);
 }
 
 /* active: ACCEPT or REJECT */
@@ -523,7 +444,7 @@ static void shm_conn_got_reply(struct shm_conn *conn, const struct shm_hs *hs, i
     shm_close_fds(fds, nfds);
     if (hs->type == SHM_HS_REJECT && !nfds) {
         EXS_CNT_INC(ctx->cnt.conns_rejected);
-        shm_conn_detach(conn);
+        exs__shm_conn_detach(conn);
         pthread_mutex_lock(&ctx->lock);
         ep->state = EXS_PROV_EP_ERROR;
         exs__shm_ep_flush_locked(ep);
@@ -706,117 +627,8 @@ int exs__shm_ep_local_addr(struct exs_prov_ep *e, struct sockaddr_storage *addr,
     return ret;
 }
 
-/* ---- listeners ---- */
-
-int exs__shm_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen_t addrlen,
-                    int backlog, void *user, struct exs_prov_listener **lis_p)
-{
-    struct shm_ctx *ctx = shm_ctx_of(c);
-    struct shm_listener *lis;
-    struct sockaddr_un un;
-    unsigned port, tries;
-    int fd, ret;
-
-    ret = shm_addr_port(addr, addrlen, &port);
-    if (ret)
-        return ret;
-    if (!shm_addr_local(addr))
-        return -EADDRNOTAVAIL;
-    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    for (tries = 0;; tries++) {
-        unsigned p = port;
-
-        if (!port) {
-            uint32_t r = 0;
-
-            if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
-                r = (uint32_t)exs__now_ns();
-            p = SHM_PORT_LO + r % (SHM_PORT_HI - SHM_PORT_LO + 1);
-        }
-        if (bind(fd, (struct sockaddr *)&un, shm_unix_name(&un, p)) == 0) {
-            port = p;
-            break;
-        }
-        ret = -errno;
-        if (port || ret != -EADDRINUSE || tries > 64) {
-            close(fd);
-            return ret;
-        }
-    }
-    if (listen(fd, EXS_MAX(backlog, 4096)) < 0) {
-        ret = -errno;
-        close(fd);
-        return ret;
-    }
-    lis = calloc(1, sizeof(*lis));
-    if (!lis) {
-        close(fd);
-        return -ENOMEM;
-    }
-    lis->base.ctx = c;
-    lis->base.user = user;
-    lis->ctx = ctx;
-    lis->fd = fd;
-    memcpy(&lis->addr, addr, EXS_MIN((size_t)addrlen, sizeof(lis->addr)));
-    lis->addrlen = addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
-                                              : sizeof(struct sockaddr_in6);
-    if (addr->sa_family == AF_INET)
-        ((struct sockaddr_in *)&lis->addr)->sin_port = htons((uint16_t)port);
-    else
-        ((struct sockaddr_in6 *)&lis->addr)->sin6_port = htons((uint16_t)port);
-    exs_list_init(&lis->reqs);
-    pthread_mutex_lock(&ctx->nic_lock);
-    ret = exs__shm_epoll_add(ctx, fd, lis, SHM_TAG_LIS);
-    if (!ret)
-        exs_list_add_tail(&ctx->listeners, &lis->link);
-    pthread_mutex_unlock(&ctx->nic_lock);
-    if (ret) {
-        close(fd);
-        free(lis);
-        return ret;
-    }
-    *lis_p = &lis->base;
-    return 0;
-}
-
-int exs__shm_listener_addr(struct exs_prov_listener *l, struct sockaddr_storage *addr,
-                           socklen_t *addrlen)
-{
-    struct shm_listener *lis = (struct shm_listener *)l;
-
-    *addr = lis->addr;
-    *addrlen = lis->addrlen;
-    return 0;
-}
-
-void exs__shm_listener_ready(struct shm_listener *lis)
-{
-    struct shm_ctx *ctx = lis->ctx;
-
-    for (int i = 0; i < 64 && !lis->paused; i++) {
-        int fd = accept4(lis->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        struct shm_conn *conn;
-
-        if (fd < 0)
-            return;
-        conn = shm_conn_new(ctx, fd, 1);
-        if (!conn) {
-            close(fd);
-            return;
-        }
-        conn->state = SHM_CONN_WAIT_REQ;
-        conn->lis = lis;
-        if (shm_conn_peer(conn) < 0 || exs__shm_epoll_add(ctx, fd, conn, SHM_TAG_CONN) < 0) {
-            EXS_CNT_INC(ctx->cnt.bogus_conns);
-            shm_conn_detach(conn);
-        }
-    }
-}
-
 /* The consumer's request of conn is gone: free it (nic_lock held). */
-static void shm_req_free(struct shm_conn *conn)
+void exs__shm_req_free(struct shm_conn *conn)
 {
     struct shm_req *req = conn->req;
 
@@ -824,61 +636,6 @@ static void shm_req_free(struct shm_conn *conn)
     free(req);
     conn->req = NULL;
     conn->lis = NULL;
-}
-
-void exs__shm_listener_destroy(struct exs_prov_listener *l)
-{
-    struct shm_listener *lis = (struct shm_listener *)l;
-    struct shm_ctx *ctx = lis->ctx;
-    struct exs_list *pos, *tmp;
-
-    pthread_mutex_lock(&ctx->nic_lock);
-    exs__shm_epoll_del(ctx, lis->fd);
-    close(lis->fd);
-    exs_list_for_each_safe(pos, tmp, &ctx->conns) {
-        struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
-
-        if (conn->lis != lis)
-            continue;
-        if (conn->req) {
-            if (!conn->broken && conn->fd >= 0)
-                (void)shm_hs_send(conn->fd, SHM_HS_REJECT, 0, ctx, NULL, NULL, 0, NULL, 0);
-            shm_req_free(conn);
-        }
-        conn->lis = NULL;
-        shm_conn_detach(conn);
-    }
-    /* the listener's CONNECT_REQUEST events not yet polled */
-    pthread_mutex_lock(&ctx->lock);
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
-        struct shm_cm_node *n = exs_list_entry(pos, struct shm_cm_node, link);
-
-        if (n->ev.type == EXS_PROV_CM_CONNECT_REQUEST && n->ev.listener == l) {
-            exs_list_del(&n->link);
-            free(n);
-        }
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    exs_list_del(&lis->link);
-    pthread_mutex_unlock(&ctx->nic_lock);
-    free(lis);
-}
-
-int exs__shm_listener_pause(struct exs_prov_listener *l, int pause)
-{
-    struct shm_listener *lis = (struct shm_listener *)l;
-    struct shm_ctx *ctx = lis->ctx;
-
-    pthread_mutex_lock(&ctx->nic_lock);
-    if (pause && !lis->paused)
-        exs__shm_epoll_del(ctx, lis->fd);
-    else if (!pause && lis->paused)
-        (void)exs__shm_epoll_add(ctx, lis->fd, lis, SHM_TAG_LIS);
-    lis->paused = !!pause;
-    if (!pause)
-        exs__shm_listener_ready(lis);
-    pthread_mutex_unlock(&ctx->nic_lock);
-    return 0;
 }
 
 /* ---- connect, accept, reject, disconnect ---- */
@@ -891,24 +648,31 @@ static int shm_connect_nic(struct shm_ctx *ctx, struct shm_ep *ep, const struct 
     int fd, mfd, ret, fds[2];
     void *seg;
 
-    if (!shm_addr_local(addr))
+    uint32_t r = 0;
+    unsigned sport;
+
+    if (!exs__shm_addr_local(addr))
         return -ENETUNREACH;
+    /* a port for this end's address (there is no socket port): random, as ephemeral */
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
+        r = (uint32_t)exs__now_ns();
+    sport = SHM_PORT_LO + r % (SHM_PORT_HI - SHM_PORT_LO + 1);
     fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
-    if (connect(fd, (struct sockaddr *)&un, shm_unix_name(&un, port)) < 0) {
+    if (connect(fd, (struct sockaddr *)&un, exs__shm_unix_name(&un, port)) < 0) {
         ret = errno == EAGAIN || errno == ENOENT ? -ECONNREFUSED : -errno;
         close(fd);
         return ret;
     }
-    conn = shm_conn_new(ctx, fd, 0);
+    conn = exs__shm_conn_new(ctx, fd, 0);
     if (!conn) {
         close(fd);
         return -ENOMEM;
     }
     conn->state = SHM_CONN_WAIT_REPLY;
     conn->ep = ep;
-    ret = shm_conn_peer(conn);
+    ret = exs__shm_conn_peer(conn);
     mfd = ret ? -1 : memfd_create("exs-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (!ret && mfd < 0)
         ret = -errno;
@@ -924,7 +688,7 @@ static int shm_connect_nic(struct shm_ctx *ctx, struct shm_ep *ep, const struct 
         __atomic_store_n(&conn->peer->sleeping, 1, __ATOMIC_RELAXED);
         fds[0] = mfd;
         fds[1] = ctx->bell;
-        ret = shm_hs_send(fd, SHM_HS_REQ, 0, ctx, ep, pd, pdlen, fds, 2);
+        ret = exs__shm_hs_send(fd, SHM_HS_REQ, 0, ctx, ep, pd, pdlen, fds, 2, sport);
     }
     if (mfd >= 0)
         close(mfd);
@@ -932,13 +696,13 @@ static int shm_connect_nic(struct shm_ctx *ctx, struct shm_ep *ep, const struct 
         ret = exs__shm_epoll_add(ctx, fd, conn, SHM_TAG_CONN);
     if (ret) {
         conn->ep = NULL;
-        shm_conn_detach(conn);
+        exs__shm_conn_detach(conn);
         return ret == -EPIPE || ret == -ECONNRESET ? -ECONNREFUSED : ret;
     }
     pthread_mutex_lock(&ctx->lock);
     ep->conn = conn;
     ep->state = EXS_PROV_EP_CONNECTING;
-    shm_loopback(&ep->local, &ep->local_len, addr->sa_family, 0);
+    exs__shm_loopback(&ep->local, &ep->local_len, addr->sa_family, sport);
     pthread_mutex_unlock(&ctx->lock);
     return 0;
 }
@@ -953,7 +717,7 @@ int exs__shm_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
 
     if (!e || pdlen > SHM_PD_MAX || (pdlen && !pd))
         return -EINVAL;
-    ret = shm_addr_port(addr, addrlen, &port);
+    ret = exs__shm_addr_port(addr, addrlen, &port);
     if (ret)
         return ret;
     ctx = ep->ctx;
@@ -1001,7 +765,7 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     if (!ret && (conn->broken || conn->fd < 0))
         ret = -ECONNRESET;
     if (!ret) {
-        ret = shm_hs_send(conn->fd, SHM_HS_ACCEPT, 0, ctx, ep, pd, pdlen, &ctx->bell, 1);
+        ret = exs__shm_hs_send(conn->fd, SHM_HS_ACCEPT, 0, ctx, ep, pd, pdlen, &ctx->bell, 1, 0);
         if (ret) {
             conn->broken = 1;
             shm_conn_close_fds(conn);
@@ -1011,7 +775,7 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     if (!ret) {
         struct shm_listener *lis = conn->lis;
 
-        shm_req_free(conn);
+        exs__shm_req_free(conn);
         conn->ep = ep;
         conn->state = SHM_CONN_UP;
         pthread_mutex_lock(&ctx->lock);
@@ -1040,11 +804,11 @@ int exs__shm_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     pthread_mutex_lock(&ctx->nic_lock);
     conn = req->conn;
     if (!conn->broken && conn->fd >= 0) {
-        (void)shm_hs_send(conn->fd, SHM_HS_REJECT, 0, ctx, NULL, pd, pdlen, NULL, 0);
+        (void)exs__shm_hs_send(conn->fd, SHM_HS_REJECT, 0, ctx, NULL, pd, pdlen, NULL, 0, 0);
         EXS_CNT_INC(ctx->cnt.conns_rejected);
     }
-    shm_req_free(conn);
-    shm_conn_detach(conn);
+    exs__shm_req_free(conn);
+    exs__shm_conn_detach(conn);
     pthread_mutex_unlock(&ctx->nic_lock);
     return 0;
 }
@@ -1064,7 +828,7 @@ int exs__shm_disconnect(struct exs_prov_ep *e)
     if (conn && conn->state == SHM_CONN_UP) {
         exs__shm_conn_end(conn, 0, 0, 1);
     } else if (conn) {
-        shm_conn_detach(conn); /* still connecting: give up */
+        exs__shm_conn_detach(conn); /* still connecting: give up */
         shm_ep_fail(ep, 0, 0, 1);
     } else {
         pthread_mutex_lock(&ctx->lock);

@@ -359,10 +359,11 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
     struct shm_ctx *ctx = shm_ctx_of(c);
     int busy = 0, ret = 0;
 
+    /* MANUAL: the flags are set and the arm taken under nic_lock in one go, so that no
+     * turn between them takes the flags back from a sleeper (turns read armed) */
     if (ctx->manual) {
         pthread_mutex_lock(&ctx->nic_lock);
         busy = shm_prepare_sleep(ctx);
-        pthread_mutex_unlock(&ctx->nic_lock);
     }
     pthread_mutex_lock(&ctx->lock);
     if (ctx->evfd_set)
@@ -376,6 +377,8 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
         EXS_CNT_INC(ctx->cnt.sleeps);
     }
     pthread_mutex_unlock(&ctx->lock);
+    if (ctx->manual)
+        pthread_mutex_unlock(&ctx->nic_lock);
     return ret;
 }
 

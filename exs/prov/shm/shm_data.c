@@ -547,8 +547,10 @@ static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec, struc
         conn->rnr_at = 0;
         return 1;
     }
-    if (conn->rnr_at && exs__now_ns() < conn->rnr_at)
-        return 0; /* still waiting */
+    if (conn->rnr_at && exs__now_ns() < conn->rnr_at) {
+        exs__shm_timer_set(ctx, conn->rnr_at); /* the timer may have fired for another */
+        return 0;
+    }
     if (conn->peer_rnr_retry >= 7 || conn->rnr_tries < conn->peer_rnr_retry) {
         conn->rnr_tries++;
         EXS_CNT_INC(ctx->cnt.rnr_waits);
