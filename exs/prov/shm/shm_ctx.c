@@ -369,7 +369,11 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
     if (ctx->evfd_set)
         shm_fd_drain(ctx->evfd);
     ctx->evfd_set = 0;
-    if (busy || ctx->cq_count || !exs_list_empty(&ctx->cm_events)) {
+    /* requests or answers already in a ring are what arrived frames are to tcp: the event
+     * fd becomes readable (our own doorbell), the arm stands */
+    if (busy)
+        exs__shm_ctx_wake(ctx);
+    if (ctx->cq_count || !exs_list_empty(&ctx->cm_events)) {
         ctx->armed = 0;
         ret = -EAGAIN;
     } else {
