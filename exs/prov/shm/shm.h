@@ -316,6 +316,8 @@ struct shm_ctx {
     struct exs_list        conns;
     struct exs_list        listeners;
     uint64_t               timer_armed_ns;
+    unsigned               turn_seq;    /* turns of ctx_progress: descriptors every 8th */
+    int                    collect_now; /* an arm was taken: the next turn reads them */
     uint32_t               rnr_timer_ms;
     uint8_t                rnr_retry_max;
     struct shm_counters    cnt;

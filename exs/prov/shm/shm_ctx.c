@@ -253,6 +253,12 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
     } else {
         wake_up = collect == 2;
     }
+    /* a busy poller's turn looks at the rings only (no system call); descriptors (the
+     * doorbell, sockets, pidfds, the timer) every 8th turn, and at once after a sleep */
+    if (collect == 1) {
+        collect = ctx->collect_now || (++ctx->turn_seq & 7) == 0;
+        ctx->collect_now = 0;
+    }
     if (collect) {
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
         for (int i = 0; i < n; i++) {
@@ -378,6 +384,7 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
         ret = -EAGAIN;
     } else {
         ctx->armed = 1;
+        ctx->collect_now = ctx->manual; /* (nic_lock) the next turn, after the sleep, reads the descriptors */
         EXS_CNT_INC(ctx->cnt.sleeps);
     }
     pthread_mutex_unlock(&ctx->lock);
