@@ -235,39 +235,12 @@ static void shm_event(struct shm_ctx *ctx, const struct epoll_event *ev)
     }
 }
 
-int exs__shm_turn(struct shm_ctx *ctx, int collect)
+/* Every live connection's rings (nic_lock held). */
+static int shm_rings(struct shm_ctx *ctx, int wake_up)
 {
-    /* the sleeping flags belong to the sleeper: the NIC thread (default mode), or an armed
-     * consumer (MANUAL); another caller's turn leaves them set, or a sleeper would miss
-     * its doorbell */
-    int wake_up;
-    struct epoll_event evs[64];
     struct exs_list *pos, *tmp;
-    int did = 0, n;
+    int did = 0;
 
-    EXS_CNT_INC(ctx->cnt.turns);
-    if (ctx->manual) {
-        pthread_mutex_lock(&ctx->lock);
-        wake_up = !ctx->armed;
-        pthread_mutex_unlock(&ctx->lock);
-    } else {
-        wake_up = collect == 2;
-    }
-    /* a busy poller's turn looks at the rings only (no system call); descriptors (the
-     * doorbell, sockets, pidfds, the timer) every 8th turn, and at once after a sleep */
-    if (collect == 1) {
-        collect = ctx->collect_now || (++ctx->turn_seq & 7) == 0;
-        ctx->collect_now = 0;
-    }
-    if (collect) {
-        n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
-        for (int i = 0; i < n; i++) {
-            /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
-            shm_event(ctx, &evs[i]);
-            if (evs[i].data.u64 != ((uint64_t)SHM_CTX_EVFD | SHM_TAG_CTX))
-                did++;
-        }
-    }
     exs_list_for_each_safe(pos, tmp, &ctx->conns) {
         struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
 
@@ -284,6 +257,45 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
         }
     }
     return did;
+}
+
+int exs__shm_turn(struct shm_ctx *ctx, int collect)
+{
+    /* the sleeping flags belong to the sleeper: the NIC thread (default mode), or an armed
+     * consumer (MANUAL); another caller's turn leaves them set, or a sleeper would miss
+     * its doorbell */
+    int wake_up;
+    struct epoll_event evs[64];
+    int did = 0, n;
+
+    EXS_CNT_INC(ctx->cnt.turns);
+    if (ctx->manual) {
+        pthread_mutex_lock(&ctx->lock);
+        wake_up = !ctx->armed;
+        pthread_mutex_unlock(&ctx->lock);
+    } else {
+        wake_up = collect == 2;
+    }
+    /* a busy poller's turn that finds work in the rings makes no system call; the
+     * descriptors (doorbell, sockets, pidfds, timer) are read when the rings had nothing
+     * (a turn returns 0 only after looking at everything), every 8th turn, right after a
+     * sleep, and while the last look found some */
+    if (collect == 1 && !ctx->collect_now && (++ctx->turn_seq & 7)) {
+        did = shm_rings(ctx, wake_up);
+        if (did)
+            return did;
+    }
+    if (collect) {
+        n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
+        ctx->collect_now = n > 0;
+        for (int i = 0; i < n; i++) {
+            /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
+            shm_event(ctx, &evs[i]);
+            if (evs[i].data.u64 != ((uint64_t)SHM_CTX_EVFD | SHM_TAG_CTX))
+                did++;
+        }
+    }
+    return did + shm_rings(ctx, wake_up);
 }
 
 /* Before sleeping (nic_lock held): every live ring gets our sleeping flag, then a last
