@@ -5,14 +5,15 @@
 # Extra packages for optional jobs can be passed as arguments; --fuzz adds clang and the
 # libFuzzer runtime of its version (libclang-rt-N-dev, only recommended by clang in Debian).
 # --bench adds what make bench runs besides the library: UCX's ucx_perftest (ucx-utils),
-# valgrind (callgrind), strace (system calls per message) and python3 (bench/bench.py);
+# libfabric's fi_pingpong (libfabric-bin: its shm beside the shm provider), valgrind
+# (callgrind), strace (system calls per message) and python3 (bench/bench.py);
 # gnuplot-nox is always installed, and groff-base and man-db (make check renders the man
 # pages with man -l).
 set -eu
 extra=()
 for a in "$@"; do
     if [ "$a" = --bench ]; then
-        extra+=(ucx-utils valgrind strace python3)
+        extra+=(ucx-utils libfabric-bin valgrind strace python3)
     elif [ "$a" = --fuzz ]; then
         v=$(clang --version 2>/dev/null | sed -nE 's/.*clang version ([0-9]+).*/\1/p' | head -n 1)
         [ -n "$v" ] || v=$(apt-cache depends clang 2>/dev/null | sed -nE 's/.*Depends: clang-([0-9]+)$/\1/p' | head -n 1)

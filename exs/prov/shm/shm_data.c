@@ -212,8 +212,8 @@ void exs__shm_ep_push_locked(struct shm_ep *ep)
     uint64_t tail;
     int n = 0;
 
-    if (!conn || conn->state != SHM_CONN_UP || ep->state != EXS_PROV_EP_CONNECTED ||
-        exs_list_empty(&ep->sq_pend))
+    /* ep->conn and ep->state change under ctx->lock (conn->state is the NIC's) */
+    if (!conn || ep->state != EXS_PROV_EP_CONNECTED || exs_list_empty(&ep->sq_pend))
         return;
     if (shm_peer_tail_locked(conn, &tail)) {
         conn->kick = -1; /* the turn ends it: a protocol error */
