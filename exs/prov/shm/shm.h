@@ -340,6 +340,12 @@ extern struct exs_prov_ops exs__prov_shm_ops;
 void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep,
                              const struct exs_prov_cqe *cqe);
 void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev);
+/* ctx->lock held: drop the queued events naming ep (all but requests), and the requests of
+ * lis (either may be NULL). */
+void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
+                             const struct exs_prov_listener *lis);
+/* ctx->lock held: queue a WR_FLUSH_ERR completion of ep. */
+void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op);
 int  exs__shm_cq_reserve_locked(struct shm_ctx *ctx, uint64_t n);
 void exs__shm_cq_unreserve_locked(struct shm_ctx *ctx, uint64_t n);
 int  exs__shm_epoll_add(struct shm_ctx *ctx, int fd, void *ptr, unsigned tag);

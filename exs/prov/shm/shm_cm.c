@@ -235,9 +235,7 @@ void exs__shm_conn_free(struct shm_conn *conn)
 /* ctx->lock held */
 void exs__shm_ep_flush_locked(struct shm_ep *ep)
 {
-    struct shm_ctx *ctx = ep->ctx;
     struct exs_list *l;
-    struct exs_prov_cqe cqe;
 
     for (int q = 0; q < 2; q++) {
         struct exs_list *sq = q ? &ep->sq_pend : &ep->sq;
@@ -245,17 +243,12 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
         while ((l = exs_list_pop_head(sq)) != NULL) {
             struct shm_wr *wr = exs_list_entry(l, struct shm_wr, link);
 
-            if (!ep->destroyed) {
-                memset(&cqe, 0, sizeof(cqe));
-                cqe.wr_id = wr->wr_id;
-                cqe.ep = &ep->base;
-                cqe.status = EXS_PROV_WC_WR_FLUSH_ERR;
-                cqe.opcode = wr->opcode == EXS_PROV_WR_RDMA_READ ? EXS_PROV_WC_RDMA_READ
-                             : wr->opcode >= EXS_PROV_WR_RDMA_WRITE ? EXS_PROV_WC_RDMA_WRITE
-                                                                     : EXS_PROV_WC_SEND;
-                exs__shm_cq_push_locked(ctx, ep, &cqe);
-                EXS_CNT_INC(ctx->cnt.flushed_wrs);
-            }
+            if (!ep->destroyed)
+                exs__shm_flush_cqe_locked(ep, wr->wr_id,
+                                          wr->opcode == EXS_PROV_WR_RDMA_READ ? EXS_PROV_WC_RDMA_READ
+                                          : wr->opcode >= EXS_PROV_WR_RDMA_WRITE
+                                              ? EXS_PROV_WC_RDMA_WRITE
+                                              : EXS_PROV_WC_SEND);
             free(wr);
         }
     }
@@ -265,15 +258,8 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
     while ((l = exs_list_pop_head(&ep->rq)) != NULL) {
         struct shm_rwr *rwr = exs_list_entry(l, struct shm_rwr, link);
 
-        if (!ep->destroyed) {
-            memset(&cqe, 0, sizeof(cqe));
-            cqe.wr_id = rwr->wr_id;
-            cqe.ep = &ep->base;
-            cqe.status = EXS_PROV_WC_WR_FLUSH_ERR;
-            cqe.opcode = EXS_PROV_WC_RECV;
-            exs__shm_cq_push_locked(ctx, ep, &cqe);
-            EXS_CNT_INC(ctx->cnt.flushed_wrs);
-        }
+        if (!ep->destroyed)
+            exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
         free(rwr);
     }
     ep->rq_count = 0;
@@ -562,7 +548,6 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
 {
     struct shm_ep *ep = shm_ep_of(e);
     struct shm_ctx *ctx;
-    struct exs_list *pos, *tmp;
     uint32_t keep = 0;
 
     if (!ep)
@@ -586,14 +571,7 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
     }
     ctx->cq_count = keep;
     exs__shm_cq_unreserve_locked(ctx, (uint64_t)e->attr.max_send_wr + e->attr.max_recv_wr);
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
-        struct shm_cm_node *n = exs_list_entry(pos, struct shm_cm_node, link);
-
-        if (n->ev.ep == e && n->ev.type != EXS_PROV_CM_CONNECT_REQUEST) {
-            exs_list_del(&n->link);
-            free(n);
-        }
-    }
+    exs__shm_cm_drop_locked(ctx, e, NULL);
     exs_list_del(&ep->link);
     pthread_mutex_unlock(&ctx->lock);
     pthread_mutex_unlock(&ctx->nic_lock);

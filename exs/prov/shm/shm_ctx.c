@@ -193,7 +193,34 @@ void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev)
     pthread_mutex_unlock(&ctx->lock);
 }
 
-static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max);
+void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
+                             const struct exs_prov_listener *lis)
+{
+    struct exs_list *pos, *tmp;
+
+    exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
+        struct shm_cm_node *n = exs_list_entry(pos, struct shm_cm_node, link);
+        int req = n->ev.type == EXS_PROV_CM_CONNECT_REQUEST;
+
+        if ((ep && !req && n->ev.ep == ep) || (lis && req && n->ev.listener == lis)) {
+            exs_list_del(&n->link);
+            free(n);
+        }
+    }
+}
+
+void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op)
+{
+    struct exs_prov_cqe cqe;
+
+    memset(&cqe, 0, sizeof(cqe));
+    cqe.wr_id = wr_id;
+    cqe.ep = &ep->base;
+    cqe.status = EXS_PROV_WC_WR_FLUSH_ERR;
+    cqe.opcode = op;
+    exs__shm_cq_push_locked(ep->ctx, ep, &cqe);
+    EXS_CNT_INC(ep->ctx->cnt.flushed_wrs);
+}
 
 /* ---- turns (nic_lock held) ---- */
 

@@ -244,7 +244,6 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     struct shm_ep *ep = shm_ep_of(e);
     struct shm_ctx *ctx = ep->ctx;
     const struct exs_prov_caps *caps = &ctx->base.caps;
-    struct exs_prov_cqe cqe;
     struct shm_wr *wr;
     uint64_t total = 0;
     int inl, wake = 0;
@@ -300,13 +299,7 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
         return -ENOMEM;
     }
     if (EXS_UNLIKELY(ep->state == EXS_PROV_EP_ERROR)) {
-        memset(&cqe, 0, sizeof(cqe));
-        cqe.wr_id = wr->wr_id;
-        cqe.ep = e;
-        cqe.status = EXS_PROV_WC_WR_FLUSH_ERR;
-        cqe.opcode = shm_wc_opcode(wr->opcode);
-        exs__shm_cq_push_locked(ctx, ep, &cqe);
-        EXS_CNT_INC(ctx->cnt.flushed_wrs);
+        exs__shm_flush_cqe_locked(ep, wr->wr_id, shm_wc_opcode(wr->opcode));
         pthread_mutex_unlock(&ctx->lock);
         free(wr);
         return 0;
@@ -326,7 +319,6 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
 {
     struct shm_ep *ep = shm_ep_of(e);
     struct shm_ctx *ctx = ep->ctx;
-    struct exs_prov_cqe cqe;
     struct shm_rwr *rwr;
     uint64_t total = 0;
 
@@ -352,13 +344,7 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
         return -ENOMEM;
     }
     if (ep->state == EXS_PROV_EP_ERROR) {
-        memset(&cqe, 0, sizeof(cqe));
-        cqe.wr_id = rwr->wr_id;
-        cqe.ep = e;
-        cqe.status = EXS_PROV_WC_WR_FLUSH_ERR;
-        cqe.opcode = EXS_PROV_WC_RECV;
-        exs__shm_cq_push_locked(ctx, ep, &cqe);
-        EXS_CNT_INC(ctx->cnt.flushed_wrs);
+        exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
         pthread_mutex_unlock(&ctx->lock);
         free(rwr);
         return 0;

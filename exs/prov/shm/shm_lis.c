@@ -231,14 +231,7 @@ void exs__shm_listener_destroy(struct exs_prov_listener *l)
     }
     /* the listener's CONNECT_REQUEST events not yet polled */
     pthread_mutex_lock(&ctx->lock);
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
-        struct shm_cm_node *n = exs_list_entry(pos, struct shm_cm_node, link);
-
-        if (n->ev.type == EXS_PROV_CM_CONNECT_REQUEST && n->ev.listener == l) {
-            exs_list_del(&n->link);
-            free(n);
-        }
-    }
+    exs__shm_cm_drop_locked(ctx, NULL, l);
     pthread_mutex_unlock(&ctx->lock);
     exs_list_del(&lis->link);
     pthread_mutex_unlock(&ctx->nic_lock);
