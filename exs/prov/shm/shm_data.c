@@ -415,8 +415,10 @@ static int shm_take_answers(struct shm_conn *conn)
         shm_wr_done_locked(ep, wr, shm_syn_status(syn));
         did++;
         if (syn == SHM_SYN_RNR_EXC) {
-            /* the connection stays until a disconnect; our ep is in error */
+            /* the connection stays until a disconnect; our ep is in error, and what the
+             * peer still sends is dropped (as tcp) */
             conn->zombie = 1;
+            conn->rx_drop = 1;
             ep->state = EXS_PROV_EP_ERROR;
             exs__shm_ep_flush_locked(ep);
         } else {
