@@ -245,7 +245,7 @@ START_TEST(shm_liar_beyond_grant)
     struct shm_conn *c;
     struct shm_rec rec;
     struct shm_rsge rs;
-    uint8_t body[SHM_SLOT];
+    uint8_t body[2 * SHM_SLOT];
     unsigned right = _i ? RR : RW;
 
     if (skip_unless_shm(_i ? "shm_liar_read_beyond_grant" : "shm_liar_write_beyond_grant"))
