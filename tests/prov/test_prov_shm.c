@@ -225,6 +225,9 @@ START_TEST(shm_liar)
     }
     expect_b_ended(&p, -EPROTO);
     ck_assert_uint_gt(shm_counter("protocol_errors"), perr);
+    /* nothing of a lying ring was delivered: the receive is flushed, its buffer untouched */
+    pt_expect_wr(&p.b, 1, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    ck_assert(pt_all_bytes(dst->p, 256, 0));
     ck_assert(pt_buf_guards_ok(dst));
     if (tgt) {
         ck_assert(pt_buf_guards_ok(tgt));
