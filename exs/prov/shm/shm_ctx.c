@@ -337,12 +337,12 @@ static int shm_prepare_sleep(struct shm_ctx *ctx)
 
         if (conn->state != SHM_CONN_UP)
             continue;
-        if (!conn->sleeping) {
-            conn->sleeping = 1;
-            __atomic_store_n(&conn->mine->sleeping, 1, __ATOMIC_RELAXED);
-        }
+        /* sequentially consistent, as the writers' publications and the look below: in
+         * that one order either our look sees a writer's change or the writer sees the
+         * flag (a store / load pair on each side; no fence, which TSan cannot follow) */
+        conn->sleeping = 1;
+        __atomic_store_n(&conn->mine->sleeping, 1, __ATOMIC_SEQ_CST);
     }
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     exs_list_for_each(pos, &ctx->conns) {
         struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
 

@@ -80,8 +80,9 @@ void exs__shm_conn_kick(struct shm_conn *conn)
 {
     uint64_t one = 1;
 
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (conn->bell >= 0 && __atomic_load_n(&conn->peer->sleeping, __ATOMIC_RELAXED)) {
+    /* after a sequentially consistent publication (head, ack, tail, nak): see
+     * shm_prepare_sleep */
+    if (conn->bell >= 0 && __atomic_load_n(&conn->peer->sleeping, __ATOMIC_SEQ_CST)) {
         EXS_CNT_INC(conn->ctx->cnt.bells_tx);
         if (write(conn->bell, &one, sizeof(one)) < 0 && errno != EAGAIN)
             EXS_DBG(PROV, "shm conn %p: bell: %m", (void *)conn);
@@ -200,7 +201,7 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
     }
     wr->psn = ep->snd_nxt++;
     conn->head += size;
-    __atomic_store_n(&conn->mine->head, conn->head, __ATOMIC_RELEASE);
+    __atomic_store_n(&conn->mine->head, conn->head, __ATOMIC_SEQ_CST);
     EXS_CNT_INC(ep->ctx->cnt.recs_tx);
     EXS_CNT_ADD(ep->ctx->cnt.bytes_tx, wr->len);
     return 0;
@@ -466,7 +467,7 @@ static void shm_publish_nak(struct shm_conn *conn, uint32_t psn, uint32_t syn)
     EXS_CNT_INC(conn->ctx->cnt.naks_tx);
     __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_RELEASE);
     __atomic_store_n(&conn->mine->nak_psn, psn, __ATOMIC_RELAXED);
-    __atomic_store_n(&conn->mine->nak_syn, syn, __ATOMIC_RELEASE);
+    __atomic_store_n(&conn->mine->nak_syn, syn, __ATOMIC_SEQ_CST);
     exs__shm_conn_kick(conn);
 }
 
@@ -780,8 +781,8 @@ static int shm_take_requests(struct shm_conn *conn)
     if (conn->state != SHM_CONN_UP)
         return did + (ret < 0);
     if (did || ret < 0) {
-        __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_RELEASE);
-        __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_RELEASE);
+        __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_SEQ_CST);
         exs__shm_conn_kick(conn);
     }
     return did;
@@ -815,14 +816,14 @@ int exs__shm_conn_service(struct shm_conn *conn)
 int exs__shm_conn_busy(struct shm_conn *conn)
 {
     struct shm_ctx *ctx = conn->ctx;
-    uint64_t head = __atomic_load_n(&conn->peer->head, __ATOMIC_ACQUIRE);
+    uint64_t head = __atomic_load_n(&conn->peer->head, __ATOMIC_SEQ_CST);
     int busy = 0;
 
     if (!conn->ep)
         return 0;
-    if (!conn->nak_seen && __atomic_load_n(&conn->peer->nak_syn, __ATOMIC_ACQUIRE))
+    if (!conn->nak_seen && __atomic_load_n(&conn->peer->nak_syn, __ATOMIC_SEQ_CST))
         return 1;
-    if (__atomic_load_n(&conn->peer->ack, __ATOMIC_ACQUIRE) != conn->acked)
+    if (__atomic_load_n(&conn->peer->ack, __ATOMIC_SEQ_CST) != conn->acked)
         return 1;
     pthread_mutex_lock(&ctx->lock);
     if (head != conn->tail && !conn->rx_drop)
@@ -831,7 +832,7 @@ int exs__shm_conn_busy(struct shm_conn *conn)
         busy = 1;
     if (!busy && !exs_list_empty(&conn->ep->sq_pend)) {
         struct shm_wr *wr = exs_list_entry(conn->ep->sq_pend.next, struct shm_wr, link);
-        uint64_t t = __atomic_load_n(&conn->peer->tail, __ATOMIC_ACQUIRE);
+        uint64_t t = __atomic_load_n(&conn->peer->tail, __ATOMIC_SEQ_CST);
 
         busy = wr->bad || t != conn->peer_tail;
     }
