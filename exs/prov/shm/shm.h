@@ -324,6 +324,22 @@ struct shm_ctx {
     struct exs_counter_set cset;
 };
 
+/* ThreadSanitizer: one segment is mapped twice when both sides are in one process (the
+ * tests), so a publication and the load that sees it are at two addresses and TSan finds
+ * no order between the copy before one and the read after the other. Each publication
+ * releases and each look at the peer's line acquires one process-wide token. (Over-
+ * synchronizes under TSan only; nothing in other builds.) */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+extern int exs__shm_tsan_token;
+#define SHM_TSAN_RELEASE() __tsan_release(&exs__shm_tsan_token)
+#define SHM_TSAN_ACQUIRE() __tsan_acquire(&exs__shm_tsan_token)
+#else
+#define SHM_TSAN_RELEASE() do { } while (0)
+#define SHM_TSAN_ACQUIRE() do { } while (0)
+#endif
+
 static inline struct shm_ctx *shm_ctx_of(struct exs_prov_ctx *c)
 {
     return (struct shm_ctx *)c;

@@ -423,7 +423,8 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
         ret = -EAGAIN;
     } else {
         ctx->armed = 1;
-        ctx->collect_now = ctx->manual; /* (nic_lock) the next turn, after the sleep, reads the descriptors */
+        if (ctx->manual)
+            ctx->collect_now = 1; /* (nic_lock) the next turn, after the sleep, reads them */
         EXS_CNT_INC(ctx->cnt.sleeps);
     }
     pthread_mutex_unlock(&ctx->lock);
@@ -450,8 +451,7 @@ static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         return max < 0 ? -EINVAL : 0;
     /* run to completion: a busy poller of the default mode carries out what arrived
      * itself when the NIC role is free (no thread hop, no doorbell) */
-    if (!ctx->manual && !__atomic_load_n(&ctx->cq_count, __ATOMIC_RELAXED) &&
-        pthread_mutex_trylock(&ctx->nic_lock) == 0) {
+    if (!ctx->manual && pthread_mutex_trylock(&ctx->nic_lock) == 0) {
         (void)exs__shm_turn(ctx, 0);
         pthread_mutex_unlock(&ctx->nic_lock);
     }

@@ -14,6 +14,10 @@
 
 #define SHM_RING_MASK ((uint64_t)SHM_RING_BYTES - 1)
 
+#if defined(__SANITIZE_THREAD__)
+int exs__shm_tsan_token;
+#endif
+
 static uint32_t shm_roundup(uint32_t n)
 {
     return (n + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
@@ -136,6 +140,8 @@ static int shm_peer_tail_locked(struct shm_conn *conn, uint64_t *tail_p)
 {
     uint64_t t = __atomic_load_n(&conn->peer->tail, __ATOMIC_ACQUIRE);
 
+    SHM_TSAN_ACQUIRE();
+
     if (t - conn->peer_tail > conn->head - conn->peer_tail || t % SHM_SLOT)
         return -EPROTO;
     conn->peer_tail = t;
@@ -201,6 +207,7 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
     }
     wr->psn = ep->snd_nxt++;
     conn->head += size;
+    SHM_TSAN_RELEASE();
     __atomic_store_n(&conn->mine->head, conn->head, __ATOMIC_SEQ_CST);
     EXS_CNT_INC(ep->ctx->cnt.recs_tx);
     EXS_CNT_ADD(ep->ctx->cnt.bytes_tx, wr->len);
@@ -394,6 +401,7 @@ static int shm_take_answers(struct shm_conn *conn)
     SHM_ONCE();
     if (ack == conn->acked && !syn)
         return 0;
+    SHM_TSAN_ACQUIRE();
     pthread_mutex_lock(&ctx->lock);
     if (ack - conn->acked > ep->snd_nxt - conn->acked)
         bad = "ack beyond the requests sent";
@@ -465,6 +473,7 @@ static int shm_bad_head(struct shm_conn *conn)
 static void shm_publish_nak(struct shm_conn *conn, uint32_t psn, uint32_t syn)
 {
     EXS_CNT_INC(conn->ctx->cnt.naks_tx);
+    SHM_TSAN_RELEASE();
     __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_RELEASE);
     __atomic_store_n(&conn->mine->nak_psn, psn, __ATOMIC_RELAXED);
     __atomic_store_n(&conn->mine->nak_syn, syn, __ATOMIC_SEQ_CST);
@@ -730,6 +739,7 @@ static int shm_take_requests(struct shm_conn *conn)
         head = __atomic_load_n(&conn->peer->head, __ATOMIC_ACQUIRE);
         if (head == conn->tail)
             break;
+        SHM_TSAN_ACQUIRE();
         if (head - conn->tail > SHM_RING_BYTES || head % SHM_SLOT) {
             bad = "ring head";
             break;
@@ -781,6 +791,7 @@ static int shm_take_requests(struct shm_conn *conn)
     if (conn->state != SHM_CONN_UP)
         return did + (ret < 0);
     if (did || ret < 0) {
+        SHM_TSAN_RELEASE();
         __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_SEQ_CST);
         __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_SEQ_CST);
         exs__shm_conn_kick(conn);
