@@ -44,6 +44,10 @@ LAT_SYSTEMS = [
     ("kernel_tcp_poll", "kernel TCP, busy polling at both ends (--poll --poll-recv: "
      "non-blocking reads in a loop)"),
     ("ucx_tag_lat", "UCX over TCP, tag_lat"),
+    # same host at memory speed (issue 28): the shm provider against UCX's shared memory
+    ("exs_shm_poll", "libexs over the shm provider (EXS_PROVIDER=shm), busy polling at both "
+     "ends"),
+    ("ucx_sm_tag_lat", "UCX shared memory (UCX_TLS=sm,self), tag_lat"),
 ]
 BW_SYSTEMS = [
     ("exs", "libexs (dynamic < 64 KiB, direct >= 64 KiB)"),
@@ -52,8 +56,14 @@ BW_SYSTEMS = [
     ("kernel_tcp_1buf", "kernel TCP, one buffer per side reused (--tcp-one-buffer: cache-hot)"),
     ("ucx_stream_bw", "UCX over TCP, stream_bw"),
     ("ucx_tag_bw", "UCX over TCP, tag_bw"),
+    ("exs_shm", "libexs over the shm provider (EXS_PROVIDER=shm; dynamic < 64 KiB, direct "
+     ">= 64 KiB)"),
+    ("ucx_sm_stream_bw", "UCX shared memory (UCX_TLS=sm,self), stream_bw"),
 ]
 
+
+# The same-host systems (issue 28), left out of the self test's tiny run.
+SHM_SYSTEMS = ("exs_shm_poll", "ucx_sm_tag_lat", "exs_shm", "ucx_sm_stream_bw")
 
 # The libexs systems a base build is measured as too: "base_" + name, the base's blast.
 BASE_PREFIX = "base_"
@@ -113,8 +123,13 @@ class Bench:
         base = cfg.get("base_name") if self.base_blast else None
         self.lat_systems = with_base(LAT_SYSTEMS, BASE_LAT, base)
         self.bw_systems = with_base(BW_SYSTEMS, BASE_BW, base)
+        if cfg["tiny"]:  # the self test checks the tooling: the same-host columns stay out
+            self.lat_systems = [x for x in self.lat_systems if x[0] not in SHM_SYSTEMS]
+            self.bw_systems = [x for x in self.bw_systems if x[0] not in SHM_SYSTEMS]
         self.env = dict(os.environ, EXS_PROVIDER="tcp")
         self.ucx_env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
+        self.shm_env = dict(os.environ, EXS_PROVIDER="shm")
+        self.ucx_sm_env = dict(os.environ, UCX_TLS="sm,self")
         self.errors = []
         self.have_ucx = shutil.which("ucx_perftest") is not None
         # Iteration counts follow the previous round so that each run lasts about run_secs.
@@ -135,9 +150,9 @@ class Bench:
                                                brief(p.stderr))
         return p.stdout, None
 
-    def blast_json(self, args, blast=None):
+    def blast_json(self, args, blast=None, env=None):
         argv = [blast or self.blast, "--loopback", "--json", "--quiet"] + args
-        out, err = self.run(argv, self.env, self.cfg["timeout"])
+        out, err = self.run(argv, env or self.env, self.cfg["timeout"])
         if err:
             return None, err
         try:
@@ -145,14 +160,15 @@ class Bench:
         except (ValueError, KeyError, IndexError) as e:
             return None, "bad JSON from %s: %s" % (" ".join(argv), e)
 
-    def ucx(self, test, size, n, outstanding, extra=()):
+    def ucx(self, test, size, n, outstanding, extra=(), env=None):
         """One ucx_perftest run, server and client on loopback; the CSV line as a dict."""
+        env = env or self.ucx_env
         if not self.have_ucx:
             return None, "ucx_perftest not installed"
         last = None
         for _attempt in range(3):
             port = free_port()
-            srv = subprocess.Popen(["ucx_perftest", "-p", str(port)], env=self.ucx_env,
+            srv = subprocess.Popen(["ucx_perftest", "-p", str(port)], env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 argv = ["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s",
@@ -163,7 +179,7 @@ class Bench:
                 out = None
                 deadline = time.monotonic() + 10
                 while time.monotonic() < deadline and srv.poll() is None:
-                    out, last = self.run(argv, self.ucx_env, self.cfg["timeout"])
+                    out, last = self.run(argv, env, self.cfg["timeout"])
                     if out is not None:
                         break
                     time.sleep(0.05)  # the server may not listen yet
@@ -214,11 +230,12 @@ class Bench:
                     "--lat-iters", str(n)]
             if system.startswith("kernel_tcp"):
                 args += ["--transport", "tcp"]
-            if system in ("exs_poll", "kernel_tcp_poll"):
+            if system in ("exs_poll", "kernel_tcp_poll", "exs_shm_poll"):
                 args += ["--poll", "--poll-recv"]
             elif system == "exs_poll_send":
                 args += ["--poll"]
-            r, err = self.blast_json(args, blast)
+            r, err = self.blast_json(args, blast,
+                                     self.shm_env if system == "exs_shm_poll" else None)
             if err:
                 return None, err
             lat = r.get("latency_us")
@@ -229,9 +246,10 @@ class Bench:
                     "iters": n}, None
         # ucx_perftest prints one-way latency (half the ping-pong round trip): doubled here.
         # It prints one percentile per run (-R): a second run gives the 99th.
-        r, err = self.ucx("tag_lat", size, n, 0)
+        env = self.ucx_sm_env if system.startswith("ucx_sm") else None
+        r, err = self.ucx("tag_lat", size, n, 0, env=env)
         if not err:
-            r99, err = self.ucx("tag_lat", size, n, 0, ("-R", "99"))
+            r99, err = self.ucx("tag_lat", size, n, 0, ("-R", "99"), env=env)
         if err:
             return None, err
         try:
@@ -248,17 +266,17 @@ class Bench:
         blast = self.blast
         if system.startswith(BASE_PREFIX):
             system, blast = system[len(BASE_PREFIX):], self.base_blast
-        if system in ("exs", "kernel_tcp", "kernel_tcp_1buf"):
+        if system in ("exs", "kernel_tcp", "kernel_tcp_1buf", "exs_shm"):
             args = ["--type", "stream", "--sends", str(SENDS), "--recvs", str(RECVS), "--size",
                     str(size), "--runs", "1", "--time", "%g" % self.cfg["run_secs"],
                     "--no-latency"]
-            if system == "exs":
+            if system in ("exs", "exs_shm"):
                 args += ["--mode", exs_mode(size)]
             else:
                 args += ["--transport", "tcp"]
                 if system == "kernel_tcp_1buf":
                     args += ["--tcp-one-buffer"]
-            r, err = self.blast_json(args, blast)
+            r, err = self.blast_json(args, blast, self.shm_env if system == "exs_shm" else None)
             if err:
                 return None, err
             return {"msgs_per_sec": r["messages_per_sec"], "gbps": r["throughput_gbps"],
@@ -267,7 +285,10 @@ class Bench:
         key = ("bw", system, size)
         lo, hi = self.cfg["bw_iters_min"], 20000000
         n = self.next_iters(key, max(lo, int(self.cfg["bw_bytes_guess"] / size)))
-        r, err = self.ucx(system[4:], size, n, SENDS)
+        if system.startswith("ucx_sm_"):
+            r, err = self.ucx(system[len("ucx_sm_"):], size, n, SENDS, env=self.ucx_sm_env)
+        else:
+            r, err = self.ucx(system[4:], size, n, SENDS)
         if err:
             return None, err
         mr = r.get("overall_mr", 0)
@@ -509,6 +530,40 @@ OTHER_TARGETS = [
     ("bw", 1048576, "exs", "kernel_tcp_1buf", "gbps", "min", 0.95,
      "1 MiB stream Gbit/s (direct) vs kernel TCP, one buffer"),
 ]
+
+# Issue 28's "Done when": the shm provider against UCX's shared memory.
+SHM_TARGETS = [
+    ("lat", 64, "exs_shm_poll", "ucx_sm_tag_lat", "p50_us", "max", 1.5,
+     "shm: 64 B SEQPACKET ping-pong p50, busy polling vs UCX sm tag_lat"),
+    ("bw", 64, "exs_shm", "ucx_sm_stream_bw", "msgs_per_sec", "min", 1.0,
+     "shm: 64 B stream msg/s vs UCX sm stream_bw"),
+    ("bw", 1048576, "exs_shm", "ucx_sm_stream_bw", "gbps", "min", 0.9,
+     "shm: 1 MiB stream Gbit/s vs UCX sm stream_bw"),
+]
+
+
+def fi_pingpong(size, iters, timeout):
+    """libfabric's shm provider (fi_pingpong -p shm -e rdm, libfabric-bin): its mean round
+    trip in microseconds (it prints no percentiles), or None and why."""
+    if not shutil.which("fi_pingpong"):
+        return None, "fi_pingpong not installed (libfabric-bin)"
+    port = free_port()
+    base = ["fi_pingpong", "-p", "shm", "-e", "rdm", "-S", str(size), "-I", str(iters)]
+    srv = subprocess.Popen(base + ["-B", str(port)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)  # the server's control socket
+        p = subprocess.run(base + ["-P", str(port), "127.0.0.1"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=timeout)
+        rows = [l.split() for l in p.stdout.splitlines() if l.split()[:1] == [str(size)]]
+        if p.returncode or not rows:
+            return None, "fi_pingpong exit %d: %s" % (p.returncode, brief(p.stderr))
+        return {"mean_us": 2 * float(rows[-1][6]), "iters": iters}, None  # usec/xfer: one way
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        return None, "fi_pingpong: %s" % e
+    finally:
+        srv.kill()
+        srv.wait()
 
 
 def target_met(kind, r, target):
@@ -869,6 +924,14 @@ def write_md(path, res):
              "blocking on this virtual machine:")
     L.append("")
     L += target_table(res, "other_targets")
+    if res.get("shm_targets"):
+        L += ["", "Same host (issue 28): the shm provider against UCX's shared memory "
+              "(`UCX_TLS=sm,self`):", ""] + target_table(res, "shm_targets")
+    fi = res.get("libfabric_shm")
+    if fi:
+        L += ["", "libfabric shm (`fi_pingpong -p shm -e rdm -S 64 -I 200`): " + (
+            "mean round trip %.1f us (no percentiles)" % fi["mean_us"] if "mean_us" in fi
+            else fi.get("error", "not measured"))]
     L.append("")
     L.append("## SOCK_SEQPACKET ping-pong round trip (us)")
     L.append("")
@@ -1008,7 +1071,9 @@ PLOT_NAMES = {"exs": "libexs", "kernel_tcp": "kernel TCP", "ucx_stream_bw": "UCX
               "exs_poll": "libexs, --poll --poll-recv",
               "exs_poll_send": "libexs, --poll (sender)", "ucx_tag_lat": "UCX tag_lat",
               "kernel_tcp_poll": "kernel TCP, busy polling",
-              "kernel_tcp_1buf": "kernel TCP, one buffer"}
+              "kernel_tcp_1buf": "kernel TCP, one buffer", "exs_shm": "libexs over shm",
+              "exs_shm_poll": "libexs over shm, --poll --poll-recv",
+              "ucx_sm_tag_lat": "UCX sm tag_lat", "ucx_sm_stream_bw": "UCX sm stream_bw"}
 
 
 def yrange(vals):
@@ -1021,11 +1086,14 @@ def write_plot(path, res, tmpdir):
     if not shutil.which("gnuplot"):
         return "gnuplot not installed"
     s = res["summary"]
-    bw_r = yrange([figure(s, "bw", z, n, "gbps") for z in SIZES for n, _ in BW_SYSTEMS])
-    lat_r = yrange([figure(s, "lat", z, n, "p50_us") for z in SIZES for n, _ in LAT_SYSTEMS])
+    # the systems measured (the self test's tiny run leaves the same-host ones out)
+    bw_all = [(n, d) for n, d in BW_SYSTEMS if n in s["stream"]]
+    lat_all = [(n, d) for n, d in LAT_SYSTEMS if n in s["latency"]]
+    bw_r = yrange([figure(s, "bw", z, n, "gbps") for z in SIZES for n, _ in bw_all])
+    lat_r = yrange([figure(s, "lat", z, n, "p50_us") for z in SIZES for n, _ in lat_all])
     # gnuplot refuses a histogram column without a single number: such systems are left out
-    bw_sys = [n for n, _ in BW_SYSTEMS if any(figure(s, "bw", z, n, "gbps") for z in SIZES)]
-    lat_sys = [n for n, _ in LAT_SYSTEMS
+    bw_sys = [n for n, _ in bw_all if any(figure(s, "bw", z, n, "gbps") for z in SIZES)]
+    lat_sys = [n for n, _ in lat_all
                if any(figure(s, "lat", z, n, "p50_us") for z in SIZES)]
     if not bw_sys or not lat_sys:
         return "nothing measured to plot"
@@ -1143,6 +1211,13 @@ def main():
     res["summary"] = summarize(lat, bw, b.lat_systems, b.bw_systems)
     res["targets"] = targets(res["summary"])
     res["other_targets"] = targets(res["summary"], OTHER_TARGETS)
+    if "exs_shm" in res["summary"]["stream"]:
+        res["shm_targets"] = targets(res["summary"], SHM_TARGETS)
+    # libfabric's shm beside them, one figure (not in the rounds: fi_pingpong gives only a
+    # mean, and here takes milliseconds per transfer); its failure is a note, not an error
+    if not cfg["tiny"]:
+        v, err = fi_pingpong(64, 200, 60)
+        res["libfabric_shm"] = v if v else {"error": err}
     res["ratios"] = ratios(res["summary"])
     res["callgrind"] = {str(k): v for k, v in (b.callgrind() or {}).items()} \
         if cfg["callgrind"] else None

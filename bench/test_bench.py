@@ -121,10 +121,11 @@ class Verdicts(unittest.TestCase):
         def f(system, size, kind):
             if kind == "lat":
                 p50 = {"exs_notify": 30, "exs_poll": 10, "exs_poll_send": 15, "kernel_tcp": 20,
-                       "kernel_tcp_poll": 8, "ucx_tag_lat": 4}
+                       "kernel_tcp_poll": 8, "ucx_tag_lat": 4, "exs_shm_poll": 3,
+                       "ucx_sm_tag_lat": 1}
                 return {"p50_us": p50[system], "p99_us": 1, "mean_us": 1, "iters": 1}
             mps = {"exs": 100, "kernel_tcp": 1000, "kernel_tcp_1buf": 80, "ucx_stream_bw": 50,
-                   "ucx_tag_bw": 60}
+                   "ucx_tag_bw": 60, "exs_shm": 200, "ucx_sm_stream_bw": 100}
             return {"msgs_per_sec": mps[system], "gbps": mps[system] / 100.0}
         t = {x["what"]: x for x in bench.targets(self.summary(f))}
         poll_k = t["64 B ping-pong p50, busy polling (both ends) vs kernel TCP"]
@@ -181,7 +182,8 @@ class Base(unittest.TestCase):
         names = [n for n, _ in lat]
         self.assertEqual(names, ["exs_notify", "base_exs_notify", "exs_poll", "base_exs_poll",
                                  "exs_poll_send", "base_exs_poll_send", "kernel_tcp",
-                                 "kernel_tcp_poll", "ucx_tag_lat"])
+                                 "kernel_tcp_poll", "ucx_tag_lat", "exs_shm_poll",
+                                 "ucx_sm_tag_lat"])
         self.assertEqual(dict(lat)["base_exs_poll"],
                          "base (B): libexs, busy polling at both ends (--poll --poll-recv)")
         self.assertEqual(bench.with_base(bench.BW_SYSTEMS, bench.BASE_BW, None),
@@ -190,7 +192,8 @@ class Base(unittest.TestCase):
         odd = [n for n, _ in bench.round_order(lat, 1)]
         self.assertEqual(odd, ["base_exs_notify", "exs_notify", "base_exs_poll", "exs_poll",
                                "base_exs_poll_send", "exs_poll_send", "kernel_tcp",
-                               "kernel_tcp_poll", "ucx_tag_lat"])
+                               "kernel_tcp_poll", "ucx_tag_lat", "exs_shm_poll",
+                               "ucx_sm_tag_lat"])
 
     def summary(self, ours, base):
         """Two rounds; ours(size, rnd) / base(size, rnd) give p50 and msg/s."""

@@ -5,7 +5,8 @@
 # Extra packages for optional jobs can be passed as arguments; --fuzz adds clang and the
 # libFuzzer runtime of its version (libclang-rt-N-dev, only recommended by clang in Debian).
 # --bench adds what make bench runs besides the library: UCX's ucx_perftest (ucx-utils),
-# valgrind (callgrind), strace (system calls per message) and python3 (bench/bench.py);
+# libfabric's fi_pingpong (libfabric-bin: its shm beside the shm provider), valgrind
+# (callgrind), strace (system calls per message) and python3 (bench/bench.py);
 # --bench-rxe adds what make bench-rxe runs in its guest: perftest, ucx-utils, rdmacm-utils
 # (rstream, riostream), strace and linux-perf;
 # --format adds clang-format (scripts/check-format.sh, make check CHECK_FORMAT=1);
@@ -18,7 +19,7 @@ for a in "$@"; do
     if [ "$a" = --deb ]; then
         extra+=(dpkg-dev debhelper lintian)
     elif [ "$a" = --bench ]; then
-        extra+=(ucx-utils valgrind strace python3)
+        extra+=(ucx-utils libfabric-bin valgrind strace python3)
     elif [ "$a" = --format ]; then
         extra+=(clang-format)
     elif [ "$a" = --bench-rxe ]; then

@@ -24,6 +24,11 @@ INTEG_SRCS := $(wildcard tests/integ/*.c)
 INTEG_BIN  := $(BUILD)/tests/integ/exs_integ_test
 TEST_BINS  += $(if $(INTEG_SRCS),$(INTEG_BIN))
 CHECK_RUNS += $(if $(INTEG_SRCS),"$(INTEG_BIN) -p tcp")
+# the shared-memory provider (spec/provider-shm.md): conformance in both progress modes and
+# through the fault wrapper, and the ES-API integration tests over it
+CHECK_RUNS += $(if $(PROV_SRCS),"$(PROV_BIN) -p shm" "$(PROV_BIN) -p shm --manual")
+CHECK_RUNS += $(if $(PROV_SRCS),"$(PROV_BIN) -p fault:shm")
+CHECK_RUNS += $(if $(INTEG_SRCS),"$(INTEG_BIN) -p shm")
 
 $(INTEG_BIN): $(INTEG_SRCS:%.c=$(BUILD)/%.o) $(LIB_A)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CHECK_LIBS) $(LIBS_ALL)

@@ -14,6 +14,8 @@
 
 extern struct exs_prov_ops exs__prov_tcp_ops;
 extern struct exs_prov_ops exs__prov_fault_tcp_ops;
+extern struct exs_prov_ops exs__prov_shm_ops; /* exs/prov/shm/, spec/provider-shm.md */
+extern struct exs_prov_ops exs__prov_fault_shm_ops;
 #ifdef EXS_HAVE_VERBS_PROV
 extern struct exs_prov_ops exs__prov_verbs_ops;
 extern struct exs_prov_ops exs__prov_fault_verbs_ops;
@@ -27,6 +29,8 @@ static struct exs_prov_ops *prov_table[] = {
     &exs__prov_verbs_ops,
 #endif
     &exs__prov_fault_tcp_ops,
+    &exs__prov_shm_ops,
+    &exs__prov_fault_shm_ops,
 #ifdef EXS_HAVE_VERBS_PROV
     &exs__prov_fault_verbs_ops,
 #endif
@@ -219,7 +223,7 @@ int exs__prov_open_default(const struct exs_prov_attr *attr, struct exs_prov_ctx
     name = exs__params.provider[0] ? exs__params.provider : prov_default_name();
     ops = exs__prov_find(name);
     if (!ops) {
-        EXS_ERR(PROV, "provider %s: unknown (EXS_PROVIDER); known: tcp, fault:tcp%s", name,
+        EXS_ERR(PROV, "provider %s: unknown (EXS_PROVIDER); known: tcp, fault:tcp, shm, fault:shm%s", name,
 #ifdef EXS_HAVE_VERBS_PROV
                 ", verbs, fault:verbs"
 #else

@@ -25,8 +25,8 @@ static const struct exs_param_def params_table[] = {
     PARAM(log_subsys, "EXS_LOG_SUBSYS", "all", STRING, 1,
           "subsystems to log, comma list of api eng proto prov cache util, or all"),
     PARAM(provider, "EXS_PROVIDER", "", STRING, 0,
-          "provider: tcp, verbs, fault:tcp or fault:verbs; empty = verbs when an active RDMA "
-          "device exists, else tcp"),
+          "provider: tcp, verbs, shm, fault:tcp, fault:verbs or fault:shm; empty = verbs when an "
+          "active RDMA device exists, else tcp"),
     PARAM(emu_delay_us, "EXS_EMU_DELAY_US", "0", UINT, 0,
           "tcp link emulation: one-way delay added per direction, microseconds"),
     PARAM(emu_rate_mbps, "EXS_EMU_RATE_MBPS", "0", UINT, 0,
@@ -418,7 +418,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, provider) && text[0] &&
             strcmp(text, "tcp") != 0 && strcmp(text, "verbs") != 0 &&
-            strcmp(text, "fault:tcp") != 0 && strcmp(text, "fault:verbs") != 0)
+            strcmp(text, "fault:tcp") != 0 && strcmp(text, "fault:verbs") != 0 &&
+            strcmp(text, "shm") != 0 && strcmp(text, "fault:shm") != 0)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, xfer_mode) && strcmp(text, "dynamic") &&
             strcmp(text, "direct") && strcmp(text, "indirect"))

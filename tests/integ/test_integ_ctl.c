@@ -66,10 +66,13 @@ START_TEST(test_ctl_stat_matches_sockopt)
             ck_assert_str_eq(exs__json_get_str(c, "type"), "stream");
             ck_assert_uint_eq(exs__json_get_u64(c, "bytes_sent"), st.bytes_sent);
             ck_assert_ptr_nonnull(strstr(exs__json_get_str(c, "peer"), "127.0.0.1:"));
-            /* what it runs on: "tcp" on tcp (fault:tcp too), "<device>:<port>" on verbs */
+            /* what it runs on: "tcp" on tcp (fault:tcp too), "shm" on shm (fault:shm too),
+             * "<device>:<port>" on verbs */
             const char *dev = exs__json_get_str(c, "device");
             if (strstr(exs__json_get_str(c, "provider"), "tcp")) {
                 ck_assert_str_eq(dev, "tcp");
+            } else if (strstr(exs__json_get_str(c, "provider"), "shm")) {
+                ck_assert_str_eq(dev, "shm");
             } else {
                 const char *colon = strrchr(dev, ':');
 

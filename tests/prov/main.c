@@ -16,6 +16,7 @@ static Suite *(*const suites[])(void) = {
     prov_req_suite,     prov_cq_suite,    prov_limits_suite, prov_keep_suite,
     prov_progress_suite, prov_fault_suite,
     prov_lowat_suite,   prov_close_suite,
+    prov_shm_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

@@ -562,3 +562,13 @@ static int fault_verbs_ctx_open(const struct exs_prov_attr *attr, struct exs_pro
 
 struct exs_prov_ops exs__prov_fault_verbs_ops = FAULT_OPS("fault:verbs", fault_verbs_ctx_open);
 #endif
+
+/* the shm provider under the fault wrapper (exs/prov/shm/, spec/provider-shm.md) */
+extern struct exs_prov_ops exs__prov_fault_shm_ops;
+
+static int fault_shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
+{
+    return exs__fault_ctx_open(&exs__prov_fault_shm_ops, "shm", attr, ctx_p);
+}
+
+struct exs_prov_ops exs__prov_fault_shm_ops = FAULT_OPS("fault:shm", fault_shm_ctx_open);

@@ -1,0 +1,636 @@
+/* SPDX-License-Identifier: MIT */
+/* The shm provider's context: turns of the NIC role, its thread or manual progress, sleeping
+ * with doorbells, the completion and cm queues. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include "exs/prov/shm/shm.h"
+#include "exs/util/counters.h"
+#include "exs/util/log.h"
+#include "exs/util/params.h"
+#include "exs/util/util.h"
+
+/* SHM_TAG_CTX objects (the pointer part of the epoll data) */
+enum { SHM_CTX_BELL = 0, SHM_CTX_TIMER = 4, SHM_CTX_EVFD = 8 };
+
+static const struct exs_counter_desc shm_counter_desc[] = {
+    EXS_COUNTER(struct shm_counters, recs_tx, "requests written into rings"),
+    EXS_COUNTER(struct shm_counters, recs_rx, "requests carried out from rings"),
+    EXS_COUNTER(struct shm_counters, bytes_tx, "payload bytes of requests posted"),
+    EXS_COUNTER(struct shm_counters, bytes_rx, "payload bytes placed or read for peers"),
+    EXS_COUNTER(struct shm_counters, inline_rx, "requests whose payload rode in the ring"),
+    EXS_COUNTER(struct shm_counters, copies, "process_vm_readv / writev calls"),
+    EXS_COUNTER(struct shm_counters, naks_tx, "requests refused (NAK published)"),
+    EXS_COUNTER(struct shm_counters, naks_rx, "NAKs received"),
+    EXS_COUNTER(struct shm_counters, rnr_waits, "receiver-not-ready pauses"),
+    EXS_COUNTER(struct shm_counters, rnr_naks, "receiver-not-ready retries exhausted"),
+    EXS_COUNTER(struct shm_counters, access_errors, "remote access checks failed here"),
+    EXS_COUNTER(struct shm_counters, protocol_errors,
+                "connections ended by a lying peer (ring, answers or handshake)"),
+    EXS_COUNTER(struct shm_counters, flushed_wrs, "work requests completed with WR_FLUSH_ERR"),
+    EXS_COUNTER(struct shm_counters, conns_established, "connections established"),
+    EXS_COUNTER(struct shm_counters, conns_rejected, "connection requests rejected"),
+    EXS_COUNTER(struct shm_counters, conns_unreachable, "connects that failed"),
+    EXS_COUNTER(struct shm_counters, bogus_conns, "incoming connections closed in handshake"),
+    EXS_COUNTER(struct shm_counters, peer_deaths,
+                "connections whose peer process ended (pidfd) or closed the socket"),
+    EXS_COUNTER(struct shm_counters, ring_full, "posts that waited for ring room"),
+    EXS_COUNTER(struct shm_counters, bells_tx, "doorbells written to a sleeping peer"),
+    EXS_COUNTER(struct shm_counters, bells_rx, "doorbells read"),
+    EXS_COUNTER(struct shm_counters, turns, "turns of the NIC role"),
+    EXS_COUNTER(struct shm_counters, sleeps, "sleeps of the NIC thread or armed consumers"),
+};
+
+static void shm_fd_bump(int fd)
+{
+    uint64_t one = 1;
+
+    if (write(fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        EXS_ERR(PROV, "eventfd write: %m");
+}
+
+static void shm_fd_drain(int fd)
+{
+    uint64_t v;
+
+    if (read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        EXS_ERR(PROV, "eventfd read: %m");
+}
+
+void exs__shm_ctx_wake(struct shm_ctx *ctx)
+{
+    shm_fd_bump(ctx->bell);
+}
+
+int exs__shm_epoll_add(struct shm_ctx *ctx, int fd, void *ptr, unsigned tag)
+{
+    struct epoll_event ev = { .events = EPOLLIN };
+
+    ev.data.u64 = (uint64_t)(uintptr_t)ptr | tag;
+    if (tag == SHM_TAG_CONN)
+        ev.events |= EPOLLRDHUP;
+    if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
+        return -errno;
+    return 0;
+}
+
+void exs__shm_epoll_del(struct shm_ctx *ctx, int fd)
+{
+    if (fd >= 0)
+        (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, fd, NULL);
+}
+
+void exs__shm_timer_set(struct shm_ctx *ctx, uint64_t at)
+{
+    struct itimerspec its;
+
+    if (ctx->timer_armed_ns && ctx->timer_armed_ns <= at)
+        return;
+    memset(&its, 0, sizeof(its));
+    its.it_value.tv_sec = (time_t)(at / 1000000000u);
+    its.it_value.tv_nsec = (long)(at % 1000000000u);
+    if (timerfd_settime(ctx->timerfd, TFD_TIMER_ABSTIME, &its, NULL) < 0)
+        EXS_ERR(PROV, "ctx %p: timerfd_settime: %m", (void *)ctx);
+    ctx->timer_armed_ns = at;
+}
+
+/* ---- completion and cm event queues (ctx->lock) ---- */
+
+static void shm_notify_locked(struct shm_ctx *ctx)
+{
+    if (!ctx->armed)
+        return;
+    ctx->armed = 0;
+    ctx->evfd_set = 1;
+    shm_fd_bump(ctx->evfd);
+}
+
+static int shm_cqe_is_recv(const struct exs_prov_cqe *cqe)
+{
+    return cqe->opcode == EXS_PROV_WC_RECV || cqe->opcode == EXS_PROV_WC_RECV_RDMA_WITH_IMM;
+}
+
+static int shm_cq_resize_locked(struct shm_ctx *ctx, uint32_t cap)
+{
+    struct exs_prov_cqe *q = malloc((size_t)cap * sizeof(*q));
+
+    if (!q)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < ctx->cq_count; i++)
+        q[i] = ctx->cq[(ctx->cq_head + i) % ctx->cq_cap];
+    free(ctx->cq);
+    ctx->cq = q;
+    ctx->cq_head = 0;
+    ctx->cq_cap = cap;
+    return 0;
+}
+
+int exs__shm_cq_reserve_locked(struct shm_ctx *ctx, uint64_t n)
+{
+    uint64_t want = ctx->cq_reserved + n;
+    int ret;
+
+    if (want > ctx->base.caps.max_cqe)
+        return -ENOBUFS;
+    if (want > ctx->cq_cap) {
+        ret = shm_cq_resize_locked(
+            ctx, (uint32_t)EXS_MIN(EXS_MAX(want, (uint64_t)ctx->cq_cap * 2),
+                                   (uint64_t)ctx->base.caps.max_cqe));
+        if (ret)
+            return ret;
+    }
+    ctx->cq_reserved = want;
+    return 0;
+}
+
+void exs__shm_cq_unreserve_locked(struct shm_ctx *ctx, uint64_t n)
+{
+    uint64_t cap;
+
+    ctx->cq_reserved -= n;
+    if (ctx->cq_cap <= ctx->cq_cap0 || ctx->cq_reserved * 4 > ctx->cq_cap)
+        return;
+    cap = EXS_MAX(EXS_MAX(ctx->cq_reserved * 2, (uint64_t)ctx->cq_cap0), (uint64_t)ctx->cq_count);
+    if (cap < ctx->cq_cap)
+        (void)shm_cq_resize_locked(ctx, (uint32_t)cap);
+}
+
+void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep,
+                             const struct exs_prov_cqe *cqe)
+{
+    /* cannot be full: every ep reserved what it can produce, posts refuse beyond it */
+    EXS_ASSERT(ctx->cq_count < ctx->cq_cap);
+    ctx->cq[(ctx->cq_head + ctx->cq_count) % ctx->cq_cap] = *cqe;
+    ctx->cq_count++;
+    if (shm_cqe_is_recv(cqe))
+        ep->cq_rq++;
+    else
+        ep->cq_sq++;
+    shm_notify_locked(ctx);
+}
+
+void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev)
+{
+    struct shm_cm_node *n = malloc(sizeof(*n));
+
+    if (!n) {
+        EXS_ERR(PROV, "ctx %p: cm event %s lost: out of memory", (void *)ctx,
+                exs__prov_cm_event_str(ev->type));
+        return;
+    }
+    n->ev = *ev;
+    EXS_DBG(PROV, "shm ctx %p: cm event %s ep %p status %d", (void *)ctx,
+            exs__prov_cm_event_str(ev->type), (void *)ev->ep, ev->status);
+    pthread_mutex_lock(&ctx->lock);
+    exs_list_add_tail(&ctx->cm_events, &n->link);
+    shm_notify_locked(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
+                             const struct exs_prov_listener *lis)
+{
+    struct exs_list *pos, *tmp;
+
+    exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
+        struct shm_cm_node *n = exs_list_entry(pos, struct shm_cm_node, link);
+        int req = n->ev.type == EXS_PROV_CM_CONNECT_REQUEST;
+
+        if ((ep && !req && n->ev.ep == ep) || (lis && req && n->ev.listener == lis)) {
+            exs_list_del(&n->link);
+            free(n);
+        }
+    }
+}
+
+void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op)
+{
+    struct exs_prov_cqe cqe;
+
+    memset(&cqe, 0, sizeof(cqe));
+    cqe.wr_id = wr_id;
+    cqe.ep = &ep->base;
+    cqe.status = EXS_PROV_WC_WR_FLUSH_ERR;
+    cqe.opcode = op;
+    exs__shm_cq_push_locked(ep->ctx, ep, &cqe);
+    EXS_CNT_INC(ep->ctx->cnt.flushed_wrs);
+}
+
+/* ---- turns (nic_lock held) ---- */
+
+static void shm_event(struct shm_ctx *ctx, const struct epoll_event *ev)
+{
+    unsigned tag = (unsigned)(ev->data.u64 & SHM_TAG_MASK);
+    void *p = (void *)(uintptr_t)(ev->data.u64 & ~(uint64_t)SHM_TAG_MASK);
+    uint64_t v;
+
+    switch (tag) {
+    case SHM_TAG_CTX:
+        if ((uintptr_t)p == SHM_CTX_BELL) {
+            EXS_CNT_INC(ctx->cnt.bells_rx);
+            shm_fd_drain(ctx->bell);
+        } else if ((uintptr_t)p == SHM_CTX_TIMER) {
+            if (read(ctx->timerfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                EXS_ERR(PROV, "ctx %p: timerfd read: %m", (void *)ctx);
+            ctx->timer_armed_ns = 0;
+        }
+        /* SHM_CTX_EVFD (MANUAL): for the sleepers, only ctx_arm reads it */
+        break;
+    case SHM_TAG_LIS:
+        exs__shm_listener_ready(p);
+        break;
+    case SHM_TAG_PID: {
+        struct shm_conn *conn = p;
+
+        if (conn->state != SHM_CONN_DEAD)
+            exs__shm_conn_peer_died(conn);
+        break;
+    }
+    default: {
+        struct shm_conn *conn = p;
+
+        if (conn->state != SHM_CONN_DEAD)
+            exs__shm_conn_readable(conn, ev->events);
+        break;
+    }
+    }
+}
+
+/* Every live connection's rings (nic_lock held). */
+static int shm_rings(struct shm_ctx *ctx, int wake_up)
+{
+    struct exs_list *pos, *tmp;
+    int did = 0;
+
+    exs_list_for_each_safe(pos, tmp, &ctx->conns) {
+        struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
+
+        if (conn->state == SHM_CONN_UP) {
+            if (conn->sleeping && wake_up) {
+                conn->sleeping = 0;
+                __atomic_store_n(&conn->mine->sleeping, 0, __ATOMIC_RELAXED);
+            }
+            did += exs__shm_conn_service(conn);
+        }
+        if (conn->state == SHM_CONN_DEAD) {
+            exs_list_del(&conn->link);
+            exs__shm_conn_free(conn);
+        }
+    }
+    return did;
+}
+
+int exs__shm_turn(struct shm_ctx *ctx, int collect)
+{
+    /* the sleeping flags belong to the sleeper: the NIC thread (default mode), or an armed
+     * consumer (MANUAL); another caller's turn leaves them set, or a sleeper would miss
+     * its doorbell */
+    int wake_up;
+    struct epoll_event evs[64];
+    int did = 0, n;
+
+    EXS_CNT_INC(ctx->cnt.turns);
+    if (ctx->manual) {
+        pthread_mutex_lock(&ctx->lock);
+        wake_up = !ctx->armed;
+        pthread_mutex_unlock(&ctx->lock);
+    } else {
+        wake_up = collect == 2;
+    }
+    /* a busy poller's turn that finds work in the rings makes no system call; the
+     * descriptors (doorbell, sockets, pidfds, timer) are read when the rings had nothing
+     * (a turn returns 0 only after looking at everything), every 8th turn, right after a
+     * sleep, and while the last look found some */
+    if (collect == 1 && !ctx->collect_now && (++ctx->turn_seq & 7)) {
+        did = shm_rings(ctx, wake_up);
+        if (did)
+            return did;
+    }
+    if (collect) {
+        n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
+        ctx->collect_now = n > 0;
+        for (int i = 0; i < n; i++) {
+            /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
+            shm_event(ctx, &evs[i]);
+            if (evs[i].data.u64 != ((uint64_t)SHM_CTX_EVFD | SHM_TAG_CTX))
+                did++;
+        }
+    }
+    return did + shm_rings(ctx, wake_up);
+}
+
+/* Before sleeping (nic_lock held): every live ring gets our sleeping flag, then a last
+ * look; 1 when there is work after all (do not sleep). */
+static int shm_prepare_sleep(struct shm_ctx *ctx)
+{
+    struct exs_list *pos;
+    int busy = 0;
+
+    exs_list_for_each(pos, &ctx->conns) {
+        struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
+
+        if (conn->state != SHM_CONN_UP)
+            continue;
+        /* sequentially consistent, as the writers' publications and the look below: in
+         * that one order either our look sees a writer's change or the writer sees the
+         * flag (a store / load pair on each side; no fence, which TSan cannot follow) */
+        conn->sleeping = 1;
+        __atomic_store_n(&conn->mine->sleeping, 1, __ATOMIC_SEQ_CST);
+    }
+    exs_list_for_each(pos, &ctx->conns) {
+        struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
+
+        if (conn->state == SHM_CONN_UP && exs__shm_conn_busy(conn)) {
+            busy = 1;
+            break;
+        }
+    }
+    return busy;
+}
+
+static void *shm_nic_main(void *arg)
+{
+    struct shm_ctx *ctx = arg;
+    struct epoll_event ev;
+    int stop, did, busy;
+
+    for (;;) {
+        pthread_mutex_lock(&ctx->nic_lock);
+        did = exs__shm_turn(ctx, 2);
+        busy = did ? 1 : shm_prepare_sleep(ctx);
+        pthread_mutex_unlock(&ctx->nic_lock);
+        pthread_mutex_lock(&ctx->lock);
+        stop = ctx->stop;
+        pthread_mutex_unlock(&ctx->lock);
+        if (stop)
+            break;
+        if (busy)
+            continue;
+        EXS_CNT_INC(ctx->cnt.sleeps);
+        /* the event is not looked at: the next turn collects it again (level-triggered) */
+        (void)epoll_wait(ctx->epfd, &ev, 1, -1);
+    }
+    return NULL;
+}
+
+static int shm_ctx_progress(struct exs_prov_ctx *c)
+{
+    struct shm_ctx *ctx = shm_ctx_of(c);
+    int did;
+
+    pthread_mutex_lock(&ctx->nic_lock);
+    did = exs__shm_turn(ctx, 1);
+    pthread_mutex_unlock(&ctx->nic_lock);
+    return did > 0;
+}
+
+/* ---- consumer side ---- */
+
+static int shm_ctx_event_fd(struct exs_prov_ctx *c)
+{
+    struct shm_ctx *ctx = shm_ctx_of(c);
+
+    return ctx->manual ? ctx->epfd : ctx->evfd;
+}
+
+static int shm_ctx_arm(struct exs_prov_ctx *c)
+{
+    struct shm_ctx *ctx = shm_ctx_of(c);
+    int busy = 0, ret = 0;
+
+    /* MANUAL: the flags are set and the arm taken under nic_lock in one go, so that no
+     * turn between them takes the flags back from a sleeper (turns read armed) */
+    if (ctx->manual) {
+        pthread_mutex_lock(&ctx->nic_lock);
+        busy = shm_prepare_sleep(ctx);
+    }
+    pthread_mutex_lock(&ctx->lock);
+    if (ctx->evfd_set)
+        shm_fd_drain(ctx->evfd);
+    ctx->evfd_set = 0;
+    /* requests or answers already in a ring are what arrived frames are to tcp: the event
+     * fd becomes readable (our own doorbell), the arm stands */
+    if (busy)
+        exs__shm_ctx_wake(ctx);
+    if (ctx->cq_count || !exs_list_empty(&ctx->cm_events)) {
+        ctx->armed = 0;
+        ret = -EAGAIN;
+    } else {
+        ctx->armed = 1;
+        if (ctx->manual)
+            ctx->collect_now = 1; /* (nic_lock) the next turn, after the sleep, reads them */
+        EXS_CNT_INC(ctx->cnt.sleeps);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (ctx->manual)
+        pthread_mutex_unlock(&ctx->nic_lock);
+    return ret;
+}
+
+static void shm_ctx_disarm(struct exs_prov_ctx *c)
+{
+    struct shm_ctx *ctx = shm_ctx_of(c);
+
+    pthread_mutex_lock(&ctx->lock);
+    ctx->armed = 0;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max)
+{
+    struct shm_ctx *ctx = shm_ctx_of(c);
+    int n = 0;
+
+    if (max <= 0)
+        return max < 0 ? -EINVAL : 0;
+    /* run to completion: a busy poller of the default mode carries out what arrived
+     * itself when the NIC role is free (no thread hop, no doorbell) */
+    if (!ctx->manual && pthread_mutex_trylock(&ctx->nic_lock) == 0) {
+        (void)exs__shm_turn(ctx, 0);
+        pthread_mutex_unlock(&ctx->nic_lock);
+    }
+    pthread_mutex_lock(&ctx->lock);
+    while (n < max && ctx->cq_count) {
+        struct shm_ep *ep = shm_ep_of(ctx->cq[ctx->cq_head].ep);
+
+        if (shm_cqe_is_recv(&ctx->cq[ctx->cq_head]))
+            ep->cq_rq--;
+        else
+            ep->cq_sq--;
+        cqe[n++] = ctx->cq[ctx->cq_head];
+        ctx->cq_head = (ctx->cq_head + 1) % ctx->cq_cap;
+        ctx->cq_count--;
+    }
+    if (ctx->cq_count == 0)
+        ctx->cq_head = 0;
+    pthread_mutex_unlock(&ctx->lock);
+    return n;
+}
+
+static int shm_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
+{
+    struct shm_ctx *ctx = shm_ctx_of(c);
+    struct exs_list *l;
+
+    pthread_mutex_lock(&ctx->lock);
+    l = exs_list_pop_head(&ctx->cm_events);
+    pthread_mutex_unlock(&ctx->lock);
+    if (!l)
+        return 0;
+    *ev = exs_list_entry(l, struct shm_cm_node, link)->ev;
+    free(exs_list_entry(l, struct shm_cm_node, link));
+    return 1;
+}
+
+/* ---- open and close ---- */
+
+static void shm_ctx_free(struct shm_ctx *ctx)
+{
+    struct exs_list *l;
+
+    while ((l = exs_list_pop_head(&ctx->cm_events)) != NULL)
+        free(exs_list_entry(l, struct shm_cm_node, link));
+    if (ctx->epfd >= 0)
+        close(ctx->epfd);
+    if (ctx->bell >= 0)
+        close(ctx->bell);
+    if (ctx->timerfd >= 0)
+        close(ctx->timerfd);
+    if (ctx->evfd >= 0)
+        close(ctx->evfd);
+    free(ctx->cq);
+    pthread_mutex_destroy(&ctx->nic_lock);
+    pthread_mutex_destroy(&ctx->lock);
+    pthread_cond_destroy(&ctx->copy_cond);
+    free(ctx);
+}
+
+static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
+{
+    struct shm_ctx *ctx;
+    int ret = 0;
+
+    exs__params_load();
+    if (attr && (attr->flags & ~(uint32_t)EXS_PROV_ATTR_MANUAL_PROGRESS))
+        return -EINVAL;
+    if (attr && attr->device && attr->device[0] && strcmp(attr->device, "shm") != 0) {
+        EXS_ERR(PROV, "device %s: unknown (the shm provider has one device, shm)", attr->device);
+        return -ENODEV;
+    }
+    ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return -ENOMEM;
+    ctx->epfd = ctx->bell = ctx->timerfd = ctx->evfd = -1;
+    ctx->manual = attr && (attr->flags & EXS_PROV_ATTR_MANUAL_PROGRESS);
+    pthread_mutex_init(&ctx->nic_lock, NULL);
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_cond_init(&ctx->copy_cond, NULL);
+    for (int i = 0; i < SHM_MR_HASH; i++)
+        exs_list_init(&ctx->mr_hash[i]);
+    exs_list_init(&ctx->cm_events);
+    exs_list_init(&ctx->eps);
+    exs_list_init(&ctx->conns);
+    exs_list_init(&ctx->listeners);
+    ctx->base.ops = &exs__prov_shm_ops;
+    ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_INLINE;
+    ctx->base.caps.max_inline = SHM_MAX_INLINE;
+    ctx->base.caps.max_sge = SHM_MAX_SGE;
+    ctx->base.caps.max_send_wr = SHM_MAX_WR;
+    ctx->base.caps.max_recv_wr = SHM_MAX_WR;
+    ctx->base.caps.max_private_data = SHM_PD_MAX;
+    ctx->base.caps.max_msg_size = (uint64_t)EXS_MIN(exs__params.tcp_max_msg, UINT32_MAX);
+    ctx->base.caps.max_cqe = SHM_CQ_MAX;
+    ctx->cq_cap = attr && attr->cq_size ? EXS_MIN(attr->cq_size, SHM_CQ_MAX) : SHM_CQ_SIZE;
+    ctx->cq_cap0 = ctx->cq_cap;
+    ctx->rnr_timer_ms = (uint32_t)EXS_MIN(exs__params.tcp_rnr_timer_ms, 60000);
+    ctx->rnr_retry_max = (uint8_t)EXS_MIN(exs__params.tcp_rnr_retry, 7);
+    ctx->cq = calloc(ctx->cq_cap, sizeof(*ctx->cq));
+    ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+    ctx->bell = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ctx->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ctx->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (!ctx->cq || ctx->epfd < 0 || ctx->bell < 0 || ctx->evfd < 0 || ctx->timerfd < 0)
+        ret = ctx->cq ? -errno : -ENOMEM;
+    if (!ret)
+        ret = exs__shm_epoll_add(ctx, ctx->bell, (void *)(uintptr_t)SHM_CTX_BELL, SHM_TAG_CTX);
+    if (!ret)
+        ret = exs__shm_epoll_add(ctx, ctx->timerfd, (void *)(uintptr_t)SHM_CTX_TIMER,
+                                 SHM_TAG_CTX);
+    if (!ret && ctx->manual)
+        ret = exs__shm_epoll_add(ctx, ctx->evfd, (void *)(uintptr_t)SHM_CTX_EVFD, SHM_TAG_CTX);
+    if (!ret && !ctx->manual) {
+        ret = exs__thread_create(&ctx->thread, "exs-shm-nic", shm_nic_main, ctx);
+        ctx->has_thread = !ret;
+    }
+    if (ret) {
+        EXS_ERR(PROV, "shm ctx open: %s", strerror(-ret));
+        shm_ctx_free(ctx);
+        return ret;
+    }
+    ctx->cset.name = "prov.shm";
+    ctx->cset.desc = shm_counter_desc;
+    ctx->cset.count = EXS_ARRAY_SIZE(shm_counter_desc);
+    ctx->cset.base = &ctx->cnt;
+    exs__counters_register(&ctx->cset);
+    *ctx_p = &ctx->base;
+    return 0;
+}
+
+static void shm_ctx_close(struct exs_prov_ctx *c)
+{
+    struct shm_ctx *ctx = shm_ctx_of(c);
+    struct exs_list *l;
+
+    if (!ctx)
+        return;
+    if (!exs_list_empty(&ctx->eps))
+        EXS_WARN(PROV, "shm ctx %p: closed with endpoints left", (void *)ctx);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->stop = 1;
+    pthread_mutex_unlock(&ctx->lock);
+    if (ctx->has_thread) {
+        exs__shm_ctx_wake(ctx);
+        pthread_join(ctx->thread, NULL);
+    }
+    /* connections of destroyed eps still in their handshake or pending */
+    while ((l = exs_list_pop_head(&ctx->conns)) != NULL)
+        exs__shm_conn_free(exs_list_entry(l, struct shm_conn, link));
+    exs__counters_unregister(&ctx->cset);
+    shm_ctx_free(ctx);
+}
+
+struct exs_prov_ops exs__prov_shm_ops = {
+    .name = "shm",
+    .ctx_open = shm_ctx_open,
+    .ctx_close = shm_ctx_close,
+    .ctx_event_fd = shm_ctx_event_fd,
+    .ctx_arm = shm_ctx_arm,
+    .ctx_disarm = shm_ctx_disarm,
+    .ctx_progress = shm_ctx_progress,
+    .ctx_poll = shm_ctx_poll,
+    .ctx_cm_poll = shm_ctx_cm_poll,
+    .mr_reg = exs__shm_mr_reg,
+    .mr_dereg = exs__shm_mr_dereg,
+    .grant = exs__shm_grant,
+    .revoke = exs__shm_revoke,
+    .ep_create = exs__shm_ep_create,
+    .ep_destroy = exs__shm_ep_destroy,
+    .ep_state = exs__shm_ep_state,
+    .ep_local_addr = exs__shm_ep_local_addr,
+    .listen = exs__shm_listen,
+    .listener_addr = exs__shm_listener_addr,
+    .listener_destroy = exs__shm_listener_destroy,
+    .listener_pause = exs__shm_listener_pause,
+    .connect = exs__shm_connect,
+    .accept = exs__shm_accept,
+    .reject = exs__shm_reject,
+    .disconnect = exs__shm_disconnect,
+    .post_recv = exs__shm_post_recv,
+    .post_send = exs__shm_post_send,
+};

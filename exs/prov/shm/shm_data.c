@@ -1,0 +1,852 @@
+/* SPDX-License-Identifier: MIT */
+/* The shm provider's data path: posting into the ring, carrying out the peer's requests (one
+ * copy, checked against the grant), taking the peer's answers, receiver-not-ready. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "exs/prov/shm/shm.h"
+#include "exs/util/counters.h"
+#include "exs/util/log.h"
+#include "exs/util/util.h"
+
+#define SHM_RING_MASK ((uint64_t)SHM_RING_BYTES - 1)
+
+#if defined(__SANITIZE_THREAD__)
+int exs__shm_tsan_token;
+#endif
+
+static uint32_t shm_roundup(uint32_t n)
+{
+    return (n + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
+}
+
+/* Reads of the peer's memory are taken once into locals: no later use reads it again. */
+#define SHM_ONCE() __asm__ __volatile__("" ::: "memory")
+
+static void shm_ring_put(uint8_t *ring, uint64_t pos, const void *src, uint32_t len)
+{
+    uint32_t off = (uint32_t)(pos & SHM_RING_MASK), first = EXS_MIN(len, SHM_RING_BYTES - off);
+
+    memcpy(ring + off, src, first);
+    if (first < len)
+        memcpy(ring, (const uint8_t *)src + first, len - first);
+}
+
+static void shm_ring_get(void *dst, const uint8_t *ring, uint64_t pos, uint32_t len)
+{
+    uint32_t off = (uint32_t)(pos & SHM_RING_MASK), first = EXS_MIN(len, SHM_RING_BYTES - off);
+
+    memcpy(dst, ring + off, first);
+    if (first < len)
+        memcpy((uint8_t *)dst + first, ring, len - first);
+}
+
+/* iovecs for bytes [off, off+limit) of n (addr, len) pairs; returns the count. */
+static int shm_iov_slice(struct iovec *iov, int max, const struct shm_rsge *seg, int n,
+                         uint64_t off, uint64_t limit)
+{
+    int k = 0;
+
+    for (int i = 0; i < n && k < max && limit; i++) {
+        uint64_t l = seg[i].len;
+
+        if (off >= l) {
+            off -= l;
+            continue;
+        }
+        l = EXS_MIN(l - off, limit);
+        iov[k].iov_base = (void *)(uintptr_t)(seg[i].addr + off);
+        iov[k].iov_len = (size_t)l;
+        k++;
+        limit -= l;
+        off = 0;
+    }
+    return k;
+}
+
+static int shm_sge_to_rsge(struct shm_rsge *r, const struct exs_prov_sge *sge, int n)
+{
+    int k = 0;
+
+    for (int i = 0; i < n; i++)
+        if (sge[i].length) {
+            r[k].addr = sge[i].addr;
+            r[k].len = sge[i].length;
+            k++;
+        }
+    return k;
+}
+
+void exs__shm_conn_kick(struct shm_conn *conn)
+{
+    uint64_t one = 1;
+
+    /* after a sequentially consistent publication (head, ack, tail, nak): see
+     * shm_prepare_sleep */
+    if (conn->bell >= 0 && __atomic_load_n(&conn->peer->sleeping, __ATOMIC_SEQ_CST)) {
+        EXS_CNT_INC(conn->ctx->cnt.bells_tx);
+        if (write(conn->bell, &one, sizeof(one)) < 0 && errno != EAGAIN)
+            EXS_DBG(PROV, "shm conn %p: bell: %m", (void *)conn);
+    }
+}
+
+/* ---- completions of our requests ---- */
+
+static enum exs_prov_wc_opcode shm_wc_opcode(uint8_t opcode)
+{
+    switch (opcode) {
+    case EXS_PROV_WR_RDMA_WRITE:
+    case EXS_PROV_WR_RDMA_WRITE_WITH_IMM:
+        return EXS_PROV_WC_RDMA_WRITE;
+    case EXS_PROV_WR_RDMA_READ:
+        return EXS_PROV_WC_RDMA_READ;
+    default:
+        return EXS_PROV_WC_SEND;
+    }
+}
+
+/* ctx->lock held: wr (unlinked) is done with st; slots retire as on verbs. */
+static void shm_wr_done_locked(struct shm_ep *ep, struct shm_wr *wr, enum exs_prov_wc_status st)
+{
+    struct exs_prov_cqe cqe;
+
+    if (st != EXS_PROV_WC_SUCCESS)
+        ep->state = EXS_PROV_EP_ERROR; /* before anyone can poll the error */
+    if (st != EXS_PROV_WC_SUCCESS || wr->signaled) {
+        memset(&cqe, 0, sizeof(cqe));
+        cqe.wr_id = wr->wr_id;
+        cqe.ep = &ep->base;
+        cqe.status = st;
+        cqe.opcode = shm_wc_opcode(wr->opcode);
+        cqe.byte_len = st == EXS_PROV_WC_SUCCESS ? wr->len : 0;
+        exs__shm_cq_push_locked(ep->ctx, ep, &cqe);
+        ep->sq_used -= 1 + ep->sq_unretired;
+        ep->sq_unretired = 0;
+    } else {
+        ep->sq_unretired++;
+    }
+    if (wr->opcode == EXS_PROV_WR_RDMA_READ && ep->reads_out)
+        ep->reads_out--;
+    free(wr);
+}
+
+/* ---- posting ---- */
+
+/* ctx->lock held: the peer's consumed position, checked; -EPROTO when it lies. */
+static int shm_peer_tail_locked(struct shm_conn *conn, uint64_t *tail_p)
+{
+    uint64_t t = __atomic_load_n(&conn->peer->tail, __ATOMIC_ACQUIRE);
+
+    SHM_TSAN_ACQUIRE();
+
+    if (t - conn->peer_tail > conn->head - conn->peer_tail || t % SHM_SLOT)
+        return -EPROTO;
+    conn->peer_tail = t;
+    *tail_p = t;
+    return 0;
+}
+
+/* ctx->lock held: write wr as a record at conn->head; 0, or -ENOSPC without room. */
+static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
+                         uint64_t tail)
+{
+    struct shm_rsge rs[SHM_MAX_SGE];
+    struct shm_rec rec;
+    int inl = wr->opcode != EXS_PROV_WR_RDMA_READ && (wr->inl || wr->len <= SHM_RING_INLINE);
+    int nrs = inl ? 0 : shm_sge_to_rsge(rs, wr->sge, wr->num_sge);
+    uint32_t size = shm_roundup(SHM_REC_HDR + (inl ? wr->len : (uint32_t)(nrs * sizeof(rs[0]))));
+    uint64_t pos;
+
+    if (conn->head - tail + size > SHM_RING_BYTES)
+        return -ENOSPC;
+    memset(&rec, 0, sizeof(rec));
+    switch (wr->opcode) {
+    case EXS_PROV_WR_SEND_WITH_IMM:
+        rec.flags = SHM_RF_IMM;
+        /* fall through */
+    case EXS_PROV_WR_SEND:
+        rec.type = SHM_REC_SEND;
+        break;
+    case EXS_PROV_WR_RDMA_WRITE_WITH_IMM:
+        rec.flags = SHM_RF_IMM;
+        /* fall through */
+    case EXS_PROV_WR_RDMA_WRITE:
+        rec.type = SHM_REC_WRITE;
+        break;
+    default:
+        rec.type = SHM_REC_READ;
+        break;
+    }
+    if (inl)
+        rec.flags |= SHM_RF_INLINE;
+    rec.nsge = (uint8_t)nrs;
+    rec.psn = ep->snd_nxt;
+    rec.len = wr->len;
+    rec.imm = wr->imm;
+    rec.raddr = wr->raddr;
+    rec.rkey = wr->rkey;
+    rec.size = size;
+    pos = conn->head;
+    shm_ring_put(conn->tx_ring, pos, &rec, sizeof(rec));
+    pos += SHM_REC_HDR;
+    if (wr->inl) {
+        shm_ring_put(conn->tx_ring, pos, &wr->sge[wr->num_sge], wr->len);
+    } else if (inl) {
+        for (int i = 0; i < wr->num_sge; i++) {
+            if (!wr->sge[i].length)
+                continue;
+            shm_ring_put(conn->tx_ring, pos, (const void *)(uintptr_t)wr->sge[i].addr,
+                         wr->sge[i].length);
+            pos += wr->sge[i].length;
+        }
+    } else if (nrs) {
+        shm_ring_put(conn->tx_ring, pos, rs, (uint32_t)(nrs * sizeof(rs[0])));
+    }
+    wr->psn = ep->snd_nxt++;
+    conn->head += size;
+    SHM_TSAN_RELEASE();
+    __atomic_store_n(&conn->mine->head, conn->head, __ATOMIC_SEQ_CST);
+    EXS_CNT_INC(ep->ctx->cnt.recs_tx);
+    EXS_CNT_ADD(ep->ctx->cnt.bytes_tx, wr->len);
+    return 0;
+}
+
+void exs__shm_ep_push_locked(struct shm_ep *ep)
+{
+    struct shm_conn *conn = ep->conn;
+    uint64_t tail;
+    int n = 0;
+
+    /* ep->conn and ep->state change under ctx->lock (conn->state is the NIC's) */
+    if (!conn || ep->state != EXS_PROV_EP_CONNECTED || exs_list_empty(&ep->sq_pend))
+        return;
+    if (shm_peer_tail_locked(conn, &tail)) {
+        conn->kick = -1; /* the turn ends it: a protocol error */
+        return;
+    }
+    while (!exs_list_empty(&ep->sq_pend)) {
+        struct shm_wr *wr = exs_list_entry(ep->sq_pend.next, struct shm_wr, link);
+
+        if (wr->bad || (wr->fence && ep->reads_out) ||
+            (wr->opcode == EXS_PROV_WR_RDMA_READ && ep->reads_out >= SHM_MAX_RD))
+            break;
+        if (shm_rec_write(conn, ep, wr, tail)) {
+            EXS_CNT_INC(ep->ctx->cnt.ring_full);
+            break;
+        }
+        if (wr->opcode == EXS_PROV_WR_RDMA_READ)
+            ep->reads_out++;
+        exs_list_del(&wr->link);
+        exs_list_add_tail(&ep->sq, &wr->link);
+        n++;
+    }
+    if (n)
+        exs__shm_conn_kick(conn);
+}
+
+int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr)
+{
+    struct shm_ep *ep = shm_ep_of(e);
+    struct shm_ctx *ctx = ep->ctx;
+    const struct exs_prov_caps *caps = &ctx->base.caps;
+    struct shm_wr *wr;
+    uint64_t total = 0;
+    int inl, wake = 0;
+
+    if (EXS_UNLIKELY(!swr || (unsigned)swr->opcode > EXS_PROV_WR_RDMA_READ ||
+                     swr->num_sge < 0 || (uint32_t)swr->num_sge > caps->max_sge ||
+                     (swr->num_sge && !swr->sg_list)))
+        return -EINVAL;
+    for (int i = 0; i < swr->num_sge; i++)
+        total += swr->sg_list[i].length;
+    inl = (swr->flags & EXS_PROV_SEND_INLINE) && swr->opcode != EXS_PROV_WR_RDMA_READ;
+    if (EXS_UNLIKELY(total > caps->max_msg_size || (inl && total > ep->base.attr.max_inline)))
+        return -EINVAL;
+    wr = malloc(sizeof(*wr) + (size_t)swr->num_sge * sizeof(wr->sge[0]) + (inl ? total : 0));
+    if (!wr)
+        return -ENOMEM;
+    wr->wr_id = swr->wr_id;
+    wr->opcode = (uint8_t)swr->opcode;
+    wr->signaled = !!(swr->flags & EXS_PROV_SEND_SIGNALED);
+    wr->fence = !!(swr->flags & EXS_PROV_SEND_FENCE);
+    wr->inl = (uint8_t)inl;
+    wr->bad = 0;
+    wr->num_sge = swr->num_sge;
+    wr->len = (uint32_t)total;
+    wr->imm = swr->imm_data;
+    wr->raddr = swr->remote_addr;
+    wr->rkey = swr->rkey;
+    wr->psn = 0;
+    if (swr->num_sge)
+        memcpy(wr->sge, swr->sg_list, (size_t)swr->num_sge * sizeof(wr->sge[0]));
+    if (inl) {
+        uint8_t *p = (uint8_t *)&wr->sge[wr->num_sge];
+
+        for (int i = 0; i < swr->num_sge; i++) {
+            memcpy(p, (const void *)(uintptr_t)swr->sg_list[i].addr, swr->sg_list[i].length);
+            p += swr->sg_list[i].length;
+        }
+    }
+
+    pthread_mutex_lock(&ctx->lock);
+    if (!inl && exs__shm_check_local_locked(ctx, wr->sge, wr->num_sge,
+                                            swr->opcode == EXS_PROV_WR_RDMA_READ
+                                                ? EXS_PROV_ACCESS_LOCAL_WRITE : 0))
+        wr->bad = 1;
+    if (EXS_UNLIKELY(ep->state == EXS_PROV_EP_IDLE || ep->state == EXS_PROV_EP_CONNECTING)) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(wr);
+        return -ENOTCONN;
+    }
+    if (EXS_UNLIKELY(ep->sq_used + ep->cq_sq >= ep->base.attr.max_send_wr)) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(wr);
+        return -ENOMEM;
+    }
+    if (EXS_UNLIKELY(ep->state == EXS_PROV_EP_ERROR)) {
+        exs__shm_flush_cqe_locked(ep, wr->wr_id, shm_wc_opcode(wr->opcode));
+        pthread_mutex_unlock(&ctx->lock);
+        free(wr);
+        return 0;
+    }
+    ep->sq_used++;
+    exs_list_add_tail(&ep->sq_pend, &wr->link);
+    exs__shm_ep_push_locked(ep);
+    /* a bad request or a lying peer is for the driver's turn */
+    wake = wr->bad || (ep->conn && ep->conn->kick < 0);
+    pthread_mutex_unlock(&ctx->lock);
+    if (wake)
+        exs__shm_ctx_wake(ctx);
+    return 0;
+}
+
+int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
+{
+    struct shm_ep *ep = shm_ep_of(e);
+    struct shm_ctx *ctx = ep->ctx;
+    struct shm_rwr *rwr;
+    uint64_t total = 0;
+
+    if (!in || in->num_sge < 0 || (uint32_t)in->num_sge > ctx->base.caps.max_sge ||
+        (in->num_sge && !in->sg_list))
+        return -EINVAL;
+    for (int i = 0; i < in->num_sge; i++)
+        total += in->sg_list[i].length;
+    rwr = malloc(sizeof(*rwr) + (size_t)in->num_sge * sizeof(rwr->sge[0]));
+    if (!rwr)
+        return -ENOMEM;
+    rwr->wr_id = in->wr_id;
+    rwr->num_sge = in->num_sge;
+    rwr->len = total;
+    if (in->num_sge)
+        memcpy(rwr->sge, in->sg_list, (size_t)in->num_sge * sizeof(rwr->sge[0]));
+    pthread_mutex_lock(&ctx->lock);
+    rwr->bad = exs__shm_check_local_locked(ctx, rwr->sge, rwr->num_sge,
+                                           EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
+    if (ep->rq_count + ep->cq_rq >= ep->base.attr.max_recv_wr) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(rwr);
+        return -ENOMEM;
+    }
+    if (ep->state == EXS_PROV_EP_ERROR) {
+        exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
+        pthread_mutex_unlock(&ctx->lock);
+        free(rwr);
+        return 0;
+    }
+    ep->rq_count++;
+    exs_list_add_tail(&ep->rq, &rwr->link);
+    pthread_mutex_unlock(&ctx->lock);
+    return 0;
+}
+
+/* ---- the requester's side: answers ---- */
+
+static enum exs_prov_wc_status shm_syn_status(uint32_t syn)
+{
+    switch (syn) {
+    case SHM_SYN_RNR_EXC:
+        return EXS_PROV_WC_RNR_RETRY_EXC_ERR;
+    case SHM_SYN_REM_ACCESS:
+        return EXS_PROV_WC_REM_ACCESS_ERR;
+    case SHM_SYN_REM_INV:
+        return EXS_PROV_WC_REM_INV_REQ_ERR;
+    default:
+        return EXS_PROV_WC_REM_OP_ERR;
+    }
+}
+
+static void shm_proto_error(struct shm_conn *conn, const char *what)
+{
+    EXS_CNT_INC(conn->ctx->cnt.protocol_errors);
+    EXS_WARN(PROV, "shm conn %p (peer pid %d): %s: protocol error, connection ended",
+             (void *)conn, (int)conn->pid, what);
+    exs__shm_conn_end(conn, -EPROTO, 0, 1);
+}
+
+/* Take the peer's ack and nak: complete our requests in order. > 0 when any completed. */
+static int shm_take_answers(struct shm_conn *conn)
+{
+    struct shm_ctx *ctx = conn->ctx;
+    struct shm_ep *ep = conn->ep;
+    uint32_t syn = conn->nak_seen ? 0 : __atomic_load_n(&conn->peer->nak_syn, __ATOMIC_ACQUIRE);
+    uint32_t ack = __atomic_load_n(&conn->peer->ack, __ATOMIC_ACQUIRE);
+    uint32_t npsn = syn ? __atomic_load_n(&conn->peer->nak_psn, __ATOMIC_RELAXED) : 0;
+    const char *bad = NULL;
+    int did = 0, end = 0;
+
+    SHM_ONCE();
+    if (ack == conn->acked && !syn)
+        return 0;
+    SHM_TSAN_ACQUIRE();
+    pthread_mutex_lock(&ctx->lock);
+    if (ack - conn->acked > ep->snd_nxt - conn->acked)
+        bad = "ack beyond the requests sent";
+    else if (syn && (syn > SHM_SYN_REM_OP || npsn != ack || npsn == ep->snd_nxt))
+        bad = "nak of a request not outstanding";
+    while (!bad && conn->acked != ack) {
+        struct shm_wr *wr = exs_list_entry(ep->sq.next, struct shm_wr, link);
+
+        exs_list_del(&wr->link);
+        shm_wr_done_locked(ep, wr, EXS_PROV_WC_SUCCESS);
+        conn->acked++;
+        did++;
+    }
+    if (!bad && syn) {
+        struct shm_wr *wr = exs_list_entry(ep->sq.next, struct shm_wr, link);
+
+        conn->nak_seen = 1;
+        EXS_CNT_INC(ctx->cnt.naks_rx);
+        exs_list_del(&wr->link);
+        shm_wr_done_locked(ep, wr, shm_syn_status(syn));
+        did++;
+        if (syn == SHM_SYN_RNR_EXC) {
+            /* the connection stays until a disconnect; our ep is in error, and what the
+             * peer still sends is dropped (as tcp) */
+            conn->zombie = 1;
+            conn->rx_drop = 1;
+            ep->state = EXS_PROV_EP_ERROR;
+            exs__shm_ep_flush_locked(ep);
+        } else {
+            end = 1;
+        }
+    }
+    if (!bad && !end && did)
+        exs__shm_ep_push_locked(ep);
+    pthread_mutex_unlock(&ctx->lock);
+    if (bad)
+        shm_proto_error(conn, bad);
+    else if (end)
+        exs__shm_conn_end(conn, -ECONNABORTED, 0, 0);
+    return did;
+}
+
+/* A bad request at the head of the send queue (its sges failed the local check): it
+ * completes LOC_PROT_ERR once every request before it is done, and the connection ends. */
+static int shm_bad_head(struct shm_conn *conn)
+{
+    struct shm_ctx *ctx = conn->ctx;
+    struct shm_ep *ep = conn->ep;
+    int bad = 0;
+
+    pthread_mutex_lock(&ctx->lock);
+    if (exs_list_empty(&ep->sq) && !exs_list_empty(&ep->sq_pend)) {
+        struct shm_wr *wr = exs_list_entry(ep->sq_pend.next, struct shm_wr, link);
+
+        if (wr->bad) {
+            exs_list_del(&wr->link);
+            shm_wr_done_locked(ep, wr, EXS_PROV_WC_LOC_PROT_ERR);
+            bad = 1;
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (bad)
+        exs__shm_conn_end(conn, -ECONNABORTED, 0, 1);
+    return bad;
+}
+
+/* ---- the responder's side: requests ---- */
+
+static void shm_publish_nak(struct shm_conn *conn, uint32_t psn, uint32_t syn)
+{
+    EXS_CNT_INC(conn->ctx->cnt.naks_tx);
+    SHM_TSAN_RELEASE();
+    __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_RELEASE);
+    __atomic_store_n(&conn->mine->nak_psn, psn, __ATOMIC_RELAXED);
+    __atomic_store_n(&conn->mine->nak_syn, syn, __ATOMIC_SEQ_CST);
+    exs__shm_conn_kick(conn);
+}
+
+/* Refuse the request (syndrome), ending the connection (-ECONNABORTED). */
+static int shm_refuse(struct shm_conn *conn, uint32_t psn, uint32_t syn)
+{
+    shm_publish_nak(conn, psn, syn);
+    exs__shm_conn_end(conn, -ECONNABORTED, 0, 0);
+    return -1;
+}
+
+static void shm_recv_done(struct shm_conn *conn, struct shm_rwr *rwr,
+                          enum exs_prov_wc_status st, enum exs_prov_wc_opcode op, uint32_t len,
+                          const struct shm_rec *rec)
+{
+    struct shm_ctx *ctx = conn->ctx;
+    struct shm_ep *ep = conn->ep;
+    struct exs_prov_cqe cqe;
+
+    memset(&cqe, 0, sizeof(cqe));
+    cqe.wr_id = rwr->wr_id;
+    cqe.ep = &ep->base;
+    cqe.status = st;
+    cqe.opcode = op;
+    if (st == EXS_PROV_WC_SUCCESS) {
+        cqe.byte_len = len;
+        if (rec->flags & SHM_RF_IMM) {
+            cqe.imm_data = rec->imm;
+            cqe.flags = EXS_PROV_WC_WITH_IMM;
+        }
+    }
+    pthread_mutex_lock(&ctx->lock);
+    if (st != EXS_PROV_WC_SUCCESS)
+        ep->state = EXS_PROV_EP_ERROR;
+    ep->rq_count--;
+    exs__shm_cq_push_locked(ctx, ep, &cqe);
+    pthread_mutex_unlock(&ctx->lock);
+    free(rwr);
+}
+
+/* A receive taken for a request that failed goes back to the head of the queue (the
+ * connection ends and flushes it in order). */
+static void shm_recv_back(struct shm_conn *conn, struct shm_rwr *rwr)
+{
+    if (!rwr)
+        return;
+    pthread_mutex_lock(&conn->ctx->lock);
+    exs_list_add_head(&conn->ep->rq, &rwr->link);
+    pthread_mutex_unlock(&conn->ctx->lock);
+}
+
+/* A receive for the request: 1 got it, 0 holding (RNR), -1 refused (NAK published). */
+static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec, struct shm_rwr **rwr_p)
+{
+    struct shm_ctx *ctx = conn->ctx;
+    struct shm_ep *ep = conn->ep;
+    struct exs_list *l;
+    uint32_t ms;
+
+    pthread_mutex_lock(&ctx->lock);
+    l = exs_list_pop_head(&ep->rq);
+    pthread_mutex_unlock(&ctx->lock);
+    if (l) {
+        *rwr_p = exs_list_entry(l, struct shm_rwr, link);
+        conn->rnr_tries = 0;
+        conn->rnr_at = 0;
+        return 1;
+    }
+    if (conn->rnr_at && exs__now_ns() < conn->rnr_at) {
+        exs__shm_timer_set(ctx, conn->rnr_at); /* the timer may have fired for another */
+        return 0;
+    }
+    if (conn->peer_rnr_retry >= 7 || conn->rnr_tries < conn->peer_rnr_retry) {
+        conn->rnr_tries++;
+        EXS_CNT_INC(ctx->cnt.rnr_waits);
+        ms = ep->base.attr.rnr_timer_ms ? ep->base.attr.rnr_timer_ms : ctx->rnr_timer_ms;
+        ms = EXS_MAX(ms, (uint32_t)conn->peer_rnr_timer_ms);
+        conn->rnr_at = exs__now_ns() + (ms ? ms * 1000000ull : 100000ull);
+        exs__shm_timer_set(ctx, conn->rnr_at);
+        return 0;
+    }
+    EXS_CNT_INC(ctx->cnt.rnr_naks);
+    conn->rnr_at = 0;
+    conn->rnr_tries = 0;
+    conn->rx_drop = 1;
+    shm_publish_nak(conn, rec->psn, SHM_SYN_RNR_EXC);
+    return -1;
+}
+
+/* One process_vm call for bytes [off, off+n) of local segment lseg and remote rs. */
+static int shm_copy(struct shm_conn *conn, int to_peer, const struct shm_rsge *lseg, int nl,
+                    const struct shm_rsge *rs, int nr, uint64_t off, uint64_t n)
+{
+    struct iovec liov[SHM_MAX_SGE], riov[SHM_MAX_SGE];
+    int a = shm_iov_slice(liov, SHM_MAX_SGE, lseg, nl, off, n);
+    int b = shm_iov_slice(riov, SHM_MAX_SGE, rs, nr, off, n);
+    ssize_t got;
+
+    EXS_CNT_INC(conn->ctx->cnt.copies);
+    got = to_peer ? process_vm_writev(conn->pid, liov, (unsigned long)a, riov, (unsigned long)b, 0)
+                  : process_vm_readv(conn->pid, liov, (unsigned long)a, riov, (unsigned long)b, 0);
+    if (got == (ssize_t)n)
+        return 0;
+    return got < 0 && errno == ESRCH ? -ESRCH : -EFAULT;
+}
+
+/* Move len bytes between our memory (lseg) and the request's payload: the ring (inline,
+ * at pos) or the peer's memory (rs), in chunks; key (when not NULL) is fenced and
+ * re-checked between chunks. 0, -EACCES (revoked meanwhile: the fence is down), -ESRCH,
+ * -EFAULT. */
+static int shm_move(struct shm_conn *conn, int to_peer, const struct shm_rsge *lseg, int nl,
+                    const struct shm_rsge *rs, int nr, uint64_t pos, uint32_t len,
+                    struct shm_key *key)
+{
+    uint64_t off = 0;
+
+    if (!rs) {
+        for (int i = 0; i < nl; i++) {
+            shm_ring_get((void *)(uintptr_t)lseg[i].addr, conn->rx_ring, pos + off,
+                         (uint32_t)lseg[i].len);
+            off += lseg[i].len;
+        }
+        EXS_CNT_INC(conn->ctx->cnt.inline_rx);
+        return 0;
+    }
+    while (off < len) {
+        uint64_t n = EXS_MIN((uint64_t)len - off, (uint64_t)SHM_COPY_CHUNK);
+        int ret;
+
+        if (off && key && exs__shm_fence_next(conn->ctx, key))
+            return -EACCES;
+        ret = shm_copy(conn, to_peer, lseg, nl, rs, nr, off, n);
+        if (ret)
+            return ret;
+        off += n;
+    }
+    return 0;
+}
+
+/* The copy failed: the peer died (-ESRCH) or lied about its memory. */
+static int shm_copy_failed(struct shm_conn *conn, int ret)
+{
+    if (ret == -ESRCH)
+        exs__shm_conn_peer_died(conn);
+    else
+        shm_proto_error(conn, "request names memory the peer does not have");
+    return -1;
+}
+
+/* Carry out one request. 1 done, 0 holding (RNR), -1 the connection ended or dropping. */
+static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const struct shm_rsge *rs,
+                      int nrs, uint64_t pos)
+{
+    struct shm_ctx *ctx = conn->ctx;
+    struct shm_rsge lseg[SHM_MAX_SGE];
+    struct shm_rwr *rwr = NULL;
+    struct shm_key *key = NULL;
+    const struct shm_rsge *src = (rec->flags & SHM_RF_INLINE) ? NULL : rs;
+    int ret, nl;
+
+    if (rec->type == SHM_REC_SEND || (rec->flags & SHM_RF_IMM)) {
+        ret = shm_take_recv(conn, rec, &rwr);
+        if (ret <= 0)
+            return ret;
+        if (rwr->bad) {
+            shm_recv_done(conn, rwr, EXS_PROV_WC_LOC_PROT_ERR, EXS_PROV_WC_RECV, 0, rec);
+            return shm_refuse(conn, rec->psn, SHM_SYN_REM_OP);
+        }
+    }
+    if (rec->type == SHM_REC_SEND) {
+        if (rec->len > rwr->len) {
+            shm_recv_done(conn, rwr, EXS_PROV_WC_LOC_LEN_ERR, EXS_PROV_WC_RECV, 0, rec);
+            return shm_refuse(conn, rec->psn, SHM_SYN_REM_INV);
+        }
+        nl = 0;
+        for (uint64_t left = rec->len; left && nl < rwr->num_sge; nl++) {
+            lseg[nl].addr = rwr->sge[nl].addr;
+            lseg[nl].len = EXS_MIN((uint64_t)rwr->sge[nl].length, left);
+            left -= lseg[nl].len;
+        }
+        ret = shm_move(conn, 0, lseg, nl, src, nrs, pos, rec->len, NULL);
+        if (ret) {
+            shm_recv_back(conn, rwr);
+            return shm_copy_failed(conn, ret);
+        }
+        shm_recv_done(conn, rwr, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, rec->len, rec);
+        EXS_CNT_ADD(ctx->cnt.bytes_rx, rec->len);
+        return 1;
+    }
+    /* WRITE (with or without a receive) or READ: the key, then one copy under the fence */
+    if (rec->len) {
+        unsigned acc = rec->type == SHM_REC_WRITE ? EXS_PROV_ACCESS_REMOTE_WRITE
+                                                  : EXS_PROV_ACCESS_REMOTE_READ;
+
+        if (exs__shm_fence_remote(ctx, conn->ep, rec->rkey, rec->raddr, rec->len, acc, &key)) {
+            EXS_CNT_INC(ctx->cnt.access_errors);
+            shm_recv_back(conn, rwr);
+            return shm_refuse(conn, rec->psn, SHM_SYN_REM_ACCESS);
+        }
+        lseg[0].addr = rec->raddr;
+        lseg[0].len = rec->len;
+        ret = shm_move(conn, rec->type == SHM_REC_READ, lseg, 1, src, nrs, pos, rec->len, key);
+        if (ret != -EACCES)
+            exs__shm_fence_end(ctx);
+        if (ret) {
+            shm_recv_back(conn, rwr);
+            if (ret == -EACCES) {
+                EXS_CNT_INC(ctx->cnt.access_errors);
+                return shm_refuse(conn, rec->psn, SHM_SYN_REM_ACCESS);
+            }
+            return shm_copy_failed(conn, ret);
+        }
+        EXS_CNT_ADD(ctx->cnt.bytes_rx, rec->len);
+    }
+    if (rwr)
+        shm_recv_done(conn, rwr, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV_RDMA_WITH_IMM, rec->len,
+                      rec);
+    return 1;
+}
+
+/* Check a record header read from the ring (a local copy) against what is available. */
+static const char *shm_rec_check(const struct shm_conn *conn, const struct shm_rec *rec,
+                                 uint64_t avail)
+{
+    uint32_t want;
+
+    if (rec->size < SHM_SLOT || rec->size % SHM_SLOT || rec->size > avail ||
+        rec->size > shm_roundup(SHM_REC_MAX))
+        return "record size";
+    if (rec->psn != conn->rcv_nxt)
+        return "record sequence";
+    if (rec->type < SHM_REC_SEND || rec->type > SHM_REC_READ || rec->rsvd ||
+        (rec->flags & ~(SHM_RF_IMM | SHM_RF_INLINE)) ||
+        (rec->type == SHM_REC_READ && (rec->flags & (SHM_RF_IMM | SHM_RF_INLINE))))
+        return "record type or flags";
+    if (rec->len > conn->ctx->base.caps.max_msg_size)
+        return "record length";
+    if (rec->flags & SHM_RF_INLINE) {
+        if (rec->nsge || rec->len > SHM_RING_INLINE)
+            return "inline record";
+        want = shm_roundup(SHM_REC_HDR + rec->len);
+    } else {
+        if (rec->nsge > SHM_MAX_SGE)
+            return "record sges";
+        want = shm_roundup(SHM_REC_HDR + rec->nsge * (uint32_t)sizeof(struct shm_rsge));
+    }
+    return rec->size == want ? NULL : "record size";
+}
+
+/* Carry out the peer's requests; > 0 when any was. */
+static int shm_take_requests(struct shm_conn *conn)
+{
+    struct shm_rsge rs[SHM_MAX_SGE];
+    struct shm_rec rec;
+    const char *bad = NULL;
+    uint64_t head, sum;
+    int did = 0, ret = 1;
+
+    for (unsigned i = 0; i < SHM_TURN_RECS && conn->state == SHM_CONN_UP; i++) {
+        head = __atomic_load_n(&conn->peer->head, __ATOMIC_ACQUIRE);
+        if (head == conn->tail)
+            break;
+        SHM_TSAN_ACQUIRE();
+        if (head - conn->tail > SHM_RING_BYTES || head % SHM_SLOT) {
+            bad = "ring head";
+            break;
+        }
+        shm_ring_get(&rec, conn->rx_ring, conn->tail, sizeof(rec));
+        SHM_ONCE();
+        bad = shm_rec_check(conn, &rec, head - conn->tail);
+        if (bad)
+            break;
+        sum = 0;
+        if (rec.nsge) {
+            shm_ring_get(rs, conn->rx_ring, conn->tail + SHM_REC_HDR,
+                         rec.nsge * (uint32_t)sizeof(rs[0]));
+            SHM_ONCE();
+            for (int k = 0; k < rec.nsge; k++) {
+                sum += rs[k].len;
+                if (rs[k].len > rec.len || sum > rec.len)
+                    break;
+            }
+        }
+        if (!(rec.flags & SHM_RF_INLINE) && rec.type != SHM_REC_READ && sum != rec.len) {
+            bad = "record sges and length disagree";
+            break;
+        }
+        if (rec.type == SHM_REC_READ && sum != rec.len) {
+            bad = "read destination and length disagree";
+            break;
+        }
+        if (conn->rx_drop) {
+            ret = 1; /* after RNR_EXC: consumed and dropped */
+        } else {
+            ret = shm_do_rec(conn, &rec, rs, rec.nsge, conn->tail + SHM_REC_HDR);
+            if (ret <= 0) {
+                if (ret == 0 || conn->state != SHM_CONN_UP)
+                    break;
+                continue; /* RNR_EXC: the held request is dropped on the next pass */
+            }
+            conn->ack = rec.psn + 1;
+            EXS_CNT_INC(conn->ctx->cnt.recs_rx);
+        }
+        conn->tail += rec.size;
+        conn->rcv_nxt++;
+        did++;
+    }
+    if (bad) {
+        shm_proto_error(conn, bad);
+        return 1;
+    }
+    if (conn->state != SHM_CONN_UP)
+        return did + (ret < 0);
+    if (did || ret < 0) {
+        SHM_TSAN_RELEASE();
+        __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_SEQ_CST);
+        exs__shm_conn_kick(conn);
+    }
+    return did;
+}
+
+int exs__shm_conn_service(struct shm_conn *conn)
+{
+    struct shm_ctx *ctx = conn->ctx;
+    int did = 0, lied;
+
+    if (conn->state != SHM_CONN_UP || !conn->ep)
+        return 0;
+    pthread_mutex_lock(&ctx->lock);
+    lied = conn->kick < 0;
+    if (!lied && !exs_list_empty(&conn->ep->sq_pend))
+        exs__shm_ep_push_locked(conn->ep);
+    lied = conn->kick < 0;
+    pthread_mutex_unlock(&ctx->lock);
+    if (lied) {
+        shm_proto_error(conn, "ring tail");
+        return 1;
+    }
+    did += shm_take_requests(conn);
+    if (conn->state == SHM_CONN_UP)
+        did += shm_take_answers(conn);
+    if (conn->state == SHM_CONN_UP)
+        did += shm_bad_head(conn);
+    return did;
+}
+
+int exs__shm_conn_busy(struct shm_conn *conn)
+{
+    struct shm_ctx *ctx = conn->ctx;
+    uint64_t head = __atomic_load_n(&conn->peer->head, __ATOMIC_SEQ_CST);
+    int busy = 0;
+
+    if (!conn->ep)
+        return 0;
+    if (!conn->nak_seen && __atomic_load_n(&conn->peer->nak_syn, __ATOMIC_SEQ_CST))
+        return 1;
+    if (__atomic_load_n(&conn->peer->ack, __ATOMIC_SEQ_CST) != conn->acked)
+        return 1;
+    pthread_mutex_lock(&ctx->lock);
+    if (head != conn->tail && !conn->rx_drop)
+        busy = !conn->rnr_at || !exs_list_empty(&conn->ep->rq) || exs__now_ns() >= conn->rnr_at;
+    else if (head != conn->tail)
+        busy = 1;
+    if (!busy && !exs_list_empty(&conn->ep->sq_pend)) {
+        struct shm_wr *wr = exs_list_entry(conn->ep->sq_pend.next, struct shm_wr, link);
+        uint64_t t = __atomic_load_n(&conn->peer->tail, __ATOMIC_SEQ_CST);
+
+        busy = wr->bad || t != conn->peer_tail;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return busy;
+}

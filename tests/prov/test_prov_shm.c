@@ -1,0 +1,445 @@
+/* SPDX-License-Identifier: MIT */
+/* The shm provider's own rules: a lying peer that scribbles its ring and its answers, and a
+ * peer process killed mid-transfer (run with -p shm; skipped elsewhere). */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "exs/prov/shm/shm.h"
+#include "exs/util/counters.h"
+#include "tests/prov/prov_test.h"
+#include "tests/skip.h"
+
+#define LW  EXS_PROV_ACCESS_LOCAL_WRITE
+#define RW  EXS_PROV_ACCESS_REMOTE_WRITE
+#define RR  EXS_PROV_ACCESS_REMOTE_READ
+#define SIG EXS_PROV_SEND_SIGNALED
+
+static int skip_unless_shm(const char *test)
+{
+    if (strcmp(pt_name, "shm") == 0)
+        return 0;
+    test_skip(test, "shm provider itself only; provider is %s", pt_name);
+    return 1;
+}
+
+/* b's doorbell, a copy of the liar's (whose NIC closes its own when the connection ends) */
+static int bell_fd = -1;
+
+/* The liar: host a's side of the connection, whose ring and line b reads; taken before the
+ * lie, since a's NIC frees its connection once b ended it. */
+struct liar {
+    uint8_t         *tx_ring;
+    uint64_t         head;
+    struct shm_line *mine;
+};
+
+static struct liar liar(struct pt_pair *p)
+{
+    struct shm_conn *conn = shm_ep_of(p->ea)->conn;
+
+    ck_assert_ptr_nonnull(conn);
+    bell_fd = dup(conn->bell);
+    ck_assert_int_ge(bell_fd, 0);
+    return (struct liar){conn->tx_ring, conn->head, conn->mine};
+}
+
+/* Ring b's doorbell, as a writer does after a change b waits for. */
+static void ring_bell(void)
+{
+    uint64_t one = 1;
+
+    ck_assert_int_eq(write(bell_fd, &one, sizeof(one)), (ssize_t)sizeof(one));
+}
+
+/* Publish a record written by hand at the liar's head (its own head counter advanced by
+ * publish bytes, which may differ from the record's size). */
+static void put_rec(const struct liar *c, const struct shm_rec *rec, const void *body, uint32_t blen,
+                    uint64_t publish)
+{
+    uint64_t pos = c->head & (SHM_RING_BYTES - 1);
+
+    memcpy(c->tx_ring + pos, rec, sizeof(*rec));
+    if (blen)
+        memcpy(c->tx_ring + pos + SHM_REC_HDR, body, blen);
+    __atomic_store_n(&c->mine->head, c->head + publish, __ATOMIC_RELEASE);
+    ring_bell();
+}
+
+static uint64_t shm_counter(const char *name)
+{
+    uint64_t v = 0;
+
+    ck_assert_int_eq(exs__counters_lookup("prov.shm", name, &v), 0);
+    return v;
+}
+
+/* b ended the connection with status; b's ep is in ERROR and a still gets DISCONNECTED. */
+static void expect_b_ended(struct pt_pair *p, int status)
+{
+    struct exs_prov_cm_event ev;
+
+    pt_wait_cm(&p->b, EXS_PROV_CM_DISCONNECTED, PT_TIMEOUT_MS, &ev);
+    ck_assert_ptr_eq(ev.ep, p->eb);
+    ck_assert_msg(ev.status == status, "DISCONNECTED status %d, expected %d", ev.status, status);
+    ck_assert_int_eq(pt_ops->ep_state(p->eb), EXS_PROV_EP_ERROR);
+    pt_wait_cm(&p->a, EXS_PROV_CM_DISCONNECTED, PT_TIMEOUT_MS, &ev);
+    ck_assert_ptr_eq(ev.ep, p->ea);
+}
+
+/* Another connection through the same listener works: the liar ended only its own. */
+static void fresh_connection_works(struct pt_pair *p)
+{
+    struct exs_prov_ep_attr at = pt_default_attr();
+    struct pt_buf *src = pt_pair_buf(p, 'a', 64, LW, 0x3C), *dst = pt_pair_buf(p, 'b', 64, LW, 0);
+    struct exs_prov_cqe c;
+
+    pt_ep_close(&p->a, p->ea);
+    pt_ep_close(&p->b, p->eb);
+    ck_assert_int_eq(pt_ops->ep_create(p->a.ctx, &at, &p->ea), 0);
+    ck_assert_int_eq(pt_ops->ep_create(p->b.ctx, &at, &p->eb), 0);
+    p->a_up = p->b_up = 0;
+    pt_pair_connect(p);
+    ck_assert_int_eq(pt_post_recv(p->eb, 1, dst, 0, 64), 0);
+    ck_assert_int_eq(pt_post_send(p->ea, 2, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), 0);
+    pt_expect_cqe(&p->b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+    ck_assert_uint_eq(c.byte_len, 64);
+    ck_assert(pt_all_bytes(dst->p, 64, 0x3C));
+    pt_expect_cqe(&p->a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+}
+
+/* ---- a liar in the ring: each is a protocol error for that one connection ---- */
+
+enum {
+    LIE_HEAD_BEYOND,   /* head more than a ring ahead */
+    LIE_HEAD_SLOT,     /* head not on a slot */
+    LIE_HUGE_INLINE,   /* inline record claiming 1 GiB */
+    LIE_SIZE_BEYOND,   /* record larger than what was published */
+    LIE_SEQUENCE,      /* record out of sequence */
+    LIE_TYPE,          /* unknown record type */
+    LIE_SGES,          /* more remote sges than allowed */
+    LIE_SGE_SUM,       /* remote sges that do not add up to the length */
+    LIE_TORN,          /* a slot half written: the second half garbage */
+    LIE_ACK,           /* an ack of requests never sent */
+    LIE_NAK,           /* a nak of a request never sent */
+    LIE_TAIL,          /* claims to have consumed more than was written */
+    LIE_BAD_SOURCE,    /* a WRITE whose source is no memory of the peer's */
+    LIE_COUNT
+};
+
+static const char *const lie_names[LIE_COUNT] = {
+    "head_beyond", "head_slot", "huge_inline", "size_beyond", "sequence", "type", "sges",
+    "sge_sum",     "torn",      "ack",         "nak",         "tail",     "bad_source",
+};
+
+START_TEST(shm_liar)
+{
+    char test[64];
+    struct pt_pair p;
+    struct pt_buf *dst, *tgt = NULL;
+    struct exs_prov_grant *g = NULL;
+    struct liar l, *c = &l;
+    struct shm_rec rec;
+    struct shm_rsge rs[17];
+    uint64_t perr;
+
+    snprintf(test, sizeof(test), "shm_liar_%s", lie_names[_i]);
+    if (skip_unless_shm(test))
+        return;
+    pt_pair_setup(&p, NULL, NULL);
+    l = liar(&p);
+    dst = pt_pair_buf(&p, 'b', 256, LW, 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, 256), 0);
+    perr = shm_counter("protocol_errors");
+    memset(&rec, 0, sizeof(rec));
+    memset(rs, 0, sizeof(rs));
+    rec.type = SHM_REC_SEND;
+    rec.flags = SHM_RF_INLINE;
+    rec.len = 16;
+    rec.size = SHM_SLOT;
+    switch (_i) {
+    case LIE_HEAD_BEYOND:
+        put_rec(c, &rec, NULL, 0, SHM_RING_BYTES + SHM_SLOT);
+        break;
+    case LIE_HEAD_SLOT:
+        put_rec(c, &rec, NULL, 0, 8);
+        break;
+    case LIE_HUGE_INLINE:
+        rec.len = 1u << 30;
+        put_rec(c, &rec, NULL, 0, SHM_SLOT);
+        break;
+    case LIE_SIZE_BEYOND:
+        rec.size = 2 * SHM_SLOT;
+        put_rec(c, &rec, NULL, 0, SHM_SLOT);
+        break;
+    case LIE_SEQUENCE:
+        rec.psn = 5;
+        put_rec(c, &rec, NULL, 0, SHM_SLOT);
+        break;
+    case LIE_TYPE:
+        rec.type = 9;
+        put_rec(c, &rec, NULL, 0, SHM_SLOT);
+        break;
+    case LIE_SGES:
+        rec.flags = 0;
+        rec.nsge = 17;
+        rec.len = 17;
+        rec.size = (SHM_REC_HDR + 17 * sizeof(rs[0]) + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
+        for (int i = 0; i < 17; i++)
+            rs[i] = (struct shm_rsge){(uint64_t)(uintptr_t)dst->p, 1};
+        put_rec(c, &rec, rs, 17 * sizeof(rs[0]), rec.size);
+        break;
+    case LIE_SGE_SUM:
+        rec.flags = 0;
+        rec.nsge = 1;
+        rec.len = 200;
+        rs[0] = (struct shm_rsge){(uint64_t)(uintptr_t)dst->p, 100};
+        put_rec(c, &rec, rs, sizeof(rs[0]), SHM_SLOT);
+        break;
+    case LIE_TORN:
+        memset((uint8_t *)&rec + 16, 0xff, sizeof(rec) - 16);
+        put_rec(c, &rec, NULL, 0, SHM_SLOT);
+        break;
+    case LIE_ACK:
+        __atomic_store_n(&c->mine->ack, 7, __ATOMIC_RELEASE);
+        ring_bell();
+        break;
+    case LIE_NAK:
+        __atomic_store_n(&c->mine->nak_psn, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&c->mine->nak_syn, SHM_SYN_REM_ACCESS, __ATOMIC_RELEASE);
+        ring_bell();
+        break;
+    case LIE_TAIL: {
+        struct pt_buf *src = pt_pair_buf(&p, 'b', 64, LW, 1);
+
+        __atomic_store_n(&c->mine->tail, 4096, __ATOMIC_RELEASE);
+        ck_assert_int_eq(pt_post_send(p.eb, 2, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), 0);
+        pt_expect_wr(&p.b, 2, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+        break;
+    }
+    case LIE_BAD_SOURCE:
+        /* a real grant of b, a record within it, and a source that is no memory at all */
+        tgt = pt_pair_buf(&p, 'b', 8192, LW, 0x11);
+        ck_assert_int_eq(pt_ops->grant(p.eb, tgt->mr, tgt->p, 8192, RW, &g), 0);
+        rec.type = SHM_REC_WRITE;
+        rec.flags = 0;
+        rec.nsge = 1;
+        rec.len = 8192;
+        rec.raddr = (uint64_t)(uintptr_t)tgt->p;
+        rec.rkey = g->rkey;
+        rs[0] = (struct shm_rsge){4096, 8192}; /* page 1 of the address space */
+        put_rec(c, &rec, rs, sizeof(rs[0]), SHM_SLOT);
+        break;
+    }
+    expect_b_ended(&p, -EPROTO);
+    close(bell_fd);
+    bell_fd = -1;
+    ck_assert_uint_gt(shm_counter("protocol_errors"), perr);
+    /* nothing of a lying ring was delivered: the receive is flushed, its buffer untouched */
+    pt_expect_wr(&p.b, 1, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    ck_assert(pt_all_bytes(dst->p, 256, 0));
+    ck_assert(pt_buf_guards_ok(dst));
+    if (tgt) {
+        ck_assert(pt_buf_guards_ok(tgt));
+        pt_ops->revoke(g);
+    }
+    fresh_connection_works(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* A liar that presents a real grant, one byte beyond it: refused (REM_ACCESS), the
+ * connection aborted, not one byte placed or read beyond the grant. */
+START_TEST(shm_liar_beyond_grant)
+{
+    struct pt_pair p;
+    struct pt_buf *tgt, *src;
+    struct exs_prov_grant *g;
+    struct liar l, *c = &l;
+    struct shm_rec rec;
+    struct shm_rsge rs;
+    uint8_t body[2 * SHM_SLOT];
+    unsigned right = _i ? RR : RW;
+
+    if (skip_unless_shm(_i ? "shm_liar_read_beyond_grant" : "shm_liar_write_beyond_grant"))
+        return;
+    pt_pair_setup(&p, NULL, NULL);
+    l = liar(&p);
+    tgt = pt_pair_buf(&p, 'b', 64, LW, 0x22);
+    src = pt_pair_buf(&p, 'a', 128, LW, 0x33);
+    ck_assert_int_eq(pt_ops->grant(p.eb, tgt->mr, tgt->p, 64, right, &g), 0);
+    memset(&rec, 0, sizeof(rec));
+    memset(body, 0x44, sizeof(body));
+    rec.len = 65;
+    rec.raddr = (uint64_t)(uintptr_t)tgt->p;
+    rec.rkey = g->rkey;
+    if (right == RW) {
+        rec.type = SHM_REC_WRITE;
+        rec.flags = SHM_RF_INLINE;
+        rec.size = 2 * SHM_SLOT;
+        put_rec(c, &rec, body, 65, rec.size);
+    } else {
+        rec.type = SHM_REC_READ;
+        rec.nsge = 1;
+        rec.size = SHM_SLOT;
+        rs = (struct shm_rsge){(uint64_t)(uintptr_t)src->p, 65};
+        put_rec(c, &rec, &rs, sizeof(rs), rec.size);
+    }
+    expect_b_ended(&p, -ECONNABORTED);
+    close(bell_fd);
+    bell_fd = -1;
+    ck_assert(pt_all_bytes(tgt->p, 64, 0x22));
+    ck_assert(pt_buf_guards_ok(tgt));
+    ck_assert(pt_all_bytes(src->p, 128, 0x33));
+    pt_ops->revoke(g);
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* ---- a peer process killed (SIGKILL) in the middle of transfers ---- */
+
+struct kill_pd {
+    uint64_t addr;
+    uint32_t rkey;
+    uint32_t len;
+};
+
+#define KILL_LEN (16u << 20)
+
+/* The child: connect to port, give its buffer's address and key in the private data,
+ * then let its NIC thread serve the parent's READs until it is killed. Never returns. */
+static void kill_child(int rfd)
+{
+    struct exs_prov_ep_attr at = pt_default_attr();
+    struct exs_prov_attr attr = {0};
+    struct exs_prov_cm_event ev;
+    struct sockaddr_storage ss;
+    struct exs_prov_ctx *ctx;
+    struct exs_prov_mr *mr;
+    struct exs_prov_ep *ep;
+    struct kill_pd pd;
+    socklen_t len;
+    uint8_t *buf;
+
+    if (read(rfd, &len, sizeof(len)) != sizeof(len) || len > sizeof(ss) ||
+        read(rfd, &ss, len) != (ssize_t)len)
+        _exit(2);
+    buf = malloc(KILL_LEN);
+    if (!buf || pt_ops->ctx_open(&attr, &ctx) || pt_ops->ep_create(ctx, &at, &ep) ||
+        pt_ops->mr_reg(ctx, buf, KILL_LEN, LW | RR | RW, &mr))
+        _exit(3);
+    memset(buf, 0x5c, KILL_LEN);
+    pd = (struct kill_pd){(uint64_t)(uintptr_t)buf, mr->rkey, KILL_LEN};
+    if (pt_ops->connect(ep, (struct sockaddr *)&ss, len, &pd, sizeof(pd)))
+        _exit(4);
+    for (;;) {
+        if (pt_ops->ctx_cm_poll(ctx, &ev) == 1 && ev.type != EXS_PROV_CM_ESTABLISHED)
+            _exit(5);
+        pause();
+    }
+}
+
+START_TEST(shm_peer_killed_mid_transfer)
+{
+    struct exs_prov_ep_attr at = pt_default_attr();
+    struct exs_prov_listener *lis;
+    struct exs_prov_cm_event ev;
+    struct sockaddr_storage ss;
+    struct exs_prov_cqe c;
+    struct exs_prov_ep *ep;
+    struct pt_buf *dst, *msg;
+    struct pt_host h;
+    struct kill_pd pd;
+    socklen_t len;
+    int pfd[2], st, nposted = 0, nok = 0, nfail = 0, reads = 8;
+    double t_kill, t_disc = -1, t_last = -1;
+    pid_t pid;
+
+    if (skip_unless_shm("shm_peer_killed_mid_transfer"))
+        return;
+    ck_assert_int_eq(pipe(pfd), 0);
+    pid = fork(); /* before this process has threads of its own */
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(pfd[1]);
+        kill_child(pfd[0]);
+    }
+    close(pfd[0]);
+    pt_host_open(&h);
+    lis = pt_listen(&h, &ss, &len);
+    ck_assert_int_eq(write(pfd[1], &len, sizeof(len)), (ssize_t)sizeof(len));
+    ck_assert_int_eq(write(pfd[1], &ss, len), (ssize_t)len);
+    pt_wait_cm(&h, EXS_PROV_CM_CONNECT_REQUEST, PT_TIMEOUT_MS, &ev);
+    ck_assert_uint_eq(ev.private_data_len, sizeof(pd));
+    memcpy(&pd, ev.private_data, sizeof(pd));
+    ck_assert_int_eq(pt_ops->ep_create(h.ctx, &at, &ep), 0);
+    ck_assert_int_eq(pt_ops->accept(ev.req, ep, NULL, 0), 0);
+    pt_wait_cm(&h, EXS_PROV_CM_ESTABLISHED, PT_TIMEOUT_MS, &ev);
+    dst = pt_buf_new(&h, KILL_LEN, LW, 0);
+    msg = pt_buf_new(&h, 64, LW, 1);
+    /* READs of the child's 16 MiB, a SEND it never receives (held: no receive posted,
+     * rnr_retry 7), and READs behind it: transfers in flight when it dies */
+    for (int i = 0; i < reads; i++, nposted++)
+        ck_assert_int_eq(pt_post_send(ep, 100 + i, EXS_PROV_WR_RDMA_READ, SIG, dst, 0, KILL_LEN, 0,
+                                      pd.addr, pd.rkey), 0);
+    ck_assert_int_eq(pt_post_send(ep, 200, EXS_PROV_WR_SEND, SIG, msg, 0, 64, 0, 0, 0), 0);
+    nposted++;
+    for (int i = 0; i < reads; i++, nposted++)
+        ck_assert_int_eq(pt_post_send(ep, 300 + i, EXS_PROV_WR_RDMA_READ, SIG, dst, 0, KILL_LEN, 0,
+                                      pd.addr, pd.rkey), 0);
+    /* the first READ done: the child is in the middle of serving the rest */
+    pt_expect_cqe_t(&h, 10 * PT_TIMEOUT_MS, 100, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_READ, &c);
+    ck_assert(pt_all_bytes(dst->p, KILL_LEN, 0x5c));
+    nok++;
+    t_kill = pt_now_ms();
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+    while (nok + nfail < nposted) {
+        ck_assert_msg(pt_try_cqe(&h, PT_TIMEOUT_MS, &c), "operations still outstanding: %d of %d",
+                      nposted - nok - nfail, nposted);
+        if (c.status == EXS_PROV_WC_SUCCESS) {
+            ck_assert_msg(nfail == 0 && c.wr_id < 200, "wr %llu succeeded after a failure",
+                          (unsigned long long)c.wr_id);
+            nok++;
+        } else {
+            nfail++;
+            t_last = pt_now_ms();
+        }
+    }
+    pt_wait_cm(&h, EXS_PROV_CM_DISCONNECTED, PT_TIMEOUT_MS, &ev);
+    t_disc = pt_now_ms();
+    ck_assert_ptr_eq(ev.ep, ep);
+    ck_assert_msg(ev.status == -ECONNRESET, "DISCONNECTED status %d", ev.status);
+    /* the held SEND and every READ behind it failed */
+    ck_assert_int_ge(nfail, reads + 1);
+    printf("shm_peer_killed_mid_transfer: SIGKILL at +0 ms; the last of %d operations failed at "
+           "+%.1f ms; DISCONNECTED (-ECONNRESET) polled at +%.1f ms\n",
+           nfail, t_last - t_kill, t_disc - t_kill);
+    fflush(stdout);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    close(pfd[1]);
+    pt_ops->ep_destroy(ep);
+    pt_ops->listener_destroy(lis);
+    pt_buf_free(dst);
+    pt_buf_free(msg);
+    pt_host_close(&h);
+}
+END_TEST
+
+Suite *prov_shm_suite(void)
+{
+    Suite *s = suite_create("prov_shm");
+    TCase *tc = pt_tcase("shm_liar");
+
+    tcase_add_loop_test(tc, shm_liar, 0, LIE_COUNT);
+    tcase_add_loop_test(tc, shm_liar_beyond_grant, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = pt_tcase("shm_death");
+    tcase_add_test(tc, shm_peer_killed_mid_transfer);
+    suite_add_tcase(s, tc);
+    return s;
+}
