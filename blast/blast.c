@@ -25,50 +25,56 @@ struct ready_msg {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-"usage: blast -s [-p PORT] [--once] [--delay-ms MS] [--rate-mbps R]     (receiver)\n"
-"       blast -c HOST [-p PORT] [workload] [output]                     (sender)\n"
-"       blast --loopback [workload] [output]                           (both, here)\n"
-"workload:\n"
-"  --type stream|seqpacket       socket type (default stream)\n"
-"  --mode dynamic|direct|indirect|all|LIST   transfer mode(s) (default dynamic)\n"
-"  --sends N / --recvs N         outstanding sends / receives per connection (8 / 8)\n"
-"  --recv-ratio R                in sweeps of sends: recvs = R x sends\n"
-"  --size BYTES|exp:MEAN[:MAX]   message size (default exp:1M:4M; K/M/G suffixes)\n"
-"  --bytes N | --time SECONDS    amount per run (default --time 1)\n"
-"  --waitall                     stream receives with MSG_WAITALL\n"
-"  --runs N                      runs per point (default 3); mean and 95%% CI\n"
-"  --transport exs|tcp|both      libexs, kernel TCP baseline, or both (default exs)\n"
-"  --delay-ms MS --rate-mbps R   emulated link of the tcp provider (exs only)\n"
-"  --rcvbuf BYTES                SO_RCVBUF: the hidden ring (exs) / socket buffer (tcp)\n"
-"  --sweep sends=L|recvs=L|size=L|depth=L   L: a,b,c or A-B or A-B*F (geometric)\n"
-"  --conns N                     connections at once (default 1)\n"
-"  --mix elephants=N,mice=M[,mice-size=B][,mice-sends=K]   mixed flows, per-class results\n"
-"  --verify | --no-verify        check the data pattern at the receiver (default off)\n"
-"  --latency | --no-latency      ping-pong test (default: on for seqpacket)\n"
-"  --lat-iters N --lat-size B    ping-pong count (2000) and message size (64)\n"
-"  --lat-only                    only the ping-pong test: no throughput runs\n"
-"  --poll                        busy-poll the sender's event queue (default: notification)\n"
-"  --poll-recv                   busy-poll the receiver's event queue too (or alone)\n"
-"                                (tcp: the ping-pong spins on non-blocking reads instead)\n"
-"  --tcp-one-buffer              tcp: one buffer per connection, reused for every message\n"
-"                                (cache-hot; default: --sends buffers at the sender and\n"
-"                                --recvs at the receiver, in turn, as libexs runs use)\n"
-"  --seed N                      random sizes seed\n"
-"presets (the paper's figures, each point in all three modes; --preset list names them):\n"
-"  --preset NAME                 fig9a, fig9b, fig11, fig12, fig13: the paper's value next to ours\n"
-"  --points N                    only the first N points of the preset (quick checks)\n"
-"  --rounds N                    run a point's modes N times, interleaved (the order rotates\n"
-"                                each round), and keep each mode's median-throughput round\n"
-"                                (default 3 with --preset, else 1)\n"
-"                                (--time, --runs, --rounds, --mode, --rcvbuf override the preset's)\n"
-"  --markdown                    the preset table as Markdown (for blast/README.md)\n"
-"output:\n"
-"  --json | --csv                machine-readable output instead of the table\n"
-"  --plot FILE.png               gnuplot chart of a sweep\n"
-"  --output FILE                 write the report to FILE\n"
-"  --quiet                       no progress line\n"
-"  --inject-error                (testing) corrupt one byte: verification must fail\n");
+    fprintf(
+        f,
+        "usage: blast -s [-p PORT] [--once] [--delay-ms MS] [--rate-mbps R]     (receiver)\n"
+        "       blast -c HOST [-p PORT] [workload] [output]                     (sender)\n"
+        "       blast --loopback [workload] [output]                           (both, here)\n"
+        "workload:\n"
+        "  --type stream|seqpacket       socket type (default stream)\n"
+        "  --mode dynamic|direct|indirect|all|LIST   transfer mode(s) (default dynamic)\n"
+        "  --sends N / --recvs N         outstanding sends / receives per connection (8 / 8)\n"
+        "  --recv-ratio R                in sweeps of sends: recvs = R x sends\n"
+        "  --size BYTES|exp:MEAN[:MAX]   message size (default exp:1M:4M; K/M/G suffixes)\n"
+        "  --bytes N | --time SECONDS    amount per run (default --time 1)\n"
+        "  --waitall                     stream receives with MSG_WAITALL\n"
+        "  --runs N                      runs per point (default 3); mean and 95%% CI\n"
+        "  --transport exs|tcp|both      libexs, kernel TCP baseline, or both (default exs)\n"
+        "  --delay-ms MS --rate-mbps R   emulated link of the tcp provider (exs only)\n"
+        "  --rcvbuf BYTES                SO_RCVBUF: the hidden ring (exs) / socket buffer (tcp)\n"
+        "  --sweep sends=L|recvs=L|size=L|depth=L   L: a,b,c or A-B or A-B*F (geometric)\n"
+        "  --conns N                     connections at once (default 1)\n"
+        "  --mix elephants=N,mice=M[,mice-size=B][,mice-sends=K]   mixed flows, per-class results\n"
+        "  --verify | --no-verify        check the data pattern at the receiver (default off)\n"
+        "  --latency | --no-latency      ping-pong test (default: on for seqpacket)\n"
+        "  --lat-iters N --lat-size B    ping-pong count (2000) and message size (64)\n"
+        "  --lat-only                    only the ping-pong test: no throughput runs\n"
+        "  --poll                        busy-poll the sender's event queue (default: "
+        "notification)\n"
+        "  --poll-recv                   busy-poll the receiver's event queue too (or alone)\n"
+        "                                (tcp: the ping-pong spins on non-blocking reads instead)\n"
+        "  --tcp-one-buffer              tcp: one buffer per connection, reused for every message\n"
+        "                                (cache-hot; default: --sends buffers at the sender and\n"
+        "                                --recvs at the receiver, in turn, as libexs runs use)\n"
+        "  --seed N                      random sizes seed\n"
+        "presets (the paper's figures, each point in all three modes; --preset list names them):\n"
+        "  --preset NAME                 fig9a, fig9b, fig11, fig12, fig13: the paper's value next "
+        "to ours\n"
+        "  --points N                    only the first N points of the preset (quick checks)\n"
+        "  --rounds N                    run a point's modes N times, interleaved (the order "
+        "rotates\n"
+        "                                each round), and keep each mode's median-throughput "
+        "round\n"
+        "                                (default 3 with --preset, else 1)\n"
+        "                                (--time, --runs, --rounds, --mode, --rcvbuf override the "
+        "preset's)\n"
+        "  --markdown                    the preset table as Markdown (for blast/README.md)\n"
+        "output:\n"
+        "  --json | --csv                machine-readable output instead of the table\n"
+        "  --plot FILE.png               gnuplot chart of a sweep\n"
+        "  --output FILE                 write the report to FILE\n"
+        "  --quiet                       no progress line\n"
+        "  --inject-error                (testing) corrupt one byte: verification must fail\n");
 }
 
 static int parse_list(const char *s, uint64_t *v, int max, int sizes)
@@ -161,51 +167,97 @@ static int parse_mix(const char *s, struct config *c)
         else
             return -1;
     }
-    return c->elephants >= 1 && c->mice >= 0 && c->mice_size >= 1 && c->mice_sends >= 1 ? 0
-                                                                                         : -1;
+    return c->elephants >= 1 && c->mice >= 0 && c->mice_size >= 1 && c->mice_sends >= 1 ? 0 : -1;
 }
 
 enum {
-    O_LOOP = 256, O_ONCE, O_TYPE, O_MODE, O_SENDS, O_RECVS, O_RATIO, O_SIZE, O_BYTES, O_TIME,
-    O_WAITALL, O_RUNS, O_TRANSPORT, O_DELAY, O_RATE, O_RCVBUF, O_SWEEP, O_CONNS, O_MIX, O_VERIFY,
-    O_NOVERIFY, O_LAT, O_NOLAT, O_LATITERS, O_LATSIZE, O_POLL, O_SEED, O_JSON, O_CSV, O_PLOT,
-    O_OUT, O_QUIET, O_INJECT, O_LATONLY, O_POLLRECV, O_PRESET, O_POINTS, O_MARKDOWN,
-    O_ONEBUF, O_ROUNDS
+    O_LOOP = 256,
+    O_ONCE,
+    O_TYPE,
+    O_MODE,
+    O_SENDS,
+    O_RECVS,
+    O_RATIO,
+    O_SIZE,
+    O_BYTES,
+    O_TIME,
+    O_WAITALL,
+    O_RUNS,
+    O_TRANSPORT,
+    O_DELAY,
+    O_RATE,
+    O_RCVBUF,
+    O_SWEEP,
+    O_CONNS,
+    O_MIX,
+    O_VERIFY,
+    O_NOVERIFY,
+    O_LAT,
+    O_NOLAT,
+    O_LATITERS,
+    O_LATSIZE,
+    O_POLL,
+    O_SEED,
+    O_JSON,
+    O_CSV,
+    O_PLOT,
+    O_OUT,
+    O_QUIET,
+    O_INJECT,
+    O_LATONLY,
+    O_POLLRECV,
+    O_PRESET,
+    O_POINTS,
+    O_MARKDOWN,
+    O_ONEBUF,
+    O_ROUNDS
 };
 
-static const struct option longopts[] = {
-    { "server", no_argument, NULL, 's' },      { "client", required_argument, NULL, 'c' },
-    { "port", required_argument, NULL, 'p' },  { "loopback", no_argument, NULL, O_LOOP },
-    { "once", no_argument, NULL, O_ONCE },     { "type", required_argument, NULL, O_TYPE },
-    { "mode", required_argument, NULL, O_MODE }, { "sends", required_argument, NULL, O_SENDS },
-    { "recvs", required_argument, NULL, O_RECVS },
-    { "recv-ratio", required_argument, NULL, O_RATIO },
-    { "size", required_argument, NULL, O_SIZE }, { "bytes", required_argument, NULL, O_BYTES },
-    { "time", required_argument, NULL, O_TIME }, { "waitall", no_argument, NULL, O_WAITALL },
-    { "runs", required_argument, NULL, O_RUNS },
-    { "transport", required_argument, NULL, O_TRANSPORT },
-    { "delay-ms", required_argument, NULL, O_DELAY },
-    { "rate-mbps", required_argument, NULL, O_RATE },
-    { "rcvbuf", required_argument, NULL, O_RCVBUF },
-    { "sweep", required_argument, NULL, O_SWEEP }, { "conns", required_argument, NULL, O_CONNS },
-    { "mix", required_argument, NULL, O_MIX },   { "verify", no_argument, NULL, O_VERIFY },
-    { "no-verify", no_argument, NULL, O_NOVERIFY }, { "latency", no_argument, NULL, O_LAT },
-    { "no-latency", no_argument, NULL, O_NOLAT },
-    { "lat-iters", required_argument, NULL, O_LATITERS },
-    { "lat-size", required_argument, NULL, O_LATSIZE }, { "poll", no_argument, NULL, O_POLL },
-    { "poll-recv", no_argument, NULL, O_POLLRECV },
-    { "tcp-one-buffer", no_argument, NULL, O_ONEBUF },
-    { "lat-only", no_argument, NULL, O_LATONLY },
-    { "seed", required_argument, NULL, O_SEED }, { "json", no_argument, NULL, O_JSON },
-    { "csv", no_argument, NULL, O_CSV },         { "plot", required_argument, NULL, O_PLOT },
-    { "output", required_argument, NULL, O_OUT }, { "quiet", no_argument, NULL, O_QUIET },
-    { "inject-error", no_argument, NULL, O_INJECT },
-    { "preset", required_argument, NULL, O_PRESET },
-    { "points", required_argument, NULL, O_POINTS },
-    { "markdown", no_argument, NULL, O_MARKDOWN },
-    { "rounds", required_argument, NULL, O_ROUNDS },
-    { "help", no_argument, NULL, 'h' },          { NULL, 0, NULL, 0 }
-};
+static const struct option longopts[] = {{"server", no_argument, NULL, 's'},
+                                         {"client", required_argument, NULL, 'c'},
+                                         {"port", required_argument, NULL, 'p'},
+                                         {"loopback", no_argument, NULL, O_LOOP},
+                                         {"once", no_argument, NULL, O_ONCE},
+                                         {"type", required_argument, NULL, O_TYPE},
+                                         {"mode", required_argument, NULL, O_MODE},
+                                         {"sends", required_argument, NULL, O_SENDS},
+                                         {"recvs", required_argument, NULL, O_RECVS},
+                                         {"recv-ratio", required_argument, NULL, O_RATIO},
+                                         {"size", required_argument, NULL, O_SIZE},
+                                         {"bytes", required_argument, NULL, O_BYTES},
+                                         {"time", required_argument, NULL, O_TIME},
+                                         {"waitall", no_argument, NULL, O_WAITALL},
+                                         {"runs", required_argument, NULL, O_RUNS},
+                                         {"transport", required_argument, NULL, O_TRANSPORT},
+                                         {"delay-ms", required_argument, NULL, O_DELAY},
+                                         {"rate-mbps", required_argument, NULL, O_RATE},
+                                         {"rcvbuf", required_argument, NULL, O_RCVBUF},
+                                         {"sweep", required_argument, NULL, O_SWEEP},
+                                         {"conns", required_argument, NULL, O_CONNS},
+                                         {"mix", required_argument, NULL, O_MIX},
+                                         {"verify", no_argument, NULL, O_VERIFY},
+                                         {"no-verify", no_argument, NULL, O_NOVERIFY},
+                                         {"latency", no_argument, NULL, O_LAT},
+                                         {"no-latency", no_argument, NULL, O_NOLAT},
+                                         {"lat-iters", required_argument, NULL, O_LATITERS},
+                                         {"lat-size", required_argument, NULL, O_LATSIZE},
+                                         {"poll", no_argument, NULL, O_POLL},
+                                         {"poll-recv", no_argument, NULL, O_POLLRECV},
+                                         {"tcp-one-buffer", no_argument, NULL, O_ONEBUF},
+                                         {"lat-only", no_argument, NULL, O_LATONLY},
+                                         {"seed", required_argument, NULL, O_SEED},
+                                         {"json", no_argument, NULL, O_JSON},
+                                         {"csv", no_argument, NULL, O_CSV},
+                                         {"plot", required_argument, NULL, O_PLOT},
+                                         {"output", required_argument, NULL, O_OUT},
+                                         {"quiet", no_argument, NULL, O_QUIET},
+                                         {"inject-error", no_argument, NULL, O_INJECT},
+                                         {"preset", required_argument, NULL, O_PRESET},
+                                         {"points", required_argument, NULL, O_POINTS},
+                                         {"markdown", no_argument, NULL, O_MARKDOWN},
+                                         {"rounds", required_argument, NULL, O_ROUNDS},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
 
 static int bad(const char *opt, const char *val)
 {
@@ -217,8 +269,7 @@ static uint64_t g_lat_size = 64;
 
 /* --preset: the figure's link, sizes, modes and points, unless the options set them. The x
  * value of each point (for --plot and the JSON) is its size, its depth or its sends. */
-static int apply_preset(struct config *c, int set_time, int set_runs, int set_mode,
-                        int set_rounds)
+static int apply_preset(struct config *c, int set_time, int set_runs, int set_mode, int set_rounds)
 {
     const struct preset *p = c->preset;
     int n = p->npts, fixed = 1, equal = 1;
@@ -288,15 +339,23 @@ static int parse_args(int argc, char **argv, struct config *c)
     c->seed = 12345;
     while ((o = getopt_long(argc, argv, "sc:p:h", longopts, NULL)) != -1) {
         switch (o) {
-        case 's': c->server = 1; break;
-        case 'c': c->host = optarg; break;
+        case 's':
+            c->server = 1;
+            break;
+        case 'c':
+            c->host = optarg;
+            break;
         case 'p':
             c->port = (int)strtol(optarg, &end, 10);
             if (*end || c->port < 0 || c->port > 65533)
                 return bad("-p", optarg);
             break;
-        case O_LOOP: c->loopback = 1; break;
-        case O_ONCE: c->once = 1; break;
+        case O_LOOP:
+            c->loopback = 1;
+            break;
+        case O_ONCE:
+            c->once = 1;
+            break;
         case O_TYPE:
             if (!strcmp(optarg, "stream"))
                 c->type = T_STREAM;
@@ -336,7 +395,9 @@ static int parse_args(int argc, char **argv, struct config *c)
             c->bytes = 0;
             set_time = 1;
             break;
-        case O_WAITALL: c->waitall = 1; break;
+        case O_WAITALL:
+            c->waitall = 1;
+            break;
         case O_RUNS:
             c->runs = (int)strtol(optarg, &end, 10);
             if (*end || c->runs < 1 || c->runs > BLAST_MAX_RUNS)
@@ -407,10 +468,18 @@ static int parse_args(int argc, char **argv, struct config *c)
             if (parse_mix(optarg, c))
                 return bad("--mix", optarg);
             break;
-        case O_VERIFY: c->verify = 1; break;
-        case O_NOVERIFY: c->verify = 0; break;
-        case O_LAT: c->latency = 1; break;
-        case O_NOLAT: c->latency = 0; break;
+        case O_VERIFY:
+            c->verify = 1;
+            break;
+        case O_NOVERIFY:
+            c->verify = 0;
+            break;
+        case O_LAT:
+            c->latency = 1;
+            break;
+        case O_NOLAT:
+            c->latency = 0;
+            break;
         case O_LATITERS:
             c->lat_iters = (int)strtol(optarg, &end, 10);
             if (*end || c->lat_iters < 1 || c->lat_iters > 10000000)
@@ -420,17 +489,40 @@ static int parse_args(int argc, char **argv, struct config *c)
             if (parse_size(optarg, &g_lat_size) || g_lat_size < 1 || g_lat_size > (1u << 26))
                 return bad("--lat-size", optarg);
             break;
-        case O_POLL: c->poll |= POLL_SEND; break;
-        case O_POLLRECV: c->poll |= POLL_RECV; break;
-        case O_ONEBUF: c->tcp_onebuf = 1; break;
-        case O_LATONLY: c->lat_only = 1; break;
-        case O_SEED: c->seed = strtoull(optarg, NULL, 0); break;
-        case O_JSON: c->json = 1; break;
-        case O_CSV: c->csv = 1; break;
-        case O_PLOT: c->plot = optarg; break;
-        case O_OUT: c->out = optarg; break;
-        case O_QUIET: c->quiet = 1; break;
-        case O_INJECT: c->inject = 1; c->verify = 1; break;
+        case O_POLL:
+            c->poll |= POLL_SEND;
+            break;
+        case O_POLLRECV:
+            c->poll |= POLL_RECV;
+            break;
+        case O_ONEBUF:
+            c->tcp_onebuf = 1;
+            break;
+        case O_LATONLY:
+            c->lat_only = 1;
+            break;
+        case O_SEED:
+            c->seed = strtoull(optarg, NULL, 0);
+            break;
+        case O_JSON:
+            c->json = 1;
+            break;
+        case O_CSV:
+            c->csv = 1;
+            break;
+        case O_PLOT:
+            c->plot = optarg;
+            break;
+        case O_OUT:
+            c->out = optarg;
+            break;
+        case O_QUIET:
+            c->quiet = 1;
+            break;
+        case O_INJECT:
+            c->inject = 1;
+            c->verify = 1;
+            break;
         case O_PRESET:
             if (!strcmp(optarg, "list")) {
                 preset_list(stdout);
@@ -447,9 +539,15 @@ static int parse_args(int argc, char **argv, struct config *c)
             if (*end || c->preset_points < 1)
                 return bad("--points", optarg);
             break;
-        case O_MARKDOWN: c->markdown = 1; break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -1;
+        case O_MARKDOWN:
+            c->markdown = 1;
+            break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return -1;
         }
     }
     if (optind < argc) {
@@ -493,7 +591,7 @@ static int parse_args(int argc, char **argv, struct config *c)
     }
     if ((long)c->conns * maxd > 60000) {
         fprintf(stderr, "blast: --conns x outstanding operations is at most 60000 (one event "
-                "queue per process)\n");
+                        "queue per process)\n");
         return -1;
     }
     uint64_t maxsz = c->sweep == SW_SIZE ? 0 : c->size.max;
@@ -504,7 +602,7 @@ static int parse_args(int argc, char **argv, struct config *c)
         maxsz = c->preset->pts[i].size > maxsz ? c->preset->pts[i].size : maxsz;
     if ((double)c->conns * maxd * (double)maxsz > 16.0 * (1ull << 30)) {
         fprintf(stderr, "blast: buffers of --conns x outstanding operations x largest message "
-                "exceed 16 GiB\n");
+                        "exceed 16 GiB\n");
         return -1;
     }
     if (c->json + c->csv > 1) {
@@ -555,7 +653,7 @@ struct side_result *ctl_peer_result;
 int ctl_server_report(struct side_result *res)
 {
     char go;
-    struct pollfd p = { .fd = ctl_fd, .events = POLLIN };
+    struct pollfd p = {.fd = ctl_fd, .events = POLLIN};
 
     res->reported = 1;
     if (write_full(ctl_fd, res, sizeof(*res)) < 0)
@@ -602,14 +700,14 @@ static int serve_control(int cfd, const struct config *c)
             return 0;
         if ((uint32_t)(c->delay_ms * 1000 + 0.5) != rp.delay_us ||
             (uint32_t)(c->rate_mbps + 0.5) != rp.rate_mbps)
-            fprintf(stderr, "blast: receiver: warning: the sender emulates delay %u us / rate "
-                    "%u Mbit/s; pass the same --delay-ms/--rate-mbps to -s\n", rp.delay_us,
-                    rp.rate_mbps);
+            fprintf(stderr,
+                    "blast: receiver: warning: the sender emulates delay %u us / rate "
+                    "%u Mbit/s; pass the same --delay-ms/--rate-mbps to -s\n",
+                    rp.delay_us, rp.rate_mbps);
         memset(&rm, 0, sizeof(rm));
-        rc = rp.transport == X_TCP ? tcp_server_prepare(&rp, c->port ? c->port + 2 : 0,
-                                                        &rm.data_port)
-                                   : exs_server_prepare(&rp, c->port ? c->port + 1 : 0,
-                                                        &rm.data_port);
+        rc = rp.transport == X_TCP
+                 ? tcp_server_prepare(&rp, c->port ? c->port + 2 : 0, &rm.data_port)
+                 : exs_server_prepare(&rp, c->port ? c->port + 1 : 0, &rm.data_port);
         if (rc < 0) {
             rm.status = EIO;
             snprintf(rm.msg, sizeof(rm.msg), "receiver could not listen (see its stderr)");
@@ -631,7 +729,7 @@ static int serve_control(int cfd, const struct config *c)
 
 static int listen_control(int port, int *bound)
 {
-    struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     socklen_t sl = sizeof(sin);
     int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
@@ -684,7 +782,7 @@ static int run_server(const struct config *c, int lfd)
 
 static int connect_control(const char *host, int port, double wait_s)
 {
-    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *ai;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
     char ps[16];
     double t0 = now_sec();
 
@@ -706,8 +804,10 @@ static int connect_control(const char *host, int port, double wait_s)
         if (fd >= 0)
             close(fd);
         if (now_sec() - t0 > wait_s) {
-            fprintf(stderr, "blast: cannot reach the receiver at %s:%d: %s (is blast -s "
-                    "running?)\n", host, port, strerror(e));
+            fprintf(stderr,
+                    "blast: cannot reach the receiver at %s:%d: %s (is blast -s "
+                    "running?)\n",
+                    host, port, strerror(e));
             freeaddrinfo(ai);
             return -1;
         }
@@ -772,7 +872,7 @@ static int one_run(int cfd, const struct config *c, const struct run_params *rp,
     else
         exs_client_run(rp, host, rm.data_port, snd);
     if (snd->status && !rcv->reported) { /* the receiver may still wait for us: not long */
-        struct pollfd p = { .fd = cfd, .events = POLLIN };
+        struct pollfd p = {.fd = cfd, .events = POLLIN};
 
         if (poll(&p, 1, 3000) != 1) {
             fprintf(stderr, "blast: %s\n", snd->msg);
@@ -792,8 +892,10 @@ static int one_run(int cfd, const struct config *c, const struct run_params *rp,
         return -1;
     }
     if (rp->kind == K_XFER && snd->bytes != rcv->bytes) {
-        fprintf(stderr, "blast: DATA ERROR: the sender completed %llu bytes, the receiver got "
-                "%llu\n", (unsigned long long)snd->bytes, (unsigned long long)rcv->bytes);
+        fprintf(stderr,
+                "blast: DATA ERROR: the sender completed %llu bytes, the receiver got "
+                "%llu\n",
+                (unsigned long long)snd->bytes, (unsigned long long)rcv->bytes);
         return -1;
     }
     if (rp->kind == K_XFER && rp->type == T_SEQPACKET && rp->transport == X_EXS &&
@@ -811,8 +913,8 @@ static double pct(double cpu, double wall)
 }
 
 static int measure_point(int cfd, const struct config *c, int transport, int mode, int sends,
-                         int recvs, const struct sizegen *sg, uint64_t sweep_val,
-                         struct result *r, int idx, int total)
+                         int recvs, const struct sizegen *sg, uint64_t sweep_val, struct result *r,
+                         int idx, int total)
 {
     double tp[BLAST_MAX_RUNS], mps[BLAST_MAX_RUNS], cs[BLAST_MAX_RUNS], cr[BLAST_MAX_RUNS];
     double secs[BLAST_MAX_RUNS], dummy;
@@ -839,8 +941,8 @@ static int measure_point(int cfd, const struct config *c, int transport, int mod
     for (int run = 0; run < c->runs && !c->lat_only; run++) {
         if (!c->quiet)
             progress("[%d/%d] %s %s sends %d recvs %d: run %d/%d", idx + 1, total,
-                     transport_name(transport), transport == X_TCP ? "-" : mode_name(mode),
-                     sends, recvs, run + 1, c->runs);
+                     transport_name(transport), transport == X_TCP ? "-" : mode_name(mode), sends,
+                     recvs, run + 1, c->runs);
         fill_params(c, &rp, K_XFER, transport, mode, sends, recvs, sg, run);
         if (one_run(cfd, c, &rp, &snd, &rcv) < 0)
             return -1;
@@ -862,8 +964,8 @@ static int measure_point(int cfd, const struct config *c, int transport, int mod
         r->drains_snd += (double)snd.drains / c->runs;
         r->resizes += (double)rcv.resizes / c->runs;
         r->ring_size += (double)rcv.ring_size / c->runs;
-        r->direct_ratio += (dir + snd.indirect ? (double)dir / (double)(dir + snd.indirect) : 0) /
-                           c->runs;
+        r->direct_ratio +=
+            (dir + snd.indirect ? (double)dir / (double)(dir + snd.indirect) : 0) / c->runs;
         for (int k = 0; k < 2; k++) {
             r->cls_bytes[k] += snd.cls_bytes[k];
             r->cls_msgs[k] += snd.cls_msgs[k];
@@ -913,8 +1015,8 @@ static int measure_modes(int cfd, const struct config *c, int transport, int nm,
 
     if (rounds <= 1) {
         for (int m = 0; m < nm; m++)
-            if (measure_point(cfd, c, transport, c->modes[m], sends, recvs, sg, sweep_val,
-                              &out[m], idx + m, total) < 0)
+            if (measure_point(cfd, c, transport, c->modes[m], sends, recvs, sg, sweep_val, &out[m],
+                              idx + m, total) < 0)
                 return -1;
         return 0;
     }
@@ -980,13 +1082,18 @@ static int run_client(const struct config *c, const char *host, int port, struct
             if (c->recv_ratio > 0)
                 recvs = (int)(sv * c->recv_ratio + 0.5);
             break;
-        case SW_RECVS: recvs = (int)sv; break;
-        case SW_DEPTH: sends = recvs = (int)sv; break;
+        case SW_RECVS:
+            recvs = (int)sv;
+            break;
+        case SW_DEPTH:
+            sends = recvs = (int)sv;
+            break;
         case SW_SIZE:
             sg.exp = 0;
             sg.mean = sg.max = sv;
             break;
-        default: break;
+        default:
+            break;
         }
         if (recvs > 1024)
             recvs = 1024;

@@ -24,10 +24,10 @@ enum { POLL_SEND = 1, POLL_RECV = 2 }; /* run_params.poll: which ends busy-poll 
 
 /* Message sizes: fixed, or exponential with mean and maximum (the paper's workload). */
 struct sizegen {
-    int exp;          /* 0: fixed size `mean` */
+    int exp; /* 0: fixed size `mean` */
     uint64_t mean;
-    uint64_t max;     /* largest message; receive buffers are this long */
-    uint64_t rng;     /* xorshift state */
+    uint64_t max; /* largest message; receive buffers are this long */
+    uint64_t rng; /* xorshift state */
 };
 
 /* One run's parameters: what the sender sends to the receiver on the control connection. */
@@ -39,8 +39,8 @@ struct run_params {
     int32_t rcvbuf;                      /* 0 = library default */
     uint64_t size_mean, size_max, mice_size;
     int32_t size_exp, lat_iters;
-    uint64_t bytes;   /* 0: time limited */
-    double seconds;   /* time limit when bytes == 0 */
+    uint64_t bytes;               /* 0: time limited */
+    double seconds;               /* time limit when bytes == 0 */
     uint32_t delay_us, rate_mbps; /* what the sender set: the receiver warns on mismatch */
     uint64_t seed;
     int32_t tcp_onebuf; /* kernel TCP: one buffer per connection (cache-hot), not sends/recvs */
@@ -53,9 +53,9 @@ struct side_result {
     int32_t reported; /* already sent to (receiver) / read from (sender) the control peer */
     char msg[200];
     uint64_t bytes, messages;
-    double seconds;   /* first transfer start .. last transfer end on this side */
-    double cpu_sec;   /* user+sys over the run */
-    double wall_sec;  /* wall time the CPU figure is divided by */
+    double seconds;  /* first transfer start .. last transfer end on this side */
+    double cpu_sec;  /* user+sys over the run */
+    double wall_sec; /* wall time the CPU figure is divided by */
     uint64_t direct, indirect, switches, adverts, stalls; /* EXS_SO_STATS of this side */
     /* the adaptive algorithm's EXS_SO_STATS fields, summed over this side's connections
      * (ring_size: the largest ring of any connection at the end of the run) */
@@ -80,23 +80,23 @@ struct config {
     int type, transports[2], ntransports;
     int modes[3], nmodes;
     int sends, recvs;
-    double recv_ratio;          /* > 0: recvs = ratio * sends in sweeps of sends */
+    double recv_ratio; /* > 0: recvs = ratio * sends in sweeps of sends */
     struct sizegen size;
     uint64_t bytes;
     double seconds;
     int waitall, runs, verify, conns, poll, rcvbuf;
-    int tcp_onebuf;             /* --tcp-one-buffer */
+    int tcp_onebuf; /* --tcp-one-buffer */
     double delay_ms, rate_mbps;
     int sweep;
     uint64_t sweep_vals[BLAST_MAX_SWEEP];
     int nsweep;
     int elephants, mice, mice_sends;
     uint64_t mice_size;
-    int latency, lat_iters;     /* latency: -1 auto (seqpacket), 0 off, 1 on */
-    int lat_only;               /* only the latency test, no throughput runs */
+    int latency, lat_iters; /* latency: -1 auto (seqpacket), 0 off, 1 on */
+    int lat_only;           /* only the latency test, no throughput runs */
     int json, csv, quiet, inject;
     const char *plot;
-    const char *out;            /* write the report here instead of stdout */
+    const char *out; /* write the report here instead of stdout */
     uint64_t seed;
     const struct preset *preset; /* --preset NAME: its points replace the sweep */
     int preset_points;           /* --points N: only the first N points of the preset */
@@ -108,8 +108,8 @@ struct config {
  * the ones its text and Table III state; none are read off a plot unless said so. */
 struct preset_point {
     int sends, recvs;
-    uint64_t size; /* fixed size; 0: the preset's size generator */
-    int group;     /* a line of the figure (Fig. 11: one per message size), 0 otherwise */
+    uint64_t size;      /* fixed size; 0: the preset's size generator */
+    int group;          /* a line of the figure (Fig. 11: one per message size), 0 otherwise */
     double paper_ratio; /* the paper's direct ratio for the dynamic mode, < 0 if not stated */
     const char *paper;  /* what the paper reports for this point, short */
 };
@@ -129,7 +129,7 @@ struct result {
     uint64_t size_mean, size_max, mice_size;
     int size_exp;
     uint64_t sweep_val;
-    int point;          /* index of the preset point, -1 without a preset */
+    int point; /* index of the preset point, -1 without a preset */
     double tput_mean, tput_ci, mps_mean, secs_mean;
     uint64_t bytes, messages;
     double direct, indirect, direct_ratio, switches;
@@ -138,7 +138,7 @@ struct result {
     double cpu_send, cpu_recv, cpu_send_ci, cpu_recv_ci;
     double cls_tput[2], cls_mps[2], cls_p50[2], cls_p99[2];
     uint64_t cls_bytes[2], cls_msgs[2];
-    int nrounds;                        /* --rounds: this mode's throughput in each round */
+    int nrounds; /* --rounds: this mode's throughput in each round */
     double round_tput[BLAST_MAX_ROUNDS];
     int has_lat;
     double lat_p50, lat_p99, lat_p999, lat_mean;
@@ -157,11 +157,11 @@ double percentile(double *v, size_t n, double p);
 
 /* One connection's numbers as the per-class (elephants / mice) results need them. */
 struct flow_view {
-    int           cls; /* 0 elephant, 1 mouse */
-    uint64_t      bytes, msgs;
-    double        t_first, t_last;
-    const double *lat;  /* per-message send completion times */
-    size_t        nlat;
+    int cls; /* 0 elephant, 1 mouse */
+    uint64_t bytes, msgs;
+    double t_first, t_last;
+    const double *lat; /* per-message send completion times */
+    size_t nlat;
 };
 /* Fill res->seconds (first transfer start .. last transfer end over all flows, Eq. 1)
  * and, with classes, the per-class bytes, messages, seconds and completion times. */

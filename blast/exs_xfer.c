@@ -11,7 +11,7 @@
 
 #include "blast/blast.h"
 
-#define EVBATCH 64
+#define EVBATCH   64
 #define STALL_SEC 30.0 /* no event for this long (plus the emulated delay): give up */
 
 struct econn;
@@ -27,14 +27,14 @@ struct slot {
 struct econn {
     int fd, idx, cls; /* cls: 0 elephant, 1 mouse */
     int outstanding, depth, eos, shut, done, closed;
-    uint64_t off;     /* stream offset of the next byte sent / expected */
-    uint64_t budget;  /* bytes still to send (UINT64_MAX: until the time ends) */
+    uint64_t off;    /* stream offset of the next byte sent / expected */
+    uint64_t budget; /* bytes still to send (UINT64_MAX: until the time ends) */
     uint64_t msgs;
     struct sizegen sg;
     struct slot *slots;
     double t_first, t_last;
     uint64_t slot_size;
-    double *lat;      /* mix: per-message send completion times */
+    double *lat; /* mix: per-message send completion times */
     size_t nlat, caplat;
 };
 
@@ -75,14 +75,15 @@ int exs_server_prepare(const struct run_params *rp, int port, int *data_port)
     for (int attempt = 0; srv_lfd < 0 && attempt < 2; attempt++) {
         if (attempt)
             port = 0; /* the old port still lingers: take an ephemeral one */
-        struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+        struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
         int type = rp->type == T_STREAM ? SOCK_STREAM : SOCK_SEQPACKET;
 
         srv_lfd = exs_socket(AF_INET, type, 0);
         if (srv_lfd < 0) {
             fprintf(stderr, "blast: exs_socket(%s): %s%s\n", type_name(rp->type), ename(errno),
                     errno == EPROTONOSUPPORT ? " (this libexs has no SOCK_STREAM yet; try "
-                                               "--type seqpacket)" : "");
+                                               "--type seqpacket)"
+                                             : "");
             return -1;
         }
         if (rp->rcvbuf > 0 &&
@@ -186,7 +187,7 @@ static void close_all(exs_qhandle_t q, struct econn *cs, int n, int pending_ops)
     double t0 = now_sec();
 
     while (want > 0 && now_sec() - t0 < 10) {
-        struct timespec to = { 0, 100000000 };
+        struct timespec to = {0, 100000000};
         int k = exs_qdequeue(q, ev, EVBATCH, &to);
 
         if (k > 0)
@@ -253,7 +254,7 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
     }
     last_ev = now_sec();
     while (ndone < n && !res->status) {
-        struct timespec to = { 0, 200000000 };
+        struct timespec to = {0, 200000000};
         int k = exs_qdequeue(q, ev, EVBATCH, &to);
 
         if (k < 0) {
@@ -261,15 +262,18 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
             break;
         }
         if (k == 0 && now_sec() - last_ev > stall_limit(rp) - 5) { /* before the sender */
-            set_err(res, ETIMEDOUT, "receiver: no progress for %.0f s (%d of %d connections "
-                    "accepted, %d finished)", now_sec() - last_ev, accepted, n, ndone);
+            set_err(res, ETIMEDOUT,
+                    "receiver: no progress for %.0f s (%d of %d connections "
+                    "accepted, %d finished)",
+                    now_sec() - last_ev, accepted, n, ndone);
             for (int i = 0; i < accepted; i++) {
                 char sb[512];
 
                 stats_str(cs[i].fd, sb, sizeof(sb));
-                fprintf(stderr, "blast: receiver stalled: conn %d: %llu bytes received, %d "
-                        "receives outstanding, eos %d; EXS_SO_STATS %s\n", i,
-                        (unsigned long long)cs[i].off, cs[i].outstanding, cs[i].eos, sb);
+                fprintf(stderr,
+                        "blast: receiver stalled: conn %d: %llu bytes received, %d "
+                        "receives outstanding, eos %d; EXS_SO_STATS %s\n",
+                        i, (unsigned long long)cs[i].off, cs[i].outstanding, cs[i].eos, sb);
             }
             break;
         }
@@ -335,16 +339,19 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
                     res->seconds = -t; /* first data */
                 c->t_last = t;
                 if (v->exs_evt_u.exs_evt_xfer.exs_evt_flags & MSG_TRUNC)
-                    set_err(res, EMSGSIZE, "receiver: connection %d: message truncated at "
-                            "%zd bytes", c->idx, got);
+                    set_err(res, EMSGSIZE,
+                            "receiver: connection %d: message truncated at "
+                            "%zd bytes",
+                            c->idx, got);
                 if (rp->verify && rp->kind == K_XFER) {
                     size_t bad = pattern_check(s->buf, (size_t)got, c->off);
 
                     if (bad != (size_t)got) {
                         res->verify_errors++;
-                        set_err(res, EILSEQ, "receiver: DATA ERROR on connection %d at stream "
-                                "offset %llu (byte %zu of a %zd-byte receive)", c->idx,
-                                (unsigned long long)(c->off + bad), bad, got);
+                        set_err(res, EILSEQ,
+                                "receiver: DATA ERROR on connection %d at stream "
+                                "offset %llu (byte %zu of a %zd-byte receive)",
+                                c->idx, (unsigned long long)(c->off + bad), bad, got);
                     }
                 }
                 c->off += (uint64_t)got;
@@ -403,7 +410,7 @@ out:
 
 static int resolve(const char *host, int port, struct sockaddr_in *sin)
 {
-    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *ai;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
 
     if (getaddrinfo(host, NULL, &hints, &ai) != 0)
         return -1;
@@ -523,9 +530,10 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
         }
         c->fd = exs_socket(AF_INET, type, 0);
         if (c->fd < 0) {
-            set_err(res, errno, "sender: exs_socket(%s): %s%s", type_name(rp->type),
-                    ename(errno), errno == EPROTONOSUPPORT ? " (this libexs has no "
-                    "SOCK_STREAM yet; try --type seqpacket)" : "");
+            set_err(res, errno, "sender: exs_socket(%s): %s%s", type_name(rp->type), ename(errno),
+                    errno == EPROTONOSUPPORT ? " (this libexs has no "
+                                               "SOCK_STREAM yet; try --type seqpacket)"
+                                             : "");
             goto out;
         }
         if (exs_setsockopt(c->fd, SOL_EXS, EXS_SO_XFER_MODE, &mode, sizeof(int)) < 0 ||
@@ -549,7 +557,7 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
     }
     last_ev = now_sec();
     while (ndone < n && !res->status) {
-        struct timespec to = { 0, 100000000 };
+        struct timespec to = {0, 100000000};
         int k = exs_qdequeue(q, ev, EVBATCH, &to);
         double t = now_sec();
 
@@ -558,15 +566,18 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
             break;
         }
         if (k == 0 && t - last_ev > stall_limit(rp)) {
-            set_err(res, ETIMEDOUT, "sender: no progress for %.0f s (%d of %d connected, %d "
-                    "finished)", t - last_ev, nconn, n, ndone);
+            set_err(res, ETIMEDOUT,
+                    "sender: no progress for %.0f s (%d of %d connected, %d "
+                    "finished)",
+                    t - last_ev, nconn, n, ndone);
             for (int i = 0; i < n; i++) {
                 char sb[512];
 
                 stats_str(cs[i].fd, sb, sizeof(sb));
-                fprintf(stderr, "blast: sender stalled: conn %d: %llu bytes posted, %llu "
-                        "completed, %d sends outstanding, shut %d; EXS_SO_STATS %s\n", i,
-                        (unsigned long long)cs[i].off, (unsigned long long)res->bytes,
+                fprintf(stderr,
+                        "blast: sender stalled: conn %d: %llu bytes posted, %llu "
+                        "completed, %d sends outstanding, shut %d; EXS_SO_STATS %s\n",
+                        i, (unsigned long long)cs[i].off, (unsigned long long)res->bytes,
                         cs[i].outstanding, cs[i].shut, sb);
             }
             break;
@@ -601,8 +612,8 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
                 struct econn *c = v->exs_evt_ahandle;
 
                 if (v->exs_evt_errno) {
-                    set_err(res, v->exs_evt_errno, "sender: connect to %s:%d: %s", host,
-                            data_port, ename(v->exs_evt_errno));
+                    set_err(res, v->exs_evt_errno, "sender: connect to %s:%d: %s", host, data_port,
+                            ename(v->exs_evt_errno));
                     continue;
                 }
                 (void)c;
@@ -649,8 +660,7 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
             if (v->exs_evt_type == EXS_EVT_SHUTDOWN) {
                 c = v->exs_evt_ahandle;
                 if (v->exs_evt_errno)
-                    set_err(res, v->exs_evt_errno, "sender: shutdown: %s",
-                            ename(v->exs_evt_errno));
+                    set_err(res, v->exs_evt_errno, "sender: shutdown: %s", ename(v->exs_evt_errno));
                 c->done = 1;
                 ndone++;
                 continue;
@@ -745,8 +755,8 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
         struct flow_view *v = calloc((size_t)n, sizeof(*v));
 
         for (int i = 0; v && i < n; i++)
-            v[i] = (struct flow_view){ cs[i].cls, cs[i].off, cs[i].msgs, cs[i].t_first,
-                                       cs[i].t_last, cs[i].lat, cs[i].nlat };
+            v[i] = (struct flow_view){cs[i].cls,    cs[i].off, cs[i].msgs, cs[i].t_first,
+                                      cs[i].t_last, cs[i].lat, cs[i].nlat};
         if (v)
             flows_results(res, v, n, rp->elephants > 0);
         free(v);

@@ -27,11 +27,16 @@ const char *transport_name(int x)
 const char *sweep_name(int s)
 {
     switch (s) {
-    case SW_SENDS: return "sends";
-    case SW_RECVS: return "recvs";
-    case SW_SIZE: return "size";
-    case SW_DEPTH: return "depth";
-    default: return "none";
+    case SW_SENDS:
+        return "sends";
+    case SW_RECVS:
+        return "recvs";
+    case SW_SIZE:
+        return "size";
+    case SW_DEPTH:
+        return "depth";
+    default:
+        return "none";
     }
 }
 
@@ -86,19 +91,21 @@ void report_table(FILE *f, const struct config *c, const struct result *r, int n
                 c->bytes ? "bytes" : "time", c->waitall ? ", MSG_WAITALL" : "",
                 c->verify ? ", data verified" : "");
     if (c->delay_ms > 0 || c->rate_mbps > 0)
-        fprintf(f, "# emulated link (exs tcp provider only): one-way delay %.3g ms, rate %.0f "
+        fprintf(f,
+                "# emulated link (exs tcp provider only): one-way delay %.3g ms, rate %.0f "
                 "Mbit/s (0 = none); the tcp transport is NOT emulated\n",
                 c->delay_ms, c->rate_mbps);
     fprintf(f, "# Gbit/s = user bytes x 8 / (first send posted .. last send completed), at the "
-            "sender; +-: 95%% CI (t) over runs\n");
+               "sender; +-: 95%% CI (t) over runs\n");
     fprintf(f, "# cpu%%: user+sys of each process / its wall time, 100 = one core; direct, "
-            "indirect, switches: per run, from EXS_SO_STATS\n");
+               "indirect, switches: per run, from EXS_SO_STATS\n");
     fprintf(f, "# dir_ms, ind_ms: sender time in direct / indirect phases; drains: return-to-"
-            "direct requests of the receiver; ring_K: receiver ring at the end (KiB), resized: "
-            "ring size changes (per run)\n");
+               "direct requests of the receiver; ring_K: receiver ring at the end (KiB), resized: "
+               "ring size changes (per run)\n");
     if (lat)
         fprintf(f, "# lat: ping-pong round trip of %s, microseconds\n", "--lat-size bytes");
-    fprintf(f, "#%-4s %-8s %5s %5s %-14s %5s %9s %8s %10s %9s %9s %6s %8s %6s %6s %8s %8s %7s "
+    fprintf(f,
+            "#%-4s %-8s %5s %5s %-14s %5s %9s %8s %10s %9s %9s %6s %8s %6s %6s %8s %8s %7s "
             "%7s %7s",
             "xprt", "mode", "sends", "recvs", "size", "conns", "Gbit/s", "+-ci95", "msg/s",
             "direct", "indirect", "d_rat", "switches", "cpu_s%", "cpu_r%", "dir_ms", "ind_ms",
@@ -111,10 +118,12 @@ void report_table(FILE *f, const struct config *c, const struct result *r, int n
         char sz[64];
 
         size_short(sz, sizeof(sz), x);
-        fprintf(f, " %-4s %-8s %5d %5d %-14s %5d %9.3f %8.3f %10.0f %9.0f %9.0f %6.3f %8.1f "
-                "%6.1f %6.1f", transport_name(x->transport), rmode(x), x->sends, x->recvs, sz,
-                x->conns, x->tput_mean, x->tput_ci, x->mps_mean, x->direct, x->indirect,
-                x->direct_ratio, x->switches, x->cpu_send, x->cpu_recv);
+        fprintf(f,
+                " %-4s %-8s %5d %5d %-14s %5d %9.3f %8.3f %10.0f %9.0f %9.0f %6.3f %8.1f "
+                "%6.1f %6.1f",
+                transport_name(x->transport), rmode(x), x->sends, x->recvs, sz, x->conns,
+                x->tput_mean, x->tput_ci, x->mps_mean, x->direct, x->indirect, x->direct_ratio,
+                x->switches, x->cpu_send, x->cpu_recv);
         fprintf(f, " %8.1f %8.1f %7.1f %7.0f %7.1f", x->dtime_ms, x->itime_ms, x->drains_rcv,
                 x->ring_size / 1024, x->resizes);
         if (lat) {
@@ -125,12 +134,14 @@ void report_table(FILE *f, const struct config *c, const struct result *r, int n
         }
         fprintf(f, "\n");
         if (x->elephants) {
-            static const char *cls[2] = { "elephants", "mice" };
+            static const char *cls[2] = {"elephants", "mice"};
 
             for (int k = 0; k < 2; k++)
-                fprintf(f, "#   %-9s %3d conns: %9.3f Gbit/s %10.0f msg/s, send completion "
-                        "p50 %.1f us p99 %.1f us\n", cls[k], k ? x->mice : x->elephants,
-                        x->cls_tput[k], x->cls_mps[k], x->cls_p50[k], x->cls_p99[k]);
+                fprintf(f,
+                        "#   %-9s %3d conns: %9.3f Gbit/s %10.0f msg/s, send completion "
+                        "p50 %.1f us p99 %.1f us\n",
+                        cls[k], k ? x->mice : x->elephants, x->cls_tput[k], x->cls_mps[k],
+                        x->cls_p50[k], x->cls_p99[k]);
         }
     }
 }
@@ -145,13 +156,15 @@ static void json_result(FILE *f, const struct config *c, const struct result *x)
             x->tput_ci);
     fprintf(f, "\"bytes\": %.0f, \"messages\": %.0f, \"seconds\": %.6f, ", x->bytes / runs,
             x->messages / runs, x->secs_mean);
-    fprintf(f, "\"messages_per_sec\": %.1f, \"direct_xfers\": %.1f, \"indirect_xfers\": %.1f, "
-            "\"direct_ratio\": %.6f, \"mode_switches\": %.2f, ", x->mps_mean, x->direct,
-            x->indirect, x->direct_ratio, x->switches);
-    fprintf(f, "\"direct_time_ms\": %.3f, \"indirect_time_ms\": %.3f, "
+    fprintf(f,
+            "\"messages_per_sec\": %.1f, \"direct_xfers\": %.1f, \"indirect_xfers\": %.1f, "
+            "\"direct_ratio\": %.6f, \"mode_switches\": %.2f, ",
+            x->mps_mean, x->direct, x->indirect, x->direct_ratio, x->switches);
+    fprintf(f,
+            "\"direct_time_ms\": %.3f, \"indirect_time_ms\": %.3f, "
             "\"drain_requests_sent\": %.2f, \"drain_requests_honoured\": %.2f, "
-            "\"ring_resizes\": %.2f, \"ring_size\": %.0f,\n     ", x->dtime_ms, x->itime_ms,
-            x->drains_rcv, x->drains_snd, x->resizes, x->ring_size);
+            "\"ring_resizes\": %.2f, \"ring_size\": %.0f,\n     ",
+            x->dtime_ms, x->itime_ms, x->drains_rcv, x->drains_snd, x->resizes, x->ring_size);
     if (x->nrounds > 1) {
         fprintf(f, "\"rounds\": %d, \"round_throughputs_gbps\": [", x->nrounds);
         for (int r = 0; r < x->nrounds; r++)
@@ -166,10 +179,12 @@ static void json_result(FILE *f, const struct config *c, const struct result *x)
         if (pp->paper_ratio >= 0)
             fprintf(f, "\"paper_direct_ratio\": %.6f, ", pp->paper_ratio);
     }
-    fprintf(f, "\"cpu_send_pct\": %.2f, \"cpu_send_ci95_pct\": %.2f, \"cpu_recv_pct\": %.2f, "
-            "\"cpu_recv_ci95_pct\": %.2f,\n     ", x->cpu_send, x->cpu_send_ci, x->cpu_recv,
-            x->cpu_recv_ci);
-    fprintf(f, "\"type\": \"%s\", \"transport\": \"%s\", \"mode\": \"%s\", \"sends\": %d, "
+    fprintf(f,
+            "\"cpu_send_pct\": %.2f, \"cpu_send_ci95_pct\": %.2f, \"cpu_recv_pct\": %.2f, "
+            "\"cpu_recv_ci95_pct\": %.2f,\n     ",
+            x->cpu_send, x->cpu_send_ci, x->cpu_recv, x->cpu_recv_ci);
+    fprintf(f,
+            "\"type\": \"%s\", \"transport\": \"%s\", \"mode\": \"%s\", \"sends\": %d, "
             "\"recvs\": %d, \"size\": \"%s\", \"size_mean\": %llu, \"size_max\": %llu, "
             "\"conns\": %d, \"waitall\": %s, \"verify\": %s, \"runs\": %d, ",
             type_name(x->type), transport_name(x->transport), rmode(x), x->sends, x->recvs, sz,
@@ -179,35 +194,41 @@ static void json_result(FILE *f, const struct config *c, const struct result *x)
         fprintf(f, "\"bytes_per_run\": %llu, ", (unsigned long long)c->bytes);
     else
         fprintf(f, "\"time_per_run\": %.3f, ", c->seconds);
-    fprintf(f, "\"delay_ms\": %.3f, \"rate_mbps\": %.0f, \"emulated\": %s, \"rcvbuf\": %d, "
-            "\"sweep\": \"%s\", \"sweep_value\": %llu", c->delay_ms, c->rate_mbps,
+    fprintf(f,
+            "\"delay_ms\": %.3f, \"rate_mbps\": %.0f, \"emulated\": %s, \"rcvbuf\": %d, "
+            "\"sweep\": \"%s\", \"sweep_value\": %llu",
+            c->delay_ms, c->rate_mbps,
             x->transport == X_EXS && (c->delay_ms > 0 || c->rate_mbps > 0) ? "true" : "false",
             c->rcvbuf, sweep_name(c->sweep), (unsigned long long)x->sweep_val);
     if (x->elephants) {
-        static const char *cls[2] = { "elephants", "mice" };
+        static const char *cls[2] = {"elephants", "mice"};
 
         fprintf(f, ",\n     \"classes\": {");
         for (int k = 0; k < 2; k++)
-            fprintf(f, "%s\"%s\": {\"conns\": %d, \"size\": %llu, \"throughput_gbps\": %.6f, "
+            fprintf(f,
+                    "%s\"%s\": {\"conns\": %d, \"size\": %llu, \"throughput_gbps\": %.6f, "
                     "\"bytes\": %.0f, \"messages\": %.0f, \"messages_per_sec\": %.1f, "
-                    "\"send_p50_us\": %.1f, \"send_p99_us\": %.1f}", k ? ", " : "", cls[k],
-                    k ? x->mice : x->elephants,
+                    "\"send_p50_us\": %.1f, \"send_p99_us\": %.1f}",
+                    k ? ", " : "", cls[k], k ? x->mice : x->elephants,
                     (unsigned long long)(k ? x->mice_size : x->size_mean), x->cls_tput[k],
                     x->cls_bytes[k] / runs, x->cls_msgs[k] / runs, x->cls_mps[k], x->cls_p50[k],
                     x->cls_p99[k]);
         fprintf(f, "}");
     }
     if (x->has_lat)
-        fprintf(f, ",\n     \"latency_us\": {\"p50\": %.2f, \"p99\": %.2f, \"p999\": %.2f, "
-                "\"mean\": %.2f, \"count\": %llu}", x->lat_p50, x->lat_p99, x->lat_p999,
-                x->lat_mean, (unsigned long long)x->lat_count);
+        fprintf(f,
+                ",\n     \"latency_us\": {\"p50\": %.2f, \"p99\": %.2f, \"p999\": %.2f, "
+                "\"mean\": %.2f, \"count\": %llu}",
+                x->lat_p50, x->lat_p99, x->lat_p999, x->lat_mean, (unsigned long long)x->lat_count);
     fprintf(f, "}");
 }
 
 void report_json(FILE *f, const struct config *c, const struct result *r, int n)
 {
-    fprintf(f, "{\n  \"tool\": \"blast\", \"measured_at\": \"sender\", \"type\": \"%s\", "
-            "\"sweep\": \"%s\",", type_name(c->type), sweep_name(c->sweep));
+    fprintf(f,
+            "{\n  \"tool\": \"blast\", \"measured_at\": \"sender\", \"type\": \"%s\", "
+            "\"sweep\": \"%s\",",
+            type_name(c->type), sweep_name(c->sweep));
     if (c->preset)
         fprintf(f, " \"preset\": \"%s\", \"paper\": \"%s\",", c->preset->name, c->preset->paper);
     fprintf(f, "\n  \"results\": [\n");
@@ -221,22 +242,24 @@ void report_json(FILE *f, const struct config *c, const struct result *r, int n)
 void report_csv(FILE *f, const struct config *c, const struct result *r, int n)
 {
     fprintf(f, "type,transport,mode,sends,recvs,size,conns,waitall,runs,sweep,sweep_value,"
-            "throughput_gbps,throughput_ci95_gbps,bytes,messages,seconds,messages_per_sec,"
-            "direct_xfers,indirect_xfers,direct_ratio,mode_switches,cpu_send_pct,cpu_recv_pct,"
-            "lat_p50_us,lat_p99_us,lat_p999_us,elephant_gbps,mice_gbps,mice_p99_us,"
-            "direct_time_ms,indirect_time_ms,drain_requests_sent,ring_resizes,ring_size\n");
+               "throughput_gbps,throughput_ci95_gbps,bytes,messages,seconds,messages_per_sec,"
+               "direct_xfers,indirect_xfers,direct_ratio,mode_switches,cpu_send_pct,cpu_recv_pct,"
+               "lat_p50_us,lat_p99_us,lat_p999_us,elephant_gbps,mice_gbps,mice_p99_us,"
+               "direct_time_ms,indirect_time_ms,drain_requests_sent,ring_resizes,ring_size\n");
     for (int i = 0; i < n; i++) {
         const struct result *x = &r[i];
         char sz[64];
         double runs = x->runs ? x->runs : 1;
 
         size_str(sz, sizeof(sz), x);
-        fprintf(f, "%s,%s,%s,%d,%d,%s,%d,%d,%d,%s,%llu,%.6f,%.6f,%.0f,%.0f,%.6f,%.1f,%.1f,%.1f,"
-                "%.6f,%.2f,%.2f,%.2f,", type_name(x->type), transport_name(x->transport),
-                rmode(x), x->sends, x->recvs, sz, x->conns, x->waitall, x->runs,
-                sweep_name(c->sweep), (unsigned long long)x->sweep_val, x->tput_mean,
-                x->tput_ci, x->bytes / runs, x->messages / runs, x->secs_mean, x->mps_mean,
-                x->direct, x->indirect, x->direct_ratio, x->switches, x->cpu_send, x->cpu_recv);
+        fprintf(f,
+                "%s,%s,%s,%d,%d,%s,%d,%d,%d,%s,%llu,%.6f,%.6f,%.0f,%.0f,%.6f,%.1f,%.1f,%.1f,"
+                "%.6f,%.2f,%.2f,%.2f,",
+                type_name(x->type), transport_name(x->transport), rmode(x), x->sends, x->recvs, sz,
+                x->conns, x->waitall, x->runs, sweep_name(c->sweep),
+                (unsigned long long)x->sweep_val, x->tput_mean, x->tput_ci, x->bytes / runs,
+                x->messages / runs, x->secs_mean, x->mps_mean, x->direct, x->indirect,
+                x->direct_ratio, x->switches, x->cpu_send, x->cpu_recv);
         if (x->has_lat)
             fprintf(f, "%.2f,%.2f,%.2f,", x->lat_p50, x->lat_p99, x->lat_p999);
         else
@@ -309,8 +332,8 @@ int report_plot(const char *png, const struct config *c, const struct result *r,
                 lo = x;
             if (x > hi)
                 hi = x;
-            fprintf(d, "%llu %.6f %.6f %.6f\n", (unsigned long long)x, r[i].tput_mean,
-                    r[i].tput_ci, r[i].direct_ratio);
+            fprintf(d, "%llu %.6f %.6f %.6f\n", (unsigned long long)x, r[i].tput_mean, r[i].tput_ci,
+                    r[i].direct_ratio);
         }
         fprintf(d, "\n\n");
     }
@@ -330,13 +353,12 @@ int report_plot(const char *png, const struct config *c, const struct result *r,
     }
     fprintf(g, "set terminal pngcairo size 1200,500 noenhanced\nset output '%s'\n", png);
     if (ps)
-        fprintf(g, "set multiplot layout 1,2 title 'blast --preset %s: %s'\n", ps->name,
-                ps->title);
+        fprintf(g, "set multiplot layout 1,2 title 'blast --preset %s: %s'\n", ps->name, ps->title);
     else
         fprintf(g, "set multiplot layout 1,2 title 'blast %s, %s sweep'\n", type_name(c->type),
                 sweep_name(c->sweep));
     fprintf(g, "set xlabel '%s'\nset grid\nset key bottom right\n",
-            c->nsweep ? (c->sweep == SW_SIZE ? "message size (bytes)"
+            c->nsweep ? (c->sweep == SW_SIZE    ? "message size (bytes)"
                          : c->sweep == SW_DEPTH ? "outstanding operations (sends = recvs)"
                          : c->sweep == SW_SENDS ? "outstanding sends"
                                                 : "outstanding receives")
@@ -363,8 +385,10 @@ int report_plot(const char *png, const struct config *c, const struct result *r,
                         x == X_TCP ? "" : mode_name(m));
         }
         if (pass == 1 && paper)
-            fprintf(g, ", '%s' index %d using 1:4 with points pt 7 ps 1.5 title 'paper, dynamic "
-                    "(Table III / text)'", dat, ns);
+            fprintf(g,
+                    ", '%s' index %d using 1:4 with points pt 7 ps 1.5 title 'paper, dynamic "
+                    "(Table III / text)'",
+                    dat, ns);
         fprintf(g, "\n");
     }
     fprintf(g, "unset multiplot\n");
@@ -421,15 +445,18 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
         snprintf(rounds, sizeof(rounds), ", the median of %d interleaved rounds", c->rounds);
 
     if (md) {
-        fprintf(f, "`blast --loopback --preset %s` (%d run(s) of %s per mode and point%s%s%s; "
-                "%s%s)\n\n", ps->name, c->runs, amount, rounds,
-                c->delay_ms > 0 ? ", emulated delay" : "", c->rate_mbps > 0 ? " and rate" : "",
-                ps->title, tcp && (c->delay_ms > 0 || c->rate_mbps > 0)
-                               ? "; kernel TCP is not emulated" : "");
-        fprintf(f, "| sends/recvs | size | direct-only Gbit/s | indirect-only | dynamic | "
+        fprintf(f,
+                "`blast --loopback --preset %s` (%d run(s) of %s per mode and point%s%s%s; "
+                "%s%s)\n\n",
+                ps->name, c->runs, amount, rounds, c->delay_ms > 0 ? ", emulated delay" : "",
+                c->rate_mbps > 0 ? " and rate" : "", ps->title,
+                tcp && (c->delay_ms > 0 || c->rate_mbps > 0) ? "; kernel TCP is not emulated" : "");
+        fprintf(f,
+                "| sends/recvs | size | direct-only Gbit/s | indirect-only | dynamic | "
                 "dynamic / best | dynamic direct ratio | dynamic direct time | switches | "
                 "drain requests | ring KiB | "
-                "receiver CPU %% dir/ind/dyn | %spaper |\n", tcp ? "kernel TCP Gbit/s | " : "");
+                "receiver CPU %% dir/ind/dyn | %spaper |\n",
+                tcp ? "kernel TCP Gbit/s | " : "");
         fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", tcp ? "---|" : "");
     } else {
         fprintf(f, "# blast --preset %s: %s\n", ps->name, ps->title);
@@ -441,7 +468,8 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
                     c->rate_mbps, tcp ? " (the tcp column is NOT emulated)" : "");
         if (c->rcvbuf)
             fprintf(f, ", SO_RCVBUF %d", c->rcvbuf);
-        fprintf(f, "\n# Gbit/s per mode; dyn/best = dynamic / the better fixed mode; d_ratio, "
+        fprintf(f,
+                "\n# Gbit/s per mode; dyn/best = dynamic / the better fixed mode; d_ratio, "
                 "d_time, switches, drains, ring_K: the dynamic mode's (d_time: the sender's share "
                 "of time in direct phases); cpu_r%%: receiver, direct/indirect/dynamic\n");
         fprintf(f, "#%-11s %-9s %8s %8s %8s %8s %7s %7s %8s %7s %7s %-14s %s%s\n", "sends/recvs",
@@ -506,11 +534,14 @@ void report_preset(FILE *f, const struct config *c, const struct result *r, int 
         }
     }
     if (md)
-        fprintf(f, "\nPaper: %s. Ours: dynamic within 0.9x of the better fixed mode at %d of %d "
+        fprintf(f,
+                "\nPaper: %s. Ours: dynamic within 0.9x of the better fixed mode at %d of %d "
                 "points; dynamic direct ratio >= 0.9 at %d of %d; dynamic direct time >= 0.9 at "
-                "%d of %d.\n", ps->paper, good, judged, direct, ndyn, dtime, ndyn);
+                "%d of %d.\n",
+                ps->paper, good, judged, direct, ndyn, dtime, ndyn);
     else
-        fprintf(f, "# dynamic >= 0.9 x the better fixed mode at %d of %d points; dynamic direct "
-                "ratio >= 0.9 at %d of %d; direct time >= 0.9 at %d of %d\n", good, judged,
-                direct, ndyn, dtime, ndyn);
+        fprintf(f,
+                "# dynamic >= 0.9 x the better fixed mode at %d of %d points; dynamic direct "
+                "ratio >= 0.9 at %d of %d; direct time >= 0.9 at %d of %d\n",
+                good, judged, direct, ndyn, dtime, ndyn);
 }

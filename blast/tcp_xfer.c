@@ -40,7 +40,7 @@ static unsigned tcp_nbuf(const struct run_params *rp, int n)
 int tcp_server_prepare(const struct run_params *rp, int port, int *data_port)
 {
     if (tl_fd < 0) {
-        struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+        struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
         int one = 1;
         socklen_t sl = sizeof(sin);
 
@@ -93,7 +93,7 @@ int tcp_server_run(const struct run_params *rp, struct side_result *res)
         goto out;
     }
     for (int i = 0; i < n; i++) {
-        struct pollfd lp = { .fd = tl_fd, .events = POLLIN };
+        struct pollfd lp = {.fd = tl_fd, .events = POLLIN};
 
         cs[i].fd = -1;
         if (poll(&lp, 1, 30000) != 1) {
@@ -166,8 +166,10 @@ int tcp_server_run(const struct run_params *rp, struct side_result *res)
 
                 if (bad != (size_t)got) {
                     res->verify_errors++;
-                    set_err(res, EILSEQ, "receiver: DATA ERROR on tcp connection %d at stream "
-                            "offset %llu", i, (unsigned long long)(c->off + bad));
+                    set_err(res, EILSEQ,
+                            "receiver: DATA ERROR on tcp connection %d at stream "
+                            "offset %llu",
+                            i, (unsigned long long)(c->off + bad));
                 }
             }
             c->off += (uint64_t)got;
@@ -226,7 +228,7 @@ static void next_msg(struct tconn *c, const struct run_params *rp, int stop)
 
 static int tcp_connect(const char *host, int port, const struct run_params *rp)
 {
-    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *ai;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
     char ps[16];
     int fd;
 
@@ -300,8 +302,9 @@ int tcp_client_run(const struct run_params *rp, const char *host, int data_port,
         c->sg.mean = c->cls ? rp->mice_size : rp->size_mean;
         c->sg.max = c->slot;
         sg_seed(&c->sg, rp->seed + 7919u * (uint64_t)(i + 1));
-        c->budget = rp->bytes == 0 || c->cls || rp->kind == K_LAT ? UINT64_MAX
-                    : rp->bytes / (uint64_t)nele + (i == 0 ? rp->bytes % (uint64_t)nele : 0);
+        c->budget = rp->bytes == 0 || c->cls || rp->kind == K_LAT
+                        ? UINT64_MAX
+                        : rp->bytes / (uint64_t)nele + (i == 0 ? rp->bytes % (uint64_t)nele : 0);
         c->nbuf = tcp_nbuf(rp, rp->sends);
         c->base = c->buf = malloc(c->slot * c->nbuf);
         c->fd = tcp_connect(host, data_port, rp);
@@ -368,8 +371,8 @@ int tcp_client_run(const struct run_params *rp, const char *host, int data_port,
             if (c->done || !(pf[i].revents & (POLLOUT | POLLERR | POLLHUP)))
                 continue;
             while (c->cur_len) {
-                ssize_t w = send(c->fd, c->buf + c->cur_done, c->cur_len - c->cur_done,
-                                 MSG_NOSIGNAL);
+                ssize_t w =
+                    send(c->fd, c->buf + c->cur_done, c->cur_len - c->cur_done, MSG_NOSIGNAL);
 
                 if (w < 0) {
                     if (errno != EAGAIN && errno != EINTR)
@@ -405,8 +408,8 @@ int tcp_client_run(const struct run_params *rp, const char *host, int data_port,
     struct flow_view *v = calloc((size_t)n, sizeof(*v));
 
     for (int i = 0; v && i < n; i++)
-        v[i] = (struct flow_view){ cs[i].cls, cs[i].off, cs[i].msgs, cs[i].t_first,
-                                   cs[i].t_last, cs[i].lat, cs[i].nlat };
+        v[i] = (struct flow_view){cs[i].cls,    cs[i].off, cs[i].msgs, cs[i].t_first,
+                                  cs[i].t_last, cs[i].lat, cs[i].nlat};
     if (v)
         flows_results(res, v, n, rp->elephants > 0);
     free(v);
@@ -421,7 +424,7 @@ out:
     for (int i = 0; cs && i < n; i++) {
         if (cs[i].fd >= 0) {
             char b[256];
-            struct pollfd p = { .fd = cs[i].fd, .events = POLLIN };
+            struct pollfd p = {.fd = cs[i].fd, .events = POLLIN};
 
             fcntl(cs[i].fd, F_SETFL, 0);
             shutdown(cs[i].fd, SHUT_WR);

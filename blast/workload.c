@@ -121,10 +121,10 @@ size_t pattern_check(const unsigned char *p, size_t len, uint64_t off)
 }
 
 /* Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom. */
-static const double t975[] = { 0,      12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365,
-                               2.306, 2.262,  2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-                               2.120, 2.110,  2.101, 2.093, 2.086, 2.080, 2.074, 2.069,
-                               2.064, 2.060,  2.056, 2.052, 2.048, 2.045, 2.042 };
+static const double t975[] = {0,     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365,
+                              2.306, 2.262,  2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+                              2.120, 2.110,  2.101, 2.093, 2.086, 2.080, 2.074, 2.069,
+                              2.064, 2.060,  2.056, 2.052, 2.048, 2.045, 2.042};
 
 /* Mean and half-width of the 95% confidence interval (t distribution, n-1 d.o.f.). */
 void mean_ci95(const double *v, int n, double *mean, double *ci)
@@ -182,10 +182,23 @@ int parse_size(const char *s, uint64_t *out)
     if (errno || end == s || v < 0)
         return -1;
     switch (*end) {
-    case 'k': case 'K': v *= 1024; end++; break;
-    case 'm': case 'M': v *= 1024 * 1024; end++; break;
-    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        v *= 1024;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        v *= 1024 * 1024;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        v *= 1024.0 * 1024 * 1024;
+        end++;
+        break;
+    default:
+        break;
     }
     if (*end == 'i' || *end == 'B')
         end++;

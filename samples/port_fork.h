@@ -82,8 +82,8 @@ static inline int pf_exs_echo(int fd)
     static __thread char buf[65536];
 
     for (;;) {
-        int n = exs_recv(fd, buf, sizeof(buf), 0, EXS_QHANDLE_INVALID, NULL,
-                         EXS_MHANDLE_UNREGISTERED);
+        int n =
+            exs_recv(fd, buf, sizeof(buf), 0, EXS_QHANDLE_INVALID, NULL, EXS_MHANDLE_UNREGISTERED);
         if (n == 0)
             return 0;
         if (n < 0 || exs_send(fd, buf, (size_t)n, 0, EXS_QHANDLE_INVALID, NULL,

@@ -20,18 +20,18 @@
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
-#define DIE(...)                                                                     \
-    do {                                                                             \
-        fprintf(stderr, "prov_demo: " __VA_ARGS__);                                  \
-        fputc('\n', stderr);                                                         \
-        exit(1);                                                                     \
+#define DIE(...)                                                                                   \
+    do {                                                                                           \
+        fprintf(stderr, "prov_demo: " __VA_ARGS__);                                                \
+        fputc('\n', stderr);                                                                       \
+        exit(1);                                                                                   \
     } while (0)
 
 struct side {
     struct exs_prov_ctx *ctx;
-    struct exs_prov_ep  *ep;
-    struct exs_prov_mr  *mr;
-    uint8_t             *buf;
+    struct exs_prov_ep *ep;
+    struct exs_prov_mr *mr;
+    uint8_t *buf;
 };
 
 /* Wait (at most 10 s) for one completion of ctx, sleeping on the event descriptor. */
@@ -49,7 +49,7 @@ static struct exs_prov_cqe wait_cqe(struct exs_prov_ctx *ctx)
         }
         if (exs__prov_arm(ctx) == -EAGAIN)
             continue;
-        struct pollfd pfd = { .fd = exs__prov_ctx_event_fd(ctx), .events = POLLIN };
+        struct pollfd pfd = {.fd = exs__prov_ctx_event_fd(ctx), .events = POLLIN};
         if (poll(&pfd, 1, 100) < 0 && errno != EINTR)
             DIE("poll: %s", strerror(errno));
         if (exs__now_ns() > deadline)
@@ -71,7 +71,7 @@ static struct exs_prov_cm_event wait_cm(struct exs_prov_ctx *ctx, enum exs_prov_
         }
         if (exs__prov_arm(ctx) == -EAGAIN)
             continue;
-        struct pollfd pfd = { .fd = exs__prov_ctx_event_fd(ctx), .events = POLLIN };
+        struct pollfd pfd = {.fd = exs__prov_ctx_event_fd(ctx), .events = POLLIN};
         poll(&pfd, 1, 100);
         if (exs__now_ns() > deadline)
             DIE("no %s within 10 s", exs__prov_cm_event_str(want));
@@ -80,8 +80,8 @@ static struct exs_prov_cm_event wait_cm(struct exs_prov_ctx *ctx, enum exs_prov_
 
 static void post_recv(struct side *s, uint64_t id, size_t off, uint32_t len)
 {
-    struct exs_prov_sge sge = { (uintptr_t)(s->buf + off), len, s->mr->lkey };
-    struct exs_prov_recv_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1 };
+    struct exs_prov_sge sge = {(uintptr_t)(s->buf + off), len, s->mr->lkey};
+    struct exs_prov_recv_wr wr = {.wr_id = id, .sg_list = &sge, .num_sge = 1};
 
     if (exs__prov_post_recv(s->ep, &wr))
         DIE("post_recv failed");
@@ -90,10 +90,15 @@ static void post_recv(struct side *s, uint64_t id, size_t off, uint32_t len)
 static void post_send(struct side *s, enum exs_prov_wr_opcode op, uint64_t id, size_t off,
                       uint32_t len, uint64_t raddr, uint32_t rkey, uint32_t imm)
 {
-    struct exs_prov_sge sge = { (uintptr_t)(s->buf + off), len, s->mr->lkey };
-    struct exs_prov_send_wr wr = { .wr_id = id, .opcode = op, .flags = EXS_PROV_SEND_SIGNALED,
-                                   .sg_list = &sge, .num_sge = 1, .imm_data = imm,
-                                   .remote_addr = raddr, .rkey = rkey };
+    struct exs_prov_sge sge = {(uintptr_t)(s->buf + off), len, s->mr->lkey};
+    struct exs_prov_send_wr wr = {.wr_id = id,
+                                  .opcode = op,
+                                  .flags = EXS_PROV_SEND_SIGNALED,
+                                  .sg_list = &sge,
+                                  .num_sge = 1,
+                                  .imm_data = imm,
+                                  .remote_addr = raddr,
+                                  .rkey = rkey};
     int ret = exs__prov_post_send(s->ep, &wr);
 
     if (ret)
@@ -102,19 +107,19 @@ static void post_send(struct side *s, enum exs_prov_wr_opcode op, uint64_t id, s
 
 static void open_side(struct side *s, const struct exs_prov_ops *ops, size_t bufsz)
 {
-    struct exs_prov_ep_attr attr = { .max_send_wr = 256, .max_recv_wr = 256, .rnr_retry = 7 };
+    struct exs_prov_ep_attr attr = {.max_send_wr = 256, .max_recv_wr = 256, .rnr_retry = 7};
     int ret;
 
-    if ((ret = exs__prov_ctx_open(ops, &(struct exs_prov_attr){ 0 }, &s->ctx)))
+    if ((ret = exs__prov_ctx_open(ops, &(struct exs_prov_attr){0}, &s->ctx)))
         DIE("ctx_open: %s", strerror(-ret));
     s->buf = aligned_alloc(4096, bufsz);
     if (!s->buf)
         DIE("out of memory");
     memset(s->buf, 0, bufsz);
     ret = exs__prov_mr_reg(s->ctx, s->buf, bufsz,
-                      EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_WRITE |
-                          EXS_PROV_ACCESS_REMOTE_READ,
-                      &s->mr);
+                           EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_WRITE |
+                               EXS_PROV_ACCESS_REMOTE_READ,
+                           &s->mr);
     if (ret)
         DIE("mr_reg: %s", strerror(-ret));
     if ((ret = exs__prov_ep_create(s->ctx, &attr, &s->ep)))
@@ -133,17 +138,28 @@ int main(int argc, char **argv)
     const char *prov = NULL;
     size_t size = 1 << 20, total = 256u << 20;
     int depth = 16, pings = 1000, opt;
-    struct side a = { 0 }, b = { 0 };
+    struct side a = {0}, b = {0};
 
     while ((opt = getopt(argc, argv, "p:s:n:d:i:h")) != -1) {
         switch (opt) {
-        case 'p': prov = optarg; break;
-        case 's': size = strtoull(optarg, NULL, 0); break;
-        case 'n': total = strtoull(optarg, NULL, 0); break;
-        case 'd': depth = atoi(optarg); break;
-        case 'i': pings = atoi(optarg); break;
+        case 'p':
+            prov = optarg;
+            break;
+        case 's':
+            size = strtoull(optarg, NULL, 0);
+            break;
+        case 'n':
+            total = strtoull(optarg, NULL, 0);
+            break;
+        case 'd':
+            depth = atoi(optarg);
+            break;
+        case 'i':
+            pings = atoi(optarg);
+            break;
         default:
-            fprintf(stderr, "usage: prov_demo [-p tcp|verbs] [-s size] [-n total] [-d depth] [-i pings]\n");
+            fprintf(stderr,
+                    "usage: prov_demo [-p tcp|verbs] [-s size] [-n total] [-d depth] [-i pings]\n");
             return opt == 'h' ? 0 : 2;
         }
     }
@@ -162,7 +178,7 @@ int main(int argc, char **argv)
     open_side(&a, ops, bufsz);
     open_side(&b, ops, bufsz);
 
-    struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     struct sockaddr_storage bound;
     socklen_t blen = sizeof(bound);
     struct exs_prov_listener *lis;
@@ -192,7 +208,8 @@ int main(int argc, char **argv)
     memcpy(&raddr, est.private_data, 8);
     memcpy(&rkey, est.private_data + 8, 4);
 
-    printf("# provider %s, loopback, %zu-byte transfers, depth %d\n", exs__prov_name(a.ctx), size, depth);
+    printf("# provider %s, loopback, %zu-byte transfers, depth %d\n", exs__prov_name(a.ctx), size,
+           depth);
 
     /* 1. ping-pong: a SENDs 8 bytes, b answers; round trip = post to receive completion. */
     uint64_t *rtt = calloc((size_t)pings, sizeof(*rtt));
@@ -214,8 +231,8 @@ int main(int argc, char **argv)
         wait_cqe(b.ctx); /* b's send */
     }
     qsort(rtt, (size_t)pings, sizeof(*rtt), cmp_u64);
-    printf("%-28s p50 %8.1f us   p99 %8.1f us\n", "SEND ping-pong round trip",
-           rtt[pings / 2] / 1e3, rtt[pings * 99 / 100] / 1e3);
+    printf("%-28s p50 %8.1f us   p99 %8.1f us\n", "SEND ping-pong round trip", rtt[pings / 2] / 1e3,
+           rtt[pings * 99 / 100] / 1e3);
     free(rtt);
 
     /* 2. stream WRITE WITH IMM, depth outstanding, each into its slot of b's buffer. */

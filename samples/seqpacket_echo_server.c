@@ -46,9 +46,9 @@ struct server {
     int lfd;
     long max_conns, served; /* served: connections accepted so far */
     long max_clients, clients;
-    struct client *all; /* list of the clients */
+    struct client *all;         /* list of the clients */
     int accept_posted, accepts; /* accepts posted now, and how many to keep posted */
-    double resume_ms; /* accepting paused until then (0: not paused) */
+    double resume_ms;           /* accepting paused until then (0: not paused) */
     int backoff_ms;
     double log_ms; /* last rate-limited message, and messages held back since */
     unsigned long log_held;
@@ -250,8 +250,7 @@ int main(int argc, char **argv)
     if (argc > 5)
         s.accepts = atoi(argv[5]);
     if (argc > 6 || port < 0 || port > 65535 || s.max_conns < 0 || s.max_clients < 1 ||
-        s.max_clients > (1 << 20) - 2 || backlog < 1 || s.accepts < 1 ||
-        s.accepts > 65536) {
+        s.max_clients > (1 << 20) - 2 || backlog < 1 || s.accepts < 1 || s.accepts > 65536) {
         fprintf(stderr, "usage: seqpacket_echo_server [PORT] [MAX_CONNECTIONS] "
                         "[MAX_CLIENTS 1..1048574] [BACKLOG] [ACCEPTS 1..65536]\n");
         return 2;
@@ -288,7 +287,8 @@ int main(int argc, char **argv)
     }
     s.lfd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
     if (s.lfd < 0 || exs_bind(s.lfd, (struct sockaddr *)&sin, sizeof(sin)) < 0 ||
-        exs_listen(s.lfd, backlog) < 0 || exs_getsockname(s.lfd, (struct sockaddr *)&sin, &slen) < 0) {
+        exs_listen(s.lfd, backlog) < 0 ||
+        exs_getsockname(s.lfd, (struct sockaddr *)&sin, &slen) < 0) {
         perror("exs listen");
         return 1;
     }

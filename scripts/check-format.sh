@@ -5,7 +5,7 @@
 #   scripts/check-format.sh [PATH...]   PATHs: files or directories (default: every tracked
 #                                       *.c and *.h, the set `make format` rewrites)
 #   scripts/check-format.sh --diff F    what clang-format would change in F
-# make check runs it only with CHECK_FORMAT=1 until the tree has been formatted once.
+# make check runs it (CHECK_FORMAT=0 skips it); the tree was formatted once by `make format`.
 # Needs clang-format (Debian 12: 14; `bash scripts/deps.sh --format`).
 set -u
 cd "$(dirname "$0")/.."

@@ -9,7 +9,8 @@
 # (callgrind), strace (system calls per message) and python3 (bench/bench.py);
 # --bench-rxe adds what make bench-rxe runs in its guest: perftest, ucx-utils, rdmacm-utils
 # (rstream, riostream), strace and linux-perf;
-# --format adds clang-format (scripts/check-format.sh, make check CHECK_FORMAT=1);
+# (--format, kept for older callers: clang-format is always installed, make check runs
+# scripts/check-format.sh);
 # gnuplot-nox is always installed, and groff-base and man-db (make check renders the man
 # pages with man -l), strace (make check counts exs_send's system calls, bench/kfd). prometheus (its promtool checks exsctl metrics in make check) is
 # always installed. --deb adds what scripts/deb.sh runs: dpkg-dev, debhelper, lintian.
@@ -33,7 +34,7 @@ for a in "$@"; do
     fi
 done
 pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev spin gnuplot-nox
-      groff-base man-db prometheus strace ${extra[@]+"${extra[@]}"})
+      groff-base man-db prometheus strace clang-format ${extra[@]+"${extra[@]}"})
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -460,8 +460,8 @@ static void print_conn_header(int rate)
     printf("%-7s %-15s %-4s %-9s %-10s %-21s %-21s %-5s %-12s %-15s %-5s %-7s %-8s %-8s %-7s "
            "%-7s %s%s\n",
            "PID", "PROG", "FD", "TYPE", "STATE", "LOCAL", "PEER", "PROV", "DEVICE", "MODE/PHASE",
-           "CRED",
-           "SND/RCV", "TX", "RX", "DIRECT", "INDIR", "AGE_S", rate ? "  TX/s     RX/s" : "");
+           "CRED", "SND/RCV", "TX", "RX", "DIRECT", "INDIR", "AGE_S",
+           rate ? "  TX/s     RX/s" : "");
 }
 
 static const char *or_dash(const char *s)
@@ -485,9 +485,9 @@ static void print_conn(const struct exs_json *proc, const struct exs_json *c, do
            exs__json_get_u64(proc, "pid"), exs__json_get_str(proc, "prog"),
            exs__json_get_u64(c, "fd"), exs__json_get_str(c, "type"), exs__json_get_str(c, "state"),
            or_dash(exs__json_get_str(c, "local")), or_dash(exs__json_get_str(c, "peer")),
-           exs__json_get_str(c, "provider"), or_dash(exs__json_get_str(c, "device")), mode, exs__json_get_u64(c, "credits"), sr, tx, rx,
-           exs__json_get_u64(c, "direct_xfers"), exs__json_get_u64(c, "indirect_xfers"),
-           exs__json_get_u64(c, "age_ms") / 1000);
+           exs__json_get_str(c, "provider"), or_dash(exs__json_get_str(c, "device")), mode,
+           exs__json_get_u64(c, "credits"), sr, tx, rx, exs__json_get_u64(c, "direct_xfers"),
+           exs__json_get_u64(c, "indirect_xfers"), exs__json_get_u64(c, "age_ms") / 1000);
     if (rate) {
         human_bytes((uint64_t)txr, a, sizeof(a));
         human_bytes((uint64_t)rxr, b, sizeof(b));
@@ -560,7 +560,8 @@ static void print_json_processes(struct reply *r, int n)
 static uint64_t mem_counter(const struct exs_json *cs, const char *name)
 {
     for (const struct exs_json *c = cs ? cs->child : NULL; c; c = c->next)
-        if (!strcmp(exs__json_get_str(c, "set"), "mem") && !strcmp(exs__json_get_str(c, "name"), name))
+        if (!strcmp(exs__json_get_str(c, "set"), "mem") &&
+            !strcmp(exs__json_get_str(c, "name"), name))
             return exs__json_get_u64(c, "value");
     return 0;
 }
@@ -851,7 +852,7 @@ static int cmd_set(int argc, char **argv)
  * the trace's clock offset. */
 struct chrome {
     FILE *f;
-    int   events;
+    int events;
 };
 
 static void chrome_event(struct chrome *c, const char *name, int pid, int tid, int64_t t0,
@@ -1076,9 +1077,18 @@ static int cmd_probe(int (*fn)(int, char **), int argc, char **argv)
     return fn(argc, v);
 }
 
-static int cmd_serve(int argc, char **argv) { return cmd_probe(exsctl_serve, argc, argv); }
-static int cmd_ping(int argc, char **argv) { return cmd_probe(exsctl_ping, argc, argv); }
-static int cmd_perf(int argc, char **argv) { return cmd_probe(exsctl_perf, argc, argv); }
+static int cmd_serve(int argc, char **argv)
+{
+    return cmd_probe(exsctl_serve, argc, argv);
+}
+static int cmd_ping(int argc, char **argv)
+{
+    return cmd_probe(exsctl_ping, argc, argv);
+}
+static int cmd_perf(int argc, char **argv)
+{
+    return cmd_probe(exsctl_perf, argc, argv);
+}
 
 struct exsctl_cmd {
     const char *name;
@@ -1097,7 +1107,10 @@ static const struct exsctl_cmd cmds[] = {
      "params [PID]            tunables (with PID: the running process's values)"},
     {"params", cmd_params, "params --markdown       the tunables table of spec/params.md"},
     {"set", cmd_set, "set PID NAME=VALUE      change an online tunable of a running process"},
-    {"trace", cmd_trace, "trace PID [--count N] [--timeout S] [--chrome FILE]  stream the process's log and request-trace records (--chrome: request traces as Chrome trace JSON; --from FILE converts an EXS_TRACE_FILE)"},
+    {"trace", cmd_trace,
+     "trace PID [--count N] [--timeout S] [--chrome FILE]  stream the process's log and "
+     "request-trace records (--chrome: request traces as Chrome trace JSON; --from FILE converts "
+     "an EXS_TRACE_FILE)"},
     /* probes (tools/exsctl_probe.c); their usage: exsctl_probe_usage */
     {"serve", cmd_serve, NULL},
     {"ping", cmd_ping, NULL},

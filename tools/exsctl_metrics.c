@@ -35,7 +35,7 @@ struct family {
     char key[METRICS_NAME_MAX];  /* the member (SRC_CONN, SRC_PROCSUM) or counter name */
     char set[METRICS_NAME_MAX];  /* SRC_SET: the set's name */
     const char *help;
-    int counter; /* else a gauge */
+    int counter;  /* else a gauge */
     double scale; /* value * scale: microseconds and milliseconds become seconds */
     enum fam_src src;
 };
@@ -168,8 +168,8 @@ struct families {
 };
 
 /* Add a family unless one of that name is there (two raw names may map to one). */
-static struct family *fam_add(struct families *fs, const char *prefix, const char *raw,
-                              int counter, const char *help, enum fam_src src)
+static struct family *fam_add(struct families *fs, const char *prefix, const char *raw, int counter,
+                              const char *help, enum fam_src src)
 {
     struct family *f;
     char name[METRICS_NAME_MAX];
@@ -219,8 +219,7 @@ static void fam_collect(struct families *fs, struct exsctl_stat *r, int n)
     for (size_t i = 0; i < sizeof(conn_gauges) / sizeof(conn_gauges[0]); i++) {
         fam_add(fs, "exs_conn_", conn_gauges[i].name, 0, conn_gauges[i].help, SRC_CONN);
         if (conn_gauges[i].summed)
-            fam_add(fs, "exs_process_", conn_gauges[i].name, 0, conn_gauges[i].help,
-                    SRC_PROCSUM);
+            fam_add(fs, "exs_process_", conn_gauges[i].name, 0, conn_gauges[i].help, SRC_PROCSUM);
     }
     for (int p = 0; p < n; p++) {
         const struct exs_json *conns = exs__json_get(r[p].j, "conns");
@@ -297,8 +296,8 @@ static void fam_print(FILE *out, const struct family *f, struct exsctl_stat *r, 
 }
 
 /* A family of one sample per process: the member key of its reply, times scale. */
-static void proc_family(FILE *out, struct exsctl_stat *r, int n, const char *name,
-                        const char *help, const char *type, const char *key, double scale)
+static void proc_family(FILE *out, struct exsctl_stat *r, int n, const char *name, const char *help,
+                        const char *type, const char *key, double scale)
 {
     put_head(out, name, help, type);
     for (int p = 0; p < n; p++) {

@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_SIZES 16
+#define MAX_SIZES  16
 #define MAX_ROUNDS 31
 
 static double now_s(void)
@@ -112,7 +112,8 @@ static void run_exs(int fd, exs_qhandle_t q, const char *buf, size_t size, long 
         if (n < 0)
             die("exs_qdequeue");
         for (int i = 0; i < n; i++) {
-            if (ev[i].exs_evt_errno || ev[i].exs_evt_u.exs_evt_xfer.exs_evt_result != (ssize_t)size) {
+            if (ev[i].exs_evt_errno ||
+                ev[i].exs_evt_u.exs_evt_xfer.exs_evt_result != (ssize_t)size) {
                 fprintf(stderr, "exs_send: errno %d result %zd\n", ev[i].exs_evt_errno,
                         (ssize_t)ev[i].exs_evt_u.exs_evt_xfer.exs_evt_result);
                 exit(1);
@@ -129,10 +130,14 @@ static long long parse_bytes(const char *s)
     long long v = strtoll(s, &end, 0);
 
     switch (*end) {
-    case 'K': return v << 10;
-    case 'M': return v << 20;
-    case 'G': return v << 30;
-    default: return v;
+    case 'K':
+        return v << 10;
+    case 'M':
+        return v << 20;
+    case 'G':
+        return v << 30;
+    default:
+        return v;
     }
 }
 
@@ -160,10 +165,10 @@ int main(int argc, char **argv)
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t salen = sizeof(sa);
     static const struct option opts[] = {
-        {"sizes", required_argument, NULL, 'z'}, {"bytes", required_argument, NULL, 'b'},
+        {"sizes", required_argument, NULL, 'z'},  {"bytes", required_argument, NULL, 'b'},
         {"rounds", required_argument, NULL, 'r'}, {"depth", required_argument, NULL, 'd'},
-        {"only", required_argument, NULL, 'o'}, {"size", required_argument, NULL, 's'},
-        {"count", required_argument, NULL, 'n'}, {NULL, 0, NULL, 0}};
+        {"only", required_argument, NULL, 'o'},   {"size", required_argument, NULL, 's'},
+        {"count", required_argument, NULL, 'n'},  {NULL, 0, NULL, 0}};
     int o, lfd, status;
     exs_qhandle_t q;
     pid_t pid;
@@ -176,12 +181,24 @@ int main(int argc, char **argv)
             for (char *t = strtok(optarg, ","); t && nsizes < MAX_SIZES; t = strtok(NULL, ","))
                 sizes[nsizes++] = (size_t)parse_bytes(t);
             break;
-        case 'b': bytes = parse_bytes(optarg); break;
-        case 'r': rounds = atoi(optarg); break;
-        case 'd': depth = atoi(optarg); break;
-        case 'o': only = optarg; break;
-        case 's': only_size = (size_t)parse_bytes(optarg); break;
-        case 'n': only_count = atol(optarg); break;
+        case 'b':
+            bytes = parse_bytes(optarg);
+            break;
+        case 'r':
+            rounds = atoi(optarg);
+            break;
+        case 'd':
+            depth = atoi(optarg);
+            break;
+        case 'o':
+            only = optarg;
+            break;
+        case 's':
+            only_size = (size_t)parse_bytes(optarg);
+            break;
+        case 'n':
+            only_count = atol(optarg);
+            break;
         default:
             fprintf(stderr, "usage: see the opening comment of bench/kfd/kfd_bench.c\n");
             return 2;

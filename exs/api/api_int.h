@@ -17,17 +17,17 @@
  * which checks each transition against the table in sock.c and traces it. Each posting
  * call's result in a state is in spec/api.md. */
 enum api_sock_state {
-    API_SOCK_NEW = 0,   /* exs_socket */
-    API_SOCK_BOUND,     /* exs_bind */
-    API_SOCK_LISTENING, /* exs_listen */
-    API_SOCK_CONNECTING,/* exs_connect accepted, or an accepted child not yet established */
-    API_SOCK_CONNECTED, /* connect event delivered / accepted */
-    API_SOCK_CLOSING,   /* exs_close: gone from the descriptor table; close job queued or
-                         * its conn closing (graceful: SHUTDOWN, then disconnect) */
-    API_SOCK_ABORTING,  /* exs_fini (or a child whose listener closed): as CLOSING, but
-                         * the conn is reset without SHUTDOWN */
-    API_SOCK_FINISHING, /* conn dead (or none): the finish job is queued; freed by the
-                         * last reference */
+    API_SOCK_NEW = 0,    /* exs_socket */
+    API_SOCK_BOUND,      /* exs_bind */
+    API_SOCK_LISTENING,  /* exs_listen */
+    API_SOCK_CONNECTING, /* exs_connect accepted, or an accepted child not yet established */
+    API_SOCK_CONNECTED,  /* connect event delivered / accepted */
+    API_SOCK_CLOSING,    /* exs_close: gone from the descriptor table; close job queued or
+                          * its conn closing (graceful: SHUTDOWN, then disconnect) */
+    API_SOCK_ABORTING,   /* exs_fini (or a child whose listener closed): as CLOSING, but
+                          * the conn is reset without SHUTDOWN */
+    API_SOCK_FINISHING,  /* conn dead (or none): the finish job is queued; freed by the
+                          * last reference */
     API_SOCK_STATE_COUNT
 };
 
@@ -37,17 +37,17 @@ struct api_mreg;
  * receive of one library buffer (gathered into before a send, scattered from after a
  * receive); its event is filled by exs__api_bounce_event. Owned by its operation. */
 struct api_bounce {
-    int                 evt_type; /* EXS_EVT_SENDMSG, RECVMSG or SENDFILE */
-    uint8_t            *buf;      /* malloc'd, len bytes (NULL when len is 0) */
-    size_t              len;
-    struct exs_prov_mr *mr;       /* exs socket: buf registered for the operation */
-    exs_iovec_t        *iov;      /* the list copied at post time (RECVMSG: scattered into) */
-    size_t              iovcnt;
-    struct api_mreg   **mregs;    /* iovcnt entries: each element's registration held busy, or NULL */
-    exs_iovec_t        *uiov;     /* echoed in the event */
-    size_t              len_req;  /* echoed: total length / sendfile count */
-    int                 in_fd;    /* echoed: SENDFILE */
-    off_t               offset;   /* echoed: SENDFILE */
+    int evt_type; /* EXS_EVT_SENDMSG, RECVMSG or SENDFILE */
+    uint8_t *buf; /* malloc'd, len bytes (NULL when len is 0) */
+    size_t len;
+    struct exs_prov_mr *mr; /* exs socket: buf registered for the operation */
+    exs_iovec_t *iov;       /* the list copied at post time (RECVMSG: scattered into) */
+    size_t iovcnt;
+    struct api_mreg **mregs; /* iovcnt entries: each element's registration held busy, or NULL */
+    exs_iovec_t *uiov;       /* echoed in the event */
+    size_t len_req;          /* echoed: total length / sendfile count */
+    int in_fd;               /* echoed: SENDFILE */
+    off_t offset;            /* echoed: SENDFILE */
 };
 /* Fill ev's type and union for an operation of b that ended with result (-1: error) and
  * rflags; a RECVMSG result is scattered into the list first. */
@@ -74,89 +74,89 @@ struct api_to {
 
 /* An operation in flight: the protocol op plus what its event needs. */
 struct api_op {
-    struct exs_op       op;       /* first: the proto layer sees only this */
-    int                 evt_type; /* EXS_EVT_* */
-    int                 fd;
-    exs_ahandle_t       ah;
-    struct exs_evq     *evq;      /* slot reserved */
-    struct api_sock    *sock;
-    struct api_mreg    *mreg;     /* registration referenced, or NULL */
-    struct exs_prov_mr *tmp_mr;   /* EXS_MHANDLE_UNREGISTERED: registered for this op */
-    struct api_bounce  *bounce;   /* exs_sendmsg / exs_recvmsg / exs_sendfile, or NULL */
-    struct exs_list     link;     /* listener: in sock->accepts */
+    struct exs_op op; /* first: the proto layer sees only this */
+    int evt_type;     /* EXS_EVT_* */
+    int fd;
+    exs_ahandle_t ah;
+    struct exs_evq *evq; /* slot reserved */
+    struct api_sock *sock;
+    struct api_mreg *mreg;      /* registration referenced, or NULL */
+    struct exs_prov_mr *tmp_mr; /* EXS_MHANDLE_UNREGISTERED: registered for this op */
+    struct api_bounce *bounce;  /* exs_sendmsg / exs_recvmsg / exs_sendfile, or NULL */
+    struct exs_list link;       /* listener: in sock->accepts */
     /* SO_ASYNC_*_TIMEOUT (poll.c), set at posting when the socket had one; the rest
      * under the socket's lock */
-    int                 to_armed;    /* it may get notices: op_done looks at to */
-    struct api_to       to;          /* in sock->to_ops while to.on */
+    int to_armed;     /* it may get notices: op_done looks at to */
+    struct api_to to; /* in sock->to_ops while to.on */
 };
 
 struct api_sock {
-    int                     fd;      /* the eventfd that is its descriptor */
-    int                     fd_open; /* fd not yet closed (exs_close closes it) */
-    int                     refs;    /* table, conn owner, children, callers in flight */
-    int                     domain;
-    int                     type;
-    enum api_sock_state     state;
-    pthread_mutex_t         lock;    /* state, lists below; api_sock_lock (lock order:
-                                      * conn, listener, child socket) */
-    int                     listener; /* atomic: exs_listen made it one (its lock level) */
+    int fd;      /* the eventfd that is its descriptor */
+    int fd_open; /* fd not yet closed (exs_close closes it) */
+    int refs;    /* table, conn owner, children, callers in flight */
+    int domain;
+    int type;
+    enum api_sock_state state;
+    pthread_mutex_t lock; /* state, lists below; api_sock_lock (lock order:
+                           * conn, listener, child socket) */
+    int listener;         /* atomic: exs_listen made it one (its lock level) */
 #ifdef EXS_LOCK_DEBUG
-    int                     held_level; /* under lock: the level it was taken at */
+    int held_level; /* under lock: the level it was taken at */
 #endif
     struct sockaddr_storage local, peer;
-    socklen_t               local_len, peer_len;
+    socklen_t local_len, peer_len;
     /* options */
-    uint32_t                rcvbuf;
-    int                     rcvbuf_set; /* SO_RCVBUF given: no ring autotuning */
-    uint32_t                sndbuf;  /* SO_SNDBUF: STREAM send buffer (protocol §7.5), 0 = off */
-    int                     xfer_mode;
-    int                     keepalive, keepalive_ms;
+    uint32_t rcvbuf;
+    int rcvbuf_set;  /* SO_RCVBUF given: no ring autotuning */
+    uint32_t sndbuf; /* SO_SNDBUF: STREAM send buffer (protocol §7.5), 0 = off */
+    int xfer_mode;
+    int keepalive, keepalive_ms;
     /* connection */
-    struct exs_conn        *conn;
-    struct api_op          *connect_op; /* pending exs_connect */
-    struct api_op          *close_op;   /* pending exs_close event (may have evq NULL: sync) */
-    int                     n_send, n_recv; /* outstanding operations (EXS_SOCK_MAX_OPS) */
+    struct exs_conn *conn;
+    struct api_op *connect_op; /* pending exs_connect */
+    struct api_op *close_op;   /* pending exs_close event (may have evq NULL: sync) */
+    int n_send, n_recv;        /* outstanding operations (EXS_SOCK_MAX_OPS) */
     /* listener */
     struct exs_eng_listener lis;
-    int                     backlog;        /* bounds established children not yet accepted */
-    int                     n_embryo;       /* children being established */
-    struct exs_list         ready;          /* established children waiting for exs_accept */
-    struct exs_list         accepts;        /* pending exs_accept ops */
-    int                     n_ready, n_accepts; /* lengths of ready and accepts */
+    int backlog;             /* bounds established children not yet accepted */
+    int n_embryo;            /* children being established */
+    struct exs_list ready;   /* established children waiting for exs_accept */
+    struct exs_list accepts; /* pending exs_accept ops */
+    int n_ready, n_accepts;  /* lengths of ready and accepts */
     /* requests waiting for room (sock.c, "the listener's queues"): a FIFO of struct
      * sock_deferred under lock; the job that starts those there is room for; the oldest
      * one's deadline (progress thread); the provider listeners told to stop taking
      * requests (progress thread) */
-    struct exs_list         deferred;
-    int                     n_deferred;
-    struct exs_job          defer_job;
-    int                     defer_job_busy; /* defer_job queued (lock) */
-    struct exs_eng_timer    defer_timer;
-    int                     defer_timer_on;
-    int                     defer_paused;
-    struct api_sock        *parent;         /* child: its listener until accepted */
-    struct exs_list         child_link;     /* in parent->ready */
-    struct exs_job          close_job;      /* sock_close: the listener or conn part */
-    struct exs_job          finish_job;     /* entering FINISHING: sock_finish_close_job */
-    struct exs_eng_timer    close_timer;    /* a close that hangs (frozen peer) is aborted */
+    struct exs_list deferred;
+    int n_deferred;
+    struct exs_job defer_job;
+    int defer_job_busy; /* defer_job queued (lock) */
+    struct exs_eng_timer defer_timer;
+    int defer_timer_on;
+    int defer_paused;
+    struct api_sock *parent;          /* child: its listener until accepted */
+    struct exs_list child_link;       /* in parent->ready */
+    struct exs_job close_job;         /* sock_close: the listener or conn part */
+    struct exs_job finish_job;        /* entering FINISHING: sock_finish_close_job */
+    struct exs_eng_timer close_timer; /* a close that hangs (frozen peer) is aborted */
     /* the conn's periodic check (exs__conn_timer: handshake deadline, keepalive, send
      * stall), on the progress thread; ka_job starts it after exs_connect */
-    struct exs_eng_timer    conn_timer;
-    struct exs_job          ka_job;
-    int                     ka_job_busy;    /* ka_job queued (lock) */
+    struct exs_eng_timer conn_timer;
+    struct exs_job ka_job;
+    int ka_job_busy; /* ka_job queued (lock) */
     /* SO_ASYNC_SEND_TIMEOUT / SO_ASYNC_RECV_TIMEOUT (poll.c; under lock): interval ms (0:
      * off) | EXS_TIMEOUT_ONCE; the operations that may still get notices; their timer
      * (holds a socket reference while on) and the job that (re)arms it */
-    int                     snd_timeo, rcv_timeo;
-    struct exs_list         to_ops;
-    struct exs_eng_timer    to_timer;
-    int                     to_timer_on;    /* progress thread */
-    struct exs_job          to_job;
-    int                     to_job_busy;    /* to_job queued (lock) */
-    int                     to_posting;     /* armed ops being handed to the conn (lock):
-                                             * no notice meanwhile (the post may fail) */
+    int snd_timeo, rcv_timeo;
+    struct exs_list to_ops;
+    struct exs_eng_timer to_timer;
+    int to_timer_on; /* progress thread */
+    struct exs_job to_job;
+    int to_job_busy; /* to_job queued (lock) */
+    int to_posting;  /* armed ops being handed to the conn (lock):
+                      * no notice meanwhile (the post may fail) */
     /* SO_LINGER (exit.c; under lock): set, and its l_onoff and l_linger (seconds) */
-    int                     linger_set, linger_on, linger_s;
+    int linger_set, linger_on, linger_s;
 };
 
 /* A socket's lock, at its level in the lock order: a listener's comes before its
@@ -228,7 +228,7 @@ int exs__api_poll_cancel(exs_ahandle_t ah, int flags);
  * slot of the first notice and register the op (0, or EAGAIN: the queue cannot take the
  * notice too). After a failed hand-over: unregister. In op_done, before its event:
  * unregister (the notices end before the completion) and free an unused slot. */
-int  exs__api_to_op_start(struct api_sock *s, struct api_op *op, int recv);
+int exs__api_to_op_start(struct api_sock *s, struct api_op *op, int recv);
 void exs__api_to_op_posted(struct api_sock *s); /* the hand-over of a started op ended */
 void exs__api_to_op_end(struct api_op *op);
 /* Progress thread: run a notice timer t for the earliest notice due at next (ns;

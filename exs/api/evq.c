@@ -49,7 +49,7 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
  * thread that empties the queue clears qfd under the lock.
  */
 
-#define EVQ_DEPTH_MAX   (1 << 20) /* largest depth accepted by exs_qcreate */
+#define EVQ_DEPTH_MAX (1 << 20) /* largest depth accepted by exs_qcreate */
 
 /* Handle = gen << 16 | (index + 1): never 0 or negative; gen is 15 bits. */
 #define EVQ_IDX_BITS  16
@@ -425,7 +425,7 @@ int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
 #ifndef __has_feature
 #define __has_feature(x) 0
 #endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) ||                              \
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) ||                               \
     __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define OP_CACHE_MAX 0 /* every block to free(): the sanitizers see each use after free */
 #else
@@ -438,10 +438,10 @@ struct op_block {
 };
 
 static __thread struct op_block *op_cache;
-static __thread unsigned         op_cache_n;
-static pthread_key_t             op_cache_key;
-static pthread_once_t            op_cache_once = PTHREAD_ONCE_INIT;
-static int                       op_cache_keyed; /* the key exists: lists may be kept */
+static __thread unsigned op_cache_n;
+static pthread_key_t op_cache_key;
+static pthread_once_t op_cache_once = PTHREAD_ONCE_INIT;
+static int op_cache_keyed; /* the key exists: lists may be kept */
 
 static void op_cache_thread_exit(void *arg)
 {
@@ -505,9 +505,7 @@ void exs__evq_op_free(void *mem, size_t size)
     op_cache_n++;
 }
 #else
-void exs__evq_op_cache_flush(void)
-{
-}
+void exs__evq_op_cache_flush(void) {}
 
 static void *op_alloc(size_t size)
 {

@@ -24,7 +24,7 @@
 struct exs_evq;
 
 /* Look up a queue by handle and take a reference. -EINVAL: no such live queue. */
-int  exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p);
+int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p);
 void exs__evq_put(struct exs_evq *evq);
 /* The handle of a queue. */
 exs_qhandle_t exs__evq_handle(const struct exs_evq *evq);
@@ -32,7 +32,7 @@ exs_qhandle_t exs__evq_handle(const struct exs_evq *evq);
 /* Reserve one slot. -EAGAIN: the queue is full (queued + reserved == depth);
  * -EINVAL: the queue is being deleted. Each successful reserve takes a reference on the
  * queue that the matching post or unreserve drops. */
-int  exs__evq_reserve(struct exs_evq *evq);
+int exs__evq_reserve(struct exs_evq *evq);
 /* A posting call's first step: look q up, reserve one slot in it (the reservation holds
  * the reference to *evq_p) and allocate size zeroed bytes for the operation that will
  * post into it. NULL with *err_p = EINVAL (no such live queue), EAGAIN (full) or ENOMEM;

@@ -113,7 +113,8 @@ static void exit_linger(struct exit_run *r)
     free(all);
     if (r && last) {
         pthread_mutex_lock(&r->lock);
-        r->bound_ns = EXS_MAX(r->bound_ns, last + (exs__params.close_timeout_ms + 1000u) * 1000000u);
+        r->bound_ns =
+            EXS_MAX(r->bound_ns, last + (exs__params.close_timeout_ms + 1000u) * 1000000u);
         pthread_cond_signal(&r->cond);
         pthread_mutex_unlock(&r->lock);
     }
@@ -160,7 +161,6 @@ static void exit_linger(struct exit_run *r)
     free(e);
     /* exs_fini deletes q with the rest */
 }
-
 
 static void exit_run_put(struct exit_run *r)
 {

@@ -40,9 +40,9 @@
  * operation that fails so returns the errno (no event), as the check before the cache
  * did. A receive has no such probe (TCP and AF_UNIX sockets answer recvmsg alike), so
  * each receive is checked (one fstat). The state of a connection (the latched error) is
- * dropped when the queues empty, where the kfd itself went before the cache. The descriptor's file status flags are never touched:
- * every send and recv is made with MSG_DONTWAIT (and MSG_NOSIGNAL: a reset peer gives
- * EPIPE, not SIGPIPE).
+ * dropped when the queues empty, where the kfd itself went before the cache. The descriptor's file
+ * status flags are never touched: every send and recv is made with MSG_DONTWAIT (and MSG_NOSIGNAL:
+ * a reset peer gives EPIPE, not SIGPIPE).
  *
  * Who moves bytes: the posting thread tries at once (the new operation is at the head of
  * its queue); what the kernel cannot take or give now waits for readiness. The
@@ -71,9 +71,9 @@
 static pthread_mutex_t kfd_tab_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kfd **kfd_tab;
 static int kfd_tab_len;
-static int kfd_live;                /* kfds with something pending (counted) + operations */
-static int kfd_cached;              /* every struct kfd */
-static uint32_t kfd_gen;            /* kfd_tab_lock */
+static int kfd_live;     /* kfds with something pending (counted) + operations */
+static int kfd_cached;   /* every struct kfd */
+static uint32_t kfd_gen; /* kfd_tab_lock */
 
 /* The epoll set of the descriptors that wait, and its libev watcher (made when a first
  * operation waits, gone at exs_fini). kfd_ep is written under kfd_tab_lock with atomic
@@ -287,7 +287,6 @@ void exs__api_kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t res
     exs__evq_post(evq, &ev);
 }
 
-
 /* Drop op without an event (exs_fini). */
 void exs__api_kfd_op_drop(struct kfd_op *op)
 {
@@ -336,10 +335,10 @@ static int kfd_refused_locked(struct kfd *k, int err, int probed)
         return e;
     if (probed && !k->probe)
         return -1; /* another stream socket that refuses the probe (AF_UNIX) */
-    if (probed && (err == EINVAL || err == EISCONN || err == EOPNOTSUPP ||
-                   err == EAFNOSUPPORT || err == EDESTADDRREQ)) {
-        EXS_DBG(API, "kfd %d: the socket refuses the probe (%s): checked at each operation",
-                k->fd, strerror(err));
+    if (probed && (err == EINVAL || err == EISCONN || err == EOPNOTSUPP || err == EAFNOSUPPORT ||
+                   err == EDESTADDRREQ)) {
+        EXS_DBG(API, "kfd %d: the socket refuses the probe (%s): checked at each operation", k->fd,
+                strerror(err));
         k->probe = 0;
         return -1;
     }
@@ -638,7 +637,8 @@ void exs__api_kfd_run_ready(void)
 /* The opening of every call with an operation: a new operation with its event slot in *q;
  * a synchronous call's (sync) *q is made the thread's own queue first, which the call then
  * ends on (exs__api_call_end, or exs__api_sync_fail when op is NULL: *err_p set). */
-struct kfd_op *exs__api_kfd_op_new(int type, int sync, exs_qhandle_t *q, exs_ahandle_t ah, int *err_p)
+struct kfd_op *exs__api_kfd_op_new(int type, int sync, exs_qhandle_t *q, exs_ahandle_t ah,
+                                   int *err_p)
 {
     struct exs_evq *evq;
     struct kfd_op *op;
@@ -987,7 +987,6 @@ void exs__api_kfd_close_all(void)
     }
     EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
 }
-
 
 /* A forked child (fork.c): the parent's operations on kernel sockets are its own (the
  * sockets are the application's, shared, and stay open); their state, the cached checks

@@ -10,7 +10,6 @@
 #include "exs/api/api_int.h"
 #include "exs/util/list.h"
 
-
 struct kfd_op {
     struct exs_list link; /* in k->sendq or k->recvq */
     int type;             /* EXS_EVT_SEND, RECV, SHUTDOWN or CLOSE */
@@ -81,7 +80,8 @@ int exs__api_kfd_is_stream(int fd);
 void exs__api_kfd_lock(struct kfd *k);
 void exs__api_kfd_op_drop(struct kfd_op *op);
 void exs__api_kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t result, int err);
-struct kfd_op *exs__api_kfd_op_new(int type, int sync, exs_qhandle_t *q, exs_ahandle_t ah, int *err_p);
+struct kfd_op *exs__api_kfd_op_new(int type, int sync, exs_qhandle_t *q, exs_ahandle_t ah,
+                                   int *err_p);
 void exs__api_kfd_put(struct kfd *k);
 void exs__api_kfd_ref(struct kfd *k);
 void exs__api_kfd_run_locked(struct kfd *k);

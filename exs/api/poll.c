@@ -833,7 +833,8 @@ void exs__api_poll_fork_child(void)
 {
     struct exs_list *n;
 
-    exs_list_for_each(n, &poll_active) {
+    exs_list_for_each(n, &poll_active)
+    {
         struct api_poll *p = exs_list_entry(n, struct api_poll, link);
 
         exs__forsake(p);

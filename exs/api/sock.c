@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* ES-API sockets: descriptor table, state machine, connections, socket/bind/connect/shutdown/close. */
+/* ES-API sockets: descriptor table, state machine, connections, socket/bind/connect/shutdown/close.
+ */
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -69,7 +70,7 @@ struct api_sock *exs__api_sock_get(int fd, int *err_p)
     struct api_sock *s = exs__api_sock_find(fd);
 
     if (!s)
-        *err_p = exs__api_fork_stale(fd)                        ? ESTALE
+        *err_p = exs__api_fork_stale(fd)                 ? ESTALE
                  : (fd >= 0 && fcntl(fd, F_GETFD) != -1) ? ENOTSOCK
                                                          : EBADF;
     return s;
@@ -171,10 +172,14 @@ int exs__api_sock_list(struct api_sock ***all_p, int *n_p)
 /* ---- the socket's state machine (spec/states.md, "Socket") ---- */
 
 static const char *const sock_state_names[API_SOCK_STATE_COUNT] = {
-    [API_SOCK_NEW] = "NEW",           [API_SOCK_BOUND] = "BOUND",
-    [API_SOCK_LISTENING] = "LISTENING", [API_SOCK_CONNECTING] = "CONNECTING",
-    [API_SOCK_CONNECTED] = "CONNECTED", [API_SOCK_CLOSING] = "CLOSING",
-    [API_SOCK_ABORTING] = "ABORTING",   [API_SOCK_FINISHING] = "FINISHING",
+    [API_SOCK_NEW] = "NEW",
+    [API_SOCK_BOUND] = "BOUND",
+    [API_SOCK_LISTENING] = "LISTENING",
+    [API_SOCK_CONNECTING] = "CONNECTING",
+    [API_SOCK_CONNECTED] = "CONNECTED",
+    [API_SOCK_CLOSING] = "CLOSING",
+    [API_SOCK_ABORTING] = "ABORTING",
+    [API_SOCK_FINISHING] = "FINISHING",
 };
 
 const char *exs__api_sock_state_name(enum api_sock_state st)
@@ -183,8 +188,8 @@ const char *exs__api_sock_state_name(enum api_sock_state st)
 }
 
 #define SOCK_BIT(_st) (1u << (_st))
-#define SOCK_OPEN_STATES                                                                   \
-    (SOCK_BIT(API_SOCK_NEW) | SOCK_BIT(API_SOCK_BOUND) | SOCK_BIT(API_SOCK_LISTENING) |     \
+#define SOCK_OPEN_STATES                                                                           \
+    (SOCK_BIT(API_SOCK_NEW) | SOCK_BIT(API_SOCK_BOUND) | SOCK_BIT(API_SOCK_LISTENING) |            \
      SOCK_BIT(API_SOCK_CONNECTING) | SOCK_BIT(API_SOCK_CONNECTED))
 
 /* The transition table: from each state, the states it may go to (spec/states.md). */
@@ -194,8 +199,8 @@ static const uint32_t sock_next[API_SOCK_STATE_COUNT] = {
                      SOCK_BIT(API_SOCK_ABORTING),
     [API_SOCK_BOUND] = SOCK_BIT(API_SOCK_LISTENING) | SOCK_BIT(API_SOCK_CONNECTING) |
                        SOCK_BIT(API_SOCK_CLOSING) | SOCK_BIT(API_SOCK_ABORTING),
-    [API_SOCK_LISTENING] = SOCK_BIT(API_SOCK_BOUND) | SOCK_BIT(API_SOCK_CLOSING) |
-                           SOCK_BIT(API_SOCK_ABORTING),
+    [API_SOCK_LISTENING] =
+        SOCK_BIT(API_SOCK_BOUND) | SOCK_BIT(API_SOCK_CLOSING) | SOCK_BIT(API_SOCK_ABORTING),
     [API_SOCK_CONNECTING] = SOCK_BIT(API_SOCK_NEW) | SOCK_BIT(API_SOCK_BOUND) |
                             SOCK_BIT(API_SOCK_CONNECTED) | SOCK_BIT(API_SOCK_CLOSING) |
                             SOCK_BIT(API_SOCK_ABORTING) | SOCK_BIT(API_SOCK_FINISHING),
@@ -360,7 +365,7 @@ static void sock_ka_job(struct exs_job *job)
 
 static void sock_post_simple(struct api_op *op, int type, int err)
 {
-    exs_event_t ev = { .exs_evt_type = type, .exs_evt_errno = err };
+    exs_event_t ev = {.exs_evt_type = type, .exs_evt_errno = err};
 
     if (type == EXS_EVT_ACCEPT)
         ev.exs_evt_u.exs_evt_accept.exs_evt_newfd = -1;
@@ -368,7 +373,6 @@ static void sock_post_simple(struct api_op *op, int type, int err)
         ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : 0;
     exs__api_op_event(op, &ev);
 }
-
 
 /* Progress thread: the connect of s failed on the primary provider with errno err (the
  * failed conn is gone): connect again to the same address over the fallback context
@@ -437,7 +441,7 @@ static void sock_connect_fallback_later(struct api_sock *s, struct exs_conn *con
 {
     EXS_INFO(API, "fd %d: the primary's connect call failed (%s): over the fallback", s->fd,
              strerror(err));
-    conn->err = err; /* read by the job */
+    conn->err = err;      /* read by the job */
     exs__api_sock_ref(s); /* the job's */
     conn->owner_job.fn = sock_fallback_job;
     exs__engine_post(&conn->owner_job);
@@ -578,8 +582,8 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
         if (s->state != API_SOCK_NEW) {
             err = EINVAL;
         } else {
-            s->local_len = s->domain == AF_INET ? sizeof(struct sockaddr_in)
-                                                : sizeof(struct sockaddr_in6);
+            s->local_len =
+                s->domain == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
             memcpy(&s->local, addr, s->local_len);
             exs__api_sock_set_state(s, API_SOCK_BOUND, "bind");
         }
@@ -588,7 +592,6 @@ int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen)
     exs__api_sock_put(s);
     return err ? exs__err(err) : 0;
 }
-
 
 int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhandle_t q,
                 exs_ahandle_t ah)
@@ -654,7 +657,7 @@ int exs_connect(int fd, const struct sockaddr *addr, socklen_t addrlen, exs_qhan
         s->connect_op = NULL;
         if (!sock_is_closing(s))
             exs__api_sock_set_state(s, s->local_len ? API_SOCK_BOUND : API_SOCK_NEW,
-                               "connect failed");
+                                    "connect failed");
         goto out;
     }
     if (!s->ka_job_busy && !sock_is_closing(s)) {
@@ -838,7 +841,7 @@ void exs__api_sock_close(struct api_sock *s, struct api_op *op, int abort_)
     exs__api_sock_ref(s);
     was = s->state;
     exs__api_sock_set_state(s, abort_ ? API_SOCK_ABORTING : API_SOCK_CLOSING,
-                       abort_ ? "exs_fini" : "exs_close");
+                            abort_ ? "exs_fini" : "exs_close");
     s->close_op = op;
     if (s->fd_open) {
         close(s->fd);

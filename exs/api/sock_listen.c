@@ -60,9 +60,9 @@ static int sock_resume_request(struct api_sock *lis, const struct exs_prov_cm_ev
  * peer. */
 
 struct sock_deferred {
-    struct exs_list          link;        /* lis->deferred, oldest first */
-    uint64_t                 deadline_ns; /* refused (reason 3) if still waiting then */
-    struct exs_prov_cm_event ev;          /* the request, its peer and its hello */
+    struct exs_list link;        /* lis->deferred, oldest first */
+    uint64_t deadline_ns;        /* refused (reason 3) if still waiting then */
+    struct exs_prov_cm_event ev; /* the request, its peer and its hello */
 };
 
 static void sock_defer_job(struct exs_job *job);
@@ -98,7 +98,7 @@ void exs__api_sock_defer_kick_locked(struct api_sock *lis)
 /* Refuse request ev with reason (consumes ev->req). */
 static void sock_refuse(struct api_sock *lis, const struct exs_prov_cm_event *ev, int reason)
 {
-    struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
+    struct exs_wire_reject rej = {.magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION};
 
     EXS_INFO(API, "listener fd %d: connection request refused, reason %d", lis->fd, reason);
     rej.reason = (uint8_t)reason;
@@ -139,7 +139,7 @@ static void sock_start_child(struct api_sock *lis, const struct exs_prov_cm_even
         ret = exs__conn_accept(c->conn, ev->req, ev->private_data);
         if (!ret) {
             exs__api_sock_conn_timer_kick(c); /* the handshake deadline */
-            return; /* sock_conn_established follows */
+            return;                           /* sock_conn_established follows */
         }
         EXS_INFO(API, "listener fd %d: accept failed: %s", lis->fd, strerror(-ret));
         reason = EXS_WIRE_REJ_RESOURCES; /* nothing is sent to a peer that is gone */
@@ -162,8 +162,7 @@ static void sock_start_child(struct api_sock *lis, const struct exs_prov_cm_even
 
 /* Request ev waits for room (lock held): 0, or the reason it is refused instead.
  * *pause_p: it is the one that filled the FIFO, pause the provider listeners. */
-static int sock_defer_locked(struct api_sock *lis, const struct exs_prov_cm_event *ev,
-                             int *pause_p)
+static int sock_defer_locked(struct api_sock *lis, const struct exs_prov_cm_event *ev, int *pause_p)
 {
     uint64_t max = __atomic_load_n(&exs__params.listen_defer_max, __ATOMIC_RELAXED);
     uint64_t wait_ms = __atomic_load_n(&exs__params.connect_timeout_ms, __ATOMIC_RELAXED) / 2;
@@ -302,7 +301,7 @@ static void sock_defer_job(struct exs_job *job)
 static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_cm_event *ev)
 {
     struct api_sock *lis = exs_container_of(el, struct api_sock, lis);
-    struct exs_wire_reject rej = { .magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION };
+    struct exs_wire_reject rej = {.magic = htobe16(EXS_WIRE_MAGIC), .version = EXS_WIRE_VERSION};
     int reason, start = 0, deferred = 0, pause = 0;
 
     /* Decide under the listener's lock: a place for the handshake now, or a place in the
@@ -333,8 +332,8 @@ static void sock_on_request(struct exs_eng_listener *el, const struct exs_prov_c
         if (pause && !exs__engine_listener_pause(&lis->lis, 1)) {
             lis->defer_paused = 1; /* progress thread */
             EXS_CNT_INC(exs__eng_cnt.listen_pauses);
-            EXS_INFO(API, "listener fd %d: %d requests waiting: provider listener paused",
-                     lis->fd, lis->n_deferred);
+            EXS_INFO(API, "listener fd %d: %d requests waiting: provider listener paused", lis->fd,
+                     lis->n_deferred);
         }
         sock_defer_after(lis);
     } else {
@@ -365,8 +364,8 @@ int exs_listen(int fd, int backlog)
     if (s->state == API_SOCK_NEW) {
         memset(&s->local, 0, sizeof(s->local));
         s->local.ss_family = (sa_family_t)s->domain;
-        s->local_len = s->domain == AF_INET ? sizeof(struct sockaddr_in)
-                                            : sizeof(struct sockaddr_in6);
+        s->local_len =
+            s->domain == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
     }
     s->lis.on_request = sock_on_request;
     s->backlog = backlog;
@@ -392,10 +391,10 @@ out:
 void exs__api_sock_deliver_accepts_locked(struct api_sock *lis)
 {
     while (!exs_list_empty(&lis->ready) && !exs_list_empty(&lis->accepts)) {
-        struct api_sock *c = exs_list_entry(exs_list_pop_head(&lis->ready), struct api_sock,
-                                            child_link);
+        struct api_sock *c =
+            exs_list_entry(exs_list_pop_head(&lis->ready), struct api_sock, child_link);
         struct api_op *op = exs_list_entry(exs_list_pop_head(&lis->accepts), struct api_op, link);
-        exs_event_t ev = { .exs_evt_type = EXS_EVT_ACCEPT };
+        exs_event_t ev = {.exs_evt_type = EXS_EVT_ACCEPT};
 
         lis->n_ready--;
         lis->n_accepts--;

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* ES-API sockets: names (exs_getsockname, exs_getpeername) and options (exs_setsockopt, exs_getsockopt). */
+/* ES-API sockets: names (exs_getsockname, exs_getpeername) and options (exs_setsockopt,
+ * exs_getsockopt). */
 #include <endian.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -164,7 +165,7 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
         goto out;
     }
     if (level == SOL_EXS && optname == EXS_SO_STATS) {
-        struct exs_sock_stats st = { 0 };
+        struct exs_sock_stats st = {0};
         socklen_t n = EXS_MIN(*optlen, (socklen_t)sizeof(st));
 
         /* The struct only grows at its end: a caller built against an older header

@@ -17,12 +17,12 @@
 #define MREG_IDX_MASK  ((1 << MREG_GEN_SHIFT) - 1)
 
 struct api_mreg {
-    void               *addr;
-    size_t              len;
+    void *addr;
+    size_t len;
     struct exs_prov_mr *mr;
     struct exs_prov_mr *mr_fb; /* on the fallback context, made at its first use there */
-    int                 busy; /* operations using it */
-    int                 handle;
+    int busy;                  /* operations using it */
+    int handle;
 };
 
 static pthread_mutex_t mreg_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -55,8 +55,8 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         return EXS_MHANDLE_INVALID;
     }
     ret = exs__prov_mr_reg(exs__engine_ctx(), addr, len,
-                                 EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
-                                         &m->mr);
+                           EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
+                           &m->mr);
     if (ret) {
         free(m);
         errno = ret == -ENOMEM ? ENOMEM : EINVAL;
@@ -281,7 +281,7 @@ void exs__api_op_event(struct api_op *op, const exs_event_t *ev_in)
 static void op_done(struct exs_op *pop)
 {
     struct api_op *op = exs_container_of(pop, struct api_op, op);
-    exs_event_t ev = { .exs_evt_errno = pop->err };
+    exs_event_t ev = {.exs_evt_errno = pop->err};
 
     if (op->evt_type == EXS_EVT_SEND || (op->bounce && pop->kind == EXS_OP_SEND))
         __atomic_fetch_sub(&op->sock->n_send, 1, __ATOMIC_RELAXED);
@@ -478,7 +478,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         len = b->len;
     }
     if (!s && exs__api_fork_stale(fd)) { /* inherited from a parent (fork.c): no system call
-                                            * unless fd was one */
+                                          * unless fd was one */
         if (b)
             exs__api_bounce_free(b);
         return exs__err(ESTALE);

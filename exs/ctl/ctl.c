@@ -205,7 +205,8 @@ static void client_request_words(struct ctl_client *c, char *line)
         exs__jbuf_obj_end(b);
         exs__jbuf_raw(b, "\n", 1);
     } else {
-        exs__ctl_reply_error(b, EINVAL, "unknown request (hello, stat, params, set NAME VALUE, trace)");
+        exs__ctl_reply_error(b, EINVAL,
+                             "unknown request (hello, stat, params, set NAME VALUE, trace)");
     }
     if (b->overflow) {
         exs__jbuf_reset(b);
@@ -691,7 +692,8 @@ void exs__ctl_fork_child(void)
     exs__reqtrace_set_sink(NULL);
     exs__pv_set_sink(NULL);
     if (ctl.lfd >= 0) {
-        exs_list_for_each(n, &ctl.clients) {
+        exs_list_for_each(n, &ctl.clients)
+        {
             struct ctl_client *c = exs_list_entry(n, struct ctl_client, link);
 
             if (c->fd >= 0)

@@ -209,7 +209,8 @@ void exs__ctl_kv_log_level(struct exs_jbuf *b)
 }
 
 /* A stat streams: the head now, then CTL_STAT_BATCH sockets each time the previous part
- * is written (exs__ctl_stat_step), so the progress lock is never held for all connections at once. */
+ * is written (exs__ctl_stat_step), so the progress lock is never held for all connections at once.
+ */
 void exs__ctl_req_stat(struct ctl_client *c)
 {
     struct exs_jbuf *b = &c->out;

@@ -49,8 +49,8 @@ static struct {
     struct exs_list jobs;
     int stopping;
     int running;
-    int manual;     /* provider opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
-    int drivers;    /* atomic: application threads inside a wait */
+    int manual;         /* provider opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
+    int drivers;        /* atomic: application threads inside a wait */
     unsigned leave_gen; /* atomic: drivers that left, ever */
     uint64_t leave_ns;  /* atomic: when a driver last left */
     uint64_t gap_ns;    /* atomic: the application's remembered gap between waits, noted
@@ -58,12 +58,12 @@ static struct {
     uint64_t gap_at;    /* atomic */
     int lease_idle;     /* atomic: the lease is stopped; the last driver to leave wakes the loop */
     unsigned seen_gen;  /* plock (loop): leave_gen at the previous lease */
-    int io_on;      /* plock: the loop watches the provider's event fd */
-    int psleepers;  /* atomic: application threads armed for, or asleep on, the event fds
-                       (exs__engine_arm .. exs__engine_arm_end) */
-    int armed;      /* plock: the contexts were armed since the last disarm */
-    int loop_dirty; /* plock: a non-loop holder changed a watcher */
-    int njobs;      /* atomic: queued jobs (a sleeper looks before sleeping) */
+    int io_on;          /* plock: the loop watches the provider's event fd */
+    int psleepers;      /* atomic: application threads armed for, or asleep on, the event fds
+                           (exs__engine_arm .. exs__engine_arm_end) */
+    int armed;          /* plock: the contexts were armed since the last disarm */
+    int loop_dirty;     /* plock: a non-loop holder changed a watcher */
+    int njobs;          /* atomic: queued jobs (a sleeper looks before sleeping) */
 } eng = {
     .plock = PTHREAD_MUTEX_INITIALIZER,
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -77,8 +77,8 @@ static __thread uint64_t eng_poll_end_ns;
 /* What the last progress pass did (plock): slow-poll and slow-section reports. */
 static struct eng_pass {
     unsigned cqes, cms, jobs;
-    uint64_t ns;              /* its duration (measured while a threshold is set) */
-    void   (*slow_fn)(struct exs_job *job); /* its slowest job */
+    uint64_t ns;                          /* its duration (measured while a threshold is set) */
+    void (*slow_fn)(struct exs_job *job); /* its slowest job */
     uint64_t slow_fn_ns;
 } eng_pass;
 static __thread int eng_is_loop; /* this thread is the libev loop's */
@@ -251,7 +251,7 @@ static int eng_run_jobs(void)
     EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     while ((n = exs_list_pop_head(&todo))) {
         struct exs_job *job = exs_list_entry(n, struct exs_job, link);
-        void (*fn)(struct exs_job *job) = job->fn;
+        void (*fn)(struct exs_job * job) = job->fn;
         uint64_t t0 = exs__params.slow_threshold_us ? exs__now_ns() : 0;
 
         job->queued = 0;
@@ -399,13 +399,14 @@ static void eng_poll_check(void)
     uint64_t now = exs__now_ns(), gap;
 
     if (eng_poll_end_ns && (gap = now - eng_poll_end_ns) > warn_us * 1000u)
-        EXS_WARN(ENG,
-                 "slow poller: this thread drove progress again after %" PRIu64
-                 " us without waiting in the library (polling_warn_cycle_us %" PRIu64
-                 "); its previous pass ran %u completions, %u connection events, %u jobs in %"
-                 PRIu64 " us",
-                 gap / 1000u, warn_us, eng_poll_last.cqes, eng_poll_last.cms,
-                 eng_poll_last.jobs, eng_poll_last.ns / 1000u);
+        EXS_WARN(
+            ENG,
+            "slow poller: this thread drove progress again after %" PRIu64
+            " us without waiting in the library (polling_warn_cycle_us %" PRIu64
+            "); its previous pass ran %u completions, %u connection events, %u jobs in %" PRIu64
+            " us",
+            gap / 1000u, warn_us, eng_poll_last.cqes, eng_poll_last.cms, eng_poll_last.jobs,
+            eng_poll_last.ns / 1000u);
     eng_poll_end_ns = now;
 }
 
@@ -506,9 +507,9 @@ void exs__engine_driver_enter(void)
         /* back from a gap: how long the application was away (posting, or computing) */
         uint64_t now = exs__now_ns(), lease_ns = (uint64_t)exs__params.lease_us * 1000u;
         uint64_t gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
-        uint64_t g = exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
-                                         __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now,
-                                         lease_ns);
+        uint64_t g =
+            exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
+                                __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now, lease_ns);
 
         /* a longer gap is the application computing: not remembered */
         if (gap <= (uint64_t)EXS_ENG_HYST_LEASES * lease_ns && gap >= g) {

@@ -67,7 +67,7 @@ struct exs_eng_listener {
 };
 
 /* Open the provider and start the progress thread. Errors: provider errors, -ENOMEM. */
-int  exs__engine_start(void);
+int exs__engine_start(void);
 /* Stop the thread and close the provider (every conn and listener must be gone). */
 void exs__engine_stop(void);
 struct exs_prov_ctx *exs__engine_ctx(void);
@@ -102,9 +102,9 @@ void exs__engine_post(struct exs_job *job);
 /* Run fn(arg) on the progress thread and wait for it (not from the progress thread). */
 void exs__engine_call(void (*fn)(void *arg), void *arg);
 /* 1 when this thread holds the progress lock. */
-int  exs__engine_on_thread(void);
+int exs__engine_on_thread(void);
 /* 1 when the provider was opened with EXS_PROV_ATTR_MANUAL_PROGRESS. */
-int  exs__engine_manual(void);
+int exs__engine_manual(void);
 
 /* Drive progress from an application thread: take the progress lock (with
  * EXS_ENG_DRIVE_TRY only if free), run the provider, completions, cm events and jobs
@@ -113,7 +113,7 @@ int  exs__engine_manual(void);
  * when the engine is not running or this thread already holds the lock. Never waits
  * for a remote, only for another holder's turn. */
 #define EXS_ENG_DRIVE_TRY 1
-int  exs__engine_drive(int flags);
+int exs__engine_drive(int flags);
 /* Before a waiter sleeps: under the progress lock, arm every provider context. 0: sleep
  * on fds_p (each context's event fd, readable when it has work; -1 for none, all -1 when
  * the engine is not running); -EAGAIN: work is pending (completions or jobs), drive
@@ -146,7 +146,7 @@ void exs__engine_set_round_hook(void (*fn)(void));
  * (from a job or a callback); cb runs on the progress thread. */
 struct exs_eng_timer {
     ev_timer w;
-    void   (*cb)(struct exs_eng_timer *t);
+    void (*cb)(struct exs_eng_timer *t);
 };
 void exs__engine_timer_start(struct exs_eng_timer *t, uint64_t ms,
                              void (*cb)(struct exs_eng_timer *t));
@@ -169,13 +169,13 @@ void exs__engine_io_stop(struct exs_eng_io *io);
 /* Listen on the primary context, and on the fallback one at the port + offset. When
  * addr's port is 0 and the fallback port of the ephemeral one is taken, other ephemeral
  * ports are tried. Errors: provider errors (-EADDRINUSE, ...). */
-int  exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr,
-                        socklen_t addrlen, int backlog);
+int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr, socklen_t addrlen,
+                       int backlog);
 /* Progress thread only. */
 void exs__engine_listener_destroy(struct exs_eng_listener *lis);
 /* Ask lis's provider listeners to stop (pause 1) or go on (0) taking new connection
  * requests (exs__prov_listener_pause); progress thread. 0 when every one of them did,
  * else the first error (-EOPNOTSUPP: a provider that cannot; its requests keep coming). */
-int  exs__engine_listener_pause(struct exs_eng_listener *lis, int pause);
+int exs__engine_listener_pause(struct exs_eng_listener *lis, int pause);
 
 #endif

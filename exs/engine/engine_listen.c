@@ -75,8 +75,8 @@ int exs__engine_fallback_eligible(const struct exs_prov_ctx *ctx, int err)
 {
     uint64_t *cnt;
 
-    return exs__engine_fallback_ctx() && ctx != exs__engine_fallback_ctx() && exs__engine_fallback_policy() != EXS_ENG_FB_OFF &&
-           eng_fb_reason(err, &cnt) != NULL;
+    return exs__engine_fallback_ctx() && ctx != exs__engine_fallback_ctx() &&
+           exs__engine_fallback_policy() != EXS_ENG_FB_OFF && eng_fb_reason(err, &cnt) != NULL;
 }
 
 void exs__engine_fallback_note(int err, const struct sockaddr *addr, int sock_fd)
@@ -164,11 +164,13 @@ int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr
         if (!ret)
             ret = exs__engine_fallback_addr((struct sockaddr *)&ss, len, &fa, &flen);
         if (!ret)
-            ret = exs__prov_listen(exs__engine_fallback_ctx(), (struct sockaddr *)&fa, flen, backlog, lis, &lis->pl_fb);
+            ret = exs__prov_listen(exs__engine_fallback_ctx(), (struct sockaddr *)&fa, flen,
+                                   backlog, lis, &lis->pl_fb);
         if (!ret) {
             EXS_CNT_INC(exs__eng_fb_cnt.fallback_listens);
-            EXS_DBG(ENG, "listener on %s port %u and tcp port %u", exs__prov_name(exs__engine_ctx()),
-                    eng_sa_port((struct sockaddr *)&ss), eng_sa_port((struct sockaddr *)&fa));
+            EXS_DBG(ENG, "listener on %s port %u and tcp port %u",
+                    exs__prov_name(exs__engine_ctx()), eng_sa_port((struct sockaddr *)&ss),
+                    eng_sa_port((struct sockaddr *)&fa));
             return 0;
         }
         /* An ephemeral primary port whose fallback port is taken: try another one. */

@@ -82,8 +82,7 @@ static void batch_run_build_locked(struct exs_conn *conn, struct exs_list *from,
  * The ops it points to stay in sendq while it is valid: they follow the ring write in
  * flight, and sends leave sendq only in posting order.
  */
-static int batch_wait_extend_locked(struct exs_conn *conn, struct exs_list *from,
-                                    batch_fit_fn fit)
+static int batch_wait_extend_locked(struct exs_conn *conn, struct exs_list *from, batch_fit_fn fit)
 {
     struct exs_batch_wait *w = &conn->bwait;
     struct exs_list *pos;
@@ -129,8 +128,8 @@ static int batch_staging_locked(struct exs_conn *conn)
 
     if (conn->batch_mem)
         return 0;
-    ret = exs__conn_mem_alloc(conn->ctx, (size_t)EXS_BATCH_SLOTS * conn->p.batch_max,
-                              EXS_MEM_OTHER, &conn->batch_mem);
+    ret = exs__conn_mem_alloc(conn->ctx, (size_t)EXS_BATCH_SLOTS * conn->p.batch_max, EXS_MEM_OTHER,
+                              &conn->batch_mem);
     if (ret) {
         EXS_WARN(PROTO, "conn %p: batch staging of %u bytes: %s; batching off", (void *)conn,
                  EXS_BATCH_SLOTS * conn->p.batch_max, strerror(-ret));

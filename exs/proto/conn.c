@@ -60,8 +60,8 @@ void exs__conn_set_state_locked(struct exs_conn *conn, enum exs_conn_state st, c
     const struct exs_conn_row *row = &exs__conn_rows[conn->state];
 
     EXS_ASSERT(row->next & CONN_BIT(st));
-    EXS_TRACE(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, row->name,
-              exs__conn_rows[st].name, why);
+    EXS_TRACE(PROTO, "conn %p: %s -> %s (%s)", (void *)conn, row->name, exs__conn_rows[st].name,
+              why);
     if (conn->state == EXS_CONN_CONNECTING && st == EXS_CONN_DOWN)
         conn->hs_down = 1; /* the handshake deadline bounds the drain (exs__conn_timer) */
     if (st >= EXS_CONN_DOWN)
@@ -78,8 +78,8 @@ static const char *const conn_txshut_names[EXS_TXSHUT_COUNT] = {
 };
 
 static const uint32_t conn_txshut_next[EXS_TXSHUT_COUNT] = {
-    [EXS_TXSHUT_OPEN] = CONN_BIT(EXS_TXSHUT_QUEUED) | CONN_BIT(EXS_TXSHUT_APPENDED) |
-                        CONN_BIT(EXS_TXSHUT_DONE),
+    [EXS_TXSHUT_OPEN] =
+        CONN_BIT(EXS_TXSHUT_QUEUED) | CONN_BIT(EXS_TXSHUT_APPENDED) | CONN_BIT(EXS_TXSHUT_DONE),
     [EXS_TXSHUT_QUEUED] = CONN_BIT(EXS_TXSHUT_APPENDED) | CONN_BIT(EXS_TXSHUT_DONE),
     [EXS_TXSHUT_APPENDED] = CONN_BIT(EXS_TXSHUT_POSTED),
     [EXS_TXSHUT_POSTED] = CONN_BIT(EXS_TXSHUT_DONE),
@@ -116,8 +116,7 @@ static int conn_post_rx_on(struct exs_prov_ep *ep, struct exs_prov_mr *ctrl, uin
         .lkey = ctrl->lkey,
     };
     struct exs_prov_recv_wr wr = {
-        .wr_id = WR_ID(WR_TAG_RX, (uint64_t)slot << 3), .sg_list = &sge, .num_sge = 1
-    };
+        .wr_id = WR_ID(WR_TAG_RX, (uint64_t)slot << 3), .sg_list = &sge, .num_sge = 1};
 
     return exs__prov_post_recv(ep, &wr);
 }
@@ -135,7 +134,7 @@ int exs__conn_post_rx_locked(struct exs_conn *conn, uint32_t slot)
  * waiting for the peer: late bytes are discarded by the provider. */
 void exs__conn_revoke_all_locked(struct exs_conn *conn)
 {
-    struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
+    struct exs_list *q[2] = {&conn->sendq, &conn->recvq};
     struct exs_list *pos;
 
     for (int i = 0; i < 2; i++)
@@ -194,7 +193,6 @@ void exs__conn_revoke_op_locked(struct exs_op *op)
     op->grant = NULL;
     op->rkey = 0;
 }
-
 
 static void conn_wrq_free_locked(struct exs_conn *conn);
 
@@ -309,8 +307,8 @@ int exs__conn_hello_check(const void *pd, uint32_t len, int sock_type)
         bad = "ring_size";
     else if (!ring_size && (sock_type == SOCK_STREAM || eager_max))
         bad = "ring_size 0";
-    else if (ring_size && (!ring_addr || ring_addr % EXS_RING_SLOT ||
-                           ring_addr + ring_size < ring_addr))
+    else if (ring_size &&
+             (!ring_addr || ring_addr % EXS_RING_SLOT || ring_addr + ring_size < ring_addr))
         bad = "ring_addr";
     else if (eager_max > ring_size)
         bad = "eager_max";
@@ -320,9 +318,11 @@ int exs__conn_hello_check(const void *pd, uint32_t len, int sock_type)
              !(be16toh(h.features) & EXS_WIRE_FEAT_RESUMABLE))
         bad = "resume flag without feature bit 7";
     if (bad) {
-        EXS_INFO(PROTO, "peer hello refused: bad %s (credits %u ctrl_size %u ring_size %u "
-                 "ring_addr %#llx eager_max %u max_msg %u)", bad, credits, ctrl_size, ring_size,
-                 (unsigned long long)ring_addr, eager_max, max_msg);
+        EXS_INFO(PROTO,
+                 "peer hello refused: bad %s (credits %u ctrl_size %u ring_size %u "
+                 "ring_addr %#llx eager_max %u max_msg %u)",
+                 bad, credits, ctrl_size, ring_size, (unsigned long long)ring_addr, eager_max,
+                 max_msg);
         return EXS_WIRE_REJ_HELLO;
     }
     return 0;
@@ -337,8 +337,8 @@ void exs__conn_adopt_hello_locked(struct exs_conn *conn, const void *pd)
     conn->peer.magic = be16toh(h.magic);
     conn->peer.version = h.version;
     conn->peer.sock_type = h.sock_type;
-    conn->peer.features =
-        be16toh(h.features) & ((EXS_WIRE_FEAT_ALL & ~EXS_REQTRACE_FEAT_OFF) | EXS_WIRE_FEAT_RESUMABLE);
+    conn->peer.features = be16toh(h.features) &
+                          ((EXS_WIRE_FEAT_ALL & ~EXS_REQTRACE_FEAT_OFF) | EXS_WIRE_FEAT_RESUMABLE);
     conn->peer.credits = be16toh(h.credits);
     conn->peer.ctrl_size = be32toh(h.ctrl_size);
     conn->peer.ring_size = be32toh(h.ring_size);
@@ -357,14 +357,13 @@ void exs__conn_adopt_hello_locked(struct exs_conn *conn, const void *pd)
 void exs__conn_ring_grant_locked(struct exs_conn *conn)
 {
     struct exs_wire_ring r = {
-        .hdr = { .type = EXS_CTRL_RING, .len = htobe16(EXS_WIRE_RING_LEN) },
+        .hdr = {.type = EXS_CTRL_RING, .len = htobe16(EXS_WIRE_RING_LEN)},
     };
     int ret;
 
     /* first, but for the active side's AUTH on a cut-over's new path (§9.2) */
-    EXS_ASSERT(!conn->ring_grant &&
-               (!conn->ctrl_len || (conn->active && conn->resume.newpath &&
-                                    conn->ctrl_len == EXS_WIRE_AUTH_LEN)));
+    EXS_ASSERT(!conn->ring_grant && (!conn->ctrl_len || (conn->active && conn->resume.newpath &&
+                                                         conn->ctrl_len == EXS_WIRE_AUTH_LEN)));
     ret = exs__prov_grant(conn->ep, conn->ring_mem, conn->ring, conn->p.ring_size,
                           EXS_PROV_ACCESS_REMOTE_WRITE, &conn->ring_grant);
     if (ret) {
@@ -405,9 +404,9 @@ int exs__conn_can_spend_locked(struct exs_conn *conn)
 /* ---- the work-request cap (§6.3) ---- */
 
 struct conn_wrq_ent {
-    struct exs_list          link;
-    struct exs_prov_send_wr  wr;
-    struct exs_prov_sge      sge;
+    struct exs_list link;
+    struct exs_prov_send_wr wr;
+    struct exs_prov_sge sge;
 };
 
 static uint32_t conn_wr_max(void)
@@ -468,7 +467,6 @@ void exs__conn_wrq_post_locked(struct exs_conn *conn)
         free(e);
     }
 }
-
 
 int exs__conn_wrq_pop_locked(struct exs_conn *conn, struct exs_prov_cqe *cqe)
 {
@@ -576,7 +574,7 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
     }
     if (conn->rd_consumed != conn->rd_reported || !conn->ctrl_len) {
         struct exs_wire_ack ack = {
-            .hdr = { .type = EXS_CTRL_ACK, .len = htobe16(EXS_WIRE_ACK_LEN) },
+            .hdr = {.type = EXS_CTRL_ACK, .len = htobe16(EXS_WIRE_ACK_LEN)},
             .ring_consumed = htobe64(conn->rd_consumed),
         };
         memcpy(conn->ctrl_out + conn->ctrl_len, &ack, sizeof(ack));
@@ -590,7 +588,7 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
     slot = conn->tx_free[--conn->tx_free_top];
     dst = conn->tx_bufs + (size_t)slot * EXS_WIRE_CTRL_MAX;
     memcpy(dst, conn->ctrl_out, conn->ctrl_len);
-    struct exs_prov_sge sge = { (uintptr_t)dst, conn->ctrl_len, conn->tx_mr->lkey };
+    struct exs_prov_sge sge = {(uintptr_t)dst, conn->ctrl_len, conn->tx_mr->lkey};
     struct exs_prov_send_wr wr = {
         .wr_id = WR_ID(WR_TAG_CTRL, (uint64_t)slot << 3),
         .opcode = EXS_PROV_WR_SEND,
@@ -608,8 +606,8 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
         exs__conn_fail_locked(conn, ECONNRESET, "control send failed");
         return 0;
     }
-    EXS_TRACE(PROTO, "conn %p: control send %u bytes, %u credits returned, %u left",
-              (void *)conn, conn->ctrl_len, give, conn->credits - 1);
+    EXS_TRACE(PROTO, "conn %p: control send %u bytes, %u credits returned, %u left", (void *)conn,
+              conn->ctrl_len, give, conn->credits - 1);
     conn->tx_op[slot].op = conn->shut_op;
     conn->tx_op[slot].shut = conn->txshut == EXS_TXSHUT_APPENDED;
     conn->tx_op[slot].t_us = exs__now_us(); /* srtt_us (§7.4) */
@@ -664,7 +662,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
                                     uint32_t rkey, uint32_t len, uint32_t imm, const void *src)
 {
     int ring = exs_imm_kind(imm) == EXS_IMM_INDIRECT;
-    struct exs_prov_sge sge = { (uintptr_t)src, len, op->lkey };
+    struct exs_prov_sge sge = {(uintptr_t)src, len, op->lkey};
     struct exs_prov_send_wr wr = {
         .wr_id = WR_ID(ring ? WR_TAG_RING : WR_TAG_DATA, (uintptr_t)op),
         .opcode = EXS_PROV_WR_RDMA_WRITE_WITH_IMM,
@@ -696,7 +694,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
 void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_wire_shutdown s = {
-        .hdr = { .type = EXS_CTRL_SHUTDOWN, .len = htobe16(EXS_WIRE_SHUTDOWN_LEN) },
+        .hdr = {.type = EXS_CTRL_SHUTDOWN, .len = htobe16(EXS_WIRE_SHUTDOWN_LEN)},
         .seq = htobe64(conn->tx_seq),
     };
 
@@ -836,7 +834,8 @@ void exs__conn_dead_locked(struct exs_conn *conn, int err, const char *why)
     conn->seqpkt.frag_op = NULL;
     conn->seqpkt.rx_frag = NULL;
     conn_wrq_free_locked(conn);
-    exs_list_for_each(pos, &conn->sendq) {
+    exs_list_for_each(pos, &conn->sendq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state != EXS_OPS_DONE)
@@ -844,7 +843,8 @@ void exs__conn_dead_locked(struct exs_conn *conn, int err, const char *why)
     }
     /* receives still in flight (advertised, reading) end now; data that arrived
      * eagerly is still handed out, then end of stream or the error */
-    exs_list_for_each(pos, &conn->recvq) {
+    exs_list_for_each(pos, &conn->recvq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state == EXS_OPS_ADVERTISED || op->state == EXS_OPS_POSTED) {
@@ -853,8 +853,8 @@ void exs__conn_dead_locked(struct exs_conn *conn, int err, const char *why)
             exs__conn_revoke_op_locked(op);
             op->state = EXS_OPS_QUEUED;
             op->inflight = 0; /* a READ of it: the provider objects go below */
-            if (lost) /* its announced message cannot be read any more (§6): it ends
-                       * with the error in its place, never with a later message */
+            if (lost)         /* its announced message cannot be read any more (§6): it ends
+                               * with the error in its place, never with a later message */
                 exs__conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
         }
     }

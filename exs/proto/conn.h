@@ -11,13 +11,13 @@
 
 /* wr_id tags in the low 3 bits (every tagged object is at least 8-byte aligned). */
 enum {
-    WR_TAG_RX   = 1, /* receive slot: index << 3 */
-    WR_TAG_CTRL = 2, /* control send slot: index << 3 */
-    WR_TAG_DATA = 3, /* a send op's WRITE WITH IMMEDIATE: op pointer */
-    WR_TAG_READ = 4, /* a receive op's RDMA READ: op pointer */
-    WR_TAG_RING = 5, /* a send op's WRITE WITH IMMEDIATE into the peer's ring: op pointer */
+    WR_TAG_RX = 1,    /* receive slot: index << 3 */
+    WR_TAG_CTRL = 2,  /* control send slot: index << 3 */
+    WR_TAG_DATA = 3,  /* a send op's WRITE WITH IMMEDIATE: op pointer */
+    WR_TAG_READ = 4,  /* a receive op's RDMA READ: op pointer */
+    WR_TAG_RING = 5,  /* a send op's WRITE WITH IMMEDIATE into the peer's ring: op pointer */
     WR_TAG_BATCH = 6, /* a batched ring write of several send ops: staging slot << 3 */
-    WR_TAG_KA   = 7, /* the keepalive probe, a zero-byte RDMA WRITE (§9): value 0 */
+    WR_TAG_KA = 7,    /* the keepalive probe, a zero-byte RDMA WRITE (§9): value 0 */
     WR_TAG_MASK = 7,
 };
 
@@ -79,7 +79,7 @@ struct exs_conn_hooks {
     int (*fail)(struct exs_conn *conn, int err, const char *why); /* 1: cut over instead */
     void (*trial_end)(struct exs_conn *conn, int destroy); /* a resume request on trial goes */
     /* request tracing (reqtrace.c) */
-    void (*trace_done)(struct exs_op *op);                        /* op->rt set */
+    void (*trace_done)(struct exs_op *op);                           /* op->rt set */
     void (*trace_deliver)(struct exs_conn *conn, struct exs_op *op); /* conn->rt set */
     void (*trace_free)(struct exs_conn *conn);
     /* dispatch (dispatch.c), for the cut-over */
@@ -96,7 +96,7 @@ extern const struct exs_conn_hooks exs__conn_hooks; /* entry.c */
  * the generic handling of conn.c, dispatch.c and keepalive.c. Filled in entry.c. */
 struct exs_conn_row {
     const char *name;
-    uint32_t    next; /* CONN_BIT of each state it may go to */
+    uint32_t next; /* CONN_BIT of each state it may go to */
     /* the conn leaves the state */
     void (*leave)(struct exs_conn *conn);
     /* after a run of completions, before the kick */
@@ -107,12 +107,12 @@ struct exs_conn_row {
     uint64_t (*timer)(struct exs_conn *conn, uint64_t now_ns, uint64_t conn_ms);
 };
 extern const struct exs_conn_row exs__conn_rows[EXS_CONN_STATE_COUNT];
-extern const struct exs_datapath exs__stream_path;  /* stream.c */
-extern const struct exs_datapath exs__seqpkt_path;  /* seqpacket.c */
+extern const struct exs_datapath exs__stream_path; /* stream.c */
+extern const struct exs_datapath exs__seqpkt_path; /* seqpacket.c */
 
 /* Control send slots per connection, and the inline size asked for control sends. */
-#define CONN_TX_SLOTS     16u
-#define CONN_CTRL_INLINE  128u
+#define CONN_TX_SLOTS    16u
+#define CONN_CTRL_INLINE 128u
 
 /* conn.c */
 /* EXS_FRAG_SIZE now: the largest data write of one transfer (§6.2). */
@@ -137,7 +137,7 @@ int exs__conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned
 void exs__conn_revoke_op_locked(struct exs_op *op);
 int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
                                     uint32_t rkey, uint32_t len, uint32_t imm, const void *src);
-int  exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
+int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
 
 /* conn.c: the last part of exs__conn_destroy (provider objects, memory, the struct). */
 void exs__conn_free(struct exs_conn *conn);
@@ -160,9 +160,9 @@ int exs__conn_path_new_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx);
  * is conn; conn itself is not touched), dropped, or taken by conn. */
 struct exs_conn_path {
     struct exs_prov_ctx *ctx;
-    struct exs_prov_ep  *ep;       /* user: the conn */
-    struct exs_prov_mr  *ctrl_mem; /* credits receive slots, then the control send slots */
-    uint32_t             posted;   /* receives posted on ep, completion not yet taken */
+    struct exs_prov_ep *ep;       /* user: the conn */
+    struct exs_prov_mr *ctrl_mem; /* credits receive slots, then the control send slots */
+    uint32_t posted;              /* receives posted on ep, completion not yet taken */
 };
 /* 0 or -errno (drop what was made). Progress thread. */
 int exs__conn_path_make(struct exs_conn *conn, struct exs_prov_ctx *ctx, enum exs_mem_kind kind,

@@ -70,7 +70,8 @@ static int rec_advert(struct exs_conn *conn, const uint8_t *rec, const struct ex
     return 0;
 }
 
-static int rec_announce(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+static int rec_announce(struct exs_conn *conn, const uint8_t *rec,
+                        const struct exs_wire_ctrl_hdr *h)
 {
     struct exs_wire_announce a;
     int ret;
@@ -83,7 +84,8 @@ static int rec_announce(struct exs_conn *conn, const uint8_t *rec, const struct 
     return 0;
 }
 
-static int rec_read_done(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+static int rec_read_done(struct exs_conn *conn, const uint8_t *rec,
+                         const struct exs_wire_ctrl_hdr *h)
 {
     struct exs_wire_read_done d;
 
@@ -94,7 +96,8 @@ static int rec_read_done(struct exs_conn *conn, const uint8_t *rec, const struct
     return 0;
 }
 
-static int rec_shutdown(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
+static int rec_shutdown(struct exs_conn *conn, const uint8_t *rec,
+                        const struct exs_wire_ctrl_hdr *h)
 {
     struct exs_wire_shutdown s;
 
@@ -193,25 +196,25 @@ static int rec_resume(struct exs_conn *conn, const uint8_t *rec, const struct ex
 /* Every record type a connection takes: its length (exact: §5) and handler. A type not
  * here, or with refused set, breaks the protocol (refused is logged first). */
 static const struct ctrl_rec {
-    uint16_t    len;
-    rec_fn      on;
+    uint16_t len;
+    rec_fn on;
     const char *refused;
 } ctrl_recs[EXS_CTRL_TYPE_MAX + 1] = {
-    [EXS_CTRL_ACK] = { EXS_WIRE_ACK_LEN, rec_ack, NULL },
-    [EXS_CTRL_ADVERT] = { EXS_WIRE_ADVERT_LEN, rec_advert, NULL },
-    [EXS_CTRL_ANNOUNCE] = { EXS_WIRE_ANNOUNCE_LEN, rec_announce, NULL },
-    [EXS_CTRL_READ_DONE] = { EXS_WIRE_READ_DONE_LEN, rec_read_done, NULL },
-    [EXS_CTRL_SHUTDOWN] = { EXS_WIRE_SHUTDOWN_LEN, rec_shutdown, NULL },
-    [EXS_CTRL_NOP] = { EXS_WIRE_NOP_LEN, rec_nop, NULL },
-    [EXS_CTRL_RING] = { EXS_WIRE_RING_LEN, rec_ring, NULL },
-    [EXS_CTRL_DRAIN] = { EXS_WIRE_DRAIN_LEN, rec_drain, NULL },
-    [EXS_CTRL_TRACE] = { EXS_WIRE_TRACE_LEN, rec_trace, NULL },
-    [EXS_CTRL_RESIZE] = { EXS_WIRE_RESIZE_LEN, rec_resize, NULL },
-    [EXS_CTRL_SESSION] = { EXS_WIRE_SESSION_LEN, rec_session, NULL },
-    [EXS_CTRL_RESUME] = { EXS_WIRE_RESUME_LEN, rec_resume, NULL },
+    [EXS_CTRL_ACK] = {EXS_WIRE_ACK_LEN, rec_ack, NULL},
+    [EXS_CTRL_ADVERT] = {EXS_WIRE_ADVERT_LEN, rec_advert, NULL},
+    [EXS_CTRL_ANNOUNCE] = {EXS_WIRE_ANNOUNCE_LEN, rec_announce, NULL},
+    [EXS_CTRL_READ_DONE] = {EXS_WIRE_READ_DONE_LEN, rec_read_done, NULL},
+    [EXS_CTRL_SHUTDOWN] = {EXS_WIRE_SHUTDOWN_LEN, rec_shutdown, NULL},
+    [EXS_CTRL_NOP] = {EXS_WIRE_NOP_LEN, rec_nop, NULL},
+    [EXS_CTRL_RING] = {EXS_WIRE_RING_LEN, rec_ring, NULL},
+    [EXS_CTRL_DRAIN] = {EXS_WIRE_DRAIN_LEN, rec_drain, NULL},
+    [EXS_CTRL_TRACE] = {EXS_WIRE_TRACE_LEN, rec_trace, NULL},
+    [EXS_CTRL_RESIZE] = {EXS_WIRE_RESIZE_LEN, rec_resize, NULL},
+    [EXS_CTRL_SESSION] = {EXS_WIRE_SESSION_LEN, rec_session, NULL},
+    [EXS_CTRL_RESUME] = {EXS_WIRE_RESUME_LEN, rec_resume, NULL},
     /* taken by a resume request on trial only (§9.2): on a connection, a second one, or
      * one on a first path */
-    [EXS_CTRL_AUTH] = { 0, NULL, "AUTH record where none may come" },
+    [EXS_CTRL_AUTH] = {0, NULL, "AUTH record where none may come"},
 };
 
 static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32_t len)
@@ -367,7 +370,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
         uint32_t slot = (uint32_t)(val >> 3);
         struct exs_ctrl_tx tx = conn->tx_op[slot];
 
-        conn->tx_op[slot] = (struct exs_ctrl_tx){ 0 };
+        conn->tx_op[slot] = (struct exs_ctrl_tx){0};
         conn->tx_free[conn->tx_free_top++] = slot;
         conn_rtt_sample_locked(conn, tx.t_us);
         if (tx.op)
@@ -521,8 +524,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         if (conn->state != EXS_CONN_CONNECTING)
             break;
         if (conn->active) {
-            if (exs__conn_hello_check(ev->private_data, ev->private_data_len,
-                                      conn->p.sock_type)) {
+            if (exs__conn_hello_check(ev->private_data, ev->private_data_len, conn->p.sock_type)) {
                 exs__conn_set_state_locked(conn, EXS_CONN_REFUSING, "bad hello from acceptor");
                 exs__prov_disconnect(conn->ep);
                 break;
@@ -539,7 +541,8 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
     case EXS_PROV_CM_REJECTED:
     case EXS_PROV_CM_UNREACHABLE:
         err = ev->type == EXS_PROV_CM_REJECTED ? ECONNREFUSED
-              : ev->status ? -ev->status : ECONNREFUSED;
+              : ev->status                     ? -ev->status
+                                               : ECONNREFUSED;
         switch (conn->state) {
         case EXS_CONN_CONNECTING:
             exs__conn_dead_locked(conn, err, "connect failed");

@@ -34,27 +34,27 @@ const struct exs_conn_hooks exs__conn_hooks = {
 /* The state table (conn.h, spec/states.md): RESUMING is the one state with handlers of
  * its own, the cut-over's (resume.c). */
 const struct exs_conn_row exs__conn_rows[EXS_CONN_STATE_COUNT] = {
-    [EXS_CONN_IDLE] = { .name = "IDLE", .next = CONN_BIT(EXS_CONN_CONNECTING) },
-    [EXS_CONN_CONNECTING] = { .name = "CONNECTING",
-                              .next = CONN_BIT(EXS_CONN_IDLE) | CONN_BIT(EXS_CONN_CONNECTED) |
-                                      CONN_BIT(EXS_CONN_REFUSING) | CONN_BIT(EXS_CONN_DOWN) |
-                                      CONN_BIT(EXS_CONN_DEAD) },
-    [EXS_CONN_CONNECTED] = { .name = "CONNECTED",
-                             .next = CONN_BIT(EXS_CONN_CLOSING) | CONN_BIT(EXS_CONN_DOWN) |
-                                     CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_RESUMING) },
-    [EXS_CONN_CLOSING] = { .name = "CLOSING",
-                           .next = CONN_BIT(EXS_CONN_DOWN) | CONN_BIT(EXS_CONN_DRAINING) },
-    [EXS_CONN_RESUMING] = { .name = "RESUMING",
-                            .next = CONN_BIT(EXS_CONN_CONNECTED) | CONN_BIT(EXS_CONN_DOWN),
-                            .leave = exs__resume_wait_leave,
-                            .after_cqes = exs__resume_progress_locked,
-                            .on_cm = exs__resume_on_cm_locked,
-                            .timer = exs__resume_timer_locked },
-    [EXS_CONN_DOWN] = { .name = "DOWN",
-                        .next = CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_DEAD) },
-    [EXS_CONN_REFUSING] = { .name = "REFUSING", .next = CONN_BIT(EXS_CONN_DEAD) },
-    [EXS_CONN_DRAINING] = { .name = "DRAINING", .next = CONN_BIT(EXS_CONN_DEAD) },
-    [EXS_CONN_DEAD] = { .name = "DEAD", .next = 0 },
+    [EXS_CONN_IDLE] = {.name = "IDLE", .next = CONN_BIT(EXS_CONN_CONNECTING)},
+    [EXS_CONN_CONNECTING] = {.name = "CONNECTING",
+                             .next = CONN_BIT(EXS_CONN_IDLE) | CONN_BIT(EXS_CONN_CONNECTED) |
+                                     CONN_BIT(EXS_CONN_REFUSING) | CONN_BIT(EXS_CONN_DOWN) |
+                                     CONN_BIT(EXS_CONN_DEAD)},
+    [EXS_CONN_CONNECTED] = {.name = "CONNECTED",
+                            .next = CONN_BIT(EXS_CONN_CLOSING) | CONN_BIT(EXS_CONN_DOWN) |
+                                    CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_RESUMING)},
+    [EXS_CONN_CLOSING] = {.name = "CLOSING",
+                          .next = CONN_BIT(EXS_CONN_DOWN) | CONN_BIT(EXS_CONN_DRAINING)},
+    [EXS_CONN_RESUMING] = {.name = "RESUMING",
+                           .next = CONN_BIT(EXS_CONN_CONNECTED) | CONN_BIT(EXS_CONN_DOWN),
+                           .leave = exs__resume_wait_leave,
+                           .after_cqes = exs__resume_progress_locked,
+                           .on_cm = exs__resume_on_cm_locked,
+                           .timer = exs__resume_timer_locked},
+    [EXS_CONN_DOWN] = {.name = "DOWN",
+                       .next = CONN_BIT(EXS_CONN_DRAINING) | CONN_BIT(EXS_CONN_DEAD)},
+    [EXS_CONN_REFUSING] = {.name = "REFUSING", .next = CONN_BIT(EXS_CONN_DEAD)},
+    [EXS_CONN_DRAINING] = {.name = "DRAINING", .next = CONN_BIT(EXS_CONN_DEAD)},
+    [EXS_CONN_DEAD] = {.name = "DEAD", .next = 0},
 };
 
 static pthread_once_t proto_cset_once = PTHREAD_ONCE_INIT;
@@ -289,13 +289,14 @@ static int conn_cancellable_locked(struct exs_conn *conn, struct exs_op *op)
 
 int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void *arg), void *arg)
 {
-    struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
+    struct exs_list *q[2] = {&conn->sendq, &conn->recvq};
     struct exs_list *pos;
     int n = 0;
 
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     for (int i = 0; i < 2; i++) {
-        exs_list_for_each(pos, q[i]) {
+        exs_list_for_each(pos, q[i])
+        {
             struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
             if (op->state == EXS_OPS_DONE || op->internal || !match(op, arg))
@@ -326,7 +327,7 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
 
 void exs__conn_close(struct exs_conn *conn)
 {
-    struct exs_list *q[2] = { &conn->sendq, &conn->recvq };
+    struct exs_list *q[2] = {&conn->sendq, &conn->recvq};
     struct exs_list *pos;
 
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
@@ -340,7 +341,8 @@ void exs__conn_close(struct exs_conn *conn)
     /* Everything outstanding completes with ECANCELED: at once when nothing of it is
      * on the wire, else when the disconnect has flushed it (its buffer is then free). */
     for (int i = 0; i < 2; i++) {
-        exs_list_for_each(pos, q[i]) {
+        exs_list_for_each(pos, q[i])
+        {
             struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
             if (op->state == EXS_OPS_DONE || op->internal)
@@ -364,7 +366,8 @@ void exs__conn_close(struct exs_conn *conn)
             exs__stage_pending_locked(conn) && !exs__stage_shutdown_locked(conn)) {
             /* copies not yet on the wire (§7.5): the record follows them */
             if (conn->txshut == EXS_TXSHUT_OPEN)
-                exs__conn_set_txshut_locked(conn, EXS_TXSHUT_QUEUED, "close behind the send buffer");
+                exs__conn_set_txshut_locked(conn, EXS_TXSHUT_QUEUED,
+                                            "close behind the send buffer");
             exs__stream_send_progress_locked(conn);
             exs__conn_ctrl_flush_locked(conn);
         } else if (conn->txshut == EXS_TXSHUT_OPEN || conn->txshut == EXS_TXSHUT_QUEUED) {
@@ -433,9 +436,9 @@ void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info)
     exs__conn_stats(conn, &info->stats);
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     info->state = exs__conn_state_name(conn->state);
-    info->phase = conn->p.sock_type != SOCK_STREAM     ? ""
+    info->phase = conn->p.sock_type != SOCK_STREAM   ? ""
                   : PHASE_IS_DIRECT(conn->stream.ps) ? "direct"
-                                                 : "indirect";
+                                                     : "indirect";
     info->credits = conn->credits;
     info->peer_credits = conn->peer.credits;
     info->wr_out = conn->wr_out;

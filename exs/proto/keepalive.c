@@ -38,7 +38,7 @@ static void conn_timeout_locked(struct exs_conn *conn, const char *why)
  * key serve whether or not the peer's RING record came. */
 static int conn_ka_probe_locked(struct exs_conn *conn)
 {
-    struct exs_prov_sge sge = { 0 };
+    struct exs_prov_sge sge = {0};
     struct exs_prov_send_wr wr = {
         .wr_id = WR_ID(WR_TAG_KA, 0),
         .opcode = EXS_PROV_WR_RDMA_WRITE,
@@ -174,7 +174,8 @@ static int conn_stall_check_locked(struct exs_conn *conn, uint64_t now, uint64_t
     struct exs_list *pos;
     int waiting = 0;
 
-    exs_list_for_each(pos, &conn->sendq) {
+    exs_list_for_each(pos, &conn->sendq)
+    {
         if (exs_list_entry(pos, struct exs_op, link)->state != EXS_OPS_DONE) {
             waiting = 1;
             break;
@@ -199,9 +200,8 @@ static int conn_sends_starved_locked(struct exs_conn *conn)
 
     if (exs__conn_can_spend_locked(conn))
         return 0;
-    exs_list_for_each(pos, &conn->sendq)
-        if (exs_list_entry(pos, struct exs_op, link)->state == EXS_OPS_QUEUED)
-            return 1;
+    exs_list_for_each(pos, &conn->sendq) if (exs_list_entry(pos, struct exs_op, link)->state ==
+                                             EXS_OPS_QUEUED) return 1;
     return 0;
 }
 
@@ -226,8 +226,8 @@ static void conn_nop_check_locked(struct exs_conn *conn)
         return; /* our own window is empty: the peer's next message returns credits */
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_NOP_LEN))
         return; /* records wait that cannot go: they carry the credits when they do */
-    EXS_DBG(PROTO, "conn %p: window check: %u credits owed, %u left: NOP", (void *)conn,
-            conn->owed, conn->credits);
+    EXS_DBG(PROTO, "conn %p: window check: %u credits owed, %u left: NOP", (void *)conn, conn->owed,
+            conn->credits);
     exs__conn_ctrl_append_locked(conn, &nop, sizeof(nop));
     if (exs__conn_ctrl_flush_locked(conn)) {
         conn->stats.nops_sent++;

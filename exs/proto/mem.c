@@ -114,7 +114,7 @@ int exs__conn_ring_region_locked(struct exs_conn *conn, uint32_t size, int budge
     uint64_t limit = budget ? __atomic_load_n(&exs__params.ring_budget, __ATOMIC_RELAXED) : 0;
     /* a grow is refused past the memory budget; so is a new connection's ring (IDLE: being
      * created); a resume's new ring and a shrink's are not (what they replace goes back) */
-    enum exs_mem_kind kind = budget                           ? EXS_MEM_GROW
+    enum exs_mem_kind kind = budget                         ? EXS_MEM_GROW
                              : conn->state == EXS_CONN_IDLE ? EXS_MEM_CONN
                                                             : EXS_MEM_FORCE;
     struct exs_prov_mr *mem;
@@ -124,8 +124,8 @@ int exs__conn_ring_region_locked(struct exs_conn *conn, uint32_t size, int budge
     if (ret)
         return ret;
     if (grant_p) {
-        ret = exs__prov_grant(conn->ep, mem, mem->addr, size, EXS_PROV_ACCESS_REMOTE_WRITE,
-                              grant_p);
+        ret =
+            exs__prov_grant(conn->ep, mem, mem->addr, size, EXS_PROV_ACCESS_REMOTE_WRITE, grant_p);
         if (ret) {
             EXS_INFO(PROTO, "conn %p: grant of a %u-byte ring: %s", (void *)conn, size,
                      strerror(-ret));

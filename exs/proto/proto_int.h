@@ -17,5 +17,4 @@
 #include "exs/proto/stage.h"
 #include "exs/proto/stream.h"
 
-
 #endif

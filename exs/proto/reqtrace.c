@@ -99,7 +99,7 @@ void exs__reqtrace_post_locked(struct exs_conn *conn, struct exs_op *op)
         !(rt = rt_get(conn)))
         return;
     if (!exs__reqtrace_sampled(rt->nsend++,
-                         __atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
+                               __atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
         return;
     for (unsigned i = 0; i < EXS_REQTRACE_SLOTS; i++) {
         struct exs_reqtrace_tx *s = &rt->tx[i];
@@ -396,8 +396,7 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
     for (unsigned i = 0; i < EXS_REQTRACE_SLOTS; i++) {
         /* STREAM: the request comes after every byte of the sends before its own, so an
          * entry whose last byte has not arrived was the request of a cancelled send */
-        if (rt->rx[i].used &&
-            (conn->dp->bytes ? !rt->rx[i].t_arrival : rt->rx[i].seq == seq)) {
+        if (rt->rx[i].used && (conn->dp->bytes ? !rt->rx[i].t_arrival : rt->rx[i].seq == seq)) {
             /* the send of the earlier request was cancelled before it went out: this
              * request, for the message that took its number, replaces it */
             free_e = &rt->rx[i];
@@ -408,7 +407,8 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
             free_e = &rt->rx[i];
     }
     if (!free_e) {
-        EXS_INFO(PROTO, "conn %p: TRACE request beyond %u outstanding", (void *)conn, EXS_REQTRACE_SLOTS);
+        EXS_INFO(PROTO, "conn %p: TRACE request beyond %u outstanding", (void *)conn,
+                 EXS_REQTRACE_SLOTS);
         return -EPROTO;
     }
     memset(free_e, 0, sizeof(*free_e));

@@ -109,18 +109,18 @@ static void resume_failed_note(struct exs_conn *conn, const char *cause)
 static uint32_t resume_pend_live; /* trials not dead */
 
 struct exs_rsm_pend {
-    struct exs_conn_path  path;      /* the new path's endpoint, control slots, receives */
-    struct exs_prov_mr   *ring_mem;  /* its ring (announced in the accept's hello) */
-    uint32_t              ring_size;
-    uint8_t               nonce_a[EXS_WIRE_NONCE_LEN];
-    uint8_t               nonce_b[EXS_WIRE_NONCE_LEN];
-    struct exs_wire_hello peer;      /* the request's hello (checked), adopted at the take */
-    uint64_t              t0_ns;     /* accepted (bounded by connect_timeout_ms) */
-    int                   established; /* the new endpoint's ESTABLISHED came */
-    int                   authed;    /* the peer's AUTH checked out */
-    int                   dead;      /* ended: the endpoint is disconnected, to be reaped */
-    uint32_t              held;      /* receive completions held for the conn */
-    struct exs_prov_cqe   cqe[];     /* ... at most the receives posted (credits) */
+    struct exs_conn_path path;    /* the new path's endpoint, control slots, receives */
+    struct exs_prov_mr *ring_mem; /* its ring (announced in the accept's hello) */
+    uint32_t ring_size;
+    uint8_t nonce_a[EXS_WIRE_NONCE_LEN];
+    uint8_t nonce_b[EXS_WIRE_NONCE_LEN];
+    struct exs_wire_hello peer; /* the request's hello (checked), adopted at the take */
+    uint64_t t0_ns;             /* accepted (bounded by connect_timeout_ms) */
+    int established;            /* the new endpoint's ESTABLISHED came */
+    int authed;                 /* the peer's AUTH checked out */
+    int dead;                   /* ended: the endpoint is disconnected, to be reaped */
+    uint32_t held;              /* receive completions held for the conn */
+    struct exs_prov_cqe cqe[];  /* ... at most the receives posted (credits) */
 };
 
 /* Free a dead trial's objects (a safe point: see above). */
@@ -175,7 +175,8 @@ static uint32_t resume_ring_size(const struct exs_conn *conn)
 {
     uint64_t unread = conn->rd_arrived - conn->rd_consumed;
 
-    return unread > conn->p.ring_size && conn->autotune.old_mem ? conn->autotune.old_size : conn->p.ring_size;
+    return unread > conn->p.ring_size && conn->autotune.old_mem ? conn->autotune.old_size
+                                                                : conn->p.ring_size;
 }
 
 /* Open a trial for the request req (its private data q) on ctx: the new path made on the
@@ -217,13 +218,11 @@ static int resume_pend_open_locked(struct exs_conn *conn, struct exs_prov_ctx *c
     memcpy(acc.mac_b, mac, sizeof(acc.mac_b));
     ret = exs__prov_accept(req, pd->path.ep, &acc, sizeof(acc)); /* consumes req */
     if (ret) {
-        EXS_INFO(PROTO, "conn %p: resume request: accept failed: %s", (void *)conn,
-                 strerror(-ret));
+        EXS_INFO(PROTO, "conn %p: resume request: accept failed: %s", (void *)conn, strerror(-ret));
         resume_pend_kill_locked(conn, 1);
         return 0;
     }
-    EXS_DBG(PROTO, "conn %p: resume request on trial (ring %u bytes)", (void *)conn,
-            pd->ring_size);
+    EXS_DBG(PROTO, "conn %p: resume request on trial (ring %u bytes)", (void *)conn, pd->ring_size);
     return 0;
 }
 
@@ -258,15 +257,18 @@ static void resume_pend_authed_locked(struct exs_conn *conn)
     EXS_INFO(PROTO, "conn %p: resume request proved: the connection leaves its old path",
              (void *)conn);
     if (conn->state == EXS_CONN_CONNECTED &&
-        !exs__resume_begin_locked(conn, "resume request from the peer", 0, conn->keepalive.waiting)) {
+        !exs__resume_begin_locked(conn, "resume request from the peer", 0,
+                                  conn->keepalive.waiting)) {
         EXS_INFO(PROTO, "conn %p: proved resume request: the connection cannot be resumed",
                  (void *)conn);
         resume_pend_kill_locked(conn, 0);
         return;
     }
     if (conn->state != EXS_CONN_RESUMING || conn->resume.newpath) {
-        EXS_INFO(PROTO, "conn %p: proved resume request: the connection is not waiting for a "
-                 "new path", (void *)conn);
+        EXS_INFO(PROTO,
+                 "conn %p: proved resume request: the connection is not waiting for a "
+                 "new path",
+                 (void *)conn);
         resume_pend_kill_locked(conn, 0);
         return;
     }
@@ -496,8 +498,10 @@ static int resume_path_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     }
     EXS_ASSERT(pd && pd->authed && !pd->dead && pd->path.ctx == ctx);
     if (unread > pd->ring_size) {
-        EXS_INFO(PROTO, "conn %p: %" PRIu64 " bytes unread at the cut: more than the %u-byte "
-                 "ring the new path announced", (void *)conn, unread, pd->ring_size);
+        EXS_INFO(PROTO,
+                 "conn %p: %" PRIu64 " bytes unread at the cut: more than the %u-byte "
+                 "ring the new path announced",
+                 (void *)conn, unread, pd->ring_size);
         return -ENOSPC;
     }
     conn->p.ring_size = pd->ring_size;
@@ -521,7 +525,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     struct exs_list *pos;
     int ret;
 
-    resume_old_path_release_locked(conn); /* (the passive side's went when it began to wait) */
+    resume_old_path_release_locked(conn);    /* (the passive side's went when it began to wait) */
     ret = exs__stream_ring_cut_locked(conn); /* unread bytes retired; the new ring's size */
     if (ret)
         return ret;
@@ -568,7 +572,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
                 op->state = EXS_OPS_QUEUED; /* advertised again on the new path */
         }
     if (conn->seqpkt.rx_frag) { /* SEQPACKET: a message cut between its pieces comes again
-                             * whole; its receive is advertised again from offset 0 */
+                                 * whole; its receive is advertised again from offset 0 */
         conn->stats.bytes_received -= conn->seqpkt.rx_frag->filled;
         conn->seqpkt.rx_frag->filled = 0;
         conn->seqpkt.rx_frag = NULL;
@@ -652,7 +656,8 @@ static void resume_pend_take_locked(struct exs_conn *conn)
     struct exs_rsm_pend *pd = conn->resume.pend;
 
     exs__conn_adopt_hello_locked(conn, &pd->peer);
-    for (uint32_t i = 0; i < pd->held && !conn->resume.fail && conn->state == EXS_CONN_RESUMING; i++)
+    for (uint32_t i = 0; i < pd->held && !conn->resume.fail && conn->state == EXS_CONN_RESUMING;
+         i++)
         exs__conn_hooks.on_rx_held(conn, &pd->cqe[i]);
     __atomic_sub_fetch(&resume_pend_live, 1, __ATOMIC_RELAXED);
     free(pd);
@@ -772,7 +777,7 @@ void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_ev
         conn->resume.peer_closed = 1; /* the peer closed: no cut-over after the drain */
 
     if (ev->ep && ev->ep != conn->ep)
-        return;               /* not the conn's endpoint now */
+        return;                  /* not the conn's endpoint now */
     if (!conn->resume.newpath) { /* the old endpoint */
         if (ev->type == EXS_PROV_CM_DISCONNECTED) {
             conn->resume.disc = 1;
@@ -885,8 +890,8 @@ rewound:
     EXS_INFO(PROTO,
              "conn %p: resumed over %s: %" PRIu64 " bytes sent again from %s %" PRIu64 ", %" PRIu64
              " ring bytes of the old path still to read",
-             (void *)conn, exs__prov_name(conn->ctx), again,
-             conn->dp->bytes ? "byte" : "message", pos, conn->rd_arrived - conn->rd_consumed);
+             (void *)conn, exs__prov_name(conn->ctx), again, conn->dp->bytes ? "byte" : "message",
+             pos, conn->rd_arrived - conn->rd_consumed);
     return 0;
 }
 

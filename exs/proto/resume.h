@@ -6,38 +6,39 @@
 
 #if defined(EXS_PROTO_STATE) && !defined(EXS_PROTO_RESUME_H_STATE)
 #define EXS_PROTO_RESUME_H_STATE
-/* The cut-over (spec/protocol.md §9.2; resume.c, resume_sess.c): its part of struct exs_conn (conn->resume). */
+/* The cut-over (spec/protocol.md §9.2; resume.c, resume_sess.c): its part of struct exs_conn
+ * (conn->resume). */
 struct exs_resume_state {
     /* the cut-over itself (resume.c) */
-    int                        over;         /* cut over once: never again */
-    int                        disc;         /* RESUMING: the old endpoint's DISCONNECTED seen */
-    int                        abandon;      /* RESUMING: the old path is silent (keepalive):
-                                              * its endpoint goes without a drain */
-    int                        newpath;      /* RESUMING: the new endpoint exists */
-    int                        peer_wait;     /* new path: the peer's RESUME not yet applied */
-    int                        peer_got;     /* ... but it arrived before our ESTABLISHED */
-    int                        fail;         /* RESUMING: errno that ends the conn at the next
-                                              * progress-thread look (0: none) */
-    uint64_t                   t0_ns;        /* RESUMING began (bounded by connect_timeout_ms) */
-    struct exs_wire_resume     peer;         /* the peer's RESUME (resume.peer_got) */
-    uint8_t                    key[2 * EXS_WIRE_SESSION_KEY_LEN];     /* K_A || K_B: the
-                                              * resume proof's HMAC key (SESSION records) */
-    int                        keys;         /* EXS_RSM_KEY_* known */
-    uint8_t                    nonce[EXS_WIRE_NONCE_LEN];     /* active: nonce_A of its
-                                              * resume connect */
-    struct exs_rsm_pend       *pend;         /* passive: a resume request on trial, its new
-                                              * path made on the side (resume.c) */
-    struct exs_conn           *next;         /* the registry of passive sessions (resume.c) */
-    uint32_t                   refs;         /* registry: finders using the conn now */
-    int                        gone;         /* registry: destroyed while a finder held it;
-                                              * the last finder frees it (both under the
-                                              * registry's lock) */
+    int over;                                  /* cut over once: never again */
+    int disc;                                  /* RESUMING: the old endpoint's DISCONNECTED seen */
+    int abandon;                               /* RESUMING: the old path is silent (keepalive):
+                                                * its endpoint goes without a drain */
+    int newpath;                               /* RESUMING: the new endpoint exists */
+    int peer_wait;                             /* new path: the peer's RESUME not yet applied */
+    int peer_got;                              /* ... but it arrived before our ESTABLISHED */
+    int fail;                                  /* RESUMING: errno that ends the conn at the next
+                                                * progress-thread look (0: none) */
+    uint64_t t0_ns;                            /* RESUMING began (bounded by connect_timeout_ms) */
+    struct exs_wire_resume peer;               /* the peer's RESUME (resume.peer_got) */
+    uint8_t key[2 * EXS_WIRE_SESSION_KEY_LEN]; /* K_A || K_B: the
+                                                * resume proof's HMAC key (SESSION records) */
+    int keys;                                  /* EXS_RSM_KEY_* known */
+    uint8_t nonce[EXS_WIRE_NONCE_LEN];         /* active: nonce_A of its
+                                                * resume connect */
+    struct exs_rsm_pend *pend;                 /* passive: a resume request on trial, its new
+                                                * path made on the side (resume.c) */
+    struct exs_conn *next;                     /* the registry of passive sessions (resume.c) */
+    uint32_t refs;                             /* registry: finders using the conn now */
+    int gone;                                  /* registry: destroyed while a finder held it;
+                                                * the last finder frees it (both under the
+                                                * registry's lock) */
     /* RESUMING bounded (spec/protocol.md §9.2, The wait; resume.c) */
-    int                        peer_closed;     /* RESUMING: the old endpoint's DISCONNECTED
-                                                 * said the peer closed it (no cut-over) */
-    int                        waiting;      /* in the wait list (registry's lock) */
-    int                        evicting;     /* in the eviction list, held (resume.refs) */
-    struct exs_list            wait_link;     /* in one of the two (registry's lock) */
+    int peer_closed;           /* RESUMING: the old endpoint's DISCONNECTED
+                                * said the peer closed it (no cut-over) */
+    int waiting;               /* in the wait list (registry's lock) */
+    int evicting;              /* in the eviction list, held (resume.refs) */
+    struct exs_list wait_link; /* in one of the two (registry's lock) */
 };
 #endif
 

@@ -159,7 +159,7 @@ void exs__resume_mac(const uint8_t *key, uint8_t label, const uint8_t *nonce_a,
 }
 
 void exs__resume_conn_mac(const struct exs_conn *conn, uint8_t label, const uint8_t *nonce_a,
-                       const uint8_t *nonce_b, uint8_t out[EXS_SHA256_LEN])
+                          const uint8_t *nonce_b, uint8_t out[EXS_SHA256_LEN])
 {
     exs__resume_mac(conn->resume.key, label, nonce_a, nonce_b, out);
 }
@@ -331,7 +331,8 @@ void exs__resume_wait_join_locked(struct exs_conn *conn)
         conn->resume.waiting = 1;
         resume_nwait++;
         while (resume_nwait > max) {
-            struct exs_conn *v = exs_list_entry(resume_waitq.next, struct exs_conn, resume.wait_link);
+            struct exs_conn *v =
+                exs_list_entry(resume_waitq.next, struct exs_conn, resume.wait_link);
 
             exs_list_del(&v->resume.wait_link);
             resume_nwait--;

@@ -136,7 +136,8 @@ static int sp_may_announce(struct exs_conn *conn)
 
     if (conn->seqpkt.ann_out < EXS_WIRE_ANNOUNCED_MAX)
         return 1;
-    exs_list_for_each(pos, &conn->sendq) {
+    exs_list_for_each(pos, &conn->sendq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         n += op->kind == EXS_OP_SEND && op->state == EXS_OPS_POSTED && op->announced;
@@ -283,7 +284,8 @@ void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
     struct exs_list *pos;
 
     /* after a cut, messages announced again go first (§9.2) */
-    if (conn->seqpkt.reann_left && (!exs__seqpkt_reannounce_locked(conn) || conn->state >= EXS_CONN_DOWN))
+    if (conn->seqpkt.reann_left &&
+        (!exs__seqpkt_reannounce_locked(conn) || conn->state >= EXS_CONN_DOWN))
         return;
 
     if (conn->seqpkt.frag_op) {
@@ -292,7 +294,8 @@ void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
             return; /* the next message waits for the last piece of this one */
     }
 
-    exs_list_for_each(pos, &conn->sendq) {
+    exs_list_for_each(pos, &conn->sendq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state != EXS_OPS_QUEUED)
@@ -319,7 +322,8 @@ int exs__seqpkt_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
 {
     struct exs_list *pos;
 
-    exs_list_for_each(pos, &conn->sendq) {
+    exs_list_for_each(pos, &conn->sendq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         /* only an announced send waits for a READ_DONE: an eager or direct one is
@@ -389,7 +393,8 @@ static struct exs_op *sp_nth_unmatched(struct exs_conn *conn, uint32_t n)
 {
     struct exs_list *pos;
 
-    exs_list_for_each(pos, &conn->recvq) {
+    exs_list_for_each(pos, &conn->recvq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state == EXS_OPS_QUEUED || op->state == EXS_OPS_ADVERTISED) {
@@ -434,8 +439,7 @@ static int sp_batch_rec(struct exs_conn *conn, const uint8_t *ring, uint32_t off
         return -EPROTO;
     memcpy(&h, ring + off, sizeof(h));
     len = be32toh(h.len);
-    if (h.reserved || len >= conn->p.eager_max ||
-        exs_wire_batch_rec_size(len) > end - off)
+    if (h.reserved || len >= conn->p.eager_max || exs_wire_batch_rec_size(len) > end - off)
         return -EPROTO;
     *len_p = len;
     return 0;
@@ -519,9 +523,10 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
     if (!op || op->state != EXS_OPS_ADVERTISED ||
         (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) || op->seq != conn->rx_seq ||
         len > op->len - op->filled || (conn->seqpkt.rx_frag && conn->seqpkt.rx_frag != op)) {
-        EXS_INFO(PROTO, "conn %p: direct write tag %u len %u for message %llu does not match "
-                 "receive %p (state %d, advert %u, seq %llu), %u pending", (void *)conn,
-                 exs_imm_tag(imm), len, (unsigned long long)conn->rx_seq, (void *)op,
+        EXS_INFO(PROTO,
+                 "conn %p: direct write tag %u len %u for message %llu does not match "
+                 "receive %p (state %d, advert %u, seq %llu), %u pending",
+                 (void *)conn, exs_imm_tag(imm), len, (unsigned long long)conn->rx_seq, (void *)op,
                  op ? (int)op->state : -1, op ? op->advert_id : 0,
                  op ? (unsigned long long)op->seq : 0ull, conn->pending_count);
         return -EPROTO;
@@ -530,9 +535,8 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
         /* a piece (§6.2): more of the message follows, into the same receive; a piece
          * moves at least one byte (else a peer could send pieces forever) */
         if (!len || (imm & EXS_IMM_TRUNC)) {
-            EXS_INFO(PROTO, "conn %p: piece of %u bytes, flags %#x, of message %llu",
-                     (void *)conn, len, imm & (EXS_IMM_EOM | EXS_IMM_TRUNC),
-                     (unsigned long long)conn->rx_seq);
+            EXS_INFO(PROTO, "conn %p: piece of %u bytes, flags %#x, of message %llu", (void *)conn,
+                     len, imm & (EXS_IMM_EOM | EXS_IMM_TRUNC), (unsigned long long)conn->rx_seq);
             return -EPROTO;
         }
         op->filled += len;
@@ -568,7 +572,7 @@ static void sp_read_post_locked(struct exs_conn *conn)
            conn->reads + conn->rd_owed_count < conn->p.max_reads) {
         uint32_t n = sp_read_len(op), off = (uint32_t)op->posted;
         uint32_t lw = EXS_MIN(op->rd_piece, n - off);
-        struct exs_prov_sge sge = { (uintptr_t)(op->buf + off), lw, op->lkey };
+        struct exs_prov_sge sge = {(uintptr_t)(op->buf + off), lw, op->lkey};
         struct exs_prov_send_wr wr = {
             .wr_id = WR_ID(WR_TAG_READ, (uintptr_t)op),
             .opcode = EXS_PROV_WR_RDMA_READ,
@@ -590,8 +594,8 @@ static void sp_read_post_locked(struct exs_conn *conn)
             conn->stats.fragments++;
         if (op->posted == n) {
             conn->seqpkt.rd_op = NULL;
-            EXS_TRACE(PROTO, "conn %p: message %llu: %u bytes read in pieces of %u",
-                      (void *)conn, (unsigned long long)op->seq, n, op->rd_piece);
+            EXS_TRACE(PROTO, "conn %p: message %llu: %u bytes read in pieces of %u", (void *)conn,
+                      (unsigned long long)op->seq, n, op->rd_piece);
         }
     }
 }
@@ -602,7 +606,7 @@ static void sp_read_post_locked(struct exs_conn *conn)
 void exs__seqpkt_on_read_cqe_locked(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_wire_read_done d = {
-        .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
+        .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
         .seq = htobe64(op->seq),
     };
     uint32_t n = sp_read_len(op);
@@ -646,7 +650,7 @@ static void sp_flush_read_done_locked(struct exs_conn *conn)
 
     while (n < conn->rd_owed_count && exs__conn_ctrl_room_locked(conn, EXS_WIRE_READ_DONE_LEN)) {
         struct exs_wire_read_done d = {
-            .hdr = { .type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN) },
+            .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
             .seq = htobe64(conn->rd_owed[n]),
         };
         exs__conn_ctrl_append_locked(conn, &d, sizeof(d));
@@ -708,7 +712,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
         conn->rx_matched++;
         m->addr += exs_wire_batch_rec_size(len);
         if (--m->batch_left)
-            return 1; /* more messages in this write */
+            return 1;                               /* more messages in this write */
         sp_ring_consumed_locked(conn, m->ring_end); /* the space goes back with the last */
         exs_list_del(&m->link);
         sp_pending_free(conn, m);
@@ -751,7 +755,8 @@ void exs__seqpkt_recv_progress_locked(struct exs_conn *conn)
         if (conn->state != EXS_CONN_CONNECTED)
             return;
     }
-    exs_list_for_each(pos, &conn->recvq) {
+    exs_list_for_each(pos, &conn->recvq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state != EXS_OPS_QUEUED && op->state != EXS_OPS_ADVERTISED)
@@ -791,7 +796,7 @@ void exs__seqpkt_recv_progress_locked(struct exs_conn *conn)
             op->advert_id = conn->next_advert_id++;
             op->seq = conn->rx_seq + index;
             struct exs_wire_advert a = {
-                .hdr = { .type = EXS_CTRL_ADVERT, .len = htobe16(EXS_WIRE_ADVERT_LEN) },
+                .hdr = {.type = EXS_CTRL_ADVERT, .len = htobe16(EXS_WIRE_ADVERT_LEN)},
                 .addr = htobe64((uintptr_t)op->buf),
                 .len = htobe32((uint32_t)op->len),
                 .rkey = htobe32(op->rkey),
@@ -815,7 +820,8 @@ void exs__seqpkt_dead_drain_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
-    exs_list_for_each(pos, &conn->recvq) {
+    exs_list_for_each(pos, &conn->recvq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
         struct exs_pending_msg *m;
 
@@ -836,8 +842,8 @@ void exs__seqpkt_dead_drain_locked(struct exs_conn *conn)
             sp_pending_free(conn, m);
             exs__conn_op_finish_locked(op, -1, conn->err ? conn->err : ECONNRESET);
         } else if (m) {
-            if (sp_match_locked(conn, op, exs_list_entry(conn->pending.next,
-                                                         struct exs_pending_msg, link)) < 0)
+            if (sp_match_locked(
+                    conn, op, exs_list_entry(conn->pending.next, struct exs_pending_msg, link)) < 0)
                 exs__conn_op_finish_locked(op, -1, ECONNRESET);
         } else if (conn->peer_shut)
             exs__conn_op_finish_locked(op, 0, 0);

@@ -6,38 +6,39 @@
 
 #if defined(EXS_PROTO_STATE) && !defined(EXS_PROTO_SEQPKT_H_STATE)
 #define EXS_PROTO_SEQPKT_H_STATE
-/* SEQPACKET (spec/protocol.md §6, §9.2; seqpacket.c, seqpkt_ann.c): its part of struct exs_conn (conn->seqpkt). */
+/* SEQPACKET (spec/protocol.md §6, §9.2; seqpacket.c, seqpkt_ann.c): its part of struct exs_conn
+ * (conn->seqpkt). */
 struct exs_seqpkt_state {
     /* fragmentation (spec/protocol.md §6.2) */
-    struct exs_op             *frag_op;      /* SEQPACKET send whose direct pieces are not all
-                                              * posted: nothing after it leaves before them */
-    struct exs_advert          frag_adv;     /* the ADVERT it fills */
-    uint32_t                   frag_n;       /* bytes it writes (min(message, advert)) */
-    struct exs_op             *rx_frag;      /* SEQPACKET receive that got pieces, no eom yet */
-    struct exs_op             *rd_op;        /* receive whose READ pieces are not all posted:
-                                              * no later message is read before them */
-    uint64_t                   rd_addr;      /* its announced buffer (the peer's address) */
-    uint32_t                   rd_rkey;      /* and key */
+    struct exs_op *frag_op;     /* SEQPACKET send whose direct pieces are not all
+                                 * posted: nothing after it leaves before them */
+    struct exs_advert frag_adv; /* the ADVERT it fills */
+    uint32_t frag_n;            /* bytes it writes (min(message, advert)) */
+    struct exs_op *rx_frag;     /* SEQPACKET receive that got pieces, no eom yet */
+    struct exs_op *rd_op;       /* receive whose READ pieces are not all posted:
+                                 * no later message is read before them */
+    uint64_t rd_addr;           /* its announced buffer (the peer's address) */
+    uint32_t rd_rkey;           /* and key */
     /* SEQPACKET announced messages across a cut (spec/protocol.md §9.2, Replay,
      * SEQPACKET; seqpacket.c) */
-    uint64_t                  *memo;         /* receiver, resumable: the last announced
-                                              * messages read whole (ring of seqs; a set top
-                                              * bit: its READ_DONE is owed again) */
-    uint32_t                   memo_cap;     /* its entries (0: its bound at the
-                                              * first; tests lower it before) */
-    uint32_t                   memo_n;       /* entries used */
-    uint32_t                   memo_head;    /* the next entry written */
-    uint32_t                   memo_owed;    /* READ_DONEs owed to re-announces */
-    int                        reann_open;    /* receiver: the re-announce window is open */
-    uint64_t                   reann_end;    /* receiver: rx_seq at the cut (the window's end) */
-    uint64_t                   reann_next;    /* receiver: lowest seq a re-announce may name */
-    uint32_t                   stale;        /* receiver: announced messages whose grant died
-                                              * at the cut, not announced again yet */
-    uint32_t                   reann_left;    /* sender: announced sends to announce again */
-    uint32_t                   ann_out;       /* sender: announced sends whose READ_DONE did
-                                               * not come (at least; recounted at the
-                                               * ANNOUNCED_MAX cap, §6) */
-    uint64_t                   reann_pos;    /* sender: the peer's position P at the cut */
+    uint64_t *memo;      /* receiver, resumable: the last announced
+                          * messages read whole (ring of seqs; a set top
+                          * bit: its READ_DONE is owed again) */
+    uint32_t memo_cap;   /* its entries (0: its bound at the
+                          * first; tests lower it before) */
+    uint32_t memo_n;     /* entries used */
+    uint32_t memo_head;  /* the next entry written */
+    uint32_t memo_owed;  /* READ_DONEs owed to re-announces */
+    int reann_open;      /* receiver: the re-announce window is open */
+    uint64_t reann_end;  /* receiver: rx_seq at the cut (the window's end) */
+    uint64_t reann_next; /* receiver: lowest seq a re-announce may name */
+    uint32_t stale;      /* receiver: announced messages whose grant died
+                          * at the cut, not announced again yet */
+    uint32_t reann_left; /* sender: announced sends to announce again */
+    uint32_t ann_out;    /* sender: announced sends whose READ_DONE did
+                          * not come (at least; recounted at the
+                          * ANNOUNCED_MAX cap, §6) */
+    uint64_t reann_pos;  /* sender: the peer's position P at the cut */
 };
 #endif
 
@@ -47,21 +48,20 @@ struct exs_seqpkt_state {
 #include "exs/proto/proto.h"
 #include "exs/proto/wire.h"
 
-
 /* An arrived SEQPACKET message not yet matched to a receive. */
 struct exs_pending_msg {
     struct exs_list link;
-    int             announced; /* 1: waits at the sender for a READ; 0: eager in our ring */
-    uint64_t        seq;
-    uint64_t        addr;      /* announced: sender buffer; eager: ring offset */
-    uint32_t        len;
-    uint32_t        rkey;
-    uint64_t        ring_end;  /* eager: rd_consumed once this message is copied out */
-    uint32_t        batch_left; /* batched write (§6.1): its messages not yet matched (addr is
-                                 * then the ring offset of the next record); 0: one message */
-    uint32_t        batch_end; /* batched write: ring offset just past its last record */
-    int             stale;     /* announced, its grant died at a cut (§9.2): waits for the
-                                * sender to announce it again */
+    int announced; /* 1: waits at the sender for a READ; 0: eager in our ring */
+    uint64_t seq;
+    uint64_t addr; /* announced: sender buffer; eager: ring offset */
+    uint32_t len;
+    uint32_t rkey;
+    uint64_t ring_end;   /* eager: rd_consumed once this message is copied out */
+    uint32_t batch_left; /* batched write (§6.1): its messages not yet matched (addr is
+                          * then the ring offset of the next record); 0: one message */
+    uint32_t batch_end;  /* batched write: ring offset just past its last record */
+    int stale;           /* announced, its grant died at a cut (§9.2): waits for the
+                          * sender to announce it again */
 };
 
 void exs__seqpkt_send_progress_locked(struct exs_conn *conn);
@@ -114,6 +114,6 @@ int exs__seqpkt_reann_close_locked(struct exs_conn *conn);
  * receive comes) or of one read whole (remembered: answered with one READ_DONE, no
  * READ). Anything else: -EPROTO. */
 int exs__seqpkt_on_reannounce_locked(struct exs_conn *conn, const struct exs_wire_announce *a,
-                                   uint64_t seq);
+                                     uint64_t seq);
 
 #endif

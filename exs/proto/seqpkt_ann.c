@@ -119,11 +119,14 @@ void exs__seqpkt_memo_add_locked(struct exs_conn *conn, uint64_t seq)
         return;
     if (!conn->seqpkt.memo) {
         if (!conn->seqpkt.memo_cap)
-            conn->seqpkt.memo_cap = conn->p.max_reads +
-                                (conn->tx_slots + 1 + conn->peer.credits) * EXS_SEQPKT_RDONE_PER_SEND;
-        if (exs__conn_mem_take_locked(conn, exs__seqpkt_memo_bytes(conn->seqpkt.memo_cap), EXS_MEM_OTHER)) {
-            EXS_INFO(PROTO, "conn %p: memory budget reached: announced messages read are not "
-                     "remembered", (void *)conn);
+            conn->seqpkt.memo_cap = conn->p.max_reads + (conn->tx_slots + 1 + conn->peer.credits) *
+                                                            EXS_SEQPKT_RDONE_PER_SEND;
+        if (exs__conn_mem_take_locked(conn, exs__seqpkt_memo_bytes(conn->seqpkt.memo_cap),
+                                      EXS_MEM_OTHER)) {
+            EXS_INFO(PROTO,
+                     "conn %p: memory budget reached: announced messages read are not "
+                     "remembered",
+                     (void *)conn);
             return; /* as out of memory, below */
         }
         conn->seqpkt.memo = calloc(conn->seqpkt.memo_cap, sizeof(*conn->seqpkt.memo));
@@ -256,7 +259,7 @@ int exs__seqpkt_reann_close_locked(struct exs_conn *conn)
  * receive comes) or of one read whole (remembered: answered with one READ_DONE, no
  * READ). Anything else: -EPROTO. */
 int exs__seqpkt_on_reannounce_locked(struct exs_conn *conn, const struct exs_wire_announce *a,
-                                   uint64_t seq)
+                                     uint64_t seq)
 {
     struct exs_list *pos;
     uint64_t *e;

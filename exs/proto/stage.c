@@ -25,9 +25,9 @@
  */
 
 struct stage_op {
-    struct exs_op    op;
+    struct exs_op op;
     struct exs_conn *conn;
-    uint64_t         end; /* buffer position just past its bytes */
+    uint64_t end; /* buffer position just past its bytes */
 };
 
 static void stage_op_done(struct exs_op *op)
@@ -66,8 +66,8 @@ static int stage_buffer_locked(struct exs_conn *conn)
         return 0;
     ret = exs__conn_mem_alloc(conn->ctx, conn->p.sndbuf, EXS_MEM_OTHER, &conn->stg_mem);
     if (ret) {
-        EXS_WARN(PROTO, "conn %p: send buffer of %u bytes: %s; sends stay zero-copy",
-                 (void *)conn, conn->p.sndbuf, strerror(-ret));
+        EXS_WARN(PROTO, "conn %p: send buffer of %u bytes: %s; sends stay zero-copy", (void *)conn,
+                 conn->p.sndbuf, strerror(-ret));
         conn->p.sndbuf = 0;
     }
     return ret;
@@ -139,9 +139,8 @@ static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
 
 static int stage_eligible(const struct exs_conn *conn, const struct exs_op *op)
 {
-    return op->kind == EXS_OP_SEND && !op->internal && op->state == EXS_OPS_QUEUED &&
-           !op->posted && !op->inflight && !op->cancel && op->len && op->len <= conn->p.copy_max &&
-           !op->rt;
+    return op->kind == EXS_OP_SEND && !op->internal && op->state == EXS_OPS_QUEUED && !op->posted &&
+           !op->inflight && !op->cancel && op->len && op->len <= conn->p.copy_max && !op->rt;
 }
 
 /* No send of the application before op still waits: op's event would follow at once.
@@ -164,7 +163,8 @@ int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op)
 {
     if (!conn->p.sndbuf || conn->state != EXS_CONN_CONNECTED || !stage_eligible(conn, op))
         return 0;
-    if (!stage_first_waiting(conn, op) || stage_buffer_locked(conn) || !stage_copy_locked(conn, op)) {
+    if (!stage_first_waiting(conn, op) || stage_buffer_locked(conn) ||
+        !stage_copy_locked(conn, op)) {
         conn->stg_pending = 1; /* copied by a refill once it may be */
         return 0;
     }
@@ -178,7 +178,8 @@ void exs__stage_refill_locked(struct exs_conn *conn)
     if (!conn->stg_pending || conn->state != EXS_CONN_CONNECTED || !conn->stg_mem)
         return;
     /* the sends waiting at the head of the application's sends, in order */
-    exs_list_for_each(pos, &conn->sendq) {
+    exs_list_for_each(pos, &conn->sendq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->internal || op->state == EXS_OPS_DONE)
@@ -205,7 +206,8 @@ int exs__stage_pending_locked(const struct exs_conn *conn)
 {
     const struct exs_list *pos;
 
-    exs_list_for_each(pos, &conn->sendq) {
+    exs_list_for_each(pos, &conn->sendq)
+    {
         const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->internal && op->kind == EXS_OP_SEND && op->state != EXS_OPS_DONE &&

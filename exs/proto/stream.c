@@ -83,7 +83,8 @@ static int st_ring_deferred(struct exs_conn *conn)
     if (PHASE_IS_INDIRECT(conn->stream.ps) || !exs__params.stream_direct_linger ||
         conn->stream.linger_skip)
         return 0;
-    exs_list_for_each(pos, &conn->sendq) {
+    exs_list_for_each(pos, &conn->sendq)
+    {
         const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (++seen > EXS_STREAM_LINGER_OPS_MAX)
@@ -110,7 +111,8 @@ static struct exs_advert *st_advert_head(struct exs_conn *conn)
     while (conn->adv_count) {
         struct exs_advert *a = &conn->adverts[conn->adv_head];
 
-        if (PHASE_IS_INDIRECT(conn->stream.ps) && (a->phase < conn->stream.ps || a->seq < conn->tx_seq)) {
+        if (PHASE_IS_INDIRECT(conn->stream.ps) &&
+            (a->phase < conn->stream.ps || a->seq < conn->tx_seq)) {
             /* stale: its receive is being filled from the ring */
             if (conn->stream.ps < a->phase)
                 st_set_phase(conn, a->phase + 1);
@@ -279,11 +281,12 @@ void exs__stream_send_progress_locked(struct exs_conn *conn)
     if (conn->autotune.owed && !st_resize_answer_locked(conn))
         return; /* no ring write before it; the rest waits for the same room */
     exs__stage_refill_locked(conn);
-    exs_list_for_each(pos, &conn->sendq) {
+    exs_list_for_each(pos, &conn->sendq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (op->state == EXS_OPS_DONE || (op->kind == EXS_OP_SEND && op->posted == op->len &&
-                                          op->state == EXS_OPS_POSTED))
+        if (op->state == EXS_OPS_DONE ||
+            (op->kind == EXS_OP_SEND && op->posted == op->len && op->state == EXS_OPS_POSTED))
             continue;
         if (op->kind == EXS_OP_SHUTDOWN) {
             if (op->state != EXS_OPS_QUEUED)
@@ -356,7 +359,8 @@ int exs__stream_on_drain_locked(struct exs_conn *conn, const struct exs_wire_dra
             EXS_INFO(PROTO,
                      "conn %p: STOPPED at %llu phase %u does not answer a request "
                      "(state %d, phase %u)",
-                     (void *)conn, (unsigned long long)pos, phase, conn->stream.drain, conn->stream.pr);
+                     (void *)conn, (unsigned long long)pos, phase, conn->stream.drain,
+                     conn->stream.pr);
             return -EPROTO;
         }
         conn->stream.drain = EXS_STREAM_DRAIN_STOPPED;
@@ -367,7 +371,8 @@ int exs__stream_on_drain_locked(struct exs_conn *conn, const struct exs_wire_dra
      * phase (the receiver sends no ADVERT of a later phase before our answer), and it
      * cannot have seen bytes we never sent */
     (void)st_advert_head(conn);
-    if (PHASE_IS_DIRECT(phase) || phase != conn->stream.ps || pos > conn->tx_seq || conn->stream.held) {
+    if (PHASE_IS_DIRECT(phase) || phase != conn->stream.ps || pos > conn->tx_seq ||
+        conn->stream.held) {
         EXS_INFO(PROTO, "conn %p: DRAIN at %llu phase %u in phase %u at %llu (held %d)",
                  (void *)conn, (unsigned long long)pos, phase, conn->stream.ps,
                  (unsigned long long)conn->tx_seq, conn->stream.held);
@@ -428,9 +433,11 @@ int exs__stream_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
                                           (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
                     /* and in time: need x EXS_STREAM_DRAIN_WORTH round trips without one */
                     conn->stream.drain_hold = exs__now_us() + (uint64_t)conn->stream.drain_need *
-                                                              EXS_STREAM_DRAIN_WORTH * conn->autotune.rtt_min;
+                                                                  EXS_STREAM_DRAIN_WORTH *
+                                                                  conn->autotune.rtt_min;
                 } else {
-                    conn->stream.drain_need = (uint32_t)EXS_MIN(base, (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
+                    conn->stream.drain_need =
+                        (uint32_t)EXS_MIN(base, (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
                     conn->stream.drain_hold = 0;
                 }
                 conn->stream.drain_dir = 0;
@@ -447,8 +454,10 @@ int exs__stream_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
     if (!op || op->state != EXS_OPS_ADVERTISED || conn->rd_arrived != conn->rd_consumed ||
         op->phase != conn->stream.pr || (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) ||
         len > op->len - op->filled || !len) {
-        EXS_INFO(PROTO, "conn %p: direct transfer of %u bytes (tag %u) does not fit the head "
-                 "receive %p", (void *)conn, len, exs_imm_tag(imm), (void *)op);
+        EXS_INFO(PROTO,
+                 "conn %p: direct transfer of %u bytes (tag %u) does not fit the head "
+                 "receive %p",
+                 (void *)conn, len, exs_imm_tag(imm), (void *)op);
         return -EPROTO;
     }
     if (!(op->flags & MSG_WAITALL))
@@ -489,10 +498,10 @@ static void st_advertise_locked(struct exs_conn *conn)
     struct exs_list *pos;
     uint32_t outstanding = 0; /* ADVERTs of this phase whose receives are not satisfied */
     int drained = 0, redo = 0;
-    uint64_t small_min = conn->p.xfer_mode == EXS_XFER_DYNAMIC &&
-                                 conn->peer.xfer_mode != EXS_XFER_DIRECT_ONLY
-                             ? exs__params.stream_direct_min
-                             : 0;
+    uint64_t small_min =
+        conn->p.xfer_mode == EXS_XFER_DYNAMIC && conn->peer.xfer_mode != EXS_XFER_DIRECT_ONLY
+            ? exs__params.stream_direct_min
+            : 0;
 
     if (conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut)
         return;
@@ -503,7 +512,8 @@ static void st_advertise_locked(struct exs_conn *conn)
             return; /* ring bytes before the stop position are still to come */
         drained = redo = 1;
     }
-    exs_list_for_each(pos, &conn->recvq) {
+    exs_list_for_each(pos, &conn->recvq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state == EXS_OPS_DONE)
@@ -579,7 +589,8 @@ static void st_eof_locked(struct exs_conn *conn, int err)
 {
     struct exs_list *pos;
 
-    exs_list_for_each(pos, &conn->recvq) {
+    exs_list_for_each(pos, &conn->recvq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state == EXS_OPS_DONE)
@@ -600,8 +611,8 @@ static void st_drain_check_locked(struct exs_conn *conn)
     uint64_t streak_min = exs__params.stream_drain_streak;
     struct exs_op *head;
 
-    if (PHASE_IS_DIRECT(conn->stream.pr) || conn->stream.drain != EXS_STREAM_DRAIN_IDLE || !streak_min ||
-        conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut ||
+    if (PHASE_IS_DIRECT(conn->stream.pr) || conn->stream.drain != EXS_STREAM_DRAIN_IDLE ||
+        !streak_min || conn->p.xfer_mode == EXS_XFER_INDIRECT_ONLY || conn->peer_shut ||
         !(conn->peer.features & EXS_WIRE_FEAT_DRAIN))
         return;
     if (conn->rd_arrived != conn->stream.eval_arrived) { /* one step per arrival, not per call */
@@ -614,7 +625,8 @@ static void st_drain_check_locked(struct exs_conn *conn)
             conn->stream.streak = 0;
     }
     if (!conn->stream.drain_need)
-        conn->stream.drain_need = (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
+        conn->stream.drain_need =
+            (uint32_t)EXS_MIN(streak_min, (uint64_t)EXS_STREAM_DRAIN_NEED_MAX);
     if (conn->stream.streak < conn->stream.drain_need)
         return;
     if (conn->stream.drain_hold && exs__now_us() < conn->stream.drain_hold)

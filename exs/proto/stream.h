@@ -9,54 +9,55 @@
 /* STREAM (spec/protocol.md §7; stream.c): its part of struct exs_conn (conn->stream). */
 struct exs_stream_state {
     /* STREAM (spec/protocol.md §7): tx_seq is S_s, rx_seq is S_r */
-    uint32_t                   ps;         /* P_s */
-    uint32_t                   pr;         /* P_r */
-    uint64_t                   sr_next;    /* S'_r */
+    uint32_t ps;      /* P_s */
+    uint32_t pr;      /* P_r */
+    uint64_t sr_next; /* S'_r */
     /* return to direct (§7.2): sender side */
-    int                        held;          /* a DRAIN was honoured: no ring writes in
-                                               * phase stream.ps (cleared when the phase changes) */
-    int                        drain_owed;    /* its STOPPED answer is not yet appended */
+    int held;       /* a DRAIN was honoured: no ring writes in
+                     * phase stream.ps (cleared when the phase changes) */
+    int drain_owed; /* its STOPPED answer is not yet appended */
     /* the linger (§7): waiting in a direct phase for an ADVERT while writes are in flight */
-    int                        lingering;      /* waiting now */
-    uint32_t                   linger_skip;    /* direct phases left without a linger */
-    uint32_t                   linger_pen;     /* the skip after the next failed linger / 2 */
+    int lingering;        /* waiting now */
+    uint32_t linger_skip; /* direct phases left without a linger */
+    uint32_t linger_pen;  /* the skip after the next failed linger / 2 */
     /* receiver side */
-    enum exs_stream_drain          drain;         /* EXS_STREAM_DRAIN_* of phase stream.pr */
-    uint64_t                   drain_pos;     /* STOPPED: the sender's ring writes end here */
-    uint32_t                   streak;        /* ring arrivals in a row that left big receives
-                                               * waiting with the ring empty (hysteresis) */
-    uint64_t                   eval_arrived;    /* rd_arrived at the last streak update */
-    uint32_t                   drain_need;    /* streak required now (backoff; 0: not set) */
-    int                        drain_dir;     /* this direct phase began after a DRAIN */
-    uint64_t                   drain_bytes;    /* bytes it delivered directly so far */
-    uint64_t                   drain_t0;      /* when it began, us */
-    uint64_t                   drain_hold;    /* no DRAIN before this time, us (backoff) */
-    uint64_t                   phase_t0;      /* when the sender's phase began, us (0: no
-                                               * send yet); direct/indirect_time_us */
+    enum exs_stream_drain drain; /* EXS_STREAM_DRAIN_* of phase stream.pr */
+    uint64_t drain_pos;          /* STOPPED: the sender's ring writes end here */
+    uint32_t streak;             /* ring arrivals in a row that left big receives
+                                  * waiting with the ring empty (hysteresis) */
+    uint64_t eval_arrived;       /* rd_arrived at the last streak update */
+    uint32_t drain_need;         /* streak required now (backoff; 0: not set) */
+    int drain_dir;               /* this direct phase began after a DRAIN */
+    uint64_t drain_bytes;        /* bytes it delivered directly so far */
+    uint64_t drain_t0;           /* when it began, us */
+    uint64_t drain_hold;         /* no DRAIN before this time, us (backoff) */
+    uint64_t phase_t0;           /* when the sender's phase began, us (0: no
+                                  * send yet); direct/indirect_time_us */
 };
 
-/* Ring autotuning (spec/protocol.md §7.4; stream_ring.c): its part of struct exs_conn (conn->autotune). */
+/* Ring autotuning (spec/protocol.md §7.4; stream_ring.c): its part of struct exs_conn
+ * (conn->autotune). */
 struct exs_autotune_state {
-    int                        offered;       /* a RESIZE offer is out, not yet answered */
-    uint32_t                   next_size;     /* the offered region (autotune.offered) */
-    struct exs_prov_mr        *next_mem;   
-    struct exs_prov_grant     *next_grant;   
-    struct exs_prov_mr        *old_mem;       /* retired region (no grant): holds the ring
-                                               * positions below autotune.old_end until consumed */
-    uint32_t                   old_size;   
-    uint64_t                   old_end;   
-    uint64_t                   win_t0;        /* start of the measuring window, us (0: none) */
-    uint64_t                   win_bytes;     /* ring bytes arrived in it */
-    uint64_t                   last_us;       /* last ring arrival seen (idle shrink), us */
-    uint64_t                   rtt_min;       /* smallest round-trip sample of the last
-                                               * EXS_RTT_MIN_WIN_US, us (0: none) */
-    uint64_t                   rtt_min_t;     /* when it was taken, us */
+    int offered;        /* a RESIZE offer is out, not yet answered */
+    uint32_t next_size; /* the offered region (autotune.offered) */
+    struct exs_prov_mr *next_mem;
+    struct exs_prov_grant *next_grant;
+    struct exs_prov_mr *old_mem; /* retired region (no grant): holds the ring
+                                  * positions below autotune.old_end until consumed */
+    uint32_t old_size;
+    uint64_t old_end;
+    uint64_t win_t0;    /* start of the measuring window, us (0: none) */
+    uint64_t win_bytes; /* ring bytes arrived in it */
+    uint64_t last_us;   /* last ring arrival seen (idle shrink), us */
+    uint64_t rtt_min;   /* smallest round-trip sample of the last
+                         * EXS_RTT_MIN_WIN_US, us (0: none) */
+    uint64_t rtt_min_t; /* when it was taken, us */
     /* as the writer of the peer's ring: */
-    int                        owed;          /* the peer offered a region: answer (and
-                                               * switch) before the next ring write */
-    uint64_t                   peer_addr;     /* the offer */
-    uint32_t                   peer_size,    peer_rkey;   
-    uint32_t                   peer_init;     /* the peer's ring before its first switch (0: none yet) */
+    int owed;           /* the peer offered a region: answer (and
+                         * switch) before the next ring write */
+    uint64_t peer_addr; /* the offer */
+    uint32_t peer_size, peer_rkey;
+    uint32_t peer_init; /* the peer's ring before its first switch (0: none yet) */
 };
 #endif
 
@@ -100,18 +101,19 @@ enum exs_ring_tune_verdict {
     EXS_RING_REFUSED, /* a grow was due but would pass the process budget */
 };
 struct exs_ring_tune_in {
-    uint32_t size, init, max;  /* the ring now, at creation, ring_max */
-    uint64_t budget, in_use;   /* ring_budget (0: none), ring bytes of the process now */
-    uint64_t win_bytes;        /* ring bytes that arrived per min_rtt in the last window */
-    int      reader_waiting;   /* a receive is posted with the ring copied out: the
-                                * application keeps up, the ring is what limits */
-    uint64_t idle_us;          /* since the last ring arrival */
-    uint64_t idle_limit_us;    /* ring_idle_ms in us (0: never shrink) */
+    uint32_t size, init, max; /* the ring now, at creation, ring_max */
+    uint64_t budget, in_use;  /* ring_budget (0: none), ring bytes of the process now */
+    uint64_t win_bytes;       /* ring bytes that arrived per min_rtt in the last window */
+    int reader_waiting;       /* a receive is posted with the ring copied out: the
+                               * application keeps up, the ring is what limits */
+    uint64_t idle_us;         /* since the last ring arrival */
+    uint64_t idle_limit_us;   /* ring_idle_ms in us (0: never shrink) */
 };
-enum exs_ring_tune_verdict exs__stream_ring_tune(const struct exs_ring_tune_in *in, uint32_t *size_p);
+enum exs_ring_tune_verdict exs__stream_ring_tune(const struct exs_ring_tune_in *in,
+                                                 uint32_t *size_p);
 
-#define PHASE_IS_DIRECT(_p)   (((_p) & 1u) == 0)
-#define PHASE_IS_INDIRECT(_p) (((_p) & 1u) == 1)
+#define PHASE_IS_DIRECT(_p)   (((_p)&1u) == 0)
+#define PHASE_IS_INDIRECT(_p) (((_p)&1u) == 1)
 
 /* Shared by stream.c and stream_ring.c */
 /* The first receive not yet satisfied, or NULL. */

@@ -12,7 +12,8 @@
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
-enum exs_ring_tune_verdict exs__stream_ring_tune(const struct exs_ring_tune_in *in, uint32_t *size_p)
+enum exs_ring_tune_verdict exs__stream_ring_tune(const struct exs_ring_tune_in *in,
+                                                 uint32_t *size_p)
 {
     uint32_t max = (uint32_t)EXS_MIN((uint64_t)in->max, (uint64_t)EXS_WIRE_RING_SIZE_MAX);
 
@@ -49,7 +50,8 @@ struct exs_op *exs__stream_head_recv(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
-    exs_list_for_each(pos, &conn->recvq) {
+    exs_list_for_each(pos, &conn->recvq)
+    {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state != EXS_OPS_DONE)
@@ -116,7 +118,8 @@ static void st_ring_merge_old(struct exs_conn *conn, uint64_t from, uint64_t to)
         uint32_t src = (uint32_t)(pos % conn->autotune.old_size);
         uint32_t dst = (uint32_t)(pos % conn->p.ring_size);
 
-        n = EXS_MIN(to - pos, (uint64_t)EXS_MIN(conn->autotune.old_size - src, conn->p.ring_size - dst));
+        n = EXS_MIN(to - pos,
+                    (uint64_t)EXS_MIN(conn->autotune.old_size - src, conn->p.ring_size - dst));
         memcpy(conn->ring + dst, old + src, (size_t)n);
     }
 }
@@ -138,15 +141,15 @@ int exs__stream_ring_cut_locked(struct exs_conn *conn)
     if (!fits) {
         EXS_WARN(PROTO,
                  "conn %p: ring positions at the cut: %llu unread, ring %u, retired %u up to %llu",
-                 (void *)conn, (unsigned long long)unread, conn->p.ring_size, conn->autotune.old_size,
-                 (unsigned long long)conn->autotune.old_end);
+                 (void *)conn, (unsigned long long)unread, conn->p.ring_size,
+                 conn->autotune.old_size, (unsigned long long)conn->autotune.old_end);
         return -EPROTO;
     }
     if (conn->autotune.offered || conn->autotune.owed || conn->autotune.old_mem || unread)
         EXS_INFO(PROTO, "conn %p: ring at the cut: %s%s%s%llu bytes unread (ring %u bytes%s)",
                  (void *)conn, conn->autotune.offered ? "offer dropped, " : "",
-                 conn->autotune.owed ? "answer owed dropped, " : "", both ? "two regions merged, " : "",
-                 (unsigned long long)unread, conn->p.ring_size,
+                 conn->autotune.owed ? "answer owed dropped, " : "",
+                 both ? "two regions merged, " : "", (unsigned long long)unread, conn->p.ring_size,
                  conn->autotune.old_mem ? ", a retired region" : "");
     /* an offer out dies with the old path (its grant went with the others); the writer
      * drops an answer it owes: the new path's hello and RING grant the ring anew */
@@ -200,8 +203,8 @@ int exs__stream_ring_offer_locked(struct exs_conn *conn, uint32_t size, int budg
         return -EAGAIN;
     if (!exs__conn_ctrl_room_locked(conn, EXS_WIRE_RESIZE_LEN))
         return -EAGAIN;
-    ret =
-        exs__conn_ring_region_locked(conn, size, budget, &conn->autotune.next_mem, &conn->autotune.next_grant);
+    ret = exs__conn_ring_region_locked(conn, size, budget, &conn->autotune.next_mem,
+                                       &conn->autotune.next_grant);
     if (ret) {
         conn->autotune.next_mem = NULL;
         conn->autotune.next_grant = NULL;
@@ -283,8 +286,8 @@ void exs__stream_ring_tune_locked(struct exs_conn *conn)
          * on a busy machine the smoothed round trip and the calls here come late, and
          * counting a longer window's bytes against the ring would grow it where it never
          * limited */
-        win =
-            (uint64_t)((double)conn->autotune.win_bytes * (double)rtt / (double)(now - conn->autotune.win_t0));
+        win = (uint64_t)((double)conn->autotune.win_bytes * (double)rtt /
+                         (double)(now - conn->autotune.win_t0));
     }
     in = (struct exs_ring_tune_in){
         .size = conn->p.ring_size,
@@ -368,8 +371,8 @@ int exs__stream_on_resize_locked(struct exs_conn *conn, const struct exs_wire_re
     if (r->hdr.flags & EXS_RESIZE_SWITCHED) {
         /* our offer's answer: every ring write before it arrived already (receive
          * completions come in posting order), so it must name exactly rd_arrived */
-        if (!conn->autotune.offered || size != conn->autotune.next_size || pos != conn->rd_arrived || addr ||
-            rkey) {
+        if (!conn->autotune.offered || size != conn->autotune.next_size ||
+            pos != conn->rd_arrived || addr || rkey) {
             EXS_INFO(PROTO,
                      "conn %p: SWITCHED to %u bytes at %llu does not answer an offer "
                      "(offered %d, %u bytes, %llu arrived)",

@@ -16,10 +16,9 @@
 
 static const struct {
     const char *name, *section, *desc;
-} pv_rules[EXS_PV_COUNT] = {
-    [EXS_PV_NONE] = {"none", "", "no rule broken"},
+} pv_rules[EXS_PV_COUNT] = {[EXS_PV_NONE] = {"none", "", "no rule broken"},
 #define EXS_PV_ROW_(_e, _n, _s, _d) [EXS_PV_##_e] = {_n, _s, _d},
-    EXS_PV_RULES(EXS_PV_ROW_)
+                            EXS_PV_RULES(EXS_PV_ROW_)
 #undef EXS_PV_ROW_
 };
 
@@ -52,10 +51,14 @@ enum exs_pv_rule exs__pv_rule_by_name(const char *name)
 const char *exs__pv_rec_name(unsigned rec_type)
 {
     switch (rec_type) {
-    case EXS_PV_REC_NONE: return "";
-    case EXS_PV_REC_WRITE: return "WRITE_IMM";
-    case EXS_PV_REC_COMPLETION: return "completion";
-    default: return exs__wire_type_name(rec_type);
+    case EXS_PV_REC_NONE:
+        return "";
+    case EXS_PV_REC_WRITE:
+        return "WRITE_IMM";
+    case EXS_PV_REC_COMPLETION:
+        return "completion";
+    default:
+        return exs__wire_type_name(rec_type);
     }
 }
 

@@ -15,55 +15,55 @@ struct exs_conn;
  * rule is appended. spec/protocol.md §10 lists them with the same words.
  */
 #define EXS_PV_RULES(X)                                                                            \
-    X(CTRL_TRUNCATED, "ctrl-truncated", "5", "a control SEND ends inside a record header")       \
-    X(CTRL_LEN, "ctrl-len", "5",                                                                  \
-      "a record length below the header, not a multiple of 8, or past the end of the SEND")     \
-    X(CTRL_TYPE, "ctrl-type", "5", "a record of an unknown type")                                \
-    X(CTRL_SIZE, "ctrl-size", "5", "a record whose length is not its type's")                    \
-    X(RING_ORDER, "ring-order", "2", "the peer's first record is not RING, or a second RING")     \
-    X(RESUME_FIRST, "resume-first", "9.2",                                                        \
-      "a record or a write before the peer's RESUME on a cut-over's new path")                  \
-    X(AUTH, "auth", "9.2", "an AUTH record where none may come")                                  \
-    X(SOCK_TYPE, "sock-type", "5",                                                                \
-      "a record of the other socket type (ANNOUNCE, READ_DONE on STREAM; DRAIN, RESIZE on "     \
-      "SEQPACKET)")                                                                               \
-    X(FEATURE, "feature", "2",                                                                    \
-      "a record or flag of a feature not negotiated (TRACE, STRACE, ALIVE's PING, RESUMABLE)")   \
-    X(RESERVED, "reserved", "5", "a reserved field or an unknown flag set")                       \
-    X(CREDITS, "credits", "3", "credits returned beyond the receives this side posted")           \
-    X(ACK_RANGE, "ack-range", "5", "an ACK of ring bytes never written")                          \
-    X(ADVERT, "advert", "6, 7",                                                                   \
-      "an ADVERT no history gives (STREAM: indirect phase or no bytes; SEQPACKET: message "      \
-      "numbers not increasing)")                                                                  \
-    X(ADVERTS_MAX, "adverts-max", "6, 7", "more than EXS_WIRE_ADVERTS_MAX usable ADVERTs held")  \
-    X(ANNOUNCE, "announce", "6",                                                                  \
-      "an ANNOUNCE out of message order, after SHUTDOWN, or inside a fragmented message")       \
+    X(CTRL_TRUNCATED, "ctrl-truncated", "5", "a control SEND ends inside a record header")         \
+    X(CTRL_LEN, "ctrl-len", "5",                                                                   \
+      "a record length below the header, not a multiple of 8, or past the end of the SEND")        \
+    X(CTRL_TYPE, "ctrl-type", "5", "a record of an unknown type")                                  \
+    X(CTRL_SIZE, "ctrl-size", "5", "a record whose length is not its type's")                      \
+    X(RING_ORDER, "ring-order", "2", "the peer's first record is not RING, or a second RING")      \
+    X(RESUME_FIRST, "resume-first", "9.2",                                                         \
+      "a record or a write before the peer's RESUME on a cut-over's new path")                     \
+    X(AUTH, "auth", "9.2", "an AUTH record where none may come")                                   \
+    X(SOCK_TYPE, "sock-type", "5",                                                                 \
+      "a record of the other socket type (ANNOUNCE, READ_DONE on STREAM; DRAIN, RESIZE on "        \
+      "SEQPACKET)")                                                                                \
+    X(FEATURE, "feature", "2",                                                                     \
+      "a record or flag of a feature not negotiated (TRACE, STRACE, ALIVE's PING, RESUMABLE)")     \
+    X(RESERVED, "reserved", "5", "a reserved field or an unknown flag set")                        \
+    X(CREDITS, "credits", "3", "credits returned beyond the receives this side posted")            \
+    X(ACK_RANGE, "ack-range", "5", "an ACK of ring bytes never written")                           \
+    X(ADVERT, "advert", "6, 7",                                                                    \
+      "an ADVERT no history gives (STREAM: indirect phase or no bytes; SEQPACKET: message "        \
+      "numbers not increasing)")                                                                   \
+    X(ADVERTS_MAX, "adverts-max", "6, 7", "more than EXS_WIRE_ADVERTS_MAX usable ADVERTs held")    \
+    X(ANNOUNCE, "announce", "6",                                                                   \
+      "an ANNOUNCE out of message order, after SHUTDOWN, or inside a fragmented message")          \
     X(ANNOUNCED_MAX, "announced-max", "6", "more than EXS_WIRE_ANNOUNCED_MAX announced messages")  \
-    X(READ_DONE, "read-done", "6", "a READ_DONE for no announced send waiting for one")          \
-    X(SHUTDOWN, "shutdown", "8",                                                                  \
-      "a second SHUTDOWN, one whose count is not what arrived, or one inside a message")        \
-    X(DATA_AFTER_SHUTDOWN, "data-after-shutdown", "8", "data after the peer's SHUTDOWN")         \
-    X(RING_OVERRUN, "ring-overrun", "6, 7",                                                       \
-      "a ring write beyond the space the receiver reported free, or past a STREAM stop")        \
-    X(EAGER_SIZE, "eager-size", "6", "an eager message not below eager_max or above the ring")   \
-    X(IMM_KIND, "imm-kind", "4", "immediate data of an unknown kind")                             \
-    X(DIRECT, "direct", "6, 7", "a direct write that does not fit the receive its tag names")    \
-    X(FRAG, "frag", "6.2",                                                                        \
-      "a fragmented message broken (the next message before eom, an empty or truncated piece)") \
-    X(BATCH, "batch", "6.1",                                                                      \
-      "a batched write with a malformed record or a record count other than its tag")           \
-    X(DRAIN, "drain", "7.2", "a DRAIN request or STOPPED answer out of sequence")                 \
-    X(RESIZE, "resize", "7.4", "a RESIZE offer out of bounds, or SWITCHED answering no offer")    \
-    X(TRACE, "trace", "5.1",                                                                      \
-      "a TRACE request out of sequence or beyond the slots, an answer for no request, or "     \
-      "times out of order")                                                                       \
-    X(SESSION, "session", "9.2", "a SESSION record refused (a second one, a key of token 0)")     \
-    X(RESUME, "resume", "9.2",                                                                    \
-      "a RESUME where none may come, not naming our session, or with positions no history "    \
-      "gives")                                                                                    \
-    X(REANNOUNCE, "reannounce", "9.2",                                                            \
-      "after a cut, an announced message not announced again, or announced again out of "      \
-      "order, with another length, or never announced")                                        \
+    X(READ_DONE, "read-done", "6", "a READ_DONE for no announced send waiting for one")            \
+    X(SHUTDOWN, "shutdown", "8",                                                                   \
+      "a second SHUTDOWN, one whose count is not what arrived, or one inside a message")           \
+    X(DATA_AFTER_SHUTDOWN, "data-after-shutdown", "8", "data after the peer's SHUTDOWN")           \
+    X(RING_OVERRUN, "ring-overrun", "6, 7",                                                        \
+      "a ring write beyond the space the receiver reported free, or past a STREAM stop")           \
+    X(EAGER_SIZE, "eager-size", "6", "an eager message not below eager_max or above the ring")     \
+    X(IMM_KIND, "imm-kind", "4", "immediate data of an unknown kind")                              \
+    X(DIRECT, "direct", "6, 7", "a direct write that does not fit the receive its tag names")      \
+    X(FRAG, "frag", "6.2",                                                                         \
+      "a fragmented message broken (the next message before eom, an empty or truncated piece)")    \
+    X(BATCH, "batch", "6.1",                                                                       \
+      "a batched write with a malformed record or a record count other than its tag")              \
+    X(DRAIN, "drain", "7.2", "a DRAIN request or STOPPED answer out of sequence")                  \
+    X(RESIZE, "resize", "7.4", "a RESIZE offer out of bounds, or SWITCHED answering no offer")     \
+    X(TRACE, "trace", "5.1",                                                                       \
+      "a TRACE request out of sequence or beyond the slots, an answer for no request, or "         \
+      "times out of order")                                                                        \
+    X(SESSION, "session", "9.2", "a SESSION record refused (a second one, a key of token 0)")      \
+    X(RESUME, "resume", "9.2",                                                                     \
+      "a RESUME where none may come, not naming our session, or with positions no history "        \
+      "gives")                                                                                     \
+    X(REANNOUNCE, "reannounce", "9.2",                                                             \
+      "after a cut, an announced message not announced again, or announced again out of "          \
+      "order, with another length, or never announced")                                            \
     X(COMPLETION, "completion", "4", "a receive completion of a kind the protocol never causes")
 
 enum exs_pv_rule {
@@ -71,7 +71,7 @@ enum exs_pv_rule {
 #define EXS_PV_ENUM_(_e, _n, _s, _d) EXS_PV_##_e,
     EXS_PV_RULES(EXS_PV_ENUM_)
 #undef EXS_PV_ENUM_
-    EXS_PV_COUNT
+        EXS_PV_COUNT
 };
 
 /* What a violation was found in, besides a control record (exs_wire_ctrl_type, 1..255):

@@ -52,34 +52,34 @@
 /* ---- §2 handshake: private data of connect and accept (at most 56 bytes) ---- */
 
 enum exs_wire_sock_type {
-    EXS_WIRE_SOCK_STREAM    = 1,
+    EXS_WIRE_SOCK_STREAM = 1,
     EXS_WIRE_SOCK_SEQPACKET = 2,
 };
 
-enum { /* exs_wire_hello.features */
-    EXS_WIRE_FEAT_KEEPALIVE = 1u << 0, /* answers zero-byte WRITE probes (every RC peer does) */
-    EXS_WIRE_FEAT_READ      = 1u << 1, /* may be asked to serve RDMA READ of announced buffers */
-    EXS_WIRE_FEAT_BATCH     = 1u << 2, /* splits SEQPACKET batched ring writes (§6.1) */
-    EXS_WIRE_FEAT_DRAIN     = 1u << 3, /* STREAM: understands DRAIN records (§7.2) */
-    EXS_WIRE_FEAT_TRACE     = 1u << 4, /* understands and answers TRACE records (§5.1) */
-    EXS_WIRE_FEAT_RESIZE    = 1u << 5, /* STREAM: understands RESIZE records (§7.4) */
-    EXS_WIRE_FEAT_FRAG      = 1u << 6, /* SEQPACKET: takes a direct message in several WWIs,
-                                        * eom on the last only (§6.2) */
-    EXS_WIRE_FEAT_RESUMABLE = 1u << 7, /* may be cut over to another path (§9.2); sent only
-                                        * by a side with fallback policy `any`, so it is
-                                        * not in EXS_WIRE_FEAT_ALL */
-    EXS_WIRE_FEAT_STRACE    = 1u << 8, /* STREAM: TRACE records on a stream (§5.1), with TRACE */
-    EXS_WIRE_FEAT_ALIVE     = 1u << 9, /* answers a NOP with flag PING by a NOP; probes so
+enum {                                    /* exs_wire_hello.features */
+       EXS_WIRE_FEAT_KEEPALIVE = 1u << 0, /* answers zero-byte WRITE probes (every RC peer does) */
+       EXS_WIRE_FEAT_READ = 1u << 1,      /* may be asked to serve RDMA READ of announced buffers */
+       EXS_WIRE_FEAT_BATCH = 1u << 2,     /* splits SEQPACKET batched ring writes (§6.1) */
+       EXS_WIRE_FEAT_DRAIN = 1u << 3,     /* STREAM: understands DRAIN records (§7.2) */
+       EXS_WIRE_FEAT_TRACE = 1u << 4,     /* understands and answers TRACE records (§5.1) */
+       EXS_WIRE_FEAT_RESIZE = 1u << 5,    /* STREAM: understands RESIZE records (§7.4) */
+       EXS_WIRE_FEAT_FRAG = 1u << 6,      /* SEQPACKET: takes a direct message in several WWIs,
+                                           * eom on the last only (§6.2) */
+       EXS_WIRE_FEAT_RESUMABLE = 1u << 7, /* may be cut over to another path (§9.2); sent only
+                                           * by a side with fallback policy `any`, so it is
+                                           * not in EXS_WIRE_FEAT_ALL */
+       EXS_WIRE_FEAT_STRACE = 1u << 8, /* STREAM: TRACE records on a stream (§5.1), with TRACE */
+       EXS_WIRE_FEAT_ALIVE = 1u << 9,  /* answers a NOP with flag PING by a NOP; probes so
                                         * and counts only receives as alive (§9.1) */
-    EXS_WIRE_FEAT_ALL       = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
-                              EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE | EXS_WIRE_FEAT_RESIZE |
-                              EXS_WIRE_FEAT_FRAG | EXS_WIRE_FEAT_STRACE | EXS_WIRE_FEAT_ALIVE,
+       EXS_WIRE_FEAT_ALL = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
+                           EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE | EXS_WIRE_FEAT_RESIZE |
+                           EXS_WIRE_FEAT_FRAG | EXS_WIRE_FEAT_STRACE | EXS_WIRE_FEAT_ALIVE,
 };
 
 struct exs_wire_hello {
     uint16_t magic;     /* EXS_WIRE_MAGIC */
-    uint8_t  version;   /* EXS_WIRE_VERSION */
-    uint8_t  sock_type; /* exs_wire_sock_type; must equal the peer's */
+    uint8_t version;    /* EXS_WIRE_VERSION */
+    uint8_t sock_type;  /* exs_wire_sock_type; must equal the peer's */
     uint16_t features;  /* EXS_WIRE_FEAT_*; the connection uses the intersection */
     uint16_t credits;   /* receives pre-posted for the peer = initial send credits */
     uint32_t ctrl_size; /* bytes of each of those receive buffers (largest SEND accepted) */
@@ -88,16 +88,16 @@ struct exs_wire_hello {
     uint32_t ring_rkey; /* reserved since v2: sent 0, ignored (the key comes in RING) */
     uint32_t eager_max; /* largest message the sender may write eagerly into the ring */
     uint32_t max_msg;   /* largest message the sender of this hello accepts (0: no limit) */
-    uint8_t  xfer_mode; /* EXS_XFER_* of the sender (informational for the peer) */
-    uint8_t  hflags;    /* EXS_WIRE_HELLO_F_* (0 before the cut-over; unknown bits ignored) */
+    uint8_t xfer_mode;  /* EXS_XFER_* of the sender (informational for the peer) */
+    uint8_t hflags;     /* EXS_WIRE_HELLO_F_* (0 before the cut-over; unknown bits ignored) */
     uint16_t reserved1;
 } __attribute__((packed));
 #define EXS_WIRE_HELLO_LEN 40u
 
-enum { /* exs_wire_hello.hflags */
-    EXS_WIRE_HELLO_F_RESUME = 1u << 0, /* connect only: the new path of a cut-over connection
-                                        * (§9.2), its first record a RESUME; needs feature
-                                        * bit 7 in the same hello (else reason 6) */
+enum {                                    /* exs_wire_hello.hflags */
+       EXS_WIRE_HELLO_F_RESUME = 1u << 0, /* connect only: the new path of a cut-over connection
+                                           * (§9.2), its first record a RESUME; needs feature
+                                           * bit 7 in the same hello (else reason 6) */
 };
 
 /* The resume proof (§9.2): keys and nonces. */
@@ -106,16 +106,16 @@ enum { /* exs_wire_hello.hflags */
 #define EXS_WIRE_MAC_B_LEN       8u  /* the passive side's proof: a truncated HMAC */
 #define EXS_WIRE_MAC_A_LEN       32u /* the active side's proof (AUTH): a whole HMAC */
 /* The one-byte labels that keep the two proofs apart (the first byte HMACed). */
-#define EXS_WIRE_AUTH_LABEL_A 'A'
-#define EXS_WIRE_AUTH_LABEL_B 'B'
+#define EXS_WIRE_AUTH_LABEL_A    'A'
+#define EXS_WIRE_AUTH_LABEL_B    'B'
 
 /* The private data of a resume connect (§9.2): the hello (flag RESUME, feature bit 7),
  * the token that names the connection to resume (the first 8 bytes of SHA-256(K_B), never
  * all zero) and the active side's fresh nonce_A. */
 struct exs_wire_resume_req {
     struct exs_wire_hello hello;
-    uint64_t              token;                       /* network order */
-    uint8_t               nonce_a[EXS_WIRE_NONCE_LEN]; /* random, new per attempt */
+    uint64_t token;                      /* network order */
+    uint8_t nonce_a[EXS_WIRE_NONCE_LEN]; /* random, new per attempt */
 } __attribute__((packed));
 #define EXS_WIRE_RESUME_PD_LEN 56u
 
@@ -124,20 +124,20 @@ struct exs_wire_resume_req {
  * 'B' || nonce_A || nonce_B). The active side checks MAC_B before it sends anything. */
 struct exs_wire_resume_acc {
     struct exs_wire_hello hello;
-    uint8_t               nonce_b[EXS_WIRE_NONCE_LEN];
-    uint8_t               mac_b[EXS_WIRE_MAC_B_LEN];
+    uint8_t nonce_b[EXS_WIRE_NONCE_LEN];
+    uint8_t mac_b[EXS_WIRE_MAC_B_LEN];
 } __attribute__((packed));
 #define EXS_WIRE_RESUME_ACC_LEN 56u
 
 /* Reject reason: private data of a reject is one exs_wire_reject. */
 enum exs_wire_reject_reason {
-    EXS_WIRE_REJ_VERSION   = 1, /* unknown magic or version */
+    EXS_WIRE_REJ_VERSION = 1,   /* unknown magic or version */
     EXS_WIRE_REJ_SOCK_TYPE = 2, /* STREAM vs SEQPACKET mismatch */
-    EXS_WIRE_REJ_BACKLOG   = 3, /* listener's backlog full */
+    EXS_WIRE_REJ_BACKLOG = 3,   /* listener's backlog full */
     EXS_WIRE_REJ_RESOURCES = 4, /* the passive side could not allocate the connection */
-    EXS_WIRE_REJ_CLOSING   = 5, /* listener is being closed */
-    EXS_WIRE_REJ_HELLO     = 6, /* a hello field out of range (§2 lists the rules) */
-    EXS_WIRE_REJ_RESUME    = 7, /* a resume hello (§9.2) the listener does not take */
+    EXS_WIRE_REJ_CLOSING = 5,   /* listener is being closed */
+    EXS_WIRE_REJ_HELLO = 6,     /* a hello field out of range (§2 lists the rules) */
+    EXS_WIRE_REJ_RESUME = 7,    /* a resume hello (§9.2) the listener does not take */
 };
 
 /* Bounds of a peer's hello (§2). */
@@ -145,9 +145,9 @@ enum exs_wire_reject_reason {
 #define EXS_WIRE_RING_SIZE_MAX (1u << 30)
 
 struct exs_wire_reject {
-    uint16_t magic;   /* EXS_WIRE_MAGIC */
-    uint8_t  version; /* the rejecter's EXS_WIRE_VERSION */
-    uint8_t  reason;  /* exs_wire_reject_reason */
+    uint16_t magic;  /* EXS_WIRE_MAGIC */
+    uint8_t version; /* the rejecter's EXS_WIRE_VERSION */
+    uint8_t reason;  /* exs_wire_reject_reason */
 } __attribute__((packed));
 #define EXS_WIRE_REJECT_LEN 4u
 
@@ -203,7 +203,7 @@ struct exs_wire_batch_rec {
     uint32_t len;      /* payload bytes of this message */
     uint32_t reserved; /* 0 */
 } __attribute__((packed));
-#define EXS_WIRE_BATCH_REC_LEN 8u
+#define EXS_WIRE_BATCH_REC_LEN  8u
 #define EXS_WIRE_BATCH_MAX_MSGS EXS_IMM_TAG_MASK /* messages in one batched write */
 
 /* Bytes of the record carrying a message of len bytes. */
@@ -215,27 +215,27 @@ static inline uint32_t exs_wire_batch_rec_size(uint32_t len)
 /* ---- §5 control messages: the payload of a SEND, one or more records back to back ---- */
 
 enum exs_wire_ctrl_type {
-    EXS_CTRL_ACK      = 1, /* credits and ring space returned */
-    EXS_CTRL_ADVERT   = 2, /* a posted receive buffer the peer may write directly */
-    EXS_CTRL_ANNOUNCE = 3, /* SEQPACKET: a message waiting at the sender, to be READ */
-    EXS_CTRL_READ_DONE= 4, /* SEQPACKET: the announced message was read (or dropped) */
-    EXS_CTRL_SHUTDOWN = 5, /* the sender will send no more data (SHUT_WR / close) */
-    EXS_CTRL_NOP      = 6, /* carries credits only; breaks credit deadlocks */
-    EXS_CTRL_RING     = 7, /* v2: the key of the sender's ring; its first record, once */
-    EXS_CTRL_DRAIN    = 8, /* STREAM, feature DRAIN: stop writing the ring / stopped (§7.2) */
-    EXS_CTRL_TRACE    = 9, /* feature TRACE (+ STRACE on STREAM): a traced send / its times (§5.1) */
-    EXS_CTRL_RESIZE   = 10, /* STREAM, feature RESIZE: a new ring region / switched (§7.4) */
-    EXS_CTRL_SESSION  = 11, /* feature RESUMABLE: the passive side's session token (§9.2) */
-    EXS_CTRL_RESUME   = 12, /* feature RESUMABLE: first record on a new path (§9.2) */
-    EXS_CTRL_AUTH     = 13, /* feature RESUMABLE: the active side's proof, first on a new
-                             * path, before RING (§9.2) */
+    EXS_CTRL_ACK = 1,       /* credits and ring space returned */
+    EXS_CTRL_ADVERT = 2,    /* a posted receive buffer the peer may write directly */
+    EXS_CTRL_ANNOUNCE = 3,  /* SEQPACKET: a message waiting at the sender, to be READ */
+    EXS_CTRL_READ_DONE = 4, /* SEQPACKET: the announced message was read (or dropped) */
+    EXS_CTRL_SHUTDOWN = 5,  /* the sender will send no more data (SHUT_WR / close) */
+    EXS_CTRL_NOP = 6,       /* carries credits only; breaks credit deadlocks */
+    EXS_CTRL_RING = 7,      /* v2: the key of the sender's ring; its first record, once */
+    EXS_CTRL_DRAIN = 8,     /* STREAM, feature DRAIN: stop writing the ring / stopped (§7.2) */
+    EXS_CTRL_TRACE = 9, /* feature TRACE (+ STRACE on STREAM): a traced send / its times (§5.1) */
+    EXS_CTRL_RESIZE = 10,  /* STREAM, feature RESIZE: a new ring region / switched (§7.4) */
+    EXS_CTRL_SESSION = 11, /* feature RESUMABLE: the passive side's session token (§9.2) */
+    EXS_CTRL_RESUME = 12,  /* feature RESUMABLE: first record on a new path (§9.2) */
+    EXS_CTRL_AUTH = 13,    /* feature RESUMABLE: the active side's proof, first on a new
+                            * path, before RING (§9.2) */
     EXS_CTRL_TYPE_MAX = 13,
 };
 
 /* Every record starts with this header; len includes it and is a multiple of 8. */
 struct exs_wire_ctrl_hdr {
-    uint8_t  type;    /* exs_wire_ctrl_type */
-    uint8_t  flags;   /* per type */
+    uint8_t type;     /* exs_wire_ctrl_type */
+    uint8_t flags;    /* per type */
     uint16_t len;     /* bytes of the record including this header */
     uint16_t credits; /* receives re-posted for the peer since the last report */
     uint16_t reserved;
@@ -246,47 +246,47 @@ struct exs_wire_ctrl_hdr {
  * modulo 2^64), so the writer knows how much ring space is free. */
 struct exs_wire_ack {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 ring_consumed;
+    uint64_t ring_consumed;
 } __attribute__((packed));
 #define EXS_WIRE_ACK_LEN 16u
 
-enum { /* exs_wire_advert.hdr.flags */
-    EXS_ADVERT_WAITALL = 1u << 0, /* STREAM: keep at the head until the whole buffer is filled */
+enum {                               /* exs_wire_advert.hdr.flags */
+       EXS_ADVERT_WAITALL = 1u << 0, /* STREAM: keep at the head until the whole buffer is filled */
 };
 
 /* ADVERT (§6 SEQPACKET, §7 STREAM): a user receive buffer the writer may fill directly. */
 struct exs_wire_advert {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 addr;  /* start of the receive buffer */
-    uint32_t                 len;   /* its length */
-    uint32_t                 rkey;  /* its key */
-    uint64_t                 seq;   /* STREAM: S_A, expected stream offset; SEQPACKET: message number */
-    uint32_t                 phase; /* STREAM: P_A (even = direct); SEQPACKET: 0 */
-    uint32_t                 id;    /* receiver's advert id; low 16 bits echo in the imm tag */
+    uint64_t addr;  /* start of the receive buffer */
+    uint32_t len;   /* its length */
+    uint32_t rkey;  /* its key */
+    uint64_t seq;   /* STREAM: S_A, expected stream offset; SEQPACKET: message number */
+    uint32_t phase; /* STREAM: P_A (even = direct); SEQPACKET: 0 */
+    uint32_t id;    /* receiver's advert id; low 16 bits echo in the imm tag */
 } __attribute__((packed));
 #define EXS_WIRE_ADVERT_LEN 40u
 
 /* ANNOUNCE (§6): SEQPACKET message seq of len bytes waits at addr/rkey for an RDMA READ. */
 struct exs_wire_announce {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 addr;
-    uint32_t                 len;
-    uint32_t                 rkey;
-    uint64_t                 seq; /* message number */
+    uint64_t addr;
+    uint32_t len;
+    uint32_t rkey;
+    uint64_t seq; /* message number */
 } __attribute__((packed));
 #define EXS_WIRE_ANNOUNCE_LEN 32u
 
 /* READ_DONE (§6): the announced message seq was consumed; its send may complete. */
 struct exs_wire_read_done {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 seq;
+    uint64_t seq;
 } __attribute__((packed));
 #define EXS_WIRE_READ_DONE_LEN 16u
 
 /* SHUTDOWN (§8): no data follows; seq = bytes (STREAM) or messages (SEQPACKET) sent in all. */
 struct exs_wire_shutdown {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 seq;
+    uint64_t seq;
 } __attribute__((packed));
 #define EXS_WIRE_SHUTDOWN_LEN 16u
 
@@ -294,13 +294,14 @@ struct exs_wire_shutdown {
  * by this connection's peer only, for the connection's life. */
 struct exs_wire_ring {
     struct exs_wire_ctrl_hdr hdr;
-    uint32_t                 rkey;
-    uint32_t                 reserved; /* 0 */
+    uint32_t rkey;
+    uint32_t reserved; /* 0 */
 } __attribute__((packed));
 #define EXS_WIRE_RING_LEN 16u
 
 enum { /* exs_wire_drain.hdr.flags */
-    EXS_DRAIN_STOPPED = 1u << 0, /* the data sender's answer; without it: the receiver's request */
+       EXS_DRAIN_STOPPED =
+           1u << 0, /* the data sender's answer; without it: the receiver's request */
 };
 
 /* DRAIN (§7.2, STREAM, feature DRAIN). Request (flags 0, from the data receiver): "stop
@@ -310,15 +311,15 @@ enum { /* exs_wire_drain.hdr.flags */
  * end at stream offset pos; the next byte goes into an ADVERT. */
 struct exs_wire_drain {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 pos;      /* stream offset (see above) */
-    uint32_t                 phase;    /* P_r of the request (odd: an indirect phase) */
-    uint32_t                 reserved; /* 0 */
+    uint64_t pos;      /* stream offset (see above) */
+    uint32_t phase;    /* P_r of the request (odd: an indirect phase) */
+    uint32_t reserved; /* 0 */
 } __attribute__((packed));
 #define EXS_WIRE_DRAIN_LEN 24u
 
-enum { /* exs_wire_trace.hdr.flags */
-    EXS_TRACE_ANSWER  = 1u << 0, /* the receiver's answer; without it: the sender's request */
-    EXS_TRACE_DROPPED = 1u << 1, /* answer: the receiver kept no times for seq (all 0) */
+enum {                              /* exs_wire_trace.hdr.flags */
+       EXS_TRACE_ANSWER = 1u << 0,  /* the receiver's answer; without it: the sender's request */
+       EXS_TRACE_DROPPED = 1u << 1, /* answer: the receiver kept no times for seq (all 0) */
 };
 
 /* TRACE (§5.1, feature TRACE; on STREAM also STRACE, seq then being the stream offset just
@@ -332,15 +333,15 @@ enum { /* exs_wire_trace.hdr.flags */
  * = when this answer was appended (T3); t_req <= t_arrival <= t_delivery <= t_answer. */
 struct exs_wire_trace {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 seq;        /* message number; STREAM: end offset of the send */
-    uint64_t                 t_req;      /* request: T1; answer: T2 */
-    uint64_t                 t_arrival;  /* answer only */
-    uint64_t                 t_delivery; /* answer only */
-    uint64_t                 t_answer;   /* answer only: T3 */
+    uint64_t seq;        /* message number; STREAM: end offset of the send */
+    uint64_t t_req;      /* request: T1; answer: T2 */
+    uint64_t t_arrival;  /* answer only */
+    uint64_t t_delivery; /* answer only */
+    uint64_t t_answer;   /* answer only: T3 */
 } __attribute__((packed));
 #define EXS_WIRE_TRACE_LEN 48u
-enum { /* exs_wire_resize.hdr.flags */
-    EXS_RESIZE_SWITCHED = 1u << 0, /* the data sender's answer; without it: the offer */
+enum {                                /* exs_wire_resize.hdr.flags */
+       EXS_RESIZE_SWITCHED = 1u << 0, /* the data sender's answer; without it: the offer */
 };
 
 /* RESIZE (§7.4, STREAM, feature RESIZE). Offer (flags 0, from the ring's owner, the data
@@ -352,10 +353,10 @@ enum { /* exs_wire_resize.hdr.flags */
  * rkey are 0. A position p lives at offset p % size of the region that holds it. */
 struct exs_wire_resize {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 addr; /* offer: the new region (aligned to 64); answer: 0 */
-    uint32_t                 size; /* bytes of the new region (multiple of 64) */
-    uint32_t                 rkey; /* offer: its key; answer: 0 */
-    uint64_t                 pos;  /* answer: the first ring position in the new region */
+    uint64_t addr; /* offer: the new region (aligned to 64); answer: 0 */
+    uint32_t size; /* bytes of the new region (multiple of 64) */
+    uint32_t rkey; /* offer: its key; answer: 0 */
+    uint64_t pos;  /* answer: the first ring position in the new region */
 } __attribute__((packed));
 #define EXS_WIRE_RESIZE_LEN 32u
 /* Smallest region a RESIZE may offer. */
@@ -368,7 +369,7 @@ struct exs_wire_resize {
  * A resume proves knowledge of K_A || K_B without sending them. hdr.flags 0. */
 struct exs_wire_session {
     struct exs_wire_ctrl_hdr hdr;
-    uint8_t                  key[EXS_WIRE_SESSION_KEY_LEN];
+    uint8_t key[EXS_WIRE_SESSION_KEY_LEN];
 } __attribute__((packed));
 #define EXS_WIRE_SESSION_LEN 40u
 
@@ -379,7 +380,7 @@ struct exs_wire_session {
  * hdr.flags 0, hdr.credits 0. */
 struct exs_wire_auth {
     struct exs_wire_ctrl_hdr hdr;
-    uint8_t                  mac[EXS_WIRE_MAC_A_LEN];
+    uint8_t mac[EXS_WIRE_MAC_A_LEN];
 } __attribute__((packed));
 #define EXS_WIRE_AUTH_LEN 40u
 
@@ -393,21 +394,21 @@ struct exs_wire_auth {
  * on a connection's first path: there it ends the connection. hdr.flags 0. */
 struct exs_wire_resume {
     struct exs_wire_ctrl_hdr hdr;
-    uint64_t                 token;
-    uint64_t                 rx_msgs;       /* SEQPACKET: messages arrived */
-    uint64_t                 rx_bytes;      /* STREAM: bytes arrived */
-    uint64_t                 ring_arrived;  /* STREAM: ring position arrived (rd_arrived) */
-    uint64_t                 ring_consumed; /* STREAM: ring position copied out (rd_consumed) */
+    uint64_t token;
+    uint64_t rx_msgs;       /* SEQPACKET: messages arrived */
+    uint64_t rx_bytes;      /* STREAM: bytes arrived */
+    uint64_t ring_arrived;  /* STREAM: ring position arrived (rd_arrived) */
+    uint64_t ring_consumed; /* STREAM: ring position copied out (rd_consumed) */
 } __attribute__((packed));
 #define EXS_WIRE_RESUME_LEN 48u
 
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN
 
-enum { /* NOP hdr.flags */
-    EXS_NOP_PING = 1u << 0, /* keepalive probe (feature ALIVE, §9.1): the peer's library
-                             * answers with a NOP; from a peer without the feature a
-                             * protocol error; other bits ignored */
+enum {                         /* NOP hdr.flags */
+       EXS_NOP_PING = 1u << 0, /* keepalive probe (feature ALIVE, §9.1): the peer's library
+                                * answers with a NOP; from a peer without the feature a
+                                * protocol error; other bits ignored */
 };
 
 /* Largest control SEND: a batch of records. Receive buffers are at least this big. */

@@ -28,9 +28,7 @@ static struct exs_prov_ops *prov_table[] = {
 #ifdef EXS_HAVE_VERBS_PROV
     &exs__prov_verbs_ops,
 #endif
-    &exs__prov_fault_tcp_ops,
-    &exs__prov_shm_ops,
-    &exs__prov_fault_shm_ops,
+    &exs__prov_fault_tcp_ops,   &exs__prov_shm_ops, &exs__prov_fault_shm_ops,
 #ifdef EXS_HAVE_VERBS_PROV
     &exs__prov_fault_verbs_ops,
 #endif
@@ -43,9 +41,7 @@ static int prov_stub(void)
     return -EOPNOTSUPP;
 }
 
-static void prov_stub_void(void)
-{
-}
+static void prov_stub_void(void) {}
 
 /* Default ctx_progress: the provider progresses on its own. */
 static int prov_progress_none(struct exs_prov_ctx *ctx)
@@ -142,10 +138,10 @@ void exs__prov_fill_defaults(struct exs_prov_ops *ops)
     /* Each member is a function pointer; those left NULL get a stub of the same
      * return kind. Casting through void (*)(void) is how rdma-core's dummy_ops
      * does it; the stubs take no arguments and the cdecl ABI tolerates that. */
-#define FILL(_m, _stub)                                                              \
-    do {                                                                             \
-        if (!ops->_m)                                                                \
-            ops->_m = (__typeof__(ops->_m))(void (*)(void))(_stub);                  \
+#define FILL(_m, _stub)                                                                            \
+    do {                                                                                           \
+        if (!ops->_m)                                                                              \
+            ops->_m = (__typeof__(ops->_m))(void (*)(void))(_stub);                                \
     } while (0)
     FILL(ctx_open, prov_stub);
     FILL(ctx_close, prov_stub_void);
@@ -223,7 +219,9 @@ int exs__prov_open_default(const struct exs_prov_attr *attr, struct exs_prov_ctx
     name = exs__params.provider[0] ? exs__params.provider : prov_default_name();
     ops = exs__prov_find(name);
     if (!ops) {
-        EXS_ERR(PROV, "provider %s: unknown (EXS_PROVIDER); known: tcp, fault:tcp, shm, fault:shm%s", name,
+        EXS_ERR(PROV,
+                "provider %s: unknown (EXS_PROVIDER); known: tcp, fault:tcp, shm, fault:shm%s",
+                name,
 #ifdef EXS_HAVE_VERBS_PROV
                 ", verbs, fault:verbs"
 #else

@@ -33,9 +33,9 @@ struct exs_prov_ops;
 /* ---- capabilities ---- */
 enum {
     EXS_PROV_CAP_WRITE_IMM = 1u << 0, /* RDMA_WRITE_WITH_IMM supported */
-    EXS_PROV_CAP_READ      = 1u << 1, /* RDMA_READ supported */
-    EXS_PROV_CAP_INLINE    = 1u << 2, /* EXS_PROV_SEND_INLINE supported */
-    EXS_PROV_CAP_EMU_LINK  = 1u << 3, /* honours EXS_EMU_DELAY_US / EXS_EMU_RATE_MBPS */
+    EXS_PROV_CAP_READ = 1u << 1,      /* RDMA_READ supported */
+    EXS_PROV_CAP_INLINE = 1u << 2,    /* EXS_PROV_SEND_INLINE supported */
+    EXS_PROV_CAP_EMU_LINK = 1u << 3,  /* honours EXS_EMU_DELAY_US / EXS_EMU_RATE_MBPS */
 };
 
 struct exs_prov_caps {
@@ -64,16 +64,16 @@ enum {
 };
 
 struct exs_prov_attr {
-    const char *device;  /* provider-specific device name, NULL = default */
-    uint32_t    cq_size; /* requested completion queue capacity, 0 = default */
-    uint32_t    flags;   /* EXS_PROV_ATTR_* */
+    const char *device; /* provider-specific device name, NULL = default */
+    uint32_t cq_size;   /* requested completion queue capacity, 0 = default */
+    uint32_t flags;     /* EXS_PROV_ATTR_* */
 };
 
 #define EXS_PROV_DEVICE_MAX 80 /* bytes of exs_prov_ctx.device, with its NUL */
 
 struct exs_prov_ctx {
     const struct exs_prov_ops *ops; /* set by the provider */
-    struct exs_prov_caps       caps;
+    struct exs_prov_caps caps;
     /* what the context runs on, for exsctl stat: "<device>:<port>" (verbs, set with
      * exs__prov_set_device), "" = nothing more than the provider (exs__prov_device) */
     char device[EXS_PROV_DEVICE_MAX];
@@ -81,18 +81,18 @@ struct exs_prov_ctx {
 
 /* ---- memory registration ---- */
 enum {
-    EXS_PROV_ACCESS_LOCAL_WRITE  = 1u << 0, /* local receive/READ target */
+    EXS_PROV_ACCESS_LOCAL_WRITE = 1u << 0,  /* local receive/READ target */
     EXS_PROV_ACCESS_REMOTE_WRITE = 1u << 1, /* peer may RDMA_WRITE(_WITH_IMM) into it */
-    EXS_PROV_ACCESS_REMOTE_READ  = 1u << 2, /* peer may RDMA_READ from it */
+    EXS_PROV_ACCESS_REMOTE_READ = 1u << 2,  /* peer may RDMA_READ from it */
 };
 
 struct exs_prov_mr {
     struct exs_prov_ctx *ctx;
-    void                *addr;   /* start of the registered range */
-    size_t               length; /* bytes */
-    uint32_t             lkey;   /* for local sge entries */
-    uint32_t             rkey;   /* given to the peer for RDMA_WRITE/READ */
-    unsigned             access; /* EXS_PROV_ACCESS_* */
+    void *addr;      /* start of the registered range */
+    size_t length;   /* bytes */
+    uint32_t lkey;   /* for local sge entries */
+    uint32_t rkey;   /* given to the peer for RDMA_WRITE/READ */
+    unsigned access; /* EXS_PROV_ACCESS_* */
 };
 
 /* ---- remote access grants (spec/provider.md, "Grants") ----
@@ -104,12 +104,12 @@ struct exs_prov_mr {
  * outside the range, and once revoked. verbs: a type 2 memory window bound to the
  * ep's QP; tcp: the same semantics emulated per connection. */
 struct exs_prov_grant {
-    struct exs_prov_ep *ep;     /* the one endpoint whose peer may use rkey */
-    struct exs_prov_mr *mr;     /* the local registration the range lies in */
-    uint64_t            addr;   /* first byte granted */
-    uint64_t            length; /* bytes granted */
-    uint32_t            rkey;   /* give this to the peer; valid on ep only */
-    unsigned            access; /* exactly one of EXS_PROV_ACCESS_REMOTE_WRITE / _READ */
+    struct exs_prov_ep *ep; /* the one endpoint whose peer may use rkey */
+    struct exs_prov_mr *mr; /* the local registration the range lies in */
+    uint64_t addr;          /* first byte granted */
+    uint64_t length;        /* bytes granted */
+    uint32_t rkey;          /* give this to the peer; valid on ep only */
+    unsigned access;        /* exactly one of EXS_PROV_ACCESS_REMOTE_WRITE / _READ */
 };
 
 /* For providers: the generic part of a new grant (rkey is the provider's). */
@@ -128,7 +128,8 @@ static inline void exs__prov_grant_init(struct exs_prov_grant *g, struct exs_pro
 struct exs_prov_sge {
     uint64_t addr;   /* local virtual address */
     uint32_t length; /* bytes */
-    uint32_t lkey;   /* key of an mr of this ctx containing [addr, addr+length); ignored with SEND_INLINE */
+    uint32_t lkey;   /* key of an mr of this ctx containing [addr, addr+length); ignored with
+                        SEND_INLINE */
 };
 
 enum exs_prov_wr_opcode {
@@ -141,38 +142,41 @@ enum exs_prov_wr_opcode {
 
 enum {
     EXS_PROV_SEND_SIGNALED = 1u << 0, /* generate a completion on success */
-    EXS_PROV_SEND_INLINE   = 1u << 1, /* copy the data at post time; lkeys ignored */
-    EXS_PROV_SEND_FENCE    = 1u << 2, /* wait for prior RDMA_READs before starting */
+    EXS_PROV_SEND_INLINE = 1u << 1,   /* copy the data at post time; lkeys ignored */
+    EXS_PROV_SEND_FENCE = 1u << 2,    /* wait for prior RDMA_READs before starting */
 };
 
 struct exs_prov_send_wr {
-    uint64_t                   wr_id;   /* returned in the completion */
-    enum exs_prov_wr_opcode    opcode;
-    unsigned                   flags;   /* EXS_PROV_SEND_* */
+    uint64_t wr_id; /* returned in the completion */
+    enum exs_prov_wr_opcode opcode;
+    unsigned flags;                     /* EXS_PROV_SEND_* */
     const struct exs_prov_sge *sg_list; /* READ: local destination; others: local source */
-    int                        num_sge; /* 0 .. caps.max_sge */
-    uint32_t                   imm_data; /* *_WITH_IMM: delivered with the peer's receive completion (host order) */
-    uint64_t                   remote_addr; /* RDMA_*: target address in the peer's mr */
-    uint32_t                   rkey;        /* RDMA_*: the peer's mr rkey */
+    int num_sge;                        /* 0 .. caps.max_sge */
+    uint32_t imm_data; /* *_WITH_IMM: delivered with the peer's receive completion (host order) */
+    uint64_t remote_addr; /* RDMA_*: target address in the peer's mr */
+    uint32_t rkey;        /* RDMA_*: the peer's mr rkey */
 };
 
 struct exs_prov_recv_wr {
-    uint64_t                   wr_id;
+    uint64_t wr_id;
     const struct exs_prov_sge *sg_list; /* where an incoming SEND's payload is scattered */
-    int                        num_sge;
+    int num_sge;
 };
 
 /* ---- completions ---- */
 enum exs_prov_wc_status {
     EXS_PROV_WC_SUCCESS = 0,
-    EXS_PROV_WC_LOC_LEN_ERR,       /* incoming SEND larger than the receive buffer, or bad local length */
-    EXS_PROV_WC_LOC_PROT_ERR,      /* local sge not inside an mr of this ctx with the right access */
-    EXS_PROV_WC_WR_FLUSH_ERR,      /* flushed: the ep is in ERROR (disconnect, dead peer, prior error) */
-    EXS_PROV_WC_REM_ACCESS_ERR,    /* peer refused an RDMA_WRITE/READ: key, bounds, rights, deregistered */
-    EXS_PROV_WC_REM_INV_REQ_ERR,   /* peer found the request malformed (e.g. SEND too long for its buffer) */
+    EXS_PROV_WC_LOC_LEN_ERR, /* incoming SEND larger than the receive buffer, or bad local length */
+    EXS_PROV_WC_LOC_PROT_ERR, /* local sge not inside an mr of this ctx with the right access */
+    EXS_PROV_WC_WR_FLUSH_ERR, /* flushed: the ep is in ERROR (disconnect, dead peer, prior error) */
+    EXS_PROV_WC_REM_ACCESS_ERR,    /* peer refused an RDMA_WRITE/READ: key, bounds, rights,
+                                      deregistered */
+    EXS_PROV_WC_REM_INV_REQ_ERR,   /* peer found the request malformed (e.g. SEND too long for its
+                                      buffer) */
     EXS_PROV_WC_REM_OP_ERR,        /* peer failed to carry out the operation */
     EXS_PROV_WC_RETRY_EXC_ERR,     /* transport retries exhausted: peer dead or unreachable */
-    EXS_PROV_WC_RNR_RETRY_EXC_ERR, /* receiver not ready: no receive posted after rnr_retry retries */
+    EXS_PROV_WC_RNR_RETRY_EXC_ERR, /* receiver not ready: no receive posted after rnr_retry retries
+                                    */
     EXS_PROV_WC_GENERAL_ERR,
     EXS_PROV_WC_STATUS_MAX
 };
@@ -192,43 +196,45 @@ enum {
 struct exs_prov_ep;
 
 struct exs_prov_cqe {
-    uint64_t                wr_id;
-    struct exs_prov_ep     *ep;       /* the endpoint the work request was posted on */
+    uint64_t wr_id;
+    struct exs_prov_ep *ep; /* the endpoint the work request was posted on */
     enum exs_prov_wc_status status;
-    enum exs_prov_wc_opcode opcode;   /* valid on success; on error the provider still sets it when known */
-    uint32_t                byte_len; /* RECV*: bytes received (payload of SEND, length of WWI); READ: bytes read */
-    uint32_t                imm_data; /* valid when flags & EXS_PROV_WC_WITH_IMM (host order) */
-    unsigned                flags;    /* EXS_PROV_WC_* */
+    enum exs_prov_wc_opcode
+        opcode; /* valid on success; on error the provider still sets it when known */
+    uint32_t
+        byte_len; /* RECV*: bytes received (payload of SEND, length of WWI); READ: bytes read */
+    uint32_t imm_data; /* valid when flags & EXS_PROV_WC_WITH_IMM (host order) */
+    unsigned flags;    /* EXS_PROV_WC_* */
 };
 
 /* ---- endpoints and connection management ---- */
 struct exs_prov_ep_attr {
-    uint32_t max_send_wr;   /* send queue depth (outstanding, incl. unsignaled not yet retired) */
-    uint32_t max_recv_wr;   /* receive queue depth */
-    uint32_t max_inline;    /* requested inline size, <= caps.max_inline */
-    uint8_t  rnr_retry;     /* 0..7; 7 = retry forever (as verbs) */
-    uint8_t  rnr_timer_ms;  /* pause between RNR retries, 0 = provider default */
-    uint8_t  timeout;       /* verbs local ACK timeout exponent (4.096 us * 2^timeout), 0 = default */
-    uint8_t  retry_cnt;     /* verbs transport retry count, 0 = default */
-    void    *user;          /* opaque owner pointer, never touched by the provider */
+    uint32_t max_send_wr; /* send queue depth (outstanding, incl. unsignaled not yet retired) */
+    uint32_t max_recv_wr; /* receive queue depth */
+    uint32_t max_inline;  /* requested inline size, <= caps.max_inline */
+    uint8_t rnr_retry;    /* 0..7; 7 = retry forever (as verbs) */
+    uint8_t rnr_timer_ms; /* pause between RNR retries, 0 = provider default */
+    uint8_t timeout;      /* verbs local ACK timeout exponent (4.096 us * 2^timeout), 0 = default */
+    uint8_t retry_cnt;    /* verbs transport retry count, 0 = default */
+    void *user;           /* opaque owner pointer, never touched by the provider */
 };
 
 enum exs_prov_ep_state {
     EXS_PROV_EP_IDLE = 0,   /* created; receives may be posted, sends fail with -ENOTCONN */
     EXS_PROV_EP_CONNECTING, /* connect() or accept() in progress */
     EXS_PROV_EP_CONNECTED,  /* sends and receives flow */
-    EXS_PROV_EP_ERROR,      /* everything outstanding and later posted completes with WR_FLUSH_ERR */
+    EXS_PROV_EP_ERROR, /* everything outstanding and later posted completes with WR_FLUSH_ERR */
 };
 
 struct exs_prov_ep {
-    struct exs_prov_ctx    *ctx;
-    void                   *user;  /* copied from ep_attr.user */
-    struct exs_prov_ep_attr attr;  /* granted attributes */
+    struct exs_prov_ctx *ctx;
+    void *user;                   /* copied from ep_attr.user */
+    struct exs_prov_ep_attr attr; /* granted attributes */
 };
 
 struct exs_prov_listener {
     struct exs_prov_ctx *ctx;
-    void                *user; /* opaque owner pointer */
+    void *user; /* opaque owner pointer */
 };
 
 /* A pending connection request, valid until accepted or rejected. */
@@ -238,10 +244,11 @@ struct exs_prov_conn_req {
 
 enum exs_prov_cm_event_type {
     EXS_PROV_CM_CONNECT_REQUEST = 1, /* listener: req, peer addr, private data */
-    EXS_PROV_CM_ESTABLISHED,         /* ep: connected; active side gets the acceptor's private data */
-    EXS_PROV_CM_REJECTED,            /* ep (active side): peer rejected; private data of the reject */
-    EXS_PROV_CM_UNREACHABLE,         /* ep (active side): no listener / route; status = -errno */
-    EXS_PROV_CM_DISCONNECTED,        /* ep: the connection ended (either side, or peer died); status = 0 or -errno */
+    EXS_PROV_CM_ESTABLISHED,  /* ep: connected; active side gets the acceptor's private data */
+    EXS_PROV_CM_REJECTED,     /* ep (active side): peer rejected; private data of the reject */
+    EXS_PROV_CM_UNREACHABLE,  /* ep (active side): no listener / route; status = -errno */
+    EXS_PROV_CM_DISCONNECTED, /* ep: the connection ended (either side, or peer died); status = 0 or
+                                 -errno */
 };
 
 /* exs_prov_cm_event.flags (spec/provider.md, "Why a connection ended") */
@@ -257,15 +264,15 @@ enum {
 
 struct exs_prov_cm_event {
     enum exs_prov_cm_event_type type;
-    struct exs_prov_ep         *ep;       /* all but CONNECT_REQUEST */
-    struct exs_prov_listener   *listener; /* CONNECT_REQUEST */
-    struct exs_prov_conn_req   *req;      /* CONNECT_REQUEST */
-    int                         status;   /* 0 or -errno */
-    unsigned                    flags;    /* EXS_PROV_CM_F_* */
-    struct sockaddr_storage     peer_addr;
-    socklen_t                   peer_addrlen;
-    uint32_t                    private_data_len;
-    uint8_t                     private_data[EXS_PROV_PRIVATE_DATA_MAX];
+    struct exs_prov_ep *ep;             /* all but CONNECT_REQUEST */
+    struct exs_prov_listener *listener; /* CONNECT_REQUEST */
+    struct exs_prov_conn_req *req;      /* CONNECT_REQUEST */
+    int status;                         /* 0 or -errno */
+    unsigned flags;                     /* EXS_PROV_CM_F_* */
+    struct sockaddr_storage peer_addr;
+    socklen_t peer_addrlen;
+    uint32_t private_data_len;
+    uint8_t private_data[EXS_PROV_PRIVATE_DATA_MAX];
 };
 
 /* ---- the ops table ---- */
@@ -273,9 +280,9 @@ struct exs_prov_ops {
     const char *name; /* "tcp" | "verbs" | "fault:tcp" | "fault:verbs": equals EXS_PROVIDER */
 
     /* context and its event descriptor */
-    int  (*ctx_open)(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
+    int (*ctx_open)(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
     void (*ctx_close)(struct exs_prov_ctx *ctx); /* all eps, listeners and mrs must be gone */
-    int  (*ctx_event_fd)(struct exs_prov_ctx *ctx);
+    int (*ctx_event_fd)(struct exs_prov_ctx *ctx);
     /* Request notification: the event fd becomes readable once a completion or
      * cm event is queued. Consumes any earlier notification. Returns -EAGAIN
      * when entries are already queued (poll them instead of sleeping).
@@ -284,7 +291,7 @@ struct exs_prov_ops {
      * ctx_progress has work (frames arrived, a socket became writable, a provider
      * timer expired, another thread queued work): the sleeper then calls
      * ctx_progress, ctx_poll and ctx_cm_poll. Spurious readability is allowed. */
-    int  (*ctx_arm)(struct exs_prov_ctx *ctx);
+    int (*ctx_arm)(struct exs_prov_ctx *ctx);
     /* Take back an earlier ctx_arm: nobody sleeps on the event fd any more (the caller
      * knows: spec/threading.md §3, "Disarm"), so entries queued from now on need not
      * make it readable until the next ctx_arm. Optional (default: nothing; the event
@@ -297,11 +304,11 @@ struct exs_prov_ops {
      * it did something (completions or cm events may now be queued), 0 when there was
      * nothing to do, or a negative errno. Optional (default: returns 0); a provider
      * without it must not be opened with MANUAL_PROGRESS (-EOPNOTSUPP). */
-    int  (*ctx_progress)(struct exs_prov_ctx *ctx);
+    int (*ctx_progress)(struct exs_prov_ctx *ctx);
     /* Up to max completions, oldest first; returns the count (0 = none). */
-    int  (*ctx_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max);
+    int (*ctx_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max);
     /* One cm event: 1 when *ev was filled, 0 when none is queued. */
-    int  (*ctx_cm_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cm_event *ev);
+    int (*ctx_cm_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cm_event *ev);
     /* fork(2) (spec/provider.md, "Fork"), phase an enum exs_fork_phase. PREPARE, in the
      * forking thread before the fork: keep the context's kernel descriptors and the lists
      * that hold them from changing (take the lock under which they are made and
@@ -318,9 +325,9 @@ struct exs_prov_ops {
     int (*mr_reg)(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
                   struct exs_prov_mr **mr_p);
     int (*mr_dereg)(struct exs_prov_mr *mr);
-    /* The library's own memory (rings, control buffers): len bytes, page aligned, contents undefined,
-     * with an mr of local access only (lkey valid; give no rkey out: register a sub-range
-     * with mr_reg for that). The verbs provider serves it from its memory cache; the
+    /* The library's own memory (rings, control buffers): len bytes, page aligned, contents
+     * undefined, with an mr of local access only (lkey valid; give no rkey out: register a
+     * sub-range with mr_reg for that). The verbs provider serves it from its memory cache; the
      * default allocates and registers. Free with mem_free before ctx_close. */
     int (*mem_alloc)(struct exs_prov_ctx *ctx, size_t len, struct exs_prov_mr **mr_p);
     void (*mem_free)(struct exs_prov_mr *mr);
@@ -336,8 +343,8 @@ struct exs_prov_ops {
      * rkey may be sent to the peer in any later post_send on ep: operations the
      * peer issues after receiving it find it valid. Errors: -EINVAL (range not in
      * mr, access not exactly one remote right), -ENOTCONN, -ENOMEM. */
-    int  (*grant)(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
-                  unsigned access, struct exs_prov_grant **grant_p);
+    int (*grant)(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
+                 unsigned access, struct exs_prov_grant **grant_p);
     /* End a grant at once, without waiting for the peer: when revoke returns no
      * further byte of the peer lands in the range or is read from it. A transfer in
      * progress is cut off (its remaining bytes are discarded) and fails at the peer
@@ -356,8 +363,7 @@ struct exs_prov_ops {
     void (*ep_destroy)(struct exs_prov_ep *ep);
     enum exs_prov_ep_state (*ep_state)(struct exs_prov_ep *ep);
     /* The local address of a connected (or once connected) ep; -ENOTCONN before. */
-    int (*ep_local_addr)(struct exs_prov_ep *ep, struct sockaddr_storage *addr,
-                         socklen_t *addrlen);
+    int (*ep_local_addr)(struct exs_prov_ep *ep, struct sockaddr_storage *addr, socklen_t *addrlen);
 
     /* connection management */
     int (*listen)(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
@@ -418,8 +424,7 @@ enum exs_prov_wc_opcode exs__prov_wr_wc_opcode(enum exs_prov_wr_opcode opcode);
 /* ---- inline wrappers: the only way code outside exs/prov/ calls a provider ----
  * (a check in `make check`, scripts/check-prov-door.sh, fails on any other use). */
 static inline int exs__prov_ctx_open(const struct exs_prov_ops *ops,
-                                     const struct exs_prov_attr *attr,
-                                     struct exs_prov_ctx **ctx_p)
+                                     const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
 {
     return ops->ctx_open(attr, ctx_p);
 }
@@ -510,8 +515,7 @@ static inline void exs__prov_mr_put(struct exs_prov_mr *mr)
 }
 
 static inline int exs__prov_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr,
-                                  size_t length, unsigned access,
-                                  struct exs_prov_grant **grant_p)
+                                  size_t length, unsigned access, struct exs_prov_grant **grant_p)
 {
     return ep->ctx->ops->grant(ep, mr, addr, length, access, grant_p);
 }
@@ -521,8 +525,7 @@ static inline void exs__prov_revoke(struct exs_prov_grant *grant)
     grant->ep->ctx->ops->revoke(grant);
 }
 
-static inline int exs__prov_ep_create(struct exs_prov_ctx *ctx,
-                                      const struct exs_prov_ep_attr *attr,
+static inline int exs__prov_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
                                       struct exs_prov_ep **ep_p)
 {
     return ctx->ops->ep_create(ctx, attr, ep_p);

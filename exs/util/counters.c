@@ -39,8 +39,8 @@ uint64_t exs__counters_value(const struct exs_counter_set *set, size_t i)
 int exs__counters_lookup(const char *set_name, const char *counter, uint64_t *value_p)
 {
     struct exs_list *pos;
-    uint64_t         sum = 0;
-    int              rc = -ENOENT;
+    uint64_t sum = 0;
+    int rc = -ENOENT;
 
     pthread_mutex_lock(&counters_lock);
     /* Sets of one name (one per provider context, say) add up. */

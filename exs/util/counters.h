@@ -16,20 +16,23 @@
 #define EXS_CNT_GET(_field)     __atomic_load_n(&(_field), __ATOMIC_RELAXED)
 
 struct exs_counter_desc {
-    const char *name;   /* e.g. "frames_tx" */
-    size_t      offset; /* offsetof(owner struct, field) of a uint64_t */
+    const char *name; /* e.g. "frames_tx" */
+    size_t offset;    /* offsetof(owner struct, field) of a uint64_t */
     const char *help;
 };
 
-#define EXS_COUNTER(_type, _field, _help) { #_field, offsetof(_type, _field), _help }
+#define EXS_COUNTER(_type, _field, _help)                                                          \
+    {                                                                                              \
+#_field, offsetof(_type, _field), _help                                                    \
+    }
 
 /* A named group of counters living at base (one per ctx, connection, cache, ...). */
 struct exs_counter_set {
-    const char                    *name;  /* e.g. "prov.tcp.ctx" */
+    const char *name; /* e.g. "prov.tcp.ctx" */
     const struct exs_counter_desc *desc;
-    size_t                         count;
-    const void                    *base;
-    struct exs_list                link;  /* in the global registry */
+    size_t count;
+    const void *base;
+    struct exs_list link; /* in the global registry */
 };
 
 /* Add / remove a set in the process-wide registry (thread-safe). */

@@ -13,8 +13,8 @@
  */
 struct exs_job {
     struct exs_list link;
-    void          (*fn)(struct exs_job *job);
-    int             queued;
+    void (*fn)(struct exs_job *job);
+    int queued;
 };
 
 #endif

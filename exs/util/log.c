@@ -12,25 +12,25 @@
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
-int      exs__log_level  = EXS_LOG_WARN;
+int exs__log_level = EXS_LOG_WARN;
 unsigned exs__log_subsys = EXS_SUB_ALL;
 
 /* NULL means stderr (which is not a constant initializer). */
-static FILE           *log_stream;
+static FILE *log_stream;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *const level_names[] = {
-    [EXS_LOG_NONE] = "none", [EXS_LOG_ERR] = "err",     [EXS_LOG_WARN] = "warn",
-    [EXS_LOG_INFO] = "info", [EXS_LOG_DBG] = "dbg",     [EXS_LOG_TRACE] = "trace",
+    [EXS_LOG_NONE] = "none", [EXS_LOG_ERR] = "err", [EXS_LOG_WARN] = "warn",
+    [EXS_LOG_INFO] = "info", [EXS_LOG_DBG] = "dbg", [EXS_LOG_TRACE] = "trace",
     [EXS_LOG_DATA] = "data",
 };
 
 static const struct {
     const char *name;
-    unsigned    bit;
+    unsigned bit;
 } subsys_names[] = {
-    {"api", EXS_SUB_API},     {"eng", EXS_SUB_ENG},     {"proto", EXS_SUB_PROTO},
-    {"prov", EXS_SUB_PROV},   {"cache", EXS_SUB_CACHE}, {"util", EXS_SUB_UTIL},
+    {"api", EXS_SUB_API},   {"eng", EXS_SUB_ENG},     {"proto", EXS_SUB_PROTO},
+    {"prov", EXS_SUB_PROV}, {"cache", EXS_SUB_CACHE}, {"util", EXS_SUB_UTIL},
 };
 
 /* The environment goes through the params table (EXS_LOG_LEVEL / EXS_LOG_SUBSYS rows):
@@ -39,9 +39,9 @@ static const struct {
  * call exs__params_reset() first. */
 void exs__log_init(void)
 {
-    int      level;
+    int level;
     unsigned subsys;
-    char     buf[EXS_PARAM_STR_MAX];
+    char buf[EXS_PARAM_STR_MAX];
 
     exs__params_load();
     if (exs__params_get("log_level", buf, sizeof(buf)) == 0 &&
@@ -90,8 +90,8 @@ unsigned exs__log_subsys_parse(const char *s)
         return 0;
     for (;;) {
         const char *comma = strchr(s, ',');
-        size_t      len = comma ? (size_t)(comma - s) : strlen(s);
-        unsigned    bit = subsys_item(s, len);
+        size_t len = comma ? (size_t)(comma - s) : strlen(s);
+        unsigned bit = subsys_item(s, len);
 
         if (!bit)
             return 0; /* empty or unknown item: the whole list is invalid */
@@ -116,7 +116,7 @@ static const char *subsys_name(unsigned subsys)
 }
 
 static exs_log_hook_fn *log_hook;
-static uint64_t         log_suppressed;
+static uint64_t log_suppressed;
 
 void exs__log_set_hook(exs_log_hook_fn *fn)
 {
@@ -143,7 +143,7 @@ static int log_site_take(struct exs_log_site *site, uint64_t *suppressed_p)
     uint64_t burst = __atomic_load_n(&exs__params.log_rate_burst, __ATOMIC_RELAXED);
     uint64_t rate = __atomic_load_n(&exs__params.log_rate_per_s, __ATOMIC_RELAXED);
     uint64_t now = exs__now_ns();
-    int      ok = 1;
+    int ok = 1;
 
     *suppressed_p = 0;
     if (burst == 0 || rate == 0)
@@ -175,20 +175,19 @@ static int log_site_take(struct exs_log_site *site, uint64_t *suppressed_p)
     return ok;
 }
 
-void exs__log_rl(struct exs_log_site *site, int level, unsigned subsys, const char *func,
-                 int line, const char *fmt, ...)
+void exs__log_rl(struct exs_log_site *site, int level, unsigned subsys, const char *func, int line,
+                 const char *fmt, ...)
 {
-    int      saved_errno = errno;
+    int saved_errno = errno;
     uint64_t suppressed = 0;
-    va_list  ap;
+    va_list ap;
 
     if (level <= EXS_LOG_INFO && !log_site_take(site, &suppressed)) {
         errno = saved_errno;
         return;
     }
     if (suppressed)
-        exs__log(level, subsys, func, line,
-                 "%llu messages like the next suppressed (rate limit)",
+        exs__log(level, subsys, func, line, "%llu messages like the next suppressed (rate limit)",
                  (unsigned long long)suppressed);
     errno = saved_errno;
     va_start(ap, fmt);
@@ -196,24 +195,23 @@ void exs__log_rl(struct exs_log_site *site, int level, unsigned subsys, const ch
     va_end(ap);
 }
 
-void exs__vlog(int level, unsigned subsys, const char *func, int line, const char *fmt,
-               va_list ap0)
+void exs__vlog(int level, unsigned subsys, const char *func, int line, const char *fmt, va_list ap0)
 {
-    int     saved_errno = errno; /* first: %m and the caller both see the original */
-    char    stack[1024];
-    char   *buf = stack;
-    size_t  size = sizeof(stack);
-    int     head, body;
+    int saved_errno = errno; /* first: %m and the caller both see the original */
+    char stack[1024];
+    char *buf = stack;
+    size_t size = sizeof(stack);
+    int head, body;
     va_list ap;
-    FILE   *f = __atomic_load_n(&log_stream, __ATOMIC_ACQUIRE);
+    FILE *f = __atomic_load_n(&log_stream, __ATOMIC_ACQUIRE);
     exs_log_hook_fn *hook = __atomic_load_n(&log_hook, __ATOMIC_ACQUIRE);
 
     if (!f)
         f = stderr;
-    head = snprintf(buf, size, "exs %s %s %s:%d: ",
-                    level >= 0 && level < (int)EXS_ARRAY_SIZE(level_names) ? level_names[level]
-                                                                           : "?",
-                    subsys_name(subsys), func, line);
+    head =
+        snprintf(buf, size, "exs %s %s %s:%d: ",
+                 level >= 0 && level < (int)EXS_ARRAY_SIZE(level_names) ? level_names[level] : "?",
+                 subsys_name(subsys), func, line);
     if (head < 0 || (size_t)head >= size - 2) {
         head = 0; /* absurd function name: drop the prefix rather than the message */
         buf[0] = '\0';

@@ -67,9 +67,15 @@ int exs__mem_take(uint64_t n, enum exs_mem_kind kind, uint64_t slack)
     do {
         if (kind != EXS_MEM_FORCE && budget && (cur + n + slack > budget || cur + n < cur)) {
             switch (kind) {
-            case EXS_MEM_CONN: EXS_CNT_INC(exs__mem.mem_refused_conns); break;
-            case EXS_MEM_GROW: EXS_CNT_INC(exs__mem.mem_refused_growth); break;
-            default: EXS_CNT_INC(exs__mem.mem_refused_other); break;
+            case EXS_MEM_CONN:
+                EXS_CNT_INC(exs__mem.mem_refused_conns);
+                break;
+            case EXS_MEM_GROW:
+                EXS_CNT_INC(exs__mem.mem_refused_growth);
+                break;
+            default:
+                EXS_CNT_INC(exs__mem.mem_refused_other);
+                break;
             }
             return -ENOBUFS;
         }

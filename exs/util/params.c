@@ -15,8 +15,10 @@
 
 struct exs_params exs__params;
 
-#define PARAM(_name, _env, _def, _type, _online, _help)                                  \
-    {#_name, _env, _def, _help, EXS_PARAM_##_type, _online, offsetof(struct exs_params, _name)}
+#define PARAM(_name, _env, _def, _type, _online, _help)                                            \
+    {                                                                                              \
+#_name, _env, _def, _help, EXS_PARAM_##_type, _online, offsetof(struct exs_params, _name)  \
+    }
 
 /* One row per field of struct exs_params, in field order. */
 static const struct exs_param_def params_table[] = {
@@ -139,17 +141,21 @@ static const struct exs_param_def params_table[] = {
           "SOCK_STREAM ring autotuning: bytes of every receive ring of the process together that a "
           "grow may reach; a grow past it is refused (initial rings are not held to it, only to "
           "EXS_MEM_BUDGET); 0 = no bound"),
-    PARAM(mem_budget, "EXS_MEM_BUDGET", "auto", UINT, 1,
-          "bytes every connection of the process together may hold for its peer (rings, send "
-          "buffers, control slots, batch staging, pending messages, ADVERTs, resume state): past "
-          "it new connections are refused (ENOBUFS; a listener rejects with reason RESOURCES), ring "
-          "grows and send buffers are refused, a peer's message that needs more ends its "
-          "connection; auto = a quarter of physical memory; 0 = no bound"),
+    PARAM(
+        mem_budget, "EXS_MEM_BUDGET", "auto", UINT, 1,
+        "bytes every connection of the process together may hold for its peer (rings, send "
+        "buffers, control slots, batch staging, pending messages, ADVERTs, resume state): past "
+        "it new connections are refused (ENOBUFS; a listener rejects with reason RESOURCES), ring "
+        "grows and send buffers are refused, a peer's message that needs more ends its "
+        "connection; auto = a quarter of physical memory; 0 = no bound"),
     PARAM(ring_idle_ms, "EXS_RING_IDLE_MS", "1000", UINT, 0,
           "SOCK_STREAM ring autotuning: a grown ring that received nothing for this long shrinks "
           "back to its initial size, milliseconds; 0 = never"),
     PARAM(stream_direct_linger, "EXS_STREAM_DIRECT_LINGER", "1", UINT, 0,
-          "SOCK_STREAM, dynamic mode: 1 = a sender in a direct phase that has no ADVERT left, and no more sends waiting than sends in flight, writes the ring only once none of its writes is in flight (an ADVERT usually comes meanwhile: fewer switches); 0 = at once (the published algorithm)"),
+          "SOCK_STREAM, dynamic mode: 1 = a sender in a direct phase that has no ADVERT left, and "
+          "no more sends waiting than sends in flight, writes the ring only once none of its "
+          "writes is in flight (an ADVERT usually comes meanwhile: fewer switches); 0 = at once "
+          "(the published algorithm)"),
 
     /* -- keepalive, deadlines, seq-ack window, fragmentation (issue 13) -- */
     PARAM(keepalive_intv_ms, "EXS_KEEPALIVE_INTV_MS", "1000", UINT, 1,
@@ -303,13 +309,13 @@ static const struct exs_param_def params_table[] = {
 enum { PARAMS_NONE, PARAMS_DEFAULTS, PARAMS_LOADED };
 
 static pthread_mutex_t params_lock = PTHREAD_MUTEX_INITIALIZER;
-static int             params_state; /* PARAMS_*; written under the lock, read without it */
-static int             params_load_rc;
+static int params_state; /* PARAMS_*; written under the lock, read without it */
+static int params_load_rc;
 
 union param_val {
     uint64_t u;
-    int      b;
-    char     s[EXS_PARAM_STR_MAX];
+    int b;
+    char s[EXS_PARAM_STR_MAX];
 };
 
 /* Parse and validate text for row d. Returns 0 or -EINVAL. */
@@ -327,8 +333,7 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
 {
     switch (d->type) {
     case EXS_PARAM_UINT:
-        if (d->offset == offsetof(struct exs_params, mem_budget) && text &&
-            !strcmp(text, "auto")) {
+        if (d->offset == offsetof(struct exs_params, mem_budget) && text && !strcmp(text, "auto")) {
             v->u = params_phys_quarter();
             return 0;
         }
@@ -356,8 +361,7 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, test_engine_park) && v->u > 1)
             return -EINVAL;
-        if (d->offset == offsetof(struct exs_params, lease_us) &&
-            (v->u < 10 || v->u > 1000000))
+        if (d->offset == offsetof(struct exs_params, lease_us) && (v->u < 10 || v->u > 1000000))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, eager_max) && v->u > (1u << 20))
             return -EINVAL;
@@ -369,7 +373,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, stream_copy_max) && v->u > (1u << 20))
             return -EINVAL;
         if ((d->offset == offsetof(struct exs_params, keepalive_intv_ms) ||
-             d->offset == offsetof(struct exs_params, send_timeout_ms)) && v->u > 3600000)
+             d->offset == offsetof(struct exs_params, send_timeout_ms)) &&
+            v->u > 3600000)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, ack_every) && (v->u == 1 || v->u > 4095))
             return -EINVAL;
@@ -385,8 +390,7 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, frag_size) &&
             (v->u < 4096 || v->u > (1u << 30)))
             return -EINVAL;
-        if (d->offset == offsetof(struct exs_params, keepalive_probes) &&
-            (v->u < 1 || v->u > 100))
+        if (d->offset == offsetof(struct exs_params, keepalive_probes) && (v->u < 1 || v->u > 100))
             return -EINVAL;
         if ((d->offset == offsetof(struct exs_params, connect_timeout_ms) ||
              d->offset == offsetof(struct exs_params, tcp_hello_ms)) &&
@@ -399,8 +403,7 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, fallback_port_offset) && v->u > 32767)
             return -EINVAL;
-        if (d->offset == offsetof(struct exs_params, resume_max) &&
-            (v->u < 1 || v->u > 1000000))
+        if (d->offset == offsetof(struct exs_params, resume_max) && (v->u < 1 || v->u > 1000000))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, ctl_enable) && v->u > 1)
             return -EINVAL;
@@ -463,7 +466,7 @@ static void param_store(const struct exs_param_def *d, const union param_val *v)
 static int param_format(const struct exs_param_def *d, char *buf, size_t len)
 {
     const void *field = (const char *)&exs__params + d->offset;
-    int         n = 0;
+    int n = 0;
 
     switch (d->type) {
     case EXS_PARAM_UINT:
@@ -513,17 +516,17 @@ int exs__params_load(void)
     /* Table order: the log rows come first, so later warnings obey EXS_LOG_LEVEL. */
     for (size_t i = 0; i < EXS_ARRAY_SIZE(params_table); i++) {
         const struct exs_param_def *d = &params_table[i];
-        const char                 *text = getenv(d->env);
-        union param_val             v;
-        char                        cur[EXS_PARAM_STR_MAX + 32];
+        const char *text = getenv(d->env);
+        union param_val v;
+        char cur[EXS_PARAM_STR_MAX + 32];
 
         if (!text)
             continue;
         if (param_parse(d, text, &v) < 0) {
             if (param_format(d, cur, sizeof(cur)) < 0)
                 cur[0] = '\0';
-            EXS_WARN(UTIL, "%s=\"%s\": invalid, keeping %s=\"%s\" (%s)", d->env, text, d->name,
-                     cur, d->help);
+            EXS_WARN(UTIL, "%s=\"%s\": invalid, keeping %s=\"%s\" (%s)", d->env, text, d->name, cur,
+                     d->help);
             rc = -EINVAL;
             continue;
         }
@@ -564,8 +567,8 @@ const struct exs_param_def *exs__params_find(const char *name)
 int exs__params_set(const char *name, const char *value)
 {
     const struct exs_param_def *d = exs__params_find(name);
-    union param_val             v;
-    int                         rc;
+    union param_val v;
+    int rc;
 
     if (!d)
         return -ENOENT;
@@ -583,7 +586,7 @@ int exs__params_set(const char *name, const char *value)
 int exs__params_get(const char *name, char *buf, size_t len)
 {
     const struct exs_param_def *d = exs__params_find(name);
-    int                         rc;
+    int rc;
 
     if (!d)
         return -ENOENT;
@@ -630,8 +633,8 @@ static void params_print_markdown(FILE *f)
 void exs__params_print(FILE *f, int markdown)
 {
     char values[EXS_ARRAY_SIZE(params_table)][EXS_PARAM_STR_MAX + 32];
-    int  wname = (int)strlen("NAME"), wenv = (int)strlen("VARIABLE");
-    int  wval = (int)strlen("VALUE"), wdef = (int)strlen("DEFAULT");
+    int wname = (int)strlen("NAME"), wenv = (int)strlen("VARIABLE");
+    int wval = (int)strlen("VALUE"), wdef = (int)strlen("DEFAULT");
 
     if (markdown) {
         params_print_markdown(f);
@@ -656,7 +659,7 @@ void exs__params_print(FILE *f, int markdown)
             wdef, "DEFAULT", "MODE", "DESCRIPTION");
     for (size_t i = 0; i < EXS_ARRAY_SIZE(params_table); i++) {
         const struct exs_param_def *d = &params_table[i];
-        char                        val[EXS_PARAM_STR_MAX + 40], def[EXS_PARAM_STR_MAX + 8];
+        char val[EXS_PARAM_STR_MAX + 40], def[EXS_PARAM_STR_MAX + 8];
 
         /* Strings quoted so an empty one is visible. */
         const char *q = d->type == EXS_PARAM_STRING ? "\"" : "";

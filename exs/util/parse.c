@@ -11,9 +11,9 @@
 int exs__parse_uint(const char *s, uint64_t *v_p)
 {
     unsigned long long v;
-    char              *end;
-    int                base = 10;
-    unsigned           shift = 0;
+    char *end;
+    int base = 10;
+    unsigned shift = 0;
 
     if (!s)
         return -EINVAL;
@@ -31,13 +31,16 @@ int exs__parse_uint(const char *s, uint64_t *v_p)
     switch (*end) {
     case '\0':
         break;
-    case 'k': case 'K':
+    case 'k':
+    case 'K':
         shift = 10;
         break;
-    case 'm': case 'M':
+    case 'm':
+    case 'M':
         shift = 20;
         break;
-    case 'g': case 'G':
+    case 'g':
+    case 'G':
         shift = 30;
         break;
     default:

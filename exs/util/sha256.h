@@ -11,10 +11,10 @@
 
 /* An incremental hash: init, update any number of times, final. */
 struct exs_sha256 {
-    uint32_t h[8];                     /* the chaining state */
-    uint64_t len;                      /* bytes hashed so far */
-    uint8_t  buf[EXS_SHA256_BLOCK];    /* a partial block */
-    uint32_t n;                        /* bytes in buf */
+    uint32_t h[8];                 /* the chaining state */
+    uint64_t len;                  /* bytes hashed so far */
+    uint8_t buf[EXS_SHA256_BLOCK]; /* a partial block */
+    uint32_t n;                    /* bytes in buf */
 };
 
 void exs__sha256_init(struct exs_sha256 *s);

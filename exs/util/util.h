@@ -21,8 +21,7 @@ void exs__assert_fail(const char *expr, const char *file, int line, const char *
     __attribute__((noreturn));
 
 /* Invariants only; user input is validated in api/ with errnos. */
-#define EXS_ASSERT(_e)                                                               \
-    ((_e) ? (void)0 : exs__assert_fail(#_e, __FILE__, __LINE__, __func__))
+#define EXS_ASSERT(_e) ((_e) ? (void)0 : exs__assert_fail(#_e, __FILE__, __LINE__, __func__))
 
 /* The three moments of fork(2) at which the library's pthread_atfork handlers run
  * (exs/api/fork.c, spec/api.md section 2, "fork"): before it in the forking thread, then
@@ -47,7 +46,10 @@ static inline uint64_t exs__now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static inline uint64_t exs__now_us(void) { return exs__now_ns() / 1000u; }
+static inline uint64_t exs__now_us(void)
+{
+    return exs__now_ns() / 1000u;
+}
 
 /* pthread_create for the library's own threads (engine, tcp NIC, verbs CM): the new
  * thread blocks every asynchronous signal (all but SIGSEGV, SIGBUS, SIGFPE, SIGILL,

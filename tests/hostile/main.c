@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Hostile-peer tests: raw peers play the attacks of issue 10 and the bad peers of issue 13 against a
- * forked echo server. */
+/* Hostile-peer tests: raw peers play the attacks of issue 10 and the bad peers of issue 13 against
+ * a forked echo server. */
 #include <check.h>
 #include <dirent.h>
 #include <endian.h>
@@ -910,8 +910,10 @@ START_TEST(connector_breaks_protocol_early)
         t0 = raw_now_ms();
         while (!p.closed && raw_now_ms() - t0 < ECHO_MS)
             raw_pump(&p, 100);
-        ck_assert_msg(p.closed, "hostile connector %d: the server did not end the connection "
-                      "within %d ms", i, ECHO_MS);
+        ck_assert_msg(p.closed,
+                      "hostile connector %d: the server did not end the connection "
+                      "within %d ms",
+                      i, ECHO_MS);
         raw_close(&p);
     }
     expect_alive(type, "hostile connectors");
@@ -1129,7 +1131,8 @@ static int mem_hog(struct raw_peer *p)
     memset(fill, 0x5A, sizeof(fill));
     for (uint32_t off = 0; off < size; off += sizeof(fill))
         ck_assert_int_eq(raw_write(p, ring_addr(p) + off, p->ring_rkey, 0, 0, fill,
-                                   size - off < sizeof(fill) ? size - off : (uint32_t)sizeof(fill), &psn),
+                                   size - off < sizeof(fill) ? size - off : (uint32_t)sizeof(fill),
+                                   &psn),
                          0);
     ck_assert_int_eq(raw_wait_psn(p, psn, ANSWER_MS), 0);
     /* 32 SENDs of 16 ANNOUNCEs, 24 of 12 ADVERTs: with the RING record, 57 of the server's
@@ -1138,7 +1141,9 @@ static int mem_hog(struct raw_peer *p)
         for (int k = 0; k < 16; k++) {
             struct exs_wire_announce a = {
                 .hdr = {.type = EXS_CTRL_ANNOUNCE, .len = htobe16(EXS_WIRE_ANNOUNCE_LEN)},
-                .addr = htobe64(0x10000), .len = htobe32(1u << 20), .rkey = htobe32(0x77),
+                .addr = htobe64(0x10000),
+                .len = htobe32(1u << 20),
+                .rkey = htobe32(0x77),
                 .seq = htobe64(seq++)};
             memcpy(rec + k * EXS_WIRE_ANNOUNCE_LEN, &a, sizeof(a));
         }
@@ -1148,8 +1153,11 @@ static int mem_hog(struct raw_peer *p)
         for (int k = 0; k < 12; k++) {
             struct exs_wire_advert a = {
                 .hdr = {.type = EXS_CTRL_ADVERT, .len = htobe16(EXS_WIRE_ADVERT_LEN)},
-                .addr = htobe64(0x10000), .len = htobe32(1u << 20), .rkey = htobe32(0x77),
-                .seq = htobe64((uint64_t)(i * 12 + k) + 1), .id = htobe32((uint32_t)(i * 12 + k))};
+                .addr = htobe64(0x10000),
+                .len = htobe32(1u << 20),
+                .rkey = htobe32(0x77),
+                .seq = htobe64((uint64_t)(i * 12 + k) + 1),
+                .id = htobe32((uint32_t)(i * 12 + k))};
             memcpy(rec + k * EXS_WIRE_ADVERT_LEN, &a, sizeof(a));
         }
         ck_assert_int_eq(raw_send_ctrl(p, rec, 12 * EXS_WIRE_ADVERT_LEN, &psn), 0);
@@ -1199,12 +1207,14 @@ START_TEST(mem_budget_holds)
         }
         rss = srv_rss_kb();
         peak = rss > peak ? rss : peak;
-        ck_assert_msg(!MEM_RSS_COMPARED || rss <= limit, "after %d hostile connections (%d refused) the server's RSS "
-                      "is %ld KiB, more than its baseline %ld + %d MiB", i + 1, refused, rss, base,
-                      MEM_BUDGET_MB);
+        ck_assert_msg(!MEM_RSS_COMPARED || rss <= limit,
+                      "after %d hostile connections (%d refused) the server's RSS "
+                      "is %ld KiB, more than its baseline %ld + %d MiB",
+                      i + 1, refused, rss, base, MEM_BUDGET_MB);
     }
     printf("mem_budget_holds: %d hostile connections, %d accepted, %d refused; server RSS "
-           "baseline %ld KiB, peak %ld KiB (limit %ld)\n", n, accepted, refused, base, peak, limit);
+           "baseline %ld KiB, peak %ld KiB (limit %ld)\n",
+           n, accepted, refused, base, peak, limit);
     for (int i = 0; i < n; i++)
         if (p[i]) {
             raw_pump(p[i], 0); /* each answered its READs with nothing: still open */
@@ -1218,12 +1228,13 @@ START_TEST(mem_budget_holds)
         usleep(100 * 1000);
     rss = srv_rss_kb();
     printf("mem_budget_holds: server RSS after every hostile connection closed: %ld KiB "
-           "(baseline %ld)\n", rss, base);
+           "(baseline %ld)\n",
+           rss, base);
     fflush(stdout);
     if (!MEM_RSS_COMPARED)
         printf("mem_budget_holds: RSS not compared under a sanitizer\n");
-    ck_assert_msg(!MEM_RSS_COMPARED || rss <= base + 32 * 1024, "the server kept %ld KiB over its baseline",
-                  rss - base);
+    ck_assert_msg(!MEM_RSS_COMPARED || rss <= base + 32 * 1024,
+                  "the server kept %ld KiB over its baseline", rss - base);
     ck_assert_msg(n < 250 || refused > 0, "%d connections of 1 MiB rings, none refused", n);
     expect_alive(SOCK_SEQPACKET, "the memory hogs");
     stop();

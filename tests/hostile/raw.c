@@ -309,14 +309,13 @@ static int raw_parse_rec(void *arg, const struct exs_wire_ctrl_hdr *hp, const ui
         struct exs_wire_announce a;
 
         memcpy(&a, rec, sizeof(a));
-        add_key(p->announces, &p->n_announces, be64toh(a.addr), be32toh(a.len), be32toh(a.rkey),
-                0, be64toh(a.seq));
+        add_key(p->announces, &p->n_announces, be64toh(a.addr), be32toh(a.len), be32toh(a.rkey), 0,
+                be64toh(a.seq));
     } else if (h.type == EXS_CTRL_TRACE && rlen >= EXS_WIRE_TRACE_LEN &&
                (h.flags & EXS_TRACE_ANSWER)) {
         memcpy(&p->trace, rec, sizeof(p->trace));
         p->trace_answers++;
-    }
-    else if (h.type == EXS_CTRL_SESSION && rlen == EXS_WIRE_SESSION_LEN) {
+    } else if (h.type == EXS_CTRL_SESSION && rlen == EXS_WIRE_SESSION_LEN) {
         /* §9.2: the server's key K_B; the token a resume hello carries is the first 8
          * bytes of its SHA-256 */
         uint8_t d[EXS_SHA256_LEN];

@@ -40,12 +40,12 @@ struct raw_peer {
     unsigned n_announces;
     uint8_t data[65536]; /* payload of the last data WRITE the server sent us */
     uint32_t data_len;
-    unsigned data_msgs;       /* data WRITEs (with immediate) received */
+    unsigned data_msgs;              /* data WRITEs (with immediate) received */
     uint8_t acc_pd[TCP_WIRE_PD_MAX]; /* the acceptor's private data (its hello first) */
     uint32_t acc_pd_len;
     uint8_t sess_key[EXS_WIRE_SESSION_KEY_LEN]; /* the server's SESSION key (K_B, §9.2) */
     int sess_keyed;                             /* ... came */
-    uint64_t sess_token;        /* the session's token: what a resume hello carries */
+    uint64_t sess_token;      /* the session's token: what a resume hello carries */
     uint8_t read_resp[65536]; /* payload of the last READ_RESP */
     uint32_t read_resp_len;
     int read_resp_seen;

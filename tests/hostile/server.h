@@ -18,8 +18,8 @@ struct srv {
     pid_t pid;
     int port;
     int fb_port; /* resumable: the fallback listener's port (resume requests go there) */
-    int ctl;  /* write end of the command pipe */
-    int dead; /* exit status collected */
+    int ctl;     /* write end of the command pipe */
+    int dead;    /* exit status collected */
     int status;
 };
 

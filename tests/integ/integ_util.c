@@ -119,8 +119,8 @@ static void it_check_no_rnr(void)
     for (size_t i = 0; i < sizeof(rnr) / sizeof(rnr[0]); i++) {
         v = 0;
         if (exs__counters_lookup(rnr[i][0], rnr[i][1], &v) == 0)
-            ck_assert_msg(v == 0, "teardown: counter %s %s = %llu (receiver not ready)",
-                          rnr[i][0], rnr[i][1], (unsigned long long)v);
+            ck_assert_msg(v == 0, "teardown: counter %s %s = %llu (receiver not ready)", rnr[i][0],
+                          rnr[i][1], (unsigned long long)v);
     }
     v = 0;
     exs__counters_lookup("prov.fault", "wc", &injected);

@@ -9,30 +9,14 @@
 #include "tests/integ/integ.h"
 
 static Suite *(*const suites[])(void) = {
-    integ_seqpacket_suite, integ_errors_suite,    integ_qdequeue_suite,
-    integ_sync_suite,      integ_lifecycle_suite, integ_robust_suite,
-    integ_stream_suite,    integ_hello_suite,     integ_grant_suite,
-    integ_progress_suite,
-    integ_keepalive_suite,
-    integ_fault_suite,
-    integ_fallback_suite,
-    integ_ctl_suite,
-    integ_trace_suite,
-    integ_kfd_suite,
-    integ_kfdcache_suite,
-    integ_unh_suite,
-    integ_poll_suite,
-    integ_ring_suite,
-    integ_msg_suite,
-    integ_window_suite,
-    integ_sndbuf_suite,
-    integ_resume_suite,
-    integ_resume_ring_suite,
-    integ_handoff_suite,
-    integ_fragread_suite,
-    integ_backlog_suite,
-    integ_pv_suite,
-    integ_fork_suite,
+    integ_seqpacket_suite,   integ_errors_suite,   integ_qdequeue_suite,  integ_sync_suite,
+    integ_lifecycle_suite,   integ_robust_suite,   integ_stream_suite,    integ_hello_suite,
+    integ_grant_suite,       integ_progress_suite, integ_keepalive_suite, integ_fault_suite,
+    integ_fallback_suite,    integ_ctl_suite,      integ_trace_suite,     integ_kfd_suite,
+    integ_kfdcache_suite,    integ_unh_suite,      integ_poll_suite,      integ_ring_suite,
+    integ_msg_suite,         integ_window_suite,   integ_sndbuf_suite,    integ_resume_suite,
+    integ_resume_ring_suite, integ_handoff_suite,  integ_fragread_suite,  integ_backlog_suite,
+    integ_pv_suite,          integ_fork_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

@@ -115,9 +115,11 @@ static void fk_child_own_pair(void)
     exs_event_t ev;
     FK_CHECK(exs_qdequeue(q, &ev, 1, NULL) == 1 && ev.exs_evt_errno == 0, 24);
     FK_CHECK(exs_send(cfd, out, sizeof(out), 0, EXS_QHANDLE_INVALID, NULL,
-                      EXS_MHANDLE_UNREGISTERED) == (int)sizeof(out), 25);
+                      EXS_MHANDLE_UNREGISTERED) == (int)sizeof(out),
+             25);
     FK_CHECK(exs_recv(sfd, in, sizeof(in), MSG_WAITALL, EXS_QHANDLE_INVALID, NULL,
-                      EXS_MHANDLE_UNREGISTERED) == (int)sizeof(in), 26);
+                      EXS_MHANDLE_UNREGISTERED) == (int)sizeof(in),
+             26);
     FK_CHECK(memcmp(in, out, sizeof(in)) == 0, 27);
     /* left open: exit ends them (the child's own, not the parent's) */
 }
@@ -172,13 +174,18 @@ static void fk_run(int child_mode)
             for (int i = 0; i < 4; i++) {
                 errno = 0;
                 FK_CHECK(exs_send(fds[i], b, sizeof(b), 0, c.st.cq, NULL,
-                                  EXS_MHANDLE_UNREGISTERED) == -1 && errno == ESTALE, 3);
+                                  EXS_MHANDLE_UNREGISTERED) == -1 &&
+                             errno == ESTALE,
+                         3);
                 errno = 0;
                 FK_CHECK(exs_recv(fds[i], b, sizeof(b), 0, EXS_QHANDLE_INVALID, NULL,
-                                  EXS_MHANDLE_UNREGISTERED) == -1 && errno == ESTALE, 4);
+                                  EXS_MHANDLE_UNREGISTERED) == -1 &&
+                             errno == ESTALE,
+                         4);
                 errno = 0;
                 FK_CHECK(exs_shutdown(fds[i], SHUT_WR, EXS_QHANDLE_INVALID, NULL) == -1 &&
-                             errno == ESTALE, 5);
+                             errno == ESTALE,
+                         5);
             }
             errno = 0;
             FK_CHECK(exs_qdequeue(c.st.cq, NULL, 0, NULL) == -1 && errno == EINVAL, 6);
@@ -195,7 +202,8 @@ static void fk_run(int child_mode)
             FK_CHECK(exs_close(fds[i], EXS_QHANDLE_INVALID, NULL) == -1 && errno == ESTALE, 8);
             errno = 0;
             FK_CHECK(exs_close(fds[i], EXS_QHANDLE_INVALID, NULL) == -1 &&
-                         (errno == EBADF || errno == ENOTSOCK), 9);
+                         (errno == EBADF || errno == ENOTSOCK),
+                     9);
         }
         if (!verbs)
             fk_child_own_pair();
@@ -274,7 +282,8 @@ static pid_t fx_child(int type, int nsend, int how, int *pipe_w_p)
         it_fill(buf, (size_t)nsend * FX_CHUNK, 7);
         for (int i = 0; i < nsend; i++)
             FK_CHECK(exs_send(fd, buf + (size_t)i * FX_CHUNK, FX_CHUNK, 0, q, NULL,
-                              EXS_MHANDLE_UNREGISTERED) == 0, 36);
+                              EXS_MHANDLE_UNREGISTERED) == 0,
+                     36);
         if (how == 1)
             kill(getpid(), SIGKILL);
         if (how == 2) {
@@ -331,8 +340,7 @@ static int fx_run(int type, int nsend, int how, size_t *got_p)
         }
         ck_assert_msg(got + (size_t)r <= (size_t)nsend * FX_CHUNK, "more bytes than were sent");
         /* the pattern of seed 7 over the whole volume, at offset got */
-        ck_assert_msg(memcmp(rb->p, want + got, (size_t)r) == 0, "bytes differ at offset %zu",
-                      got);
+        ck_assert_msg(memcmp(rb->p, want + got, (size_t)r) == 0, "bytes differ at offset %zu", got);
         got += (size_t)r;
     }
     if (how != 3)
@@ -386,8 +394,8 @@ START_TEST(test_exit_killed_resets)
     size_t got;
     int end = fx_run(SOCK_STREAM, 64, 1, &got);
 
-    ck_assert_msg(end == ECONNRESET, "end errno %d (%s) after %zu bytes: expected ECONNRESET",
-                  end, strerror(end), got);
+    ck_assert_msg(end == ECONNRESET, "end errno %d (%s) after %zu bytes: expected ECONNRESET", end,
+                  strerror(end), got);
 }
 END_TEST
 
@@ -397,8 +405,8 @@ START_TEST(test_exit_linger_zero_resets)
     size_t got;
     int end = fx_run(SOCK_STREAM, 64, 2, &got);
 
-    ck_assert_msg(end == ECONNRESET, "end errno %d (%s) after %zu bytes: expected ECONNRESET",
-                  end, strerror(end), got);
+    ck_assert_msg(end == ECONNRESET, "end errno %d (%s) after %zu bytes: expected ECONNRESET", end,
+                  strerror(end), got);
 }
 END_TEST
 

@@ -28,8 +28,8 @@ static void wait_pending(int fd)
     int n = exs_poll(&f, 1, IT_TIMEOUT_MS, EXS_QHANDLE_INVALID, NULL);
 
     ck_assert_msg(n == 1 && (f.revents & POLLIN) && !(f.revents & (POLLERR | POLLHUP)),
-                  "fd %d: exs_poll = %d revents %#x errno %d: no message arrived within %d ms",
-                  fd, n, (unsigned)f.revents, errno, IT_TIMEOUT_MS);
+                  "fd %d: exs_poll = %d revents %#x errno %d: no message arrived within %d ms", fd,
+                  n, (unsigned)f.revents, errno, IT_TIMEOUT_MS);
 }
 
 /* Drive q until fd has received n ADVERTs, within IT_TIMEOUT_MS. Events that arrive

@@ -22,7 +22,7 @@ struct rawp {
     struct exs_prov_ep *ep;
     struct exs_prov_mr *mr; /* RAW_SLOTS receive slots, then a send area */
     uint8_t *mem;
-    uint32_t ring_rkey;   /* from the library's RING record */
+    uint32_t ring_rkey; /* from the library's RING record */
     int got_ring;
     struct exs_wire_advert adv; /* the last ADVERT received */
     int got_advert;
@@ -30,9 +30,9 @@ struct rawp {
 
 static void rawp_post_recv(struct rawp *r, uint32_t slot)
 {
-    struct exs_prov_sge sge = { (uintptr_t)(r->mem + (size_t)slot * RAW_SLOT), RAW_SLOT,
-                                r->mr->lkey };
-    struct exs_prov_recv_wr wr = { .wr_id = slot, .sg_list = &sge, .num_sge = 1 };
+    struct exs_prov_sge sge = {(uintptr_t)(r->mem + (size_t)slot * RAW_SLOT), RAW_SLOT,
+                               r->mr->lkey};
+    struct exs_prov_recv_wr wr = {.wr_id = slot, .sg_list = &sge, .num_sge = 1};
 
     ck_assert_int_eq(exs__prov_post_recv(r->ep, &wr), 0);
 }
@@ -40,7 +40,7 @@ static void rawp_post_recv(struct rawp *r, uint32_t slot)
 /* Connect to addr as a SEQPACKET peer without a ring; returns once ESTABLISHED. */
 static void rawp_connect(struct rawp *r, const struct sockaddr_in *addr)
 {
-    struct exs_prov_ep_attr attr = { .max_send_wr = 32, .max_recv_wr = RAW_SLOTS, .rnr_retry = 7 };
+    struct exs_prov_ep_attr attr = {.max_send_wr = 32, .max_recv_wr = RAW_SLOTS, .rnr_retry = 7};
     struct exs_wire_hello h = {
         .magic = htobe16(EXS_WIRE_MAGIC),
         .version = EXS_WIRE_VERSION,
@@ -54,7 +54,7 @@ static void rawp_connect(struct rawp *r, const struct sockaddr_in *addr)
     int n;
 
     memset(r, 0, sizeof(*r));
-    ck_assert_int_eq(exs__prov_open_default(&(struct exs_prov_attr){ 0 }, &r->ctx), 0);
+    ck_assert_int_eq(exs__prov_open_default(&(struct exs_prov_attr){0}, &r->ctx), 0);
     ck_assert_int_eq(exs__prov_ep_create(r->ctx, &attr, &r->ep), 0);
     r->mem = calloc(RAW_SLOTS + 2, RAW_SLOT);
     ck_assert_ptr_nonnull(r->mem);
@@ -63,9 +63,8 @@ static void rawp_connect(struct rawp *r, const struct sockaddr_in *addr)
                      0);
     for (uint32_t i = 0; i < RAW_SLOTS; i++)
         rawp_post_recv(r, i);
-    ck_assert_int_eq(exs__prov_connect(r->ep, (const struct sockaddr *)addr, sizeof(*addr), &h,
-                                       sizeof(h)),
-                     0);
+    ck_assert_int_eq(
+        exs__prov_connect(r->ep, (const struct sockaddr *)addr, sizeof(*addr), &h, sizeof(h)), 0);
     while ((n = exs__prov_cm_poll(r->ctx, &ev)) == 0 && it_now_ms() < end)
         it_sleep_ms(1);
     ck_assert_msg(n == 1 && ev.type == EXS_PROV_CM_ESTABLISHED, "raw connect: n %d type %d", n,
@@ -134,7 +133,7 @@ static void rawp_on_recv(struct rawp *r, const struct exs_prov_cqe *cqe)
         struct exs_prov_cqe c_;                                                                    \
         while (!(cond)) {                                                                          \
             rawp_cqe((r), &c_);                                                                    \
-            ck_assert_msg(c_.status == EXS_PROV_WC_SUCCESS, "raw completion status %d",           \
+            ck_assert_msg(c_.status == EXS_PROV_WC_SUCCESS, "raw completion status %d",            \
                           (int)c_.status);                                                         \
             if (c_.opcode == EXS_PROV_WC_RECV)                                                     \
                 rawp_on_recv((r), &c_);                                                            \
@@ -145,13 +144,16 @@ static void rawp_on_recv(struct rawp *r, const struct exs_prov_cqe *cqe)
 static void rawp_send_ring(struct rawp *r)
 {
     struct exs_wire_ring ring = {
-        .hdr = { .type = EXS_CTRL_RING, .len = htobe16(EXS_WIRE_RING_LEN) },
+        .hdr = {.type = EXS_CTRL_RING, .len = htobe16(EXS_WIRE_RING_LEN)},
     };
     uint8_t *src = r->mem + (size_t)RAW_SLOTS * RAW_SLOT;
-    struct exs_prov_sge sge = { (uintptr_t)src, sizeof(ring), r->mr->lkey };
+    struct exs_prov_sge sge = {(uintptr_t)src, sizeof(ring), r->mr->lkey};
     struct exs_prov_send_wr wr = {
-        .wr_id = 1000, .opcode = EXS_PROV_WR_SEND, .flags = EXS_PROV_SEND_SIGNALED,
-        .sg_list = &sge, .num_sge = 1,
+        .wr_id = 1000,
+        .opcode = EXS_PROV_WR_SEND,
+        .flags = EXS_PROV_SEND_SIGNALED,
+        .sg_list = &sge,
+        .num_sge = 1,
     };
     struct exs_prov_cqe c;
 
@@ -171,7 +173,7 @@ static void rawp_send_ring(struct rawp *r)
 static int rawp_write(struct rawp *r, int with_imm, uint32_t len, uint8_t fill)
 {
     uint8_t *src = r->mem + (size_t)(RAW_SLOTS + 1) * RAW_SLOT;
-    struct exs_prov_sge sge = { (uintptr_t)src, len, r->mr->lkey };
+    struct exs_prov_sge sge = {(uintptr_t)src, len, r->mr->lkey};
     struct exs_prov_send_wr wr = {
         .wr_id = 2000,
         .opcode = with_imm ? EXS_PROV_WR_RDMA_WRITE_WITH_IMM : EXS_PROV_WR_RDMA_WRITE,

@@ -74,7 +74,8 @@ START_TEST(test_kfdc_closed_and_files)
     it_tcp_pair(&a, &b, 0, 0);
     send_one(q, a, b, 'x'); /* trusted now */
     /* a synchronous send: the thread's queue (a descriptor) is made before a's number frees */
-    ck_assert_int_eq(exs_send(a, "y", 1, 0, EXS_QHANDLE_INVALID, AH(1), EXS_MHANDLE_UNREGISTERED), 1);
+    ck_assert_int_eq(exs_send(a, "y", 1, 0, EXS_QHANDLE_INVALID, AH(1), EXS_MHANDLE_UNREGISTERED),
+                     1);
     ck_assert_int_eq(recv(b, buf, 1, MSG_WAITALL), 1);
     n = a;
     ck_assert_int_eq(close(a), 0);

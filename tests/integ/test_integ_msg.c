@@ -116,7 +116,6 @@ static int tmpfile_new(size_t len, uint32_t seed)
     return fd;
 }
 
-
 /* Blocking read of exactly len bytes from a kernel socket (a receive timeout of 20 s
  * bounds each read, so a lost byte fails the test instead of hanging it). */
 static void read_full(int fd, uint8_t *p, size_t len)

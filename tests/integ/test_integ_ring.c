@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* STREAM ring autotuning end to end (spec/protocol.md §7.4): growth over an emulated long link, SO_RCVBUF, the budget, idle shrink, races. */
+/* STREAM ring autotuning end to end (spec/protocol.md §7.4): growth over an emulated long link,
+ * SO_RCVBUF, the budget, idle shrink, races. */
 #include <check.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -10,9 +11,9 @@
 #include "tests/integ/integ.h"
 #include "tests/skip.h"
 
-#define KiB (1024u)
-#define MiB (1024u * 1024u)
-#define RG_RING (64u * KiB) /* the initial ring (EXS_RING_SIZE) */
+#define KiB      (1024u)
+#define MiB      (1024u * 1024u)
+#define RG_RING  (64u * KiB) /* the initial ring (EXS_RING_SIZE) */
 #define RG_CHUNK (256u * KiB)
 #define RG_DEPTH 8 /* sends and receives outstanding */
 
@@ -96,8 +97,7 @@ static uint64_t rg_transfer(struct rg_pair *p, uint64_t volume, uint32_t seed, i
         while (s_out < RG_DEPTH && posted < volume) {
             size_t len = (size_t)(volume - posted < RG_CHUNK ? volume - posted : RG_CHUNK);
 
-            IT_EXPECT_OK(exs_send(p->sfd, sb->p + posted, len, 0, p->q, RG_AH(AH_SEND, 0),
-                                  sb->mh));
+            IT_EXPECT_OK(exs_send(p->sfd, sb->p + posted, len, 0, p->q, RG_AH(AH_SEND, 0), sb->mh));
             posted += len;
             s_out++;
         }
@@ -126,8 +126,8 @@ static uint64_t rg_transfer(struct rg_pair *p, uint64_t volume, uint32_t seed, i
             int i = (int)((uintptr_t)ev[k].exs_evt_ahandle >> 4);
             ssize_t res = ev[k].exs_evt_u.exs_evt_xfer.exs_evt_result;
 
-            ck_assert_msg(ev[k].exs_evt_errno == 0, "event %s errno %d", it_evt_name(ev[k].exs_evt_type),
-                          ev[k].exs_evt_errno);
+            ck_assert_msg(ev[k].exs_evt_errno == 0, "event %s errno %d",
+                          it_evt_name(ev[k].exs_evt_type), ev[k].exs_evt_errno);
             if (kind == AH_SEND) {
                 ck_assert_int_gt(res, 0);
                 sent += (uint64_t)res;
@@ -380,7 +380,8 @@ START_TEST(ring_idle_shrinks)
         for (uint64_t o = 0; o < 8 * MiB; o++)
             sb->p[o] = rg_byte(o, 3);
         for (int i = 0; i < 8; i++)
-            IT_EXPECT_OK(exs_send(p.sfd, sb->p + (size_t)i * MiB, MiB, 0, p.q, RG_AH(AH_SEND, i), sb->mh));
+            IT_EXPECT_OK(
+                exs_send(p.sfd, sb->p + (size_t)i * MiB, MiB, 0, p.q, RG_AH(AH_SEND, i), sb->mh));
         while (got < 8 * MiB) {
             IT_EXPECT_OK(exs_recv(p.cfd, rb->p + got, 8 * MiB - got, MSG_WAITALL, p.q,
                                   RG_AH(AH_RECV, 0), rb->mh));
@@ -391,7 +392,8 @@ START_TEST(ring_idle_shrinks)
         }
         /* the last ring byte was copied out: the idle time runs from about now */
         rg_stats(p.cfd, &st);
-        ck_assert_msg(st.ring_resizes >= 1, "the ring did not grow"); /* (may have shrunk already) */
+        ck_assert_msg(st.ring_resizes >= 1,
+                      "the ring did not grow"); /* (may have shrunk already) */
         rg_wait_ring(p.cfd, RG_RING, 10000, &st2);
         for (int i = 0; i < 8; i++)
             it_expect_send(p.q, p.sfd, RG_AH(AH_SEND, i), MiB);

@@ -37,7 +37,7 @@ static void frozen_child(int to_parent)
  * resets the connection and the CLOSE event arrives. */
 START_TEST(test_close_frozen_peer)
 {
-    struct sockaddr_in addr = { .sin_family = AF_INET };
+    struct sockaddr_in addr = {.sin_family = AF_INET};
     int pipefd[2], fd, status;
     exs_event_t ev;
     exs_qhandle_t q;
@@ -110,14 +110,15 @@ static void accepting_child(int to_parent, int n)
 
     if (exs_init(EXS_VERSION) != EXS_VERSION)
         _exit(3);
-    struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof(addr);
 
     /* no Check assertion here: this process runs no test */
     q = exs_qcreate(2 * n);
     lfd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
-    if (q == EXS_QHANDLE_INVALID || lfd < 0 || exs_bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) ||
-        exs_listen(lfd, 128) || exs_getsockname(lfd, (struct sockaddr *)&addr, &len))
+    if (q == EXS_QHANDLE_INVALID || lfd < 0 ||
+        exs_bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) || exs_listen(lfd, 128) ||
+        exs_getsockname(lfd, (struct sockaddr *)&addr, &len))
         _exit(6);
     for (int i = 0; i < n; i++)
         if (exs_accept(lfd, q, NULL))
@@ -141,7 +142,7 @@ static void accepting_child(int to_parent, int n)
 START_TEST(test_close_races_peer_death)
 {
     for (int round = 0; round < RACE_ROUNDS; round++) {
-        struct sockaddr_in addr = { .sin_family = AF_INET };
+        struct sockaddr_in addr = {.sin_family = AF_INET};
         int pipefd[2], fd[RACE_CONNS], status, closed = 0;
         exs_event_t ev;
         exs_qhandle_t q;

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The STREAM send buffer (spec/protocol.md §7.5, SO_SNDBUF): small sends complete once copied, in order, and close still sends them. */
+/* The STREAM send buffer (spec/protocol.md §7.5, SO_SNDBUF): small sends complete once copied, in
+ * order, and close still sends them. */
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
@@ -8,8 +9,8 @@
 
 #include "tests/integ/integ.h"
 
-#define SB_N     32   /* small sends */
-#define SB_LEN   256  /* bytes each: SB_N x SB_LEN is 8 times the receiver's ring */
+#define SB_N     32  /* small sends */
+#define SB_LEN   256 /* bytes each: SB_N x SB_LEN is 8 times the receiver's ring */
 #define SB_RING  "1024"
 #define SB_TOTAL (SB_N * SB_LEN)
 
@@ -69,8 +70,8 @@ START_TEST(sndbuf_sends_complete_at_once)
             ck_assert(ev.exs_evt_ahandle == IT_AH(100 + done));
             done++;
         }
-        ck_assert_msg(done <= 1024 / SB_LEN, "%d zero-copy sends completed: more than the ring holds",
-                      done);
+        ck_assert_msg(done <= 1024 / SB_LEN,
+                      "%d zero-copy sends completed: more than the ring holds", done);
         sb_stats(p.cfd, &st);
         ck_assert_int_eq(st.sends_copied, 0);
     }
@@ -108,8 +109,10 @@ START_TEST(sndbuf_full_then_refilled)
         ck_assert(ev.exs_evt_ahandle == IT_AH(500 + done));
         done++;
     }
-    ck_assert_msg(done <= (4096 + 1024) / SB_LEN, "%d sends completed: more than the buffer and "
-                  "the ring hold", done);
+    ck_assert_msg(done <= (4096 + 1024) / SB_LEN,
+                  "%d sends completed: more than the buffer and "
+                  "the ring hold",
+                  done);
     sb_receive_all(&p, rb, 15);
     for (int i = done; i < SB_N; i++)
         it_expect_send(p.cq, p.cfd, IT_AH(500 + i), SB_LEN);
@@ -225,7 +228,7 @@ START_TEST(sndbuf_option)
     lfd = exs_socket(AF_INET, SOCK_STREAM, 0);
     ck_assert_int_ge(lfd, 0);
     ck_assert_int_eq(sb_get(lfd), 131072);
-    sb_set(lfd, 100, EINVAL);       /* below 4096 (and not 0) */
+    sb_set(lfd, 100, EINVAL); /* below 4096 (and not 0) */
     sb_set(lfd, -1, EINVAL);
     sb_set(lfd, (64 << 20) + 64, EINVAL);
     sb_set(lfd, 5000, 0);

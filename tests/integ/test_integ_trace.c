@@ -69,7 +69,8 @@ static int rt_send_of(uint64_t seq, int stream)
 /* Mask 3: sends 0, 4, 8 and 12 are traced; each record is complete, its times ordered
  * and plausible, its receiver times, corrected by the offset, between the sender's wire
  * time and its reading of the answer within the offset's bound (same host: the offset is
- * that of the receiver's trace clock, a random epoch). STREAM: send 8 waits in the ring before its receive is posted. */
+ * that of the receiver's trace clock, a random epoch). STREAM: send 8 waits in the ring before its
+ * receive is posted. */
 static void rt_sampled_records(int type)
 {
     struct it_pair p;

@@ -158,7 +158,9 @@ START_TEST(test_unh_types)
     static char mem[16];
     exs_xferfile_t vec[2] = {
         {.xf_type = EXS_IOVEC,
-         .xf_u.xf_iov = {.iov_base = mem, .iov_len = sizeof(mem), .iov_mh = EXS_MHANDLE_UNREGISTERED}},
+         .xf_u.xf_iov = {.iov_base = mem,
+                         .iov_len = sizeof(mem),
+                         .iov_mh = EXS_MHANDLE_UNREGISTERED}},
         {.xf_type = EXS_FDVEC, .xf_u.xf_fdv = {.fdv_fd = 0, .fdv_offset = 512, .fdv_len = 100}},
     };
     exs_evt_xferfile_t done = {.exs_evt_vec = vec, .exs_evt_veclen = 2, .exs_evt_result = 116};

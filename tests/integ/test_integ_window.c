@@ -105,7 +105,7 @@ START_TEST(test_window_nop_unblocks)
 
     it_setenv("EXS_CREDITS", W_CREDITS);
     it_setenv("EXS_BATCH_MAX", "0"); /* one message, one credit */
-    it_setenv("EXS_SNDBUF", "0"); /* STREAM sends zero-copy: they wait in the window */
+    it_setenv("EXS_SNDBUF", "0");    /* STREAM sends zero-copy: they wait in the window */
     it_setenv("EXS_WINDOW_TEST", W_SEAM_WINDOW);
     it_init();
     exs__counters_lookup("proto", "nops_sent", &nops0);

@@ -168,8 +168,7 @@ void pt_ctx_close(struct exs_prov_ctx *ctx)
     }
     /* every state change of the tcp provider kept to its tables (spec/provider-tcp.md) */
     if (strcmp(pt_name, "tcp") == 0)
-        ck_assert_uint_eq(
-            __atomic_load_n(&tcp_ctx_of(ctx)->cnt.state_errors, __ATOMIC_RELAXED), 0);
+        ck_assert_uint_eq(__atomic_load_n(&tcp_ctx_of(ctx)->cnt.state_errors, __ATOMIC_RELAXED), 0);
     pt_ops->ctx_close(ctx);
 }
 

@@ -75,12 +75,24 @@ START_TEST(ep_attr_refused)
     for (int i = 0; i < 6; i++) {
         a = pt_default_attr();
         switch (i) {
-        case 0: a.max_send_wr = 0; break;
-        case 1: a.max_send_wr = caps->max_send_wr + 1; break;
-        case 2: a.max_recv_wr = 0; break;
-        case 3: a.max_recv_wr = caps->max_recv_wr + 1; break;
-        case 4: a.max_inline = caps->max_inline + 1; break;
-        case 5: a.rnr_retry = 8; break;
+        case 0:
+            a.max_send_wr = 0;
+            break;
+        case 1:
+            a.max_send_wr = caps->max_send_wr + 1;
+            break;
+        case 2:
+            a.max_recv_wr = 0;
+            break;
+        case 3:
+            a.max_recv_wr = caps->max_recv_wr + 1;
+            break;
+        case 4:
+            a.max_inline = caps->max_inline + 1;
+            break;
+        case 5:
+            a.rnr_retry = 8;
+            break;
         }
         ck_assert_msg(pt_ops->ep_create(h.ctx, &a, &ep) == -EINVAL, "attribute case %d taken", i);
         ck_assert_int_eq(exs__prov_ep_attr_check(caps, &a), -EINVAL);

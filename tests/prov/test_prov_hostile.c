@@ -142,7 +142,9 @@ static void hello_expect_reset(const struct pt_pair *p, int fd, const char *what
     int end = pt_raw_end_within(fd, PT_TIMEOUT_MS);
 
     ck_assert_msg(end == ECONNRESET, "%s: %s, expected a reset", what,
-                  end > 0 ? strerror(end) : end == 0 ? "EOF (a FIN)" : "still open");
+                  end > 0    ? strerror(end)
+                  : end == 0 ? "EOF (a FIN)"
+                             : "still open");
     ck_assert_uint_eq(hello_refused(p), 1);
     close(fd);
 }
@@ -511,8 +513,7 @@ START_TEST(states_tables)
                      exs__tcp_conn_state_str(to));
             for (size_t i = 0; i < sizeof(conn_ok) / sizeof(conn_ok[0]); i++)
                 want |= strcmp(pair, conn_ok[i]) == 0;
-            ck_assert_msg(exs__tcp_conn_state_legal(from, to) == want, "conn %s: %d", pair,
-                          !want);
+            ck_assert_msg(exs__tcp_conn_state_legal(from, to) == want, "conn %s: %d", pair, !want);
             legal += want;
         }
     }
@@ -520,8 +521,8 @@ START_TEST(states_tables)
     ck_assert(!exs__tcp_conn_state_legal(TCP_CONN_DEAD + 1, TCP_CONN_DEAD));
     for (int from = 0; from < 4; from++)
         for (int to = 0; to < 4; to++)
-            ck_assert_msg(exs__tcp_ep_state_legal(from, to) == ep_ok[from][to], "ep %d -> %d",
-                          from, to);
+            ck_assert_msg(exs__tcp_ep_state_legal(from, to) == ep_ok[from][to], "ep %d -> %d", from,
+                          to);
 }
 END_TEST
 

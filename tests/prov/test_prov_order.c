@@ -144,8 +144,8 @@ START_TEST(order_header_after_payload)
         for (uint32_t i = 0; i < 4; i++)
             ck_assert_int_eq(pt_post_recv(p.eb, i, rbuf, 0, 8), 0);
         for (uint32_t i = 0; i < 4; i++) {
-            ck_assert_int_eq(pt_post_send(p.ea, 100 + i, EXS_PROV_WR_RDMA_WRITE, 0, src, 0, wlen,
-                                          0, pt_raddr(tgt, 0), tgt->mr->rkey),
+            ck_assert_int_eq(pt_post_send(p.ea, 100 + i, EXS_PROV_WR_RDMA_WRITE, 0, src, 0, wlen, 0,
+                                          pt_raddr(tgt, 0), tgt->mr->rkey),
                              0);
             ck_assert_int_eq(pt_post_send(p.ea, 200 + i, EXS_PROV_WR_SEND, SIG, src, 0, 0, 0, 0, 0),
                              0);

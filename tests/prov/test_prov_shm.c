@@ -33,8 +33,8 @@ static int bell_fd = -1;
 /* The liar: host a's side of the connection, whose ring and line b reads; taken before the
  * lie, since a's NIC frees its connection once b ended it. */
 struct liar {
-    uint8_t         *tx_ring;
-    uint64_t         head;
+    uint8_t *tx_ring;
+    uint64_t head;
     struct shm_line *mine;
 };
 
@@ -58,8 +58,8 @@ static void ring_bell(void)
 
 /* Publish a record written by hand at the liar's head (its own head counter advanced by
  * publish bytes, which may differ from the record's size). */
-static void put_rec(const struct liar *c, const struct shm_rec *rec, const void *body, uint32_t blen,
-                    uint64_t publish)
+static void put_rec(const struct liar *c, const struct shm_rec *rec, const void *body,
+                    uint32_t blen, uint64_t publish)
 {
     uint64_t pos = c->head & (SHM_RING_BYTES - 1);
 
@@ -115,24 +115,24 @@ static void fresh_connection_works(struct pt_pair *p)
 /* ---- a liar in the ring: each is a protocol error for that one connection ---- */
 
 enum {
-    LIE_HEAD_BEYOND,   /* head more than a ring ahead */
-    LIE_HEAD_SLOT,     /* head not on a slot */
-    LIE_HUGE_INLINE,   /* inline record claiming 1 GiB */
-    LIE_SIZE_BEYOND,   /* record larger than what was published */
-    LIE_SEQUENCE,      /* record out of sequence */
-    LIE_TYPE,          /* unknown record type */
-    LIE_SGES,          /* more remote sges than allowed */
-    LIE_SGE_SUM,       /* remote sges that do not add up to the length */
-    LIE_TORN,          /* a slot half written: the second half garbage */
-    LIE_ACK,           /* an ack of requests never sent */
-    LIE_NAK,           /* a nak of a request never sent */
-    LIE_TAIL,          /* claims to have consumed more than was written */
-    LIE_BAD_SOURCE,    /* a WRITE whose source is no memory of the peer's */
+    LIE_HEAD_BEYOND, /* head more than a ring ahead */
+    LIE_HEAD_SLOT,   /* head not on a slot */
+    LIE_HUGE_INLINE, /* inline record claiming 1 GiB */
+    LIE_SIZE_BEYOND, /* record larger than what was published */
+    LIE_SEQUENCE,    /* record out of sequence */
+    LIE_TYPE,        /* unknown record type */
+    LIE_SGES,        /* more remote sges than allowed */
+    LIE_SGE_SUM,     /* remote sges that do not add up to the length */
+    LIE_TORN,        /* a slot half written: the second half garbage */
+    LIE_ACK,         /* an ack of requests never sent */
+    LIE_NAK,         /* a nak of a request never sent */
+    LIE_TAIL,        /* claims to have consumed more than was written */
+    LIE_BAD_SOURCE,  /* a WRITE whose source is no memory of the peer's */
     LIE_COUNT
 };
 
 static const char *const lie_names[LIE_COUNT] = {
-    "head_beyond", "head_slot", "huge_inline", "size_beyond", "sequence", "type", "sges",
+    "head_beyond", "head_slot", "huge_inline", "size_beyond", "sequence", "type",       "sges",
     "sge_sum",     "torn",      "ack",         "nak",         "tail",     "bad_source",
 };
 
@@ -385,12 +385,14 @@ START_TEST(shm_peer_killed_mid_transfer)
      * rnr_retry 7), and READs behind it: transfers in flight when it dies */
     for (int i = 0; i < reads; i++, nposted++)
         ck_assert_int_eq(pt_post_send(ep, 100 + i, EXS_PROV_WR_RDMA_READ, SIG, dst, 0, KILL_LEN, 0,
-                                      pd.addr, pd.rkey), 0);
+                                      pd.addr, pd.rkey),
+                         0);
     ck_assert_int_eq(pt_post_send(ep, 200, EXS_PROV_WR_SEND, SIG, msg, 0, 64, 0, 0, 0), 0);
     nposted++;
     for (int i = 0; i < reads; i++, nposted++)
         ck_assert_int_eq(pt_post_send(ep, 300 + i, EXS_PROV_WR_RDMA_READ, SIG, dst, 0, KILL_LEN, 0,
-                                      pd.addr, pd.rkey), 0);
+                                      pd.addr, pd.rkey),
+                         0);
     /* the first READ done: the child is in the middle of serving the rest */
     pt_expect_cqe_t(&h, 10 * PT_TIMEOUT_MS, 100, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_READ, &c);
     ck_assert(pt_all_bytes(dst->p, KILL_LEN, 0x5c));

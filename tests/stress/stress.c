@@ -199,11 +199,10 @@ static void connect_at_once(const char *test, int n, int backlog, int accepts)
     /* a well-behaved client: the library must not have lost anything on the way, such as
      * completions to a full queue ("completion queue full ... lost; ep to error") */
     errs = st_log_count(log, "exs err", first, sizeof(first));
-    printf("%s: client library error lines: %d%s%s", test, errs, errs ? "; first: " : "\n",
-           first);
+    printf("%s: client library error lines: %d%s%s", test, errs, errs ? "; first: " : "\n", first);
     printf("%s: %d closed cleanly, %d closes failed\n", test, r.closed, r.close_failed);
-    ck_assert_msg(r.established == n && r.echoed == n, "%s: %d of %d echoed; %s", test,
-                  r.echoed, n, r.msg);
+    ck_assert_msg(r.established == n && r.echoed == n, "%s: %d of %d echoed; %s", test, r.echoed, n,
+                  r.msg);
     ck_assert_msg(r.closed == n, "%s: %d of %d closed cleanly; %s", test, r.closed, n, r.msg);
     ck_assert_msg(errs == 0, "%s: the client library logged %d errors; first: %s", test, errs,
                   first);

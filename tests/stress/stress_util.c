@@ -116,8 +116,7 @@ static int read_line(int fd, char *buf, size_t len, int timeout_ms)
 
 /* One attempt to start the server: 0, or -1 when it exited before saying where it listens.
  * backlog > 0: its listen backlog and how many accepts it keeps posted. */
-static int server_try(struct st_server *s, const char *path, long nofile, int backlog,
-                      int accepts)
+static int server_try(struct st_server *s, const char *path, long nofile, int backlog, int accepts)
 {
     char line[256], port[16];
     int pfd[2], status;

@@ -321,7 +321,8 @@ static uint32_t raw_batch(uint8_t *buf, const uint32_t *lens, int n)
 
         memcpy(buf + off, &h, sizeof(h));
         pt_fill(buf + off + sizeof(h), lens[i], 1000u * i);
-        memset(buf + off + sizeof(h) + lens[i], 0, exs_wire_batch_rec_size(lens[i]) - sizeof(h) - lens[i]);
+        memset(buf + off + sizeof(h) + lens[i], 0,
+               exs_wire_batch_rec_size(lens[i]) - sizeof(h) - lens[i]);
         off += exs_wire_batch_rec_size(lens[i]);
     }
     return off;
@@ -1513,7 +1514,6 @@ START_TEST(hs_resize_bad_answer)
 }
 END_TEST
 
-
 /* Fragmented direct messages (§6.2): pieces without eom fill the advertised receive, the
  * eom piece completes it with their sum (case 0). A piece past the advert, a piece with
  * trunc or no bytes, or anything but the next piece before the eom (an eager write, an
@@ -1571,16 +1571,14 @@ START_TEST(hs_frag_pieces)
                  exs_imm_make(EXS_IMM_DIRECT, EXS_IMM_EOM, 0, tag));
         break;
     case 2: /* the next message, eagerly, before this one's eom */
-        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 64, raw.peer.ring_addr,
-                 raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 64, raw.peer.ring_addr, raw.peer.ring_rkey,
+                 exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
         break;
     case 5:
-        raw_ctrl(EXS_CTRL_ANNOUNCE, EXS_WIRE_ANNOUNCE_LEN, 0, (uint8_t *)&an + 8,
-                 sizeof(an) - 8);
+        raw_ctrl(EXS_CTRL_ANNOUNCE, EXS_WIRE_ANNOUNCE_LEN, 0, (uint8_t *)&an + 8, sizeof(an) - 8);
         break;
     case 6:
-        raw_ctrl(EXS_CTRL_SHUTDOWN, EXS_WIRE_SHUTDOWN_LEN, 0, (uint8_t *)&sh + 8,
-                 sizeof(sh) - 8);
+        raw_ctrl(EXS_CTRL_SHUTDOWN, EXS_WIRE_SHUTDOWN_LEN, 0, (uint8_t *)&sh + 8, sizeof(sh) - 8);
         break;
     default:
         break;
@@ -2000,7 +1998,7 @@ END_TEST
 
 struct rq_arg {
     uint8_t pd[EXS_WIRE_RESUME_PD_LEN];
-    int     ret;
+    int ret;
 };
 
 static void *rq_thread(void *a)
@@ -2190,7 +2188,8 @@ START_TEST(hs_record_before_established)
     /* b's listener takes the request as exs/api/sock.c does, and nothing more yet */
     ck_assert_int_eq(exs__prov_cm_poll(pp.b.ctx, &ev), 1);
     ck_assert_int_eq(ev.type, EXS_PROV_CM_CONNECT_REQUEST);
-    ck_assert_int_eq(exs__conn_hello_check(ev.private_data, ev.private_data_len, SOCK_SEQPACKET), 0);
+    ck_assert_int_eq(exs__conn_hello_check(ev.private_data, ev.private_data_len, SOCK_SEQPACKET),
+                     0);
     ck_assert_int_eq(exs__conn_create(pp.b.ctx, &pp.pb, &hb_cb, &pp.b, &pp.b.conn), 0);
     ck_assert_int_eq(exs__conn_accept(pp.b.conn, ev.req, ev.private_data), 0);
     /* the raw peer is connected: its first SEND carries a record no peer may send */

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* STREAM ring autotuning (spec/protocol.md §7.4): the grow/shrink/budget decision and ring switches under traffic. */
+/* STREAM ring autotuning (spec/protocol.md §7.4): the grow/shrink/budget decision and ring switches
+ * under traffic. */
 #include <check.h>
 #include <errno.h>
 #include <stdlib.h>

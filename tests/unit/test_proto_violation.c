@@ -46,10 +46,12 @@ START_TEST(pv_wire_type_names)
         unsigned type;
         const char *name;
     } want[] = {
-        {EXS_CTRL_ACK, "ACK"},         {EXS_CTRL_ADVERT, "ADVERT"}, {EXS_CTRL_ANNOUNCE, "ANNOUNCE"},
-        {EXS_CTRL_READ_DONE, "READ_DONE"}, {EXS_CTRL_SHUTDOWN, "SHUTDOWN"}, {EXS_CTRL_NOP, "NOP"},
-        {EXS_CTRL_RING, "RING"},       {EXS_CTRL_DRAIN, "DRAIN"},   {EXS_CTRL_TRACE, "TRACE"},
-        {EXS_CTRL_RESIZE, "RESIZE"},   {EXS_CTRL_SESSION, "SESSION"}, {EXS_CTRL_RESUME, "RESUME"},
+        {EXS_CTRL_ACK, "ACK"},           {EXS_CTRL_ADVERT, "ADVERT"},
+        {EXS_CTRL_ANNOUNCE, "ANNOUNCE"}, {EXS_CTRL_READ_DONE, "READ_DONE"},
+        {EXS_CTRL_SHUTDOWN, "SHUTDOWN"}, {EXS_CTRL_NOP, "NOP"},
+        {EXS_CTRL_RING, "RING"},         {EXS_CTRL_DRAIN, "DRAIN"},
+        {EXS_CTRL_TRACE, "TRACE"},       {EXS_CTRL_RESIZE, "RESIZE"},
+        {EXS_CTRL_SESSION, "SESSION"},   {EXS_CTRL_RESUME, "RESUME"},
         {EXS_CTRL_AUTH, "AUTH"},
     };
 
@@ -72,8 +74,7 @@ struct walk_seen {
     unsigned stop_at; /* return 7 at this record (1-based; 0: never) */
 };
 
-static int walk_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec,
-                    uint32_t rlen)
+static int walk_one(void *arg, const struct exs_wire_ctrl_hdr *h, const uint8_t *rec, uint32_t rlen)
 {
     struct walk_seen *w = arg;
 

@@ -29,7 +29,7 @@ static struct att {
     uint8_t mem[ATT_RECVS * 512 + 512] __attribute__((aligned(4096))); /* recvs, send area */
     struct exs_wire_resume_acc acc; /* the accept's private data */
     int accepted, rejected, ended;
-    uint32_t recvs;                 /* SENDs that arrived */
+    uint32_t recvs; /* SENDs that arrived */
     uint64_t wr_id;
 } att;
 
@@ -128,8 +128,7 @@ static void att_poll(void)
         }
     }
     while (exs__prov_poll(att.ctx, &cqe, 1) == 1)
-        if (cqe.ep == att.ep && cqe.status == EXS_PROV_WC_SUCCESS &&
-            cqe.opcode == EXS_PROV_WC_RECV)
+        if (cqe.ep == att.ep && cqe.status == EXS_PROV_WC_SUCCESS && cqe.opcode == EXS_PROV_WC_RECV)
             att.recvs++;
 }
 
@@ -185,8 +184,7 @@ static void att_auth(struct exs_wire_auth *a, const struct exs_wire_resume_req *
     memset(a, 0, sizeof(*a));
     a->hdr.type = EXS_CTRL_AUTH;
     a->hdr.len = htobe16(EXS_WIRE_AUTH_LEN);
-    exs__resume_mac(key ? key : guess, EXS_WIRE_AUTH_LABEL_A, q->nonce_a, att.acc.nonce_b,
-                    a->mac);
+    exs__resume_mac(key ? key : guess, EXS_WIRE_AUTH_LABEL_A, q->nonce_a, att.acc.nonce_b, a->mac);
 }
 
 /* The live connection was not touched and serves: both ends CONNECTED on their first
@@ -372,7 +370,7 @@ START_TEST(ra_mac_b_wrong)
     mock_drop(pp.a.conn->ep);
     pt_fb_run(&pp);
     att_poll();
-    ck_assert_ptr_nonnull(att.ep); /* a's request reached the fake listener */
+    ck_assert_ptr_nonnull(att.ep);  /* a's request reached the fake listener */
     ck_assert_int_eq(att.recvs, 0); /* a sent nothing: no AUTH, no RING, no RESUME */
     ck_assert_int_ne(pp.a.conn->state, EXS_CONN_CONNECTED);
     pt_assert_done(&r, -1, ECONNRESET);

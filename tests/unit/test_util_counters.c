@@ -11,7 +11,7 @@
 
 struct owner {
     uint64_t rx;
-    int      not_a_counter;
+    int not_a_counter;
     uint64_t tx;
     uint64_t drops;
 };
@@ -33,9 +33,9 @@ static void set_init(struct exs_counter_set *set, const char *name, const struct
 
 static char *print_to_string(void)
 {
-    char  *text = NULL;
+    char *text = NULL;
     size_t len = 0;
-    FILE  *f = open_memstream(&text, &len);
+    FILE *f = open_memstream(&text, &len);
 
     ck_assert_ptr_nonnull(f);
     exs__counters_print(f);
@@ -45,7 +45,7 @@ static char *print_to_string(void)
 
 START_TEST(test_value)
 {
-    struct owner           o = {.rx = 1, .not_a_counter = -1, .tx = 2, .drops = 3};
+    struct owner o = {.rx = 1, .not_a_counter = -1, .tx = 2, .drops = 3};
     struct exs_counter_set set;
 
     set_init(&set, "t.value", &o);
@@ -64,11 +64,11 @@ END_TEST
 
 START_TEST(test_register_lookup)
 {
-    struct owner           a = {.rx = 5, .tx = 6, .drops = 7};
-    struct owner           b = {.rx = 50, .tx = 60, .drops = 70};
-    struct owner           c = {.rx = 500};
+    struct owner a = {.rx = 5, .tx = 6, .drops = 7};
+    struct owner b = {.rx = 50, .tx = 60, .drops = 70};
+    struct owner c = {.rx = 500};
     struct exs_counter_set sa, sb, sc;
-    uint64_t               v = 99;
+    uint64_t v = 99;
 
     set_init(&sa, "t.dup", &a);
     set_init(&sb, "t.dup", &b);
@@ -113,10 +113,10 @@ END_TEST
 
 START_TEST(test_print)
 {
-    struct owner           a = {.rx = 1, .tx = 2, .drops = 3};
-    struct owner           b = {.rx = 10, .tx = 20, .drops = 30};
+    struct owner a = {.rx = 1, .tx = 2, .drops = 3};
+    struct owner b = {.rx = 10, .tx = 20, .drops = 30};
     struct exs_counter_set sa, sb;
-    char                  *text;
+    char *text;
 
     set_init(&sa, "t.a", &a);
     set_init(&sb, "t.b", &b);
@@ -148,7 +148,7 @@ static struct owner shared_owner;
 
 static void *cnt_thread(void *arg)
 {
-    struct owner           mine = {0};
+    struct owner mine = {0};
     struct exs_counter_set set;
 
     (void)arg;
@@ -166,10 +166,10 @@ static void *cnt_thread(void *arg)
 
 START_TEST(test_threads)
 {
-    pthread_t              th[CNT_THREADS];
+    pthread_t th[CNT_THREADS];
     struct exs_counter_set set;
-    uint64_t               v;
-    FILE                  *null = fopen("/dev/null", "w");
+    uint64_t v;
+    FILE *null = fopen("/dev/null", "w");
 
     ck_assert_ptr_nonnull(null);
     set_init(&set, "t.shared", &shared_owner);

@@ -6,7 +6,7 @@
 #include "tests/unit/unit.h"
 
 struct item {
-    int             v;
+    int v;
     struct exs_list link;
 };
 
@@ -14,8 +14,8 @@ struct item {
  * both ways. */
 static const char *values(struct exs_list *h)
 {
-    static char      buf[32];
-    size_t           n = 0;
+    static char buf[32];
+    size_t n = 0;
     struct exs_list *pos;
 
     exs_list_for_each(pos, h)
@@ -48,7 +48,7 @@ END_TEST
 START_TEST(test_add)
 {
     struct exs_list h;
-    struct item     it[5] = {{.v = 0}, {.v = 1}, {.v = 2}, {.v = 3}, {.v = 4}};
+    struct item it[5] = {{.v = 0}, {.v = 1}, {.v = 2}, {.v = 3}, {.v = 4}};
 
     exs_list_init(&h);
     exs_list_add_tail(&h, &it[1].link);
@@ -65,8 +65,8 @@ END_TEST
 
 START_TEST(test_del_pop)
 {
-    struct exs_list  h;
-    struct item      it[4] = {{.v = 0}, {.v = 1}, {.v = 2}, {.v = 3}};
+    struct exs_list h;
+    struct item it[4] = {{.v = 0}, {.v = 1}, {.v = 2}, {.v = 3}};
     struct exs_list *n;
 
     exs_list_init(&h);
@@ -95,9 +95,9 @@ END_TEST
 
 START_TEST(test_for_each_safe)
 {
-    struct exs_list  h, *pos, *tmp;
-    struct item     *it = calloc(8, sizeof(*it));
-    int              count = 0;
+    struct exs_list h, *pos, *tmp;
+    struct item *it = calloc(8, sizeof(*it));
+    int count = 0;
 
     ck_assert_ptr_nonnull(it);
     exs_list_init(&h);
@@ -117,8 +117,7 @@ START_TEST(test_for_each_safe)
     ck_assert_int_eq(count, 8);
     ck_assert_str_eq(values(&h), "0246");
     /* Empty everything while walking. */
-    exs_list_for_each_safe(pos, tmp, &h)
-        exs_list_del(pos);
+    exs_list_for_each_safe(pos, tmp, &h) exs_list_del(pos);
     ck_assert(exs_list_empty(&h));
     free(it);
 }

@@ -13,8 +13,8 @@
 
 /* Log lines captured in memory. */
 struct capture {
-    FILE  *f;
-    char  *buf;
+    FILE *f;
+    char *buf;
     size_t len;
 };
 
@@ -92,17 +92,18 @@ START_TEST(test_format)
 {
     static const char *const levels[] = {"none", "err", "warn", "info", "dbg", "trace", "data"};
     static const struct {
-        unsigned    bit;
+        unsigned bit;
         const char *name;
-    } subs[] = {{EXS_SUB_API, "api"},     {EXS_SUB_ENG, "eng"},   {EXS_SUB_PROTO, "proto"},
-                {EXS_SUB_PROV, "prov"},   {EXS_SUB_CACHE, "cache"}, {EXS_SUB_UTIL, "util"}};
+    } subs[] = {{EXS_SUB_API, "api"},   {EXS_SUB_ENG, "eng"},     {EXS_SUB_PROTO, "proto"},
+                {EXS_SUB_PROV, "prov"}, {EXS_SUB_CACHE, "cache"}, {EXS_SUB_UTIL, "util"}};
     struct capture c;
-    char           want[256];
-    int            line;
+    char want[256];
+    int line;
 
     exs__log_level = EXS_LOG_INFO;
     cap_start(&c);
-    EXS_INFO(PROV, "hello %d %s", 42, "x"); line = __LINE__;
+    EXS_INFO(PROV, "hello %d %s", 42, "x");
+    line = __LINE__ - 1; /* the EXS_INFO line */
     snprintf(want, sizeof(want), "exs info prov %s:%d: hello 42 x\n", __func__, line);
     ck_assert_str_eq(cap_text(&c), want);
     cap_end(&c);
@@ -124,7 +125,7 @@ END_TEST
 START_TEST(test_newline_and_long)
 {
     struct capture c;
-    char          *big = malloc(5001), *want = malloc(5100);
+    char *big = malloc(5001), *want = malloc(5100);
 
     ck_assert_ptr_nonnull(big);
     ck_assert_ptr_nonnull(want);
@@ -206,7 +207,7 @@ END_TEST
 START_TEST(test_errno_preserved)
 {
     struct capture c;
-    FILE          *ro;
+    FILE *ro;
 
     cap_start(&c);
     errno = ENOENT;
@@ -232,9 +233,9 @@ END_TEST
 
 START_TEST(test_default_stderr)
 {
-    char  path[] = "/tmp/exs_unit_logXXXXXX";
-    int   fd = mkstemp(path), saved = dup(2);
-    char  buf[256] = "";
+    char path[] = "/tmp/exs_unit_logXXXXXX";
+    int fd = mkstemp(path), saved = dup(2);
+    char buf[256] = "";
     FILE *other = tmpfile();
 
     ck_assert_int_ge(fd, 0);
@@ -317,9 +318,9 @@ static void *log_thread(void *arg)
 START_TEST(test_threads)
 {
     struct capture c;
-    pthread_t      th[LOG_THREADS];
-    int            seen[LOG_THREADS] = {0};
-    char          *text, *save = NULL;
+    pthread_t th[LOG_THREADS];
+    int seen[LOG_THREADS] = {0};
+    char *text, *save = NULL;
 
     cap_start(&c);
     for (long i = 0; i < LOG_THREADS; i++)
@@ -332,9 +333,11 @@ START_TEST(test_threads)
     for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
         int id, n, end = 0;
 
-        ck_assert_msg(sscanf(l, "exs err util log_thread:%*d: thread %d line %d "
-                                "padding-padding-padding-padding%n",
-                             &id, &n, &end) == 2 && end == (int)strlen(l),
+        ck_assert_msg(sscanf(l,
+                             "exs err util log_thread:%*d: thread %d line %d "
+                             "padding-padding-padding-padding%n",
+                             &id, &n, &end) == 2 &&
+                          end == (int)strlen(l),
                       "bad line: %s", l);
         ck_assert_int_lt(id, LOG_THREADS);
         ck_assert_int_eq(n, seen[id]);
@@ -354,7 +357,7 @@ static int count_lines(const char *text, const char *needle)
 
     for (const char *l = text; l && *l;) {
         const char *nl = strchr(l, '\n');
-        size_t      len = nl ? (size_t)(nl - l) : strlen(l);
+        size_t len = nl ? (size_t)(nl - l) : strlen(l);
 
         if (memmem(l, len, needle, strlen(needle)))
             n++;
@@ -368,8 +371,8 @@ static int count_lines(const char *text, const char *needle)
 START_TEST(test_rate_limit)
 {
     struct capture c;
-    const char    *sup;
-    uint64_t       before = exs__log_suppressed_total();
+    const char *sup;
+    uint64_t before = exs__log_suppressed_total();
 
     exs__params_load();
     ck_assert_int_eq(exs__params_set("log_rate_burst", "5"), 0);
@@ -422,7 +425,7 @@ START_TEST(test_rate_limit)
 }
 END_TEST
 
-static char   hook_buf[4096];
+static char hook_buf[4096];
 static size_t hook_len;
 
 static void test_hook(const char *line, size_t len)

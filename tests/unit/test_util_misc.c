@@ -27,9 +27,9 @@ END_TEST
 
 START_TEST(test_assert_fail)
 {
-    int   fds[2], status, line;
+    int fds[2], status, line;
     pid_t pid;
-    char  buf[512] = "", want[512];
+    char buf[512] = "", want[512];
     ssize_t n, got = 0;
 
     ck_assert_int_eq(pipe(fds), 0);

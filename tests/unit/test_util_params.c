@@ -27,9 +27,9 @@ static size_t type_size(enum exs_param_type t)
 
 START_TEST(test_table_shape)
 {
-    size_t                      n = 0, covered = 0;
+    size_t n = 0, covered = 0;
     const struct exs_param_def *t = exs__params_table(&n);
-    char                        env[128], buf[128];
+    char env[128], buf[128];
 
     ck_assert_uint_ge(n, 12); /* the coverage check below catches a missing row */
     for (size_t i = 0; i < n; i++) {
@@ -53,32 +53,28 @@ START_TEST(test_table_shape)
             ck_assert_str_eq(buf, t[i].defval);
         /* online: the log settings, the adaptive spin, the close timeout, the deadlines,
          * keepalive, the window, fragmentation and the work-request cap (issue 13, read at
-         * each use), the bound of connections resuming, the listeners' bounds (read at each request), the fault provider's faults, the control client timeout, the slow-poll
-         * and slow-pass thresholds and trace sampling, the exit linger (read at exit); the
-         * rest is start-up only */
+         * each use), the bound of connections resuming, the listeners' bounds (read at each
+         * request), the fault provider's faults, the control client timeout, the slow-poll and
+         * slow-pass thresholds and trace sampling, the exit linger (read at exit); the rest is
+         * start-up only */
         /* and the tcp provider's hello deadline and bound (read at each accept) */
-        ck_assert_int_eq(t[i].online, strncmp(t[i].name, "log_", 4) == 0 ||
-                                          strncmp(t[i].name, "tcp_hello_", 10) == 0 ||
-                                          strcmp(t[i].name, "qspin_us") == 0 ||
-                                          strcmp(t[i].name, "close_timeout_ms") == 0 ||
-                                          strcmp(t[i].name, "exit_linger_ms") == 0 ||
-                                          strcmp(t[i].name, "keepalive_intv_ms") == 0 ||
-                                          strcmp(t[i].name, "keepalive_probes") == 0 ||
-                                          strcmp(t[i].name, "connect_timeout_ms") == 0 ||
-                                          strcmp(t[i].name, "resume_max") == 0 ||
-                                          strcmp(t[i].name, "mem_budget") == 0 ||
-                                          strcmp(t[i].name, "send_timeout_ms") == 0 ||
-                                          strcmp(t[i].name, "emu_blackhole") == 0 ||
-                                          strcmp(t[i].name, "ack_every") == 0 ||
-                                          strcmp(t[i].name, "window_test") == 0 ||
-                                          strcmp(t[i].name, "frag_size") == 0 ||
-                                          strcmp(t[i].name, "wr_max") == 0 ||
-                                          strncmp(t[i].name, "listen_", 7) == 0 ||
-                                          strncmp(t[i].name, "fault_", 6) == 0 ||
-                                          strcmp(t[i].name, "ctl_timeout_ms") == 0 ||
-                                          strcmp(t[i].name, "polling_warn_cycle_us") == 0 ||
-                                          strcmp(t[i].name, "slow_threshold_us") == 0 ||
-                                          strcmp(t[i].name, "trace_sample_mask") == 0);
+        ck_assert_int_eq(
+            t[i].online,
+            strncmp(t[i].name, "log_", 4) == 0 || strncmp(t[i].name, "tcp_hello_", 10) == 0 ||
+                strcmp(t[i].name, "qspin_us") == 0 || strcmp(t[i].name, "close_timeout_ms") == 0 ||
+                strcmp(t[i].name, "exit_linger_ms") == 0 ||
+                strcmp(t[i].name, "keepalive_intv_ms") == 0 ||
+                strcmp(t[i].name, "keepalive_probes") == 0 ||
+                strcmp(t[i].name, "connect_timeout_ms") == 0 ||
+                strcmp(t[i].name, "resume_max") == 0 || strcmp(t[i].name, "mem_budget") == 0 ||
+                strcmp(t[i].name, "send_timeout_ms") == 0 ||
+                strcmp(t[i].name, "emu_blackhole") == 0 || strcmp(t[i].name, "ack_every") == 0 ||
+                strcmp(t[i].name, "window_test") == 0 || strcmp(t[i].name, "frag_size") == 0 ||
+                strcmp(t[i].name, "wr_max") == 0 || strncmp(t[i].name, "listen_", 7) == 0 ||
+                strncmp(t[i].name, "fault_", 6) == 0 || strcmp(t[i].name, "ctl_timeout_ms") == 0 ||
+                strcmp(t[i].name, "polling_warn_cycle_us") == 0 ||
+                strcmp(t[i].name, "slow_threshold_us") == 0 ||
+                strcmp(t[i].name, "trace_sample_mask") == 0);
     }
     ck_assert_uint_eq(covered, sizeof(struct exs_params));
     ck_assert_ptr_null(exs__params_find("nope"));
@@ -119,22 +115,40 @@ START_TEST(test_parse_uint)
 {
     static const struct {
         const char *s;
-        uint64_t    v;
+        uint64_t v;
     } good[] = {
-        {"0", 0},          {"42", 42},          {"010", 10},  {"0x1F", 31},
-        {"0XfF", 255},     {"1k", 1024},        {"1K", 1024}, {"3m", 3u << 20},
-        {"2G", 2ull << 30}, {"0x10k", 16384},
+        {"0", 0},
+        {"42", 42},
+        {"010", 10},
+        {"0x1F", 31},
+        {"0XfF", 255},
+        {"1k", 1024},
+        {"1K", 1024},
+        {"3m", 3u << 20},
+        {"2G", 2ull << 30},
+        {"0x10k", 16384},
         {"18446744073709551615", UINT64_MAX},
         {"17179869183g", 17179869183ull << 30},
     };
     static const struct {
         const char *s;
-        int         rc;
+        int rc;
     } bad[] = {
-        {"", -EINVAL},     {"-1", -EINVAL},   {"+1", -EINVAL},   {" 1", -EINVAL},
-        {"1 ", -EINVAL},   {"abc", -EINVAL},  {"12x", -EINVAL},  {"0x", -EINVAL},
-        {"0xg", -EINVAL},  {"1kk", -EINVAL},  {"1kb", -EINVAL},  {"k", -EINVAL},
-        {"1.5", -EINVAL},  {"1t", -EINVAL},   {"0x-1", -EINVAL},
+        {"", -EINVAL},
+        {"-1", -EINVAL},
+        {"+1", -EINVAL},
+        {" 1", -EINVAL},
+        {"1 ", -EINVAL},
+        {"abc", -EINVAL},
+        {"12x", -EINVAL},
+        {"0x", -EINVAL},
+        {"0xg", -EINVAL},
+        {"1kk", -EINVAL},
+        {"1kb", -EINVAL},
+        {"k", -EINVAL},
+        {"1.5", -EINVAL},
+        {"1t", -EINVAL},
+        {"0x-1", -EINVAL},
         {"18446744073709551616", -ERANGE},
         {"99999999999999999999999", -ERANGE},
         {"17179869184g", -ERANGE},
@@ -217,9 +231,9 @@ END_TEST
 
 START_TEST(test_env_invalid)
 {
-    char  *text = NULL;
+    char *text = NULL;
     size_t len = 0;
-    FILE  *f = open_memstream(&text, &len);
+    FILE *f = open_memstream(&text, &len);
 
     ck_assert_ptr_nonnull(f);
     exs__log_set_stream(f);
@@ -339,9 +353,9 @@ END_TEST
 
 static char *print_to_string(int markdown)
 {
-    char  *text = NULL;
+    char *text = NULL;
     size_t len = 0;
-    FILE  *f = open_memstream(&text, &len);
+    FILE *f = open_memstream(&text, &len);
 
     ck_assert_ptr_nonnull(f);
     exs__params_print(f, markdown);
@@ -351,10 +365,10 @@ static char *print_to_string(int markdown)
 
 START_TEST(test_print_human)
 {
-    char       *text;
-    size_t      n;
+    char *text;
+    size_t n;
     const struct exs_param_def *t = exs__params_table(&n);
-    int         lines = 0;
+    int lines = 0;
 
     ck_assert_int_eq(exs__params_load(), 0);
     ck_assert_int_eq(exs__params_set("log_level", "trace"), 0);
@@ -387,10 +401,10 @@ END_TEST
 
 START_TEST(test_print_markdown)
 {
-    char       *text, *p;
-    size_t      n;
+    char *text, *p;
+    size_t n;
     const struct exs_param_def *t = exs__params_table(&n);
-    int         rows = 0;
+    int rows = 0;
 
     /* The current values never appear: the file must not depend on the environment. */
     ck_assert_int_eq(exs__params_load(), 0);
@@ -428,8 +442,8 @@ static void *load_thread(void *arg)
 START_TEST(test_load_threads)
 {
     pthread_t th[LOAD_THREADS];
-    int       rc[LOAD_THREADS];
-    FILE     *null = fopen("/dev/null", "w");
+    int rc[LOAD_THREADS];
+    FILE *null = fopen("/dev/null", "w");
 
     ck_assert_ptr_nonnull(null);
     exs__log_set_stream(null); /* the "bad" rounds warn */

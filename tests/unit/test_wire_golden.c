@@ -451,7 +451,8 @@ END_TEST
  * of messages) and the records (len, reserved 0, payload, zero padding to 8). */
 START_TEST(golden_batch_sent)
 {
-    static uint8_t m0[3] = {'a', 'b', 'c'}, m1[1], m2[9] = {'0', '1', '2', '3', '4', '5', '6', '7', '8'};
+    static uint8_t m0[3] = {'a', 'b', 'c'}, m1[1],
+                   m2[9] = {'0', '1', '2', '3', '4', '5', '6', '7', '8'};
     static const uint8_t want[32] = {
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* len 0, reserved */
         0x00, 0x00, 0x00, 0x09, 0x00, 0x00, 0x00, 0x00, /* len 9, reserved */
@@ -726,8 +727,9 @@ START_TEST(golden_resume_layout)
         0,    0,    0,    0,    0,    0,    0x1f, 0x40, /* ring_consumed */
     };
     static const uint8_t auth_want[32] = {
-        0xba, 0x31, 0x82, 0xe6, 0xd7, 0x99, 0x12, 0x28, 0x31, 0xa1, 0xf8, 0x49, 0x75, 0x9d, 0xca, 0x5f,
-        0xcb, 0x22, 0xe7, 0x95, 0xf3, 0xc6, 0x51, 0x55, 0x07, 0x2e, 0x54, 0xb9, 0x5f, 0x5c, 0xf3, 0xb2,
+        0xba, 0x31, 0x82, 0xe6, 0xd7, 0x99, 0x12, 0x28, 0x31, 0xa1, 0xf8,
+        0x49, 0x75, 0x9d, 0xca, 0x5f, 0xcb, 0x22, 0xe7, 0x95, 0xf3, 0xc6,
+        0x51, 0x55, 0x07, 0x2e, 0x54, 0xb9, 0x5f, 0x5c, 0xf3, 0xb2,
     };
     static const uint8_t mac_b_want[8] = {0x39, 0x80, 0xee, 0xcc, 0x62, 0x79, 0x98, 0x46};
     struct exs_wire_auth a = {.hdr = {.type = EXS_CTRL_AUTH, .len = htobe16(EXS_WIRE_AUTH_LEN)}};
@@ -860,13 +862,13 @@ START_TEST(golden_trace)
     struct cap *c = &caps[req_i];
     ck_assert_uint_eq(c->len, EXS_WIRE_TRACE_LEN);
     assert_bytes(c->bytes, req_hdr, 4);
-    ck_assert_uint_eq(c->bytes[6] | c->bytes[7], 0);        /* reserved */
-    ck_assert_uint_eq(get_be(c->bytes + 8), 0);             /* seq: message 0 */
+    ck_assert_uint_eq(c->bytes[6] | c->bytes[7], 0); /* reserved */
+    ck_assert_uint_eq(get_be(c->bytes + 8), 0);      /* seq: message 0 */
     uint64_t t1 = get_be(c->bytes + 16);
     ck_assert_uint_ne(t1, 0);
     rt_not_host_clock(t1);
     for (int i = 24; i < 48; i++)
-        ck_assert_uint_eq(c->bytes[i], 0);                  /* answer fields: 0 */
+        ck_assert_uint_eq(c->bytes[i], 0); /* answer fields: 0 */
 
     c = cap_trace(pp.b.conn->ep);
     ck_assert_ptr_nonnull(c);

@@ -531,15 +531,14 @@ static int fault_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr 
         .ctx_event_fd = exs__fault_ctx_event_fd, .ctx_arm = exs__fault_ctx_arm,                    \
         .ctx_progress = exs__fault_ctx_progress, .ctx_poll = exs__fault_ctx_poll,                  \
         .ctx_cm_poll = exs__fault_ctx_cm_poll, .ctx_fork = exs__fault_ctx_fork,                    \
-        .mr_reg = fault_mr_reg, .mr_dereg = fault_mr_dereg, \
-        .mem_alloc = fault_mem_alloc, .mem_free = fault_mem_free, .mr_get = fault_mr_get,          \
-        .mr_put = fault_mr_put, .grant = fault_grant, .revoke = fault_revoke,                      \
-        .ep_create = fault_ep_create, .ep_destroy = fault_ep_destroy, .ep_state = fault_ep_state,  \
+        .mr_reg = fault_mr_reg, .mr_dereg = fault_mr_dereg, .mem_alloc = fault_mem_alloc,          \
+        .mem_free = fault_mem_free, .mr_get = fault_mr_get, .mr_put = fault_mr_put,                \
+        .grant = fault_grant, .revoke = fault_revoke, .ep_create = fault_ep_create,                \
+        .ep_destroy = fault_ep_destroy, .ep_state = fault_ep_state,                                \
         .ep_local_addr = fault_ep_local_addr, .listen = fault_listen,                              \
         .listener_addr = fault_listener_addr, .listener_destroy = fault_listener_destroy,          \
-        .listener_pause = fault_listener_pause,                                                    \
-        .connect = fault_connect, .accept = fault_accept, .reject = fault_reject,                  \
-        .disconnect = fault_disconnect, .post_recv = fault_post_recv,                              \
+        .listener_pause = fault_listener_pause, .connect = fault_connect, .accept = fault_accept,  \
+        .reject = fault_reject, .disconnect = fault_disconnect, .post_recv = fault_post_recv,      \
         .post_send = fault_post_send,                                                              \
     }
 

@@ -39,27 +39,27 @@
  * SHM_COPY_CHUNK bytes), never for a peer.
  */
 
-#define SHM_MAGIC        0x45585348u /* "EXSH" */
-#define SHM_VERSION      1
-#define SHM_SLOT         64u          /* ring records are whole cache lines */
-#define SHM_RING_BYTES   (256u << 10) /* per direction, a power of two */
-#define SHM_SEG_HDR      4096u        /* the two lines, then the rings */
-#define SHM_SEG_BYTES    (SHM_SEG_HDR + 2u * SHM_RING_BYTES)
-#define SHM_REC_HDR      32u
-#define SHM_RING_INLINE  4096u        /* payloads up to this ride in the ring */
-#define SHM_MAX_SGE      16u
-#define SHM_REC_MAX      (SHM_REC_HDR + SHM_RING_INLINE)
-#define SHM_MAX_WR       4096u
-#define SHM_MAX_INLINE   256u
-#define SHM_CQ_MAX       (1u << 22)
-#define SHM_CQ_SIZE      65536u
-#define SHM_PD_MAX       256u
-#define SHM_MAX_RD       16u          /* READs outstanding per ep */
-#define SHM_COPY_CHUNK   (1u << 20)   /* one process_vm call; the fence is re-checked between */
-#define SHM_TURN_RECS    256u         /* records carried out per connection per turn */
-#define SHM_MR_HASH      256
-#define SHM_PORT_LO      32768u
-#define SHM_PORT_HI      60999u
+#define SHM_MAGIC       0x45585348u /* "EXSH" */
+#define SHM_VERSION     1
+#define SHM_SLOT        64u          /* ring records are whole cache lines */
+#define SHM_RING_BYTES  (256u << 10) /* per direction, a power of two */
+#define SHM_SEG_HDR     4096u        /* the two lines, then the rings */
+#define SHM_SEG_BYTES   (SHM_SEG_HDR + 2u * SHM_RING_BYTES)
+#define SHM_REC_HDR     32u
+#define SHM_RING_INLINE 4096u /* payloads up to this ride in the ring */
+#define SHM_MAX_SGE     16u
+#define SHM_REC_MAX     (SHM_REC_HDR + SHM_RING_INLINE)
+#define SHM_MAX_WR      4096u
+#define SHM_MAX_INLINE  256u
+#define SHM_CQ_MAX      (1u << 22)
+#define SHM_CQ_SIZE     65536u
+#define SHM_PD_MAX      256u
+#define SHM_MAX_RD      16u        /* READs outstanding per ep */
+#define SHM_COPY_CHUNK  (1u << 20) /* one process_vm call; the fence is re-checked between */
+#define SHM_TURN_RECS   256u       /* records carried out per connection per turn */
+#define SHM_MR_HASH     256
+#define SHM_PORT_LO     32768u
+#define SHM_PORT_HI     60999u
 
 /* record types */
 enum { SHM_REC_SEND = 1, SHM_REC_WRITE = 2, SHM_REC_READ = 3 };
@@ -70,12 +70,12 @@ enum { SHM_SYN_RNR_EXC = 1, SHM_SYN_REM_ACCESS = 2, SHM_SYN_REM_INV = 3, SHM_SYN
 
 /* A ring record header (then inline payload or nsge remote sges of 16 bytes). Host order. */
 struct shm_rec {
-    uint8_t  type;
-    uint8_t  flags;
-    uint8_t  nsge;
-    uint8_t  rsvd;
+    uint8_t type;
+    uint8_t flags;
+    uint8_t nsge;
+    uint8_t rsvd;
     uint32_t psn;
-    uint32_t len;   /* payload bytes (READ: bytes to read) */
+    uint32_t len; /* payload bytes (READ: bytes to read) */
     uint32_t imm;
     uint64_t raddr; /* WRITE, READ */
     uint32_t rkey;  /* WRITE, READ */
@@ -89,13 +89,13 @@ struct shm_rsge {
 
 /* The line a side writes (the peer only reads it). */
 struct shm_line {
-    uint64_t head;     /* bytes of requests published in this side's ring */
-    uint64_t tail;     /* bytes of the peer's ring consumed */
-    uint32_t ack;      /* the peer's requests done: psn of the next not done */
-    uint32_t nak_syn;  /* 0, or the syndrome of request nak_psn (set once) */
+    uint64_t head;    /* bytes of requests published in this side's ring */
+    uint64_t tail;    /* bytes of the peer's ring consumed */
+    uint32_t ack;     /* the peer's requests done: psn of the next not done */
+    uint32_t nak_syn; /* 0, or the syndrome of request nak_psn (set once) */
     uint32_t nak_psn;
     uint32_t sleeping; /* this side is about to sleep: write its bell after a change */
-    uint8_t  pad[SHM_SLOT - 32];
+    uint8_t pad[SHM_SLOT - 32];
 };
 
 /* Handshake and DISCONNECT messages on the unix socket (one datagram each). */
@@ -104,16 +104,16 @@ enum { SHM_HSF_CLOSED = 1u << 0 };
 
 struct shm_hs {
     uint32_t magic;
-    uint8_t  version;
-    uint8_t  type;
-    uint8_t  flags;
-    uint8_t  rnr_retry;
-    uint8_t  rnr_timer_ms;
-    uint8_t  rsvd;
+    uint8_t version;
+    uint8_t type;
+    uint8_t flags;
+    uint8_t rnr_retry;
+    uint8_t rnr_timer_ms;
+    uint8_t rsvd;
     uint16_t src_port;  /* REQ: the active side's port as it shows it (its ep_local_addr) */
     uint32_t seg_bytes; /* REQ: the memfd's size */
     uint32_t pdlen;
-    uint8_t  pd[SHM_PD_MAX];
+    uint8_t pd[SHM_PD_MAX];
 };
 #define SHM_HS_FIXED (sizeof(struct shm_hs) - SHM_PD_MAX)
 
@@ -149,88 +149,88 @@ struct shm_conn;
 
 struct shm_key {
     struct exs_list link; /* hash bucket while live */
-    uint32_t        key;
-    uint64_t        addr;
-    uint64_t        length;
-    unsigned        access;
-    struct shm_ep  *ep;   /* grant: the one ep; NULL: an mr */
-    int             live;
+    uint32_t key;
+    uint64_t addr;
+    uint64_t length;
+    unsigned access;
+    struct shm_ep *ep; /* grant: the one ep; NULL: an mr */
+    int live;
 };
 
 struct shm_mr {
     struct exs_prov_mr base;
-    struct shm_key     key;
-    unsigned           grants;
+    struct shm_key key;
+    unsigned grants;
 };
 
 struct shm_grant {
     struct exs_prov_grant base;
-    struct shm_key        key;
-    struct shm_mr        *mr;
-    struct exs_list       ep_link;
+    struct shm_key key;
+    struct shm_mr *mr;
+    struct exs_list ep_link;
 };
 
 struct shm_wr {
-    struct exs_list     link;   /* ep->sq_pend, then ep->sq */
-    uint64_t            wr_id;
-    uint8_t             opcode;
-    uint8_t             signaled;
-    uint8_t             fence;
-    uint8_t             bad;    /* local protection error found at post time */
-    uint8_t             inl;    /* payload copied at post time (after sge[num_sge]) */
-    int                 num_sge;
-    uint32_t            len;
-    uint32_t            imm;
-    uint64_t            raddr;
-    uint32_t            rkey;
-    uint32_t            psn;
+    struct exs_list link; /* ep->sq_pend, then ep->sq */
+    uint64_t wr_id;
+    uint8_t opcode;
+    uint8_t signaled;
+    uint8_t fence;
+    uint8_t bad; /* local protection error found at post time */
+    uint8_t inl; /* payload copied at post time (after sge[num_sge]) */
+    int num_sge;
+    uint32_t len;
+    uint32_t imm;
+    uint64_t raddr;
+    uint32_t rkey;
+    uint32_t psn;
     struct exs_prov_sge sge[];
 };
 
 struct shm_rwr {
-    struct exs_list     link;
-    uint64_t            wr_id;
-    int                 num_sge;
-    int                 bad;
-    uint64_t            len;
+    struct exs_list link;
+    uint64_t wr_id;
+    int num_sge;
+    int bad;
+    uint64_t len;
     struct exs_prov_sge sge[];
 };
 
 struct shm_ep {
     struct exs_prov_ep base;
-    struct shm_ctx    *ctx;
-    int                state;     /* enum exs_prov_ep_state (ctx->lock) */
-    struct exs_list    sq_pend;   /* posted, not in the ring yet (ctx->lock) */
-    struct exs_list    sq;        /* in the ring, not done, oldest first (ctx->lock) */
-    struct exs_list    rq;        /* posted receives (ctx->lock) */
-    uint32_t           sq_used, sq_unretired, rq_count;
-    uint32_t           cq_sq, cq_rq; /* completions queued, not polled (ctx->lock) */
-    struct shm_conn   *conn;      /* (nic_lock and ctx->lock to change) */
-    uint32_t           snd_nxt;   /* psn of the next record written (ctx->lock) */
-    unsigned           reads_out;
-    int                disc_sent;
-    int                destroyed;
-    struct exs_list    link;      /* ctx->eps */
-    struct exs_list    grants;    /* (ctx->lock) */
+    struct shm_ctx *ctx;
+    int state;               /* enum exs_prov_ep_state (ctx->lock) */
+    struct exs_list sq_pend; /* posted, not in the ring yet (ctx->lock) */
+    struct exs_list sq;      /* in the ring, not done, oldest first (ctx->lock) */
+    struct exs_list rq;      /* posted receives (ctx->lock) */
+    uint32_t sq_used, sq_unretired, rq_count;
+    uint32_t cq_sq, cq_rq; /* completions queued, not polled (ctx->lock) */
+    struct shm_conn *conn; /* (nic_lock and ctx->lock to change) */
+    uint32_t snd_nxt;      /* psn of the next record written (ctx->lock) */
+    unsigned reads_out;
+    int disc_sent;
+    int destroyed;
+    struct exs_list link;   /* ctx->eps */
+    struct exs_list grants; /* (ctx->lock) */
     struct sockaddr_storage local;
-    socklen_t          local_len;
+    socklen_t local_len;
 };
 
 struct shm_listener {
     struct exs_prov_listener base;
-    struct shm_ctx          *ctx;
-    int                      fd;
-    int                      paused;
-    struct sockaddr_storage  addr;
-    socklen_t                addrlen;
-    struct exs_list          reqs;   /* pending shm_req (nic_lock) */
-    struct exs_list          link;   /* ctx->listeners */
+    struct shm_ctx *ctx;
+    int fd;
+    int paused;
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    struct exs_list reqs; /* pending shm_req (nic_lock) */
+    struct exs_list link; /* ctx->listeners */
 };
 
 struct shm_req {
     struct exs_prov_conn_req base;
-    struct shm_conn         *conn;
-    struct exs_list          link;
+    struct shm_conn *conn;
+    struct exs_list link;
 };
 
 enum shm_conn_state {
@@ -238,89 +238,89 @@ enum shm_conn_state {
     SHM_CONN_WAIT_REQ,   /* passive: socket accepted, REQ not read yet */
     SHM_CONN_PENDING,    /* passive: CONNECT_REQUEST queued */
     SHM_CONN_UP,
-    SHM_CONN_DEAD,       /* ended; freed at the end of the turn */
+    SHM_CONN_DEAD, /* ended; freed at the end of the turn */
 };
 
 struct shm_conn {
-    struct shm_ctx      *ctx;
-    enum shm_conn_state  state;
-    int                  fd;       /* the unix socket */
-    int                  pidfd;    /* the peer process, -1 when pidfd_open failed */
-    int                  bell;     /* the peer ctx's eventfd */
-    pid_t                pid;      /* SO_PEERCRED */
-    int                  side;     /* 0 active, 1 passive */
-    uint8_t             *seg;      /* the mapping, SHM_SEG_BYTES */
-    struct shm_line     *mine, *peer;
-    uint8_t             *tx_ring, *rx_ring;
-    struct shm_ep       *ep;
-    struct shm_req      *req;
+    struct shm_ctx *ctx;
+    enum shm_conn_state state;
+    int fd;       /* the unix socket */
+    int pidfd;    /* the peer process, -1 when pidfd_open failed */
+    int bell;     /* the peer ctx's eventfd */
+    pid_t pid;    /* SO_PEERCRED */
+    int side;     /* 0 active, 1 passive */
+    uint8_t *seg; /* the mapping, SHM_SEG_BYTES */
+    struct shm_line *mine, *peer;
+    uint8_t *tx_ring, *rx_ring;
+    struct shm_ep *ep;
+    struct shm_req *req;
     struct shm_listener *lis;
-    int                  broken;   /* PENDING: the peer went away before accept / reject */
+    int broken; /* PENDING: the peer went away before accept / reject */
     /* producer (ctx->lock) */
-    uint64_t             head;     /* our ring's published bytes */
-    uint64_t             peer_tail; /* the peer's consumed bytes, last seen (checked) */
+    uint64_t head;      /* our ring's published bytes */
+    uint64_t peer_tail; /* the peer's consumed bytes, last seen (checked) */
     /* requester view of the peer's answers (nic_lock) */
-    uint32_t             acked;    /* every request before it is complete */
-    int                  nak_seen;
+    uint32_t acked; /* every request before it is complete */
+    int nak_seen;
     /* consumer (nic_lock) */
-    uint64_t             tail;
-    uint32_t             rcv_nxt;
-    uint32_t             ack;      /* published ack */
-    int                  rx_drop;  /* after RNR_EXC: requests are consumed and dropped */
-    int                  zombie;   /* our requester got RNR_EXC: ep in ERROR, connection kept */
-    uint64_t             rnr_at;   /* holding the record at tail until then (ns) */
-    unsigned             rnr_tries;
-    uint8_t              peer_rnr_retry, peer_rnr_timer_ms;
-    int                  sleeping; /* mine->sleeping is set */
-    int                  kick;     /* we changed something the peer waits for */
+    uint64_t tail;
+    uint32_t rcv_nxt;
+    uint32_t ack;    /* published ack */
+    int rx_drop;     /* after RNR_EXC: requests are consumed and dropped */
+    int zombie;      /* our requester got RNR_EXC: ep in ERROR, connection kept */
+    uint64_t rnr_at; /* holding the record at tail until then (ns) */
+    unsigned rnr_tries;
+    uint8_t peer_rnr_retry, peer_rnr_timer_ms;
+    int sleeping; /* mine->sleeping is set */
+    int kick;     /* we changed something the peer waits for */
     struct sockaddr_storage peer_addr;
-    socklen_t            peer_addrlen;
-    struct shm_hs        hs;       /* the REQ (passive) */
-    uint32_t             hs_len;
-    struct exs_list      link;     /* ctx->conns */
+    socklen_t peer_addrlen;
+    struct shm_hs hs; /* the REQ (passive) */
+    uint32_t hs_len;
+    struct exs_list link; /* ctx->conns */
 };
 
 struct shm_cm_node {
-    struct exs_list          link;
+    struct exs_list link;
     struct exs_prov_cm_event ev;
 };
 
 struct shm_ctx {
-    struct exs_prov_ctx    base;
-    pthread_mutex_t        nic_lock;
-    pthread_mutex_t        lock;
-    pthread_cond_t         copy_cond;
-    int                    copying;
-    uint64_t               copy_gen;
-    struct shm_key        *copy_key;
-    unsigned               copy_waiters;
-    struct exs_list        mr_hash[SHM_MR_HASH];
-    uint32_t               key_pool[64];
-    unsigned               key_pool_n;
-    int                    epfd;
-    int                    bell;      /* our doorbell: peers write it when we sleep */
-    int                    timerfd;
-    int                    evfd;      /* notification of the consumer */
-    int                    manual;
-    int                    has_thread;
-    pthread_t              thread;
-    int                    stop;
-    int                    armed, evfd_set;
-    struct exs_prov_cqe   *cq;
-    uint32_t               cq_cap, cq_head, cq_count, cq_cap0;
-    uint64_t               cq_reserved;
-    struct exs_list        cm_events;
-    struct exs_list        eps;
-    unsigned               pend_eps;  /* eps with sends waiting for ring room (ctx->lock) */
+    struct exs_prov_ctx base;
+    pthread_mutex_t nic_lock;
+    pthread_mutex_t lock;
+    pthread_cond_t copy_cond;
+    int copying;
+    uint64_t copy_gen;
+    struct shm_key *copy_key;
+    unsigned copy_waiters;
+    struct exs_list mr_hash[SHM_MR_HASH];
+    uint32_t key_pool[64];
+    unsigned key_pool_n;
+    int epfd;
+    int bell; /* our doorbell: peers write it when we sleep */
+    int timerfd;
+    int evfd; /* notification of the consumer */
+    int manual;
+    int has_thread;
+    pthread_t thread;
+    int stop;
+    int armed, evfd_set;
+    struct exs_prov_cqe *cq;
+    uint32_t cq_cap, cq_head, cq_count, cq_cap0;
+    uint64_t cq_reserved;
+    struct exs_list cm_events;
+    struct exs_list eps;
+    unsigned pend_eps; /* eps with sends waiting for ring room (ctx->lock) */
     /* NIC (nic_lock) */
-    struct exs_list        conns;
-    struct exs_list        listeners;
-    uint64_t               timer_armed_ns;
-    unsigned               turn_seq;    /* turns of ctx_progress: descriptors every 8th */
-    int                    collect_now; /* an arm was taken: the next turn reads them */
-    uint32_t               rnr_timer_ms;
-    uint8_t                rnr_retry_max;
-    struct shm_counters    cnt;
+    struct exs_list conns;
+    struct exs_list listeners;
+    uint64_t timer_armed_ns;
+    unsigned turn_seq; /* turns of ctx_progress: descriptors every 8th */
+    int collect_now;   /* an arm was taken: the next turn reads them */
+    uint32_t rnr_timer_ms;
+    uint8_t rnr_retry_max;
+    struct shm_counters cnt;
     struct exs_counter_set cset;
 };
 
@@ -336,8 +336,12 @@ extern int exs__shm_tsan_token;
 #define SHM_TSAN_RELEASE() __tsan_release(&exs__shm_tsan_token)
 #define SHM_TSAN_ACQUIRE() __tsan_acquire(&exs__shm_tsan_token)
 #else
-#define SHM_TSAN_RELEASE() do { } while (0)
-#define SHM_TSAN_ACQUIRE() do { } while (0)
+#define SHM_TSAN_RELEASE()                                                                         \
+    do {                                                                                           \
+    } while (0)
+#define SHM_TSAN_ACQUIRE()                                                                         \
+    do {                                                                                           \
+    } while (0)
 #endif
 
 static inline struct shm_ctx *shm_ctx_of(struct exs_prov_ctx *c)
@@ -362,14 +366,14 @@ void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
                              const struct exs_prov_listener *lis);
 /* ctx->lock held: queue a WR_FLUSH_ERR completion of ep. */
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op);
-int  exs__shm_cq_reserve_locked(struct shm_ctx *ctx, uint64_t n);
+int exs__shm_cq_reserve_locked(struct shm_ctx *ctx, uint64_t n);
 void exs__shm_cq_unreserve_locked(struct shm_ctx *ctx, uint64_t n);
-int  exs__shm_epoll_add(struct shm_ctx *ctx, int fd, void *ptr, unsigned tag);
+int exs__shm_epoll_add(struct shm_ctx *ctx, int fd, void *ptr, unsigned tag);
 void exs__shm_epoll_del(struct shm_ctx *ctx, int fd);
 /* One turn of the NIC role (nic_lock held): socket events when collect (2: the NIC
  * thread's turn, which also takes back its sleeping flags), then every connection's ring.
  * Returns > 0 when it did something. */
-int  exs__shm_turn(struct shm_ctx *ctx, int collect);
+int exs__shm_turn(struct shm_ctx *ctx, int collect);
 /* Wake whoever drives (the NIC thread, or a MANUAL sleeper): work was queued. */
 void exs__shm_ctx_wake(struct shm_ctx *ctx);
 void exs__shm_timer_set(struct shm_ctx *ctx, uint64_t at_ns);
@@ -377,43 +381,43 @@ void exs__shm_timer_set(struct shm_ctx *ctx, uint64_t at_ns);
 enum { SHM_TAG_CONN = 0, SHM_TAG_LIS = 1, SHM_TAG_PID = 2, SHM_TAG_CTX = 3, SHM_TAG_MASK = 3 };
 
 /* shm_mr.c */
-int  exs__shm_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
-                     struct exs_prov_mr **mr_p);
-int  exs__shm_mr_dereg(struct exs_prov_mr *mr);
-int  exs__shm_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
-                    unsigned access, struct exs_prov_grant **grant_p);
+int exs__shm_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
+                    struct exs_prov_mr **mr_p);
+int exs__shm_mr_dereg(struct exs_prov_mr *mr);
+int exs__shm_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
+                   unsigned access, struct exs_prov_grant **grant_p);
 void exs__shm_revoke(struct exs_prov_grant *grant);
 void exs__shm_ep_revoke_all_locked(struct shm_ep *ep);
-int  exs__shm_check_local_locked(struct shm_ctx *ctx, const struct exs_prov_sge *sge, int n,
-                                 unsigned access);
+int exs__shm_check_local_locked(struct shm_ctx *ctx, const struct exs_prov_sge *sge, int n,
+                                unsigned access);
 /* NIC: raise the copy fence over a live key of ep covering [addr, addr+len) with access;
  * -EACCES when there is none. ctx->lock not held. */
-int  exs__shm_fence_remote(struct shm_ctx *ctx, struct shm_ep *ep, uint32_t rkey, uint64_t addr,
-                           uint64_t len, unsigned access, struct shm_key **key_p);
+int exs__shm_fence_remote(struct shm_ctx *ctx, struct shm_ep *ep, uint32_t rkey, uint64_t addr,
+                          uint64_t len, unsigned access, struct shm_key **key_p);
 /* Between two chunks of one copy, the fence still up: 0 to go on, or -EACCES when the key
  * was killed meanwhile (the fence is then down: no exs__shm_fence_end). */
-int  exs__shm_fence_next(struct shm_ctx *ctx, struct shm_key *key);
+int exs__shm_fence_next(struct shm_ctx *ctx, struct shm_key *key);
 void exs__shm_fence_end(struct shm_ctx *ctx);
 
 /* shm_cm.c */
-int  exs__shm_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
-                        struct exs_prov_ep **ep_p);
+int exs__shm_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
+                       struct exs_prov_ep **ep_p);
 void exs__shm_ep_destroy(struct exs_prov_ep *ep);
 enum exs_prov_ep_state exs__shm_ep_state(struct exs_prov_ep *ep);
-int  exs__shm_ep_local_addr(struct exs_prov_ep *ep, struct sockaddr_storage *addr,
-                            socklen_t *addrlen);
-int  exs__shm_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
-                     int backlog, void *user, struct exs_prov_listener **lis_p);
-int  exs__shm_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
-                            socklen_t *addrlen);
+int exs__shm_ep_local_addr(struct exs_prov_ep *ep, struct sockaddr_storage *addr,
+                           socklen_t *addrlen);
+int exs__shm_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
+                    int backlog, void *user, struct exs_prov_listener **lis_p);
+int exs__shm_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
+                           socklen_t *addrlen);
 void exs__shm_listener_destroy(struct exs_prov_listener *lis);
-int  exs__shm_listener_pause(struct exs_prov_listener *lis, int pause);
-int  exs__shm_connect(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
-                      const void *pd, uint32_t pdlen);
-int  exs__shm_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *pd,
-                     uint32_t pdlen);
-int  exs__shm_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen);
-int  exs__shm_disconnect(struct exs_prov_ep *ep);
+int exs__shm_listener_pause(struct exs_prov_listener *lis, int pause);
+int exs__shm_connect(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
+                     const void *pd, uint32_t pdlen);
+int exs__shm_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *pd,
+                    uint32_t pdlen);
+int exs__shm_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen);
+int exs__shm_disconnect(struct exs_prov_ep *ep);
 void exs__shm_listener_ready(struct shm_listener *lis);
 void exs__shm_conn_readable(struct shm_conn *conn, uint32_t events);
 void exs__shm_conn_peer_died(struct shm_conn *conn);
@@ -426,33 +430,33 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep);
 
 /* shm_cm.c: shared with shm_lis.c */
 struct sockaddr_un;
-int  exs__shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx *ctx,
-                      const struct shm_ep *ep, const void *pd, uint32_t pdlen, const int *fds,
-                      int nfds, unsigned sport);
+int exs__shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx *ctx,
+                     const struct shm_ep *ep, const void *pd, uint32_t pdlen, const int *fds,
+                     int nfds, unsigned sport);
 struct shm_conn *exs__shm_conn_new(struct shm_ctx *ctx, int fd, int side);
 /* SO_PEERCRED: our user only; the peer's pid and a pidfd watched for its exit. */
-int  exs__shm_conn_peer(struct shm_conn *conn);
+int exs__shm_conn_peer(struct shm_conn *conn);
 /* conn is DEAD (freed by the next turn): detached from its ep, descriptors closed. */
 void exs__shm_conn_detach(struct shm_conn *conn);
 void exs__shm_req_free(struct shm_conn *conn);
 
 /* shm_lis.c */
 socklen_t exs__shm_unix_name(struct sockaddr_un *un, unsigned port);
-int  exs__shm_addr_port(const struct sockaddr *sa, socklen_t len, unsigned *port_p);
+int exs__shm_addr_port(const struct sockaddr *sa, socklen_t len, unsigned *port_p);
 /* 1 when sa is this host's: a wildcard, loopback, or an address of one of its interfaces. */
-int  exs__shm_addr_local(const struct sockaddr *sa);
+int exs__shm_addr_local(const struct sockaddr *sa);
 void exs__shm_loopback(struct sockaddr_storage *ss, socklen_t *len, int family, unsigned port);
 
 /* shm_data.c */
-int  exs__shm_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
-int  exs__shm_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
+int exs__shm_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
+int exs__shm_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
 /* ctx->lock held: write the ep's waiting sends into the ring while it has room. */
 void exs__shm_ep_push_locked(struct shm_ep *ep);
 /* nic_lock held: carry out the peer's requests and take its answers to ours. > 0 when
  * something happened; the connection may have ended. */
-int  exs__shm_conn_service(struct shm_conn *conn);
+int exs__shm_conn_service(struct shm_conn *conn);
 /* 1 when conn has work a turn would do now (read with the sleeping flag set). */
-int  exs__shm_conn_busy(struct shm_conn *conn);
+int exs__shm_conn_busy(struct shm_conn *conn);
 /* After a change the peer waits for: write its bell when it sleeps. */
 void exs__shm_conn_kick(struct shm_conn *conn);
 

@@ -33,8 +33,8 @@
 /* ---- handshake messages ---- */
 
 int exs__shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx *ctx,
-                       const struct shm_ep *ep, const void *pd, uint32_t pdlen, const int *fds,
-                       int nfds, unsigned sport)
+                     const struct shm_ep *ep, const void *pd, uint32_t pdlen, const int *fds,
+                     int nfds, unsigned sport)
 {
     struct shm_hs hs;
     union {
@@ -87,7 +87,7 @@ static int shm_hs_recv(int fd, struct shm_hs *hs, int fds[2], int *nfds)
         struct cmsghdr c;
         char buf[CMSG_SPACE(4 * sizeof(int))];
     } u;
-    struct iovec iov = { .iov_base = hs, .iov_len = sizeof(*hs) };
+    struct iovec iov = {.iov_base = hs, .iov_len = sizeof(*hs)};
     struct msghdr msg;
     struct cmsghdr *c;
     ssize_t n;
@@ -132,9 +132,8 @@ static void shm_close_fds(const int *fds, int n)
         close(fds[i]);
 }
 
-static void shm_event_ep(struct shm_ctx *ctx, enum exs_prov_cm_event_type type,
-                         struct shm_ep *ep, int status, unsigned flags, const void *pd,
-                         uint32_t pdlen)
+static void shm_event_ep(struct shm_ctx *ctx, enum exs_prov_cm_event_type type, struct shm_ep *ep,
+                         int status, unsigned flags, const void *pd, uint32_t pdlen)
 {
     struct exs_prov_cm_event ev;
 
@@ -244,11 +243,11 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
             struct shm_wr *wr = exs_list_entry(l, struct shm_wr, link);
 
             if (!ep->destroyed)
-                exs__shm_flush_cqe_locked(ep, wr->wr_id,
-                                          wr->opcode == EXS_PROV_WR_RDMA_READ ? EXS_PROV_WC_RDMA_READ
-                                          : wr->opcode >= EXS_PROV_WR_RDMA_WRITE
-                                              ? EXS_PROV_WC_RDMA_WRITE
-                                              : EXS_PROV_WC_SEND);
+                exs__shm_flush_cqe_locked(
+                    ep, wr->wr_id,
+                    wr->opcode == EXS_PROV_WR_RDMA_READ    ? EXS_PROV_WC_RDMA_READ
+                    : wr->opcode >= EXS_PROV_WR_RDMA_WRITE ? EXS_PROV_WC_RDMA_WRITE
+                                                           : EXS_PROV_WC_SEND);
             free(wr);
         }
     }
@@ -303,8 +302,8 @@ void exs__shm_conn_end(struct shm_conn *conn, int status, unsigned flags, int se
     if (conn->state == SHM_CONN_DEAD)
         return;
     if (send_disc && conn->fd >= 0)
-        (void)exs__shm_hs_send(conn->fd, SHM_HS_DISC, send_disc == 2 ? SHM_HSF_CLOSED : 0, conn->ctx,
-                          NULL, NULL, 0, NULL, 0, 0);
+        (void)exs__shm_hs_send(conn->fd, SHM_HS_DISC, send_disc == 2 ? SHM_HSF_CLOSED : 0,
+                               conn->ctx, NULL, NULL, 0, NULL, 0, 0);
     EXS_DBG(PROV, "shm conn %p: ends, status %d", (void *)conn, status);
     exs__shm_conn_detach(conn);
     if (ep)
@@ -360,8 +359,7 @@ static void shm_conn_got_req(struct shm_conn *conn, const struct shm_hs *hs, int
     void *seg;
     int seals;
 
-    if (hs->type != SHM_HS_REQ || nfds != 2 || hs->seg_bytes != SHM_SEG_BYTES ||
-        hs->rnr_retry > 7)
+    if (hs->type != SHM_HS_REQ || nfds != 2 || hs->seg_bytes != SHM_SEG_BYTES || hs->rnr_retry > 7)
         goto bogus;
     /* the segment must keep its size whatever the peer does: sealed, so that no page of it
      * can vanish under us (SIGBUS) */
@@ -407,8 +405,7 @@ bogus:
 }
 
 /* active: ACCEPT or REJECT */
-static void shm_conn_got_reply(struct shm_conn *conn, const struct shm_hs *hs, int *fds,
-                               int nfds)
+static void shm_conn_got_reply(struct shm_conn *conn, const struct shm_hs *hs, int *fds, int nfds)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
@@ -589,8 +586,7 @@ enum exs_prov_ep_state exs__shm_ep_state(struct exs_prov_ep *e)
     return (enum exs_prov_ep_state)st;
 }
 
-int exs__shm_ep_local_addr(struct exs_prov_ep *e, struct sockaddr_storage *addr,
-                           socklen_t *addrlen)
+int exs__shm_ep_local_addr(struct exs_prov_ep *e, struct sockaddr_storage *addr, socklen_t *addrlen)
 {
     struct shm_ep *ep = shm_ep_of(e);
     int ret = -ENOTCONN;
@@ -656,8 +652,7 @@ static int shm_connect_nic(struct shm_ctx *ctx, struct shm_ep *ep, const struct 
         ret = -errno;
     if (!ret && (ftruncate(mfd, SHM_SEG_BYTES) < 0 || fcntl(mfd, F_ADD_SEALS, SHM_SEALS) < 0))
         ret = -errno;
-    seg = ret ? MAP_FAILED
-              : mmap(NULL, SHM_SEG_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    seg = ret ? MAP_FAILED : mmap(NULL, SHM_SEG_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
     if (!ret && seg == MAP_FAILED)
         ret = -errno;
     if (!ret) {

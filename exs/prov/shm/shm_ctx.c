@@ -70,7 +70,7 @@ void exs__shm_ctx_wake(struct shm_ctx *ctx)
 
 int exs__shm_epoll_add(struct shm_ctx *ctx, int fd, void *ptr, unsigned tag)
 {
-    struct epoll_event ev = { .events = EPOLLIN };
+    struct epoll_event ev = {.events = EPOLLIN};
 
     ev.data.u64 = (uint64_t)(uintptr_t)ptr | tag;
     if (tag == SHM_TAG_CONN)
@@ -139,9 +139,8 @@ int exs__shm_cq_reserve_locked(struct shm_ctx *ctx, uint64_t n)
     if (want > ctx->base.caps.max_cqe)
         return -ENOBUFS;
     if (want > ctx->cq_cap) {
-        ret = shm_cq_resize_locked(
-            ctx, (uint32_t)EXS_MIN(EXS_MAX(want, (uint64_t)ctx->cq_cap * 2),
-                                   (uint64_t)ctx->base.caps.max_cqe));
+        ret = shm_cq_resize_locked(ctx, (uint32_t)EXS_MIN(EXS_MAX(want, (uint64_t)ctx->cq_cap * 2),
+                                                          (uint64_t)ctx->base.caps.max_cqe));
         if (ret)
             return ret;
     }
@@ -161,8 +160,7 @@ void exs__shm_cq_unreserve_locked(struct shm_ctx *ctx, uint64_t n)
         (void)shm_cq_resize_locked(ctx, (uint32_t)cap);
 }
 
-void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep,
-                             const struct exs_prov_cqe *cqe)
+void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep, const struct exs_prov_cqe *cqe)
 {
     /* cannot be full: every ep reserved what it can produce, posts refuse beyond it */
     EXS_ASSERT(ctx->cq_count < ctx->cq_cap);
@@ -198,7 +196,8 @@ void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
 {
     struct exs_list *pos, *tmp;
 
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
+    exs_list_for_each_safe(pos, tmp, &ctx->cm_events)
+    {
         struct shm_cm_node *n = exs_list_entry(pos, struct shm_cm_node, link);
         int req = n->ev.type == EXS_PROV_CM_CONNECT_REQUEST;
 
@@ -268,7 +267,8 @@ static int shm_rings(struct shm_ctx *ctx, int wake_up)
     struct exs_list *pos, *tmp;
     int did = 0;
 
-    exs_list_for_each_safe(pos, tmp, &ctx->conns) {
+    exs_list_for_each_safe(pos, tmp, &ctx->conns)
+    {
         struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
 
         if (conn->state == SHM_CONN_UP) {
@@ -332,7 +332,8 @@ static int shm_prepare_sleep(struct shm_ctx *ctx)
     struct exs_list *pos;
     int busy = 0;
 
-    exs_list_for_each(pos, &ctx->conns) {
+    exs_list_for_each(pos, &ctx->conns)
+    {
         struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
 
         if (conn->state != SHM_CONN_UP)
@@ -343,7 +344,8 @@ static int shm_prepare_sleep(struct shm_ctx *ctx)
         conn->sleeping = 1;
         __atomic_store_n(&conn->mine->sleeping, 1, __ATOMIC_SEQ_CST);
     }
-    exs_list_for_each(pos, &ctx->conns) {
+    exs_list_for_each(pos, &ctx->conns)
+    {
         struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
 
         if (conn->state == SHM_CONN_UP && exs__shm_conn_busy(conn)) {
@@ -560,8 +562,7 @@ static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     if (!ret)
         ret = exs__shm_epoll_add(ctx, ctx->bell, (void *)(uintptr_t)SHM_CTX_BELL, SHM_TAG_CTX);
     if (!ret)
-        ret = exs__shm_epoll_add(ctx, ctx->timerfd, (void *)(uintptr_t)SHM_CTX_TIMER,
-                                 SHM_TAG_CTX);
+        ret = exs__shm_epoll_add(ctx, ctx->timerfd, (void *)(uintptr_t)SHM_CTX_TIMER, SHM_TAG_CTX);
     if (!ret && ctx->manual)
         ret = exs__shm_epoll_add(ctx, ctx->evfd, (void *)(uintptr_t)SHM_CTX_EVFD, SHM_TAG_CTX);
     if (!ret && !ctx->manual) {

@@ -150,8 +150,7 @@ static int shm_peer_tail_locked(struct shm_conn *conn, uint64_t *tail_p)
 }
 
 /* ctx->lock held: write wr as a record at conn->head; 0, or -ENOSPC without room. */
-static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
-                         uint64_t tail)
+static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr, uint64_t tail)
 {
     struct shm_rsge rs[SHM_MAX_SGE];
     struct shm_rec rec;
@@ -256,9 +255,8 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     uint64_t total = 0;
     int inl, wake = 0;
 
-    if (EXS_UNLIKELY(!swr || (unsigned)swr->opcode > EXS_PROV_WR_RDMA_READ ||
-                     swr->num_sge < 0 || (uint32_t)swr->num_sge > caps->max_sge ||
-                     (swr->num_sge && !swr->sg_list)))
+    if (EXS_UNLIKELY(!swr || (unsigned)swr->opcode > EXS_PROV_WR_RDMA_READ || swr->num_sge < 0 ||
+                     (uint32_t)swr->num_sge > caps->max_sge || (swr->num_sge && !swr->sg_list)))
         return -EINVAL;
     for (int i = 0; i < swr->num_sge; i++)
         total += swr->sg_list[i].length;
@@ -292,9 +290,9 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     }
 
     pthread_mutex_lock(&ctx->lock);
-    if (!inl && exs__shm_check_local_locked(ctx, wr->sge, wr->num_sge,
-                                            swr->opcode == EXS_PROV_WR_RDMA_READ
-                                                ? EXS_PROV_ACCESS_LOCAL_WRITE : 0))
+    if (!inl && exs__shm_check_local_locked(
+                    ctx, wr->sge, wr->num_sge,
+                    swr->opcode == EXS_PROV_WR_RDMA_READ ? EXS_PROV_ACCESS_LOCAL_WRITE : 0))
         wr->bad = 1;
     if (EXS_UNLIKELY(ep->state == EXS_PROV_EP_IDLE || ep->state == EXS_PROV_EP_CONNECTING)) {
         pthread_mutex_unlock(&ctx->lock);
@@ -344,8 +342,8 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
     if (in->num_sge)
         memcpy(rwr->sge, in->sg_list, (size_t)in->num_sge * sizeof(rwr->sge[0]));
     pthread_mutex_lock(&ctx->lock);
-    rwr->bad = exs__shm_check_local_locked(ctx, rwr->sge, rwr->num_sge,
-                                           EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
+    rwr->bad =
+        exs__shm_check_local_locked(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
     if (ep->rq_count + ep->cq_rq >= ep->base.attr.max_recv_wr) {
         pthread_mutex_unlock(&ctx->lock);
         free(rwr);
@@ -382,8 +380,8 @@ static enum exs_prov_wc_status shm_syn_status(uint32_t syn)
 static void shm_proto_error(struct shm_conn *conn, const char *what)
 {
     EXS_CNT_INC(conn->ctx->cnt.protocol_errors);
-    EXS_WARN(PROV, "shm conn %p (peer pid %d): %s: protocol error, connection ended",
-             (void *)conn, (int)conn->pid, what);
+    EXS_WARN(PROV, "shm conn %p (peer pid %d): %s: protocol error, connection ended", (void *)conn,
+             (int)conn->pid, what);
     exs__shm_conn_end(conn, -EPROTO, 0, 1);
 }
 
@@ -488,9 +486,8 @@ static int shm_refuse(struct shm_conn *conn, uint32_t psn, uint32_t syn)
     return -1;
 }
 
-static void shm_recv_done(struct shm_conn *conn, struct shm_rwr *rwr,
-                          enum exs_prov_wc_status st, enum exs_prov_wc_opcode op, uint32_t len,
-                          const struct shm_rec *rec)
+static void shm_recv_done(struct shm_conn *conn, struct shm_rwr *rwr, enum exs_prov_wc_status st,
+                          enum exs_prov_wc_opcode op, uint32_t len, const struct shm_rec *rec)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
@@ -668,8 +665,8 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
     }
     /* WRITE (with or without a receive) or READ: the key, then one copy under the fence */
     if (rec->len) {
-        unsigned acc = rec->type == SHM_REC_WRITE ? EXS_PROV_ACCESS_REMOTE_WRITE
-                                                  : EXS_PROV_ACCESS_REMOTE_READ;
+        unsigned acc =
+            rec->type == SHM_REC_WRITE ? EXS_PROV_ACCESS_REMOTE_WRITE : EXS_PROV_ACCESS_REMOTE_READ;
 
         if (exs__shm_fence_remote(ctx, conn->ep, rec->rkey, rec->raddr, rec->len, acc, &key)) {
             EXS_CNT_INC(ctx->cnt.access_errors);

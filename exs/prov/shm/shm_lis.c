@@ -152,8 +152,8 @@ int exs__shm_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
     lis->ctx = ctx;
     lis->fd = fd;
     memcpy(&lis->addr, addr, EXS_MIN((size_t)addrlen, sizeof(lis->addr)));
-    lis->addrlen = addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
-                                              : sizeof(struct sockaddr_in6);
+    lis->addrlen =
+        addr->sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
     if (addr->sa_family == AF_INET)
         ((struct sockaddr_in *)&lis->addr)->sin_port = htons((uint16_t)port);
     else
@@ -216,7 +216,8 @@ void exs__shm_listener_destroy(struct exs_prov_listener *l)
     pthread_mutex_lock(&ctx->nic_lock);
     exs__shm_epoll_del(ctx, lis->fd);
     close(lis->fd);
-    exs_list_for_each_safe(pos, tmp, &ctx->conns) {
+    exs_list_for_each_safe(pos, tmp, &ctx->conns)
+    {
         struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
 
         if (conn->lis != lis)
@@ -254,4 +255,3 @@ int exs__shm_listener_pause(struct exs_prov_listener *l, int pause)
     pthread_mutex_unlock(&ctx->nic_lock);
     return 0;
 }
-

@@ -20,7 +20,8 @@ static struct shm_key *shm_key_find(struct shm_ctx *ctx, uint32_t key)
 {
     struct exs_list *pos, *b = shm_bucket(ctx, key);
 
-    exs_list_for_each(pos, b) {
+    exs_list_for_each(pos, b)
+    {
         struct shm_key *k = exs_list_entry(pos, struct shm_key, link);
 
         if (k->key == key)

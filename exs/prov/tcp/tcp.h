@@ -43,20 +43,20 @@
  * running at that instant (one non-blocking readv/sendmsg), never for the peer.
  */
 
-#define TCP_MR_HASH       256
-#define TCP_RX_BUDGET     (1u << 20) /* bytes read per connection per loop turn */
-#define TCP_STG_LEN       4096       /* read-ahead of an UP connection at a frame start */
-#define TCP_ACK_EVERY     16         /* requests between forced ACKs */
-#define TCP_MAX_RD        16         /* RDMA_READs outstanding per ep */
-#define TCP_CTRL_MAX(ctx) ((ctx)->ctrl_max) /* responder frames queued before reading stops */
-#define TCP_LINGER_NS     2000000000ull
-#define TCP_TX_IOV        64
-#define TCP_LOWAT_MIN     (256u << 10) /* payload left for SO_RCVLOWAT to be worth raising */
-#define TCP_LOWAT_MAX     (1u << 20) /* SO_RCVLOWAT at most (the kernel caps it too) */
-#define TCP_RESP_COPY_MAX 65536      /* READ responses copied when they cannot leave at once */
-#define TCP_BACKOFF_MIN_MS 100       /* accept out of descriptors: first pause */
-#define TCP_BACKOFF_MAX_MS 1000      /* pauses double up to this */
-#define TCP_LISTEN_QUEUE   65535     /* listen(2) backlog; the kernel caps it (somaxconn) */
+#define TCP_MR_HASH        256
+#define TCP_RX_BUDGET      (1u << 20)        /* bytes read per connection per loop turn */
+#define TCP_STG_LEN        4096              /* read-ahead of an UP connection at a frame start */
+#define TCP_ACK_EVERY      16                /* requests between forced ACKs */
+#define TCP_MAX_RD         16                /* RDMA_READs outstanding per ep */
+#define TCP_CTRL_MAX(ctx)  ((ctx)->ctrl_max) /* responder frames queued before reading stops */
+#define TCP_LINGER_NS      2000000000ull
+#define TCP_TX_IOV         64
+#define TCP_LOWAT_MIN      (256u << 10) /* payload left for SO_RCVLOWAT to be worth raising */
+#define TCP_LOWAT_MAX      (1u << 20)   /* SO_RCVLOWAT at most (the kernel caps it too) */
+#define TCP_RESP_COPY_MAX  65536        /* READ responses copied when they cannot leave at once */
+#define TCP_BACKOFF_MIN_MS 100          /* accept out of descriptors: first pause */
+#define TCP_BACKOFF_MAX_MS 1000         /* pauses double up to this */
+#define TCP_LISTEN_QUEUE   65535        /* listen(2) backlog; the kernel caps it (somaxconn) */
 
 struct tcp_ctx;
 struct tcp_conn;
@@ -106,28 +106,28 @@ struct tcp_counters {
  * ep of the ctx, as a PD-wide verbs MR) or a grant (valid on its one ep). Every
  * field is under ctx->mr_lock. */
 struct tcp_key {
-    struct exs_list  link;   /* ctx->mr_hash bucket, while live */
-    uint32_t         key;
-    uint64_t         addr;   /* first byte the key reaches */
-    uint64_t         length; /* bytes */
-    unsigned         access; /* EXS_PROV_ACCESS_* (grant: exactly one remote right) */
-    struct tcp_ep   *ep;     /* grant: the one ep; NULL for an mr */
-    int              live;   /* in the hash; cleared by revoke / mr_dereg */
-    int              orphan; /* dead and its owner returned: the last put frees it */
-    unsigned         users;  /* NIC references: a WRITE being placed, queued READ_RESPs */
+    struct exs_list link; /* ctx->mr_hash bucket, while live */
+    uint32_t key;
+    uint64_t addr;     /* first byte the key reaches */
+    uint64_t length;   /* bytes */
+    unsigned access;   /* EXS_PROV_ACCESS_* (grant: exactly one remote right) */
+    struct tcp_ep *ep; /* grant: the one ep; NULL for an mr */
+    int live;          /* in the hash; cleared by revoke / mr_dereg */
+    int orphan;        /* dead and its owner returned: the last put frees it */
+    unsigned users;    /* NIC references: a WRITE being placed, queued READ_RESPs */
 };
 
 struct tcp_mr {
     struct exs_prov_mr base;
-    struct tcp_key     key;
-    unsigned           grants; /* live grants inside this mr (mr_lock) */
+    struct tcp_key key;
+    unsigned grants; /* live grants inside this mr (mr_lock) */
 };
 
 struct tcp_grant {
     struct exs_prov_grant base;
-    struct tcp_key        key;
-    struct tcp_mr        *mr;
-    struct exs_list       ep_link; /* ep->grants (mr_lock) */
+    struct tcp_key key;
+    struct tcp_mr *mr;
+    struct exs_list ep_link; /* ep->grants (mr_lock) */
 };
 
 /* A frame on a connection's transmit queue. */
@@ -138,18 +138,18 @@ enum tcp_txf_kind {
 };
 
 struct tcp_txf {
-    struct exs_list            link;  /* conn->txq */
-    enum tcp_txf_kind          kind;
-    struct tcp_wire_hdr        hdr;   /* network order */
-    const struct exs_prov_sge *seg;   /* payload segments (addr, length) */
-    int                        nseg;
-    struct exs_prov_sge        one;   /* storage when the payload is one segment */
-    uint64_t                   total; /* header + payload bytes */
-    uint64_t                   off;   /* bytes already written */
-    uint64_t                   ready_ns; /* emulation: not before this time */
-    int                        emu_ok;   /* emulation: cleared to start */
-    struct tcp_key            *key;   /* READ_RESP: the key read (users held) */
-    uint8_t                    buf[]; /* CTRL payload */
+    struct exs_list link; /* conn->txq */
+    enum tcp_txf_kind kind;
+    struct tcp_wire_hdr hdr;        /* network order */
+    const struct exs_prov_sge *seg; /* payload segments (addr, length) */
+    int nseg;
+    struct exs_prov_sge one; /* storage when the payload is one segment */
+    uint64_t total;          /* header + payload bytes */
+    uint64_t off;            /* bytes already written */
+    uint64_t ready_ns;       /* emulation: not before this time */
+    int emu_ok;              /* emulation: cleared to start */
+    struct tcp_key *key;     /* READ_RESP: the key read (users held) */
+    uint8_t buf[];           /* CTRL payload */
 };
 
 /* A posted send work request. */
@@ -160,98 +160,98 @@ enum tcp_wr_state {
 };
 
 struct tcp_wr {
-    struct exs_list      link;      /* ep->sq_pend, then ep->sq */
-    uint64_t             wr_id;
-    uint8_t              opcode;    /* enum exs_prov_wr_opcode */
-    uint8_t              state;     /* enum tcp_wr_state */
-    uint8_t              bad;       /* local protection error found at post time */
-    uint8_t              signaled;
-    uint8_t              fence;
-    int                  num_sge;
-    uint32_t             len;       /* total payload (READ: length to read) */
-    uint32_t             imm;
-    uint64_t             raddr;
-    uint32_t             rkey;
-    uint32_t             psn;
-    uint64_t             post_ns;   /* emulation: enqueue time */
-    struct tcp_txf       txf;       /* must stay last but one */
-    struct exs_prov_sge  sge[];     /* num_sge entries, then inline data */
+    struct exs_list link; /* ep->sq_pend, then ep->sq */
+    uint64_t wr_id;
+    uint8_t opcode; /* enum exs_prov_wr_opcode */
+    uint8_t state;  /* enum tcp_wr_state */
+    uint8_t bad;    /* local protection error found at post time */
+    uint8_t signaled;
+    uint8_t fence;
+    int num_sge;
+    uint32_t len; /* total payload (READ: length to read) */
+    uint32_t imm;
+    uint64_t raddr;
+    uint32_t rkey;
+    uint32_t psn;
+    uint64_t post_ns;          /* emulation: enqueue time */
+    struct tcp_txf txf;        /* must stay last but one */
+    struct exs_prov_sge sge[]; /* num_sge entries, then inline data */
 };
 
 struct tcp_rwr {
-    struct exs_list     link;   /* ep->rq */
-    uint64_t            wr_id;
-    int                 num_sge;
-    int                 bad;
-    uint64_t            len;
+    struct exs_list link; /* ep->rq */
+    uint64_t wr_id;
+    int num_sge;
+    int bad;
+    uint64_t len;
     struct exs_prov_sge sge[];
 };
 
 struct tcp_ep {
     struct exs_prov_ep base;
-    struct tcp_ctx    *ctx;
-    pthread_mutex_t    lock;
-    int                state;        /* enum exs_prov_ep_state; written under lock */
-    struct sockaddr_storage local;   /* local address once connected (lock) */
-    socklen_t          local_len;    /* 0 until connected (lock) */
-    struct exs_list    sq_pend;      /* posted, not yet taken by the NIC (lock) */
-    struct exs_list    rq;           /* posted receives (lock) */
-    uint32_t           sq_used;      /* slots incl. unsignaled not yet retired (lock) */
-    uint32_t           sq_unretired; /* completed unsignaled WRs holding a slot (lock) */
-    uint32_t           rq_count;     /* posted receives incl. one being filled (lock) */
+    struct tcp_ctx *ctx;
+    pthread_mutex_t lock;
+    int state;                     /* enum exs_prov_ep_state; written under lock */
+    struct sockaddr_storage local; /* local address once connected (lock) */
+    socklen_t local_len;           /* 0 until connected (lock) */
+    struct exs_list sq_pend;       /* posted, not yet taken by the NIC (lock) */
+    struct exs_list rq;            /* posted receives (lock) */
+    uint32_t sq_used;              /* slots incl. unsignaled not yet retired (lock) */
+    uint32_t sq_unretired;         /* completed unsignaled WRs holding a slot (lock) */
+    uint32_t rq_count;             /* posted receives incl. one being filled (lock) */
     /* completions of this ep in the ctx ring, not yet polled (ctx->lock; read atomically
      * under lock): sq_used + cq_sq <= max_send_wr, rq_count + cq_rq <= max_recv_wr */
-    uint32_t           cq_sq, cq_rq;
-    int                on_work;      /* on ctx->work_eps (ctx->lock) */
-    struct exs_list    work_link;
+    uint32_t cq_sq, cq_rq;
+    int on_work; /* on ctx->work_eps (ctx->lock) */
+    struct exs_list work_link;
     /* NIC (nic_lock) */
-    struct exs_list    sq;           /* framed by the NIC (queued or sent), oldest first */
-    struct exs_list    sq_wait;      /* taken, not framed yet (fence, READ limit, bad sge) */
-    struct tcp_conn   *conn;
-    uint32_t           snd_nxt;      /* next request psn */
-    unsigned           reads_out;    /* READs sent and not answered */
-    int                disc_sent;    /* DISCONNECTED queued */
-    int                peer_closed;  /* the peer closed its endpoint (DISCONNECT with F_CLOSED,
-                                      * EOF): DISCONNECTED says EXS_PROV_CM_F_PEER_CLOSED */
-    int                destroyed;
-    struct exs_list    link;         /* ctx->eps (ctx->lock) */
-    struct exs_list    grants;       /* live tcp_grant of this ep (ctx->mr_lock) */
+    struct exs_list sq;      /* framed by the NIC (queued or sent), oldest first */
+    struct exs_list sq_wait; /* taken, not framed yet (fence, READ limit, bad sge) */
+    struct tcp_conn *conn;
+    uint32_t snd_nxt;   /* next request psn */
+    unsigned reads_out; /* READs sent and not answered */
+    int disc_sent;      /* DISCONNECTED queued */
+    int peer_closed;    /* the peer closed its endpoint (DISCONNECT with F_CLOSED,
+                         * EOF): DISCONNECTED says EXS_PROV_CM_F_PEER_CLOSED */
+    int destroyed;
+    struct exs_list link;   /* ctx->eps (ctx->lock) */
+    struct exs_list grants; /* live tcp_grant of this ep (ctx->mr_lock) */
 };
 
 struct tcp_listener {
     struct exs_prov_listener base;
-    struct tcp_ctx          *ctx;
-    int                      fd;
-    struct sockaddr_storage  addr;
-    socklen_t                addrlen;
-    struct exs_list          reqs;   /* NIC: pending tcp_req */
-    struct exs_list          link;   /* ctx->listeners (NIC) */
-    struct exs_list          handshakes;   /* NIC: WAIT_REQ conns, oldest first */
-    unsigned                 n_handshakes;
+    struct tcp_ctx *ctx;
+    int fd;
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    struct exs_list reqs;       /* NIC: pending tcp_req */
+    struct exs_list link;       /* ctx->listeners (NIC) */
+    struct exs_list handshakes; /* NIC: WAIT_REQ conns, oldest first */
+    unsigned n_handshakes;
     /* NIC: descriptor exhaustion back-off */
-    uint64_t                 resume_at;  /* not watched until then; 0 = watched */
-    uint32_t                 backoff_ms; /* last pause, 0 after a successful accept */
-    int                      paused;     /* NIC: listener_pause: not watched until resumed */
-    int                      hs_wait;    /* NIC: handshakes at the bound, none silent long
-                                          * enough to drop: not watched until one leaves or
-                                          * resume_at */
-    int                      hello_logged; /* NIC: a refused hello was logged at info level */
+    uint64_t resume_at;  /* not watched until then; 0 = watched */
+    uint32_t backoff_ms; /* last pause, 0 after a successful accept */
+    int paused;          /* NIC: listener_pause: not watched until resumed */
+    int hs_wait;         /* NIC: handshakes at the bound, none silent long
+                          * enough to drop: not watched until one leaves or
+                          * resume_at */
+    int hello_logged;    /* NIC: a refused hello was logged at info level */
 };
 
 struct tcp_req {
     struct exs_prov_conn_req base;
-    struct tcp_conn         *conn;
-    struct exs_list          link;   /* lis->reqs */
+    struct tcp_conn *conn;
+    struct exs_list link; /* lis->reqs */
 };
 
 enum tcp_conn_state {
-    TCP_CONN_CONNECTING,  /* active: TCP connect in progress */
-    TCP_CONN_WAIT_REPLY,  /* active: CONN_REQ sent, waiting for ACCEPT / REJECT */
-    TCP_CONN_WAIT_REQ,    /* passive: waiting for CONN_REQ */
-    TCP_CONN_PENDING,     /* passive: CONNECT_REQUEST queued, waiting for accept / reject */
-    TCP_CONN_UP,          /* bound to an ep, frames flow */
-    TCP_CONN_LINGER,      /* detached: sending the last frames, then discarding until EOF */
-    TCP_CONN_DEAD,        /* closed; freed at the end of the loop turn */
+    TCP_CONN_CONNECTING, /* active: TCP connect in progress */
+    TCP_CONN_WAIT_REPLY, /* active: CONN_REQ sent, waiting for ACCEPT / REJECT */
+    TCP_CONN_WAIT_REQ,   /* passive: waiting for CONN_REQ */
+    TCP_CONN_PENDING,    /* passive: CONNECT_REQUEST queued, waiting for accept / reject */
+    TCP_CONN_UP,         /* bound to an ep, frames flow */
+    TCP_CONN_LINGER,     /* detached: sending the last frames, then discarding until EOF */
+    TCP_CONN_DEAD,       /* closed; freed at the end of the loop turn */
 };
 
 /* How exs__tcp_conn_fail ends an UP connection (the other states end as their row of the
@@ -271,75 +271,75 @@ enum tcp_fail_event {
 };
 
 enum tcp_rx_phase {
-    TCP_RX_HDR,      /* collecting a header */
-    TCP_RX_HOLD,     /* header parsed, waiting (RNR) */
-    TCP_RX_PAYLOAD,  /* placing payload into rx_seg */
-    TCP_RX_CONN,     /* handshake payload into conn->hs */
+    TCP_RX_HDR,     /* collecting a header */
+    TCP_RX_HOLD,    /* header parsed, waiting (RNR) */
+    TCP_RX_PAYLOAD, /* placing payload into rx_seg */
+    TCP_RX_CONN,    /* handshake payload into conn->hs */
 };
 
 struct tcp_conn {
-    struct tcp_ctx      *ctx;
-    int                  fd;
-    enum tcp_conn_state  state;
-    struct tcp_ep       *ep;
-    struct tcp_req      *req;
+    struct tcp_ctx *ctx;
+    int fd;
+    enum tcp_conn_state state;
+    struct tcp_ep *ep;
+    struct tcp_req *req;
     struct tcp_listener *lis;
-    uint32_t             events;     /* current epoll mask */
-    int                  status;     /* LINGER: why it ended */
+    uint32_t events; /* current epoll mask */
+    int status;      /* LINGER: why it ended */
     struct sockaddr_storage peer;
-    socklen_t            peerlen;
+    socklen_t peerlen;
     /* receive */
-    enum tcp_rx_phase    rx_phase;
-    int                  rx_retry;   /* the held header in rh is dispatched again */
-    int                  rx_discard; /* the current payload goes to a sink */
-    int                  rx_drop;    /* after RNR_EXC: requests are consumed and dropped */
-    int                  zombie;     /* requester got RNR_EXC: ep in ERROR, connection kept */
-    int                  hold_resp;  /* holding a SEND/WRITE until READ responses left */
-    unsigned             resp_pending; /* READ_RESPs still reading the region */
-    struct tcp_txf      *last_resp;  /* the newest READ_RESP, while unsent */
-    uint8_t              hbuf[TCP_WIRE_HDR_LEN];
-    uint32_t             hgot;
-    uint8_t             *stg;        /* staging: TCP_STG_LEN bytes read ahead (UP only) */
-    uint32_t             stg_off, stg_len; /* bytes [stg_off, stg_len) not yet placed */
-    int                  rx_again;   /* on ctx->rx_again: staged bytes to place next turn */
-    int                  lowat;      /* the socket's SO_RCVLOWAT as we set it (0: never, 1) */
-    struct exs_list      rx_again_link;
-    struct tcp_wire_hdr  rh;         /* host order */
+    enum tcp_rx_phase rx_phase;
+    int rx_retry;              /* the held header in rh is dispatched again */
+    int rx_discard;            /* the current payload goes to a sink */
+    int rx_drop;               /* after RNR_EXC: requests are consumed and dropped */
+    int zombie;                /* requester got RNR_EXC: ep in ERROR, connection kept */
+    int hold_resp;             /* holding a SEND/WRITE until READ responses left */
+    unsigned resp_pending;     /* READ_RESPs still reading the region */
+    struct tcp_txf *last_resp; /* the newest READ_RESP, while unsent */
+    uint8_t hbuf[TCP_WIRE_HDR_LEN];
+    uint32_t hgot;
+    uint8_t *stg;              /* staging: TCP_STG_LEN bytes read ahead (UP only) */
+    uint32_t stg_off, stg_len; /* bytes [stg_off, stg_len) not yet placed */
+    int rx_again;              /* on ctx->rx_again: staged bytes to place next turn */
+    int lowat;                 /* the socket's SO_RCVLOWAT as we set it (0: never, 1) */
+    struct exs_list rx_again_link;
+    struct tcp_wire_hdr rh; /* host order */
     const struct exs_prov_sge *rx_seg;
-    int                  rx_nseg;
-    struct exs_prov_sge  rx_one;
-    uint64_t             rx_len;     /* payload length of the current frame */
-    uint64_t             rx_off;
-    struct tcp_key      *rx_key;     /* WRITE placement target (users held) */
-    struct tcp_rwr      *rx_rwr;     /* receive being filled */
-    struct tcp_wr       *rx_wr;      /* READ being filled */
-    uint32_t             rcv_nxt;    /* next expected request psn */
-    uint32_t             ack_psn;
-    unsigned             ack_count;  /* requests done and not yet acknowledged */
-    unsigned             rnr_tries;
-    uint8_t              peer_rnr_retry;
-    uint8_t              peer_rnr_timer_ms;
-    uint8_t              hs[TCP_WIRE_CONN_LEN + TCP_WIRE_PD_MAX];
+    int rx_nseg;
+    struct exs_prov_sge rx_one;
+    uint64_t rx_len; /* payload length of the current frame */
+    uint64_t rx_off;
+    struct tcp_key *rx_key; /* WRITE placement target (users held) */
+    struct tcp_rwr *rx_rwr; /* receive being filled */
+    struct tcp_wr *rx_wr;   /* READ being filled */
+    uint32_t rcv_nxt;       /* next expected request psn */
+    uint32_t ack_psn;
+    unsigned ack_count; /* requests done and not yet acknowledged */
+    unsigned rnr_tries;
+    uint8_t peer_rnr_retry;
+    uint8_t peer_rnr_timer_ms;
+    uint8_t hs[TCP_WIRE_CONN_LEN + TCP_WIRE_PD_MAX];
     /* transmit */
-    struct exs_list      txq;
-    struct tcp_txf      *ack_txf;    /* queued ACK not yet started (coalesced) */
-    int                  ack_deferred; /* on ctx->ack_defer (MANUAL: ACK owed, deferred) */
-    struct exs_list      ack_link;
-    unsigned             ctrl_queued;
-    int                  tx_dirty;
-    struct exs_list      dirty_link;
-    uint64_t             emu_next_ns;
-    int                  shut_wr;    /* LINGER: SHUT_WR done */
-    int                  tx_blocked; /* the socket is full: wait for EPOLLOUT */
-    int                  broken;     /* PENDING: the socket died before accept / reject */
+    struct exs_list txq;
+    struct tcp_txf *ack_txf; /* queued ACK not yet started (coalesced) */
+    int ack_deferred;        /* on ctx->ack_defer (MANUAL: ACK owed, deferred) */
+    struct exs_list ack_link;
+    unsigned ctrl_queued;
+    int tx_dirty;
+    struct exs_list dirty_link;
+    uint64_t emu_next_ns;
+    int shut_wr;    /* LINGER: SHUT_WR done */
+    int tx_blocked; /* the socket is full: wait for EPOLLOUT */
+    int broken;     /* PENDING: the socket died before accept / reject */
     /* timers */
-    uint64_t             rnr_at, tx_at, linger_at;
-    int                  on_timer;
-    struct exs_list      timer_link;
-    struct exs_list      hs_link;    /* lis->handshakes while WAIT_REQ */
-    int                  on_hs;
-    uint64_t             hs_at;      /* on_hs: when it was accepted (ns) */
-    struct exs_list      link;       /* ctx->conns or ctx->dead */
+    uint64_t rnr_at, tx_at, linger_at;
+    int on_timer;
+    struct exs_list timer_link;
+    struct exs_list hs_link; /* lis->handshakes while WAIT_REQ */
+    int on_hs;
+    uint64_t hs_at;       /* on_hs: when it was accepted (ns) */
+    struct exs_list link; /* ctx->conns or ctx->dead */
 };
 
 /* A command, run by the caller's thread with nic_lock held (exs__tcp_ctx_call). */
@@ -355,85 +355,85 @@ enum tcp_cmd_type {
 };
 
 struct tcp_cmd {
-    struct exs_list        link;
-    enum tcp_cmd_type      type;
-    struct tcp_ep         *ep;
-    struct tcp_req        *req;
-    struct tcp_listener   *lis;
+    struct exs_list link;
+    enum tcp_cmd_type type;
+    struct tcp_ep *ep;
+    struct tcp_req *req;
+    struct tcp_listener *lis;
     const struct sockaddr *addr;
-    socklen_t              addrlen;
-    const void            *pd;
-    uint32_t               pdlen;
-    int                    pause;   /* LISTENER_PAUSE: 1 pause, 0 go on */
-    int                    ret;
+    socklen_t addrlen;
+    const void *pd;
+    uint32_t pdlen;
+    int pause; /* LISTENER_PAUSE: 1 pause, 0 go on */
+    int ret;
 };
 
 struct tcp_cm_node {
-    struct exs_list          link;
+    struct exs_list link;
     struct exs_prov_cm_event ev;
 };
 
 struct tcp_ctx {
-    struct exs_prov_ctx     base;
-    pthread_mutex_t         nic_lock;   /* the NIC role (see the top of this file) */
-    pthread_mutex_t         lock;
-    pthread_mutex_t         mr_lock;
-    pthread_cond_t          copy_cond;  /* a copy ended while someone waits (mr_lock) */
-    struct exs_list         mr_hash[TCP_MR_HASH]; /* live tcp_key by key (mr_lock) */
+    struct exs_prov_ctx base;
+    pthread_mutex_t nic_lock; /* the NIC role (see the top of this file) */
+    pthread_mutex_t lock;
+    pthread_mutex_t mr_lock;
+    pthread_cond_t copy_cond;             /* a copy ended while someone waits (mr_lock) */
+    struct exs_list mr_hash[TCP_MR_HASH]; /* live tcp_key by key (mr_lock) */
     /* copy fence (mr_lock) */
-    int                     copying;    /* the NIC is copying to / from key memory */
-    uint64_t                copy_gen;   /* copies begun */
-    struct tcp_key         *copy_key;   /* the one key copied to (a WRITE's placement), NULL: any
-                                           (a sendmsg of READ responses) (mr_lock) */
-    unsigned                copy_waiters;
+    int copying;              /* the NIC is copying to / from key memory */
+    uint64_t copy_gen;        /* copies begun */
+    struct tcp_key *copy_key; /* the one key copied to (a WRITE's placement), NULL: any
+                                 (a sendmsg of READ responses) (mr_lock) */
+    unsigned copy_waiters;
     /* key generator (mr_lock) */
-    uint32_t                key_pool[64];
-    unsigned                key_pool_n;
-    uint64_t                key_prng;   /* fallback when getrandom fails */
-    int                     epfd;
-    int                     wakefd;     /* in epfd: work queued for the next turn */
-    int                     timerfd;    /* in epfd: the earliest provider deadline */
-    int                     evfd;       /* default mode: the application's event fd */
-    int                     manual;     /* EXS_PROV_ATTR_MANUAL_PROGRESS: no NIC thread,
-                                           ctx_event_fd is epfd, notifications go to
-                                           wakefd (read-only after open) */
-    int                     has_thread; /* the NIC thread was started */
-    pthread_t               thread;
-    int                     stop;       /* (lock) */
-    int                     armed;      /* (lock) */
-    int                     evfd_set;   /* (lock) evfd written since ctx_arm last read it */
+    uint32_t key_pool[64];
+    unsigned key_pool_n;
+    uint64_t key_prng; /* fallback when getrandom fails */
+    int epfd;
+    int wakefd;     /* in epfd: work queued for the next turn */
+    int timerfd;    /* in epfd: the earliest provider deadline */
+    int evfd;       /* default mode: the application's event fd */
+    int manual;     /* EXS_PROV_ATTR_MANUAL_PROGRESS: no NIC thread,
+                       ctx_event_fd is epfd, notifications go to
+                       wakefd (read-only after open) */
+    int has_thread; /* the NIC thread was started */
+    pthread_t thread;
+    int stop;     /* (lock) */
+    int armed;    /* (lock) */
+    int evfd_set; /* (lock) evfd written since ctx_arm last read it */
     /* completion queue ring (lock) */
-    struct exs_prov_cqe    *cq;
-    uint32_t                cq_cap, cq_head, cq_count;
-    uint32_t                cq_cap0;    /* the ring's first size: it never shrinks below */
-    uint64_t                cq_reserved; /* sum of max_send_wr + max_recv_wr of live eps */
-    struct exs_list         cm_events;  /* tcp_cm_node (lock) */
-    struct exs_list         work_eps;   /* eps with new sends or lost completions (lock) */
-    struct exs_list         eps;        /* (lock) */
+    struct exs_prov_cqe *cq;
+    uint32_t cq_cap, cq_head, cq_count;
+    uint32_t cq_cap0;          /* the ring's first size: it never shrinks below */
+    uint64_t cq_reserved;      /* sum of max_send_wr + max_recv_wr of live eps */
+    struct exs_list cm_events; /* tcp_cm_node (lock) */
+    struct exs_list work_eps;  /* eps with new sends or lost completions (lock) */
+    struct exs_list eps;       /* (lock) */
     /* NIC (nic_lock) */
-    struct exs_list         conns;
-    struct exs_list         dead;
-    struct exs_list         dirty;      /* conns with frames to write */
-    struct exs_list         rx_again;   /* conns with staged bytes they may place now */
-    unsigned                rx_again_n; /* (atomic) its length: a driver must not sleep */
-    unsigned                ctrl_max;   /* EXS_TCP_CTRL_MAX, at least 1 */
-    struct exs_list         timers;     /* conns with a deadline */
-    struct exs_list         listeners;
-    struct exs_list         ack_defer;  /* conns owing a deferred ACK (spec: "ACK deferral") */
-    int                     rx_turn;    /* a turn with epoll_wait runs (ACKs may be deferred) */
-    unsigned                acks_deferred; /* length of ack_defer; atomic (read by ctx_arm) */
-    uint64_t                ack_defer_ns;  /* when the oldest deferred ACK was deferred */
-    int                     ack_flush_now; /* atomic: a consumer wants to sleep: next turn flushes */
-    uint64_t                timer_armed_ns; /* the timerfd's deadline, 0 = disarmed or fired */
-    int                     timers_due;  /* the timerfd fired: run the expired deadlines */
-    int                     timer_rearm; /* a deadline may now be earlier than the armed one */
+    struct exs_list conns;
+    struct exs_list dead;
+    struct exs_list dirty;    /* conns with frames to write */
+    struct exs_list rx_again; /* conns with staged bytes they may place now */
+    unsigned rx_again_n;      /* (atomic) its length: a driver must not sleep */
+    unsigned ctrl_max;        /* EXS_TCP_CTRL_MAX, at least 1 */
+    struct exs_list timers;   /* conns with a deadline */
+    struct exs_list listeners;
+    struct exs_list ack_defer; /* conns owing a deferred ACK (spec: "ACK deferral") */
+    int rx_turn;               /* a turn with epoll_wait runs (ACKs may be deferred) */
+    unsigned acks_deferred;    /* length of ack_defer; atomic (read by ctx_arm) */
+    uint64_t ack_defer_ns;     /* when the oldest deferred ACK was deferred */
+    int ack_flush_now;         /* atomic: a consumer wants to sleep: next turn flushes */
+    uint64_t timer_armed_ns;   /* the timerfd's deadline, 0 = disarmed or fired */
+    int timers_due;            /* the timerfd fired: run the expired deadlines */
+    int timer_rearm;           /* a deadline may now be earlier than the armed one */
     /* settings */
-    uint64_t                emu_delay_ns;
-    uint64_t                emu_rate_mbps;
-    uint32_t                rnr_timer_ms;
-    uint8_t                 rnr_retry_max;  /* EXS_TCP_RNR_RETRY caps every ep's rnr_retry */
-    struct tcp_counters     cnt;
-    struct exs_counter_set  cset;
+    uint64_t emu_delay_ns;
+    uint64_t emu_rate_mbps;
+    uint32_t rnr_timer_ms;
+    uint8_t rnr_retry_max; /* EXS_TCP_RNR_RETRY caps every ep's rnr_retry */
+    struct tcp_counters cnt;
+    struct exs_counter_set cset;
 };
 
 /* ctx_fork (prov.h): nic_lock held across the fork; the child closes every socket. */
@@ -468,16 +468,16 @@ extern struct exs_prov_ops exs__prov_tcp_ops;
  */
 
 /* tcp_ctx.c */
-int  exs__tcp_epoll_add_listener(struct tcp_listener *lis);
+int exs__tcp_epoll_add_listener(struct tcp_listener *lis);
 void exs__tcp_listener_watch(struct tcp_listener *lis, int on);
 /* Run cmd in the caller's thread under nic_lock; its result, or -ESHUTDOWN once
  * ctx_close began. The caller holds no provider lock. */
-int  exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
+int exs__tcp_ctx_call(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
 void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_prov_cqe *cqe);
 void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
                              const struct exs_prov_cqe *cqe);
 void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev);
-int  exs__tcp_cq_reserve_locked(struct tcp_ctx *ctx, uint64_t n);
+int exs__tcp_cq_reserve_locked(struct tcp_ctx *ctx, uint64_t n);
 void exs__tcp_cq_unreserve_locked(struct tcp_ctx *ctx, uint64_t n);
 /* Queue ep on ctx->work_eps (ctx->lock taken inside). */
 void exs__tcp_ep_work(struct tcp_ctx *ctx, struct tcp_ep *ep);
@@ -492,24 +492,23 @@ void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events);
 void exs__tcp_conn_timer(struct tcp_conn *conn);
 
 /* tcp_mr.c */
-int  exs__tcp_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
-                     struct exs_prov_mr **mr_p);
-int  exs__tcp_mr_dereg(struct exs_prov_mr *mr);
-int  exs__tcp_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
-                    unsigned access, struct exs_prov_grant **grant_p);
+int exs__tcp_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
+                    struct exs_prov_mr **mr_p);
+int exs__tcp_mr_dereg(struct exs_prov_mr *mr);
+int exs__tcp_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
+                   unsigned access, struct exs_prov_grant **grant_p);
 void exs__tcp_revoke(struct exs_prov_grant *grant);
 void exs__tcp_ep_revoke_all(struct tcp_ep *ep);
-int  exs__tcp_mr_check_local(struct tcp_ctx *ctx, const struct exs_prov_sge *sge, int n,
-                             unsigned access);
+int exs__tcp_mr_check_local(struct tcp_ctx *ctx, const struct exs_prov_sge *sge, int n,
+                            unsigned access);
 /* NIC: the key for a remote access of ep, with a user reference, or -EACCES. */
-int  exs__tcp_key_get_remote(struct tcp_ctx *ctx, struct tcp_ep *ep, uint32_t rkey,
-                             uint64_t addr, uint64_t len, unsigned access,
-                             struct tcp_key **key_p);
+int exs__tcp_key_get_remote(struct tcp_ctx *ctx, struct tcp_ep *ep, uint32_t rkey, uint64_t addr,
+                            uint64_t len, unsigned access, struct tcp_key **key_p);
 void exs__tcp_key_put(struct tcp_ctx *ctx, struct tcp_key *key);
 void exs__tcp_key_put_locked(struct tcp_ctx *ctx, struct tcp_key *key);
 /* NIC: 0 and the fence raised when key is live (-EACCES when revoked); then copy
  * and lower it with exs__tcp_copy_end. */
-int  exs__tcp_copy_begin(struct tcp_ctx *ctx, struct tcp_key *key);
+int exs__tcp_copy_begin(struct tcp_ctx *ctx, struct tcp_key *key);
 void exs__tcp_copy_end(struct tcp_ctx *ctx);
 
 /* tcp_conn.c */
@@ -518,15 +517,15 @@ struct tcp_txf *exs__tcp_hs_frame(struct tcp_conn *conn, uint8_t type, struct tc
                                   const void *pd, uint32_t pdlen);
 /* The state machines (spec/provider-tcp.md, "States"): the one place each state changes,
  * checked against the transition table, logged; -EPROTO (and the object failed) outside it. */
-int  exs__tcp_conn_set_state(struct tcp_conn *conn, enum tcp_conn_state to, const char *why);
-int  exs__tcp_ep_set_state(struct tcp_ep *ep, enum exs_prov_ep_state to, const char *why);
-int  exs__tcp_conn_state_legal(enum tcp_conn_state from, enum tcp_conn_state to);
-int  exs__tcp_ep_state_legal(enum exs_prov_ep_state from, enum exs_prov_ep_state to);
+int exs__tcp_conn_set_state(struct tcp_conn *conn, enum tcp_conn_state to, const char *why);
+int exs__tcp_ep_set_state(struct tcp_ep *ep, enum exs_prov_ep_state to, const char *why);
+int exs__tcp_conn_state_legal(enum tcp_conn_state from, enum tcp_conn_state to);
+int exs__tcp_ep_state_legal(enum exs_prov_ep_state from, enum exs_prov_ep_state to);
 const char *exs__tcp_conn_state_str(enum tcp_conn_state s);
-int  exs__tcp_ep_established(struct tcp_ep *ep, const void *pd, uint32_t pdlen);
+int exs__tcp_ep_established(struct tcp_ep *ep, const void *pd, uint32_t pdlen);
 void exs__tcp_ep_unconnected(struct tcp_ep *ep, enum exs_prov_cm_event_type type, int status,
                              const void *pd, uint32_t pdlen);
-int  exs__tcp_conn_hs_frame(struct tcp_conn *conn);
+int exs__tcp_conn_hs_frame(struct tcp_conn *conn);
 void exs__tcp_conn_connected(struct tcp_conn *conn);
 void exs__tcp_conn_fail(struct tcp_conn *conn, int status, uint8_t syndrome, uint32_t psn,
                         enum tcp_conn_end mode);
@@ -538,45 +537,45 @@ void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, enum tcp_fail_event not
 void exs__tcp_conn_close(struct tcp_conn *conn);
 
 /* tcp_lis.c */
-int  exs__tcp_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
-                     int backlog, void *user, struct exs_prov_listener **lis_p);
-int  exs__tcp_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
-                            socklen_t *addrlen);
+int exs__tcp_listen(struct exs_prov_ctx *ctx, const struct sockaddr *addr, socklen_t addrlen,
+                    int backlog, void *user, struct exs_prov_listener **lis_p);
+int exs__tcp_listener_addr(struct exs_prov_listener *lis, struct sockaddr_storage *addr,
+                           socklen_t *addrlen);
 void exs__tcp_listener_destroy(struct exs_prov_listener *lis);
-int  exs__tcp_listener_pause(struct exs_prov_listener *lis, int pause);
+int exs__tcp_listener_pause(struct exs_prov_listener *lis, int pause);
 void exs__tcp_listener_ready(struct tcp_listener *lis);
-int  exs__tcp_lis_cmd(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
+int exs__tcp_lis_cmd(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
 /* The hello (spec/provider-tcp.md, "Handshake"): a WAIT_REQ socket that is no exs peer, or
  * late, is reset (RST) and counted (hello_refused); its deadline passed (timer); whether
  * the n header bytes read so far may begin a CONN_REQ. */
 void exs__tcp_conn_refuse(struct tcp_conn *conn, const char *why);
 void exs__tcp_conn_hello_late(struct tcp_conn *conn);
-int  exs__tcp_hello_prefix_ok(const uint8_t *b, uint32_t n);
+int exs__tcp_hello_prefix_ok(const uint8_t *b, uint32_t n);
 
 /* tcp_cm.c */
-int  exs__tcp_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
-                        struct exs_prov_ep **ep_p);
+int exs__tcp_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,
+                       struct exs_prov_ep **ep_p);
 void exs__tcp_ep_destroy(struct exs_prov_ep *ep);
 enum exs_prov_ep_state exs__tcp_ep_state(struct exs_prov_ep *ep);
 int exs__tcp_ep_local_addr(struct exs_prov_ep *ep, struct sockaddr_storage *addr,
                            socklen_t *addrlen);
-int  exs__tcp_connect(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
-                      const void *pd, uint32_t pdlen);
-int  exs__tcp_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *pd,
-                     uint32_t pdlen);
-int  exs__tcp_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen);
-int  exs__tcp_disconnect(struct exs_prov_ep *ep);
+int exs__tcp_connect(struct exs_prov_ep *ep, const struct sockaddr *addr, socklen_t addrlen,
+                     const void *pd, uint32_t pdlen);
+int exs__tcp_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const void *pd,
+                    uint32_t pdlen);
+int exs__tcp_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen);
+int exs__tcp_disconnect(struct exs_prov_ep *ep);
 void exs__tcp_cmd_run(struct tcp_ctx *ctx, struct tcp_cmd *cmd);
 
 /* tcp_data.c */
-int  exs__tcp_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
-int  exs__tcp_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
-void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr,
-                     enum exs_prov_wc_status st, struct exs_prov_cqe *cqe);
+int exs__tcp_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
+int exs__tcp_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
+void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr, enum exs_prov_wc_status st,
+                     struct exs_prov_cqe *cqe);
 void exs__tcp_rwr_cqe(const struct tcp_ep *ep, const struct tcp_rwr *rwr,
                       enum exs_prov_wc_status st, struct exs_prov_cqe *cqe);
-int  exs__tcp_iov_fill(struct iovec *iov, int max, const struct exs_prov_sge *seg, int nseg,
-                       uint64_t off, uint64_t limit);
+int exs__tcp_iov_fill(struct iovec *iov, int max, const struct exs_prov_sge *seg, int nseg,
+                      uint64_t off, uint64_t limit);
 void exs__tcp_hdr_init(struct tcp_wire_hdr *h, uint8_t type, uint32_t len);
 void exs__tcp_ep_wr_done(struct tcp_ep *ep, struct tcp_wr *wr, enum exs_prov_wc_status st);
 void exs__tcp_ep_ack_before(struct tcp_ep *ep, uint32_t upto);
@@ -604,12 +603,12 @@ void exs__tcp_conn_hold_hup(struct tcp_conn *conn);
 void exs__tcp_rx_release(struct tcp_conn *conn);
 
 /* tcp_emu.c */
-int      exs__tcp_emu_on(const struct tcp_ctx *ctx);
+int exs__tcp_emu_on(const struct tcp_ctx *ctx);
 /* 1 while EXS_EMU_BLACKHOLE stops conn's link: nothing is written or read. */
-int      exs__tcp_emu_blackholed(const struct tcp_conn *conn);
-void     exs__tcp_emu_stamp(struct tcp_conn *conn, struct tcp_txf *txf, uint64_t enq_ns);
+int exs__tcp_emu_blackholed(const struct tcp_conn *conn);
+void exs__tcp_emu_stamp(struct tcp_conn *conn, struct tcp_txf *txf, uint64_t enq_ns);
 uint64_t exs__tcp_emu_ready(struct tcp_conn *conn, struct tcp_txf *txf, uint64_t now);
 uint64_t exs__tcp_emu_budget(struct tcp_conn *conn, uint64_t now, uint64_t *until_p);
-void     exs__tcp_emu_sent(struct tcp_conn *conn, uint64_t n, uint64_t now);
+void exs__tcp_emu_sent(struct tcp_conn *conn, uint64_t n, uint64_t now);
 
 #endif

@@ -60,9 +60,7 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     return 0;
 }
 
-
-int exs__tcp_ep_local_addr(struct exs_prov_ep *e, struct sockaddr_storage *addr,
-                           socklen_t *addrlen)
+int exs__tcp_ep_local_addr(struct exs_prov_ep *e, struct sockaddr_storage *addr, socklen_t *addrlen)
 {
     struct tcp_ep *ep = tcp_ep_of(e);
     int ret = -ENOTCONN;
@@ -110,8 +108,10 @@ static void tcp_ep_destroy_nic(struct tcp_ctx *ctx, struct tcp_ep *ep)
             ctx->cq[(ctx->cq_head + keep++) % ctx->cq_cap] = *q;
     }
     ctx->cq_count = keep;
-    exs__tcp_cq_unreserve_locked(ctx, (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr);
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
+    exs__tcp_cq_unreserve_locked(ctx,
+                                 (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr);
+    exs_list_for_each_safe(pos, tmp, &ctx->cm_events)
+    {
         struct tcp_cm_node *n = exs_list_entry(pos, struct tcp_cm_node, link);
 
         if (n->ev.ep == &ep->base && n->ev.type != EXS_PROV_CM_CONNECT_REQUEST) {
@@ -126,7 +126,7 @@ static void tcp_ep_destroy_nic(struct tcp_ctx *ctx, struct tcp_ep *ep)
 void exs__tcp_ep_destroy(struct exs_prov_ep *e)
 {
     struct tcp_ep *ep;
-    struct tcp_cmd cmd = { .type = TCP_CMD_EP_DESTROY };
+    struct tcp_cmd cmd = {.type = TCP_CMD_EP_DESTROY};
 
     if (!e)
         return;
@@ -158,8 +158,12 @@ int exs__tcp_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
                      const void *pd, uint32_t pdlen)
 {
     struct tcp_ep *ep = tcp_ep_of(e);
-    struct tcp_cmd cmd = { .type = TCP_CMD_CONNECT, .ep = ep, .addr = addr, .addrlen = addrlen,
-                           .pd = pd, .pdlen = pdlen };
+    struct tcp_cmd cmd = {.type = TCP_CMD_CONNECT,
+                          .ep = ep,
+                          .addr = addr,
+                          .addrlen = addrlen,
+                          .pd = pd,
+                          .pdlen = pdlen};
     int ret;
 
     if (!addr || addrlen < sizeof(sa_family_t) || addrlen > sizeof(struct sockaddr_storage))
@@ -217,8 +221,8 @@ int exs__tcp_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
                     uint32_t pdlen)
 {
     struct tcp_ep *ep = tcp_ep_of(e);
-    struct tcp_cmd cmd = { .type = TCP_CMD_ACCEPT, .ep = ep, .req = (struct tcp_req *)r,
-                           .pd = pd, .pdlen = pdlen };
+    struct tcp_cmd cmd = {
+        .type = TCP_CMD_ACCEPT, .ep = ep, .req = (struct tcp_req *)r, .pd = pd, .pdlen = pdlen};
     int ret;
 
     if (!r || !e)
@@ -267,8 +271,8 @@ static int tcp_accept_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
 
 int exs__tcp_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
 {
-    struct tcp_cmd cmd = { .type = TCP_CMD_REJECT, .req = (struct tcp_req *)r, .pd = pd,
-                           .pdlen = pdlen };
+    struct tcp_cmd cmd = {
+        .type = TCP_CMD_REJECT, .req = (struct tcp_req *)r, .pd = pd, .pdlen = pdlen};
 
     if (!r || pdlen > TCP_WIRE_PD_MAX || (pdlen && !pd))
         return -EINVAL;
@@ -278,7 +282,7 @@ int exs__tcp_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
 int exs__tcp_disconnect(struct exs_prov_ep *e)
 {
     struct tcp_ep *ep = tcp_ep_of(e);
-    struct tcp_cmd cmd = { .type = TCP_CMD_DISCONNECT, .ep = ep };
+    struct tcp_cmd cmd = {.type = TCP_CMD_DISCONNECT, .ep = ep};
 
     if (!e)
         return -EINVAL;

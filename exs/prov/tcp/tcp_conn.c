@@ -25,9 +25,12 @@ static void tcp_ep_note_local_locked(struct tcp_ep *ep, int fd);
 #define TCP_BIT(_s) (1u << (_s))
 
 static const char *const tcp_conn_state_names[] = {
-    [TCP_CONN_CONNECTING] = "CONNECTING", [TCP_CONN_WAIT_REPLY] = "WAIT_REPLY",
-    [TCP_CONN_WAIT_REQ] = "WAIT_REQ",     [TCP_CONN_PENDING] = "PENDING",
-    [TCP_CONN_UP] = "UP",                 [TCP_CONN_LINGER] = "LINGER",
+    [TCP_CONN_CONNECTING] = "CONNECTING",
+    [TCP_CONN_WAIT_REPLY] = "WAIT_REPLY",
+    [TCP_CONN_WAIT_REQ] = "WAIT_REQ",
+    [TCP_CONN_PENDING] = "PENDING",
+    [TCP_CONN_UP] = "UP",
+    [TCP_CONN_LINGER] = "LINGER",
     [TCP_CONN_DEAD] = "DEAD",
 };
 
@@ -36,12 +39,11 @@ static const char *const tcp_conn_state_names[] = {
 static const unsigned tcp_conn_next[] = {
     [TCP_CONN_CONNECTING] = TCP_BIT(TCP_CONN_WAIT_REPLY) | TCP_BIT(TCP_CONN_DEAD),
     [TCP_CONN_WAIT_REPLY] = TCP_BIT(TCP_CONN_UP) | TCP_BIT(TCP_CONN_DEAD),
-    [TCP_CONN_WAIT_REQ]   = TCP_BIT(TCP_CONN_PENDING) | TCP_BIT(TCP_CONN_DEAD),
-    [TCP_CONN_PENDING]    = TCP_BIT(TCP_CONN_UP) | TCP_BIT(TCP_CONN_LINGER) |
-                            TCP_BIT(TCP_CONN_DEAD),
-    [TCP_CONN_UP]         = TCP_BIT(TCP_CONN_LINGER) | TCP_BIT(TCP_CONN_DEAD),
-    [TCP_CONN_LINGER]     = TCP_BIT(TCP_CONN_DEAD),
-    [TCP_CONN_DEAD]       = 0,
+    [TCP_CONN_WAIT_REQ] = TCP_BIT(TCP_CONN_PENDING) | TCP_BIT(TCP_CONN_DEAD),
+    [TCP_CONN_PENDING] = TCP_BIT(TCP_CONN_UP) | TCP_BIT(TCP_CONN_LINGER) | TCP_BIT(TCP_CONN_DEAD),
+    [TCP_CONN_UP] = TCP_BIT(TCP_CONN_LINGER) | TCP_BIT(TCP_CONN_DEAD),
+    [TCP_CONN_LINGER] = TCP_BIT(TCP_CONN_DEAD),
+    [TCP_CONN_DEAD] = 0,
 };
 
 static const char *const tcp_ep_state_names[] = {
@@ -57,8 +59,8 @@ static const char *const tcp_ep_state_names[] = {
 static const unsigned tcp_ep_next[] = {
     [EXS_PROV_EP_IDLE] = TCP_BIT(EXS_PROV_EP_CONNECTING) | TCP_BIT(EXS_PROV_EP_CONNECTED) |
                          TCP_BIT(EXS_PROV_EP_ERROR),
-    [EXS_PROV_EP_CONNECTING] = TCP_BIT(EXS_PROV_EP_IDLE) | TCP_BIT(EXS_PROV_EP_CONNECTED) |
-                               TCP_BIT(EXS_PROV_EP_ERROR),
+    [EXS_PROV_EP_CONNECTING] =
+        TCP_BIT(EXS_PROV_EP_IDLE) | TCP_BIT(EXS_PROV_EP_CONNECTED) | TCP_BIT(EXS_PROV_EP_ERROR),
     [EXS_PROV_EP_CONNECTED] = TCP_BIT(EXS_PROV_EP_ERROR),
     [EXS_PROV_EP_ERROR] = TCP_BIT(EXS_PROV_EP_ERROR),
 };
@@ -90,10 +92,14 @@ static const char *tcp_ep_state_str(enum exs_prov_ep_state s)
 static const char *tcp_conn_end_str(enum tcp_conn_end mode)
 {
     switch (mode) {
-    case TCP_END_ABORT: return "abort";
-    case TCP_END_QUIET: return "linger";
-    case TCP_END_DISCONNECT: return "linger, DISCONNECT last";
-    case TCP_END_CLOSED: return "linger, DISCONNECT F_CLOSED last";
+    case TCP_END_ABORT:
+        return "abort";
+    case TCP_END_QUIET:
+        return "linger";
+    case TCP_END_DISCONNECT:
+        return "linger, DISCONNECT last";
+    case TCP_END_CLOSED:
+        return "linger, DISCONNECT F_CLOSED last";
     }
     return "?";
 }
@@ -112,9 +118,8 @@ int exs__tcp_conn_set_state(struct tcp_conn *conn, enum tcp_conn_state to, const
 
     if (EXS_UNLIKELY(!exs__tcp_conn_state_legal(from, to))) {
         EXS_CNT_INC(conn->ctx->cnt.state_errors);
-        EXS_ERR(PROV, "conn %p ep %p: illegal state change %s -> %s (%s): closing it",
-                (void *)conn, (void *)ep, exs__tcp_conn_state_str(from),
-                exs__tcp_conn_state_str(to), why);
+        EXS_ERR(PROV, "conn %p ep %p: illegal state change %s -> %s (%s): closing it", (void *)conn,
+                (void *)ep, exs__tcp_conn_state_str(from), exs__tcp_conn_state_str(to), why);
         if (from != TCP_CONN_DEAD) {
             exs__tcp_conn_close(conn);
             if (ep)
@@ -171,7 +176,7 @@ int exs__tcp_ep_set_state(struct tcp_ep *ep, enum exs_prov_ep_state to, const ch
 struct tcp_conn *exs__tcp_conn_new(struct tcp_ctx *ctx, int fd, enum tcp_conn_state state)
 {
     struct tcp_conn *conn = calloc(1, sizeof(*conn));
-    struct epoll_event ev = { .events = 0 };
+    struct epoll_event ev = {.events = 0};
     int one = 1;
 
     if (!conn)
@@ -271,8 +276,8 @@ static void tcp_conn_break(struct tcp_conn *conn)
     conn->broken = 1;
 }
 
-static void tcp_cm_event(struct tcp_ctx *ctx, enum exs_prov_cm_event_type type,
-                         struct tcp_ep *ep, int status, const void *pd, uint32_t pdlen)
+static void tcp_cm_event(struct tcp_ctx *ctx, enum exs_prov_cm_event_type type, struct tcp_ep *ep,
+                         int status, const void *pd, uint32_t pdlen)
 {
     struct exs_prov_cm_event ev;
 
@@ -308,7 +313,7 @@ void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, enum tcp_fail_event not
                           const struct exs_prov_cqe *first)
 {
     struct tcp_ctx *ctx = ep->ctx;
-    struct exs_list *lists[] = { &ep->sq, &ep->sq_wait, &ep->sq_pend };
+    struct exs_list *lists[] = {&ep->sq, &ep->sq_wait, &ep->sq_pend};
     struct exs_prov_cqe cqe;
     struct exs_list *l;
 
@@ -422,10 +427,11 @@ void exs__tcp_conn_fail_cqe(struct tcp_conn *conn, int status, uint8_t syndrome,
             exs__tcp_conn_ack_flush(conn);
     }
 
-    EXS_DBG(PROV, "conn %p ep %p: ending, status %d syndrome %u, %s", (void *)conn,
-            (void *)ep, status, syndrome, tcp_conn_end_str(mode));
+    EXS_DBG(PROV, "conn %p ep %p: ending, status %d syndrome %u, %s", (void *)conn, (void *)ep,
+            status, syndrome, tcp_conn_end_str(mode));
     exs__tcp_rx_release(conn);
-    exs_list_for_each_safe(pos, tmp, &conn->txq) {
+    exs_list_for_each_safe(pos, tmp, &conn->txq)
+    {
         f = exs_list_entry(pos, struct tcp_txf, link);
         if (f->off) {
             if (f->off < f->total && f->kind == TCP_TXF_WR)
@@ -477,8 +483,7 @@ void exs__tcp_conn_connected(struct tcp_conn *conn)
     if (getsockopt(conn->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
         err = errno;
     if (err) {
-        EXS_DBG(PROV, "conn %p ep %p: connect: %s", (void *)conn, (void *)conn->ep,
-                strerror(err));
+        EXS_DBG(PROV, "conn %p ep %p: connect: %s", (void *)conn, (void *)conn->ep, strerror(err));
         exs__tcp_conn_fail(conn, -err, 0, 0, TCP_END_ABORT);
         return;
     }

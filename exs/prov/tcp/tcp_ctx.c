@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The tcp provider's context: NIC turns and thread, manual progress, completion and cm queues, commands. */
+/* The tcp provider's context: NIC turns and thread, manual progress, completion and cm queues,
+ * commands. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -172,8 +173,7 @@ void exs__tcp_cq_unreserve_locked(struct tcp_ctx *ctx, uint64_t n)
         (void)tcp_cq_resize_locked(ctx, (uint32_t)cap); /* no memory: keep the big ring */
 }
 
-void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
-                             const struct exs_prov_cqe *cqe)
+void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_prov_cqe *cqe)
 {
     if (EXS_UNLIKELY(ctx->cq_count == ctx->cq_cap)) {
         /* Cannot happen: every ep reserved room for all it can produce (ep_create)
@@ -323,7 +323,7 @@ static int tcp_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 
 void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events)
 {
-    struct epoll_event ev = { .events = events, .data.ptr = conn };
+    struct epoll_event ev = {.events = events, .data.ptr = conn};
 
     if (conn->fd < 0 || conn->events == events)
         return;
@@ -335,7 +335,7 @@ void exs__tcp_conn_epoll(struct tcp_conn *conn, uint32_t events)
 void exs__tcp_conn_timer(struct tcp_conn *conn)
 {
     struct tcp_ctx *ctx = conn->ctx;
-    uint64_t t[3] = { conn->rnr_at, conn->tx_at, conn->linger_at };
+    uint64_t t[3] = {conn->rnr_at, conn->tx_at, conn->linger_at};
     int want = t[0] || t[1] || t[2];
 
     if (want && !conn->on_timer)
@@ -362,7 +362,8 @@ static void tcp_nic_timers(struct tcp_ctx *ctx)
     ctx->timers_due = 0;
     ctx->timer_rearm = 1; /* what ran may have set later deadlines */
     EXS_CNT_INC(ctx->cnt.timer_walks);
-    exs_list_for_each_safe(pos, tmp, &ctx->listeners) {
+    exs_list_for_each_safe(pos, tmp, &ctx->listeners)
+    {
         struct tcp_listener *lis = exs_list_entry(pos, struct tcp_listener, link);
 
         if (!lis->resume_at)
@@ -384,7 +385,8 @@ static void tcp_nic_timers(struct tcp_ctx *ctx)
         return;
     if (!now)
         now = exs__now_ns();
-    exs_list_for_each_safe(pos, tmp, &ctx->timers) {
+    exs_list_for_each_safe(pos, tmp, &ctx->timers)
+    {
         struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, timer_link);
 
         if (conn->linger_at && conn->linger_at <= now) {
@@ -419,7 +421,8 @@ static void tcp_nic_timer_arm(struct tcp_ctx *ctx)
         return;
     ctx->timer_rearm = 0;
 
-    exs_list_for_each(pos, &ctx->listeners) {
+    exs_list_for_each(pos, &ctx->listeners)
+    {
         struct tcp_listener *lis = exs_list_entry(pos, struct tcp_listener, link);
 
         if (lis->resume_at && (!next || lis->resume_at < next))
@@ -427,9 +430,10 @@ static void tcp_nic_timer_arm(struct tcp_ctx *ctx)
     }
     if (!next && exs_list_empty(&ctx->timers) && !ctx->timer_armed_ns)
         return;
-    exs_list_for_each(pos, &ctx->timers) {
+    exs_list_for_each(pos, &ctx->timers)
+    {
         struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, timer_link);
-        uint64_t t[3] = { conn->rnr_at, conn->tx_at, conn->linger_at };
+        uint64_t t[3] = {conn->rnr_at, conn->tx_at, conn->linger_at};
 
         for (int i = 0; i < 3; i++)
             if (t[i] && (!next || t[i] < next))
@@ -556,7 +560,8 @@ static int tcp_nic_drained(struct tcp_ctx *ctx, uint64_t *stop_at)
         *stop_at = now + 200000000u + 2 * ctx->emu_delay_ns;
     if (now >= *stop_at)
         return 1;
-    exs_list_for_each(pos, &ctx->conns) {
+    exs_list_for_each(pos, &ctx->conns)
+    {
         struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, link);
 
         if (conn->fd >= 0 && !exs_list_empty(&conn->txq) && conn->state != TCP_CONN_CONNECTING)
@@ -767,7 +772,7 @@ static void *tcp_nic_main(void *arg)
 
 static int tcp_ctx_epoll_add(struct tcp_ctx *ctx, int fd, uintptr_t tag)
 {
-    struct epoll_event ev = { .events = EPOLLIN };
+    struct epoll_event ev = {.events = EPOLLIN};
 
     ev.data.u64 = (uint64_t)((uintptr_t)ctx | tag);
     return epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
@@ -785,7 +790,7 @@ void exs__tcp_listener_watch(struct tcp_listener *lis, int on)
 
 int exs__tcp_epoll_add_listener(struct tcp_listener *lis)
 {
-    struct epoll_event ev = { .events = EPOLLIN };
+    struct epoll_event ev = {.events = EPOLLIN};
 
     ev.data.u64 = (uint64_t)((uintptr_t)lis | TCP_TAG_LIS);
     return epoll_ctl(lis->ctx->epfd, EPOLL_CTL_ADD, lis->fd, &ev) < 0 ? -errno : 0;
@@ -859,8 +864,8 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     exs_list_init(&ctx->ack_defer);
 
     ctx->base.ops = &exs__prov_tcp_ops;
-    ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_INLINE |
-                           EXS_PROV_CAP_EMU_LINK;
+    ctx->base.caps.flags =
+        EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_INLINE | EXS_PROV_CAP_EMU_LINK;
     ctx->base.caps.max_inline = tcp_clamp32(exs__params.tcp_max_inline, 0, 1u << 20);
     ctx->base.caps.max_sge = tcp_clamp32(exs__params.tcp_max_sge, 1, 1024);
     ctx->base.caps.max_send_wr = tcp_clamp32(exs__params.tcp_max_wr, 1, 1u << 20);
@@ -907,9 +912,9 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->cset.count = EXS_ARRAY_SIZE(tcp_counter_desc);
     ctx->cset.base = &ctx->cnt;
     exs__counters_register(&ctx->cset);
-    EXS_DBG(PROV, "ctx %p: open, %s progress, cq %u, emu delay %llu us rate %llu mbps",
-            (void *)ctx, ctx->manual ? "manual" : "NIC thread", ctx->cq_cap, (unsigned long long)exs__params.emu_delay_us,
-            (unsigned long long)ctx->emu_rate_mbps);
+    EXS_DBG(PROV, "ctx %p: open, %s progress, cq %u, emu delay %llu us rate %llu mbps", (void *)ctx,
+            ctx->manual ? "manual" : "NIC thread", ctx->cq_cap,
+            (unsigned long long)exs__params.emu_delay_us, (unsigned long long)ctx->emu_rate_mbps);
     *ctx_p = &ctx->base;
     return 0;
 }

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The tcp provider's send side: post_send/post_recv, send-queue completions and the NIC's transmit engine. */
+/* The tcp provider's send side: post_send/post_recv, send-queue completions and the NIC's transmit
+ * engine. */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
@@ -17,8 +18,8 @@
 
 /* ---- helpers ---- */
 
-void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr,
-                     enum exs_prov_wc_status st, struct exs_prov_cqe *cqe)
+void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr, enum exs_prov_wc_status st,
+                     struct exs_prov_cqe *cqe)
 {
     memset(cqe, 0, sizeof(*cqe));
     cqe->wr_id = wr->wr_id;
@@ -85,9 +86,8 @@ int exs__tcp_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     size_t nsge, extra;
     int inl, state;
 
-    if (EXS_UNLIKELY(!swr || (unsigned)swr->opcode > EXS_PROV_WR_RDMA_READ ||
-                     swr->num_sge < 0 || (uint32_t)swr->num_sge > caps->max_sge ||
-                     (swr->num_sge && !swr->sg_list)))
+    if (EXS_UNLIKELY(!swr || (unsigned)swr->opcode > EXS_PROV_WR_RDMA_READ || swr->num_sge < 0 ||
+                     (uint32_t)swr->num_sge > caps->max_sge || (swr->num_sge && !swr->sg_list)))
         return -EINVAL;
     for (int i = 0; i < swr->num_sge; i++)
         total += swr->sg_list[i].length;
@@ -129,9 +129,9 @@ int exs__tcp_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
         if (nsge)
             memcpy(wr->sge, swr->sg_list, nsge * sizeof(wr->sge[0]));
         wr->num_sge = swr->num_sge;
-        if (exs__tcp_mr_check_local(ctx, wr->sge, wr->num_sge,
-                                    swr->opcode == EXS_PROV_WR_RDMA_READ
-                                        ? EXS_PROV_ACCESS_LOCAL_WRITE : 0))
+        if (exs__tcp_mr_check_local(
+                ctx, wr->sge, wr->num_sge,
+                swr->opcode == EXS_PROV_WR_RDMA_READ ? EXS_PROV_ACCESS_LOCAL_WRITE : 0))
             wr->bad = 1;
     }
 
@@ -190,8 +190,8 @@ int exs__tcp_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *rwr
     rwr->len = total;
     if (rwr_in->num_sge)
         memcpy(rwr->sge, rwr_in->sg_list, (size_t)rwr_in->num_sge * sizeof(rwr->sge[0]));
-    rwr->bad = exs__tcp_mr_check_local(ctx, rwr->sge, rwr->num_sge,
-                                       EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
+    rwr->bad =
+        exs__tcp_mr_check_local(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
 
     pthread_mutex_lock(&ep->lock);
     if (ep->rq_count + __atomic_load_n(&ep->cq_rq, __ATOMIC_RELAXED) >= ep->base.attr.max_recv_wr) {
@@ -380,7 +380,8 @@ static int tcp_conn_resp_fence(struct tcp_conn *conn, int *naked)
     int live = 0, cut = 0;
 
     pthread_mutex_lock(&ctx->mr_lock);
-    exs_list_for_each(pos, &conn->txq) {
+    exs_list_for_each(pos, &conn->txq)
+    {
         struct tcp_txf *f = exs_list_entry(pos, struct tcp_txf, link);
 
         if (f->kind != TCP_TXF_READ_RESP)
@@ -459,7 +460,8 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
             if (fence < 0)
                 return;
         }
-        exs_list_for_each(pos, &conn->txq) {
+        exs_list_for_each(pos, &conn->txq)
+        {
             struct tcp_txf *f = exs_list_entry(pos, struct tcp_txf, link);
             uint64_t off = f->off;
 
@@ -484,7 +486,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
             }
             if (f->total > TCP_WIRE_HDR_LEN) {
                 int k = exs__tcp_iov_fill(&iov[niov], TCP_TX_IOV - niov, f->seg, f->nseg, off,
-                                     f->total - TCP_WIRE_HDR_LEN - off);
+                                          f->total - TCP_WIRE_HDR_LEN - off);
 
                 for (int i = 0; i < k; i++)
                     want += iov[niov + i].iov_len;

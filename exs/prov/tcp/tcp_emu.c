@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Link emulation: per-direction one-way delay, bandwidth pacing and a link that stops delivering. */
+/* Link emulation: per-direction one-way delay, bandwidth pacing and a link that stops delivering.
+ */
 #include "exs/prov/tcp/tcp.h"
 #include "exs/util/counters.h"
 #include "exs/util/params.h"

@@ -24,14 +24,16 @@ void exs__tcp_ctx_fork(struct exs_prov_ctx *c, int phase)
         pthread_mutex_unlock(&ctx->nic_lock);
         return;
     }
-    exs_list_for_each(l, &ctx->conns) {
+    exs_list_for_each(l, &ctx->conns)
+    {
         struct tcp_conn *conn = exs_list_entry(l, struct tcp_conn, link);
 
         if (conn->fd >= 0)
             close(conn->fd);
         conn->fd = -1;
     }
-    exs_list_for_each(l, &ctx->listeners) {
+    exs_list_for_each(l, &ctx->listeners)
+    {
         struct tcp_listener *lis = exs_list_entry(l, struct tcp_listener, link);
 
         if (lis->fd >= 0)

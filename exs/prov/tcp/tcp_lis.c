@@ -83,7 +83,7 @@ void exs__tcp_conn_refuse(struct tcp_conn *conn, const char *why)
 {
     struct tcp_ctx *ctx = conn->ctx;
     struct tcp_listener *lis = conn->lis;
-    struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
     char peer[INET6_ADDRSTRLEN + 16];
 
     EXS_CNT_INC(ctx->cnt.hello_refused);
@@ -91,9 +91,11 @@ void exs__tcp_conn_refuse(struct tcp_conn *conn, const char *why)
     tcp_peer_str(conn, peer, sizeof(peer));
     if (lis && !lis->hello_logged) {
         lis->hello_logged = 1;
-        EXS_INFO(PROV, "listener %p: connection from %s reset: %s (an exs tcp listener talks "
+        EXS_INFO(PROV,
+                 "listener %p: connection from %s reset: %s (an exs tcp listener talks "
                  "to exs peers only; counter prov.tcp.hello_refused, later ones at debug "
-                 "level)", (void *)lis, peer, why);
+                 "level)",
+                 (void *)lis, peer, why);
     } else {
         EXS_DBG(PROV, "listener %p: connection from %s reset: %s", (void *)lis, peer, why);
     }
@@ -117,14 +119,14 @@ void exs__tcp_conn_hello_late(struct tcp_conn *conn)
  * version, type, no flags or syndrome, a length of 8 to 264 (checked as far as it came). */
 int exs__tcp_hello_prefix_ok(const uint8_t *b, uint32_t n)
 {
-    static const uint8_t want[8] = { (uint8_t)(TCP_WIRE_MAGIC >> 24),
-                                     (uint8_t)(TCP_WIRE_MAGIC >> 16),
-                                     (uint8_t)(TCP_WIRE_MAGIC >> 8),
-                                     (uint8_t)TCP_WIRE_MAGIC,
-                                     TCP_WIRE_VERSION,
-                                     TCP_WIRE_CONN_REQ,
-                                     0,
-                                     0 };
+    static const uint8_t want[8] = {(uint8_t)(TCP_WIRE_MAGIC >> 24),
+                                    (uint8_t)(TCP_WIRE_MAGIC >> 16),
+                                    (uint8_t)(TCP_WIRE_MAGIC >> 8),
+                                    (uint8_t)TCP_WIRE_MAGIC,
+                                    TCP_WIRE_VERSION,
+                                    TCP_WIRE_CONN_REQ,
+                                    0,
+                                    0};
 
     return memcmp(b, want, EXS_MIN(n, (uint32_t)sizeof(want))) == 0 && (n <= 8 || b[8] == 0) &&
            (n <= 9 || b[9] == 0) &&
@@ -219,7 +221,7 @@ int exs__tcp_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
                     int backlog, void *user, struct exs_prov_listener **lis_p)
 {
     struct tcp_ctx *ctx = tcp_ctx_of(c);
-    struct tcp_cmd cmd = { .type = TCP_CMD_LISTEN };
+    struct tcp_cmd cmd = {.type = TCP_CMD_LISTEN};
     struct tcp_listener *lis;
     int one = 1, ret, fd;
 
@@ -309,14 +311,16 @@ static void tcp_listener_destroy_nic(struct tcp_ctx *ctx, struct tcp_listener *l
 
     while (!exs_list_empty(&lis->reqs))
         tcp_req_reject(exs_list_entry(lis->reqs.next, struct tcp_req, link), NULL, 0);
-    exs_list_for_each_safe(pos, tmp, &ctx->conns) {
+    exs_list_for_each_safe(pos, tmp, &ctx->conns)
+    {
         struct tcp_conn *conn = exs_list_entry(pos, struct tcp_conn, link);
 
         if (conn->lis == lis)
             exs__tcp_conn_close(conn); /* still in the handshake */
     }
     pthread_mutex_lock(&ctx->lock);
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_events) {
+    exs_list_for_each_safe(pos, tmp, &ctx->cm_events)
+    {
         struct tcp_cm_node *n = exs_list_entry(pos, struct tcp_cm_node, link);
 
         if (n->ev.listener == &lis->base) {
@@ -332,7 +336,7 @@ static void tcp_listener_destroy_nic(struct tcp_ctx *ctx, struct tcp_listener *l
 void exs__tcp_listener_destroy(struct exs_prov_listener *l)
 {
     struct tcp_listener *lis = (struct tcp_listener *)l;
-    struct tcp_cmd cmd = { .type = TCP_CMD_LISTENER_DESTROY };
+    struct tcp_cmd cmd = {.type = TCP_CMD_LISTENER_DESTROY};
 
     if (!lis)
         return;
@@ -359,7 +363,7 @@ static void tcp_listener_pause_nic(struct tcp_listener *lis, int pause)
 int exs__tcp_listener_pause(struct exs_prov_listener *l, int pause)
 {
     struct tcp_listener *lis = (struct tcp_listener *)l;
-    struct tcp_cmd cmd = { .type = TCP_CMD_LISTENER_PAUSE, .pause = !!pause };
+    struct tcp_cmd cmd = {.type = TCP_CMD_LISTENER_PAUSE, .pause = !!pause};
 
     if (!lis)
         return -EINVAL;

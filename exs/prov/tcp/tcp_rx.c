@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The tcp provider's receive engine: frame parsing, checks, placement, ACK/NAK, RNR and READ responses. */
+/* The tcp provider's receive engine: frame parsing, checks, placement, ACK/NAK, RNR and READ
+ * responses. */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
@@ -182,8 +183,7 @@ static int tcp_conn_take_recv(struct tcp_conn *conn)
         return 0;
     }
     EXS_CNT_INC(ctx->cnt.rnr_naks);
-    EXS_DBG(PROV, "ep %p: receiver not ready, retries exhausted, psn %u", (void *)ep,
-            conn->rh.psn);
+    EXS_DBG(PROV, "ep %p: receiver not ready, retries exhausted, psn %u", (void *)ep, conn->rh.psn);
     f = exs__tcp_txf_ctrl(conn, TCP_WIRE_NAK, 0);
     if (f) {
         f->hdr.syndrome = TCP_WIRE_SYN_RNR_EXC;
@@ -294,7 +294,8 @@ static struct tcp_wr *tcp_ep_find_psn(struct tcp_ep *ep, uint32_t psn)
 {
     struct exs_list *pos;
 
-    exs_list_for_each(pos, &ep->sq) {
+    exs_list_for_each(pos, &ep->sq)
+    {
         struct tcp_wr *wr = exs_list_entry(pos, struct tcp_wr, link);
 
         if (wr->psn == psn)
@@ -310,7 +311,8 @@ static int tcp_ep_read_before(struct tcp_ep *ep, uint32_t psn)
 {
     struct exs_list *pos;
 
-    exs_list_for_each(pos, &ep->sq) {
+    exs_list_for_each(pos, &ep->sq)
+    {
         struct tcp_wr *wr = exs_list_entry(pos, struct tcp_wr, link);
 
         if ((int32_t)(wr->psn - psn) >= 0)
@@ -342,7 +344,8 @@ static int tcp_conn_zombie(struct tcp_conn *conn, const struct exs_prov_cqe *fir
 {
     struct exs_list *pos, *tmp;
 
-    exs_list_for_each_safe(pos, tmp, &conn->txq) {
+    exs_list_for_each_safe(pos, tmp, &conn->txq)
+    {
         struct tcp_txf *f = exs_list_entry(pos, struct tcp_txf, link);
 
         if (f->kind != TCP_TXF_WR)
@@ -403,15 +406,14 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
     struct tcp_ctx *ctx = conn->ctx;
     struct tcp_wire_hdr *h = &conn->rh;
     struct tcp_ep *ep = conn->ep;
-    int req = h->type == TCP_WIRE_SEND || h->type == TCP_WIRE_WRITE ||
-              h->type == TCP_WIRE_READ_REQ;
+    int req = h->type == TCP_WIRE_SEND || h->type == TCP_WIRE_WRITE || h->type == TCP_WIRE_READ_REQ;
     struct exs_prov_cqe cqe;
     struct tcp_wr *wr;
     int r;
 
     if ((req && (conn->rx_drop || conn->zombie)) ||
-        (conn->zombie && (h->type == TCP_WIRE_ACK || h->type == TCP_WIRE_NAK ||
-                          h->type == TCP_WIRE_READ_RESP))) {
+        (conn->zombie &&
+         (h->type == TCP_WIRE_ACK || h->type == TCP_WIRE_NAK || h->type == TCP_WIRE_READ_RESP))) {
         /* dropped requests; answers to requests already flushed */
         tcp_conn_rx_discard(conn);
         return 0;
@@ -892,7 +894,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
             staged = 1;
         } else {
             int k = exs__tcp_iov_fill(iov, TCP_TX_IOV - 1, conn->rx_seg, conn->rx_nseg,
-                                 conn->rx_off, conn->rx_len - conn->rx_off);
+                                      conn->rx_off, conn->rx_len - conn->rx_off);
             struct tcp_key *key = conn->rx_key;
 
             /* the next frame's header comes in the same call when it is there */

@@ -29,17 +29,17 @@
 #define TCP_WIRE_HDR_LEN 32u
 
 enum tcp_wire_type {
-    TCP_WIRE_CONN_REQ    = 1,  /* active -> passive: tcp_wire_conn + private data */
-    TCP_WIRE_CONN_ACCEPT = 2,  /* passive -> active: tcp_wire_conn + private data */
-    TCP_WIRE_CONN_REJECT = 3,  /* passive -> active: private data only; then close */
-    TCP_WIRE_SEND        = 4,  /* payload consumed by one posted receive */
-    TCP_WIRE_WRITE       = 5,  /* payload placed at raddr/rkey; F_IMM also consumes a receive */
-    TCP_WIRE_READ_REQ    = 6,  /* no payload; imm = length to read at raddr/rkey */
-    TCP_WIRE_READ_RESP   = 7,  /* payload = the data read; psn = the READ_REQ's psn */
-    TCP_WIRE_ACK         = 8,  /* no payload; every request with sequence <= psn is done */
-    TCP_WIRE_NAK         = 9,  /* no payload; request psn failed with syndrome; earlier ones done */
-    TCP_WIRE_DISCONNECT  = 10, /* no payload; orderly end of the connection */
-    TCP_WIRE_TYPE_MAX    = 10,
+    TCP_WIRE_CONN_REQ = 1,    /* active -> passive: tcp_wire_conn + private data */
+    TCP_WIRE_CONN_ACCEPT = 2, /* passive -> active: tcp_wire_conn + private data */
+    TCP_WIRE_CONN_REJECT = 3, /* passive -> active: private data only; then close */
+    TCP_WIRE_SEND = 4,        /* payload consumed by one posted receive */
+    TCP_WIRE_WRITE = 5,       /* payload placed at raddr/rkey; F_IMM also consumes a receive */
+    TCP_WIRE_READ_REQ = 6,    /* no payload; imm = length to read at raddr/rkey */
+    TCP_WIRE_READ_RESP = 7,   /* payload = the data read; psn = the READ_REQ's psn */
+    TCP_WIRE_ACK = 8,         /* no payload; every request with sequence <= psn is done */
+    TCP_WIRE_NAK = 9,         /* no payload; request psn failed with syndrome; earlier ones done */
+    TCP_WIRE_DISCONNECT = 10, /* no payload; orderly end of the connection */
+    TCP_WIRE_TYPE_MAX = 10,
 };
 
 enum {
@@ -52,20 +52,20 @@ enum {
 
 /* NAK syndromes: the requester's work request completes with the matching status. */
 enum tcp_wire_syndrome {
-    TCP_WIRE_SYN_NONE       = 0,
-    TCP_WIRE_SYN_RNR_EXC    = 1, /* no receive posted after rnr_retry retries -> RNR_RETRY_EXC_ERR */
+    TCP_WIRE_SYN_NONE = 0,
+    TCP_WIRE_SYN_RNR_EXC = 1, /* no receive posted after rnr_retry retries -> RNR_RETRY_EXC_ERR */
     TCP_WIRE_SYN_REM_ACCESS = 2, /* rkey / bounds / rights / deregistered -> REM_ACCESS_ERR */
-    TCP_WIRE_SYN_REM_INV    = 3, /* SEND longer than the receive buffer -> REM_INV_REQ_ERR */
-    TCP_WIRE_SYN_REM_OP     = 4, /* responder's local failure (e.g. bad receive sge) -> REM_OP_ERR */
-    TCP_WIRE_SYN_MAX        = 4,
+    TCP_WIRE_SYN_REM_INV = 3,    /* SEND longer than the receive buffer -> REM_INV_REQ_ERR */
+    TCP_WIRE_SYN_REM_OP = 4, /* responder's local failure (e.g. bad receive sge) -> REM_OP_ERR */
+    TCP_WIRE_SYN_MAX = 4,
 };
 
 struct tcp_wire_hdr {
     uint32_t magic;
-    uint8_t  version;
-    uint8_t  type;
-    uint8_t  flags;
-    uint8_t  syndrome;
+    uint8_t version;
+    uint8_t type;
+    uint8_t flags;
+    uint8_t syndrome;
     uint32_t len;
     uint32_t psn;
     uint64_t raddr;
@@ -90,8 +90,8 @@ struct tcp_wire_hdr {
 #define TCP_WIRE_PD_MAX   256u
 
 struct tcp_wire_conn {
-    uint8_t  rnr_retry;
-    uint8_t  rnr_timer_ms;
+    uint8_t rnr_retry;
+    uint8_t rnr_timer_ms;
     uint16_t reserved0;
     uint32_t reserved1;
 } __attribute__((packed));

@@ -126,7 +126,7 @@ struct vrb_ep {
     struct sockaddr_in peer_bye; /* the peer context's goodbye socket */
     int bye_ok;                  /* the peer will say goodbye before an orderly end */
     int got_bye;
-    int peer_closed;             /* its goodbye was VRB_DG_CLOSED: its endpoint was destroyed */
+    int peer_closed;           /* its goodbye was VRB_DG_CLOSED: its endpoint was destroyed */
     int local_disc;            /* we ended it */
     uint64_t disc_at;          /* DISCONNECTED held until then for a goodbye */
     struct exs_list disc_link; /* ctx->disc_wait */
@@ -283,8 +283,8 @@ void exs__vrb_udp_input(struct vrb_ctx *ctx);
 /* vrb_bye.c: REP / REJ private data = a 14-byte header (magic, length, goodbye port, token)
  * + the user's bytes; pd_parse: 1 and the user's bytes in ev when data has the header. */
 void exs__vrb_pd_hdr(uint8_t *buf, const void *pd, uint32_t len, uint16_t port_be, uint64_t tok);
-int  exs__vrb_pd_parse(const void *data, uint32_t dlen, struct exs_prov_cm_event *ev,
-                       uint16_t *port_be_p, uint64_t *tok_p);
+int exs__vrb_pd_parse(const void *data, uint32_t dlen, struct exs_prov_cm_event *ev,
+                      uint16_t *port_be_p, uint64_t *tok_p);
 /* Goodbye datagrams (cm_lock held): HELLO (active, after the REP) tells the passive side
  * where to say goodbye; BYE (disconnect) or CLOSED (closed: ep_destroy) precedes an orderly
  * DREQ. */

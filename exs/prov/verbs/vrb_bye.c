@@ -57,11 +57,11 @@ int exs__vrb_pd_parse(const void *data, uint32_t dlen, struct exs_prov_cm_event 
  * where to say goodbye; BYE precedes an orderly DREQ (CLOSED: the DREQ of an endpoint
  * destroyed, closed for good). A DREQ without BYE is a dead peer. */
 
-#define VRB_DG_MAGIC 0x45585342u /* "EXSB" */
-#define VRB_DG_HELLO 1u
-#define VRB_DG_BYE   2u
+#define VRB_DG_MAGIC  0x45585342u /* "EXSB" */
+#define VRB_DG_HELLO  1u
+#define VRB_DG_BYE    2u
 #define VRB_DG_CLOSED 3u
-#define VRB_DG_LEN   26
+#define VRB_DG_LEN    26
 
 static void vrb_dg_send(struct vrb_ctx *ctx, const struct sockaddr_in *to, uint32_t type,
                         uint64_t dst_tok, uint64_t src_tok)

@@ -787,8 +787,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
             uint16_t port = 0;
             struct sockaddr *peer = rdma_get_peer_addr(ep->id);
 
-            if (exs__vrb_pd_parse(cme->param.conn.private_data,
-                                  cme->param.conn.private_data_len, ev, &port, &ep->peer_tok) &&
+            if (exs__vrb_pd_parse(cme->param.conn.private_data, cme->param.conn.private_data_len,
+                                  ev, &port, &ep->peer_tok) &&
                 port && ctx->udpfd >= 0 && peer && peer->sa_family == AF_INET) {
                 memcpy(&ep->peer_bye, peer, sizeof(ep->peer_bye));
                 ep->peer_bye.sin_port = port;
