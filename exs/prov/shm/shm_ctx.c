@@ -606,6 +606,52 @@ static void shm_ctx_close(struct exs_prov_ctx *c)
     shm_ctx_free(ctx);
 }
 
+/* fork (prov.h, ctx_fork), as the tcp provider's: the rendezvous sockets, pidfds and
+ * doorbells of connections and listeners are made and listed with nic_lock held, so
+ * holding it across the fork gives the child complete lists. The child closes its copies
+ * only (no byte is written to a socket, a doorbell or a ring; the inherited segments stay
+ * mapped, unused): the parent's connections and listeners stay as they are. */
+static void shm_ctx_fork(struct exs_prov_ctx *c, int phase)
+{
+    struct shm_ctx *ctx = shm_ctx_of(c);
+    struct exs_list *l;
+    int *fds[] = {&ctx->epfd, &ctx->bell, &ctx->timerfd, &ctx->evfd};
+
+    if (phase == EXS_FORK_PREPARE) {
+        pthread_mutex_lock(&ctx->nic_lock);
+        return;
+    }
+    if (phase == EXS_FORK_PARENT) {
+        pthread_mutex_unlock(&ctx->nic_lock);
+        return;
+    }
+    exs_list_for_each(l, &ctx->conns)
+    {
+        struct shm_conn *conn = exs_list_entry(l, struct shm_conn, link);
+        int *cfds[] = {&conn->fd, &conn->pidfd, &conn->bell};
+
+        for (size_t i = 0; i < EXS_ARRAY_SIZE(cfds); i++) {
+            if (*cfds[i] >= 0)
+                close(*cfds[i]);
+            *cfds[i] = -1;
+        }
+    }
+    exs_list_for_each(l, &ctx->listeners)
+    {
+        struct shm_listener *lis = exs_list_entry(l, struct shm_listener, link);
+
+        if (lis->fd >= 0)
+            close(lis->fd);
+        lis->fd = -1;
+    }
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(fds); i++) {
+        if (*fds[i] >= 0)
+            close(*fds[i]);
+        *fds[i] = -1;
+    }
+    exs__counters_unregister(&ctx->cset);
+}
+
 struct exs_prov_ops exs__prov_shm_ops = {
     .name = "shm",
     .ctx_open = shm_ctx_open,
@@ -616,6 +662,7 @@ struct exs_prov_ops exs__prov_shm_ops = {
     .ctx_progress = shm_ctx_progress,
     .ctx_poll = shm_ctx_poll,
     .ctx_cm_poll = shm_ctx_cm_poll,
+    .ctx_fork = shm_ctx_fork,
     .mr_reg = exs__shm_mr_reg,
     .mr_dereg = exs__shm_mr_dereg,
     .grant = exs__shm_grant,
