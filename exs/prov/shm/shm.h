@@ -256,6 +256,8 @@ struct shm_conn {
     struct shm_req *req;
     struct shm_listener *lis;
     int broken; /* PENDING: the peer went away before accept / reject */
+    int dying;  /* UP: exs__shm_conn_peer_died is taking what the peer finished: a copy
+                 * that fails again (-ESRCH) there only stops it (no recursion) */
     /* producer (ctx->lock) */
     uint64_t head;      /* our ring's published bytes */
     uint64_t peer_tail; /* the peer's consumed bytes, last seen (checked) */

@@ -314,10 +314,13 @@ void exs__shm_conn_peer_died(struct shm_conn *conn)
 {
     struct shm_ctx *ctx = conn->ctx;
 
+    if (conn->dying)
+        return; /* a copy failed while the service below ran: the end follows there */
     EXS_CNT_INC(ctx->cnt.peer_deaths);
     switch (conn->state) {
     case SHM_CONN_UP:
         /* what it finished before it died counts: its answers are in the segment */
+        conn->dying = 1;
         (void)exs__shm_conn_service(conn);
         exs__shm_conn_end(conn, -ECONNRESET, EXS_PROV_CM_F_PEER_CLOSED, 0);
         break;
