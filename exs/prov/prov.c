@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mman.h>
 
 #include "exs/prov/prov.h"
@@ -317,4 +318,13 @@ enum exs_prov_wc_opcode exs__prov_wr_wc_opcode(enum exs_prov_wr_opcode opcode)
         break;
     }
     return EXS_PROV_WC_SEND;
+}
+
+void exs__prov_fork_close(int *const *fds, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (*fds[i] >= 0)
+            close(*fds[i]);
+        *fds[i] = -1;
+    }
 }

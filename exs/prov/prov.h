@@ -466,6 +466,10 @@ static inline void exs__prov_ctx_fork(struct exs_prov_ctx *ctx, int phase)
     ctx->ops->ctx_fork(ctx, phase);
 }
 
+/* A provider's ctx_fork in the child: close the child's copies of n descriptors (each
+ * one that is >= 0; nothing is written to them) and set them to -1. */
+void exs__prov_fork_close(int *const *fds, size_t n);
+
 static inline int exs__prov_arm(struct exs_prov_ctx *ctx)
 {
     return ctx->ops->ctx_arm(ctx);

@@ -630,25 +630,15 @@ static void shm_ctx_fork(struct exs_prov_ctx *c, int phase)
         struct shm_conn *conn = exs_list_entry(l, struct shm_conn, link);
         int *cfds[] = {&conn->fd, &conn->pidfd, &conn->bell};
 
-        for (size_t i = 0; i < EXS_ARRAY_SIZE(cfds); i++) {
-            if (*cfds[i] >= 0)
-                close(*cfds[i]);
-            *cfds[i] = -1;
-        }
+        exs__prov_fork_close(cfds, EXS_ARRAY_SIZE(cfds));
     }
     exs_list_for_each(l, &ctx->listeners)
     {
         struct shm_listener *lis = exs_list_entry(l, struct shm_listener, link);
 
-        if (lis->fd >= 0)
-            close(lis->fd);
-        lis->fd = -1;
+        exs__prov_fork_close((int *const[]){&lis->fd}, 1);
     }
-    for (size_t i = 0; i < EXS_ARRAY_SIZE(fds); i++) {
-        if (*fds[i] >= 0)
-            close(*fds[i]);
-        *fds[i] = -1;
-    }
+    exs__prov_fork_close(fds, EXS_ARRAY_SIZE(fds));
     exs__counters_unregister(&ctx->cset);
 }
 

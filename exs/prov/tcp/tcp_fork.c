@@ -28,22 +28,14 @@ void exs__tcp_ctx_fork(struct exs_prov_ctx *c, int phase)
     {
         struct tcp_conn *conn = exs_list_entry(l, struct tcp_conn, link);
 
-        if (conn->fd >= 0)
-            close(conn->fd);
-        conn->fd = -1;
+        exs__prov_fork_close((int *const[]){&conn->fd}, 1);
     }
     exs_list_for_each(l, &ctx->listeners)
     {
         struct tcp_listener *lis = exs_list_entry(l, struct tcp_listener, link);
 
-        if (lis->fd >= 0)
-            close(lis->fd);
-        lis->fd = -1;
+        exs__prov_fork_close((int *const[]){&lis->fd}, 1);
     }
-    for (size_t i = 0; i < EXS_ARRAY_SIZE(fds); i++) {
-        if (*fds[i] >= 0)
-            close(*fds[i]);
-        *fds[i] = -1;
-    }
+    exs__prov_fork_close(fds, EXS_ARRAY_SIZE(fds));
     exs__counters_unregister(&ctx->cset);
 }
