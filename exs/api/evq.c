@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
+#include "exs/api/evq_int.h"
 #include "exs/api/kfd.h"
 #include "exs/engine/engine.h"
 #include "exs/util/lockorder.h"
@@ -56,38 +57,6 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
 #define EVQ_IDX_MAX   ((1 << EVQ_IDX_BITS) - 1) /* slots 0 .. EVQ_IDX_MAX - 1 */
 #define EVQ_GEN_MASK  0x7fff
 #define EVQ_TAB_FIRST 16 /* initial table size */
-
-/* A thread sleeping in a threshold dequeue (nevents < 0); lives on its stack. wfd is
- * readable while the smallest threshold is met, so a waiter with a larger one spins
- * through ppoll until that waiter has taken its events (a short, rare window). */
-struct evq_waiter {
-    int want; /* events it needs queued before it wakes */
-    struct evq_waiter *next;
-    struct evq_waiter *prev;
-};
-
-struct exs_evq {
-    pthread_mutex_t lock;
-    int refs; /* atomic; the table, gets and reservations */
-    exs_qhandle_t handle;
-    int depth;
-    exs_event_t *ring; /* depth entries, oldest at ring[head] */
-    int head;
-    int queued;   /* written under lock with atomic stores (spinners read it) */
-    int reserved; /* slots promised to outstanding operations */
-    int dead;     /* atomic store under lock: exs_qdelete ran */
-    int qfd;
-    int qfd_on; /* qfd counter is 1 */
-    int wfd;    /* -1 until the first threshold wait */
-    int wfd_on;
-    struct evq_waiter *waiters; /* threshold waiters */
-    int want_min;               /* smallest want among them, INT_MAX when none */
-    int private_;               /* a thread's synchronous-call queue (not counted live) */
-    int exposed;                /* exs_qfd was called: qfd is kept exact */
-    int sleepers;               /* threads about to sleep or asleep on qfd / wfd */
-    int mode;                   /* atomic: EXS_WAIT_* */
-    int spin_us;                /* atomic: adaptive spin, 0 = default */
-};
 
 struct evq_slot {
     struct exs_evq *evq; /* NULL when free */
@@ -413,112 +382,6 @@ int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
     return 0;
 }
 
-/*
- * Operation blocks. Every posting call allocates one operation and its event frees it, so
- * a stream of small sends spent a fifth of its instructions in malloc and free. Blocks of
- * up to EXS_EVQ_OP_BLOCK bytes are kept in a per-thread list of at most OP_CACHE_MAX: a thread
- * that posts and dequeues (run to completion) reuses its own; a block freed by another
- * thread goes to that thread's list, or to free() when the list is full. No lock: each
- * list is its thread's alone. A thread's list is freed when the thread exits (key
- * destructor) or, for the thread calling exs_fini, by exs__evq_op_cache_flush.
- */
-#ifndef __has_feature
-#define __has_feature(x) 0
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) ||                               \
-    __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define OP_CACHE_MAX 0 /* every block to free(): the sanitizers see each use after free */
-#else
-#define OP_CACHE_MAX 64
-#endif
-
-#if OP_CACHE_MAX > 0
-struct op_block {
-    struct op_block *next;
-};
-
-static __thread struct op_block *op_cache;
-static __thread unsigned op_cache_n;
-static pthread_key_t op_cache_key;
-static pthread_once_t op_cache_once = PTHREAD_ONCE_INIT;
-static int op_cache_keyed; /* the key exists: lists may be kept */
-
-static void op_cache_thread_exit(void *arg)
-{
-    struct op_block *b = op_cache;
-
-    (void)arg;
-    while (b) {
-        struct op_block *next = b->next;
-
-        free(b);
-        b = next;
-    }
-    op_cache = NULL;
-    op_cache_n = 0;
-}
-
-static void op_cache_init(void)
-{
-    op_cache_keyed = pthread_key_create(&op_cache_key, op_cache_thread_exit) == 0;
-}
-
-void exs__evq_op_cache_flush(void)
-{
-    op_cache_thread_exit(NULL);
-}
-
-static void *op_alloc(size_t size)
-{
-    struct op_block *b = op_cache;
-
-    if (size > EXS_EVQ_OP_BLOCK)
-        return calloc(1, size);
-    if (b) {
-        op_cache = b->next;
-        op_cache_n--;
-        memset(b, 0, size);
-        return b;
-    }
-    return calloc(1, EXS_EVQ_OP_BLOCK);
-}
-
-void exs__evq_op_free(void *mem, size_t size)
-{
-    struct op_block *b = mem;
-
-    if (!mem)
-        return;
-    if (size > EXS_EVQ_OP_BLOCK || op_cache_n >= OP_CACHE_MAX) {
-        free(mem);
-        return;
-    }
-    pthread_once(&op_cache_once, op_cache_init);
-    if (!op_cache_keyed) {
-        free(mem);
-        return;
-    }
-    if (!op_cache_n)
-        (void)pthread_setspecific(op_cache_key, &op_cache); /* non-NULL: run the destructor */
-    b->next = op_cache;
-    op_cache = b;
-    op_cache_n++;
-}
-#else
-void exs__evq_op_cache_flush(void) {}
-
-static void *op_alloc(size_t size)
-{
-    return calloc(1, size);
-}
-
-void exs__evq_op_free(void *mem, size_t size)
-{
-    (void)size;
-    free(mem);
-}
-#endif
-
 void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p)
 {
     void *mem;
@@ -528,7 +391,7 @@ void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_
         *err_p = ret;
         return NULL;
     }
-    mem = op_alloc(size);
+    mem = exs__evq_op_alloc(size);
     if (!mem) {
         exs__evq_unreserve(*evq_p);
         *err_p = ENOMEM;
@@ -698,23 +561,6 @@ int exs_qfd(exs_qhandle_t q)
     EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     exs__evq_put(evq);
     return fd;
-}
-
-int exs_qsetwait(exs_qhandle_t q, int mode, int spin_us)
-{
-    struct exs_evq *evq;
-    int ret;
-
-    if ((mode != EXS_WAIT_NOTIFY && mode != EXS_WAIT_POLL && mode != EXS_WAIT_ADAPTIVE) ||
-        spin_us < 0)
-        return exs__err(EINVAL);
-    ret = exs__evq_get(q, &evq);
-    if (ret < 0)
-        return exs__err(-ret);
-    __atomic_store_n(&evq->mode, mode, __ATOMIC_RELAXED);
-    __atomic_store_n(&evq->spin_us, spin_us, __ATOMIC_RELAXED);
-    exs__evq_put(evq);
-    return 0;
 }
 
 /* ---- dequeue ---- */
@@ -1008,92 +854,4 @@ void exs__evq_fork(int phase)
     /* a new lock: glibc's write unlock looks for the parent's thread id */
     pthread_rwlock_init(&evq_tab.lock, NULL);
     EXS_LOCK_RELEASE(EXS_LOCK_EVQ_TAB);
-}
-
-/* ---- queue attributes (UNH EXS names, spec/api.md) ---- */
-
-/* An int attribute value: 0, or EINVAL when the buffer cannot hold one. */
-static int evq_attr_int(void *val, socklen_t *len, int v)
-{
-    if (!val || !len || *len < sizeof(int))
-        return EINVAL;
-    memcpy(val, &v, sizeof(v));
-    *len = sizeof(int);
-    return 0;
-}
-
-int exs_qgetattr(exs_qhandle_t q, int attr, void *val, socklen_t *len)
-{
-    exs_signal_t sig = {.exs_sig_state = EXS_SIG_DISABLE};
-    struct exs_evq *evq;
-    int ret, err = 0;
-
-    ret = exs__evq_get(q, &evq);
-    if (ret < 0)
-        return exs__err(-ret);
-    switch (attr) {
-    case EXS_QATTR_DEPTH:
-        err = evq_attr_int(val, len, evq->depth);
-        break;
-    case EXS_QATTR_EVENTS:
-        err = evq_attr_int(val, len, __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE));
-        break;
-    case EXS_QATTR_WAIT:
-        err = evq_attr_int(val, len, __atomic_load_n(&evq->mode, __ATOMIC_RELAXED));
-        break;
-    case EXS_QATTR_SIGNAL:
-        if (!val || !len || *len < sizeof(sig)) {
-            err = EINVAL;
-            break;
-        }
-        memcpy(val, &sig, sizeof(sig)); /* never enabled */
-        *len = sizeof(sig);
-        break;
-    default:
-        err = EINVAL;
-        break;
-    }
-    exs__evq_put(evq);
-    return err ? exs__err(err) : 0;
-}
-
-int exs_qsetattr(exs_qhandle_t q, int attr, const void *val, socklen_t len)
-{
-    exs_signal_t sig;
-    struct exs_evq *evq;
-    int ret, v, err = 0;
-
-    ret = exs__evq_get(q, &evq);
-    if (ret < 0)
-        return exs__err(-ret);
-    switch (attr) {
-    case EXS_QATTR_WAIT:
-        if (!val || len != sizeof(int)) {
-            err = EINVAL;
-            break;
-        }
-        memcpy(&v, val, sizeof(v));
-        exs__evq_put(evq);
-        /* the spin bound stays the default (exs_qsetwait sets it) */
-        return exs_qsetwait(q, v, 0);
-    case EXS_QATTR_SIGNAL:
-        if (!val || len != sizeof(sig)) {
-            err = EINVAL;
-            break;
-        }
-        memcpy(&sig, val, sizeof(sig));
-        if (sig.exs_sig_state == EXS_SIG_ENABLE)
-            err = EOPNOTSUPP; /* no signal notification: exs_qfd with poll/epoll instead */
-        else if (sig.exs_sig_state != EXS_SIG_DISABLE)
-            err = EINVAL;
-        break;
-    case EXS_QATTR_DEPTH:
-        err = EOPNOTSUPP; /* fixed at exs_qcreate */
-        break;
-    default: /* EXS_QATTR_EVENTS is read only */
-        err = EINVAL;
-        break;
-    }
-    exs__evq_put(evq);
-    return err ? exs__err(err) : 0;
 }

@@ -170,9 +170,17 @@ out:
     return k;
 }
 
+/* The kfd of fd with a reference, or NULL when the table has none (nothing made). */
+struct kfd *exs__api_kfd_find(int fd)
+{
+    int err = 0;
+
+    return kfd_get(fd, 0, &err);
+}
+
 /* Take k out of the table and out of kfd_ep (k->lock held; the caller holds a
  * reference, so the table's is never the last here). */
-static void kfd_detach_locked(struct kfd *k)
+void exs__api_kfd_detach_locked(struct kfd *k)
 {
     if (!k->attached)
         return;
@@ -727,7 +735,7 @@ int exs__api_kfd_check(int fd)
 }
 
 /* Queue op on k and run the queues (k locked with our reference): unlocks and puts. */
-static void kfd_submit(struct kfd *k, struct kfd_op *op)
+void exs__api_kfd_submit(struct kfd *k, struct kfd_op *op)
 {
     exs_list_add_tail(op->type == EXS_EVT_RECV ? &k->recvq : &k->sendq, &op->link);
     exs__api_kfd_run_locked(k);
@@ -830,124 +838,6 @@ err_b:
     return exs__err(err);
 }
 
-int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
-{
-    int err, sync = q == EXS_QHANDLE_INVALID;
-    struct kfd_op *op;
-    struct kfd *k;
-    exs_event_t ev;
-
-    if ((err = exs__api_kfd_check(fd)))
-        return exs__err(err);
-    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
-        return exs__err(EINVAL);
-    op = exs__api_kfd_op_new(EXS_EVT_SHUTDOWN, sync, &q, ah, &err);
-    if (!op)
-        return exs__api_sync_fail(sync, q, err);
-    op->how = how;
-    k = exs__api_kfd_get_for_op(fd, op, &err);
-    if (!k)
-        return exs__api_sync_fail(sync, q, err);
-    if (how == SHUT_RD) {
-        /* not ordered with sends: at once (pending receives then see the end) */
-        int r = shutdown(fd, SHUT_RD);
-
-        exs__api_kfd_op_finish_locked(k, op, 0, r ? errno : 0);
-        exs__api_kfd_run_locked(k);
-        exs__api_kfd_update_locked(k);
-        exs__api_kfd_unlock(k);
-        exs__api_kfd_put(k);
-    } else {
-        kfd_submit(k, op); /* after the sends queued before it */
-    }
-    return exs__api_call_end(sync, q, &ev);
-}
-
-/* exs_close of k (locked) with its CLOSE op: from here the number belongs to this close:
- * every operation ends cancelled (in posting order per direction; the descriptor leaves
- * kfd_ep first), then the descriptor is closed, then the CLOSE event. */
-void exs__api_kfd_close_locked(struct kfd *k, struct kfd_op *op)
-{
-    struct exs_list *n;
-    int err = 0;
-
-    kfd_detach_locked(k);
-    while ((n = exs_list_pop_head(&k->sendq)))
-        exs__api_kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
-    while ((n = exs_list_pop_head(&k->recvq)))
-        exs__api_kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
-    k->snd_timeo = k->rcv_timeo = 0;
-    /* close() frees the descriptor whatever it returns (EINTR included) */
-    if (close(k->fd) && errno != EINTR)
-        err = errno;
-    exs__api_kfd_op_finish_locked(k, op, 0, err);
-}
-
-int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
-{
-    int err, sync = q == EXS_QHANDLE_INVALID;
-    struct kfd_op *op;
-    struct kfd *k;
-    exs_event_t ev;
-
-    if ((err = exs__api_kfd_check(fd)))
-        return exs__err(err);
-    op = exs__api_kfd_op_new(EXS_EVT_CLOSE, sync, &q, ah, &err);
-    if (!op)
-        return exs__api_sync_fail(sync, q, err);
-    k = exs__api_kfd_get_for_op(fd, op, &err);
-    if (!k)
-        return exs__api_sync_fail(sync, q, err);
-    if (k->file_busy && !k->close_op)
-        k->close_op = op; /* after the exs_sendfile writing now (kfd_sendfile_end) */
-    else
-        exs__api_kfd_close_locked(k, op);
-    exs__api_kfd_unlock(k);
-    exs__api_kfd_put(k);
-    return exs__api_call_end(sync, q, &ev);
-}
-
-int exs__api_kfd_cancel(int fd, exs_ahandle_t ah, int flags)
-{
-    struct exs_list *qs[2], *pos, *next;
-    struct kfd *k;
-    int ret = 0;
-
-    if (!exs__api_kfd_is_stream(fd))
-        return exs__err(ENOTSOCK);
-    if (exs__api_cancel_flags_bad(flags))
-        return exs__err(EINVAL);
-    k = kfd_get(fd, 0, &ret);
-    if (!k)
-        return 0; /* nothing pending */
-    exs__api_kfd_lock(k);
-    qs[0] = &k->sendq;
-    qs[1] = &k->recvq;
-    /* Only what moved no byte yet: the stream stays whole. A cancelled operation's
-     * event may come before those of earlier ones still pending. */
-    for (int i = 0; i < 2 && k->attached; i++) {
-        for (pos = qs[i]->next; pos != qs[i]; pos = next) {
-            struct kfd_op *op = exs_list_entry(pos, struct kfd_op, link);
-
-            next = pos->next;
-            if ((op->ah != ah && flags != EXS_CAF_FILDES) || op->done ||
-                op->type == EXS_EVT_SHUTDOWN)
-                continue;
-            exs_list_del(&op->link);
-            exs__api_kfd_op_finish_locked(k, op, -1, ECANCELED);
-        }
-    }
-    if (!k->attached || !exs_list_empty(&k->sendq) || !exs_list_empty(&k->recvq)) {
-        /* a send behind the cancelled head may now be writable */
-        if (k->attached)
-            exs__api_kfd_run_locked(k);
-        exs__api_kfd_update_locked(k);
-    }
-    exs__api_kfd_unlock(k);
-    exs__api_kfd_put(k);
-    return 0;
-}
-
 void exs__api_kfd_close_all(void)
 {
     for (;;) {
@@ -972,7 +862,7 @@ void exs__api_kfd_close_all(void)
         }
         k->n_send = k->n_recv = 0;
         k->snd_timeo = k->rcv_timeo = 0;
-        kfd_detach_locked(k);
+        exs__api_kfd_detach_locked(k);
         exs__api_kfd_unlock(k);
         exs__api_kfd_put(k);
     }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* Private to the kernel-socket files (kfd.c, kfd_opt.c, kfd_file.c): the per-descriptor
- * state and what one file needs of another. kfd.c's opening comment describes them. */
+/* Private to the kernel-socket files (kfd.c, kfd_close.c, kfd_opt.c, kfd_file.c): the
+ * per-descriptor state and what one file needs of another. kfd.c's opening comment describes them.
+ */
 #ifndef EXS_API_KFD_INT_H
 #define EXS_API_KFD_INT_H
 
@@ -71,6 +72,8 @@ struct kfd {
 int exs__api_kfd_check(int fd);
 int exs__api_kfd_verify_locked(struct kfd *k);
 void exs__api_kfd_count_locked(struct kfd *k);
+void exs__api_kfd_detach_locked(struct kfd *k);
+struct kfd *exs__api_kfd_find(int fd);
 void exs__api_kfd_close_locked(struct kfd *k, struct kfd_op *op);
 struct kfd *exs__api_kfd_get_for_op(int fd, struct kfd_op *op, int *err_p);
 struct kfd *exs__api_kfd_get_locked(int fd, int *err_p);
@@ -85,6 +88,7 @@ struct kfd_op *exs__api_kfd_op_new(int type, int sync, exs_qhandle_t *q, exs_aha
 void exs__api_kfd_put(struct kfd *k);
 void exs__api_kfd_ref(struct kfd *k);
 void exs__api_kfd_run_locked(struct kfd *k);
+void exs__api_kfd_submit(struct kfd *k, struct kfd_op *op);
 void exs__api_kfd_unlock(struct kfd *k);
 void exs__api_kfd_update_locked(struct kfd *k);
 

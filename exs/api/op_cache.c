@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: MIT */
+/* The event queue's operation block cache (see the comment below). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exs/api/evq.h"
+#include "exs/api/evq_int.h"
+
+/*
+ * Operation blocks. Every posting call allocates one operation and its event frees it, so
+ * a stream of small sends spent a fifth of its instructions in malloc and free. Blocks of
+ * up to EXS_EVQ_OP_BLOCK bytes are kept in a per-thread list of at most OP_CACHE_MAX: a thread
+ * that posts and dequeues (run to completion) reuses its own; a block freed by another
+ * thread goes to that thread's list, or to free() when the list is full. No lock: each
+ * list is its thread's alone. A thread's list is freed when the thread exits (key
+ * destructor) or, for the thread calling exs_fini, by exs__evq_op_cache_flush.
+ */
+#ifndef __has_feature
+#define __has_feature(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) ||                               \
+    __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define OP_CACHE_MAX 0 /* every block to free(): the sanitizers see each use after free */
+#else
+#define OP_CACHE_MAX 64
+#endif
+
+#if OP_CACHE_MAX > 0
+struct op_block {
+    struct op_block *next;
+};
+
+static __thread struct op_block *op_cache;
+static __thread unsigned op_cache_n;
+static pthread_key_t op_cache_key;
+static pthread_once_t op_cache_once = PTHREAD_ONCE_INIT;
+static int op_cache_keyed; /* the key exists: lists may be kept */
+
+static void op_cache_thread_exit(void *arg)
+{
+    struct op_block *b = op_cache;
+
+    (void)arg;
+    while (b) {
+        struct op_block *next = b->next;
+
+        free(b);
+        b = next;
+    }
+    op_cache = NULL;
+    op_cache_n = 0;
+}
+
+static void op_cache_init(void)
+{
+    op_cache_keyed = pthread_key_create(&op_cache_key, op_cache_thread_exit) == 0;
+}
+
+void exs__evq_op_cache_flush(void)
+{
+    op_cache_thread_exit(NULL);
+}
+
+void *exs__evq_op_alloc(size_t size)
+{
+    struct op_block *b = op_cache;
+
+    if (size > EXS_EVQ_OP_BLOCK)
+        return calloc(1, size);
+    if (b) {
+        op_cache = b->next;
+        op_cache_n--;
+        memset(b, 0, size);
+        return b;
+    }
+    return calloc(1, EXS_EVQ_OP_BLOCK);
+}
+
+void exs__evq_op_free(void *mem, size_t size)
+{
+    struct op_block *b = mem;
+
+    if (!mem)
+        return;
+    if (size > EXS_EVQ_OP_BLOCK || op_cache_n >= OP_CACHE_MAX) {
+        free(mem);
+        return;
+    }
+    pthread_once(&op_cache_once, op_cache_init);
+    if (!op_cache_keyed) {
+        free(mem);
+        return;
+    }
+    if (!op_cache_n)
+        (void)pthread_setspecific(op_cache_key, &op_cache); /* non-NULL: run the destructor */
+    b->next = op_cache;
+    op_cache = b;
+    op_cache_n++;
+}
+#else
+void exs__evq_op_cache_flush(void) {}
+
+void *exs__evq_op_alloc(size_t size)
+{
+    return calloc(1, size);
+}
+
+void exs__evq_op_free(void *mem, size_t size)
+{
+    (void)size;
+    free(mem);
+}
+#endif
