@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
+#include "exs/api/kfd.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -28,6 +29,10 @@
  *   3. the wait for those events ends at the socket's linger deadline: SO_LINGER's
  *      l_linger seconds when the socket set l_onoff, else EXS_EXIT_LINGER_MS; a socket
  *      with l_onoff and l_linger 0, or with linger 0, is not waited for;
+ *   kernel sockets (kfd.c) with sends still queued in the library get a flush mark behind
+ *      them and are waited for until it passes (EXS_EXIT_LINGER_MS): their bytes reach
+ *      the kernel, which sends them and ends the socket with the process, as it does for
+ *      bytes a plain send() gave it;
  *   4. exs_fini: whatever is left (not connected, not finished in time) is reset, as
  *      before (the peer sees ECONNRESET, as it does when the process is killed).
  *
@@ -57,6 +62,7 @@ struct exit_sock {
     int fd;
     int state;         /* EXIT_* */
     uint64_t deadline; /* exs__now_ns() */
+    int kernel;        /* a kernel socket: only its queued sends are waited for */
 };
 enum { EXIT_SKIP, EXIT_SHUTTING, EXIT_CLOSING, EXIT_DONE };
 
@@ -74,23 +80,27 @@ static int exit_has_linger(struct api_sock *s, uint64_t *ms_p)
  * latest deadline (plus what exs_fini may take) goes to r's bound. */
 static void exit_linger(struct exit_run *r)
 {
-    struct api_sock **all;
+    struct api_sock **all = NULL;
     struct exit_sock *e;
     exs_event_t evs[16];
     exs_qhandle_t q;
-    int n = 0, waiting = 0;
-
-    if (exs__api_sock_list(&all, &n))
-        return;
-    if (n == 0) {
-        free(all);
-        return;
-    }
+    int n = 0, nk, waiting = 0, *kfds = NULL;
     uint64_t last = 0;
 
-    e = calloc((size_t)n, sizeof(*e));
-    /* two events a socket (shutdown, close); past the deepest queue the rest reset */
-    q = e ? exs_qcreate(EXS_MIN(2 * n + 1, 1 << 20)) : EXS_QHANDLE_INVALID;
+    if (exs__api_sock_list(&all, &n))
+        n = 0;
+    nk = exs__api_kfd_fds(&kfds);
+    if (nk < 0)
+        nk = 0;
+    if (n + nk == 0) {
+        free(all);
+        free(kfds);
+        return;
+    }
+    e = calloc((size_t)(n + nk), sizeof(*e));
+    /* two events a socket (shutdown, close), one a kernel socket (its flush); past the
+     * deepest queue the rest reset */
+    q = e ? exs_qcreate(EXS_MIN(2 * n + nk + 1, 1 << 20)) : EXS_QHANDLE_INVALID;
     for (int i = 0; i < n; i++) {
         struct api_sock *s = all[i];
         uint64_t ms = 0;
@@ -110,6 +120,23 @@ static void exit_linger(struct exit_run *r)
         }
         exs__api_sock_put(s);
     }
+    /* Kernel sockets: the sends still queued in the library are written first, as the
+     * kernel would have taken them at send(); the socket itself stays the application's
+     * (the kernel ends it with the process). Bounded by EXS_EXIT_LINGER_MS. */
+    for (int j = 0; e && q != EXS_QHANDLE_INVALID && j < nk && exs__params.exit_linger_ms; j++) {
+        int i = n + j;
+
+        e[i].fd = kfds[j];
+        e[i].kernel = 1;
+        if (exs__api_kfd_flush(kfds[j], q, (exs_ahandle_t)(uintptr_t)(i + 1)) == 0) {
+            e[i].state = EXIT_SHUTTING;
+            e[i].deadline = exs__now_ns() + (uint64_t)exs__params.exit_linger_ms * 1000000u;
+            last = EXS_MAX(last, e[i].deadline);
+            waiting++;
+        }
+    }
+    free(kfds);
+    n += nk;
     free(all);
     if (r && last) {
         pthread_mutex_lock(&r->lock);
@@ -129,8 +156,9 @@ static void exit_linger(struct exit_run *r)
             if (e[i].deadline <= now) {
                 /* too late: exs_fini resets it (a close under way ends by itself) */
                 EXS_INFO(API, "fd %d: exit linger over, %s", e[i].fd,
-                         e[i].state == EXIT_SHUTTING ? "queued sends not delivered: reset"
-                                                     : "close not finished");
+                         e[i].kernel                   ? "queued sends on a kernel socket dropped"
+                         : e[i].state == EXIT_SHUTTING ? "queued sends not delivered: reset"
+                                                       : "close not finished");
                 e[i].state = EXIT_DONE;
                 waiting--;
                 continue;
@@ -150,7 +178,7 @@ static void exit_linger(struct exit_run *r)
             if (i < 0 || i >= n || e[i].state == EXIT_DONE)
                 continue;
             if (evs[k].exs_evt_type == EXS_EVT_SHUTDOWN && e[i].state == EXIT_SHUTTING &&
-                exs_close(e[i].fd, q, evs[k].exs_evt_ahandle) == 0) {
+                !e[i].kernel && exs_close(e[i].fd, q, evs[k].exs_evt_ahandle) == 0) {
                 e[i].state = EXIT_CLOSING;
                 continue;
             }

@@ -391,7 +391,7 @@ static void kfd_send_run_locked(struct kfd *k)
 
         if (op->type == EXS_EVT_SHUTDOWN) {
             /* every send before it is on the wire */
-            r = shutdown(k->fd, op->how);
+            r = op->how == KFD_HOW_FLUSH ? 0 : shutdown(k->fd, op->how);
             exs_list_del(&op->link);
             exs__api_kfd_op_finish_locked(k, op, 0, r ? errno : 0);
             continue;
@@ -836,6 +836,25 @@ err_b:
     if (b)
         exs__api_bounce_free(b);
     return exs__err(err);
+}
+
+/* The descriptors the table holds (a kfd each), in *fds_p (malloc'd); their count, or -1
+ * when out of memory. */
+int exs__api_kfd_fds(int **fds_p)
+{
+    int n = 0, *fds;
+
+    EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+    for (int fd = 0; fd < kfd_tab_len; fd++)
+        n += kfd_tab[fd] != NULL;
+    fds = malloc((size_t)EXS_MAX(n, 1) * sizeof(*fds));
+    n = 0;
+    for (int fd = 0; fds && fd < kfd_tab_len; fd++)
+        if (kfd_tab[fd])
+            fds[n++] = fd;
+    EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+    *fds_p = fds;
+    return fds ? n : -1;
 }
 
 void exs__api_kfd_close_all(void)

@@ -57,4 +57,10 @@ struct api_mreg;
 int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p);
 void exs__api_mreg_release(struct api_mreg *m);
 
+/* Process exit (exit.c): the descriptors with a kfd (malloc'd array, count or -1), and a
+ * flush mark queued behind fd's pending sends whose EXS_EVT_SHUTDOWN event on q says they
+ * are all in the kernel (0; ENOENT: none pending; or an errno). */
+int exs__api_kfd_fds(int **fds_p);
+int exs__api_kfd_flush(int fd, exs_qhandle_t q, exs_ahandle_t ah);
+
 #endif

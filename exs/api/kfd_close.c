@@ -125,3 +125,32 @@ int exs__api_kfd_cancel(int fd, exs_ahandle_t ah, int flags)
     exs__api_kfd_put(k);
     return 0;
 }
+
+/* At exit (exit.c): a mark queued behind the sends pending on fd. Its EXS_EVT_SHUTDOWN
+ * event on q comes once they are all written to the kernel, which then delivers them as
+ * it does for every socket a process leaves open; nothing is shut down. 0: queued;
+ * ENOENT: no send pending; or an errno (the queue is full, no memory). */
+int exs__api_kfd_flush(int fd, exs_qhandle_t q, exs_ahandle_t ah)
+{
+    struct kfd_op *op;
+    struct kfd *k;
+    int err = 0;
+
+    op = exs__api_kfd_op_new(EXS_EVT_SHUTDOWN, 0, &q, ah, &err);
+    if (!op)
+        return err;
+    op->how = KFD_HOW_FLUSH;
+    k = exs__api_kfd_find(fd);
+    if (k)
+        exs__api_kfd_lock(k);
+    if (!k || !k->attached || exs_list_empty(&k->sendq)) {
+        if (k) {
+            exs__api_kfd_unlock(k);
+            exs__api_kfd_put(k);
+        }
+        exs__api_kfd_op_drop(op);
+        return ENOENT;
+    }
+    exs__api_kfd_submit(k, op);
+    return 0;
+}

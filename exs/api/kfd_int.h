@@ -15,7 +15,7 @@ struct kfd_op {
     struct exs_list link; /* in k->sendq or k->recvq */
     int type;             /* EXS_EVT_SEND, RECV, SHUTDOWN or CLOSE */
     int flags;            /* recv: MSG_WAITALL */
-    int how;              /* shutdown */
+    int how;              /* shutdown; KFD_HOW_FLUSH: no shutdown, only the mark */
     char *buf;
     size_t len;
     size_t done; /* bytes moved so far */
@@ -67,6 +67,10 @@ struct kfd {
     int file_busy;
     struct kfd_op *close_op;
 };
+
+/* A SHUTDOWN op with this how shuts nothing down: its event says that every send queued
+ * before it is written to the kernel (the exit's flush, exs__api_kfd_flush). */
+#define KFD_HOW_FLUSH (-1)
 
 /* kfd.c */
 int exs__api_kfd_check(int fd);

@@ -423,6 +423,83 @@ START_TEST(test_exit_linger_bounded)
 }
 END_TEST
 
+/* A kernel TCP socket with exs_send operations still queued in the library at exit(0)
+ * (small socket buffers, a peer that reads only once the child has posted them all): the
+ * library writes them to the kernel before the process ends, so the peer reads every byte
+ * and then end of stream, as after plain send() calls. Before, exs_fini dropped them and
+ * the peer saw the stream cut short. */
+START_TEST(test_exit_kfd_delivers)
+{
+    enum { N = 64 };
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t alen = sizeof(a);
+    int lfd, fd, pfd[2], small = 16 << 10, status;
+    size_t got = 0, total = (size_t)N * FX_CHUNK;
+    uint8_t *want = malloc(total), *rb = malloc(FX_CHUNK);
+    char note;
+    pid_t pid;
+
+    ck_assert_ptr_nonnull(want);
+    ck_assert_ptr_nonnull(rb);
+    it_fill(want, total, 7);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    lfd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(lfd, 0);
+    ck_assert_int_eq(setsockopt(lfd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+    ck_assert_int_eq(listen(lfd, 1), 0);
+    ck_assert_int_eq(pipe(pfd), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        exs_qhandle_t q;
+        int c;
+
+        alarm(60);
+        close(pfd[0]);
+        c = socket(AF_INET, SOCK_STREAM, 0);
+        FK_CHECK(c >= 0, 40);
+        FK_CHECK(setsockopt(c, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)) == 0, 41);
+        FK_CHECK(connect(c, (struct sockaddr *)&a, sizeof(a)) == 0, 42);
+        FK_CHECK(exs_init(EXS_VERSION) == EXS_VERSION, 43);
+        q = exs_qcreate(N + 1);
+        FK_CHECK(q != EXS_QHANDLE_INVALID, 44);
+        for (int i = 0; i < N; i++)
+            FK_CHECK(exs_send(c, want + (size_t)i * FX_CHUNK, FX_CHUNK, 0, q, NULL,
+                              EXS_MHANDLE_UNREGISTERED) == 0,
+                     45);
+        FK_CHECK(write(pfd[1], "p", 1) == 1, 46);
+        exit(0); /* no exs_close, no exs_fini, sends still queued */
+    }
+    close(pfd[1]);
+    fd = accept(lfd, NULL, NULL);
+    ck_assert_int_ge(fd, 0);
+    /* nothing is read until every send is posted: most of them wait in the library */
+    ck_assert_int_eq(read(pfd[0], &note, 1), 1);
+    for (;;) {
+        ssize_t r = recv(fd, rb, FX_CHUNK, 0);
+
+        ck_assert_msg(r >= 0, "recv: %s", strerror(errno));
+        if (r == 0)
+            break;
+        ck_assert_msg(got + (size_t)r <= total, "more bytes than were sent");
+        ck_assert_msg(memcmp(rb, want + got, (size_t)r) == 0, "bytes differ at offset %zu", got);
+        got += (size_t)r;
+    }
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "child status %#x (exit code: the step that failed)", (unsigned)status);
+    ck_assert_msg(got == total, "end of stream after %zu of %zu bytes: sends queued at exit lost",
+                  got, total);
+    close(pfd[0]);
+    close(fd);
+    close(lfd);
+    free(rb);
+    free(want);
+}
+END_TEST
+
 Suite *integ_fork_suite(void)
 {
     Suite *s = suite_create("integ_fork");
@@ -437,6 +514,7 @@ Suite *integ_fork_suite(void)
     tcase_add_test(tc, test_exit_killed_resets);
     tcase_add_test(tc, test_exit_linger_zero_resets);
     tcase_add_test(tc, test_exit_linger_bounded);
+    tcase_add_test(tc, test_exit_kfd_delivers);
     suite_add_tcase(s, tc);
     return s;
 }
