@@ -299,7 +299,11 @@ START_TEST(test_fault_freeze)
     it_expect_no_event(a.sq, 0);
     ck_assert(it_all_bytes(r->p, MSG_LEN, IT_GUARD_BYTE)); /* not a byte landed */
     it_fault_set("fault_freeze_nth", "0");
-    ck_assert_uint_eq(fault_count("freeze"), 1);
+    /* a's sender froze at its first post; its receiver freezes too if it posted anything
+     * (an ADVERT of the receive, when the adaptive mode chose to send one): once per
+     * endpoint, never more */
+    ck_assert_uint_ge(fault_count("freeze"), 1);
+    ck_assert_uint_le(fault_count("freeze"), 2);
 
     it_fault_set("fault_freeze_ms", "0"); /* thaw */
     it_expect_send(a.cq, a.cfd, IT_AH(7), MSG_LEN);
