@@ -303,6 +303,9 @@ int exs__vrb_grant_settle(struct exs_prov_grant *gr)
     if (!done && !g->settle_wanted) {
         g->settle_wanted = 1;
         EXS_CNT_INC(ep->ctx->cnt.settle_waits);
+        EXS_DBG(PROV, "ep %p: rkey %#x: its bind not completed %llu us after posting: held",
+                (void *)ep, g->base.rkey,
+                (unsigned long long)((exs__now_ns() - g->posted_ns) / 1000));
     }
     pthread_mutex_unlock(&ep->lock);
     return done ? 0 : -EBUSY;
