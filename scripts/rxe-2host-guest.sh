@@ -115,6 +115,9 @@ run() {
         why=PASS
     fi
     say2 "--- $name: $why; ${t}s; rxe1 sent $s, received $r packets, duplicate requests $dup, retry exceeded $rex; $LINK sent $e"
+    # a failure: every nonzero rxe1 counter (totals since boot), to tell a stalled QP
+    # (retries, sequence errors, RNR) from the library's own verdict
+    [ $rc -eq 0 ] || say2 "rxe1 counters: $(cd $cnt && for f in *; do v=$(cat $f); [ "$v" = 0 ] || printf '%s=%s ' $f $v; done)"
     if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures="$failures $name"; fi
     return $rc
 }
