@@ -126,5 +126,6 @@ fi
 if ON b; then
     kill "$(cat /tmp/srv.pid)" 2>/dev/null
     echo "--- blast receiver output:"; cat blast-server.log
+    say2 "rxe1 counters: $(rxe_counters)"
 fi
 finish
