@@ -89,6 +89,8 @@ barrier() {
 }
 
 cnt=/sys/class/infiniband/rxe1/ports/1/hw_counters
+# every nonzero rxe1 counter, totals since rxe1 was added
+rxe_counters() { (cd $cnt && for f in *; do v=$(cat $f); [ "$v" = 0 ] || printf '%s=%s ' $f $v; done); }
 passed=0
 failed=0
 failures=
@@ -115,6 +117,9 @@ run() {
         why=PASS
     fi
     say2 "--- $name: $why; ${t}s; rxe1 sent $s, received $r packets, duplicate requests $dup, retry exceeded $rex; $LINK sent $e"
+    # a failure: every nonzero rxe1 counter (totals since boot), to tell a stalled QP
+    # (retries, sequence errors, RNR) from the library's own verdict
+    [ $rc -eq 0 ] || say2 "rxe1 counters: $(rxe_counters)"
     if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures="$failures $name"; fi
     return $rc
 }

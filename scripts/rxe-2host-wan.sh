@@ -12,7 +12,9 @@
 #    verified, over tcp; rxe1 is added back afterwards.
 # 3. The link down (netem loss 100% both ways) for WAN_DOWN seconds in a transfer without
 #    fallback: the times at which each end reports its error, from its own cut (printed;
-#    judged by reading them). WAN_PHASES="long cutover linkdown" picks the parts.
+#    judged by reading them). WAN_PHASES="long cutover linkdown" picks the parts;
+#    WAN_MODES="direct indirect dynamic", WAN_CCS="cubic bbr" and WAN_LOSSES="0 0.1% 1%"
+#    the runs of part 1 (WAN_CCS= for none).
 # Verdict lines as in check-rxe-2host. Numbers under TCG say little about the link and much
 # about the emulated CPUs; the comparisons are made in one run.
 for kv in "$@"; do export "$kv"; done
@@ -20,6 +22,7 @@ for kv in "$@"; do export "$kv"; done
 export EXS_PROVIDER=verbs EXS_FALLBACK=any
 : "${BLAST_PORT:=7471}" "${WAN_DELAY:=24ms}" "${WAN_TIME:=8}" "${WAN_LOSSES:=0 0.1% 1%}"
 : "${WAN_PHASES:=long cutover linkdown}" "${WAN_DOWN:=40}"
+: "${WAN_MODES:=direct indirect dynamic}" "${WAN_CCS=cubic bbr}"
 phase() { case " $WAN_PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 # Timestamped lines (guest uptime): each host's clock, compared only with itself.
 stamp() { while IFS= read -r l; do echo "[$(cut -d' ' -f1 /proc/uptime)] $l"; done; }
@@ -33,13 +36,13 @@ barrier "receiver up"
 if ON a && phase long; then
     for loss in $WAN_LOSSES; do
         if [ "$loss" = 0 ]; then netem delay $WAN_DELAY; else netem delay $WAN_DELAY loss $loss; fi
-        for mode in direct indirect dynamic; do
+        for mode in $WAN_MODES; do
             # EXS_FALLBACK=off at the sender: a connect that fails over verbs fails the run
             # (with auto or any it would go on over tcp, as it did at 0.1% and 1% loss)
             run "exs-$mode-loss$loss" 600 env EXS_FALLBACK=off ./blast -c $B -p $BLAST_PORT --sends 8 --recvs 8 \
                 --size exp:1M:4M --mode $mode --time $WAN_TIME --runs 1 --verify --quiet
         done
-        for cc in cubic bbr; do
+        for cc in $WAN_CCS; do
             echo $cc >/proc/sys/net/ipv4/tcp_congestion_control || continue
             # kernel TCP sends no packet through rxe1: judged by its exit status alone
             say2 "=== tcp-$cc-loss$loss"
@@ -123,5 +126,6 @@ fi
 if ON b; then
     kill "$(cat /tmp/srv.pid)" 2>/dev/null
     echo "--- blast receiver output:"; cat blast-server.log
+    say2 "rxe1 counters: $(rxe_counters)"
 fi
 finish

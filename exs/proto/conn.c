@@ -720,7 +720,11 @@ void exs__conn_tx_done_locked(struct exs_conn *conn, const struct exs_op *op)
 /* A cancelled operation always reports ECANCELED, whatever became of it. */
 void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
 {
-    exs__conn_revoke_op_locked(op); /* the peer's right ends with the operation */
+    /* the peer's right ends with the operation; where the provider cannot end it yet
+     * without ending the endpoint (a verbs window whose bind has not completed, behind
+     * sends the peer has not acknowledged), the op is handed back once it can */
+    if (op->grant && !exs__prov_grant_settle(op->grant))
+        exs__conn_revoke_op_locked(op);
     if (op->cancel)
         err = ECANCELED;
     op->result = err ? -1 : result;
@@ -734,6 +738,18 @@ void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
  * library's own ops (the send buffer's copies, §7.5) are nobody's events: a finished
  * send behind one still on the wire is handed back (its bytes are in the copy or were
  * written), while the internal ops themselves go in their own order. */
+/* A finished op whose grant still waits (exs__conn_op_finish_locked): ended now if the
+ * provider can, or the connection is past using its endpoint; else 0 (an
+ * EXS_PROV_WC_GRANT completion comes and the next delivery asks again). */
+static int conn_op_grant_ended_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    if (op->grant && (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
+        exs__prov_grant_settle(op->grant))
+        return 0;
+    exs__conn_revoke_op_locked(op);
+    return 1;
+}
+
 void exs__conn_deliver_locked(struct exs_conn *conn)
 {
     struct exs_list *pos, *next;
@@ -743,7 +759,7 @@ void exs__conn_deliver_locked(struct exs_conn *conn)
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         next = pos->next;
-        if (op->state != EXS_OPS_DONE) {
+        if (op->state != EXS_OPS_DONE || !conn_op_grant_ended_locked(conn, op)) {
             if (!op->internal)
                 break;
             internal_waits = 1;
@@ -759,7 +775,7 @@ void exs__conn_deliver_locked(struct exs_conn *conn)
     while (!exs_list_empty(&conn->recvq)) {
         struct exs_op *op = exs_list_entry(conn->recvq.next, struct exs_op, link);
 
-        if (op->state != EXS_OPS_DONE)
+        if (op->state != EXS_OPS_DONE || !conn_op_grant_ended_locked(conn, op))
             break;
         exs_list_del(&op->link);
         if (EXS_REQTRACE_ON && conn->rt)

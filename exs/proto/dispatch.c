@@ -424,6 +424,8 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
 /* A completion from the provider: a send work request leaves the cap's count. */
 static void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
+    if (cqe->opcode == EXS_PROV_WC_GRANT && !cqe->wr_id && cqe->status == EXS_PROV_WC_SUCCESS)
+        return; /* a held op's grant may end now: the pass after this run delivers it */
     if (conn->resume.pend && exs__resume_pend_cqe_locked(conn, cqe))
         return; /* a resume request's new path, on trial (§9.2) */
     if ((cqe->wr_id & WR_TAG_MASK) != WR_TAG_RX && conn->sq_out)

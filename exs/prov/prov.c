@@ -272,6 +272,7 @@ const char *exs__prov_wc_opcode_str(enum exs_prov_wc_opcode opcode)
         [EXS_PROV_WC_RDMA_READ] = "rdma_read",
         [EXS_PROV_WC_RECV] = "recv",
         [EXS_PROV_WC_RECV_RDMA_WITH_IMM] = "recv_rdma_with_imm",
+        [EXS_PROV_WC_GRANT] = "grant",
     };
 
     if ((unsigned)opcode < EXS_ARRAY_SIZE(names) && names[opcode])

@@ -187,6 +187,8 @@ enum exs_prov_wc_opcode {
     EXS_PROV_WC_RDMA_READ,          /* RDMA_READ finished; data is in the local sges */
     EXS_PROV_WC_RECV,               /* a SEND(_WITH_IMM) consumed a posted receive */
     EXS_PROV_WC_RECV_RDMA_WITH_IMM, /* an RDMA_WRITE_WITH_IMM consumed a posted receive */
+    EXS_PROV_WC_GRANT,              /* no work request of the caller (wr_id 0): a grant of ep whose
+                                     * grant_settle said -EBUSY would now say 0 */
 };
 
 enum {
@@ -350,6 +352,13 @@ struct exs_prov_ops {
      * progress is cut off (its remaining bytes are discarded) and fails at the peer
      * with REM_ACCESS_ERR. Every grant of an ep is revoked before ep_destroy. */
     void (*revoke)(struct exs_prov_grant *grant);
+    /* Whether revoke(grant) would now end the grant and nothing else: 0 yes; -EBUSY
+     * when the provider's own setting up of the key may still wait behind requests
+     * the peer holds up (verbs: the window's bind, not yet completed), so that revoke
+     * could keep its promise only by ending the endpoint. After -EBUSY, ep gets one
+     * completion with opcode EXS_PROV_WC_GRANT once the answer would be 0. Local,
+     * never waits; NULL (tcp, shm: a key is set up when grant returns) means 0. */
+    int (*grant_settle)(struct exs_prov_grant *grant);
 
     /* endpoints */
     /* Reserves room in the ctx completion queue for every completion the ep can
@@ -527,6 +536,13 @@ static inline int exs__prov_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr
 static inline void exs__prov_revoke(struct exs_prov_grant *grant)
 {
     grant->ep->ctx->ops->revoke(grant);
+}
+
+static inline int exs__prov_grant_settle(struct exs_prov_grant *grant)
+{
+    int (*settle)(struct exs_prov_grant *) = grant->ep->ctx->ops->grant_settle;
+
+    return settle ? settle(grant) : 0;
 }
 
 static inline int exs__prov_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,

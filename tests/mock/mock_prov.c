@@ -24,6 +24,8 @@ struct mock_mr {
 struct mock_grant {
     struct exs_prov_grant super;
     struct exs_list link; /* in ep->grants */
+    int held;             /* made under mock_grant_hold: not settled yet */
+    int asked;            /* grant_settle said -EBUSY: a GRANT completion is owed */
 };
 
 struct mock_wr {
@@ -111,6 +113,7 @@ struct mock_ctx {
         int err;
     } fail[MOCK_FAIL_MAX];
     struct mock_stats st;
+    int grant_hold; /* mock_grant_hold */
 };
 
 static struct {
@@ -924,6 +927,7 @@ static int mock_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, 
     g->super.length = length;
     g->super.rkey = mock_new_key();
     g->super.access = access;
+    g->held = ep->ctx->grant_hold;
     exs_list_add_tail(&ep->grants, &g->link);
     ep->ctx->st.grants++;
     *grant_p = &g->super;
@@ -933,10 +937,58 @@ static int mock_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, 
 static void mock_revoke(struct exs_prov_grant *gr)
 {
     struct mock_grant *g = exs_container_of(gr, struct mock_grant, super);
+    struct mock_ep *ep = MOCK_OF(mock_ep, gr->ep);
 
-    MOCK_OF(mock_ep, gr->ep)->ctx->st.revokes++;
+    ep->ctx->st.revokes++;
+    if (g->held) { /* as verbs with a window whose bind has not completed */
+        ep->ctx->st.revokes_held++;
+        ep_error(ep);
+    }
     exs_list_del(&g->link);
     free(g);
+}
+
+static int mock_grant_settle(struct exs_prov_grant *gr)
+{
+    struct mock_grant *g = exs_container_of(gr, struct mock_grant, super);
+
+    if (!g->held)
+        return 0;
+    g->asked = 1;
+    return -EBUSY;
+}
+
+void mock_grant_hold(struct exs_prov_ctx *c, int on)
+{
+    MOCK_OF(mock_ctx, c)->grant_hold = on;
+}
+
+int mock_grant_settle_all(struct exs_prov_ctx *c)
+{
+    struct exs_list *p, *q;
+    int n = 0;
+
+    exs_list_for_each(p, &fab.eps)
+    {
+        struct mock_ep *ep = exs_list_entry(p, struct mock_ep, link);
+
+        if (ep->ctx != MOCK_OF(mock_ctx, c))
+            continue;
+        exs_list_for_each(q, &ep->grants)
+        {
+            struct mock_grant *g = exs_list_entry(q, struct mock_grant, link);
+            struct exs_prov_cqe cqe = {.opcode = EXS_PROV_WC_GRANT};
+
+            if (!g->held)
+                continue;
+            g->held = 0;
+            n++;
+            if (g->asked)
+                ep_complete(ep, &cqe, 0);
+            g->asked = 0;
+        }
+    }
+    return n;
 }
 
 /* ---- endpoints ---- */
@@ -1365,6 +1417,7 @@ const struct exs_prov_ops mock_prov_ops = {
     .mr_put = mock_mr_put,
     .grant = mock_grant,
     .revoke = mock_revoke,
+    .grant_settle = mock_grant_settle,
     .ep_create = mock_ep_create,
     .ep_destroy = mock_ep_destroy,
     .ep_state = mock_ep_state,

@@ -79,6 +79,7 @@ struct mock_stats {
     uint64_t flushed;        /* WR_FLUSH_ERR completions */
     uint64_t grants;         /* grants made */
     uint64_t revokes;        /* grants revoked */
+    uint64_t revokes_held;   /* of them not settled (mock_grant_hold): the ep went to ERROR */
     uint32_t cq_max;         /* most entries the completion queue held at once */
     uint32_t reads_max;      /* most RDMA_READs of one ep posted and not yet polled */
 };
@@ -95,6 +96,14 @@ uint64_t mock_violations(void);
 typedef void (*mock_tap_fn)(void *arg, struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr,
                             const uint8_t *payload, uint32_t len);
 void mock_set_tap(mock_tap_fn fn, void *arg);
+
+/* Grants made on ctx while hold is on are not settled (as a verbs window whose bind
+ * waits behind sends the peer has not acknowledged): grant_settle says -EBUSY, and
+ * revoke ends the ep (ERROR, as the verbs provider must). mock_grant_settle_all settles
+ * every one of ctx's, queues an EXS_PROV_WC_GRANT completion for each that was asked
+ * about, and returns how many it settled. */
+void mock_grant_hold(struct exs_prov_ctx *ctx, int on);
+int mock_grant_settle_all(struct exs_prov_ctx *ctx);
 
 /* Receives currently posted on ep (for tests of credits). */
 uint32_t mock_recv_posted(struct exs_prov_ep *ep);

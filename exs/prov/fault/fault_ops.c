@@ -190,6 +190,14 @@ static void fault_revoke(struct exs_prov_grant *gr)
     free(g);
 }
 
+static int fault_grant_settle(struct exs_prov_grant *gr)
+{
+    struct fault_grant *g = exs_container_of(gr, struct fault_grant, base);
+    struct fault_ctx *ctx = fault_ep_of(gr->ep)->ctx;
+
+    return IOPS(ctx)->grant_settle ? IOPS(ctx)->grant_settle(g->inner) : 0;
+}
+
 /* ---- endpoints ---- */
 
 static int fault_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *attr,
@@ -533,8 +541,8 @@ static int fault_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr 
         .ctx_cm_poll = exs__fault_ctx_cm_poll, .ctx_fork = exs__fault_ctx_fork,                    \
         .mr_reg = fault_mr_reg, .mr_dereg = fault_mr_dereg, .mem_alloc = fault_mem_alloc,          \
         .mem_free = fault_mem_free, .mr_get = fault_mr_get, .mr_put = fault_mr_put,                \
-        .grant = fault_grant, .revoke = fault_revoke, .ep_create = fault_ep_create,                \
-        .ep_destroy = fault_ep_destroy, .ep_state = fault_ep_state,                                \
+        .grant = fault_grant, .revoke = fault_revoke, .grant_settle = fault_grant_settle,          \
+        .ep_create = fault_ep_create, .ep_destroy = fault_ep_destroy, .ep_state = fault_ep_state,  \
         .ep_local_addr = fault_ep_local_addr, .listen = fault_listen,                              \
         .listener_addr = fault_listener_addr, .listener_destroy = fault_listener_destroy,          \
         .listener_pause = fault_listener_pause, .connect = fault_connect, .accept = fault_accept,  \

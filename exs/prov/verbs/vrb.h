@@ -68,6 +68,7 @@ struct vrb_counters {
     uint64_t grants;
     uint64_t revokes;
     uint64_t revokes_early; /* revoked before the bind executed: the ep was ended */
+    uint64_t settle_waits;  /* grant_settle answered -EBUSY (bind not completed yet) */
     uint64_t grant_fails;
     uint64_t ep_nobufs; /* ep_create refused: the completion queue cannot hold the ep */
 };
@@ -325,9 +326,11 @@ const char *exs__vrb_grant_mode_str(enum vrb_grant_mode mode);
 int exs__vrb_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, size_t length,
                    unsigned access, struct exs_prov_grant **grant_p);
 void exs__vrb_revoke(struct exs_prov_grant *grant);
+int exs__vrb_grant_settle(struct exs_prov_grant *grant);
 /* An internal completion (wr_id & VRB_INT_BIT) of ep; ep->lock held. Returns a grant to
- * release with exs__vrb_grant_release once the lock is dropped, or NULL. */
-struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *wc);
+ * release with exs__vrb_grant_release once the lock is dropped, or NULL; *settled = 1
+ * when grant_settle said -EBUSY for it (the consumer gets an EXS_PROV_WC_GRANT). */
+struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *wc, int *settled);
 void exs__vrb_grant_release(struct vrb_grant *g);
 /* ep_destroy, QP already out of use: release what binds left behind. */
 void exs__vrb_grants_drop(struct vrb_ep *ep);

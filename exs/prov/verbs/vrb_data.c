@@ -74,16 +74,26 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         return -1;
     }
     if (wc->wr_id & VRB_INT_BIT) {
-        /* a window bind: the provider's own, never shown to ctx_poll's caller, and not
+        /* a window bind: the provider's own, shown to ctx_poll's caller only as the answer
+         * to a grant_settle that waited for it (EXS_PROV_WC_GRANT), and not
          * a retirement of the protocol's unsignaled requests (those stay counted until
          * a completion of their own, which errs on the safe side) */
         struct vrb_grant *rel;
+        int settled = 0;
 
         pthread_mutex_lock(&ep->lock);
-        rel = exs__vrb_int_complete(ep, wc);
+        rel = exs__vrb_int_complete(ep, wc, &settled);
         pthread_mutex_unlock(&ep->lock);
         exs__vrb_grant_release(rel);
-        return -1;
+        if (!settled)
+            return -1;
+        /* a grant_settle that said -EBUSY is answered (no slot to retire) */
+        memset(cqe, 0, sizeof(*cqe));
+        cqe->ep = &ep->base;
+        cqe->opcode = EXS_PROV_WC_GRANT;
+        if (retire_p)
+            *retire_p = 0;
+        return 0;
     }
     memset(cqe, 0, sizeof(*cqe));
     cqe->ep = &ep->base;

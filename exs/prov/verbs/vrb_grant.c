@@ -19,8 +19,10 @@ struct vrb_grant {
     struct ibv_mw *mw;    /* VRB_GRANT_MW, VRB_GRANT_MW_MR */
     struct ibv_mr *sub;   /* VRB_GRANT_MW_MR, VRB_GRANT_MR: exactly the range */
     uint64_t seq;         /* the bind's internal sequence */
+    uint64_t posted_ns;   /* when the bind was posted (diagnostics) */
     int bind_done;        /* its completion was seen, or it can no longer run (ep->lock) */
     int revoked;          /* revoke came before bind_done: released at the completion */
+    int settle_wanted;    /* grant_settle said -EBUSY: the completion is shown (ep->lock) */
     struct exs_list link; /* ep->grants (ep->lock) */
 };
 
@@ -214,6 +216,7 @@ int exs__vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, siz
     }
     /* the verbs library keeps the window's key as it was; the bind set a new one */
     g->mw->rkey = rkey;
+    g->posted_ns = exs__now_ns();
     ep->int_seq++;
     ep->int_out++;
     exs_list_add_tail(&ep->grants, &g->link);
@@ -263,8 +266,12 @@ void exs__vrb_revoke(struct exs_prov_grant *gr)
          * only. The window is released when the bind completes (or flushes). */
         g->revoked = 1;
         EXS_CNT_INC(ep->ctx->cnt.revokes_early);
-        EXS_DBG(PROV, "ep %p: rkey %#x revoked before its bind ran: ep to error", (void *)ep,
-                g->base.rkey);
+        EXS_DBG(PROV,
+                "ep %p: rkey %#x revoked %llu us after its bind was posted, before its "
+                "completion (%u binds, %llu requests outstanding): ep to error",
+                (void *)ep, g->base.rkey,
+                (unsigned long long)((exs__now_ns() - g->posted_ns) / 1000), ep->int_out,
+                (unsigned long long)(ep->sq_tail - ep->sq_head));
         exs__vrb_ep_kill_locked(ep);
         pthread_mutex_unlock(&ep->lock);
         return;
@@ -275,7 +282,36 @@ void exs__vrb_revoke(struct exs_prov_grant *gr)
     exs__vrb_grant_release(g);
 }
 
-struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *wc)
+/* The bind completes once every request posted before it did, so behind sends the peer
+ * has not acknowledged yet: a round trip and more on a long link, seconds when the
+ * link drops packets. The consumer asks here before it ends a grant, and holds what
+ * the grant covers until the answer is 0 (spec/provider.md, "Grants"). */
+int exs__vrb_grant_settle(struct exs_prov_grant *gr)
+{
+    struct vrb_grant *g = (struct vrb_grant *)gr;
+    struct vrb_ep *ep = vrb_ep_of(g->base.ep);
+    int done;
+
+    pthread_mutex_lock(&ep->lock);
+    done = g->bind_done;
+    pthread_mutex_unlock(&ep->lock);
+    if (done)
+        return 0;
+    exs__vrb_cq_reap(ep->ctx); /* its completion may be in the CQ, not polled yet */
+    pthread_mutex_lock(&ep->lock);
+    done = g->bind_done;
+    if (!done && !g->settle_wanted) {
+        g->settle_wanted = 1;
+        EXS_CNT_INC(ep->ctx->cnt.settle_waits);
+        EXS_DBG(PROV, "ep %p: rkey %#x: its bind not completed %llu us after posting: held",
+                (void *)ep, g->base.rkey,
+                (unsigned long long)((exs__now_ns() - g->posted_ns) / 1000));
+    }
+    pthread_mutex_unlock(&ep->lock);
+    return done ? 0 : -EBUSY;
+}
+
+struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *wc, int *settled)
 {
     uint64_t seq = wc->wr_id & VRB_SEQ_MASK;
     struct exs_list *pos;
@@ -287,6 +323,7 @@ struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *
         if (!g->mw || g->bind_done || g->seq != seq)
             continue;
         g->bind_done = 1;
+        *settled = g->settle_wanted;
         if (ep->int_out)
             ep->int_out--;
         if (wc->status != IBV_WC_SUCCESS) {
