@@ -3102,6 +3102,140 @@ START_TEST(hs_ka_ping_waits_for_credit)
 }
 END_TEST
 
+/* The rules no test above breaks, each named: a control SEND ending inside a header
+ * (0); an ADVERT of an indirect phase (1) or of no bytes (2) on STREAM, of a message
+ * number not above the last on SEQPACKET (3); an eager message not below eager_max (4);
+ * eager writes past the free ring on SEQPACKET (5); an ANNOUNCE (6) or a READ_DONE (7) on
+ * STREAM; a write returning more credits than were granted (8); a record (9) or a write
+ * (10) on a new path before the peer's RESUME (the wait set by hand: the cut-over's
+ * machinery is test_resume_*'s). */
+START_TEST(hs_named_rules)
+{
+    static const struct {
+        int stream;
+        enum exs_pv_rule rule;
+        unsigned rec;
+    } v[] = {
+        {0, EXS_PV_CTRL_TRUNCATED, EXS_PV_REC_NONE}, {1, EXS_PV_ADVERT, EXS_CTRL_ADVERT},
+        {1, EXS_PV_ADVERT, EXS_CTRL_ADVERT},         {0, EXS_PV_ADVERT, EXS_CTRL_ADVERT},
+        {0, EXS_PV_EAGER_SIZE, EXS_PV_REC_WRITE},    {0, EXS_PV_RING_OVERRUN, EXS_PV_REC_WRITE},
+        {1, EXS_PV_SOCK_TYPE, EXS_CTRL_ANNOUNCE},    {1, EXS_PV_SOCK_TYPE, EXS_CTRL_READ_DONE},
+        {0, EXS_PV_CREDITS, EXS_PV_REC_WRITE},       {0, EXS_PV_RESUME_FIRST, EXS_CTRL_NOP},
+        {1, EXS_PV_RESUME_FIRST, EXS_PV_REC_WRITE},
+    };
+    static uint8_t msg[1024];
+    uint8_t rec[2 * EXS_WIRE_ADVERT_LEN] = {0};
+    struct exs_wire_advert a;
+    struct exs_pv_state pv;
+
+    ck_assert_uint_eq(EXS_ARRAY_SIZE(v), 11);
+    raw_stream = v[_i].stream;
+    raw_open(v[_i].stream ? SOCK_STREAM : SOCK_SEQPACKET);
+    switch (_i) {
+    case 0: { /* a NOP, then half a header */
+        struct exs_wire_ctrl_hdr h = {.type = EXS_CTRL_NOP, .len = htobe16(EXS_WIRE_NOP_LEN)};
+
+        memcpy(rec, &h, sizeof(h));
+        raw_post(EXS_PROV_WR_SEND, rec, EXS_WIRE_NOP_LEN + 4, 0, 0, 0);
+        break;
+    }
+    case 1:
+    case 2:
+        make_advert(0, rec);
+        memcpy(&a, rec, sizeof(a));
+        if (_i == 1)
+            a.phase = htobe32(1);
+        else
+            a.len = 0;
+        raw_post(EXS_PROV_WR_SEND, &a, sizeof(a), 0, 0, 0);
+        break;
+    case 3: /* message 5 advertised twice */
+        make_advert(5, rec);
+        make_advert(5, rec + EXS_WIRE_ADVERT_LEN);
+        raw_post(EXS_PROV_WR_SEND, rec, sizeof(rec), 0, 0, 0);
+        break;
+    case 4:
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 1024, raw.peer.ring_addr, raw.peer.ring_rkey,
+                 exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+        break;
+    case 5: /* 4 x 1000 bytes fill the 4 KiB ring (no receive takes them), the fifth
+             * does not fit */
+        for (uint32_t i = 0; i < 5; i++) {
+            raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 1000,
+                     raw.peer.ring_addr + 1024u * (i % 4), raw.peer.ring_rkey,
+                     exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+            pt_run(&pp);
+            if (i < 4)
+                ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        }
+        break;
+    case 6:
+        make_announce(0, rec);
+        raw_post(EXS_PROV_WR_SEND, rec, EXS_WIRE_ANNOUNCE_LEN, 0, 0, 0);
+        break;
+    case 7: {
+        struct exs_wire_read_done d = {
+            .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
+        };
+
+        raw_post(EXS_PROV_WR_SEND, &d, sizeof(d), 0, 0, 0);
+        break;
+    }
+    case 8:
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 8, raw.peer.ring_addr, raw.peer.ring_rkey,
+                 exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, EXS_IMM_CREDITS_MAX, 0));
+        break;
+    default:
+        EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        pp.b.conn->resume.peer_wait = 1;
+        EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        if (_i == 9)
+            raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 0, NULL, 0);
+        else
+            raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 8, raw.peer.ring_addr,
+                     raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+        pt_run(&pp);
+        EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        pp.b.conn->resume.peer_wait = 0;
+        EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        break;
+    }
+    if (_i == 5) { /* what arrived before the overrun is still handed to receives */
+        ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+        ck_assert_pv(pp.b.conn, v[_i].rule);
+    } else {
+        expect_pv(v[_i].rule);
+    }
+    ck_assert_int_eq(exs__pv_get(pp.b.conn, &pv), 0);
+    ck_assert_uint_eq(pv.rec_type, v[_i].rec);
+    raw_stream = 0;
+    raw_close();
+}
+END_TEST
+
+/* The ring at a cut-over (§9.2): unread bytes that fit no region cannot come from a
+ * checked history (every arrival was checked against its ring), and if positions ever
+ * said so the cut would fail on the rule they break, named, not silently. */
+START_TEST(hs_ring_cut_positions)
+{
+    uint64_t saved;
+    int ret;
+
+    unit_pair_fresh(&pp, SOCK_STREAM, 0, 0);
+    pt_connect(&pp);
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    saved = pp.b.conn->rd_arrived;
+    pp.b.conn->rd_arrived = pp.b.conn->rd_consumed + pp.b.conn->p.ring_size + 1;
+    ret = exs__stream_ring_cut_locked(pp.b.conn);
+    pp.b.conn->rd_arrived = saved;
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(ret, -EPROTO);
+    ck_assert_pv(pp.b.conn, EXS_PV_RING_OVERRUN);
+    ck_assert_uint_eq(pp.b.conn->pv.rec_type, EXS_PV_REC_NONE);
+    pt_close_both(&pp);
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -3165,6 +3299,8 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_announce_cap);
     tcase_add_loop_test(tc, hs_advert_cap, 0, 2);
     tcase_add_test(tc, hs_announce_budget);
+    tcase_add_loop_test(tc, hs_named_rules, 0, 11);
+    tcase_add_test(tc, hs_ring_cut_positions);
     suite_add_tcase(s, tc);
     return s;
 }
