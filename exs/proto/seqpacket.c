@@ -76,14 +76,14 @@ int exs__seqpkt_on_advert_locked(struct exs_conn *conn, const struct exs_advert 
      * arrive: the queue then holds only receives ahead of the sender. */
     (void)sp_advert_head(conn);
     /* adverts come in receive-posting order, so their message numbers only grow */
-    if (conn->adv_count &&
-        a->seq <= conn->adverts[(conn->adv_head + conn->adv_count - 1) % conn->adv_cap].seq)
-        return exs__proto_violation(
-            conn, EXS_PV_ADVERT, EXS_CTRL_ADVERT, "message %llu after %llu",
-            (unsigned long long)a->seq,
-            (unsigned long long)conn
-                ->adverts[(conn->adv_head + conn->adv_count - 1) % conn->adv_cap]
-                .seq);
+    if (conn->adv_count) {
+        uint64_t last = conn->adverts[(conn->adv_head + conn->adv_count - 1) % conn->adv_cap].seq;
+
+        if (a->seq <= last)
+            return exs__proto_violation(conn, EXS_PV_ADVERT, EXS_CTRL_ADVERT,
+                                        "message %llu after %llu", (unsigned long long)a->seq,
+                                        (unsigned long long)last);
+    }
     return exs__advert_push_locked(conn, a);
 }
 
