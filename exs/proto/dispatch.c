@@ -182,25 +182,24 @@ static int rec_resume(struct exs_conn *conn, const uint8_t *rec, const struct ex
 }
 
 /* Every record type a connection takes: its length (exact: §5) and handler. A type not
- * here breaks the protocol (ctrl-type); one with a refused rule (none: EXS_PV_NONE) breaks
- * that rule. */
+ * here breaks the protocol (ctrl-type); one with a refused rule breaks that rule. */
 static const struct ctrl_rec {
     uint16_t len;
     rec_fn on;
     enum exs_pv_rule refused;
 } ctrl_recs[EXS_CTRL_TYPE_MAX + 1] = {
-    [EXS_CTRL_ACK] = {EXS_WIRE_ACK_LEN, rec_ack},
-    [EXS_CTRL_ADVERT] = {EXS_WIRE_ADVERT_LEN, rec_advert},
-    [EXS_CTRL_ANNOUNCE] = {EXS_WIRE_ANNOUNCE_LEN, rec_announce},
-    [EXS_CTRL_READ_DONE] = {EXS_WIRE_READ_DONE_LEN, rec_read_done},
-    [EXS_CTRL_SHUTDOWN] = {EXS_WIRE_SHUTDOWN_LEN, rec_shutdown},
-    [EXS_CTRL_NOP] = {EXS_WIRE_NOP_LEN, rec_nop},
-    [EXS_CTRL_RING] = {EXS_WIRE_RING_LEN, rec_ring},
-    [EXS_CTRL_DRAIN] = {EXS_WIRE_DRAIN_LEN, rec_drain},
-    [EXS_CTRL_TRACE] = {EXS_WIRE_TRACE_LEN, rec_trace},
-    [EXS_CTRL_RESIZE] = {EXS_WIRE_RESIZE_LEN, rec_resize},
-    [EXS_CTRL_SESSION] = {EXS_WIRE_SESSION_LEN, rec_session},
-    [EXS_CTRL_RESUME] = {EXS_WIRE_RESUME_LEN, rec_resume},
+    [EXS_CTRL_ACK] = {EXS_WIRE_ACK_LEN, rec_ack, EXS_PV_NONE},
+    [EXS_CTRL_ADVERT] = {EXS_WIRE_ADVERT_LEN, rec_advert, EXS_PV_NONE},
+    [EXS_CTRL_ANNOUNCE] = {EXS_WIRE_ANNOUNCE_LEN, rec_announce, EXS_PV_NONE},
+    [EXS_CTRL_READ_DONE] = {EXS_WIRE_READ_DONE_LEN, rec_read_done, EXS_PV_NONE},
+    [EXS_CTRL_SHUTDOWN] = {EXS_WIRE_SHUTDOWN_LEN, rec_shutdown, EXS_PV_NONE},
+    [EXS_CTRL_NOP] = {EXS_WIRE_NOP_LEN, rec_nop, EXS_PV_NONE},
+    [EXS_CTRL_RING] = {EXS_WIRE_RING_LEN, rec_ring, EXS_PV_NONE},
+    [EXS_CTRL_DRAIN] = {EXS_WIRE_DRAIN_LEN, rec_drain, EXS_PV_NONE},
+    [EXS_CTRL_TRACE] = {EXS_WIRE_TRACE_LEN, rec_trace, EXS_PV_NONE},
+    [EXS_CTRL_RESIZE] = {EXS_WIRE_RESIZE_LEN, rec_resize, EXS_PV_NONE},
+    [EXS_CTRL_SESSION] = {EXS_WIRE_SESSION_LEN, rec_session, EXS_PV_NONE},
+    [EXS_CTRL_RESUME] = {EXS_WIRE_RESUME_LEN, rec_resume, EXS_PV_NONE},
     /* taken by a resume request on trial only (§9.2): on a connection, a second one, or
      * one on a first path */
     [EXS_CTRL_AUTH] = {0, NULL, EXS_PV_AUTH},
