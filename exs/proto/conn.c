@@ -623,11 +623,9 @@ int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
 /* Store a received ADVERT at the tail of q_A, growing it up to a bound. */
 int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a)
 {
-    if (conn->adv_count >= EXS_WIRE_ADVERTS_MAX) {
-        EXS_INFO(PROTO, "conn %p: more than %u usable ADVERTs held (§6, §7: ADVERTS_MAX)",
-                 (void *)conn, EXS_WIRE_ADVERTS_MAX);
-        return -EPROTO;
-    }
+    if (conn->adv_count >= EXS_WIRE_ADVERTS_MAX)
+        return exs__proto_violation(conn, EXS_PV_ADVERTS_MAX, EXS_CTRL_ADVERT,
+                                    "%u usable ADVERTs held already", conn->adv_count);
     if (conn->adv_count == conn->adv_cap) {
         uint32_t cap = EXS_MIN(conn->adv_cap * 2, EXS_WIRE_ADVERTS_MAX);
         uint64_t more = exs__mem_chunk(cap * sizeof(*conn->adverts)) -

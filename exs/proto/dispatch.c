@@ -43,7 +43,10 @@ static int rec_ack(struct exs_conn *conn, const uint8_t *rec, const struct exs_w
     memcpy(&a, rec, sizeof(a));
     c = be64toh(a.ring_consumed);
     if (c - conn->wr_consumed > conn->wr_tail - conn->wr_consumed)
-        return -EPROTO;
+        return exs__proto_violation(conn, EXS_PV_ACK_RANGE, EXS_CTRL_ACK,
+                                    "consumed %llu, written %llu, consumed before %llu",
+                                    (unsigned long long)c, (unsigned long long)conn->wr_tail,
+                                    (unsigned long long)conn->wr_consumed);
     conn->wr_consumed = c;
     return 0;
 }
@@ -51,7 +54,6 @@ static int rec_ack(struct exs_conn *conn, const uint8_t *rec, const struct exs_w
 static int rec_advert(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
 {
     struct exs_wire_advert w;
-    int ret;
 
     (void)h;
     memcpy(&w, rec, sizeof(w));
@@ -64,24 +66,19 @@ static int rec_advert(struct exs_conn *conn, const uint8_t *rec, const struct ex
         .phase = be32toh(w.phase),
         .flags = w.hdr.flags,
     };
-    ret = conn->dp->on_advert(conn, &a);
-    if (ret)
-        return ret == -ENOBUFS ? ret : -EPROTO;
-    return 0;
+    return conn->dp->on_advert(conn, &a); /* a violation recorded there */
 }
 
 static int rec_announce(struct exs_conn *conn, const uint8_t *rec,
                         const struct exs_wire_ctrl_hdr *h)
 {
     struct exs_wire_announce a;
-    int ret;
 
     (void)h;
     memcpy(&a, rec, sizeof(a));
-    ret = conn->dp->on_announce ? conn->dp->on_announce(conn, &a) : -EPROTO;
-    if (ret)
-        return ret == -ENOBUFS ? ret : -EPROTO;
-    return 0;
+    if (!conn->dp->on_announce)
+        return exs__proto_violation(conn, EXS_PV_SOCK_TYPE, EXS_CTRL_ANNOUNCE, "on STREAM");
+    return conn->dp->on_announce(conn, &a);
 }
 
 static int rec_read_done(struct exs_conn *conn, const uint8_t *rec,
@@ -91,9 +88,9 @@ static int rec_read_done(struct exs_conn *conn, const uint8_t *rec,
 
     (void)h;
     memcpy(&d, rec, sizeof(d));
-    if (!conn->dp->on_read_done || conn->dp->on_read_done(conn, be64toh(d.seq)))
-        return -EPROTO;
-    return 0;
+    if (!conn->dp->on_read_done)
+        return exs__proto_violation(conn, EXS_PV_SOCK_TYPE, EXS_CTRL_READ_DONE, "on STREAM");
+    return conn->dp->on_read_done(conn, be64toh(d.seq));
 }
 
 static int rec_shutdown(struct exs_conn *conn, const uint8_t *rec,
@@ -108,7 +105,11 @@ static int rec_shutdown(struct exs_conn *conn, const uint8_t *rec,
      * for data that never comes */
     if (conn->peer_shut || be64toh(s.seq) != exs__resume_arrived_locked(conn) ||
         conn->seqpkt.rx_frag)
-        return -EPROTO;
+        return exs__proto_violation(
+            conn, EXS_PV_SHUTDOWN, EXS_CTRL_SHUTDOWN, "%scount %llu, arrived %llu%s",
+            conn->peer_shut ? "a second, " : "", (unsigned long long)be64toh(s.seq),
+            (unsigned long long)exs__resume_arrived_locked(conn),
+            conn->seqpkt.rx_frag ? ", inside a fragmented message" : "");
     conn->peer_shut = 1;
     conn->peer_total = be64toh(s.seq);
     return 0;
@@ -117,9 +118,7 @@ static int rec_shutdown(struct exs_conn *conn, const uint8_t *rec,
 static int rec_nop(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
 {
     (void)rec;
-    if (exs__conn_ka_on_nop_locked(conn, h->flags))
-        return -EPROTO;
-    return 0;
+    return exs__conn_ka_on_nop_locked(conn, h->flags);
 }
 
 static int rec_ring(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
@@ -139,9 +138,9 @@ static int rec_drain(struct exs_conn *conn, const uint8_t *rec, const struct exs
 
     (void)h;
     memcpy(&d, rec, sizeof(d));
-    if (!conn->dp->on_drain || conn->dp->on_drain(conn, &d))
-        return -EPROTO;
-    return 0;
+    if (!conn->dp->on_drain)
+        return exs__proto_violation(conn, EXS_PV_SOCK_TYPE, EXS_CTRL_DRAIN, "on SEQPACKET");
+    return conn->dp->on_drain(conn, &d);
 }
 
 static int rec_trace(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
@@ -150,9 +149,7 @@ static int rec_trace(struct exs_conn *conn, const uint8_t *rec, const struct exs
 
     (void)h;
     memcpy(&t, rec, sizeof(t));
-    if (exs__reqtrace_on_record_locked(conn, &t))
-        return -EPROTO;
-    return 0;
+    return exs__reqtrace_on_record_locked(conn, &t);
 }
 
 static int rec_resize(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
@@ -161,14 +158,9 @@ static int rec_resize(struct exs_conn *conn, const uint8_t *rec, const struct ex
 
     (void)h;
     memcpy(&r, rec, sizeof(r));
-    if (!conn->dp->on_resize) {
-        EXS_INFO(PROTO, "conn %p: RESIZE on a SEQPACKET conn or with flags %#x", (void *)conn,
-                 r.hdr.flags);
-        return -EPROTO;
-    }
-    if (conn->dp->on_resize(conn, &r))
-        return -EPROTO;
-    return 0;
+    if (!conn->dp->on_resize)
+        return exs__proto_violation(conn, EXS_PV_SOCK_TYPE, EXS_CTRL_RESIZE, "on SEQPACKET");
+    return conn->dp->on_resize(conn, &r);
 }
 
 static int rec_session(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
@@ -177,9 +169,7 @@ static int rec_session(struct exs_conn *conn, const uint8_t *rec, const struct e
 
     (void)h;
     memcpy(&s, rec, sizeof(s));
-    if (exs__resume_on_session_locked(conn, &s))
-        return -EPROTO;
-    return 0;
+    return exs__resume_on_session_locked(conn, &s);
 }
 
 static int rec_resume(struct exs_conn *conn, const uint8_t *rec, const struct exs_wire_ctrl_hdr *h)
@@ -188,33 +178,31 @@ static int rec_resume(struct exs_conn *conn, const uint8_t *rec, const struct ex
 
     (void)h;
     memcpy(&r, rec, sizeof(r));
-    if (exs__resume_on_resume_locked(conn, &r))
-        return -EPROTO;
-    return 0;
+    return exs__resume_on_resume_locked(conn, &r);
 }
 
 /* Every record type a connection takes: its length (exact: §5) and handler. A type not
- * here, or with refused set, breaks the protocol (refused is logged first). */
+ * here breaks the protocol (ctrl-type); one with a refused rule breaks that rule. */
 static const struct ctrl_rec {
     uint16_t len;
     rec_fn on;
-    const char *refused;
+    enum exs_pv_rule refused;
 } ctrl_recs[EXS_CTRL_TYPE_MAX + 1] = {
-    [EXS_CTRL_ACK] = {EXS_WIRE_ACK_LEN, rec_ack, NULL},
-    [EXS_CTRL_ADVERT] = {EXS_WIRE_ADVERT_LEN, rec_advert, NULL},
-    [EXS_CTRL_ANNOUNCE] = {EXS_WIRE_ANNOUNCE_LEN, rec_announce, NULL},
-    [EXS_CTRL_READ_DONE] = {EXS_WIRE_READ_DONE_LEN, rec_read_done, NULL},
-    [EXS_CTRL_SHUTDOWN] = {EXS_WIRE_SHUTDOWN_LEN, rec_shutdown, NULL},
-    [EXS_CTRL_NOP] = {EXS_WIRE_NOP_LEN, rec_nop, NULL},
-    [EXS_CTRL_RING] = {EXS_WIRE_RING_LEN, rec_ring, NULL},
-    [EXS_CTRL_DRAIN] = {EXS_WIRE_DRAIN_LEN, rec_drain, NULL},
-    [EXS_CTRL_TRACE] = {EXS_WIRE_TRACE_LEN, rec_trace, NULL},
-    [EXS_CTRL_RESIZE] = {EXS_WIRE_RESIZE_LEN, rec_resize, NULL},
-    [EXS_CTRL_SESSION] = {EXS_WIRE_SESSION_LEN, rec_session, NULL},
-    [EXS_CTRL_RESUME] = {EXS_WIRE_RESUME_LEN, rec_resume, NULL},
+    [EXS_CTRL_ACK] = {EXS_WIRE_ACK_LEN, rec_ack, EXS_PV_NONE},
+    [EXS_CTRL_ADVERT] = {EXS_WIRE_ADVERT_LEN, rec_advert, EXS_PV_NONE},
+    [EXS_CTRL_ANNOUNCE] = {EXS_WIRE_ANNOUNCE_LEN, rec_announce, EXS_PV_NONE},
+    [EXS_CTRL_READ_DONE] = {EXS_WIRE_READ_DONE_LEN, rec_read_done, EXS_PV_NONE},
+    [EXS_CTRL_SHUTDOWN] = {EXS_WIRE_SHUTDOWN_LEN, rec_shutdown, EXS_PV_NONE},
+    [EXS_CTRL_NOP] = {EXS_WIRE_NOP_LEN, rec_nop, EXS_PV_NONE},
+    [EXS_CTRL_RING] = {EXS_WIRE_RING_LEN, rec_ring, EXS_PV_NONE},
+    [EXS_CTRL_DRAIN] = {EXS_WIRE_DRAIN_LEN, rec_drain, EXS_PV_NONE},
+    [EXS_CTRL_TRACE] = {EXS_WIRE_TRACE_LEN, rec_trace, EXS_PV_NONE},
+    [EXS_CTRL_RESIZE] = {EXS_WIRE_RESIZE_LEN, rec_resize, EXS_PV_NONE},
+    [EXS_CTRL_SESSION] = {EXS_WIRE_SESSION_LEN, rec_session, EXS_PV_NONE},
+    [EXS_CTRL_RESUME] = {EXS_WIRE_RESUME_LEN, rec_resume, EXS_PV_NONE},
     /* taken by a resume request on trial only (§9.2): on a connection, a second one, or
      * one on a first path */
-    [EXS_CTRL_AUTH] = {0, NULL, "AUTH record where none may come"},
+    [EXS_CTRL_AUTH] = {0, NULL, EXS_PV_AUTH},
 };
 
 static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32_t len)
@@ -228,32 +216,37 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
         int ret;
 
         if (len - off < EXS_WIRE_CTRL_HDR_LEN)
-            return -EPROTO;
+            return exs__proto_violation(conn, EXS_PV_CTRL_TRUNCATED, EXS_PV_REC_NONE,
+                                        "%u bytes left at offset %u of %u", len - off, off, len);
         memcpy(&h, buf + off, sizeof(h));
         rlen = be16toh(h.len);
         if (rlen < EXS_WIRE_CTRL_HDR_LEN || rlen % 8 || rlen > len - off)
-            return -EPROTO;
+            return exs__proto_violation(conn, EXS_PV_CTRL_LEN, h.type,
+                                        "length %u at offset %u of %u", rlen, off, len);
         k = h.type <= EXS_CTRL_TYPE_MAX ? &ctrl_recs[h.type] : NULL;
-        if (k && k->refused) {
-            EXS_INFO(PROTO, "conn %p: %s", (void *)conn, k->refused);
-            return -EPROTO;
-        }
-        if (!k || !k->on || rlen != k->len)
-            return -EPROTO;
+        if (k && k->refused)
+            return exs__proto_violation(conn, k->refused, h.type, "on a connection");
+        if (!k || !k->on)
+            return exs__proto_violation(conn, EXS_PV_CTRL_TYPE, h.type, "type %u", h.type);
+        if (rlen != k->len)
+            return exs__proto_violation(conn, EXS_PV_CTRL_SIZE, h.type, "length %u, want %u", rlen,
+                                        k->len);
         /* the peer's RING comes first and once (§2) */
         if ((h.type == EXS_CTRL_RING) == conn->peer_ring_keyed)
-            return -EPROTO;
+            return exs__proto_violation(conn, EXS_PV_RING_ORDER, h.type,
+                                        conn->peer_ring_keyed ? "a second RING"
+                                                              : "before the peer's RING");
         /* on a cut-over's new path its RESUME comes next (§9.2) */
-        if (conn->resume.peer_wait && h.type != EXS_CTRL_RING && h.type != EXS_CTRL_RESUME) {
-            EXS_INFO(PROTO, "conn %p: record type %u before the peer's RESUME", (void *)conn,
-                     h.type);
-            return -EPROTO;
-        }
+        if (conn->resume.peer_wait && h.type != EXS_CTRL_RING && h.type != EXS_CTRL_RESUME)
+            return exs__proto_violation(conn, EXS_PV_RESUME_FIRST, h.type,
+                                        "on the new path before the peer's RESUME");
         EXS_TRACE(PROTO, "conn %p: control record type %u, %u credits", (void *)conn, h.type,
                   be16toh(h.credits));
         conn->credits += be16toh(h.credits);
         if (conn->credits > conn->peer.credits)
-            return -EPROTO;
+            return exs__proto_violation(conn, EXS_PV_CREDITS, h.type,
+                                        "%u returned, %u held of the %u granted",
+                                        be16toh(h.credits), conn->credits, conn->peer.credits);
         ret = k->on(conn, buf + off, &h);
         if (ret)
             return ret;
@@ -272,17 +265,24 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
     } else if (cqe->opcode == EXS_PROV_WC_RECV_RDMA_WITH_IMM &&
                (cqe->flags & EXS_PROV_WC_WITH_IMM)) {
         conn->credits += exs_imm_credits(cqe->imm_data);
-        if (conn->credits > conn->peer.credits || conn->resume.peer_wait)
-            ret = -EPROTO;
+        if (conn->credits > conn->peer.credits)
+            ret = exs__proto_violation(
+                conn, EXS_PV_CREDITS, EXS_PV_REC_WRITE, "%u returned, %u held of the %u granted",
+                exs_imm_credits(cqe->imm_data), conn->credits, conn->peer.credits);
+        else if (conn->resume.peer_wait)
+            ret = exs__proto_violation(conn, EXS_PV_RESUME_FIRST, EXS_PV_REC_WRITE,
+                                       "on the new path before the peer's RESUME");
         else
             ret = conn->dp->on_data(conn, cqe->imm_data, cqe->byte_len);
     } else {
-        ret = -EPROTO;
+        ret = exs__proto_violation(conn, EXS_PV_COMPLETION, EXS_PV_REC_COMPLETION,
+                                   "opcode %d, flags %#x", (int)cqe->opcode, cqe->flags);
     }
     if (ret) {
         exs__conn_fail_locked(conn, ECONNRESET,
-                              ret == -ENOBUFS ? "memory budget (EXS_MEM_BUDGET) reached"
-                                              : "peer broke the protocol");
+                              ret == -ENOBUFS  ? "memory budget (EXS_MEM_BUDGET) reached"
+                              : ret == -ENOMEM ? "out of memory"
+                                               : "peer broke the protocol");
         return;
     }
     if (EXS_REQTRACE_ON && conn->rt)

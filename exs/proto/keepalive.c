@@ -98,10 +98,9 @@ int exs__conn_ka_on_nop_locked(struct exs_conn *conn, uint8_t flags)
 {
     if (!(flags & EXS_NOP_PING))
         return 0;
-    if (!exs__conn_ka_alive(conn)) {
-        EXS_INFO(PROTO, "conn %p: keepalive PING from a peer without feature ALIVE", (void *)conn);
-        return -EPROTO;
-    }
+    if (!exs__conn_ka_alive(conn))
+        return exs__proto_violation(conn, EXS_PV_FEATURE, EXS_CTRL_NOP,
+                                    "a PING without feature ALIVE");
     conn->keepalive.answer = 1;
     return 0;
 }

@@ -381,15 +381,16 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
     struct exs_reqtrace_rx *free_e = NULL;
 
     /* the request travels just before its message: nothing of seq has arrived yet */
-    if (w->hdr.flags || w->t_arrival || w->t_delivery || w->t_answer ||
-        (conn->dp->bytes ? seq <= rt_st_arrived(conn) : seq != conn->rx_seq)) {
-        EXS_INFO(PROTO,
-                 "conn %p: TRACE request for message %llu (flags %#x) while message "
-                 "%llu is next",
-                 (void *)conn, (unsigned long long)seq, w->hdr.flags,
-                 (unsigned long long)conn->rx_seq);
-        return -EPROTO;
-    }
+    if (w->hdr.flags)
+        return exs__proto_violation(conn, EXS_PV_RESERVED, EXS_CTRL_TRACE, "request with flags %#x",
+                                    w->hdr.flags);
+    if (w->t_arrival || w->t_delivery || w->t_answer ||
+        (conn->dp->bytes ? seq <= rt_st_arrived(conn) : seq != conn->rx_seq))
+        return exs__proto_violation(
+            conn, EXS_PV_TRACE, EXS_CTRL_TRACE, "request for %llu%s while %llu is next",
+            (unsigned long long)seq,
+            w->t_arrival || w->t_delivery || w->t_answer ? " with times" : "",
+            (unsigned long long)(conn->dp->bytes ? rt_st_arrived(conn) : conn->rx_seq));
     rt = rt_get(conn);
     if (!rt)
         return -ENOMEM;
@@ -406,11 +407,10 @@ static int rt_on_request(struct exs_conn *conn, const struct exs_wire_trace *w, 
         if (!rt->rx[i].used && !free_e)
             free_e = &rt->rx[i];
     }
-    if (!free_e) {
-        EXS_INFO(PROTO, "conn %p: TRACE request beyond %u outstanding", (void *)conn,
-                 EXS_REQTRACE_SLOTS);
-        return -EPROTO;
-    }
+    if (!free_e)
+        return exs__proto_violation(conn, EXS_PV_TRACE, EXS_CTRL_TRACE,
+                                    "request for %llu beyond %u outstanding",
+                                    (unsigned long long)seq, EXS_REQTRACE_SLOTS);
     memset(free_e, 0, sizeof(*free_e));
     free_e->used = 1;
     free_e->seq = seq;
@@ -427,12 +427,12 @@ static int rt_on_answer(struct exs_conn *conn, const struct exs_wire_trace *w, u
     int dropped = w->hdr.flags & EXS_TRACE_DROPPED;
 
     if (w->hdr.flags & ~(EXS_TRACE_ANSWER | EXS_TRACE_DROPPED))
-        return -EPROTO;
-    if (dropped ? (t2 | ta | td | t3) != 0 : !(t2 && t2 <= ta && ta <= td && td <= t3)) {
-        EXS_INFO(PROTO, "conn %p: TRACE answer for message %llu with times out of order",
-                 (void *)conn, (unsigned long long)seq);
-        return -EPROTO;
-    }
+        return exs__proto_violation(conn, EXS_PV_RESERVED, EXS_CTRL_TRACE, "answer with flags %#x",
+                                    w->hdr.flags);
+    if (dropped ? (t2 | ta | td | t3) != 0 : !(t2 && t2 <= ta && ta <= td && td <= t3))
+        return exs__proto_violation(conn, EXS_PV_TRACE, EXS_CTRL_TRACE,
+                                    "answer for %llu with times out of order%s",
+                                    (unsigned long long)seq, dropped ? " (dropped)" : "");
     for (unsigned i = 0; rt && i < EXS_REQTRACE_SLOTS; i++) {
         struct exs_reqtrace_tx *s = &rt->tx[i];
 
@@ -448,9 +448,8 @@ static int rt_on_answer(struct exs_conn *conn, const struct exs_wire_trace *w, u
             rt_tx_finish(s);
         return 0;
     }
-    EXS_INFO(PROTO, "conn %p: TRACE answer for message %llu, which was not traced", (void *)conn,
-             (unsigned long long)seq);
-    return -EPROTO;
+    return exs__proto_violation(conn, EXS_PV_TRACE, EXS_CTRL_TRACE,
+                                "answer for %llu, which was not traced", (unsigned long long)seq);
 }
 
 int exs__reqtrace_on_record_locked(struct exs_conn *conn, const struct exs_wire_trace *w)
@@ -458,11 +457,9 @@ int exs__reqtrace_on_record_locked(struct exs_conn *conn, const struct exs_wire_
     uint64_t seq = be64toh(w->seq);
 
     /* sent only to a peer that announced the feature (on STREAM: and STRACE, §5.1) */
-    if (!rt_peer_traces(conn)) {
-        EXS_INFO(PROTO, "conn %p: TRACE record without feature TRACE (STREAM: STRACE)",
-                 (void *)conn);
-        return -EPROTO;
-    }
+    if (!rt_peer_traces(conn))
+        return exs__proto_violation(conn, EXS_PV_FEATURE, EXS_CTRL_TRACE,
+                                    "without feature TRACE (STREAM: STRACE)");
     return w->hdr.flags & EXS_TRACE_ANSWER ? rt_on_answer(conn, w, seq)
                                            : rt_on_request(conn, w, seq);
 }

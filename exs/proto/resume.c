@@ -38,16 +38,13 @@ int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_re
 {
     /* A RESUME is only ever the first record after RING on a new path (§9.2): on a first
      * path, or a second one, it is hostile, whatever it says. */
-    if (!conn->resume.peer_wait || conn->resume.peer_got) {
-        EXS_INFO(PROTO,
-                 "conn %p: RESUME record refused: %s (token %s, %" PRIu64 " messages, %" PRIu64
-                 " bytes)",
-                 (void *)conn,
-                 conn->resume.peer_got || conn->resume.over ? "a second one" : "a first path",
-                 conn->sess_token && be64toh(r->token) == conn->sess_token ? "ours" : "not ours",
-                 be64toh(r->rx_msgs), be64toh(r->rx_bytes));
-        return -EPROTO;
-    }
+    if (!conn->resume.peer_wait || conn->resume.peer_got)
+        return exs__proto_violation(
+            conn, EXS_PV_RESUME, EXS_CTRL_RESUME,
+            "%s (token %s, %" PRIu64 " messages, %" PRIu64 " bytes)",
+            conn->resume.peer_got || conn->resume.over ? "a second one" : "on a first path",
+            conn->sess_token && be64toh(r->token) == conn->sess_token ? "ours" : "not ours",
+            be64toh(r->rx_msgs), be64toh(r->rx_bytes));
     if (conn->state == EXS_CONN_RESUMING) {
         /* the peer's SEND overtook our ESTABLISHED event: applied there, once the
          * peer's hello is adopted */
@@ -848,9 +845,10 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
     uint64_t rc = be64toh(r->ring_consumed), off = conn->resume_tx_done, sent = conn->tx_seq;
     uint64_t again;
     struct exs_list *p;
+    int ret = exs__resume_check_locked(conn, r);
 
-    if (exs__resume_check_locked(conn, r))
-        return -EPROTO;
+    if (ret)
+        return ret;
     if (!conn->dp->bytes) {
         pos = be64toh(r->rx_msgs);
         conn->seqpkt.reann_pos = pos;

@@ -61,7 +61,7 @@ void exs__resume_established_locked(struct exs_conn *conn);
 uint64_t exs__resume_token_of(const uint8_t *kb);
 void exs__resume_mac(const uint8_t *key, uint8_t label, const uint8_t *nonce_a,
                      const uint8_t *nonce_b, uint8_t *out);
-/* A peer's SESSION / RESUME record (length checked): 0, or -EPROTO (logged). */
+/* A peer's SESSION / RESUME record (length checked): 0, or -EPROTO (recorded, §10). */
 int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_session *s);
 int exs__resume_on_resume_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
 /* The path of conn failed (cause; disc: it was the DISCONNECTED event; silent: the path
@@ -122,8 +122,8 @@ uint64_t exs__resume_arrived_locked(const struct exs_conn *conn);
 void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resume *r);
 /* The peer's RESUME on a new path, hostile until checked (§9.2): flags 0, our token, the
  * other kind's position 0, and a position at least what we saw completed and at most
- * what we posted. 0, or -EPROTO (logged). */
-int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_resume *r);
+ * what we posted. 0, or -EPROTO (recorded: rule resume; reserved for flags). */
+int exs__resume_check_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
 
 /* Shared by resume.c and resume_sess.c */
 /* Process counters of the cut-over (counter set "fallback", resume_sess.c). */

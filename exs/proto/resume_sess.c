@@ -182,8 +182,8 @@ void exs__resume_established_locked(struct exs_conn *conn)
     /* the passive side's SEND may have been handled before the active side's event (its
      * hello was not adopted yet): a SESSION it sent needs the bit in that hello */
     if (conn->active && (conn->resume.keys & EXS_RSM_KEY_PEER) && !exs__resume_negotiated(conn)) {
-        EXS_INFO(PROTO, "conn %p: SESSION record refused: the peer's hello lacks bit 7",
-                 (void *)conn);
+        exs__proto_violation(conn, EXS_PV_FEATURE, EXS_CTRL_SESSION,
+                             "the peer's hello lacks feature RESUMABLE");
         exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
         return;
     }
@@ -216,22 +216,20 @@ void exs__resume_established_locked(struct exs_conn *conn)
 int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_session *s)
 {
     uint64_t token = conn->active ? exs__resume_token_of(s->key) : 0;
-    const char *bad = NULL;
 
     /* before the active side's ESTABLISHED event the peer's hello is not adopted yet:
      * its bit is checked then (exs__resume_established_locked) */
     if (!conn->p.resumable || (conn->peer.magic == EXS_WIRE_MAGIC && !exs__resume_negotiated(conn)))
-        bad = "feature RESUMABLE not negotiated";
-    else if (conn->resume.keys & EXS_RSM_KEY_PEER)
-        bad = "a second one";
-    else if (s->hdr.flags)
-        bad = "flags set";
-    else if (conn->active && !token)
-        bad = "a key whose token is 0";
-    if (bad) {
-        EXS_INFO(PROTO, "conn %p: SESSION record refused: %s", (void *)conn, bad);
-        return -EPROTO;
-    }
+        return exs__proto_violation(conn, EXS_PV_FEATURE, EXS_CTRL_SESSION,
+                                    "feature RESUMABLE not negotiated");
+    if (conn->resume.keys & EXS_RSM_KEY_PEER)
+        return exs__proto_violation(conn, EXS_PV_SESSION, EXS_CTRL_SESSION, "a second one");
+    if (s->hdr.flags)
+        return exs__proto_violation(conn, EXS_PV_RESERVED, EXS_CTRL_SESSION, "flags %#x",
+                                    s->hdr.flags);
+    if (conn->active && !token)
+        return exs__proto_violation(conn, EXS_PV_SESSION, EXS_CTRL_SESSION,
+                                    "a key whose token is 0");
     memcpy(resume_key_of(conn, !conn->active), s->key, EXS_WIRE_SESSION_KEY_LEN);
     conn->resume.keys |= EXS_RSM_KEY_PEER;
     if (!conn->active)
@@ -268,7 +266,7 @@ void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resu
     r->ring_consumed = htobe64(conn->rd_consumed);
 }
 
-int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_resume *r)
+int exs__resume_check_locked(struct exs_conn *conn, const struct exs_wire_resume *r)
 {
     uint64_t token = be64toh(r->token), msgs = be64toh(r->rx_msgs), bytes = be64toh(r->rx_bytes);
     uint64_t ra = be64toh(r->ring_arrived), rc = be64toh(r->ring_consumed);
@@ -296,13 +294,11 @@ int exs__resume_check_locked(const struct exs_conn *conn, const struct exs_wire_
         /* the peer's ring: what arrived of what we wrote, at least what it reported
          * read, at most a ring's worth unread */
         bad = "ring positions out of range";
-    if (bad) {
-        EXS_INFO(PROTO,
-                 "conn %p: RESUME refused: %s (position %" PRIu64 ", sent %" PRIu64
-                 ", completed %" PRIu64 ")",
-                 (void *)conn, bad, pos, conn->tx_seq, done);
-        return -EPROTO;
-    }
+    if (bad)
+        return exs__proto_violation(
+            conn, conn->sess_token && r->hdr.flags ? EXS_PV_RESERVED : EXS_PV_RESUME,
+            EXS_CTRL_RESUME, "%s (position %" PRIu64 ", sent %" PRIu64 ", completed %" PRIu64 ")",
+            bad, pos, conn->tx_seq, done);
     return 0;
 }
 

@@ -76,9 +76,14 @@ int exs__seqpkt_on_advert_locked(struct exs_conn *conn, const struct exs_advert 
      * arrive: the queue then holds only receives ahead of the sender. */
     (void)sp_advert_head(conn);
     /* adverts come in receive-posting order, so their message numbers only grow */
-    if (conn->adv_count &&
-        a->seq <= conn->adverts[(conn->adv_head + conn->adv_count - 1) % conn->adv_cap].seq)
-        return -EPROTO;
+    if (conn->adv_count) {
+        uint64_t last = conn->adverts[(conn->adv_head + conn->adv_count - 1) % conn->adv_cap].seq;
+
+        if (a->seq <= last)
+            return exs__proto_violation(conn, EXS_PV_ADVERT, EXS_CTRL_ADVERT,
+                                        "message %llu after %llu", (unsigned long long)a->seq,
+                                        (unsigned long long)last);
+    }
     return exs__advert_push_locked(conn, a);
 }
 
@@ -339,7 +344,9 @@ int exs__seqpkt_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
             return 0;
         }
     }
-    return -EPROTO;
+    return exs__proto_violation(conn, EXS_PV_READ_DONE, EXS_CTRL_READ_DONE,
+                                "message %llu: no announced send waits for it",
+                                (unsigned long long)seq);
 }
 
 /* ---- receiving side ---- */
@@ -364,22 +371,23 @@ int exs__seqpkt_on_announce_locked(struct exs_conn *conn, const struct exs_wire_
     if (conn->seqpkt.reann_open && !conn->peer_shut) {
         if (be64toh(a->seq) < conn->seqpkt.reann_end)
             return exs__seqpkt_on_reannounce_locked(conn, a, be64toh(a->seq));
-        if (exs__seqpkt_reann_close_locked(conn))
-            return -EPROTO;
+        err = exs__seqpkt_reann_close_locked(conn, EXS_CTRL_ANNOUNCE);
+        if (err)
+            return err;
     }
-    if (conn->peer_shut || conn->seqpkt.rx_frag || be64toh(a->seq) != conn->rx_seq) {
-        EXS_INFO(PROTO, "conn %p: announce of message %llu, expected %llu", (void *)conn,
-                 (unsigned long long)be64toh(a->seq), (unsigned long long)conn->rx_seq);
-        return -EPROTO;
-    }
-    if (conn->pending_announced >= EXS_WIRE_ANNOUNCED_MAX) {
-        EXS_INFO(PROTO, "conn %p: more than %u announced messages pending (§6: ANNOUNCED_MAX)",
-                 (void *)conn, EXS_WIRE_ANNOUNCED_MAX);
-        return -EPROTO;
-    }
+    if (conn->peer_shut || conn->seqpkt.rx_frag || be64toh(a->seq) != conn->rx_seq)
+        return exs__proto_violation(
+            conn, EXS_PV_ANNOUNCE, EXS_CTRL_ANNOUNCE, "message %llu, expected %llu%s%s",
+            (unsigned long long)be64toh(a->seq), (unsigned long long)conn->rx_seq,
+            conn->peer_shut ? ", after SHUTDOWN" : "",
+            conn->seqpkt.rx_frag ? ", inside a fragmented message" : "");
+    if (conn->pending_announced >= EXS_WIRE_ANNOUNCED_MAX)
+        return exs__proto_violation(conn, EXS_PV_ANNOUNCED_MAX, EXS_CTRL_ANNOUNCE,
+                                    "message %llu: %u announced pending already",
+                                    (unsigned long long)conn->rx_seq, conn->pending_announced);
     m = sp_pending_new(conn, &err);
     if (!m)
-        return err == -ENOBUFS ? err : -EPROTO;
+        return err; /* -ENOBUFS (the budget) or -ENOMEM: not the peer's fault */
     m->announced = 1;
     conn->pending_announced++;
     m->addr = be64toh(a->addr);
@@ -426,6 +434,15 @@ static void sp_ring_consumed_locked(struct exs_conn *conn, uint64_t end)
     }
 }
 
+/* A write of len bytes taking need ring bytes (its skip and slot) beyond the space free. */
+static int sp_overrun(struct exs_conn *conn, uint32_t len, uint32_t need)
+{
+    return exs__proto_violation(
+        conn, EXS_PV_RING_OVERRUN, EXS_PV_REC_WRITE, "%u bytes need %u, %llu of %u free", len, need,
+        (unsigned long long)(conn->p.ring_size - (conn->rd_arrived - conn->rd_consumed)),
+        conn->p.ring_size);
+}
+
 /* The record at ring offset off of a batched write ending at ring offset end (§6.1):
  * 0 and its payload length, or -EPROTO. The peer may rewrite its ring at any time, so a
  * record is checked again each time it is read. */
@@ -436,11 +453,14 @@ static int sp_batch_rec(struct exs_conn *conn, const uint8_t *ring, uint32_t off
     uint32_t len;
 
     if (end - off < EXS_WIRE_BATCH_REC_LEN)
-        return -EPROTO;
+        return exs__proto_violation(conn, EXS_PV_BATCH, EXS_PV_REC_WRITE,
+                                    "record header cut: %u bytes left", end - off);
     memcpy(&h, ring + off, sizeof(h));
     len = be32toh(h.len);
     if (h.reserved || len >= conn->p.eager_max || exs_wire_batch_rec_size(len) > end - off)
-        return -EPROTO;
+        return exs__proto_violation(
+            conn, EXS_PV_BATCH, EXS_PV_REC_WRITE, "record of %u bytes%s, %u left, eager_max %u",
+            len, h.reserved ? " with reserved set" : "", end - off, conn->p.eager_max);
     *len_p = len;
     return 0;
 }
@@ -454,23 +474,24 @@ static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
     int err;
 
     if (len > size)
-        return -EPROTO;
+        return exs__proto_violation(conn, EXS_PV_EAGER_SIZE, EXS_PV_REC_WRITE,
+                                    "batched write of %u bytes, ring %u", len, size);
     sp_ring_place(conn->rd_arrived, size, len, &skip, &slot);
     if (conn->rd_arrived + skip + slot - conn->rd_consumed > size)
-        return -EPROTO; /* the peer overran our ring */
+        return sp_overrun(conn, len, skip + slot);
     off = (uint32_t)((conn->rd_arrived + skip) % size);
     end = off + len;
-    for (uint32_t o = off, l; o < end; o += exs_wire_batch_rec_size(l), count++)
-        if (sp_batch_rec(conn, conn->ring, o, end, &l))
-            return -EPROTO;
-    if (count != n) {
-        EXS_INFO(PROTO, "conn %p: batched write of %u bytes holds %u messages, its tag says %u",
-                 (void *)conn, len, count, n);
-        return -EPROTO;
+    for (uint32_t o = off, l; o < end; o += exs_wire_batch_rec_size(l), count++) {
+        err = sp_batch_rec(conn, conn->ring, o, end, &l);
+        if (err)
+            return err;
     }
+    if (count != n)
+        return exs__proto_violation(conn, EXS_PV_BATCH, EXS_PV_REC_WRITE,
+                                    "%u bytes hold %u messages, the tag says %u", len, count, n);
     m = sp_pending_new(conn, &err);
     if (!m)
-        return err == -ENOBUFS ? err : -EPROTO;
+        return err;        /* -ENOBUFS (the budget) or -ENOMEM: not the peer's fault */
     conn->rx_seq += n - 1; /* sp_pending_new numbered the first */
     conn->pending_count += n - 1;
     m->batch_left = n;
@@ -483,15 +504,20 @@ static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
 
 int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
+    int ret;
+
     if (conn->peer_shut)
-        return -EPROTO;
-    if (conn->seqpkt.reann_open && exs__seqpkt_reann_close_locked(conn))
-        return -EPROTO;
-    if (conn->seqpkt.rx_frag && exs_imm_kind(imm) != EXS_IMM_DIRECT) {
-        EXS_INFO(PROTO, "conn %p: message %llu not ended (no eom) when the next one came",
-                 (void *)conn, (unsigned long long)conn->rx_seq);
-        return -EPROTO;
+        return exs__proto_violation(conn, EXS_PV_DATA_AFTER_SHUTDOWN, EXS_PV_REC_WRITE,
+                                    "immediate %#x, %u bytes", imm, len);
+    if (conn->seqpkt.reann_open) {
+        ret = exs__seqpkt_reann_close_locked(conn, EXS_PV_REC_WRITE);
+        if (ret)
+            return ret;
     }
+    if (conn->seqpkt.rx_frag && exs_imm_kind(imm) != EXS_IMM_DIRECT)
+        return exs__proto_violation(conn, EXS_PV_FRAG, EXS_PV_REC_WRITE,
+                                    "message %llu not ended (no eom) when the next one came",
+                                    (unsigned long long)conn->rx_seq);
     if (exs_imm_kind(imm) == EXS_IMM_INDIRECT && exs_imm_tag(imm))
         return sp_on_batch_locked(conn, exs_imm_tag(imm), len);
     if (exs_imm_kind(imm) == EXS_IMM_INDIRECT) {
@@ -500,13 +526,14 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
         int err;
 
         if (len >= conn->p.eager_max)
-            return -EPROTO;
+            return exs__proto_violation(conn, EXS_PV_EAGER_SIZE, EXS_PV_REC_WRITE,
+                                        "%u bytes, eager_max %u", len, conn->p.eager_max);
         sp_ring_place(conn->rd_arrived, size, len, &skip, &slot);
         if (conn->rd_arrived + skip + slot - conn->rd_consumed > size)
-            return -EPROTO; /* the peer overran our ring */
+            return sp_overrun(conn, len, skip + slot);
         m = sp_pending_new(conn, &err);
         if (!m)
-            return err == -ENOBUFS ? err : -EPROTO;
+            return err; /* -ENOBUFS (the budget) or -ENOMEM: not the peer's fault */
         conn->rd_arrived += skip;
         m->addr = conn->rd_arrived % size;
         m->len = len;
@@ -515,30 +542,27 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
         return 0;
     }
     if (exs_imm_kind(imm) != EXS_IMM_DIRECT)
-        return -EPROTO;
+        return exs__proto_violation(conn, EXS_PV_IMM_KIND, EXS_PV_REC_WRITE, "immediate %#x", imm);
     /* direct: into the advertised receive this message number belongs to. Messages
      * that arrived before it and wait for their receives (announced ones wait while
      * READs are throttled) take the unmatched receives ahead of it. */
     struct exs_op *op = sp_nth_unmatched(conn, conn->pending_count);
     if (!op || op->state != EXS_OPS_ADVERTISED ||
         (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) || op->seq != conn->rx_seq ||
-        len > op->len - op->filled || (conn->seqpkt.rx_frag && conn->seqpkt.rx_frag != op)) {
-        EXS_INFO(PROTO,
-                 "conn %p: direct write tag %u len %u for message %llu does not match "
-                 "receive %p (state %d, advert %u, seq %llu), %u pending",
-                 (void *)conn, exs_imm_tag(imm), len, (unsigned long long)conn->rx_seq, (void *)op,
-                 op ? (int)op->state : -1, op ? op->advert_id : 0,
-                 op ? (unsigned long long)op->seq : 0ull, conn->pending_count);
-        return -EPROTO;
-    }
+        len > op->len - op->filled || (conn->seqpkt.rx_frag && conn->seqpkt.rx_frag != op))
+        return exs__proto_violation(conn, EXS_PV_DIRECT, EXS_PV_REC_WRITE,
+                                    "tag %u, %u bytes, message %llu: receive state %d, advert %u, "
+                                    "message %llu, %u pending",
+                                    exs_imm_tag(imm), len, (unsigned long long)conn->rx_seq,
+                                    op ? (int)op->state : -1, op ? op->advert_id : 0,
+                                    op ? (unsigned long long)op->seq : 0ull, conn->pending_count);
     if (!(imm & EXS_IMM_EOM)) {
         /* a piece (§6.2): more of the message follows, into the same receive; a piece
          * moves at least one byte (else a peer could send pieces forever) */
-        if (!len || (imm & EXS_IMM_TRUNC)) {
-            EXS_INFO(PROTO, "conn %p: piece of %u bytes, flags %#x, of message %llu", (void *)conn,
-                     len, imm & (EXS_IMM_EOM | EXS_IMM_TRUNC), (unsigned long long)conn->rx_seq);
-            return -EPROTO;
-        }
+        if (!len || (imm & EXS_IMM_TRUNC))
+            return exs__proto_violation(
+                conn, EXS_PV_FRAG, EXS_PV_REC_WRITE, "piece of %u bytes%s of message %llu", len,
+                imm & EXS_IMM_TRUNC ? " with trunc" : "", (unsigned long long)conn->rx_seq);
         op->filled += len;
         conn->seqpkt.rx_frag = op;
         conn->stats.bytes_received += len;

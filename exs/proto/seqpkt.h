@@ -107,12 +107,13 @@ void exs__seqpkt_memo_add_locked(struct exs_conn *conn, uint64_t seq);
 void exs__seqpkt_memo_flush_locked(struct exs_conn *conn);
 /* A message at or past the cut's position arrived: the re-announce window closes. Every
  * stale message must have been announced again before it (the sender announces them
- * first): one still stale means the peer broke the protocol. 0 or -EPROTO. */
-int exs__seqpkt_reann_close_locked(struct exs_conn *conn);
+ * first): one still stale means the peer broke the protocol. 0 or -EPROTO (recorded as found
+ * in rec_type: the ANNOUNCE or the write that arrived, EXS_CTRL_ANNOUNCE, EXS_PV_REC_WRITE). */
+int exs__seqpkt_reann_close_locked(struct exs_conn *conn, unsigned rec_type);
 /* An ANNOUNCE of message seq below the cut's position (§9.2): in the window, in
  * increasing order, of a stale message (it gets the new grant and is read when its
  * receive comes) or of one read whole (remembered: answered with one READ_DONE, no
- * READ). Anything else: -EPROTO. */
+ * READ). Anything else: -EPROTO (recorded: reannounce). */
 int exs__seqpkt_on_reannounce_locked(struct exs_conn *conn, const struct exs_wire_announce *a,
                                      uint64_t seq);
 

@@ -242,16 +242,14 @@ uint32_t exs__seqpkt_resume_cut_locked(struct exs_conn *conn)
 /* A message at or past the cut's position arrived: the re-announce window closes. Every
  * stale message must have been announced again before it (the sender announces them
  * first): one still stale means the peer broke the protocol. 0 or -EPROTO. */
-int exs__seqpkt_reann_close_locked(struct exs_conn *conn)
+int exs__seqpkt_reann_close_locked(struct exs_conn *conn, unsigned rec_type)
 {
     conn->seqpkt.reann_open = 0;
     if (!conn->seqpkt.stale)
         return 0;
-    EXS_INFO(PROTO,
-             "conn %p: message %llu came before %u announced messages of the cut were "
-             "announced again",
-             (void *)conn, (unsigned long long)conn->rx_seq, conn->seqpkt.stale);
-    return -EPROTO;
+    return exs__proto_violation(conn, EXS_PV_REANNOUNCE, rec_type,
+                                "message %llu came before %u of the cut were announced again",
+                                (unsigned long long)conn->rx_seq, conn->seqpkt.stale);
 }
 
 /* An ANNOUNCE of message seq below the cut's position (§9.2): in the window, in
@@ -264,11 +262,10 @@ int exs__seqpkt_on_reannounce_locked(struct exs_conn *conn, const struct exs_wir
     struct exs_list *pos;
     uint64_t *e;
 
-    if (seq < conn->seqpkt.reann_next) {
-        EXS_INFO(PROTO, "conn %p: message %llu announced again after %llu", (void *)conn,
-                 (unsigned long long)seq, (unsigned long long)conn->seqpkt.reann_next - 1);
-        return -EPROTO;
-    }
+    if (seq < conn->seqpkt.reann_next)
+        return exs__proto_violation(
+            conn, EXS_PV_REANNOUNCE, EXS_CTRL_ANNOUNCE, "message %llu announced again after %llu",
+            (unsigned long long)seq, (unsigned long long)conn->seqpkt.reann_next - 1);
     exs_list_for_each(pos, &conn->pending)
     {
         struct exs_pending_msg *m = exs_list_entry(pos, struct exs_pending_msg, link);
@@ -277,11 +274,10 @@ int exs__seqpkt_on_reannounce_locked(struct exs_conn *conn, const struct exs_wir
             break;
         if (m->seq != seq || !m->announced || !m->stale)
             continue;
-        if (be32toh(a->len) != m->len) {
-            EXS_INFO(PROTO, "conn %p: message %llu announced again with %u bytes, not %u",
-                     (void *)conn, (unsigned long long)seq, be32toh(a->len), m->len);
-            return -EPROTO;
-        }
+        if (be32toh(a->len) != m->len)
+            return exs__proto_violation(conn, EXS_PV_REANNOUNCE, EXS_CTRL_ANNOUNCE,
+                                        "message %llu announced again with %u bytes, not %u",
+                                        (unsigned long long)seq, be32toh(a->len), m->len);
         m->addr = be64toh(a->addr);
         m->rkey = be32toh(a->rkey);
         m->stale = 0;
@@ -290,13 +286,11 @@ int exs__seqpkt_on_reannounce_locked(struct exs_conn *conn, const struct exs_wir
         return 0;
     }
     e = conn->seqpkt.memo ? sp_memo_find(conn, seq) : NULL;
-    if (!e) {
-        EXS_INFO(PROTO,
-                 "conn %p: message %llu announced again: not an announced message "
-                 "unread at the cut nor one remembered read",
-                 (void *)conn, (unsigned long long)seq);
-        return -EPROTO;
-    }
+    if (!e)
+        return exs__proto_violation(conn, EXS_PV_REANNOUNCE, EXS_CTRL_ANNOUNCE,
+                                    "message %llu announced again: neither unread at the cut "
+                                    "nor remembered read",
+                                    (unsigned long long)seq);
     *e |= SP_MEMO_OWED; /* its READ_DONE is appended by the next progress */
     conn->seqpkt.memo_owed++;
     conn->seqpkt.reann_next = seq + 1;

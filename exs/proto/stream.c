@@ -331,7 +331,8 @@ int exs__stream_on_advert_locked(struct exs_conn *conn, const struct exs_advert 
 {
     /* Lemma 1: every ADVERT carries a direct phase */
     if (PHASE_IS_INDIRECT(a->phase) || !a->len)
-        return -EPROTO;
+        return exs__proto_violation(conn, EXS_PV_ADVERT, EXS_CTRL_ADVERT, "phase %u, %u bytes",
+                                    a->phase, a->len);
     /* ADVERTs of a phase before an indirect sender's are stale whatever comes next (step 1
      * drops them, with no phase change): drop them as new ones arrive, so that a sender
      * that sends nothing holds only the receives the peer has out (ADVERTS_MAX, §7) */
@@ -351,18 +352,17 @@ int exs__stream_on_drain_locked(struct exs_conn *conn, const struct exs_wire_dra
     uint32_t phase = be32toh(d->phase);
 
     if (d->reserved || (d->hdr.flags & ~EXS_DRAIN_STOPPED))
-        return -EPROTO;
+        return exs__proto_violation(conn, EXS_PV_RESERVED, EXS_CTRL_DRAIN,
+                                    "flags %#x, reserved %#x", d->hdr.flags, be32toh(d->reserved));
     if (d->hdr.flags & EXS_DRAIN_STOPPED) {
         /* we asked in this phase; the sender cannot have stopped before bytes we hold */
         if (conn->stream.drain != EXS_STREAM_DRAIN_REQUESTED || phase != conn->stream.pr ||
-            pos < conn->rx_seq + (conn->rd_arrived - conn->rd_consumed)) {
-            EXS_INFO(PROTO,
-                     "conn %p: STOPPED at %llu phase %u does not answer a request "
-                     "(state %d, phase %u)",
-                     (void *)conn, (unsigned long long)pos, phase, conn->stream.drain,
-                     conn->stream.pr);
-            return -EPROTO;
-        }
+            pos < conn->rx_seq + (conn->rd_arrived - conn->rd_consumed))
+            return exs__proto_violation(conn, EXS_PV_DRAIN, EXS_CTRL_DRAIN,
+                                        "STOPPED at %llu phase %u answers no request (state %d, "
+                                        "phase %u)",
+                                        (unsigned long long)pos, phase, conn->stream.drain,
+                                        conn->stream.pr);
         conn->stream.drain = EXS_STREAM_DRAIN_STOPPED;
         conn->stream.drain_pos = pos;
         return 0;
@@ -372,12 +372,11 @@ int exs__stream_on_drain_locked(struct exs_conn *conn, const struct exs_wire_dra
      * cannot have seen bytes we never sent */
     (void)st_advert_head(conn);
     if (PHASE_IS_DIRECT(phase) || phase != conn->stream.ps || pos > conn->tx_seq ||
-        conn->stream.held) {
-        EXS_INFO(PROTO, "conn %p: DRAIN at %llu phase %u in phase %u at %llu (held %d)",
-                 (void *)conn, (unsigned long long)pos, phase, conn->stream.ps,
-                 (unsigned long long)conn->tx_seq, conn->stream.held);
-        return -EPROTO;
-    }
+        conn->stream.held)
+        return exs__proto_violation(conn, EXS_PV_DRAIN, EXS_CTRL_DRAIN,
+                                    "request at %llu phase %u in phase %u at %llu (held %d)",
+                                    (unsigned long long)pos, phase, conn->stream.ps,
+                                    (unsigned long long)conn->tx_seq, conn->stream.held);
     conn->stream.held = 1;
     conn->stream.drain_owed = 1;
     conn->stats.drain_requests++;
@@ -414,14 +413,20 @@ static int st_drain_paid(const struct exs_conn *conn)
 int exs__stream_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     if (conn->peer_shut)
-        return -EPROTO;
+        return exs__proto_violation(conn, EXS_PV_DATA_AFTER_SHUTDOWN, EXS_PV_REC_WRITE,
+                                    "immediate %#x, %u bytes", imm, len);
     if (exs_imm_kind(imm) == EXS_IMM_INDIRECT) {
         /* Fig. 4: an indirect transfer starts (or continues) an indirect phase */
         if (conn->rd_arrived + len - conn->rd_consumed > conn->p.ring_size)
-            return -EPROTO; /* the peer overran our ring */
+            return exs__proto_violation(
+                conn, EXS_PV_RING_OVERRUN, EXS_PV_REC_WRITE, "%u bytes, %llu of %u free", len,
+                (unsigned long long)(conn->p.ring_size - (conn->rd_arrived - conn->rd_consumed)),
+                conn->p.ring_size);
         if (conn->stream.drain == EXS_STREAM_DRAIN_STOPPED &&
             conn->rx_seq + (conn->rd_arrived - conn->rd_consumed) + len > conn->stream.drain_pos)
-            return -EPROTO; /* ring bytes past the position the sender stopped at */
+            return exs__proto_violation(conn, EXS_PV_RING_OVERRUN, EXS_PV_REC_WRITE,
+                                        "%u bytes past the stop at %llu", len,
+                                        (unsigned long long)conn->stream.drain_pos);
         if (PHASE_IS_DIRECT(conn->stream.pr)) {
             conn->stream.pr++;
             if (conn->stream.drain_dir) { /* §7.2 backoff: was the drain worth it? */
@@ -448,18 +453,19 @@ int exs__stream_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
         return 0;
     }
     if (exs_imm_kind(imm) != EXS_IMM_DIRECT)
-        return -EPROTO;
+        return exs__proto_violation(conn, EXS_PV_IMM_KIND, EXS_PV_REC_WRITE, "immediate %#x", imm);
     /* the safety theorem: a direct transfer fills the head receive's ADVERT */
     struct exs_op *op = exs__stream_head_recv(conn);
     if (!op || op->state != EXS_OPS_ADVERTISED || conn->rd_arrived != conn->rd_consumed ||
         op->phase != conn->stream.pr || (op->advert_id & EXS_IMM_TAG_MASK) != exs_imm_tag(imm) ||
-        len > op->len - op->filled || !len) {
-        EXS_INFO(PROTO,
-                 "conn %p: direct transfer of %u bytes (tag %u) does not fit the head "
-                 "receive %p",
-                 (void *)conn, len, exs_imm_tag(imm), (void *)op);
-        return -EPROTO;
-    }
+        len > op->len - op->filled || !len)
+        return exs__proto_violation(conn, EXS_PV_DIRECT, EXS_PV_REC_WRITE,
+                                    "%u bytes, tag %u, phase %u: the head receive %s", len,
+                                    exs_imm_tag(imm), conn->stream.pr,
+                                    !op                                     ? "missing"
+                                    : op->state != EXS_OPS_ADVERTISED       ? "not advertised"
+                                    : conn->rd_arrived != conn->rd_consumed ? "behind ring bytes"
+                                                                            : "does not match");
     if (!(op->flags & MSG_WAITALL))
         conn->stream.sr_next += len - 1;
     if (conn->stream.drain_dir)

@@ -90,7 +90,8 @@ void exs__stream_ring_release_locked(struct exs_conn *conn);
 /* The ring at a cut-over (§9.2, The ring at the cut), after the old endpoint and its
  * grants are gone: an offer out dies, an answer owed is dropped, every unread byte ends
  * in one retired region, and p.ring_size becomes the size of the new path's ring (to be
- * allocated by the caller). 0 or -EPROTO (positions that no legal history gives). */
+ * allocated by the caller). 0 or -EPROTO (positions that no legal history gives: recorded
+ * as ring-overrun, though every arrival was checked against its ring). */
 int exs__stream_ring_cut_locked(struct exs_conn *conn);
 
 /* The autotuning decision (§7.4), a pure function. */

@@ -138,13 +138,11 @@ int exs__stream_ring_cut_locked(struct exs_conn *conn)
         fits = unread <= conn->p.ring_size;
     else
         fits = unread <= conn->autotune.old_size && conn->rd_consumed < conn->autotune.old_end;
-    if (!fits) {
-        EXS_WARN(PROTO,
-                 "conn %p: ring positions at the cut: %llu unread, ring %u, retired %u up to %llu",
-                 (void *)conn, (unsigned long long)unread, conn->p.ring_size,
-                 conn->autotune.old_size, (unsigned long long)conn->autotune.old_end);
-        return -EPROTO;
-    }
+    if (!fits)
+        return exs__proto_violation(
+            conn, EXS_PV_RING_OVERRUN, EXS_PV_REC_NONE,
+            "at the cut: %llu unread, ring %u, retired %u up to %llu", (unsigned long long)unread,
+            conn->p.ring_size, conn->autotune.old_size, (unsigned long long)conn->autotune.old_end);
     if (conn->autotune.offered || conn->autotune.owed || conn->autotune.old_mem || unread)
         EXS_INFO(PROTO, "conn %p: ring at the cut: %s%s%s%llu bytes unread (ring %u bytes%s)",
                  (void *)conn, conn->autotune.offered ? "offer dropped, " : "",
@@ -363,23 +361,20 @@ int exs__stream_on_resize_locked(struct exs_conn *conn, const struct exs_wire_re
     uint64_t addr = be64toh(r->addr), pos = be64toh(r->pos);
     uint32_t size = be32toh(r->size), rkey = be32toh(r->rkey);
 
-    if (r->hdr.flags & ~EXS_RESIZE_SWITCHED) {
-        EXS_INFO(PROTO, "conn %p: RESIZE on a SEQPACKET conn or with flags %#x", (void *)conn,
-                 r->hdr.flags);
-        return -EPROTO;
-    }
+    if (r->hdr.flags & ~EXS_RESIZE_SWITCHED)
+        return exs__proto_violation(conn, EXS_PV_RESERVED, EXS_CTRL_RESIZE, "flags %#x",
+                                    r->hdr.flags);
     if (r->hdr.flags & EXS_RESIZE_SWITCHED) {
         /* our offer's answer: every ring write before it arrived already (receive
          * completions come in posting order), so it must name exactly rd_arrived */
         if (!conn->autotune.offered || size != conn->autotune.next_size ||
-            pos != conn->rd_arrived || addr || rkey) {
-            EXS_INFO(PROTO,
-                     "conn %p: SWITCHED to %u bytes at %llu does not answer an offer "
-                     "(offered %d, %u bytes, %llu arrived)",
-                     (void *)conn, size, (unsigned long long)pos, conn->autotune.offered,
-                     conn->autotune.next_size, (unsigned long long)conn->rd_arrived);
-            return -EPROTO;
-        }
+            pos != conn->rd_arrived || addr || rkey)
+            return exs__proto_violation(conn, EXS_PV_RESIZE, EXS_CTRL_RESIZE,
+                                        "SWITCHED to %u bytes at %llu answers no offer (offered "
+                                        "%d, %u bytes, %llu arrived)",
+                                        size, (unsigned long long)pos, conn->autotune.offered,
+                                        conn->autotune.next_size,
+                                        (unsigned long long)conn->rd_arrived);
         /* the old region's key ends now: nothing more may be written there */
         if (conn->ring_grant)
             exs__prov_revoke(conn->ring_grant);
@@ -405,12 +400,10 @@ int exs__stream_on_resize_locked(struct exs_conn *conn, const struct exs_wire_re
     /* an offer: one at a time, a region the protocol can use (the key is checked by the
      * provider at each write) */
     if (conn->autotune.owed || pos || !addr || addr % EXS_RING_SLOT || addr + size < addr ||
-        size < EXS_WIRE_RESIZE_MIN || size % EXS_RING_SLOT || size > EXS_WIRE_RING_SIZE_MAX) {
-        EXS_INFO(PROTO, "conn %p: bad RESIZE offer (%u bytes at %#llx, pos %llu, owed %d)",
-                 (void *)conn, size, (unsigned long long)addr, (unsigned long long)pos,
-                 conn->autotune.owed);
-        return -EPROTO;
-    }
+        size < EXS_WIRE_RESIZE_MIN || size % EXS_RING_SLOT || size > EXS_WIRE_RING_SIZE_MAX)
+        return exs__proto_violation(
+            conn, EXS_PV_RESIZE, EXS_CTRL_RESIZE, "offer of %u bytes at %#llx, pos %llu, owed %d",
+            size, (unsigned long long)addr, (unsigned long long)pos, conn->autotune.owed);
     conn->autotune.owed = 1;
     conn->autotune.peer_addr = addr;
     conn->autotune.peer_size = size;

@@ -424,3 +424,10 @@ void pt_fb_close(void)
         pt_fb.ctx[i] = NULL;
     }
 }
+
+void pt_pv_clear(struct exs_conn *conn)
+{
+    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    memset(&conn->pv, 0, sizeof(conn->pv));
+    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+}

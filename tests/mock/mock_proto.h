@@ -107,6 +107,16 @@ void pt_assert_pairs_done(struct pt_op *s, struct pt_op *r, int n, const uint8_t
                       _got ? "(none recorded)" : _pv.detail);                                      \
     } while (0)
 
+/* ck_assert_pv, then the connection's violation forgotten (pt_pv_clear): for a test that
+ * calls a check several times on one connection, each call's rule asserted. */
+#define ck_assert_pv_take(_conn, _rule)                                                            \
+    do {                                                                                           \
+        ck_assert_pv((_conn), (_rule));                                                            \
+        pt_pv_clear(_conn);                                                                        \
+    } while (0)
+/* Forget conn's recorded violation (takes conn->lock). */
+void pt_pv_clear(struct exs_conn *conn);
+
 /* The mock's RNR counters of both sides added. */
 uint64_t pt_rnr(struct pt_pair *pp);
 

@@ -213,7 +213,14 @@ static void raw_ctrl(uint8_t type, uint16_t len, uint16_t credits, const void *b
     raw_post(EXS_PROV_WR_SEND, rec, sizeof(h) + blen, 0, 0, 0);
 }
 
-/* b has a receive posted: after the violation it fails with ECONNRESET. */
+/* b has a receive posted: after the violation it fails with ECONNRESET, and b's conn
+ * names the rule the peer broke (a macro: a failure names the caller's line). */
+#define expect_pv(_rule)                                                                           \
+    do {                                                                                           \
+        expect_reset();                                                                            \
+        ck_assert_pv(pp.b.conn, (_rule));                                                          \
+    } while (0)
+
 static void expect_reset(void)
 {
     static uint8_t rb[64];
@@ -256,7 +263,7 @@ START_TEST(hs_credit_overflow)
 {
     raw_open(SOCK_SEQPACKET);
     raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 1000, NULL, 0);
-    expect_reset();
+    expect_pv(EXS_PV_CREDITS);
     raw_close();
 }
 END_TEST
@@ -265,19 +272,20 @@ START_TEST(hs_unknown_record)
 {
     raw_open(SOCK_STREAM);
     raw_ctrl(42, 8, 0, NULL, 0);
-    expect_reset();
+    expect_pv(EXS_PV_CTRL_TYPE);
     raw_close();
 }
 END_TEST
 
-/* A record whose length runs past the SEND, and one of a wrong length for its type. */
+/* A record whose length runs past the SEND, and one of a wrong length for its type (the
+ * SEND as long as it says). */
 START_TEST(hs_bad_record_length)
 {
-    uint64_t body = 0;
+    uint64_t body[2] = {0};
 
     raw_open(SOCK_SEQPACKET);
-    raw_ctrl(EXS_CTRL_ACK, _i ? 24 : 64, 0, &body, sizeof(body));
-    expect_reset();
+    raw_ctrl(EXS_CTRL_ACK, _i ? 24 : 64, 0, body, _i ? 16 : 8);
+    expect_pv(_i ? EXS_PV_CTRL_SIZE : EXS_PV_CTRL_LEN);
     raw_close();
 }
 END_TEST
@@ -289,7 +297,7 @@ START_TEST(hs_ack_beyond_written)
 
     raw_open(SOCK_STREAM);
     raw_ctrl(EXS_CTRL_ACK, EXS_WIRE_ACK_LEN, 0, &consumed, sizeof(consumed));
-    expect_reset();
+    expect_pv(EXS_PV_ACK_RANGE);
     raw_close();
 }
 END_TEST
@@ -306,6 +314,7 @@ START_TEST(hs_ring_overrun)
              exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
     pt_run(&pp);
     ck_assert_int_eq(pp.b.dead, 1);
+    ck_assert_pv(pp.b.conn, EXS_PV_RING_OVERRUN);
     raw_close();
 }
 END_TEST
@@ -395,7 +404,7 @@ START_TEST(hs_batch_malformed)
     }
     raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, buf, len, raw.peer.ring_addr, raw.peer.ring_rkey,
              exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, tag));
-    expect_reset();
+    expect_pv(EXS_PV_BATCH);
     raw_close();
 }
 END_TEST
@@ -431,6 +440,7 @@ START_TEST(hs_batch_rewritten)
     ck_assert_int_eq(r[1].done, 1);
     ck_assert_int_eq(r[1].op.result, -1);
     ck_assert_int_eq(r[1].op.err, ECONNRESET);
+    ck_assert_pv(pp.b.conn, EXS_PV_BATCH);
     for (size_t i = 0; i < sizeof(rb[1]); i++)
         ck_assert_uint_eq(rb[1][i], 0xa5);
     pt_op_fini(&r[0]);
@@ -445,7 +455,7 @@ START_TEST(hs_direct_without_advert)
     raw_open(_i ? SOCK_STREAM : SOCK_SEQPACKET);
     raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, NULL, 0, 0, 0,
              exs_imm_make(EXS_IMM_DIRECT, EXS_IMM_EOM, 0, 0));
-    expect_reset();
+    expect_pv(EXS_PV_DIRECT);
     raw_close();
 }
 END_TEST
@@ -461,7 +471,7 @@ START_TEST(hs_announce_out_of_sequence)
 
     raw_open(SOCK_SEQPACKET);
     raw_ctrl(EXS_CTRL_ANNOUNCE, EXS_WIRE_ANNOUNCE_LEN, 0, &a, sizeof(a));
-    expect_reset();
+    expect_pv(EXS_PV_ANNOUNCE);
     raw_close();
 }
 END_TEST
@@ -471,7 +481,7 @@ START_TEST(hs_bad_imm_kind)
 {
     raw_open(SOCK_SEQPACKET);
     raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, NULL, 0, 0, 0, 0xc0000000u);
-    expect_reset();
+    expect_pv(EXS_PV_IMM_KIND);
     raw_close();
 }
 END_TEST
@@ -484,10 +494,13 @@ START_TEST(hs_data_after_shutdown)
 
     raw_open(SOCK_SEQPACKET);
     raw_ctrl(EXS_CTRL_SHUTDOWN, EXS_WIRE_SHUTDOWN_LEN, 0, &seq, sizeof(seq));
+    pt_run(&pp); /* raw's send area is reused by the next post */
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
     raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
              raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
     pt_run(&pp);
     ck_assert_int_eq(pp.b.dead, 1);
+    ck_assert_pv(pp.b.conn, EXS_PV_DATA_AFTER_SHUTDOWN);
     raw_close();
 }
 END_TEST
@@ -507,7 +520,7 @@ START_TEST(hs_shutdown_count)
     raw_open(stream ? SOCK_STREAM : SOCK_SEQPACKET);
     if (!exact) {
         raw_ctrl(EXS_CTRL_SHUTDOWN, EXS_WIRE_SHUTDOWN_LEN, 0, &seq, sizeof(seq));
-        expect_reset();
+        expect_pv(EXS_PV_SHUTDOWN);
         raw_close();
         return;
     }
@@ -539,7 +552,7 @@ START_TEST(hs_record_before_ring)
 {
     raw_open_ring(SOCK_SEQPACKET, 0);
     raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 0, NULL, 0);
-    expect_reset();
+    expect_pv(EXS_PV_RING_ORDER);
     raw_close();
 }
 END_TEST
@@ -548,7 +561,7 @@ START_TEST(hs_second_ring)
 {
     raw_open(SOCK_STREAM);
     raw_send_ring();
-    expect_reset();
+    expect_pv(EXS_PV_RING_ORDER);
     raw_close();
 }
 END_TEST
@@ -766,6 +779,7 @@ START_TEST(hs_read_done_for_eager_write)
     ck_assert_int_eq(s.done, 1);
     ck_assert_int_eq(s.op.result, -1);
     ck_assert_int_eq(s.op.err, ECONNRESET);
+    ck_assert_pv(pp.b.conn, EXS_PV_READ_DONE);
     pt_op_fini(&s);
     raw_close();
 }
@@ -891,7 +905,7 @@ START_TEST(hs_drain_bad)
         break;
     }
     }
-    expect_reset();
+    expect_pv(_i >= 6 ? EXS_PV_RESERVED : EXS_PV_DRAIN);
     if (_i && _i != 5)
         pt_op_fini(&s);
     raw_close();
@@ -905,7 +919,7 @@ START_TEST(hs_drain_bad_length)
 
     raw_open(SOCK_STREAM);
     raw_ctrl(EXS_CTRL_DRAIN, _i ? 32 : 16, 0, body, _i ? 24 : 8);
-    expect_reset();
+    expect_pv(EXS_PV_CTRL_SIZE);
     raw_close();
 }
 END_TEST
@@ -920,7 +934,7 @@ START_TEST(hs_drain_seqpacket)
 
     raw_open(SOCK_SEQPACKET);
     raw_ctrl(EXS_CTRL_DRAIN, EXS_WIRE_DRAIN_LEN, 0, &d, sizeof(d));
-    expect_reset();
+    expect_pv(EXS_PV_SOCK_TYPE);
     raw_close();
 }
 END_TEST
@@ -1050,6 +1064,7 @@ START_TEST(hs_trace_bad)
         ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
         raw_trace(0, 8, 5, 0, 0, 0);
         ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN); /* a receive would get the bytes */
+        ck_assert_pv(pp.b.conn, EXS_PV_TRACE);
         raw_close();
         return;
     case 13: /* STREAM: a request with answer fields */
@@ -1069,7 +1084,7 @@ START_TEST(hs_trace_bad)
         raw_trace_ninth(1);
         return;
     }
-    expect_reset();
+    expect_pv(_i == 1 ? EXS_PV_CTRL_SIZE : _i == 3 || _i == 8 ? EXS_PV_RESERVED : EXS_PV_TRACE);
     if (sent)
         pt_op_fini(&s);
     raw_close();
@@ -1095,7 +1110,7 @@ START_TEST(hs_trace_without_feature)
     ck_assert_ptr_null(pp.b.conn->rt);
     if (_i & 1) {
         raw_trace(0, stream ? 8 : 0, 5, 0, 0, 0); /* otherwise well formed */
-        expect_reset();
+        expect_pv(EXS_PV_FEATURE);
     } else {
         exs__conn_close(pp.b.conn);
     }
@@ -1177,6 +1192,7 @@ static void raw_trace_ninth(int stream)
     }
     /* reset: the data is still handed to receives (§6, §7), so look at the connection */
     ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+    ck_assert_pv(pp.b.conn, EXS_PV_TRACE);
     raw_close();
 }
 
@@ -1403,7 +1419,7 @@ START_TEST(hs_resize_bad_offer)
         raw_resize(0, addr, 2048, key, 0);
         break;
     }
-    expect_reset();
+    expect_pv(_i == 10 ? EXS_PV_SOCK_TYPE : _i == 9 ? EXS_PV_RESERVED : EXS_PV_RESIZE);
     raw_close();
 }
 END_TEST
@@ -1509,6 +1525,7 @@ START_TEST(hs_resize_bad_answer)
     }
     pt_run(&pp);
     ck_assert_int_eq(pp.b.dead, 1); /* (its 100 ring bytes would still be handed out) */
+    ck_assert_pv(pp.b.conn, EXS_PV_RESIZE);
     raw_close();
     ck_assert_uint_eq(exs__conn_ring_bytes(), 0);
 }
@@ -1535,6 +1552,11 @@ START_TEST(hs_frag_pieces)
     uint32_t tag, first = _i == 1 ? 3000 : 1000;
     uint64_t addr;
     struct pt_op r;
+    /* the rule each variant breaks (0: none) */
+    static const enum exs_pv_rule frag_rule[] = {
+        EXS_PV_NONE, EXS_PV_DIRECT,   EXS_PV_FRAG,     EXS_PV_FRAG,
+        EXS_PV_FRAG, EXS_PV_ANNOUNCE, EXS_PV_SHUTDOWN,
+    };
 
     raw_open(SOCK_SEQPACKET);
     memset(rb, 0, sizeof(rb));
@@ -1594,6 +1616,7 @@ START_TEST(hs_frag_pieces)
     } else {
         ck_assert_int_eq(r.op.result, -1);
         ck_assert_int_eq(r.op.err, ECONNRESET);
+        ck_assert_pv(pp.b.conn, frag_rule[_i]);
         pt_op_fini(&r);
     }
     raw_close();
@@ -1649,6 +1672,7 @@ END_TEST
  *    connection's first path */
 START_TEST(hs_resume_bad)
 {
+    static const uint8_t zero[EXS_WIRE_SESSION_LEN];
     struct exs_wire_session ss = {.key = {0x12, 0x34}};
     struct exs_wire_resume rs = {.token = 0};
     int sock_type = _i == 8 ? SOCK_STREAM : SOCK_SEQPACKET;
@@ -1672,11 +1696,11 @@ START_TEST(hs_resume_bad)
     case 0:
         raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN, 0, (uint8_t *)&ss + 8, sizeof(ss) - 8);
         break;
-    case 2:
-        raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN + 8, 0, (uint8_t *)&rs + 8, 16);
+    case 2: /* (the SEND as long as the record says: its length is the type's that is wrong) */
+        raw_ctrl(EXS_CTRL_SESSION, EXS_WIRE_SESSION_LEN + 8, 0, zero, EXS_WIRE_SESSION_LEN);
         break;
     case 7:
-        raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN - 8, 0, (uint8_t *)&rs + 8, 16);
+        raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN - 8, 0, zero, EXS_WIRE_RESUME_LEN - 16);
         break;
     case 9: {
         struct exs_wire_auth au = {.mac = {1}};
@@ -1688,7 +1712,11 @@ START_TEST(hs_resume_bad)
         raw_ctrl(EXS_CTRL_RESUME, EXS_WIRE_RESUME_LEN, 0, (uint8_t *)&rs + 8, sizeof(rs) - 8);
         break;
     }
-    expect_reset();
+    expect_pv(_i == 0              ? EXS_PV_FEATURE
+              : _i == 1            ? EXS_PV_SESSION
+              : _i == 2 || _i == 7 ? EXS_PV_CTRL_SIZE
+              : _i == 9            ? EXS_PV_AUTH
+                                   : EXS_PV_RESUME);
     raw_close();
 }
 END_TEST
@@ -1732,13 +1760,16 @@ START_TEST(hs_session_active_checks)
     ck_assert(_i == 3 ? pp.b.conn->sess_token == 0 : pp.b.conn->sess_token == token);
     if (_i == 0 || _i == 3) { /* a second one; the peer lacks the bit */
         ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
+        ck_assert_pv_take(pp.a.conn, _i ? EXS_PV_FEATURE : EXS_PV_SESSION);
     } else if (_i == 2) {
         ck_assert_int_eq(on_session(pp.b.conn, &ss), -EPROTO);
+        ck_assert_pv_take(pp.b.conn, EXS_PV_SESSION);
     } else {
         pp.a.conn->sess_token = 0; /* as if none had come yet */
         pp.a.conn->resume.keys &= ~EXS_RSM_KEY_PEER;
         ss.hdr.flags = 1;
         ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
+        ck_assert_pv_take(pp.a.conn, EXS_PV_RESERVED);
         ss.hdr.flags = 0; /* and the good one is taken */
         ck_assert_int_eq(on_session(pp.a.conn, &ss), 0);
         exs__sha256(ss.key, sizeof(ss.key), d);
@@ -1764,6 +1795,9 @@ START_TEST(hs_session_early_without_bit)
     exs__resume_established_locked(pp.a.conn);
     ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
     ck_assert_int_eq(pp.a.conn->err, ECONNRESET);
+    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    ck_assert_pv(pp.a.conn, EXS_PV_FEATURE);
+    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pt_run(&pp);
     ck_assert_int_eq(pp.a.dead, 1);
@@ -1825,26 +1859,31 @@ START_TEST(hs_resume_positions)
     bad = rec;
     bad.hdr.flags = 1;
     ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    ck_assert_pv_take(pp.a.conn, EXS_PV_RESERVED);
     bad = rec;
     bad.token = htobe64(pp.a.conn->sess_token ^ 1);
     ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     bad = rec;
     if (stream)
         bad.rx_msgs = htobe64(1);
     else
         bad.rx_bytes = htobe64(1);
     ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     bad = rec;
     if (stream)
         bad.rx_bytes = htobe64(want + 1);
     else
         bad.rx_msgs = htobe64(want + 1);
     ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     if (stream) {
         /* every byte was seen completed: less cannot have arrived */
         bad = rec;
         bad.rx_bytes = htobe64(want - 1);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
         /* with fewer seen completed (writes in flight), any position from there to what
          * was sent is taken */
         EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
@@ -1855,13 +1894,16 @@ START_TEST(hs_resume_positions)
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
         bad.rx_bytes = htobe64(want - 101);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     } else {
         /* every message was seen completed: fewer cannot have arrived */
         bad = rec;
         bad.rx_msgs = htobe64(want - 1);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
         bad.rx_msgs = htobe64(0);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
         /* with only message 0 seen completed, 1 to what was sent is taken, 0 not */
         EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         pp.a.conn->resume_tx_done = 1;
@@ -1872,6 +1914,7 @@ START_TEST(hs_resume_positions)
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
         bad.rx_msgs = htobe64(0);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     }
     {
         /* the ring positions (the writer continues from them, STREAM and SEQPACKET):
@@ -1892,12 +1935,15 @@ START_TEST(hs_resume_positions)
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
         bad.ring_arrived = htobe64(tail + 1); /* more than was written */
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
         bad.ring_arrived = htobe64(cons);
         bad.ring_consumed = htobe64(cons + 1); /* read more than arrived */
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
         if (cons) {
             bad.ring_consumed = htobe64(cons - 1); /* less than it reported */
             ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+            ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
         }
         EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         pp.a.conn->wr_tail = cons + size + 64;
@@ -1905,6 +1951,7 @@ START_TEST(hs_resume_positions)
         bad.ring_arrived = htobe64(cons + size + 64); /* more than a ring unread */
         bad.ring_consumed = htobe64(cons);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+        ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
         EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         pp.a.conn->wr_tail = saved_tail;
         EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
@@ -1916,6 +1963,7 @@ START_TEST(hs_resume_positions)
     bad = rec;
     bad.token = 0;
     ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
+    ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     for (int i = 0; i < nops; i++) {
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);
@@ -1955,6 +2003,7 @@ START_TEST(hs_resume_new_path)
     EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     /* a first path */
     ck_assert_int_eq(on_resume(pp.a.conn, &rec), -EPROTO);
+    ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     /* a new path not yet established: kept once, a second one refused */
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->state = EXS_CONN_RESUMING;
@@ -1963,6 +2012,7 @@ START_TEST(hs_resume_new_path)
     ck_assert_int_eq(on_resume(pp.a.conn, &rec), 0);
     ck_assert_int_eq(pp.a.conn->resume.peer_got, 1);
     ck_assert_int_eq(on_resume(pp.a.conn, &rec), -EPROTO);
+    ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     /* an established new path: checked before anything moves */
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->state = EXS_CONN_CONNECTED;
@@ -1972,6 +2022,7 @@ START_TEST(hs_resume_new_path)
     bad = rec;
     bad.token = htobe64(pp.a.conn->sess_token + 1);
     ck_assert_int_eq(on_resume(pp.a.conn, &bad), -EPROTO);
+    ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     ck_assert_uint_eq(pp.a.conn->tx_seq, sent);
     ck_assert_int_eq(pp.a.conn->resume.peer_wait, 1);
     EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
@@ -2203,6 +2254,7 @@ START_TEST(hs_record_before_established)
         exs__conn_on_cqes(cqe, n);
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_DOWN);
     ck_assert_int_eq(pp.b.conn->err, ECONNRESET);
+    ck_assert_pv(pp.b.conn, EXS_PV_CTRL_TYPE);
     ck_assert_int_eq(pp.b.established, 0);
     ck_assert_int_eq(pp.b.dead, 0);
     if (_i) {
@@ -2578,7 +2630,9 @@ START_TEST(hs_reann_bad)
         ra_announce(0, 0, RAW_MSG_LEN, raw.mr->rkey);
         break;
     }
-    expect_reset();
+    /* 2 and 3 announce outside any window; 6 breaks it with a write */
+    expect_pv(_i == 2 || _i == 3 ? EXS_PV_ANNOUNCE : EXS_PV_REANNOUNCE);
+    ck_assert_uint_eq(pp.b.conn->pv.rec_type, _i == 6 ? EXS_PV_REC_WRITE : EXS_CTRL_ANNOUNCE);
     for (int i = 0; i < nr; i++)
         pt_op_fini(&r[i]);
     raw_close();
@@ -2811,6 +2865,7 @@ START_TEST(hs_announce_cap)
     pt_run(&pp);
     ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
     ck_assert_int_eq(pp.b.conn->err, ECONNRESET);
+    ck_assert_pv(pp.b.conn, EXS_PV_ANNOUNCED_MAX);
     raw_close(); /* and pt_close: the account is back at 0 */
 }
 END_TEST
@@ -2827,6 +2882,7 @@ START_TEST(hs_advert_cap)
     raw_post(EXS_PROV_WR_SEND, NULL, EXS_WIRE_ADVERT_LEN, 0, 0, 0);
     pt_run(&pp);
     ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+    ck_assert_pv(pp.b.conn, EXS_PV_ADVERTS_MAX);
     raw_close();
 }
 END_TEST
@@ -2836,6 +2892,7 @@ END_TEST
 START_TEST(hs_announce_budget)
 {
     uint64_t refused = exs__mem.mem_refused_other;
+    struct exs_pv_state pv;
     char v[32];
 
     raw_open(SOCK_SEQPACKET);
@@ -2852,6 +2909,7 @@ START_TEST(hs_announce_budget)
     pt_run(&pp);
     ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
     ck_assert_uint_eq(exs__mem.mem_refused_other, refused + 1);
+    ck_assert_uint_eq(exs__pv_get(pp.b.conn, &pv), -ENOENT); /* the budget, not the peer */
     raw_close();
     ck_assert_int_eq(exs__params_set("mem_budget", "0"), 0);
 }
@@ -2911,7 +2969,7 @@ START_TEST(hs_ka_ping_without_feature)
     pt_run(&pp);
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
     ka_raw_pings(1, 0);
-    expect_reset();
+    expect_pv(EXS_PV_FEATURE);
     raw_close();
 }
 END_TEST
@@ -3044,6 +3102,140 @@ START_TEST(hs_ka_ping_waits_for_credit)
 }
 END_TEST
 
+/* The rules no test above breaks, each named: a control SEND ending inside a header
+ * (0); an ADVERT of an indirect phase (1) or of no bytes (2) on STREAM, of a message
+ * number not above the last on SEQPACKET (3); an eager message not below eager_max (4);
+ * eager writes past the free ring on SEQPACKET (5); an ANNOUNCE (6) or a READ_DONE (7) on
+ * STREAM; a write returning more credits than were granted (8); a record (9) or a write
+ * (10) on a new path before the peer's RESUME (the wait set by hand: the cut-over's
+ * machinery is test_resume_*'s). */
+START_TEST(hs_named_rules)
+{
+    static const struct {
+        int stream;
+        enum exs_pv_rule rule;
+        unsigned rec;
+    } v[] = {
+        {0, EXS_PV_CTRL_TRUNCATED, EXS_PV_REC_NONE}, {1, EXS_PV_ADVERT, EXS_CTRL_ADVERT},
+        {1, EXS_PV_ADVERT, EXS_CTRL_ADVERT},         {0, EXS_PV_ADVERT, EXS_CTRL_ADVERT},
+        {0, EXS_PV_EAGER_SIZE, EXS_PV_REC_WRITE},    {0, EXS_PV_RING_OVERRUN, EXS_PV_REC_WRITE},
+        {1, EXS_PV_SOCK_TYPE, EXS_CTRL_ANNOUNCE},    {1, EXS_PV_SOCK_TYPE, EXS_CTRL_READ_DONE},
+        {0, EXS_PV_CREDITS, EXS_PV_REC_WRITE},       {0, EXS_PV_RESUME_FIRST, EXS_CTRL_NOP},
+        {1, EXS_PV_RESUME_FIRST, EXS_PV_REC_WRITE},
+    };
+    static uint8_t msg[1024];
+    uint8_t rec[2 * EXS_WIRE_ADVERT_LEN] = {0};
+    struct exs_wire_advert a;
+    struct exs_pv_state pv;
+
+    ck_assert_uint_eq(EXS_ARRAY_SIZE(v), 11);
+    raw_stream = v[_i].stream;
+    raw_open(v[_i].stream ? SOCK_STREAM : SOCK_SEQPACKET);
+    switch (_i) {
+    case 0: { /* a NOP, then half a header */
+        struct exs_wire_ctrl_hdr h = {.type = EXS_CTRL_NOP, .len = htobe16(EXS_WIRE_NOP_LEN)};
+
+        memcpy(rec, &h, sizeof(h));
+        raw_post(EXS_PROV_WR_SEND, rec, EXS_WIRE_NOP_LEN + 4, 0, 0, 0);
+        break;
+    }
+    case 1:
+    case 2:
+        make_advert(0, rec);
+        memcpy(&a, rec, sizeof(a));
+        if (_i == 1)
+            a.phase = htobe32(1);
+        else
+            a.len = 0;
+        raw_post(EXS_PROV_WR_SEND, &a, sizeof(a), 0, 0, 0);
+        break;
+    case 3: /* message 5 advertised twice */
+        make_advert(5, rec);
+        make_advert(5, rec + EXS_WIRE_ADVERT_LEN);
+        raw_post(EXS_PROV_WR_SEND, rec, sizeof(rec), 0, 0, 0);
+        break;
+    case 4:
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 1024, raw.peer.ring_addr, raw.peer.ring_rkey,
+                 exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+        break;
+    case 5: /* 4 x 1000 bytes fill the 4 KiB ring (no receive takes them), the fifth
+             * does not fit */
+        for (uint32_t i = 0; i < 5; i++) {
+            raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 1000,
+                     raw.peer.ring_addr + 1024u * (i % 4), raw.peer.ring_rkey,
+                     exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0));
+            pt_run(&pp);
+            if (i < 4)
+                ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        }
+        break;
+    case 6:
+        make_announce(0, rec);
+        raw_post(EXS_PROV_WR_SEND, rec, EXS_WIRE_ANNOUNCE_LEN, 0, 0, 0);
+        break;
+    case 7: {
+        struct exs_wire_read_done d = {
+            .hdr = {.type = EXS_CTRL_READ_DONE, .len = htobe16(EXS_WIRE_READ_DONE_LEN)},
+        };
+
+        raw_post(EXS_PROV_WR_SEND, &d, sizeof(d), 0, 0, 0);
+        break;
+    }
+    case 8:
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 8, raw.peer.ring_addr, raw.peer.ring_rkey,
+                 exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, EXS_IMM_CREDITS_MAX, 0));
+        break;
+    default:
+        EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        pp.b.conn->resume.peer_wait = 1;
+        EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        if (_i == 9)
+            raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 0, NULL, 0);
+        else
+            raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 8, raw.peer.ring_addr,
+                     raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+        pt_run(&pp);
+        EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        pp.b.conn->resume.peer_wait = 0;
+        EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        break;
+    }
+    if (_i == 5) { /* what arrived before the overrun is still handed to receives */
+        ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+        ck_assert_pv(pp.b.conn, v[_i].rule);
+    } else {
+        expect_pv(v[_i].rule);
+    }
+    ck_assert_int_eq(exs__pv_get(pp.b.conn, &pv), 0);
+    ck_assert_uint_eq(pv.rec_type, v[_i].rec);
+    raw_stream = 0;
+    raw_close();
+}
+END_TEST
+
+/* The ring at a cut-over (§9.2): unread bytes that fit no region cannot come from a
+ * checked history (every arrival was checked against its ring), and if positions ever
+ * said so the cut would fail on the rule they break, named, not silently. */
+START_TEST(hs_ring_cut_positions)
+{
+    uint64_t saved;
+    int ret;
+
+    unit_pair_fresh(&pp, SOCK_STREAM, 0, 0);
+    pt_connect(&pp);
+    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    saved = pp.b.conn->rd_arrived;
+    pp.b.conn->rd_arrived = pp.b.conn->rd_consumed + pp.b.conn->p.ring_size + 1;
+    ret = exs__stream_ring_cut_locked(pp.b.conn);
+    pp.b.conn->rd_arrived = saved;
+    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    ck_assert_int_eq(ret, -EPROTO);
+    ck_assert_pv(pp.b.conn, EXS_PV_RING_OVERRUN);
+    ck_assert_uint_eq(pp.b.conn->pv.rec_type, EXS_PV_REC_NONE);
+    pt_close_both(&pp);
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -3107,6 +3299,8 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_announce_cap);
     tcase_add_loop_test(tc, hs_advert_cap, 0, 2);
     tcase_add_test(tc, hs_announce_budget);
+    tcase_add_loop_test(tc, hs_named_rules, 0, 11);
+    tcase_add_test(tc, hs_ring_cut_positions);
     suite_add_tcase(s, tc);
     return s;
 }
