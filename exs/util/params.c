@@ -54,7 +54,8 @@ static const struct exs_param_def params_table[] = {
     PARAM(tcp_hello_ms, "EXS_TCP_HELLO_MS", "5000", UINT, 1,
           "tcp provider: a socket accepted by a listener that has not sent a complete connection "
           "request (the provider's hello) this long after the accept is reset (not an exs peer), "
-          "milliseconds, 1-3600000; bytes that cannot begin one reset it at once"),
+          "milliseconds, 1-3600000; bytes that cannot begin one reset it at once; also the shm "
+          "provider's deadline for an accepted rendezvous socket's request"),
     PARAM(tcp_hello_max, "EXS_TCP_HELLO_MAX", "1024", UINT, 1,
           "tcp provider: accepted sockets a listener keeps waiting for their connection request, "
           "1-1048576; at the bound the oldest silent one is reset once it waited a tenth of "

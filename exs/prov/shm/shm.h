@@ -135,6 +135,7 @@ struct shm_counters {
     uint64_t conns_rejected;
     uint64_t conns_unreachable;
     uint64_t bogus_conns;
+    uint64_t hello_refused;
     uint64_t peer_deaths;
     uint64_t ring_full;
     uint64_t bells_tx;
@@ -277,7 +278,8 @@ struct shm_conn {
     int kick;     /* we changed something the peer waits for */
     struct sockaddr_storage peer_addr;
     socklen_t peer_addrlen;
-    struct shm_hs hs; /* the REQ (passive) */
+    uint64_t hello_at; /* WAIT_REQ: closed when its REQ has not come by then (ns) */
+    struct shm_hs hs;  /* the REQ (passive) */
     uint32_t hs_len;
     struct exs_list link; /* ctx->conns */
 };
@@ -421,6 +423,9 @@ int exs__shm_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const
 int exs__shm_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen);
 int exs__shm_disconnect(struct exs_prov_ep *ep);
 void exs__shm_listener_ready(struct shm_listener *lis);
+/* NIC: conn is WAIT_REQ; closed (counted hello_refused) when its deadline passed and its REQ
+ * has not come. 1 when it was closed. */
+int exs__shm_conn_hello_late(struct shm_conn *conn, uint64_t now);
 void exs__shm_conn_readable(struct shm_conn *conn, uint32_t events);
 void exs__shm_conn_peer_died(struct shm_conn *conn);
 /* End conn (nic_lock held): the ep to ERROR with everything flushed and DISCONNECTED

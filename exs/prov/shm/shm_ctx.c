@@ -38,6 +38,9 @@ static const struct exs_counter_desc shm_counter_desc[] = {
     EXS_COUNTER(struct shm_counters, conns_rejected, "connection requests rejected"),
     EXS_COUNTER(struct shm_counters, conns_unreachable, "connects that failed"),
     EXS_COUNTER(struct shm_counters, bogus_conns, "incoming connections closed in handshake"),
+    EXS_COUNTER(struct shm_counters, hello_refused,
+                "accepted rendezvous sockets closed: no request by the deadline "
+                "(EXS_TCP_HELLO_MS)"),
     EXS_COUNTER(struct shm_counters, peer_deaths,
                 "connections whose peer process ended (pidfd) or closed the socket"),
     EXS_COUNTER(struct shm_counters, ring_full, "posts that waited for ring room"),
@@ -277,6 +280,8 @@ static int shm_rings(struct shm_ctx *ctx, int wake_up)
                 __atomic_store_n(&conn->mine->sleeping, 0, __ATOMIC_RELAXED);
             }
             did += exs__shm_conn_service(conn);
+        } else if (conn->state == SHM_CONN_WAIT_REQ) {
+            did += exs__shm_conn_hello_late(conn, exs__now_ns());
         }
         if (conn->state == SHM_CONN_DEAD) {
             exs_list_del(&conn->link);
