@@ -690,6 +690,23 @@ static void eng_fb_open(void)
     int manual, ret;
 
     eng.fb_policy = eng_fb_policy(exs__prov_name(eng.ctx));
+    if (eng.fb_policy == EXS_ENG_FB_OFF && strcmp(exs__prov_name(eng.ctx), "tcp") == 0 &&
+        strcmp(exs__params.shm, "off") != 0 && strcmp(exs__params.shm, "0") != 0) {
+        /* shm chosen by itself (spec/provider-shm.md): beside a tcp primary, whose peers
+         * on this host would otherwise talk over loopback TCP */
+        ret = eng_open(exs__prov_open_shm, &eng.fb, &manual);
+        if (ret) {
+            EXS_INFO(ENG, "shm provider: open failed (%s); connections stay on tcp",
+                     strerror(-ret));
+            eng.fb = NULL;
+            return;
+        }
+        eng.fb_policy = EXS_ENG_FB_SHM;
+        eng.ctxs[eng.nctx++] = eng.fb;
+        EXS_INFO(ENG, "shm provider opened beside tcp (%s progress, policy %s)",
+                 manual ? "manual" : "provider-thread", exs__params.shm);
+        return;
+    }
     if (eng.fb_policy == EXS_ENG_FB_OFF)
         return;
     ret = eng_open(exs__prov_open_fallback, &eng.fb, &manual);
