@@ -267,11 +267,12 @@ static const struct exs_param_def params_table[] = {
           "plus this (0 for verbs, whose port space is not TCP's; set it when the primary is "
           "fault:tcp), 0-32767"),
     PARAM(shm, "EXS_SHM", "auto", STRING, 0,
-          "shared memory chosen by itself (spec/provider-shm.md, Chosen by itself): auto = when "
-          "the primary provider is tcp, the shm provider is opened beside it and a connection "
-          "whose peer proves to be on this host (same boot id, network namespace and user, its "
-          "shm listener's credentials the pid it claimed) is cut over to shm; on = as auto, a "
-          "declined or failed switch logged at info level; off (or 0) = never"),
+          "shared memory chosen by itself (spec/provider-shm.md, Chosen by itself): on (or 1) = "
+          "when the primary provider is tcp, the shm provider is opened beside it and a "
+          "connection whose peer proves to be on this host (same boot id, network namespace and "
+          "user, its shm listener's credentials the pid it claimed) is cut over to shm, a "
+          "declined switch logged at info level; auto = as on when tcp was chosen by default "
+          "(EXS_PROVIDER empty) and no tcp link emulation is set, else off; off (or 0) = never"),
     PARAM(resume_max, "EXS_RESUME_MAX", "128", UINT, 1,
           "RDMA-to-TCP fallback, policy any: connections of the process waiting for their new "
           "path after a path failure (RESUMING, spec/protocol.md 9.2); one more makes the "
