@@ -230,8 +230,8 @@ void exs__shmsw_established_locked(struct exs_conn *conn)
     }
     if (!(conn->peer.features & EXS_WIRE_FEAT_SHM) || !exs__resume_negotiated(conn)) {
         if (conn->shmsw.got) { /* the peer's offer overtook our event: its hello lacks the bit */
-            EXS_INFO(PROTO, "conn %p: SHM_OFFER refused: the peer's hello lacks bit 10",
-                     (void *)conn);
+            (void)exs__proto_violation(conn, EXS_PV_FEATURE, EXS_CTRL_SHM_OFFER,
+                                       "the peer's hello lacks bit 10");
             exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
             return;
         }
@@ -251,22 +251,19 @@ int exs__shmsw_on_offer(struct exs_conn *conn, const uint8_t *rec,
 {
     struct exs_wire_shm_offer o, mine;
     static const uint8_t zero[16];
-    const char *bad = NULL;
 
     memcpy(&o, rec, sizeof(o));
     /* before the active side's ESTABLISHED event the peer's hello is not adopted yet: its
      * bit is checked then (exs__shmsw_established_locked) */
     if (!conn->p.shm ||
         (conn->peer.magic == EXS_WIRE_MAGIC && !(conn->peer.features & EXS_WIRE_FEAT_SHM)))
-        bad = "feature SHM not negotiated";
-    else if (conn->shmsw.got)
-        bad = "a second one";
-    else if (h->flags || memcmp(o.rsvd, zero, sizeof(o.rsvd)))
-        bad = "flags or reserved bytes set";
-    if (bad) {
-        EXS_INFO(PROTO, "conn %p: SHM_OFFER refused: %s", (void *)conn, bad);
-        return -EPROTO;
-    }
+        return exs__proto_violation(conn, EXS_PV_FEATURE, EXS_CTRL_SHM_OFFER,
+                                    "feature SHM (bit 10) not negotiated");
+    if (conn->shmsw.got)
+        return exs__proto_violation(conn, EXS_PV_SHM, EXS_CTRL_SHM_OFFER, "a second one");
+    if (h->flags || memcmp(o.rsvd, zero, sizeof(o.rsvd)))
+        return exs__proto_violation(conn, EXS_PV_RESERVED, EXS_CTRL_SHM_OFFER,
+                                    "flags %#x or reserved bytes set", h->flags);
     EXS_CNT_INC(shmsw_cnt.shm_offers);
     conn->shmsw.got = 1;
     conn->shmsw.peer_pid = be32toh(o.pid);
@@ -288,27 +285,24 @@ int exs__shmsw_on_offer(struct exs_conn *conn, const uint8_t *rec,
 int exs__shmsw_on_switch(struct exs_conn *conn, const uint8_t *rec,
                          const struct exs_wire_ctrl_hdr *h)
 {
-    const char *bad = NULL;
-
     (void)rec;
-    if (!conn->p.shm || !conn->active)
-        bad = "not from a passive side with feature SHM";
-    else if (!conn->shmsw.got)
-        bad = "before the peer's SHM_OFFER";
-    else if (conn->shmsw.sw)
-        bad = "a second one";
-    else if (h->flags)
-        bad = "flags set";
-    if (bad) {
-        EXS_INFO(PROTO, "conn %p: SHM_SWITCH refused: %s", (void *)conn, bad);
-        return -EPROTO;
-    }
+    if (!conn->p.shm)
+        return exs__proto_violation(conn, EXS_PV_FEATURE, EXS_CTRL_SHM_SWITCH,
+                                    "feature SHM (bit 10) not negotiated");
+    if (!conn->active)
+        return exs__proto_violation(conn, EXS_PV_SHM, EXS_CTRL_SHM_SWITCH, "from the active side");
+    if (!conn->shmsw.got || conn->shmsw.sw)
+        return exs__proto_violation(conn, EXS_PV_SHM, EXS_CTRL_SHM_SWITCH, "%s",
+                                    conn->shmsw.sw ? "a second one"
+                                                   : "before the peer's SHM_OFFER");
+    if (h->flags)
+        return exs__proto_violation(conn, EXS_PV_RESERVED, EXS_CTRL_SHM_SWITCH, "flags %#x set",
+                                    h->flags);
     conn->shmsw.sw = 1;
     /* a passive side whose offer did not match ours never sends one */
-    if (!conn->shmsw.match) {
-        EXS_INFO(PROTO, "conn %p: SHM_SWITCH refused: the offers do not match", (void *)conn);
-        return -EPROTO;
-    }
+    if (!conn->shmsw.match)
+        return exs__proto_violation(conn, EXS_PV_SHM, EXS_CTRL_SHM_SWITCH,
+                                    "after offers that do not match");
     shmsw_decide_locked(conn);
     return 0;
 }
