@@ -67,17 +67,6 @@ static struct {
 } shmsw_here;
 static pthread_once_t shmsw_here_once = PTHREAD_ONCE_INIT;
 
-static int hex_nibble(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static void shmsw_here_init(void)
 {
     char text[64];
@@ -93,7 +82,7 @@ static void shmsw_here_init(void)
     }
     /* a UUID's 32 hex digits, dashes skipped */
     for (ssize_t i = 0; i < n && got < 32; i++) {
-        int v = hex_nibble(text[i]);
+        int v = exs__hex_digit(text[i]);
 
         if (v < 0)
             continue;

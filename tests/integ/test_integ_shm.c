@@ -175,6 +175,22 @@ static int peer_connect(const struct shm_peer *p, int type, exs_qhandle_t q)
     return fd;
 }
 
+/* The peer (its env), then this process with EXS_SHM=here. */
+static void shm_begin(struct shm_peer *p, int type, const char *const *env, const char *here)
+{
+    peer_start(p, type, env);
+    it_setenv("EXS_SHM", here);
+    it_init();
+}
+
+/* Close fd (the peer then ends by itself), delete q, reap the peer. */
+static void shm_end(struct shm_peer *p, int fd, exs_qhandle_t q)
+{
+    it_close(fd, q);
+    it_qdelete(q);
+    peer_end(p);
+}
+
 /* Message i of the exchange: its length (1 byte to 64 KiB) and pattern seed. */
 static size_t msg_len(int i)
 {
@@ -249,9 +265,7 @@ START_TEST(test_shm_switch_two_processes)
 
     if (skip_unless_tcp("shm_switch_two_processes"))
         return;
-    peer_start(&peer, type, env);
-    it_setenv("EXS_SHM", "on");
-    it_init();
+    shm_begin(&peer, type, env, "on");
     sw0 = path_count("shm_switches");
     q = it_qcreate(16);
     fd = peer_connect(&peer, type, q);
@@ -263,9 +277,7 @@ START_TEST(test_shm_switch_two_processes)
         ck_assert_str_eq(path, "shm: same host");
     }
     ck_assert_uint_eq(path_count("shm_switches") - sw0, 1);
-    it_close(fd, q);
-    it_qdelete(q);
-    peer_end(&peer);
+    shm_end(&peer, fd, q);
 }
 END_TEST
 
@@ -282,9 +294,7 @@ START_TEST(test_shm_off_either_side)
 
     if (skip_unless_tcp("shm_off_either_side"))
         return;
-    peer_start(&peer, SOCK_SEQPACKET, _i ? env_on : env_off);
-    it_setenv("EXS_SHM", _i ? "off" : "on");
-    it_init();
+    shm_begin(&peer, SOCK_SEQPACKET, _i ? env_on : env_off, _i ? "off" : "on");
     q = it_qcreate(16);
     fd = peer_connect(&peer, SOCK_SEQPACKET, q);
     exchange(fd, SOCK_SEQPACKET, q, 0, 8);
@@ -292,9 +302,7 @@ START_TEST(test_shm_off_either_side)
     peer_path(fd, q, path, sizeof(path));
     ck_assert_str_eq(path, _i ? "tcp: peer has no shm" : "tcp: shm off here");
     exchange(fd, SOCK_SEQPACKET, q, 8, 16);
-    it_close(fd, q);
-    it_qdelete(q);
-    peer_end(&peer);
+    shm_end(&peer, fd, q);
 }
 END_TEST
 
@@ -313,9 +321,7 @@ START_TEST(test_shm_lying_peer_stays)
 
     if (skip_unless_tcp("shm_lying_peer_stays"))
         return;
-    peer_start(&peer, SOCK_SEQPACKET, env);
-    it_setenv("EXS_SHM", "on");
-    it_init();
+    shm_begin(&peer, SOCK_SEQPACKET, env, "on");
     d0 = path_count("shm_declined_listener");
     sw0 = path_count("shm_switches");
     q = it_qcreate(16);
@@ -325,9 +331,7 @@ START_TEST(test_shm_lying_peer_stays)
     ck_assert_uint_eq(path_count("shm_declined_listener") - d0, 1);
     /* the liar agreed (its SHM_SWITCH): counted there, not here */
     ck_assert_uint_eq(path_count("shm_switches") - sw0, 0);
-    it_close(fd, q);
-    it_qdelete(q);
-    peer_end(&peer);
+    shm_end(&peer, fd, q);
 }
 END_TEST
 
