@@ -495,6 +495,42 @@ START_TEST(shm_rendezvous_deadline)
 }
 END_TEST
 
+/* A local process that connects and closes at once, without a request (what an active
+ * side's look at a listener does: exs__prov_shm_peer, spec/provider-shm.md, Chosen by
+ * itself), is counted rendezvous_closed, neither bogus nor a peer death, and held nothing
+ * (the connection after it works); the look itself gives the listener's pid and uid. */
+START_TEST(shm_rendezvous_look)
+{
+    struct pt_pair p;
+    uint64_t closed0, bogus0, deaths0;
+    uint32_t pid = 0, uid = 0;
+    double t0;
+
+    if (skip_unless_shm("shm_rendezvous_look"))
+        return;
+    pt_pair_open(&p, NULL, NULL);
+    closed0 = shm_counter("rendezvous_closed");
+    bogus0 = shm_counter("bogus_conns");
+    deaths0 = shm_counter("peer_deaths");
+    ck_assert_int_eq(exs__prov_shm_peer(p.a.ctx, (struct sockaddr *)&p.addr, p.addrlen, &pid, &uid),
+                     0);
+    ck_assert_uint_eq(pid, (uint32_t)getpid());
+    ck_assert_uint_eq(uid, (uint32_t)geteuid());
+    t0 = pt_now_ms();
+    while (shm_counter("rendezvous_closed") == closed0) {
+        ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "the look was not counted");
+        if (!pt_drive_all()) /* ctxs without a driver thread */
+            pt_sleep_ms(1);
+    }
+    ck_assert_uint_eq(shm_counter("rendezvous_closed") - closed0, 1);
+    ck_assert_uint_eq(shm_counter("bogus_conns") - bogus0, 0);
+    ck_assert_uint_eq(shm_counter("peer_deaths") - deaths0, 0);
+    pt_expect_no_cm(&p.b, 50);
+    pt_pair_connect(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_shm_suite(void)
 {
     Suite *s = suite_create("prov_shm");
@@ -508,6 +544,7 @@ Suite *prov_shm_suite(void)
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_rendezvous");
     tcase_add_loop_test(tc, shm_rendezvous_deadline, 0, 2);
+    tcase_add_test(tc, shm_rendezvous_look);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -136,6 +136,7 @@ struct shm_counters {
     uint64_t conns_unreachable;
     uint64_t bogus_conns;
     uint64_t hello_refused;
+    uint64_t rendezvous_closed;
     uint64_t peer_deaths;
     uint64_t ring_full;
     uint64_t bells_tx;

@@ -461,6 +461,13 @@ void exs__shm_conn_readable(struct shm_conn *conn, uint32_t events)
         }
         if (n <= 0 && n != -EPROTO) {
             shm_close_fds(fds, nfds);
+            if (conn->state == SHM_CONN_WAIT_REQ) {
+                /* closed before any request: an active side's look at this listener
+                 * (exs__prov_shm_peer), or a client that gave up; nothing was held */
+                EXS_CNT_INC(ctx->cnt.rendezvous_closed);
+                exs__shm_conn_detach(conn);
+                return;
+            }
             exs__shm_conn_peer_died(conn);
             return;
         }

@@ -41,6 +41,9 @@ static const struct exs_counter_desc shm_counter_desc[] = {
     EXS_COUNTER(struct shm_counters, hello_refused,
                 "accepted rendezvous sockets closed: no request by the deadline "
                 "(EXS_TCP_HELLO_MS)"),
+    EXS_COUNTER(struct shm_counters, rendezvous_closed,
+                "accepted rendezvous sockets closed by the other side before a request (an "
+                "active side's look at this listener: spec/provider-shm.md, Chosen by itself)"),
     EXS_COUNTER(struct shm_counters, peer_deaths,
                 "connections whose peer process ended (pidfd) or closed the socket"),
     EXS_COUNTER(struct shm_counters, ring_full, "posts that waited for ring room"),
