@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "exs/prov/prov.h"
+#include "exs/prov/soft/soft_cq.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
 
@@ -311,9 +312,7 @@ struct shm_ctx {
     pthread_t thread;
     int stop;
     int armed, evfd_set;
-    struct exs_prov_cqe *cq;
-    uint32_t cq_cap, cq_head, cq_count, cq_cap0;
-    uint64_t cq_reserved;
+    struct exs_soft_cq cq;
     struct exs_list cm_events;
     struct exs_list eps;
     unsigned pend_eps; /* eps with sends waiting for ring room (ctx->lock) */
@@ -371,8 +370,6 @@ void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
                              const struct exs_prov_listener *lis);
 /* ctx->lock held: queue a WR_FLUSH_ERR completion of ep. */
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op);
-int exs__shm_cq_reserve_locked(struct shm_ctx *ctx, uint64_t n);
-void exs__shm_cq_unreserve_locked(struct shm_ctx *ctx, uint64_t n);
 int exs__shm_epoll_add(struct shm_ctx *ctx, int fd, void *ptr, unsigned tag);
 void exs__shm_epoll_del(struct shm_ctx *ctx, int fd);
 /* One turn of the NIC role (nic_lock held): socket events when collect (2: the NIC

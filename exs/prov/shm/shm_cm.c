@@ -539,7 +539,8 @@ int exs__shm_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->rq);
     exs_list_init(&ep->grants);
     pthread_mutex_lock(&ctx->lock);
-    ret = exs__shm_cq_reserve_locked(ctx, (uint64_t)attr->max_send_wr + attr->max_recv_wr);
+    ret = exs__soft_cq_reserve(&ctx->cq, (uint64_t)attr->max_send_wr + attr->max_recv_wr,
+                               ctx->base.caps.max_cqe);
     if (!ret)
         exs_list_add_tail(&ctx->eps, &ep->link);
     pthread_mutex_unlock(&ctx->lock);
@@ -555,7 +556,6 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
 {
     struct shm_ep *ep = shm_ep_of(e);
     struct shm_ctx *ctx;
-    uint32_t keep = 0;
 
     if (!ep)
         return;
@@ -570,14 +570,8 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
         exs__shm_conn_end(ep->conn, 0, 0, 2); /* closed for good */
     pthread_mutex_lock(&ctx->lock);
     exs__shm_ep_flush_locked(ep); /* frees without completions: destroyed */
-    for (uint32_t i = 0; i < ctx->cq_count; i++) {
-        struct exs_prov_cqe *q = &ctx->cq[(ctx->cq_head + i) % ctx->cq_cap];
-
-        if (q->ep != &ep->base)
-            ctx->cq[(ctx->cq_head + keep++) % ctx->cq_cap] = *q;
-    }
-    ctx->cq_count = keep;
-    exs__shm_cq_unreserve_locked(ctx, (uint64_t)e->attr.max_send_wr + e->attr.max_recv_wr);
+    exs__soft_cq_drop_ep(&ctx->cq, &ep->base);
+    exs__soft_cq_unreserve(&ctx->cq, (uint64_t)e->attr.max_send_wr + e->attr.max_recv_wr);
     exs__shm_cm_drop_locked(ctx, e, NULL);
     exs_list_del(&ep->link);
     pthread_mutex_unlock(&ctx->lock);

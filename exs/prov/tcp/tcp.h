@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 
 #include "exs/prov/prov.h"
+#include "exs/prov/soft/soft_cq.h"
 #include "exs/prov/tcp/tcp_wire.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
@@ -403,10 +404,7 @@ struct tcp_ctx {
     int armed;    /* (lock) */
     int evfd_set; /* (lock) evfd written since ctx_arm last read it */
     /* completion queue ring (lock) */
-    struct exs_prov_cqe *cq;
-    uint32_t cq_cap, cq_head, cq_count;
-    uint32_t cq_cap0;          /* the ring's first size: it never shrinks below */
-    uint64_t cq_reserved;      /* sum of max_send_wr + max_recv_wr of live eps */
+    struct exs_soft_cq cq;     /* reserved: sum of max_send_wr + max_recv_wr of live eps */
     struct exs_list cm_events; /* tcp_cm_node (lock) */
     struct exs_list work_eps;  /* eps with new sends or lost completions (lock) */
     struct exs_list eps;       /* (lock) */
@@ -477,8 +475,6 @@ void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_p
 void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
                              const struct exs_prov_cqe *cqe);
 void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev);
-int exs__tcp_cq_reserve_locked(struct tcp_ctx *ctx, uint64_t n);
-void exs__tcp_cq_unreserve_locked(struct tcp_ctx *ctx, uint64_t n);
 /* Queue ep on ctx->work_eps (ctx->lock taken inside). */
 void exs__tcp_ep_work(struct tcp_ctx *ctx, struct tcp_ep *ep);
 /* After queueing work, with no provider lock held: take the NIC role with trylock
