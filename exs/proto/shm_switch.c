@@ -305,8 +305,8 @@ void exs__shmsw_path_locked(const struct exs_conn *conn, char *buf, size_t len)
     char tmp[96];
 
     switch (conn->shmsw.reason) {
-    case EXS_SHMSW_OFF:
-        why = "shm off here";
+    case EXS_SHMSW_OFF: /* no switch here: a conn made on shm itself was chosen so */
+        why = strcmp(prov, "shm") == 0 ? "provider chosen" : "shm off here";
         break;
     case EXS_SHMSW_PEER_NO:
         why = "peer has no shm";

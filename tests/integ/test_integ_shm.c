@@ -335,6 +335,32 @@ START_TEST(test_shm_lying_peer_stays)
 }
 END_TEST
 
+/* Without the switch: a pair of this process on the provider under test says so. Over
+ * tcp chosen explicitly (EXS_PROVIDER=tcp: EXS_SHM auto is off) "tcp: shm off here", over
+ * shm itself "shm: provider chosen"; EXS_SO_PATH without a connection is ENOTCONN. */
+START_TEST(test_shm_path_without_switch)
+{
+    char path[EXS_PATH_MAX], want[EXS_PATH_MAX];
+    socklen_t n = sizeof(path);
+    struct it_pair p;
+    int fd;
+
+    it_init();
+    fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+    ck_assert_int_ge(fd, 0);
+    IT_EXPECT_FAIL(exs_getsockopt(fd, SOL_EXS, EXS_SO_PATH, path, &n), ENOTCONN);
+    ck_assert_int_eq(exs_close(fd, EXS_QHANDLE_INVALID, NULL), 0);
+    it_pair_open(&p, SOCK_SEQPACKET, 16, 16);
+    snprintf(want, sizeof(want), "%s: %s", it_provider,
+             strcmp(it_provider, "shm") == 0 ? "provider chosen" : "shm off here");
+    fd_path(p.cfd, path, sizeof(path));
+    ck_assert_str_eq(path, want);
+    fd_path(p.sfd, path, sizeof(path));
+    ck_assert_str_eq(path, want);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_shm_suite(void)
 {
     Suite *s = suite_create("integ_shm");
@@ -343,6 +369,7 @@ Suite *integ_shm_suite(void)
     tcase_add_loop_test(tc, test_shm_switch_two_processes, 0, 2);
     tcase_add_loop_test(tc, test_shm_off_either_side, 0, 2);
     tcase_add_test(tc, test_shm_lying_peer_stays);
+    tcase_add_test(tc, test_shm_path_without_switch);
     suite_add_tcase(s, tc);
     return s;
 }
