@@ -11,6 +11,7 @@
 
 #include "exs/prov/prov.h"
 #include "exs/prov/soft/soft_cq.h"
+#include "exs/prov/soft/soft_wr.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
 
@@ -187,15 +188,6 @@ struct shm_wr {
     uint64_t raddr;
     uint32_t rkey;
     uint32_t psn;
-    struct exs_prov_sge sge[];
-};
-
-struct shm_rwr {
-    struct exs_list link;
-    uint64_t wr_id;
-    int num_sge;
-    int bad;
-    uint64_t len;
     struct exs_prov_sge sge[];
 };
 

@@ -255,7 +255,7 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
     ep->sq_unretired = 0;
     ep->reads_out = 0;
     while ((l = exs_list_pop_head(&ep->rq)) != NULL) {
-        struct shm_rwr *rwr = exs_list_entry(l, struct shm_rwr, link);
+        struct exs_soft_rwr *rwr = exs_list_entry(l, struct exs_soft_rwr, link);
 
         if (!ep->destroyed)
             exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);

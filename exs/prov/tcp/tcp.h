@@ -10,6 +10,7 @@
 
 #include "exs/prov/prov.h"
 #include "exs/prov/soft/soft_cq.h"
+#include "exs/prov/soft/soft_wr.h"
 #include "exs/prov/tcp/tcp_wire.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
@@ -179,15 +180,6 @@ struct tcp_wr {
     struct exs_prov_sge sge[]; /* num_sge entries, then inline data */
 };
 
-struct tcp_rwr {
-    struct exs_list link; /* ep->rq */
-    uint64_t wr_id;
-    int num_sge;
-    int bad;
-    uint64_t len;
-    struct exs_prov_sge sge[];
-};
-
 struct tcp_ep {
     struct exs_prov_ep base;
     struct tcp_ctx *ctx;
@@ -311,10 +303,10 @@ struct tcp_conn {
     struct exs_prov_sge rx_one;
     uint64_t rx_len; /* payload length of the current frame */
     uint64_t rx_off;
-    struct tcp_key *rx_key; /* WRITE placement target (users held) */
-    struct tcp_rwr *rx_rwr; /* receive being filled */
-    struct tcp_wr *rx_wr;   /* READ being filled */
-    uint32_t rcv_nxt;       /* next expected request psn */
+    struct tcp_key *rx_key;      /* WRITE placement target (users held) */
+    struct exs_soft_rwr *rx_rwr; /* receive being filled */
+    struct tcp_wr *rx_wr;        /* READ being filled */
+    uint32_t rcv_nxt;            /* next expected request psn */
     uint32_t ack_psn;
     unsigned ack_count; /* requests done and not yet acknowledged */
     unsigned rnr_tries;
@@ -568,7 +560,7 @@ int exs__tcp_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr
 int exs__tcp_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
 void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr, enum exs_prov_wc_status st,
                      struct exs_prov_cqe *cqe);
-void exs__tcp_rwr_cqe(const struct tcp_ep *ep, const struct tcp_rwr *rwr,
+void exs__tcp_rwr_cqe(const struct tcp_ep *ep, const struct exs_soft_rwr *rwr,
                       enum exs_prov_wc_status st, struct exs_prov_cqe *cqe);
 int exs__tcp_iov_fill(struct iovec *iov, int max, const struct exs_prov_sge *seg, int nseg,
                       uint64_t off, uint64_t limit);
