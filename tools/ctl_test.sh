@@ -339,6 +339,27 @@ kill "$blast" 2>/dev/null; wait "$blast" 2>/dev/null
 if grep -qE 'Sanitizer|runtime error' "$work/srv.err" "$work/blast.out"; then
     fail inspected_processes_sanitizer_clean "$(grep -hE -A30 'Sanitizer|runtime error' "$work/srv.err" "$work/blast.out" | head -60)"
 else pass inspected_processes_sanitizer_clean; fi
+# shm chosen by itself (spec/provider-shm.md): blast --loopback with tcp chosen by default
+# is cut over to shm; exsctl stat says so (provider, path) and why
+env -u EXS_PROVIDER $build/blast/blast --loopback --time $((20 * mult)) --quiet \
+    >"$work/blast-shm.out" 2>&1 &
+shmb=$!; pids+=($shmb)
+shm_paths() {
+    "$exsctl" stat --json >"$work/shm.json" || return 1
+    # (the tcp blast run above is over: every blast process is this run's)
+    jq_py "$work/shm.json" "sorted(set(c['provider'] + ' / ' + c['path'] for p in j['processes'] if p['prog']=='blast' for c in p['conns'] if c['state']=='CONNECTED'))"
+}
+shm_switched() { [ "$(shm_paths)" = "['shm / shm: same host']" ]; }
+if wait_for 20 shm_switched; then
+    pass stat_shm_path
+    "$exsctl" stat >"$work/shm-table.txt" 2>&1
+    if grep -q ' shm ' "$work/shm-table.txt" && grep -q 'path: shm: same host' "$work/shm-table.txt"
+    then pass stat_shm_table
+    else fail stat_shm_table "$(cat "$work/shm-table.txt")"; fi
+else
+    fail stat_shm_path "$(shm_paths): $(head -c 600 "$work/shm.json")"
+fi
+kill "$shmb" 2>/dev/null; wait "$shmb" 2>/dev/null
 EXS_CTL_ENABLE=0 $build/blast/blast --loopback --time 1 --quiet >/dev/null 2>&1 &
 off=$!
 sleep 0.5

@@ -497,6 +497,9 @@ static void print_conn(const struct exs_json *proc, const struct exs_json *c, do
     /* the rule the peer broke, when it reset the connection (spec/protocol.md §10) */
     if (exs__json_get_str(c, "violation")[0])
         printf("        violation: %s\n", exs__json_get_str(c, "violation"));
+    /* its path and why, when shm was in question (spec/provider-shm.md, Chosen by itself) */
+    if (exs__json_get_str(c, "path")[0] && !strstr(exs__json_get_str(c, "path"), "shm off here"))
+        printf("        path: %s\n", exs__json_get_str(c, "path"));
 }
 
 /* Stat replies of pid (one) or of every process (pid < 0); in a scan, processes that

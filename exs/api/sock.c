@@ -278,6 +278,9 @@ int exs__api_sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
     /* policy any: a conn on the primary may be cut over to the fallback (§9.2) */
     int resumable =
         exs__engine_fallback_policy() == EXS_ENG_FB_ANY && ctx != exs__engine_fallback_ctx();
+    /* shm beside a tcp primary: a conn on the primary may be switched to it on one host
+     * (spec/provider-shm.md, Chosen by itself), with the cut-over's session */
+    int shm = exs__engine_fallback_policy() == EXS_ENG_FB_SHM && ctx != exs__engine_fallback_ctx();
     struct exs_conn_params p = {
         .sock_type = s->type,
         .credits = (uint32_t)exs__params.credits,
@@ -291,7 +294,8 @@ int exs__api_sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
         .autotune = !s->rcvbuf_set,
         .sndbuf = s->sndbuf,
         .copy_max = (uint32_t)EXS_MIN(exs__params.stream_copy_max, (uint64_t)s->sndbuf),
-        .resumable = resumable,
+        .resumable = resumable || shm,
+        .shm = shm,
     };
     /* The conn lives as long as its socket (freed in the last exs__api_sock_put), so a
      * caller holding a socket reference may always use it; its callbacks stop at DEAD,

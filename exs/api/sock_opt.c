@@ -186,17 +186,19 @@ int exs_getsockopt(int fd, int level, int optname, void *optval, socklen_t *optl
         *optlen = n;
         goto out;
     }
-    if (level == SOL_EXS && optname == EXS_SO_ERROR_REASON) {
-        char why[EXS_ERROR_REASON_MAX] = "";
+    if (level == SOL_EXS && (optname == EXS_SO_ERROR_REASON || optname == EXS_SO_PATH)) {
+        char why[EXS_ERROR_REASON_MAX > EXS_PATH_MAX ? EXS_ERROR_REASON_MAX : EXS_PATH_MAX] = "";
 
         api_sock_lock(s); /* the conn as for EXS_SO_STATS */
         struct exs_conn *conn = s->conn;
         api_sock_unlock(s);
-        if (*optlen < 1) {
-            err = EINVAL;
+        if (*optlen < 1 || (optname == EXS_SO_PATH && !conn)) {
+            err = *optlen < 1 ? EINVAL : ENOTCONN;
             goto out;
         }
-        if (conn)
+        if (conn && optname == EXS_SO_PATH)
+            exs__conn_path(conn, why, EXS_PATH_MAX);
+        else if (conn)
             exs__pv_reason(conn, why, sizeof(why));
         *optlen = EXS_MIN(*optlen, (socklen_t)strlen(why) + 1);
         memcpy(optval, why, *optlen - 1);

@@ -123,7 +123,7 @@ static void stat_sock(struct api_sock *s, void *arg)
     struct exs_jbuf *b = arg;
     struct exs_conn_info info;
     struct exs_conn *conn;
-    char local[80], peer[80], id[32], why[EXS_ERROR_REASON_MAX] = "";
+    char local[80], peer[80], id[32], why[EXS_ERROR_REASON_MAX] = "", path[EXS_PATH_MAX] = "";
     int type, mode, n_send, n_recv;
     enum api_sock_state state;
 
@@ -153,6 +153,10 @@ static void stat_sock(struct api_sock *s, void *arg)
     exs__jbuf_kv_str(
         b, "provider", /* a cut-over (§9.2) changes it under the conn lock */
         exs__prov_name(conn ? __atomic_load_n(&conn->ctx, __ATOMIC_RELAXED) : exs__engine_ctx()));
+    /* and why it is there (spec/provider-shm.md, Chosen by itself) */
+    if (conn)
+        exs__conn_path(conn, path, sizeof(path));
+    exs__jbuf_kv_str(b, "path", path);
     /* and its device and port ("tcp" on tcp) */
     exs__jbuf_kv_str(b, "device", conn ? info.device : exs__prov_device(exs__engine_ctx()));
     exs__jbuf_kv_str(b, "mode", xfer_mode_name(mode));

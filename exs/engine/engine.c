@@ -681,6 +681,21 @@ static int eng_fb_policy(const char *primary)
     return strcmp(primary, "verbs") == 0 ? EXS_ENG_FB_CONNECT : EXS_ENG_FB_OFF;
 }
 
+/* The shm provider beside primary (spec/provider-shm.md, Chosen by itself): EXS_SHM on,
+ * or auto with tcp chosen by default (an explicit EXS_PROVIDER=tcp asks for tcp) and no
+ * link emulation (the emulated link is tcp's); only beside tcp. */
+static int eng_shm_wanted(const char *primary)
+{
+    const char *p = exs__params.shm;
+
+    if (strcmp(primary, "tcp") != 0 || strcmp(p, "off") == 0 || strcmp(p, "0") == 0)
+        return 0;
+    if (strcmp(p, "on") == 0 || strcmp(p, "1") == 0)
+        return 1;
+    return !exs__params.provider[0] && !exs__params.emu_delay_us && !exs__params.emu_rate_mbps &&
+           !exs__params.emu_blackhole;
+}
+
 /* Open the fallback context when the policy asks for one. It is opened here, not at the
  * first failed connect: a waiter that armed and went to sleep before it existed would
  * not watch its event fd, and could sleep through its work. A failure leaves the
@@ -690,6 +705,22 @@ static void eng_fb_open(void)
     int manual, ret;
 
     eng.fb_policy = eng_fb_policy(exs__prov_name(eng.ctx));
+    if (eng.fb_policy == EXS_ENG_FB_OFF && eng_shm_wanted(exs__prov_name(eng.ctx))) {
+        /* shm chosen by itself (spec/provider-shm.md): beside a tcp primary, whose peers
+         * on this host would otherwise talk over loopback TCP */
+        ret = eng_open(exs__prov_open_shm, &eng.fb, &manual);
+        if (ret) {
+            EXS_INFO(ENG, "shm provider: open failed (%s); connections stay on tcp",
+                     strerror(-ret));
+            eng.fb = NULL;
+            return;
+        }
+        eng.fb_policy = EXS_ENG_FB_SHM;
+        eng.ctxs[eng.nctx++] = eng.fb;
+        EXS_INFO(ENG, "shm provider opened beside tcp (%s progress, policy %s)",
+                 manual ? "manual" : "provider-thread", exs__params.shm);
+        return;
+    }
     if (eng.fb_policy == EXS_ENG_FB_OFF)
         return;
     ret = eng_open(exs__prov_open_fallback, &eng.fb, &manual);

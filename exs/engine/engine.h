@@ -79,7 +79,10 @@ void exs__engine_fork(int phase);
 
 /* ---- RDMA-to-TCP fallback (spec/provider.md, Fallback) ----
  * The policy (tunable fallback, read at start): */
-enum { EXS_ENG_FB_OFF = 0, EXS_ENG_FB_CONNECT, EXS_ENG_FB_ANY };
+enum { EXS_ENG_FB_OFF = 0, EXS_ENG_FB_CONNECT, EXS_ENG_FB_ANY, EXS_ENG_FB_SHM };
+/* EXS_ENG_FB_SHM: the second context is the shm provider's, beside a tcp primary
+ * (EXS_SHM, spec/provider-shm.md, Chosen by itself): connections switch to it on one host,
+ * never on a failure, and no failed connect is retried over it. */
 int exs__engine_fallback_policy(void);
 /* The fallback (tcp) context, or NULL when the policy opened none. */
 struct exs_prov_ctx *exs__engine_fallback_ctx(void);

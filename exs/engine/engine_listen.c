@@ -76,7 +76,8 @@ int exs__engine_fallback_eligible(const struct exs_prov_ctx *ctx, int err)
     uint64_t *cnt;
 
     return exs__engine_fallback_ctx() && ctx != exs__engine_fallback_ctx() &&
-           exs__engine_fallback_policy() != EXS_ENG_FB_OFF && eng_fb_reason(err, &cnt) != NULL;
+           exs__engine_fallback_policy() != EXS_ENG_FB_OFF &&
+           exs__engine_fallback_policy() != EXS_ENG_FB_SHM && eng_fb_reason(err, &cnt) != NULL;
 }
 
 void exs__engine_fallback_note(int err, const struct sockaddr *addr, int sock_fd)
@@ -182,6 +183,14 @@ int exs__engine_listen(struct exs_eng_listener *lis, const struct sockaddr *addr
         ret = exs__prov_listen(exs__engine_ctx(), addr, addrlen, backlog, lis, &lis->pl);
         if (ret)
             return ret;
+    }
+    if (exs__engine_fallback_policy() == EXS_ENG_FB_SHM && lis->pl) {
+        /* no shm listener (its port's name taken by another process of the host): the
+         * listener serves over the primary alone, its connections stay there */
+        EXS_INFO(ENG, "shm listener: %s; connections of this listener stay on %s", strerror(-ret),
+                 exs__prov_name(exs__engine_ctx()));
+        lis->pl_fb = NULL;
+        return 0;
     }
     EXS_INFO(ENG, "fallback listener on tcp: %s", strerror(-ret));
     if (lis->pl && eng_listener_retire(lis->pl)) {

@@ -267,7 +267,8 @@ void exs__conn_hello(struct exs_conn *conn, struct exs_wire_hello *h)
     h->version = EXS_WIRE_VERSION;
     h->sock_type = wire_sock_type(conn->p.sock_type);
     h->features = htobe16((EXS_WIRE_FEAT_ALL & ~EXS_REQTRACE_FEAT_OFF) |
-                          (conn->p.resumable ? EXS_WIRE_FEAT_RESUMABLE : 0));
+                          (conn->p.resumable ? EXS_WIRE_FEAT_RESUMABLE : 0) |
+                          (conn->p.shm && conn->p.resumable ? EXS_WIRE_FEAT_SHM : 0));
     h->credits = htobe16((uint16_t)conn->p.credits);
     h->ctrl_size = htobe32(EXS_WIRE_CTRL_MAX);
     h->ring_size = htobe32(conn->p.ring_size);
@@ -337,8 +338,8 @@ void exs__conn_adopt_hello_locked(struct exs_conn *conn, const void *pd)
     conn->peer.magic = be16toh(h.magic);
     conn->peer.version = h.version;
     conn->peer.sock_type = h.sock_type;
-    conn->peer.features = be16toh(h.features) &
-                          ((EXS_WIRE_FEAT_ALL & ~EXS_REQTRACE_FEAT_OFF) | EXS_WIRE_FEAT_RESUMABLE);
+    conn->peer.features = be16toh(h.features) & ((EXS_WIRE_FEAT_ALL & ~EXS_REQTRACE_FEAT_OFF) |
+                                                 EXS_WIRE_FEAT_RESUMABLE | EXS_WIRE_FEAT_SHM);
     conn->peer.credits = be16toh(h.credits);
     conn->peer.ctrl_size = be32toh(h.ctrl_size);
     conn->peer.ring_size = be32toh(h.ring_size);

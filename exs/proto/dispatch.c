@@ -203,6 +203,8 @@ static const struct ctrl_rec {
     /* taken by a resume request on trial only (§9.2): on a connection, a second one, or
      * one on a first path */
     [EXS_CTRL_AUTH] = {0, NULL, EXS_PV_AUTH},
+    [EXS_CTRL_SHM_OFFER] = {EXS_WIRE_SHM_OFFER_LEN, exs__shmsw_on_offer, EXS_PV_NONE},
+    [EXS_CTRL_SHM_SWITCH] = {EXS_WIRE_SHM_SWITCH_LEN, exs__shmsw_on_switch, EXS_PV_NONE},
 };
 
 static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32_t len)
@@ -538,6 +540,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         established = conn->cb->established;
         exs__conn_ring_grant_locked(conn);
         exs__resume_established_locked(conn);
+        exs__shmsw_established_locked(conn);
         exs__conn_kick_locked(conn);
         break;
     case EXS_PROV_CM_REJECTED:

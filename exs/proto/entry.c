@@ -63,6 +63,7 @@ static void proto_cset_register(void)
 {
     exs__conn_cset_register();
     exs__resume_cset_register();
+    exs__shmsw_cset_register();
     exs__mem_cset_register();
 }
 

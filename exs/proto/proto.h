@@ -164,6 +164,8 @@ struct exs_conn_params {
     uint32_t sndbuf;    /* STREAM send buffer (§7.5), bytes; 0 = every send zero-copy */
     uint32_t copy_max;  /* STREAM sends up to this many bytes may be copied into it */
     int resumable;      /* hello feature RESUMABLE: may be cut over to the fallback (§9.2) */
+    int shm;            /* hello feature SHM: the fallback is shm, switched to on one host
+                         * (spec/provider-shm.md, Chosen by itself; needs resumable) */
 };
 
 /* Batched ring writes in flight at once per connection (each has its staging buffer). */
@@ -206,6 +208,7 @@ struct exs_advert {
 #include "exs/proto/keepalive.h"
 #include "exs/proto/resume.h"
 #include "exs/proto/seqpkt.h"
+#include "exs/proto/shm_switch.h"
 #include "exs/proto/stream.h"
 #undef EXS_PROTO_STATE
 
@@ -353,6 +356,8 @@ struct exs_conn {
     /* the first protocol violation of the peer, kept as the connection's reason
      * (violation.c; EXS_SO_ERROR_REASON, exsctl stat) */
     struct exs_pv_state pv;
+    /* shared memory chosen by itself (spec/provider-shm.md; shm_switch.c) */
+    struct exs_shmsw_state shmsw;
 };
 
 /* A connection's state for the control endpoint (exsctl stat), one consistent snapshot. */
@@ -438,6 +443,10 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms);
 void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st);
 /* Snapshot for the control endpoint (takes the conn lock). */
 void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info);
+/* The connection's path and why it is there (EXS_SO_PATH, exsctl stat): one line
+ * "<provider>: <reason>" (spec/provider-shm.md, Chosen by itself) into buf, cut to len;
+ * returns the bytes with the NUL. Takes conn->lock. */
+int exs__conn_path(struct exs_conn *conn, char *buf, size_t len);
 
 /* Process counters of the protocol, summed over every conn (counter set "proto"). */
 struct exs_proto_counters {

@@ -14,6 +14,7 @@
 #include "exs/proto/proto.h"
 #include "exs/proto/resume.h"
 #include "exs/proto/seqpkt.h"
+#include "exs/proto/shm_switch.h"
 #include "exs/proto/stage.h"
 #include "exs/proto/stream.h"
 

@@ -64,7 +64,10 @@ struct exs_conn;
     X(REANNOUNCE, "reannounce", "9.2",                                                             \
       "after a cut, an announced message not announced again, or announced again out of "          \
       "order, with another length, or never announced")                                            \
-    X(COMPLETION, "completion", "4", "a receive completion of a kind the protocol never causes")
+    X(COMPLETION, "completion", "4", "a receive completion of a kind the protocol never causes")   \
+    X(SHM, "shm", "5",                                                                             \
+      "an SHM_OFFER or SHM_SWITCH refused (a second one, a SWITCH from the active side, before "   \
+      "the peer's offer, or after offers that do not match)")
 
 enum exs_pv_rule {
     EXS_PV_NONE = 0,

@@ -45,6 +45,12 @@
  *   v2 + feature ALIVE (bit 9, used when both hellos have it): liveness is answered by the
  *       peer's library: a keepalive probe is a NOP with flag PING (a SEND), answered by a
  *       NOP; only receive completions prove the peer alive (§9.1).
+ *   v2 + feature SHM (bit 10, sent only by a side whose shm policy is on and that has an
+ *       shm context beside its primary, so not in EXS_WIRE_FEAT_ALL): with both hellos
+ *       having it (and bit 7), each side sends an SHM_OFFER record (type 14) after its
+ *       SESSION; the passive side answers a matching offer by SHM_SWITCH (type 15), and
+ *       the active side then cuts the connection over to shm (§9.2) once the peer's shm
+ *       listener proved to be the process it claimed (spec/provider-shm.md).
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -71,6 +77,9 @@ enum {                                    /* exs_wire_hello.features */
        EXS_WIRE_FEAT_STRACE = 1u << 8, /* STREAM: TRACE records on a stream (§5.1), with TRACE */
        EXS_WIRE_FEAT_ALIVE = 1u << 9,  /* answers a NOP with flag PING by a NOP; probes so
                                         * and counts only receives as alive (§9.1) */
+       EXS_WIRE_FEAT_SHM = 1u << 10,   /* may be cut over to shared memory on one host
+                                        * (SHM_OFFER, SHM_SWITCH; §9.2); not in
+                                        * EXS_WIRE_FEAT_ALL */
        EXS_WIRE_FEAT_ALL = EXS_WIRE_FEAT_KEEPALIVE | EXS_WIRE_FEAT_READ | EXS_WIRE_FEAT_BATCH |
                            EXS_WIRE_FEAT_DRAIN | EXS_WIRE_FEAT_TRACE | EXS_WIRE_FEAT_RESIZE |
                            EXS_WIRE_FEAT_FRAG | EXS_WIRE_FEAT_STRACE | EXS_WIRE_FEAT_ALIVE,
@@ -224,12 +233,14 @@ enum exs_wire_ctrl_type {
     EXS_CTRL_RING = 7,      /* v2: the key of the sender's ring; its first record, once */
     EXS_CTRL_DRAIN = 8,     /* STREAM, feature DRAIN: stop writing the ring / stopped (§7.2) */
     EXS_CTRL_TRACE = 9, /* feature TRACE (+ STRACE on STREAM): a traced send / its times (§5.1) */
-    EXS_CTRL_RESIZE = 10,  /* STREAM, feature RESIZE: a new ring region / switched (§7.4) */
-    EXS_CTRL_SESSION = 11, /* feature RESUMABLE: the passive side's session token (§9.2) */
-    EXS_CTRL_RESUME = 12,  /* feature RESUMABLE: first record on a new path (§9.2) */
-    EXS_CTRL_AUTH = 13,    /* feature RESUMABLE: the active side's proof, first on a new
-                            * path, before RING (§9.2) */
-    EXS_CTRL_TYPE_MAX = 13,
+    EXS_CTRL_RESIZE = 10,     /* STREAM, feature RESIZE: a new ring region / switched (§7.4) */
+    EXS_CTRL_SESSION = 11,    /* feature RESUMABLE: the passive side's session token (§9.2) */
+    EXS_CTRL_RESUME = 12,     /* feature RESUMABLE: first record on a new path (§9.2) */
+    EXS_CTRL_AUTH = 13,       /* feature RESUMABLE: the active side's proof, first on a new
+                               * path, before RING (§9.2) */
+    EXS_CTRL_SHM_OFFER = 14,  /* feature SHM: where this side runs (§9.2, shm) */
+    EXS_CTRL_SHM_SWITCH = 15, /* feature SHM: the passive side agrees to the switch */
+    EXS_CTRL_TYPE_MAX = 15,
 };
 
 /* Every record starts with this header; len includes it and is a multiple of 8. */
@@ -401,6 +412,27 @@ struct exs_wire_resume {
     uint64_t ring_consumed; /* STREAM: ring position copied out (rd_consumed) */
 } __attribute__((packed));
 #define EXS_WIRE_RESUME_LEN 48u
+
+/* SHM_OFFER (§9.2, feature SHM in both hellos): sent once by each side, in the SEND that
+ * carries its SESSION, right after it: where it runs. host_id is the kernel's boot id
+ * (/proc/sys/kernel/random/boot_id, 16 bytes), netns the inode of its network name space
+ * (the shm listeners' names are per name space), uid its effective user, pid its process
+ * id, the one its shm listener's credentials must show (big endian). hdr.flags 0. */
+struct exs_wire_shm_offer {
+    struct exs_wire_ctrl_hdr hdr;
+    uint8_t host_id[16];
+    uint64_t netns;
+    uint32_t uid;
+    uint32_t pid;
+    uint8_t rsvd[8]; /* 0 */
+} __attribute__((packed));
+#define EXS_WIRE_SHM_OFFER_LEN 48u
+
+/* SHM_SWITCH (§9.2, feature SHM): the header alone, sent once by the passive side after its
+ * SHM_OFFER when the active side's offer matched its own (same host, name space, user):
+ * it holds both session keys, so the active side may cut over. From the active side, or
+ * before the passive side's SHM_OFFER, a protocol error. hdr.flags 0. */
+#define EXS_WIRE_SHM_SWITCH_LEN EXS_WIRE_CTRL_HDR_LEN
 
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN

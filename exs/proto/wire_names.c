@@ -6,13 +6,21 @@
 #include <string.h>
 
 static const char *const wire_type_names[EXS_CTRL_TYPE_MAX + 1] = {
-    [EXS_CTRL_ACK] = "ACK",           [EXS_CTRL_ADVERT] = "ADVERT",
-    [EXS_CTRL_ANNOUNCE] = "ANNOUNCE", [EXS_CTRL_READ_DONE] = "READ_DONE",
-    [EXS_CTRL_SHUTDOWN] = "SHUTDOWN", [EXS_CTRL_NOP] = "NOP",
-    [EXS_CTRL_RING] = "RING",         [EXS_CTRL_DRAIN] = "DRAIN",
-    [EXS_CTRL_TRACE] = "TRACE",       [EXS_CTRL_RESIZE] = "RESIZE",
-    [EXS_CTRL_SESSION] = "SESSION",   [EXS_CTRL_RESUME] = "RESUME",
+    [EXS_CTRL_ACK] = "ACK",
+    [EXS_CTRL_ADVERT] = "ADVERT",
+    [EXS_CTRL_ANNOUNCE] = "ANNOUNCE",
+    [EXS_CTRL_READ_DONE] = "READ_DONE",
+    [EXS_CTRL_SHUTDOWN] = "SHUTDOWN",
+    [EXS_CTRL_NOP] = "NOP",
+    [EXS_CTRL_RING] = "RING",
+    [EXS_CTRL_DRAIN] = "DRAIN",
+    [EXS_CTRL_TRACE] = "TRACE",
+    [EXS_CTRL_RESIZE] = "RESIZE",
+    [EXS_CTRL_SESSION] = "SESSION",
+    [EXS_CTRL_RESUME] = "RESUME",
     [EXS_CTRL_AUTH] = "AUTH",
+    [EXS_CTRL_SHM_OFFER] = "SHM_OFFER",
+    [EXS_CTRL_SHM_SWITCH] = "SHM_SWITCH",
 };
 
 const char *exs__wire_type_name(unsigned type)

@@ -7,8 +7,11 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include "exs/prov/prov.h"
+#include "exs/prov/shm/shm.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -242,6 +245,40 @@ int exs__prov_open_fallback(const struct exs_prov_attr *attr, struct exs_prov_ct
     const struct exs_prov_ops *ops = exs__prov_find("tcp");
 
     return ops->ctx_open(attr, ctx_p);
+}
+
+int exs__prov_open_shm(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p)
+{
+    return exs__prov_shm_ops.ctx_open(attr, ctx_p);
+}
+
+int exs__prov_shm_peer(const struct exs_prov_ctx *ctx, const struct sockaddr *addr,
+                       socklen_t addrlen, uint32_t *pid_p, uint32_t *uid_p)
+{
+    struct sockaddr_un un;
+    struct ucred cr;
+    socklen_t len = sizeof(cr);
+    unsigned port;
+    int fd, ret;
+
+    if (!ctx || ctx->ops != &exs__prov_shm_ops)
+        return -EOPNOTSUPP;
+    ret = exs__shm_addr_port(addr, addrlen, &port);
+    if (ret)
+        return ret;
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    /* a unix connect never waits: it is queued on the listener or refused */
+    if (connect(fd, (struct sockaddr *)&un, exs__shm_unix_name(&un, port)) < 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
+        ret = -errno;
+    close(fd);
+    if (ret)
+        return ret;
+    *pid_p = (uint32_t)cr.pid;
+    *uid_p = (uint32_t)cr.uid;
+    return 0;
 }
 
 const char *exs__prov_wc_status_str(enum exs_prov_wc_status status)

@@ -416,6 +416,15 @@ int exs__prov_open_default(const struct exs_prov_attr *attr, struct exs_prov_ctx
 /* Open a context of the tcp provider: the fallback of another one (spec/provider.md,
  * Fallback). Errors: provider errors. */
 int exs__prov_open_fallback(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
+/* The shm provider's context beside a tcp primary (spec/provider-shm.md, Chosen by itself):
+ * the engine's second context when EXS_SHM is not off. */
+int exs__prov_open_shm(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p);
+/* The process behind the shm listener that a connect of ctx (the shm provider's) to addr
+ * would reach: its pid and uid (SO_PEERCRED of a rendezvous socket connected and closed
+ * at once, without a request). -EOPNOTSUPP when ctx is not shm's, else 0 or -errno of the
+ * connect (-ECONNREFUSED: no listener on the port). */
+int exs__prov_shm_peer(const struct exs_prov_ctx *ctx, const struct sockaddr *addr,
+                       socklen_t addrlen, uint32_t *pid_p, uint32_t *uid_p);
 /* Names for logs and tests. */
 const char *exs__prov_wc_status_str(enum exs_prov_wc_status status);
 const char *exs__prov_wc_opcode_str(enum exs_prov_wc_opcode opcode);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "exs/util/json.h"
+#include "exs/util/util.h"
 
 /* ---- writer ---- */
 
@@ -199,17 +200,6 @@ static int jp_lit(struct jparse *p, const char *lit)
     return 0;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* A string at p->pos (the opening quote); *out_p is malloc'ed, UTF-8. */
 static int jp_string(struct jparse *p, char **out_p)
 {
@@ -262,7 +252,7 @@ static int jp_string(struct jparse *p, char **out_p)
             if (p->pos - i < 5)
                 goto bad;
             for (int k = 1; k <= 4; k++) {
-                int h = hexval(p->s[i + (size_t)k]);
+                int h = exs__hex_digit(p->s[i + (size_t)k]);
 
                 if (h < 0)
                     goto bad;

@@ -54,7 +54,8 @@ static const struct exs_param_def params_table[] = {
     PARAM(tcp_hello_ms, "EXS_TCP_HELLO_MS", "5000", UINT, 1,
           "tcp provider: a socket accepted by a listener that has not sent a complete connection "
           "request (the provider's hello) this long after the accept is reset (not an exs peer), "
-          "milliseconds, 1-3600000; bytes that cannot begin one reset it at once"),
+          "milliseconds, 1-3600000; bytes that cannot begin one reset it at once; also the shm "
+          "provider's deadline for an accepted rendezvous socket's request"),
     PARAM(tcp_hello_max, "EXS_TCP_HELLO_MAX", "1024", UINT, 1,
           "tcp provider: accepted sockets a listener keeps waiting for their connection request, "
           "1-1048576; at the bound the oldest silent one is reset once it waited a tenth of "
@@ -80,6 +81,9 @@ static const struct exs_param_def params_table[] = {
     PARAM(lease_us, "EXS_LEASE_US", "1000", UINT, 0,
           "while application threads drive progress, the progress thread checks this often whether "
           "they all left, microseconds, 10-1000000"),
+    PARAM(test_shm_pid, "EXS_TEST_SHM_PID", "0", UINT, 0,
+          "test seam: the process id this process claims in its SHM_OFFER records (a lying "
+          "peer, spec/provider-shm.md); 0 = its own"),
     PARAM(test_engine_park, "EXS_TEST_ENGINE_PARK", "0", UINT, 0,
           "tests only: 1 = the progress thread never drives the provider (only jobs and timers), "
           "0-1"),
@@ -262,6 +266,13 @@ static const struct exs_param_def params_table[] = {
           "RDMA-to-TCP fallback: the tcp listener and fallback connects use the primary's port "
           "plus this (0 for verbs, whose port space is not TCP's; set it when the primary is "
           "fault:tcp), 0-32767"),
+    PARAM(shm, "EXS_SHM", "auto", STRING, 0,
+          "shared memory chosen by itself (spec/provider-shm.md, Chosen by itself): on (or 1) = "
+          "when the primary provider is tcp, the shm provider is opened beside it and a "
+          "connection whose peer proves to be on this host (same boot id, network namespace and "
+          "user, its shm listener's credentials the pid it claimed) is cut over to shm, a "
+          "declined switch logged at info level; auto = as on when tcp was chosen by default "
+          "(EXS_PROVIDER empty) and no tcp link emulation is set, else off; off (or 0) = never"),
     PARAM(resume_max, "EXS_RESUME_MAX", "128", UINT, 1,
           "RDMA-to-TCP fallback, policy any: connections of the process waiting for their new "
           "path after a path failure (RESUMING, spec/protocol.md 9.2); one more makes the "
@@ -426,6 +437,9 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, xfer_mode) && strcmp(text, "dynamic") &&
             strcmp(text, "direct") && strcmp(text, "indirect"))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, shm) && strcmp(text, "auto") &&
+            strcmp(text, "on") && strcmp(text, "off") && strcmp(text, "1") && strcmp(text, "0"))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, fallback) && strcmp(text, "auto") &&
             strcmp(text, "off") && strcmp(text, "connect") && strcmp(text, "any"))

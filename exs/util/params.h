@@ -49,6 +49,7 @@ struct exs_params {
     uint64_t close_timeout_ms;    /* EXS_CLOSE_TIMEOUT_MS: a graceful close resets after this */
     uint64_t test_close_pause_us; /* EXS_TEST_CLOSE_PAUSE_US: test seam, see params.c */
     uint64_t lease_us;            /* EXS_LEASE_US: progress thread's lease while threads drive */
+    uint64_t test_shm_pid;        /* EXS_TEST_SHM_PID: test seam, the pid an SHM_OFFER claims */
     uint64_t test_engine_park;    /* EXS_TEST_ENGINE_PARK: test seam (0/1), see params.c */
     /* verbs provider */
     uint64_t vrb_qp_timeout; /* EXS_VRB_QP_TIMEOUT: local ACK timeout exponent, 4.096 us * 2^n */
@@ -122,6 +123,7 @@ struct exs_params {
     /* -- RDMA-to-TCP fallback (issue 13) -- */
     char fallback[EXS_PARAM_STR_MAX]; /* EXS_FALLBACK: auto, off, connect, any (offline) */
     uint64_t fallback_port_offset;    /* EXS_FALLBACK_PORT_OFFSET: tcp ports = primary + this */
+    char shm[EXS_PARAM_STR_MAX];      /* EXS_SHM: auto, on, off (offline; provider-shm.md) */
     uint64_t resume_max;              /* EXS_RESUME_MAX: connections waiting in RESUMING */
 
     /* -- control endpoint, tracing, logging (issue 14) -- */

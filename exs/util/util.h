@@ -59,6 +59,18 @@ static inline uint64_t exs__now_us(void)
 int exs__thread_create(pthread_t *thread, const char *name, void *(*fn)(void *arg), void *arg);
 
 /* The ES-API boundary: set errno and return -1 (rsocket ERR()). */
+/* The value of hexadecimal digit c, or -1. */
+static inline int exs__hex_digit(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 static inline int exs__err(int err)
 {
     errno = err;

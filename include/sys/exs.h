@@ -141,12 +141,18 @@ enum {
     EXS_SO_XFER_MODE,        /* int: EXS_XFER_* */
     EXS_SO_STATS,            /* struct exs_sock_stats, get only */
     EXS_SO_ERROR_REASON,     /* char[]: why the peer's connection was reset, get only */
+    EXS_SO_PATH,             /* char[]: the connection's provider and why, get only */
 };
 /* EXS_SO_ERROR_REASON: the protocol rule the peer broke, as one NUL-terminated line
  * "RULE RECORD: detail" (RULE a stable name of spec/protocol.md §10; "" when the peer broke
  * none), cut to *optlen; *optlen becomes the bytes written with the NUL. At most this
  * many bytes with the NUL: */
 #define EXS_ERROR_REASON_MAX 160
+/* EXS_SO_PATH: the provider the connection runs on and why it is there, one
+ * NUL-terminated line "PROVIDER: reason" ("shm: same host", "tcp: peer has no shm",
+ * "tcp: other host", ...; spec/provider-shm.md, Chosen by itself), cut to *optlen; *optlen
+ * becomes the bytes written with the NUL. At most this many bytes with the NUL: */
+#define EXS_PATH_MAX         96
 /* -- issue 15: SO_ASYNC_SEND_TIMEOUT, SO_ASYNC_RECV_TIMEOUT, SO_ASYNC_RECV_ORDERED -- */
 /* Levels SOL_SOCKET and SOL_EXS alike (values outside Linux's SOL_SOCKET names). */
 enum {

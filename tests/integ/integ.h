@@ -56,6 +56,7 @@ Suite *integ_fragread_suite(void);
 Suite *integ_backlog_suite(void);
 Suite *integ_pv_suite(void);
 Suite *integ_fork_suite(void);
+Suite *integ_shm_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */
 TCase *it_tcase(const char *name, int timeout_s);
@@ -275,5 +276,7 @@ int it_count_tasks_expect(int want);
 int it_child_stream_send(int argc, char **argv);
 /* Entry of the exec'd accepting peer of test_close_races_peer_death. */
 int it_child_accept(int argc, char **argv);
+/* Entry of the exec'd echoing peer of the shm switch tests (test_integ_shm.c). */
+int it_child_shm_echo(int argc, char **argv);
 
 #endif

@@ -16,7 +16,7 @@ static Suite *(*const suites[])(void) = {
     integ_kfdcache_suite,    integ_unh_suite,      integ_poll_suite,      integ_ring_suite,
     integ_msg_suite,         integ_window_suite,   integ_sndbuf_suite,    integ_resume_suite,
     integ_resume_ring_suite, integ_handoff_suite,  integ_fragread_suite,  integ_backlog_suite,
-    integ_pv_suite,          integ_fork_suite,
+    integ_pv_suite,          integ_fork_suite,     integ_shm_suite,
 };
 
 static void usage(FILE *f, const char *argv0)
@@ -39,6 +39,8 @@ int main(int argc, char **argv)
         return it_child_stream_send(argc - 2, argv + 2);
     if (argc >= 2 && strcmp(argv[1], "--child-accept") == 0)
         return it_child_accept(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "--child-shm-echo") == 0)
+        return it_child_shm_echo(argc - 2, argv + 2);
 
     while ((opt = getopt(argc, argv, "p:h")) != -1) {
         switch (opt) {

@@ -299,7 +299,7 @@ static uint32_t cq_cap_of(struct exs_prov_ctx *c)
     uint32_t cap;
 
     pthread_mutex_lock(&tcp_ctx_of(c)->lock);
-    cap = tcp_ctx_of(c)->cq_cap;
+    cap = tcp_ctx_of(c)->cq.cap;
     pthread_mutex_unlock(&tcp_ctx_of(c)->lock);
     return cap;
 }

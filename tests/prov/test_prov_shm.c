@@ -6,11 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "exs/prov/shm/shm.h"
 #include "exs/util/counters.h"
+#include "exs/util/params.h"
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
 
@@ -432,6 +435,102 @@ START_TEST(shm_peer_killed_mid_transfer)
 }
 END_TEST
 
+/* ---- the rendezvous deadline ---- */
+
+/* A raw local process at p's listener: a unix socket connected to its abstract name. */
+static int raw_rendezvous(const struct pt_pair *p)
+{
+    struct sockaddr_un un;
+    unsigned port = 0;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(exs__shm_addr_port((const struct sockaddr *)&p->addr, p->addrlen, &port), 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&un, exs__shm_unix_name(&un, port)), 0);
+    return fd;
+}
+
+/* A local process that connects to a listener's rendezvous socket and never sends its REQ
+ * (loop 0: nothing; loop 1: a REQ's first 8 bytes, which is no REQ) holds nothing
+ * forever: the silent one is closed at the deadline (EXS_TCP_HELLO_MS, 300 ms here) and
+ * counted hello_refused, the partial one at once; nothing reaches the application and the
+ * next connection is served. (The old provider kept the silent one open without end.) */
+START_TEST(shm_rendezvous_deadline)
+{
+    struct shm_hs hs;
+    struct pt_pair p;
+    uint64_t refused0, bogus0;
+    double t0, ms;
+    int fd, end;
+
+    if (skip_unless_shm("shm_rendezvous_deadline"))
+        return;
+    ck_assert_int_eq(exs__params_set("tcp_hello_ms", _i ? "3600000" : "300"), 0);
+    pt_pair_open(&p, NULL, NULL);
+    refused0 = shm_counter("hello_refused");
+    bogus0 = shm_counter("bogus_conns");
+    t0 = pt_now_ms();
+    fd = raw_rendezvous(&p);
+    if (_i) {
+        memset(&hs, 0, sizeof(hs));
+        hs.magic = SHM_MAGIC;
+        hs.version = SHM_VERSION;
+        hs.type = SHM_HS_REQ;
+        ck_assert_int_eq(send(fd, &hs, 8, MSG_NOSIGNAL), 8);
+    }
+    end = pt_raw_end_within(fd, PT_TIMEOUT_MS);
+    ms = pt_now_ms() - t0;
+    ck_assert_msg(end == 0, "the rendezvous socket was %s, expected closed (EOF)",
+                  end > 0 ? strerror(end) : "still open");
+    printf("shm_rendezvous_deadline(%s): closed after %.0f ms\n", _i ? "partial" : "silent", ms);
+    close(fd);
+    if (!_i)
+        ck_assert_msg(ms >= 250, "closed after %.0f ms, before the 300 ms deadline", ms);
+    ck_assert_uint_eq(shm_counter("hello_refused") - refused0, _i ? 0 : 1);
+    ck_assert_uint_eq(shm_counter("bogus_conns") - bogus0, 1);
+    pt_expect_no_cm(&p.b, 50);
+    pt_pair_connect(&p);
+    pt_pair_close(&p);
+    exs__params_set("tcp_hello_ms", exs__params_find("tcp_hello_ms")->defval);
+}
+END_TEST
+
+/* A local process that connects and closes at once, without a request (what an active
+ * side's look at a listener does: exs__prov_shm_peer, spec/provider-shm.md, Chosen by
+ * itself), is counted rendezvous_closed, neither bogus nor a peer death, and held nothing
+ * (the connection after it works); the look itself gives the listener's pid and uid. */
+START_TEST(shm_rendezvous_look)
+{
+    struct pt_pair p;
+    uint64_t closed0, bogus0, deaths0;
+    uint32_t pid = 0, uid = 0;
+    double t0;
+
+    if (skip_unless_shm("shm_rendezvous_look"))
+        return;
+    pt_pair_open(&p, NULL, NULL);
+    closed0 = shm_counter("rendezvous_closed");
+    bogus0 = shm_counter("bogus_conns");
+    deaths0 = shm_counter("peer_deaths");
+    ck_assert_int_eq(exs__prov_shm_peer(p.a.ctx, (struct sockaddr *)&p.addr, p.addrlen, &pid, &uid),
+                     0);
+    ck_assert_uint_eq(pid, (uint32_t)getpid());
+    ck_assert_uint_eq(uid, (uint32_t)geteuid());
+    t0 = pt_now_ms();
+    while (shm_counter("rendezvous_closed") == closed0) {
+        ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "the look was not counted");
+        if (!pt_drive_all()) /* ctxs without a driver thread */
+            pt_sleep_ms(1);
+    }
+    ck_assert_uint_eq(shm_counter("rendezvous_closed") - closed0, 1);
+    ck_assert_uint_eq(shm_counter("bogus_conns") - bogus0, 0);
+    ck_assert_uint_eq(shm_counter("peer_deaths") - deaths0, 0);
+    pt_expect_no_cm(&p.b, 50);
+    pt_pair_connect(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_shm_suite(void)
 {
     Suite *s = suite_create("prov_shm");
@@ -442,6 +541,10 @@ Suite *prov_shm_suite(void)
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_death");
     tcase_add_test(tc, shm_peer_killed_mid_transfer);
+    suite_add_tcase(s, tc);
+    tc = pt_tcase("shm_rendezvous");
+    tcase_add_loop_test(tc, shm_rendezvous_deadline, 0, 2);
+    tcase_add_test(tc, shm_rendezvous_look);
     suite_add_tcase(s, tc);
     return s;
 }

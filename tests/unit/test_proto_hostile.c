@@ -35,6 +35,7 @@ static struct raw {
     uint64_t wr_id;
     uint64_t session; /* the token of b's SESSION record's key (§9.2), 0: none came */
     uint8_t kb[EXS_WIRE_SESSION_KEY_LEN]; /* that key, K_B */
+    struct exs_wire_shm_offer offer;      /* b's SHM_OFFER after it (type 0: none came) */
 } raw;
 
 #define RAW_RING (RAW_RECVS * 512)
@@ -43,6 +44,7 @@ static struct raw {
 static struct pt_pair pp;
 static uint16_t raw_features = EXS_WIRE_FEAT_ALL; /* the raw peer's hello.features */
 static int b_resumable;                           /* b's conn params: resumable (§9.2) */
+static int b_shm;                                 /* b's conn params: shm (provider-shm.md) */
 
 static void raw_post(enum exs_prov_wr_opcode op, const void *data, uint32_t len, uint64_t raddr,
                      uint32_t rkey, uint32_t imm);
@@ -62,6 +64,7 @@ static void raw_prepare(int sock_type, struct exs_wire_hello *hp)
     mock_set_reorder(0);
     pt_params(&pp.pb, sock_type);
     pp.pb.resumable = b_resumable;
+    pp.pb.shm = b_shm;
     pt_open(&pp, sock_type);
     ck_assert_int_eq(mock_ctx_open(NULL, &raw.ctx), 0);
     ck_assert_int_eq(exs__prov_mr_reg(raw.ctx, raw.mem, sizeof(raw.mem),
@@ -161,6 +164,11 @@ static uint32_t raw_peer_ring_key(void)
                 memcpy(&raw.session, d, sizeof(raw.session));
                 raw.session = be64toh(raw.session);
             }
+            /* and its SHM_OFFER its SESSION (feature SHM) */
+            if (cqe.byte_len >= EXS_WIRE_RING_LEN + EXS_WIRE_SESSION_LEN + EXS_WIRE_SHM_OFFER_LEN)
+                memcpy(&raw.offer,
+                       raw.mem + 512 * cqe.wr_id + EXS_WIRE_RING_LEN + EXS_WIRE_SESSION_LEN,
+                       sizeof(raw.offer));
         }
     }
     ck_assert_uint_ne(key, 0);
@@ -1721,6 +1729,63 @@ START_TEST(hs_resume_bad)
 }
 END_TEST
 
+/* ---- shm chosen by itself: SHM_OFFER and SHM_SWITCH (spec/provider-shm.md) ---- */
+
+/* b (passive) has shm on and is resumable; the raw peer (active) speaks the records:
+ *  0 an SHM_OFFER when its hello lacks bit 10 (rule feature)
+ *  1 a second SHM_OFFER (rule shm)                     2 an SHM_SWITCH from the active side (shm)
+ *  3 an SHM_OFFER with a reserved byte set (reserved)
+ *  4 a matching offer (b's own): b answers SHM_SWITCH and stays connected
+ *  5 an offer of another host: b stays on its path, says why, sends no SHM_SWITCH
+ * A refused record resets the connection with its rule kept. */
+START_TEST(hs_shm_records)
+{
+    static const unsigned want_rule[4] = {EXS_PV_FEATURE, EXS_PV_SHM, EXS_PV_SHM, EXS_PV_RESERVED};
+    struct exs_wire_shm_offer o;
+    struct exs_pv_state pv;
+    char path[EXS_PATH_MAX];
+
+    b_resumable = b_shm = 1;
+    raw_features = EXS_WIRE_FEAT_ALL | EXS_WIRE_FEAT_RESUMABLE | (_i ? EXS_WIRE_FEAT_SHM : 0);
+    raw_open(SOCK_SEQPACKET);
+    b_resumable = b_shm = 0;
+    raw_features = EXS_WIRE_FEAT_ALL;
+    /* b offers only to a peer with the bit */
+    ck_assert_int_eq(raw.offer.hdr.type, _i ? EXS_CTRL_SHM_OFFER : 0);
+    ck_assert_int_eq(pp.b.conn->shmsw.sent, !!_i);
+    o = raw.offer;
+    o.hdr.type = EXS_CTRL_SHM_OFFER;
+    o.hdr.len = htobe16(EXS_WIRE_SHM_OFFER_LEN);
+    if (_i == 3)
+        o.rsvd[5] = 1;
+    if (_i == 5)
+        o.host_id[0] ^= 0xff;
+    if (_i == 2)
+        raw_ctrl(EXS_CTRL_SHM_SWITCH, EXS_WIRE_SHM_SWITCH_LEN, 0, NULL, 0);
+    else
+        raw_ctrl(EXS_CTRL_SHM_OFFER, EXS_WIRE_SHM_OFFER_LEN, 0, (uint8_t *)&o + 8, sizeof(o) - 8);
+    if (_i == 1) { /* the first is taken */
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        raw_ctrl(EXS_CTRL_SHM_OFFER, EXS_WIRE_SHM_OFFER_LEN, 0, (uint8_t *)&o + 8, sizeof(o) - 8);
+    }
+    if (_i < 4) {
+        expect_reset();
+        ck_assert_int_eq(exs__pv_get(pp.b.conn, &pv), 0);
+        ck_assert_uint_eq(pv.rule, want_rule[_i]);
+        raw_close();
+        return;
+    }
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_int_eq(pp.b.conn->shmsw.sw, _i == 4);
+    ck_assert_int_eq(exs__conn_path(pp.b.conn, path, sizeof(path)), (int)strlen(path) + 1);
+    ck_assert_str_eq(strchr(path, ':'), _i == 4 ? ": switching" : ": other host");
+    exs__conn_close(pp.b.conn);
+    raw_close();
+}
+END_TEST
+
 /* A connected mock pair of this type on which both ends are resumable (policy any): the
  * passive side has drawn the SESSION token. */
 static void rs_pair_open(int type)
@@ -3276,6 +3341,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_resize_bad_answer, 0, 6);
     tcase_add_loop_test(tc, hs_frag_pieces, 0, 7);
     tcase_add_loop_test(tc, hs_session_sent, 0, 2);
+    tcase_add_loop_test(tc, hs_shm_records, 0, 6);
     tcase_add_loop_test(tc, hs_resume_bad, 0, 10);
     tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
     tcase_add_loop_test(tc, hs_resume_positions, 0, 2);

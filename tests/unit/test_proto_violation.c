@@ -46,13 +46,21 @@ START_TEST(pv_wire_type_names)
         unsigned type;
         const char *name;
     } want[] = {
-        {EXS_CTRL_ACK, "ACK"},           {EXS_CTRL_ADVERT, "ADVERT"},
-        {EXS_CTRL_ANNOUNCE, "ANNOUNCE"}, {EXS_CTRL_READ_DONE, "READ_DONE"},
-        {EXS_CTRL_SHUTDOWN, "SHUTDOWN"}, {EXS_CTRL_NOP, "NOP"},
-        {EXS_CTRL_RING, "RING"},         {EXS_CTRL_DRAIN, "DRAIN"},
-        {EXS_CTRL_TRACE, "TRACE"},       {EXS_CTRL_RESIZE, "RESIZE"},
-        {EXS_CTRL_SESSION, "SESSION"},   {EXS_CTRL_RESUME, "RESUME"},
+        {EXS_CTRL_ACK, "ACK"},
+        {EXS_CTRL_ADVERT, "ADVERT"},
+        {EXS_CTRL_ANNOUNCE, "ANNOUNCE"},
+        {EXS_CTRL_READ_DONE, "READ_DONE"},
+        {EXS_CTRL_SHUTDOWN, "SHUTDOWN"},
+        {EXS_CTRL_NOP, "NOP"},
+        {EXS_CTRL_RING, "RING"},
+        {EXS_CTRL_DRAIN, "DRAIN"},
+        {EXS_CTRL_TRACE, "TRACE"},
+        {EXS_CTRL_RESIZE, "RESIZE"},
+        {EXS_CTRL_SESSION, "SESSION"},
+        {EXS_CTRL_RESUME, "RESUME"},
         {EXS_CTRL_AUTH, "AUTH"},
+        {EXS_CTRL_SHM_OFFER, "SHM_OFFER"},
+        {EXS_CTRL_SHM_SWITCH, "SHM_SWITCH"},
     };
 
     ck_assert_int_eq(EXS_ARRAY_SIZE(want), EXS_CTRL_TYPE_MAX);

@@ -377,7 +377,11 @@ START_TEST(test_print_human)
     ck_assert_ptr_nonnull(strstr(text, "VARIABLE"));
     ck_assert_ptr_nonnull(strstr(text, "DEFAULT"));
     for (size_t i = 0; i < n; i++) {
-        char *row = strstr(text, t[i].name), *eol;
+        char *row = text, *eol;
+
+        /* the row that begins with the name (a name may be in another row's text) */
+        while (row && (strncmp(row, t[i].name, strlen(t[i].name)) || row[strlen(t[i].name)] != ' '))
+            row = (row = strchr(row, '\n')) ? row + 1 : NULL;
 
         ck_assert_ptr_nonnull(row);
         eol = strchr(row, '\n');

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "exs/proto/reqtrace.h"
 #include "exs/prov/tcp/tcp.h"
@@ -702,6 +704,85 @@ START_TEST(golden_session)
 }
 END_TEST
 
+/* spec/provider-shm.md, Chosen by itself (feature SHM, bit 10): with both sides resumable
+ * and shm on, both hellos have bits 7 and 10 and each side's first SEND is RING, SESSION,
+ * then SHM_OFFER (type 14, 48 bytes): the boot id (16), the network name space's inode
+ * (8), the effective uid (4) and the pid (4), 8 zero bytes. The passive side, whose
+ * offer matches the active side's (one process), then sends SHM_SWITCH (type 15, the
+ * header alone). */
+START_TEST(golden_shm_offer)
+{
+    uint8_t want[EXS_WIRE_SHM_OFFER_LEN] = {
+        0x0e, 0x00, 0x00, 0x30, 0x00, 0x00, 0x00, 0x00, /* SHM_OFFER, 48 bytes, 0 credits */
+    };
+    const uint32_t off = EXS_WIRE_RING_LEN + EXS_WIRE_SESSION_LEN;
+    struct exs_wire_hello h;
+    char text[64] = "";
+    struct stat st;
+    int fa = 0, fb = 0, nsw = 0;
+    FILE *f;
+
+    ck_assert_uint_eq(EXS_WIRE_FEAT_SHM, 0x400);
+    ck_assert_uint_eq(EXS_WIRE_FEAT_ALL & EXS_WIRE_FEAT_SHM, 0);
+    ck_assert_int_eq(EXS_CTRL_SHM_OFFER, 14);
+    ck_assert_int_eq(EXS_CTRL_SHM_SWITCH, 15);
+    /* the expected offer, from the system's own sources */
+    f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_ptr_nonnull(fgets(text, sizeof(text), f));
+    fclose(f);
+    for (int i = 0, n = 0; text[i] && n < 32; i++) {
+        const char *hex = "0123456789abcdef", *d = strchr(hex, text[i]);
+
+        if (!d || !*d)
+            continue; /* a dash, the newline */
+        want[8 + n / 2] |= (uint8_t)(n % 2 ? d - hex : (d - hex) << 4);
+        n++;
+    }
+    ck_assert_int_eq(stat("/proc/self/ns/net", &st), 0);
+    put_be(want + 24, (uint64_t)st.st_ino, 8);
+    put_be(want + 32, geteuid(), 4);
+    put_be(want + 36, (uint64_t)getpid(), 4);
+
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    ncaps = 0;
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_SEQPACKET);
+    pt_params(&pp.pb, SOCK_SEQPACKET);
+    pp.pa.resumable = pp.pb.resumable = 1;
+    pp.pa.shm = pp.pb.shm = 1;
+    pt_open(&pp, SOCK_SEQPACKET);
+    mock_set_tap(cap_tap, NULL);
+    pt_connect(&pp);
+    pt_run(&pp);
+    exs__conn_hello(pp.a.conn, &h);
+    ck_assert_uint_eq(be16toh(h.features), 0x7ff); /* every bit, 7 and 10 too */
+    for (int side = 0; side < 2; side++) {
+        struct exs_conn *c = side ? pp.b.conn : pp.a.conn;
+        struct cap *cp = cap_send(c->ep, side ? &fb : &fa);
+
+        ck_assert_uint_eq(cp->len, off + EXS_WIRE_SHM_OFFER_LEN);
+        ck_assert_uint_eq(cp->bytes[EXS_WIRE_RING_LEN], EXS_CTRL_SESSION);
+        assert_bytes(cp->bytes + off, want, sizeof(want));
+    }
+    /* b's later SENDs: one SHM_SWITCH record, 8 bytes, flags 0 */
+    for (int i = fb; i < ncaps; i++)
+        if (caps[i].ep == pp.b.conn->ep && caps[i].opcode == EXS_PROV_WR_SEND)
+            for (uint32_t o = 0; o + EXS_WIRE_CTRL_HDR_LEN <= caps[i].len;
+                 o += (uint32_t)caps[i].bytes[o + 2] << 8 | caps[i].bytes[o + 3])
+                if (caps[i].bytes[o] == EXS_CTRL_SHM_SWITCH) {
+                    static const uint8_t sw[4] = {0x0f, 0x00, 0x00, 0x08};
+
+                    assert_bytes(caps[i].bytes + o, sw, sizeof(sw));
+                    nsw++;
+                }
+    ck_assert_int_eq(nsw, 1);
+    ck_assert_int_eq(pp.a.conn->shmsw.sw, 1);
+    gp_teardown();
+}
+END_TEST
+
 /* §9.2: the RESUME record's layout (type 12, 48 bytes), the AUTH record's (type 13, 40
  * bytes), the resume connect's private data (hello, token, nonce_A: 56 bytes) and the
  * accept's (hello, nonce_B, MAC_B: 56 bytes), and the proof itself pinned on a fixed key
@@ -954,6 +1035,7 @@ Suite *wire_golden_suite(void)
     tcase_add_test(tc, golden_resize);
     tcase_add_loop_test(tc, golden_session, 0, 2);
     tcase_add_test(tc, golden_resume_layout);
+    tcase_add_test(tc, golden_shm_offer);
     tcase_add_test(tc, golden_batch_sent);
     tcase_add_test(tc, golden_ctrl_constants);
     tcase_add_test(tc, golden_ping);

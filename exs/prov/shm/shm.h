@@ -10,6 +10,8 @@
 #include <sys/types.h>
 
 #include "exs/prov/prov.h"
+#include "exs/prov/soft/soft_cq.h"
+#include "exs/prov/soft/soft_wr.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
 
@@ -135,6 +137,8 @@ struct shm_counters {
     uint64_t conns_rejected;
     uint64_t conns_unreachable;
     uint64_t bogus_conns;
+    uint64_t hello_refused;
+    uint64_t rendezvous_closed;
     uint64_t peer_deaths;
     uint64_t ring_full;
     uint64_t bells_tx;
@@ -184,15 +188,6 @@ struct shm_wr {
     uint64_t raddr;
     uint32_t rkey;
     uint32_t psn;
-    struct exs_prov_sge sge[];
-};
-
-struct shm_rwr {
-    struct exs_list link;
-    uint64_t wr_id;
-    int num_sge;
-    int bad;
-    uint64_t len;
     struct exs_prov_sge sge[];
 };
 
@@ -277,7 +272,8 @@ struct shm_conn {
     int kick;     /* we changed something the peer waits for */
     struct sockaddr_storage peer_addr;
     socklen_t peer_addrlen;
-    struct shm_hs hs; /* the REQ (passive) */
+    uint64_t hello_at; /* WAIT_REQ: closed when its REQ has not come by then (ns) */
+    struct shm_hs hs;  /* the REQ (passive) */
     uint32_t hs_len;
     struct exs_list link; /* ctx->conns */
 };
@@ -308,9 +304,7 @@ struct shm_ctx {
     pthread_t thread;
     int stop;
     int armed, evfd_set;
-    struct exs_prov_cqe *cq;
-    uint32_t cq_cap, cq_head, cq_count, cq_cap0;
-    uint64_t cq_reserved;
+    struct exs_soft_cq cq;
     struct exs_list cm_events;
     struct exs_list eps;
     unsigned pend_eps; /* eps with sends waiting for ring room (ctx->lock) */
@@ -368,8 +362,6 @@ void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
                              const struct exs_prov_listener *lis);
 /* ctx->lock held: queue a WR_FLUSH_ERR completion of ep. */
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op);
-int exs__shm_cq_reserve_locked(struct shm_ctx *ctx, uint64_t n);
-void exs__shm_cq_unreserve_locked(struct shm_ctx *ctx, uint64_t n);
 int exs__shm_epoll_add(struct shm_ctx *ctx, int fd, void *ptr, unsigned tag);
 void exs__shm_epoll_del(struct shm_ctx *ctx, int fd);
 /* One turn of the NIC role (nic_lock held): socket events when collect (2: the NIC
@@ -421,6 +413,9 @@ int exs__shm_accept(struct exs_prov_conn_req *req, struct exs_prov_ep *ep, const
 int exs__shm_reject(struct exs_prov_conn_req *req, const void *pd, uint32_t pdlen);
 int exs__shm_disconnect(struct exs_prov_ep *ep);
 void exs__shm_listener_ready(struct shm_listener *lis);
+/* NIC: conn is WAIT_REQ; closed (counted hello_refused) when its deadline passed and its REQ
+ * has not come. 1 when it was closed. */
+int exs__shm_conn_hello_late(struct shm_conn *conn, uint64_t now);
 void exs__shm_conn_readable(struct shm_conn *conn, uint32_t events);
 void exs__shm_conn_peer_died(struct shm_conn *conn);
 /* End conn (nic_lock held): the ep to ERROR with everything flushed and DISCONNECTED

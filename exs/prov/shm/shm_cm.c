@@ -255,7 +255,7 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
     ep->sq_unretired = 0;
     ep->reads_out = 0;
     while ((l = exs_list_pop_head(&ep->rq)) != NULL) {
-        struct shm_rwr *rwr = exs_list_entry(l, struct shm_rwr, link);
+        struct exs_soft_rwr *rwr = exs_list_entry(l, struct exs_soft_rwr, link);
 
         if (!ep->destroyed)
             exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
@@ -461,6 +461,13 @@ void exs__shm_conn_readable(struct shm_conn *conn, uint32_t events)
         }
         if (n <= 0 && n != -EPROTO) {
             shm_close_fds(fds, nfds);
+            if (conn->state == SHM_CONN_WAIT_REQ) {
+                /* closed before any request: an active side's look at this listener
+                 * (exs__prov_shm_peer), or a client that gave up; nothing was held */
+                EXS_CNT_INC(ctx->cnt.rendezvous_closed);
+                exs__shm_conn_detach(conn);
+                return;
+            }
             exs__shm_conn_peer_died(conn);
             return;
         }
@@ -532,7 +539,8 @@ int exs__shm_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->rq);
     exs_list_init(&ep->grants);
     pthread_mutex_lock(&ctx->lock);
-    ret = exs__shm_cq_reserve_locked(ctx, (uint64_t)attr->max_send_wr + attr->max_recv_wr);
+    ret = exs__soft_cq_reserve(&ctx->cq, (uint64_t)attr->max_send_wr + attr->max_recv_wr,
+                               ctx->base.caps.max_cqe);
     if (!ret)
         exs_list_add_tail(&ctx->eps, &ep->link);
     pthread_mutex_unlock(&ctx->lock);
@@ -548,7 +556,6 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
 {
     struct shm_ep *ep = shm_ep_of(e);
     struct shm_ctx *ctx;
-    uint32_t keep = 0;
 
     if (!ep)
         return;
@@ -563,14 +570,8 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
         exs__shm_conn_end(ep->conn, 0, 0, 2); /* closed for good */
     pthread_mutex_lock(&ctx->lock);
     exs__shm_ep_flush_locked(ep); /* frees without completions: destroyed */
-    for (uint32_t i = 0; i < ctx->cq_count; i++) {
-        struct exs_prov_cqe *q = &ctx->cq[(ctx->cq_head + i) % ctx->cq_cap];
-
-        if (q->ep != &ep->base)
-            ctx->cq[(ctx->cq_head + keep++) % ctx->cq_cap] = *q;
-    }
-    ctx->cq_count = keep;
-    exs__shm_cq_unreserve_locked(ctx, (uint64_t)e->attr.max_send_wr + e->attr.max_recv_wr);
+    exs__soft_cq_drop_ep(&ctx->cq, &ep->base);
+    exs__soft_cq_unreserve(&ctx->cq, (uint64_t)e->attr.max_send_wr + e->attr.max_recv_wr);
     exs__shm_cm_drop_locked(ctx, e, NULL);
     exs_list_del(&ep->link);
     pthread_mutex_unlock(&ctx->lock);

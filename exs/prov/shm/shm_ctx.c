@@ -38,6 +38,12 @@ static const struct exs_counter_desc shm_counter_desc[] = {
     EXS_COUNTER(struct shm_counters, conns_rejected, "connection requests rejected"),
     EXS_COUNTER(struct shm_counters, conns_unreachable, "connects that failed"),
     EXS_COUNTER(struct shm_counters, bogus_conns, "incoming connections closed in handshake"),
+    EXS_COUNTER(struct shm_counters, hello_refused,
+                "accepted rendezvous sockets closed: no request by the deadline "
+                "(EXS_TCP_HELLO_MS)"),
+    EXS_COUNTER(struct shm_counters, rendezvous_closed,
+                "accepted rendezvous sockets closed by the other side before a request (an "
+                "active side's look at this listener: spec/provider-shm.md, Chosen by itself)"),
     EXS_COUNTER(struct shm_counters, peer_deaths,
                 "connections whose peer process ended (pidfd) or closed the socket"),
     EXS_COUNTER(struct shm_counters, ring_full, "posts that waited for ring room"),
@@ -111,62 +117,12 @@ static void shm_notify_locked(struct shm_ctx *ctx)
     shm_fd_bump(ctx->evfd);
 }
 
-static int shm_cqe_is_recv(const struct exs_prov_cqe *cqe)
-{
-    return cqe->opcode == EXS_PROV_WC_RECV || cqe->opcode == EXS_PROV_WC_RECV_RDMA_WITH_IMM;
-}
-
-static int shm_cq_resize_locked(struct shm_ctx *ctx, uint32_t cap)
-{
-    struct exs_prov_cqe *q = malloc((size_t)cap * sizeof(*q));
-
-    if (!q)
-        return -ENOMEM;
-    for (uint32_t i = 0; i < ctx->cq_count; i++)
-        q[i] = ctx->cq[(ctx->cq_head + i) % ctx->cq_cap];
-    free(ctx->cq);
-    ctx->cq = q;
-    ctx->cq_head = 0;
-    ctx->cq_cap = cap;
-    return 0;
-}
-
-int exs__shm_cq_reserve_locked(struct shm_ctx *ctx, uint64_t n)
-{
-    uint64_t want = ctx->cq_reserved + n;
-    int ret;
-
-    if (want > ctx->base.caps.max_cqe)
-        return -ENOBUFS;
-    if (want > ctx->cq_cap) {
-        ret = shm_cq_resize_locked(ctx, (uint32_t)EXS_MIN(EXS_MAX(want, (uint64_t)ctx->cq_cap * 2),
-                                                          (uint64_t)ctx->base.caps.max_cqe));
-        if (ret)
-            return ret;
-    }
-    ctx->cq_reserved = want;
-    return 0;
-}
-
-void exs__shm_cq_unreserve_locked(struct shm_ctx *ctx, uint64_t n)
-{
-    uint64_t cap;
-
-    ctx->cq_reserved -= n;
-    if (ctx->cq_cap <= ctx->cq_cap0 || ctx->cq_reserved * 4 > ctx->cq_cap)
-        return;
-    cap = EXS_MAX(EXS_MAX(ctx->cq_reserved * 2, (uint64_t)ctx->cq_cap0), (uint64_t)ctx->cq_count);
-    if (cap < ctx->cq_cap)
-        (void)shm_cq_resize_locked(ctx, (uint32_t)cap);
-}
-
 void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep, const struct exs_prov_cqe *cqe)
 {
     /* cannot be full: every ep reserved what it can produce, posts refuse beyond it */
-    EXS_ASSERT(ctx->cq_count < ctx->cq_cap);
-    ctx->cq[(ctx->cq_head + ctx->cq_count) % ctx->cq_cap] = *cqe;
-    ctx->cq_count++;
-    if (shm_cqe_is_recv(cqe))
+    if (EXS_UNLIKELY(exs__soft_cq_push(&ctx->cq, cqe)))
+        EXS_ASSERT(ctx->cq.count < ctx->cq.cap);
+    if (exs__soft_cqe_is_recv(cqe))
         ep->cq_rq++;
     else
         ep->cq_sq++;
@@ -277,6 +233,8 @@ static int shm_rings(struct shm_ctx *ctx, int wake_up)
                 __atomic_store_n(&conn->mine->sleeping, 0, __ATOMIC_RELAXED);
             }
             did += exs__shm_conn_service(conn);
+        } else if (conn->state == SHM_CONN_WAIT_REQ) {
+            did += exs__shm_conn_hello_late(conn, exs__now_ns());
         }
         if (conn->state == SHM_CONN_DEAD) {
             exs_list_del(&conn->link);
@@ -420,7 +378,7 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
      * fd becomes readable (our own doorbell), the arm stands */
     if (busy)
         exs__shm_ctx_wake(ctx);
-    if (ctx->cq_count || !exs_list_empty(&ctx->cm_events)) {
+    if (ctx->cq.count || !exs_list_empty(&ctx->cm_events)) {
         ctx->armed = 0;
         ret = -EAGAIN;
     } else {
@@ -458,19 +416,16 @@ static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         pthread_mutex_unlock(&ctx->nic_lock);
     }
     pthread_mutex_lock(&ctx->lock);
-    while (n < max && ctx->cq_count) {
-        struct shm_ep *ep = shm_ep_of(ctx->cq[ctx->cq_head].ep);
+    for (struct exs_prov_cqe *q; n < max && (q = exs__soft_cq_head(&ctx->cq));) {
+        struct shm_ep *ep = shm_ep_of(q->ep);
 
-        if (shm_cqe_is_recv(&ctx->cq[ctx->cq_head]))
+        if (exs__soft_cqe_is_recv(q))
             ep->cq_rq--;
         else
             ep->cq_sq--;
-        cqe[n++] = ctx->cq[ctx->cq_head];
-        ctx->cq_head = (ctx->cq_head + 1) % ctx->cq_cap;
-        ctx->cq_count--;
+        cqe[n++] = *q;
+        exs__soft_cq_pop(&ctx->cq);
     }
-    if (ctx->cq_count == 0)
-        ctx->cq_head = 0;
     pthread_mutex_unlock(&ctx->lock);
     return n;
 }
@@ -506,7 +461,7 @@ static void shm_ctx_free(struct shm_ctx *ctx)
         close(ctx->timerfd);
     if (ctx->evfd >= 0)
         close(ctx->evfd);
-    free(ctx->cq);
+    exs__soft_cq_fini(&ctx->cq);
     pthread_mutex_destroy(&ctx->nic_lock);
     pthread_mutex_destroy(&ctx->lock);
     pthread_cond_destroy(&ctx->copy_cond);
@@ -548,17 +503,16 @@ static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->base.caps.max_private_data = SHM_PD_MAX;
     ctx->base.caps.max_msg_size = (uint64_t)EXS_MIN(exs__params.tcp_max_msg, UINT32_MAX);
     ctx->base.caps.max_cqe = SHM_CQ_MAX;
-    ctx->cq_cap = attr && attr->cq_size ? EXS_MIN(attr->cq_size, SHM_CQ_MAX) : SHM_CQ_SIZE;
-    ctx->cq_cap0 = ctx->cq_cap;
     ctx->rnr_timer_ms = (uint32_t)EXS_MIN(exs__params.tcp_rnr_timer_ms, 60000);
     ctx->rnr_retry_max = (uint8_t)EXS_MIN(exs__params.tcp_rnr_retry, 7);
-    ctx->cq = calloc(ctx->cq_cap, sizeof(*ctx->cq));
+    ret = exs__soft_cq_init(&ctx->cq, attr && attr->cq_size ? EXS_MIN(attr->cq_size, SHM_CQ_MAX)
+                                                            : SHM_CQ_SIZE);
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
     ctx->bell = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ctx->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ctx->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (!ctx->cq || ctx->epfd < 0 || ctx->bell < 0 || ctx->evfd < 0 || ctx->timerfd < 0)
-        ret = ctx->cq ? -errno : -ENOMEM;
+    if (!ret && (ctx->epfd < 0 || ctx->bell < 0 || ctx->evfd < 0 || ctx->timerfd < 0))
+        ret = -errno;
     if (!ret)
         ret = exs__shm_epoll_add(ctx, ctx->bell, (void *)(uintptr_t)SHM_CTX_BELL, SHM_TAG_CTX);
     if (!ret)

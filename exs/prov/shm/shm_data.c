@@ -325,22 +325,11 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
 {
     struct shm_ep *ep = shm_ep_of(e);
     struct shm_ctx *ctx = ep->ctx;
-    struct shm_rwr *rwr;
-    uint64_t total = 0;
+    struct exs_soft_rwr *rwr;
+    int ret = exs__soft_rwr_new(in, ctx->base.caps.max_sge, &rwr);
 
-    if (!in || in->num_sge < 0 || (uint32_t)in->num_sge > ctx->base.caps.max_sge ||
-        (in->num_sge && !in->sg_list))
-        return -EINVAL;
-    for (int i = 0; i < in->num_sge; i++)
-        total += in->sg_list[i].length;
-    rwr = malloc(sizeof(*rwr) + (size_t)in->num_sge * sizeof(rwr->sge[0]));
-    if (!rwr)
-        return -ENOMEM;
-    rwr->wr_id = in->wr_id;
-    rwr->num_sge = in->num_sge;
-    rwr->len = total;
-    if (in->num_sge)
-        memcpy(rwr->sge, in->sg_list, (size_t)in->num_sge * sizeof(rwr->sge[0]));
+    if (ret)
+        return ret;
     pthread_mutex_lock(&ctx->lock);
     rwr->bad =
         exs__shm_check_local_locked(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
@@ -486,8 +475,9 @@ static int shm_refuse(struct shm_conn *conn, uint32_t psn, uint32_t syn)
     return -1;
 }
 
-static void shm_recv_done(struct shm_conn *conn, struct shm_rwr *rwr, enum exs_prov_wc_status st,
-                          enum exs_prov_wc_opcode op, uint32_t len, const struct shm_rec *rec)
+static void shm_recv_done(struct shm_conn *conn, struct exs_soft_rwr *rwr,
+                          enum exs_prov_wc_status st, enum exs_prov_wc_opcode op, uint32_t len,
+                          const struct shm_rec *rec)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
@@ -516,7 +506,7 @@ static void shm_recv_done(struct shm_conn *conn, struct shm_rwr *rwr, enum exs_p
 
 /* A receive taken for a request that failed goes back to the head of the queue (the
  * connection ends and flushes it in order). */
-static void shm_recv_back(struct shm_conn *conn, struct shm_rwr *rwr)
+static void shm_recv_back(struct shm_conn *conn, struct exs_soft_rwr *rwr)
 {
     if (!rwr)
         return;
@@ -526,7 +516,8 @@ static void shm_recv_back(struct shm_conn *conn, struct shm_rwr *rwr)
 }
 
 /* A receive for the request: 1 got it, 0 holding (RNR), -1 refused (NAK published). */
-static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec, struct shm_rwr **rwr_p)
+static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec,
+                         struct exs_soft_rwr **rwr_p)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
@@ -537,7 +528,7 @@ static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec, struc
     l = exs_list_pop_head(&ep->rq);
     pthread_mutex_unlock(&ctx->lock);
     if (l) {
-        *rwr_p = exs_list_entry(l, struct shm_rwr, link);
+        *rwr_p = exs_list_entry(l, struct exs_soft_rwr, link);
         conn->rnr_tries = 0;
         conn->rnr_at = 0;
         return 1;
@@ -629,7 +620,7 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_rsge lseg[SHM_MAX_SGE];
-    struct shm_rwr *rwr = NULL;
+    struct exs_soft_rwr *rwr = NULL;
     struct shm_key *key = NULL;
     const struct shm_rsge *src = (rec->flags & SHM_RF_INLINE) ? NULL : rs;
     int ret, nl;

@@ -16,6 +16,7 @@
 #include "exs/prov/shm/shm.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 
 /* ---- addresses ---- */
@@ -183,6 +184,35 @@ int exs__shm_listener_addr(struct exs_prov_listener *l, struct sockaddr_storage 
     return 0;
 }
 
+/* ---- the rendezvous deadline: an accepted socket until its REQ ---- */
+
+/* How long an accepted socket has for its REQ: EXS_TCP_HELLO_MS, as the tcp provider's
+ * hello (read at each accept). */
+static uint64_t shm_hello_ns(void)
+{
+    return __atomic_load_n(&exs__params.tcp_hello_ms, __ATOMIC_RELAXED) * 1000000u;
+}
+
+int exs__shm_conn_hello_late(struct shm_conn *conn, uint64_t now)
+{
+    struct shm_ctx *ctx = conn->ctx;
+
+    if (now < conn->hello_at) {
+        exs__shm_timer_set(ctx, conn->hello_at); /* the timer may have fired for another */
+        return 0;
+    }
+    /* a REQ that came in time but was not read yet (a ring-only turn) is not late */
+    exs__shm_conn_readable(conn, 0);
+    if (conn->state != SHM_CONN_WAIT_REQ)
+        return 1;
+    EXS_CNT_INC(ctx->cnt.hello_refused);
+    EXS_CNT_INC(ctx->cnt.bogus_conns);
+    EXS_DBG(PROV, "shm listener %p: pid %d sent no request by the deadline; closed",
+            (void *)conn->lis, (int)conn->pid);
+    exs__shm_conn_detach(conn);
+    return 1;
+}
+
 void exs__shm_listener_ready(struct shm_listener *lis)
 {
     struct shm_ctx *ctx = lis->ctx;
@@ -200,6 +230,8 @@ void exs__shm_listener_ready(struct shm_listener *lis)
         }
         conn->state = SHM_CONN_WAIT_REQ;
         conn->lis = lis;
+        conn->hello_at = exs__now_ns() + shm_hello_ns();
+        exs__shm_timer_set(ctx, conn->hello_at);
         if (exs__shm_conn_peer(conn) < 0 || exs__shm_epoll_add(ctx, fd, conn, SHM_TAG_CONN) < 0) {
             EXS_CNT_INC(ctx->cnt.bogus_conns);
             exs__shm_conn_detach(conn);

@@ -9,6 +9,8 @@
 #include <sys/uio.h>
 
 #include "exs/prov/prov.h"
+#include "exs/prov/soft/soft_cq.h"
+#include "exs/prov/soft/soft_wr.h"
 #include "exs/prov/tcp/tcp_wire.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
@@ -178,15 +180,6 @@ struct tcp_wr {
     struct exs_prov_sge sge[]; /* num_sge entries, then inline data */
 };
 
-struct tcp_rwr {
-    struct exs_list link; /* ep->rq */
-    uint64_t wr_id;
-    int num_sge;
-    int bad;
-    uint64_t len;
-    struct exs_prov_sge sge[];
-};
-
 struct tcp_ep {
     struct exs_prov_ep base;
     struct tcp_ctx *ctx;
@@ -310,10 +303,10 @@ struct tcp_conn {
     struct exs_prov_sge rx_one;
     uint64_t rx_len; /* payload length of the current frame */
     uint64_t rx_off;
-    struct tcp_key *rx_key; /* WRITE placement target (users held) */
-    struct tcp_rwr *rx_rwr; /* receive being filled */
-    struct tcp_wr *rx_wr;   /* READ being filled */
-    uint32_t rcv_nxt;       /* next expected request psn */
+    struct tcp_key *rx_key;      /* WRITE placement target (users held) */
+    struct exs_soft_rwr *rx_rwr; /* receive being filled */
+    struct tcp_wr *rx_wr;        /* READ being filled */
+    uint32_t rcv_nxt;            /* next expected request psn */
     uint32_t ack_psn;
     unsigned ack_count; /* requests done and not yet acknowledged */
     unsigned rnr_tries;
@@ -403,10 +396,7 @@ struct tcp_ctx {
     int armed;    /* (lock) */
     int evfd_set; /* (lock) evfd written since ctx_arm last read it */
     /* completion queue ring (lock) */
-    struct exs_prov_cqe *cq;
-    uint32_t cq_cap, cq_head, cq_count;
-    uint32_t cq_cap0;          /* the ring's first size: it never shrinks below */
-    uint64_t cq_reserved;      /* sum of max_send_wr + max_recv_wr of live eps */
+    struct exs_soft_cq cq;     /* reserved: sum of max_send_wr + max_recv_wr of live eps */
     struct exs_list cm_events; /* tcp_cm_node (lock) */
     struct exs_list work_eps;  /* eps with new sends or lost completions (lock) */
     struct exs_list eps;       /* (lock) */
@@ -477,8 +467,6 @@ void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_p
 void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep,
                              const struct exs_prov_cqe *cqe);
 void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev);
-int exs__tcp_cq_reserve_locked(struct tcp_ctx *ctx, uint64_t n);
-void exs__tcp_cq_unreserve_locked(struct tcp_ctx *ctx, uint64_t n);
 /* Queue ep on ctx->work_eps (ctx->lock taken inside). */
 void exs__tcp_ep_work(struct tcp_ctx *ctx, struct tcp_ep *ep);
 /* After queueing work, with no provider lock held: take the NIC role with trylock
@@ -572,7 +560,7 @@ int exs__tcp_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr
 int exs__tcp_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
 void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr, enum exs_prov_wc_status st,
                      struct exs_prov_cqe *cqe);
-void exs__tcp_rwr_cqe(const struct tcp_ep *ep, const struct tcp_rwr *rwr,
+void exs__tcp_rwr_cqe(const struct tcp_ep *ep, const struct exs_soft_rwr *rwr,
                       enum exs_prov_wc_status st, struct exs_prov_cqe *cqe);
 int exs__tcp_iov_fill(struct iovec *iov, int max, const struct exs_prov_sge *seg, int nseg,
                       uint64_t off, uint64_t limit);

@@ -33,7 +33,8 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     if (!ep)
         return -ENOMEM;
     pthread_mutex_lock(&ctx->lock);
-    ret = exs__tcp_cq_reserve_locked(ctx, (uint64_t)attr->max_send_wr + attr->max_recv_wr);
+    ret = exs__soft_cq_reserve(&ctx->cq, (uint64_t)attr->max_send_wr + attr->max_recv_wr,
+                               ctx->base.caps.max_cqe);
     pthread_mutex_unlock(&ctx->lock);
     if (ret) {
         EXS_ERR(PROV, "ep_create: completion queue: no room for %u + %u completions (%s)",
@@ -84,7 +85,6 @@ static void tcp_ep_destroy_nic(struct tcp_ctx *ctx, struct tcp_ep *ep)
 {
     struct tcp_conn *conn = ep->conn;
     struct exs_list *pos, *tmp;
-    uint32_t keep = 0;
 
     ep->destroyed = 1;
     ep->disc_sent = 1; /* no more events */
@@ -101,15 +101,9 @@ static void tcp_ep_destroy_nic(struct tcp_ctx *ctx, struct tcp_ep *ep)
         exs_list_del(&ep->work_link);
         ep->on_work = 0;
     }
-    for (uint32_t i = 0; i < ctx->cq_count; i++) {
-        struct exs_prov_cqe *q = &ctx->cq[(ctx->cq_head + i) % ctx->cq_cap];
-
-        if (q->ep != &ep->base)
-            ctx->cq[(ctx->cq_head + keep++) % ctx->cq_cap] = *q;
-    }
-    ctx->cq_count = keep;
-    exs__tcp_cq_unreserve_locked(ctx,
-                                 (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr);
+    exs__soft_cq_drop_ep(&ctx->cq, &ep->base);
+    exs__soft_cq_unreserve(&ctx->cq,
+                           (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr);
     exs_list_for_each_safe(pos, tmp, &ctx->cm_events)
     {
         struct tcp_cm_node *n = exs_list_entry(pos, struct tcp_cm_node, link);

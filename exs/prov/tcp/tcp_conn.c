@@ -340,7 +340,7 @@ void exs__tcp_ep_fail_cqe(struct tcp_ep *ep, int status, enum tcp_fail_event not
         }
     }
     while ((l = exs_list_pop_head(&ep->rq)) != NULL) {
-        struct tcp_rwr *rwr = exs_list_entry(l, struct tcp_rwr, link);
+        struct exs_soft_rwr *rwr = exs_list_entry(l, struct exs_soft_rwr, link);
 
         memset(&cqe, 0, sizeof(cqe));
         cqe.wr_id = rwr->wr_id;

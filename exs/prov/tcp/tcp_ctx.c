@@ -116,76 +116,17 @@ static void tcp_ctx_notify_locked(struct tcp_ctx *ctx)
         EXS_ERR(PROV, "ctx %p: event fd write: %m", (void *)ctx);
 }
 
-static int tcp_cqe_is_recv(const struct exs_prov_cqe *cqe)
-{
-    return cqe->opcode == EXS_PROV_WC_RECV || cqe->opcode == EXS_PROV_WC_RECV_RDMA_WITH_IMM;
-}
-
-/* Room for n more completions (ep_create): the ring grows up to caps.max_cqe, so it
- * always holds every completion the live eps can produce. -ENOBUFS beyond. */
-/* Move the queued completions into a ring of cap entries (ctx->lock held; cap >= count). */
-static int tcp_cq_resize_locked(struct tcp_ctx *ctx, uint32_t cap)
-{
-    struct exs_prov_cqe *q = malloc((size_t)cap * sizeof(*q));
-
-    if (!q)
-        return -ENOMEM;
-    for (uint32_t i = 0; i < ctx->cq_count; i++)
-        q[i] = ctx->cq[(ctx->cq_head + i) % ctx->cq_cap];
-    free(ctx->cq);
-    ctx->cq = q;
-    ctx->cq_head = 0;
-    EXS_DBG(PROV, "ctx %p: completion queue resized from %u to %u entries", (void *)ctx,
-            ctx->cq_cap, cap);
-    ctx->cq_cap = cap;
-    return 0;
-}
-
-int exs__tcp_cq_reserve_locked(struct tcp_ctx *ctx, uint64_t n)
-{
-    uint64_t want = ctx->cq_reserved + n;
-    int ret;
-
-    if (want > ctx->base.caps.max_cqe)
-        return -ENOBUFS;
-    if (want > ctx->cq_cap) {
-        ret = tcp_cq_resize_locked(ctx, (uint32_t)EXS_MIN(EXS_MAX(want, (uint64_t)ctx->cq_cap * 2),
-                                                          (uint64_t)ctx->base.caps.max_cqe));
-        if (ret)
-            return ret;
-    }
-    ctx->cq_reserved = want;
-    return 0;
-}
-
-/* An ep gave back its n entries (ctx->lock held): once the reservations fit in a
- * quarter of a grown ring, the ring shrinks (to twice the reservations, not below its
- * first size), so memory comes back after a burst of connections. */
-void exs__tcp_cq_unreserve_locked(struct tcp_ctx *ctx, uint64_t n)
-{
-    uint64_t cap;
-
-    ctx->cq_reserved -= n;
-    if (ctx->cq_cap <= ctx->cq_cap0 || ctx->cq_reserved * 4 > ctx->cq_cap)
-        return;
-    cap = EXS_MAX(EXS_MAX(ctx->cq_reserved * 2, (uint64_t)ctx->cq_cap0), (uint64_t)ctx->cq_count);
-    if (cap < ctx->cq_cap)
-        (void)tcp_cq_resize_locked(ctx, (uint32_t)cap); /* no memory: keep the big ring */
-}
-
 void exs__tcp_cq_push_locked(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_prov_cqe *cqe)
 {
-    if (EXS_UNLIKELY(ctx->cq_count == ctx->cq_cap)) {
+    if (EXS_UNLIKELY(exs__soft_cq_push(&ctx->cq, cqe))) {
         /* Cannot happen: every ep reserved room for all it can produce (ep_create)
          * and post_send / post_recv refuse work beyond it. */
         EXS_CNT_INC(ctx->cnt.cq_overflows);
-        EXS_ERR(PROV, "ep %p: completion queue full (%u), wr_id %llu", (void *)ep, ctx->cq_cap,
+        EXS_ERR(PROV, "ep %p: completion queue full (%u), wr_id %llu", (void *)ep, ctx->cq.cap,
                 (unsigned long long)cqe->wr_id);
-        EXS_ASSERT(ctx->cq_count < ctx->cq_cap);
+        EXS_ASSERT(ctx->cq.count < ctx->cq.cap);
     }
-    ctx->cq[(ctx->cq_head + ctx->cq_count) % ctx->cq_cap] = *cqe;
-    ctx->cq_count++;
-    if (tcp_cqe_is_recv(cqe))
+    if (exs__soft_cqe_is_recv(cqe))
         __atomic_store_n(&ep->cq_rq, ep->cq_rq + 1, __ATOMIC_RELAXED);
     else
         __atomic_store_n(&ep->cq_sq, ep->cq_sq + 1, __ATOMIC_RELAXED);
@@ -251,7 +192,7 @@ static int tcp_ctx_arm(struct exs_prov_ctx *c)
     ctx->evfd_set = 0;
     if (ctx->manual && __atomic_load_n(&ctx->acks_deferred, __ATOMIC_RELAXED))
         __atomic_store_n(&ctx->ack_flush_now, 1, __ATOMIC_RELAXED); /* the next turn sends them */
-    if (ctx->cq_count || !exs_list_empty(&ctx->cm_events) ||
+    if (ctx->cq.count || !exs_list_empty(&ctx->cm_events) ||
         __atomic_load_n(&ctx->rx_again_n, __ATOMIC_RELAXED) ||
         (ctx->manual && (!exs_list_empty(&ctx->work_eps) ||
                          __atomic_load_n(&ctx->acks_deferred, __ATOMIC_RELAXED)))) {
@@ -285,21 +226,16 @@ static int tcp_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
     if (max <= 0)
         return max < 0 ? -EINVAL : 0;
     pthread_mutex_lock(&ctx->lock);
-    while (n < max && ctx->cq_count) {
-        struct tcp_ep *ep = tcp_ep_of(ctx->cq[ctx->cq_head].ep);
+    for (struct exs_prov_cqe *q; n < max && (q = exs__soft_cq_head(&ctx->cq));) {
+        struct tcp_ep *ep = tcp_ep_of(q->ep);
 
-        if (tcp_cqe_is_recv(&ctx->cq[ctx->cq_head]))
+        if (exs__soft_cqe_is_recv(q))
             __atomic_store_n(&ep->cq_rq, ep->cq_rq - 1, __ATOMIC_RELAXED);
         else
             __atomic_store_n(&ep->cq_sq, ep->cq_sq - 1, __ATOMIC_RELAXED);
-        cqe[n++] = ctx->cq[ctx->cq_head];
-        ctx->cq_head = (ctx->cq_head + 1) % ctx->cq_cap;
-        ctx->cq_count--;
+        cqe[n++] = *q;
+        exs__soft_cq_pop(&ctx->cq);
     }
-    /* An empty ring starts again at entry 0: the pages in use are those of the most
-     * completions ever queued at once, not the whole ring as the head goes round. */
-    if (ctx->cq_count == 0)
-        ctx->cq_head = 0;
     pthread_mutex_unlock(&ctx->lock);
     return n;
 }
@@ -817,7 +753,7 @@ static void tcp_ctx_free(struct tcp_ctx *ctx)
     pthread_mutex_destroy(&ctx->nic_lock);
     pthread_mutex_destroy(&ctx->mr_lock);
     pthread_cond_destroy(&ctx->copy_cond);
-    free(ctx->cq);
+    exs__soft_cq_fini(&ctx->cq);
     free(ctx);
 }
 
@@ -830,6 +766,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
 {
     struct tcp_ctx *ctx;
     uint64_t cq_size;
+    int cq_ret;
     int ret;
 
     exs__params_load();
@@ -873,8 +810,6 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->base.caps.max_private_data = TCP_WIRE_PD_MAX;
     ctx->base.caps.max_msg_size = tcp_clamp32(exs__params.tcp_max_msg, 1, UINT32_MAX);
     cq_size = attr && attr->cq_size ? attr->cq_size : exs__params.tcp_cq_size;
-    ctx->cq_cap = tcp_clamp32(cq_size, 1, TCP_CQ_MAX);
-    ctx->cq_cap0 = ctx->cq_cap;
     ctx->base.caps.max_cqe = TCP_CQ_MAX;
     ctx->emu_delay_ns = exs__params.emu_delay_us * 1000u;
     ctx->emu_rate_mbps = exs__params.emu_rate_mbps;
@@ -882,13 +817,13 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->ctrl_max = tcp_clamp32(exs__params.tcp_ctrl_max, 1, 1u << 20);
     ctx->rnr_retry_max = (uint8_t)tcp_clamp32(exs__params.tcp_rnr_retry, 0, 7);
 
-    ctx->cq = calloc(ctx->cq_cap, sizeof(*ctx->cq));
+    cq_ret = exs__soft_cq_init(&ctx->cq, tcp_clamp32(cq_size, 1, TCP_CQ_MAX));
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ctx->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ctx->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (!ctx->cq || ctx->epfd < 0 || ctx->wakefd < 0 || ctx->evfd < 0 || ctx->timerfd < 0) {
-        ret = ctx->cq ? -errno : -ENOMEM;
+    if (cq_ret || ctx->epfd < 0 || ctx->wakefd < 0 || ctx->evfd < 0 || ctx->timerfd < 0) {
+        ret = cq_ret ? cq_ret : -errno;
         EXS_ERR(PROV, "ctx open: %s", strerror(-ret));
         tcp_ctx_free(ctx);
         return ret;
@@ -913,7 +848,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->cset.base = &ctx->cnt;
     exs__counters_register(&ctx->cset);
     EXS_DBG(PROV, "ctx %p: open, %s progress, cq %u, emu delay %llu us rate %llu mbps", (void *)ctx,
-            ctx->manual ? "manual" : "NIC thread", ctx->cq_cap,
+            ctx->manual ? "manual" : "NIC thread", ctx->cq.cap,
             (unsigned long long)exs__params.emu_delay_us, (unsigned long long)ctx->emu_rate_mbps);
     *ctx_p = &ctx->base;
     return 0;

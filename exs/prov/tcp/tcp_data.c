@@ -29,7 +29,7 @@ void exs__tcp_wr_cqe(const struct tcp_ep *ep, const struct tcp_wr *wr, enum exs_
     cqe->byte_len = st == EXS_PROV_WC_SUCCESS ? wr->len : 0;
 }
 
-void exs__tcp_rwr_cqe(const struct tcp_ep *ep, const struct tcp_rwr *rwr,
+void exs__tcp_rwr_cqe(const struct tcp_ep *ep, const struct exs_soft_rwr *rwr,
                       enum exs_prov_wc_status st, struct exs_prov_cqe *cqe)
 {
     memset(cqe, 0, sizeof(*cqe));
@@ -174,22 +174,11 @@ int exs__tcp_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *rwr
     struct tcp_ep *ep = tcp_ep_of(e);
     struct tcp_ctx *ctx = ep->ctx;
     struct exs_prov_cqe cqe;
-    struct tcp_rwr *rwr;
-    uint64_t total = 0;
+    struct exs_soft_rwr *rwr;
+    int ret = exs__soft_rwr_new(rwr_in, ctx->base.caps.max_sge, &rwr);
 
-    if (!rwr_in || rwr_in->num_sge < 0 || (uint32_t)rwr_in->num_sge > ctx->base.caps.max_sge ||
-        (rwr_in->num_sge && !rwr_in->sg_list))
-        return -EINVAL;
-    for (int i = 0; i < rwr_in->num_sge; i++)
-        total += rwr_in->sg_list[i].length;
-    rwr = malloc(sizeof(*rwr) + (size_t)rwr_in->num_sge * sizeof(rwr->sge[0]));
-    if (!rwr)
-        return -ENOMEM;
-    rwr->wr_id = rwr_in->wr_id;
-    rwr->num_sge = rwr_in->num_sge;
-    rwr->len = total;
-    if (rwr_in->num_sge)
-        memcpy(rwr->sge, rwr_in->sg_list, (size_t)rwr_in->num_sge * sizeof(rwr->sge[0]));
+    if (ret)
+        return ret;
     rwr->bad =
         exs__tcp_mr_check_local(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
 

@@ -166,7 +166,7 @@ static int tcp_conn_take_recv(struct tcp_conn *conn)
     l = exs_list_pop_head(&ep->rq);
     pthread_mutex_unlock(&ep->lock);
     if (l) {
-        conn->rx_rwr = exs_list_entry(l, struct tcp_rwr, link);
+        conn->rx_rwr = exs_list_entry(l, struct exs_soft_rwr, link);
         conn->rnr_tries = 0;
         return 1;
     }
@@ -211,7 +211,7 @@ void exs__tcp_conn_hold_hup(struct tcp_conn *conn)
 static void tcp_conn_recv_done(struct tcp_conn *conn, enum exs_prov_wc_status st)
 {
     struct tcp_ep *ep = conn->ep;
-    struct tcp_rwr *rwr = conn->rx_rwr;
+    struct exs_soft_rwr *rwr = conn->rx_rwr;
     struct exs_prov_cqe cqe;
 
     conn->rx_rwr = NULL;
@@ -236,7 +236,7 @@ static void tcp_conn_recv_done(struct tcp_conn *conn, enum exs_prov_wc_status st
  * the requester gets NAK syn, the connection ends. */
 static void tcp_conn_recv_fail(struct tcp_conn *conn, enum exs_prov_wc_status st, uint8_t syn)
 {
-    struct tcp_rwr *rwr = conn->rx_rwr;
+    struct exs_soft_rwr *rwr = conn->rx_rwr;
     struct exs_prov_cqe cqe;
 
     conn->rx_rwr = NULL;
