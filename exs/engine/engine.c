@@ -501,12 +501,16 @@ uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns)
     return EXS_MAX(h, lease_ns);
 }
 
-void exs__engine_driver_enter(void)
+void exs__engine_driver_enter(uint64_t now)
 {
     if (__atomic_add_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 1) {
         /* back from a gap: how long the application was away (posting, or computing) */
-        uint64_t now = exs__now_ns(), lease_ns = (uint64_t)exs__params.lease_us * 1000u;
-        uint64_t gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+        uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
+        uint64_t gap;
+
+        if (!now)
+            now = exs__now_ns();
+        gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
         uint64_t g =
             exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
                                 __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now, lease_ns);

@@ -122,8 +122,9 @@ int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX]);
 /* The caller of a successful exs__engine_arm (fds[0] >= 0) stopped sleeping on the fds. */
 void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX]);
 /* Count the application threads inside a wait (they drive, so the progress thread
- * stops watching the provider until they are all gone for one lease). */
-void exs__engine_driver_enter(void);
+ * stops watching the provider until they are all gone for one lease). now: the clock
+ * the caller read as its wait began (0: not read; the engine reads it if it needs it). */
+void exs__engine_driver_enter(uint64_t now);
 void exs__engine_driver_leave(void);
 
 /* The hand-off's hysteresis (spec/threading.md §4), pure functions. A busy

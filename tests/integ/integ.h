@@ -276,4 +276,8 @@ int it_child_stream_send(int argc, char **argv);
 /* Entry of the exec'd accepting peer of test_close_races_peer_death. */
 int it_child_accept(int argc, char **argv);
 
+/* This thread's reads of the clock (integ_clock.c): counted while it_clock_count(1). */
+void it_clock_count(int on);
+uint64_t it_clock_reads(void);
+
 #endif
