@@ -661,6 +661,50 @@ START_TEST(test_poll_spin_clock)
 }
 END_TEST
 
+/* A data write no longer than the endpoint's max_inline goes inline (copied into the work
+ * request: no DMA read of the buffer), a longer one does not; the data arrive either way
+ * (pingpong checks them). Providers without inline sends skip. */
+START_TEST(test_small_writes_inline)
+{
+    struct it_pair p;
+    uint64_t w0 = 0, w1 = 0, w2 = 0;
+    const int rounds = 8; /* pingpong's lengths 1 + 37 i: 1 .. 260, 4 of them <= 128 */
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    if (strcmp(it_provider, "tcp") && strcmp(it_provider, "shm") && strcmp(it_provider, "verbs")) {
+        test_skip("test_small_writes_inline", "provider %s: inline sends not known", it_provider);
+        it_pair_close(&p);
+        return;
+    }
+    pingpong(&p, 1, EXS_WAIT_POLL); /* settle (the first round's ADVERTs) */
+    ck_assert_int_eq(exs__counters_lookup("proto", "writes_inline", &w0), 0);
+    pingpong(&p, rounds, EXS_WAIT_POLL);
+    ck_assert_int_eq(exs__counters_lookup("proto", "writes_inline", &w1), 0);
+    /* two messages a round, 4 rounds of <= 128 bytes */
+    ck_assert_msg(w1 - w0 >= 8, "%llu inline writes for 8 messages of at most 128 bytes",
+                  (unsigned long long)(w1 - w0));
+    /* 4 KiB messages: none inline */
+    {
+        struct it_buf *a = it_buf_new(4096, 1), *b = it_buf_new(4096, 1);
+        exs_event_t ev;
+
+        IT_EXPECT_OK(exs_recv(p.sfd, b->p, 4096, 0, p.sq, AH(1), b->mh));
+        it_fill(a->p, 4096, 77);
+        IT_EXPECT_OK(exs_send(p.cfd, a->p, 4096, 0, p.cq, AH(2), a->mh));
+        dq1(p.sq, &ev, "server recv 4 KiB");
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 4096);
+        ck_assert_int_eq(it_check(b->p, 4096, 77), -1);
+        dq1(p.cq, &ev, "client send 4 KiB");
+        ck_assert_int_eq(exs__counters_lookup("proto", "writes_inline", &w2), 0);
+        ck_assert_msg(w2 == w1, "a 4 KiB write went inline");
+        it_buf_free(a);
+        it_buf_free(b);
+    }
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_progress_suite(void)
 {
     Suite *s = suite_create("integ_progress");
@@ -684,6 +728,6 @@ Suite *integ_progress_suite(void)
     it_suite_add(s, "sleep_eintr", IT_CASE_TIMEOUT, 2,
                  (const TTest *const[]){test_sleep_eintr, NULL});
     it_suite_add(s, "speed", IT_CASE_TIMEOUT, 1,
-                 (const TTest *const[]){test_poll_spin_clock, NULL});
+                 (const TTest *const[]){test_poll_spin_clock, test_small_writes_inline, NULL});
     return s;
 }
