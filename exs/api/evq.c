@@ -825,7 +825,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
 {
     int mode = __atomic_load_n(&evq->mode, __ATOMIC_RELAXED);
     struct evq_waiter w = {.want = want};
-    int registered = 0, sleeper = 0, driven = 0, ret;
+    int registered = 0, sleeper = 0, driven = 0, fresh = 0, ret;
     uint64_t spin_end = 0, now;
 
     if (mode == EXS_WAIT_POLL) {
@@ -857,11 +857,13 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             evq_take(evq, events, ret);
             break;
         }
-        /* the clock only where a deadline needs it (t0: the caller's reading) */
+        /* the clock only where a deadline needs it (t0: the caller's reading; after the
+         * sleeper's registration just above, the reading before it) */
         if (!driven && t0)
             now = t0;
-        else
+        else if (!fresh)
             now = spin_end == UINT64_MAX && deadline == UINT64_MAX ? 0 : exs__now_ns();
+        fresh = 0;
         if (!driven || (now < spin_end && now < deadline)) {
             uint64_t end = EXS_MIN(spin_end, deadline);
 
@@ -902,6 +904,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             evq->sleepers++;
             sleeper = 1;
             evq_sync_fds(evq);
+            fresh = 1;
             continue;
         }
         pfd[0].fd = want > 1 ? evq->wfd : evq->qfd;
