@@ -37,6 +37,7 @@ struct exs_eng_counters {
     uint64_t listen_defer_timeouts; /* ... refused (reason 3) after waiting their limit */
     uint64_t listen_defer_full;     /* requests refused (reason 3) at once: too many waiting */
     uint64_t listen_pauses;         /* provider listeners told to stop taking requests */
+    uint64_t fb_skips; /* busy rounds that left the idle fallback context for a later one */
 };
 extern struct exs_eng_counters exs__eng_cnt;
 
