@@ -92,6 +92,8 @@ def main():
       "figures say little; the ratios between systems measured in the same rounds are the "
       "point. Medians over the rounds (each round runs every system once, the order "
       "rotating); each round's value is given beside the median.\n")
+    w("libexs before and after a change, on the same device in the same rounds, with its "
+      "counters per message: bench/results-rxe-ab.md (make bench-rxe-ab).\n")
 
     def get(s, f, z):
         return med(res.get((s, f, z), {}))
