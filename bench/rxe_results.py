@@ -175,7 +175,8 @@ def main():
       "perftest), summed over the rounds, divided by the messages the process sent plus "
       "received. blast's receiver runs for the whole benchmark and is not counted. \"in "
       "verbs\": time inside post_send/post_recv/poll_cq/req_notify_cq (libibverbs, the rxe "
-      "provider and the system calls under them) as a share of the process's CPU time; "
+      "provider and the system calls under them; one call in 64 timed, scaled) as a share "
+      "of the process's CPU time; "
       "blocking waits in ibv_get_cq_event are not CPU and not included. Locks: "
       "pthread mutex/rwlock/spin acquisitions through the PLT.\n")
     w("| run | side | sends posted | signaled | recvs posted | polls | completions | empty "
