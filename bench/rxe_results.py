@@ -92,6 +92,8 @@ def main():
       "figures say little; the ratios between systems measured in the same rounds are the "
       "point. Medians over the rounds (each round runs every system once, the order "
       "rotating); each round's value is given beside the median.\n")
+    w("libexs before and after a change, on the same device in the same rounds, with its "
+      "counters per message: bench/results-rxe-ab.md (make bench-rxe-ab).\n")
 
     def get(s, f, z):
         return med(res.get((s, f, z), {}))
@@ -173,7 +175,8 @@ def main():
       "perftest), summed over the rounds, divided by the messages the process sent plus "
       "received. blast's receiver runs for the whole benchmark and is not counted. \"in "
       "verbs\": time inside post_send/post_recv/poll_cq/req_notify_cq (libibverbs, the rxe "
-      "provider and the system calls under them) as a share of the process's CPU time; "
+      "provider and the system calls under them; one call in 64 timed, scaled) as a share "
+      "of the process's CPU time; "
       "blocking waits in ibv_get_cq_event are not CPU and not included. Locks: "
       "pthread mutex/rwlock/spin acquisitions through the PLT.\n")
     w("| run | side | sends posted | signaled | recvs posted | polls | completions | empty "

@@ -353,5 +353,40 @@ class Readme(unittest.TestCase):
             self.assertIsNotNone(bench.update_readme(p, res))
 
 
+class RxeAb(unittest.TestCase):
+    """bench/rxe_ab_results.py: medians, ratios to the first build, counters per message."""
+
+    LOG = """rxe-vm| AB round=1 label=base fig=busy value=100
+AB round=1 label=this fig=busy value=50
+AB round=2 label=this fig=busy value=70
+AB round=2 label=base fig=busy value=300
+ABFAIL round=2 label=this fig=msgs: boom
+ABVS label=base fig=busy round=1 vstat pid=1 send_wrs=20 locks=400
+ABVS label=this fig=busy round=1 vstat pid=2 send_wrs=20 locks=100
+ABSYS label=this fig=busy msgs=20 total=50
+ABSYSTOP label=this fig=busy call=futex count=7
+AB done
+"""
+
+    def test_table(self):
+        import subprocess
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            f.write(self.LOG)
+        try:
+            out = subprocess.run([sys.executable, os.path.join(os.path.dirname(
+                os.path.abspath(__file__)), "rxe_ab_results.py"), f.name, "10", "k=v"],
+                check=True, capture_output=True, text=True).stdout
+        finally:
+            os.unlink(f.name)
+        self.assertIn("| k | v |", out)
+        self.assertIn("| base | 200.0 | 1.00 | 100.0, 300.0 |", out)
+        self.assertIn("| this | 60.0 | 0.30 | 50.0, 70.0 |", out)
+        # 20 messages per run (2 x 10): sends 1.00, locks 20.00 and 5.00
+        self.assertIn("| busy | base | 1.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 20.00 |", out)
+        self.assertIn("| busy | this | 1.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 5.00 |", out)
+        self.assertIn("| busy | this | 20 | 50 | 2.5 | futex 7 |", out)
+        self.assertIn("ABFAIL round=2 label=this fig=msgs: boom", out)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -612,19 +612,45 @@ static void evq_relax(void)
         evq_cpu_relax();
 }
 
-/* Spin, driving progress (trylock) between looks at the queue, without evq->lock, until
- * want events may be there, the queue died, or end. No system call of its own. */
-static void evq_spin(struct exs_evq *evq, int want, uint64_t end)
+/* This thread's time per turn of evq_spin, as last measured (0: not yet). A read of the
+ * clock is a system call where the clock source has no vDSO path (qemu under TCG, some
+ * virtual machines): the spin reads it only as often as its deadline needs. */
+static __thread uint64_t evq_spin_ns;
+
+uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns)
 {
-    unsigned i = 0;
+    uint64_t n = spin_ns ? left_ns / 4 / spin_ns : 0;
+
+    return (uint32_t)EXS_MIN(EXS_MAX(n, (uint64_t)EVQ_SPIN_EVERY_MIN), EVQ_SPIN_EVERY_MAX);
+}
+
+/* Spin, driving progress (trylock) between looks at the queue, without evq->lock, until
+ * want events may be there, the queue died, or end (UINT64_MAX: none, and the clock is
+ * never read). from: the clock when the spin begins (0: not read). No system call of
+ * its own but the clock's, read after a quarter of the time left at the speed last
+ * seen (exs__evq_spin_every), so a spin that ends by its events reads it rarely. */
+static void evq_spin(struct exs_evq *evq, int want, uint64_t from, uint64_t end)
+{
+    uint64_t last = from;
+    uint32_t i = 0,
+             every = exs__evq_spin_every(from ? evq_spin_ns : 0, end > from ? end - from : 0);
 
     for (;;) {
         exs__engine_drive(EXS_ENG_DRIVE_TRY);
         if (__atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want ||
             __atomic_load_n(&evq->dead, __ATOMIC_ACQUIRE))
             break;
-        if ((++i & 15) == 0 && exs__now_ns() >= end)
-            break;
+        if (++i >= every && end != UINT64_MAX) {
+            uint64_t now = exs__now_ns();
+
+            if (last && now > last)
+                evq_spin_ns = EXS_MAX((now - last) / i, (uint64_t)1);
+            if (now >= end)
+                break;
+            every = exs__evq_spin_every(evq_spin_ns, end - now);
+            last = now;
+            i = 0;
+        }
         evq_relax();
     }
 }
@@ -641,11 +667,11 @@ static void evq_spin(struct exs_evq *evq, int want, uint64_t end)
  * progress lock, and sleeps on both the provider's event fd and the queue's descriptor.
  */
 static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, int max,
-                            uint64_t deadline)
+                            uint64_t t0, uint64_t deadline)
 {
     int mode = __atomic_load_n(&evq->mode, __ATOMIC_RELAXED);
     struct evq_waiter w = {.want = want};
-    int registered = 0, sleeper = 0, driven = 0, ret;
+    int registered = 0, sleeper = 0, driven = 0, fresh = 0, ret;
     uint64_t spin_end = 0, now;
 
     if (mode == EXS_WAIT_POLL) {
@@ -653,10 +679,12 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     } else if (mode == EXS_WAIT_ADAPTIVE) {
         int us = __atomic_load_n(&evq->spin_us, __ATOMIC_RELAXED);
 
-        spin_end = exs__now_ns() + (uint64_t)(us ? (uint64_t)us : exs__params.qspin_us) * 1000u;
+        if (!t0)
+            t0 = exs__now_ns();
+        spin_end = t0 + (uint64_t)(us ? (uint64_t)us : exs__params.qspin_us) * 1000u;
     }
 
-    exs__engine_driver_enter();
+    exs__engine_driver_enter(t0);
     EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     for (;;) {
         struct pollfd pfd[2 + EXS_ENG_MAX_CTX]; /* queue, providers, kernel sockets */
@@ -675,13 +703,22 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             evq_take(evq, events, ret);
             break;
         }
-        now = exs__now_ns();
+        /* the clock only where a deadline needs it (t0: the caller's reading; after the
+         * sleeper's registration just above, the reading before it) */
+        if (!driven && t0)
+            now = t0;
+        else if (!fresh)
+            now = spin_end == UINT64_MAX && deadline == UINT64_MAX ? 0 : exs__now_ns();
+        fresh = 0;
         if (!driven || (now < spin_end && now < deadline)) {
+            uint64_t end = EXS_MIN(spin_end, deadline);
+
             /* Drive, then look: POLL and the first phase of ADAPTIVE spin here (no
-             * system call of their own, so no EINTR); NOTIFY drives once. */
+             * system call of their own, so no EINTR); NOTIFY drives once. Past its
+             * end, the first spin still drives EVQ_SPIN_EVERY_MIN times. */
             EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
             if (now < spin_end)
-                evq_spin(evq, want, driven ? EXS_MIN(spin_end, deadline) : 0);
+                evq_spin(evq, want, now, now < end ? end : 0);
             else
                 exs__engine_drive(0);
             driven = 1;
@@ -713,6 +750,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             evq->sleepers++;
             sleeper = 1;
             evq_sync_fds(evq);
+            fresh = 1;
             continue;
         }
         pfd[0].fd = want > 1 ? evq->wfd : evq->qfd;
@@ -780,7 +818,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
 int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct timespec *timeout)
 {
     struct exs_evq *evq;
-    uint64_t deadline = UINT64_MAX;
+    uint64_t deadline = UINT64_MAX, t0 = 0;
     int ret, want, max;
 
     if (nevents > EXS_EVTVEC_MAX || nevents < -EXS_EVTVEC_MAX)
@@ -791,9 +829,10 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
         if (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000)
             return exs__err(EINVAL);
         /* Beyond ~290 years from boot the deadline would overflow: that is forever. */
-        if ((uint64_t)timeout->tv_sec < (UINT64_MAX / 2) / 1000000000u)
-            deadline = exs__now_ns() + (uint64_t)timeout->tv_sec * 1000000000u +
-                       (uint64_t)timeout->tv_nsec;
+        if ((uint64_t)timeout->tv_sec < (UINT64_MAX / 2) / 1000000000u) {
+            t0 = exs__now_ns();
+            deadline = t0 + (uint64_t)timeout->tv_sec * 1000000000u + (uint64_t)timeout->tv_nsec;
+        }
     }
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
@@ -808,7 +847,7 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
     if (want > evq->depth) /* the threshold could never be met */
         ret = -EINVAL;
     else
-        ret = evq_dequeue_wait(evq, events, want, max, deadline);
+        ret = evq_dequeue_wait(evq, events, want, max, t0, deadline);
     exs__evq_put(evq);
     return ret < 0 ? exs__err(-ret) : ret;
 }

@@ -3,6 +3,7 @@
 #ifndef EXS_API_EVQ_H
 #define EXS_API_EVQ_H
 
+#include <stdint.h>
 #include <sys/exs.h>
 
 /*
@@ -67,5 +68,12 @@ void exs__evq_destroy_all(void);
 /* fork(2) (fork.c; phase: enum exs_fork_phase): the handle table's lock held across it;
  * in the child every queue of the parent is gone (EINVAL) and its descriptors closed. */
 void exs__evq_fork(int phase);
+
+/* A busy wait's spin reads the clock every n turns, n = exs__evq_spin_every(time per turn
+ * last measured (0: unknown), time left to its end): a quarter of the time left at that
+ * speed, between EVQ_SPIN_EVERY_MIN and EVQ_SPIN_EVERY_MAX turns. */
+#define EVQ_SPIN_EVERY_MIN 16u
+#define EVQ_SPIN_EVERY_MAX 1024u
+uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns);
 
 #endif

@@ -21,6 +21,12 @@
 #define ENG_CQE_BATCH   64
 #define ENG_DRIVE_ROUND 16 /* cqe batches per round of one drive */
 #define ENG_DRIVE_MAX   8  /* rounds per drive: a flood cannot keep one caller forever */
+/* A busy wait's rounds (EXS_ENG_DRIVE_TRY) look at the fallback context only every
+ * ENG_FB_EVERY-th time once it found nothing in ENG_FB_IDLE rounds of its own (a verbs
+ * process polls an idle tcp context at every turn otherwise: three locks, half of a busy
+ * turn's); every other round looks at it, and so does any round after it did something. */
+#define ENG_FB_EVERY    16
+#define ENG_FB_IDLE     64
 
 /*
  * Locks (spec/threading.md): eng.plock is the progress lock, outermost of the library;
@@ -64,12 +70,15 @@ static struct {
     int armed;          /* plock: the contexts were armed since the last disarm */
     int loop_dirty;     /* plock: a non-loop holder changed a watcher */
     int njobs;          /* atomic: queued jobs (a sleeper looks before sleeping) */
+    uint32_t fb_idle;   /* plock: rounds of the fallback context that found nothing, in a row */
+    uint32_t fb_tick;   /* plock: busy rounds that could skip it */
 } eng = {
     .plock = PTHREAD_MUTEX_INITIALIZER,
     .lock = PTHREAD_MUTEX_INITIALIZER,
 };
 
 static __thread int eng_holding; /* this thread holds eng.plock */
+static __thread int eng_busy;    /* this thread's drive is a busy wait's (EXS_ENG_DRIVE_TRY) */
 /* Slow-poll detection (polling_warn_cycle_us): when this thread's last drive ended, 0 once
  * it went to sleep (exs__engine_arm) or never drove. */
 static __thread uint64_t eng_poll_end_ns;
@@ -108,6 +117,8 @@ static const struct exs_counter_desc eng_counter_desc[] = {
                 "connection requests refused at once (backlog full): too many already waiting"),
     EXS_COUNTER(struct exs_eng_counters, listen_pauses,
                 "times a listener's provider was told to stop taking requests (too many waiting)"),
+    EXS_COUNTER(struct exs_eng_counters, fb_skips,
+                "busy-wait rounds that left the idle fallback context for a later round"),
 };
 
 static struct exs_counter_set eng_cset = {
@@ -331,8 +342,19 @@ static int eng_round(void)
     EXS_CNT_INC(exs__eng_cnt.rounds);
     void (*hook)(void);
 
-    for (int i = 0; i < eng.nctx; i++)
-        n += eng_round_ctx(eng.ctxs[i]);
+    for (int i = 0; i < eng.nctx; i++) {
+        int c;
+
+        if (eng.ctxs[i] == eng.fb && eng_busy && eng.fb_idle >= ENG_FB_IDLE &&
+            ++eng.fb_tick % ENG_FB_EVERY) {
+            EXS_CNT_INC(exs__eng_cnt.fb_skips);
+            continue;
+        }
+        c = eng_round_ctx(eng.ctxs[i]);
+        if (eng.ctxs[i] == eng.fb)
+            eng.fb_idle = c ? 0 : EXS_MIN(eng.fb_idle + 1, (uint32_t)ENG_FB_IDLE);
+        n += c;
+    }
     n += eng_run_jobs();
     hook = __atomic_load_n(&eng_round_hook, __ATOMIC_ACQUIRE);
     if (n > 0 && hook)
@@ -439,11 +461,13 @@ int exs__engine_drive(int flags)
     } else {
         eng_lock();
     }
+    eng_busy = flags & EXS_ENG_DRIVE_TRY;
     /* running is cleared under the lock by exs__engine_stop before the provider closes */
     eng_disarm_unwatched();
     /* One round: the caller looks at its queue next and drives again if it must; an
      * empty extra round would only cost system calls on every wake-up. */
     n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1) : 0;
+    eng_busy = 0;
     if (eng_poll_end_ns || __atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED)) {
         eng_poll_last = eng_pass; /* what this thread's pass did, for its next report */
         eng_poll_end_ns = exs__now_ns();
@@ -501,12 +525,16 @@ uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns)
     return EXS_MAX(h, lease_ns);
 }
 
-void exs__engine_driver_enter(void)
+void exs__engine_driver_enter(uint64_t now)
 {
     if (__atomic_add_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 1) {
         /* back from a gap: how long the application was away (posting, or computing) */
-        uint64_t now = exs__now_ns(), lease_ns = (uint64_t)exs__params.lease_us * 1000u;
-        uint64_t gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+        uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
+        uint64_t gap;
+
+        if (!now)
+            now = exs__now_ns();
+        gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
         uint64_t g =
             exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
                                 __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now, lease_ns);

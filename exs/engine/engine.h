@@ -37,6 +37,7 @@ struct exs_eng_counters {
     uint64_t listen_defer_timeouts; /* ... refused (reason 3) after waiting their limit */
     uint64_t listen_defer_full;     /* requests refused (reason 3) at once: too many waiting */
     uint64_t listen_pauses;         /* provider listeners told to stop taking requests */
+    uint64_t fb_skips; /* busy rounds that left the idle fallback context for a later one */
 };
 extern struct exs_eng_counters exs__eng_cnt;
 
@@ -125,8 +126,9 @@ int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX]);
 /* The caller of a successful exs__engine_arm (fds[0] >= 0) stopped sleeping on the fds. */
 void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX]);
 /* Count the application threads inside a wait (they drive, so the progress thread
- * stops watching the provider until they are all gone for one lease). */
-void exs__engine_driver_enter(void);
+ * stops watching the provider until they are all gone for one lease). now: the clock
+ * the caller read as its wait began (0: not read; the engine reads it if it needs it). */
+void exs__engine_driver_enter(uint64_t now);
 void exs__engine_driver_leave(void);
 
 /* The hand-off's hysteresis (spec/threading.md §4), pure functions. A busy

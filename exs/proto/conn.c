@@ -35,6 +35,8 @@ static const struct exs_counter_desc proto_counter_desc[] = {
                 "receiver-not-ready completions (the credits make them impossible: must stay 0)"),
     EXS_COUNTER(struct exs_proto_counters, nops_sent,
                 "NOP records sent to return credits to a peer whose window was full"),
+    EXS_COUNTER(struct exs_proto_counters, writes_inline,
+                "data writes small enough to go inline in the work request (no DMA read)"),
 };
 
 static struct exs_counter_set proto_cset = {
@@ -672,8 +674,15 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
         .remote_addr = raddr,
         .rkey = rkey,
     };
-    int ret = exs__conn_post_send_locked(conn, &wr);
+    int ret;
 
+    /* a small write is copied into the work request (no DMA read of the buffer); its
+     * completion still hands the buffer back, as every send's does */
+    if (len && len <= conn->ep->attr.max_inline) {
+        wr.flags |= EXS_PROV_SEND_INLINE;
+        EXS_CNT_INC(exs__proto_cnt.writes_inline);
+    }
+    ret = exs__conn_post_send_locked(conn, &wr);
     if (ret) {
         exs__conn_fail_locked(conn, ECONNRESET, "data write failed");
         return ret;

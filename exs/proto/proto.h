@@ -450,8 +450,9 @@ int exs__conn_path(struct exs_conn *conn, char *buf, size_t len);
 
 /* Process counters of the protocol, summed over every conn (counter set "proto"). */
 struct exs_proto_counters {
-    uint64_t rnr_events; /* receiver-not-ready completions: must stay 0 (§3.1) */
-    uint64_t nops_sent;  /* NOPs sent by the window check */
+    uint64_t rnr_events;    /* receiver-not-ready completions: must stay 0 (§3.1) */
+    uint64_t nops_sent;     /* NOPs sent by the window check */
+    uint64_t writes_inline; /* data writes posted EXS_PROV_SEND_INLINE (<= max_inline) */
 };
 extern struct exs_proto_counters exs__proto_cnt;
 

@@ -279,4 +279,8 @@ int it_child_accept(int argc, char **argv);
 /* Entry of the exec'd echoing peer of the shm switch tests (test_integ_shm.c). */
 int it_child_shm_echo(int argc, char **argv);
 
+/* This thread's reads of the clock (integ_clock.c): counted while it_clock_count(1). */
+void it_clock_count(int on);
+uint64_t it_clock_reads(void);
+
 #endif

@@ -556,6 +556,31 @@ START_TEST(test_fb_fini_open)
 }
 END_TEST
 
+/* A busy wait (EXS_WAIT_POLL) of a process with a fallback context leaves that context
+ * for every 16th round while it has been idle (it cost three locks at every turn of a
+ * verbs busy wait), and a connection over it still carries data both ways in busy waits,
+ * every byte verified, and wakes its context back into every round. */
+START_TEST(test_fb_busy_skips_idle)
+{
+    struct it_pair p1;
+    exs_event_t ev;
+    uint64_t s0, s1;
+
+    fb_init("connect", "1");
+    ck_assert_ptr_nonnull(exs__engine_fallback_ctx());
+    it_pair_open(&p1, SOCK_SEQPACKET, 16, 16); /* refused on the primary: over tcp */
+    ck_assert_str_eq(fd_provider(p1.cfd), "tcp");
+    ck_assert_int_eq(exs_qsetwait(p1.cq, EXS_WAIT_POLL, 0), 0);
+    ck_assert_int_eq(exs_qsetwait(p1.sq, EXS_WAIT_POLL, 0), 0);
+    s0 = eng_count("fb_skips");
+    ck_assert_int_eq(exs_qdequeue(p1.cq, &ev, 1, &(struct timespec){0, 100 * 1000 * 1000}), 0);
+    s1 = eng_count("fb_skips");
+    ck_assert_msg(s1 > s0, "a 100 ms busy wait polled the idle fallback context at every round");
+    xfer_both_ways(&p1, 500);
+    it_pair_close(&p1);
+}
+END_TEST
+
 Suite *integ_fallback_suite(void)
 {
     Suite *s = suite_create("integ_fallback");
@@ -575,6 +600,7 @@ Suite *integ_fallback_suite(void)
     tcase_add_test(tc, test_fb_progress_thread);
     tcase_add_test(tc, test_fb_keepalive_release);
     tcase_add_test(tc, test_fb_fini_open);
+    tcase_add_test(tc, test_fb_busy_skips_idle);
     suite_add_tcase(s, tc);
     return s;
 }

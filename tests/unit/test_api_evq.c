@@ -399,6 +399,19 @@ START_TEST(test_timeout)
 }
 END_TEST
 
+/* The busy wait's clock interval (exs__evq_spin_every): a quarter of the time left at
+ * the speed last measured, within its bounds; unknown speed: the smallest interval. */
+START_TEST(test_spin_every)
+{
+    ck_assert_uint_eq(exs__evq_spin_every(0, 1000000000u), EVQ_SPIN_EVERY_MIN);
+    ck_assert_uint_eq(exs__evq_spin_every(100, 0), EVQ_SPIN_EVERY_MIN);
+    ck_assert_uint_eq(exs__evq_spin_every(100, 1000), EVQ_SPIN_EVERY_MIN); /* 2 turns */
+    ck_assert_uint_eq(exs__evq_spin_every(100, 10000), 25);
+    ck_assert_uint_eq(exs__evq_spin_every(100, 1000000), EVQ_SPIN_EVERY_MAX); /* 2500 */
+    ck_assert_uint_eq(exs__evq_spin_every(1, UINT64_MAX), EVQ_SPIN_EVERY_MAX);
+}
+END_TEST
+
 /* ---- waking ---- */
 
 struct waiter_arg {
@@ -725,6 +738,7 @@ Suite *api_evq_suite(void)
     tc = tcase_create("wait");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, test_timeout, 0, (int)EXS_ARRAY_SIZE(wait_modes));
+    tcase_add_test(tc, test_spin_every);
     tcase_add_loop_test(tc, test_wake, 0, (int)EXS_ARRAY_SIZE(wait_modes));
     tcase_add_loop_test(tc, test_delete_wakes, 0, (int)EXS_ARRAY_SIZE(wait_modes));
     tcase_add_loop_test(tc, test_eintr, 0, 4);

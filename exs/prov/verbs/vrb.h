@@ -210,6 +210,7 @@ struct vrb_ctx {
     struct vrb_kept *ring;
     uint32_t ring_cap, ring_head, ring_count;
     struct exs_list cm_sw; /* vrb_cm_node (lock) */
+    uint32_t cm_sw_n;      /* nodes on cm_sw: written under lock, read without (atomic) */
     struct exs_list ep_hash[VRB_EP_HASH];
     struct exs_list eps;
     struct exs_list listeners; /* cm_lock */

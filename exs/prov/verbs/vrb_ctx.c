@@ -243,6 +243,14 @@ void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep)
     pthread_mutex_unlock(&ctx->lock);
 }
 
+/* ctx->lock held: nd leaves cm_sw and is freed. */
+static void vrb_cm_drop_locked(struct vrb_ctx *ctx, struct vrb_cm_node *nd)
+{
+    exs_list_del(&nd->link);
+    __atomic_store_n(&ctx->cm_sw_n, ctx->cm_sw_n - 1, __ATOMIC_RELAXED);
+    free(nd);
+}
+
 void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep)
 {
     struct exs_list *pos, *tmp;
@@ -264,10 +272,8 @@ void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep)
     {
         struct vrb_cm_node *nd = exs_list_entry(pos, struct vrb_cm_node, link);
 
-        if (nd->ev.ep == &ep->base) {
-            exs_list_del(&nd->link);
-            free(nd);
-        }
+        if (nd->ev.ep == &ep->base)
+            vrb_cm_drop_locked(ctx, nd);
     }
     pthread_mutex_unlock(&ctx->lock);
 }
@@ -281,10 +287,8 @@ void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *l
     {
         struct vrb_cm_node *nd = exs_list_entry(pos, struct vrb_cm_node, link);
 
-        if (nd->ev.type == EXS_PROV_CM_CONNECT_REQUEST && nd->ev.listener == lis) {
-            exs_list_del(&nd->link);
-            free(nd);
-        }
+        if (nd->ev.type == EXS_PROV_CM_CONNECT_REQUEST && nd->ev.listener == lis)
+            vrb_cm_drop_locked(ctx, nd);
     }
     pthread_mutex_unlock(&ctx->lock);
 }
@@ -302,6 +306,7 @@ void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
     nd->ev = *ev;
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->cm_sw, &nd->link);
+    __atomic_store_n(&ctx->cm_sw_n, ctx->cm_sw_n + 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&ctx->lock);
     if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd write: %m", (void *)ctx);
@@ -374,8 +379,14 @@ static int vrb_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
     struct exs_list *l;
     struct vrb_cm_node *nd;
 
+    /* the progress round asks at every turn: no lock while nothing is queued (an event
+     * pushed meanwhile is found at the next turn, or wakes a sleeper's arm) */
+    if (!__atomic_load_n(&ctx->cm_sw_n, __ATOMIC_ACQUIRE))
+        return 0;
     pthread_mutex_lock(&ctx->lock);
     l = exs_list_pop_head(&ctx->cm_sw);
+    if (l)
+        __atomic_store_n(&ctx->cm_sw_n, ctx->cm_sw_n - 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&ctx->lock);
     if (!l)
         return 0;

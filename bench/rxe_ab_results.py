@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""rxe_ab_results.py LOG ITERS [K=V ...]: bench/results-rxe-ab.md from one make bench-rxe-ab
+guest run (bench/rxe-ab.sh: AB, ABFAIL, ABVS, ABSYS, ABSYSTOP lines). Medians over the
+rounds, each round's value beside them; per message: the vstat counters summed over the
+rounds of the round-trip figures, divided by 2 x ITERS per run (as bench-rxe counts)."""
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+FIG = {"busy": "64 B round trip p50, busy polling (us)",
+       "block": "64 B round trip p50, blocking waits (us)",
+       "msgs": "64 B messages/s, 16 outstanding"}
+VS_COLS = [("send_wrs", "sends"), ("send_signaled", "signaled"), ("send_inline", "inline"),
+           ("recv_wrs", "recvs"), ("poll_calls", "polls"), ("polled_cqes", "completions"),
+           ("req_notify", "notify req"), ("cq_events", "CQ events"), ("locks", "locks")]
+
+
+def kv(line):
+    return dict(re.findall(r"(\w+)=(\S+)", line))
+
+
+def main():
+    path, iters = sys.argv[1], int(sys.argv[2])
+    meta = [a.split("=", 1) for a in sys.argv[3:]]
+    val = defaultdict(dict)
+    vs = defaultdict(lambda: defaultdict(float))
+    runs = defaultdict(int)
+    sysc, systop, fails, labels = {}, defaultdict(list), [], []
+    for raw in open(path, errors="replace"):
+        line = re.sub(r"^\S+\| ", "", raw.rstrip("\n"))
+        d = kv(line)
+        if line.startswith("AB ") and "value" in d:
+            val[(d["fig"], d["label"])][int(d["round"])] = float(d["value"])
+            if d["label"] not in labels:
+                labels.append(d["label"])
+        elif line.startswith("ABFAIL"):
+            fails.append(line)
+        elif line.startswith("ABVS ") and d.get("fig") in ("busy", "block"):
+            key = (d["fig"], d["label"])
+            runs[key] += 1
+            for k, _ in VS_COLS:
+                vs[key][k] += float(d.get(k, 0))
+        elif line.startswith("ABSYS "):
+            sysc[(d["fig"], d["label"])] = (int(d["msgs"]), int(d.get("total") or 0))
+        elif line.startswith("ABSYSTOP "):
+            systop[(d["fig"], d["label"])].append(f'{d["call"]} {d["count"]}')
+    out = ["# libexs verbs before and after (make bench-rxe-ab)", "",
+           "Written by `make bench-rxe-ab` (bench/rxe-ab.sh in a scripts/rxe-vm.sh guest, "
+           "bench/rxe_ab_results.py); do not edit by hand. Two builds of blast on one rxe0 in "
+           "one guest (TCG), the same rounds, the order alternating; absolute figures say "
+           "little, the counters per message are the point.", "",
+           "| run | |", "| --- | --- |"]
+    out += [f"| {k} | {v} |" for k, v in meta]
+    base = labels[0] if labels else None
+    for fig in ("busy", "block", "msgs"):
+        out += ["", f"## {FIG[fig]}", "", f"| build | median | / {base} | each round |",
+                "| --- | --- | --- | --- |"]
+        for lab in labels:
+            r = val.get((fig, lab), {})
+            if not r:
+                out.append(f"| {lab} | - | - | - |")
+                continue
+            med = statistics.median(r.values())
+            b = val.get((fig, base), {})
+            ratio = f"{med / statistics.median(b.values()):.2f}" if b else "-"
+            each = ", ".join(f"{r[k]:.1f}" for k in sorted(r))
+            out.append(f"| {lab} | {med:.1f} | {ratio} | {each} |")
+    out += ["", "## Per message (rxe-vstat.so, client, 64 B round trips, summed over the rounds)",
+            "", "| figure | build | " + " | ".join(c for _, c in VS_COLS) + " |",
+            "| --- | --- | " + " | ".join("---" for _ in VS_COLS) + " |"]
+    for fig in ("busy", "block"):
+        for lab in labels:
+            key = (fig, lab)
+            if not runs.get(key):
+                continue
+            msgs = 2 * iters * runs[key]
+            cells = " | ".join(f"{vs[key][k] / msgs:.2f}" for k, _ in VS_COLS)
+            out.append(f"| {fig} | {lab} | {cells} |")
+    out += ["", "## System calls per message (strace -c -f, one client run each)", "",
+            "| figure | build | messages | system calls | per message | most frequent |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for fig in ("busy", "block"):
+        for lab in labels:
+            if (fig, lab) in sysc:
+                m, t = sysc[(fig, lab)]
+                out.append(f"| {fig} | {lab} | {m} | {t} | {t / m:.1f} | "
+                           f"{', '.join(systop[(fig, lab)])} |")
+    if fails:
+        out += ["", "## Runs that failed", ""] + [f"- `{f}`" for f in fails]
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
