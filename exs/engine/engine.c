@@ -511,20 +511,6 @@ void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX])
         __atomic_sub_fetch(&eng.psleepers, 1, __ATOMIC_SEQ_CST);
 }
 
-uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint64_t now_ns, uint64_t lease_ns)
-{
-    uint64_t halvings = lease_ns ? (now_ns - at_ns) / (EXS_ENG_HYST_LEASES * lease_ns) : 64;
-
-    return halvings >= 64 ? 0 : gap_ns >> halvings;
-}
-
-uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns)
-{
-    uint64_t h = EXS_MIN(2 * remembered_ns, (uint64_t)EXS_ENG_HYST_LEASES * lease_ns);
-
-    return EXS_MAX(h, lease_ns);
-}
-
 void exs__engine_driver_enter(uint64_t now)
 {
     if (__atomic_add_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 1) {
@@ -693,37 +679,6 @@ static int eng_open(int (*open)(const struct exs_prov_attr *attr, struct exs_pro
     return open(&(struct exs_prov_attr){0}, ctx_p);
 }
 
-/* The fallback policy for primary provider name (spec/provider.md, Fallback). */
-static int eng_fb_policy(const char *primary)
-{
-    const char *p = exs__params.fallback;
-
-    if (strcmp(primary, "tcp") == 0 || strcmp(p, "off") == 0)
-        return EXS_ENG_FB_OFF;
-    if (strcmp(p, "connect") == 0)
-        return EXS_ENG_FB_CONNECT;
-    if (strcmp(p, "any") == 0)
-        return EXS_ENG_FB_ANY;
-    /* auto: a real RDMA primary only; fault:verbs is a test set-up whose injected
-     * connect failures must reach the application (tests/integ/test_integ_fault.c) */
-    return strcmp(primary, "verbs") == 0 ? EXS_ENG_FB_CONNECT : EXS_ENG_FB_OFF;
-}
-
-/* The shm provider beside primary (spec/provider-shm.md, Chosen by itself): EXS_SHM on,
- * or auto with tcp chosen by default (an explicit EXS_PROVIDER=tcp asks for tcp) and no
- * link emulation (the emulated link is tcp's); only beside tcp. */
-static int eng_shm_wanted(const char *primary)
-{
-    const char *p = exs__params.shm;
-
-    if (strcmp(primary, "tcp") != 0 || strcmp(p, "off") == 0 || strcmp(p, "0") == 0)
-        return 0;
-    if (strcmp(p, "on") == 0 || strcmp(p, "1") == 0)
-        return 1;
-    return !exs__params.provider[0] && !exs__params.emu_delay_us && !exs__params.emu_rate_mbps &&
-           !exs__params.emu_blackhole;
-}
-
 /* Open the fallback context when the policy asks for one. It is opened here, not at the
  * first failed connect: a waiter that armed and went to sleep before it existed would
  * not watch its event fd, and could sleep through its work. A failure leaves the
@@ -732,8 +687,8 @@ static void eng_fb_open(void)
 {
     int manual, ret;
 
-    eng.fb_policy = eng_fb_policy(exs__prov_name(eng.ctx));
-    if (eng.fb_policy == EXS_ENG_FB_OFF && eng_shm_wanted(exs__prov_name(eng.ctx))) {
+    eng.fb_policy = exs__engine_fb_policy_for(exs__prov_name(eng.ctx));
+    if (eng.fb_policy == EXS_ENG_FB_OFF && exs__engine_shm_wanted(exs__prov_name(eng.ctx))) {
         /* shm chosen by itself (spec/provider-shm.md): beside a tcp primary, whose peers
          * on this host would otherwise talk over loopback TCP */
         ret = eng_open(exs__prov_open_shm, &eng.fb, &manual);

@@ -141,6 +141,10 @@ void exs__engine_driver_leave(void);
 #define EXS_ENG_HYST_LEASES 8
 uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint64_t now_ns, uint64_t lease_ns);
 uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns);
+/* engine_policy.c: the fallback policy (EXS_ENG_FB_*) for primary provider name (spec/provider.md,
+ * Fallback), and whether the shm provider is opened beside it (spec/provider-shm.md). */
+int exs__engine_fb_policy_for(const char *primary);
+int exs__engine_shm_wanted(const char *primary);
 
 /* A function the progress lock's holder calls after each round of progress that did
  * something (completions, connection events, jobs): readiness may have changed
