@@ -9,24 +9,45 @@
 #include "exs/api/kfd_int.h"
 #include "exs/util/util.h"
 
+/* The start of exs_shutdown and exs_close on kernel socket fd: the checks, the operation
+ * (type, how) in *op_p and fd's kfd, locked with a reference; NULL with the call's return
+ * value in *ret_p. */
+static struct kfd *kfd_call_begin(int fd, int type, int how, int sync, exs_qhandle_t *q,
+                                  exs_ahandle_t ah, struct kfd_op **op_p, int *ret_p)
+{
+    struct kfd *k;
+    int err;
+
+    if ((err = exs__api_kfd_check(fd))) {
+        *ret_p = exs__err(err);
+        return NULL;
+    }
+    if (type == EXS_EVT_SHUTDOWN && how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
+        *ret_p = exs__err(EINVAL);
+        return NULL;
+    }
+    *op_p = exs__api_kfd_op_new(type, sync, q, ah, &err);
+    if (!*op_p) {
+        *ret_p = exs__api_sync_fail(sync, *q, err);
+        return NULL;
+    }
+    (*op_p)->how = how;
+    k = exs__api_kfd_get_for_op(fd, *op_p, &err);
+    if (!k)
+        *ret_p = exs__api_sync_fail(sync, *q, err);
+    return k;
+}
+
 int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah)
 {
-    int err, sync = q == EXS_QHANDLE_INVALID;
+    int ret, sync = q == EXS_QHANDLE_INVALID;
     struct kfd_op *op;
     struct kfd *k;
     exs_event_t ev;
 
-    if ((err = exs__api_kfd_check(fd)))
-        return exs__err(err);
-    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
-        return exs__err(EINVAL);
-    op = exs__api_kfd_op_new(EXS_EVT_SHUTDOWN, sync, &q, ah, &err);
-    if (!op)
-        return exs__api_sync_fail(sync, q, err);
-    op->how = how;
-    k = exs__api_kfd_get_for_op(fd, op, &err);
+    k = kfd_call_begin(fd, EXS_EVT_SHUTDOWN, how, sync, &q, ah, &op, &ret);
     if (!k)
-        return exs__api_sync_fail(sync, q, err);
+        return ret;
     if (how == SHUT_RD) {
         /* not ordered with sends: at once (pending receives then see the end) */
         int r = shutdown(fd, SHUT_RD);
@@ -64,19 +85,14 @@ void exs__api_kfd_close_locked(struct kfd *k, struct kfd_op *op)
 
 int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
 {
-    int err, sync = q == EXS_QHANDLE_INVALID;
+    int ret, sync = q == EXS_QHANDLE_INVALID;
     struct kfd_op *op;
     struct kfd *k;
     exs_event_t ev;
 
-    if ((err = exs__api_kfd_check(fd)))
-        return exs__err(err);
-    op = exs__api_kfd_op_new(EXS_EVT_CLOSE, sync, &q, ah, &err);
-    if (!op)
-        return exs__api_sync_fail(sync, q, err);
-    k = exs__api_kfd_get_for_op(fd, op, &err);
+    k = kfd_call_begin(fd, EXS_EVT_CLOSE, 0, sync, &q, ah, &op, &ret);
     if (!k)
-        return exs__api_sync_fail(sync, q, err);
+        return ret;
     if (k->file_busy && !k->close_op)
         k->close_op = op; /* after the exs_sendfile writing now (kfd_sendfile_end) */
     else
