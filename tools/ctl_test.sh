@@ -367,9 +367,16 @@ else
     fail stat_shm_path "last seen: $(cat "$work/shm.last" 2>/dev/null); now: $(shm_paths): $(head -c 600 "$work/shm.json"); blast: $(tail -n 5 "$work/blast-shm.out")"
 fi
 kill "$shmb" 2>/dev/null; wait "$shmb" 2>/dev/null
-EXS_CTL_ENABLE=0 $build/blast/blast --loopback --time 1 --quiet >/dev/null 2>&1 &
+# watched for its whole life (the endpoint would exist from exs_init until exit), not at
+# one moment that a loaded machine may reach before the process started
+EXS_CTL_ENABLE=0 $build/blast/blast --loopback --time 1 --quiet >"$work/off.out" 2>&1 &
 off=$!
-sleep 0.5
-if [ ! -e "$EXS_CTL_DIR/$off.sock" ]; then pass ctl_enable_no; else fail ctl_enable_no "socket made"; fi
-wait "$off" 2>/dev/null
+made=0
+while kill -0 "$off" 2>/dev/null; do
+    [ -e "$EXS_CTL_DIR/$off.sock" ] && made=1
+    sleep 0.05
+done
+wait "$off"; offrc=$?
+if [ $made -eq 0 ] && [ $offrc -eq 0 ]; then pass ctl_enable_no
+else fail ctl_enable_no "socket made: $made, blast exit $offrc: $(tail -n 3 "$work/off.out")"; fi
 summary

@@ -358,6 +358,19 @@ enum exs_prov_wc_opcode exs__prov_wr_wc_opcode(enum exs_prov_wr_opcode opcode)
     return EXS_PROV_WC_SEND;
 }
 
+int exs__prov_fork_lock(pthread_mutex_t *lock, int phase)
+{
+    if (phase == EXS_FORK_PREPARE) {
+        pthread_mutex_lock(lock);
+        return 1;
+    }
+    if (phase == EXS_FORK_PARENT) {
+        pthread_mutex_unlock(lock);
+        return 1;
+    }
+    return 0;
+}
+
 void exs__prov_fork_close(int *const *fds, size_t n)
 {
     for (size_t i = 0; i < n; i++) {

@@ -3,6 +3,7 @@
 #ifndef EXS_PROV_PROV_H
 #define EXS_PROV_PROV_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -487,6 +488,11 @@ static inline void exs__prov_ctx_fork(struct exs_prov_ctx *ctx, int phase)
 /* A provider's ctx_fork in the child: close the child's copies of n descriptors (each
  * one that is >= 0; nothing is written to them) and set them to -1. */
 void exs__prov_fork_close(int *const *fds, size_t n);
+/* A provider's ctx_fork around the fork: the lock under which the context makes and lists
+ * its descriptors is taken before (EXS_FORK_PREPARE) and released after in the parent, so
+ * the child finds the lists whole. 1 when the phase is done; 0 in the child, which then
+ * closes its copies (and its inherited lock is the caller's to forget). */
+int exs__prov_fork_lock(pthread_mutex_t *lock, int phase);
 
 static inline int exs__prov_arm(struct exs_prov_ctx *ctx)
 {

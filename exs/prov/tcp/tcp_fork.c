@@ -16,14 +16,8 @@ void exs__tcp_ctx_fork(struct exs_prov_ctx *c, int phase)
     struct exs_list *l;
     int *fds[] = {&ctx->epfd, &ctx->wakefd, &ctx->timerfd, &ctx->evfd};
 
-    if (phase == EXS_FORK_PREPARE) {
-        pthread_mutex_lock(&ctx->nic_lock);
+    if (exs__prov_fork_lock(&ctx->nic_lock, phase))
         return;
-    }
-    if (phase == EXS_FORK_PARENT) {
-        pthread_mutex_unlock(&ctx->nic_lock);
-        return;
-    }
     exs_list_for_each(l, &ctx->conns)
     {
         struct tcp_conn *conn = exs_list_entry(l, struct tcp_conn, link);
