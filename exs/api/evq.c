@@ -624,19 +624,30 @@ uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns)
     return (uint32_t)EXS_MIN(EXS_MAX(n, (uint64_t)EVQ_SPIN_EVERY_MIN), EVQ_SPIN_EVERY_MAX);
 }
 
+/* A spinner looks at the kernel sockets' readiness (kfd_ep) every this many turns while
+ * some wait for it: one epoll_wait(0) per EVQ_SPIN_KFD_EVERY turns, none while none waits. */
+#define EVQ_SPIN_KFD_EVERY 16u
+
 /* Spin, driving progress (trylock) between looks at the queue, without evq->lock, until
  * want events may be there, the queue died, or end (UINT64_MAX: none, and the clock is
  * never read). from: the clock when the spin begins (0: not read). No system call of
  * its own but the clock's, read after a quarter of the time left at the speed last
- * seen (exs__evq_spin_every), so a spin that ends by its events reads it rarely. */
+ * seen (exs__evq_spin_every), so a spin that ends by its events reads it rarely; and,
+ * while operations on kernel sockets wait for readiness, a look at it every
+ * EVQ_SPIN_KFD_EVERY turns (the progress thread's watcher of kfd_ep needs the progress
+ * lock, which this spin takes at every turn: with a spinner holding it most of the time,
+ * the kernel sockets' queues would wait for the loop thread to win a trylock race). */
 static void evq_spin(struct exs_evq *evq, int want, uint64_t from, uint64_t end)
 {
     uint64_t last = from;
     uint32_t i = 0,
              every = exs__evq_spin_every(from ? evq_spin_ns : 0, end > from ? end - from : 0);
 
-    for (;;) {
+    for (uint32_t turn = 0;; turn++) {
         exs__engine_drive(EXS_ENG_DRIVE_TRY);
+        /* kernel sockets waiting for readiness: this spinner runs their queues too */
+        if (turn % EVQ_SPIN_KFD_EVERY == 0 && exs__api_kfd_waiting())
+            exs__api_kfd_run_ready();
         if (__atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want ||
             __atomic_load_n(&evq->dead, __ATOMIC_ACQUIRE))
             break;

@@ -79,6 +79,7 @@ static uint32_t kfd_gen; /* kfd_tab_lock */
  * operation waits, gone at exs_fini). kfd_ep is written under kfd_tab_lock with atomic
  * stores, read with atomic loads. */
 static int kfd_ep = -1;
+static int kfd_waiting; /* atomic: kfds registered in kfd_ep (io_reg != 0) */
 static struct exs_eng_io kfd_ep_io;
 static struct exs_job kfd_ep_start_job, kfd_ep_stop_job;
 
@@ -506,6 +507,8 @@ static void kfd_ep_cb(struct exs_eng_io *io, int revents);
 static void kfd_ep_start(struct exs_job *job)
 {
     (void)job;
+    if (exs__params.test_engine_park)
+        return; /* test seam: only the application's waiters run the queues */
     exs__engine_io_start(&kfd_ep_io, kfd_ep, EV_READ, kfd_ep_cb);
 }
 
@@ -533,6 +536,14 @@ static int kfd_ep_open(void)
     kfd_ep_start_job.fn = kfd_ep_start;
     exs__engine_post(&kfd_ep_start_job);
     return 0;
+}
+
+/* k->io_reg = events (k->lock held), counted in kfd_waiting while not 0. */
+static void kfd_reg_set_locked(struct kfd *k, int events)
+{
+    if (!k->io_reg != !events)
+        __atomic_add_fetch(&kfd_waiting, events ? 1 : -1, __ATOMIC_RELEASE);
+    k->io_reg = events;
 }
 
 /* Register in kfd_ep what k waits for (k->lock held): events (EV_READ / EV_WRITE), 0
@@ -566,10 +577,10 @@ static int kfd_reg_locked(struct kfd *k, int events)
         int err = errno;
 
         EXS_WARN(API, "kfd %d: epoll_ctl: %m", k->fd);
-        k->io_reg = 0;
+        kfd_reg_set_locked(k, 0);
         return err;
     }
-    k->io_reg = events;
+    kfd_reg_set_locked(k, events);
     return 0;
 }
 
@@ -598,6 +609,11 @@ static void kfd_ep_cb(struct exs_eng_io *io, int revents)
     (void)io;
     (void)revents;
     exs__api_kfd_run_ready();
+}
+
+int exs__api_kfd_waiting(void)
+{
+    return __atomic_load_n(&kfd_waiting, __ATOMIC_ACQUIRE);
 }
 
 int exs__api_kfd_wait_fd(void)
@@ -908,6 +924,7 @@ void exs__api_kfd_fork_child(void)
     kfd_tab_len = 0;
     kfd_live = 0;
     kfd_cached = 0;
+    kfd_waiting = 0;
     pthread_mutex_init(&kfd_tab_lock, NULL);
     if (kfd_ep >= 0)
         close(kfd_ep);

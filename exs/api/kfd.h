@@ -44,6 +44,11 @@ int exs__api_kfd_getsockopt(int fd, int level, int optname, void *optval, sockle
  * thread waiting for a kernel socket's event is woken by the socket itself. */
 int exs__api_kfd_wait_fd(void);
 void exs__api_kfd_run_ready(void);
+/* A spinning waiter (evq.c), which never sleeps on kfd_ep: how many kernel sockets wait
+ * for readiness now (an atomic load, no system call); while any does, the spinner runs
+ * exs__api_kfd_run_ready itself now and then rather than count on the progress thread,
+ * which needs the progress lock the spinner takes at every turn. */
+int exs__api_kfd_waiting(void);
 /* exs_fini: drop every pending operation without an event (before the registrations
  * and the engine go). */
 void exs__api_kfd_close_all(void);

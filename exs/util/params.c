@@ -85,8 +85,8 @@ static const struct exs_param_def params_table[] = {
           "test seam: the process id this process claims in its SHM_OFFER records (a lying "
           "peer, spec/provider-shm.md); 0 = its own"),
     PARAM(test_engine_park, "EXS_TEST_ENGINE_PARK", "0", UINT, 0,
-          "tests only: 1 = the progress thread never drives the provider (only jobs and timers), "
-          "0-1"),
+          "tests only: 1 = the progress thread never drives the provider nor runs kernel-socket "
+          "queues (only jobs and timers), 0-1"),
     PARAM(vrb_qp_timeout, "EXS_VRB_QP_TIMEOUT", "14", UINT, 0,
           "verbs: QP local ACK timeout exponent (4.096 us * 2^n per try), 0-31"),
     PARAM(vrb_retry_cnt, "EXS_VRB_RETRY_CNT", "7", UINT, 0, "verbs: QP transport retry count, 0-7"),

@@ -464,6 +464,55 @@ START_TEST(test_kfd_reset)
 }
 END_TEST
 
+/* A waiter that spins (EXS_WAIT_POLL; EXS_WAIT_ADAPTIVE with a spin longer than the wait)
+ * takes the progress lock at every turn and never sleeps on the kernel sockets' epoll set:
+ * with the progress thread kept off it (test seam EXS_TEST_ENGINE_PARK, which stands for
+ * a loop thread that keeps losing the lock to the spinner), a send that must wait for
+ * EPOLLOUT and a receive that must wait for EPOLLIN still complete, run by the spinner. */
+START_TEST(test_kfd_spin_ready)
+{
+    enum { LEN = 4 << 20 };
+    static const int modes[] = {EXS_WAIT_POLL, EXS_WAIT_ADAPTIVE};
+    struct reader r = {.slow = 0};
+    struct it_buf *buf;
+    pthread_t th;
+    exs_qhandle_t q;
+    exs_event_t ev;
+    char rb[16];
+    int a, b;
+
+    it_setenv("EXS_TEST_ENGINE_PARK", "1");
+    it_init();
+    q = it_qcreate(8);
+    IT_EXPECT_OK(exs_qsetwait(q, modes[_i], 60 * 1000 * 1000));
+    it_tcp_pair(&a, &b, 32768, 32768); /* tiny windows stall for 200 ms at a time */
+    buf = it_buf_new(LEN, 1);
+    pat_fill(buf->p, LEN, 0);
+    /* more than the socket buffers hold: the send waits for EPOLLOUT */
+    IT_POST_SEND(a, buf->p, LEN, q, AH(1), buf->mh);
+    r.fd = b;
+    r.total = LEN;
+    ck_assert_int_eq(pthread_create(&th, NULL, reader_main, &r), 0);
+    it_wait_event_at(q, EXS_EVT_SEND, a, 20000, &ev, __FILE__, __LINE__);
+    ck_assert(ev.exs_evt_ahandle == AH(1));
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, LEN);
+    pthread_join(th, NULL);
+    ck_assert_msg(r.bad < 0 && r.got == LEN, "got %zu bad %ld", r.got, r.bad);
+    /* nothing to read yet: the receive waits for EPOLLIN */
+    ck_assert_int_eq(exs_recv(a, rb, sizeof(rb), 0, q, AH(2), EXS_MHANDLE_UNREGISTERED), 0);
+    ck_assert_int_eq(send(b, "spin", 4, 0), 4);
+    it_wait_event_at(q, EXS_EVT_RECV, a, 20000, &ev, __FILE__, __LINE__);
+    ck_assert(ev.exs_evt_ahandle == AH(2));
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 4);
+    ck_assert_int_eq(memcmp(rb, "spin", 4), 0);
+    it_kfd_settle(q);
+    close(a);
+    close(b);
+    it_qdelete(q);
+}
+END_TEST
+
 /* exs_fini with operations pending on kernel sockets drops them (no leak) and leaves the
  * descriptors open and unchanged; after exs_init again they work afresh. */
 START_TEST(test_kfd_fini_pending)
@@ -896,6 +945,8 @@ Suite *integ_kfd_suite(void)
                  (const TTest *const[]){test_kfd_cancel, test_kfd_shutdown, test_kfd_close_pending,
                                         test_kfd_reuse, test_kfd_reset, test_kfd_errors,
                                         test_kfd_fini_pending, NULL});
+    it_suite_add(s, "kfd_spin", IT_CASE_TIMEOUT, 2,
+                 (const TTest *const[]){test_kfd_spin_ready, NULL});
     it_suite_add(s, "kfd_timeouts", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_kfd_to_recv, test_kfd_to_send_once, test_kfd_to_reuse,
                                         test_kfd_to_slots, NULL});
