@@ -99,7 +99,7 @@ START_TEST(test_kfd_send_order)
 
     it_init();
     q = it_qcreate(NSEND + 4);
-    it_tcp_pair(&a, &b, 4096, 4096);
+    it_tcp_pair(&a, &b, 32768, 32768); /* as test_kfd_shutdown */
     fl0 = fcntl(a, F_GETFL);
     reg[0] = it_buf_new((size_t)CHUNK * NSEND / 2, 1);
     reg[1] = it_buf_new((size_t)CHUNK * NSEND / 2, 1);
@@ -287,7 +287,7 @@ END_TEST
  * byte, then the end of stream; events: the sends, then SHUTDOWN. */
 START_TEST(test_kfd_shutdown)
 {
-    enum { LEN = 300 * 1024 };
+    enum { LEN = 4 << 20 };
     struct reader r = {.slow = 0};
     struct it_buf *buf;
     pthread_t th;
@@ -298,7 +298,9 @@ START_TEST(test_kfd_shutdown)
 
     it_init();
     q = it_qcreate(8);
-    it_tcp_pair(&a, &b, 8192, 8192);
+    /* smaller buffers make loopback TCP stall ~200 ms per window (its persist timer), which
+     * the timeout of a loaded guest once hit */
+    it_tcp_pair(&a, &b, 32768, 32768);
     buf = it_buf_new(LEN, 1);
     pat_fill(buf->p, LEN, 0);
     IT_POST_SEND(a, buf->p, LEN / 2, q, AH(1), buf->mh);
@@ -377,7 +379,7 @@ START_TEST(test_kfd_reuse)
 
     it_init();
     q = it_qcreate(8);
-    it_tcp_pair(&a, &b, 4096, 4096);
+    it_tcp_pair(&a, &b, 32768, 32768); /* as test_kfd_shutdown */
     buf = it_buf_new(1 << 20, 1);
     fl0 = fcntl(b, F_GETFL);
     /* a receive that waits (the watcher is on), then completes */
@@ -390,7 +392,7 @@ START_TEST(test_kfd_reuse)
     close(b);
     close(a);
     /* the same numbers again */
-    it_tcp_pair(&a2, &b2, 4096, 4096);
+    it_tcp_pair(&a2, &b2, 32768, 32768);
     if (a2 != b && b2 != b) {
         close(a2);
         close(b2);
@@ -485,7 +487,7 @@ START_TEST(test_kfd_spin_ready)
     it_init();
     q = it_qcreate(8);
     IT_EXPECT_OK(exs_qsetwait(q, modes[_i], 60 * 1000 * 1000));
-    it_tcp_pair(&a, &b, 32768, 32768); /* tiny windows stall for 200 ms at a time */
+    it_tcp_pair(&a, &b, 32768, 32768); /* as test_kfd_shutdown */
     buf = it_buf_new(LEN, 1);
     pat_fill(buf->p, LEN, 0);
     /* more than the socket buffers hold: the send waits for EPOLLOUT */
