@@ -257,7 +257,8 @@ static void kfd_op_free(struct kfd_op *op)
  * left it leaves kfd_ep first, so the application may close the descriptor as soon as it
  * sees this event. The posting call's own operation ending with an identity error
  * (k->posting) gets no event: the call returns the errno. */
-void exs__api_kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t result, int err)
+/* Post op's event (result, or -1 with err) and free op (k->lock held). */
+static void kfd_op_post_locked(struct kfd *k, struct kfd_op *op, ssize_t result, int err)
 {
     exs_event_t ev = {
         .exs_evt_type = op->type,
@@ -267,20 +268,29 @@ void exs__api_kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t res
     };
     struct exs_evq *evq = op->evq;
 
-    exs__api_kfd_to_end_locked(k, op); /* no notice after this event */
     if (op->type == EXS_EVT_SEND || op->type == EXS_EVT_RECV) {
         ev.exs_evt_u.exs_evt_xfer.exs_evt_buf = op->buf;
         ev.exs_evt_u.exs_evt_xfer.exs_evt_len = op->len;
     }
+    ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : result;
+    if (op->bounce)
+        exs__api_bounce_event(op->bounce, err ? -1 : result, 0, &ev);
+    EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno %d", k->fd, op->type, op->ah,
+             (ssize_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, err);
+    /* release first: once the event is visible the application may count objects */
+    kfd_op_free(op);
+    exs__evq_post(evq, &ev);
+}
+
+void exs__api_kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t result, int err)
+{
+    exs__api_kfd_to_end_locked(k, op); /* no notice after this event */
     if (op->type == EXS_EVT_SEND)
         k->n_send--;
     else if (op->type == EXS_EVT_RECV)
         k->n_recv--;
     if (!err)
         result += (ssize_t)op->pre;
-    ev.exs_evt_u.exs_evt_xfer.exs_evt_result = err ? -1 : result;
-    if (op->bounce)
-        exs__api_bounce_event(op->bounce, err ? -1 : result, 0, &ev);
     if (exs_list_empty(&k->sendq) && exs_list_empty(&k->recvq) && op->type != EXS_EVT_CLOSE &&
         !k->file_busy)
         kfd_rest_locked(k);
@@ -289,11 +299,7 @@ void exs__api_kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t res
         exs__api_kfd_op_drop(op);
         return;
     }
-    EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno %d", k->fd, op->type, op->ah,
-             (ssize_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, err);
-    /* release first: once the event is visible the application may count objects */
-    kfd_op_free(op);
-    exs__evq_post(evq, &ev);
+    kfd_op_post_locked(k, op, result, err);
 }
 
 /* Drop op without an event (exs_fini). */
@@ -374,6 +380,42 @@ static void kfd_fail_locked(struct kfd *k, int err)
         exs__api_kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, err);
 }
 
+/* sendmsg failed with err (not EAGAIN, EINTR; probed: it carried the probe): the queued
+ * sends end with the error, or none when only the probe was refused (run the queue again). */
+static void kfd_send_err_locked(struct kfd *k, int err, int probed)
+{
+    EXS_DBG(API, "kfd %d: sendmsg: %s", k->fd, strerror(err));
+    err = kfd_refused_locked(k, err, probed);
+    if (err > 0)
+        kfd_fail_locked(k, err);
+}
+
+/* The posting call's send on a trusted TCP socket (k->known and k->probe, no option) with
+ * nothing queued before it (k->lock held): one sendmsg with the probe from the caller's
+ * buffer, before op is queued. 1: every byte went, op is finished (event posted, freed),
+ * and nothing else of the descriptor's state was touched; 0: op->done bytes went (maybe
+ * none) and *err_p is sendmsg's error (0: the socket is full): the caller queues op. */
+static int kfd_send_now_locked(struct kfd *k, struct kfd_op *op, int *err_p)
+{
+    struct iovec iov = {.iov_base = op->buf, .iov_len = op->len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    union kfd_probe_cmsg pc;
+    ssize_t n;
+
+    kfd_probe_fill(&mh, &pc);
+    do
+        n = sendmsg(k->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    *err_p = n < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0;
+    if (n < 0)
+        return 0;
+    op->done = (size_t)n;
+    if (op->done < op->len)
+        return 0;
+    kfd_op_post_locked(k, op, (ssize_t)op->len, 0);
+    return 1;
+}
+
 /* Write what the kernel takes of the queued sends, in order, several per sendmsg;
  * run shutdowns when they reach the head. EAGAIN: wait for EV_WRITE. */
 static void kfd_send_run_locked(struct kfd *k)
@@ -419,12 +461,7 @@ static void kfd_send_run_locked(struct kfd *k)
             return;
         }
         if (n < 0) {
-            int err = errno;
-
-            EXS_DBG(API, "kfd %d: sendmsg: %s", k->fd, strerror(err));
-            err = kfd_refused_locked(k, err, probed);
-            if (err > 0)
-                kfd_fail_locked(k, err);
+            kfd_send_err_locked(k, errno, probed);
             continue;
         }
         /* n bytes left, the head's rest first */
@@ -823,11 +860,27 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         exs__api_kfd_put(k);
         goto err_op;
     }
+    /* a send that completes at once: one sendmsg, its event, nothing else */
+    int now = !recv && !op->bounce && k->known && k->probe && !k->err && !k->file_busy &&
+              exs_list_empty(&k->sendq) && !exs__api_kfd_has_opts(k);
+    int now_err = 0;
+
+    if (now && kfd_send_now_locked(k, op, &now_err)) {
+        exs__api_kfd_unlock(k);
+        exs__api_kfd_put(k);
+        goto out;
+    }
     (*count)++;
     k->posting = op;
     k->posting_err = 0;
     exs_list_add_tail(recv ? &k->recvq : &k->sendq, &op->link);
-    exs__api_kfd_run_locked(k);
+    if (now && !now_err) {
+        k->io_want |= EV_WRITE; /* the socket is full: wait for room */
+    } else {
+        if (now_err)
+            kfd_send_err_locked(k, now_err, 1);
+        exs__api_kfd_run_locked(k);
+    }
     exs__api_kfd_update_locked(k);
     k->posting = NULL;
     err = k->posting_err;
@@ -835,6 +888,7 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     exs__api_kfd_put(k);
     if (err)
         return exs__api_sync_fail(sync, q, err); /* op ended without its event */
+out:
     if (exs__api_call_end(sync, q, &ev))
         return -1;
     return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
