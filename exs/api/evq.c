@@ -695,6 +695,18 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         spin_end = t0 + (uint64_t)(us ? (uint64_t)us : exs__params.qspin_us) * 1000u;
     }
 
+    /* Events already there are taken without driving when the process has no libexs
+     * socket (its only operations are on kernel sockets, which complete in the posting
+     * call or on the progress thread): no system call, no clock read of its own then. */
+    if (!exs__api_sock_live() && __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want) {
+        EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+        ret = evq->dead ? -EINVAL : EXS_MIN(evq->queued, max);
+        if (ret > 0)
+            evq_take(evq, events, ret);
+        EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        if (ret)
+            return ret;
+    }
     exs__engine_driver_enter(t0);
     EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     for (;;) {
@@ -706,9 +718,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             ret = -EINVAL;
             break;
         }
-        /* Events already there are taken without driving when the process has no
-         * libexs socket (its only operations are on kernel sockets, which complete in the
-         * posting call or on the progress thread): no system call of its own then. */
+        /* as above, after the first look: the events came meanwhile */
         if ((driven || !exs__api_sock_live()) && evq->queued >= want) {
             ret = EXS_MIN(evq->queued, max);
             evq_take(evq, events, ret);

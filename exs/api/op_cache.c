@@ -33,6 +33,7 @@ struct op_block {
 
 static __thread struct op_block *op_cache;
 static __thread unsigned op_cache_n;
+static __thread int op_cache_armed; /* this thread set op_cache_key */
 static pthread_key_t op_cache_key;
 static pthread_once_t op_cache_once = PTHREAD_ONCE_INIT;
 static int op_cache_keyed; /* the key exists: lists may be kept */
@@ -50,6 +51,8 @@ static void op_cache_thread_exit(void *arg)
     }
     op_cache = NULL;
     op_cache_n = 0;
+    if (arg)
+        op_cache_armed = 0; /* the thread's exit cleared the key: a later free sets it again */
 }
 
 static void op_cache_init(void)
@@ -92,8 +95,11 @@ void exs__evq_op_free(void *mem, size_t size)
         free(mem);
         return;
     }
-    if (!op_cache_n)
-        (void)pthread_setspecific(op_cache_key, &op_cache); /* non-NULL: run the destructor */
+    if (!op_cache_armed) {
+        /* non-NULL: run the destructor (once per thread: it stays set) */
+        (void)pthread_setspecific(op_cache_key, &op_cache);
+        op_cache_armed = 1;
+    }
     b->next = op_cache;
     op_cache = b;
     op_cache_n++;
