@@ -5,10 +5,13 @@
  * event queue, the other end (a child process forked before exs_init) is a plain recv
  * loop. Each round sends --bytes at each size both ways, in alternating order, then the
  * receiver acknowledges the last byte; the median of the rounds is reported, with the
- * ratio exs_send / send.
+ * ratio exs_send / send. A third stream per round, sendmsg with the library's probe (the
+ * AF_UNIX address and the SO_TIMESTAMPING control message each exs_send on a trusted TCP
+ * socket carries, api/kfd.c) and nothing else, gives the kernel's share: probe / send is
+ * the most exs / send can reach while the library probes.
  *
  *   kfd_bench [--sizes 64,4096,65536,1048576] [--bytes N] [--rounds N] [--depth N]
- *   kfd_bench --only exs|send --size S --count N   one stream, for strace -c -f
+ *   kfd_bench --only exs|send|probe --size S --count N   one stream, for strace -c -f
  */
 #include <errno.h>
 #include <getopt.h>
@@ -90,6 +93,42 @@ static void run_send(int fd, const char *buf, size_t size, long count)
 
             if (n < 0)
                 die("send");
+            off += (size_t)n;
+        }
+    }
+}
+
+/* sendmsg as api/kfd.c makes it on a trusted TCP socket: with the probe. */
+static void run_probe(int fd, const char *buf, size_t size, long count)
+{
+    static const struct sockaddr unix_addr = {.sa_family = AF_UNIX};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } c;
+
+    for (long i = 0; i < count; i++) {
+        size_t off = 0;
+
+        while (off < size) {
+            struct iovec iov = {.iov_base = (char *)buf + off, .iov_len = size - off};
+            struct msghdr mh = {.msg_iov = &iov,
+                                .msg_iovlen = 1,
+                                .msg_name = (void *)&unix_addr,
+                                .msg_namelen = sizeof(unix_addr.sa_family),
+                                .msg_control = c.buf,
+                                .msg_controllen = sizeof(c.buf)};
+            struct cmsghdr *h;
+            ssize_t n;
+
+            memset(&c, 0, sizeof(c));
+            h = CMSG_FIRSTHDR(&mh);
+            h->cmsg_level = SOL_SOCKET;
+            h->cmsg_type = SO_TIMESTAMPING;
+            h->cmsg_len = CMSG_LEN(sizeof(int));
+            n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+            if (n < 0)
+                die("sendmsg");
             off += (size_t)n;
         }
     }
@@ -205,7 +244,7 @@ int main(int argc, char **argv)
         }
     }
     if (rounds < 1 || rounds > MAX_ROUNDS || depth < 1 || depth > 1024 || nsizes < 1 ||
-        (only && strcmp(only, "exs") && strcmp(only, "send")))
+        (only && strcmp(only, "exs") && strcmp(only, "send") && strcmp(only, "probe")))
         return fprintf(stderr, "kfd_bench: bad option\n"), 2;
     lfd = socket(AF_INET, SOCK_STREAM, 0);
     if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(lfd, 16) ||
@@ -237,6 +276,8 @@ int main(int argc, char **argv)
 
         if (!strcmp(only, "exs"))
             run_exs(fd, q, buf, only_size, only_count, depth);
+        else if (!strcmp(only, "probe"))
+            run_probe(fd, buf, only_size, only_count);
         else
             run_send(fd, buf, only_size, only_count);
         finish(fd);
@@ -244,31 +285,35 @@ int main(int argc, char **argv)
         printf("# kfd_bench: exs_send (event queue, %d outstanding) on a kernel TCP socket vs "
                "send(), loopback, %lld bytes per point, median of %d rounds\n",
                depth, bytes, rounds);
-        printf("# %9s %12s %12s %8s\n", "size", "send MB/s", "exs MB/s", "exs/send");
+        printf("# %9s %12s %12s %8s %10s\n", "size", "send MB/s", "exs MB/s", "exs/send",
+               "probe/send");
         for (int i = 0; i < nsizes; i++) {
-            double t_send[MAX_ROUNDS], t_exs[MAX_ROUNDS];
+            double t[3][MAX_ROUNDS]; /* send, exs, probe */
             long count = (long)(bytes / (long long)sizes[i]);
 
             if (count < 1)
                 count = 1;
             for (int r = 0; r < rounds; r++) {
-                for (int w = 0; w < 2; w++) {
-                    int exs = (w + r) % 2; /* the order alternates each round */
+                for (int w = 0; w < 3; w++) {
+                    int kind = (w + r) % 3; /* the order turns each round */
                     int fd = conn(&sa);
                     double t0 = now_s();
 
-                    if (exs)
+                    if (kind == 1)
                         run_exs(fd, q, buf, sizes[i], count, depth);
+                    else if (kind == 2)
+                        run_probe(fd, buf, sizes[i], count);
                     else
                         run_send(fd, buf, sizes[i], count);
                     finish(fd);
-                    (exs ? t_exs : t_send)[r] = now_s() - t0;
+                    t[kind][r] = now_s() - t0;
                 }
             }
             double ms = (double)count * (double)sizes[i] / 1e6;
-            double s = ms / median(t_send, rounds), e = ms / median(t_exs, rounds);
+            double s = ms / median(t[0], rounds), e = ms / median(t[1], rounds);
+            double p = ms / median(t[2], rounds);
 
-            printf("  %9zu %12.1f %12.1f %8.2f\n", sizes[i], s, e, e / s);
+            printf("  %9zu %12.1f %12.1f %8.2f %10.2f\n", sizes[i], s, e, e / s, p / s);
             fflush(stdout);
         }
     }
