@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,7 +31,11 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
 /*
  * Locking. Two levels, always taken in this order:
  *   evq_tab.lock (rwlock)  the handle table; read-held by lookups, write-held by
- *                          create / delete / destroy_all.
+ *                          create / delete / destroy_all (and across fork). One atomic
+ *                          word, reader-preferring like glibc's default rwlock: a
+ *                          lookup (two per exs_send + exs_qdequeue) costs two atomic
+ *                          operations, where pthread_rwlock_t cost ~120 instructions;
+ *                          holders never wait inside, so a waiting side yields.
  *   evq->lock (mutex)      everything in one queue that is not marked atomic below.
  * A queue's memory is reference counted (evq->refs, atomic): the table holds one
  * reference until exs_qdelete, each exs__evq_get and each reservation holds one more.
@@ -64,8 +69,10 @@ struct evq_slot {
     int next_free;       /* free list link (FIFO, so indices are reused late) */
 };
 
+#define EVQ_TAB_WRITER 0x80000000u /* evq_tab.lock: write-held; else the count of readers */
+
 static struct {
-    pthread_rwlock_t lock;
+    unsigned lock; /* atomic: EVQ_TAB_WRITER, or the readers */
     struct evq_slot *slots;
     int nslots;    /* allocated */
     int used;      /* slots 0 .. used - 1 have ever been handed out */
@@ -73,14 +80,45 @@ static struct {
     int free_tail;
     int gen_base; /* generation of fresh slots (above every earlier one) */
 } evq_tab = {
-    .lock = PTHREAD_RWLOCK_INITIALIZER,
     .free_head = -1,
     .free_tail = -1,
 };
 
+static void evq_tab_rdlock(void)
+{
+    unsigned v = __atomic_load_n(&evq_tab.lock, __ATOMIC_RELAXED);
+
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
+    for (;;) {
+        if (v & EVQ_TAB_WRITER) {
+            sched_yield();
+            v = __atomic_load_n(&evq_tab.lock, __ATOMIC_RELAXED);
+        } else if (__atomic_compare_exchange_n(&evq_tab.lock, &v, v + 1, 1, __ATOMIC_ACQUIRE,
+                                               __ATOMIC_RELAXED)) {
+            return;
+        }
+    }
+}
+
+static void evq_tab_wrlock(void)
+{
+    unsigned v = 0;
+
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
+    while (!__atomic_compare_exchange_n(&evq_tab.lock, &v, EVQ_TAB_WRITER, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED)) {
+        sched_yield();
+        v = 0;
+    }
+}
+
 static void evq_tab_unlock(void)
 {
-    pthread_rwlock_unlock(&evq_tab.lock);
+    /* write-held: no reader is in (they wait for the writer) */
+    if (__atomic_load_n(&evq_tab.lock, __ATOMIC_RELAXED) & EVQ_TAB_WRITER)
+        __atomic_store_n(&evq_tab.lock, 0, __ATOMIC_RELEASE);
+    else
+        __atomic_sub_fetch(&evq_tab.lock, 1, __ATOMIC_RELEASE);
     EXS_LOCK_RELEASE(EXS_LOCK_EVQ_TAB);
 }
 
@@ -262,8 +300,7 @@ int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
 {
     struct evq_slot *slot;
 
-    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
-    pthread_rwlock_rdlock(&evq_tab.lock);
+    evq_tab_rdlock();
     slot = evq_tab_lookup(q);
     if (slot == NULL) {
         evq_tab_unlock();
@@ -318,8 +355,7 @@ void exs__evq_destroy_all(void)
 {
     int i, gen_max;
 
-    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
-    pthread_rwlock_wrlock(&evq_tab.lock);
+    evq_tab_wrlock();
     gen_max = evq_tab.gen_base;
     for (i = 0; i < evq_tab.used; i++) {
         struct evq_slot *slot = &evq_tab.slots[i];
@@ -487,8 +523,7 @@ static exs_qhandle_t evq_create(int depth, int private_)
         ret = -ENOMEM;
         goto err_free;
     }
-    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
-    pthread_rwlock_wrlock(&evq_tab.lock);
+    evq_tab_wrlock();
     ret = evq_tab_insert(evq);
     evq_tab_unlock();
     if (ret < 0)
@@ -518,8 +553,7 @@ int exs_qdelete(exs_qhandle_t q)
     struct exs_evq *evq;
     int discarded;
 
-    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
-    pthread_rwlock_wrlock(&evq_tab.lock);
+    evq_tab_wrlock();
     slot = evq_tab_lookup(q);
     if (slot == NULL) {
         evq_tab_unlock();
@@ -883,8 +917,7 @@ void exs__evq_fork(int phase)
     int gen_max;
 
     if (phase == EXS_FORK_PREPARE) {
-        EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
-        pthread_rwlock_wrlock(&evq_tab.lock);
+        evq_tab_wrlock();
         return;
     }
     if (phase == EXS_FORK_PARENT) {
@@ -911,7 +944,7 @@ void exs__evq_fork(int phase)
     evq_tab.free_head = evq_tab.free_tail = -1;
     evq_tab.gen_base = (gen_max + 1) & EVQ_GEN_MASK;
     evq_live = evq_private_live = 0;
-    /* a new lock: glibc's write unlock looks for the parent's thread id */
-    pthread_rwlock_init(&evq_tab.lock, NULL);
+    /* only this thread is left: the lock the parent's forking thread held is free */
+    __atomic_store_n(&evq_tab.lock, 0, __ATOMIC_RELEASE);
     EXS_LOCK_RELEASE(EXS_LOCK_EVQ_TAB);
 }
