@@ -58,3 +58,6 @@ bench-kfd: $(KFD_BENCH)
 
 # make check: no system call of the library's own per exs_send on a kernel socket (strace).
 CHECK_RUNS += "bash bench/kfd/syscalls.sh $(KFD_BENCH)"
+# make check: the library's instructions per exs_send on a kernel socket and its event
+# (callgrind; a SKIP without valgrind or in a sanitizer build).
+CHECK_RUNS += "bash bench/kfd/instr.sh $(KFD_BENCH)"

@@ -13,7 +13,8 @@
 # scripts/check-format.sh);
 # gnuplot-nox is always installed, and groff-base and man-db (make check renders the man
 # pages with man -l), strace (make check counts exs_send's system calls, bench/kfd). prometheus (its promtool checks exsctl metrics in make check) is
-# always installed. --deb adds what scripts/deb.sh runs: dpkg-dev, debhelper, lintian.
+# always installed, and valgrind (make check counts exs_send's instructions with callgrind,
+# bench/kfd/instr.sh). --deb adds what scripts/deb.sh runs: dpkg-dev, debhelper, lintian.
 set -eu
 extra=()
 for a in "$@"; do
@@ -34,7 +35,7 @@ for a in "$@"; do
     fi
 done
 pkgs=(gcc make pkg-config libev-dev check libsubunit-dev libibverbs-dev librdmacm-dev spin gnuplot-nox
-      groff-base man-db prometheus strace clang-format ${extra[@]+"${extra[@]}"})
+      groff-base man-db prometheus strace valgrind clang-format ${extra[@]+"${extra[@]}"})
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
