@@ -25,12 +25,13 @@ if nm "$bench" 2>/dev/null | grep -q -E '__(asan|tsan|ubsan)_'; then
 fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-# Ir of the sending process (the receiver, forked before exs_init, counts far fewer)
+# Ir of the sending thread (main, -01: the progress thread's work depends on time, not on
+# the count; the receiver, forked before exs_init, counts far fewer)
 ir() {
     rm -f "$dir"/cg.*
-    valgrind --tool=callgrind --callgrind-out-file="$dir/cg.%p" "$bench" --only "$1" --size 64 \
-        --count "$2" >/dev/null 2>"$dir/err" || { cat "$dir/err" >&2; return 1; }
-    awk '/^summary:/ { if ($2 > m) m = $2 } END { print m + 0 }' "$dir"/cg.*
+    valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$dir/cg.%p" "$bench" \
+        --only "$1" --size 64 --count "$2" >/dev/null 2>"$dir/err" || { cat "$dir/err" >&2; return 1; }
+    awk '/^summary:/ { if ($2 > m) m = $2 } END { print m + 0 }' "$dir"/cg.*-01
 }
 per() {
     local a b
