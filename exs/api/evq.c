@@ -35,7 +35,8 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
  *                          word, reader-preferring like glibc's default rwlock: a
  *                          lookup (two per exs_send + exs_qdequeue) costs two atomic
  *                          operations, where pthread_rwlock_t cost ~120 instructions;
- *                          holders never wait inside, so a waiting side yields.
+ *                          held briefly (evq->lock the only lock taken inside), so a
+ *                          waiting side yields.
  *   evq->lock (mutex)      everything in one queue that is not marked atomic below.
  * A queue's memory is reference counted (evq->refs, atomic): the table holds one
  * reference until exs_qdelete, each exs__evq_get and each reservation holds one more.
