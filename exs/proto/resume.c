@@ -5,6 +5,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 
@@ -938,6 +939,7 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     struct exs_conn *conn;
     uint64_t token;
     const char *bad = NULL;
+    char why[96];
     int reason = EXS_WIRE_REJ_RESUME;
 
     if (!pd || len < EXS_WIRE_RESUME_PD_LEN) {
@@ -961,9 +963,15 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
     else if (conn->resume.pend)
         bad = "a request is already on trial";
     else if (!(conn->state == EXS_CONN_CONNECTED && resume_eligible(conn)) &&
-             !(conn->state == EXS_CONN_RESUMING && !conn->resume.newpath))
-        bad = "the connection cannot be resumed";
-    else if (__atomic_load_n(&resume_pend_live, __ATOMIC_RELAXED) >= RSM_PEND_MAX)
+             !(conn->state == EXS_CONN_RESUMING && !conn->resume.newpath)) {
+        snprintf(why, sizeof(why), "the connection cannot be resumed (%s%s%s)",
+                 exs__conn_state_name(conn->state),
+                 conn->state == EXS_CONN_CONNECTED && conn->resume.over ? ", cut over once" : "",
+                 conn->state == EXS_CONN_CONNECTED && (conn->txshut || conn->peer_shut)
+                     ? ", shut down"
+                     : "");
+        bad = why;
+    } else if (__atomic_load_n(&resume_pend_live, __ATOMIC_RELAXED) >= RSM_PEND_MAX)
         bad = "too many resume requests on trial in the process";
     if (!bad)
         reason = resume_pend_open_locked(conn, ctx, req, &q);

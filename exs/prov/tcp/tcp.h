@@ -82,6 +82,7 @@ struct tcp_counters {
     uint64_t conns_rejected;
     uint64_t conns_unreachable;
     uint64_t bogus_conns;
+    uint64_t conns_reset;
     uint64_t cq_overflows;
     uint64_t wakeups;
     uint64_t direct_writes;

@@ -445,6 +445,17 @@ void exs__tcp_conn_fail_cqe(struct tcp_conn *conn, int status, uint8_t syndrome,
     if (ep)
         ep->conn = NULL;
     if (abort) {
+        /* An abortive end is a reset on the wire: closed plainly, a socket with nothing
+         * unread would end with a FIN, and the peer would take that EOF for our endpoint
+         * closed for good (EXS_PROV_CM_F_PEER_CLOSED: never cut over), where this is a
+         * path cut mid-frame (a disconnect for the cut-over of spec/protocol.md §9.2). An
+         * endpoint closed for good keeps its EOF. */
+        if (mode != TCP_END_CLOSED && conn->fd >= 0) {
+            struct linger lg = {.l_onoff = 1, .l_linger = 0};
+
+            (void)setsockopt(conn->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+            EXS_CNT_INC(ctx->cnt.conns_reset);
+        }
         exs__tcp_conn_close(conn);
     } else {
         if (exs__tcp_conn_set_state(conn, TCP_CONN_LINGER, tcp_conn_end_str(mode)))

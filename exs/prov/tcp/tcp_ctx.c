@@ -43,6 +43,8 @@ static const struct exs_counter_desc tcp_counter_desc[] = {
     EXS_COUNTER(struct tcp_counters, conns_rejected, "connection requests rejected"),
     EXS_COUNTER(struct tcp_counters, conns_unreachable, "connects that failed"),
     EXS_COUNTER(struct tcp_counters, bogus_conns, "incoming connections closed in handshake"),
+    EXS_COUNTER(struct tcp_counters, conns_reset,
+                "connections ended abortively (a reset on the wire, not the EOF of a close)"),
     EXS_COUNTER(struct tcp_counters, cq_overflows, "completions lost to a full queue"),
     EXS_COUNTER(struct tcp_counters, wakeups,
                 "wake-ups written by posts that found the NIC role held by another thread"),
