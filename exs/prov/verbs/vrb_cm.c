@@ -309,9 +309,9 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     }
     __atomic_store_n(&ep->state, EXS_PROV_EP_IDLE, __ATOMIC_RELAXED);
     exs__vrb_ep_hash_add(ctx, ep);
-    pthread_mutex_unlock(&ctx->cm_lock);
     ep->tok = ctx->tok_base ^ ((uint64_t)ep->epid * 0x9E3779B97F4A7C15ull);
     EXS_DBG(PROV, "ep %p: qp %u epid %u", (void *)ep, ep->qp->qp_num, ep->epid);
+    pthread_mutex_unlock(&ctx->cm_lock);
     *ep_p = &ep->base;
     return 0;
 err_release_cq:
