@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -239,6 +240,13 @@ struct vrb_ctx {
     struct vrb_cmobj watch_cmo;
     int gone_pending;
     int gone;
+    /* librdmacm still listed the device after it was released (it notices a device gone
+     * only when it lists them): the cm thread asks again until it does not (cm_lock) */
+    struct ibv_context *gone_verbs;
+    unsigned gone_asks;
+    int gone_last;  /* the last ctx of this process on the device */
+    int gone_fd[2]; /* the device context's command and event descriptors */
+    struct stat gone_st[2];
     pthread_rwlock_t dev_lock;
 };
 
@@ -366,6 +374,11 @@ void exs__vrb_grants_drop(struct vrb_ep *ep);
  * released, then librdmacm's hold on the device, so that the kernel's removal completes.
  * The ctx stays, empty: ops that would use the device answer -ENODEV. */
 void exs__vrb_device_gone(struct vrb_ctx *ctx);
+/* cm thread, cm_lock held, while ctx->gone_verbs: list the devices again (librdmacm then
+ * closes its context of the removed one); clears gone_verbs once it is no longer listed. */
+void exs__vrb_gone_ask(struct vrb_ctx *ctx);
+/* Count a ctx of this process on device context vc (+1 at ctx_open, -1 at its close). */
+void exs__vrb_dev_hold(struct ibv_context *vc, int delta);
 /* A flushed completion of ep's request at seq (VRB_RECV_BIT for a receive), kept for
  * ctx_poll as the device would have flushed it (ctx->lock held, not ep->lock). */
 void exs__vrb_flush_push(struct vrb_ctx *ctx, struct vrb_ep *ep, uint64_t seq_bits, uint64_t wr_id,

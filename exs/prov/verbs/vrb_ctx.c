@@ -434,6 +434,8 @@ static void *vrb_cm_main(void *arg)
 
             timeout = due > now ? (int)((due - now) / 1000000u) + 1 : 0;
         }
+        if (ctx->gone_verbs && (timeout < 0 || timeout > 100))
+            timeout = 100; /* the removed device: librdmacm is asked again */
         pfd[0] = (struct pollfd){.fd = ctx->cmch->fd, .events = POLLIN};
         pfd[1] = (struct pollfd){.fd = ctx->stopfd, .events = POLLIN};
         pfd[2] = (struct pollfd){.fd = ctx->udpfd, .events = POLLIN};
@@ -454,6 +456,7 @@ static void *vrb_cm_main(void *arg)
         if (ctx->udpfd >= 0)
             exs__vrb_udp_input(ctx);
         due = exs__vrb_disc_due(ctx, exs__now_ns());
+        exs__vrb_gone_ask(ctx);
         pthread_mutex_unlock(&ctx->cm_lock);
     }
     return NULL;
@@ -543,8 +546,11 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
         ibv_dealloc_pd(ctx->pd);
     if (ctx->cmch)
         rdma_destroy_event_channel(ctx->cmch);
-    if (ctx->devlist)
+    if (ctx->devlist) {
+        if (ctx->verbs)
+            exs__vrb_dev_hold(ctx->verbs, -1);
         rdma_free_devices(ctx->devlist);
+    }
     if (ctx->evfd >= 0)
         close(ctx->evfd);
     if (ctx->stopfd >= 0)
@@ -745,6 +751,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ret = vrb_select(ctx, attr, n);
     if (ret)
         goto fail;
+    exs__vrb_dev_hold(ctx->verbs, 1);
     if (ibv_query_port(ctx->verbs, ctx->port, &pa) != 0) {
         ret = -ENODEV;
         goto fail;

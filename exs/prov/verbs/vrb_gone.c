@@ -7,11 +7,118 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
 #include "exs/util/util.h"
+
+/* ---- librdmacm's device context ----
+ * librdmacm opens every device once per process and closes a context only when it has
+ * noticed the device is gone (when listing devices) and no list or cm id holds it. With
+ * the last device removed it never notices (rdma-core 44: the listing fails with no
+ * device, before it looks for removed ones), and its open context alone keeps the
+ * kernel's removal waiting. So the provider counts its ctxs per device context; when the
+ * last one has released everything on a removed device and librdmacm still holds it open,
+ * the context's two descriptors (commands, asynchronous events) are replaced with
+ * /dev/null (dup2: the numbers stay valid for librdmacm's own close later; anything it
+ * still sent there fails). Nothing of the provider's remains on the device by then. */
+struct vrb_devpin {
+    struct ibv_context *vc;
+    unsigned users;
+};
+static pthread_mutex_t vrb_devpin_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct vrb_devpin vrb_devpins[16];
+
+void exs__vrb_dev_hold(struct ibv_context *vc, int delta)
+{
+    struct vrb_devpin *free_slot = NULL;
+
+    pthread_mutex_lock(&vrb_devpin_lock);
+    for (unsigned i = 0; i < EXS_ARRAY_SIZE(vrb_devpins); i++) {
+        struct vrb_devpin *d = &vrb_devpins[i];
+
+        if (d->vc == vc && d->users) {
+            d->users = (unsigned)((int)d->users + delta);
+            if (!d->users)
+                d->vc = NULL;
+            pthread_mutex_unlock(&vrb_devpin_lock);
+            return;
+        }
+        if (!d->users && !free_slot)
+            free_slot = d;
+    }
+    if (delta > 0 && free_slot) {
+        free_slot->vc = vc;
+        free_slot->users = (unsigned)delta;
+    }
+    pthread_mutex_unlock(&vrb_devpin_lock);
+}
+
+/* The files behind the device context's descriptors, to tell them from whatever takes
+ * the same numbers once librdmacm closed them. */
+static void vrb_dev_note(struct vrb_ctx *ctx)
+{
+    ctx->gone_fd[0] = ctx->verbs->cmd_fd;
+    ctx->gone_fd[1] = ctx->verbs->async_fd;
+    for (int i = 0; i < 2; i++)
+        if (ctx->gone_fd[i] < 0 || fstat(ctx->gone_fd[i], &ctx->gone_st[i]) != 0)
+            ctx->gone_fd[i] = -1;
+}
+
+/* dev_lock held for writing, everything on the device released: give back this ctx's
+ * holds (its device list; its count among the device context's users). */
+static void vrb_dev_release(struct vrb_ctx *ctx)
+{
+    unsigned left = 0;
+
+    vrb_dev_note(ctx);
+    pthread_mutex_lock(&vrb_devpin_lock);
+    for (unsigned i = 0; i < EXS_ARRAY_SIZE(vrb_devpins); i++) {
+        struct vrb_devpin *d = &vrb_devpins[i];
+
+        if (d->vc == ctx->verbs && d->users) {
+            left = --d->users;
+            if (!left)
+                d->vc = NULL;
+        }
+    }
+    pthread_mutex_unlock(&vrb_devpin_lock);
+    ctx->gone_last = !left;
+    rdma_free_devices(ctx->devlist);
+    ctx->devlist = NULL;
+    ctx->gone_verbs = ctx->verbs;
+    ctx->verbs = NULL;
+}
+
+/* librdmacm no longer lists the device: when this ctx was its last user here and the
+ * context's descriptors still name the device's files, replace them (above). */
+static void vrb_dev_unpin(struct vrb_ctx *ctx)
+{
+    int null = -1, done = 0;
+
+    if (!ctx->gone_last)
+        return;
+    for (int i = 0; i < 2; i++) {
+        struct stat st;
+
+        if (ctx->gone_fd[i] < 0 || fstat(ctx->gone_fd[i], &st) != 0 ||
+            st.st_dev != ctx->gone_st[i].st_dev || st.st_ino != ctx->gone_st[i].st_ino)
+            continue; /* closed by librdmacm (the number may be another file's now) */
+        if (null < 0)
+            null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null >= 0 && dup2(null, ctx->gone_fd[i]) >= 0)
+            done++;
+    }
+    if (null >= 0)
+        close(null);
+    EXS_INFO(PROV, "ctx %p: the removed device's context %s", (void *)ctx,
+             done ? "was still open in librdmacm: its descriptors now point at /dev/null"
+                  : "was closed by librdmacm");
+}
 
 static void vrb_flush_kept(struct vrb_ep *ep, uint64_t seq_bits, uint64_t wr_id, uint8_t opcode,
                            struct vrb_kept *k)
@@ -144,7 +251,6 @@ static void vrb_ids_gone(struct vrb_ctx *ctx)
 void exs__vrb_device_gone(struct vrb_ctx *ctx)
 {
     struct exs_list *pos;
-    struct ibv_context **any;
     struct ibv_cq *cq;
     void *cq_ctx;
 
@@ -187,14 +293,27 @@ void exs__vrb_device_gone(struct vrb_ctx *ctx)
     if (ibv_dealloc_pd(ctx->pd))
         EXS_WARN(PROV, "ctx %p: ibv_dealloc_pd: %m", (void *)ctx);
     ctx->pd = NULL;
-    /* librdmacm closes its device context once it knows the device is gone (it looks when
-     * asked for the list) and the last hold on it, ours, is given back */
-    any = rdma_get_devices(NULL);
-    if (any)
-        rdma_free_devices(any);
-    rdma_free_devices(ctx->devlist);
-    ctx->devlist = NULL;
-    ctx->verbs = NULL;
+    vrb_dev_release(ctx);
     pthread_rwlock_unlock(&ctx->dev_lock);
+    exs__vrb_gone_ask(ctx);
     exs__vrb_wake(ctx);
+}
+
+void exs__vrb_gone_ask(struct vrb_ctx *ctx)
+{
+    struct ibv_context **list;
+    int listed = 0;
+
+    if (!ctx->gone_verbs)
+        return;
+    list = rdma_get_devices(NULL);
+    for (int i = 0; list && list[i]; i++)
+        listed |= list[i] == ctx->gone_verbs;
+    if (list)
+        rdma_free_devices(list);
+    if (listed && ++ctx->gone_asks < 50)
+        return; /* asked again in 100 ms */
+    ctx->gone_verbs = NULL;
+    if (!listed)
+        vrb_dev_unpin(ctx);
 }
