@@ -356,19 +356,28 @@ static int mock_ident_cb(void *arg, uintptr_t start, size_t len, uint64_t *id_p)
     return 0;
 }
 
+/* A registration cache of 4 entries with the page check (ident: pages 1), and 4 pages of
+ * memory to register (free them after the fini). */
+static uint8_t *rc_open_ident(struct vrb_regcache *rc, struct vrb_reg_ops *ops)
+{
+    uint8_t *buf = aligned_alloc(4096, 4 * 4096);
+
+    ck_assert_ptr_nonnull(buf);
+    ops->ident = mock_ident_cb;
+    mock_ident_err = 0;
+    mock_ident_val = 1;
+    ck_assert_int_eq(exs__vrb_rc_init(rc, 4, ops), 0);
+    return buf;
+}
+
 START_TEST(rc_stale_pages_registered_again)
 {
     struct mock_reg m;
     struct vrb_reg_ops ops = mock_ops(&m);
     struct vrb_regcache rc;
     struct vrb_rc_entry *e1, *e2, *e3;
-    uint8_t *buf = aligned_alloc(4096, 4 * 4096);
+    uint8_t *buf = rc_open_ident(&rc, &ops);
 
-    ck_assert_ptr_nonnull(buf);
-    ops.ident = mock_ident_cb;
-    mock_ident_err = 0;
-    mock_ident_val = 1;
-    ck_assert_int_eq(exs__vrb_rc_init(&rc, 4, &ops), 0);
     ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e1), 0);
     exs__vrb_rc_put(&rc, e1);
     ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e2), 0); /* same pages: a hit */
@@ -469,13 +478,8 @@ START_TEST(rc_unreg_device_gone)
     struct vrb_reg_ops ops = mock_ops(&m);
     struct vrb_regcache rc;
     struct vrb_rc_entry *held, *unused, *unlisted;
-    uint8_t *buf = aligned_alloc(4096, 4 * 4096);
+    uint8_t *buf = rc_open_ident(&rc, &ops);
 
-    ck_assert_ptr_nonnull(buf);
-    ops.ident = mock_ident_cb;
-    mock_ident_err = 0;
-    mock_ident_val = 1;
-    ck_assert_int_eq(exs__vrb_rc_init(&rc, 4, &ops), 0);
     ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &held), 0);
     ck_assert_int_eq(exs__vrb_rc_get(&rc, buf + 4096, 100, &unused), 0);
     exs__vrb_rc_put(&rc, unused);

@@ -20,17 +20,9 @@ void exs__vrb_qpc_init(struct vrb_qpcache *qc, unsigned max_entries,
 
 void exs__vrb_qpc_fini(struct vrb_qpcache *qc)
 {
-    struct exs_list *l;
-
     if (!qc->list.next)
         return;
-    while ((l = exs_list_pop_head(&qc->list)) != NULL) {
-        struct vrb_qpc_entry *e = exs_list_entry(l, struct vrb_qpc_entry, link);
-
-        qc->destroy(qc->arg, e->qp);
-        free(e);
-    }
-    qc->cnt.qp_cache_entries = 0;
+    exs__vrb_qpc_close(qc);
     pthread_mutex_destroy(&qc->lock);
     qc->list.next = NULL;
 }
