@@ -73,7 +73,7 @@ static void vrb_dev_note(struct vrb_ctx *ctx)
  * holds (its device list; its count among the device context's users). */
 static void vrb_dev_release(struct vrb_ctx *ctx)
 {
-    unsigned left = 0;
+    unsigned left = 1; /* not counted (more device contexts than slots): never the last */
 
     vrb_dev_note(ctx);
     pthread_mutex_lock(&vrb_devpin_lock);
