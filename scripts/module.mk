@@ -3,7 +3,8 @@
 # run, with EXS_PROVIDER=verbs over a real Soft-RoCE device (rxe0) in a qemu guest, all in
 # one boot (scripts/rxe-vm.sh; spec/rxe-vm.md). Fails if any of them fails, if rxe0 never
 # comes up, or if a run passes without a single packet going through rxe0 (a silent
-# fallback to tcp).
+# fallback to tcp). Last, exs_prov_test's prov_gone suite deletes rxe0 under live
+# connections (rdma link delete must return while the process lives) and adds it back.
 #
 #   RXE_VM_TIMEOUT=2700   hard limit of the whole guest run, seconds (environment)
 #   RXE_TEST_TIMEOUT=1800 limit of each test binary in the guest, seconds (blast: 120);
@@ -59,6 +60,9 @@ if [ -x ./blast ]; then
 else
     echo; echo "=== check-rxe: no blast binary: blast smoke run skipped"
 fi
+# Last: the device removed under live connections (the test adds rxe0 back on eth0).
+run exs_prov_test-gone "$RXE_TEST_TIMEOUT" env EXS_TEST_RXE_REMOVE=rxe0:eth0 \
+    CK_RUN_SUITE=prov_gone ./exs_prov_test -p verbs
 echo
 echo "check-rxe: $passed passed, $failed failed${failures:+:$failures}"
 [ $failed -eq 0 ]

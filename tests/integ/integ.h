@@ -177,9 +177,15 @@ const char *it_evt_name(int type);
 
 /* ---- sockets and pairs ---- */
 
-/* exs_socket(AF_INET, type, 0), bind 127.0.0.1 port 0, listen; *addr gets the bound
+/* exs_socket(AF_INET, type, 0), bind it_listen_in() port 0, listen; *addr gets the bound
  * address from exs_getsockname (port != 0). */
 int it_listen(int type, struct sockaddr_in *addr);
+/* The address it_listen binds: 127.0.0.1, or EXS_TEST_LISTEN_ADDR (across hosts,
+ * spec/rxe-vm.md "Two hosts"). */
+struct in_addr it_listen_in(void);
+/* The address a listener sees this process's connections come from: 127.0.0.1, or across
+ * hosts (EXS_TEST_LISTEN_ADDR set) EXS_TEST_ADDR, the host's own. */
+struct in_addr it_client_in(void);
 /* exs_close(fd, q, ah) and wait for its EXS_EVT_CLOSE (errno 0). */
 void it_close_at(int fd, exs_qhandle_t q, const char *file, int line);
 #define it_close(fd, q) it_close_at((fd), (q), __FILE__, __LINE__)

@@ -496,6 +496,29 @@ void it_expect_err_at(exs_qhandle_t q, int type, int fd, exs_ahandle_t ah, int e
 
 /* ---- sockets and pairs ---- */
 
+/* An IPv4 address from environment variable var, else 127.0.0.1. */
+static struct in_addr it_env_in(const char *var)
+{
+    const char *at = getenv(var);
+    struct in_addr a = {.s_addr = htonl(INADDR_LOOPBACK)};
+
+    if (at && *at)
+        ck_assert_msg(inet_pton(AF_INET, at, &a) == 1, "%s '%s'", var, at);
+    return a;
+}
+
+struct in_addr it_listen_in(void)
+{
+    return it_env_in("EXS_TEST_LISTEN_ADDR");
+}
+
+struct in_addr it_client_in(void)
+{
+    const char *at = getenv("EXS_TEST_LISTEN_ADDR");
+
+    return at && *at ? it_env_in("EXS_TEST_ADDR") : it_env_in("");
+}
+
 int it_listen(int type, struct sockaddr_in *addr)
 {
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = 0};
@@ -506,9 +529,7 @@ int it_listen(int type, struct sockaddr_in *addr)
 
     /* EXS_TEST_LISTEN_ADDR (scripts/rxe-2host.sh): listen on this address instead of
      * 127.0.0.1, so that a pair's connection leaves the host (spec/rxe-vm.md, two hosts). */
-    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (at && *at)
-        ck_assert_msg(inet_pton(AF_INET, at, &sin.sin_addr) == 1, "EXS_TEST_LISTEN_ADDR '%s'", at);
+    sin.sin_addr = it_listen_in();
     errno = 0;
     fd = exs_socket(AF_INET, type, 0);
     ck_assert_msg(fd >= 0, "exs_socket(AF_INET, %d, 0) = %d errno %d (%s)", type, fd, errno,

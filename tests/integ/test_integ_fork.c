@@ -271,7 +271,7 @@ static pid_t fx_child(int type, int nsend, int how, int *pipe_w_p)
         if (how == 3)
             setenv("EXS_EXIT_LINGER_MS", "300", 1);
         FK_CHECK(exs_init(EXS_VERSION) == EXS_VERSION, 32);
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_addr = it_listen_in(); /* the parent's it_listen */
         a.sin_port = port;
         fd = exs_socket(AF_INET, type, 0);
         FK_CHECK(fd >= 0, 33);

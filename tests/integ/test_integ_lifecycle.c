@@ -92,14 +92,15 @@ START_TEST(test_fds_and_addresses)
     ck_assert_msg(len == sizeof(a) && a.sin_family == AF_INET && a.sin_port == laddr.sin_port,
                   "getsockname(server side) = len %u family %d port %u, listener's port %u",
                   (unsigned)len, a.sin_family, ntohs(a.sin_port), ntohs(laddr.sin_port));
-    /* The ACCEPT event's address = the server side's peer = 127.0.0.1, some port. */
+    /* The ACCEPT event's address = the server side's peer = 127.0.0.1 (across hosts: this
+     * host's address), some port. */
     {
         const struct sockaddr_in *ea =
             (const struct sockaddr_in *)&ev.exs_evt_u.exs_evt_accept.exs_evt_addr;
 
         ck_assert_msg(ev.exs_evt_u.exs_evt_accept.exs_evt_addrlen == sizeof(struct sockaddr_in) &&
                           ea->sin_family == AF_INET &&
-                          ea->sin_addr.s_addr == htonl(INADDR_LOOPBACK) && ea->sin_port != 0,
+                          ea->sin_addr.s_addr == it_client_in().s_addr && ea->sin_port != 0,
                       "ACCEPT event address: len %u family %d %s:%u",
                       (unsigned)ev.exs_evt_u.exs_evt_accept.exs_evt_addrlen, ea->sin_family,
                       inet_ntoa(ea->sin_addr), ntohs(ea->sin_port));
@@ -259,7 +260,7 @@ static void doomed_child(int rfd, int wfd)
 
     if (!read_within(rfd, &addr.sin_port, sizeof(addr.sin_port), 10000))
         _exit(10);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_addr = it_listen_in(); /* the parent's it_listen */
     if (exs_init(EXS_VERSION) != EXS_VERSION)
         _exit(11);
     q = exs_qcreate(16);

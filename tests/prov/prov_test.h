@@ -218,6 +218,7 @@ Suite *prov_fault_suite(void);
 Suite *prov_lowat_suite(void);
 Suite *prov_hostile_suite(void);
 Suite *prov_mem_suite(void);
+Suite *prov_gone_suite(void);
 Suite *prov_select_suite(void);
 Suite *prov_grant_suite(void);
 Suite *prov_req_suite(void);

@@ -356,19 +356,28 @@ static int mock_ident_cb(void *arg, uintptr_t start, size_t len, uint64_t *id_p)
     return 0;
 }
 
+/* A registration cache of 4 entries with the page check (ident: pages 1), and 4 pages of
+ * memory to register (free them after the fini). */
+static uint8_t *rc_open_ident(struct vrb_regcache *rc, struct vrb_reg_ops *ops)
+{
+    uint8_t *buf = aligned_alloc(4096, 4 * 4096);
+
+    ck_assert_ptr_nonnull(buf);
+    ops->ident = mock_ident_cb;
+    mock_ident_err = 0;
+    mock_ident_val = 1;
+    ck_assert_int_eq(exs__vrb_rc_init(rc, 4, ops), 0);
+    return buf;
+}
+
 START_TEST(rc_stale_pages_registered_again)
 {
     struct mock_reg m;
     struct vrb_reg_ops ops = mock_ops(&m);
     struct vrb_regcache rc;
     struct vrb_rc_entry *e1, *e2, *e3;
-    uint8_t *buf = aligned_alloc(4096, 4 * 4096);
+    uint8_t *buf = rc_open_ident(&rc, &ops);
 
-    ck_assert_ptr_nonnull(buf);
-    ops.ident = mock_ident_cb;
-    mock_ident_err = 0;
-    mock_ident_val = 1;
-    ck_assert_int_eq(exs__vrb_rc_init(&rc, 4, &ops), 0);
     ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e1), 0);
     exs__vrb_rc_put(&rc, e1);
     ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &e2), 0); /* same pages: a hit */
@@ -431,6 +440,63 @@ START_TEST(rc_unverifiable_not_kept)
     ck_assert_int_eq(m.deregs, 3);
     exs__vrb_rc_fini(&rc);
     ck_assert_int_eq(m.regs, m.deregs);
+    free(buf);
+}
+END_TEST
+
+/* ---- the device removed (spec/provider.md, "Device removal") ---- */
+
+/* Every region is deregistered at once, also those handed out (their memory stays mapped
+ * and writable for its holder); a free or the fini later deregisters nothing twice. */
+START_TEST(mc_unreg_device_gone)
+{
+    struct mock_reg m;
+    struct vrb_reg_ops ops = mock_ops(&m);
+    struct vrb_mcache mc;
+    struct vrb_mc_buf a, b;
+
+    ck_assert_int_eq(exs__vrb_mc_init(&mc, REGION, VRB_MEM_ANON, -1, 0, &ops), 0);
+    ck_assert_int_eq(exs__vrb_mc_alloc(&mc, REGION, &a), 0);
+    ck_assert_int_eq(exs__vrb_mc_alloc(&mc, 100, &b), 0);
+    ck_assert_int_eq(m.regs, 2);
+    exs__vrb_mc_unreg(&mc);
+    ck_assert_int_eq(m.deregs, 2);
+    memset(a.addr, 0x5a, a.len);
+    exs__vrb_mc_free(&mc, &a);
+    exs__vrb_mc_free(&mc, &b);
+    exs__vrb_mc_unreg(&mc);
+    exs__vrb_mc_fini(&mc);
+    ck_assert_int_eq(m.deregs, 2);
+}
+END_TEST
+
+/* Unused entries go, held ones (also one the cache does not list: unverifiable) are
+ * deregistered now and freed at their put without a second deregistration. */
+START_TEST(rc_unreg_device_gone)
+{
+    struct mock_reg m;
+    struct vrb_reg_ops ops = mock_ops(&m);
+    struct vrb_regcache rc;
+    struct vrb_rc_entry *held, *unused, *unlisted;
+    uint8_t *buf = rc_open_ident(&rc, &ops);
+
+    ck_assert_int_eq(exs__vrb_rc_get(&rc, buf, 100, &held), 0);
+    ck_assert_int_eq(exs__vrb_rc_get(&rc, buf + 4096, 100, &unused), 0);
+    exs__vrb_rc_put(&rc, unused);
+    mock_ident_err = -EPERM;
+    ck_assert_int_eq(exs__vrb_rc_get(&rc, buf + 2 * 4096, 100, &unlisted), 0);
+    ck_assert_uint_eq(rc.cnt.entries, 2);
+    ck_assert_int_eq(m.regs, 3);
+    exs__vrb_rc_unreg(&rc, unlisted);
+    ck_assert_int_eq(m.deregs, 3);
+    ck_assert_uint_eq(rc.cnt.entries, 1);
+    ck_assert_ptr_null(held->handle);
+    ck_assert_ptr_null(unlisted->handle);
+    exs__vrb_rc_unreg(&rc, unlisted); /* again: nothing more */
+    exs__vrb_rc_put(&rc, unlisted);
+    exs__vrb_rc_put(&rc, held);
+    exs__vrb_rc_fini(&rc);
+    ck_assert_int_eq(m.deregs, 3);
     free(buf);
 }
 END_TEST
@@ -518,6 +584,29 @@ START_TEST(qpc_off_destroys)
     ck_assert_int_eq(ndestroyed, 1);
     ck_assert_ptr_null(exs__vrb_qpc_get(&qc, &c, &c));
     exs__vrb_qpc_fini(&qc);
+}
+END_TEST
+
+/* Closed (the device removed): every cached QP is destroyed at once, a QP given back later is
+ * destroyed, not kept. */
+START_TEST(qpc_close_device_gone)
+{
+    struct vrb_qpcache qc;
+    struct vrb_qpc_caps c = caps(8, 8, 0);
+
+    ndestroyed = 0;
+    exs__vrb_qpc_init(&qc, 4, mock_destroy, NULL);
+    exs__vrb_qpc_put(&qc, (void *)1, &c);
+    exs__vrb_qpc_put(&qc, (void *)2, &c);
+    exs__vrb_qpc_close(&qc);
+    ck_assert_int_eq(ndestroyed, 2);
+    ck_assert_uint_eq(qc.cnt.qp_cache_entries, 0);
+    exs__vrb_qpc_put(&qc, (void *)3, &c);
+    ck_assert_int_eq(ndestroyed, 3);
+    ck_assert_int_eq(destroyed[2], 3);
+    ck_assert_ptr_null(exs__vrb_qpc_get(&qc, &c, &c));
+    exs__vrb_qpc_fini(&qc);
+    ck_assert_int_eq(ndestroyed, 3);
 }
 END_TEST
 
@@ -620,11 +709,14 @@ Suite *prov_vrb_cache_suite(void)
     tcase_add_test(tc, rc_in_use_not_evicted);
     tcase_add_test(tc, rc_stale_pages_registered_again);
     tcase_add_test(tc, rc_unverifiable_not_kept);
+    tcase_add_test(tc, mc_unreg_device_gone);
+    tcase_add_test(tc, rc_unreg_device_gone);
     suite_add_tcase(s, tc);
     tc = tcase_create("qpcache");
     tcase_add_test(tc, qpc_reuse_smallest_fit);
     tcase_add_test(tc, qpc_full_evicts_oldest);
     tcase_add_test(tc, qpc_off_destroys);
+    tcase_add_test(tc, qpc_close_device_gone);
     tcase_add_test(tc, counters_visible);
     suite_add_tcase(s, tc);
     tc = tcase_create("cqplan");

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -46,7 +47,7 @@
 #define VRB_INT_ROOM    32u /* send queue entries per ep for internal requests, beyond max_send_wr */
 #define VRB_RESOLVE_MS  2000
 
-enum vrb_kind { VRB_K_EP = 1, VRB_K_LIS, VRB_K_REQ };
+enum vrb_kind { VRB_K_EP = 1, VRB_K_LIS, VRB_K_REQ, VRB_K_WATCH };
 
 /* cm_id->context points at one of these, embedded in an ep, listener or request. */
 struct vrb_cmobj {
@@ -70,7 +71,8 @@ struct vrb_counters {
     uint64_t revokes_early; /* revoked before the bind executed: the ep was ended */
     uint64_t settle_waits;  /* grant_settle answered -EBUSY (bind not completed yet) */
     uint64_t grant_fails;
-    uint64_t ep_nobufs; /* ep_create refused: the completion queue cannot hold the ep */
+    uint64_t ep_nobufs;       /* ep_create refused: the completion queue cannot hold the ep */
+    uint64_t device_removals; /* the device went away: everything on it released */
 };
 
 /* How grants are made (ctx->grant_mode; spec/provider.md, "verbs provider mapping"). */
@@ -228,7 +230,30 @@ struct vrb_ctx {
     int pagemap_fd; /* /proc/self/pagemap for the registration cache's page check, or -1 */
     enum vrb_grant_mode grant_mode;
     uint64_t rng; /* key bytes: a splitmix64 counter, seeded from getrandom (atomic) */
+    /* Device removal (vrb_gone.c, spec/provider.md "Device removal"): a cm id bound to the
+     * device's address, so that its DEVICE_REMOVAL arrives even with no ep or listener;
+     * gone_pending is set by the cm event (cm_lock) and acted on once the event is acked;
+     * gone (atomic) once everything on the device was released: no verbs call is made on
+     * it after. dev_lock: held for reading across every registration, deregistration
+     * and grant (their verbs calls), for writing by the release. */
+    struct rdma_cm_id *watch_id; /* cm_lock */
+    struct vrb_cmobj watch_cmo;
+    int gone_pending;
+    int gone;
+    /* librdmacm still listed the device after it was released (it notices a device gone
+     * only when it lists them): the cm thread asks again until it does not (cm_lock) */
+    struct ibv_context *gone_verbs;
+    unsigned gone_asks;
+    int gone_last;  /* the last ctx of this process on the device */
+    int gone_fd[2]; /* the device context's command and event descriptors */
+    struct stat gone_st[2];
+    pthread_rwlock_t dev_lock;
 };
+
+static inline int vrb_gone(const struct vrb_ctx *ctx)
+{
+    return __atomic_load_n(&ctx->gone, __ATOMIC_ACQUIRE);
+}
 
 static inline struct vrb_ctx *vrb_ctx_of(struct exs_prov_ctx *c)
 {
@@ -246,7 +271,14 @@ int exs__prov_verbs_device_active(void);
 int exs__vrb_forked_child(void);
 
 /* vrb_ctx.c */
+/* Keep a completion for ctx_poll (ctx->lock held); -ENOMEM when it cannot be kept. */
+int exs__vrb_ring_push(struct vrb_ctx *ctx, const struct vrb_kept *c);
 void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev);
+/* The same with ctx->lock held, without the wake-up: exs__vrb_wake after unlocking. */
+void exs__vrb_cm_push_locked(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev);
+void exs__vrb_wake(struct vrb_ctx *ctx);
+/* exs__vrb_cq_reap with ctx->lock held. */
+void exs__vrb_cq_drain_locked(struct vrb_ctx *ctx);
 /* Drop queued CONNECT_REQUESTs of a listener being destroyed (their requests go with it). */
 void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *lis);
 void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep);
@@ -335,6 +367,27 @@ struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *
 void exs__vrb_grant_release(struct vrb_grant *g);
 /* ep_destroy, QP already out of use: release what binds left behind. */
 void exs__vrb_grants_drop(struct vrb_ep *ep);
+
+/* vrb_gone.c: the device is going away (its DEVICE_REMOVAL event was acked; cm_lock held):
+ * every ep ends (DISCONNECTED or UNREACHABLE with -ENODEV), what was outstanding completes
+ * flushed, and every QP, window, registration, cm id, the CQ, its channel and the PD are
+ * released, then librdmacm's hold on the device, so that the kernel's removal completes.
+ * The ctx stays, empty: ops that would use the device answer -ENODEV. */
+void exs__vrb_device_gone(struct vrb_ctx *ctx);
+/* cm thread, cm_lock held, while ctx->gone_verbs: list the devices again (librdmacm then
+ * closes its context of the removed one); clears gone_verbs once it is no longer listed. */
+void exs__vrb_gone_ask(struct vrb_ctx *ctx);
+/* Count a ctx of this process on device context vc (+1 at ctx_open, -1 at its close). */
+void exs__vrb_dev_hold(struct ibv_context *vc, int delta);
+/* A flushed completion of ep's request at seq (VRB_RECV_BIT for a receive), kept for
+ * ctx_poll as the device would have flushed it (ctx->lock held, not ep->lock). */
+void exs__vrb_flush_push(struct vrb_ctx *ctx, struct vrb_ep *ep, uint64_t seq_bits, uint64_t wr_id,
+                         uint8_t opcode);
+/* vrb_mr.c: deregister every registration of ctx (gone); the objects stay, empty. */
+void exs__vrb_mr_gone(struct vrb_ctx *ctx);
+/* vrb_grant.c, ep->lock held, the device going: release ep's windows and registrations;
+ * returns how many waited grants (grant_settle said -EBUSY) are to be answered. */
+unsigned exs__vrb_grants_gone(struct vrb_ep *ep);
 
 /* vrb_data.c */
 int exs__vrb_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);

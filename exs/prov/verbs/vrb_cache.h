@@ -95,6 +95,9 @@ int exs__vrb_mc_alloc(struct vrb_mcache *mc, size_t len, struct vrb_mc_buf *buf)
 void exs__vrb_mc_free(struct vrb_mcache *mc, struct vrb_mc_buf *buf);
 /* Release idle regions now (now_ns: the current monotonic time). Returns the count. */
 unsigned exs__vrb_mc_shrink(struct vrb_mcache *mc, uint64_t now_ns);
+/* The device went away: deregister every region now (handles to NULL, the memory stays
+ * mapped for its users; a region released later is only unmapped). */
+void exs__vrb_mc_unreg(struct vrb_mcache *mc);
 /* "anon", "huge", "malloc" -> backing; -1 when unknown. */
 int exs__vrb_mc_backing_parse(const char *s);
 
@@ -135,6 +138,10 @@ void exs__vrb_rc_fini(struct vrb_regcache *rc);
 int exs__vrb_rc_get(struct vrb_regcache *rc, const void *addr, size_t len,
                     struct vrb_rc_entry **e_p);
 void exs__vrb_rc_put(struct vrb_regcache *rc, struct vrb_rc_entry *e);
+/* The device went away: every cached entry unused is dropped, every other one deregistered
+ * now (handle NULL; freed at its last put). e: one entry held outside the cache's list too
+ * (an unverifiable one), or NULL. */
+void exs__vrb_rc_unreg(struct vrb_regcache *rc, struct vrb_rc_entry *e);
 /* Drop every unused registration overlapping [addr, addr+len) (memory about to be freed). */
 void exs__vrb_rc_invalidate(struct vrb_regcache *rc, const void *addr, size_t len);
 
@@ -175,6 +182,8 @@ void exs__vrb_qpc_fini(struct vrb_qpcache *qc);
 /* A cached QP whose caps cover want (the smallest such), or NULL (a miss). */
 void *exs__vrb_qpc_get(struct vrb_qpcache *qc, const struct vrb_qpc_caps *want,
                        struct vrb_qpc_caps *caps_p);
+/* Destroy every cached QP and cache no more (the device went away): a later put destroys. */
+void exs__vrb_qpc_close(struct vrb_qpcache *qc);
 /* Keep qp (already in RESET) for reuse; the oldest is destroyed when the cache is full. */
 void exs__vrb_qpc_put(struct vrb_qpcache *qc, void *qp, const struct vrb_qpc_caps *caps);
 

@@ -49,7 +49,7 @@ static void vrb_sa_copy(struct vrb_ctx *ctx, int loopback, const struct sockaddr
 
 static int vrb_same_device(struct vrb_ctx *ctx, struct rdma_cm_id *id)
 {
-    return id->verbs &&
+    return id->verbs && ctx->verbs &&
            (id->verbs == ctx->verbs || strcmp(ibv_get_device_name(id->verbs->device),
                                               ibv_get_device_name(ctx->verbs->device)) == 0);
 }
@@ -60,7 +60,7 @@ void exs__vrb_ep_set_error(struct vrb_ep *ep)
 
     pthread_mutex_lock(&ep->lock);
     __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
-    if (ibv_modify_qp(ep->qp, &a, IBV_QP_STATE))
+    if (ep->qp && ibv_modify_qp(ep->qp, &a, IBV_QP_STATE))
         EXS_DBG(PROV, "ep %p: modify to ERR failed", (void *)ep);
     pthread_mutex_unlock(&ep->lock);
 }
@@ -275,9 +275,11 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
         ret = -ENOMEM;
         goto fail;
     }
-    ret = vrb_cq_reserve(ctx, vrb_ep_cqes(ep));
+    /* the device's removal (cm_lock) finds every QP on it in an ep, or none made */
+    pthread_mutex_lock(&ctx->cm_lock);
+    ret = vrb_gone(ctx) ? -ENODEV : vrb_cq_reserve(ctx, vrb_ep_cqes(ep));
     if (ret)
-        goto fail;
+        goto fail_unlock;
     /* window binds get room of their own: they never take what max_send_wr granted */
     want.max_send_wr = attr->max_send_wr + room;
     want.max_recv_wr = attr->max_recv_wr;
@@ -309,10 +311,13 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs__vrb_ep_hash_add(ctx, ep);
     ep->tok = ctx->tok_base ^ ((uint64_t)ep->epid * 0x9E3779B97F4A7C15ull);
     EXS_DBG(PROV, "ep %p: qp %u epid %u", (void *)ep, ep->qp->qp_num, ep->epid);
+    pthread_mutex_unlock(&ctx->cm_lock);
     *ep_p = &ep->base;
     return 0;
 err_release_cq:
     vrb_cq_release(ctx, vrb_ep_cqes(ep));
+fail_unlock:
+    pthread_mutex_unlock(&ctx->cm_lock);
 fail:
     free(ep->sq);
     free(ep->rq);
@@ -342,11 +347,13 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
         ep->id = NULL;
     }
     ep->tok = 0; /* goodbye datagrams no longer find it (the cm thread holds cm_lock) */
-    pthread_mutex_unlock(&ctx->cm_lock);
     /* no completion or event names the ep after this */
     exs__vrb_ep_forget(ctx, ep);
     vrb_cq_release(ctx, vrb_ep_cqes(ep));
-    if (ibv_modify_qp(ep->qp, &qa, IBV_QP_STATE) == 0) {
+    /* still under cm_lock: the device's removal either released the QP (NULL) or waits */
+    if (!ep->qp) {
+        exs__vrb_grants_drop(ep);
+    } else if (ibv_modify_qp(ep->qp, &qa, IBV_QP_STATE) == 0) {
         /* binds still queued are gone with the reset: release their windows */
         exs__vrb_grants_drop(ep);
         exs__vrb_qpc_put(&ctx->qpc, ep->qp, &ep->qcaps);
@@ -354,6 +361,7 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
         exs__vrb_qp_destroy_cb(ctx, ep->qp);
         exs__vrb_grants_drop(ep);
     }
+    pthread_mutex_unlock(&ctx->cm_lock);
     free(ep->sq);
     free(ep->rq);
     pthread_mutex_destroy(&ep->lock);
@@ -413,6 +421,10 @@ int exs__vrb_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
     lis->cmo.kind = VRB_K_LIS;
     exs_list_init(&lis->reqs);
     pthread_mutex_lock(&ctx->cm_lock);
+    if (vrb_gone(ctx)) {
+        ret = -ENODEV;
+        goto fail;
+    }
     if (rdma_create_id(ctx->cmch, &lis->id, &lis->cmo, RDMA_PS_TCP)) {
         ret = -errno;
         goto fail;
@@ -446,13 +458,17 @@ int exs__vrb_listener_addr(struct exs_prov_listener *l, struct sockaddr_storage 
                            socklen_t *addrlen)
 {
     struct vrb_listener *lis = (struct vrb_listener *)l;
-    struct sockaddr *sa = rdma_get_local_addr(lis->id);
+    struct sockaddr *sa;
     struct sockaddr_storage tmp;
     socklen_t len;
 
+    pthread_mutex_lock(&lis->ctx->cm_lock); /* the device's removal takes lis->id */
+    sa = lis->id ? rdma_get_local_addr(lis->id) : NULL;
+    if (sa)
+        vrb_sa_copy(lis->ctx, lis->loopback, sa, &tmp, &len);
+    pthread_mutex_unlock(&lis->ctx->cm_lock);
     if (!sa)
         return -ENOTCONN;
-    vrb_sa_copy(lis->ctx, lis->loopback, sa, &tmp, &len);
     if (*addrlen < len)
         return -EINVAL;
     memcpy(addr, &tmp, len);
@@ -462,7 +478,7 @@ int exs__vrb_listener_addr(struct exs_prov_listener *l, struct sockaddr_storage 
 
 static void vrb_req_free(struct vrb_req *req, int reject)
 {
-    if (reject && !req->broken) {
+    if (reject && !req->broken && req->id) {
         /* with our header, so that the active side sees REJECTED, not UNREACHABLE */
         uint8_t buf[VRB_PD_HDR];
 
@@ -470,8 +486,10 @@ static void vrb_req_free(struct vrb_req *req, int reject)
         if (rdma_reject(req->id, buf, VRB_PD_HDR))
             EXS_DBG(PROV, "rdma_reject: %m (the peer gave up)");
     }
-    req->id->context = NULL;
-    rdma_destroy_id(req->id);
+    if (req->id) {
+        req->id->context = NULL;
+        rdma_destroy_id(req->id);
+    }
     exs_list_del(&req->link);
     free(req);
 }
@@ -490,8 +508,10 @@ void exs__vrb_listener_destroy(struct exs_prov_listener *l)
     while ((l2 = lis->reqs.next) != &lis->reqs)
         vrb_req_free(exs_list_entry(l2, struct vrb_req, link), 1);
     exs_list_del(&lis->link);
-    lis->id->context = NULL;
-    rdma_destroy_id(lis->id);
+    if (lis->id) {
+        lis->id->context = NULL;
+        rdma_destroy_id(lis->id);
+    }
     pthread_mutex_unlock(&ctx->cm_lock);
     free(lis);
 }
@@ -527,6 +547,10 @@ int exs__vrb_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
     if (ep->id || __atomic_load_n(&ep->state, __ATOMIC_RELAXED) != EXS_PROV_EP_IDLE) {
         pthread_mutex_unlock(&ctx->cm_lock);
         return -EISCONN;
+    }
+    if (vrb_gone(ctx)) {
+        pthread_mutex_unlock(&ctx->cm_lock);
+        return -ENODEV;
     }
     if (pdlen)
         memcpy(ep->cpd, pd, pdlen);
@@ -579,10 +603,10 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
         pthread_mutex_unlock(&ctx->cm_lock);
         return -EISCONN;
     }
-    if (req->broken) {
+    if (req->broken || !req->id || !ep->qp) {
         /* the request stays the consumer's: reject releases it */
         pthread_mutex_unlock(&ctx->cm_lock);
-        return -ECONNRESET;
+        return vrb_gone(ctx) ? -ENODEV : -ECONNRESET;
     }
     rres = (uint8_t)EXS_MIN(vrb_rd_res(ctx), EXS_MAX(req->init_depth, 1));
     idepth = (uint8_t)EXS_MIN(vrb_rd_init(ctx), EXS_MAX(req->resp_res, 1));
@@ -639,7 +663,7 @@ int exs__vrb_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     pthread_mutex_lock(&ctx->cm_lock);
     /* The request is released whatever happens: a peer that gave up meanwhile (broken,
      * or its cm already gone when rdma_reject runs) has nothing left to be told. */
-    if (!req->broken && rdma_reject(req->id, buf, (uint8_t)(VRB_PD_HDR + pdlen)))
+    if (!req->broken && req->id && rdma_reject(req->id, buf, (uint8_t)(VRB_PD_HDR + pdlen)))
         EXS_DBG(PROV, "ctx %p: rdma_reject: %m (the peer gave up)", (void *)ctx);
     vrb_req_free(req, 0);
     pthread_mutex_unlock(&ctx->cm_lock);
@@ -693,7 +717,7 @@ static int vrb_on_connect_request(struct vrb_ctx *ctx, struct rdma_cm_event *cme
     struct sockaddr *peer;
     uint32_t len;
 
-    if (!o || o->kind != VRB_K_LIS)
+    if (!o || o->kind != VRB_K_LIS || vrb_gone(ctx))
         return -1; /* reject */
     lis = exs_container_of(o, struct vrb_listener, cmo);
     if (!vrb_same_device(ctx, cme->id)) {
@@ -863,6 +887,8 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
         return 1;
     case RDMA_CM_EVENT_DISCONNECTED:
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        if (cme->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
+            ctx->gone_pending = 1; /* everything goes once the event is acked */
         exs__vrb_ep_set_error(ep);
         /* answer the DREQ at once so the peer's DISCONNECTED is not held for a timeout */
         rdma_disconnect(ep->id);
@@ -917,17 +943,26 @@ int exs__vrb_cm_process(struct vrb_ctx *ctx, struct exs_prov_cm_event *ev)
             o = cme->id ? cme->id->context : NULL;
             if (o && o->kind == VRB_K_EP)
                 ret = vrb_on_ep_event(ctx, exs_container_of(o, struct vrb_ep, cmo), cme, ev);
-            else if (o && o->kind == VRB_K_REQ &&
-                     (cme->event == RDMA_CM_EVENT_REJECTED ||
-                      cme->event == RDMA_CM_EVENT_DISCONNECTED ||
-                      cme->event == RDMA_CM_EVENT_CONNECT_ERROR ||
-                      cme->event == RDMA_CM_EVENT_UNREACHABLE))
+            else if (o && cme->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
+                ctx->gone_pending = 1; /* the watch id, a listener's or a request's */
+            if (o && o->kind == VRB_K_REQ &&
+                (cme->event == RDMA_CM_EVENT_REJECTED || cme->event == RDMA_CM_EVENT_DISCONNECTED ||
+                 cme->event == RDMA_CM_EVENT_CONNECT_ERROR ||
+                 cme->event == RDMA_CM_EVENT_UNREACHABLE))
                 exs_container_of(o, struct vrb_req, cmo)->broken = 1;
         }
         rdma_ack_cm_event(cme);
         if (reject_id) {
             rdma_reject(reject_id, NULL, 0);
             rdma_destroy_id(reject_id);
+        }
+        if (ctx->gone_pending && !vrb_gone(ctx)) {
+            /* the ep's own event (ret > 0) is returned; the others are pushed */
+            if (ret > 0)
+                exs__vrb_cm_push(ctx, ev);
+            exs__vrb_device_gone(ctx);
+            if (ret > 0)
+                return 0;
         }
         if (ret > 0)
             return 1;

@@ -43,6 +43,8 @@ static const struct exs_counter_desc vrb_counter_desc[] = {
     EXS_COUNTER(struct vrb_counters, grant_fails, "grants refused"),
     EXS_COUNTER(struct vrb_counters, ep_nobufs,
                 "ep_create refused: the completion queue cannot hold the ep"),
+    EXS_COUNTER(struct vrb_counters, device_removals,
+                "the device was removed: its connections ended, everything on it released"),
 };
 
 /* ---- device probing ---- */
@@ -180,7 +182,7 @@ static uint32_t vrb_probe_inline(struct vrb_ctx *ctx, uint32_t want)
 
 /* ---- completion ring (ctx->lock) ---- */
 
-static int vrb_ring_push(struct vrb_ctx *ctx, const struct vrb_kept *c)
+int exs__vrb_ring_push(struct vrb_ctx *ctx, const struct vrb_kept *c)
 {
     if (ctx->ring_count == ctx->ring_cap) {
         uint32_t ncap = ctx->ring_cap ? ctx->ring_cap * 2 : 256;
@@ -207,12 +209,14 @@ static int vrb_cq_to_ring(struct vrb_ctx *ctx)
     struct vrb_kept k;
     int n, added = 0;
 
+    if (!ctx->cq) /* the device is gone */
+        return 0;
     do {
         n = ibv_poll_cq(ctx->cq, VRB_POLL_MAX, wc);
         for (int i = 0; i < n; i++) {
             if (exs__vrb_wc_convert(ctx, &wc[i], &k.cqe, &k.retire) != 0)
                 continue;
-            if (vrb_ring_push(ctx, &k) == 0) {
+            if (exs__vrb_ring_push(ctx, &k) == 0) {
                 added++;
             } else {
                 /* no memory to keep it: give its slot back, say what was lost */
@@ -223,6 +227,11 @@ static int vrb_cq_to_ring(struct vrb_ctx *ctx)
         }
     } while (n == VRB_POLL_MAX);
     return added;
+}
+
+void exs__vrb_cq_drain_locked(struct vrb_ctx *ctx)
+{
+    vrb_cq_to_ring(ctx);
 }
 
 void exs__vrb_cq_reap(struct vrb_ctx *ctx)
@@ -293,10 +302,9 @@ void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *l
     pthread_mutex_unlock(&ctx->lock);
 }
 
-void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
+void exs__vrb_cm_push_locked(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
 {
     struct vrb_cm_node *nd = malloc(sizeof(*nd));
-    uint64_t one = 1;
 
     if (!nd) {
         EXS_ERR(PROV, "ctx %p: cm event %s lost (no memory)", (void *)ctx,
@@ -304,12 +312,24 @@ void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
         return;
     }
     nd->ev = *ev;
-    pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->cm_sw, &nd->link);
     __atomic_store_n(&ctx->cm_sw_n, ctx->cm_sw_n + 1, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&ctx->lock);
+}
+
+void exs__vrb_wake(struct vrb_ctx *ctx)
+{
+    uint64_t one = 1;
+
     if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd write: %m", (void *)ctx);
+}
+
+void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
+{
+    pthread_mutex_lock(&ctx->lock);
+    exs__vrb_cm_push_locked(ctx, ev);
+    pthread_mutex_unlock(&ctx->lock);
+    exs__vrb_wake(ctx);
 }
 
 /* ---- ops ---- */
@@ -328,11 +348,11 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     int busy;
 
     pthread_mutex_lock(&ctx->lock);
-    while (ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
+    while (ctx->ch && ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
         ibv_ack_cq_events(cq, 1);
     if (read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd read: %m", (void *)ctx);
-    if (ibv_req_notify_cq(ctx->cq, 0) != 0)
+    if (ctx->cq && ibv_req_notify_cq(ctx->cq, 0) != 0)
         EXS_ERR(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
     busy = ctx->ring_count || !exs_list_empty(&ctx->cm_sw);
     if (!busy)
@@ -357,7 +377,7 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         ctx->ring_head = (ctx->ring_head + 1) % ctx->ring_cap;
         ctx->ring_count--;
     }
-    while (n < max) {
+    while (n < max && ctx->cq) {
         int want = EXS_MIN(max - n, VRB_POLL_MAX);
         int got = ibv_poll_cq(ctx->cq, want, wc);
 
@@ -414,6 +434,8 @@ static void *vrb_cm_main(void *arg)
 
             timeout = due > now ? (int)((due - now) / 1000000u) + 1 : 0;
         }
+        if (ctx->gone_verbs && (timeout < 0 || timeout > 100))
+            timeout = 100; /* the removed device: librdmacm is asked again */
         pfd[0] = (struct pollfd){.fd = ctx->cmch->fd, .events = POLLIN};
         pfd[1] = (struct pollfd){.fd = ctx->stopfd, .events = POLLIN};
         pfd[2] = (struct pollfd){.fd = ctx->udpfd, .events = POLLIN};
@@ -434,6 +456,7 @@ static void *vrb_cm_main(void *arg)
         if (ctx->udpfd >= 0)
             exs__vrb_udp_input(ctx);
         due = exs__vrb_disc_due(ctx, exs__now_ns());
+        exs__vrb_gone_ask(ctx);
         pthread_mutex_unlock(&ctx->cm_lock);
     }
     return NULL;
@@ -455,6 +478,27 @@ static void vrb_udp_open(struct vrb_ctx *ctx)
     }
     ctx->udpfd = fd;
     ctx->udp_port = sin.sin_port;
+}
+
+/* The device's removal is told (RDMA_CM_EVENT_DEVICE_REMOVAL) to the cm ids bound to it
+ * only: one bound to the device's address (rdma_cm's UDP port space, port 0: no TCP port
+ * is taken) makes sure it reaches the ctx with no ep or listener open. Without an IPv4
+ * address there is none; the eps' and listeners' own ids still tell it. */
+static void vrb_watch_open(struct vrb_ctx *ctx)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr = ctx->loop_addr};
+
+    if (!ctx->loop_addr.s_addr)
+        return;
+    ctx->watch_cmo.kind = VRB_K_WATCH;
+    if (rdma_create_id(ctx->cmch, &ctx->watch_id, &ctx->watch_cmo, RDMA_PS_UDP)) {
+        ctx->watch_id = NULL;
+    } else if (rdma_bind_addr(ctx->watch_id, (struct sockaddr *)&sin)) {
+        rdma_destroy_id(ctx->watch_id);
+        ctx->watch_id = NULL;
+    }
+    if (!ctx->watch_id)
+        EXS_DBG(PROV, "ctx %p: no device watch id: %m", (void *)ctx);
 }
 
 /* ---- open / close ---- */
@@ -492,6 +536,8 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
         close(ctx->pagemap_fd);
     while ((l = exs_list_pop_head(&ctx->cm_sw)) != NULL)
         free(exs_list_entry(l, struct vrb_cm_node, link));
+    if (ctx->watch_id)
+        rdma_destroy_id(ctx->watch_id);
     if (ctx->cq)
         ibv_destroy_cq(ctx->cq);
     if (ctx->ch)
@@ -500,8 +546,11 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
         ibv_dealloc_pd(ctx->pd);
     if (ctx->cmch)
         rdma_destroy_event_channel(ctx->cmch);
-    if (ctx->devlist)
+    if (ctx->devlist) {
+        if (ctx->verbs)
+            exs__vrb_dev_hold(ctx->verbs, -1);
         rdma_free_devices(ctx->devlist);
+    }
     if (ctx->evfd >= 0)
         close(ctx->evfd);
     if (ctx->stopfd >= 0)
@@ -514,6 +563,7 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
     pthread_mutex_destroy(&ctx->lock);
     pthread_mutex_destroy(&ctx->cm_lock);
     pthread_rwlock_destroy(&ctx->mr_lock);
+    pthread_rwlock_destroy(&ctx->dev_lock);
     free(ctx);
 }
 
@@ -669,6 +719,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     for (unsigned i = 0; i < VRB_EP_HASH; i++)
         exs_list_init(&ctx->ep_hash[i]);
     pthread_rwlock_init(&ctx->mr_lock, NULL);
+    pthread_rwlock_init(&ctx->dev_lock, NULL);
     for (unsigned i = 0; i < VRB_MR_HASH; i++)
         exs_list_init(&ctx->mr_hash[i]);
     ctx->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
@@ -700,6 +751,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ret = vrb_select(ctx, attr, n);
     if (ret)
         goto fail;
+    exs__vrb_dev_hold(ctx->verbs, 1);
     if (ibv_query_port(ctx->verbs, ctx->port, &pa) != 0) {
         ret = -ENODEV;
         goto fail;
@@ -772,6 +824,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     if (ret)
         goto fail;
     ctx->mc.guard = exs__params.vrb_mcache_guard;
+    vrb_watch_open(ctx);
     vrb_udp_open(ctx);
     ret = exs__thread_create(&ctx->cm_thread, "exs-vrb-cm", vrb_cm_main, ctx);
     if (ret)

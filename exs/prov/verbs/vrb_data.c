@@ -170,7 +170,8 @@ static void vrb_kick_flush(struct vrb_ep *ep)
 {
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 
-    (void)ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+    if (ep->qp)
+        (void)ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
 }
 
 void exs__vrb_ep_kill_locked(struct vrb_ep *ep)
@@ -179,6 +180,8 @@ void exs__vrb_ep_kill_locked(struct vrb_ep *ep)
     int ret;
 
     __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
+    if (!ep->qp) /* released with the device */
+        return;
     ret = ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
     if (ret)
         EXS_ERR(PROV, "ep %p: QP to ERR: %s", (void *)ep, strerror(ret));
@@ -277,6 +280,13 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
             memcpy(s->sge, wr->sg_list, s->nsge * sizeof(s->sge[0]));
     }
     w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | (seq & VRB_SEQ_MASK);
+    if (!ep->qp) {
+        /* the device was removed: flushed, as a QP in error would */
+        ep->sq_tail = seq + 1;
+        pthread_mutex_unlock(&ep->lock);
+        exs__vrb_flush_push(ctx, ep, seq, wr->wr_id, (uint8_t)wr->opcode);
+        return 0;
+    }
     ret = ibv_post_send(ep->qp, &w, &bad);
     if (ret) {
         pthread_mutex_unlock(&ep->lock);
@@ -323,6 +333,12 @@ int exs__vrb_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)
             memcpy(r->sge, wr->sg_list, r->nsge * sizeof(r->sge[0]));
     }
     w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_RECV_BIT | (seq & VRB_SEQ_MASK);
+    if (!ep->qp) {
+        ep->rq_tail = seq + 1;
+        pthread_mutex_unlock(&ep->lock);
+        exs__vrb_flush_push(ep->ctx, ep, VRB_RECV_BIT | seq, wr->wr_id, 0);
+        return 0;
+    }
     ret = ibv_post_recv(ep->qp, &w, &bad);
     if (ret) {
         pthread_mutex_unlock(&ep->lock);

@@ -111,8 +111,8 @@ void exs__vrb_grant_release(struct vrb_grant *g)
     free(g);
 }
 
-int exs__vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, size_t length,
-                   unsigned access, struct exs_prov_grant **grant_p)
+static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, size_t length,
+                     unsigned access, struct exs_prov_grant **grant_p)
 {
     struct vrb_ep *ep = vrb_ep_of(e);
     struct vrb_ctx *ctx = ep->ctx;
@@ -132,6 +132,8 @@ int exs__vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, siz
     state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
     if (state != EXS_PROV_EP_CONNECTED)
         return -ENOTCONN;
+    if (vrb_gone(ctx))
+        return -ENODEV;
     ibv_right =
         access == EXS_PROV_ACCESS_REMOTE_WRITE ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
     g = calloc(1, sizeof(*g));
@@ -242,14 +244,22 @@ err_free:
     return ret;
 }
 
-void exs__vrb_revoke(struct exs_prov_grant *gr)
+int exs__vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, size_t length,
+                   unsigned access, struct exs_prov_grant **grant_p)
 {
-    struct vrb_grant *g = (struct vrb_grant *)gr;
-    struct vrb_ep *ep;
+    struct vrb_ctx *ctx = vrb_ep_of(e)->ctx;
+    int ret;
 
-    if (!g)
-        return;
-    ep = vrb_ep_of(g->base.ep);
+    pthread_rwlock_rdlock(&ctx->dev_lock);
+    ret = vrb_grant(e, m, addr, length, access, grant_p);
+    pthread_rwlock_unlock(&ctx->dev_lock);
+    return ret;
+}
+
+static void vrb_revoke(struct vrb_grant *g)
+{
+    struct vrb_ep *ep = vrb_ep_of(g->base.ep);
+
     EXS_CNT_INC(ep->ctx->cnt.revokes);
     exs__vrb_mr_grants_add(g->base.mr, -1);
     pthread_mutex_lock(&ep->lock);
@@ -280,6 +290,19 @@ void exs__vrb_revoke(struct exs_prov_grant *gr)
     pthread_mutex_unlock(&ep->lock);
     /* ibv_dealloc_mw / ibv_dereg_mr are synchronous: the key is dead when they return */
     exs__vrb_grant_release(g);
+}
+
+void exs__vrb_revoke(struct exs_prov_grant *gr)
+{
+    struct vrb_grant *g = (struct vrb_grant *)gr;
+    struct vrb_ctx *ctx;
+
+    if (!g)
+        return;
+    ctx = vrb_ep_of(g->base.ep)->ctx;
+    pthread_rwlock_rdlock(&ctx->dev_lock);
+    vrb_revoke(g);
+    pthread_rwlock_unlock(&ctx->dev_lock);
 }
 
 /* The bind completes once every request posted before it did, so behind sends the peer
@@ -342,6 +365,35 @@ struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *
     }
     EXS_CNT_INC(ep->ctx->cnt.stale_cqes);
     return NULL;
+}
+
+unsigned exs__vrb_grants_gone(struct vrb_ep *ep)
+{
+    struct exs_list *pos, *tmp;
+    unsigned answers = 0;
+
+    exs_list_for_each_safe(pos, tmp, &ep->grants)
+    {
+        struct vrb_grant *g = exs_list_entry(pos, struct vrb_grant, link);
+
+        if (g->mw && ibv_dealloc_mw(g->mw))
+            EXS_ERR(PROV, "ibv_dealloc_mw (rkey %#x) failed: %m", g->base.rkey);
+        if (g->sub && ibv_dereg_mr(g->sub))
+            EXS_ERR(PROV, "ibv_dereg_mr (grant rkey %#x) failed: %m", g->base.rkey);
+        g->mw = NULL;
+        g->sub = NULL;
+        if (!g->bind_done) {
+            /* its bind flushes with the QP: as int_complete would see it */
+            g->bind_done = 1;
+            answers += g->settle_wanted ? 1u : 0u;
+            if (g->revoked) {
+                exs_list_del(&g->link);
+                free(g);
+            }
+        }
+    }
+    ep->int_out = 0;
+    return answers;
 }
 
 void exs__vrb_grants_drop(struct vrb_ep *ep)

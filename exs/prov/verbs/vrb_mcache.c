@@ -171,12 +171,29 @@ static struct vrb_mc_region *vrb_mc_grow(struct vrb_mcache *mc)
 static void vrb_mc_release(struct vrb_mcache *mc, struct vrb_mc_region *r)
 {
     exs_list_del(&r->link);
-    mc->ops.dereg(mc->ops.arg, r->handle);
+    if (r->handle)
+        mc->ops.dereg(mc->ops.arg, r->handle);
     vrb_mc_unmap(mc, r);
     free(r->bitmap);
     free(r);
     __atomic_fetch_sub(&mc->cnt.regions, 1, __ATOMIC_RELAXED);
     __atomic_fetch_sub(&mc->cnt.bytes_held, mc->region_size, __ATOMIC_RELAXED);
+}
+
+void exs__vrb_mc_unreg(struct vrb_mcache *mc)
+{
+    struct exs_list *pos;
+
+    pthread_mutex_lock(&mc->lock);
+    exs_list_for_each(pos, &mc->regions)
+    {
+        struct vrb_mc_region *r = exs_list_entry(pos, struct vrb_mc_region, link);
+
+        if (r->handle)
+            mc->ops.dereg(mc->ops.arg, r->handle);
+        r->handle = NULL;
+    }
+    pthread_mutex_unlock(&mc->lock);
 }
 
 void exs__vrb_mc_fini(struct vrb_mcache *mc)
@@ -326,8 +343,32 @@ static void vrb_rc_drop(struct vrb_regcache *rc, struct vrb_rc_entry *e)
     }
     if (e->refs)
         return;
-    rc->ops.dereg(rc->ops.arg, e->handle);
+    if (e->handle)
+        rc->ops.dereg(rc->ops.arg, e->handle);
     free(e);
+}
+
+void exs__vrb_rc_unreg(struct vrb_regcache *rc, struct vrb_rc_entry *e)
+{
+    struct exs_list *pos, *tmp;
+
+    pthread_mutex_lock(&rc->lock);
+    exs_list_for_each_safe(pos, tmp, &rc->lru)
+    {
+        struct vrb_rc_entry *c = exs_list_entry(pos, struct vrb_rc_entry, link);
+
+        if (!c->refs) {
+            vrb_rc_drop(rc, c);
+        } else if (c->handle) {
+            rc->ops.dereg(rc->ops.arg, c->handle);
+            c->handle = NULL;
+        }
+    }
+    if (e && e->handle) {
+        rc->ops.dereg(rc->ops.arg, e->handle);
+        e->handle = NULL;
+    }
+    pthread_mutex_unlock(&rc->lock);
 }
 
 /* 1 when e's pages are still the ones it registered (or no ident callback). */

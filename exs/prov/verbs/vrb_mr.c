@@ -121,12 +121,13 @@ struct ibv_mr *exs__vrb_mr_ibv(struct exs_prov_mr *m)
     return NULL;
 }
 
-int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned access,
-                    struct exs_prov_mr **mr_p)
+static int vrb_mr_reg(struct vrb_ctx *ctx, void *addr, size_t length, unsigned access,
+                      struct exs_prov_mr **mr_p)
 {
-    struct vrb_ctx *ctx = vrb_ctx_of(c);
     struct vrb_mr *mr;
 
+    if (vrb_gone(ctx))
+        return -ENODEV;
     if ((!addr && length) ||
         (access & ~(unsigned)(EXS_PROV_ACCESS_LOCAL_WRITE | EXS_PROV_ACCESS_REMOTE_WRITE |
                               EXS_PROV_ACCESS_REMOTE_READ)))
@@ -154,6 +155,42 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
     return 0;
 }
 
+int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned access,
+                    struct exs_prov_mr **mr_p)
+{
+    struct vrb_ctx *ctx = vrb_ctx_of(c);
+    int ret;
+
+    pthread_rwlock_rdlock(&ctx->dev_lock);
+    ret = vrb_mr_reg(ctx, addr, length, access, mr_p);
+    pthread_rwlock_unlock(&ctx->dev_lock);
+    return ret;
+}
+
+void exs__vrb_mr_gone(struct vrb_ctx *ctx)
+{
+    pthread_rwlock_wrlock(&ctx->mr_lock);
+    for (unsigned i = 0; i < VRB_MR_HASH; i++) {
+        struct exs_list *pos;
+
+        exs_list_for_each(pos, &ctx->mr_hash[i])
+        {
+            struct vrb_mr *mr = exs_list_entry(pos, struct vrb_mr, link);
+
+            if (mr->kind == VRB_MR_RCACHE) {
+                exs__vrb_rc_unreg(&ctx->rc, mr->rce); /* entries outside the cache's list */
+            } else if (mr->mr) {
+                if (ibv_dereg_mr(mr->mr))
+                    EXS_WARN(PROV, "ctx %p: ibv_dereg_mr: %m", (void *)ctx);
+                mr->mr = NULL;
+            }
+        }
+    }
+    pthread_rwlock_unlock(&ctx->mr_lock);
+    exs__vrb_rc_unreg(&ctx->rc, NULL);
+    exs__vrb_mc_unreg(&ctx->mc);
+}
+
 void exs__vrb_mr_grants_add(struct exs_prov_mr *m, int delta)
 {
     __atomic_add_fetch(&((struct vrb_mr *)m)->grants, (unsigned)delta, __ATOMIC_RELAXED);
@@ -163,7 +200,7 @@ int exs__vrb_mr_dereg(struct exs_prov_mr *m)
 {
     struct vrb_mr *mr = (struct vrb_mr *)m;
     struct vrb_ctx *ctx;
-    int ret;
+    int ret = 0;
 
     if (!mr)
         return -EINVAL;
@@ -174,21 +211,23 @@ int exs__vrb_mr_dereg(struct exs_prov_mr *m)
         return -EBUSY;
     }
     ctx = vrb_ctx_of(mr->base.ctx);
+    pthread_rwlock_rdlock(&ctx->dev_lock);
     vrb_mr_hash_del(ctx, mr);
-    ret = ibv_dereg_mr(mr->mr);
-    if (ret) {
+    if (mr->mr) /* NULL: released with the device */
+        ret = ibv_dereg_mr(mr->mr);
+    if (ret)
         vrb_mr_hash_add(ctx, mr);
+    pthread_rwlock_unlock(&ctx->dev_lock);
+    if (ret)
         return -ret;
-    }
     free(mr);
     return 0;
 }
 
 /* ---- the library's own memory: from the memory cache ---- */
 
-int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **mr_p)
+static int vrb_mem_alloc(struct vrb_ctx *ctx, size_t len, struct exs_prov_mr **mr_p)
 {
-    struct vrb_ctx *ctx = vrb_ctx_of(c);
     struct vrb_mr *mr;
     uint32_t lkey;
     void *addr;
@@ -196,6 +235,8 @@ int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **
 
     if (!len)
         return -EINVAL;
+    if (vrb_gone(ctx))
+        return -ENODEV;
     mr = calloc(1, sizeof(*mr));
     if (!mr)
         return -ENOMEM;
@@ -232,6 +273,17 @@ int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **
     return 0;
 }
 
+int exs__vrb_mem_alloc(struct exs_prov_ctx *c, size_t len, struct exs_prov_mr **mr_p)
+{
+    struct vrb_ctx *ctx = vrb_ctx_of(c);
+    int ret;
+
+    pthread_rwlock_rdlock(&ctx->dev_lock);
+    ret = vrb_mem_alloc(ctx, len, mr_p);
+    pthread_rwlock_unlock(&ctx->dev_lock);
+    return ret;
+}
+
 /* A consumer bug: memory freed while a grant over it lives. The memory is kept (the peer's
  * key still reaches it, and must not reach whatever it would be used for next); a later
  * call, after revoke, frees it. */
@@ -254,14 +306,16 @@ void exs__vrb_mem_free(struct exs_prov_mr *m)
     if (vrb_mr_granted(mr, "mem_free"))
         return;
 
+    pthread_rwlock_rdlock(&ctx->dev_lock);
     vrb_mr_hash_del(ctx, mr);
     if (mr->kind == VRB_MR_MCACHE) {
         exs__vrb_mc_free(&ctx->mc, &mr->mc);
     } else {
-        if (ibv_dereg_mr(mr->mr))
+        if (mr->mr && ibv_dereg_mr(mr->mr))
             EXS_WARN(PROV, "ctx %p: ibv_dereg_mr of %zu bytes failed", (void *)ctx, mr->map_len);
         munmap(mr->base.addr, mr->map_len);
     }
+    pthread_rwlock_unlock(&ctx->dev_lock);
     free(mr);
 }
 
@@ -274,20 +328,28 @@ int exs__vrb_mr_get(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
     struct vrb_rc_entry *e;
     struct vrb_mr *mr;
 
+    int ret = 0;
+
     if (!exs__params.vrb_regcache_max || !addr || !length)
         return exs__vrb_mr_reg(c, addr, length, access, mr_p);
     mr = calloc(1, sizeof(*mr));
     if (!mr)
         return -ENOMEM;
-    if (exs__vrb_rc_get(&ctx->rc, addr, length, &e) != 0) {
+    pthread_rwlock_rdlock(&ctx->dev_lock);
+    if (vrb_gone(ctx)) {
+        ret = -ENODEV;
+    } else if (exs__vrb_rc_get(&ctx->rc, addr, length, &e) != 0) {
         /* e.g. read-only pages: the cache registers with every right, mr_reg adapts */
-        free(mr);
-        return exs__vrb_mr_reg(c, addr, length, access, mr_p);
+        ret = vrb_mr_reg(ctx, addr, length, access, mr_p);
+    } else {
+        mr->kind = VRB_MR_RCACHE;
+        mr->rce = e;
+        vrb_mr_publish(ctx, mr, addr, length, e->lkey, e->rkey, access, mr_p);
+        mr = NULL;
     }
-    mr->kind = VRB_MR_RCACHE;
-    mr->rce = e;
-    vrb_mr_publish(ctx, mr, addr, length, e->lkey, e->rkey, access, mr_p);
-    return 0;
+    pthread_rwlock_unlock(&ctx->dev_lock);
+    free(mr);
+    return ret;
 }
 
 void exs__vrb_mr_put(struct exs_prov_mr *m)
@@ -306,8 +368,10 @@ void exs__vrb_mr_put(struct exs_prov_mr *m)
                     strerror(-ret));
         return;
     }
+    pthread_rwlock_rdlock(&ctx->dev_lock);
     vrb_mr_hash_del(ctx, mr);
     exs__vrb_rc_put(&ctx->rc, mr->rce);
+    pthread_rwlock_unlock(&ctx->dev_lock);
     free(mr);
 }
 
@@ -349,9 +413,11 @@ int exs__vrb_reg_local_cb(void *arg, void *addr, size_t len, void **handle_p, ui
                           uint32_t *rkey_p)
 {
     struct vrb_ctx *ctx = arg;
-    struct ibv_mr *mr =
-        ibv_reg_mr(ctx->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | exs__vrb_mr_extra(ctx));
+    struct ibv_mr *mr;
 
+    if (vrb_gone(ctx))
+        return -ENODEV;
+    mr = ibv_reg_mr(ctx->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | exs__vrb_mr_extra(ctx));
     if (!mr)
         return errno ? -errno : -ENOMEM;
     *handle_p = mr;
@@ -365,10 +431,13 @@ int exs__vrb_reg_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t
                     uint32_t *rkey_p)
 {
     struct vrb_ctx *ctx = arg;
-    struct ibv_mr *mr = ibv_reg_mr(ctx->pd, addr, len,
-                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                       IBV_ACCESS_REMOTE_READ | exs__vrb_mr_extra(ctx));
+    struct ibv_mr *mr;
 
+    if (vrb_gone(ctx))
+        return -ENODEV;
+    mr = ibv_reg_mr(ctx->pd, addr, len,
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                        exs__vrb_mr_extra(ctx));
     if (!mr)
         return errno ? -errno : -ENOMEM;
     *handle_p = mr;
@@ -380,6 +449,6 @@ int exs__vrb_reg_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t
 void exs__vrb_dereg_cb(void *arg, void *handle)
 {
     (void)arg;
-    if (ibv_dereg_mr(handle))
+    if (handle && ibv_dereg_mr(handle))
         EXS_WARN(PROV, "ibv_dereg_mr failed");
 }

@@ -20,10 +20,19 @@ void exs__vrb_qpc_init(struct vrb_qpcache *qc, unsigned max_entries,
 
 void exs__vrb_qpc_fini(struct vrb_qpcache *qc)
 {
-    struct exs_list *l;
-
     if (!qc->list.next)
         return;
+    exs__vrb_qpc_close(qc);
+    pthread_mutex_destroy(&qc->lock);
+    qc->list.next = NULL;
+}
+
+void exs__vrb_qpc_close(struct vrb_qpcache *qc)
+{
+    struct exs_list *l;
+
+    pthread_mutex_lock(&qc->lock);
+    __atomic_store_n(&qc->max_entries, 0u, __ATOMIC_RELAXED);
     while ((l = exs_list_pop_head(&qc->list)) != NULL) {
         struct vrb_qpc_entry *e = exs_list_entry(l, struct vrb_qpc_entry, link);
 
@@ -31,8 +40,7 @@ void exs__vrb_qpc_fini(struct vrb_qpcache *qc)
         free(e);
     }
     qc->cnt.qp_cache_entries = 0;
-    pthread_mutex_destroy(&qc->lock);
-    qc->list.next = NULL;
+    pthread_mutex_unlock(&qc->lock);
 }
 
 static int vrb_qpc_covers(const struct vrb_qpc_caps *have, const struct vrb_qpc_caps *want)
@@ -81,15 +89,20 @@ void exs__vrb_qpc_put(struct vrb_qpcache *qc, void *qp, const struct vrb_qpc_cap
 {
     struct vrb_qpc_entry *e = NULL, *old = NULL;
 
-    if (qc->max_entries)
+    if (__atomic_load_n(&qc->max_entries, __ATOMIC_RELAXED))
         e = malloc(sizeof(*e));
-    if (!e) {
+    if (e) {
+        e->qp = qp;
+        e->caps = *caps;
+    }
+    pthread_mutex_lock(&qc->lock);
+    if (!e || !__atomic_load_n(&qc->max_entries, __ATOMIC_RELAXED)) {
+        /* no memory, or caching off (or closed meanwhile) */
+        pthread_mutex_unlock(&qc->lock);
+        free(e);
         qc->destroy(qc->arg, qp);
         return;
     }
-    e->qp = qp;
-    e->caps = *caps;
-    pthread_mutex_lock(&qc->lock);
     exs_list_add_head(&qc->list, &e->link);
     EXS_CNT_INC(qc->cnt.qp_cache_puts);
     if (EXS_CNT_GET(qc->cnt.qp_cache_entries) >= qc->max_entries) {
