@@ -252,6 +252,7 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
     int wake_up;
     struct epoll_event evs[64];
     int did = 0, n;
+    uint64_t now;
 
     EXS_CNT_INC(ctx->cnt.turns);
     if (ctx->manual) {
@@ -261,16 +262,23 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
     } else {
         wake_up = collect == 2;
     }
-    /* a busy poller's turn that finds work in the rings makes no system call; the
-     * descriptors (doorbell, sockets, pidfds, timer) are read when the rings had nothing
-     * (a turn returns 0 only after looking at everything), every 8th turn, right after a
-     * sleep, and while the last look found some */
-    if (collect == 1 && !ctx->collect_now && (++ctx->turn_seq & 7)) {
+    /* a busy poller's turn makes no system call, whether it finds work in the rings or
+     * spins on empty ones: the descriptors (sockets, pidfds, timer, listeners; the
+     * doorbell only matters to a sleeper) are read right after a sleep (ctx_arm), while
+     * the last read found some, and otherwise once SHM_COLLECT_NS passed since the last
+     * read, the clock being looked at every SHM_COLLECT_TURNS turns only (a clock read
+     * is a system call in some guests). A sleeper loses nothing meanwhile: its event
+     * descriptor is the epoll set itself, readable while any of them is. */
+    if (collect == 1 && !ctx->collect_now) {
         did = shm_rings(ctx, wake_up);
-        if (did)
+        if (++ctx->turn_seq % SHM_COLLECT_TURNS)
+            return did;
+        now = exs__now_ns();
+        if (now - ctx->collect_ns < SHM_COLLECT_NS)
             return did;
     }
     if (collect) {
+        ctx->collect_ns = exs__now_ns();
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
         ctx->collect_now = n > 0;
         for (int i = 0; i < n; i++) {
