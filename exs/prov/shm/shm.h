@@ -146,6 +146,7 @@ struct shm_counters {
     uint64_t bells_tx;
     uint64_t bells_rx;
     uint64_t turns;
+    uint64_t collects;
     uint64_t sleeps;
 };
 

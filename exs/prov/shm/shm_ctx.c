@@ -50,6 +50,8 @@ static const struct exs_counter_desc shm_counter_desc[] = {
     EXS_COUNTER(struct shm_counters, bells_tx, "doorbells written to a sleeping peer"),
     EXS_COUNTER(struct shm_counters, bells_rx, "doorbells read"),
     EXS_COUNTER(struct shm_counters, turns, "turns of the NIC role"),
+    EXS_COUNTER(struct shm_counters, collects,
+                "turns that read the descriptors (epoll_wait): a busy poller's every 200 us"),
     EXS_COUNTER(struct shm_counters, sleeps, "sleeps of the NIC thread or armed consumers"),
 };
 
@@ -278,15 +280,20 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
             return did;
     }
     if (collect) {
+        int found = 0;
+
+        EXS_CNT_INC(ctx->cnt.collects);
         ctx->collect_ns = exs__now_ns();
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
-        ctx->collect_now = n > 0;
         for (int i = 0; i < n; i++) {
             /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
             shm_event(ctx, &evs[i]);
+            /* the consumer's event fd stays readable until its next arm: not work */
             if (evs[i].data.u64 != ((uint64_t)SHM_CTX_EVFD | SHM_TAG_CTX))
-                did++;
+                found++;
         }
+        ctx->collect_now = found > 0;
+        did += found;
     }
     return did + shm_rings(ctx, wake_up);
 }
