@@ -11,6 +11,7 @@
 
 #include "exs/prov/prov.h"
 #include "exs/prov/soft/soft_cq.h"
+#include "exs/prov/soft/soft_keys.h"
 #include "exs/prov/soft/soft_wr.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
@@ -37,8 +38,8 @@
  * Locks: nic_lock (the NIC role: conns, listeners, sockets, rings as consumer) ->
  * ctx->lock (eps, their queues, completion and cm queues, ring as producer, keys) .
  * Payload is copied by the nic_lock holder without ctx->lock, inside the copy fence
- * (copying / copy_key), which revoke and mr_dereg wait for (one copy of at most
- * SHM_COPY_CHUNK bytes), never for a peer.
+ * (ctx->keys, exs/prov/soft/soft_keys.c), which revoke and mr_dereg wait for (one
+ * copy of at most SHM_COPY_CHUNK bytes), never for a peer.
  */
 
 #define SHM_MAGIC         0x45585348u /* "EXSH" */
@@ -61,7 +62,6 @@
 #define SHM_TURN_RECS     256u       /* records carried out per connection per turn */
 #define SHM_COLLECT_NS    200000u    /* a busy ctx_progress reads its descriptors this often, */
 #define SHM_COLLECT_TURNS 128u       /* ... looking at the clock every this many turns */
-#define SHM_MR_HASH       256
 #define SHM_PORT_LO       32768u
 #define SHM_PORT_HI       60999u
 
@@ -153,29 +153,6 @@ struct shm_counters {
 struct shm_ctx;
 struct shm_ep;
 struct shm_conn;
-
-struct shm_key {
-    struct exs_list link; /* hash bucket while live */
-    uint32_t key;
-    uint64_t addr;
-    uint64_t length;
-    unsigned access;
-    struct shm_ep *ep; /* grant: the one ep; NULL: an mr */
-    int live;
-};
-
-struct shm_mr {
-    struct exs_prov_mr base;
-    struct shm_key key;
-    unsigned grants;
-};
-
-struct shm_grant {
-    struct exs_prov_grant base;
-    struct shm_key key;
-    struct shm_mr *mr;
-    struct exs_list ep_link;
-};
 
 struct shm_wr {
     struct exs_list link; /* ep->sq_pend, then ep->sq */
@@ -290,14 +267,7 @@ struct shm_ctx {
     struct exs_prov_ctx base;
     pthread_mutex_t nic_lock;
     pthread_mutex_t lock;
-    pthread_cond_t copy_cond;
-    int copying;
-    uint64_t copy_gen;
-    struct shm_key *copy_key;
-    unsigned copy_waiters;
-    struct exs_list mr_hash[SHM_MR_HASH];
-    uint32_t key_pool[64];
-    unsigned key_pool_n;
+    struct exs_soft_keys keys; /* mrs, grants, the copy fence (ctx->lock) */
     int epfd;
     int bell; /* our doorbell: peers write it when we sleep */
     int timerfd;
@@ -391,10 +361,10 @@ int exs__shm_check_local_locked(struct shm_ctx *ctx, const struct exs_prov_sge *
 /* NIC: raise the copy fence over a live key of ep covering [addr, addr+len) with access;
  * -EACCES when there is none. ctx->lock not held. */
 int exs__shm_fence_remote(struct shm_ctx *ctx, struct shm_ep *ep, uint32_t rkey, uint64_t addr,
-                          uint64_t len, unsigned access, struct shm_key **key_p);
+                          uint64_t len, unsigned access, struct exs_soft_key **key_p);
 /* Between two chunks of one copy, the fence still up: 0 to go on, or -EACCES when the key
  * was killed meanwhile (the fence is then down: no exs__shm_fence_end). */
-int exs__shm_fence_next(struct shm_ctx *ctx, struct shm_key *key);
+int exs__shm_fence_next(struct shm_ctx *ctx, struct exs_soft_key *key);
 void exs__shm_fence_end(struct shm_ctx *ctx);
 
 /* shm_cm.c */

@@ -479,7 +479,7 @@ static void shm_ctx_free(struct shm_ctx *ctx)
     exs__soft_cq_fini(&ctx->cq);
     pthread_mutex_destroy(&ctx->nic_lock);
     pthread_mutex_destroy(&ctx->lock);
-    pthread_cond_destroy(&ctx->copy_cond);
+    exs__soft_keys_fini(&ctx->keys);
     free(ctx);
 }
 
@@ -502,9 +502,7 @@ static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->manual = attr && (attr->flags & EXS_PROV_ATTR_MANUAL_PROGRESS);
     pthread_mutex_init(&ctx->nic_lock, NULL);
     pthread_mutex_init(&ctx->lock, NULL);
-    pthread_cond_init(&ctx->copy_cond, NULL);
-    for (int i = 0; i < SHM_MR_HASH; i++)
-        exs_list_init(&ctx->mr_hash[i]);
+    exs__soft_keys_init(&ctx->keys, &ctx->lock);
     exs_list_init(&ctx->cm_events);
     exs_list_init(&ctx->eps);
     exs_list_init(&ctx->conns);

@@ -752,7 +752,7 @@ static void tcp_ctx_free(struct tcp_ctx *ctx)
     pthread_mutex_destroy(&ctx->lock);
     pthread_mutex_destroy(&ctx->nic_lock);
     pthread_mutex_destroy(&ctx->mr_lock);
-    pthread_cond_destroy(&ctx->copy_cond);
+    exs__soft_keys_fini(&ctx->keys);
     exs__soft_cq_fini(&ctx->cq);
     free(ctx);
 }
@@ -786,9 +786,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     pthread_mutex_init(&ctx->nic_lock, NULL);
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->mr_lock, NULL);
-    pthread_cond_init(&ctx->copy_cond, NULL);
-    for (int i = 0; i < TCP_MR_HASH; i++)
-        exs_list_init(&ctx->mr_hash[i]);
+    exs__soft_keys_init(&ctx->keys, &ctx->mr_lock);
     exs_list_init(&ctx->cm_events);
     exs_list_init(&ctx->work_eps);
     exs_list_init(&ctx->eps);
