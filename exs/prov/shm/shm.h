@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "exs/prov/prov.h"
+#include "exs/prov/soft/soft_cm.h"
 #include "exs/prov/soft/soft_cq.h"
 #include "exs/prov/soft/soft_keys.h"
 #include "exs/prov/soft/soft_wr.h"
@@ -258,11 +259,6 @@ struct shm_conn {
     struct exs_list link; /* ctx->conns */
 };
 
-struct shm_cm_node {
-    struct exs_list link;
-    struct exs_prov_cm_event ev;
-};
-
 struct shm_ctx {
     struct exs_prov_ctx base;
     pthread_mutex_t nic_lock;
@@ -330,10 +326,6 @@ extern struct exs_prov_ops exs__prov_shm_ops;
 void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep,
                              const struct exs_prov_cqe *cqe);
 void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev);
-/* ctx->lock held: drop the queued events naming ep (all but requests), and the requests of
- * lis (either may be NULL). */
-void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
-                             const struct exs_prov_listener *lis);
 /* ctx->lock held: queue a WR_FLUSH_ERR completion of ep. */
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op);
 int exs__shm_epoll_add(struct shm_ctx *ctx, int fd, void *ptr, unsigned tag);

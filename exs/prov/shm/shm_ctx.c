@@ -133,37 +133,14 @@ void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep, const struc
 
 void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev)
 {
-    struct shm_cm_node *n = malloc(sizeof(*n));
+    struct exs_soft_cm_node *n = exs__soft_cm_new(ctx, ev);
 
-    if (!n) {
-        EXS_ERR(PROV, "ctx %p: cm event %s lost: out of memory", (void *)ctx,
-                exs__prov_cm_event_str(ev->type));
+    if (!n)
         return;
-    }
-    n->ev = *ev;
-    EXS_DBG(PROV, "shm ctx %p: cm event %s ep %p status %d", (void *)ctx,
-            exs__prov_cm_event_str(ev->type), (void *)ev->ep, ev->status);
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->cm_events, &n->link);
     shm_notify_locked(ctx);
     pthread_mutex_unlock(&ctx->lock);
-}
-
-void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
-                             const struct exs_prov_listener *lis)
-{
-    struct exs_list *pos, *tmp;
-
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_events)
-    {
-        struct shm_cm_node *n = exs_list_entry(pos, struct shm_cm_node, link);
-        int req = n->ev.type == EXS_PROV_CM_CONNECT_REQUEST;
-
-        if ((ep && !req && n->ev.ep == ep) || (lis && req && n->ev.listener == lis)) {
-            exs_list_del(&n->link);
-            free(n);
-        }
-    }
 }
 
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op)
@@ -448,26 +425,15 @@ static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
 static int shm_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 {
     struct shm_ctx *ctx = shm_ctx_of(c);
-    struct exs_list *l;
 
-    pthread_mutex_lock(&ctx->lock);
-    l = exs_list_pop_head(&ctx->cm_events);
-    pthread_mutex_unlock(&ctx->lock);
-    if (!l)
-        return 0;
-    *ev = exs_list_entry(l, struct shm_cm_node, link)->ev;
-    free(exs_list_entry(l, struct shm_cm_node, link));
-    return 1;
+    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, ev);
 }
 
 /* ---- open and close ---- */
 
 static void shm_ctx_free(struct shm_ctx *ctx)
 {
-    struct exs_list *l;
-
-    while ((l = exs_list_pop_head(&ctx->cm_events)) != NULL)
-        free(exs_list_entry(l, struct shm_cm_node, link));
+    exs__soft_cm_free_all(&ctx->cm_events);
     if (ctx->epfd >= 0)
         close(ctx->epfd);
     if (ctx->bell >= 0)

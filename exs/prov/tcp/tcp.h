@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 
 #include "exs/prov/prov.h"
+#include "exs/prov/soft/soft_cm.h"
 #include "exs/prov/soft/soft_cq.h"
 #include "exs/prov/soft/soft_keys.h"
 #include "exs/prov/soft/soft_wr.h"
@@ -334,11 +335,6 @@ struct tcp_cmd {
     int ret;
 };
 
-struct tcp_cm_node {
-    struct exs_list link;
-    struct exs_prov_cm_event ev;
-};
-
 struct tcp_ctx {
     struct exs_prov_ctx base;
     pthread_mutex_t nic_lock; /* the NIC role (see the top of this file) */
@@ -361,7 +357,7 @@ struct tcp_ctx {
     int evfd_set; /* (lock) evfd written since ctx_arm last read it */
     /* completion queue ring (lock) */
     struct exs_soft_cq cq;     /* reserved: sum of max_send_wr + max_recv_wr of live eps */
-    struct exs_list cm_events; /* tcp_cm_node (lock) */
+    struct exs_list cm_events; /* exs_soft_cm_node (lock) */
     struct exs_list work_eps;  /* eps with new sends or lost completions (lock) */
     struct exs_list eps;       /* (lock) */
     /* NIC (nic_lock) */
