@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The key table of the software providers (tcp, shm): memory regions and grants under
  * random keys, the local and remote checks, and the copy fence that revoke and mr_dereg
- * wait for (soft_keys.c; spec/provider-tcp.md, Keys and grants; spec/provider-shm.md).
+ * wait for (soft_keys.c; spec/provider-tcp.md, Keys and Fencing; spec/provider-shm.md).
  * Every field is under the provider's lock that the table was made with (tcp: mr_lock,
  * shm: ctx->lock); nothing under it waits for a peer. */
 #ifndef EXS_PROV_SOFT_SOFT_KEYS_H
