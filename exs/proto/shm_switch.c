@@ -29,6 +29,7 @@ struct exs_shmsw_counters {
     uint64_t shm_declined_host;
     uint64_t shm_declined_user;
     uint64_t shm_declined_listener;
+    uint64_t shm_declined_at_peer;
 };
 
 static struct exs_shmsw_counters shmsw_cnt;
@@ -45,6 +46,8 @@ static const struct exs_counter_desc shmsw_counter_desc[] = {
     EXS_COUNTER(struct exs_shmsw_counters, shm_declined_listener,
                 "... the peer's shm listener was not found, or is not the process it claimed "
                 "(active side)"),
+    EXS_COUNTER(struct exs_shmsw_counters, shm_declined_at_peer,
+                "... the active side declined our SHM_SWITCH (passive side)"),
 };
 
 static struct exs_counter_set shmsw_cset = {
@@ -117,6 +120,30 @@ static void shmsw_offer_make(struct exs_wire_shm_offer *o)
 
 /* ---- the decision ---- */
 
+/* Active side that stays after the passive side's SHM_SWITCH: tell it (SHM_SWITCH with
+ * DECLINED), so that it gives up the cut-over too and a later failure of the path ends
+ * its end at once rather than after connect_timeout_ms of waiting for our resume. */
+static void shmsw_decline_locked(struct exs_conn *conn)
+{
+    struct exs_wire_ctrl_hdr no = {.type = EXS_CTRL_SHM_SWITCH,
+                                   .flags = EXS_WIRE_SHM_SWITCH_DECLINED,
+                                   .len = htobe16(EXS_WIRE_SHM_SWITCH_LEN)};
+
+    if (!conn->active || !conn->shmsw.sw || conn->shmsw.declined)
+        return;
+    conn->shmsw.declined = 1;
+    if (!exs__conn_ctrl_room_locked(conn, sizeof(no)))
+        (void)exs__conn_ctrl_flush_locked(conn);
+    if (!exs__conn_ctrl_room_locked(conn, sizeof(no))) {
+        EXS_INFO(PROTO,
+                 "conn %p: no room to decline the peer's SHM_SWITCH: a failure of the "
+                 "path leaves the peer waiting for a resume",
+                 (void *)conn);
+        return;
+    }
+    exs__conn_ctrl_append_locked(conn, &no, sizeof(no));
+}
+
 /* A connection that stays on its path: the cut-over only shm made possible (the session
  * of a connection whose fallback is the shm context) is given up, so that a later failure
  * of the path ends it as before rather than waiting for a shm path that cannot come. */
@@ -129,6 +156,7 @@ static void shmsw_stay_locked(struct exs_conn *conn, int reason, uint64_t *cnt)
     conn->resume_noted = 1;
     if (cnt)
         EXS_CNT_INC(*cnt);
+    shmsw_decline_locked(conn);
     if (strcmp(exs__params.shm, "on") == 0 || strcmp(exs__params.shm, "1") == 0) {
         char why[EXS_PATH_MAX];
 
@@ -278,15 +306,27 @@ int exs__shmsw_on_switch(struct exs_conn *conn, const uint8_t *rec,
     if (!conn->p.shm)
         return exs__proto_violation(conn, EXS_PV_FEATURE, EXS_CTRL_SHM_SWITCH,
                                     "feature SHM (bit 10) not negotiated");
+    if (h->flags & ~EXS_WIRE_SHM_SWITCH_DECLINED)
+        return exs__proto_violation(conn, EXS_PV_RESERVED, EXS_CTRL_SHM_SWITCH, "flags %#x set",
+                                    h->flags);
+    if (h->flags & EXS_WIRE_SHM_SWITCH_DECLINED) {
+        if (conn->active || !conn->shmsw.sw || conn->shmsw.declined)
+            return exs__proto_violation(conn, EXS_PV_SHM, EXS_CTRL_SHM_SWITCH, "%s",
+                                        conn->active           ? "DECLINED from the passive side"
+                                        : conn->shmsw.declined ? "a second DECLINED"
+                                                               : "DECLINED before our SHM_SWITCH");
+        conn->shmsw.declined = 1;
+        /* unless we stay already (shutting down): the session's cut-over is given up */
+        if (conn->shmsw.reason == EXS_SHMSW_SWITCHING)
+            shmsw_stay_locked(conn, EXS_SHMSW_DECLINED, &shmsw_cnt.shm_declined_at_peer);
+        return 0;
+    }
     if (!conn->active)
         return exs__proto_violation(conn, EXS_PV_SHM, EXS_CTRL_SHM_SWITCH, "from the active side");
     if (!conn->shmsw.got || conn->shmsw.sw)
         return exs__proto_violation(conn, EXS_PV_SHM, EXS_CTRL_SHM_SWITCH, "%s",
                                     conn->shmsw.sw ? "a second one"
                                                    : "before the peer's SHM_OFFER");
-    if (h->flags)
-        return exs__proto_violation(conn, EXS_PV_RESERVED, EXS_CTRL_SHM_SWITCH, "flags %#x set",
-                                    h->flags);
     conn->shmsw.sw = 1;
     /* a passive side whose offer did not match ours never sends one */
     if (!conn->shmsw.match)
@@ -335,6 +375,9 @@ void exs__shmsw_path_locked(const struct exs_conn *conn, char *buf, size_t len)
         break;
     case EXS_SHMSW_ENDING:
         why = "shut down before the switch";
+        break;
+    case EXS_SHMSW_DECLINED:
+        why = "peer declined the switch";
         break;
     case EXS_SHMSW_SWITCHING:
         why = conn->resume.over && strcmp(prov, "shm") == 0 ? "same host" : "switching";

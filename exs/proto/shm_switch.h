@@ -20,6 +20,7 @@ enum exs_shmsw_reason {
     EXS_SHMSW_NO_ROOM,     /* the passive side had no room for SHM_SWITCH */
     EXS_SHMSW_ENDING,      /* shut down before the switch */
     EXS_SHMSW_SWITCHING,   /* the cut-over to shm began (on shm once it is done) */
+    EXS_SHMSW_DECLINED,    /* passive: the active side declined our SHM_SWITCH */
 };
 
 /* Its part of struct exs_conn (conn->shmsw). */
@@ -30,6 +31,7 @@ struct exs_shmsw_state {
     int match;         /* ... and names our host, name space and user */
     int sw;            /* SHM_SWITCH sent (passive) or received (active) */
     int started;       /* active: the cut-over began */
+    int declined;      /* SHM_SWITCH with DECLINED sent (active) or received (passive) */
     int err;           /* NO_LISTENER: the errno of the look */
     uint32_t peer_pid; /* the pid the peer's offer claimed */
 };

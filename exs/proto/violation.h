@@ -66,8 +66,9 @@ struct exs_conn;
       "order, with another length, or never announced")                                            \
     X(COMPLETION, "completion", "4", "a receive completion of a kind the protocol never causes")   \
     X(SHM, "shm", "5",                                                                             \
-      "an SHM_OFFER or SHM_SWITCH refused (a second one, a SWITCH from the active side, before "   \
-      "the peer's offer, or after offers that do not match)")
+      "an SHM_OFFER or SHM_SWITCH refused (a second one, a SWITCH from the active side "           \
+      "without DECLINED or from the passive side with it, before the peer's offer or SWITCH, or "  \
+      "after offers that do not match)")
 
 enum exs_pv_rule {
     EXS_PV_NONE = 0,

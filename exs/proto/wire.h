@@ -50,7 +50,8 @@
  *       having it (and bit 7), each side sends an SHM_OFFER record (type 14) after its
  *       SESSION; the passive side answers a matching offer by SHM_SWITCH (type 15), and
  *       the active side then cuts the connection over to shm (§9.2) once the peer's shm
- *       listener proved to be the process it claimed (spec/provider-shm.md).
+ *       listener proved to be the process it claimed (spec/provider-shm.md), or answers
+ *       SHM_SWITCH with flag DECLINED (1) when it stays.
  */
 #define EXS_WIRE_VERSION 2u
 #define EXS_WIRE_MAGIC   0x4558u /* "EX" */
@@ -430,9 +431,14 @@ struct exs_wire_shm_offer {
 
 /* SHM_SWITCH (§9.2, feature SHM): the header alone, sent once by the passive side after its
  * SHM_OFFER when the active side's offer matched its own (same host, name space, user):
- * it holds both session keys, so the active side may cut over. From the active side, or
- * before the passive side's SHM_OFFER, a protocol error. hdr.flags 0. */
+ * it holds both session keys, so the active side may cut over; hdr.flags 0. The active
+ * side's answer when it does not cut over (the peer's shm listener is not the process
+ * it claimed, or the connection is shutting down): SHM_SWITCH with flag DECLINED, once,
+ * after the passive side's; the passive side then gives up the session's cut-over as
+ * the active side did. Anything else (from the active side without DECLINED, DECLINED
+ * from the passive side or before its SHM_SWITCH, other flags) is a protocol error. */
 #define EXS_WIRE_SHM_SWITCH_LEN EXS_WIRE_CTRL_HDR_LEN
+enum { EXS_WIRE_SHM_SWITCH_DECLINED = 1u << 0 }; /* SHM_SWITCH hdr.flags */
 
 /* NOP: the header alone. */
 #define EXS_WIRE_NOP_LEN EXS_WIRE_CTRL_HDR_LEN

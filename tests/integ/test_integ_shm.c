@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -114,10 +115,48 @@ static void shm_echo_child(int to_parent, int type)
     }
 }
 
+/* The active peer that declines (exs_integ_test --child-shm-echo FD TYPE PORT): connects to
+ * PORT of this host, waits until it declined the switch (the listener's process claimed
+ * another pid), says so by a byte on FD and waits to be killed. */
+static void shm_decline_child(int to_parent, int type, unsigned port) __attribute__((noreturn));
+static void shm_decline_child(int to_parent, int type, unsigned port)
+{
+    static const char want[] = "tcp: peer's shm listener is another process";
+    struct sockaddr_in sin = {.sin_family = AF_INET,
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                              .sin_port = htons((uint16_t)port)};
+    char path[EXS_PATH_MAX] = "";
+    exs_event_t ev;
+    exs_qhandle_t q;
+    int fd;
+
+    if (exs_init(EXS_VERSION) != EXS_VERSION)
+        _exit(3);
+    q = exs_qcreate(8);
+    fd = exs_socket(AF_INET, type, 0);
+    if (q == EXS_QHANDLE_INVALID || fd < 0 ||
+        exs_connect(fd, (struct sockaddr *)&sin, sizeof(sin), q, NULL) ||
+        exs_qdequeue(q, &ev, 1, NULL) != 1 || ev.exs_evt_errno)
+        _exit(4);
+    for (double t0 = it_now_ms(); strcmp(path, want);) {
+        socklen_t pl = sizeof(path);
+
+        if (exs_getsockopt(fd, SOL_EXS, EXS_SO_PATH, path, &pl) || it_now_ms() - t0 > IT_TIMEOUT_MS)
+            _exit(5);
+        it_sleep_ms(1);
+    }
+    if (write(to_parent, "D", 1) != 1)
+        _exit(6);
+    for (;;)
+        pause();
+}
+
 int it_child_shm_echo(int argc, char **argv)
 {
     if (argc < 2)
         return 2;
+    if (argc >= 3)
+        shm_decline_child(atoi(argv[0]), atoi(argv[1]), (unsigned)atoi(argv[2]));
     shm_echo_child(atoi(argv[0]), atoi(argv[1]));
 }
 
@@ -335,6 +374,76 @@ START_TEST(test_shm_lying_peer_stays)
 }
 END_TEST
 
+/* The passive side of a declined switch: this process listens and lies in its SHM_OFFER
+ * (pid 1); the active peer process agrees on host, name space and user, takes our
+ * SHM_SWITCH, finds our shm listener is not pid 1 and declines (SHM_SWITCH with
+ * DECLINED). Our end then says so (counted) and has given up the cut-over: once the peer
+ * is frozen (SIGSTOP), keepalive's verdict ends the connection (ETIMEDOUT) instead of
+ * starting a wait of EXS_CONNECT_TIMEOUT_MS (600 s here) for a resume that cannot come. */
+START_TEST(test_shm_declined_passive_ends)
+{
+    struct sockaddr_in sin;
+    struct it_buf *rx;
+    exs_event_t ev;
+    exs_qhandle_t q;
+    int pipefd[2], lfd, fd, status;
+    uint64_t d0;
+    pid_t pid;
+    char c;
+
+    if (skip_unless_tcp("shm_declined_passive_ends"))
+        return;
+    ck_assert_int_eq(pipe(pipefd), 0);
+    it_setenv("EXS_SHM", "on");
+    it_setenv("EXS_TEST_SHM_PID", "1");
+    it_setenv("EXS_CONNECT_TIMEOUT_MS", "600000");
+    it_setenv("EXS_KEEPALIVE_INTV_MS", "200");
+    it_init();
+    d0 = path_count("shm_declined_at_peer");
+    q = it_qcreate(16);
+    lfd = it_listen(SOCK_SEQPACKET, &sin);
+    IT_EXPECT_OK(exs_accept(lfd, q, NULL));
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char a_fd[16], a_type[16], a_port[16];
+
+        close(pipefd[0]);
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        snprintf(a_fd, sizeof(a_fd), "%d", pipefd[1]);
+        snprintf(a_type, sizeof(a_type), "%d", SOCK_SEQPACKET);
+        snprintf(a_port, sizeof(a_port), "%u", ntohs(sin.sin_port));
+        unsetenv("EXS_TEST_SHM_PID");
+        unsetenv("EXS_CONNECT_TIMEOUT_MS");
+        unsetenv("EXS_KEEPALIVE_INTV_MS");
+        execl("/proc/self/exe", "exs_integ_test", "--child-shm-echo", a_fd, a_type, a_port,
+              (char *)NULL);
+        _exit(7);
+    }
+    close(pipefd[1]);
+    it_wait_event(q, EXS_EVT_ACCEPT, lfd, &ev);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    fd = ev.exs_evt_u.exs_evt_accept.exs_evt_newfd;
+    /* the peer declined; its answer reaches this end */
+    ck_assert_int_eq(read(pipefd[0], &c, 1), 1);
+    close(pipefd[0]);
+    wait_path(fd, "tcp: peer declined the switch");
+    ck_assert_uint_eq(path_count("shm_declined_at_peer") - d0, 1);
+    rx = it_buf_new(64, 1);
+    IT_POST_RECV(fd, rx->p, 64, q, IT_AH(1), rx->mh);
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    /* keepalive finds the frozen peer (4 x 200 ms), and the connection ends: within
+     * IT_TIMEOUT_MS (30 s), far below the 600 s a kept session would wait */
+    it_expect_err(q, EXS_EVT_RECV, fd, IT_AH(1), ETIMEDOUT);
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    it_buf_free(rx);
+    it_close(fd, q);
+    it_close(lfd, q);
+    it_qdelete(q);
+}
+END_TEST
+
 /* Without the switch: a pair of this process on the provider under test says so. Over
  * tcp chosen explicitly (EXS_PROVIDER=tcp: EXS_SHM auto is off) "tcp: shm off here", over
  * shm itself "shm: provider chosen"; EXS_SO_PATH without a connection is ENOTCONN. */
@@ -369,6 +478,7 @@ Suite *integ_shm_suite(void)
     tcase_add_loop_test(tc, test_shm_switch_two_processes, 0, 2);
     tcase_add_loop_test(tc, test_shm_off_either_side, 0, 2);
     tcase_add_test(tc, test_shm_lying_peer_stays);
+    tcase_add_test(tc, test_shm_declined_passive_ends);
     tcase_add_test(tc, test_shm_path_without_switch);
     suite_add_tcase(s, tc);
     return s;

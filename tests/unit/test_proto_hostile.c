@@ -1737,7 +1737,19 @@ END_TEST
  *  3 an SHM_OFFER with a reserved byte set (reserved)
  *  4 a matching offer (b's own): b answers SHM_SWITCH and stays connected
  *  5 an offer of another host: b stays on its path, says why, sends no SHM_SWITCH
+ *  6 a matching offer, then the raw peer declines (SHM_SWITCH flag DECLINED): b stays on
+ *    its path, says "peer declined the switch" and has given up the cut-over
+ *  7 DECLINED after an offer of another host (no SHM_SWITCH of b's to decline) (shm)
+ *  8 a second DECLINED (shm)                           9 SHM_SWITCH with flag 2 (reserved)
  * A refused record resets the connection with its rule kept. */
+static void raw_shm_switch(uint8_t flags)
+{
+    struct exs_wire_ctrl_hdr h = {
+        .type = EXS_CTRL_SHM_SWITCH, .flags = flags, .len = htobe16(EXS_WIRE_SHM_SWITCH_LEN)};
+
+    raw_post(EXS_PROV_WR_SEND, &h, sizeof(h), 0, 0, 0);
+}
+
 START_TEST(hs_shm_records)
 {
     static const unsigned want_rule[4] = {EXS_PV_FEATURE, EXS_PV_SHM, EXS_PV_SHM, EXS_PV_RESERVED};
@@ -1758,7 +1770,7 @@ START_TEST(hs_shm_records)
     o.hdr.len = htobe16(EXS_WIRE_SHM_OFFER_LEN);
     if (_i == 3)
         o.rsvd[5] = 1;
-    if (_i == 5)
+    if (_i == 5 || _i == 7)
         o.host_id[0] ^= 0xff;
     if (_i == 2)
         raw_ctrl(EXS_CTRL_SHM_SWITCH, EXS_WIRE_SHM_SWITCH_LEN, 0, NULL, 0);
@@ -1777,10 +1789,30 @@ START_TEST(hs_shm_records)
         return;
     }
     pt_run(&pp);
+    if (_i >= 6) {
+        raw_shm_switch(_i == 9 ? 2 : EXS_WIRE_SHM_SWITCH_DECLINED);
+        if (_i == 8) { /* the first is taken */
+            pt_run(&pp);
+            ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+            raw_shm_switch(EXS_WIRE_SHM_SWITCH_DECLINED);
+        }
+        if (_i > 6) {
+            expect_reset();
+            ck_assert_int_eq(exs__pv_get(pp.b.conn, &pv), 0);
+            ck_assert_uint_eq(pv.rule, _i == 9 ? EXS_PV_RESERVED : EXS_PV_SHM);
+            raw_close();
+            return;
+        }
+        pt_run(&pp);
+    }
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
-    ck_assert_int_eq(pp.b.conn->shmsw.sw, _i == 4);
+    ck_assert_int_eq(pp.b.conn->shmsw.sw, _i == 4 || _i == 6);
+    /* the cut-over is kept only while the switch may still come */
+    ck_assert_int_eq(pp.b.conn->resume.over, _i != 4);
     ck_assert_int_eq(exs__conn_path(pp.b.conn, path, sizeof(path)), (int)strlen(path) + 1);
-    ck_assert_str_eq(strchr(path, ':'), _i == 4 ? ": switching" : ": other host");
+    ck_assert_str_eq(strchr(path, ':'), _i == 4   ? ": switching"
+                                        : _i == 6 ? ": peer declined the switch"
+                                                  : ": other host");
     exs__conn_close(pp.b.conn);
     raw_close();
 }
@@ -3341,7 +3373,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_loop_test(tc, hs_resize_bad_answer, 0, 6);
     tcase_add_loop_test(tc, hs_frag_pieces, 0, 7);
     tcase_add_loop_test(tc, hs_session_sent, 0, 2);
-    tcase_add_loop_test(tc, hs_shm_records, 0, 6);
+    tcase_add_loop_test(tc, hs_shm_records, 0, 10);
     tcase_add_loop_test(tc, hs_resume_bad, 0, 10);
     tcase_add_loop_test(tc, hs_session_active_checks, 0, 4);
     tcase_add_loop_test(tc, hs_resume_positions, 0, 2);

@@ -704,12 +704,31 @@ START_TEST(golden_session)
 }
 END_TEST
 
+/* The SHM_SWITCH records in ep's SENDs from capture from on, each asserted to be 0f FLAGS 00 08
+ * (type 15, the header alone); how many. */
+static int cap_shm_switches(const struct exs_prov_ep *ep, int from, uint8_t flags)
+{
+    const uint8_t want[4] = {0x0f, flags, 0x00, 0x08};
+    int n = 0;
+
+    for (int i = from; i < ncaps; i++)
+        if (caps[i].ep == ep && caps[i].opcode == EXS_PROV_WR_SEND)
+            for (uint32_t o = 0; o + EXS_WIRE_CTRL_HDR_LEN <= caps[i].len;
+                 o += (uint32_t)caps[i].bytes[o + 2] << 8 | caps[i].bytes[o + 3])
+                if (caps[i].bytes[o] == EXS_CTRL_SHM_SWITCH) {
+                    assert_bytes(caps[i].bytes + o, want, sizeof(want));
+                    n++;
+                }
+    return n;
+}
+
 /* spec/provider-shm.md, Chosen by itself (feature SHM, bit 10): with both sides resumable
  * and shm on, both hellos have bits 7 and 10 and each side's first SEND is RING, SESSION,
  * then SHM_OFFER (type 14, 48 bytes): the boot id (16), the network name space's inode
  * (8), the effective uid (4) and the pid (4), 8 zero bytes. The passive side, whose
  * offer matches the active side's (one process), then sends SHM_SWITCH (type 15, the
- * header alone). */
+ * header alone); the active side, which finds no shm listener there (the mock), declines
+ * (SHM_SWITCH with flag DECLINED, 1). */
 START_TEST(golden_shm_offer)
 {
     uint8_t want[EXS_WIRE_SHM_OFFER_LEN] = {
@@ -719,7 +738,7 @@ START_TEST(golden_shm_offer)
     struct exs_wire_hello h;
     char text[64] = "";
     struct stat st;
-    int fa = 0, fb = 0, nsw = 0;
+    int fa = 0, fb = 0;
     FILE *f;
 
     ck_assert_uint_eq(EXS_WIRE_FEAT_SHM, 0x400);
@@ -767,18 +786,15 @@ START_TEST(golden_shm_offer)
         assert_bytes(cp->bytes + off, want, sizeof(want));
     }
     /* b's later SENDs: one SHM_SWITCH record, 8 bytes, flags 0 */
-    for (int i = fb; i < ncaps; i++)
-        if (caps[i].ep == pp.b.conn->ep && caps[i].opcode == EXS_PROV_WR_SEND)
-            for (uint32_t o = 0; o + EXS_WIRE_CTRL_HDR_LEN <= caps[i].len;
-                 o += (uint32_t)caps[i].bytes[o + 2] << 8 | caps[i].bytes[o + 3])
-                if (caps[i].bytes[o] == EXS_CTRL_SHM_SWITCH) {
-                    static const uint8_t sw[4] = {0x0f, 0x00, 0x00, 0x08};
-
-                    assert_bytes(caps[i].bytes + o, sw, sizeof(sw));
-                    nsw++;
-                }
-    ck_assert_int_eq(nsw, 1);
+    ck_assert_int_eq(cap_shm_switches(pp.b.conn->ep, fb, 0x00), 1);
     ck_assert_int_eq(pp.a.conn->shmsw.sw, 1);
+    /* a finds no shm listener of b's port (the mock has none) and stays: its answer is
+     * SHM_SWITCH with flag DECLINED (1), once; b then gives up the cut-over too */
+    ck_assert_int_eq(EXS_WIRE_SHM_SWITCH_DECLINED, 1);
+    ck_assert_int_eq(cap_shm_switches(pp.a.conn->ep, fa, 0x01), 1);
+    ck_assert_int_eq(pp.a.conn->shmsw.reason, EXS_SHMSW_NO_LISTENER);
+    ck_assert_int_eq(pp.b.conn->shmsw.reason, EXS_SHMSW_DECLINED);
+    ck_assert_int_eq(pp.b.conn->resume.over, 1);
     gp_teardown();
 }
 END_TEST

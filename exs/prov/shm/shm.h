@@ -10,7 +10,9 @@
 #include <sys/types.h>
 
 #include "exs/prov/prov.h"
+#include "exs/prov/soft/soft_cm.h"
 #include "exs/prov/soft/soft_cq.h"
+#include "exs/prov/soft/soft_keys.h"
 #include "exs/prov/soft/soft_wr.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
@@ -37,31 +39,32 @@
  * Locks: nic_lock (the NIC role: conns, listeners, sockets, rings as consumer) ->
  * ctx->lock (eps, their queues, completion and cm queues, ring as producer, keys) .
  * Payload is copied by the nic_lock holder without ctx->lock, inside the copy fence
- * (copying / copy_key), which revoke and mr_dereg wait for (one copy of at most
- * SHM_COPY_CHUNK bytes), never for a peer.
+ * (ctx->keys, exs/prov/soft/soft_keys.c), which revoke and mr_dereg wait for (one
+ * copy of at most SHM_COPY_CHUNK bytes), never for a peer.
  */
 
-#define SHM_MAGIC       0x45585348u /* "EXSH" */
-#define SHM_VERSION     1
-#define SHM_SLOT        64u          /* ring records are whole cache lines */
-#define SHM_RING_BYTES  (256u << 10) /* per direction, a power of two */
-#define SHM_SEG_HDR     4096u        /* the two lines, then the rings */
-#define SHM_SEG_BYTES   (SHM_SEG_HDR + 2u * SHM_RING_BYTES)
-#define SHM_REC_HDR     32u
-#define SHM_RING_INLINE 4096u /* payloads up to this ride in the ring */
-#define SHM_MAX_SGE     16u
-#define SHM_REC_MAX     (SHM_REC_HDR + SHM_RING_INLINE)
-#define SHM_MAX_WR      4096u
-#define SHM_MAX_INLINE  256u
-#define SHM_CQ_MAX      (1u << 22)
-#define SHM_CQ_SIZE     65536u
-#define SHM_PD_MAX      256u
-#define SHM_MAX_RD      16u        /* READs outstanding per ep */
-#define SHM_COPY_CHUNK  (1u << 20) /* one process_vm call; the fence is re-checked between */
-#define SHM_TURN_RECS   256u       /* records carried out per connection per turn */
-#define SHM_MR_HASH     256
-#define SHM_PORT_LO     32768u
-#define SHM_PORT_HI     60999u
+#define SHM_MAGIC         0x45585348u /* "EXSH" */
+#define SHM_VERSION       1
+#define SHM_SLOT          64u          /* ring records are whole cache lines */
+#define SHM_RING_BYTES    (256u << 10) /* per direction, a power of two */
+#define SHM_SEG_HDR       4096u        /* the two lines, then the rings */
+#define SHM_SEG_BYTES     (SHM_SEG_HDR + 2u * SHM_RING_BYTES)
+#define SHM_REC_HDR       32u
+#define SHM_RING_INLINE   4096u /* payloads up to this ride in the ring */
+#define SHM_MAX_SGE       16u
+#define SHM_REC_MAX       (SHM_REC_HDR + SHM_RING_INLINE)
+#define SHM_MAX_WR        4096u
+#define SHM_MAX_INLINE    256u
+#define SHM_CQ_MAX        (1u << 22)
+#define SHM_CQ_SIZE       65536u
+#define SHM_PD_MAX        256u
+#define SHM_MAX_RD        16u        /* READs outstanding per ep */
+#define SHM_COPY_CHUNK    (1u << 20) /* one process_vm call; the fence is re-checked between */
+#define SHM_TURN_RECS     256u       /* records carried out per connection per turn */
+#define SHM_COLLECT_NS    200000u    /* a busy ctx_progress reads its descriptors this often, */
+#define SHM_COLLECT_TURNS 128u       /* ... looking at the clock every this many turns */
+#define SHM_PORT_LO       32768u
+#define SHM_PORT_HI       60999u
 
 /* record types */
 enum { SHM_REC_SEND = 1, SHM_REC_WRITE = 2, SHM_REC_READ = 3 };
@@ -144,35 +147,13 @@ struct shm_counters {
     uint64_t bells_tx;
     uint64_t bells_rx;
     uint64_t turns;
+    uint64_t collects;
     uint64_t sleeps;
 };
 
 struct shm_ctx;
 struct shm_ep;
 struct shm_conn;
-
-struct shm_key {
-    struct exs_list link; /* hash bucket while live */
-    uint32_t key;
-    uint64_t addr;
-    uint64_t length;
-    unsigned access;
-    struct shm_ep *ep; /* grant: the one ep; NULL: an mr */
-    int live;
-};
-
-struct shm_mr {
-    struct exs_prov_mr base;
-    struct shm_key key;
-    unsigned grants;
-};
-
-struct shm_grant {
-    struct exs_prov_grant base;
-    struct shm_key key;
-    struct shm_mr *mr;
-    struct exs_list ep_link;
-};
 
 struct shm_wr {
     struct exs_list link; /* ep->sq_pend, then ep->sq */
@@ -278,23 +259,11 @@ struct shm_conn {
     struct exs_list link; /* ctx->conns */
 };
 
-struct shm_cm_node {
-    struct exs_list link;
-    struct exs_prov_cm_event ev;
-};
-
 struct shm_ctx {
     struct exs_prov_ctx base;
     pthread_mutex_t nic_lock;
     pthread_mutex_t lock;
-    pthread_cond_t copy_cond;
-    int copying;
-    uint64_t copy_gen;
-    struct shm_key *copy_key;
-    unsigned copy_waiters;
-    struct exs_list mr_hash[SHM_MR_HASH];
-    uint32_t key_pool[64];
-    unsigned key_pool_n;
+    struct exs_soft_keys keys; /* mrs, grants, the copy fence (ctx->lock) */
     int epfd;
     int bell; /* our doorbell: peers write it when we sleep */
     int timerfd;
@@ -312,8 +281,9 @@ struct shm_ctx {
     struct exs_list conns;
     struct exs_list listeners;
     uint64_t timer_armed_ns;
-    unsigned turn_seq; /* turns of ctx_progress: descriptors every 8th */
-    int collect_now;   /* an arm was taken: the next turn reads them */
+    uint64_t collect_ns; /* ctx_progress read the descriptors last then */
+    unsigned turn_seq;   /* turns of ctx_progress: the clock every SHM_COLLECT_TURNS */
+    int collect_now;     /* an arm was taken: the next turn reads them */
     uint32_t rnr_timer_ms;
     uint8_t rnr_retry_max;
     struct shm_counters cnt;
@@ -356,10 +326,6 @@ extern struct exs_prov_ops exs__prov_shm_ops;
 void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep,
                              const struct exs_prov_cqe *cqe);
 void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev);
-/* ctx->lock held: drop the queued events naming ep (all but requests), and the requests of
- * lis (either may be NULL). */
-void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
-                             const struct exs_prov_listener *lis);
 /* ctx->lock held: queue a WR_FLUSH_ERR completion of ep. */
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op);
 int exs__shm_epoll_add(struct shm_ctx *ctx, int fd, void *ptr, unsigned tag);
@@ -387,10 +353,10 @@ int exs__shm_check_local_locked(struct shm_ctx *ctx, const struct exs_prov_sge *
 /* NIC: raise the copy fence over a live key of ep covering [addr, addr+len) with access;
  * -EACCES when there is none. ctx->lock not held. */
 int exs__shm_fence_remote(struct shm_ctx *ctx, struct shm_ep *ep, uint32_t rkey, uint64_t addr,
-                          uint64_t len, unsigned access, struct shm_key **key_p);
+                          uint64_t len, unsigned access, struct exs_soft_key **key_p);
 /* Between two chunks of one copy, the fence still up: 0 to go on, or -EACCES when the key
  * was killed meanwhile (the fence is then down: no exs__shm_fence_end). */
-int exs__shm_fence_next(struct shm_ctx *ctx, struct shm_key *key);
+int exs__shm_fence_next(struct shm_ctx *ctx, struct exs_soft_key *key);
 void exs__shm_fence_end(struct shm_ctx *ctx);
 
 /* shm_cm.c */

@@ -572,7 +572,7 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
     exs__shm_ep_flush_locked(ep); /* frees without completions: destroyed */
     exs__soft_cq_drop_ep(&ctx->cq, &ep->base);
     exs__soft_cq_unreserve(&ctx->cq, (uint64_t)e->attr.max_send_wr + e->attr.max_recv_wr);
-    exs__shm_cm_drop_locked(ctx, e, NULL);
+    exs__soft_cm_drop_locked(&ctx->cm_events, e, NULL);
     exs_list_del(&ep->link);
     pthread_mutex_unlock(&ctx->lock);
     pthread_mutex_unlock(&ctx->nic_lock);

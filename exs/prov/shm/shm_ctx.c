@@ -50,6 +50,8 @@ static const struct exs_counter_desc shm_counter_desc[] = {
     EXS_COUNTER(struct shm_counters, bells_tx, "doorbells written to a sleeping peer"),
     EXS_COUNTER(struct shm_counters, bells_rx, "doorbells read"),
     EXS_COUNTER(struct shm_counters, turns, "turns of the NIC role"),
+    EXS_COUNTER(struct shm_counters, collects,
+                "turns that read the descriptors (epoll_wait): a busy poller's every 200 us"),
     EXS_COUNTER(struct shm_counters, sleeps, "sleeps of the NIC thread or armed consumers"),
 };
 
@@ -131,37 +133,14 @@ void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep, const struc
 
 void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev)
 {
-    struct shm_cm_node *n = malloc(sizeof(*n));
+    struct exs_soft_cm_node *n = exs__soft_cm_new(ctx, ev);
 
-    if (!n) {
-        EXS_ERR(PROV, "ctx %p: cm event %s lost: out of memory", (void *)ctx,
-                exs__prov_cm_event_str(ev->type));
+    if (!n)
         return;
-    }
-    n->ev = *ev;
-    EXS_DBG(PROV, "shm ctx %p: cm event %s ep %p status %d", (void *)ctx,
-            exs__prov_cm_event_str(ev->type), (void *)ev->ep, ev->status);
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->cm_events, &n->link);
     shm_notify_locked(ctx);
     pthread_mutex_unlock(&ctx->lock);
-}
-
-void exs__shm_cm_drop_locked(struct shm_ctx *ctx, const struct exs_prov_ep *ep,
-                             const struct exs_prov_listener *lis)
-{
-    struct exs_list *pos, *tmp;
-
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_events)
-    {
-        struct shm_cm_node *n = exs_list_entry(pos, struct shm_cm_node, link);
-        int req = n->ev.type == EXS_PROV_CM_CONNECT_REQUEST;
-
-        if ((ep && !req && n->ev.ep == ep) || (lis && req && n->ev.listener == lis)) {
-            exs_list_del(&n->link);
-            free(n);
-        }
-    }
 }
 
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op)
@@ -252,6 +231,7 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
     int wake_up;
     struct epoll_event evs[64];
     int did = 0, n;
+    uint64_t now;
 
     EXS_CNT_INC(ctx->cnt.turns);
     if (ctx->manual) {
@@ -261,24 +241,36 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
     } else {
         wake_up = collect == 2;
     }
-    /* a busy poller's turn that finds work in the rings makes no system call; the
-     * descriptors (doorbell, sockets, pidfds, timer) are read when the rings had nothing
-     * (a turn returns 0 only after looking at everything), every 8th turn, right after a
-     * sleep, and while the last look found some */
-    if (collect == 1 && !ctx->collect_now && (++ctx->turn_seq & 7)) {
+    /* a busy poller's turn makes no system call, whether it finds work in the rings or
+     * spins on empty ones: the descriptors (sockets, pidfds, timer, listeners; the
+     * doorbell only matters to a sleeper) are read right after a sleep (ctx_arm), while
+     * the last read found some, and otherwise once SHM_COLLECT_NS passed since the last
+     * read, the clock being looked at every SHM_COLLECT_TURNS turns only (a clock read
+     * is a system call in some guests). A sleeper loses nothing meanwhile: its event
+     * descriptor is the epoll set itself, readable while any of them is. */
+    if (collect == 1 && !ctx->collect_now) {
         did = shm_rings(ctx, wake_up);
-        if (did)
+        if (++ctx->turn_seq % SHM_COLLECT_TURNS)
+            return did;
+        now = exs__now_ns();
+        if (now - ctx->collect_ns < SHM_COLLECT_NS)
             return did;
     }
     if (collect) {
+        int found = 0;
+
+        EXS_CNT_INC(ctx->cnt.collects);
+        ctx->collect_ns = exs__now_ns();
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
-        ctx->collect_now = n > 0;
         for (int i = 0; i < n; i++) {
             /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
             shm_event(ctx, &evs[i]);
+            /* the consumer's event fd stays readable until its next arm: not work */
             if (evs[i].data.u64 != ((uint64_t)SHM_CTX_EVFD | SHM_TAG_CTX))
-                did++;
+                found++;
         }
+        ctx->collect_now = found > 0;
+        did += found;
     }
     return did + shm_rings(ctx, wake_up);
 }
@@ -433,26 +425,15 @@ static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
 static int shm_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 {
     struct shm_ctx *ctx = shm_ctx_of(c);
-    struct exs_list *l;
 
-    pthread_mutex_lock(&ctx->lock);
-    l = exs_list_pop_head(&ctx->cm_events);
-    pthread_mutex_unlock(&ctx->lock);
-    if (!l)
-        return 0;
-    *ev = exs_list_entry(l, struct shm_cm_node, link)->ev;
-    free(exs_list_entry(l, struct shm_cm_node, link));
-    return 1;
+    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, ev);
 }
 
 /* ---- open and close ---- */
 
 static void shm_ctx_free(struct shm_ctx *ctx)
 {
-    struct exs_list *l;
-
-    while ((l = exs_list_pop_head(&ctx->cm_events)) != NULL)
-        free(exs_list_entry(l, struct shm_cm_node, link));
+    exs__soft_cm_free_all(&ctx->cm_events);
     if (ctx->epfd >= 0)
         close(ctx->epfd);
     if (ctx->bell >= 0)
@@ -464,7 +445,7 @@ static void shm_ctx_free(struct shm_ctx *ctx)
     exs__soft_cq_fini(&ctx->cq);
     pthread_mutex_destroy(&ctx->nic_lock);
     pthread_mutex_destroy(&ctx->lock);
-    pthread_cond_destroy(&ctx->copy_cond);
+    exs__soft_keys_fini(&ctx->keys);
     free(ctx);
 }
 
@@ -487,9 +468,7 @@ static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->manual = attr && (attr->flags & EXS_PROV_ATTR_MANUAL_PROGRESS);
     pthread_mutex_init(&ctx->nic_lock, NULL);
     pthread_mutex_init(&ctx->lock, NULL);
-    pthread_cond_init(&ctx->copy_cond, NULL);
-    for (int i = 0; i < SHM_MR_HASH; i++)
-        exs_list_init(&ctx->mr_hash[i]);
+    exs__soft_keys_init(&ctx->keys, &ctx->lock);
     exs_list_init(&ctx->cm_events);
     exs_list_init(&ctx->eps);
     exs_list_init(&ctx->conns);

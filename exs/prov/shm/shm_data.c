@@ -577,7 +577,7 @@ static int shm_copy(struct shm_conn *conn, int to_peer, const struct shm_rsge *l
  * -EFAULT. */
 static int shm_move(struct shm_conn *conn, int to_peer, const struct shm_rsge *lseg, int nl,
                     const struct shm_rsge *rs, int nr, uint64_t pos, uint32_t len,
-                    struct shm_key *key)
+                    struct exs_soft_key *key)
 {
     uint64_t off = 0;
 
@@ -621,7 +621,7 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
     struct shm_ctx *ctx = conn->ctx;
     struct shm_rsge lseg[SHM_MAX_SGE];
     struct exs_soft_rwr *rwr = NULL;
-    struct shm_key *key = NULL;
+    struct exs_soft_key *key = NULL;
     const struct shm_rsge *src = (rec->flags & SHM_RF_INLINE) ? NULL : rs;
     int ret, nl;
 

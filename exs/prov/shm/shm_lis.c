@@ -264,7 +264,7 @@ void exs__shm_listener_destroy(struct exs_prov_listener *l)
     }
     /* the listener's CONNECT_REQUEST events not yet polled */
     pthread_mutex_lock(&ctx->lock);
-    exs__shm_cm_drop_locked(ctx, NULL, l);
+    exs__soft_cm_drop_locked(&ctx->cm_events, NULL, l);
     pthread_mutex_unlock(&ctx->lock);
     exs_list_del(&lis->link);
     pthread_mutex_unlock(&ctx->nic_lock);

@@ -9,7 +9,9 @@
 #include <sys/uio.h>
 
 #include "exs/prov/prov.h"
+#include "exs/prov/soft/soft_cm.h"
 #include "exs/prov/soft/soft_cq.h"
+#include "exs/prov/soft/soft_keys.h"
 #include "exs/prov/soft/soft_wr.h"
 #include "exs/prov/tcp/tcp_wire.h"
 #include "exs/util/counters.h"
@@ -40,12 +42,12 @@
  *
  * Copy fence (spec/provider-tcp.md, "Fencing"): the NIC copies peer bytes into a
  * remote key's memory (WRITE payload) or out of it (READ response) only between
- * exs__tcp_copy_begin, which finds every key involved live, and exs__tcp_copy_end.
+ * exs__tcp_copy_begin, which finds every key involved live, and exs__tcp_copy_end (the
+ * key table and the fence are exs/prov/soft/soft_keys.c's, shared with shm, under mr_lock).
  * revoke and mr_dereg kill the key under mr_lock, then wait only for the copy
  * running at that instant (one non-blocking readv/sendmsg), never for the peer.
  */
 
-#define TCP_MR_HASH        256
 #define TCP_RX_BUDGET      (1u << 20)        /* bytes read per connection per loop turn */
 #define TCP_STG_LEN        4096              /* read-ahead of an UP connection at a frame start */
 #define TCP_ACK_EVERY      16                /* requests between forced ACKs */
@@ -105,34 +107,6 @@ struct tcp_counters {
     uint64_t state_errors;
 };
 
-/* A key the peer may present in a WRITE or READ_REQ: an mr's rkey (valid on every
- * ep of the ctx, as a PD-wide verbs MR) or a grant (valid on its one ep). Every
- * field is under ctx->mr_lock. */
-struct tcp_key {
-    struct exs_list link; /* ctx->mr_hash bucket, while live */
-    uint32_t key;
-    uint64_t addr;     /* first byte the key reaches */
-    uint64_t length;   /* bytes */
-    unsigned access;   /* EXS_PROV_ACCESS_* (grant: exactly one remote right) */
-    struct tcp_ep *ep; /* grant: the one ep; NULL for an mr */
-    int live;          /* in the hash; cleared by revoke / mr_dereg */
-    int orphan;        /* dead and its owner returned: the last put frees it */
-    unsigned users;    /* NIC references: a WRITE being placed, queued READ_RESPs */
-};
-
-struct tcp_mr {
-    struct exs_prov_mr base;
-    struct tcp_key key;
-    unsigned grants; /* live grants inside this mr (mr_lock) */
-};
-
-struct tcp_grant {
-    struct exs_prov_grant base;
-    struct tcp_key key;
-    struct tcp_mr *mr;
-    struct exs_list ep_link; /* ep->grants (mr_lock) */
-};
-
 /* A frame on a connection's transmit queue. */
 enum tcp_txf_kind {
     TCP_TXF_CTRL,      /* malloc'd; payload in buf; freed once sent */
@@ -146,13 +120,13 @@ struct tcp_txf {
     struct tcp_wire_hdr hdr;        /* network order */
     const struct exs_prov_sge *seg; /* payload segments (addr, length) */
     int nseg;
-    struct exs_prov_sge one; /* storage when the payload is one segment */
-    uint64_t total;          /* header + payload bytes */
-    uint64_t off;            /* bytes already written */
-    uint64_t ready_ns;       /* emulation: not before this time */
-    int emu_ok;              /* emulation: cleared to start */
-    struct tcp_key *key;     /* READ_RESP: the key read (users held) */
-    uint8_t buf[];           /* CTRL payload */
+    struct exs_prov_sge one;  /* storage when the payload is one segment */
+    uint64_t total;           /* header + payload bytes */
+    uint64_t off;             /* bytes already written */
+    uint64_t ready_ns;        /* emulation: not before this time */
+    int emu_ok;               /* emulation: cleared to start */
+    struct exs_soft_key *key; /* READ_RESP: the key read (users held) */
+    uint8_t buf[];            /* CTRL payload */
 };
 
 /* A posted send work request. */
@@ -304,7 +278,7 @@ struct tcp_conn {
     struct exs_prov_sge rx_one;
     uint64_t rx_len; /* payload length of the current frame */
     uint64_t rx_off;
-    struct tcp_key *rx_key;      /* WRITE placement target (users held) */
+    struct exs_soft_key *rx_key; /* WRITE placement target (users held) */
     struct exs_soft_rwr *rx_rwr; /* receive being filled */
     struct tcp_wr *rx_wr;        /* READ being filled */
     uint32_t rcv_nxt;            /* next expected request psn */
@@ -362,28 +336,14 @@ struct tcp_cmd {
     int ret;
 };
 
-struct tcp_cm_node {
-    struct exs_list link;
-    struct exs_prov_cm_event ev;
-};
-
 struct tcp_ctx {
     struct exs_prov_ctx base;
     pthread_mutex_t nic_lock; /* the NIC role (see the top of this file) */
     pthread_mutex_t lock;
     pthread_mutex_t mr_lock;
-    pthread_cond_t copy_cond;             /* a copy ended while someone waits (mr_lock) */
-    struct exs_list mr_hash[TCP_MR_HASH]; /* live tcp_key by key (mr_lock) */
-    /* copy fence (mr_lock) */
-    int copying;              /* the NIC is copying to / from key memory */
-    uint64_t copy_gen;        /* copies begun */
-    struct tcp_key *copy_key; /* the one key copied to (a WRITE's placement), NULL: any
-                                 (a sendmsg of READ responses) (mr_lock) */
-    unsigned copy_waiters;
-    /* key generator (mr_lock) */
-    uint32_t key_pool[64];
-    unsigned key_pool_n;
-    uint64_t key_prng; /* fallback when getrandom fails */
+    /* mrs, grants, the key generator and the copy fence (mr_lock; the fence's key NULL:
+     * any, a sendmsg of READ responses) */
+    struct exs_soft_keys keys;
     int epfd;
     int wakefd;     /* in epfd: work queued for the next turn */
     int timerfd;    /* in epfd: the earliest provider deadline */
@@ -398,7 +358,7 @@ struct tcp_ctx {
     int evfd_set; /* (lock) evfd written since ctx_arm last read it */
     /* completion queue ring (lock) */
     struct exs_soft_cq cq;     /* reserved: sum of max_send_wr + max_recv_wr of live eps */
-    struct exs_list cm_events; /* tcp_cm_node (lock) */
+    struct exs_list cm_events; /* exs_soft_cm_node (lock) */
     struct exs_list work_eps;  /* eps with new sends or lost completions (lock) */
     struct exs_list eps;       /* (lock) */
     /* NIC (nic_lock) */
@@ -492,12 +452,12 @@ int exs__tcp_mr_check_local(struct tcp_ctx *ctx, const struct exs_prov_sge *sge,
                             unsigned access);
 /* NIC: the key for a remote access of ep, with a user reference, or -EACCES. */
 int exs__tcp_key_get_remote(struct tcp_ctx *ctx, struct tcp_ep *ep, uint32_t rkey, uint64_t addr,
-                            uint64_t len, unsigned access, struct tcp_key **key_p);
-void exs__tcp_key_put(struct tcp_ctx *ctx, struct tcp_key *key);
-void exs__tcp_key_put_locked(struct tcp_ctx *ctx, struct tcp_key *key);
+                            uint64_t len, unsigned access, struct exs_soft_key **key_p);
+void exs__tcp_key_put(struct tcp_ctx *ctx, struct exs_soft_key *key);
+void exs__tcp_key_put_locked(struct tcp_ctx *ctx, struct exs_soft_key *key);
 /* NIC: 0 and the fence raised when key is live (-EACCES when revoked); then copy
  * and lower it with exs__tcp_copy_end. */
-int exs__tcp_copy_begin(struct tcp_ctx *ctx, struct tcp_key *key);
+int exs__tcp_copy_begin(struct tcp_ctx *ctx, struct exs_soft_key *key);
 void exs__tcp_copy_end(struct tcp_ctx *ctx);
 
 /* tcp_conn.c */

@@ -84,7 +84,6 @@ enum exs_prov_ep_state exs__tcp_ep_state(struct exs_prov_ep *e)
 static void tcp_ep_destroy_nic(struct tcp_ctx *ctx, struct tcp_ep *ep)
 {
     struct tcp_conn *conn = ep->conn;
-    struct exs_list *pos, *tmp;
 
     ep->destroyed = 1;
     ep->disc_sent = 1; /* no more events */
@@ -104,15 +103,7 @@ static void tcp_ep_destroy_nic(struct tcp_ctx *ctx, struct tcp_ep *ep)
     exs__soft_cq_drop_ep(&ctx->cq, &ep->base);
     exs__soft_cq_unreserve(&ctx->cq,
                            (uint64_t)ep->base.attr.max_send_wr + ep->base.attr.max_recv_wr);
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_events)
-    {
-        struct tcp_cm_node *n = exs_list_entry(pos, struct tcp_cm_node, link);
-
-        if (n->ev.ep == &ep->base && n->ev.type != EXS_PROV_CM_CONNECT_REQUEST) {
-            exs_list_del(&n->link);
-            free(n);
-        }
-    }
+    exs__soft_cm_drop_locked(&ctx->cm_events, &ep->base, NULL);
     exs_list_del(&ep->link);
     pthread_mutex_unlock(&ctx->lock);
 }

@@ -144,16 +144,10 @@ void exs__tcp_cq_push(struct tcp_ctx *ctx, struct tcp_ep *ep, const struct exs_p
 
 void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev)
 {
-    struct tcp_cm_node *n = malloc(sizeof(*n));
+    struct exs_soft_cm_node *n = exs__soft_cm_new(ctx, ev);
 
-    if (!n) {
-        EXS_ERR(PROV, "ctx %p: cm event %s lost: out of memory", (void *)ctx,
-                exs__prov_cm_event_str(ev->type));
+    if (!n)
         return;
-    }
-    n->ev = *ev;
-    EXS_DBG(PROV, "ctx %p: cm event %s ep %p status %d", (void *)ctx,
-            exs__prov_cm_event_str(ev->type), (void *)ev->ep, ev->status);
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->cm_events, &n->link);
     tcp_ctx_notify_locked(ctx);
@@ -245,16 +239,8 @@ static int tcp_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
 static int tcp_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 {
     struct tcp_ctx *ctx = tcp_ctx_of(c);
-    struct exs_list *l;
 
-    pthread_mutex_lock(&ctx->lock);
-    l = exs_list_pop_head(&ctx->cm_events);
-    pthread_mutex_unlock(&ctx->lock);
-    if (!l)
-        return 0;
-    *ev = exs_list_entry(l, struct tcp_cm_node, link)->ev;
-    free(exs_list_entry(l, struct tcp_cm_node, link));
-    return 1;
+    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, ev);
 }
 
 /* ---- NIC turns (nic_lock held) ---- */
@@ -738,8 +724,7 @@ static void tcp_ctx_free(struct tcp_ctx *ctx)
 {
     struct exs_list *l;
 
-    while ((l = exs_list_pop_head(&ctx->cm_events)) != NULL)
-        free(exs_list_entry(l, struct tcp_cm_node, link));
+    exs__soft_cm_free_all(&ctx->cm_events);
     while ((l = exs_list_pop_head(&ctx->conns)) != NULL)
         exs__tcp_conn_close(exs_list_entry(l, struct tcp_conn, link));
     tcp_nic_reap(ctx);
@@ -754,7 +739,7 @@ static void tcp_ctx_free(struct tcp_ctx *ctx)
     pthread_mutex_destroy(&ctx->lock);
     pthread_mutex_destroy(&ctx->nic_lock);
     pthread_mutex_destroy(&ctx->mr_lock);
-    pthread_cond_destroy(&ctx->copy_cond);
+    exs__soft_keys_fini(&ctx->keys);
     exs__soft_cq_fini(&ctx->cq);
     free(ctx);
 }
@@ -788,9 +773,7 @@ static int tcp_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     pthread_mutex_init(&ctx->nic_lock, NULL);
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->mr_lock, NULL);
-    pthread_cond_init(&ctx->copy_cond, NULL);
-    for (int i = 0; i < TCP_MR_HASH; i++)
-        exs_list_init(&ctx->mr_hash[i]);
+    exs__soft_keys_init(&ctx->keys, &ctx->mr_lock);
     exs_list_init(&ctx->cm_events);
     exs_list_init(&ctx->work_eps);
     exs_list_init(&ctx->eps);

@@ -397,11 +397,8 @@ static int tcp_conn_resp_fence(struct tcp_conn *conn, int *naked)
         conn->resp_pending--;
         *naked = 1;
     }
-    if (live && !cut) {
-        ctx->copying = 1;
-        ctx->copy_gen++;
-        ctx->copy_key = NULL; /* READ responses of several keys may leave in one sendmsg */
-    }
+    if (live && !cut) /* READ responses of several keys may leave in one sendmsg */
+        exs__soft_fence_raise_locked(&ctx->keys, NULL);
     pthread_mutex_unlock(&ctx->mr_lock);
     if (cut) {
         EXS_CNT_INC(ctx->cnt.access_errors);

@@ -319,15 +319,7 @@ static void tcp_listener_destroy_nic(struct tcp_ctx *ctx, struct tcp_listener *l
             exs__tcp_conn_close(conn); /* still in the handshake */
     }
     pthread_mutex_lock(&ctx->lock);
-    exs_list_for_each_safe(pos, tmp, &ctx->cm_events)
-    {
-        struct tcp_cm_node *n = exs_list_entry(pos, struct tcp_cm_node, link);
-
-        if (n->ev.listener == &lis->base) {
-            exs_list_del(&n->link);
-            free(n);
-        }
-    }
+    exs__soft_cm_drop_locked(&ctx->cm_events, NULL, &lis->base);
     pthread_mutex_unlock(&ctx->lock);
     epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, lis->fd, NULL);
     exs_list_del(&lis->link);

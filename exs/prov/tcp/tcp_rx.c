@@ -476,7 +476,7 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
         break;
     case TCP_WIRE_READ_REQ: {
         struct tcp_txf *f;
-        struct tcp_key *mr = NULL;
+        struct exs_soft_key *mr = NULL;
 
         if (h->psn != conn->rcv_nxt)
             return tcp_conn_proto_err(conn, "request out of sequence"), -1;
@@ -881,7 +881,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
                 n = recv(conn->fd, sink, want, MSG_DONTWAIT);
             }
         } else if (tcp_stg_avail(conn)) {
-            struct tcp_key *key = conn->rx_key;
+            struct exs_soft_key *key = conn->rx_key;
 
             want = conn->rx_len - conn->rx_off;
             if (key && exs__tcp_copy_begin(ctx, key)) {
@@ -895,7 +895,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
         } else {
             int k = exs__tcp_iov_fill(iov, TCP_TX_IOV - 1, conn->rx_seg, conn->rx_nseg,
                                       conn->rx_off, conn->rx_len - conn->rx_off);
-            struct tcp_key *key = conn->rx_key;
+            struct exs_soft_key *key = conn->rx_key;
 
             /* the next frame's header comes in the same call when it is there */
             iov[k].iov_base = conn->hbuf;

@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: MIT */
+/* The connection event queue of the software providers (tcp, shm): events in the order
+ * they happened, each in a node of its own (soft_cm.c). The caller's lock guards the list
+ * (each provider's ctx->lock); the node is allocated before it is taken. */
+#ifndef EXS_PROV_SOFT_SOFT_CM_H
+#define EXS_PROV_SOFT_SOFT_CM_H
+
+#include <pthread.h>
+
+#include "exs/prov/prov.h"
+#include "exs/util/list.h"
+
+struct exs_soft_cm_node {
+    struct exs_list link;
+    struct exs_prov_cm_event ev;
+};
+
+/* A node holding a copy of ev; NULL when out of memory (logged: the event is lost). */
+struct exs_soft_cm_node *exs__soft_cm_new(const void *ctx, const struct exs_prov_cm_event *ev);
+/* The oldest event of q into *ev, taken under lock: 1, or 0 when q is empty. */
+int exs__soft_cm_pop(struct exs_list *q, pthread_mutex_t *lock, struct exs_prov_cm_event *ev);
+/* Locked: drop the events naming ep (all but requests), and the requests of lis (either
+ * may be NULL). */
+void exs__soft_cm_drop_locked(struct exs_list *q, const struct exs_prov_ep *ep,
+                              const struct exs_prov_listener *lis);
+/* Free every node (the context is closing). */
+void exs__soft_cm_free_all(struct exs_list *q);
+
+#endif

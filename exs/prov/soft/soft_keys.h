@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: MIT */
+/* The key table of the software providers (tcp, shm): memory regions and grants under
+ * random keys, the local and remote checks, and the copy fence that revoke and mr_dereg
+ * wait for (soft_keys.c; spec/provider-tcp.md, Keys and Fencing; spec/provider-shm.md).
+ * Every field is under the provider's lock that the table was made with (tcp: mr_lock,
+ * shm: ctx->lock); nothing under it waits for a peer. */
+#ifndef EXS_PROV_SOFT_SOFT_KEYS_H
+#define EXS_PROV_SOFT_SOFT_KEYS_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "exs/prov/prov.h"
+#include "exs/util/list.h"
+
+#define EXS_SOFT_KEY_HASH 256
+
+/* A key the peer may present in a WRITE or READ: a region's rkey (valid on every
+ * endpoint of the context, as a PD-wide verbs MR) or a grant (valid on its one endpoint). */
+struct exs_soft_key {
+    struct exs_list link; /* hash bucket, while live */
+    uint32_t key;
+    uint64_t addr;          /* first byte the key reaches */
+    uint64_t length;        /* bytes */
+    unsigned access;        /* EXS_PROV_ACCESS_* (grant: exactly one remote right) */
+    struct exs_prov_ep *ep; /* grant: the one endpoint; NULL for a region */
+    int live;               /* in the hash; cleared by revoke / mr_dereg */
+    int orphan;             /* dead and its owner returned: the last put frees it */
+    unsigned users;         /* NIC references (tcp: a WRITE being placed, READ responses) */
+};
+
+struct exs_soft_mr {
+    struct exs_prov_mr base;
+    struct exs_soft_key key;
+    unsigned grants; /* live grants inside this region */
+};
+
+struct exs_soft_grant {
+    struct exs_prov_grant base;
+    struct exs_soft_key key;
+    struct exs_soft_mr *mr;
+    struct exs_list ep_link; /* the endpoint's list of grants */
+};
+
+struct exs_soft_keys {
+    pthread_mutex_t *lock;    /* the provider's lock over all of this */
+    pthread_cond_t copy_cond; /* a copy ended while someone waits */
+    /* the copy fence: the NIC is copying to or from keyed memory */
+    int copying;
+    uint64_t copy_gen;             /* copies begun */
+    struct exs_soft_key *copy_key; /* the one key copied, NULL: any (tcp's READ responses) */
+    unsigned copy_waiters;
+    /* key generator */
+    uint32_t pool[64];
+    unsigned pool_n;
+    uint64_t prng;                           /* fallback when getrandom fails */
+    struct exs_list hash[EXS_SOFT_KEY_HASH]; /* live keys by number */
+};
+
+/* [addr, addr+len) inside [base, base+length), without overflow. */
+static inline int exs__soft_range_in(uint64_t base, uint64_t length, uint64_t addr, uint64_t len)
+{
+    return addr >= base && len <= length && addr - base <= length - len;
+}
+
+void exs__soft_keys_init(struct exs_soft_keys *t, pthread_mutex_t *lock);
+void exs__soft_keys_fini(struct exs_soft_keys *t);
+
+/* ---- the provider ops (each takes the table's lock) ---- */
+
+int exs__soft_mr_reg(struct exs_soft_keys *t, struct exs_prov_ctx *ctx, void *addr, size_t length,
+                     unsigned access, struct exs_prov_mr **mr_p);
+/* -EINVAL (dead), -EBUSY (live grants), or 0. Never waits for a peer: only for the one
+ * copy into or out of the region running at this instant. */
+int exs__soft_mr_dereg(struct exs_soft_keys *t, struct exs_prov_mr *mr);
+/* A grant of ep over [addr, addr+length) of mr. ready_locked (may be NULL) is asked
+ * under the table's lock whether ep may have one: else -ENOTCONN. */
+int exs__soft_grant(struct exs_soft_keys *t, struct exs_prov_ep *ep, struct exs_prov_mr *mr,
+                    void *addr, size_t length, unsigned access,
+                    int (*ready_locked)(struct exs_prov_ep *ep), struct exs_list *ep_grants,
+                    struct exs_prov_grant **grant_p);
+void exs__soft_revoke(struct exs_soft_keys *t, struct exs_prov_grant *grant);
+/* Locked: the grants left on an endpoint being destroyed (a consumer bug: logged). */
+void exs__soft_revoke_all_locked(struct exs_soft_keys *t, struct exs_list *ep_grants);
+
+/* ---- the NIC's side (locked) ---- */
+
+/* 0 when every sge of non-zero length lies in a region with the access bits, else
+ * -EACCES. */
+int exs__soft_check_local_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge, int n,
+                                 unsigned access);
+/* A grant of ep (exact right, exact range) or a region of the context (covering the
+ * access) numbered rkey and reaching [addr, addr+len): the key, or NULL. */
+struct exs_soft_key *exs__soft_key_remote_locked(struct exs_soft_keys *t,
+                                                 const struct exs_prov_ep *ep, uint32_t rkey,
+                                                 uint64_t addr, uint64_t len, unsigned access);
+/* Raise the fence over k (NULL: every key) / lower it. */
+void exs__soft_fence_raise_locked(struct exs_soft_keys *t, struct exs_soft_key *k);
+void exs__soft_fence_lower_locked(struct exs_soft_keys *t);
+/* A NIC reference of k dropped: the last one of a dead key frees its owner. */
+void exs__soft_key_put_locked(struct exs_soft_key *k);
+
+#endif
