@@ -23,7 +23,12 @@ struct exs_pending_msg *exs__seqpkt_pending_alloc(struct exs_conn *conn, int *er
     *err_p = exs__conn_mem_take_locked(conn, exs__mem_chunk(sizeof(*m)), EXS_MEM_OTHER);
     if (*err_p)
         return NULL;
-    m = calloc(1, sizeof(*m));
+    if (EXS_UNLIKELY(exs__proto_seams.pending_nomem)) {
+        exs__proto_seams.pending_nomem--; /* test seam (violation.h) */
+        m = NULL;
+    } else {
+        m = calloc(1, sizeof(*m));
+    }
     if (!m) {
         exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*m)));
         *err_p = -ENOMEM;

@@ -66,6 +66,8 @@ struct exs_autotune_state {
 
 #include "exs/proto/proto.h"
 #include "exs/proto/wire.h"
+#include "exs/util/list.h"
+#include "exs/util/util.h"
 
 void exs__stream_send_progress_locked(struct exs_conn *conn);
 void exs__stream_recv_progress_locked(struct exs_conn *conn);
@@ -116,12 +118,38 @@ enum exs_ring_tune_verdict exs__stream_ring_tune(const struct exs_ring_tune_in *
 #define PHASE_IS_DIRECT(_p)   (((_p)&1u) == 0)
 #define PHASE_IS_INDIRECT(_p) (((_p)&1u) == 1)
 
-/* Shared by stream.c and stream_ring.c */
+/* Shared by stream.c and stream_ring.c (the first two inline: on the path of every
+ * message) */
 /* The first receive not yet satisfied, or NULL. */
-struct exs_op *exs__stream_head_recv(struct exs_conn *conn);
+static inline struct exs_op *exs__stream_head_recv(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    exs_list_for_each(pos, &conn->recvq)
+    {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state != EXS_OPS_DONE)
+            return op;
+    }
+    return NULL;
+}
+
 /* Where ring position pos lives: in the retired region while below its end, else in the
  * current one; *contig: bytes readable there without a wrap or a region change. */
-uint8_t *exs__stream_ring_at(struct exs_conn *conn, uint64_t pos, uint64_t *contig);
+static inline uint8_t *exs__stream_ring_at(struct exs_conn *conn, uint64_t pos, uint64_t *contig)
+{
+    uint32_t off;
+
+    if (conn->autotune.old_mem && pos < conn->autotune.old_end) {
+        off = (uint32_t)(pos % conn->autotune.old_size);
+        *contig = EXS_MIN((uint64_t)(conn->autotune.old_size - off), conn->autotune.old_end - pos);
+        return (uint8_t *)conn->autotune.old_mem->addr + off;
+    }
+    off = (uint32_t)(pos % conn->p.ring_size);
+    *contig = conn->p.ring_size - off;
+    return conn->ring + off;
+}
 /* The retired region goes once every byte written into it was copied out (§7.4). */
 void exs__stream_ring_retire_locked(struct exs_conn *conn);
 /* The largest ring write the sender makes now (§7.4). */

@@ -22,6 +22,8 @@ static const struct {
 #undef EXS_PV_ROW_
 };
 
+struct exs_proto_seams exs__proto_seams;
+
 static exs_pv_sink_fn *pv_sink;
 static uint64_t pv_count;
 

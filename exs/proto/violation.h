@@ -139,4 +139,16 @@ size_t exs__pv_format(const void *conn_id, const struct exs_pv_state *pv, char *
 /* Violations recorded in this process (every one, first or not). */
 uint64_t exs__pv_total(void);
 
+/* Test seams of paths next to the violation checks that no peer reaches on demand (set
+ * by tests/unit only; all 0 in a program, and nothing outside the unit tests writes them). */
+struct exs_proto_seams {
+    /* this many of the next allocations of a pending message (a peer's ANNOUNCE, §6) fail
+     * as out of memory: the -ENOMEM pass-through (the connection ends, no rule recorded) */
+    uint32_t pending_nomem;
+    /* a SESSION key (§9.2) whose token counts as 0, as exs__resume_token_of answers for
+     * it: a real one takes a SHA-256 preimage */
+    const uint8_t *token0_key;
+};
+extern struct exs_proto_seams exs__proto_seams;
+
 #endif

@@ -576,6 +576,7 @@ START_TEST(malformed_frames)
         {TCP_WIRE_SEND, 0, 0xfffffff0u},
     };
     uint8_t zeros[16] = {0};
+    char why[256], want[64];
 
     start(SOCK_SEQPACKET, 0, 0);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -586,6 +587,11 @@ START_TEST(malformed_frames)
                              zeros, bad[i].len <= sizeof(zeros) ? bad[i].len : 0);
         raw_pump(&p, ANSWER_MS);
         ck_assert_msg(p.closed, "frame %zu (type %u) did not end the connection", i, bad[i].type);
+        /* the tcp provider refused the frame (and logged why): the connection is reset,
+         * and its reason names no rule of the protocol (spec/protocol.md §10) */
+        snprintf(want, sizeof(want), "%d ", ECONNRESET);
+        ck_assert_msg(srv_reason(&srv, why, sizeof(why), ANSWER_MS) == 0 && !strcmp(why, want),
+                      "frame %zu: reason '%s', want '%s'", i, why, want);
         raw_close(&p);
     }
     expect_alive(SOCK_SEQPACKET, "malformed frames");
@@ -593,10 +599,15 @@ START_TEST(malformed_frames)
 }
 END_TEST
 
+/* Each record resets the connection, and the server's side names the rule it broke
+ * (EXS_SO_ERROR_REASON, spec/protocol.md §10). */
 START_TEST(malformed_control_records)
 {
+    static const char *const rule[4] = {"ctrl-type ", "ctrl-len ACK", "ctrl-len ACK",
+                                        "ack-range ACK"};
     uint8_t rec[EXS_WIRE_CTRL_MAX];
     struct exs_wire_ctrl_hdr *h = (struct exs_wire_ctrl_hdr *)rec;
+    char why[256], want[64];
 
     start(SOCK_SEQPACKET, 0, 0);
     for (int i = 0; i < 4; i++) {
@@ -612,6 +623,11 @@ START_TEST(malformed_control_records)
         ck_assert_int_eq(raw_send_ctrl(&p, rec, len, &psn), 0);
         raw_pump(&p, ANSWER_MS);
         ck_assert_msg(p.closed, "bad control record %d did not end the connection", i);
+        ck_assert_msg(srv_reason(&srv, why, sizeof(why), ANSWER_MS) == 0,
+                      "bad control record %d: the server told no reason (%s)", i, why);
+        snprintf(want, sizeof(want), "%d %s", ECONNRESET, rule[i]);
+        ck_assert_msg(!strncmp(why, want, strlen(want)),
+                      "bad control record %d: reason '%s', want '%s...'", i, why, want);
         raw_close(&p);
     }
     expect_alive(SOCK_SEQPACKET, "malformed control records");

@@ -49,6 +49,23 @@ static struct srv_client *srv_add(int fd)
     return c;
 }
 
+/* A transfer of c ended with err: its reason to the parent (srv_reason), one line. */
+static void srv_tell_reason(int why, struct srv_client *c, int err)
+{
+    char reason[EXS_ERROR_REASON_MAX], line[EXS_ERROR_REASON_MAX + 16];
+    socklen_t len = sizeof(reason);
+    int n;
+
+    if (exs_getsockopt(c->fd, SOL_EXS, EXS_SO_ERROR_REASON, reason, &len) < 0)
+        snprintf(reason, sizeof(reason), "(getsockopt: %s)", strerror(errno));
+    n = snprintf(line, sizeof(line), "%d %s\n", err, reason);
+    if (n > (int)sizeof(line) - 1)
+        n = (int)sizeof(line) - 1;
+    if (n > 0 && write(why, line, (size_t)n) < 0) {
+        /* the pipe is full (nobody reads): dropped */
+    }
+}
+
 static void srv_close_client(exs_qhandle_t q, struct srv_client *c)
 {
     if (!c->open)
@@ -67,7 +84,7 @@ static void srv_post_accept(int lfd, exs_qhandle_t q)
 }
 
 /* The child: listen on port, tell the parent through ready, echo until killed. */
-static void srv_main(const struct srv_opts *o, int port, int ready, int ctl)
+static void srv_main(const struct srv_opts *o, int port, int ready, int ctl, int why)
 {
     struct sockaddr_in sin = {.sin_family = AF_INET,
                               .sin_port = htons((uint16_t)port),
@@ -134,6 +151,8 @@ static void srv_main(const struct srv_opts *o, int port, int ready, int ctl)
             if (!c->open)
                 break;
             if (ev.exs_evt_errno || n == 0) {
+                if (ev.exs_evt_errno)
+                    srv_tell_reason(why, c, ev.exs_evt_errno);
                 srv_close_client(q, c);
                 break;
             }
@@ -159,7 +178,7 @@ static void srv_main(const struct srv_opts *o, int port, int ready, int ctl)
 
 int srv_start(struct srv *s, const struct srv_opts *o)
 {
-    int ready[2], ctl[2];
+    int ready[2], ctl[2], why[2];
     char ok;
 
     memset(s, 0, sizeof(*s));
@@ -178,7 +197,7 @@ int srv_start(struct srv *s, const struct srv_opts *o)
     }
     if (o->resumable && !s->fb_port)
         return -EADDRINUSE;
-    if (pipe(ready) || pipe(ctl))
+    if (pipe(ready) || pipe(ctl) || pipe2(why, O_NONBLOCK | O_CLOEXEC))
         return -errno;
     s->pid = fork();
     if (s->pid < 0)
@@ -190,6 +209,7 @@ int srv_start(struct srv *s, const struct srv_opts *o)
             _exit(0);
         close(ready[0]);
         close(ctl[1]);
+        close(why[0]);
         setenv("EXS_PROVIDER", "tcp", 1);
         if (o->resumable) { /* tcp has no fallback: the same wire through fault:tcp */
             char off[16];
@@ -213,12 +233,14 @@ int srv_start(struct srv *s, const struct srv_opts *o)
             if (setrlimit(RLIMIT_NOFILE, &rl))
                 _exit(5);
         }
-        srv_main(o, s->port, ready[1], ctl[0]);
+        srv_main(o, s->port, ready[1], ctl[0], why[1]);
         _exit(0);
     }
     close(ready[1]);
     close(ctl[0]);
+    close(why[1]);
     s->ctl = ctl[1];
+    s->why = why[0];
     signal(SIGPIPE, SIG_IGN);
     if (read(ready[0], &ok, 1) != 1) {
         close(ready[0]);
@@ -266,6 +288,35 @@ void srv_stop(struct srv *s)
     if (s->ctl > 0)
         close(s->ctl);
     s->ctl = -1;
+    if (s->why > 0)
+        close(s->why);
+    s->why = -1;
+}
+
+int srv_reason(struct srv *s, char *buf, size_t len, int ms)
+{
+    struct timespec t0, now;
+    size_t n = 0;
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (n + 1 < len) { /* a byte at a time: the next line only, the rest stays */
+        struct pollfd pfd = {.fd = s->why, .events = POLLIN};
+        long left;
+
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        left = ms - ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000);
+        if (left <= 0 || poll(&pfd, 1, (int)left) != 1)
+            break;
+        if (read(s->why, buf + n, 1) != 1)
+            break;
+        if (buf[n] == '\n') {
+            buf[n] = 0;
+            return 0;
+        }
+        n++;
+    }
+    buf[n] = 0;
+    return -ETIMEDOUT;
 }
 
 double srv_cpu_ms(struct srv *s)

@@ -19,6 +19,7 @@ struct srv {
     int port;
     int fb_port; /* resumable: the fallback listener's port (resume requests go there) */
     int ctl;     /* write end of the command pipe */
+    int why;     /* read end of the reasons pipe (srv_reason) */
     int dead;    /* exit status collected */
     int status;
 };
@@ -27,6 +28,12 @@ struct srv {
 int srv_start(struct srv *s, const struct srv_opts *o);
 /* Command: close the oldest connection still open ('x'). 0 or -errno. */
 int srv_close_oldest(struct srv *s);
+/* The next connection the server saw reset: the errno its transfer ended with and the
+ * reason the library kept (EXS_SO_ERROR_REASON: "RULE RECORD: detail", "" when the peer
+ * broke no rule), as the line "errno reason" into buf. 0, or -ETIMEDOUT when none came
+ * within ms. The server writes one line per such connection (lines beyond what the pipe
+ * holds are dropped: a test reads them as it causes them). */
+int srv_reason(struct srv *s, char *buf, size_t len, int ms);
 /* 1 while the server process runs; otherwise fills s->status. */
 int srv_running(struct srv *s);
 /* Describe how the server ended ("killed by signal 11", "exit 1") into buf. */

@@ -75,6 +75,9 @@ struct mock_ep {
     uint32_t reads_out; /* RDMA_READs posted, completion not yet polled */
     uint32_t inject_at;
     enum exs_prov_wc_status inject_status;
+    int rc_inject; /* mock_inject_recv_cqe: the next receive completion it causes */
+    enum exs_prov_wc_opcode rc_opcode;
+    unsigned rc_flags;
     int disc_queued; /* DISCONNECTED queued for this ep */
     int peer_closed; /* its peer destroyed its ep: DISCONNECTED says F_PEER_CLOSED */
     int had_addr;
@@ -543,6 +546,11 @@ static void exec_send(struct mock_ep *ep)
             rc.imm_data = wr->imm;
             rc.flags = EXS_PROV_WC_WITH_IMM;
         }
+        if (ep->rc_inject) {
+            ep->rc_inject = 0;
+            rc.opcode = ep->rc_opcode;
+            rc.flags = ep->rc_flags;
+        }
         exs_list_del(&rwr->link);
         peer->rq_count--;
         ep_complete(peer, &rc, 0);
@@ -626,6 +634,15 @@ void mock_inject_wr_error(struct exs_prov_ep *e, uint32_t nth, enum exs_prov_wc_
 
     ep->inject_at = ep->posted + nth;
     ep->inject_status = status;
+}
+
+void mock_inject_recv_cqe(struct exs_prov_ep *e, enum exs_prov_wc_opcode opcode, unsigned flags)
+{
+    struct mock_ep *ep = MOCK_OF(mock_ep, e);
+
+    ep->rc_inject = 1;
+    ep->rc_opcode = opcode;
+    ep->rc_flags = flags;
 }
 
 void mock_drop(struct exs_prov_ep *e)

@@ -55,6 +55,11 @@ void mock_set_reorder(uint32_t seed);
  * (nothing moves; the ep goes to ERROR). */
 void mock_inject_wr_error(struct exs_prov_ep *ep, uint32_t nth, enum exs_prov_wc_status status);
 
+/* The receive completion that the next SEND or WRITE_WITH_IMM carried out from ep causes
+ * at its peer says opcode and flags instead of what it is (a provider gone wrong: a
+ * completion the protocol never causes). */
+void mock_inject_recv_cqe(struct exs_prov_ep *ep, enum exs_prov_wc_opcode opcode, unsigned flags);
+
 /* The link of ep dies: both eps go to ERROR, outstanding work flushes, and both get
  * DISCONNECTED with status -ECONNRESET. */
 void mock_drop(struct exs_prov_ep *ep);

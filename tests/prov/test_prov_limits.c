@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -333,6 +334,83 @@ START_TEST(limits_cq_shrinks)
 }
 END_TEST
 
+/* ---- work request blocks: posted sends and receives take blocks of their ep's pool ----
+ * (exs_soft_pool, issue 25: no malloc and free per work request on the data path) */
+
+static int ptr_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+/* The blocks cached in e's pool of sends (send) or receives, sorted; their count. */
+static uint32_t pool_blocks(struct exs_prov_ep *e, int send, void **blk, uint32_t max)
+{
+    struct tcp_ep *ep = tcp_ep_of(e);
+    struct exs_soft_pool *pool = send ? &ep->wr_pool : &ep->rwr_pool;
+    uint32_t n = 0;
+
+    pthread_mutex_lock(&ep->lock);
+    ck_assert_uint_le(pool->n, max);
+    for (void *b = pool->head; b && n < max; memcpy(&b, b, sizeof(b)))
+        blk[n++] = b;
+    ck_assert_uint_eq(n, pool->n);
+    pthread_mutex_unlock(&ep->lock);
+    qsort(blk, n, sizeof(*blk), ptr_cmp);
+    return n;
+}
+
+/* Two rounds of N SENDs into N receives: the completions of the first give every block
+ * back to its ep's pool, and the second round takes its blocks from there and gives them
+ * back (nothing allocated per work request once the pool holds enough). */
+START_TEST(limits_wr_blocks_reused)
+{
+    enum { N = 8 };
+    void *blk[2][2][N]; /* [round][send?][block] */
+    uint32_t n[2][2];
+    struct pt_buf *sb, *rb;
+    struct pt_pair p;
+
+    if (pt_skip_unless_tcp_itself("limits_wr_blocks_reused"))
+        return;
+    pt_pair_setup(&p, NULL, NULL);
+    sb = pt_pair_buf(&p, 'a', N * 64, EXS_PROV_ACCESS_LOCAL_WRITE, 1);
+    rb = pt_pair_buf(&p, 'b', N * 64, EXS_PROV_ACCESS_LOCAL_WRITE, 0);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++)
+            ck_assert_int_eq(pt_post_recv(p.eb, 100 + i, rb, 64 * i, 64), 0);
+        for (int i = 0; i < N; i++)
+            ck_assert_int_eq(pt_post_send(p.ea, i, EXS_PROV_WR_SEND, EXS_PROV_SEND_SIGNALED, sb,
+                                          64 * i, 64, 0, 0, 0),
+                             0);
+        for (int i = 0; i < N; i++) {
+            pt_expect_wr(&p.a, i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+            pt_expect_wr(&p.b, 100 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        }
+        /* as many blocks as were out at once (a send may complete before the next is
+         * posted), all back once every request completed */
+        for (int side = 0; side < 2; side++) {
+            n[round][side] = pool_blocks(side ? p.ea : p.eb, side, blk[round][side], N);
+            ck_assert_uint_ge(n[round][side], 1);
+        }
+    }
+    /* the second round took its blocks from the pool: none of the first round's went */
+    for (int side = 0; side < 2; side++) {
+        ck_assert_uint_ge(n[1][side], n[0][side]);
+        for (uint32_t i = 0; i < n[0][side]; i++) {
+            int found = 0;
+
+            for (uint32_t k = 0; k < n[1][side]; k++)
+                found |= blk[1][side][k] == blk[0][side][i];
+            ck_assert_msg(found, "a %s block of the first round left the pool",
+                          side ? "send" : "receive");
+        }
+    }
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_limits_suite(void)
 {
     Suite *s = suite_create("prov_limits");
@@ -342,6 +420,7 @@ Suite *prov_limits_suite(void)
     tcase_add_test(tc, limits_half_open);
     tcase_add_test(tc, limits_handshake_burst);
     tcase_add_test(tc, limits_cq_shrinks);
+    tcase_add_test(tc, limits_wr_blocks_reused);
     suite_add_tcase(s, tc);
     return s;
 }

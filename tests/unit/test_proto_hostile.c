@@ -1839,8 +1839,7 @@ static int on_session(struct exs_conn *conn, const struct exs_wire_session *ss)
 /* A side refuses a SESSION it cannot take: a second one (the active side's _i 0, the
  * passive side's _i 2), flags set (_i 1: the good one is then taken, and names the
  * session), or one on a connection where only it is resumable (_i 3) (each -EPROTO; the
- * caller resets). A key whose token is 0 is refused too (not testable: it takes a
- * SHA-256 preimage). */
+ * caller resets). A key whose token is 0 is refused too: hs_session_token0. */
 START_TEST(hs_session_active_checks)
 {
     struct exs_wire_session ss = {
@@ -3333,6 +3332,168 @@ START_TEST(hs_ring_cut_positions)
 }
 END_TEST
 
+/* ---- violation paths no peer reached before (issue 25) ---- */
+
+/* A receive completion the protocol never causes (a provider gone wrong; the mock makes
+ * one of raw's next WRITE_WITH_IMM): _i 0 RECV_RDMA_WITH_IMM without its immediate data,
+ * 1 a send's opcode (RDMA_READ) on a receive. Rule completion, found in a completion. */
+START_TEST(hs_completion_kind)
+{
+    static const enum exs_prov_wc_opcode op[2] = {EXS_PROV_WC_RECV_RDMA_WITH_IMM,
+                                                  EXS_PROV_WC_RDMA_READ};
+    struct exs_pv_state pv;
+    uint8_t msg[64];
+
+    raw_open(SOCK_STREAM);
+    pt_fill(msg, sizeof(msg), 0);
+    mock_inject_recv_cqe(raw.ep, op[_i], _i ? EXS_PROV_WC_WITH_IMM : 0);
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
+             raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+    expect_pv(EXS_PV_COMPLETION);
+    ck_assert_int_eq(exs__pv_get(pp.b.conn, &pv), 0);
+    ck_assert_uint_eq(pv.rec_type, EXS_PV_REC_COMPLETION);
+    raw_close();
+}
+END_TEST
+
+/* §7.2, b the receiver: two ring arrivals each leave a large receive waiting with the
+ * ring empty, so b asks raw to DRAIN; raw answers STOPPED at 300 (b has 200), then writes
+ * 150 ring bytes: 50 past the stop position (rule ring-overrun, though the ring has room).
+ * _i 1: the 100 bytes up to the stop are taken, then (no receive waiting, b still
+ * stopped) one more byte is not. */
+START_TEST(hs_ring_past_stop)
+{
+    static uint8_t rb[3][65536];
+    struct exs_wire_drain req, d = {
+                                   .hdr = {.type = EXS_CTRL_DRAIN,
+                                           .flags = EXS_DRAIN_STOPPED,
+                                           .len = htobe16(EXS_WIRE_DRAIN_LEN)},
+                                   .pos = htobe64(300),
+                               };
+    uint64_t streak = exs__params.stream_drain_streak, dmin = exs__params.stream_direct_min;
+    struct exs_pv_state pv;
+    uint8_t junk[150] = {0};
+    struct pt_op r[3];
+
+    raw_open(SOCK_STREAM);
+    exs__params.stream_drain_streak = 2;
+    exs__params.stream_direct_min = 32768;
+    for (int i = 0; i < 3; i++) {
+        pt_op_init(&r[i], &pp.b, EXS_OP_RECV, rb[i], sizeof(rb[i]), 0);
+        ck_assert_int_eq(pt_post(&r[i]), 0);
+    }
+    pt_run(&pp);
+    for (int i = 0; i < 2; i++) {
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, junk, 100, raw.peer.ring_addr + 100u * i,
+                 raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+        pt_run(&pp);
+        pt_assert_done(&r[i], 100, 0);
+    }
+    ck_assert(raw_find_record(EXS_CTRL_DRAIN, &req, sizeof(req)));
+    ck_assert_uint_eq(req.hdr.flags, 0);
+    ck_assert_uint_eq(be64toh(req.pos), 200);
+    d.phase = req.phase;
+    raw_post(EXS_PROV_WR_SEND, &d, sizeof(d), 0, 0, 0);
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_int_eq(pp.b.conn->stream.drain, EXS_STREAM_DRAIN_STOPPED);
+    if (_i) {
+        raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, junk, 100, raw.peer.ring_addr + 200,
+                 raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+        pt_run(&pp);
+        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+        pt_assert_done(&r[2], 100, 0);
+        /* no receive waits: b stays stopped (a new one would be advertised, in a new
+         * direct phase after which a ring write starts a new indirect one) */
+        ck_assert_int_eq(pp.b.conn->stream.drain, EXS_STREAM_DRAIN_STOPPED);
+    }
+    raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, junk, _i ? 1 : 150,
+             raw.peer.ring_addr + (_i ? 300 : 200), raw.peer.ring_rkey,
+             exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
+    pt_run(&pp);
+    ck_assert_int_eq(pp.b.dead, 1);
+    if (!_i)
+        pt_assert_done(&r[2], -1, ECONNRESET);
+    ck_assert_pv(pp.b.conn, EXS_PV_RING_OVERRUN);
+    ck_assert_int_eq(exs__pv_get(pp.b.conn, &pv), 0);
+    ck_assert_msg(strstr(pv.detail, "past the stop at 300"), "detail: %s", pv.detail);
+    for (int i = 0; i < 3; i++)
+        pt_op_fini(&r[i]);
+    raw_close();
+    exs__params.stream_drain_streak = streak;
+    exs__params.stream_direct_min = dmin;
+}
+END_TEST
+
+/* §9.2: the active side refuses a SESSION key whose token is 0 (the test seam names such
+ * a key: a real one takes a SHA-256 preimage); the same key is taken once it is not. */
+START_TEST(hs_session_token0)
+{
+    struct exs_wire_session ss = {
+        .hdr = {.type = EXS_CTRL_SESSION, .len = htobe16(EXS_WIRE_SESSION_LEN)},
+        .key = {42},
+    };
+    struct exs_pv_state pv;
+
+    unit_pair_fresh(&pp, SOCK_STREAM, 1, 1);
+    pt_connect(&pp);
+    ck_assert_uint_ne(pp.a.conn->sess_token, 0);
+    pp.a.conn->sess_token = 0; /* as if none had come yet */
+    pp.a.conn->resume.keys &= ~EXS_RSM_KEY_PEER;
+    exs__proto_seams.token0_key = ss.key;
+    ck_assert_uint_eq(exs__resume_token_of(ss.key), 0);
+    ck_assert_int_eq(on_session(pp.a.conn, &ss), -EPROTO);
+    ck_assert_int_eq(exs__pv_get(pp.a.conn, &pv), 0);
+    ck_assert_uint_eq(pv.rec_type, EXS_CTRL_SESSION);
+    ck_assert_msg(strstr(pv.detail, "token is 0"), "detail: %s", pv.detail);
+    ck_assert_pv_take(pp.a.conn, EXS_PV_SESSION);
+    ck_assert_uint_eq(pp.a.conn->sess_token, 0);
+    exs__proto_seams.token0_key = NULL;
+    ck_assert_int_eq(on_session(pp.a.conn, &ss), 0);
+    ck_assert_uint_eq(pp.a.conn->sess_token, exs__resume_token_of(ss.key));
+    ck_assert_uint_ne(pp.a.conn->sess_token, 0);
+    pt_close_both(&pp);
+}
+END_TEST
+
+/* Out of memory for a peer's announced message (the test seam fails the allocation of
+ * its pending entry): the connection ends, and as with the memory budget it is not the
+ * peer's fault: -ENOMEM passes through to the reset's reason ("out of memory"), no rule
+ * is recorded, no budget refusal counted. */
+START_TEST(hs_announce_nomem)
+{
+    uint64_t refused = exs__mem.mem_refused_other;
+    static char logged[65536];
+    FILE *log = tmpfile();
+    struct exs_pv_state pv;
+
+    raw_open(SOCK_SEQPACKET);
+    raw_records(2, EXS_WIRE_ANNOUNCE_LEN, make_announce);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_ptr_nonnull(log);
+    exs__log_set_stream(log); /* the reason the connection ends with, logged at info */
+    exs__log_level = EXS_LOG_INFO;
+    exs__proto_seams.pending_nomem = 1;
+    make_announce(2, raw.mem + RAW_SEND);
+    raw_post(EXS_PROV_WR_SEND, NULL, EXS_WIRE_ANNOUNCE_LEN, 0, 0, 0);
+    pt_run(&pp);
+    exs__log_set_stream(NULL);
+    exs__log_level = EXS_LOG_ERR;
+    ck_assert_uint_eq(exs__proto_seams.pending_nomem, 0); /* the allocation was tried */
+    exs__proto_seams.pending_nomem = 0;
+    rewind(log);
+    logged[fread(logged, 1, sizeof(logged) - 1, log)] = 0;
+    fclose(log);
+    ck_assert_msg(strstr(logged, "out of memory: connection reset"), "log: %s", logged);
+    ck_assert_ptr_null(strstr(logged, "protocol violation"));
+    ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+    ck_assert_int_eq(pp.b.conn->err, ECONNRESET);
+    ck_assert_int_eq(exs__pv_get(pp.b.conn, &pv), -ENOENT); /* memory, not the peer */
+    ck_assert_uint_eq(exs__mem.mem_refused_other, refused);
+    raw_close();
+}
+END_TEST
+
 Suite *proto_hostile_suite(void)
 {
     Suite *s = suite_create("proto_hostile");
@@ -3399,6 +3560,10 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_announce_budget);
     tcase_add_loop_test(tc, hs_named_rules, 0, 11);
     tcase_add_test(tc, hs_ring_cut_positions);
+    tcase_add_loop_test(tc, hs_completion_kind, 0, 2);
+    tcase_add_loop_test(tc, hs_ring_past_stop, 0, 2);
+    tcase_add_test(tc, hs_session_token0);
+    tcase_add_test(tc, hs_announce_nomem);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -144,6 +144,7 @@ struct tcp_wr {
     uint8_t bad;    /* local protection error found at post time */
     uint8_t signaled;
     uint8_t fence;
+    uint8_t pooled; /* a block of ep->wr_pool (TCP_WR_POOL_LEN bytes) */
     int num_sge;
     uint32_t len; /* total payload (READ: length to read) */
     uint32_t imm;
@@ -154,6 +155,13 @@ struct tcp_wr {
     struct tcp_txf txf;        /* must stay last but one */
     struct exs_prov_sge sge[]; /* num_sge entries, then inline data */
 };
+
+/* A posted send whose sges and inline data fit in this many bytes takes a block of its ep's
+ * pool (the default largest inline send, 256 bytes, or 17 sges); a larger one is malloced
+ * for itself. TCP_POOL_MAX blocks of each kind stay cached per ep. */
+#define TCP_WR_POOL_LEN  (sizeof(struct tcp_wr) + sizeof(struct exs_prov_sge) + 256)
+#define TCP_RWR_POOL_SGE 4
+#define TCP_POOL_MAX     64
 
 struct tcp_ep {
     struct exs_prov_ep base;
@@ -172,6 +180,9 @@ struct tcp_ep {
     uint32_t cq_sq, cq_rq;
     int on_work; /* on ctx->work_eps (ctx->lock) */
     struct exs_list work_link;
+    /* blocks of posted sends and receives kept for the next post (lock): no malloc and
+     * free per work request on the data path */
+    struct exs_soft_pool wr_pool, rwr_pool;
     /* NIC (nic_lock) */
     struct exs_list sq;      /* framed by the NIC (queued or sent), oldest first */
     struct exs_list sq_wait; /* taken, not framed yet (fence, READ limit, bad sge) */
@@ -527,6 +538,9 @@ int exs__tcp_iov_fill(struct iovec *iov, int max, const struct exs_prov_sge *seg
                       uint64_t off, uint64_t limit);
 void exs__tcp_hdr_init(struct tcp_wire_hdr *h, uint8_t type, uint32_t len);
 void exs__tcp_ep_wr_done(struct tcp_ep *ep, struct tcp_wr *wr, enum exs_prov_wc_status st);
+/* wr, off every list, back to ep->wr_pool (or freed); ep->lock held. */
+void exs__tcp_wr_put_locked(struct tcp_ep *ep, struct tcp_wr *wr);
+void exs__tcp_rwr_put_locked(struct tcp_ep *ep, struct exs_soft_rwr *rwr);
 void exs__tcp_ep_ack_before(struct tcp_ep *ep, uint32_t upto);
 void exs__tcp_ep_tx_fill(struct tcp_ep *ep);
 void exs__tcp_ep_take(struct tcp_ep *ep);

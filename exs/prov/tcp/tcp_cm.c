@@ -54,6 +54,10 @@ int exs__tcp_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->sq_wait);
     exs_list_init(&ep->work_link);
     exs_list_init(&ep->grants);
+    exs__soft_pool_init(&ep->wr_pool, TCP_WR_POOL_LEN, TCP_POOL_MAX);
+    exs__soft_pool_init(
+        &ep->rwr_pool, sizeof(struct exs_soft_rwr) + TCP_RWR_POOL_SGE * sizeof(struct exs_prov_sge),
+        TCP_POOL_MAX);
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->eps, &ep->link);
     pthread_mutex_unlock(&ctx->lock);
@@ -120,6 +124,8 @@ void exs__tcp_ep_destroy(struct exs_prov_ep *e)
     exs__tcp_ep_revoke_all(ep);
     if (exs__tcp_ctx_call(ep->ctx, &cmd) == -ESHUTDOWN)
         return;
+    exs__soft_pool_fini(&ep->wr_pool);
+    exs__soft_pool_fini(&ep->rwr_pool);
     pthread_mutex_destroy(&ep->lock);
     free(ep);
 }

@@ -83,8 +83,8 @@ int exs__tcp_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     struct exs_prov_cqe cqe;
     struct tcp_wr *wr;
     uint64_t total = 0;
-    size_t nsge, extra;
-    int inl, state;
+    size_t nsge, extra, need;
+    int inl, state, pooled;
 
     if (EXS_UNLIKELY(!swr || (unsigned)swr->opcode > EXS_PROV_WR_RDMA_READ || swr->num_sge < 0 ||
                      (uint32_t)swr->num_sge > caps->max_sge || (swr->num_sge && !swr->sg_list)))
@@ -97,9 +97,21 @@ int exs__tcp_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
 
     nsge = inl ? 1 : (size_t)swr->num_sge;
     extra = inl ? (size_t)total : 0;
-    wr = malloc(sizeof(*wr) + nsge * sizeof(wr->sge[0]) + extra);
-    if (!wr)
-        return -ENOMEM;
+    need = sizeof(*wr) + nsge * sizeof(wr->sge[0]) + extra;
+    pooled = need <= ep->wr_pool.size;
+
+    /* the request is filled and queued in one hold of the ep lock, which also guards the
+     * pool; malloc only when the pool has no block (or the request is larger) */
+    pthread_mutex_lock(&ep->lock);
+    wr = pooled ? exs__soft_pool_get_locked(&ep->wr_pool) : NULL;
+    if (!wr) {
+        pthread_mutex_unlock(&ep->lock);
+        wr = malloc(pooled ? ep->wr_pool.size : need);
+        if (!wr)
+            return -ENOMEM;
+        pthread_mutex_lock(&ep->lock);
+    }
+    wr->pooled = (uint8_t)pooled;
     wr->wr_id = swr->wr_id;
     wr->opcode = (uint8_t)swr->opcode;
     wr->state = TCP_WR_PENDING;
@@ -135,26 +147,25 @@ int exs__tcp_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
             wr->bad = 1;
     }
 
-    pthread_mutex_lock(&ep->lock);
     state = ep->state;
     if (EXS_UNLIKELY(state == EXS_PROV_EP_IDLE || state == EXS_PROV_EP_CONNECTING)) {
+        exs__tcp_wr_put_locked(ep, wr);
         pthread_mutex_unlock(&ep->lock);
-        free(wr);
         return -ENOTCONN;
     }
     if (EXS_UNLIKELY(ep->sq_used + __atomic_load_n(&ep->cq_sq, __ATOMIC_RELAXED) >=
                      ep->base.attr.max_send_wr)) {
         /* every slot is an outstanding request or a completion not yet polled */
+        exs__tcp_wr_put_locked(ep, wr);
         pthread_mutex_unlock(&ep->lock);
-        free(wr);
         return -ENOMEM;
     }
     if (EXS_UNLIKELY(state == EXS_PROV_EP_ERROR)) {
         exs__tcp_wr_cqe(ep, wr, EXS_PROV_WC_WR_FLUSH_ERR, &cqe);
         EXS_CNT_INC(ctx->cnt.flushed_wrs);
         exs__tcp_cq_push(ctx, ep, &cqe);
+        exs__tcp_wr_put_locked(ep, wr);
         pthread_mutex_unlock(&ep->lock);
-        free(wr);
         return 0;
     }
     ep->sq_used++;
@@ -175,26 +186,40 @@ int exs__tcp_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *rwr
     struct tcp_ctx *ctx = ep->ctx;
     struct exs_prov_cqe cqe;
     struct exs_soft_rwr *rwr;
-    int ret = exs__soft_rwr_new(rwr_in, ctx->base.caps.max_sge, &rwr);
+    uint64_t len;
+    int pooled, ret = exs__soft_rwr_check(rwr_in, ctx->base.caps.max_sge, &len);
 
     if (ret)
         return ret;
+    pooled = rwr_in->num_sge <= TCP_RWR_POOL_SGE;
+
+    /* checked, filled and queued in one hold of the ep lock, which also guards the pool */
+    pthread_mutex_lock(&ep->lock);
+    rwr = pooled ? exs__soft_pool_get_locked(&ep->rwr_pool) : NULL;
+    if (!rwr) {
+        pthread_mutex_unlock(&ep->lock);
+        rwr = malloc(pooled ? ep->rwr_pool.size
+                            : sizeof(*rwr) + (size_t)rwr_in->num_sge * sizeof(rwr->sge[0]));
+        if (!rwr)
+            return -ENOMEM;
+        pthread_mutex_lock(&ep->lock);
+    }
+    exs__soft_rwr_fill(rwr, rwr_in, len);
+    rwr->pooled = (uint8_t)pooled;
     rwr->bad =
         exs__tcp_mr_check_local(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
-
-    pthread_mutex_lock(&ep->lock);
     if (ep->rq_count + __atomic_load_n(&ep->cq_rq, __ATOMIC_RELAXED) >= ep->base.attr.max_recv_wr) {
         /* every slot is a posted receive or a completion not yet polled */
+        exs__tcp_rwr_put_locked(ep, rwr);
         pthread_mutex_unlock(&ep->lock);
-        free(rwr);
         return -ENOMEM;
     }
     if (ep->state == EXS_PROV_EP_ERROR) {
         exs__tcp_rwr_cqe(ep, rwr, EXS_PROV_WC_WR_FLUSH_ERR, &cqe);
         EXS_CNT_INC(ctx->cnt.flushed_wrs);
         exs__tcp_cq_push(ctx, ep, &cqe);
+        exs__tcp_rwr_put_locked(ep, rwr);
         pthread_mutex_unlock(&ep->lock);
-        free(rwr);
         return 0;
     }
     ep->rq_count++;
@@ -220,10 +245,26 @@ void exs__tcp_ep_wr_done(struct tcp_ep *ep, struct tcp_wr *wr, enum exs_prov_wc_
     } else {
         ep->sq_unretired++;
     }
-    pthread_mutex_unlock(&ep->lock);
     if (wr->opcode == EXS_PROV_WR_RDMA_READ && ep->reads_out)
         ep->reads_out--;
-    free(wr);
+    exs__tcp_wr_put_locked(ep, wr);
+    pthread_mutex_unlock(&ep->lock);
+}
+
+void exs__tcp_wr_put_locked(struct tcp_ep *ep, struct tcp_wr *wr)
+{
+    if (wr->pooled)
+        exs__soft_pool_put_locked(&ep->wr_pool, wr);
+    else
+        free(wr);
+}
+
+void exs__tcp_rwr_put_locked(struct tcp_ep *ep, struct exs_soft_rwr *rwr)
+{
+    if (rwr->pooled)
+        exs__soft_pool_put_locked(&ep->rwr_pool, rwr);
+    else
+        free(rwr);
 }
 
 /* Every framed request with psn before upto (exclusive) succeeded. */

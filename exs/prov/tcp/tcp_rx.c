@@ -228,8 +228,8 @@ static void tcp_conn_recv_done(struct tcp_conn *conn, enum exs_prov_wc_status st
     pthread_mutex_lock(&ep->lock);
     ep->rq_count--;
     exs__tcp_cq_push(conn->ctx, ep, &cqe);
+    exs__tcp_rwr_put_locked(ep, rwr);
     pthread_mutex_unlock(&ep->lock);
-    free(rwr);
 }
 
 /* The receive taken for the current SEND cannot hold it: it completes with st,
