@@ -479,6 +479,28 @@ END_TEST
 
 /* ---- (7) descriptor exhaustion ---- */
 
+enum { SETTLE_MS = 30000 };
+
+/* One look of 300 ms at the server's threads: 1 when each blocked at least twice or spent
+ * under 30 ms on or waiting for a CPU (asleep). */
+static int fd_settled(void)
+{
+    struct srv_tsnap a, b;
+    int settled = 1;
+
+    if (srv_threads_snap(&srv, &a))
+        return 0;
+    usleep(300 * 1000);
+    if (srv_threads_snap(&srv, &b))
+        return 0;
+    for (int i = 0; i < b.n; i++)
+        for (int j = 0; j < a.n; j++)
+            if (a.t[j].tid == b.t[i].tid && b.t[i].blocked - a.t[j].blocked < 2 &&
+                (b.t[i].run_ms - a.t[j].run_ms) + (b.t[i].wait_ms - a.t[j].wait_ms) >= 30)
+                settled = 0;
+    return settled;
+}
+
 START_TEST(fd_exhaustion_no_spin)
 {
     enum { FLOOD = 300 };
@@ -499,7 +521,13 @@ START_TEST(fd_exhaustion_no_spin)
         ck_assert_int_ge(fds[i], 0);
         (void)connect(fds[i], (struct sockaddr *)&sin, sizeof(sin));
     }
-    usleep(500 * 1000);
+    /* The burst's handshakes are served once every server thread sleeps again: each either
+     * blocked a few times in a short look or hardly ran (a loaded host may take seconds to
+     * get there; a moment's sleep was a premise). A server that spins never gets there: the
+     * look gives up after SETTLE_MS and the window below judges it. */
+    deadline = raw_now_ms() + SETTLE_MS;
+    while (!fd_settled() && raw_now_ms() < deadline)
+        ;
     c0 = srv_cpu_ms(&srv);
     ck_assert_int_eq(srv_threads_snap(&srv, &t0), 0);
     sleep(3); /* the window measured, not a wait for a condition */
