@@ -360,6 +360,14 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
      * turn between them takes the flags back from a sleeper (turns read armed) */
     if (ctx->manual) {
         pthread_mutex_lock(&ctx->nic_lock);
+        /* the descriptors first (one epoll_wait: an arm comes before a sleep, a system call
+         * anyway): a request, an answer or a death waiting in a socket shows now as the
+         * event or completion that refuses the arm (-EAGAIN), as on tcp (a busy poller's
+         * turns read them only every SHM_COLLECT_NS) */
+        ctx->collect_now = 1;
+        for (int i = 0; i < 4 && ctx->collect_now; i++)
+            (void)exs__shm_turn(ctx, 1); /* again while a read found some: an accepted
+                                          * socket's REQ is read by the next one */
         busy = shm_prepare_sleep(ctx);
     }
     pthread_mutex_lock(&ctx->lock);
