@@ -531,42 +531,6 @@ START_TEST(shm_rendezvous_look)
 }
 END_TEST
 
-/* ---- a busy poller makes no system call ---- */
-
-/* A MANUAL context driven by a busy poller (the engine's rounds): its turns read the
- * descriptors (an epoll_wait each) at most once per SHM_COLLECT_TURNS turns, whether it
- * idles (loop 0) or its consumer's event fd was left readable by a notification it did not
- * sleep for (loop 1: it stays readable until the next arm; before, every idle turn read
- * the descriptors, and with that fd readable every turn). */
-START_TEST(shm_busy_turns_no_syscall)
-{
-    struct exs_prov_attr attr = {.flags = EXS_PROV_ATTR_MANUAL_PROGRESS};
-    const unsigned turns = 100 * SHM_COLLECT_TURNS;
-    struct exs_prov_cm_event ev = {.type = EXS_PROV_CM_DISCONNECTED};
-    struct exs_prov_ctx *c;
-    struct shm_ctx *ctx;
-    uint64_t c0;
-
-    if (skip_unless_shm("shm_busy_turns_no_syscall"))
-        return;
-    ck_assert_int_eq(pt_ops->ctx_open(&attr, &c), 0);
-    ctx = shm_ctx_of(c);
-    if (_i) { /* a sleeper's notification, its event taken without a sleep */
-        ck_assert_int_eq(pt_ops->ctx_arm(c), 0);
-        exs__shm_cm_push(ctx, &ev);
-        ck_assert_int_eq(pt_ops->ctx_cm_poll(c, &ev), 1);
-    }
-    (void)pt_ops->ctx_progress(c); /* the first turn reads them */
-    c0 = __atomic_load_n(&ctx->cnt.collects, __ATOMIC_RELAXED);
-    for (unsigned i = 0; i < turns; i++)
-        ck_assert_int_eq(pt_ops->ctx_progress(c), 0);
-    ck_assert_msg(ctx->cnt.collects - c0 <= turns / SHM_COLLECT_TURNS,
-                  "%llu descriptor reads in %u idle turns",
-                  (unsigned long long)(ctx->cnt.collects - c0), turns);
-    pt_ops->ctx_close(c);
-}
-END_TEST
-
 Suite *prov_shm_suite(void)
 {
     Suite *s = suite_create("prov_shm");
@@ -581,9 +545,6 @@ Suite *prov_shm_suite(void)
     tc = pt_tcase("shm_rendezvous");
     tcase_add_loop_test(tc, shm_rendezvous_deadline, 0, 2);
     tcase_add_test(tc, shm_rendezvous_look);
-    suite_add_tcase(s, tc);
-    tc = pt_tcase("shm_busy");
-    tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

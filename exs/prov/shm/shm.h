@@ -43,28 +43,26 @@
  * copy of at most SHM_COPY_CHUNK bytes), never for a peer.
  */
 
-#define SHM_MAGIC         0x45585348u /* "EXSH" */
-#define SHM_VERSION       1
-#define SHM_SLOT          64u          /* ring records are whole cache lines */
-#define SHM_RING_BYTES    (256u << 10) /* per direction, a power of two */
-#define SHM_SEG_HDR       4096u        /* the two lines, then the rings */
-#define SHM_SEG_BYTES     (SHM_SEG_HDR + 2u * SHM_RING_BYTES)
-#define SHM_REC_HDR       32u
-#define SHM_RING_INLINE   4096u /* payloads up to this ride in the ring */
-#define SHM_MAX_SGE       16u
-#define SHM_REC_MAX       (SHM_REC_HDR + SHM_RING_INLINE)
-#define SHM_MAX_WR        4096u
-#define SHM_MAX_INLINE    256u
-#define SHM_CQ_MAX        (1u << 22)
-#define SHM_CQ_SIZE       65536u
-#define SHM_PD_MAX        256u
-#define SHM_MAX_RD        16u        /* READs outstanding per ep */
-#define SHM_COPY_CHUNK    (1u << 20) /* one process_vm call; the fence is re-checked between */
-#define SHM_TURN_RECS     256u       /* records carried out per connection per turn */
-#define SHM_COLLECT_NS    200000u    /* a busy ctx_progress reads its descriptors this often, */
-#define SHM_COLLECT_TURNS 128u       /* ... looking at the clock every this many turns */
-#define SHM_PORT_LO       32768u
-#define SHM_PORT_HI       60999u
+#define SHM_MAGIC       0x45585348u /* "EXSH" */
+#define SHM_VERSION     1
+#define SHM_SLOT        64u          /* ring records are whole cache lines */
+#define SHM_RING_BYTES  (256u << 10) /* per direction, a power of two */
+#define SHM_SEG_HDR     4096u        /* the two lines, then the rings */
+#define SHM_SEG_BYTES   (SHM_SEG_HDR + 2u * SHM_RING_BYTES)
+#define SHM_REC_HDR     32u
+#define SHM_RING_INLINE 4096u /* payloads up to this ride in the ring */
+#define SHM_MAX_SGE     16u
+#define SHM_REC_MAX     (SHM_REC_HDR + SHM_RING_INLINE)
+#define SHM_MAX_WR      4096u
+#define SHM_MAX_INLINE  256u
+#define SHM_CQ_MAX      (1u << 22)
+#define SHM_CQ_SIZE     65536u
+#define SHM_PD_MAX      256u
+#define SHM_MAX_RD      16u        /* READs outstanding per ep */
+#define SHM_COPY_CHUNK  (1u << 20) /* one process_vm call; the fence is re-checked between */
+#define SHM_TURN_RECS   256u       /* records carried out per connection per turn */
+#define SHM_PORT_LO     32768u
+#define SHM_PORT_HI     60999u
 
 /* record types */
 enum { SHM_REC_SEND = 1, SHM_REC_WRITE = 2, SHM_REC_READ = 3 };
@@ -147,7 +145,6 @@ struct shm_counters {
     uint64_t bells_tx;
     uint64_t bells_rx;
     uint64_t turns;
-    uint64_t collects;
     uint64_t sleeps;
 };
 
@@ -281,9 +278,8 @@ struct shm_ctx {
     struct exs_list conns;
     struct exs_list listeners;
     uint64_t timer_armed_ns;
-    uint64_t collect_ns; /* ctx_progress read the descriptors last then */
-    unsigned turn_seq;   /* turns of ctx_progress: the clock every SHM_COLLECT_TURNS */
-    int collect_now;     /* an arm was taken: the next turn reads them */
+    unsigned turn_seq; /* turns of ctx_progress: descriptors every 8th */
+    int collect_now;   /* an arm was taken: the next turn reads them */
     uint32_t rnr_timer_ms;
     uint8_t rnr_retry_max;
     struct shm_counters cnt;

@@ -50,8 +50,6 @@ static const struct exs_counter_desc shm_counter_desc[] = {
     EXS_COUNTER(struct shm_counters, bells_tx, "doorbells written to a sleeping peer"),
     EXS_COUNTER(struct shm_counters, bells_rx, "doorbells read"),
     EXS_COUNTER(struct shm_counters, turns, "turns of the NIC role"),
-    EXS_COUNTER(struct shm_counters, collects,
-                "turns that read the descriptors (epoll_wait): a busy poller's every 200 us"),
     EXS_COUNTER(struct shm_counters, sleeps, "sleeps of the NIC thread or armed consumers"),
 };
 
@@ -231,7 +229,6 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
     int wake_up;
     struct epoll_event evs[64];
     int did = 0, n;
-    uint64_t now;
 
     EXS_CNT_INC(ctx->cnt.turns);
     if (ctx->manual) {
@@ -241,36 +238,24 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
     } else {
         wake_up = collect == 2;
     }
-    /* a busy poller's turn makes no system call, whether it finds work in the rings or
-     * spins on empty ones: the descriptors (sockets, pidfds, timer, listeners; the
-     * doorbell only matters to a sleeper) are read right after a sleep (ctx_arm), while
-     * the last read found some, and otherwise once SHM_COLLECT_NS passed since the last
-     * read, the clock being looked at every SHM_COLLECT_TURNS turns only (a clock read
-     * is a system call in some guests). A sleeper loses nothing meanwhile: its event
-     * descriptor is the epoll set itself, readable while any of them is. */
-    if (collect == 1 && !ctx->collect_now) {
+    /* a busy poller's turn that finds work in the rings makes no system call; the
+     * descriptors (doorbell, sockets, pidfds, timer) are read when the rings had nothing
+     * (a turn returns 0 only after looking at everything), every 8th turn, right after a
+     * sleep, and while the last look found some */
+    if (collect == 1 && !ctx->collect_now && (++ctx->turn_seq & 7)) {
         did = shm_rings(ctx, wake_up);
-        if (++ctx->turn_seq % SHM_COLLECT_TURNS)
-            return did;
-        now = exs__now_ns();
-        if (now - ctx->collect_ns < SHM_COLLECT_NS)
+        if (did)
             return did;
     }
     if (collect) {
-        int found = 0;
-
-        EXS_CNT_INC(ctx->cnt.collects);
-        ctx->collect_ns = exs__now_ns();
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
+        ctx->collect_now = n > 0;
         for (int i = 0; i < n; i++) {
             /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
             shm_event(ctx, &evs[i]);
-            /* the consumer's event fd stays readable until its next arm: not work */
             if (evs[i].data.u64 != ((uint64_t)SHM_CTX_EVFD | SHM_TAG_CTX))
-                found++;
+                did++;
         }
-        ctx->collect_now = found > 0;
-        did += found;
     }
     return did + shm_rings(ctx, wake_up);
 }
@@ -360,14 +345,6 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
      * turn between them takes the flags back from a sleeper (turns read armed) */
     if (ctx->manual) {
         pthread_mutex_lock(&ctx->nic_lock);
-        /* the descriptors first (one epoll_wait: an arm comes before a sleep, a system call
-         * anyway): a request, an answer or a death waiting in a socket shows now as the
-         * event or completion that refuses the arm (-EAGAIN), as on tcp (a busy poller's
-         * turns read them only every SHM_COLLECT_NS) */
-        ctx->collect_now = 1;
-        for (int i = 0; i < 4 && ctx->collect_now; i++)
-            (void)exs__shm_turn(ctx, 1); /* again while a read found some: an accepted
-                                          * socket's REQ is read by the next one */
         busy = shm_prepare_sleep(ctx);
     }
     pthread_mutex_lock(&ctx->lock);
