@@ -363,18 +363,18 @@ static int eng_round(void)
     return n;
 }
 
-/* Rounds until one finds nothing, at most max. Returns the total. */
-static int eng_drive_locked(int max)
+/* Rounds until one finds nothing, at most max. Returns the total; *idle_p (when given)
+ * tells whether the last round found nothing. */
+static int eng_drive_locked(int max, int *idle_p)
 {
-    int total = 0;
+    int total = 0, n = 1;
 
-    for (int r = 0; r < max; r++) {
-        int n = eng_round();
-
+    for (int r = 0; r < max && n; r++) {
+        n = eng_round();
         total += n;
-        if (n == 0)
-            break;
     }
+    if (idle_p)
+        *idle_p = n == 0;
     return total;
 }
 
@@ -398,16 +398,20 @@ static int eng_arm_all(void)
     return ret;
 }
 
-/* The loop thread: drive until every context is armed with nothing left. */
+/* The loop thread: drive until every context is armed with nothing left. A round that
+ * found nothing is the one to arm after, not a whole drive that found nothing: a
+ * provider may answer "call again" (> 0) from turns that did not look at everything (the
+ * shm provider's busy turns, spec/provider-shm.md) and 0 from the one that did, so a
+ * drive whose earlier rounds answered > 0 can end idle. */
 static void eng_drain_all(void)
 {
-    int n;
+    int n, idle;
 
     do {
-        n = eng_drive_locked(ENG_DRIVE_MAX);
+        n = eng_drive_locked(ENG_DRIVE_MAX, &idle);
         if (n > 0)
             EXS_CNT_INC(exs__eng_cnt.drives_thread);
-    } while (n > 0 || eng_arm_all() == -EAGAIN);
+    } while (!idle || eng_arm_all() == -EAGAIN);
 }
 
 static __thread struct eng_pass eng_poll_last; /* this thread's last pass */
@@ -466,7 +470,7 @@ int exs__engine_drive(int flags)
     eng_disarm_unwatched();
     /* One round: the caller looks at its queue next and drives again if it must; an
      * empty extra round would only cost system calls on every wake-up. */
-    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1) : 0;
+    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1, NULL) : 0;
     eng_busy = 0;
     if (eng_poll_end_ns || __atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED)) {
         eng_poll_last = eng_pass; /* what this thread's pass did, for its next report */

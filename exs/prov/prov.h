@@ -304,7 +304,9 @@ struct exs_prov_ops {
      * read and process what arrived, run expired provider timers, run queued
      * connection commands. Any thread, any mode; concurrent callers are serialized
      * (a caller may wait for another one's turn, never for a peer). Returns > 0 when
-     * it did something (completions or cm events may now be queued), 0 when there was
+     * it did something (completions or cm events may now be queued) or did not look at
+     * everything this time ("call again": a busy turn may skip its system calls, a bounded
+     * number of times in a row), 0 only after a turn that looked at everything and found
      * nothing to do, or a negative errno. Optional (default: returns 0); a provider
      * without it must not be opened with MANUAL_PROGRESS (-EOPNOTSUPP). */
     int (*ctx_progress)(struct exs_prov_ctx *ctx);

@@ -661,6 +661,39 @@ START_TEST(test_poll_spin_clock)
 }
 END_TEST
 
+/* An idle process's progress thread sleeps: once nothing is left, its drain ends in an arm
+ * and the rounds stop. A provider may answer "call again" from turns that did not look at
+ * everything (shm's busy turns read the descriptors every 64th idle turn) and 0 from the
+ * one that did; the drain arms after the round that found nothing. When it waited for a
+ * whole drive (8 rounds) that found nothing, it never armed over shm and spun forever
+ * (every integ test over shm then timed out). Waits for 100 ms without a round, up to
+ * IT_TIMEOUT_MS (keepalive and timers may run a round now and then). */
+START_TEST(test_idle_loop_sleeps)
+{
+    struct it_pair p;
+    double end;
+    uint64_t r0, r1;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    pingpong(&p, 2, EXS_WAIT_NOTIFY);
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    for (;;) {
+        r0 = eng_counter("rounds");
+        it_sleep_ms(100);
+        r1 = eng_counter("rounds");
+        if (r1 == r0)
+            break;
+        ck_assert_msg(it_now_ms() < end,
+                      "the progress thread never slept: %llu rounds in the last 100 ms, still "
+                      "at it after %d ms",
+                      (unsigned long long)(r1 - r0), IT_TIMEOUT_MS);
+    }
+    pingpong(&p, 2, EXS_WAIT_NOTIFY); /* and wakes up again */
+    it_pair_close(&p);
+}
+END_TEST
+
 /* A data write no longer than the endpoint's max_inline goes inline (copied into the work
  * request: no DMA read of the buffer), a longer one does not; the data arrive either way
  * (pingpong checks them). Providers without inline sends skip. */
@@ -727,6 +760,8 @@ Suite *integ_progress_suite(void)
                  (const TTest *const[]){test_sync_threads, NULL});
     it_suite_add(s, "sleep_eintr", IT_CASE_TIMEOUT, 2,
                  (const TTest *const[]){test_sleep_eintr, NULL});
+    it_suite_add(s, "idle_sleeps", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_idle_loop_sleeps, NULL});
     it_suite_add(s, "speed", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_poll_spin_clock, test_small_writes_inline, NULL});
     return s;

@@ -531,6 +531,57 @@ START_TEST(shm_rendezvous_look)
 }
 END_TEST
 
+/* ---- a busy poller makes no system call ---- */
+
+/* A MANUAL context driven by a busy poller (the engine's rounds) on empty rings: its turns
+ * read the descriptors (an epoll_wait each) once per SHM_IDLE_LOOK turns, whether it idles
+ * (loop 0) or its consumer's event fd was left readable by a notification it did not sleep
+ * for (loop 1: it stays readable until the next arm). Before, every idle turn read them
+ * (loop 1: every turn). The turns that did not read answer 1, never 0: a zero comes only
+ * after a look, at least once per SHM_IDLE_LOOK turns (prov_basic notify_cm_event over
+ * --manual needs it: a sleeper's turns until 0 must have read the connect request). */
+START_TEST(shm_busy_turns_no_syscall)
+{
+    struct exs_prov_attr attr = {.flags = EXS_PROV_ATTR_MANUAL_PROGRESS};
+    const unsigned turns = 100 * SHM_IDLE_LOOK;
+    struct exs_prov_cm_event ev = {.type = EXS_PROV_CM_DISCONNECTED};
+    struct exs_prov_ctx *c;
+    struct shm_ctx *ctx;
+    uint64_t c0, looks;
+    unsigned zeros = 0, run = 0, longest = 0;
+
+    if (skip_unless_shm("shm_busy_turns_no_syscall"))
+        return;
+    ck_assert_int_eq(pt_ops->ctx_open(&attr, &c), 0);
+    ctx = shm_ctx_of(c);
+    if (_i) { /* a sleeper's notification, its event taken without a sleep */
+        ck_assert_int_eq(pt_ops->ctx_arm(c), 0);
+        exs__shm_cm_push(ctx, &ev);
+        ck_assert_int_eq(pt_ops->ctx_cm_poll(c, &ev), 1);
+    }
+    c0 = __atomic_load_n(&ctx->cnt.collects, __ATOMIC_RELAXED);
+    for (unsigned i = 0; i < turns; i++) {
+        int rc = pt_ops->ctx_progress(c);
+
+        ck_assert_int_ge(rc, 0);
+        ck_assert_int_le(rc, 1);
+        if (rc == 0) {
+            zeros++;
+            run = 0;
+        } else if (++run > longest) {
+            longest = run;
+        }
+    }
+    looks = __atomic_load_n(&ctx->cnt.collects, __ATOMIC_RELAXED) - c0;
+    ck_assert_msg(looks <= turns / SHM_IDLE_LOOK + 1, "%llu descriptor reads in %u idle turns",
+                  (unsigned long long)looks, turns);
+    ck_assert_msg(zeros == looks, "%u turns answered 0, %llu read the descriptors", zeros,
+                  (unsigned long long)looks);
+    ck_assert_msg(longest < SHM_IDLE_LOOK, "%u idle turns in a row without a look", longest);
+    pt_ops->ctx_close(c);
+}
+END_TEST
+
 Suite *prov_shm_suite(void)
 {
     Suite *s = suite_create("prov_shm");
@@ -545,6 +596,9 @@ Suite *prov_shm_suite(void)
     tc = pt_tcase("shm_rendezvous");
     tcase_add_loop_test(tc, shm_rendezvous_deadline, 0, 2);
     tcase_add_test(tc, shm_rendezvous_look);
+    suite_add_tcase(s, tc);
+    tc = pt_tcase("shm_busy");
+    tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

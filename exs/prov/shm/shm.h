@@ -61,6 +61,7 @@
 #define SHM_MAX_RD      16u        /* READs outstanding per ep */
 #define SHM_COPY_CHUNK  (1u << 20) /* one process_vm call; the fence is re-checked between */
 #define SHM_TURN_RECS   256u       /* records carried out per connection per turn */
+#define SHM_IDLE_LOOK   64u        /* a busy poller's idle turns per look at the descriptors */
 #define SHM_PORT_LO     32768u
 #define SHM_PORT_HI     60999u
 
@@ -145,6 +146,7 @@ struct shm_counters {
     uint64_t bells_tx;
     uint64_t bells_rx;
     uint64_t turns;
+    uint64_t collects;
     uint64_t sleeps;
 };
 
@@ -278,8 +280,9 @@ struct shm_ctx {
     struct exs_list conns;
     struct exs_list listeners;
     uint64_t timer_armed_ns;
-    unsigned turn_seq; /* turns of ctx_progress: descriptors every 8th */
-    int collect_now;   /* an arm was taken: the next turn reads them */
+    unsigned turn_seq;   /* working turns of ctx_progress: descriptors every 8th */
+    unsigned idle_turns; /* idle turns of ctx_progress since the last look */
+    int collect_now;     /* an arm was taken, or the last look found some: the next reads */
     uint32_t rnr_timer_ms;
     uint8_t rnr_retry_max;
     struct shm_counters cnt;

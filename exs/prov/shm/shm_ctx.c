@@ -50,6 +50,9 @@ static const struct exs_counter_desc shm_counter_desc[] = {
     EXS_COUNTER(struct shm_counters, bells_tx, "doorbells written to a sleeping peer"),
     EXS_COUNTER(struct shm_counters, bells_rx, "doorbells read"),
     EXS_COUNTER(struct shm_counters, turns, "turns of the NIC role"),
+    EXS_COUNTER(struct shm_counters, collects,
+                "turns that read the descriptors (epoll_wait): a busy poller's every "
+                "64th idle turn"),
     EXS_COUNTER(struct shm_counters, sleeps, "sleeps of the NIC thread or armed consumers"),
 };
 
@@ -238,24 +241,43 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
     } else {
         wake_up = collect == 2;
     }
-    /* a busy poller's turn that finds work in the rings makes no system call; the
-     * descriptors (doorbell, sockets, pidfds, timer) are read when the rings had nothing
-     * (a turn returns 0 only after looking at everything), every 8th turn, right after a
-     * sleep, and while the last look found some */
-    if (collect == 1 && !ctx->collect_now && (++ctx->turn_seq & 7)) {
+    /* A busy poller's turn (ctx_progress) makes no system call, whether it finds work in
+     * the rings or spins on empty ones. The descriptors (doorbell, sockets, pidfds,
+     * listeners, timer) are read every 8th turn that found work, every SHM_IDLE_LOOK-th
+     * turn in a row that found none, right after an arm, and while the last read found
+     * some. A turn returns 0 only after reading them: an idle turn that did not answers 1
+     * ("call again"), so a caller that sleeps or stops when progress says 0 (the engine's
+     * drain before its arm, a MANUAL sleeper's turn after its wake-up) has had a full look
+     * first, and gets it within SHM_IDLE_LOOK turns. A sleeper loses nothing in between:
+     * an arm does not depend on the last turn's look, its event descriptor is the epoll
+     * set itself (MANUAL) and level-triggered, so a descriptor left unread keeps it
+     * readable, and the first turn after the arm reads them (collect_now). */
+    if (collect == 1 && !ctx->collect_now) {
         did = shm_rings(ctx, wake_up);
-        if (did)
-            return did;
+        if (did) {
+            ctx->idle_turns = 0;
+            if (++ctx->turn_seq & 7)
+                return did;
+        } else if (++ctx->idle_turns < SHM_IDLE_LOOK) {
+            return 1;
+        }
     }
     if (collect) {
+        int found = 0;
+
+        ctx->idle_turns = 0;
+        EXS_CNT_INC(ctx->cnt.collects);
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
-        ctx->collect_now = n > 0;
         for (int i = 0; i < n; i++) {
             /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
             shm_event(ctx, &evs[i]);
+            /* the consumer's event fd (MANUAL) stays readable until its next arm: it is
+             * the sleeper's, not work, and must not make every later turn read again */
             if (evs[i].data.u64 != ((uint64_t)SHM_CTX_EVFD | SHM_TAG_CTX))
-                did++;
+                found++;
         }
+        ctx->collect_now = found > 0;
+        did += found;
     }
     return did + shm_rings(ctx, wake_up);
 }
