@@ -176,6 +176,8 @@ struct shm_ep {
     struct shm_ctx *ctx;
     int state;               /* enum exs_prov_ep_state (ctx->lock) */
     struct exs_list sq_pend; /* posted, not in the ring yet (ctx->lock) */
+    int pend; /* sq_pend not empty, or conn->kick < 0: what a turn takes ctx->lock for
+               * (stored under ctx->lock by shm_ep_pend_locked, looked at without it) */
     struct exs_list sq;      /* in the ring, not done, oldest first (ctx->lock) */
     struct exs_list rq;      /* posted receives (ctx->lock) */
     uint32_t sq_used, sq_unretired, rq_count;
@@ -271,7 +273,8 @@ struct shm_ctx {
     int has_thread;
     pthread_t thread;
     int stop;
-    int armed, evfd_set;
+    int armed, evfd_set; /* armed: atomic (exs__shm_turn looks without ctx->lock) */
+    int cm_hint;          /* cm_events may be non-empty (exs__soft_cm_pop) */
     struct exs_soft_cq cq;
     struct exs_list cm_events;
     struct exs_list eps;
@@ -421,5 +424,6 @@ int exs__shm_conn_service(struct shm_conn *conn);
 int exs__shm_conn_busy(struct shm_conn *conn);
 /* After a change the peer waits for: write its bell when it sleeps. */
 void exs__shm_conn_kick(struct shm_conn *conn);
+void exs__shm_ep_pend_locked(struct shm_ep *ep);
 
 #endif

@@ -251,6 +251,7 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
             free(wr);
         }
     }
+    exs__shm_ep_pend_locked(ep);
     ep->sq_used = 0;
     ep->sq_unretired = 0;
     ep->reads_out = 0;

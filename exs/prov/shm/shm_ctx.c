@@ -115,7 +115,7 @@ static void shm_notify_locked(struct shm_ctx *ctx)
 {
     if (!ctx->armed)
         return;
-    ctx->armed = 0;
+    __atomic_store_n(&ctx->armed, 0, __ATOMIC_RELAXED);
     ctx->evfd_set = 1;
     shm_fd_bump(ctx->evfd);
 }
@@ -140,6 +140,7 @@ void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev)
         return;
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->cm_events, &n->link);
+    __atomic_store_n(&ctx->cm_hint, 1, __ATOMIC_RELAXED);
     shm_notify_locked(ctx);
     pthread_mutex_unlock(&ctx->lock);
 }
@@ -235,9 +236,9 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
 
     EXS_CNT_INC(ctx->cnt.turns);
     if (ctx->manual) {
-        pthread_mutex_lock(&ctx->lock);
-        wake_up = !ctx->armed;
-        pthread_mutex_unlock(&ctx->lock);
+        /* armed is set under nic_lock (ours) and ctx->lock, cleared under ctx->lock only
+         * (a notification, a disarm): a plain atomic look sees what a locked one would */
+        wake_up = !__atomic_load_n(&ctx->armed, __ATOMIC_RELAXED);
     } else {
         wake_up = collect == 2;
     }
@@ -378,10 +379,10 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
     if (busy)
         exs__shm_ctx_wake(ctx);
     if (ctx->cq.count || !exs_list_empty(&ctx->cm_events)) {
-        ctx->armed = 0;
+        __atomic_store_n(&ctx->armed, 0, __ATOMIC_RELAXED);
         ret = -EAGAIN;
     } else {
-        ctx->armed = 1;
+        __atomic_store_n(&ctx->armed, 1, __ATOMIC_RELAXED);
         if (ctx->manual)
             ctx->collect_now = 1; /* (nic_lock) the next turn, after the sleep, reads them */
         EXS_CNT_INC(ctx->cnt.sleeps);
@@ -397,7 +398,7 @@ static void shm_ctx_disarm(struct exs_prov_ctx *c)
     struct shm_ctx *ctx = shm_ctx_of(c);
 
     pthread_mutex_lock(&ctx->lock);
-    ctx->armed = 0;
+    __atomic_store_n(&ctx->armed, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&ctx->lock);
 }
 
@@ -414,6 +415,8 @@ static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         (void)exs__shm_turn(ctx, 0);
         pthread_mutex_unlock(&ctx->nic_lock);
     }
+    if (!exs__soft_cq_peek(&ctx->cq))
+        return 0; /* a busy poller's empty look takes no lock */
     pthread_mutex_lock(&ctx->lock);
     for (struct exs_prov_cqe *q; n < max && (q = exs__soft_cq_head(&ctx->cq));) {
         struct shm_ep *ep = shm_ep_of(q->ep);
@@ -433,7 +436,7 @@ static int shm_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 {
     struct shm_ctx *ctx = shm_ctx_of(c);
 
-    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, ev);
+    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, &ctx->cm_hint, ev);
 }
 
 /* ---- open and close ---- */

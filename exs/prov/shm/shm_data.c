@@ -213,7 +213,15 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
     return 0;
 }
 
-void exs__shm_ep_push_locked(struct shm_ep *ep)
+/* ep->pend after a change to sq_pend or conn->kick (ctx->lock held) */
+void exs__shm_ep_pend_locked(struct shm_ep *ep)
+{
+    int pend = !exs_list_empty(&ep->sq_pend) || (ep->conn && ep->conn->kick < 0);
+
+    __atomic_store_n(&ep->pend, pend, __ATOMIC_RELAXED);
+}
+
+static void shm_ep_push(struct shm_ep *ep)
 {
     struct shm_conn *conn = ep->conn;
     uint64_t tail;
@@ -244,6 +252,12 @@ void exs__shm_ep_push_locked(struct shm_ep *ep)
     }
     if (n)
         exs__shm_conn_kick(conn);
+}
+
+void exs__shm_ep_push_locked(struct shm_ep *ep)
+{
+    shm_ep_push(ep);
+    exs__shm_ep_pend_locked(ep);
 }
 
 int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr)
@@ -446,6 +460,7 @@ static int shm_bad_head(struct shm_conn *conn)
         if (wr->bad) {
             exs_list_del(&wr->link);
             shm_wr_done_locked(ep, wr, EXS_PROV_WC_LOC_PROT_ERR);
+            exs__shm_ep_pend_locked(ep);
             bad = 1;
         }
     }
@@ -794,20 +809,24 @@ int exs__shm_conn_service(struct shm_conn *conn)
 
     if (conn->state != SHM_CONN_UP || !conn->ep)
         return 0;
-    pthread_mutex_lock(&ctx->lock);
-    lied = conn->kick < 0;
-    if (!lied && !exs_list_empty(&conn->ep->sq_pend))
-        exs__shm_ep_push_locked(conn->ep);
-    lied = conn->kick < 0;
-    pthread_mutex_unlock(&ctx->lock);
-    if (lied) {
-        shm_proto_error(conn, "ring tail");
-        return 1;
+    /* the send queue's waiting posts and a lie found by a post need ctx->lock; most turns
+     * have neither (posts write into the ring themselves): a look at ep->pend, no lock */
+    if (__atomic_load_n(&conn->ep->pend, __ATOMIC_RELAXED)) {
+        pthread_mutex_lock(&ctx->lock);
+        lied = conn->kick < 0;
+        if (!lied && !exs_list_empty(&conn->ep->sq_pend))
+            exs__shm_ep_push_locked(conn->ep);
+        lied = conn->kick < 0;
+        pthread_mutex_unlock(&ctx->lock);
+        if (lied) {
+            shm_proto_error(conn, "ring tail");
+            return 1;
+        }
     }
     did += shm_take_requests(conn);
     if (conn->state == SHM_CONN_UP)
         did += shm_take_answers(conn);
-    if (conn->state == SHM_CONN_UP)
+    if (conn->state == SHM_CONN_UP && __atomic_load_n(&conn->ep->pend, __ATOMIC_RELAXED))
         did += shm_bad_head(conn);
     return did;
 }

@@ -20,12 +20,17 @@ struct exs_soft_cm_node *exs__soft_cm_new(const void *ctx, const struct exs_prov
     return n;
 }
 
-int exs__soft_cm_pop(struct exs_list *q, pthread_mutex_t *lock, struct exs_prov_cm_event *ev)
+int exs__soft_cm_pop(struct exs_list *q, pthread_mutex_t *lock, int *hint,
+                     struct exs_prov_cm_event *ev)
 {
     struct exs_list *l;
 
+    if (hint && !__atomic_load_n(hint, __ATOMIC_RELAXED))
+        return 0;
     pthread_mutex_lock(lock);
     l = exs_list_pop_head(q);
+    if (hint && exs_list_empty(q))
+        __atomic_store_n(hint, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(lock);
     if (!l)
         return 0;

@@ -17,8 +17,12 @@ struct exs_soft_cm_node {
 
 /* A node holding a copy of ev; NULL when out of memory (logged: the event is lost). */
 struct exs_soft_cm_node *exs__soft_cm_new(const void *ctx, const struct exs_prov_cm_event *ev);
-/* The oldest event of q into *ev, taken under lock: 1, or 0 when q is empty. */
-int exs__soft_cm_pop(struct exs_list *q, pthread_mutex_t *lock, struct exs_prov_cm_event *ev);
+/* The oldest event of q into *ev, taken under lock: 1, or 0 when q is empty. With hint
+ * (NULL: none), a word the pusher sets (atomically, under lock, after adding) and this
+ * clears when it leaves q empty: 0 there answers 0 without the lock (a busy poller's
+ * look; an event pushed meanwhile is seen by its next look, an arm looks under the lock). */
+int exs__soft_cm_pop(struct exs_list *q, pthread_mutex_t *lock, int *hint,
+                     struct exs_prov_cm_event *ev);
 /* Locked: drop the events naming ep (all but requests), and the requests of lis (either
  * may be NULL). */
 void exs__soft_cm_drop_locked(struct exs_list *q, const struct exs_prov_ep *ep,

@@ -72,7 +72,7 @@ int exs__soft_cq_push(struct exs_soft_cq *cq, const struct exs_prov_cqe *cqe)
     if (EXS_UNLIKELY(cq->count == cq->cap))
         return -ENOSPC;
     cq->q[(cq->head + cq->count) % cq->cap] = *cqe;
-    cq->count++;
+    __atomic_store_n(&cq->count, cq->count + 1, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -86,7 +86,7 @@ void exs__soft_cq_drop_ep(struct exs_soft_cq *cq, const struct exs_prov_ep *ep)
         if (q->ep != ep)
             cq->q[(cq->head + keep++) % cq->cap] = *q;
     }
-    cq->count = keep;
+    __atomic_store_n(&cq->count, keep, __ATOMIC_RELAXED);
     if (!keep)
         cq->head = 0;
 }

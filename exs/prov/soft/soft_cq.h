@@ -14,7 +14,7 @@ struct exs_soft_cq {
     struct exs_prov_cqe *q;
     uint32_t cap;      /* entries of q */
     uint32_t head;     /* the oldest entry */
-    uint32_t count;    /* entries queued */
+    uint32_t count;    /* entries queued (written atomically: exs__soft_cq_peek) */
     uint32_t cap0;     /* the first size: it never shrinks below */
     uint64_t reserved; /* entries the endpoints reserved */
 };
@@ -34,6 +34,13 @@ int exs__soft_cq_push(struct exs_soft_cq *cq, const struct exs_prov_cqe *cqe);
 /* Take out the completions of ep, keeping the others in order (ep_destroy). */
 void exs__soft_cq_drop_ep(struct exs_soft_cq *cq, const struct exs_prov_ep *ep);
 
+/* Entries queued, read without the lock (a poller's look before taking it: a completion
+ * queued meanwhile is seen by its next look, an arm counts under the lock). */
+static inline uint32_t exs__soft_cq_peek(const struct exs_soft_cq *cq)
+{
+    return __atomic_load_n(&cq->count, __ATOMIC_RELAXED);
+}
+
 /* The oldest completion, NULL when none; exs__soft_cq_pop drops it. */
 static inline struct exs_prov_cqe *exs__soft_cq_head(struct exs_soft_cq *cq)
 {
@@ -45,7 +52,8 @@ static inline void exs__soft_cq_pop(struct exs_soft_cq *cq)
     cq->head = (cq->head + 1) % cq->cap;
     /* an empty ring starts again at entry 0: the pages in use are those of the most
      * completions ever queued at once, not the whole ring as the head goes round */
-    if (!--cq->count)
+    __atomic_store_n(&cq->count, cq->count - 1, __ATOMIC_RELAXED);
+    if (!cq->count)
         cq->head = 0;
 }
 

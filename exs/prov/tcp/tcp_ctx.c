@@ -240,7 +240,7 @@ static int tcp_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 {
     struct tcp_ctx *ctx = tcp_ctx_of(c);
 
-    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, ev);
+    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, NULL, ev);
 }
 
 /* ---- NIC turns (nic_lock held) ---- */
