@@ -2,6 +2,7 @@
 /* The shm provider's own rules: a lying peer that scribbles its ring and its answers, and a
  * peer process killed mid-transfer (run with -p shm; skipped elsewhere). */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,12 +44,19 @@ struct liar {
 
 static struct liar liar(struct pt_pair *p)
 {
-    struct shm_conn *conn = shm_ep_of(p->ea)->conn;
+    struct shm_ctx *ctx = shm_ep_of(p->ea)->ctx;
+    struct shm_conn *conn;
+    struct liar l;
 
+    /* the connection is the NIC's: read under its lock, which its end and free take too */
+    pthread_mutex_lock(&ctx->nic_lock);
+    conn = shm_ep_of(p->ea)->conn;
     ck_assert_ptr_nonnull(conn);
     bell_fd = dup(conn->bell);
+    l = (struct liar){conn->tx_ring, conn->head, conn->mine};
+    pthread_mutex_unlock(&ctx->nic_lock);
     ck_assert_int_ge(bell_fd, 0);
-    return (struct liar){conn->tx_ring, conn->head, conn->mine};
+    return l;
 }
 
 /* Ring b's doorbell, as a writer does after a change b waits for. */
