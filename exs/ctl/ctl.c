@@ -529,6 +529,13 @@ static void ctl_stop_job(void *arg)
     ctl.sweeping = 0;
     while ((n = ctl.clients.next) != &ctl.clients)
         client_close(exs_list_entry(n, struct ctl_client, link), "library finishing");
+    /* closed here, under the progress lock as the loop's own calls on it: closed after
+     * the job by the caller, the loop could still act on the descriptor (libev removes a
+     * stopped descriptor when an event of it comes, epoll_ctl in the loop thread) while
+     * the caller closes it, or after its number went to another file (TSan: exs_fini in
+     * test_ctl_dir_modes over shm) */
+    close(ctl.lfd);
+    ctl.lfd = -1;
     ctl.running = 0;
 }
 
@@ -670,8 +677,10 @@ void exs__ctl_stop(void)
     exs__reqtrace_set_sink(NULL);
     exs__pv_set_sink(NULL);
     ctl_unlink();
-    close(ctl.lfd);
-    ctl.lfd = -1;
+    if (ctl.lfd >= 0) { /* the job did not run: the endpoint never started its watchers */
+        close(ctl.lfd);
+        ctl.lfd = -1;
+    }
     pthread_mutex_lock(&ctl.tlock);
     ctl.tlen = 0;
     ctl.tdropped = 0;
