@@ -15,8 +15,11 @@
 extern const char *pt_name;
 extern const struct exs_prov_ops *pt_ops;
 
-/* Default wait for anything that should happen promptly. */
-#define PT_TIMEOUT_MS   5000
+/* Default wait for anything that should happen promptly: 5 s, scaled like Check's own
+ * timeouts by CK_TIMEOUT_MULTIPLIER (make check-rxe sets 10: under TCG on a busy host a
+ * completion behind an RNR retry once took longer than 5 s). A guard around a condition,
+ * never a wait of its own. */
+#define PT_TIMEOUT_MS   (5000 * pt_time_scale())
 /* Per-test timeout in seconds (scaled by CK_TIMEOUT_MULTIPLIER). */
 #define PT_TEST_TIMEOUT 30
 
@@ -202,6 +205,8 @@ void pt_raw_rx_settle(struct pt_host *h, uint64_t base, uint64_t n);
 
 /* Milliseconds on the monotonic clock. */
 double pt_now_ms(void);
+/* CK_TIMEOUT_MULTIPLIER (a positive integer), 1 when unset or malformed */
+int pt_time_scale(void);
 void pt_sleep_ms(int ms);
 
 /* The suites (one per file). */

@@ -51,6 +51,19 @@ TCase *pt_tcase(const char *name)
     return tc;
 }
 
+int pt_time_scale(void)
+{
+    static int scale;
+
+    if (!scale) {
+        const char *m = getenv("CK_TIMEOUT_MULTIPLIER");
+        int v = m ? atoi(m) : 1;
+
+        scale = v > 0 ? v : 1;
+    }
+    return scale;
+}
+
 double pt_now_ms(void)
 {
     struct timespec ts;

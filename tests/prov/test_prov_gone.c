@@ -55,14 +55,6 @@ static int gone_reap(pid_t pid, int ms)
     }
 }
 
-static int gone_scale(void)
-{
-    const char *m = getenv("CK_TIMEOUT_MULTIPLIER");
-    int v = m ? atoi(m) : 1;
-
-    return v > 0 ? v : 1;
-}
-
 /* EXS_TEST_RXE_REMOVE=DEVICE:NETDEV split; 0 when unset or malformed. */
 static int gone_spec(char *dev, size_t dlen, char *netdev, size_t nlen)
 {
@@ -106,10 +98,10 @@ static void gone_restore(void)
     if (access(path, F_OK) != 0) {
         char *add[] = {"rdma", "link", "add", dev, "type", "rxe", "netdev", netdev, NULL};
 
-        if (gone_reap(gone_spawn(add), 30000 * gone_scale()) != 0)
+        if (gone_reap(gone_spawn(add), 30000 * pt_time_scale()) != 0)
             fprintf(stderr, "prov_gone: rdma link add %s netdev %s failed\n", dev, netdev);
     }
-    end = pt_now_ms() + 30000.0 * gone_scale();
+    end = pt_now_ms() + 30000.0 * pt_time_scale();
     while (!gone_port_active(dev) && pt_now_ms() < end)
         pt_sleep_ms(100);
     if (!gone_port_active(dev))
@@ -158,7 +150,7 @@ START_TEST(gone_rdma_link_delete)
     while (!seen_a || !seen_b) {
         struct pt_host *h = !seen_a ? &p.a : &p.b;
 
-        pt_wait_cm(h, EXS_PROV_CM_DISCONNECTED, 30000 * gone_scale(), &ev);
+        pt_wait_cm(h, EXS_PROV_CM_DISCONNECTED, 30000 * pt_time_scale(), &ev);
         ck_assert_msg(ev.status == -ENODEV || ev.status == -ECONNRESET,
                       "DISCONNECTED status %d (%s)", ev.status, strerror(-ev.status));
         enodev += ev.status == -ENODEV;
@@ -171,7 +163,7 @@ START_TEST(gone_rdma_link_delete)
     ck_assert_int_ge(enodev, 1);
     pt_expect_cqe(&p.a, 3, EXS_PROV_WC_WR_FLUSH_ERR, EXS_PROV_WC_RECV, &cqe);
     /* the kernel's removal completes with this process alive and holding everything */
-    st = gone_reap(pid, 60000 * gone_scale());
+    st = gone_reap(pid, 60000 * pt_time_scale());
     ck_assert_msg(st == 0, "rdma link delete %s: %s", dev,
                   st < 0 ? "still blocked: the process holds the device" : "failed");
     {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "tests/prov/prov_test.h"
+#include "tests/skip.h"
 
 #define LW  EXS_PROV_ACCESS_LOCAL_WRITE
 #define SIG EXS_PROV_SEND_SIGNALED
@@ -152,6 +153,19 @@ START_TEST(keep_settle_behind_unacked_send)
     else
         ck_assert(settle == 0 || settle == -EBUSY);
     ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_CONNECTED);
+    if (strncmp(p.b.ctx->device, "rxe", 3) == 0) {
+        /* rxe (Linux 6.1) sometimes never retries an RNR-refused SEND with a window bind
+         * behind it once the receive is there: no completion in 50 s, 1 run in about 25
+         * with the host busy (make check-rxe under issue 24's busy loops), every other
+         * run within 2 s. The protocol never sends without a posted receive (credits),
+         * so only this test puts a bind behind an RNR retry; what follows is the device's
+         * retry, not the provider's settle. */
+        test_skip("keep_settle_behind_unacked_send (after the RNR retry)",
+                  "rxe may never retry an RNR-refused SEND with a bind behind it (device %s)",
+                  p.b.ctx->device);
+        pt_pair_close(&p);
+        return;
+    }
     ck_assert_int_eq(pt_post_recv(p.ea, 1, ra, 0, 64), 0);
     pt_expect_cqe(&p.a, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
     pt_expect_cqe(&p.b, 20, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);

@@ -176,10 +176,11 @@ struct shm_ep {
     struct shm_ctx *ctx;
     int state;               /* enum exs_prov_ep_state (ctx->lock) */
     struct exs_list sq_pend; /* posted, not in the ring yet (ctx->lock) */
-    int pend; /* sq_pend not empty, or conn->kick < 0: what a turn takes ctx->lock for
-               * (stored under ctx->lock by shm_ep_pend_locked, looked at without it) */
     struct exs_list sq;      /* in the ring, not done, oldest first (ctx->lock) */
     struct exs_list rq;      /* posted receives (ctx->lock) */
+    /* sq_pend not empty, or conn->kick < 0: what a turn takes ctx->lock for (stored under
+     * ctx->lock by exs__shm_ep_pend_locked, looked at without it) */
+    int pend;
     uint32_t sq_used, sq_unretired, rq_count;
     uint32_t cq_sq, cq_rq; /* completions queued, not polled (ctx->lock) */
     struct shm_conn *conn; /* (nic_lock and ctx->lock to change) */
@@ -274,7 +275,7 @@ struct shm_ctx {
     pthread_t thread;
     int stop;
     int armed, evfd_set; /* armed: atomic (exs__shm_turn looks without ctx->lock) */
-    int cm_hint;          /* cm_events may be non-empty (exs__soft_cm_pop) */
+    int cm_hint;         /* cm_events may be non-empty (exs__soft_cm_pop) */
     struct exs_soft_cq cq;
     struct exs_list cm_events;
     struct exs_list eps;
