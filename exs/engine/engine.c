@@ -358,7 +358,9 @@ static int eng_round(void)
     }
     n += eng_run_jobs();
     hook = __atomic_load_n(&eng_round_hook, __ATOMIC_ACQUIRE);
-    if (n > 0 && hook)
+    /* readiness changes with what the round delivered, not with a provider's answer
+     * alone (shm's idle busy turns answer "call again": eng_drain_all) */
+    if (hook && eng_pass.cqes + eng_pass.cms + eng_pass.jobs > 0)
         hook();
     eng_pass_end(t0);
     return n;
@@ -462,6 +464,7 @@ static void eng_disarm_unwatched(void)
 
 int exs__engine_drive(int flags)
 {
+    unsigned work;
     int n;
 
     if (eng_holding)
@@ -481,14 +484,15 @@ int exs__engine_drive(int flags)
     eng_disarm_unwatched();
     /* One round: the caller looks at its queue next and drives again if it must; an
      * empty extra round would only cost system calls on every wake-up. */
-    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1, NULL, NULL) : 0;
+    work = 0;
+    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1, NULL, &work) : 0;
     eng_busy = 0;
     if (eng_poll_end_ns || __atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED)) {
         eng_poll_last = eng_pass; /* what this thread's pass did, for its next report */
         eng_poll_end_ns = exs__now_ns();
     }
     eng_unlock();
-    if (n > 0)
+    if (work > 0) /* as drives_thread: delivered something, not only "call again" */
         EXS_CNT_INC(exs__eng_cnt.drives_app);
     return n;
 }
