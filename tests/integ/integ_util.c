@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -195,6 +197,40 @@ static int wd_running, wd_stop, wd_seconds;
 static double wd_deadline; /* it_now_ms() */
 static const char *wd_what;
 
+/* Every thread's stack on stderr, by gdb when it is installed (EXS_TEST_WATCHDOG_GDB=0:
+ * never): what a stall blocked on, from a run that cannot be repeated at will. At most
+ * 60 s; a run without gdb says so. */
+static void wd_dump_stacks(void)
+{
+    const char *env = getenv("EXS_TEST_WATCHDOG_GDB");
+    char pid[24];
+    pid_t child;
+    int status;
+
+    if (env && strcmp(env, "0") == 0)
+        return;
+    snprintf(pid, sizeof(pid), "%d", (int)getpid());
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); /* Yama: let gdb attach */
+    fflush(stderr);
+    child = fork();
+    if (child == 0) {
+        dup2(STDERR_FILENO, STDOUT_FILENO);
+        execlp("gdb", "gdb", "-batch", "-nx", "-p", pid, "-ex", "thread apply all bt",
+               (char *)NULL);
+        fprintf(stderr, "WATCHDOG: no stacks (gdb: %s)\n", strerror(errno));
+        _exit(127);
+    }
+    if (child < 0)
+        return;
+    for (int i = 0; i < 600; i++) {
+        if (waitpid(child, &status, WNOHANG) != 0)
+            return;
+        usleep(100 * 1000);
+    }
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+}
+
 static void *wd_main(void *arg)
 {
     int expired = 0;
@@ -217,6 +253,7 @@ static void *wd_main(void *arg)
     if (expired && !wd_stop) {
         fprintf(stderr, "WATCHDOG: %s still blocked after %d s; aborting the test\n", wd_what,
                 wd_seconds);
+        wd_dump_stacks();
         fflush(stderr);
         _exit(99);
     }
