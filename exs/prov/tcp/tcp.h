@@ -370,6 +370,7 @@ struct tcp_ctx {
     /* completion queue ring (lock) */
     struct exs_soft_cq cq;     /* reserved: sum of max_send_wr + max_recv_wr of live eps */
     struct exs_list cm_events; /* exs_soft_cm_node (lock) */
+    int cm_hint;               /* atomic: cm_events may be non-empty (exs__soft_cm_pop) */
     struct exs_list work_eps;  /* eps with new sends or lost completions (lock) */
     struct exs_list eps;       /* (lock) */
     /* NIC (nic_lock) */

@@ -150,6 +150,7 @@ void exs__tcp_cm_push(struct tcp_ctx *ctx, const struct exs_prov_cm_event *ev)
         return;
     pthread_mutex_lock(&ctx->lock);
     exs_list_add_tail(&ctx->cm_events, &n->link);
+    __atomic_store_n(&ctx->cm_hint, 1, __ATOMIC_RELAXED);
     tcp_ctx_notify_locked(ctx);
     pthread_mutex_unlock(&ctx->lock);
 }
@@ -221,6 +222,8 @@ static int tcp_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
 
     if (max <= 0)
         return max < 0 ? -EINVAL : 0;
+    if (!exs__soft_cq_peek(&ctx->cq))
+        return 0; /* an empty look takes no lock (as shm's: a busy poller's idle round) */
     pthread_mutex_lock(&ctx->lock);
     for (struct exs_prov_cqe *q; n < max && (q = exs__soft_cq_head(&ctx->cq));) {
         struct tcp_ep *ep = tcp_ep_of(q->ep);
@@ -240,7 +243,7 @@ static int tcp_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 {
     struct tcp_ctx *ctx = tcp_ctx_of(c);
 
-    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, NULL, ev);
+    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, &ctx->cm_hint, ev);
 }
 
 /* ---- NIC turns (nic_lock held) ---- */
