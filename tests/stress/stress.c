@@ -286,6 +286,7 @@ static long half_open_round(struct st_server *s, int n, int fds0, long rss_max)
                               .sin_port = htons((uint16_t)s->port),
                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int *raw = calloc((size_t)n, sizeof(*raw));
+    int dropped = 0;
     long rss;
 
     ck_assert_ptr_nonnull(raw);
@@ -296,7 +297,10 @@ static long half_open_round(struct st_server *s, int n, int fds0, long rss_max)
                           errno == EINPROGRESS,
                       "connect: %s", strerror(errno));
     }
-    /* each completes its TCP handshake (the kernel's), then stays silent */
+    /* each completes its TCP handshake (the kernel's), then stays silent. The server may
+     * already have reset the first ones when they are looked at: past EXS_TCP_HELLO_MAX
+     * (1,024) waiting, the oldest silent one goes after a tenth of EXS_TCP_HELLO_MS, and
+     * every one at EXS_TCP_HELLO_MS (10,000 take longer than that to open here) */
     for (int i = 0; i < n; i++) {
         struct pollfd p = {.fd = raw[i], .events = POLLOUT};
         int err = 0;
@@ -304,10 +308,13 @@ static long half_open_round(struct st_server *s, int n, int fds0, long rss_max)
 
         ck_assert_int_eq(poll(&p, 1, wait_ms()), 1);
         ck_assert_int_eq(getsockopt(raw[i], SOL_SOCKET, SO_ERROR, &err, &len), 0);
-        ck_assert_msg(err == 0, "raw connect %d: %s", i, strerror(err));
+        ck_assert_msg(err == 0 || (err == ECONNRESET && n > 1024), "raw connect %d of %d: %s", i, n,
+                      strerror(err));
+        dropped += err == ECONNRESET;
     }
-    printf("half_open: %d raw connections open; server: %d descriptors, RSS %ld KiB\n", n,
-           st_proc_fds(s->pid), st_proc_rss_kib(s->pid));
+    printf("half_open: %d raw connections open (%d already dropped by the server); server: %d "
+           "descriptors, RSS %ld KiB\n",
+           n, dropped, st_proc_fds(s->pid), st_proc_rss_kib(s->pid));
     ck_assert_msg(st_served(s->port, wait_ms()),
                   "half_open: a new client is not served while %d half-open connections wait", n);
     rss = expect_baseline("half_open", s, fds0, rss_max);
