@@ -387,7 +387,8 @@ void exs__evq_destroy_all(void)
 
 /* ---- reservation and posting ---- */
 
-int exs__evq_reserve(struct exs_evq *evq)
+/* A slot for one event, without the reference that goes with it. */
+static int evq_reserve_slot(struct exs_evq *evq)
 {
     int ret = 0;
 
@@ -399,6 +400,13 @@ int exs__evq_reserve(struct exs_evq *evq)
     else
         evq->reserved++;
     EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    return ret;
+}
+
+int exs__evq_reserve(struct exs_evq *evq)
+{
+    int ret = evq_reserve_slot(evq);
+
     if (ret == 0)
         evq_ref(evq);
     return ret;
@@ -411,11 +419,12 @@ int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
 
     if (exs__evq_get(q, &evq))
         return EINVAL;
-    ret = exs__evq_reserve(evq);
-    exs__evq_put(evq); /* a successful reserve took its own reference */
-    if (ret)
+    ret = evq_reserve_slot(evq);
+    if (ret) {
+        exs__evq_put(evq);
         return ret == -EAGAIN ? EAGAIN : EINVAL;
-    *evq_p = evq;
+    }
+    *evq_p = evq; /* the lookup's reference is the reservation's */
     return 0;
 }
 
@@ -743,6 +752,15 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             return ret;
     }
     exs__engine_driver_enter(t0);
+    /* POLL, and ADAPTIVE's spin: the first spin needs no lock (it looks at the queue's
+     * atomic count); the lock is taken once, to take the events (or go on waiting). */
+    now = t0 ? t0 : spin_end == UINT64_MAX && deadline == UINT64_MAX ? 0 : exs__now_ns();
+    if (spin_end && now < spin_end) {
+        uint64_t end = EXS_MIN(spin_end, deadline);
+
+        evq_spin(evq, want, now, now < end ? end : 0);
+        driven = 1;
+    }
     EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
     for (;;) {
         struct pollfd pfd[2 + EXS_ENG_MAX_CTX]; /* queue, providers, kernel sockets */

@@ -471,7 +471,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     /* not a libexs socket: a kernel socket's operation tells EBADF and ENOTSOCK apart */
     struct api_sock *s = exs__api_sock_find(fd);
     struct api_op *op = NULL;
-    int *count, armed = 0;
+    int *count, armed = 0, timeo = 0;
 
     if (b) {
         buf = b->buf;
@@ -499,6 +499,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
     if (s->state != API_SOCK_CONNECTED)
         err = s->state >= API_SOCK_CLOSING ? EBADF : ENOTCONN;
     struct exs_conn *conn = s->conn;
+    timeo = recv ? s->rcv_timeo : s->snd_timeo; /* SO_ASYNC_*_TIMEOUT set: notices below */
     api_sock_unlock(s);
     if (err)
         goto out;
@@ -557,7 +558,7 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         goto out;
     }
     /* SO_ASYNC_*_TIMEOUT: the first notice's slot, and the op registered for notices */
-    if (!sync) {
+    if (!sync && timeo) {
         err = exs__api_to_op_start(s, op, recv);
         if (err) {
             __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);

@@ -277,6 +277,9 @@ struct exs_conn {
     struct exs_list recvq;   /* receive ops, posting order */
     struct exs_list pending; /* arrived unmatched messages */
     uint32_t pending_count;
+    struct exs_list pending_free; /* entries kept for reuse (still charged to the memory
+                                   * account), at most EXS_PENDING_KEEP */
+    uint32_t pending_free_n;
     uint32_t pending_announced; /* of which announced */
     uint64_t rx_seq;            /* messages arrived */
     uint64_t rx_matched;        /* messages matched to receives */

@@ -25,8 +25,15 @@ static void sp_ring_place(uint64_t pos, uint32_t size, uint32_t len, uint32_t *s
     *slot_p = slot;
 }
 
+/* A message entry is done with: kept for the next message (no malloc per message) while
+ * fewer than EXS_PENDING_KEEP are, else freed. */
 static void sp_pending_free(struct exs_conn *conn, struct exs_pending_msg *m)
 {
+    if (conn->pending_free_n < EXS_PENDING_KEEP) {
+        exs_list_add_tail(&conn->pending_free, &m->link);
+        conn->pending_free_n++;
+        return;
+    }
     free(m);
     exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*m)));
 }
@@ -37,6 +44,11 @@ void exs__seqpkt_free_pending_locked(struct exs_conn *conn)
 
     while ((n = exs_list_pop_head(&conn->pending)))
         sp_pending_free(conn, exs_list_entry(n, struct exs_pending_msg, link));
+    while ((n = exs_list_pop_head(&conn->pending_free))) {
+        free(exs_list_entry(n, struct exs_pending_msg, link));
+        exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(struct exs_pending_msg)));
+    }
+    conn->pending_free_n = 0;
     conn->pending_count = conn->pending_announced = 0;
     if (conn->seqpkt.memo)
         exs__conn_mem_give_locked(conn, exs__seqpkt_memo_bytes(conn->seqpkt.memo_cap));

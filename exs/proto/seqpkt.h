@@ -49,6 +49,9 @@ struct exs_seqpkt_state {
 #include "exs/proto/wire.h"
 
 /* An arrived SEQPACKET message not yet matched to a receive. */
+/* Message entries a connection keeps for reuse (exs_conn.pending_free). */
+#define EXS_PENDING_KEEP 8u
+
 struct exs_pending_msg {
     struct exs_list link;
     int announced; /* 1: waits at the sender for a READ; 0: eager in our ring */

@@ -14,21 +14,30 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-/* A pending message entry, charged to the memory account (§9.3): NULL when the budget is
- * reached (*err_p -ENOBUFS: the connection ends) or out of memory (-ENOMEM). */
+/* A pending message entry, charged to the memory account (§9.3): one the connection kept
+ * (sp_pending_free: charged already), else a new one; NULL when the budget is reached
+ * (*err_p -ENOBUFS: the connection ends) or out of memory (-ENOMEM). */
 struct exs_pending_msg *exs__seqpkt_pending_alloc(struct exs_conn *conn, int *err_p)
 {
     struct exs_pending_msg *m;
+    struct exs_list *kept;
 
+    *err_p = 0;
+    if (EXS_UNLIKELY(exs__proto_seams.pending_nomem)) {
+        exs__proto_seams.pending_nomem--; /* test seam (violation.h) */
+        *err_p = -ENOMEM;
+        return NULL;
+    }
+    if ((kept = exs_list_pop_head(&conn->pending_free))) {
+        conn->pending_free_n--;
+        m = exs_list_entry(kept, struct exs_pending_msg, link);
+        memset(m, 0, sizeof(*m));
+        return m;
+    }
     *err_p = exs__conn_mem_take_locked(conn, exs__mem_chunk(sizeof(*m)), EXS_MEM_OTHER);
     if (*err_p)
         return NULL;
-    if (EXS_UNLIKELY(exs__proto_seams.pending_nomem)) {
-        exs__proto_seams.pending_nomem--; /* test seam (violation.h) */
-        m = NULL;
-    } else {
-        m = calloc(1, sizeof(*m));
-    }
+    m = calloc(1, sizeof(*m));
     if (!m) {
         exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*m)));
         *err_p = -ENOMEM;
