@@ -8,8 +8,10 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "exs/proto/proto_int.h"
 #include "exs/proto/wire.h"
 #include "exs/proto/wire_names.h"
+#include "exs/util/membudget.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 #include "tests/mock/mock_proto.h"
@@ -83,6 +85,45 @@ START_TEST(sp_eager_in_order)
     for (int i = 0; i < 3; i++) {
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* Messages that arrive before their receives wait in entries the connection keeps for
+ * reuse (no malloc per message): after a round, EXS_PENDING_KEEP are kept (still charged
+ * to the memory account), a second round allocates none (the account does not move), and
+ * the close gives them back (pt_close_both: the account is 0 again). */
+START_TEST(sp_pending_entries_reused)
+{
+    enum { N = EXS_PENDING_KEEP + 4 };
+    static uint8_t sb[N][64], rb[N][64];
+    struct pt_op s[N], r[N];
+    uint64_t used = 0;
+
+    pp.a.conn->batch_thresh = 0; /* one write, one entry, per message (a batch is one) */
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++)
+            send_msg(&s[i], &pp.a, sb[i], sizeof(sb[i]), 100u * (unsigned)round + (unsigned)i);
+        pt_run(&pp);
+        ck_assert_uint_eq(pp.b.conn->pending_count, N); /* no receive yet: all wait */
+        if (round == 1)
+            ck_assert_uint_eq(pp.b.conn->pending_free_n, 0); /* all taken again */
+        for (int i = 0; i < N; i++)
+            recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+        pt_run(&pp);
+        for (int i = 0; i < N; i++) {
+            pt_assert_done(&s[i], (ssize_t)sizeof(sb[i]), 0);
+            pt_assert_done(&r[i], (ssize_t)sizeof(rb[i]), 0);
+            ck_assert(pt_check(rb[i], sizeof(rb[i]), 100u * (unsigned)round + (unsigned)i));
+            pt_op_fini(&s[i]);
+            pt_op_fini(&r[i]);
+        }
+        ck_assert_uint_eq(pp.b.conn->pending_count, 0);
+        ck_assert_uint_eq(pp.b.conn->pending_free_n, EXS_PENDING_KEEP);
+        if (round == 0)
+            used = exs__mem_used();
+        else
+            ck_assert_uint_eq(exs__mem_used(), used);
     }
 }
 END_TEST
@@ -848,6 +889,7 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_shutdown_eof);
     tcase_add_test(tc, sp_ring_skip);
     tcase_add_test(tc, sp_zero_length);
+    tcase_add_test(tc, sp_pending_entries_reused);
     tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
     tcase_add_loop_test(tc, sp_dead_announced_in_place, 0, 2);
     tcase_add_loop_test(tc, sp_caps_honoured, 0, 2);
