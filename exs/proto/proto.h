@@ -260,6 +260,10 @@ struct exs_conn {
 
     /* sending side */
     struct exs_list sendq;      /* send and shutdown ops, posting order */
+    struct exs_op *sendq_settled; /* STREAM: this op and every one before it in sendq
+                                   * needs no more sending (done, or posted whole), so
+                                   * send progress starts after it; NULL: at the head
+                                   * (exs__conn_sendq_unsettle) */
     uint64_t tx_seq;            /* next message number to send */
     struct exs_advert *adverts; /* received ADVERTs, a ring */
     uint32_t adv_cap, adv_head, adv_count;

@@ -281,13 +281,18 @@ void exs__stream_send_progress_locked(struct exs_conn *conn)
     if (conn->autotune.owed && !st_resize_answer_locked(conn))
         return; /* no ring write before it; the rest waits for the same room */
     exs__stage_refill_locked(conn);
-    exs_list_for_each(pos, &conn->sendq)
-    {
+    /* from the first op that may still need sending: a window of sends posted whole
+     * (their writes in flight) is not walked again at every pass */
+    for (pos = conn->sendq_settled ? conn->sendq_settled->link.next : conn->sendq.next;
+         pos != &conn->sendq; pos = pos->next) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         if (op->state == EXS_OPS_DONE ||
-            (op->kind == EXS_OP_SEND && op->posted == op->len && op->state == EXS_OPS_POSTED))
+            (op->kind == EXS_OP_SEND && op->posted == op->len && op->state == EXS_OPS_POSTED)) {
+            if (pos->prev == (conn->sendq_settled ? &conn->sendq_settled->link : &conn->sendq))
+                conn->sendq_settled = op; /* settled, and all before it */
             continue;
+        }
         if (op->kind == EXS_OP_SHUTDOWN) {
             if (op->state != EXS_OPS_QUEUED)
                 continue;

@@ -103,6 +103,59 @@ START_TEST(st_indirect_then_copy)
 }
 END_TEST
 
+/* Send progress starts after the sends already posted whole (exs_conn.sendq_settled):
+ * with writes in flight, the mark is on the newest one and every op up to it is posted
+ * whole; a removal of the marked op moves the mark back; at the end nothing is marked. */
+static void st_assert_settled_prefix(struct exs_conn *conn)
+{
+    struct exs_list *pos;
+
+    if (!conn->sendq_settled)
+        return;
+    for (pos = conn->sendq.next; pos != &conn->sendq; pos = pos->next) {
+        struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        ck_assert(op->state == EXS_OPS_DONE ||
+                  (op->state == EXS_OPS_POSTED && op->posted == op->len));
+        if (op == conn->sendq_settled)
+            return;
+    }
+    ck_abort_msg("sendq_settled is not in sendq");
+}
+
+START_TEST(st_sendq_settled)
+{
+    enum { N = 3 };
+    static uint8_t sb[N][1000], rb[N * 1000];
+    struct pt_op s[N], r;
+
+    pp.a.conn->batch_thresh = 0; /* each send its own write */
+    for (int i = 0; i < N; i++) {
+        st_send(&s[i], &pp.a, sb[i], sizeof(sb[i]), 1000u * (unsigned)i);
+        st_assert_settled_prefix(pp.a.conn);
+    }
+    pt_dispatch(&pp); /* a pass, nothing completed yet: the writes are in flight */
+    ck_assert_ptr_nonnull(pp.a.conn->sendq_settled);
+    st_assert_settled_prefix(pp.a.conn);
+    while (mock_step() > 0) { /* one completion at a time: the mark follows the removals */
+        pt_dispatch(&pp);
+        st_assert_settled_prefix(pp.a.conn);
+    }
+    pt_run(&pp);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_run(&pp);
+    pt_assert_done(&r, (ssize_t)sizeof(rb), 0);
+    ck_assert(pt_check(rb, sizeof(rb), 0));
+    for (int i = 0; i < N; i++) {
+        pt_assert_done(&s[i], (ssize_t)sizeof(sb[i]), 0);
+        pt_op_fini(&s[i]);
+    }
+    ck_assert(exs_list_empty(&pp.a.conn->sendq));
+    ck_assert_ptr_null(pp.a.conn->sendq_settled);
+    pt_op_fini(&r);
+}
+END_TEST
+
 START_TEST(st_direct_into_advert)
 {
     static uint8_t sb[5000], rb[5000];
@@ -838,6 +891,7 @@ Suite *proto_stream_suite(void)
     tcase_add_checked_fixture(tc, st_setup, st_teardown);
     tcase_add_test(tc, st_indirect_then_copy);
     tcase_add_test(tc, st_direct_into_advert);
+    tcase_add_test(tc, st_sendq_settled);
     tcase_add_test(tc, st_waitall_fills);
     tcase_add_test(tc, st_stale_advert_phase_jump);
     tcase_add_test(tc, st_lazy_ring_ack);

@@ -177,6 +177,23 @@ static void rr_after_cut(void)
     ck_assert_ptr_null(pp.b.conn->autotune.old_mem);
 }
 
+/* Writes in flight at the cut: the sends posted whole (send progress starts after them,
+ * exs_conn.sendq_settled) go again from the position the peer's RESUME states, every
+ * byte once and in order. */
+START_TEST(rr_cut_writes_in_flight)
+{
+    pp.a.conn->batch_thresh = 0; /* each send its own write */
+    for (int i = 0; i < 3; i++)
+        rr_send(1000);
+    pt_dispatch(&pp); /* posted, nothing carried: lost with the link */
+    ck_assert_ptr_nonnull(pp.a.conn->sendq_settled);
+    ck_assert_uint_eq(pp.b.conn->rd_arrived, 0);
+    rr_cut();
+    rr_recv_all();
+    ck_assert_ptr_null(pp.a.conn->sendq_settled);
+}
+END_TEST
+
 /* The owner's offer is out, the writer never saw it: the offer dies with the old path,
  * the new ring has the current size; the old ring's 3000 unread bytes are read first. */
 START_TEST(rr_cut_offer_unseen)
@@ -338,6 +355,7 @@ Suite *proto_resume_ring_suite(void)
 
     tcase_add_checked_fixture(tc, rr_setup, rr_teardown);
     tcase_add_test(tc, rr_cut_offer_unseen);
+    tcase_add_test(tc, rr_cut_writes_in_flight);
     tcase_add_test(tc, rr_cut_answer_owed);
     tcase_add_test(tc, rr_cut_switched_unseen);
     tcase_add_test(tc, rr_cut_two_regions);
