@@ -758,12 +758,32 @@ static int conn_op_grant_ended_locked(struct exs_conn *conn, struct exs_op *op)
     return 1;
 }
 
+/* op (internal, waiting) follows the known run of internal ops at sendq's head: the run
+ * ends at it now. */
+static void conn_dlv_run_extend(struct exs_conn *conn, struct exs_op *op)
+{
+    if (op->link.prev == (conn->dlv_run ? &conn->dlv_run->link : &conn->sendq))
+        conn->dlv_run = op;
+}
+
 void exs__conn_deliver_locked(struct exs_conn *conn)
 {
-    struct exs_list *pos, *next;
+    struct exs_list *pos = conn->sendq.next, *next;
+    struct exs_op *head = pos != &conn->sendq ? exs_list_entry(pos, struct exs_op, link) : NULL;
     int internal_waits = 0;
 
-    for (pos = conn->sendq.next; pos != &conn->sendq; pos = next) {
+    /* Internal ops go in their own order: while the first is not finished, the run of
+     * internal ops behind it waits whole, whatever their states. A window of copies in
+     * flight is then not walked again at every delivery: only what follows the run. Ops
+     * leave sendq only here, and the run's only from a walk from the head, which finds
+     * the run again. */
+    if (conn->dlv_run && head && head->internal && head->state != EXS_OPS_DONE) {
+        pos = conn->dlv_run->link.next;
+        internal_waits = 1;
+    } else {
+        conn->dlv_run = NULL;
+    }
+    for (; pos != &conn->sendq; pos = next) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
         next = pos->next;
@@ -771,10 +791,13 @@ void exs__conn_deliver_locked(struct exs_conn *conn)
             if (!op->internal)
                 break;
             internal_waits = 1;
+            conn_dlv_run_extend(conn, op);
             continue;
         }
-        if (op->internal && internal_waits)
+        if (op->internal && internal_waits) {
+            conn_dlv_run_extend(conn, op);
             continue;
+        }
         if (internal_waits)
             conn->bwait.first = NULL; /* taken from the middle: a held run may point here */
         if (conn->sendq_settled == op) /* the ops before it are settled too */

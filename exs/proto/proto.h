@@ -263,7 +263,9 @@ struct exs_conn {
     struct exs_op *sendq_settled; /* STREAM: this op and every one before it in sendq
                                    * needs no more sending (done, or posted whole), so
                                    * send progress starts after it; NULL: at the head
-                                   * (exs__conn_sendq_unsettle) */
+                                   * (resume clears it) */
+    struct exs_op *dlv_run;       /* the last op of the run of internal ops at sendq's
+                                   * head, known (exs__conn_deliver_locked); NULL: none */
     uint64_t tx_seq;            /* next message number to send */
     struct exs_advert *adverts; /* received ADVERTs, a ring */
     uint32_t adv_cap, adv_head, adv_count;

@@ -883,6 +883,50 @@ START_TEST(st_grant_held_ring)
 }
 END_TEST
 
+/* Copied sends (the send buffer, §7.5) are handed back at once, in posting order, while
+ * their copies are still on the wire; delivery skips the run of copies at sendq's head
+ * (exs_conn.dlv_run) rather than walking it each time, and the bytes arrive in order. */
+START_TEST(st_deliver_copies_run)
+{
+    enum { N = 8, LEN = 100 };
+    static uint8_t sb[N][LEN], rb[N * LEN];
+    struct pt_op s[N], r;
+    struct exs_list *pos;
+
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    memset(&tap, 0, sizeof(tap));
+    mock_set_reorder(0);
+    pt_params(&pp.pa, SOCK_STREAM);
+    pt_params(&pp.pb, SOCK_STREAM);
+    pp.pa.sndbuf = 8192;
+    pp.pa.copy_max = 1024;
+    pt_open(&pp, SOCK_STREAM);
+    pt_connect(&pp);
+    for (int i = 0; i < N; i++) {
+        st_send(&s[i], &pp.a, sb[i], LEN, (uint64_t)i * LEN);
+        pt_assert_done(&s[i], LEN, 0); /* copied: handed back in the posting call */
+        ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
+    }
+    /* only copies left, the first on the wire: the run is known and holds them all */
+    ck_assert(!exs_list_empty(&pp.a.conn->sendq));
+    ck_assert_ptr_nonnull(pp.a.conn->dlv_run);
+    for (pos = pp.a.conn->sendq.next; pos != &pp.a.conn->sendq; pos = pos->next)
+        ck_assert(exs_list_entry(pos, struct exs_op, link)->internal);
+    ck_assert_ptr_eq(&pp.a.conn->dlv_run->link, pp.a.conn->sendq.prev);
+    pt_run(&pp);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_run(&pp);
+    pt_assert_done(&r, (ssize_t)sizeof(rb), 0);
+    ck_assert(pt_check(rb, sizeof(rb), 0));
+    ck_assert(exs_list_empty(&pp.a.conn->sendq));
+    ck_assert_ptr_null(pp.a.conn->dlv_run);
+    for (int i = 0; i < N; i++)
+        pt_op_fini(&s[i]);
+    pt_op_fini(&r);
+}
+END_TEST
+
 Suite *proto_stream_suite(void)
 {
     Suite *s = suite_create("proto_stream");
@@ -913,6 +957,7 @@ Suite *proto_stream_suite(void)
     tcase_add_test(tc, st_xfer_indirect_only_receiver);
     tcase_add_test(tc, st_xfer_direct_only_sender);
     tcase_add_test(tc, st_xfer_direct_only_vs_indirect_only);
+    tcase_add_test(tc, st_deliver_copies_run);
     suite_add_tcase(s, tc);
     return s;
 }
