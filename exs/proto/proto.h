@@ -260,10 +260,10 @@ struct exs_conn {
 
     /* sending side */
     struct exs_list sendq;      /* send and shutdown ops, posting order */
-    struct exs_op *sendq_settled; /* STREAM: this op and every one before it in sendq
-                                   * needs no more sending (done, or posted whole), so
+    struct exs_op *sendq_settled; /* this op and every one before it in sendq needs no
+                                   * more sending (done, or posted: STREAM whole), so
                                    * send progress starts after it; NULL: at the head
-                                   * (resume clears it) */
+                                   * (a RESUME's rewind clears it) */
     struct exs_op *dlv_run;       /* the last op of the run of internal ops at sendq's
                                    * head, known (exs__conn_deliver_locked); NULL: none */
     uint64_t tx_seq;            /* next message number to send */

@@ -850,13 +850,13 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
 
     if (ret)
         return ret;
+    conn->sendq_settled = NULL; /* sends posted whole may go again */
     if (!conn->dp->bytes) {
         pos = be64toh(r->rx_msgs);
         conn->seqpkt.reann_pos = pos;
         again = resume_sp_rewind_locked(conn, pos);
         goto rewound;
     }
-    conn->sendq_settled = NULL; /* sends posted whole may go again */
     exs_list_for_each(p, &conn->sendq)
     {
         struct exs_op *op = exs_list_entry(p, struct exs_op, link);

@@ -311,12 +311,16 @@ void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
             return; /* the next message waits for the last piece of this one */
     }
 
-    exs_list_for_each(pos, &conn->sendq)
-    {
+    /* from the first op that may still need sending (proto.h, sendq_settled) */
+    for (pos = conn->sendq_settled ? conn->sendq_settled->link.next : conn->sendq.next;
+         pos != &conn->sendq; pos = pos->next) {
         struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
 
-        if (op->state != EXS_OPS_QUEUED)
+        if (op->state != EXS_OPS_QUEUED) {
+            if (pos->prev == (conn->sendq_settled ? &conn->sendq_settled->link : &conn->sendq))
+                conn->sendq_settled = op; /* settled, and all before it */
             continue;
+        }
         if (op->kind == EXS_OP_SEND) {
             switch (exs__batch_try_locked(conn, pos, sp_batch_fit)) {
             case BATCH_SENT:

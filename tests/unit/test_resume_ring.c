@@ -348,6 +348,37 @@ START_TEST(rr_no_offer_before_resume)
 }
 END_TEST
 
+/* SEQPACKET: messages whose writes were in flight at the cut (send progress starts after
+ * the sends already posted, exs_conn.sendq_settled) go again from the message number the
+ * peer's RESUME states, each once and in order. */
+static void rr_sp_setup(void)
+{
+    unit_pair_fresh(&pp, SOCK_SEQPACKET, 1, 1);
+    pt_connect(&pp);
+    pt_fb_open(&pp);
+    rr_ns = rr_nr = 0;
+    rr_soff = rr_roff = 0;
+}
+
+START_TEST(rr_sp_cut_writes_in_flight)
+{
+    pp.a.conn->batch_thresh = 0; /* each message its own write */
+    for (int i = 0; i < 3; i++)
+        rr_send(RR_RECV);
+    pt_dispatch(&pp); /* posted, nothing carried: lost with the link */
+    ck_assert_ptr_nonnull(pp.a.conn->sendq_settled);
+    ck_assert_uint_eq(pp.b.conn->rx_seq, 0);
+    mock_drop(pp.b.conn->ep);
+    rr_run();
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_ptr_eq(pp.a.conn->ctx, pt_fb.ctx[0]);
+    rr_recv_all(); /* one message per receive, each the next RR_RECV bytes of the pattern */
+    ck_assert_int_eq(rr_nr, 3);
+    ck_assert_ptr_null(pp.a.conn->sendq_settled);
+}
+END_TEST
+
 Suite *proto_resume_ring_suite(void)
 {
     Suite *s = suite_create("proto_resume_ring");
@@ -361,6 +392,11 @@ Suite *proto_resume_ring_suite(void)
     tcase_add_test(tc, rr_cut_two_regions);
     tcase_add_test(tc, rr_cut_after_shrink);
     tcase_add_test(tc, rr_no_offer_before_resume);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("resume_sp");
+    tcase_add_checked_fixture(tc, rr_sp_setup, rr_teardown);
+    tcase_add_test(tc, rr_sp_cut_writes_in_flight);
     suite_add_tcase(s, tc);
     return s;
 }
