@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
+#include "exs/api/evq_int.h"
 #include "exs/api/kfd.h"
 #include "exs/api/kfd_int.h"
 #include "exs/util/log.h"
@@ -311,53 +312,13 @@ void exs__api_kfd_op_drop(struct kfd_op *op)
 
 /* ---- what the descriptor is (k->lock held) ---- */
 
-/* The probe every send on a trusted descriptor carries: a two-byte address of the
- * AF_UNIX family, which TCP ignores and every datagram, raw, packet and netlink socket
- * refuses (EINVAL), and an SO_TIMESTAMPING control message asking for no timestamp,
- * which TCP takes (the send records no transmit timestamp) and every AF_UNIX socket
- * refuses (EINVAL). */
-static const struct sockaddr kfd_probe_addr = {.sa_family = AF_UNIX};
-
-union kfd_probe_cmsg {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-};
-
-static void kfd_probe_fill(struct msghdr *mh, union kfd_probe_cmsg *c)
-{
-    struct cmsghdr *h;
-
-    memset(c, 0, sizeof(*c));
-    mh->msg_name = (void *)&kfd_probe_addr;
-    mh->msg_namelen = sizeof(kfd_probe_addr.sa_family);
-    mh->msg_control = c->buf;
-    mh->msg_controllen = sizeof(c->buf);
-    h = CMSG_FIRSTHDR(mh);
-    h->cmsg_level = SOL_SOCKET;
-    h->cmsg_type = SO_TIMESTAMPING;
-    h->cmsg_len = CMSG_LEN(sizeof(int));
-}
-
-/* A call on k's descriptor failed with err (not EAGAIN, EINTR). probed: a send with
- * the probe. Returns the errno its operations
- * get: EBADF, ENOTSOCK, ... when the number names no stream socket now; -1: the socket
- * refused only the probe, which is off for it from now (try again); else err. */
-static int kfd_refused_locked(struct kfd *k, int err, int probed)
+/* A call on k's descriptor failed with err (not EAGAIN, EINTR): the errno its operations
+ * get, EBADF, ENOTSOCK, ... when the number names no stream socket now, else err. */
+static int kfd_refused_locked(struct kfd *k, int err)
 {
     int e = exs__api_kfd_verify_locked(k);
 
-    if (e)
-        return e;
-    if (probed && !k->probe)
-        return -1; /* another stream socket that refuses the probe (AF_UNIX) */
-    if (probed && (err == EINVAL || err == EISCONN || err == EOPNOTSUPP || err == EAFNOSUPPORT ||
-                   err == EDESTADDRREQ)) {
-        EXS_DBG(API, "kfd %d: the socket refuses the probe (%s): checked at each operation", k->fd,
-                strerror(err));
-        k->probe = 0;
-        return -1;
-    }
-    return err;
+    return e ? e : err;
 }
 
 /* ---- moving bytes (k->lock held) ---- */
@@ -380,40 +341,12 @@ static void kfd_fail_locked(struct kfd *k, int err)
         exs__api_kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, err);
 }
 
-/* sendmsg failed with err (not EAGAIN, EINTR; probed: it carried the probe): the queued
- * sends end with the error, or none when only the probe was refused (run the queue again). */
-static void kfd_send_err_locked(struct kfd *k, int err, int probed)
+/* sendmsg failed with err (not EAGAIN, EINTR): the queued sends end with the error (the
+ * descriptor's own when the number names no stream socket now). */
+static void kfd_send_err_locked(struct kfd *k, int err)
 {
     EXS_DBG(API, "kfd %d: sendmsg: %s", k->fd, strerror(err));
-    err = kfd_refused_locked(k, err, probed);
-    if (err > 0)
-        kfd_fail_locked(k, err);
-}
-
-/* The posting call's send on a trusted TCP socket (k->known and k->probe, no option) with
- * nothing queued before it (k->lock held): one sendmsg with the probe from the caller's
- * buffer, before op is queued. 1: every byte went, op is finished (event posted, freed),
- * and nothing else of the descriptor's state was touched; 0: op->done bytes went (maybe
- * none) and *err_p is sendmsg's error (0: the socket is full): the caller queues op. */
-static int kfd_send_now_locked(struct kfd *k, struct kfd_op *op, int *err_p)
-{
-    struct iovec iov = {.iov_base = op->buf, .iov_len = op->len};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    union kfd_probe_cmsg pc;
-    ssize_t n;
-
-    kfd_probe_fill(&mh, &pc);
-    do
-        n = sendmsg(k->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    *err_p = n < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0;
-    if (n < 0)
-        return 0;
-    op->done = (size_t)n;
-    if (op->done < op->len)
-        return 0;
-    kfd_op_post_locked(k, op, (ssize_t)op->len, 0);
-    return 1;
+    kfd_fail_locked(k, kfd_refused_locked(k, err));
 }
 
 /* Write what the kernel takes of the queued sends, in order, several per sendmsg;
@@ -428,9 +361,8 @@ static void kfd_send_run_locked(struct kfd *k)
         struct kfd_op *op = exs_list_entry(k->sendq.next, struct kfd_op, link);
         struct iovec iov[KFD_IOV_MAX];
         struct msghdr mh = {.msg_iov = iov};
-        union kfd_probe_cmsg pc;
         ssize_t n;
-        int r, probed;
+        int r;
 
         if (op->type == EXS_EVT_SHUTDOWN) {
             /* every send before it is on the wire */
@@ -440,9 +372,6 @@ static void kfd_send_run_locked(struct kfd *k)
             continue;
         }
         mh.msg_iovlen = 0;
-        probed = k->probe;
-        if (probed)
-            kfd_probe_fill(&mh, &pc);
         for (pos = k->sendq.next; pos != &k->sendq && mh.msg_iovlen < KFD_IOV_MAX;
              pos = pos->next) {
             struct kfd_op *o = exs_list_entry(pos, struct kfd_op, link);
@@ -461,7 +390,7 @@ static void kfd_send_run_locked(struct kfd *k)
             return;
         }
         if (n < 0) {
-            kfd_send_err_locked(k, errno, probed);
+            kfd_send_err_locked(k, errno);
             continue;
         }
         /* n bytes left, the head's rest first */
@@ -510,7 +439,7 @@ static void kfd_recv_run_locked(struct kfd *k)
             int err = errno;
 
             EXS_DBG(API, "kfd %d: recv: %s", k->fd, strerror(err));
-            err = kfd_refused_locked(k, err, 0);
+            err = kfd_refused_locked(k, err);
             if (!op->done || err == EBADF || err == ENOTSOCK) {
                 kfd_fail_locked(k, err);
                 continue;
@@ -797,12 +726,32 @@ void exs__api_kfd_submit(struct kfd *k, struct kfd_op *op)
     exs__api_kfd_put(k);
 }
 
+/* The event of a send that went whole at once from its posting call (k->lock held): no
+ * operation was made for it, only its slot in evq reserved. */
+static void kfd_send_done_locked(struct kfd *k, struct exs_evq *evq, void *buf, size_t len,
+                                 exs_ahandle_t ah)
+{
+    exs_event_t ev = {
+        .exs_evt_type = EXS_EVT_SEND,
+        .exs_evt_fd = k->fd,
+        .exs_evt_ahandle = ah,
+        .exs_evt_u.exs_evt_xfer = {.exs_evt_buf = buf,
+                                   .exs_evt_len = len,
+                                   .exs_evt_result = (ssize_t)len},
+    };
+
+    EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno 0", k->fd, EXS_EVT_SEND, ah,
+             (ssize_t)len);
+    exs__evq_post(evq, &ev);
+}
+
 int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
                       exs_mhandle_t mh, int recv, struct api_bounce *b)
 {
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
     int err, sync = q == EXS_QHANDLE_INVALID;
     struct api_mreg *m = NULL;
+    struct exs_evq *evq;
     struct kfd_op *op;
     struct kfd *k;
     exs_event_t ev;
@@ -830,45 +779,74 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         err = e ? e : err;
         goto err_b;
     }
-    op = exs__api_kfd_op_new(recv ? EXS_EVT_RECV : EXS_EVT_SEND, sync, &q, ah, &err);
-    if (!op)
+    if (sync)
+        q = exs__api_sync_queue();
+    if ((err = exs__evq_reserve_handle(q, &evq)))
         goto err_mreg;
+    k = exs__api_kfd_get_locked(fd, &err);
+    if (!k) {
+        exs__evq_unreserve(evq);
+        goto err_mreg;
+    }
+    int *count = recv ? &k->n_recv : &k->n_send;
+    /* a send on a descriptor checked before, with no option set, is not checked again:
+     * its send() is the check (spec/api.md 5.14) */
+    int trusted = !recv && k->known && !exs__api_kfd_has_opts(k);
+
+    if (!trusted && (err = exs__api_kfd_verify_locked(k)))
+        goto err_k;
+    if (*count >= (int)exs__params.sock_max_ops) {
+        err = EAGAIN;
+        goto err_k;
+    }
+    /* a send that completes at once: one send(), its event, nothing else (no operation
+     * made, nothing of the descriptor's state touched) */
+    int now = trusted && !b && !k->err && !k->file_busy && exs_list_empty(&k->sendq);
+    int now_err = 0;
+    size_t now_done = 0;
+
+    if (now) {
+        ssize_t n;
+
+        do
+            n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        if (n == (ssize_t)len) {
+            kfd_send_done_locked(k, evq, buf, len, ah);
+            exs__api_kfd_unlock(k);
+            exs__api_kfd_put(k);
+            if (m)
+                exs__api_mreg_release(m);
+            goto out;
+        }
+        if (n > 0)
+            now_done = (size_t)n;
+        else if (errno != EAGAIN && errno != EWOULDBLOCK)
+            now_err = errno;
+    }
+    op = exs__evq_op_alloc(sizeof(*op));
+    if (!op) {
+        err = ENOMEM;
+        goto err_k;
+    }
+    op->type = recv ? EXS_EVT_RECV : EXS_EVT_SEND;
+    op->ah = ah;
+    op->evq = evq;
+    exs_list_init(&op->link);
+    __atomic_fetch_add(&kfd_live, 1, __ATOMIC_RELAXED);
     op->buf = buf;
     op->len = len;
+    op->done = now_done;
     op->flags = flags & MSG_WAITALL;
     op->mreg = m;
     op->bounce = b;
+    m = NULL;
     b = NULL;
-    k = exs__api_kfd_get_for_op(fd, op, &err); /* on failure op and with it m and b are gone */
-    if (!k)
-        return exs__api_sync_fail(sync, q, err);
-    int *count = recv ? &k->n_recv : &k->n_send;
-    if (!(!recv && k->known && k->probe && !exs__api_kfd_has_opts(k)) &&
-        (err = exs__api_kfd_verify_locked(k))) {
-        exs__api_kfd_unlock(k);
-        exs__api_kfd_put(k);
-        goto err_op;
-    }
-    if (*count >= (int)exs__params.sock_max_ops) {
-        exs__api_kfd_unlock(k);
-        exs__api_kfd_put(k);
-        err = EAGAIN;
-        goto err_op;
-    }
     if (!sync && (err = exs__api_kfd_to_start_locked(k, op))) {
         exs__api_kfd_unlock(k);
         exs__api_kfd_put(k);
-        goto err_op;
-    }
-    /* a send that completes at once: one sendmsg, its event, nothing else */
-    int now = !recv && !op->bounce && k->known && k->probe && !k->err && !k->file_busy &&
-              exs_list_empty(&k->sendq) && !exs__api_kfd_has_opts(k);
-    int now_err = 0;
-
-    if (now && kfd_send_now_locked(k, op, &now_err)) {
-        exs__api_kfd_unlock(k);
-        exs__api_kfd_put(k);
-        goto out;
+        exs__api_kfd_op_drop(op); /* releases the registration and the bounce buffer */
+        return exs__api_sync_fail(sync, q, err);
     }
     (*count)++;
     k->posting = op;
@@ -878,7 +856,7 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         k->io_want |= EV_WRITE; /* the socket is full: wait for room */
     } else {
         if (now_err)
-            kfd_send_err_locked(k, now_err, 1);
+            kfd_send_err_locked(k, now_err);
         exs__api_kfd_run_locked(k);
     }
     exs__api_kfd_update_locked(k);
@@ -893,9 +871,10 @@ out:
         return -1;
     return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
 
-err_op:
-    exs__api_kfd_op_drop(op); /* releases m and b */
-    return exs__api_sync_fail(sync, q, err);
+err_k:
+    exs__api_kfd_unlock(k);
+    exs__api_kfd_put(k);
+    exs__evq_unreserve(evq);
 err_mreg:
     if (m)
         exs__api_mreg_release(m);
