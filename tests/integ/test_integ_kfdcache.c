@@ -143,9 +143,8 @@ START_TEST(test_kfdc_other_sockets)
         /* the send goes where send() would: one datagram on y */
         IT_POST_SEND(a, "c", 1, q, AH(2), EXS_MHANDLE_UNREGISTERED);
         it_expect_send(q, a, AH(2), 1);
-        ck_assert_int_eq(exs_send(a, "d", 1, 0, EXS_QHANDLE_INVALID, AH(2),
-                                  EXS_MHANDLE_UNREGISTERED),
-                         1);
+        ck_assert_int_eq(
+            exs_send(a, "d", 1, 0, EXS_QHANDLE_INVALID, AH(2), EXS_MHANDLE_UNREGISTERED), 1);
         ck_assert_int_eq(recv(y, buf, sizeof(buf), MSG_DONTWAIT), 1);
         ck_assert_int_eq(buf[0], 'c');
         ck_assert_int_eq(recv(y, buf, sizeof(buf), MSG_DONTWAIT), 1);
