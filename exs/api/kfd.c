@@ -57,10 +57,16 @@
  * event is posted: once the application sees it, no part of the library names the
  * descriptor any more (libev itself never sees it).
  *
- * Locks: kfd_tab_lock (level SOCK_TAB) guards the table; k->lock (level SOCK, like a
- * socket's) guards the queues and the registration and is held while the kernel is
- * called and while events are posted, so events leave in the order the operations
- * finish.
+ * Locks: kfd_tab_lock (level SOCK_TAB) guards changes to the table; k->lock (level SOCK,
+ * like a socket's) guards the queues and the registration and is held while the kernel
+ * is called and while events are posted, so events leave in the order the operations
+ * finish. A call finds its kfd without kfd_tab_lock (exs__api_kfd_get_locked2): it loads
+ * the table's slot, locks the kfd found there and keeps it when it is still attached
+ * and names that number (both change only under k->lock); anything else takes the
+ * locked way. That is safe because neither goes away under a reader: a grown table
+ * keeps its old array until exs_fini (kfd_tab_old), and a struct kfd whose last
+ * reference goes is parked in kfd_free (its lock still a lock, attached 0) and reused
+ * for the next kfd made, never freed before exs_fini.
  *
  * References (k->refs): the table's while attached, one per thread inside a call or
  * a callback on it. An epoll event names its kfd by descriptor and generation
@@ -70,8 +76,19 @@
 #define KFD_IOV_MAX 64 /* sends gathered in one sendmsg */
 
 static pthread_mutex_t kfd_tab_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The table: kfd_tab and kfd_tab_len change under kfd_tab_lock; its slots are written
+ * there with atomic stores, and read without the lock through kfd_tabv (atomic). */
+struct kfd_tabv {
+    struct kfd_tabv *old; /* the array this one replaced (freed at exs_fini) */
+    int len;
+    struct kfd *e[];
+};
+static struct kfd_tabv *kfd_tabv;
 static struct kfd **kfd_tab;
 static int kfd_tab_len;
+/* Parked kfds (kfd_free_lock, a leaf: the last put may come with any lock held). */
+static pthread_mutex_t kfd_free_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kfd *kfd_free;
 static int kfd_live;     /* kfds with something pending (counted) + operations */
 static int kfd_cached;   /* every struct kfd */
 static uint32_t kfd_gen; /* kfd_tab_lock */
@@ -105,8 +122,11 @@ void exs__api_kfd_put(struct kfd *k)
         return;
     EXS_ASSERT(!k->attached && !k->io_reg && exs_list_empty(&k->sendq) &&
                exs_list_empty(&k->recvq) && exs_list_empty(&k->to_ops));
-    pthread_mutex_destroy(&k->lock);
-    free(k);
+    /* parked, not freed: a reader may still lock it (kfd.c's opening comment) */
+    EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+    k->free_next = kfd_free;
+    kfd_free = k;
+    EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
     __atomic_fetch_sub(&kfd_cached, 1, __ATOMIC_RELAXED);
 }
 
@@ -124,51 +144,104 @@ int exs__api_kfd_is_stream(int fd)
     return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
 }
 
+/* A struct kfd for fd (parked or new), locked, its state cleared, not attached; NULL when
+ * out of memory. */
+static struct kfd *kfd_new(int fd)
+{
+    struct kfd *k;
+
+    EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+    k = kfd_free;
+    if (k)
+        kfd_free = k->free_next;
+    EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+    if (!k) {
+        k = calloc(1, sizeof(*k));
+        if (!k)
+            return NULL;
+        pthread_mutex_init(&k->lock, NULL);
+    }
+    exs__api_kfd_lock(k);
+    /* everything after the lock, which a reader may hold or wait for meanwhile */
+    memset((char *)k + sizeof(k->lock), 0, sizeof(*k) - sizeof(k->lock));
+    k->fd = fd;
+    exs_list_init(&k->sendq);
+    exs_list_init(&k->recvq);
+    exs_list_init(&k->to_ops);
+    return k;
+}
+
+/* Room in the table for fd (kfd_tab_lock held): 0 or -ENOMEM. The old array stays for
+ * the readers that loaded it (kfd_tab_old). */
+static int kfd_tab_fit(int fd)
+{
+    struct kfd_tabv *t;
+    int n;
+
+    if (fd < kfd_tab_len)
+        return 0;
+    n = EXS_MAX(fd + 1, kfd_tab_len * 2);
+    t = calloc(1, sizeof(*t) + (size_t)n * sizeof(t->e[0]));
+    if (!t)
+        return -ENOMEM;
+    t->len = n;
+    t->old = kfd_tabv;
+    if (kfd_tab_len)
+        memcpy(t->e, kfd_tab, (size_t)kfd_tab_len * sizeof(t->e[0]));
+    kfd_tab = t->e;
+    kfd_tab_len = n;
+    __atomic_store_n(&kfd_tabv, t, __ATOMIC_RELEASE);
+    return 0;
+}
+
 /* The kfd of fd with a reference, made when there is none (create); NULL with -ENOMEM,
  * or (no create) -ENOENT. */
 static struct kfd *kfd_get(int fd, int create, int *err_p)
 {
-    struct kfd *k = NULL;
+    struct kfd *k = NULL, *nk = NULL;
 
-    EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
-    if (fd < kfd_tab_len && kfd_tab[fd]) {
-        k = kfd_tab[fd];
-        exs__api_kfd_ref(k);
-        goto out;
-    }
-    if (!create) {
-        *err_p = -ENOENT;
-        goto out;
-    }
-    if (fd >= kfd_tab_len) {
-        int n = EXS_MAX(fd + 1, kfd_tab_len * 2);
-        struct kfd **t = realloc(kfd_tab, (size_t)n * sizeof(*t));
+    for (;;) {
+        int made = 0;
 
-        if (!t) {
+        EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (fd < kfd_tab_len && kfd_tab[fd]) {
+            k = kfd_tab[fd];
+            exs__api_kfd_ref(k);
+        } else if (!create) {
+            *err_p = -ENOENT;
+        } else if (nk && kfd_tab_fit(fd)) {
             *err_p = -ENOMEM;
-            goto out;
+        } else if (nk) {
+            /* nk->lock held: a reader that finds it sees it whole */
+            k = nk;
+            nk = NULL;
+            k->gen = ++kfd_gen;
+            k->refs = 2; /* the table's and the caller's */
+            k->attached = 1;
+            __atomic_store_n(&kfd_tab[fd], k, __ATOMIC_RELEASE);
+            __atomic_fetch_add(&kfd_cached, 1, __ATOMIC_RELAXED);
+            made = 1;
         }
-        memset(t + kfd_tab_len, 0, (size_t)(n - kfd_tab_len) * sizeof(*t));
-        kfd_tab = t;
-        kfd_tab_len = n;
+        EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (made)
+            exs__api_kfd_unlock(k);
+        if (k || !create || nk)
+            break;
+        /* made with no table lock held: its lock comes before the table's */
+        nk = kfd_new(fd);
+        if (!nk) {
+            *err_p = -ENOMEM;
+            return NULL;
+        }
     }
-    k = calloc(1, sizeof(*k));
-    if (!k) {
-        *err_p = -ENOMEM;
-        goto out;
+    if (nk) {
+        /* another thread made fd's meanwhile, or no room: parked unused */
+        exs__api_kfd_unlock(nk);
+        EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+        nk->free_next = kfd_free;
+        kfd_free = nk;
+        EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
     }
-    k->gen = ++kfd_gen;
-    k->fd = fd;
-    k->refs = 2; /* the table's and the caller's */
-    k->attached = 1;
-    pthread_mutex_init(&k->lock, NULL);
-    exs_list_init(&k->sendq);
-    exs_list_init(&k->recvq);
-    exs_list_init(&k->to_ops);
-    kfd_tab[fd] = k;
-    __atomic_fetch_add(&kfd_cached, 1, __ATOMIC_RELAXED);
-out:
-    EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     return k;
 }
 
@@ -189,7 +262,7 @@ void exs__api_kfd_detach_locked(struct kfd *k)
     kfd_reg_locked(k, 0);
     EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     EXS_ASSERT(k->fd < kfd_tab_len && kfd_tab[k->fd] == k);
-    kfd_tab[k->fd] = NULL;
+    __atomic_store_n(&kfd_tab[k->fd], NULL, __ATOMIC_RELEASE);
     EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     k->attached = 0;
     k->known = 0;
@@ -663,6 +736,20 @@ static void kfd_stale_locked(struct kfd *k)
  * errno (no create: ENOENT when there is none). */
 struct kfd *exs__api_kfd_get_locked2(int fd, int create, int *err_p)
 {
+    /* without kfd_tab_lock: the slot's kfd, kept when it is still fd's (k->lock) */
+    struct kfd_tabv *t = __atomic_load_n(&kfd_tabv, __ATOMIC_ACQUIRE);
+    struct kfd *f = t && fd >= 0 && fd < t->len ? __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE)
+                                                 : NULL;
+
+    if (f) {
+        exs__api_kfd_lock(f);
+        if (f->attached && f->fd == fd) {
+            exs__api_kfd_ref(f); /* the table's is held: never the first */
+            kfd_stale_locked(f);
+            return f;
+        }
+        exs__api_kfd_unlock(f);
+    }
     for (;;) {
         int ret = 0;
         struct kfd *k = kfd_get(fd, create, &ret);
@@ -935,9 +1022,23 @@ void exs__api_kfd_close_all(void)
         exs__api_kfd_put(k);
     }
     EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
-    free(kfd_tab);
+    for (struct kfd_tabv *t = kfd_tabv, *o; t; t = o) {
+        o = t->old;
+        free(t);
+    }
+    __atomic_store_n(&kfd_tabv, NULL, __ATOMIC_RELEASE);
     kfd_tab = NULL;
     kfd_tab_len = 0;
+    /* no call runs now (exs_fini): the parked kfds go (one still referenced, by a job or
+     * a timer the engine's stop drops, is parked again and goes at the next exs_fini) */
+    EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+    for (struct kfd *f = kfd_free, *n; f; f = n) {
+        n = f->free_next;
+        pthread_mutex_destroy(&f->lock);
+        free(f);
+    }
+    kfd_free = NULL;
+    EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
     if (kfd_ep >= 0) {
         /* the engine's stop runs it: the watcher goes, then kfd_ep */
         kfd_ep_stop_job.fn = kfd_ep_stop;
@@ -952,9 +1053,13 @@ void exs__api_kfd_close_all(void)
  * changed: the set is the parent's too). */
 void exs__api_kfd_fork_child(void)
 {
-    exs__forsake(kfd_tab);
+    exs__forsake(kfd_tabv); /* the old arrays and every kfd are reachable from these */
+    exs__forsake(kfd_free);
+    kfd_tabv = NULL;
     kfd_tab = NULL;
     kfd_tab_len = 0;
+    kfd_free = NULL;
+    pthread_mutex_init(&kfd_free_lock, NULL);
     kfd_live = 0;
     kfd_cached = 0;
     kfd_waiting = 0;
