@@ -738,8 +738,8 @@ struct kfd *exs__api_kfd_get_locked2(int fd, int create, int *err_p)
 {
     /* without kfd_tab_lock: the slot's kfd, kept when it is still fd's (k->lock) */
     struct kfd_tabv *t = __atomic_load_n(&kfd_tabv, __ATOMIC_ACQUIRE);
-    struct kfd *f = t && fd >= 0 && fd < t->len ? __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE)
-                                                 : NULL;
+    struct kfd *f =
+        t && fd >= 0 && fd < t->len ? __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE) : NULL;
 
     if (f) {
         exs__api_kfd_lock(f);

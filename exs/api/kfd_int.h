@@ -29,10 +29,10 @@ struct kfd_op {
 };
 
 struct kfd {
-    pthread_mutex_t lock; /* first: what follows is cleared when a parked kfd is reused */
-    int fd;               /* lock (a reader may find a parked or reused kfd: kfd.c) */
-    int refs;             /* atomic */
-    int attached;         /* lock (and kfd_tab_lock to change): in the table */
+    pthread_mutex_t lock;  /* first: what follows is cleared when a parked kfd is reused */
+    int fd;                /* lock (a reader may find a parked or reused kfd: kfd.c) */
+    int refs;              /* atomic */
+    int attached;          /* lock (and kfd_tab_lock to change): in the table */
     struct kfd *free_next; /* kfd_free_lock: parked (kfd.c) */
     struct exs_list sendq; /* sends and shutdowns, posting order */
     struct exs_list recvq; /* receives, posting order */
