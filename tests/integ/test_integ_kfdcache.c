@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <sys/resource.h>
 #include <string.h>
 #include <sys/exs.h>
 #include <sys/socket.h>
@@ -228,12 +230,100 @@ START_TEST(test_kfdc_other_tcp)
 }
 END_TEST
 
+/* A thread sending on one kernel socket (every send finds its kfd without the table's
+ * lock) while the main thread makes kfds at ever higher numbers (the table grows, old
+ * arrays stay for readers) and drops them with exs_close (parked kfds, reused by the
+ * next): every send completes with its bytes, each number's send reaches its own peer,
+ * and no kfd is left but the sender's. Under ASan, a kfd or table freed under a reader
+ * would show. */
+struct kfdc_race {
+    int a, rounds, bad;
+};
+
+static void *kfdc_race_sender(void *arg)
+{
+    struct kfdc_race *r = arg;
+    exs_qhandle_t q = exs_qcreate(4);
+    exs_event_t ev;
+
+    if (q == EXS_QHANDLE_INVALID)
+        return r->bad++, NULL;
+    for (int i = 0; i < r->rounds; i++) {
+        if (exs_send(r->a, "s", 1, 0, q, AH(7), EXS_MHANDLE_UNREGISTERED) ||
+            exs_qdequeue(q, &ev, 1, NULL) != 1 || ev.exs_evt_errno ||
+            ev.exs_evt_u.exs_evt_xfer.exs_evt_result != 1) {
+            r->bad++;
+            break;
+        }
+    }
+    exs_qdelete(q);
+    return NULL;
+}
+
+START_TEST(test_kfdc_table_race)
+{
+    struct kfdc_race r = {.rounds = 3000};
+    struct rlimit rl;
+    exs_qhandle_t q;
+    pthread_t th;
+    int b, top;
+    char buf[4096];
+
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    top = (int)(rl.rlim_cur < 4096 ? rl.rlim_cur : 4096) - 16;
+    ck_assert_int_gt(top, 200);
+    it_init();
+    q = it_qcreate(8);
+    it_tcp_pair(&r.a, &b, 0, 0);
+    ck_assert_int_eq(pthread_create(&th, NULL, kfdc_race_sender, &r), 0);
+    for (int i = 0, n = 100; i < 150; i++, n = n * 5 / 4 < top ? n * 5 / 4 : 100 + i) {
+        int c, d;
+        char got = 0;
+        exs_event_t ev;
+
+        it_tcp_pair(&c, &d, 0, 0);
+        while (fcntl(n, F_GETFD) != -1 || n == c || n == d)
+            n++; /* a free number */
+        ck_assert_int_eq(dup2(c, n), n);
+        close(c);
+        for (int j = 0; j < 3; j++) {
+            IT_POST_SEND(n, "n", 1, q, AH(1), EXS_MHANDLE_UNREGISTERED);
+            it_expect_send(q, n, AH(1), 1);
+            ck_assert_int_eq(recv(d, &got, 1, MSG_WAITALL), 1);
+            ck_assert_int_eq(got, 'n');
+        }
+        IT_EXPECT_OK(exs_close(n, q, AH(2)));
+        it_wait_event(q, EXS_EVT_CLOSE, n, &ev);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        close(d);
+    }
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_int_eq(r.bad, 0);
+    for (int got = 0; got < r.rounds;) {
+        ssize_t k = recv(b, buf, sizeof(buf), 0);
+
+        ck_assert_int_gt(k, 0);
+        for (ssize_t i = 0; i < k; i++)
+            ck_assert_int_eq(buf[i], 's');
+        got += (int)k;
+    }
+    expect_nothing(b);
+    ck_assert_int_le(exs__debug_kfd_cached(), 1);
+    close(r.a);
+    close(b);
+    it_kfd_settle(q);
+    it_qdelete(q);
+    it_fini();
+    ck_assert_int_eq(exs__debug_kfd_cached(), 0);
+}
+END_TEST
+
 Suite *integ_kfdcache_suite(void)
 {
     Suite *s = suite_create("integ_kfdcache");
 
     it_suite_add(s, "kfdcache", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_kfdc_closed_and_files, test_kfdc_other_sockets,
-                                        test_kfdc_other_tcp, NULL});
+                                        test_kfdc_other_tcp, test_kfdc_table_race, NULL});
     return s;
 }
