@@ -732,23 +732,35 @@ static void kfd_stale_locked(struct kfd *k)
     exs__api_kfd_count_locked(k);
 }
 
-/* The kfd of fd (made when create), attached, locked, with a reference; NULL with an
- * errno (no create: ENOENT when there is none). */
-struct kfd *exs__api_kfd_get_locked2(int fd, int create, int *err_p)
+/* Without kfd_tab_lock: fd's kfd, attached and locked, with no reference of the caller's
+ * (the table's keeps it while it is attached, and it stays attached while locked); NULL
+ * when the slot holds none that is still fd's (kfd.c's opening comment). */
+static struct kfd *kfd_lookup_locked(int fd)
 {
-    /* without kfd_tab_lock: the slot's kfd, kept when it is still fd's (k->lock) */
     struct kfd_tabv *t = __atomic_load_n(&kfd_tabv, __ATOMIC_ACQUIRE);
     struct kfd *f =
         t && fd >= 0 && fd < t->len ? __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE) : NULL;
 
+    if (!f)
+        return NULL;
+    exs__api_kfd_lock(f);
+    if (f->attached && f->fd == fd) {
+        kfd_stale_locked(f);
+        return f;
+    }
+    exs__api_kfd_unlock(f);
+    return NULL;
+}
+
+/* The kfd of fd (made when create), attached, locked, with a reference; NULL with an
+ * errno (no create: ENOENT when there is none). */
+struct kfd *exs__api_kfd_get_locked2(int fd, int create, int *err_p)
+{
+    struct kfd *f = kfd_lookup_locked(fd);
+
     if (f) {
-        exs__api_kfd_lock(f);
-        if (f->attached && f->fd == fd) {
-            exs__api_kfd_ref(f); /* the table's is held: never the first */
-            kfd_stale_locked(f);
-            return f;
-        }
-        exs__api_kfd_unlock(f);
+        exs__api_kfd_ref(f); /* the table's is held: never the first */
+        return f;
     }
     for (;;) {
         int ret = 0;
@@ -870,7 +882,11 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         q = exs__api_sync_queue();
     if ((err = exs__evq_reserve_handle(q, &evq)))
         goto err_mreg;
-    k = exs__api_kfd_get_locked(fd, &err);
+    /* k attached and locked until the end of the call: the table's reference keeps it, the
+     * call takes none of its own (no atomic operation on the way) */
+    k = kfd_lookup_locked(fd);
+    if (!k && (k = exs__api_kfd_get_locked(fd, &err)))
+        __atomic_sub_fetch(&k->refs, 1, __ATOMIC_ACQ_REL); /* never the last: attached */
     if (!k) {
         exs__evq_unreserve(evq);
         goto err_mreg;
@@ -901,7 +917,6 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         if (n == (ssize_t)len) {
             kfd_send_done_locked(k, evq, buf, len, ah);
             exs__api_kfd_unlock(k);
-            exs__api_kfd_put(k);
             if (m)
                 exs__api_mreg_release(m);
             goto out;
@@ -931,7 +946,6 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     b = NULL;
     if (!sync && (err = exs__api_kfd_to_start_locked(k, op))) {
         exs__api_kfd_unlock(k);
-        exs__api_kfd_put(k);
         exs__api_kfd_op_drop(op); /* releases the registration and the bounce buffer */
         return exs__api_sync_fail(sync, q, err);
     }
@@ -950,7 +964,6 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     k->posting = NULL;
     err = k->posting_err;
     exs__api_kfd_unlock(k);
-    exs__api_kfd_put(k);
     if (err)
         return exs__api_sync_fail(sync, q, err); /* op ended without its event */
 out:
@@ -960,7 +973,6 @@ out:
 
 err_k:
     exs__api_kfd_unlock(k);
-    exs__api_kfd_put(k);
     exs__evq_unreserve(evq);
 err_mreg:
     if (m)
