@@ -31,19 +31,19 @@
  * number may then name another file; the cache must never make a call answer otherwise
  * than the kernel would. So: a call checks the descriptor (kfd_verify_locked: fstat, a
  * socket, its device and inode; at the first look or when they changed also SO_TYPE,
- * SOCK_STREAM, and SO_DOMAIN), except a send on a TCP socket (AF_INET, AF_INET6) already
- * checked: every sendmsg on it carries a probe (kfd_probe_fill) that TCP ignores and any
- * other kind of socket refuses, so the send itself says whether the number still names a
- * TCP socket. Any error, a send that must wait (before it is registered) and every call
+ * SOCK_STREAM), except a send on a stream socket already checked, with no option set:
+ * that is one plain send(), the check being the send itself (no probe: spec/api.md 5.14
+ * says why, with what it leaves uncaught, a connected socket of another type reusing the
+ * number). Any error, a send that must wait (before it is registered) and every call
  * while an option is set make the check again: the number naming no file gives EBADF, a
  * file that is not a stream socket ENOTSOCK, as before the cache; another stream socket
  * starts with no state (latched error, options) of the old one. The posting call of an
  * operation that fails so returns the errno (no event), as the check before the cache
- * did. A receive has no such probe (TCP and AF_UNIX sockets answer recvmsg alike), so
- * each receive is checked (one fstat). The state of a connection (the latched error) is
- * dropped when the queues empty, where the kfd itself went before the cache. The descriptor's file
- * status flags are never touched: every send and recv is made with MSG_DONTWAIT (and MSG_NOSIGNAL:
- * a reset peer gives EPIPE, not SIGPIPE).
+ * did. A receive proves nothing (TCP and AF_UNIX sockets answer recvmsg alike), so each
+ * receive is checked (one fstat). The state of a connection (the latched error) is
+ * dropped when the queues empty, where the kfd itself went before the cache. The
+ * descriptor's file status flags are never touched: every send and recv is made with
+ * MSG_DONTWAIT (and MSG_NOSIGNAL: a reset peer gives EPIPE, not SIGPIPE).
  *
  * Who moves bytes: the posting thread tries at once (the new operation is at the head of
  * its queue); what the kernel cannot take or give now waits for readiness. The
