@@ -6,9 +6,11 @@
  * afresh; a send the kernel takes at once goes where send() would put it. */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/net_tstamp.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/exs.h>
 #include <sys/socket.h>
@@ -318,12 +320,64 @@ START_TEST(test_kfdc_table_race)
 }
 END_TEST
 
+/* A checked send is a plain send(): with SO_TIMESTAMPING asking for software transmit
+ * timestamps, an exs_send that completes at once records one on the error queue, as
+ * send() does (the probe it carried before spec/api.md 5.14's change, an SO_TIMESTAMPING
+ * control message asking for none, suppressed it). */
+START_TEST(test_kfdc_tx_timestamp)
+{
+    int a, b, v = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
+    exs_qhandle_t q;
+    int found = 0;
+
+    it_init();
+    q = it_qcreate(8);
+    it_tcp_pair(&a, &b, 0, 0);
+    send_one(q, a, b, 'x'); /* checked: the next send goes at once */
+    ck_assert_int_eq(setsockopt(a, SOL_SOCKET, SO_TIMESTAMPING, &v, sizeof(v)), 0);
+    send_one(q, a, b, 'y');
+    for (int tries = 0; tries < 50 && !found; tries++) {
+        union {
+            char buf[CMSG_SPACE(3 * sizeof(struct timespec)) + CMSG_SPACE(64)];
+            struct cmsghdr align;
+        } c;
+        char data[256];
+        struct iovec iov = {.iov_base = data, .iov_len = sizeof(data)};
+        struct msghdr mh = {.msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = c.buf,
+                            .msg_controllen = sizeof(c.buf)};
+        struct pollfd pfd = {.fd = a};
+
+        if (recvmsg(a, &mh, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) {
+            ck_assert_int_eq(errno, EAGAIN);
+            poll(&pfd, 1, 100); /* POLLERR once a timestamp is queued */
+            continue;
+        }
+        for (struct cmsghdr *h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h)) {
+            if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SO_TIMESTAMPING) {
+                struct timespec ts[3];
+
+                memcpy(ts, CMSG_DATA(h), sizeof(ts));
+                found = ts[0].tv_sec != 0 || ts[0].tv_nsec != 0;
+            }
+        }
+    }
+    ck_assert_msg(found, "no transmit timestamp for the exs_send");
+    close(a);
+    close(b);
+    it_kfd_settle(q);
+    it_qdelete(q);
+}
+END_TEST
+
 Suite *integ_kfdcache_suite(void)
 {
     Suite *s = suite_create("integ_kfdcache");
 
     it_suite_add(s, "kfdcache", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_kfdc_closed_and_files, test_kfdc_other_sockets,
-                                        test_kfdc_other_tcp, test_kfdc_table_race, NULL});
+                                        test_kfdc_other_tcp, test_kfdc_table_race,
+                                        test_kfdc_tx_timestamp, NULL});
     return s;
 }
