@@ -204,12 +204,15 @@ int main(int argc, char **argv)
     long only_count = 10000;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t salen = sizeof(sa);
-    static const struct option opts[] = {
-        {"sizes", required_argument, NULL, 'z'},  {"bytes", required_argument, NULL, 'b'},
-        {"rounds", required_argument, NULL, 'r'}, {"depth", required_argument, NULL, 'd'},
-        {"only", required_argument, NULL, 'o'},   {"size", required_argument, NULL, 's'},
-        {"count", required_argument, NULL, 'n'},  {"probe", no_argument, NULL, 'p'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"sizes", required_argument, NULL, 'z'},
+                                         {"bytes", required_argument, NULL, 'b'},
+                                         {"rounds", required_argument, NULL, 'r'},
+                                         {"depth", required_argument, NULL, 'd'},
+                                         {"only", required_argument, NULL, 'o'},
+                                         {"size", required_argument, NULL, 's'},
+                                         {"count", required_argument, NULL, 'n'},
+                                         {"probe", no_argument, NULL, 'p'},
+                                         {NULL, 0, NULL, 0}};
     int o, lfd, status;
     exs_qhandle_t q;
     pid_t pid;
