@@ -5,12 +5,13 @@
  * event queue, the other end (a child process forked before exs_init) is a plain recv
  * loop. Each round sends --bytes at each size both ways, in alternating order, then the
  * receiver acknowledges the last byte; the median of the rounds is reported, with the
- * ratio exs_send / send. A third stream per round, sendmsg with the library's probe (the
- * AF_UNIX address and the SO_TIMESTAMPING control message each exs_send on a trusted TCP
- * socket carries, api/kfd.c) and nothing else, gives the kernel's share: probe / send is
- * the most exs / send can reach while the library probes.
+ * ratio exs_send / send. With --probe, a third stream per round: sendmsg carrying the
+ * probe exs_send used to carry on a checked TCP socket until it gave way to a plain send()
+ * (an AF_UNIX address and an SO_TIMESTAMPING control message, spec/api.md 5.14), and
+ * nothing else: probe / send is what that probe alone cost in the kernel, the most
+ * exs / send could have reached with it.
  *
- *   kfd_bench [--sizes 64,4096,65536,1048576] [--bytes N] [--rounds N] [--depth N]
+ *   kfd_bench [--sizes 64,4096,65536,1048576] [--bytes N] [--rounds N] [--depth N] [--probe]
  *   kfd_bench --only exs|send|probe --size S --count N   one stream, for strace -c -f
  */
 #include <errno.h>
@@ -98,7 +99,7 @@ static void run_send(int fd, const char *buf, size_t size, long count)
     }
 }
 
-/* sendmsg as api/kfd.c makes it on a trusted TCP socket: with the probe. */
+/* sendmsg with the probe api/kfd.c's sends carried before (--probe). */
 static void run_probe(int fd, const char *buf, size_t size, long count)
 {
     static const struct sockaddr unix_addr = {.sa_family = AF_UNIX};
@@ -196,18 +197,22 @@ static double median(double *v, int n)
 int main(int argc, char **argv)
 {
     size_t sizes[MAX_SIZES] = {64, 4096, 65536, 1 << 20};
-    int nsizes = 4, rounds = 5, depth = 1;
+    int nsizes = 4, rounds = 5, depth = 1, probe = 0;
     long long bytes = 64ll << 20;
     const char *only = NULL;
     size_t only_size = 64;
     long only_count = 10000;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t salen = sizeof(sa);
-    static const struct option opts[] = {
-        {"sizes", required_argument, NULL, 'z'},  {"bytes", required_argument, NULL, 'b'},
-        {"rounds", required_argument, NULL, 'r'}, {"depth", required_argument, NULL, 'd'},
-        {"only", required_argument, NULL, 'o'},   {"size", required_argument, NULL, 's'},
-        {"count", required_argument, NULL, 'n'},  {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"sizes", required_argument, NULL, 'z'},
+                                         {"bytes", required_argument, NULL, 'b'},
+                                         {"rounds", required_argument, NULL, 'r'},
+                                         {"depth", required_argument, NULL, 'd'},
+                                         {"only", required_argument, NULL, 'o'},
+                                         {"size", required_argument, NULL, 's'},
+                                         {"count", required_argument, NULL, 'n'},
+                                         {"probe", no_argument, NULL, 'p'},
+                                         {NULL, 0, NULL, 0}};
     int o, lfd, status;
     exs_qhandle_t q;
     pid_t pid;
@@ -237,6 +242,9 @@ int main(int argc, char **argv)
             break;
         case 'n':
             only_count = atol(optarg);
+            break;
+        case 'p':
+            probe = 1;
             break;
         default:
             fprintf(stderr, "usage: see the opening comment of bench/kfd/kfd_bench.c\n");
@@ -285,17 +293,19 @@ int main(int argc, char **argv)
         printf("# kfd_bench: exs_send (event queue, %d outstanding) on a kernel TCP socket vs "
                "send(), loopback, %lld bytes per point, median of %d rounds\n",
                depth, bytes, rounds);
-        printf("# %9s %12s %12s %8s %10s\n", "size", "send MB/s", "exs MB/s", "exs/send",
-               "probe/send");
+        printf("# %9s %12s %12s %8s%s\n", "size", "send MB/s", "exs MB/s", "exs/send",
+               probe ? " probe/send" : "");
         for (int i = 0; i < nsizes; i++) {
             double t[3][MAX_ROUNDS]; /* send, exs, probe */
             long count = (long)(bytes / (long long)sizes[i]);
 
             if (count < 1)
                 count = 1;
+            int kinds = probe ? 3 : 2;
+
             for (int r = 0; r < rounds; r++) {
-                for (int w = 0; w < 3; w++) {
-                    int kind = (w + r) % 3; /* the order turns each round */
+                for (int w = 0; w < kinds; w++) {
+                    int kind = (w + r) % kinds; /* the order turns each round */
                     int fd = conn(&sa);
                     double t0 = now_s();
 
@@ -311,9 +321,12 @@ int main(int argc, char **argv)
             }
             double ms = (double)count * (double)sizes[i] / 1e6;
             double s = ms / median(t[0], rounds), e = ms / median(t[1], rounds);
-            double p = ms / median(t[2], rounds);
+            double p = probe ? ms / median(t[2], rounds) : 0;
 
-            printf("  %9zu %12.1f %12.1f %8.2f %10.2f\n", sizes[i], s, e, e / s, p / s);
+            printf("  %9zu %12.1f %12.1f %8.2f", sizes[i], s, e, e / s);
+            if (probe)
+                printf(" %10.2f", p / s);
+            printf("\n");
             fflush(stdout);
         }
     }

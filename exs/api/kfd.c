@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
+#include "exs/api/evq_int.h"
 #include "exs/api/kfd.h"
 #include "exs/api/kfd_int.h"
 #include "exs/util/log.h"
@@ -30,19 +31,19 @@
  * number may then name another file; the cache must never make a call answer otherwise
  * than the kernel would. So: a call checks the descriptor (kfd_verify_locked: fstat, a
  * socket, its device and inode; at the first look or when they changed also SO_TYPE,
- * SOCK_STREAM, and SO_DOMAIN), except a send on a TCP socket (AF_INET, AF_INET6) already
- * checked: every sendmsg on it carries a probe (kfd_probe_fill) that TCP ignores and any
- * other kind of socket refuses, so the send itself says whether the number still names a
- * TCP socket. Any error, a send that must wait (before it is registered) and every call
+ * SOCK_STREAM), except a send on a stream socket already checked, with no option set:
+ * that is one plain send(), the check being the send itself (no probe: spec/api.md 5.14
+ * says why, with what it leaves uncaught, a connected socket of another type reusing the
+ * number). Any error, a send that must wait (before it is registered) and every call
  * while an option is set make the check again: the number naming no file gives EBADF, a
  * file that is not a stream socket ENOTSOCK, as before the cache; another stream socket
  * starts with no state (latched error, options) of the old one. The posting call of an
  * operation that fails so returns the errno (no event), as the check before the cache
- * did. A receive has no such probe (TCP and AF_UNIX sockets answer recvmsg alike), so
- * each receive is checked (one fstat). The state of a connection (the latched error) is
- * dropped when the queues empty, where the kfd itself went before the cache. The descriptor's file
- * status flags are never touched: every send and recv is made with MSG_DONTWAIT (and MSG_NOSIGNAL:
- * a reset peer gives EPIPE, not SIGPIPE).
+ * did. A receive proves nothing (TCP and AF_UNIX sockets answer recvmsg alike), so each
+ * receive is checked (one fstat). The state of a connection (the latched error) is
+ * dropped when the queues empty, where the kfd itself went before the cache. The
+ * descriptor's file status flags are never touched: every send and recv is made with
+ * MSG_DONTWAIT (and MSG_NOSIGNAL: a reset peer gives EPIPE, not SIGPIPE).
  *
  * Who moves bytes: the posting thread tries at once (the new operation is at the head of
  * its queue); what the kernel cannot take or give now waits for readiness. The
@@ -56,10 +57,16 @@
  * event is posted: once the application sees it, no part of the library names the
  * descriptor any more (libev itself never sees it).
  *
- * Locks: kfd_tab_lock (level SOCK_TAB) guards the table; k->lock (level SOCK, like a
- * socket's) guards the queues and the registration and is held while the kernel is
- * called and while events are posted, so events leave in the order the operations
- * finish.
+ * Locks: kfd_tab_lock (level SOCK_TAB) guards changes to the table; k->lock (level SOCK,
+ * like a socket's) guards the queues and the registration and is held while the kernel
+ * is called and while events are posted, so events leave in the order the operations
+ * finish. A call finds its kfd without kfd_tab_lock (exs__api_kfd_get_locked2): it loads
+ * the table's slot, locks the kfd found there and keeps it when it is still attached
+ * and names that number (both change only under k->lock); anything else takes the
+ * locked way. That is safe because neither goes away under a reader: a grown table
+ * keeps its old array until exs_fini (kfd_tab_old), and a struct kfd whose last
+ * reference goes is parked in kfd_free (its lock still a lock, attached 0) and reused
+ * for the next kfd made, never freed before exs_fini.
  *
  * References (k->refs): the table's while attached, one per thread inside a call or
  * a callback on it. An epoll event names its kfd by descriptor and generation
@@ -69,8 +76,19 @@
 #define KFD_IOV_MAX 64 /* sends gathered in one sendmsg */
 
 static pthread_mutex_t kfd_tab_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The table: kfd_tab and kfd_tab_len change under kfd_tab_lock; its slots are written
+ * there with atomic stores, and read without the lock through kfd_tabv (atomic). */
+struct kfd_tabv {
+    struct kfd_tabv *old; /* the array this one replaced (freed at exs_fini) */
+    int len;
+    struct kfd *e[];
+};
+static struct kfd_tabv *kfd_tabv;
 static struct kfd **kfd_tab;
 static int kfd_tab_len;
+/* Parked kfds (kfd_free_lock, a leaf: the last put may come with any lock held). */
+static pthread_mutex_t kfd_free_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kfd *kfd_free;
 static int kfd_live;     /* kfds with something pending (counted) + operations */
 static int kfd_cached;   /* every struct kfd */
 static uint32_t kfd_gen; /* kfd_tab_lock */
@@ -104,8 +122,11 @@ void exs__api_kfd_put(struct kfd *k)
         return;
     EXS_ASSERT(!k->attached && !k->io_reg && exs_list_empty(&k->sendq) &&
                exs_list_empty(&k->recvq) && exs_list_empty(&k->to_ops));
-    pthread_mutex_destroy(&k->lock);
-    free(k);
+    /* parked, not freed: a reader may still lock it (kfd.c's opening comment) */
+    EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+    k->free_next = kfd_free;
+    kfd_free = k;
+    EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
     __atomic_fetch_sub(&kfd_cached, 1, __ATOMIC_RELAXED);
 }
 
@@ -123,51 +144,104 @@ int exs__api_kfd_is_stream(int fd)
     return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
 }
 
+/* A struct kfd for fd (parked or new), locked, its state cleared, not attached; NULL when
+ * out of memory. */
+static struct kfd *kfd_new(int fd)
+{
+    struct kfd *k;
+
+    EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+    k = kfd_free;
+    if (k)
+        kfd_free = k->free_next;
+    EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+    if (!k) {
+        k = calloc(1, sizeof(*k));
+        if (!k)
+            return NULL;
+        pthread_mutex_init(&k->lock, NULL);
+    }
+    exs__api_kfd_lock(k);
+    /* everything after the lock, which a reader may hold or wait for meanwhile */
+    memset((char *)k + sizeof(k->lock), 0, sizeof(*k) - sizeof(k->lock));
+    k->fd = fd;
+    exs_list_init(&k->sendq);
+    exs_list_init(&k->recvq);
+    exs_list_init(&k->to_ops);
+    return k;
+}
+
+/* Room in the table for fd (kfd_tab_lock held): 0 or -ENOMEM. The old array stays for
+ * the readers that loaded it (kfd_tab_old). */
+static int kfd_tab_fit(int fd)
+{
+    struct kfd_tabv *t;
+    int n;
+
+    if (fd < kfd_tab_len)
+        return 0;
+    n = EXS_MAX(fd + 1, kfd_tab_len * 2);
+    t = calloc(1, sizeof(*t) + (size_t)n * sizeof(t->e[0]));
+    if (!t)
+        return -ENOMEM;
+    t->len = n;
+    t->old = kfd_tabv;
+    if (kfd_tab_len)
+        memcpy(t->e, kfd_tab, (size_t)kfd_tab_len * sizeof(t->e[0]));
+    kfd_tab = t->e;
+    kfd_tab_len = n;
+    __atomic_store_n(&kfd_tabv, t, __ATOMIC_RELEASE);
+    return 0;
+}
+
 /* The kfd of fd with a reference, made when there is none (create); NULL with -ENOMEM,
  * or (no create) -ENOENT. */
 static struct kfd *kfd_get(int fd, int create, int *err_p)
 {
-    struct kfd *k = NULL;
+    struct kfd *k = NULL, *nk = NULL;
 
-    EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
-    if (fd < kfd_tab_len && kfd_tab[fd]) {
-        k = kfd_tab[fd];
-        exs__api_kfd_ref(k);
-        goto out;
-    }
-    if (!create) {
-        *err_p = -ENOENT;
-        goto out;
-    }
-    if (fd >= kfd_tab_len) {
-        int n = EXS_MAX(fd + 1, kfd_tab_len * 2);
-        struct kfd **t = realloc(kfd_tab, (size_t)n * sizeof(*t));
+    for (;;) {
+        int made = 0;
 
-        if (!t) {
+        EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (fd < kfd_tab_len && kfd_tab[fd]) {
+            k = kfd_tab[fd];
+            exs__api_kfd_ref(k);
+        } else if (!create) {
+            *err_p = -ENOENT;
+        } else if (nk && kfd_tab_fit(fd)) {
             *err_p = -ENOMEM;
-            goto out;
+        } else if (nk) {
+            /* nk->lock held: a reader that finds it sees it whole */
+            k = nk;
+            nk = NULL;
+            k->gen = ++kfd_gen;
+            k->refs = 2; /* the table's and the caller's */
+            k->attached = 1;
+            __atomic_store_n(&kfd_tab[fd], k, __ATOMIC_RELEASE);
+            __atomic_fetch_add(&kfd_cached, 1, __ATOMIC_RELAXED);
+            made = 1;
         }
-        memset(t + kfd_tab_len, 0, (size_t)(n - kfd_tab_len) * sizeof(*t));
-        kfd_tab = t;
-        kfd_tab_len = n;
+        EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
+        if (made)
+            exs__api_kfd_unlock(k);
+        if (k || !create || nk)
+            break;
+        /* made with no table lock held: its lock comes before the table's */
+        nk = kfd_new(fd);
+        if (!nk) {
+            *err_p = -ENOMEM;
+            return NULL;
+        }
     }
-    k = calloc(1, sizeof(*k));
-    if (!k) {
-        *err_p = -ENOMEM;
-        goto out;
+    if (nk) {
+        /* another thread made fd's meanwhile, or no room: parked unused */
+        exs__api_kfd_unlock(nk);
+        EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+        nk->free_next = kfd_free;
+        kfd_free = nk;
+        EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
     }
-    k->gen = ++kfd_gen;
-    k->fd = fd;
-    k->refs = 2; /* the table's and the caller's */
-    k->attached = 1;
-    pthread_mutex_init(&k->lock, NULL);
-    exs_list_init(&k->sendq);
-    exs_list_init(&k->recvq);
-    exs_list_init(&k->to_ops);
-    kfd_tab[fd] = k;
-    __atomic_fetch_add(&kfd_cached, 1, __ATOMIC_RELAXED);
-out:
-    EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     return k;
 }
 
@@ -188,7 +262,7 @@ void exs__api_kfd_detach_locked(struct kfd *k)
     kfd_reg_locked(k, 0);
     EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     EXS_ASSERT(k->fd < kfd_tab_len && kfd_tab[k->fd] == k);
-    kfd_tab[k->fd] = NULL;
+    __atomic_store_n(&kfd_tab[k->fd], NULL, __ATOMIC_RELEASE);
     EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     k->attached = 0;
     k->known = 0;
@@ -311,53 +385,13 @@ void exs__api_kfd_op_drop(struct kfd_op *op)
 
 /* ---- what the descriptor is (k->lock held) ---- */
 
-/* The probe every send on a trusted descriptor carries: a two-byte address of the
- * AF_UNIX family, which TCP ignores and every datagram, raw, packet and netlink socket
- * refuses (EINVAL), and an SO_TIMESTAMPING control message asking for no timestamp,
- * which TCP takes (the send records no transmit timestamp) and every AF_UNIX socket
- * refuses (EINVAL). */
-static const struct sockaddr kfd_probe_addr = {.sa_family = AF_UNIX};
-
-union kfd_probe_cmsg {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-};
-
-static void kfd_probe_fill(struct msghdr *mh, union kfd_probe_cmsg *c)
-{
-    struct cmsghdr *h;
-
-    memset(c, 0, sizeof(*c));
-    mh->msg_name = (void *)&kfd_probe_addr;
-    mh->msg_namelen = sizeof(kfd_probe_addr.sa_family);
-    mh->msg_control = c->buf;
-    mh->msg_controllen = sizeof(c->buf);
-    h = CMSG_FIRSTHDR(mh);
-    h->cmsg_level = SOL_SOCKET;
-    h->cmsg_type = SO_TIMESTAMPING;
-    h->cmsg_len = CMSG_LEN(sizeof(int));
-}
-
-/* A call on k's descriptor failed with err (not EAGAIN, EINTR). probed: a send with
- * the probe. Returns the errno its operations
- * get: EBADF, ENOTSOCK, ... when the number names no stream socket now; -1: the socket
- * refused only the probe, which is off for it from now (try again); else err. */
-static int kfd_refused_locked(struct kfd *k, int err, int probed)
+/* A call on k's descriptor failed with err (not EAGAIN, EINTR): the errno its operations
+ * get, EBADF, ENOTSOCK, ... when the number names no stream socket now, else err. */
+static int kfd_refused_locked(struct kfd *k, int err)
 {
     int e = exs__api_kfd_verify_locked(k);
 
-    if (e)
-        return e;
-    if (probed && !k->probe)
-        return -1; /* another stream socket that refuses the probe (AF_UNIX) */
-    if (probed && (err == EINVAL || err == EISCONN || err == EOPNOTSUPP || err == EAFNOSUPPORT ||
-                   err == EDESTADDRREQ)) {
-        EXS_DBG(API, "kfd %d: the socket refuses the probe (%s): checked at each operation", k->fd,
-                strerror(err));
-        k->probe = 0;
-        return -1;
-    }
-    return err;
+    return e ? e : err;
 }
 
 /* ---- moving bytes (k->lock held) ---- */
@@ -380,40 +414,12 @@ static void kfd_fail_locked(struct kfd *k, int err)
         exs__api_kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, err);
 }
 
-/* sendmsg failed with err (not EAGAIN, EINTR; probed: it carried the probe): the queued
- * sends end with the error, or none when only the probe was refused (run the queue again). */
-static void kfd_send_err_locked(struct kfd *k, int err, int probed)
+/* sendmsg failed with err (not EAGAIN, EINTR): the queued sends end with the error (the
+ * descriptor's own when the number names no stream socket now). */
+static void kfd_send_err_locked(struct kfd *k, int err)
 {
     EXS_DBG(API, "kfd %d: sendmsg: %s", k->fd, strerror(err));
-    err = kfd_refused_locked(k, err, probed);
-    if (err > 0)
-        kfd_fail_locked(k, err);
-}
-
-/* The posting call's send on a trusted TCP socket (k->known and k->probe, no option) with
- * nothing queued before it (k->lock held): one sendmsg with the probe from the caller's
- * buffer, before op is queued. 1: every byte went, op is finished (event posted, freed),
- * and nothing else of the descriptor's state was touched; 0: op->done bytes went (maybe
- * none) and *err_p is sendmsg's error (0: the socket is full): the caller queues op. */
-static int kfd_send_now_locked(struct kfd *k, struct kfd_op *op, int *err_p)
-{
-    struct iovec iov = {.iov_base = op->buf, .iov_len = op->len};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    union kfd_probe_cmsg pc;
-    ssize_t n;
-
-    kfd_probe_fill(&mh, &pc);
-    do
-        n = sendmsg(k->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    *err_p = n < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0;
-    if (n < 0)
-        return 0;
-    op->done = (size_t)n;
-    if (op->done < op->len)
-        return 0;
-    kfd_op_post_locked(k, op, (ssize_t)op->len, 0);
-    return 1;
+    kfd_fail_locked(k, kfd_refused_locked(k, err));
 }
 
 /* Write what the kernel takes of the queued sends, in order, several per sendmsg;
@@ -428,9 +434,8 @@ static void kfd_send_run_locked(struct kfd *k)
         struct kfd_op *op = exs_list_entry(k->sendq.next, struct kfd_op, link);
         struct iovec iov[KFD_IOV_MAX];
         struct msghdr mh = {.msg_iov = iov};
-        union kfd_probe_cmsg pc;
         ssize_t n;
-        int r, probed;
+        int r;
 
         if (op->type == EXS_EVT_SHUTDOWN) {
             /* every send before it is on the wire */
@@ -440,9 +445,6 @@ static void kfd_send_run_locked(struct kfd *k)
             continue;
         }
         mh.msg_iovlen = 0;
-        probed = k->probe;
-        if (probed)
-            kfd_probe_fill(&mh, &pc);
         for (pos = k->sendq.next; pos != &k->sendq && mh.msg_iovlen < KFD_IOV_MAX;
              pos = pos->next) {
             struct kfd_op *o = exs_list_entry(pos, struct kfd_op, link);
@@ -461,7 +463,7 @@ static void kfd_send_run_locked(struct kfd *k)
             return;
         }
         if (n < 0) {
-            kfd_send_err_locked(k, errno, probed);
+            kfd_send_err_locked(k, errno);
             continue;
         }
         /* n bytes left, the head's rest first */
@@ -510,7 +512,7 @@ static void kfd_recv_run_locked(struct kfd *k)
             int err = errno;
 
             EXS_DBG(API, "kfd %d: recv: %s", k->fd, strerror(err));
-            err = kfd_refused_locked(k, err, 0);
+            err = kfd_refused_locked(k, err);
             if (!op->done || err == EBADF || err == ENOTSOCK) {
                 kfd_fail_locked(k, err);
                 continue;
@@ -730,10 +732,36 @@ static void kfd_stale_locked(struct kfd *k)
     exs__api_kfd_count_locked(k);
 }
 
+/* Without kfd_tab_lock: fd's kfd, attached and locked, with no reference of the caller's
+ * (the table's keeps it while it is attached, and it stays attached while locked); NULL
+ * when the slot holds none that is still fd's (kfd.c's opening comment). */
+static struct kfd *kfd_lookup_locked(int fd)
+{
+    struct kfd_tabv *t = __atomic_load_n(&kfd_tabv, __ATOMIC_ACQUIRE);
+    struct kfd *f =
+        t && fd >= 0 && fd < t->len ? __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE) : NULL;
+
+    if (!f)
+        return NULL;
+    exs__api_kfd_lock(f);
+    if (f->attached && f->fd == fd) {
+        kfd_stale_locked(f);
+        return f;
+    }
+    exs__api_kfd_unlock(f);
+    return NULL;
+}
+
 /* The kfd of fd (made when create), attached, locked, with a reference; NULL with an
  * errno (no create: ENOENT when there is none). */
 struct kfd *exs__api_kfd_get_locked2(int fd, int create, int *err_p)
 {
+    struct kfd *f = kfd_lookup_locked(fd);
+
+    if (f) {
+        exs__api_kfd_ref(f); /* the table's is held: never the first */
+        return f;
+    }
     for (;;) {
         int ret = 0;
         struct kfd *k = kfd_get(fd, create, &ret);
@@ -797,12 +825,32 @@ void exs__api_kfd_submit(struct kfd *k, struct kfd_op *op)
     exs__api_kfd_put(k);
 }
 
+/* The event of a send that went whole at once from its posting call (k->lock held): no
+ * operation was made for it, only its slot in evq reserved. */
+static void kfd_send_done_locked(struct kfd *k, struct exs_evq *evq, void *buf, size_t len,
+                                 exs_ahandle_t ah)
+{
+    exs_event_t ev = {
+        .exs_evt_type = EXS_EVT_SEND,
+        .exs_evt_fd = k->fd,
+        .exs_evt_ahandle = ah,
+        .exs_evt_u.exs_evt_xfer = {.exs_evt_buf = buf,
+                                   .exs_evt_len = len,
+                                   .exs_evt_result = (ssize_t)len},
+    };
+
+    EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno 0", k->fd, EXS_EVT_SEND, ah,
+             (ssize_t)len);
+    exs__evq_post(evq, &ev);
+}
+
 int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
                       exs_mhandle_t mh, int recv, struct api_bounce *b)
 {
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
     int err, sync = q == EXS_QHANDLE_INVALID;
     struct api_mreg *m = NULL;
+    struct exs_evq *evq;
     struct kfd_op *op;
     struct kfd *k;
     exs_event_t ev;
@@ -830,45 +878,76 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         err = e ? e : err;
         goto err_b;
     }
-    op = exs__api_kfd_op_new(recv ? EXS_EVT_RECV : EXS_EVT_SEND, sync, &q, ah, &err);
-    if (!op)
+    if (sync)
+        q = exs__api_sync_queue();
+    if ((err = exs__evq_reserve_handle(q, &evq)))
         goto err_mreg;
+    /* k attached and locked until the end of the call: the table's reference keeps it, the
+     * call takes none of its own (no atomic operation on the way) */
+    k = kfd_lookup_locked(fd);
+    if (!k && (k = exs__api_kfd_get_locked(fd, &err)))
+        __atomic_sub_fetch(&k->refs, 1, __ATOMIC_ACQ_REL); /* never the last: attached */
+    if (!k) {
+        exs__evq_unreserve(evq);
+        goto err_mreg;
+    }
+    int *count = recv ? &k->n_recv : &k->n_send;
+    /* a send on a descriptor checked before, with no option set, is not checked again:
+     * its send() is the check (spec/api.md 5.14) */
+    int trusted = !recv && k->known && !exs__api_kfd_has_opts(k);
+
+    if (!trusted && (err = exs__api_kfd_verify_locked(k)))
+        goto err_k;
+    if (*count >= (int)exs__params.sock_max_ops) {
+        err = EAGAIN;
+        goto err_k;
+    }
+    /* a send that completes at once: one send(), its event, nothing else (no operation
+     * made, nothing of the descriptor's state touched) */
+    int now = trusted && !b && !k->err && !k->file_busy && exs_list_empty(&k->sendq);
+    int now_err = 0;
+    size_t now_done = 0;
+
+    if (now) {
+        ssize_t n;
+
+        do
+            n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        if (n == (ssize_t)len) {
+            kfd_send_done_locked(k, evq, buf, len, ah);
+            exs__api_kfd_unlock(k);
+            if (m)
+                exs__api_mreg_release(m);
+            goto out;
+        }
+        if (n > 0)
+            now_done = (size_t)n;
+        else if (errno != EAGAIN && errno != EWOULDBLOCK)
+            now_err = errno;
+    }
+    op = exs__evq_op_alloc(sizeof(*op));
+    if (!op) {
+        err = ENOMEM;
+        goto err_k;
+    }
+    op->type = recv ? EXS_EVT_RECV : EXS_EVT_SEND;
+    op->ah = ah;
+    op->evq = evq;
+    exs_list_init(&op->link);
+    __atomic_fetch_add(&kfd_live, 1, __ATOMIC_RELAXED);
     op->buf = buf;
     op->len = len;
+    op->done = now_done;
     op->flags = flags & MSG_WAITALL;
     op->mreg = m;
     op->bounce = b;
+    m = NULL;
     b = NULL;
-    k = exs__api_kfd_get_for_op(fd, op, &err); /* on failure op and with it m and b are gone */
-    if (!k)
-        return exs__api_sync_fail(sync, q, err);
-    int *count = recv ? &k->n_recv : &k->n_send;
-    if (!(!recv && k->known && k->probe && !exs__api_kfd_has_opts(k)) &&
-        (err = exs__api_kfd_verify_locked(k))) {
-        exs__api_kfd_unlock(k);
-        exs__api_kfd_put(k);
-        goto err_op;
-    }
-    if (*count >= (int)exs__params.sock_max_ops) {
-        exs__api_kfd_unlock(k);
-        exs__api_kfd_put(k);
-        err = EAGAIN;
-        goto err_op;
-    }
     if (!sync && (err = exs__api_kfd_to_start_locked(k, op))) {
         exs__api_kfd_unlock(k);
-        exs__api_kfd_put(k);
-        goto err_op;
-    }
-    /* a send that completes at once: one sendmsg, its event, nothing else */
-    int now = !recv && !op->bounce && k->known && k->probe && !k->err && !k->file_busy &&
-              exs_list_empty(&k->sendq) && !exs__api_kfd_has_opts(k);
-    int now_err = 0;
-
-    if (now && kfd_send_now_locked(k, op, &now_err)) {
-        exs__api_kfd_unlock(k);
-        exs__api_kfd_put(k);
-        goto out;
+        exs__api_kfd_op_drop(op); /* releases the registration and the bounce buffer */
+        return exs__api_sync_fail(sync, q, err);
     }
     (*count)++;
     k->posting = op;
@@ -878,14 +957,13 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         k->io_want |= EV_WRITE; /* the socket is full: wait for room */
     } else {
         if (now_err)
-            kfd_send_err_locked(k, now_err, 1);
+            kfd_send_err_locked(k, now_err);
         exs__api_kfd_run_locked(k);
     }
     exs__api_kfd_update_locked(k);
     k->posting = NULL;
     err = k->posting_err;
     exs__api_kfd_unlock(k);
-    exs__api_kfd_put(k);
     if (err)
         return exs__api_sync_fail(sync, q, err); /* op ended without its event */
 out:
@@ -893,9 +971,9 @@ out:
         return -1;
     return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
 
-err_op:
-    exs__api_kfd_op_drop(op); /* releases m and b */
-    return exs__api_sync_fail(sync, q, err);
+err_k:
+    exs__api_kfd_unlock(k);
+    exs__evq_unreserve(evq);
 err_mreg:
     if (m)
         exs__api_mreg_release(m);
@@ -956,9 +1034,23 @@ void exs__api_kfd_close_all(void)
         exs__api_kfd_put(k);
     }
     EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
-    free(kfd_tab);
+    for (struct kfd_tabv *t = kfd_tabv, *o; t; t = o) {
+        o = t->old;
+        free(t);
+    }
+    __atomic_store_n(&kfd_tabv, NULL, __ATOMIC_RELEASE);
     kfd_tab = NULL;
     kfd_tab_len = 0;
+    /* no call runs now (exs_fini): the parked kfds go (one still referenced, by a job or
+     * a timer the engine's stop drops, is parked again and goes at the next exs_fini) */
+    EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+    for (struct kfd *f = kfd_free, *n; f; f = n) {
+        n = f->free_next;
+        pthread_mutex_destroy(&f->lock);
+        free(f);
+    }
+    kfd_free = NULL;
+    EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
     if (kfd_ep >= 0) {
         /* the engine's stop runs it: the watcher goes, then kfd_ep */
         kfd_ep_stop_job.fn = kfd_ep_stop;
@@ -973,9 +1065,13 @@ void exs__api_kfd_close_all(void)
  * changed: the set is the parent's too). */
 void exs__api_kfd_fork_child(void)
 {
-    exs__forsake(kfd_tab);
+    exs__forsake(kfd_tabv); /* the old arrays and every kfd are reachable from these */
+    exs__forsake(kfd_free);
+    kfd_tabv = NULL;
     kfd_tab = NULL;
     kfd_tab_len = 0;
+    kfd_free = NULL;
+    pthread_mutex_init(&kfd_free_lock, NULL);
     kfd_live = 0;
     kfd_cached = 0;
     kfd_waiting = 0;

@@ -29,10 +29,11 @@ struct kfd_op {
 };
 
 struct kfd {
-    int fd;
-    int refs;     /* atomic */
-    int attached; /* lock (and kfd_tab_lock to change): in the table */
-    pthread_mutex_t lock;
+    pthread_mutex_t lock;  /* first: what follows is cleared when a parked kfd is reused */
+    int fd;                /* lock (a reader may find a parked or reused kfd: kfd.c) */
+    int refs;              /* atomic */
+    int attached;          /* lock (and kfd_tab_lock to change): in the table */
+    struct kfd *free_next; /* kfd_free_lock: parked (kfd.c) */
     struct exs_list sendq; /* sends and shutdowns, posting order */
     struct exs_list recvq; /* receives, posting order */
     int n_send, n_recv;
@@ -45,10 +46,9 @@ struct kfd {
      * names another socket */
     int snd_timeo, rcv_timeo;
     /* What the library knows of the descriptor (lock; spec/api.md, "Kernel sockets"):
-     * known: fd was a kernel SOCK_STREAM socket, the file dev/ino (fstat); probe: a TCP
-     * socket (AF_INET, AF_INET6) that takes the probe of each send (kfd.c), which tells
-     * another kind of file now at the number without a check of its own. */
-    int known, probe;
+     * known: fd was a kernel SOCK_STREAM socket, the file dev/ino (fstat); a send on it
+     * with no option set is not checked again (kfd.c). */
+    int known;
     dev_t dev;
     ino_t ino;
     int counted; /* lock: counted in kfd_live (operations, an option or a sendfile) */
@@ -97,7 +97,11 @@ void exs__api_kfd_unlock(struct kfd *k);
 void exs__api_kfd_update_locked(struct kfd *k);
 
 /* kfd_opt.c: SO_ASYNC_*_TIMEOUT notices */
-int exs__api_kfd_has_opts(const struct kfd *k);
+/* 1 while k keeps an option (k->lock held). */
+static inline int exs__api_kfd_has_opts(const struct kfd *k)
+{
+    return k->snd_timeo || k->rcv_timeo;
+}
 void exs__api_kfd_to_end_locked(struct kfd *k, struct kfd_op *op);
 int exs__api_kfd_to_start_locked(struct kfd *k, struct kfd_op *op);
 

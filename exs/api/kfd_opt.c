@@ -30,12 +30,6 @@
 
 static void kfd_to_job_fn(struct exs_job *job);
 
-/* 1 when k holds a socket option (it then stays in the table between operations). */
-int exs__api_kfd_has_opts(const struct kfd *k)
-{
-    return k->snd_timeo || k->rcv_timeo;
-}
-
 /* Queue to_job, which re-arms the timer (k->lock held). */
 static void kfd_to_kick_locked(struct kfd *k)
 {
@@ -262,12 +256,12 @@ int exs__api_kfd_getsockopt(int fd, int level, int optname, void *optval, sockle
 /* ---- what the descriptor is (kfd.c's opening comment) ---- */
 
 /* Check what k's number names now (fstat; another device or inode, or the first check:
- * SO_TYPE and SO_DOMAIN too): 0 when a kernel stream socket (another one than before
+ * SO_TYPE too): 0 when a kernel stream socket (another one than before
  * starts with none of the old one's state), else the errno a call gets (EBADF, ENOTSOCK,
  * ...; k->known is then 0). */
 int exs__api_kfd_verify_locked(struct kfd *k)
 {
-    int type = 0, family = 0;
+    int type = 0;
     socklen_t len = sizeof(type);
     struct stat st;
 
@@ -279,7 +273,7 @@ int exs__api_kfd_verify_locked(struct kfd *k)
         return 0;
     if (k->known || exs__api_kfd_has_opts(k))
         EXS_DBG(API, "kfd %d: another file now: no state of the old one is kept", k->fd);
-    k->known = k->probe = 0;
+    k->known = 0;
     k->err = 0;
     k->snd_timeo = k->rcv_timeo = 0;
     if (!S_ISSOCK(st.st_mode))
@@ -288,12 +282,8 @@ int exs__api_kfd_verify_locked(struct kfd *k)
         return errno;
     if (type != SOCK_STREAM)
         return ENOTSOCK;
-    len = sizeof(family);
-    if (getsockopt(k->fd, SOL_SOCKET, SO_DOMAIN, &family, &len))
-        return errno;
     k->dev = st.st_dev;
     k->ino = st.st_ino;
     k->known = 1;
-    k->probe = family == AF_INET || family == AF_INET6;
     return 0;
 }
