@@ -436,7 +436,9 @@ END_TEST
 /* Transfer modes (EXS_SO_XFER_MODE): an indirect-only receiver never advertises; a
  * direct-only sender waits for ADVERTs and never writes the ring, unless its peer is
  * indirect-only (it would wait forever). */
-static void xfer_pair(int mode_a, int mode_b)
+/* A connected pair with these transfer modes; a's send buffer of sndbuf_a bytes (0: none)
+ * for sends of at most copy_a bytes. */
+static void st_pair(int mode_a, int mode_b, uint32_t sndbuf_a, uint32_t copy_a)
 {
     unit_env_clean();
     memset(&pp, 0, sizeof(pp));
@@ -446,8 +448,15 @@ static void xfer_pair(int mode_a, int mode_b)
     pt_params(&pp.pb, SOCK_STREAM);
     pp.pa.xfer_mode = mode_a;
     pp.pb.xfer_mode = mode_b;
+    pp.pa.sndbuf = sndbuf_a;
+    pp.pa.copy_max = copy_a;
     pt_open(&pp, SOCK_STREAM);
     pt_connect(&pp);
+}
+
+static void xfer_pair(int mode_a, int mode_b)
+{
+    st_pair(mode_a, mode_b, 0, 0);
 }
 
 static void xfer_round(int recv_first, uint64_t off)
@@ -893,16 +902,7 @@ START_TEST(st_deliver_copies_run)
     struct pt_op s[N], r;
     struct exs_list *pos;
 
-    unit_env_clean();
-    memset(&pp, 0, sizeof(pp));
-    memset(&tap, 0, sizeof(tap));
-    mock_set_reorder(0);
-    pt_params(&pp.pa, SOCK_STREAM);
-    pt_params(&pp.pb, SOCK_STREAM);
-    pp.pa.sndbuf = 8192;
-    pp.pa.copy_max = 1024;
-    pt_open(&pp, SOCK_STREAM);
-    pt_connect(&pp);
+    st_pair(EXS_XFER_DYNAMIC, EXS_XFER_DYNAMIC, 8192, 1024);
     for (int i = 0; i < N; i++) {
         st_send(&s[i], &pp.a, sb[i], LEN, (uint64_t)i * LEN);
         pt_assert_done(&s[i], LEN, 0); /* copied: handed back in the posting call */
