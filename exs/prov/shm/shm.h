@@ -160,8 +160,9 @@ struct shm_wr {
     uint8_t opcode;
     uint8_t signaled;
     uint8_t fence;
-    uint8_t bad; /* local protection error found at post time */
-    uint8_t inl; /* payload copied at post time (after sge[num_sge]) */
+    uint8_t bad;    /* local protection error found at post time */
+    uint8_t inl;    /* payload copied at post time (after sge[num_sge]) */
+    uint8_t pooled; /* a block of ep->wr_pool (SHM_WR_POOL_LEN bytes), else its own size */
     int num_sge;
     uint32_t len;
     uint32_t imm;
@@ -170,6 +171,15 @@ struct shm_wr {
     uint32_t psn;
     struct exs_prov_sge sge[];
 };
+
+/* Pooled blocks (exs_soft_pool, per endpoint): a send request whose sges and inline
+ * payload fit in SHM_WR_POOL_LEN, a receive with up to SHM_RWR_POOL_SGE sges; larger ones
+ * are malloc'ed for themselves. */
+#define SHM_WR_POOL_SGE 4
+#define SHM_WR_POOL_LEN                                                                            \
+    (sizeof(struct shm_wr) + SHM_WR_POOL_SGE * sizeof(struct exs_prov_sge) + SHM_MAX_INLINE)
+#define SHM_RWR_POOL_SGE 4
+#define SHM_POOL_MAX     64
 
 struct shm_ep {
     struct exs_prov_ep base;
@@ -190,6 +200,8 @@ struct shm_ep {
     int destroyed;
     struct exs_list link;   /* ctx->eps */
     struct exs_list grants; /* (ctx->lock) */
+    /* work request blocks kept for reuse (ctx->lock): no malloc or free per message */
+    struct exs_soft_pool wr_pool, rwr_pool;
     struct sockaddr_storage local;
     socklen_t local_len;
 };
@@ -426,5 +438,8 @@ int exs__shm_conn_busy(struct shm_conn *conn);
 /* After a change the peer waits for: write its bell when it sleeps. */
 void exs__shm_conn_kick(struct shm_conn *conn);
 void exs__shm_ep_pend_locked(struct shm_ep *ep);
+/* ctx->lock held: a work request given back (to its ep's pool, or freed). */
+void exs__shm_wr_put_locked(struct shm_ep *ep, struct shm_wr *wr);
+void exs__shm_rwr_put_locked(struct shm_ep *ep, struct exs_soft_rwr *rwr);
 
 #endif

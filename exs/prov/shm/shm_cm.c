@@ -248,7 +248,7 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
                     wr->opcode == EXS_PROV_WR_RDMA_READ    ? EXS_PROV_WC_RDMA_READ
                     : wr->opcode >= EXS_PROV_WR_RDMA_WRITE ? EXS_PROV_WC_RDMA_WRITE
                                                            : EXS_PROV_WC_SEND);
-            free(wr);
+            exs__shm_wr_put_locked(ep, wr);
         }
     }
     exs__shm_ep_pend_locked(ep);
@@ -260,7 +260,7 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
 
         if (!ep->destroyed)
             exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
-        free(rwr);
+        exs__shm_rwr_put_locked(ep, rwr);
     }
     ep->rq_count = 0;
 }
@@ -539,6 +539,10 @@ int exs__shm_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->sq);
     exs_list_init(&ep->rq);
     exs_list_init(&ep->grants);
+    exs__soft_pool_init(&ep->wr_pool, SHM_WR_POOL_LEN, SHM_POOL_MAX);
+    exs__soft_pool_init(
+        &ep->rwr_pool, sizeof(struct exs_soft_rwr) + SHM_RWR_POOL_SGE * sizeof(struct exs_prov_sge),
+        SHM_POOL_MAX);
     pthread_mutex_lock(&ctx->lock);
     ret = exs__soft_cq_reserve(&ctx->cq, (uint64_t)attr->max_send_wr + attr->max_recv_wr,
                                ctx->base.caps.max_cqe);
@@ -577,6 +581,8 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
     exs_list_del(&ep->link);
     pthread_mutex_unlock(&ctx->lock);
     pthread_mutex_unlock(&ctx->nic_lock);
+    exs__soft_pool_fini(&ep->wr_pool);
+    exs__soft_pool_fini(&ep->rwr_pool);
     free(ep);
 }
 
