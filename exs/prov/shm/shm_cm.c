@@ -190,16 +190,18 @@ int exs__shm_conn_peer(struct shm_conn *conn)
 
 static void shm_conn_map(struct shm_conn *conn, uint8_t *seg)
 {
-    struct shm_line *lines = (struct shm_line *)seg;
-
     conn->seg = seg;
-    conn->mine = &lines[conn->side];
-    conn->peer = &lines[!conn->side];
+    conn->mine = (struct shm_line *)(void *)(seg + (size_t)conn->side * SHM_LINE_STRIDE);
+    conn->peer = (struct shm_line *)(void *)(seg + (size_t)!conn->side * SHM_LINE_STRIDE);
+    conn->mine_flag =
+        (struct shm_flag *)(void *)(seg + SHM_FLAG_OFF + (size_t)conn->side * SHM_LINE_STRIDE);
+    conn->peer_flag =
+        (struct shm_flag *)(void *)(seg + SHM_FLAG_OFF + (size_t)!conn->side * SHM_LINE_STRIDE);
     conn->tx_ring = seg + SHM_SEG_HDR + (size_t)conn->side * SHM_RING_BYTES;
     conn->rx_ring = seg + SHM_SEG_HDR + (size_t)!conn->side * SHM_RING_BYTES;
     /* peers write our bell until our first turn: a connection made while we sleep */
     conn->sleeping = 1;
-    __atomic_store_n(&conn->mine->sleeping, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&conn->mine_flag->sleeping, 1, __ATOMIC_RELAXED);
 }
 
 /* Close the descriptors of an ended connection (its memory stays until conn_free). */
@@ -669,7 +671,7 @@ static int shm_connect_nic(struct shm_ctx *ctx, struct shm_ep *ep, const struct 
     if (!ret) {
         shm_conn_map(conn, seg);
         /* the peer's line too: it starts asleep, so our first writes ring its bell */
-        __atomic_store_n(&conn->peer->sleeping, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&conn->peer_flag->sleeping, 1, __ATOMIC_RELAXED);
         fds[0] = mfd;
         fds[1] = ctx->bell;
         ret = exs__shm_hs_send(fd, SHM_HS_REQ, 0, ctx, ep, pd, pdlen, fds, 2, sport);

@@ -86,7 +86,7 @@ void exs__shm_conn_kick(struct shm_conn *conn)
 
     /* after a sequentially consistent publication (head, ack, tail, nak): see
      * shm_prepare_sleep */
-    if (conn->bell >= 0 && __atomic_load_n(&conn->peer->sleeping, __ATOMIC_SEQ_CST)) {
+    if (conn->bell >= 0 && __atomic_load_n(&conn->peer_flag->sleeping, __ATOMIC_SEQ_CST)) {
         EXS_CNT_INC(conn->ctx->cnt.bells_tx);
         if (write(conn->bell, &one, sizeof(one)) < 0 && errno != EAGAIN)
             EXS_DBG(PROV, "shm conn %p: bell: %m", (void *)conn);
