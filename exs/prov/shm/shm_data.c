@@ -468,8 +468,37 @@ static void shm_proto_error(struct shm_conn *conn, const char *what)
     exs__shm_conn_end(conn, -EPROTO, 0, 1);
 }
 
-/* Take the peer's ack and nak: complete our requests in order. > 0 when any completed. */
-static int shm_take_answers(struct shm_conn *conn)
+/* ctx->lock held across the steps of one service of a connection: the inline requests of
+ * a turn and the answers after them take it once (at most SHM_HOLD_RECS requests per hold,
+ * so a revoke waits for at most that many inline copies of 4 KiB); anything that may end
+ * the connection, wait for a timer or copy with process_vm_* lets it go first. */
+#define SHM_HOLD_RECS 16u
+
+struct shm_hold {
+    int locked;
+    unsigned recs; /* inline requests carried out in this hold */
+};
+
+static void shm_hold_take(struct shm_ctx *ctx, struct shm_hold *h)
+{
+    if (!h->locked) {
+        pthread_mutex_lock(&ctx->lock);
+        h->locked = 1;
+        h->recs = 0;
+    }
+}
+
+static void shm_hold_drop(struct shm_ctx *ctx, struct shm_hold *h)
+{
+    if (h->locked) {
+        pthread_mutex_unlock(&ctx->lock);
+        h->locked = 0;
+    }
+}
+
+/* Take the peer's ack and nak: complete our requests in order. > 0 when any completed.
+ * Takes ctx->lock unless h holds it; h does not hold it on return. */
+static int shm_take_answers(struct shm_conn *conn, struct shm_hold *h)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
@@ -481,10 +510,12 @@ static int shm_take_answers(struct shm_conn *conn)
     int did = 0, end = 0;
 
     SHM_ONCE();
-    if (ack == conn->acked && !syn)
+    if (ack == conn->acked && !syn) {
+        shm_hold_drop(ctx, h);
         return 0;
+    }
     SHM_TSAN_ACQUIRE();
-    pthread_mutex_lock(&ctx->lock);
+    shm_hold_take(ctx, h);
     if (ack - conn->acked > ep->snd_nxt - conn->acked)
         bad = "ack beyond the requests sent";
     else if (syn && (syn > SHM_SYN_REM_OP || npsn != ack || npsn == ep->snd_nxt))
@@ -522,7 +553,7 @@ static int shm_take_answers(struct shm_conn *conn)
     }
     if (!bad && !end && did)
         exs__shm_ep_push_locked(ep);
-    pthread_mutex_unlock(&ctx->lock);
+    shm_hold_drop(ctx, h);
     if (bad)
         shm_proto_error(conn, bad);
     else if (end)
@@ -674,7 +705,8 @@ static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec,
  * needs no fence: revoke and mr_dereg take the lock, so they wait for this one copy of at
  * most 4 KiB, as they would for a fenced one. 1 done, 0 holding (RNR), -1 the connection
  * ended or dropping. */
-static int shm_do_inline(struct shm_conn *conn, const struct shm_rec *rec, uint64_t pos)
+static int shm_do_inline(struct shm_conn *conn, const struct shm_rec *rec, uint64_t pos,
+                         struct shm_hold *h)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
@@ -682,12 +714,14 @@ static int shm_do_inline(struct shm_conn *conn, const struct shm_rec *rec, uint6
     enum exs_prov_wc_status st = EXS_PROV_WC_SUCCESS;
     uint32_t syn = 0;
 
-    pthread_mutex_lock(&ctx->lock);
+    if (h->locked && h->recs >= SHM_HOLD_RECS)
+        shm_hold_drop(ctx, h); /* let posters and a revoke in */
+    shm_hold_take(ctx, h);
     if (rec->type == SHM_REC_SEND || (rec->flags & SHM_RF_IMM)) {
         struct exs_list *l = exs_list_pop_head(&ep->rq);
 
         if (!l) {
-            pthread_mutex_unlock(&ctx->lock);
+            shm_hold_drop(ctx, h);
             return shm_rnr(conn, rec);
         }
         rwr = exs_list_entry(l, struct exs_soft_rwr, link);
@@ -717,7 +751,7 @@ static int shm_do_inline(struct shm_conn *conn, const struct shm_rec *rec, uint6
                                          EXS_PROV_ACCESS_REMOTE_WRITE)) {
             if (rwr)
                 exs_list_add_head(&ep->rq, &rwr->link);
-            pthread_mutex_unlock(&ctx->lock);
+            shm_hold_drop(ctx, h);
             EXS_CNT_INC(ctx->cnt.access_errors);
             return shm_refuse(conn, rec->psn, SHM_SYN_REM_ACCESS);
         }
@@ -728,9 +762,11 @@ static int shm_do_inline(struct shm_conn *conn, const struct shm_rec *rec, uint6
                              syn || rec->type == SHM_REC_SEND ? EXS_PROV_WC_RECV
                                                               : EXS_PROV_WC_RECV_RDMA_WITH_IMM,
                              syn ? 0 : rec->len, rec);
-    pthread_mutex_unlock(&ctx->lock);
-    if (syn)
+    if (syn) {
+        shm_hold_drop(ctx, h);
         return shm_refuse(conn, rec->psn, syn);
+    }
+    h->recs++;
     EXS_CNT_INC(ctx->cnt.inline_rx);
     EXS_CNT_ADD(ctx->cnt.bytes_rx, rec->len);
     return 1;
@@ -788,7 +824,7 @@ static int shm_copy_failed(struct shm_conn *conn, int ret)
 
 /* Carry out one request. 1 done, 0 holding (RNR), -1 the connection ended or dropping. */
 static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const struct shm_rsge *rs,
-                      int nrs, uint64_t pos)
+                      int nrs, uint64_t pos, struct shm_hold *h)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_rsge lseg[SHM_MAX_SGE];
@@ -798,7 +834,8 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
     int ret, nl;
 
     if (rec->flags & SHM_RF_INLINE)
-        return shm_do_inline(conn, rec, pos);
+        return shm_do_inline(conn, rec, pos, h);
+    shm_hold_drop(ctx, h);
     if (rec->type == SHM_REC_SEND || (rec->flags & SHM_RF_IMM)) {
         ret = shm_take_recv(conn, rec, &rwr);
         if (ret <= 0)
@@ -889,7 +926,7 @@ static const char *shm_rec_check(const struct shm_conn *conn, const struct shm_r
 }
 
 /* Carry out the peer's requests; > 0 when any was. */
-static int shm_take_requests(struct shm_conn *conn)
+static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
 {
     struct shm_rsge rs[SHM_MAX_SGE];
     struct shm_rec rec;
@@ -933,7 +970,7 @@ static int shm_take_requests(struct shm_conn *conn)
         if (conn->rx_drop) {
             ret = 1; /* after RNR_EXC: consumed and dropped */
         } else {
-            ret = shm_do_rec(conn, &rec, rs, rec.nsge, conn->tail + SHM_REC_HDR);
+            ret = shm_do_rec(conn, &rec, rs, rec.nsge, conn->tail + SHM_REC_HDR, h);
             if (ret <= 0) {
                 if (ret == 0 || conn->state != SHM_CONN_UP)
                     break;
@@ -946,6 +983,8 @@ static int shm_take_requests(struct shm_conn *conn)
         conn->rcv_nxt++;
         did++;
     }
+    if (bad || conn->state != SHM_CONN_UP)
+        shm_hold_drop(conn->ctx, h);
     if (bad) {
         shm_proto_error(conn, bad);
         return 1;
@@ -953,6 +992,7 @@ static int shm_take_requests(struct shm_conn *conn)
     if (conn->state != SHM_CONN_UP)
         return did + (ret < 0);
     if (did || ret < 0) {
+        /* (with ctx->lock held when the last requests were inline: the answers next) */
         SHM_TSAN_RELEASE();
         __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_SEQ_CST);
         __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_SEQ_CST);
@@ -964,6 +1004,7 @@ static int shm_take_requests(struct shm_conn *conn)
 int exs__shm_conn_service(struct shm_conn *conn)
 {
     struct shm_ctx *ctx = conn->ctx;
+    struct shm_hold h = {0, 0};
     int did = 0, lied;
 
     if (conn->state != SHM_CONN_UP || !conn->ep)
@@ -982,9 +1023,10 @@ int exs__shm_conn_service(struct shm_conn *conn)
             return 1;
         }
     }
-    did += shm_take_requests(conn);
+    did += shm_take_requests(conn, &h);
     if (conn->state == SHM_CONN_UP)
-        did += shm_take_answers(conn);
+        did += shm_take_answers(conn, &h);
+    shm_hold_drop(ctx, &h);
     if (conn->state == SHM_CONN_UP && __atomic_load_n(&conn->ep->pend, __ATOMIC_RELAXED))
         did += shm_bad_head(conn);
     return did;
