@@ -139,12 +139,13 @@ enum {
     LIE_NAK,         /* a nak of a request never sent */
     LIE_TAIL,        /* claims to have consumed more than was written */
     LIE_BAD_SOURCE,  /* a WRITE whose source is no memory of the peer's */
+    LIE_TAIL_FULL,   /* the tail lie, found when the ring looks full (no answer read it) */
     LIE_COUNT
 };
 
 static const char *const lie_names[LIE_COUNT] = {
     "head_beyond", "head_slot", "huge_inline", "size_beyond", "sequence", "type",       "sges",
-    "sge_sum",     "torn",      "ack",         "nak",         "tail",     "bad_source",
+    "sge_sum",     "torn",      "ack",         "nak",         "tail",     "bad_source", "tail_full",
 };
 
 START_TEST(shm_liar)
@@ -233,6 +234,19 @@ START_TEST(shm_liar)
         ck_assert_int_eq(pt_post_send(p.eb, 2, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), 0);
         __atomic_store_n(&c->mine->ack, 1, __ATOMIC_SEQ_CST);
         ring_bell();
+        pt_expect_wr(&p.b, 2, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+        break;
+    }
+    case LIE_TAIL_FULL: {
+        /* b posts 4 KiB SENDs (records of 4160 bytes, 63 fit the ring) that a holds by
+         * receiver-not-ready; the 64th finds no room by the tail b saw last and reads the
+         * peer's: a lie, a protocol error */
+        struct pt_buf *src = pt_pair_buf(&p, 'b', 4096, LW, 1);
+
+        __atomic_store_n(&c->mine->tail, 1u << 20, __ATOMIC_RELEASE);
+        for (int i = 0; i < 64; i++)
+            ck_assert_int_eq(
+                pt_post_send(p.eb, 2 + i, EXS_PROV_WR_SEND, SIG, src, 0, 4096, 0, 0, 0), 0);
         pt_expect_wr(&p.b, 2, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
         break;
     }
