@@ -139,12 +139,13 @@ enum {
     LIE_NAK,         /* a nak of a request never sent */
     LIE_TAIL,        /* claims to have consumed more than was written */
     LIE_BAD_SOURCE,  /* a WRITE whose source is no memory of the peer's */
+    LIE_TAIL_FULL,   /* the tail lie, found when the ring looks full (no answer read it) */
     LIE_COUNT
 };
 
 static const char *const lie_names[LIE_COUNT] = {
     "head_beyond", "head_slot", "huge_inline", "size_beyond", "sequence", "type",       "sges",
-    "sge_sum",     "torn",      "ack",         "nak",         "tail",     "bad_source",
+    "sge_sum",     "torn",      "ack",         "nak",         "tail",     "bad_source", "tail_full",
 };
 
 START_TEST(shm_liar)
@@ -227,8 +228,25 @@ START_TEST(shm_liar)
     case LIE_TAIL: {
         struct pt_buf *src = pt_pair_buf(&p, 'b', 64, LW, 1);
 
+        /* a post reads the peer's tail only when the last one seen leaves no room; an
+         * answer's look at the peer's line reads it too: the liar "answers" the request */
         __atomic_store_n(&c->mine->tail, 4096, __ATOMIC_RELEASE);
         ck_assert_int_eq(pt_post_send(p.eb, 2, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), 0);
+        __atomic_store_n(&c->mine->ack, 1, __ATOMIC_SEQ_CST);
+        ring_bell();
+        pt_expect_wr(&p.b, 2, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+        break;
+    }
+    case LIE_TAIL_FULL: {
+        /* b posts 4 KiB SENDs (records of 4160 bytes, 63 fit the ring) that a holds by
+         * receiver-not-ready; the 64th finds no room by the tail b saw last and reads the
+         * peer's: a lie, a protocol error */
+        struct pt_buf *src = pt_pair_buf(&p, 'b', 4096, LW, 1);
+
+        __atomic_store_n(&c->mine->tail, 1u << 20, __ATOMIC_RELEASE);
+        for (int i = 0; i < 64; i++)
+            ck_assert_int_eq(
+                pt_post_send(p.eb, 2 + i, EXS_PROV_WR_SEND, SIG, src, 0, 4096, 0, 0, 0), 0);
         pt_expect_wr(&p.b, 2, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
         break;
     }
@@ -590,6 +608,85 @@ START_TEST(shm_busy_turns_no_syscall)
 }
 END_TEST
 
+/* The data path's short ways keep the RC semantics: (1) a revoked grant's block serves the
+ * next grant (exs/prov/soft's grant cache) under a fresh key: the new key works, the old
+ * one is refused; (2) 48 inline WRITE_WITH_IMMs of one burst, carried out under a few holds
+ * of ctx->lock (at most 16 requests each), complete in order with their bytes and
+ * immediates; (3) 4 KiB SENDs through more than three laps of the ring, posted straight
+ * into it, the poster reading the peer's tail only when the one it saw last leaves no
+ * room (ring_full counts the waits), each received whole and in order. */
+START_TEST(shm_fast_paths)
+{
+    enum { N = 48, SZ = 64, BIG = 4096, LAPS = 4 * (SHM_RING_BYTES / (BIG + SHM_SLOT)) };
+    struct pt_pair p;
+    struct exs_prov_grant *g1, *g2;
+    struct pt_buf *tgt, *src, *big, *dst;
+    struct exs_prov_cqe c;
+    uint32_t k1;
+    uint64_t full0;
+
+    if (skip_unless_shm("shm_fast_paths"))
+        return;
+    pt_pair_setup(&p, NULL, NULL);
+    tgt = pt_pair_buf(&p, 'b', N * SZ, LW, 0);
+    src = pt_pair_buf(&p, 'a', N * SZ, LW, 0);
+    for (int i = 0; i < N * SZ; i++)
+        src->p[i] = (uint8_t)(i / SZ + 1);
+
+    /* (1) */
+    ck_assert_int_eq(pt_ops->grant(p.eb, tgt->mr, tgt->p, N * SZ, RW, &g1), 0);
+    k1 = g1->rkey;
+    pt_ops->revoke(g1);
+    ck_assert_int_eq(pt_ops->grant(p.eb, tgt->mr, tgt->p, N * SZ, RW, &g2), 0);
+    ck_assert_uint_ne(g2->rkey, k1);
+
+    /* (2) */
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(pt_post_recv(p.eb, 100 + i, NULL, 0, 0), 0);
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(pt_post_send(p.ea, 200 + i, EXS_PROV_WR_RDMA_WRITE_WITH_IMM,
+                                      SIG | EXS_PROV_SEND_INLINE, src, (size_t)i * SZ, SZ,
+                                      (uint32_t)i, pt_raddr(tgt, (size_t)i * SZ), g2->rkey),
+                         0);
+    for (int i = 0; i < N; i++) {
+        pt_expect_cqe(&p.b, 100 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV_RDMA_WITH_IMM, &c);
+        ck_assert_uint_eq(c.imm_data, (uint32_t)i);
+        ck_assert_uint_eq(c.byte_len, SZ);
+    }
+    for (int i = 0; i < N; i++)
+        pt_expect_cqe(&p.a, 200 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, NULL);
+    ck_assert(memcmp(tgt->p, src->p, N * SZ) == 0);
+    ck_assert(pt_buf_guards_ok(tgt));
+
+    /* (3) */
+    big = pt_pair_buf(&p, 'a', BIG, LW, 0);
+    dst = pt_pair_buf(&p, 'b', BIG, LW, 0);
+    full0 = shm_counter("ring_full");
+    for (int i = 0; i < LAPS; i++) {
+        memset(big->p, i + 1, BIG);
+        ck_assert_int_eq(pt_post_recv(p.eb, 1000 + i, dst, 0, BIG), 0);
+        ck_assert_int_eq(pt_post_send(p.ea, 2000 + i, EXS_PROV_WR_SEND, SIG, big, 0, BIG, 0, 0, 0),
+                         0);
+        pt_expect_cqe(&p.b, 1000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+        ck_assert_uint_eq(c.byte_len, BIG);
+        ck_assert(pt_all_bytes(dst->p, BIG, i + 1));
+        pt_expect_cqe(&p.a, 2000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    }
+    /* every answer refreshed the tail the poster sees: no post waited for room */
+    ck_assert_uint_eq(shm_counter("ring_full"), full0);
+
+    /* (1), the old key: refused, the connection aborted */
+    ck_assert_int_eq(pt_post_recv(p.eb, 3000, NULL, 0, 0), 0);
+    ck_assert_int_eq(pt_post_send(p.ea, 4000, EXS_PROV_WR_RDMA_WRITE_WITH_IMM,
+                                  SIG | EXS_PROV_SEND_INLINE, src, 0, SZ, 0, pt_raddr(tgt, 0), k1),
+                     0);
+    pt_expect_cqe(&p.a, 4000, EXS_PROV_WC_REM_ACCESS_ERR, PT_ANY_OPCODE, NULL);
+    ck_assert(pt_buf_guards_ok(tgt));
+    pt_ops->revoke(g2);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_shm_suite(void)
 {
     Suite *s = suite_create("prov_shm");
@@ -607,6 +704,9 @@ Suite *prov_shm_suite(void)
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = pt_tcase("shm_fast");
+    tcase_add_test(tc, shm_fast_paths);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -43,11 +43,14 @@
  * copy of at most SHM_COPY_CHUNK bytes), never for a peer.
  */
 
-#define SHM_MAGIC       0x45585348u /* "EXSH" */
-#define SHM_VERSION     1
-#define SHM_SLOT        64u          /* ring records are whole cache lines */
-#define SHM_RING_BYTES  (256u << 10) /* per direction, a power of two */
-#define SHM_SEG_HDR     4096u        /* the two lines, then the rings */
+#define SHM_MAGIC      0x45585348u /* "EXSH" */
+#define SHM_VERSION    2 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own */
+#define SHM_SLOT       64u          /* ring records are whole cache lines */
+#define SHM_RING_BYTES (256u << 10) /* per direction, a power of two */
+#define SHM_SEG_HDR    4096u        /* the two lines and the two flags, then the rings */
+#define SHM_LINE_STRIDE                                                                            \
+    256u /* side s's line at s * 256: not one pair of the adjacent-line prefetch */
+#define SHM_FLAG_OFF    1024u /* side s's sleeping flag at 1024 + s * 256, alone on its line */
 #define SHM_SEG_BYTES   (SHM_SEG_HDR + 2u * SHM_RING_BYTES)
 #define SHM_REC_HDR     32u
 #define SHM_RING_INLINE 4096u /* payloads up to this ride in the ring */
@@ -98,9 +101,21 @@ struct shm_line {
     uint32_t ack;     /* the peer's requests done: psn of the next not done */
     uint32_t nak_syn; /* 0, or the syndrome of request nak_psn (set once) */
     uint32_t nak_psn;
-    uint32_t sleeping; /* this side is about to sleep: write its bell after a change */
+    uint32_t rsvd;
     uint8_t pad[SHM_SLOT - 32];
 };
+
+/* A side's sleeping flag, on a line of its own: written when the side goes to sleep or
+ * wakes, read by the peer after each publication (a line that changes only then stays in
+ * the peer's cache, where the hot line beside head, tail and ack would not). */
+struct shm_flag {
+    uint32_t sleeping; /* this side is about to sleep: write its bell after a change */
+    uint8_t pad[SHM_SLOT - 4];
+};
+
+_Static_assert(SHM_FLAG_OFF + 2 * SHM_LINE_STRIDE <= SHM_SEG_HDR &&
+                   sizeof(struct shm_line) == SHM_SLOT && sizeof(struct shm_flag) == SHM_SLOT,
+               "the segment's header: two lines and two flags");
 
 /* Handshake and DISCONNECT messages on the unix socket (one datagram each). */
 enum { SHM_HS_REQ = 1, SHM_HS_ACCEPT = 2, SHM_HS_REJECT = 3, SHM_HS_DISC = 4 };
@@ -160,8 +175,9 @@ struct shm_wr {
     uint8_t opcode;
     uint8_t signaled;
     uint8_t fence;
-    uint8_t bad; /* local protection error found at post time */
-    uint8_t inl; /* payload copied at post time (after sge[num_sge]) */
+    uint8_t bad;    /* local protection error found at post time */
+    uint8_t inl;    /* payload copied at post time (after sge[num_sge]) */
+    uint8_t pooled; /* a block of ep->wr_pool (SHM_WR_POOL_LEN bytes), else its own size */
     int num_sge;
     uint32_t len;
     uint32_t imm;
@@ -170,6 +186,15 @@ struct shm_wr {
     uint32_t psn;
     struct exs_prov_sge sge[];
 };
+
+/* Pooled blocks (exs_soft_pool, per endpoint): a send request whose sges and inline
+ * payload fit in SHM_WR_POOL_LEN, a receive with up to SHM_RWR_POOL_SGE sges; larger ones
+ * are malloc'ed for themselves. */
+#define SHM_WR_POOL_SGE 4
+#define SHM_WR_POOL_LEN                                                                            \
+    (sizeof(struct shm_wr) + SHM_WR_POOL_SGE * sizeof(struct exs_prov_sge) + SHM_MAX_INLINE)
+#define SHM_RWR_POOL_SGE 4
+#define SHM_POOL_MAX     64
 
 struct shm_ep {
     struct exs_prov_ep base;
@@ -190,6 +215,8 @@ struct shm_ep {
     int destroyed;
     struct exs_list link;   /* ctx->eps */
     struct exs_list grants; /* (ctx->lock) */
+    /* work request blocks kept for reuse (ctx->lock): no malloc or free per message */
+    struct exs_soft_pool wr_pool, rwr_pool;
     struct sockaddr_storage local;
     socklen_t local_len;
 };
@@ -229,6 +256,7 @@ struct shm_conn {
     int side;     /* 0 active, 1 passive */
     uint8_t *seg; /* the mapping, SHM_SEG_BYTES */
     struct shm_line *mine, *peer;
+    struct shm_flag *mine_flag, *peer_flag;
     uint8_t *tx_ring, *rx_ring;
     struct shm_ep *ep;
     struct shm_req *req;
@@ -421,10 +449,25 @@ void exs__shm_ep_push_locked(struct shm_ep *ep);
 /* nic_lock held: carry out the peer's requests and take its answers to ours. > 0 when
  * something happened; the connection may have ended. */
 int exs__shm_conn_service(struct shm_conn *conn);
+/* 1 when a turn may have something to do on conn (UP): the peer published requests or
+ * answers, or the ep has waiting posts. Three loads of the peer's line and one of ep->pend,
+ * no lock: an idle busy-polling turn does no more per connection. */
+static inline int exs__shm_conn_stirred(const struct shm_conn *conn)
+{
+    const struct shm_ep *ep = conn->ep;
+
+    return !ep || __atomic_load_n(&ep->pend, __ATOMIC_RELAXED) ||
+           __atomic_load_n(&conn->peer->head, __ATOMIC_RELAXED) != conn->tail ||
+           __atomic_load_n(&conn->peer->ack, __ATOMIC_RELAXED) != conn->acked ||
+           (!conn->nak_seen && __atomic_load_n(&conn->peer->nak_syn, __ATOMIC_RELAXED));
+}
 /* 1 when conn has work a turn would do now (read with the sleeping flag set). */
 int exs__shm_conn_busy(struct shm_conn *conn);
 /* After a change the peer waits for: write its bell when it sleeps. */
 void exs__shm_conn_kick(struct shm_conn *conn);
 void exs__shm_ep_pend_locked(struct shm_ep *ep);
+/* ctx->lock held: a work request given back (to its ep's pool, or freed). */
+void exs__shm_wr_put_locked(struct shm_ep *ep, struct shm_wr *wr);
+void exs__shm_rwr_put_locked(struct shm_ep *ep, struct exs_soft_rwr *rwr);
 
 #endif

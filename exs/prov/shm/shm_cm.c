@@ -190,16 +190,18 @@ int exs__shm_conn_peer(struct shm_conn *conn)
 
 static void shm_conn_map(struct shm_conn *conn, uint8_t *seg)
 {
-    struct shm_line *lines = (struct shm_line *)seg;
-
     conn->seg = seg;
-    conn->mine = &lines[conn->side];
-    conn->peer = &lines[!conn->side];
+    conn->mine = (struct shm_line *)(void *)(seg + (size_t)conn->side * SHM_LINE_STRIDE);
+    conn->peer = (struct shm_line *)(void *)(seg + (size_t)!conn->side * SHM_LINE_STRIDE);
+    conn->mine_flag =
+        (struct shm_flag *)(void *)(seg + SHM_FLAG_OFF + (size_t)conn->side * SHM_LINE_STRIDE);
+    conn->peer_flag =
+        (struct shm_flag *)(void *)(seg + SHM_FLAG_OFF + (size_t)!conn->side * SHM_LINE_STRIDE);
     conn->tx_ring = seg + SHM_SEG_HDR + (size_t)conn->side * SHM_RING_BYTES;
     conn->rx_ring = seg + SHM_SEG_HDR + (size_t)!conn->side * SHM_RING_BYTES;
     /* peers write our bell until our first turn: a connection made while we sleep */
     conn->sleeping = 1;
-    __atomic_store_n(&conn->mine->sleeping, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&conn->mine_flag->sleeping, 1, __ATOMIC_RELAXED);
 }
 
 /* Close the descriptors of an ended connection (its memory stays until conn_free). */
@@ -248,7 +250,7 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
                     wr->opcode == EXS_PROV_WR_RDMA_READ    ? EXS_PROV_WC_RDMA_READ
                     : wr->opcode >= EXS_PROV_WR_RDMA_WRITE ? EXS_PROV_WC_RDMA_WRITE
                                                            : EXS_PROV_WC_SEND);
-            free(wr);
+            exs__shm_wr_put_locked(ep, wr);
         }
     }
     exs__shm_ep_pend_locked(ep);
@@ -260,7 +262,7 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
 
         if (!ep->destroyed)
             exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
-        free(rwr);
+        exs__shm_rwr_put_locked(ep, rwr);
     }
     ep->rq_count = 0;
 }
@@ -539,6 +541,10 @@ int exs__shm_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->sq);
     exs_list_init(&ep->rq);
     exs_list_init(&ep->grants);
+    exs__soft_pool_init(&ep->wr_pool, SHM_WR_POOL_LEN, SHM_POOL_MAX);
+    exs__soft_pool_init(
+        &ep->rwr_pool, sizeof(struct exs_soft_rwr) + SHM_RWR_POOL_SGE * sizeof(struct exs_prov_sge),
+        SHM_POOL_MAX);
     pthread_mutex_lock(&ctx->lock);
     ret = exs__soft_cq_reserve(&ctx->cq, (uint64_t)attr->max_send_wr + attr->max_recv_wr,
                                ctx->base.caps.max_cqe);
@@ -577,6 +583,8 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
     exs_list_del(&ep->link);
     pthread_mutex_unlock(&ctx->lock);
     pthread_mutex_unlock(&ctx->nic_lock);
+    exs__soft_pool_fini(&ep->wr_pool);
+    exs__soft_pool_fini(&ep->rwr_pool);
     free(ep);
 }
 
@@ -663,7 +671,7 @@ static int shm_connect_nic(struct shm_ctx *ctx, struct shm_ep *ep, const struct 
     if (!ret) {
         shm_conn_map(conn, seg);
         /* the peer's line too: it starts asleep, so our first writes ring its bell */
-        __atomic_store_n(&conn->peer->sleeping, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&conn->peer_flag->sleeping, 1, __ATOMIC_RELAXED);
         fds[0] = mfd;
         fds[1] = ctx->bell;
         ret = exs__shm_hs_send(fd, SHM_HS_REQ, 0, ctx, ep, pd, pdlen, fds, 2, sport);

@@ -211,9 +211,11 @@ static int shm_rings(struct shm_ctx *ctx, int wake_up)
         if (conn->state == SHM_CONN_UP) {
             if (conn->sleeping && wake_up) {
                 conn->sleeping = 0;
-                __atomic_store_n(&conn->mine->sleeping, 0, __ATOMIC_RELAXED);
+                __atomic_store_n(&conn->mine_flag->sleeping, 0, __ATOMIC_RELAXED);
             }
-            did += exs__shm_conn_service(conn);
+            /* most busy-polling turns find nothing: a look at the peer's line first */
+            if (exs__shm_conn_stirred(conn))
+                did += exs__shm_conn_service(conn);
         } else if (conn->state == SHM_CONN_WAIT_REQ) {
             did += exs__shm_conn_hello_late(conn, exs__now_ns());
         }
@@ -300,7 +302,7 @@ static int shm_prepare_sleep(struct shm_ctx *ctx)
          * that one order either our look sees a writer's change or the writer sees the
          * flag (a store / load pair on each side; no fence, which TSan cannot follow) */
         conn->sleeping = 1;
-        __atomic_store_n(&conn->mine->sleeping, 1, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&conn->mine_flag->sleeping, 1, __ATOMIC_SEQ_CST);
     }
     exs_list_for_each(pos, &ctx->conns)
     {
@@ -436,6 +438,8 @@ static int shm_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 {
     struct shm_ctx *ctx = shm_ctx_of(c);
 
+    if (!__atomic_load_n(&ctx->cm_hint, __ATOMIC_RELAXED))
+        return 0; /* exs__soft_cm_pop's first look, without the call */
     return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, &ctx->cm_hint, ev);
 }
 

@@ -86,7 +86,7 @@ void exs__shm_conn_kick(struct shm_conn *conn)
 
     /* after a sequentially consistent publication (head, ack, tail, nak): see
      * shm_prepare_sleep */
-    if (conn->bell >= 0 && __atomic_load_n(&conn->peer->sleeping, __ATOMIC_SEQ_CST)) {
+    if (conn->bell >= 0 && __atomic_load_n(&conn->peer_flag->sleeping, __ATOMIC_SEQ_CST)) {
         EXS_CNT_INC(conn->ctx->cnt.bells_tx);
         if (write(conn->bell, &one, sizeof(one)) < 0 && errno != EAGAIN)
             EXS_DBG(PROV, "shm conn %p: bell: %m", (void *)conn);
@@ -130,7 +130,23 @@ static void shm_wr_done_locked(struct shm_ep *ep, struct shm_wr *wr, enum exs_pr
     }
     if (wr->opcode == EXS_PROV_WR_RDMA_READ && ep->reads_out)
         ep->reads_out--;
-    free(wr);
+    exs__shm_wr_put_locked(ep, wr);
+}
+
+void exs__shm_wr_put_locked(struct shm_ep *ep, struct shm_wr *wr)
+{
+    if (wr->pooled)
+        exs__soft_pool_put_locked(&ep->wr_pool, wr);
+    else
+        free(wr);
+}
+
+void exs__shm_rwr_put_locked(struct shm_ep *ep, struct exs_soft_rwr *rwr)
+{
+    if (rwr->pooled)
+        exs__soft_pool_put_locked(&ep->rwr_pool, rwr);
+    else
+        free(rwr);
 }
 
 /* ---- posting ---- */
@@ -149,13 +165,16 @@ static int shm_peer_tail_locked(struct shm_conn *conn, uint64_t *tail_p)
     return 0;
 }
 
-/* ctx->lock held: write wr as a record at conn->head; 0, or -ENOSPC without room. */
-static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr, uint64_t tail)
+/* ctx->lock held: write wr as a record at conn->head, its payload from payload (a copy
+ * taken at post time) or else from its sges (sge: wr->sge, or the poster's own list when
+ * it goes into the ring at once); 0, or -ENOSPC without room up to tail. */
+static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
+                         const struct exs_prov_sge *sge, const void *payload, uint64_t tail)
 {
     struct shm_rsge rs[SHM_MAX_SGE];
     struct shm_rec rec;
     int inl = wr->opcode != EXS_PROV_WR_RDMA_READ && (wr->inl || wr->len <= SHM_RING_INLINE);
-    int nrs = inl ? 0 : shm_sge_to_rsge(rs, wr->sge, wr->num_sge);
+    int nrs = inl ? 0 : shm_sge_to_rsge(rs, sge, wr->num_sge);
     uint32_t size = shm_roundup(SHM_REC_HDR + (inl ? wr->len : (uint32_t)(nrs * sizeof(rs[0]))));
     uint64_t pos;
 
@@ -191,15 +210,14 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
     pos = conn->head;
     shm_ring_put(conn->tx_ring, pos, &rec, sizeof(rec));
     pos += SHM_REC_HDR;
-    if (wr->inl) {
-        shm_ring_put(conn->tx_ring, pos, &wr->sge[wr->num_sge], wr->len);
+    if (payload) {
+        shm_ring_put(conn->tx_ring, pos, payload, wr->len);
     } else if (inl) {
         for (int i = 0; i < wr->num_sge; i++) {
-            if (!wr->sge[i].length)
+            if (!sge[i].length)
                 continue;
-            shm_ring_put(conn->tx_ring, pos, (const void *)(uintptr_t)wr->sge[i].addr,
-                         wr->sge[i].length);
-            pos += wr->sge[i].length;
+            shm_ring_put(conn->tx_ring, pos, (const void *)(uintptr_t)sge[i].addr, sge[i].length);
+            pos += sge[i].length;
         }
     } else if (nrs) {
         shm_ring_put(conn->tx_ring, pos, rs, (uint32_t)(nrs * sizeof(rs[0])));
@@ -240,7 +258,7 @@ static void shm_ep_push(struct shm_ep *ep)
         if (wr->bad || (wr->fence && ep->reads_out) ||
             (wr->opcode == EXS_PROV_WR_RDMA_READ && ep->reads_out >= SHM_MAX_RD))
             break;
-        if (shm_rec_write(conn, ep, wr, tail)) {
+        if (shm_rec_write(conn, ep, wr, wr->sge, wr->inl ? &wr->sge[wr->num_sge] : NULL, tail)) {
             EXS_CNT_INC(ep->ctx->cnt.ring_full);
             break;
         }
@@ -260,14 +278,40 @@ void exs__shm_ep_push_locked(struct shm_ep *ep)
     exs__shm_ep_pend_locked(ep);
 }
 
+/* ctx->lock held: wr (posted, ep CONNECTED with nothing waiting before it) written into
+ * the ring at once from the poster's sges: no copy of its sges or inline payload into wr.
+ * The peer's tail is read only when the one last seen leaves no room. 0, -ENOSPC (no
+ * room: it waits in sq_pend), -EPROTO (the peer's tail lies: for the turn to end). */
+static int shm_post_direct_locked(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
+                                  const struct exs_prov_sge *sge)
+{
+    uint64_t tail;
+    int ret = shm_rec_write(conn, ep, wr, sge, NULL, conn->peer_tail);
+
+    if (ret == -ENOSPC) {
+        if (shm_peer_tail_locked(conn, &tail))
+            return -EPROTO;
+        ret = shm_rec_write(conn, ep, wr, sge, NULL, tail);
+    }
+    if (ret)
+        return ret;
+    if (wr->opcode == EXS_PROV_WR_RDMA_READ)
+        ep->reads_out++;
+    exs_list_add_tail(&ep->sq, &wr->link);
+    exs__shm_conn_kick(conn);
+    return 0;
+}
+
 int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr)
 {
     struct shm_ep *ep = shm_ep_of(e);
     struct shm_ctx *ctx = ep->ctx;
     const struct exs_prov_caps *caps = &ctx->base.caps;
+    struct shm_conn *conn;
     struct shm_wr *wr;
     uint64_t total = 0;
-    int inl, wake = 0;
+    size_t need;
+    int inl, pooled, wake = 0;
 
     if (EXS_UNLIKELY(!swr || (unsigned)swr->opcode > EXS_PROV_WR_RDMA_READ || swr->num_sge < 0 ||
                      (uint32_t)swr->num_sge > caps->max_sge || (swr->num_sge && !swr->sg_list)))
@@ -277,9 +321,21 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     inl = (swr->flags & EXS_PROV_SEND_INLINE) && swr->opcode != EXS_PROV_WR_RDMA_READ;
     if (EXS_UNLIKELY(total > caps->max_msg_size || (inl && total > ep->base.attr.max_inline)))
         return -EINVAL;
-    wr = malloc(sizeof(*wr) + (size_t)swr->num_sge * sizeof(wr->sge[0]) + (inl ? total : 0));
-    if (!wr)
-        return -ENOMEM;
+    need = sizeof(*wr) + (size_t)swr->num_sge * sizeof(wr->sge[0]) + (inl ? total : 0);
+    pooled = need <= SHM_WR_POOL_LEN;
+
+    /* filled and queued (or written into the ring) in one hold of ctx->lock, which also
+     * guards the pool; malloc only when the pool has no block (or the request is larger) */
+    pthread_mutex_lock(&ctx->lock);
+    wr = pooled ? exs__soft_pool_get_locked(&ep->wr_pool) : NULL;
+    if (!wr) {
+        pthread_mutex_unlock(&ctx->lock);
+        wr = malloc(pooled ? SHM_WR_POOL_LEN : need);
+        if (!wr)
+            return -ENOMEM;
+        pthread_mutex_lock(&ctx->lock);
+    }
+    wr->pooled = (uint8_t)pooled;
     wr->wr_id = swr->wr_id;
     wr->opcode = (uint8_t)swr->opcode;
     wr->signaled = !!(swr->flags & EXS_PROV_SEND_SIGNALED);
@@ -292,6 +348,39 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     wr->raddr = swr->remote_addr;
     wr->rkey = swr->rkey;
     wr->psn = 0;
+    if (!inl && exs__shm_check_local_locked(
+                    ctx, swr->sg_list, swr->num_sge,
+                    swr->opcode == EXS_PROV_WR_RDMA_READ ? EXS_PROV_ACCESS_LOCAL_WRITE : 0))
+        wr->bad = 1;
+    if (EXS_UNLIKELY(ep->state == EXS_PROV_EP_IDLE || ep->state == EXS_PROV_EP_CONNECTING)) {
+        exs__shm_wr_put_locked(ep, wr);
+        pthread_mutex_unlock(&ctx->lock);
+        return -ENOTCONN;
+    }
+    if (EXS_UNLIKELY(ep->sq_used + ep->cq_sq >= ep->base.attr.max_send_wr)) {
+        exs__shm_wr_put_locked(ep, wr);
+        pthread_mutex_unlock(&ctx->lock);
+        return -ENOMEM;
+    }
+    if (EXS_UNLIKELY(ep->state == EXS_PROV_EP_ERROR)) {
+        exs__shm_flush_cqe_locked(ep, wr->wr_id, shm_wc_opcode(wr->opcode));
+        exs__shm_wr_put_locked(ep, wr);
+        pthread_mutex_unlock(&ctx->lock);
+        return 0;
+    }
+    ep->sq_used++;
+    conn = ep->conn;
+    /* the common case: straight into the ring, in order behind nothing */
+    if (conn && ep->state == EXS_PROV_EP_CONNECTED && !wr->bad && exs_list_empty(&ep->sq_pend) &&
+        !(wr->fence && ep->reads_out) &&
+        !(wr->opcode == EXS_PROV_WR_RDMA_READ && ep->reads_out >= SHM_MAX_RD)) {
+        if (!shm_post_direct_locked(conn, ep, wr, swr->sg_list)) {
+            pthread_mutex_unlock(&ctx->lock);
+            return 0;
+        }
+        /* no room, or a lie: the push below finds it again (counts ring_full, or sets
+         * conn->kick for the turn to end the connection) */
+    }
     if (swr->num_sge)
         memcpy(wr->sge, swr->sg_list, (size_t)swr->num_sge * sizeof(wr->sge[0]));
     if (inl) {
@@ -302,29 +391,6 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
             p += swr->sg_list[i].length;
         }
     }
-
-    pthread_mutex_lock(&ctx->lock);
-    if (!inl && exs__shm_check_local_locked(
-                    ctx, wr->sge, wr->num_sge,
-                    swr->opcode == EXS_PROV_WR_RDMA_READ ? EXS_PROV_ACCESS_LOCAL_WRITE : 0))
-        wr->bad = 1;
-    if (EXS_UNLIKELY(ep->state == EXS_PROV_EP_IDLE || ep->state == EXS_PROV_EP_CONNECTING)) {
-        pthread_mutex_unlock(&ctx->lock);
-        free(wr);
-        return -ENOTCONN;
-    }
-    if (EXS_UNLIKELY(ep->sq_used + ep->cq_sq >= ep->base.attr.max_send_wr)) {
-        pthread_mutex_unlock(&ctx->lock);
-        free(wr);
-        return -ENOMEM;
-    }
-    if (EXS_UNLIKELY(ep->state == EXS_PROV_EP_ERROR)) {
-        exs__shm_flush_cqe_locked(ep, wr->wr_id, shm_wc_opcode(wr->opcode));
-        pthread_mutex_unlock(&ctx->lock);
-        free(wr);
-        return 0;
-    }
-    ep->sq_used++;
     exs_list_add_tail(&ep->sq_pend, &wr->link);
     exs__shm_ep_push_locked(ep);
     /* a bad request or a lying peer is for the driver's turn */
@@ -340,22 +406,36 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
     struct shm_ep *ep = shm_ep_of(e);
     struct shm_ctx *ctx = ep->ctx;
     struct exs_soft_rwr *rwr;
-    int ret = exs__soft_rwr_new(in, ctx->base.caps.max_sge, &rwr);
+    uint64_t len;
+    int pooled, ret = exs__soft_rwr_check(in, ctx->base.caps.max_sge, &len);
 
     if (ret)
         return ret;
+    pooled = in->num_sge <= SHM_RWR_POOL_SGE;
+    /* checked, filled and queued in one hold of ctx->lock, which also guards the pool */
     pthread_mutex_lock(&ctx->lock);
+    rwr = pooled ? exs__soft_pool_get_locked(&ep->rwr_pool) : NULL;
+    if (!rwr) {
+        pthread_mutex_unlock(&ctx->lock);
+        rwr = malloc(pooled ? ep->rwr_pool.size
+                            : sizeof(*rwr) + (size_t)in->num_sge * sizeof(rwr->sge[0]));
+        if (!rwr)
+            return -ENOMEM;
+        pthread_mutex_lock(&ctx->lock);
+    }
+    exs__soft_rwr_fill(rwr, in, len);
+    rwr->pooled = (uint8_t)pooled;
     rwr->bad =
         exs__shm_check_local_locked(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
     if (ep->rq_count + ep->cq_rq >= ep->base.attr.max_recv_wr) {
+        exs__shm_rwr_put_locked(ep, rwr);
         pthread_mutex_unlock(&ctx->lock);
-        free(rwr);
         return -ENOMEM;
     }
     if (ep->state == EXS_PROV_EP_ERROR) {
         exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
+        exs__shm_rwr_put_locked(ep, rwr);
         pthread_mutex_unlock(&ctx->lock);
-        free(rwr);
         return 0;
     }
     ep->rq_count++;
@@ -388,8 +468,37 @@ static void shm_proto_error(struct shm_conn *conn, const char *what)
     exs__shm_conn_end(conn, -EPROTO, 0, 1);
 }
 
-/* Take the peer's ack and nak: complete our requests in order. > 0 when any completed. */
-static int shm_take_answers(struct shm_conn *conn)
+/* ctx->lock held across the steps of one service of a connection: the inline requests of
+ * a turn and the answers after them take it once (at most SHM_HOLD_RECS requests per hold,
+ * so a revoke waits for at most that many inline copies of 4 KiB); anything that may end
+ * the connection, wait for a timer or copy with process_vm_* lets it go first. */
+#define SHM_HOLD_RECS 16u
+
+struct shm_hold {
+    int locked;
+    unsigned recs; /* inline requests carried out in this hold */
+};
+
+static void shm_hold_take(struct shm_ctx *ctx, struct shm_hold *h)
+{
+    if (!h->locked) {
+        pthread_mutex_lock(&ctx->lock);
+        h->locked = 1;
+        h->recs = 0;
+    }
+}
+
+static void shm_hold_drop(struct shm_ctx *ctx, struct shm_hold *h)
+{
+    if (h->locked) {
+        pthread_mutex_unlock(&ctx->lock);
+        h->locked = 0;
+    }
+}
+
+/* Take the peer's ack and nak: complete our requests in order. > 0 when any completed.
+ * Takes ctx->lock unless h holds it; h does not hold it on return. */
+static int shm_take_answers(struct shm_conn *conn, struct shm_hold *h)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
@@ -397,17 +506,24 @@ static int shm_take_answers(struct shm_conn *conn)
     uint32_t ack = __atomic_load_n(&conn->peer->ack, __ATOMIC_ACQUIRE);
     uint32_t npsn = syn ? __atomic_load_n(&conn->peer->nak_psn, __ATOMIC_RELAXED) : 0;
     const char *bad = NULL;
+    uint64_t tail;
     int did = 0, end = 0;
 
     SHM_ONCE();
-    if (ack == conn->acked && !syn)
+    if (ack == conn->acked && !syn) {
+        shm_hold_drop(ctx, h);
         return 0;
+    }
     SHM_TSAN_ACQUIRE();
-    pthread_mutex_lock(&ctx->lock);
+    shm_hold_take(ctx, h);
     if (ack - conn->acked > ep->snd_nxt - conn->acked)
         bad = "ack beyond the requests sent";
     else if (syn && (syn > SHM_SYN_REM_OP || npsn != ack || npsn == ep->snd_nxt))
         bad = "nak of a request not outstanding";
+    /* the peer's tail, in the line just read for its ack: the room a post sees without
+     * reading the peer's line (shm_post_direct_locked) follows the answers */
+    else if (shm_peer_tail_locked(conn, &tail))
+        bad = "ring tail";
     while (!bad && conn->acked != ack) {
         struct shm_wr *wr = exs_list_entry(ep->sq.next, struct shm_wr, link);
 
@@ -437,7 +553,7 @@ static int shm_take_answers(struct shm_conn *conn)
     }
     if (!bad && !end && did)
         exs__shm_ep_push_locked(ep);
-    pthread_mutex_unlock(&ctx->lock);
+    shm_hold_drop(ctx, h);
     if (bad)
         shm_proto_error(conn, bad);
     else if (end)
@@ -490,11 +606,11 @@ static int shm_refuse(struct shm_conn *conn, uint32_t psn, uint32_t syn)
     return -1;
 }
 
-static void shm_recv_done(struct shm_conn *conn, struct exs_soft_rwr *rwr,
-                          enum exs_prov_wc_status st, enum exs_prov_wc_opcode op, uint32_t len,
-                          const struct shm_rec *rec)
+/* ctx->lock held: the receive rwr (taken off the queue) completes with st; given back. */
+static void shm_recv_done_locked(struct shm_conn *conn, struct exs_soft_rwr *rwr,
+                                 enum exs_prov_wc_status st, enum exs_prov_wc_opcode op,
+                                 uint32_t len, const struct shm_rec *rec)
 {
-    struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
     struct exs_prov_cqe cqe;
 
@@ -510,13 +626,20 @@ static void shm_recv_done(struct shm_conn *conn, struct exs_soft_rwr *rwr,
             cqe.flags = EXS_PROV_WC_WITH_IMM;
         }
     }
-    pthread_mutex_lock(&ctx->lock);
     if (st != EXS_PROV_WC_SUCCESS)
         ep->state = EXS_PROV_EP_ERROR;
     ep->rq_count--;
-    exs__shm_cq_push_locked(ctx, ep, &cqe);
-    pthread_mutex_unlock(&ctx->lock);
-    free(rwr);
+    exs__shm_cq_push_locked(conn->ctx, ep, &cqe);
+    exs__shm_rwr_put_locked(ep, rwr);
+}
+
+static void shm_recv_done(struct shm_conn *conn, struct exs_soft_rwr *rwr,
+                          enum exs_prov_wc_status st, enum exs_prov_wc_opcode op, uint32_t len,
+                          const struct shm_rec *rec)
+{
+    pthread_mutex_lock(&conn->ctx->lock);
+    shm_recv_done_locked(conn, rwr, st, op, len, rec);
+    pthread_mutex_unlock(&conn->ctx->lock);
 }
 
 /* A receive taken for a request that failed goes back to the head of the queue (the
@@ -530,24 +653,13 @@ static void shm_recv_back(struct shm_conn *conn, struct exs_soft_rwr *rwr)
     pthread_mutex_unlock(&conn->ctx->lock);
 }
 
-/* A receive for the request: 1 got it, 0 holding (RNR), -1 refused (NAK published). */
-static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec,
-                         struct exs_soft_rwr **rwr_p)
+/* No receive posted for the request: 0 holding (RNR), -1 refused (NAK published). */
+static int shm_rnr(struct shm_conn *conn, const struct shm_rec *rec)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
-    struct exs_list *l;
     uint32_t ms;
 
-    pthread_mutex_lock(&ctx->lock);
-    l = exs_list_pop_head(&ep->rq);
-    pthread_mutex_unlock(&ctx->lock);
-    if (l) {
-        *rwr_p = exs_list_entry(l, struct exs_soft_rwr, link);
-        conn->rnr_tries = 0;
-        conn->rnr_at = 0;
-        return 1;
-    }
     if (conn->rnr_at && exs__now_ns() < conn->rnr_at) {
         exs__shm_timer_set(ctx, conn->rnr_at); /* the timer may have fired for another */
         return 0;
@@ -569,6 +681,97 @@ static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec,
     return -1;
 }
 
+/* A receive for the request: 1 got it, 0 holding (RNR), -1 refused (NAK published). */
+static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec,
+                         struct exs_soft_rwr **rwr_p)
+{
+    struct shm_ctx *ctx = conn->ctx;
+    struct exs_list *l;
+
+    pthread_mutex_lock(&ctx->lock);
+    l = exs_list_pop_head(&conn->ep->rq);
+    pthread_mutex_unlock(&ctx->lock);
+    if (!l)
+        return shm_rnr(conn, rec);
+    *rwr_p = exs_list_entry(l, struct exs_soft_rwr, link);
+    conn->rnr_tries = 0;
+    conn->rnr_at = 0;
+    return 1;
+}
+
+/* An inline request (a SEND or a WRITE, its payload in the ring at pos, at most
+ * SHM_RING_INLINE bytes) carried out in one hold of ctx->lock: the receive taken, the key
+ * checked, the payload copied and the completion queued together. The copy under the lock
+ * needs no fence: revoke and mr_dereg take the lock, so they wait for this one copy of at
+ * most 4 KiB, as they would for a fenced one. 1 done, 0 holding (RNR), -1 the connection
+ * ended or dropping. */
+static int shm_do_inline(struct shm_conn *conn, const struct shm_rec *rec, uint64_t pos,
+                         struct shm_hold *h)
+{
+    struct shm_ctx *ctx = conn->ctx;
+    struct shm_ep *ep = conn->ep;
+    struct exs_soft_rwr *rwr = NULL;
+    enum exs_prov_wc_status st = EXS_PROV_WC_SUCCESS;
+    uint32_t syn = 0;
+
+    if (h->locked && h->recs >= SHM_HOLD_RECS)
+        shm_hold_drop(ctx, h); /* let posters and a revoke in */
+    shm_hold_take(ctx, h);
+    if (rec->type == SHM_REC_SEND || (rec->flags & SHM_RF_IMM)) {
+        struct exs_list *l = exs_list_pop_head(&ep->rq);
+
+        if (!l) {
+            shm_hold_drop(ctx, h);
+            return shm_rnr(conn, rec);
+        }
+        rwr = exs_list_entry(l, struct exs_soft_rwr, link);
+        conn->rnr_tries = 0;
+        conn->rnr_at = 0;
+        if (rwr->bad) {
+            st = EXS_PROV_WC_LOC_PROT_ERR;
+            syn = SHM_SYN_REM_OP;
+        } else if (rec->type == SHM_REC_SEND && rec->len > rwr->len) {
+            st = EXS_PROV_WC_LOC_LEN_ERR;
+            syn = SHM_SYN_REM_INV;
+        }
+    }
+    if (syn) {
+        /* nothing placed */
+    } else if (rec->type == SHM_REC_SEND) {
+        uint64_t off = 0;
+
+        for (int i = 0; i < rwr->num_sge && off < rec->len; i++) {
+            uint32_t n = (uint32_t)EXS_MIN((uint64_t)rwr->sge[i].length, rec->len - off);
+
+            shm_ring_get((void *)(uintptr_t)rwr->sge[i].addr, conn->rx_ring, pos + off, n);
+            off += n;
+        }
+    } else if (rec->len) {
+        if (!exs__soft_key_remote_locked(&ctx->keys, &ep->base, rec->rkey, rec->raddr, rec->len,
+                                         EXS_PROV_ACCESS_REMOTE_WRITE)) {
+            if (rwr)
+                exs_list_add_head(&ep->rq, &rwr->link);
+            shm_hold_drop(ctx, h);
+            EXS_CNT_INC(ctx->cnt.access_errors);
+            return shm_refuse(conn, rec->psn, SHM_SYN_REM_ACCESS);
+        }
+        shm_ring_get((void *)(uintptr_t)rec->raddr, conn->rx_ring, pos, rec->len);
+    }
+    if (rwr)
+        shm_recv_done_locked(conn, rwr, st,
+                             syn || rec->type == SHM_REC_SEND ? EXS_PROV_WC_RECV
+                                                              : EXS_PROV_WC_RECV_RDMA_WITH_IMM,
+                             syn ? 0 : rec->len, rec);
+    if (syn) {
+        shm_hold_drop(ctx, h);
+        return shm_refuse(conn, rec->psn, syn);
+    }
+    h->recs++;
+    EXS_CNT_INC(ctx->cnt.inline_rx);
+    EXS_CNT_ADD(ctx->cnt.bytes_rx, rec->len);
+    return 1;
+}
+
 /* One process_vm call for bytes [off, off+n) of local segment lseg and remote rs. */
 static int shm_copy(struct shm_conn *conn, int to_peer, const struct shm_rsge *lseg, int nl,
                     const struct shm_rsge *rs, int nr, uint64_t off, uint64_t n)
@@ -586,25 +789,15 @@ static int shm_copy(struct shm_conn *conn, int to_peer, const struct shm_rsge *l
     return got < 0 && errno == ESRCH ? -ESRCH : -EFAULT;
 }
 
-/* Move len bytes between our memory (lseg) and the request's payload: the ring (inline,
- * at pos) or the peer's memory (rs), in chunks; key (when not NULL) is fenced and
- * re-checked between chunks. 0, -EACCES (revoked meanwhile: the fence is down), -ESRCH,
- * -EFAULT. */
+/* Move len bytes between our memory (lseg) and the peer's (rs: the request's payload, or
+ * a READ's destination) in chunks; key (when not NULL) is fenced and re-checked between
+ * chunks. (Inline payload, from the ring, is shm_do_inline's.) 0, -EACCES (revoked
+ * meanwhile: the fence is down), -ESRCH, -EFAULT. */
 static int shm_move(struct shm_conn *conn, int to_peer, const struct shm_rsge *lseg, int nl,
-                    const struct shm_rsge *rs, int nr, uint64_t pos, uint32_t len,
-                    struct exs_soft_key *key)
+                    const struct shm_rsge *rs, int nr, uint32_t len, struct exs_soft_key *key)
 {
     uint64_t off = 0;
 
-    if (!rs) {
-        for (int i = 0; i < nl; i++) {
-            shm_ring_get((void *)(uintptr_t)lseg[i].addr, conn->rx_ring, pos + off,
-                         (uint32_t)lseg[i].len);
-            off += lseg[i].len;
-        }
-        EXS_CNT_INC(conn->ctx->cnt.inline_rx);
-        return 0;
-    }
     while (off < len) {
         uint64_t n = EXS_MIN((uint64_t)len - off, (uint64_t)SHM_COPY_CHUNK);
         int ret;
@@ -631,15 +824,18 @@ static int shm_copy_failed(struct shm_conn *conn, int ret)
 
 /* Carry out one request. 1 done, 0 holding (RNR), -1 the connection ended or dropping. */
 static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const struct shm_rsge *rs,
-                      int nrs, uint64_t pos)
+                      int nrs, uint64_t pos, struct shm_hold *h)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_rsge lseg[SHM_MAX_SGE];
     struct exs_soft_rwr *rwr = NULL;
     struct exs_soft_key *key = NULL;
-    const struct shm_rsge *src = (rec->flags & SHM_RF_INLINE) ? NULL : rs;
+    const struct shm_rsge *src = rs;
     int ret, nl;
 
+    if (rec->flags & SHM_RF_INLINE)
+        return shm_do_inline(conn, rec, pos, h);
+    shm_hold_drop(ctx, h);
     if (rec->type == SHM_REC_SEND || (rec->flags & SHM_RF_IMM)) {
         ret = shm_take_recv(conn, rec, &rwr);
         if (ret <= 0)
@@ -660,7 +856,7 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
             lseg[nl].len = EXS_MIN((uint64_t)rwr->sge[nl].length, left);
             left -= lseg[nl].len;
         }
-        ret = shm_move(conn, 0, lseg, nl, src, nrs, pos, rec->len, NULL);
+        ret = shm_move(conn, 0, lseg, nl, src, nrs, rec->len, NULL);
         if (ret) {
             shm_recv_back(conn, rwr);
             return shm_copy_failed(conn, ret);
@@ -681,7 +877,7 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
         }
         lseg[0].addr = rec->raddr;
         lseg[0].len = rec->len;
-        ret = shm_move(conn, rec->type == SHM_REC_READ, lseg, 1, src, nrs, pos, rec->len, key);
+        ret = shm_move(conn, rec->type == SHM_REC_READ, lseg, 1, src, nrs, rec->len, key);
         if (ret != -EACCES)
             exs__shm_fence_end(ctx);
         if (ret) {
@@ -730,7 +926,7 @@ static const char *shm_rec_check(const struct shm_conn *conn, const struct shm_r
 }
 
 /* Carry out the peer's requests; > 0 when any was. */
-static int shm_take_requests(struct shm_conn *conn)
+static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
 {
     struct shm_rsge rs[SHM_MAX_SGE];
     struct shm_rec rec;
@@ -774,7 +970,7 @@ static int shm_take_requests(struct shm_conn *conn)
         if (conn->rx_drop) {
             ret = 1; /* after RNR_EXC: consumed and dropped */
         } else {
-            ret = shm_do_rec(conn, &rec, rs, rec.nsge, conn->tail + SHM_REC_HDR);
+            ret = shm_do_rec(conn, &rec, rs, rec.nsge, conn->tail + SHM_REC_HDR, h);
             if (ret <= 0) {
                 if (ret == 0 || conn->state != SHM_CONN_UP)
                     break;
@@ -787,6 +983,8 @@ static int shm_take_requests(struct shm_conn *conn)
         conn->rcv_nxt++;
         did++;
     }
+    if (bad || conn->state != SHM_CONN_UP)
+        shm_hold_drop(conn->ctx, h);
     if (bad) {
         shm_proto_error(conn, bad);
         return 1;
@@ -794,6 +992,7 @@ static int shm_take_requests(struct shm_conn *conn)
     if (conn->state != SHM_CONN_UP)
         return did + (ret < 0);
     if (did || ret < 0) {
+        /* (with ctx->lock held when the last requests were inline: the answers next) */
         SHM_TSAN_RELEASE();
         __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_SEQ_CST);
         __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_SEQ_CST);
@@ -805,6 +1004,7 @@ static int shm_take_requests(struct shm_conn *conn)
 int exs__shm_conn_service(struct shm_conn *conn)
 {
     struct shm_ctx *ctx = conn->ctx;
+    struct shm_hold h = {0, 0};
     int did = 0, lied;
 
     if (conn->state != SHM_CONN_UP || !conn->ep)
@@ -823,9 +1023,10 @@ int exs__shm_conn_service(struct shm_conn *conn)
             return 1;
         }
     }
-    did += shm_take_requests(conn);
+    did += shm_take_requests(conn, &h);
     if (conn->state == SHM_CONN_UP)
-        did += shm_take_answers(conn);
+        did += shm_take_answers(conn, &h);
+    shm_hold_drop(ctx, &h);
     if (conn->state == SHM_CONN_UP && __atomic_load_n(&conn->ep->pend, __ATOMIC_RELAXED))
         did += shm_bad_head(conn);
     return did;

@@ -69,9 +69,11 @@ void exs__soft_cq_unreserve(struct exs_soft_cq *cq, uint64_t n)
 
 int exs__soft_cq_push(struct exs_soft_cq *cq, const struct exs_prov_cqe *cqe)
 {
+    uint32_t at = cq->head + cq->count; /* < 2 cap: no division on the data path */
+
     if (EXS_UNLIKELY(cq->count == cq->cap))
         return -ENOSPC;
-    cq->q[(cq->head + cq->count) % cq->cap] = *cqe;
+    cq->q[at >= cq->cap ? at - cq->cap : at] = *cqe;
     __atomic_store_n(&cq->count, cq->count + 1, __ATOMIC_RELAXED);
     return 0;
 }

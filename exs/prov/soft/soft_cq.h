@@ -49,7 +49,7 @@ static inline struct exs_prov_cqe *exs__soft_cq_head(struct exs_soft_cq *cq)
 
 static inline void exs__soft_cq_pop(struct exs_soft_cq *cq)
 {
-    cq->head = (cq->head + 1) % cq->cap;
+    cq->head = cq->head + 1 == cq->cap ? 0 : cq->head + 1; /* (no division per completion) */
     /* an empty ring starts again at entry 0: the pages in use are those of the most
      * completions ever queued at once, not the whole ring as the head goes round */
     __atomic_store_n(&cq->count, cq->count - 1, __ATOMIC_RELAXED);

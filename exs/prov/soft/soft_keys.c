@@ -3,6 +3,7 @@
  * the local and remote checks, the copy fence (soft_keys.h). */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,7 +22,26 @@ void exs__soft_keys_init(struct exs_soft_keys *t, pthread_mutex_t *lock)
 
 void exs__soft_keys_fini(struct exs_soft_keys *t)
 {
+    while (t->grant_cache) {
+        struct exs_soft_grant *g = t->grant_cache;
+
+        t->grant_cache = (struct exs_soft_grant *)(void *)g->key.link.next;
+        free(g);
+    }
+    t->grant_cached = 0;
     pthread_cond_destroy(&t->copy_cond);
+}
+
+/* Locked: a revoked grant's block, kept for the next grant or freed. */
+static void soft_grant_recycle_locked(struct exs_soft_keys *t, struct exs_soft_grant *g)
+{
+    if (t->grant_cached >= EXS_SOFT_GRANT_CACHE) {
+        free(g);
+        return;
+    }
+    g->key.link.next = (struct exs_list *)(void *)t->grant_cache;
+    t->grant_cache = g;
+    t->grant_cached++;
 }
 
 static struct exs_list *soft_bucket(struct exs_soft_keys *t, uint32_t key)
@@ -195,23 +215,33 @@ int exs__soft_grant(struct exs_soft_keys *t, struct exs_prov_ep *ep, struct exs_
         !length || !(mr->base.access & EXS_PROV_ACCESS_LOCAL_WRITE) ||
         !exs__soft_range_in(mr->key.addr, mr->key.length, a, length))
         return -EINVAL;
-    g = calloc(1, sizeof(*g));
-    if (!g)
-        return -ENOMEM;
+    /* a cached block under the lock, or calloc without it */
+    pthread_mutex_lock(t->lock);
+    g = t->grant_cache;
+    if (g) {
+        t->grant_cache = (struct exs_soft_grant *)(void *)g->key.link.next;
+        t->grant_cached--;
+        memset(g, 0, sizeof(*g));
+    } else {
+        pthread_mutex_unlock(t->lock);
+        g = calloc(1, sizeof(*g));
+        if (!g)
+            return -ENOMEM;
+        pthread_mutex_lock(t->lock);
+    }
     exs__prov_grant_init(&g->base, ep, m, a, length, access);
     g->key.addr = a;
     g->key.length = length;
     g->key.access = access;
     g->key.ep = ep;
     g->mr = mr;
-    pthread_mutex_lock(t->lock);
     if (ready_locked && !ready_locked(ep))
         ret = -ENOTCONN;
     else if (!mr->key.live)
         ret = -EINVAL;
     if (ret) {
+        soft_grant_recycle_locked(t, g);
         pthread_mutex_unlock(t->lock);
-        free(g);
         return ret;
     }
     soft_key_insert(t, &g->key);
@@ -240,13 +270,16 @@ void exs__soft_revoke(struct exs_soft_keys *t, struct exs_prov_grant *grant)
     struct exs_soft_grant *g = (struct exs_soft_grant *)grant;
     int now;
 
+    struct exs_prov_ep *ep = g->key.ep;
+    uint32_t key = g->key.key;
+
     pthread_mutex_lock(t->lock);
     EXS_ASSERT(g->key.live);
     now = soft_grant_end(t, g);
-    pthread_mutex_unlock(t->lock);
-    EXS_TRACE(PROV, "ep %p: revoked grant %p key 0x%x", (void *)g->key.ep, (void *)g, g->key.key);
     if (now)
-        free(g);
+        soft_grant_recycle_locked(t, g); /* (orphaned: the last NIC reference frees it) */
+    pthread_mutex_unlock(t->lock);
+    EXS_TRACE(PROV, "ep %p: revoked grant %p key 0x%x", (void *)ep, (void *)g, key);
 }
 
 void exs__soft_revoke_all_locked(struct exs_soft_keys *t, struct exs_list *ep_grants)

@@ -55,7 +55,13 @@ struct exs_soft_keys {
     unsigned pool_n;
     uint64_t prng;                           /* fallback when getrandom fails */
     struct exs_list hash[EXS_SOFT_KEY_HASH]; /* live keys by number */
+    /* revoked grants' blocks kept for the next grants (a grant per receive or ADVERT on
+     * the data path then costs no calloc and free): at most EXS_SOFT_GRANT_CACHE */
+    struct exs_soft_grant *grant_cache; /* linked through their key.link.next */
+    unsigned grant_cached;
 };
+
+#define EXS_SOFT_GRANT_CACHE 64
 
 /* [addr, addr+len) inside [base, base+length), without overflow. */
 static inline int exs__soft_range_in(uint64_t base, uint64_t length, uint64_t addr, uint64_t len)
