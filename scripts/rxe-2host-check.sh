@@ -4,7 +4,8 @@
 # knobs). a runs, against b's blast receiver (10.0.3.2): a verified blast transfer on the
 # plain link, then with 1% loss on a's egress; then the integration suite in one process on
 # a with its pairs' connections hairpinned through b (EXS_TEST_LISTEN_ADDR=10.0.4.1, see
-# 2host.sh; not with RXE_2HOST_INTEG=0). Each run's verdict line carries rxe1's packet
+# 2host.sh; not with RXE_2HOST_INTEG=0; the blast runs not with RXE_2HOST_BLAST=0, e.g. in
+# RXE_2HOST_ENV). Each run's verdict line carries rxe1's packet
 # counters.
 for kv in "$@"; do export "$kv"; done
 . ./2host.sh
@@ -20,11 +21,13 @@ if ON b; then
     done
 fi
 barrier "blast receiver up"
-if ON a; then
+if ON a && [ "${RXE_2HOST_BLAST:-1}" = 1 ]; then
     run blast-link 300 ./blast -c $B -p $BLAST_PORT --transport both --time 2 --runs 1 --verify --quiet
     netem loss 1%
     run blast-loss1pct 300 ./blast -c $B -p $BLAST_PORT --time 2 --runs 1 --verify --quiet
     netem_off
+fi
+if ON a; then
     if [ "${RXE_2HOST_INTEG:-1}" = 1 ]; then
         # RXE_2HOST_HAIRPIN=0 (a check of the check): 127.0.0.1, looped back on a: must FAIL
         run exs_integ_test "$RXE_TEST_TIMEOUT" env \

@@ -28,6 +28,14 @@ export PATH=/guest:$PATH
 # silence; a TCG guest on a loaded host stalls that long (blast failed ETIMEDOUT on the plain
 # link at load average 46): 5 s x 3 here unless RXE_2HOST_KEEPALIVE_MS says otherwise.
 export EXS_KEEPALIVE_INTV_MS=${RXE_2HOST_KEEPALIVE_MS:-5000}
+# RXE_2HOST_ENV on the host (scripts/rxe-2host.sh): one VAR=VALUE a line, exported here, after
+# the scenario's own arguments (so it overrides them), e.g. EXS_VRB_GRANT=mr.
+ENV2=
+while read -r kv; do
+    [ -n "$kv" ] || continue
+    export "$kv"
+    ENV2="$ENV2 $kv"
+done </guest/2host-env 2>/dev/null
 ON() { [ "$ROLE" = "$1" ]; }
 say2() { echo "[$ROLE $(cut -d' ' -f1 /proc/uptime)] $*"; }
 die2() { say2 "setup failed: $*"; dmesg | tail -n 20; exit 3; }
@@ -67,7 +75,7 @@ else
     [ -z "$NETEM_B" ] || $TC qdisc replace dev "$LINK" root netem limit 100000 $NETEM_B ||
         die2 "netem $NETEM_B"
 fi
-say2 "$LINK $ME, rxe1 ACTIVE${NETEM_B:+, egress netem $NETEM_B}"
+say2 "$LINK $ME, rxe1 ACTIVE${NETEM_B:+, egress netem $NETEM_B}${ENV2:+; environment$ENV2}"
 
 netem() {
     $TC qdisc replace dev "$LINK" root netem limit 100000 "$@" || return 1
