@@ -128,6 +128,8 @@ run() {
     # a failure: every nonzero rxe1 counter (totals since boot), to tell a stalled QP
     # (retries, sequence errors, RNR) from the library's own verdict
     [ $rc -eq 0 ] || say2 "rxe1 counters: $(rxe_counters)"
+    # and the kernel's last words (rxe reports a refused bind or a QP error there)
+    [ $rc -eq 0 ] || dmesg | tail -n 12 | sed "s/^/[$ROLE dmesg] /"
     if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures="$failures $name"; fi
     return $rc
 }
