@@ -229,6 +229,10 @@ struct vrb_ctx {
     struct vrb_regcache rc;
     int pagemap_fd; /* /proc/self/pagemap for the registration cache's page check, or -1 */
     enum vrb_grant_mode grant_mode;
+    /* window binds go behind a zero-length RDMA READ and IBV_SEND_FENCE, so that a bind
+     * runs only once everything posted before it was acknowledged (rxe: a retry re-runs a
+     * bind that already ran, and the QP stalls; spec/provider.md, "Grants") */
+    int bind_fence;
     uint64_t rng; /* key bytes: a splitmix64 counter, seeded from getrandom (atomic) */
     /* Device removal (vrb_gone.c, spec/provider.md "Device removal"): a cm id bound to the
      * device's address, so that its DEVICE_REMOVAL arrives even with no ep or listener;

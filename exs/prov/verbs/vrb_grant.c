@@ -19,6 +19,7 @@ struct vrb_grant {
     struct ibv_mw *mw;    /* VRB_GRANT_MW, VRB_GRANT_MW_MR */
     struct ibv_mr *sub;   /* VRB_GRANT_MW_MR, VRB_GRANT_MR: exactly the range */
     uint64_t seq;         /* the bind's internal sequence */
+    uint32_t nwr;         /* internal send queue entries it took (the bind, its fence READ) */
     uint64_t posted_ns;   /* when the bind was posted (diagnostics) */
     int bind_done;        /* its completion was seen, or it can no longer run (ep->lock) */
     int revoked;          /* revoke came before bind_done: released at the completion */
@@ -90,13 +91,26 @@ void exs__vrb_grant_init(struct vrb_ctx *ctx)
             why = "EXS_VRB_GRANT";
         }
     }
-    EXS_INFO(PROV, "verbs ctx %p: grants by %s (%s)", (void *)ctx,
+    /* rxe (Linux 6.1): a retry (timeout, RNR or sequence NAK) of a request posted before a
+     * bind that already ran walks the send queue back over the done bind and runs it
+     * again; the window is bound by then (and its key changed), so the second run fails,
+     * and the QP sends nothing more, without an error completion. A bind that runs only
+     * once everything before it was acknowledged is never walked over: the fence. */
+    ctx->bind_fence = ctx->grant_mode != VRB_GRANT_MR && ctx->dattr.vendor_id == VRB_RXE_VENDOR;
+    env = getenv("EXS_VRB_BIND_FENCE");
+    if (env && *env && ctx->grant_mode != VRB_GRANT_MR) {
+        if (!strcmp(env, "0") || !strcmp(env, "1"))
+            ctx->bind_fence = *env == '1';
+        else
+            EXS_WARN(PROV, "EXS_VRB_BIND_FENCE=%s: not 0 or 1, ignored", env);
+    }
+    EXS_INFO(PROV, "verbs ctx %p: grants by %s (%s)%s", (void *)ctx,
              ctx->grant_mode == VRB_GRANT_MW      ? "type 2 memory window bound to the QP"
              : ctx->grant_mode == VRB_GRANT_MW_MR ? "type 2 memory window bound to the QP "
                                                     "over a registration of exactly the range"
                                                   : "a registration of exactly the range per "
                                                     "grant (not bound to one connection)",
-             why);
+             why, ctx->bind_fence ? "; binds fenced behind a zero-length READ" : "");
 }
 
 /* Release the device objects and the grant: no key of it works after this. */
@@ -117,9 +131,9 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     struct vrb_ep *ep = vrb_ep_of(e);
     struct vrb_ctx *ctx = ep->ctx;
     uint64_t a = (uint64_t)(uintptr_t)addr, ma;
-    struct ibv_send_wr w, *bad = NULL;
+    struct ibv_send_wr w, fr, *first, *bad = NULL;
     struct vrb_grant *g;
-    uint32_t rkey;
+    uint32_t rkey, nwr;
     int ibv_right, ret, state;
 
     if (!m || !grant_p || m->ctx != e->ctx || !length ||
@@ -191,8 +205,20 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     w.bind_mw.bind_info.addr = a;
     w.bind_mw.bind_info.length = length;
     w.bind_mw.bind_info.mw_access_flags = (unsigned)ibv_right;
+    first = &w;
+    nwr = 1;
+    if (ctx->bind_fence) {
+        /* A zero-length READ (no rkey checked, nothing placed) completes only after every
+         * request before it was acknowledged; the fenced bind waits for it. */
+        memset(&fr, 0, sizeof(fr));
+        fr.opcode = IBV_WR_RDMA_READ;
+        fr.next = &w;
+        w.send_flags |= IBV_SEND_FENCE;
+        first = &fr;
+        nwr = 2;
+    }
 
-    if (__atomic_load_n(&ep->int_out, __ATOMIC_RELAXED) >= ep->int_room)
+    if (__atomic_load_n(&ep->int_out, __ATOMIC_RELAXED) + nwr > ep->int_room)
         exs__vrb_cq_reap(ctx); /* binds done but not polled yet give their room back */
     pthread_mutex_lock(&ep->lock);
     state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
@@ -201,15 +227,18 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
         ret = -ENOTCONN;
         goto err_dealloc;
     }
-    if (ep->int_out >= ep->int_room) {
+    if (ep->int_out + nwr > ep->int_room) {
         pthread_mutex_unlock(&ep->lock);
-        EXS_DBG(PROV, "ep %p: grant: %u binds in flight, no room", (void *)ep, ep->int_out);
+        EXS_DBG(PROV, "ep %p: grant: %u internal requests in flight, no room", (void *)ep,
+                ep->int_out);
         ret = -ENOMEM;
         goto err_dealloc;
     }
     g->seq = ep->int_seq;
+    g->nwr = nwr;
     w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_INT_BIT | (g->seq & VRB_SEQ_MASK);
-    ret = ibv_post_send(ep->qp, &w, &bad);
+    fr.wr_id = w.wr_id; /* unsignaled: completes only if it fails, as its bind's */
+    ret = ibv_post_send(ep->qp, first, &bad);
     if (ret) {
         pthread_mutex_unlock(&ep->lock);
         EXS_DBG(PROV, "ep %p: grant: ibv_post_send(BIND_MW): %s", (void *)ep, strerror(ret));
@@ -220,7 +249,7 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     g->mw->rkey = rkey;
     g->posted_ns = exs__now_ns();
     ep->int_seq++;
-    ep->int_out++;
+    ep->int_out += nwr;
     exs_list_add_tail(&ep->grants, &g->link);
     pthread_mutex_unlock(&ep->lock);
     g->base.rkey = rkey;
@@ -347,8 +376,7 @@ struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *
             continue;
         g->bind_done = 1;
         *settled = g->settle_wanted;
-        if (ep->int_out)
-            ep->int_out--;
+        ep->int_out -= EXS_MIN(ep->int_out, g->nwr);
         if (wc->status != IBV_WC_SUCCESS) {
             if (wc->status != IBV_WC_WR_FLUSH_ERR) {
                 EXS_CNT_INC(ep->ctx->cnt.wc_errors);
