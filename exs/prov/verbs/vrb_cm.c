@@ -124,7 +124,10 @@ static int vrb_qp_to_rts(struct vrb_ep *ep, struct rdma_cm_id *id, uint8_t resp_
     if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
         a.max_rd_atomic = init_depth;
     ret = ibv_modify_qp(ep->qp, &a, mask);
-    return ret ? -ret : 0;
+    if (ret)
+        return -ret;
+    exs__vrb_fence_arm(ep); /* before anything else is posted */
+    return 0;
 }
 
 static uint8_t vrb_rd_res(struct vrb_ctx *ctx)
@@ -248,7 +251,7 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     struct vrb_ep *ep;
     int ret;
 
-    uint32_t room = ctx->grant_mode == VRB_GRANT_MR ? 0 : VRB_INT_ROOM;
+    uint32_t room = ctx->int_room;
 
     ret = exs__prov_ep_attr_check(caps, attr);
     if (ret)

@@ -542,6 +542,7 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
         ibv_destroy_cq(ctx->cq);
     if (ctx->ch)
         ibv_destroy_comp_channel(ctx->ch);
+    exs__vrb_fence_release(ctx);
     if (ctx->pd)
         ibv_dealloc_pd(ctx->pd);
     if (ctx->cmch)
@@ -804,8 +805,8 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         uint64_t qp = (uint64_t)ctx->dattr.max_qp_wr;
         uint64_t cq = (uint64_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap);
 
-        qp -= EXS_MIN(qp / 2, VRB_INT_ROOM);
-        cq = cq > 2 * VRB_INT_ROOM ? (cq - VRB_INT_ROOM) / 2 : 1;
+        qp -= EXS_MIN(qp / 2, ctx->int_room);
+        cq = cq > 2 * (uint64_t)ctx->int_room + 2 ? (cq - ctx->int_room) / 2 : 1;
         ctx->base.caps.max_send_wr = vrb_clamp32(EXS_MIN(qp, cq), 1, 1u << 20);
         ctx->base.caps.max_recv_wr = ctx->base.caps.max_send_wr;
     }

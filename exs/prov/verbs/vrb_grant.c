@@ -95,7 +95,9 @@ void exs__vrb_grant_init(struct vrb_ctx *ctx)
      * bind that already ran walks the send queue back over the done bind and runs it
      * again; the window is bound by then (and its key changed), so the second run fails,
      * and the QP sends nothing more, without an error completion. A bind that runs only
-     * once everything before it was acknowledged is never walked over: the fence. */
+     * once everything before it was acknowledged is never walked over: the fence, a
+     * LOCAL_INV (rxe runs one only at the head of the send queue) of a window of the ep's
+     * own, bound again right after it. */
     ctx->bind_fence = ctx->grant_mode != VRB_GRANT_MR && ctx->dattr.vendor_id == VRB_RXE_VENDOR;
     env = getenv("EXS_VRB_BIND_FENCE");
     if (env && *env && ctx->grant_mode != VRB_GRANT_MR) {
@@ -104,13 +106,16 @@ void exs__vrb_grant_init(struct vrb_ctx *ctx)
         else
             EXS_WARN(PROV, "EXS_VRB_BIND_FENCE=%s: not 0 or 1, ignored", env);
     }
+    ctx->int_room = ctx->grant_mode == VRB_GRANT_MR ? 0
+                    : ctx->bind_fence                ? 3 * VRB_INT_ROOM + 1
+                                                     : VRB_INT_ROOM;
     EXS_INFO(PROV, "verbs ctx %p: grants by %s (%s)%s", (void *)ctx,
              ctx->grant_mode == VRB_GRANT_MW      ? "type 2 memory window bound to the QP"
              : ctx->grant_mode == VRB_GRANT_MW_MR ? "type 2 memory window bound to the QP "
                                                     "over a registration of exactly the range"
                                                   : "a registration of exactly the range per "
                                                     "grant (not bound to one connection)",
-             why, ctx->bind_fence ? "; binds fenced behind a zero-length READ" : "");
+             why, ctx->bind_fence ? "; binds fenced by a local invalidate" : "");
 }
 
 /* Release the device objects and the grant: no key of it works after this. */
@@ -131,9 +136,9 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     struct vrb_ep *ep = vrb_ep_of(e);
     struct vrb_ctx *ctx = ep->ctx;
     uint64_t a = (uint64_t)(uintptr_t)addr, ma;
-    struct ibv_send_wr w, fr, *first, *bad = NULL;
+    struct ibv_send_wr w, fw[2], *first, *bad = NULL;
     struct vrb_grant *g;
-    uint32_t rkey, nwr;
+    uint32_t rkey, fkey = 0, nwr;
     int ibv_right, ret, state;
 
     if (!m || !grant_p || m->ctx != e->ctx || !length ||
@@ -205,18 +210,7 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     w.bind_mw.bind_info.addr = a;
     w.bind_mw.bind_info.length = length;
     w.bind_mw.bind_info.mw_access_flags = (unsigned)ibv_right;
-    first = &w;
-    nwr = 1;
-    if (ctx->bind_fence) {
-        /* A zero-length READ (no rkey checked, nothing placed) completes only after every
-         * request before it was acknowledged; the fenced bind waits for it. */
-        memset(&fr, 0, sizeof(fr));
-        fr.opcode = IBV_WR_RDMA_READ;
-        fr.next = &w;
-        w.send_flags |= IBV_SEND_FENCE;
-        first = &fr;
-        nwr = 2;
-    }
+    nwr = ctx->bind_fence ? 3 : 1;
 
     if (__atomic_load_n(&ep->int_out, __ATOMIC_RELAXED) + nwr > ep->int_room)
         exs__vrb_cq_reap(ctx); /* binds done but not polled yet give their room back */
@@ -227,6 +221,30 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
         ret = -ENOTCONN;
         goto err_dealloc;
     }
+    first = &w;
+    nwr = 1;
+    if (ep->fence_mw) {
+        /* LOCAL_INV of the fence window (run by rxe only once everything before it
+         * completed), the fence window bound again (a fresh key), then the grant's bind.
+         * Unsignaled: the bind's completion retires them; an error completes them, with
+         * the bind's wr_id. */
+        memset(fw, 0, sizeof(fw));
+        do
+            fkey = (ep->fence_mw->rkey & ~0xffu) | (uint32_t)(vrb_rand64(ctx) & 0xff);
+        while (fkey == ep->fence_mw->rkey);
+        fw[0].opcode = IBV_WR_LOCAL_INV;
+        fw[0].invalidate_rkey = ep->fence_mw->rkey;
+        fw[0].next = &fw[1];
+        fw[1].opcode = IBV_WR_BIND_MW;
+        fw[1].bind_mw.mw = ep->fence_mw;
+        fw[1].bind_mw.rkey = fkey;
+        fw[1].bind_mw.bind_info.mr = ctx->fence_mr;
+        fw[1].bind_mw.bind_info.addr = (uint64_t)(uintptr_t)ctx->fence_page;
+        fw[1].bind_mw.bind_info.length = 1;
+        fw[1].next = &w;
+        first = fw;
+        nwr = 3;
+    }
     if (ep->int_out + nwr > ep->int_room) {
         pthread_mutex_unlock(&ep->lock);
         EXS_DBG(PROV, "ep %p: grant: %u internal requests in flight, no room", (void *)ep,
@@ -235,9 +253,9 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
         goto err_dealloc;
     }
     g->seq = ep->int_seq;
-    g->nwr = nwr;
+    g->nwr = nwr + ep->fence_extra;
     w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_INT_BIT | (g->seq & VRB_SEQ_MASK);
-    fr.wr_id = w.wr_id; /* unsignaled: completes only if it fails, as its bind's */
+    fw[0].wr_id = fw[1].wr_id = w.wr_id;
     ret = ibv_post_send(ep->qp, first, &bad);
     if (ret) {
         pthread_mutex_unlock(&ep->lock);
@@ -247,6 +265,9 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     }
     /* the verbs library keeps the window's key as it was; the bind set a new one */
     g->mw->rkey = rkey;
+    if (nwr == 3)
+        ep->fence_mw->rkey = fkey;
+    ep->fence_extra = 0;
     g->posted_ns = exs__now_ns();
     ep->int_seq++;
     ep->int_out += nwr;
@@ -395,6 +416,78 @@ struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *
     return NULL;
 }
 
+void exs__vrb_fence_arm(struct vrb_ep *ep)
+{
+    struct vrb_ctx *ctx = ep->ctx;
+    struct ibv_send_wr w, *bad = NULL;
+    uint32_t key;
+    int ret;
+
+    if (!ctx->bind_fence || ep->fence_mw || !ep->qp)
+        return;
+    if (!ctx->fence_mr) {
+        if (posix_memalign(&ctx->fence_page, 4096, 4096)) {
+            ctx->fence_page = NULL;
+            goto fail;
+        }
+        memset(ctx->fence_page, 0, 4096);
+        ctx->fence_mr = ibv_reg_mr(ctx->pd, ctx->fence_page, 4096,
+                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+        if (!ctx->fence_mr) {
+            free(ctx->fence_page);
+            ctx->fence_page = NULL;
+            goto fail;
+        }
+    }
+    ep->fence_mw = ibv_alloc_mw(ctx->pd, IBV_MW_TYPE_2);
+    if (!ep->fence_mw)
+        goto fail;
+    do
+        key = (ep->fence_mw->rkey & ~0xffu) | (uint32_t)(vrb_rand64(ctx) & 0xff);
+    while (key == ep->fence_mw->rkey);
+    /* the first bind of the fence window: nothing is posted yet, so nothing can be retried
+     * behind it; no rights (length 1 of a page of zeros, bound to this QP only) */
+    memset(&w, 0, sizeof(w));
+    w.opcode = IBV_WR_BIND_MW;
+    w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_INT_BIT | VRB_SEQ_MASK;
+    w.bind_mw.mw = ep->fence_mw;
+    w.bind_mw.rkey = key;
+    w.bind_mw.bind_info.mr = ctx->fence_mr;
+    w.bind_mw.bind_info.addr = (uint64_t)(uintptr_t)ctx->fence_page;
+    w.bind_mw.bind_info.length = 1;
+    pthread_mutex_lock(&ep->lock);
+    ret = ibv_post_send(ep->qp, &w, &bad);
+    if (!ret) {
+        ep->fence_mw->rkey = key;
+        ep->int_out++;
+        ep->fence_extra = 1; /* retired by the first grant's completion */
+    }
+    pthread_mutex_unlock(&ep->lock);
+    if (!ret)
+        return;
+    ibv_dealloc_mw(ep->fence_mw);
+    ep->fence_mw = NULL;
+fail:
+    EXS_WARN(PROV, "ep %p: no fence window (%m): its window binds go unfenced", (void *)ep);
+}
+
+void exs__vrb_fence_release(struct vrb_ctx *ctx)
+{
+    if (ctx->fence_mr && ibv_dereg_mr(ctx->fence_mr))
+        EXS_ERR(PROV, "ctx %p: ibv_dereg_mr (fence page) failed: %m", (void *)ctx);
+    ctx->fence_mr = NULL;
+    free(ctx->fence_page);
+    ctx->fence_page = NULL;
+}
+
+static void vrb_fence_drop(struct vrb_ep *ep)
+{
+    if (ep->fence_mw && ibv_dealloc_mw(ep->fence_mw))
+        EXS_ERR(PROV, "ep %p: ibv_dealloc_mw (fence window) failed: %m", (void *)ep);
+    ep->fence_mw = NULL;
+    ep->fence_extra = 0;
+}
+
 unsigned exs__vrb_grants_gone(struct vrb_ep *ep)
 {
     struct exs_list *pos, *tmp;
@@ -421,6 +514,7 @@ unsigned exs__vrb_grants_gone(struct vrb_ep *ep)
         }
     }
     ep->int_out = 0;
+    vrb_fence_drop(ep);
     return answers;
 }
 
@@ -439,4 +533,5 @@ void exs__vrb_grants_drop(struct vrb_ep *ep)
         exs__vrb_grant_release(g);
     }
     ep->int_out = 0;
+    vrb_fence_drop(ep);
 }
