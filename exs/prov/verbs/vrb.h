@@ -150,9 +150,9 @@ struct vrb_ep {
     struct ibv_mw *fence_mw; /* bound to the QP at RTS, invalidated and bound again before
                                 each grant's bind (ctx->bind_fence; lock) */
     uint32_t fence_extra;    /* internal entries of fence requests no grant accounts for yet */
-    struct exs_list grants; /* vrb_grant not yet freed (lock) */
-    struct exs_list hlink;  /* ctx->ep_hash (ctx->lock) */
-    struct exs_list link;   /* ctx->eps (ctx->lock) */
+    struct exs_list grants;  /* vrb_grant not yet freed (lock) */
+    struct exs_list hlink;   /* ctx->ep_hash (ctx->lock) */
+    struct exs_list link;    /* ctx->eps (ctx->lock) */
 };
 
 struct vrb_listener {
@@ -237,8 +237,8 @@ struct vrb_ctx {
      * once everything before it was acknowledged (rxe: a retry re-runs a bind that already
      * ran, and the QP stalls; spec/provider.md, "Grants") */
     int bind_fence;
-    uint32_t int_room;        /* internal send queue entries per ep (binds and fences) */
-    struct ibv_mr *fence_mr;  /* one page the fence windows are bound over (cm_lock) */
+    uint32_t int_room;       /* internal send queue entries per ep (binds and fences) */
+    struct ibv_mr *fence_mr; /* one page the fence windows are bound over (cm_lock) */
     void *fence_page;
     uint64_t rng; /* key bytes: a splitmix64 counter, seeded from getrandom (atomic) */
     /* Device removal (vrb_gone.c, spec/provider.md "Device removal"): a cm id bound to the

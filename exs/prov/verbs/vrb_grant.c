@@ -107,8 +107,8 @@ void exs__vrb_grant_init(struct vrb_ctx *ctx)
             EXS_WARN(PROV, "EXS_VRB_BIND_FENCE=%s: not 0 or 1, ignored", env);
     }
     ctx->int_room = ctx->grant_mode == VRB_GRANT_MR ? 0
-                    : ctx->bind_fence                ? 3 * VRB_INT_ROOM + 1
-                                                     : VRB_INT_ROOM;
+                    : ctx->bind_fence               ? 3 * VRB_INT_ROOM + 1
+                                                    : VRB_INT_ROOM;
     EXS_INFO(PROV, "verbs ctx %p: grants by %s (%s)%s", (void *)ctx,
              ctx->grant_mode == VRB_GRANT_MW      ? "type 2 memory window bound to the QP"
              : ctx->grant_mode == VRB_GRANT_MW_MR ? "type 2 memory window bound to the QP "
@@ -431,8 +431,8 @@ void exs__vrb_fence_arm(struct vrb_ep *ep)
             goto fail;
         }
         memset(ctx->fence_page, 0, 4096);
-        ctx->fence_mr = ibv_reg_mr(ctx->pd, ctx->fence_page, 4096,
-                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+        ctx->fence_mr =
+            ibv_reg_mr(ctx->pd, ctx->fence_page, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
         if (!ctx->fence_mr) {
             free(ctx->fence_page);
             ctx->fence_page = NULL;
