@@ -201,9 +201,11 @@ struct vrb_ctx {
     int cq_cap;
     uint64_t cq_need; /* sum of the eps' queue depths (lock) */
     struct rdma_event_channel *cmch;
-    int evfd;   /* software events (eventfd) */
-    int epfd;   /* the application's event fd */
-    int stopfd; /* stops the cm thread */
+    int evfd;         /* software events (eventfd) */
+    int wake_pending; /* atomic: evfd written since ctx_arm last read it */
+    int cq_armed;     /* ctx->lock: notification requested, its event not read yet */
+    int epfd;         /* the application's event fd */
+    int stopfd;       /* stops the cm thread */
     pthread_t cm_thread;
     int cm_thread_on;
     int udpfd;         /* goodbye datagrams (the cm thread reads) */

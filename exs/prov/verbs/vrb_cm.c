@@ -204,6 +204,10 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
     if (!ret && resize) {
         if (ibv_resize_cq(ctx->cq, (int)resize) == 0) {
             ctx->cq_cap = ctx->cq->cqe;
+            /* whether a request for notification survives the resize is the driver's
+             * business: request again (ctx_arm requests only when none stands) */
+            if (ibv_req_notify_cq(ctx->cq, 0) == 0)
+                ctx->cq_armed = 1;
             EXS_CNT_INC(ctx->cnt.cq_resizes);
             if (ctx->cq_need + n > (uint64_t)ctx->cq_cap)
                 ret = -ENOBUFS;

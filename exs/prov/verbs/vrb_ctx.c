@@ -322,6 +322,9 @@ void exs__vrb_wake(struct vrb_ctx *ctx)
 
     if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd write: %m", (void *)ctx);
+    /* after the write: ctx_arm that sees the flag finds the count to read; one that
+     * misses it leaves the descriptor readable, and the next arm reads it */
+    __atomic_store_n(&ctx->wake_pending, 1, __ATOMIC_RELEASE);
 }
 
 void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
@@ -348,12 +351,22 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     int busy;
 
     pthread_mutex_lock(&ctx->lock);
-    while (ctx->ch && ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
+    /* One CQ, so at most one event per request for notification: read only while one is
+     * requested, once; request again only when it was used up (a request whose event has
+     * not come yet still stands). Each skipped call is a system call on rxe. */
+    if (ctx->ch && ctx->cq_armed && ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0) {
         ibv_ack_cq_events(cq, 1);
-    if (read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        ctx->cq_armed = 0;
+    }
+    if (__atomic_exchange_n(&ctx->wake_pending, 0, __ATOMIC_ACQ_REL) &&
+        read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd read: %m", (void *)ctx);
-    if (ctx->cq && ibv_req_notify_cq(ctx->cq, 0) != 0)
-        EXS_ERR(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
+    if (ctx->cq && !ctx->cq_armed) {
+        if (ibv_req_notify_cq(ctx->cq, 0) != 0)
+            EXS_ERR(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
+        else
+            ctx->cq_armed = 1;
+    }
     busy = ctx->ring_count || !exs_list_empty(&ctx->cm_sw);
     if (!busy)
         busy = vrb_cq_to_ring(ctx) > 0;
@@ -788,6 +801,8 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         goto fail;
     if (ibv_req_notify_cq(ctx->cq, 0) != 0)
         EXS_WARN(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
+    else
+        ctx->cq_armed = 1;
 
     ctx->qp_timeout = (uint8_t)vrb_clamp32(exs__params.vrb_qp_timeout, 0, 31);
     ctx->retry_cnt = (uint8_t)vrb_clamp32(exs__params.vrb_retry_cnt, 0, 7);
