@@ -58,6 +58,15 @@ i=0
 until ibv_devinfo -d rxe1 2>/dev/null | grep -q PORT_ACTIVE; do
     i=$((i + 1)); [ $i -le 300 ] || die2 "rxe1 never became ACTIVE"; sleep 0.1
 done
+# RXE_2HOST_DYNDBG=FILE[,FILE...] (in RXE_2HOST_ENV): the kernel's dynamic debug messages
+# of those rxe source files (e.g. rxe_resp.c: the responder's states), in the kernel log
+# that a failed run prints (RXE_2HOST_DMESG lines, default 12)
+if [ -n "${RXE_2HOST_DYNDBG:-}" ]; then
+    mount -t debugfs none /sys/kernel/debug 2>/dev/null
+    for f in $(echo "$RXE_2HOST_DYNDBG" | tr , ' '); do
+        echo "file $f +p" >/sys/kernel/debug/dynamic_debug/control || say2 "dynamic debug of $f refused"
+    done
+fi
 if ON a; then
     $IP addr add $HAIRPIN/32 dev "$LINK"
     echo 1 >/proc/sys/net/ipv4/conf/all/accept_local
@@ -129,7 +138,8 @@ run() {
     # (retries, sequence errors, RNR) from the library's own verdict
     [ $rc -eq 0 ] || say2 "rxe1 counters: $(rxe_counters)"
     # and the kernel's last words (rxe reports a refused bind or a QP error there)
-    [ $rc -eq 0 ] || dmesg | tail -n 12 | sed "s/^/[$ROLE dmesg] /"
+    [ $rc -eq 0 ] || dmesg | grep -v 'speed is unknown' | tail -n "${RXE_2HOST_DMESG:-12}" |
+        sed "s/^/[$ROLE dmesg] /"
     if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures="$failures $name"; fi
     return $rc
 }

@@ -71,8 +71,9 @@ struct vrb_counters {
     uint64_t revokes_early; /* revoked before the bind executed: the ep was ended */
     uint64_t settle_waits;  /* grant_settle answered -EBUSY (bind not completed yet) */
     uint64_t grant_fails;
-    uint64_t ep_nobufs;       /* ep_create refused: the completion queue cannot hold the ep */
-    uint64_t device_removals; /* the device went away: everything on it released */
+    uint64_t grant_room_waits; /* grant waited for binds before it to complete (room) */
+    uint64_t ep_nobufs;        /* ep_create refused: the completion queue cannot hold the ep */
+    uint64_t device_removals;  /* the device went away: everything on it released */
 };
 
 /* How grants are made (ctx->grant_mode; spec/provider.md, "verbs provider mapping"). */

@@ -12,7 +12,9 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-#define VRB_RXE_VENDOR 0xffffffu /* rdma_rxe's vendor_id */
+#define VRB_RXE_VENDOR         0xffffffu /* rdma_rxe's vendor_id */
+/* how long a grant waits for earlier binds to complete when the internal room is full */
+#define VRB_GRANT_ROOM_WAIT_NS (3000ull * 1000 * 1000)
 
 struct vrb_grant {
     struct exs_prov_grant base;
@@ -212,14 +214,40 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     w.bind_mw.bind_info.mw_access_flags = (unsigned)ibv_right;
     nwr = ctx->bind_fence ? 3 : 1;
 
-    if (__atomic_load_n(&ep->int_out, __ATOMIC_RELAXED) + nwr > ep->int_room)
-        exs__vrb_cq_reap(ctx); /* binds done but not polled yet give their room back */
-    pthread_mutex_lock(&ep->lock);
-    state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
-    if (state != EXS_PROV_EP_CONNECTED) {
+    /* Room for the bind (and its fence): binds complete only once everything posted before
+     * them was acknowledged, a round trip or a retransmission across a link, while the
+     * protocol may have up to EXS_WIRE_ADVERTS_MAX + EXS_WIRE_ANNOUNCED_MAX grants out.
+     * When the room is full, completions not polled yet give it back (reap); failing that,
+     * wait for them (the peer's device acknowledges without its application), bounded:
+     * a refused grant ends the connection. */
+    for (uint64_t deadline = 0, pause_us = 20;;) {
+        if (__atomic_load_n(&ep->int_out, __ATOMIC_RELAXED) + nwr > ep->int_room)
+            exs__vrb_cq_reap(ctx);
+        pthread_mutex_lock(&ep->lock);
+        state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
+        if (state != EXS_PROV_EP_CONNECTED) {
+            pthread_mutex_unlock(&ep->lock);
+            ret = -ENOTCONN;
+            goto err_dealloc;
+        }
+        if (ep->int_out + nwr <= ep->int_room)
+            break; /* with ep->lock */
         pthread_mutex_unlock(&ep->lock);
-        ret = -ENOTCONN;
-        goto err_dealloc;
+        if (!deadline) {
+            deadline = exs__now_ns() + VRB_GRANT_ROOM_WAIT_NS;
+            EXS_CNT_INC(ctx->cnt.grant_room_waits);
+        } else if (exs__now_ns() >= deadline) {
+            EXS_DBG(PROV, "ep %p: grant: %u internal requests in flight, no room", (void *)ep,
+                    ep->int_out);
+            ret = -ENOMEM;
+            goto err_dealloc;
+        }
+        {
+            struct timespec ts = {0, (long)(pause_us * 1000)};
+
+            nanosleep(&ts, NULL);
+            pause_us = EXS_MIN(pause_us * 2, 1000);
+        }
     }
     first = &w;
     nwr = 1;
@@ -244,13 +272,6 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
         fw[1].next = &w;
         first = fw;
         nwr = 3;
-    }
-    if (ep->int_out + nwr > ep->int_room) {
-        pthread_mutex_unlock(&ep->lock);
-        EXS_DBG(PROV, "ep %p: grant: %u internal requests in flight, no room", (void *)ep,
-                ep->int_out);
-        ret = -ENOMEM;
-        goto err_dealloc;
     }
     g->seq = ep->int_seq;
     g->nwr = nwr + ep->fence_extra;
