@@ -28,6 +28,14 @@ export PATH=/guest:$PATH
 # silence; a TCG guest on a loaded host stalls that long (blast failed ETIMEDOUT on the plain
 # link at load average 46): 5 s x 3 here unless RXE_2HOST_KEEPALIVE_MS says otherwise.
 export EXS_KEEPALIVE_INTV_MS=${RXE_2HOST_KEEPALIVE_MS:-5000}
+# RXE_2HOST_ENV on the host (scripts/rxe-2host.sh): one VAR=VALUE a line, exported here, after
+# the scenario's own arguments (so it overrides them), e.g. EXS_VRB_GRANT=mr.
+ENV2=
+while read -r kv; do
+    [ -n "$kv" ] || continue
+    export "$kv"
+    ENV2="$ENV2 $kv"
+done </guest/2host-env 2>/dev/null
 ON() { [ "$ROLE" = "$1" ]; }
 say2() { echo "[$ROLE $(cut -d' ' -f1 /proc/uptime)] $*"; }
 die2() { say2 "setup failed: $*"; dmesg | tail -n 20; exit 3; }
@@ -50,6 +58,15 @@ i=0
 until ibv_devinfo -d rxe1 2>/dev/null | grep -q PORT_ACTIVE; do
     i=$((i + 1)); [ $i -le 300 ] || die2 "rxe1 never became ACTIVE"; sleep 0.1
 done
+# RXE_2HOST_DYNDBG=FILE[,FILE...] (in RXE_2HOST_ENV): the kernel's dynamic debug messages
+# of those rxe source files (e.g. rxe_resp.c: the responder's states), in the kernel log
+# that a failed run prints (RXE_2HOST_DMESG lines, default 12)
+if [ -n "${RXE_2HOST_DYNDBG:-}" ]; then
+    mount -t debugfs none /sys/kernel/debug 2>/dev/null
+    for f in $(echo "$RXE_2HOST_DYNDBG" | tr , ' '); do
+        echo "file $f +p" >/sys/kernel/debug/dynamic_debug/control || say2 "dynamic debug of $f refused"
+    done
+fi
 if ON a; then
     $IP addr add $HAIRPIN/32 dev "$LINK"
     echo 1 >/proc/sys/net/ipv4/conf/all/accept_local
@@ -67,7 +84,7 @@ else
     [ -z "$NETEM_B" ] || $TC qdisc replace dev "$LINK" root netem limit 100000 $NETEM_B ||
         die2 "netem $NETEM_B"
 fi
-say2 "$LINK $ME, rxe1 ACTIVE${NETEM_B:+, egress netem $NETEM_B}"
+say2 "$LINK $ME, rxe1 ACTIVE${NETEM_B:+, egress netem $NETEM_B}${ENV2:+; environment$ENV2}"
 
 netem() {
     $TC qdisc replace dev "$LINK" root netem limit 100000 "$@" || return 1
@@ -120,6 +137,9 @@ run() {
     # a failure: every nonzero rxe1 counter (totals since boot), to tell a stalled QP
     # (retries, sequence errors, RNR) from the library's own verdict
     [ $rc -eq 0 ] || say2 "rxe1 counters: $(rxe_counters)"
+    # and the kernel's last words (rxe reports a refused bind or a QP error there)
+    [ $rc -eq 0 ] || dmesg | grep -v 'speed is unknown' | tail -n "${RXE_2HOST_DMESG:-12}" |
+        sed "s/^/[$ROLE dmesg] /"
     if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures="$failures $name"; fi
     return $rc
 }

@@ -16,7 +16,9 @@
 #
 # Environment: RXE_2HOST_NETEM_B="delay 1ms" (netem on b's egress for the whole run; a
 # sets its own per run in the scenario), RXE_VM_TIMEOUT (default 3600, each guest),
-# RXE_2HOST_MEM=1G, RXE_2HOST_SMP=1 (per guest: two TCG guests on a small host), BUILD.
+# RXE_2HOST_MEM=1G, RXE_2HOST_SMP=1 (per guest: two TCG guests on a small host), BUILD,
+# RXE_2HOST_ENV="VAR=VALUE ..." (exported in both guests by 2host.sh before the scenario's
+# runs, e.g. EXS_VRB_GRANT=mr, CK_RUN_CASE=outstanding; words split on blanks, no quoting).
 # Why two guests and not two network namespaces in one: Debian 12's 6.1 rdma_rxe receives
 # only in the initial network namespace (spec/rxe-vm.md, "Two hosts").
 set -euo pipefail
@@ -75,6 +77,13 @@ for h in a b; do
     esac
     echo $h >"$work/$h/2host-role"
     printf '%s\n' "${RXE_2HOST_NETEM_B:-delay 1ms}" >"$work/$h/2host-netem-b"
+    : >"$work/$h/2host-env"
+    for kv in ${RXE_2HOST_ENV:-}; do
+        case $kv in
+            [A-Za-z_]*=*) printf '%s\n' "$kv" >>"$work/$h/2host-env" ;;
+            *) die "RXE_2HOST_ENV: not VAR=VALUE: $kv" ;;
+        esac
+    done
 done
 echo 52:54:00:00:03:01 >"$work/a/2host-mac"
 echo 52:54:00:00:03:02 >"$work/b/2host-mac"

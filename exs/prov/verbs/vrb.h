@@ -71,8 +71,9 @@ struct vrb_counters {
     uint64_t revokes_early; /* revoked before the bind executed: the ep was ended */
     uint64_t settle_waits;  /* grant_settle answered -EBUSY (bind not completed yet) */
     uint64_t grant_fails;
-    uint64_t ep_nobufs;       /* ep_create refused: the completion queue cannot hold the ep */
-    uint64_t device_removals; /* the device went away: everything on it released */
+    uint64_t grant_room_waits; /* grant waited for binds before it to complete (room) */
+    uint64_t ep_nobufs;        /* ep_create refused: the completion queue cannot hold the ep */
+    uint64_t device_removals;  /* the device went away: everything on it released */
 };
 
 /* How grants are made (ctx->grant_mode; spec/provider.md, "verbs provider mapping"). */
@@ -147,9 +148,12 @@ struct vrb_ep {
     uint32_t int_room; /* send queue entries for them (0: grants need none) */
     uint32_t int_out;
     uint64_t int_seq;
-    struct exs_list grants; /* vrb_grant not yet freed (lock) */
-    struct exs_list hlink;  /* ctx->ep_hash (ctx->lock) */
-    struct exs_list link;   /* ctx->eps (ctx->lock) */
+    struct ibv_mw *fence_mw; /* bound to the QP at RTS, invalidated and bound again before
+                                each grant's bind (ctx->bind_fence; lock) */
+    uint32_t fence_extra;    /* internal entries of fence requests no grant accounts for yet */
+    struct exs_list grants;  /* vrb_grant not yet freed (lock) */
+    struct exs_list hlink;   /* ctx->ep_hash (ctx->lock) */
+    struct exs_list link;    /* ctx->eps (ctx->lock) */
 };
 
 struct vrb_listener {
@@ -198,9 +202,11 @@ struct vrb_ctx {
     int cq_cap;
     uint64_t cq_need; /* sum of the eps' queue depths (lock) */
     struct rdma_event_channel *cmch;
-    int evfd;   /* software events (eventfd) */
-    int epfd;   /* the application's event fd */
-    int stopfd; /* stops the cm thread */
+    int evfd;         /* software events (eventfd) */
+    int wake_pending; /* atomic: evfd written since ctx_arm last read it */
+    int cq_armed;     /* ctx->lock: notification requested, its event not read yet */
+    int epfd;         /* the application's event fd */
+    int stopfd;       /* stops the cm thread */
     pthread_t cm_thread;
     int cm_thread_on;
     int udpfd;         /* goodbye datagrams (the cm thread reads) */
@@ -229,6 +235,14 @@ struct vrb_ctx {
     struct vrb_regcache rc;
     int pagemap_fd; /* /proc/self/pagemap for the registration cache's page check, or -1 */
     enum vrb_grant_mode grant_mode;
+    /* window binds go behind a local invalidate of the ep's fence window (rxe runs a
+     * LOCAL_INV only once everything posted before it completed), so that a bind runs only
+     * once everything before it was acknowledged (rxe: a retry re-runs a bind that already
+     * ran, and the QP stalls; spec/provider.md, "Grants") */
+    int bind_fence;
+    uint32_t int_room;       /* internal send queue entries per ep (binds and fences) */
+    struct ibv_mr *fence_mr; /* one page the fence windows are bound over (cm_lock) */
+    void *fence_page;
     uint64_t rng; /* key bytes: a splitmix64 counter, seeded from getrandom (atomic) */
     /* Device removal (vrb_gone.c, spec/provider.md "Device removal"): a cm id bound to the
      * device's address, so that its DEVICE_REMOVAL arrives even with no ep or listener;
@@ -367,6 +381,10 @@ struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *
 void exs__vrb_grant_release(struct vrb_grant *g);
 /* ep_destroy, QP already out of use: release what binds left behind. */
 void exs__vrb_grants_drop(struct vrb_ep *ep);
+/* At RTS (cm_lock, nothing posted yet): the ep's fence window, bound (ctx->bind_fence). */
+void exs__vrb_fence_arm(struct vrb_ep *ep);
+/* ctx_close / device removal: the fence page's registration. */
+void exs__vrb_fence_release(struct vrb_ctx *ctx);
 
 /* vrb_gone.c: the device is going away (its DEVICE_REMOVAL event was acked; cm_lock held):
  * every ep ends (DISCONNECTED or UNREACHABLE with -ENODEV), what was outstanding completes

@@ -124,7 +124,10 @@ static int vrb_qp_to_rts(struct vrb_ep *ep, struct rdma_cm_id *id, uint8_t resp_
     if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
         a.max_rd_atomic = init_depth;
     ret = ibv_modify_qp(ep->qp, &a, mask);
-    return ret ? -ret : 0;
+    if (ret)
+        return -ret;
+    exs__vrb_fence_arm(ep); /* before anything else is posted */
+    return 0;
 }
 
 static uint8_t vrb_rd_res(struct vrb_ctx *ctx)
@@ -201,6 +204,10 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
     if (!ret && resize) {
         if (ibv_resize_cq(ctx->cq, (int)resize) == 0) {
             ctx->cq_cap = ctx->cq->cqe;
+            /* whether a request for notification survives the resize is the driver's
+             * business: request again (ctx_arm requests only when none stands) */
+            if (ibv_req_notify_cq(ctx->cq, 0) == 0)
+                ctx->cq_armed = 1;
             EXS_CNT_INC(ctx->cnt.cq_resizes);
             if (ctx->cq_need + n > (uint64_t)ctx->cq_cap)
                 ret = -ENOBUFS;
@@ -248,7 +255,7 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     struct vrb_ep *ep;
     int ret;
 
-    uint32_t room = ctx->grant_mode == VRB_GRANT_MR ? 0 : VRB_INT_ROOM;
+    uint32_t room = ctx->int_room;
 
     ret = exs__prov_ep_attr_check(caps, attr);
     if (ret)

@@ -41,6 +41,8 @@ static const struct exs_counter_desc vrb_counter_desc[] = {
     EXS_COUNTER(struct vrb_counters, settle_waits,
                 "grant_settle answers -EBUSY: a bind not completed yet (its op waits)"),
     EXS_COUNTER(struct vrb_counters, grant_fails, "grants refused"),
+    EXS_COUNTER(struct vrb_counters, grant_room_waits,
+                "grants that waited for earlier binds to complete (internal room full)"),
     EXS_COUNTER(struct vrb_counters, ep_nobufs,
                 "ep_create refused: the completion queue cannot hold the ep"),
     EXS_COUNTER(struct vrb_counters, device_removals,
@@ -322,6 +324,9 @@ void exs__vrb_wake(struct vrb_ctx *ctx)
 
     if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd write: %m", (void *)ctx);
+    /* after the write: ctx_arm that sees the flag finds the count to read; one that
+     * misses it leaves the descriptor readable, and the next arm reads it */
+    __atomic_store_n(&ctx->wake_pending, 1, __ATOMIC_RELEASE);
 }
 
 void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
@@ -348,12 +353,22 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     int busy;
 
     pthread_mutex_lock(&ctx->lock);
-    while (ctx->ch && ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
+    /* One CQ, so at most one event per request for notification: read only while one is
+     * requested, once; request again only when it was used up (a request whose event has
+     * not come yet still stands). Each skipped call is a system call on rxe. */
+    if (ctx->ch && ctx->cq_armed && ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0) {
         ibv_ack_cq_events(cq, 1);
-    if (read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        ctx->cq_armed = 0;
+    }
+    if (__atomic_exchange_n(&ctx->wake_pending, 0, __ATOMIC_ACQ_REL) &&
+        read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd read: %m", (void *)ctx);
-    if (ctx->cq && ibv_req_notify_cq(ctx->cq, 0) != 0)
-        EXS_ERR(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
+    if (ctx->cq && !ctx->cq_armed) {
+        if (ibv_req_notify_cq(ctx->cq, 0) != 0)
+            EXS_ERR(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
+        else
+            ctx->cq_armed = 1;
+    }
     busy = ctx->ring_count || !exs_list_empty(&ctx->cm_sw);
     if (!busy)
         busy = vrb_cq_to_ring(ctx) > 0;
@@ -542,6 +557,7 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
         ibv_destroy_cq(ctx->cq);
     if (ctx->ch)
         ibv_destroy_comp_channel(ctx->ch);
+    exs__vrb_fence_release(ctx);
     if (ctx->pd)
         ibv_dealloc_pd(ctx->pd);
     if (ctx->cmch)
@@ -787,6 +803,8 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         goto fail;
     if (ibv_req_notify_cq(ctx->cq, 0) != 0)
         EXS_WARN(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
+    else
+        ctx->cq_armed = 1;
 
     ctx->qp_timeout = (uint8_t)vrb_clamp32(exs__params.vrb_qp_timeout, 0, 31);
     ctx->retry_cnt = (uint8_t)vrb_clamp32(exs__params.vrb_retry_cnt, 0, 7);
@@ -804,8 +822,8 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         uint64_t qp = (uint64_t)ctx->dattr.max_qp_wr;
         uint64_t cq = (uint64_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap);
 
-        qp -= EXS_MIN(qp / 2, VRB_INT_ROOM);
-        cq = cq > 2 * VRB_INT_ROOM ? (cq - VRB_INT_ROOM) / 2 : 1;
+        qp -= EXS_MIN(qp / 2, ctx->int_room);
+        cq = cq > 2 * (uint64_t)ctx->int_room + 2 ? (cq - ctx->int_room) / 2 : 1;
         ctx->base.caps.max_send_wr = vrb_clamp32(EXS_MIN(qp, cq), 1, 1u << 20);
         ctx->base.caps.max_recv_wr = ctx->base.caps.max_send_wr;
     }

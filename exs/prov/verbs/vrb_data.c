@@ -154,8 +154,11 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
     if (wc->status != IBV_WC_SUCCESS) {
         if (wc->status != IBV_WC_WR_FLUSH_ERR) {
             EXS_CNT_INC(ctx->cnt.wc_errors);
-            EXS_DBG(PROV, "ep %p: completion error %s (vendor %#x)", (void *)ep,
-                    ibv_wc_status_str(wc->status), wc->vendor_err);
+            EXS_DBG(PROV, "ep %p: completion error %s (vendor %#x) of %s wr_id %llu (%u bytes)",
+                    (void *)ep, ibv_wc_status_str(wc->status), wc->vendor_err,
+                    (wc->wr_id & VRB_RECV_BIT) ? "receive" : exs__prov_wc_opcode_str(cqe->opcode),
+                    (unsigned long long)cqe->wr_id,
+                    (wc->wr_id & VRB_RECV_BIT) ? 0u : ep->sq[seq % ep->sq_cap].len);
         }
         __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
     }

@@ -290,6 +290,7 @@ void exs__vrb_device_gone(struct vrb_ctx *ctx)
     pthread_mutex_unlock(&ctx->lock);
 
     exs__vrb_mr_gone(ctx);
+    exs__vrb_fence_release(ctx);
     if (ibv_dealloc_pd(ctx->pd))
         EXS_WARN(PROV, "ctx %p: ibv_dealloc_pd: %m", (void *)ctx);
     ctx->pd = NULL;

@@ -12,13 +12,16 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-#define VRB_RXE_VENDOR 0xffffffu /* rdma_rxe's vendor_id */
+#define VRB_RXE_VENDOR         0xffffffu /* rdma_rxe's vendor_id */
+/* how long a grant waits for earlier binds to complete when the internal room is full */
+#define VRB_GRANT_ROOM_WAIT_NS (3000ull * 1000 * 1000)
 
 struct vrb_grant {
     struct exs_prov_grant base;
     struct ibv_mw *mw;    /* VRB_GRANT_MW, VRB_GRANT_MW_MR */
     struct ibv_mr *sub;   /* VRB_GRANT_MW_MR, VRB_GRANT_MR: exactly the range */
     uint64_t seq;         /* the bind's internal sequence */
+    uint32_t nwr;         /* internal send queue entries it took (the bind, its fence READ) */
     uint64_t posted_ns;   /* when the bind was posted (diagnostics) */
     int bind_done;        /* its completion was seen, or it can no longer run (ep->lock) */
     int revoked;          /* revoke came before bind_done: released at the completion */
@@ -90,13 +93,31 @@ void exs__vrb_grant_init(struct vrb_ctx *ctx)
             why = "EXS_VRB_GRANT";
         }
     }
-    EXS_INFO(PROV, "verbs ctx %p: grants by %s (%s)", (void *)ctx,
+    /* rxe (Linux 6.1): a retry (timeout, RNR or sequence NAK) of a request posted before a
+     * bind that already ran walks the send queue back over the done bind and runs it
+     * again; the window is bound by then (and its key changed), so the second run fails,
+     * and the QP sends nothing more, without an error completion. A bind that runs only
+     * once everything before it was acknowledged is never walked over: the fence, a
+     * LOCAL_INV (rxe runs one only at the head of the send queue) of a window of the ep's
+     * own, bound again right after it. */
+    ctx->bind_fence = ctx->grant_mode != VRB_GRANT_MR && ctx->dattr.vendor_id == VRB_RXE_VENDOR;
+    env = getenv("EXS_VRB_BIND_FENCE");
+    if (env && *env && ctx->grant_mode != VRB_GRANT_MR) {
+        if (!strcmp(env, "0") || !strcmp(env, "1"))
+            ctx->bind_fence = *env == '1';
+        else
+            EXS_WARN(PROV, "EXS_VRB_BIND_FENCE=%s: not 0 or 1, ignored", env);
+    }
+    ctx->int_room = ctx->grant_mode == VRB_GRANT_MR ? 0
+                    : ctx->bind_fence               ? 3 * VRB_INT_ROOM + 1
+                                                    : VRB_INT_ROOM;
+    EXS_INFO(PROV, "verbs ctx %p: grants by %s (%s)%s", (void *)ctx,
              ctx->grant_mode == VRB_GRANT_MW      ? "type 2 memory window bound to the QP"
              : ctx->grant_mode == VRB_GRANT_MW_MR ? "type 2 memory window bound to the QP "
                                                     "over a registration of exactly the range"
                                                   : "a registration of exactly the range per "
                                                     "grant (not bound to one connection)",
-             why);
+             why, ctx->bind_fence ? "; binds fenced by a local invalidate" : "");
 }
 
 /* Release the device objects and the grant: no key of it works after this. */
@@ -117,9 +138,9 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     struct vrb_ep *ep = vrb_ep_of(e);
     struct vrb_ctx *ctx = ep->ctx;
     uint64_t a = (uint64_t)(uintptr_t)addr, ma;
-    struct ibv_send_wr w, *bad = NULL;
+    struct ibv_send_wr w, fw[2], *first, *bad = NULL;
     struct vrb_grant *g;
-    uint32_t rkey;
+    uint32_t rkey, fkey = 0, nwr;
     int ibv_right, ret, state;
 
     if (!m || !grant_p || m->ctx != e->ctx || !length ||
@@ -191,25 +212,72 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     w.bind_mw.bind_info.addr = a;
     w.bind_mw.bind_info.length = length;
     w.bind_mw.bind_info.mw_access_flags = (unsigned)ibv_right;
+    nwr = ctx->bind_fence ? 3 : 1;
 
-    if (__atomic_load_n(&ep->int_out, __ATOMIC_RELAXED) >= ep->int_room)
-        exs__vrb_cq_reap(ctx); /* binds done but not polled yet give their room back */
-    pthread_mutex_lock(&ep->lock);
-    state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
-    if (state != EXS_PROV_EP_CONNECTED) {
+    /* Room for the bind (and its fence): binds complete only once everything posted before
+     * them was acknowledged, a round trip or a retransmission across a link, while the
+     * protocol may have up to EXS_WIRE_ADVERTS_MAX + EXS_WIRE_ANNOUNCED_MAX grants out.
+     * When the room is full, completions not polled yet give it back (reap); failing that,
+     * wait for them (the peer's device acknowledges without its application), bounded:
+     * a refused grant ends the connection. */
+    for (uint64_t deadline = 0, pause_us = 20;;) {
+        if (__atomic_load_n(&ep->int_out, __ATOMIC_RELAXED) + nwr > ep->int_room)
+            exs__vrb_cq_reap(ctx);
+        pthread_mutex_lock(&ep->lock);
+        state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
+        if (state != EXS_PROV_EP_CONNECTED) {
+            pthread_mutex_unlock(&ep->lock);
+            ret = -ENOTCONN;
+            goto err_dealloc;
+        }
+        if (ep->int_out + nwr <= ep->int_room)
+            break; /* with ep->lock */
         pthread_mutex_unlock(&ep->lock);
-        ret = -ENOTCONN;
-        goto err_dealloc;
+        if (!deadline) {
+            deadline = exs__now_ns() + VRB_GRANT_ROOM_WAIT_NS;
+            EXS_CNT_INC(ctx->cnt.grant_room_waits);
+        } else if (exs__now_ns() >= deadline) {
+            EXS_DBG(PROV, "ep %p: grant: %u internal requests in flight, no room", (void *)ep,
+                    ep->int_out);
+            ret = -ENOMEM;
+            goto err_dealloc;
+        }
+        {
+            struct timespec ts = {0, (long)(pause_us * 1000)};
+
+            nanosleep(&ts, NULL);
+            pause_us = EXS_MIN(pause_us * 2, 1000);
+        }
     }
-    if (ep->int_out >= ep->int_room) {
-        pthread_mutex_unlock(&ep->lock);
-        EXS_DBG(PROV, "ep %p: grant: %u binds in flight, no room", (void *)ep, ep->int_out);
-        ret = -ENOMEM;
-        goto err_dealloc;
+    first = &w;
+    nwr = 1;
+    if (ep->fence_mw) {
+        /* LOCAL_INV of the fence window (run by rxe only once everything before it
+         * completed), the fence window bound again (a fresh key), then the grant's bind.
+         * Unsignaled: the bind's completion retires them; an error completes them, with
+         * the bind's wr_id. */
+        memset(fw, 0, sizeof(fw));
+        do
+            fkey = (ep->fence_mw->rkey & ~0xffu) | (uint32_t)(vrb_rand64(ctx) & 0xff);
+        while (fkey == ep->fence_mw->rkey);
+        fw[0].opcode = IBV_WR_LOCAL_INV;
+        fw[0].invalidate_rkey = ep->fence_mw->rkey;
+        fw[0].next = &fw[1];
+        fw[1].opcode = IBV_WR_BIND_MW;
+        fw[1].bind_mw.mw = ep->fence_mw;
+        fw[1].bind_mw.rkey = fkey;
+        fw[1].bind_mw.bind_info.mr = ctx->fence_mr;
+        fw[1].bind_mw.bind_info.addr = (uint64_t)(uintptr_t)ctx->fence_page;
+        fw[1].bind_mw.bind_info.length = 1;
+        fw[1].next = &w;
+        first = fw;
+        nwr = 3;
     }
     g->seq = ep->int_seq;
+    g->nwr = nwr + ep->fence_extra;
     w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_INT_BIT | (g->seq & VRB_SEQ_MASK);
-    ret = ibv_post_send(ep->qp, &w, &bad);
+    fw[0].wr_id = fw[1].wr_id = w.wr_id;
+    ret = ibv_post_send(ep->qp, first, &bad);
     if (ret) {
         pthread_mutex_unlock(&ep->lock);
         EXS_DBG(PROV, "ep %p: grant: ibv_post_send(BIND_MW): %s", (void *)ep, strerror(ret));
@@ -218,9 +286,12 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     }
     /* the verbs library keeps the window's key as it was; the bind set a new one */
     g->mw->rkey = rkey;
+    if (nwr == 3)
+        ep->fence_mw->rkey = fkey;
+    ep->fence_extra = 0;
     g->posted_ns = exs__now_ns();
     ep->int_seq++;
-    ep->int_out++;
+    ep->int_out += nwr;
     exs_list_add_tail(&ep->grants, &g->link);
     pthread_mutex_unlock(&ep->lock);
     g->base.rkey = rkey;
@@ -347,8 +418,7 @@ struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *
             continue;
         g->bind_done = 1;
         *settled = g->settle_wanted;
-        if (ep->int_out)
-            ep->int_out--;
+        ep->int_out -= EXS_MIN(ep->int_out, g->nwr);
         if (wc->status != IBV_WC_SUCCESS) {
             if (wc->status != IBV_WC_WR_FLUSH_ERR) {
                 EXS_CNT_INC(ep->ctx->cnt.wc_errors);
@@ -365,6 +435,78 @@ struct vrb_grant *exs__vrb_int_complete(struct vrb_ep *ep, const struct ibv_wc *
     }
     EXS_CNT_INC(ep->ctx->cnt.stale_cqes);
     return NULL;
+}
+
+void exs__vrb_fence_arm(struct vrb_ep *ep)
+{
+    struct vrb_ctx *ctx = ep->ctx;
+    struct ibv_send_wr w, *bad = NULL;
+    uint32_t key;
+    int ret;
+
+    if (!ctx->bind_fence || ep->fence_mw || !ep->qp)
+        return;
+    if (!ctx->fence_mr) {
+        if (posix_memalign(&ctx->fence_page, 4096, 4096)) {
+            ctx->fence_page = NULL;
+            goto fail;
+        }
+        memset(ctx->fence_page, 0, 4096);
+        ctx->fence_mr =
+            ibv_reg_mr(ctx->pd, ctx->fence_page, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+        if (!ctx->fence_mr) {
+            free(ctx->fence_page);
+            ctx->fence_page = NULL;
+            goto fail;
+        }
+    }
+    ep->fence_mw = ibv_alloc_mw(ctx->pd, IBV_MW_TYPE_2);
+    if (!ep->fence_mw)
+        goto fail;
+    do
+        key = (ep->fence_mw->rkey & ~0xffu) | (uint32_t)(vrb_rand64(ctx) & 0xff);
+    while (key == ep->fence_mw->rkey);
+    /* the first bind of the fence window: nothing is posted yet, so nothing can be retried
+     * behind it; no rights (length 1 of a page of zeros, bound to this QP only) */
+    memset(&w, 0, sizeof(w));
+    w.opcode = IBV_WR_BIND_MW;
+    w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_INT_BIT | VRB_SEQ_MASK;
+    w.bind_mw.mw = ep->fence_mw;
+    w.bind_mw.rkey = key;
+    w.bind_mw.bind_info.mr = ctx->fence_mr;
+    w.bind_mw.bind_info.addr = (uint64_t)(uintptr_t)ctx->fence_page;
+    w.bind_mw.bind_info.length = 1;
+    pthread_mutex_lock(&ep->lock);
+    ret = ibv_post_send(ep->qp, &w, &bad);
+    if (!ret) {
+        ep->fence_mw->rkey = key;
+        ep->int_out++;
+        ep->fence_extra = 1; /* retired by the first grant's completion */
+    }
+    pthread_mutex_unlock(&ep->lock);
+    if (!ret)
+        return;
+    ibv_dealloc_mw(ep->fence_mw);
+    ep->fence_mw = NULL;
+fail:
+    EXS_WARN(PROV, "ep %p: no fence window (%m): its window binds go unfenced", (void *)ep);
+}
+
+void exs__vrb_fence_release(struct vrb_ctx *ctx)
+{
+    if (ctx->fence_mr && ibv_dereg_mr(ctx->fence_mr))
+        EXS_ERR(PROV, "ctx %p: ibv_dereg_mr (fence page) failed: %m", (void *)ctx);
+    ctx->fence_mr = NULL;
+    free(ctx->fence_page);
+    ctx->fence_page = NULL;
+}
+
+static void vrb_fence_drop(struct vrb_ep *ep)
+{
+    if (ep->fence_mw && ibv_dealloc_mw(ep->fence_mw))
+        EXS_ERR(PROV, "ep %p: ibv_dealloc_mw (fence window) failed: %m", (void *)ep);
+    ep->fence_mw = NULL;
+    ep->fence_extra = 0;
 }
 
 unsigned exs__vrb_grants_gone(struct vrb_ep *ep)
@@ -393,6 +535,7 @@ unsigned exs__vrb_grants_gone(struct vrb_ep *ep)
         }
     }
     ep->int_out = 0;
+    vrb_fence_drop(ep);
     return answers;
 }
 
@@ -411,4 +554,5 @@ void exs__vrb_grants_drop(struct vrb_ep *ep)
         exs__vrb_grant_release(g);
     }
     ep->int_out = 0;
+    vrb_fence_drop(ep);
 }
