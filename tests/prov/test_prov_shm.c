@@ -549,14 +549,20 @@ END_TEST
  * and that truncates it to nothing right after sending it; or (loop 2) a segment sealed
  * whole but one page short. The listener must never map it: a mapped page past the file's
  * end is a SIGBUS at the next touch (its line at once, the rings at the first record), so
- * a hostile or buggy peer would crash us. Each is refused before the mapping (bogus_conns,
- * the socket closed, nothing reaches the application) and the next connection is served.
- * Without the seal and size checks of shm_conn_got_req, loops 0 and 1 die of SIGBUS. */
+ * a hostile or buggy peer would crash us. Loop 3: a good segment, but a doorbell that is a
+ * pipe with no reader (a socket would do the same): the first ring would be SIGPIPE, and
+ * a full pipe put back in blocking mode by its owner would block our NIC thread. Each is
+ * refused before the mapping (bogus_conns, the socket closed, nothing reaches the
+ * application) and the next connection is served. Without the seal and size checks of
+ * shm_conn_got_req, loops 0 and 1 die of SIGBUS; without the doorbell check, loop 3's
+ * request reaches the application. */
 START_TEST(shm_segment_unsealed)
 {
     static const int seals[] = {0, F_SEAL_GROW | F_SEAL_SEAL,
+                                F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL,
                                 F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL};
     const off_t size = _i == 2 ? SHM_SEG_BYTES - 4096 : SHM_SEG_BYTES;
+    int pipefd[2];
     union {
         struct cmsghdr align;
         char buf[CMSG_SPACE(2 * sizeof(int))];
@@ -579,7 +585,13 @@ START_TEST(shm_segment_unsealed)
     ck_assert_int_eq(ftruncate(mfd, size), 0);
     if (seals[_i])
         ck_assert_int_eq(fcntl(mfd, F_ADD_SEALS, seals[_i]), 0);
-    bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (_i == 3) { /* a pipe nobody reads as the doorbell: our first ring, SIGPIPE */
+        ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+        close(pipefd[0]);
+        bell = pipefd[1];
+    } else {
+        bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    }
     ck_assert_int_ge(bell, 0);
     memset(&hs, 0, sizeof(hs));
     hs.magic = SHM_MAGIC;
@@ -675,7 +687,7 @@ Suite *prov_shm_suite(void)
     tc = pt_tcase("shm_rendezvous");
     tcase_add_loop_test(tc, shm_rendezvous_deadline, 0, 2);
     tcase_add_test(tc, shm_rendezvous_look);
-    tcase_add_loop_test(tc, shm_segment_unsealed, 0, 3);
+    tcase_add_loop_test(tc, shm_segment_unsealed, 0, 4);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
