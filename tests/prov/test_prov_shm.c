@@ -2,11 +2,14 @@
 /* The shm provider's own rules: a lying peer that scribbles its ring and its answers, and a
  * peer process killed mid-transfer (run with -p shm; skipped elsewhere). */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -557,6 +560,86 @@ START_TEST(shm_rendezvous_look)
 }
 END_TEST
 
+/* ---- a segment the peer could shrink ---- */
+
+/* A local process whose REQ carries a segment that can lose pages under the listener (loop
+ * 0: the right size, no seal at all; loop 1: sealed against growing but not shrinking),
+ * and that truncates it to nothing right after sending it; or (loop 2) a segment sealed
+ * whole but one page short. The listener must never map it: a mapped page past the file's
+ * end is a SIGBUS at the next touch (its line at once, the rings at the first record), so
+ * a hostile or buggy peer would crash us. Loop 3: a good segment, but a doorbell that is a
+ * pipe with no reader (a socket would do the same): the first ring would be SIGPIPE, and
+ * a full pipe put back in blocking mode by its owner would block our NIC thread. Each is
+ * refused before the mapping (bogus_conns, the socket closed, nothing reaches the
+ * application) and the next connection is served. Without the seal and size checks of
+ * shm_conn_got_req, loops 0 and 1 die of SIGBUS; without the doorbell check, loop 3's
+ * request reaches the application. */
+START_TEST(shm_segment_unsealed)
+{
+    static const int seals[] = {0, F_SEAL_GROW | F_SEAL_SEAL,
+                                F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL,
+                                F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL};
+    const off_t size = _i == 2 ? SHM_SEG_BYTES - 4096 : SHM_SEG_BYTES;
+    int pipefd[2];
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+    } u;
+    struct shm_hs hs;
+    struct iovec iov = {.iov_base = &hs, .iov_len = SHM_HS_FIXED};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+    struct cmsghdr *cm;
+    struct pt_pair p;
+    uint64_t bogus0;
+    int fd, mfd, bell, end;
+
+    if (skip_unless_shm("shm_segment_unsealed"))
+        return;
+    pt_pair_open(&p, NULL, NULL);
+    bogus0 = shm_counter("bogus_conns");
+    mfd = memfd_create("exs-shm-hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ck_assert_int_ge(mfd, 0);
+    ck_assert_int_eq(ftruncate(mfd, size), 0);
+    if (seals[_i])
+        ck_assert_int_eq(fcntl(mfd, F_ADD_SEALS, seals[_i]), 0);
+    if (_i == 3) { /* a pipe nobody reads as the doorbell: our first ring, SIGPIPE */
+        ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+        close(pipefd[0]);
+        bell = pipefd[1];
+    } else {
+        bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    }
+    ck_assert_int_ge(bell, 0);
+    memset(&hs, 0, sizeof(hs));
+    hs.magic = SHM_MAGIC;
+    hs.version = SHM_VERSION;
+    hs.type = SHM_HS_REQ;
+    hs.rnr_retry = 7;
+    hs.seg_bytes = SHM_SEG_BYTES; /* what a real REQ says, whatever the file is */
+    memset(u.buf, 0, sizeof(u.buf));
+    cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    memcpy(CMSG_DATA(cm), (int[]){mfd, bell}, 2 * sizeof(int));
+    fd = raw_rendezvous(&p);
+    ck_assert_int_eq(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)SHM_HS_FIXED);
+    if (_i < 2) /* the hostile part: every page goes (the seal, had it been there, refuses) */
+        ck_assert_int_eq(ftruncate(mfd, 0), 0);
+    end = pt_raw_end_within(fd, PT_TIMEOUT_MS);
+    ck_assert_msg(end == 0, "the rendezvous socket was %s, expected closed (EOF)",
+                  end > 0 ? strerror(end) : "still open");
+    ck_assert_uint_eq(shm_counter("bogus_conns") - bogus0, 1);
+    pt_expect_no_cm(&p.b, 50);
+    close(fd);
+    close(mfd);
+    close(bell);
+    pt_pair_connect(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
 /* ---- a busy poller makes no system call ---- */
 
 /* A MANUAL context driven by a busy poller (the engine's rounds) on empty rings: its turns
@@ -701,6 +784,7 @@ Suite *prov_shm_suite(void)
     tc = pt_tcase("shm_rendezvous");
     tcase_add_loop_test(tc, shm_rendezvous_deadline, 0, 2);
     tcase_add_test(tc, shm_rendezvous_look);
+    tcase_add_loop_test(tc, shm_segment_unsealed, 0, 4);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);

@@ -353,6 +353,35 @@ void exs__shm_conn_peer_died(struct shm_conn *conn)
     }
 }
 
+/* A doorbell the peer sent must be an eventfd: we write it from the NIC thread, and a pipe
+ * or socket with no reader would raise SIGPIPE, a FIFO or device could block. Without /proc
+ * (the name unreadable), anything but those kinds is taken: an eventfd has no file type. */
+static int shm_bell_ok(int fd)
+{
+    char path[40], name[32];
+    struct stat st;
+    ssize_t n;
+
+    if (fstat(fd, &st) < 0)
+        return 0;
+    switch (st.st_mode & S_IFMT) {
+    case S_IFIFO:
+    case S_IFSOCK:
+    case S_IFCHR:
+    case S_IFBLK:
+    case S_IFDIR:
+        return 0;
+    default:
+        break;
+    }
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    n = readlink(path, name, sizeof(name) - 1);
+    if (n < 0)
+        return 1;
+    name[n] = 0;
+    return strcmp(name, "anon_inode:[eventfd]") == 0;
+}
+
 /* passive: a REQ arrived on a WAIT_REQ socket */
 static void shm_conn_got_req(struct shm_conn *conn, const struct shm_hs *hs, int len, int *fds,
                              int nfds)
@@ -365,7 +394,8 @@ static void shm_conn_got_req(struct shm_conn *conn, const struct shm_hs *hs, int
     void *seg;
     int seals;
 
-    if (hs->type != SHM_HS_REQ || nfds != 2 || hs->seg_bytes != SHM_SEG_BYTES || hs->rnr_retry > 7)
+    if (hs->type != SHM_HS_REQ || nfds != 2 || hs->seg_bytes != SHM_SEG_BYTES ||
+        hs->rnr_retry > 7 || !shm_bell_ok(fds[1]))
         goto bogus;
     /* the segment must keep its size whatever the peer does: sealed, so that no page of it
      * can vanish under us (SIGBUS) */
@@ -416,7 +446,7 @@ static void shm_conn_got_reply(struct shm_conn *conn, const struct shm_hs *hs, i
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
 
-    if (hs->type == SHM_HS_ACCEPT && nfds == 1 && hs->rnr_retry <= 7) {
+    if (hs->type == SHM_HS_ACCEPT && nfds == 1 && hs->rnr_retry <= 7 && shm_bell_ok(fds[0])) {
         conn->bell = fds[0];
         (void)fcntl(conn->bell, F_SETFL, O_NONBLOCK);
         conn->peer_rnr_retry = hs->rnr_retry;
