@@ -799,7 +799,7 @@ void exs__conn_deliver_locked(struct exs_conn *conn)
             continue;
         }
         if (internal_waits)
-            conn->bwait.first = NULL; /* taken from the middle: a held run may point here */
+            conn->bwait.first = NULL;  /* taken from the middle: a held run may point here */
         if (conn->sendq_settled == op) /* the ops before it are settled too */
             conn->sendq_settled = op->link.prev == &conn->sendq
                                       ? NULL

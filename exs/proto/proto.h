@@ -259,15 +259,15 @@ struct exs_conn {
     uint64_t rd_reported; /* rd_consumed last sent in an ACK */
 
     /* sending side */
-    struct exs_list sendq;      /* send and shutdown ops, posting order */
+    struct exs_list sendq;        /* send and shutdown ops, posting order */
     struct exs_op *sendq_settled; /* this op and every one before it in sendq needs no
                                    * more sending (done, or posted: STREAM whole), so
                                    * send progress starts after it; NULL: at the head
                                    * (a RESUME's rewind clears it) */
     struct exs_op *dlv_run;       /* the last op of the run of internal ops at sendq's
                                    * head, known (exs__conn_deliver_locked); NULL: none */
-    uint64_t tx_seq;            /* next message number to send */
-    struct exs_advert *adverts; /* received ADVERTs, a ring */
+    uint64_t tx_seq;              /* next message number to send */
+    struct exs_advert *adverts;   /* received ADVERTs, a ring */
     uint32_t adv_cap, adv_head, adv_count;
     uint64_t mem_held;           /* malloc'd bytes charged to the memory account
                                   * (§9.3): arrays, ADVERTs, pending, memo */
