@@ -135,18 +135,12 @@ static void shm_wr_done_locked(struct shm_ep *ep, struct shm_wr *wr, enum exs_pr
 
 void exs__shm_wr_put_locked(struct shm_ep *ep, struct shm_wr *wr)
 {
-    if (wr->pooled)
-        exs__soft_pool_put_locked(&ep->wr_pool, wr);
-    else
-        free(wr);
+    exs__soft_pool_release_locked(&ep->wr_pool, wr, wr->pooled);
 }
 
 void exs__shm_rwr_put_locked(struct shm_ep *ep, struct exs_soft_rwr *rwr)
 {
-    if (rwr->pooled)
-        exs__soft_pool_put_locked(&ep->rwr_pool, rwr);
-    else
-        free(rwr);
+    exs__soft_pool_release_locked(&ep->rwr_pool, rwr, rwr->pooled);
 }
 
 /* ---- posting ---- */

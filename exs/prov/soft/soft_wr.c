@@ -76,6 +76,14 @@ void exs__soft_pool_put_locked(struct exs_soft_pool *p, void *blk)
     p->n++;
 }
 
+void exs__soft_pool_release_locked(struct exs_soft_pool *p, void *blk, int pooled)
+{
+    if (pooled)
+        exs__soft_pool_put_locked(p, blk);
+    else
+        free(blk);
+}
+
 void exs__soft_pool_fini(struct exs_soft_pool *p)
 {
     void *blk;

@@ -46,6 +46,9 @@ void exs__soft_pool_init(struct exs_soft_pool *p, size_t size, uint32_t max);
 void *exs__soft_pool_get_locked(struct exs_soft_pool *p);
 /* blk (p->size bytes from malloc) kept for reuse, or freed when the pool is full. */
 void exs__soft_pool_put_locked(struct exs_soft_pool *p, void *blk);
+/* blk handed back: to the pool when pooled (one of its blocks), else freed (a block of
+ * another size, malloc'd for itself). */
+void exs__soft_pool_release_locked(struct exs_soft_pool *p, void *blk, int pooled);
 /* Frees every cached block. */
 void exs__soft_pool_fini(struct exs_soft_pool *p);
 

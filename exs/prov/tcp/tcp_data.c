@@ -253,18 +253,12 @@ void exs__tcp_ep_wr_done(struct tcp_ep *ep, struct tcp_wr *wr, enum exs_prov_wc_
 
 void exs__tcp_wr_put_locked(struct tcp_ep *ep, struct tcp_wr *wr)
 {
-    if (wr->pooled)
-        exs__soft_pool_put_locked(&ep->wr_pool, wr);
-    else
-        free(wr);
+    exs__soft_pool_release_locked(&ep->wr_pool, wr, wr->pooled);
 }
 
 void exs__tcp_rwr_put_locked(struct tcp_ep *ep, struct exs_soft_rwr *rwr)
 {
-    if (rwr->pooled)
-        exs__soft_pool_put_locked(&ep->rwr_pool, rwr);
-    else
-        free(rwr);
+    exs__soft_pool_release_locked(&ep->rwr_pool, rwr, rwr->pooled);
 }
 
 /* Every framed request with psn before upto (exclusive) succeeded. */
