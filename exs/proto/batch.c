@@ -296,6 +296,24 @@ enum batch_verdict exs__batch_try_locked(struct exs_conn *conn, struct exs_list 
     return v;
 }
 
+/* The post's fast path sends op, the last op of sendq, alone, with no ring write in
+ * flight (spec/proto-layout.md, "The post's fast path"): the threshold learns from it
+ * what exs__batch_try_locked would have taught it, a run of op alone. */
+void exs__batch_alone_locked(struct exs_conn *conn, struct exs_op *op, batch_fit_fn fit)
+{
+    struct batch_run run;
+
+    EXS_ASSERT(!conn->ring_wr_out && op->link.next == &conn->sendq);
+    conn->bwait.first = NULL;
+    /* off, or at the floor already: a run of one can only lower it (no ring write is in
+     * flight), to no less than the floor */
+    if (!conn->batch_thresh || conn->batch_thresh == EXS_MIN(EXS_BATCH_FLOOR, conn->p.batch_max))
+        return;
+    batch_run_build_locked(conn, &op->link, fit, &run);
+    if (run.n || run.end == RUN_THRESH)
+        batch_adapt_locked(conn, &run);
+}
+
 /* A batched write completed (ok) or failed: its sends complete, in order; failed, only
  * the cancelled ones do (from DOWN on), the others end with the connection. */
 void exs__batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)

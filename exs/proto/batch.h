@@ -17,6 +17,7 @@ enum batch_verdict {
 };
 enum batch_verdict exs__batch_try_locked(struct exs_conn *conn, struct exs_list *from,
                                          batch_fit_fn fit);
+void exs__batch_alone_locked(struct exs_conn *conn, struct exs_op *op, batch_fit_fn fit);
 void exs__batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok);
 void exs__batch_release_locked(struct exs_conn *conn);
 

@@ -37,6 +37,8 @@ static const struct exs_counter_desc proto_counter_desc[] = {
                 "NOP records sent to return credits to a peer whose window was full"),
     EXS_COUNTER(struct exs_proto_counters, writes_inline,
                 "data writes small enough to go inline in the work request (no DMA read)"),
+    EXS_COUNTER(struct exs_proto_counters, posts_fast,
+                "sends put on the wire straight from the post, without a progress pass"),
 };
 
 static struct exs_counter_set proto_cset = {

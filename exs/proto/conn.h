@@ -63,6 +63,10 @@ struct exs_datapath {
     void (*dead_drain)(struct exs_conn *conn);
     /* a send op just queued: copied into the send buffer (§7.5)? 1 yes */
     int (*stage_send)(struct exs_conn *conn, struct exs_op *op);
+    /* a send op just queued, the conn CONNECTED: put it on the wire at once when it is
+     * the first op that needs sending and goes alone (spec/proto-layout.md, "The post's
+     * fast path"); 1: it did, and the kick would do nothing more */
+    int (*post_fast)(struct exs_conn *conn, struct exs_op *op);
     /* the ring's periodic look (§7.4): ms until due again, 0: none */
     uint64_t (*ring_timer)(struct exs_conn *conn, uint64_t now_us);
     /* statistics of the data path into st */

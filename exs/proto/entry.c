@@ -266,6 +266,9 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
             conn->dp->stage_send(conn, op); /* copied: finished, the copy goes on */
         if (conn->state == EXS_CONN_DEAD)
             exs__conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
+        else if (conn->dp->post_fast && conn->state == EXS_CONN_CONNECTED &&
+                 conn->dp->post_fast(conn, op))
+            goto out; /* on the wire; the kick has nothing to do */
     }
     exs__conn_kick_locked(conn);
 out:

@@ -462,6 +462,7 @@ struct exs_proto_counters {
     uint64_t rnr_events;    /* receiver-not-ready completions: must stay 0 (§3.1) */
     uint64_t nops_sent;     /* NOPs sent by the window check */
     uint64_t writes_inline; /* data writes posted EXS_PROV_SEND_INLINE (<= max_inline) */
+    uint64_t posts_fast;    /* sends put on the wire by the post's fast path */
 };
 extern struct exs_proto_counters exs__proto_cnt;
 

@@ -10,6 +10,7 @@
 
 #include "exs/proto/proto_int.h"
 #include "exs/proto/reqtrace.h"
+#include "exs/util/counters.h"
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
@@ -337,6 +338,32 @@ void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
         if (!sp_send_one_locked(conn, op) || conn->state >= EXS_CONN_DOWN)
             break;
     }
+}
+
+/* The post's fast path (spec/proto-layout.md, "The post's fast path"): op, just queued
+ * at sendq's tail, goes into the peer's ring at once when nothing else is to be sent
+ * before it and it would leave alone. What the kick would then do besides is nothing: a
+ * send changes no input of the receive side, the keepalive answer or delivery, and with
+ * no control record waiting the flush has nothing to send. 1: on the wire. */
+static int sp_post_fast(struct exs_conn *conn, struct exs_op *op)
+{
+    struct exs_list *prev = op->link.prev;
+
+    if (op->kind != EXS_OP_SEND || op->rt || conn->resume.peer_wait || conn->seqpkt.reann_left ||
+        conn->seqpkt.frag_op || conn->ctrl_len || conn->wrq_count || conn->ring_wr_out ||
+        !conn->peer_ring_keyed || op->len >= EXS_MIN(conn->p.eager_max, conn->peer.eager_max))
+        return 0;
+    /* every op before it needs no more sending (proto.h, sendq_settled) */
+    if (prev != &conn->sendq && (!conn->sendq_settled || prev != &conn->sendq_settled->link))
+        return 0;
+    exs__batch_alone_locked(conn, op, sp_batch_fit);
+    if (!sp_send_one_locked(conn, op))
+        return 0; /* no room or no credit: it waits, as after any post */
+    conn->sendq_settled = op;
+    if (conn->ctrl_len || conn->state != EXS_CONN_CONNECTED)
+        return 0; /* announced (the ring was full): the kick flushes the record */
+    EXS_CNT_INC(exs__proto_cnt.posts_fast);
+    return 1;
 }
 
 int exs__seqpkt_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
@@ -910,5 +937,6 @@ const struct exs_datapath exs__seqpkt_path = {
     .recv_progress = exs__seqpkt_recv_progress_locked,
     .send_progress = exs__seqpkt_send_progress_locked,
     .dead_drain = exs__seqpkt_dead_drain_locked,
+    .post_fast = sp_post_fast,
     .release = sp_release,
 };

@@ -11,6 +11,7 @@
 #include "exs/proto/proto_int.h"
 #include "exs/proto/wire.h"
 #include "exs/proto/wire_names.h"
+#include "exs/util/counters.h"
 #include "exs/util/membudget.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -124,6 +125,132 @@ START_TEST(sp_pending_entries_reused)
             used = exs__mem_used();
         else
             ck_assert_uint_eq(exs__mem_used(), used);
+    }
+}
+END_TEST
+
+/* The post's fast path (spec/proto-layout.md): a small send with nothing to send before
+ * it and no ring write in flight is on the wire when exs__conn_post returns, marked
+ * settled, without a progress pass (the counter proto posts_fast says it took the path);
+ * the message arrives whole. */
+START_TEST(sp_post_fast_taken)
+{
+    static uint8_t sb[2][64], rb[2][64];
+    struct pt_op s[2], r[2];
+
+    for (int i = 0; i < 2; i++) {
+        uint64_t c0 = EXS_CNT_GET(exs__proto_cnt.posts_fast);
+
+        send_msg(&s[i], &pp.a, sb[i], sizeof(sb[i]), 50u * (unsigned)i);
+        ck_assert_int_eq(s[i].op.state, EXS_OPS_POSTED);
+        ck_assert_uint_eq(EXS_CNT_GET(exs__proto_cnt.posts_fast), c0 + 1);
+        ck_assert_ptr_eq(pp.a.conn->sendq_settled, &s[i].op);
+        recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+        pt_run(&pp);
+        pt_assert_done(&s[i], (ssize_t)sizeof(sb[i]), 0);
+        pt_assert_done(&r[i], (ssize_t)sizeof(rb[i]), 0);
+        ck_assert(pt_check(rb[i], sizeof(rb[i]), 50u * (unsigned)i));
+        ck_assert_ptr_null(pp.a.conn->sendq_settled); /* delivered: sendq is empty */
+    }
+    for (int i = 0; i < 2; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* A send still queued (here: the peer's window closed as it was posted) is not overtaken
+ * by a small one posted after it, although that one could go into the ring at once: the
+ * fast path is for the first op that needs sending only. */
+START_TEST(sp_post_fast_keeps_order)
+{
+    static uint8_t big[1500], small[64], rb[2][2000];
+    struct pt_op s[2], r[2];
+    uint32_t credits = pp.a.conn->credits;
+    uint64_t c0;
+
+    pp.a.conn->credits = 0; /* no window: the first send waits, QUEUED */
+    send_msg(&s[0], &pp.a, big, sizeof(big), 1);
+    ck_assert_int_eq(s[0].op.state, EXS_OPS_QUEUED);
+    pp.a.conn->credits = credits;
+    c0 = EXS_CNT_GET(exs__proto_cnt.posts_fast);
+    send_msg(&s[1], &pp.a, small, sizeof(small), 2);
+    ck_assert_uint_eq(EXS_CNT_GET(exs__proto_cnt.posts_fast), c0);
+    for (int i = 0; i < 2; i++)
+        recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+    pt_run(&pp);
+    pt_assert_done(&s[0], (ssize_t)sizeof(big), 0);
+    pt_assert_done(&s[1], (ssize_t)sizeof(small), 0);
+    pt_assert_done(&r[0], (ssize_t)sizeof(big), 0); /* the first message is the big one */
+    pt_assert_done(&r[1], (ssize_t)sizeof(small), 0);
+    ck_assert(pt_check(rb[0], sizeof(big), 1));
+    ck_assert(pt_check(rb[1], sizeof(small), 2));
+    for (int i = 0; i < 2; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* A send the fast path sends alone teaches batching's elastic threshold what a progress
+ * pass would have (§6.1): with no ring write in flight a lone small send halves it, down
+ * to the floor. */
+START_TEST(sp_post_fast_threshold)
+{
+    static uint8_t sb[4][64], rb[4][64];
+    static const uint32_t want[4] = {4096, 2048, 1024, 1024};
+    struct pt_op s[4], r[4];
+
+    pp.a.conn->batch_thresh = 8192; /* the mock's batch_max */
+    for (int i = 0; i < 4; i++) {
+        uint64_t c0 = EXS_CNT_GET(exs__proto_cnt.posts_fast);
+
+        send_msg(&s[i], &pp.a, sb[i], sizeof(sb[i]), (uint64_t)i);
+        ck_assert_uint_eq(EXS_CNT_GET(exs__proto_cnt.posts_fast), c0 + 1);
+        ck_assert_uint_eq(pp.a.conn->batch_thresh, want[i]);
+        recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+        pt_run(&pp);
+        pt_assert_done(&r[i], (ssize_t)sizeof(rb[i]), 0);
+        ck_assert(pt_check(rb[i], sizeof(rb[i]), (uint64_t)i));
+    }
+    for (int i = 0; i < 4; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* A small send that finds the peer's ring full is announced: the fast path leaves it to
+ * the progress pass, which flushes the ANNOUNCE record (it does not count as fast). */
+START_TEST(sp_post_fast_announced)
+{
+    static uint8_t fill[4][1000], small[64], rb[5][1000];
+    struct pt_op s[5], r[5];
+    uint64_t c0;
+
+    for (int i = 0; i < 4; i++) { /* 4 x 1024-byte slots fill the 4096-byte ring */
+        send_msg(&s[i], &pp.a, fill[i], sizeof(fill[i]), (uint64_t)i << 12);
+        pt_run(&pp);
+    }
+    c0 = EXS_CNT_GET(exs__proto_cnt.posts_fast);
+    send_msg(&s[4], &pp.a, small, sizeof(small), 9);
+    ck_assert_int_eq(s[4].op.state, EXS_OPS_POSTED);
+    ck_assert_int_eq(s[4].op.announced, 1);
+    ck_assert_uint_eq(EXS_CNT_GET(exs__proto_cnt.posts_fast), c0);
+    ck_assert_uint_eq(pp.a.conn->ctrl_len, 0); /* the record left with the post */
+    for (int i = 0; i < 5; i++)
+        recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+    pt_run(&pp);
+    for (int i = 0; i < 4; i++) {
+        pt_assert_done(&r[i], (ssize_t)sizeof(fill[i]), 0);
+        ck_assert(pt_check(rb[i], sizeof(fill[i]), (uint64_t)i << 12));
+    }
+    pt_assert_done(&s[4], (ssize_t)sizeof(small), 0);
+    pt_assert_done(&r[4], (ssize_t)sizeof(small), 0);
+    ck_assert(pt_check(rb[4], sizeof(small), 9));
+    for (int i = 0; i < 5; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
     }
 }
 END_TEST
@@ -890,6 +1017,10 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_ring_skip);
     tcase_add_test(tc, sp_zero_length);
     tcase_add_test(tc, sp_pending_entries_reused);
+    tcase_add_test(tc, sp_post_fast_taken);
+    tcase_add_test(tc, sp_post_fast_keeps_order);
+    tcase_add_test(tc, sp_post_fast_threshold);
+    tcase_add_test(tc, sp_post_fast_announced);
     tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
     tcase_add_loop_test(tc, sp_dead_announced_in_place, 0, 2);
     tcase_add_loop_test(tc, sp_caps_honoured, 0, 2);
