@@ -644,8 +644,10 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
                     sr->len = ss->len = rp->size_max;
                     memset(ss->buf, 0x5a, ss->len);
                     lat_t = now_sec();
-                    if (post_recv(cc, sr, rp, q, mh) < 0 ||
-                        exs_send(cc->fd, ss->buf, ss->len, 0, q, ss, mh) < 0) {
+                    /* the ping first, then the receive of its echo (as rstream and
+                     * ucx_perftest do): the receive is posted while the ping travels */
+                    if (exs_send(cc->fd, ss->buf, ss->len, 0, q, ss, mh) < 0 ||
+                        post_recv(cc, sr, rp, q, mh) < 0) {
                         set_err(res, errno, "sender: ping: %s", ename(errno));
                         continue;
                     }
@@ -693,8 +695,10 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
                     struct slot *sr = &c->slots[1], *ss = &c->slots[0];
 
                     lat_t = now_sec();
-                    if (post_recv(c, sr, rp, q, mh) < 0 ||
-                        exs_send(c->fd, ss->buf, ss->len, 0, q, ss, mh) < 0) {
+                    /* the ping first, then the receive of its echo (as rstream and
+                     * ucx_perftest do): the receive is posted while the ping travels */
+                    if (exs_send(c->fd, ss->buf, ss->len, 0, q, ss, mh) < 0 ||
+                        post_recv(c, sr, rp, q, mh) < 0) {
                         set_err(res, errno, "sender: ping: %s", ename(errno));
                         continue;
                     }
