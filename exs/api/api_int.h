@@ -281,6 +281,9 @@ void exs__api_xfer_fork_child(void);
 void exs__api_sock_close_all(void);
 int exs__api_sock_live(void);
 int exs__api_mreg_live(void);
+struct api_mreg;
+/* The handle m is registered under now, 0 once deregistered (tests: a hold keeps it). */
+int exs__api_mreg_handle(const struct api_mreg *m);
 void exs__api_mreg_destroy_all(void);
 int exs__api_op_live(void);
 int exs__api_initialized(void);

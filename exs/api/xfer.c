@@ -16,23 +16,88 @@
 #define MREG_GEN_SHIFT 20
 #define MREG_IDX_MASK  ((1 << MREG_GEN_SHIFT) - 1)
 
+/*
+ * The registrations. A hold (every operation with a handle) takes no lock: it reads the
+ * table and the registration with atomic loads, raises busy, and then checks that the
+ * table still names the registration under the same handle; a deregistration empties the
+ * slot first and then reads busy (each after a full fence), so either the hold sees the
+ * empty slot and lets go, or the deregistration sees busy and puts the registration back
+ * (EBUSY). For that, nothing a hold may be reading is freed before exs_fini: a table
+ * grown keeps its old array (mreg_retired), and a registration deregistered is parked
+ * (mreg_parked, handle 0) and reused by a later one under a new handle. A hold that read
+ * a parked or reused registration raises and drops its busy count without using it: a
+ * deregistration of the new one at that instant may answer EBUSY once more.
+ */
 struct api_mreg {
     void *addr;
     size_t len;
     struct exs_prov_mr *mr;
     struct exs_prov_mr *mr_fb; /* on the fallback context, made at its first use there */
-    int busy;                  /* operations using it */
-    int handle;
+    int busy;                  /* operations using it (and holds about to check it) */
+    int handle;                /* 0: parked */
+    struct api_mreg *next;     /* parked: the next one */
 };
 
+#define MREG_RETIRED_MAX 32 /* doublings from 64 to MREG_IDX_MASK fit */
+
 static pthread_mutex_t mreg_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct api_mreg **mregs;
+static struct api_mreg **mregs; /* read without the lock: atomic loads */
 static int mreg_cap, mreg_count;
 static unsigned mreg_gen;
+static struct api_mreg **mreg_retired[MREG_RETIRED_MAX];
+static int mreg_nretired;
+static struct api_mreg *mreg_parked;
 
 int exs__api_mreg_live(void)
 {
     return __atomic_load_n(&mreg_count, __ATOMIC_RELAXED);
+}
+
+int exs__api_mreg_handle(const struct api_mreg *m)
+{
+    return __atomic_load_n(&m->handle, __ATOMIC_RELAXED);
+}
+
+/* The registration the table names under mh now, or NULL (no lock needed). */
+static struct api_mreg *mreg_find(exs_mhandle_t mh)
+{
+    int idx = (mh & MREG_IDX_MASK) - 1;
+    struct api_mreg **tab, *m;
+
+    /* the capacity is stored after the array it describes: read it first */
+    if (mh <= 0 || idx < 0 || idx >= __atomic_load_n(&mreg_cap, __ATOMIC_ACQUIRE))
+        return NULL;
+    tab = __atomic_load_n(&mregs, __ATOMIC_ACQUIRE);
+    m = __atomic_load_n(&tab[idx], __ATOMIC_ACQUIRE);
+    if (!m || __atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
+        return NULL;
+    return m;
+}
+
+static struct api_mreg *mreg_unpark(void)
+{
+    struct api_mreg *m;
+
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
+    m = mreg_parked;
+    if (m)
+        mreg_parked = m->next;
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
+    if (!m)
+        return calloc(1, sizeof(*m));
+    /* busy may be raised for a moment by a hold that read it before it was parked */
+    m->mr = m->mr_fb = NULL;
+    m->next = NULL;
+    return m;
+}
+
+static void mreg_park(struct api_mreg *m)
+{
+    __atomic_store_n(&m->handle, 0, __ATOMIC_RELAXED);
+    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
+    m->next = mreg_parked;
+    mreg_parked = m;
+    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
 }
 
 exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
@@ -49,7 +114,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         errno = EINVAL;
         return EXS_MHANDLE_INVALID;
     }
-    m = calloc(1, sizeof(*m));
+    m = mreg_unpark();
     if (!m) {
         errno = ENOMEM;
         return EXS_MHANDLE_INVALID;
@@ -58,7 +123,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
                            EXS_PROV_ACCESS_LOCAL_WRITE, /* remote rights: grants */
                            &m->mr);
     if (ret) {
-        free(m);
+        mreg_park(m);
         errno = ret == -ENOMEM ? ENOMEM : EINVAL;
         return EXS_MHANDLE_INVALID;
     }
@@ -70,58 +135,56 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
             idx = i;
             break;
         }
-    if (idx < 0 && mreg_cap < MREG_IDX_MASK) {
+    if (idx < 0 && mreg_cap < MREG_IDX_MASK && mreg_nretired < MREG_RETIRED_MAX) {
         size_t cap = mreg_cap ? (size_t)mreg_cap * 2 : 64;
-        struct api_mreg **n = cap <= MREG_IDX_MASK ? realloc(mregs, cap * sizeof(*n)) : NULL;
+        struct api_mreg **n = cap <= MREG_IDX_MASK ? calloc(cap, sizeof(*n)) : NULL;
 
         if (n) {
-            memset(n + mreg_cap, 0, (cap - (size_t)mreg_cap) * sizeof(*n));
+            /* the old array stays readable for holds in flight until exs_fini */
+            if (mregs) {
+                memcpy(n, mregs, (size_t)mreg_cap * sizeof(*n));
+                mreg_retired[mreg_nretired++] = mregs;
+            }
             idx = mreg_cap;
-            mregs = n;
-            mreg_cap = (int)cap;
+            __atomic_store_n(&mregs, n, __ATOMIC_RELEASE);
+            __atomic_store_n(&mreg_cap, (int)cap, __ATOMIC_RELEASE);
         }
     }
     if (idx >= 0) {
         mreg_gen = (mreg_gen + 1) % 1024;
-        m->handle = (int)(mreg_gen << MREG_GEN_SHIFT) | (idx + 1);
-        mregs[idx] = m;
+        __atomic_store_n(&m->handle, (int)(mreg_gen << MREG_GEN_SHIFT) | (idx + 1),
+                         __ATOMIC_RELAXED);
+        __atomic_store_n(&mregs[idx], m, __ATOMIC_RELEASE); /* m complete before it shows */
         mreg_count++;
     }
     EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
     if (idx < 0) {
         exs__prov_mr_dereg(m->mr);
-        free(m);
+        mreg_park(m);
         errno = ENOMEM;
         return EXS_MHANDLE_INVALID;
     }
     return m->handle;
 }
 
-/* The registration behind mh with a busy reference (mreg_lock held by the caller). */
-static struct api_mreg *mreg_find_locked(exs_mhandle_t mh)
-{
-    int idx = (mh & MREG_IDX_MASK) - 1;
-
-    if (mh <= 0 || idx < 0 || idx >= mreg_cap || !mregs[idx] || mregs[idx]->handle != mh)
-        return NULL;
-    return mregs[idx];
-}
-
 int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)
 {
-    struct api_mreg *m;
+    struct api_mreg *m = mreg_find(mh);
 
-    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
-    m = mreg_find_locked(mh);
-    if (m && (uintptr_t)buf >= (uintptr_t)m->addr &&
-        (uintptr_t)buf + len <= (uintptr_t)m->addr + m->len &&
-        (uintptr_t)buf + len >= (uintptr_t)buf)
-        __atomic_add_fetch(&m->busy, 1, __ATOMIC_RELAXED);
-    else
-        m = NULL;
-    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
     if (!m)
         return -EINVAL;
+    __atomic_add_fetch(&m->busy, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* pairs with exs_mderegister's */
+    if (mreg_find(mh) != m) {
+        __atomic_sub_fetch(&m->busy, 1, __ATOMIC_RELEASE);
+        return -EINVAL; /* deregistered meanwhile */
+    }
+    /* held: addr and len stay until the hold is released */
+    if ((uintptr_t)buf < (uintptr_t)m->addr || (uintptr_t)buf + len > (uintptr_t)m->addr + m->len ||
+        (uintptr_t)buf + len < (uintptr_t)buf) {
+        __atomic_sub_fetch(&m->busy, 1, __ATOMIC_RELEASE);
+        return -EINVAL;
+    }
     *m_p = m;
     return 0;
 }
@@ -139,14 +202,21 @@ int exs_mderegister(exs_mhandle_t mh)
     int err = 0;
 
     EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
-    m = mreg_find_locked(mh);
-    if (!m)
+    m = mreg_find(mh);
+    if (!m) {
         err = EINVAL;
-    else if (__atomic_load_n(&m->busy, __ATOMIC_ACQUIRE))
-        err = EBUSY;
-    else {
-        mregs[(mh & MREG_IDX_MASK) - 1] = NULL;
-        mreg_count--;
+    } else {
+        struct api_mreg **slot = &mregs[(mh & MREG_IDX_MASK) - 1];
+
+        /* empty the slot, then look at busy: a hold raises busy, then looks at the slot */
+        __atomic_store_n(slot, NULL, __ATOMIC_SEQ_CST);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&m->busy, __ATOMIC_SEQ_CST)) {
+            __atomic_store_n(slot, m, __ATOMIC_RELEASE);
+            err = EBUSY;
+        } else {
+            mreg_count--;
+        }
     }
     EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
     if (err)
@@ -154,7 +224,7 @@ int exs_mderegister(exs_mhandle_t mh)
     exs__prov_mr_dereg(m->mr);
     if (m->mr_fb)
         exs__prov_mr_dereg(m->mr_fb);
-    free(m);
+    mreg_park(m);
     return 0;
 }
 
@@ -207,6 +277,14 @@ void exs__api_mreg_destroy_all(void)
     free(mregs);
     mregs = NULL;
     mreg_cap = mreg_count = 0;
+    while (mreg_nretired)
+        free(mreg_retired[--mreg_nretired]);
+    while (mreg_parked) {
+        struct api_mreg *m = mreg_parked;
+
+        mreg_parked = m->next;
+        free(m);
+    }
     EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
 }
 

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,8 @@
 #include <sys/exs.h>
 #include <unistd.h>
 
+#include "exs/api/api_int.h"
+#include "exs/api/kfd.h"
 #include "tests/integ/integ.h"
 
 #define AH(n) IT_AH(n)
@@ -531,6 +534,95 @@ START_TEST(test_ebusy)
 }
 END_TEST
 
+/* Holds take no lock (exs/api/xfer.c): a hold races deregistrations and a growing table.
+ * While a thread holds a handle, that registration stays registered under it (a
+ * deregistration that wins is seen as handle 0); a handle held throughout always answers
+ * EBUSY; a stale handle (its registration parked and reused by later ones) never holds. */
+enum { MREG_RACE_ROUNDS = 5000, MREG_RACE_CHURN = 300 };
+static char mreg_race_buf[4096];
+static int mreg_race_h, mreg_race_stop, mreg_race_violations, mreg_race_holds;
+
+static void *mreg_race_holder(void *arg)
+{
+    int stale = *(int *)arg;
+
+    while (!__atomic_load_n(&mreg_race_stop, __ATOMIC_ACQUIRE)) {
+        int h = __atomic_load_n(&mreg_race_h, __ATOMIC_ACQUIRE);
+        struct api_mreg *m, *ms;
+
+        if (exs__api_mreg_hold(stale, mreg_race_buf, 64, &ms) == 0) {
+            exs__api_mreg_release(ms);
+            __atomic_add_fetch(&mreg_race_violations, 1, __ATOMIC_RELAXED);
+        }
+        if (exs__api_mreg_hold(h, mreg_race_buf + 8, 64, &m))
+            continue; /* deregistered before the hold: EINVAL is right */
+        __atomic_add_fetch(&mreg_race_holds, 1, __ATOMIC_RELAXED);
+        for (int k = 0; k < 400; k++) /* held a while: a deregistration may try meanwhile */
+            if (exs__api_mreg_handle(m) != h)
+                __atomic_add_fetch(&mreg_race_violations, 1, __ATOMIC_RELAXED);
+        exs__api_mreg_release(m);
+    }
+    return NULL;
+}
+
+START_TEST(test_mreg_hold_race)
+{
+    static char other[MREG_RACE_CHURN][64];
+    int h[MREG_RACE_CHURN];
+    struct api_mreg *held;
+    int stale, kept, ebusy = 0, won = 0;
+    pthread_t t;
+
+    it_init();
+    stale = exs_mregister(mreg_race_buf, sizeof(mreg_race_buf), 0);
+    ck_assert_int_gt(stale, 0);
+    IT_EXPECT_OK(exs_mderegister(stale));
+    kept = exs_mregister(mreg_race_buf, sizeof(mreg_race_buf), 0);
+    ck_assert_int_gt(kept, 0);
+    ck_assert_int_eq(exs__api_mreg_hold(kept, mreg_race_buf, 16, &held), 0);
+    mreg_race_h = exs_mregister(mreg_race_buf, sizeof(mreg_race_buf), 0);
+    ck_assert_int_gt(mreg_race_h, 0);
+    mreg_race_stop = mreg_race_violations = mreg_race_holds = 0;
+    ck_assert_int_eq(pthread_create(&t, NULL, mreg_race_holder, &stale), 0);
+    for (int r = 0; r < MREG_RACE_ROUNDS; r++) {
+        int cur = __atomic_load_n(&mreg_race_h, __ATOMIC_RELAXED);
+
+        /* the holder's handle: deregistered when free, then registered again */
+        if (exs_mderegister(cur) == 0) {
+            won++;
+            cur = exs_mregister(mreg_race_buf, sizeof(mreg_race_buf), 0);
+            ck_assert_int_gt(cur, 0);
+            __atomic_store_n(&mreg_race_h, cur, __ATOMIC_RELEASE);
+        } else {
+            ck_assert_int_eq(errno, EBUSY);
+            ebusy++;
+        }
+        errno = 0;
+        ck_assert_int_eq(exs_mderegister(kept), -1);
+        ck_assert_int_eq(errno, EBUSY);
+        if (r % 1000)
+            continue;
+        /* churn: the table grows (64 -> 512) and parked registrations are reused */
+        for (int i = 0; i < MREG_RACE_CHURN; i++) {
+            h[i] = exs_mregister(other[i], sizeof(other[i]), 0);
+            ck_assert_int_gt(h[i], 0);
+        }
+        for (int i = 0; i < MREG_RACE_CHURN; i++)
+            IT_EXPECT_OK(exs_mderegister(h[i]));
+    }
+    __atomic_store_n(&mreg_race_stop, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(mreg_race_violations, 0);
+    ck_assert_int_gt(won, 0);
+    ck_assert_int_gt(mreg_race_holds, 0);
+    exs__api_mreg_release(held);
+    IT_EXPECT_OK(exs_mderegister(kept));
+    IT_EXPECT_OK(exs_mderegister(mreg_race_h));
+    fprintf(stderr, "test_mreg_hold_race: %d deregistrations won, %d answered EBUSY, %d holds\n",
+            won, ebusy, mreg_race_holds);
+}
+END_TEST
+
 Suite *integ_errors_suite(void)
 {
     Suite *s = suite_create("integ_errors");
@@ -547,6 +639,7 @@ Suite *integ_errors_suite(void)
     it_suite_add(s, "econnrefused", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_econnrefused, test_refused_incompatible, NULL});
     it_suite_add(s, "socket", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_socket_errors, NULL});
-    it_suite_add(s, "ebusy", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_ebusy, NULL});
+    it_suite_add(s, "ebusy", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_ebusy, test_mreg_hold_race, NULL});
     return s;
 }
