@@ -854,6 +854,23 @@ void exs__conn_kick_locked(struct exs_conn *conn)
     exs__conn_deliver_locked(conn);
 }
 
+/* The kick after a send was posted (exs__conn_post; spec/proto-layout.md, "The post's
+ * fast path"): the send side and delivery only. A posted send changes no input of the
+ * receive side, of the keepalive answer or of the ACK decision (its writes only carry
+ * owed credits back), so those parts would do what the last kick left them to do:
+ * nothing until a completion, a timer or a receive kicks again. */
+void exs__conn_kick_tx_locked(struct exs_conn *conn)
+{
+    if (conn->state != EXS_CONN_CONNECTED || conn->resume.peer_wait) {
+        exs__conn_kick_locked(conn);
+        return;
+    }
+    conn->dp->send_progress(conn);
+    if (conn->ctrl_len) /* a record the send path appended (ANNOUNCE, DRAIN, TRACE) */
+        exs__conn_ctrl_flush_locked(conn);
+    exs__conn_deliver_locked(conn);
+}
+
 void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
 {
     if (conn->state >= EXS_CONN_DOWN || conn->state == EXS_CONN_IDLE)

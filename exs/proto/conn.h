@@ -128,6 +128,8 @@ void exs__conn_fork_child(void);
  * and completes (flushed, if the conn ends first) like a posted one. 0 or -errno. */
 int exs__conn_post_send_locked(struct exs_conn *conn, const struct exs_prov_send_wr *wr);
 void exs__conn_kick_locked(struct exs_conn *conn);
+/* The kick after a send was posted: the send side and delivery (conn.c). */
+void exs__conn_kick_tx_locked(struct exs_conn *conn);
 void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why);
 int exs__conn_ctrl_flush_locked(struct exs_conn *conn);
 void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op);

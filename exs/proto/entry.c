@@ -264,11 +264,14 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
         exs_list_add_tail(&conn->sendq, &op->link);
         if (conn->dp->stage_send)
             conn->dp->stage_send(conn, op); /* copied: finished, the copy goes on */
-        if (conn->state == EXS_CONN_DEAD)
+        if (conn->state == EXS_CONN_DEAD) {
             exs__conn_op_finish_locked(op, -1, conn->peer_shut ? EPIPE : conn->err);
-        else if (conn->dp->post_fast && conn->state == EXS_CONN_CONNECTED &&
-                 conn->dp->post_fast(conn, op))
-            goto out; /* on the wire; the kick has nothing to do */
+        } else if (op->kind == EXS_OP_SEND) {
+            if (!conn->dp->post_fast || conn->state != EXS_CONN_CONNECTED ||
+                !conn->dp->post_fast(conn, op))
+                exs__conn_kick_tx_locked(conn); /* else on the wire: nothing more to do */
+            goto out;
+        }
     }
     exs__conn_kick_locked(conn);
 out:
