@@ -159,7 +159,6 @@ static struct kfd *kfd_new(int fd)
         k = calloc(1, sizeof(*k));
         if (!k)
             return NULL;
-        pthread_mutex_init(&k->lock, NULL);
     }
     exs__api_kfd_lock(k);
     /* everything after the lock, which a reader may hold or wait for meanwhile */
@@ -309,12 +308,12 @@ static void kfd_rest_locked(struct kfd *k)
 
 void exs__api_kfd_lock(struct kfd *k)
 {
-    EXS_MUTEX_LOCK(&k->lock, EXS_LOCK_SOCK);
+    EXS_LITE_LOCK(&k->lock, EXS_LOCK_SOCK);
 }
 
 void exs__api_kfd_unlock(struct kfd *k)
 {
-    EXS_MUTEX_UNLOCK(&k->lock, EXS_LOCK_SOCK);
+    EXS_LITE_UNLOCK(&k->lock, EXS_LOCK_SOCK);
 }
 
 static void kfd_op_free(struct kfd_op *op)
@@ -1046,7 +1045,6 @@ void exs__api_kfd_close_all(void)
     EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
     for (struct kfd *f = kfd_free, *n; f; f = n) {
         n = f->free_next;
-        pthread_mutex_destroy(&f->lock);
         free(f);
     }
     kfd_free = NULL;
