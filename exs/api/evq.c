@@ -584,28 +584,68 @@ void exs__evq_unreserve(struct exs_evq *evq)
         exs__evq_put(evq);
 }
 
-void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
+/* A post's first step (evq->lock held): the ring entry its event goes in, or NULL when
+ * the queue is dead (only exs__evq_destroy_all kills a queue with reservations: the event
+ * is dropped, and *last_p says whether it held an orphan's last slot). */
+static exs_event_t *evq_post_slot(struct exs_evq *evq, int *last_p)
 {
-    int last = 0;
+    int tail = evq->head + evq->queued;
 
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
     EXS_ASSERT(evq_reserved(evq) > 0);
-    if (!evq->dead) {
-        int tail = evq->head + evq->queued; /* the slot becomes an event: res - freed stays */
+    if (evq->dead) {
+        evq_give_back(evq, 1);
+        *last_p = evq_orphan_last(evq);
+        return NULL;
+    }
+    return &evq->ring[tail >= evq->depth ? tail - evq->depth : tail];
+}
 
-        evq->ring[tail >= evq->depth ? tail - evq->depth : tail] = *ev;
+/* A post's last step (evq->lock held, the entry written): the reserved slot becomes an
+ * event (res - freed stays), waiters see it; then the orphan's reference when it was
+ * the last. */
+static void evq_post_end(struct exs_evq *evq, const exs_event_t *ev, int last)
+{
+    if (ev) {
         evq_set_queued(evq, evq->queued + 1);
         evq_sync_fds(evq);
-    } else {
-        /* Only exs__evq_destroy_all kills a queue with reservations: drop the event. */
-        evq_give_back(evq, 1);
-        last = evq_orphan_last(evq);
+        EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle,
+                 ev->exs_evt_type, ev->exs_evt_fd, ev->exs_evt_errno, evq->queued);
     }
-    EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle, ev->exs_evt_type,
-             ev->exs_evt_fd, ev->exs_evt_errno, evq->queued);
     EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     if (last)
         exs__evq_put(evq);
+}
+
+void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
+{
+    exs_event_t *slot;
+    int last = 0;
+
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    slot = evq_post_slot(evq, &last);
+    if (slot)
+        *slot = *ev;
+    evq_post_end(evq, slot, last);
+}
+
+void exs__evq_post_xfer(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
+                        size_t len, ssize_t result)
+{
+    exs_event_t *slot;
+    int last = 0;
+
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    slot = evq_post_slot(evq, &last);
+    if (slot) {
+        /* the header and the transfer member, whole; the union's tail is not read */
+        slot->exs_evt_type = type;
+        slot->exs_evt_errno = 0;
+        slot->exs_evt_fd = fd;
+        slot->exs_evt_ahandle = ah;
+        slot->exs_evt_u.exs_evt_xfer =
+            (exs_evt_xfer_t){.exs_evt_buf = buf, .exs_evt_len = len, .exs_evt_result = result};
+    }
+    evq_post_end(evq, slot, last);
 }
 
 /*

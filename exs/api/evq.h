@@ -3,7 +3,9 @@
 #ifndef EXS_API_EVQ_H
 #define EXS_API_EVQ_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/exs.h>
 
 /*
@@ -53,6 +55,11 @@ void exs__evq_op_cache_flush(void);
 void exs__evq_unreserve(struct exs_evq *evq);
 /* Queue an event into a slot reserved earlier; wakes waiters and makes exs_qfd readable. */
 void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev);
+/* The same for a successful transfer's event (errno 0, flags 0), written in place in the
+ * ring: the header and exs_evt_xfer are written whole; the rest of the union (which a
+ * transfer's event does not use) keeps what the ring entry held. */
+void exs__evq_post_xfer(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
+                        size_t len, ssize_t result);
 
 /* Number of live application queues (leak checks in tests); a thread's synchronous-call
  * queue is not one of them: exs__evq_private_live_count counts those. */

@@ -824,25 +824,6 @@ void exs__api_kfd_submit(struct kfd *k, struct kfd_op *op)
     exs__api_kfd_put(k);
 }
 
-/* The event of a send that went whole at once from its posting call (k->lock held): no
- * operation was made for it, only its slot in evq reserved. */
-static void kfd_send_done_locked(struct kfd *k, struct exs_evq *evq, void *buf, size_t len,
-                                 exs_ahandle_t ah)
-{
-    exs_event_t ev = {
-        .exs_evt_type = EXS_EVT_SEND,
-        .exs_evt_fd = k->fd,
-        .exs_evt_ahandle = ah,
-        .exs_evt_u.exs_evt_xfer = {.exs_evt_buf = buf,
-                                   .exs_evt_len = len,
-                                   .exs_evt_result = (ssize_t)len},
-    };
-
-    EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno 0", k->fd, EXS_EVT_SEND, ah,
-             (ssize_t)len);
-    exs__evq_post(evq, &ev);
-}
-
 int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
                       exs_mhandle_t mh, int recv, struct api_bounce *b)
 {
@@ -914,7 +895,9 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
             n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
         while (n < 0 && errno == EINTR);
         if (n == (ssize_t)len) {
-            kfd_send_done_locked(k, evq, buf, len, ah);
+            /* its event: no operation was made for it, only its slot reserved */
+            EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno 0", fd, EXS_EVT_SEND, ah, n);
+            exs__evq_post_xfer(evq, EXS_EVT_SEND, fd, ah, buf, len, n);
             exs__api_kfd_unlock(k);
             if (m)
                 exs__api_mreg_release(m);
