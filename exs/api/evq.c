@@ -34,16 +34,23 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
 
 /*
  * Locking. Two levels, always taken in this order:
- *   evq_tab.lock (rwlock)  the handle table; read-held by lookups, write-held by
+ *   evq_tab.lock (rwlock)  the handle table; read-held by exs__evq_get, write-held by
  *                          create / delete / destroy_all (and across fork). One atomic
- *                          word, reader-preferring like glibc's default rwlock: a
- *                          lookup (two per exs_send + exs_qdequeue) costs two atomic
- *                          operations, where pthread_rwlock_t cost ~120 instructions;
- *                          held briefly (evq->lock the only lock taken inside), so a
- *                          waiting side yields.
- *   evq->lock (mutex)      everything in one queue that is not marked atomic below.
+ *                          word, reader-preferring like glibc's default rwlock; held
+ *                          briefly (evq->lock the only lock taken inside), so a waiting
+ *                          side yields. The send path's lookups (exs__evq_reserve_handle,
+ *                          exs_qdequeue's first look) take none: evq_peek reads the slot
+ *                          (a grown table keeps its old arrays until exs_fini), and
+ *                          evq->st then says whether the queue found is q's, alive.
+ *   evq->lock (futex mutex, lite_lock.h)  everything in one queue not marked atomic.
  * A queue's memory is reference counted (evq->refs, atomic): the table holds one
- * reference until exs_qdelete, each exs__evq_get and each reservation holds one more.
+ * reference until exs_qdelete, each exs__evq_get and each sleeping or spinning
+ * exs_qdequeue one more; the last one parks it (evq_free: descriptors and ring gone, the
+ * struct kept for readers without a lock, reused by exs_qcreate, freed at exs_fini).
+ * Reservations hold none: a reserved slot pins the queue by itself (evq->st counts the
+ * slots ever reserved, evq->freed those given back; exs_qdelete sets the dead bit with a
+ * CAS only while none is reserved, and exs_fini's kill leaves the table's reference to
+ * the last one, evq->orphan).
  *
  * Descriptors. Each queue owns up to two eventfds whose counters are only ever 0 or 1
  * and are only written or read with evq->lock held, so they are exact copies of a
