@@ -4,18 +4,22 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
 #include "exs/api/evq_int.h"
 #include "exs/api/kfd.h"
+#include "exs/api/lite_lock.h"
 #include "exs/engine/engine.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
@@ -30,16 +34,23 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
 
 /*
  * Locking. Two levels, always taken in this order:
- *   evq_tab.lock (rwlock)  the handle table; read-held by lookups, write-held by
+ *   evq_tab.lock (rwlock)  the handle table; read-held by exs__evq_get, write-held by
  *                          create / delete / destroy_all (and across fork). One atomic
- *                          word, reader-preferring like glibc's default rwlock: a
- *                          lookup (two per exs_send + exs_qdequeue) costs two atomic
- *                          operations, where pthread_rwlock_t cost ~120 instructions;
- *                          held briefly (evq->lock the only lock taken inside), so a
- *                          waiting side yields.
- *   evq->lock (mutex)      everything in one queue that is not marked atomic below.
+ *                          word, reader-preferring like glibc's default rwlock; held
+ *                          briefly (evq->lock the only lock taken inside), so a waiting
+ *                          side yields. The send path's lookups (exs__evq_reserve_handle,
+ *                          exs_qdequeue's first look) take none: evq_peek reads the slot
+ *                          (a grown table keeps its old arrays until exs_fini), and
+ *                          evq->st then says whether the queue found is q's, alive.
+ *   evq->lock (futex mutex, lite_lock.h)  everything in one queue not marked atomic.
  * A queue's memory is reference counted (evq->refs, atomic): the table holds one
- * reference until exs_qdelete, each exs__evq_get and each reservation holds one more.
+ * reference until exs_qdelete, each exs__evq_get and each sleeping or spinning
+ * exs_qdequeue one more; the last one parks it (evq_free: descriptors and ring gone, the
+ * struct kept for readers without a lock, reused by exs_qcreate, freed at exs_fini).
+ * Reservations hold none: a reserved slot pins the queue by itself (evq->st counts the
+ * slots ever reserved, evq->freed those given back; exs_qdelete sets the dead bit with a
+ * CAS only while none is reserved, and exs_fini's kill leaves the table's reference to
+ * the last one, evq->orphan).
  *
  * Descriptors. Each queue owns up to two eventfds whose counters are only ever 0 or 1
  * and are only written or read with evq->lock held, so they are exact copies of a
@@ -65,15 +76,24 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
 #define EVQ_TAB_FIRST 16 /* initial table size */
 
 struct evq_slot {
-    struct exs_evq *evq; /* NULL when free */
+    struct exs_evq *evq; /* NULL when free; atomic stores (evq_peek reads it unlocked) */
     int gen;             /* generation of the handle the slot gives out next / now */
     int next_free;       /* free list link (FIFO, so indices are reused late) */
 };
 
 #define EVQ_TAB_WRITER 0x80000000u /* evq_tab.lock: write-held; else the count of readers */
 
+/* The slot arrays: a grown table keeps its old array for readers without the lock
+ * (evq_peek) until exs_fini. */
+struct evq_tabv {
+    struct evq_tabv *old;
+    int len;
+    struct evq_slot e[];
+};
+
 static struct {
-    unsigned lock; /* atomic: EVQ_TAB_WRITER, or the readers */
+    unsigned lock;       /* atomic: EVQ_TAB_WRITER, or the readers */
+    struct evq_tabv *tv; /* atomic: the current array (slots) */
     struct evq_slot *slots;
     int nslots;    /* allocated */
     int used;      /* slots 0 .. used - 1 have ever been handed out */
@@ -125,6 +145,12 @@ static void evq_tab_unlock(void)
 
 static int evq_live;         /* atomic: application queues not yet freed */
 static int evq_private_live; /* atomic: synchronous-call queues not yet freed */
+/* Parked queues (evq_free_lock, a leaf: the last put may come with any lock held): a
+ * queue whose last reference went keeps its memory (its lock, st, depth, freed) for the
+ * readers without a lock that may still look at it, and is reused by the next
+ * exs_qcreate; freed at exs_fini. */
+static pthread_mutex_t evq_free_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct exs_evq *evq_parked;
 
 static void evq_cpu_relax(void)
 {
@@ -196,6 +222,7 @@ static void evq_set_queued(struct exs_evq *evq, int queued)
 
 /* ---- lifetime ---- */
 
+/* The last reference went: the descriptors and the ring go, the queue is parked. */
 static void evq_free(struct exs_evq *evq)
 {
     EXS_DBG(API, "evq %d: freed", evq->handle);
@@ -203,10 +230,83 @@ static void evq_free(struct exs_evq *evq)
         close(evq->wfd);
     if (evq->qfd >= 0)
         close(evq->qfd);
-    pthread_mutex_destroy(&evq->lock);
+    evq->wfd = evq->qfd = -1;
     free(evq->ring);
+    evq->ring = NULL;
     __atomic_sub_fetch(evq->private_ ? &evq_private_live : &evq_live, 1, __ATOMIC_RELAXED);
-    free(evq);
+    EXS_MUTEX_LOCK(&evq_free_lock, EXS_LOCK_LEAF);
+    evq->free_next = evq_parked;
+    evq_parked = evq;
+    EXS_MUTEX_UNLOCK(&evq_free_lock, EXS_LOCK_LEAF);
+}
+
+/* Free the parked queues (exs_fini: no call runs). */
+static void evq_parked_free(void)
+{
+    EXS_MUTEX_LOCK(&evq_free_lock, EXS_LOCK_LEAF);
+    for (struct exs_evq *e = evq_parked, *n; e; e = n) {
+        n = e->free_next;
+        free(e);
+    }
+    evq_parked = NULL;
+    EXS_MUTEX_UNLOCK(&evq_free_lock, EXS_LOCK_LEAF);
+}
+
+/* A queue for exs_qcreate: parked or new, its state cleared, dead and with no handle in
+ * st (no reservation or lookup takes it before the table gives it one); NULL when out of
+ * memory. */
+static struct exs_evq *evq_new(int depth)
+{
+    struct exs_evq *evq;
+
+    EXS_MUTEX_LOCK(&evq_free_lock, EXS_LOCK_LEAF);
+    evq = evq_parked;
+    if (evq)
+        evq_parked = evq->free_next;
+    EXS_MUTEX_UNLOCK(&evq_free_lock, EXS_LOCK_LEAF);
+    if (!evq) {
+        evq = calloc(1, sizeof(*evq));
+        if (!evq)
+            return NULL;
+    }
+    /* a reader without the lock may look at st, depth and freed, or lock it, meanwhile */
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    __atomic_store_n(&evq->st, EVQ_ST_DEAD, __ATOMIC_RELEASE);
+    __atomic_store_n(&evq->depth, depth, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->freed, 0, __ATOMIC_RELAXED);
+    memset(&evq->free_next, 0, sizeof(*evq) - offsetof(struct exs_evq, free_next));
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    return evq;
+}
+
+/* The queue in q's slot without a lock (it may be dead, parked or another's: st says). */
+static struct exs_evq *evq_peek(exs_qhandle_t q)
+{
+    struct evq_tabv *t = __atomic_load_n(&evq_tab.tv, __ATOMIC_ACQUIRE);
+    int idx = (q & EVQ_IDX_MAX) - 1;
+
+    if (q <= 0 || !t || idx < 0 || idx >= t->len)
+        return NULL;
+    return __atomic_load_n(&t->e[idx].evq, __ATOMIC_ACQUIRE);
+}
+
+/* st names the live queue q. */
+static int evq_st_is(uint64_t st, exs_qhandle_t q)
+{
+    return !(st & EVQ_ST_DEAD) && (st >> EVQ_ST_HANDLE_SHIFT) == (uint64_t)q;
+}
+
+/* Slots reserved now (evq->lock held; only grows meanwhile). */
+static uint32_t evq_reserved(const struct exs_evq *evq)
+{
+    return (uint32_t)__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE) - evq->freed -
+           (uint32_t)evq->queued;
+}
+
+/* n slots come back (evq->lock held): taken, dropped or abandoned. */
+static void evq_give_back(struct exs_evq *evq, int n)
+{
+    __atomic_store_n(&evq->freed, evq->freed + (uint32_t)n, __ATOMIC_RELEASE);
 }
 
 static void evq_ref(struct exs_evq *evq)
@@ -220,10 +320,12 @@ void exs__evq_put(struct exs_evq *evq)
         evq_free(evq);
 }
 
-/* Mark a queue dead (evq->lock held): queued events are discarded, every waiter wakes. */
+/* Mark a queue dead (evq->lock held, EVQ_ST_DEAD set): queued events are discarded,
+ * every waiter wakes. */
 static void evq_kill(struct exs_evq *evq)
 {
     __atomic_store_n(&evq->dead, 1, __ATOMIC_RELEASE);
+    evq_give_back(evq, evq->queued);
     evq->head = 0;
     evq_set_queued(evq, 0);
     evq_sync_fds(evq);
@@ -258,26 +360,33 @@ static int evq_tab_insert(struct exs_evq *evq)
     } else {
         if (evq_tab.used == evq_tab.nslots) {
             int n = evq_tab.nslots ? evq_tab.nslots * 2 : EVQ_TAB_FIRST;
-            struct evq_slot *slots;
+            struct evq_tabv *tv;
 
             n = EXS_MIN(n, EVQ_IDX_MAX);
             if (n <= evq_tab.nslots) {
                 EXS_WARN(API, "evq table full: %d queues", evq_tab.nslots);
                 return -ENOMEM;
             }
-            slots = realloc(evq_tab.slots, (size_t)n * sizeof(*slots));
-            if (slots == NULL)
+            tv = calloc(1, sizeof(*tv) + (size_t)n * sizeof(tv->e[0]));
+            if (tv == NULL)
                 return -ENOMEM;
-            evq_tab.slots = slots;
+            tv->len = n;
+            tv->old = evq_tab.tv;
+            if (evq_tab.nslots)
+                memcpy(tv->e, evq_tab.slots, (size_t)evq_tab.nslots * sizeof(tv->e[0]));
+            evq_tab.slots = tv->e;
             evq_tab.nslots = n;
+            __atomic_store_n(&evq_tab.tv, tv, __ATOMIC_RELEASE);
         }
         idx = evq_tab.used++;
         evq_tab.slots[idx].gen = evq_tab.gen_base;
     }
     slot = &evq_tab.slots[idx];
-    slot->evq = evq;
     slot->next_free = -1;
     evq->handle = (slot->gen << EVQ_IDX_BITS) | (idx + 1);
+    /* alive: reservations and lookups without the lock may take it from now on */
+    __atomic_store_n(&evq->st, (uint64_t)evq->handle << EVQ_ST_HANDLE_SHIFT, __ATOMIC_RELEASE);
+    __atomic_store_n(&slot->evq, evq, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -287,7 +396,7 @@ static void evq_tab_remove(struct evq_slot *slot)
 {
     int idx = (int)(slot - evq_tab.slots);
 
-    slot->evq = NULL;
+    __atomic_store_n(&slot->evq, NULL, __ATOMIC_RELEASE);
     slot->gen = (slot->gen + 1) & EVQ_GEN_MASK;
     slot->next_free = -1;
     if (evq_tab.free_tail >= 0)
@@ -336,18 +445,19 @@ int exs__evq_clean(exs_qhandle_t q)
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
         return ret;
-    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
     if (evq->dead) {
         ret = -EINVAL;
-    } else if (evq->reserved > 0) {
+    } else if (evq_reserved(evq) > 0) {
         ret = -EBUSY;
     } else if (evq->queued > 0) {
         EXS_DBG(API, "evq %d: %d events of a failed call discarded", evq->handle, evq->queued);
+        evq_give_back(evq, evq->queued);
         evq->head = 0;
         evq_set_queued(evq, 0);
         evq_sync_fds(evq);
     }
-    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     exs__evq_put(evq);
     return ret;
 }
@@ -363,19 +473,30 @@ void exs__evq_destroy_all(void)
         struct exs_evq *evq = slot->evq;
 
         if (evq != NULL) {
-            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
-            if (evq->reserved > 0)
-                EXS_WARN(API, "evq %d: destroyed with %d operations outstanding", evq->handle,
-                         evq->reserved);
+            uint32_t reserved;
+
+            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            __atomic_fetch_or(&evq->st, EVQ_ST_DEAD, __ATOMIC_ACQ_REL);
+            reserved = evq_reserved(evq); /* no reservation comes now */
+            if (reserved > 0)
+                EXS_WARN(API, "evq %d: destroyed with %u operations outstanding", evq->handle,
+                         reserved);
             evq_kill(evq);
-            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            /* the last of them drops the table's reference (exs__evq_post, unreserve) */
+            evq->orphan = reserved > 0;
+            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
             evq_tab_remove(slot);
-            exs__evq_put(evq);
+            if (!reserved)
+                exs__evq_put(evq);
         }
         gen_max = EXS_MAX(gen_max, slot->gen);
     }
     /* Handles given out before stay invalid: fresh slots start above every old gen. */
-    free(evq_tab.slots);
+    for (struct evq_tabv *t = evq_tab.tv, *o; t; t = o) {
+        o = t->old;
+        free(t);
+    }
+    __atomic_store_n(&evq_tab.tv, NULL, __ATOMIC_RELEASE);
     evq_tab.slots = NULL;
     evq_tab.nslots = 0;
     evq_tab.used = 0;
@@ -383,48 +504,53 @@ void exs__evq_destroy_all(void)
     evq_tab.free_tail = -1;
     evq_tab.gen_base = (gen_max + 1) & EVQ_GEN_MASK;
     evq_tab_unlock();
+    evq_parked_free();
 }
 
 /* ---- reservation and posting ---- */
 
-/* A slot for one event, without the reference that goes with it. */
-static int evq_reserve_slot(struct exs_evq *evq)
+/* A slot for one event in evq, with one CAS on evq->st and no lock: -EINVAL when the
+ * queue is dead (or, q != EXS_QHANDLE_INVALID, st does not name the live queue q: the
+ * caller found evq by q without a lock, evq_peek), -EAGAIN when queued + reserved ==
+ * depth. A slot pins the queue: exs_qdelete refuses (EBUSY) while one is reserved, and
+ * exs_fini's kill leaves the queue to the last of them (evq->orphan). res is read before
+ * freed, and freed only grows: a full queue was full when freed was read, a slot taken
+ * was free when the CAS took it. */
+static int evq_reserve_slot(struct exs_evq *evq, exs_qhandle_t q)
 {
-    int ret = 0;
+    uint64_t st = __atomic_load_n(&evq->st, __ATOMIC_ACQUIRE);
 
-    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
-    if (evq->dead)
-        ret = -EINVAL;
-    else if (evq->queued + evq->reserved >= evq->depth)
-        ret = -EAGAIN;
-    else
-        evq->reserved++;
-    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
-    return ret;
+    for (;;) {
+        uint32_t res = (uint32_t)st;
+
+        if ((st & EVQ_ST_DEAD) || (q != EXS_QHANDLE_INVALID && !evq_st_is(st, q)))
+            return -EINVAL;
+        if (res - __atomic_load_n(&evq->freed, __ATOMIC_ACQUIRE) >=
+            (uint32_t)__atomic_load_n(&evq->depth, __ATOMIC_RELAXED))
+            return -EAGAIN;
+        if (__atomic_compare_exchange_n(&evq->st, &st,
+                                        (st & ~EVQ_ST_RES_MASK) | (uint32_t)(res + 1), 1,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 0;
+    }
 }
 
 int exs__evq_reserve(struct exs_evq *evq)
 {
-    int ret = evq_reserve_slot(evq);
-
-    if (ret == 0)
-        evq_ref(evq);
-    return ret;
+    return evq_reserve_slot(evq, EXS_QHANDLE_INVALID);
 }
 
 int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
 {
-    struct exs_evq *evq;
+    struct exs_evq *evq = evq_peek(q);
     int ret;
 
-    if (exs__evq_get(q, &evq))
+    if (!evq)
         return EINVAL;
-    ret = evq_reserve_slot(evq);
-    if (ret) {
-        exs__evq_put(evq);
+    ret = evq_reserve_slot(evq, q);
+    if (ret)
         return ret == -EAGAIN ? EAGAIN : EINVAL;
-    }
-    *evq_p = evq; /* the lookup's reference is the reservation's */
+    *evq_p = evq;
     return 0;
 }
 
@@ -445,35 +571,88 @@ void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_
     return mem;
 }
 
+/* A slot of a dead queue came back (evq->lock held): 1 when it was the last of an
+ * orphan's, whose table reference the caller then drops (after the unlock). */
+static int evq_orphan_last(const struct exs_evq *evq)
+{
+    return evq->orphan && evq_reserved(evq) == 0;
+}
+
 void exs__evq_unreserve(struct exs_evq *evq)
 {
-    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
-    EXS_ASSERT(evq->reserved > 0);
-    evq->reserved--;
-    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
-    exs__evq_put(evq);
+    int last;
+
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EXS_ASSERT(evq_reserved(evq) > 0);
+    evq_give_back(evq, 1);
+    last = evq_orphan_last(evq);
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    if (last)
+        exs__evq_put(evq);
+}
+
+/* A post's first step (evq->lock held): the ring entry its event goes in, or NULL when
+ * the queue is dead (only exs__evq_destroy_all kills a queue with reservations: the event
+ * is dropped, and *last_p says whether it held an orphan's last slot). */
+static exs_event_t *evq_post_slot(struct exs_evq *evq, int *last_p)
+{
+    int tail = evq->head + evq->queued;
+
+    EXS_ASSERT(evq_reserved(evq) > 0);
+    if (evq->dead) {
+        evq_give_back(evq, 1);
+        *last_p = evq_orphan_last(evq);
+        return NULL;
+    }
+    return &evq->ring[tail >= evq->depth ? tail - evq->depth : tail];
+}
+
+/* A post's last step (evq->lock held, the entry written): the reserved slot becomes an
+ * event (res - freed stays), waiters see it; then the orphan's reference when it was
+ * the last. */
+static void evq_post_end(struct exs_evq *evq, const exs_event_t *ev, int last)
+{
+    if (ev) {
+        evq_set_queued(evq, evq->queued + 1);
+        evq_sync_fds(evq);
+        EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle,
+                 ev->exs_evt_type, ev->exs_evt_fd, ev->exs_evt_errno, evq->queued);
+    }
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    if (last)
+        exs__evq_put(evq);
 }
 
 void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
 {
-    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
-    EXS_ASSERT(evq->reserved > 0);
-    EXS_ASSERT(evq->queued + evq->reserved <= evq->depth);
-    evq->reserved--;
-    /* Only exs__evq_destroy_all kills a queue with reservations: drop the event. */
-    if (!evq->dead) {
-        evq->ring[(evq->head + evq->queued) % evq->depth] = *ev;
-        evq_set_queued(evq, evq->queued + 1);
-        evq_sync_fds(evq);
+    exs_event_t *slot;
+    int last = 0;
+
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    slot = evq_post_slot(evq, &last);
+    if (slot)
+        *slot = *ev;
+    evq_post_end(evq, slot, last);
+}
+
+void exs__evq_post_xfer(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
+                        size_t len, ssize_t result)
+{
+    exs_event_t *slot;
+    int last = 0;
+
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    slot = evq_post_slot(evq, &last);
+    if (slot) {
+        /* the header and the transfer member, whole; the union's tail is not read */
+        slot->exs_evt_type = type;
+        slot->exs_evt_errno = 0;
+        slot->exs_evt_fd = fd;
+        slot->exs_evt_ahandle = ah;
+        slot->exs_evt_u.exs_evt_xfer =
+            (exs_evt_xfer_t){.exs_evt_buf = buf, .exs_evt_len = len, .exs_evt_result = result};
     }
-    EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle, ev->exs_evt_type,
-             ev->exs_evt_fd, ev->exs_evt_errno, evq->queued);
-    /* Drop the reservation's reference before the event can be taken: whoever takes
-     * it and then deletes the queue frees it at once (no queue outlives its delete). */
-    int last = __atomic_sub_fetch(&evq->refs, 1, __ATOMIC_ACQ_REL) == 0;
-    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
-    if (last)
-        evq_free(evq);
+    evq_post_end(evq, slot, last);
 }
 
 /*
@@ -508,7 +687,7 @@ static exs_qhandle_t evq_create(int depth, int private_)
         exs__err(EINVAL);
         return EXS_QHANDLE_INVALID;
     }
-    evq = calloc(1, sizeof(*evq));
+    evq = evq_new(depth);
     if (evq == NULL) {
         exs__err(ENOMEM);
         return EXS_QHANDLE_INVALID;
@@ -516,12 +695,10 @@ static exs_qhandle_t evq_create(int depth, int private_)
     evq->private_ = private_;
     __atomic_add_fetch(private_ ? &evq_private_live : &evq_live, 1, __ATOMIC_RELAXED);
     evq->refs = 1; /* the table's */
-    evq->depth = depth;
     evq->handle = EXS_QHANDLE_INVALID;
     evq->wfd = -1;
     evq->want_min = INT_MAX;
     evq->mode = EXS_WAIT_NOTIFY;
-    pthread_mutex_init(&evq->lock, NULL);
     evq->qfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (evq->qfd < 0) {
         ret = -errno;
@@ -570,16 +747,24 @@ int exs_qdelete(exs_qhandle_t q)
         return exs__err(EINVAL);
     }
     evq = slot->evq;
-    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
-    if (evq->reserved > 0) {
-        EXS_DBG(API, "evq %d: delete refused, %d operations outstanding", q, evq->reserved);
-        EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    /* dead only with no slot reserved: a reservation's CAS and this one race fairly */
+    uint64_t st = __atomic_load_n(&evq->st, __ATOMIC_ACQUIRE);
+    uint32_t reserved;
+
+    while (!(reserved = evq_reserved(evq)) &&
+           !__atomic_compare_exchange_n(&evq->st, &st, st | EVQ_ST_DEAD, 1, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+        ;
+    if (reserved > 0) {
+        EXS_DBG(API, "evq %d: delete refused, %u operations outstanding", q, reserved);
+        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
         evq_tab_unlock();
         return exs__err(EBUSY);
     }
     discarded = evq->queued;
     evq_kill(evq);
-    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     evq_tab_remove(slot);
     evq_tab_unlock();
     EXS_DBG(API, "evq %d: deleted, %d undelivered events discarded", q, discarded);
@@ -596,13 +781,13 @@ int exs_qfd(exs_qhandle_t q)
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
         return exs__err(-ret);
-    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
     fd = evq->qfd;
     if (!evq->exposed) {
         evq->exposed = 1;
         evq_sync_fds(evq);
     }
-    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     exs__evq_put(evq);
     return fd;
 }
@@ -617,8 +802,9 @@ static void evq_take(struct exs_evq *evq, exs_event_t *events, int n)
     memcpy(events, &evq->ring[evq->head], (size_t)first * sizeof(*events));
     if (n > first)
         memcpy(events + first, evq->ring, (size_t)(n - first) * sizeof(*events));
-    evq->head = (evq->head + n) % evq->depth;
+    evq->head = n > first ? n - first : evq->head + n == evq->depth ? 0 : evq->head + n;
     evq_set_queued(evq, evq->queued - n);
+    evq_give_back(evq, n);
     evq_sync_fds(evq);
 }
 
@@ -743,11 +929,11 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
      * socket (its only operations are on kernel sockets, which complete in the posting
      * call or on the progress thread): no system call, no clock read of its own then. */
     if (!exs__api_sock_live() && __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want) {
-        EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+        EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
         ret = evq->dead ? -EINVAL : EXS_MIN(evq->queued, max);
         if (ret > 0)
             evq_take(evq, events, ret);
-        EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
         if (ret)
             return ret;
     }
@@ -761,7 +947,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         evq_spin(evq, want, now, now < end ? end : 0);
         driven = 1;
     }
-    EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
     for (;;) {
         struct pollfd pfd[2 + EXS_ENG_MAX_CTX]; /* queue, providers, kernel sockets */
         struct timespec ts, *tsp = NULL;
@@ -790,13 +976,13 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             /* Drive, then look: POLL and the first phase of ADAPTIVE spin here (no
              * system call of their own, so no EINTR); NOTIFY drives once. Past its
              * end, the first spin still drives EVQ_SPIN_EVERY_MIN times. */
-            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
             if (now < spin_end)
                 evq_spin(evq, want, now, now < end ? end : 0);
             else
                 exs__engine_drive(0);
             driven = 1;
-            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
             continue;
         }
         if (now >= deadline) {
@@ -830,10 +1016,10 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         pfd[0].fd = want > 1 ? evq->wfd : evq->qfd;
         pfd[0].events = POLLIN;
         pfd[0].revents = 0;
-        EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
         if (exs__engine_arm(pfd_prov) == -EAGAIN) {
             exs__engine_drive(0);
-            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
             continue;
         }
         for (int i = 0; i < EXS_ENG_MAX_CTX; i++) {
@@ -855,7 +1041,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         n = ppoll(pfd, 2 + EXS_ENG_MAX_CTX, tsp, NULL);
         ret = n < 0 ? -errno : 0;
         exs__engine_arm_end(pfd_prov); /* awake: a driver may disarm the providers now */
-        EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+        EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
         if (ret < 0)
             break;
         if (n > 0 && (pfd[0].revents & POLLNVAL)) {
@@ -865,9 +1051,9 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             break;
         }
         if (n > 0 && (pfd[1 + EXS_ENG_MAX_CTX].revents & POLLIN)) {
-            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
             exs__api_kfd_run_ready();
-            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
         }
         if (n > 0 && ((pfd[1].revents | pfd[2].revents) & POLLIN)) {
             /* Awake: no longer a sleeper while driving, so the events this drive
@@ -875,17 +1061,43 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
              * again and looks at the queue first). */
             evq->sleepers--;
             sleeper = 0;
-            EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
             exs__engine_drive(0);
-            EXS_MUTEX_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
         }
     }
     if (registered)
         evq_waiter_del(evq, &w);
     if (sleeper)
         evq->sleepers--;
-    EXS_MUTEX_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     exs__engine_driver_leave();
+    return ret;
+}
+
+/* exs_qdequeue's first look (nevents != 0, arguments checked): when the process has no
+ * libexs socket (nothing to drive before taking events: evq_dequeue_wait) and the events
+ * wanted are queued, they are taken under one hold of evq->lock, found without the table's
+ * lock and with no reference (a queue's memory stays: evq_peek) and no clock read: the
+ * count, or -EINVAL (no such queue, or a threshold above its depth). -EAGAIN: the wait's
+ * way (exs_qdequeue), which looks again. */
+static int evq_dequeue_now(exs_qhandle_t q, exs_event_t *events, int nevents)
+{
+    struct exs_evq *evq = evq_peek(q);
+    int want = nevents > 0 ? 1 : -nevents, ret = -EAGAIN;
+
+    if (!evq)
+        return -EINVAL;
+    if (exs__api_sock_live())
+        return -EAGAIN;
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    if (!evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q) || want > evq->depth) {
+        ret = -EINVAL;
+    } else if (evq->queued >= want) {
+        ret = nevents > 0 ? EXS_MIN(evq->queued, nevents) : want;
+        evq_take(evq, events, ret);
+    }
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     return ret;
 }
 
@@ -899,14 +1111,15 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
         return exs__err(EINVAL);
     if (nevents != 0 && events == NULL)
         return exs__err(EINVAL);
-    if (timeout != NULL) {
-        if (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000)
-            return exs__err(EINVAL);
-        /* Beyond ~290 years from boot the deadline would overflow: that is forever. */
-        if ((uint64_t)timeout->tv_sec < (UINT64_MAX / 2) / 1000000000u) {
-            t0 = exs__now_ns();
-            deadline = t0 + (uint64_t)timeout->tv_sec * 1000000000u + (uint64_t)timeout->tv_nsec;
-        }
+    if (timeout != NULL &&
+        (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000))
+        return exs__err(EINVAL);
+    if (nevents != 0 && (ret = evq_dequeue_now(q, events, nevents)) != -EAGAIN)
+        return ret < 0 ? exs__err(-ret) : ret;
+    /* Beyond ~290 years from boot the deadline would overflow: that is forever. */
+    if (timeout != NULL && (uint64_t)timeout->tv_sec < (UINT64_MAX / 2) / 1000000000u) {
+        t0 = exs__now_ns();
+        deadline = t0 + (uint64_t)timeout->tv_sec * 1000000000u + (uint64_t)timeout->tv_nsec;
     }
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
@@ -957,7 +1170,11 @@ void exs__evq_fork(int phase)
         evq->qfd = evq->wfd = -1;
         exs__forsake(evq);
     }
-    exs__forsake(evq_tab.slots);
+    exs__forsake(evq_tab.tv); /* the old arrays are reachable from it */
+    exs__forsake(evq_parked);
+    evq_parked = NULL;
+    pthread_mutex_init(&evq_free_lock, NULL);
+    evq_tab.tv = NULL;
     evq_tab.slots = NULL;
     evq_tab.nslots = evq_tab.used = 0;
     evq_tab.free_head = evq_tab.free_tail = -1;
@@ -966,4 +1183,18 @@ void exs__evq_fork(int phase)
     /* only this thread is left: the lock the parent's forking thread held is free */
     __atomic_store_n(&evq_tab.lock, 0, __ATOMIC_RELEASE);
     EXS_LOCK_RELEASE(EXS_LOCK_EVQ_TAB);
+}
+
+/* ---- the small mutex's slow paths (lite_lock.h) ---- */
+
+void exs__lite_lock_wait(struct exs_lite_lock *l)
+{
+    /* held: mark it waited for, and sleep while it stays held so */
+    while (__atomic_exchange_n(&l->v, 2, __ATOMIC_ACQUIRE) != 0)
+        syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
+}
+
+void exs__lite_lock_wake(struct exs_lite_lock *l)
+{
+    syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }

@@ -3,7 +3,9 @@
 #ifndef EXS_API_EVQ_H
 #define EXS_API_EVQ_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/exs.h>
 
 /*
@@ -30,16 +32,17 @@ void exs__evq_put(struct exs_evq *evq);
 /* The handle of a queue. */
 exs_qhandle_t exs__evq_handle(const struct exs_evq *evq);
 
-/* Reserve one slot. -EAGAIN: the queue is full (queued + reserved == depth);
- * -EINVAL: the queue is being deleted. Each successful reserve takes a reference on the
- * queue that the matching post or unreserve drops. */
+/* Reserve one slot (one CAS, no lock). -EAGAIN: the queue is full (queued + reserved ==
+ * depth); -EINVAL: the queue is being deleted. A reserved slot pins the queue until the
+ * matching post or unreserve (exs_qdelete says EBUSY; exs_fini's kill leaves the queue's
+ * memory to the last slot): it takes no reference. */
 int exs__evq_reserve(struct exs_evq *evq);
-/* A posting call's first step: look q up, reserve one slot in it (the reservation holds
- * the reference to *evq_p) and allocate size zeroed bytes for the operation that will
+/* A posting call's first step: look q up, reserve one slot in it (which pins *evq_p)
+ * and allocate size zeroed bytes for the operation that will
  * post into it. NULL with *err_p = EINVAL (no such live queue), EAGAIN (full) or ENOMEM;
  * nothing is reserved then. */
 void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p);
-/* Look q up and reserve one slot in it (the reservation holds the reference to *evq_p):
+/* Look q up (without the table's lock) and reserve one slot in it, which pins *evq_p:
  * 0, or the errno for the application (EINVAL, EAGAIN). */
 int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p);
 /* Free what exs__evq_reserve_alloc allocated (size: the same as given to it). Blocks of
@@ -53,6 +56,11 @@ void exs__evq_op_cache_flush(void);
 void exs__evq_unreserve(struct exs_evq *evq);
 /* Queue an event into a slot reserved earlier; wakes waiters and makes exs_qfd readable. */
 void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev);
+/* The same for a successful transfer's event (errno 0, flags 0), written in place in the
+ * ring: the header and exs_evt_xfer are written whole; the rest of the union (which a
+ * transfer's event does not use) keeps what the ring entry held. */
+void exs__evq_post_xfer(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
+                        size_t len, ssize_t result);
 
 /* Number of live application queues (leak checks in tests); a thread's synchronous-call
  * queue is not one of them: exs__evq_private_live_count counts those. */

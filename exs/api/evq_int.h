@@ -7,6 +7,9 @@
 
 #include <pthread.h>
 
+#include "exs/api/lite_lock.h"
+#include <stdint.h>
+
 #include <sys/exs.h>
 
 /* A thread sleeping in a threshold dequeue (nevents < 0); lives on its stack. wfd is
@@ -18,16 +21,29 @@ struct evq_waiter {
     struct evq_waiter *prev;
 };
 
+/* evq->st: the handle, dead, and the count of slots ever reserved (32 bits, wrapping) */
+#define EVQ_ST_RES_MASK     0xffffffffull
+#define EVQ_ST_DEAD         (1ull << 32)
+#define EVQ_ST_HANDLE_SHIFT 33
+
 struct exs_evq {
-    pthread_mutex_t lock;
-    int refs; /* atomic; the table, gets and reservations */
+    /* Read without the lock by a reservation and a lookup (evq.c: a queue's memory is
+     * parked, never freed, before exs_fini): lock, st, depth and freed, which are written
+     * with atomic stores; the rest is cleared when a parked queue is reused. */
+    struct exs_lite_lock lock;
+    uint64_t st;               /* atomic: EVQ_ST_*; reservations add 1 with a CAS, no lock */
+    int depth;                 /* atomic store at creation */
+    uint32_t freed;            /* atomic store under lock: slots given back (events taken, dropped,
+                                * reservations abandoned); reserved = res - freed - queued */
+    struct exs_evq *free_next; /* evq_free_lock: parked */
+    int refs;                  /* atomic; the table's, gets and waiters */
     exs_qhandle_t handle;
-    int depth;
     exs_event_t *ring; /* depth entries, oldest at ring[head] */
     int head;
-    int queued;   /* written under lock with atomic stores (spinners read it) */
-    int reserved; /* slots promised to outstanding operations */
-    int dead;     /* atomic store under lock: exs_qdelete ran */
+    int queued; /* written under lock with atomic stores (spinners read it) */
+    int orphan; /* lock: killed by exs_fini with slots reserved: the table's reference
+                 * goes with the last of them */
+    int dead;   /* atomic store under lock: exs_qdelete ran */
     int qfd;
     int qfd_on; /* qfd counter is 1 */
     int wfd;    /* -1 until the first threshold wait */

@@ -159,7 +159,6 @@ static struct kfd *kfd_new(int fd)
         k = calloc(1, sizeof(*k));
         if (!k)
             return NULL;
-        pthread_mutex_init(&k->lock, NULL);
     }
     exs__api_kfd_lock(k);
     /* everything after the lock, which a reader may hold or wait for meanwhile */
@@ -309,12 +308,12 @@ static void kfd_rest_locked(struct kfd *k)
 
 void exs__api_kfd_lock(struct kfd *k)
 {
-    EXS_MUTEX_LOCK(&k->lock, EXS_LOCK_SOCK);
+    EXS_LITE_LOCK(&k->lock, EXS_LOCK_SOCK);
 }
 
 void exs__api_kfd_unlock(struct kfd *k)
 {
-    EXS_MUTEX_UNLOCK(&k->lock, EXS_LOCK_SOCK);
+    EXS_LITE_UNLOCK(&k->lock, EXS_LOCK_SOCK);
 }
 
 static void kfd_op_free(struct kfd_op *op)
@@ -825,25 +824,6 @@ void exs__api_kfd_submit(struct kfd *k, struct kfd_op *op)
     exs__api_kfd_put(k);
 }
 
-/* The event of a send that went whole at once from its posting call (k->lock held): no
- * operation was made for it, only its slot in evq reserved. */
-static void kfd_send_done_locked(struct kfd *k, struct exs_evq *evq, void *buf, size_t len,
-                                 exs_ahandle_t ah)
-{
-    exs_event_t ev = {
-        .exs_evt_type = EXS_EVT_SEND,
-        .exs_evt_fd = k->fd,
-        .exs_evt_ahandle = ah,
-        .exs_evt_u.exs_evt_xfer = {.exs_evt_buf = buf,
-                                   .exs_evt_len = len,
-                                   .exs_evt_result = (ssize_t)len},
-    };
-
-    EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno 0", k->fd, EXS_EVT_SEND, ah,
-             (ssize_t)len);
-    exs__evq_post(evq, &ev);
-}
-
 int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
                       exs_mhandle_t mh, int recv, struct api_bounce *b)
 {
@@ -915,7 +895,9 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
             n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
         while (n < 0 && errno == EINTR);
         if (n == (ssize_t)len) {
-            kfd_send_done_locked(k, evq, buf, len, ah);
+            /* its event: no operation was made for it, only its slot reserved */
+            EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno 0", fd, EXS_EVT_SEND, ah, n);
+            exs__evq_post_xfer(evq, EXS_EVT_SEND, fd, ah, buf, len, n);
             exs__api_kfd_unlock(k);
             if (m)
                 exs__api_mreg_release(m);
@@ -1046,7 +1028,6 @@ void exs__api_kfd_close_all(void)
     EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
     for (struct kfd *f = kfd_free, *n; f; f = n) {
         n = f->free_next;
-        pthread_mutex_destroy(&f->lock);
         free(f);
     }
     kfd_free = NULL;

@@ -6,6 +6,8 @@
 #define EXS_API_KFD_INT_H
 
 #include <pthread.h>
+
+#include "exs/api/lite_lock.h"
 #include <sys/types.h>
 
 #include "exs/api/api_int.h"
@@ -29,13 +31,13 @@ struct kfd_op {
 };
 
 struct kfd {
-    pthread_mutex_t lock;  /* first: what follows is cleared when a parked kfd is reused */
-    int fd;                /* lock (a reader may find a parked or reused kfd: kfd.c) */
-    int refs;              /* atomic */
-    int attached;          /* lock (and kfd_tab_lock to change): in the table */
-    struct kfd *free_next; /* kfd_free_lock: parked (kfd.c) */
-    struct exs_list sendq; /* sends and shutdowns, posting order */
-    struct exs_list recvq; /* receives, posting order */
+    struct exs_lite_lock lock; /* first: what follows is cleared when a parked kfd is reused */
+    int fd;                    /* lock (a reader may find a parked or reused kfd: kfd.c) */
+    int refs;                  /* atomic */
+    int attached;              /* lock (and kfd_tab_lock to change): in the table */
+    struct kfd *free_next;     /* kfd_free_lock: parked (kfd.c) */
+    struct exs_list sendq;     /* sends and shutdowns, posting order */
+    struct exs_list recvq;     /* receives, posting order */
     int n_send, n_recv;
     int err;      /* lock: the connection failed (not EPIPE): every pending
                    * operation reports it */

@@ -20,7 +20,17 @@
 
 /* ---- descriptor table ---- */
 
+/* The table: tab and tab_len change under tab_lock, its slots are written there with
+ * atomic stores. exs__api_sock_find looks at a slot without the lock through tabv (atomic),
+ * and takes the lock only when the slot holds a socket: a kernel socket's call (issue 27)
+ * costs no lock here. A grown table keeps its old array for such readers until exs_fini. */
 static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
+struct sock_tabv {
+    struct sock_tabv *old; /* the array this one replaced */
+    int len;
+    struct api_sock *e[];
+};
+static struct sock_tabv *tabv;
 static struct api_sock **tab;
 static int tab_len;
 static int sock_live;
@@ -50,11 +60,15 @@ void exs__api_sock_put(struct api_sock *s)
     __atomic_fetch_sub(&sock_live, 1, __ATOMIC_RELAXED);
 }
 
-/* The socket behind fd with a reference, or NULL (no system call). */
+/* The socket behind fd with a reference, or NULL (no system call; no lock when the slot is
+ * empty). */
 struct api_sock *exs__api_sock_find(int fd)
 {
+    struct sock_tabv *t = __atomic_load_n(&tabv, __ATOMIC_ACQUIRE);
     struct api_sock *s = NULL;
 
+    if (fd < 0 || !t || fd >= t->len || !__atomic_load_n(&t->e[fd], __ATOMIC_RELAXED))
+        return NULL;
     EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (fd >= 0 && fd < tab_len && tab[fd]) {
         s = tab[fd];
@@ -83,18 +97,22 @@ int exs__api_sock_tab_insert(struct api_sock *s)
     EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (s->fd >= tab_len) {
         int n = EXS_MAX(s->fd + 1, tab_len * 2);
-        struct api_sock **t = realloc(tab, (size_t)n * sizeof(*t));
+        struct sock_tabv *t = calloc(1, sizeof(*t) + (size_t)n * sizeof(t->e[0]));
 
         if (!t) {
             ret = -ENOMEM;
             goto out;
         }
-        memset(t + tab_len, 0, (size_t)(n - tab_len) * sizeof(*t));
-        tab = t;
+        t->len = n;
+        t->old = tabv;
+        if (tab_len)
+            memcpy(t->e, tab, (size_t)tab_len * sizeof(t->e[0]));
+        tab = t->e;
         tab_len = n;
+        __atomic_store_n(&tabv, t, __ATOMIC_RELEASE);
     }
     EXS_ASSERT(!tab[s->fd]);
-    tab[s->fd] = s;
+    __atomic_store_n(&tab[s->fd], s, __ATOMIC_RELEASE);
     exs__api_sock_ref(s);
 out:
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
@@ -108,7 +126,7 @@ static int tab_remove(struct api_sock *s)
 
     EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (s->fd >= 0 && s->fd < tab_len && tab[s->fd] == s) {
-        tab[s->fd] = NULL;
+        __atomic_store_n(&tab[s->fd], NULL, __ATOMIC_RELAXED);
         removed = 1;
     }
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
@@ -914,7 +932,11 @@ void exs__api_sock_close_all(void)
         }
     }
     EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
-    free(tab);
+    for (struct sock_tabv *t = tabv, *o; t; t = o) {
+        o = t->old;
+        free(t);
+    }
+    __atomic_store_n(&tabv, NULL, __ATOMIC_RELEASE);
     tab = NULL;
     tab_len = 0;
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
@@ -933,7 +955,8 @@ void exs__api_sock_fork(int phase)
         for (int fd = 0; fd < tab_len; fd++)
             if (tab[fd] && tab[fd]->fd_open)
                 exs__api_fork_stale_mark(fd);
-        exs__forsake(tab);
+        exs__forsake(tabv); /* the old arrays are reachable from it */
+        tabv = NULL;
         tab = NULL;
         tab_len = 0;
         sock_live = 0;

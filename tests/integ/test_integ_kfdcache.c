@@ -371,6 +371,44 @@ START_TEST(test_kfdc_tx_timestamp)
 }
 END_TEST
 
+/* An exs_send that completes at once and the exs_qdequeue that takes its event read no
+ * clock, a timeout given or not (the event is there: exs_qdequeue's first look takes it
+ * before a deadline is computed), and find the queue by handle, not by a reference. */
+START_TEST(test_kfdc_dequeue_no_clock)
+{
+    static const struct timespec ts_1s = {1, 0};
+    exs_qhandle_t q;
+    exs_event_t ev;
+    int a, b;
+    char c = 'c', got[64];
+
+    it_init();
+    q = it_qcreate(8);
+    it_tcp_pair(&a, &b, 0, 0);
+    send_one(q, a, b, 'x'); /* trusted now */
+    it_clock_count(1);
+    uint64_t c0 = it_clock_reads();
+    for (int i = 0; i < 16; i++) {
+        ck_assert_int_eq(exs_send(a, &c, 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED), 0);
+        ck_assert_int_eq(exs_qdequeue(q, &ev, i % 2 ? 1 : -1, i % 4 < 2 ? &ts_1s : NULL), 1);
+        ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_SEND);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        ck_assert_int_eq(ev.exs_evt_fd, a);
+        ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(2));
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 1);
+    }
+    uint64_t c1 = it_clock_reads();
+    it_clock_count(0);
+    ck_assert_msg(c1 == c0, "%llu clock reads for 16 sends and their dequeues",
+                  (unsigned long long)(c1 - c0));
+    ck_assert_int_eq(recv(b, got, 16, MSG_WAITALL), 16);
+    close(a);
+    close(b);
+    it_kfd_settle(q);
+    it_qdelete(q);
+}
+END_TEST
+
 Suite *integ_kfdcache_suite(void)
 {
     Suite *s = suite_create("integ_kfdcache");
@@ -378,6 +416,6 @@ Suite *integ_kfdcache_suite(void)
     it_suite_add(s, "kfdcache", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_kfdc_closed_and_files, test_kfdc_other_sockets,
                                         test_kfdc_other_tcp, test_kfdc_table_race,
-                                        test_kfdc_tx_timestamp, NULL});
+                                        test_kfdc_tx_timestamp, test_kfdc_dequeue_no_clock, NULL});
     return s;
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "exs/api/evq.h"
+#include "exs/api/lite_lock.h"
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 #include "tests/unit/unit.h"
@@ -709,6 +710,182 @@ START_TEST(test_mpmc)
 }
 END_TEST
 
+/* ---- without the table's lock (issue 27) ---- */
+
+/* A queue's memory is parked and reused by the next exs_qcreate: a reservation (found by
+ * handle without a lock, evq_peek) and a dequeue by the old handle never reach the new
+ * queue; st names the queue it is. */
+START_TEST(test_parked_reuse)
+{
+    exs_qhandle_t old = exs_qcreate(4), q;
+    struct exs_evq *evq, *e2;
+    exs_event_t ev;
+
+    ck_assert_int_gt(old, 0);
+    ck_assert_int_eq(exs__evq_get(old, &evq), 0);
+    exs__evq_put(evq);
+    ck_assert_int_eq(exs_qdelete(old), 0);
+    q = exs_qcreate(4); /* the same memory, the same table slot, another handle */
+    ck_assert_int_gt(q, 0);
+    ck_assert_int_ne(q, old);
+    ck_assert_int_eq(exs__evq_get(q, &e2), 0);
+    exs__evq_put(e2);
+    ck_assert_ptr_eq(e2, evq);
+    post_one(q, 5, 5);
+    ck_assert_int_eq(exs__evq_reserve_handle(old, &e2), EINVAL);
+    errno = 0;
+    ck_assert_int_eq(exs_qdequeue(old, &ev, 1, &ts_zero), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    errno = 0;
+    ck_assert_int_eq(exs_qdequeue(old, &ev, -1, NULL), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    /* q's own: its event, and all of its depth for reservations */
+    ck_assert_int_eq(exs_qdequeue(q, &ev, 1, &ts_zero), 1);
+    ck_assert_int_eq(ev.exs_evt_fd, 5);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(exs__evq_reserve_handle(q, &e2), 0);
+    ck_assert_int_eq(exs__evq_reserve_handle(q, &e2), EAGAIN);
+    for (int i = 0; i < 4; i++)
+        exs__evq_unreserve(e2);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* exs_fini kills a queue with a slot still reserved: its memory is not parked (so not
+ * reused by the next exs_qcreate) until that slot's event comes, which is dropped. */
+START_TEST(test_orphan_not_reused)
+{
+    exs_qhandle_t a = exs_qcreate(2), b;
+    struct exs_evq *evq, *e2;
+    exs_event_t ev;
+
+    memset(&ev, 0, sizeof(ev));
+    ev.exs_evt_type = EXS_EVT_SEND;
+    ev.exs_evt_fd = 9;
+    ck_assert_int_eq(exs__evq_reserve_handle(a, &evq), 0);
+    exs__log_level = EXS_LOG_ERR; /* the warning about a is expected */
+    exs__evq_destroy_all();
+    ck_assert_int_eq(exs__evq_live_count(), 1);
+    b = exs_qcreate(2);
+    ck_assert_int_gt(b, 0);
+    ck_assert_int_eq(exs__evq_get(b, &e2), 0);
+    exs__evq_put(e2);
+    ck_assert_ptr_ne(e2, evq);
+    exs__evq_post(evq, &ev); /* a's last slot: dropped, a parked */
+    ck_assert_int_eq(exs__evq_live_count(), 1);
+    ck_assert_int_eq(exs_qdequeue(b, &ev, 1, &ts_zero), 0);
+    ck_assert_int_eq(exs_qdelete(b), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* Reservations (one CAS, no lock) race exs_qdelete: a delete never succeeds while a slot
+ * is reserved, and no reservation succeeds after it. */
+struct race_ctx {
+    exs_qhandle_t q; /* atomic */
+    int deleted;     /* atomic: q's exs_qdelete returned 0 */
+    int stop;        /* atomic */
+    int bad;         /* atomic: a reservation held across a successful delete */
+    long reserved;
+};
+
+static void *race_reserver(void *arg)
+{
+    struct race_ctx *c = arg;
+
+    while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
+        exs_qhandle_t q = __atomic_load_n(&c->q, __ATOMIC_ACQUIRE);
+        struct exs_evq *evq;
+
+        if (exs__evq_reserve_handle(q, &evq))
+            continue;
+        c->reserved++;
+        for (int i = 0; i < 16; i++)
+            sched_yield();
+        if (__atomic_load_n(&c->deleted, __ATOMIC_ACQUIRE) &&
+            __atomic_load_n(&c->q, __ATOMIC_ACQUIRE) == q)
+            __atomic_store_n(&c->bad, 1, __ATOMIC_RELEASE);
+        exs__evq_unreserve(evq);
+    }
+    return NULL;
+}
+
+START_TEST(test_reserve_delete_race)
+{
+    struct race_ctx c = {0};
+    pthread_t t;
+    long busy = 0;
+
+    c.q = exs_qcreate(4);
+    ck_assert_int_gt(c.q, 0);
+    ck_assert_int_eq(pthread_create(&t, NULL, race_reserver, &c), 0);
+    for (int i = 0; i < 300; i++) {
+        exs_qhandle_t q = c.q, n;
+        struct exs_evq *evq;
+
+        while (exs_qdelete(q) != 0) {
+            ck_assert_int_eq(errno, EBUSY);
+            busy++;
+            sched_yield();
+        }
+        __atomic_store_n(&c.deleted, 1, __ATOMIC_RELEASE);
+        ck_assert_int_eq(exs__evq_reserve_handle(q, &evq), EINVAL);
+        for (int j = 0; j < 8; j++)
+            sched_yield();
+        n = exs_qcreate(4);
+        ck_assert_int_gt(n, 0);
+        __atomic_store_n(&c.deleted, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&c.q, n, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&c.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(c.bad, 0);
+    ck_assert_int_gt(c.reserved, 0);
+    ck_assert_int_eq(exs_qdelete(c.q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* The futex mutex of the send path's locks (lite_lock.h): threads contending for it
+ * (sleeping in the kernel) lose no update. */
+#define LITE_THREADS 4
+#define LITE_ROUNDS  20000
+
+struct lite_ctx {
+    struct exs_lite_lock lock;
+    long count; /* lock */
+};
+
+static void *lite_worker(void *arg)
+{
+    struct lite_ctx *c = arg;
+
+    for (int i = 0; i < LITE_ROUNDS; i++) {
+        exs__lite_lock(&c->lock);
+        long v = c->count;
+        if (i % 64 == 0)
+            sched_yield(); /* held across a yield: the others wait in the kernel */
+        c->count = v + 1;
+        exs__lite_unlock(&c->lock);
+    }
+    return NULL;
+}
+
+START_TEST(test_lite_lock)
+{
+    struct lite_ctx c = {{0}, 0};
+    pthread_t t[LITE_THREADS];
+
+    for (int i = 0; i < LITE_THREADS; i++)
+        ck_assert_int_eq(pthread_create(&t[i], NULL, lite_worker, &c), 0);
+    for (int i = 0; i < LITE_THREADS; i++)
+        pthread_join(t[i], NULL);
+    ck_assert_int_eq(c.count, (long)LITE_THREADS * LITE_ROUNDS);
+    ck_assert_int_eq(c.lock.v, 0);
+}
+END_TEST
+
 Suite *api_evq_suite(void)
 {
     Suite *s = suite_create("api_evq");
@@ -747,6 +924,14 @@ Suite *api_evq_suite(void)
     tc = tcase_create("threads");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_mpmc, 0, (int)EXS_ARRAY_SIZE(wait_modes));
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("lockfree");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_parked_reuse);
+    tcase_add_test(tc, test_orphan_not_reused);
+    tcase_add_test(tc, test_reserve_delete_race);
+    tcase_add_test(tc, test_lite_lock);
     suite_add_tcase(s, tc);
     return s;
 }

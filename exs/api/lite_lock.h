@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: MIT */
+/* A small mutex for the locks on a kernel socket's send path (an event queue's, a kfd's). */
+#ifndef EXS_API_LITE_LOCK_H
+#define EXS_API_LITE_LOCK_H
+
+#include "exs/util/lockorder.h"
+
+/*
+ * A futex mutex (0 free, 1 held, 2 held and maybe waited for): taking a free lock is one
+ * CAS, giving it back one exchange, inline, where pthread_mutex_lock and _unlock cost some
+ * 55 instructions a pair (issue 27: an exs_send on a kernel socket and its dequeue take
+ * three). Not recursive, no owner check; a waiter sleeps in the kernel (FUTEX_WAIT), never
+ * spins. The lock-order checks are those of EXS_MUTEX_LOCK. Memory: a zeroed one is free.
+ */
+struct exs_lite_lock {
+    int v;
+};
+
+void exs__lite_lock_wait(struct exs_lite_lock *l);
+void exs__lite_lock_wake(struct exs_lite_lock *l);
+
+static inline void exs__lite_lock(struct exs_lite_lock *l)
+{
+    int c = 0;
+
+    if (!__atomic_compare_exchange_n(&l->v, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        exs__lite_lock_wait(l);
+}
+
+static inline void exs__lite_unlock(struct exs_lite_lock *l)
+{
+    if (__atomic_exchange_n(&l->v, 0, __ATOMIC_RELEASE) == 2)
+        exs__lite_lock_wake(l);
+}
+
+#define EXS_LITE_LOCK(_l, _lvl)                                                                    \
+    do {                                                                                           \
+        EXS_LOCK_ACQUIRE(_lvl);                                                                    \
+        exs__lite_lock(_l);                                                                        \
+    } while (0)
+#define EXS_LITE_UNLOCK(_l, _lvl)                                                                  \
+    do {                                                                                           \
+        exs__lite_unlock(_l);                                                                      \
+        EXS_LOCK_RELEASE(_lvl);                                                                    \
+    } while (0)
+
+#endif
