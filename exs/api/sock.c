@@ -234,7 +234,8 @@ void exs__api_sock_set_state(struct api_sock *s, enum api_sock_state st, const c
     EXS_ASSERT(sock_next[s->state] & SOCK_BIT(st));
     EXS_TRACE(API, "sock %p fd %d: %s -> %s (%s)", (void *)s, s->fd, sock_state_names[s->state],
               sock_state_names[st], why);
-    s->state = st;
+    /* a post reads it without the lock (xfer.c): CONNECTED is seen with s->conn set */
+    __atomic_store_n(&s->state, st, __ATOMIC_RELEASE);
 }
 
 /* exs_close or exs_fini has taken the socket: CLOSING, ABORTING or FINISHING. */

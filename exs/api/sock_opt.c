@@ -107,10 +107,9 @@ int exs_setsockopt(int fd, int level, int optname, const void *optval, socklen_t
         if (v < 0 || (v & ~(EXS_TIMEOUT_ONCE | EXS_TIMEOUT_MS_MAX)) ||
             (v && !(v & EXS_TIMEOUT_MS_MAX)))
             err = EINVAL;
-        else if (optname == SO_ASYNC_SEND_TIMEOUT)
-            s->snd_timeo = v;
-        else
-            s->rcv_timeo = v;
+        else /* read by posts without the lock (xfer.c) */
+            __atomic_store_n(optname == SO_ASYNC_SEND_TIMEOUT ? &s->snd_timeo : &s->rcv_timeo, v,
+                             __ATOMIC_RELAXED);
     } else if ((level == SOL_SOCKET || level == SOL_EXS) && optname == SO_ASYNC_RECV_ORDERED) {
         /* receive events always come in posting order (spec/api.md section 9): 1 is the only
          * behaviour, 0 is accepted (unordered delivery allows this order too) */

@@ -572,15 +572,18 @@ static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, 
         err = EMSGSIZE;
     if (err)
         goto out;
-    /* the conn of a connected socket lives as long as the socket (our reference) */
-    api_sock_lock(s);
-    if (s->state != API_SOCK_CONNECTED)
-        err = s->state >= API_SOCK_CLOSING ? EBADF : ENOTCONN;
-    struct exs_conn *conn = s->conn;
-    timeo = recv ? s->rcv_timeo : s->snd_timeo; /* SO_ASYNC_*_TIMEOUT set: notices below */
-    api_sock_unlock(s);
-    if (err)
+    /* No lock: the state is stored last (exs__api_sock_set_state), and a connected
+     * socket keeps its conn as long as it lives (our reference); a close racing this
+     * post is seen by exs__conn_post (EBADF), as it would be right after an unlock. */
+    enum api_sock_state st = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+
+    if (st != API_SOCK_CONNECTED) {
+        err = st >= API_SOCK_CLOSING ? EBADF : ENOTCONN;
         goto out;
+    }
+    struct exs_conn *conn = s->conn;
+    /* SO_ASYNC_*_TIMEOUT set: notices below */
+    timeo = __atomic_load_n(recv ? &s->rcv_timeo : &s->snd_timeo, __ATOMIC_RELAXED);
     if (sync)
         q = exs__api_sync_queue();
     op = exs__api_op_new(s, b ? b->evt_type : recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
