@@ -20,10 +20,10 @@
  * The registrations. A hold (every operation with a handle) takes no lock: it reads the
  * table and the registration with atomic loads, raises busy, and then checks that the
  * table still names the registration under the same handle; a deregistration empties the
- * slot first and then reads busy (each after a full fence), so either the hold sees the
- * empty slot and lets go, or the deregistration sees busy and puts the registration back
- * (EBUSY). For that, nothing a hold may be reading is freed before exs_fini: a table
- * grown keeps its old array (mreg_retired), and a registration deregistered is parked
+ * slot first and then reads busy (the four accesses sequentially consistent), so either
+ * the hold sees the empty slot and lets go, or the deregistration sees busy and puts the
+ * registration back (EBUSY). For that, nothing a hold may be reading is freed before exs_fini: a
+ * table grown keeps its old array (mreg_retired), and a registration deregistered is parked
  * (mreg_parked, handle 0) and reused by a later one under a new handle. A hold that read
  * a parked or reused registration raises and drops its busy count without using it: a
  * deregistration of the new one at that instant may answer EBUSY once more.
@@ -68,7 +68,7 @@ static struct api_mreg *mreg_find(exs_mhandle_t mh)
     if (mh <= 0 || idx < 0 || idx >= __atomic_load_n(&mreg_cap, __ATOMIC_ACQUIRE))
         return NULL;
     tab = __atomic_load_n(&mregs, __ATOMIC_ACQUIRE);
-    m = __atomic_load_n(&tab[idx], __ATOMIC_ACQUIRE);
+    m = __atomic_load_n(&tab[idx], __ATOMIC_SEQ_CST); /* after a hold's busy: see the hold */
     if (!m || __atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
         return NULL;
     return m;
@@ -173,8 +173,9 @@ int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api
 
     if (!m)
         return -EINVAL;
+    /* seq_cst, as exs_mderegister's store of the slot and load of busy: of the two, at
+     * least one sees the other's write */
     __atomic_add_fetch(&m->busy, 1, __ATOMIC_SEQ_CST);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* pairs with exs_mderegister's */
     if (mreg_find(mh) != m) {
         __atomic_sub_fetch(&m->busy, 1, __ATOMIC_RELEASE);
         return -EINVAL; /* deregistered meanwhile */
@@ -210,7 +211,6 @@ int exs_mderegister(exs_mhandle_t mh)
 
         /* empty the slot, then look at busy: a hold raises busy, then looks at the slot */
         __atomic_store_n(slot, NULL, __ATOMIC_SEQ_CST);
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);
         if (__atomic_load_n(&m->busy, __ATOMIC_SEQ_CST)) {
             __atomic_store_n(slot, m, __ATOMIC_RELEASE);
             err = EBUSY;
