@@ -74,6 +74,8 @@ struct vrb_counters {
     uint64_t grant_room_waits; /* grant waited for binds before it to complete (room) */
     uint64_t ep_nobufs;        /* ep_create refused: the completion queue cannot hold the ep */
     uint64_t device_removals;  /* the device went away: everything on it released */
+    uint64_t cq_event_reads;   /* ctx_arm read the completion channel (ibv_get_cq_event) */
+    uint64_t cq_event_skips;   /* ctx_arm left it unread: no completion since the request */
 };
 
 /* How grants are made (ctx->grant_mode; spec/provider.md, "verbs provider mapping"). */
@@ -205,6 +207,8 @@ struct vrb_ctx {
     int evfd;         /* software events (eventfd) */
     int wake_pending; /* atomic: evfd written since ctx_arm last read it */
     int cq_armed;     /* ctx->lock: notification requested, its event not read yet */
+    int cq_seen;      /* ctx->lock: a completion was taken from the CQ (or the CQ resized)
+                       * since that request: only then can its event have come */
     int epfd;         /* the application's event fd */
     int stopfd;       /* stops the cm thread */
     pthread_t cm_thread;

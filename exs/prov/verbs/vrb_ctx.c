@@ -47,6 +47,10 @@ static const struct exs_counter_desc vrb_counter_desc[] = {
                 "ep_create refused: the completion queue cannot hold the ep"),
     EXS_COUNTER(struct vrb_counters, device_removals,
                 "the device was removed: its connections ended, everything on it released"),
+    EXS_COUNTER(struct vrb_counters, cq_event_reads,
+                "completion channel reads by ctx_arm (ibv_get_cq_event: a system call)"),
+    EXS_COUNTER(struct vrb_counters, cq_event_skips,
+                "ctx_arm calls that left the channel unread: no completion since the request"),
 };
 
 /* ---- device probing ---- */
@@ -215,6 +219,8 @@ static int vrb_cq_to_ring(struct vrb_ctx *ctx)
         return 0;
     do {
         n = ibv_poll_cq(ctx->cq, VRB_POLL_MAX, wc);
+        if (n > 0)
+            ctx->cq_seen = 1;
         for (int i = 0; i < n; i++) {
             if (exs__vrb_wc_convert(ctx, &wc[i], &k.cqe, &k.retire) != 0)
                 continue;
@@ -355,19 +361,36 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     pthread_mutex_lock(&ctx->lock);
     /* One CQ, so at most one event per request for notification: read only while one is
      * requested, once; request again only when it was used up (a request whose event has
-     * not come yet still stands). Each skipped call is a system call on rxe. */
-    if (ctx->ch && ctx->cq_armed && ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0) {
-        ibv_ack_cq_events(cq, 1);
-        ctx->cq_armed = 0;
+     * not come yet still stands). Each skipped call is a system call on rxe. And read
+     * only when a completion was taken from the CQ since the request (or since a read
+     * found nothing): an event comes only for a completion added after the request,
+     * which is then either still in the CQ (the poll below finds it: -EAGAIN, and the
+     * next arm reads) or was taken already. An event left unread only keeps the
+     * descriptor readable: a wake-up, never a lost one (the request is renewed only
+     * once its event was read). */
+    if (ctx->ch && ctx->cq_armed) {
+        if (!ctx->cq_seen) {
+            EXS_CNT_INC(ctx->cnt.cq_event_skips);
+        } else {
+            EXS_CNT_INC(ctx->cnt.cq_event_reads);
+            if (ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0) {
+                ibv_ack_cq_events(cq, 1);
+                ctx->cq_armed = 0;
+            } else {
+                ctx->cq_seen = 0;
+            }
+        }
     }
     if (__atomic_exchange_n(&ctx->wake_pending, 0, __ATOMIC_ACQ_REL) &&
         read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd read: %m", (void *)ctx);
     if (ctx->cq && !ctx->cq_armed) {
-        if (ibv_req_notify_cq(ctx->cq, 0) != 0)
+        if (ibv_req_notify_cq(ctx->cq, 0) != 0) {
             EXS_ERR(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
-        else
+        } else {
             ctx->cq_armed = 1;
+            ctx->cq_seen = 0;
+        }
     }
     busy = ctx->ring_count || !exs_list_empty(&ctx->cm_sw);
     if (!busy)
@@ -398,6 +421,7 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
 
         if (got <= 0)
             break;
+        ctx->cq_seen = 1;
         for (int i = 0; i < got; i++)
             if (exs__vrb_wc_convert(ctx, &wc[i], &cqe[n], NULL) == 0)
                 n++;
