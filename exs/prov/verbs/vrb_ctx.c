@@ -51,6 +51,12 @@ static const struct exs_counter_desc vrb_counter_desc[] = {
                 "completion channel reads by ctx_arm (ibv_get_cq_event: a system call)"),
     EXS_COUNTER(struct vrb_counters, cq_event_skips,
                 "ctx_arm calls that left the channel unread: no completion since the request"),
+    EXS_COUNTER(struct vrb_counters, doorbells,
+                "ibv_post_send calls of send requests (a batch of deferred ones is one)"),
+    EXS_COUNTER(struct vrb_counters, sends_deferred,
+                "send requests held back for their batch (EXS_PROV_SEND_DEFER)"),
+    EXS_COUNTER(struct vrb_counters, signals_saved,
+                "signaled send requests posted unsignaled: their completions made here"),
 };
 
 /* ---- device probing ---- */
@@ -208,6 +214,16 @@ int exs__vrb_ring_push(struct vrb_ctx *ctx, const struct vrb_kept *c)
     return 0;
 }
 
+void exs__vrb_ring_keep(struct vrb_ctx *ctx, const struct vrb_kept *c)
+{
+    if (exs__vrb_ring_push(ctx, c) == 0)
+        return;
+    /* no memory to keep it: give its slot back, say what was lost */
+    EXS_ERR(PROV, "ctx %p: completion of ep %p (wr_id %llu) lost: no memory", (void *)ctx,
+            (void *)c->cqe.ep, (unsigned long long)c->cqe.wr_id);
+    exs__vrb_retire(c->cqe.ep, c->retire);
+}
+
 /* Poll the CQ into the ring; returns the number added. */
 static int vrb_cq_to_ring(struct vrb_ctx *ctx)
 {
@@ -222,16 +238,12 @@ static int vrb_cq_to_ring(struct vrb_ctx *ctx)
         if (n > 0)
             ctx->cq_seen = 1;
         for (int i = 0; i < n; i++) {
+            uint32_t before = ctx->ring_count;
+
             if (exs__vrb_wc_convert(ctx, &wc[i], &k.cqe, &k.retire) != 0)
                 continue;
-            if (exs__vrb_ring_push(ctx, &k) == 0) {
-                added++;
-            } else {
-                /* no memory to keep it: give its slot back, say what was lost */
-                EXS_ERR(PROV, "ctx %p: completion of ep %p (wr_id %llu) lost: no memory",
-                        (void *)ctx, (void *)k.cqe.ep, (unsigned long long)k.cqe.wr_id);
-                exs__vrb_retire(k.cqe.ep, k.retire);
-            }
+            exs__vrb_ring_keep(ctx, &k);
+            added += (int)(ctx->ring_count - before);
         }
     } while (n == VRB_POLL_MAX);
     return added;
@@ -359,6 +371,8 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     int busy;
 
     pthread_mutex_lock(&ctx->lock);
+    if (__atomic_load_n(&ctx->held_eps, __ATOMIC_RELAXED))
+        exs__vrb_held_post_all_locked(ctx);
     /* One CQ, so at most one event per request for notification: read only while one is
      * requested, once; request again only when it was used up (a request whose event has
      * not come yet still stands). Each skipped call is a system call on rxe. And read
@@ -399,6 +413,19 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     return busy ? -EAGAIN : 0;
 }
 
+/* Return kept completions into cqe[n..max) (ctx->lock held), retiring their slots. */
+static int vrb_ring_pop(struct vrb_ctx *ctx, struct exs_prov_cqe *cqe, int n, int max)
+{
+    while (n < max && ctx->ring_count) {
+        cqe[n] = ctx->ring[ctx->ring_head].cqe;
+        exs__vrb_retire(cqe[n].ep, ctx->ring[ctx->ring_head].retire);
+        n++;
+        ctx->ring_head = (ctx->ring_head + 1) % ctx->ring_cap;
+        ctx->ring_count--;
+    }
+    return n;
+}
+
 static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max)
 {
     struct vrb_ctx *ctx = vrb_ctx_of(c);
@@ -408,13 +435,9 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
     if (max <= 0)
         return 0;
     pthread_mutex_lock(&ctx->lock);
-    while (n < max && ctx->ring_count) {
-        cqe[n] = ctx->ring[ctx->ring_head].cqe;
-        exs__vrb_retire(cqe[n].ep, ctx->ring[ctx->ring_head].retire);
-        n++;
-        ctx->ring_head = (ctx->ring_head + 1) % ctx->ring_cap;
-        ctx->ring_count--;
-    }
+    if (__atomic_load_n(&ctx->held_eps, __ATOMIC_RELAXED))
+        exs__vrb_held_post_all_locked(ctx);
+    n = vrb_ring_pop(ctx, cqe, n, max);
     while (n < max && ctx->cq) {
         int want = EXS_MIN(max - n, VRB_POLL_MAX);
         int got = ibv_poll_cq(ctx->cq, want, wc);
@@ -422,9 +445,18 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         if (got <= 0)
             break;
         ctx->cq_seen = 1;
-        for (int i = 0; i < got; i++)
-            if (exs__vrb_wc_convert(ctx, &wc[i], &cqe[n], NULL) == 0)
-                n++;
+        for (int i = 0; i < got; i++) {
+            struct vrb_kept k;
+
+            if (!ctx->ring_count) {
+                if (exs__vrb_wc_convert(ctx, &wc[i], &cqe[n], NULL) == 0)
+                    n++;
+            } else if (exs__vrb_wc_convert(ctx, &wc[i], &k.cqe, &k.retire) == 0) {
+                /* behind completions the provider made and kept: in order, kept too */
+                exs__vrb_ring_keep(ctx, &k);
+            }
+        }
+        n = vrb_ring_pop(ctx, cqe, n, max);
         if (got < want)
             break;
     }
@@ -836,8 +868,8 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->max_inline = vrb_probe_inline(ctx, vrb_clamp32(exs__params.vrb_max_inline, 0, 4096));
 
     ctx->base.ops = &exs__prov_verbs_ops;
-    ctx->base.caps.flags =
-        EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | (ctx->max_inline ? EXS_PROV_CAP_INLINE : 0);
+    ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_DEFER |
+                           (ctx->max_inline ? EXS_PROV_CAP_INLINE : 0);
     ctx->base.caps.max_inline = ctx->max_inline;
     ctx->base.caps.max_sge = vrb_clamp32((uint64_t)ctx->dattr.max_sge, 1, VRB_MAX_SGE);
     {
@@ -932,4 +964,5 @@ struct exs_prov_ops exs__prov_verbs_ops = {
     .disconnect = exs__vrb_disconnect,
     .post_recv = exs__vrb_post_recv,
     .post_send = exs__vrb_post_send,
+    .ep_flush = exs__vrb_ep_flush,
 };
