@@ -59,8 +59,7 @@ START_TEST(defer_batch_completes_each_in_order)
         if (i % 2 && len <= p.ea->attr.max_inline)
             fl |= EXS_PROV_SEND_INLINE;
         pt_pattern(src->p + i * 64, len, 40 + i);
-        ck_assert_int_eq(pt_post_send(p.ea, i, EXS_PROV_WR_SEND, fl, src, i * 64, len, 0, 0, 0),
-                         0);
+        ck_assert_int_eq(pt_post_send(p.ea, i, EXS_PROV_WR_SEND, fl, src, i * 64, len, 0, 0, 0), 0);
         if (fl & EXS_PROV_SEND_INLINE)
             memset(src->p + i * 64, 0xAB, len);
     }
@@ -101,15 +100,13 @@ START_TEST(defer_held_until_flush_or_poll)
     dst = pt_pair_buf(&p, 'b', 128, LW, 0);
     ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, 64), 0);
     ck_assert_int_eq(pt_post_recv(p.eb, 2, dst, 64, 64), 0);
-    ck_assert_int_eq(pt_post_send(p.ea, 11, EXS_PROV_WR_SEND, SIG | DEFER, src, 0, 64, 0, 0, 0),
-                     0);
+    ck_assert_int_eq(pt_post_send(p.ea, 11, EXS_PROV_WR_SEND, SIG | DEFER, src, 0, 64, 0, 0, 0), 0);
     /* b polls, a does not: the request is still a's */
     pt_expect_no_cqe(&p.b, 300);
     pt_ops->ep_flush(p.ea);
     pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
     pt_expect_cqe(&p.a, 11, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-    ck_assert_int_eq(pt_post_send(p.ea, 12, EXS_PROV_WR_SEND, SIG | DEFER, src, 0, 64, 0, 0, 0),
-                     0);
+    ck_assert_int_eq(pt_post_send(p.ea, 12, EXS_PROV_WR_SEND, SIG | DEFER, src, 0, 64, 0, 0, 0), 0);
     pt_expect_no_cqe(&p.b, 300);
     /* hands it over (its completion may already be there to return) */
     if (pt_ops->ctx_poll(p.a.ctx, &c, 1) == 1)
@@ -141,13 +138,11 @@ START_TEST(defer_batch_error_midway)
     tgt = pt_pair_buf(&p, 'b', 64, LW | RW, 0);
     for (int i = 0; i < 4; i++)
         ck_assert_int_eq(pt_post_recv(p.eb, 100 + i, dst, i * 64, 64), 0);
-    ck_assert_int_eq(pt_post_send(p.ea, 0, EXS_PROV_WR_SEND, SIG | DEFER, src, 0, 64, 0, 0, 0),
-                     0);
+    ck_assert_int_eq(pt_post_send(p.ea, 0, EXS_PROV_WR_SEND, SIG | DEFER, src, 0, 64, 0, 0, 0), 0);
     ck_assert_int_eq(pt_post_send(p.ea, 1, EXS_PROV_WR_RDMA_WRITE, SIG | DEFER, src, 0, 64, 0,
                                   pt_raddr(tgt, 0), tgt->mr->rkey ^ 0x5A5A0000u),
                      0);
-    ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, SIG | DEFER, src, 0, 64, 0, 0, 0),
-                     0);
+    ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, SIG | DEFER, src, 0, 64, 0, 0, 0), 0);
     ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), 0);
     pt_expect_cqe(&p.b, 100, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
     pt_expect_cqe(&p.a, 0, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
