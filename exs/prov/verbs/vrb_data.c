@@ -318,7 +318,9 @@ static void vrb_hold(struct vrb_ep *ep, const struct ibv_send_wr *w, const struc
     } else if (w->num_sge) {
         memcpy(h->sge, sge, (size_t)w->num_sge * sizeof(*sge));
     }
-    if (ep->held_n++ == 0)
+    /* held_n: written under ep->lock, read without it by held_post_all (atomic) */
+    __atomic_store_n(&ep->held_n, ep->held_n + 1, __ATOMIC_RELAXED);
+    if (ep->held_n == 1)
         __atomic_add_fetch(&ep->ctx->held_eps, 1, __ATOMIC_RELAXED);
     EXS_CNT_INC(ep->ctx->cnt.sends_deferred);
 }
@@ -467,7 +469,7 @@ void exs__vrb_held_post_locked(struct vrb_ep *ep)
             EXS_CNT_INC(ctx->cnt.signals_saved);
         }
     }
-    ep->held_n = 0;
+    __atomic_store_n(&ep->held_n, 0, __ATOMIC_RELAXED);
     __atomic_sub_fetch(&ctx->held_eps, 1, __ATOMIC_RELAXED);
     EXS_CNT_INC(ctx->cnt.doorbells);
     ret = ibv_post_send(ep->qp, &ep->held[0].w, &bad);
@@ -506,7 +508,7 @@ void exs__vrb_held_drop_locked(struct vrb_ep *ep)
 {
     if (ep->held_n)
         __atomic_sub_fetch(&ep->ctx->held_eps, 1, __ATOMIC_RELAXED);
-    ep->held_n = 0;
+    __atomic_store_n(&ep->held_n, 0, __ATOMIC_RELAXED);
     free(ep->held);
     free(ep->held_inl);
     ep->held = NULL;
