@@ -40,11 +40,19 @@ wait_port() {
     done
 }
 newport() { PORT=$((PORT + 1)); }
+# Every system's client on CPU 0, its server on CPU 1 (BENCH_RXE_PIN=0: unpinned): two
+# busy pollers left to the scheduler share one vCPU in some runs, and a round trip then
+# waits for time slices (measured: 64 B busy round trips of libexs 24 ms on one vCPU, 0.13-
+# 6.7 ms on two, spec/rxe-vm.md "Pinning"). Threads a process starts stay on its CPU.
+CL=; SV=
+if [ "${BENCH_RXE_PIN:-1}" = 1 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+    CL="taskset -c 0"; SV="taskset -c 1"
+fi
 
 # ---- libexs: blast, one receiver for the whole run ----
 export EXS_PROVIDER=verbs
 blast_json() {  # fig size args...: runs blast, prints its JSON
-    LD_PRELOAD=$VS timeout 300 ./blast -c $A -p 7471 --json --quiet "$@" 2>/tmp/blast.err
+    LD_PRELOAD=$VS timeout 300 $CL ./blast -c $A -p 7471 --json --quiet "$@" 2>/tmp/blast.err
 }
 jget() {  # key: the first number after "key": in stdin
     sed -n "s/.*\"$1\": *\([0-9.e+-]*\).*/\1/p" | head -n 1
@@ -77,10 +85,10 @@ sys_libexs() {
 rs_run() {  # prog opts...: server then client; prints the client's result line
     prog=$1; shift
     newport
-    LD_PRELOAD=$VS VSTAT_TAG=srv timeout 300 $prog -p $PORT "$@" >/tmp/rs-srv.out 2>&1 &
+    LD_PRELOAD=$VS VSTAT_TAG=srv timeout 300 $SV $prog -p $PORT "$@" >/tmp/rs-srv.out 2>&1 &
     sp=$!
     sleep 1
-    LD_PRELOAD=$VS timeout 300 $prog -s $A -p $PORT "$@" >/tmp/rs.out 2>&1
+    LD_PRELOAD=$VS timeout 300 $CL $prog -s $A -p $PORT "$@" >/tmp/rs.out 2>&1
     rc=$?
     wait $sp
     [ $rc -eq 0 ] || { tail -n 2 /tmp/rs.out; return 1; }
@@ -117,10 +125,10 @@ sys_rsockets() {
 pt_run() {  # prog opts...
     prog=$1; shift
     newport
-    LD_PRELOAD=$VS VSTAT_TAG=srv timeout 300 $prog -R -d rxe0 -F -p $PORT "$@" >/tmp/pt-srv.out 2>&1 &
+    LD_PRELOAD=$VS VSTAT_TAG=srv timeout 300 $SV $prog -R -d rxe0 -F -p $PORT "$@" >/tmp/pt-srv.out 2>&1 &
     sp=$!
     sleep 1  # -R: the server listens through rdma_cm, not on a TCP port
-    LD_PRELOAD=$VS timeout 300 $prog -R -d rxe0 -F -p $PORT "$@" $A >/tmp/pt.out 2>&1
+    LD_PRELOAD=$VS timeout 300 $CL $prog -R -d rxe0 -F -p $PORT "$@" $A >/tmp/pt.out 2>&1
     rc=$?
     wait $sp
     [ $rc -eq 0 ] || { grep -v '^ *$' /tmp/pt.out | tail -n 2; return 1; }
@@ -161,10 +169,10 @@ sys_perftest() {
 # ---- UCX over rc_verbs: tag_lat prints half a round trip (typical); doubled here ----
 ucx_run() {  # opts...
     newport
-    timeout 300 ucx_perftest -p $PORT >/tmp/ucx-srv.out 2>&1 &
+    timeout 300 $SV ucx_perftest -p $PORT >/tmp/ucx-srv.out 2>&1 &
     sp=$!
     wait_port $PORT || sleep 1
-    timeout 300 ucx_perftest $A -p $PORT "$@" >/tmp/ucx.out 2>&1
+    timeout 300 $CL ucx_perftest $A -p $PORT "$@" >/tmp/ucx.out 2>&1
     rc=$?
     wait $sp
     [ $rc -eq 0 ] || { grep -m 4 -E 'ERROR|Assert|assert|Fatal|failed|unreachable' /tmp/ucx.out /tmp/ucx-srv.out | tr '\n' ' '; return 1; }
@@ -198,8 +206,9 @@ sys_ucx() {
 }
 
 echo "BRINFO uname=$(uname -r) cpus=$(nproc) rounds=$ROUNDS quick=$QUICK"
+echo "BRINFO clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource) pin=$([ -n "$CL" ] && echo "client cpu 0, server cpu 1" || echo none)"
 ibv_devinfo -d rxe0 | grep -E 'fw_ver|active_mtu|max_mtu' | sed 's/^/BRINFO /'
-./blast -s -p 7471 >/tmp/blast-srv.log 2>&1 &
+$SV ./blast -s -p 7471 >/tmp/blast-srv.log 2>&1 &
 BLAST_SRV=$!
 wait_port 7471 || echo "BRFAIL blast receiver never listened"
 SYSTEMS="libexs rsockets perftest ucx"
@@ -238,12 +247,12 @@ prof() {
     fi
 }
 export VSTAT_OUT=/dev/null
-prof libexs_busy true ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n --poll --poll-recv
-prof libexs_block true ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n
-rs_srv() { newport; export PORT; timeout 300 rstream -p $PORT -S 64 -C 1 -I $n -T $T >/dev/null 2>&1 & sleep 1; }
+prof libexs_busy true $CL ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n --poll --poll-recv
+prof libexs_block true $CL ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n
+rs_srv() { newport; export PORT; timeout 300 $SV rstream -p $PORT -S 64 -C 1 -I $n -T $T >/dev/null 2>&1 & sleep 1; }
 for T in n b; do
-    export A n T
-    prof rstream_$T rs_srv sh -c 'exec rstream -s $A -p $PORT -S 64 -C 1 -I $n -T $T'
+    export A n T CL
+    prof rstream_$T rs_srv sh -c 'exec $CL rstream -s $A -p $PORT -S 64 -C 1 -I $n -T $T'
 done
 kill $BLAST_SRV 2>/dev/null
 echo "BRINFO done (uptime $(cut -d' ' -f1 /proc/uptime))"

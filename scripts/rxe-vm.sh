@@ -31,6 +31,8 @@
 #   RXE_VM_BINS="gdb ..."  more host programs (with their libraries) for the guest
 #   RXE_VM_QEMU_ARGS="..." more qemu arguments (word-split), e.g. a second NIC on a link to
 #                          another guest (scripts/rxe-2host.sh)
+#   RXE_VM_APPEND="..."    more guest kernel arguments, e.g. "clocksource=tsc tsc=reliable"
+#                          (the benchmarks' clock: spec/rxe-vm.md, "The guest's clock")
 #   RXE_VM_CONSOLE=1       also stream the guest kernel console to stderr
 #   RXE_VM_NO_INSTALL=1    never apt-get install (default: install missing packages as root)
 #
@@ -287,7 +289,7 @@ say "booting $kver (tcg, -smp $smp -m $mem, ${L}s left)"
 timeout -k 5 "$L" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M q35 \
     -m "$mem" -smp "$smp" -nodefaults -nographic -no-reboot \
     -kernel "$kernel" -initrd "$run/initrd" \
-    -append "console=ttyS0 quiet loglevel=3 panic=-1 no_timer_check rdinit=/init" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1 no_timer_check rdinit=/init${RXE_VM_APPEND:+ $RXE_VM_APPEND}" \
     -serial "file:$run/console" -serial "file:$run/out" -serial "file:$run/report" \
     -netdev user,id=net0 -device virtio-net-pci,netdev=net0,romfile= ${RXE_VM_QEMU_ARGS:-} \
     -pidfile "$run/qemu.pid" </dev/null >"$run/qemu.log" 2>&1 &

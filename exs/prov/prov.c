@@ -152,6 +152,7 @@ void exs__prov_fill_defaults(struct exs_prov_ops *ops)
     FILL(ctx_event_fd, prov_stub);
     FILL(ctx_arm, prov_stub);
     FILL(ctx_disarm, prov_stub_void);
+    FILL(ep_flush, prov_stub_void);
     FILL(ctx_fork, prov_stub_void);
     FILL(ctx_poll, prov_stub);
     FILL(ctx_cm_poll, prov_stub);

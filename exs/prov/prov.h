@@ -37,6 +37,7 @@ enum {
     EXS_PROV_CAP_READ = 1u << 1,      /* RDMA_READ supported */
     EXS_PROV_CAP_INLINE = 1u << 2,    /* EXS_PROV_SEND_INLINE supported */
     EXS_PROV_CAP_EMU_LINK = 1u << 3,  /* honours EXS_EMU_DELAY_US / EXS_EMU_RATE_MBPS */
+    EXS_PROV_CAP_DEFER = 1u << 4,     /* honours EXS_PROV_SEND_DEFER (ep_flush) */
 };
 
 struct exs_prov_caps {
@@ -145,6 +146,11 @@ enum {
     EXS_PROV_SEND_SIGNALED = 1u << 0, /* generate a completion on success */
     EXS_PROV_SEND_INLINE = 1u << 1,   /* copy the data at post time; lkeys ignored */
     EXS_PROV_SEND_FENCE = 1u << 2,    /* wait for prior RDMA_READs before starting */
+    /* (caps EXS_PROV_CAP_DEFER only) more requests on this ep follow at once: the provider
+     * may hold this one back and hand it to the device with the next post_send on the ep
+     * without DEFER, at ep_flush(ep), or at the ctx's next ctx_poll / ctx_arm, whichever
+     * comes first (one doorbell for the batch); see ep_flush */
+    EXS_PROV_SEND_DEFER = 1u << 3,
 };
 
 struct exs_prov_send_wr {
@@ -404,6 +410,16 @@ struct exs_prov_ops {
     /* data path */
     int (*post_recv)(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
     int (*post_send)(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
+    /* Hand the requests posted on ep with EXS_PROV_SEND_DEFER and still held to the device,
+     * in their order, together. post_send checked and counted each when it was posted (its
+     * errors, its -ENOMEM); whatever happens after, each still completes (success, error
+     * or WR_FLUSH_ERR), in order. Within requests handed over together, a SIGNALED one
+     * followed by another SIGNALED one may reach the device unsignaled: its completion is
+     * then made by the provider, in order, when the later one's comes (RC completes in
+     * order), so it may come later than the device finished it, never later than the
+     * batch's last signaled request. Never waits for a peer. Optional (default: nothing,
+     * and a provider without EXS_PROV_CAP_DEFER holds nothing back). */
+    void (*ep_flush)(struct exs_prov_ep *ep);
 };
 
 /* ---- registry (prov.c) ---- */
@@ -637,6 +653,11 @@ static inline int exs__prov_post_send(struct exs_prov_ep *ep, const struct exs_p
 static inline int exs__prov_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr)
 {
     return ep->ctx->ops->post_recv(ep, wr);
+}
+
+static inline void exs__prov_ep_flush(struct exs_prov_ep *ep)
+{
+    ep->ctx->ops->ep_flush(ep);
 }
 
 #endif

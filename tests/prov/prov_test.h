@@ -228,6 +228,7 @@ Suite *prov_select_suite(void);
 Suite *prov_grant_suite(void);
 Suite *prov_req_suite(void);
 Suite *prov_cq_suite(void);
+Suite *prov_defer_suite(void);
 Suite *prov_limits_suite(void);
 Suite *prov_keep_suite(void);
 Suite *prov_progress_suite(void);

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* The completion queue never overflows: eps reserve room for all they can produce. */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "exs/util/counters.h"
 #include "tests/prov/prov_test.h"
 
 #define LW EXS_PROV_ACCESS_LOCAL_WRITE
@@ -107,6 +109,77 @@ START_TEST(cq_ep_create_enobufs)
 }
 END_TEST
 
+static uint64_t cq_vrb_counter(const char *name)
+{
+    uint64_t v = 0;
+
+    ck_assert_msg(exs__counters_lookup("prov.verbs", name, &v) == 0,
+                  "counter prov.verbs.%s not registered", name);
+    return v;
+}
+
+/* Arm h until it says nothing is pending (taking what it found). */
+static void cq_arm_settle(struct pt_host *h)
+{
+    for (int i = 0; i < 1000; i++) {
+        struct exs_prov_cqe c;
+        struct exs_prov_cm_event ev;
+
+        if (pt_ops->ctx_arm(h->ctx) == 0)
+            return;
+        while (pt_ops->ctx_poll(h->ctx, &c, 1) == 1)
+            ;
+        while (pt_ops->ctx_cm_poll(h->ctx, &ev) == 1)
+            ;
+    }
+    ck_abort_msg("ctx_arm never returned 0");
+}
+
+/* verbs: ctx_arm reads the completion channel (a system call on rxe) only when a
+ * completion was taken from the CQ since its request for notification, or since a read
+ * that found nothing: an idle context armed again and again reads nothing, and the
+ * standing request still makes the event fd readable for the next completion
+ * (spec/provider.md, verbs provider mapping, ctx_arm). */
+START_TEST(cq_arm_reads_channel_only_after_completion)
+{
+    struct pt_pair p;
+    struct pt_buf *sb, *rb;
+    struct pollfd pfd;
+    uint64_t reads, skips;
+
+    if (strcmp(pt_ops->name, "verbs") != 0) {
+        printf("cq_arm_reads_channel_only_after_completion: verbs only, skipped\n");
+        return;
+    }
+    pt_pair_setup(&p, NULL, NULL);
+    sb = pt_pair_buf(&p, 'a', 64, LW, 1);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    cq_arm_settle(&p.b);
+    cq_arm_settle(&p.b); /* a read that found nothing, or a request renewed */
+    reads = cq_vrb_counter("cq_event_reads");
+    skips = cq_vrb_counter("cq_event_skips");
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0);
+    ck_assert_msg(cq_vrb_counter("cq_event_reads") == reads,
+                  "an idle ctx_arm read the completion channel %llu times in 8 calls",
+                  (unsigned long long)(cq_vrb_counter("cq_event_reads") - reads));
+    ck_assert_uint_ge(cq_vrb_counter("cq_event_skips"), skips + 8);
+    /* the request still stands: a completion makes the event fd readable */
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, rb, 0, 64), 0);
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, EXS_PROV_SEND_SIGNALED, sb, 0, 64, 0, 0, 0), 0);
+    pfd = (struct pollfd){.fd = pt_ops->ctx_event_fd(p.b.ctx), .events = POLLIN};
+    ck_assert_msg(poll(&pfd, 1, PT_TIMEOUT_MS) == 1, "no wake-up for the completion");
+    pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    /* taken: the next arm reads the event (and requests again) */
+    reads = cq_vrb_counter("cq_event_reads");
+    cq_arm_settle(&p.b);
+    ck_assert_uint_ge(cq_vrb_counter("cq_event_reads"), reads + 1);
+    pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_cq_suite(void)
 {
     Suite *s = suite_create("prov_cq");
@@ -114,6 +187,7 @@ Suite *prov_cq_suite(void)
 
     tcase_add_test(tc, cq_mass_disconnect_all_flushes_arrive);
     tcase_add_test(tc, cq_ep_create_enobufs);
+    tcase_add_test(tc, cq_arm_reads_channel_only_after_completion);
     suite_add_tcase(s, tc);
     return s;
 }

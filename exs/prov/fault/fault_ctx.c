@@ -837,6 +837,8 @@ int exs__fault_ctx_open(const struct exs_prov_ops *ops, const char *inner_name,
     }
     ctx->base.ops = ops;
     ctx->base.caps = ctx->inner->caps;
+    /* posts it holds are replayed one by one: nothing would flush a deferred one */
+    ctx->base.caps.flags &= ~(uint32_t)EXS_PROV_CAP_DEFER;
     /* it runs on the inner context's device ("tcp" for fault:tcp) */
     snprintf(ctx->base.device, sizeof(ctx->base.device), "%s", exs__prov_device(ctx->inner));
     pthread_mutex_init(&ctx->lock, NULL);

@@ -74,6 +74,11 @@ struct vrb_counters {
     uint64_t grant_room_waits; /* grant waited for binds before it to complete (room) */
     uint64_t ep_nobufs;        /* ep_create refused: the completion queue cannot hold the ep */
     uint64_t device_removals;  /* the device went away: everything on it released */
+    uint64_t cq_event_reads;   /* ctx_arm read the completion channel (ibv_get_cq_event) */
+    uint64_t cq_event_skips;   /* ctx_arm left it unread: no completion since the request */
+    uint64_t doorbells;        /* ibv_post_send calls of the consumer's send requests */
+    uint64_t sends_deferred;   /* send requests held back (EXS_PROV_SEND_DEFER) */
+    uint64_t signals_saved;    /* SIGNALED requests posted unsignaled: completion made here */
 };
 
 /* How grants are made (ctx->grant_mode; spec/provider.md, "verbs provider mapping"). */
@@ -93,6 +98,8 @@ struct vrb_swr {
     uint32_t len;
     uint8_t opcode; /* enum exs_prov_wr_opcode */
     uint8_t nsge;   /* 0 for inline sends */
+    uint8_t synth;  /* SIGNALED, posted unsignaled: its completion is made by the provider
+                       when a later request's completion comes (RC completes in order) */
     struct exs_prov_sge sge[VRB_SLOT_SGE];
 };
 
@@ -103,6 +110,15 @@ struct vrb_rwr {
 };
 
 #define VRB_MR_HASH 256u
+
+/* A send request held back (EXS_PROV_SEND_DEFER) until the ep's batch is handed to the
+ * QP (ep->lock): the verbs request and what it points at, inline bytes copied. */
+#define VRB_HELD_MAX 16u /* requests in one batch: a fuller batch goes out first */
+#define VRB_HELD_SGE 4u  /* requests with more sges are not held */
+struct vrb_held {
+    struct ibv_send_wr w;
+    struct ibv_sge sge[VRB_HELD_SGE];
+};
 
 struct vrb_ctx;
 struct vrb_grant;
@@ -152,8 +168,14 @@ struct vrb_ep {
                                 each grant's bind (ctx->bind_fence; lock) */
     uint32_t fence_extra;    /* internal entries of fence requests no grant accounts for yet */
     struct exs_list grants;  /* vrb_grant not yet freed (lock) */
-    struct exs_list hlink;   /* ctx->ep_hash (ctx->lock) */
-    struct exs_list link;    /* ctx->eps (ctx->lock) */
+    /* send requests posted with EXS_PROV_SEND_DEFER, not handed to the QP yet (lock); their
+     * slots are taken [sq_tail - held_n, sq_tail). held_inl: VRB_HELD_MAX x max_inline */
+    struct vrb_held *held;
+    uint8_t *held_inl;
+    uint32_t held_n;
+    uint32_t synth_out;    /* slots with synth set, outstanding (lock) */
+    struct exs_list hlink; /* ctx->ep_hash (ctx->lock) */
+    struct exs_list link;  /* ctx->eps (ctx->lock) */
 };
 
 struct vrb_listener {
@@ -205,6 +227,8 @@ struct vrb_ctx {
     int evfd;         /* software events (eventfd) */
     int wake_pending; /* atomic: evfd written since ctx_arm last read it */
     int cq_armed;     /* ctx->lock: notification requested, its event not read yet */
+    int cq_seen;      /* ctx->lock: a completion was taken from the CQ (or the CQ resized)
+                       * since that request: only then can its event have come */
     int epfd;         /* the application's event fd */
     int stopfd;       /* stops the cm thread */
     pthread_t cm_thread;
@@ -219,6 +243,8 @@ struct vrb_ctx {
     uint32_t ring_cap, ring_head, ring_count;
     struct exs_list cm_sw; /* vrb_cm_node (lock) */
     uint32_t cm_sw_n;      /* nodes on cm_sw: written under lock, read without (atomic) */
+    uint32_t held_eps;     /* eps holding deferred send requests (atomic; ctx_poll and
+                              ctx_arm hand them to their QPs) */
     struct exs_list ep_hash[VRB_EP_HASH];
     struct exs_list eps;
     struct exs_list listeners; /* cm_lock */
@@ -287,6 +313,8 @@ int exs__vrb_forked_child(void);
 /* vrb_ctx.c */
 /* Keep a completion for ctx_poll (ctx->lock held); -ENOMEM when it cannot be kept. */
 int exs__vrb_ring_push(struct vrb_ctx *ctx, const struct vrb_kept *c);
+/* The same, and when it cannot be kept: its slot given back, the loss logged. */
+void exs__vrb_ring_keep(struct vrb_ctx *ctx, const struct vrb_kept *c);
 void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev);
 /* The same with ctx->lock held, without the wake-up: exs__vrb_wake after unlocking. */
 void exs__vrb_cm_push_locked(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev);
@@ -413,7 +441,9 @@ int exs__vrb_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr
 /* Turn one work completion into a cqe (0) or drop it (-1: its ep is gone, or it was the
  * provider's own). ctx->lock held. With retire_p NULL the request's queue slot (and the
  * unsignaled ones before it) is retired now; else *retire_p says what to retire once the
- * cqe is returned (exs__vrb_retire). */
+ * cqe is returned (exs__vrb_retire). The completions the provider makes for requests
+ * before it that were posted unsignaled in its stead (vrb_swr.synth) are kept first;
+ * with retire_p NULL the cqe is then kept after them too, and 1 returned. */
 int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
                         uint64_t *retire_p);
 /* Retire a kept completion's slot as it is returned. ctx->lock held. */
@@ -421,5 +451,14 @@ void exs__vrb_retire(struct exs_prov_ep *ep, uint64_t retire);
 enum exs_prov_wc_status exs__vrb_wc_status(enum ibv_wc_status st);
 /* ep->lock held: move the QP to ERR so that it flushes (and the ep to ERROR). */
 void exs__vrb_ep_kill_locked(struct vrb_ep *ep);
+/* ep->lock held: hand the deferred send requests to the QP (one ibv_post_send). */
+void exs__vrb_held_post_locked(struct vrb_ep *ep);
+/* ep_flush: the same, taking ep->lock. */
+void exs__vrb_ep_flush(struct exs_prov_ep *ep);
+/* Every ep of ctx holding deferred requests hands them over (ctx->lock held). */
+void exs__vrb_held_post_all_locked(struct vrb_ctx *ctx);
+/* ep->lock held: forget the deferred requests (their slots stay taken: the caller flushes
+ * or discards them) and free their storage. */
+void exs__vrb_held_drop_locked(struct vrb_ep *ep);
 
 #endif

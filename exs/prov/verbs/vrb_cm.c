@@ -59,6 +59,7 @@ void exs__vrb_ep_set_error(struct vrb_ep *ep)
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 
     pthread_mutex_lock(&ep->lock);
+    exs__vrb_held_post_locked(ep); /* deferred requests go first: flushed with the rest */
     __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
     if (ep->qp && ibv_modify_qp(ep->qp, &a, IBV_QP_STATE))
         EXS_DBG(PROV, "ep %p: modify to ERR failed", (void *)ep);
@@ -208,6 +209,7 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
              * business: request again (ctx_arm requests only when none stands) */
             if (ibv_req_notify_cq(ctx->cq, 0) == 0)
                 ctx->cq_armed = 1;
+            ctx->cq_seen = 1; /* an event of the old request may be pending: read it */
             EXS_CNT_INC(ctx->cnt.cq_resizes);
             if (ctx->cq_need + n > (uint64_t)ctx->cq_cap)
                 ret = -ENOBUFS;
@@ -369,6 +371,8 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
         exs__vrb_grants_drop(ep);
     }
     pthread_mutex_unlock(&ctx->cm_lock);
+    exs__vrb_held_drop_locked(ep); /* discarded, as everything outstanding (nobody else
+                                      holds the ep now) */
     free(ep->sq);
     free(ep->rq);
     pthread_mutex_destroy(&ep->lock);

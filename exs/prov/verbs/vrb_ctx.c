@@ -47,6 +47,16 @@ static const struct exs_counter_desc vrb_counter_desc[] = {
                 "ep_create refused: the completion queue cannot hold the ep"),
     EXS_COUNTER(struct vrb_counters, device_removals,
                 "the device was removed: its connections ended, everything on it released"),
+    EXS_COUNTER(struct vrb_counters, cq_event_reads,
+                "completion channel reads by ctx_arm (ibv_get_cq_event: a system call)"),
+    EXS_COUNTER(struct vrb_counters, cq_event_skips,
+                "ctx_arm calls that left the channel unread: no completion since the request"),
+    EXS_COUNTER(struct vrb_counters, doorbells,
+                "ibv_post_send calls of send requests (a batch of deferred ones is one)"),
+    EXS_COUNTER(struct vrb_counters, sends_deferred,
+                "send requests held back for their batch (EXS_PROV_SEND_DEFER)"),
+    EXS_COUNTER(struct vrb_counters, signals_saved,
+                "signaled send requests posted unsignaled: their completions made here"),
 };
 
 /* ---- device probing ---- */
@@ -204,6 +214,16 @@ int exs__vrb_ring_push(struct vrb_ctx *ctx, const struct vrb_kept *c)
     return 0;
 }
 
+void exs__vrb_ring_keep(struct vrb_ctx *ctx, const struct vrb_kept *c)
+{
+    if (exs__vrb_ring_push(ctx, c) == 0)
+        return;
+    /* no memory to keep it: give its slot back, say what was lost */
+    EXS_ERR(PROV, "ctx %p: completion of ep %p (wr_id %llu) lost: no memory", (void *)ctx,
+            (void *)c->cqe.ep, (unsigned long long)c->cqe.wr_id);
+    exs__vrb_retire(c->cqe.ep, c->retire);
+}
+
 /* Poll the CQ into the ring; returns the number added. */
 static int vrb_cq_to_ring(struct vrb_ctx *ctx)
 {
@@ -215,17 +235,15 @@ static int vrb_cq_to_ring(struct vrb_ctx *ctx)
         return 0;
     do {
         n = ibv_poll_cq(ctx->cq, VRB_POLL_MAX, wc);
+        if (n > 0)
+            ctx->cq_seen = 1;
         for (int i = 0; i < n; i++) {
+            uint32_t before = ctx->ring_count;
+
             if (exs__vrb_wc_convert(ctx, &wc[i], &k.cqe, &k.retire) != 0)
                 continue;
-            if (exs__vrb_ring_push(ctx, &k) == 0) {
-                added++;
-            } else {
-                /* no memory to keep it: give its slot back, say what was lost */
-                EXS_ERR(PROV, "ctx %p: completion of ep %p (wr_id %llu) lost: no memory",
-                        (void *)ctx, (void *)k.cqe.ep, (unsigned long long)k.cqe.wr_id);
-                exs__vrb_retire(k.cqe.ep, k.retire);
-            }
+            exs__vrb_ring_keep(ctx, &k);
+            added += (int)(ctx->ring_count - before);
         }
     } while (n == VRB_POLL_MAX);
     return added;
@@ -353,27 +371,59 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     int busy;
 
     pthread_mutex_lock(&ctx->lock);
+    if (__atomic_load_n(&ctx->held_eps, __ATOMIC_RELAXED))
+        exs__vrb_held_post_all_locked(ctx);
     /* One CQ, so at most one event per request for notification: read only while one is
      * requested, once; request again only when it was used up (a request whose event has
-     * not come yet still stands). Each skipped call is a system call on rxe. */
-    if (ctx->ch && ctx->cq_armed && ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0) {
-        ibv_ack_cq_events(cq, 1);
-        ctx->cq_armed = 0;
+     * not come yet still stands). Each skipped call is a system call on rxe. And read
+     * only when a completion was taken from the CQ since the request (or since a read
+     * found nothing): an event comes only for a completion added after the request,
+     * which is then either still in the CQ (the poll below finds it: -EAGAIN, and the
+     * next arm reads) or was taken already. An event left unread only keeps the
+     * descriptor readable: a wake-up, never a lost one (the request is renewed only
+     * once its event was read). */
+    if (ctx->ch && ctx->cq_armed) {
+        if (!ctx->cq_seen) {
+            EXS_CNT_INC(ctx->cnt.cq_event_skips);
+        } else {
+            EXS_CNT_INC(ctx->cnt.cq_event_reads);
+            if (ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0) {
+                ibv_ack_cq_events(cq, 1);
+                ctx->cq_armed = 0;
+            } else {
+                ctx->cq_seen = 0;
+            }
+        }
     }
     if (__atomic_exchange_n(&ctx->wake_pending, 0, __ATOMIC_ACQ_REL) &&
         read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd read: %m", (void *)ctx);
     if (ctx->cq && !ctx->cq_armed) {
-        if (ibv_req_notify_cq(ctx->cq, 0) != 0)
+        if (ibv_req_notify_cq(ctx->cq, 0) != 0) {
             EXS_ERR(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
-        else
+        } else {
             ctx->cq_armed = 1;
+            ctx->cq_seen = 0;
+        }
     }
     busy = ctx->ring_count || !exs_list_empty(&ctx->cm_sw);
     if (!busy)
         busy = vrb_cq_to_ring(ctx) > 0;
     pthread_mutex_unlock(&ctx->lock);
     return busy ? -EAGAIN : 0;
+}
+
+/* Return kept completions into cqe[n..max) (ctx->lock held), retiring their slots. */
+static int vrb_ring_pop(struct vrb_ctx *ctx, struct exs_prov_cqe *cqe, int n, int max)
+{
+    while (n < max && ctx->ring_count) {
+        cqe[n] = ctx->ring[ctx->ring_head].cqe;
+        exs__vrb_retire(cqe[n].ep, ctx->ring[ctx->ring_head].retire);
+        n++;
+        ctx->ring_head = (ctx->ring_head + 1) % ctx->ring_cap;
+        ctx->ring_count--;
+    }
+    return n;
 }
 
 static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max)
@@ -385,22 +435,28 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
     if (max <= 0)
         return 0;
     pthread_mutex_lock(&ctx->lock);
-    while (n < max && ctx->ring_count) {
-        cqe[n] = ctx->ring[ctx->ring_head].cqe;
-        exs__vrb_retire(cqe[n].ep, ctx->ring[ctx->ring_head].retire);
-        n++;
-        ctx->ring_head = (ctx->ring_head + 1) % ctx->ring_cap;
-        ctx->ring_count--;
-    }
+    if (__atomic_load_n(&ctx->held_eps, __ATOMIC_RELAXED))
+        exs__vrb_held_post_all_locked(ctx);
+    n = vrb_ring_pop(ctx, cqe, n, max);
     while (n < max && ctx->cq) {
         int want = EXS_MIN(max - n, VRB_POLL_MAX);
         int got = ibv_poll_cq(ctx->cq, want, wc);
 
         if (got <= 0)
             break;
-        for (int i = 0; i < got; i++)
-            if (exs__vrb_wc_convert(ctx, &wc[i], &cqe[n], NULL) == 0)
-                n++;
+        ctx->cq_seen = 1;
+        for (int i = 0; i < got; i++) {
+            struct vrb_kept k;
+
+            if (!ctx->ring_count) {
+                if (exs__vrb_wc_convert(ctx, &wc[i], &cqe[n], NULL) == 0)
+                    n++;
+            } else if (exs__vrb_wc_convert(ctx, &wc[i], &k.cqe, &k.retire) == 0) {
+                /* behind completions the provider made and kept: in order, kept too */
+                exs__vrb_ring_keep(ctx, &k);
+            }
+        }
+        n = vrb_ring_pop(ctx, cqe, n, max);
         if (got < want)
             break;
     }
@@ -812,8 +868,8 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->max_inline = vrb_probe_inline(ctx, vrb_clamp32(exs__params.vrb_max_inline, 0, 4096));
 
     ctx->base.ops = &exs__prov_verbs_ops;
-    ctx->base.caps.flags =
-        EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | (ctx->max_inline ? EXS_PROV_CAP_INLINE : 0);
+    ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_DEFER |
+                           (ctx->max_inline ? EXS_PROV_CAP_INLINE : 0);
     ctx->base.caps.max_inline = ctx->max_inline;
     ctx->base.caps.max_sge = vrb_clamp32((uint64_t)ctx->dattr.max_sge, 1, VRB_MAX_SGE);
     {
@@ -908,4 +964,5 @@ struct exs_prov_ops exs__prov_verbs_ops = {
     .disconnect = exs__vrb_disconnect,
     .post_recv = exs__vrb_post_recv,
     .post_send = exs__vrb_post_send,
+    .ep_flush = exs__vrb_ep_flush,
 };

@@ -62,12 +62,50 @@ void exs__vrb_retire(struct exs_prov_ep *e, uint64_t retire)
     pthread_mutex_unlock(&ep->lock);
 }
 
+/* ctx->lock and ep->lock held; a completion of ep's send request at seq came: the requests
+ * before it that were SIGNALED but posted unsignaled completed without one (RC completes
+ * in order, and an error or a flush has a completion of its own), so theirs are made now,
+ * kept in order; seq's own mark goes (its completion is the device's). Returns how many. */
+static int vrb_synth_keep(struct vrb_ctx *ctx, struct vrb_ep *ep, uint64_t seq)
+{
+    int made = 0;
+
+    for (uint64_t t = ep->sq_head; t <= seq && ep->synth_out; t++) {
+        struct vrb_swr *s = &ep->sq[t % ep->sq_cap];
+        struct vrb_kept k;
+
+        if (!s->synth)
+            continue;
+        s->synth = 0;
+        ep->synth_out--;
+        if (t == seq)
+            break;
+        memset(&k, 0, sizeof(k));
+        k.cqe.ep = &ep->base;
+        k.cqe.wr_id = s->wr_id;
+        k.cqe.status = EXS_PROV_WC_SUCCESS;
+        k.cqe.opcode = exs__prov_wr_wc_opcode(s->opcode);
+        if (s->opcode == EXS_PROV_WR_RDMA_READ)
+            k.cqe.byte_len = s->len;
+        k.retire = t + 1;
+        /* ep->lock is held: the slot is retired when ctx_poll returns it (retire takes
+         * ep->lock then) */
+        if (exs__vrb_ring_push(ctx, &k) == 0)
+            made++;
+        else
+            EXS_ERR(PROV, "ctx %p: completion of ep %p (wr_id %llu) lost: no memory", (void *)ctx,
+                    (void *)ep, (unsigned long long)s->wr_id);
+    }
+    return made;
+}
+
 int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
                         uint64_t *retire_p)
 {
     uint32_t epid = (uint32_t)(wc->wr_id >> VRB_EPID_SHIFT);
     uint64_t seq = wc->wr_id & VRB_SEQ_MASK;
     struct vrb_ep *ep = vrb_ep_lookup(ctx, epid);
+    int made = 0;
 
     if (!ep) {
         EXS_CNT_INC(ctx->cnt.stale_cqes);
@@ -128,6 +166,8 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
             EXS_CNT_INC(ctx->cnt.stale_cqes);
             return -1;
         }
+        if (ep->synth_out)
+            made = vrb_synth_keep(ctx, ep, seq);
         s = &ep->sq[seq % ep->sq_cap];
         cqe->wr_id = s->wr_id;
         cqe->opcode = exs__prov_wr_wc_opcode(s->opcode);
@@ -144,7 +184,7 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         /* retires the unsignaled requests posted before it, as hardware does */
         if (retire_p)
             *retire_p = seq + 1;
-        else
+        else if (!made)
             ep->sq_head = seq + 1;
     }
     if (wc->status == IBV_WC_SUCCESS && (wc->wc_flags & IBV_WC_WITH_IMM)) {
@@ -163,6 +203,13 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&ep->lock);
+    if (made && !retire_p) {
+        /* behind the completions made for the requests before it */
+        struct vrb_kept k = {.cqe = *cqe, .retire = seq + 1};
+
+        exs__vrb_ring_keep(ctx, &k);
+        return 1;
+    }
     return 0;
 }
 
@@ -182,9 +229,12 @@ void exs__vrb_ep_kill_locked(struct vrb_ep *ep)
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
     int ret;
 
-    __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
-    if (!ep->qp) /* released with the device */
+    if (!ep->qp) { /* released with the device */
+        __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
         return;
+    }
+    exs__vrb_held_post_locked(ep); /* deferred requests go first: flushed with the rest */
+    __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
     ret = ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
     if (ret)
         EXS_ERR(PROV, "ep %p: QP to ERR: %s", (void *)ep, strerror(ret));
@@ -207,6 +257,74 @@ static int vrb_sge_convert(struct vrb_ctx *ctx, const struct exs_prov_sge *in, i
     return 0;
 }
 
+/* The request at slot seq (lock held): its wr_id, for the completion, and the first sges. */
+static void vrb_swr_fill(struct vrb_ep *ep, uint64_t seq, const struct exs_prov_send_wr *wr,
+                         uint64_t total)
+{
+    struct vrb_swr *s = &ep->sq[seq % ep->sq_cap];
+
+    s->wr_id = wr->wr_id;
+    s->len = (uint32_t)total;
+    s->opcode = (uint8_t)wr->opcode;
+    s->synth = 0;
+    s->nsge = (wr->flags & EXS_PROV_SEND_INLINE) ? 0 : (uint8_t)EXS_MIN(wr->num_sge, VRB_SLOT_SGE);
+    if (s->nsge)
+        memcpy(s->sge, wr->sg_list, s->nsge * sizeof(s->sge[0]));
+}
+
+/* May wr wait in ep's batch (lock held)? Only on a live QP, with room for its sges, and
+ * with storage for the batch (allocated at the first deferred request). */
+static int vrb_can_hold(struct vrb_ep *ep, const struct exs_prov_send_wr *wr, int state)
+{
+    if (!(wr->flags & EXS_PROV_SEND_DEFER) || state != EXS_PROV_EP_CONNECTED || !ep->qp ||
+        wr->num_sge > (int)VRB_HELD_SGE)
+        return 0;
+    if (!ep->held) {
+        ep->held = calloc(VRB_HELD_MAX, sizeof(*ep->held));
+        ep->held_inl = malloc((size_t)VRB_HELD_MAX * EXS_MAX(ep->base.attr.max_inline, 1u));
+        if (!ep->held || !ep->held_inl) {
+            free(ep->held);
+            free(ep->held_inl);
+            ep->held = NULL;
+            ep->held_inl = NULL;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Keep w (built on the stack, its sges in sge) in ep's batch (lock held): sges and inline
+ * bytes copied, as the caller may reuse them once post_send returns. */
+static void vrb_hold(struct vrb_ep *ep, const struct ibv_send_wr *w, const struct ibv_sge *sge)
+{
+    struct vrb_held *h;
+
+    if (ep->held_n == VRB_HELD_MAX)
+        exs__vrb_held_post_locked(ep);
+    h = &ep->held[ep->held_n];
+    h->w = *w;
+    h->w.next = NULL;
+    h->w.sg_list = w->num_sge ? h->sge : NULL;
+    if (w->send_flags & IBV_SEND_INLINE) {
+        uint8_t *dst = ep->held_inl + (size_t)ep->held_n * ep->base.attr.max_inline;
+        uint32_t off = 0;
+
+        for (int i = 0; i < w->num_sge; i++) {
+            memcpy(dst + off, (const void *)(uintptr_t)sge[i].addr, sge[i].length);
+            off += sge[i].length;
+        }
+        h->sge[0] = (struct ibv_sge){.addr = (uintptr_t)dst, .length = off};
+        h->w.num_sge = w->num_sge ? 1 : 0;
+    } else if (w->num_sge) {
+        memcpy(h->sge, sge, (size_t)w->num_sge * sizeof(*sge));
+    }
+    /* held_n: written under ep->lock, read without it by held_post_all (atomic) */
+    __atomic_store_n(&ep->held_n, ep->held_n + 1, __ATOMIC_RELAXED);
+    if (ep->held_n == 1)
+        __atomic_add_fetch(&ep->ctx->held_eps, 1, __ATOMIC_RELAXED);
+    EXS_CNT_INC(ep->ctx->cnt.sends_deferred);
+}
+
 int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
 {
     struct vrb_ep *ep = vrb_ep_of(e);
@@ -214,7 +332,7 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
     struct ibv_sge sge[VRB_MAX_SGE];
     struct ibv_send_wr w, *bad = NULL;
     uint64_t total, seq;
-    int state, ret;
+    int state, ret, hold;
 
     if (!wr || (unsigned)wr->opcode > EXS_PROV_WR_RDMA_READ)
         return -EINVAL;
@@ -271,17 +389,7 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
         return -ENOMEM;
     }
     seq = ep->sq_tail;
-    {
-        struct vrb_swr *s = &ep->sq[seq % ep->sq_cap];
-
-        s->wr_id = wr->wr_id;
-        s->len = (uint32_t)total;
-        s->opcode = (uint8_t)wr->opcode;
-        s->nsge =
-            (wr->flags & EXS_PROV_SEND_INLINE) ? 0 : (uint8_t)EXS_MIN(wr->num_sge, VRB_SLOT_SGE);
-        if (s->nsge)
-            memcpy(s->sge, wr->sg_list, s->nsge * sizeof(s->sge[0]));
-    }
+    vrb_swr_fill(ep, seq, wr, total);
     w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | (seq & VRB_SEQ_MASK);
     if (!ep->qp) {
         /* the device was removed: flushed, as a QP in error would */
@@ -290,6 +398,20 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
         exs__vrb_flush_push(ctx, ep, seq, wr->wr_id, (uint8_t)wr->opcode);
         return 0;
     }
+    hold = vrb_can_hold(ep, wr, state);
+    if (ep->held_n && !hold && wr->num_sge > (int)VRB_HELD_SGE)
+        exs__vrb_held_post_locked(ep); /* the batch first, then this one on its own */
+    if (hold || ep->held_n) {
+        /* it joins the batch (behind deferred ones: so does a request that does not
+         * defer), which goes out now unless it defers */
+        vrb_hold(ep, &w, sge);
+        ep->sq_tail = seq + 1;
+        if (!hold)
+            exs__vrb_held_post_locked(ep);
+        pthread_mutex_unlock(&ep->lock);
+        return 0;
+    }
+    EXS_CNT_INC(ctx->cnt.doorbells);
     ret = ibv_post_send(ep->qp, &w, &bad);
     if (ret) {
         pthread_mutex_unlock(&ep->lock);
@@ -303,6 +425,94 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
     EXS_DATA(PROV, "ep %p: post_send wr_id %llu opcode %d len %llu", (void *)ep,
              (unsigned long long)wr->wr_id, (int)wr->opcode, (unsigned long long)total);
     return 0;
+}
+
+/* The batch's ibv_post_send refused bad (and left those after it): the ep ends, and they
+ * are posted again into the QP in ERR, which flushes each in order with the others. */
+static void vrb_held_refused_locked(struct vrb_ep *ep, struct ibv_send_wr *bad, int err)
+{
+    struct ibv_send_wr *bad2 = NULL;
+
+    EXS_ERR(PROV, "ep %p: ibv_post_send of deferred requests: %s: the endpoint ends", (void *)ep,
+            strerror(err));
+    exs__vrb_ep_kill_locked(ep);
+    for (struct ibv_send_wr *w = bad; w; w = w->next)
+        w->send_flags |= IBV_SEND_SIGNALED;
+    if (ep->qp && ibv_post_send(ep->qp, bad, &bad2) != 0)
+        EXS_ERR(PROV,
+                "ep %p: deferred requests refused by the QP in ERR too: their completions "
+                "are lost",
+                (void *)ep);
+}
+
+void exs__vrb_held_post_locked(struct vrb_ep *ep)
+{
+    struct vrb_ctx *ctx = ep->ctx;
+    struct ibv_send_wr *bad = NULL;
+    uint32_t n = ep->held_n, anchor = 0;
+    uint64_t seq0 = ep->sq_tail - n;
+    int ret;
+
+    if (!n)
+        return;
+    for (uint32_t i = 0; i < n; i++) {
+        ep->held[i].w.next = i + 1 < n ? &ep->held[i + 1].w : NULL;
+        if (ep->held[i].w.send_flags & IBV_SEND_SIGNALED)
+            anchor = i;
+    }
+    /* every SIGNALED one before the last SIGNALED one: its completion comes with that one's */
+    for (uint32_t i = 0; i < anchor; i++) {
+        if (ep->held[i].w.send_flags & IBV_SEND_SIGNALED) {
+            ep->held[i].w.send_flags &= ~(unsigned)IBV_SEND_SIGNALED;
+            ep->sq[(seq0 + i) % ep->sq_cap].synth = 1;
+            ep->synth_out++;
+            EXS_CNT_INC(ctx->cnt.signals_saved);
+        }
+    }
+    __atomic_store_n(&ep->held_n, 0, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&ctx->held_eps, 1, __ATOMIC_RELAXED);
+    EXS_CNT_INC(ctx->cnt.doorbells);
+    ret = ibv_post_send(ep->qp, &ep->held[0].w, &bad);
+    if (ret)
+        vrb_held_refused_locked(ep, bad ? bad : &ep->held[0].w, ret);
+    else if (__atomic_load_n(&ep->state, __ATOMIC_RELAXED) == EXS_PROV_EP_ERROR)
+        vrb_kick_flush(ep);
+}
+
+void exs__vrb_ep_flush(struct exs_prov_ep *e)
+{
+    struct vrb_ep *ep = vrb_ep_of(e);
+
+    pthread_mutex_lock(&ep->lock);
+    exs__vrb_held_post_locked(ep);
+    pthread_mutex_unlock(&ep->lock);
+}
+
+void exs__vrb_held_post_all_locked(struct vrb_ctx *ctx)
+{
+    struct exs_list *pos;
+
+    exs_list_for_each(pos, &ctx->eps)
+    {
+        struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, link);
+
+        if (!__atomic_load_n(&ep->held_n, __ATOMIC_RELAXED))
+            continue;
+        pthread_mutex_lock(&ep->lock);
+        exs__vrb_held_post_locked(ep);
+        pthread_mutex_unlock(&ep->lock);
+    }
+}
+
+void exs__vrb_held_drop_locked(struct vrb_ep *ep)
+{
+    if (ep->held_n)
+        __atomic_sub_fetch(&ep->ctx->held_eps, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&ep->held_n, 0, __ATOMIC_RELAXED);
+    free(ep->held);
+    free(ep->held_inl);
+    ep->held = NULL;
+    ep->held_inl = NULL;
 }
 
 int exs__vrb_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)

@@ -170,6 +170,11 @@ static void vrb_ep_gone_locked(struct vrb_ctx *ctx, struct vrb_ep *ep)
             sq_from = EXS_MAX(sq_from, c->retire & VRB_SEQ_MASK);
     }
     __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
+    /* deferred requests have their slots: flushed below with the others */
+    exs__vrb_held_drop_locked(ep);
+    for (uint64_t s = ep->sq_head; s < ep->sq_tail; s++)
+        ep->sq[s % ep->sq_cap].synth = 0;
+    ep->synth_out = 0;
     for (uint64_t s = sq_from; s < ep->sq_tail; s++) {
         const struct vrb_swr *w = &ep->sq[s % ep->sq_cap];
 

@@ -277,6 +277,8 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     g->nwr = nwr + ep->fence_extra;
     w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_INT_BIT | (g->seq & VRB_SEQ_MASK);
     fw[0].wr_id = fw[1].wr_id = w.wr_id;
+    /* the consumer's deferred requests were posted before: they go first */
+    exs__vrb_held_post_locked(ep);
     ret = ibv_post_send(ep->qp, first, &bad);
     if (ret) {
         pthread_mutex_unlock(&ep->lock);
