@@ -734,6 +734,10 @@ void exs__api_xfer_fork_child(void)
     exs__forsake(mregs);
     mregs = NULL;
     mreg_cap = mreg_count = 0;
+    /* the parent's old arrays too (the child's table grows from nothing again); parked
+     * records are only memory and are reused */
+    while (mreg_nretired)
+        exs__forsake(mreg_retired[--mreg_nretired]);
     op_live = 0;
     pthread_mutex_init(&mreg_lock, NULL);
 }

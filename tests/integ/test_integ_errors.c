@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -584,8 +585,15 @@ START_TEST(test_mreg_hold_race)
     ck_assert_int_gt(mreg_race_h, 0);
     mreg_race_stop = mreg_race_violations = mreg_race_holds = 0;
     ck_assert_int_eq(pthread_create(&t, NULL, mreg_race_holder, &stale), 0);
-    for (int r = 0; r < MREG_RACE_ROUNDS; r++) {
+    /* no premise on scheduling: the rounds start once the holder holds, and go on (past
+     * MREG_RACE_ROUNDS, yielding) until a deregistration has won too */
+    while (!__atomic_load_n(&mreg_race_holds, __ATOMIC_RELAXED))
+        sched_yield();
+    for (int r = 0; r < MREG_RACE_ROUNDS || !won; r++) {
         int cur = __atomic_load_n(&mreg_race_h, __ATOMIC_RELAXED);
+
+        if (r >= MREG_RACE_ROUNDS)
+            sched_yield(); /* let the holder let go */
 
         /* the holder's handle: deregistered when free, then registered again */
         if (exs_mderegister(cur) == 0) {
@@ -600,7 +608,7 @@ START_TEST(test_mreg_hold_race)
         errno = 0;
         ck_assert_int_eq(exs_mderegister(kept), -1);
         ck_assert_int_eq(errno, EBUSY);
-        if (r % 1000)
+        if (r % 1000 || r > MREG_RACE_ROUNDS)
             continue;
         /* churn: the table grows (64 -> 512) and parked registrations are reused */
         for (int i = 0; i < MREG_RACE_CHURN; i++) {
