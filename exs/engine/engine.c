@@ -64,6 +64,8 @@ static struct {
     uint64_t gap_at;    /* atomic */
     int lease_idle;     /* atomic: the lease is stopped; the last driver to leave wakes the loop */
     unsigned seen_gen;  /* plock (loop): leave_gen at the previous lease */
+    unsigned lease_mult; /* plock (loop): the lease's period in leases (1..EXS_ENG_LEASE_GROW),
+                            doubled while the drivers keep coming back, 1 after a take-over */
     int io_on;          /* plock: the loop watches the provider's event fd */
     int psleepers;      /* atomic: application threads armed for, or asleep on, the event fds
                            (exs__engine_arm .. exs__engine_arm_end) */
@@ -106,6 +108,10 @@ static const struct exs_counter_desc eng_counter_desc[] = {
     EXS_COUNTER(
         struct exs_eng_counters, lease_idles,
         "leases stopped because the same threads kept waiting (idle waits cost no wake-up)"),
+    EXS_COUNTER(struct exs_eng_counters, lease_fires,
+                "times the lease woke the progress thread to look at the drivers"),
+    EXS_COUNTER(struct exs_eng_counters, lease_grows,
+                "times the lease's period doubled because the drivers kept coming back"),
     EXS_COUNTER(struct exs_eng_counters, evq_fd_writes,
                 "event queue descriptor writes (only for queues someone can see)"),
     EXS_COUNTER(struct exs_eng_counters, rounds,
@@ -570,6 +576,16 @@ void exs__engine_driver_leave(void)
     }
 }
 
+unsigned exs__engine_lease_mult(void)
+{
+    unsigned m;
+
+    eng_lock();
+    m = eng.lease_mult;
+    eng_unlock();
+    return m;
+}
+
 /* ---- the loop thread ---- */
 
 static void eng_prov_cb(struct ev_loop *loop, ev_io *w, int revents)
@@ -598,28 +614,69 @@ static void eng_async_cb(struct ev_loop *loop, ev_async *w, int revents)
         ev_break(loop, EVBREAK_ALL);
 }
 
+/* (Re)start the lease: first look after `after` seconds, then every period. */
+static void eng_lease_start(struct ev_loop *loop, double after)
+{
+    double period = (double)exs__params.lease_us * eng.lease_mult / 1e6;
+
+    if (ev_is_active(&eng.lease))
+        ev_timer_stop(loop, &eng.lease);
+    ev_timer_set(&eng.lease, after > 0 ? after : period, period);
+    ev_timer_start(loop, &eng.lease);
+}
+
 /* The lease: a periodic look at the drivers while they drive. When no driver left during
  * a whole lease, the same threads are still waiting (an idle server in exs_qdequeue):
  * stop the lease instead of waking every lease_us, and let the last driver to leave wake
  * the loop (exs__engine_driver_leave). The two sides publish, then look (sequentially
- * consistent), so either the loop sees the leave or the leaver sees lease_idle. */
+ * consistent), so either the loop sees the leave or the leaver sees lease_idle.
+ * While the drivers keep coming and going (a ping-pong), each look that finds one
+ * driving doubles the period, up to EXS_ENG_LEASE_GROW leases: every look costs the
+ * drivers a wake-up and a turn of the progress lock. A look that finds them all gone
+ * but recently (within the hysteresis) comes again when the hysteresis ends, at least
+ * one lease later, so the take-over still comes within nine leases of the last leave. */
 static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     unsigned gen = __atomic_load_n(&eng.leave_gen, __ATOMIC_SEQ_CST);
+    int drivers = __atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST);
+    int moved = gen != eng.seen_gen;
 
     (void)revents;
-    if (__atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST) > 0 && gen == eng.seen_gen &&
-        !exs__params.test_engine_park) {
+    EXS_CNT_INC(exs__eng_cnt.lease_fires);
+    if (drivers > 0 && !moved && !exs__params.test_engine_park) {
         __atomic_store_n(&eng.lease_idle, 1, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST) > 0 &&
             __atomic_load_n(&eng.leave_gen, __ATOMIC_SEQ_CST) == gen) {
             ev_timer_stop(loop, w);
+            eng.lease_mult = 1;
             EXS_CNT_INC(exs__eng_cnt.lease_idles);
             return;
         }
         __atomic_store_n(&eng.lease_idle, 0, __ATOMIC_SEQ_CST);
     }
     eng.seen_gen = gen;
+    if (drivers > 0 && moved) {
+        unsigned m = exs__engine_lease_grow(eng.lease_mult);
+
+        if (m != eng.lease_mult) {
+            eng.lease_mult = m;
+            EXS_CNT_INC(exs__eng_cnt.lease_grows);
+            eng_lease_start(loop, 0);
+        }
+    } else if (drivers == 0 && eng.lease_mult > 1) {
+        /* all gone: look again when the hysteresis ends (eng_prepare_cb decides), not
+         * a whole grown period later */
+        uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
+        uint64_t now = exs__now_ns();
+        uint64_t since = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+        uint64_t hyst = exs__engine_hyst_ns(
+            exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
+                                __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now, lease_ns),
+            lease_ns);
+
+        if (since < hyst)
+            eng_lease_start(loop, (double)exs__engine_lease_after(hyst - since, lease_ns) / 1e9);
+    }
     /* eng_prepare_cb, which runs next, decides who watches the provider. */
 }
 
@@ -651,15 +708,13 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
                 ev_io_stop(loop, &eng.fb_io);
             eng.io_on = 0;
         }
-        if (!ev_is_active(&eng.lease) && !__atomic_load_n(&eng.lease_idle, __ATOMIC_SEQ_CST)) {
-            ev_timer_set(&eng.lease, (double)exs__params.lease_us / 1e6,
-                         (double)exs__params.lease_us / 1e6);
-            ev_timer_start(loop, &eng.lease);
-        }
+        if (!ev_is_active(&eng.lease) && !__atomic_load_n(&eng.lease_idle, __ATOMIC_SEQ_CST))
+            eng_lease_start(loop, 0);
         return;
     }
     if (ev_is_active(&eng.lease))
         ev_timer_stop(loop, &eng.lease);
+    eng.lease_mult = 1;
     if (!eng.io_on) {
         ev_io_start(loop, &eng.prov_io);
         if (eng.fb)
@@ -781,6 +836,7 @@ int exs__engine_start(void)
     ev_prepare_init(&eng.prep, eng_prepare_cb);
     ev_prepare_start(eng.loop, &eng.prep);
     ev_timer_init(&eng.lease, eng_lease_cb, 0., 0.);
+    eng.lease_mult = 1;
     eng.io_on = 0; /* the first prepare starts it and drains */
     eng.loop_dirty = 0;
     eng.stopping = 0;
@@ -987,6 +1043,7 @@ void exs__engine_fork(int phase)
     eng.stopping = eng.manual = eng.drivers = eng.lease_idle = eng.io_on = 0;
     eng.psleepers = eng.armed = eng.njobs = 0;
     eng.leave_gen = eng.seen_gen = 0;
+    eng.lease_mult = 1;
     eng.leave_ns = eng.gap_ns = eng.gap_at = 0;
     __atomic_store_n(&eng.running, 0, __ATOMIC_RELEASE);
     eng_pass = (struct eng_pass){0};

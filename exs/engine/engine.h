@@ -30,6 +30,8 @@ struct exs_eng_counters {
     uint64_t drives_thread;  /* drives by the progress thread that found work */
     uint64_t lease_handoffs; /* the progress thread took the provider back */
     uint64_t lease_idles;    /* leases stopped: the same drivers waited a whole lease */
+    uint64_t lease_fires;    /* the lease woke the progress thread */
+    uint64_t lease_grows;    /* the lease's period doubled: the drivers kept coming back */
     uint64_t evq_fd_writes;  /* event queue eventfd writes (api/evq.c) */
     uint64_t rounds;         /* progress rounds, also empty ones */
     /* listeners (api/sock.c, spec/api.md exs_listen) */
@@ -141,6 +143,16 @@ void exs__engine_driver_leave(void);
 #define EXS_ENG_HYST_LEASES 8
 uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint64_t now_ns, uint64_t lease_ns);
 uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns);
+/* The lease's growth (spec/threading.md §4): while the drivers keep coming and going, the
+ * period doubles at each look, up to EXS_ENG_LEASE_GROW leases; exs__engine_lease_grow:
+ * the next period's multiple. exs__engine_lease_after: when to look again once they are
+ * all gone, hyst_left before the hysteresis ends: then, but at least one lease later and
+ * at most EXS_ENG_HYST_LEASES leases. */
+#define EXS_ENG_LEASE_GROW 8
+unsigned exs__engine_lease_grow(unsigned mult);
+uint64_t exs__engine_lease_after(uint64_t hyst_left_ns, uint64_t lease_ns);
+/* For tests: the lease's period now, in leases (1 .. EXS_ENG_LEASE_GROW). */
+unsigned exs__engine_lease_mult(void);
 /* engine_policy.c: the fallback policy (EXS_ENG_FB_*) for primary provider name (spec/provider.md,
  * Fallback), and whether the shm provider is opened beside it (spec/provider-shm.md). */
 int exs__engine_fb_policy_for(const char *primary);

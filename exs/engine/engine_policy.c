@@ -22,6 +22,18 @@ uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns)
     return EXS_MAX(h, lease_ns);
 }
 
+unsigned exs__engine_lease_grow(unsigned mult)
+{
+    return mult >= EXS_ENG_LEASE_GROW / 2 ? EXS_ENG_LEASE_GROW : EXS_MAX(2 * mult, 1u);
+}
+
+uint64_t exs__engine_lease_after(uint64_t hyst_left_ns, uint64_t lease_ns)
+{
+    uint64_t a = EXS_MIN(hyst_left_ns, (uint64_t)EXS_ENG_HYST_LEASES * lease_ns);
+
+    return EXS_MAX(a, lease_ns);
+}
+
 /* The fallback policy for primary provider name (spec/provider.md, Fallback). */
 int exs__engine_fb_policy_for(const char *primary)
 {

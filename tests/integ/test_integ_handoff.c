@@ -128,6 +128,70 @@ out:
 }
 END_TEST
 
+/* The lease's growth rule (spec/threading.md §4), lease 1 ms. */
+START_TEST(test_lease_rule)
+{
+    /* doubles per look while the drivers come and go, up to EXS_ENG_LEASE_GROW */
+    ck_assert_uint_eq(exs__engine_lease_grow(1), 2);
+    ck_assert_uint_eq(exs__engine_lease_grow(2), 4);
+    ck_assert_uint_eq(exs__engine_lease_grow(EXS_ENG_LEASE_GROW / 2), EXS_ENG_LEASE_GROW);
+    ck_assert_uint_eq(exs__engine_lease_grow(EXS_ENG_LEASE_GROW), EXS_ENG_LEASE_GROW);
+    /* all gone: look again when the hysteresis ends, at least one lease on, at most
+     * EXS_ENG_HYST_LEASES leases (so the take-over comes within nine leases) */
+    ck_assert_uint_eq(exs__engine_lease_after(3 * MS, MS), 3 * MS);
+    ck_assert_uint_eq(exs__engine_lease_after(MS / 10, MS), MS);
+    ck_assert_uint_eq(exs__engine_lease_after(100 * MS, MS), EXS_ENG_HYST_LEASES * MS);
+}
+END_TEST
+
+/* A busy-polling ping-pong keeps coming back to exs_qdequeue: the lease's period grows
+ * to EXS_ENG_LEASE_GROW leases (fewer wake-ups of the progress thread while it drives).
+ * When the application then stops calling the library, the progress thread takes the
+ * provider back and the period is one lease again. Waits on conditions, with deadlines. */
+START_TEST(test_lease_grows_then_resets)
+{
+    struct it_buf *sb, *rb;
+    struct it_pair p;
+    uint64_t grows0, h0;
+    double end;
+    int i;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 8, 8);
+    ck_assert_int_eq(exs_qsetwait(p.cq, EXS_WAIT_POLL, 0), 0);
+    ck_assert_int_eq(exs_qsetwait(p.sq, EXS_WAIT_POLL, 0), 0);
+    sb = it_buf_new(64, 1);
+    rb = it_buf_new(64, 1);
+    grows0 = eng_counter("lease_grows");
+    h0 = eng_counter("lease_handoffs");
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    for (i = 0; exs__engine_lease_mult() < EXS_ENG_LEASE_GROW; i++) {
+        ck_assert_msg(it_now_ms() < end,
+                      "the lease stayed at %u leases through %d round trips",
+                      exs__engine_lease_mult(), i);
+        memset(sb->p, i & 0xff, 64);
+        ck_assert_int_eq(exs_recv(p.sfd, rb->p, 64, 0, p.sq, rb, rb->mh), 0);
+        ck_assert_int_eq(exs_send(p.cfd, sb->p, 64, 0, p.cq, sb, sb->mh), 0);
+        dq1(p.cq, EXS_EVT_SEND, sb);
+        dq1(p.sq, EXS_EVT_RECV, rb);
+        ck_assert_int_eq(memcmp(rb->p, sb->p, 64), 0);
+    }
+    ck_assert_uint_ge(eng_counter("lease_grows") - grows0, 3);
+    /* the application computes: no library call; the progress thread takes over (only
+     * a take-over makes a grown lease one lease again while no thread drives) */
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (exs__engine_lease_mult() != 1) {
+        ck_assert_msg(it_now_ms() < end, "no take-over (lease at %u leases)",
+                      exs__engine_lease_mult());
+        it_sleep_ms(1);
+    }
+    ck_assert_uint_gt(eng_counter("lease_handoffs"), h0);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_handoff_suite(void)
 {
     Suite *s = suite_create("integ_handoff");
@@ -135,5 +199,7 @@ Suite *integ_handoff_suite(void)
     it_suite_add(s, "hyst_rule", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_hyst_rule, NULL});
     it_suite_add(s, "busy_gaps", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_busy_gaps_keep_provider, NULL});
+    it_suite_add(s, "lease_grow", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_lease_rule, test_lease_grows_then_resets, NULL});
     return s;
 }
