@@ -3,7 +3,7 @@
 # device rxe0 on 10.0.2.15). Usage: sh rxe-ab.sh ROUNDS ITERS LABEL=BINARY[,VAR=VALUE]...
 #
 # Two (or more) builds of blast on the same rxe0, in the same rounds, the order alternating:
-# 64 B SEQPACKET round trips busy-polling and blocking (ITERS each) and 64 B STREAM
+# 64 B (AB_SIZE) SEQPACKET round trips busy-polling and blocking (ITERS each) and 64 B STREAM
 # messages/s with 16 outstanding (1 s), each client with rxe-vstat.so and against a receiver
 # of its own build (client on CPU 0, receivers on CPU 1; BENCH_RXE_PIN=0: unpinned, as
 # bench/rxe-bench.sh); then one strace -c of each build's 64 B round trips. VAR=VALUE
@@ -14,6 +14,7 @@
 ROUNDS=$1
 N=$2
 shift 2
+S=${AB_SIZE:-64} # the round trips' size (make bench-rxe-ab BENCH_AB_SIZE=4096)
 A=10.0.2.15
 export EXS_PROVIDER=verbs
 export PATH=/guest:$PATH
@@ -73,8 +74,8 @@ while [ $R -le $ROUNDS ]; do
     done
     for x in $order; do
         one $x
-        run $l $b "$e" busy --type seqpacket --lat-only --lat-size 64 --lat-iters $N --poll --poll-recv
-        run $l $b "$e" block --type seqpacket --lat-only --lat-size 64 --lat-iters $N
+        run $l $b "$e" busy --type seqpacket --lat-only --lat-size $S --lat-iters $N --poll --poll-recv
+        run $l $b "$e" block --type seqpacket --lat-only --lat-size $S --lat-iters $N
         run $l $b "$e" msgs --type stream --size 64 --sends 16 --recvs 16 --time 1 --runs 1 --no-latency
     done
     R=$((R + 1))
@@ -84,7 +85,7 @@ for x in "$@"; do
     for f in busy block; do
         p=; [ $f = busy ] && p="--poll --poll-recv"
         env $e strace -f -c -o /tmp/st.txt $CL ./$b -c $A -p $P --quiet --type seqpacket --lat-only \
-            --lat-size 64 --lat-iters $N $p >/dev/null 2>&1
+            --lat-size $S --lat-iters $N $p >/dev/null 2>&1
         echo "ABSYS label=$l fig=$f msgs=$((2 * N)) total=$(awk '$NF == "total" {print $4}' /tmp/st.txt)"
         grep -E '^ +[0-9]' /tmp/st.txt | sort -k4 -nr | head -n 6 |
             awk -v l=$l -v f=$f '{print "ABSYSTOP label=" l " fig=" f " call=" $NF " count=" $4}'

@@ -4,13 +4,14 @@
 guest run (bench/rxe-ab.sh: AB, ABFAIL, ABVS, ABSYS, ABSYSTOP lines). Medians over the
 rounds, each round's value beside them; per message: the vstat counters summed over the
 rounds of the round-trip figures, divided by 2 x ITERS per run (as bench-rxe counts)."""
+import os
 import re
 import statistics
 import sys
 from collections import defaultdict
 
-FIG = {"busy": "64 B round trip p50, busy polling (us)",
-       "block": "64 B round trip p50, blocking waits (us)",
+FIG = {"busy": "{size} B round trip p50, busy polling (us)",
+       "block": "{size} B round trip p50, blocking waits (us)",
        "msgs": "64 B messages/s, 16 outstanding"}
 VS_COLS = [("send_wrs", "sends"), ("send_signaled", "signaled"), ("send_inline", "inline"),
            ("recv_wrs", "recvs"), ("poll_calls", "polls"), ("polled_cqes", "completions"),
@@ -55,7 +56,7 @@ def main():
     out += [f"| {k} | {v} |" for k, v in meta]
     base = labels[0] if labels else None
     for fig in ("busy", "block", "msgs"):
-        out += ["", f"## {FIG[fig]}", "", f"| build | median | / {base} | each round |",
+        out += ["", f"## {FIG[fig].format(size=os.environ.get('AB_SIZE', '64'))}", "", f"| build | median | / {base} | each round |",
                 "| --- | --- | --- | --- |"]
         for lab in labels:
             r = val.get((fig, lab), {})
@@ -67,7 +68,7 @@ def main():
             ratio = f"{med / statistics.median(b.values()):.2f}" if b else "-"
             each = ", ".join(f"{r[k]:.1f}" for k in sorted(r))
             out.append(f"| {lab} | {med:.1f} | {ratio} | {each} |")
-    out += ["", "## Per message (rxe-vstat.so, client, 64 B round trips, summed over the rounds)",
+    out += ["", "## Per message (rxe-vstat.so, client, " + os.environ.get("AB_SIZE", "64") + " B round trips, summed over the rounds)",
             "", "| figure | build | " + " | ".join(c for _, c in VS_COLS) + " |",
             "| --- | --- | " + " | ".join("---" for _ in VS_COLS) + " |"]
     for fig in ("busy", "block"):
