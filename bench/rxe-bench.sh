@@ -67,6 +67,11 @@ sys_libexs() {
         out=$(blast_json --type seqpacket --lat-only --lat-size $s --lat-iters $n)
         v=$(echo "$out" | jlat); [ -n "$v" ] && emit libexs rtt_block $s $v || fail libexs rtt_block $s "$(tail -n 2 /tmp/blast.err)"
         vstat_flush "libexs/rtt_block/$s/$R/msgs=$((2 * n))"
+        # blocking as rsockets blocks: its blocking calls spin polling_time (10 us) first
+        [ $s -le 4096 ] || continue
+        out=$(blast_json --type seqpacket --lat-only --lat-size $s --lat-iters $n --wait-spin 10)
+        v=$(echo "$out" | jlat); [ -n "$v" ] && emit libexs_spin rtt_block $s $v || fail libexs_spin rtt_block $s "$(tail -n 2 /tmp/blast.err)"
+        vstat_flush "libexs_spin/rtt_block/$s/$R/msgs=$((2 * n))"
     done
     out=$(blast_json --type stream --size 64 --sends 16 --recvs 16 --time $BT --runs 1 --no-latency)
     v=$(echo "$out" | jget messages_per_sec); m=$(echo "$out" | tr ',' '\n' | jget messages)
@@ -239,20 +244,26 @@ prof() {
         echo "BRSYS name=$name msgs=$((2 * n)) syscalls=${tot:-?}"
         grep -E '^ +[0-9]' /tmp/strace.txt | sort -k4 -nr | head -n 6 |
             awk -v nm=$name '{print "BRSYSTOP name=" nm " call=" $NF " count=" $4}'
-        wait
+        pre_wait
     fi
     if command -v perf >/dev/null; then
         $pre
         perf record -q -F 2000 -e cpu-clock -o /tmp/perf.data "$@" >/dev/null 2>/tmp/perf.err
         perf report -q -i /tmp/perf.data --stdio --sort dso 2>/dev/null |
             awk -v nm=$name 'NF >= 2 && $1 ~ /%$/ {print "BRPERF name=" nm " share=" $1 " dso=" $2}' | head -n 8
-        wait
+        pre_wait
     fi
+}
+# The server a pre started (rs_srv), if any: a plain wait would wait for the blast
+# receiver too, which serves until it is killed.
+pre_wait() {
+    [ -n "${PRE_PID:-}" ] && wait "$PRE_PID"
+    PRE_PID=
 }
 export VSTAT_OUT=/dev/null
 prof libexs_busy true $CL ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n --poll --poll-recv
 prof libexs_block true $CL ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n
-rs_srv() { newport; export PORT; timeout 300 $SV rstream -p $PORT -S 64 -C 1 -I $n -T $T >/dev/null 2>&1 & sleep 1; }
+rs_srv() { newport; export PORT; timeout 300 $SV rstream -p $PORT -S 64 -C 1 -I $n -T $T >/dev/null 2>&1 & PRE_PID=$!; sleep 1; }
 for T in n b; do
     export A n T CL
     prof rstream_$T rs_srv sh -c 'exec $CL rstream -s $A -p $PORT -S 64 -C 1 -I $n -T $T'

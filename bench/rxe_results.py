@@ -18,6 +18,7 @@ SYS_NAME = {
     "ib_write_lat": "perftest ib_write_lat",
     "ib_send_bw": "perftest ib_send_bw (-t 16)",
     "ib_write_bw": "perftest ib_write_bw",
+    "libexs_spin": "libexs verbs (blast --wait-spin 10: adaptive waits, 10 us spin as rsockets')",
     "ucx_tag_lat": "UCX rc_verbs tag_lat",
     "ucx_tag_bw": "UCX rc_verbs tag_bw",
 }
@@ -105,14 +106,17 @@ def main():
          "rsockets", "<=", 1.0),
         ("64 B round trip p50, blocking vs rsockets -T b", "rtt_block", 64, "rsockets", "<=",
          1.2),
+        ("64 B round trip p50, blocking after a 10 us spin (blast --wait-spin 10) vs "
+         "rsockets -T b (whose blocking calls spin 10 us first)", "rtt_block", 64, "rsockets",
+         "<=", 1.2, "libexs_spin"),
         ("64 B messages/s, 16 outstanding vs rsockets", "msgs", 64, "rsockets", ">=", 1.0),
         ("64 KiB STREAM Gbit/s (direct) vs ib_write_bw", "gbps", 65536, "ib_write_bw", ">=",
          0.95),
         ("1 MiB STREAM Gbit/s (direct) vs ib_write_bw", "gbps", 1048576, "ib_write_bw", ">=",
          0.95),
     ]
-    for name, fig, size, peer, op, tgt in targets:
-        a, b = get("libexs", fig, size), get(peer, fig, size)
+    for name, fig, size, peer, op, tgt, *ours in targets:
+        a, b = get(ours[0] if ours else "libexs", fig, size), get(peer, fig, size)
         if a is None or b is None or b == 0:
             w(f"| {name} | {fmt(a, fig)} | {fmt(b, fig)} | - | {op} {tgt} | not measured |")
             continue
@@ -132,7 +136,8 @@ def main():
         w("| size | system | p50 | / rsockets | each round |\n| --- | --- | --- | --- | --- |")
         for size in sorted({k[2] for k in res if k[1] == fig}):
             base = get("rsockets", fig, size)
-            for s in ["libexs", "rsockets", "ib_send_lat", "ib_write_lat", "ucx_tag_lat"]:
+            for s in ["libexs", "libexs_spin", "rsockets", "ib_send_lat", "ib_write_lat",
+                      "ucx_tag_lat"]:
                 d = res.get((s, fig, size))
                 if not d:
                     continue

@@ -53,6 +53,8 @@ static void usage(FILE *f)
         "notification)\n"
         "  --poll-recv                   busy-poll the receiver's event queue too (or alone)\n"
         "                                (tcp: the ping-pong spins on non-blocking reads instead)\n"
+        "  --wait-spin US                queues not busy-polled spin US microseconds before they\n"
+        "                                sleep (EXS_WAIT_ADAPTIVE; rsockets' blocking calls spin 10)\n"
         "  --tcp-one-buffer              tcp: one buffer per connection, reused for every message\n"
         "                                (cache-hot; default: --sends buffers at the sender and\n"
         "                                --recvs at the receiver, in turn, as libexs runs use)\n"
@@ -210,6 +212,7 @@ enum {
     O_POINTS,
     O_MARKDOWN,
     O_ONEBUF,
+    O_WAITSPIN,
     O_ROUNDS
 };
 
@@ -244,6 +247,7 @@ static const struct option longopts[] = {{"server", no_argument, NULL, 's'},
                                          {"poll", no_argument, NULL, O_POLL},
                                          {"poll-recv", no_argument, NULL, O_POLLRECV},
                                          {"tcp-one-buffer", no_argument, NULL, O_ONEBUF},
+                                         {"wait-spin", required_argument, NULL, O_WAITSPIN},
                                          {"lat-only", no_argument, NULL, O_LATONLY},
                                          {"seed", required_argument, NULL, O_SEED},
                                          {"json", no_argument, NULL, O_JSON},
@@ -497,6 +501,11 @@ static int parse_args(int argc, char **argv, struct config *c)
             break;
         case O_ONEBUF:
             c->tcp_onebuf = 1;
+            break;
+        case O_WAITSPIN:
+            c->wait_spin = (int)strtol(optarg, &end, 10);
+            if (*end || c->wait_spin < 1 || c->wait_spin > 1000000)
+                return bad("--wait-spin", optarg);
             break;
         case O_LATONLY:
             c->lat_only = 1;
@@ -837,6 +846,7 @@ static void fill_params(const struct config *c, struct run_params *rp, int kind,
     rp->mice_size = kind == K_LAT ? 0 : c->mice_size;
     rp->rcvbuf = c->rcvbuf;
     rp->tcp_onebuf = c->tcp_onebuf;
+    rp->wait_spin = c->wait_spin;
     rp->size_mean = kind == K_LAT ? g_lat_size : sg->mean;
     rp->size_max = kind == K_LAT ? g_lat_size : sg->max;
     rp->size_exp = kind == K_LAT ? 0 : sg->exp;

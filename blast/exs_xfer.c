@@ -206,6 +206,18 @@ static int post_recv(struct econn *c, struct slot *s, const struct run_params *r
     return 0;
 }
 
+/* How the queue of the end `side` (POLL_SEND, POLL_RECV) waits: busy polling, adaptive
+ * (--wait-spin: spin, then sleep) or notification. */
+static int wait_mode(const struct run_params *rp, int side)
+{
+    return rp->poll & side ? EXS_WAIT_POLL : rp->wait_spin > 0 ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY;
+}
+
+static int wait_spin(const struct run_params *rp, int side)
+{
+    return wait_mode(rp, side) == EXS_WAIT_ADAPTIVE ? rp->wait_spin : 0;
+}
+
 /* The echo server's receives per connection (BLAST_ECHO_DEPTH, 1..16, default 1): with 1 the
  * next receive is posted only once the echo of the last message was sent from its buffer. */
 static int echo_depth(void)
@@ -232,7 +244,7 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
     double cpu0 = 0, w0 = 0, last_ev;
 
     /* The queue outlives runs: each run sets its wait mode (--poll-recv busy-polls). */
-    if (exs_qsetwait(q, rp->poll & POLL_RECV ? EXS_WAIT_POLL : EXS_WAIT_NOTIFY, 0) < 0) {
+    if (exs_qsetwait(q, wait_mode(rp, POLL_RECV), wait_spin(rp, POLL_RECV)) < 0) {
         set_err(res, errno, "receiver: exs_qsetwait: %s", ename(errno));
         goto out;
     }
@@ -487,8 +499,12 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
         free(cs);
         return -1;
     }
-    if (rp->poll & POLL_SEND)
-        exs_qsetwait(q, EXS_WAIT_POLL, 0);
+    if (exs_qsetwait(q, wait_mode(rp, POLL_SEND), wait_spin(rp, POLL_SEND)) < 0) {
+        set_err(res, errno, "sender: exs_qsetwait: %s", ename(errno));
+        exs_qdelete(q);
+        free(cs);
+        return -1;
+    }
     if (resolve(host, data_port, &sin) < 0) {
         set_err(res, EHOSTUNREACH, "sender: cannot resolve %s", host);
         goto out;
