@@ -218,16 +218,6 @@ static int wait_spin(const struct run_params *rp, int side)
     return wait_mode(rp, side) == EXS_WAIT_ADAPTIVE ? rp->wait_spin : 0;
 }
 
-/* The echo server's receives per connection (BLAST_ECHO_DEPTH, 1..16, default 1): with 1 the
- * next receive is posted only once the echo of the last message was sent from its buffer. */
-static int echo_depth(void)
-{
-    const char *e = getenv("BLAST_ECHO_DEPTH");
-    int d = e ? atoi(e) : 1;
-
-    return d < 1 ? 1 : d > 16 ? 16 : d;
-}
-
 /* Receiver: accept conns, keep recvs receives outstanding on each, verify, until end of stream
  * everywhere (K_XFER); or echo every message back (K_LAT). */
 int exs_server_run(const struct run_params *rp, struct side_result *res)
@@ -235,7 +225,7 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
     exs_qhandle_t q = srv_q;
     int n = rp->conns, accepted = 0, ndone = 0, ops = 0;
     uint64_t slot = rp->size_max > rp->mice_size ? rp->size_max : rp->mice_size;
-    int depth = rp->kind == K_LAT ? echo_depth() : rp->recvs;
+    int depth = rp->kind == K_LAT ? 1 : rp->recvs;
     struct econn *cs = calloc((size_t)n, sizeof(*cs));
     size_t rlen = (size_t)n * (size_t)depth * slot;
     unsigned char *region = region_alloc(rlen);

@@ -64,7 +64,7 @@ static const struct exs_param_def params_table[] = {
           "receives pre-posted per connection, the send credits granted to the peer, 3-4095"),
     PARAM(ring_size, "EXS_RING_SIZE", "1048576", UINT, 0,
           "default SO_RCVBUF: bytes of each connection's hidden receive ring, multiple of 64"),
-    PARAM(eager_max, "EXS_EAGER_MAX", "4096", UINT, 0,
+    PARAM(eager_max, "EXS_EAGER_MAX", "8192", UINT, 0,
           "SOCK_SEQPACKET messages shorter than this go eagerly into the peer's ring"),
     PARAM(max_reads, "EXS_MAX_READS", "16", UINT, 0,
           "RDMA READs in flight per connection (SEQPACKET rendezvous), at least 1"),

@@ -174,7 +174,7 @@ static void run_gone(enum gone_how how, const char *name)
     it_init();
     q = it_qcreate(8);
     rb = it_buf_new(64, 1);
-    /* more than the peer's eager_max (EXS_EAGER_MAX, 4096): announced, so only the
+    /* more than the peer's eager_max (EXS_EAGER_MAX, 8192): announced, so only the
      * peer's library (its READ) completes the send; an eager one completes once the
      * peer's NIC took it, which a frozen process's NIC does on RDMA hardware */
     sb = it_buf_new(65536, 1);
