@@ -205,7 +205,30 @@ static void random_sizes(const char *name, int nmsg, uint64_t seed, size_t eager
 
 START_TEST(test_random_sizes)
 {
-    random_sizes("random_sizes", 200, 0x1E5C0DEull, 4096);
+    random_sizes("random_sizes", 200, 0x1E5C0DEull, 8192);
+}
+END_TEST
+
+/* The default eager threshold (EXS_EAGER_MAX, 8192) takes a 4 KiB message through the
+ * peer's ring: its send completes with no receive posted at the peer (an announced one
+ * would wait for the receive and its READ); the receive posted later gets it whole. */
+START_TEST(test_eager_default_4k)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 16, 16);
+    sb = it_buf_new(4096, 1);
+    rb = it_buf_new(4096, 1);
+    it_fill(sb->p, 4096, MSG_SEED(7));
+    IT_POST_SEND(p.cfd, sb->p, 4096, p.cq, IT_AH(7), sb->mh);
+    it_expect_send(p.cq, p.cfd, IT_AH(7), 4096);
+    memset(sb->p, 0, 4096); /* the buffer is the application's again */
+    IT_POST_RECV(p.sfd, rb->p, 4096, p.sq, IT_AH(8), rb->mh);
+    it_expect_recv(p.sq, p.sfd, IT_AH(8), 4096, 0);
+    ck_assert_int_lt(it_check(rb->p, 4096, MSG_SEED(7)), 0);
+    it_pair_close(&p);
 }
 END_TEST
 
@@ -249,7 +272,7 @@ START_TEST(test_random_sizes_delay)
     it_pair_close(&p);
     it_buf_free(b);
     it_buf_free(r);
-    random_sizes("random_sizes_delay", 40, 0xDE1A7ull, 4096);
+    random_sizes("random_sizes_delay", 40, 0xDE1A7ull, 8192);
 }
 END_TEST
 
@@ -416,6 +439,7 @@ Suite *integ_seqpacket_suite(void)
     tc = it_tcase("random_sizes", 180);
     tcase_add_test(tc, test_random_sizes);
     tcase_add_test(tc, test_random_sizes_eager16k);
+    tcase_add_test(tc, test_eager_default_4k);
     tcase_add_test(tc, test_random_sizes_delay);
     suite_add_tcase(s, tc);
     tc = it_tcase("truncation", IT_CASE_TIMEOUT);
