@@ -854,6 +854,9 @@ uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns)
     return (uint32_t)EXS_MIN(EXS_MAX(n, (uint64_t)EVQ_SPIN_EVERY_MIN), EVQ_SPIN_EVERY_MAX);
 }
 
+/* Failed trylocks of the progress lock in a row after which a spinner yields its CPU. */
+#define EVQ_SPIN_YIELD_BUSY 32u
+
 /* A spinner looks at the kernel sockets' readiness (kfd_ep) every this many turns while
  * some wait for it: one epoll_wait(0) per EVQ_SPIN_KFD_EVERY turns, none while none waits. */
 #define EVQ_SPIN_KFD_EVERY 16u
@@ -873,8 +876,20 @@ static void evq_spin(struct exs_evq *evq, int want, uint64_t from, uint64_t end)
     uint32_t i = 0,
              every = exs__evq_spin_every(from ? evq_spin_ns : 0, end > from ? end - from : 0);
 
+    uint32_t busy = 0;
+
     for (uint32_t turn = 0;; turn++) {
-        exs__engine_drive(EXS_ENG_DRIVE_TRY);
+        /* The progress lock held by another thread for EVQ_SPIN_YIELD_BUSY turns in a row:
+         * its holder may be waiting for this very CPU (the progress thread woken on it,
+         * both pinned to it): give the CPU away, or the spin lasts the scheduler's slice
+         * (milliseconds) with nothing to find. */
+        if (exs__engine_drive(EXS_ENG_DRIVE_TRY) != -EBUSY) {
+            busy = 0;
+        } else if (++busy >= EVQ_SPIN_YIELD_BUSY) {
+            busy = 0;
+            EXS_CNT_INC(exs__eng_cnt.spin_yields);
+            sched_yield();
+        }
         /* kernel sockets waiting for readiness: this spinner runs their queues too */
         if (turn % EVQ_SPIN_KFD_EVERY == 0 && exs__api_kfd_waiting())
             exs__api_kfd_run_ready();

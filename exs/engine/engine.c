@@ -112,6 +112,9 @@ static const struct exs_counter_desc eng_counter_desc[] = {
                 "times the lease woke the progress thread to look at the drivers"),
     EXS_COUNTER(struct exs_eng_counters, lease_grows,
                 "times the lease's period doubled because the drivers kept coming back"),
+    EXS_COUNTER(struct exs_eng_counters, spin_yields,
+                "busy waiters that yielded their CPU: the progress lock stayed held through 32 "
+                "turns of their spin (its holder may need that CPU)"),
     EXS_COUNTER(struct exs_eng_counters, evq_fd_writes,
                 "event queue descriptor writes (only for queues someone can see)"),
     EXS_COUNTER(struct exs_eng_counters, rounds,

@@ -33,6 +33,7 @@ struct exs_eng_counters {
     uint64_t lease_fires;    /* the lease woke the progress thread */
     uint64_t lease_grows;    /* the lease's period doubled: the drivers kept coming back */
     uint64_t evq_fd_writes;  /* event queue eventfd writes (api/evq.c) */
+    uint64_t spin_yields;    /* busy waiters that gave the progress lock's holder their CPU */
     uint64_t rounds;         /* progress rounds, also empty ones */
     /* listeners (api/sock.c, spec/api.md exs_listen) */
     uint64_t listen_deferred;       /* connection requests that waited for room */

@@ -192,6 +192,51 @@ START_TEST(test_lease_grows_then_resets)
 }
 END_TEST
 
+/* A job that holds the progress lock (jobs run on the progress thread with it held)
+ * until the test lets it go, or a deadline. */
+static int hold_started, hold_release;
+
+static void hold_job_fn(struct exs_job *job)
+{
+    double end = it_now_ms() + IT_TIMEOUT_MS;
+
+    (void)job;
+    __atomic_store_n(&hold_started, 1, __ATOMIC_SEQ_CST);
+    while (!__atomic_load_n(&hold_release, __ATOMIC_SEQ_CST) && it_now_ms() < end)
+        ;
+}
+
+static struct exs_job hold_job = {.fn = hold_job_fn};
+
+/* A busy waiter that finds the progress lock held turn after turn yields its CPU (the
+ * holder may be waiting for it: both pinned to one CPU): counter spin_yields. */
+START_TEST(test_spin_yields_to_holder)
+{
+    exs_qhandle_t q;
+    exs_event_t ev;
+    uint64_t y0;
+    double end;
+
+    it_init();
+    q = it_qcreate(4);
+    ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_POLL, 0), 0);
+    __atomic_store_n(&hold_started, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&hold_release, 0, __ATOMIC_SEQ_CST);
+    exs__engine_post(&hold_job);
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (!__atomic_load_n(&hold_started, __ATOMIC_SEQ_CST)) {
+        ck_assert_msg(it_now_ms() < end, "the job never ran");
+        it_sleep_ms(1);
+    }
+    y0 = eng_counter("spin_yields");
+    while (eng_counter("spin_yields") == y0) {
+        ck_assert_msg(it_now_ms() < end, "no yield while the progress lock stayed held");
+        ck_assert_int_eq(exs_qdequeue(q, &ev, 1, &(struct timespec){0, 10000000}), 0);
+    }
+    __atomic_store_n(&hold_release, 1, __ATOMIC_SEQ_CST);
+}
+END_TEST
+
 Suite *integ_handoff_suite(void)
 {
     Suite *s = suite_create("integ_handoff");
@@ -201,5 +246,7 @@ Suite *integ_handoff_suite(void)
                  (const TTest *const[]){test_busy_gaps_keep_provider, NULL});
     it_suite_add(s, "lease_grow", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_lease_rule, test_lease_grows_then_resets, NULL});
+    it_suite_add(s, "spin_yield", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_spin_yields_to_holder, NULL});
     return s;
 }
