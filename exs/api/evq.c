@@ -1071,13 +1071,19 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
         }
         if (n > 0 && ((pfd[1].revents | pfd[2].revents) & POLLIN)) {
+            int only = EXS_ENG_DRIVE_ONLY;
+
             /* Awake: no longer a sleeper while driving, so the events this drive
              * produces for this queue write no descriptor (the next sleep registers
-             * again and looks at the queue first). */
+             * again and looks at the queue first). It drives the contexts that
+             * signalled: the others were armed with nothing pending. */
+            for (int i = 0; i < EXS_ENG_MAX_CTX; i++)
+                if (pfd[1 + i].revents & POLLIN)
+                    only |= EXS_ENG_DRIVE_CTX(i);
             evq->sleepers--;
             sleeper = 0;
             EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
-            exs__engine_drive(0);
+            exs__engine_drive(only);
             EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
         }
     }

@@ -81,6 +81,7 @@ static struct {
 
 static __thread int eng_holding; /* this thread holds eng.plock */
 static __thread int eng_busy;    /* this thread's drive is a busy wait's (EXS_ENG_DRIVE_TRY) */
+static __thread unsigned eng_only = ~0u; /* contexts this thread's drive runs (EXS_ENG_DRIVE_ONLY) */
 /* Slow-poll detection (polling_warn_cycle_us): when this thread's last drive ended, 0 once
  * it went to sleep (exs__engine_arm) or never drove. */
 static __thread uint64_t eng_poll_end_ns;
@@ -115,6 +116,9 @@ static const struct exs_counter_desc eng_counter_desc[] = {
     EXS_COUNTER(struct exs_eng_counters, spin_yields,
                 "busy waiters that yielded their CPU: the progress lock stayed held through 32 "
                 "turns of their spin (its holder may need that CPU)"),
+    EXS_COUNTER(struct exs_eng_counters, woken_skips,
+                "contexts a waiter woken from its sleep did not drive: their event fd was not "
+                "readable (armed with nothing pending, nothing since)"),
     EXS_COUNTER(struct exs_eng_counters, evq_fd_writes,
                 "event queue descriptor writes (only for queues someone can see)"),
     EXS_COUNTER(struct exs_eng_counters, rounds,
@@ -355,6 +359,10 @@ static int eng_round(void)
     for (int i = 0; i < eng.nctx; i++) {
         int c;
 
+        if (!(eng_only & (1u << i))) {
+            EXS_CNT_INC(exs__eng_cnt.woken_skips);
+            continue;
+        }
         if (eng.ctxs[i] == eng.fb && eng_busy && eng.fb_idle >= ENG_FB_IDLE &&
             ++eng.fb_tick % ENG_FB_EVERY) {
             EXS_CNT_INC(exs__eng_cnt.fb_skips);
@@ -489,6 +497,7 @@ int exs__engine_drive(int flags)
         eng_lock();
     }
     eng_busy = flags & EXS_ENG_DRIVE_TRY;
+    eng_only = flags & EXS_ENG_DRIVE_ONLY ? (unsigned)flags >> 8 : ~0u;
     /* running is cleared under the lock by exs__engine_stop before the provider closes */
     eng_disarm_unwatched();
     /* One round: the caller looks at its queue next and drives again if it must; an
@@ -496,6 +505,7 @@ int exs__engine_drive(int flags)
     work = 0;
     n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1, NULL, &work) : 0;
     eng_busy = 0;
+    eng_only = ~0u;
     if (eng_poll_end_ns || __atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED)) {
         eng_poll_last = eng_pass; /* what this thread's pass did, for its next report */
         eng_poll_end_ns = exs__now_ns();

@@ -34,6 +34,7 @@ struct exs_eng_counters {
     uint64_t lease_grows;    /* the lease's period doubled: the drivers kept coming back */
     uint64_t evq_fd_writes;  /* event queue eventfd writes (api/evq.c) */
     uint64_t spin_yields;    /* busy waiters that gave the progress lock's holder their CPU */
+    uint64_t woken_skips;    /* contexts a woken waiter's drive left out (fd not readable) */
     uint64_t rounds;         /* progress rounds, also empty ones */
     /* listeners (api/sock.c, spec/api.md exs_listen) */
     uint64_t listen_deferred;       /* connection requests that waited for room */
@@ -120,6 +121,12 @@ int exs__engine_manual(void);
  * when the engine is not running or this thread already holds the lock. Never waits
  * for a remote, only for another holder's turn. */
 #define EXS_ENG_DRIVE_TRY 1
+/* A waiter woken from its sleep on the event fds of exs__engine_arm: drive only the
+ * contexts whose fd was readable, EXS_ENG_DRIVE_CTX(i) for the i-th fd (the others were
+ * armed with nothing pending and have not signalled since: a round of theirs would find
+ * nothing, at the cost of a system call on tcp's, epoll_wait). */
+#define EXS_ENG_DRIVE_ONLY   2
+#define EXS_ENG_DRIVE_CTX(i) (1 << (8 + (i)))
 int exs__engine_drive(int flags);
 /* Before a waiter sleeps: under the progress lock, arm every provider context. 0: sleep
  * on fds_p (each context's event fd, readable when it has work; -1 for none, all -1 when

@@ -2,7 +2,9 @@
 /* The hand-off's hysteresis: an application that stays away from exs_qdequeue for a few
  * milliseconds at a time (posting) keeps the provider; one that computes longer does not. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/exs.h>
 
@@ -237,6 +239,62 @@ START_TEST(test_spin_yields_to_holder)
 }
 END_TEST
 
+struct late_send {
+    struct it_pair *p;
+    struct it_buf *b;
+    int i;
+};
+
+/* The peer's message, a moment after the waiter went to sleep (most rounds). */
+static void *late_send_fn(void *arg)
+{
+    struct late_send *ls = arg;
+
+    it_sleep_ms(3);
+    ck_assert_int_eq(exs_send(ls->p->cfd, ls->b->p, 64, 0, ls->p->cq, IT_AH(ls->i), ls->b->mh), 0);
+    return NULL;
+}
+
+/* Two contexts (tcp, and shm beside it): a waiter woken by one of them drives that one
+ * only; the other, armed with nothing pending and silent since, is left out (counter
+ * woken_skips), and its round (an epoll_wait on tcp's) is saved. Rounds until a wake-up
+ * left one out, with a deadline: a round whose waiter did not sleep, or whose tcp context
+ * had something too, proves nothing and the next one is tried. */
+START_TEST(test_woken_drive_skips_quiet_ctx)
+{
+    struct it_buf *sb, *rb;
+    struct it_pair p;
+    uint64_t k0;
+    double end;
+    int i;
+
+    it_setenv("EXS_SHM", "on");
+    it_init();
+    if (!exs__engine_fallback_ctx()) {
+        test_skip("woken_drive_skips_quiet_ctx", "one provider context only (provider %s)",
+                  getenv("EXS_PROVIDER") ? getenv("EXS_PROVIDER") : "default");
+        return;
+    }
+    it_pair_open(&p, SOCK_SEQPACKET, 8, 8);
+    sb = it_buf_new(64, 1);
+    rb = it_buf_new(64, 1);
+    k0 = eng_counter("woken_skips");
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    for (i = 0; eng_counter("woken_skips") == k0; i++) {
+        struct late_send ls = {&p, sb, i};
+        pthread_t t;
+
+        ck_assert_msg(it_now_ms() < end, "no wake-up left a quiet context out in %d rounds", i);
+        IT_POST_RECV(p.sfd, rb->p, 64, p.sq, IT_AH(i), rb->mh);
+        ck_assert_int_eq(pthread_create(&t, NULL, late_send_fn, &ls), 0);
+        it_expect_recv(p.sq, p.sfd, IT_AH(i), 64, 0); /* NOTIFY: sleeps until it comes */
+        ck_assert_int_eq(pthread_join(t, NULL), 0);
+        it_expect_send(p.cq, p.cfd, IT_AH(i), 64);
+    }
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_handoff_suite(void)
 {
     Suite *s = suite_create("integ_handoff");
@@ -248,5 +306,7 @@ Suite *integ_handoff_suite(void)
                  (const TTest *const[]){test_lease_rule, test_lease_grows_then_resets, NULL});
     it_suite_add(s, "spin_yield", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_spin_yields_to_holder, NULL});
+    it_suite_add(s, "woken_drive", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_woken_drive_skips_quiet_ctx, NULL});
     return s;
 }
