@@ -24,7 +24,10 @@
 /* A busy wait's rounds (EXS_ENG_DRIVE_TRY) look at the fallback context only every
  * ENG_FB_EVERY-th time once it found nothing in ENG_FB_IDLE rounds of its own (a verbs
  * process polls an idle tcp context at every turn otherwise: three locks, half of a busy
- * turn's); every other round looks at it, and so does any round after it did something. */
+ * turn's, and an epoll_wait); each look that finds nothing doubles that interval, up to
+ * EXS_ENG_FB_EVERY_MAX rounds (at every 16th round the look was still 4-5 epoll_waits per
+ * round trip of a busy verbs ping-pong in the guest); every other round looks at it, and
+ * so does any round after it did something, which also puts the interval back. */
 #define ENG_FB_EVERY    16
 #define ENG_FB_IDLE     64
 
@@ -74,6 +77,8 @@ static struct {
     int njobs;          /* atomic: queued jobs (a sleeper looks before sleeping) */
     uint32_t fb_idle;   /* plock: rounds of the fallback context that found nothing, in a row */
     uint32_t fb_tick;   /* plock: busy rounds that could skip it */
+    uint32_t fb_every;  /* plock: a busy round looks at it every this many (ENG_FB_EVERY ..
+                           EXS_ENG_FB_EVERY_MAX, doubled by each idle look) */
 } eng = {
     .plock = PTHREAD_MUTEX_INITIALIZER,
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -364,13 +369,19 @@ static int eng_round(void)
             continue;
         }
         if (eng.ctxs[i] == eng.fb && eng_busy && eng.fb_idle >= ENG_FB_IDLE &&
-            ++eng.fb_tick % ENG_FB_EVERY) {
+            ++eng.fb_tick < eng.fb_every) {
             EXS_CNT_INC(exs__eng_cnt.fb_skips);
             continue;
         }
         c = eng_round_ctx(eng.ctxs[i]);
-        if (eng.ctxs[i] == eng.fb)
+        if (eng.ctxs[i] == eng.fb) {
+            if (c)
+                eng.fb_every = ENG_FB_EVERY;
+            else if (eng_busy && eng.fb_idle >= ENG_FB_IDLE)
+                eng.fb_every = EXS_MIN(2 * eng.fb_every, (uint32_t)EXS_ENG_FB_EVERY_MAX);
+            eng.fb_tick = 0;
             eng.fb_idle = c ? 0 : EXS_MIN(eng.fb_idle + 1, (uint32_t)ENG_FB_IDLE);
+        }
         n += c;
     }
     n += eng_run_jobs();
@@ -587,6 +598,16 @@ void exs__engine_driver_leave(void)
             ev_async_send(eng.loop, &eng.wake);
         EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     }
+}
+
+unsigned exs__engine_fb_every(void)
+{
+    unsigned e;
+
+    eng_lock();
+    e = eng.fb_every;
+    eng_unlock();
+    return e;
 }
 
 unsigned exs__engine_lease_mult(void)
@@ -850,6 +871,7 @@ int exs__engine_start(void)
     ev_prepare_start(eng.loop, &eng.prep);
     ev_timer_init(&eng.lease, eng_lease_cb, 0., 0.);
     eng.lease_mult = 1;
+    eng.fb_every = ENG_FB_EVERY;
     eng.io_on = 0; /* the first prepare starts it and drains */
     eng.loop_dirty = 0;
     eng.stopping = 0;

@@ -159,6 +159,10 @@ uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns);
 #define EXS_ENG_LEASE_GROW 8
 unsigned exs__engine_lease_grow(unsigned mult);
 uint64_t exs__engine_lease_after(uint64_t hyst_left_ns, uint64_t lease_ns);
+/* A busy wait looks at an idle fallback context at most every this many rounds (the
+ * interval doubles per idle look from 16, engine.c). For tests: the interval now. */
+#define EXS_ENG_FB_EVERY_MAX 256
+unsigned exs__engine_fb_every(void);
 /* For tests: the lease's period now, in leases (1 .. EXS_ENG_LEASE_GROW). */
 unsigned exs__engine_lease_mult(void);
 /* engine_policy.c: the fallback policy (EXS_ENG_FB_*) for primary provider name (spec/provider.md,

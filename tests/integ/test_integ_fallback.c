@@ -558,7 +558,7 @@ END_TEST
 
 /* A busy wait (EXS_WAIT_POLL) of a process with a fallback context leaves that context
  * for every 16th round while it has been idle (it cost three locks at every turn of a
- * verbs busy wait), and a connection over it still carries data both ways in busy waits,
+ * verbs busy wait), then for longer, up to every EXS_ENG_FB_EVERY_MAX-th, and a connection over it still carries data both ways in busy waits,
  * every byte verified, and wakes its context back into every round. */
 START_TEST(test_fb_busy_skips_idle)
 {
@@ -576,6 +576,8 @@ START_TEST(test_fb_busy_skips_idle)
     ck_assert_int_eq(exs_qdequeue(p1.cq, &ev, 1, &(struct timespec){0, 100 * 1000 * 1000}), 0);
     s1 = eng_count("fb_skips");
     ck_assert_msg(s1 > s0, "a 100 ms busy wait polled the idle fallback context at every round");
+    /* each idle look doubled the interval: by now it is the longest */
+    ck_assert_uint_eq(exs__engine_fb_every(), EXS_ENG_FB_EVERY_MAX);
     xfer_both_ways(&p1, 500);
     it_pair_close(&p1);
 }
