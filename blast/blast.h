@@ -44,7 +44,8 @@ struct run_params {
     uint32_t delay_us, rate_mbps; /* what the sender set: the receiver warns on mismatch */
     uint64_t seed;
     int32_t tcp_onebuf; /* kernel TCP: one buffer per connection (cache-hot), not sends/recvs */
-    int32_t wait_spin;  /* > 0: queues not busy-polled wait EXS_WAIT_ADAPTIVE, spinning this many us */
+    int32_t
+        wait_spin; /* > 0: queues not busy-polled wait EXS_WAIT_ADAPTIVE, spinning this many us */
 };
 
 /* Counters of one side of one run. */

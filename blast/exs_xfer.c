@@ -210,7 +210,9 @@ static int post_recv(struct econn *c, struct slot *s, const struct run_params *r
  * (--wait-spin: spin, then sleep) or notification. */
 static int wait_mode(const struct run_params *rp, int side)
 {
-    return rp->poll & side ? EXS_WAIT_POLL : rp->wait_spin > 0 ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY;
+    return rp->poll & side     ? EXS_WAIT_POLL
+           : rp->wait_spin > 0 ? EXS_WAIT_ADAPTIVE
+                               : EXS_WAIT_NOTIFY;
 }
 
 static int wait_spin(const struct run_params *rp, int side)

@@ -58,27 +58,27 @@ static struct {
     struct exs_list jobs;
     int stopping;
     int running;
-    int manual;         /* provider opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
-    int drivers;        /* atomic: application threads inside a wait */
-    unsigned leave_gen; /* atomic: drivers that left, ever */
-    uint64_t leave_ns;  /* atomic: when a driver last left */
-    uint64_t gap_ns;    /* atomic: the application's remembered gap between waits, noted
-                           at gap_at (exs__engine_gap_now; approximate when threads race) */
-    uint64_t gap_at;    /* atomic */
-    int lease_idle;     /* atomic: the lease is stopped; the last driver to leave wakes the loop */
-    unsigned seen_gen;  /* plock (loop): leave_gen at the previous lease */
+    int manual;          /* provider opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
+    int drivers;         /* atomic: application threads inside a wait */
+    unsigned leave_gen;  /* atomic: drivers that left, ever */
+    uint64_t leave_ns;   /* atomic: when a driver last left */
+    uint64_t gap_ns;     /* atomic: the application's remembered gap between waits, noted
+                            at gap_at (exs__engine_gap_now; approximate when threads race) */
+    uint64_t gap_at;     /* atomic */
+    int lease_idle;      /* atomic: the lease is stopped; the last driver to leave wakes the loop */
+    unsigned seen_gen;   /* plock (loop): leave_gen at the previous lease */
     unsigned lease_mult; /* plock (loop): the lease's period in leases (1..EXS_ENG_LEASE_GROW),
                             doubled while the drivers keep coming back, 1 after a take-over */
-    int io_on;          /* plock: the loop watches the provider's event fd */
-    int psleepers;      /* atomic: application threads armed for, or asleep on, the event fds
-                           (exs__engine_arm .. exs__engine_arm_end) */
-    int armed;          /* plock: the contexts were armed since the last disarm */
-    int loop_dirty;     /* plock: a non-loop holder changed a watcher */
-    int njobs;          /* atomic: queued jobs (a sleeper looks before sleeping) */
-    uint32_t fb_idle;   /* plock: rounds of the fallback context that found nothing, in a row */
-    uint32_t fb_tick;   /* plock: busy rounds that could skip it */
-    uint32_t fb_every;  /* plock: a busy round looks at it every this many (ENG_FB_EVERY ..
-                           EXS_ENG_FB_EVERY_MAX, doubled by each idle look) */
+    int io_on;           /* plock: the loop watches the provider's event fd */
+    int psleepers;       /* atomic: application threads armed for, or asleep on, the event fds
+                            (exs__engine_arm .. exs__engine_arm_end) */
+    int armed;           /* plock: the contexts were armed since the last disarm */
+    int loop_dirty;      /* plock: a non-loop holder changed a watcher */
+    int njobs;           /* atomic: queued jobs (a sleeper looks before sleeping) */
+    uint32_t fb_idle;    /* plock: rounds of the fallback context that found nothing, in a row */
+    uint32_t fb_tick;    /* plock: busy rounds that could skip it */
+    uint32_t fb_every;   /* plock: a busy round looks at it every this many (ENG_FB_EVERY ..
+                            EXS_ENG_FB_EVERY_MAX, doubled by each idle look) */
 } eng = {
     .plock = PTHREAD_MUTEX_INITIALIZER,
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -86,7 +86,8 @@ static struct {
 
 static __thread int eng_holding; /* this thread holds eng.plock */
 static __thread int eng_busy;    /* this thread's drive is a busy wait's (EXS_ENG_DRIVE_TRY) */
-static __thread unsigned eng_only = ~0u; /* contexts this thread's drive runs (EXS_ENG_DRIVE_ONLY) */
+static __thread unsigned eng_only =
+    ~0u; /* contexts this thread's drive runs (EXS_ENG_DRIVE_ONLY) */
 /* Slow-poll detection (polling_warn_cycle_us): when this thread's last drive ended, 0 once
  * it went to sleep (exs__engine_arm) or never drove. */
 static __thread uint64_t eng_poll_end_ns;

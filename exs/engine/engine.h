@@ -120,7 +120,7 @@ int exs__engine_manual(void);
  * or -EBUSY (TRY and another thread holds the lock: it is driving). Returns 0 at once
  * when the engine is not running or this thread already holds the lock. Never waits
  * for a remote, only for another holder's turn. */
-#define EXS_ENG_DRIVE_TRY 1
+#define EXS_ENG_DRIVE_TRY    1
 /* A waiter woken from its sleep on the event fds of exs__engine_arm: drive only the
  * contexts whose fd was readable, EXS_ENG_DRIVE_CTX(i) for the i-th fd (the others were
  * armed with nothing pending and have not signalled since: a round of theirs would find

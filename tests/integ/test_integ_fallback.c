@@ -558,8 +558,9 @@ END_TEST
 
 /* A busy wait (EXS_WAIT_POLL) of a process with a fallback context leaves that context
  * for every 16th round while it has been idle (it cost three locks at every turn of a
- * verbs busy wait), then for longer, up to every EXS_ENG_FB_EVERY_MAX-th, and a connection over it still carries data both ways in busy waits,
- * every byte verified, and wakes its context back into every round. */
+ * verbs busy wait), then for longer, up to every EXS_ENG_FB_EVERY_MAX-th, and a connection over it
+ * still carries data both ways in busy waits, every byte verified, and wakes its context back into
+ * every round. */
 START_TEST(test_fb_busy_skips_idle)
 {
     struct it_pair p1;

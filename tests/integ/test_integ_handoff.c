@@ -168,8 +168,7 @@ START_TEST(test_lease_grows_then_resets)
     h0 = eng_counter("lease_handoffs");
     end = it_now_ms() + IT_TIMEOUT_MS;
     for (i = 0; exs__engine_lease_mult() < EXS_ENG_LEASE_GROW; i++) {
-        ck_assert_msg(it_now_ms() < end,
-                      "the lease stayed at %u leases through %d round trips",
+        ck_assert_msg(it_now_ms() < end, "the lease stayed at %u leases through %d round trips",
                       exs__engine_lease_mult(), i);
         memset(sb->p, i & 0xff, 64);
         ck_assert_int_eq(exs_recv(p.sfd, rb->p, 64, 0, p.sq, rb, rb->mh), 0);
