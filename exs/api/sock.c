@@ -25,12 +25,8 @@
  * and takes the lock only when the slot holds a socket: a kernel socket's call (issue 27)
  * costs no lock here. A grown table keeps its old array for such readers until exs_fini. */
 static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
-struct sock_tabv {
-    struct sock_tabv *old; /* the array this one replaced */
-    int len;
-    struct api_sock *e[];
-};
-static struct sock_tabv *tabv;
+struct sock_tabv *exs__api_sock_tabv; /* api_int.h (exs__api_sock_at) */
+#define tabv exs__api_sock_tabv
 static struct api_sock **tab;
 static int tab_len;
 static int sock_live;

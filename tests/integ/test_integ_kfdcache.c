@@ -6,6 +6,7 @@
  * afresh; a send the kernel takes at once goes where send() would put it. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/net_tstamp.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -409,6 +410,79 @@ START_TEST(test_kfdc_dequeue_no_clock)
 }
 END_TEST
 
+/* exs_send's first look (kfd.c, exs__api_kfd_send_fast) on a trusted kernel socket takes
+ * only what it can finish: a libexs socket made on the number after the application
+ * closed the kernel socket gets the send as a libexs socket (ENOTCONN before it is
+ * connected), not as the kernel socket's (ENOTSOCK, found by the send() on its eventfd);
+ * and every argument or queue error is the whole way's, with nothing written and the
+ * registration released. */
+START_TEST(test_kfdc_fast_look)
+{
+    struct it_buf *buf;
+    exs_qhandle_t q, q1;
+    exs_event_t ev;
+    int a, b, n, s = -1, extra[64], nextra = 0;
+    char got[64];
+
+    it_init();
+    q = it_qcreate(8);
+    q1 = it_qcreate(1);
+    buf = it_buf_new(64, 1);
+    it_tcp_pair(&a, &b, 0, 0);
+    send_one(q, a, b, 'x'); /* trusted now */
+    /* a registered buffer: held while the send runs, released at once with its event */
+    IT_POST_SEND(a, buf->p, 64, q, AH(1), buf->mh);
+    it_expect_send(q, a, AH(1), 64);
+    IT_EXPECT_OK(exs_mderegister(buf->mh));
+    buf->mh = exs_mregister(buf->p, buf->len, 0);
+    ck_assert_int_ge(buf->mh, 0);
+    ck_assert_int_eq(recv(b, got, 64, MSG_WAITALL), 64);
+    /* the whole way's errors, nothing written */
+    IT_EXPECT_FAIL(exs_send(a, buf->p, 64, MSG_OOB, q, AH(2), buf->mh), EINVAL);
+    IT_EXPECT_FAIL(exs_send(a, buf->p, 65, 0, q, AH(2), buf->mh), EINVAL); /* beyond mh */
+    IT_EXPECT_FAIL(exs_send(a, buf->p, 64, 0, q, AH(2), EXS_MHANDLE_INVALID), EINVAL);
+    IT_EXPECT_FAIL(exs_send(a, NULL, 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED), EINVAL);
+    IT_EXPECT_FAIL(exs_send(a, buf->p, 64, 0, 12345, AH(2), buf->mh), EINVAL);
+    IT_EXPECT_FAIL(
+        exs_send(a, buf->p, (size_t)SSIZE_MAX + 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED),
+        EMSGSIZE);
+    IT_POST_SEND(a, buf->p, 1, q1, AH(3), buf->mh); /* q1 full now */
+    IT_EXPECT_FAIL(exs_send(a, buf->p, 1, 0, q1, AH(4), buf->mh), EAGAIN);
+    /* neither holds the registration now: the first one was written at once */
+    IT_EXPECT_OK(exs_mderegister(buf->mh));
+    buf->mh = exs_mregister(buf->p, buf->len, 0);
+    ck_assert_int_ge(buf->mh, 0);
+    ck_assert_int_eq(exs_qdequeue(q1, &ev, 1, NULL), 1);
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 1);
+    ck_assert_int_eq(recv(b, got, 1, MSG_WAITALL), 1);
+    expect_nothing(b);
+    it_expect_no_event(q, 20);
+    /* a libexs socket on the number (exs_socket's eventfd takes the lowest free one) */
+    n = a;
+    ck_assert_int_eq(close(a), 0);
+    while (nextra < 64) {
+        s = exs_socket(AF_INET, SOCK_STREAM, 0);
+        ck_assert_int_ge(s, 0);
+        if (s == n)
+            break;
+        extra[nextra++] = s;
+    }
+    ck_assert_int_eq(s, n);
+    IT_EXPECT_FAIL(exs_send(n, "z", 1, 0, q, AH(5), EXS_MHANDLE_UNREGISTERED), ENOTCONN);
+    IT_EXPECT_FAIL(exs_send(n, buf->p, 1, 0, q, AH(5), buf->mh), ENOTCONN);
+    it_expect_no_event(q, 20);
+    IT_EXPECT_OK(exs_close(n, EXS_QHANDLE_INVALID, AH(6)));
+    for (int i = 0; i < nextra; i++)
+        IT_EXPECT_OK(exs_close(extra[i], EXS_QHANDLE_INVALID, AH(6)));
+    ck_assert_int_eq(recv(b, got, 1, MSG_DONTWAIT), 0); /* the end, no 'z' */
+    close(b);
+    it_buf_free(buf);
+    it_kfd_settle(q);
+    it_qdelete(q1);
+    it_qdelete(q);
+}
+END_TEST
+
 Suite *integ_kfdcache_suite(void)
 {
     Suite *s = suite_create("integ_kfdcache");
@@ -416,6 +490,7 @@ Suite *integ_kfdcache_suite(void)
     it_suite_add(s, "kfdcache", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_kfdc_closed_and_files, test_kfdc_other_sockets,
                                         test_kfdc_other_tcp, test_kfdc_table_race,
-                                        test_kfdc_tx_timestamp, test_kfdc_dequeue_no_clock, NULL});
+                                        test_kfdc_tx_timestamp, test_kfdc_dequeue_no_clock,
+                                        test_kfdc_fast_look, NULL});
     return s;
 }
