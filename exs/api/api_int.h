@@ -298,7 +298,13 @@ int exs__api_init_fork(int phase);
 /* In a forked child (fork.c): forget the parent's registrations and operations. */
 void exs__api_xfer_fork_child(void);
 void exs__api_sock_close_all(void);
-int exs__api_sock_live(void);
+/* The libexs sockets not yet freed (atomic; sock.c): read inline, exs_qdequeue's first
+ * look asks it each time. */
+extern int exs__api_sock_nlive __attribute__((visibility("hidden")));
+static inline int exs__api_sock_live(void)
+{
+    return __atomic_load_n(&exs__api_sock_nlive, __ATOMIC_RELAXED);
+}
 int exs__api_mreg_live(void);
 struct api_mreg;
 /* The handle m is registered under now, 0 once deregistered (tests: a hold keeps it). */

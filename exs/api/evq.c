@@ -280,7 +280,7 @@ static struct exs_evq *evq_new(int depth)
 }
 
 /* The queue in q's slot without a lock (it may be dead, parked or another's: st says). */
-static struct exs_evq *evq_peek(exs_qhandle_t q)
+static inline __attribute__((always_inline)) struct exs_evq *evq_peek(exs_qhandle_t q)
 {
     struct evq_tabv *t = __atomic_load_n(&evq_tab.tv, __ATOMIC_ACQUIRE);
     int idx = (q & EVQ_IDX_MAX) - 1;
@@ -516,7 +516,8 @@ void exs__evq_destroy_all(void)
  * exs_fini's kill leaves the queue to the last of them (evq->orphan). res is read before
  * freed, and freed only grows: a full queue was full when freed was read, a slot taken
  * was free when the CAS took it. */
-static int evq_reserve_slot(struct exs_evq *evq, exs_qhandle_t q)
+static inline __attribute__((always_inline)) int evq_reserve_slot(struct exs_evq *evq,
+                                                                  exs_qhandle_t q)
 {
     uint64_t st = __atomic_load_n(&evq->st, __ATOMIC_ACQUIRE);
 
@@ -594,16 +595,21 @@ void exs__evq_unreserve(struct exs_evq *evq)
 /* A post's first step (evq->lock held): the ring entry its event goes in, or NULL when
  * the queue is dead (only exs__evq_destroy_all kills a queue with reservations: the event
  * is dropped, and *last_p says whether it held an orphan's last slot). */
-static exs_event_t *evq_post_slot(struct exs_evq *evq, int *last_p)
+static __attribute__((noinline, cold)) exs_event_t *evq_post_dead(struct exs_evq *evq, int *last_p)
+{
+    evq_give_back(evq, 1);
+    *last_p = evq_orphan_last(evq);
+    return NULL;
+}
+
+static inline __attribute__((always_inline)) exs_event_t *evq_post_slot(struct exs_evq *evq,
+                                                                        int *last_p)
 {
     int tail = evq->head + evq->queued;
 
     EXS_ASSERT(evq_reserved(evq) > 0);
-    if (evq->dead) {
-        evq_give_back(evq, 1);
-        *last_p = evq_orphan_last(evq);
-        return NULL;
-    }
+    if (__builtin_expect(evq->dead, 0))
+        return evq_post_dead(evq, last_p);
     return &evq->ring[tail >= evq->depth ? tail - evq->depth : tail];
 }
 
@@ -805,6 +811,23 @@ static void evq_take(struct exs_evq *evq, exs_event_t *events, int n)
     evq->head = n > first ? n - first : evq->head + n == evq->depth ? 0 : evq->head + n;
     evq_set_queued(evq, evq->queued - n);
     evq_give_back(evq, n);
+    evq_sync_fds(evq);
+}
+
+/* evq_take of the one event at the head. A send's or a receive's is copied as far as its
+ * member, exs_evt_xfer, goes (what exs__evq_post_xfer writes; the union's tail is not
+ * the event's), any other whole. */
+static inline __attribute__((always_inline)) void evq_take1(struct exs_evq *evq, exs_event_t *ev)
+{
+    const exs_event_t *e = &evq->ring[evq->head];
+
+    if (e->exs_evt_type == EXS_EVT_SEND || e->exs_evt_type == EXS_EVT_RECV)
+        memcpy(ev, e, offsetof(exs_event_t, exs_evt_u) + sizeof(exs_evt_xfer_t));
+    else
+        *ev = *e;
+    evq->head = evq->head + 1 == evq->depth ? 0 : evq->head + 1;
+    evq_set_queued(evq, evq->queued - 1);
+    evq_give_back(evq, 1);
     evq_sync_fds(evq);
 }
 
@@ -1081,7 +1104,8 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
  * lock and with no reference (a queue's memory stays: evq_peek) and no clock read: the
  * count, or -EINVAL (no such queue, or a threshold above its depth). -EAGAIN: the wait's
  * way (exs_qdequeue), which looks again. */
-static int evq_dequeue_now(exs_qhandle_t q, exs_event_t *events, int nevents)
+static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q,
+                                                                 exs_event_t *events, int nevents)
 {
     struct exs_evq *evq = evq_peek(q);
     int want = nevents > 0 ? 1 : -nevents, ret = -EAGAIN;
@@ -1095,17 +1119,21 @@ static int evq_dequeue_now(exs_qhandle_t q, exs_event_t *events, int nevents)
         ret = -EINVAL;
     } else if (evq->queued >= want) {
         ret = nevents > 0 ? EXS_MIN(evq->queued, nevents) : want;
-        evq_take(evq, events, ret);
+        if (ret == 1)
+            evq_take1(evq, events);
+        else
+            evq_take(evq, events, ret);
     }
     EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     return ret;
 }
 
+static int evq_dequeue_rest(exs_qhandle_t q, exs_event_t *events, int nevents,
+                            const struct timespec *timeout);
+
 int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct timespec *timeout)
 {
-    struct exs_evq *evq;
-    uint64_t deadline = UINT64_MAX, t0 = 0;
-    int ret, want, max;
+    int ret;
 
     if (nevents > EXS_EVTVEC_MAX || nevents < -EXS_EVTVEC_MAX)
         return exs__err(EINVAL);
@@ -1116,6 +1144,18 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
         return exs__err(EINVAL);
     if (nevents != 0 && (ret = evq_dequeue_now(q, events, nevents)) != -EAGAIN)
         return ret < 0 ? exs__err(-ret) : ret;
+    return evq_dequeue_rest(q, events, nevents, timeout);
+}
+
+/* exs_qdequeue past its first look (arguments checked): its own frame, so that the first
+ * look needs none of the wait's. */
+static __attribute__((noinline)) int evq_dequeue_rest(exs_qhandle_t q, exs_event_t *events,
+                                                      int nevents, const struct timespec *timeout)
+{
+    struct exs_evq *evq;
+    uint64_t deadline = UINT64_MAX, t0 = 0;
+    int ret, want, max;
+
     /* Beyond ~290 years from boot the deadline would overflow: that is forever. */
     if (timeout != NULL && (uint64_t)timeout->tv_sec < (UINT64_MAX / 2) / 1000000000u) {
         t0 = exs__now_ns();

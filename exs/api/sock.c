@@ -29,12 +29,8 @@ struct sock_tabv *exs__api_sock_tabv; /* api_int.h (exs__api_sock_at) */
 #define tabv exs__api_sock_tabv
 static struct api_sock **tab;
 static int tab_len;
-static int sock_live;
-
-int exs__api_sock_live(void)
-{
-    return __atomic_load_n(&sock_live, __ATOMIC_RELAXED);
-}
+int exs__api_sock_nlive; /* api_int.h (exs__api_sock_live) */
+#define sock_live exs__api_sock_nlive
 
 void exs__api_sock_ref(struct api_sock *s)
 {
