@@ -917,7 +917,7 @@ int exs__api_kfd_send_fast(int fd, const void *buf, size_t len, int flags, exs_q
      * exs__api_kfd_xfer), nothing queued (so n_send is 0), and a slot */
     if (!k->attached || k->fd != fd || !k->known || exs__api_kfd_has_opts(k) || k->err ||
         k->file_busy || !exs_list_empty(&k->sendq) || !exs__params.sock_max_ops ||
-        exs__evq_reserve_handle(q, &evq)) {
+        exs__evq_reserve_q(q, &evq)) {
         exs__api_kfd_unlock(k);
         if (m)
             exs__api_mreg_release(m);
@@ -928,7 +928,7 @@ int exs__api_kfd_send_fast(int fd, const void *buf, size_t len, int flags, exs_q
     while (n < 0 && errno == EINTR);
     if (n == (ssize_t)len) {
         EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno 0", fd, EXS_EVT_SEND, ah, n);
-        exs__evq_post_xfer(evq, EXS_EVT_SEND, fd, ah, (void *)(uintptr_t)buf, len, n);
+        exs__evq_post_xfer_now(evq, EXS_EVT_SEND, fd, ah, (void *)(uintptr_t)buf, len, n);
         exs__api_kfd_unlock(k);
         if (m)
             exs__api_mreg_release(m);

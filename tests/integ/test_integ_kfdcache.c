@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 #include <poll.h>
 #include <string.h>
+#include <time.h>
 #include <sys/exs.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -483,6 +484,73 @@ START_TEST(test_kfdc_fast_look)
 }
 END_TEST
 
+/* A thread asleep in exs_qdequeue wakes for a send that completes at once (its event is
+ * posted inline, kfd.c: the sleeper makes the post go the whole way, which writes the
+ * queue's descriptor), and exs_qfd is readable after one. */
+struct kfdc_waiter {
+    exs_qhandle_t q;
+    int got;
+    exs_event_t ev;
+    struct timespec end;
+};
+
+static void *kfdc_wait(void *arg)
+{
+    static const struct timespec ts_10s = {10, 0};
+    struct kfdc_waiter *w = arg;
+
+    w->got = exs_qdequeue(w->q, &w->ev, 1, &ts_10s);
+    clock_gettime(CLOCK_MONOTONIC, &w->end);
+    return NULL;
+}
+
+START_TEST(test_kfdc_fast_wakes)
+{
+    struct kfdc_waiter w = {0};
+    struct pollfd pfd;
+    exs_qhandle_t q, qx;
+    exs_event_t ev;
+    pthread_t t;
+    int a, b;
+    char got[4];
+
+    it_init();
+    q = it_qcreate(8);
+    qx = it_qcreate(8);
+    it_tcp_pair(&a, &b, 0, 0);
+    send_one(q, a, b, 'x'); /* trusted now */
+    /* a sleeper (NOTIFY: no spin), woken by the send */
+    IT_EXPECT_OK(exs_qsetwait(q, EXS_WAIT_NOTIFY, 0));
+    w.q = q;
+    ck_assert_int_eq(pthread_create(&t, NULL, kfdc_wait, &w), 0);
+    usleep(200 * 1000); /* asleep by now (else it finds the event at its first look) */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(exs_send(a, "y", 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    double waited = (double)(w.end.tv_sec - t0.tv_sec) + (double)(w.end.tv_nsec - t0.tv_nsec) / 1e9;
+    ck_assert_msg(w.got == 1 && waited < 3.0, "the sleeper got %d events %.3f s after the send",
+                  w.got, waited);
+    ck_assert_ptr_eq(w.ev.exs_evt_ahandle, AH(2));
+    /* the queue's descriptor, exposed: readable after the send, not after the dequeue */
+    pfd.fd = exs_qfd(qx);
+    pfd.events = POLLIN;
+    ck_assert_int_ge(pfd.fd, 0);
+    ck_assert_int_eq(poll(&pfd, 1, 0), 0);
+    ck_assert_int_eq(exs_send(a, "z", 1, 0, qx, AH(3), EXS_MHANDLE_UNREGISTERED), 0);
+    ck_assert_int_eq(poll(&pfd, 1, 0), 1);
+    ck_assert_int_eq(exs_qdequeue(qx, &ev, 1, NULL), 1);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(3));
+    ck_assert_int_eq(poll(&pfd, 1, 0), 0);
+    ck_assert_int_eq(recv(b, got, 2, MSG_WAITALL), 2);
+    close(a);
+    close(b);
+    it_kfd_settle(q);
+    it_qdelete(qx);
+    it_qdelete(q);
+}
+END_TEST
+
 Suite *integ_kfdcache_suite(void)
 {
     Suite *s = suite_create("integ_kfdcache");
@@ -491,6 +559,6 @@ Suite *integ_kfdcache_suite(void)
                  (const TTest *const[]){test_kfdc_closed_and_files, test_kfdc_other_sockets,
                                         test_kfdc_other_tcp, test_kfdc_table_race,
                                         test_kfdc_tx_timestamp, test_kfdc_dequeue_no_clock,
-                                        test_kfdc_fast_look, NULL});
+                                        test_kfdc_fast_look, test_kfdc_fast_wakes, NULL});
     return s;
 }
