@@ -743,7 +743,7 @@ static void evq_take(struct exs_evq *evq, exs_event_t *events, int n)
 
 /* evq_take of the one event at the head. A send's or a receive's is copied as far as its
  * member, exs_evt_xfer, goes (what exs__evq_post_xfer writes; the union's tail is not
- * the event's), any other whole. */
+ * the event's), any other whole. The caller brings the descriptors in line (evq_sync_fds). */
 static inline __attribute__((always_inline)) void evq_take1(struct exs_evq *evq, exs_event_t *ev)
 {
     const exs_event_t *e = &evq->ring[evq->head];
@@ -755,7 +755,6 @@ static inline __attribute__((always_inline)) void evq_take1(struct exs_evq *evq,
     evq->head = evq->head + 1 == evq->depth ? 0 : evq->head + 1;
     evq_set_queued(evq, evq->queued - 1);
     evq_give_back(evq, 1);
-    evq_sync_fds(evq);
 }
 
 static void evq_waiter_add(struct exs_evq *evq, struct evq_waiter *w)
@@ -1046,9 +1045,10 @@ static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q
         ret = -EINVAL;
     } else if (evq->queued >= want) {
         ret = nevents > 0 ? EXS_MIN(evq->queued, nevents) : want;
-        if (ret == 1)
+        if (ret == 1) {
             evq_take1(evq, events);
-        else
+            evq_sync_fds(evq);
+        } else
             evq_take(evq, events, ret);
     }
     EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
@@ -1058,7 +1058,9 @@ static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q
 static int evq_dequeue_rest(exs_qhandle_t q, exs_event_t *events, int nevents,
                             const struct timespec *timeout);
 
-int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct timespec *timeout)
+/* exs_qdequeue the whole way: the argument checks, the first look, the wait. */
+static __attribute__((noinline)) int evq_dequeue_full(exs_qhandle_t q, exs_event_t *events,
+                                                      int nevents, const struct timespec *timeout)
 {
     int ret;
 
@@ -1072,6 +1074,67 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
     if (nevents != 0 && (ret = evq_dequeue_now(q, events, nevents)) != -EAGAIN)
         return ret < 0 ? exs__err(-ret) : ret;
     return evq_dequeue_rest(q, events, nevents, timeout);
+}
+
+/* exs_qdequeue's hot path with evq->lock held, when it cannot finish: the lock given
+ * back, the whole way. */
+static __attribute__((noinline, cold)) int evq_unlock_full(struct exs_evq *evq, exs_qhandle_t q,
+                                                           exs_event_t *events, int nevents,
+                                                           const struct timespec *timeout)
+{
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    return evq_dequeue_full(q, events, nevents, timeout);
+}
+
+/* exs_qdequeue's hot path with evq->lock held: n (> 1) events taken, the lock given back. */
+static __attribute__((noinline)) int evq_take_unlock(struct exs_evq *evq, exs_event_t *events,
+                                                     int n)
+{
+    evq_take(evq, events, n);
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    return n;
+}
+
+/* exs_qdequeue's hot path: its unlock found a waiter for the lock. */
+static __attribute__((noinline, cold)) int evq_wake_ret(struct exs_evq *evq, int ret)
+{
+    exs__lite_lock_wake(&evq->lock);
+    return ret;
+}
+
+/*
+ * The events wanted are queued, the arguments are good, the process has no libexs socket
+ * (nothing to drive first: evq_dequeue_wait), evq->lock is free at once and nobody
+ * watches the queue's descriptors (no exs_qfd, no sleeper: nothing to write): the events
+ * are taken under one hold of the lock, the queue found by handle without the table's
+ * lock or a reference (evq_peek), with no clock read, in a leaf function (every other
+ * call a tail call: no frame). Anything else goes the whole way (evq_dequeue_full), which
+ * answers every error.
+ */
+int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct timespec *timeout)
+{
+    struct exs_evq *evq;
+    int want, n;
+
+    if (nevents == 0 || nevents > EXS_EVTVEC_MAX || nevents < -EXS_EVTVEC_MAX || !events ||
+        (timeout && (timeout->tv_sec < 0 || (unsigned long)timeout->tv_nsec >= 1000000000ul)) ||
+        exs__api_sock_live() || !(evq = evq_peek(q)))
+        return evq_dequeue_full(q, events, nevents, timeout);
+    if (!exs__lite_trylock(&evq->lock))
+        return evq_dequeue_full(q, events, nevents, timeout);
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ);
+    want = nevents > 0 ? 1 : -nevents;
+    if (!evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q) || want > evq->depth ||
+        evq->queued < want || evq->exposed || evq->sleepers)
+        return evq_unlock_full(evq, q, events, nevents, timeout);
+    n = nevents > 0 ? EXS_MIN(evq->queued, nevents) : want;
+    if (n > 1)
+        return evq_take_unlock(evq, events, n);
+    evq_take1(evq, events); /* no descriptor to bring in line: nobody watches them */
+    EXS_LOCK_RELEASE(EXS_LOCK_EVQ);
+    if (__atomic_exchange_n(&evq->lock.v, 0, __ATOMIC_RELEASE) == 2)
+        return evq_wake_ret(evq, 1);
+    return 1;
 }
 
 /* exs_qdequeue past its first look (arguments checked): its own frame, so that the first
