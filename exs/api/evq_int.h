@@ -92,7 +92,7 @@ static inline __attribute__((always_inline)) struct exs_evq *exs__evq_peek(exs_q
     struct evq_tabv *t = __atomic_load_n(&exs__evq_tv, __ATOMIC_ACQUIRE);
     int idx = (q & EXS_EVQ_IDX_MAX) - 1;
 
-    if (q <= 0 || !t || idx < 0 || idx >= t->len)
+    if (q <= 0 || !t || (unsigned)idx >= (unsigned)t->len) /* idx -1: q has no index */
         return NULL;
     return __atomic_load_n(&t->e[idx].evq, __ATOMIC_ACQUIRE);
 }
@@ -170,8 +170,10 @@ static inline void exs__evq_xfer_fill(exs_event_t *e, int type, int fd, exs_ahan
     e->exs_evt_errno = 0;
     e->exs_evt_fd = fd;
     e->exs_evt_ahandle = ah;
-    e->exs_evt_u.exs_evt_xfer =
-        (exs_evt_xfer_t){.exs_evt_buf = buf, .exs_evt_len = len, .exs_evt_result = result};
+    e->exs_evt_u.exs_evt_xfer.exs_evt_buf = buf;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_len = len;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_result = result;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_flags = 0;
 }
 
 /* exs__evq_post_xfer with evq->lock held (evq.c): every case; unlocks. */

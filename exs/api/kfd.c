@@ -306,16 +306,6 @@ static void kfd_rest_locked(struct kfd *k)
     exs__api_kfd_count_locked(k);
 }
 
-void exs__api_kfd_lock(struct kfd *k)
-{
-    EXS_LITE_LOCK(&k->lock, EXS_LOCK_SOCK);
-}
-
-void exs__api_kfd_unlock(struct kfd *k)
-{
-    EXS_LITE_UNLOCK(&k->lock, EXS_LOCK_SOCK);
-}
-
 static void kfd_op_free(struct kfd_op *op)
 {
     if (op->mreg)
