@@ -9,9 +9,13 @@
 #include <limits.h>
 #include <linux/net_tstamp.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <poll.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <sys/exs.h>
@@ -551,14 +555,148 @@ START_TEST(test_kfdc_fast_wakes)
 }
 END_TEST
 
+/* Several threads send on one kernel socket and dequeue one shared queue at once, each
+ * with up to KFDC_OUT sends outstanding, against a slow reader, so that some sends
+ * complete in their call (exs_send's hot path) and others wait queued (partly written,
+ * too) behind them: every message reaches the peer whole, each thread's in its posting
+ * order, and every send has exactly one event. */
+#define KFDC_T   4
+#define KFDC_MSG 200
+#define KFDC_OUT 8
+
+struct kfdc_mt {
+    int fd;
+    exs_qhandle_t q;
+    int rounds;
+    int tid;
+    int bad;   /* atomic */
+    int *out;  /* atomic: sends outstanding, per thread */
+    int *evts; /* atomic: events dequeued, per thread (by ahandle) */
+    int *done; /* atomic: events dequeued, all */
+};
+
+static void kfdc_mt_fill(uint8_t *m, int tid, uint32_t seq)
+{
+    m[0] = (uint8_t)tid;
+    memcpy(m + 1, &seq, sizeof(seq));
+    for (int i = 5; i < KFDC_MSG; i++)
+        m[i] = (uint8_t)(tid * 31 + seq + (uint32_t)i);
+}
+
+static void *kfdc_mt_sender(void *arg)
+{
+    static const struct timespec ts_1ms = {0, 1000000};
+    struct kfdc_mt *c = arg;
+    uint8_t *bufs = malloc((size_t)c->rounds * KFDC_MSG);
+    int posted = 0, all = KFDC_T * c->rounds;
+    exs_event_t ev;
+
+    if (!bufs)
+        return __atomic_store_n(&c->bad, 1, __ATOMIC_RELAXED), NULL;
+    while (__atomic_load_n(c->done, __ATOMIC_RELAXED) < all &&
+           !__atomic_load_n(&c->bad, __ATOMIC_RELAXED)) {
+        if (posted < c->rounds && __atomic_load_n(&c->out[c->tid], __ATOMIC_RELAXED) < KFDC_OUT) {
+            uint8_t *m = bufs + (size_t)posted * KFDC_MSG;
+
+            kfdc_mt_fill(m, c->tid, (uint32_t)posted);
+            __atomic_fetch_add(&c->out[c->tid], 1, __ATOMIC_RELAXED);
+            if (exs_send(c->fd, m, KFDC_MSG, 0, c->q, AH(100 + c->tid), EXS_MHANDLE_UNREGISTERED)) {
+                __atomic_store_n(&c->bad, 1, __ATOMIC_RELAXED);
+                break;
+            }
+            posted++;
+            continue;
+        }
+        int n = exs_qdequeue(c->q, &ev, 1, &ts_1ms);
+
+        if (n == 0)
+            continue;
+        int t = (int)(uintptr_t)ev.exs_evt_ahandle - 100;
+        if (n != 1 || ev.exs_evt_errno || ev.exs_evt_type != EXS_EVT_SEND ||
+            ev.exs_evt_u.exs_evt_xfer.exs_evt_result != KFDC_MSG || t < 0 || t >= KFDC_T) {
+            __atomic_store_n(&c->bad, 1, __ATOMIC_RELAXED);
+            break;
+        }
+        __atomic_fetch_add(&c->evts[t], 1, __ATOMIC_RELAXED);
+        __atomic_fetch_sub(&c->out[t], 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(c->done, 1, __ATOMIC_RELAXED);
+    }
+    /* the buffers stay until every event of this thread's sends came (to any thread) */
+    while (__atomic_load_n(&c->evts[c->tid], __ATOMIC_RELAXED) < posted &&
+           !__atomic_load_n(&c->bad, __ATOMIC_RELAXED))
+        sched_yield();
+    free(bufs);
+    return NULL;
+}
+
+START_TEST(test_kfdc_fast_threads)
+{
+    struct kfdc_mt c[KFDC_T];
+    int evts[KFDC_T] = {0}, out[KFDC_T] = {0}, done = 0, bad = 0;
+    uint32_t next[KFDC_T] = {0};
+    pthread_t th[KFDC_T];
+    exs_qhandle_t q;
+    int a, b, rounds = 2000;
+    size_t total = (size_t)KFDC_T * (size_t)rounds * KFDC_MSG, got = 0;
+    uint8_t *stream = malloc(total);
+
+    ck_assert_ptr_nonnull(stream);
+    it_init();
+    q = it_qcreate(KFDC_T * KFDC_OUT);
+    it_tcp_pair(&a, &b, 4096, 4096);
+    int one = 1; /* no Nagle: small writes with a window this small wait for delayed ACKs */
+    ck_assert_int_eq(setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)), 0);
+    for (int t = 0; t < KFDC_T; t++) {
+        c[t] = (struct kfdc_mt){
+            .fd = a, .q = q, .rounds = rounds, .tid = t, .out = out, .evts = evts, .done = &done};
+        ck_assert_int_eq(pthread_create(&th[t], NULL, kfdc_mt_sender, &c[t]), 0);
+    }
+    /* a slow reader: the socket fills now and then, and sends wait queued */
+    while (got < total) {
+        ssize_t n = recv(b, stream + got, total - got < 1000 ? total - got : 1000, 0);
+
+        ck_assert_int_gt(n, 0);
+        got += (size_t)n;
+        usleep(200);
+    }
+    for (int t = 0; t < KFDC_T; t++) {
+        ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+        bad |= c[t].bad;
+    }
+    ck_assert_int_eq(bad, 0);
+    for (int t = 0; t < KFDC_T; t++)
+        ck_assert_int_eq(evts[t], rounds);
+    for (size_t off = 0; off < total; off += KFDC_MSG) {
+        uint8_t want[KFDC_MSG];
+        int t = stream[off];
+        uint32_t seq;
+
+        ck_assert_int_lt(t, KFDC_T);
+        memcpy(&seq, stream + off + 1, sizeof(seq));
+        ck_assert_msg(seq == next[t], "thread %d: message %u where %u was due (offset %zu)", t, seq,
+                      next[t], off);
+        next[t]++;
+        kfdc_mt_fill(want, t, seq);
+        ck_assert_msg(!memcmp(want, stream + off, KFDC_MSG), "message at %zu not whole", off);
+    }
+    expect_nothing(b);
+    it_expect_no_event(q, 20);
+    free(stream);
+    close(a);
+    close(b);
+    it_kfd_settle(q);
+    it_qdelete(q);
+}
+END_TEST
+
 Suite *integ_kfdcache_suite(void)
 {
     Suite *s = suite_create("integ_kfdcache");
 
     it_suite_add(s, "kfdcache", IT_CASE_TIMEOUT, 1,
-                 (const TTest *const[]){test_kfdc_closed_and_files, test_kfdc_other_sockets,
-                                        test_kfdc_other_tcp, test_kfdc_table_race,
-                                        test_kfdc_tx_timestamp, test_kfdc_dequeue_no_clock,
-                                        test_kfdc_fast_look, test_kfdc_fast_wakes, NULL});
+                 (const TTest *const[]){
+                     test_kfdc_closed_and_files, test_kfdc_other_sockets, test_kfdc_other_tcp,
+                     test_kfdc_table_race, test_kfdc_tx_timestamp, test_kfdc_dequeue_no_clock,
+                     test_kfdc_fast_look, test_kfdc_fast_wakes, test_kfdc_fast_threads, NULL});
     return s;
 }
