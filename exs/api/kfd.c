@@ -883,9 +883,10 @@ static int kfd_xfer_rest_locked(struct kfd *k, struct exs_evq *evq, void *buf, s
  * reserved, no operation made), with none of that call's other work. Anything else goes
  * the whole way, untouched (exs__api_send_slow, which answers every error); a send() that
  * does not complete at once goes on as in exs__api_kfd_xfer. Returns as exs_send.
- * The number is no libexs socket (the socket table's slot is empty: exs_socket fills it
- * before it returns the number), and not one inherited across fork (the child's table of
- * kfds starts empty, and a number is marked inherited only then).
+ * The number is no libexs socket (exs_send looked at the socket table's slot first:
+ * exs_socket and an accept fill it before the number is returned), and not one inherited
+ * across fork (the child's table of kfds starts empty, and a number is marked inherited
+ * only then).
  */
 int exs__api_kfd_send_fast(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q,
                            exs_ahandle_t ah, exs_mhandle_t mh)
@@ -897,7 +898,7 @@ int exs__api_kfd_send_fast(int fd, const void *buf, size_t len, int flags, exs_q
     ssize_t n;
 
     if (!t || (unsigned)fd >= (unsigned)t->len || (flags & ~(MSG_NOSIGNAL | MSG_DONTWAIT)) ||
-        (!buf && len) || len > SSIZE_MAX || q == EXS_QHANDLE_INVALID || exs__api_sock_at(fd))
+        (!buf && len) || len > SSIZE_MAX || q == EXS_QHANDLE_INVALID)
         goto slow;
     k = __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE);
     if (!k || (mh != EXS_MHANDLE_UNREGISTERED && exs__api_mreg_hold(mh, buf, len, &m)))

@@ -678,8 +678,9 @@ int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, i
 }
 
 /* exs_send the whole way: what exs__api_kfd_send_fast (kfd.c) did not take. */
-int exs__api_send_slow(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q,
-                       exs_ahandle_t ah, exs_mhandle_t mh)
+__attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t len, int flags,
+                                                 exs_qhandle_t q, exs_ahandle_t ah,
+                                                 exs_mhandle_t mh)
 {
     return xfer_post(fd, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
 }
@@ -687,8 +688,11 @@ int exs__api_send_slow(int fd, const void *buf, size_t len, int flags, exs_qhand
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
              exs_mhandle_t mh)
 {
-    /* a kernel socket's send that completes at once is done there; the rest comes back to
-     * exs__api_send_slow (a tail call each way: no frame of exs_send's own) */
+    /* a libexs socket's goes the whole way at once; a kernel socket's that completes at
+     * once is done in exs__api_kfd_send_fast, which sends the rest back to
+     * exs__api_send_slow (tail calls: no frame of exs_send's own) */
+    if (exs__api_sock_at(fd))
+        return exs__api_send_slow(fd, buf, len, flags, q, ah, mh);
     return exs__api_kfd_send_fast(fd, buf, len, flags, q, ah, mh);
 }
 
