@@ -1116,9 +1116,11 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
     struct exs_evq *evq;
     int want, n;
 
-    if (nevents == 0 || nevents > EXS_EVTVEC_MAX || nevents < -EXS_EVTVEC_MAX || !events ||
+    /* a process with libexs sockets drives progress first: the whole way at once */
+    if (exs__api_sock_live() || nevents == 0 || nevents > EXS_EVTVEC_MAX ||
+        nevents < -EXS_EVTVEC_MAX || !events ||
         (timeout && (timeout->tv_sec < 0 || (unsigned long)timeout->tv_nsec >= 1000000000ul)) ||
-        exs__api_sock_live() || !(evq = evq_peek(q)))
+        !(evq = evq_peek(q)))
         return evq_dequeue_full(q, events, nevents, timeout);
     if (!exs__lite_trylock(&evq->lock))
         return evq_dequeue_full(q, events, nevents, timeout);
