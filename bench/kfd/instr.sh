@@ -8,7 +8,7 @@
 # send's fast path, the event queue's light table lock and the dequeue without the driver
 # bookkeeping; 1,308-1,383 after; 1,001 once the send went without the probe, without an
 # operation object and without the kfd table's lock; 608 with the reservation one CAS, the
-# event written in place and the futex locks; 317-319 with exs_send's first look, a lean
+# event written in place and the futex locks; 317-321 with exs_send's first look, a lean
 # path for a send that completes at once, and exs_qdequeue's hot path without a frame:
 # the bound, 420, keeps a third above that). Instruction counts do not depend on the
 # machine's load. Prints a
