@@ -31,6 +31,25 @@ enum api_sock_state {
     API_SOCK_STATE_COUNT
 };
 
+/* The socket table as a reader without its lock sees it (sock.c): slots written with
+ * atomic stores; a grown table keeps its old array until exs_fini. */
+struct sock_tabv {
+    struct sock_tabv *old; /* the array this one replaced */
+    int len;
+    struct api_sock *e[];
+};
+extern struct sock_tabv *exs__api_sock_tabv __attribute__((visibility("hidden")));
+
+/* 1 when fd names a libexs socket now (its slot in the socket table is taken): no lock,
+ * no system call. A kernel socket's send looks at it first (kfd.c), since exs_socket and
+ * an accept fill the slot before the number is returned. */
+static inline int exs__api_sock_at(int fd)
+{
+    struct sock_tabv *t = __atomic_load_n(&exs__api_sock_tabv, __ATOMIC_ACQUIRE);
+
+    return t && (unsigned)fd < (unsigned)t->len && __atomic_load_n(&t->e[fd], __ATOMIC_RELAXED);
+}
+
 struct api_mreg;
 
 /* exs_sendmsg / exs_recvmsg / exs_sendfile (msg.c): the transfer is an ordinary send or
@@ -279,7 +298,13 @@ int exs__api_init_fork(int phase);
 /* In a forked child (fork.c): forget the parent's registrations and operations. */
 void exs__api_xfer_fork_child(void);
 void exs__api_sock_close_all(void);
-int exs__api_sock_live(void);
+/* The libexs sockets not yet freed (atomic; sock.c): read inline, exs_qdequeue's first
+ * look asks it each time. */
+extern int exs__api_sock_nlive __attribute__((visibility("hidden")));
+static inline int exs__api_sock_live(void)
+{
+    return __atomic_load_n(&exs__api_sock_nlive, __ATOMIC_RELAXED);
+}
 int exs__api_mreg_live(void);
 struct api_mreg;
 /* The handle m is registered under now, 0 once deregistered (tests: a hold keeps it). */

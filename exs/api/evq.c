@@ -70,30 +70,15 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
 #define EVQ_DEPTH_MAX (1 << 20) /* largest depth accepted by exs_qcreate */
 
 /* Handle = gen << 16 | (index + 1): never 0 or negative; gen is 15 bits. */
-#define EVQ_IDX_BITS  16
-#define EVQ_IDX_MAX   ((1 << EVQ_IDX_BITS) - 1) /* slots 0 .. EVQ_IDX_MAX - 1 */
+#define EVQ_IDX_BITS  EXS_EVQ_IDX_BITS
+#define EVQ_IDX_MAX   EXS_EVQ_IDX_MAX
 #define EVQ_GEN_MASK  0x7fff
 #define EVQ_TAB_FIRST 16 /* initial table size */
 
-struct evq_slot {
-    struct exs_evq *evq; /* NULL when free; atomic stores (evq_peek reads it unlocked) */
-    int gen;             /* generation of the handle the slot gives out next / now */
-    int next_free;       /* free list link (FIFO, so indices are reused late) */
-};
-
 #define EVQ_TAB_WRITER 0x80000000u /* evq_tab.lock: write-held; else the count of readers */
 
-/* The slot arrays: a grown table keeps its old array for readers without the lock
- * (evq_peek) until exs_fini. */
-struct evq_tabv {
-    struct evq_tabv *old;
-    int len;
-    struct evq_slot e[];
-};
-
 static struct {
-    unsigned lock;       /* atomic: EVQ_TAB_WRITER, or the readers */
-    struct evq_tabv *tv; /* atomic: the current array (slots) */
+    unsigned lock; /* atomic: EVQ_TAB_WRITER, or the readers */
     struct evq_slot *slots;
     int nslots;    /* allocated */
     int used;      /* slots 0 .. used - 1 have ever been handed out */
@@ -104,6 +89,8 @@ static struct {
     .free_head = -1,
     .free_tail = -1,
 };
+/* atomic: the current array of slots (evq_int.h: exs__evq_peek reads it without a lock) */
+struct evq_tabv *exs__evq_tv;
 
 static void evq_tab_rdlock(void)
 {
@@ -279,29 +266,9 @@ static struct exs_evq *evq_new(int depth)
     return evq;
 }
 
-/* The queue in q's slot without a lock (it may be dead, parked or another's: st says). */
-static struct exs_evq *evq_peek(exs_qhandle_t q)
-{
-    struct evq_tabv *t = __atomic_load_n(&evq_tab.tv, __ATOMIC_ACQUIRE);
-    int idx = (q & EVQ_IDX_MAX) - 1;
-
-    if (q <= 0 || !t || idx < 0 || idx >= t->len)
-        return NULL;
-    return __atomic_load_n(&t->e[idx].evq, __ATOMIC_ACQUIRE);
-}
-
-/* st names the live queue q. */
-static int evq_st_is(uint64_t st, exs_qhandle_t q)
-{
-    return !(st & EVQ_ST_DEAD) && (st >> EVQ_ST_HANDLE_SHIFT) == (uint64_t)q;
-}
-
-/* Slots reserved now (evq->lock held; only grows meanwhile). */
-static uint32_t evq_reserved(const struct exs_evq *evq)
-{
-    return (uint32_t)__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE) - evq->freed -
-           (uint32_t)evq->queued;
-}
+#define evq_peek     exs__evq_peek
+#define evq_st_is    exs__evq_st_is
+#define evq_reserved exs__evq_reserved
 
 /* n slots come back (evq->lock held): taken, dropped or abandoned. */
 static void evq_give_back(struct exs_evq *evq, int n)
@@ -371,12 +338,12 @@ static int evq_tab_insert(struct exs_evq *evq)
             if (tv == NULL)
                 return -ENOMEM;
             tv->len = n;
-            tv->old = evq_tab.tv;
+            tv->old = exs__evq_tv;
             if (evq_tab.nslots)
                 memcpy(tv->e, evq_tab.slots, (size_t)evq_tab.nslots * sizeof(tv->e[0]));
             evq_tab.slots = tv->e;
             evq_tab.nslots = n;
-            __atomic_store_n(&evq_tab.tv, tv, __ATOMIC_RELEASE);
+            __atomic_store_n(&exs__evq_tv, tv, __ATOMIC_RELEASE);
         }
         idx = evq_tab.used++;
         evq_tab.slots[idx].gen = evq_tab.gen_base;
@@ -492,11 +459,11 @@ void exs__evq_destroy_all(void)
         gen_max = EXS_MAX(gen_max, slot->gen);
     }
     /* Handles given out before stay invalid: fresh slots start above every old gen. */
-    for (struct evq_tabv *t = evq_tab.tv, *o; t; t = o) {
+    for (struct evq_tabv *t = exs__evq_tv, *o; t; t = o) {
         o = t->old;
         free(t);
     }
-    __atomic_store_n(&evq_tab.tv, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&exs__evq_tv, NULL, __ATOMIC_RELEASE);
     evq_tab.slots = NULL;
     evq_tab.nslots = 0;
     evq_tab.used = 0;
@@ -509,49 +476,14 @@ void exs__evq_destroy_all(void)
 
 /* ---- reservation and posting ---- */
 
-/* A slot for one event in evq, with one CAS on evq->st and no lock: -EINVAL when the
- * queue is dead (or, q != EXS_QHANDLE_INVALID, st does not name the live queue q: the
- * caller found evq by q without a lock, evq_peek), -EAGAIN when queued + reserved ==
- * depth. A slot pins the queue: exs_qdelete refuses (EBUSY) while one is reserved, and
- * exs_fini's kill leaves the queue to the last of them (evq->orphan). res is read before
- * freed, and freed only grows: a full queue was full when freed was read, a slot taken
- * was free when the CAS took it. */
-static int evq_reserve_slot(struct exs_evq *evq, exs_qhandle_t q)
-{
-    uint64_t st = __atomic_load_n(&evq->st, __ATOMIC_ACQUIRE);
-
-    for (;;) {
-        uint32_t res = (uint32_t)st;
-
-        if ((st & EVQ_ST_DEAD) || (q != EXS_QHANDLE_INVALID && !evq_st_is(st, q)))
-            return -EINVAL;
-        if (res - __atomic_load_n(&evq->freed, __ATOMIC_ACQUIRE) >=
-            (uint32_t)__atomic_load_n(&evq->depth, __ATOMIC_RELAXED))
-            return -EAGAIN;
-        if (__atomic_compare_exchange_n(&evq->st, &st,
-                                        (st & ~EVQ_ST_RES_MASK) | (uint32_t)(res + 1), 1,
-                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-            return 0;
-    }
-}
-
 int exs__evq_reserve(struct exs_evq *evq)
 {
-    return evq_reserve_slot(evq, EXS_QHANDLE_INVALID);
+    return exs__evq_reserve_slot(evq, EXS_QHANDLE_INVALID);
 }
 
 int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
 {
-    struct exs_evq *evq = evq_peek(q);
-    int ret;
-
-    if (!evq)
-        return EINVAL;
-    ret = evq_reserve_slot(evq, q);
-    if (ret)
-        return ret == -EAGAIN ? EAGAIN : EINVAL;
-    *evq_p = evq;
-    return 0;
+    return exs__evq_reserve_q(q, evq_p);
 }
 
 void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p)
@@ -594,17 +526,20 @@ void exs__evq_unreserve(struct exs_evq *evq)
 /* A post's first step (evq->lock held): the ring entry its event goes in, or NULL when
  * the queue is dead (only exs__evq_destroy_all kills a queue with reservations: the event
  * is dropped, and *last_p says whether it held an orphan's last slot). */
-static exs_event_t *evq_post_slot(struct exs_evq *evq, int *last_p)
+static __attribute__((noinline, cold)) exs_event_t *evq_post_dead(struct exs_evq *evq, int *last_p)
 {
-    int tail = evq->head + evq->queued;
+    evq_give_back(evq, 1);
+    *last_p = evq_orphan_last(evq);
+    return NULL;
+}
 
+static inline __attribute__((always_inline)) exs_event_t *evq_post_slot(struct exs_evq *evq,
+                                                                        int *last_p)
+{
     EXS_ASSERT(evq_reserved(evq) > 0);
-    if (evq->dead) {
-        evq_give_back(evq, 1);
-        *last_p = evq_orphan_last(evq);
-        return NULL;
-    }
-    return &evq->ring[tail >= evq->depth ? tail - evq->depth : tail];
+    if (__builtin_expect(evq->dead, 0))
+        return evq_post_dead(evq, last_p);
+    return exs__evq_tail(evq);
 }
 
 /* A post's last step (evq->lock held, the entry written): the reserved slot becomes an
@@ -635,24 +570,22 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
     evq_post_end(evq, slot, last);
 }
 
-void exs__evq_post_xfer(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
-                        size_t len, ssize_t result)
+void exs__evq_post_xfer_locked(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
+                               size_t len, ssize_t result)
 {
     exs_event_t *slot;
     int last = 0;
 
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
     slot = evq_post_slot(evq, &last);
-    if (slot) {
-        /* the header and the transfer member, whole; the union's tail is not read */
-        slot->exs_evt_type = type;
-        slot->exs_evt_errno = 0;
-        slot->exs_evt_fd = fd;
-        slot->exs_evt_ahandle = ah;
-        slot->exs_evt_u.exs_evt_xfer =
-            (exs_evt_xfer_t){.exs_evt_buf = buf, .exs_evt_len = len, .exs_evt_result = result};
-    }
+    if (slot)
+        exs__evq_xfer_fill(slot, type, fd, ah, buf, len, result);
     evq_post_end(evq, slot, last);
+}
+
+void exs__evq_post_xfer(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
+                        size_t len, ssize_t result)
+{
+    exs__evq_post_xfer_now(evq, type, fd, ah, buf, len, result);
 }
 
 /*
@@ -806,6 +739,22 @@ static void evq_take(struct exs_evq *evq, exs_event_t *events, int n)
     evq_set_queued(evq, evq->queued - n);
     evq_give_back(evq, n);
     evq_sync_fds(evq);
+}
+
+/* evq_take of the one event at the head. A send's or a receive's is copied as far as its
+ * member, exs_evt_xfer, goes (what exs__evq_post_xfer writes; the union's tail is not
+ * the event's), any other whole. The caller brings the descriptors in line (evq_sync_fds). */
+static inline __attribute__((always_inline)) void evq_take1(struct exs_evq *evq, exs_event_t *ev)
+{
+    const exs_event_t *e = &evq->ring[evq->head];
+
+    if (e->exs_evt_type == EXS_EVT_SEND || e->exs_evt_type == EXS_EVT_RECV)
+        memcpy(ev, e, offsetof(exs_event_t, exs_evt_u) + sizeof(exs_evt_xfer_t));
+    else
+        *ev = *e;
+    evq->head = evq->head + 1 == evq->depth ? 0 : evq->head + 1;
+    evq_set_queued(evq, evq->queued - 1);
+    evq_give_back(evq, 1);
 }
 
 static void evq_waiter_add(struct exs_evq *evq, struct evq_waiter *w)
@@ -1102,7 +1051,8 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
  * lock and with no reference (a queue's memory stays: evq_peek) and no clock read: the
  * count, or -EINVAL (no such queue, or a threshold above its depth). -EAGAIN: the wait's
  * way (exs_qdequeue), which looks again. */
-static int evq_dequeue_now(exs_qhandle_t q, exs_event_t *events, int nevents)
+static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q,
+                                                                 exs_event_t *events, int nevents)
 {
     struct exs_evq *evq = evq_peek(q);
     int want = nevents > 0 ? 1 : -nevents, ret = -EAGAIN;
@@ -1116,17 +1066,24 @@ static int evq_dequeue_now(exs_qhandle_t q, exs_event_t *events, int nevents)
         ret = -EINVAL;
     } else if (evq->queued >= want) {
         ret = nevents > 0 ? EXS_MIN(evq->queued, nevents) : want;
-        evq_take(evq, events, ret);
+        if (ret == 1) {
+            evq_take1(evq, events);
+            evq_sync_fds(evq);
+        } else
+            evq_take(evq, events, ret);
     }
     EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     return ret;
 }
 
-int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct timespec *timeout)
+static int evq_dequeue_rest(exs_qhandle_t q, exs_event_t *events, int nevents,
+                            const struct timespec *timeout);
+
+/* exs_qdequeue the whole way: the argument checks, the first look, the wait. */
+static __attribute__((noinline)) int evq_dequeue_full(exs_qhandle_t q, exs_event_t *events,
+                                                      int nevents, const struct timespec *timeout)
 {
-    struct exs_evq *evq;
-    uint64_t deadline = UINT64_MAX, t0 = 0;
-    int ret, want, max;
+    int ret;
 
     if (nevents > EXS_EVTVEC_MAX || nevents < -EXS_EVTVEC_MAX)
         return exs__err(EINVAL);
@@ -1137,6 +1094,81 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
         return exs__err(EINVAL);
     if (nevents != 0 && (ret = evq_dequeue_now(q, events, nevents)) != -EAGAIN)
         return ret < 0 ? exs__err(-ret) : ret;
+    return evq_dequeue_rest(q, events, nevents, timeout);
+}
+
+/* exs_qdequeue's hot path with evq->lock held, when it cannot finish: the lock given
+ * back, the whole way. */
+static __attribute__((noinline, cold)) int evq_unlock_full(struct exs_evq *evq, exs_qhandle_t q,
+                                                           exs_event_t *events, int nevents,
+                                                           const struct timespec *timeout)
+{
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    return evq_dequeue_full(q, events, nevents, timeout);
+}
+
+/* exs_qdequeue's hot path with evq->lock held: n (> 1) events taken, the lock given back. */
+static __attribute__((noinline)) int evq_take_unlock(struct exs_evq *evq, exs_event_t *events,
+                                                     int n)
+{
+    evq_take(evq, events, n);
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    return n;
+}
+
+/* exs_qdequeue's hot path: its unlock found a waiter for the lock. */
+static __attribute__((noinline, cold)) int evq_wake_ret(struct exs_evq *evq, int ret)
+{
+    exs__lite_lock_wake(&evq->lock);
+    return ret;
+}
+
+/*
+ * The events wanted are queued, the arguments are good, the process has no libexs socket
+ * (nothing to drive first: evq_dequeue_wait), evq->lock is free at once and nobody
+ * watches the queue's descriptors (no exs_qfd, no sleeper: nothing to write): the events
+ * are taken under one hold of the lock, the queue found by handle without the table's
+ * lock or a reference (evq_peek), with no clock read, in a leaf function (every other
+ * call a tail call: no frame). Anything else goes the whole way (evq_dequeue_full), which
+ * answers every error.
+ */
+int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct timespec *timeout)
+{
+    struct exs_evq *evq;
+    int want, n;
+
+    /* a process with libexs sockets drives progress first: the whole way at once */
+    if (exs__api_sock_live() || nevents == 0 || nevents > EXS_EVTVEC_MAX ||
+        nevents < -EXS_EVTVEC_MAX || !events ||
+        (timeout && (timeout->tv_sec < 0 || (unsigned long)timeout->tv_nsec >= 1000000000ul)) ||
+        !(evq = evq_peek(q)))
+        return evq_dequeue_full(q, events, nevents, timeout);
+    if (!exs__lite_trylock(&evq->lock))
+        return evq_dequeue_full(q, events, nevents, timeout);
+    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ);
+    want = nevents > 0 ? 1 : -nevents;
+    if (!evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q) || want > evq->depth ||
+        evq->queued < want || evq->exposed || evq->sleepers)
+        return evq_unlock_full(evq, q, events, nevents, timeout);
+    n = nevents > 0 ? EXS_MIN(evq->queued, nevents) : want;
+    if (n > 1)
+        return evq_take_unlock(evq, events, n);
+    evq_take1(evq, events); /* no descriptor to bring in line: nobody watches them */
+    EXS_LOCK_RELEASE(EXS_LOCK_EVQ);
+    if (__atomic_exchange_n(&evq->lock.v, 0, __ATOMIC_RELEASE) == 2)
+        return evq_wake_ret(evq, 1);
+    return 1;
+}
+
+/* exs_qdequeue past its first look (arguments checked): its own frame, so that the first
+ * look needs none of the wait's. */
+static __attribute__((noinline)) int evq_dequeue_rest(exs_qhandle_t q, exs_event_t *events,
+                                                      int nevents, const struct timespec *timeout)
+{
+    struct exs_evq *evq;
+    uint64_t deadline = UINT64_MAX, t0 = 0;
+    int ret, want, max;
+
     /* Beyond ~290 years from boot the deadline would overflow: that is forever. */
     if (timeout != NULL && (uint64_t)timeout->tv_sec < (UINT64_MAX / 2) / 1000000000u) {
         t0 = exs__now_ns();
@@ -1191,11 +1223,11 @@ void exs__evq_fork(int phase)
         evq->qfd = evq->wfd = -1;
         exs__forsake(evq);
     }
-    exs__forsake(evq_tab.tv); /* the old arrays are reachable from it */
+    exs__forsake(exs__evq_tv); /* the old arrays are reachable from it */
     exs__forsake(evq_parked);
     evq_parked = NULL;
     pthread_mutex_init(&evq_free_lock, NULL);
-    evq_tab.tv = NULL;
+    exs__evq_tv = NULL;
     evq_tab.slots = NULL;
     evq_tab.nslots = evq_tab.used = 0;
     evq_tab.free_head = evq_tab.free_tail = -1;

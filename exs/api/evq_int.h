@@ -8,7 +8,12 @@
 #include <pthread.h>
 
 #include "exs/api/lite_lock.h"
+#include <errno.h>
 #include <stdint.h>
+#include <sys/types.h>
+
+#include "exs/util/log.h"
+#include "exs/util/util.h"
 
 #include <sys/exs.h>
 
@@ -60,5 +65,139 @@ struct exs_evq {
 /* The operation block cache (op_cache.c): size zeroed bytes, from this thread's cache of
  * EXS_EVQ_OP_BLOCK-sized blocks when size fits; freed by exs__evq_op_free. */
 void *exs__evq_op_alloc(size_t size);
+
+/* ---- the send path's part, inline (kfd.c's exs__api_kfd_send_fast, evq.c) ---- */
+
+#define EXS_EVQ_IDX_BITS 16                            /* handle = gen << 16 | (index + 1) */
+#define EXS_EVQ_IDX_MAX  ((1 << EXS_EVQ_IDX_BITS) - 1) /* slots 0 .. EXS_EVQ_IDX_MAX - 1 */
+
+struct evq_slot {
+    struct exs_evq *evq; /* NULL when free; atomic stores (exs__evq_peek reads it unlocked) */
+    int gen;             /* generation of the handle the slot gives out next / now */
+    int next_free;       /* free list link (FIFO, so indices are reused late) */
+};
+
+/* The slot arrays: a grown table keeps its old array for readers without the lock
+ * (exs__evq_peek) until exs_fini. */
+struct evq_tabv {
+    struct evq_tabv *old;
+    int len;
+    struct evq_slot e[];
+};
+extern struct evq_tabv *exs__evq_tv __attribute__((visibility("hidden"))); /* atomic */
+
+/* The queue in q's slot without a lock (it may be dead, parked or another's: st says). */
+static inline __attribute__((always_inline)) struct exs_evq *exs__evq_peek(exs_qhandle_t q)
+{
+    struct evq_tabv *t = __atomic_load_n(&exs__evq_tv, __ATOMIC_ACQUIRE);
+    int idx = (q & EXS_EVQ_IDX_MAX) - 1;
+
+    if (q <= 0 || !t || (unsigned)idx >= (unsigned)t->len) /* idx -1: q has no index */
+        return NULL;
+    return __atomic_load_n(&t->e[idx].evq, __ATOMIC_ACQUIRE);
+}
+
+/* st names the live queue q. */
+static inline int exs__evq_st_is(uint64_t st, exs_qhandle_t q)
+{
+    return !(st & EVQ_ST_DEAD) && (st >> EVQ_ST_HANDLE_SHIFT) == (uint64_t)q;
+}
+
+/* Slots reserved now (evq->lock held; only grows meanwhile). */
+static inline uint32_t exs__evq_reserved(const struct exs_evq *evq)
+{
+    return (uint32_t)__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE) - evq->freed -
+           (uint32_t)evq->queued;
+}
+
+/* A slot for one event in evq, with one CAS on evq->st and no lock: -EINVAL when the
+ * queue is dead (or, q != EXS_QHANDLE_INVALID, st does not name the live queue q: the
+ * caller found evq by q without a lock, exs__evq_peek), -EAGAIN when queued + reserved ==
+ * depth. A slot pins the queue: exs_qdelete refuses (EBUSY) while one is reserved, and
+ * exs_fini's kill leaves the queue to the last of them (evq->orphan). res is read before
+ * freed, and freed only grows: a full queue was full when freed was read, a slot taken
+ * was free when the CAS took it. */
+static inline __attribute__((always_inline)) int exs__evq_reserve_slot(struct exs_evq *evq,
+                                                                       exs_qhandle_t q)
+{
+    uint64_t st = __atomic_load_n(&evq->st, __ATOMIC_ACQUIRE);
+
+    for (;;) {
+        uint32_t res = (uint32_t)st;
+
+        if ((st & EVQ_ST_DEAD) || (q != EXS_QHANDLE_INVALID && !exs__evq_st_is(st, q)))
+            return -EINVAL;
+        if (res - __atomic_load_n(&evq->freed, __ATOMIC_ACQUIRE) >=
+            (uint32_t)__atomic_load_n(&evq->depth, __ATOMIC_RELAXED))
+            return -EAGAIN;
+        if (__atomic_compare_exchange_n(&evq->st, &st,
+                                        (st & ~EVQ_ST_RES_MASK) | (uint32_t)(res + 1), 1,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 0;
+    }
+}
+
+/* exs__evq_reserve_handle (evq.h), inline. */
+static inline __attribute__((always_inline)) int exs__evq_reserve_q(exs_qhandle_t q,
+                                                                    struct exs_evq **evq_p)
+{
+    struct exs_evq *evq = exs__evq_peek(q);
+    int ret;
+
+    if (!evq)
+        return EINVAL;
+    ret = exs__evq_reserve_slot(evq, q);
+    if (ret)
+        return ret == -EAGAIN ? EAGAIN : EINVAL;
+    *evq_p = evq;
+    return 0;
+}
+
+/* The ring entry after the queued events (evq->lock held). */
+static inline exs_event_t *exs__evq_tail(struct exs_evq *evq)
+{
+    int tail = evq->head + evq->queued;
+
+    return &evq->ring[tail >= evq->depth ? tail - evq->depth : tail];
+}
+
+/* A send's or receive's event written into a ring entry: the header and the transfer
+ * member, whole (the union's tail is not the event's: exs_qdequeue does not copy it). */
+static inline void exs__evq_xfer_fill(exs_event_t *e, int type, int fd, exs_ahandle_t ah, void *buf,
+                                      size_t len, ssize_t result)
+{
+    e->exs_evt_type = type;
+    e->exs_evt_errno = 0;
+    e->exs_evt_fd = fd;
+    e->exs_evt_ahandle = ah;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_buf = buf;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_len = len;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_result = result;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_flags = 0;
+}
+
+/* exs__evq_post_xfer with evq->lock held (evq.c): every case; unlocks. */
+void exs__evq_post_xfer_locked(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
+                               size_t len, ssize_t result);
+
+/* exs__evq_post_xfer (evq.h), inline: the event goes into the ring under one hold of the
+ * lock; a dead queue (exs_fini's orphan) and one whose descriptors someone watches
+ * (exs_qfd called, a sleeper) go the whole way (evq.c). */
+static inline __attribute__((always_inline)) void
+exs__evq_post_xfer_now(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
+                       size_t len, ssize_t result)
+{
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    if (__builtin_expect(evq->dead | evq->exposed | evq->sleepers, 0)) {
+        exs__evq_post_xfer_locked(evq, type, fd, ah, buf, len, result);
+        return;
+    }
+    EXS_ASSERT(exs__evq_reserved(evq) > 0);
+    exs__evq_xfer_fill(exs__evq_tail(evq), type, fd, ah, buf, len, result);
+    __atomic_store_n(&evq->queued, evq->queued + 1, __ATOMIC_RELEASE);
+    EXS_DATA(API, "evq %d: event type %d fd %d errno 0, %d queued", evq->handle, type, fd,
+             evq->queued);
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+}
 
 #endif /* EXS_API_EVQ_INT_H */

@@ -306,16 +306,6 @@ static void kfd_rest_locked(struct kfd *k)
     exs__api_kfd_count_locked(k);
 }
 
-void exs__api_kfd_lock(struct kfd *k)
-{
-    EXS_LITE_LOCK(&k->lock, EXS_LOCK_SOCK);
-}
-
-void exs__api_kfd_unlock(struct kfd *k)
-{
-    EXS_LITE_UNLOCK(&k->lock, EXS_LOCK_SOCK);
-}
-
 static void kfd_op_free(struct kfd_op *op)
 {
     if (op->mreg)
@@ -824,6 +814,124 @@ void exs__api_kfd_submit(struct kfd *k, struct kfd_op *op)
     exs__api_kfd_put(k);
 }
 
+/* The rest of a send or receive whose call holds k (attached, locked) and a slot in evq,
+ * after its first try (now: a send() was made, now_done bytes of it written, now_err its
+ * error): the operation is made, queued and run. Unlocks k; returns as the call. */
+static int kfd_xfer_rest_locked(struct kfd *k, struct exs_evq *evq, void *buf, size_t len,
+                                int flags, int sync, exs_qhandle_t q, exs_ahandle_t ah, int recv,
+                                struct api_mreg *m, struct api_bounce *b, int now, size_t now_done,
+                                int now_err)
+{
+    struct kfd_op *op = exs__evq_op_alloc(sizeof(*op));
+    exs_event_t ev;
+    int err;
+
+    if (!op) {
+        exs__api_kfd_unlock(k);
+        exs__evq_unreserve(evq);
+        if (m)
+            exs__api_mreg_release(m);
+        if (b)
+            exs__api_bounce_free(b);
+        return exs__api_sync_fail(sync, q, ENOMEM);
+    }
+    op->type = recv ? EXS_EVT_RECV : EXS_EVT_SEND;
+    op->ah = ah;
+    op->evq = evq;
+    exs_list_init(&op->link);
+    __atomic_fetch_add(&kfd_live, 1, __ATOMIC_RELAXED);
+    op->buf = buf;
+    op->len = len;
+    op->done = now_done;
+    op->flags = flags & MSG_WAITALL;
+    op->mreg = m;
+    op->bounce = b;
+    if (!sync && (err = exs__api_kfd_to_start_locked(k, op))) {
+        exs__api_kfd_unlock(k);
+        exs__api_kfd_op_drop(op); /* releases the registration and the bounce buffer */
+        return exs__api_sync_fail(sync, q, err);
+    }
+    if (recv)
+        k->n_recv++;
+    else
+        k->n_send++;
+    k->posting = op;
+    k->posting_err = 0;
+    exs_list_add_tail(recv ? &k->recvq : &k->sendq, &op->link);
+    if (now && !now_err) {
+        k->io_want |= EV_WRITE; /* the socket is full: wait for room */
+    } else {
+        if (now_err)
+            kfd_send_err_locked(k, now_err);
+        exs__api_kfd_run_locked(k);
+    }
+    exs__api_kfd_update_locked(k);
+    k->posting = NULL;
+    err = k->posting_err;
+    exs__api_kfd_unlock(k);
+    if (err)
+        return exs__api_sync_fail(sync, q, err); /* op ended without its event */
+    if (exs__api_call_end(sync, q, &ev))
+        return -1;
+    return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
+}
+
+/*
+ * exs_send's first look (xfer.c), before anything else of the call: an asynchronous send
+ * on a kernel socket already checked, with no option set and nothing queued before it,
+ * as exs__api_kfd_xfer's trusted send makes it (one send(), its event posted into the slot
+ * reserved, no operation made), with none of that call's other work. Anything else goes
+ * the whole way, untouched (exs__api_send_slow, which answers every error); a send() that
+ * does not complete at once goes on as in exs__api_kfd_xfer. Returns as exs_send.
+ * The number is no libexs socket (exs_send looked at the socket table's slot first:
+ * exs_socket and an accept fill it before the number is returned), and not one inherited
+ * across fork (the child's table of kfds starts empty, and a number is marked inherited
+ * only then).
+ */
+int exs__api_kfd_send_fast(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q,
+                           exs_ahandle_t ah, exs_mhandle_t mh)
+{
+    struct kfd_tabv *t = __atomic_load_n(&kfd_tabv, __ATOMIC_ACQUIRE);
+    struct api_mreg *m = NULL;
+    struct exs_evq *evq;
+    struct kfd *k;
+    ssize_t n;
+
+    if (!t || (unsigned)fd >= (unsigned)t->len || (flags & ~(MSG_NOSIGNAL | MSG_DONTWAIT)) ||
+        (!buf && len) || len > SSIZE_MAX || q == EXS_QHANDLE_INVALID)
+        goto slow;
+    k = __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE);
+    if (!k || (mh != EXS_MHANDLE_UNREGISTERED && exs__api_mreg_hold(mh, buf, len, &m)))
+        goto slow;
+    exs__api_kfd_lock(k);
+    /* fd's (attached: the table's reference keeps it while locked), trusted (as in
+     * exs__api_kfd_xfer), nothing queued (so n_send is 0), and a slot */
+    if (!k->attached || k->fd != fd || !k->known || exs__api_kfd_has_opts(k) || k->err ||
+        k->file_busy || !exs_list_empty(&k->sendq) || !exs__params.sock_max_ops ||
+        exs__evq_reserve_q(q, &evq)) {
+        exs__api_kfd_unlock(k);
+        if (m)
+            exs__api_mreg_release(m);
+        goto slow;
+    }
+    do
+        n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)len) {
+        EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno 0", fd, EXS_EVT_SEND, ah, n);
+        exs__evq_post_xfer_now(evq, EXS_EVT_SEND, fd, ah, (void *)(uintptr_t)buf, len, n);
+        exs__api_kfd_unlock(k);
+        if (m)
+            exs__api_mreg_release(m);
+        return 0;
+    }
+    return kfd_xfer_rest_locked(k, evq, (void *)(uintptr_t)buf, len, flags, 0, q, ah, 0, m, NULL, 1,
+                                n > 0 ? (size_t)n : 0,
+                                n < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0);
+slow:
+    return exs__api_send_slow(fd, buf, len, flags, q, ah, mh);
+}
+
 int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
                       exs_mhandle_t mh, int recv, struct api_bounce *b)
 {
@@ -831,7 +939,6 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
     int err, sync = q == EXS_QHANDLE_INVALID;
     struct api_mreg *m = NULL;
     struct exs_evq *evq;
-    struct kfd_op *op;
     struct kfd *k;
     exs_event_t ev;
 
@@ -901,57 +1008,17 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
             exs__api_kfd_unlock(k);
             if (m)
                 exs__api_mreg_release(m);
-            goto out;
+            if (exs__api_call_end(sync, q, &ev))
+                return -1;
+            return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
         }
         if (n > 0)
             now_done = (size_t)n;
         else if (errno != EAGAIN && errno != EWOULDBLOCK)
             now_err = errno;
     }
-    op = exs__evq_op_alloc(sizeof(*op));
-    if (!op) {
-        err = ENOMEM;
-        goto err_k;
-    }
-    op->type = recv ? EXS_EVT_RECV : EXS_EVT_SEND;
-    op->ah = ah;
-    op->evq = evq;
-    exs_list_init(&op->link);
-    __atomic_fetch_add(&kfd_live, 1, __ATOMIC_RELAXED);
-    op->buf = buf;
-    op->len = len;
-    op->done = now_done;
-    op->flags = flags & MSG_WAITALL;
-    op->mreg = m;
-    op->bounce = b;
-    m = NULL;
-    b = NULL;
-    if (!sync && (err = exs__api_kfd_to_start_locked(k, op))) {
-        exs__api_kfd_unlock(k);
-        exs__api_kfd_op_drop(op); /* releases the registration and the bounce buffer */
-        return exs__api_sync_fail(sync, q, err);
-    }
-    (*count)++;
-    k->posting = op;
-    k->posting_err = 0;
-    exs_list_add_tail(recv ? &k->recvq : &k->sendq, &op->link);
-    if (now && !now_err) {
-        k->io_want |= EV_WRITE; /* the socket is full: wait for room */
-    } else {
-        if (now_err)
-            kfd_send_err_locked(k, now_err);
-        exs__api_kfd_run_locked(k);
-    }
-    exs__api_kfd_update_locked(k);
-    k->posting = NULL;
-    err = k->posting_err;
-    exs__api_kfd_unlock(k);
-    if (err)
-        return exs__api_sync_fail(sync, q, err); /* op ended without its event */
-out:
-    if (exs__api_call_end(sync, q, &ev))
-        return -1;
-    return sync ? (int)ev.exs_evt_u.exs_evt_xfer.exs_evt_result : 0;
+    return kfd_xfer_rest_locked(k, evq, buf, len, flags, sync, q, ah, recv, m, b, now, now_done,
+                                now_err);
 
 err_k:
     exs__api_kfd_unlock(k);

@@ -22,6 +22,13 @@ struct api_bounce;
  * mh are ignored; b is taken in any case). */
 int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
                       exs_mhandle_t mh, int recv, struct api_bounce *b);
+/* exs_send: first an asynchronous send on a kernel socket already checked that can
+ * complete at once (kfd.c, before anything else); anything else goes on to
+ * exs__api_send_slow (xfer.c), the whole way. Both return as exs_send. */
+int exs__api_kfd_send_fast(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q,
+                           exs_ahandle_t ah, exs_mhandle_t mh);
+int exs__api_send_slow(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q,
+                       exs_ahandle_t ah, exs_mhandle_t mh);
 int exs__api_kfd_shutdown(int fd, int how, exs_qhandle_t q, exs_ahandle_t ah);
 int exs__api_kfd_close(int fd, exs_qhandle_t q, exs_ahandle_t ah);
 int exs__api_kfd_cancel(int fd, exs_ahandle_t ah, int flags);

@@ -86,7 +86,6 @@ struct kfd *exs__api_kfd_get_locked(int fd, int *err_p);
 struct kfd *exs__api_kfd_get_locked2(int fd, int create, int *err_p);
 void exs__api_kfd_idle_locked(struct kfd *k);
 int exs__api_kfd_is_stream(int fd);
-void exs__api_kfd_lock(struct kfd *k);
 void exs__api_kfd_op_drop(struct kfd_op *op);
 void exs__api_kfd_op_finish_locked(struct kfd *k, struct kfd_op *op, ssize_t result, int err);
 struct kfd_op *exs__api_kfd_op_new(int type, int sync, exs_qhandle_t *q, exs_ahandle_t ah,
@@ -95,8 +94,18 @@ void exs__api_kfd_put(struct kfd *k);
 void exs__api_kfd_ref(struct kfd *k);
 void exs__api_kfd_run_locked(struct kfd *k);
 void exs__api_kfd_submit(struct kfd *k, struct kfd_op *op);
-void exs__api_kfd_unlock(struct kfd *k);
 void exs__api_kfd_update_locked(struct kfd *k);
+
+/* k->lock (a futex mutex, inline: the send's hot path takes it). */
+static inline void exs__api_kfd_lock(struct kfd *k)
+{
+    EXS_LITE_LOCK(&k->lock, EXS_LOCK_SOCK);
+}
+
+static inline void exs__api_kfd_unlock(struct kfd *k)
+{
+    EXS_LITE_UNLOCK(&k->lock, EXS_LOCK_SOCK);
+}
 
 /* kfd_opt.c: SO_ASYNC_*_TIMEOUT notices */
 /* 1 while k keeps an option (k->lock held). */

@@ -19,7 +19,7 @@ struct exs_lite_lock {
 void exs__lite_lock_wait(struct exs_lite_lock *l);
 void exs__lite_lock_wake(struct exs_lite_lock *l);
 
-static inline void exs__lite_lock(struct exs_lite_lock *l)
+static inline __attribute__((always_inline)) void exs__lite_lock(struct exs_lite_lock *l)
 {
     int c = 0;
 
@@ -27,7 +27,15 @@ static inline void exs__lite_lock(struct exs_lite_lock *l)
         exs__lite_lock_wait(l);
 }
 
-static inline void exs__lite_unlock(struct exs_lite_lock *l)
+/* 1 when l was free and is now taken (no wait); the caller makes EXS_LOCK_ACQUIRE's check. */
+static inline __attribute__((always_inline)) int exs__lite_trylock(struct exs_lite_lock *l)
+{
+    int c = 0;
+
+    return __atomic_compare_exchange_n(&l->v, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+static inline __attribute__((always_inline)) void exs__lite_unlock(struct exs_lite_lock *l)
 {
     if (__atomic_exchange_n(&l->v, 0, __ATOMIC_RELEASE) == 2)
         exs__lite_lock_wake(l);

@@ -25,20 +25,12 @@
  * and takes the lock only when the slot holds a socket: a kernel socket's call (issue 27)
  * costs no lock here. A grown table keeps its old array for such readers until exs_fini. */
 static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
-struct sock_tabv {
-    struct sock_tabv *old; /* the array this one replaced */
-    int len;
-    struct api_sock *e[];
-};
-static struct sock_tabv *tabv;
+struct sock_tabv *exs__api_sock_tabv; /* api_int.h (exs__api_sock_at) */
+#define tabv exs__api_sock_tabv
 static struct api_sock **tab;
 static int tab_len;
-static int sock_live;
-
-int exs__api_sock_live(void)
-{
-    return __atomic_load_n(&sock_live, __ATOMIC_RELAXED);
-}
+int exs__api_sock_nlive; /* api_int.h (exs__api_sock_live) */
+#define sock_live exs__api_sock_nlive
 
 void exs__api_sock_ref(struct api_sock *s)
 {

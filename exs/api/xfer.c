@@ -677,10 +677,23 @@ int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, i
     return xfer_post(fd, NULL, 0, flags, q, ah, EXS_MHANDLE_UNREGISTERED, recv, b);
 }
 
+/* exs_send the whole way: what exs__api_kfd_send_fast (kfd.c) did not take. */
+__attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t len, int flags,
+                                                 exs_qhandle_t q, exs_ahandle_t ah,
+                                                 exs_mhandle_t mh)
+{
+    return xfer_post(fd, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
+}
+
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
              exs_mhandle_t mh)
 {
-    return xfer_post(fd, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
+    /* a libexs socket's goes the whole way at once; a kernel socket's that completes at
+     * once is done in exs__api_kfd_send_fast, which sends the rest back to
+     * exs__api_send_slow (tail calls: no frame of exs_send's own) */
+    if (exs__api_sock_at(fd))
+        return exs__api_send_slow(fd, buf, len, flags, q, ah, mh);
+    return exs__api_kfd_send_fast(fd, buf, len, flags, q, ah, mh);
 }
 
 int exs_recv(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,

@@ -6,12 +6,18 @@
  * afresh; a send the kernel takes at once goes where send() would put it. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/net_tstamp.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <poll.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/exs.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -409,13 +415,288 @@ START_TEST(test_kfdc_dequeue_no_clock)
 }
 END_TEST
 
+/* exs_send's first look (kfd.c, exs__api_kfd_send_fast) on a trusted kernel socket takes
+ * only what it can finish: a libexs socket made on the number after the application
+ * closed the kernel socket gets the send as a libexs socket (ENOTCONN before it is
+ * connected), not as the kernel socket's (ENOTSOCK, found by the send() on its eventfd);
+ * and every argument or queue error is the whole way's, with nothing written and the
+ * registration released. */
+START_TEST(test_kfdc_fast_look)
+{
+    struct it_buf *buf;
+    exs_qhandle_t q, q1;
+    exs_event_t ev;
+    int a, b, n, s = -1, extra[64], nextra = 0;
+    char got[64];
+
+    it_init();
+    q = it_qcreate(8);
+    q1 = it_qcreate(1);
+    buf = it_buf_new(64, 1);
+    it_tcp_pair(&a, &b, 0, 0);
+    send_one(q, a, b, 'x'); /* trusted now */
+    /* a registered buffer: held while the send runs, released at once with its event */
+    IT_POST_SEND(a, buf->p, 64, q, AH(1), buf->mh);
+    it_expect_send(q, a, AH(1), 64);
+    IT_EXPECT_OK(exs_mderegister(buf->mh));
+    buf->mh = exs_mregister(buf->p, buf->len, 0);
+    ck_assert_int_ge(buf->mh, 0);
+    ck_assert_int_eq(recv(b, got, 64, MSG_WAITALL), 64);
+    /* the whole way's errors, nothing written */
+    IT_EXPECT_FAIL(exs_send(a, buf->p, 64, MSG_OOB, q, AH(2), buf->mh), EINVAL);
+    IT_EXPECT_FAIL(exs_send(a, buf->p, 65, 0, q, AH(2), buf->mh), EINVAL); /* beyond mh */
+    IT_EXPECT_FAIL(exs_send(a, buf->p, 64, 0, q, AH(2), EXS_MHANDLE_INVALID), EINVAL);
+    IT_EXPECT_FAIL(exs_send(a, NULL, 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED), EINVAL);
+    IT_EXPECT_FAIL(exs_send(a, buf->p, 64, 0, 12345, AH(2), buf->mh), EINVAL);
+    IT_EXPECT_FAIL(
+        exs_send(a, buf->p, (size_t)SSIZE_MAX + 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED),
+        EMSGSIZE);
+    IT_POST_SEND(a, buf->p, 1, q1, AH(3), buf->mh); /* q1 full now */
+    IT_EXPECT_FAIL(exs_send(a, buf->p, 1, 0, q1, AH(4), buf->mh), EAGAIN);
+    /* neither holds the registration now: the first one was written at once */
+    IT_EXPECT_OK(exs_mderegister(buf->mh));
+    buf->mh = exs_mregister(buf->p, buf->len, 0);
+    ck_assert_int_ge(buf->mh, 0);
+    ck_assert_int_eq(exs_qdequeue(q1, &ev, 1, NULL), 1);
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 1);
+    ck_assert_int_eq(recv(b, got, 1, MSG_WAITALL), 1);
+    expect_nothing(b);
+    it_expect_no_event(q, 20);
+    /* a libexs socket on the number (exs_socket's eventfd takes the lowest free one) */
+    n = a;
+    ck_assert_int_eq(close(a), 0);
+    while (nextra < 64) {
+        s = exs_socket(AF_INET, SOCK_STREAM, 0);
+        ck_assert_int_ge(s, 0);
+        if (s == n)
+            break;
+        extra[nextra++] = s;
+    }
+    ck_assert_int_eq(s, n);
+    IT_EXPECT_FAIL(exs_send(n, "z", 1, 0, q, AH(5), EXS_MHANDLE_UNREGISTERED), ENOTCONN);
+    IT_EXPECT_FAIL(exs_send(n, buf->p, 1, 0, q, AH(5), buf->mh), ENOTCONN);
+    it_expect_no_event(q, 20);
+    IT_EXPECT_OK(exs_close(n, EXS_QHANDLE_INVALID, AH(6)));
+    for (int i = 0; i < nextra; i++)
+        IT_EXPECT_OK(exs_close(extra[i], EXS_QHANDLE_INVALID, AH(6)));
+    ck_assert_int_eq(recv(b, got, 1, MSG_DONTWAIT), 0); /* the end, no 'z' */
+    close(b);
+    it_buf_free(buf);
+    it_kfd_settle(q);
+    it_qdelete(q1);
+    it_qdelete(q);
+}
+END_TEST
+
+/* A thread asleep in exs_qdequeue wakes for a send that completes at once (its event is
+ * posted inline, kfd.c: the sleeper makes the post go the whole way, which writes the
+ * queue's descriptor), and exs_qfd is readable after one. */
+struct kfdc_waiter {
+    exs_qhandle_t q;
+    int got;
+    exs_event_t ev;
+    struct timespec end;
+};
+
+static void *kfdc_wait(void *arg)
+{
+    static const struct timespec ts_10s = {10, 0};
+    struct kfdc_waiter *w = arg;
+
+    w->got = exs_qdequeue(w->q, &w->ev, 1, &ts_10s);
+    clock_gettime(CLOCK_MONOTONIC, &w->end);
+    return NULL;
+}
+
+START_TEST(test_kfdc_fast_wakes)
+{
+    struct kfdc_waiter w = {0};
+    struct pollfd pfd;
+    exs_qhandle_t q, qx;
+    exs_event_t ev;
+    pthread_t t;
+    int a, b;
+    char got[4];
+
+    it_init();
+    q = it_qcreate(8);
+    qx = it_qcreate(8);
+    it_tcp_pair(&a, &b, 0, 0);
+    send_one(q, a, b, 'x'); /* trusted now */
+    /* a sleeper (NOTIFY: no spin), woken by the send */
+    IT_EXPECT_OK(exs_qsetwait(q, EXS_WAIT_NOTIFY, 0));
+    w.q = q;
+    ck_assert_int_eq(pthread_create(&t, NULL, kfdc_wait, &w), 0);
+    usleep(200 * 1000); /* asleep by now (else it finds the event at its first look) */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(exs_send(a, "y", 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    double waited = (double)(w.end.tv_sec - t0.tv_sec) + (double)(w.end.tv_nsec - t0.tv_nsec) / 1e9;
+    ck_assert_msg(w.got == 1 && waited < 3.0, "the sleeper got %d events %.3f s after the send",
+                  w.got, waited);
+    ck_assert_ptr_eq(w.ev.exs_evt_ahandle, AH(2));
+    /* the queue's descriptor, exposed: readable after the send, not after the dequeue */
+    pfd.fd = exs_qfd(qx);
+    pfd.events = POLLIN;
+    ck_assert_int_ge(pfd.fd, 0);
+    ck_assert_int_eq(poll(&pfd, 1, 0), 0);
+    ck_assert_int_eq(exs_send(a, "z", 1, 0, qx, AH(3), EXS_MHANDLE_UNREGISTERED), 0);
+    ck_assert_int_eq(poll(&pfd, 1, 0), 1);
+    ck_assert_int_eq(exs_qdequeue(qx, &ev, 1, NULL), 1);
+    ck_assert_ptr_eq(ev.exs_evt_ahandle, AH(3));
+    ck_assert_int_eq(poll(&pfd, 1, 0), 0);
+    ck_assert_int_eq(recv(b, got, 2, MSG_WAITALL), 2);
+    close(a);
+    close(b);
+    it_kfd_settle(q);
+    it_qdelete(qx);
+    it_qdelete(q);
+}
+END_TEST
+
+/* Several threads send on one kernel socket and dequeue one shared queue at once, each
+ * with up to KFDC_OUT sends outstanding, against a slow reader, so that some sends
+ * complete in their call (exs_send's hot path) and others wait queued (partly written,
+ * too) behind them: every message reaches the peer whole, each thread's in its posting
+ * order, and every send has exactly one event. */
+#define KFDC_T   4
+#define KFDC_MSG 200
+#define KFDC_OUT 8
+
+struct kfdc_mt {
+    int fd;
+    exs_qhandle_t q;
+    int rounds;
+    int tid;
+    int bad;   /* atomic */
+    int *out;  /* atomic: sends outstanding, per thread */
+    int *evts; /* atomic: events dequeued, per thread (by ahandle) */
+    int *done; /* atomic: events dequeued, all */
+};
+
+static void kfdc_mt_fill(uint8_t *m, int tid, uint32_t seq)
+{
+    m[0] = (uint8_t)tid;
+    memcpy(m + 1, &seq, sizeof(seq));
+    for (int i = 5; i < KFDC_MSG; i++)
+        m[i] = (uint8_t)(tid * 31 + seq + (uint32_t)i);
+}
+
+static void *kfdc_mt_sender(void *arg)
+{
+    static const struct timespec ts_1ms = {0, 1000000};
+    struct kfdc_mt *c = arg;
+    uint8_t *bufs = malloc((size_t)c->rounds * KFDC_MSG);
+    int posted = 0, all = KFDC_T * c->rounds;
+    exs_event_t ev;
+
+    if (!bufs)
+        return __atomic_store_n(&c->bad, 1, __ATOMIC_RELAXED), NULL;
+    while (__atomic_load_n(c->done, __ATOMIC_RELAXED) < all &&
+           !__atomic_load_n(&c->bad, __ATOMIC_RELAXED)) {
+        if (posted < c->rounds && __atomic_load_n(&c->out[c->tid], __ATOMIC_RELAXED) < KFDC_OUT) {
+            uint8_t *m = bufs + (size_t)posted * KFDC_MSG;
+
+            kfdc_mt_fill(m, c->tid, (uint32_t)posted);
+            __atomic_fetch_add(&c->out[c->tid], 1, __ATOMIC_RELAXED);
+            if (exs_send(c->fd, m, KFDC_MSG, 0, c->q, AH(100 + c->tid), EXS_MHANDLE_UNREGISTERED)) {
+                __atomic_store_n(&c->bad, 1, __ATOMIC_RELAXED);
+                break;
+            }
+            posted++;
+            continue;
+        }
+        int n = exs_qdequeue(c->q, &ev, 1, &ts_1ms);
+
+        if (n == 0)
+            continue;
+        int t = (int)(uintptr_t)ev.exs_evt_ahandle - 100;
+        if (n != 1 || ev.exs_evt_errno || ev.exs_evt_type != EXS_EVT_SEND ||
+            ev.exs_evt_u.exs_evt_xfer.exs_evt_result != KFDC_MSG || t < 0 || t >= KFDC_T) {
+            __atomic_store_n(&c->bad, 1, __ATOMIC_RELAXED);
+            break;
+        }
+        __atomic_fetch_add(&c->evts[t], 1, __ATOMIC_RELAXED);
+        __atomic_fetch_sub(&c->out[t], 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(c->done, 1, __ATOMIC_RELAXED);
+    }
+    /* the buffers stay until every event of this thread's sends came (to any thread) */
+    while (__atomic_load_n(&c->evts[c->tid], __ATOMIC_RELAXED) < posted &&
+           !__atomic_load_n(&c->bad, __ATOMIC_RELAXED))
+        sched_yield();
+    free(bufs);
+    return NULL;
+}
+
+START_TEST(test_kfdc_fast_threads)
+{
+    struct kfdc_mt c[KFDC_T];
+    int evts[KFDC_T] = {0}, out[KFDC_T] = {0}, done = 0, bad = 0;
+    uint32_t next[KFDC_T] = {0};
+    pthread_t th[KFDC_T];
+    exs_qhandle_t q;
+    int a, b, rounds = 2000;
+    size_t total = (size_t)KFDC_T * (size_t)rounds * KFDC_MSG, got = 0;
+    uint8_t *stream = malloc(total);
+
+    ck_assert_ptr_nonnull(stream);
+    it_init();
+    q = it_qcreate(KFDC_T * KFDC_OUT);
+    it_tcp_pair(&a, &b, 4096, 4096);
+    int one = 1; /* no Nagle: small writes with a window this small wait for delayed ACKs */
+    ck_assert_int_eq(setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)), 0);
+    for (int t = 0; t < KFDC_T; t++) {
+        c[t] = (struct kfdc_mt){
+            .fd = a, .q = q, .rounds = rounds, .tid = t, .out = out, .evts = evts, .done = &done};
+        ck_assert_int_eq(pthread_create(&th[t], NULL, kfdc_mt_sender, &c[t]), 0);
+    }
+    /* a slow reader: the socket fills now and then, and sends wait queued */
+    while (got < total) {
+        ssize_t n = recv(b, stream + got, total - got < 1000 ? total - got : 1000, 0);
+
+        ck_assert_int_gt(n, 0);
+        got += (size_t)n;
+        usleep(200);
+    }
+    for (int t = 0; t < KFDC_T; t++) {
+        ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+        bad |= c[t].bad;
+    }
+    ck_assert_int_eq(bad, 0);
+    for (int t = 0; t < KFDC_T; t++)
+        ck_assert_int_eq(evts[t], rounds);
+    for (size_t off = 0; off < total; off += KFDC_MSG) {
+        uint8_t want[KFDC_MSG];
+        int t = stream[off];
+        uint32_t seq;
+
+        ck_assert_int_lt(t, KFDC_T);
+        memcpy(&seq, stream + off + 1, sizeof(seq));
+        ck_assert_msg(seq == next[t], "thread %d: message %u where %u was due (offset %zu)", t, seq,
+                      next[t], off);
+        next[t]++;
+        kfdc_mt_fill(want, t, seq);
+        ck_assert_msg(!memcmp(want, stream + off, KFDC_MSG), "message at %zu not whole", off);
+    }
+    expect_nothing(b);
+    it_expect_no_event(q, 20);
+    free(stream);
+    close(a);
+    close(b);
+    it_kfd_settle(q);
+    it_qdelete(q);
+}
+END_TEST
+
 Suite *integ_kfdcache_suite(void)
 {
     Suite *s = suite_create("integ_kfdcache");
 
     it_suite_add(s, "kfdcache", IT_CASE_TIMEOUT, 1,
-                 (const TTest *const[]){test_kfdc_closed_and_files, test_kfdc_other_sockets,
-                                        test_kfdc_other_tcp, test_kfdc_table_race,
-                                        test_kfdc_tx_timestamp, test_kfdc_dequeue_no_clock, NULL});
+                 (const TTest *const[]){
+                     test_kfdc_closed_and_files, test_kfdc_other_sockets, test_kfdc_other_tcp,
+                     test_kfdc_table_race, test_kfdc_tx_timestamp, test_kfdc_dequeue_no_clock,
+                     test_kfdc_fast_look, test_kfdc_fast_wakes, test_kfdc_fast_threads, NULL});
     return s;
 }

@@ -787,7 +787,7 @@ struct race_ctx {
     int deleted;     /* atomic: q's exs_qdelete returned 0 */
     int stop;        /* atomic */
     int bad;         /* atomic: a reservation held across a successful delete */
-    long reserved;
+    long reserved;   /* atomic */
 };
 
 static void *race_reserver(void *arg)
@@ -800,7 +800,7 @@ static void *race_reserver(void *arg)
 
         if (exs__evq_reserve_handle(q, &evq))
             continue;
-        c->reserved++;
+        __atomic_add_fetch(&c->reserved, 1, __ATOMIC_RELAXED);
         for (int i = 0; i < 16; i++)
             sched_yield();
         if (__atomic_load_n(&c->deleted, __ATOMIC_ACQUIRE) &&
@@ -820,7 +820,10 @@ START_TEST(test_reserve_delete_race)
     c.q = exs_qcreate(4);
     ck_assert_int_gt(c.q, 0);
     ck_assert_int_eq(pthread_create(&t, NULL, race_reserver, &c), 0);
-    for (int i = 0; i < 300; i++) {
+    /* 300 rounds, and on (bounded) until the reserver has reserved once: on a loaded
+     * machine it may not run at all during the first 300 */
+    for (int i = 0; i < 300 || (!__atomic_load_n(&c.reserved, __ATOMIC_RELAXED) && i < 300000);
+         i++) {
         exs_qhandle_t q = c.q, n;
         struct exs_evq *evq;
 
