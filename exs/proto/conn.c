@@ -38,7 +38,10 @@ static const struct exs_counter_desc proto_counter_desc[] = {
     EXS_COUNTER(struct exs_proto_counters, writes_inline,
                 "data writes small enough to go inline in the work request (no DMA read)"),
     EXS_COUNTER(struct exs_proto_counters, posts_fast,
-                "sends put on the wire straight from the post, without a progress pass"),
+                "sends that took the post's fast path, without a progress pass (SEQPACKET: "
+                "on the wire from the post; STREAM: copied into a run held behind a ring write)"),
+    EXS_COUNTER(struct exs_proto_counters, kicks_tx,
+                "runs of data-write completions that took the send side's pass alone"),
 };
 
 static struct exs_counter_set proto_cset = {
@@ -499,13 +502,6 @@ static void conn_wrq_free_locked(struct exs_conn *conn)
     while ((n = exs_list_pop_head(&conn->wrq)))
         free(exs_list_entry(n, struct conn_wrq_ent, link));
     conn->wrq_count = 0;
-}
-
-uint32_t exs__conn_frag_size(void)
-{
-    uint64_t f = __atomic_load_n(&exs__params.frag_size, __ATOMIC_RELAXED);
-
-    return f ? (uint32_t)f : UINT32_MAX; /* 0: the tunables were never loaded (unit tests) */
 }
 
 /* Owed credits that make the receiver send a standalone ACK (§3.1): EXS_ACK_EVERY, by

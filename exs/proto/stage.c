@@ -30,6 +30,23 @@ struct stage_op {
     uint64_t end; /* buffer position just past its bytes */
 };
 
+/* Internal ops kept per connection for the next copied run (a burst of small sends makes
+ * one op per ring write: a calloc and a free each, before); at most STAGE_KEEP, freed
+ * with the send buffer. */
+#define STAGE_KEEP 4u
+#define STAGE_RELEASED ((uint32_t)-1)
+
+static void stage_op_put(struct exs_conn *conn, struct stage_op *so)
+{
+    if (conn->stg_free_n >= STAGE_KEEP) { /* (STAGE_RELEASED too) */
+        free(so);
+        return;
+    }
+    memcpy(so, &conn->stg_free, sizeof(void *));
+    conn->stg_free = so;
+    conn->stg_free_n++;
+}
+
 static void stage_op_done(struct exs_op *op)
 {
     struct stage_op *so = exs_container_of(op, struct stage_op, op);
@@ -40,15 +57,22 @@ static void stage_op_done(struct exs_op *op)
         conn->stg_head = so->end;
     if (conn->stg_last == op)
         conn->stg_last = NULL;
-    free(so);
+    stage_op_put(conn, so);
 }
 
 static struct stage_op *stage_op_new(struct exs_conn *conn, enum exs_op_kind kind)
 {
-    struct stage_op *so = calloc(1, sizeof(*so));
+    struct stage_op *so = conn->stg_free;
 
-    if (!so)
-        return NULL;
+    if (so && conn->stg_free_n != STAGE_RELEASED) {
+        memcpy(&conn->stg_free, so, sizeof(void *));
+        conn->stg_free_n--;
+        memset(so, 0, sizeof(*so));
+    } else {
+        so = calloc(1, sizeof(*so));
+        if (!so)
+            return NULL;
+    }
     so->conn = conn;
     so->op.kind = kind;
     so->op.state = EXS_OPS_QUEUED;
@@ -233,4 +257,12 @@ void exs__stage_release_locked(struct exs_conn *conn)
         exs__conn_mem_free(conn->stg_mem);
     conn->stg_mem = NULL;
     conn->stg_last = NULL;
+    while (conn->stg_free && conn->stg_free_n != STAGE_RELEASED) {
+        void *so = conn->stg_free;
+
+        memcpy(&conn->stg_free, so, sizeof(void *));
+        free(so);
+    }
+    conn->stg_free = NULL;
+    conn->stg_free_n = STAGE_RELEASED; /* an op handed back after this is freed */
 }

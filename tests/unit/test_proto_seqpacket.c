@@ -220,6 +220,45 @@ START_TEST(sp_post_fast_threshold)
 }
 END_TEST
 
+/* A run of data-write completions takes the send side's pass alone (spec/proto-layout.md,
+ * "A run of send completions"; counter proto kicks_tx): the sends it finished are handed
+ * back, and sends held behind the ring write in flight (batching, §6.1) go with that
+ * pass. A run with a receive in it takes the full kick (the counter does not move for
+ * the receiver's runs). */
+START_TEST(sp_tx_run_send_side)
+{
+    static uint8_t sb[3][64], rb[3][64];
+    struct pt_op s[3], r[3];
+    uint64_t c0 = EXS_CNT_GET(exs__proto_cnt.kicks_tx), c1;
+
+    for (int i = 0; i < 3; i++)
+        recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+    pt_run(&pp);
+    c1 = EXS_CNT_GET(exs__proto_cnt.kicks_tx);
+    ck_assert_uint_eq(c1, c0); /* receives posted, nothing sent: no data-write run */
+    /* the first goes alone; the two after it wait behind its ring write */
+    for (int i = 0; i < 3; i++)
+        send_msg(&s[i], &pp.a, sb[i], sizeof(sb[i]), 70u * (unsigned)i);
+    ck_assert_int_eq(s[0].op.state, EXS_OPS_POSTED);
+    ck_assert_int_eq(s[1].op.state, EXS_OPS_QUEUED);
+    ck_assert_int_eq(s[2].op.state, EXS_OPS_QUEUED);
+    pt_run(&pp);
+    for (int i = 0; i < 3; i++) {
+        pt_assert_done(&s[i], (ssize_t)sizeof(sb[i]), 0);
+        pt_assert_done(&r[i], (ssize_t)sizeof(rb[i]), 0);
+        ck_assert(pt_check(rb[i], sizeof(rb[i]), 70u * (unsigned)i));
+        ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
+    }
+    /* the first write's run sent the batch, the batch's run handed back the last two: at
+     * least those two runs were the sender's data writes alone */
+    ck_assert_uint_ge(EXS_CNT_GET(exs__proto_cnt.kicks_tx), c1 + 2);
+    for (int i = 0; i < 3; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
 /* A small send that finds the peer's ring full is announced: the fast path leaves it to
  * the progress pass, which flushes the ANNOUNCE record (it does not count as fast). */
 START_TEST(sp_post_fast_announced)
@@ -1021,6 +1060,7 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_post_fast_keeps_order);
     tcase_add_test(tc, sp_post_fast_threshold);
     tcase_add_test(tc, sp_post_fast_announced);
+    tcase_add_test(tc, sp_tx_run_send_side);
     tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
     tcase_add_loop_test(tc, sp_dead_announced_in_place, 0, 2);
     tcase_add_loop_test(tc, sp_caps_honoured, 0, 2);

@@ -14,6 +14,10 @@
 
 #define SHM_RING_MASK ((uint64_t)SHM_RING_BYTES - 1)
 
+_Static_assert(SHM_RING_BYTES % SHM_SLOT == 0 && SHM_REC_HDR <= SHM_SLOT &&
+                   sizeof(struct shm_rec) == SHM_REC_HDR,
+               "a record's header never wraps around the ring's end");
+
 #if defined(__SANITIZE_THREAD__)
 int exs__shm_tsan_token;
 #endif
@@ -166,43 +170,48 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
                          const struct exs_prov_sge *sge, const void *payload, uint64_t tail)
 {
     struct shm_rsge rs[SHM_MAX_SGE];
-    struct shm_rec rec;
+    struct shm_rec *rec;
     int inl = wr->opcode != EXS_PROV_WR_RDMA_READ && (wr->inl || wr->len <= SHM_RING_INLINE);
     int nrs = inl ? 0 : shm_sge_to_rsge(rs, sge, wr->num_sge);
     uint32_t size = shm_roundup(SHM_REC_HDR + (inl ? wr->len : (uint32_t)(nrs * sizeof(rs[0]))));
+    uint8_t type, flags = 0;
     uint64_t pos;
 
     if (conn->head - tail + size > SHM_RING_BYTES)
         return -ENOSPC;
-    memset(&rec, 0, sizeof(rec));
     switch (wr->opcode) {
     case EXS_PROV_WR_SEND_WITH_IMM:
-        rec.flags = SHM_RF_IMM;
+        flags = SHM_RF_IMM;
         /* fall through */
     case EXS_PROV_WR_SEND:
-        rec.type = SHM_REC_SEND;
+        type = SHM_REC_SEND;
         break;
     case EXS_PROV_WR_RDMA_WRITE_WITH_IMM:
-        rec.flags = SHM_RF_IMM;
+        flags = SHM_RF_IMM;
         /* fall through */
     case EXS_PROV_WR_RDMA_WRITE:
-        rec.type = SHM_REC_WRITE;
+        type = SHM_REC_WRITE;
         break;
     default:
-        rec.type = SHM_REC_READ;
+        type = SHM_REC_READ;
         break;
     }
     if (inl)
-        rec.flags |= SHM_RF_INLINE;
-    rec.nsge = (uint8_t)nrs;
-    rec.psn = ep->snd_nxt;
-    rec.len = wr->len;
-    rec.imm = wr->imm;
-    rec.raddr = wr->raddr;
-    rec.rkey = wr->rkey;
-    rec.size = size;
+        flags |= SHM_RF_INLINE;
+    /* the header is written in place: records start on a slot and the ring is a whole
+     * number of slots, so its 32 bytes never wrap (no local copy, memset and memcpy) */
     pos = conn->head;
-    shm_ring_put(conn->tx_ring, pos, &rec, sizeof(rec));
+    rec = (struct shm_rec *)(void *)(conn->tx_ring + (pos & SHM_RING_MASK));
+    rec->type = type;
+    rec->flags = flags;
+    rec->nsge = (uint8_t)nrs;
+    rec->rsvd = 0;
+    rec->psn = ep->snd_nxt;
+    rec->len = wr->len;
+    rec->imm = wr->imm;
+    rec->raddr = wr->raddr;
+    rec->rkey = wr->rkey;
+    rec->size = size;
     pos += SHM_REC_HDR;
     if (payload) {
         shm_ring_put(conn->tx_ring, pos, payload, wr->len);
@@ -937,7 +946,8 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
             bad = "ring head";
             break;
         }
-        shm_ring_get(&rec, conn->rx_ring, conn->tail, sizeof(rec));
+        /* (a header never wraps: one fixed-size copy, no call) */
+        memcpy(&rec, conn->rx_ring + (conn->tail & SHM_RING_MASK), sizeof(rec));
         SHM_ONCE();
         bad = shm_rec_check(conn, &rec, head - conn->tail);
         if (bad)
