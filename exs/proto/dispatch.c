@@ -424,7 +424,8 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
 }
 
 /* A completion from the provider: a send work request leaves the cap's count. */
-static void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
+static inline void conn_on_prov_cqe_locked(struct exs_conn *conn,
+                                           const struct exs_prov_cqe *cqe)
 {
     if (cqe->opcode == EXS_PROV_WC_GRANT && !cqe->wr_id && cqe->status == EXS_PROV_WC_SUCCESS)
         return; /* a held op's grant may end now: the pass after this run delivers it */

@@ -410,10 +410,16 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
     struct shm_ctx *ctx = ep->ctx;
     struct exs_soft_rwr *rwr;
     uint64_t len;
-    int pooled, ret = exs__soft_rwr_check(in, ctx->base.caps.max_sge, &len);
+    int pooled, ret;
 
-    if (ret)
-        return ret;
+    /* the common receive, one sge: checked and summed here, without the calls */
+    if (EXS_LIKELY(in && in->num_sge == 1 && in->sg_list)) {
+        len = in->sg_list[0].length;
+    } else {
+        ret = exs__soft_rwr_check(in, ctx->base.caps.max_sge, &len);
+        if (ret)
+            return ret;
+    }
     pooled = in->num_sge <= SHM_RWR_POOL_SGE;
     /* checked, filled and queued in one hold of ctx->lock, which also guards the pool */
     pthread_mutex_lock(&ctx->lock);
@@ -426,7 +432,14 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
             return -ENOMEM;
         pthread_mutex_lock(&ctx->lock);
     }
-    exs__soft_rwr_fill(rwr, in, len);
+    if (in->num_sge == 1) { /* exs__soft_rwr_fill's, for one sge */
+        rwr->wr_id = in->wr_id;
+        rwr->num_sge = 1;
+        rwr->len = len;
+        rwr->sge[0] = in->sg_list[0];
+    } else {
+        exs__soft_rwr_fill(rwr, in, len);
+    }
     rwr->pooled = (uint8_t)pooled;
     rwr->bad =
         exs__shm_check_local_locked(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
