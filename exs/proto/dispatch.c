@@ -424,8 +424,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
 }
 
 /* A completion from the provider: a send work request leaves the cap's count. */
-static inline void conn_on_prov_cqe_locked(struct exs_conn *conn,
-                                           const struct exs_prov_cqe *cqe)
+static inline void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
     if (cqe->opcode == EXS_PROV_WC_GRANT && !cqe->wr_id && cqe->status == EXS_PROV_WC_SUCCESS)
         return; /* a held op's grant may end now: the pass after this run delivers it */
@@ -444,10 +443,10 @@ static inline void conn_on_prov_cqe_locked(struct exs_conn *conn,
  * control sends and the application's receives, which all kick in full. */
 static int conn_cqe_tx_only(const struct exs_prov_cqe *cqe)
 {
-    unsigned tag = cqe->wr_id & WR_TAG_MASK;
+    const unsigned tx = 1u << WR_TAG_DATA | 1u << WR_TAG_RING | 1u << WR_TAG_BATCH;
 
-    return cqe->status == EXS_PROV_WC_SUCCESS && cqe->opcode != EXS_PROV_WC_GRANT &&
-           (tag == WR_TAG_DATA || tag == WR_TAG_RING || tag == WR_TAG_BATCH);
+    return (tx >> (cqe->wr_id & WR_TAG_MASK) & 1u) && cqe->status == EXS_PROV_WC_SUCCESS &&
+           cqe->opcode != EXS_PROV_WC_GRANT;
 }
 
 /* After a run of completions of conn: queued work requests into the room they made,
@@ -520,7 +519,8 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
 
         EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
         for (j = i; j < n && cqe[j].ep->user == conn; j++) {
-            tx_only &= conn_cqe_tx_only(&cqe[j]);
+            if (tx_only)
+                tx_only = conn_cqe_tx_only(&cqe[j]);
             conn_on_prov_cqe_locked(conn, &cqe[j]);
         }
         conn_heard_locked(conn, &now);

@@ -33,7 +33,7 @@ struct stage_op {
 /* Internal ops kept per connection for the next copied run (a burst of small sends makes
  * one op per ring write: a calloc and a free each, before); at most STAGE_KEEP, freed
  * with the send buffer. */
-#define STAGE_KEEP 4u
+#define STAGE_KEEP     4u
 #define STAGE_RELEASED ((uint32_t)-1)
 
 static void stage_op_put(struct exs_conn *conn, struct stage_op *so)
@@ -212,18 +212,6 @@ void exs__stage_refill_locked(struct exs_conn *conn)
             return; /* this one waits (zero-copy, or for room): look again later */
     }
     conn->stg_pending = 0; /* every send is copied or on its way */
-}
-
-uint32_t exs__stage_cap(const struct exs_conn *conn)
-{
-    return EXS_MAX(exs__conn_frag_size(), conn->p.copy_max);
-}
-
-int exs__stage_hold_locked(struct exs_conn *conn, const struct exs_op *op)
-{
-    return op->internal && op->kind == EXS_OP_SEND && op == conn->stg_last &&
-           op->state == EXS_OPS_QUEUED && !op->posted && conn->ring_wr_out && !conn->batch_now &&
-           op->len < exs__stage_cap(conn) && conn->state == EXS_CONN_CONNECTED;
 }
 
 int exs__stage_pending_locked(const struct exs_conn *conn)
