@@ -38,10 +38,7 @@ static const struct exs_counter_desc proto_counter_desc[] = {
     EXS_COUNTER(struct exs_proto_counters, writes_inline,
                 "data writes small enough to go inline in the work request (no DMA read)"),
     EXS_COUNTER(struct exs_proto_counters, posts_fast,
-                "sends that took the post's fast path, without a progress pass (SEQPACKET: "
-                "on the wire from the post; STREAM: copied into a run held behind a ring write)"),
-    EXS_COUNTER(struct exs_proto_counters, kicks_tx,
-                "runs of data-write completions that took the send side's pass alone"),
+                "sends put on the wire straight from the post, without a progress pass"),
 };
 
 static struct exs_counter_set proto_cset = {

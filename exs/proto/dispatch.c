@@ -470,7 +470,7 @@ static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
         /* (a resume request on trial or a new path's wait for RESUME take the full
          * kick: exs__conn_kick_tx_locked falls back to it off CONNECTED) */
         if (tx_only && !conn->resume.pend) {
-            EXS_CNT_INC(exs__proto_cnt.kicks_tx);
+            conn->kicks_tx++;
             exs__conn_kick_tx_locked(conn);
         } else {
             exs__conn_kick_locked(conn);

@@ -332,6 +332,11 @@ struct exs_conn {
     void *stg_free;              /* internal ops kept for reuse (stage.c): no calloc and
                                   * free per copied run; NULL: none */
     uint32_t stg_free_n;         /* how many; (uint32_t)-1 once released: none kept */
+    /* cost cuts taken (conn->lock; plain counts, not process counters: a locked add per
+     * message is what they save): STREAM posts handed back by delivery alone, runs of
+     * data-write completions that took the send side's kick alone (proto-layout.md) */
+    uint64_t posts_staged_fast;
+    uint64_t kicks_tx;
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t dl_start_ns;                 /* connect / accept began (handshake deadline) */
@@ -465,8 +470,7 @@ struct exs_proto_counters {
     uint64_t rnr_events;    /* receiver-not-ready completions: must stay 0 (§3.1) */
     uint64_t nops_sent;     /* NOPs sent by the window check */
     uint64_t writes_inline; /* data writes posted EXS_PROV_SEND_INLINE (<= max_inline) */
-    uint64_t posts_fast;    /* sends that took the post's fast path (no progress pass) */
-    uint64_t kicks_tx;      /* runs of data-write completions that took the send side's pass */
+    uint64_t posts_fast;    /* sends put on the wire by the post's fast path */
 };
 extern struct exs_proto_counters exs__proto_cnt;
 

@@ -9,7 +9,6 @@
 
 #include "exs/proto/proto_int.h"
 #include "exs/proto/reqtrace.h"
-#include "exs/util/counters.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -713,7 +712,7 @@ static int st_post_fast(struct exs_conn *conn, struct exs_op *op)
     if (op->state != EXS_OPS_DONE || !last || last->len <= op->len || conn->ctrl_len ||
         conn->resume.peer_wait || !exs__stage_hold_locked(conn, last) || st_advert_head(conn))
         return 0;
-    EXS_CNT_INC(exs__proto_cnt.posts_fast);
+    conn->posts_staged_fast++;
     exs__conn_deliver_locked(conn);
     return 1;
 }

@@ -221,7 +221,7 @@ START_TEST(sp_post_fast_threshold)
 END_TEST
 
 /* A run of data-write completions takes the send side's pass alone (spec/proto-layout.md,
- * "A run of send completions"; counter proto kicks_tx): the sends it finished are handed
+ * "A run of send completions"; exs_conn.kicks_tx counts them): the sends it finished are handed
  * back, and sends held behind the ring write in flight (batching, §6.1) go with that
  * pass. A run with a receive in it takes the full kick (the counter does not move for
  * the receiver's runs). */
@@ -229,12 +229,12 @@ START_TEST(sp_tx_run_send_side)
 {
     static uint8_t sb[3][64], rb[3][64];
     struct pt_op s[3], r[3];
-    uint64_t c0 = EXS_CNT_GET(exs__proto_cnt.kicks_tx), c1;
+    uint64_t c0 = pp.a.conn->kicks_tx + pp.b.conn->kicks_tx, c1;
 
     for (int i = 0; i < 3; i++)
         recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
     pt_run(&pp);
-    c1 = EXS_CNT_GET(exs__proto_cnt.kicks_tx);
+    c1 = pp.a.conn->kicks_tx + pp.b.conn->kicks_tx;
     ck_assert_uint_eq(c1, c0); /* receives posted, nothing sent: no data-write run */
     /* the first goes alone; the two after it wait behind its ring write */
     for (int i = 0; i < 3; i++)
@@ -251,7 +251,7 @@ START_TEST(sp_tx_run_send_side)
     }
     /* the first write's run sent the batch, the batch's run handed back the last two: at
      * least those two runs were the sender's data writes alone */
-    ck_assert_uint_ge(EXS_CNT_GET(exs__proto_cnt.kicks_tx), c1 + 2);
+    ck_assert_uint_ge(pp.a.conn->kicks_tx, c1 + 2);
     for (int i = 0; i < 3; i++) {
         pt_op_fini(&s[i]);
         pt_op_fini(&r[i]);

@@ -930,9 +930,9 @@ END_TEST
 
 /* The post's fast path of STREAM (spec/proto-layout.md): a small send whose copy joins
  * the run held behind the ring write in flight is handed back by the posting call with
- * delivery alone (counter proto posts_fast), in posting order; the first send (its own
- * write) and the second (a new run, never held before) take the kick. The bytes arrive
- * whole and in order, and the held run goes when the write in flight completes. */
+ * delivery alone (exs_conn.posts_staged_fast counts them), in posting order; the first send (its
+ * own write) and the second (a new run, never held before) take the kick. The bytes arrive whole
+ * and in order, and the held run goes when the write in flight completes. */
 START_TEST(st_post_fast_held_run)
 {
     enum { N = 8, LEN = 100 };
@@ -941,13 +941,12 @@ START_TEST(st_post_fast_held_run)
     uint64_t c0;
 
     st_pair(EXS_XFER_DYNAMIC, EXS_XFER_DYNAMIC, 8192, 1024);
-    c0 = EXS_CNT_GET(exs__proto_cnt.posts_fast);
+    c0 = pp.a.conn->posts_staged_fast;
     for (int i = 0; i < N; i++) {
         st_send(&s[i], &pp.a, sb[i], LEN, (uint64_t)i * LEN);
         pt_assert_done(&s[i], LEN, 0); /* copied: handed back in the posting call */
         ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
-        ck_assert_uint_eq(EXS_CNT_GET(exs__proto_cnt.posts_fast),
-                          c0 + (i < 2 ? 0 : (uint64_t)i - 1));
+        ck_assert_uint_eq(pp.a.conn->posts_staged_fast, c0 + (i < 2 ? 0 : (uint64_t)i - 1));
     }
     ck_assert_uint_eq(pp.a.conn->ring_wr_out, 1); /* the first run's write */
     ck_assert_uint_eq(pp.a.conn->stg_last->len, (uint64_t)(N - 1) * LEN); /* held */

@@ -236,7 +236,7 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
     struct epoll_event evs[64];
     int did = 0, n;
 
-    EXS_CNT_INC(ctx->cnt.turns);
+    SHM_CNT_INC_OWNED(ctx->cnt.turns); /* (nic_lock) */
     if (ctx->manual) {
         /* armed is set under nic_lock (ours) and ctx->lock, cleared under ctx->lock only
          * (a notification, a disarm): a plain atomic look sees what a locked one would */
@@ -269,7 +269,7 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
         int found = 0;
 
         ctx->idle_turns = 0;
-        EXS_CNT_INC(ctx->cnt.collects);
+        SHM_CNT_INC_OWNED(ctx->cnt.collects);
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
         for (int i = 0; i < n; i++) {
             /* a conn ended by an earlier event of this batch is DEAD, not freed yet */

@@ -229,8 +229,8 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
     conn->head += size;
     SHM_TSAN_RELEASE();
     __atomic_store_n(&conn->mine->head, conn->head, __ATOMIC_SEQ_CST);
-    EXS_CNT_INC(ep->ctx->cnt.recs_tx);
-    EXS_CNT_ADD(ep->ctx->cnt.bytes_tx, wr->len);
+    SHM_CNT_INC_OWNED(ep->ctx->cnt.recs_tx); /* (ctx->lock) */
+    SHM_CNT_ADD_OWNED(ep->ctx->cnt.bytes_tx, wr->len);
     return 0;
 }
 
@@ -783,8 +783,8 @@ static int shm_do_inline(struct shm_conn *conn, const struct shm_rec *rec, uint6
         return shm_refuse(conn, rec->psn, syn);
     }
     h->recs++;
-    EXS_CNT_INC(ctx->cnt.inline_rx);
-    EXS_CNT_ADD(ctx->cnt.bytes_rx, rec->len);
+    SHM_CNT_INC_OWNED(ctx->cnt.inline_rx); /* (nic_lock) */
+    SHM_CNT_ADD_OWNED(ctx->cnt.bytes_rx, rec->len);
     return 1;
 }
 
@@ -797,7 +797,7 @@ static int shm_copy(struct shm_conn *conn, int to_peer, const struct shm_rsge *l
     int b = shm_iov_slice(riov, SHM_MAX_SGE, rs, nr, off, n);
     ssize_t got;
 
-    EXS_CNT_INC(conn->ctx->cnt.copies);
+    SHM_CNT_INC_OWNED(conn->ctx->cnt.copies); /* (nic_lock) */
     got = to_peer ? process_vm_writev(conn->pid, liov, (unsigned long)a, riov, (unsigned long)b, 0)
                   : process_vm_readv(conn->pid, liov, (unsigned long)a, riov, (unsigned long)b, 0);
     if (got == (ssize_t)n)
@@ -878,7 +878,7 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
             return shm_copy_failed(conn, ret);
         }
         shm_recv_done(conn, rwr, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, rec->len, rec);
-        EXS_CNT_ADD(ctx->cnt.bytes_rx, rec->len);
+        SHM_CNT_ADD_OWNED(ctx->cnt.bytes_rx, rec->len);
         return 1;
     }
     /* WRITE (with or without a receive) or READ: the key, then one copy under the fence */
@@ -904,7 +904,7 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
             }
             return shm_copy_failed(conn, ret);
         }
-        EXS_CNT_ADD(ctx->cnt.bytes_rx, rec->len);
+        SHM_CNT_ADD_OWNED(ctx->cnt.bytes_rx, rec->len);
     }
     if (rwr)
         shm_recv_done(conn, rwr, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV_RDMA_WITH_IMM, rec->len,
@@ -994,7 +994,7 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
                 continue; /* RNR_EXC: the held request is dropped on the next pass */
             }
             conn->ack = rec.psn + 1;
-            EXS_CNT_INC(conn->ctx->cnt.recs_rx);
+            SHM_CNT_INC_OWNED(conn->ctx->cnt.recs_rx); /* (nic_lock) */
         }
         conn->tail += rec.size;
         conn->rcv_nxt++;
