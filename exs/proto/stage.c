@@ -130,10 +130,15 @@ static int stage_appendable(const struct exs_conn *conn, const struct exs_list *
  * 1 when copied (op finished), 0 when the buffer has no room or memory. */
 static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
 {
-    uint64_t size = conn->p.sndbuf, off = conn->stg_tail % size, pad = 0;
+    uint64_t size = conn->p.sndbuf, off, pad = 0;
     struct stage_op *so;
+    uint8_t *dst;
 
-    if (!stage_appendable(conn, &op->link, op->len)) {
+    if (stage_appendable(conn, &op->link, op->len)) {
+        /* the run's bytes end at stg_tail, inside the buffer (appendable): no division */
+        dst = conn->stg_last->buf + conn->stg_last->len;
+    } else {
+        off = conn->stg_tail % size;
         if (off + op->len > size)
             pad = size - off; /* a copy never wraps: it starts again at 0 */
         if (conn->stg_tail + pad + op->len - conn->stg_head > size)
@@ -148,8 +153,9 @@ static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
         so->op.lkey = conn->stg_mem->lkey;
         exs_list_add_tail(&op->link, &so->op.link); /* right before op */
         conn->stg_last = &so->op;
+        dst = so->op.buf;
     }
-    memcpy((uint8_t *)conn->stg_mem->addr + off, op->buf, op->len);
+    memcpy(dst, op->buf, op->len);
     conn->stg_last->len += op->len;
     conn->stg_tail += op->len;
     exs_container_of(conn->stg_last, struct stage_op, op)->end = conn->stg_tail;
@@ -161,7 +167,7 @@ static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
     return 1;
 }
 
-static int stage_eligible(const struct exs_conn *conn, const struct exs_op *op)
+static inline int stage_eligible(const struct exs_conn *conn, const struct exs_op *op)
 {
     return op->kind == EXS_OP_SEND && !op->internal && op->state == EXS_OPS_QUEUED && !op->posted &&
            !op->inflight && !op->cancel && op->len && op->len <= conn->p.copy_max && !op->rt;
