@@ -963,6 +963,40 @@ START_TEST(st_post_fast_held_run)
 }
 END_TEST
 
+/* The send buffer's internal ops are kept for reuse (stage.c, STAGE_KEEP): after a burst
+ * of copies has gone out, some are kept; a second burst takes them again (none left over
+ * while its runs are outstanding), and the close frees them (pt_close_both: nothing
+ * leaks under ASan). */
+START_TEST(st_stage_ops_reused)
+{
+    enum { N = 8, LEN = 100 };
+    static uint8_t sb[N][LEN], rb[2 * N * LEN];
+    struct pt_op s[2][N], r;
+
+    st_pair(EXS_XFER_DYNAMIC, EXS_XFER_DYNAMIC, 8192, 1024);
+    ck_assert_uint_eq(pp.a.conn->stg_free_n, 0);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < N; i++) {
+            st_send(&s[k][i], &pp.a, sb[i], LEN, ((uint64_t)k * N + (uint64_t)i) * LEN);
+            pt_assert_done(&s[k][i], LEN, 0);
+        }
+        if (k == 1)
+            ck_assert_uint_eq(pp.a.conn->stg_free_n, 0); /* the first burst's, taken again */
+        pt_run(&pp);
+        ck_assert_uint_ge(pp.a.conn->stg_free_n, 2); /* the two runs, back */
+        ck_assert_uint_le(pp.a.conn->stg_free_n, 4);
+    }
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_run(&pp);
+    pt_assert_done(&r, (ssize_t)sizeof(rb), 0);
+    ck_assert(pt_check(rb, sizeof(rb), 0));
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < N; i++)
+            pt_op_fini(&s[k][i]);
+    pt_op_fini(&r);
+}
+END_TEST
+
 Suite *proto_stream_suite(void)
 {
     Suite *s = suite_create("proto_stream");
@@ -995,6 +1029,7 @@ Suite *proto_stream_suite(void)
     tcase_add_test(tc, st_xfer_direct_only_vs_indirect_only);
     tcase_add_test(tc, st_deliver_copies_run);
     tcase_add_test(tc, st_post_fast_held_run);
+    tcase_add_test(tc, st_stage_ops_reused);
     suite_add_tcase(s, tc);
     return s;
 }
