@@ -138,7 +138,7 @@ static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
         /* the run's bytes end at stg_tail, inside the buffer (appendable): no division */
         dst = conn->stg_last->buf + conn->stg_last->len;
     } else {
-        off = conn->stg_tail % size;
+        off = exs__pos_mod(conn->stg_tail, size);
         if (off + op->len > size)
             pad = size - off; /* a copy never wraps: it starts again at 0 */
         if (conn->stg_tail + pad + op->len - conn->stg_head > size)
@@ -147,7 +147,7 @@ static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
         if (!so)
             return 0;
         conn->stg_tail += pad;
-        off = conn->stg_tail % size;
+        off = exs__pos_mod(conn->stg_tail, size);
         so->op.buf = (uint8_t *)conn->stg_mem->addr + off;
         so->op.mr = conn->stg_mem;
         so->op.lkey = conn->stg_mem->lkey;

@@ -182,7 +182,7 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || used >= size ||
             st_ring_deferred(conn))
             return 0;
-        off = (uint32_t)(conn->wr_tail % size);
+        off = (uint32_t)exs__pos_mod(conn->wr_tail, size);
         if (PHASE_IS_DIRECT(conn->stream.ps))
             st_set_phase(conn, conn->stream.ps + 1); /* now indirect */
         lw = (uint32_t)EXS_MIN(left, (size_t)EXS_MIN(size - used, (uint64_t)(size - off)));
@@ -215,7 +215,7 @@ static int st_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || st_advert_head(conn) ||
         st_ring_deferred(conn))
         return 0;
-    room = used >= size ? 0 : EXS_MIN(size - used, (uint64_t)(size - conn->wr_tail % size));
+    room = used >= size ? 0 : EXS_MIN(size - used, size - exs__pos_mod(conn->wr_tail, size));
     if (bytes + op->len > room)
         return -1;
     *rec_p = op->len > UINT32_MAX ? UINT32_MAX : (uint32_t)op->len;
