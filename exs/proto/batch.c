@@ -199,16 +199,16 @@ static enum batch_verdict batch_post_locked(struct exs_conn *conn, const struct 
     if (conn->dp->bytes) {
         /* the run fits the contiguous ring room (st_batch_fit) */
         conn->dp->batch_ring_write(conn);
-        raddr = conn->peer.ring_addr + conn->wr_tail % size;
+        raddr = conn->peer.ring_addr + exs__pos_mod(conn->wr_tail, size);
         used = run->bytes;
         imm = exs_imm_make(EXS_IMM_INDIRECT, 0, exs__conn_take_owed_imm_locked(conn), 0);
     } else {
-        uint32_t off = (uint32_t)(conn->wr_tail % size);
+        uint32_t off = (uint32_t)exs__pos_mod(conn->wr_tail, size);
         uint32_t slot_len = exs__seqpkt_slot_len(run->bytes);
 
         skip = off + slot_len > size ? size - off : 0;
         used = skip + slot_len;
-        raddr = conn->peer.ring_addr + (conn->wr_tail + skip) % size;
+        raddr = conn->peer.ring_addr + exs__pos_mod(conn->wr_tail + skip, size);
         imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, exs__conn_take_owed_imm_locked(conn),
                            run->n);
     }

@@ -501,13 +501,6 @@ static void conn_wrq_free_locked(struct exs_conn *conn)
     conn->wrq_count = 0;
 }
 
-uint32_t exs__conn_frag_size(void)
-{
-    uint64_t f = __atomic_load_n(&exs__params.frag_size, __ATOMIC_RELAXED);
-
-    return f ? (uint32_t)f : UINT32_MAX; /* 0: the tunables were never loaded (unit tests) */
-}
-
 /* Owed credits that make the receiver send a standalone ACK (§3.1): EXS_ACK_EVERY, by
  * default half the credits; at least 2 (an ACK answering an ACK would never end) and at
  * most n - 1, so a sender whose window is full always gets its credits back. */

@@ -8,6 +8,7 @@
 
 #include "exs/proto/proto.h"
 #include "exs/proto/mem.h"
+#include "exs/util/params.h"
 
 /* wr_id tags in the low 3 bits (every tagged object is at least 8-byte aligned). */
 enum {
@@ -64,8 +65,9 @@ struct exs_datapath {
     /* a send op just queued: copied into the send buffer (§7.5)? 1 yes */
     int (*stage_send)(struct exs_conn *conn, struct exs_op *op);
     /* a send op just queued, the conn CONNECTED: put it on the wire at once when it is
-     * the first op that needs sending and goes alone (spec/proto-layout.md, "The post's
-     * fast path"); 1: it did, and the kick would do nothing more */
+     * the first op that needs sending and goes alone (SEQPACKET), or hand it back when
+     * its copy joined a run held behind a ring write (STREAM) (spec/proto-layout.md,
+     * "The post's fast path"); 1: it did, and the kick would do nothing more */
     int (*post_fast)(struct exs_conn *conn, struct exs_op *op);
     /* the ring's periodic look (§7.4): ms until due again, 0: none */
     uint64_t (*ring_timer)(struct exs_conn *conn, uint64_t now_us);
@@ -119,8 +121,22 @@ extern const struct exs_datapath exs__seqpkt_path; /* seqpacket.c */
 #define CONN_CTRL_INLINE 128u
 
 /* conn.c */
-/* EXS_FRAG_SIZE now: the largest data write of one transfer (§6.2). */
-uint32_t exs__conn_frag_size(void);
+/* pos % size for a ring or buffer position (size not 0): a mask when size is a power of
+ * two, as the default ring (EXS_RING_SIZE) and send buffer (EXS_SNDBUF) are, so the data
+ * path's per-message placements make no 64-bit division (tens of cycles each). */
+static inline uint64_t exs__pos_mod(uint64_t pos, uint64_t size)
+{
+    return (size & (size - 1)) ? pos % size : pos & (size - 1);
+}
+
+/* EXS_FRAG_SIZE now: the largest data write of one transfer (§6.2). Inline: the STREAM
+ * send path asks several times per small send. */
+static inline uint32_t exs__conn_frag_size(void)
+{
+    uint64_t f = __atomic_load_n(&exs__params.frag_size, __ATOMIC_RELAXED);
+
+    return f ? (uint32_t)f : UINT32_MAX; /* 0: the tunables were never loaded (unit tests) */
+}
 /* A forked child (exs__proto_fork_child): no connection of the parent's counts as live. */
 void exs__conn_fork_child(void);
 /* Post a send work request (at most one sge) to the conn's endpoint, or queue it behind

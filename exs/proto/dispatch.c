@@ -424,7 +424,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
 }
 
 /* A completion from the provider: a send work request leaves the cap's count. */
-static void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
+static inline void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
     if (cqe->opcode == EXS_PROV_WC_GRANT && !cqe->wr_id && cqe->status == EXS_PROV_WC_SUCCESS)
         return; /* a held op's grant may end now: the pass after this run delivers it */
@@ -435,9 +435,24 @@ static void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct exs_prov
     exs__conn_on_cqe_locked(conn, cqe);
 }
 
+/* A completion whose run may take the send side's pass alone (spec/proto-layout.md, "A
+ * run of send completions"): a data write (DATA, RING, BATCH) that succeeded. It finishes
+ * send ops (delivery), frees ring writes in flight and batch slots (the send side), and
+ * changes no input of the receive side, the keepalive answer or the control flush:
+ * credits, control slots, owed credits and ring positions move only with receives,
+ * control sends and the application's receives, which all kick in full. */
+static int conn_cqe_tx_only(const struct exs_prov_cqe *cqe)
+{
+    const unsigned tx = 1u << WR_TAG_DATA | 1u << WR_TAG_RING | 1u << WR_TAG_BATCH;
+
+    return (tx >> (cqe->wr_id & WR_TAG_MASK) & 1u) && cqe->status == EXS_PROV_WC_SUCCESS &&
+           cqe->opcode != EXS_PROV_WC_GRANT;
+}
+
 /* After a run of completions of conn: queued work requests into the room they made,
- * progress once, and the end once drained. */
-static void conn_after_cqes_locked(struct exs_conn *conn)
+ * progress once (the send side's alone after a run of data writes only, tx_only), and
+ * the end once drained. */
+static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
 {
     if (conn->wrq_count) {
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
@@ -451,8 +466,16 @@ static void conn_after_cqes_locked(struct exs_conn *conn)
         if (conn->state == EXS_CONN_DEAD)
             return;
     }
-    if (conn->state != EXS_CONN_DEAD)
-        exs__conn_kick_locked(conn);
+    if (conn->state != EXS_CONN_DEAD) {
+        /* (a resume request on trial or a new path's wait for RESUME take the full
+         * kick: exs__conn_kick_tx_locked falls back to it off CONNECTED) */
+        if (tx_only && !conn->resume.pend) {
+            conn->kicks_tx++;
+            exs__conn_kick_tx_locked(conn);
+        } else {
+            exs__conn_kick_locked(conn);
+        }
+    }
     if (conn->state == EXS_CONN_DRAINING && !conn->wr_out) {
         /* the last completion before the end: every byte that arrived was seen */
         exs__conn_dead_locked(conn, conn->disc_err, "drained");
@@ -479,7 +502,7 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
     EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
     conn_on_prov_cqe_locked(conn, cqe);
     conn_heard_locked(conn, &now);
-    conn_after_cqes_locked(conn);
+    conn_after_cqes_locked(conn, conn_cqe_tx_only(cqe));
     EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
@@ -492,11 +515,16 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
 
         /* a run of completions of one conn: one lock, one progress pass (one ACK
          * decision, one walk of the queues, one delivery) for all of them */
+        int tx_only = 1;
+
         EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
-        for (j = i; j < n && cqe[j].ep->user == conn; j++)
+        for (j = i; j < n && cqe[j].ep->user == conn; j++) {
+            if (tx_only)
+                tx_only = conn_cqe_tx_only(&cqe[j]);
             conn_on_prov_cqe_locked(conn, &cqe[j]);
+        }
         conn_heard_locked(conn, &now);
-        conn_after_cqes_locked(conn);
+        conn_after_cqes_locked(conn, tx_only);
         EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     }
     exs__resume_evict_run(); /* connections a cut made give up (§9.2, The wait) */

@@ -329,6 +329,14 @@ struct exs_conn {
     struct exs_op *stg_last;     /* the newest internal send op, NULL: none */
     int stg_pending;             /* a send that may be copied waits (no room
                                   * yet, or an earlier send waits): refill */
+    void *stg_free;              /* internal ops kept for reuse (stage.c): no calloc and
+                                  * free per copied run; NULL: none */
+    uint32_t stg_free_n;         /* how many; (uint32_t)-1 once released: none kept */
+    /* cost cuts taken (conn->lock; plain counts, not process counters: a locked add per
+     * message is what they save): STREAM posts handed back by delivery alone, runs of
+     * data-write completions that took the send side's kick alone (proto-layout.md) */
+    uint64_t posts_staged_fast;
+    uint64_t kicks_tx;
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t dl_start_ns;                 /* connect / accept began (handshake deadline) */

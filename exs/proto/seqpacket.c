@@ -19,7 +19,7 @@
 static void sp_ring_place(uint64_t pos, uint32_t size, uint32_t len, uint32_t *skip_p,
                           uint32_t *slot_p)
 {
-    uint32_t off = (uint32_t)(pos % size);
+    uint32_t off = (uint32_t)exs__pos_mod(pos, size);
     uint32_t slot = exs__seqpkt_slot_len(len);
 
     *skip_p = off + slot > size ? size - off : 0;
@@ -200,7 +200,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
                 return 0;
             if (!exs__conn_can_spend_locked(conn))
                 return 0;
-            uint64_t off = (conn->wr_tail + skip) % conn->peer.ring_size;
+            uint64_t off = exs__pos_mod(conn->wr_tail + skip, conn->peer.ring_size);
             uint32_t imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM,
                                         exs__conn_take_owed_imm_locked(conn), 0);
             if (exs__conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
@@ -522,7 +522,7 @@ static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
     sp_ring_place(conn->rd_arrived, size, len, &skip, &slot);
     if (conn->rd_arrived + skip + slot - conn->rd_consumed > size)
         return sp_overrun(conn, len, skip + slot);
-    off = (uint32_t)((conn->rd_arrived + skip) % size);
+    off = (uint32_t)exs__pos_mod(conn->rd_arrived + skip, size);
     end = off + len;
     for (uint32_t o = off, l; o < end; o += exs_wire_batch_rec_size(l), count++) {
         err = sp_batch_rec(conn, conn->ring, o, end, &l);
@@ -578,7 +578,7 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
         if (!m)
             return err; /* -ENOBUFS (the budget) or -ENOMEM: not the peer's fault */
         conn->rd_arrived += skip;
-        m->addr = conn->rd_arrived % size;
+        m->addr = exs__pos_mod(conn->rd_arrived, size);
         m->len = len;
         conn->rd_arrived += slot;
         m->ring_end = conn->rd_arrived;

@@ -30,6 +30,23 @@ struct stage_op {
     uint64_t end; /* buffer position just past its bytes */
 };
 
+/* Internal ops kept per connection for the next copied run (a burst of small sends makes
+ * one op per ring write: a calloc and a free each, before); at most STAGE_KEEP, freed
+ * with the send buffer. */
+#define STAGE_KEEP     4u
+#define STAGE_RELEASED ((uint32_t)-1)
+
+static void stage_op_put(struct exs_conn *conn, struct stage_op *so)
+{
+    if (conn->stg_free_n >= STAGE_KEEP) { /* (STAGE_RELEASED too) */
+        free(so);
+        return;
+    }
+    memcpy(so, &conn->stg_free, sizeof(void *));
+    conn->stg_free = so;
+    conn->stg_free_n++;
+}
+
 static void stage_op_done(struct exs_op *op)
 {
     struct stage_op *so = exs_container_of(op, struct stage_op, op);
@@ -40,15 +57,22 @@ static void stage_op_done(struct exs_op *op)
         conn->stg_head = so->end;
     if (conn->stg_last == op)
         conn->stg_last = NULL;
-    free(so);
+    stage_op_put(conn, so);
 }
 
 static struct stage_op *stage_op_new(struct exs_conn *conn, enum exs_op_kind kind)
 {
-    struct stage_op *so = calloc(1, sizeof(*so));
+    struct stage_op *so = conn->stg_free;
 
-    if (!so)
-        return NULL;
+    if (so && conn->stg_free_n != STAGE_RELEASED) {
+        memcpy(&conn->stg_free, so, sizeof(void *));
+        conn->stg_free_n--;
+        memset(so, 0, sizeof(*so));
+    } else {
+        so = calloc(1, sizeof(*so));
+        if (!so)
+            return NULL;
+    }
     so->conn = conn;
     so->op.kind = kind;
     so->op.state = EXS_OPS_QUEUED;
@@ -106,10 +130,15 @@ static int stage_appendable(const struct exs_conn *conn, const struct exs_list *
  * 1 when copied (op finished), 0 when the buffer has no room or memory. */
 static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
 {
-    uint64_t size = conn->p.sndbuf, off = conn->stg_tail % size, pad = 0;
+    uint64_t size = conn->p.sndbuf, off, pad = 0;
     struct stage_op *so;
+    uint8_t *dst;
 
-    if (!stage_appendable(conn, &op->link, op->len)) {
+    if (stage_appendable(conn, &op->link, op->len)) {
+        /* the run's bytes end at stg_tail, inside the buffer (appendable): no division */
+        dst = conn->stg_last->buf + conn->stg_last->len;
+    } else {
+        off = exs__pos_mod(conn->stg_tail, size);
         if (off + op->len > size)
             pad = size - off; /* a copy never wraps: it starts again at 0 */
         if (conn->stg_tail + pad + op->len - conn->stg_head > size)
@@ -118,14 +147,15 @@ static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
         if (!so)
             return 0;
         conn->stg_tail += pad;
-        off = conn->stg_tail % size;
+        off = exs__pos_mod(conn->stg_tail, size);
         so->op.buf = (uint8_t *)conn->stg_mem->addr + off;
         so->op.mr = conn->stg_mem;
         so->op.lkey = conn->stg_mem->lkey;
         exs_list_add_tail(&op->link, &so->op.link); /* right before op */
         conn->stg_last = &so->op;
+        dst = so->op.buf;
     }
-    memcpy((uint8_t *)conn->stg_mem->addr + off, op->buf, op->len);
+    memcpy(dst, op->buf, op->len);
     conn->stg_last->len += op->len;
     conn->stg_tail += op->len;
     exs_container_of(conn->stg_last, struct stage_op, op)->end = conn->stg_tail;
@@ -137,7 +167,7 @@ static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
     return 1;
 }
 
-static int stage_eligible(const struct exs_conn *conn, const struct exs_op *op)
+static inline int stage_eligible(const struct exs_conn *conn, const struct exs_op *op)
 {
     return op->kind == EXS_OP_SEND && !op->internal && op->state == EXS_OPS_QUEUED && !op->posted &&
            !op->inflight && !op->cancel && op->len && op->len <= conn->p.copy_max && !op->rt;
@@ -190,18 +220,6 @@ void exs__stage_refill_locked(struct exs_conn *conn)
     conn->stg_pending = 0; /* every send is copied or on its way */
 }
 
-uint32_t exs__stage_cap(const struct exs_conn *conn)
-{
-    return EXS_MAX(exs__conn_frag_size(), conn->p.copy_max);
-}
-
-int exs__stage_hold_locked(struct exs_conn *conn, const struct exs_op *op)
-{
-    return op->internal && op->kind == EXS_OP_SEND && op == conn->stg_last &&
-           op->state == EXS_OPS_QUEUED && !op->posted && conn->ring_wr_out && !conn->batch_now &&
-           op->len < exs__stage_cap(conn) && conn->state == EXS_CONN_CONNECTED;
-}
-
 int exs__stage_pending_locked(const struct exs_conn *conn)
 {
     const struct exs_list *pos;
@@ -233,4 +251,12 @@ void exs__stage_release_locked(struct exs_conn *conn)
         exs__conn_mem_free(conn->stg_mem);
     conn->stg_mem = NULL;
     conn->stg_last = NULL;
+    while (conn->stg_free && conn->stg_free_n != STAGE_RELEASED) {
+        void *so = conn->stg_free;
+
+        memcpy(&conn->stg_free, so, sizeof(void *));
+        free(so);
+    }
+    conn->stg_free = NULL;
+    conn->stg_free_n = STAGE_RELEASED; /* an op handed back after this is freed */
 }

@@ -3,7 +3,9 @@
 #ifndef EXS_PROTO_STAGE_H
 #define EXS_PROTO_STAGE_H
 
+#include "exs/proto/conn.h"
 #include "exs/proto/proto.h"
+#include "exs/util/util.h"
 
 /* Copy send op, just queued in sendq, into the send buffer when it may be: then the op
  * is finished (handed back once no earlier send waits) and 1 is returned; else 0 and it
@@ -12,10 +14,19 @@ int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op);
 /* Copy queued sends that found the buffer full, now that bytes were released. */
 void exs__stage_refill_locked(struct exs_conn *conn);
 /* The most bytes one internal op gathers (a write's worth). */
-uint32_t exs__stage_cap(const struct exs_conn *conn);
+static inline uint32_t exs__stage_cap(const struct exs_conn *conn)
+{
+    return EXS_MAX(exs__conn_frag_size(), conn->p.copy_max);
+}
 /* Synchronization-ahead for the send buffer: op is the newest copy, not started, below
- * the cap, while a ring write is in flight: it waits for more copies (or that write). */
-int exs__stage_hold_locked(struct exs_conn *conn, const struct exs_op *op);
+ * the cap, while a ring write is in flight: it waits for more copies (or that write).
+ * (Inline: asked at every pass and at every STREAM post.) */
+static inline int exs__stage_hold_locked(struct exs_conn *conn, const struct exs_op *op)
+{
+    return op == conn->stg_last && op->internal && op->kind == EXS_OP_SEND &&
+           op->state == EXS_OPS_QUEUED && !op->posted && conn->ring_wr_out && !conn->batch_now &&
+           op->len < exs__stage_cap(conn) && conn->state == EXS_CONN_CONNECTED;
+}
 /* Is a copy not yet entirely on the wire? */
 int exs__stage_pending_locked(const struct exs_conn *conn);
 /* exs_close with copies not yet on the wire: queue the SHUTDOWN record behind them, as

@@ -182,7 +182,7 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
         if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || used >= size ||
             st_ring_deferred(conn))
             return 0;
-        off = (uint32_t)(conn->wr_tail % size);
+        off = (uint32_t)exs__pos_mod(conn->wr_tail, size);
         if (PHASE_IS_DIRECT(conn->stream.ps))
             st_set_phase(conn, conn->stream.ps + 1); /* now indirect */
         lw = (uint32_t)EXS_MIN(left, (size_t)EXS_MIN(size - used, (uint64_t)(size - off)));
@@ -215,7 +215,7 @@ static int st_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     if (!st_may_indirect(conn) || !size || !conn->peer_ring_keyed || st_advert_head(conn) ||
         st_ring_deferred(conn))
         return 0;
-    room = used >= size ? 0 : EXS_MIN(size - used, (uint64_t)(size - conn->wr_tail % size));
+    room = used >= size ? 0 : EXS_MIN(size - used, size - exs__pos_mod(conn->wr_tail, size));
     if (bytes + op->len > room)
         return -1;
     *rec_p = op->len > UINT32_MAX ? UINT32_MAX : (uint32_t)op->len;
@@ -698,6 +698,25 @@ static void st_release(struct exs_conn *conn)
     exs__stream_ring_release_locked(conn);
 }
 
+/* The post's fast path of STREAM (spec/proto-layout.md, "The post's fast path"): op was
+ * just copied into the send buffer (finished) by appending its bytes to the newest
+ * internal op, which still waits behind the ring write in flight (exs__stage_hold_locked,
+ * no ADVERT to take instead). The last kick left the send side with nothing it could do,
+ * and an append changes no input of it but that op's length, which the hold looks at: the
+ * pass would stop at the held op again. Delivery alone hands op back. 1: done so. */
+static int st_post_fast(struct exs_conn *conn, struct exs_op *op)
+{
+    struct exs_op *last = conn->stg_last;
+
+    /* appended: a new internal op holds exactly op's bytes; it was never held before */
+    if (op->state != EXS_OPS_DONE || !last || last->len <= op->len || conn->ctrl_len ||
+        conn->resume.peer_wait || !exs__stage_hold_locked(conn, last) || st_advert_head(conn))
+        return 0;
+    conn->posts_staged_fast++;
+    exs__conn_deliver_locked(conn);
+    return 1;
+}
+
 const struct exs_datapath exs__stream_path = {
     .name = "STREAM",
     .bytes = 1,
@@ -710,6 +729,7 @@ const struct exs_datapath exs__stream_path = {
     .send_progress = exs__stream_send_progress_locked,
     .dead_drain = exs__stream_dead_drain_locked,
     .stage_send = exs__stage_send_locked,
+    .post_fast = st_post_fast,
     .ring_timer = exs__stream_ring_timer_locked,
     .stats = exs__stream_stats_locked,
     .batch_ring_write = st_batch_ring_write,

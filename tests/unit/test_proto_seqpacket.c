@@ -220,6 +220,86 @@ START_TEST(sp_post_fast_threshold)
 }
 END_TEST
 
+/* A run of data-write completions takes the send side's pass alone (spec/proto-layout.md,
+ * "A run of send completions"; exs_conn.kicks_tx counts them): the sends it finished are handed
+ * back, and sends held behind the ring write in flight (batching, §6.1) go with that
+ * pass. A run with a receive in it takes the full kick (the counter does not move for
+ * the receiver's runs). */
+START_TEST(sp_tx_run_send_side)
+{
+    static uint8_t sb[3][64], rb[3][64];
+    struct pt_op s[3], r[3];
+    uint64_t c0 = pp.a.conn->kicks_tx + pp.b.conn->kicks_tx, c1;
+
+    for (int i = 0; i < 3; i++)
+        recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+    pt_run(&pp);
+    c1 = pp.a.conn->kicks_tx + pp.b.conn->kicks_tx;
+    ck_assert_uint_eq(c1, c0); /* receives posted, nothing sent: no data-write run */
+    /* the first goes alone; the two after it wait behind its ring write */
+    for (int i = 0; i < 3; i++)
+        send_msg(&s[i], &pp.a, sb[i], sizeof(sb[i]), 70u * (unsigned)i);
+    ck_assert_int_eq(s[0].op.state, EXS_OPS_POSTED);
+    ck_assert_int_eq(s[1].op.state, EXS_OPS_QUEUED);
+    ck_assert_int_eq(s[2].op.state, EXS_OPS_QUEUED);
+    pt_run(&pp);
+    for (int i = 0; i < 3; i++) {
+        pt_assert_done(&s[i], (ssize_t)sizeof(sb[i]), 0);
+        pt_assert_done(&r[i], (ssize_t)sizeof(rb[i]), 0);
+        ck_assert(pt_check(rb[i], sizeof(rb[i]), 70u * (unsigned)i));
+        ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
+    }
+    /* the first write's run sent the batch, the batch's run handed back the last two: at
+     * least those two runs were the sender's data writes alone */
+    ck_assert_uint_ge(pp.a.conn->kicks_tx, c1 + 2);
+    for (int i = 0; i < 3; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* Ring positions are placed with a mask when the ring is a power of two and with a
+ * division otherwise (exs__pos_mod): over a ring of 3 KiB (48 slots, not a power of two)
+ * messages of several sizes go round it many times, skipping its end where a message
+ * would wrap, and every one arrives whole and in order. */
+START_TEST(sp_ring_not_pow2)
+{
+    enum { ROUNDS = 24, PER = 3 };
+    static const size_t len[PER] = {500, 64, 1000};
+    static uint8_t sb[PER][1000], rb[PER][1000];
+
+    pt_close_both(&pp);
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    pt_params(&pp.pa, SOCK_SEQPACKET);
+    pt_params(&pp.pb, SOCK_SEQPACKET);
+    pp.pa.ring_size = pp.pb.ring_size = 3072;
+    pt_open(&pp, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    ck_assert_uint_eq(pp.b.conn->p.ring_size, 3072);
+    for (int k = 0; k < ROUNDS; k++) {
+        struct pt_op s[PER], r[PER];
+
+        for (int i = 0; i < PER; i++)
+            send_msg(&s[i], &pp.a, sb[i], len[i], 1000u * (unsigned)k + (unsigned)i);
+        pt_run(&pp);
+        for (int i = 0; i < PER; i++)
+            recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+        pt_run(&pp);
+        for (int i = 0; i < PER; i++) {
+            pt_assert_done(&s[i], (ssize_t)len[i], 0);
+            pt_assert_done(&r[i], (ssize_t)len[i], 0);
+            ck_assert(pt_check(rb[i], len[i], 1000u * (unsigned)k + (unsigned)i));
+            pt_op_fini(&s[i]);
+            pt_op_fini(&r[i]);
+        }
+    }
+    /* it went round the ring more than once */
+    ck_assert_uint_gt(pp.b.conn->rd_arrived, 4u * 3072u);
+}
+END_TEST
+
 /* A small send that finds the peer's ring full is announced: the fast path leaves it to
  * the progress pass, which flushes the ANNOUNCE record (it does not count as fast). */
 START_TEST(sp_post_fast_announced)
@@ -1021,6 +1101,8 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_post_fast_keeps_order);
     tcase_add_test(tc, sp_post_fast_threshold);
     tcase_add_test(tc, sp_post_fast_announced);
+    tcase_add_test(tc, sp_tx_run_send_side);
+    tcase_add_test(tc, sp_ring_not_pow2);
     tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
     tcase_add_loop_test(tc, sp_dead_announced_in_place, 0, 2);
     tcase_add_loop_test(tc, sp_caps_honoured, 0, 2);

@@ -11,6 +11,7 @@
 
 #include "exs/proto/proto_int.h"
 #include "exs/proto/wire_names.h"
+#include "exs/util/counters.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
@@ -927,6 +928,75 @@ START_TEST(st_deliver_copies_run)
 }
 END_TEST
 
+/* The post's fast path of STREAM (spec/proto-layout.md): a small send whose copy joins
+ * the run held behind the ring write in flight is handed back by the posting call with
+ * delivery alone (exs_conn.posts_staged_fast counts them), in posting order; the first send (its
+ * own write) and the second (a new run, never held before) take the kick. The bytes arrive whole
+ * and in order, and the held run goes when the write in flight completes. */
+START_TEST(st_post_fast_held_run)
+{
+    enum { N = 8, LEN = 100 };
+    static uint8_t sb[N][LEN], rb[N * LEN];
+    struct pt_op s[N], r;
+    uint64_t c0;
+
+    st_pair(EXS_XFER_DYNAMIC, EXS_XFER_DYNAMIC, 8192, 1024);
+    c0 = pp.a.conn->posts_staged_fast;
+    for (int i = 0; i < N; i++) {
+        st_send(&s[i], &pp.a, sb[i], LEN, (uint64_t)i * LEN);
+        pt_assert_done(&s[i], LEN, 0); /* copied: handed back in the posting call */
+        ck_assert_uint_eq(s[i].order, (uint64_t)i + 1);
+        ck_assert_uint_eq(pp.a.conn->posts_staged_fast, c0 + (i < 2 ? 0 : (uint64_t)i - 1));
+    }
+    ck_assert_uint_eq(pp.a.conn->ring_wr_out, 1); /* the first run's write */
+    ck_assert_uint_eq(pp.a.conn->stg_last->len, (uint64_t)(N - 1) * LEN); /* held */
+    ck_assert_int_eq(pp.a.conn->stg_last->state, EXS_OPS_QUEUED);
+    pt_run(&pp);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_run(&pp);
+    pt_assert_done(&r, (ssize_t)sizeof(rb), 0);
+    ck_assert(pt_check(rb, sizeof(rb), 0));
+    ck_assert(exs_list_empty(&pp.a.conn->sendq));
+    for (int i = 0; i < N; i++)
+        pt_op_fini(&s[i]);
+    pt_op_fini(&r);
+}
+END_TEST
+
+/* The send buffer's internal ops are kept for reuse (stage.c, STAGE_KEEP): after a burst
+ * of copies has gone out, some are kept; a second burst takes them again (none left over
+ * while its runs are outstanding), and the close frees them (pt_close_both: nothing
+ * leaks under ASan). */
+START_TEST(st_stage_ops_reused)
+{
+    enum { N = 8, LEN = 100 };
+    static uint8_t sb[N][LEN], rb[2 * N * LEN];
+    struct pt_op s[2][N], r;
+
+    st_pair(EXS_XFER_DYNAMIC, EXS_XFER_DYNAMIC, 8192, 1024);
+    ck_assert_uint_eq(pp.a.conn->stg_free_n, 0);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < N; i++) {
+            st_send(&s[k][i], &pp.a, sb[i], LEN, ((uint64_t)k * N + (uint64_t)i) * LEN);
+            pt_assert_done(&s[k][i], LEN, 0);
+        }
+        if (k == 1)
+            ck_assert_uint_eq(pp.a.conn->stg_free_n, 0); /* the first burst's, taken again */
+        pt_run(&pp);
+        ck_assert_uint_ge(pp.a.conn->stg_free_n, 2); /* the two runs, back */
+        ck_assert_uint_le(pp.a.conn->stg_free_n, 4);
+    }
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_run(&pp);
+    pt_assert_done(&r, (ssize_t)sizeof(rb), 0);
+    ck_assert(pt_check(rb, sizeof(rb), 0));
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < N; i++)
+            pt_op_fini(&s[k][i]);
+    pt_op_fini(&r);
+}
+END_TEST
+
 Suite *proto_stream_suite(void)
 {
     Suite *s = suite_create("proto_stream");
@@ -958,6 +1028,8 @@ Suite *proto_stream_suite(void)
     tcase_add_test(tc, st_xfer_direct_only_sender);
     tcase_add_test(tc, st_xfer_direct_only_vs_indirect_only);
     tcase_add_test(tc, st_deliver_copies_run);
+    tcase_add_test(tc, st_post_fast_held_run);
+    tcase_add_test(tc, st_stage_ops_reused);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -165,6 +165,16 @@ struct shm_counters {
     uint64_t sleeps;
 };
 
+/* A counter written only by the holder of one lock (nic_lock: the responder's and the
+ * turns'; ctx->lock: the producer's): a relaxed load and store, no locked read-modify-write
+ * (on x86 a lock-prefixed add, which waits for the store buffer: behind a ring record's
+ * stores to lines the peer reads, that is their transfer). Readers load it relaxed, as
+ * any counter. */
+#define SHM_CNT_ADD_OWNED(_field, _n)                                                              \
+    __atomic_store_n(&(_field), __atomic_load_n(&(_field), __ATOMIC_RELAXED) + (uint64_t)(_n),     \
+                     __ATOMIC_RELAXED)
+#define SHM_CNT_INC_OWNED(_field) SHM_CNT_ADD_OWNED(_field, 1)
+
 struct shm_ctx;
 struct shm_ep;
 struct shm_conn;

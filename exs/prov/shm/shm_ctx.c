@@ -236,7 +236,7 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
     struct epoll_event evs[64];
     int did = 0, n;
 
-    EXS_CNT_INC(ctx->cnt.turns);
+    SHM_CNT_INC_OWNED(ctx->cnt.turns); /* (nic_lock) */
     if (ctx->manual) {
         /* armed is set under nic_lock (ours) and ctx->lock, cleared under ctx->lock only
          * (a notification, a disarm): a plain atomic look sees what a locked one would */
@@ -269,7 +269,7 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
         int found = 0;
 
         ctx->idle_turns = 0;
-        EXS_CNT_INC(ctx->cnt.collects);
+        SHM_CNT_INC_OWNED(ctx->cnt.collects);
         n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
         for (int i = 0; i < n; i++) {
             /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
@@ -341,13 +341,40 @@ static void *shm_nic_main(void *arg)
     return NULL;
 }
 
+/* A busy poller's idle turn, without the turn's frame (nic_lock held): what
+ * exs__shm_turn(ctx, 1) does when every connection is UP, unstirred and keeps its
+ * sleeping flag, and no look at the descriptors is due: count the idle turn and answer 1
+ * ("call again"). 0: anything else, for the full turn. */
+static inline int shm_turn_idle(struct shm_ctx *ctx)
+{
+    struct exs_list *pos;
+    int wake_up;
+
+    if (ctx->collect_now || ctx->idle_turns + 1 >= SHM_IDLE_LOOK)
+        return 0;
+    /* as exs__shm_turn's: a turn of collect 1 takes the flags back only from an unarmed
+     * MANUAL consumer */
+    wake_up = ctx->manual && !__atomic_load_n(&ctx->armed, __ATOMIC_RELAXED);
+    exs_list_for_each(pos, &ctx->conns)
+    {
+        const struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
+
+        if (conn->state != SHM_CONN_UP || (conn->sleeping && wake_up) ||
+            exs__shm_conn_stirred(conn))
+            return 0;
+    }
+    SHM_CNT_INC_OWNED(ctx->cnt.turns);
+    ctx->idle_turns++;
+    return 1;
+}
+
 static int shm_ctx_progress(struct exs_prov_ctx *c)
 {
     struct shm_ctx *ctx = shm_ctx_of(c);
     int did;
 
     pthread_mutex_lock(&ctx->nic_lock);
-    did = exs__shm_turn(ctx, 1);
+    did = shm_turn_idle(ctx) ? 1 : exs__shm_turn(ctx, 1);
     pthread_mutex_unlock(&ctx->nic_lock);
     return did > 0;
 }

@@ -14,6 +14,10 @@
 
 #define SHM_RING_MASK ((uint64_t)SHM_RING_BYTES - 1)
 
+_Static_assert(SHM_RING_BYTES % SHM_SLOT == 0 && SHM_REC_HDR <= SHM_SLOT &&
+                   sizeof(struct shm_rec) == SHM_REC_HDR,
+               "a record's header never wraps around the ring's end");
+
 #if defined(__SANITIZE_THREAD__)
 int exs__shm_tsan_token;
 #endif
@@ -166,43 +170,48 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
                          const struct exs_prov_sge *sge, const void *payload, uint64_t tail)
 {
     struct shm_rsge rs[SHM_MAX_SGE];
-    struct shm_rec rec;
+    struct shm_rec *rec;
     int inl = wr->opcode != EXS_PROV_WR_RDMA_READ && (wr->inl || wr->len <= SHM_RING_INLINE);
     int nrs = inl ? 0 : shm_sge_to_rsge(rs, sge, wr->num_sge);
     uint32_t size = shm_roundup(SHM_REC_HDR + (inl ? wr->len : (uint32_t)(nrs * sizeof(rs[0]))));
+    uint8_t type, flags = 0;
     uint64_t pos;
 
     if (conn->head - tail + size > SHM_RING_BYTES)
         return -ENOSPC;
-    memset(&rec, 0, sizeof(rec));
     switch (wr->opcode) {
     case EXS_PROV_WR_SEND_WITH_IMM:
-        rec.flags = SHM_RF_IMM;
+        flags = SHM_RF_IMM;
         /* fall through */
     case EXS_PROV_WR_SEND:
-        rec.type = SHM_REC_SEND;
+        type = SHM_REC_SEND;
         break;
     case EXS_PROV_WR_RDMA_WRITE_WITH_IMM:
-        rec.flags = SHM_RF_IMM;
+        flags = SHM_RF_IMM;
         /* fall through */
     case EXS_PROV_WR_RDMA_WRITE:
-        rec.type = SHM_REC_WRITE;
+        type = SHM_REC_WRITE;
         break;
     default:
-        rec.type = SHM_REC_READ;
+        type = SHM_REC_READ;
         break;
     }
     if (inl)
-        rec.flags |= SHM_RF_INLINE;
-    rec.nsge = (uint8_t)nrs;
-    rec.psn = ep->snd_nxt;
-    rec.len = wr->len;
-    rec.imm = wr->imm;
-    rec.raddr = wr->raddr;
-    rec.rkey = wr->rkey;
-    rec.size = size;
+        flags |= SHM_RF_INLINE;
+    /* the header is written in place: records start on a slot and the ring is a whole
+     * number of slots, so its 32 bytes never wrap (no local copy, memset and memcpy) */
     pos = conn->head;
-    shm_ring_put(conn->tx_ring, pos, &rec, sizeof(rec));
+    rec = (struct shm_rec *)(void *)(conn->tx_ring + (pos & SHM_RING_MASK));
+    rec->type = type;
+    rec->flags = flags;
+    rec->nsge = (uint8_t)nrs;
+    rec->rsvd = 0;
+    rec->psn = ep->snd_nxt;
+    rec->len = wr->len;
+    rec->imm = wr->imm;
+    rec->raddr = wr->raddr;
+    rec->rkey = wr->rkey;
+    rec->size = size;
     pos += SHM_REC_HDR;
     if (payload) {
         shm_ring_put(conn->tx_ring, pos, payload, wr->len);
@@ -220,8 +229,8 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
     conn->head += size;
     SHM_TSAN_RELEASE();
     __atomic_store_n(&conn->mine->head, conn->head, __ATOMIC_SEQ_CST);
-    EXS_CNT_INC(ep->ctx->cnt.recs_tx);
-    EXS_CNT_ADD(ep->ctx->cnt.bytes_tx, wr->len);
+    SHM_CNT_INC_OWNED(ep->ctx->cnt.recs_tx); /* (ctx->lock) */
+    SHM_CNT_ADD_OWNED(ep->ctx->cnt.bytes_tx, wr->len);
     return 0;
 }
 
@@ -401,10 +410,16 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
     struct shm_ctx *ctx = ep->ctx;
     struct exs_soft_rwr *rwr;
     uint64_t len;
-    int pooled, ret = exs__soft_rwr_check(in, ctx->base.caps.max_sge, &len);
+    int pooled, ret;
 
-    if (ret)
-        return ret;
+    /* the common receive, one sge: checked and summed here, without the calls */
+    if (EXS_LIKELY(in && in->num_sge == 1 && in->sg_list)) {
+        len = in->sg_list[0].length;
+    } else {
+        ret = exs__soft_rwr_check(in, ctx->base.caps.max_sge, &len);
+        if (ret)
+            return ret;
+    }
     pooled = in->num_sge <= SHM_RWR_POOL_SGE;
     /* checked, filled and queued in one hold of ctx->lock, which also guards the pool */
     pthread_mutex_lock(&ctx->lock);
@@ -417,7 +432,14 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
             return -ENOMEM;
         pthread_mutex_lock(&ctx->lock);
     }
-    exs__soft_rwr_fill(rwr, in, len);
+    if (in->num_sge == 1) { /* exs__soft_rwr_fill's, for one sge */
+        rwr->wr_id = in->wr_id;
+        rwr->num_sge = 1;
+        rwr->len = len;
+        rwr->sge[0] = in->sg_list[0];
+    } else {
+        exs__soft_rwr_fill(rwr, in, len);
+    }
     rwr->pooled = (uint8_t)pooled;
     rwr->bad =
         exs__shm_check_local_locked(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
@@ -761,8 +783,8 @@ static int shm_do_inline(struct shm_conn *conn, const struct shm_rec *rec, uint6
         return shm_refuse(conn, rec->psn, syn);
     }
     h->recs++;
-    EXS_CNT_INC(ctx->cnt.inline_rx);
-    EXS_CNT_ADD(ctx->cnt.bytes_rx, rec->len);
+    SHM_CNT_INC_OWNED(ctx->cnt.inline_rx); /* (nic_lock) */
+    SHM_CNT_ADD_OWNED(ctx->cnt.bytes_rx, rec->len);
     return 1;
 }
 
@@ -775,7 +797,7 @@ static int shm_copy(struct shm_conn *conn, int to_peer, const struct shm_rsge *l
     int b = shm_iov_slice(riov, SHM_MAX_SGE, rs, nr, off, n);
     ssize_t got;
 
-    EXS_CNT_INC(conn->ctx->cnt.copies);
+    SHM_CNT_INC_OWNED(conn->ctx->cnt.copies); /* (nic_lock) */
     got = to_peer ? process_vm_writev(conn->pid, liov, (unsigned long)a, riov, (unsigned long)b, 0)
                   : process_vm_readv(conn->pid, liov, (unsigned long)a, riov, (unsigned long)b, 0);
     if (got == (ssize_t)n)
@@ -856,7 +878,7 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
             return shm_copy_failed(conn, ret);
         }
         shm_recv_done(conn, rwr, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, rec->len, rec);
-        EXS_CNT_ADD(ctx->cnt.bytes_rx, rec->len);
+        SHM_CNT_ADD_OWNED(ctx->cnt.bytes_rx, rec->len);
         return 1;
     }
     /* WRITE (with or without a receive) or READ: the key, then one copy under the fence */
@@ -882,7 +904,7 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
             }
             return shm_copy_failed(conn, ret);
         }
-        EXS_CNT_ADD(ctx->cnt.bytes_rx, rec->len);
+        SHM_CNT_ADD_OWNED(ctx->cnt.bytes_rx, rec->len);
     }
     if (rwr)
         shm_recv_done(conn, rwr, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV_RDMA_WITH_IMM, rec->len,
@@ -937,7 +959,8 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
             bad = "ring head";
             break;
         }
-        shm_ring_get(&rec, conn->rx_ring, conn->tail, sizeof(rec));
+        /* (a header never wraps: one fixed-size copy, no call) */
+        memcpy(&rec, conn->rx_ring + (conn->tail & SHM_RING_MASK), sizeof(rec));
         SHM_ONCE();
         bad = shm_rec_check(conn, &rec, head - conn->tail);
         if (bad)
@@ -971,7 +994,7 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
                 continue; /* RNR_EXC: the held request is dropped on the next pass */
             }
             conn->ack = rec.psn + 1;
-            EXS_CNT_INC(conn->ctx->cnt.recs_rx);
+            SHM_CNT_INC_OWNED(conn->ctx->cnt.recs_rx); /* (nic_lock) */
         }
         conn->tail += rec.size;
         conn->rcv_nxt++;
