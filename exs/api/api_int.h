@@ -312,5 +312,10 @@ int exs__api_mreg_handle(const struct api_mreg *m);
 void exs__api_mreg_destroy_all(void);
 int exs__api_op_live(void);
 int exs__api_initialized(void);
+/* exs_fini at process exit (exit.c): other threads of the application may still be inside
+ * a call, reading the tables, queues, kernel-socket states and registrations that their
+ * fast paths read without a lock; their memory is then kept (emptied, reachable) instead
+ * of freed, and the process's end returns it. */
+extern int exs__fini_keep_memory;
 
 #endif

@@ -458,6 +458,11 @@ void exs__evq_destroy_all(void)
         }
         gen_max = EXS_MAX(gen_max, slot->gen);
     }
+    if (__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
+        /* at exit: the emptied table and the parked queues stay for calls still looking */
+        evq_tab_unlock();
+        return;
+    }
     /* Handles given out before stay invalid: fresh slots start above every old gen. */
     for (struct evq_tabv *t = exs__evq_tv, *o; t; t = o) {
         o = t->old;

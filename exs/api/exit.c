@@ -204,6 +204,7 @@ static void *exit_main(void *arg)
     struct exit_run *r = arg;
 
     exit_linger(r);
+    __atomic_store_n(&exs__fini_keep_memory, 1, __ATOMIC_RELAXED);
     exs_fini();
     pthread_mutex_lock(&r->lock);
     r->done = 1;
@@ -225,6 +226,7 @@ static void exit_handler(void)
     r = calloc(1, sizeof(*r));
     if (!r) {
         exit_linger(NULL);
+        __atomic_store_n(&exs__fini_keep_memory, 1, __ATOMIC_RELAXED);
         exs_fini();
         return;
     }

@@ -17,6 +17,7 @@
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
+int exs__fini_keep_memory; /* api_int.h */
 
 int exs__api_initialized(void)
 {

@@ -1083,21 +1083,25 @@ void exs__api_kfd_close_all(void)
         exs__api_kfd_put(k);
     }
     EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
-    for (struct kfd_tabv *t = kfd_tabv, *o; t; t = o) {
-        o = t->old;
-        free(t);
-    }
-    __atomic_store_n(&kfd_tabv, NULL, __ATOMIC_RELEASE);
-    kfd_tab = NULL;
-    kfd_tab_len = 0;
+    if (!__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
+        for (struct kfd_tabv *t = kfd_tabv, *o; t; t = o) {
+            o = t->old;
+            free(t);
+        }
+        __atomic_store_n(&kfd_tabv, NULL, __ATOMIC_RELEASE);
+        kfd_tab = NULL;
+        kfd_tab_len = 0;
+    } /* else at exit: kept for calls still looking (exs__fini_keep_memory) */
     /* no call runs now (exs_fini): the parked kfds go (one still referenced, by a job or
      * a timer the engine's stop drops, is parked again and goes at the next exs_fini) */
     EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
-    for (struct kfd *f = kfd_free, *n; f; f = n) {
-        n = f->free_next;
-        free(f);
+    if (!__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
+        for (struct kfd *f = kfd_free, *n; f; f = n) {
+            n = f->free_next;
+            free(f);
+        }
+        kfd_free = NULL;
     }
-    kfd_free = NULL;
     EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
     if (kfd_ep >= 0) {
         /* the engine's stop runs it: the watcher goes, then kfd_ep */

@@ -925,13 +925,15 @@ void exs__api_sock_close_all(void)
         }
     }
     EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
-    for (struct sock_tabv *t = tabv, *o; t; t = o) {
-        o = t->old;
-        free(t);
-    }
-    __atomic_store_n(&tabv, NULL, __ATOMIC_RELEASE);
-    tab = NULL;
-    tab_len = 0;
+    if (!__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
+        for (struct sock_tabv *t = tabv, *o; t; t = o) {
+            o = t->old;
+            free(t);
+        }
+        __atomic_store_n(&tabv, NULL, __ATOMIC_RELEASE);
+        tab = NULL;
+        tab_len = 0;
+    } /* else at exit: the emptied table stays for calls still looking at it */
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
 }
 

@@ -267,6 +267,26 @@ static int mreg_mr_on(struct api_mreg *m, struct exs_prov_ctx *ctx, struct exs_p
 void exs__api_mreg_destroy_all(void)
 {
     EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
+    if (__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
+        /* at exit: holds still running may read the table and the records; each record
+         * is parked (handle 0: a hold lets go of it), the table stays */
+        for (int i = 0; i < mreg_cap; i++) {
+            struct api_mreg *m = mregs[i];
+
+            if (!m)
+                continue;
+            __atomic_store_n(&mregs[i], NULL, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&m->handle, 0, __ATOMIC_RELAXED);
+            exs__prov_mr_dereg(m->mr);
+            if (m->mr_fb)
+                exs__prov_mr_dereg(m->mr_fb);
+            m->next = mreg_parked;
+            mreg_parked = m;
+        }
+        mreg_count = 0;
+        EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
+        return;
+    }
     for (int i = 0; i < mreg_cap; i++)
         if (mregs[i]) {
             exs__prov_mr_dereg(mregs[i]->mr);

@@ -928,8 +928,12 @@ void exs__engine_post(struct exs_job *job)
     job->queued = 1;
     exs_list_add_tail(&eng.jobs, &job->link);
     __atomic_add_fetch(&eng.njobs, 1, __ATOMIC_RELEASE);
+    /* a call racing exs_fini (another thread of a process that exits) may post after the
+     * engine stopped: eng.loop is cleared under eng.lock before it is destroyed, and the
+     * job then never runs */
+    if (eng.loop)
+        ev_async_send(eng.loop, &eng.wake);
     EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
-    ev_async_send(eng.loop, &eng.wake);
 }
 
 struct eng_call {

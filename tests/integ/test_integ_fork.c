@@ -4,9 +4,11 @@
  * open at exit end gracefully, a killed process still resets them. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -504,6 +506,69 @@ START_TEST(test_exit_kfd_delivers)
 }
 END_TEST
 
+/* exit(0) while other threads of the process are still inside calls (sends on a libexs
+ * socket and on a kernel socket, with a registration; dequeues; accepts): the library's
+ * exs_fini at exit must not free what their lock-free looks read (the socket, kernel-socket,
+ * queue and registration tables, parked objects). Under ASan such a read was a
+ * heap-use-after-free (found by fuzz_tcp_frames, whose threads run on at its exit); the
+ * child must end with status 0. */
+static volatile int exit_racers_go;
+
+static void *exit_racer(void *arg)
+{
+    int *fds = arg; /* libexs socket, kernel socket, registration handle, queue */
+    char b[8] = "racer";
+    exs_event_t ev;
+
+    while (exit_racers_go) {
+        (void)exs_send(fds[0], b, 1, 0, fds[3], NULL, fds[2]);
+        (void)exs_send(fds[1], b, 1, 0, fds[3], NULL, EXS_MHANDLE_UNREGISTERED);
+        (void)exs_qdequeue(fds[3], &ev, 1, &(struct timespec){0, 0});
+        (void)exs_accept(fds[0], EXS_QHANDLE_INVALID, NULL);
+    }
+    return NULL;
+}
+
+START_TEST(test_exit_with_callers)
+{
+    for (int round = 0; round < 6; round++) { /* a race: six children, six chances */
+        int status;
+        pid_t pid;
+
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            static char buf[4096];
+            static int fds[4];
+            pthread_t t[2];
+            int sv[2];
+
+            alarm(60);
+            if (exs_init(EXS_VERSION) != EXS_VERSION)
+                _exit(2);
+            if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+                _exit(3);
+            fds[0] = exs_socket(AF_INET, SOCK_STREAM, 0);
+            fds[1] = sv[0];
+            fds[2] = exs_mregister(buf, sizeof(buf), 0);
+            fds[3] = exs_qcreate(64);
+            if (fds[0] < 0 || fds[2] == EXS_MHANDLE_INVALID || fds[3] == EXS_QHANDLE_INVALID)
+                _exit(4);
+            exit_racers_go = 1;
+            for (int i = 0; i < 2; i++)
+                if (pthread_create(&t[i], NULL, exit_racer, fds))
+                    _exit(5);
+            usleep(20000); /* the racers run (their calls, not this pause, are the point) */
+            exit(0);       /* they are still calling */
+        }
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                      "child %d: status %#x (a sanitizer report, or the step that failed)", round,
+                      (unsigned)status);
+    }
+}
+END_TEST
+
 Suite *integ_fork_suite(void)
 {
     Suite *s = suite_create("integ_fork");
@@ -519,6 +584,7 @@ Suite *integ_fork_suite(void)
     tcase_add_test(tc, test_exit_linger_zero_resets);
     tcase_add_test(tc, test_exit_linger_bounded);
     tcase_add_test(tc, test_exit_kfd_delivers);
+    tcase_add_test(tc, test_exit_with_callers);
     suite_add_tcase(s, tc);
     return s;
 }
