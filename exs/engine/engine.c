@@ -379,7 +379,7 @@ static int eng_round(void)
             if (c)
                 eng.fb_every = ENG_FB_EVERY;
             else if (eng_busy && eng.fb_idle >= ENG_FB_IDLE)
-                eng.fb_every = EXS_MIN(2 * eng.fb_every, (uint32_t)EXS_ENG_FB_EVERY_MAX);
+                eng.fb_every = EXS_MIN(2 * eng.fb_every, (unsigned)EXS_ENG_FB_EVERY_MAX);
             eng.fb_tick = 0;
             eng.fb_idle = c ? 0 : EXS_MIN(eng.fb_idle + 1, (uint32_t)ENG_FB_IDLE);
         }
@@ -601,24 +601,25 @@ void exs__engine_driver_leave(void)
     }
 }
 
-unsigned exs__engine_fb_every(void)
+/* For tests: a field the loop changes under the progress lock. */
+static unsigned eng_read_plocked(const unsigned *field)
 {
-    unsigned e;
+    unsigned v;
 
     eng_lock();
-    e = eng.fb_every;
+    v = *field;
     eng_unlock();
-    return e;
+    return v;
+}
+
+unsigned exs__engine_fb_every(void)
+{
+    return eng_read_plocked(&eng.fb_every);
 }
 
 unsigned exs__engine_lease_mult(void)
 {
-    unsigned m;
-
-    eng_lock();
-    m = eng.lease_mult;
-    eng_unlock();
-    return m;
+    return eng_read_plocked(&eng.lease_mult);
 }
 
 /* ---- the loop thread ---- */
