@@ -545,6 +545,8 @@ static void kfd_ep_stop(struct exs_job *job)
 {
     (void)job;
     exs__engine_io_stop(&kfd_ep_io);
+    if (__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED))
+        return; /* at exit: calls still running may use kfd_ep; the process's end closes it */
     EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
     close(kfd_ep);
     __atomic_store_n(&kfd_ep, -1, __ATOMIC_RELEASE);

@@ -217,9 +217,15 @@ static void eng_unlock(void)
     eng_holding = 0;
     pthread_mutex_unlock(&eng.plock);
     EXS_LOCK_RELEASE(EXS_LOCK_PROGRESS);
-    /* The loop may be asleep with a timeout computed before the change. */
-    if (dirty)
-        ev_async_send(eng.loop, &eng.wake);
+    /* The loop may be asleep with a timeout computed before the change. A call racing
+     * exs_fini at exit may get here after the engine stopped: eng.loop is cleared under
+     * eng.lock before the loop is destroyed. */
+    if (dirty) {
+        EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
+        if (eng.loop)
+            ev_async_send(eng.loop, &eng.wake);
+        EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
+    }
 }
 
 /* libev's thread locking: the loop thread holds plock except inside its blocking poll. */
