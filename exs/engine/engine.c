@@ -656,6 +656,16 @@ static void eng_async_cb(struct ev_loop *loop, ev_async *w, int revents)
         ev_break(loop, EVBREAK_ALL);
 }
 
+/* How long after the last leave the loop still leaves the provider to the drivers, now
+ * (exs__engine_hyst_ns of the remembered gap as it is worth now). */
+static uint64_t eng_hyst_now(uint64_t now, uint64_t lease_ns)
+{
+    return exs__engine_hyst_ns(exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
+                                                   __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED),
+                                                   now, lease_ns),
+                               lease_ns);
+}
+
 /* (Re)start the lease: first look after `after` seconds, then every period. */
 static void eng_lease_start(struct ev_loop *loop, double after)
 {
@@ -711,10 +721,7 @@ static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
         uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
         uint64_t now = exs__now_ns();
         uint64_t since = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
-        uint64_t hyst = exs__engine_hyst_ns(
-            exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
-                                __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now, lease_ns),
-            lease_ns);
+        uint64_t hyst = eng_hyst_now(now, lease_ns);
 
         if (since < hyst)
             eng_lease_start(loop, (double)exs__engine_lease_after(hyst - since, lease_ns) / 1e9);
@@ -735,10 +742,7 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
      * (a sender whose posts copy megabytes into the socket): a take-over then only
      * fights it for the locks and writes the socket from a second CPU. */
     uint64_t now = exs__now_ns();
-    uint64_t hyst = exs__engine_hyst_ns(
-        exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
-                            __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now, lease_ns),
-        lease_ns);
+    uint64_t hyst = eng_hyst_now(now, lease_ns);
     int recent = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED) < hyst;
 
     (void)w;
