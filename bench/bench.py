@@ -37,7 +37,7 @@ def size_name(s):
 # --- the systems -------------------------------------------------------------------------
 
 LAT_SYSTEMS = [
-    ("exs_notify", "libexs, blocking waits"),
+    ("exs_notify", "libexs, blocking waits (--wait-notify: every wait sleeps)"),
     ("exs_poll", "libexs, busy polling at both ends (--poll --poll-recv)"),
     ("exs_poll_send", "libexs, busy polling at the sender only (--poll)"),
     ("kernel_tcp", "kernel TCP (blast --transport tcp)"),
@@ -234,6 +234,11 @@ class Bench:
                 args += ["--poll", "--poll-recv"]
             elif system == "exs_poll_send":
                 args += ["--poll"]
+            elif system == "exs_notify" and blast is self.blast:
+                # every wait sleeps, as kernel TCP's blocking recv() does (the library's
+                # default wait spins 10 us first; a base built before it has no option
+                # and sleeps at once by default)
+                args += ["--wait-notify"]
             r, err = self.blast_json(args, blast,
                                      self.shm_env if system == "exs_shm_poll" else None)
             if err:

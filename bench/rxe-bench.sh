@@ -67,11 +67,13 @@ sys_libexs() {
         out=$(blast_json --type seqpacket --lat-only --lat-size $s --lat-iters $n)
         v=$(echo "$out" | jlat); [ -n "$v" ] && emit libexs rtt_block $s $v || fail libexs rtt_block $s "$(tail -n 2 /tmp/blast.err)"
         vstat_flush "libexs/rtt_block/$s/$R/msgs=$((2 * n))"
-        # blocking as rsockets blocks: its blocking calls spin polling_time (10 us) first
+        # the blocking run above waits as the library's queues do by default (a 10 us
+        # spin, then sleep: EXS_QWAIT_SPIN_US, as rsockets' blocking calls spin
+        # polling_time first); every wait sleeping at once, for comparison:
         [ $s -le 4096 ] || continue
-        out=$(blast_json --type seqpacket --lat-only --lat-size $s --lat-iters $n --wait-spin 10)
-        v=$(echo "$out" | jlat); [ -n "$v" ] && emit libexs_spin rtt_block $s $v || fail libexs_spin rtt_block $s "$(tail -n 2 /tmp/blast.err)"
-        vstat_flush "libexs_spin/rtt_block/$s/$R/msgs=$((2 * n))"
+        out=$(blast_json --type seqpacket --lat-only --lat-size $s --lat-iters $n --wait-notify)
+        v=$(echo "$out" | jlat); [ -n "$v" ] && emit libexs_notify rtt_block $s $v || fail libexs_notify rtt_block $s "$(tail -n 2 /tmp/blast.err)"
+        vstat_flush "libexs_notify/rtt_block/$s/$R/msgs=$((2 * n))"
     done
     out=$(blast_json --type stream --size 64 --sends 16 --recvs 16 --time $BT --runs 1 --no-latency)
     v=$(echo "$out" | jget messages_per_sec); m=$(echo "$out" | tr ',' '\n' | jget messages)
@@ -263,6 +265,7 @@ pre_wait() {
 export VSTAT_OUT=/dev/null
 prof libexs_busy true $CL ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n --poll --poll-recv
 prof libexs_block true $CL ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n
+prof libexs_notify true $CL ./blast -c $A -p 7471 --quiet --type seqpacket --lat-only --lat-size 64 --lat-iters $n --wait-notify
 rs_srv() { newport; export PORT; timeout 300 $SV rstream -p $PORT -S 64 -C 1 -I $n -T $T >/dev/null 2>&1 & PRE_PID=$!; sleep 1; }
 for T in n b; do
     export A n T CL

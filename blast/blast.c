@@ -50,12 +50,15 @@ static void usage(FILE *f)
         "  --lat-iters N --lat-size B    ping-pong count (2000) and message size (64)\n"
         "  --lat-only                    only the ping-pong test: no throughput runs\n"
         "  --poll                        busy-poll the sender's event queue (default: "
-        "notification)\n"
+        "the library's wait)\n"
         "  --poll-recv                   busy-poll the receiver's event queue too (or alone)\n"
         "                                (tcp: the ping-pong spins on non-blocking reads instead)\n"
         "  --wait-spin US                queues not busy-polled spin US microseconds before they\n"
         "                                sleep (EXS_WAIT_ADAPTIVE; rsockets' blocking calls spin "
         "10)\n"
+        "  --wait-notify                 queues not busy-polled sleep at once (EXS_WAIT_NOTIFY);\n"
+        "                                default: as the library makes a queue wait (a spin of\n"
+        "                                EXS_QWAIT_SPIN_US, 10 us, then sleep)\n"
         "  --tcp-one-buffer              tcp: one buffer per connection, reused for every message\n"
         "                                (cache-hot; default: --sends buffers at the sender and\n"
         "                                --recvs at the receiver, in turn, as libexs runs use)\n"
@@ -214,6 +217,7 @@ enum {
     O_MARKDOWN,
     O_ONEBUF,
     O_WAITSPIN,
+    O_WAITNOTIFY,
     O_ROUNDS
 };
 
@@ -249,6 +253,7 @@ static const struct option longopts[] = {{"server", no_argument, NULL, 's'},
                                          {"poll-recv", no_argument, NULL, O_POLLRECV},
                                          {"tcp-one-buffer", no_argument, NULL, O_ONEBUF},
                                          {"wait-spin", required_argument, NULL, O_WAITSPIN},
+                                         {"wait-notify", no_argument, NULL, O_WAITNOTIFY},
                                          {"lat-only", no_argument, NULL, O_LATONLY},
                                          {"seed", required_argument, NULL, O_SEED},
                                          {"json", no_argument, NULL, O_JSON},
@@ -507,6 +512,9 @@ static int parse_args(int argc, char **argv, struct config *c)
             c->wait_spin = (int)strtol(optarg, &end, 10);
             if (*end || c->wait_spin < 1 || c->wait_spin > 1000000)
                 return bad("--wait-spin", optarg);
+            break;
+        case O_WAITNOTIFY:
+            c->wait_spin = -1;
             break;
         case O_LATONLY:
             c->lat_only = 1;

@@ -44,8 +44,8 @@ struct run_params {
     uint32_t delay_us, rate_mbps; /* what the sender set: the receiver warns on mismatch */
     uint64_t seed;
     int32_t tcp_onebuf; /* kernel TCP: one buffer per connection (cache-hot), not sends/recvs */
-    int32_t
-        wait_spin; /* > 0: queues not busy-polled wait EXS_WAIT_ADAPTIVE, spinning this many us */
+    int32_t wait_spin;  /* queues not busy-polled: > 0 EXS_WAIT_ADAPTIVE spinning this many us, < 0
+                         * EXS_WAIT_NOTIFY, 0 as the library makes a queue wait */
 };
 
 /* Counters of one side of one run. */
@@ -87,7 +87,7 @@ struct config {
     double seconds;
     int waitall, runs, verify, conns, poll, rcvbuf;
     int tcp_onebuf; /* --tcp-one-buffer */
-    int wait_spin;  /* --wait-spin US */
+    int wait_spin;  /* --wait-spin US; -1: --wait-notify */
     double delay_ms, rate_mbps;
     int sweep;
     uint64_t sweep_vals[BLAST_MAX_SWEEP];

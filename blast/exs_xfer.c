@@ -41,6 +41,8 @@ struct econn {
 /* The receiver's listener lives across runs (its ring size is fixed at creation). */
 static int srv_lfd = -1, srv_rcvbuf = -1, srv_port, srv_type = -1;
 static exs_qhandle_t srv_q = EXS_QHANDLE_INVALID;
+static int srv_q_wait[2]; /* how srv_q waited when it was made: {mode, spin} */
+static void get_wait(exs_qhandle_t q, int def[2]);
 
 static const char *ename(int e)
 {
@@ -67,6 +69,7 @@ int exs_server_prepare(const struct run_params *rp, int port, int *data_port)
             fprintf(stderr, "blast: exs_qcreate: %s\n", ename(errno));
             return -1;
         }
+        get_wait(srv_q, srv_q_wait);
     }
     if (srv_lfd >= 0 && (srv_rcvbuf != rp->rcvbuf || srv_type != rp->type)) {
         exs_close(srv_lfd, EXS_QHANDLE_INVALID, NULL);
@@ -207,17 +210,34 @@ static int post_recv(struct econn *c, struct slot *s, const struct run_params *r
 }
 
 /* How the queue of the end `side` (POLL_SEND, POLL_RECV) waits: busy polling, adaptive
- * (--wait-spin: spin, then sleep) or notification. */
-static int wait_mode(const struct run_params *rp, int side)
+ * (--wait-spin: spin, then sleep), notification (--wait-notify) or, with none of them,
+ * as the library makes a new queue wait (read off the queue when it was made: the
+ * receiver's queue outlives runs, so each run sets it). */
+static int set_wait(exs_qhandle_t q, const struct run_params *rp, int side, const int def[2])
 {
-    return rp->poll & side     ? EXS_WAIT_POLL
-           : rp->wait_spin > 0 ? EXS_WAIT_ADAPTIVE
-                               : EXS_WAIT_NOTIFY;
+    int mode = def[0], spin = def[1];
+
+    if (rp->poll & side)
+        mode = EXS_WAIT_POLL, spin = 0;
+    else if (rp->wait_spin > 0)
+        mode = EXS_WAIT_ADAPTIVE, spin = rp->wait_spin;
+    else if (rp->wait_spin < 0)
+        mode = EXS_WAIT_NOTIFY, spin = 0;
+    return exs_qsetwait(q, mode, spin);
 }
 
-static int wait_spin(const struct run_params *rp, int side)
+/* How a queue just made waits: {mode, spin}. */
+static void get_wait(exs_qhandle_t q, int def[2])
 {
-    return wait_mode(rp, side) == EXS_WAIT_ADAPTIVE ? rp->wait_spin : 0;
+    socklen_t len = sizeof(int);
+
+    def[0] = EXS_WAIT_NOTIFY;
+    def[1] = 0;
+    if (exs_qgetattr(q, EXS_QATTR_WAIT, &def[0], &len) < 0)
+        def[0] = EXS_WAIT_NOTIFY;
+    len = sizeof(int);
+    if (exs_qgetattr(q, EXS_QATTR_WAIT_SPIN, &def[1], &len) < 0)
+        def[1] = 0;
 }
 
 /* Receiver: accept conns, keep recvs receives outstanding on each, verify, until end of stream
@@ -236,7 +256,7 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
     double cpu0 = 0, w0 = 0, last_ev;
 
     /* The queue outlives runs: each run sets its wait mode (--poll-recv busy-polls). */
-    if (exs_qsetwait(q, wait_mode(rp, POLL_RECV), wait_spin(rp, POLL_RECV)) < 0) {
+    if (set_wait(q, rp, POLL_RECV, srv_q_wait) < 0) {
         set_err(res, errno, "receiver: exs_qsetwait: %s", ename(errno));
         goto out;
     }
@@ -470,6 +490,7 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
                    struct side_result *res)
 {
     exs_qhandle_t q;
+    int cl_wait[2];
     int n = rp->conns, nconn = 0, ndone = 0, ops = 0, stop = 0;
     struct econn *cs = calloc((size_t)n, sizeof(*cs));
     exs_mhandle_t mh = EXS_MHANDLE_INVALID;
@@ -491,7 +512,8 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
         free(cs);
         return -1;
     }
-    if (exs_qsetwait(q, wait_mode(rp, POLL_SEND), wait_spin(rp, POLL_SEND)) < 0) {
+    get_wait(q, cl_wait);
+    if (set_wait(q, rp, POLL_SEND, cl_wait) < 0) {
         set_err(res, errno, "sender: exs_qsetwait: %s", ename(errno));
         exs_qdelete(q);
         free(cs);

@@ -636,7 +636,10 @@ static exs_qhandle_t evq_create(int depth, int private_)
     evq->handle = EXS_QHANDLE_INVALID;
     evq->wfd = -1;
     evq->want_min = INT_MAX;
-    evq->mode = EXS_WAIT_NOTIFY;
+    /* until exs_qsetwait: a short spin before sleeping (EXS_QWAIT_SPIN_US, spec/api.md
+     * "Wait modes"), or NOTIFY */
+    evq->spin_us = (int)__atomic_load_n(&exs__params.qwait_spin_us, __ATOMIC_RELAXED);
+    evq->mode = evq->spin_us ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY;
     evq->qfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (evq->qfd < 0) {
         ret = -errno;

@@ -57,6 +57,9 @@ int exs_qgetattr(exs_qhandle_t q, int attr, void *val, socklen_t *len)
     case EXS_QATTR_WAIT:
         err = evq_attr_int(val, len, __atomic_load_n(&evq->mode, __ATOMIC_RELAXED));
         break;
+    case EXS_QATTR_WAIT_SPIN:
+        err = evq_attr_int(val, len, __atomic_load_n(&evq->spin_us, __ATOMIC_RELAXED));
+        break;
     case EXS_QATTR_SIGNAL:
         if (!val || !len || *len < sizeof(sig)) {
             err = EINVAL;
@@ -92,6 +95,18 @@ int exs_qsetattr(exs_qhandle_t q, int attr, const void *val, socklen_t len)
         exs__evq_put(evq);
         /* the spin bound stays the default (exs_qsetwait sets it) */
         return exs_qsetwait(q, v, 0);
+    case EXS_QATTR_WAIT_SPIN:
+        if (!val || len != sizeof(int)) {
+            err = EINVAL;
+            break;
+        }
+        memcpy(&v, val, sizeof(v));
+        if (v < 0) {
+            err = EINVAL;
+            break;
+        }
+        __atomic_store_n(&evq->spin_us, v, __ATOMIC_RELAXED); /* the mode stays */
+        break;
     case EXS_QATTR_SIGNAL:
         if (!val || len != sizeof(sig)) {
             err = EINVAL;

@@ -74,6 +74,10 @@ static const struct exs_param_def params_table[] = {
           "default EXS_SO_XFER_MODE: dynamic, direct or indirect"),
     PARAM(qspin_us, "EXS_QSPIN_US", "50", UINT, 1,
           "event queues in EXS_WAIT_ADAPTIVE mode spin this long before sleeping, microseconds"),
+    PARAM(qwait_spin_us, "EXS_QWAIT_SPIN_US", "10", UINT, 1,
+          "how a new event queue waits until exs_qsetwait: EXS_WAIT_ADAPTIVE with this spin, "
+          "microseconds (as rsockets' blocking calls spin 10 us before they sleep), 0-1000000; "
+          "0 = EXS_WAIT_NOTIFY (sleep at once)"),
     PARAM(close_timeout_ms, "EXS_CLOSE_TIMEOUT_MS", "5000", UINT, 1,
           "exs_close resets a connection whose goodbye is not through after this, milliseconds"),
     PARAM(test_close_pause_us, "EXS_TEST_CLOSE_PAUSE_US", "0", UINT, 0,
@@ -361,7 +365,9 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
              d->offset == offsetof(struct exs_params, sock_max_ops)) &&
             (v->u < 1 || v->u > (1u << 20)))
             return -EINVAL;
-        if (d->offset == offsetof(struct exs_params, qspin_us) && v->u > 1000000)
+        if ((d->offset == offsetof(struct exs_params, qspin_us) ||
+             d->offset == offsetof(struct exs_params, qwait_spin_us)) &&
+            v->u > 1000000)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, exit_linger_ms) && v->u > 3600000)
             return -EINVAL;

@@ -241,6 +241,7 @@ enum {
     EXS_QATTR_SIGNAL,    /* exs_signal_t: a signal when events arrive (enable: EOPNOTSUPP) */
     EXS_QATTR_EVENTS,    /* int: events queued now (get only: set is EINVAL) */
     EXS_QATTR_WAIT,      /* int: how exs_qdequeue waits, EXS_WAIT_* (as exs_qsetwait) */
+    EXS_QATTR_WAIT_SPIN, /* int: EXS_WAIT_ADAPTIVE's spin, microseconds (exs_qsetwait's spin_us) */
 };
 enum { /* exs_signal_t.exs_sig_state */
        EXS_SIG_DISABLE = 0,

@@ -15,6 +15,7 @@
 #include "exs/api/evq.h"
 #include "exs/api/lite_lock.h"
 #include "exs/util/log.h"
+#include "exs/util/params.h"
 #include "exs/util/util.h"
 #include "tests/unit/unit.h"
 
@@ -371,6 +372,56 @@ START_TEST(test_bad_args)
     for (size_t i = 0; i < EXS_ARRAY_SIZE(wait_modes); i++)
         ck_assert_int_eq(exs_qsetwait(q, wait_modes[i], 10), 0);
     ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* Until exs_qsetwait, a queue waits as EXS_WAIT_ADAPTIVE with EXS_QWAIT_SPIN_US's spin
+ * (default 10 us, spec/api.md "Wait modes"); 0 makes new queues NOTIFY. The spin reads and
+ * sets through EXS_QATTR_WAIT_SPIN, which leaves the mode as it is. */
+START_TEST(test_qwait_default)
+{
+    socklen_t len = sizeof(int);
+    int v = -1;
+    exs_qhandle_t q, q2;
+
+    unsetenv("EXS_QWAIT_SPIN_US");
+    exs__params_reset();
+    ck_assert_int_eq(exs__params_load(), 0); /* as exs_init loads them */
+    q = exs_qcreate(8);
+    ck_assert_int_ge(q, 0);
+    ck_assert_int_eq(exs_qgetattr(q, EXS_QATTR_WAIT, &v, &len), 0);
+    ck_assert_int_eq(v, EXS_WAIT_ADAPTIVE);
+    ck_assert_int_eq(exs_qgetattr(q, EXS_QATTR_WAIT_SPIN, &v, &len), 0);
+    ck_assert_int_eq(v, 10);
+    ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_POLL, 7), 0);
+    ck_assert_int_eq(exs_qgetattr(q, EXS_QATTR_WAIT_SPIN, &v, &len), 0);
+    ck_assert_int_eq(v, 7);
+    v = 25;
+    ck_assert_int_eq(exs_qsetattr(q, EXS_QATTR_WAIT_SPIN, &v, sizeof(v)), 0);
+    ck_assert_int_eq(exs_qgetattr(q, EXS_QATTR_WAIT, &v, &len), 0);
+    ck_assert_int_eq(v, EXS_WAIT_POLL); /* the mode stays */
+    ck_assert_int_eq(exs_qgetattr(q, EXS_QATTR_WAIT_SPIN, &v, &len), 0);
+    ck_assert_int_eq(v, 25);
+    v = -1;
+    errno = 0;
+    ck_assert_int_eq(exs_qsetattr(q, EXS_QATTR_WAIT_SPIN, &v, sizeof(v)), -1);
+    ck_assert_int_eq(errno, EINVAL);
+    /* EXS_QWAIT_SPIN_US=0: new queues sleep at once; queues made before keep theirs */
+    ck_assert_int_eq(exs__params_set("qwait_spin_us", "0"), 0);
+    q2 = exs_qcreate(8);
+    ck_assert_int_ge(q2, 0);
+    ck_assert_int_eq(exs_qgetattr(q2, EXS_QATTR_WAIT, &v, &len), 0);
+    ck_assert_int_eq(v, EXS_WAIT_NOTIFY);
+    ck_assert_int_eq(exs_qgetattr(q2, EXS_QATTR_WAIT_SPIN, &v, &len), 0);
+    ck_assert_int_eq(v, 0);
+    ck_assert_int_eq(exs__params_set("qwait_spin_us", "10"), 0);
+    ck_assert_int_eq(exs_qgetattr(q, EXS_QATTR_WAIT_SPIN, &v, &len), 0);
+    ck_assert_int_eq(v, 25);
+    ck_assert_int_eq(exs__params_set("qwait_spin_us", "1000001"), -EINVAL);
+    ck_assert_int_eq(exs_qdelete(q2), 0);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    exs__params_reset();
     ASSERT_NO_QUEUES();
 }
 END_TEST
@@ -899,6 +950,7 @@ Suite *api_evq_suite(void)
     tcase_add_test(tc, test_bad_depth);
     tcase_add_test(tc, test_bad_handles);
     tcase_add_test(tc, test_stale_handle);
+    tcase_add_test(tc, test_qwait_default);
     tcase_add_test(tc, test_destroy_all);
     suite_add_tcase(s, tc);
 
