@@ -387,6 +387,42 @@ AB done
         self.assertIn("| busy | this | 20 | 50 | 2.5 | futex 7 |", out)
         self.assertIn("ABFAIL round=2 label=this fig=msgs: boom", out)
 
+    def test_rxe_cg(self):
+        """bench/rxe_cg_results.py: self costs per object from callgrind's compressed
+        names (a call's inclusive cost line is not counted), per round trip from two runs."""
+        import base64
+        import gzip
+        import subprocess
+
+        import rxe_cg_results as cg
+
+        def cgfile(k):
+            return ("events: Ir\nob=(1) /guest/blast-this\nfl=(1) x.c\nfn=(1) exs_send\n"
+                    f"10 {1100 * k}\ncob=(2) /lib/libc.so.6\ncfn=(2) memcpy\ncalls=1 0\n"
+                    f"10 {999 * k}\nob=(2)\nfl=(2) y.c\nfn=(2)\n+2 {110 * k}\n")
+
+        per_ob, per_fn = cg.parse_cg(cgfile(1))
+        self.assertEqual(per_ob, {"/guest/blast-this": 1100, "/lib/libc.so.6": 110})
+        self.assertEqual(per_fn[("/lib/libc.so.6", "memcpy")], 110)
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            for n, k in ((100, 1), (1100, 11)):  # 1000 more round trips, x1.1 warm-up
+                blob = base64.b64encode(gzip.compress(cgfile(k).encode())).decode()
+                f.write(f"a| @@CG BEGIN libexs {n}\na| {blob}\na| @@CG END\n")
+            f.write("a| CGFAIL label=rsockets n=100: boom\n")
+        try:
+            out = subprocess.run([sys.executable, os.path.join(os.path.dirname(
+                                  os.path.abspath(__file__)), "rxe_cg_results.py"),
+                                  f.name, "k=v"], check=True, capture_output=True,
+                                 text=True).stdout
+        finally:
+            os.unlink(f.name)
+        # 1,000 more round trips (1,100 with blast's warm-up): 10 + 1 Ir per round trip
+        self.assertIn("| client | Ir per round trip | libc | program (libexs is linked into "
+                      "blast) | each pair |", out)
+        self.assertIn("| libexs | 11 | 1 | 10 | 11 |", out)
+        self.assertIn("| `exs_send` | blast-this | 10 |", out)
+        self.assertIn("CGFAIL label=rsockets n=100: boom", out)
+
 
 if __name__ == "__main__":
     unittest.main()
