@@ -957,7 +957,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             if (now < spin_end)
                 evq_spin(evq, want, now, now < end ? end : 0);
             else
-                exs__engine_drive(0);
+                exs__engine_drive(EXS_ENG_DRIVE_WAIT);
             driven = 1;
             EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
             continue;

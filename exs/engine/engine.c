@@ -21,8 +21,11 @@
 #define ENG_CQE_BATCH   64
 #define ENG_DRIVE_ROUND 16 /* cqe batches per round of one drive */
 #define ENG_DRIVE_MAX   8  /* rounds per drive: a flood cannot keep one caller forever */
-/* A busy wait's rounds (EXS_ENG_DRIVE_TRY) look at the fallback context only every
- * ENG_FB_EVERY-th time once it found nothing in ENG_FB_IDLE rounds of its own (a verbs
+/* A busy wait's rounds (EXS_ENG_DRIVE_TRY), and a waiter's drive before it sleeps
+ * (EXS_ENG_DRIVE_WAIT: its arm then looks at every context), look at the fallback context
+ * only every ENG_FB_EVERY-th time once it found nothing in ENG_FB_IDLE rounds of its own
+ * (a blocking verbs ping-pong made 1.8 tcp passes per round trip: four locks and an
+ * epoll_wait, bench-rxe-cg, session 20) (a verbs
  * process polls an idle tcp context at every turn otherwise: three locks, half of a busy
  * turn's, and an epoll_wait); each look that finds nothing doubles that interval, up to
  * EXS_ENG_FB_EVERY_MAX rounds (at every 16th round the look was still 4-5 epoll_waits per
@@ -85,7 +88,9 @@ static struct {
 };
 
 static __thread int eng_holding; /* this thread holds eng.plock */
-static __thread int eng_busy;    /* this thread's drive is a busy wait's (EXS_ENG_DRIVE_TRY) */
+static __thread int eng_busy;    /* this thread's drive may skip an idle fallback context: a
+                                  * busy wait's (EXS_ENG_DRIVE_TRY) or a waiter's before it
+                                  * sleeps (EXS_ENG_DRIVE_WAIT) */
 static __thread unsigned eng_only =
     ~0u; /* contexts this thread's drive runs (EXS_ENG_DRIVE_ONLY) */
 /* Slow-poll detection (polling_warn_cycle_us): when this thread's last drive ended, 0 once
@@ -514,7 +519,7 @@ int exs__engine_drive(int flags)
     } else {
         eng_lock();
     }
-    eng_busy = flags & EXS_ENG_DRIVE_TRY;
+    eng_busy = (flags & (EXS_ENG_DRIVE_TRY | EXS_ENG_DRIVE_WAIT)) != 0;
     eng_only = flags & EXS_ENG_DRIVE_ONLY ? (unsigned)flags >> 8 : ~0u;
     /* running is cleared under the lock by exs__engine_stop before the provider closes */
     eng_disarm_unwatched();

@@ -126,6 +126,10 @@ int exs__engine_manual(void);
  * armed with nothing pending and have not signalled since: a round of theirs would find
  * nothing, at the cost of a system call on tcp's, epoll_wait). */
 #define EXS_ENG_DRIVE_ONLY   2
+/* A waiter's drive before it arms and sleeps (EXS_WAIT_NOTIFY, ADAPTIVE after its spin):
+ * it may skip an idle fallback context as a busy wait's rounds do (the arm after it looks
+ * at every context, and the drive after an arm that found work takes no such flag). */
+#define EXS_ENG_DRIVE_WAIT   4
 #define EXS_ENG_DRIVE_CTX(i) (1 << (8 + (i)))
 int exs__engine_drive(int flags);
 /* Before a waiter sleeps: under the progress lock, arm every provider context. 0: sleep

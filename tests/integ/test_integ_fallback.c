@@ -584,6 +584,33 @@ START_TEST(test_fb_busy_skips_idle)
 }
 END_TEST
 
+/* A waiter that sleeps (EXS_WAIT_NOTIFY) skips the idle fallback context in its drive
+ * before the arm as a busy wait does (EXS_ENG_DRIVE_WAIT), and connections over the
+ * fallback still move: the arm looks at every context, a readable fallback wakes the
+ * sleeper, whose drive looks at it. */
+START_TEST(test_fb_wait_skips_idle)
+{
+    struct it_pair p1;
+    exs_event_t ev;
+    uint64_t s0, s1;
+
+    fb_init("connect", "1");
+    ck_assert_ptr_nonnull(exs__engine_fallback_ctx());
+    it_pair_open(&p1, SOCK_SEQPACKET, 16, 16); /* refused on the primary: over tcp */
+    ck_assert_str_eq(fd_provider(p1.cfd), "tcp");
+    ck_assert_int_eq(exs_qsetwait(p1.cq, EXS_WAIT_NOTIFY, 0), 0);
+    ck_assert_int_eq(exs_qsetwait(p1.sq, EXS_WAIT_NOTIFY, 0), 0);
+    s0 = eng_count("fb_skips");
+    /* each 1 ms wait drives once before it sleeps: the fallback is idle */
+    for (int i = 0; i < 400; i++)
+        ck_assert_int_eq(exs_qdequeue(p1.cq, &ev, 1, &(struct timespec){0, 1000 * 1000}), 0);
+    s1 = eng_count("fb_skips");
+    ck_assert_msg(s1 > s0, "400 sleeping waits looked at the idle fallback context every time");
+    xfer_both_ways(&p1, 500);
+    it_pair_close(&p1);
+}
+END_TEST
+
 Suite *integ_fallback_suite(void)
 {
     Suite *s = suite_create("integ_fallback");
@@ -604,6 +631,7 @@ Suite *integ_fallback_suite(void)
     tcase_add_test(tc, test_fb_keepalive_release);
     tcase_add_test(tc, test_fb_fini_open);
     tcase_add_test(tc, test_fb_busy_skips_idle);
+    tcase_add_test(tc, test_fb_wait_skips_idle);
     suite_add_tcase(s, tc);
     return s;
 }
