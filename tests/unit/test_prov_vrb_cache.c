@@ -809,6 +809,40 @@ START_TEST(gc_drop_parent_close_off)
 }
 END_TEST
 
+/* A registration refused for memory (the locked-memory limit, which the cached entries' pinned
+ * pages count against): the unused entries are deregistered and the registration tried once
+ * more; entries in use stay. */
+START_TEST(gc_trim_on_enomem)
+{
+    static char buf[4 * VRB_MC_PAGE];
+    struct mock_reg m;
+    struct vrb_reg_ops ops = mock_ops(&m);
+    struct vrb_gcache gc;
+    struct vrb_gc_entry *a, *b, *c;
+    int p = 0;
+
+    gc_open(&gc, &ops, 8, 1u << 20);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf, 100, &a), 0);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf + 100, 100, &b), 0);
+    exs__vrb_gc_put(&gc, a);
+    m.fail_next = 1;
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf + 200, 100, &c), 0);
+    ck_assert_int_eq(m.deregs, 1); /* a; b is in use */
+    ck_assert_uint_eq(gc_cnt("gc_evictions"), 1);
+    ck_assert_uint_eq(gc_cnt("gc_entries"), 2);
+    /* nothing unused to give back: the failure stands */
+    m.fail_next = 1;
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf + 300, 100, &a), -ENOMEM);
+    ck_assert_uint_eq(exs__vrb_gc_trim(&gc), 0);
+    exs__vrb_gc_put(&gc, b);
+    exs__vrb_gc_put(&gc, c);
+    ck_assert_uint_eq(exs__vrb_gc_trim(&gc), 2);
+    ck_assert_uint_eq(gc_cnt("gc_entries"), 0);
+    exs__vrb_gc_fini(&gc);
+    ck_assert_int_eq(m.deregs, m.regs);
+}
+END_TEST
+
 /* ---- completion queue budget ---- */
 
 START_TEST(cq_plan_fits_without_resize)
@@ -887,6 +921,7 @@ Suite *prov_vrb_cache_suite(void)
     tcase_add_test(tc, gc_same_range_reused);
     tcase_add_test(tc, gc_bounded_in_use_not_evicted);
     tcase_add_test(tc, gc_drop_parent_close_off);
+    tcase_add_test(tc, gc_trim_on_enomem);
     suite_add_tcase(s, tc);
     tc = tcase_create("cqplan");
     tcase_add_test(tc, cq_plan_fits_without_resize);

@@ -199,6 +199,9 @@ void exs__vrb_gc_put(struct vrb_gcache *gc, struct vrb_gc_entry *e);
 /* parent is about to be deregistered: every entry over it is deregistered now (one in use,
  * which the caller's contract excludes, at its put). */
 void exs__vrb_gc_drop(struct vrb_gcache *gc, const void *parent);
+/* Deregister every unused entry (a registration failed: their pinned pages count against
+ * the process's locked-memory limit). Returns how many. */
+unsigned exs__vrb_gc_trim(struct vrb_gcache *gc);
 /* The device went away: every unused entry deregistered, and nothing kept from now on. */
 void exs__vrb_gc_close(struct vrb_gcache *gc);
 void exs__vrb_gc_counters(struct vrb_gcache *gc, int on);

@@ -605,6 +605,8 @@ int exs__vrb_gc_get(struct vrb_gcache *gc, const void *parent, uint32_t parent_k
     /* the registration outside the lock: other grants go on meanwhile (a busy entry is
      * neither found nor evicted, and drop leaves it to its put) */
     ret = gc->ops.reg(gc->ops.arg, addr, len, &e->handle, &e->lkey, &rkey);
+    if (ret == -ENOMEM && exs__vrb_gc_trim(gc))
+        ret = gc->ops.reg(gc->ops.arg, addr, len, &e->handle, &e->lkey, &rkey);
     if (ret) {
         e->handle = NULL;
         pthread_mutex_lock(&gc->lock);
@@ -646,6 +648,28 @@ void exs__vrb_gc_drop(struct vrb_gcache *gc, const void *parent)
         vrb_gc_unlink(gc, e);
     }
     pthread_mutex_unlock(&gc->lock);
+}
+
+unsigned exs__vrb_gc_trim(struct vrb_gcache *gc)
+{
+    struct exs_list *pos, *tmp;
+    unsigned n = 0;
+
+    if (!gc->lru.next)
+        return 0;
+    pthread_mutex_lock(&gc->lock);
+    exs_list_for_each_safe(pos, tmp, &gc->lru)
+    {
+        struct vrb_gc_entry *e = exs_list_entry(pos, struct vrb_gc_entry, link);
+
+        if (e->busy)
+            continue;
+        vrb_gc_unlink(gc, e);
+        EXS_CNT_INC(gc->cnt.gc_evictions);
+        n++;
+    }
+    pthread_mutex_unlock(&gc->lock);
+    return n;
 }
 
 void exs__vrb_gc_close(struct vrb_gcache *gc)
