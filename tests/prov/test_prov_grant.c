@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "exs/util/counters.h"
 #include "tests/prov/prov_test.h"
 
 #define LW  EXS_PROV_ACCESS_LOCAL_WRITE
@@ -38,20 +39,27 @@ static struct exs_prov_grant *grant_ok(struct exs_prov_ep *ep, struct pt_buf *b,
     return g;
 }
 
-/* One op through ea with a grant's key: the status it completed with. On error the
- * ep is in ERROR and a valid op behind it was flushed. */
+/* One op through ep (of host a) with a grant's key: the status it completed with. On error
+ * the ep is in ERROR and a valid op behind it was flushed. */
+static enum exs_prov_wc_status try_op_on(struct pt_pair *p, struct exs_prov_ep *ep,
+                                         enum exs_prov_wr_opcode op, struct pt_buf *local,
+                                         uint64_t raddr, uint32_t len, uint32_t rkey)
+{
+    struct exs_prov_cqe c;
+
+    ck_assert_int_eq(pt_post_send(ep, 1, op, SIG, local, 0, len, 0, raddr, rkey), 0);
+    pt_wait_cqe(&p->a, PT_TIMEOUT_MS, &c);
+    ck_assert_uint_eq(c.wr_id, 1);
+    if (c.status != EXS_PROV_WC_SUCCESS)
+        ck_assert_int_eq(pt_ops->ep_state(ep), EXS_PROV_EP_ERROR);
+    return c.status;
+}
+
 static enum exs_prov_wc_status try_op(struct pt_pair *p, enum exs_prov_wr_opcode op,
                                       struct pt_buf *local, uint64_t raddr, uint32_t len,
                                       uint32_t rkey)
 {
-    struct exs_prov_cqe c;
-
-    ck_assert_int_eq(pt_post_send(p->ea, 1, op, SIG, local, 0, len, 0, raddr, rkey), 0);
-    pt_wait_cqe(&p->a, PT_TIMEOUT_MS, &c);
-    ck_assert_uint_eq(c.wr_id, 1);
-    if (c.status != EXS_PROV_WC_SUCCESS)
-        ck_assert_int_eq(pt_ops->ep_state(p->ea), EXS_PROV_EP_ERROR);
-    return c.status;
+    return try_op_on(p, p->ea, op, local, raddr, len, rkey);
 }
 
 /* ---- the key is good on its ep, for its right, over its range ---- */
@@ -248,6 +256,80 @@ MISUSE_TEST(grant_after_revoke, M_REVOKED)
 MISUSE_TEST(grant_other_ep, M_OTHER_EP)
 MISUSE_TEST(grant_other_ctx, M_OTHER_CTX)
 MISUSE_TEST(grant_local_mr_rkey, M_MR_RKEY)
+
+/* ---- verbs, grant mode mw_mr: the registration under a window, kept for the next grant ---- */
+
+static uint64_t gcache(const char *name)
+{
+    uint64_t v = 0;
+
+    ck_assert_int_eq(exs__counters_lookup("prov.verbs.grantcache", name, &v), 0);
+    return v;
+}
+
+/* A grant's registration of exactly its range is kept at revoke (it has no remote right of
+ * its own) and serves the next grant of that range, here on another connection: the new key
+ * works over the range, the revoked key does not, nor does the new key one byte past the
+ * range; the registration goes with the parent's deregistration. */
+START_TEST(grant_cache_range_reused)
+{
+    struct pt_pair p;
+    struct pt_buf *tgt, *src;
+    struct exs_prov_ep *ea2 = NULL, *eb2 = NULL;
+    struct exs_prov_grant *g;
+    uint64_t v, hits, ent, drops;
+    uint32_t old_key;
+
+    pt_pair_setup(&p, NULL, NULL);
+    if (exs__counters_lookup("prov.verbs.grantcache", "gc_hits", &v) != 0) {
+        printf("grant_cache_range_reused: provider %s has no grant cache, skipped\n", pt_ops->name);
+        pt_pair_close(&p);
+        return;
+    }
+    tgt = pt_buf_new(&p.b, TLEN, LW, 0x5A);
+    src = pt_pair_buf(&p, 'a', TLEN, LW, 0);
+    ent = gcache("gc_entries");
+    g = grant_ok(p.eb, tgt, GOFF, GLEN, RW);
+    pt_pattern(src->p, TLEN, 3);
+    ck_assert_int_eq(try_op(&p, EXS_PROV_WR_RDMA_WRITE, src, g->addr, GLEN, g->rkey),
+                     EXS_PROV_WC_SUCCESS);
+    old_key = g->rkey;
+    pt_ops->revoke(g);
+    if (gcache("gc_entries") == ent) {
+        printf("grant_cache_range_reused: grant mode without the cache, skipped\n");
+        pt_buf_free(tgt);
+        pt_pair_close(&p);
+        return;
+    }
+    hits = gcache("gc_hits");
+    second_conn(&p, &ea2, &eb2);
+    g = grant_ok(eb2, tgt, GOFF, GLEN, RW);
+    ck_assert_uint_eq(gcache("gc_hits"), hits + 1);
+    ck_assert_uint_ne(g->rkey, old_key);
+    pt_pattern(src->p, TLEN, 7);
+    ck_assert_int_eq(try_op_on(&p, ea2, EXS_PROV_WR_RDMA_WRITE, src, g->addr, GLEN, g->rkey),
+                     EXS_PROV_WC_SUCCESS);
+    ck_assert(pt_pattern_check(tgt->p + GOFF, GLEN, 7) < 0);
+    pt_pattern(src->p, TLEN, 8);
+    ck_assert_int_eq(try_op(&p, EXS_PROV_WR_RDMA_WRITE, src, g->addr, GLEN, old_key),
+                     EXS_PROV_WC_REM_ACCESS_ERR);
+    ck_assert_int_eq(try_op_on(&p, ea2, EXS_PROV_WR_RDMA_WRITE, src, g->addr + 1, GLEN, g->rkey),
+                     EXS_PROV_WC_REM_ACCESS_ERR);
+    ck_assert(pt_pattern_check(tgt->p + GOFF, GLEN, 7) < 0);
+    ck_assert(pt_all_bytes(tgt->p, GOFF, 0x5A));
+    ck_assert(pt_all_bytes(tgt->p + GOFF + GLEN, TLEN - GOFF - GLEN, 0x5A));
+    ck_assert(pt_buf_guards_ok(tgt));
+    pt_ops->revoke(g);
+    ent = gcache("gc_entries");
+    drops = gcache("gc_drops");
+    pt_buf_free(tgt);
+    ck_assert_uint_eq(gcache("gc_drops"), drops + 1);
+    ck_assert_uint_eq(gcache("gc_entries"), ent - 1);
+    pt_ep_close(&p.a, ea2);
+    pt_ep_close(&p.b, eb2);
+    pt_pair_close(&p);
+}
+END_TEST
 
 START_TEST(grant_read_after_revoke)
 {
@@ -671,6 +753,7 @@ Suite *prov_grant_suite(void)
     tcase_add_test(tc, grant_wrap);
     tcase_add_test(tc, grant_after_revoke);
     tcase_add_test(tc, grant_read_after_revoke);
+    tcase_add_test(tc, grant_cache_range_reused);
     tcase_add_test(tc, grant_other_ep);
     tcase_add_test(tc, grant_other_ctx);
     tcase_add_test(tc, grant_local_mr_rkey);

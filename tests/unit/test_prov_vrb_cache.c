@@ -645,6 +645,204 @@ START_TEST(counters_visible)
 }
 END_TEST
 
+/* ---- grant registration cache ---- */
+
+static void gc_open(struct vrb_gcache *gc, const struct vrb_reg_ops *ops, unsigned entries,
+                    size_t bytes)
+{
+    memset(gc, 0, sizeof(*gc));
+    exs__vrb_gc_init(gc, entries, bytes, ops);
+    exs__vrb_gc_counters(gc, 1);
+}
+
+static uint64_t gc_cnt(const char *name)
+{
+    uint64_t v = 0;
+
+    ck_assert_int_eq(exs__counters_lookup("prov.verbs.grantcache", name, &v), 0);
+    return v;
+}
+
+/* The next grant of the same range of the same parent gets the registration back, without
+ * registering; any other range, length, parent or parent key registers its own. */
+START_TEST(gc_same_range_reused)
+{
+    static char buf[4 * VRB_MC_PAGE];
+    struct mock_reg m;
+    struct vrb_reg_ops ops = mock_ops(&m);
+    struct vrb_gcache gc;
+    struct vrb_gc_entry *a, *b, *c, *d;
+    uint64_t v;
+    int p1 = 1, p2 = 2;
+
+    gc_open(&gc, &ops, 8, 1u << 20);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 9, buf + 100, 1000, &a), 0);
+    ck_assert_int_eq(m.regs, 1);
+    ck_assert_uint_eq(m.last_addr, (uintptr_t)(buf + 100)); /* exactly the range */
+    ck_assert_uint_eq(m.last_len, 1000);
+    exs__vrb_gc_put(&gc, a);
+    ck_assert_int_eq(m.deregs, 0);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 9, buf + 100, 1000, &b), 0);
+    ck_assert_ptr_eq(b, a);
+    ck_assert_int_eq(m.regs, 1);
+    ck_assert_uint_eq(gc_cnt("gc_hits"), 1);
+    /* in use: the same range again is a registration of its own */
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 9, buf + 100, 1000, &c), 0);
+    ck_assert_ptr_ne(c, b);
+    exs__vrb_gc_put(&gc, c);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 9, buf + 100, 999, &d), 0); /* other length */
+    ck_assert_ptr_ne(d, b);
+    exs__vrb_gc_put(&gc, d);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 9, buf + 101, 1000, &d), 0); /* other start */
+    exs__vrb_gc_put(&gc, d);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p2, 9, buf + 100, 1000, &d), 0); /* other parent */
+    exs__vrb_gc_put(&gc, d);
+    /* the same parent address with another key: a registration made there since */
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 10, buf + 100, 1000, &d), 0);
+    exs__vrb_gc_put(&gc, d);
+    ck_assert_int_eq(m.regs, 6);
+    ck_assert_uint_eq(gc_cnt("gc_misses"), 6);
+    ck_assert_uint_eq(gc_cnt("gc_entries"), 6);
+    ck_assert_uint_eq(gc_cnt("gc_bytes"), 5000 + 999);
+    exs__vrb_gc_put(&gc, b);
+    exs__vrb_gc_fini(&gc);
+    ck_assert_int_eq(m.deregs, 6);
+    ck_assert_int_eq(exs__counters_lookup("prov.verbs.grantcache", "gc_hits", &v), -ENOENT);
+}
+END_TEST
+
+/* Bounded in entries and in bytes: the least recently used unused entry goes; one in use (a
+ * window bound over it) never does: a registration that finds no room is not kept. */
+START_TEST(gc_bounded_in_use_not_evicted)
+{
+    static char buf[8 * VRB_MC_PAGE];
+    struct mock_reg m;
+    struct vrb_reg_ops ops = mock_ops(&m);
+    struct vrb_gcache gc;
+    struct vrb_gc_entry *e[4], *x;
+    int p = 0;
+
+    gc_open(&gc, &ops, 2, 3 * VRB_MC_PAGE);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf, VRB_MC_PAGE, &e[0]), 0);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf + VRB_MC_PAGE, VRB_MC_PAGE, &e[1]), 0);
+    /* both in use: the third is not kept, deregistered at its put */
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf + 2 * VRB_MC_PAGE, VRB_MC_PAGE, &e[2]), 0);
+    ck_assert_int_eq(m.deregs, 0);
+    exs__vrb_gc_put(&gc, e[2]);
+    ck_assert_int_eq(m.deregs, 1);
+    ck_assert_uint_eq(gc_cnt("gc_uncached"), 1);
+    ck_assert_uint_eq(gc_cnt("gc_evictions"), 0);
+    /* e[0] unused, e[1] in use: a new range evicts e[0] */
+    exs__vrb_gc_put(&gc, e[0]);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf + 3 * VRB_MC_PAGE, VRB_MC_PAGE, &e[3]), 0);
+    ck_assert_int_eq(m.deregs, 2);
+    ck_assert_uint_eq(gc_cnt("gc_evictions"), 1);
+    ck_assert_uint_eq(gc_cnt("gc_entries"), 2);
+    /* bytes: 2 pages held; 2 more do not fit beside them, the unused one goes first */
+    exs__vrb_gc_put(&gc, e[3]);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf + 4 * VRB_MC_PAGE, 2 * VRB_MC_PAGE, &x), 0);
+    ck_assert_int_eq(m.deregs, 3);
+    ck_assert_uint_eq(gc_cnt("gc_bytes"), 3 * VRB_MC_PAGE);
+    exs__vrb_gc_put(&gc, x);
+    /* longer than the cache holds: used once */
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf, 4 * VRB_MC_PAGE, &x), 0);
+    exs__vrb_gc_put(&gc, x);
+    ck_assert_int_eq(m.deregs, 4);
+    exs__vrb_gc_put(&gc, e[1]);
+    exs__vrb_gc_fini(&gc);
+    ck_assert_int_eq(m.deregs, m.regs);
+}
+END_TEST
+
+/* A parent deregistered: its unused entries are deregistered at once, one in use at its put;
+ * other parents' stay. Closing (device gone) deregisters everything unused and keeps nothing
+ * after. Caching off (0 entries): every put deregisters. A failed registration leaves nothing. */
+START_TEST(gc_drop_parent_close_off)
+{
+    static char buf[4 * VRB_MC_PAGE];
+    struct mock_reg m;
+    struct vrb_reg_ops ops = mock_ops(&m);
+    struct vrb_gcache gc;
+    struct vrb_gc_entry *a, *b, *c, *d;
+    int p1 = 1, p2 = 2;
+
+    memset(&gc, 0, sizeof(gc));
+    exs__vrb_gc_drop(&gc, &p1); /* not initialized yet: nothing to do */
+    exs__vrb_gc_init(&gc, 8, 1u << 20, &ops);
+    exs__vrb_gc_counters(&gc, 1);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 9, buf, 100, &a), 0);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 9, buf + 100, 100, &b), 0);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p2, 9, buf, 100, &c), 0);
+    exs__vrb_gc_put(&gc, a);
+    exs__vrb_gc_put(&gc, c);
+    exs__vrb_gc_drop(&gc, &p1);
+    ck_assert_int_eq(m.deregs, 1); /* a; b is in use */
+    ck_assert_uint_eq(gc_cnt("gc_drops"), 2);
+    ck_assert_uint_eq(gc_cnt("gc_entries"), 1);
+    exs__vrb_gc_put(&gc, b);
+    ck_assert_int_eq(m.deregs, 2);
+    /* p1's range again: registered anew */
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 9, buf, 100, &a), 0);
+    ck_assert_int_eq(m.regs, 4);
+    exs__vrb_gc_close(&gc);
+    ck_assert_int_eq(m.deregs, 3); /* c */
+    exs__vrb_gc_put(&gc, a);
+    ck_assert_int_eq(m.deregs, 4);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p2, 9, buf, 100, &d), 0);
+    exs__vrb_gc_put(&gc, d);
+    ck_assert_int_eq(m.deregs, 5);
+    ck_assert_uint_eq(gc_cnt("gc_entries"), 0);
+    ck_assert_uint_eq(gc_cnt("gc_bytes"), 0);
+    exs__vrb_gc_fini(&gc);
+    exs__vrb_gc_fini(&gc); /* twice (device gone, then the ctx closed) */
+
+    ops = mock_ops(&m);
+    memset(&gc, 0, sizeof(gc));
+    exs__vrb_gc_init(&gc, 0, 1u << 20, &ops);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 9, buf, 100, &a), 0);
+    exs__vrb_gc_put(&gc, a);
+    ck_assert_int_eq(m.deregs, 1);
+    m.fail_next = 1;
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p1, 9, buf, 100, &a), -ENOMEM);
+    exs__vrb_gc_fini(&gc);
+    ck_assert_int_eq(m.regs, m.deregs);
+}
+END_TEST
+
+/* A registration refused for memory (the locked-memory limit, which the cached entries' pinned
+ * pages count against): the unused entries are deregistered and the registration tried once
+ * more; entries in use stay. */
+START_TEST(gc_trim_on_enomem)
+{
+    static char buf[4 * VRB_MC_PAGE];
+    struct mock_reg m;
+    struct vrb_reg_ops ops = mock_ops(&m);
+    struct vrb_gcache gc;
+    struct vrb_gc_entry *a, *b, *c;
+    int p = 0;
+
+    gc_open(&gc, &ops, 8, 1u << 20);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf, 100, &a), 0);
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf + 100, 100, &b), 0);
+    exs__vrb_gc_put(&gc, a);
+    m.fail_next = 1;
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf + 200, 100, &c), 0);
+    ck_assert_int_eq(m.deregs, 1); /* a; b is in use */
+    ck_assert_uint_eq(gc_cnt("gc_evictions"), 1);
+    ck_assert_uint_eq(gc_cnt("gc_entries"), 2);
+    /* nothing unused to give back: the failure stands */
+    m.fail_next = 1;
+    ck_assert_int_eq(exs__vrb_gc_get(&gc, &p, 9, buf + 300, 100, &a), -ENOMEM);
+    ck_assert_uint_eq(exs__vrb_gc_trim(&gc), 0);
+    exs__vrb_gc_put(&gc, b);
+    exs__vrb_gc_put(&gc, c);
+    ck_assert_uint_eq(exs__vrb_gc_trim(&gc), 2);
+    ck_assert_uint_eq(gc_cnt("gc_entries"), 0);
+    exs__vrb_gc_fini(&gc);
+    ck_assert_int_eq(m.deregs, m.regs);
+}
+END_TEST
+
 /* ---- completion queue budget ---- */
 
 START_TEST(cq_plan_fits_without_resize)
@@ -718,6 +916,12 @@ Suite *prov_vrb_cache_suite(void)
     tcase_add_test(tc, qpc_off_destroys);
     tcase_add_test(tc, qpc_close_device_gone);
     tcase_add_test(tc, counters_visible);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("grantcache");
+    tcase_add_test(tc, gc_same_range_reused);
+    tcase_add_test(tc, gc_bounded_in_use_not_evicted);
+    tcase_add_test(tc, gc_drop_parent_close_off);
+    tcase_add_test(tc, gc_trim_on_enomem);
     suite_add_tcase(s, tc);
     tc = tcase_create("cqplan");
     tcase_add_test(tc, cq_plan_fits_without_resize);

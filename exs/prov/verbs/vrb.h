@@ -259,7 +259,8 @@ struct vrb_ctx {
     struct vrb_qpcache qpc;
     struct vrb_mcache mc;
     struct vrb_regcache rc;
-    int pagemap_fd; /* /proc/self/pagemap for the registration cache's page check, or -1 */
+    struct vrb_gcache gc; /* grant mode mw_mr: registrations of grants' exact ranges, kept */
+    int pagemap_fd;       /* /proc/self/pagemap for the registration cache's page check, or -1 */
     enum vrb_grant_mode grant_mode;
     /* window binds go behind a local invalidate of the ep's fence window (rxe runs a
      * LOCAL_INV only once everything posted before it completed), so that a bind runs only
@@ -382,7 +383,12 @@ void exs__vrb_mem_free(struct exs_prov_mr *mr);
 int exs__vrb_mr_get(struct exs_prov_ctx *ctx, void *addr, size_t length, unsigned access,
                     struct exs_prov_mr **mr_p);
 void exs__vrb_mr_put(struct exs_prov_mr *mr);
+/* Deregisters a registration grants may lie in: the grant cache's entries over it first. */
 void exs__vrb_dereg_cb(void *arg, void *handle);
+/* The grant cache's registrations: exactly a grant's range, LOCAL_WRITE | MW_BIND. */
+int exs__vrb_reg_bind_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
+                         uint32_t *rkey_p);
+void exs__vrb_dereg_bind_cb(void *arg, void *handle);
 /* 1 when every sge lies inside an mr of ctx (with LOCAL_WRITE when need_lw). */
 int exs__vrb_mr_covers(struct vrb_ctx *ctx, const struct exs_prov_sge *sge, int n, int need_lw);
 
@@ -411,7 +417,8 @@ void exs__vrb_grant_release(struct vrb_grant *g);
 void exs__vrb_grants_drop(struct vrb_ep *ep);
 /* At RTS (cm_lock, nothing posted yet): the ep's fence window, bound (ctx->bind_fence). */
 void exs__vrb_fence_arm(struct vrb_ep *ep);
-/* ctx_close / device removal: the fence page's registration. */
+/* ctx_close / device removal (every grant released): the fence page's registration, and
+ * the grant cache's (its counters unregistered; nothing cached after). */
 void exs__vrb_fence_release(struct vrb_ctx *ctx);
 
 /* vrb_gone.c: the device is going away (its DEVICE_REMOVAL event was acked; cm_lock held):

@@ -145,6 +145,67 @@ void exs__vrb_rc_unreg(struct vrb_regcache *rc, struct vrb_rc_entry *e);
 /* Drop every unused registration overlapping [addr, addr+len) (memory about to be freed). */
 void exs__vrb_rc_invalidate(struct vrb_regcache *rc, const void *addr, size_t len);
 
+/* ---- grant registration cache (grant mode mw_mr, spec/provider.md "Grants") ----
+ * Registrations of exactly one grant's range, local rights and MW_BIND only (no remote
+ * right: only the window bound over one at a time gives one), kept after the grant's revoke
+ * for the next grant of the same range of the same parent registration. An entry in use
+ * (a window bound over it) is never evicted or deregistered by the cache; entries over a
+ * parent are dropped before the parent is deregistered (exs__vrb_gc_drop), so an entry never
+ * outlives the pages its parent pinned. */
+struct vrb_gc_counters {
+    uint64_t gc_hits;      /* grants given a cached registration */
+    uint64_t gc_misses;    /* grants that registered */
+    uint64_t gc_evictions; /* unused registrations deregistered, cache full (LRU) */
+    uint64_t gc_drops;     /* deregistered with their parent (or the device) */
+    uint64_t gc_uncached;  /* not kept: the cache full of registrations in use, or closed */
+    uint64_t gc_entries;   /* registrations cached */
+    uint64_t gc_bytes;     /* bytes they cover */
+};
+
+struct vrb_gc_entry {
+    struct exs_list link; /* gc->lru, most recently used first (when cached) */
+    const void *parent;   /* the registration the range lies in (its device handle) */
+    uint32_t parent_key;  /* and its key: a later registration at the same address differs */
+    uintptr_t addr;
+    size_t len;
+    void *handle;
+    uint32_t lkey;
+    int busy;   /* between get and put: never deregistered by the cache */
+    int cached; /* in gc->lru; 0: deregistered at put */
+};
+
+struct vrb_gcache {
+    pthread_mutex_t lock;
+    struct exs_list lru;
+    unsigned max_entries; /* 0: caching off (every put deregisters) */
+    size_t max_bytes;
+    int closed; /* the device went away: nothing is kept */
+    struct vrb_reg_ops ops;
+    struct vrb_gc_counters cnt;
+    struct exs_counter_set cset;
+    int registered;
+};
+
+void exs__vrb_gc_init(struct vrb_gcache *gc, unsigned max_entries, size_t max_bytes,
+                      const struct vrb_reg_ops *ops);
+/* Deregisters every entry (none may be in use) and unregisters the counters. */
+void exs__vrb_gc_fini(struct vrb_gcache *gc);
+/* A registration of exactly [addr, addr+len) inside parent (whose lkey is parent_key), in
+ * use until put: a cached one (a hit) or a new one. -errno of ops.reg. */
+int exs__vrb_gc_get(struct vrb_gcache *gc, const void *parent, uint32_t parent_key, void *addr,
+                    size_t len, struct vrb_gc_entry **e_p);
+/* No window over it any more: kept for the next get, or deregistered. */
+void exs__vrb_gc_put(struct vrb_gcache *gc, struct vrb_gc_entry *e);
+/* parent is about to be deregistered: every entry over it is deregistered now (one in use,
+ * which the caller's contract excludes, at its put). */
+void exs__vrb_gc_drop(struct vrb_gcache *gc, const void *parent);
+/* Deregister every unused entry (a registration failed: their pinned pages count against
+ * the process's locked-memory limit). Returns how many. */
+unsigned exs__vrb_gc_trim(struct vrb_gcache *gc);
+/* The device went away: every unused entry deregistered, and nothing kept from now on. */
+void exs__vrb_gc_close(struct vrb_gcache *gc);
+void exs__vrb_gc_counters(struct vrb_gcache *gc, int on);
+
 /* ---- queue pair cache ---- */
 struct vrb_qpc_caps {
     uint32_t max_send_wr, max_recv_wr, max_inline, max_sge;

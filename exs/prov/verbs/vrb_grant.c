@@ -15,18 +15,23 @@
 #define VRB_RXE_VENDOR         0xffffffu /* rdma_rxe's vendor_id */
 /* how long a grant waits for earlier binds to complete when the internal room is full */
 #define VRB_GRANT_ROOM_WAIT_NS (3000ull * 1000 * 1000)
+/* the grant registration cache (mw_mr): entries and bytes at most (EXS_VRB_GRANT_CACHE=N
+ * sets the entries; 0 turns it off) */
+#define VRB_GC_ENTRIES         256u
+#define VRB_GC_BYTES           (256ull << 20)
 
 struct vrb_grant {
     struct exs_prov_grant base;
-    struct ibv_mw *mw;    /* VRB_GRANT_MW, VRB_GRANT_MW_MR */
-    struct ibv_mr *sub;   /* VRB_GRANT_MW_MR, VRB_GRANT_MR: exactly the range */
-    uint64_t seq;         /* the bind's internal sequence */
-    uint32_t nwr;         /* internal send queue entries it took (the bind, its fence READ) */
-    uint64_t posted_ns;   /* when the bind was posted (diagnostics) */
-    int bind_done;        /* its completion was seen, or it can no longer run (ep->lock) */
-    int revoked;          /* revoke came before bind_done: released at the completion */
-    int settle_wanted;    /* grant_settle said -EBUSY: the completion is shown (ep->lock) */
-    struct exs_list link; /* ep->grants (ep->lock) */
+    struct ibv_mw *mw;        /* VRB_GRANT_MW, VRB_GRANT_MW_MR */
+    struct ibv_mr *sub;       /* VRB_GRANT_MR: exactly the range */
+    struct vrb_gc_entry *gce; /* VRB_GRANT_MW_MR: exactly the range, from ctx->gc */
+    uint64_t seq;             /* the bind's internal sequence */
+    uint32_t nwr;             /* internal send queue entries it took (the bind, its fence READ) */
+    uint64_t posted_ns;       /* when the bind was posted (diagnostics) */
+    int bind_done;            /* its completion was seen, or it can no longer run (ep->lock) */
+    int revoked;              /* revoke came before bind_done: released at the completion */
+    int settle_wanted;        /* grant_settle said -EBUSY: the completion is shown (ep->lock) */
+    struct exs_list link;     /* ep->grants (ep->lock) */
 };
 
 const char *exs__vrb_grant_mode_str(enum vrb_grant_mode mode)
@@ -108,6 +113,24 @@ void exs__vrb_grant_init(struct vrb_ctx *ctx)
         else
             EXS_WARN(PROV, "EXS_VRB_BIND_FENCE=%s: not 0 or 1, ignored", env);
     }
+    {
+        struct vrb_reg_ops ops = {
+            .reg = exs__vrb_reg_bind_cb, .dereg = exs__vrb_dereg_bind_cb, .arg = ctx};
+        unsigned n = VRB_GC_ENTRIES;
+
+        env = getenv("EXS_VRB_GRANT_CACHE");
+        if (env && *env) {
+            char *end;
+            unsigned long v = strtoul(env, &end, 10);
+
+            if (*end || v > 65536)
+                EXS_WARN(PROV, "EXS_VRB_GRANT_CACHE=%s: not 0-65536, ignored", env);
+            else
+                n = (unsigned)v;
+        }
+        exs__vrb_gc_init(&ctx->gc, ctx->grant_mode == VRB_GRANT_MW_MR ? n : 0, VRB_GC_BYTES, &ops);
+        exs__vrb_gc_counters(&ctx->gc, 1);
+    }
     ctx->int_room = ctx->grant_mode == VRB_GRANT_MR ? 0
                     : ctx->bind_fence               ? 3 * VRB_INT_ROOM + 1
                                                     : VRB_INT_ROOM;
@@ -120,15 +143,27 @@ void exs__vrb_grant_init(struct vrb_ctx *ctx)
              why, ctx->bind_fence ? "; binds fenced by a local invalidate" : "");
 }
 
-/* Release the device objects and the grant: no key of it works after this. */
+/* Release g's device objects: no key of it works after this. The window goes first: the
+ * registration under it (no remote right of its own) is then free for the next grant of the
+ * same range, or deregistered. */
+static void vrb_grant_objs_release(struct vrb_ctx *ctx, struct vrb_grant *g)
+{
+    if (g->mw && ibv_dealloc_mw(g->mw))
+        EXS_ERR(PROV, "ibv_dealloc_mw (rkey %#x) failed: %m", g->base.rkey);
+    if (g->gce)
+        exs__vrb_gc_put(&ctx->gc, g->gce);
+    if (g->sub && ibv_dereg_mr(g->sub))
+        EXS_ERR(PROV, "ibv_dereg_mr (grant rkey %#x) failed: %m", g->base.rkey);
+    g->mw = NULL;
+    g->gce = NULL;
+    g->sub = NULL;
+}
+
 void exs__vrb_grant_release(struct vrb_grant *g)
 {
     if (!g)
         return;
-    if (g->mw && ibv_dealloc_mw(g->mw))
-        EXS_ERR(PROV, "ibv_dealloc_mw (rkey %#x) failed: %m", g->base.rkey);
-    if (g->sub && ibv_dereg_mr(g->sub))
-        EXS_ERR(PROV, "ibv_dereg_mr (grant rkey %#x) failed: %m", g->base.rkey);
+    vrb_grant_objs_release(vrb_ep_of(g->base.ep)->ctx, g);
     free(g);
 }
 
@@ -162,6 +197,9 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
         return -ENOMEM;
     exs__prov_grant_init(&g->base, e, m, a, length, access);
     exs_list_init(&g->link);
+    /* counted from here: mr_dereg refuses -EBUSY while the grant is being made too (the
+     * grant cache's entry must not outlive m's registration) */
+    exs__vrb_mr_grants_add(m, 1);
     if (ctx->grant_mode == VRB_GRANT_MR) {
         g->sub = ibv_reg_mr(ctx->pd, addr, length, IBV_ACCESS_LOCAL_WRITE | ibv_right);
         if (!g->sub) {
@@ -180,14 +218,17 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
 
     memset(&w, 0, sizeof(w));
     if (ctx->grant_mode == VRB_GRANT_MW_MR) {
-        g->sub = ibv_reg_mr(ctx->pd, addr, length, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
-        if (!g->sub) {
-            ret = errno ? -errno : -ENOMEM;
-            EXS_DBG(PROV, "ep %p: grant: ibv_reg_mr(%p, %zu): %s", (void *)ep, addr, length,
+        /* exactly the range, cached per range of the registration it lies in */
+        struct ibv_mr *parent = exs__vrb_mr_ibv(m);
+
+        ret = parent ? exs__vrb_gc_get(&ctx->gc, parent, parent->lkey, addr, length, &g->gce)
+                     : -EINVAL;
+        if (ret) {
+            EXS_DBG(PROV, "ep %p: grant: registration of %p+%zu: %s", (void *)ep, addr, length,
                     strerror(-ret));
             goto err_free;
         }
-        w.bind_mw.bind_info.mr = g->sub;
+        w.bind_mw.bind_info.mr = g->gce->handle;
     } else {
         w.bind_mw.bind_info.mr = exs__vrb_mr_ibv(m);
         if (!w.bind_mw.bind_info.mr) {
@@ -298,7 +339,6 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     pthread_mutex_unlock(&ep->lock);
     g->base.rkey = rkey;
 done:
-    exs__vrb_mr_grants_add(m, 1);
     EXS_CNT_INC(ctx->cnt.grants);
     EXS_DATA(PROV, "ep %p: grant %s %#llx+%zu rkey %#x", (void *)ep,
              access == EXS_PROV_ACCESS_REMOTE_WRITE ? "write" : "read", (unsigned long long)a,
@@ -309,9 +349,10 @@ err_dealloc:
     if (ibv_dealloc_mw(g->mw))
         EXS_ERR(PROV, "ep %p: ibv_dealloc_mw failed: %m", (void *)ep);
 err_dereg:
-    if (g->sub && ibv_dereg_mr(g->sub))
-        EXS_ERR(PROV, "ep %p: ibv_dereg_mr failed: %m", (void *)ep);
+    if (g->gce)
+        exs__vrb_gc_put(&ctx->gc, g->gce);
 err_free:
+    exs__vrb_mr_grants_add(m, -1);
     free(g);
     EXS_CNT_INC(ctx->cnt.grant_fails);
     return ret;
@@ -496,6 +537,7 @@ fail:
 
 void exs__vrb_fence_release(struct vrb_ctx *ctx)
 {
+    exs__vrb_gc_fini(&ctx->gc); /* the device or the ctx goes: nothing kept from here */
     if (ctx->fence_mr && ibv_dereg_mr(ctx->fence_mr))
         EXS_ERR(PROV, "ctx %p: ibv_dereg_mr (fence page) failed: %m", (void *)ctx);
     ctx->fence_mr = NULL;
@@ -520,12 +562,7 @@ unsigned exs__vrb_grants_gone(struct vrb_ep *ep)
     {
         struct vrb_grant *g = exs_list_entry(pos, struct vrb_grant, link);
 
-        if (g->mw && ibv_dealloc_mw(g->mw))
-            EXS_ERR(PROV, "ibv_dealloc_mw (rkey %#x) failed: %m", g->base.rkey);
-        if (g->sub && ibv_dereg_mr(g->sub))
-            EXS_ERR(PROV, "ibv_dereg_mr (grant rkey %#x) failed: %m", g->base.rkey);
-        g->mw = NULL;
-        g->sub = NULL;
+        vrb_grant_objs_release(ep->ctx, g);
         if (!g->bind_done) {
             /* its bind flushes with the QP: as int_complete would see it */
             g->bind_done = 1;

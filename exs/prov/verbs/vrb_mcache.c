@@ -488,6 +488,206 @@ void exs__vrb_rc_invalidate(struct vrb_regcache *rc, const void *addr, size_t le
     pthread_mutex_unlock(&rc->lock);
 }
 
+/* ---- grant registration cache ---- */
+
+void exs__vrb_gc_init(struct vrb_gcache *gc, unsigned max_entries, size_t max_bytes,
+                      const struct vrb_reg_ops *ops)
+{
+    memset(&gc->cnt, 0, sizeof(gc->cnt));
+    pthread_mutex_init(&gc->lock, NULL);
+    exs_list_init(&gc->lru);
+    gc->max_entries = max_entries;
+    gc->max_bytes = max_bytes;
+    gc->closed = 0;
+    gc->ops = *ops;
+}
+
+/* Out of the cache (gc->lock); deregistered now unless in use (then at its put). */
+static void vrb_gc_unlink(struct vrb_gcache *gc, struct vrb_gc_entry *e)
+{
+    if (e->cached) {
+        exs_list_del(&e->link);
+        e->cached = 0;
+        EXS_CNT_ADD(gc->cnt.gc_entries, -1);
+        EXS_CNT_ADD(gc->cnt.gc_bytes, -(uint64_t)e->len);
+    }
+    if (e->busy)
+        return;
+    if (e->handle)
+        gc->ops.dereg(gc->ops.arg, e->handle);
+    free(e);
+}
+
+void exs__vrb_gc_fini(struct vrb_gcache *gc)
+{
+    struct exs_list *l;
+
+    if (!gc->lru.next)
+        return;
+    exs__vrb_gc_counters(gc, 0);
+    pthread_mutex_lock(&gc->lock);
+    gc->closed = 1;
+    while ((l = gc->lru.next) != &gc->lru) {
+        struct vrb_gc_entry *e = exs_list_entry(l, struct vrb_gc_entry, link);
+
+        if (e->busy) /* a grant not released: its put deregisters it */
+            EXS_ERR(PROV, "grant cache: %#lx+%zu still in use at the end", (unsigned long)e->addr,
+                    e->len);
+        vrb_gc_unlink(gc, e);
+    }
+    pthread_mutex_unlock(&gc->lock);
+}
+
+/* Room for one more entry of len bytes (gc->lock): least recently used first, never one
+ * in use. 1 when there is room. */
+static int vrb_gc_room(struct vrb_gcache *gc, size_t len)
+{
+    struct exs_list *pos, *tmp;
+
+    if (gc->closed || !gc->max_entries || len > gc->max_bytes)
+        return 0;
+    for (pos = gc->lru.prev, tmp = pos->prev;
+         pos != &gc->lru && (EXS_CNT_GET(gc->cnt.gc_entries) >= gc->max_entries ||
+                             EXS_CNT_GET(gc->cnt.gc_bytes) + len > gc->max_bytes);
+         pos = tmp, tmp = pos->prev) {
+        struct vrb_gc_entry *e = exs_list_entry(pos, struct vrb_gc_entry, link);
+
+        if (e->busy)
+            continue;
+        vrb_gc_unlink(gc, e);
+        EXS_CNT_INC(gc->cnt.gc_evictions);
+    }
+    return EXS_CNT_GET(gc->cnt.gc_entries) < gc->max_entries &&
+           EXS_CNT_GET(gc->cnt.gc_bytes) + len <= gc->max_bytes;
+}
+
+int exs__vrb_gc_get(struct vrb_gcache *gc, const void *parent, uint32_t parent_key, void *addr,
+                    size_t len, struct vrb_gc_entry **e_p)
+{
+    struct exs_list *pos;
+    struct vrb_gc_entry *e;
+    uint32_t rkey;
+    int ret;
+
+    pthread_mutex_lock(&gc->lock);
+    exs_list_for_each(pos, &gc->lru)
+    {
+        e = exs_list_entry(pos, struct vrb_gc_entry, link);
+        if (e->parent == parent && e->parent_key == parent_key && e->addr == (uintptr_t)addr &&
+            e->len == len && !e->busy) {
+            exs_list_del(&e->link);
+            exs_list_add_head(&gc->lru, &e->link);
+            e->busy = 1;
+            pthread_mutex_unlock(&gc->lock);
+            EXS_CNT_INC(gc->cnt.gc_hits);
+            *e_p = e;
+            return 0;
+        }
+    }
+    EXS_CNT_INC(gc->cnt.gc_misses);
+    e = calloc(1, sizeof(*e));
+    if (!e) {
+        pthread_mutex_unlock(&gc->lock);
+        return -ENOMEM;
+    }
+    e->parent = parent;
+    e->parent_key = parent_key;
+    e->addr = (uintptr_t)addr;
+    e->len = len;
+    e->busy = 1;
+    if (vrb_gc_room(gc, len)) {
+        e->cached = 1;
+        exs_list_add_head(&gc->lru, &e->link);
+        EXS_CNT_INC(gc->cnt.gc_entries);
+        EXS_CNT_ADD(gc->cnt.gc_bytes, len);
+    }
+    pthread_mutex_unlock(&gc->lock);
+    /* the registration outside the lock: other grants go on meanwhile (a busy entry is
+     * neither found nor evicted, and drop leaves it to its put) */
+    ret = gc->ops.reg(gc->ops.arg, addr, len, &e->handle, &e->lkey, &rkey);
+    if (ret == -ENOMEM && exs__vrb_gc_trim(gc))
+        ret = gc->ops.reg(gc->ops.arg, addr, len, &e->handle, &e->lkey, &rkey);
+    if (ret) {
+        e->handle = NULL;
+        pthread_mutex_lock(&gc->lock);
+        e->busy = 0;
+        vrb_gc_unlink(gc, e);
+        pthread_mutex_unlock(&gc->lock);
+        return ret;
+    }
+    *e_p = e;
+    return 0;
+}
+
+void exs__vrb_gc_put(struct vrb_gcache *gc, struct vrb_gc_entry *e)
+{
+    pthread_mutex_lock(&gc->lock);
+    EXS_ASSERT(e->busy);
+    e->busy = 0;
+    if (!e->cached) {
+        EXS_CNT_INC(gc->cnt.gc_uncached);
+        vrb_gc_unlink(gc, e);
+    }
+    pthread_mutex_unlock(&gc->lock);
+}
+
+void exs__vrb_gc_drop(struct vrb_gcache *gc, const void *parent)
+{
+    struct exs_list *pos, *tmp;
+
+    if (!gc->lru.next)
+        return;
+    pthread_mutex_lock(&gc->lock);
+    exs_list_for_each_safe(pos, tmp, &gc->lru)
+    {
+        struct vrb_gc_entry *e = exs_list_entry(pos, struct vrb_gc_entry, link);
+
+        if (e->parent != parent)
+            continue;
+        EXS_CNT_INC(gc->cnt.gc_drops);
+        vrb_gc_unlink(gc, e);
+    }
+    pthread_mutex_unlock(&gc->lock);
+}
+
+unsigned exs__vrb_gc_trim(struct vrb_gcache *gc)
+{
+    struct exs_list *pos, *tmp;
+    unsigned n = 0;
+
+    if (!gc->lru.next)
+        return 0;
+    pthread_mutex_lock(&gc->lock);
+    exs_list_for_each_safe(pos, tmp, &gc->lru)
+    {
+        struct vrb_gc_entry *e = exs_list_entry(pos, struct vrb_gc_entry, link);
+
+        if (e->busy)
+            continue;
+        vrb_gc_unlink(gc, e);
+        EXS_CNT_INC(gc->cnt.gc_evictions);
+        n++;
+    }
+    pthread_mutex_unlock(&gc->lock);
+    return n;
+}
+
+void exs__vrb_gc_close(struct vrb_gcache *gc)
+{
+    struct exs_list *pos, *tmp;
+
+    if (!gc->lru.next)
+        return;
+    pthread_mutex_lock(&gc->lock);
+    gc->closed = 1;
+    exs_list_for_each_safe(pos, tmp, &gc->lru)
+    {
+        EXS_CNT_INC(gc->cnt.gc_drops);
+        vrb_gc_unlink(gc, exs_list_entry(pos, struct vrb_gc_entry, link));
+    }
+    pthread_mutex_unlock(&gc->lock);
+}
+
 /* ---- counters ---- */
 
 static const struct exs_counter_desc vrb_mc_desc[] = {
@@ -520,6 +720,16 @@ static const struct exs_counter_desc vrb_qpc_desc[] = {
     EXS_COUNTER(struct vrb_qpc_counters, qp_cache_entries, "QPs cached"),
 };
 
+static const struct exs_counter_desc vrb_gc_desc[] = {
+    EXS_COUNTER(struct vrb_gc_counters, gc_hits, "grants given a cached registration"),
+    EXS_COUNTER(struct vrb_gc_counters, gc_misses, "grants that registered their range"),
+    EXS_COUNTER(struct vrb_gc_counters, gc_evictions, "unused registrations evicted (LRU)"),
+    EXS_COUNTER(struct vrb_gc_counters, gc_drops, "dropped with their parent or the device"),
+    EXS_COUNTER(struct vrb_gc_counters, gc_uncached, "deregistered at revoke: not kept"),
+    EXS_COUNTER(struct vrb_gc_counters, gc_entries, "registrations cached"),
+    EXS_COUNTER(struct vrb_gc_counters, gc_bytes, "bytes they cover"),
+};
+
 static void vrb_cset(struct exs_counter_set *s, int *reg, const char *name,
                      const struct exs_counter_desc *d, size_t n, const void *base, int on)
 {
@@ -548,4 +758,10 @@ void exs__vrb_cache_counters(struct vrb_mcache *mc, struct vrb_regcache *rc, str
     if (qc)
         vrb_cset(&qc->cset, &qc->registered, "prov.verbs.qpcache", vrb_qpc_desc,
                  EXS_ARRAY_SIZE(vrb_qpc_desc), &qc->cnt, on);
+}
+
+void exs__vrb_gc_counters(struct vrb_gcache *gc, int on)
+{
+    vrb_cset(&gc->cset, &gc->registered, "prov.verbs.grantcache", vrb_gc_desc,
+             EXS_ARRAY_SIZE(vrb_gc_desc), &gc->cnt, on);
 }

@@ -169,6 +169,7 @@ int exs__vrb_mr_reg(struct exs_prov_ctx *c, void *addr, size_t length, unsigned 
 
 void exs__vrb_mr_gone(struct vrb_ctx *ctx)
 {
+    exs__vrb_gc_close(&ctx->gc); /* before the registrations its entries lie in */
     pthread_rwlock_wrlock(&ctx->mr_lock);
     for (unsigned i = 0; i < VRB_MR_HASH; i++) {
         struct exs_list *pos;
@@ -213,8 +214,10 @@ int exs__vrb_mr_dereg(struct exs_prov_mr *m)
     ctx = vrb_ctx_of(mr->base.ctx);
     pthread_rwlock_rdlock(&ctx->dev_lock);
     vrb_mr_hash_del(ctx, mr);
-    if (mr->mr) /* NULL: released with the device */
+    if (mr->mr) { /* NULL: released with the device */
+        exs__vrb_gc_drop(&ctx->gc, mr->mr);
         ret = ibv_dereg_mr(mr->mr);
+    }
     if (ret)
         vrb_mr_hash_add(ctx, mr);
     pthread_rwlock_unlock(&ctx->dev_lock);
@@ -311,6 +314,8 @@ void exs__vrb_mem_free(struct exs_prov_mr *m)
     if (mr->kind == VRB_MR_MCACHE) {
         exs__vrb_mc_free(&ctx->mc, &mr->mc);
     } else {
+        if (mr->mr)
+            exs__vrb_gc_drop(&ctx->gc, mr->mr);
         if (mr->mr && ibv_dereg_mr(mr->mr))
             EXS_WARN(PROV, "ctx %p: ibv_dereg_mr of %zu bytes failed", (void *)ctx, mr->map_len);
         munmap(mr->base.addr, mr->map_len);
@@ -406,49 +411,65 @@ int exs__vrb_ident_cb(void *arg, uintptr_t start, size_t len, uint64_t *id_p)
     return 0;
 }
 
+/* The caches' registration callbacks: ibv_reg_mr with flags on the ctx's PD. */
+static int vrb_reg_flags(struct vrb_ctx *ctx, void *addr, size_t len, int flags, void **handle_p,
+                         uint32_t *lkey_p, uint32_t *rkey_p)
+{
+    struct ibv_mr *mr;
+
+    if (vrb_gone(ctx))
+        return -ENODEV;
+    mr = ibv_reg_mr(ctx->pd, addr, len, flags);
+    if (!mr)
+        return errno ? -errno : -ENOMEM;
+    *handle_p = mr;
+    *lkey_p = mr->lkey;
+    *rkey_p = mr->rkey;
+    return 0;
+}
+
 /* Memory-cache regions: local access only. A peer is given an rkey only for a registration
  * of its own connection's ring (mr_reg over that piece), never for a whole region holding
  * other connections' memory. */
 int exs__vrb_reg_local_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
                           uint32_t *rkey_p)
 {
-    struct vrb_ctx *ctx = arg;
-    struct ibv_mr *mr;
-
-    if (vrb_gone(ctx))
-        return -ENODEV;
-    mr = ibv_reg_mr(ctx->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | exs__vrb_mr_extra(ctx));
-    if (!mr)
-        return errno ? -errno : -ENOMEM;
-    *handle_p = mr;
-    *lkey_p = mr->lkey;
-    *rkey_p = mr->rkey;
-    return 0;
+    return vrb_reg_flags(arg, addr, len, IBV_ACCESS_LOCAL_WRITE | exs__vrb_mr_extra(arg), handle_p,
+                         lkey_p, rkey_p);
 }
 
 /* Registration-cache entries: every right, since one entry serves sends and receives. */
 int exs__vrb_reg_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
                     uint32_t *rkey_p)
 {
-    struct vrb_ctx *ctx = arg;
-    struct ibv_mr *mr;
-
-    if (vrb_gone(ctx))
-        return -ENODEV;
-    mr = ibv_reg_mr(ctx->pd, addr, len,
-                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                        exs__vrb_mr_extra(ctx));
-    if (!mr)
-        return errno ? -errno : -ENOMEM;
-    *handle_p = mr;
-    *lkey_p = mr->lkey;
-    *rkey_p = mr->rkey;
-    return 0;
+    return vrb_reg_flags(arg, addr, len,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                             exs__vrb_mr_extra(arg),
+                         handle_p, lkey_p, rkey_p);
 }
 
 void exs__vrb_dereg_cb(void *arg, void *handle)
 {
+    struct vrb_ctx *ctx = arg;
+
+    if (!handle)
+        return;
+    exs__vrb_gc_drop(&ctx->gc, handle);
+    if (ibv_dereg_mr(handle))
+        EXS_WARN(PROV, "ibv_dereg_mr failed");
+}
+
+/* Grant-cache entries: no remote right (only the window bound over one gives one). */
+int exs__vrb_reg_bind_cb(void *arg, void *addr, size_t len, void **handle_p, uint32_t *lkey_p,
+                         uint32_t *rkey_p)
+{
+    return vrb_reg_flags(arg, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, handle_p,
+                         lkey_p, rkey_p);
+}
+
+void exs__vrb_dereg_bind_cb(void *arg, void *handle)
+{
     (void)arg;
     if (handle && ibv_dereg_mr(handle))
-        EXS_WARN(PROV, "ibv_dereg_mr failed");
+        EXS_ERR(PROV, "ibv_dereg_mr (grant registration) failed: %m");
 }
