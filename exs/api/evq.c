@@ -491,23 +491,6 @@ int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
     return exs__evq_reserve_q(q, evq_p);
 }
 
-void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p)
-{
-    void *mem;
-    int ret = exs__evq_reserve_handle(q, evq_p);
-
-    if (ret) {
-        *err_p = ret;
-        return NULL;
-    }
-    mem = exs__evq_op_alloc(size);
-    if (!mem) {
-        exs__evq_unreserve(*evq_p);
-        *err_p = ENOMEM;
-    }
-    return mem;
-}
-
 /* A slot of a dead queue came back (evq->lock held): 1 when it was the last of an
  * orphan's, whose table reference the caller then drops (after the unlock). */
 static int evq_orphan_last(const struct exs_evq *evq)
@@ -575,15 +558,14 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
     evq_post_end(evq, slot, last);
 }
 
-void exs__evq_post_xfer_locked(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
-                               size_t len, ssize_t result)
+void exs__evq_post_xfer_locked(struct exs_evq *evq, const struct exs_evq_xfer *x)
 {
     exs_event_t *slot;
     int last = 0;
 
     slot = evq_post_slot(evq, &last);
     if (slot)
-        exs__evq_xfer_fill(slot, type, fd, ah, buf, len, result);
+        exs__evq_xfer_fill(slot, x);
     evq_post_end(evq, slot, last);
 }
 

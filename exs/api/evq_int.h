@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 
+#include "exs/api/evq.h"
 #include "exs/api/lite_lock.h"
 #include <errno.h>
 #include <stdint.h>
@@ -153,6 +154,28 @@ static inline __attribute__((always_inline)) int exs__evq_reserve_q(exs_qhandle_
     return 0;
 }
 
+/* A posting call's first step, inline: look q up, reserve one slot in it (which pins
+ * *evq_p) and allocate size zeroed bytes for the operation that will post into it. NULL
+ * with *err_p = EINVAL (no such live queue), EAGAIN (full) or ENOMEM; nothing is reserved
+ * then. */
+static inline __attribute__((always_inline)) void *
+exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p)
+{
+    void *mem;
+    int ret = exs__evq_reserve_q(q, evq_p);
+
+    if (ret) {
+        *err_p = ret;
+        return NULL;
+    }
+    mem = exs__evq_op_alloc(size);
+    if (!mem) {
+        exs__evq_unreserve(*evq_p);
+        *err_p = ENOMEM;
+    }
+    return mem;
+}
+
 /* The ring entry after the queued events (evq->lock held). */
 static inline exs_event_t *exs__evq_tail(struct exs_evq *evq)
 {
@@ -161,43 +184,66 @@ static inline exs_event_t *exs__evq_tail(struct exs_evq *evq)
     return &evq->ring[tail >= evq->depth ? tail - evq->depth : tail];
 }
 
-/* A send's or receive's event written into a ring entry: the header and the transfer
- * member, whole (the union's tail is not the event's: exs_qdequeue does not copy it). */
-static inline void exs__evq_xfer_fill(exs_event_t *e, int type, int fd, exs_ahandle_t ah, void *buf,
-                                      size_t len, ssize_t result)
+/* A send's or receive's event (EXS_EVT_SEND or EXS_EVT_RECV): the header and the
+ * transfer member, all exs_qdequeue copies of it (the union's tail is not the event's). */
+struct exs_evq_xfer {
+    int type;
+    int err; /* exs_evt_errno */
+    int fd;
+    int flags; /* exs_evt_flags */
+    exs_ahandle_t ah;
+    void *buf;
+    size_t len;
+    ssize_t result;
+};
+
+/* x written into a ring entry. */
+static inline __attribute__((always_inline)) void exs__evq_xfer_fill(exs_event_t *e,
+                                                                     const struct exs_evq_xfer *x)
 {
-    e->exs_evt_type = type;
-    e->exs_evt_errno = 0;
-    e->exs_evt_fd = fd;
-    e->exs_evt_ahandle = ah;
-    e->exs_evt_u.exs_evt_xfer.exs_evt_buf = buf;
-    e->exs_evt_u.exs_evt_xfer.exs_evt_len = len;
-    e->exs_evt_u.exs_evt_xfer.exs_evt_result = result;
-    e->exs_evt_u.exs_evt_xfer.exs_evt_flags = 0;
+    e->exs_evt_type = x->type;
+    e->exs_evt_errno = x->err;
+    e->exs_evt_fd = x->fd;
+    e->exs_evt_ahandle = x->ah;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_buf = x->buf;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_len = x->len;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_result = x->result;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_flags = x->flags;
 }
 
-/* exs__evq_post_xfer with evq->lock held (evq.c): every case; unlocks. */
-void exs__evq_post_xfer_locked(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
-                               size_t len, ssize_t result);
+/* exs__evq_post_xfer_x with evq->lock held (evq.c): every case; unlocks. */
+void exs__evq_post_xfer_locked(struct exs_evq *evq, const struct exs_evq_xfer *x);
 
-/* exs__evq_post_xfer (evq.h), inline: the event goes into the ring under one hold of the
- * lock; a dead queue (exs_fini's orphan) and one whose descriptors someone watches
- * (exs_qfd called, a sleeper) go the whole way (evq.c). */
+/* A send's or receive's event x posted in the slot reserved in evq, inline: the event goes
+ * into the ring under one hold of the lock; a dead queue (exs_fini's orphan) and one whose
+ * descriptors someone watches (exs_qfd called, a sleeper) go the whole way (evq.c). The
+ * kernel-socket send that completes at once (kfd.c) and an exs socket's operation ending
+ * (xfer.c, op_done) post this way. */
+static inline __attribute__((always_inline)) void exs__evq_post_xfer_x(struct exs_evq *evq,
+                                                                       const struct exs_evq_xfer *x)
+{
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    if (__builtin_expect(evq->dead | evq->exposed | evq->sleepers, 0)) {
+        exs__evq_post_xfer_locked(evq, x);
+        return;
+    }
+    EXS_ASSERT(exs__evq_reserved(evq) > 0);
+    exs__evq_xfer_fill(exs__evq_tail(evq), x);
+    __atomic_store_n(&evq->queued, evq->queued + 1, __ATOMIC_RELEASE);
+    EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle, x->type, x->fd,
+             x->err, evq->queued);
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+}
+
+/* exs__evq_post_xfer (evq.h), inline: a transfer that succeeded. */
 static inline __attribute__((always_inline)) void
 exs__evq_post_xfer_now(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
                        size_t len, ssize_t result)
 {
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
-    if (__builtin_expect(evq->dead | evq->exposed | evq->sleepers, 0)) {
-        exs__evq_post_xfer_locked(evq, type, fd, ah, buf, len, result);
-        return;
-    }
-    EXS_ASSERT(exs__evq_reserved(evq) > 0);
-    exs__evq_xfer_fill(exs__evq_tail(evq), type, fd, ah, buf, len, result);
-    __atomic_store_n(&evq->queued, evq->queued + 1, __ATOMIC_RELEASE);
-    EXS_DATA(API, "evq %d: event type %d fd %d errno 0, %d queued", evq->handle, type, fd,
-             evq->queued);
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    struct exs_evq_xfer x = {
+        .type = type, .fd = fd, .ah = ah, .buf = buf, .len = len, .result = result};
+
+    exs__evq_post_xfer_x(evq, &x);
 }
 
 #endif /* EXS_API_EVQ_INT_H */

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include "exs/api/api_int.h"
+#include "exs/api/evq_int.h"
 #include "exs/api/kfd.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
@@ -379,22 +380,41 @@ void exs__api_op_event(struct api_op *op, const exs_event_t *ev_in)
 static void op_done(struct exs_op *pop)
 {
     struct api_op *op = exs_container_of(pop, struct api_op, op);
-    exs_event_t ev = {.exs_evt_errno = pop->err};
+    ssize_t result = pop->err ? -1 : pop->result;
+    exs_event_t ev;
 
     if (op->evt_type == EXS_EVT_SEND || (op->bounce && pop->kind == EXS_OP_SEND))
         __atomic_fetch_sub(&op->sock->n_send, 1, __ATOMIC_RELAXED);
     else if (op->evt_type == EXS_EVT_RECV || (op->bounce && pop->kind == EXS_OP_RECV))
         __atomic_fetch_sub(&op->sock->n_recv, 1, __ATOMIC_RELAXED);
-    exs__api_to_op_end(op); /* no timeout notice after this: the completion follows */
-    if (op->bounce) {
-        exs__api_bounce_event(op->bounce, pop->err ? -1 : pop->result, pop->rflags, &ev);
-        exs__api_op_event(op, &ev);
+    if (op->to_armed)
+        exs__api_to_op_end(op); /* no timeout notice after this: the completion follows */
+    if (!op->bounce && (op->evt_type == EXS_EVT_SEND || op->evt_type == EXS_EVT_RECV)) {
+        /* the common end: the event written straight into its slot (no exs_event_t built
+         * and copied), as far as exs_qdequeue copies it */
+        struct exs_evq_xfer x = {.type = op->evt_type,
+                                 .err = pop->err,
+                                 .fd = op->fd,
+                                 .flags = pop->rflags,
+                                 .ah = op->ah,
+                                 .buf = pop->buf,
+                                 .len = pop->len,
+                                 .result = result};
+        struct exs_evq *evq = op->evq;
+
+        op_release(op); /* first, as in exs__api_op_event */
+        exs__evq_post_xfer_x(evq, &x);
         return;
     }
-    ev.exs_evt_u.exs_evt_xfer.exs_evt_buf = pop->buf;
-    ev.exs_evt_u.exs_evt_xfer.exs_evt_len = pop->len;
-    ev.exs_evt_u.exs_evt_xfer.exs_evt_result = pop->err ? -1 : pop->result;
-    ev.exs_evt_u.exs_evt_xfer.exs_evt_flags = pop->rflags;
+    ev = (exs_event_t){.exs_evt_errno = pop->err};
+    if (op->bounce) {
+        exs__api_bounce_event(op->bounce, result, pop->rflags, &ev);
+    } else { /* exs_shutdown */
+        ev.exs_evt_u.exs_evt_xfer.exs_evt_buf = pop->buf;
+        ev.exs_evt_u.exs_evt_xfer.exs_evt_len = pop->len;
+        ev.exs_evt_u.exs_evt_xfer.exs_evt_result = result;
+        ev.exs_evt_u.exs_evt_xfer.exs_evt_flags = pop->rflags;
+    }
     exs__api_op_event(op, &ev);
 }
 
