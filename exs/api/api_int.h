@@ -110,9 +110,11 @@ struct api_op {
 };
 
 struct api_sock {
-    int fd;      /* the eventfd that is its descriptor */
-    int fd_open; /* fd not yet closed (exs_close closes it) */
-    int refs;    /* table, conn owner, children, callers in flight */
+    int fd;                     /* the eventfd that is its descriptor */
+    int fd_open;                /* fd not yet closed (exs_close closes it) */
+    int refs;                   /* atomic: table, conn owner, children, callers in flight; 0: parked
+                                 * (sock.c: a lookup without a lock may read it then) */
+    struct api_sock *park_next; /* parked: the next one */
     int domain;
     int type;
     enum api_sock_state state;
