@@ -59,8 +59,9 @@ int exs__api_mreg_handle(const struct api_mreg *m)
     return __atomic_load_n(&m->handle, __ATOMIC_RELAXED);
 }
 
-/* The registration the table names under mh now, or NULL (no lock needed). */
-static struct api_mreg *mreg_find(exs_mhandle_t mh)
+/* The registration the table names under mh now, or NULL (no lock needed). Inline: a
+ * hold looks twice. */
+static inline __attribute__((always_inline)) struct api_mreg *mreg_find(exs_mhandle_t mh)
 {
     int idx = (mh & MREG_IDX_MASK) - 1;
     struct api_mreg **tab, *m;
