@@ -580,9 +580,13 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 /* ---- send / receive ---- */
 
 /* b != NULL: exs_sendmsg / exs_recvmsg / exs_sendfile of b's buffer (buf, len, mh ignored;
- * b is taken in any case: freed with the operation, or here). */
-static int xfer_post(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
-                     exs_mhandle_t mh, int recv, struct api_bounce *b)
+ * b is taken in any case: freed with the operation, or here). Inline in each of its three
+ * callers: recv and b are constants there (a 64 B send 40 instructions less, a receive
+ * 29). */
+static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, size_t len, int flags,
+                                                           exs_qhandle_t q, exs_ahandle_t ah,
+                                                           exs_mhandle_t mh, int recv,
+                                                           struct api_bounce *b)
 {
     exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
