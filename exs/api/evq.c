@@ -558,14 +558,14 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
     evq_post_end(evq, slot, last);
 }
 
-void exs__evq_post_xfer_locked(struct exs_evq *evq, const struct exs_evq_xfer *x)
+void exs__evq_post_xfer_locked(struct exs_evq *evq, EXS_EVQ_XFER_ARGS)
 {
     exs_event_t *slot;
     int last = 0;
 
     slot = evq_post_slot(evq, &last);
     if (slot)
-        exs__evq_xfer_fill(slot, x);
+        exs__evq_xfer_fill(slot, EXS_EVQ_XFER_PASS);
     evq_post_end(evq, slot, last);
 }
 

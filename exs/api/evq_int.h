@@ -184,54 +184,47 @@ static inline exs_event_t *exs__evq_tail(struct exs_evq *evq)
     return &evq->ring[tail >= evq->depth ? tail - evq->depth : tail];
 }
 
-/* A send's or receive's event (EXS_EVT_SEND or EXS_EVT_RECV): the header and the
- * transfer member, all exs_qdequeue copies of it (the union's tail is not the event's). */
-struct exs_evq_xfer {
-    int type;
-    int err; /* exs_evt_errno */
-    int fd;
-    int flags; /* exs_evt_flags */
-    exs_ahandle_t ah;
-    void *buf;
-    size_t len;
-    ssize_t result;
-};
+/* A send's or receive's event (EXS_EVT_SEND or EXS_EVT_RECV) written into a ring entry:
+ * the header and the transfer member, all exs_qdequeue copies of it (the union's tail is
+ * not the event's). err: exs_evt_errno; flags: exs_evt_flags. */
+#define EXS_EVQ_XFER_ARGS                                                                          \
+    int type, int err, int fd, int flags, exs_ahandle_t ah, void *buf, size_t len, ssize_t result
+#define EXS_EVQ_XFER_PASS type, err, fd, flags, ah, buf, len, result
 
-/* x written into a ring entry. */
 static inline __attribute__((always_inline)) void exs__evq_xfer_fill(exs_event_t *e,
-                                                                     const struct exs_evq_xfer *x)
+                                                                     EXS_EVQ_XFER_ARGS)
 {
-    e->exs_evt_type = x->type;
-    e->exs_evt_errno = x->err;
-    e->exs_evt_fd = x->fd;
-    e->exs_evt_ahandle = x->ah;
-    e->exs_evt_u.exs_evt_xfer.exs_evt_buf = x->buf;
-    e->exs_evt_u.exs_evt_xfer.exs_evt_len = x->len;
-    e->exs_evt_u.exs_evt_xfer.exs_evt_result = x->result;
-    e->exs_evt_u.exs_evt_xfer.exs_evt_flags = x->flags;
+    e->exs_evt_type = type;
+    e->exs_evt_errno = err;
+    e->exs_evt_fd = fd;
+    e->exs_evt_ahandle = ah;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_buf = buf;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_len = len;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_result = result;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_flags = flags;
 }
 
 /* exs__evq_post_xfer_x with evq->lock held (evq.c): every case; unlocks. */
-void exs__evq_post_xfer_locked(struct exs_evq *evq, const struct exs_evq_xfer *x);
+void exs__evq_post_xfer_locked(struct exs_evq *evq, EXS_EVQ_XFER_ARGS);
 
-/* A send's or receive's event x posted in the slot reserved in evq, inline: the event goes
+/* A send's or receive's event posted in the slot reserved in evq, inline: the event goes
  * into the ring under one hold of the lock; a dead queue (exs_fini's orphan) and one whose
  * descriptors someone watches (exs_qfd called, a sleeper) go the whole way (evq.c). The
  * kernel-socket send that completes at once (kfd.c) and an exs socket's operation ending
  * (xfer.c, op_done) post this way. */
 static inline __attribute__((always_inline)) void exs__evq_post_xfer_x(struct exs_evq *evq,
-                                                                       const struct exs_evq_xfer *x)
+                                                                       EXS_EVQ_XFER_ARGS)
 {
     EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
     if (__builtin_expect(evq->dead | evq->exposed | evq->sleepers, 0)) {
-        exs__evq_post_xfer_locked(evq, x);
+        exs__evq_post_xfer_locked(evq, EXS_EVQ_XFER_PASS);
         return;
     }
     EXS_ASSERT(exs__evq_reserved(evq) > 0);
-    exs__evq_xfer_fill(exs__evq_tail(evq), x);
+    exs__evq_xfer_fill(exs__evq_tail(evq), EXS_EVQ_XFER_PASS);
     __atomic_store_n(&evq->queued, evq->queued + 1, __ATOMIC_RELEASE);
-    EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle, x->type, x->fd,
-             x->err, evq->queued);
+    EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle, type, fd, err,
+             evq->queued);
     EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
 }
 
@@ -240,10 +233,7 @@ static inline __attribute__((always_inline)) void
 exs__evq_post_xfer_now(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
                        size_t len, ssize_t result)
 {
-    struct exs_evq_xfer x = {
-        .type = type, .fd = fd, .ah = ah, .buf = buf, .len = len, .result = result};
-
-    exs__evq_post_xfer_x(evq, &x);
+    exs__evq_post_xfer_x(evq, type, 0, fd, 0, ah, buf, len, result);
 }
 
 #endif /* EXS_API_EVQ_INT_H */

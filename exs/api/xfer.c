@@ -393,18 +393,14 @@ static void op_done(struct exs_op *pop)
     if (!op->bounce && (op->evt_type == EXS_EVT_SEND || op->evt_type == EXS_EVT_RECV)) {
         /* the common end: the event written straight into its slot (no exs_event_t built
          * and copied), as far as exs_qdequeue copies it */
-        struct exs_evq_xfer x = {.type = op->evt_type,
-                                 .err = pop->err,
-                                 .fd = op->fd,
-                                 .flags = pop->rflags,
-                                 .ah = op->ah,
-                                 .buf = pop->buf,
-                                 .len = pop->len,
-                                 .result = result};
         struct exs_evq *evq = op->evq;
+        int type = op->evt_type, err = pop->err, fd = op->fd, flags = pop->rflags;
+        exs_ahandle_t ah = op->ah;
+        void *buf = pop->buf;
+        size_t len = pop->len;
 
-        op_release(op); /* first, as in exs__api_op_event */
-        exs__evq_post_xfer_x(evq, &x);
+        op_release(op); /* first, as in exs__api_op_event (op and pop freed) */
+        exs__evq_post_xfer_x(evq, type, err, fd, flags, ah, buf, len, result);
         return;
     }
     ev = (exs_event_t){.exs_evt_errno = pop->err};
