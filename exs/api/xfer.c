@@ -230,18 +230,15 @@ int exs_mderegister(exs_mhandle_t mh)
     return 0;
 }
 
-/* The registration of m on ctx (m held busy): m->mr, or the one on the fallback context,
+/* mreg_mr_on on another context than m's own: the registration on the fallback context,
  * made at the first operation of a connection that runs there (spec/provider.md,
  * Fallback). Errors: provider errors. */
-static int mreg_mr_on(struct api_mreg *m, struct exs_prov_ctx *ctx, struct exs_prov_mr **mr_p)
+static __attribute__((noinline)) int mreg_mr_fb(struct api_mreg *m, struct exs_prov_ctx *ctx,
+                                                struct exs_prov_mr **mr_p)
 {
     struct exs_prov_mr *mr;
     int ret;
 
-    if (m->mr->ctx == ctx) {
-        *mr_p = m->mr;
-        return 0;
-    }
     EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     mr = m->mr_fb;
     EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
@@ -264,6 +261,18 @@ static int mreg_mr_on(struct api_mreg *m, struct exs_prov_ctx *ctx, struct exs_p
     }
     *mr_p = mr;
     return 0;
+}
+
+/* The registration of m on ctx (m held busy): m->mr (inline: the common case), or the one
+ * on the fallback context. */
+static inline __attribute__((always_inline)) int
+mreg_mr_on(struct api_mreg *m, struct exs_prov_ctx *ctx, struct exs_prov_mr **mr_p)
+{
+    if (m->mr->ctx == ctx) {
+        *mr_p = m->mr;
+        return 0;
+    }
+    return mreg_mr_fb(m, ctx, mr_p);
 }
 
 void exs__api_mreg_destroy_all(void)
