@@ -28,6 +28,10 @@ struct exs_evq;
 
 /* Look up a queue by handle and take a reference. -EINVAL: no such live queue. */
 int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p);
+/* exs__evq_get's second step (no lock): evq, read from q's slot at some moment, with a
+ * reference when it is still q's live queue: 0, or -EINVAL (nothing held) when it is
+ * parked or serves another handle now. */
+int exs__evq_hold(exs_qhandle_t q, struct exs_evq *evq, struct exs_evq **evq_p);
 void exs__evq_put(struct exs_evq *evq);
 /* The handle of a queue. */
 exs_qhandle_t exs__evq_handle(const struct exs_evq *evq);

@@ -41,8 +41,9 @@ struct exs_evq {
     int depth;                 /* atomic store at creation */
     uint32_t freed;            /* atomic store under lock: slots given back (events taken, dropped,
                                 * reservations abandoned); reserved = res - freed - queued */
+    int refs;                  /* atomic; the table's, gets and waiters; 0: parked (a get
+                                * may raise it only from 1 up) */
     struct exs_evq *free_next; /* evq_free_lock: parked */
-    int refs;                  /* atomic; the table's, gets and waiters */
     exs_qhandle_t handle;
     exs_event_t *ring; /* depth entries, oldest at ring[head] */
     int head;
