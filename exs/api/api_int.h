@@ -110,9 +110,11 @@ struct api_op {
 };
 
 struct api_sock {
-    int fd;      /* the eventfd that is its descriptor */
-    int fd_open; /* fd not yet closed (exs_close closes it) */
-    int refs;    /* table, conn owner, children, callers in flight */
+    int fd;                     /* the eventfd that is its descriptor */
+    int fd_open;                /* fd not yet closed (exs_close closes it) */
+    int refs;                   /* atomic: table, conn owner, children, callers in flight; 0: parked
+                                 * (sock.c: a lookup without a lock may read it then) */
+    struct api_sock *park_next; /* parked: the next one */
     int domain;
     int type;
     enum api_sock_state state;
@@ -210,6 +212,10 @@ static inline void api_sock_unlock(struct api_sock *s)
 struct api_sock *exs__api_sock_get(int fd, int *err_p);
 /* The same without telling EBADF from ENOTSOCK: NULL when fd is no libexs socket. */
 struct api_sock *exs__api_sock_find(int fd);
+/* exs__api_sock_find's second step: s, read from fd's slot at some moment without a
+ * lock, with a reference when it is still the socket at fd; NULL (nothing held) when it
+ * left fd since (its count 0: parked; or another slot's now). */
+struct api_sock *exs__api_sock_hold(int fd, struct api_sock *s);
 void exs__api_sock_put(struct api_sock *s);
 /* Every socket in the table, each held by a reference, in an array to free (sock.c). */
 int exs__api_sock_list(struct api_sock ***all_p, int *n_p);

@@ -34,14 +34,13 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
 
 /*
  * Locking. Two levels, always taken in this order:
- *   evq_tab.lock (rwlock)  the handle table; read-held by exs__evq_get, write-held by
- *                          create / delete / destroy_all (and across fork). One atomic
- *                          word, reader-preferring like glibc's default rwlock; held
- *                          briefly (evq->lock the only lock taken inside), so a waiting
- *                          side yields. The send path's lookups (exs__evq_reserve_handle,
- *                          exs_qdequeue's first look) take none: evq_peek reads the slot
- *                          (a grown table keeps its old arrays until exs_fini), and
- *                          evq->st then says whether the queue found is q's, alive.
+ *   evq_tab.lock           the handle table's writers: create / delete / destroy_all
+ *                          (and across fork). One atomic word; held briefly (evq->lock
+ *                          the only lock taken inside), so a waiting side yields. No
+ *                          lookup takes it: evq_peek reads the slot (a grown table keeps
+ *                          its old arrays until exs_fini), and evq->st then says whether
+ *                          the queue found is q's, alive; exs__evq_get also raises the
+ *                          queue's count unless it is 0 (parked), then asks st again.
  *   evq->lock (futex mutex, lite_lock.h)  everything in one queue not marked atomic.
  * A queue's memory is reference counted (evq->refs, atomic): the table holds one
  * reference until exs_qdelete, each exs__evq_get and each sleeping or spinning
@@ -75,10 +74,10 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
 #define EVQ_GEN_MASK  0x7fff
 #define EVQ_TAB_FIRST 16 /* initial table size */
 
-#define EVQ_TAB_WRITER 0x80000000u /* evq_tab.lock: write-held; else the count of readers */
+#define EVQ_TAB_WRITER 0x80000000u /* evq_tab.lock: held */
 
 static struct {
-    unsigned lock; /* atomic: EVQ_TAB_WRITER, or the readers */
+    unsigned lock; /* atomic: EVQ_TAB_WRITER or 0 */
     struct evq_slot *slots;
     int nslots;    /* allocated */
     int used;      /* slots 0 .. used - 1 have ever been handed out */
@@ -91,22 +90,6 @@ static struct {
 };
 /* atomic: the current array of slots (evq_int.h: exs__evq_peek reads it without a lock) */
 struct evq_tabv *exs__evq_tv;
-
-static void evq_tab_rdlock(void)
-{
-    unsigned v = __atomic_load_n(&evq_tab.lock, __ATOMIC_RELAXED);
-
-    EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ_TAB);
-    for (;;) {
-        if (v & EVQ_TAB_WRITER) {
-            sched_yield();
-            v = __atomic_load_n(&evq_tab.lock, __ATOMIC_RELAXED);
-        } else if (__atomic_compare_exchange_n(&evq_tab.lock, &v, v + 1, 1, __ATOMIC_ACQUIRE,
-                                               __ATOMIC_RELAXED)) {
-            return;
-        }
-    }
-}
 
 static void evq_tab_wrlock(void)
 {
@@ -122,11 +105,7 @@ static void evq_tab_wrlock(void)
 
 static void evq_tab_unlock(void)
 {
-    /* write-held: no reader is in (they wait for the writer) */
-    if (__atomic_load_n(&evq_tab.lock, __ATOMIC_RELAXED) & EVQ_TAB_WRITER)
-        __atomic_store_n(&evq_tab.lock, 0, __ATOMIC_RELEASE);
-    else
-        __atomic_sub_fetch(&evq_tab.lock, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&evq_tab.lock, 0, __ATOMIC_RELEASE);
     EXS_LOCK_RELEASE(EXS_LOCK_EVQ_TAB);
 }
 
@@ -276,11 +255,6 @@ static void evq_give_back(struct exs_evq *evq, int n)
     __atomic_store_n(&evq->freed, evq->freed + (uint32_t)n, __ATOMIC_RELEASE);
 }
 
-static void evq_ref(struct exs_evq *evq)
-{
-    __atomic_add_fetch(&evq->refs, 1, __ATOMIC_RELAXED);
-}
-
 void exs__evq_put(struct exs_evq *evq)
 {
     if (__atomic_sub_fetch(&evq->refs, 1, __ATOMIC_ACQ_REL) == 0)
@@ -375,17 +349,30 @@ static void evq_tab_remove(struct evq_slot *slot)
 
 int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
 {
-    struct evq_slot *slot;
+    struct exs_evq *evq = evq_peek(q);
 
-    evq_tab_rdlock();
-    slot = evq_tab_lookup(q);
-    if (slot == NULL) {
-        evq_tab_unlock();
+    if (!evq)
+        return -EINVAL;
+    return exs__evq_hold(q, evq, evq_p);
+}
+
+int exs__evq_hold(exs_qhandle_t q, struct exs_evq *evq, struct exs_evq **evq_p)
+{
+    int refs;
+
+    /* count unless parked (0); acquire also at 0: its last put's park is seen then */
+    refs = __atomic_load_n(&evq->refs, __ATOMIC_ACQUIRE);
+    while (refs && !__atomic_compare_exchange_n(&evq->refs, &refs, refs + 1, 1, __ATOMIC_ACQ_REL,
+                                                __ATOMIC_ACQUIRE))
+        ;
+    if (!refs)
+        return -EINVAL;
+    /* counted: still q's and alive (else deleted, or parked and reused under a new handle) */
+    if (!evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q)) {
+        exs__evq_put(evq);
         return -EINVAL;
     }
-    evq_ref(slot->evq);
-    *evq_p = slot->evq;
-    evq_tab_unlock();
+    *evq_p = evq;
     return 0;
 }
 
@@ -491,23 +478,6 @@ int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p)
     return exs__evq_reserve_q(q, evq_p);
 }
 
-void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p)
-{
-    void *mem;
-    int ret = exs__evq_reserve_handle(q, evq_p);
-
-    if (ret) {
-        *err_p = ret;
-        return NULL;
-    }
-    mem = exs__evq_op_alloc(size);
-    if (!mem) {
-        exs__evq_unreserve(*evq_p);
-        *err_p = ENOMEM;
-    }
-    return mem;
-}
-
 /* A slot of a dead queue came back (evq->lock held): 1 when it was the last of an
  * orphan's, whose table reference the caller then drops (after the unlock). */
 static int evq_orphan_last(const struct exs_evq *evq)
@@ -575,15 +545,14 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
     evq_post_end(evq, slot, last);
 }
 
-void exs__evq_post_xfer_locked(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
-                               size_t len, ssize_t result)
+void exs__evq_post_xfer_locked(struct exs_evq *evq, EXS_EVQ_XFER_ARGS)
 {
     exs_event_t *slot;
     int last = 0;
 
     slot = evq_post_slot(evq, &last);
     if (slot)
-        exs__evq_xfer_fill(slot, type, fd, ah, buf, len, result);
+        exs__evq_xfer_fill(slot, EXS_EVQ_XFER_PASS);
     evq_post_end(evq, slot, last);
 }
 
@@ -632,7 +601,7 @@ static exs_qhandle_t evq_create(int depth, int private_)
     }
     evq->private_ = private_;
     __atomic_add_fetch(private_ ? &evq_private_live : &evq_live, 1, __ATOMIC_RELAXED);
-    evq->refs = 1; /* the table's */
+    __atomic_store_n(&evq->refs, 1, __ATOMIC_RELEASE); /* the table's (st still dead) */
     evq->handle = EXS_QHANDLE_INVALID;
     evq->wfd = -1;
     evq->want_min = INT_MAX;

@@ -28,6 +28,10 @@ struct exs_evq;
 
 /* Look up a queue by handle and take a reference. -EINVAL: no such live queue. */
 int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p);
+/* exs__evq_get's second step (no lock): evq, read from q's slot at some moment, with a
+ * reference when it is still q's live queue: 0, or -EINVAL (nothing held) when it is
+ * parked or serves another handle now. */
+int exs__evq_hold(exs_qhandle_t q, struct exs_evq *evq, struct exs_evq **evq_p);
 void exs__evq_put(struct exs_evq *evq);
 /* The handle of a queue. */
 exs_qhandle_t exs__evq_handle(const struct exs_evq *evq);
@@ -37,15 +41,10 @@ exs_qhandle_t exs__evq_handle(const struct exs_evq *evq);
  * matching post or unreserve (exs_qdelete says EBUSY; exs_fini's kill leaves the queue's
  * memory to the last slot): it takes no reference. */
 int exs__evq_reserve(struct exs_evq *evq);
-/* A posting call's first step: look q up, reserve one slot in it (which pins *evq_p)
- * and allocate size zeroed bytes for the operation that will
- * post into it. NULL with *err_p = EINVAL (no such live queue), EAGAIN (full) or ENOMEM;
- * nothing is reserved then. */
-void *exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p);
 /* Look q up (without the table's lock) and reserve one slot in it, which pins *evq_p:
  * 0, or the errno for the application (EINVAL, EAGAIN). */
 int exs__evq_reserve_handle(exs_qhandle_t q, struct exs_evq **evq_p);
-/* Free what exs__evq_reserve_alloc allocated (size: the same as given to it). Blocks of
+/* Free what exs__evq_reserve_alloc (evq_int.h) allocated (size: the same as given to it). Blocks of
  * operation size go back to a small per-thread cache instead of malloc. */
 void exs__evq_op_free(void *mem, size_t size);
 /* Largest block the cache keeps: every operation of the api (xfer.c asserts it). */

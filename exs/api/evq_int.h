@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 
+#include "exs/api/evq.h"
 #include "exs/api/lite_lock.h"
 #include <errno.h>
 #include <stdint.h>
@@ -40,8 +41,9 @@ struct exs_evq {
     int depth;                 /* atomic store at creation */
     uint32_t freed;            /* atomic store under lock: slots given back (events taken, dropped,
                                 * reservations abandoned); reserved = res - freed - queued */
+    int refs;                  /* atomic; the table's, gets and waiters; 0: parked (a get
+                                * may raise it only from 1 up) */
     struct exs_evq *free_next; /* evq_free_lock: parked */
-    int refs;                  /* atomic; the table's, gets and waiters */
     exs_qhandle_t handle;
     exs_event_t *ring; /* depth entries, oldest at ring[head] */
     int head;
@@ -153,6 +155,28 @@ static inline __attribute__((always_inline)) int exs__evq_reserve_q(exs_qhandle_
     return 0;
 }
 
+/* A posting call's first step, inline: look q up, reserve one slot in it (which pins
+ * *evq_p) and allocate size zeroed bytes for the operation that will post into it. NULL
+ * with *err_p = EINVAL (no such live queue), EAGAIN (full) or ENOMEM; nothing is reserved
+ * then. */
+static inline __attribute__((always_inline)) void *
+exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int *err_p)
+{
+    void *mem;
+    int ret = exs__evq_reserve_q(q, evq_p);
+
+    if (ret) {
+        *err_p = ret;
+        return NULL;
+    }
+    mem = exs__evq_op_alloc(size);
+    if (!mem) {
+        exs__evq_unreserve(*evq_p);
+        *err_p = ENOMEM;
+    }
+    return mem;
+}
+
 /* The ring entry after the queued events (evq->lock held). */
 static inline exs_event_t *exs__evq_tail(struct exs_evq *evq)
 {
@@ -161,43 +185,56 @@ static inline exs_event_t *exs__evq_tail(struct exs_evq *evq)
     return &evq->ring[tail >= evq->depth ? tail - evq->depth : tail];
 }
 
-/* A send's or receive's event written into a ring entry: the header and the transfer
- * member, whole (the union's tail is not the event's: exs_qdequeue does not copy it). */
-static inline void exs__evq_xfer_fill(exs_event_t *e, int type, int fd, exs_ahandle_t ah, void *buf,
-                                      size_t len, ssize_t result)
+/* A send's or receive's event (EXS_EVT_SEND or EXS_EVT_RECV) written into a ring entry:
+ * the header and the transfer member, all exs_qdequeue copies of it (the union's tail is
+ * not the event's). err: exs_evt_errno; flags: exs_evt_flags. */
+#define EXS_EVQ_XFER_ARGS                                                                          \
+    int type, int err, int fd, int flags, exs_ahandle_t ah, void *buf, size_t len, ssize_t result
+#define EXS_EVQ_XFER_PASS type, err, fd, flags, ah, buf, len, result
+
+static inline __attribute__((always_inline)) void exs__evq_xfer_fill(exs_event_t *e,
+                                                                     EXS_EVQ_XFER_ARGS)
 {
     e->exs_evt_type = type;
-    e->exs_evt_errno = 0;
+    e->exs_evt_errno = err;
     e->exs_evt_fd = fd;
     e->exs_evt_ahandle = ah;
     e->exs_evt_u.exs_evt_xfer.exs_evt_buf = buf;
     e->exs_evt_u.exs_evt_xfer.exs_evt_len = len;
     e->exs_evt_u.exs_evt_xfer.exs_evt_result = result;
-    e->exs_evt_u.exs_evt_xfer.exs_evt_flags = 0;
+    e->exs_evt_u.exs_evt_xfer.exs_evt_flags = flags;
 }
 
-/* exs__evq_post_xfer with evq->lock held (evq.c): every case; unlocks. */
-void exs__evq_post_xfer_locked(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
-                               size_t len, ssize_t result);
+/* exs__evq_post_xfer_x with evq->lock held (evq.c): every case; unlocks. */
+void exs__evq_post_xfer_locked(struct exs_evq *evq, EXS_EVQ_XFER_ARGS);
 
-/* exs__evq_post_xfer (evq.h), inline: the event goes into the ring under one hold of the
- * lock; a dead queue (exs_fini's orphan) and one whose descriptors someone watches
- * (exs_qfd called, a sleeper) go the whole way (evq.c). */
+/* A send's or receive's event posted in the slot reserved in evq, inline: the event goes
+ * into the ring under one hold of the lock; a dead queue (exs_fini's orphan) and one whose
+ * descriptors someone watches (exs_qfd called, a sleeper) go the whole way (evq.c). The
+ * kernel-socket send that completes at once (kfd.c) and an exs socket's operation ending
+ * (xfer.c, op_done) post this way. */
+static inline __attribute__((always_inline)) void exs__evq_post_xfer_x(struct exs_evq *evq,
+                                                                       EXS_EVQ_XFER_ARGS)
+{
+    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    if (__builtin_expect(evq->dead | evq->exposed | evq->sleepers, 0)) {
+        exs__evq_post_xfer_locked(evq, EXS_EVQ_XFER_PASS);
+        return;
+    }
+    EXS_ASSERT(exs__evq_reserved(evq) > 0);
+    exs__evq_xfer_fill(exs__evq_tail(evq), EXS_EVQ_XFER_PASS);
+    __atomic_store_n(&evq->queued, evq->queued + 1, __ATOMIC_RELEASE);
+    EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle, type, fd, err,
+             evq->queued);
+    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+}
+
+/* exs__evq_post_xfer (evq.h), inline: a transfer that succeeded. */
 static inline __attribute__((always_inline)) void
 exs__evq_post_xfer_now(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah, void *buf,
                        size_t len, ssize_t result)
 {
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
-    if (__builtin_expect(evq->dead | evq->exposed | evq->sleepers, 0)) {
-        exs__evq_post_xfer_locked(evq, type, fd, ah, buf, len, result);
-        return;
-    }
-    EXS_ASSERT(exs__evq_reserved(evq) > 0);
-    exs__evq_xfer_fill(exs__evq_tail(evq), type, fd, ah, buf, len, result);
-    __atomic_store_n(&evq->queued, evq->queued + 1, __ATOMIC_RELEASE);
-    EXS_DATA(API, "evq %d: event type %d fd %d errno 0, %d queued", evq->handle, type, fd,
-             evq->queued);
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    exs__evq_post_xfer_x(evq, type, 0, fd, 0, ah, buf, len, result);
 }
 
 #endif /* EXS_API_EVQ_INT_H */

@@ -90,12 +90,12 @@ void exs__evq_op_free(void *mem, size_t size)
         free(mem);
         return;
     }
-    pthread_once(&op_cache_once, op_cache_init);
-    if (!op_cache_keyed) {
-        free(mem);
-        return;
-    }
-    if (!op_cache_armed) {
+    if (__builtin_expect(!op_cache_armed, 0)) { /* armed: the key exists (no pthread_once) */
+        pthread_once(&op_cache_once, op_cache_init);
+        if (!op_cache_keyed) {
+            free(mem);
+            return;
+        }
         /* non-NULL: run the destructor (once per thread: it stays set) */
         (void)pthread_setspecific(op_cache_key, &op_cache);
         op_cache_armed = 1;

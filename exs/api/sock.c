@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -21,9 +22,13 @@
 /* ---- descriptor table ---- */
 
 /* The table: tab and tab_len change under tab_lock, its slots are written there with
- * atomic stores. exs__api_sock_find looks at a slot without the lock through tabv (atomic),
- * and takes the lock only when the slot holds a socket: a kernel socket's call (issue 27)
- * costs no lock here. A grown table keeps its old array for such readers until exs_fini. */
+ * atomic stores. exs__api_sock_find takes no lock: it reads a slot through tabv (atomic),
+ * raises the socket's reference count unless it is 0, and then checks that the table
+ * (the current array) still names that socket at fd; the table's own reference is
+ * dropped after its slot is emptied, so a socket at 0 has left the table. For that,
+ * nothing such a reader may be reading is freed before exs_fini: a grown table keeps its
+ * old array, and a socket whose last reference went is parked (sock_parked, count 0) and
+ * reused by a later exs__api_sock_new. */
 static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
 struct sock_tabv *exs__api_sock_tabv; /* api_int.h (exs__api_sock_at) */
 #define tabv exs__api_sock_tabv
@@ -31,10 +36,21 @@ static struct api_sock **tab;
 static int tab_len;
 int exs__api_sock_nlive; /* api_int.h (exs__api_sock_live) */
 #define sock_live exs__api_sock_nlive
+static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER; /* sock_parked (leaf) */
+static struct api_sock *sock_parked;                          /* by park_next */
 
 void exs__api_sock_ref(struct api_sock *s)
 {
     __atomic_fetch_add(&s->refs, 1, __ATOMIC_RELAXED);
+}
+
+/* s (count 0, freed of all it held) kept for reuse: a lookup may still read its count. */
+static void sock_park(struct api_sock *s)
+{
+    EXS_MUTEX_LOCK(&park_lock, EXS_LOCK_LEAF);
+    s->park_next = sock_parked;
+    sock_parked = s;
+    EXS_MUTEX_UNLOCK(&park_lock, EXS_LOCK_LEAF);
 }
 
 void exs__api_sock_put(struct api_sock *s)
@@ -48,26 +64,46 @@ void exs__api_sock_put(struct api_sock *s)
     if (s->parent)
         exs__api_sock_put(s->parent);
     pthread_mutex_destroy(&s->lock);
-    free(s);
+    sock_park(s);
     __atomic_fetch_sub(&sock_live, 1, __ATOMIC_RELAXED);
 }
 
-/* The socket behind fd with a reference, or NULL (no system call; no lock when the slot is
- * empty). */
+struct api_sock *exs__api_sock_hold(int fd, struct api_sock *s)
+{
+    /* acquire, also when it reads 0: the slot emptied before the last put is seen then */
+    int refs = __atomic_load_n(&s->refs, __ATOMIC_ACQUIRE);
+
+    while (refs && !__atomic_compare_exchange_n(&s->refs, &refs, refs + 1, 1, __ATOMIC_ACQ_REL,
+                                                __ATOMIC_ACQUIRE))
+        ;
+    if (!refs)
+        return NULL; /* its last reference went: it left the table (parked) */
+    /* after the count (acquire: a removal's slot store came before its put) */
+    struct sock_tabv *t = __atomic_load_n(&tabv, __ATOMIC_ACQUIRE);
+
+    if (t && (unsigned)fd < (unsigned)t->len && __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE) == s)
+        return s;
+    exs__api_sock_put(s); /* it left fd meanwhile (or a parked one was reused) */
+    return NULL;
+}
+
+/* The socket behind fd with a reference, or NULL (no system call, no lock). */
 struct api_sock *exs__api_sock_find(int fd)
 {
-    struct sock_tabv *t = __atomic_load_n(&tabv, __ATOMIC_ACQUIRE);
-    struct api_sock *s = NULL;
+    for (;;) {
+        struct sock_tabv *t = __atomic_load_n(&tabv, __ATOMIC_ACQUIRE);
+        struct api_sock *s;
 
-    if (fd < 0 || !t || fd >= t->len || !__atomic_load_n(&t->e[fd], __ATOMIC_RELAXED))
-        return NULL;
-    EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
-    if (fd >= 0 && fd < tab_len && tab[fd]) {
-        s = tab[fd];
-        exs__api_sock_ref(s);
+        if (fd < 0 || !t || fd >= t->len)
+            return NULL;
+        s = __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE);
+        if (!s)
+            return NULL;
+        s = exs__api_sock_hold(fd, s);
+        if (s)
+            return s;
+        /* it left fd after the slot was read: look again */
     }
-    EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
-    return s;
 }
 
 /* The socket behind fd with a reference, or NULL with *err_p = EBADF / ENOTSOCK. */
@@ -118,7 +154,7 @@ static int tab_remove(struct api_sock *s)
 
     EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
     if (s->fd >= 0 && s->fd < tab_len && tab[s->fd] == s) {
-        __atomic_store_n(&tab[s->fd], NULL, __ATOMIC_RELAXED);
+        __atomic_store_n(&tab[s->fd], NULL, __ATOMIC_RELEASE); /* before the put */
         removed = 1;
     }
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
@@ -127,19 +163,36 @@ static int tab_remove(struct api_sock *s)
     return removed;
 }
 
+/* A parked socket, all zero but its count (0: a lookup may be reading it), or a new one. */
+static struct api_sock *sock_unpark(void)
+{
+    struct api_sock *s;
+
+    EXS_MUTEX_LOCK(&park_lock, EXS_LOCK_LEAF);
+    s = sock_parked;
+    if (s)
+        sock_parked = s->park_next;
+    EXS_MUTEX_UNLOCK(&park_lock, EXS_LOCK_LEAF);
+    if (!s)
+        return calloc(1, sizeof(*s));
+    memset(s, 0, offsetof(struct api_sock, refs));
+    memset((char *)s + offsetof(struct api_sock, refs) + sizeof(s->refs), 0,
+           sizeof(*s) - offsetof(struct api_sock, refs) - sizeof(s->refs));
+    return s;
+}
+
 struct api_sock *exs__api_sock_new(int domain, int type)
 {
-    struct api_sock *s = calloc(1, sizeof(*s));
+    struct api_sock *s = sock_unpark();
 
     if (!s)
         return NULL;
     s->fd = eventfd(0, EFD_CLOEXEC);
     if (s->fd < 0) {
-        free(s);
+        sock_park(s);
         return NULL;
     }
     s->fd_open = 1;
-    s->refs = 1;
     s->domain = domain;
     s->type = type;
     s->rcvbuf = (uint32_t)exs__params.ring_size;
@@ -153,6 +206,8 @@ struct api_sock *exs__api_sock_new(int domain, int type)
     exs_list_init(&s->child_link);
     exs_list_init(&s->to_ops);
     __atomic_fetch_add(&sock_live, 1, __ATOMIC_RELAXED);
+    /* last: a lookup that read this parked socket earlier counts it only from now on */
+    __atomic_store_n(&s->refs, 1, __ATOMIC_RELEASE);
     return s;
 }
 
@@ -903,6 +958,20 @@ int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
     return 0;
 }
 
+/* exs_fini (tab_lock held): the parked sockets freed (a socket still closing parks
+ * itself later, and stays parked until the next exs_fini). */
+static void sock_parked_free(void)
+{
+    EXS_MUTEX_LOCK(&park_lock, EXS_LOCK_LEAF);
+    while (sock_parked) {
+        struct api_sock *s = sock_parked;
+
+        sock_parked = s->park_next;
+        free(s);
+    }
+    EXS_MUTEX_UNLOCK(&park_lock, EXS_LOCK_LEAF);
+}
+
 /* exs_fini: close every socket without events. */
 void exs__api_sock_close_all(void)
 {
@@ -933,7 +1002,8 @@ void exs__api_sock_close_all(void)
         __atomic_store_n(&tabv, NULL, __ATOMIC_RELEASE);
         tab = NULL;
         tab_len = 0;
-    } /* else at exit: the emptied table stays for calls still looking at it */
+        sock_parked_free();
+    } /* else at exit: the emptied table and the parked sockets stay for calls still looking */
     EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
 }
 
@@ -944,8 +1014,10 @@ void exs__api_sock_fork(int phase)
 {
     if (phase == EXS_FORK_PREPARE) {
         EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
+        exs__mutex_fork(&park_lock, phase);
         return;
     }
+    exs__mutex_fork(&park_lock, phase); /* the parked sockets are memory: the child's too */
     if (phase == EXS_FORK_CHILD) {
         for (int fd = 0; fd < tab_len; fd++)
             if (tab[fd] && tab[fd]->fd_open)

@@ -15,6 +15,7 @@
 
 #include "exs/api/api_int.h"
 #include "exs/api/kfd.h"
+#include "exs/util/util.h"
 #include "tests/integ/integ.h"
 
 #define AH(n) IT_AH(n)
@@ -631,6 +632,120 @@ START_TEST(test_mreg_hold_race)
 }
 END_TEST
 
+/* exs__api_sock_find's second step (exs__api_sock_hold) given a socket read from a slot
+ * before the socket went: it is parked (count 0) and not held; reused by the next socket
+ * at another number, it is not held for the old number either, and its count is left as
+ * it was. Without the check of the slot the stale pointer is held; without the count's
+ * 0 test a parked socket is counted (and ended twice); freed instead of parked, ASan sees
+ * the read of a freed socket. */
+START_TEST(test_sock_hold_stale)
+{
+    struct api_sock *s, *s2;
+    uint64_t end;
+    int a, b, k;
+
+    it_init();
+    a = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(a, 0);
+    s = exs__api_sock_find(a);
+    ck_assert_ptr_nonnull(s);
+    exs__api_sock_put(s); /* s: what a lookup read from a's slot */
+    IT_EXPECT_OK(exs_close(a, EXS_QHANDLE_INVALID, AH(0)));
+    end = exs__now_ns() + (uint64_t)IT_TIMEOUT_MS * 1000000;
+    while (__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE) && exs__now_ns() < end)
+        sched_yield(); /* the close's last reference goes on the progress thread */
+    ck_assert_int_eq(__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE), 0);
+    ck_assert_ptr_null(exs__api_sock_hold(a, s));
+    ck_assert_int_eq(s->refs, 0);
+    ck_assert_ptr_null(exs__api_sock_find(a));
+    /* a's number taken by a kernel descriptor: the next socket, s again (parked last), gets
+     * another number */
+    k = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ck_assert_int_ge(k, 0);
+    if (k != a) {
+        ck_assert_int_eq(dup2(k, a), a);
+        close(k);
+    }
+    b = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+    ck_assert_int_ge(b, 0);
+    ck_assert_int_ne(b, a);
+    s2 = exs__api_sock_find(b);
+    ck_assert_ptr_eq(s2, s);
+    ck_assert_ptr_null(exs__api_sock_hold(a, s));
+    ck_assert_int_eq(s->refs, 2); /* the table's and s2's */
+    exs__api_sock_put(s2);
+    IT_EXPECT_OK(exs_close(b, EXS_QHANDLE_INVALID, AH(0)));
+    close(a);
+}
+END_TEST
+
+/* exs__api_sock_find takes no lock (sock.c): a finder thread looks up descriptor numbers
+ * while this thread creates and closes sockets (their numbers are reused; the table grows
+ * from 64 and parked sockets are reused). A socket found is the one at that number
+ * (s->fd), counted (refs > 0) and in its lifetime. Without the check of the slot after the
+ * count, a reused parked socket is returned for a number it left (s->fd differs); with
+ * the memory freed instead of parked, ASan sees the finder read a freed socket. */
+enum { SFIND_ROUNDS = 3000, SFIND_CHURN = 100 };
+static int sfind_fd = -1, sfind_stop, sfind_violations, sfind_found;
+
+static void *sfind_finder(void *arg)
+{
+    (void)arg;
+    while (!__atomic_load_n(&sfind_stop, __ATOMIC_ACQUIRE)) {
+        int base = __atomic_load_n(&sfind_fd, __ATOMIC_ACQUIRE);
+
+        for (int fd = base - 2; fd <= base + 2; fd++) {
+            struct api_sock *s = exs__api_sock_find(fd);
+
+            if (!s)
+                continue;
+            __atomic_add_fetch(&sfind_found, 1, __ATOMIC_RELAXED);
+            if (s->fd != fd || __atomic_load_n(&s->refs, __ATOMIC_RELAXED) <= 0)
+                __atomic_add_fetch(&sfind_violations, 1, __ATOMIC_RELAXED);
+            exs__api_sock_put(s);
+        }
+    }
+    return NULL;
+}
+
+START_TEST(test_sock_find_race)
+{
+    static int other[SFIND_CHURN];
+    pthread_t t;
+
+    it_init();
+    sfind_stop = sfind_violations = sfind_found = 0;
+    sfind_fd = exs_socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(sfind_fd, 0);
+    ck_assert_int_eq(pthread_create(&t, NULL, sfind_finder, NULL), 0);
+    /* no premise on scheduling: the rounds go on (yielding) until the finder found one */
+    for (int r = 0; r < SFIND_ROUNDS || !__atomic_load_n(&sfind_found, __ATOMIC_RELAXED); r++) {
+        int fd = __atomic_load_n(&sfind_fd, __ATOMIC_RELAXED), nfd;
+
+        if (r >= SFIND_ROUNDS)
+            sched_yield();
+        IT_EXPECT_OK(exs_close(fd, EXS_QHANDLE_INVALID, AH(0)));
+        nfd = exs_socket(AF_INET, r & 1 ? SOCK_STREAM : SOCK_SEQPACKET, 0);
+        ck_assert_int_ge(nfd, 0);
+        __atomic_store_n(&sfind_fd, nfd, __ATOMIC_RELEASE);
+        if (r % 500)
+            continue;
+        /* churn: more numbers at once (the table grows), then all parked */
+        for (int i = 0; i < SFIND_CHURN; i++) {
+            other[i] = exs_socket(AF_INET, SOCK_STREAM, 0);
+            ck_assert_int_ge(other[i], 0);
+        }
+        for (int i = 0; i < SFIND_CHURN; i++)
+            IT_EXPECT_OK(exs_close(other[i], EXS_QHANDLE_INVALID, AH(0)));
+    }
+    __atomic_store_n(&sfind_stop, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    IT_EXPECT_OK(exs_close(sfind_fd, EXS_QHANDLE_INVALID, AH(0)));
+    ck_assert_int_eq(sfind_violations, 0);
+    fprintf(stderr, "test_sock_find_race: %d lookups found a socket\n", sfind_found);
+}
+END_TEST
+
 Suite *integ_errors_suite(void)
 {
     Suite *s = suite_create("integ_errors");
@@ -646,7 +761,9 @@ Suite *integ_errors_suite(void)
     it_suite_add(s, "epipe", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_epipe, NULL});
     it_suite_add(s, "econnrefused", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_econnrefused, test_refused_incompatible, NULL});
-    it_suite_add(s, "socket", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_socket_errors, NULL});
+    it_suite_add(s, "socket", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_socket_errors, test_sock_hold_stale,
+                                        test_sock_find_race, NULL});
     it_suite_add(s, "ebusy", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_ebusy, test_mreg_hold_race, NULL});
     return s;

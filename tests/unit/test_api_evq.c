@@ -803,6 +803,42 @@ START_TEST(test_parked_reuse)
 }
 END_TEST
 
+/* exs__evq_get takes no lock (evq.c): given the handle of a deleted queue (or its memory,
+ * read from the slot before: exs__evq_hold) it fails, both while the queue is parked (it
+ * does not count it: without the count's 0 test the queue would be parked twice and
+ * handed to two later queues) and once its memory serves another handle (without the
+ * check of st after the count it would return it). */
+START_TEST(test_get_parked_reused)
+{
+    exs_qhandle_t old = exs_qcreate(4), q, q2;
+    struct exs_evq *evq, *e;
+
+    ck_assert_int_gt(old, 0);
+    ck_assert_int_eq(exs__evq_get(old, &evq), 0);
+    exs__evq_put(evq);
+    ck_assert_int_eq(exs_qdelete(old), 0);
+    ck_assert_int_eq(exs__evq_get(old, &e), -EINVAL);       /* parked */
+    ck_assert_int_eq(exs__evq_hold(old, evq, &e), -EINVAL); /* read from the slot before */
+    q = exs_qcreate(4);
+    q2 = exs_qcreate(4);
+    ck_assert_int_gt(q, 0);
+    ck_assert_int_gt(q2, 0);
+    ck_assert_int_eq(exs__evq_get(q, &e), 0);
+    exs__evq_put(e);
+    ck_assert_ptr_eq(e, evq); /* the parked memory, once */
+    ck_assert_int_eq(exs__evq_get(q2, &e), 0);
+    exs__evq_put(e);
+    ck_assert_ptr_ne(e, evq);
+    ck_assert_int_eq(exs__evq_get(old, &e), -EINVAL); /* the memory is q's now */
+    ck_assert_int_eq(exs__evq_hold(old, evq, &e), -EINVAL);
+    ck_assert_int_eq(exs__evq_hold(q, evq, &e), 0);
+    exs__evq_put(e);
+    ck_assert_int_eq(exs_qdelete(q2), 0);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
 /* exs_fini kills a queue with a slot still reserved: its memory is not parked (so not
  * reused by the next exs_qcreate) until that slot's event comes, which is dropped. */
 START_TEST(test_orphan_not_reused)
@@ -984,6 +1020,7 @@ Suite *api_evq_suite(void)
     tc = tcase_create("lockfree");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_parked_reuse);
+    tcase_add_test(tc, test_get_parked_reused);
     tcase_add_test(tc, test_orphan_not_reused);
     tcase_add_test(tc, test_reserve_delete_race);
     tcase_add_test(tc, test_lite_lock);
