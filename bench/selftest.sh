@@ -138,7 +138,7 @@ else:
 md = open(os.path.join(d, "results.md")).read()
 assert "## Against the base build (selftest)" in md
 assert "| p50 / base |" in md and "| / base |" in md
-assert "| 64 B | base (selftest): libexs, blocking waits |" in md
+assert "| 64 B | base (selftest): libexs, blocking waits (--wait-notify: every wait sleeps) |" in md
 assert ("ours Ir/msg | base Ir/msg" in md) == cg
 PYEOF
     echo "  ok    bench base end to end (tiny, 2 rounds: ours / base per figure$([ $cg = 1 ] && echo ', callgrind'))"
