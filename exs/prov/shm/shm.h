@@ -43,8 +43,9 @@
  * copy of at most SHM_COPY_CHUNK bytes), never for a peer.
  */
 
-#define SHM_MAGIC      0x45585348u /* "EXSH" */
-#define SHM_VERSION    2 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own */
+#define SHM_MAGIC 0x45585348u /* "EXSH" */
+#define SHM_VERSION                                                                                \
+    3 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own; 3: fragments */
 #define SHM_SLOT       64u          /* ring records are whole cache lines */
 #define SHM_RING_BYTES (256u << 10) /* per direction, a power of two */
 #define SHM_SEG_HDR    4096u        /* the two lines and the two flags, then the rings */
@@ -55,7 +56,8 @@
 #define SHM_REC_HDR     32u
 #define SHM_RING_INLINE 4096u /* payloads up to this ride in the ring */
 #define SHM_MAX_SGE     16u
-#define SHM_REC_MAX     (SHM_REC_HDR + SHM_RING_INLINE)
+#define SHM_FRAG_BYTES  (32768u - SHM_REC_HDR) /* payload of a fragment: records of 32 KiB */
+#define SHM_REC_MAX     (SHM_REC_HDR + SHM_FRAG_BYTES)
 #define SHM_MAX_WR      4096u
 #define SHM_MAX_INLINE  256u
 #define SHM_CQ_MAX      (1u << 22)
@@ -63,6 +65,7 @@
 #define SHM_PD_MAX      256u
 #define SHM_MAX_RD      16u        /* READs outstanding per ep */
 #define SHM_COPY_CHUNK  (1u << 20) /* one process_vm call; the fence is re-checked between */
+#define SHM_SPIN_NS     50000u     /* idle turns' spin while fragments move (shm_spin) */
 #define SHM_TURN_RECS   256u       /* records carried out per connection per turn */
 #define SHM_IDLE_LOOK   64u        /* a busy poller's idle turns per look at the descriptors */
 #define SHM_PORT_LO     32768u
@@ -71,7 +74,7 @@
 /* record types */
 enum { SHM_REC_SEND = 1, SHM_REC_WRITE = 2, SHM_REC_READ = 3 };
 /* record flags */
-enum { SHM_RF_IMM = 1u << 0, SHM_RF_INLINE = 1u << 1 };
+enum { SHM_RF_IMM = 1u << 0, SHM_RF_INLINE = 1u << 1, SHM_RF_FRAG = 1u << 2 };
 /* NAK syndromes (as the tcp provider's) */
 enum { SHM_SYN_RNR_EXC = 1, SHM_SYN_REM_ACCESS = 2, SHM_SYN_REM_INV = 3, SHM_SYN_REM_OP = 4 };
 
@@ -194,6 +197,7 @@ struct shm_wr {
     uint64_t raddr;
     uint32_t rkey;
     uint32_t psn;
+    uint32_t sent; /* payload bytes written into the ring as fragments */
     struct exs_prov_sge sge[];
 };
 
@@ -283,10 +287,13 @@ struct shm_conn {
     /* consumer (nic_lock) */
     uint64_t tail;
     uint32_t rcv_nxt;
-    uint32_t ack;    /* published ack */
-    int rx_drop;     /* after RNR_EXC: requests are consumed and dropped */
-    int zombie;      /* our requester got RNR_EXC: ep in ERROR, connection kept */
-    uint64_t rnr_at; /* holding the record at tail until then (ns) */
+    uint32_t ack;                  /* published ack */
+    int rx_drop;                   /* after RNR_EXC: requests are consumed and dropped */
+    int zombie;                    /* our requester got RNR_EXC: ep in ERROR, connection kept */
+    uint64_t rnr_at;               /* holding the record at tail until then (ns) */
+    uint32_t frag_off;             /* payload bytes of the message in fragments taken */
+    struct shm_rec frag_rec;       /* its first fragment's header (frag_off > 0) */
+    struct exs_soft_rwr *frag_rwr; /* the receive it holds (SEND, WRITE with IMM) */
     unsigned rnr_tries;
     uint8_t peer_rnr_retry, peer_rnr_timer_ms;
     int sleeping; /* mine->sleeping is set */
@@ -324,6 +331,7 @@ struct shm_ctx {
     uint64_t timer_armed_ns;
     unsigned turn_seq;   /* working turns of ctx_progress: descriptors every 8th */
     unsigned idle_turns; /* idle turns of ctx_progress since the last look */
+    uint64_t spin_end;   /* fragments moving: idle turns say "call again" until then (ns) */
     int collect_now;     /* an arm was taken, or the last look found some: the next reads */
     uint32_t rnr_timer_ms;
     uint8_t rnr_retry_max;
