@@ -46,9 +46,9 @@
 #define SHM_MAGIC 0x45585348u /* "EXSH" */
 #define SHM_VERSION                                                                                \
     3 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own; 3: fragments */
-#define SHM_SLOT       64u          /* ring records are whole cache lines */
-#define SHM_RING_BYTES (256u << 10) /* per direction, a power of two */
-#define SHM_SEG_HDR    4096u        /* the two lines and the two flags, then the rings */
+#define SHM_SLOT       64u        /* ring records are whole cache lines */
+#define SHM_RING_BYTES (1u << 20) /* per direction, a power of two */
+#define SHM_SEG_HDR    4096u      /* the two lines and the two flags, then the rings */
 #define SHM_LINE_STRIDE                                                                            \
     256u /* side s's line at s * 256: not one pair of the adjacent-line prefetch */
 #define SHM_FLAG_OFF    1024u /* side s's sleeping flag at 1024 + s * 256, alone on its line */
@@ -56,7 +56,7 @@
 #define SHM_REC_HDR     32u
 #define SHM_RING_INLINE 4096u /* payloads up to this ride in the ring */
 #define SHM_MAX_SGE     16u
-#define SHM_FRAG_BYTES  (32768u - SHM_REC_HDR) /* payload of a fragment: records of 32 KiB */
+#define SHM_FRAG_BYTES  (65536u - SHM_REC_HDR) /* payload of a fragment: records of 64 KiB */
 #define SHM_REC_MAX     (SHM_REC_HDR + SHM_FRAG_BYTES)
 #define SHM_MAX_WR      4096u
 #define SHM_MAX_INLINE  256u
@@ -65,7 +65,6 @@
 #define SHM_PD_MAX      256u
 #define SHM_MAX_RD      16u        /* READs outstanding per ep */
 #define SHM_COPY_CHUNK  (1u << 20) /* one process_vm call; the fence is re-checked between */
-#define SHM_SPIN_NS     50000u     /* idle turns' spin while fragments move (shm_spin) */
 #define SHM_TURN_RECS   256u       /* records carried out per connection per turn */
 #define SHM_IDLE_LOOK   64u        /* a busy poller's idle turns per look at the descriptors */
 #define SHM_PORT_LO     32768u
@@ -331,7 +330,6 @@ struct shm_ctx {
     uint64_t timer_armed_ns;
     unsigned turn_seq;   /* working turns of ctx_progress: descriptors every 8th */
     unsigned idle_turns; /* idle turns of ctx_progress since the last look */
-    uint64_t spin_end;   /* fragments moving: idle turns say "call again" until then (ns) */
     int collect_now;     /* an arm was taken, or the last look found some: the next reads */
     uint32_t rnr_timer_ms;
     uint8_t rnr_retry_max;

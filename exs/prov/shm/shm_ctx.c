@@ -224,8 +224,6 @@ static int shm_rings(struct shm_ctx *ctx, int wake_up)
             exs__shm_conn_free(conn);
         }
     }
-    if (did)
-        ctx->spin_end = 0;
     return did;
 }
 
@@ -318,31 +316,6 @@ static int shm_prepare_sleep(struct shm_ctx *ctx)
     return busy;
 }
 
-/* A message in fragments is moving (nic_lock held): a connection holds part of one, or a
- * post waits for room in its ring. The next fragment (or the room for it) comes within a
- * copy's time: a turn that found nothing answers "call again" (1) for up to SHM_SPIN_NS
- * after the last one that found work (shm_rings clears spin_end), instead of letting its
- * caller sleep and be woken by a doorbell for each fragment. */
-static int shm_spin(struct shm_ctx *ctx)
-{
-    struct exs_list *pos;
-    uint64_t now;
-
-    exs_list_for_each(pos, &ctx->conns)
-    {
-        const struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
-
-        if (conn->state == SHM_CONN_UP && conn->ep &&
-            (conn->frag_off || __atomic_load_n(&conn->ep->pend, __ATOMIC_RELAXED))) {
-            now = exs__now_ns();
-            if (!ctx->spin_end)
-                ctx->spin_end = now + SHM_SPIN_NS;
-            return now < ctx->spin_end;
-        }
-    }
-    return 0;
-}
-
 static void *shm_nic_main(void *arg)
 {
     struct shm_ctx *ctx = arg;
@@ -352,7 +325,7 @@ static void *shm_nic_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&ctx->nic_lock);
         did = exs__shm_turn(ctx, 2);
-        busy = did || shm_spin(ctx) || shm_prepare_sleep(ctx);
+        busy = did ? 1 : shm_prepare_sleep(ctx);
         pthread_mutex_unlock(&ctx->nic_lock);
         pthread_mutex_lock(&ctx->lock);
         stop = ctx->stop;
@@ -402,8 +375,6 @@ static int shm_ctx_progress(struct exs_prov_ctx *c)
 
     pthread_mutex_lock(&ctx->nic_lock);
     did = shm_turn_idle(ctx) ? 1 : exs__shm_turn(ctx, 1);
-    if (did <= 0)
-        did = shm_spin(ctx);
     pthread_mutex_unlock(&ctx->nic_lock);
     return did > 0;
 }
