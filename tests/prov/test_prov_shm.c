@@ -879,7 +879,8 @@ START_TEST(shm_liar_frag)
     struct liar l, *c = &l;
     struct shm_rec rec;
     uint8_t *body = malloc(SHM_FRAG_BYTES);
-    uint32_t size1 = SHM_REC_HDR + SHM_FRAG_BYTES, part2 = LEN - SHM_FRAG_BYTES;
+    uint32_t size1 = (SHM_REC_HDR + SHM_FRAG_BYTES + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
+    uint32_t part2 = LEN - SHM_FRAG_BYTES;
     uint64_t perr;
 
     snprintf(test, sizeof(test), "shm_liar_frag_%s", frag_names[_i]);

@@ -56,7 +56,7 @@
 #define SHM_REC_HDR     32u
 #define SHM_RING_INLINE 4096u /* payloads up to this ride in the ring */
 #define SHM_MAX_SGE     16u
-#define SHM_FRAG_BYTES  (65536u - SHM_REC_HDR) /* payload of a fragment: records of 64 KiB */
+#define SHM_FRAG_BYTES  65536u /* payload of a fragment (records of 64 KiB + 64) */
 #define SHM_REC_MAX     (SHM_REC_HDR + SHM_FRAG_BYTES)
 #define SHM_MAX_WR      4096u
 #define SHM_MAX_INLINE  256u
