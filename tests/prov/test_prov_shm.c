@@ -813,12 +813,8 @@ START_TEST(shm_frag_send_scatter)
     rw = (struct exs_prov_recv_wr){.wr_id = 1, .sg_list = rs, .num_sge = 3};
     copies = shm_counter("copies");
     ck_assert_int_eq(pt_ops->post_recv(p.eb, &rw), 0);
-    memset(&sw, 0, sizeof(sw));
-    sw.wr_id = 2;
-    sw.opcode = EXS_PROV_WR_SEND;
-    sw.flags = SIG;
-    sw.sg_list = ss;
-    sw.num_sge = 3;
+    sw = (struct exs_prov_send_wr){
+        .wr_id = 2, .opcode = EXS_PROV_WR_SEND, .flags = SIG, .sg_list = ss, .num_sge = 3};
     ck_assert_int_eq(pt_ops->post_send(p.ea, &sw), 0);
     pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
     ck_assert_uint_eq(c.byte_len, LEN);
@@ -895,11 +891,7 @@ START_TEST(shm_liar_frag)
     dst = pt_pair_buf(&p, 'b', BUF, LW, 0x22);
     ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, BUF), 0);
     perr = shm_counter("protocol_errors");
-    memset(&rec, 0, sizeof(rec));
-    rec.type = SHM_REC_SEND;
-    rec.flags = SHM_RF_FRAG;
-    rec.len = LEN;
-    rec.size = size1;
+    rec = (struct shm_rec){.type = SHM_REC_SEND, .flags = SHM_RF_FRAG, .len = LEN, .size = size1};
     switch (_i) {
     case FRAG_OTHER:
         put_rec(c, &rec, body, SHM_FRAG_BYTES, size1);

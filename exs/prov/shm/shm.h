@@ -25,10 +25,11 @@
  * life) holding, for each side s (0 active, 1 passive), one cache line written only by s
  * (struct shm_line) and one ring written only by s (its requests, read by the peer).
  * Requests (SEND, WRITE, READ) are records in the ring; the responder carries them out
- * in order, copying payload either from the ring (inline records) or with
- * process_vm_readv / process_vm_writev between its own validated memory and the
- * requester's sges, and then publishes in its line how many requests are done (ack) or
- * which one failed (nak). Nothing else crosses: the socket carries the handshake and
+ * in order, copying payload either from the ring (inline records, and the fragments of
+ * larger SENDs and WRITEs, which the requester copies in while the responder copies the
+ * previous one out) or with process_vm_readv / process_vm_writev between its own validated
+ * memory and the requester's sges (READ), and then publishes in its line how many requests are done
+ * (ack) or which one failed (nak). Nothing else crosses: the socket carries the handshake and
  * DISCONNECT, and its end of file (the kernel closes it when the peer process dies,
  * SIGKILL included) and a pidfd of the peer say the peer is gone.
  *

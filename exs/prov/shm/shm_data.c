@@ -543,7 +543,7 @@ static void shm_proto_error(struct shm_conn *conn, const char *what)
 
 /* ctx->lock held across the steps of one service of a connection: the inline requests of
  * a turn and the answers after them take it once (at most SHM_HOLD_RECS requests per hold,
- * so a revoke waits for at most that many inline copies of 4 KiB); anything that may end
+ * a fragment counting as 16, so a revoke waits for at most 64 KiB of copies); anything that may end
  * the connection, wait for a timer or copy with process_vm_* lets it go first. */
 #define SHM_HOLD_RECS 16u
 
