@@ -776,12 +776,14 @@ END_TEST
 /* ---- messages in fragments (SEND and WRITE above SHM_RING_INLINE) ---- */
 
 /* A SEND of three odd sges into a receive of three odd sges, both crossing fragment
- * boundaries, and a WRITE with IMM of 1 MiB + 3: whole and in place, the gaps untouched,
- * and no process_vm_* call (counter copies): the payload went through the ring. */
+ * boundaries, a WRITE with IMM of 1 MiB + 3, and one of two rings + 5 posted while the
+ * peer holds it by receiver-not-ready (it waits for room half-written, then goes on):
+ * whole and in place, the gaps untouched, and no process_vm_* call (counter copies): the
+ * payload went through the ring. */
 START_TEST(shm_frag_send_scatter)
 {
     enum { L0 = 70001, L1 = 3, L2 = 130000, LEN = L0 + L1 + L2, R0 = 65503, R1 = 65506 };
-    enum { WLEN = (1 << 20) + 3 };
+    enum { WLEN = (1 << 20) + 3, BIG = 2 * SHM_RING_BYTES + 5 };
     struct pt_pair p;
     struct pt_buf *src, *dst, *tgt;
     struct exs_prov_sge ss[3], rs[3];
@@ -789,7 +791,7 @@ START_TEST(shm_frag_send_scatter)
     struct exs_prov_recv_wr rw;
     struct exs_prov_cqe c;
     uint8_t *msg = malloc(LEN);
-    uint64_t copies;
+    uint64_t copies, full0;
 
     if (skip_unless_shm("shm_frag_send_scatter")) {
         free(msg);
@@ -797,10 +799,10 @@ START_TEST(shm_frag_send_scatter)
     }
     ck_assert_ptr_nonnull(msg);
     pt_pair_setup(&p, NULL, NULL);
-    src = pt_pair_buf(&p, 'a', WLEN + 64, LW, 0);
+    src = pt_pair_buf(&p, 'a', BIG + 64, LW, 0);
     dst = pt_pair_buf(&p, 'b', LEN + 350, LW, 0);
-    tgt = pt_pair_buf(&p, 'b', WLEN + 64, LW | RW, 0);
-    pt_pattern(src->p, WLEN + 64, 77);
+    tgt = pt_pair_buf(&p, 'b', BIG + 64, LW | RW, 0);
+    pt_pattern(src->p, BIG + 64, 77);
     ss[0] = (struct exs_prov_sge){pt_raddr(src, 0), L0, src->mr->lkey};
     ss[1] = (struct exs_prov_sge){pt_raddr(src, L0 + 100), L1, src->mr->lkey};
     ss[2] = (struct exs_prov_sge){pt_raddr(src, L0 + 200), L2, src->mr->lkey};
@@ -838,6 +840,21 @@ START_TEST(shm_frag_send_scatter)
     ck_assert(memcmp(tgt->p + 7, src->p + 1, WLEN) == 0);
     ck_assert(pt_all_bytes(tgt->p, 7, 0));
     ck_assert(pt_all_bytes(tgt->p + 7 + WLEN, 64 - 7, 0));
+    ck_assert(pt_buf_guards_ok(tgt));
+
+    /* larger than the ring, while b holds its first fragment (receiver not ready): the post
+     * writes what fits and waits for room (ring_full), then goes on once b takes them */
+    full0 = shm_counter("ring_full");
+    ck_assert_int_eq(pt_post_send(p.ea, 6, EXS_PROV_WR_RDMA_WRITE_WITH_IMM, SIG, src, 2, BIG,
+                                  0x5678, pt_raddr(tgt, 9), tgt->mr->rkey),
+                     0);
+    ck_assert_uint_gt(shm_counter("ring_full"), full0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 5, NULL, 0, 0), 0);
+    pt_expect_cqe(&p.b, 5, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV_RDMA_WITH_IMM, &c);
+    ck_assert_uint_eq(c.imm_data, 0x5678);
+    ck_assert_uint_eq(c.byte_len, BIG);
+    pt_expect_cqe(&p.a, 6, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, NULL);
+    ck_assert(memcmp(tgt->p + 9, src->p + 2, BIG) == 0);
     ck_assert(pt_buf_guards_ok(tgt));
     ck_assert_uint_eq(shm_counter("copies"), copies);
     free(msg);
