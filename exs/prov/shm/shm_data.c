@@ -28,6 +28,10 @@ static uint32_t shm_roundup(uint32_t n)
     return (n + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
 }
 
+/* Helpers of the post path, inlined into each caller (the inline post folds their
+ * constants: no fragment offset, one sge). */
+#define SHM_INLINE static inline __attribute__((always_inline))
+
 /* Reads of the peer's memory are taken once into locals: no later use reads it again. */
 #define SHM_ONCE() __asm__ __volatile__("" ::: "memory")
 
@@ -165,7 +169,7 @@ static int shm_peer_tail_locked(struct shm_conn *conn, uint64_t *tail_p)
 }
 
 /* The record type and flags of wr (flags without INLINE and FRAG). */
-static uint8_t shm_rec_type(const struct shm_wr *wr, uint8_t *flags)
+static inline uint8_t shm_rec_type(const struct shm_wr *wr, uint8_t *flags)
 {
     *flags = 0;
     switch (wr->opcode) {
@@ -186,8 +190,8 @@ static uint8_t shm_rec_type(const struct shm_wr *wr, uint8_t *flags)
 
 /* The header of wr's record at conn->head, written in place: records start on a slot and
  * the ring is a whole number of slots, so its 32 bytes never wrap (no local copy). */
-static void shm_rec_hdr(struct shm_conn *conn, const struct shm_ep *ep, const struct shm_wr *wr,
-                        uint8_t flags, uint8_t nsge, uint32_t size)
+SHM_INLINE void shm_rec_hdr(struct shm_conn *conn, const struct shm_ep *ep, const struct shm_wr *wr,
+                            uint8_t flags, uint8_t nsge, uint32_t size)
 {
     struct shm_rec *rec = (struct shm_rec *)(void *)(conn->tx_ring + (conn->head & SHM_RING_MASK));
     uint8_t f;
@@ -205,7 +209,7 @@ static void shm_rec_hdr(struct shm_conn *conn, const struct shm_ep *ep, const st
 }
 
 /* Publish conn->head: the records up to it are the peer's to take. */
-static void shm_publish_head(struct shm_conn *conn, const struct shm_ep *ep, uint32_t len)
+SHM_INLINE void shm_publish_head(struct shm_conn *conn, const struct shm_ep *ep, uint32_t len)
 {
     SHM_TSAN_RELEASE();
     __atomic_store_n(&conn->mine->head, conn->head, __ATOMIC_SEQ_CST);
@@ -214,8 +218,8 @@ static void shm_publish_head(struct shm_conn *conn, const struct shm_ep *ep, uin
 }
 
 /* Copy bytes [off, off+n) of the sges' payload into the ring at pos. */
-static void shm_ring_put_sges(uint8_t *ring, uint64_t pos, const struct exs_prov_sge *sge, int nsge,
-                              uint64_t off, uint64_t n)
+SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint64_t pos, const struct exs_prov_sge *sge,
+                                  int nsge, uint64_t off, uint64_t n)
 {
     for (int i = 0; i < nsge && n; i++) {
         uint64_t l = sge[i].length;
@@ -543,7 +547,7 @@ static void shm_proto_error(struct shm_conn *conn, const char *what)
 
 /* ctx->lock held across the steps of one service of a connection: the inline requests of
  * a turn and the answers after them take it once (at most SHM_HOLD_RECS requests per hold,
- * a fragment counting as 16, so a revoke waits for at most 64 KiB of copies); anything that may end
+ * a fragment filling a hold, so a revoke waits for at most 64 KiB of copies); anything that may end
  * the connection, wait for a timer or copy with process_vm_* lets it go first. */
 #define SHM_HOLD_RECS 16u
 
@@ -860,7 +864,7 @@ static int shm_do_ring(struct shm_conn *conn, const struct shm_rec *rec, uint64_
         shm_hold_drop(ctx, h);
         return shm_refuse(conn, rec->psn, syn);
     }
-    h->recs += EXS_MAX(1u, (n + SHM_RING_INLINE - 1) / SHM_RING_INLINE);
+    h->recs += n > SHM_RING_INLINE ? SHM_HOLD_RECS : 1; /* a fragment fills a hold */
     if (!(rec->flags & SHM_RF_FRAG))
         SHM_CNT_INC_OWNED(ctx->cnt.inline_rx); /* (nic_lock) */
     SHM_CNT_ADD_OWNED(ctx->cnt.bytes_rx, n);
@@ -1073,9 +1077,12 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
             break;
         }
         /* a fragment: its part of the message, and whether more follow */
-        part =
-            rec.flags & SHM_RF_FRAG ? EXS_MIN(rec.len - conn->frag_off, SHM_FRAG_BYTES) : rec.len;
-        more = (rec.flags & SHM_RF_FRAG) && conn->frag_off + part < rec.len;
+        part = rec.len;
+        more = 0;
+        if (EXS_UNLIKELY(rec.flags & SHM_RF_FRAG)) {
+            part = EXS_MIN(rec.len - conn->frag_off, SHM_FRAG_BYTES);
+            more = conn->frag_off + part < rec.len;
+        }
         if (conn->rx_drop) {
             ret = 1; /* after RNR_EXC: consumed and dropped */
         } else {
