@@ -59,6 +59,7 @@
 #define SHM_MAX_SGE     16u
 #define SHM_FRAG_BYTES  65536u /* payload of a fragment (records of 64 KiB + 64) */
 #define SHM_REC_MAX     (SHM_REC_HDR + SHM_FRAG_BYTES)
+#define SHM_KICK_BYTES  (SHM_RING_BYTES / 4) /* fragments taken per doorbell to a sleeper */
 #define SHM_MAX_WR      4096u
 #define SHM_MAX_INLINE  256u
 #define SHM_CQ_MAX      (1u << 22)

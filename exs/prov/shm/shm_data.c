@@ -1037,7 +1037,7 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
     struct shm_rsge rs[SHM_MAX_SGE];
     struct shm_rec rec;
     const char *bad = NULL;
-    uint64_t head, sum;
+    uint64_t head, sum, kicked = conn->tail;
     uint32_t part;
     int did = 0, ret = 1, more;
 
@@ -1103,10 +1103,18 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
             if (!conn->frag_off)
                 conn->frag_rec = rec;
             conn->frag_off += part;
-            /* the room at once: a requester that is not asleep writes the next while we
-             * copy this one (a sleeper's doorbell comes at the end of the turn) */
+            /* the room at once: the requester writes the next fragments while we copy
+             * these out. A sleeping requester gets its doorbell each quarter ring freed
+             * (SHM_KICK_BYTES), not only at the end of the turn: waiting for the end made
+             * the two copies take turns (1 MiB in, then 1 MiB out: 90-115 Gbit/s on a
+             * quiet host, the same as one process_vm_readv), a doorbell each quarter ring
+             * keeps both cores copying (180-250 Gbit/s) */
             SHM_TSAN_RELEASE();
             __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_SEQ_CST);
+            if (conn->tail - kicked >= SHM_KICK_BYTES) {
+                kicked = conn->tail;
+                exs__shm_conn_kick(conn);
+            }
             continue;
         }
         conn->frag_off = 0;
