@@ -39,9 +39,10 @@
  *
  * Locks: nic_lock (the NIC role: conns, listeners, sockets, rings as consumer) ->
  * ctx->lock (eps, their queues, completion and cm queues, ring as producer, keys) .
- * Payload is copied by the nic_lock holder without ctx->lock, inside the copy fence
- * (ctx->keys, exs/prov/soft/soft_keys.c), which revoke and mr_dereg wait for (one
- * copy of at most SHM_COPY_CHUNK bytes), never for a peer.
+ * Payload from the ring (inline records, fragments) is copied by the nic_lock holder
+ * under ctx->lock (at most 64 KiB per hold); process_vm_* copies run without ctx->lock,
+ * inside the copy fence (ctx->keys, exs/prov/soft/soft_keys.c), which revoke and
+ * mr_dereg wait for (one copy of at most SHM_COPY_CHUNK bytes), never for a peer.
  */
 
 #define SHM_MAGIC 0x45585348u /* "EXSH" */
