@@ -18,6 +18,7 @@
 #include "exs/prov/shm/shm.h"
 #include "exs/util/counters.h"
 #include "exs/util/params.h"
+#include "exs/util/util.h"
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
 
@@ -43,6 +44,7 @@ struct liar {
     uint8_t *tx_ring;
     uint64_t head;
     struct shm_line *mine;
+    const struct shm_line *peer; /* b's line: what b took of the liar's ring */
 };
 
 static struct liar liar(struct pt_pair *p)
@@ -56,7 +58,7 @@ static struct liar liar(struct pt_pair *p)
     conn = shm_ep_of(p->ea)->conn;
     ck_assert_ptr_nonnull(conn);
     bell_fd = dup(conn->bell);
-    l = (struct liar){conn->tx_ring, conn->head, conn->mine};
+    l = (struct liar){conn->tx_ring, conn->head, conn->mine, conn->peer};
     pthread_mutex_unlock(&ctx->nic_lock);
     ck_assert_int_ge(bell_fd, 0);
     return l;
@@ -241,15 +243,16 @@ START_TEST(shm_liar)
         break;
     }
     case LIE_TAIL_FULL: {
-        /* b posts 4 KiB SENDs (records of 4160 bytes, 63 fit the ring) that a holds by
-         * receiver-not-ready; the 64th finds no room by the tail b saw last and reads the
-         * peer's: a lie, a protocol error */
-        struct pt_buf *src = pt_pair_buf(&p, 'b', 4096, LW, 1);
+        /* b posts 32 KiB SENDs (one fragment each, records of 32832 bytes, 31 fit the
+         * ring of 1 MiB) that a holds by receiver-not-ready; the 32nd finds no room by the
+         * tail b saw last and reads the peer's: a lie, a protocol error */
+        uint32_t rsz = (SHM_REC_HDR + 32768 + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
+        struct pt_buf *src = pt_pair_buf(&p, 'b', 32768, LW, 1);
 
-        __atomic_store_n(&c->mine->tail, 1u << 20, __ATOMIC_RELEASE);
-        for (int i = 0; i < 64; i++)
+        __atomic_store_n(&c->mine->tail, SHM_RING_BYTES, __ATOMIC_RELEASE);
+        for (uint32_t i = 0; i <= SHM_RING_BYTES / rsz; i++)
             ck_assert_int_eq(
-                pt_post_send(p.eb, 2 + i, EXS_PROV_WR_SEND, SIG, src, 0, 4096, 0, 0, 0), 0);
+                pt_post_send(p.eb, 2 + i, EXS_PROV_WR_SEND, SIG, src, 0, 32768, 0, 0, 0), 0);
         pt_expect_wr(&p.b, 2, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
         break;
     }
@@ -770,6 +773,191 @@ START_TEST(shm_fast_paths)
 }
 END_TEST
 
+/* ---- messages in fragments (SEND and WRITE above SHM_RING_INLINE) ---- */
+
+/* A SEND of three odd sges into a receive of three odd sges, both crossing fragment
+ * boundaries, a WRITE with IMM of 1 MiB + 3, and one of two rings + 5 posted while the
+ * peer holds it by receiver-not-ready (it waits for room half-written, then goes on):
+ * whole and in place, the gaps untouched, and no process_vm_* call (counter copies): the
+ * payload went through the ring. */
+START_TEST(shm_frag_send_scatter)
+{
+    enum { L0 = 70001, L1 = 3, L2 = 130000, LEN = L0 + L1 + L2, R0 = 65503, R1 = 65506 };
+    enum { WLEN = (1 << 20) + 3, BIG = 2 * SHM_RING_BYTES + 5 };
+    struct pt_pair p;
+    struct pt_buf *src, *dst, *tgt;
+    struct exs_prov_sge ss[3], rs[3];
+    struct exs_prov_send_wr sw;
+    struct exs_prov_recv_wr rw;
+    struct exs_prov_cqe c;
+    uint8_t *msg = malloc(LEN);
+    uint64_t copies, full0;
+
+    if (skip_unless_shm("shm_frag_send_scatter")) {
+        free(msg);
+        return;
+    }
+    ck_assert_ptr_nonnull(msg);
+    pt_pair_setup(&p, NULL, NULL);
+    src = pt_pair_buf(&p, 'a', BIG + 64, LW, 0);
+    dst = pt_pair_buf(&p, 'b', LEN + 350, LW, 0);
+    tgt = pt_pair_buf(&p, 'b', BIG + 64, LW | RW, 0);
+    pt_pattern(src->p, BIG + 64, 77);
+    ss[0] = (struct exs_prov_sge){pt_raddr(src, 0), L0, src->mr->lkey};
+    ss[1] = (struct exs_prov_sge){pt_raddr(src, L0 + 100), L1, src->mr->lkey};
+    ss[2] = (struct exs_prov_sge){pt_raddr(src, L0 + 200), L2, src->mr->lkey};
+    memcpy(msg, src->p, L0);
+    memcpy(msg + L0, src->p + L0 + 100, L1);
+    memcpy(msg + L0 + L1, src->p + L0 + 200, L2);
+    rs[0] = (struct exs_prov_sge){pt_raddr(dst, 0), R0, dst->mr->lkey};
+    rs[1] = (struct exs_prov_sge){pt_raddr(dst, R0 + 100), R1, dst->mr->lkey};
+    rs[2] = (struct exs_prov_sge){pt_raddr(dst, R0 + R1 + 300), LEN - R0 - R1 + 50, dst->mr->lkey};
+    rw = (struct exs_prov_recv_wr){.wr_id = 1, .sg_list = rs, .num_sge = 3};
+    copies = shm_counter("copies");
+    ck_assert_int_eq(pt_ops->post_recv(p.eb, &rw), 0);
+    sw = (struct exs_prov_send_wr){
+        .wr_id = 2, .opcode = EXS_PROV_WR_SEND, .flags = SIG, .sg_list = ss, .num_sge = 3};
+    ck_assert_int_eq(pt_ops->post_send(p.ea, &sw), 0);
+    pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+    ck_assert_uint_eq(c.byte_len, LEN);
+    pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    ck_assert(memcmp(dst->p, msg, R0) == 0);
+    ck_assert(pt_all_bytes(dst->p + R0, 100, 0));
+    ck_assert(memcmp(dst->p + R0 + 100, msg + R0, R1) == 0);
+    ck_assert(pt_all_bytes(dst->p + R0 + 100 + R1, 200, 0));
+    ck_assert(memcmp(dst->p + R0 + R1 + 300, msg + R0 + R1, LEN - R0 - R1) == 0);
+    ck_assert(pt_all_bytes(dst->p + LEN + 300, 50, 0));
+    ck_assert(pt_buf_guards_ok(dst));
+
+    ck_assert_int_eq(pt_post_recv(p.eb, 3, NULL, 0, 0), 0);
+    ck_assert_int_eq(pt_post_send(p.ea, 4, EXS_PROV_WR_RDMA_WRITE_WITH_IMM, SIG, src, 1, WLEN,
+                                  0x1234, pt_raddr(tgt, 7), tgt->mr->rkey),
+                     0);
+    pt_expect_cqe(&p.b, 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV_RDMA_WITH_IMM, &c);
+    ck_assert_uint_eq(c.imm_data, 0x1234);
+    ck_assert_uint_eq(c.byte_len, WLEN);
+    pt_expect_cqe(&p.a, 4, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, NULL);
+    ck_assert(memcmp(tgt->p + 7, src->p + 1, WLEN) == 0);
+    ck_assert(pt_all_bytes(tgt->p, 7, 0));
+    ck_assert(pt_all_bytes(tgt->p + 7 + WLEN, 64 - 7, 0));
+    ck_assert(pt_buf_guards_ok(tgt));
+
+    /* larger than the ring, while b holds its first fragment (receiver not ready): the post
+     * writes what fits and waits for room (ring_full), then goes on once b takes them */
+    full0 = shm_counter("ring_full");
+    ck_assert_int_eq(pt_post_send(p.ea, 6, EXS_PROV_WR_RDMA_WRITE_WITH_IMM, SIG, src, 2, BIG,
+                                  0x5678, pt_raddr(tgt, 9), tgt->mr->rkey),
+                     0);
+    ck_assert_uint_gt(shm_counter("ring_full"), full0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 5, NULL, 0, 0), 0);
+    pt_expect_cqe(&p.b, 5, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV_RDMA_WITH_IMM, &c);
+    ck_assert_uint_eq(c.imm_data, 0x5678);
+    ck_assert_uint_eq(c.byte_len, BIG);
+    pt_expect_cqe(&p.a, 6, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, NULL);
+    ck_assert(memcmp(tgt->p + 9, src->p + 2, BIG) == 0);
+    ck_assert(pt_buf_guards_ok(tgt));
+    ck_assert_uint_eq(shm_counter("copies"), copies);
+    free(msg);
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* Wait (bounded) until b took bytes of the liar's ring up to tail. */
+static void wait_b_took(const struct liar *c, uint64_t tail)
+{
+    uint64_t end = exs__now_ns() + (uint64_t)PT_TIMEOUT_MS * 1000000u;
+
+    while (__atomic_load_n(&c->peer->tail, __ATOMIC_ACQUIRE) != tail) {
+        ck_assert_msg(exs__now_ns() < end, "b did not take the first fragment");
+        pt_sleep_ms(1);
+    }
+}
+
+enum { FRAG_OTHER, FRAG_SIZE, FRAG_SMALL, FRAG_REVOKED, FRAG_LIES };
+static const char *const frag_names[FRAG_LIES] = {"other", "size", "small", "revoked"};
+
+/* A liar's message in fragments: (other) a first SEND fragment into b's receive, then a
+ * record that is not its next fragment: a protocol error, and the receive the message
+ * held is flushed (not lost); (size) a fragment whose size is not its part's; (small) a
+ * fragment of a message that would be inline; (revoked) the first fragment of a WRITE
+ * placed, the grant revoked, the second refused: REM_ACCESS, the connection aborted, not
+ * one byte of it placed. */
+START_TEST(shm_liar_frag)
+{
+    enum { LEN = 100000, BUF = 128 << 10 };
+    char test[64];
+    struct pt_pair p;
+    struct pt_buf *dst;
+    struct exs_prov_grant *g = NULL;
+    struct liar l, *c = &l;
+    struct shm_rec rec;
+    uint8_t *body = malloc(SHM_FRAG_BYTES);
+    uint32_t size1 = (SHM_REC_HDR + SHM_FRAG_BYTES + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
+    uint32_t part2 = LEN - SHM_FRAG_BYTES;
+    uint64_t perr;
+
+    snprintf(test, sizeof(test), "shm_liar_frag_%s", frag_names[_i]);
+    if (skip_unless_shm(test)) {
+        free(body);
+        return;
+    }
+    ck_assert_ptr_nonnull(body);
+    memset(body, 0x44, SHM_FRAG_BYTES);
+    pt_pair_setup(&p, NULL, NULL);
+    l = liar(&p);
+    dst = pt_pair_buf(&p, 'b', BUF, LW, 0x22);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, BUF), 0);
+    perr = shm_counter("protocol_errors");
+    rec = (struct shm_rec){.type = SHM_REC_SEND, .flags = SHM_RF_FRAG, .len = LEN, .size = size1};
+    switch (_i) {
+    case FRAG_OTHER:
+        put_rec(c, &rec, body, SHM_FRAG_BYTES, size1);
+        wait_b_took(c, l.head + size1);
+        l.head += size1;
+        rec.flags = SHM_RF_INLINE; /* an inline SEND where the second fragment belongs */
+        rec.len = 16;
+        rec.size = SHM_SLOT;
+        put_rec(c, &rec, body, 16, SHM_SLOT);
+        break;
+    case FRAG_SIZE:
+        rec.size = size1 - SHM_SLOT;
+        put_rec(c, &rec, body, SHM_FRAG_BYTES - SHM_SLOT, rec.size);
+        break;
+    case FRAG_SMALL:
+        rec.len = SHM_RING_INLINE;
+        rec.size = SHM_RING_INLINE + SHM_SLOT;
+        put_rec(c, &rec, body, SHM_RING_INLINE, rec.size);
+        break;
+    case FRAG_REVOKED:
+        ck_assert_int_eq(pt_ops->grant(p.eb, dst->mr, dst->p, BUF, RW, &g), 0);
+        rec.type = SHM_REC_WRITE;
+        rec.raddr = (uint64_t)(uintptr_t)dst->p;
+        rec.rkey = g->rkey;
+        put_rec(c, &rec, body, SHM_FRAG_BYTES, size1);
+        wait_b_took(c, l.head + size1);
+        l.head += size1;
+        pt_ops->revoke(g);
+        rec.size = (SHM_REC_HDR + part2 + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
+        put_rec(c, &rec, body, part2, rec.size);
+        expect_b_ended(&p, -ECONNABORTED);
+        ck_assert(pt_all_bytes(dst->p, SHM_FRAG_BYTES, 0x44));
+        ck_assert(pt_all_bytes(dst->p + SHM_FRAG_BYTES, BUF - SHM_FRAG_BYTES, 0x22));
+        break;
+    }
+    if (_i != FRAG_REVOKED) {
+        expect_b_ended(&p, -EPROTO);
+        ck_assert_uint_gt(shm_counter("protocol_errors"), perr);
+    }
+    close(bell_fd);
+    bell_fd = -1;
+    pt_expect_wr(&p.b, 1, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    ck_assert(pt_buf_guards_ok(dst));
+    free(body);
+    fresh_connection_works(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_shm_suite(void)
 {
     Suite *s = suite_create("prov_shm");
@@ -777,6 +965,7 @@ Suite *prov_shm_suite(void)
 
     tcase_add_loop_test(tc, shm_liar, 0, LIE_COUNT);
     tcase_add_loop_test(tc, shm_liar_beyond_grant, 0, 2);
+    tcase_add_loop_test(tc, shm_liar_frag, 0, FRAG_LIES);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_death");
     tcase_add_test(tc, shm_peer_killed_mid_transfer);
@@ -791,6 +980,7 @@ Suite *prov_shm_suite(void)
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_fast");
     tcase_add_test(tc, shm_fast_paths);
+    tcase_add_test(tc, shm_frag_send_scatter);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -25,10 +25,11 @@
  * life) holding, for each side s (0 active, 1 passive), one cache line written only by s
  * (struct shm_line) and one ring written only by s (its requests, read by the peer).
  * Requests (SEND, WRITE, READ) are records in the ring; the responder carries them out
- * in order, copying payload either from the ring (inline records) or with
- * process_vm_readv / process_vm_writev between its own validated memory and the
- * requester's sges, and then publishes in its line how many requests are done (ack) or
- * which one failed (nak). Nothing else crosses: the socket carries the handshake and
+ * in order, copying payload either from the ring (inline records, and the fragments of
+ * larger SENDs and WRITEs, which the requester copies in while the responder copies the
+ * previous one out) or with process_vm_readv / process_vm_writev between its own validated
+ * memory and the requester's sges (READ), and then publishes in its line how many requests are done
+ * (ack) or which one failed (nak). Nothing else crosses: the socket carries the handshake and
  * DISCONNECT, and its end of file (the kernel closes it when the peer process dies,
  * SIGKILL included) and a pidfd of the peer say the peer is gone.
  *
@@ -38,16 +39,18 @@
  *
  * Locks: nic_lock (the NIC role: conns, listeners, sockets, rings as consumer) ->
  * ctx->lock (eps, their queues, completion and cm queues, ring as producer, keys) .
- * Payload is copied by the nic_lock holder without ctx->lock, inside the copy fence
- * (ctx->keys, exs/prov/soft/soft_keys.c), which revoke and mr_dereg wait for (one
- * copy of at most SHM_COPY_CHUNK bytes), never for a peer.
+ * Payload from the ring (inline records, fragments) is copied by the nic_lock holder
+ * under ctx->lock (at most 64 KiB per hold); process_vm_* copies run without ctx->lock,
+ * inside the copy fence (ctx->keys, exs/prov/soft/soft_keys.c), which revoke and
+ * mr_dereg wait for (one copy of at most SHM_COPY_CHUNK bytes), never for a peer.
  */
 
-#define SHM_MAGIC      0x45585348u /* "EXSH" */
-#define SHM_VERSION    2 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own */
-#define SHM_SLOT       64u          /* ring records are whole cache lines */
-#define SHM_RING_BYTES (256u << 10) /* per direction, a power of two */
-#define SHM_SEG_HDR    4096u        /* the two lines and the two flags, then the rings */
+#define SHM_MAGIC 0x45585348u /* "EXSH" */
+#define SHM_VERSION                                                                                \
+    3 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own; 3: fragments */
+#define SHM_SLOT       64u        /* ring records are whole cache lines */
+#define SHM_RING_BYTES (1u << 20) /* per direction, a power of two */
+#define SHM_SEG_HDR    4096u      /* the two lines and the two flags, then the rings */
 #define SHM_LINE_STRIDE                                                                            \
     256u /* side s's line at s * 256: not one pair of the adjacent-line prefetch */
 #define SHM_FLAG_OFF    1024u /* side s's sleeping flag at 1024 + s * 256, alone on its line */
@@ -55,7 +58,9 @@
 #define SHM_REC_HDR     32u
 #define SHM_RING_INLINE 4096u /* payloads up to this ride in the ring */
 #define SHM_MAX_SGE     16u
-#define SHM_REC_MAX     (SHM_REC_HDR + SHM_RING_INLINE)
+#define SHM_FRAG_BYTES  65536u /* payload of a fragment (records of 64 KiB + 64) */
+#define SHM_REC_MAX     (SHM_REC_HDR + SHM_FRAG_BYTES)
+#define SHM_KICK_BYTES  (SHM_RING_BYTES / 4) /* fragments taken per doorbell to a sleeper */
 #define SHM_MAX_WR      4096u
 #define SHM_MAX_INLINE  256u
 #define SHM_CQ_MAX      (1u << 22)
@@ -71,7 +76,7 @@
 /* record types */
 enum { SHM_REC_SEND = 1, SHM_REC_WRITE = 2, SHM_REC_READ = 3 };
 /* record flags */
-enum { SHM_RF_IMM = 1u << 0, SHM_RF_INLINE = 1u << 1 };
+enum { SHM_RF_IMM = 1u << 0, SHM_RF_INLINE = 1u << 1, SHM_RF_FRAG = 1u << 2 };
 /* NAK syndromes (as the tcp provider's) */
 enum { SHM_SYN_RNR_EXC = 1, SHM_SYN_REM_ACCESS = 2, SHM_SYN_REM_INV = 3, SHM_SYN_REM_OP = 4 };
 
@@ -194,6 +199,7 @@ struct shm_wr {
     uint64_t raddr;
     uint32_t rkey;
     uint32_t psn;
+    uint32_t sent; /* payload bytes written into the ring as fragments */
     struct exs_prov_sge sge[];
 };
 
@@ -283,10 +289,13 @@ struct shm_conn {
     /* consumer (nic_lock) */
     uint64_t tail;
     uint32_t rcv_nxt;
-    uint32_t ack;    /* published ack */
-    int rx_drop;     /* after RNR_EXC: requests are consumed and dropped */
-    int zombie;      /* our requester got RNR_EXC: ep in ERROR, connection kept */
-    uint64_t rnr_at; /* holding the record at tail until then (ns) */
+    uint32_t ack;                  /* published ack */
+    int rx_drop;                   /* after RNR_EXC: requests are consumed and dropped */
+    int zombie;                    /* our requester got RNR_EXC: ep in ERROR, connection kept */
+    uint64_t rnr_at;               /* holding the record at tail until then (ns) */
+    uint32_t frag_off;             /* payload bytes of the message in fragments taken */
+    struct shm_rec frag_rec;       /* its first fragment's header (frag_off > 0) */
+    struct exs_soft_rwr *frag_rwr; /* the receive it holds (SEND, WRITE with IMM) */
     unsigned rnr_tries;
     uint8_t peer_rnr_retry, peer_rnr_timer_ms;
     int sleeping; /* mine->sleeping is set */

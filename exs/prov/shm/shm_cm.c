@@ -291,6 +291,9 @@ void exs__shm_conn_detach(struct shm_conn *conn)
     conn->state = SHM_CONN_DEAD;
     if (conn->ep) {
         pthread_mutex_lock(&ctx->lock);
+        if (conn->frag_rwr) /* a message in fragments cut off: its receive is flushed */
+            exs_list_add_head(&conn->ep->rq, &conn->frag_rwr->link);
+        conn->frag_rwr = NULL;
         conn->ep->conn = NULL;
         pthread_mutex_unlock(&ctx->lock);
         conn->ep = NULL;

@@ -2,6 +2,7 @@
 /* The shm provider's data path: posting into the ring, carrying out the peer's requests (one
  * copy, checked against the grant), taking the peer's answers, receiver-not-ready. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -26,6 +27,10 @@ static uint32_t shm_roundup(uint32_t n)
 {
     return (n + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
 }
+
+/* Helpers of the post path, inlined into each caller (the inline post folds their
+ * constants: no fragment offset, one sge). */
+#define SHM_INLINE static inline __attribute__((always_inline))
 
 /* Reads of the peer's memory are taken once into locals: no later use reads it again. */
 #define SHM_ONCE() __asm__ __volatile__("" ::: "memory")
@@ -163,48 +168,37 @@ static int shm_peer_tail_locked(struct shm_conn *conn, uint64_t *tail_p)
     return 0;
 }
 
-/* ctx->lock held: write wr as a record at conn->head, its payload from payload (a copy
- * taken at post time) or else from its sges (sge: wr->sge, or the poster's own list when
- * it goes into the ring at once); 0, or -ENOSPC without room up to tail. */
-static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
-                         const struct exs_prov_sge *sge, const void *payload, uint64_t tail)
+/* The record type and flags of wr (flags without INLINE and FRAG). */
+static inline uint8_t shm_rec_type(const struct shm_wr *wr, uint8_t *flags)
 {
-    struct shm_rsge rs[SHM_MAX_SGE];
-    struct shm_rec *rec;
-    int inl = wr->opcode != EXS_PROV_WR_RDMA_READ && (wr->inl || wr->len <= SHM_RING_INLINE);
-    int nrs = inl ? 0 : shm_sge_to_rsge(rs, sge, wr->num_sge);
-    uint32_t size = shm_roundup(SHM_REC_HDR + (inl ? wr->len : (uint32_t)(nrs * sizeof(rs[0]))));
-    uint8_t type, flags = 0;
-    uint64_t pos;
-
-    if (conn->head - tail + size > SHM_RING_BYTES)
-        return -ENOSPC;
+    *flags = 0;
     switch (wr->opcode) {
     case EXS_PROV_WR_SEND_WITH_IMM:
-        flags = SHM_RF_IMM;
+        *flags = SHM_RF_IMM;
         /* fall through */
     case EXS_PROV_WR_SEND:
-        type = SHM_REC_SEND;
-        break;
+        return SHM_REC_SEND;
     case EXS_PROV_WR_RDMA_WRITE_WITH_IMM:
-        flags = SHM_RF_IMM;
+        *flags = SHM_RF_IMM;
         /* fall through */
     case EXS_PROV_WR_RDMA_WRITE:
-        type = SHM_REC_WRITE;
-        break;
+        return SHM_REC_WRITE;
     default:
-        type = SHM_REC_READ;
-        break;
+        return SHM_REC_READ;
     }
-    if (inl)
-        flags |= SHM_RF_INLINE;
-    /* the header is written in place: records start on a slot and the ring is a whole
-     * number of slots, so its 32 bytes never wrap (no local copy, memset and memcpy) */
-    pos = conn->head;
-    rec = (struct shm_rec *)(void *)(conn->tx_ring + (pos & SHM_RING_MASK));
-    rec->type = type;
-    rec->flags = flags;
-    rec->nsge = (uint8_t)nrs;
+}
+
+/* The header of wr's record at conn->head, written in place: records start on a slot and
+ * the ring is a whole number of slots, so its 32 bytes never wrap (no local copy). */
+SHM_INLINE void shm_rec_hdr(struct shm_conn *conn, const struct shm_ep *ep, const struct shm_wr *wr,
+                            uint8_t flags, uint8_t nsge, uint32_t size)
+{
+    struct shm_rec *rec = (struct shm_rec *)(void *)(conn->tx_ring + (conn->head & SHM_RING_MASK));
+    uint8_t f;
+
+    rec->type = shm_rec_type(wr, &f);
+    rec->flags = f | flags;
+    rec->nsge = nsge;
     rec->rsvd = 0;
     rec->psn = ep->snd_nxt;
     rec->len = wr->len;
@@ -212,25 +206,89 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
     rec->raddr = wr->raddr;
     rec->rkey = wr->rkey;
     rec->size = size;
-    pos += SHM_REC_HDR;
-    if (payload) {
-        shm_ring_put(conn->tx_ring, pos, payload, wr->len);
-    } else if (inl) {
-        for (int i = 0; i < wr->num_sge; i++) {
-            if (!sge[i].length)
-                continue;
-            shm_ring_put(conn->tx_ring, pos, (const void *)(uintptr_t)sge[i].addr, sge[i].length);
-            pos += sge[i].length;
-        }
-    } else if (nrs) {
-        shm_ring_put(conn->tx_ring, pos, rs, (uint32_t)(nrs * sizeof(rs[0])));
-    }
-    wr->psn = ep->snd_nxt++;
-    conn->head += size;
+}
+
+/* Publish conn->head: the records up to it are the peer's to take. */
+SHM_INLINE void shm_publish_head(struct shm_conn *conn, const struct shm_ep *ep, uint32_t len)
+{
     SHM_TSAN_RELEASE();
     __atomic_store_n(&conn->mine->head, conn->head, __ATOMIC_SEQ_CST);
     SHM_CNT_INC_OWNED(ep->ctx->cnt.recs_tx); /* (ctx->lock) */
-    SHM_CNT_ADD_OWNED(ep->ctx->cnt.bytes_tx, wr->len);
+    SHM_CNT_ADD_OWNED(ep->ctx->cnt.bytes_tx, len);
+}
+
+/* Copy bytes [off, off+n) of the sges' payload into the ring at pos. */
+SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint64_t pos, const struct exs_prov_sge *sge,
+                                  int nsge, uint64_t off, uint64_t n)
+{
+    for (int i = 0; i < nsge && n; i++) {
+        uint64_t l = sge[i].length;
+
+        if (off >= l) {
+            off -= l;
+            continue;
+        }
+        l = EXS_MIN(l - off, n);
+        shm_ring_put(ring, pos, (const void *)(uintptr_t)(sge[i].addr + off), (uint32_t)l);
+        pos += l;
+        n -= l;
+        off = 0;
+    }
+}
+
+/* ctx->lock held: a SEND or WRITE too large to be inline goes through the ring in fragments
+ * of SHM_FRAG_BYTES (the last one shorter), each copied from the sges and published as soon
+ * as it is written, so the peer copies one out while we copy the next in; wr->sent counts
+ * what is written. 0 when all is (wr then takes its psn), -ENOSPC without room up to tail
+ * for the next one (it waits in sq_pend, at the head). */
+static int shm_frag_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
+                          const struct exs_prov_sge *sge, uint64_t tail)
+{
+    while (wr->sent < wr->len) {
+        uint32_t n = EXS_MIN(wr->len - wr->sent, SHM_FRAG_BYTES);
+        uint32_t size = shm_roundup(SHM_REC_HDR + n);
+
+        if (conn->head - tail + size > SHM_RING_BYTES)
+            return -ENOSPC;
+        shm_rec_hdr(conn, ep, wr, SHM_RF_FRAG, 0, size);
+        shm_ring_put_sges(conn->tx_ring, conn->head + SHM_REC_HDR, sge, wr->num_sge, wr->sent, n);
+        wr->sent += n;
+        conn->head += size;
+        shm_publish_head(conn, ep, n);
+    }
+    wr->psn = ep->snd_nxt++;
+    return 0;
+}
+
+/* ctx->lock held: write wr as a record at conn->head, its payload from payload (a copy
+ * taken at post time) or else from its sges (sge: wr->sge, or the poster's own list when
+ * it goes into the ring at once); 0, or -ENOSPC without room up to tail. */
+static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
+                         const struct exs_prov_sge *sge, const void *payload, uint64_t tail)
+{
+    struct shm_rsge rs[SHM_MAX_SGE];
+    int inl = wr->opcode != EXS_PROV_WR_RDMA_READ && (wr->inl || wr->len <= SHM_RING_INLINE);
+    int nrs;
+    uint32_t size;
+    uint64_t pos;
+
+    if (!inl && wr->opcode != EXS_PROV_WR_RDMA_READ)
+        return shm_frag_write(conn, ep, wr, sge, tail);
+    nrs = inl ? 0 : shm_sge_to_rsge(rs, sge, wr->num_sge);
+    size = shm_roundup(SHM_REC_HDR + (inl ? wr->len : (uint32_t)(nrs * sizeof(rs[0]))));
+    if (conn->head - tail + size > SHM_RING_BYTES)
+        return -ENOSPC;
+    shm_rec_hdr(conn, ep, wr, inl ? SHM_RF_INLINE : 0, (uint8_t)nrs, size);
+    pos = conn->head + SHM_REC_HDR;
+    if (payload)
+        shm_ring_put(conn->tx_ring, pos, payload, wr->len);
+    else if (inl)
+        shm_ring_put_sges(conn->tx_ring, pos, sge, wr->num_sge, 0, wr->len);
+    else if (nrs)
+        shm_ring_put(conn->tx_ring, pos, rs, (uint32_t)(nrs * sizeof(rs[0])));
+    wr->psn = ep->snd_nxt++;
+    conn->head += size;
+    shm_publish_head(conn, ep, wr->len);
     return 0;
 }
 
@@ -245,8 +303,7 @@ void exs__shm_ep_pend_locked(struct shm_ep *ep)
 static void shm_ep_push(struct shm_ep *ep)
 {
     struct shm_conn *conn = ep->conn;
-    uint64_t tail;
-    int n = 0;
+    uint64_t tail, head0;
 
     /* ep->conn and ep->state change under ctx->lock (conn->state is the NIC's) */
     if (!conn || ep->state != EXS_PROV_EP_CONNECTED || exs_list_empty(&ep->sq_pend))
@@ -255,6 +312,7 @@ static void shm_ep_push(struct shm_ep *ep)
         conn->kick = -1; /* the turn ends it: a protocol error */
         return;
     }
+    head0 = conn->head;
     while (!exs_list_empty(&ep->sq_pend)) {
         struct shm_wr *wr = exs_list_entry(ep->sq_pend.next, struct shm_wr, link);
 
@@ -269,9 +327,8 @@ static void shm_ep_push(struct shm_ep *ep)
             ep->reads_out++;
         exs_list_del(&wr->link);
         exs_list_add_tail(&ep->sq, &wr->link);
-        n++;
     }
-    if (n)
+    if (conn->head != head0) /* (fragments of one still waiting count) */
         exs__shm_conn_kick(conn);
 }
 
@@ -288,7 +345,7 @@ void exs__shm_ep_push_locked(struct shm_ep *ep)
 static int shm_post_direct_locked(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
                                   const struct exs_prov_sge *sge)
 {
-    uint64_t tail;
+    uint64_t tail, head0 = conn->head;
     int ret = shm_rec_write(conn, ep, wr, sge, NULL, conn->peer_tail);
 
     if (ret == -ENOSPC) {
@@ -296,8 +353,11 @@ static int shm_post_direct_locked(struct shm_conn *conn, struct shm_ep *ep, stru
             return -EPROTO;
         ret = shm_rec_write(conn, ep, wr, sge, NULL, tail);
     }
-    if (ret)
+    if (ret) {
+        if (conn->head != head0) /* its first fragments: the peer may take them */
+            exs__shm_conn_kick(conn);
         return ret;
+    }
     if (wr->opcode == EXS_PROV_WR_RDMA_READ)
         ep->reads_out++;
     exs_list_add_tail(&ep->sq, &wr->link);
@@ -351,6 +411,7 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     wr->raddr = swr->remote_addr;
     wr->rkey = swr->rkey;
     wr->psn = 0;
+    wr->sent = 0;
     if (!inl && exs__shm_check_local_locked(
                     ctx, swr->sg_list, swr->num_sge,
                     swr->opcode == EXS_PROV_WR_RDMA_READ ? EXS_PROV_ACCESS_LOCAL_WRITE : 0))
@@ -486,7 +547,7 @@ static void shm_proto_error(struct shm_conn *conn, const char *what)
 
 /* ctx->lock held across the steps of one service of a connection: the inline requests of
  * a turn and the answers after them take it once (at most SHM_HOLD_RECS requests per hold,
- * so a revoke waits for at most that many inline copies of 4 KiB); anything that may end
+ * a fragment filling a hold, so a revoke waits for at most 64 KiB of copies); anything that may end
  * the connection, wait for a timer or copy with process_vm_* lets it go first. */
 #define SHM_HOLD_RECS 16u
 
@@ -715,25 +776,51 @@ static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec,
     return 1;
 }
 
-/* An inline request (a SEND or a WRITE, its payload in the ring at pos, at most
- * SHM_RING_INLINE bytes) carried out in one hold of ctx->lock: the receive taken, the key
- * checked, the payload copied and the completion queued together. The copy under the lock
- * needs no fence: revoke and mr_dereg take the lock, so they wait for this one copy of at
- * most 4 KiB, as they would for a fenced one. 1 done, 0 holding (RNR), -1 the connection
- * ended or dropping. */
-static int shm_do_inline(struct shm_conn *conn, const struct shm_rec *rec, uint64_t pos,
-                         struct shm_hold *h)
+/* Copy n bytes of the ring at pos into the receive's sges from message offset off. */
+static void shm_ring_to_rwr(const struct exs_soft_rwr *rwr, const uint8_t *ring, uint64_t pos,
+                            uint64_t off, uint64_t n)
+{
+    for (int i = 0; i < rwr->num_sge && n; i++) {
+        uint64_t l = rwr->sge[i].length;
+
+        if (off >= l) {
+            off -= l;
+            continue;
+        }
+        l = EXS_MIN(l - off, n);
+        shm_ring_get((void *)(uintptr_t)(rwr->sge[i].addr + off), ring, pos, (uint32_t)l);
+        pos += l;
+        n -= l;
+        off = 0;
+    }
+}
+
+/* A request whose payload is in the ring at pos (a SEND or a WRITE): inline (the whole
+ * payload, off 0, n rec->len) or one fragment (bytes [off, off+n) of the message) carried
+ * out in one hold of ctx->lock: the receive taken (first fragment; kept in conn->frag_rwr
+ * until the last), the key checked (the whole range at the first, the fragment's at each:
+ * a revoke between two fragments stops the message), the payload copied and, at the last,
+ * the completion queued. The copy under the lock needs no fence: revoke and mr_dereg take
+ * the lock, so they wait for this one copy, as they would for a fenced one; a hold carries
+ * out at most SHM_HOLD_RECS requests' worth of SHM_RING_INLINE bytes. 1 done, 0 holding
+ * (RNR), -1 the connection ended or dropping. */
+static int shm_do_ring(struct shm_conn *conn, const struct shm_rec *rec, uint64_t pos, uint32_t off,
+                       uint32_t n, struct shm_hold *h)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
     struct exs_soft_rwr *rwr = NULL;
     enum exs_prov_wc_status st = EXS_PROV_WC_SUCCESS;
     uint32_t syn = 0;
+    int first = off == 0, last = off + n == rec->len;
 
     if (h->locked && h->recs >= SHM_HOLD_RECS)
         shm_hold_drop(ctx, h); /* let posters and a revoke in */
     shm_hold_take(ctx, h);
-    if (rec->type == SHM_REC_SEND || (rec->flags & SHM_RF_IMM)) {
+    if (!first) {
+        rwr = conn->frag_rwr;
+        conn->frag_rwr = NULL;
+    } else if (rec->type == SHM_REC_SEND || (rec->flags & SHM_RF_IMM)) {
         struct exs_list *l = exs_list_pop_head(&ep->rq);
 
         if (!l) {
@@ -754,37 +841,33 @@ static int shm_do_inline(struct shm_conn *conn, const struct shm_rec *rec, uint6
     if (syn) {
         /* nothing placed */
     } else if (rec->type == SHM_REC_SEND) {
-        uint64_t off = 0;
-
-        for (int i = 0; i < rwr->num_sge && off < rec->len; i++) {
-            uint32_t n = (uint32_t)EXS_MIN((uint64_t)rwr->sge[i].length, rec->len - off);
-
-            shm_ring_get((void *)(uintptr_t)rwr->sge[i].addr, conn->rx_ring, pos + off, n);
-            off += n;
-        }
+        shm_ring_to_rwr(rwr, conn->rx_ring, pos, off, n);
     } else if (rec->len) {
-        if (!exs__soft_key_remote_locked(&ctx->keys, &ep->base, rec->rkey, rec->raddr, rec->len,
-                                         EXS_PROV_ACCESS_REMOTE_WRITE)) {
+        if (!exs__soft_key_remote_locked(&ctx->keys, &ep->base, rec->rkey, rec->raddr + off,
+                                         first ? rec->len : n, EXS_PROV_ACCESS_REMOTE_WRITE)) {
             if (rwr)
                 exs_list_add_head(&ep->rq, &rwr->link);
             shm_hold_drop(ctx, h);
             EXS_CNT_INC(ctx->cnt.access_errors);
             return shm_refuse(conn, rec->psn, SHM_SYN_REM_ACCESS);
         }
-        shm_ring_get((void *)(uintptr_t)rec->raddr, conn->rx_ring, pos, rec->len);
+        shm_ring_get((void *)(uintptr_t)(rec->raddr + off), conn->rx_ring, pos, n);
     }
-    if (rwr)
+    if (rwr && (syn || last))
         shm_recv_done_locked(conn, rwr, st,
                              syn || rec->type == SHM_REC_SEND ? EXS_PROV_WC_RECV
                                                               : EXS_PROV_WC_RECV_RDMA_WITH_IMM,
                              syn ? 0 : rec->len, rec);
+    else if (rwr)
+        conn->frag_rwr = rwr; /* the next fragment's (the connection's end gives it back) */
     if (syn) {
         shm_hold_drop(ctx, h);
         return shm_refuse(conn, rec->psn, syn);
     }
-    h->recs++;
-    SHM_CNT_INC_OWNED(ctx->cnt.inline_rx); /* (nic_lock) */
-    SHM_CNT_ADD_OWNED(ctx->cnt.bytes_rx, rec->len);
+    h->recs += n > SHM_RING_INLINE ? SHM_HOLD_RECS : 1; /* a fragment fills a hold */
+    if (!(rec->flags & SHM_RF_FRAG))
+        SHM_CNT_INC_OWNED(ctx->cnt.inline_rx); /* (nic_lock) */
+    SHM_CNT_ADD_OWNED(ctx->cnt.bytes_rx, n);
     return 1;
 }
 
@@ -840,7 +923,7 @@ static int shm_copy_failed(struct shm_conn *conn, int ret)
 
 /* Carry out one request. 1 done, 0 holding (RNR), -1 the connection ended or dropping. */
 static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const struct shm_rsge *rs,
-                      int nrs, uint64_t pos, struct shm_hold *h)
+                      int nrs, uint64_t pos, uint32_t part, struct shm_hold *h)
 {
     struct shm_ctx *ctx = conn->ctx;
     struct shm_rsge lseg[SHM_MAX_SGE];
@@ -849,8 +932,8 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
     const struct shm_rsge *src = rs;
     int ret, nl;
 
-    if (rec->flags & SHM_RF_INLINE)
-        return shm_do_inline(conn, rec, pos, h);
+    if (rec->flags & (SHM_RF_INLINE | SHM_RF_FRAG))
+        return shm_do_ring(conn, rec, pos, conn->frag_off, part, h);
     shm_hold_drop(ctx, h);
     if (rec->type == SHM_REC_SEND || (rec->flags & SHM_RF_IMM)) {
         ret = shm_take_recv(conn, rec, &rwr);
@@ -918,18 +1001,25 @@ static const char *shm_rec_check(const struct shm_conn *conn, const struct shm_r
 {
     uint32_t want;
 
+    /* in the middle of a message in fragments: its next fragment, the same header */
+    if (conn->frag_off && memcmp(rec, &conn->frag_rec, offsetof(struct shm_rec, size)) != 0)
+        return "fragment out of its message";
     if (rec->size < SHM_SLOT || rec->size % SHM_SLOT || rec->size > avail ||
         rec->size > shm_roundup(SHM_REC_MAX))
         return "record size";
     if (rec->psn != conn->rcv_nxt)
         return "record sequence";
     if (rec->type < SHM_REC_SEND || rec->type > SHM_REC_READ || rec->rsvd ||
-        (rec->flags & ~(SHM_RF_IMM | SHM_RF_INLINE)) ||
-        (rec->type == SHM_REC_READ && (rec->flags & (SHM_RF_IMM | SHM_RF_INLINE))))
+        (rec->flags & ~(SHM_RF_IMM | SHM_RF_INLINE | SHM_RF_FRAG)) ||
+        (rec->type == SHM_REC_READ && (rec->flags & (SHM_RF_IMM | SHM_RF_INLINE | SHM_RF_FRAG))))
         return "record type or flags";
     if (rec->len > conn->ctx->base.caps.max_msg_size)
         return "record length";
-    if (rec->flags & SHM_RF_INLINE) {
+    if (rec->flags & SHM_RF_FRAG) {
+        if (rec->nsge || (rec->flags & SHM_RF_INLINE) || rec->len <= SHM_RING_INLINE)
+            return "fragment";
+        want = shm_roundup(SHM_REC_HDR + EXS_MIN(rec->len - conn->frag_off, SHM_FRAG_BYTES));
+    } else if (rec->flags & SHM_RF_INLINE) {
         if (rec->nsge || rec->len > SHM_RING_INLINE)
             return "inline record";
         want = shm_roundup(SHM_REC_HDR + rec->len);
@@ -947,8 +1037,9 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
     struct shm_rsge rs[SHM_MAX_SGE];
     struct shm_rec rec;
     const char *bad = NULL;
-    uint64_t head, sum;
-    int did = 0, ret = 1;
+    uint64_t head, sum, kicked = conn->tail;
+    uint32_t part;
+    int did = 0, ret = 1, more;
 
     for (unsigned i = 0; i < SHM_TURN_RECS && conn->state == SHM_CONN_UP; i++) {
         head = __atomic_load_n(&conn->peer->head, __ATOMIC_ACQUIRE);
@@ -976,7 +1067,8 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
                     break;
             }
         }
-        if (!(rec.flags & SHM_RF_INLINE) && rec.type != SHM_REC_READ && sum != rec.len) {
+        if (!(rec.flags & (SHM_RF_INLINE | SHM_RF_FRAG)) && rec.type != SHM_REC_READ &&
+            sum != rec.len) {
             bad = "record sges and length disagree";
             break;
         }
@@ -984,21 +1076,49 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
             bad = "read destination and length disagree";
             break;
         }
+        /* a fragment: its part of the message, and whether more follow */
+        part = rec.len;
+        more = 0;
+        if (EXS_UNLIKELY(rec.flags & SHM_RF_FRAG)) {
+            part = EXS_MIN(rec.len - conn->frag_off, SHM_FRAG_BYTES);
+            more = conn->frag_off + part < rec.len;
+        }
         if (conn->rx_drop) {
             ret = 1; /* after RNR_EXC: consumed and dropped */
         } else {
-            ret = shm_do_rec(conn, &rec, rs, rec.nsge, conn->tail + SHM_REC_HDR, h);
+            ret = shm_do_rec(conn, &rec, rs, rec.nsge, conn->tail + SHM_REC_HDR, part, h);
             if (ret <= 0) {
                 if (ret == 0 || conn->state != SHM_CONN_UP)
                     break;
                 continue; /* RNR_EXC: the held request is dropped on the next pass */
             }
-            conn->ack = rec.psn + 1;
-            SHM_CNT_INC_OWNED(conn->ctx->cnt.recs_rx); /* (nic_lock) */
+            if (!more) {
+                conn->ack = rec.psn + 1;
+                SHM_CNT_INC_OWNED(conn->ctx->cnt.recs_rx); /* (nic_lock) */
+            }
         }
         conn->tail += rec.size;
-        conn->rcv_nxt++;
         did++;
+        if (more) {
+            if (!conn->frag_off)
+                conn->frag_rec = rec;
+            conn->frag_off += part;
+            /* the room at once: the requester writes the next fragments while we copy
+             * these out. A sleeping requester gets its doorbell each quarter ring freed
+             * (SHM_KICK_BYTES), not only at the end of the turn: waiting for the end made
+             * the two copies take turns (1 MiB in, then 1 MiB out: 90-115 Gbit/s on a
+             * quiet host, the same as one process_vm_readv), a doorbell each quarter ring
+             * keeps both cores copying (180-250 Gbit/s) */
+            SHM_TSAN_RELEASE();
+            __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_SEQ_CST);
+            if (conn->tail - kicked >= SHM_KICK_BYTES) {
+                kicked = conn->tail;
+                exs__shm_conn_kick(conn);
+            }
+            continue;
+        }
+        conn->frag_off = 0;
+        conn->rcv_nxt++;
     }
     if (bad || conn->state != SHM_CONN_UP)
         shm_hold_drop(conn->ctx, h);
