@@ -561,18 +561,24 @@ END_TEST
  * verbs busy wait), then for longer, up to every EXS_ENG_FB_EVERY_MAX-th, and a connection over it
  * still carries data both ways in busy waits, every byte verified, and wakes its context back into
  * every round. */
+/* A pair over the fallback context (refused on the primary), both queues waiting as mode. */
+static void fb_pair_waiting(struct it_pair *p, int mode)
+{
+    fb_init("connect", "1");
+    ck_assert_ptr_nonnull(exs__engine_fallback_ctx());
+    it_pair_open(p, SOCK_SEQPACKET, 16, 16);
+    ck_assert_str_eq(fd_provider(p->cfd), "tcp");
+    ck_assert_int_eq(exs_qsetwait(p->cq, mode, 0), 0);
+    ck_assert_int_eq(exs_qsetwait(p->sq, mode, 0), 0);
+}
+
 START_TEST(test_fb_busy_skips_idle)
 {
     struct it_pair p1;
     exs_event_t ev;
     uint64_t s0, s1;
 
-    fb_init("connect", "1");
-    ck_assert_ptr_nonnull(exs__engine_fallback_ctx());
-    it_pair_open(&p1, SOCK_SEQPACKET, 16, 16); /* refused on the primary: over tcp */
-    ck_assert_str_eq(fd_provider(p1.cfd), "tcp");
-    ck_assert_int_eq(exs_qsetwait(p1.cq, EXS_WAIT_POLL, 0), 0);
-    ck_assert_int_eq(exs_qsetwait(p1.sq, EXS_WAIT_POLL, 0), 0);
+    fb_pair_waiting(&p1, EXS_WAIT_POLL);
     s0 = eng_count("fb_skips");
     ck_assert_int_eq(exs_qdequeue(p1.cq, &ev, 1, &(struct timespec){0, 100 * 1000 * 1000}), 0);
     s1 = eng_count("fb_skips");
@@ -594,12 +600,7 @@ START_TEST(test_fb_wait_skips_idle)
     exs_event_t ev;
     uint64_t s0, s1;
 
-    fb_init("connect", "1");
-    ck_assert_ptr_nonnull(exs__engine_fallback_ctx());
-    it_pair_open(&p1, SOCK_SEQPACKET, 16, 16); /* refused on the primary: over tcp */
-    ck_assert_str_eq(fd_provider(p1.cfd), "tcp");
-    ck_assert_int_eq(exs_qsetwait(p1.cq, EXS_WAIT_NOTIFY, 0), 0);
-    ck_assert_int_eq(exs_qsetwait(p1.sq, EXS_WAIT_NOTIFY, 0), 0);
+    fb_pair_waiting(&p1, EXS_WAIT_NOTIFY);
     s0 = eng_count("fb_skips");
     /* each 1 ms wait drives once before it sleeps: the fallback is idle */
     for (int i = 0; i < 400; i++)
