@@ -225,11 +225,7 @@ static struct exs_evq *evq_new(int depth)
 {
     struct exs_evq *evq;
 
-    EXS_MUTEX_LOCK(&evq_free_lock, EXS_LOCK_LEAF);
-    evq = evq_parked;
-    if (evq)
-        evq_parked = evq->free_next;
-    EXS_MUTEX_UNLOCK(&evq_free_lock, EXS_LOCK_LEAF);
+    evq = EXS_PARKED_POP(&evq_free_lock, evq_parked, free_next);
     if (!evq) {
         evq = calloc(1, sizeof(*evq));
         if (!evq)

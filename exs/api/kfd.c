@@ -150,11 +150,7 @@ static struct kfd *kfd_new(int fd)
 {
     struct kfd *k;
 
-    EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
-    k = kfd_free;
-    if (k)
-        kfd_free = k->free_next;
-    EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
+    k = EXS_PARKED_POP(&kfd_free_lock, kfd_free, free_next);
     if (!k) {
         k = calloc(1, sizeof(*k));
         if (!k)

@@ -168,11 +168,7 @@ static struct api_sock *sock_unpark(void)
 {
     struct api_sock *s;
 
-    EXS_MUTEX_LOCK(&park_lock, EXS_LOCK_LEAF);
-    s = sock_parked;
-    if (s)
-        sock_parked = s->park_next;
-    EXS_MUTEX_UNLOCK(&park_lock, EXS_LOCK_LEAF);
+    s = EXS_PARKED_POP(&park_lock, sock_parked, park_next);
     if (!s)
         return calloc(1, sizeof(*s));
     memset(s, 0, offsetof(struct api_sock, refs));

@@ -80,11 +80,7 @@ static struct api_mreg *mreg_unpark(void)
 {
     struct api_mreg *m;
 
-    EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
-    m = mreg_parked;
-    if (m)
-        mreg_parked = m->next;
-    EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
+    m = EXS_PARKED_POP(&mreg_lock, mreg_parked, next);
     if (!m)
         return calloc(1, sizeof(*m));
     /* busy may be raised for a moment by a hold that read it before it was parked */

@@ -63,4 +63,17 @@ int exs__lock_depth(void);
         EXS_LOCK_RELEASE(_lvl);                                                                    \
     } while (0)
 
+/* The head of a list of parked objects (linked by their field _next), taken off under the
+ * leaf mutex _m; NULL when none is parked. */
+#define EXS_PARKED_POP(_m, _head, _next)                                                           \
+    __extension__({                                                                                \
+        __typeof__(_head) _p;                                                                      \
+        EXS_MUTEX_LOCK(_m, EXS_LOCK_LEAF);                                                         \
+        _p = (_head);                                                                              \
+        if (_p)                                                                                    \
+            (_head) = _p->_next;                                                                   \
+        EXS_MUTEX_UNLOCK(_m, EXS_LOCK_LEAF);                                                       \
+        _p;                                                                                        \
+    })
+
 #endif
