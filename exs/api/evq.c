@@ -854,7 +854,8 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
 {
     int mode = __atomic_load_n(&evq->mode, __ATOMIC_RELAXED);
     struct evq_waiter w = {.want = want};
-    int registered = 0, sleeper = 0, driven = 0, fresh = 0, ret;
+    int registered = 0, sleeper = 0, driven = 0, fresh = 0, armed = 0, ret;
+    int pfd_prov[EXS_ENG_MAX_CTX];
     uint64_t spin_end = 0, now;
 
     if (mode == EXS_WAIT_POLL) {
@@ -893,7 +894,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     for (;;) {
         struct pollfd pfd[2 + EXS_ENG_MAX_CTX]; /* queue, providers, kernel sockets */
         struct timespec ts, *tsp = NULL;
-        int n, pfd_prov[EXS_ENG_MAX_CTX];
+        int n;
 
         if (evq->dead) {
             ret = -EINVAL;
@@ -912,6 +913,12 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         else if (!fresh)
             now = spin_end == UINT64_MAX && deadline == UINT64_MAX ? 0 : exs__now_ns();
         fresh = 0;
+        /* No spin, nothing queued, time left: the arm before the sleep is the first
+         * look at the providers (-EAGAIN and a round when one has work: it drives
+         * then), so no drive of its own first: a sleeping wait's one hold of the
+         * progress lock instead of two, and no empty round (bench/README.md). */
+        if (!driven && now >= spin_end && now < deadline && evq->queued < want)
+            driven = 1;
         if (!driven || (now < spin_end && now < deadline)) {
             uint64_t end = EXS_MIN(spin_end, deadline);
 
@@ -946,9 +953,21 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
                 registered = 1;
             }
         }
+        if (!armed) {
+            /* Arm the providers first, as no sleeper yet: when one has work, the arm
+             * drives it (one round, -EAGAIN) and the events that round posts to this
+             * queue write no descriptor; look at the queue again then. */
+            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            n = exs__engine_arm(pfd_prov);
+            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            if (n == -EAGAIN)
+                continue;
+            armed = 1; /* exs__engine_arm_end on every way out */
+        }
         if (!sleeper) {
             /* From now on every post to this queue writes its descriptor: look at the
-             * queue once more under the lock, then sleep. */
+             * queue once more under the lock, then sleep. Provider work since the arm
+             * makes its event fd readable (spec/threading.md §4, race 2). */
             evq->sleepers++;
             sleeper = 1;
             evq_sync_fds(evq);
@@ -959,11 +978,6 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         pfd[0].events = POLLIN;
         pfd[0].revents = 0;
         EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
-        if (exs__engine_arm(pfd_prov) == -EAGAIN) {
-            exs__engine_drive(0);
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
-            continue;
-        }
         for (int i = 0; i < EXS_ENG_MAX_CTX; i++) {
             pfd[1 + i].fd = pfd_prov[i]; /* -1 (ignored by ppoll): no such context */
             pfd[1 + i].events = POLLIN;
@@ -983,6 +997,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         n = ppoll(pfd, 2 + EXS_ENG_MAX_CTX, tsp, NULL);
         ret = n < 0 ? -errno : 0;
         exs__engine_arm_end(pfd_prov); /* awake: a driver may disarm the providers now */
+        armed = 0;
         EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
         if (ret < 0)
             break;
@@ -1019,6 +1034,8 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     if (sleeper)
         evq->sleepers--;
     EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    if (armed) /* armed, then found its events (or an error) before it slept */
+        exs__engine_arm_end(pfd_prov);
     exs__engine_driver_leave();
     return ret;
 }

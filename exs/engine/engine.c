@@ -427,9 +427,9 @@ static int eng_drive_locked(int max, int *idle_p, unsigned *work_p)
     return total;
 }
 
-/* Arm every context (plock held): -EAGAIN as soon as one has work pending, 0 when all
- * are armed, or the first other error (logged). */
-static int eng_arm_all(void)
+/* Arm every context (plock held): -EAGAIN as soon as one has work pending (*pend_p, when
+ * given: its index), 0 when all are armed, or the first other error (logged). */
+static int eng_arm_all(int *pend_p)
 {
     int ret = 0;
 
@@ -437,8 +437,11 @@ static int eng_arm_all(void)
     for (int i = 0; i < eng.nctx; i++) {
         int r = exs__prov_arm(eng.ctxs[i]);
 
-        if (r == -EAGAIN)
+        if (r == -EAGAIN) {
+            if (pend_p)
+                *pend_p = i;
             return -EAGAIN;
+        }
         if (r && !ret) {
             EXS_WARN(ENG, "provider %s arm failed: %d", exs__prov_name(eng.ctxs[i]), r);
             ret = r;
@@ -464,7 +467,7 @@ static void eng_drain_all(void)
         (void)eng_drive_locked(ENG_DRIVE_MAX, &idle, &work);
         if (work > 0)
             EXS_CNT_INC(exs__eng_cnt.drives_thread);
-    } while (!idle || eng_arm_all() == -EAGAIN);
+    } while (!idle || eng_arm_all(NULL) == -EAGAIN);
 }
 
 static __thread struct eng_pass eng_poll_last; /* this thread's last pass */
@@ -502,9 +505,29 @@ static void eng_disarm_unwatched(void)
         exs__prov_disarm(eng.ctxs[i]);
 }
 
+/* An application thread's drive, plock held (exs__engine_drive, exs__engine_arm): one
+ * round. Returns how much it did. */
+static int eng_drive_held(int flags)
+{
+    unsigned work = 0;
+    int n;
+
+    eng_busy = (flags & (EXS_ENG_DRIVE_TRY | EXS_ENG_DRIVE_WAIT)) != 0;
+    eng_only = flags & EXS_ENG_DRIVE_ONLY ? (unsigned)flags >> 8 : ~0u;
+    /* running is cleared under the lock by exs__engine_stop before the provider closes */
+    eng_disarm_unwatched();
+    /* One round: the caller looks at its queue next and drives again if it must; an
+     * empty extra round would only cost system calls on every wake-up. */
+    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1, NULL, &work) : 0;
+    eng_busy = 0;
+    eng_only = ~0u;
+    if (work > 0) /* as drives_thread: delivered something, not only "call again" */
+        EXS_CNT_INC(exs__eng_cnt.drives_app);
+    return n;
+}
+
 int exs__engine_drive(int flags)
 {
-    unsigned work;
     int n;
 
     if (eng_holding)
@@ -519,29 +542,18 @@ int exs__engine_drive(int flags)
     } else {
         eng_lock();
     }
-    eng_busy = (flags & (EXS_ENG_DRIVE_TRY | EXS_ENG_DRIVE_WAIT)) != 0;
-    eng_only = flags & EXS_ENG_DRIVE_ONLY ? (unsigned)flags >> 8 : ~0u;
-    /* running is cleared under the lock by exs__engine_stop before the provider closes */
-    eng_disarm_unwatched();
-    /* One round: the caller looks at its queue next and drives again if it must; an
-     * empty extra round would only cost system calls on every wake-up. */
-    work = 0;
-    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1, NULL, &work) : 0;
-    eng_busy = 0;
-    eng_only = ~0u;
+    n = eng_drive_held(flags);
     if (eng_poll_end_ns || __atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED)) {
         eng_poll_last = eng_pass; /* what this thread's pass did, for its next report */
         eng_poll_end_ns = exs__now_ns();
     }
     eng_unlock();
-    if (work > 0) /* as drives_thread: delivered something, not only "call again" */
-        EXS_CNT_INC(exs__eng_cnt.drives_app);
     return n;
 }
 
 int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX])
 {
-    int ret;
+    int ret, pend = -1;
 
     for (int i = 0; i < EXS_ENG_MAX_CTX; i++)
         fds_p[i] = -1;
@@ -553,7 +565,7 @@ int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX])
     } else if (__atomic_load_n(&eng.njobs, __ATOMIC_ACQUIRE) > 0) {
         ret = -EAGAIN;
     } else {
-        ret = eng_arm_all();
+        ret = eng_arm_all(&pend);
         if (ret == 0) {
             /* a sleeper from now until exs__engine_arm_end: no driver disarms */
             __atomic_add_fetch(&eng.psleepers, 1, __ATOMIC_SEQ_CST);
@@ -562,6 +574,14 @@ int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX])
             eng_poll_end_ns = 0; /* it sleeps: a wait, not a slow poll */
         }
     }
+    /* Work is pending: its round now, in this hold of the lock (the caller registers as
+     * its queue's sleeper only after a successful arm, so the events of this round for
+     * its queue write no descriptor). A waiter arms without driving first (evq.c,
+     * evq_dequeue_wait): this is its drive, one lock instead of a drive's and an arm's.
+     * An idle fallback context may wait as in EXS_ENG_DRIVE_WAIT, unless it is the one
+     * that answered -EAGAIN. */
+    if (ret == -EAGAIN)
+        (void)eng_drive_held(pend >= 0 && eng.ctxs[pend] == eng.fb ? 0 : EXS_ENG_DRIVE_WAIT);
     eng_unlock();
     return ret == -EAGAIN ? -EAGAIN : 0;
 }

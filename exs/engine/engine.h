@@ -126,16 +126,19 @@ int exs__engine_manual(void);
  * armed with nothing pending and have not signalled since: a round of theirs would find
  * nothing, at the cost of a system call on tcp's, epoll_wait). */
 #define EXS_ENG_DRIVE_ONLY   2
-/* A waiter's drive before it arms and sleeps (EXS_WAIT_NOTIFY, ADAPTIVE after its spin):
- * it may skip an idle fallback context as a busy wait's rounds do (the arm after it looks
- * at every context, and the drive after an arm that found work takes no such flag). */
+/* A waiter's drive outside a spin (EXS_WAIT_NOTIFY, ADAPTIVE after its spin: its first
+ * look when its events are already queued, and the round of an arm that found work): it
+ * may skip an idle fallback context as a busy wait's rounds do (the next arm looks at
+ * every context; exs__engine_arm never skips the context that answered -EAGAIN). */
 #define EXS_ENG_DRIVE_WAIT   4
 #define EXS_ENG_DRIVE_CTX(i) (1 << (8 + (i)))
 int exs__engine_drive(int flags);
 /* Before a waiter sleeps: under the progress lock, arm every provider context. 0: sleep
  * on fds_p (each context's event fd, readable when it has work; -1 for none, all -1 when
- * the engine is not running); -EAGAIN: work is pending (completions or jobs), drive
- * again. */
+ * the engine is not running); -EAGAIN: work was pending (completions or jobs) and one
+ * round of progress ran in the same hold of the lock (as exs__engine_drive with
+ * EXS_ENG_DRIVE_WAIT, the context that had the work always included): look at the queue,
+ * then arm again. The caller must not be a sleeper on its queue yet. */
 int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX]);
 /* The caller of a successful exs__engine_arm (fds[0] >= 0) stopped sleeping on the fds. */
 void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX]);

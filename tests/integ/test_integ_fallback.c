@@ -593,23 +593,27 @@ START_TEST(test_fb_busy_skips_idle)
 }
 END_TEST
 
-/* A waiter that sleeps (EXS_WAIT_NOTIFY) skips the idle fallback context in its drive
- * before the arm as a busy wait does (EXS_ENG_DRIVE_WAIT), and connections over the
- * fallback still move: the arm looks at every context, a readable fallback wakes the
- * sleeper, whose drive looks at it. */
+/* A waiter that sleeps (EXS_WAIT_NOTIFY) with nothing pending runs no progress round
+ * before it sleeps: its arm is the first look at every context (-EAGAIN, with one round
+ * in the same hold of the progress lock, when one has work), so the idle fallback costs
+ * it nothing; and connections over the fallback still move: a readable fallback wakes
+ * the sleeper, whose drive looks at it. (With a drive before each arm, as before, each
+ * of these waits ran a round: 400 or more.) */
 START_TEST(test_fb_wait_skips_idle)
 {
     struct it_pair p1;
     exs_event_t ev;
-    uint64_t s0, s1;
+    uint64_t r0, r1;
 
     fb_pair_waiting(&p1, EXS_WAIT_NOTIFY);
-    s0 = eng_count("fb_skips");
-    /* each 1 ms wait drives once before it sleeps: the fallback is idle */
+    r0 = eng_count("rounds");
     for (int i = 0; i < 400; i++)
         ck_assert_int_eq(exs_qdequeue(p1.cq, &ev, 1, &(struct timespec){0, 1000 * 1000}), 0);
-    s1 = eng_count("fb_skips");
-    ck_assert_msg(s1 > s0, "400 sleeping waits looked at the idle fallback context every time");
+    r1 = eng_count("rounds");
+    printf("fb_wait_skips_idle: %" PRIu64 " progress rounds in 400 idle sleeping waits\n", r1 - r0);
+    /* the progress thread may take a round when a gap between two waits outlasts the
+     * hysteresis (a loaded host): far fewer than one per wait */
+    ck_assert_msg(r1 - r0 < 200, "%" PRIu64 " progress rounds in 400 idle sleeping waits", r1 - r0);
     xfer_both_ways(&p1, 500);
     it_pair_close(&p1);
 }
