@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
 #include <pthread.h>
@@ -13,13 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
 #include "exs/api/evq_int.h"
 #include "exs/api/kfd.h"
-#include "exs/api/lite_lock.h"
+#include "exs/util/lite_lock.h"
 #include "exs/engine/engine.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
@@ -1231,18 +1229,4 @@ void exs__evq_fork(int phase)
     /* only this thread is left: the lock the parent's forking thread held is free */
     __atomic_store_n(&evq_tab.lock, 0, __ATOMIC_RELEASE);
     EXS_LOCK_RELEASE(EXS_LOCK_EVQ_TAB);
-}
-
-/* ---- the small mutex's slow paths (lite_lock.h) ---- */
-
-void exs__lite_lock_wait(struct exs_lite_lock *l)
-{
-    /* held: mark it waited for, and sleep while it stays held so */
-    while (__atomic_exchange_n(&l->v, 2, __ATOMIC_ACQUIRE) != 0)
-        syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
-}
-
-void exs__lite_lock_wake(struct exs_lite_lock *l)
-{
-    syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }

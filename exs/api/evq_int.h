@@ -8,7 +8,7 @@
 #include <pthread.h>
 
 #include "exs/api/evq.h"
-#include "exs/api/lite_lock.h"
+#include "exs/util/lite_lock.h"
 #include <errno.h>
 #include <stdint.h>
 #include <sys/types.h>

@@ -7,7 +7,7 @@
 
 #include <pthread.h>
 
-#include "exs/api/lite_lock.h"
+#include "exs/util/lite_lock.h"
 #include <sys/types.h>
 
 #include "exs/api/api_int.h"

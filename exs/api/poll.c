@@ -118,7 +118,7 @@ static short poll_sock_revents(struct api_sock *s, short events)
         return POLLNVAL; /* exs_close was called on it meanwhile */
     }
     /* the conn of a connected socket lives as long as the socket (our reference) */
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     going = conn->state >= EXS_CONN_DOWN;
     if (s->type == SOCK_STREAM)
         readable = conn->rd_arrived != conn->rd_consumed; /* bytes no receive took yet */
@@ -128,7 +128,7 @@ static short poll_sock_revents(struct api_sock *s, short events)
     readable |= rdhup || going; /* a receive completes at once: end of stream or error */
     writable = conn->state == EXS_CONN_CONNECTED && conn->txshut == EXS_TXSHUT_OPEN;
     reset = going && !conn->peer_shut; /* ended without the peer's SHUTDOWN */
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     /* a send is refused with EAGAIN only past EXS_SOCK_MAX_OPS outstanding sends */
     writable &= __atomic_load_n(&s->n_send, __ATOMIC_RELAXED) < (int)exs__params.sock_max_ops;
     if (readable)

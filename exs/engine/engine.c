@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "exs/engine/engine.h"
+#include "exs/util/lite_lock.h"
 #include "exs/util/list.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
@@ -56,8 +57,8 @@ static struct {
     ev_prepare prep; /* before each blocking poll: who watches the provider */
     ev_timer lease;  /* while drivers > 0: look again whether they left */
     pthread_t thread;
-    pthread_mutex_t plock; /* the progress lock */
-    pthread_mutex_t lock;  /* jobs, stopping */
+    struct exs_lite_lock plock; /* the progress lock (a futex mutex: lite_lock.h) */
+    pthread_mutex_t lock;       /* jobs, stopping */
     struct exs_list jobs;
     int stopping;
     int running;
@@ -83,7 +84,6 @@ static struct {
     uint32_t fb_every;   /* plock: a busy round looks at it every this many (ENG_FB_EVERY ..
                             EXS_ENG_FB_EVERY_MAX, doubled by each idle look) */
 } eng = {
-    .plock = PTHREAD_MUTEX_INITIALIZER,
     .lock = PTHREAD_MUTEX_INITIALIZER,
 };
 
@@ -199,14 +199,13 @@ int exs__engine_manual(void)
 
 static void eng_lock(void)
 {
-    EXS_LOCK_ACQUIRE(EXS_LOCK_PROGRESS);
-    pthread_mutex_lock(&eng.plock);
+    EXS_LITE_LOCK(&eng.plock, EXS_LOCK_PROGRESS);
     eng_holding = 1;
 }
 
 static int eng_trylock(void)
 {
-    if (pthread_mutex_trylock(&eng.plock))
+    if (!exs__lite_trylock(&eng.plock))
         return -EBUSY;
     EXS_LOCK_ACQUIRE(EXS_LOCK_PROGRESS);
     eng_holding = 1;
@@ -220,8 +219,7 @@ static void eng_unlock(void)
 
     eng.loop_dirty = 0;
     eng_holding = 0;
-    pthread_mutex_unlock(&eng.plock);
-    EXS_LOCK_RELEASE(EXS_LOCK_PROGRESS);
+    EXS_LITE_UNLOCK(&eng.plock, EXS_LOCK_PROGRESS);
     /* The loop may be asleep with a timeout computed before the change. A call racing
      * exs_fini at exit may get here after the engine stopped: eng.loop is cleared under
      * eng.lock before the loop is destroyed. */
@@ -1107,7 +1105,7 @@ void exs__engine_fork(int phase)
     /* a new progress lock (the parent's thread id held it), nothing woken */
     eng.loop_dirty = 0;
     eng_holding = 0;
-    pthread_mutex_init(&eng.plock, NULL);
+    __atomic_store_n(&eng.plock.v, 0, __ATOMIC_RELEASE);
     EXS_LOCK_RELEASE(EXS_LOCK_PROGRESS);
     eng.ctx = eng.fb = NULL;
     eng.ctxs[0] = eng.ctxs[1] = NULL;

@@ -103,9 +103,9 @@ int exs__conn_is_dead(struct exs_conn *conn)
 {
     int dead;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     dead = conn->state == EXS_CONN_DEAD || conn->state == EXS_CONN_IDLE;
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return dead;
 }
 
@@ -245,7 +245,6 @@ uint64_t exs__conn_arrays_bytes(const struct exs_conn *conn)
 void exs__conn_struct_free(struct exs_conn *conn)
 {
     EXS_ASSERT(!conn->mem_held);
-    pthread_mutex_destroy(&conn->lock);
     free(conn);
     exs__mem_give(exs__mem_chunk(sizeof(*conn)));
 }

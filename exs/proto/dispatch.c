@@ -499,11 +499,11 @@ void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
     uint64_t now = 0;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     conn_on_prov_cqe_locked(conn, cqe);
     conn_heard_locked(conn, &now);
     conn_after_cqes_locked(conn, conn_cqe_tx_only(cqe));
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
@@ -517,7 +517,7 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
          * decision, one walk of the queues, one delivery) for all of them */
         int tx_only = 1;
 
-        EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
         for (j = i; j < n && cqe[j].ep->user == conn; j++) {
             if (tx_only)
                 tx_only = conn_cqe_tx_only(&cqe[j]);
@@ -525,7 +525,7 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
         }
         conn_heard_locked(conn, &now);
         conn_after_cqes_locked(conn, tx_only);
-        EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     }
     exs__resume_evict_run(); /* connections a cut made give up (§9.2, The wait) */
 }
@@ -536,19 +536,19 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
     void (*dead)(struct exs_conn *) = NULL;
     int err = 0;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     if (conn->resume.pend && exs__resume_pend_cm_locked(conn, ev)) {
-        EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN); /* a resume request's new path (§9.2) */
+        EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN); /* a resume request's new path (§9.2) */
         return;
     }
     if (exs__conn_rows[conn->state].on_cm) { /* RESUMING: the cut-over's events (§9.2) */
         exs__conn_rows[conn->state].on_cm(conn, ev);
-        EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
         exs__resume_evict_run();
         return;
     }
     if (ev->ep && ev->ep != conn->ep) { /* an endpoint the conn no longer has */
-        EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
         return;
     }
     switch (ev->type) {
@@ -635,7 +635,7 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
         established(conn, err);
     if (dead)
         dead(conn);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     exs__resume_evict_run(); /* those a cut made give up (§9.2, The wait) */
 }
 

@@ -92,7 +92,6 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
         exs__mem_give(exs__mem_chunk(sizeof(*conn)));
         return -ENOMEM;
     }
-    pthread_mutex_init(&conn->lock, NULL);
     conn->created_ns = exs__now_ns();
     conn->ctx = ctx;
     conn->cb = cb;
@@ -184,7 +183,7 @@ int exs__conn_connect(struct exs_conn *conn, const struct sockaddr *addr, sockle
     struct exs_wire_hello h;
     int ret;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     exs__conn_hello(conn, &h);
     conn->active = 1;
     conn->dl_start_ns = exs__now_ns();
@@ -192,7 +191,7 @@ int exs__conn_connect(struct exs_conn *conn, const struct sockaddr *addr, sockle
     ret = exs__prov_connect(conn->ep, addr, len, &h, sizeof(h));
     if (ret)
         exs__conn_set_state_locked(conn, EXS_CONN_IDLE, "connect failed");
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -201,7 +200,7 @@ int exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const
     struct exs_wire_hello h;
     int ret;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     exs__conn_adopt_hello_locked(conn, peer_pd);
     exs__conn_hello(conn, &h);
     conn->dl_start_ns = exs__now_ns();
@@ -209,7 +208,7 @@ int exs__conn_accept(struct exs_conn *conn, struct exs_prov_conn_req *req, const
     ret = exs__prov_accept(req, conn->ep, &h, sizeof(h));
     if (ret)
         exs__conn_set_state_locked(conn, EXS_CONN_IDLE, "accept failed");
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -217,7 +216,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
 {
     int ret = 0;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     switch (conn->state) {
     case EXS_CONN_IDLE:
     case EXS_CONN_CONNECTING:
@@ -275,7 +274,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     }
     exs__conn_kick_locked(conn);
 out:
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -301,7 +300,7 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
     struct exs_list *pos;
     int n = 0;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     for (int i = 0; i < 2; i++) {
         exs_list_for_each(pos, q[i])
         {
@@ -329,7 +328,7 @@ int exs__conn_cancel(struct exs_conn *conn, int (*match)(struct exs_op *op, void
         }
     }
     exs__conn_kick_locked(conn);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return n;
 }
 
@@ -338,7 +337,7 @@ void exs__conn_close(struct exs_conn *conn)
     struct exs_list *q[2] = {&conn->sendq, &conn->recvq};
     struct exs_list *pos;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     /* Sends gathered behind a ring write in flight (batching, §6.1) would have been on
      * the wire without batching: they leave now, so close sends what it sent before. */
     if (conn->state == EXS_CONN_CONNECTED && conn->ring_wr_out) {
@@ -362,7 +361,7 @@ void exs__conn_close(struct exs_conn *conn)
     }
     if (exs__resume_close_locked(conn)) { /* being cut over: reset now (§9.2) */
         exs__conn_deliver_locked(conn);
-        EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
         return;
     }
     switch (conn->state) {
@@ -401,7 +400,7 @@ void exs__conn_close(struct exs_conn *conn)
         break;
     }
     exs__conn_deliver_locked(conn);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_abort_locked(struct exs_conn *conn)
@@ -423,26 +422,26 @@ void exs__conn_abort_locked(struct exs_conn *conn)
 
 void exs__conn_abort(struct exs_conn *conn)
 {
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     exs__conn_abort_locked(conn);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_stats(struct exs_conn *conn, struct exs_sock_stats *st)
 {
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     *st = conn->stats;
     st->batch_thresh = conn->batch_thresh;
     st->ring_size = conn->p.ring_size;
     if (conn->dp->stats)
         conn->dp->stats(conn, st);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info)
 {
     exs__conn_stats(conn, &info->stats);
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     info->state = exs__conn_state_name(conn->state);
     info->phase = conn->p.sock_type != SOCK_STREAM   ? ""
                   : PHASE_IS_DIRECT(conn->stream.ps) ? "direct"
@@ -455,7 +454,7 @@ void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info)
     info->wr_queued = conn->wrq_count;
     info->age_ms = (exs__now_ns() - conn->created_ns) / 1000000u;
     info->device = exs__prov_device(conn->ctx);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__proto_fork_child(void)

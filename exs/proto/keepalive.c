@@ -257,7 +257,7 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
     uint64_t conn_ms = __atomic_load_n(&exs__params.connect_timeout_ms, __ATOMIC_RELAXED);
     uint64_t send_ms = __atomic_load_n(&exs__params.send_timeout_ms, __ATOMIC_RELAXED);
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     switch (conn->state) {
     case EXS_CONN_CONNECTING: {
         uint64_t due = conn->dl_start_ns + conn_ms * 1000000u;
@@ -328,7 +328,7 @@ uint64_t exs__conn_timer(struct exs_conn *conn, uint64_t ka_ms)
     }
     if (conn->resume.pend) /* a resume request on trial: bounded by connect_timeout_ms (§9.2) */
         next = exs__resume_pend_timer_locked(conn, now, conn_ms, next);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     exs__resume_evict_run(); /* connections a keepalive cut made give up (§9.2) */
     return next;
 }

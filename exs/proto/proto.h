@@ -11,6 +11,7 @@
 #include "exs/proto/wire.h"
 #include "exs/prov/prov.h"
 #include "exs/util/job.h"
+#include "exs/util/lite_lock.h"
 #include "exs/util/list.h"
 
 /*
@@ -213,7 +214,7 @@ struct exs_advert {
 #undef EXS_PROTO_STATE
 
 struct exs_conn {
-    pthread_mutex_t lock;
+    struct exs_lite_lock lock; /* a futex mutex (exs/util/lite_lock.h); zeroed: free */
     enum exs_conn_state state;
     int err; /* latched errno for later operations */
     struct exs_prov_ctx *ctx;

@@ -23,12 +23,12 @@ void exs__resume_evict_run(void)
     struct exs_conn *v;
 
     while ((v = exs__resume_evict_pop())) {
-        EXS_MUTEX_LOCK(&v->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&v->lock, EXS_LOCK_CONN);
         if (v->state == EXS_CONN_RESUMING) { /* else it resumed or ended meanwhile */
             EXS_CNT_INC(exs__resume_cnt.fallback_resume_evicted);
             resume_end_locked(v, ETIMEDOUT, "evicted: resume_max newer connections wait", 1);
         }
-        EXS_MUTEX_UNLOCK(&v->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&v->lock, EXS_LOCK_CONN);
         exs__resume_registry_put(v); /* frees it when it was destroyed meanwhile */
     }
 }
@@ -954,7 +954,7 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
         EXS_INFO(PROTO, "resume request for an unknown session refused");
         return EXS_WIRE_REJ_RESUME;
     }
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     resume_pend_reap_locked(conn); /* a cm event: a safe point */
     /* nothing here touches the connection: the request is only put on trial */
     if (conn->p.sock_type != sock_type || conn->active)
@@ -978,7 +978,7 @@ int exs__conn_resume_request(struct exs_prov_ctx *ctx, struct exs_prov_conn_req 
         reason = resume_pend_open_locked(conn, ctx, req, &q);
     else
         EXS_INFO(PROTO, "conn %p: resume request refused: %s", (void *)conn, bad);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     exs__resume_registry_put(conn);
     exs__resume_evict_run(); /* those it made give up (the wait) */
     return reason;

@@ -390,8 +390,8 @@ void exs__shmsw_path_locked(const struct exs_conn *conn, char *buf, size_t len)
 
 int exs__conn_path(struct exs_conn *conn, char *buf, size_t len)
 {
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     exs__shmsw_path_locked(conn, buf, len);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return (int)strlen(buf) + 1;
 }

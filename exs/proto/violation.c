@@ -130,9 +130,9 @@ int exs__proto_violation(struct exs_conn *conn, enum exs_pv_rule rule, unsigned 
 
 int exs__pv_get(struct exs_conn *conn, struct exs_pv_state *out)
 {
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     *out = conn->pv;
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return out->rule ? 0 : -ENOENT;
 }
 

@@ -40,12 +40,12 @@ static void pv_inject(void *arg)
 {
     struct exs_conn *conn = arg;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(exs__proto_violation(conn, EXS_PV_CTRL_SIZE, EXS_CTRL_ADVERT,
                                           "length %u, want %u", 48u, EXS_WIRE_ADVERT_LEN),
                      -EPROTO);
     exs__conn_fail_locked(conn, ECONNRESET, "peer broke the protocol");
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 static void pv_reason_of(int fd, char *buf, socklen_t size, socklen_t want_len)

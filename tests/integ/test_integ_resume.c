@@ -63,9 +63,9 @@ static uint64_t fd_token(int fd, const char **prov)
 
     ck_assert_msg(s != NULL, "fd %d: no socket (%d)", fd, err);
     ck_assert_ptr_nonnull(s->conn);
-    EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&s->conn->lock, EXS_LOCK_CONN);
     t = s->conn->sess_token;
-    EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
     *prov = exs__prov_name(s->conn->ctx);
     exs__api_sock_put(s);
     return t;
@@ -387,9 +387,9 @@ static uint32_t fd_conn_count(int fd, int announced)
 
     ck_assert_msg(s != NULL, "fd %d: no socket (%d)", fd, err);
     ck_assert_ptr_nonnull(s->conn);
-    EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&s->conn->lock, EXS_LOCK_CONN);
     n = announced ? s->conn->pending_announced : s->conn->adv_count;
-    EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
     exs__api_sock_put(s);
     return n;
 }

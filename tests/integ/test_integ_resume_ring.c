@@ -134,9 +134,9 @@ static int rr_offer(int fd, uint32_t size)
     struct api_sock *s = exs__api_sock_get(fd, &err);
 
     ck_assert_ptr_nonnull(s);
-    EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&s->conn->lock, EXS_LOCK_CONN);
     ret = exs__stream_ring_offer_locked(s->conn, size, 0);
-    EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
     exs__api_sock_put(s);
     return ret;
 }
@@ -148,9 +148,9 @@ static int rr_offer_out(int fd)
     struct api_sock *s = exs__api_sock_get(fd, &err);
 
     ck_assert_ptr_nonnull(s);
-    EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&s->conn->lock, EXS_LOCK_CONN);
     out = s->conn->autotune.offered;
-    EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
     exs__api_sock_put(s);
     return out;
 }
@@ -253,19 +253,19 @@ START_TEST(test_rr_cut_while_tuning)
         ck_assert_ptr_nonnull(s);
         snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
         it_fault_set("fault_port", port);
-        EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&s->conn->lock, EXS_LOCK_CONN);
         size = s->conn->p.ring_size;
         /* a shrink back (as autotuning offers when idle) may be under way: wait for it */
         for (int w = 0; w < 500 && (s->conn->autotune.offered || s->conn->autotune.old_mem); w++) {
-            EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
+            EXS_LITE_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
             nanosleep(&(struct timespec){.tv_nsec = 20 * 1000000}, NULL);
-            EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
+            EXS_LITE_LOCK(&s->conn->lock, EXS_LOCK_CONN);
             size = s->conn->p.ring_size;
         }
         resizes = s->conn->stats.ring_resizes;
         it_fault_set("fault_drop_nth", "1"); /* the next send post: the offer's */
         ret = exs__stream_ring_offer_locked(s->conn, size < RR_MAX ? size * 2 : size / 2, 0);
-        EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
         ck_assert_msg(ret == 0, "offer: %d", ret);
         rr_wait_resumes(res0, 2);
         it_fault_set("fault_drop_nth", "0");
@@ -274,9 +274,9 @@ START_TEST(test_rr_cut_while_tuning)
          * size of the current one, unless an idle shrink over the new path came since */
         if (st.ring_resizes == resizes)
             ck_assert_uint_eq(st.ring_size, size);
-        EXS_MUTEX_LOCK(&s->conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&s->conn->lock, EXS_LOCK_CONN);
         ck_assert_ptr_null(s->conn->autotune.next_mem);
-        EXS_MUTEX_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&s->conn->lock, EXS_LOCK_CONN);
         exs__api_sock_put(s);
         rr_xfer(&p, 300, NULL);
     }

@@ -427,7 +427,7 @@ void pt_fb_close(void)
 
 void pt_pv_clear(struct exs_conn *conn)
 {
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     memset(&conn->pv, 0, sizeof(conn->pv));
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "exs/api/evq.h"
-#include "exs/api/lite_lock.h"
+#include "exs/util/lite_lock.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"

@@ -1441,10 +1441,10 @@ static void raw_b_offers(struct exs_wire_resize *offer)
     raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, sizeof(msg), raw.peer.ring_addr,
              raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
     pt_run(&pp);
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 0), 0);
     ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 0), -EBUSY);
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pt_run(&pp);
     ck_assert(raw_find_record(EXS_CTRL_RESIZE, offer, sizeof(*offer)));
     ck_assert_uint_eq(offer->hdr.flags, 0);
@@ -1830,9 +1830,9 @@ static int on_session(struct exs_conn *conn, const struct exs_wire_session *ss)
 {
     int ret;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     ret = exs__resume_on_session_locked(conn, ss);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -1884,17 +1884,17 @@ START_TEST(hs_session_early_without_bit)
 {
     unit_pair_fresh(&pp, SOCK_STREAM, 1, 0);
     pt_connect(&pp);
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(pp.a.conn->sess_token, 0);
     pp.a.conn->sess_token = 99; /* as if taken before the hello was adopted */
     pp.a.conn->resume.keys |= EXS_RSM_KEY_PEER;
     exs__resume_established_locked(pp.a.conn);
     ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
     ck_assert_int_eq(pp.a.conn->err, ECONNRESET);
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_pv(pp.a.conn, EXS_PV_FEATURE);
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pt_run(&pp);
     ck_assert_int_eq(pp.a.dead, 1);
     pt_close_both(&pp);
@@ -1905,9 +1905,9 @@ static int check_resume(struct exs_conn *conn, const struct exs_wire_resume *r)
 {
     int ret;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     ret = exs__resume_check_locked(conn, r);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -1939,10 +1939,10 @@ START_TEST(hs_resume_positions)
         ck_assert_int_eq(s[i].op.err, 0);
         ck_assert_int_eq(r[i].done, 1);
     }
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(exs__resume_arrived_locked(pp.b.conn), want);
     exs__resume_record_locked(pp.b.conn, &rec);
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(rec.hdr.type, EXS_CTRL_RESUME);
     ck_assert_uint_eq(be16toh(rec.hdr.len), EXS_WIRE_RESUME_LEN);
     ck_assert_uint_eq(be64toh(rec.token), pp.b.conn->sess_token);
@@ -1982,9 +1982,9 @@ START_TEST(hs_resume_positions)
         ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
         /* with fewer seen completed (writes in flight), any position from there to what
          * was sent is taken */
-        EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         pp.a.conn->resume_tx_done = want - 100;
-        EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
         bad.rx_bytes = htobe64(want - 100);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
@@ -2001,9 +2001,9 @@ START_TEST(hs_resume_positions)
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
         ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
         /* with only message 0 seen completed, 1 to what was sent is taken, 0 not */
-        EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         pp.a.conn->resume_tx_done = 1;
-        EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         bad.rx_msgs = htobe64(1);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), 0);
         bad.rx_msgs = htobe64(want - 1);
@@ -2018,13 +2018,13 @@ START_TEST(hs_resume_positions)
          * ring's worth unread */
         uint64_t tail, cons, size, saved_tail;
 
-        EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         pp.a.conn->resume_tx_done = want;
         saved_tail = pp.a.conn->wr_tail;
         cons = pp.a.conn->wr_consumed;
         tail = pp.a.conn->wr_tail = cons + 64; /* 64 bytes written, not reported read */
         size = pp.a.conn->peer.ring_size;
-        EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         bad = rec;
         bad.ring_arrived = htobe64(tail);
         bad.ring_consumed = htobe64(cons);
@@ -2041,21 +2041,21 @@ START_TEST(hs_resume_positions)
             ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
             ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
         }
-        EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         pp.a.conn->wr_tail = cons + size + 64;
-        EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         bad.ring_arrived = htobe64(cons + size + 64); /* more than a ring unread */
         bad.ring_consumed = htobe64(cons);
         ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
         ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
-        EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
         pp.a.conn->wr_tail = saved_tail;
-        EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     }
     /* a connection without a session takes no RESUME, whatever it says */
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->sess_token = 0;
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     bad = rec;
     bad.token = 0;
     ck_assert_int_eq(check_resume(pp.a.conn, &bad), -EPROTO);
@@ -2072,9 +2072,9 @@ static int on_resume(struct exs_conn *conn, const struct exs_wire_resume *r)
 {
     int ret;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     ret = exs__resume_on_resume_locked(conn, r);
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -2094,36 +2094,36 @@ START_TEST(hs_resume_new_path)
     rs_pair_open(SOCK_STREAM);
     pas = pp.a.conn->active ? pp.b.conn : pp.a.conn;
     ck_assert_uint_ne(pas->sess_token, 0);
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     exs__resume_record_locked(pp.b.conn, &rec);
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     /* a first path */
     ck_assert_int_eq(on_resume(pp.a.conn, &rec), -EPROTO);
     ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     /* a new path not yet established: kept once, a second one refused */
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->state = EXS_CONN_RESUMING;
     pp.a.conn->resume.peer_wait = 1;
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(on_resume(pp.a.conn, &rec), 0);
     ck_assert_int_eq(pp.a.conn->resume.peer_got, 1);
     ck_assert_int_eq(on_resume(pp.a.conn, &rec), -EPROTO);
     ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     /* an established new path: checked before anything moves */
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->state = EXS_CONN_CONNECTED;
     pp.a.conn->resume.peer_got = 0;
     sent = pp.a.conn->tx_seq;
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     bad = rec;
     bad.token = htobe64(pp.a.conn->sess_token + 1);
     ck_assert_int_eq(on_resume(pp.a.conn, &bad), -EPROTO);
     ck_assert_pv_take(pp.a.conn, EXS_PV_RESUME);
     ck_assert_uint_eq(pp.a.conn->tx_seq, sent);
     ck_assert_int_eq(pp.a.conn->resume.peer_wait, 1);
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->resume.peer_wait = 0;
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
 
     /* resume requests: refused before anything is touched (req NULL) */
     ck_assert_int_eq(exs__conn_resume_request(NULL, NULL, pd, EXS_WIRE_HELLO_LEN, SOCK_STREAM),
@@ -2180,7 +2180,7 @@ START_TEST(hs_resume_request_vs_destroy)
     memset(&q, 0, sizeof(q));
     tok = htobe64(pas->sess_token);
     memcpy(q.pd + EXS_WIRE_HELLO_LEN, &tok, sizeof(tok));
-    EXS_MUTEX_LOCK(&pas->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pas->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(pthread_create(&th, NULL, rq_thread, &q), 0);
     for (i = 0; i < 10000 && !__atomic_load_n(&pas->resume.refs, __ATOMIC_ACQUIRE); i++)
         nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
@@ -2188,7 +2188,7 @@ START_TEST(hs_resume_request_vs_destroy)
     /* the finder waits for the lock: destroy the conn now */
     exs__conn_destroy(pas);
     ck_assert_int_eq(exs__conn_live_count(), 2); /* not freed: the finder holds it */
-    EXS_MUTEX_UNLOCK(&pas->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pas->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(pthread_join(th, NULL), 0);
     ck_assert_int_eq(q.ret, EXS_WIRE_REJ_RESUME);
     if (pp.a.conn == pas)
@@ -2213,9 +2213,9 @@ START_TEST(hs_window_tick)
         struct exs_conn *c = i ? pp.b.conn : pp.a.conn;
         uint64_t next;
 
-        EXS_MUTEX_LOCK(&c->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&c->lock, EXS_LOCK_CONN);
         c->owed = 0; /* as after an ACK went */
-        EXS_MUTEX_UNLOCK(&c->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&c->lock, EXS_LOCK_CONN);
         next = exs__conn_timer(c, 0);
         ck_assert_uint_ge(next, 1);
         ck_assert_uint_le(next, 1000);
@@ -2269,18 +2269,18 @@ START_TEST(hs_down_before_established_deadline)
     pt_params(&pp.pb, SOCK_STREAM);
     pt_open(&pp, SOCK_STREAM);
     pt_connect_to(&pp, NULL, 0);
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(pp.a.conn->state, EXS_CONN_CONNECTING);
     exs__conn_fail_locked(pp.a.conn, ECONNRESET, "test: protocol error before ESTABLISHED");
     ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
     pp.a.conn->dl_start_ns = exs__now_ns(); /* the deadline is conn_ms away */
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_gt(exs__conn_timer(pp.a.conn, 0), 0);
     ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DOWN);
     ck_assert_int_eq(pp.a.dead, 0);
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->dl_start_ns -= (conn_ms + 1) * 1000000u; /* the deadline passed */
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(exs__conn_timer(pp.a.conn, 0), 0);
     ck_assert_int_eq(pp.a.conn->state, EXS_CONN_DEAD);
     ck_assert_int_eq(pp.a.conn->err, ECONNRESET);
@@ -2355,9 +2355,9 @@ START_TEST(hs_record_before_established)
     ck_assert_int_eq(pp.b.dead, 0);
     if (_i) {
         /* no provider event: the handshake deadline ends it */
-        EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
         pp.b.conn->dl_start_ns = exs__now_ns() - (conn_ms + 1) * 1000000u;
-        EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
         ck_assert_uint_eq(exs__conn_timer(pp.b.conn, 0), 0);
         ck_assert_int_eq(pp.b.conn->state, EXS_CONN_DEAD);
         ck_assert_int_eq(pp.b.dead, 1);
@@ -2429,9 +2429,9 @@ static uint32_t ra_cut(void)
 {
     uint32_t n;
 
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     n = exs__seqpkt_resume_cut_locked(pp.b.conn);
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     return n;
 }
 
@@ -2599,11 +2599,11 @@ START_TEST(hs_reann_inflight)
     ck_assert_int_eq(r.op.state, EXS_OPS_POSTED);
     ck_assert_uint_eq(r.op.inflight, 1);
     ck_assert_uint_eq(pp.b.conn->pending_announced, 1);
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pp.b.conn->state = EXS_CONN_RESUMING;
     pp.b.conn->resume.over = 1;
     pp.b.conn->resume.t0_ns = exs__now_ns();
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     mock_drop(raw.ep);
     pt_run(&pp); /* the READ flushes, the DISCONNECTED comes: the old path is over */
     ck_assert_int_eq(pp.b.conn->state, EXS_CONN_RESUMING);
@@ -2767,14 +2767,14 @@ START_TEST(hs_reann_sender)
     rec.ring_arrived = htobe64(pp.b.conn->wr_tail);
     rec.ring_consumed = htobe64(pp.b.conn->wr_consumed);
     mock_stats(pp.b.ctx, &st0);
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pp.b.conn->resume.peer_wait = 1;
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(on_resume(pp.b.conn, &rec), 0);
     ck_assert_int_eq(s.done, 0); /* not completed: its READ_DONE never came */
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     exs__conn_kick_locked(pp.b.conn);
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pt_run(&pp);
     ck_assert(raw_find_record(EXS_CTRL_ANNOUNCE, &a2, sizeof(a2)));
     ck_assert_uint_eq(be64toh(a2.seq), 0);
@@ -3159,18 +3159,18 @@ START_TEST(hs_ka_ping_waits_for_credit)
     ck_assert_uint_gt(b->ctrl_len, 0);
     ck_assert_uint_eq(b->owed, 1);
     /* an interval of silence: the PING cannot go, the wait begins */
-    EXS_MUTEX_LOCK(&b->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&b->lock, EXS_LOCK_CONN);
     b->keepalive.heard_ns -= intv + intv / 2;
-    EXS_MUTEX_UNLOCK(&b->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&b->lock, EXS_LOCK_CONN);
     ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
     pt_stats(&pp.b, &st);
     ck_assert_uint_eq(st.keepalive_probes, 0);
     ck_assert_int_eq(b->keepalive.waiting, 1);
     ck_assert_int_eq(b->keepalive.ping, 0);
     /* another: tried again, still no credit; one failed interval */
-    EXS_MUTEX_LOCK(&b->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&b->lock, EXS_LOCK_CONN);
     b->keepalive.probe_ns -= intv + intv / 2;
-    EXS_MUTEX_UNLOCK(&b->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&b->lock, EXS_LOCK_CONN);
     ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
     ck_assert_uint_eq(b->keepalive.fails, 1);
     ck_assert_int_eq(b->state, EXS_CONN_CONNECTED);
@@ -3282,18 +3282,18 @@ START_TEST(hs_named_rules)
                  exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, EXS_IMM_CREDITS_MAX, 0));
         break;
     default:
-        EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
         pp.b.conn->resume.peer_wait = 1;
-        EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
         if (_i == 9)
             raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 0, NULL, 0);
         else
             raw_post(EXS_PROV_WR_RDMA_WRITE_WITH_IMM, msg, 8, raw.peer.ring_addr,
                      raw.peer.ring_rkey, exs_imm_make(EXS_IMM_INDIRECT, 0, 0, 0));
         pt_run(&pp);
-        EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
         pp.b.conn->resume.peer_wait = 0;
-        EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
         break;
     }
     if (_i == 5) { /* what arrived before the overrun is still handed to receives */
@@ -3319,12 +3319,12 @@ START_TEST(hs_ring_cut_positions)
 
     unit_pair_fresh(&pp, SOCK_STREAM, 0, 0);
     pt_connect(&pp);
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     saved = pp.b.conn->rd_arrived;
     pp.b.conn->rd_arrived = pp.b.conn->rd_consumed + pp.b.conn->p.ring_size + 1;
     ret = exs__stream_ring_cut_locked(pp.b.conn);
     pp.b.conn->rd_arrived = saved;
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(ret, -EPROTO);
     ck_assert_pv(pp.b.conn, EXS_PV_RING_OVERRUN);
     ck_assert_uint_eq(pp.b.conn->pv.rec_type, EXS_PV_REC_NONE);

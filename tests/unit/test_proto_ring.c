@@ -173,9 +173,9 @@ static int rg_offer(struct pt_side *side, uint32_t size)
 {
     int ret;
 
-    EXS_MUTEX_LOCK(&side->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&side->conn->lock, EXS_LOCK_CONN);
     ret = exs__stream_ring_offer_locked(side->conn, size, 0);
-    EXS_MUTEX_UNLOCK(&side->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&side->conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -310,7 +310,7 @@ START_TEST(rg_timer_watches_initial_ring)
     uint64_t now = exs__now_us();
 
     exs__params.ring_idle_ms = 200;
-    EXS_MUTEX_LOCK(&c->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&c->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(c->p.ring_size, c->ring_init); /* not grown */
     c->p.autotune = 1;
     ck_assert_uint_eq(exs__stream_ring_timer_locked(c, now), 200);
@@ -319,7 +319,7 @@ START_TEST(rg_timer_watches_initial_ring)
     exs__params.ring_idle_ms = 200;
     c->p.autotune = 0;
     ck_assert_uint_eq(exs__stream_ring_timer_locked(c, now), 0);
-    EXS_MUTEX_UNLOCK(&c->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&c->lock, EXS_LOCK_CONN);
 }
 END_TEST
 
@@ -331,7 +331,7 @@ static int rg_tune_offers(uint64_t rtt_min_us, uint64_t window_us)
     struct exs_conn *c = pp.b.conn;
     int offered;
 
-    EXS_MUTEX_LOCK(&c->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&c->lock, EXS_LOCK_CONN);
     c->p.autotune = 1;
     c->stats.srtt_us = window_us;
     c->autotune.rtt_min = rtt_min_us;
@@ -340,7 +340,7 @@ static int rg_tune_offers(uint64_t rtt_min_us, uint64_t window_us)
     c->autotune.win_bytes = c->p.ring_size;
     exs__stream_recv_progress_locked(c);
     offered = c->autotune.offered;
-    EXS_MUTEX_UNLOCK(&c->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&c->lock, EXS_LOCK_CONN);
     return offered;
 }
 
@@ -378,10 +378,10 @@ START_TEST(rg_offer_refused)
     pt_run(&pp);
     ck_assert_int_eq(rg_offer(&pp.b, 16384), 0); /* answered, nothing left in the old one */
     pt_run(&pp);
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->peer.features &= ~EXS_WIRE_FEAT_RESIZE; /* as an old peer's hello */
     ck_assert_int_eq(exs__stream_ring_offer_locked(pp.a.conn, 8192, 0), -EOPNOTSUPP);
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
 }
 END_TEST
 
@@ -391,12 +391,12 @@ START_TEST(rg_offer_budget)
     uint64_t before = exs__conn_ring_bytes();
 
     exs__params.ring_budget = before + 4096;
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 1), -ENOBUFS);
     ck_assert_uint_eq(exs__conn_ring_bytes(), before);
     ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 4096, 1), 0);
     ck_assert_uint_eq(exs__conn_ring_bytes(), before + 4096);
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pt_run(&pp);
     ck_assert_uint_eq(exs__conn_ring_bytes(), before); /* the old 4 KiB went */
 }
@@ -414,9 +414,9 @@ START_TEST(rg_mem_budget)
     ck_assert_uint_gt(used, 2 * 4096); /* two rings at least */
     exs__params.ring_budget = 0;
     exs__params.mem_budget = used + 4096;
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 1), -ENOBUFS);
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_eq(exs__mem.mem_refused_growth, grows + 1);
     ck_assert_uint_eq(exs__mem_used(), used);
     ck_assert_int_eq(exs__conn_create(pp.a.ctx, &pp.pa, &cb, NULL, &c), -ENOBUFS);

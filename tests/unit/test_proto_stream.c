@@ -685,7 +685,7 @@ static void st_drain_run(int mode)
         pt_op_fini(&s5);
         pt_op_fini(&r5);
         /* the streak is there, but the hold is not over: no request; once it is, one */
-        EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
         pp.b.conn->stream.drain_hold = exs__now_us() + 60000000u;
         pp.b.conn->stream.streak = 100;
         pp.b.conn->stream.eval_arrived = pp.b.conn->rd_arrived;
@@ -694,7 +694,7 @@ static void st_drain_run(int mode)
         pp.b.conn->stream.drain_hold = 1;
         exs__stream_recv_progress_locked(pp.b.conn);
         ck_assert_int_eq(pp.b.conn->stream.drain, EXS_STREAM_DRAIN_REQUESTED);
-        EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
         pt_run(&pp);
         pt_stats(&pp.b, &sbs);
         ck_assert_uint_eq(sbs.drain_requests, 2);

@@ -183,7 +183,7 @@ START_TEST(pv_recorded_once)
     pv_logged = pv_sunk = 0;
     uint64_t total = exs__pv_total();
 
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(exs__proto_violation(pp.b.conn, EXS_PV_CTRL_SIZE, EXS_CTRL_ADVERT,
                                           "length %u, want %u", 48u, EXS_WIRE_ADVERT_LEN),
                      -EPROTO);
@@ -191,7 +191,7 @@ START_TEST(pv_recorded_once)
                                           "credits %u \"quoted\"\n", 9u),
                      -EPROTO);
     exs__conn_fail_locked(pp.b.conn, ECONNRESET, "peer broke the protocol");
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
 
     exs__log_set_hook(NULL);
     exs__pv_set_sink(NULL);
@@ -246,10 +246,10 @@ START_TEST(pv_detail_cleaned)
     pt_connect(&pp);
     memset(longd, 'x', sizeof(longd) - 1);
     longd[sizeof(longd) - 1] = '\0';
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     exs__proto_violation(pp.a.conn, EXS_PV_REANNOUNCE, EXS_CTRL_ANNOUNCE, "a\"b\\c\n%s", longd);
     exs__conn_fail_locked(pp.a.conn, ECONNRESET, "peer broke the protocol");
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(exs__pv_get(pp.a.conn, &st), 0);
     ck_assert_int_eq(strncmp(st.detail, "a?b?c?xxx", 9), 0);
     ck_assert_uint_eq(strlen(st.detail), EXS_PV_DETAIL_MAX - 1);

@@ -63,9 +63,9 @@ static int rb_state(struct exs_conn *conn)
 {
     int st;
 
-    EXS_MUTEX_LOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     st = conn->state;
-    EXS_MUTEX_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return st;
 }
 
@@ -107,12 +107,12 @@ START_TEST(rb_peer_closed_not_resuming)
     fail0 = rb_count("fallback_resume_failures");
     evict0 = rb_count("fallback_resume_evicted");
     a = rb[0].a.conn;
-    EXS_MUTEX_LOCK(&a->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&a->lock, EXS_LOCK_CONN);
     exs__conn_revoke_all_locked(a);
     exs__prov_ep_destroy(a->ep);
     a->ep = NULL;
     exs__conn_end_locked(a, ECONNRESET, "the process ended");
-    EXS_MUTEX_UNLOCK(&a->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&a->lock, EXS_LOCK_CONN);
     pt_run(&rb[0]);
     ck_assert_int_eq(rb[0].b.conn->resume.over, 0); /* never RESUMING */
     ck_assert_int_eq(rb_state(rb[0].b.conn), EXS_CONN_DEAD);

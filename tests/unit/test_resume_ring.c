@@ -114,9 +114,9 @@ static int rr_offer(struct pt_side *side, uint32_t size)
 {
     int ret;
 
-    EXS_MUTEX_LOCK(&side->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&side->conn->lock, EXS_LOCK_CONN);
     ret = exs__stream_ring_offer_locked(side->conn, size, 0);
-    EXS_MUTEX_UNLOCK(&side->conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&side->conn->lock, EXS_LOCK_CONN);
     return ret;
 }
 
@@ -229,10 +229,10 @@ START_TEST(rr_cut_answer_owed)
     /* the record as it travels, taken by a whose answer has not gone yet */
     r.addr = htobe64((uintptr_t)pp.b.conn->autotune.next_mem->addr);
     r.rkey = htobe32(pp.b.conn->autotune.next_grant->rkey);
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(exs__stream_on_resize_locked(pp.a.conn, &r), 0);
     ck_assert_int_eq(pp.a.conn->autotune.owed, 1);
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     rr_cut();
     ck_assert_uint_eq(pp.b.conn->p.ring_size, 4096);
     ck_assert_uint_eq(pp.a.conn->peer.ring_size, 4096);

@@ -369,11 +369,11 @@ START_TEST(golden_resize)
     pt_run(&pp);
     ck_assert_int_eq(r.op.result, 3000);
     from_a = from_b = ncaps; /* what follows the offer */
-    EXS_MUTEX_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     ck_assert_int_eq(exs__stream_ring_offer_locked(pp.b.conn, 8192, 0), 0);
     uint64_t addr = (uintptr_t)pp.b.conn->autotune.next_mem->addr;
     uint32_t rkey = pp.b.conn->autotune.next_grant->rkey;
-    EXS_MUTEX_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
     pt_run(&pp);
     put_be(offer + 8, addr, 8);
     put_be(offer + 20, rkey, 4);
@@ -530,10 +530,10 @@ START_TEST(golden_ping)
     ck_assert_uint_eq(EXS_NOP_PING, 1);
     gp_setup(SOCK_SEQPACKET, EXS_XFER_DYNAMIC);
     ck_assert_uint_ne(pp.a.conn->peer.features & EXS_WIRE_FEAT_ALIVE, 0);
-    EXS_MUTEX_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_LOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     pp.a.conn->keepalive.heard_ns -= 2000000000ull; /* silent for 2 s: the 1 s interval passed */
     owed = pp.a.conn->owed;
-    EXS_MUTEX_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
+    EXS_LITE_UNLOCK(&pp.a.conn->lock, EXS_LOCK_CONN);
     ck_assert_uint_gt(exs__conn_timer(pp.a.conn, 1000), 0);
     ck_assert_uint_eq(pp.a.conn->stats.keepalive_probes, 1);
     b_owed = pp.b.conn->owed; /* what b owes before the PING arrives */

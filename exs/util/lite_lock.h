@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* A small mutex for the locks on a kernel socket's send path (an event queue's, a kfd's). */
-#ifndef EXS_API_LITE_LOCK_H
-#define EXS_API_LITE_LOCK_H
+/* A small mutex: the progress lock, a connection's, an event queue's, a kfd's. */
+#ifndef EXS_UTIL_LITE_LOCK_H
+#define EXS_UTIL_LITE_LOCK_H
 
 #include "exs/util/lockorder.h"
 
