@@ -337,7 +337,7 @@ void exs__engine_set_round_hook(void (*fn)(void))
 }
 
 /* One context's part of a round. */
-static int eng_round_ctx(struct exs_prov_ctx *ctx)
+static inline __attribute__((always_inline)) int eng_round_ctx(struct exs_prov_ctx *ctx)
 {
     struct exs_prov_cm_event ev;
     int p, n = 0, c;
@@ -361,13 +361,16 @@ static int eng_round_ctx(struct exs_prov_ctx *ctx)
     return n;
 }
 
-static int eng_round(void)
+static inline __attribute__((always_inline)) int eng_round(void)
 {
     int n = 0;
     uint64_t t0 =
         exs__params.slow_threshold_us || exs__params.polling_warn_cycle_us ? exs__now_ns() : 0;
 
-    eng_pass = (struct eng_pass){0};
+    /* the counts; the rest only where it is measured (slow pass, slow poll: t0) */
+    eng_pass.cqes = eng_pass.cms = eng_pass.jobs = 0;
+    if (t0)
+        eng_pass = (struct eng_pass){0};
     EXS_CNT_INC(exs__eng_cnt.rounds);
     void (*hook)(void);
 
@@ -400,7 +403,8 @@ static int eng_round(void)
      * alone (shm's idle busy turns answer "call again": eng_drain_all) */
     if (hook && eng_pass.cqes + eng_pass.cms + eng_pass.jobs > 0)
         hook();
-    eng_pass_end(t0);
+    if (t0)
+        eng_pass_end(t0);
     return n;
 }
 
@@ -505,7 +509,7 @@ static void eng_disarm_unwatched(void)
 
 /* An application thread's drive, plock held (exs__engine_drive, exs__engine_arm): one
  * round. Returns how much it did. */
-static int eng_drive_held(int flags)
+static inline __attribute__((always_inline)) int eng_drive_held(int flags)
 {
     unsigned work = 0;
     int n;
@@ -516,7 +520,12 @@ static int eng_drive_held(int flags)
     eng_disarm_unwatched();
     /* One round: the caller looks at its queue next and drives again if it must; an
      * empty extra round would only cost system calls on every wake-up. */
-    n = __atomic_load_n(&eng.running, __ATOMIC_RELAXED) ? eng_drive_locked(1, NULL, &work) : 0;
+    if (__atomic_load_n(&eng.running, __ATOMIC_RELAXED)) {
+        n = eng_round();
+        work = eng_pass.cqes + eng_pass.cms + eng_pass.jobs;
+    } else {
+        n = 0;
+    }
     eng_busy = 0;
     eng_only = ~0u;
     if (work > 0) /* as drives_thread: delivered something, not only "call again" */
