@@ -127,6 +127,12 @@ static const struct exs_counter_desc eng_counter_desc[] = {
     EXS_COUNTER(struct exs_eng_counters, spin_yields,
                 "busy waiters that yielded their CPU: the progress lock stayed held through 32 "
                 "turns of their spin (its holder may need that CPU)"),
+    EXS_COUNTER(struct exs_eng_counters, arms,
+                "waiters' arms before a sleep (the first look at the providers of a sleeping "
+                "wait: no drive before it)"),
+    EXS_COUNTER(struct exs_eng_counters, arm_drives,
+                "of those: work was pending (-EAGAIN), and its round ran in the same hold of "
+                "the progress lock"),
     EXS_COUNTER(struct exs_eng_counters, woken_skips,
                 "contexts a waiter woken from its sleep did not drive: their event fd was not "
                 "readable (armed with nothing pending, nothing since)"),
@@ -587,8 +593,11 @@ int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX])
      * evq_dequeue_wait): this is its drive, one lock instead of a drive's and an arm's.
      * An idle fallback context may wait as in EXS_ENG_DRIVE_WAIT, unless it is the one
      * that answered -EAGAIN. */
-    if (ret == -EAGAIN)
+    EXS_CNT_INC(exs__eng_cnt.arms);
+    if (ret == -EAGAIN) {
+        EXS_CNT_INC(exs__eng_cnt.arm_drives);
         (void)eng_drive_held(pend >= 0 && eng.ctxs[pend] == eng.fb ? 0 : EXS_ENG_DRIVE_WAIT);
+    }
     eng_unlock();
     return ret == -EAGAIN ? -EAGAIN : 0;
 }

@@ -2,6 +2,7 @@
 /* Run-to-completion progress: waiters drive the provider in every wait mode, the progress thread's
  * hand-off, per-thread synchronous queues. */
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -136,6 +137,56 @@ START_TEST(test_waiter_drives)
     ck_assert_msg(eng_counter("drives_thread") == thr0,
                   "%s: the parked progress thread drove %llu times", mode_names[_i],
                   (unsigned long long)(eng_counter("drives_thread") - thr0));
+}
+END_TEST
+
+/* A sleeping waiter (EXS_WAIT_NOTIFY) arms without driving first: its arm is the first
+ * look at the providers, and an arm that finds work pending (-EAGAIN: a completion
+ * already queued by a provider, e.g. a send the provider completed as it was posted, or
+ * a round that stopped at its bound) drives it in the same hold of the progress lock.
+ * With the progress thread parked (test seam), each send's event is waited for first,
+ * while its completion may sit in the provider: a waiter that only re-armed on -EAGAIN
+ * would arm again and again (counter arms) until something else drove (seen on tcp: a
+ * second of spinning per wait). */
+START_TEST(test_notify_arm_drives)
+{
+    struct it_pair p;
+    struct it_buf *a, *b;
+    exs_event_t ev;
+    uint64_t arms0, arms;
+
+    it_setenv("EXS_TEST_ENGINE_PARK", "1");
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    a = it_buf_new(256, 1);
+    b = it_buf_new(256, 1);
+    ck_assert_int_eq(exs_qsetwait(p.cq, EXS_WAIT_NOTIFY, 0), 0);
+    ck_assert_int_eq(exs_qsetwait(p.sq, EXS_WAIT_NOTIFY, 0), 0);
+    arms0 = eng_counter("arms");
+    for (int i = 0; i < 50; i++) {
+        struct timespec ts = {2, 0};
+        int n;
+
+        IT_EXPECT_OK(exs_recv(p.sfd, b->p, 256, 0, p.sq, AH(i), b->mh));
+        it_fill(a->p, 64, (uint32_t)i);
+        IT_EXPECT_OK(exs_send(p.cfd, a->p, 64, 0, p.cq, AH(i), a->mh));
+        /* the send's own event first, in one wait: no other thread drives */
+        n = exs_qdequeue(p.cq, &ev, 1, &ts);
+        ck_assert_msg(n == 1, "round %d: the send's event not there after one 2 s wait (%d)", i, n);
+        ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_SEND);
+        dq1(p.sq, &ev, "server recv");
+        ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_RECV);
+        ck_assert_int_eq(it_check(b->p, 64, (uint32_t)i), -1);
+    }
+    arms = eng_counter("arms") - arms0;
+    printf("notify_arm_drives: %" PRIu64 " arms (%" PRIu64 " drove) in 100 waits\n", arms,
+           eng_counter("arm_drives"));
+    /* a few per wait (an arm, its round, the arm that sleeps); an arm that found work
+     * without driving it would be asked again and again until something else drove */
+    ck_assert_msg(arms < 100 * 8, "%" PRIu64 " arms in 100 waits", arms);
+    it_buf_free(a);
+    it_buf_free(b);
+    it_pair_close(&p);
 }
 END_TEST
 
@@ -744,6 +795,8 @@ Suite *integ_progress_suite(void)
 
     it_suite_add(s, "waiter_drives", IT_CASE_TIMEOUT, 3,
                  (const TTest *const[]){test_waiter_drives, NULL});
+    it_suite_add(s, "notify_arm_drives", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_notify_arm_drives, NULL});
     it_suite_add(s, "fd_writes", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_poll_no_fd_writes, NULL});
     it_suite_add(s, "notify_disarms", IT_CASE_TIMEOUT, 1,
