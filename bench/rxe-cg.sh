@@ -19,6 +19,12 @@ N2=$2
 shift 2
 A=10.0.2.15
 export EXS_PROVIDER=verbs VALGRIND_LIB=/guest/vglib
+# Under callgrind in the TCG guest a 64 B round trip takes milliseconds, longer than the
+# progress thread's lease (EXS_LEASE_US, 1 ms): each wait would outlive a lease, and the
+# progress thread's libev loop would wake twice per round trip to end and restart it, work
+# a round trip of native length (tens of us) never meets. A lease of 1 s keeps the count to
+# what a round trip costs at native speed (CG_LEASE_US overrides it).
+export EXS_LEASE_US=${CG_LEASE_US:-1000000}
 CL=; SV=
 if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
     CL="taskset -c 0"; SV="taskset -c 1"

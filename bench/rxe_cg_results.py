@@ -108,7 +108,9 @@ def main():
       "the round trips between them, which takes start-up and teardown out. Every wait sleeps "
       "at once (blast `--wait-notify`; rsockets with `polling_time` 0), so no spin adds turns "
       "whose number depends on timing: unlike the guest's clock, this figure does not move with "
-      "the host's load. blast runs `n` round trips plus `n/10` of warm-up; its sort of the round "
+      "the host's load. libexs runs with `EXS_LEASE_US=1000000`: a round trip under callgrind "
+      "outlasts the default 1 ms lease, whose ends and restarts a native round trip never meets. "
+      "blast runs `n` round trips plus `n/10` of warm-up; its sort of the round "
       "trips' times (qsort, for the percentiles) is left out of every column.\n")
     per_rt, each = {}, {}
     for label, reps in runs.items():
