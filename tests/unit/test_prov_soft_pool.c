@@ -1,8 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* The block pool of the software providers' work requests (exs/prov/soft/soft_wr.h). */
+/* The block pool of the software providers' work requests (exs/prov/soft/soft_wr.h), and
+ * their key table's local check (exs/prov/soft/soft_keys.h). */
 #include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 
+#include "exs/prov/soft/soft_keys.h"
 #include "exs/prov/soft/soft_wr.h"
 #include "tests/unit/unit.h"
 
@@ -43,12 +48,60 @@ START_TEST(pool_reuse_and_cap)
 }
 END_TEST
 
+static int local_check(struct exs_soft_keys *t, const struct exs_prov_mr *mr, const char *p,
+                       uint32_t len, unsigned access)
+{
+    struct exs_prov_sge sge = {(uint64_t)(uintptr_t)p, len, mr->lkey};
+    int ret;
+
+    pthread_mutex_lock(t->lock);
+    ret = exs__soft_check_local_locked(t, &sge, 1, access);
+    pthread_mutex_unlock(t->lock);
+    return ret;
+}
+
+/* The local check's look at the last region found (in front of the hash) answers as the
+ * hash would: the range and the access bits still checked, another region found and then
+ * remembered, and a region deregistered no longer found (without the clearing in
+ * soft_key_kill the freed region is "found": a use after free, and under a plain build
+ * a 0 where -EACCES is due). */
+START_TEST(keys_local_last_region)
+{
+    static char a[4096], b[4096];
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    struct exs_soft_keys t = {0}; /* as the providers' calloc'ed contexts */
+    struct exs_prov_mr *ma, *mb;
+    const unsigned LW = EXS_PROV_ACCESS_LOCAL_WRITE;
+
+    exs__soft_keys_init(&t, &lock);
+    ck_assert_int_eq(exs__soft_mr_reg(&t, NULL, a, sizeof(a), 0, &ma), 0);
+    ck_assert_int_eq(exs__soft_mr_reg(&t, NULL, b, sizeof(b), LW, &mb), 0);
+    ck_assert_int_eq(local_check(&t, ma, a + 8, 64, 0), 0);
+    ck_assert_ptr_eq(t.last_local, &((struct exs_soft_mr *)ma)->key);
+    ck_assert_int_eq(local_check(&t, ma, a + 8, sizeof(a), 0), -EACCES); /* beyond it */
+    ck_assert_int_eq(local_check(&t, ma, a, 64, LW), -EACCES);           /* no LOCAL_WRITE */
+    ck_assert_int_eq(local_check(&t, mb, b, sizeof(b), LW), 0);
+    ck_assert_ptr_eq(t.last_local, &((struct exs_soft_mr *)mb)->key);
+    ck_assert_int_eq(local_check(&t, ma, b, 64, 0), -EACCES); /* a's key, b's memory */
+    struct exs_prov_mr dead = *mb;
+    ck_assert_int_eq(exs__soft_mr_dereg(&t, mb), 0);
+    ck_assert_ptr_null(t.last_local);
+    ck_assert_int_eq(local_check(&t, &dead, b, 64, LW), -EACCES);
+    ck_assert_int_eq(local_check(&t, ma, a, 64, 0), 0);
+    ck_assert_int_eq(exs__soft_mr_dereg(&t, ma), 0);
+    exs__soft_keys_fini(&t);
+}
+END_TEST
+
 Suite *prov_soft_pool_suite(void)
 {
     Suite *s = suite_create("prov_soft_pool");
     TCase *tc = tcase_create("pool");
 
     tcase_add_test(tc, pool_reuse_and_cap);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("keys");
+    tcase_add_test(tc, keys_local_last_region);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -398,8 +398,11 @@ int exs__shm_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, s
                    unsigned access, struct exs_prov_grant **grant_p);
 void exs__shm_revoke(struct exs_prov_grant *grant);
 void exs__shm_ep_revoke_all_locked(struct shm_ep *ep);
-int exs__shm_check_local_locked(struct shm_ctx *ctx, const struct exs_prov_sge *sge, int n,
-                                unsigned access);
+static inline int exs__shm_check_local_locked(struct shm_ctx *ctx, const struct exs_prov_sge *sge,
+                                              int n, unsigned access)
+{
+    return exs__soft_check_local_locked(&ctx->keys, sge, n, access);
+}
 /* NIC: raise the copy fence over a live key of ep covering [addr, addr+len) with access;
  * -EACCES when there is none. ctx->lock not held. */
 int exs__shm_fence_remote(struct shm_ctx *ctx, struct shm_ep *ep, uint32_t rkey, uint64_t addr,

@@ -48,12 +48,6 @@ void exs__shm_ep_revoke_all_locked(struct shm_ep *ep)
     exs__soft_revoke_all_locked(&ep->ctx->keys, &ep->grants);
 }
 
-int exs__shm_check_local_locked(struct shm_ctx *ctx, const struct exs_prov_sge *sge, int n,
-                                unsigned access)
-{
-    return exs__soft_check_local_locked(&ctx->keys, sge, n, access);
-}
-
 int exs__shm_fence_remote(struct shm_ctx *ctx, struct shm_ep *ep, uint32_t rkey, uint64_t addr,
                           uint64_t len, unsigned access, struct exs_soft_key **key_p)
 {

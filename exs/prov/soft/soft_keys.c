@@ -15,6 +15,7 @@
 void exs__soft_keys_init(struct exs_soft_keys *t, pthread_mutex_t *lock)
 {
     t->lock = lock;
+    t->last_local = NULL;
     pthread_cond_init(&t->copy_cond, NULL);
     for (int i = 0; i < EXS_SOFT_KEY_HASH; i++)
         exs_list_init(&t->hash[i]);
@@ -134,6 +135,8 @@ static int soft_key_kill(struct exs_soft_keys *t, struct exs_soft_key *k)
 
     k->live = 0;
     exs_list_del(&k->link);
+    if (t->last_local == k)
+        t->last_local = NULL;
     while (t->copying && t->copy_gen == gen && (!t->copy_key || t->copy_key == k)) {
         t->copy_waiters++;
         pthread_cond_wait(&t->copy_cond, t->lock);
@@ -296,8 +299,8 @@ void exs__soft_revoke_all_locked(struct exs_soft_keys *t, struct exs_list *ep_gr
     }
 }
 
-int exs__soft_check_local_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge, int n,
-                                 unsigned access)
+int exs__soft_check_local_slow_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge,
+                                      int n, unsigned access)
 {
     for (int i = 0; i < n; i++) {
         struct exs_soft_key *k;
@@ -308,6 +311,7 @@ int exs__soft_check_local_locked(struct exs_soft_keys *t, const struct exs_prov_
         if (!k || k->ep || !exs__soft_range_in(k->addr, k->length, sge[i].addr, sge[i].length) ||
             (k->access & access) != access)
             return -EACCES;
+        t->last_local = k;
     }
     return 0;
 }

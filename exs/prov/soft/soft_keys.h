@@ -55,6 +55,9 @@ struct exs_soft_keys {
     unsigned pool_n;
     uint64_t prng;                           /* fallback when getrandom fails */
     struct exs_list hash[EXS_SOFT_KEY_HASH]; /* live keys by number */
+    /* the region the last local check found, in front of the hash (a poster's buffers
+     * are mostly in one region): NULL, or a live region (soft_key_kill clears it) */
+    const struct exs_soft_key *last_local;
     /* revoked grants' blocks kept for the next grants (a grant per receive or ADVERT on
      * the data path then costs no calloc and free): at most EXS_SOFT_GRANT_CACHE */
     struct exs_soft_grant *grant_cache; /* linked through their key.link.next */
@@ -91,10 +94,25 @@ void exs__soft_revoke_all_locked(struct exs_soft_keys *t, struct exs_list *ep_gr
 
 /* ---- the NIC's side (locked) ---- */
 
+/* exs__soft_check_local_locked without the look at the last region found. */
+int exs__soft_check_local_slow_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge,
+                                      int n, unsigned access);
+
 /* 0 when every sge of non-zero length lies in a region with the access bits, else
- * -EACCES. */
-int exs__soft_check_local_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge, int n,
-                                 unsigned access);
+ * -EACCES. One sge inside the region the last check found: a compare, no hash walk and
+ * no call (a post_recv per message). */
+static inline int exs__soft_check_local_locked(struct exs_soft_keys *t,
+                                               const struct exs_prov_sge *sge, int n,
+                                               unsigned access)
+{
+    const struct exs_soft_key *k = t->last_local;
+
+    if (n == 1 && k && k->key == sge[0].lkey &&
+        exs__soft_range_in(k->addr, k->length, sge[0].addr, sge[0].length) &&
+        (k->access & access) == access)
+        return 0;
+    return exs__soft_check_local_slow_locked(t, sge, n, access);
+}
 /* A grant of ep (exact right, exact range) or a region of the context (covering the
  * access) numbered rkey and reaching [addr, addr+len): the key, or NULL. */
 struct exs_soft_key *exs__soft_key_remote_locked(struct exs_soft_keys *t,
