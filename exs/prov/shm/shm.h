@@ -45,11 +45,12 @@
  * mr_dereg wait for (one copy of at most SHM_COPY_CHUNK bytes), never for a peer.
  */
 
-#define SHM_MAGIC 0x45585348u /* "EXSH" */
-#define SHM_VERSION                                                                                \
-    3 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own; 3: fragments */
+#define SHM_MAGIC      0x45585348u /* "EXSH" */
+/* 2: the lines 256 bytes apart, the sleeping flags on lines of their own; 3: fragments;
+ * 4: rings of 4 MiB */
+#define SHM_VERSION    4
 #define SHM_SLOT       64u        /* ring records are whole cache lines */
-#define SHM_RING_BYTES (1u << 20) /* per direction, a power of two */
+#define SHM_RING_BYTES (1u << 22) /* per direction, a power of two (4 MiB) */
 #define SHM_SEG_HDR    4096u      /* the two lines and the two flags, then the rings */
 #define SHM_LINE_STRIDE                                                                            \
     256u /* side s's line at s * 256: not one pair of the adjacent-line prefetch */
