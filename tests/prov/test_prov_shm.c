@@ -54,12 +54,12 @@ static struct liar liar(struct pt_pair *p)
     struct liar l;
 
     /* the connection is the NIC's: read under its lock, which its end and free take too */
-    pthread_mutex_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->nic_lock);
     conn = shm_ep_of(p->ea)->conn;
     ck_assert_ptr_nonnull(conn);
     bell_fd = dup(conn->bell);
     l = (struct liar){conn->tx_ring, conn->head, conn->mine, conn->peer};
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->nic_lock);
     ck_assert_int_ge(bell_fd, 0);
     return l;
 }
