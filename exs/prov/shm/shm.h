@@ -316,7 +316,9 @@ struct shm_ctx {
      * idle busy round takes it once, and pthread_mutex_lock and _unlock cost some 57
      * instructions a pair there); zeroed is free */
     struct exs_lite_lock nic_lock;
-    pthread_mutex_t lock;
+    /* eps, queues, the producer's side of the rings, keys: a futex lock too (a 64 B round
+     * trip takes it some ten times) */
+    struct exs_lite_lock lock;
     struct exs_soft_keys keys; /* mrs, grants, the copy fence (ctx->lock) */
     int epfd;
     int bell; /* our doorbell: peers write it when we sleep */

@@ -138,11 +138,11 @@ void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev)
 
     if (!n)
         return;
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     exs_list_add_tail(&ctx->cm_events, &n->link);
     __atomic_store_n(&ctx->cm_hint, 1, __ATOMIC_RELAXED);
     shm_notify_locked(ctx);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }
 
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op)
@@ -327,9 +327,9 @@ static void *shm_nic_main(void *arg)
         did = exs__shm_turn(ctx, 2);
         busy = did ? 1 : shm_prepare_sleep(ctx);
         exs__lite_unlock(&ctx->nic_lock);
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_lock(&ctx->lock);
         stop = ctx->stop;
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         if (stop)
             break;
         if (busy)
@@ -398,7 +398,7 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
         exs__lite_lock(&ctx->nic_lock);
         busy = shm_prepare_sleep(ctx);
     }
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     if (ctx->evfd_set)
         shm_fd_drain(ctx->evfd);
     ctx->evfd_set = 0;
@@ -415,7 +415,7 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
             ctx->collect_now = 1; /* (nic_lock) the next turn, after the sleep, reads them */
         EXS_CNT_INC(ctx->cnt.sleeps);
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (ctx->manual)
         exs__lite_unlock(&ctx->nic_lock);
     return ret;
@@ -425,9 +425,9 @@ static void shm_ctx_disarm(struct exs_prov_ctx *c)
 {
     struct shm_ctx *ctx = shm_ctx_of(c);
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     __atomic_store_n(&ctx->armed, 0, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }
 
 static __attribute__((noinline)) int shm_poll_take(struct shm_ctx *ctx, struct exs_prov_cqe *cqe,
@@ -435,7 +435,7 @@ static __attribute__((noinline)) int shm_poll_take(struct shm_ctx *ctx, struct e
 {
     int n = 0;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     for (struct exs_prov_cqe *q; n < max && (q = exs__soft_cq_head(&ctx->cq));) {
         struct shm_ep *ep = shm_ep_of(q->ep);
 
@@ -446,7 +446,7 @@ static __attribute__((noinline)) int shm_poll_take(struct shm_ctx *ctx, struct e
         cqe[n++] = *q;
         exs__soft_cq_pop(&ctx->cq);
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     return n;
 }
 
@@ -479,10 +479,14 @@ static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
 static int shm_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 {
     struct shm_ctx *ctx = shm_ctx_of(c);
+    struct exs_list *l;
 
     if (!__atomic_load_n(&ctx->cm_hint, __ATOMIC_RELAXED))
         return 0; /* exs__soft_cm_pop's first look, without the call */
-    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, &ctx->cm_hint, ev);
+    exs__lite_lock(&ctx->lock);
+    l = exs__soft_cm_take_locked(&ctx->cm_events, &ctx->cm_hint);
+    exs__lite_unlock(&ctx->lock);
+    return exs__soft_cm_give(l, ev);
 }
 
 /* ---- open and close ---- */
@@ -499,7 +503,6 @@ static void shm_ctx_free(struct shm_ctx *ctx)
     if (ctx->evfd >= 0)
         close(ctx->evfd);
     exs__soft_cq_fini(&ctx->cq);
-    pthread_mutex_destroy(&ctx->lock);
     exs__soft_keys_fini(&ctx->keys);
     free(ctx);
 }
@@ -521,8 +524,7 @@ static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         return -ENOMEM;
     ctx->epfd = ctx->bell = ctx->timerfd = ctx->evfd = -1;
     ctx->manual = attr && (attr->flags & EXS_PROV_ATTR_MANUAL_PROGRESS);
-    pthread_mutex_init(&ctx->lock, NULL);
-    exs__soft_keys_init(&ctx->keys, &ctx->lock);
+    exs__soft_keys_init_lite(&ctx->keys, &ctx->lock);
     exs_list_init(&ctx->cm_events);
     exs_list_init(&ctx->eps);
     exs_list_init(&ctx->conns);
@@ -579,9 +581,9 @@ static void shm_ctx_close(struct exs_prov_ctx *c)
         return;
     if (!exs_list_empty(&ctx->eps))
         EXS_WARN(PROV, "shm ctx %p: closed with endpoints left", (void *)ctx);
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     ctx->stop = 1;
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (ctx->has_thread) {
         exs__shm_ctx_wake(ctx);
         pthread_join(ctx->thread, NULL);

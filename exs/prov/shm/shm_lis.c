@@ -263,9 +263,9 @@ void exs__shm_listener_destroy(struct exs_prov_listener *l)
         exs__shm_conn_detach(conn);
     }
     /* the listener's CONNECT_REQUEST events not yet polled */
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     exs__soft_cm_drop_locked(&ctx->cm_events, NULL, l);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     exs_list_del(&lis->link);
     exs__lite_unlock(&ctx->nic_lock);
     free(lis);

@@ -53,11 +53,11 @@ int exs__shm_fence_remote(struct shm_ctx *ctx, struct shm_ep *ep, uint32_t rkey,
 {
     struct exs_soft_key *k;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     k = exs__soft_key_remote_locked(&ctx->keys, &ep->base, rkey, addr, len, access);
     if (k)
         exs__soft_fence_raise_locked(&ctx->keys, k);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (!k)
         return -EACCES;
     *key_p = k;
@@ -68,7 +68,7 @@ int exs__shm_fence_next(struct shm_ctx *ctx, struct exs_soft_key *k)
 {
     int ret = 0;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     /* the fence is still up over k, so k is still allocated: its kill waits for it */
     if (k->live) {
         exs__soft_fence_raise_locked(&ctx->keys, k); /* a new copy: a kill waits for it */
@@ -76,13 +76,13 @@ int exs__shm_fence_next(struct shm_ctx *ctx, struct exs_soft_key *k)
         exs__soft_fence_lower_locked(&ctx->keys);
         ret = -EACCES;
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     return ret;
 }
 
 void exs__shm_fence_end(struct shm_ctx *ctx)
 {
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     exs__soft_fence_lower_locked(&ctx->keys);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }

@@ -42,9 +42,13 @@ struct exs_soft_grant {
     struct exs_list ep_link; /* the endpoint's list of grants */
 };
 
+struct exs_lite_lock;
+
 struct exs_soft_keys {
-    pthread_mutex_t *lock;    /* the provider's lock over all of this */
-    pthread_cond_t copy_cond; /* a copy ended while someone waits */
+    pthread_mutex_t *lock;      /* the provider's lock over all of this, or: */
+    struct exs_lite_lock *lite; /* (exs__soft_keys_init_lite) a futex lock */
+    pthread_cond_t copy_cond;   /* a copy ended while someone waits (lock) */
+    uint32_t copy_ends;         /* (lite) copies ended while someone waits: a futex word */
     /* the copy fence: the NIC is copying to or from keyed memory */
     int copying;
     uint64_t copy_gen;             /* copies begun */
@@ -73,6 +77,11 @@ static inline int exs__soft_range_in(uint64_t base, uint64_t length, uint64_t ad
 }
 
 void exs__soft_keys_init(struct exs_soft_keys *t, pthread_mutex_t *lock);
+/* The same, the table under a futex lock (exs/api/lite_lock.h: shm's context lock). */
+void exs__soft_keys_init_lite(struct exs_soft_keys *t, struct exs_lite_lock *lite);
+/* The table's lock, whichever it is (the provider ops below take it themselves). */
+void exs__soft_keys_lock(struct exs_soft_keys *t);
+void exs__soft_keys_unlock(struct exs_soft_keys *t);
 void exs__soft_keys_fini(struct exs_soft_keys *t);
 
 /* ---- the provider ops (each takes the table's lock) ---- */
