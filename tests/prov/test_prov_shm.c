@@ -54,12 +54,12 @@ static struct liar liar(struct pt_pair *p)
     struct liar l;
 
     /* the connection is the NIC's: read under its lock, which its end and free take too */
-    pthread_mutex_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->nic_lock);
     conn = shm_ep_of(p->ea)->conn;
     ck_assert_ptr_nonnull(conn);
     bell_fd = dup(conn->bell);
     l = (struct liar){conn->tx_ring, conn->head, conn->mine, conn->peer};
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->nic_lock);
     ck_assert_int_ge(bell_fd, 0);
     return l;
 }
@@ -243,16 +243,17 @@ START_TEST(shm_liar)
         break;
     }
     case LIE_TAIL_FULL: {
-        /* b posts 32 KiB SENDs (one fragment each, records of 32832 bytes, 31 fit the
-         * ring of 1 MiB) that a holds by receiver-not-ready; the 32nd finds no room by the
+        /* b posts 64 KiB SENDs (one fragment each, records of 65600 bytes, 63 fit the
+         * ring of 4 MiB) that a holds by receiver-not-ready; the 64th finds no room by the
          * tail b saw last and reads the peer's: a lie, a protocol error */
-        uint32_t rsz = (SHM_REC_HDR + 32768 + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
-        struct pt_buf *src = pt_pair_buf(&p, 'b', 32768, LW, 1);
+        uint32_t rsz = (SHM_REC_HDR + SHM_FRAG_BYTES + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
+        struct pt_buf *src = pt_pair_buf(&p, 'b', SHM_FRAG_BYTES, LW, 1);
 
         __atomic_store_n(&c->mine->tail, SHM_RING_BYTES, __ATOMIC_RELEASE);
         for (uint32_t i = 0; i <= SHM_RING_BYTES / rsz; i++)
             ck_assert_int_eq(
-                pt_post_send(p.eb, 2 + i, EXS_PROV_WR_SEND, SIG, src, 0, 32768, 0, 0, 0), 0);
+                pt_post_send(p.eb, 2 + i, EXS_PROV_WR_SEND, SIG, src, 0, SHM_FRAG_BYTES, 0, 0, 0),
+                0);
         pt_expect_wr(&p.b, 2, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
         break;
     }

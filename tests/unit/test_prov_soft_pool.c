@@ -1,9 +1,17 @@
 /* SPDX-License-Identifier: MIT */
-/* The block pool of the software providers' work requests (exs/prov/soft/soft_wr.h). */
+/* The block pool of the software providers' work requests (exs/prov/soft/soft_wr.h), and
+ * their key table's local check (exs/prov/soft/soft_keys.h). */
 #include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include "exs/api/lite_lock.h"
+#include "exs/prov/soft/soft_keys.h"
 #include "exs/prov/soft/soft_wr.h"
+#include "exs/util/util.h"
 #include "tests/unit/unit.h"
 
 /* Blocks come back last in, first out; the pool keeps at most max (a block given back to
@@ -43,12 +51,126 @@ START_TEST(pool_reuse_and_cap)
 }
 END_TEST
 
+static int local_check(struct exs_soft_keys *t, const struct exs_prov_mr *mr, const char *p,
+                       uint32_t len, unsigned access)
+{
+    struct exs_prov_sge sge = {(uint64_t)(uintptr_t)p, len, mr->lkey};
+    int ret;
+
+    pthread_mutex_lock(t->lock);
+    ret = exs__soft_check_local_locked(t, &sge, 1, access);
+    pthread_mutex_unlock(t->lock);
+    return ret;
+}
+
+/* The local check's look at the last region found (in front of the hash) answers as the
+ * hash would: the range and the access bits still checked, another region found and then
+ * remembered, and a region deregistered no longer found (without the clearing in
+ * soft_key_kill the freed region is "found": a use after free, and under a plain build
+ * a 0 where -EACCES is due). */
+START_TEST(keys_local_last_region)
+{
+    static char a[4096], b[4096];
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    struct exs_soft_keys t = {0}; /* as the providers' calloc'ed contexts */
+    struct exs_prov_mr *ma, *mb;
+    const unsigned LW = EXS_PROV_ACCESS_LOCAL_WRITE;
+
+    exs__soft_keys_init(&t, &lock);
+    ck_assert_int_eq(exs__soft_mr_reg(&t, NULL, a, sizeof(a), 0, &ma), 0);
+    ck_assert_int_eq(exs__soft_mr_reg(&t, NULL, b, sizeof(b), LW, &mb), 0);
+    ck_assert_int_eq(local_check(&t, ma, a + 8, 64, 0), 0);
+    ck_assert_ptr_eq(t.last_local, &((struct exs_soft_mr *)ma)->key);
+    ck_assert_int_eq(local_check(&t, ma, a + 8, sizeof(a), 0), -EACCES); /* beyond it */
+    ck_assert_int_eq(local_check(&t, ma, a, 64, LW), -EACCES);           /* no LOCAL_WRITE */
+    ck_assert_int_eq(local_check(&t, mb, b, sizeof(b), LW), 0);
+    ck_assert_ptr_eq(t.last_local, &((struct exs_soft_mr *)mb)->key);
+    ck_assert_int_eq(local_check(&t, ma, b, 64, 0), -EACCES); /* a's key, b's memory */
+    struct exs_prov_mr dead = *mb;
+    ck_assert_int_eq(exs__soft_mr_dereg(&t, mb), 0);
+    ck_assert_ptr_null(t.last_local);
+    ck_assert_int_eq(local_check(&t, &dead, b, 64, LW), -EACCES);
+    ck_assert_int_eq(local_check(&t, ma, a, 64, 0), 0);
+    ck_assert_int_eq(exs__soft_mr_dereg(&t, ma), 0);
+    exs__soft_keys_fini(&t);
+}
+END_TEST
+
+static struct exs_soft_keys *fence_keys;
+static int dereg_done; /* atomic */
+
+/* mr_dereg from another thread; its result is the thread's */
+static void *dereg_thread(void *mr)
+{
+    intptr_t ret = exs__soft_mr_dereg(fence_keys, mr);
+
+    __atomic_store_n(&dereg_done, 1, __ATOMIC_RELEASE);
+    return (void *)ret;
+}
+
+/* The copy fence under either lock (_i 0: a pthread mutex and its condition variable, as
+ * tcp's; 1: a futex lock, as shm's, whose waiter sleeps on copy_ends): an mr_dereg of the
+ * region being copied waits, lock let go (the copier takes it to end the copy), and wakes
+ * when the fence is lowered. Without the wake in exs__soft_fence_lower_locked the dereg
+ * never returns (the deadline fails the test). */
+START_TEST(keys_fence_wait)
+{
+    static char a[4096];
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    struct exs_lite_lock lite = {0};
+    struct exs_soft_keys t = {0};
+    struct exs_prov_mr *mr;
+    struct exs_soft_key *k;
+    pthread_t th;
+    void *ret;
+    uint64_t end;
+    unsigned waiters = 0;
+
+    if (_i)
+        exs__soft_keys_init_lite(&t, &lite);
+    else
+        exs__soft_keys_init(&t, &lock);
+    fence_keys = &t;
+    __atomic_store_n(&dereg_done, 0, __ATOMIC_RELAXED);
+    ck_assert_int_eq(exs__soft_mr_reg(&t, NULL, a, sizeof(a), 0, &mr), 0);
+    exs__soft_keys_lock(&t);
+    k = exs__soft_key_remote_locked(&t, NULL, mr->rkey, (uint64_t)(uintptr_t)a, 64, 0);
+    ck_assert_ptr_nonnull(k);
+    exs__soft_fence_raise_locked(&t, k);
+    exs__soft_keys_unlock(&t);
+    ck_assert_int_eq(pthread_create(&th, NULL, dereg_thread, mr), 0);
+    end = exs__now_ns() + 5000000000ull;
+    while (!waiters) { /* the dereg is asleep on the fence, the lock let go */
+        ck_assert_msg(exs__now_ns() < end, "mr_dereg did not wait for the copy");
+        exs__soft_keys_lock(&t);
+        waiters = t.copy_waiters;
+        exs__soft_keys_unlock(&t);
+        usleep(1000);
+    }
+    ck_assert(!__atomic_load_n(&dereg_done, __ATOMIC_ACQUIRE));
+    exs__soft_keys_lock(&t);
+    exs__soft_fence_lower_locked(&t);
+    exs__soft_keys_unlock(&t);
+    while (!__atomic_load_n(&dereg_done, __ATOMIC_ACQUIRE)) {
+        ck_assert_msg(exs__now_ns() < end, "mr_dereg not woken when the copy ended");
+        usleep(1000);
+    }
+    pthread_join(th, &ret);
+    ck_assert_int_eq((intptr_t)ret, 0);
+    exs__soft_keys_fini(&t);
+}
+END_TEST
+
 Suite *prov_soft_pool_suite(void)
 {
     Suite *s = suite_create("prov_soft_pool");
     TCase *tc = tcase_create("pool");
 
     tcase_add_test(tc, pool_reuse_and_cap);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("keys");
+    tcase_add_test(tc, keys_local_last_region);
+    tcase_add_loop_test(tc, keys_fence_wait, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

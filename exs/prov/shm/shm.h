@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "exs/api/lite_lock.h"
 #include "exs/prov/prov.h"
 #include "exs/prov/soft/soft_cm.h"
 #include "exs/prov/soft/soft_cq.h"
@@ -45,11 +46,12 @@
  * mr_dereg wait for (one copy of at most SHM_COPY_CHUNK bytes), never for a peer.
  */
 
-#define SHM_MAGIC 0x45585348u /* "EXSH" */
-#define SHM_VERSION                                                                                \
-    3 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own; 3: fragments */
+#define SHM_MAGIC      0x45585348u /* "EXSH" */
+/* 2: the lines 256 bytes apart, the sleeping flags on lines of their own; 3: fragments;
+ * 4: rings of 4 MiB */
+#define SHM_VERSION    4
 #define SHM_SLOT       64u        /* ring records are whole cache lines */
-#define SHM_RING_BYTES (1u << 20) /* per direction, a power of two */
+#define SHM_RING_BYTES (1u << 22) /* per direction, a power of two (4 MiB) */
 #define SHM_SEG_HDR    4096u      /* the two lines and the two flags, then the rings */
 #define SHM_LINE_STRIDE                                                                            \
     256u /* side s's line at s * 256: not one pair of the adjacent-line prefetch */
@@ -310,8 +312,13 @@ struct shm_conn {
 
 struct shm_ctx {
     struct exs_prov_ctx base;
-    pthread_mutex_t nic_lock;
-    pthread_mutex_t lock;
+    /* the NIC role: a futex lock (one CAS to take, one exchange to give back, inline; an
+     * idle busy round takes it once, and pthread_mutex_lock and _unlock cost some 57
+     * instructions a pair there); zeroed is free */
+    struct exs_lite_lock nic_lock;
+    /* eps, queues, the producer's side of the rings, keys: a futex lock too (a 64 B round
+     * trip takes it some ten times) */
+    struct exs_lite_lock lock;
     struct exs_soft_keys keys; /* mrs, grants, the copy fence (ctx->lock) */
     int epfd;
     int bell; /* our doorbell: peers write it when we sleep */
@@ -398,8 +405,11 @@ int exs__shm_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, s
                    unsigned access, struct exs_prov_grant **grant_p);
 void exs__shm_revoke(struct exs_prov_grant *grant);
 void exs__shm_ep_revoke_all_locked(struct shm_ep *ep);
-int exs__shm_check_local_locked(struct shm_ctx *ctx, const struct exs_prov_sge *sge, int n,
-                                unsigned access);
+static inline int exs__shm_check_local_locked(struct shm_ctx *ctx, const struct exs_prov_sge *sge,
+                                              int n, unsigned access)
+{
+    return exs__soft_check_local_locked(&ctx->keys, sge, n, access);
+}
 /* NIC: raise the copy fence over a live key of ep covering [addr, addr+len) with access;
  * -EACCES when there is none. ctx->lock not held. */
 int exs__shm_fence_remote(struct shm_ctx *ctx, struct shm_ep *ep, uint32_t rkey, uint64_t addr,

@@ -273,13 +273,13 @@ static void shm_ep_fail(struct shm_ep *ep, int status, unsigned flags, int notif
     struct shm_ctx *ctx = ep->ctx;
     int send_ev;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     ep->state = EXS_PROV_EP_ERROR;
     exs__shm_ep_flush_locked(ep);
     send_ev = notify && !ep->disc_sent;
     if (send_ev)
         ep->disc_sent = 1;
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (send_ev)
         shm_event_ep(ctx, EXS_PROV_CM_DISCONNECTED, ep, status, flags, NULL, 0);
 }
@@ -290,12 +290,12 @@ void exs__shm_conn_detach(struct shm_conn *conn)
 
     conn->state = SHM_CONN_DEAD;
     if (conn->ep) {
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_lock(&ctx->lock);
         if (conn->frag_rwr) /* a message in fragments cut off: its receive is flushed */
             exs_list_add_head(&conn->ep->rq, &conn->frag_rwr->link);
         conn->frag_rwr = NULL;
         conn->ep->conn = NULL;
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         conn->ep = NULL;
     }
     shm_conn_close_fds(conn);
@@ -340,11 +340,11 @@ void exs__shm_conn_peer_died(struct shm_conn *conn)
         EXS_CNT_INC(ctx->cnt.conns_unreachable);
         exs__shm_conn_detach(conn);
         if (ep) {
-            pthread_mutex_lock(&ctx->lock);
+            exs__lite_lock(&ctx->lock);
             ep->state = EXS_PROV_EP_ERROR;
             exs__shm_ep_flush_locked(ep);
             ep->disc_sent = 1;
-            pthread_mutex_unlock(&ctx->lock);
+            exs__lite_unlock(&ctx->lock);
             shm_event_ep(ctx, EXS_PROV_CM_UNREACHABLE, ep, -ECONNREFUSED, 0, NULL, 0);
         }
         break;
@@ -455,10 +455,10 @@ static void shm_conn_got_reply(struct shm_conn *conn, const struct shm_hs *hs, i
         conn->peer_rnr_retry = hs->rnr_retry;
         conn->peer_rnr_timer_ms = hs->rnr_timer_ms;
         conn->state = SHM_CONN_UP;
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_lock(&ctx->lock);
         ep->state = EXS_PROV_EP_CONNECTED;
         exs__shm_ep_push_locked(ep);
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         EXS_CNT_INC(ctx->cnt.conns_established);
         shm_event_ep(ctx, EXS_PROV_CM_ESTABLISHED, ep, 0, 0, hs->pd, hs->pdlen);
         return;
@@ -467,11 +467,11 @@ static void shm_conn_got_reply(struct shm_conn *conn, const struct shm_hs *hs, i
     if (hs->type == SHM_HS_REJECT && !nfds) {
         EXS_CNT_INC(ctx->cnt.conns_rejected);
         exs__shm_conn_detach(conn);
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_lock(&ctx->lock);
         ep->state = EXS_PROV_EP_ERROR;
         exs__shm_ep_flush_locked(ep);
         ep->disc_sent = 1;
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         shm_event_ep(ctx, EXS_PROV_CM_REJECTED, ep, -ECONNREFUSED, 0, hs->pd, hs->pdlen);
         return;
     }
@@ -578,12 +578,12 @@ int exs__shm_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs__soft_pool_init(
         &ep->rwr_pool, sizeof(struct exs_soft_rwr) + SHM_RWR_POOL_SGE * sizeof(struct exs_prov_sge),
         SHM_POOL_MAX);
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     ret = exs__soft_cq_reserve(&ctx->cq, (uint64_t)attr->max_send_wr + attr->max_recv_wr,
                                ctx->base.caps.max_cqe);
     if (!ret)
         exs_list_add_tail(&ctx->eps, &ep->link);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (ret) {
         free(ep);
         return ret;
@@ -600,22 +600,22 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
     if (!ep)
         return;
     ctx = ep->ctx;
-    pthread_mutex_lock(&ctx->nic_lock);
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->lock);
     ep->destroyed = 1;
     ep->disc_sent = 1;
     exs__shm_ep_revoke_all_locked(ep);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (ep->conn)
         exs__shm_conn_end(ep->conn, 0, 0, 2); /* closed for good */
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     exs__shm_ep_flush_locked(ep); /* frees without completions: destroyed */
     exs__soft_cq_drop_ep(&ctx->cq, &ep->base);
     exs__soft_cq_unreserve(&ctx->cq, (uint64_t)e->attr.max_send_wr + e->attr.max_recv_wr);
     exs__soft_cm_drop_locked(&ctx->cm_events, e, NULL);
     exs_list_del(&ep->link);
-    pthread_mutex_unlock(&ctx->lock);
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->nic_lock);
     exs__soft_pool_fini(&ep->wr_pool);
     exs__soft_pool_fini(&ep->rwr_pool);
     free(ep);
@@ -626,9 +626,9 @@ enum exs_prov_ep_state exs__shm_ep_state(struct exs_prov_ep *e)
     struct shm_ep *ep = shm_ep_of(e);
     int st;
 
-    pthread_mutex_lock(&ep->ctx->lock);
+    exs__lite_lock(&ep->ctx->lock);
     st = ep->state;
-    pthread_mutex_unlock(&ep->ctx->lock);
+    exs__lite_unlock(&ep->ctx->lock);
     return (enum exs_prov_ep_state)st;
 }
 
@@ -637,13 +637,13 @@ int exs__shm_ep_local_addr(struct exs_prov_ep *e, struct sockaddr_storage *addr,
     struct shm_ep *ep = shm_ep_of(e);
     int ret = -ENOTCONN;
 
-    pthread_mutex_lock(&ep->ctx->lock);
+    exs__lite_lock(&ep->ctx->lock);
     if (ep->local_len) {
         *addr = ep->local;
         *addrlen = ep->local_len;
         ret = 0;
     }
-    pthread_mutex_unlock(&ep->ctx->lock);
+    exs__lite_unlock(&ep->ctx->lock);
     return ret;
 }
 
@@ -718,11 +718,11 @@ static int shm_connect_nic(struct shm_ctx *ctx, struct shm_ep *ep, const struct 
         exs__shm_conn_detach(conn);
         return ret == -EPIPE || ret == -ECONNRESET ? -ECONNREFUSED : ret;
     }
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     ep->conn = conn;
     ep->state = EXS_PROV_EP_CONNECTING;
     exs__shm_loopback(&ep->local, &ep->local_len, addr->sa_family, sport);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     return 0;
 }
 
@@ -740,27 +740,27 @@ int exs__shm_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
     if (ret)
         return ret;
     ctx = ep->ctx;
-    pthread_mutex_lock(&ctx->nic_lock);
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->lock);
     ret = ep->state == EXS_PROV_EP_IDLE && !ep->conn ? 0 : -EISCONN;
     if (!ret)
         ep->state = EXS_PROV_EP_CONNECTING;
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (!ret) {
         ret = shm_connect_nic(ctx, ep, addr, port, pd, pdlen);
         if (ret) {
             /* the attempt failed at once: UNREACHABLE, as an asynchronous failure */
             EXS_CNT_INC(ctx->cnt.conns_unreachable);
-            pthread_mutex_lock(&ctx->lock);
+            exs__lite_lock(&ctx->lock);
             ep->state = EXS_PROV_EP_ERROR;
             exs__shm_ep_flush_locked(ep);
             ep->disc_sent = 1;
-            pthread_mutex_unlock(&ctx->lock);
+            exs__lite_unlock(&ctx->lock);
             shm_event_ep(ctx, EXS_PROV_CM_UNREACHABLE, ep, ret, 0, NULL, 0);
             ret = 0;
         }
     }
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->nic_lock);
     return ret;
 }
 
@@ -776,11 +776,11 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     if (!r || !e || pdlen > SHM_PD_MAX || (pdlen && !pd) || e->ctx != r->listener->ctx)
         return -EINVAL;
     ctx = ep->ctx;
-    pthread_mutex_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->nic_lock);
     conn = req->conn;
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     ret = ep->state == EXS_PROV_EP_IDLE && !ep->conn ? 0 : -EISCONN;
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (!ret && (conn->broken || conn->fd < 0))
         ret = -ECONNRESET;
     if (!ret) {
@@ -797,17 +797,17 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
         exs__shm_req_free(conn);
         conn->ep = ep;
         conn->state = SHM_CONN_UP;
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_lock(&ctx->lock);
         ep->conn = conn;
         ep->state = EXS_PROV_EP_CONNECTED;
         ep->local = lis->addr;
         ep->local_len = lis->addrlen;
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         EXS_CNT_INC(ctx->cnt.conns_established);
         shm_event_ep(ctx, EXS_PROV_CM_ESTABLISHED, ep, 0, 0, NULL, 0);
         exs__shm_ctx_wake(ctx); /* the driver starts watching the new ring */
     }
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->nic_lock);
     return ret;
 }
 
@@ -820,7 +820,7 @@ int exs__shm_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     if (!r || pdlen > SHM_PD_MAX || (pdlen && !pd))
         return -EINVAL;
     ctx = shm_ctx_of(r->listener->ctx);
-    pthread_mutex_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->nic_lock);
     conn = req->conn;
     if (!conn->broken && conn->fd >= 0) {
         (void)exs__shm_hs_send(conn->fd, SHM_HS_REJECT, 0, ctx, NULL, pd, pdlen, NULL, 0, 0);
@@ -828,7 +828,7 @@ int exs__shm_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     }
     exs__shm_req_free(conn);
     exs__shm_conn_detach(conn);
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->nic_lock);
     return 0;
 }
 
@@ -842,7 +842,7 @@ int exs__shm_disconnect(struct exs_prov_ep *e)
     if (!e)
         return -EINVAL;
     ctx = ep->ctx;
-    pthread_mutex_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->nic_lock);
     conn = ep->conn;
     if (conn && conn->state == SHM_CONN_UP) {
         exs__shm_conn_end(conn, 0, 0, 1);
@@ -850,10 +850,10 @@ int exs__shm_disconnect(struct exs_prov_ep *e)
         exs__shm_conn_detach(conn); /* still connecting: give up */
         shm_ep_fail(ep, 0, 0, 1);
     } else {
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_lock(&ctx->lock);
         ret = ep->state == EXS_PROV_EP_ERROR ? 0 : -EINVAL;
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
     }
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->nic_lock);
     return ret;
 }

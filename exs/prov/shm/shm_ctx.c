@@ -138,11 +138,11 @@ void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev)
 
     if (!n)
         return;
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     exs_list_add_tail(&ctx->cm_events, &n->link);
     __atomic_store_n(&ctx->cm_hint, 1, __ATOMIC_RELAXED);
     shm_notify_locked(ctx);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }
 
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op)
@@ -323,13 +323,13 @@ static void *shm_nic_main(void *arg)
     int stop, did, busy;
 
     for (;;) {
-        pthread_mutex_lock(&ctx->nic_lock);
+        exs__lite_lock(&ctx->nic_lock);
         did = exs__shm_turn(ctx, 2);
         busy = did ? 1 : shm_prepare_sleep(ctx);
-        pthread_mutex_unlock(&ctx->nic_lock);
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_unlock(&ctx->nic_lock);
+        exs__lite_lock(&ctx->lock);
         stop = ctx->stop;
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         if (stop)
             break;
         if (busy)
@@ -348,18 +348,17 @@ static void *shm_nic_main(void *arg)
 static inline int shm_turn_idle(struct shm_ctx *ctx)
 {
     struct exs_list *pos;
-    int wake_up;
 
     if (ctx->collect_now || ctx->idle_turns + 1 >= SHM_IDLE_LOOK)
         return 0;
-    /* as exs__shm_turn's: a turn of collect 1 takes the flags back only from an unarmed
-     * MANUAL consumer */
-    wake_up = ctx->manual && !__atomic_load_n(&ctx->armed, __ATOMIC_RELAXED);
     exs_list_for_each(pos, &ctx->conns)
     {
         const struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
 
-        if (conn->state != SHM_CONN_UP || (conn->sleeping && wake_up) ||
+        /* as exs__shm_turn's: a turn of collect 1 takes the flags back only from an
+         * unarmed MANUAL consumer (looked at only when a flag is set) */
+        if (conn->state != SHM_CONN_UP ||
+            (conn->sleeping && ctx->manual && !__atomic_load_n(&ctx->armed, __ATOMIC_RELAXED)) ||
             exs__shm_conn_stirred(conn))
             return 0;
     }
@@ -373,9 +372,9 @@ static int shm_ctx_progress(struct exs_prov_ctx *c)
     struct shm_ctx *ctx = shm_ctx_of(c);
     int did;
 
-    pthread_mutex_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->nic_lock);
     did = shm_turn_idle(ctx) ? 1 : exs__shm_turn(ctx, 1);
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->nic_lock);
     return did > 0;
 }
 
@@ -396,10 +395,10 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
     /* MANUAL: the flags are set and the arm taken under nic_lock in one go, so that no
      * turn between them takes the flags back from a sleeper (turns read armed) */
     if (ctx->manual) {
-        pthread_mutex_lock(&ctx->nic_lock);
+        exs__lite_lock(&ctx->nic_lock);
         busy = shm_prepare_sleep(ctx);
     }
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     if (ctx->evfd_set)
         shm_fd_drain(ctx->evfd);
     ctx->evfd_set = 0;
@@ -416,9 +415,9 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
             ctx->collect_now = 1; /* (nic_lock) the next turn, after the sleep, reads them */
         EXS_CNT_INC(ctx->cnt.sleeps);
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (ctx->manual)
-        pthread_mutex_unlock(&ctx->nic_lock);
+        exs__lite_unlock(&ctx->nic_lock);
     return ret;
 }
 
@@ -426,27 +425,17 @@ static void shm_ctx_disarm(struct exs_prov_ctx *c)
 {
     struct shm_ctx *ctx = shm_ctx_of(c);
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     __atomic_store_n(&ctx->armed, 0, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }
 
-static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max)
+static __attribute__((noinline)) int shm_poll_take(struct shm_ctx *ctx, struct exs_prov_cqe *cqe,
+                                                   int max)
 {
-    struct shm_ctx *ctx = shm_ctx_of(c);
     int n = 0;
 
-    if (max <= 0)
-        return max < 0 ? -EINVAL : 0;
-    /* run to completion: a busy poller of the default mode carries out what arrived
-     * itself when the NIC role is free (no thread hop, no doorbell) */
-    if (!ctx->manual && pthread_mutex_trylock(&ctx->nic_lock) == 0) {
-        (void)exs__shm_turn(ctx, 0);
-        pthread_mutex_unlock(&ctx->nic_lock);
-    }
-    if (!exs__soft_cq_peek(&ctx->cq))
-        return 0; /* a busy poller's empty look takes no lock */
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     for (struct exs_prov_cqe *q; n < max && (q = exs__soft_cq_head(&ctx->cq));) {
         struct shm_ep *ep = shm_ep_of(q->ep);
 
@@ -457,17 +446,47 @@ static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         cqe[n++] = *q;
         exs__soft_cq_pop(&ctx->cq);
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     return n;
+}
+
+/* ctx_poll's turn (the NIC role taken), then the queue: out of line, as shm_poll_take, so
+ * that a busy poller's empty look is a leaf without a frame (it saved and restored three
+ * registers for these calls) */
+static __attribute__((noinline)) int shm_poll_turn(struct shm_ctx *ctx, struct exs_prov_cqe *cqe,
+                                                   int max)
+{
+    (void)exs__shm_turn(ctx, 0);
+    exs__lite_unlock(&ctx->nic_lock);
+    return exs__soft_cq_peek(&ctx->cq) ? shm_poll_take(ctx, cqe, max) : 0;
+}
+
+static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max)
+{
+    struct shm_ctx *ctx = shm_ctx_of(c);
+
+    if (max <= 0)
+        return max < 0 ? -EINVAL : 0;
+    /* run to completion: a busy poller of the default mode carries out what arrived
+     * itself when the NIC role is free (no thread hop, no doorbell) */
+    if (!ctx->manual && exs__lite_trylock(&ctx->nic_lock))
+        return shm_poll_turn(ctx, cqe, max);
+    if (!exs__soft_cq_peek(&ctx->cq))
+        return 0; /* a busy poller's empty look takes no lock */
+    return shm_poll_take(ctx, cqe, max);
 }
 
 static int shm_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
 {
     struct shm_ctx *ctx = shm_ctx_of(c);
+    struct exs_list *l;
 
     if (!__atomic_load_n(&ctx->cm_hint, __ATOMIC_RELAXED))
         return 0; /* exs__soft_cm_pop's first look, without the call */
-    return exs__soft_cm_pop(&ctx->cm_events, &ctx->lock, &ctx->cm_hint, ev);
+    exs__lite_lock(&ctx->lock);
+    l = exs__soft_cm_take_locked(&ctx->cm_events, &ctx->cm_hint);
+    exs__lite_unlock(&ctx->lock);
+    return exs__soft_cm_give(l, ev);
 }
 
 /* ---- open and close ---- */
@@ -484,8 +503,6 @@ static void shm_ctx_free(struct shm_ctx *ctx)
     if (ctx->evfd >= 0)
         close(ctx->evfd);
     exs__soft_cq_fini(&ctx->cq);
-    pthread_mutex_destroy(&ctx->nic_lock);
-    pthread_mutex_destroy(&ctx->lock);
     exs__soft_keys_fini(&ctx->keys);
     free(ctx);
 }
@@ -507,9 +524,7 @@ static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         return -ENOMEM;
     ctx->epfd = ctx->bell = ctx->timerfd = ctx->evfd = -1;
     ctx->manual = attr && (attr->flags & EXS_PROV_ATTR_MANUAL_PROGRESS);
-    pthread_mutex_init(&ctx->nic_lock, NULL);
-    pthread_mutex_init(&ctx->lock, NULL);
-    exs__soft_keys_init(&ctx->keys, &ctx->lock);
+    exs__soft_keys_init_lite(&ctx->keys, &ctx->lock);
     exs_list_init(&ctx->cm_events);
     exs_list_init(&ctx->eps);
     exs_list_init(&ctx->conns);
@@ -566,9 +581,9 @@ static void shm_ctx_close(struct exs_prov_ctx *c)
         return;
     if (!exs_list_empty(&ctx->eps))
         EXS_WARN(PROV, "shm ctx %p: closed with endpoints left", (void *)ctx);
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     ctx->stop = 1;
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (ctx->has_thread) {
         exs__shm_ctx_wake(ctx);
         pthread_join(ctx->thread, NULL);
@@ -591,8 +606,14 @@ static void shm_ctx_fork(struct exs_prov_ctx *c, int phase)
     struct exs_list *l;
     int *fds[] = {&ctx->epfd, &ctx->bell, &ctx->timerfd, &ctx->evfd};
 
-    if (exs__prov_fork_lock(&ctx->nic_lock, phase))
+    /* exs__prov_fork_lock's phases, for nic_lock (a futex lock, not a pthread mutex) */
+    if (phase == EXS_FORK_PREPARE || phase == EXS_FORK_PARENT) {
+        if (phase == EXS_FORK_PREPARE)
+            exs__lite_lock(&ctx->nic_lock);
+        else
+            exs__lite_unlock(&ctx->nic_lock);
         return;
+    }
     exs_list_for_each(l, &ctx->conns)
     {
         struct shm_conn *conn = exs_list_entry(l, struct shm_conn, link);

@@ -389,14 +389,14 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
 
     /* filled and queued (or written into the ring) in one hold of ctx->lock, which also
      * guards the pool; malloc only when the pool has no block (or the request is larger) */
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     wr = pooled ? exs__soft_pool_get_locked(&ep->wr_pool) : NULL;
     if (!wr) {
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         wr = malloc(pooled ? SHM_WR_POOL_LEN : need);
         if (!wr)
             return -ENOMEM;
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_lock(&ctx->lock);
     }
     wr->pooled = (uint8_t)pooled;
     wr->wr_id = swr->wr_id;
@@ -418,18 +418,18 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
         wr->bad = 1;
     if (EXS_UNLIKELY(ep->state == EXS_PROV_EP_IDLE || ep->state == EXS_PROV_EP_CONNECTING)) {
         exs__shm_wr_put_locked(ep, wr);
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         return -ENOTCONN;
     }
     if (EXS_UNLIKELY(ep->sq_used + ep->cq_sq >= ep->base.attr.max_send_wr)) {
         exs__shm_wr_put_locked(ep, wr);
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         return -ENOMEM;
     }
     if (EXS_UNLIKELY(ep->state == EXS_PROV_EP_ERROR)) {
         exs__shm_flush_cqe_locked(ep, wr->wr_id, shm_wc_opcode(wr->opcode));
         exs__shm_wr_put_locked(ep, wr);
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         return 0;
     }
     ep->sq_used++;
@@ -439,7 +439,7 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
         !(wr->fence && ep->reads_out) &&
         !(wr->opcode == EXS_PROV_WR_RDMA_READ && ep->reads_out >= SHM_MAX_RD)) {
         if (!shm_post_direct_locked(conn, ep, wr, swr->sg_list)) {
-            pthread_mutex_unlock(&ctx->lock);
+            exs__lite_unlock(&ctx->lock);
             return 0;
         }
         /* no room, or a lie: the push below finds it again (counts ring_full, or sets
@@ -459,7 +459,7 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     exs__shm_ep_push_locked(ep);
     /* a bad request or a lying peer is for the driver's turn */
     wake = wr->bad || (ep->conn && ep->conn->kick < 0);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (wake)
         exs__shm_ctx_wake(ctx);
     return 0;
@@ -483,15 +483,15 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
     }
     pooled = in->num_sge <= SHM_RWR_POOL_SGE;
     /* checked, filled and queued in one hold of ctx->lock, which also guards the pool */
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     rwr = pooled ? exs__soft_pool_get_locked(&ep->rwr_pool) : NULL;
     if (!rwr) {
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         rwr = malloc(pooled ? ep->rwr_pool.size
                             : sizeof(*rwr) + (size_t)in->num_sge * sizeof(rwr->sge[0]));
         if (!rwr)
             return -ENOMEM;
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_lock(&ctx->lock);
     }
     if (in->num_sge == 1) { /* exs__soft_rwr_fill's, for one sge */
         rwr->wr_id = in->wr_id;
@@ -506,18 +506,18 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
         exs__shm_check_local_locked(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
     if (ep->rq_count + ep->cq_rq >= ep->base.attr.max_recv_wr) {
         exs__shm_rwr_put_locked(ep, rwr);
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         return -ENOMEM;
     }
     if (ep->state == EXS_PROV_EP_ERROR) {
         exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
         exs__shm_rwr_put_locked(ep, rwr);
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         return 0;
     }
     ep->rq_count++;
     exs_list_add_tail(&ep->rq, &rwr->link);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     return 0;
 }
 
@@ -559,7 +559,7 @@ struct shm_hold {
 static void shm_hold_take(struct shm_ctx *ctx, struct shm_hold *h)
 {
     if (!h->locked) {
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_lock(&ctx->lock);
         h->locked = 1;
         h->recs = 0;
     }
@@ -568,7 +568,7 @@ static void shm_hold_take(struct shm_ctx *ctx, struct shm_hold *h)
 static void shm_hold_drop(struct shm_ctx *ctx, struct shm_hold *h)
 {
     if (h->locked) {
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         h->locked = 0;
     }
 }
@@ -646,7 +646,7 @@ static int shm_bad_head(struct shm_conn *conn)
     struct shm_ep *ep = conn->ep;
     int bad = 0;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     if (exs_list_empty(&ep->sq) && !exs_list_empty(&ep->sq_pend)) {
         struct shm_wr *wr = exs_list_entry(ep->sq_pend.next, struct shm_wr, link);
 
@@ -657,7 +657,7 @@ static int shm_bad_head(struct shm_conn *conn)
             bad = 1;
         }
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (bad)
         exs__shm_conn_end(conn, -ECONNABORTED, 0, 1);
     return bad;
@@ -714,9 +714,9 @@ static void shm_recv_done(struct shm_conn *conn, struct exs_soft_rwr *rwr,
                           enum exs_prov_wc_status st, enum exs_prov_wc_opcode op, uint32_t len,
                           const struct shm_rec *rec)
 {
-    pthread_mutex_lock(&conn->ctx->lock);
+    exs__lite_lock(&conn->ctx->lock);
     shm_recv_done_locked(conn, rwr, st, op, len, rec);
-    pthread_mutex_unlock(&conn->ctx->lock);
+    exs__lite_unlock(&conn->ctx->lock);
 }
 
 /* A receive taken for a request that failed goes back to the head of the queue (the
@@ -725,9 +725,9 @@ static void shm_recv_back(struct shm_conn *conn, struct exs_soft_rwr *rwr)
 {
     if (!rwr)
         return;
-    pthread_mutex_lock(&conn->ctx->lock);
+    exs__lite_lock(&conn->ctx->lock);
     exs_list_add_head(&conn->ep->rq, &rwr->link);
-    pthread_mutex_unlock(&conn->ctx->lock);
+    exs__lite_unlock(&conn->ctx->lock);
 }
 
 /* No receive posted for the request: 0 holding (RNR), -1 refused (NAK published). */
@@ -765,9 +765,9 @@ static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec,
     struct shm_ctx *ctx = conn->ctx;
     struct exs_list *l;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     l = exs_list_pop_head(&conn->ep->rq);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (!l)
         return shm_rnr(conn, rec);
     *rwr_p = exs_list_entry(l, struct exs_soft_rwr, link);
@@ -1149,12 +1149,12 @@ int exs__shm_conn_service(struct shm_conn *conn)
     /* the send queue's waiting posts and a lie found by a post need ctx->lock; most turns
      * have neither (posts write into the ring themselves): a look at ep->pend, no lock */
     if (__atomic_load_n(&conn->ep->pend, __ATOMIC_RELAXED)) {
-        pthread_mutex_lock(&ctx->lock);
+        exs__lite_lock(&ctx->lock);
         lied = conn->kick < 0;
         if (!lied && !exs_list_empty(&conn->ep->sq_pend))
             exs__shm_ep_push_locked(conn->ep);
         lied = conn->kick < 0;
-        pthread_mutex_unlock(&ctx->lock);
+        exs__lite_unlock(&ctx->lock);
         if (lied) {
             shm_proto_error(conn, "ring tail");
             return 1;
@@ -1181,7 +1181,7 @@ int exs__shm_conn_busy(struct shm_conn *conn)
         return 1;
     if (__atomic_load_n(&conn->peer->ack, __ATOMIC_SEQ_CST) != conn->acked)
         return 1;
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     if (head != conn->tail && !conn->rx_drop)
         busy = !conn->rnr_at || !exs_list_empty(&conn->ep->rq) || exs__now_ns() >= conn->rnr_at;
     else if (head != conn->tail)
@@ -1192,6 +1192,6 @@ int exs__shm_conn_busy(struct shm_conn *conn)
 
         busy = wr->bad || t != conn->peer_tail;
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     return busy;
 }

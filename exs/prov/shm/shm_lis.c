@@ -160,11 +160,11 @@ int exs__shm_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
     else
         ((struct sockaddr_in6 *)&lis->addr)->sin6_port = htons((uint16_t)port);
     exs_list_init(&lis->reqs);
-    pthread_mutex_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->nic_lock);
     ret = exs__shm_epoll_add(ctx, fd, lis, SHM_TAG_LIS);
     if (!ret)
         exs_list_add_tail(&ctx->listeners, &lis->link);
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->nic_lock);
     if (ret) {
         close(fd);
         free(lis);
@@ -245,7 +245,7 @@ void exs__shm_listener_destroy(struct exs_prov_listener *l)
     struct shm_ctx *ctx = lis->ctx;
     struct exs_list *pos, *tmp;
 
-    pthread_mutex_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->nic_lock);
     exs__shm_epoll_del(ctx, lis->fd);
     close(lis->fd);
     exs_list_for_each_safe(pos, tmp, &ctx->conns)
@@ -263,11 +263,11 @@ void exs__shm_listener_destroy(struct exs_prov_listener *l)
         exs__shm_conn_detach(conn);
     }
     /* the listener's CONNECT_REQUEST events not yet polled */
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     exs__soft_cm_drop_locked(&ctx->cm_events, NULL, l);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     exs_list_del(&lis->link);
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->nic_lock);
     free(lis);
 }
 
@@ -276,7 +276,7 @@ int exs__shm_listener_pause(struct exs_prov_listener *l, int pause)
     struct shm_listener *lis = (struct shm_listener *)l;
     struct shm_ctx *ctx = lis->ctx;
 
-    pthread_mutex_lock(&ctx->nic_lock);
+    exs__lite_lock(&ctx->nic_lock);
     if (pause && !lis->paused)
         exs__shm_epoll_del(ctx, lis->fd);
     else if (!pause && lis->paused)
@@ -284,6 +284,6 @@ int exs__shm_listener_pause(struct exs_prov_listener *l, int pause)
     lis->paused = !!pause;
     if (!pause)
         exs__shm_listener_ready(lis);
-    pthread_mutex_unlock(&ctx->nic_lock);
+    exs__lite_unlock(&ctx->nic_lock);
     return 0;
 }

@@ -48,22 +48,16 @@ void exs__shm_ep_revoke_all_locked(struct shm_ep *ep)
     exs__soft_revoke_all_locked(&ep->ctx->keys, &ep->grants);
 }
 
-int exs__shm_check_local_locked(struct shm_ctx *ctx, const struct exs_prov_sge *sge, int n,
-                                unsigned access)
-{
-    return exs__soft_check_local_locked(&ctx->keys, sge, n, access);
-}
-
 int exs__shm_fence_remote(struct shm_ctx *ctx, struct shm_ep *ep, uint32_t rkey, uint64_t addr,
                           uint64_t len, unsigned access, struct exs_soft_key **key_p)
 {
     struct exs_soft_key *k;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     k = exs__soft_key_remote_locked(&ctx->keys, &ep->base, rkey, addr, len, access);
     if (k)
         exs__soft_fence_raise_locked(&ctx->keys, k);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (!k)
         return -EACCES;
     *key_p = k;
@@ -74,7 +68,7 @@ int exs__shm_fence_next(struct shm_ctx *ctx, struct exs_soft_key *k)
 {
     int ret = 0;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     /* the fence is still up over k, so k is still allocated: its kill waits for it */
     if (k->live) {
         exs__soft_fence_raise_locked(&ctx->keys, k); /* a new copy: a kill waits for it */
@@ -82,13 +76,13 @@ int exs__shm_fence_next(struct shm_ctx *ctx, struct exs_soft_key *k)
         exs__soft_fence_lower_locked(&ctx->keys);
         ret = -EACCES;
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     return ret;
 }
 
 void exs__shm_fence_end(struct shm_ctx *ctx)
 {
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     exs__soft_fence_lower_locked(&ctx->keys);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }

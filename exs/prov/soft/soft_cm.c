@@ -20,6 +20,24 @@ struct exs_soft_cm_node *exs__soft_cm_new(const void *ctx, const struct exs_prov
     return n;
 }
 
+struct exs_list *exs__soft_cm_take_locked(struct exs_list *q, int *hint)
+{
+    struct exs_list *l = exs_list_pop_head(q);
+
+    if (hint && exs_list_empty(q))
+        __atomic_store_n(hint, 0, __ATOMIC_RELAXED);
+    return l;
+}
+
+int exs__soft_cm_give(struct exs_list *l, struct exs_prov_cm_event *ev)
+{
+    if (!l)
+        return 0;
+    *ev = exs_list_entry(l, struct exs_soft_cm_node, link)->ev;
+    free(exs_list_entry(l, struct exs_soft_cm_node, link));
+    return 1;
+}
+
 int exs__soft_cm_pop(struct exs_list *q, pthread_mutex_t *lock, int *hint,
                      struct exs_prov_cm_event *ev)
 {
@@ -28,15 +46,9 @@ int exs__soft_cm_pop(struct exs_list *q, pthread_mutex_t *lock, int *hint,
     if (hint && !__atomic_load_n(hint, __ATOMIC_RELAXED))
         return 0;
     pthread_mutex_lock(lock);
-    l = exs_list_pop_head(q);
-    if (hint && exs_list_empty(q))
-        __atomic_store_n(hint, 0, __ATOMIC_RELAXED);
+    l = exs__soft_cm_take_locked(q, hint);
     pthread_mutex_unlock(lock);
-    if (!l)
-        return 0;
-    *ev = exs_list_entry(l, struct exs_soft_cm_node, link)->ev;
-    free(exs_list_entry(l, struct exs_soft_cm_node, link));
-    return 1;
+    return exs__soft_cm_give(l, ev);
 }
 
 void exs__soft_cm_drop_locked(struct exs_list *q, const struct exs_prov_ep *ep,

@@ -23,6 +23,11 @@ struct exs_soft_cm_node *exs__soft_cm_new(const void *ctx, const struct exs_prov
  * look; an event pushed meanwhile is seen by its next look, an arm looks under the lock). */
 int exs__soft_cm_pop(struct exs_list *q, pthread_mutex_t *lock, int *hint,
                      struct exs_prov_cm_event *ev);
+/* exs__soft_cm_pop's two halves, for a provider whose lock is not a pthread mutex: under
+ * its lock, the oldest node taken off (NULL when none; hint cleared when q is left empty);
+ * then, without it, the node's event into *ev and the node freed (1, or 0 for NULL). */
+struct exs_list *exs__soft_cm_take_locked(struct exs_list *q, int *hint);
+int exs__soft_cm_give(struct exs_list *l, struct exs_prov_cm_event *ev);
 /* Locked: drop the events naming ep (all but requests), and the requests of lis (either
  * may be NULL). */
 void exs__soft_cm_drop_locked(struct exs_list *q, const struct exs_prov_ep *ep,

@@ -2,12 +2,16 @@
 /* The key table of the software providers (tcp, shm): random keys for regions and grants,
  * the local and remote checks, the copy fence (soft_keys.h). */
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "exs/api/lite_lock.h"
 #include "exs/prov/soft/soft_keys.h"
 #include "exs/util/log.h"
 #include "exs/util/util.h"
@@ -15,9 +19,50 @@
 void exs__soft_keys_init(struct exs_soft_keys *t, pthread_mutex_t *lock)
 {
     t->lock = lock;
+    t->lite = NULL;
+    t->last_local = NULL;
     pthread_cond_init(&t->copy_cond, NULL);
     for (int i = 0; i < EXS_SOFT_KEY_HASH; i++)
         exs_list_init(&t->hash[i]);
+}
+
+void exs__soft_keys_init_lite(struct exs_soft_keys *t, struct exs_lite_lock *lite)
+{
+    exs__soft_keys_init(t, NULL);
+    t->lite = lite;
+}
+
+void exs__soft_keys_lock(struct exs_soft_keys *t)
+{
+    if (t->lite)
+        exs__lite_lock(t->lite);
+    else
+        pthread_mutex_lock(t->lock);
+}
+
+void exs__soft_keys_unlock(struct exs_soft_keys *t)
+{
+    if (t->lite)
+        exs__lite_unlock(t->lite);
+    else
+        pthread_mutex_unlock(t->lock);
+}
+
+/* Locked: sleep until a copy ends (the lock let go meanwhile, taken again; the caller
+ * looks at the fence again). A futex lock has no condition variable: the waiter sleeps on
+ * copy_ends as it was under the lock, which exs__soft_fence_lower_locked moves. */
+static void soft_copy_wait(struct exs_soft_keys *t)
+{
+    uint32_t seen;
+
+    if (!t->lite) {
+        pthread_cond_wait(&t->copy_cond, t->lock);
+        return;
+    }
+    seen = __atomic_load_n(&t->copy_ends, __ATOMIC_RELAXED);
+    exs__lite_unlock(t->lite);
+    syscall(SYS_futex, &t->copy_ends, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+    exs__lite_lock(t->lite);
 }
 
 void exs__soft_keys_fini(struct exs_soft_keys *t)
@@ -134,9 +179,11 @@ static int soft_key_kill(struct exs_soft_keys *t, struct exs_soft_key *k)
 
     k->live = 0;
     exs_list_del(&k->link);
+    if (t->last_local == k)
+        t->last_local = NULL;
     while (t->copying && t->copy_gen == gen && (!t->copy_key || t->copy_key == k)) {
         t->copy_waiters++;
-        pthread_cond_wait(&t->copy_cond, t->lock);
+        soft_copy_wait(t);
         t->copy_waiters--;
     }
     if (k->users) {
@@ -166,11 +213,11 @@ int exs__soft_mr_reg(struct exs_soft_keys *t, struct exs_prov_ctx *ctx, void *ad
     mr->key.addr = (uint64_t)(uintptr_t)addr;
     mr->key.length = length;
     mr->key.access = access;
-    pthread_mutex_lock(t->lock);
+    exs__soft_keys_lock(t);
     soft_key_insert(t, &mr->key);
     mr->base.lkey = mr->key.key;
     mr->base.rkey = mr->key.key;
-    pthread_mutex_unlock(t->lock);
+    exs__soft_keys_unlock(t);
     EXS_DBG(PROV, "mr %p: registered %p+%zu key 0x%x access 0x%x", (void *)mr, addr, length,
             mr->key.key, access);
     *mr_p = &mr->base;
@@ -182,19 +229,19 @@ int exs__soft_mr_dereg(struct exs_soft_keys *t, struct exs_prov_mr *m)
     struct exs_soft_mr *mr = (struct exs_soft_mr *)m;
     int now;
 
-    pthread_mutex_lock(t->lock);
+    exs__soft_keys_lock(t);
     if (!mr->key.live) {
-        pthread_mutex_unlock(t->lock);
+        exs__soft_keys_unlock(t);
         return -EINVAL;
     }
     if (mr->grants) {
         /* as verbs with memory windows bound to the region */
-        pthread_mutex_unlock(t->lock);
+        exs__soft_keys_unlock(t);
         EXS_ERR(PROV, "mr %p: dereg with %u live grants", (void *)mr, mr->grants);
         return -EBUSY;
     }
     now = soft_key_kill(t, &mr->key);
-    pthread_mutex_unlock(t->lock);
+    exs__soft_keys_unlock(t);
     EXS_DBG(PROV, "mr %p: deregistered key 0x%x", (void *)mr, mr->key.key);
     if (now)
         free(mr);
@@ -216,18 +263,18 @@ int exs__soft_grant(struct exs_soft_keys *t, struct exs_prov_ep *ep, struct exs_
         !exs__soft_range_in(mr->key.addr, mr->key.length, a, length))
         return -EINVAL;
     /* a cached block under the lock, or calloc without it */
-    pthread_mutex_lock(t->lock);
+    exs__soft_keys_lock(t);
     g = t->grant_cache;
     if (g) {
         t->grant_cache = (struct exs_soft_grant *)(void *)g->key.link.next;
         t->grant_cached--;
         memset(g, 0, sizeof(*g));
     } else {
-        pthread_mutex_unlock(t->lock);
+        exs__soft_keys_unlock(t);
         g = calloc(1, sizeof(*g));
         if (!g)
             return -ENOMEM;
-        pthread_mutex_lock(t->lock);
+        exs__soft_keys_lock(t);
     }
     exs__prov_grant_init(&g->base, ep, m, a, length, access);
     g->key.addr = a;
@@ -241,14 +288,14 @@ int exs__soft_grant(struct exs_soft_keys *t, struct exs_prov_ep *ep, struct exs_
         ret = -EINVAL;
     if (ret) {
         soft_grant_recycle_locked(t, g);
-        pthread_mutex_unlock(t->lock);
+        exs__soft_keys_unlock(t);
         return ret;
     }
     soft_key_insert(t, &g->key);
     g->base.rkey = g->key.key;
     mr->grants++;
     exs_list_add_tail(ep_grants, &g->ep_link);
-    pthread_mutex_unlock(t->lock);
+    exs__soft_keys_unlock(t);
     EXS_TRACE(PROV, "ep %p: grant %p 0x%llx+%zu access 0x%x key 0x%x", (void *)ep, (void *)g,
               (unsigned long long)a, length, access, g->key.key);
     *grant_p = &g->base;
@@ -273,12 +320,12 @@ void exs__soft_revoke(struct exs_soft_keys *t, struct exs_prov_grant *grant)
     struct exs_prov_ep *ep = g->key.ep;
     uint32_t key = g->key.key;
 
-    pthread_mutex_lock(t->lock);
+    exs__soft_keys_lock(t);
     EXS_ASSERT(g->key.live);
     now = soft_grant_end(t, g);
     if (now)
         soft_grant_recycle_locked(t, g); /* (orphaned: the last NIC reference frees it) */
-    pthread_mutex_unlock(t->lock);
+    exs__soft_keys_unlock(t);
     EXS_TRACE(PROV, "ep %p: revoked grant %p key 0x%x", (void *)ep, (void *)g, key);
 }
 
@@ -296,8 +343,8 @@ void exs__soft_revoke_all_locked(struct exs_soft_keys *t, struct exs_list *ep_gr
     }
 }
 
-int exs__soft_check_local_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge, int n,
-                                 unsigned access)
+int exs__soft_check_local_slow_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge,
+                                      int n, unsigned access)
 {
     for (int i = 0; i < n; i++) {
         struct exs_soft_key *k;
@@ -308,6 +355,7 @@ int exs__soft_check_local_locked(struct exs_soft_keys *t, const struct exs_prov_
         if (!k || k->ep || !exs__soft_range_in(k->addr, k->length, sge[i].addr, sge[i].length) ||
             (k->access & access) != access)
             return -EACCES;
+        t->last_local = k;
     }
     return 0;
 }
@@ -335,8 +383,12 @@ void exs__soft_fence_lower_locked(struct exs_soft_keys *t)
 {
     t->copying = 0;
     t->copy_key = NULL;
-    if (t->copy_waiters)
+    if (t->copy_waiters && t->lite) {
+        __atomic_store_n(&t->copy_ends, t->copy_ends + 1, __ATOMIC_RELAXED);
+        syscall(SYS_futex, &t->copy_ends, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    } else if (t->copy_waiters) {
         pthread_cond_broadcast(&t->copy_cond);
+    }
 }
 
 void exs__soft_key_put_locked(struct exs_soft_key *k)

@@ -42,9 +42,13 @@ struct exs_soft_grant {
     struct exs_list ep_link; /* the endpoint's list of grants */
 };
 
+struct exs_lite_lock;
+
 struct exs_soft_keys {
-    pthread_mutex_t *lock;    /* the provider's lock over all of this */
-    pthread_cond_t copy_cond; /* a copy ended while someone waits */
+    pthread_mutex_t *lock;      /* the provider's lock over all of this, or: */
+    struct exs_lite_lock *lite; /* (exs__soft_keys_init_lite) a futex lock */
+    pthread_cond_t copy_cond;   /* a copy ended while someone waits (lock) */
+    uint32_t copy_ends;         /* (lite) copies ended while someone waits: a futex word */
     /* the copy fence: the NIC is copying to or from keyed memory */
     int copying;
     uint64_t copy_gen;             /* copies begun */
@@ -55,6 +59,9 @@ struct exs_soft_keys {
     unsigned pool_n;
     uint64_t prng;                           /* fallback when getrandom fails */
     struct exs_list hash[EXS_SOFT_KEY_HASH]; /* live keys by number */
+    /* the region the last local check found, in front of the hash (a poster's buffers
+     * are mostly in one region): NULL, or a live region (soft_key_kill clears it) */
+    const struct exs_soft_key *last_local;
     /* revoked grants' blocks kept for the next grants (a grant per receive or ADVERT on
      * the data path then costs no calloc and free): at most EXS_SOFT_GRANT_CACHE */
     struct exs_soft_grant *grant_cache; /* linked through their key.link.next */
@@ -70,6 +77,11 @@ static inline int exs__soft_range_in(uint64_t base, uint64_t length, uint64_t ad
 }
 
 void exs__soft_keys_init(struct exs_soft_keys *t, pthread_mutex_t *lock);
+/* The same, the table under a futex lock (exs/api/lite_lock.h: shm's context lock). */
+void exs__soft_keys_init_lite(struct exs_soft_keys *t, struct exs_lite_lock *lite);
+/* The table's lock, whichever it is (the provider ops below take it themselves). */
+void exs__soft_keys_lock(struct exs_soft_keys *t);
+void exs__soft_keys_unlock(struct exs_soft_keys *t);
 void exs__soft_keys_fini(struct exs_soft_keys *t);
 
 /* ---- the provider ops (each takes the table's lock) ---- */
@@ -91,10 +103,25 @@ void exs__soft_revoke_all_locked(struct exs_soft_keys *t, struct exs_list *ep_gr
 
 /* ---- the NIC's side (locked) ---- */
 
+/* exs__soft_check_local_locked without the look at the last region found. */
+int exs__soft_check_local_slow_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge,
+                                      int n, unsigned access);
+
 /* 0 when every sge of non-zero length lies in a region with the access bits, else
- * -EACCES. */
-int exs__soft_check_local_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge, int n,
-                                 unsigned access);
+ * -EACCES. One sge inside the region the last check found: a compare, no hash walk and
+ * no call (a post_recv per message). */
+static inline int exs__soft_check_local_locked(struct exs_soft_keys *t,
+                                               const struct exs_prov_sge *sge, int n,
+                                               unsigned access)
+{
+    const struct exs_soft_key *k = t->last_local;
+
+    if (n == 1 && k && k->key == sge[0].lkey &&
+        exs__soft_range_in(k->addr, k->length, sge[0].addr, sge[0].length) &&
+        (k->access & access) == access)
+        return 0;
+    return exs__soft_check_local_slow_locked(t, sge, n, access);
+}
 /* A grant of ep (exact right, exact range) or a region of the context (covering the
  * access) numbered rkey and reaching [addr, addr+len): the key, or NULL. */
 struct exs_soft_key *exs__soft_key_remote_locked(struct exs_soft_keys *t,
