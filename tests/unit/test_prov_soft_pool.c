@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "exs/api/lite_lock.h"
+#include "exs/util/lite_lock.h"
 #include "exs/prov/soft/soft_keys.h"
 #include "exs/prov/soft/soft_wr.h"
 #include "exs/util/util.h"

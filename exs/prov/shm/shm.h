@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
-#include "exs/api/lite_lock.h"
+#include "exs/util/lite_lock.h"
 #include "exs/prov/prov.h"
 #include "exs/prov/soft/soft_cm.h"
 #include "exs/prov/soft/soft_cq.h"

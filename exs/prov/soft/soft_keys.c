@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "exs/api/lite_lock.h"
+#include "exs/util/lite_lock.h"
 #include "exs/prov/soft/soft_keys.h"
 #include "exs/util/log.h"
 #include "exs/util/util.h"

@@ -77,7 +77,7 @@ static inline int exs__soft_range_in(uint64_t base, uint64_t length, uint64_t ad
 }
 
 void exs__soft_keys_init(struct exs_soft_keys *t, pthread_mutex_t *lock);
-/* The same, the table under a futex lock (exs/api/lite_lock.h: shm's context lock). */
+/* The same, the table under a futex lock (exs/util/lite_lock.h: shm's context lock). */
 void exs__soft_keys_init_lite(struct exs_soft_keys *t, struct exs_lite_lock *lite);
 /* The table's lock, whichever it is (the provider ops below take it themselves). */
 void exs__soft_keys_lock(struct exs_soft_keys *t);
