@@ -57,6 +57,9 @@ static const struct exs_counter_desc vrb_counter_desc[] = {
                 "send requests held back for their batch (EXS_PROV_SEND_DEFER)"),
     EXS_COUNTER(struct vrb_counters, signals_saved,
                 "signaled send requests posted unsignaled: their completions made here"),
+    EXS_COUNTER(struct vrb_counters, wc_locked,
+                "completions converted under their endpoint's lock (errors, flushes, made "
+                "ones, ones polled before their post was published): not the success path"),
 };
 
 /* ---- device probing ---- */
