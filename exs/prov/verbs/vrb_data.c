@@ -133,8 +133,8 @@ static int vrb_wc_in_window(const struct vrb_ep *ep, const struct ibv_wc *wc, ui
  * caller only as the answer to a grant_settle that waited for it (EXS_PROV_WC_GRANT), and
  * not a retirement of the protocol's unsignaled requests (those stay counted until a
  * completion of their own, which errs on the safe side). */
-static int vrb_wc_internal(struct vrb_ep *ep, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
-                           uint64_t *retire_p)
+static __attribute__((noinline)) int vrb_wc_internal(struct vrb_ep *ep, const struct ibv_wc *wc,
+                                                     struct exs_prov_cqe *cqe, uint64_t *retire_p)
 {
     struct vrb_grant *rel;
     int settled = 0;
@@ -154,61 +154,46 @@ static int vrb_wc_internal(struct vrb_ep *ep, const struct ibv_wc *wc, struct ex
     return 0;
 }
 
-int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
-                        uint64_t *retire_p)
+/* The cqe of ep's request at seq, and its slot's retirement: into *retire_p, else the
+ * head moves now (unless made: the cqe is then kept behind the completions made before
+ * it, and its slot retired as it is returned). Unlocked (vrb_wc_unlocked) or under
+ * ep->lock; inline in both, so that the success path (ok: a constant 1 there, the error
+ * branches gone) makes no call. ok: wc->status == IBV_WC_SUCCESS. */
+static inline __attribute__((always_inline)) void
+vrb_wc_fill(struct vrb_ctx *ctx, struct vrb_ep *ep, const struct ibv_wc *wc, uint64_t seq,
+            struct exs_prov_cqe *cqe, uint64_t *retire_p, int made, int ok)
 {
-    uint32_t epid = (uint32_t)(wc->wr_id >> VRB_EPID_SHIFT);
-    uint64_t seq = wc->wr_id & VRB_SEQ_MASK;
-    struct vrb_ep *ep = vrb_ep_lookup(ctx, epid);
-    int made = 0, locked;
-
-    if (!ep) {
-        EXS_CNT_INC(ctx->cnt.stale_cqes);
-        return -1;
-    }
-    if (wc->wr_id & VRB_INT_BIT)
-        return vrb_wc_internal(ep, wc, cqe, retire_p);
-    locked = !vrb_wc_unlocked(ep, wc, seq);
-    if (locked) {
-        pthread_mutex_lock(&ep->lock);
-        EXS_CNT_INC(ctx->cnt.wc_locked);
-        if (!vrb_wc_in_window(ep, wc, seq)) {
-            pthread_mutex_unlock(&ep->lock);
-            EXS_CNT_INC(ctx->cnt.stale_cqes);
-            return -1;
-        }
-    }
     *cqe = (struct exs_prov_cqe){
         .ep = &ep->base,
-        .status =
-            wc->status == IBV_WC_SUCCESS ? EXS_PROV_WC_SUCCESS : exs__vrb_wc_status(wc->status),
+        .status = ok ? EXS_PROV_WC_SUCCESS : exs__vrb_wc_status(wc->status),
     };
     if (wc->wr_id & VRB_RECV_BIT) {
         const struct vrb_rwr *r = &ep->rq[seq % ep->rq_cap];
 
         cqe->wr_id = r->wr_id;
-        if (retire_p)
-            *retire_p = VRB_RECV_BIT | (seq + 1);
-        else
-            vrb_head_up(&ep->rq_head, seq + 1);
         cqe->opcode = EXS_PROV_WC_RECV;
-        if (wc->status == IBV_WC_SUCCESS) {
+        if (ok) {
             if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM)
                 cqe->opcode = EXS_PROV_WC_RECV_RDMA_WITH_IMM;
             cqe->byte_len = wc->byte_len;
+            if (wc->wc_flags & IBV_WC_WITH_IMM) {
+                cqe->imm_data = ntohl(wc->imm_data);
+                cqe->flags |= EXS_PROV_WC_WITH_IMM;
+            }
         } else if (wc->status == IBV_WC_LOC_QP_OP_ERR || wc->status == IBV_WC_LOC_PROT_ERR) {
             cqe->status = exs__vrb_mr_covers(ctx, r->sge, r->nsge, 1) ? EXS_PROV_WC_LOC_LEN_ERR
                                                                       : EXS_PROV_WC_LOC_PROT_ERR;
         }
+        if (retire_p)
+            *retire_p = VRB_RECV_BIT | (seq + 1);
+        else
+            vrb_head_up(&ep->rq_head, seq + 1);
     } else {
-        const struct vrb_swr *s;
+        const struct vrb_swr *s = &ep->sq[seq % ep->sq_cap];
 
-        if (locked && ep->synth_out)
-            made = vrb_synth_keep(ctx, ep, seq);
-        s = &ep->sq[seq % ep->sq_cap];
         cqe->wr_id = s->wr_id;
         cqe->opcode = exs__prov_wr_wc_opcode(s->opcode);
-        if (wc->status == IBV_WC_SUCCESS) {
+        if (ok) {
             if (s->opcode == EXS_PROV_WR_RDMA_READ)
                 cqe->byte_len = s->len;
         } else if (wc->status == IBV_WC_REM_OP_ERR) {
@@ -226,11 +211,29 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         else if (!made)
             vrb_head_up(&ep->sq_head, seq + 1);
     }
-    if (wc->status == IBV_WC_SUCCESS && (wc->wc_flags & IBV_WC_WITH_IMM)) {
-        cqe->imm_data = ntohl(wc->imm_data);
-        cqe->flags |= EXS_PROV_WC_WITH_IMM;
+}
+
+/* Everything but the unlocked success: under ep->lock, checked against the queue's
+ * outstanding slots (a stale or foreign completion is dropped and counted), the
+ * completions made before it first, an error ends the ep. Out of line: the success path
+ * keeps a small frame. */
+static __attribute__((noinline)) int vrb_wc_locked(struct vrb_ctx *ctx, struct vrb_ep *ep,
+                                                   const struct ibv_wc *wc, uint64_t seq,
+                                                   struct exs_prov_cqe *cqe, uint64_t *retire_p)
+{
+    int made = 0;
+
+    pthread_mutex_lock(&ep->lock);
+    EXS_CNT_INC(ctx->cnt.wc_locked);
+    if (!vrb_wc_in_window(ep, wc, seq)) {
+        pthread_mutex_unlock(&ep->lock);
+        EXS_CNT_INC(ctx->cnt.stale_cqes);
+        return -1;
     }
-    if (wc->status != IBV_WC_SUCCESS) { /* locked */
+    if (!(wc->wr_id & VRB_RECV_BIT) && ep->synth_out)
+        made = vrb_synth_keep(ctx, ep, seq);
+    vrb_wc_fill(ctx, ep, wc, seq, cqe, retire_p, made, wc->status == IBV_WC_SUCCESS);
+    if (wc->status != IBV_WC_SUCCESS) {
         if (wc->status != IBV_WC_WR_FLUSH_ERR) {
             EXS_CNT_INC(ctx->cnt.wc_errors);
             EXS_DBG(PROV, "ep %p: completion error %s (vendor %#x) of %s wr_id %llu (%u bytes)",
@@ -241,8 +244,7 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         }
         __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
     }
-    if (locked)
-        pthread_mutex_unlock(&ep->lock);
+    pthread_mutex_unlock(&ep->lock);
     if (made && !retire_p) {
         /* behind the completions made for the requests before it */
         struct vrb_kept k = {.cqe = *cqe, .retire = seq + 1};
@@ -250,6 +252,24 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         exs__vrb_ring_keep(ctx, &k);
         return 1;
     }
+    return 0;
+}
+
+int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
+                        uint64_t *retire_p)
+{
+    uint64_t seq = wc->wr_id & VRB_SEQ_MASK;
+    struct vrb_ep *ep = vrb_ep_lookup(ctx, (uint32_t)(wc->wr_id >> VRB_EPID_SHIFT));
+
+    if (!ep) {
+        EXS_CNT_INC(ctx->cnt.stale_cqes);
+        return -1;
+    }
+    if (wc->wr_id & VRB_INT_BIT)
+        return vrb_wc_internal(ep, wc, cqe, retire_p);
+    if (!vrb_wc_unlocked(ep, wc, seq))
+        return vrb_wc_locked(ctx, ep, wc, seq, cqe, retire_p);
+    vrb_wc_fill(ctx, ep, wc, seq, cqe, retire_p, 0, 1);
     return 0;
 }
 
