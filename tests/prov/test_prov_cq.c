@@ -180,6 +180,45 @@ START_TEST(cq_arm_reads_channel_only_after_completion)
 }
 END_TEST
 
+/* verbs: a successful completion is converted without its ep's lock, a flushed one under
+ * it (counter wc_locked; spec/threading.md, "Verbs completions"). The test thread posts
+ * and polls, so no completion is polled before its post was published. With --manual a
+ * driver thread arms (and so polls) too: skipped. */
+START_TEST(cq_success_completions_take_no_ep_lock)
+{
+    struct pt_pair p;
+    struct pt_buf *sb, *rb;
+    uint64_t locked;
+
+    if (strcmp(pt_ops->name, "verbs") != 0 || pt_manual) {
+        printf("cq_success_completions_take_no_ep_lock: verbs, default progress only, "
+               "skipped\n");
+        return;
+    }
+    pt_pair_setup(&p, NULL, NULL);
+    sb = pt_pair_buf(&p, 'a', 64, LW, 1);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    locked = cq_vrb_counter("wc_locked");
+    for (uint64_t i = 0; i < 100; i++) {
+        ck_assert_int_eq(pt_post_recv(p.eb, 1000 + i, rb, 0, 64), 0);
+        ck_assert_int_eq(pt_post_send(p.ea, 2000 + i, EXS_PROV_WR_SEND_WITH_IMM,
+                                      EXS_PROV_SEND_SIGNALED, sb, 0, 64, (uint32_t)i, 0, 0),
+                         0);
+        pt_expect_cqe(&p.b, 1000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        pt_expect_cqe(&p.a, 2000 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    }
+    ck_assert_msg(cq_vrb_counter("wc_locked") == locked,
+                  "%llu of 200 successful completions took the ep's lock",
+                  (unsigned long long)(cq_vrb_counter("wc_locked") - locked));
+    /* a flushed receive is converted under the lock */
+    ck_assert_int_eq(pt_post_recv(p.ea, 77, sb, 0, 64), 0);
+    ck_assert_int_eq(pt_ops->disconnect(p.ea), 0);
+    pt_expect_wr(&p.a, 77, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    ck_assert_uint_gt(cq_vrb_counter("wc_locked"), locked);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_cq_suite(void)
 {
     Suite *s = suite_create("prov_cq");
@@ -188,6 +227,7 @@ Suite *prov_cq_suite(void)
     tcase_add_test(tc, cq_mass_disconnect_all_flushes_arrive);
     tcase_add_test(tc, cq_ep_create_enobufs);
     tcase_add_test(tc, cq_arm_reads_channel_only_after_completion);
+    tcase_add_test(tc, cq_success_completions_take_no_ep_lock);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -928,6 +928,7 @@ Suite *prov_vrb_cache_suite(void)
     tcase_add_test(tc, cq_plan_grows_double_or_to_need);
     tcase_add_test(tc, cq_plan_refuses_beyond_device_max);
     suite_add_tcase(s, tc);
+    suite_add_tcase(s, prov_vrb_wc_tcase()); /* completion conversion: test_prov_vrb_wc.c */
     return s;
 }
 

@@ -15,6 +15,8 @@ Suite *util_sha256_suite(void);
 Suite *util_lockorder_suite(void);
 Suite *api_evq_suite(void);
 Suite *prov_vrb_cache_suite(void);
+/* test_prov_vrb_wc.c: its cases, added to prov_vrb_cache (verbs builds only). */
+TCase *prov_vrb_wc_tcase(void);
 Suite *mock_prov_suite(void);
 Suite *proto_credits_suite(void);
 Suite *proto_stream_suite(void);

@@ -31,7 +31,8 @@
  *         of exactly the range where the device checks a window's range against its MR only
  *         (rxe), or a registration per grant where type 2 windows are missing.
  * Locks: ctx->cm_lock (cm events, ids, listeners, requests) > ctx->lock (CQ, completion
- *         ring, ep hash, software cm events) > ep->lock (queues' bookkeeping).
+ *         ring, ep hash, software cm events, the queues' heads) > ep->lock (posting; a
+ *         completion's conversion takes it only off the success path).
  */
 
 #define VRB_PD_MAX      56u          /* user private data, each way (the rdma_cm REQ limit) */
@@ -79,6 +80,8 @@ struct vrb_counters {
     uint64_t doorbells;        /* ibv_post_send calls of the consumer's send requests */
     uint64_t sends_deferred;   /* send requests held back (EXS_PROV_SEND_DEFER) */
     uint64_t signals_saved;    /* SIGNALED requests posted unsignaled: completion made here */
+    uint64_t wc_locked;        /* completions converted under their ep's lock (not the
+                                  success path: errors, flushes, made ones, early ones) */
 };
 
 /* How grants are made (ctx->grant_mode; spec/provider.md, "verbs provider mapping"). */
@@ -152,11 +155,18 @@ struct vrb_ep {
     struct exs_list disc_link; /* ctx->disc_wait */
     struct sockaddr_storage local;
     socklen_t local_len;
-    /* send queue: slots [sq_head, sq_tail) are outstanding (lock) */
+    /* send queue: slots [sq_head, sq_tail) are outstanding. The queues are a single
+     * consumer ring each (spec/threading.md, "verbs completions"): the tails and the
+     * slots are written by the posters under lock; the heads only under ctx->lock, by
+     * whoever converts or returns completions (wc_convert, retire), and read by the
+     * posters without it (atomic: release by the consumer, acquire by the posters).
+     * sq_posted: the slots before it were handed to the QP (lock; release): a
+     * successful completion of a slot in [sq_head, sq_posted) (rq: [rq_head, rq_tail))
+     * is converted without lock */
     struct vrb_swr *sq;
     uint32_t sq_cap;
-    uint64_t sq_head, sq_tail;
-    /* receive queue (lock) */
+    uint64_t sq_head, sq_tail, sq_posted;
+    /* receive queue */
     struct vrb_rwr *rq;
     uint32_t rq_cap;
     uint64_t rq_head, rq_tail;
@@ -173,7 +183,8 @@ struct vrb_ep {
     struct vrb_held *held;
     uint8_t *held_inl;
     uint32_t held_n;
-    uint32_t synth_out;    /* slots with synth set, outstanding (lock) */
+    uint32_t synth_out;    /* slots with synth set, outstanding (written under lock,
+                              read without it by wc_convert: atomic) */
     struct exs_list hlink; /* ctx->ep_hash (ctx->lock) */
     struct exs_list link;  /* ctx->eps (ctx->lock) */
 };
@@ -445,15 +456,17 @@ unsigned exs__vrb_grants_gone(struct vrb_ep *ep);
 /* vrb_data.c */
 int exs__vrb_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
 int exs__vrb_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
-/* Turn one work completion into a cqe (0) or drop it (-1: its ep is gone, or it was the
- * provider's own). ctx->lock held. With retire_p NULL the request's queue slot (and the
- * unsignaled ones before it) is retired now; else *retire_p says what to retire once the
- * cqe is returned (exs__vrb_retire). The completions the provider makes for requests
- * before it that were posted unsignaled in its stead (vrb_swr.synth) are kept first;
- * with retire_p NULL the cqe is then kept after them too, and 1 returned. */
+/* Turn one work completion into a cqe (0) or drop it (-1: its ep is gone, it lies outside
+ * its queue's outstanding slots, or it was the provider's own). ctx->lock held; ep->lock
+ * is taken only off the success path (spec/threading.md, "verbs completions"). With retire_p NULL
+ * the request's queue slot (and the unsignaled ones before it) is retired now; else *retire_p says
+ * what to retire once the cqe is returned (exs__vrb_retire). The completions the provider makes for
+ * requests before it that were posted unsignaled in its stead (vrb_swr.synth) are kept first; with
+ * retire_p NULL the cqe is then kept after them too, and 1 returned. */
 int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
                         uint64_t *retire_p);
-/* Retire a kept completion's slot as it is returned. ctx->lock held. */
+/* Retire a kept completion's slot as it is returned. ctx->lock held (no ep->lock: the
+ * heads are written under ctx->lock only). */
 void exs__vrb_retire(struct exs_prov_ep *ep, uint64_t retire);
 enum exs_prov_wc_status exs__vrb_wc_status(enum ibv_wc_status st);
 /* ep->lock held: move the QP to ERR so that it flushes (and the ep to ERROR). */

@@ -57,6 +57,9 @@ static const struct exs_counter_desc vrb_counter_desc[] = {
                 "send requests held back for their batch (EXS_PROV_SEND_DEFER)"),
     EXS_COUNTER(struct vrb_counters, signals_saved,
                 "signaled send requests posted unsignaled: their completions made here"),
+    EXS_COUNTER(struct vrb_counters, wc_locked,
+                "completions converted under their endpoint's lock (errors, flushes, made "
+                "ones, ones polled before their post was published): not the success path"),
 };
 
 /* ---- device probing ---- */
@@ -437,7 +440,8 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
     pthread_mutex_lock(&ctx->lock);
     if (__atomic_load_n(&ctx->held_eps, __ATOMIC_RELAXED))
         exs__vrb_held_post_all_locked(ctx);
-    n = vrb_ring_pop(ctx, cqe, n, max);
+    if (ctx->ring_count) /* a call less on the common path: nothing kept */
+        n = vrb_ring_pop(ctx, cqe, n, max);
     while (n < max && ctx->cq) {
         int want = EXS_MIN(max - n, VRB_POLL_MAX);
         int got = ibv_poll_cq(ctx->cq, want, wc);
@@ -456,7 +460,8 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
                 exs__vrb_ring_keep(ctx, &k);
             }
         }
-        n = vrb_ring_pop(ctx, cqe, n, max);
+        if (ctx->ring_count)
+            n = vrb_ring_pop(ctx, cqe, n, max);
         if (got < want)
             break;
     }

@@ -2,6 +2,7 @@
 /* Verbs provider data path: post_send / post_recv onto the RC QP, work completions to cqes. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "exs/prov/verbs/vrb.h"
@@ -49,17 +50,21 @@ static struct vrb_ep *vrb_ep_lookup(struct vrb_ctx *ctx, uint32_t epid)
     return NULL;
 }
 
+/* ctx->lock held: the queue's head moves up to upto. Every write of a head is made under
+ * ctx->lock (here), so this read of it is not racy; the posters read it without
+ * ctx->lock (acquire): the release orders the consumer's reads of the slots before it,
+ * so a poster reuses a slot only once its completion was read out. */
+static void vrb_head_up(uint64_t *head, uint64_t upto)
+{
+    if (upto > *head)
+        __atomic_store_n(head, upto, __ATOMIC_RELEASE);
+}
+
 void exs__vrb_retire(struct exs_prov_ep *e, uint64_t retire)
 {
     struct vrb_ep *ep = vrb_ep_of(e);
-    uint64_t upto = retire & VRB_SEQ_MASK;
 
-    pthread_mutex_lock(&ep->lock);
-    if (retire & VRB_RECV_BIT)
-        ep->rq_head = EXS_MAX(ep->rq_head, upto);
-    else
-        ep->sq_head = EXS_MAX(ep->sq_head, upto);
-    pthread_mutex_unlock(&ep->lock);
+    vrb_head_up((retire & VRB_RECV_BIT) ? &ep->rq_head : &ep->sq_head, retire & VRB_SEQ_MASK);
 }
 
 /* ctx->lock and ep->lock held; a completion of ep's send request at seq came: the requests
@@ -77,7 +82,7 @@ static int vrb_synth_keep(struct vrb_ctx *ctx, struct vrb_ep *ep, uint64_t seq)
         if (!s->synth)
             continue;
         s->synth = 0;
-        ep->synth_out--;
+        __atomic_store_n(&ep->synth_out, ep->synth_out - 1, __ATOMIC_RELAXED);
         if (t == seq)
             break;
         memset(&k, 0, sizeof(k));
@@ -88,8 +93,7 @@ static int vrb_synth_keep(struct vrb_ctx *ctx, struct vrb_ep *ep, uint64_t seq)
         if (s->opcode == EXS_PROV_WR_RDMA_READ)
             k.cqe.byte_len = s->len;
         k.retire = t + 1;
-        /* ep->lock is held: the slot is retired when ctx_poll returns it (retire takes
-         * ep->lock then) */
+        /* the slot is retired when ctx_poll returns it */
         if (exs__vrb_ring_push(ctx, &k) == 0)
             made++;
         else
@@ -99,98 +103,136 @@ static int vrb_synth_keep(struct vrb_ctx *ctx, struct vrb_ep *ep, uint64_t seq)
     return made;
 }
 
-int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
-                        uint64_t *retire_p)
+/* ctx->lock held: may the completion of ep's request at seq be converted without
+ * ep->lock? Only a success, of a slot that is outstanding and published: the poster wrote
+ * the slot before its release of rq_tail / sq_posted (after the verbs post), and no other
+ * thread reads or moves the head (ctx->lock). With no marked slot (synth_out 0; read
+ * after the acquire, so a mark made before the post is seen) no completion is to be made
+ * before it. Anything else (an error, a flush, marks, a completion polled before its
+ * poster published the slot, a stale or foreign one) goes under ep->lock, which orders
+ * it after the poster's whole post, and is checked there. */
+static int vrb_wc_unlocked(struct vrb_ep *ep, const struct ibv_wc *wc, uint64_t seq)
 {
-    uint32_t epid = (uint32_t)(wc->wr_id >> VRB_EPID_SHIFT);
-    uint64_t seq = wc->wr_id & VRB_SEQ_MASK;
-    struct vrb_ep *ep = vrb_ep_lookup(ctx, epid);
-    int made = 0;
-
-    if (!ep) {
-        EXS_CNT_INC(ctx->cnt.stale_cqes);
-        return -1;
-    }
-    if (wc->wr_id & VRB_INT_BIT) {
-        /* a window bind: the provider's own, shown to ctx_poll's caller only as the answer
-         * to a grant_settle that waited for it (EXS_PROV_WC_GRANT), and not
-         * a retirement of the protocol's unsignaled requests (those stay counted until
-         * a completion of their own, which errs on the safe side) */
-        struct vrb_grant *rel;
-        int settled = 0;
-
-        pthread_mutex_lock(&ep->lock);
-        rel = exs__vrb_int_complete(ep, wc, &settled);
-        pthread_mutex_unlock(&ep->lock);
-        exs__vrb_grant_release(rel);
-        if (!settled)
-            return -1;
-        /* a grant_settle that said -EBUSY is answered (no slot to retire) */
-        memset(cqe, 0, sizeof(*cqe));
-        cqe->ep = &ep->base;
-        cqe->opcode = EXS_PROV_WC_GRANT;
-        if (retire_p)
-            *retire_p = 0;
+    if (wc->status != IBV_WC_SUCCESS)
         return 0;
-    }
+    if (wc->wr_id & VRB_RECV_BIT)
+        return seq >= ep->rq_head && seq < __atomic_load_n(&ep->rq_tail, __ATOMIC_ACQUIRE);
+    return seq >= ep->sq_head && seq < __atomic_load_n(&ep->sq_posted, __ATOMIC_ACQUIRE) &&
+           !__atomic_load_n(&ep->synth_out, __ATOMIC_RELAXED);
+}
+
+/* ep->lock held (or vrb_wc_unlocked): seq is one of the queue's outstanding slots. */
+static int vrb_wc_in_window(const struct vrb_ep *ep, const struct ibv_wc *wc, uint64_t seq)
+{
+    if (wc->wr_id & VRB_RECV_BIT)
+        return seq >= ep->rq_head && seq < ep->rq_tail;
+    return seq >= ep->sq_head && seq < ep->sq_tail;
+}
+
+/* A window bind's completion (ctx->lock held): the provider's own, shown to ctx_poll's
+ * caller only as the answer to a grant_settle that waited for it (EXS_PROV_WC_GRANT), and
+ * not a retirement of the protocol's unsignaled requests (those stay counted until a
+ * completion of their own, which errs on the safe side). */
+static __attribute__((noinline)) int vrb_wc_internal(struct vrb_ep *ep, const struct ibv_wc *wc,
+                                                     struct exs_prov_cqe *cqe, uint64_t *retire_p)
+{
+    struct vrb_grant *rel;
+    int settled = 0;
+
+    pthread_mutex_lock(&ep->lock);
+    rel = exs__vrb_int_complete(ep, wc, &settled);
+    pthread_mutex_unlock(&ep->lock);
+    exs__vrb_grant_release(rel);
+    if (!settled)
+        return -1;
+    /* a grant_settle that said -EBUSY is answered (no slot to retire) */
     memset(cqe, 0, sizeof(*cqe));
     cqe->ep = &ep->base;
-    cqe->status = exs__vrb_wc_status(wc->status);
-    pthread_mutex_lock(&ep->lock);
+    cqe->opcode = EXS_PROV_WC_GRANT;
+    if (retire_p)
+        *retire_p = 0;
+    return 0;
+}
+
+/* The cqe of ep's request at seq, and its slot's retirement: into *retire_p, else the
+ * head moves now (unless made: the cqe is then kept behind the completions made before
+ * it, and its slot retired as it is returned). Unlocked (vrb_wc_unlocked) or under
+ * ep->lock; inline in both, so that the success path (ok: a constant 1 there, the error
+ * branches gone) makes no call. ok: wc->status == IBV_WC_SUCCESS. */
+static inline __attribute__((always_inline)) void
+vrb_wc_fill(struct vrb_ctx *ctx, struct vrb_ep *ep, const struct ibv_wc *wc, uint64_t seq,
+            struct exs_prov_cqe *cqe, uint64_t *retire_p, int made, int ok)
+{
+    *cqe = (struct exs_prov_cqe){
+        .ep = &ep->base,
+        .status = ok ? EXS_PROV_WC_SUCCESS : exs__vrb_wc_status(wc->status),
+    };
     if (wc->wr_id & VRB_RECV_BIT) {
-        if (seq < ep->rq_head || seq >= ep->rq_tail) {
-            pthread_mutex_unlock(&ep->lock);
-            EXS_CNT_INC(ctx->cnt.stale_cqes);
-            return -1;
-        }
         const struct vrb_rwr *r = &ep->rq[seq % ep->rq_cap];
 
         cqe->wr_id = r->wr_id;
+        cqe->opcode = EXS_PROV_WC_RECV;
+        if (ok) {
+            if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM)
+                cqe->opcode = EXS_PROV_WC_RECV_RDMA_WITH_IMM;
+            cqe->byte_len = wc->byte_len;
+            if (wc->wc_flags & IBV_WC_WITH_IMM) {
+                cqe->imm_data = ntohl(wc->imm_data);
+                cqe->flags |= EXS_PROV_WC_WITH_IMM;
+            }
+        } else if (wc->status == IBV_WC_LOC_QP_OP_ERR || wc->status == IBV_WC_LOC_PROT_ERR) {
+            cqe->status = exs__vrb_mr_covers(ctx, r->sge, r->nsge, 1) ? EXS_PROV_WC_LOC_LEN_ERR
+                                                                      : EXS_PROV_WC_LOC_PROT_ERR;
+        }
         if (retire_p)
             *retire_p = VRB_RECV_BIT | (seq + 1);
         else
-            ep->rq_head = seq + 1;
-        if (wc->status == IBV_WC_LOC_QP_OP_ERR || wc->status == IBV_WC_LOC_PROT_ERR)
-            cqe->status = exs__vrb_mr_covers(ctx, r->sge, r->nsge, 1) ? EXS_PROV_WC_LOC_LEN_ERR
-                                                                      : EXS_PROV_WC_LOC_PROT_ERR;
-        cqe->opcode = wc->status == IBV_WC_SUCCESS && wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM
-                          ? EXS_PROV_WC_RECV_RDMA_WITH_IMM
-                          : EXS_PROV_WC_RECV;
-        if (wc->status == IBV_WC_SUCCESS)
-            cqe->byte_len = wc->byte_len;
+            vrb_head_up(&ep->rq_head, seq + 1);
     } else {
-        const struct vrb_swr *s;
+        const struct vrb_swr *s = &ep->sq[seq % ep->sq_cap];
 
-        if (seq < ep->sq_head || seq >= ep->sq_tail) {
-            pthread_mutex_unlock(&ep->lock);
-            EXS_CNT_INC(ctx->cnt.stale_cqes);
-            return -1;
-        }
-        if (ep->synth_out)
-            made = vrb_synth_keep(ctx, ep, seq);
-        s = &ep->sq[seq % ep->sq_cap];
         cqe->wr_id = s->wr_id;
         cqe->opcode = exs__prov_wr_wc_opcode(s->opcode);
-        if (s->opcode == EXS_PROV_WR_RDMA_READ && wc->status == IBV_WC_SUCCESS)
-            cqe->byte_len = s->len;
-        /* rxe NAKs a SEND longer than the receive as a remote operation error; the
-         * contract calls a SEND the peer could not place REM_INV_REQ_ERR */
-        if (wc->status == IBV_WC_REM_OP_ERR &&
-            (s->opcode == EXS_PROV_WR_SEND || s->opcode == EXS_PROV_WR_SEND_WITH_IMM))
-            cqe->status = EXS_PROV_WC_REM_INV_REQ_ERR;
-        if (wc->status == IBV_WC_LOC_QP_OP_ERR &&
-            !exs__vrb_mr_covers(ctx, s->sge, s->nsge, s->opcode == EXS_PROV_WR_RDMA_READ))
+        if (ok) {
+            if (s->opcode == EXS_PROV_WR_RDMA_READ)
+                cqe->byte_len = s->len;
+        } else if (wc->status == IBV_WC_REM_OP_ERR) {
+            /* rxe NAKs a SEND longer than the receive as a remote operation error; the
+             * contract calls a SEND the peer could not place REM_INV_REQ_ERR */
+            if (s->opcode == EXS_PROV_WR_SEND || s->opcode == EXS_PROV_WR_SEND_WITH_IMM)
+                cqe->status = EXS_PROV_WC_REM_INV_REQ_ERR;
+        } else if (wc->status == IBV_WC_LOC_QP_OP_ERR &&
+                   !exs__vrb_mr_covers(ctx, s->sge, s->nsge, s->opcode == EXS_PROV_WR_RDMA_READ)) {
             cqe->status = EXS_PROV_WC_LOC_PROT_ERR;
+        }
         /* retires the unsignaled requests posted before it, as hardware does */
         if (retire_p)
             *retire_p = seq + 1;
         else if (!made)
-            ep->sq_head = seq + 1;
+            vrb_head_up(&ep->sq_head, seq + 1);
     }
-    if (wc->status == IBV_WC_SUCCESS && (wc->wc_flags & IBV_WC_WITH_IMM)) {
-        cqe->imm_data = ntohl(wc->imm_data);
-        cqe->flags |= EXS_PROV_WC_WITH_IMM;
+}
+
+/* Everything but the unlocked success: under ep->lock, checked against the queue's
+ * outstanding slots (a stale or foreign completion is dropped and counted), the
+ * completions made before it first, an error ends the ep. Out of line: the success path
+ * keeps a small frame. */
+static __attribute__((noinline)) int vrb_wc_locked(struct vrb_ctx *ctx, struct vrb_ep *ep,
+                                                   const struct ibv_wc *wc, uint64_t seq,
+                                                   struct exs_prov_cqe *cqe, uint64_t *retire_p)
+{
+    int made = 0;
+
+    pthread_mutex_lock(&ep->lock);
+    EXS_CNT_INC(ctx->cnt.wc_locked);
+    if (!vrb_wc_in_window(ep, wc, seq)) {
+        pthread_mutex_unlock(&ep->lock);
+        EXS_CNT_INC(ctx->cnt.stale_cqes);
+        return -1;
     }
+    if (!(wc->wr_id & VRB_RECV_BIT) && ep->synth_out)
+        made = vrb_synth_keep(ctx, ep, seq);
+    vrb_wc_fill(ctx, ep, wc, seq, cqe, retire_p, made, wc->status == IBV_WC_SUCCESS);
     if (wc->status != IBV_WC_SUCCESS) {
         if (wc->status != IBV_WC_WR_FLUSH_ERR) {
             EXS_CNT_INC(ctx->cnt.wc_errors);
@@ -210,6 +252,24 @@ int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs
         exs__vrb_ring_keep(ctx, &k);
         return 1;
     }
+    return 0;
+}
+
+int exs__vrb_wc_convert(struct vrb_ctx *ctx, const struct ibv_wc *wc, struct exs_prov_cqe *cqe,
+                        uint64_t *retire_p)
+{
+    uint64_t seq = wc->wr_id & VRB_SEQ_MASK;
+    struct vrb_ep *ep = vrb_ep_lookup(ctx, (uint32_t)(wc->wr_id >> VRB_EPID_SHIFT));
+
+    if (!ep) {
+        EXS_CNT_INC(ctx->cnt.stale_cqes);
+        return -1;
+    }
+    if (wc->wr_id & VRB_INT_BIT)
+        return vrb_wc_internal(ep, wc, cqe, retire_p);
+    if (!vrb_wc_unlocked(ep, wc, seq))
+        return vrb_wc_locked(ctx, ep, wc, seq, cqe, retire_p);
+    vrb_wc_fill(ctx, ep, wc, seq, cqe, retire_p, 0, 1);
     return 0;
 }
 
@@ -240,8 +300,11 @@ void exs__vrb_ep_kill_locked(struct vrb_ep *ep)
         EXS_ERR(PROV, "ep %p: QP to ERR: %s", (void *)ep, strerror(ret));
 }
 
-static int vrb_sge_convert(struct vrb_ctx *ctx, const struct exs_prov_sge *in, int n,
-                           struct ibv_sge *out, uint64_t *total_p)
+/* Inline: one call less on both posting paths. */
+static inline __attribute__((always_inline)) int vrb_sge_convert(struct vrb_ctx *ctx,
+                                                                 const struct exs_prov_sge *in,
+                                                                 int n, struct ibv_sge *out,
+                                                                 uint64_t *total_p)
 {
     uint64_t total = 0;
 
@@ -268,8 +331,8 @@ static void vrb_swr_fill(struct vrb_ep *ep, uint64_t seq, const struct exs_prov_
     s->opcode = (uint8_t)wr->opcode;
     s->synth = 0;
     s->nsge = (wr->flags & EXS_PROV_SEND_INLINE) ? 0 : (uint8_t)EXS_MIN(wr->num_sge, VRB_SLOT_SGE);
-    if (s->nsge)
-        memcpy(s->sge, wr->sg_list, s->nsge * sizeof(s->sge[0]));
+    for (uint8_t i = 0; i < s->nsge; i++) /* mostly one: no memcpy call */
+        s->sge[i] = wr->sg_list[i];
 }
 
 /* May wr wait in ep's batch (lock held)? Only on a live QP, with room for its sges, and
@@ -344,7 +407,10 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
     if ((wr->flags & EXS_PROV_SEND_INLINE) &&
         (wr->opcode == EXS_PROV_WR_RDMA_READ || total > ep->base.attr.max_inline))
         return -EINVAL;
-    memset(&w, 0, sizeof(w));
+    /* up to the opcode-specific union: what follows it (XRC's remote SRQ, bind_mw, tso)
+     * is read by a driver only for XRC QPs and the BIND_MW and TSO opcodes, never posted
+     * here (and a 128-byte memset was a sixth of this function's own instructions) */
+    memset(&w, 0, offsetof(struct ibv_send_wr, qp_type));
     w.sg_list = wr->num_sge ? sge : NULL;
     w.num_sge = wr->num_sge;
     switch (wr->opcode) {
@@ -383,7 +449,8 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
         pthread_mutex_unlock(&ep->lock);
         return -ENOTCONN;
     }
-    if (ep->sq_tail - ep->sq_head >= ep->base.attr.max_send_wr) {
+    if (ep->sq_tail - __atomic_load_n(&ep->sq_head, __ATOMIC_ACQUIRE) >=
+        ep->base.attr.max_send_wr) {
         pthread_mutex_unlock(&ep->lock);
         EXS_CNT_INC(ctx->cnt.sq_full);
         return -ENOMEM;
@@ -419,6 +486,8 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
         return ret == ENOMEM ? -ENOMEM : -ret;
     }
     ep->sq_tail = seq + 1;
+    /* nothing is held (else it would have joined the batch): every slot is posted */
+    __atomic_store_n(&ep->sq_posted, seq + 1, __ATOMIC_RELEASE);
     if (state == EXS_PROV_EP_ERROR)
         vrb_kick_flush(ep);
     pthread_mutex_unlock(&ep->lock);
@@ -465,7 +534,7 @@ void exs__vrb_held_post_locked(struct vrb_ep *ep)
         if (ep->held[i].w.send_flags & IBV_SEND_SIGNALED) {
             ep->held[i].w.send_flags &= ~(unsigned)IBV_SEND_SIGNALED;
             ep->sq[(seq0 + i) % ep->sq_cap].synth = 1;
-            ep->synth_out++;
+            __atomic_store_n(&ep->synth_out, ep->synth_out + 1, __ATOMIC_RELAXED);
             EXS_CNT_INC(ctx->cnt.signals_saved);
         }
     }
@@ -477,6 +546,8 @@ void exs__vrb_held_post_locked(struct vrb_ep *ep)
         vrb_held_refused_locked(ep, bad ? bad : &ep->held[0].w, ret);
     else if (__atomic_load_n(&ep->state, __ATOMIC_RELAXED) == EXS_PROV_EP_ERROR)
         vrb_kick_flush(ep);
+    /* after the marks and the post: a completion seen below it is converted unlocked */
+    __atomic_store_n(&ep->sq_posted, ep->sq_tail, __ATOMIC_RELEASE);
 }
 
 void exs__vrb_ep_flush(struct exs_prov_ep *e)
@@ -532,7 +603,8 @@ int exs__vrb_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)
     w.sg_list = wr->num_sge ? sge : NULL;
     w.num_sge = wr->num_sge;
     pthread_mutex_lock(&ep->lock);
-    if (ep->rq_tail - ep->rq_head >= ep->base.attr.max_recv_wr) {
+    if (ep->rq_tail - __atomic_load_n(&ep->rq_head, __ATOMIC_ACQUIRE) >=
+        ep->base.attr.max_recv_wr) {
         pthread_mutex_unlock(&ep->lock);
         return -ENOMEM;
     }
@@ -542,12 +614,12 @@ int exs__vrb_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)
 
         r->wr_id = wr->wr_id;
         r->nsge = (uint8_t)EXS_MIN(wr->num_sge, VRB_SLOT_SGE);
-        if (r->nsge)
-            memcpy(r->sge, wr->sg_list, r->nsge * sizeof(r->sge[0]));
+        for (uint8_t i = 0; i < r->nsge; i++) /* mostly one: no memcpy call */
+            r->sge[i] = wr->sg_list[i];
     }
     w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_RECV_BIT | (seq & VRB_SEQ_MASK);
     if (!ep->qp) {
-        ep->rq_tail = seq + 1;
+        __atomic_store_n(&ep->rq_tail, seq + 1, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&ep->lock);
         exs__vrb_flush_push(ep->ctx, ep, VRB_RECV_BIT | seq, wr->wr_id, 0);
         return 0;
@@ -558,7 +630,8 @@ int exs__vrb_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)
         EXS_DBG(PROV, "ep %p: ibv_post_recv: %s", (void *)ep, strerror(ret));
         return ret == ENOMEM ? -ENOMEM : -ret;
     }
-    ep->rq_tail = seq + 1;
+    /* after the slot and the post: its completion is converted unlocked once seen below */
+    __atomic_store_n(&ep->rq_tail, seq + 1, __ATOMIC_RELEASE);
     if (__atomic_load_n(&ep->state, __ATOMIC_RELAXED) == EXS_PROV_EP_ERROR)
         vrb_kick_flush(ep);
     pthread_mutex_unlock(&ep->lock);

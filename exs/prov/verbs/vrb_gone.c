@@ -174,7 +174,7 @@ static void vrb_ep_gone_locked(struct vrb_ctx *ctx, struct vrb_ep *ep)
     exs__vrb_held_drop_locked(ep);
     for (uint64_t s = ep->sq_head; s < ep->sq_tail; s++)
         ep->sq[s % ep->sq_cap].synth = 0;
-    ep->synth_out = 0;
+    __atomic_store_n(&ep->synth_out, 0, __ATOMIC_RELAXED);
     for (uint64_t s = sq_from; s < ep->sq_tail; s++) {
         const struct vrb_swr *w = &ep->sq[s % ep->sq_cap];
 

@@ -390,12 +390,13 @@ static void vrb_revoke(struct vrb_grant *g)
          * only. The window is released when the bind completes (or flushes). */
         g->revoked = 1;
         EXS_CNT_INC(ep->ctx->cnt.revokes_early);
-        EXS_DBG(PROV,
-                "ep %p: rkey %#x revoked %llu us after its bind was posted, before its "
-                "completion (%u binds, %llu requests outstanding): ep to error",
-                (void *)ep, g->base.rkey,
-                (unsigned long long)((exs__now_ns() - g->posted_ns) / 1000), ep->int_out,
-                (unsigned long long)(ep->sq_tail - ep->sq_head));
+        EXS_DBG(
+            PROV,
+            "ep %p: rkey %#x revoked %llu us after its bind was posted, before its "
+            "completion (%u binds, %llu requests outstanding): ep to error",
+            (void *)ep, g->base.rkey, (unsigned long long)((exs__now_ns() - g->posted_ns) / 1000),
+            ep->int_out,
+            (unsigned long long)(ep->sq_tail - __atomic_load_n(&ep->sq_head, __ATOMIC_RELAXED)));
         exs__vrb_ep_kill_locked(ep);
         pthread_mutex_unlock(&ep->lock);
         return;

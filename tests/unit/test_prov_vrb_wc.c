@@ -1,0 +1,458 @@
+/* SPDX-License-Identifier: MIT */
+/* The verbs provider's completion conversion without hardware (suite prov_vrb_cache, case
+ * wc; verbs builds only): a ctx and an ep of the provider over a fake device (the verbs
+ * data calls are inline calls through the context's ops: post_send, post_recv, poll_cq
+ * and req_notify_cq are the fake's), so that stale and foreign completions, the success
+ * path without the ep's lock, the locked paths, and posters racing the consumer (TSan) are
+ * checked on any host (spec/threading.md, "Verbs completions"). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exs/util/util.h"
+#include "tests/unit/unit.h"
+
+#ifdef EXS_HAVE_VERBS_PROV
+#include "exs/prov/verbs/vrb.h"
+
+/* ---- the fake device: one CQ; a signaled send and every receive complete at once ---- */
+
+#define FK_CQ 4096
+
+static struct {
+    pthread_mutex_t lock; /* the device's own ordering: a completion follows its post */
+    struct ibv_wc wc[FK_CQ];
+    unsigned head, count;
+    uint32_t imm;
+} fk;
+
+static void fk_push(uint64_t wr_id, enum ibv_wc_opcode op, uint32_t len, int imm)
+{
+    struct ibv_wc *w;
+
+    pthread_mutex_lock(&fk.lock);
+    ck_assert_uint_lt(fk.count, FK_CQ);
+    w = &fk.wc[(fk.head + fk.count++) % FK_CQ];
+    memset(w, 0, sizeof(*w));
+    w->wr_id = wr_id;
+    w->status = IBV_WC_SUCCESS;
+    w->opcode = op;
+    w->byte_len = len;
+    if (imm) {
+        w->wc_flags = IBV_WC_WITH_IMM;
+        w->imm_data = htonl(++fk.imm);
+    }
+    pthread_mutex_unlock(&fk.lock);
+}
+
+static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    (void)qp;
+    (void)bad;
+    for (; wr; wr = wr->next)
+        if (wr->send_flags & IBV_SEND_SIGNALED)
+            fk_push(wr->wr_id, IBV_WC_RDMA_WRITE, 0, 0);
+    return 0;
+}
+
+static int fk_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    (void)qp;
+    (void)bad;
+    for (; wr; wr = wr->next)
+        fk_push(wr->wr_id, IBV_WC_RECV_RDMA_WITH_IMM, 64, 1);
+    return 0;
+}
+
+static int fk_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+    int got = 0;
+
+    (void)cq;
+    pthread_mutex_lock(&fk.lock);
+    while (got < n && fk.count) {
+        wc[got++] = fk.wc[fk.head];
+        fk.head = (fk.head + 1) % FK_CQ;
+        fk.count--;
+    }
+    pthread_mutex_unlock(&fk.lock);
+    return got;
+}
+
+static int fk_req_notify(struct ibv_cq *cq, int solicited)
+{
+    (void)cq;
+    (void)solicited;
+    return 0;
+}
+
+struct fk_env {
+    struct ibv_context vc;
+    struct ibv_cq cq;
+    struct ibv_qp qp;
+    struct vrb_ctx *ctx;
+    struct vrb_ep *ep;
+};
+
+#define FK_DEPTH 16u
+
+static void fk_open(struct fk_env *e)
+{
+    struct vrb_ctx *ctx;
+    struct vrb_ep *ep;
+
+    memset(e, 0, sizeof(*e));
+    memset(&fk.wc, 0, sizeof(fk.wc));
+    fk.head = fk.count = 0;
+    fk.imm = 0;
+    pthread_mutex_init(&fk.lock, NULL);
+    e->vc.ops.post_send = fk_post_send;
+    e->vc.ops.post_recv = fk_post_recv;
+    e->vc.ops.poll_cq = fk_poll_cq;
+    e->vc.ops.req_notify_cq = fk_req_notify;
+    e->cq.context = &e->vc;
+    e->qp.context = &e->vc;
+
+    ctx = calloc(1, sizeof(*ctx));
+    ck_assert_ptr_nonnull(ctx);
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_mutex_init(&ctx->cm_lock, NULL);
+    pthread_rwlock_init(&ctx->mr_lock, NULL);
+    exs_list_init(&ctx->cm_sw);
+    exs_list_init(&ctx->eps);
+    for (unsigned i = 0; i < VRB_EP_HASH; i++)
+        exs_list_init(&ctx->ep_hash[i]);
+    for (unsigned i = 0; i < VRB_MR_HASH; i++)
+        exs_list_init(&ctx->mr_hash[i]);
+    ctx->evfd = ctx->epfd = -1;
+    ctx->cq = &e->cq;
+    ctx->base.ops = &exs__prov_verbs_ops;
+    ctx->base.caps.max_sge = 4;
+    ctx->base.caps.max_msg_size = 1u << 30;
+    ctx->base.caps.max_inline = 64;
+
+    ep = calloc(1, sizeof(*ep));
+    ck_assert_ptr_nonnull(ep);
+    pthread_mutex_init(&ep->lock, NULL);
+    ep->ctx = ctx;
+    ep->base.ctx = &ctx->base;
+    ep->base.attr.max_send_wr = ep->base.attr.max_recv_wr = FK_DEPTH;
+    ep->base.attr.max_inline = 64;
+    ep->sq_cap = ep->rq_cap = FK_DEPTH;
+    ep->sq = calloc(FK_DEPTH, sizeof(*ep->sq));
+    ep->rq = calloc(FK_DEPTH, sizeof(*ep->rq));
+    ck_assert(ep->sq && ep->rq);
+    ep->qp = &e->qp;
+    ep->state = EXS_PROV_EP_CONNECTED;
+    exs_list_init(&ep->grants);
+    exs__vrb_ep_hash_add(ctx, ep);
+    e->ctx = ctx;
+    e->ep = ep;
+}
+
+static void fk_close(struct fk_env *e)
+{
+    struct vrb_ep *ep = e->ep;
+
+    pthread_mutex_lock(&ep->lock);
+    exs__vrb_held_drop_locked(ep);
+    pthread_mutex_unlock(&ep->lock);
+    pthread_mutex_lock(&e->ctx->lock);
+    exs_list_del(&ep->hlink);
+    exs_list_del(&ep->link);
+    pthread_mutex_unlock(&e->ctx->lock);
+    free(ep->sq);
+    free(ep->rq);
+    pthread_mutex_destroy(&ep->lock);
+    free(ep);
+    free(e->ctx->ring);
+    pthread_mutex_destroy(&e->ctx->lock);
+    pthread_mutex_destroy(&e->ctx->cm_lock);
+    pthread_rwlock_destroy(&e->ctx->mr_lock);
+    free(e->ctx);
+    pthread_mutex_destroy(&fk.lock);
+}
+
+static uint8_t fk_buf[64];
+
+static int fk_send(struct fk_env *e, uint64_t wr_id, unsigned flags)
+{
+    struct exs_prov_sge sge = {.addr = (uintptr_t)fk_buf, .length = 16, .lkey = 1};
+    struct exs_prov_send_wr wr = {.wr_id = wr_id,
+                                  .opcode = EXS_PROV_WR_RDMA_WRITE_WITH_IMM,
+                                  .flags = flags,
+                                  .sg_list = &sge,
+                                  .num_sge = 1,
+                                  .imm_data = 7,
+                                  .remote_addr = 4096,
+                                  .rkey = 9};
+
+    return exs__vrb_post_send(&e->ep->base, &wr);
+}
+
+static int fk_recv(struct fk_env *e, uint64_t wr_id)
+{
+    struct exs_prov_sge sge = {.addr = (uintptr_t)fk_buf, .length = 64, .lkey = 1};
+    struct exs_prov_recv_wr wr = {.wr_id = wr_id, .sg_list = &sge, .num_sge = 1};
+
+    return exs__vrb_post_recv(&e->ep->base, &wr);
+}
+
+/* One work completion of ep's queue through exs__vrb_wc_convert, as ctx_poll calls it. */
+static int fk_convert(struct fk_env *e, uint32_t epid, uint64_t bits, enum ibv_wc_status st,
+                      struct exs_prov_cqe *cqe)
+{
+    struct ibv_wc wc = {.wr_id = ((uint64_t)epid << VRB_EPID_SHIFT) | bits, .status = st};
+    int r;
+
+    wc.opcode = (bits & VRB_RECV_BIT) ? IBV_WC_RECV : IBV_WC_RDMA_WRITE;
+    pthread_mutex_lock(&e->ctx->lock);
+    r = exs__vrb_wc_convert(e->ctx, &wc, cqe, NULL);
+    pthread_mutex_unlock(&e->ctx->lock);
+    return r;
+}
+
+/* A completion that names no ep, or a slot outside its queue's outstanding ones (before the
+ * head, at or past the tail), is dropped and counted, on either queue, whatever its
+ * status: the success path does not take it. */
+START_TEST(wc_stale_and_foreign_dropped)
+{
+    struct fk_env e;
+    struct exs_prov_cqe c;
+    uint64_t stale;
+
+    fk_open(&e);
+    ck_assert_int_eq(fk_recv(&e, 100), 0);
+    ck_assert_int_eq(fk_send(&e, 200, EXS_PROV_SEND_SIGNALED), 0);
+    /* the fake completed both: take them (slots 0 retired: heads at 1) */
+    ck_assert_int_eq(exs__prov_verbs_ops.ctx_poll(&e.ctx->base, &c, 1), 1);
+    ck_assert_int_eq(exs__prov_verbs_ops.ctx_poll(&e.ctx->base, &c, 1), 1);
+    ck_assert_int_eq(exs__prov_verbs_ops.ctx_poll(&e.ctx->base, &c, 1), 0);
+    ck_assert_int_eq(fk_recv(&e, 101), 0); /* outstanding: recv slot 1, its wc queued */
+    stale = e.ctx->cnt.stale_cqes;
+    ck_assert_int_eq(fk_convert(&e, e.ep->epid + 1, VRB_RECV_BIT | 1, IBV_WC_SUCCESS, &c), -1);
+    ck_assert_int_eq(fk_convert(&e, 0, 0, IBV_WC_SUCCESS, &c), -1);
+    ck_assert_int_eq(fk_convert(&e, e.ep->epid, VRB_RECV_BIT | 0, IBV_WC_SUCCESS, &c), -1);
+    ck_assert_int_eq(fk_convert(&e, e.ep->epid, VRB_RECV_BIT | 2, IBV_WC_SUCCESS, &c), -1);
+    ck_assert_int_eq(fk_convert(&e, e.ep->epid, VRB_RECV_BIT | VRB_SEQ_MASK, IBV_WC_SUCCESS, &c),
+                     -1);
+    ck_assert_int_eq(fk_convert(&e, e.ep->epid, 0, IBV_WC_SUCCESS, &c), -1);
+    ck_assert_int_eq(fk_convert(&e, e.ep->epid, 1, IBV_WC_SUCCESS, &c), -1);
+    ck_assert_int_eq(fk_convert(&e, e.ep->epid, 5, IBV_WC_WR_FLUSH_ERR, &c), -1);
+    ck_assert_uint_eq(e.ctx->cnt.stale_cqes, stale + 8);
+    /* the queues are untouched: the real one still converts, in order */
+    ck_assert_uint_eq(e.ep->rq_head, 1);
+    ck_assert_uint_eq(e.ep->sq_head, 1);
+    ck_assert_int_eq(exs__prov_verbs_ops.ctx_poll(&e.ctx->base, &c, 1), 1);
+    ck_assert_uint_eq(c.wr_id, 101);
+    ck_assert_int_eq(c.status, EXS_PROV_WC_SUCCESS);
+    fk_close(&e);
+}
+END_TEST
+
+/* Successful completions in the window are converted without the ep's lock (counter
+ * wc_locked stays), with what the consumer needs (wr_id, opcode, length, immediate), and
+ * their slots come back (a full queue's worth, twice). */
+START_TEST(wc_success_path_takes_no_ep_lock)
+{
+    struct fk_env e;
+    struct exs_prov_cqe c[4];
+    uint64_t locked;
+
+    fk_open(&e);
+    locked = e.ctx->cnt.wc_locked;
+    for (uint64_t i = 0; i < 2 * FK_DEPTH; i++) {
+        ck_assert_int_eq(fk_recv(&e, 1000 + i), 0);
+        ck_assert_int_eq(fk_send(&e, 2000 + i, EXS_PROV_SEND_SIGNALED), 0);
+        ck_assert_int_eq(exs__prov_verbs_ops.ctx_poll(&e.ctx->base, c, 4), 2);
+        ck_assert_uint_eq(c[0].wr_id, 1000 + i);
+        ck_assert_int_eq(c[0].status, EXS_PROV_WC_SUCCESS);
+        ck_assert_int_eq(c[0].opcode, EXS_PROV_WC_RECV_RDMA_WITH_IMM);
+        ck_assert_uint_eq(c[0].byte_len, 64);
+        ck_assert(c[0].flags & EXS_PROV_WC_WITH_IMM);
+        ck_assert_uint_eq(c[0].imm_data, i + 1);
+        ck_assert_ptr_eq(c[0].ep, &e.ep->base);
+        ck_assert_uint_eq(c[1].wr_id, 2000 + i);
+        ck_assert_int_eq(c[1].opcode, EXS_PROV_WC_RDMA_WRITE);
+    }
+    ck_assert_uint_eq(e.ep->sq_head, 2 * FK_DEPTH);
+    ck_assert_uint_eq(e.ep->rq_head, 2 * FK_DEPTH);
+    ck_assert_msg(e.ctx->cnt.wc_locked == locked, "%llu successful completions took the ep's lock",
+                  (unsigned long long)(e.ctx->cnt.wc_locked - locked));
+    fk_close(&e);
+}
+END_TEST
+
+/* A completion polled before its poster published the slot (sq_posted / rq_tail not
+ * moved yet: the device completed it while post_send still ran) is converted under the
+ * ep's lock, not dropped; an error completion too (the ep goes to ERROR). */
+START_TEST(wc_early_and_error_completions_locked)
+{
+    struct fk_env e;
+    struct exs_prov_cqe c;
+    uint64_t locked, stale;
+
+    fk_open(&e);
+    ck_assert_int_eq(fk_send(&e, 300, 0), 0);
+    ck_assert_int_eq(fk_send(&e, 301, 0), 0);
+    ck_assert_int_eq(fk_recv(&e, 400), 0);
+    pthread_mutex_lock(&fk.lock);
+    fk.count = 0; /* the fake's receive completion: made by hand below */
+    pthread_mutex_unlock(&fk.lock);
+    /* as if post_send had not stored sq_posted yet */
+    __atomic_store_n(&e.ep->sq_posted, 1, __ATOMIC_RELEASE);
+    locked = e.ctx->cnt.wc_locked;
+    stale = e.ctx->cnt.stale_cqes;
+    ck_assert_int_eq(fk_convert(&e, e.ep->epid, 1, IBV_WC_SUCCESS, &c), 0);
+    ck_assert_uint_eq(c.wr_id, 301);
+    ck_assert_uint_eq(e.ctx->cnt.wc_locked, locked + 1);
+    ck_assert_uint_eq(e.ep->sq_head, 2); /* it retires the unsignaled one before it */
+    ck_assert_int_eq(fk_convert(&e, e.ep->epid, VRB_RECV_BIT | 0, IBV_WC_LOC_LEN_ERR, &c), 0);
+    ck_assert_uint_eq(c.wr_id, 400);
+    ck_assert_int_eq(c.status, EXS_PROV_WC_LOC_LEN_ERR);
+    ck_assert_uint_eq(e.ctx->cnt.wc_locked, locked + 2);
+    ck_assert_uint_eq(e.ctx->cnt.stale_cqes, stale);
+    ck_assert_int_eq(exs__vrb_ep_state(&e.ep->base), EXS_PROV_EP_ERROR);
+    fk_close(&e);
+}
+END_TEST
+
+/* Two SIGNALED requests of one batch (DEFER, ep_flush): the first goes unsignaled and its
+ * completion is made before the second's; the made one holds its slot until returned. */
+START_TEST(wc_batch_made_completion_in_order)
+{
+    struct fk_env e;
+    struct exs_prov_cqe c[4];
+
+    fk_open(&e);
+    ck_assert_int_eq(fk_send(&e, 500, EXS_PROV_SEND_SIGNALED | EXS_PROV_SEND_DEFER), 0);
+    ck_assert_int_eq(fk_send(&e, 501, EXS_PROV_SEND_SIGNALED | EXS_PROV_SEND_DEFER), 0);
+    exs__vrb_ep_flush(&e.ep->base);
+    ck_assert_uint_eq(e.ep->synth_out, 1);
+    ck_assert_int_eq(exs__prov_verbs_ops.ctx_poll(&e.ctx->base, c, 1), 1);
+    ck_assert_uint_eq(c[0].wr_id, 500);
+    ck_assert_uint_eq(e.ep->sq_head, 1); /* 501 is kept: its slot still taken */
+    ck_assert_int_eq(exs__prov_verbs_ops.ctx_poll(&e.ctx->base, c, 4), 1);
+    ck_assert_uint_eq(c[0].wr_id, 501);
+    ck_assert_uint_eq(e.ep->sq_head, 2);
+    ck_assert_uint_eq(e.ep->synth_out, 0);
+    fk_close(&e);
+}
+END_TEST
+
+/* ---- posters racing the consumer (run it under TSan: make SAN=thread) ---- */
+
+#define FK_RACE_N 4000u
+
+struct fk_race {
+    struct fk_env *e;
+    int done;        /* atomic: the consumer has everything */
+    int poster_done; /* atomic */
+    const char *fail;
+};
+
+static int fk_retry(struct fk_race *r, int (*post)(struct fk_env *, uint64_t, unsigned),
+                    uint64_t id, unsigned flags)
+{
+    uint64_t until = exs__now_ns() + 20000000000ull;
+    int ret;
+
+    while ((ret = post(r->e, id, flags)) == -ENOMEM && exs__now_ns() < until)
+        sched_yield();
+    return ret;
+}
+
+static int fk_recv3(struct fk_env *e, uint64_t id, unsigned flags)
+{
+    (void)flags;
+    return fk_recv(e, id);
+}
+
+static void *fk_poster(void *arg)
+{
+    struct fk_race *r = arg;
+
+    for (uint64_t i = 0; i < FK_RACE_N && !r->fail; i++) {
+        /* every 4th pair of sends goes as one batch: a made completion before the second */
+        unsigned defer = (i % 8) < 2 ? EXS_PROV_SEND_DEFER : 0;
+
+        if (fk_retry(r, fk_recv3, (1ull << 32) | i, 0) ||
+            fk_retry(r, fk_send, (2ull << 32) | i, EXS_PROV_SEND_SIGNALED | defer)) {
+            r->fail = "post refused (no room for 20 s)";
+            break;
+        }
+        if ((i % 8) == 1)
+            exs__vrb_ep_flush(&r->e->ep->base);
+    }
+    __atomic_store_n(&r->poster_done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* The progress thread's other caller: ctx_arm keeps what it finds, retiring when returned. */
+static void *fk_armer(void *arg)
+{
+    struct fk_race *r = arg;
+
+    while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
+        if (exs__prov_verbs_ops.ctx_arm(&r->e->ctx->base) == 0)
+            sched_yield();
+    return NULL;
+}
+
+START_TEST(wc_posters_race_consumer)
+{
+    struct fk_env e;
+    struct fk_race r = {.e = &e};
+    pthread_t tp, ta;
+    uint64_t next[2] = {0, 0}, until = exs__now_ns() + 60000000000ull;
+    struct exs_prov_cqe c[8];
+
+    fk_open(&e);
+    ck_assert_int_eq(pthread_create(&tp, NULL, fk_poster, &r), 0);
+    ck_assert_int_eq(pthread_create(&ta, NULL, fk_armer, &r), 0);
+    while ((next[0] < FK_RACE_N || next[1] < FK_RACE_N) && exs__now_ns() < until) {
+        int n = exs__prov_verbs_ops.ctx_poll(&e.ctx->base, c, 8);
+
+        for (int i = 0; i < n; i++) {
+            int q = (int)(c[i].wr_id >> 32) - 1;
+
+            ck_assert_int_eq(c[i].status, EXS_PROV_WC_SUCCESS);
+            ck_assert_msg(q == 0 || q == 1, "wr_id %llx", (unsigned long long)c[i].wr_id);
+            /* each queue's completions once each, in order */
+            ck_assert_uint_eq(c[i].wr_id & 0xffffffffu, next[q]);
+            next[q]++;
+        }
+        if (!n)
+            sched_yield();
+    }
+    __atomic_store_n(&r.done, 1, __ATOMIC_RELEASE);
+    pthread_join(tp, NULL);
+    pthread_join(ta, NULL);
+    ck_assert_msg(!r.fail, "%s", r.fail ? r.fail : "");
+    ck_assert_uint_eq(next[0], FK_RACE_N);
+    ck_assert_uint_eq(next[1], FK_RACE_N);
+    ck_assert_uint_eq(e.ctx->cnt.stale_cqes, 0);
+    ck_assert_uint_eq(e.ep->rq_head, FK_RACE_N);
+    ck_assert_uint_eq(e.ep->sq_head, FK_RACE_N);
+    fk_close(&e);
+}
+END_TEST
+
+TCase *prov_vrb_wc_tcase(void)
+{
+    TCase *tc = tcase_create("wc");
+
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, wc_stale_and_foreign_dropped);
+    tcase_add_test(tc, wc_success_path_takes_no_ep_lock);
+    tcase_add_test(tc, wc_early_and_error_completions_locked);
+    tcase_add_test(tc, wc_batch_made_completion_in_order);
+    tcase_add_test(tc, wc_posters_race_consumer);
+    return tc;
+}
+
+#endif
