@@ -385,6 +385,32 @@ int exs__evq_private_live_count(void)
     return __atomic_load_n(&evq_private_live, __ATOMIC_RELAXED);
 }
 
+/* The count of live operations is the reservations' (exs__evq_reserve_slot's running
+ * count in st, less the slots freed and the events queued): every operation holds its
+ * queue's slot from its post until its event is queued (or its post fails:
+ * exs__evq_unreserve), so no global count with a locked add at each post and each end
+ * is kept for it (issue 26: two locked instructions per operation fewer). The walk takes
+ * the table's lock (no queue leaves meanwhile) and each queue's (reserved is read as at
+ * exs__evq_destroy_all). A queue killed with operations outstanding (the orphan of
+ * exs_fini) left the table: exs__evq_live_count still counts it until its last one. */
+int exs__evq_ops_live(void)
+{
+    int n = 0;
+
+    evq_tab_wrlock();
+    for (int i = 0; i < evq_tab.used; i++) {
+        struct exs_evq *evq = evq_tab.slots[i].evq;
+
+        if (!evq)
+            continue;
+        EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+        n += (int)evq_reserved(evq);
+        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    }
+    evq_tab_unlock();
+    return n;
+}
+
 int exs__evq_clean(exs_qhandle_t q)
 {
     struct exs_evq *evq;
