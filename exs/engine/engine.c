@@ -39,8 +39,14 @@
  * Locks (spec/threading.md): eng.plock is the progress lock, outermost of the library;
  * eng.lock guards the job list and stopping only, and is a leaf.
  *
- * Fields written under plock: loop internals, io_on, loop_dirty. drivers is atomic.
+ * Fields written under plock: loop internals, io_on, loop_dirty. drv is atomic.
  */
+/* eng.drv: the drivers inside a wait, and the leaves ever (wrapping) */
+#define ENG_DRIVERS(v)   ((int)(uint32_t)(v))
+#define ENG_LEAVE_GEN(v) ((unsigned)((v) >> 32))
+/* A leave: the generation up and the count down in one add (the count is >= 1 before
+ * it: no borrow from the generation) */
+#define ENG_LEAVE        ((UINT64_C(1) << 32) - 1)
 static struct {
     struct exs_prov_ctx *ctx;
     /* The fallback context (tcp), opened at start when the policy needs it
@@ -62,9 +68,11 @@ static struct {
     struct exs_list jobs;
     int stopping;
     int running;
-    int manual;          /* provider opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
-    int drivers;         /* atomic: application threads inside a wait */
-    unsigned leave_gen;  /* atomic: drivers that left, ever */
+    int manual; /* provider opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
+    /* atomic: application threads inside a wait (low 32 bits, ENG_DRIVERS) and drivers
+     * that left, ever (high 32 bits, ENG_LEAVE_GEN): one word, so a leave is one locked
+     * add (ENG_LEAVE) where a count down and a generation up were two */
+    uint64_t drv;
     uint64_t leave_ns;   /* atomic: when a driver last left */
     uint64_t gap_ns;     /* atomic: the application's remembered gap between waits, noted
                             at gap_at (exs__engine_gap_now; approximate when threads race) */
@@ -610,7 +618,7 @@ void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX])
 
 void exs__engine_driver_enter(uint64_t now)
 {
-    if (__atomic_add_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 1) {
+    if (ENG_DRIVERS(__atomic_add_fetch(&eng.drv, 1, __ATOMIC_SEQ_CST)) == 1) {
         /* back from a gap: how long the application was away (posting, or computing) */
         uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
         uint64_t gap;
@@ -635,8 +643,7 @@ void exs__engine_driver_leave(void)
     /* No wake-up while the lease runs: the loop looks within one lease. After a long
      * wait the lease was stopped (eng_lease_cb): the last driver out wakes the loop. */
     __atomic_store_n(&eng.leave_ns, exs__now_ns(), __ATOMIC_RELAXED);
-    __atomic_add_fetch(&eng.leave_gen, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_sub_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 0 &&
+    if (ENG_DRIVERS(__atomic_add_fetch(&eng.drv, ENG_LEAVE, __ATOMIC_SEQ_CST)) == 0 &&
         __atomic_load_n(&eng.lease_idle, __ATOMIC_SEQ_CST) &&
         __atomic_exchange_n(&eng.lease_idle, 0, __ATOMIC_SEQ_CST)) {
         /* a wait that exs_fini ended (a synchronous exs_poll) may leave after the loop
@@ -730,16 +737,17 @@ static void eng_lease_start(struct ev_loop *loop, double after)
  * one lease later, so the take-over still comes within nine leases of the last leave. */
 static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    unsigned gen = __atomic_load_n(&eng.leave_gen, __ATOMIC_SEQ_CST);
-    int drivers = __atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST);
+    uint64_t drv = __atomic_load_n(&eng.drv, __ATOMIC_SEQ_CST);
+    unsigned gen = ENG_LEAVE_GEN(drv);
+    int drivers = ENG_DRIVERS(drv);
     int moved = gen != eng.seen_gen;
 
     (void)revents;
     EXS_CNT_INC(exs__eng_cnt.lease_fires);
     if (drivers > 0 && !moved && !exs__params.test_engine_park) {
         __atomic_store_n(&eng.lease_idle, 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST) > 0 &&
-            __atomic_load_n(&eng.leave_gen, __ATOMIC_SEQ_CST) == gen) {
+        drv = __atomic_load_n(&eng.drv, __ATOMIC_SEQ_CST);
+        if (ENG_DRIVERS(drv) > 0 && ENG_LEAVE_GEN(drv) == gen) {
             ev_timer_stop(loop, w);
             eng.lease_mult = 1;
             EXS_CNT_INC(exs__eng_cnt.lease_idles);
@@ -774,7 +782,7 @@ static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
  * thread drives; take it back (and drain at once) when the last one left. */
 static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
-    int drivers = __atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST);
+    int drivers = ENG_DRIVERS(__atomic_load_n(&eng.drv, __ATOMIC_SEQ_CST));
     uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
     /* Hysteresis: take the provider back only after a whole lease without a driver, so
      * an application that leaves exs_qdequeue for a moment (a ping-pong posting its
@@ -1132,9 +1140,10 @@ void exs__engine_fork(int phase)
     eng.loop = NULL;
     pthread_mutex_init(&eng.lock, NULL); /* a thread of the parent may have held it */
     exs_list_init(&eng.jobs);
-    eng.stopping = eng.manual = eng.drivers = eng.lease_idle = eng.io_on = 0;
+    eng.stopping = eng.manual = eng.lease_idle = eng.io_on = 0;
+    eng.drv = 0;
     eng.psleepers = eng.armed = eng.njobs = 0;
-    eng.leave_gen = eng.seen_gen = 0;
+    eng.seen_gen = 0;
     eng.lease_mult = 1;
     eng.leave_ns = eng.gap_ns = eng.gap_at = 0;
     __atomic_store_n(&eng.running, 0, __ATOMIC_RELEASE);
