@@ -316,7 +316,6 @@ struct api_mreg;
 /* The handle m is registered under now, 0 once deregistered (tests: a hold keeps it). */
 int exs__api_mreg_handle(const struct api_mreg *m);
 void exs__api_mreg_destroy_all(void);
-int exs__api_op_live(void);
 int exs__api_initialized(void);
 /* exs_fini at process exit (exit.c): other threads of the application may still be inside
  * a call, reading the tables, queues, kernel-socket states and registrations that their

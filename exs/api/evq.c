@@ -385,6 +385,32 @@ int exs__evq_private_live_count(void)
     return __atomic_load_n(&evq_private_live, __ATOMIC_RELAXED);
 }
 
+/* The count of live operations is the reservations' (exs__evq_reserve_slot's running
+ * count in st, less the slots freed and the events queued): every operation holds its
+ * queue's slot from its post until its event is queued (or its post fails:
+ * exs__evq_unreserve), so no global count with a locked add at each post and each end
+ * is kept for it (issue 26: two locked instructions per operation fewer). The walk takes
+ * the table's lock (no queue leaves meanwhile) and each queue's (reserved is read as at
+ * exs__evq_destroy_all). A queue killed with operations outstanding (the orphan of
+ * exs_fini) left the table: exs__evq_live_count still counts it until its last one. */
+int exs__evq_ops_live(void)
+{
+    int n = 0;
+
+    evq_tab_wrlock();
+    for (int i = 0; i < evq_tab.used; i++) {
+        struct exs_evq *evq = evq_tab.slots[i].evq;
+
+        if (!evq)
+            continue;
+        EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+        n += (int)evq_reserved(evq);
+        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    }
+    evq_tab_unlock();
+    return n;
+}
+
 int exs__evq_clean(exs_qhandle_t q)
 {
     struct exs_evq *evq;
@@ -728,6 +754,20 @@ static inline __attribute__((always_inline)) void evq_take1(struct exs_evq *evq,
     evq_give_back(evq, 1);
 }
 
+/* Take n (> 0) events, the descriptors brought in line: one event (a ping-pong's wait
+ * ends with one) without evq_take's call and its memcpy of a length known only at run
+ * time (callgrind, 64 B SEQPACKET ping-pong over shm: ~30 instructions per wait). */
+static inline __attribute__((always_inline)) void evq_take_n(struct exs_evq *evq,
+                                                             exs_event_t *events, int n)
+{
+    if (n == 1) {
+        evq_take1(evq, events);
+        evq_sync_fds(evq);
+    } else {
+        evq_take(evq, events, n);
+    }
+}
+
 static void evq_waiter_add(struct exs_evq *evq, struct evq_waiter *w)
 {
     w->prev = NULL;
@@ -873,7 +913,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
         ret = evq->dead ? -EINVAL : EXS_MIN(evq->queued, max);
         if (ret > 0)
-            evq_take(evq, events, ret);
+            evq_take_n(evq, events, ret);
         EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
         if (ret)
             return ret;
@@ -901,7 +941,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         /* as above, after the first look: the events came meanwhile */
         if ((driven || !exs__api_sock_live()) && evq->queued >= want) {
             ret = EXS_MIN(evq->queued, max);
-            evq_take(evq, events, ret);
+            evq_take_n(evq, events, ret);
             break;
         }
         /* the clock only where a deadline needs it (t0: the caller's reading; after the
@@ -1059,11 +1099,7 @@ static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q
         ret = -EINVAL;
     } else if (evq->queued >= want) {
         ret = nevents > 0 ? EXS_MIN(evq->queued, nevents) : want;
-        if (ret == 1) {
-            evq_take1(evq, events);
-            evq_sync_fds(evq);
-        } else
-            evq_take(evq, events, ret);
+        evq_take_n(evq, events, ret);
     }
     EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
     return ret;

@@ -65,6 +65,10 @@ void exs__evq_post_xfer(struct exs_evq *evq, int type, int fd, exs_ahandle_t ah,
  * queue is not one of them: exs__evq_private_live_count counts those. */
 int exs__evq_live_count(void);
 int exs__evq_private_live_count(void);
+/* Operations outstanding (leak checks in tests): the slots reserved in the queues in the
+ * table (private ones too) whose events are not queued yet. Read by walking the queues:
+ * the posting and completing paths keep no count of their own (evq.c). */
+int exs__evq_ops_live(void);
 /* A queue for one thread's synchronous calls (exs_qcreate otherwise; errno on failure). */
 exs_qhandle_t exs__evq_create_private(int depth);
 /* Make q ready for another synchronous call: discard queued events. -EBUSY: an

@@ -108,8 +108,8 @@ int exs__debug_live_objects(void)
 {
     if (getenv("EXS_DEBUG_LIVE"))
         fprintf(stderr, "live: socks %d conns %d ops %d mregs %d evqs %d kfd %d\n",
-                exs__api_sock_live(), exs__conn_live_count(), exs__api_op_live(),
+                exs__api_sock_live(), exs__conn_live_count(), exs__evq_ops_live(),
                 exs__api_mreg_live(), exs__evq_live_count(), exs__debug_kfd_live());
-    return exs__api_sock_live() + exs__conn_live_count() + exs__api_op_live() +
+    return exs__api_sock_live() + exs__conn_live_count() + exs__evq_ops_live() +
            exs__api_mreg_live() + exs__evq_live_count() + exs__debug_kfd_live();
 }

@@ -31,16 +31,23 @@ struct op_block {
     struct op_block *next;
 };
 
-static __thread struct op_block *op_cache;
-static __thread unsigned op_cache_n;
-static __thread int op_cache_armed; /* this thread set op_cache_key */
+/* A thread's list, one __thread object: in the shared library each function that
+ * touches thread-local storage calls __tls_get_addr, once per object it reaches (the
+ * three separate variables cost exs__evq_op_free two calls per operation). */
+struct op_cache_thr {
+    struct op_block *head;
+    unsigned n;
+    int armed; /* this thread set op_cache_key */
+};
+static __thread struct op_cache_thr op_cache;
 static pthread_key_t op_cache_key;
 static pthread_once_t op_cache_once = PTHREAD_ONCE_INIT;
 static int op_cache_keyed; /* the key exists: lists may be kept */
 
 static void op_cache_thread_exit(void *arg)
 {
-    struct op_block *b = op_cache;
+    struct op_cache_thr *c = &op_cache;
+    struct op_block *b = c->head;
 
     (void)arg;
     while (b) {
@@ -49,10 +56,10 @@ static void op_cache_thread_exit(void *arg)
         free(b);
         b = next;
     }
-    op_cache = NULL;
-    op_cache_n = 0;
+    c->head = NULL;
+    c->n = 0;
     if (arg)
-        op_cache_armed = 0; /* the thread's exit cleared the key: a later free sets it again */
+        c->armed = 0; /* the thread's exit cleared the key: a later free sets it again */
 }
 
 static void op_cache_init(void)
@@ -67,42 +74,56 @@ void exs__evq_op_cache_flush(void)
 
 void *exs__evq_op_alloc(size_t size)
 {
-    struct op_block *b = op_cache;
+    struct op_cache_thr *c = &op_cache;
+    struct op_block *b = c->head;
 
     if (size > EXS_EVQ_OP_BLOCK)
         return calloc(1, size);
     if (b) {
-        op_cache = b->next;
-        op_cache_n--;
+        c->head = b->next;
+        c->n--;
         memset(b, 0, size);
         return b;
     }
     return calloc(1, EXS_EVQ_OP_BLOCK);
 }
 
+/* A thread's first free into its list: the key's destructor set for it (armed: the key
+ * exists, no pthread_once at later frees). 0: no key, the block goes to free(). Out of
+ * line, so that exs__evq_op_free keeps one address of its thread's list. */
+static __attribute__((noinline, cold)) int op_cache_arm(struct op_cache_thr *c)
+{
+    pthread_once(&op_cache_once, op_cache_init);
+    if (!op_cache_keyed)
+        return 0;
+    /* non-NULL: run the destructor (once per thread: it stays set) */
+    (void)pthread_setspecific(op_cache_key, c);
+    c->armed = 1;
+    return 1;
+}
+
 void exs__evq_op_free(void *mem, size_t size)
 {
     struct op_block *b = mem;
+    struct op_cache_thr *c;
 
     if (!mem)
         return;
-    if (size > EXS_EVQ_OP_BLOCK || op_cache_n >= OP_CACHE_MAX) {
+    c = &op_cache;
+    /* the address kept: gcc otherwise computes it again (a second __tls_get_addr) after
+     * the branch to op_cache_arm */
+    __asm__("" : "+r"(c));
+    if (size > EXS_EVQ_OP_BLOCK || c->n >= OP_CACHE_MAX) {
         free(mem);
         return;
     }
-    if (__builtin_expect(!op_cache_armed, 0)) { /* armed: the key exists (no pthread_once) */
-        pthread_once(&op_cache_once, op_cache_init);
-        if (!op_cache_keyed) {
-            free(mem);
-            return;
-        }
-        /* non-NULL: run the destructor (once per thread: it stays set) */
-        (void)pthread_setspecific(op_cache_key, &op_cache);
-        op_cache_armed = 1;
+    if (__builtin_expect(!c->armed, 0) && !op_cache_arm(c)) {
+        free(mem);
+        return;
     }
-    b->next = op_cache;
-    op_cache = b;
-    op_cache_n++;
+    b->next = c->head;
+    c->head = b;
+    c->n++;
 }
 #else
 void exs__evq_op_cache_flush(void) {}

@@ -317,13 +317,6 @@ void exs__api_mreg_destroy_all(void)
 
 /* ---- operations ---- */
 
-static int op_live;
-
-int exs__api_op_live(void)
-{
-    return __atomic_load_n(&op_live, __ATOMIC_RELAXED);
-}
-
 static void op_done(struct exs_op *pop);
 
 /* Operations come from the per-thread cache of exs__evq_reserve_alloc only when they fit
@@ -347,8 +340,7 @@ struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q
     op->op.done = op_done;
     op->op.owner = op;
     exs_list_init(&op->link);
-    __atomic_fetch_add(&op_live, 1, __ATOMIC_RELAXED);
-    return op;
+    return op; /* counted live by its queue's reservation (exs__evq_ops_live) */
 }
 
 static void op_release(struct api_op *op)
@@ -360,7 +352,6 @@ static void op_release(struct api_op *op)
     if (op->bounce)
         exs__api_bounce_free(op->bounce);
     exs__evq_op_free(op, sizeof(*op));
-    __atomic_fetch_sub(&op_live, 1, __ATOMIC_RELAXED);
 }
 
 void exs__api_op_abandon(struct api_op *op)
@@ -797,6 +788,5 @@ void exs__api_xfer_fork_child(void)
      * records are only memory and are reused */
     while (mreg_nretired)
         exs__forsake(mreg_retired[--mreg_nretired]);
-    op_live = 0;
     pthread_mutex_init(&mreg_lock, NULL);
 }

@@ -39,8 +39,14 @@
  * Locks (spec/threading.md): eng.plock is the progress lock, outermost of the library;
  * eng.lock guards the job list and stopping only, and is a leaf.
  *
- * Fields written under plock: loop internals, io_on, loop_dirty. drivers is atomic.
+ * Fields written under plock: loop internals, io_on, loop_dirty. drv is atomic.
  */
+/* eng.drv: the drivers inside a wait, and the leaves ever (wrapping) */
+#define ENG_DRIVERS(v)   ((int)(uint32_t)(v))
+#define ENG_LEAVE_GEN(v) ((unsigned)((v) >> 32))
+/* A leave: the generation up and the count down in one add (the count is >= 1 before
+ * it: no borrow from the generation) */
+#define ENG_LEAVE        ((UINT64_C(1) << 32) - 1)
 static struct {
     struct exs_prov_ctx *ctx;
     /* The fallback context (tcp), opened at start when the policy needs it
@@ -62,9 +68,11 @@ static struct {
     struct exs_list jobs;
     int stopping;
     int running;
-    int manual;          /* provider opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
-    int drivers;         /* atomic: application threads inside a wait */
-    unsigned leave_gen;  /* atomic: drivers that left, ever */
+    int manual; /* provider opened with EXS_PROV_ATTR_MANUAL_PROGRESS */
+    /* atomic: application threads inside a wait (low 32 bits, ENG_DRIVERS) and drivers
+     * that left, ever (high 32 bits, ENG_LEAVE_GEN): one word, so a leave is one locked
+     * add (ENG_LEAVE) where a count down and a generation up were two */
+    uint64_t drv;
     uint64_t leave_ns;   /* atomic: when a driver last left */
     uint64_t gap_ns;     /* atomic: the application's remembered gap between waits, noted
                             at gap_at (exs__engine_gap_now; approximate when threads race) */
@@ -83,19 +91,42 @@ static struct {
     uint32_t fb_tick;    /* plock: busy rounds that could skip it */
     uint32_t fb_every;   /* plock: a busy round looks at it every this many (ENG_FB_EVERY ..
                             EXS_ENG_FB_EVERY_MAX, doubled by each idle look) */
+    pthread_t holder;    /* atomic: the progress lock's holder (pthread_self), 0: none */
+    int busy;            /* plock: the holder's drive may skip an idle fallback context: a
+                            busy wait's (EXS_ENG_DRIVE_TRY) or a waiter's before it sleeps
+                            (EXS_ENG_DRIVE_WAIT) */
+    unsigned only;       /* plock: contexts the holder's drive runs (EXS_ENG_DRIVE_ONLY) */
 } eng = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
+    .only = ~0u,
 };
 
-static __thread int eng_holding; /* this thread holds eng.plock */
-static __thread int eng_busy;    /* this thread's drive may skip an idle fallback context: a
-                                  * busy wait's (EXS_ENG_DRIVE_TRY) or a waiter's before it
-                                  * sleeps (EXS_ENG_DRIVE_WAIT) */
-static __thread unsigned eng_only =
-    ~0u; /* contexts this thread's drive runs (EXS_ENG_DRIVE_ONLY) */
-/* Slow-poll detection (polling_warn_cycle_us): when this thread's last drive ended, 0 once
- * it went to sleep (exs__engine_arm) or never drove. */
-static __thread uint64_t eng_poll_end_ns;
+/* This thread holds the progress lock. */
+static inline int eng_holding(void)
+{
+    return pthread_equal(__atomic_load_n(&eng.holder, __ATOMIC_RELAXED), pthread_self());
+}
+
+/*
+ * What the progress path knows per thread, kept out of thread-local storage where it can
+ * be: in the shared library every function that touches a __thread variable calls
+ * __tls_get_addr (no initial-exec model there: it would take static TLS space at dlopen),
+ * ~11 instructions each, and a blocking 64 B ping-pong made ~20 such calls per round trip
+ * and process (drive, arm, unlock, the operation blocks' cache). Now:
+ * - who holds the progress lock is eng.holder (the holder's pthread_self, 0 when free):
+ *   a thread asks "do I hold it" by comparing with its own id, which only it stores
+ *   there, and clears before it gives the lock back, so the answer is exact without
+ *   ordering (relaxed atomics);
+ * - what a drive may skip (eng.busy, eng.only) is the holder's, set and reset under
+ *   the lock by exs__engine_drive's round: fields of eng under the progress lock;
+ * - the slow-poll record (eng_poll_end_ns, eng_poll_last) stays per thread, but is
+ *   touched only once polling_warn_cycle_us was seen set (eng_poll_used).
+ */
+static __thread uint64_t eng_poll_end_ns; /* Slow-poll detection (polling_warn_cycle_us):
+                                           * when this thread's last drive ended, 0 once it
+                                           * went to sleep (exs__engine_arm) or never drove */
+/* atomic, sticky: polling_warn_cycle_us was seen non-zero (eng_poll_end_ns may be set) */
+static int eng_poll_used;
 
 /* What the last progress pass did (plock): slow-poll and slow-section reports. */
 static struct eng_pass {
@@ -193,7 +224,7 @@ struct exs_prov_ctx *exs__engine_fallback_ctx(void)
 
 int exs__engine_on_thread(void)
 {
-    return eng_holding;
+    return eng_holding();
 }
 
 int exs__engine_manual(void)
@@ -206,7 +237,7 @@ int exs__engine_manual(void)
 static void eng_lock(void)
 {
     EXS_LITE_LOCK(&eng.plock, EXS_LOCK_PROGRESS);
-    eng_holding = 1;
+    __atomic_store_n(&eng.holder, pthread_self(), __ATOMIC_RELAXED);
 }
 
 static int eng_trylock(void)
@@ -214,7 +245,7 @@ static int eng_trylock(void)
     if (!exs__lite_trylock(&eng.plock))
         return -EBUSY;
     EXS_LOCK_ACQUIRE(EXS_LOCK_PROGRESS);
-    eng_holding = 1;
+    __atomic_store_n(&eng.holder, pthread_self(), __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -224,7 +255,7 @@ static void eng_unlock(void)
     int dirty = eng.loop_dirty && !eng_is_loop;
 
     eng.loop_dirty = 0;
-    eng_holding = 0;
+    __atomic_store_n(&eng.holder, (pthread_t)0, __ATOMIC_RELAXED);
     EXS_LITE_UNLOCK(&eng.plock, EXS_LOCK_PROGRESS);
     /* The loop may be asleep with a timeout computed before the change. A call racing
      * exs_fini at exit may get here after the engine stopped: eng.loop is cleared under
@@ -383,11 +414,11 @@ static inline __attribute__((always_inline)) int eng_round(void)
     for (int i = 0; i < eng.nctx; i++) {
         int c;
 
-        if (!(eng_only & (1u << i))) {
+        if (!(eng.only & (1u << i))) {
             EXS_CNT_INC(exs__eng_cnt.woken_skips);
             continue;
         }
-        if (eng.ctxs[i] == eng.fb && eng_busy && eng.fb_idle >= ENG_FB_IDLE &&
+        if (eng.ctxs[i] == eng.fb && eng.busy && eng.fb_idle >= ENG_FB_IDLE &&
             ++eng.fb_tick < eng.fb_every) {
             EXS_CNT_INC(exs__eng_cnt.fb_skips);
             continue;
@@ -396,7 +427,7 @@ static inline __attribute__((always_inline)) int eng_round(void)
         if (eng.ctxs[i] == eng.fb) {
             if (c)
                 eng.fb_every = ENG_FB_EVERY;
-            else if (eng_busy && eng.fb_idle >= ENG_FB_IDLE)
+            else if (eng.busy && eng.fb_idle >= ENG_FB_IDLE)
                 eng.fb_every = EXS_MIN(2 * eng.fb_every, (unsigned)EXS_ENG_FB_EVERY_MAX);
             eng.fb_tick = 0;
             eng.fb_idle = c ? 0 : EXS_MIN(eng.fb_idle + 1, (uint32_t)ENG_FB_IDLE);
@@ -520,8 +551,8 @@ static inline __attribute__((always_inline)) int eng_drive_held(int flags)
     unsigned work = 0;
     int n;
 
-    eng_busy = (flags & (EXS_ENG_DRIVE_TRY | EXS_ENG_DRIVE_WAIT)) != 0;
-    eng_only = flags & EXS_ENG_DRIVE_ONLY ? (unsigned)flags >> 8 : ~0u;
+    eng.busy = (flags & (EXS_ENG_DRIVE_TRY | EXS_ENG_DRIVE_WAIT)) != 0;
+    eng.only = flags & EXS_ENG_DRIVE_ONLY ? (unsigned)flags >> 8 : ~0u;
     /* running is cleared under the lock by exs__engine_stop before the provider closes */
     eng_disarm_unwatched();
     /* One round: the caller looks at its queue next and drives again if it must; an
@@ -532,8 +563,8 @@ static inline __attribute__((always_inline)) int eng_drive_held(int flags)
     } else {
         n = 0;
     }
-    eng_busy = 0;
-    eng_only = ~0u;
+    eng.busy = 0;
+    eng.only = ~0u;
     if (work > 0) /* as drives_thread: delivered something, not only "call again" */
         EXS_CNT_INC(exs__eng_cnt.drives_app);
     return n;
@@ -543,12 +574,15 @@ int exs__engine_drive(int flags)
 {
     int n;
 
-    if (eng_holding)
+    if (eng_holding())
         return 0; /* a dispatch on this thread is below us */
     if (!__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE))
         return 0;
-    if (__atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED))
+    if (__atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED)) {
+        if (!__atomic_load_n(&eng_poll_used, __ATOMIC_RELAXED))
+            __atomic_store_n(&eng_poll_used, 1, __ATOMIC_RELAXED);
         eng_poll_check();
+    }
     if (flags & EXS_ENG_DRIVE_TRY) {
         if (eng_trylock())
             return -EBUSY;
@@ -556,7 +590,9 @@ int exs__engine_drive(int flags)
         eng_lock();
     }
     n = eng_drive_held(flags);
-    if (eng_poll_end_ns || __atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED)) {
+    if (__atomic_load_n(&eng_poll_used, __ATOMIC_RELAXED) &&
+        (eng_poll_end_ns ||
+         __atomic_load_n(&exs__params.polling_warn_cycle_us, __ATOMIC_RELAXED))) {
         eng_poll_last = eng_pass; /* what this thread's pass did, for its next report */
         eng_poll_end_ns = exs__now_ns();
     }
@@ -570,7 +606,7 @@ int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX])
 
     for (int i = 0; i < EXS_ENG_MAX_CTX; i++)
         fds_p[i] = -1;
-    if (eng_holding || !__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE))
+    if (eng_holding() || !__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE))
         return 0;
     eng_lock();
     if (!__atomic_load_n(&eng.running, __ATOMIC_RELAXED)) {
@@ -584,7 +620,8 @@ int exs__engine_arm(int fds_p[EXS_ENG_MAX_CTX])
             __atomic_add_fetch(&eng.psleepers, 1, __ATOMIC_SEQ_CST);
             for (int i = 0; i < eng.nctx; i++)
                 fds_p[i] = exs__prov_ctx_event_fd(eng.ctxs[i]);
-            eng_poll_end_ns = 0; /* it sleeps: a wait, not a slow poll */
+            if (__atomic_load_n(&eng_poll_used, __ATOMIC_RELAXED))
+                eng_poll_end_ns = 0; /* it sleeps: a wait, not a slow poll */
         }
     }
     /* Work is pending: its round now, in this hold of the lock (the caller registers as
@@ -610,7 +647,7 @@ void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX])
 
 void exs__engine_driver_enter(uint64_t now)
 {
-    if (__atomic_add_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 1) {
+    if (ENG_DRIVERS(__atomic_add_fetch(&eng.drv, 1, __ATOMIC_SEQ_CST)) == 1) {
         /* back from a gap: how long the application was away (posting, or computing) */
         uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
         uint64_t gap;
@@ -635,8 +672,7 @@ void exs__engine_driver_leave(void)
     /* No wake-up while the lease runs: the loop looks within one lease. After a long
      * wait the lease was stopped (eng_lease_cb): the last driver out wakes the loop. */
     __atomic_store_n(&eng.leave_ns, exs__now_ns(), __ATOMIC_RELAXED);
-    __atomic_add_fetch(&eng.leave_gen, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_sub_fetch(&eng.drivers, 1, __ATOMIC_SEQ_CST) == 0 &&
+    if (ENG_DRIVERS(__atomic_add_fetch(&eng.drv, ENG_LEAVE, __ATOMIC_SEQ_CST)) == 0 &&
         __atomic_load_n(&eng.lease_idle, __ATOMIC_SEQ_CST) &&
         __atomic_exchange_n(&eng.lease_idle, 0, __ATOMIC_SEQ_CST)) {
         /* a wait that exs_fini ended (a synchronous exs_poll) may leave after the loop
@@ -730,16 +766,17 @@ static void eng_lease_start(struct ev_loop *loop, double after)
  * one lease later, so the take-over still comes within nine leases of the last leave. */
 static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    unsigned gen = __atomic_load_n(&eng.leave_gen, __ATOMIC_SEQ_CST);
-    int drivers = __atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST);
+    uint64_t drv = __atomic_load_n(&eng.drv, __ATOMIC_SEQ_CST);
+    unsigned gen = ENG_LEAVE_GEN(drv);
+    int drivers = ENG_DRIVERS(drv);
     int moved = gen != eng.seen_gen;
 
     (void)revents;
     EXS_CNT_INC(exs__eng_cnt.lease_fires);
     if (drivers > 0 && !moved && !exs__params.test_engine_park) {
         __atomic_store_n(&eng.lease_idle, 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST) > 0 &&
-            __atomic_load_n(&eng.leave_gen, __ATOMIC_SEQ_CST) == gen) {
+        drv = __atomic_load_n(&eng.drv, __ATOMIC_SEQ_CST);
+        if (ENG_DRIVERS(drv) > 0 && ENG_LEAVE_GEN(drv) == gen) {
             ev_timer_stop(loop, w);
             eng.lease_mult = 1;
             EXS_CNT_INC(exs__eng_cnt.lease_idles);
@@ -774,7 +811,7 @@ static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
  * thread drives; take it back (and drain at once) when the last one left. */
 static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
-    int drivers = __atomic_load_n(&eng.drivers, __ATOMIC_SEQ_CST);
+    int drivers = ENG_DRIVERS(__atomic_load_n(&eng.drv, __ATOMIC_SEQ_CST));
     uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
     /* Hysteresis: take the provider back only after a whole lease without a driver, so
      * an application that leaves exs_qdequeue for a moment (a ping-pong posting its
@@ -1012,7 +1049,7 @@ void exs__engine_call(void (*fn)(void *arg), void *arg)
 {
     struct eng_call c = {.job = {.fn = eng_call_job}, .fn = fn, .arg = arg};
 
-    EXS_ASSERT(!eng_holding);
+    EXS_ASSERT(!eng_holding());
     pthread_mutex_init(&c.lock, NULL);
     pthread_cond_init(&c.cond, NULL);
     exs__engine_post(&c.job);
@@ -1036,7 +1073,7 @@ static void eng_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 void exs__engine_timer_start(struct exs_eng_timer *t, uint64_t ms,
                              void (*cb)(struct exs_eng_timer *t))
 {
-    EXS_ASSERT(eng_holding);
+    EXS_ASSERT(eng_holding());
     t->cb = cb;
     /* The loop's notion of now is its last wake-up: while it slept (or another thread
      * drove), it fell behind, and a timer set from it would fire that much early (a
@@ -1049,7 +1086,7 @@ void exs__engine_timer_start(struct exs_eng_timer *t, uint64_t ms,
 
 void exs__engine_timer_stop(struct exs_eng_timer *t)
 {
-    EXS_ASSERT(eng_holding);
+    EXS_ASSERT(eng_holding());
     if (t->cb) {
         ev_timer_stop(eng.loop, &t->w);
         eng.loop_dirty = 1;
@@ -1067,7 +1104,7 @@ static void eng_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 void exs__engine_io_start(struct exs_eng_io *io, int fd, int events,
                           void (*cb)(struct exs_eng_io *io, int revents))
 {
-    EXS_ASSERT(eng_holding);
+    EXS_ASSERT(eng_holding());
     if (io->cb && ev_is_active(&io->w))
         ev_io_stop(eng.loop, &io->w);
     io->cb = cb;
@@ -1078,7 +1115,7 @@ void exs__engine_io_start(struct exs_eng_io *io, int fd, int events,
 
 void exs__engine_io_stop(struct exs_eng_io *io)
 {
-    EXS_ASSERT(eng_holding);
+    EXS_ASSERT(eng_holding());
     if (io->cb && ev_is_active(&io->w)) {
         ev_io_stop(eng.loop, &io->w);
         eng.loop_dirty = 1;
@@ -1092,7 +1129,7 @@ static int eng_fork_held; /* PREPARE took the progress lock and the contexts' */
 void exs__engine_fork(int phase)
 {
     if (phase == EXS_FORK_PREPARE) {
-        if (!__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE) || eng_holding)
+        if (!__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE) || eng_holding())
             return;
         eng_lock();
         for (int i = 0; i < eng.nctx; i++)
@@ -1122,7 +1159,10 @@ void exs__engine_fork(int phase)
         exs__forsake(eng.ctxs[i]);
     /* a new progress lock (the parent's thread id held it), nothing woken */
     eng.loop_dirty = 0;
-    eng_holding = 0;
+    /* this thread is the parent's forking thread (the same pthread_self) */
+    __atomic_store_n(&eng.holder, (pthread_t)0, __ATOMIC_RELAXED);
+    eng.busy = 0;
+    eng.only = ~0u;
     __atomic_store_n(&eng.plock.v, 0, __ATOMIC_RELEASE);
     EXS_LOCK_RELEASE(EXS_LOCK_PROGRESS);
     eng.ctx = eng.fb = NULL;
@@ -1132,9 +1172,10 @@ void exs__engine_fork(int phase)
     eng.loop = NULL;
     pthread_mutex_init(&eng.lock, NULL); /* a thread of the parent may have held it */
     exs_list_init(&eng.jobs);
-    eng.stopping = eng.manual = eng.drivers = eng.lease_idle = eng.io_on = 0;
+    eng.stopping = eng.manual = eng.lease_idle = eng.io_on = 0;
+    eng.drv = 0;
     eng.psleepers = eng.armed = eng.njobs = 0;
-    eng.leave_gen = eng.seen_gen = 0;
+    eng.seen_gen = 0;
     eng.lease_mult = 1;
     eng.leave_ns = eng.gap_ns = eng.gap_at = 0;
     __atomic_store_n(&eng.running, 0, __ATOMIC_RELEASE);

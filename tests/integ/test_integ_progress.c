@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "exs/api/evq.h"
 #include "exs/engine/engine.h"
 #include "exs/util/counters.h"
+#include "exs/util/job.h"
 #include "tests/integ/integ.h"
 #include "tests/skip.h"
 
@@ -535,6 +537,56 @@ START_TEST(test_wake_by_job)
 }
 END_TEST
 
+/* ---- who holds the progress lock ---- */
+
+static int holder_in, holder_entered, holder_release;
+
+static void holder_job(struct exs_job *job)
+{
+    double t0 = it_now_ms();
+
+    (void)job;
+    __atomic_store_n(&holder_in, exs__engine_on_thread() ? 1 : 2, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&holder_entered, 1, __ATOMIC_SEQ_CST);
+    /* keep the progress lock until the test thread looked (30 s at most) */
+    while (!__atomic_load_n(&holder_release, __ATOMIC_SEQ_CST) && it_now_ms() - t0 < 30000)
+        sched_yield();
+}
+
+/* The engine knows per thread whether it holds the progress lock (eng.holder, compared
+ * with pthread_self: no thread-local variable): a job, which runs under the lock, is told
+ * yes; the application thread, while that job holds it, is told no, and its busy drive
+ * finds the lock taken (-EBUSY) instead of taking itself for a nested dispatch (0). */
+START_TEST(test_holder_per_thread)
+{
+    struct exs_job job = {.fn = holder_job};
+    double t0;
+    int on, drove;
+
+    it_init();
+    __atomic_store_n(&holder_in, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&holder_entered, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&holder_release, 0, __ATOMIC_SEQ_CST);
+    ck_assert_int_eq(exs__engine_on_thread(), 0);
+    exs__engine_post(&job); /* the progress thread runs it: this thread drives not */
+    t0 = it_now_ms();
+    while (!__atomic_load_n(&holder_entered, __ATOMIC_SEQ_CST) && it_now_ms() - t0 < 30000)
+        it_sleep_ms(1);
+    ck_assert_msg(__atomic_load_n(&holder_entered, __ATOMIC_SEQ_CST), "the job never ran");
+    on = exs__engine_on_thread();
+    drove = exs__engine_drive(EXS_ENG_DRIVE_TRY);
+    __atomic_store_n(&holder_release, 1, __ATOMIC_SEQ_CST);
+    ck_assert_int_eq(__atomic_load_n(&holder_in, __ATOMIC_SEQ_CST), 1);
+    ck_assert_int_eq(on, 0);
+    ck_assert_int_eq(drove, -EBUSY);
+    /* released: this thread's drive takes the lock, and then it is not held */
+    t0 = it_now_ms();
+    while (exs__engine_drive(EXS_ENG_DRIVE_TRY) == -EBUSY && it_now_ms() - t0 < 30000)
+        it_sleep_ms(1);
+    ck_assert_int_eq(exs__engine_on_thread(), 0);
+}
+END_TEST
+
 /* ---- synchronous calls from several threads ---- */
 
 #define SY_THREADS 4
@@ -807,6 +859,8 @@ Suite *integ_progress_suite(void)
         (const TTest *const[]){test_progress_while_computing, test_idle_wait_then_compute, NULL});
     it_suite_add(s, "many_waiters", 2 * IT_CASE_TIMEOUT + 60, 3,
                  (const TTest *const[]){test_many_waiters, NULL});
+    it_suite_add(s, "holder", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_holder_per_thread, NULL});
     it_suite_add(s, "wake_by_job", IT_CASE_TIMEOUT, 2,
                  (const TTest *const[]){test_wake_by_job, NULL});
     it_suite_add(s, "sync_threads", 2 * IT_CASE_TIMEOUT + 60, 1,

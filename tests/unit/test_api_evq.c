@@ -224,6 +224,39 @@ START_TEST(test_reserve_depth)
 }
 END_TEST
 
+/* exs__evq_ops_live (the leak checks' count of operations) is the queues' reserved slots
+ * summed: a slot counts from its reservation until its event is queued or it is given
+ * back, in every queue of the table. */
+START_TEST(test_ops_live)
+{
+    exs_qhandle_t q1 = exs_qcreate(4), q2 = exs_qcreate(4);
+    struct exs_evq *e1, *e2;
+    exs_event_t ev;
+
+    ck_assert_int_eq(exs__evq_ops_live(), 0);
+    ck_assert_int_eq(exs__evq_get(q1, &e1), 0);
+    ck_assert_int_eq(exs__evq_get(q2, &e2), 0);
+    ck_assert_int_eq(exs__evq_reserve(e1), 0);
+    ck_assert_int_eq(exs__evq_reserve(e1), 0);
+    ck_assert_int_eq(exs__evq_reserve(e2), 0);
+    ck_assert_int_eq(exs__evq_ops_live(), 3);
+    exs__evq_unreserve(e1); /* a post that failed */
+    ck_assert_int_eq(exs__evq_ops_live(), 2);
+    memset(&ev, 0, sizeof(ev));
+    exs__evq_post(e1, &ev); /* ended: its event is queued */
+    ck_assert_int_eq(exs__evq_ops_live(), 1);
+    ck_assert_int_eq(exs_qdequeue(q1, &ev, 1, &ts_zero), 1);
+    ck_assert_int_eq(exs__evq_ops_live(), 1);
+    exs__evq_post(e2, &ev);
+    ck_assert_int_eq(exs__evq_ops_live(), 0);
+    exs__evq_put(e1);
+    exs__evq_put(e2);
+    ck_assert_int_eq(exs_qdelete(q1), 0);
+    ck_assert_int_eq(exs_qdelete(q2), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
 START_TEST(test_delete_busy)
 {
     exs_qhandle_t q = exs_qcreate(4);
@@ -992,6 +1025,7 @@ Suite *api_evq_suite(void)
 
     tc = tcase_create("reserve");
     tcase_add_test(tc, test_reserve_depth);
+    tcase_add_test(tc, test_ops_live);
     tcase_add_test(tc, test_delete_busy);
     suite_add_tcase(s, tc);
 
