@@ -566,6 +566,43 @@ END_TEST
 
 /* ---- a segment the peer could shrink ---- */
 
+/* A raw local process's REQ at p's listener: hs (SHM_HS_FIXED bytes) with the segment
+ * mfd and the doorbell bell. Returns the rendezvous socket. */
+static int raw_req_send(const struct pt_pair *p, const struct shm_hs *hs, int mfd, int bell)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+    } u;
+    struct iovec iov = {.iov_base = (void *)(uintptr_t)hs, .iov_len = SHM_HS_FIXED};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+    struct cmsghdr *cm;
+    int fd;
+
+    memset(u.buf, 0, sizeof(u.buf));
+    cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    memcpy(CMSG_DATA(cm), (int[]){mfd, bell}, 2 * sizeof(int));
+    fd = raw_rendezvous(p);
+    ck_assert_int_eq(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)SHM_HS_FIXED);
+    return fd;
+}
+
+/* A sealed memfd of size bytes (a segment as a REQ carries it). */
+static int raw_segment(off_t size, int seals)
+{
+    int mfd = memfd_create("exs-shm-hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+    ck_assert_int_ge(mfd, 0);
+    ck_assert_int_eq(ftruncate(mfd, size), 0);
+    if (seals)
+        ck_assert_int_eq(fcntl(mfd, F_ADD_SEALS, seals), 0);
+    return mfd;
+}
+
 /* A local process whose REQ carries a segment that can lose pages under the listener (loop
  * 0: the right size, no seal at all; loop 1: sealed against growing but not shrinking),
  * and that truncates it to nothing right after sending it; or (loop 2) a segment sealed
@@ -585,15 +622,7 @@ START_TEST(shm_segment_unsealed)
                                 F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL};
     const off_t size = _i == 2 ? SHM_SEG_BYTES - 4096 : SHM_SEG_BYTES;
     int pipefd[2];
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(2 * sizeof(int))];
-    } u;
     struct shm_hs hs;
-    struct iovec iov = {.iov_base = &hs, .iov_len = SHM_HS_FIXED};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
-    struct cmsghdr *cm;
     struct pt_pair p;
     uint64_t bogus0;
     int fd, mfd, bell, end;
@@ -602,11 +631,7 @@ START_TEST(shm_segment_unsealed)
         return;
     pt_pair_open(&p, NULL, NULL);
     bogus0 = shm_counter("bogus_conns");
-    mfd = memfd_create("exs-shm-hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    ck_assert_int_ge(mfd, 0);
-    ck_assert_int_eq(ftruncate(mfd, size), 0);
-    if (seals[_i])
-        ck_assert_int_eq(fcntl(mfd, F_ADD_SEALS, seals[_i]), 0);
+    mfd = raw_segment(size, seals[_i]);
     if (_i == 3) { /* a pipe nobody reads as the doorbell: our first ring, SIGPIPE */
         ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
         close(pipefd[0]);
@@ -621,14 +646,7 @@ START_TEST(shm_segment_unsealed)
     hs.type = SHM_HS_REQ;
     hs.rnr_retry = 7;
     hs.seg_bytes = SHM_SEG_BYTES; /* what a real REQ says, whatever the file is */
-    memset(u.buf, 0, sizeof(u.buf));
-    cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
-    memcpy(CMSG_DATA(cm), (int[]){mfd, bell}, 2 * sizeof(int));
-    fd = raw_rendezvous(&p);
-    ck_assert_int_eq(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)SHM_HS_FIXED);
+    fd = raw_req_send(&p, &hs, mfd, bell);
     if (_i < 2) /* the hostile part: every page goes (the seal, had it been there, refuses) */
         ck_assert_int_eq(ftruncate(mfd, 0), 0);
     end = pt_raw_end_within(fd, PT_TIMEOUT_MS);
@@ -639,6 +657,83 @@ START_TEST(shm_segment_unsealed)
     close(fd);
     close(mfd);
     close(bell);
+    pt_pair_connect(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* ---- a peer of another segment version ---- */
+
+/* The descriptors this process holds. */
+static int fd_count(void)
+{
+    char path[64];
+    int n = 0;
+
+    for (int fd = 0; fd < 4096; fd++) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        n += access(path, F_OK) == 0;
+    }
+    return n;
+}
+
+/* A REQ from a peer of another layout (version 4: rings of 4 MiB): loop 0, a version-3
+ * peer (its segment: rings of 1 MiB, sealed, the size it says); loop 1, a peer that says
+ * version 4 but sends and announces the version-3 segment; loop 2, a future version 5
+ * with a version-4 segment. Each is refused before any mapping (a mapping of SHM_SEG_BYTES
+ * over the smaller file would be a SIGBUS at the first touch past its end): the socket is
+ * closed, the refusal counted (protocol_errors: the version; bogus_conns: the size),
+ * nothing reaches the application, and the segment and doorbell the listener received are
+ * closed (this process's descriptors back to their count; seen failing, +2, with the
+ * shm_close_fds of shm_conn_readable's bogus path taken out); the next connection works. */
+START_TEST(shm_version_mismatch)
+{
+    static const uint8_t version[] = {3, SHM_VERSION, SHM_VERSION + 1};
+    const uint32_t v3_bytes = SHM_SEG_HDR + 2u * (1u << 20);
+    const uint32_t seg_bytes = _i == 2 ? SHM_SEG_BYTES : v3_bytes;
+    struct shm_hs hs;
+    struct pt_pair p;
+    uint64_t perr0, bogus0;
+    double t0;
+    int fd, mfd, bell, end, fds0;
+
+    if (skip_unless_shm("shm_version_mismatch"))
+        return;
+    pt_pair_open(&p, NULL, NULL);
+    perr0 = shm_counter("protocol_errors");
+    bogus0 = shm_counter("bogus_conns");
+    fds0 = fd_count();
+    mfd = raw_segment(seg_bytes, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    ck_assert_int_ge(bell, 0);
+    memset(&hs, 0, sizeof(hs));
+    hs.magic = SHM_MAGIC;
+    hs.version = version[_i];
+    hs.type = SHM_HS_REQ;
+    hs.rnr_retry = 7;
+    hs.seg_bytes = seg_bytes;
+    fd = raw_req_send(&p, &hs, mfd, bell);
+    end = pt_raw_end_within(fd, PT_TIMEOUT_MS);
+    ck_assert_msg(end == 0,
+                  "version %u, segment %u bytes: the rendezvous socket was %s, expected "
+                  "closed (EOF)",
+                  version[_i], seg_bytes, end > 0 ? strerror(end) : "still open");
+    if (_i == 1)
+        ck_assert_uint_eq(shm_counter("bogus_conns") - bogus0, 1);
+    else
+        ck_assert_uint_eq(shm_counter("protocol_errors") - perr0, 1);
+    pt_expect_no_cm(&p.b, 50);
+    close(fd);
+    close(mfd);
+    close(bell);
+    /* the listener's copies of the segment and the doorbell, and its end of the socket */
+    t0 = pt_now_ms();
+    while (fd_count() != fds0) {
+        ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "version %u: %d descriptors left open",
+                      version[_i], fd_count() - fds0);
+        if (!pt_drive_all())
+            pt_sleep_ms(1);
+    }
     pt_pair_connect(&p);
     pt_pair_close(&p);
 }
@@ -975,6 +1070,7 @@ Suite *prov_shm_suite(void)
     tcase_add_loop_test(tc, shm_rendezvous_deadline, 0, 2);
     tcase_add_test(tc, shm_rendezvous_look);
     tcase_add_loop_test(tc, shm_segment_unsealed, 0, 4);
+    tcase_add_loop_test(tc, shm_version_mismatch, 0, 3);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
