@@ -738,7 +738,7 @@ START_TEST(shm_version_mismatch)
     close(bell);
     /* the listener's copies of the segment and the doorbell, and its end of the socket */
     t0 = pt_now_ms();
-    while (fd_count() != fds0) {
+    while (fd_count() > fds0) { /* (fewer: something of before closed meanwhile) */
         ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "version %u: %d descriptors left open",
                       version[_i], fd_count() - fds0);
         if (!pt_drive_all())
