@@ -3,11 +3,13 @@
  * child cannot touch the parent's connections, its own exs_init works; connections still
  * open at exit end gracefully, a killed process still resets them. */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -98,6 +100,23 @@ static int fk_count_sockets(void)
     return n;
 }
 
+/* In the child: a listener (it_listen without Check: the child of a process whose other
+ * threads assert may inherit Check's lock held). */
+static int fk_child_listen(struct sockaddr_in *a)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = 0};
+    socklen_t len = sizeof(*a);
+    int fd = exs_socket(AF_INET, SOCK_STREAM, 0);
+
+    sin.sin_addr = it_listen_in();
+    FK_CHECK(fd >= 0, 10);
+    FK_CHECK(exs_bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0, 11);
+    FK_CHECK(exs_listen(fd, 128) == 0, 12);
+    memset(a, 0, sizeof(*a));
+    FK_CHECK(exs_getsockname(fd, (struct sockaddr *)a, &len) == 0 && len == sizeof(*a), 13);
+    return fd;
+}
+
 /* In the child: a loopback pair of its own carries one message each way. */
 static void fk_child_own_pair(void)
 {
@@ -105,7 +124,7 @@ static void fk_child_own_pair(void)
     char out[64] = "from the child's own connection", in[64] = {0};
     int lfd, cfd, sfd;
 
-    lfd = it_listen(SOCK_STREAM, &a);
+    lfd = fk_child_listen(&a);
     cfd = exs_socket(AF_INET, SOCK_STREAM, 0);
     FK_CHECK(cfd >= 0, 20);
     /* the synchronous accept needs the connect going: the connect goes async */
@@ -238,6 +257,114 @@ START_TEST(test_fork_child_exits)
 {
     fk_run(1); /* _exit */
     fk_run(2); /* exit: the exit handler must not run for the parent's library */
+}
+END_TEST
+
+/* ---- fork while other threads are inside the library ---- */
+
+#define FB_FORKS 20
+
+struct fb_worker {
+    struct fk_conns bufs; /* its own buffers (sb, rb) */
+    struct it_pair *p;
+    int mode;
+    int stop;      /* atomic */
+    unsigned done; /* atomic: exchanges */
+};
+
+/* Exchanges on its pair without pause, its queues in its wait mode: it takes and gives
+ * the progress lock, its connection's and its queues' locks at any instant of a fork. */
+static void *fb_worker_main(void *arg)
+{
+    struct fb_worker *w = arg;
+
+    ck_assert_int_eq(exs_qsetwait(w->p->cq, w->mode, 0), 0);
+    ck_assert_int_eq(exs_qsetwait(w->p->sq, w->mode, 0), 0);
+    for (uint32_t seed = 100; !__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE); seed += 2) {
+        fk_exchange(&w->bufs, w->p, seed);
+        __atomic_add_fetch(&w->done, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+/* Waits (deadline IT_TIMEOUT_MS) until w made n more exchanges. */
+static void fb_wait_progress(struct fb_worker *w, unsigned n, const char *what)
+{
+    unsigned from = __atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
+    double end = it_now_ms() + IT_TIMEOUT_MS;
+
+    while (__atomic_load_n(&w->done, __ATOMIC_ACQUIRE) - from < n) {
+        ck_assert_msg(it_now_ms() < end, "%s: the %s worker made no progress", what,
+                      w->mode == EXS_WAIT_POLL ? "POLL" : "NOTIFY");
+        it_sleep_ms(1);
+    }
+}
+
+/*
+ * FB_FORKS forks while two threads of the parent exchange without pause, one with its
+ * queues in POLL (a busy poller: the progress lock taken by trylock at every turn) and
+ * one in NOTIFY (arms, sleeps), so that the fork finds the progress lock, connections'
+ * and queues' locks (futex locks since this session) taken or waited for at any instant.
+ * Each child: an inherited descriptor answers ESTALE, then (not under TSan) its own
+ * exs_init and a connection of its own carry data, and it exits 0 within 60 s (a lock
+ * the child inherited held and takes again hangs it: SIGALRM). The parent's threads go
+ * on exchanging after every fork (their data checked), and the fork itself returns (its
+ * prepare handler waits for the progress lock against the busy poller).
+ */
+START_TEST(test_fork_while_busy)
+{
+    struct fk_conns c;
+    struct fb_worker w[2];
+    pthread_t th[2];
+
+    fk_open(&c);
+    for (int i = 0; i < 2; i++) {
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].bufs.sb = it_buf_new(FK_MSG, 1);
+        w[i].bufs.rb = it_buf_new(FK_MSG, 1);
+        w[i].p = i ? &c.st : &c.sp;
+        w[i].mode = i ? EXS_WAIT_NOTIFY : EXS_WAIT_POLL;
+        ck_assert_int_eq(pthread_create(&th[i], NULL, fb_worker_main, &w[i]), 0);
+    }
+    for (int f = 0; f < FB_FORKS; f++) {
+        int status;
+        pid_t pid;
+
+        fb_wait_progress(&w[0], 1, "before a fork");
+        pid = fork();
+        if (pid == 0) {
+            /* no Check call here: a worker may have held its lock at the fork */
+            char b[16] = "child";
+
+            alarm(60);
+            errno = 0;
+            FK_CHECK(exs_send(c.sp.cfd, b, sizeof(b), 0, c.sp.cq, NULL, EXS_MHANDLE_UNREGISTERED) ==
+                             -1 &&
+                         errno == ESTALE,
+                     3);
+            if (!FK_CHILD_INIT || strstr(it_provider, "verbs"))
+                _exit(0);
+            FK_CHECK(exs_init(EXS_VERSION) == EXS_VERSION, 7);
+            fk_child_own_pair();
+            /* _exit: under ASan, exit's leak check would report what the parent's
+             * threads held (Check's records of their asserts) */
+            _exit(0);
+        }
+        ck_assert_int_gt(pid, 0);
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                      "fork %d: child status %#x (exit code: the step that failed)", f,
+                      (unsigned)status);
+        for (int i = 0; i < 2; i++)
+            fb_wait_progress(&w[i], 2, "after a fork");
+    }
+    for (int i = 0; i < 2; i++) {
+        __atomic_store_n(&w[i].stop, 1, __ATOMIC_RELEASE);
+        pthread_join(th[i], NULL);
+        it_buf_free(w[i].bufs.sb);
+        it_buf_free(w[i].bufs.rb);
+    }
+    fk_close(&c);
 }
 END_TEST
 
@@ -576,6 +703,7 @@ Suite *integ_fork_suite(void)
 
     tcase_add_test(tc, test_fork_child_inherited);
     tcase_add_test(tc, test_fork_child_exits);
+    tcase_add_test(tc, test_fork_while_busy);
     suite_add_tcase(s, tc);
     tc = it_tcase("exit", 120);
     tcase_add_test(tc, test_exit_stream_delivers);

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -566,6 +568,51 @@ END_TEST
 
 /* ---- a segment the peer could shrink ---- */
 
+/* A handshake message hs (SHM_HS_FIXED bytes) with nfds descriptors, on fd. */
+static void raw_hs_send(int fd, const struct shm_hs *hs, const int *fds, int nfds)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+    } u;
+    struct iovec iov = {.iov_base = (void *)(uintptr_t)hs, .iov_len = SHM_HS_FIXED};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = u.buf,
+                         .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
+    struct cmsghdr *cm;
+
+    memset(u.buf, 0, sizeof(u.buf));
+    cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+    ck_assert_int_eq(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)SHM_HS_FIXED);
+}
+
+/* A raw local process's REQ at p's listener: hs with the segment mfd and the doorbell
+ * bell. Returns the rendezvous socket. */
+static int raw_req_send(const struct pt_pair *p, const struct shm_hs *hs, int mfd, int bell)
+{
+    int fd = raw_rendezvous(p);
+
+    raw_hs_send(fd, hs, (int[]){mfd, bell}, 2);
+    return fd;
+}
+
+/* A sealed memfd of size bytes (a segment as a REQ carries it). */
+static int raw_segment(off_t size, int seals)
+{
+    int mfd = memfd_create("exs-shm-hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+    ck_assert_int_ge(mfd, 0);
+    ck_assert_int_eq(ftruncate(mfd, size), 0);
+    if (seals)
+        ck_assert_int_eq(fcntl(mfd, F_ADD_SEALS, seals), 0);
+    return mfd;
+}
+
 /* A local process whose REQ carries a segment that can lose pages under the listener (loop
  * 0: the right size, no seal at all; loop 1: sealed against growing but not shrinking),
  * and that truncates it to nothing right after sending it; or (loop 2) a segment sealed
@@ -585,15 +632,7 @@ START_TEST(shm_segment_unsealed)
                                 F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL};
     const off_t size = _i == 2 ? SHM_SEG_BYTES - 4096 : SHM_SEG_BYTES;
     int pipefd[2];
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(2 * sizeof(int))];
-    } u;
     struct shm_hs hs;
-    struct iovec iov = {.iov_base = &hs, .iov_len = SHM_HS_FIXED};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
-    struct cmsghdr *cm;
     struct pt_pair p;
     uint64_t bogus0;
     int fd, mfd, bell, end;
@@ -602,11 +641,7 @@ START_TEST(shm_segment_unsealed)
         return;
     pt_pair_open(&p, NULL, NULL);
     bogus0 = shm_counter("bogus_conns");
-    mfd = memfd_create("exs-shm-hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    ck_assert_int_ge(mfd, 0);
-    ck_assert_int_eq(ftruncate(mfd, size), 0);
-    if (seals[_i])
-        ck_assert_int_eq(fcntl(mfd, F_ADD_SEALS, seals[_i]), 0);
+    mfd = raw_segment(size, seals[_i]);
     if (_i == 3) { /* a pipe nobody reads as the doorbell: our first ring, SIGPIPE */
         ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
         close(pipefd[0]);
@@ -621,14 +656,7 @@ START_TEST(shm_segment_unsealed)
     hs.type = SHM_HS_REQ;
     hs.rnr_retry = 7;
     hs.seg_bytes = SHM_SEG_BYTES; /* what a real REQ says, whatever the file is */
-    memset(u.buf, 0, sizeof(u.buf));
-    cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
-    memcpy(CMSG_DATA(cm), (int[]){mfd, bell}, 2 * sizeof(int));
-    fd = raw_rendezvous(&p);
-    ck_assert_int_eq(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)SHM_HS_FIXED);
+    fd = raw_req_send(&p, &hs, mfd, bell);
     if (_i < 2) /* the hostile part: every page goes (the seal, had it been there, refuses) */
         ck_assert_int_eq(ftruncate(mfd, 0), 0);
     end = pt_raw_end_within(fd, PT_TIMEOUT_MS);
@@ -640,6 +668,171 @@ START_TEST(shm_segment_unsealed)
     close(mfd);
     close(bell);
     pt_pair_connect(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* ---- a peer of another segment version ---- */
+
+/* The descriptors this process holds. */
+static int fd_count(void)
+{
+    char path[64];
+    int n = 0;
+
+    for (int fd = 0; fd < 4096; fd++) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        n += access(path, F_OK) == 0;
+    }
+    return n;
+}
+
+/* A REQ from a peer of another layout (version 4: rings of 4 MiB): loop 0, a version-3
+ * peer (its segment: rings of 1 MiB, sealed, the size it says); loop 1, a peer that says
+ * version 4 but sends and announces the version-3 segment; loop 2, a future version 5
+ * with a version-4 segment. Each is refused before any mapping (a mapping of SHM_SEG_BYTES
+ * over the smaller file would be a SIGBUS at the first touch past its end): the socket is
+ * closed, the refusal counted (protocol_errors: the version; bogus_conns: the size),
+ * nothing reaches the application, and the segment and doorbell the listener received are
+ * closed (this process's descriptors back to their count; seen failing, +2, with the
+ * shm_close_fds of shm_conn_readable's bogus path taken out); the next connection works. */
+START_TEST(shm_version_mismatch)
+{
+    static const uint8_t version[] = {3, SHM_VERSION, SHM_VERSION + 1};
+    const uint32_t v3_bytes = SHM_SEG_HDR + 2u * (1u << 20);
+    const uint32_t seg_bytes = _i == 2 ? SHM_SEG_BYTES : v3_bytes;
+    struct shm_hs hs;
+    struct pt_pair p;
+    uint64_t perr0, bogus0;
+    double t0;
+    int fd, mfd, bell, end, fds0;
+
+    if (skip_unless_shm("shm_version_mismatch"))
+        return;
+    pt_pair_open(&p, NULL, NULL);
+    perr0 = shm_counter("protocol_errors");
+    bogus0 = shm_counter("bogus_conns");
+    fds0 = fd_count();
+    mfd = raw_segment(seg_bytes, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    ck_assert_int_ge(bell, 0);
+    memset(&hs, 0, sizeof(hs));
+    hs.magic = SHM_MAGIC;
+    hs.version = version[_i];
+    hs.type = SHM_HS_REQ;
+    hs.rnr_retry = 7;
+    hs.seg_bytes = seg_bytes;
+    fd = raw_req_send(&p, &hs, mfd, bell);
+    end = pt_raw_end_within(fd, PT_TIMEOUT_MS);
+    ck_assert_msg(end == 0,
+                  "version %u, segment %u bytes: the rendezvous socket was %s, expected "
+                  "closed (EOF)",
+                  version[_i], seg_bytes, end > 0 ? strerror(end) : "still open");
+    if (_i == 1)
+        ck_assert_uint_eq(shm_counter("bogus_conns") - bogus0, 1);
+    else
+        ck_assert_uint_eq(shm_counter("protocol_errors") - perr0, 1);
+    pt_expect_no_cm(&p.b, 50);
+    close(fd);
+    close(mfd);
+    close(bell);
+    /* the listener's copies of the segment and the doorbell, and its end of the socket */
+    t0 = pt_now_ms();
+    while (fd_count() > fds0) { /* (fewer: something of before closed meanwhile) */
+        ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "version %u: %d descriptors left open",
+                      version[_i], fd_count() - fds0);
+        if (!pt_drive_all())
+            pt_sleep_ms(1);
+    }
+    pt_pair_connect(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* The other way (loop 0: a version-3 listener; 1: a version 5): our REQ (version 4, our
+ * segment) reaches a raw listener, which answers with an ACCEPT (its doorbell, as a real
+ * one) of its version. The active side refuses the answer as it would a lie
+ * (protocol_errors), and its endpoint ends UNREACHABLE (-ECONNREFUSED), never ESTABLISHED:
+ * no crash, no hang. Seen failing (ESTABLISHED) with shm_hs_recv's version check made
+ * for REQs only. */
+START_TEST(shm_version_mismatch_reply)
+{
+    struct sockaddr_storage to;
+    struct sockaddr_un un;
+    struct exs_prov_cm_event ev;
+    struct shm_hs hs;
+    struct pt_pair p;
+    unsigned port = 0;
+    uint64_t perr0;
+    double t0;
+    int lfd, cfd, bell, fds[2], nfds = 0;
+    ssize_t n;
+    char cbuf[CMSG_SPACE(2 * sizeof(int))];
+    struct iovec iov = {.iov_base = &hs, .iov_len = sizeof(hs)};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+
+    if (skip_unless_shm("shm_version_mismatch_reply"))
+        return;
+    pt_pair_open(&p, NULL, NULL);
+    perr0 = shm_counter("protocol_errors");
+    /* a raw listener at a port next to p's (the first free one) */
+    ck_assert_int_eq(exs__shm_addr_port((const struct sockaddr *)&p.addr, p.addrlen, &port), 0);
+    lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ck_assert_int_ge(lfd, 0);
+    for (int i = 1;; i++) {
+        ck_assert_msg(i < 100, "no free rendezvous name near port %u", port);
+        port = port < 65000 ? port + 1 : 20000;
+        if (bind(lfd, (struct sockaddr *)&un, exs__shm_unix_name(&un, port)) == 0)
+            break;
+    }
+    ck_assert_int_eq(listen(lfd, 4), 0);
+    memcpy(&to, &p.addr, p.addrlen);
+    if (to.ss_family == AF_INET)
+        ((struct sockaddr_in *)&to)->sin_port = htons((uint16_t)port);
+    else
+        ((struct sockaddr_in6 *)&to)->sin6_port = htons((uint16_t)port);
+    ck_assert_int_eq(pt_ops->connect(p.ea, (struct sockaddr *)&to, p.addrlen, NULL, 0), 0);
+    t0 = pt_now_ms();
+    while ((cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) < 0) {
+        ck_assert_msg(errno == EAGAIN && pt_now_ms() - t0 < PT_TIMEOUT_MS,
+                      "no connection at the raw listener: %s", strerror(errno));
+        if (!pt_drive_all())
+            pt_sleep_ms(1);
+    }
+    ck_assert_int_eq(fcntl(cfd, F_SETFL, 0), 0);
+    n = recvmsg(cfd, &msg, MSG_CMSG_CLOEXEC);
+    ck_assert_int_ge(n, (ssize_t)SHM_HS_FIXED);
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
+        }
+    }
+    ck_assert_int_eq(nfds, 2);
+    close(fds[0]);
+    close(fds[1]);
+    ck_assert_uint_eq(hs.version, SHM_VERSION);
+    ck_assert_uint_eq(hs.type, SHM_HS_REQ);
+    ck_assert_uint_eq(hs.seg_bytes, SHM_SEG_BYTES);
+    /* its answer: an acceptance with its doorbell, as a real one, but of its version */
+    memset(&hs, 0, sizeof(hs));
+    hs.magic = SHM_MAGIC;
+    hs.version = _i ? SHM_VERSION + 1 : 3;
+    hs.type = SHM_HS_ACCEPT;
+    hs.rnr_retry = 7;
+    bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    ck_assert_int_ge(bell, 0);
+    raw_hs_send(cfd, &hs, &bell, 1);
+    close(bell);
+    pt_wait_cm(&p.a, EXS_PROV_CM_UNREACHABLE, PT_TIMEOUT_MS, &ev);
+    ck_assert_ptr_eq(ev.ep, p.ea);
+    ck_assert_int_eq(ev.status, -ECONNREFUSED);
+    ck_assert_int_ne(pt_ops->ep_state(p.ea), EXS_PROV_EP_CONNECTED);
+    ck_assert_uint_eq(shm_counter("protocol_errors") - perr0, 1);
+    ck_assert_int_eq(pt_raw_end_within(cfd, PT_TIMEOUT_MS), 0); /* it closed its side */
+    close(cfd);
+    close(lfd);
     pt_pair_close(&p);
 }
 END_TEST
@@ -975,6 +1168,8 @@ Suite *prov_shm_suite(void)
     tcase_add_loop_test(tc, shm_rendezvous_deadline, 0, 2);
     tcase_add_test(tc, shm_rendezvous_look);
     tcase_add_loop_test(tc, shm_segment_unsealed, 0, 4);
+    tcase_add_loop_test(tc, shm_version_mismatch, 0, 3);
+    tcase_add_loop_test(tc, shm_version_mismatch_reply, 0, 2);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
