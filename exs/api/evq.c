@@ -994,7 +994,14 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         if (!armed) {
             /* Arm the providers first, as no sleeper yet: when one has work, the arm
              * drives it (one round, -EAGAIN) and the events that round posts to this
-             * queue write no descriptor; look at the queue again then. */
+             * queue write no descriptor; look at the queue again then. A waiter woken
+             * by its own descriptor, a kernel socket or nothing (no provider fd
+             * readable) is still a sleeper here: it stops being one first, and
+             * registers again (and looks) after the arm. */
+            if (sleeper) {
+                evq->sleepers--;
+                sleeper = 0;
+            }
             EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
             n = exs__engine_arm(pfd_prov);
             EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
