@@ -119,7 +119,6 @@ static void fk_open(struct fk_env *e)
 
     ctx = calloc(1, sizeof(*ctx));
     ck_assert_ptr_nonnull(ctx);
-    pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->cm_lock, NULL);
     pthread_rwlock_init(&ctx->mr_lock, NULL);
     exs_list_init(&ctx->cm_sw);
@@ -137,7 +136,6 @@ static void fk_open(struct fk_env *e)
 
     ep = calloc(1, sizeof(*ep));
     ck_assert_ptr_nonnull(ep);
-    pthread_mutex_init(&ep->lock, NULL);
     ep->ctx = ctx;
     ep->base.ctx = &ctx->base;
     ep->base.attr.max_send_wr = ep->base.attr.max_recv_wr = FK_DEPTH;
@@ -158,19 +156,17 @@ static void fk_close(struct fk_env *e)
 {
     struct vrb_ep *ep = e->ep;
 
-    pthread_mutex_lock(&ep->lock);
+    exs__lite_lock(&ep->lock);
     exs__vrb_held_drop_locked(ep);
-    pthread_mutex_unlock(&ep->lock);
-    pthread_mutex_lock(&e->ctx->lock);
+    exs__lite_unlock(&ep->lock);
+    exs__lite_lock(&e->ctx->lock);
     exs_list_del(&ep->hlink);
     exs_list_del(&ep->link);
-    pthread_mutex_unlock(&e->ctx->lock);
+    exs__lite_unlock(&e->ctx->lock);
     free(ep->sq);
     free(ep->rq);
-    pthread_mutex_destroy(&ep->lock);
     free(ep);
     free(e->ctx->ring);
-    pthread_mutex_destroy(&e->ctx->lock);
     pthread_mutex_destroy(&e->ctx->cm_lock);
     pthread_rwlock_destroy(&e->ctx->mr_lock);
     free(e->ctx);
@@ -210,9 +206,9 @@ static int fk_convert(struct fk_env *e, uint32_t epid, uint64_t bits, enum ibv_w
     int r;
 
     wc.opcode = (bits & VRB_RECV_BIT) ? IBV_WC_RECV : IBV_WC_RDMA_WRITE;
-    pthread_mutex_lock(&e->ctx->lock);
+    exs__lite_lock(&e->ctx->lock);
     r = exs__vrb_wc_convert(e->ctx, &wc, cqe, NULL);
-    pthread_mutex_unlock(&e->ctx->lock);
+    exs__lite_unlock(&e->ctx->lock);
     return r;
 }
 

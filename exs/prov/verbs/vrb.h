@@ -14,6 +14,7 @@
 #include "exs/prov/prov.h"
 #include "exs/prov/verbs/vrb_cache.h"
 #include "exs/util/counters.h"
+#include "exs/util/lite_lock.h"
 #include "exs/util/list.h"
 
 /*
@@ -130,8 +131,8 @@ struct vrb_ep {
     struct exs_prov_ep base;
     struct vrb_cmobj cmo;
     struct vrb_ctx *ctx;
-    pthread_mutex_t lock;
-    int state; /* enum exs_prov_ep_state (atomic) */
+    struct exs_lite_lock lock; /* posting (a futex lock, zeroed is free; see ctx->lock) */
+    int state;                 /* enum exs_prov_ep_state (atomic) */
     uint32_t epid;
     struct ibv_qp *qp;
     struct vrb_qpc_caps qcaps; /* what the QP was created with */
@@ -222,7 +223,11 @@ struct vrb_cm_node {
 
 struct vrb_ctx {
     struct exs_prov_ctx base;
-    pthread_mutex_t lock;
+    /* a futex lock (exs/util/lite_lock.h: one CAS to take, one exchange to give back,
+     * inline; zeroed is free): every ctx_poll takes it, empty ones too, and ep->lock
+     * (the same kind) each post; pthread_mutex_lock and _unlock cost ~57 instructions a
+     * pair. Neither is recursive, used with a condition variable or tried. */
+    struct exs_lite_lock lock;
     pthread_mutex_t cm_lock;
     struct ibv_context *verbs; /* owned by librdmacm (rdma_get_devices) */
     struct ibv_context **devlist;

@@ -90,7 +90,7 @@ static struct vrb_ep *vrb_ep_by_tok(struct vrb_ctx *ctx, uint64_t tok)
 
     if (!tok)
         return NULL;
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     exs_list_for_each(pos, &ctx->eps)
     {
         struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, link);
@@ -100,7 +100,7 @@ static struct vrb_ep *vrb_ep_by_tok(struct vrb_ctx *ctx, uint64_t tok)
             break;
         }
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     return found;
 }
 

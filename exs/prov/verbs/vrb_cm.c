@@ -58,12 +58,12 @@ void exs__vrb_ep_set_error(struct vrb_ep *ep)
 {
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 
-    pthread_mutex_lock(&ep->lock);
+    exs__lite_lock(&ep->lock);
     exs__vrb_held_post_locked(ep); /* deferred requests go first: flushed with the rest */
     __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
     if (ep->qp && ibv_modify_qp(ep->qp, &a, IBV_QP_STATE))
         EXS_DBG(PROV, "ep %p: modify to ERR failed", (void *)ep);
-    pthread_mutex_unlock(&ep->lock);
+    exs__lite_unlock(&ep->lock);
 }
 
 static void vrb_ep_event(struct vrb_ep *ep, enum exs_prov_cm_event_type type, int status,
@@ -154,9 +154,9 @@ static void vrb_ep_up(struct vrb_ep *ep)
     struct vrb_ctx *ctx = ep->ctx;
 
     vrb_note_local(ep);
-    pthread_mutex_lock(&ep->lock);
+    exs__lite_lock(&ep->lock);
     __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTED, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&ep->lock);
+    exs__lite_unlock(&ep->lock);
     ep->up = 1;
     EXS_CNT_INC(ctx->cnt.conns_established);
     if (ep->active && ep->connect_ns) {
@@ -199,7 +199,7 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
     uint64_t resize = 0;
     int ret;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     ret = exs__vrb_cq_plan((uint64_t)ctx->cq_cap, ctx->cq_need, n,
                            (uint64_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap), &resize);
     if (!ret && resize) {
@@ -221,7 +221,7 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
     }
     if (!ret)
         ctx->cq_need += n;
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (ret) {
         EXS_CNT_INC(ctx->cnt.ep_nobufs);
         EXS_WARN(PROV,
@@ -235,9 +235,9 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
 
 static void vrb_cq_release(struct vrb_ctx *ctx, uint64_t n)
 {
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     ctx->cq_need -= EXS_MIN(n, ctx->cq_need);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }
 
 /* Every completion an ep can produce: its send queue, the provider's own requests, its
@@ -270,7 +270,6 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     ep->base.attr = *attr;
     ep->ctx = ctx;
     ep->cmo.kind = VRB_K_EP;
-    pthread_mutex_init(&ep->lock, NULL);
     exs_list_init(&ep->hlink);
     exs_list_init(&ep->link);
     exs_list_init(&ep->disc_link);
@@ -330,7 +329,6 @@ fail_unlock:
 fail:
     free(ep->sq);
     free(ep->rq);
-    pthread_mutex_destroy(&ep->lock);
     free(ep);
     return ret;
 }
@@ -375,7 +373,6 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
                                       holds the ep now) */
     free(ep->sq);
     free(ep->rq);
-    pthread_mutex_destroy(&ep->lock);
     free(ep);
 }
 
@@ -580,9 +577,9 @@ int exs__vrb_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
     }
     ep->active = 1;
     ep->connect_ns = exs__now_ns();
-    pthread_mutex_lock(&ep->lock);
+    exs__lite_lock(&ep->lock);
     __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTING, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&ep->lock);
+    exs__lite_unlock(&ep->lock);
     if (rdma_resolve_addr(ep->id, NULL, (struct sockaddr *)&sa, VRB_RESOLVE_MS)) {
         int err = errno;
 
@@ -641,9 +638,9 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     cp.retry_count = ctx->retry_cnt;
     cp.rnr_retry_count = EXS_MIN(ep->base.attr.rnr_retry, ctx->rnr_retry);
     cp.qp_num = ep->qp->qp_num;
-    pthread_mutex_lock(&ep->lock);
+    exs__lite_lock(&ep->lock);
     __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTING, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&ep->lock);
+    exs__lite_unlock(&ep->lock);
     ep->id->context = &ep->cmo;
     if (rdma_accept(ep->id, &cp)) {
         ret = -errno;

@@ -259,20 +259,20 @@ void exs__vrb_cq_drain_locked(struct vrb_ctx *ctx)
 
 void exs__vrb_cq_reap(struct vrb_ctx *ctx)
 {
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     vrb_cq_to_ring(ctx);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }
 
 void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep)
 {
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     ep->epid = ++ctx->next_epid & 0xffffffu;
     if (!ep->epid)
         ep->epid = ++ctx->next_epid & 0xffffffu;
     exs_list_add_tail(&ctx->ep_hash[ep->epid % VRB_EP_HASH], &ep->hlink);
     exs_list_add_tail(&ctx->eps, &ep->link);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }
 
 /* ctx->lock held: nd leaves cm_sw and is freed. */
@@ -288,7 +288,7 @@ void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep)
     struct exs_list *pos, *tmp;
     uint32_t keep = 0;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     /* completions already in the CQ go to the ring first (others' are kept) */
     vrb_cq_to_ring(ctx);
     exs_list_del(&ep->hlink);
@@ -307,14 +307,14 @@ void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep)
         if (nd->ev.ep == &ep->base)
             vrb_cm_drop_locked(ctx, nd);
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }
 
 void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *lis)
 {
     struct exs_list *pos, *tmp;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     exs_list_for_each_safe(pos, tmp, &ctx->cm_sw)
     {
         struct vrb_cm_node *nd = exs_list_entry(pos, struct vrb_cm_node, link);
@@ -322,7 +322,7 @@ void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *l
         if (nd->ev.type == EXS_PROV_CM_CONNECT_REQUEST && nd->ev.listener == lis)
             vrb_cm_drop_locked(ctx, nd);
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
 }
 
 void exs__vrb_cm_push_locked(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
@@ -352,9 +352,9 @@ void exs__vrb_wake(struct vrb_ctx *ctx)
 
 void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
 {
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     exs__vrb_cm_push_locked(ctx, ev);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     exs__vrb_wake(ctx);
 }
 
@@ -373,7 +373,7 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     uint64_t v;
     int busy;
 
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     if (__atomic_load_n(&ctx->held_eps, __ATOMIC_RELAXED))
         exs__vrb_held_post_all_locked(ctx);
     /* One CQ, so at most one event per request for notification: read only while one is
@@ -412,7 +412,7 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     busy = ctx->ring_count || !exs_list_empty(&ctx->cm_sw);
     if (!busy)
         busy = vrb_cq_to_ring(ctx) > 0;
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     return busy ? -EAGAIN : 0;
 }
 
@@ -437,7 +437,7 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
 
     if (max <= 0)
         return 0;
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     if (__atomic_load_n(&ctx->held_eps, __ATOMIC_RELAXED))
         exs__vrb_held_post_all_locked(ctx);
     if (ctx->ring_count) /* a call less on the common path: nothing kept */
@@ -465,7 +465,7 @@ static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         if (got < want)
             break;
     }
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     return n;
 }
 
@@ -479,11 +479,11 @@ static int vrb_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
      * pushed meanwhile is found at the next turn, or wakes a sleeper's arm) */
     if (!__atomic_load_n(&ctx->cm_sw_n, __ATOMIC_ACQUIRE))
         return 0;
-    pthread_mutex_lock(&ctx->lock);
+    exs__lite_lock(&ctx->lock);
     l = exs_list_pop_head(&ctx->cm_sw);
     if (l)
         __atomic_store_n(&ctx->cm_sw_n, ctx->cm_sw_n - 1, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&ctx->lock);
+    exs__lite_unlock(&ctx->lock);
     if (!l)
         return 0;
     nd = exs_list_entry(l, struct vrb_cm_node, link);
@@ -637,7 +637,6 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
     if (ctx->epfd >= 0)
         close(ctx->epfd);
     free(ctx->ring);
-    pthread_mutex_destroy(&ctx->lock);
     pthread_mutex_destroy(&ctx->cm_lock);
     pthread_rwlock_destroy(&ctx->mr_lock);
     pthread_rwlock_destroy(&ctx->dev_lock);
@@ -788,7 +787,6 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->evfd = ctx->epfd = ctx->stopfd = ctx->udpfd = ctx->pagemap_fd = -1;
     exs_list_init(&ctx->disc_wait);
     ctx->tok_base = exs__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)ctx;
-    pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->cm_lock, NULL);
     exs_list_init(&ctx->cm_sw);
     exs_list_init(&ctx->eps);
