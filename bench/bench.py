@@ -115,12 +115,26 @@ def free_port():
         return s.getsockname()[1]
 
 
+def blast_has_option(blast, option):
+    """Whether this blast's --help names option (a base build may predate it)."""
+    try:
+        p = subprocess.run([blast, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return option.encode() in p.stdout
+
+
 class Bench:
     def __init__(self, cfg):
         self.cfg = cfg
         self.blast = cfg["blast"]
         self.base_blast = cfg.get("base_blast")
         base = cfg.get("base_name") if self.base_blast else None
+        # a base built with --wait-notify (2026-11-30 on) waits as ours does in exs_notify;
+        # one built before it has no such option and sleeps at once by default
+        self.base_wait_notify = bool(self.base_blast) and blast_has_option(self.base_blast,
+                                                                           "--wait-notify")
         self.lat_systems = with_base(LAT_SYSTEMS, BASE_LAT, base)
         self.bw_systems = with_base(BW_SYSTEMS, BASE_BW, base)
         if cfg["tiny"]:  # the self test checks the tooling: the same-host columns stay out
@@ -234,7 +248,7 @@ class Bench:
                 args += ["--poll", "--poll-recv"]
             elif system == "exs_poll_send":
                 args += ["--poll"]
-            elif system == "exs_notify" and blast is self.blast:
+            elif system == "exs_notify" and (blast is self.blast or self.base_wait_notify):
                 # every wait sleeps, as kernel TCP's blocking recv() does (the library's
                 # default wait spins 10 us first; a base built before it has no option
                 # and sleeps at once by default)

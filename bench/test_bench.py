@@ -99,6 +99,21 @@ def results_md(d, cfg, summary, errors, **extra):
         return fh.read()
 
 
+class BaseOptions(unittest.TestCase):
+    def test_blast_has_option(self):
+        """A base blast is asked for --wait-notify only when its --help names it (the
+        exs_notify row compared a base's spinning default with ours sleeping otherwise)."""
+        with tempfile.TemporaryDirectory() as d:
+            for name, text, want in (("new", "  --wait-notify  every wait sleeps", True),
+                                     ("old", "  --poll  busy polling", False)):
+                path = os.path.join(d, name)
+                with open(path, "w") as f:
+                    f.write("#!/bin/sh\necho '%s'\n" % text)
+                os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+                self.assertEqual(bench.blast_has_option(path, "--wait-notify"), want)
+            self.assertFalse(bench.blast_has_option(os.path.join(d, "missing"), "--wait-notify"))
+
+
 class Verdicts(unittest.TestCase):
     def test_median_skips_failed_runs(self):
         self.assertEqual(bench.median([{"x": 3}, None, {"x": 1}, {"x": 2}], "x"), 2)
