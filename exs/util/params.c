@@ -91,8 +91,9 @@ static const struct exs_param_def params_table[] = {
     PARAM(test_engine_park, "EXS_TEST_ENGINE_PARK", "0", UINT, 0,
           "tests only: 1 = the progress thread never drives the provider nor runs kernel-socket "
           "queues (only jobs and timers), 0-1"),
-    PARAM(vrb_qp_timeout, "EXS_VRB_QP_TIMEOUT", "14", UINT, 0,
-          "verbs: QP local ACK timeout exponent (4.096 us * 2^n per try), 0-31"),
+    PARAM(vrb_qp_timeout, "EXS_VRB_QP_TIMEOUT", "0", UINT, 0,
+          "verbs: QP local ACK timeout exponent (4.096 us * 2^n per try), 1-31; 0 = the one "
+          "rdma_cm computes for the path (as rsockets and perftest use; 14 when it gives none)"),
     PARAM(vrb_retry_cnt, "EXS_VRB_RETRY_CNT", "7", UINT, 0, "verbs: QP transport retry count, 0-7"),
     PARAM(vrb_rnr_retry, "EXS_VRB_RNR_RETRY", "7", UINT, 0,
           "verbs: receiver-not-ready retries, caps every ep's rnr_retry, 0-7, 7 = forever"),

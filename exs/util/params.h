@@ -53,7 +53,8 @@ struct exs_params {
     uint64_t test_shm_pid;        /* EXS_TEST_SHM_PID: test seam, the pid an SHM_OFFER claims */
     uint64_t test_engine_park;    /* EXS_TEST_ENGINE_PARK: test seam (0/1), see params.c */
     /* verbs provider */
-    uint64_t vrb_qp_timeout; /* EXS_VRB_QP_TIMEOUT: local ACK timeout exponent, 4.096 us * 2^n */
+    uint64_t vrb_qp_timeout; /* EXS_VRB_QP_TIMEOUT: local ACK timeout exponent, 4.096 us * 2^n;
+                                0 = rdma_cm's */
     uint64_t vrb_retry_cnt;  /* EXS_VRB_RETRY_CNT: transport retries, 0-7 */
     uint64_t vrb_rnr_retry;  /* EXS_VRB_RNR_RETRY: receiver-not-ready retries, 0-7, 7 = forever */
     int vrb_fork_safe;       /* EXS_VRB_FORK_SAFE: ibv_fork_init() before the first context */

@@ -887,6 +887,24 @@ START_TEST(cq_plan_refuses_beyond_device_max)
 }
 END_TEST
 
+/* The QP's local ACK timeout (vrb_cm.c): the ep's own, else EXS_VRB_QP_TIMEOUT, else what
+ * rdma_cm computed for the path (rsockets' and perftest's: 19 on rxe), else 14; never 0. */
+START_TEST(qp_timeout_pick)
+{
+    /* default (parameter 0): rdma_cm's value */
+    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 0, 1, 19), 19);
+    /* the parameter, when set, wins over rdma_cm's */
+    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 14, 1, 19), 14);
+    /* the ep's own wins over both */
+    ck_assert_uint_eq(exs__vrb_qp_timeout(16, 14, 1, 19), 16);
+    ck_assert_uint_eq(exs__vrb_qp_timeout(16, 0, 1, 19), 16);
+    /* rdma_cm gave none (not in its mask, or 0 = infinite): the fallback, never 0 */
+    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 0, 0, 19), VRB_QP_TIMEOUT_FALLBACK);
+    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 0, 1, 0), VRB_QP_TIMEOUT_FALLBACK);
+    ck_assert_uint_eq(VRB_QP_TIMEOUT_FALLBACK, 14);
+}
+END_TEST
+
 Suite *prov_vrb_cache_suite(void)
 {
     Suite *s = suite_create("prov_vrb_cache");
@@ -928,6 +946,9 @@ Suite *prov_vrb_cache_suite(void)
     tcase_add_test(tc, cq_plan_grows_double_or_to_need);
     tcase_add_test(tc, cq_plan_refuses_beyond_device_max);
     suite_add_tcase(s, tc);
+    tc = tcase_create("qpattr");
+    tcase_add_test(tc, qp_timeout_pick);
+    suite_add_tcase(s, tc);
     suite_add_tcase(s, prov_vrb_wc_tcase()); /* completion conversion: test_prov_vrb_wc.c */
     return s;
 }
@@ -937,6 +958,24 @@ Suite *prov_vrb_cache_suite(void)
 START_TEST(no_verbs_provider)
 {
     /* built without rdma-core: the caches are not compiled */
+}
+END_TEST
+
+/* The QP's local ACK timeout (vrb_cm.c): the ep's own, else EXS_VRB_QP_TIMEOUT, else what
+ * rdma_cm computed for the path (rsockets' and perftest's: 19 on rxe), else 14; never 0. */
+START_TEST(qp_timeout_pick)
+{
+    /* default (parameter 0): rdma_cm's value */
+    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 0, 1, 19), 19);
+    /* the parameter, when set, wins over rdma_cm's */
+    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 14, 1, 19), 14);
+    /* the ep's own wins over both */
+    ck_assert_uint_eq(exs__vrb_qp_timeout(16, 14, 1, 19), 16);
+    ck_assert_uint_eq(exs__vrb_qp_timeout(16, 0, 1, 19), 16);
+    /* rdma_cm gave none (not in its mask, or 0 = infinite): the fallback, never 0 */
+    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 0, 0, 19), VRB_QP_TIMEOUT_FALLBACK);
+    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 0, 1, 0), VRB_QP_TIMEOUT_FALLBACK);
+    ck_assert_uint_eq(VRB_QP_TIMEOUT_FALLBACK, 14);
 }
 END_TEST
 

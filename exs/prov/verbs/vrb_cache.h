@@ -259,4 +259,12 @@ void exs__vrb_cache_counters(struct vrb_mcache *mc, struct vrb_regcache *rc, str
  * to (twice cap, at least need + n, at most max_cqe), or -ENOBUFS when need + n > max_cqe. */
 int exs__vrb_cq_plan(uint64_t cap, uint64_t need, uint64_t n, uint64_t max_cqe, uint64_t *resize_p);
 
+/* ---- QP attributes ---- */
+/* The QP's local ACK timeout exponent (vrb_cqplan.c): the ep's own (ep_timeout), else
+ * EXS_VRB_QP_TIMEOUT (param) when nonzero, else the one rdma_cm computed for the path
+ * (cm_has: rdma_init_qp_attr set it), which rsockets and perftest -R run with; else
+ * VRB_QP_TIMEOUT_FALLBACK (4.096 us * 2^14, 67 ms). Never 0 (infinite: not offered). */
+#define VRB_QP_TIMEOUT_FALLBACK 14
+uint8_t exs__vrb_qp_timeout(uint8_t ep_timeout, uint8_t param, int cm_has, uint8_t cm_timeout);
+
 #endif

@@ -118,7 +118,12 @@ static int vrb_qp_to_rts(struct vrb_ep *ep, struct rdma_cm_id *id, uint8_t resp_
     ret = rdma_init_qp_attr(id, &a, &mask);
     if (ret)
         return -errno;
-    a.timeout = ep->base.attr.timeout ? ep->base.attr.timeout : ctx->qp_timeout;
+    uint8_t cm_timeout = a.timeout;
+
+    a.timeout = exs__vrb_qp_timeout(ep->base.attr.timeout, ctx->qp_timeout,
+                                    (mask & IBV_QP_TIMEOUT) != 0, cm_timeout);
+    EXS_DBG(PROV, "ep %p: local ACK timeout %u (rdma_cm's %u)", (void *)ep, a.timeout,
+            (mask & IBV_QP_TIMEOUT) ? cm_timeout : 0);
     a.retry_cnt = ep->base.attr.retry_cnt ? EXS_MIN(ep->base.attr.retry_cnt, 7) : ctx->retry_cnt;
     a.rnr_retry = EXS_MIN(ep->base.attr.rnr_retry, ctx->rnr_retry);
     mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The verbs provider's completion queue budget: how far the ctx CQ must grow for an ep. */
+/* Pure decisions of the verbs provider (no device): how far the ctx CQ must grow for an ep,
+ * and which local ACK timeout a QP gets. */
 #include <errno.h>
 
 #include "exs/prov/verbs/vrb_cache.h"
@@ -17,4 +18,15 @@ int exs__vrb_cq_plan(uint64_t cap, uint64_t need, uint64_t n, uint64_t max_cqe, 
     want = cap * 2 > total ? cap * 2 : total;
     *resize_p = want < max_cqe ? want : max_cqe;
     return 0;
+}
+
+uint8_t exs__vrb_qp_timeout(uint8_t ep_timeout, uint8_t param, int cm_has, uint8_t cm_timeout)
+{
+    if (ep_timeout)
+        return ep_timeout;
+    if (param)
+        return param;
+    if (cm_has && cm_timeout)
+        return cm_timeout;
+    return VRB_QP_TIMEOUT_FALLBACK;
 }
