@@ -93,7 +93,7 @@ static const struct exs_param_def params_table[] = {
           "queues (only jobs and timers), 0-1"),
     PARAM(vrb_qp_timeout, "EXS_VRB_QP_TIMEOUT", "0", UINT, 0,
           "verbs: QP local ACK timeout exponent (4.096 us * 2^n per try), 1-31; 0 = the one "
-          "rdma_cm computes for the path (as rsockets and perftest use; 14 when it gives none)"),
+          "rdma_cm computes for the path, at most 16 (268 ms; 14 when it gives none)"),
     PARAM(vrb_retry_cnt, "EXS_VRB_RETRY_CNT", "7", UINT, 0, "verbs: QP transport retry count, 0-7"),
     PARAM(vrb_rnr_retry, "EXS_VRB_RNR_RETRY", "7", UINT, 0,
           "verbs: receiver-not-ready retries, caps every ep's rnr_retry, 0-7, 7 = forever"),

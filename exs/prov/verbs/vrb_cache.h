@@ -262,9 +262,13 @@ int exs__vrb_cq_plan(uint64_t cap, uint64_t need, uint64_t n, uint64_t max_cqe, 
 /* ---- QP attributes ---- */
 /* The QP's local ACK timeout exponent (vrb_cqplan.c): the ep's own (ep_timeout), else
  * EXS_VRB_QP_TIMEOUT (param) when nonzero, else the one rdma_cm computed for the path
- * (cm_has: rdma_init_qp_attr set it), which rsockets and perftest -R run with; else
- * VRB_QP_TIMEOUT_FALLBACK (4.096 us * 2^14, 67 ms). Never 0 (infinite: not offered). */
-#define VRB_QP_TIMEOUT_FALLBACK 14
+ * (cm_has: rdma_init_qp_attr set it; rsockets and perftest -R run with it) but at most
+ * VRB_QP_TIMEOUT_CAP, else VRB_QP_TIMEOUT_FALLBACK. Never 0 (infinite: not offered). The
+ * cap: a lost last packet waits for the timeout before it is resent, and that wait must stay
+ * well inside keepalive's window (3 probes of 1 s by default): rxe's rdma_cm value, 19
+ * (2.1 s), let keepalive end a verified transfer across a link with 1% loss. */
+#define VRB_QP_TIMEOUT_FALLBACK 14 /* 4.096 us * 2^14: 67 ms */
+#define VRB_QP_TIMEOUT_CAP      16 /* 268 ms */
 uint8_t exs__vrb_qp_timeout(uint8_t ep_timeout, uint8_t param, int cm_has, uint8_t cm_timeout);
 
 #endif

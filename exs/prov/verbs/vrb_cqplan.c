@@ -27,6 +27,6 @@ uint8_t exs__vrb_qp_timeout(uint8_t ep_timeout, uint8_t param, int cm_has, uint8
     if (param)
         return param;
     if (cm_has && cm_timeout)
-        return cm_timeout;
+        return cm_timeout < VRB_QP_TIMEOUT_CAP ? cm_timeout : VRB_QP_TIMEOUT_CAP;
     return VRB_QP_TIMEOUT_FALLBACK;
 }
