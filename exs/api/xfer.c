@@ -373,30 +373,51 @@ void exs__api_op_event(struct api_op *op, const exs_event_t *ev_in)
     exs__evq_post(evq, &ev);
 }
 
+/* The end of an exs_send's or exs_recv's operation (no bounce buffer): the event written
+ * straight into its slot (no exs_event_t built and copied), as far as exs_qdequeue copies
+ * it; op_release's work inline (op and pop freed before the event shows, as in
+ * exs__api_op_event). */
+static inline __attribute__((always_inline)) void op_end_xfer(struct api_op *op, int type,
+                                                              ssize_t result)
+{
+    struct exs_evq *evq = op->evq;
+    int err = op->op.err, fd = op->fd, flags = op->op.rflags;
+    exs_ahandle_t ah = op->ah;
+    void *buf = op->op.buf;
+    size_t len = op->op.len;
+
+    if (op->mreg)
+        exs__api_mreg_release(op->mreg);
+    else if (op->tmp_mr)
+        exs__prov_mr_put(op->tmp_mr);
+    exs__evq_op_free(op, sizeof(*op));
+    exs__evq_post_xfer_x(evq, type, err, fd, flags, ah, buf, len, result);
+}
+
 /* proto callback: an exs_send / exs_recv / exs_shutdown finished (conn->lock held). */
 static void op_done(struct exs_op *pop)
 {
     struct api_op *op = exs_container_of(pop, struct api_op, op);
+    int type = op->evt_type;
     ssize_t result = pop->err ? -1 : pop->result;
     exs_event_t ev;
 
-    if (op->evt_type == EXS_EVT_SEND || (op->bounce && pop->kind == EXS_OP_SEND))
+    /* the common case first, with one test of the type, bounce and to_armed */
+    if (__builtin_expect(
+            !(op->bounce || op->to_armed) && (type == EXS_EVT_SEND || type == EXS_EVT_RECV), 1)) {
+        __atomic_fetch_sub(type == EXS_EVT_SEND ? &op->sock->n_send : &op->sock->n_recv, 1,
+                           __ATOMIC_RELAXED);
+        op_end_xfer(op, type, result);
+        return;
+    }
+    if (type == EXS_EVT_SEND || (op->bounce && pop->kind == EXS_OP_SEND))
         __atomic_fetch_sub(&op->sock->n_send, 1, __ATOMIC_RELAXED);
-    else if (op->evt_type == EXS_EVT_RECV || (op->bounce && pop->kind == EXS_OP_RECV))
+    else if (type == EXS_EVT_RECV || (op->bounce && pop->kind == EXS_OP_RECV))
         __atomic_fetch_sub(&op->sock->n_recv, 1, __ATOMIC_RELAXED);
     if (op->to_armed)
         exs__api_to_op_end(op); /* no timeout notice after this: the completion follows */
-    if (!op->bounce && (op->evt_type == EXS_EVT_SEND || op->evt_type == EXS_EVT_RECV)) {
-        /* the common end: the event written straight into its slot (no exs_event_t built
-         * and copied), as far as exs_qdequeue copies it */
-        struct exs_evq *evq = op->evq;
-        int type = op->evt_type, err = pop->err, fd = op->fd, flags = pop->rflags;
-        exs_ahandle_t ah = op->ah;
-        void *buf = pop->buf;
-        size_t len = pop->len;
-
-        op_release(op); /* first, as in exs__api_op_event (op and pop freed) */
-        exs__evq_post_xfer_x(evq, type, err, fd, flags, ah, buf, len, result);
+    if (!op->bounce && (type == EXS_EVT_SEND || type == EXS_EVT_RECV)) {
+        op_end_xfer(op, type, result);
         return;
     }
     ev = (exs_event_t){.exs_evt_errno = pop->err};
