@@ -59,21 +59,27 @@ int exs__api_mreg_handle(const struct api_mreg *m)
     return __atomic_load_n(&m->handle, __ATOMIC_RELAXED);
 }
 
-/* The registration the table names under mh now, or NULL (no lock needed). Inline: a
- * hold looks twice. */
+/* The registration slot idx (below the capacity, which only grows) of the table names
+ * under mh now, or NULL (no lock needed). */
+static inline __attribute__((always_inline)) struct api_mreg *mreg_at(int idx, exs_mhandle_t mh)
+{
+    struct api_mreg **tab = __atomic_load_n(&mregs, __ATOMIC_ACQUIRE);
+    struct api_mreg *m = __atomic_load_n(&tab[idx], __ATOMIC_SEQ_CST); /* after a hold's busy */
+
+    if (!m || __atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
+        return NULL;
+    return m;
+}
+
+/* The registration the table names under mh now, or NULL (no lock needed). */
 static inline __attribute__((always_inline)) struct api_mreg *mreg_find(exs_mhandle_t mh)
 {
     int idx = (mh & MREG_IDX_MASK) - 1;
-    struct api_mreg **tab, *m;
 
     /* the capacity is stored after the array it describes: read it first */
     if (mh <= 0 || idx < 0 || idx >= __atomic_load_n(&mreg_cap, __ATOMIC_ACQUIRE))
         return NULL;
-    tab = __atomic_load_n(&mregs, __ATOMIC_ACQUIRE);
-    m = __atomic_load_n(&tab[idx], __ATOMIC_SEQ_CST); /* after a hold's busy: see the hold */
-    if (!m || __atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
-        return NULL;
-    return m;
+    return mreg_at(idx, mh);
 }
 
 static struct api_mreg *mreg_unpark(void)
@@ -165,7 +171,10 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
     return m->handle;
 }
 
-int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)
+/* exs__api_mreg_hold, inline in xfer_post. The look after busy is raised reads the slot
+ * again, not the capacity (it only grows: mreg_at). */
+static inline __attribute__((always_inline)) int mreg_hold(exs_mhandle_t mh, const void *buf,
+                                                           size_t len, struct api_mreg **m_p)
 {
     struct api_mreg *m = mreg_find(mh);
 
@@ -174,7 +183,7 @@ int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api
     /* seq_cst, as exs_mderegister's store of the slot and load of busy: of the two, at
      * least one sees the other's write */
     __atomic_add_fetch(&m->busy, 1, __ATOMIC_SEQ_CST);
-    if (mreg_find(mh) != m) {
+    if (mreg_at((mh & MREG_IDX_MASK) - 1, mh) != m) {
         __atomic_sub_fetch(&m->busy, 1, __ATOMIC_RELEASE);
         return -EINVAL; /* deregistered meanwhile */
     }
@@ -186,6 +195,11 @@ int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api
     }
     *m_p = m;
     return 0;
+}
+
+int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)
+{
+    return mreg_hold(mh, buf, len, m_p);
 }
 
 /* No lock: busy only rises under mreg_lock (a hold), and exs_mderegister reads it there;
@@ -680,7 +694,7 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, si
             op->op.lkey = op->tmp_mr->lkey;
         }
     } else {
-        if (exs__api_mreg_hold(mh, buf, len, &op->mreg)) {
+        if (mreg_hold(mh, buf, len, &op->mreg)) {
             err = EINVAL;
             goto out;
         }
