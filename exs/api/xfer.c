@@ -337,8 +337,10 @@ static void op_done(struct exs_op *pop);
  * its blocks: a field added beyond would silently send every post back to malloc. */
 _Static_assert(sizeof(struct api_op) <= EXS_EVQ_OP_BLOCK, "api_op outgrew EXS_EVQ_OP_BLOCK");
 
-struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
-                               int *err_p)
+/* exs__api_op_new, inline in xfer_post (a call and its arguments less per send and
+ * receive). */
+static inline __attribute__((always_inline)) struct api_op *
+op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah, int *err_p)
 {
     struct api_op *op;
     struct exs_evq *evq;
@@ -355,6 +357,12 @@ struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q
     op->op.owner = op;
     exs_list_init(&op->link);
     return op; /* counted live by its queue's reservation (exs__evq_ops_live) */
+}
+
+struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
+                               int *err_p)
+{
+    return op_new(s, evt_type, q, ah, err_p);
 }
 
 static void op_release(struct api_op *op)
@@ -658,7 +666,7 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, si
     timeo = __atomic_load_n(recv ? &s->rcv_timeo : &s->snd_timeo, __ATOMIC_RELAXED);
     if (sync)
         q = exs__api_sync_queue();
-    op = exs__api_op_new(s, b ? b->evt_type : recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
+    op = op_new(s, b ? b->evt_type : recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
     if (!op)
         goto out;
     op->bounce = b;
