@@ -341,16 +341,9 @@ static void evq_tab_remove(struct evq_slot *slot)
     evq_tab.free_tail = idx;
 }
 
-int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
-{
-    struct exs_evq *evq = evq_peek(q);
-
-    if (!evq)
-        return -EINVAL;
-    return exs__evq_hold(q, evq, evq_p);
-}
-
-int exs__evq_hold(exs_qhandle_t q, struct exs_evq *evq, struct exs_evq **evq_p)
+/* exs__evq_hold, inline in evq_get (a call less per lookup). */
+static inline __attribute__((always_inline)) int evq_hold(exs_qhandle_t q, struct exs_evq *evq,
+                                                          struct exs_evq **evq_p)
 {
     int refs;
 
@@ -368,6 +361,26 @@ int exs__evq_hold(exs_qhandle_t q, struct exs_evq *evq, struct exs_evq **evq_p)
     }
     *evq_p = evq;
     return 0;
+}
+
+/* exs__evq_get, inline in exs_qdequeue's wait (evq_dequeue_rest). */
+static inline __attribute__((always_inline)) int evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
+{
+    struct exs_evq *evq = evq_peek(q);
+
+    if (!evq)
+        return -EINVAL;
+    return evq_hold(q, evq, evq_p);
+}
+
+int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
+{
+    return evq_get(q, evq_p);
+}
+
+int exs__evq_hold(exs_qhandle_t q, struct exs_evq *evq, struct exs_evq **evq_p)
+{
+    return evq_hold(q, evq, evq_p);
 }
 
 exs_qhandle_t exs__evq_handle(const struct exs_evq *evq)
@@ -1085,12 +1098,12 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     return ret;
 }
 
-/* exs_qdequeue's first look (nevents != 0, arguments checked): when the process has no
- * libexs socket (nothing to drive before taking events: evq_dequeue_wait) and the events
- * wanted are queued, they are taken under one hold of evq->lock, found without the table's
- * lock and with no reference (a queue's memory stays: evq_peek) and no clock read: the
- * count, or -EINVAL (no such queue, or a threshold above its depth). -EAGAIN: the wait's
- * way (exs_qdequeue), which looks again. */
+/* exs_qdequeue's first look (nevents != 0, arguments checked), made only when the
+ * process has no libexs socket (nothing to drive before taking events:
+ * evq_dequeue_wait; evq_dequeue_full tests it): when the events wanted are queued, they are taken
+ * under one hold of evq->lock, found without the table's lock and with no reference (a queue's
+ * memory stays: evq_peek) and no clock read: the count, or -EINVAL (no such queue, or a threshold
+ * above its depth). -EAGAIN: the wait's way (exs_qdequeue), which looks again. */
 static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q,
                                                                  exs_event_t *events, int nevents)
 {
@@ -1099,8 +1112,6 @@ static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q
 
     if (!evq)
         return -EINVAL;
-    if (exs__api_sock_live())
-        return -EAGAIN;
     EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
     if (!evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q) || want > evq->depth) {
         ret = -EINVAL;
@@ -1128,7 +1139,10 @@ static __attribute__((noinline)) int evq_dequeue_full(exs_qhandle_t q, exs_event
     if (timeout != NULL &&
         (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000))
         return exs__err(EINVAL);
-    if (nevents != 0 && (ret = evq_dequeue_now(q, events, nevents)) != -EAGAIN)
+    /* with libexs sockets, progress is driven first: the wait's way at once (which
+     * answers a bad queue as the first look would) */
+    if (nevents != 0 && !exs__api_sock_live() &&
+        (ret = evq_dequeue_now(q, events, nevents)) != -EAGAIN)
         return ret < 0 ? exs__err(-ret) : ret;
     return evq_dequeue_rest(q, events, nevents, timeout);
 }
@@ -1210,7 +1224,7 @@ static __attribute__((noinline)) int evq_dequeue_rest(exs_qhandle_t q, exs_event
         t0 = exs__now_ns();
         deadline = t0 + (uint64_t)timeout->tv_sec * 1000000000u + (uint64_t)timeout->tv_nsec;
     }
-    ret = exs__evq_get(q, &evq);
+    ret = evq_get(q, &evq);
     if (ret < 0)
         return exs__err(-ret);
     if (nevents == 0) {
