@@ -737,31 +737,39 @@ int exs_qfd(exs_qhandle_t q)
 
 /* ---- dequeue ---- */
 
-/* Copy n events out (evq->lock held, n <= queued). */
+/* One event copied out of the ring: a send's or a receive's as far as its member,
+ * exs_evt_xfer, goes (what exs__evq_post_xfer writes; the union's tail is not the
+ * event's: 56 of the 168 bytes), any other whole. */
+static inline __attribute__((always_inline)) void evq_copy1(exs_event_t *ev, const exs_event_t *e)
+{
+    if (e->exs_evt_type == EXS_EVT_SEND || e->exs_evt_type == EXS_EVT_RECV)
+        memcpy(ev, e, offsetof(exs_event_t, exs_evt_u) + sizeof(exs_evt_xfer_t));
+    else
+        *ev = *e;
+}
+
+/* Copy n events out (evq->lock held, n <= queued), one by one (evq_copy1: a ping-pong's
+ * dequeue of a send's and a receive's event copied 336 bytes with memcpy, 64
+ * instructions, where their members are 112). */
 static void evq_take(struct exs_evq *evq, exs_event_t *events, int n)
 {
-    int first = EXS_MIN(n, evq->depth - evq->head);
+    int head = evq->head;
 
-    memcpy(events, &evq->ring[evq->head], (size_t)first * sizeof(*events));
-    if (n > first)
-        memcpy(events + first, evq->ring, (size_t)(n - first) * sizeof(*events));
-    evq->head = n > first ? n - first : evq->head + n == evq->depth ? 0 : evq->head + n;
+    for (int i = 0; i < n; i++) {
+        evq_copy1(&events[i], &evq->ring[head]);
+        head = head + 1 == evq->depth ? 0 : head + 1;
+    }
+    evq->head = head;
     evq_set_queued(evq, evq->queued - n);
     evq_give_back(evq, n);
     evq_sync_fds(evq);
 }
 
-/* evq_take of the one event at the head. A send's or a receive's is copied as far as its
- * member, exs_evt_xfer, goes (what exs__evq_post_xfer writes; the union's tail is not
- * the event's), any other whole. The caller brings the descriptors in line (evq_sync_fds). */
+/* evq_take of the one event at the head. The caller brings the descriptors in line
+ * (evq_sync_fds). */
 static inline __attribute__((always_inline)) void evq_take1(struct exs_evq *evq, exs_event_t *ev)
 {
-    const exs_event_t *e = &evq->ring[evq->head];
-
-    if (e->exs_evt_type == EXS_EVT_SEND || e->exs_evt_type == EXS_EVT_RECV)
-        memcpy(ev, e, offsetof(exs_event_t, exs_evt_u) + sizeof(exs_evt_xfer_t));
-    else
-        *ev = *e;
+    evq_copy1(ev, &evq->ring[evq->head]);
     evq->head = evq->head + 1 == evq->depth ? 0 : evq->head + 1;
     evq_set_queued(evq, evq->queued - 1);
     evq_give_back(evq, 1);
