@@ -627,7 +627,7 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, si
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
     /* not a libexs socket: a kernel socket's operation tells EBADF and ENOTSOCK apart */
-    struct api_sock *s = exs__api_sock_find(fd);
+    struct api_sock *s = exs__api_sock_find_x(fd);
     struct api_op *op = NULL;
     int *count, armed = 0, timeo = 0;
 
