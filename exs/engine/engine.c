@@ -660,12 +660,11 @@ void exs__engine_driver_enter(uint64_t now)
         if (!now)
             now = exs__now_ns();
         gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
-        uint64_t g =
-            exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
-                                __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now, lease_ns);
-
-        /* a longer gap is the application computing: not remembered */
-        if (gap <= (uint64_t)EXS_ENG_HYST_LEASES * lease_ns && gap >= g) {
+        /* a longer gap is the application computing: not remembered (nor compared) */
+        if (gap <= (uint64_t)EXS_ENG_HYST_LEASES * lease_ns &&
+            gap >= exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
+                                       __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now,
+                                       lease_ns)) {
             __atomic_store_n(&eng.gap_ns, gap, __ATOMIC_RELAXED);
             __atomic_store_n(&eng.gap_at, now, __ATOMIC_RELAXED);
         }
