@@ -412,7 +412,7 @@ static inline __attribute__((always_inline)) void op_end_xfer(struct api_op *op,
         exs__api_mreg_release(op->mreg);
     else if (op->tmp_mr)
         exs__prov_mr_put(op->tmp_mr);
-    exs__evq_op_free(op, sizeof(*op));
+    exs__evq_op_free_x(op, sizeof(*op));
     exs__evq_post_xfer_x(evq, type, err, fd, flags, ah, buf, len, result);
 }
 

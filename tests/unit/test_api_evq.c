@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 
 #include "exs/api/evq.h"
+#include "exs/api/evq_int.h"
 #include "exs/util/lite_lock.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
@@ -359,6 +360,55 @@ START_TEST(test_take_types)
     }
     ck_assert_int_eq(exs_qdelete(q), 0);
     ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* The operation block cache's inline paths (evq_int.h): in a fresh thread the first free
+ * goes the whole way (exs__evq_op_free arms the thread's list), later ones inline; blocks
+ * come back last in, first out, zeroed; a size above EXS_EVQ_OP_BLOCK bypasses the list.
+ * Under a sanitizer the list is off (every block to free()): only the zeroing is checked. */
+static void *op_cache_thread(void *arg)
+{
+    const size_t size = 200;
+    unsigned char *a, *b, *c, *d, *big;
+    int *fail = arg;
+
+    a = exs__evq_op_alloc_x(size);
+    b = exs__evq_op_alloc_x(size);
+    if (!a || !b)
+        return (*fail = 1, NULL);
+    memset(a, 0xab, size);
+    memset(b, 0xcd, size);
+    exs__evq_op_free_x(a, size); /* arms the list */
+    exs__evq_op_free_x(b, size); /* inline */
+    c = exs__evq_op_alloc_x(size);
+    d = exs__evq_op_alloc_x(size);
+    if (!c || !d)
+        return (*fail = 2, NULL);
+#if EXS_OP_CACHE_MAX > 0
+    if (c != b || d != a)
+        *fail = 3;
+#endif
+    for (size_t i = 0; i < size; i++)
+        if (c[i] || d[i])
+            *fail = 4;
+    big = exs__evq_op_alloc_x(EXS_EVQ_OP_BLOCK + 1);
+    if (!big || big[0] || big[EXS_EVQ_OP_BLOCK])
+        *fail = 5;
+    exs__evq_op_free_x(big, EXS_EVQ_OP_BLOCK + 1);
+    exs__evq_op_free_x(c, size);
+    exs__evq_op_free_x(d, size);
+    return NULL;
+}
+
+START_TEST(test_op_cache)
+{
+    pthread_t t;
+    int fail = 0;
+
+    ck_assert_int_eq(pthread_create(&t, NULL, op_cache_thread, &fail), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_msg(fail == 0, "op cache: check %d failed", fail);
 }
 END_TEST
 
@@ -1078,6 +1128,7 @@ Suite *api_evq_suite(void)
 
     tc = tcase_create("reserve");
     tcase_add_test(tc, test_reserve_depth);
+    tcase_add_test(tc, test_op_cache);
     tcase_add_test(tc, test_ops_live);
     tcase_add_test(tc, test_delete_busy);
     suite_add_tcase(s, tc);
