@@ -1107,11 +1107,11 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
 }
 
 /* exs_qdequeue's first look (nevents != 0, arguments checked), made only when the
- * process has no libexs socket (nothing to drive before taking events:
- * evq_dequeue_wait; evq_dequeue_full tests it): when the events wanted are queued, they are taken
- * under one hold of evq->lock, found without the table's lock and with no reference (a queue's
- * memory stays: evq_peek) and no clock read: the count, or -EINVAL (no such queue, or a threshold
- * above its depth). -EAGAIN: the wait's way (exs_qdequeue), which looks again. */
+ * process has no libexs socket (nothing to drive before taking events: evq_dequeue_wait;
+ * evq_dequeue_full tests it): when the events wanted are queued, they are taken under one
+ * hold of evq->lock, found without the table's lock and with no reference (a queue's
+ * memory stays: evq_peek) and no clock read: the count, or -EINVAL (no such queue, or a
+ * threshold above its depth). -EAGAIN: the wait's way (exs_qdequeue), which looks again. */
 static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q,
                                                                  exs_event_t *events, int nevents)
 {
