@@ -357,6 +357,33 @@ START_TEST(grant_read_after_revoke)
 }
 END_TEST
 
+/* a WRITE grant used, then revoked: the next WRITE with its key fails and places nothing
+ * (the key the last remote check found must not outlive its revoke) */
+START_TEST(grant_write_after_revoke)
+{
+    struct pt_pair p;
+    struct pt_buf *tgt, *src;
+    struct exs_prov_grant *g;
+    uint64_t raddr;
+    uint32_t rkey;
+
+    pt_pair_setup(&p, NULL, NULL);
+    tgt = pt_pair_buf(&p, 'b', TLEN, LW, 0x5A);
+    src = pt_pair_buf(&p, 'a', TLEN, LW, 0x22);
+    g = grant_ok(p.eb, tgt, GOFF, GLEN, RW);
+    raddr = g->addr;
+    rkey = g->rkey;
+    ck_assert_int_eq(try_op(&p, EXS_PROV_WR_RDMA_WRITE, src, raddr, 64, rkey), EXS_PROV_WC_SUCCESS);
+    ck_assert(pt_all_bytes(tgt->p + GOFF, 64, 0x22));
+    memset(src->p, 0x33, 64);
+    pt_ops->revoke(g);
+    ck_assert_int_eq(try_op(&p, EXS_PROV_WR_RDMA_WRITE, src, raddr, 64, rkey),
+                     EXS_PROV_WC_REM_ACCESS_ERR);
+    ck_assert(pt_all_bytes(tgt->p + GOFF, 64, 0x22));
+    pt_pair_close(&p);
+}
+END_TEST
+
 START_TEST(grant_left_at_ep_destroy)
 {
     /* A consumer bug: ep_destroy with a live grant. The provider logs and revokes it, so
@@ -753,6 +780,7 @@ Suite *prov_grant_suite(void)
     tcase_add_test(tc, grant_wrap);
     tcase_add_test(tc, grant_after_revoke);
     tcase_add_test(tc, grant_read_after_revoke);
+    tcase_add_test(tc, grant_write_after_revoke);
     tcase_add_test(tc, grant_cache_range_reused);
     tcase_add_test(tc, grant_other_ep);
     tcase_add_test(tc, grant_other_ctx);

@@ -1160,7 +1160,9 @@ int exs__shm_conn_service(struct shm_conn *conn)
             return 1;
         }
     }
-    did += shm_take_requests(conn, &h);
+    /* a turn woken by answers alone (the requester's) skips the requests' loop */
+    if (__atomic_load_n(&conn->peer->head, __ATOMIC_RELAXED) != conn->tail)
+        did += shm_take_requests(conn, &h);
     if (conn->state == SHM_CONN_UP)
         did += shm_take_answers(conn, &h);
     shm_hold_drop(ctx, &h);
