@@ -17,6 +17,7 @@
 #include "exs/prov/soft/soft_wr.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
+#include "exs/util/util.h"
 
 /*
  * spec/provider-shm.md is the normative text. In short:
@@ -382,6 +383,28 @@ extern struct exs_prov_ops exs__prov_shm_ops;
 /* shm_ctx.c */
 void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep,
                              const struct exs_prov_cqe *cqe);
+/* ctx->lock held: an armed consumer's event fd made readable (a completion or cm event). */
+void exs__shm_notify_locked(struct shm_ctx *ctx);
+/* ctx->lock held: the entry of the next completion, filled in place (every field), then
+ * queued by exs__shm_cq_commit_locked. Never full: every ep reserved what it can produce
+ * and posts refuse beyond it. */
+static inline struct exs_prov_cqe *exs__shm_cq_slot_locked(struct shm_ctx *ctx)
+{
+    struct exs_prov_cqe *slot = exs__soft_cq_slot(&ctx->cq);
+
+    EXS_ASSERT(slot);
+    return slot;
+}
+static inline void exs__shm_cq_commit_locked(struct shm_ctx *ctx, struct shm_ep *ep, int recv)
+{
+    exs__soft_cq_commit(&ctx->cq);
+    if (recv)
+        ep->cq_rq++;
+    else
+        ep->cq_sq++;
+    if (ctx->armed)
+        exs__shm_notify_locked(ctx);
+}
 void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev);
 /* ctx->lock held: queue a WR_FLUSH_ERR completion of ep. */
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op);

@@ -120,18 +120,19 @@ static enum exs_prov_wc_opcode shm_wc_opcode(uint8_t opcode)
 /* ctx->lock held: wr (unlinked) is done with st; slots retire as on verbs. */
 static void shm_wr_done_locked(struct shm_ep *ep, struct shm_wr *wr, enum exs_prov_wc_status st)
 {
-    struct exs_prov_cqe cqe;
-
     if (st != EXS_PROV_WC_SUCCESS)
         ep->state = EXS_PROV_EP_ERROR; /* before anyone can poll the error */
     if (st != EXS_PROV_WC_SUCCESS || wr->signaled) {
-        memset(&cqe, 0, sizeof(cqe));
-        cqe.wr_id = wr->wr_id;
-        cqe.ep = &ep->base;
-        cqe.status = st;
-        cqe.opcode = shm_wc_opcode(wr->opcode);
-        cqe.byte_len = st == EXS_PROV_WC_SUCCESS ? wr->len : 0;
-        exs__shm_cq_push_locked(ep->ctx, ep, &cqe);
+        struct exs_prov_cqe *cqe = exs__shm_cq_slot_locked(ep->ctx);
+
+        cqe->wr_id = wr->wr_id;
+        cqe->ep = &ep->base;
+        cqe->status = st;
+        cqe->opcode = shm_wc_opcode(wr->opcode);
+        cqe->byte_len = st == EXS_PROV_WC_SUCCESS ? wr->len : 0;
+        cqe->imm_data = 0;
+        cqe->flags = 0;
+        exs__shm_cq_commit_locked(ep->ctx, ep, 0);
         ep->sq_used -= 1 + ep->sq_unretired;
         ep->sq_unretired = 0;
     } else {
@@ -260,32 +261,50 @@ static int shm_frag_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_w
     return 0;
 }
 
+/* ctx->lock held: a READ's record at conn->head (its destination's sges, no payload); 0, or
+ * -ENOSPC without room up to tail. Out of line: the inline records' path has no frame for
+ * the sges. */
+static __attribute__((noinline)) int shm_read_write(struct shm_conn *conn, struct shm_ep *ep,
+                                                    struct shm_wr *wr,
+                                                    const struct exs_prov_sge *sge, uint64_t tail)
+{
+    struct shm_rsge rs[SHM_MAX_SGE];
+    int nrs = shm_sge_to_rsge(rs, sge, wr->num_sge);
+    uint32_t size = shm_roundup(SHM_REC_HDR + (uint32_t)(nrs * sizeof(rs[0])));
+
+    if (conn->head - tail + size > SHM_RING_BYTES)
+        return -ENOSPC;
+    shm_rec_hdr(conn, ep, wr, 0, (uint8_t)nrs, size);
+    if (nrs)
+        shm_ring_put(conn->tx_ring, conn->head + SHM_REC_HDR, rs, (uint32_t)(nrs * sizeof(rs[0])));
+    wr->psn = ep->snd_nxt++;
+    conn->head += size;
+    shm_publish_head(conn, ep, wr->len);
+    return 0;
+}
+
 /* ctx->lock held: write wr as a record at conn->head, its payload from payload (a copy
  * taken at post time) or else from its sges (sge: wr->sge, or the poster's own list when
  * it goes into the ring at once); 0, or -ENOSPC without room up to tail. */
 static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
                          const struct exs_prov_sge *sge, const void *payload, uint64_t tail)
 {
-    struct shm_rsge rs[SHM_MAX_SGE];
-    int inl = wr->opcode != EXS_PROV_WR_RDMA_READ && (wr->inl || wr->len <= SHM_RING_INLINE);
-    int nrs;
     uint32_t size;
     uint64_t pos;
 
-    if (!inl && wr->opcode != EXS_PROV_WR_RDMA_READ)
+    if (EXS_UNLIKELY(wr->opcode == EXS_PROV_WR_RDMA_READ))
+        return shm_read_write(conn, ep, wr, sge, tail);
+    if (!wr->inl && wr->len > SHM_RING_INLINE)
         return shm_frag_write(conn, ep, wr, sge, tail);
-    nrs = inl ? 0 : shm_sge_to_rsge(rs, sge, wr->num_sge);
-    size = shm_roundup(SHM_REC_HDR + (inl ? wr->len : (uint32_t)(nrs * sizeof(rs[0]))));
+    size = shm_roundup(SHM_REC_HDR + wr->len);
     if (conn->head - tail + size > SHM_RING_BYTES)
         return -ENOSPC;
-    shm_rec_hdr(conn, ep, wr, inl ? SHM_RF_INLINE : 0, (uint8_t)nrs, size);
+    shm_rec_hdr(conn, ep, wr, SHM_RF_INLINE, 0, size);
     pos = conn->head + SHM_REC_HDR;
     if (payload)
         shm_ring_put(conn->tx_ring, pos, payload, wr->len);
-    else if (inl)
+    else
         shm_ring_put_sges(conn->tx_ring, pos, sge, wr->num_sge, 0, wr->len);
-    else if (nrs)
-        shm_ring_put(conn->tx_ring, pos, rs, (uint32_t)(nrs * sizeof(rs[0])));
     wr->psn = ep->snd_nxt++;
     conn->head += size;
     shm_publish_head(conn, ep, wr->len);
@@ -628,7 +647,8 @@ static int shm_take_answers(struct shm_conn *conn, struct shm_hold *h)
             end = 1;
         }
     }
-    if (!bad && !end && did)
+    /* (nothing waiting: the push would find sq_pend empty and leave pend as it is) */
+    if (!bad && !end && did && !exs_list_empty(&ep->sq_pend))
         exs__shm_ep_push_locked(ep);
     shm_hold_drop(ctx, h);
     if (bad)
@@ -689,24 +709,20 @@ static void shm_recv_done_locked(struct shm_conn *conn, struct exs_soft_rwr *rwr
                                  uint32_t len, const struct shm_rec *rec)
 {
     struct shm_ep *ep = conn->ep;
-    struct exs_prov_cqe cqe;
+    struct exs_prov_cqe *cqe = exs__shm_cq_slot_locked(conn->ctx);
+    int imm = st == EXS_PROV_WC_SUCCESS && (rec->flags & SHM_RF_IMM);
 
-    memset(&cqe, 0, sizeof(cqe));
-    cqe.wr_id = rwr->wr_id;
-    cqe.ep = &ep->base;
-    cqe.status = st;
-    cqe.opcode = op;
-    if (st == EXS_PROV_WC_SUCCESS) {
-        cqe.byte_len = len;
-        if (rec->flags & SHM_RF_IMM) {
-            cqe.imm_data = rec->imm;
-            cqe.flags = EXS_PROV_WC_WITH_IMM;
-        }
-    }
+    cqe->wr_id = rwr->wr_id;
+    cqe->ep = &ep->base;
+    cqe->status = st;
+    cqe->opcode = op;
+    cqe->byte_len = st == EXS_PROV_WC_SUCCESS ? len : 0;
+    cqe->imm_data = imm ? rec->imm : 0;
+    cqe->flags = imm ? EXS_PROV_WC_WITH_IMM : 0;
     if (st != EXS_PROV_WC_SUCCESS)
         ep->state = EXS_PROV_EP_ERROR;
     ep->rq_count--;
-    exs__shm_cq_push_locked(conn->ctx, ep, &cqe);
+    exs__shm_cq_commit_locked(conn->ctx, ep, 1);
     exs__shm_rwr_put_locked(ep, rwr);
 }
 
