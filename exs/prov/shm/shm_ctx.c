@@ -54,6 +54,10 @@ static const struct exs_counter_desc shm_counter_desc[] = {
                 "turns that read the descriptors (epoll_wait): a busy poller's every "
                 "64th idle turn"),
     EXS_COUNTER(struct shm_counters, sleeps, "sleeps of the NIC thread or armed consumers"),
+    EXS_COUNTER(struct shm_counters, ring_mem,
+                "shared memory the live connections' segments can hold, bytes: each one's header "
+                "and two rings of the size agreed (EXS_SHM_RING_KB, the smaller side's); not a "
+                "counter, the sum now"),
 };
 
 static void shm_fd_bump(int fd)
@@ -540,6 +544,8 @@ static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->base.caps.max_cqe = SHM_CQ_MAX;
     ctx->rnr_timer_ms = (uint32_t)EXS_MIN(exs__params.tcp_rnr_timer_ms, 60000);
     ctx->rnr_retry_max = (uint8_t)EXS_MIN(exs__params.tcp_rnr_retry, 7);
+    /* (a power of two within the bounds: exs/util/params.c checks it) */
+    ctx->ring_bytes = (uint32_t)(exs__params.shm_ring_kb * 1024u);
     ret = exs__soft_cq_init(&ctx->cq, attr && attr->cq_size ? EXS_MIN(attr->cq_size, SHM_CQ_MAX)
                                                             : SHM_CQ_SIZE);
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);

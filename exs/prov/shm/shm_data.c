@@ -13,10 +13,9 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-#define SHM_RING_MASK ((uint64_t)SHM_RING_BYTES - 1)
-
-_Static_assert(SHM_RING_BYTES % SHM_SLOT == 0 && SHM_REC_HDR <= SHM_SLOT &&
-                   sizeof(struct shm_rec) == SHM_REC_HDR,
+_Static_assert(SHM_RING_MIN % SHM_SLOT == 0 && SHM_REC_HDR <= SHM_SLOT &&
+                   sizeof(struct shm_rec) == SHM_REC_HDR &&
+                   SHM_RING_MIN / 4 >= SHM_SLOT + SHM_RING_INLINE,
                "a record's header never wraps around the ring's end");
 
 #if defined(__SANITIZE_THREAD__)
@@ -35,18 +34,19 @@ static uint32_t shm_roundup(uint32_t n)
 /* Reads of the peer's memory are taken once into locals: no later use reads it again. */
 #define SHM_ONCE() __asm__ __volatile__("" ::: "memory")
 
-static void shm_ring_put(uint8_t *ring, uint64_t pos, const void *src, uint32_t len)
+/* (ring, its size: the connection's tx_ring or rx_ring and ring_bytes) */
+static void shm_ring_put(uint8_t *ring, uint32_t size, uint64_t pos, const void *src, uint32_t len)
 {
-    uint32_t off = (uint32_t)(pos & SHM_RING_MASK), first = EXS_MIN(len, SHM_RING_BYTES - off);
+    uint32_t off = (uint32_t)(pos & (size - 1)), first = EXS_MIN(len, size - off);
 
     memcpy(ring + off, src, first);
     if (first < len)
         memcpy(ring, (const uint8_t *)src + first, len - first);
 }
 
-static void shm_ring_get(void *dst, const uint8_t *ring, uint64_t pos, uint32_t len)
+static void shm_ring_get(void *dst, const uint8_t *ring, uint32_t size, uint64_t pos, uint32_t len)
 {
-    uint32_t off = (uint32_t)(pos & SHM_RING_MASK), first = EXS_MIN(len, SHM_RING_BYTES - off);
+    uint32_t off = (uint32_t)(pos & (size - 1)), first = EXS_MIN(len, size - off);
 
     memcpy(dst, ring + off, first);
     if (first < len)
@@ -194,7 +194,8 @@ static inline uint8_t shm_rec_type(const struct shm_wr *wr, uint8_t *flags)
 SHM_INLINE void shm_rec_hdr(struct shm_conn *conn, const struct shm_ep *ep, const struct shm_wr *wr,
                             uint8_t flags, uint8_t nsge, uint32_t size)
 {
-    struct shm_rec *rec = (struct shm_rec *)(void *)(conn->tx_ring + (conn->head & SHM_RING_MASK));
+    struct shm_rec *rec =
+        (struct shm_rec *)(void *)(conn->tx_ring + (conn->head & conn->ring_mask));
     uint8_t f;
 
     rec->type = shm_rec_type(wr, &f);
@@ -219,8 +220,9 @@ SHM_INLINE void shm_publish_head(struct shm_conn *conn, const struct shm_ep *ep,
 }
 
 /* Copy bytes [off, off+n) of the sges' payload into the ring at pos. */
-SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint64_t pos, const struct exs_prov_sge *sge,
-                                  int nsge, uint64_t off, uint64_t n)
+SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint32_t size, uint64_t pos,
+                                  const struct exs_prov_sge *sge, int nsge, uint64_t off,
+                                  uint64_t n)
 {
     for (int i = 0; i < nsge && n; i++) {
         uint64_t l = sge[i].length;
@@ -230,7 +232,7 @@ SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint64_t pos, const struct exs_
             continue;
         }
         l = EXS_MIN(l - off, n);
-        shm_ring_put(ring, pos, (const void *)(uintptr_t)(sge[i].addr + off), (uint32_t)l);
+        shm_ring_put(ring, size, pos, (const void *)(uintptr_t)(sge[i].addr + off), (uint32_t)l);
         pos += l;
         n -= l;
         off = 0;
@@ -238,7 +240,7 @@ SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint64_t pos, const struct exs_
 }
 
 /* ctx->lock held: a SEND or WRITE too large to be inline goes through the ring in fragments
- * of SHM_FRAG_BYTES (the last one shorter), each copied from the sges and published as soon
+ * of conn->frag_bytes (the last one shorter), each copied from the sges and published as soon
  * as it is written, so the peer copies one out while we copy the next in; wr->sent counts
  * what is written. 0 when all is (wr then takes its psn), -ENOSPC without room up to tail
  * for the next one (it waits in sq_pend, at the head). */
@@ -246,13 +248,14 @@ static int shm_frag_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_w
                           const struct exs_prov_sge *sge, uint64_t tail)
 {
     while (wr->sent < wr->len) {
-        uint32_t n = EXS_MIN(wr->len - wr->sent, SHM_FRAG_BYTES);
+        uint32_t n = EXS_MIN(wr->len - wr->sent, conn->frag_bytes);
         uint32_t size = shm_roundup(SHM_REC_HDR + n);
 
-        if (conn->head - tail + size > SHM_RING_BYTES)
+        if (conn->head - tail + size > conn->ring_bytes)
             return -ENOSPC;
         shm_rec_hdr(conn, ep, wr, SHM_RF_FRAG, 0, size);
-        shm_ring_put_sges(conn->tx_ring, conn->head + SHM_REC_HDR, sge, wr->num_sge, wr->sent, n);
+        shm_ring_put_sges(conn->tx_ring, conn->ring_bytes, conn->head + SHM_REC_HDR, sge,
+                          wr->num_sge, wr->sent, n);
         wr->sent += n;
         conn->head += size;
         shm_publish_head(conn, ep, n);
@@ -272,11 +275,12 @@ static __attribute__((noinline)) int shm_read_write(struct shm_conn *conn, struc
     int nrs = shm_sge_to_rsge(rs, sge, wr->num_sge);
     uint32_t size = shm_roundup(SHM_REC_HDR + (uint32_t)(nrs * sizeof(rs[0])));
 
-    if (conn->head - tail + size > SHM_RING_BYTES)
+    if (conn->head - tail + size > conn->ring_bytes)
         return -ENOSPC;
     shm_rec_hdr(conn, ep, wr, 0, (uint8_t)nrs, size);
     if (nrs)
-        shm_ring_put(conn->tx_ring, conn->head + SHM_REC_HDR, rs, (uint32_t)(nrs * sizeof(rs[0])));
+        shm_ring_put(conn->tx_ring, conn->ring_bytes, conn->head + SHM_REC_HDR, rs,
+                     (uint32_t)(nrs * sizeof(rs[0])));
     wr->psn = ep->snd_nxt++;
     conn->head += size;
     shm_publish_head(conn, ep, wr->len);
@@ -297,14 +301,14 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
     if (!wr->inl && wr->len > SHM_RING_INLINE)
         return shm_frag_write(conn, ep, wr, sge, tail);
     size = shm_roundup(SHM_REC_HDR + wr->len);
-    if (conn->head - tail + size > SHM_RING_BYTES)
+    if (conn->head - tail + size > conn->ring_bytes)
         return -ENOSPC;
     shm_rec_hdr(conn, ep, wr, SHM_RF_INLINE, 0, size);
     pos = conn->head + SHM_REC_HDR;
     if (payload)
-        shm_ring_put(conn->tx_ring, pos, payload, wr->len);
+        shm_ring_put(conn->tx_ring, conn->ring_bytes, pos, payload, wr->len);
     else
-        shm_ring_put_sges(conn->tx_ring, pos, sge, wr->num_sge, 0, wr->len);
+        shm_ring_put_sges(conn->tx_ring, conn->ring_bytes, pos, sge, wr->num_sge, 0, wr->len);
     wr->psn = ep->snd_nxt++;
     conn->head += size;
     shm_publish_head(conn, ep, wr->len);
@@ -793,8 +797,8 @@ static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec,
 }
 
 /* Copy n bytes of the ring at pos into the receive's sges from message offset off. */
-static void shm_ring_to_rwr(const struct exs_soft_rwr *rwr, const uint8_t *ring, uint64_t pos,
-                            uint64_t off, uint64_t n)
+static void shm_ring_to_rwr(const struct exs_soft_rwr *rwr, const uint8_t *ring, uint32_t size,
+                            uint64_t pos, uint64_t off, uint64_t n)
 {
     for (int i = 0; i < rwr->num_sge && n; i++) {
         uint64_t l = rwr->sge[i].length;
@@ -804,7 +808,7 @@ static void shm_ring_to_rwr(const struct exs_soft_rwr *rwr, const uint8_t *ring,
             continue;
         }
         l = EXS_MIN(l - off, n);
-        shm_ring_get((void *)(uintptr_t)(rwr->sge[i].addr + off), ring, pos, (uint32_t)l);
+        shm_ring_get((void *)(uintptr_t)(rwr->sge[i].addr + off), ring, size, pos, (uint32_t)l);
         pos += l;
         n -= l;
         off = 0;
@@ -857,7 +861,7 @@ static int shm_do_ring(struct shm_conn *conn, const struct shm_rec *rec, uint64_
     if (syn) {
         /* nothing placed */
     } else if (rec->type == SHM_REC_SEND) {
-        shm_ring_to_rwr(rwr, conn->rx_ring, pos, off, n);
+        shm_ring_to_rwr(rwr, conn->rx_ring, conn->ring_bytes, pos, off, n);
     } else if (rec->len) {
         if (!exs__soft_key_remote_locked(&ctx->keys, &ep->base, rec->rkey, rec->raddr + off,
                                          first ? rec->len : n, EXS_PROV_ACCESS_REMOTE_WRITE)) {
@@ -867,7 +871,8 @@ static int shm_do_ring(struct shm_conn *conn, const struct shm_rec *rec, uint64_
             EXS_CNT_INC(ctx->cnt.access_errors);
             return shm_refuse(conn, rec->psn, SHM_SYN_REM_ACCESS);
         }
-        shm_ring_get((void *)(uintptr_t)(rec->raddr + off), conn->rx_ring, pos, n);
+        shm_ring_get((void *)(uintptr_t)(rec->raddr + off), conn->rx_ring, conn->ring_bytes, pos,
+                     n);
     }
     if (rwr && (syn || last))
         shm_recv_done_locked(conn, rwr, st,
@@ -1034,7 +1039,7 @@ static const char *shm_rec_check(const struct shm_conn *conn, const struct shm_r
     if (rec->flags & SHM_RF_FRAG) {
         if (rec->nsge || (rec->flags & SHM_RF_INLINE) || rec->len <= SHM_RING_INLINE)
             return "fragment";
-        want = shm_roundup(SHM_REC_HDR + EXS_MIN(rec->len - conn->frag_off, SHM_FRAG_BYTES));
+        want = shm_roundup(SHM_REC_HDR + EXS_MIN(rec->len - conn->frag_off, conn->frag_bytes));
     } else if (rec->flags & SHM_RF_INLINE) {
         if (rec->nsge || rec->len > SHM_RING_INLINE)
             return "inline record";
@@ -1062,19 +1067,19 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
         if (head == conn->tail)
             break;
         SHM_TSAN_ACQUIRE();
-        if (head - conn->tail > SHM_RING_BYTES || head % SHM_SLOT) {
+        if (head - conn->tail > conn->ring_bytes || head % SHM_SLOT) {
             bad = "ring head";
             break;
         }
         /* (a header never wraps: one fixed-size copy, no call) */
-        memcpy(&rec, conn->rx_ring + (conn->tail & SHM_RING_MASK), sizeof(rec));
+        memcpy(&rec, conn->rx_ring + (conn->tail & conn->ring_mask), sizeof(rec));
         SHM_ONCE();
         bad = shm_rec_check(conn, &rec, head - conn->tail);
         if (bad)
             break;
         sum = 0;
         if (rec.nsge) {
-            shm_ring_get(rs, conn->rx_ring, conn->tail + SHM_REC_HDR,
+            shm_ring_get(rs, conn->rx_ring, conn->ring_bytes, conn->tail + SHM_REC_HDR,
                          rec.nsge * (uint32_t)sizeof(rs[0]));
             SHM_ONCE();
             for (int k = 0; k < rec.nsge; k++) {
@@ -1096,7 +1101,7 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
         part = rec.len;
         more = 0;
         if (EXS_UNLIKELY(rec.flags & SHM_RF_FRAG)) {
-            part = EXS_MIN(rec.len - conn->frag_off, SHM_FRAG_BYTES);
+            part = EXS_MIN(rec.len - conn->frag_off, conn->frag_bytes);
             more = conn->frag_off + part < rec.len;
         }
         if (conn->rx_drop) {
@@ -1121,13 +1126,13 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
             conn->frag_off += part;
             /* the room at once: the requester writes the next fragments while we copy
              * these out. A sleeping requester gets its doorbell each quarter ring freed
-             * (SHM_KICK_BYTES), not only at the end of the turn: waiting for the end made
+             * (a quarter of ring_bytes), not only at the end of the turn: waiting for the end made
              * the two copies take turns (1 MiB in, then 1 MiB out: 90-115 Gbit/s on a
              * quiet host, the same as one process_vm_readv), a doorbell each quarter ring
              * keeps both cores copying (180-250 Gbit/s) */
             SHM_TSAN_RELEASE();
             __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_SEQ_CST);
-            if (conn->tail - kicked >= SHM_KICK_BYTES) {
+            if (conn->tail - kicked >= conn->ring_bytes / 4) {
                 kicked = conn->tail;
                 exs__shm_conn_kick(conn);
             }
