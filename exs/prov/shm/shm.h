@@ -541,8 +541,17 @@ static inline int exs__shm_conn_stirred(const struct shm_conn *conn)
 }
 /* 1 when conn has work a turn would do now (read with the sleeping flag set). */
 int exs__shm_conn_busy(struct shm_conn *conn);
-/* After a change the peer waits for: write its bell when it sleeps. */
-void exs__shm_conn_kick(struct shm_conn *conn);
+/* Write the peer's bell (exs__shm_conn_kick found it asleep). */
+void exs__shm_conn_bell(struct shm_conn *conn);
+/* After a change the peer waits for: write its bell when it sleeps. A look at its flag
+ * inline, the write out of line (a message costs two looks, no call). */
+static inline void exs__shm_conn_kick(struct shm_conn *conn)
+{
+    /* after a sequentially consistent publication (head, ack, tail, nak): see
+     * shm_prepare_sleep */
+    if (conn->bell >= 0 && __atomic_load_n(&conn->peer_flag->sleeping, __ATOMIC_SEQ_CST))
+        exs__shm_conn_bell(conn);
+}
 void exs__shm_ep_pend_locked(struct shm_ep *ep);
 /* ctx->lock held: a work request given back (to its ep's pool, or freed). */
 void exs__shm_wr_put_locked(struct shm_ep *ep, struct shm_wr *wr);

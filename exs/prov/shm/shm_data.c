@@ -89,17 +89,13 @@ static int shm_sge_to_rsge(struct shm_rsge *r, const struct exs_prov_sge *sge, i
     return k;
 }
 
-void exs__shm_conn_kick(struct shm_conn *conn)
+void exs__shm_conn_bell(struct shm_conn *conn)
 {
     uint64_t one = 1;
 
-    /* after a sequentially consistent publication (head, ack, tail, nak): see
-     * shm_prepare_sleep */
-    if (conn->bell >= 0 && __atomic_load_n(&conn->peer_flag->sleeping, __ATOMIC_SEQ_CST)) {
-        EXS_CNT_INC(conn->ctx->cnt.bells_tx);
-        if (write(conn->bell, &one, sizeof(one)) < 0 && errno != EAGAIN)
-            EXS_DBG(PROV, "shm conn %p: bell: %m", (void *)conn);
-    }
+    EXS_CNT_INC(conn->ctx->cnt.bells_tx);
+    if (write(conn->bell, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        EXS_DBG(PROV, "shm conn %p: bell: %m", (void *)conn);
 }
 
 /* ---- completions of our requests ---- */
