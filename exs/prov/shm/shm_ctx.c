@@ -197,7 +197,7 @@ static void shm_event(struct shm_ctx *ctx, const struct epoll_event *ev)
 }
 
 /* Every live connection's rings (nic_lock held). */
-static int shm_rings(struct shm_ctx *ctx, int wake_up)
+static inline __attribute__((always_inline)) int shm_rings(struct shm_ctx *ctx, int wake_up)
 {
     struct exs_list *pos, *tmp;
     int did = 0;
