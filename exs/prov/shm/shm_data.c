@@ -220,6 +220,10 @@ SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint32_t size, uint64_t pos,
                                   const struct exs_prov_sge *sge, int nsge, uint64_t off,
                                   uint64_t n)
 {
+    if (nsge == 1 && off + n <= sge[0].length) { /* the common post: one sge, no loop */
+        shm_ring_put(ring, size, pos, (const void *)(uintptr_t)(sge[0].addr + off), (uint32_t)n);
+        return;
+    }
     for (int i = 0; i < nsge && n; i++) {
         uint64_t l = sge[i].length;
 
