@@ -55,9 +55,10 @@
  * ACCEPT's agreed size) */
 #define SHM_VERSION      5
 #define SHM_SLOT         64u /* ring records are whole cache lines */
-/* Ring sizes (EXS_SHM_RING_KB): per direction, a power of two; the connection's rings are
- * the smaller of the two sides' choices. The default: rings of 4 MiB (spec/provider-shm.md,
- * Rings of 4 MiB), at least one quarter ring of records of the largest fragment. */
+/* Ring sizes (EXS_SHM_RING_KB, whose bounds in exs/util/params.c are these): per direction,
+ * a power of two; the connection's rings are the smaller of the two sides' choices. The
+ * default: rings of 4 MiB (spec/provider-shm.md, Rings of 4 MiB); the smallest still holds
+ * an inline record of the largest in a quarter ring (shm_data.c). */
 #define SHM_RING_DEFAULT (1u << 22)
 #define SHM_RING_MIN     (1u << 16)
 #define SHM_RING_MAX     (1u << 28)
