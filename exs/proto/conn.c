@@ -549,9 +549,9 @@ static int conn_needs_ack_locked(struct exs_conn *conn)
            (unreported && conn->rd_arrived - conn->rd_reported > conn->p.ring_size / 2);
 }
 
-/* Send the pending control records (adding an ACK when owed). Returns 1 when nothing
- * remains pending, 0 when they must wait (no credit or send slot). */
-int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
+/* exs__conn_ctrl_flush_locked (conn.h) when its quick test could not tell that nothing is
+ * due: the full ACK decision, then the SEND. */
+int exs__conn_ctrl_flush_due_locked(struct exs_conn *conn)
 {
     struct exs_wire_ctrl_hdr *first;
     uint32_t slot;

@@ -147,7 +147,20 @@ void exs__conn_kick_locked(struct exs_conn *conn);
 /* The kick after a send was posted: the send side and delivery (conn.c). */
 void exs__conn_kick_tx_locked(struct exs_conn *conn);
 void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why);
-int exs__conn_ctrl_flush_locked(struct exs_conn *conn);
+/* The control flush when something may be due (conn.c). */
+int exs__conn_ctrl_flush_due_locked(struct exs_conn *conn);
+/* Send the pending control records (adding an ACK when owed). Returns 1 when nothing
+ * remains pending, 0 when they must wait (no credit or send slot). Inline: every kick
+ * asks, and mostly nothing waits and no ACK can be due: no record, fewer owed credits
+ * than the smallest threshold (2, with at least 3 credits) and less than a quarter of the
+ * ring arrived since the last report (so less consumed too; spec/protocol.md §3.1, §7). */
+static inline int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
+{
+    if (!conn->ctrl_len && conn->owed < 2 && conn->p.credits >= 3 &&
+        conn->rd_arrived - conn->rd_reported < conn->p.ring_size / 4)
+        return 1;
+    return exs__conn_ctrl_flush_due_locked(conn);
+}
 void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op);
 int exs__conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len);
 void exs__conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t len);
