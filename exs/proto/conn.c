@@ -382,29 +382,6 @@ void exs__conn_ring_grant_locked(struct exs_conn *conn)
     exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
 }
 
-/* The test seam EXS_WINDOW_TEST (EXS_WINDOW_TEST_* bits; 0 in production). */
-unsigned exs__conn_window_test(void)
-{
-    return (unsigned)__atomic_load_n(&exs__params.window_test, __ATOMIC_RELAXED);
-}
-
-/* May a control SEND (which consumes a peer receive) go out? The last credit is kept for
- * a message that returns credits, so two starved sides can always unblock each other
- * (spec/protocol.md §3.1). */
-int exs__conn_can_spend_ctrl_locked(struct exs_conn *conn)
-{
-    return conn->credits > 1 || (conn->credits == 1 && conn->owed > 0);
-}
-
-/* May one more data write (WWI) go out? As a control SEND: its immediate returns the owed
- * credits. Under the seam EXS_WINDOW_TEST_STRICT the last credit is for ACK / NOP only. */
-int exs__conn_can_spend_locked(struct exs_conn *conn)
-{
-    if (exs__conn_window_test() & EXS_WINDOW_TEST_STRICT)
-        return conn->credits > 1;
-    return exs__conn_can_spend_ctrl_locked(conn);
-}
-
 /* ---- the work-request cap (§6.3) ---- */
 
 struct conn_wrq_ent {

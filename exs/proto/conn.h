@@ -147,6 +147,30 @@ void exs__conn_kick_locked(struct exs_conn *conn);
 /* The kick after a send was posted: the send side and delivery (conn.c). */
 void exs__conn_kick_tx_locked(struct exs_conn *conn);
 void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why);
+/* The test seam EXS_WINDOW_TEST (EXS_WINDOW_TEST_* bits; 0 in production). Inline, as
+ * the two credit tests below: asked at every send and completion. */
+static inline unsigned exs__conn_window_test(void)
+{
+    return (unsigned)__atomic_load_n(&exs__params.window_test, __ATOMIC_RELAXED);
+}
+
+/* May a control SEND (which consumes a peer receive) go out? The last credit is kept for
+ * a message that returns credits, so two starved sides can always unblock each other
+ * (spec/protocol.md §3.1). */
+static inline int exs__conn_can_spend_ctrl_locked(const struct exs_conn *conn)
+{
+    return conn->credits > 1 || (conn->credits == 1 && conn->owed > 0);
+}
+
+/* May one more data write (WWI) go out? As a control SEND: its immediate returns the owed
+ * credits. Under the seam EXS_WINDOW_TEST_STRICT the last credit is for ACK / NOP only. */
+static inline int exs__conn_can_spend_locked(const struct exs_conn *conn)
+{
+    if (exs__conn_window_test() & EXS_WINDOW_TEST_STRICT)
+        return conn->credits > 1;
+    return exs__conn_can_spend_ctrl_locked(conn);
+}
+
 /* The control flush when something may be due (conn.c). */
 int exs__conn_ctrl_flush_due_locked(struct exs_conn *conn);
 /* Send the pending control records (adding an ACK when owed). Returns 1 when nothing
@@ -164,7 +188,6 @@ static inline int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
 void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op);
 int exs__conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len);
 void exs__conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t len);
-int exs__conn_can_spend_locked(struct exs_conn *conn);
 uint32_t exs__conn_take_owed_imm_locked(struct exs_conn *conn);
 void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err);
 /* Grants of an op's buffer to the peer (conn.c). Errors of grant: -ENOMEM, -EINVAL, -ENOTCONN. */
@@ -214,8 +237,6 @@ int exs__conn_post_rx_locked(struct exs_conn *conn, uint32_t slot);
 void exs__conn_release_locked(struct exs_conn *conn);
 uint64_t exs__conn_arrays_bytes(const struct exs_conn *conn);
 void exs__conn_struct_free(struct exs_conn *conn);
-unsigned exs__conn_window_test(void);
-int exs__conn_can_spend_ctrl_locked(struct exs_conn *conn);
 void exs__conn_wrq_post_locked(struct exs_conn *conn);
 /* The oldest queued work request out of the queue, as its flushed completion (*cqe): 1,
  * or 0 when none is queued. */
