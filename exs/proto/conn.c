@@ -840,6 +840,23 @@ void exs__conn_kick_tx_locked(struct exs_conn *conn)
     exs__conn_deliver_locked(conn);
 }
 
+/* The kick after a receive was posted (exs__conn_post; spec/proto-layout.md, "The
+ * receive post's kick"): the receive side, the control flush and delivery. A posted
+ * receive changes no input of the send side (credits, the peer's ring space and ADVERTs,
+ * sendq) or of the keepalive answer: it may take a message that arrived, advertise itself
+ * or owe a READ, whose records the flush sends. */
+void exs__conn_kick_rx_locked(struct exs_conn *conn)
+{
+    if (conn->state != EXS_CONN_CONNECTED || conn->resume.peer_wait) {
+        exs__conn_kick_locked(conn);
+        return;
+    }
+    conn->kicks_rx++;
+    conn->dp->recv_progress(conn);
+    exs__conn_ctrl_flush_locked(conn);
+    exs__conn_deliver_locked(conn);
+}
+
 void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why)
 {
     if (conn->state >= EXS_CONN_DOWN || conn->state == EXS_CONN_IDLE)

@@ -146,6 +146,8 @@ int exs__conn_post_send_locked(struct exs_conn *conn, const struct exs_prov_send
 void exs__conn_kick_locked(struct exs_conn *conn);
 /* The kick after a send was posted: the send side and delivery (conn.c). */
 void exs__conn_kick_tx_locked(struct exs_conn *conn);
+/* The kick after a receive was posted: the receive side, the flush, delivery (conn.c). */
+void exs__conn_kick_rx_locked(struct exs_conn *conn);
 void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why);
 /* The test seam EXS_WINDOW_TEST (EXS_WINDOW_TEST_* bits; 0 in production). Inline, as
  * the two credit tests below: asked at every send and completion. */
