@@ -180,6 +180,49 @@ START_TEST(cq_arm_reads_channel_only_after_completion)
 }
 END_TEST
 
+/* verbs: the completion events ctx_arm reads are acked in batches (ibv_ack_cq_events takes
+ * a mutex and signals a condition; spec/provider.md, verbs provider mapping, ctx_arm), and
+ * those still unacked are acked before the CQ goes (ibv_destroy_cq waits for every event
+ * read: the close would hang). */
+START_TEST(cq_events_acked_in_batches)
+{
+    struct pt_pair p;
+    struct pt_buf *sb, *rb;
+    struct pollfd pfd;
+    uint64_t reads, acks;
+
+    if (strcmp(pt_ops->name, "verbs") != 0 || pt_manual) {
+        printf("cq_events_acked_in_batches: verbs, default progress only, skipped\n");
+        return;
+    }
+    pt_pair_setup(&p, NULL, NULL);
+    sb = pt_pair_buf(&p, 'a', 64, LW, 1);
+    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
+    cq_arm_settle(&p.b);
+    reads = cq_vrb_counter("cq_event_reads");
+    acks = cq_vrb_counter("cq_event_acks");
+    for (uint64_t i = 0; i < 16; i++) {
+        ck_assert_int_eq(pt_post_recv(p.eb, 100 + i, rb, 0, 64), 0);
+        ck_assert_int_eq(pt_post_send(p.ea, 200 + i, EXS_PROV_WR_SEND, EXS_PROV_SEND_SIGNALED, sb,
+                                      0, 64, 0, 0, 0),
+                         0);
+        pfd = (struct pollfd){.fd = pt_ops->ctx_event_fd(p.b.ctx), .events = POLLIN};
+        ck_assert_msg(poll(&pfd, 1, PT_TIMEOUT_MS) == 1, "no wake-up for completion %llu",
+                      (unsigned long long)i);
+        pt_expect_cqe(&p.b, 100 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        pt_expect_cqe(&p.a, 200 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        cq_arm_settle(&p.b); /* reads the event, requests again */
+    }
+    ck_assert_uint_ge(cq_vrb_counter("cq_event_reads"), reads + 16);
+    ck_assert_msg(cq_vrb_counter("cq_event_acks") == acks,
+                  "%llu ibv_ack_cq_events calls for 16 events (fewer than a batch)",
+                  (unsigned long long)(cq_vrb_counter("cq_event_acks") - acks));
+    /* the contexts close: without the ack of the events still unacked, ibv_destroy_cq
+     * waits for ever (the test's timeout) */
+    pt_pair_close(&p);
+}
+END_TEST
+
 /* verbs: a successful completion is converted without its ep's lock, a flushed one under
  * it (counter wc_locked; spec/threading.md, "Verbs completions"). The test thread posts
  * and polls, so no completion is polled before its post was published. With --manual a
@@ -227,6 +270,7 @@ Suite *prov_cq_suite(void)
     tcase_add_test(tc, cq_mass_disconnect_all_flushes_arrive);
     tcase_add_test(tc, cq_ep_create_enobufs);
     tcase_add_test(tc, cq_arm_reads_channel_only_after_completion);
+    tcase_add_test(tc, cq_events_acked_in_batches);
     tcase_add_test(tc, cq_success_completions_take_no_ep_lock);
     suite_add_tcase(s, tc);
     return s;
