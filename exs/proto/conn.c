@@ -737,7 +737,7 @@ static void conn_dlv_run_extend(struct exs_conn *conn, struct exs_op *op)
         conn->dlv_run = op;
 }
 
-void exs__conn_deliver_locked(struct exs_conn *conn)
+void exs__conn_deliver_all_locked(struct exs_conn *conn)
 {
     struct exs_list *pos = conn->sendq.next, *next;
     struct exs_op *head = pos != &conn->sendq ? exs_list_entry(pos, struct exs_op, link) : NULL;

@@ -243,7 +243,26 @@ void exs__conn_wrq_post_locked(struct exs_conn *conn);
 /* The oldest queued work request out of the queue, as its flushed completion (*cqe): 1,
  * or 0 when none is queued. */
 int exs__conn_wrq_pop_locked(struct exs_conn *conn, struct exs_prov_cqe *cqe);
-void exs__conn_deliver_locked(struct exs_conn *conn);
+/* Delivery's walk (conn.c). */
+void exs__conn_deliver_all_locked(struct exs_conn *conn);
+/* Hand finished operations to their owners, each direction in posting order. Inline: every
+ * kick asks, and mostly neither queue's head is finished: a send at sendq's head that is
+ * not the library's own and not DONE, and a receive at recvq's head not DONE, hold back
+ * everything behind them; the run of internal ops is then not at the head (forgotten, as
+ * the walk would). Anything else takes the walk. */
+static inline void exs__conn_deliver_locked(struct exs_conn *conn)
+{
+    const struct exs_op *s =
+        exs_list_empty(&conn->sendq) ? NULL : exs_list_entry(conn->sendq.next, struct exs_op, link);
+
+    if ((!s || (s->state != EXS_OPS_DONE && !s->internal)) &&
+        (exs_list_empty(&conn->recvq) ||
+         exs_list_entry(conn->recvq.next, struct exs_op, link)->state != EXS_OPS_DONE)) {
+        conn->dlv_run = NULL;
+        return;
+    }
+    exs__conn_deliver_all_locked(conn);
+}
 /* Answer the peer's keepalive PING (§9.1): a NOP unless records wait to go. */
 void exs__conn_ka_answer_locked(struct exs_conn *conn);
 /* The connection is over: every operation completes, the provider resources go. */
