@@ -223,6 +223,46 @@ START_TEST(cq_events_acked_in_batches)
 }
 END_TEST
 
+/* verbs: completions ctx_arm's poll took and kept are returned by the next ctx_poll alone,
+ * without a poll of the CQ, which that arm left empty just before (spec/provider.md,
+ * verbs provider mapping, ctx_poll); what came since is returned by the next call. */
+START_TEST(cq_kept_returned_alone)
+{
+    struct pt_pair p;
+    struct pt_buf *sb, *rb;
+    struct pollfd pfd;
+    struct exs_prov_cqe c[4];
+    int n;
+
+    if (strcmp(pt_ops->name, "verbs") != 0 || pt_manual) {
+        printf("cq_kept_returned_alone: verbs, default progress only, skipped\n");
+        return;
+    }
+    pt_pair_setup(&p, NULL, NULL);
+    sb = pt_pair_buf(&p, 'a', 64, LW, 1);
+    rb = pt_pair_buf(&p, 'b', 128, LW, 0);
+    cq_arm_settle(&p.b);
+    ck_assert_int_eq(pt_post_recv(p.eb, 11, rb, 0, 64), 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 12, rb, 64, 64), 0);
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 21, EXS_PROV_WR_SEND, EXS_PROV_SEND_SIGNALED, sb, 0, 64, 0, 0, 0), 0);
+    pfd = (struct pollfd){.fd = pt_ops->ctx_event_fd(p.b.ctx), .events = POLLIN};
+    ck_assert_msg(poll(&pfd, 1, PT_TIMEOUT_MS) == 1, "no wake-up for the first completion");
+    /* the arm's poll takes receive 11 and keeps it */
+    ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), -EAGAIN);
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 22, EXS_PROV_WR_SEND, EXS_PROV_SEND_SIGNALED, sb, 0, 64, 0, 0, 0), 0);
+    pt_expect_cqe(&p.a, 21, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    /* acknowledged: b's receive 12 completed before its ACK went */
+    pt_expect_cqe(&p.a, 22, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    n = pt_ops->ctx_poll(p.b.ctx, c, 4);
+    ck_assert_msg(n == 1, "ctx_poll returned %d completions: the kept one and the CQ's", n);
+    ck_assert_uint_eq(c[0].wr_id, 11);
+    pt_expect_cqe(&p.b, 12, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    pt_pair_close(&p);
+}
+END_TEST
+
 /* verbs: a successful completion is converted without its ep's lock, a flushed one under
  * it (counter wc_locked; spec/threading.md, "Verbs completions"). The test thread posts
  * and polls, so no completion is polled before its post was published. With --manual a
@@ -271,6 +311,7 @@ Suite *prov_cq_suite(void)
     tcase_add_test(tc, cq_ep_create_enobufs);
     tcase_add_test(tc, cq_arm_reads_channel_only_after_completion);
     tcase_add_test(tc, cq_events_acked_in_batches);
+    tcase_add_test(tc, cq_kept_returned_alone);
     tcase_add_test(tc, cq_success_completions_take_no_ep_lock);
     suite_add_tcase(s, tc);
     return s;
