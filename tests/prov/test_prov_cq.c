@@ -180,6 +180,31 @@ START_TEST(cq_arm_reads_channel_only_after_completion)
 }
 END_TEST
 
+/* The pair of a verbs-only test in default progress (else 0: skipped), a's 64-byte send
+ * buffer and b's receive buffer of rlen bytes, b armed and settled. */
+static int cq_verbs_pair(const char *test, struct pt_pair *p, struct pt_buf **sb,
+                         struct pt_buf **rb, size_t rlen)
+{
+    if (strcmp(pt_ops->name, "verbs") != 0 || pt_manual) {
+        printf("%s: verbs, default progress only, skipped\n", test);
+        return 0;
+    }
+    pt_pair_setup(p, NULL, NULL);
+    *sb = pt_pair_buf(p, 'a', 64, LW, 1);
+    *rb = pt_pair_buf(p, 'b', rlen, LW, 0);
+    cq_arm_settle(&p->b);
+    return 1;
+}
+
+/* Wait for h's event fd to become readable. */
+static void cq_wait_event(struct pt_host *h, uint64_t i)
+{
+    struct pollfd pfd = {.fd = pt_ops->ctx_event_fd(h->ctx), .events = POLLIN};
+
+    ck_assert_msg(poll(&pfd, 1, PT_TIMEOUT_MS) == 1, "no wake-up for completion %llu",
+                  (unsigned long long)i);
+}
+
 /* verbs: the completion events ctx_arm reads are acked in batches (ibv_ack_cq_events takes
  * a mutex and signals a condition; spec/provider.md, verbs provider mapping, ctx_arm), and
  * those still unacked are acked before the CQ goes (ibv_destroy_cq waits for every event
@@ -188,17 +213,10 @@ START_TEST(cq_events_acked_in_batches)
 {
     struct pt_pair p;
     struct pt_buf *sb, *rb;
-    struct pollfd pfd;
     uint64_t reads, acks;
 
-    if (strcmp(pt_ops->name, "verbs") != 0 || pt_manual) {
-        printf("cq_events_acked_in_batches: verbs, default progress only, skipped\n");
+    if (!cq_verbs_pair("cq_events_acked_in_batches", &p, &sb, &rb, 64))
         return;
-    }
-    pt_pair_setup(&p, NULL, NULL);
-    sb = pt_pair_buf(&p, 'a', 64, LW, 1);
-    rb = pt_pair_buf(&p, 'b', 64, LW, 0);
-    cq_arm_settle(&p.b);
     reads = cq_vrb_counter("cq_event_reads");
     acks = cq_vrb_counter("cq_event_acks");
     for (uint64_t i = 0; i < 16; i++) {
@@ -206,9 +224,7 @@ START_TEST(cq_events_acked_in_batches)
         ck_assert_int_eq(pt_post_send(p.ea, 200 + i, EXS_PROV_WR_SEND, EXS_PROV_SEND_SIGNALED, sb,
                                       0, 64, 0, 0, 0),
                          0);
-        pfd = (struct pollfd){.fd = pt_ops->ctx_event_fd(p.b.ctx), .events = POLLIN};
-        ck_assert_msg(poll(&pfd, 1, PT_TIMEOUT_MS) == 1, "no wake-up for completion %llu",
-                      (unsigned long long)i);
+        cq_wait_event(&p.b, i);
         pt_expect_cqe(&p.b, 100 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
         pt_expect_cqe(&p.a, 200 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
         cq_arm_settle(&p.b); /* reads the event, requests again */
@@ -230,24 +246,16 @@ START_TEST(cq_kept_returned_alone)
 {
     struct pt_pair p;
     struct pt_buf *sb, *rb;
-    struct pollfd pfd;
     struct exs_prov_cqe c[4];
     int n;
 
-    if (strcmp(pt_ops->name, "verbs") != 0 || pt_manual) {
-        printf("cq_kept_returned_alone: verbs, default progress only, skipped\n");
+    if (!cq_verbs_pair("cq_kept_returned_alone", &p, &sb, &rb, 128))
         return;
-    }
-    pt_pair_setup(&p, NULL, NULL);
-    sb = pt_pair_buf(&p, 'a', 64, LW, 1);
-    rb = pt_pair_buf(&p, 'b', 128, LW, 0);
-    cq_arm_settle(&p.b);
     ck_assert_int_eq(pt_post_recv(p.eb, 11, rb, 0, 64), 0);
     ck_assert_int_eq(pt_post_recv(p.eb, 12, rb, 64, 64), 0);
     ck_assert_int_eq(
         pt_post_send(p.ea, 21, EXS_PROV_WR_SEND, EXS_PROV_SEND_SIGNALED, sb, 0, 64, 0, 0, 0), 0);
-    pfd = (struct pollfd){.fd = pt_ops->ctx_event_fd(p.b.ctx), .events = POLLIN};
-    ck_assert_msg(poll(&pfd, 1, PT_TIMEOUT_MS) == 1, "no wake-up for the first completion");
+    cq_wait_event(&p.b, 21);
     /* the arm's poll takes receive 11 and keeps it */
     ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), -EAGAIN);
     ck_assert_int_eq(
