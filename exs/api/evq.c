@@ -948,6 +948,17 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
 
         evq_spin(evq, want, now, now < end ? end : 0);
         driven = 1;
+    } else if (!spin_end && want == 1 && now < deadline &&
+               __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) < want) {
+        /* NOTIFY, nothing queued at a glance: the arm first, before the queue's lock
+         * (the loop below would take the lock, look, give it back, arm, take it again:
+         * now one hold, which looks again, finds a dead queue, or registers the
+         * sleeper). Still no sleeper at the arm, as below; a threshold wait (its wfd,
+         * its waiter) goes the loop's way. -EAGAIN: a round ran, the loop looks and
+         * arms again. */
+        driven = 1;
+        fresh = 1; /* now is still the wait's reading */
+        armed = exs__engine_arm(pfd_prov) == 0;
     }
     EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
     for (;;) {

@@ -92,19 +92,26 @@ static struct {
     uint32_t fb_every;   /* plock: a busy round looks at it every this many (ENG_FB_EVERY ..
                             EXS_ENG_FB_EVERY_MAX, doubled by each idle look) */
     pthread_t holder;    /* atomic: the progress lock's holder (pthread_self), 0: none */
-    int busy;            /* plock: the holder's drive may skip an idle fallback context: a
-                            busy wait's (EXS_ENG_DRIVE_TRY) or a waiter's before it sleeps
-                            (EXS_ENG_DRIVE_WAIT) */
-    unsigned only;       /* plock: contexts the holder's drive runs (EXS_ENG_DRIVE_ONLY) */
 } eng = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
-    .only = ~0u,
 };
+
+/* This thread's pthread_self(), read inline where it can be: glibc's pthread_t on x86-64
+ * is the thread's control block, the thread pointer (%fs:0, one load instead of a call of
+ * pthread_self; each spin turn asks twice: eng_holding, then the lock's holder). */
+static inline pthread_t eng_self(void)
+{
+#if defined(__GLIBC__) && defined(__x86_64__) && (__GNUC__ >= 11 || defined(__clang__))
+    return (pthread_t)__builtin_thread_pointer();
+#else
+    return pthread_self();
+#endif
+}
 
 /* This thread holds the progress lock. */
 static inline int eng_holding(void)
 {
-    return pthread_equal(__atomic_load_n(&eng.holder, __ATOMIC_RELAXED), pthread_self());
+    return pthread_equal(__atomic_load_n(&eng.holder, __ATOMIC_RELAXED), eng_self());
 }
 
 /*
@@ -117,8 +124,7 @@ static inline int eng_holding(void)
  *   a thread asks "do I hold it" by comparing with its own id, which only it stores
  *   there, and clears before it gives the lock back, so the answer is exact without
  *   ordering (relaxed atomics);
- * - what a drive may skip (eng.busy, eng.only) is the holder's, set and reset under
- *   the lock by exs__engine_drive's round: fields of eng under the progress lock;
+ * - what a drive may skip (busy, only) is its round's arguments (eng_round);
  * - the slow-poll record (eng_poll_end_ns, eng_poll_last) stays per thread, but is
  *   touched only once polling_warn_cycle_us was seen set (eng_poll_used).
  */
@@ -237,7 +243,7 @@ int exs__engine_manual(void)
 static void eng_lock(void)
 {
     EXS_LITE_LOCK(&eng.plock, EXS_LOCK_PROGRESS);
-    __atomic_store_n(&eng.holder, pthread_self(), __ATOMIC_RELAXED);
+    __atomic_store_n(&eng.holder, eng_self(), __ATOMIC_RELAXED);
 }
 
 static int eng_trylock(void)
@@ -245,7 +251,7 @@ static int eng_trylock(void)
     if (!exs__lite_trylock(&eng.plock))
         return -EBUSY;
     EXS_LOCK_ACQUIRE(EXS_LOCK_PROGRESS);
-    __atomic_store_n(&eng.holder, pthread_self(), __ATOMIC_RELAXED);
+    __atomic_store_n(&eng.holder, eng_self(), __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -403,7 +409,11 @@ static inline __attribute__((always_inline)) int eng_round_ctx(struct exs_prov_c
     return n;
 }
 
-static inline __attribute__((always_inline)) int eng_round(void)
+/* A round: busy: it may skip an idle fallback context (a busy wait's, EXS_ENG_DRIVE_TRY, or
+ * a waiter's before it sleeps, EXS_ENG_DRIVE_WAIT); only: the contexts it runs (bit i:
+ * eng.ctxs[i], EXS_ENG_DRIVE_ONLY). Arguments, not fields: a spin turn sets and resets
+ * nothing (and the loop's rounds fold them to constants). */
+static inline __attribute__((always_inline)) int eng_round(int busy, unsigned only)
 {
     int n = 0;
     uint64_t t0 =
@@ -419,11 +429,11 @@ static inline __attribute__((always_inline)) int eng_round(void)
     for (int i = 0; i < eng.nctx; i++) {
         int c;
 
-        if (!(eng.only & (1u << i))) {
+        if (!(only & (1u << i))) {
             EXS_CNT_INC(exs__eng_cnt.woken_skips);
             continue;
         }
-        if (eng.ctxs[i] == eng.fb && eng.busy && eng.fb_idle >= ENG_FB_IDLE &&
+        if (eng.ctxs[i] == eng.fb && busy && eng.fb_idle >= ENG_FB_IDLE &&
             ++eng.fb_tick < eng.fb_every) {
             EXS_CNT_INC(exs__eng_cnt.fb_skips);
             continue;
@@ -432,7 +442,7 @@ static inline __attribute__((always_inline)) int eng_round(void)
         if (eng.ctxs[i] == eng.fb) {
             if (c)
                 eng.fb_every = ENG_FB_EVERY;
-            else if (eng.busy && eng.fb_idle >= ENG_FB_IDLE)
+            else if (busy && eng.fb_idle >= ENG_FB_IDLE)
                 eng.fb_every = EXS_MIN(2 * eng.fb_every, (unsigned)EXS_ENG_FB_EVERY_MAX);
             eng.fb_tick = 0;
             eng.fb_idle = c ? 0 : EXS_MIN(eng.fb_idle + 1, (uint32_t)ENG_FB_IDLE);
@@ -460,7 +470,7 @@ static int eng_drive_locked(int max, int *idle_p, unsigned *work_p)
     unsigned work = 0;
 
     for (int r = 0; r < max && n; r++) {
-        n = eng_round();
+        n = eng_round(0, ~0u);
         total += n;
         work += eng_pass.cqes + eng_pass.cms + eng_pass.jobs;
     }
@@ -556,20 +566,17 @@ static inline __attribute__((always_inline)) int eng_drive_held(int flags)
     unsigned work = 0;
     int n;
 
-    eng.busy = (flags & (EXS_ENG_DRIVE_TRY | EXS_ENG_DRIVE_WAIT)) != 0;
-    eng.only = flags & EXS_ENG_DRIVE_ONLY ? (unsigned)flags >> 8 : ~0u;
     /* running is cleared under the lock by exs__engine_stop before the provider closes */
     eng_disarm_unwatched();
     /* One round: the caller looks at its queue next and drives again if it must; an
      * empty extra round would only cost system calls on every wake-up. */
     if (__atomic_load_n(&eng.running, __ATOMIC_RELAXED)) {
-        n = eng_round();
+        n = eng_round((flags & (EXS_ENG_DRIVE_TRY | EXS_ENG_DRIVE_WAIT)) != 0,
+                      flags & EXS_ENG_DRIVE_ONLY ? (unsigned)flags >> 8 : ~0u);
         work = eng_pass.cqes + eng_pass.cms + eng_pass.jobs;
     } else {
         n = 0;
     }
-    eng.busy = 0;
-    eng.only = ~0u;
     if (work > 0) /* as drives_thread: delivered something, not only "call again" */
         EXS_CNT_INC(exs__eng_cnt.drives_app);
     return n;
@@ -1165,8 +1172,6 @@ void exs__engine_fork(int phase)
     eng.loop_dirty = 0;
     /* this thread is the parent's forking thread (the same pthread_self) */
     __atomic_store_n(&eng.holder, (pthread_t)0, __ATOMIC_RELAXED);
-    eng.busy = 0;
-    eng.only = ~0u;
     __atomic_store_n(&eng.plock.v, 0, __ATOMIC_RELEASE);
     EXS_LOCK_RELEASE(EXS_LOCK_PROGRESS);
     eng.ctx = eng.fb = NULL;

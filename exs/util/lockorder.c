@@ -11,6 +11,7 @@
 
 static __thread int lock_stack[LOCK_STACK_MAX];
 static __thread int lock_depth;
+static __thread unsigned long lock_takes[EXS_LOCK_LEAF + 1]; /* per level, ever */
 
 void exs__lock_acquire(int level, const char *file, int line)
 {
@@ -21,6 +22,8 @@ void exs__lock_acquire(int level, const char *file, int line)
     }
     EXS_ASSERT(lock_depth < LOCK_STACK_MAX);
     lock_stack[lock_depth++] = level;
+    if (level > 0 && level <= EXS_LOCK_LEAF)
+        lock_takes[level]++;
 }
 
 void exs__lock_release(int level)
@@ -39,6 +42,11 @@ void exs__lock_release(int level)
 int exs__lock_depth(void)
 {
     return lock_depth;
+}
+
+unsigned long exs__lock_takes(int level)
+{
+    return level > 0 && level <= EXS_LOCK_LEAF ? lock_takes[level] : 0;
 }
 #else
 /* ISO C forbids an empty translation unit. */

@@ -44,6 +44,8 @@ void exs__lock_acquire(int level, const char *file, int line);
 void exs__lock_release(int level);
 /* Levels held by this thread (tests). */
 int exs__lock_depth(void);
+/* Locks of this level this thread took so far (tests: how often a path takes one). */
+unsigned long exs__lock_takes(int level);
 #define EXS_LOCK_ACQUIRE(_lvl) exs__lock_acquire((_lvl), __FILE__, __LINE__)
 #define EXS_LOCK_RELEASE(_lvl) exs__lock_release(_lvl)
 #else

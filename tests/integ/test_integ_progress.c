@@ -16,6 +16,7 @@
 #include "exs/engine/engine.h"
 #include "exs/util/counters.h"
 #include "exs/util/job.h"
+#include "exs/util/lockorder.h"
 #include "tests/integ/integ.h"
 #include "tests/skip.h"
 
@@ -189,6 +190,43 @@ START_TEST(test_notify_arm_drives)
     it_buf_free(a);
     it_buf_free(b);
     it_pair_close(&p);
+}
+END_TEST
+
+/* A sleeping wait (EXS_WAIT_NOTIFY) that finds nothing queued arms before it takes its
+ * queue's lock: each arm is followed by one hold of evq->lock (to look, and register as a
+ * sleeper unless the arm drove), and each sleep by one (to look after it), none before the
+ * first arm. A wait whose first look took the lock, gave it back to arm and took it again
+ * holds it once more. Counted by the lock-order checker (ASan, TSan builds). */
+START_TEST(test_notify_wait_holds)
+{
+#ifdef EXS_LOCK_DEBUG
+    struct it_pair p;
+    exs_event_t ev;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    ck_assert_int_eq(exs_qsetwait(p.cq, EXS_WAIT_NOTIFY, 0), 0);
+    for (int i = 0; i < 5; i++) {
+        struct timespec ts = {0, 2000000}; /* nothing comes: the wait ends at its deadline */
+        uint64_t arms0 = eng_counter("arms"), drove0 = eng_counter("arm_drives");
+        unsigned long takes0 = exs__lock_takes(EXS_LOCK_EVQ), takes;
+        uint64_t arms, drove;
+
+        ck_assert_int_eq(exs_qdequeue(p.cq, &ev, 1, &ts), 0);
+        takes = exs__lock_takes(EXS_LOCK_EVQ) - takes0;
+        arms = eng_counter("arms") - arms0;
+        drove = eng_counter("arm_drives") - drove0;
+        /* arms that drove were not followed by a sleep; the others by one each */
+        ck_assert_msg(arms >= 1 && takes == 2 * arms - drove,
+                      "wait %d: %lu holds of the queue's lock for %" PRIu64 " arms (%" PRIu64
+                      " drove), want %" PRIu64,
+                      i, takes, arms, drove, 2 * arms - drove);
+    }
+    it_pair_close(&p);
+#else
+    test_skip("notify_wait_holds", "EXS_LOCK_DEBUG is off in this build (on in ASan/TSan builds)");
+#endif
 }
 END_TEST
 
@@ -849,6 +887,8 @@ Suite *integ_progress_suite(void)
                  (const TTest *const[]){test_waiter_drives, NULL});
     it_suite_add(s, "notify_arm_drives", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_notify_arm_drives, NULL});
+    it_suite_add(s, "notify_wait_holds", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_notify_wait_holds, NULL});
     it_suite_add(s, "fd_writes", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_poll_no_fd_writes, NULL});
     it_suite_add(s, "notify_disarms", IT_CASE_TIMEOUT, 1,
