@@ -382,29 +382,6 @@ void exs__conn_ring_grant_locked(struct exs_conn *conn)
     exs__conn_ctrl_append_locked(conn, &r, sizeof(r));
 }
 
-/* The test seam EXS_WINDOW_TEST (EXS_WINDOW_TEST_* bits; 0 in production). */
-unsigned exs__conn_window_test(void)
-{
-    return (unsigned)__atomic_load_n(&exs__params.window_test, __ATOMIC_RELAXED);
-}
-
-/* May a control SEND (which consumes a peer receive) go out? The last credit is kept for
- * a message that returns credits, so two starved sides can always unblock each other
- * (spec/protocol.md §3.1). */
-int exs__conn_can_spend_ctrl_locked(struct exs_conn *conn)
-{
-    return conn->credits > 1 || (conn->credits == 1 && conn->owed > 0);
-}
-
-/* May one more data write (WWI) go out? As a control SEND: its immediate returns the owed
- * credits. Under the seam EXS_WINDOW_TEST_STRICT the last credit is for ACK / NOP only. */
-int exs__conn_can_spend_locked(struct exs_conn *conn)
-{
-    if (exs__conn_window_test() & EXS_WINDOW_TEST_STRICT)
-        return conn->credits > 1;
-    return exs__conn_can_spend_ctrl_locked(conn);
-}
-
 /* ---- the work-request cap (§6.3) ---- */
 
 struct conn_wrq_ent {
@@ -549,9 +526,9 @@ static int conn_needs_ack_locked(struct exs_conn *conn)
            (unreported && conn->rd_arrived - conn->rd_reported > conn->p.ring_size / 2);
 }
 
-/* Send the pending control records (adding an ACK when owed). Returns 1 when nothing
- * remains pending, 0 when they must wait (no credit or send slot). */
-int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
+/* exs__conn_ctrl_flush_locked (conn.h) when its quick test could not tell that nothing is
+ * due: the full ACK decision, then the SEND. */
+int exs__conn_ctrl_flush_due_locked(struct exs_conn *conn)
 {
     struct exs_wire_ctrl_hdr *first;
     uint32_t slot;
@@ -760,7 +737,7 @@ static void conn_dlv_run_extend(struct exs_conn *conn, struct exs_op *op)
         conn->dlv_run = op;
 }
 
-void exs__conn_deliver_locked(struct exs_conn *conn)
+void exs__conn_deliver_all_locked(struct exs_conn *conn)
 {
     struct exs_list *pos = conn->sendq.next, *next;
     struct exs_op *head = pos != &conn->sendq ? exs_list_entry(pos, struct exs_op, link) : NULL;
@@ -860,6 +837,23 @@ void exs__conn_kick_tx_locked(struct exs_conn *conn)
     conn->dp->send_progress(conn);
     if (conn->ctrl_len) /* a record the send path appended (ANNOUNCE, DRAIN, TRACE) */
         exs__conn_ctrl_flush_locked(conn);
+    exs__conn_deliver_locked(conn);
+}
+
+/* The kick after a receive was posted (exs__conn_post; spec/proto-layout.md, "The
+ * receive post's kick"): the receive side, the control flush and delivery. A posted
+ * receive changes no input of the send side (credits, the peer's ring space and ADVERTs,
+ * sendq) or of the keepalive answer: it may take a message that arrived, advertise itself
+ * or owe a READ, whose records the flush sends. */
+void exs__conn_kick_rx_locked(struct exs_conn *conn)
+{
+    if (conn->state != EXS_CONN_CONNECTED || conn->resume.peer_wait) {
+        exs__conn_kick_locked(conn);
+        return;
+    }
+    conn->kicks_rx++;
+    conn->dp->recv_progress(conn);
+    exs__conn_ctrl_flush_locked(conn);
     exs__conn_deliver_locked(conn);
 }
 

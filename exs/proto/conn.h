@@ -146,12 +146,50 @@ int exs__conn_post_send_locked(struct exs_conn *conn, const struct exs_prov_send
 void exs__conn_kick_locked(struct exs_conn *conn);
 /* The kick after a send was posted: the send side and delivery (conn.c). */
 void exs__conn_kick_tx_locked(struct exs_conn *conn);
+/* The kick after a receive was posted: the receive side, the flush, delivery (conn.c). */
+void exs__conn_kick_rx_locked(struct exs_conn *conn);
 void exs__conn_fail_locked(struct exs_conn *conn, int err, const char *why);
-int exs__conn_ctrl_flush_locked(struct exs_conn *conn);
+/* The test seam EXS_WINDOW_TEST (EXS_WINDOW_TEST_* bits; 0 in production). Inline, as
+ * the two credit tests below: asked at every send and completion. */
+static inline unsigned exs__conn_window_test(void)
+{
+    return (unsigned)__atomic_load_n(&exs__params.window_test, __ATOMIC_RELAXED);
+}
+
+/* May a control SEND (which consumes a peer receive) go out? The last credit is kept for
+ * a message that returns credits, so two starved sides can always unblock each other
+ * (spec/protocol.md §3.1). */
+static inline int exs__conn_can_spend_ctrl_locked(const struct exs_conn *conn)
+{
+    return conn->credits > 1 || (conn->credits == 1 && conn->owed > 0);
+}
+
+/* May one more data write (WWI) go out? As a control SEND: its immediate returns the owed
+ * credits. Under the seam EXS_WINDOW_TEST_STRICT the last credit is for ACK / NOP only. */
+static inline int exs__conn_can_spend_locked(const struct exs_conn *conn)
+{
+    if (exs__conn_window_test() & EXS_WINDOW_TEST_STRICT)
+        return conn->credits > 1;
+    return exs__conn_can_spend_ctrl_locked(conn);
+}
+
+/* The control flush when something may be due (conn.c). */
+int exs__conn_ctrl_flush_due_locked(struct exs_conn *conn);
+/* Send the pending control records (adding an ACK when owed). Returns 1 when nothing
+ * remains pending, 0 when they must wait (no credit or send slot). Inline: every kick
+ * asks, and mostly nothing waits and no ACK can be due: no record, fewer owed credits
+ * than the smallest threshold (2, with at least 3 credits) and less than a quarter of the
+ * ring arrived since the last report (so less consumed too; spec/protocol.md §3.1, §7). */
+static inline int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
+{
+    if (!conn->ctrl_len && conn->owed < 2 && conn->p.credits >= 3 &&
+        conn->rd_arrived - conn->rd_reported < conn->p.ring_size / 4)
+        return 1;
+    return exs__conn_ctrl_flush_due_locked(conn);
+}
 void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op);
 int exs__conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len);
 void exs__conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t len);
-int exs__conn_can_spend_locked(struct exs_conn *conn);
 uint32_t exs__conn_take_owed_imm_locked(struct exs_conn *conn);
 void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err);
 /* Grants of an op's buffer to the peer (conn.c). Errors of grant: -ENOMEM, -EINVAL, -ENOTCONN. */
@@ -201,13 +239,30 @@ int exs__conn_post_rx_locked(struct exs_conn *conn, uint32_t slot);
 void exs__conn_release_locked(struct exs_conn *conn);
 uint64_t exs__conn_arrays_bytes(const struct exs_conn *conn);
 void exs__conn_struct_free(struct exs_conn *conn);
-unsigned exs__conn_window_test(void);
-int exs__conn_can_spend_ctrl_locked(struct exs_conn *conn);
 void exs__conn_wrq_post_locked(struct exs_conn *conn);
 /* The oldest queued work request out of the queue, as its flushed completion (*cqe): 1,
  * or 0 when none is queued. */
 int exs__conn_wrq_pop_locked(struct exs_conn *conn, struct exs_prov_cqe *cqe);
-void exs__conn_deliver_locked(struct exs_conn *conn);
+/* Delivery's walk (conn.c). */
+void exs__conn_deliver_all_locked(struct exs_conn *conn);
+/* Hand finished operations to their owners, each direction in posting order. Inline: every
+ * kick asks, and mostly neither queue's head is finished: a send at sendq's head that is
+ * not the library's own and not DONE, and a receive at recvq's head not DONE, hold back
+ * everything behind them; the run of internal ops is then not at the head (forgotten, as
+ * the walk would). Anything else takes the walk. */
+static inline void exs__conn_deliver_locked(struct exs_conn *conn)
+{
+    const struct exs_op *s =
+        exs_list_empty(&conn->sendq) ? NULL : exs_list_entry(conn->sendq.next, struct exs_op, link);
+
+    if ((!s || (s->state != EXS_OPS_DONE && !s->internal)) &&
+        (exs_list_empty(&conn->recvq) ||
+         exs_list_entry(conn->recvq.next, struct exs_op, link)->state != EXS_OPS_DONE)) {
+        conn->dlv_run = NULL;
+        return;
+    }
+    exs__conn_deliver_all_locked(conn);
+}
 /* Answer the peer's keepalive PING (§9.1): a NOP unless records wait to go. */
 void exs__conn_ka_answer_locked(struct exs_conn *conn);
 /* The connection is over: every operation completes, the provider resources go. */

@@ -251,9 +251,10 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     }
     if (op->kind == EXS_OP_RECV) {
         exs_list_add_tail(&conn->recvq, &op->link);
-        if (conn->state == EXS_CONN_DEAD) {
+        if (conn->state == EXS_CONN_DEAD)
             conn->dp->dead_drain(conn);
-        }
+        exs__conn_kick_rx_locked(conn); /* the full kick off CONNECTED */
+        goto out;
     } else {
         if (op->kind == EXS_OP_SHUTDOWN)
             exs__conn_set_txshut_locked(conn, EXS_TXSHUT_QUEUED, "exs_shutdown accepted");

@@ -63,11 +63,6 @@ static int conn_ka_probe_locked(struct exs_conn *conn)
 /* Both hellos have feature ALIVE: the peer's library answers probes (§9.1). Not under
  * the window seam EXS_WINDOW_TEST (tests only): a PING returns credits, and the seam's
  * windows must stay full until its NOP (§3.1), so keepalive keeps the zero-byte WRITE. */
-int exs__conn_ka_alive(const struct exs_conn *conn)
-{
-    return (conn->peer.features & EXS_WIRE_FEAT_ALIVE) && !exs__conn_window_test();
-}
-
 /* Feature ALIVE: the probe is a NOP with flag PING, a SEND that costs a credit like any
  * control record and carries the owed credits; the peer's library answers it with a NOP,
  * a receive here. 0 when it cannot go yet (no send slot, no credit it may spend, records

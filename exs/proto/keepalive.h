@@ -22,10 +22,15 @@ struct exs_keepalive_state {
 #if !defined(EXS_PROTO_STATE) && !defined(EXS_PROTO_KEEPALIVE_H)
 #define EXS_PROTO_KEEPALIVE_H
 
+#include "exs/proto/conn.h"
 #include "exs/proto/proto.h"
 
-/* Both hellos have feature ALIVE: the peer's library answers probes (§9.1). */
-int exs__conn_ka_alive(const struct exs_conn *conn);
+/* Both hellos have feature ALIVE: the peer's library answers probes (§9.1). Inline: asked
+ * at every completion. */
+static inline int exs__conn_ka_alive(const struct exs_conn *conn)
+{
+    return (conn->peer.features & EXS_WIRE_FEAT_ALIVE) && !exs__conn_window_test();
+}
 /* A NOP record came (flags: its hdr.flags): a PING is answered at the next progress
  * pass. -EPROTO on a violation (a PING without feature ALIVE). */
 int exs__conn_ka_on_nop_locked(struct exs_conn *conn, uint8_t flags);

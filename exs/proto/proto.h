@@ -335,9 +335,11 @@ struct exs_conn {
     uint32_t stg_free_n;         /* how many; (uint32_t)-1 once released: none kept */
     /* cost cuts taken (conn->lock; plain counts, not process counters: a locked add per
      * message is what they save): STREAM posts handed back by delivery alone, runs of
-     * data-write completions that took the send side's kick alone (proto-layout.md) */
+     * data-write completions that took the send side's kick alone, receive posts that
+     * took the receive side's (proto-layout.md) */
     uint64_t posts_staged_fast;
     uint64_t kicks_tx;
+    uint64_t kicks_rx;
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t dl_start_ns;                 /* connect / accept began (handshake deadline) */

@@ -18,7 +18,8 @@
 
 static void resume_end_locked(struct exs_conn *conn, int err, const char *why, int count);
 
-void exs__resume_evict_run(void)
+/* exs__resume_evict_run (resume.h) once some are evicted. */
+void exs__resume_evict_all(void)
 {
     struct exs_conn *v;
 

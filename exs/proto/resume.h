@@ -105,9 +105,17 @@ int exs__resume_op_mr_locked(struct exs_conn *conn, struct exs_op *op);
 int exs__resume_forget(struct exs_conn *conn);
 /* conn leaves RESUMING (conn->lock held): it no longer counts against resume_max. */
 void exs__resume_wait_leave(struct exs_conn *conn);
+/* Connections evicted from the wait and not yet ended (resume_sess.c; atomic). */
+extern uint32_t exs__resume_nevict;
+void exs__resume_evict_all(void);
 /* End the connections evicted from the wait list (spec/protocol.md §9.2, The wait): run
- * by the progress thread's entry points into proto once they hold no conn lock. */
-void exs__resume_evict_run(void);
+ * by the progress thread's entry points into proto once they hold no conn lock. Inline:
+ * every run of completions asks, and mostly none is. */
+static inline void exs__resume_evict_run(void)
+{
+    if (__atomic_load_n(&exs__resume_nevict, __ATOMIC_ACQUIRE))
+        exs__resume_evict_all();
+}
 /* A forked child (exs__proto_fork_child): the registry, the wait lists and the trials
  * start empty; the _sess one is the registry's part (resume_sess.c). */
 void exs__resume_fork_child(void);

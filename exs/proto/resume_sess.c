@@ -314,7 +314,7 @@ int exs__resume_check_locked(struct exs_conn *conn, const struct exs_wire_resume
 static struct exs_list resume_waitq = EXS_LIST_INIT(resume_waitq);
 static struct exs_list resume_evictq = EXS_LIST_INIT(resume_evictq);
 static uint64_t resume_nwait;
-static uint32_t resume_nevict; /* also read without the lock (atomic) */
+uint32_t exs__resume_nevict; /* also read without the lock (atomic) */
 
 /* conn (its lock held), its old path over, joins the wait; while more than resume_max
  * wait, the oldest is evicted (never conn itself: resume_max is at least 1). */
@@ -339,7 +339,7 @@ void exs__resume_wait_join_locked(struct exs_conn *conn)
             v->resume.evicting = 1; /* for good: it never waits again */
             __atomic_add_fetch(&v->resume.refs, 1, __ATOMIC_RELEASE);
             exs_list_add_tail(&resume_evictq, &v->resume.wait_link);
-            __atomic_add_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
+            __atomic_add_fetch(&exs__resume_nevict, 1, __ATOMIC_RELEASE);
         }
     }
     EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
@@ -362,12 +362,12 @@ struct exs_conn *exs__resume_evict_pop(void)
 {
     struct exs_list *n;
 
-    if (!__atomic_load_n(&resume_nevict, __ATOMIC_ACQUIRE))
+    if (!__atomic_load_n(&exs__resume_nevict, __ATOMIC_ACQUIRE))
         return NULL;
     EXS_MUTEX_LOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
     n = exs_list_pop_head(&resume_evictq);
     if (n)
-        __atomic_sub_fetch(&resume_nevict, 1, __ATOMIC_RELEASE);
+        __atomic_sub_fetch(&exs__resume_nevict, 1, __ATOMIC_RELEASE);
     EXS_MUTEX_UNLOCK(&exs__resume_reg_lock, EXS_LOCK_LEAF);
     return n ? exs_list_entry(n, struct exs_conn, resume.wait_link) : NULL;
 }
@@ -379,5 +379,5 @@ void exs__resume_sess_fork_child(void)
     exs_list_init(&resume_waitq);
     exs_list_init(&resume_evictq);
     resume_nwait = 0;
-    resume_nevict = 0;
+    exs__resume_nevict = 0;
 }

@@ -180,6 +180,97 @@ START_TEST(cq_arm_reads_channel_only_after_completion)
 }
 END_TEST
 
+/* The pair of a verbs-only test in default progress (else 0: skipped), a's 64-byte send
+ * buffer and b's receive buffer of rlen bytes, b armed and settled. */
+static int cq_verbs_pair(const char *test, struct pt_pair *p, struct pt_buf **sb,
+                         struct pt_buf **rb, size_t rlen)
+{
+    if (strcmp(pt_ops->name, "verbs") != 0 || pt_manual) {
+        printf("%s: verbs, default progress only, skipped\n", test);
+        return 0;
+    }
+    pt_pair_setup(p, NULL, NULL);
+    *sb = pt_pair_buf(p, 'a', 64, LW, 1);
+    *rb = pt_pair_buf(p, 'b', rlen, LW, 0);
+    cq_arm_settle(&p->b);
+    return 1;
+}
+
+/* Wait for h's event fd to become readable. */
+static void cq_wait_event(struct pt_host *h, uint64_t i)
+{
+    struct pollfd pfd = {.fd = pt_ops->ctx_event_fd(h->ctx), .events = POLLIN};
+
+    ck_assert_msg(poll(&pfd, 1, PT_TIMEOUT_MS) == 1, "no wake-up for completion %llu",
+                  (unsigned long long)i);
+}
+
+/* verbs: the completion events ctx_arm reads are acked in batches (ibv_ack_cq_events takes
+ * a mutex and signals a condition; spec/provider.md, verbs provider mapping, ctx_arm), and
+ * those still unacked are acked before the CQ goes (ibv_destroy_cq waits for every event
+ * read: the close would hang). */
+START_TEST(cq_events_acked_in_batches)
+{
+    struct pt_pair p;
+    struct pt_buf *sb, *rb;
+    uint64_t reads, acks;
+
+    if (!cq_verbs_pair("cq_events_acked_in_batches", &p, &sb, &rb, 64))
+        return;
+    reads = cq_vrb_counter("cq_event_reads");
+    acks = cq_vrb_counter("cq_event_acks");
+    for (uint64_t i = 0; i < 16; i++) {
+        ck_assert_int_eq(pt_post_recv(p.eb, 100 + i, rb, 0, 64), 0);
+        ck_assert_int_eq(pt_post_send(p.ea, 200 + i, EXS_PROV_WR_SEND, EXS_PROV_SEND_SIGNALED, sb,
+                                      0, 64, 0, 0, 0),
+                         0);
+        cq_wait_event(&p.b, i);
+        pt_expect_cqe(&p.b, 100 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+        pt_expect_cqe(&p.a, 200 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        cq_arm_settle(&p.b); /* reads the event, requests again */
+    }
+    ck_assert_uint_ge(cq_vrb_counter("cq_event_reads"), reads + 16);
+    ck_assert_msg(cq_vrb_counter("cq_event_acks") == acks,
+                  "%llu ibv_ack_cq_events calls for 16 events (fewer than a batch)",
+                  (unsigned long long)(cq_vrb_counter("cq_event_acks") - acks));
+    /* the contexts close: without the ack of the events still unacked, ibv_destroy_cq
+     * waits for ever (the test's timeout) */
+    pt_pair_close(&p);
+}
+END_TEST
+
+/* verbs: completions ctx_arm's poll took and kept are returned by the next ctx_poll alone,
+ * without a poll of the CQ, which that arm left empty just before (spec/provider.md,
+ * verbs provider mapping, ctx_poll); what came since is returned by the next call. */
+START_TEST(cq_kept_returned_alone)
+{
+    struct pt_pair p;
+    struct pt_buf *sb, *rb;
+    struct exs_prov_cqe c[4];
+    int n;
+
+    if (!cq_verbs_pair("cq_kept_returned_alone", &p, &sb, &rb, 128))
+        return;
+    ck_assert_int_eq(pt_post_recv(p.eb, 11, rb, 0, 64), 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 12, rb, 64, 64), 0);
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 21, EXS_PROV_WR_SEND, EXS_PROV_SEND_SIGNALED, sb, 0, 64, 0, 0, 0), 0);
+    cq_wait_event(&p.b, 21);
+    /* the arm's poll takes receive 11 and keeps it */
+    ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), -EAGAIN);
+    ck_assert_int_eq(
+        pt_post_send(p.ea, 22, EXS_PROV_WR_SEND, EXS_PROV_SEND_SIGNALED, sb, 0, 64, 0, 0, 0), 0);
+    pt_expect_cqe(&p.a, 21, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    /* acknowledged: b's receive 12 completed before its ACK went */
+    pt_expect_cqe(&p.a, 22, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    n = pt_ops->ctx_poll(p.b.ctx, c, 4);
+    ck_assert_msg(n == 1, "ctx_poll returned %d completions: the kept one and the CQ's", n);
+    ck_assert_uint_eq(c[0].wr_id, 11);
+    pt_expect_cqe(&p.b, 12, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    pt_pair_close(&p);
+}
+END_TEST
+
 /* verbs: a successful completion is converted without its ep's lock, a flushed one under
  * it (counter wc_locked; spec/threading.md, "Verbs completions"). The test thread posts
  * and polls, so no completion is polled before its post was published. With --manual a
@@ -227,6 +318,8 @@ Suite *prov_cq_suite(void)
     tcase_add_test(tc, cq_mass_disconnect_all_flushes_arrive);
     tcase_add_test(tc, cq_ep_create_enobufs);
     tcase_add_test(tc, cq_arm_reads_channel_only_after_completion);
+    tcase_add_test(tc, cq_events_acked_in_batches);
+    tcase_add_test(tc, cq_kept_returned_alone);
     tcase_add_test(tc, cq_success_completions_take_no_ep_lock);
     suite_add_tcase(s, tc);
     return s;

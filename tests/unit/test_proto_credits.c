@@ -225,6 +225,47 @@ START_TEST(cr_quiet_after_one_message)
 }
 END_TEST
 
+/* A SEQPACKET ping-pong over a 1 KiB ring (64 B messages: 16 fill it): each side owes at
+ * fewer credits than the ACK threshold (every reply carries them back), so only ring space consumed
+ * and unreported makes an ACK due (spec/protocol.md §7). The control flush's quick test
+ * (conn.h) must not take that for "nothing due": without the ACKs the writer's view of
+ * the ring fills after 16 messages and the exchange stops. */
+START_TEST(cr_ring_ack_in_ping_pong)
+{
+    static uint8_t sb[2][64], rb[2][64];
+    struct pt_side *side[2] = {&pp.a, &pp.b};
+    struct pt_op s, r;
+
+    cr_begin(SOCK_SEQPACKET, 8, 1024, 0);
+    memset(ctrl_sends, 0, sizeof(ctrl_sends));
+    mock_set_tap(count_ctrl, NULL);
+    for (int i = 0; i < 100; i++) {
+        int d = i & 1; /* a to b, then b to a */
+
+        pt_fill(sb[d], 64, (uint64_t)i << 8);
+        memset(rb[d], 0, 64);
+        pt_op_init(&r, side[!d], EXS_OP_RECV, rb[d], 64, 0);
+        ck_assert_int_eq(pt_post(&r), 0);
+        pt_op_init(&s, side[d], EXS_OP_SEND, sb[d], 64, 0);
+        ck_assert_int_eq(pt_post(&s), 0);
+        pt_run(&pp);
+        ck_assert_msg(s.done && r.done,
+                      "message %d (of 100) not through: %llu ACKs from a, %llu from b", i,
+                      (unsigned long long)ctrl_sends[0], (unsigned long long)ctrl_sends[1]);
+        ck_assert_int_eq(r.op.result, 64);
+        ck_assert(pt_check(rb[d], 64, (uint64_t)i << 8));
+        ck_assert_uint_lt(side[!d]->conn->owed, 4); /* below the credit threshold */
+        pt_op_fini(&s);
+        pt_op_fini(&r);
+    }
+    mock_set_tap(NULL, NULL);
+    /* 50 messages of 64 B each way: a quarter of the ring (256 B) every 4 */
+    ck_assert_uint_ge(ctrl_sends[0], 5);
+    ck_assert_uint_ge(ctrl_sends[1], 5);
+    cr_end();
+}
+END_TEST
+
 Suite *proto_credits_suite(void)
 {
     Suite *s = suite_create("proto_credits");
@@ -238,6 +279,7 @@ Suite *proto_credits_suite(void)
      * an ACK forever: the ACK threshold, half the credits, was one credit, and every ACK
      * consumes one. The threshold is now at least 2 and credits at least 3. */
     tcase_add_loop_test(tc, cr_quiet_after_one_message, 0, 3);
+    tcase_add_test(tc, cr_ring_ack_in_ping_pong);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -259,6 +259,41 @@ START_TEST(sp_tx_run_send_side)
 }
 END_TEST
 
+/* A receive posted on a CONNECTED conn takes the receive side's kick alone
+ * (spec/proto-layout.md, "The receive post's kick"; exs_conn.kicks_rx counts them): a
+ * message waiting in the ring is handed over at the post itself, and a receive too large
+ * for the ring is advertised at its post (the flush is part of that kick). */
+START_TEST(sp_rx_post_kick)
+{
+    static uint8_t sb[2][8000], rb[2][8000];
+    struct pt_op s[2], r[2];
+    struct exs_sock_stats sa;
+    uint64_t k0 = pp.b.conn->kicks_rx;
+
+    send_msg(&s[0], &pp.a, sb[0], 64, 3);
+    pt_run(&pp); /* in b's ring, no receive for it */
+    pt_assert_done(&s[0], 64, 0);
+    recv_msg(&r[0], &pp.b, rb[0], sizeof(rb[0]));
+    pt_assert_done(&r[0], 64, 0); /* at the post: no pass ran since */
+    ck_assert(pt_check(rb[0], 64, 3));
+    ck_assert_uint_eq(pp.b.conn->kicks_rx, k0 + 1);
+    recv_msg(&r[1], &pp.b, rb[1], sizeof(rb[1]));
+    ck_assert_uint_eq(pp.b.conn->kicks_rx, k0 + 2);
+    pt_run(&pp); /* its ADVERT reaches a */
+    send_msg(&s[1], &pp.a, sb[1], sizeof(sb[1]), 9);
+    pt_run(&pp);
+    pt_assert_done(&s[1], sizeof(sb[1]), 0);
+    pt_assert_done(&r[1], sizeof(rb[1]), 0);
+    ck_assert(pt_check(rb[1], sizeof(rb[1]), 9));
+    exs__conn_stats(pp.a.conn, &sa);
+    ck_assert_uint_eq(sa.direct_xfers, 1); /* into the ADVERT the receive post sent */
+    for (int i = 0; i < 2; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
 /* Ring positions are placed with a mask when the ring is a power of two and with a
  * division otherwise (exs__pos_mod): over a ring of 3 KiB (48 slots, not a power of two)
  * messages of several sizes go round it many times, skipping its end where a message
@@ -1102,6 +1137,7 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_post_fast_threshold);
     tcase_add_test(tc, sp_post_fast_announced);
     tcase_add_test(tc, sp_tx_run_send_side);
+    tcase_add_test(tc, sp_rx_post_kick);
     tcase_add_test(tc, sp_ring_not_pow2);
     tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
     tcase_add_loop_test(tc, sp_dead_announced_in_place, 0, 2);

@@ -41,6 +41,7 @@
 #define VRB_PD_HDR      14u          /* magic 2, flags 1, length 1, goodbye port 2, token 8 */
 #define VRB_BYE_WAIT_NS 300000000ull /* a DREQ without goodbye: wait this long for it */
 #define VRB_EP_HASH     256u
+#define VRB_ACKS        128 /* completion events read per ibv_ack_cq_events */
 #define VRB_MAX_SGE     32u
 #define VRB_EPID_SHIFT  40
 #define VRB_RECV_BIT    (1ull << 39)
@@ -78,6 +79,7 @@ struct vrb_counters {
     uint64_t device_removals;  /* the device went away: everything on it released */
     uint64_t cq_event_reads;   /* ctx_arm read the completion channel (ibv_get_cq_event) */
     uint64_t cq_event_skips;   /* ctx_arm left it unread: no completion since the request */
+    uint64_t cq_event_acks;    /* ibv_ack_cq_events calls (events acked in batches) */
     uint64_t doorbells;        /* ibv_post_send calls of the consumer's send requests */
     uint64_t sends_deferred;   /* send requests held back (EXS_PROV_SEND_DEFER) */
     uint64_t signals_saved;    /* SIGNALED requests posted unsignaled: completion made here */
@@ -245,6 +247,9 @@ struct vrb_ctx {
     int cq_armed;     /* ctx->lock: notification requested, its event not read yet */
     int cq_seen;      /* ctx->lock: a completion was taken from the CQ (or the CQ resized)
                        * since that request: only then can its event have come */
+    int cq_unacked;   /* ctx->lock: events read and not acked yet: acked VRB_ACKS at a time
+                       * (ibv_ack_cq_events takes a mutex and signals a condition), all
+                       * of them before the CQ is destroyed */
     int epfd;         /* the application's event fd */
     int stopfd;       /* stops the cm thread */
     pthread_t cm_thread;
@@ -338,6 +343,9 @@ void exs__vrb_cm_push_locked(struct vrb_ctx *ctx, const struct exs_prov_cm_event
 void exs__vrb_wake(struct vrb_ctx *ctx);
 /* exs__vrb_cq_reap with ctx->lock held. */
 void exs__vrb_cq_drain_locked(struct vrb_ctx *ctx);
+/* Ack every completion event read and not acked yet (ctx->lock held, or the ctx no longer
+ * shared): before the CQ is destroyed, which waits for them. */
+void exs__vrb_cq_ack_all(struct vrb_ctx *ctx);
 /* Drop queued CONNECT_REQUESTs of a listener being destroyed (their requests go with it). */
 void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *lis);
 void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep);

@@ -283,6 +283,7 @@ void exs__vrb_device_gone(struct vrb_ctx *ctx)
     }
     exs__vrb_qpc_close(&ctx->qpc);
     /* every event read is acked, else ibv_destroy_cq waits for it */
+    exs__vrb_cq_ack_all(ctx);
     while (ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
         ibv_ack_cq_events(cq, 1);
     if (ibv_destroy_cq(ctx->cq))
