@@ -217,6 +217,46 @@ struct api_sock *exs__api_sock_find(int fd);
  * left fd since (its count 0: parked; or another slot's now). */
 struct api_sock *exs__api_sock_hold(int fd, struct api_sock *s);
 void exs__api_sock_put(struct api_sock *s);
+
+/* exs__api_sock_hold, inline (exs__api_sock_find_x). */
+static inline __attribute__((always_inline)) struct api_sock *
+exs__api_sock_hold_x(int fd, struct api_sock *s)
+{
+    /* acquire, also when it reads 0: the slot emptied before the last put is seen then */
+    int refs = __atomic_load_n(&s->refs, __ATOMIC_ACQUIRE);
+
+    while (refs && !__atomic_compare_exchange_n(&s->refs, &refs, refs + 1, 1, __ATOMIC_ACQ_REL,
+                                                __ATOMIC_ACQUIRE))
+        ;
+    if (!refs)
+        return NULL; /* its last reference went: it left the table (parked) */
+    /* after the count (acquire: a removal's slot store came before its put) */
+    struct sock_tabv *t = __atomic_load_n(&exs__api_sock_tabv, __ATOMIC_ACQUIRE);
+
+    if (t && (unsigned)fd < (unsigned)t->len && __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE) == s)
+        return s;
+    exs__api_sock_put(s); /* it left fd meanwhile (or a parked one was reused) */
+    return NULL;
+}
+
+/* exs__api_sock_find, inline: in every posting call (xfer_post) a call less. */
+static inline __attribute__((always_inline)) struct api_sock *exs__api_sock_find_x(int fd)
+{
+    for (;;) {
+        struct sock_tabv *t = __atomic_load_n(&exs__api_sock_tabv, __ATOMIC_ACQUIRE);
+        struct api_sock *s;
+
+        if (fd < 0 || !t || fd >= t->len)
+            return NULL;
+        s = __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE);
+        if (!s)
+            return NULL;
+        s = exs__api_sock_hold_x(fd, s);
+        if (s)
+            return s;
+        /* it left fd after the slot was read: look again */
+    }
+}
 /* Every socket in the table, each held by a reference, in an array to free (sock.c). */
 int exs__api_sock_list(struct api_sock ***all_p, int *n_p);
 const char *exs__api_sock_state_name(enum api_sock_state st);

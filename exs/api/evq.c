@@ -341,16 +341,9 @@ static void evq_tab_remove(struct evq_slot *slot)
     evq_tab.free_tail = idx;
 }
 
-int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
-{
-    struct exs_evq *evq = evq_peek(q);
-
-    if (!evq)
-        return -EINVAL;
-    return exs__evq_hold(q, evq, evq_p);
-}
-
-int exs__evq_hold(exs_qhandle_t q, struct exs_evq *evq, struct exs_evq **evq_p)
+/* exs__evq_hold, inline in evq_get (a call less per lookup). */
+static inline __attribute__((always_inline)) int evq_hold(exs_qhandle_t q, struct exs_evq *evq,
+                                                          struct exs_evq **evq_p)
 {
     int refs;
 
@@ -368,6 +361,26 @@ int exs__evq_hold(exs_qhandle_t q, struct exs_evq *evq, struct exs_evq **evq_p)
     }
     *evq_p = evq;
     return 0;
+}
+
+/* exs__evq_get, inline in exs_qdequeue's wait (evq_dequeue_rest). */
+static inline __attribute__((always_inline)) int evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
+{
+    struct exs_evq *evq = evq_peek(q);
+
+    if (!evq)
+        return -EINVAL;
+    return evq_hold(q, evq, evq_p);
+}
+
+int exs__evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
+{
+    return evq_get(q, evq_p);
+}
+
+int exs__evq_hold(exs_qhandle_t q, struct exs_evq *evq, struct exs_evq **evq_p)
+{
+    return evq_hold(q, evq, evq_p);
 }
 
 exs_qhandle_t exs__evq_handle(const struct exs_evq *evq)
@@ -724,31 +737,39 @@ int exs_qfd(exs_qhandle_t q)
 
 /* ---- dequeue ---- */
 
-/* Copy n events out (evq->lock held, n <= queued). */
+/* One event copied out of the ring: a send's or a receive's as far as its member,
+ * exs_evt_xfer, goes (what exs__evq_post_xfer writes; the union's tail is not the
+ * event's: 56 of the 168 bytes), any other whole. */
+static inline __attribute__((always_inline)) void evq_copy1(exs_event_t *ev, const exs_event_t *e)
+{
+    if (e->exs_evt_type == EXS_EVT_SEND || e->exs_evt_type == EXS_EVT_RECV)
+        memcpy(ev, e, offsetof(exs_event_t, exs_evt_u) + sizeof(exs_evt_xfer_t));
+    else
+        *ev = *e;
+}
+
+/* Copy n events out (evq->lock held, n <= queued), one by one (evq_copy1: a ping-pong's
+ * dequeue of a send's and a receive's event copied 336 bytes with memcpy, 64
+ * instructions, where their members are 112). */
 static void evq_take(struct exs_evq *evq, exs_event_t *events, int n)
 {
-    int first = EXS_MIN(n, evq->depth - evq->head);
+    int head = evq->head;
 
-    memcpy(events, &evq->ring[evq->head], (size_t)first * sizeof(*events));
-    if (n > first)
-        memcpy(events + first, evq->ring, (size_t)(n - first) * sizeof(*events));
-    evq->head = n > first ? n - first : evq->head + n == evq->depth ? 0 : evq->head + n;
+    for (int i = 0; i < n; i++) {
+        evq_copy1(&events[i], &evq->ring[head]);
+        head = head + 1 == evq->depth ? 0 : head + 1;
+    }
+    evq->head = head;
     evq_set_queued(evq, evq->queued - n);
     evq_give_back(evq, n);
     evq_sync_fds(evq);
 }
 
-/* evq_take of the one event at the head. A send's or a receive's is copied as far as its
- * member, exs_evt_xfer, goes (what exs__evq_post_xfer writes; the union's tail is not
- * the event's), any other whole. The caller brings the descriptors in line (evq_sync_fds). */
+/* evq_take of the one event at the head. The caller brings the descriptors in line
+ * (evq_sync_fds). */
 static inline __attribute__((always_inline)) void evq_take1(struct exs_evq *evq, exs_event_t *ev)
 {
-    const exs_event_t *e = &evq->ring[evq->head];
-
-    if (e->exs_evt_type == EXS_EVT_SEND || e->exs_evt_type == EXS_EVT_RECV)
-        memcpy(ev, e, offsetof(exs_event_t, exs_evt_u) + sizeof(exs_evt_xfer_t));
-    else
-        *ev = *e;
+    evq_copy1(ev, &evq->ring[evq->head]);
     evq->head = evq->head + 1 == evq->depth ? 0 : evq->head + 1;
     evq_set_queued(evq, evq->queued - 1);
     evq_give_back(evq, 1);
@@ -1085,12 +1106,12 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     return ret;
 }
 
-/* exs_qdequeue's first look (nevents != 0, arguments checked): when the process has no
- * libexs socket (nothing to drive before taking events: evq_dequeue_wait) and the events
- * wanted are queued, they are taken under one hold of evq->lock, found without the table's
- * lock and with no reference (a queue's memory stays: evq_peek) and no clock read: the
- * count, or -EINVAL (no such queue, or a threshold above its depth). -EAGAIN: the wait's
- * way (exs_qdequeue), which looks again. */
+/* exs_qdequeue's first look (nevents != 0, arguments checked), made only when the
+ * process has no libexs socket (nothing to drive before taking events: evq_dequeue_wait;
+ * evq_dequeue_full tests it): when the events wanted are queued, they are taken under one
+ * hold of evq->lock, found without the table's lock and with no reference (a queue's
+ * memory stays: evq_peek) and no clock read: the count, or -EINVAL (no such queue, or a
+ * threshold above its depth). -EAGAIN: the wait's way (exs_qdequeue), which looks again. */
 static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q,
                                                                  exs_event_t *events, int nevents)
 {
@@ -1099,8 +1120,6 @@ static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q
 
     if (!evq)
         return -EINVAL;
-    if (exs__api_sock_live())
-        return -EAGAIN;
     EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
     if (!evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q) || want > evq->depth) {
         ret = -EINVAL;
@@ -1128,7 +1147,10 @@ static __attribute__((noinline)) int evq_dequeue_full(exs_qhandle_t q, exs_event
     if (timeout != NULL &&
         (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000))
         return exs__err(EINVAL);
-    if (nevents != 0 && (ret = evq_dequeue_now(q, events, nevents)) != -EAGAIN)
+    /* with libexs sockets, progress is driven first: the wait's way at once (which
+     * answers a bad queue as the first look would) */
+    if (nevents != 0 && !exs__api_sock_live() &&
+        (ret = evq_dequeue_now(q, events, nevents)) != -EAGAIN)
         return ret < 0 ? exs__err(-ret) : ret;
     return evq_dequeue_rest(q, events, nevents, timeout);
 }
@@ -1210,7 +1232,7 @@ static __attribute__((noinline)) int evq_dequeue_rest(exs_qhandle_t q, exs_event
         t0 = exs__now_ns();
         deadline = t0 + (uint64_t)timeout->tv_sec * 1000000000u + (uint64_t)timeout->tv_nsec;
     }
-    ret = exs__evq_get(q, &evq);
+    ret = evq_get(q, &evq);
     if (ret < 0)
         return exs__err(-ret);
     if (nevents == 0) {

@@ -11,6 +11,7 @@
 #include "exs/util/lite_lock.h"
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "exs/util/log.h"
@@ -67,6 +68,68 @@ struct exs_evq {
 /* The operation block cache (op_cache.c): size zeroed bytes, from this thread's cache of
  * EXS_EVQ_OP_BLOCK-sized blocks when size fits; freed by exs__evq_op_free. */
 void *exs__evq_op_alloc(size_t size);
+
+#ifndef __has_feature
+#define __has_feature(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) ||                               \
+    __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define EXS_OP_CACHE_MAX 0 /* every block to free(): the sanitizers see each use after free */
+#else
+#define EXS_OP_CACHE_MAX 64
+#endif
+
+#if EXS_OP_CACHE_MAX > 0
+struct exs_op_block {
+    struct exs_op_block *next;
+};
+
+/* A thread's list, one __thread object: in the shared library each function that
+ * touches thread-local storage calls __tls_get_addr, once per object it reaches (the
+ * three separate variables cost exs__evq_op_free two calls per operation). */
+struct exs_op_cache_thr {
+    struct exs_op_block *head;
+    unsigned n;
+    int armed; /* this thread set op_cache_key */
+};
+extern __thread struct exs_op_cache_thr exs__op_cache __attribute__((visibility("hidden")));
+#endif
+
+/* exs__evq_op_alloc's and exs__evq_op_free's common cases inline (a block from or back to
+ * this thread's list: no call); anything else calls them. */
+static inline __attribute__((always_inline)) void *exs__evq_op_alloc_x(size_t size)
+{
+#if EXS_OP_CACHE_MAX > 0
+    struct exs_op_cache_thr *c = &exs__op_cache;
+    struct exs_op_block *b = c->head;
+
+    if (size <= EXS_EVQ_OP_BLOCK && b) {
+        c->head = b->next;
+        c->n--;
+        /* the size hidden from the compiler: libc's memset, not an inline rep stos */
+        __asm__("" : "+r"(size));
+        memset(b, 0, size);
+        return b;
+    }
+#endif
+    return exs__evq_op_alloc(size);
+}
+
+static inline __attribute__((always_inline)) void exs__evq_op_free_x(void *mem, size_t size)
+{
+#if EXS_OP_CACHE_MAX > 0
+    struct exs_op_cache_thr *c = &exs__op_cache;
+    struct exs_op_block *b = mem;
+
+    if (size <= EXS_EVQ_OP_BLOCK && c->n < EXS_OP_CACHE_MAX && c->armed) {
+        b->next = c->head;
+        c->head = b;
+        c->n++;
+        return;
+    }
+#endif
+    exs__evq_op_free(mem, size);
+}
 
 /* ---- the send path's part, inline (kfd.c's exs__api_kfd_send_fast, evq.c) ---- */
 
@@ -169,7 +232,7 @@ exs__evq_reserve_alloc(exs_qhandle_t q, size_t size, struct exs_evq **evq_p, int
         *err_p = ret;
         return NULL;
     }
-    mem = exs__evq_op_alloc(size);
+    mem = exs__evq_op_alloc_x(size);
     if (!mem) {
         exs__evq_unreserve(*evq_p);
         *err_p = ENOMEM;

@@ -16,42 +16,23 @@
  * list is its thread's alone. A thread's list is freed when the thread exits (key
  * destructor) or, for the thread calling exs_fini, by exs__evq_op_cache_flush.
  */
-#ifndef __has_feature
-#define __has_feature(x) 0
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) ||                               \
-    __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define OP_CACHE_MAX 0 /* every block to free(): the sanitizers see each use after free */
-#else
-#define OP_CACHE_MAX 64
-#endif
+#define OP_CACHE_MAX EXS_OP_CACHE_MAX /* evq_int.h */
 
 #if OP_CACHE_MAX > 0
-struct op_block {
-    struct op_block *next;
-};
-
-/* A thread's list, one __thread object: in the shared library each function that
- * touches thread-local storage calls __tls_get_addr, once per object it reaches (the
- * three separate variables cost exs__evq_op_free two calls per operation). */
-struct op_cache_thr {
-    struct op_block *head;
-    unsigned n;
-    int armed; /* this thread set op_cache_key */
-};
-static __thread struct op_cache_thr op_cache;
+/* A thread's list (evq_int.h: its inline paths, exs__evq_op_alloc_x and _free_x, use it) */
+__thread struct exs_op_cache_thr exs__op_cache;
 static pthread_key_t op_cache_key;
 static pthread_once_t op_cache_once = PTHREAD_ONCE_INIT;
 static int op_cache_keyed; /* the key exists: lists may be kept */
 
 static void op_cache_thread_exit(void *arg)
 {
-    struct op_cache_thr *c = &op_cache;
-    struct op_block *b = c->head;
+    struct exs_op_cache_thr *c = &exs__op_cache;
+    struct exs_op_block *b = c->head;
 
     (void)arg;
     while (b) {
-        struct op_block *next = b->next;
+        struct exs_op_block *next = b->next;
 
         free(b);
         b = next;
@@ -74,8 +55,8 @@ void exs__evq_op_cache_flush(void)
 
 void *exs__evq_op_alloc(size_t size)
 {
-    struct op_cache_thr *c = &op_cache;
-    struct op_block *b = c->head;
+    struct exs_op_cache_thr *c = &exs__op_cache;
+    struct exs_op_block *b = c->head;
 
     if (size > EXS_EVQ_OP_BLOCK)
         return calloc(1, size);
@@ -91,7 +72,7 @@ void *exs__evq_op_alloc(size_t size)
 /* A thread's first free into its list: the key's destructor set for it (armed: the key
  * exists, no pthread_once at later frees). 0: no key, the block goes to free(). Out of
  * line, so that exs__evq_op_free keeps one address of its thread's list. */
-static __attribute__((noinline, cold)) int op_cache_arm(struct op_cache_thr *c)
+static __attribute__((noinline, cold)) int op_cache_arm(struct exs_op_cache_thr *c)
 {
     pthread_once(&op_cache_once, op_cache_init);
     if (!op_cache_keyed)
@@ -104,12 +85,12 @@ static __attribute__((noinline, cold)) int op_cache_arm(struct op_cache_thr *c)
 
 void exs__evq_op_free(void *mem, size_t size)
 {
-    struct op_block *b = mem;
-    struct op_cache_thr *c;
+    struct exs_op_block *b = mem;
+    struct exs_op_cache_thr *c;
 
     if (!mem)
         return;
-    c = &op_cache;
+    c = &exs__op_cache;
     /* the address kept: gcc otherwise computes it again (a second __tls_get_addr) after
      * the branch to op_cache_arm */
     __asm__("" : "+r"(c));

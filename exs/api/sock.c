@@ -70,40 +70,12 @@ void exs__api_sock_put(struct api_sock *s)
 
 struct api_sock *exs__api_sock_hold(int fd, struct api_sock *s)
 {
-    /* acquire, also when it reads 0: the slot emptied before the last put is seen then */
-    int refs = __atomic_load_n(&s->refs, __ATOMIC_ACQUIRE);
-
-    while (refs && !__atomic_compare_exchange_n(&s->refs, &refs, refs + 1, 1, __ATOMIC_ACQ_REL,
-                                                __ATOMIC_ACQUIRE))
-        ;
-    if (!refs)
-        return NULL; /* its last reference went: it left the table (parked) */
-    /* after the count (acquire: a removal's slot store came before its put) */
-    struct sock_tabv *t = __atomic_load_n(&tabv, __ATOMIC_ACQUIRE);
-
-    if (t && (unsigned)fd < (unsigned)t->len && __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE) == s)
-        return s;
-    exs__api_sock_put(s); /* it left fd meanwhile (or a parked one was reused) */
-    return NULL;
+    return exs__api_sock_hold_x(fd, s);
 }
 
-/* The socket behind fd with a reference, or NULL (no system call, no lock). */
 struct api_sock *exs__api_sock_find(int fd)
 {
-    for (;;) {
-        struct sock_tabv *t = __atomic_load_n(&tabv, __ATOMIC_ACQUIRE);
-        struct api_sock *s;
-
-        if (fd < 0 || !t || fd >= t->len)
-            return NULL;
-        s = __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE);
-        if (!s)
-            return NULL;
-        s = exs__api_sock_hold(fd, s);
-        if (s)
-            return s;
-        /* it left fd after the slot was read: look again */
-    }
+    return exs__api_sock_find_x(fd);
 }
 
 /* The socket behind fd with a reference, or NULL with *err_p = EBADF / ENOTSOCK. */

@@ -59,21 +59,27 @@ int exs__api_mreg_handle(const struct api_mreg *m)
     return __atomic_load_n(&m->handle, __ATOMIC_RELAXED);
 }
 
-/* The registration the table names under mh now, or NULL (no lock needed). Inline: a
- * hold looks twice. */
+/* The registration slot idx (below the capacity, which only grows) of the table names
+ * under mh now, or NULL (no lock needed). */
+static inline __attribute__((always_inline)) struct api_mreg *mreg_at(int idx, exs_mhandle_t mh)
+{
+    struct api_mreg **tab = __atomic_load_n(&mregs, __ATOMIC_ACQUIRE);
+    struct api_mreg *m = __atomic_load_n(&tab[idx], __ATOMIC_SEQ_CST); /* after a hold's busy */
+
+    if (!m || __atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
+        return NULL;
+    return m;
+}
+
+/* The registration the table names under mh now, or NULL (no lock needed). */
 static inline __attribute__((always_inline)) struct api_mreg *mreg_find(exs_mhandle_t mh)
 {
     int idx = (mh & MREG_IDX_MASK) - 1;
-    struct api_mreg **tab, *m;
 
     /* the capacity is stored after the array it describes: read it first */
     if (mh <= 0 || idx < 0 || idx >= __atomic_load_n(&mreg_cap, __ATOMIC_ACQUIRE))
         return NULL;
-    tab = __atomic_load_n(&mregs, __ATOMIC_ACQUIRE);
-    m = __atomic_load_n(&tab[idx], __ATOMIC_SEQ_CST); /* after a hold's busy: see the hold */
-    if (!m || __atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
-        return NULL;
-    return m;
+    return mreg_at(idx, mh);
 }
 
 static struct api_mreg *mreg_unpark(void)
@@ -165,7 +171,10 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
     return m->handle;
 }
 
-int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)
+/* exs__api_mreg_hold, inline in xfer_post. The look after busy is raised reads the slot
+ * again, not the capacity (it only grows: mreg_at). */
+static inline __attribute__((always_inline)) int mreg_hold(exs_mhandle_t mh, const void *buf,
+                                                           size_t len, struct api_mreg **m_p)
 {
     struct api_mreg *m = mreg_find(mh);
 
@@ -174,7 +183,7 @@ int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api
     /* seq_cst, as exs_mderegister's store of the slot and load of busy: of the two, at
      * least one sees the other's write */
     __atomic_add_fetch(&m->busy, 1, __ATOMIC_SEQ_CST);
-    if (mreg_find(mh) != m) {
+    if (mreg_at((mh & MREG_IDX_MASK) - 1, mh) != m) {
         __atomic_sub_fetch(&m->busy, 1, __ATOMIC_RELEASE);
         return -EINVAL; /* deregistered meanwhile */
     }
@@ -186,6 +195,11 @@ int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api
     }
     *m_p = m;
     return 0;
+}
+
+int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)
+{
+    return mreg_hold(mh, buf, len, m_p);
 }
 
 /* No lock: busy only rises under mreg_lock (a hold), and exs_mderegister reads it there;
@@ -323,8 +337,10 @@ static void op_done(struct exs_op *pop);
  * its blocks: a field added beyond would silently send every post back to malloc. */
 _Static_assert(sizeof(struct api_op) <= EXS_EVQ_OP_BLOCK, "api_op outgrew EXS_EVQ_OP_BLOCK");
 
-struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
-                               int *err_p)
+/* exs__api_op_new, inline in xfer_post (a call and its arguments less per send and
+ * receive). */
+static inline __attribute__((always_inline)) struct api_op *
+op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah, int *err_p)
 {
     struct api_op *op;
     struct exs_evq *evq;
@@ -341,6 +357,12 @@ struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q
     op->op.owner = op;
     exs_list_init(&op->link);
     return op; /* counted live by its queue's reservation (exs__evq_ops_live) */
+}
+
+struct api_op *exs__api_op_new(struct api_sock *s, int evt_type, exs_qhandle_t q, exs_ahandle_t ah,
+                               int *err_p)
+{
+    return op_new(s, evt_type, q, ah, err_p);
 }
 
 static void op_release(struct api_op *op)
@@ -373,30 +395,51 @@ void exs__api_op_event(struct api_op *op, const exs_event_t *ev_in)
     exs__evq_post(evq, &ev);
 }
 
+/* The end of an exs_send's or exs_recv's operation (no bounce buffer): the event written
+ * straight into its slot (no exs_event_t built and copied), as far as exs_qdequeue copies
+ * it; op_release's work inline (op and pop freed before the event shows, as in
+ * exs__api_op_event). */
+static inline __attribute__((always_inline)) void op_end_xfer(struct api_op *op, int type,
+                                                              ssize_t result)
+{
+    struct exs_evq *evq = op->evq;
+    int err = op->op.err, fd = op->fd, flags = op->op.rflags;
+    exs_ahandle_t ah = op->ah;
+    void *buf = op->op.buf;
+    size_t len = op->op.len;
+
+    if (op->mreg)
+        exs__api_mreg_release(op->mreg);
+    else if (op->tmp_mr)
+        exs__prov_mr_put(op->tmp_mr);
+    exs__evq_op_free_x(op, sizeof(*op));
+    exs__evq_post_xfer_x(evq, type, err, fd, flags, ah, buf, len, result);
+}
+
 /* proto callback: an exs_send / exs_recv / exs_shutdown finished (conn->lock held). */
 static void op_done(struct exs_op *pop)
 {
     struct api_op *op = exs_container_of(pop, struct api_op, op);
+    int type = op->evt_type;
     ssize_t result = pop->err ? -1 : pop->result;
     exs_event_t ev;
 
-    if (op->evt_type == EXS_EVT_SEND || (op->bounce && pop->kind == EXS_OP_SEND))
+    /* the common case first, with one test of the type, bounce and to_armed */
+    if (__builtin_expect(
+            !(op->bounce || op->to_armed) && (type == EXS_EVT_SEND || type == EXS_EVT_RECV), 1)) {
+        __atomic_fetch_sub(type == EXS_EVT_SEND ? &op->sock->n_send : &op->sock->n_recv, 1,
+                           __ATOMIC_RELAXED);
+        op_end_xfer(op, type, result);
+        return;
+    }
+    if (type == EXS_EVT_SEND || (op->bounce && pop->kind == EXS_OP_SEND))
         __atomic_fetch_sub(&op->sock->n_send, 1, __ATOMIC_RELAXED);
-    else if (op->evt_type == EXS_EVT_RECV || (op->bounce && pop->kind == EXS_OP_RECV))
+    else if (type == EXS_EVT_RECV || (op->bounce && pop->kind == EXS_OP_RECV))
         __atomic_fetch_sub(&op->sock->n_recv, 1, __ATOMIC_RELAXED);
     if (op->to_armed)
         exs__api_to_op_end(op); /* no timeout notice after this: the completion follows */
-    if (!op->bounce && (op->evt_type == EXS_EVT_SEND || op->evt_type == EXS_EVT_RECV)) {
-        /* the common end: the event written straight into its slot (no exs_event_t built
-         * and copied), as far as exs_qdequeue copies it */
-        struct exs_evq *evq = op->evq;
-        int type = op->evt_type, err = pop->err, fd = op->fd, flags = pop->rflags;
-        exs_ahandle_t ah = op->ah;
-        void *buf = pop->buf;
-        size_t len = pop->len;
-
-        op_release(op); /* first, as in exs__api_op_event (op and pop freed) */
-        exs__evq_post_xfer_x(evq, type, err, fd, flags, ah, buf, len, result);
+    if (!op->bounce && (type == EXS_EVT_SEND || type == EXS_EVT_RECV)) {
+        op_end_xfer(op, type, result);
         return;
     }
     ev = (exs_event_t){.exs_evt_errno = pop->err};
@@ -584,7 +627,7 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, si
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
     /* not a libexs socket: a kernel socket's operation tells EBADF and ENOTSOCK apart */
-    struct api_sock *s = exs__api_sock_find(fd);
+    struct api_sock *s = exs__api_sock_find_x(fd);
     struct api_op *op = NULL;
     int *count, armed = 0, timeo = 0;
 
@@ -623,7 +666,7 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, si
     timeo = __atomic_load_n(recv ? &s->rcv_timeo : &s->snd_timeo, __ATOMIC_RELAXED);
     if (sync)
         q = exs__api_sync_queue();
-    op = exs__api_op_new(s, b ? b->evt_type : recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
+    op = op_new(s, b ? b->evt_type : recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
     if (!op)
         goto out;
     op->bounce = b;
@@ -659,7 +702,7 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, si
             op->op.lkey = op->tmp_mr->lkey;
         }
     } else {
-        if (exs__api_mreg_hold(mh, buf, len, &op->mreg)) {
+        if (mreg_hold(mh, buf, len, &op->mreg)) {
             err = EINVAL;
             goto out;
         }

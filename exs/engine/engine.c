@@ -249,7 +249,19 @@ static int eng_trylock(void)
     return 0;
 }
 
-static void eng_unlock(void)
+/* The loop may be asleep with a timeout computed before the change. A call racing
+ * exs_fini at exit may get here after the engine stopped: eng.loop is cleared under
+ * eng.lock before the loop is destroyed. */
+static __attribute__((noinline, cold)) void eng_wake_loop(void)
+{
+    EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
+    if (eng.loop)
+        ev_async_send(eng.loop, &eng.wake);
+    EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
+}
+
+/* Inline (each drive and arm ends with it); the loop's wake-up out of line. */
+static inline __attribute__((always_inline)) void eng_unlock(void)
 {
     /* The loop thread recomputes its timeout itself before it blocks. */
     int dirty = eng.loop_dirty && !eng_is_loop;
@@ -257,15 +269,8 @@ static void eng_unlock(void)
     eng.loop_dirty = 0;
     __atomic_store_n(&eng.holder, (pthread_t)0, __ATOMIC_RELAXED);
     EXS_LITE_UNLOCK(&eng.plock, EXS_LOCK_PROGRESS);
-    /* The loop may be asleep with a timeout computed before the change. A call racing
-     * exs_fini at exit may get here after the engine stopped: eng.loop is cleared under
-     * eng.lock before the loop is destroyed. */
-    if (dirty) {
-        EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
-        if (eng.loop)
-            ev_async_send(eng.loop, &eng.wake);
-        EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
-    }
+    if (dirty)
+        eng_wake_loop();
 }
 
 /* libev's thread locking: the loop thread holds plock except inside its blocking poll. */
@@ -468,7 +473,7 @@ static int eng_drive_locked(int max, int *idle_p, unsigned *work_p)
 
 /* Arm every context (plock held): -EAGAIN as soon as one has work pending (*pend_p, when
  * given: its index), 0 when all are armed, or the first other error (logged). */
-static int eng_arm_all(int *pend_p)
+static inline __attribute__((always_inline)) int eng_arm_all(int *pend_p)
 {
     int ret = 0;
 
@@ -535,7 +540,7 @@ static void eng_poll_check(void)
  * providers' event fds (no application thread between exs__engine_arm and
  * exs__engine_arm_end, and the loop does not watch them), take back the last arm, so
  * the completions this drive queues write no event fd (spec/threading.md §3). */
-static void eng_disarm_unwatched(void)
+static inline __attribute__((always_inline)) void eng_disarm_unwatched(void)
 {
     if (!eng.armed || eng.io_on || __atomic_load_n(&eng.psleepers, __ATOMIC_SEQ_CST))
         return;
@@ -655,12 +660,11 @@ void exs__engine_driver_enter(uint64_t now)
         if (!now)
             now = exs__now_ns();
         gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
-        uint64_t g =
-            exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
-                                __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now, lease_ns);
-
-        /* a longer gap is the application computing: not remembered */
-        if (gap <= (uint64_t)EXS_ENG_HYST_LEASES * lease_ns && gap >= g) {
+        /* a longer gap is the application computing: not remembered (nor compared) */
+        if (gap <= (uint64_t)EXS_ENG_HYST_LEASES * lease_ns &&
+            gap >= exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
+                                       __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now,
+                                       lease_ns)) {
             __atomic_store_n(&eng.gap_ns, gap, __ATOMIC_RELAXED);
             __atomic_store_n(&eng.gap_at, now, __ATOMIC_RELAXED);
         }

@@ -154,11 +154,18 @@ void exs__engine_driver_leave(void);
  * application's longest recent gap between two waits (drivers back from 0; gaps longer
  * than EXS_ENG_HYST_LEASES leases are the application computing and are not noted) is
  * remembered with the time it was noted; exs__engine_gap_now: what it is worth now (it
- * halves every EXS_ENG_HYST_LEASES leases since). exs__engine_hyst_ns: how long after
+ * halves every EXS_ENG_HYST_LEASES leases since; inline: every wait's entry asks).
+ * exs__engine_hyst_ns: how long after
  * the last driver left the progress thread still leaves the provider to the application:
  * one lease, or twice that gap, at most EXS_ENG_HYST_LEASES leases. */
 #define EXS_ENG_HYST_LEASES 8
-uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint64_t now_ns, uint64_t lease_ns);
+static inline uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint64_t now_ns,
+                                           uint64_t lease_ns)
+{
+    uint64_t halvings = lease_ns ? (now_ns - at_ns) / (EXS_ENG_HYST_LEASES * lease_ns) : 64;
+
+    return halvings >= 64 ? 0 : gap_ns >> halvings;
+}
 uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns);
 /* The lease's growth (spec/threading.md §4): while the drivers keep coming and going, the
  * period doubles at each look, up to EXS_ENG_LEASE_GROW leases; exs__engine_lease_grow:

@@ -8,13 +8,6 @@
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
-uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint64_t now_ns, uint64_t lease_ns)
-{
-    uint64_t halvings = lease_ns ? (now_ns - at_ns) / (EXS_ENG_HYST_LEASES * lease_ns) : 64;
-
-    return halvings >= 64 ? 0 : gap_ns >> halvings;
-}
-
 uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns)
 {
     uint64_t h = EXS_MIN(2 * remembered_ns, (uint64_t)EXS_ENG_HYST_LEASES * lease_ns);

@@ -353,6 +353,35 @@ START_TEST(test_qdq_einval)
 }
 END_TEST
 
+/* The same answers with libexs sockets live, where exs_qdequeue drives progress first and
+ * goes straight to its wait (evq_dequeue_rest): a bad, deleted or invalid handle, and a
+ * threshold above the queue's depth, are EINVAL there too (no wait, no event taken); a
+ * good queue still answers. */
+START_TEST(test_qdq_einval_live)
+{
+    exs_event_t ev[4];
+    exs_qhandle_t dead, small;
+    struct it_pair p;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 16, 16);
+    dead = it_qcreate(16);
+    it_qdelete(dead);
+    small = it_qcreate(2);
+    IT_EXPECT_FAIL(exs_qdequeue(12345, ev, 1, &ts_poll), EINVAL);
+    IT_EXPECT_FAIL(exs_qdequeue(dead, ev, 1, &ts_poll), EINVAL);
+    IT_EXPECT_FAIL(exs_qdequeue(dead, ev, 1, &ts_10s), EINVAL);
+    IT_EXPECT_FAIL(exs_qdequeue(EXS_QHANDLE_INVALID, ev, 1, &ts_poll), EINVAL);
+    IT_EXPECT_FAIL(exs_qdequeue(dead, ev, 0, NULL), EINVAL);
+    /* a threshold of 3 on a queue of depth 2 could never be met: refused, not awaited */
+    IT_EXPECT_FAIL(exs_qdequeue(small, ev, -3, &ts_10s), EINVAL);
+    ck_assert_int_eq(exs_qdequeue(small, ev, -2, &ts_poll), 0);
+    ck_assert_int_eq(exs_qdequeue(p.cq, ev, 4, &ts_poll), 0);
+    it_qdelete(small);
+    it_pair_close(&p);
+}
+END_TEST
+
 static void on_usr1(int sig)
 {
     (void)sig;
@@ -442,6 +471,7 @@ Suite *integ_qdequeue_suite(void)
     suite_add_tcase(s, tc);
     tc = it_tcase("errors", IT_CASE_TIMEOUT);
     tcase_add_test(tc, test_qdq_einval);
+    tcase_add_test(tc, test_qdq_einval_live);
     tcase_add_test(tc, test_qdq_eintr);
     suite_add_tcase(s, tc);
     tc = it_tcase("qfd", IT_CASE_TIMEOUT);

@@ -6,13 +6,16 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/socket.h>
 
 #include "exs/api/evq.h"
+#include "exs/api/evq_int.h"
 #include "exs/util/lite_lock.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
@@ -306,6 +309,106 @@ START_TEST(test_fifo)
     }
     ck_assert_int_eq(exs_qdelete(q), 0);
     ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* Several events in one dequeue, across the ring's end: a send's and a receive's come out
+ * with their transfer member, any other type whole (an ACCEPT's address lies beyond the
+ * transfer member: evq_take copies event by event, as far as each type goes). */
+START_TEST(test_take_types)
+{
+    exs_qhandle_t q = exs_qcreate(4);
+    exs_event_t ev[4], in[4];
+    struct exs_evq *evq;
+
+    /* head at 3: the next four events wrap the ring */
+    for (int i = 0; i < 3; i++)
+        post_one(q, 1, i);
+    ck_assert_int_eq(exs_qdequeue(q, ev, 3, &ts_zero), 3);
+    memset(in, 0, sizeof(in));
+    for (int i = 0; i < 4; i++) {
+        in[i].exs_evt_type = i % 2 ? EXS_EVT_ACCEPT : i ? EXS_EVT_RECV : EXS_EVT_SEND;
+        in[i].exs_evt_fd = 10 + i;
+        in[i].exs_evt_errno = i;
+        in[i].exs_evt_ahandle = (exs_ahandle_t)(intptr_t)(100 + i);
+    }
+    in[0].exs_evt_u.exs_evt_xfer.exs_evt_buf = &ev[0];
+    in[0].exs_evt_u.exs_evt_xfer.exs_evt_len = 64;
+    in[0].exs_evt_u.exs_evt_xfer.exs_evt_result = 64;
+    in[2].exs_evt_u.exs_evt_xfer.exs_evt_len = 32;
+    in[2].exs_evt_u.exs_evt_xfer.exs_evt_result = 7;
+    in[2].exs_evt_u.exs_evt_xfer.exs_evt_flags = MSG_TRUNC;
+    for (int i = 1; i < 4; i += 2) {
+        in[i].exs_evt_u.exs_evt_accept.exs_evt_newfd = 20 + i;
+        memset(&in[i].exs_evt_u.exs_evt_accept.exs_evt_addr, 0xa0 + i,
+               sizeof(in[i].exs_evt_u.exs_evt_accept.exs_evt_addr));
+        in[i].exs_evt_u.exs_evt_accept.exs_evt_addrlen = 16;
+    }
+    ck_assert_int_eq(exs__evq_get(q, &evq), 0);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(exs__evq_reserve(evq), 0);
+        exs__evq_post(evq, &in[i]);
+    }
+    exs__evq_put(evq);
+    memset(ev, 0x5a, sizeof(ev));
+    ck_assert_int_eq(exs_qdequeue(q, ev, 4, &ts_zero), 4);
+    for (int i = 0; i < 4; i++) {
+        size_t n =
+            i % 2 ? sizeof(ev[i]) : offsetof(exs_event_t, exs_evt_u) + sizeof(exs_evt_xfer_t);
+
+        ck_assert_msg(memcmp(&ev[i], &in[i], n) == 0, "event %d differs", i);
+    }
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
+/* The operation block cache's inline paths (evq_int.h): in a fresh thread the first free
+ * goes the whole way (exs__evq_op_free arms the thread's list), later ones inline; blocks
+ * come back last in, first out, zeroed; a size above EXS_EVQ_OP_BLOCK bypasses the list.
+ * Under a sanitizer the list is off (every block to free()): only the zeroing is checked. */
+static void *op_cache_thread(void *arg)
+{
+    const size_t size = 200;
+    unsigned char *a, *b, *c, *d, *big;
+    int *fail = arg;
+
+    a = exs__evq_op_alloc_x(size);
+    b = exs__evq_op_alloc_x(size);
+    if (!a || !b)
+        return (*fail = 1, NULL);
+    memset(a, 0xab, size);
+    memset(b, 0xcd, size);
+    exs__evq_op_free_x(a, size); /* arms the list */
+    exs__evq_op_free_x(b, size); /* inline */
+    c = exs__evq_op_alloc_x(size);
+    d = exs__evq_op_alloc_x(size);
+    if (!c || !d)
+        return (*fail = 2, NULL);
+#if EXS_OP_CACHE_MAX > 0
+    if (c != b || d != a)
+        *fail = 3;
+#endif
+    for (size_t i = 0; i < size; i++)
+        if (c[i] || d[i])
+            *fail = 4;
+    big = exs__evq_op_alloc_x(EXS_EVQ_OP_BLOCK + 1);
+    if (!big || big[0] || big[EXS_EVQ_OP_BLOCK])
+        *fail = 5;
+    exs__evq_op_free_x(big, EXS_EVQ_OP_BLOCK + 1);
+    exs__evq_op_free_x(c, size);
+    exs__evq_op_free_x(d, size);
+    return NULL;
+}
+
+START_TEST(test_op_cache)
+{
+    pthread_t t;
+    int fail = 0;
+
+    ck_assert_int_eq(pthread_create(&t, NULL, op_cache_thread, &fail), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_msg(fail == 0, "op cache: check %d failed", fail);
 }
 END_TEST
 
@@ -1025,12 +1128,14 @@ Suite *api_evq_suite(void)
 
     tc = tcase_create("reserve");
     tcase_add_test(tc, test_reserve_depth);
+    tcase_add_test(tc, test_op_cache);
     tcase_add_test(tc, test_ops_live);
     tcase_add_test(tc, test_delete_busy);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("dequeue");
     tcase_add_test(tc, test_fifo);
+    tcase_add_test(tc, test_take_types);
     tcase_add_test(tc, test_positive_partial);
     tcase_add_test(tc, test_threshold);
     tcase_add_test(tc, test_bad_args);
