@@ -278,6 +278,10 @@ static const struct exs_param_def params_table[] = {
           "user, its shm listener's credentials the pid it claimed) is cut over to shm, a "
           "declined switch logged at info level; auto = as on when tcp was chosen by default "
           "(EXS_PROVIDER empty) and no tcp link emulation is set, else off; off (or 0) = never"),
+    PARAM(shm_ring_kb, "EXS_SHM_RING_KB", "4096", UINT, 0,
+          "shm provider: each ring of a connection (one per direction), KiB, a power of two, "
+          "64-262144; a connection's rings are the smaller of its two sides' values; its shared "
+          "memory is at most 4 KiB and two rings (prov.shm ring_mem)"),
     PARAM(resume_max, "EXS_RESUME_MAX", "128", UINT, 1,
           "RDMA-to-TCP fallback, policy any: connections of the process waiting for their new "
           "path after a path failure (RESUMING, spec/protocol.md 9.2); one more makes the "
@@ -422,6 +426,9 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
         if (d->offset == offsetof(struct exs_params, fallback_port_offset) && v->u > 32767)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, resume_max) && (v->u < 1 || v->u > 1000000))
+            return -EINVAL;
+        if (d->offset == offsetof(struct exs_params, shm_ring_kb) &&
+            (v->u < 64 || v->u > 262144 || (v->u & (v->u - 1))))
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, ctl_enable) && v->u > 1)
             return -EINVAL;

@@ -126,6 +126,7 @@ struct exs_params {
     char fallback[EXS_PARAM_STR_MAX]; /* EXS_FALLBACK: auto, off, connect, any (offline) */
     uint64_t fallback_port_offset;    /* EXS_FALLBACK_PORT_OFFSET: tcp ports = primary + this */
     char shm[EXS_PARAM_STR_MAX];      /* EXS_SHM: auto, on, off (offline; provider-shm.md) */
+    uint64_t shm_ring_kb;             /* EXS_SHM_RING_KB: shm rings per direction, KiB */
     uint64_t resume_max;              /* EXS_RESUME_MAX: connections waiting in RESUMING */
 
     /* -- control endpoint, tracing, logging (issue 14) -- */

@@ -331,28 +331,30 @@ START_TEST(grant_cache_range_reused)
 }
 END_TEST
 
-START_TEST(grant_read_after_revoke)
+/* A grant used (loop 0: READ, 1: WRITE), then revoked: the same operation with its key
+ * fails and moves nothing (the key the last remote check found must not outlive its
+ * revoke: without the clearing in soft_key_kill both loops succeed over shm). */
+START_TEST(grant_use_after_revoke)
 {
-    /* a READ grant, revoked: the READ fails and places nothing */
+    const enum exs_prov_wr_opcode op = _i ? EXS_PROV_WR_RDMA_WRITE : EXS_PROV_WR_RDMA_READ;
     struct pt_pair p;
-    struct pt_buf *tgt, *dst;
+    struct pt_buf *tgt, *loc;
     struct exs_prov_grant *g;
     uint64_t raddr;
     uint32_t rkey;
 
     pt_pair_setup(&p, NULL, NULL);
     tgt = pt_pair_buf(&p, 'b', TLEN, LW, 0x5A);
-    dst = pt_pair_buf(&p, 'a', TLEN, LW, 0x11);
-    g = grant_ok(p.eb, tgt, GOFF, GLEN, RR);
+    loc = pt_pair_buf(&p, 'a', TLEN, LW, 0x11);
+    g = grant_ok(p.eb, tgt, GOFF, GLEN, _i ? RW : RR);
     raddr = g->addr;
     rkey = g->rkey;
-    ck_assert_int_eq(try_op(&p, EXS_PROV_WR_RDMA_READ, dst, raddr, 64, rkey), EXS_PROV_WC_SUCCESS);
-    ck_assert(pt_all_bytes(dst->p, 64, 0x5A));
-    memset(dst->p, 0x11, 64);
+    ck_assert_int_eq(try_op(&p, op, loc, raddr, 64, rkey), EXS_PROV_WC_SUCCESS);
+    ck_assert(_i ? pt_all_bytes(tgt->p + GOFF, 64, 0x11) : pt_all_bytes(loc->p, 64, 0x5A));
+    memset(loc->p, 0x22, 64);
     pt_ops->revoke(g);
-    ck_assert_int_eq(try_op(&p, EXS_PROV_WR_RDMA_READ, dst, raddr, 64, rkey),
-                     EXS_PROV_WC_REM_ACCESS_ERR);
-    ck_assert(pt_all_bytes(dst->p, TLEN, 0x11));
+    ck_assert_int_eq(try_op(&p, op, loc, raddr, 64, rkey), EXS_PROV_WC_REM_ACCESS_ERR);
+    ck_assert(_i ? pt_all_bytes(tgt->p + GOFF, 64, 0x11) : pt_all_bytes(loc->p, 64, 0x22));
     pt_pair_close(&p);
 }
 END_TEST
@@ -752,7 +754,7 @@ Suite *prov_grant_suite(void)
     tcase_add_test(tc, grant_longer);
     tcase_add_test(tc, grant_wrap);
     tcase_add_test(tc, grant_after_revoke);
-    tcase_add_test(tc, grant_read_after_revoke);
+    tcase_add_loop_test(tc, grant_use_after_revoke, 0, 2);
     tcase_add_test(tc, grant_cache_range_reused);
     tcase_add_test(tc, grant_other_ep);
     tcase_add_test(tc, grant_other_ctx);

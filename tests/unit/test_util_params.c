@@ -295,6 +295,14 @@ START_TEST(test_set_before_load)
     ck_assert_int_eq(exs__params_set("tcp_max_msg", NULL), -EINVAL);
     ck_assert_int_eq(exs__params_set("tcp_max_msg", "2g"), 0);
     ck_assert_uint_eq(exs__params.tcp_max_msg, 2ull << 30);
+    /* shm rings: a power of two of KiB within 64-262144 */
+    ck_assert_uint_eq(exs__params.shm_ring_kb, 4096);
+    ck_assert_int_eq(exs__params_set("shm_ring_kb", "64"), 0);
+    ck_assert_int_eq(exs__params_set("shm_ring_kb", "262144"), 0);
+    ck_assert_int_eq(exs__params_set("shm_ring_kb", "32"), -EINVAL);
+    ck_assert_int_eq(exs__params_set("shm_ring_kb", "524288"), -EINVAL);
+    ck_assert_int_eq(exs__params_set("shm_ring_kb", "96"), -EINVAL);
+    ck_assert_uint_eq(exs__params.shm_ring_kb, 262144);
     memset(long_name, 'a', EXS_PARAM_STR_MAX);
     long_name[EXS_PARAM_STR_MAX] = '\0';
     ck_assert_int_eq(exs__params_set("log_subsys", long_name), -EINVAL);

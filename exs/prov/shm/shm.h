@@ -17,6 +17,7 @@
 #include "exs/prov/soft/soft_wr.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
+#include "exs/util/util.h"
 
 /*
  * spec/provider-shm.md is the normative text. In short:
@@ -24,7 +25,9 @@
  * A connection is one memfd (created, sized and sealed by the active side, passed with
  * SCM_RIGHTS over a unix SOCK_SEQPACKET socket that stays open for the connection's
  * life) holding, for each side s (0 active, 1 passive), one cache line written only by s
- * (struct shm_line) and one ring written only by s (its requests, read by the peer).
+ * (struct shm_line) and one ring written only by s (its requests, read by the peer); the
+ * rings' size is the smaller of the two sides' EXS_SHM_RING_KB (the REQ and the ACCEPT
+ * carry it, checked before any mapping).
  * Requests (SEND, WRITE, READ) are records in the ring; the responder carries them out
  * in order, copying payload either from the ring (inline records, and the fragments of
  * larger SENDs and WRITEs, which the requester copies in while the responder copies the
@@ -46,34 +49,44 @@
  * mr_dereg wait for (one copy of at most SHM_COPY_CHUNK bytes), never for a peer.
  */
 
-#define SHM_MAGIC      0x45585348u /* "EXSH" */
+#define SHM_MAGIC        0x45585348u /* "EXSH" */
 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own; 3: fragments;
- * 4: rings of 4 MiB */
-#define SHM_VERSION    4
-#define SHM_SLOT       64u        /* ring records are whole cache lines */
-#define SHM_RING_BYTES (1u << 22) /* per direction, a power of two (4 MiB) */
-#define SHM_SEG_HDR    4096u      /* the two lines and the two flags, then the rings */
+ * 4: rings of 4 MiB; 5: the ring size chosen per connection (the REQ's ring_bytes, the
+ * ACCEPT's agreed size) */
+#define SHM_VERSION      5
+#define SHM_SLOT         64u /* ring records are whole cache lines */
+/* Ring sizes (EXS_SHM_RING_KB, whose bounds in exs/util/params.c are these): per direction,
+ * a power of two; the connection's rings are the smaller of the two sides' choices. The
+ * default: rings of 4 MiB (spec/provider-shm.md, Rings of 4 MiB); the smallest still holds
+ * an inline record of the largest in a quarter ring (shm_data.c). */
+#define SHM_RING_DEFAULT (1u << 22)
+#define SHM_RING_MIN     (1u << 16)
+#define SHM_RING_MAX     (1u << 28)
+#define SHM_SEG_HDR      4096u /* the two lines and the two flags, then the rings */
 #define SHM_LINE_STRIDE                                                                            \
     256u /* side s's line at s * 256: not one pair of the adjacent-line prefetch */
-#define SHM_FLAG_OFF    1024u /* side s's sleeping flag at 1024 + s * 256, alone on its line */
-#define SHM_SEG_BYTES   (SHM_SEG_HDR + 2u * SHM_RING_BYTES)
-#define SHM_REC_HDR     32u
-#define SHM_RING_INLINE 4096u /* payloads up to this ride in the ring */
-#define SHM_MAX_SGE     16u
-#define SHM_FRAG_BYTES  65536u /* payload of a fragment (records of 64 KiB + 64) */
-#define SHM_REC_MAX     (SHM_REC_HDR + SHM_FRAG_BYTES)
-#define SHM_KICK_BYTES  (SHM_RING_BYTES / 4) /* fragments taken per doorbell to a sleeper */
-#define SHM_MAX_WR      4096u
-#define SHM_MAX_INLINE  256u
-#define SHM_CQ_MAX      (1u << 22)
-#define SHM_CQ_SIZE     65536u
-#define SHM_PD_MAX      256u
-#define SHM_MAX_RD      16u        /* READs outstanding per ep */
-#define SHM_COPY_CHUNK  (1u << 20) /* one process_vm call; the fence is re-checked between */
-#define SHM_TURN_RECS   256u       /* records carried out per connection per turn */
-#define SHM_IDLE_LOOK   64u        /* a busy poller's idle turns per look at the descriptors */
-#define SHM_PORT_LO     32768u
-#define SHM_PORT_HI     60999u
+#define SHM_FLAG_OFF         1024u /* side s's sleeping flag at 1024 + s * 256, alone on its line */
+/* a segment's bytes: the header, then ring 0 (the active side's requests) and ring 1, each
+ * of ring bytes (the active side's choice; the connection uses the first agreed bytes of each) */
+#define SHM_SEG_BYTES(_ring) (SHM_SEG_HDR + 2u * (uint32_t)(_ring))
+#define SHM_REC_HDR          32u
+#define SHM_RING_INLINE      4096u /* payloads up to this ride in the ring */
+#define SHM_MAX_SGE          16u
+/* payload of a fragment (records of 64 KiB + 64): a quarter ring in smaller rings
+ * (shm_conn.frag_bytes); a sleeping requester's doorbell each quarter ring freed */
+#define SHM_FRAG_BYTES       65536u
+#define SHM_REC_MAX          (SHM_REC_HDR + SHM_FRAG_BYTES)
+#define SHM_MAX_WR           4096u
+#define SHM_MAX_INLINE       256u
+#define SHM_CQ_MAX           (1u << 22)
+#define SHM_CQ_SIZE          65536u
+#define SHM_PD_MAX           256u
+#define SHM_MAX_RD           16u        /* READs outstanding per ep */
+#define SHM_COPY_CHUNK       (1u << 20) /* one process_vm call; the fence is re-checked between */
+#define SHM_TURN_RECS        256u       /* records carried out per connection per turn */
+#define SHM_IDLE_LOOK        64u        /* a busy poller's idle turns per look at the descriptors */
+#define SHM_PORT_LO          32768u
+#define SHM_PORT_HI          60999u
 
 /* record types */
 enum { SHM_REC_SEND = 1, SHM_REC_WRITE = 2, SHM_REC_READ = 3 };
@@ -136,8 +149,10 @@ struct shm_hs {
     uint8_t rnr_retry;
     uint8_t rnr_timer_ms;
     uint8_t rsvd;
-    uint16_t src_port;  /* REQ: the active side's port as it shows it (its ep_local_addr) */
-    uint32_t seg_bytes; /* REQ: the memfd's size */
+    uint16_t src_port;   /* REQ: the active side's port as it shows it (its ep_local_addr) */
+    uint32_t seg_bytes;  /* REQ: the memfd's size, SHM_SEG_BYTES(ring_bytes) */
+    uint32_t ring_bytes; /* REQ: each ring's room in the segment (the active side's choice);
+                          * ACCEPT: the bytes of each both sides use, at most the REQ's */
     uint32_t pdlen;
     uint8_t pd[SHM_PD_MAX];
 };
@@ -170,6 +185,7 @@ struct shm_counters {
     uint64_t turns;
     uint64_t collects;
     uint64_t sleeps;
+    uint64_t ring_mem;
 };
 
 /* A counter written only by the holder of one lock (nic_lock: the responder's and the
@@ -267,12 +283,17 @@ enum shm_conn_state {
 struct shm_conn {
     struct shm_ctx *ctx;
     enum shm_conn_state state;
-    int fd;       /* the unix socket */
-    int pidfd;    /* the peer process, -1 when pidfd_open failed */
-    int bell;     /* the peer ctx's eventfd */
-    pid_t pid;    /* SO_PEERCRED */
-    int side;     /* 0 active, 1 passive */
-    uint8_t *seg; /* the mapping, SHM_SEG_BYTES */
+    int fd;              /* the unix socket */
+    int pidfd;           /* the peer process, -1 when pidfd_open failed */
+    int bell;            /* the peer ctx's eventfd */
+    pid_t pid;           /* SO_PEERCRED */
+    int side;            /* 0 active, 1 passive */
+    uint8_t *seg;        /* the mapping, SHM_SEG_BYTES(seg_ring) */
+    uint32_t seg_ring;   /* each ring's room in the segment (the REQ's ring_bytes) */
+    uint32_t ring_bytes; /* the rings' size both sides use: a power of two, <= seg_ring */
+    uint64_t ring_mask;  /* ring_bytes - 1 */
+    uint32_t frag_bytes; /* payload of a fragment: SHM_FRAG_BYTES, at most a quarter ring */
+    int ring_counted;    /* ring_mem counts this connection's rings */
     struct shm_line *mine, *peer;
     struct shm_flag *mine_flag, *peer_flag;
     uint8_t *tx_ring, *rx_ring;
@@ -343,6 +364,7 @@ struct shm_ctx {
     int collect_now;     /* an arm was taken, or the last look found some: the next reads */
     uint32_t rnr_timer_ms;
     uint8_t rnr_retry_max;
+    uint32_t ring_bytes; /* this side's choice of ring size (EXS_SHM_RING_KB) */
     struct shm_counters cnt;
     struct exs_counter_set cset;
 };
@@ -382,6 +404,28 @@ extern struct exs_prov_ops exs__prov_shm_ops;
 /* shm_ctx.c */
 void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep,
                              const struct exs_prov_cqe *cqe);
+/* ctx->lock held: an armed consumer's event fd made readable (a completion or cm event). */
+void exs__shm_notify_locked(struct shm_ctx *ctx);
+/* ctx->lock held: the entry of the next completion, filled in place (every field), then
+ * queued by exs__shm_cq_commit_locked. Never full: every ep reserved what it can produce
+ * and posts refuse beyond it. */
+static inline struct exs_prov_cqe *exs__shm_cq_slot_locked(struct shm_ctx *ctx)
+{
+    struct exs_prov_cqe *slot = exs__soft_cq_slot(&ctx->cq);
+
+    EXS_ASSERT(slot);
+    return slot;
+}
+static inline void exs__shm_cq_commit_locked(struct shm_ctx *ctx, struct shm_ep *ep, int recv)
+{
+    exs__soft_cq_commit(&ctx->cq);
+    if (recv)
+        ep->cq_rq++;
+    else
+        ep->cq_sq++;
+    if (ctx->armed)
+        exs__shm_notify_locked(ctx);
+}
 void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev);
 /* ctx->lock held: queue a WR_FLUSH_ERR completion of ep. */
 void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_wc_opcode op);
@@ -455,7 +499,13 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep);
 struct sockaddr_un;
 int exs__shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx *ctx,
                      const struct shm_ep *ep, const void *pd, uint32_t pdlen, const int *fds,
-                     int nfds, unsigned sport);
+                     int nfds, unsigned sport, uint32_t ring_bytes);
+/* A ring size a peer announced (REQ: the room of each ring; ACCEPT: the size agreed): a
+ * power of two within [SHM_RING_MIN, max]. */
+static inline int exs__shm_ring_ok(uint32_t ring_bytes, uint32_t max)
+{
+    return ring_bytes >= SHM_RING_MIN && ring_bytes <= max && !(ring_bytes & (ring_bytes - 1));
+}
 struct shm_conn *exs__shm_conn_new(struct shm_ctx *ctx, int fd, int side);
 /* SO_PEERCRED: our user only; the peer's pid and a pidfd watched for its exit. */
 int exs__shm_conn_peer(struct shm_conn *conn);
@@ -492,8 +542,17 @@ static inline int exs__shm_conn_stirred(const struct shm_conn *conn)
 }
 /* 1 when conn has work a turn would do now (read with the sleeping flag set). */
 int exs__shm_conn_busy(struct shm_conn *conn);
-/* After a change the peer waits for: write its bell when it sleeps. */
-void exs__shm_conn_kick(struct shm_conn *conn);
+/* Write the peer's bell (exs__shm_conn_kick found it asleep). */
+void exs__shm_conn_bell(struct shm_conn *conn);
+/* After a change the peer waits for: write its bell when it sleeps. A look at its flag
+ * inline, the write out of line (a message costs two looks, no call). */
+static inline void exs__shm_conn_kick(struct shm_conn *conn)
+{
+    /* after a sequentially consistent publication (head, ack, tail, nak): see
+     * shm_prepare_sleep */
+    if (conn->bell >= 0 && __atomic_load_n(&conn->peer_flag->sleeping, __ATOMIC_SEQ_CST))
+        exs__shm_conn_bell(conn);
+}
 void exs__shm_ep_pend_locked(struct shm_ep *ep);
 /* ctx->lock held: a work request given back (to its ep's pool, or freed). */
 void exs__shm_wr_put_locked(struct shm_ep *ep, struct shm_wr *wr);

@@ -34,7 +34,7 @@
 
 int exs__shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx *ctx,
                      const struct shm_ep *ep, const void *pd, uint32_t pdlen, const int *fds,
-                     int nfds, unsigned sport)
+                     int nfds, unsigned sport, uint32_t ring_bytes)
 {
     struct shm_hs hs;
     union {
@@ -54,7 +54,8 @@ int exs__shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx *
         hs.rnr_retry = (uint8_t)EXS_MIN(ep->base.attr.rnr_retry, ctx->rnr_retry_max);
         hs.rnr_timer_ms = ep->base.attr.rnr_timer_ms;
     }
-    hs.seg_bytes = type == SHM_HS_REQ ? SHM_SEG_BYTES : 0;
+    hs.seg_bytes = type == SHM_HS_REQ ? SHM_SEG_BYTES(ring_bytes) : 0;
+    hs.ring_bytes = ring_bytes;
     hs.src_port = (uint16_t)sport;
     hs.pdlen = pdlen;
     if (pdlen)
@@ -188,17 +189,35 @@ int exs__shm_conn_peer(struct shm_conn *conn)
     return 0;
 }
 
-static void shm_conn_map(struct shm_conn *conn, uint8_t *seg)
+/* The rings' size both sides use (ring: <= seg_ring, a power of two): fragments of at most
+ * a quarter ring (a record of one a quarter ring at most), a doorbell each quarter. */
+static void shm_conn_rings(struct shm_conn *conn, uint32_t ring)
+{
+    conn->ring_bytes = ring;
+    conn->ring_mask = (uint64_t)ring - 1;
+    conn->frag_bytes = EXS_MIN(SHM_FRAG_BYTES, ring / 4 - SHM_SLOT);
+}
+
+/* conn is UP with its rings agreed: counted in ring_mem until conn_free. */
+static void shm_conn_count_rings(struct shm_conn *conn)
+{
+    conn->ring_counted = 1;
+    EXS_CNT_ADD(conn->ctx->cnt.ring_mem, SHM_SEG_HDR + 2ull * conn->ring_bytes);
+}
+
+/* seg: a segment of rings of seg_ring bytes (SHM_SEG_BYTES(seg_ring)). */
+static void shm_conn_map(struct shm_conn *conn, uint8_t *seg, uint32_t seg_ring)
 {
     conn->seg = seg;
+    conn->seg_ring = seg_ring;
     conn->mine = (struct shm_line *)(void *)(seg + (size_t)conn->side * SHM_LINE_STRIDE);
     conn->peer = (struct shm_line *)(void *)(seg + (size_t)!conn->side * SHM_LINE_STRIDE);
     conn->mine_flag =
         (struct shm_flag *)(void *)(seg + SHM_FLAG_OFF + (size_t)conn->side * SHM_LINE_STRIDE);
     conn->peer_flag =
         (struct shm_flag *)(void *)(seg + SHM_FLAG_OFF + (size_t)!conn->side * SHM_LINE_STRIDE);
-    conn->tx_ring = seg + SHM_SEG_HDR + (size_t)conn->side * SHM_RING_BYTES;
-    conn->rx_ring = seg + SHM_SEG_HDR + (size_t)!conn->side * SHM_RING_BYTES;
+    conn->tx_ring = seg + SHM_SEG_HDR + (size_t)conn->side * seg_ring;
+    conn->rx_ring = seg + SHM_SEG_HDR + (size_t)!conn->side * seg_ring;
     /* peers write our bell until our first turn: a connection made while we sleep */
     conn->sleeping = 1;
     __atomic_store_n(&conn->mine_flag->sleeping, 1, __ATOMIC_RELAXED);
@@ -229,7 +248,9 @@ void exs__shm_conn_free(struct shm_conn *conn)
 {
     shm_conn_close_fds(conn);
     if (conn->seg)
-        munmap(conn->seg, SHM_SEG_BYTES);
+        munmap(conn->seg, SHM_SEG_BYTES(conn->seg_ring));
+    if (conn->ring_counted)
+        EXS_CNT_ADD(conn->ctx->cnt.ring_mem, -(SHM_SEG_HDR + 2ull * conn->ring_bytes));
     free(conn);
 }
 
@@ -309,7 +330,7 @@ void exs__shm_conn_end(struct shm_conn *conn, int status, unsigned flags, int se
         return;
     if (send_disc && conn->fd >= 0)
         (void)exs__shm_hs_send(conn->fd, SHM_HS_DISC, send_disc == 2 ? SHM_HSF_CLOSED : 0,
-                               conn->ctx, NULL, NULL, 0, NULL, 0, 0);
+                               conn->ctx, NULL, NULL, 0, NULL, 0, 0, 0);
     EXS_DBG(PROV, "shm conn %p: ends, status %d", (void *)conn, status);
     exs__shm_conn_detach(conn);
     if (ep)
@@ -397,22 +418,24 @@ static void shm_conn_got_req(struct shm_conn *conn, const struct shm_hs *hs, int
     void *seg;
     int seals;
 
-    if (hs->type != SHM_HS_REQ || nfds != 2 || hs->seg_bytes != SHM_SEG_BYTES ||
-        hs->rnr_retry > 7 || !shm_bell_ok(fds[1]))
+    /* the ring size announced, and the segment's size it makes: checked before anything
+     * is mapped (a mapping past the file's end is a SIGBUS at its first touch) */
+    if (hs->type != SHM_HS_REQ || nfds != 2 || !exs__shm_ring_ok(hs->ring_bytes, SHM_RING_MAX) ||
+        hs->seg_bytes != SHM_SEG_BYTES(hs->ring_bytes) || hs->rnr_retry > 7 || !shm_bell_ok(fds[1]))
         goto bogus;
     /* the segment must keep its size whatever the peer does: sealed, so that no page of it
      * can vanish under us (SIGBUS) */
     seals = fcntl(fds[0], F_GET_SEALS);
     if (seals < 0 || (seals & SHM_SEALS) != SHM_SEALS || fstat(fds[0], &st) < 0 ||
-        !S_ISREG(st.st_mode) || (uint64_t)st.st_size != SHM_SEG_BYTES)
+        !S_ISREG(st.st_mode) || (uint64_t)st.st_size != hs->seg_bytes)
         goto bogus;
-    seg = mmap(NULL, SHM_SEG_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+    seg = mmap(NULL, hs->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
     if (seg == MAP_FAILED)
         goto bogus;
     close(fds[0]);
     conn->bell = fds[1];
     (void)fcntl(conn->bell, F_SETFL, O_NONBLOCK);
-    shm_conn_map(conn, seg);
+    shm_conn_map(conn, seg, hs->ring_bytes);
     req = calloc(1, sizeof(*req));
     if (!req) {
         exs__shm_conn_detach(conn);
@@ -449,7 +472,11 @@ static void shm_conn_got_reply(struct shm_conn *conn, const struct shm_hs *hs, i
     struct shm_ctx *ctx = conn->ctx;
     struct shm_ep *ep = conn->ep;
 
-    if (hs->type == SHM_HS_ACCEPT && nfds == 1 && hs->rnr_retry <= 7 && shm_bell_ok(fds[0])) {
+    /* the rings agreed: at most ours (the segment's), a power of two */
+    if (hs->type == SHM_HS_ACCEPT && nfds == 1 && hs->rnr_retry <= 7 &&
+        exs__shm_ring_ok(hs->ring_bytes, conn->seg_ring) && shm_bell_ok(fds[0])) {
+        shm_conn_rings(conn, hs->ring_bytes);
+        shm_conn_count_rings(conn);
         conn->bell = fds[0];
         (void)fcntl(conn->bell, F_SETFL, O_NONBLOCK);
         conn->peer_rnr_retry = hs->rnr_retry;
@@ -696,18 +723,22 @@ static int shm_connect_nic(struct shm_ctx *ctx, struct shm_ep *ep, const struct 
     mfd = ret ? -1 : memfd_create("exs-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (!ret && mfd < 0)
         ret = -errno;
-    if (!ret && (ftruncate(mfd, SHM_SEG_BYTES) < 0 || fcntl(mfd, F_ADD_SEALS, SHM_SEALS) < 0))
+    if (!ret && (ftruncate(mfd, SHM_SEG_BYTES(ctx->ring_bytes)) < 0 ||
+                 fcntl(mfd, F_ADD_SEALS, SHM_SEALS) < 0))
         ret = -errno;
-    seg = ret ? MAP_FAILED : mmap(NULL, SHM_SEG_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    seg = ret ? MAP_FAILED
+              : mmap(NULL, SHM_SEG_BYTES(ctx->ring_bytes), PROT_READ | PROT_WRITE, MAP_SHARED, mfd,
+                     0);
     if (!ret && seg == MAP_FAILED)
         ret = -errno;
     if (!ret) {
-        shm_conn_map(conn, seg);
+        shm_conn_map(conn, seg, ctx->ring_bytes);
         /* the peer's line too: it starts asleep, so our first writes ring its bell */
         __atomic_store_n(&conn->peer_flag->sleeping, 1, __ATOMIC_RELAXED);
         fds[0] = mfd;
         fds[1] = ctx->bell;
-        ret = exs__shm_hs_send(fd, SHM_HS_REQ, 0, ctx, ep, pd, pdlen, fds, 2, sport);
+        ret =
+            exs__shm_hs_send(fd, SHM_HS_REQ, 0, ctx, ep, pd, pdlen, fds, 2, sport, ctx->ring_bytes);
     }
     if (mfd >= 0)
         close(mfd);
@@ -771,6 +802,7 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     struct shm_ep *ep = shm_ep_of(e);
     struct shm_ctx *ctx;
     struct shm_conn *conn;
+    uint32_t ring;
     int ret;
 
     if (!r || !e || pdlen > SHM_PD_MAX || (pdlen && !pd) || e->ctx != r->listener->ctx)
@@ -783,8 +815,11 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     exs__lite_unlock(&ctx->lock);
     if (!ret && (conn->broken || conn->fd < 0))
         ret = -ECONNRESET;
+    /* the rings: the smaller of the two sides' choices (both powers of two) */
+    ring = EXS_MIN(conn->seg_ring, ctx->ring_bytes);
     if (!ret) {
-        ret = exs__shm_hs_send(conn->fd, SHM_HS_ACCEPT, 0, ctx, ep, pd, pdlen, &ctx->bell, 1, 0);
+        ret = exs__shm_hs_send(conn->fd, SHM_HS_ACCEPT, 0, ctx, ep, pd, pdlen, &ctx->bell, 1, 0,
+                               ring);
         if (ret) {
             conn->broken = 1;
             shm_conn_close_fds(conn);
@@ -795,6 +830,8 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
         struct shm_listener *lis = conn->lis;
 
         exs__shm_req_free(conn);
+        shm_conn_rings(conn, ring);
+        shm_conn_count_rings(conn);
         conn->ep = ep;
         conn->state = SHM_CONN_UP;
         exs__lite_lock(&ctx->lock);
@@ -823,7 +860,7 @@ int exs__shm_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     exs__lite_lock(&ctx->nic_lock);
     conn = req->conn;
     if (!conn->broken && conn->fd >= 0) {
-        (void)exs__shm_hs_send(conn->fd, SHM_HS_REJECT, 0, ctx, NULL, pd, pdlen, NULL, 0, 0);
+        (void)exs__shm_hs_send(conn->fd, SHM_HS_REJECT, 0, ctx, NULL, pd, pdlen, NULL, 0, 0, 0);
         EXS_CNT_INC(ctx->cnt.conns_rejected);
     }
     exs__shm_req_free(conn);

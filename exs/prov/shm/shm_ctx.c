@@ -54,6 +54,10 @@ static const struct exs_counter_desc shm_counter_desc[] = {
                 "turns that read the descriptors (epoll_wait): a busy poller's every "
                 "64th idle turn"),
     EXS_COUNTER(struct shm_counters, sleeps, "sleeps of the NIC thread or armed consumers"),
+    EXS_COUNTER(struct shm_counters, ring_mem,
+                "shared memory the live connections' segments can hold, bytes: each one's header "
+                "and two rings of the size agreed (EXS_SHM_RING_KB, the smaller side's); not a "
+                "counter, the sum now"),
 };
 
 static void shm_fd_bump(int fd)
@@ -111,7 +115,7 @@ void exs__shm_timer_set(struct shm_ctx *ctx, uint64_t at)
 
 /* ---- completion and cm event queues (ctx->lock) ---- */
 
-static void shm_notify_locked(struct shm_ctx *ctx)
+void exs__shm_notify_locked(struct shm_ctx *ctx)
 {
     if (!ctx->armed)
         return;
@@ -122,14 +126,8 @@ static void shm_notify_locked(struct shm_ctx *ctx)
 
 void exs__shm_cq_push_locked(struct shm_ctx *ctx, struct shm_ep *ep, const struct exs_prov_cqe *cqe)
 {
-    /* cannot be full: every ep reserved what it can produce, posts refuse beyond it */
-    if (EXS_UNLIKELY(exs__soft_cq_push(&ctx->cq, cqe)))
-        EXS_ASSERT(ctx->cq.count < ctx->cq.cap);
-    if (exs__soft_cqe_is_recv(cqe))
-        ep->cq_rq++;
-    else
-        ep->cq_sq++;
-    shm_notify_locked(ctx);
+    *exs__shm_cq_slot_locked(ctx) = *cqe;
+    exs__shm_cq_commit_locked(ctx, ep, exs__soft_cqe_is_recv(cqe));
 }
 
 void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev)
@@ -141,7 +139,7 @@ void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev)
     exs__lite_lock(&ctx->lock);
     exs_list_add_tail(&ctx->cm_events, &n->link);
     __atomic_store_n(&ctx->cm_hint, 1, __ATOMIC_RELAXED);
-    shm_notify_locked(ctx);
+    exs__shm_notify_locked(ctx);
     exs__lite_unlock(&ctx->lock);
 }
 
@@ -199,7 +197,7 @@ static void shm_event(struct shm_ctx *ctx, const struct epoll_event *ev)
 }
 
 /* Every live connection's rings (nic_lock held). */
-static int shm_rings(struct shm_ctx *ctx, int wake_up)
+static inline __attribute__((always_inline)) int shm_rings(struct shm_ctx *ctx, int wake_up)
 {
     struct exs_list *pos, *tmp;
     int did = 0;
@@ -227,14 +225,35 @@ static int shm_rings(struct shm_ctx *ctx, int wake_up)
     return did;
 }
 
+/* A turn's read of the descriptors: out of line, so that a turn that does not read them
+ * (most of a busy poller's) has no frame for its 64 events. The events found. */
+static __attribute__((noinline)) int shm_collect(struct shm_ctx *ctx)
+{
+    struct epoll_event evs[64];
+    int found = 0, n;
+
+    ctx->idle_turns = 0;
+    SHM_CNT_INC_OWNED(ctx->cnt.collects);
+    n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
+    for (int i = 0; i < n; i++) {
+        /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
+        shm_event(ctx, &evs[i]);
+        /* the consumer's event fd (MANUAL) stays readable until its next arm: it is
+         * the sleeper's, not work, and must not make every later turn read again */
+        if (evs[i].data.u64 != ((uint64_t)SHM_CTX_EVFD | SHM_TAG_CTX))
+            found++;
+    }
+    ctx->collect_now = found > 0;
+    return found;
+}
+
 int exs__shm_turn(struct shm_ctx *ctx, int collect)
 {
     /* the sleeping flags belong to the sleeper: the NIC thread (default mode), or an armed
      * consumer (MANUAL); another caller's turn leaves them set, or a sleeper would miss
      * its doorbell */
     int wake_up;
-    struct epoll_event evs[64];
-    int did = 0, n;
+    int did = 0;
 
     SHM_CNT_INC_OWNED(ctx->cnt.turns); /* (nic_lock) */
     if (ctx->manual) {
@@ -265,23 +284,8 @@ int exs__shm_turn(struct shm_ctx *ctx, int collect)
             return 1;
         }
     }
-    if (collect) {
-        int found = 0;
-
-        ctx->idle_turns = 0;
-        SHM_CNT_INC_OWNED(ctx->cnt.collects);
-        n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
-        for (int i = 0; i < n; i++) {
-            /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
-            shm_event(ctx, &evs[i]);
-            /* the consumer's event fd (MANUAL) stays readable until its next arm: it is
-             * the sleeper's, not work, and must not make every later turn read again */
-            if (evs[i].data.u64 != ((uint64_t)SHM_CTX_EVFD | SHM_TAG_CTX))
-                found++;
-        }
-        ctx->collect_now = found > 0;
-        did += found;
-    }
+    if (collect)
+        did += shm_collect(ctx);
     return did + shm_rings(ctx, wake_up);
 }
 
@@ -540,6 +544,8 @@ static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->base.caps.max_cqe = SHM_CQ_MAX;
     ctx->rnr_timer_ms = (uint32_t)EXS_MIN(exs__params.tcp_rnr_timer_ms, 60000);
     ctx->rnr_retry_max = (uint8_t)EXS_MIN(exs__params.tcp_rnr_retry, 7);
+    /* (a power of two within the bounds: exs/util/params.c checks it) */
+    ctx->ring_bytes = (uint32_t)(exs__params.shm_ring_kb * 1024u);
     ret = exs__soft_cq_init(&ctx->cq, attr && attr->cq_size ? EXS_MIN(attr->cq_size, SHM_CQ_MAX)
                                                             : SHM_CQ_SIZE);
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);

@@ -13,10 +13,9 @@
 #include "exs/util/log.h"
 #include "exs/util/util.h"
 
-#define SHM_RING_MASK ((uint64_t)SHM_RING_BYTES - 1)
-
-_Static_assert(SHM_RING_BYTES % SHM_SLOT == 0 && SHM_REC_HDR <= SHM_SLOT &&
-                   sizeof(struct shm_rec) == SHM_REC_HDR,
+_Static_assert(SHM_RING_MIN % SHM_SLOT == 0 && SHM_REC_HDR <= SHM_SLOT &&
+                   sizeof(struct shm_rec) == SHM_REC_HDR &&
+                   SHM_RING_MIN / 4 >= SHM_SLOT + SHM_RING_INLINE,
                "a record's header never wraps around the ring's end");
 
 #if defined(__SANITIZE_THREAD__)
@@ -35,18 +34,19 @@ static uint32_t shm_roundup(uint32_t n)
 /* Reads of the peer's memory are taken once into locals: no later use reads it again. */
 #define SHM_ONCE() __asm__ __volatile__("" ::: "memory")
 
-static void shm_ring_put(uint8_t *ring, uint64_t pos, const void *src, uint32_t len)
+/* (ring, its size: the connection's tx_ring or rx_ring and ring_bytes) */
+static void shm_ring_put(uint8_t *ring, uint32_t size, uint64_t pos, const void *src, uint32_t len)
 {
-    uint32_t off = (uint32_t)(pos & SHM_RING_MASK), first = EXS_MIN(len, SHM_RING_BYTES - off);
+    uint32_t off = (uint32_t)(pos & (size - 1)), first = EXS_MIN(len, size - off);
 
     memcpy(ring + off, src, first);
     if (first < len)
         memcpy(ring, (const uint8_t *)src + first, len - first);
 }
 
-static void shm_ring_get(void *dst, const uint8_t *ring, uint64_t pos, uint32_t len)
+static void shm_ring_get(void *dst, const uint8_t *ring, uint32_t size, uint64_t pos, uint32_t len)
 {
-    uint32_t off = (uint32_t)(pos & SHM_RING_MASK), first = EXS_MIN(len, SHM_RING_BYTES - off);
+    uint32_t off = (uint32_t)(pos & (size - 1)), first = EXS_MIN(len, size - off);
 
     memcpy(dst, ring + off, first);
     if (first < len)
@@ -89,17 +89,13 @@ static int shm_sge_to_rsge(struct shm_rsge *r, const struct exs_prov_sge *sge, i
     return k;
 }
 
-void exs__shm_conn_kick(struct shm_conn *conn)
+void exs__shm_conn_bell(struct shm_conn *conn)
 {
     uint64_t one = 1;
 
-    /* after a sequentially consistent publication (head, ack, tail, nak): see
-     * shm_prepare_sleep */
-    if (conn->bell >= 0 && __atomic_load_n(&conn->peer_flag->sleeping, __ATOMIC_SEQ_CST)) {
-        EXS_CNT_INC(conn->ctx->cnt.bells_tx);
-        if (write(conn->bell, &one, sizeof(one)) < 0 && errno != EAGAIN)
-            EXS_DBG(PROV, "shm conn %p: bell: %m", (void *)conn);
-    }
+    EXS_CNT_INC(conn->ctx->cnt.bells_tx);
+    if (write(conn->bell, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        EXS_DBG(PROV, "shm conn %p: bell: %m", (void *)conn);
 }
 
 /* ---- completions of our requests ---- */
@@ -120,18 +116,19 @@ static enum exs_prov_wc_opcode shm_wc_opcode(uint8_t opcode)
 /* ctx->lock held: wr (unlinked) is done with st; slots retire as on verbs. */
 static void shm_wr_done_locked(struct shm_ep *ep, struct shm_wr *wr, enum exs_prov_wc_status st)
 {
-    struct exs_prov_cqe cqe;
-
     if (st != EXS_PROV_WC_SUCCESS)
         ep->state = EXS_PROV_EP_ERROR; /* before anyone can poll the error */
     if (st != EXS_PROV_WC_SUCCESS || wr->signaled) {
-        memset(&cqe, 0, sizeof(cqe));
-        cqe.wr_id = wr->wr_id;
-        cqe.ep = &ep->base;
-        cqe.status = st;
-        cqe.opcode = shm_wc_opcode(wr->opcode);
-        cqe.byte_len = st == EXS_PROV_WC_SUCCESS ? wr->len : 0;
-        exs__shm_cq_push_locked(ep->ctx, ep, &cqe);
+        struct exs_prov_cqe *cqe = exs__shm_cq_slot_locked(ep->ctx);
+
+        cqe->wr_id = wr->wr_id;
+        cqe->ep = &ep->base;
+        cqe->status = st;
+        cqe->opcode = shm_wc_opcode(wr->opcode);
+        cqe->byte_len = st == EXS_PROV_WC_SUCCESS ? wr->len : 0;
+        cqe->imm_data = 0;
+        cqe->flags = 0;
+        exs__shm_cq_commit_locked(ep->ctx, ep, 0);
         ep->sq_used -= 1 + ep->sq_unretired;
         ep->sq_unretired = 0;
     } else {
@@ -193,7 +190,8 @@ static inline uint8_t shm_rec_type(const struct shm_wr *wr, uint8_t *flags)
 SHM_INLINE void shm_rec_hdr(struct shm_conn *conn, const struct shm_ep *ep, const struct shm_wr *wr,
                             uint8_t flags, uint8_t nsge, uint32_t size)
 {
-    struct shm_rec *rec = (struct shm_rec *)(void *)(conn->tx_ring + (conn->head & SHM_RING_MASK));
+    struct shm_rec *rec =
+        (struct shm_rec *)(void *)(conn->tx_ring + (conn->head & conn->ring_mask));
     uint8_t f;
 
     rec->type = shm_rec_type(wr, &f);
@@ -218,9 +216,14 @@ SHM_INLINE void shm_publish_head(struct shm_conn *conn, const struct shm_ep *ep,
 }
 
 /* Copy bytes [off, off+n) of the sges' payload into the ring at pos. */
-SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint64_t pos, const struct exs_prov_sge *sge,
-                                  int nsge, uint64_t off, uint64_t n)
+SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint32_t size, uint64_t pos,
+                                  const struct exs_prov_sge *sge, int nsge, uint64_t off,
+                                  uint64_t n)
 {
+    if (nsge == 1 && off + n <= sge[0].length) { /* the common post: one sge, no loop */
+        shm_ring_put(ring, size, pos, (const void *)(uintptr_t)(sge[0].addr + off), (uint32_t)n);
+        return;
+    }
     for (int i = 0; i < nsge && n; i++) {
         uint64_t l = sge[i].length;
 
@@ -229,7 +232,7 @@ SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint64_t pos, const struct exs_
             continue;
         }
         l = EXS_MIN(l - off, n);
-        shm_ring_put(ring, pos, (const void *)(uintptr_t)(sge[i].addr + off), (uint32_t)l);
+        shm_ring_put(ring, size, pos, (const void *)(uintptr_t)(sge[i].addr + off), (uint32_t)l);
         pos += l;
         n -= l;
         off = 0;
@@ -237,7 +240,7 @@ SHM_INLINE void shm_ring_put_sges(uint8_t *ring, uint64_t pos, const struct exs_
 }
 
 /* ctx->lock held: a SEND or WRITE too large to be inline goes through the ring in fragments
- * of SHM_FRAG_BYTES (the last one shorter), each copied from the sges and published as soon
+ * of conn->frag_bytes (the last one shorter), each copied from the sges and published as soon
  * as it is written, so the peer copies one out while we copy the next in; wr->sent counts
  * what is written. 0 when all is (wr then takes its psn), -ENOSPC without room up to tail
  * for the next one (it waits in sq_pend, at the head). */
@@ -245,18 +248,42 @@ static int shm_frag_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_w
                           const struct exs_prov_sge *sge, uint64_t tail)
 {
     while (wr->sent < wr->len) {
-        uint32_t n = EXS_MIN(wr->len - wr->sent, SHM_FRAG_BYTES);
+        uint32_t n = EXS_MIN(wr->len - wr->sent, conn->frag_bytes);
         uint32_t size = shm_roundup(SHM_REC_HDR + n);
 
-        if (conn->head - tail + size > SHM_RING_BYTES)
+        if (conn->head - tail + size > conn->ring_bytes)
             return -ENOSPC;
         shm_rec_hdr(conn, ep, wr, SHM_RF_FRAG, 0, size);
-        shm_ring_put_sges(conn->tx_ring, conn->head + SHM_REC_HDR, sge, wr->num_sge, wr->sent, n);
+        shm_ring_put_sges(conn->tx_ring, conn->ring_bytes, conn->head + SHM_REC_HDR, sge,
+                          wr->num_sge, wr->sent, n);
         wr->sent += n;
         conn->head += size;
         shm_publish_head(conn, ep, n);
     }
     wr->psn = ep->snd_nxt++;
+    return 0;
+}
+
+/* ctx->lock held: a READ's record at conn->head (its destination's sges, no payload); 0, or
+ * -ENOSPC without room up to tail. Out of line: the inline records' path has no frame for
+ * the sges. */
+static __attribute__((noinline)) int shm_read_write(struct shm_conn *conn, struct shm_ep *ep,
+                                                    struct shm_wr *wr,
+                                                    const struct exs_prov_sge *sge, uint64_t tail)
+{
+    struct shm_rsge rs[SHM_MAX_SGE];
+    int nrs = shm_sge_to_rsge(rs, sge, wr->num_sge);
+    uint32_t size = shm_roundup(SHM_REC_HDR + (uint32_t)(nrs * sizeof(rs[0])));
+
+    if (conn->head - tail + size > conn->ring_bytes)
+        return -ENOSPC;
+    shm_rec_hdr(conn, ep, wr, 0, (uint8_t)nrs, size);
+    if (nrs)
+        shm_ring_put(conn->tx_ring, conn->ring_bytes, conn->head + SHM_REC_HDR, rs,
+                     (uint32_t)(nrs * sizeof(rs[0])));
+    wr->psn = ep->snd_nxt++;
+    conn->head += size;
+    shm_publish_head(conn, ep, wr->len);
     return 0;
 }
 
@@ -266,26 +293,22 @@ static int shm_frag_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_w
 static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
                          const struct exs_prov_sge *sge, const void *payload, uint64_t tail)
 {
-    struct shm_rsge rs[SHM_MAX_SGE];
-    int inl = wr->opcode != EXS_PROV_WR_RDMA_READ && (wr->inl || wr->len <= SHM_RING_INLINE);
-    int nrs;
     uint32_t size;
     uint64_t pos;
 
-    if (!inl && wr->opcode != EXS_PROV_WR_RDMA_READ)
+    if (EXS_UNLIKELY(wr->opcode == EXS_PROV_WR_RDMA_READ))
+        return shm_read_write(conn, ep, wr, sge, tail);
+    if (!wr->inl && wr->len > SHM_RING_INLINE)
         return shm_frag_write(conn, ep, wr, sge, tail);
-    nrs = inl ? 0 : shm_sge_to_rsge(rs, sge, wr->num_sge);
-    size = shm_roundup(SHM_REC_HDR + (inl ? wr->len : (uint32_t)(nrs * sizeof(rs[0]))));
-    if (conn->head - tail + size > SHM_RING_BYTES)
+    size = shm_roundup(SHM_REC_HDR + wr->len);
+    if (conn->head - tail + size > conn->ring_bytes)
         return -ENOSPC;
-    shm_rec_hdr(conn, ep, wr, inl ? SHM_RF_INLINE : 0, (uint8_t)nrs, size);
+    shm_rec_hdr(conn, ep, wr, SHM_RF_INLINE, 0, size);
     pos = conn->head + SHM_REC_HDR;
     if (payload)
-        shm_ring_put(conn->tx_ring, pos, payload, wr->len);
-    else if (inl)
-        shm_ring_put_sges(conn->tx_ring, pos, sge, wr->num_sge, 0, wr->len);
-    else if (nrs)
-        shm_ring_put(conn->tx_ring, pos, rs, (uint32_t)(nrs * sizeof(rs[0])));
+        shm_ring_put(conn->tx_ring, conn->ring_bytes, pos, payload, wr->len);
+    else
+        shm_ring_put_sges(conn->tx_ring, conn->ring_bytes, pos, sge, wr->num_sge, 0, wr->len);
     wr->psn = ep->snd_nxt++;
     conn->head += size;
     shm_publish_head(conn, ep, wr->len);
@@ -628,7 +651,8 @@ static int shm_take_answers(struct shm_conn *conn, struct shm_hold *h)
             end = 1;
         }
     }
-    if (!bad && !end && did)
+    /* (nothing waiting: the push would find sq_pend empty and leave pend as it is) */
+    if (!bad && !end && did && !exs_list_empty(&ep->sq_pend))
         exs__shm_ep_push_locked(ep);
     shm_hold_drop(ctx, h);
     if (bad)
@@ -689,24 +713,20 @@ static void shm_recv_done_locked(struct shm_conn *conn, struct exs_soft_rwr *rwr
                                  uint32_t len, const struct shm_rec *rec)
 {
     struct shm_ep *ep = conn->ep;
-    struct exs_prov_cqe cqe;
+    struct exs_prov_cqe *cqe = exs__shm_cq_slot_locked(conn->ctx);
+    int imm = st == EXS_PROV_WC_SUCCESS && (rec->flags & SHM_RF_IMM);
 
-    memset(&cqe, 0, sizeof(cqe));
-    cqe.wr_id = rwr->wr_id;
-    cqe.ep = &ep->base;
-    cqe.status = st;
-    cqe.opcode = op;
-    if (st == EXS_PROV_WC_SUCCESS) {
-        cqe.byte_len = len;
-        if (rec->flags & SHM_RF_IMM) {
-            cqe.imm_data = rec->imm;
-            cqe.flags = EXS_PROV_WC_WITH_IMM;
-        }
-    }
+    cqe->wr_id = rwr->wr_id;
+    cqe->ep = &ep->base;
+    cqe->status = st;
+    cqe->opcode = op;
+    cqe->byte_len = st == EXS_PROV_WC_SUCCESS ? len : 0;
+    cqe->imm_data = imm ? rec->imm : 0;
+    cqe->flags = imm ? EXS_PROV_WC_WITH_IMM : 0;
     if (st != EXS_PROV_WC_SUCCESS)
         ep->state = EXS_PROV_EP_ERROR;
     ep->rq_count--;
-    exs__shm_cq_push_locked(conn->ctx, ep, &cqe);
+    exs__shm_cq_commit_locked(conn->ctx, ep, 1);
     exs__shm_rwr_put_locked(ep, rwr);
 }
 
@@ -777,8 +797,8 @@ static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec,
 }
 
 /* Copy n bytes of the ring at pos into the receive's sges from message offset off. */
-static void shm_ring_to_rwr(const struct exs_soft_rwr *rwr, const uint8_t *ring, uint64_t pos,
-                            uint64_t off, uint64_t n)
+static void shm_ring_to_rwr(const struct exs_soft_rwr *rwr, const uint8_t *ring, uint32_t size,
+                            uint64_t pos, uint64_t off, uint64_t n)
 {
     for (int i = 0; i < rwr->num_sge && n; i++) {
         uint64_t l = rwr->sge[i].length;
@@ -788,7 +808,7 @@ static void shm_ring_to_rwr(const struct exs_soft_rwr *rwr, const uint8_t *ring,
             continue;
         }
         l = EXS_MIN(l - off, n);
-        shm_ring_get((void *)(uintptr_t)(rwr->sge[i].addr + off), ring, pos, (uint32_t)l);
+        shm_ring_get((void *)(uintptr_t)(rwr->sge[i].addr + off), ring, size, pos, (uint32_t)l);
         pos += l;
         n -= l;
         off = 0;
@@ -841,7 +861,7 @@ static int shm_do_ring(struct shm_conn *conn, const struct shm_rec *rec, uint64_
     if (syn) {
         /* nothing placed */
     } else if (rec->type == SHM_REC_SEND) {
-        shm_ring_to_rwr(rwr, conn->rx_ring, pos, off, n);
+        shm_ring_to_rwr(rwr, conn->rx_ring, conn->ring_bytes, pos, off, n);
     } else if (rec->len) {
         if (!exs__soft_key_remote_locked(&ctx->keys, &ep->base, rec->rkey, rec->raddr + off,
                                          first ? rec->len : n, EXS_PROV_ACCESS_REMOTE_WRITE)) {
@@ -851,7 +871,8 @@ static int shm_do_ring(struct shm_conn *conn, const struct shm_rec *rec, uint64_
             EXS_CNT_INC(ctx->cnt.access_errors);
             return shm_refuse(conn, rec->psn, SHM_SYN_REM_ACCESS);
         }
-        shm_ring_get((void *)(uintptr_t)(rec->raddr + off), conn->rx_ring, pos, n);
+        shm_ring_get((void *)(uintptr_t)(rec->raddr + off), conn->rx_ring, conn->ring_bytes, pos,
+                     n);
     }
     if (rwr && (syn || last))
         shm_recv_done_locked(conn, rwr, st,
@@ -1004,8 +1025,9 @@ static const char *shm_rec_check(const struct shm_conn *conn, const struct shm_r
     /* in the middle of a message in fragments: its next fragment, the same header */
     if (conn->frag_off && memcmp(rec, &conn->frag_rec, offsetof(struct shm_rec, size)) != 0)
         return "fragment out of its message";
-    if (rec->size < SHM_SLOT || rec->size % SHM_SLOT || rec->size > avail ||
-        rec->size > shm_roundup(SHM_REC_MAX))
+    /* (at least a slot, whole slots, at most the largest record: the size it must have,
+     * checked last, is all three) */
+    if (rec->size > avail)
         return "record size";
     if (rec->psn != conn->rcv_nxt)
         return "record sequence";
@@ -1018,7 +1040,7 @@ static const char *shm_rec_check(const struct shm_conn *conn, const struct shm_r
     if (rec->flags & SHM_RF_FRAG) {
         if (rec->nsge || (rec->flags & SHM_RF_INLINE) || rec->len <= SHM_RING_INLINE)
             return "fragment";
-        want = shm_roundup(SHM_REC_HDR + EXS_MIN(rec->len - conn->frag_off, SHM_FRAG_BYTES));
+        want = shm_roundup(SHM_REC_HDR + EXS_MIN(rec->len - conn->frag_off, conn->frag_bytes));
     } else if (rec->flags & SHM_RF_INLINE) {
         if (rec->nsge || rec->len > SHM_RING_INLINE)
             return "inline record";
@@ -1046,19 +1068,19 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
         if (head == conn->tail)
             break;
         SHM_TSAN_ACQUIRE();
-        if (head - conn->tail > SHM_RING_BYTES || head % SHM_SLOT) {
+        if (head - conn->tail > conn->ring_bytes || head % SHM_SLOT) {
             bad = "ring head";
             break;
         }
         /* (a header never wraps: one fixed-size copy, no call) */
-        memcpy(&rec, conn->rx_ring + (conn->tail & SHM_RING_MASK), sizeof(rec));
+        memcpy(&rec, conn->rx_ring + (conn->tail & conn->ring_mask), sizeof(rec));
         SHM_ONCE();
         bad = shm_rec_check(conn, &rec, head - conn->tail);
         if (bad)
             break;
         sum = 0;
         if (rec.nsge) {
-            shm_ring_get(rs, conn->rx_ring, conn->tail + SHM_REC_HDR,
+            shm_ring_get(rs, conn->rx_ring, conn->ring_bytes, conn->tail + SHM_REC_HDR,
                          rec.nsge * (uint32_t)sizeof(rs[0]));
             SHM_ONCE();
             for (int k = 0; k < rec.nsge; k++) {
@@ -1080,7 +1102,7 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
         part = rec.len;
         more = 0;
         if (EXS_UNLIKELY(rec.flags & SHM_RF_FRAG)) {
-            part = EXS_MIN(rec.len - conn->frag_off, SHM_FRAG_BYTES);
+            part = EXS_MIN(rec.len - conn->frag_off, conn->frag_bytes);
             more = conn->frag_off + part < rec.len;
         }
         if (conn->rx_drop) {
@@ -1105,13 +1127,13 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
             conn->frag_off += part;
             /* the room at once: the requester writes the next fragments while we copy
              * these out. A sleeping requester gets its doorbell each quarter ring freed
-             * (SHM_KICK_BYTES), not only at the end of the turn: waiting for the end made
+             * (a quarter of ring_bytes), not only at the end of the turn: waiting for the end made
              * the two copies take turns (1 MiB in, then 1 MiB out: 90-115 Gbit/s on a
              * quiet host, the same as one process_vm_readv), a doorbell each quarter ring
              * keeps both cores copying (180-250 Gbit/s) */
             SHM_TSAN_RELEASE();
             __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_SEQ_CST);
-            if (conn->tail - kicked >= SHM_KICK_BYTES) {
+            if (conn->tail - kicked >= conn->ring_bytes / 4) {
                 kicked = conn->tail;
                 exs__shm_conn_kick(conn);
             }
@@ -1160,7 +1182,9 @@ int exs__shm_conn_service(struct shm_conn *conn)
             return 1;
         }
     }
-    did += shm_take_requests(conn, &h);
+    /* a turn woken by answers alone (the requester's) skips the requests' loop */
+    if (__atomic_load_n(&conn->peer->head, __ATOMIC_RELAXED) != conn->tail)
+        did += shm_take_requests(conn, &h);
     if (conn->state == SHM_CONN_UP)
         did += shm_take_answers(conn, &h);
     shm_hold_drop(ctx, &h);

@@ -256,7 +256,8 @@ void exs__shm_listener_destroy(struct exs_prov_listener *l)
             continue;
         if (conn->req) {
             if (!conn->broken && conn->fd >= 0)
-                (void)exs__shm_hs_send(conn->fd, SHM_HS_REJECT, 0, ctx, NULL, NULL, 0, NULL, 0, 0);
+                (void)exs__shm_hs_send(conn->fd, SHM_HS_REJECT, 0, ctx, NULL, NULL, 0, NULL, 0, 0,
+                                       0);
             exs__shm_req_free(conn);
         }
         conn->lis = NULL;

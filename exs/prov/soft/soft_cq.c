@@ -69,12 +69,12 @@ void exs__soft_cq_unreserve(struct exs_soft_cq *cq, uint64_t n)
 
 int exs__soft_cq_push(struct exs_soft_cq *cq, const struct exs_prov_cqe *cqe)
 {
-    uint32_t at = cq->head + cq->count; /* < 2 cap: no division on the data path */
+    struct exs_prov_cqe *slot = exs__soft_cq_slot(cq);
 
-    if (EXS_UNLIKELY(cq->count == cq->cap))
+    if (EXS_UNLIKELY(!slot))
         return -ENOSPC;
-    cq->q[at >= cq->cap ? at - cq->cap : at] = *cqe;
-    __atomic_store_n(&cq->count, cq->count + 1, __ATOMIC_RELAXED);
+    *slot = *cqe;
+    exs__soft_cq_commit(cq);
     return 0;
 }
 

@@ -31,6 +31,22 @@ void exs__soft_cq_unreserve(struct exs_soft_cq *cq, uint64_t n);
 /* Queue a completion: 0, or -ENOSPC when full (cannot happen when every producer
  * reserved its room). */
 int exs__soft_cq_push(struct exs_soft_cq *cq, const struct exs_prov_cqe *cqe);
+/* The entry the next completion goes into, NULL when full: filled in place, then queued by
+ * exs__soft_cq_commit (a producer that builds its completion there copies none). */
+static inline struct exs_prov_cqe *exs__soft_cq_slot(struct exs_soft_cq *cq)
+{
+    uint32_t at = cq->head + cq->count; /* < 2 cap: no division on the data path */
+
+    if (cq->count == cq->cap)
+        return (struct exs_prov_cqe *)0;
+    return &cq->q[at >= cq->cap ? at - cq->cap : at];
+}
+
+static inline void exs__soft_cq_commit(struct exs_soft_cq *cq)
+{
+    __atomic_store_n(&cq->count, cq->count + 1, __ATOMIC_RELAXED);
+}
+
 /* Take out the completions of ep, keeping the others in order (ep_destroy). */
 void exs__soft_cq_drop_ep(struct exs_soft_cq *cq, const struct exs_prov_ep *ep);
 

@@ -21,6 +21,7 @@ void exs__soft_keys_init(struct exs_soft_keys *t, pthread_mutex_t *lock)
     t->lock = lock;
     t->lite = NULL;
     t->last_local = NULL;
+    t->last_remote = NULL;
     pthread_cond_init(&t->copy_cond, NULL);
     for (int i = 0; i < EXS_SOFT_KEY_HASH; i++)
         exs_list_init(&t->hash[i]);
@@ -181,6 +182,8 @@ static int soft_key_kill(struct exs_soft_keys *t, struct exs_soft_key *k)
     exs_list_del(&k->link);
     if (t->last_local == k)
         t->last_local = NULL;
+    if (t->last_remote == k)
+        t->last_remote = NULL;
     while (t->copying && t->copy_gen == gen && (!t->copy_key || t->copy_key == k)) {
         t->copy_waiters++;
         soft_copy_wait(t);
@@ -360,16 +363,9 @@ int exs__soft_check_local_slow_locked(struct exs_soft_keys *t, const struct exs_
     return 0;
 }
 
-struct exs_soft_key *exs__soft_key_remote_locked(struct exs_soft_keys *t,
-                                                 const struct exs_prov_ep *ep, uint32_t rkey,
-                                                 uint64_t addr, uint64_t len, unsigned access)
+struct exs_soft_key *exs__soft_key_find_locked(struct exs_soft_keys *t, uint32_t rkey)
 {
-    struct exs_soft_key *k = soft_key_find(t, rkey);
-
-    if (k && (k->ep ? k->ep == ep && k->access == access : (k->access & access) == access) &&
-        exs__soft_range_in(k->addr, k->length, addr, len))
-        return k;
-    return NULL;
+    return soft_key_find(t, rkey);
 }
 
 void exs__soft_fence_raise_locked(struct exs_soft_keys *t, struct exs_soft_key *k)

@@ -62,6 +62,9 @@ struct exs_soft_keys {
     /* the region the last local check found, in front of the hash (a poster's buffers
      * are mostly in one region): NULL, or a live region (soft_key_kill clears it) */
     const struct exs_soft_key *last_local;
+    /* the key the last remote check found (a peer's WRITEs mostly name one grant or
+     * region): NULL, or a live key (soft_key_kill clears it) */
+    struct exs_soft_key *last_remote;
     /* revoked grants' blocks kept for the next grants (a grant per receive or ADVERT on
      * the data path then costs no calloc and free): at most EXS_SOFT_GRANT_CACHE */
     struct exs_soft_grant *grant_cache; /* linked through their key.link.next */
@@ -122,11 +125,30 @@ static inline int exs__soft_check_local_locked(struct exs_soft_keys *t,
         return 0;
     return exs__soft_check_local_slow_locked(t, sge, n, access);
 }
+/* The live key numbered rkey, or NULL (the hash walk of exs__soft_key_remote_locked). */
+struct exs_soft_key *exs__soft_key_find_locked(struct exs_soft_keys *t, uint32_t rkey);
 /* A grant of ep (exact right, exact range) or a region of the context (covering the
- * access) numbered rkey and reaching [addr, addr+len): the key, or NULL. */
-struct exs_soft_key *exs__soft_key_remote_locked(struct exs_soft_keys *t,
-                                                 const struct exs_prov_ep *ep, uint32_t rkey,
-                                                 uint64_t addr, uint64_t len, unsigned access);
+ * access) numbered rkey and reaching [addr, addr+len): the key, or NULL. The key the last
+ * check found is looked at first: a compare, no call and no hash walk (a WRITE per
+ * message). */
+static inline struct exs_soft_key *exs__soft_key_remote_locked(struct exs_soft_keys *t,
+                                                               const struct exs_prov_ep *ep,
+                                                               uint32_t rkey, uint64_t addr,
+                                                               uint64_t len, unsigned access)
+{
+    struct exs_soft_key *k = t->last_remote;
+
+    if (!k || k->key != rkey) {
+        k = exs__soft_key_find_locked(t, rkey);
+        if (!k)
+            return NULL;
+        t->last_remote = k;
+    }
+    if ((k->ep ? k->ep == ep && k->access == access : (k->access & access) == access) &&
+        exs__soft_range_in(k->addr, k->length, addr, len))
+        return k;
+    return NULL;
+}
 /* Raise the fence over k (NULL: every key) / lower it. */
 void exs__soft_fence_raise_locked(struct exs_soft_keys *t, struct exs_soft_key *k);
 void exs__soft_fence_lower_locked(struct exs_soft_keys *t);

@@ -54,36 +54,6 @@ void exs__soft_pool_init(struct exs_soft_pool *p, size_t size, uint32_t max)
     p->size = size < sizeof(void *) ? sizeof(void *) : size;
 }
 
-void *exs__soft_pool_get_locked(struct exs_soft_pool *p)
-{
-    void *blk = p->head;
-
-    if (blk) {
-        memcpy(&p->head, blk, sizeof(void *));
-        p->n--;
-    }
-    return blk;
-}
-
-void exs__soft_pool_put_locked(struct exs_soft_pool *p, void *blk)
-{
-    if (p->n >= p->max) {
-        free(blk);
-        return;
-    }
-    memcpy(blk, &p->head, sizeof(void *));
-    p->head = blk;
-    p->n++;
-}
-
-void exs__soft_pool_release_locked(struct exs_soft_pool *p, void *blk, int pooled)
-{
-    if (pooled)
-        exs__soft_pool_put_locked(p, blk);
-    else
-        free(blk);
-}
-
 void exs__soft_pool_fini(struct exs_soft_pool *p)
 {
     void *blk;

@@ -5,6 +5,8 @@
 #define EXS_PROV_SOFT_SOFT_WR_H
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "exs/prov/prov.h"
 #include "exs/util/list.h"
@@ -42,13 +44,42 @@ struct exs_soft_pool {
 };
 
 void exs__soft_pool_init(struct exs_soft_pool *p, size_t size, uint32_t max);
+
+/* (inline: a get and a release per message) */
+
 /* A cached block, or NULL when none is (the caller mallocs p->size bytes). */
-void *exs__soft_pool_get_locked(struct exs_soft_pool *p);
+static inline void *exs__soft_pool_get_locked(struct exs_soft_pool *p)
+{
+    void *blk = p->head;
+
+    if (blk) {
+        memcpy(&p->head, blk, sizeof(void *));
+        p->n--;
+    }
+    return blk;
+}
+
 /* blk (p->size bytes from malloc) kept for reuse, or freed when the pool is full. */
-void exs__soft_pool_put_locked(struct exs_soft_pool *p, void *blk);
+static inline void exs__soft_pool_put_locked(struct exs_soft_pool *p, void *blk)
+{
+    if (p->n >= p->max) {
+        free(blk);
+        return;
+    }
+    memcpy(blk, &p->head, sizeof(void *));
+    p->head = blk;
+    p->n++;
+}
+
 /* blk handed back: to the pool when pooled (one of its blocks), else freed (a block of
  * another size, malloc'd for itself). */
-void exs__soft_pool_release_locked(struct exs_soft_pool *p, void *blk, int pooled);
+static inline void exs__soft_pool_release_locked(struct exs_soft_pool *p, void *blk, int pooled)
+{
+    if (pooled)
+        exs__soft_pool_put_locked(p, blk);
+    else
+        free(blk);
+}
 /* Frees every cached block. */
 void exs__soft_pool_fini(struct exs_soft_pool *p);
 
