@@ -1328,6 +1328,73 @@ START_TEST(shm_small_rings)
 }
 END_TEST
 
+/* h47 (attack review of fca7144, the ring size agreed per connection): a liar whose
+ * segment's rings are larger than the rings agreed (it made a segment of the default
+ * size, its peer chose 128 KiB: the connection's rings are 128 KiB, the segment has 4 MiB
+ * of each). Loop 0: a well-formed 16 B inline SEND published with a head more than the
+ * agreed ring ahead (within the segment's ring); loop 1: a fragment sized as one of a
+ * default ring (64 KiB of payload, a record of 65600 bytes, all published, less than the
+ * agreed ring) where the agreed ring's fragments are at most a quarter ring. Each is a
+ * protocol error for that connection, nothing placed (the receive, large enough for the
+ * whole message, is flushed and untouched); the next connection works. Seen failing with
+ * the head checked against the segment's ring (seg_ring) instead of the agreed one (loop
+ * 0: the SEND was delivered) and with fragments checked against SHM_FRAG_BYTES (loop 1:
+ * no protocol error). */
+START_TEST(shm_liar_small_ring)
+{
+    const uint32_t R = 128u << 10, MLEN = 2 * SHM_FRAG_BYTES;
+    struct pt_pair p;
+    struct pt_buf *dst;
+    struct liar l;
+    struct shm_rec rec;
+    uint64_t perr;
+
+    if (skip_unless_shm("shm_liar_small_ring"))
+        return;
+    memset(&p, 0, sizeof(p));
+    host_open_ring(&p.a, NULL);
+    host_open_ring(&p.b, "128");
+    p.lis = pt_listen(&p.b, &p.addr, &p.addrlen);
+    {
+        struct exs_prov_ep_attr at = pt_default_attr();
+
+        ck_assert_int_eq(pt_ops->ep_create(p.a.ctx, &at, &p.ea), 0);
+        ck_assert_int_eq(pt_ops->ep_create(p.b.ctx, &at, &p.eb), 0);
+    }
+    pt_pair_connect(&p);
+    ck_assert_uint_eq(shm_ep_of(p.eb)->conn->ring_bytes, R);
+    ck_assert_uint_eq(shm_ep_of(p.eb)->conn->seg_ring, SHM_RING_DEFAULT);
+    l = liar(&p);
+    ck_assert_uint_eq(l.head, 0); /* (put_rec's position: the same in either ring) */
+    dst = pt_pair_buf(&p, 'b', MLEN, LW, 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, MLEN), 0);
+    perr = shm_counter("protocol_errors");
+    memset(&rec, 0, sizeof(rec));
+    rec.type = SHM_REC_SEND;
+    if (_i == 0) {
+        rec.flags = SHM_RF_INLINE;
+        rec.len = 16;
+        rec.size = SHM_SLOT;
+        put_rec(&l, &rec, NULL, 0, R + SHM_SLOT);
+    } else {
+        rec.flags = SHM_RF_FRAG;
+        rec.len = MLEN;
+        rec.size = (SHM_REC_HDR + SHM_FRAG_BYTES + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
+        ck_assert_uint_lt(rec.size, R);
+        put_rec(&l, &rec, NULL, 0, rec.size);
+    }
+    expect_b_ended(&p, -EPROTO);
+    close(bell_fd);
+    bell_fd = -1;
+    ck_assert_uint_gt(shm_counter("protocol_errors"), perr);
+    pt_expect_wr(&p.b, 1, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    ck_assert(pt_all_bytes(dst->p, MLEN, 0));
+    ck_assert(pt_buf_guards_ok(dst));
+    fresh_connection_works(&p);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_shm_suite(void)
 {
     Suite *s = suite_create("prov_shm");
@@ -1349,6 +1416,7 @@ Suite *prov_shm_suite(void)
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_rings");
     tcase_add_loop_test(tc, shm_small_rings, 0, 3);
+    tcase_add_loop_test(tc, shm_liar_small_ring, 0, 2);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
