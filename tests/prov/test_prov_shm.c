@@ -1395,6 +1395,82 @@ START_TEST(shm_liar_small_ring)
 }
 END_TEST
 
+/* h47 (attack review of fca7144): real connections at the bounds of EXS_SHM_RING_KB. Loop
+ * 0: both sides at the largest (256 MiB rings, a segment of 512 MiB + 4 KiB: the sizes'
+ * 32-bit arithmetic at its top); loop 1: the active side at the largest, the passive at the
+ * smallest (64 KiB agreed in a 512 MiB segment); loop 2: the other way (64 KiB segment, the
+ * passive side's choice larger). The agreed rings on both ends, ring_mem's count, a 64 B
+ * SEND and a SEND of 1 MiB + 3 (fragments) each way, byte for byte; ring_mem back to 0
+ * after the ends. No test ran a connection at the top bound (shm_small_rings: 64 and
+ * 128 KiB). */
+START_TEST(shm_ring_bounds)
+{
+    static const char *kb_a[] = {"262144", "262144", "64"}, *kb_b[] = {"262144", "64", "262144"};
+    static const uint32_t want[] = {SHM_RING_MAX, SHM_RING_MIN, SHM_RING_MIN};
+    const uint32_t R = want[_i], BIG = (1u << 20) + 3;
+    struct pt_pair p;
+    struct shm_conn *ca, *cb;
+    uint64_t mem1;
+    double t0;
+
+    if (skip_unless_shm("shm_ring_bounds"))
+        return;
+    memset(&p, 0, sizeof(p));
+    host_open_ring(&p.a, kb_a[_i]);
+    host_open_ring(&p.b, kb_b[_i]);
+    ck_assert_uint_eq(shm_counter("ring_mem"), 0);
+    p.lis = pt_listen(&p.b, &p.addr, &p.addrlen);
+    {
+        struct exs_prov_ep_attr at = pt_default_attr();
+
+        ck_assert_int_eq(pt_ops->ep_create(p.a.ctx, &at, &p.ea), 0);
+        ck_assert_int_eq(pt_ops->ep_create(p.b.ctx, &at, &p.eb), 0);
+    }
+    pt_pair_connect(&p);
+    ca = shm_ep_of(p.ea)->conn;
+    cb = shm_ep_of(p.eb)->conn;
+    ck_assert_uint_eq(ca->ring_bytes, R);
+    ck_assert_uint_eq(cb->ring_bytes, R);
+    ck_assert_uint_eq(cb->seg_ring, ca->seg_ring);
+    ck_assert_uint_eq(shm_counter("ring_mem"), 2 * (SHM_SEG_HDR + 2ull * R));
+    for (int dir = 0; dir < 2; dir++) {
+        struct exs_prov_ep *tx = dir ? p.eb : p.ea, *rx = dir ? p.ea : p.eb;
+        struct pt_host *htx = dir ? &p.b : &p.a, *hrx = dir ? &p.a : &p.b;
+        char stx = dir ? 'b' : 'a', srx = dir ? 'a' : 'b';
+        struct pt_buf *src = pt_pair_buf(&p, stx, BIG, LW, 0);
+        struct pt_buf *dst = pt_pair_buf(&p, srx, BIG, LW, 0);
+        struct exs_prov_cqe c;
+
+        for (int k = 0; k < 2; k++) {
+            uint32_t len = k ? BIG : 64;
+
+            pt_pattern(src->p, len, 40 + 2 * dir + k);
+            memset(dst->p, 0, BIG);
+            ck_assert_int_eq(pt_post_recv(rx, 10 + k, dst, 0, BIG), 0);
+            ck_assert_int_eq(pt_post_send(tx, 20 + k, EXS_PROV_WR_SEND, SIG, src, 0, len, 0, 0, 0),
+                             0);
+            pt_expect_cqe(hrx, 10 + k, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+            ck_assert_uint_eq(c.byte_len, len);
+            pt_expect_cqe(htx, 20 + k, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+            ck_assert_msg(pt_pattern_check(dst->p, len, 40 + 2 * dir + k) < 0,
+                          "rings of %u, direction %d, %u bytes: data differs", R, dir, len);
+            ck_assert(pt_all_bytes(dst->p + len, BIG - len, 0) && pt_buf_guards_ok(dst));
+        }
+    }
+    pt_ep_close(&p.a, p.ea);
+    pt_ep_close(&p.b, p.eb);
+    p.ea = p.eb = NULL;
+    t0 = pt_now_ms();
+    while ((mem1 = shm_counter("ring_mem")) != 0) {
+        ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "ring_mem %llu after the ends",
+                      (unsigned long long)mem1);
+        if (!pt_drive_all())
+            pt_sleep_ms(1);
+    }
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_shm_suite(void)
 {
     Suite *s = suite_create("prov_shm");
@@ -1417,6 +1493,7 @@ Suite *prov_shm_suite(void)
     tc = pt_tcase("shm_rings");
     tcase_add_loop_test(tc, shm_small_rings, 0, 3);
     tcase_add_loop_test(tc, shm_liar_small_ring, 0, 2);
+    tcase_add_loop_test(tc, shm_ring_bounds, 0, 3);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
