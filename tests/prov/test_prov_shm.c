@@ -1197,6 +1197,46 @@ static void host_open_ring(struct pt_host *h, const char *kb)
     exs__params_reset();
 }
 
+/* A pair whose hosts chose rings of kb_a and kb_b KiB (NULL: the default), connected:
+ * nothing counted in ring_mem before; both ends' rings of ring bytes, ring_mem a header and
+ * two such rings per end (both ends are ours). */
+static void rings_pair_setup(struct pt_pair *p, const char *kb_a, const char *kb_b, uint32_t ring)
+{
+    struct exs_prov_ep_attr at = pt_default_attr();
+
+    memset(p, 0, sizeof(*p));
+    host_open_ring(&p->a, kb_a);
+    host_open_ring(&p->b, kb_b);
+    ck_assert_uint_eq(shm_counter("ring_mem"), 0);
+    p->lis = pt_listen(&p->b, &p->addr, &p->addrlen);
+    ck_assert_int_eq(pt_ops->ep_create(p->a.ctx, &at, &p->ea), 0);
+    ck_assert_int_eq(pt_ops->ep_create(p->b.ctx, &at, &p->eb), 0);
+    pt_pair_connect(p);
+    ck_assert_uint_eq(shm_ep_of(p->ea)->conn->ring_bytes, ring);
+    ck_assert_uint_eq(shm_ep_of(p->eb)->conn->ring_bytes, ring);
+    ck_assert_uint_eq(shm_counter("ring_mem"), 2 * (SHM_SEG_HDR + 2ull * ring));
+}
+
+/* The ends gone: nothing counted (a connection is freed at its ctx's next turn); then the
+ * pair closed. */
+static void rings_pair_close(struct pt_pair *p)
+{
+    uint64_t mem1;
+    double t0;
+
+    pt_ep_close(&p->a, p->ea);
+    pt_ep_close(&p->b, p->eb);
+    p->ea = p->eb = NULL;
+    t0 = pt_now_ms();
+    while ((mem1 = shm_counter("ring_mem")) != 0) {
+        ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "ring_mem %llu after the ends",
+                      (unsigned long long)mem1);
+        if (!pt_drive_all())
+            pt_sleep_ms(1);
+    }
+    pt_pair_close(p);
+}
+
 /* Resident bytes of the mapping that starts at addr (/proc/self/smaps), -1 if none. */
 static long mapping_rss(const void *addr)
 {
@@ -1240,30 +1280,15 @@ START_TEST(shm_small_rings)
     struct exs_prov_grant *g;
     struct exs_prov_cqe c;
     struct shm_conn *ca, *cb;
-    uint64_t copies0, mem1;
+    uint64_t copies0;
     const uint64_t per_end = SHM_SEG_HDR + 2ull * R;
-    double t0;
 
     if (skip_unless_shm("shm_small_rings"))
         return;
-    memset(&p, 0, sizeof(p));
-    host_open_ring(&p.a, kb_a[_i]);
-    host_open_ring(&p.b, kb_b[_i]);
-    ck_assert_uint_eq(shm_counter("ring_mem"), 0);
-    p.lis = pt_listen(&p.b, &p.addr, &p.addrlen);
-    {
-        struct exs_prov_ep_attr at = pt_default_attr();
-
-        ck_assert_int_eq(pt_ops->ep_create(p.a.ctx, &at, &p.ea), 0);
-        ck_assert_int_eq(pt_ops->ep_create(p.b.ctx, &at, &p.eb), 0);
-    }
-    pt_pair_connect(&p);
+    rings_pair_setup(&p, kb_a[_i], kb_b[_i], R);
     ca = shm_ep_of(p.ea)->conn;
     cb = shm_ep_of(p.eb)->conn;
-    ck_assert_uint_eq(ca->ring_bytes, R);
-    ck_assert_uint_eq(cb->ring_bytes, R);
     ck_assert_uint_le(ca->frag_bytes, R / 4);
-    ck_assert_uint_eq(shm_counter("ring_mem"), 2 * per_end); /* (both ends are ours) */
     copies0 = shm_counter("copies");
 
     /* a -> b: a SEND of three rings + 5 into a receive of three sges */
@@ -1314,17 +1339,7 @@ START_TEST(shm_small_rings)
     }
     pt_ops->revoke(g);
     /* the ends gone: nothing counted (a connection is freed at its ctx's next turn) */
-    pt_ep_close(&p.a, p.ea);
-    pt_ep_close(&p.b, p.eb);
-    p.ea = p.eb = NULL;
-    t0 = pt_now_ms();
-    while ((mem1 = shm_counter("ring_mem")) != 0) {
-        ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "ring_mem %llu after the ends",
-                      (unsigned long long)mem1);
-        if (!pt_drive_all())
-            pt_sleep_ms(1);
-    }
-    pt_pair_close(&p);
+    rings_pair_close(&p);
 }
 END_TEST
 
@@ -1351,18 +1366,7 @@ START_TEST(shm_liar_small_ring)
 
     if (skip_unless_shm("shm_liar_small_ring"))
         return;
-    memset(&p, 0, sizeof(p));
-    host_open_ring(&p.a, NULL);
-    host_open_ring(&p.b, "128");
-    p.lis = pt_listen(&p.b, &p.addr, &p.addrlen);
-    {
-        struct exs_prov_ep_attr at = pt_default_attr();
-
-        ck_assert_int_eq(pt_ops->ep_create(p.a.ctx, &at, &p.ea), 0);
-        ck_assert_int_eq(pt_ops->ep_create(p.b.ctx, &at, &p.eb), 0);
-    }
-    pt_pair_connect(&p);
-    ck_assert_uint_eq(shm_ep_of(p.eb)->conn->ring_bytes, R);
+    rings_pair_setup(&p, NULL, "128", R);
     ck_assert_uint_eq(shm_ep_of(p.eb)->conn->seg_ring, SHM_RING_DEFAULT);
     l = liar(&p);
     ck_assert_uint_eq(l.head, 0); /* (put_rec's position: the same in either ring) */
@@ -1409,30 +1413,11 @@ START_TEST(shm_ring_bounds)
     static const uint32_t want[] = {SHM_RING_MAX, SHM_RING_MIN, SHM_RING_MIN};
     const uint32_t R = want[_i], BIG = (1u << 20) + 3;
     struct pt_pair p;
-    struct shm_conn *ca, *cb;
-    uint64_t mem1;
-    double t0;
 
     if (skip_unless_shm("shm_ring_bounds"))
         return;
-    memset(&p, 0, sizeof(p));
-    host_open_ring(&p.a, kb_a[_i]);
-    host_open_ring(&p.b, kb_b[_i]);
-    ck_assert_uint_eq(shm_counter("ring_mem"), 0);
-    p.lis = pt_listen(&p.b, &p.addr, &p.addrlen);
-    {
-        struct exs_prov_ep_attr at = pt_default_attr();
-
-        ck_assert_int_eq(pt_ops->ep_create(p.a.ctx, &at, &p.ea), 0);
-        ck_assert_int_eq(pt_ops->ep_create(p.b.ctx, &at, &p.eb), 0);
-    }
-    pt_pair_connect(&p);
-    ca = shm_ep_of(p.ea)->conn;
-    cb = shm_ep_of(p.eb)->conn;
-    ck_assert_uint_eq(ca->ring_bytes, R);
-    ck_assert_uint_eq(cb->ring_bytes, R);
-    ck_assert_uint_eq(cb->seg_ring, ca->seg_ring);
-    ck_assert_uint_eq(shm_counter("ring_mem"), 2 * (SHM_SEG_HDR + 2ull * R));
+    rings_pair_setup(&p, kb_a[_i], kb_b[_i], R);
+    ck_assert_uint_eq(shm_ep_of(p.eb)->conn->seg_ring, shm_ep_of(p.ea)->conn->seg_ring);
     for (int dir = 0; dir < 2; dir++) {
         struct exs_prov_ep *tx = dir ? p.eb : p.ea, *rx = dir ? p.ea : p.eb;
         struct pt_host *htx = dir ? &p.b : &p.a, *hrx = dir ? &p.a : &p.b;
@@ -1457,17 +1442,7 @@ START_TEST(shm_ring_bounds)
             ck_assert(pt_all_bytes(dst->p + len, BIG - len, 0) && pt_buf_guards_ok(dst));
         }
     }
-    pt_ep_close(&p.a, p.ea);
-    pt_ep_close(&p.b, p.eb);
-    p.ea = p.eb = NULL;
-    t0 = pt_now_ms();
-    while ((mem1 = shm_counter("ring_mem")) != 0) {
-        ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "ring_mem %llu after the ends",
-                      (unsigned long long)mem1);
-        if (!pt_drive_all())
-            pt_sleep_ms(1);
-    }
-    pt_pair_close(&p);
+    rings_pair_close(&p);
 }
 END_TEST
 
