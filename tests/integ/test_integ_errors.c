@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -208,6 +209,70 @@ START_TEST(test_einval_mhandle)
     it_expect_no_event(p.sq, 0);
     free(tmp);
     it_pair_close(&p);
+}
+END_TEST
+
+/* h47 (attack review of 1e7b084, the memory handle's hold inline in xfer_post, its second
+ * look at the slot only): handles that name a live slot but not its registration. The
+ * buffer is registered, deregistered and registered again (its new handle h2); then, on a
+ * live pair, exs_send and exs_recv of that very buffer with: the first handle (stale: its
+ * slot free or taken by h2); h2's slot under another generation; h2's generation with no
+ * slot (index bits 0); h2's generation with the largest index (beyond the table); INT_MAX.
+ * Each answers EINVAL and sends nothing (the marker message is the next the server gets);
+ * h2 itself works. test_einval_mhandle's bad handles name no live slot at all. Seen
+ * failing (the forged generation and the stale handle accepted) with mreg_at's compare of
+ * the registration's handle taken out. */
+#define H47_GEN_SHIFT 20 /* exs/api/xfer.c's MREG_GEN_SHIFT: handle = gen << 20 | (index + 1) */
+START_TEST(test_einval_mhandle_forged)
+{
+    const int idx_mask = (1 << H47_GEN_SHIFT) - 1;
+    struct it_pair p;
+    uint8_t *buf = malloc(4096);
+    exs_mhandle_t h1, h2;
+    int gen2;
+
+    ck_assert_ptr_nonnull(buf);
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    h1 = exs_mregister(buf, 4096, 0);
+    ck_assert_int_gt(h1, 0);
+    IT_EXPECT_OK(exs_mderegister(h1));
+    h2 = exs_mregister(buf, 4096, 0);
+    ck_assert_int_gt(h2, 0);
+    ck_assert_int_ne(h2, h1);
+    gen2 = (int)((unsigned)h2 >> H47_GEN_SHIFT);
+    {
+        const exs_mhandle_t bad[] = {
+            h1,
+            (exs_mhandle_t)((((gen2 + 1) % 1024) << H47_GEN_SHIFT) | (h2 & idx_mask)),
+            (exs_mhandle_t)(h2 & ~idx_mask),
+            (exs_mhandle_t)((gen2 << H47_GEN_SHIFT) | idx_mask),
+            INT_MAX,
+        };
+
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+            if (bad[i] == h2 || bad[i] <= 0)
+                continue; /* (gen2 0: h2 & ~idx_mask is 0, not a forged handle) */
+            IT_EXPECT_FAIL(exs_send(p.cfd, buf, 64, 0, p.cq, AH(1), bad[i]), EINVAL);
+            IT_EXPECT_FAIL(exs_recv(p.cfd, buf, 64, 0, p.cq, AH(2), bad[i]), EINVAL);
+            IT_EXPECT_FAIL(exs_recv(p.sfd, buf, 64, 0, p.sq, AH(2), bad[i]), EINVAL);
+        }
+    }
+    check_marker(&p, 101);
+    IT_POST_SEND(p.cfd, buf, 64, p.cq, AH(3), h2);
+    {
+        struct it_buf *r = it_buf_new(200, 1);
+
+        IT_POST_RECV(p.sfd, r->p, 200, p.sq, AH(4), r->mh);
+        it_expect_recv(p.sq, p.sfd, AH(4), 64, 0);
+        it_expect_send(p.cq, p.cfd, AH(3), 64);
+        it_buf_free(r);
+    }
+    it_expect_no_event(p.cq, 100);
+    it_expect_no_event(p.sq, 0);
+    IT_EXPECT_OK(exs_mderegister(h2));
+    it_pair_close(&p);
+    free(buf);
 }
 END_TEST
 
@@ -752,9 +817,9 @@ Suite *integ_errors_suite(void)
 
     it_suite_add(s, "ebadf", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_ebadf, NULL});
     it_suite_add(s, "enotsock", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_enotsock, NULL});
-    it_suite_add(
-        s, "einval", IT_CASE_TIMEOUT, 1,
-        (const TTest *const[]){test_einval_queue, test_einval_mhandle, test_einval_args, NULL});
+    it_suite_add(s, "einval", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_einval_queue, test_einval_mhandle,
+                                        test_einval_mhandle_forged, test_einval_args, NULL});
     it_suite_add(s, "eagain", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_eagain_max_ops, test_eagain_queue_full, NULL});
     it_suite_add(s, "enotconn", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_enotconn, NULL});

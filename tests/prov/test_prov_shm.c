@@ -1197,6 +1197,46 @@ static void host_open_ring(struct pt_host *h, const char *kb)
     exs__params_reset();
 }
 
+/* A pair whose hosts chose rings of kb_a and kb_b KiB (NULL: the default), connected:
+ * nothing counted in ring_mem before; both ends' rings of ring bytes, ring_mem a header and
+ * two such rings per end (both ends are ours). */
+static void rings_pair_setup(struct pt_pair *p, const char *kb_a, const char *kb_b, uint32_t ring)
+{
+    struct exs_prov_ep_attr at = pt_default_attr();
+
+    memset(p, 0, sizeof(*p));
+    host_open_ring(&p->a, kb_a);
+    host_open_ring(&p->b, kb_b);
+    ck_assert_uint_eq(shm_counter("ring_mem"), 0);
+    p->lis = pt_listen(&p->b, &p->addr, &p->addrlen);
+    ck_assert_int_eq(pt_ops->ep_create(p->a.ctx, &at, &p->ea), 0);
+    ck_assert_int_eq(pt_ops->ep_create(p->b.ctx, &at, &p->eb), 0);
+    pt_pair_connect(p);
+    ck_assert_uint_eq(shm_ep_of(p->ea)->conn->ring_bytes, ring);
+    ck_assert_uint_eq(shm_ep_of(p->eb)->conn->ring_bytes, ring);
+    ck_assert_uint_eq(shm_counter("ring_mem"), 2 * (SHM_SEG_HDR + 2ull * ring));
+}
+
+/* The ends gone: nothing counted (a connection is freed at its ctx's next turn); then the
+ * pair closed. */
+static void rings_pair_close(struct pt_pair *p)
+{
+    uint64_t mem1;
+    double t0;
+
+    pt_ep_close(&p->a, p->ea);
+    pt_ep_close(&p->b, p->eb);
+    p->ea = p->eb = NULL;
+    t0 = pt_now_ms();
+    while ((mem1 = shm_counter("ring_mem")) != 0) {
+        ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "ring_mem %llu after the ends",
+                      (unsigned long long)mem1);
+        if (!pt_drive_all())
+            pt_sleep_ms(1);
+    }
+    pt_pair_close(p);
+}
+
 /* Resident bytes of the mapping that starts at addr (/proc/self/smaps), -1 if none. */
 static long mapping_rss(const void *addr)
 {
@@ -1240,30 +1280,15 @@ START_TEST(shm_small_rings)
     struct exs_prov_grant *g;
     struct exs_prov_cqe c;
     struct shm_conn *ca, *cb;
-    uint64_t copies0, mem1;
+    uint64_t copies0;
     const uint64_t per_end = SHM_SEG_HDR + 2ull * R;
-    double t0;
 
     if (skip_unless_shm("shm_small_rings"))
         return;
-    memset(&p, 0, sizeof(p));
-    host_open_ring(&p.a, kb_a[_i]);
-    host_open_ring(&p.b, kb_b[_i]);
-    ck_assert_uint_eq(shm_counter("ring_mem"), 0);
-    p.lis = pt_listen(&p.b, &p.addr, &p.addrlen);
-    {
-        struct exs_prov_ep_attr at = pt_default_attr();
-
-        ck_assert_int_eq(pt_ops->ep_create(p.a.ctx, &at, &p.ea), 0);
-        ck_assert_int_eq(pt_ops->ep_create(p.b.ctx, &at, &p.eb), 0);
-    }
-    pt_pair_connect(&p);
+    rings_pair_setup(&p, kb_a[_i], kb_b[_i], R);
     ca = shm_ep_of(p.ea)->conn;
     cb = shm_ep_of(p.eb)->conn;
-    ck_assert_uint_eq(ca->ring_bytes, R);
-    ck_assert_uint_eq(cb->ring_bytes, R);
     ck_assert_uint_le(ca->frag_bytes, R / 4);
-    ck_assert_uint_eq(shm_counter("ring_mem"), 2 * per_end); /* (both ends are ours) */
     copies0 = shm_counter("copies");
 
     /* a -> b: a SEND of three rings + 5 into a receive of three sges */
@@ -1314,17 +1339,110 @@ START_TEST(shm_small_rings)
     }
     pt_ops->revoke(g);
     /* the ends gone: nothing counted (a connection is freed at its ctx's next turn) */
-    pt_ep_close(&p.a, p.ea);
-    pt_ep_close(&p.b, p.eb);
-    p.ea = p.eb = NULL;
-    t0 = pt_now_ms();
-    while ((mem1 = shm_counter("ring_mem")) != 0) {
-        ck_assert_msg(pt_now_ms() - t0 < PT_TIMEOUT_MS, "ring_mem %llu after the ends",
-                      (unsigned long long)mem1);
-        if (!pt_drive_all())
-            pt_sleep_ms(1);
+    rings_pair_close(&p);
+}
+END_TEST
+
+/* h47 (attack review of fca7144, the ring size agreed per connection): a liar whose
+ * segment's rings are larger than the rings agreed (it made a segment of the default
+ * size, its peer chose 128 KiB: the connection's rings are 128 KiB, the segment has 4 MiB
+ * of each). Loop 0: a well-formed 16 B inline SEND published with a head more than the
+ * agreed ring ahead (within the segment's ring); loop 1: a fragment sized as one of a
+ * default ring (64 KiB of payload, a record of 65600 bytes, all published, less than the
+ * agreed ring) where the agreed ring's fragments are at most a quarter ring. Each is a
+ * protocol error for that connection, nothing placed (the receive, large enough for the
+ * whole message, is flushed and untouched); the next connection works. Seen failing with
+ * the head checked against the segment's ring (seg_ring) instead of the agreed one (loop
+ * 0: the SEND was delivered) and with fragments checked against SHM_FRAG_BYTES (loop 1:
+ * no protocol error). */
+START_TEST(shm_liar_small_ring)
+{
+    const uint32_t R = 128u << 10, MLEN = 2 * SHM_FRAG_BYTES;
+    struct pt_pair p;
+    struct pt_buf *dst;
+    struct liar l;
+    struct shm_rec rec;
+    uint64_t perr;
+
+    if (skip_unless_shm("shm_liar_small_ring"))
+        return;
+    rings_pair_setup(&p, NULL, "128", R);
+    ck_assert_uint_eq(shm_ep_of(p.eb)->conn->seg_ring, SHM_RING_DEFAULT);
+    l = liar(&p);
+    ck_assert_uint_eq(l.head, 0); /* (put_rec's position: the same in either ring) */
+    dst = pt_pair_buf(&p, 'b', MLEN, LW, 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, MLEN), 0);
+    perr = shm_counter("protocol_errors");
+    memset(&rec, 0, sizeof(rec));
+    rec.type = SHM_REC_SEND;
+    if (_i == 0) {
+        rec.flags = SHM_RF_INLINE;
+        rec.len = 16;
+        rec.size = SHM_SLOT;
+        put_rec(&l, &rec, NULL, 0, R + SHM_SLOT);
+    } else {
+        rec.flags = SHM_RF_FRAG;
+        rec.len = MLEN;
+        rec.size = (SHM_REC_HDR + SHM_FRAG_BYTES + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
+        ck_assert_uint_lt(rec.size, R);
+        put_rec(&l, &rec, NULL, 0, rec.size);
     }
+    expect_b_ended(&p, -EPROTO);
+    close(bell_fd);
+    bell_fd = -1;
+    ck_assert_uint_gt(shm_counter("protocol_errors"), perr);
+    pt_expect_wr(&p.b, 1, EXS_PROV_WC_WR_FLUSH_ERR, PT_ANY_OPCODE, NULL);
+    ck_assert(pt_all_bytes(dst->p, MLEN, 0));
+    ck_assert(pt_buf_guards_ok(dst));
+    fresh_connection_works(&p);
     pt_pair_close(&p);
+}
+END_TEST
+
+/* h47 (attack review of fca7144): real connections at the bounds of EXS_SHM_RING_KB. Loop
+ * 0: both sides at the largest (256 MiB rings, a segment of 512 MiB + 4 KiB: the sizes'
+ * 32-bit arithmetic at its top); loop 1: the active side at the largest, the passive at the
+ * smallest (64 KiB agreed in a 512 MiB segment); loop 2: the other way (64 KiB segment, the
+ * passive side's choice larger). The agreed rings on both ends, ring_mem's count, a 64 B
+ * SEND and a SEND of 1 MiB + 3 (fragments) each way, byte for byte; ring_mem back to 0
+ * after the ends. No test ran a connection at the top bound (shm_small_rings: 64 and
+ * 128 KiB). */
+START_TEST(shm_ring_bounds)
+{
+    static const char *kb_a[] = {"262144", "262144", "64"}, *kb_b[] = {"262144", "64", "262144"};
+    static const uint32_t want[] = {SHM_RING_MAX, SHM_RING_MIN, SHM_RING_MIN};
+    const uint32_t R = want[_i], BIG = (1u << 20) + 3;
+    struct pt_pair p;
+
+    if (skip_unless_shm("shm_ring_bounds"))
+        return;
+    rings_pair_setup(&p, kb_a[_i], kb_b[_i], R);
+    ck_assert_uint_eq(shm_ep_of(p.eb)->conn->seg_ring, shm_ep_of(p.ea)->conn->seg_ring);
+    for (int dir = 0; dir < 2; dir++) {
+        struct exs_prov_ep *tx = dir ? p.eb : p.ea, *rx = dir ? p.ea : p.eb;
+        struct pt_host *htx = dir ? &p.b : &p.a, *hrx = dir ? &p.a : &p.b;
+        char stx = dir ? 'b' : 'a', srx = dir ? 'a' : 'b';
+        struct pt_buf *src = pt_pair_buf(&p, stx, BIG, LW, 0);
+        struct pt_buf *dst = pt_pair_buf(&p, srx, BIG, LW, 0);
+        struct exs_prov_cqe c;
+
+        for (int k = 0; k < 2; k++) {
+            uint32_t len = k ? BIG : 64;
+
+            pt_pattern(src->p, len, 40 + 2 * dir + k);
+            memset(dst->p, 0, BIG);
+            ck_assert_int_eq(pt_post_recv(rx, 10 + k, dst, 0, BIG), 0);
+            ck_assert_int_eq(pt_post_send(tx, 20 + k, EXS_PROV_WR_SEND, SIG, src, 0, len, 0, 0, 0),
+                             0);
+            pt_expect_cqe(hrx, 10 + k, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+            ck_assert_uint_eq(c.byte_len, len);
+            pt_expect_cqe(htx, 20 + k, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+            ck_assert_msg(pt_pattern_check(dst->p, len, 40 + 2 * dir + k) < 0,
+                          "rings of %u, direction %d, %u bytes: data differs", R, dir, len);
+            ck_assert(pt_all_bytes(dst->p + len, BIG - len, 0) && pt_buf_guards_ok(dst));
+        }
+    }
+    rings_pair_close(&p);
 }
 END_TEST
 
@@ -1349,6 +1467,8 @@ Suite *prov_shm_suite(void)
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_rings");
     tcase_add_loop_test(tc, shm_small_rings, 0, 3);
+    tcase_add_loop_test(tc, shm_liar_small_ring, 0, 2);
+    tcase_add_loop_test(tc, shm_ring_bounds, 0, 3);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);

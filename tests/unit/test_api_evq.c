@@ -363,6 +363,65 @@ START_TEST(test_take_types)
 }
 END_TEST
 
+/* h47 (attack review of 966b48e, evq_take copying event by event as far as each type goes):
+ * every type other than SEND and RECV comes out whole, its union filled to the last byte,
+ * across the ring's end: SENDMSG, RECVMSG, SENDFILE (exs_evt_xfermsg: its in_fd, iovlen and
+ * offset lie beyond exs_evt_xfer_t), POLL, SENDTIMEOUT, RECVTIMEOUT, SHUTDOWN, CLOSE, CONNECT;
+ * in dequeues of several (evq_take) and of one (evq_take1). test_take_types covers SEND,
+ * RECV and ACCEPT. Seen failing ('SENDMSG event differs') with the copy as far as
+ * exs_evt_xfer_t for every type up to RECVMSG. */
+START_TEST(test_take_types_whole)
+{
+    static const int types[] = {EXS_EVT_SENDMSG,  EXS_EVT_RECVMSG,     EXS_EVT_SENDFILE,
+                                EXS_EVT_POLL,     EXS_EVT_SENDTIMEOUT, EXS_EVT_RECVTIMEOUT,
+                                EXS_EVT_SHUTDOWN, EXS_EVT_CLOSE,       EXS_EVT_CONNECT};
+    static const char *const names[] = {"SENDMSG",  "RECVMSG",     "SENDFILE",
+                                        "POLL",     "SENDTIMEOUT", "RECVTIMEOUT",
+                                        "SHUTDOWN", "CLOSE",       "CONNECT"};
+    const int n = (int)(sizeof(types) / sizeof(types[0]));
+    exs_qhandle_t q = exs_qcreate(4);
+    exs_event_t in, out[4];
+    struct exs_evq *evq;
+    int k = 0;
+
+    /* head at 3: what follows wraps the ring */
+    for (int i = 0; i < 3; i++)
+        post_one(q, 1, i);
+    ck_assert_int_eq(exs_qdequeue(q, out, 3, &ts_zero), 3);
+    while (k < n) {
+        int batch = EXS_MIN(n - k, k % 2 ? 1 : 3); /* 3, then 1, ... */
+
+        ck_assert_int_eq(exs__evq_get(q, &evq), 0);
+        for (int i = 0; i < batch; i++) {
+            memset(&in, 0xc0 + k + i, sizeof(in));
+            in.exs_evt_type = types[k + i];
+            in.exs_evt_fd = 30 + k + i;
+            in.exs_evt_errno = 0;
+            ck_assert_int_eq(exs__evq_reserve(evq), 0);
+            exs__evq_post(evq, &in);
+        }
+        exs__evq_put(evq);
+        memset(out, 0x11, sizeof(out));
+        ck_assert_int_eq(exs_qdequeue(q, out, 4, &ts_zero), batch);
+        for (int i = 0; i < batch; i++) {
+            memset(&in, 0xc0 + k + i, sizeof(in));
+            in.exs_evt_type = types[k + i];
+            in.exs_evt_fd = 30 + k + i;
+            in.exs_evt_errno = 0;
+            /* field by field (no padding compared) */
+            ck_assert_msg(out[i].exs_evt_type == in.exs_evt_type &&
+                              out[i].exs_evt_fd == in.exs_evt_fd && out[i].exs_evt_errno == 0 &&
+                              out[i].exs_evt_ahandle == in.exs_evt_ahandle &&
+                              memcmp(&out[i].exs_evt_u, &in.exs_evt_u, sizeof(in.exs_evt_u)) == 0,
+                          "%s event differs", names[k + i]);
+        }
+        k += batch;
+    }
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
 /* The operation block cache's inline paths (evq_int.h): in a fresh thread the first free
  * goes the whole way (exs__evq_op_free arms the thread's list), later ones inline; blocks
  * come back last in, first out, zeroed; a size above EXS_EVQ_OP_BLOCK bypasses the list.
@@ -1136,6 +1195,7 @@ Suite *api_evq_suite(void)
     tc = tcase_create("dequeue");
     tcase_add_test(tc, test_fifo);
     tcase_add_test(tc, test_take_types);
+    tcase_add_test(tc, test_take_types_whole);
     tcase_add_test(tc, test_positive_partial);
     tcase_add_test(tc, test_threshold);
     tcase_add_test(tc, test_bad_args);

@@ -157,17 +157,16 @@ START_TEST(st_sendq_settled)
 }
 END_TEST
 
-START_TEST(st_direct_into_advert)
+/* A send of 5000 bytes into r (rb, advertised): both done, placed directly (no ring, no
+ * switch); s and r finished. */
+static void st_send_direct(struct pt_op *r, uint8_t *rb, uint8_t *sb)
 {
-    static uint8_t sb[5000], rb[5000];
-    struct pt_op s, r;
+    struct pt_op s;
     struct exs_sock_stats st;
 
-    pt_recv_post(&r, &pp.b, rb, sizeof(rb), 0);
+    st_send(&s, &pp.a, sb, 5000, 0);
     pt_run(&pp);
-    st_send(&s, &pp.a, sb, sizeof(sb), 0);
-    pt_run(&pp);
-    pt_assert_done(&r, 5000, 0);
+    pt_assert_done(r, 5000, 0);
     pt_assert_done(&s, 5000, 0);
     ck_assert(pt_check(rb, 5000, 0));
     pt_stats(&pp.a, &st);
@@ -175,7 +174,47 @@ START_TEST(st_direct_into_advert)
     ck_assert_uint_eq(st.indirect_xfers, 0);
     ck_assert_uint_eq(st.mode_switches, 0);
     pt_op_fini(&s);
-    pt_op_fini(&r);
+    pt_op_fini(r);
+}
+
+START_TEST(st_direct_into_advert)
+{
+    static uint8_t sb[5000], rb[5000];
+    struct pt_op r;
+
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_run(&pp);
+    st_send_direct(&r, rb, sb);
+}
+END_TEST
+
+/* h47 (attack review of 5fea832, the receive post's kick of the receive side alone): while
+ * a new path waits for the peer's RESUME (resume.peer_wait, CONNECTED), a receive posted
+ * moves nothing on it: the post's kick must take the full kick's way (only the RING and
+ * RESUME records go), so no ADVERT of the new receive is sent; once the RESUME came (here:
+ * peer_wait cleared, a kick) the ADVERT goes and the send lands in the receive directly.
+ * Seen failing ('tap.n_advert == 0': 1) with exs__conn_kick_rx_locked's fallback to the
+ * full kick taken out (recv_progress then advertised and the flush sent it before the
+ * RESUME); no other unit or integ test noticed that mutation. */
+START_TEST(st_rx_post_during_peer_wait)
+{
+    static uint8_t sb[5000], rb[5000];
+    struct pt_op r;
+
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pp.b.conn->resume.peer_wait = 1;
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_run(&pp);
+    ck_assert_int_eq(tap.n_advert, 0);
+    ck_assert_int_eq(r.done, 0);
+    EXS_LITE_LOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pp.b.conn->resume.peer_wait = 0;
+    exs__conn_kick_locked(pp.b.conn);
+    EXS_LITE_UNLOCK(&pp.b.conn->lock, EXS_LOCK_CONN);
+    pt_run(&pp);
+    ck_assert_int_eq(tap.n_advert, 1);
+    st_send_direct(&r, rb, sb);
 }
 END_TEST
 
@@ -1005,6 +1044,7 @@ Suite *proto_stream_suite(void)
     tcase_add_checked_fixture(tc, st_setup, st_teardown);
     tcase_add_test(tc, st_indirect_then_copy);
     tcase_add_test(tc, st_direct_into_advert);
+    tcase_add_test(tc, st_rx_post_during_peer_wait);
     tcase_add_test(tc, st_sendq_settled);
     tcase_add_test(tc, st_waitall_fills);
     tcase_add_test(tc, st_stale_advert_phase_jump);
