@@ -887,8 +887,9 @@ START_TEST(cq_plan_refuses_beyond_device_max)
 }
 END_TEST
 
-/* The QP's local ACK timeout (vrb_cm.c): the ep's own, else EXS_VRB_QP_TIMEOUT, else what
- * rdma_cm computed for the path (19 on rxe) capped at 16, else 14; never 0. */
+/* The QP's local ACK timeout (vrb_cqplan.c, used by vrb_cm.c): the ep's own, else
+ * EXS_VRB_QP_TIMEOUT, else what rdma_cm computed for the path (19 on rxe) capped at 16, else 14;
+ * never 0. */
 START_TEST(qp_timeout_pick)
 {
     /* default (parameter 0): rdma_cm's value, at most the cap */
@@ -961,27 +962,6 @@ Suite *prov_vrb_cache_suite(void)
 START_TEST(no_verbs_provider)
 {
     /* built without rdma-core: the caches are not compiled */
-}
-END_TEST
-
-/* The QP's local ACK timeout (vrb_cm.c): the ep's own, else EXS_VRB_QP_TIMEOUT, else what
- * rdma_cm computed for the path (19 on rxe) capped at 16, else 14; never 0. */
-START_TEST(qp_timeout_pick)
-{
-    /* default (parameter 0): rdma_cm's value, at most the cap */
-    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 0, 1, 15), 15);
-    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 0, 1, 19), 16);
-    ck_assert_uint_eq(VRB_QP_TIMEOUT_CAP, 16);
-    /* the parameter, when set, wins over rdma_cm's, uncapped */
-    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 14, 1, 19), 14);
-    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 19, 1, 15), 19);
-    /* the ep's own wins over both */
-    ck_assert_uint_eq(exs__vrb_qp_timeout(18, 14, 1, 19), 18);
-    ck_assert_uint_eq(exs__vrb_qp_timeout(18, 0, 1, 19), 18);
-    /* rdma_cm gave none (not in its mask, or 0 = infinite): the fallback, never 0 */
-    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 0, 0, 19), VRB_QP_TIMEOUT_FALLBACK);
-    ck_assert_uint_eq(exs__vrb_qp_timeout(0, 0, 1, 0), VRB_QP_TIMEOUT_FALLBACK);
-    ck_assert_uint_eq(VRB_QP_TIMEOUT_FALLBACK, 14);
 }
 END_TEST
 
