@@ -12,7 +12,9 @@
 # once (blast --wait-notify; rsockets with polling_time 0), so no spin adds turns whose
 # number depends on timing. The callgrind files go to stdout (gzip, base64) between
 # "@@CG BEGIN label n" and "@@CG END" for bench/rxe_cg_results.py.
-#   libexs: blast --type seqpacket --lat-only --lat-size 64 --wait-notify
+#   libexs: blast --type seqpacket --lat-only --lat-size 64 --wait-notify; its sort of the
+#     round trips' times for the percentiles (n log n: it would add to the difference) is
+#     not collected (callgrind --toggle-collect=percentile)
 #   rsockets: rstream -S 64 -C 1 -T b (one process per run, server outside callgrind)
 N1=$1
 N2=$2
@@ -32,7 +34,7 @@ fi
 # rsockets' blocking calls spin polling_time microseconds (default 10) before they sleep
 mkdir -p /etc/rdma/rsocket && echo 0 >/etc/rdma/rsocket/polling_time
 PORT=7600
-cg() { # label n command...: one client under callgrind, its file to stdout
+cg() { # label n [callgrind options] command...: one client under callgrind, its file to stdout
     label=$1; n=$2; shift 2
     $CL /guest/valgrind.bin --tool=callgrind --callgrind-out-file=/tmp/cg.out "$@" \
         >/tmp/cg-client.log 2>&1 || { echo "CGFAIL label=$label n=$n: $(tail -n 2 /tmp/cg-client.log)"; return 1; }
@@ -52,7 +54,11 @@ for x in "$@"; do
             $SV ./$b -s -p $PORT --once >/tmp/cg-srv.log 2>&1 &
             sp=$!
             sleep 2
-            cg $label $n ./$b -c $A -p $PORT --quiet --type seqpacket --lat-only --lat-size 64 \
+            # blast's percentile() sorts the round trips' times (qsort, n log n): not
+            # collected (in the thread that calls it; the option after --toggle-collect,
+            # which sets --collect-atstart=no)
+            cg $label $n --toggle-collect=percentile --collect-atstart=yes \
+                ./$b -c $A -p $PORT --quiet --type seqpacket --lat-only --lat-size 64 \
                 --lat-iters $n --wait-notify
             kill $sp 2>/dev/null; wait $sp 2>/dev/null ;;
         rstream)

@@ -404,17 +404,19 @@ AB done
 
     def test_rxe_cg(self):
         """bench/rxe_cg_results.py: self costs per object from callgrind's compressed
-        names (a call's inclusive cost line is not counted), per round trip from two runs."""
+        names (a call's inclusive cost line is not counted), per round trip from two runs; a
+        run where blast's sort (percentile, cmp_double) was counted is named."""
         import base64
         import gzip
         import subprocess
 
         import rxe_cg_results as cg
 
-        def cgfile(k):
+        def cgfile(k, sort=""):
             return ("events: Ir\nob=(1) /guest/blast-this\nfl=(1) x.c\nfn=(1) exs_send\n"
                     f"10 {1100 * k}\ncob=(2) /lib/libc.so.6\ncfn=(2) memcpy\ncalls=1 0\n"
-                    f"10 {999 * k}\nob=(2)\nfl=(2) y.c\nfn=(2)\n+2 {110 * k}\n")
+                    f"10 {999 * k}\nob=(2)\nfl=(2) y.c\nfn=(2)\n+2 {110 * k}\n"
+                    + (f"ob=(1)\nfn=(3) {sort}\n5 {7 * k}\n" if sort else ""))
 
         per_ob, per_fn = cg.parse_cg(cgfile(1))
         self.assertEqual(per_ob, {"/guest/blast-this": 1100, "/lib/libc.so.6": 110})
@@ -423,6 +425,9 @@ AB done
             for n, k in ((100, 1), (1100, 11)):  # 1000 more round trips, x1.1 warm-up
                 blob = base64.b64encode(gzip.compress(cgfile(k).encode())).decode()
                 f.write(f"a| @@CG BEGIN libexs {n}\na| {blob}\na| @@CG END\n")
+                for label, fn in (("sorted", "cmp_double"), ("sorted2", "percentile")):
+                    blob = base64.b64encode(gzip.compress(cgfile(k, fn).encode())).decode()
+                    f.write(f"a| @@CG BEGIN {label} {n}\na| {blob}\na| @@CG END\n")
             f.write("a| CGFAIL label=rsockets n=100: boom\n")
         try:
             out = subprocess.run([sys.executable, os.path.join(os.path.dirname(
@@ -437,6 +442,8 @@ AB done
         self.assertIn("| libexs | 11 | 1 | 10 | 11 |", out)
         self.assertIn("| `exs_send` | blast-this | 10 |", out)
         self.assertIn("CGFAIL label=rsockets n=100: boom", out)
+        self.assertIn("`percentile` or `cmp_double` has a cost in sorted (pair 1), sorted2 "
+                      "(pair 1): their figures include blast's sort", out)
 
 
 if __name__ == "__main__":
