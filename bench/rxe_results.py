@@ -28,8 +28,14 @@ def kv(line):
     return dict(re.findall(r"(\w+)=(\S+)", line))
 
 
+# A figure measured while the host's tasks waited for a CPU this share of the time or more
+# (bench/rxe_hostload.py's hostcpu=) is marked: its round trips likely waited for the host.
+HOST_BUSY = 0.3
+
+
 def parse(path):
     res = defaultdict(dict)  # (sys, fig, size) -> {round: value}
+    host = defaultdict(dict)  # (sys, fig, size) -> {round: hostcpu}
     fails, info, sysc, systop, perf, vstat = [], [], [], [], [], []
     for raw in open(path, errors="replace"):
         line = raw.rstrip("\n")
@@ -37,7 +43,10 @@ def parse(path):
         if line.startswith("BR "):
             d = kv(line)
             try:
-                res[(d["sys"], d["fig"], int(d["size"]))][int(d["round"])] = float(d["value"])
+                key = (d["sys"], d["fig"], int(d["size"]))
+                res[key][int(d["round"])] = float(d["value"])
+                if "hostcpu" in d:
+                    host[key][int(d["round"])] = float(d["hostcpu"])
             except (KeyError, ValueError):
                 fails.append(line)
         elif line.startswith("BRFAIL"):
@@ -52,7 +61,7 @@ def parse(path):
             perf.append(kv(line))
         if "vstat pid=" in line:  # may follow another line's text without a newline
             vstat.append(kv(line[line.index("vstat pid="):]))
-    return res, fails, info, sysc, systop, perf, vstat
+    return res, fails, info, sysc, systop, perf, vstat, host
 
 
 def med(d):
@@ -69,14 +78,26 @@ def fmt(v, fig):
     return f"{v:.1f}"
 
 
-def rounds(d, fig):
-    return ", ".join(fmt(d[r], fig) for r in sorted(d))
+def rounds(d, fig, h=None):
+    """Each round's value; "*" after one measured on a busy host (hostcpu >= HOST_BUSY)."""
+    h = h or {}
+    return ", ".join(fmt(d[r], fig) + ("*" if h.get(r, 0) >= HOST_BUSY else "")
+                     for r in sorted(d))
+
+
+def host_by_round(host):
+    """Mean hostcpu of each round's figures: 'round 1 0.12, round 2 0.40', or None."""
+    by = defaultdict(list)
+    for per in host.values():
+        for r, v in per.items():
+            by[r].append(v)
+    return ", ".join(f"round {r} {statistics.mean(v):.2f}" for r, v in sorted(by.items())) or None
 
 
 def main():
     path = sys.argv[1]
     meta = [a.split("=", 1) for a in sys.argv[2:] if "=" in a]
-    res, fails, info, sysc, systop, perf, vstat = parse(path)
+    res, fails, info, sysc, systop, perf, vstat, host = parse(path)
     out = []
     w = out.append
     w("# libexs verbs benchmarks on Soft-RoCE (make bench-rxe)\n")
@@ -87,7 +108,17 @@ def main():
         w(f"| {k} | {v} |")
     for i in info:
         w(f"| guest | {i} |")
+    hr = host_by_round(host)
+    if hr:
+        w(f"| host CPU pressure (mean per figure) | {hr} |")
     w("")
+    if hr:
+        w("Host CPU pressure: the share of each figure's wall time in which some task on the "
+          "host waited for a CPU (/proc/pressure/cpu, bench/rxe_hostload.py). The guest's "
+          "vCPUs are host threads; a busy-polling round trip needs both on a core at once, "
+          "and while the host's other work holds the cores it waits for the host's "
+          "scheduler, whatever the system measured (spec/rxe-vm.md, \"Host load\"). A "
+          f"round's value measured at {HOST_BUSY} or more carries a `*`.\n")
     w("Everything runs in ONE qemu guest under TCG (software CPU emulation) on device rxe0: "
       "both ends, the rxe driver and the emulated CPUs share the host's cores. Absolute "
       "figures say little; the ratios between systems measured in the same rounds are the "
@@ -144,7 +175,7 @@ def main():
                 v = med(d)
                 rel = f"{v / base:.2f}" if base else "-"
                 w(f"| {SIZE_NAME.get(size, size)} | {SYS_NAME[s]} | {fmt(v, fig)} | {rel} | "
-                  f"{rounds(d, fig)} |")
+                  f"{rounds(d, fig, host.get((s, fig, size)))} |")
         w("")
     w("## 64 B messages/s, 16 outstanding\n")
     w("libexs: blast `--type stream --size 64 --sends 16 --recvs 16`; rstream `-S 64 -C 16 -T "
@@ -157,7 +188,7 @@ def main():
         if d:
             v = med(d)
             w(f"| {SYS_NAME[s]} | {fmt(v, 'msgs')} | {f'{v / base:.2f}' if base else '-'} | "
-              f"{rounds(d, 'msgs')} |")
+              f"{rounds(d, 'msgs', host.get((s, 'msgs', 64)))} |")
     w("")
     w("## STREAM throughput (Gbit/s)\n")
     w("libexs: blast `--type stream --mode direct` (8/8); rstream/riostream `-C N -I 1 -T n` "
@@ -169,8 +200,9 @@ def main():
             d = res.get((s, "gbps", size))
             if d:
                 v = med(d)
+                each = rounds(d, "gbps", host.get((s, "gbps", size)))
                 w(f"| {SIZE_NAME[size]} | {SYS_NAME[s]} | {fmt(v, 'gbps')} | "
-                  f"{f'{v / base:.2f}' if base else '-'} | {rounds(d, 'gbps')} |")
+                  f"{f'{v / base:.2f}' if base else '-'} | {each} |")
     w("")
 
     # Per message: vstat counters summed over the rounds of one (system, figure, size), per

@@ -446,5 +446,47 @@ AB done
                       "(pair 1): their figures include blast's sort", out)
 
 
+class HostLoad(unittest.TestCase):
+    def test_annotate(self):
+        """bench/rxe_hostload.py: a figure's line gets the host's CPU stall share since the
+        previous figure's line; other lines pass unchanged; no PSI, no change."""
+        import rxe_hostload
+
+        psi = iter([0, 500000, 500000, 2500000])  # microseconds stalled, at each read
+        clock = iter([0.0, 1.0, 3.0, 5.0])
+        lines = ["BRINFO x\n", "BR round=1 sys=a fig=f size=1 value=2\n", "vstat pid=1\n",
+                 "g| BR round=1 sys=b fig=f size=1 value=3\n", "BRFAIL round=1 sys=c\n",
+                 "BR round=2 sys=a fig=f size=1 value=4\n"]
+        out = list(rxe_hostload.annotate(lines, lambda: next(psi), lambda: next(clock)))
+        self.assertEqual(out[0], lines[0])
+        self.assertEqual(out[1], "BR round=1 sys=a fig=f size=1 value=2 hostcpu=0.50\n")
+        self.assertEqual(out[2], lines[2])
+        self.assertEqual(out[3], "g| BR round=1 sys=b fig=f size=1 value=3 hostcpu=0.00\n")
+        self.assertEqual(out[4], lines[4])
+        self.assertEqual(out[5], "BR round=2 sys=a fig=f size=1 value=4 hostcpu=1.00\n")
+        self.assertEqual(list(rxe_hostload.annotate(lines[1:2], lambda: None)), lines[1:2])
+
+    def test_results_mark_busy_rounds(self):
+        """bench/rxe_results.py: a round measured on a busy host carries a *, and the mean
+        pressure of each round is in the run table."""
+        import subprocess
+
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            for r, v, h in ((1, 27.0, 0.1), (2, 34.0, 0.6), (3, 28.0, 0.2)):
+                f.write(f"BR round={r} sys=libexs fig=rtt_busy size=64 value={v} hostcpu={h}\n")
+                f.write(f"BR round={r} sys=rsockets fig=rtt_busy size=64 value=26 "
+                        f"hostcpu={h + 0.1}\n")
+        try:
+            out = subprocess.run([sys.executable, os.path.join(os.path.dirname(
+                                  os.path.abspath(__file__)), "rxe_results.py"), f.name],
+                                 check=True, capture_output=True, text=True).stdout
+        finally:
+            os.unlink(f.name)
+        self.assertIn("| 64 B | libexs verbs (blast) | 28.0 | 1.08 | 27.0, 34.0*, 28.0 |", out)
+        self.assertIn("| 64 B | rsockets (rstream) | 26.0 | 1.00 | 26.0, 26.0*, 26.0* |", out)
+        self.assertIn("| host CPU pressure (mean per figure) | round 1 0.15, round 2 0.65, "
+                      "round 3 0.25 |", out)
+
+
 if __name__ == "__main__":
     unittest.main()
