@@ -184,6 +184,9 @@ ucx_run() {  # opts...
     wait_port $PORT || sleep 1
     timeout 300 $CL ucx_perftest $A -p $PORT "$@" >/tmp/ucx.out 2>&1
     rc=$?
+    # a client that failed leaves its server waiting for a peer until its own timeout
+    # (300 s of a round under TCG when UCX's wire-up fails): it is ended here
+    [ $rc -eq 0 ] || kill $sp 2>/dev/null
     wait $sp
     [ $rc -eq 0 ] || { grep -m 4 -E 'ERROR|Assert|assert|Fatal|failed|unreachable' /tmp/ucx.out /tmp/ucx-srv.out | tr '\n' ' '; return 1; }
     grep 'Final:' /tmp/ucx.out | tail -n 1
