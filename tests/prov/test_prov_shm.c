@@ -918,57 +918,6 @@ START_TEST(shm_busy_turns_no_syscall)
 }
 END_TEST
 
-/* A busy poller's round (the engine's: ctx_progress, then ctx_poll) walks the rings once:
- * a ctx_poll right after ctx_progress takes the completion queue without a turn of its own
- * (counter poll_fresh), the next one takes its turn again; and what arrives in between is
- * still delivered by the polls that follow. Default mode only (MANUAL polls take no turn).
- * Before, every such ctx_poll took a turn: poll_fresh stayed 0. */
-START_TEST(shm_poll_after_progress)
-{
-    enum { K = 200, SZ = 64 };
-    struct pt_pair p;
-    struct pt_buf *src, *dst;
-    struct exs_prov_cqe c[4];
-    struct shm_ctx *ctx;
-    uint64_t fresh0, fresh;
-
-    if (skip_unless_shm("shm_poll_after_progress"))
-        return;
-    if (pt_manual) {
-        test_skip("shm_poll_after_progress", "default mode only (MANUAL polls take no turn)");
-        return;
-    }
-    pt_pair_setup(&p, NULL, NULL);
-    ctx = shm_ctx_of(p.b.ctx);
-    fresh0 = __atomic_load_n(&ctx->cnt.poll_fresh, __ATOMIC_RELAXED);
-    for (int i = 0; i < K; i++) {
-        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
-        ck_assert_int_eq(pt_ops->ctx_poll(p.b.ctx, c, 4), 0);
-        /* a second poll: its own turn (nothing fresh) */
-        ck_assert_int_eq(pt_ops->ctx_poll(p.b.ctx, c, 4), 0);
-    }
-    fresh = __atomic_load_n(&ctx->cnt.poll_fresh, __ATOMIC_RELAXED) - fresh0;
-    /* each pair's first poll, unless the NIC thread held the role at that moment */
-    ck_assert_msg(fresh >= K / 2 && fresh <= K, "%llu polls without a turn in %d rounds",
-                  (unsigned long long)fresh, K);
-
-    src = pt_pair_buf(&p, 'a', SZ, LW, 0);
-    dst = pt_pair_buf(&p, 'b', SZ, LW, 0);
-    memset(src->p, 0x5a, SZ);
-    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, SZ), 0);
-    ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
-    ck_assert_int_eq(
-        pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, SIG | EXS_PROV_SEND_INLINE, src, 0, SZ, 0, 0, 0),
-        0);
-    /* published after b's turn: its next polls find it */
-    pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, c);
-    ck_assert_uint_eq(c[0].byte_len, SZ);
-    ck_assert(pt_all_bytes(dst->p, SZ, 0x5a));
-    pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-    pt_pair_close(&p);
-}
-END_TEST
-
 /* The data path's short ways keep the RC semantics: (1) a revoked grant's block serves the
  * next grant (exs/prov/soft's grant cache) under a fresh key: the new key works, the old
  * one is refused; (2) 48 inline WRITE_WITH_IMMs of one burst, carried out under a few holds
@@ -1523,7 +1472,6 @@ Suite *prov_shm_suite(void)
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
-    tcase_add_test(tc, shm_poll_after_progress);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_fast");
     tcase_add_test(tc, shm_fast_paths);

@@ -184,7 +184,6 @@ struct shm_counters {
     uint64_t bells_rx;
     uint64_t turns;
     uint64_t collects;
-    uint64_t poll_fresh;
     uint64_t sleeps;
     uint64_t ring_mem;
 };
@@ -363,8 +362,6 @@ struct shm_ctx {
     unsigned turn_seq;   /* working turns of ctx_progress: descriptors every 8th */
     unsigned idle_turns; /* idle turns of ctx_progress since the last look */
     int collect_now;     /* an arm was taken, or the last look found some: the next reads */
-    int rings_fresh;     /* ctx_progress's turn looked at every ring and no ctx_poll came
-                          * since: the next busy ctx_poll takes the queue without a turn */
     uint32_t rnr_timer_ms;
     uint8_t rnr_retry_max;
     uint32_t ring_bytes; /* this side's choice of ring size (EXS_SHM_RING_KB) */

@@ -53,9 +53,6 @@ static const struct exs_counter_desc shm_counter_desc[] = {
     EXS_COUNTER(struct shm_counters, collects,
                 "turns that read the descriptors (epoll_wait): a busy poller's every "
                 "64th idle turn"),
-    EXS_COUNTER(struct shm_counters, poll_fresh,
-                "busy polls without a turn of their own: ctx_progress's had just looked at "
-                "every ring"),
     EXS_COUNTER(struct shm_counters, sleeps, "sleeps of the NIC thread or armed consumers"),
     EXS_COUNTER(struct shm_counters, ring_mem,
                 "shared memory the live connections' segments can hold, bytes: each one's header "
@@ -381,7 +378,6 @@ static int shm_ctx_progress(struct exs_prov_ctx *c)
 
     exs__lite_lock(&ctx->nic_lock);
     did = shm_turn_idle(ctx) ? 1 : exs__shm_turn(ctx, 1);
-    ctx->rings_fresh = 1;
     exs__lite_unlock(&ctx->nic_lock);
     return did > 0;
 }
@@ -460,19 +456,11 @@ static __attribute__((noinline)) int shm_poll_take(struct shm_ctx *ctx, struct e
 
 /* ctx_poll's turn (the NIC role taken), then the queue: out of line, as shm_poll_take, so
  * that a busy poller's empty look is a leaf without a frame (it saved and restored three
- * registers for these calls). No turn right after ctx_progress's (the engine's round
- * calls progress, then poll): that turn has just looked at every ring, a second one finds
- * what arrived in between only (the next round's does), and the rings are walked once per
- * round. */
+ * registers for these calls) */
 static __attribute__((noinline)) int shm_poll_turn(struct shm_ctx *ctx, struct exs_prov_cqe *cqe,
                                                    int max)
 {
-    if (ctx->rings_fresh) {
-        ctx->rings_fresh = 0;
-        SHM_CNT_INC_OWNED(ctx->cnt.poll_fresh); /* (nic_lock) */
-    } else {
-        (void)exs__shm_turn(ctx, 0);
-    }
+    (void)exs__shm_turn(ctx, 0);
     exs__lite_unlock(&ctx->nic_lock);
     return exs__soft_cq_peek(&ctx->cq) ? shm_poll_take(ctx, cqe, max) : 0;
 }
