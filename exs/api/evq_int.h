@@ -95,6 +95,29 @@ struct exs_op_cache_thr {
 extern __thread struct exs_op_cache_thr exs__op_cache __attribute__((visibility("hidden")));
 #endif
 
+/* A cached block zeroed for an operation of size bytes. A size known here (the posting
+ * calls': sizeof their op) is zeroed by 16-byte stores in line: 21 stores for an api_op's
+ * 312 bytes, where libc's memset cost about 40 instructions with its call (callgrind, 64 B
+ * STREAM sender); gcc makes a constant-size memset an inline rep stos, slower still. Any
+ * other size: libc's memset (the size hidden from the compiler for that reason). */
+static inline __attribute__((always_inline)) void exs__evq_op_zero(void *mem, size_t size)
+{
+    typedef uint64_t exs_zero16 __attribute__((vector_size(16), aligned(8), may_alias));
+    char *p = mem;
+    size_t i = 0;
+
+    if (!__builtin_constant_p(size)) {
+        __asm__("" : "+r"(size));
+        memset(mem, 0, size);
+        return;
+    }
+#pragma GCC unroll 32
+    for (; i + 16 <= size; i += 16)
+        *(exs_zero16 *)(void *)(p + i) = (exs_zero16){0, 0};
+    for (; i < size; i++)
+        p[i] = 0;
+}
+
 /* exs__evq_op_alloc's and exs__evq_op_free's common cases inline (a block from or back to
  * this thread's list: no call); anything else calls them. */
 static inline __attribute__((always_inline)) void *exs__evq_op_alloc_x(size_t size)
@@ -106,9 +129,7 @@ static inline __attribute__((always_inline)) void *exs__evq_op_alloc_x(size_t si
     if (size <= EXS_EVQ_OP_BLOCK && b) {
         c->head = b->next;
         c->n--;
-        /* the size hidden from the compiler: libc's memset, not an inline rep stos */
-        __asm__("" : "+r"(size));
-        memset(b, 0, size);
+        exs__evq_op_zero(b, size);
         return b;
     }
 #endif

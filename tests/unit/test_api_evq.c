@@ -422,9 +422,32 @@ START_TEST(test_take_types_whole)
 }
 END_TEST
 
+static volatile size_t op_cache_size_unknown = 77;
+
+/* A block of size bytes dirtied, freed and taken again: 0 when it came back all zero. */
+static inline __attribute__((always_inline)) int op_cache_reuse_zeroed(size_t size)
+{
+    unsigned char *m = exs__evq_op_alloc_x(size);
+    int bad = !m;
+
+    if (m) {
+        memset(m, 0xef, size);
+        exs__evq_op_free_x(m, size);
+        m = exs__evq_op_alloc_x(size);
+        bad |= !m;
+        for (size_t i = 0; m && i < size; i++)
+            bad |= m[i] != 0;
+        if (m)
+            exs__evq_op_free_x(m, size);
+    }
+    return bad;
+}
+
 /* The operation block cache's inline paths (evq_int.h): in a fresh thread the first free
  * goes the whole way (exs__evq_op_free arms the thread's list), later ones inline; blocks
- * come back last in, first out, zeroed; a size above EXS_EVQ_OP_BLOCK bypasses the list.
+ * come back last in, first out, zeroed (whole, at constant sizes with a tail after the
+ * 16-byte stores and at a size the compiler does not know); a size above EXS_EVQ_OP_BLOCK
+ * bypasses the list.
  * Under a sanitizer the list is off (every block to free()): only the zeroing is checked. */
 static void *op_cache_thread(void *arg)
 {
@@ -451,6 +474,11 @@ static void *op_cache_thread(void *arg)
     for (size_t i = 0; i < size; i++)
         if (c[i] || d[i])
             *fail = 4;
+    /* a reused block zeroed whole at sizes the compiler knows, by 16-byte stores and the
+     * tail after them (exs__evq_op_zero), and at one it does not (libc's memset) */
+    if (op_cache_reuse_zeroed(203) || op_cache_reuse_zeroed(EXS_EVQ_OP_BLOCK) ||
+        op_cache_reuse_zeroed(op_cache_size_unknown))
+        *fail = 6;
     big = exs__evq_op_alloc_x(EXS_EVQ_OP_BLOCK + 1);
     if (!big || big[0] || big[EXS_EVQ_OP_BLOCK])
         *fail = 5;
