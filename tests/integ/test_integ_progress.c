@@ -879,6 +879,43 @@ START_TEST(test_small_writes_inline)
 }
 END_TEST
 
+/* Small sends of a ping-pong go unsignaled (spec/protocol.md §6.4): counted in proto's
+ * sends_unsignaled, their events and data as always (pingpong checks them), nothing
+ * failed; with EXS_SEND_UNSIGNALED=no (loop 1) none does. A connection that can be cut
+ * over (a tcp one beside shm, policy any) never does: those providers skip. */
+START_TEST(test_small_sends_unsignaled)
+{
+    struct it_pair p;
+    uint64_t u0 = 0, u1 = 0, f0 = 0, f1 = 0;
+    int off = _i == 1;
+
+    if (off)
+        it_setenv("EXS_SEND_UNSIGNALED", "no");
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    if (strcmp(it_provider, "tcp") && strcmp(it_provider, "shm") && strcmp(it_provider, "verbs")) {
+        test_skip("test_small_sends_unsignaled", "provider %s: inline sends not known",
+                  it_provider);
+        it_pair_close(&p);
+        return;
+    }
+    pingpong(&p, 1, EXS_WAIT_POLL); /* settle (the first round's ADVERTs) */
+    ck_assert_int_eq(exs__counters_lookup("proto", "sends_unsignaled", &u0), 0);
+    ck_assert_int_eq(exs__counters_lookup("proto", "unsignaled_failed", &f0), 0);
+    pingpong(&p, 16, EXS_WAIT_POLL);
+    ck_assert_int_eq(exs__counters_lookup("proto", "sends_unsignaled", &u1), 0);
+    ck_assert_int_eq(exs__counters_lookup("proto", "unsignaled_failed", &f1), 0);
+    ck_assert_uint_eq(f1, f0);
+    if (off)
+        ck_assert_msg(u1 == u0, "%llu unsignaled sends with EXS_SEND_UNSIGNALED=no",
+                      (unsigned long long)(u1 - u0));
+    else /* 32 messages, 8 of them longer than max_inline (128 here) */
+        ck_assert_msg(u1 - u0 >= 16, "%llu unsignaled sends of 32 messages",
+                      (unsigned long long)(u1 - u0));
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_progress_suite(void)
 {
     Suite *s = suite_create("integ_progress");
@@ -911,5 +948,7 @@ Suite *integ_progress_suite(void)
                  (const TTest *const[]){test_idle_loop_sleeps, NULL});
     it_suite_add(s, "speed", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_poll_spin_clock, test_small_writes_inline, NULL});
+    it_suite_add(s, "unsignaled", IT_CASE_TIMEOUT, 2,
+                 (const TTest *const[]){test_small_sends_unsignaled, NULL});
     return s;
 }

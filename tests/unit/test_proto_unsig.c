@@ -84,12 +84,13 @@ END_TEST
 /*
  * Order of events: a small send behind a large one still on the wire (signaled, not
  * inline) is not done at post, since its event would precede the earlier send's; both
- * are handed back in posting order once the large one completes. Looped: SEQPACKET
- * (the large one announced), STREAM.
+ * are handed back in posting order once the large one completes; when the link dies
+ * instead, both fail. Looped: SEQPACKET (the large one announced), STREAM, SEQPACKET
+ * with the link dropped.
  */
 START_TEST(un_order_behind_signaled)
 {
-    int sp = _i == 0;
+    int sp = _i != 1;
     static uint8_t big[3000], sb[64], rb[3000], rb2[64];
     struct pt_op s[2], r[2];
 
@@ -98,6 +99,21 @@ START_TEST(un_order_behind_signaled)
     pt_send_pattern(&s[1], &pp.a, sb, sizeof(sb), sizeof(big));
     ck_assert_int_eq(s[0].done, 0);
     ck_assert_int_eq(s[1].done, 0);
+    if (_i == 2) {
+        /* the link dies: the small send behind fails with the large one; had it gone
+         * unsignaled it would have succeeded behind a failed send */
+        mock_drop(pp.a.conn->ep);
+        pt_run(&pp);
+        ck_assert_int_eq(s[0].done, 1);
+        ck_assert_int_eq(s[1].done, 1);
+        ck_assert_int_eq(s[0].op.result, -1);
+        ck_assert_int_eq(s[1].op.result, -1);
+        ck_assert_uint_lt(s[0].order, s[1].order);
+        pt_op_fini(&s[0]);
+        pt_op_fini(&s[1]);
+        un_close();
+        return;
+    }
     pt_recv_post(&r[0], &pp.b, rb, sizeof(rb), sp ? 0 : MSG_WAITALL);
     pt_recv_post(&r[1], &pp.b, rb2, sizeof(rb2), sp ? 0 : MSG_WAITALL);
     pt_run(&pp);
@@ -267,7 +283,7 @@ Suite *proto_unsig_suite(void)
     TCase *tc = tcase_create("unsig");
 
     tcase_add_loop_test(tc, un_event_at_post, 0, 4);
-    tcase_add_loop_test(tc, un_order_behind_signaled, 0, 2);
+    tcase_add_loop_test(tc, un_order_behind_signaled, 0, 3);
     tcase_add_test(tc, un_pingpong_retires);
     tcase_add_test(tc, un_one_way_retires);
     tcase_add_loop_test(tc, un_flush_unsignaled, 0, 2);
