@@ -95,7 +95,7 @@ struct exs_params {
     uint64_t frag_size;       /* EXS_FRAG_SIZE: largest data write of a transfer, bytes */
     uint64_t wr_max;          /* EXS_WR_MAX: send work requests outstanding per connection */
     uint64_t send_unsignaled; /* EXS_SEND_UNSIGNALED: small inline sends unsignaled, done at
-                               * post (spec/protocol.md §6.4) */
+                               * post (spec/protocol.md §6.4), 0 = off */
     uint64_t listen_embryo_max; /* EXS_LISTEN_EMBRYO_MAX: handshakes in flight per listener
                                  * (at least its backlog) */
     uint64_t listen_defer_max;  /* EXS_LISTEN_DEFER_MAX: requests waiting for room per listener */

@@ -881,7 +881,7 @@ END_TEST
 
 /* Small sends of a ping-pong go unsignaled (spec/protocol.md §6.4): counted in proto's
  * sends_unsignaled, their events and data as always (pingpong checks them), nothing
- * failed; with EXS_SEND_UNSIGNALED=no (loop 1) none does. A connection that can be cut
+ * failed; with EXS_SEND_UNSIGNALED=0 (loop 1) none does. A connection that can be cut
  * over (a tcp one beside shm, policy any) never does: those providers skip. */
 START_TEST(test_small_sends_unsignaled)
 {
@@ -890,7 +890,7 @@ START_TEST(test_small_sends_unsignaled)
     int off = _i == 1;
 
     if (off)
-        it_setenv("EXS_SEND_UNSIGNALED", "no");
+        it_setenv("EXS_SEND_UNSIGNALED", "0");
     it_init();
     it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
     if (strcmp(it_provider, "tcp") && strcmp(it_provider, "shm") && strcmp(it_provider, "verbs")) {
@@ -907,7 +907,7 @@ START_TEST(test_small_sends_unsignaled)
     ck_assert_int_eq(exs__counters_lookup("proto", "unsignaled_failed", &f1), 0);
     ck_assert_uint_eq(f1, f0);
     if (off)
-        ck_assert_msg(u1 == u0, "%llu unsignaled sends with EXS_SEND_UNSIGNALED=no",
+        ck_assert_msg(u1 == u0, "%llu unsignaled sends with EXS_SEND_UNSIGNALED=0",
                       (unsigned long long)(u1 - u0));
     else /* 32 messages, 8 of them longer than max_inline (128 here) */
         ck_assert_msg(u1 - u0 >= 16, "%llu unsignaled sends of 32 messages",

@@ -40,7 +40,7 @@ static void un_close(void)
  * A 64-byte send, after an answer came (the handshake's records), goes unsignaled: its
  * event is handed back by the post itself, before the fabric moved or any completion was
  * polled; nothing of it counts in wr_out or ring_wr_out; the bytes arrive. With the
- * switch off (EXS_SEND_UNSIGNALED=no) the same send waits for its completion. Looped:
+ * switch off (EXS_SEND_UNSIGNALED=0) the same send waits for its completion. Looped:
  * SEQPACKET on, STREAM on, SEQPACKET off, STREAM off.
  */
 START_TEST(un_event_at_post)
