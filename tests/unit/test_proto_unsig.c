@@ -134,6 +134,24 @@ END_TEST
 
 #define ROUNDS 200
 
+/* One 64-byte message from one side to the other, received and checked. */
+static void un_one(struct pt_side *from, struct pt_side *to, uint64_t off)
+{
+    static uint8_t sb[64], rb[64];
+    struct pt_op s, r;
+
+    pt_recv_post(&r, to, rb, 64, 0);
+    pt_send_pattern(&s, from, sb, 64, off);
+    pt_run(&pp);
+    pt_assert_done(&s, 64, 0);
+    pt_assert_done(&r, 64, 0);
+    ck_assert(pt_check(rb, 64, off));
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+    ck_assert_int_eq(from->conn->state, EXS_CONN_CONNECTED);
+    ck_assert_uint_le(from->conn->quiet_live, EXS_QUIET_MAX);
+}
+
 /*
  * A long ping-pong of small messages: each side's sends go unsignaled (the control
  * records returning credits are signaled and retire their slots); every message
@@ -141,34 +159,13 @@ END_TEST
  */
 START_TEST(un_pingpong_retires)
 {
-    static uint8_t ab[64], bb[64], ar[64], br[64];
     uint64_t n0;
 
     un_open(SOCK_SEQPACKET, 1);
     n0 = un_cnt(sends_unsignaled);
     for (int i = 0; i < ROUNDS; i++) {
-        struct pt_op s, r;
-
-        pt_recv_post(&r, &pp.b, br, 64, 0);
-        pt_send_pattern(&s, &pp.a, ab, 64, (uint64_t)i);
-        pt_run(&pp);
-        pt_assert_done(&s, 64, 0);
-        pt_assert_done(&r, 64, 0);
-        ck_assert(pt_check(br, 64, (uint64_t)i));
-        pt_op_fini(&s);
-        pt_op_fini(&r);
-        pt_recv_post(&r, &pp.a, ar, 64, 0);
-        pt_send_pattern(&s, &pp.b, bb, 64, 1000u + (uint64_t)i);
-        pt_run(&pp);
-        pt_assert_done(&s, 64, 0);
-        pt_assert_done(&r, 64, 0);
-        ck_assert(pt_check(ar, 64, 1000u + (uint64_t)i));
-        pt_op_fini(&s);
-        pt_op_fini(&r);
-        ck_assert_int_eq(pp.a.conn->state, EXS_CONN_CONNECTED);
-        ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
-        ck_assert_uint_le(pp.a.conn->quiet_live, EXS_QUIET_MAX);
-        ck_assert_uint_le(pp.b.conn->quiet_live, EXS_QUIET_MAX);
+        un_one(&pp.a, &pp.b, (uint64_t)i);
+        un_one(&pp.b, &pp.a, 1000u + (uint64_t)i);
     }
     ck_assert_uint_ge(un_cnt(sends_unsignaled) - n0, 2 * ROUNDS * 3 / 4);
     un_close();
@@ -179,29 +176,17 @@ END_TEST
  * One way, an answer before each send (forced), and nothing signaled of the sender's
  * own: at least every EXS_QUIET_MAX-th write goes signaled so that the provider's
  * send-queue slots held by unsignaled requests retire (the mock refuses a post beyond
- * max_send_wr, which would reset the connection); every message arrives whole.
+ * max_send_wr: the connection resets and the send fails); every message arrives whole.
  */
 START_TEST(un_one_way_retires)
 {
-    static uint8_t sb[64], rb[64];
     uint64_t n0;
 
     un_open(SOCK_SEQPACKET, 1);
     n0 = un_cnt(sends_unsignaled);
     for (int i = 0; i < ROUNDS; i++) {
-        struct pt_op s, r;
-
-        pt_recv_post(&r, &pp.b, rb, 64, 0);
         pp.a.conn->quiet_armed = 1;
-        pt_send_pattern(&s, &pp.a, sb, 64, (uint64_t)i);
-        pt_run(&pp);
-        pt_assert_done(&s, 64, 0);
-        pt_assert_done(&r, 64, 0);
-        ck_assert(pt_check(rb, 64, (uint64_t)i));
-        pt_op_fini(&s);
-        pt_op_fini(&r);
-        ck_assert_int_eq(pp.a.conn->state, EXS_CONN_CONNECTED);
-        ck_assert_uint_le(pp.a.conn->quiet_live, EXS_QUIET_MAX);
+        un_one(&pp.a, &pp.b, (uint64_t)i);
     }
     /* most went unsignaled, and some did not (the retiring ones) */
     ck_assert_uint_ge(un_cnt(sends_unsignaled) - n0, ROUNDS * 3 / 4);
