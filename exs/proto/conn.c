@@ -656,9 +656,11 @@ static int conn_quiet_ok_locked(struct exs_conn *conn, const struct exs_op *op, 
 {
     const struct exs_list *pos;
 
-    if (!conn->quiet_armed || len != op->len || op->posted || op->inflight || op->rt || op->grant ||
-        op->cancel || conn->p.resumable || conn->state != EXS_CONN_CONNECTED || conn->wrq_count ||
-        conn->sq_out >= conn_wr_max() || conn->quiet_live >= EXS_QUIET_MAX ||
+    /* (len == op->len: nothing of op was posted before, so none of its writes is in
+     * flight; an eager or direct write's op holds no grant) */
+    if (!conn->quiet_armed || len != op->len || op->cancel || op->rt || conn->wrq_count ||
+        conn->quiet_live >= EXS_QUIET_MAX || conn->p.resumable ||
+        conn->state != EXS_CONN_CONNECTED || conn->sq_out >= conn_wr_max() ||
         !__atomic_load_n(&exs__params.send_unsignaled, __ATOMIC_RELAXED))
         return 0;
     for (pos = conn->sendq.next; pos != &op->link; pos = pos->next)
