@@ -763,22 +763,6 @@ void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
     conn->shut_op = op;
 }
 
-void exs__conn_send_done_locked(struct exs_conn *conn, struct exs_op *op)
-{
-    exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-    if (!op->internal) /* a copy counted when its send completed (§7.5) */
-        conn->stats.bytes_sent += op->len;
-    /* the writes of one endpoint complete in posting order and a stream is written in
-     * order, so these bytes are a prefix of the stream; SEQPACKET: one past the highest
-     * message seen completed (announced ones complete out of order, at READ_DONE) */
-    if (op->kind != EXS_OP_SEND)
-        return;
-    if (conn->dp->bytes)
-        conn->resume_tx_done += op->len;
-    else if (op->seq + 1 > conn->resume_tx_done)
-        conn->resume_tx_done = op->seq + 1;
-}
-
 /* A cancelled operation always reports ECANCELED, whatever became of it. */
 void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
 {

@@ -218,7 +218,21 @@ void exs__conn_free(struct exs_conn *conn);
 /* Send op's every write completed successfully, or its one write went unsignaled (§6.4):
  * it finishes with its length, its bytes count in bytes_sent (an internal op's were
  * counted when copied, §7.5) and join resume_tx_done (STREAM). */
-void exs__conn_send_done_locked(struct exs_conn *conn, struct exs_op *op);
+static inline void exs__conn_send_done_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
+    if (!op->internal) /* a copy counted when its send completed (§7.5) */
+        conn->stats.bytes_sent += op->len;
+    /* the writes of one endpoint complete in posting order and a stream is written in
+     * order, so these bytes are a prefix of the stream; SEQPACKET: one past the highest
+     * message seen completed (announced ones complete out of order, at READ_DONE) */
+    if (op->kind != EXS_OP_SEND)
+        return;
+    if (conn->dp->bytes)
+        conn->resume_tx_done += op->len;
+    else if (op->seq + 1 > conn->resume_tx_done)
+        conn->resume_tx_done = op->seq + 1;
+}
 /* The unsignaled write exs__conn_post_write_imm_locked just posted was op's (conn->quiet_op),
  * whose caller has done its bookkeeping: op is done now (§6.4). */
 static inline void exs__conn_quiet_check_locked(struct exs_conn *conn, struct exs_op *op)
