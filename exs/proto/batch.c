@@ -339,10 +339,7 @@ void exs__batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok)
         EXS_ASSERT(op->state == EXS_OPS_POSTED && op->inflight == 1);
         op->inflight = 0;
         if (ok) {
-            exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__conn_tx_done_locked(conn, op);
-            if (!op->internal) /* a copy counted when its send completed (§7.5) */
-                conn->stats.bytes_sent += op->len;
+            exs__conn_send_done_locked(conn, op);
         } else if (op->cancel && conn->state >= EXS_CONN_DOWN) {
             exs__conn_op_finish_locked(op, -1, ECANCELED);
         }

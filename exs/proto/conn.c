@@ -39,6 +39,10 @@ static const struct exs_counter_desc proto_counter_desc[] = {
                 "data writes small enough to go inline in the work request (no DMA read)"),
     EXS_COUNTER(struct exs_proto_counters, posts_fast,
                 "sends put on the wire straight from the post, without a progress pass"),
+    EXS_COUNTER(struct exs_proto_counters, sends_unsignaled,
+                "small inline data writes posted unsignaled, their send done at post"),
+    EXS_COUNTER(struct exs_proto_counters, unsignaled_failed,
+                "error or flush completions of unsignaled data writes"),
 };
 
 static struct exs_counter_set proto_cset = {
@@ -397,6 +401,20 @@ static uint32_t conn_wr_max(void)
     return m ? (uint32_t)m : UINT32_MAX; /* 0: the tunables were never loaded (unit tests) */
 }
 
+/* A send work request went to the provider: a signaled one counts under the cap and
+ * retires (when it completes) every unsignaled one before it; an unsignaled one holds a
+ * slot until then (§6.4). */
+static inline void conn_sq_posted(struct exs_conn *conn, unsigned flags)
+{
+    if (flags & EXS_PROV_SEND_SIGNALED) {
+        conn->sq_out++;
+        conn->quiet_run = 0;
+    } else {
+        conn->quiet_run++;
+        conn->quiet_live++;
+    }
+}
+
 int exs__conn_post_send_locked(struct exs_conn *conn, const struct exs_prov_send_wr *wr)
 {
     struct conn_wrq_ent *e;
@@ -406,7 +424,7 @@ int exs__conn_post_send_locked(struct exs_conn *conn, const struct exs_prov_send
     if (!conn->wrq_count && conn->sq_out < conn_wr_max()) {
         ret = exs__prov_post_send(conn->ep, wr);
         if (!ret)
-            conn->sq_out++;
+            conn_sq_posted(conn, wr->flags);
         return ret;
     }
     /* behind the cap, or behind others waiting: keep the order */
@@ -444,7 +462,7 @@ void exs__conn_wrq_post_locked(struct exs_conn *conn)
         }
         exs_list_del(&e->link);
         conn->wrq_count--;
-        conn->sq_out++;
+        conn_sq_posted(conn, e->wr.flags);
         free(e);
     }
 }
@@ -628,12 +646,36 @@ int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a)
     return 0;
 }
 
+/* May op's write of len bytes, inline, go unsignaled, op done at post (§6.4)? It carries
+ * the whole send and no earlier send of the conn is unfinished (events keep their order);
+ * it goes to the provider now (not queued behind the cap), within EXS_QUIET_MAX slots;
+ * an answer came since the last one (a stream of sends with nothing coming back goes
+ * signaled, so ring writes in flight gather the next ones, §6.1); the conn cannot be cut
+ * over (§9.2: a done send cannot be sent again). */
+static int conn_quiet_ok_locked(struct exs_conn *conn, const struct exs_op *op, uint32_t len)
+{
+    const struct exs_list *pos;
+
+    /* (len == op->len: nothing of op was posted before, so none of its writes is in
+     * flight; an eager or direct write's op holds no grant) */
+    if (!conn->quiet_armed || len != op->len || op->cancel || op->rt || conn->wrq_count ||
+        conn->quiet_live >= EXS_QUIET_MAX || conn->p.resumable ||
+        conn->state != EXS_CONN_CONNECTED || conn->sq_out >= conn_wr_max() ||
+        !__atomic_load_n(&exs__params.send_unsignaled, __ATOMIC_RELAXED))
+        return 0;
+    for (pos = conn->sendq.next; pos != &op->link; pos = pos->next)
+        if (exs_list_entry(pos, struct exs_op, link)->state != EXS_OPS_DONE)
+            return 0;
+    return 1;
+}
+
 /* One WRITE WITH IMMEDIATE of len bytes from src (inside op's buffer). A write into the
- * peer's ring (INDIRECT) counts in ring_wr_out until it completes (batching, §6.1). */
+ * peer's ring (INDIRECT) counts in ring_wr_out until it completes (batching, §6.1). An
+ * unsignaled one (§6.4) counts in neither: conn->quiet_op says so to the caller. */
 int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
                                     uint32_t rkey, uint32_t len, uint32_t imm, const void *src)
 {
-    int ring = exs_imm_kind(imm) == EXS_IMM_INDIRECT;
+    int ring = exs_imm_kind(imm) == EXS_IMM_INDIRECT, quiet = 0;
     struct exs_prov_sge sge = {(uintptr_t)src, len, op->lkey};
     struct exs_prov_send_wr wr = {
         .wr_id = WR_ID(ring ? WR_TAG_RING : WR_TAG_DATA, (uintptr_t)op),
@@ -648,22 +690,61 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
     int ret;
 
     /* a small write is copied into the work request (no DMA read of the buffer); its
-     * completion still hands the buffer back, as every send's does */
+     * completion hands the buffer back, or the post does when it goes unsignaled */
     if (len && len <= conn->ep->attr.max_inline) {
         wr.flags |= EXS_PROV_SEND_INLINE;
         EXS_CNT_INC(exs__proto_cnt.writes_inline);
+        quiet = conn_quiet_ok_locked(conn, op, len);
+        if (quiet) {
+            wr.flags = EXS_PROV_SEND_INLINE;
+            wr.wr_id = EXS_QUIET_WR_ID;
+        }
     }
     ret = exs__conn_post_send_locked(conn, &wr);
     if (ret) {
         exs__conn_fail_locked(conn, ECONNRESET, "data write failed");
         return ret;
     }
-    conn->wr_out++;
     conn->credits--;
-    conn->ring_wr_out += ring;
+    if (quiet) {
+        conn->quiet_op = op;
+        conn->quiet_armed = 0;
+        EXS_CNT_INC(exs__proto_cnt.sends_unsignaled);
+    } else {
+        conn->wr_out++;
+        conn->ring_wr_out += ring;
+    }
     if (conn->dp->bytes && len != op->len)
         conn->stats.fragments++; /* STREAM: part of the send (SEQPACKET counts its own) */
     return 0;
+}
+
+/* Unsignaled writes were posted after the last signaled request: whether each still
+ * completes (flushed) or already succeeded silently is unknowable, so the drain would not
+ * know when the last completion of the endpoint came. A signaled zero-byte write behind
+ * them (flushed on the endpoint in ERROR, after theirs: one send queue completes in
+ * order) is the last, counted in wr_out (§6.4). */
+void exs__conn_quiet_fence_locked(struct exs_conn *conn)
+{
+    struct exs_prov_send_wr wr = {
+        .wr_id = WR_ID(WR_TAG_QUIET, EXS_QUIET_FENCE),
+        .opcode = EXS_PROV_WR_RDMA_WRITE,
+        .flags = EXS_PROV_SEND_SIGNALED,
+        .remote_addr = conn->peer.ring_addr,
+        .rkey = conn->peer.ring_rkey,
+    };
+    int ret;
+
+    if (!conn->quiet_run || !conn->ep)
+        return;
+    ret = exs__prov_post_send(conn->ep, &wr);
+    if (ret) {
+        /* exs_abort still ends the wait (exs__conn_abort_locked) */
+        EXS_WARN(PROTO, "conn %p: drain fence: post failed: %s", (void *)conn, strerror(-ret));
+        return;
+    }
+    conn_sq_posted(conn, wr.flags);
+    conn->wr_out++;
 }
 
 /* ---- operations ---- */
@@ -680,20 +761,6 @@ void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
     exs__conn_ctrl_append_locked(conn, &s, sizeof(s));
     exs__conn_set_txshut_locked(conn, EXS_TXSHUT_APPENDED, op ? "exs_shutdown" : "close");
     conn->shut_op = op;
-}
-
-/* Send op's every write completed successfully (§9.2: resume_tx_done). */
-void exs__conn_tx_done_locked(struct exs_conn *conn, const struct exs_op *op)
-{
-    /* the writes of one endpoint complete in posting order and a stream is written in
-     * order, so these bytes are a prefix of the stream; SEQPACKET: one past the highest
-     * message seen completed (announced ones complete out of order, at READ_DONE) */
-    if (op->kind != EXS_OP_SEND)
-        return;
-    if (conn->dp->bytes)
-        conn->resume_tx_done += op->len;
-    else if (op->seq + 1 > conn->resume_tx_done)
-        conn->resume_tx_done = op->seq + 1;
 }
 
 /* A cancelled operation always reports ECANCELED, whatever became of it. */
@@ -931,7 +998,7 @@ int exs__conn_path_make(struct exs_conn *conn, struct exs_prov_ctx *ctx, enum ex
                         struct exs_conn_path *path)
 {
     struct exs_prov_ep_attr attr = {
-        .max_send_wr = conn->p.credits + conn->p.max_reads + conn->tx_slots + 8,
+        .max_send_wr = conn->p.credits + conn->p.max_reads + conn->tx_slots + 8 + EXS_QUIET_MAX,
         .max_recv_wr = conn->p.credits,
         .max_inline = EXS_MIN(ctx->caps.max_inline, CONN_CTRL_INLINE),
         .rnr_retry = 3,

@@ -9,9 +9,12 @@
 #include "exs/proto/proto.h"
 #include "exs/proto/mem.h"
 #include "exs/util/params.h"
+#include "exs/util/util.h"
 
 /* wr_id tags in the low 3 bits (every tagged object is at least 8-byte aligned). */
 enum {
+    WR_TAG_QUIET = 0, /* no pointer (§6.4): an unsignaled data write whose op finished at
+                       * post (EXS_QUIET_WRITE), or the drain's fence (EXS_QUIET_FENCE) */
     WR_TAG_RX = 1,    /* receive slot: index << 3 */
     WR_TAG_CTRL = 2,  /* control send slot: index << 3 */
     WR_TAG_DATA = 3,  /* a send op's WRITE WITH IMMEDIATE: op pointer */
@@ -23,6 +26,16 @@ enum {
 };
 
 #define WR_ID(_tag, _v) ((uint64_t)(_v) | (uint64_t)(_tag))
+
+/* The values of WR_TAG_QUIET (spec/protocol.md §6.4). An unsignaled write completes only
+ * when it fails (error or flush): it is counted in neither wr_out nor sq_out. The fence, a
+ * signaled zero-byte write, is posted as the conn drains after unsignaled writes, so that
+ * their flushes come before a completion the drain waits for. */
+enum { EXS_QUIET_WRITE = 1u << 3, EXS_QUIET_FENCE = 2u << 3 };
+#define EXS_QUIET_WR_ID WR_ID(WR_TAG_QUIET, EXS_QUIET_WRITE)
+/* Unsignaled writes that may hold a provider send-queue slot at once (each until a later
+ * signaled request completes): reserved in max_send_wr besides the signaled ones. */
+#define EXS_QUIET_MAX   16u
 
 /* READ_DONE records of one control SEND at most: the bound of the announced messages
  * read whole a resumable receiver remembers (§9.2) is counted in these. */
@@ -202,8 +215,37 @@ int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
 /* conn.c: the last part of exs__conn_destroy (provider objects, memory, the struct). */
 void exs__conn_free(struct exs_conn *conn);
 
-/* Send op's every write completed successfully (STREAM: its bytes join resume_tx_done). */
-void exs__conn_tx_done_locked(struct exs_conn *conn, const struct exs_op *op);
+/* Send op's every write completed successfully, or its one write went unsignaled (§6.4):
+ * it finishes with its length, its bytes count in bytes_sent (an internal op's were
+ * counted when copied, §7.5) and join resume_tx_done (STREAM). */
+static inline void exs__conn_send_done_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
+    if (!op->internal) /* a copy counted when its send completed (§7.5) */
+        conn->stats.bytes_sent += op->len;
+    /* the writes of one endpoint complete in posting order and a stream is written in
+     * order, so these bytes are a prefix of the stream; SEQPACKET: one past the highest
+     * message seen completed (announced ones complete out of order, at READ_DONE) */
+    if (op->kind != EXS_OP_SEND)
+        return;
+    if (conn->dp->bytes)
+        conn->resume_tx_done += op->len;
+    else if (op->seq + 1 > conn->resume_tx_done)
+        conn->resume_tx_done = op->seq + 1;
+}
+/* The unsignaled write exs__conn_post_write_imm_locked just posted was op's (conn->quiet_op),
+ * whose caller has done its bookkeeping: op is done now (§6.4). */
+static inline void exs__conn_quiet_check_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    if (EXS_UNLIKELY(conn->quiet_op == op)) {
+        conn->quiet_op = NULL;
+        op->inflight--;
+        conn->tx_moved++;
+        exs__conn_send_done_locked(conn, op);
+    }
+}
+/* The conn drains (DRAINING) after unsignaled writes: the fence behind them (§6.4). */
+void exs__conn_quiet_fence_locked(struct exs_conn *conn);
 /* The cut-over's use of the core (resume.c) */
 void exs__conn_set_state_locked(struct exs_conn *conn, enum exs_conn_state st, const char *why);
 /* The conn is over at once: through DOWN to DEAD, every op completed (err), the endpoint

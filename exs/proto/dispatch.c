@@ -325,7 +325,15 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
     if (conn->state == EXS_CONN_DEAD)
         return;
     conn->cqe_stamp++;
-    conn->wr_out--;
+    if (EXS_UNLIKELY(cqe->wr_id == EXS_QUIET_WR_ID)) {
+        /* an unsignaled write failed or was flushed: its op finished at post, nothing
+         * waits for it (not in wr_out); it fails the conn as any write does (§6.4) */
+        EXS_CNT_INC(exs__proto_cnt.unsignaled_failed);
+        if (conn->quiet_live)
+            conn->quiet_live--;
+    } else {
+        conn->wr_out--;
+    }
     if (cqe->status != EXS_PROV_WC_SUCCESS) {
         if (cqe->status == EXS_PROV_WC_RNR_RETRY_EXC_ERR) {
             /* the credits make it impossible (§3.1): a peer or library bug */
@@ -366,7 +374,10 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
         conn->keepalive.heard = 1;
     switch (tag) {
     case WR_TAG_RX:
+        conn->quiet_armed = 1; /* an answer: the next small send may go unsignaled (§6.4) */
         conn_on_rx_locked(conn, cqe, (uint32_t)(val >> 3));
+        break;
+    case WR_TAG_QUIET: /* the drain's fence on an endpoint not yet in ERROR */
         break;
     case WR_TAG_CTRL: {
         uint32_t slot = (uint32_t)(val >> 3);
@@ -404,10 +415,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
          * cancelled one from DOWN on, when no more of it will be posted) */
         EXS_ASSERT(op->inflight > 0 && op->state == EXS_OPS_POSTED);
         if (--op->inflight == 0 && op->posted == op->len) {
-            exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__conn_tx_done_locked(conn, op);
-            if (!op->internal) /* a copy counted when its send completed (§7.5) */
-                conn->stats.bytes_sent += op->len;
+            exs__conn_send_done_locked(conn, op);
         } else if (!op->inflight && op->cancel && conn->state >= EXS_CONN_DOWN) {
             exs__conn_op_finish_locked(op, -1, ECANCELED);
         }
@@ -430,8 +438,11 @@ static inline void conn_on_prov_cqe_locked(struct exs_conn *conn, const struct e
         return; /* a held op's grant may end now: the pass after this run delivers it */
     if (conn->resume.pend && exs__resume_pend_cqe_locked(conn, cqe))
         return; /* a resume request's new path, on trial (§9.2) */
-    if ((cqe->wr_id & WR_TAG_MASK) != WR_TAG_RX && conn->sq_out)
-        conn->sq_out--;
+    /* a signaled send request completed: the unsignaled ones before it are retired, so
+     * with none outstanding only those posted after the last one hold slots (§6.4) */
+    if ((cqe->wr_id & WR_TAG_MASK) != WR_TAG_RX && cqe->wr_id != EXS_QUIET_WR_ID && conn->sq_out &&
+        !--conn->sq_out)
+        conn->quiet_live = conn->quiet_run;
     exs__conn_on_cqe_locked(conn, cqe);
 }
 
@@ -618,7 +629,8 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev)
             }
             exs__conn_set_state_locked(conn, EXS_CONN_DRAINING, "disconnected");
             conn->disc_err = err;
-            exs__conn_wrq_flush_locked(conn); /* never posted: flushed here */
+            exs__conn_quiet_fence_locked(conn); /* behind unsignaled writes (§6.4) */
+            exs__conn_wrq_flush_locked(conn);   /* never posted: flushed here */
             if (!conn->wr_out) {
                 exs__conn_dead_locked(conn, err, "drained");
                 dead = conn->cb->dead;

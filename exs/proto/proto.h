@@ -357,9 +357,16 @@ struct exs_conn {
     struct exs_seqpkt_state
         seqpkt; /* SEQPACKET (spec/protocol.md §6, §9.2; seqpacket.c, seqpkt_ann.c) */
     /* the work-request cap (spec/protocol.md §6.3) */
-    uint32_t sq_out;     /* send work requests at the provider, not completed */
-    uint32_t wrq_count;  /* of wrq */
-    struct exs_list wrq; /* send work requests beyond EXS_WR_MAX, in order */
+    uint32_t sq_out; /* signaled send work requests at the provider, not completed */
+    /* unsignaled writes (spec/protocol.md §6.4, conn.c) */
+    uint32_t quiet_run;      /* posted since the last signaled send work request */
+    uint32_t quiet_live;     /* that may still hold a provider slot (<= EXS_QUIET_MAX): all
+                              * but quiet_run retire once no signaled one is outstanding */
+    int quiet_armed;         /* a receive completed since the last one (an answer came) */
+    struct exs_op *quiet_op; /* the op whose write just went unsignaled: its caller
+                              * finishes it (exs__conn_quiet_done_locked) */
+    uint32_t wrq_count;      /* of wrq */
+    struct exs_list wrq;     /* send work requests beyond EXS_WR_MAX, in order */
 
     struct exs_sock_stats stats;
     struct exs_reqtrace *rt; /* request tracing state (reqtrace.c), NULL: none */
@@ -470,10 +477,12 @@ int exs__conn_path(struct exs_conn *conn, char *buf, size_t len);
 
 /* Process counters of the protocol, summed over every conn (counter set "proto"). */
 struct exs_proto_counters {
-    uint64_t rnr_events;    /* receiver-not-ready completions: must stay 0 (§3.1) */
-    uint64_t nops_sent;     /* NOPs sent by the window check */
-    uint64_t writes_inline; /* data writes posted EXS_PROV_SEND_INLINE (<= max_inline) */
-    uint64_t posts_fast;    /* sends put on the wire by the post's fast path */
+    uint64_t rnr_events;        /* receiver-not-ready completions: must stay 0 (§3.1) */
+    uint64_t nops_sent;         /* NOPs sent by the window check */
+    uint64_t writes_inline;     /* data writes posted EXS_PROV_SEND_INLINE (<= max_inline) */
+    uint64_t posts_fast;        /* sends put on the wire by the post's fast path */
+    uint64_t sends_unsignaled;  /* data writes posted unsignaled, their op done at post (§6.4) */
+    uint64_t unsignaled_failed; /* error or flush completions of unsignaled writes */
 };
 extern struct exs_proto_counters exs__proto_cnt;
 

@@ -823,10 +823,7 @@ static uint64_t resume_sp_rewind_locked(struct exs_conn *conn, uint64_t pos)
             continue;
         }
         if (op->state == EXS_OPS_POSTED && op->seq < pos) {
-            exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__conn_tx_done_locked(conn, op);
-            if (!op->internal)
-                conn->stats.bytes_sent += op->len;
+            exs__conn_send_done_locked(conn, op);
             continue;
         }
         if (op->state == EXS_OPS_POSTED)
@@ -865,10 +862,7 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
         if (op->kind != EXS_OP_SEND || op->state == EXS_OPS_DONE)
             continue;
         if (pos >= off + op->len && op->posted == op->len) { /* arrived whole */
-            exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__conn_tx_done_locked(conn, op);
-            if (!op->internal)
-                conn->stats.bytes_sent += op->len;
+            exs__conn_send_done_locked(conn, op);
         } else {
             op->posted = pos > off ? (size_t)(pos - off) : 0;
             op->state = op->posted ? EXS_OPS_POSTED : EXS_OPS_QUEUED;

@@ -269,11 +269,13 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
     conn->seqpkt.ann_out++;
     return 1;
 sent:
-    /* one WRITE carries the whole message (cut or not): done when it completes */
+    /* one WRITE carries the whole message (cut or not): done when it completes, or now
+     * when it went unsignaled (§6.4) */
     op->posted = op->len;
     op->inflight = 1;
     op->seq = conn->tx_seq++;
     op->state = EXS_OPS_POSTED;
+    exs__conn_quiet_check_locked(conn, op);
     return 1;
 }
 
@@ -363,6 +365,8 @@ static int sp_post_fast(struct exs_conn *conn, struct exs_op *op)
     if (conn->ctrl_len || conn->state != EXS_CONN_CONNECTED)
         return 0; /* announced (the ring was full): the kick flushes the record */
     EXS_CNT_INC(exs__proto_cnt.posts_fast);
+    if (op->state == EXS_OPS_DONE) /* unsignaled (§6.4): its event now */
+        exs__conn_deliver_locked(conn);
     return 1;
 }
 
@@ -381,9 +385,7 @@ int exs__seqpkt_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
             EXS_ASSERT(!op->inflight);
             if (conn->seqpkt.ann_out)
                 conn->seqpkt.ann_out--;
-            exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
-            exs__conn_tx_done_locked(conn, op);
-            conn->stats.bytes_sent += op->len;
+            exs__conn_send_done_locked(conn, op);
             return 0;
         }
     }

@@ -199,6 +199,7 @@ static int st_send_some_locked(struct exs_conn *conn, struct exs_op *op)
     conn->tx_seq += lw;
     op->posted += lw;
     op->inflight++;
+    exs__conn_quiet_check_locked(conn, op); /* unsignaled: done now (§6.4) */
     return 1;
 }
 

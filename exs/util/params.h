@@ -90,10 +90,12 @@ struct exs_params {
     uint64_t connect_timeout_ms; /* EXS_CONNECT_TIMEOUT_MS: connect / accept handshake bound */
     uint64_t send_timeout_ms;    /* EXS_SEND_TIMEOUT_MS: sends stalled this long reset, 0 = off */
     uint64_t emu_blackhole;      /* EXS_EMU_BLACKHOLE: tcp link silently stops delivering (0/1) */
-    uint64_t ack_every;   /* EXS_ACK_EVERY: owed credits that send a standalone ACK, 0 = n/2 */
-    uint64_t window_test; /* EXS_WINDOW_TEST: test seam, EXS_WINDOW_TEST_* bits, 0 = off */
-    uint64_t frag_size;   /* EXS_FRAG_SIZE: largest data write of a transfer, bytes */
-    uint64_t wr_max;      /* EXS_WR_MAX: send work requests outstanding per connection */
+    uint64_t ack_every;       /* EXS_ACK_EVERY: owed credits that send a standalone ACK, 0 = n/2 */
+    uint64_t window_test;     /* EXS_WINDOW_TEST: test seam, EXS_WINDOW_TEST_* bits, 0 = off */
+    uint64_t frag_size;       /* EXS_FRAG_SIZE: largest data write of a transfer, bytes */
+    uint64_t wr_max;          /* EXS_WR_MAX: send work requests outstanding per connection */
+    uint64_t send_unsignaled; /* EXS_SEND_UNSIGNALED: small inline sends unsignaled, done at
+                               * post (spec/protocol.md §6.4), 0 = off */
     uint64_t listen_embryo_max; /* EXS_LISTEN_EMBRYO_MAX: handshakes in flight per listener
                                  * (at least its backlog) */
     uint64_t listen_defer_max;  /* EXS_LISTEN_DEFER_MAX: requests waiting for room per listener */

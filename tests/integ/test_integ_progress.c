@@ -879,6 +879,82 @@ START_TEST(test_small_writes_inline)
 }
 END_TEST
 
+/* Small sends of a ping-pong go unsignaled (spec/protocol.md §6.4): counted in proto's
+ * sends_unsignaled, their events and data as always (pingpong checks them), nothing
+ * failed; with EXS_SEND_UNSIGNALED=0 (loop 1) none does. A connection that can be cut
+ * over (a tcp one beside shm, policy any) never does: those providers skip. */
+START_TEST(test_small_sends_unsignaled)
+{
+    struct it_pair p;
+    uint64_t u0 = 0, u1 = 0, f0 = 0, f1 = 0;
+    int off = _i == 1;
+
+    if (off)
+        it_setenv("EXS_SEND_UNSIGNALED", "0");
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    if (strcmp(it_provider, "tcp") && strcmp(it_provider, "shm") && strcmp(it_provider, "verbs")) {
+        test_skip("test_small_sends_unsignaled", "provider %s: inline sends not known",
+                  it_provider);
+        it_pair_close(&p);
+        return;
+    }
+    pingpong(&p, 1, EXS_WAIT_POLL); /* settle (the first round's ADVERTs) */
+    ck_assert_int_eq(exs__counters_lookup("proto", "sends_unsignaled", &u0), 0);
+    ck_assert_int_eq(exs__counters_lookup("proto", "unsignaled_failed", &f0), 0);
+    pingpong(&p, 16, EXS_WAIT_POLL);
+    ck_assert_int_eq(exs__counters_lookup("proto", "sends_unsignaled", &u1), 0);
+    ck_assert_int_eq(exs__counters_lookup("proto", "unsignaled_failed", &f1), 0);
+    ck_assert_uint_eq(f1, f0);
+    if (off)
+        ck_assert_msg(u1 == u0, "%llu unsignaled sends with EXS_SEND_UNSIGNALED=0",
+                      (unsigned long long)(u1 - u0));
+    else /* 32 messages, 8 of them longer than max_inline (128 here) */
+        ck_assert_msg(u1 - u0 >= 16, "%llu unsignaled sends of 32 messages",
+                      (unsigned long long)(u1 - u0));
+    it_pair_close(&p);
+}
+END_TEST
+
+/* The peer resets the connection while the client's last send went unsignaled (its
+ * event came at the post, its write may still be on the way): the client's connection
+ * ends (a receive fails), its close completes (the drain does not wait for a completion
+ * that never comes), nothing leaks (it_fini). */
+START_TEST(test_unsignaled_then_reset)
+{
+    struct it_pair p;
+    struct it_buf *a;
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    uint64_t u0 = 0, u1 = 0;
+    exs_event_t ev;
+
+    it_init();
+    a = it_buf_new(64, 1);
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    pingpong(&p, 2, EXS_WAIT_POLL); /* the client's last receive armed it */
+    ck_assert_int_eq(exs__counters_lookup("proto", "sends_unsignaled", &u0), 0);
+    it_fill(a->p, 64, 5);
+    IT_EXPECT_OK(exs_send(p.cfd, a->p, 64, 0, p.cq, AH(900), a->mh));
+    dq1(p.cq, &ev, "client send");
+    ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_SEND);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    ck_assert_int_eq(exs__counters_lookup("proto", "sends_unsignaled", &u1), 0);
+    if (!strcmp(it_provider, "tcp") || !strcmp(it_provider, "shm"))
+        ck_assert_msg(u1 > u0, "the send after an answer was not unsignaled");
+    ck_assert_int_eq(exs_setsockopt(p.sfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+    it_close_at(p.sfd, p.sq, __FILE__, __LINE__);
+    p.sfd = -1;
+    IT_EXPECT_OK(exs_recv(p.cfd, a->p, 64, 0, p.cq, AH(901), a->mh));
+    dq1(p.cq, &ev, "client recv after the reset");
+    ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_RECV);
+    ck_assert_msg(ev.exs_evt_errno != 0 || ev.exs_evt_u.exs_evt_xfer.exs_evt_result == 0,
+                  "receive after the peer's reset: errno %d result %zd", ev.exs_evt_errno,
+                  ev.exs_evt_u.exs_evt_xfer.exs_evt_result);
+    it_buf_free(a);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_progress_suite(void)
 {
     Suite *s = suite_create("integ_progress");
@@ -911,5 +987,9 @@ Suite *integ_progress_suite(void)
                  (const TTest *const[]){test_idle_loop_sleeps, NULL});
     it_suite_add(s, "speed", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_poll_spin_clock, test_small_writes_inline, NULL});
+    it_suite_add(s, "unsignaled", IT_CASE_TIMEOUT, 2,
+                 (const TTest *const[]){test_small_sends_unsignaled, NULL});
+    it_suite_add(s, "unsignaled_reset", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_unsignaled_then_reset, NULL});
     return s;
 }

@@ -71,8 +71,9 @@ START_TEST(test_table_shape)
                 strcmp(t[i].name, "send_timeout_ms") == 0 ||
                 strcmp(t[i].name, "emu_blackhole") == 0 || strcmp(t[i].name, "ack_every") == 0 ||
                 strcmp(t[i].name, "window_test") == 0 || strcmp(t[i].name, "frag_size") == 0 ||
-                strcmp(t[i].name, "wr_max") == 0 || strncmp(t[i].name, "listen_", 7) == 0 ||
-                strncmp(t[i].name, "fault_", 6) == 0 || strcmp(t[i].name, "ctl_timeout_ms") == 0 ||
+                strcmp(t[i].name, "wr_max") == 0 || strcmp(t[i].name, "send_unsignaled") == 0 ||
+                strncmp(t[i].name, "listen_", 7) == 0 || strncmp(t[i].name, "fault_", 6) == 0 ||
+                strcmp(t[i].name, "ctl_timeout_ms") == 0 ||
                 strcmp(t[i].name, "polling_warn_cycle_us") == 0 ||
                 strcmp(t[i].name, "slow_threshold_us") == 0 ||
                 strcmp(t[i].name, "trace_sample_mask") == 0);
