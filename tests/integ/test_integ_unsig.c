@@ -15,7 +15,7 @@
 
 #define UW_PAIRS_PER_THREAD 2
 #define UW_THREADS_MAX      2
-#define UW_WIN              8   /* client sends whose echo has not come */
+#define UW_WIN              8 /* client sends whose echo has not come */
 #define UW_SLOTS            (2 * UW_WIN)
 #define UW_LEN              64  /* inline on tcp and shm (max_inline 128) */
 #define UW_MSGS             600 /* per pair */
@@ -132,9 +132,8 @@ static int uw_event(struct uw_pair *u, exs_qhandle_t q, const exs_event_t *ev)
     if (it_check(u->cr[v]->p, UW_LEN, uw_seed(u->echoes)) != -1)
         return uw_fail(u, "client: echo corrupt or out of order", u->echoes, v);
     u->echoes++;
-    if (u->echoes + UW_WIN <= UW_MSGS &&
-        exs_recv(u->p.cfd, u->cr[v]->p, UW_LEN, uw_recv_flags(u), q, UW_AH(0, 1, v),
-                 u->cr[v]->mh) != 0)
+    if (u->echoes + UW_WIN <= UW_MSGS && exs_recv(u->p.cfd, u->cr[v]->p, UW_LEN, uw_recv_flags(u),
+                                                  q, UW_AH(0, 1, v), u->cr[v]->mh) != 0)
         return uw_fail(u, "client exs_recv failed", errno, v);
     return uw_pump(u, q);
 }
