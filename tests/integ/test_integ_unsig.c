@@ -268,11 +268,91 @@ START_TEST(test_unsig_windows)
 }
 END_TEST
 
+/* One event of q (any fd, any type) within IT_TIMEOUT_MS, asserted. */
+static void ue_event(exs_qhandle_t q, int type, int fd, exs_event_t *ev)
+{
+    it_wait_event(q, type, fd, ev);
+}
+
+/*
+ * The ends of a connection whose last send went unsignaled (its event came at the post,
+ * its write may still be on the way and holds a provider slot): an answer arms the
+ * client, its 64-byte send ends at post, then at once:
+ *   0: exs_close (graceful): the message still arrives whole, then the end of stream;
+ *   1: exs_shutdown(SHUT_WR): the message arrives whole, then the end of stream;
+ *   2: SO_LINGER 0, exs_close (abort): the close completes (the drain does not wait for a
+ *      completion that never comes); the server's receive ends either way.
+ * Every close completes, nothing leaks (it_fini, ASan). Looped: SEQPACKET 0..2, STREAM 0..2.
+ */
+START_TEST(test_unsig_ends)
+{
+    int type = _i < 3 ? SOCK_SEQPACKET : SOCK_STREAM, how = _i % 3;
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    struct it_buf *a, *b;
+    struct it_pair p;
+    exs_event_t ev;
+    uint64_t u0, u1;
+
+    it_init();
+    a = it_buf_new(UW_LEN, 1);
+    b = it_buf_new(UW_LEN, 1);
+    it_pair_open(&p, type, 64, 64);
+    /* a round each way: the client's receive of the answer arms it */
+    IT_EXPECT_OK(exs_recv(p.sfd, b->p, UW_LEN, MSG_WAITALL, p.sq, IT_AH(1), b->mh));
+    it_fill(a->p, UW_LEN, 1);
+    IT_EXPECT_OK(exs_send(p.cfd, a->p, UW_LEN, 0, p.cq, IT_AH(2), a->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(1), UW_LEN, 0);
+    it_expect_send(p.cq, p.cfd, IT_AH(2), UW_LEN);
+    IT_EXPECT_OK(exs_recv(p.cfd, a->p, UW_LEN, MSG_WAITALL, p.cq, IT_AH(3), a->mh));
+    IT_EXPECT_OK(exs_send(p.sfd, b->p, UW_LEN, 0, p.sq, IT_AH(4), b->mh));
+    it_expect_recv(p.cq, p.cfd, IT_AH(3), UW_LEN, 0);
+    it_expect_send(p.sq, p.sfd, IT_AH(4), UW_LEN);
+    u0 = uw_cnt("sends_unsignaled");
+    it_fill(a->p, UW_LEN, 77);
+    IT_EXPECT_OK(exs_send(p.cfd, a->p, UW_LEN, 0, p.cq, IT_AH(5), a->mh));
+    it_expect_send(p.cq, p.cfd, IT_AH(5), UW_LEN);
+    u1 = uw_cnt("sends_unsignaled");
+    if (!strcmp(it_provider, "tcp") || !strcmp(it_provider, "shm"))
+        ck_assert_msg(u1 > u0, "the send after an answer did not go unsignaled");
+    switch (how) {
+    case 0:
+        it_close_at(p.cfd, p.cq, __FILE__, __LINE__);
+        p.cfd = -1;
+        break;
+    case 1:
+        IT_EXPECT_OK(exs_shutdown(p.cfd, SHUT_WR, p.cq, IT_AH(6)));
+        it_expect_err(p.cq, EXS_EVT_SHUTDOWN, p.cfd, IT_AH(6), 0);
+        break;
+    default:
+        ck_assert_int_eq(exs_setsockopt(p.cfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+        it_close_at(p.cfd, p.cq, __FILE__, __LINE__);
+        p.cfd = -1;
+        break;
+    }
+    memset(b->p, 0, UW_LEN);
+    IT_EXPECT_OK(exs_recv(p.sfd, b->p, UW_LEN, MSG_WAITALL, p.sq, IT_AH(7), b->mh));
+    ue_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+    if (how < 2) { /* sent before the end: it arrives, then the end of stream */
+        ck_assert_msg(ev.exs_evt_errno == 0 &&
+                          ev.exs_evt_u.exs_evt_xfer.exs_evt_result == (ssize_t)UW_LEN,
+                      "the unsignaled send before the end: errno %d result %zd", ev.exs_evt_errno,
+                      ev.exs_evt_u.exs_evt_xfer.exs_evt_result);
+        ck_assert_int_eq(it_check(b->p, UW_LEN, 77), -1);
+        IT_EXPECT_OK(exs_recv(p.sfd, b->p, UW_LEN, 0, p.sq, IT_AH(8), b->mh));
+        it_expect_recv(p.sq, p.sfd, IT_AH(8), 0, 0);
+    }
+    it_buf_free(a);
+    it_buf_free(b);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_unsig_suite(void)
 {
     Suite *s = suite_create("integ_unsig");
 
     it_suite_add(s, "windows", 2 * IT_CASE_TIMEOUT, 4,
                  (const TTest *const[]){test_unsig_windows, NULL});
+    it_suite_add(s, "ends", IT_CASE_TIMEOUT, 6, (const TTest *const[]){test_unsig_ends, NULL});
     return s;
 }
