@@ -198,15 +198,19 @@ static void *uw_run(void *arg)
  * posting order; every message and echo arrives whole and in order; no unsignaled
  * write fails and no connection resets (a provider send queue overrun would: tcp and
  * shm refuse a post beyond max_send_wr with ENOMEM, which resets the connection). Looped:
- * SEQPACKET 1 thread, STREAM 1 thread, SEQPACKET 2 threads, STREAM 2 threads.
+ * SEQPACKET 1 thread, STREAM 1 thread, SEQPACKET 2 threads, STREAM 2 threads (STREAM's
+ * send buffer on: its copies go unsignaled), then STREAM with EXS_SNDBUF=0, 1 and 2 threads.
  */
 START_TEST(test_unsig_windows)
 {
-    int type = _i % 2 ? SOCK_STREAM : SOCK_SEQPACKET, nthreads = _i < 2 ? 1 : UW_THREADS_MAX;
+    int type = _i % 2 || _i >= 4 ? SOCK_STREAM : SOCK_SEQPACKET;
+    int nthreads = _i == 0 || _i == 1 || _i == 4 ? 1 : UW_THREADS_MAX;
     static struct uw_pair pairs[UW_THREADS_MAX * UW_PAIRS_PER_THREAD];
     struct uw_thread th[UW_THREADS_MAX];
     uint64_t u0, f0, u1, f1;
 
+    if (_i >= 4)
+        it_setenv("EXS_SNDBUF", "0"); /* no send buffer: the application's sends go unsignaled */
     it_init();
     memset(pairs, 0, sizeof(pairs));
     memset(th, 0, sizeof(th));
@@ -351,7 +355,7 @@ Suite *integ_unsig_suite(void)
 {
     Suite *s = suite_create("integ_unsig");
 
-    it_suite_add(s, "windows", 2 * IT_CASE_TIMEOUT, 4,
+    it_suite_add(s, "windows", 2 * IT_CASE_TIMEOUT, 6,
                  (const TTest *const[]){test_unsig_windows, NULL});
     it_suite_add(s, "ends", IT_CASE_TIMEOUT, 6, (const TTest *const[]){test_unsig_ends, NULL});
     return s;
