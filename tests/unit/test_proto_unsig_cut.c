@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* Unsignaled small sends (spec/protocol.md §6.4) and the cut-over (§9.2), on the mock: a
- * connection that may be cut over never ends a send at its post, so every send whose
- * write was lost with the old path is replayed (attack review of issues 26, 28). */
+/* Unsignaled small sends (spec/protocol.md §6.4) on the mock, attack review of issues 26,
+ * 28: a connection that may be cut over (§9.2) never ends a send at its post, so every
+ * send whose write was lost with the old path is replayed; and what a SEQPACKET send's
+ * success promises the application (spec/api.md §6, exs_send(3)). */
 #include <check.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -110,12 +111,58 @@ START_TEST(uc_cut_replays_small)
 }
 END_TEST
 
+/*
+ * spec/api.md §6 ("When a send completes": an eager SEQPACKET send's event comes when
+ * "the data is in the peer's ring"; "Eager messages that had arrived before the
+ * connection ended are still handed to receives posted afterwards ... (their senders saw
+ * them succeed)") and exs_send(3) ("a small message [completes] once it is in the peer's
+ * ring"): a send whose event said success is delivered to the peer even when the link
+ * dies right after. A 64-byte message after an answer, the link dropped before the
+ * fabric carried it: either its send fails, or the peer's receive gets it whole. Loop 0
+ * with EXS_SEND_UNSIGNALED=1 (the default), loop 1 with 0.
+ *
+ * FAILS on h49 (loop 0): the send went unsignaled and reported success at its post, its
+ * write was flushed with the link, the peer's receive gets no message.
+ */
+START_TEST(uc_success_means_delivered)
+{
+    static uint8_t sb[UC_LEN], rb[UC_RECV];
+    struct pt_op s, r;
+
+    unit_pair_fresh(&pp, SOCK_SEQPACKET, 0, 0);
+    pt_connect(&pp);
+    exs__params.send_unsignaled = _i == 0;
+    pt_send_pattern(&s, &pp.a, sb, UC_LEN, 5);
+    mock_drop(pp.a.conn->ep); /* before the fabric carried it */
+    pt_run(&pp);
+    ck_assert_int_eq(s.done, 1);
+    pt_recv_post(&r, &pp.b, rb, UC_RECV, 0);
+    pt_run(&pp);
+    ck_assert_int_eq(r.done, 1);
+    if (s.op.result == UC_LEN)
+        ck_assert_msg(r.op.result == UC_LEN && pt_check(rb, UC_LEN, 5),
+                      "the send reported success (%zd) but the peer's receive got result %zd "
+                      "errno %d: the message was lost",
+                      s.op.result, r.op.result, r.op.err);
+    else
+        ck_assert_int_eq(s.op.result, -1);
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+    pt_close_both(&pp);
+    exs__params.send_unsignaled = 0;
+    ck_assert_uint_eq(mock_violations(), 0);
+}
+END_TEST
+
 Suite *proto_unsig_cut_suite(void)
 {
     Suite *s = suite_create("proto_unsig_cut");
     TCase *tc = tcase_create("unsig_cut");
 
     tcase_add_loop_test(tc, uc_cut_replays_small, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("unsig_promise");
+    tcase_add_loop_test(tc, uc_success_means_delivered, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
