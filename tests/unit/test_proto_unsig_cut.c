@@ -118,20 +118,26 @@ END_TEST
  * them succeed)") and exs_send(3) ("a small message [completes] once it is in the peer's
  * ring"): a send whose event said success is delivered to the peer even when the link
  * dies right after. A 64-byte message after an answer, the link dropped before the
- * fabric carried it: either its send fails, or the peer's receive gets it whole. Loop 0
- * with EXS_SEND_UNSIGNALED=1 (the default), loop 1 with 0.
+ * fabric carried it: either its send fails, or the peer's receive gets it whole. So for
+ * a zero-copy STREAM send (spec/api.md §6b: it "completes when all its bytes were written
+ * to the peer"; exs.7, EXS_SNDBUF=0: "completes when its bytes reached the peer"). Loops:
+ * SEQPACKET with EXS_SEND_UNSIGNALED=1 (the default), with 0; STREAM without a send
+ * buffer, with 1, with 0.
  *
- * FAILS on h49 (loop 0): the send went unsignaled and reported success at its post, its
- * write was flushed with the link, the peer's receive gets no message.
+ * FAILS on h49 (loops 0 and 2): the send went unsignaled and reported success at its
+ * post, its write was flushed with the link, the peer's receive gets no data.
  */
 START_TEST(uc_success_means_delivered)
 {
     static uint8_t sb[UC_LEN], rb[UC_RECV];
     struct pt_op s, r;
 
-    unit_pair_fresh(&pp, SOCK_SEQPACKET, 0, 0);
+    int type = _i < 2 ? SOCK_SEQPACKET : SOCK_STREAM;
+
+    unit_pair_fresh(&pp, type, 0, 0);
     pt_connect(&pp);
-    exs__params.send_unsignaled = _i == 0;
+    ck_assert_uint_eq(pp.a.conn->p.sndbuf, 0); /* STREAM: zero-copy */
+    exs__params.send_unsignaled = _i % 2 == 0;
     pt_send_pattern(&s, &pp.a, sb, UC_LEN, 5);
     mock_drop(pp.a.conn->ep); /* before the fabric carried it */
     pt_run(&pp);
@@ -162,7 +168,7 @@ Suite *proto_unsig_cut_suite(void)
     tcase_add_loop_test(tc, uc_cut_replays_small, 0, 2);
     suite_add_tcase(s, tc);
     tc = tcase_create("unsig_promise");
-    tcase_add_loop_test(tc, uc_success_means_delivered, 0, 2);
+    tcase_add_loop_test(tc, uc_success_means_delivered, 0, 4);
     suite_add_tcase(s, tc);
     return s;
 }
