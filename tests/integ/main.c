@@ -16,7 +16,7 @@ static Suite *(*const suites[])(void) = {
     integ_kfdcache_suite,    integ_unh_suite,      integ_poll_suite,      integ_ring_suite,
     integ_msg_suite,         integ_window_suite,   integ_sndbuf_suite,    integ_resume_suite,
     integ_resume_ring_suite, integ_handoff_suite,  integ_fragread_suite,  integ_backlog_suite,
-    integ_pv_suite,          integ_fork_suite,     integ_shm_suite,
+    integ_pv_suite,          integ_fork_suite,     integ_shm_suite,       integ_unsig_suite,
 };
 
 static void usage(FILE *f, const char *argv0)

@@ -24,7 +24,7 @@ static Suite *(*const suites[])(void) = {
     proto_resume_ring_suite, proto_resume_bound_suite,
     util_sha256_suite,       proto_resume_auth_suite,
     proto_violation_suite,   prov_soft_pool_suite,
-    proto_unsig_suite,
+    proto_unsig_suite,       proto_unsig_cut_suite,
 };
 
 void unit_env_clean(void)
