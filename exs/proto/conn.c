@@ -647,7 +647,9 @@ int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a)
 }
 
 /* May op's write of len bytes, inline, go unsignaled, op done at post (§6.4)? It carries
- * the whole send and no earlier send of the conn is unfinished (events keep their order);
+ * the whole send of a SEQPACKET message or of a STREAM send buffer's copy (a zero-copy
+ * STREAM send keeps its promise: done when its bytes reached the peer, spec/api.md §6b),
+ * and no earlier send of the conn is unfinished (events keep their order);
  * it goes to the provider now (not queued behind the cap), within EXS_QUIET_MAX slots;
  * an answer came since the last one (a stream of sends with nothing coming back goes
  * signaled, so ring writes in flight gather the next ones, §6.1); the conn cannot be cut
@@ -659,8 +661,8 @@ static int conn_quiet_ok_locked(struct exs_conn *conn, const struct exs_op *op, 
     /* (len == op->len: nothing of op was posted before, so none of its writes is in
      * flight; an eager or direct write's op holds no grant) */
     if (!conn->quiet_armed || len != op->len || op->cancel || op->rt || conn->wrq_count ||
-        conn->quiet_live >= EXS_QUIET_MAX || conn->p.resumable ||
-        conn->state != EXS_CONN_CONNECTED || conn->sq_out >= conn_wr_max() ||
+        (conn->dp->bytes && !op->internal) || conn->quiet_live >= EXS_QUIET_MAX ||
+        conn->p.resumable || conn->state != EXS_CONN_CONNECTED || conn->sq_out >= conn_wr_max() ||
         !__atomic_load_n(&exs__params.send_unsignaled, __ATOMIC_RELAXED))
         return 0;
     for (pos = conn->sendq.next; pos != &op->link; pos = pos->next)
