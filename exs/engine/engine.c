@@ -82,16 +82,17 @@ static struct {
     unsigned lease_mult; /* plock (loop): the lease's period in leases (1..EXS_ENG_LEASE_GROW),
                             doubled while the drivers keep coming back, 1 after a take-over */
     int io_on;           /* plock: the loop watches the provider's event fd */
-    int psleepers;       /* atomic: application threads armed for, or asleep on, the event fds
-                            (exs__engine_arm .. exs__engine_arm_end) */
-    int armed;           /* plock: the contexts were armed since the last disarm */
-    int loop_dirty;      /* plock: a non-loop holder changed a watcher */
-    int njobs;           /* atomic: queued jobs (a sleeper looks before sleeping) */
-    uint32_t fb_idle;    /* plock: rounds of the fallback context that found nothing, in a row */
-    uint32_t fb_tick;    /* plock: busy rounds that could skip it */
-    uint32_t fb_every;   /* plock: a busy round looks at it every this many (ENG_FB_EVERY ..
-                            EXS_ENG_FB_EVERY_MAX, doubled by each idle look) */
-    pthread_t holder;    /* atomic: the progress lock's holder (pthread_self), 0: none */
+    uint64_t post_seen_ns; /* plock (loop): when a look last found exs__eng_posted set */
+    int psleepers;         /* atomic: application threads armed for, or asleep on, the event fds
+                              (exs__engine_arm .. exs__engine_arm_end) */
+    int armed;             /* plock: the contexts were armed since the last disarm */
+    int loop_dirty;        /* plock: a non-loop holder changed a watcher */
+    int njobs;             /* atomic: queued jobs (a sleeper looks before sleeping) */
+    uint32_t fb_idle;      /* plock: rounds of the fallback context that found nothing, in a row */
+    uint32_t fb_tick;      /* plock: busy rounds that could skip it */
+    uint32_t fb_every;     /* plock: a busy round looks at it every this many (ENG_FB_EVERY ..
+                              EXS_ENG_FB_EVERY_MAX, doubled by each idle look) */
+    pthread_t holder;      /* atomic: the progress lock's holder (pthread_self), 0: none */
 } eng = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
 };
@@ -185,6 +186,9 @@ static const struct exs_counter_desc eng_counter_desc[] = {
                 "connection requests refused at once (backlog full): too many already waiting"),
     EXS_COUNTER(struct exs_eng_counters, listen_pauses,
                 "times a listener's provider was told to stop taking requests (too many waiting)"),
+    EXS_COUNTER(struct exs_eng_counters, post_holds,
+                "looks of the progress thread that left the provider to an application thread "
+                "because it posted since the previous look (it comes back to wait and drive)"),
     EXS_COUNTER(struct exs_eng_counters, fb_skips,
                 "busy-wait rounds that left the idle fallback context for a later round"),
 };
@@ -818,8 +822,18 @@ static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
     /* eng_prepare_cb, which runs next, decides who watches the provider. */
 }
 
+int exs__eng_posted;
+
+/* The loop: an application thread posted since the last call (and clear that). */
+static inline int eng_posted_take(void)
+{
+    return __atomic_load_n(&exs__eng_posted, __ATOMIC_RELAXED) &&
+           __atomic_exchange_n(&exs__eng_posted, 0, __ATOMIC_RELAXED);
+}
+
 /* Before every blocking poll, plock held: watch the provider only while no application
- * thread drives; take it back (and drain at once) when the last one left. */
+ * thread drives (or posts between its waits); take it back (and drain at once) when the
+ * last one left. */
 static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
     int drivers = ENG_DRIVERS(__atomic_load_n(&eng.drv, __ATOMIC_SEQ_CST));
@@ -832,10 +846,24 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
      * fights it for the locks and writes the socket from a second CPU. */
     uint64_t now = exs__now_ns();
     uint64_t hyst = eng_hyst_now(now, lease_ns);
-    int recent = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED) < hyst;
+    uint64_t since = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+    int recent = since < hyst;
 
     (void)w;
     (void)revents;
+    /* An application thread that posted since the loop's last look is between two of its
+     * waits, not computing: it comes back to drive (a sender posting a batch after each
+     * wait, its posts slow: the Soft-RoCE guest's 64 KiB writes, ~1 ms each, spec/rxe-vm.md).
+     * For at most EXS_ENG_POST_LEASES leases since its last wait: one that posts and never
+     * waits still gets its completions driven. */
+    if (!recent && drivers == 0) {
+        if (eng_posted_take())
+            eng.post_seen_ns = now;
+        if (exs__engine_post_hold(since, now - eng.post_seen_ns, lease_ns)) {
+            recent = 1;
+            EXS_CNT_INC(exs__eng_cnt.post_holds);
+        }
+    }
     if (drivers > 0 || recent || exs__params.test_engine_park) {
         if (eng.io_on) {
             ev_io_stop(loop, &eng.prov_io);
@@ -1186,7 +1214,7 @@ void exs__engine_fork(int phase)
     eng.psleepers = eng.armed = eng.njobs = 0;
     eng.seen_gen = 0;
     eng.lease_mult = 1;
-    eng.leave_ns = eng.gap_ns = eng.gap_at = 0;
+    eng.leave_ns = eng.gap_ns = eng.gap_at = eng.post_seen_ns = 0;
     __atomic_store_n(&eng.running, 0, __ATOMIC_RELEASE);
     eng_pass = (struct eng_pass){0};
     eng_poll_end_ns = 0;
