@@ -800,7 +800,13 @@ static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
         __atomic_store_n(&eng.lease_idle, 0, __ATOMIC_SEQ_CST);
     }
     eng.seen_gen = gen;
-    if (drivers > 0 && moved) {
+    /* An application that posted since the previous look is around as well (a posting
+     * sender: eng_prepare_cb holds the provider for it): its looks grow the period too, or
+     * the progress thread would wake every lease for nothing (the guest's 64 KiB sender:
+     * 0.9 lease wake-ups per message). The flag is left for eng_prepare_cb, which runs
+     * next. */
+    if ((drivers > 0 && moved) ||
+        (drivers == 0 && __atomic_load_n(&exs__eng_posted, __ATOMIC_RELAXED))) {
         unsigned m = exs__engine_lease_grow(eng.lease_mult);
 
         if (m != eng.lease_mult) {
