@@ -82,7 +82,10 @@ static struct {
     unsigned lease_mult; /* plock (loop): the lease's period in leases (1..EXS_ENG_LEASE_GROW),
                             doubled while the drivers keep coming back, 1 after a take-over */
     int io_on;           /* plock: the loop watches the provider's event fd */
-    uint64_t post_seen_ns; /* plock (loop): when a look last found exs__eng_posted set */
+    uint64_t post_seen_ns; /* atomic, written by the loop: when a look last found
+                              exs__eng_posted set */
+    int post_back;         /* atomic: the application's last gap longer than a lease had
+                              posts in it and ended in a wait within EXS_ENG_POST_LEASES */
     int psleepers;         /* atomic: application threads armed for, or asleep on, the event fds
                               (exs__engine_arm .. exs__engine_arm_end) */
     int armed;             /* plock: the contexts were armed since the last disarm */
@@ -672,6 +675,17 @@ void exs__engine_driver_enter(uint64_t now)
             now = exs__now_ns();
         gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
         /* a longer gap is the application computing: not remembered (nor compared) */
+        /* a gap with posts that ended in this wait: the application comes back (a gap
+         * of a lease or less tells nothing: the next wait of a batch, a ping-pong) */
+        if (gap > lease_ns) {
+            int posted = __atomic_exchange_n(&exs__eng_posted, 0, __ATOMIC_RELAXED) ||
+                         __atomic_load_n(&eng.post_seen_ns, __ATOMIC_RELAXED) >
+                             __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+
+            __atomic_store_n(&eng.post_back,
+                             posted && gap <= (uint64_t)EXS_ENG_POST_LEASES * lease_ns,
+                             __ATOMIC_RELAXED);
+        }
         if (gap <= (uint64_t)EXS_ENG_HYST_LEASES * lease_ns &&
             gap >= exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
                                        __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now,
@@ -806,7 +820,8 @@ static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
      * 0.9 lease wake-ups per message). The flag is left for eng_prepare_cb, which runs
      * next. */
     if ((drivers > 0 && moved) ||
-        (drivers == 0 && __atomic_load_n(&exs__eng_posted, __ATOMIC_RELAXED))) {
+        (drivers == 0 && __atomic_load_n(&eng.post_back, __ATOMIC_RELAXED) &&
+         __atomic_load_n(&exs__eng_posted, __ATOMIC_RELAXED))) {
         unsigned m = exs__engine_lease_grow(eng.lease_mult);
 
         if (m != eng.lease_mult) {
@@ -857,15 +872,17 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 
     (void)w;
     (void)revents;
-    /* An application thread that posted since the loop's last look is between two of its
-     * waits, not computing: it comes back to drive (a sender posting a batch after each
-     * wait, its posts slow: the Soft-RoCE guest's 64 KiB writes, ~1 ms each, spec/rxe-vm.md).
-     * For at most EXS_ENG_POST_LEASES leases since its last wait: one that posts and never
-     * waits still gets its completions driven. */
-    if (!recent && drivers == 0) {
+    /* An application thread that posted since the loop's last look, and whose last such
+     * gap ended in a wait (post_back), is between two of its waits, not computing: it
+     * comes back to drive (a sender posting a batch after each wait, its posts slow: the
+     * Soft-RoCE guest's 64 KiB writes, ~1 ms each, spec/rxe-vm.md). For at most
+     * EXS_ENG_POST_LEASES leases since its last wait: one that posts and never waits
+     * still gets its completions driven. */
+    if (!recent && drivers == 0 && __atomic_load_n(&eng.post_back, __ATOMIC_RELAXED)) {
         if (eng_posted_take())
-            eng.post_seen_ns = now;
-        if (exs__engine_post_hold(since, now - eng.post_seen_ns, lease_ns)) {
+            __atomic_store_n(&eng.post_seen_ns, now, __ATOMIC_RELAXED);
+        if (exs__engine_post_hold(since, now - __atomic_load_n(&eng.post_seen_ns, __ATOMIC_RELAXED),
+                                  lease_ns)) {
             recent = 1;
             EXS_CNT_INC(exs__eng_cnt.post_holds);
         }
@@ -985,6 +1002,7 @@ int exs__engine_start(void)
     exs_list_init(&eng.jobs);
     eng.njobs = 0;
     __atomic_store_n(&eng.gap_ns, 0, __ATOMIC_RELAXED); /* no gap remembered from a previous run */
+    __atomic_store_n(&eng.post_back, 0, __ATOMIC_RELAXED);
     ret = eng_open(exs__prov_open_default, &eng.ctx, &eng.manual);
     if (ret)
         return ret;
@@ -1217,6 +1235,7 @@ void exs__engine_fork(int phase)
     exs_list_init(&eng.jobs);
     eng.stopping = eng.manual = eng.lease_idle = eng.io_on = 0;
     eng.drv = 0;
+    eng.post_back = 0;
     eng.psleepers = eng.armed = eng.njobs = 0;
     eng.seen_gen = 0;
     eng.lease_mult = 1;
