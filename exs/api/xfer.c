@@ -737,6 +737,7 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, si
         goto out;
     }
     op = NULL;
+    exs__engine_posted(); /* the application is around: spec/threading.md §4 */
 out:
     if (op)
         exs__api_op_abandon(op);

@@ -82,16 +82,20 @@ static struct {
     unsigned lease_mult; /* plock (loop): the lease's period in leases (1..EXS_ENG_LEASE_GROW),
                             doubled while the drivers keep coming back, 1 after a take-over */
     int io_on;           /* plock: the loop watches the provider's event fd */
-    int psleepers;       /* atomic: application threads armed for, or asleep on, the event fds
-                            (exs__engine_arm .. exs__engine_arm_end) */
-    int armed;           /* plock: the contexts were armed since the last disarm */
-    int loop_dirty;      /* plock: a non-loop holder changed a watcher */
-    int njobs;           /* atomic: queued jobs (a sleeper looks before sleeping) */
-    uint32_t fb_idle;    /* plock: rounds of the fallback context that found nothing, in a row */
-    uint32_t fb_tick;    /* plock: busy rounds that could skip it */
-    uint32_t fb_every;   /* plock: a busy round looks at it every this many (ENG_FB_EVERY ..
-                            EXS_ENG_FB_EVERY_MAX, doubled by each idle look) */
-    pthread_t holder;    /* atomic: the progress lock's holder (pthread_self), 0: none */
+    uint64_t post_seen_ns; /* atomic, written by the loop: when a look last found
+                              exs__eng_posted set */
+    int post_back;         /* atomic: the application's last gap longer than a lease had
+                              posts in it and ended in a wait within EXS_ENG_POST_LEASES */
+    int psleepers;         /* atomic: application threads armed for, or asleep on, the event fds
+                              (exs__engine_arm .. exs__engine_arm_end) */
+    int armed;             /* plock: the contexts were armed since the last disarm */
+    int loop_dirty;        /* plock: a non-loop holder changed a watcher */
+    int njobs;             /* atomic: queued jobs (a sleeper looks before sleeping) */
+    uint32_t fb_idle;      /* plock: rounds of the fallback context that found nothing, in a row */
+    uint32_t fb_tick;      /* plock: busy rounds that could skip it */
+    uint32_t fb_every;     /* plock: a busy round looks at it every this many (ENG_FB_EVERY ..
+                              EXS_ENG_FB_EVERY_MAX, doubled by each idle look) */
+    pthread_t holder;      /* atomic: the progress lock's holder (pthread_self), 0: none */
 } eng = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
 };
@@ -185,6 +189,9 @@ static const struct exs_counter_desc eng_counter_desc[] = {
                 "connection requests refused at once (backlog full): too many already waiting"),
     EXS_COUNTER(struct exs_eng_counters, listen_pauses,
                 "times a listener's provider was told to stop taking requests (too many waiting)"),
+    EXS_COUNTER(struct exs_eng_counters, post_holds,
+                "looks of the progress thread that left the provider to an application thread "
+                "because it posted since the previous look (it comes back to wait and drive)"),
     EXS_COUNTER(struct exs_eng_counters, fb_skips,
                 "busy-wait rounds that left the idle fallback context for a later round"),
 };
@@ -674,6 +681,17 @@ void exs__engine_driver_enter(uint64_t now)
             now = exs__now_ns();
         gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
         /* a longer gap is the application computing: not remembered (nor compared) */
+        /* a gap with posts that ended in this wait: the application comes back (a gap
+         * of a lease or less tells nothing: the next wait of a batch, a ping-pong) */
+        if (gap > lease_ns) {
+            int posted = __atomic_exchange_n(&exs__eng_posted, 0, __ATOMIC_RELAXED) ||
+                         __atomic_load_n(&eng.post_seen_ns, __ATOMIC_RELAXED) >
+                             __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+
+            __atomic_store_n(&eng.post_back,
+                             posted && gap <= (uint64_t)EXS_ENG_POST_LEASES * lease_ns,
+                             __ATOMIC_RELAXED);
+        }
         if (gap <= (uint64_t)EXS_ENG_HYST_LEASES * lease_ns &&
             gap >= exs__engine_gap_now(__atomic_load_n(&eng.gap_ns, __ATOMIC_RELAXED),
                                        __atomic_load_n(&eng.gap_at, __ATOMIC_RELAXED), now,
@@ -802,7 +820,14 @@ static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
         __atomic_store_n(&eng.lease_idle, 0, __ATOMIC_SEQ_CST);
     }
     eng.seen_gen = gen;
-    if (drivers > 0 && moved) {
+    /* An application that posted since the previous look is around as well (a posting
+     * sender: eng_prepare_cb holds the provider for it): its looks grow the period too, or
+     * the progress thread would wake every lease for nothing (the guest's 64 KiB sender:
+     * 0.9 lease wake-ups per message). The flag is left for eng_prepare_cb, which runs
+     * next. */
+    if ((drivers > 0 && moved) ||
+        (drivers == 0 && __atomic_load_n(&eng.post_back, __ATOMIC_RELAXED) &&
+         __atomic_load_n(&exs__eng_posted, __ATOMIC_RELAXED))) {
         unsigned m = exs__engine_lease_grow(eng.lease_mult);
 
         if (m != eng.lease_mult) {
@@ -824,8 +849,18 @@ static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
     /* eng_prepare_cb, which runs next, decides who watches the provider. */
 }
 
+int exs__eng_posted;
+
+/* The loop: an application thread posted since the last call (and clear that). */
+static inline int eng_posted_take(void)
+{
+    return __atomic_load_n(&exs__eng_posted, __ATOMIC_RELAXED) &&
+           __atomic_exchange_n(&exs__eng_posted, 0, __ATOMIC_RELAXED);
+}
+
 /* Before every blocking poll, plock held: watch the provider only while no application
- * thread drives; take it back (and drain at once) when the last one left. */
+ * thread drives (or posts between its waits); take it back (and drain at once) when the
+ * last one left. */
 static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
     int drivers = ENG_DRIVERS(__atomic_load_n(&eng.drv, __ATOMIC_SEQ_CST));
@@ -838,10 +873,26 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
      * fights it for the locks and writes the socket from a second CPU. */
     uint64_t now = exs__now_ns();
     uint64_t hyst = eng_hyst_now(now, lease_ns);
-    int recent = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED) < hyst;
+    uint64_t since = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+    int recent = since < hyst;
 
     (void)w;
     (void)revents;
+    /* An application thread that posted since the loop's last look, and whose last such
+     * gap ended in a wait (post_back), is between two of its waits, not computing: it
+     * comes back to drive (a sender posting a batch after each wait, its posts slow: the
+     * Soft-RoCE guest's 64 KiB writes, ~1 ms each, spec/rxe-vm.md). For at most
+     * EXS_ENG_POST_LEASES leases since its last wait: one that posts and never waits
+     * still gets its completions driven. */
+    if (!recent && drivers == 0 && __atomic_load_n(&eng.post_back, __ATOMIC_RELAXED)) {
+        if (eng_posted_take())
+            __atomic_store_n(&eng.post_seen_ns, now, __ATOMIC_RELAXED);
+        if (exs__engine_post_hold(since, now - __atomic_load_n(&eng.post_seen_ns, __ATOMIC_RELAXED),
+                                  lease_ns)) {
+            recent = 1;
+            EXS_CNT_INC(exs__eng_cnt.post_holds);
+        }
+    }
     if (drivers > 0 || recent || exs__params.test_engine_park) {
         if (eng.io_on) {
             ev_io_stop(loop, &eng.prov_io);
@@ -957,6 +1008,7 @@ int exs__engine_start(void)
     exs_list_init(&eng.jobs);
     eng.njobs = 0;
     __atomic_store_n(&eng.gap_ns, 0, __ATOMIC_RELAXED); /* no gap remembered from a previous run */
+    __atomic_store_n(&eng.post_back, 0, __ATOMIC_RELAXED);
     ret = eng_open(exs__prov_open_default, &eng.ctx, &eng.manual);
     if (ret)
         return ret;
@@ -1189,10 +1241,11 @@ void exs__engine_fork(int phase)
     exs_list_init(&eng.jobs);
     eng.stopping = eng.manual = eng.lease_idle = eng.io_on = 0;
     eng.drv = 0;
+    eng.post_back = 0;
     eng.psleepers = eng.armed = eng.njobs = 0;
     eng.seen_gen = 0;
     eng.lease_mult = 1;
-    eng.leave_ns = eng.gap_ns = eng.gap_at = 0;
+    eng.leave_ns = eng.gap_ns = eng.gap_at = eng.post_seen_ns = 0;
     __atomic_store_n(&eng.running, 0, __ATOMIC_RELEASE);
     eng_pass = (struct eng_pass){0};
     eng_poll_end_ns = 0;

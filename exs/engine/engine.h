@@ -43,7 +43,8 @@ struct exs_eng_counters {
     uint64_t listen_defer_timeouts; /* ... refused (reason 3) after waiting their limit */
     uint64_t listen_defer_full;     /* requests refused (reason 3) at once: too many waiting */
     uint64_t listen_pauses;         /* provider listeners told to stop taking requests */
-    uint64_t fb_skips; /* busy rounds that left the idle fallback context for a later one */
+    uint64_t fb_skips;   /* busy rounds that left the idle fallback context for a later one */
+    uint64_t post_holds; /* the progress thread's looks that left the provider to a poster */
 };
 extern struct exs_eng_counters exs__eng_cnt;
 
@@ -167,6 +168,25 @@ static inline uint64_t exs__engine_gap_now(uint64_t gap_ns, uint64_t at_ns, uint
     return halvings >= 64 ? 0 : gap_ns >> halvings;
 }
 uint64_t exs__engine_hyst_ns(uint64_t remembered_ns, uint64_t lease_ns);
+/* An application thread posted an operation (api/xfer.c, after a successful post): it is
+ * between two of its waits, and the progress thread leaves the provider to it past the
+ * hysteresis, for at most EXS_ENG_POST_LEASES leases since its last wait
+ * (spec/threading.md §4, "Posting applications"). One relaxed load per post, a store
+ * only when the progress thread cleared the flag since. */
+#define EXS_ENG_POST_LEASES 32
+/* The rule, pure: since_ns since the application's last wait, its last post seen
+ * post_ago_ns ago (within a lease: the progress thread may look more often than it
+ * posts); 1: the progress thread still leaves it the provider. */
+static inline int exs__engine_post_hold(uint64_t since_ns, uint64_t post_ago_ns, uint64_t lease_ns)
+{
+    return since_ns < (uint64_t)EXS_ENG_POST_LEASES * lease_ns && post_ago_ns < lease_ns;
+}
+extern int exs__eng_posted;
+static inline void exs__engine_posted(void)
+{
+    if (!__atomic_load_n(&exs__eng_posted, __ATOMIC_RELAXED))
+        __atomic_store_n(&exs__eng_posted, 1, __ATOMIC_RELAXED);
+}
 /* The lease's growth (spec/threading.md §4): while the drivers keep coming and going, the
  * period doubles at each look, up to EXS_ENG_LEASE_GROW leases; exs__engine_lease_grow:
  * the next period's multiple. exs__engine_lease_after: when to look again once they are

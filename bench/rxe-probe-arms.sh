@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# rxe-probe-arms.sh: who arms the CQ and who wakes per 64 KiB STREAM message (spec/rxe-vm.md,
+# "64 KiB STREAM: who arms and who wakes"), this tree's blast against BASE/blast/blast in one
+# scripts/rxe-vm.sh guest: C cycles (3) of VARIANTS (X B Xp Bp: X this tree, B the base, p:
+# --poll) and ib_write_bw, T s each (6); the engine and provider counters of both ends
+# (exsctl metrics) and their threads' context switches, 1.5 s and 3 s into each run.
+#   bash bench/rxe-probe-arms.sh BASE [C=3] [T=6] [VARIANTS="X B Xp Bp"]
+# Output: $BUILD/rxe-probe-arms/out.log, then per message (bench/rxe_probe_arms.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=${1:?usage: $0 BASE_BUILD_DIR [VAR=VALUE...]}
+shift
+B=${BUILD:-build}
+D=$B/rxe-probe-arms/run
+rm -rf "$D" && mkdir -p "$D"
+cp bench/rxe-probe-arms-guest.sh "$D/probe.sh"
+cp "$B/blast/blast" "$D/blastX"
+cp "$base/blast/blast" "$D/blastB"
+cp "$B/tools/exsctl" "$D/"
+cp "$(command -v ib_write_bw)" "$D/"
+(while :; do echo "PSI $(date +%s) $(awk '/^some/ {print $2}' /proc/pressure/cpu)"; sleep 2; done) \
+    >"$B/rxe-probe-arms/psi.log" &
+sampler=$!
+trap 'kill $sampler' EXIT
+BUILD=$B/rxe-bench RXE_VM_APPEND="clocksource=tsc tsc=reliable" bash scripts/rxe-vm.sh "$D" \
+    env "$@" sh probe.sh 2>&1 | tee "$B/rxe-probe-arms/out.log"
+python3 bench/rxe_probe_arms.py "$B/rxe-probe-arms/out.log"
