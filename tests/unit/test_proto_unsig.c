@@ -18,9 +18,9 @@ static struct pt_pair pp;
 #define un_cnt(_name) __atomic_load_n(&exs__proto_cnt._name, __ATOMIC_RELAXED)
 
 /* A connected pair of sock_type with unsignaled sends on (on) or off. A STREAM sender
- * has a send buffer for sends of up to 64 bytes: only its copies may go unsignaled (a
- * zero-copy send keeps its promise, §6.4). */
-static void un_open(int sock_type, int on)
+ * has a send buffer for sends of up to 64 bytes when sndbuf (un_open: always): only its
+ * copies may go unsignaled (a zero-copy send keeps its promise, §6.4). */
+static void un_open_buf(int sock_type, int on, int sndbuf)
 {
     unit_env_clean();
     memset(&pp, 0, sizeof(pp));
@@ -28,12 +28,17 @@ static void un_open(int sock_type, int on)
     exs__params.send_unsignaled = (uint64_t)on;
     pt_params(&pp.pa, sock_type);
     pt_params(&pp.pb, sock_type);
-    if (sock_type == SOCK_STREAM) {
+    if (sock_type == SOCK_STREAM && sndbuf) {
         pp.pa.sndbuf = 4096;
         pp.pa.copy_max = 64;
     }
     pt_open(&pp, sock_type);
     pt_connect(&pp);
+}
+
+static void un_open(int sock_type, int on)
+{
+    un_open_buf(sock_type, on, 1);
 }
 
 static void un_close(void)
@@ -60,17 +65,10 @@ START_TEST(un_event_at_post)
     uint64_t n0, wr_out;
 
     if (_i == 4) {
-        /* a zero-copy STREAM sender: pt_params gives no send buffer */
+        /* a zero-copy STREAM sender (no send buffer), the switch on */
         sp = 0;
         on = 0;
-        unit_env_clean();
-        memset(&pp, 0, sizeof(pp));
-        mock_set_reorder(0);
-        exs__params.send_unsignaled = 1;
-        pt_params(&pp.pa, SOCK_STREAM);
-        pt_params(&pp.pb, SOCK_STREAM);
-        pt_open(&pp, SOCK_STREAM);
-        pt_connect(&pp);
+        un_open_buf(SOCK_STREAM, 1, 0);
         ck_assert_uint_eq(pp.a.conn->p.sndbuf, 0);
     } else {
         un_open(sp ? SOCK_SEQPACKET : SOCK_STREAM, on);
