@@ -120,6 +120,15 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* json_str of s, or null where s is empty. */
+static void json_str_or_null(FILE *f, const char *s)
+{
+    if (s && *s)
+        json_str(f, s);
+    else
+        fputs("null", f);
+}
+
 static int parse_num(const char *s, double lo, double hi, double *out)
 {
     char *end;
@@ -1050,6 +1059,23 @@ static void rtt_summary(struct peer *p, struct rtt_sum *s)
         s->mean += p->rtt[i] / p->nrtt;
 }
 
+/* The library, the signals that stop a probe and pr's queue of depth entries for command
+ * cmd (ping, perf); -1 said on stderr. */
+static int probe_begin(struct prober *pr, const char *cmd, int depth)
+{
+    if (init_lib(cmd) < 0)
+        return -1;
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    pr->q = exs_qcreate(depth);
+    if (pr->q == EXS_QHANDLE_INVALID) {
+        fprintf(stderr, "exsctl %s: exs_qcreate: %s\n", cmd, strerror(errno));
+        exs_fini();
+        return -1;
+    }
+    return 0;
+}
+
 int exsctl_ping(int argc, char **argv)
 {
     static const struct option lo[] = {{"count", required_argument, NULL, 'c'},
@@ -1115,16 +1141,8 @@ int exsctl_ping(int argc, char **argv)
         return 2;
     }
     pr.peers = calloc((size_t)pr.npeers, sizeof(*pr.peers));
-    if (!pr.peers || init_lib("ping") < 0)
+    if (!pr.peers || probe_begin(&pr, "ping", pr.npeers * (PEER_RECVS + 4) + 8) < 0)
         return 1;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    pr.q = exs_qcreate(pr.npeers * (PEER_RECVS + 4) + 8);
-    if (pr.q == EXS_QHANDLE_INVALID) {
-        fprintf(stderr, "exsctl ping: exs_qcreate: %s\n", strerror(errno));
-        exs_fini();
-        return 1;
-    }
     for (int i = 0; i < pr.npeers; i++) {
         pr.peers[i].spec = argv[optind + i];
         pr.peers[i].rsize = size;
@@ -1161,10 +1179,7 @@ int exsctl_ping(int argc, char **argv)
             printf("    {\"peer\": ");
             json_str(stdout, p->name);
             printf(", \"address\": ");
-            if (p->addr[0])
-                json_str(stdout, p->addr);
-            else
-                printf("null");
+            json_str_or_null(stdout, p->addr);
             printf(", \"sent\": %d, \"received\": %d, \"lost\": %d, \"loss\": %.4f, "
                    "\"late\": %d, ",
                    p->sent, p->nrtt, lost, loss / 100, p->late);
@@ -1175,10 +1190,7 @@ int exsctl_ping(int argc, char **argv)
             else
                 printf("\"rtt_us\": null, ");
             printf("\"error\": ");
-            if (p->err[0])
-                json_str(stdout, p->err);
-            else
-                printf("null");
+            json_str_or_null(stdout, p->err);
             printf("}%s\n", i + 1 < pr.npeers ? "," : "");
         } else if (p->nrtt) {
             printf(" %-29s %6d %6d %6.1f %10.1f %10.1f %10.1f %10.1f  %s\n", p->name, p->sent,
@@ -1351,16 +1363,8 @@ int exsctl_perf(int argc, char **argv)
     }
     pr.npeers = 1;
     pr.peers = p = calloc(1, sizeof(*p));
-    if (!p || init_lib("perf") < 0)
+    if (!p || probe_begin(&pr, "perf", PEER_RECVS + PEER_SENDS + 8) < 0)
         return 1;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    pr.q = exs_qcreate(PEER_RECVS + PEER_SENDS + 8);
-    if (pr.q == EXS_QHANDLE_INVALID) {
-        fprintf(stderr, "exsctl perf: exs_qcreate: %s\n", strerror(errno));
-        exs_fini();
-        return 1;
-    }
     p->spec = argv[optind];
     p->rsize = lat_size;
     p->ssize = size > lat_size ? size : lat_size;
@@ -1385,10 +1389,7 @@ int exsctl_perf(int argc, char **argv)
                provider_name());
         json_str(stdout, p->name);
         printf(", \"address\": ");
-        if (p->addr[0])
-            json_str(stdout, p->addr);
-        else
-            printf("null");
+        json_str_or_null(stdout, p->addr);
         printf(",\n  \"latency_us\": ");
         if (p->nrtt)
             printf("{\"count\": %d, \"size\": %zu, \"lost\": %d, \"min\": %.2f, \"p50\": %.2f, "
@@ -1400,10 +1401,7 @@ int exsctl_perf(int argc, char **argv)
                "\"seconds\": %.6f, \"size\": %zu, \"depth\": %d,\n  \"error\": ",
                rc ? 0.0 : gbps, (unsigned long long)p->sent_bytes, (unsigned long long)p->sent_msgs,
                elapsed, size, depth);
-        if (p->err[0])
-            json_str(stdout, p->err);
-        else
-            printf("null");
+        json_str_or_null(stdout, p->err);
         printf(", \"ok\": %s}\n", rc ? "false" : "true");
     } else {
         printf("# exsctl perf %s (provider %s, SOCK_SEQPACKET)\n", p->name, provider_name());
