@@ -131,8 +131,11 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         errno = ret == -ENOMEM ? ENOMEM : EINVAL;
         return EXS_MHANDLE_INVALID;
     }
-    m->addr = addr;
-    m->len = len;
+    /* a reused record: read by mreg_covers without a hold, which looks at the handle
+     * again after them (its park cleared the handle before: the fence orders that) */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&m->addr, addr, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->len, len, __ATOMIC_RELAXED);
     EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     for (int i = 0; i < mreg_cap; i++)
         if (!mregs[i]) {
@@ -195,6 +198,29 @@ static inline __attribute__((always_inline)) int mreg_hold(exs_mhandle_t mh, con
     }
     *m_p = m;
     return 0;
+}
+
+/* Does the registration mh cover buf .. buf + len now? Looked at without a hold, for
+ * exs_send's copy at the post (send_copy), which uses nothing of the registration after
+ * the look (it reads only buf). The record may be deregistered and reused meanwhile: its
+ * handle is read again after addr and len, and a reuse stores those after the old handle
+ * was cleared (mreg_park), with a release fence between (exs_mregister). A send racing the
+ * deregistration of its handle may be taken either way, as with a hold. */
+static inline __attribute__((always_inline)) int mreg_covers(exs_mhandle_t mh, const void *buf,
+                                                             size_t len)
+{
+    struct api_mreg *m = mreg_find(mh);
+    uintptr_t addr, end = (uintptr_t)buf + len;
+    size_t mlen;
+
+    if (!m)
+        return 0;
+    addr = (uintptr_t)__atomic_load_n(&m->addr, __ATOMIC_RELAXED);
+    mlen = __atomic_load_n(&m->len, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
+        return 0;
+    return (uintptr_t)buf >= addr && end <= addr + mlen && end >= (uintptr_t)buf;
 }
 
 int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)
@@ -614,6 +640,43 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 
 /* ---- send / receive ---- */
 
+/* exs_send's copy at the post (spec/proto-layout.md, "A send that ends at its post"): a
+ * send the STREAM send buffer takes and finishes at once goes in without an operation:
+ * no block, no registration held or looked up on the provider (only checked: the bytes
+ * are read here), no count of outstanding sends, nothing queued in the conn, and its
+ * event written straight into the slot reserved under the conn's lock (so it follows
+ * every earlier send's, posted under that lock too). A synchronous send (q invalid) has
+ * no event: its result is len. 1 when done so; 0 when the send goes the whole way, with
+ * nothing taken (any error is found and reported there). */
+static inline __attribute__((always_inline)) int send_copy(struct api_sock *s,
+                                                           struct exs_conn *conn, const void *buf,
+                                                           size_t len, exs_qhandle_t q,
+                                                           exs_ahandle_t ah, exs_mhandle_t mh)
+{
+    struct exs_evq *evq = NULL;
+
+    /* the whole way answers EAGAIN when the count is full */
+    if (__atomic_load_n(&s->n_send, __ATOMIC_RELAXED) >= (int)exs__params.sock_max_ops ||
+        (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(mh, buf, len)) ||
+        !exs__conn_copy_lock(conn, len))
+        return 0;
+    if (q != EXS_QHANDLE_INVALID && exs__evq_reserve_q(q, &evq)) {
+        exs__conn_unlock(conn);
+        return 0;
+    }
+    if (!exs__conn_copy_locked(conn, buf, len)) {
+        if (evq)
+            exs__evq_unreserve(evq);
+        exs__conn_unlock(conn);
+        return 0;
+    }
+    if (evq)
+        exs__evq_post_xfer_x(evq, EXS_EVT_SEND, 0, s->fd, 0, ah, (void *)(uintptr_t)buf, len,
+                             (ssize_t)len);
+    exs__conn_unlock(conn);
+    return 1;
+}
+
 /* b != NULL: exs_sendmsg / exs_recvmsg / exs_sendfile of b's buffer (buf, len, mh ignored;
  * b is taken in any case: freed with the operation, or here). Inline in each of its three
  * callers: recv and b are constants there (a 64 B send 40 instructions less, a receive
@@ -664,6 +727,14 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, si
     struct exs_conn *conn = s->conn;
     /* SO_ASYNC_*_TIMEOUT set: notices below */
     timeo = __atomic_load_n(recv ? &s->rcv_timeo : &s->snd_timeo, __ATOMIC_RELAXED);
+    /* (copy_max: set at the conn's creation) a send with timeout notices takes the whole
+     * way, which reserves the first notice's slot too */
+    if (!recv && !b && !timeo && len <= conn->p.copy_max &&
+        send_copy(s, conn, buf, len, q, ah, mh)) {
+        exs__engine_posted();
+        exs__api_sock_put(s);
+        return sync ? (int)len : 0;
+    }
     if (sync)
         q = exs__api_sync_queue();
     op = op_new(s, b ? b->evt_type : recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);

@@ -845,6 +845,7 @@ void exs__conn_deliver_all_locked(struct exs_conn *conn)
                                       ? NULL
                                       : exs_list_entry(op->link.prev, struct exs_op, link);
         exs_list_del(&op->link);
+        conn->sendq_app -= !op->internal;
         op->done(op);
     }
     while (!exs_list_empty(&conn->recvq)) {

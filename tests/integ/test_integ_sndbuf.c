@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "exs/api/api_int.h"
 #include "tests/integ/integ.h"
 
 #define SB_N     32  /* small sends */
@@ -20,6 +21,21 @@ static void sb_stats(int fd, struct exs_sock_stats *st)
 
     memset(st, 0, sizeof(*st));
     IT_EXPECT_OK(exs_getsockopt(fd, SOL_EXS, EXS_SO_STATS, st, &len));
+}
+
+/* exs_sends of fd that ended at their post, without an operation (exs_conn.posts_copied,
+ * spec/proto-layout.md "A send that ends at its post"). */
+static uint64_t sb_posts_copied(int fd)
+{
+    struct exs_conn_info info;
+    int err = 0;
+    struct api_sock *s = exs__api_sock_get(fd, &err);
+
+    ck_assert_ptr_nonnull(s);
+    ck_assert_ptr_nonnull(s->conn);
+    exs__conn_info(s->conn, &info);
+    exs__api_sock_put(s);
+    return info.posts_copied;
 }
 
 /* A pair whose receiving side has a 1 KiB ring that never grows. */
@@ -64,6 +80,7 @@ START_TEST(sndbuf_sends_complete_at_once)
         sb_stats(p.cfd, &st);
         ck_assert_int_eq(st.sends_copied, SB_N);
         ck_assert_int_eq(st.bytes_sent, SB_TOTAL);
+        ck_assert_uint_eq(sb_posts_copied(p.cfd), SB_N); /* each at its post */
     } else {
         while (it_try_event(p.cq, EXS_EVT_SEND, p.cfd, 500, &ev) == 1) {
             ck_assert_int_eq(ev.exs_evt_errno, 0);
@@ -178,6 +195,7 @@ START_TEST(sndbuf_close_sends_copies)
         IT_POST_SEND(p.cfd, sb->p + i * SB_LEN, SB_LEN, p.cq, IT_AH(300 + i), sb->mh);
     for (int i = 0; i < SB_N; i++)
         it_expect_send(p.cq, p.cfd, IT_AH(300 + i), SB_LEN);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), SB_N); /* no operation of them left */
     IT_EXPECT_OK(exs_close(p.cfd, p.cq, IT_AH(0xC105E)));
     sb_receive_all(&p, rb, 13);
     IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 16, 0, p.sq, IT_AH(0xE0F), rb->mh));
@@ -306,6 +324,104 @@ START_TEST(sndbuf_cancel_spares_copies)
 }
 END_TEST
 
+/* Sends that end at their post (spec/proto-layout.md, "A send that ends at its post"),
+ * mixed with what must keep its order: a receive of the sender pending throughout, a
+ * zero-copy send the ring cannot take yet (small sends behind it wait for its event and
+ * are not taken at their post), a synchronous send (its result, no event). Events come in
+ * posting order, the pending receive completes when the peer sends, every byte arrives. */
+START_TEST(sndbuf_copy_at_post_order)
+{
+    enum { BIG = 20000, N1 = 6, N2 = 4, TOTAL = (N1 + 1 + N2) * SB_LEN + BIG };
+    struct it_pair p;
+    struct it_buf *sb, *rb, *cb;
+    uint64_t c0;
+    size_t off = 0;
+
+    sb_open(&p, NULL);
+    sb = it_buf_new(TOTAL, 1);
+    rb = it_buf_new(TOTAL, 1);
+    cb = it_buf_new(64, 1);
+    it_fill(sb->p, TOTAL, 21);
+    IT_EXPECT_OK(exs_recv(p.cfd, cb->p, 64, 0, p.cq, IT_AH(0x7EC), cb->mh));
+    c0 = sb_posts_copied(p.cfd);
+    for (int i = 0; i < N1; i++, off += SB_LEN)
+        IT_POST_SEND(p.cfd, sb->p + off, SB_LEN, p.cq, IT_AH(600 + i), sb->mh);
+    for (int i = 0; i < N1; i++)
+        it_expect_send(p.cq, p.cfd, IT_AH(600 + i), SB_LEN);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N1);
+    /* synchronous: the result at once */
+    ck_assert_int_eq(exs_send(p.cfd, sb->p + off, SB_LEN, 0, EXS_QHANDLE_INVALID, NULL, sb->mh),
+                     SB_LEN);
+    off += SB_LEN;
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N1 + 1);
+    /* zero-copy, more than the buffer and the 1 KiB ring take before the receiver reads */
+    IT_POST_SEND(p.cfd, sb->p + off, BIG, p.cq, IT_AH(700), sb->mh);
+    off += BIG;
+    for (int i = 0; i < N2; i++, off += SB_LEN)
+        IT_POST_SEND(p.cfd, sb->p + off, SB_LEN, p.cq, IT_AH(710 + i), sb->mh);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N1 + 1); /* behind the big one */
+    it_expect_no_event(p.cq, 100);
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, TOTAL, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_send(p.cq, p.cfd, IT_AH(700), BIG);
+    for (int i = 0; i < N2; i++)
+        it_expect_send(p.cq, p.cfd, IT_AH(710 + i), SB_LEN);
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), TOTAL, 0);
+    ck_assert_int_eq(it_check(rb->p, TOTAL, 21), -1);
+    /* the sender's receive was there all along */
+    IT_POST_SEND(p.sfd, rb->p, 64, p.sq, IT_AH(0x5E), rb->mh);
+    it_expect_send(p.sq, p.sfd, IT_AH(0x5E), 64);
+    it_expect_recv(p.cq, p.cfd, IT_AH(0x7EC), 64, 0);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_buf_free(cb);
+}
+END_TEST
+
+/* A send that would end at its post fails as before: a handle that does not cover the
+ * buffer or no handle (EINVAL), a full queue (EAGAIN, nothing sent), after exs_shutdown
+ * (EPIPE), on a closed descriptor (EBADF); none is counted as copied, and a send after a
+ * refused one still works. */
+START_TEST(sndbuf_copy_at_post_errors)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    exs_qhandle_t q1;
+    uint64_t c0;
+
+    sb_open(&p, NULL);
+    sb = it_buf_new(4096, 1);
+    rb = it_buf_new(4096, 1);
+    it_fill(sb->p, 4096, 22);
+    c0 = sb_posts_copied(p.cfd);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 4096 - 32, 64, 0, p.cq, IT_AH(1), sb->mh), EINVAL);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(1), sb->mh + 1000), EINVAL);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, MSG_WAITALL, p.cq, IT_AH(1), sb->mh), EINVAL);
+    q1 = it_qcreate(1);
+    IT_POST_SEND(p.cfd, sb->p, 64, q1, IT_AH(2), sb->mh);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 64, 64, 0, q1, IT_AH(3), sb->mh), EAGAIN);
+    it_expect_send(q1, p.cfd, IT_AH(2), 64);
+    IT_POST_SEND(p.cfd, sb->p + 64, 64, q1, IT_AH(4), sb->mh);
+    it_expect_send(q1, p.cfd, IT_AH(4), 64);
+    it_qdelete(q1);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 2);
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 128, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 128, 0);
+    ck_assert_int_eq(it_check(rb->p, 128, 22), -1);
+    IT_EXPECT_OK(exs_shutdown(p.cfd, SHUT_WR, p.cq, IT_AH(5)));
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(6), sb->mh), EPIPE);
+    it_expect_err(p.cq, EXS_EVT_SHUTDOWN, p.cfd, IT_AH(5), 0);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(7), sb->mh), EPIPE);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 2);
+    it_close(p.cfd, p.cq);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(8), sb->mh), EBADF);
+    p.cfd = -1;
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
 Suite *integ_sndbuf_suite(void)
 {
     Suite *s = suite_create("integ_sndbuf");
@@ -317,6 +433,8 @@ Suite *integ_sndbuf_suite(void)
     tcase_add_test(tc, sndbuf_close_sends_copies);
     tcase_add_test(tc, sndbuf_option);
     tcase_add_test(tc, sndbuf_cancel_spares_copies);
+    tcase_add_test(tc, sndbuf_copy_at_post_order);
+    tcase_add_test(tc, sndbuf_copy_at_post_errors);
     suite_add_tcase(s, tc);
     return s;
 }
