@@ -641,56 +641,68 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 /* ---- send / receive ---- */
 
 /* exs_send's copy at the post (spec/proto-layout.md, "A send that ends at its post"): a
- * send the STREAM send buffer takes and finishes at once goes in without an operation:
- * no block, no registration held or looked up on the provider (only checked: the bytes
- * are read here), no count of outstanding sends, nothing queued in the conn, and its
- * event written straight into the slot reserved under the conn's lock (so it follows
- * every earlier send's, posted under that lock too). A synchronous send (q invalid) has
- * no event: its result is len. 1 when done so; 0 when the send goes the whole way, with
- * nothing taken (any error is found and reported there). */
-static inline __attribute__((always_inline)) int send_copy(struct api_sock *s,
-                                                           struct exs_conn *conn, const void *buf,
-                                                           size_t len, exs_qhandle_t q,
+ * send on s (held) that the STREAM send buffer takes and finishes at once goes in without
+ * an operation: no block, no registration held or looked up on the provider (only
+ * checked: the bytes are read here), no count of outstanding sends, nothing queued in the
+ * conn, and its event written straight into the slot reserved under the conn's lock (so
+ * it follows every earlier send's, posted under that lock too). A synchronous send (q
+ * invalid) has no event. The call's result (0, or len when synchronous; s put) when done
+ * so; -1 when the send goes the whole way with s, nothing taken (any error is found and
+ * reported there). Apart from xfer_post, whose size would cost this path its frame. */
+static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, const void *buf,
+                                                           size_t len, int flags, exs_qhandle_t q,
                                                            exs_ahandle_t ah, exs_mhandle_t mh)
 {
     struct exs_evq *evq = NULL;
+    struct exs_conn *conn;
 
-    /* the whole way answers EAGAIN when the count is full */
-    if (__atomic_load_n(&s->n_send, __ATOMIC_RELAXED) >= (int)exs__params.sock_max_ops ||
+    /* xfer_post's checks that pass (copy_max is at most the largest message: sock.c);
+     * no lock, as there; a send with timeout notices reserves the first one's slot too */
+    if ((flags & ~(MSG_NOSIGNAL | MSG_DONTWAIT)) || !buf ||
+        __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != API_SOCK_CONNECTED ||
+        __atomic_load_n(&s->snd_timeo, __ATOMIC_RELAXED))
+        return -1;
+    conn = s->conn;
+    /* (copy_max: set at the conn's creation) the whole way answers EAGAIN when the count is
+     * full */
+    if (len - 1 >= conn->p.copy_max ||
+        __atomic_load_n(&s->n_send, __ATOMIC_RELAXED) >= (int)exs__params.sock_max_ops ||
         (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(mh, buf, len)) ||
         !exs__conn_copy_lock(conn, len))
-        return 0;
+        return -1;
     if (q != EXS_QHANDLE_INVALID && exs__evq_reserve_q(q, &evq)) {
         exs__conn_unlock(conn);
-        return 0;
+        return -1;
     }
     if (!exs__conn_copy_locked(conn, buf, len)) {
         if (evq)
             exs__evq_unreserve(evq);
         exs__conn_unlock(conn);
-        return 0;
+        return -1;
     }
     if (evq)
         exs__evq_post_xfer_x(evq, EXS_EVT_SEND, 0, s->fd, 0, ah, (void *)(uintptr_t)buf, len,
                              (ssize_t)len);
     exs__conn_unlock(conn);
-    return 1;
+    exs__engine_posted(); /* the application is around: spec/threading.md §4 */
+    exs__api_sock_put(s);
+    return evq ? 0 : (int)len;
 }
 
-/* b != NULL: exs_sendmsg / exs_recvmsg / exs_sendfile of b's buffer (buf, len, mh ignored;
- * b is taken in any case: freed with the operation, or here). Inline in each of its three
+/* s: the socket at fd (exs__api_sock_find_x, held), or NULL: not a libexs socket (a
+ * kernel socket's operation tells EBADF and ENOTSOCK apart). b != NULL: exs_sendmsg /
+ * exs_recvmsg / exs_sendfile of b's buffer (buf, len, mh ignored; b is taken in any case:
+ * freed with the operation, or here). Inline in each of its three
  * callers: recv and b are constants there (a 64 B send 40 instructions less, a receive
  * 29). */
-static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, size_t len, int flags,
-                                                           exs_qhandle_t q, exs_ahandle_t ah,
-                                                           exs_mhandle_t mh, int recv,
-                                                           struct api_bounce *b)
+static inline __attribute__((always_inline)) int xfer_post(int fd, struct api_sock *s, void *buf,
+                                                           size_t len, int flags, exs_qhandle_t q,
+                                                           exs_ahandle_t ah, exs_mhandle_t mh,
+                                                           int recv, struct api_bounce *b)
 {
     exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
-    /* not a libexs socket: a kernel socket's operation tells EBADF and ENOTSOCK apart */
-    struct api_sock *s = exs__api_sock_find_x(fd);
     struct api_op *op = NULL;
     int *count, armed = 0, timeo = 0;
 
@@ -727,14 +739,6 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, si
     struct exs_conn *conn = s->conn;
     /* SO_ASYNC_*_TIMEOUT set: notices below */
     timeo = __atomic_load_n(recv ? &s->rcv_timeo : &s->snd_timeo, __ATOMIC_RELAXED);
-    /* (copy_max: set at the conn's creation) a send with timeout notices takes the whole
-     * way, which reserves the first notice's slot too */
-    if (!recv && !b && !timeo && len <= conn->p.copy_max &&
-        send_copy(s, conn, buf, len, q, ah, mh)) {
-        exs__engine_posted();
-        exs__api_sock_put(s);
-        return sync ? (int)len : 0;
-    }
     if (sync)
         q = exs__api_sync_queue();
     op = op_new(s, b ? b->evt_type : recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
@@ -826,15 +830,33 @@ out:
 int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, int recv,
                          struct api_bounce *b)
 {
-    return xfer_post(fd, NULL, 0, flags, q, ah, EXS_MHANDLE_UNREGISTERED, recv, b);
+    return xfer_post(fd, exs__api_sock_find_x(fd), NULL, 0, flags, q, ah, EXS_MHANDLE_UNREGISTERED,
+                     recv, b);
 }
 
-/* exs_send the whole way: what exs__api_kfd_send_fast (kfd.c) did not take. */
+/* exs_send the whole way on fd, s found there (or NULL). */
+static __attribute__((noinline)) int send_whole(int fd, struct api_sock *s, const void *buf,
+                                                size_t len, int flags, exs_qhandle_t q,
+                                                exs_ahandle_t ah, exs_mhandle_t mh)
+{
+    return xfer_post(fd, s, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
+}
+
+/* exs_send of a libexs socket (the copy at the post, else the whole way), or what
+ * exs__api_kfd_send_fast (kfd.c) did not take. */
 __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t len, int flags,
                                                  exs_qhandle_t q, exs_ahandle_t ah,
                                                  exs_mhandle_t mh)
 {
-    return xfer_post(fd, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
+    struct api_sock *s = exs__api_sock_find_x(fd);
+
+    if (s) {
+        int ret = send_copy(s, buf, len, flags, q, ah, mh);
+
+        if (ret >= 0)
+            return ret;
+    }
+    return send_whole(fd, s, buf, len, flags, q, ah, mh);
 }
 
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
@@ -851,7 +873,7 @@ int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, ex
 int exs_recv(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
              exs_mhandle_t mh)
 {
-    return xfer_post(fd, buf, len, flags, q, ah, mh, 1, NULL);
+    return xfer_post(fd, exs__api_sock_find_x(fd), buf, len, flags, q, ah, mh, 1, NULL);
 }
 
 static int cancel_match(struct exs_op *pop, void *arg)

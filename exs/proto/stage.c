@@ -126,6 +126,18 @@ static int stage_appendable(const struct exs_conn *conn, const struct exs_list *
            conn->stg_tail + len - conn->stg_head <= conn->p.sndbuf; /* room */
 }
 
+/* The copy's bytes go to dst, at the end of the newest internal op (stg_tail). */
+static inline void stage_put(struct exs_conn *conn, uint8_t *dst, const void *src, size_t len)
+{
+    memcpy(dst, src, len);
+    conn->stg_last->len += len;
+    conn->stg_tail += len;
+    exs_container_of(conn->stg_last, struct stage_op, op)->end = conn->stg_tail;
+    conn->bwait.first = NULL; /* a held run may have changed: built again */
+    conn->stats.sends_copied++;
+    conn->stats.bytes_sent += len;
+}
+
 /* Copy len bytes from src into the buffer, as the stream's next bytes at pos in sendq (the
  * link of the send they are, or sendq itself for bytes of no op): appended to the newest
  * internal op when it may take them, else in a new internal op placed right before pos.
@@ -157,13 +169,7 @@ static int stage_copy_at(struct exs_conn *conn, struct exs_list *pos, const void
         conn->stg_last = &so->op;
         dst = so->op.buf;
     }
-    memcpy(dst, src, len);
-    conn->stg_last->len += len;
-    conn->stg_tail += len;
-    exs_container_of(conn->stg_last, struct stage_op, op)->end = conn->stg_tail;
-    conn->bwait.first = NULL; /* a held run may have changed: built again */
-    conn->stats.sends_copied++;
-    conn->stats.bytes_sent += len;
+    stage_put(conn, dst, src, len);
     return 1;
 }
 
@@ -217,6 +223,25 @@ int exs__stage_copy_bytes_locked(struct exs_conn *conn, const void *buf, size_t 
     /* (the caller checked the rest of stage_eligible and stage_first_waiting: no send of
      * the application is in sendq) */
     return !stage_buffer_locked(conn) && stage_copy_at(conn, &conn->sendq, buf, len);
+}
+
+int exs__stage_append_held_locked(struct exs_conn *conn, const void *buf, size_t len)
+{
+    struct exs_op *op = conn->stg_last;
+    uint64_t size = conn->p.sndbuf;
+
+    /* exs__stage_hold_locked and stage_appendable at sendq's end, in one pass (every post
+     * of a burst of small sends asks): held now, and still with len more bytes (below the
+     * cap); sendq's last op, its bytes ending at stg_tail, room for len more before the
+     * buffer's end and in the buffer */
+    if (!op || op->state != EXS_OPS_QUEUED || op->posted || op->inflight || !conn->ring_wr_out ||
+        conn->batch_now || op->len + len >= exs__stage_cap(conn) || op->link.next != &conn->sendq ||
+        exs_container_of(op, struct stage_op, op)->end != conn->stg_tail ||
+        (size_t)(op->buf - (uint8_t *)conn->stg_mem->addr) + op->len + len > size ||
+        conn->stg_tail + len - conn->stg_head > size)
+        return 0;
+    stage_put(conn, op->buf + op->len, buf, len);
+    return 1;
 }
 
 void exs__stage_refill_locked(struct exs_conn *conn)

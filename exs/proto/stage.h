@@ -16,6 +16,10 @@ int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op);
  * into the buffer as the stream's next bytes (the buffer allocated at the first copy).
  * 1 when copied, 0 when the buffer has no room or memory (nothing changed). */
 int exs__stage_copy_bytes_locked(struct exs_conn *conn, const void *buf, size_t len);
+/* The same when the bytes join the newest internal op while it is held behind the ring
+ * write in flight (exs__stage_hold_locked) and stays held with them: 1 when appended so,
+ * else 0 (nothing changed). */
+int exs__stage_append_held_locked(struct exs_conn *conn, const void *buf, size_t len);
 /* Copy queued sends that found the buffer full, now that bytes were released. */
 void exs__stage_refill_locked(struct exs_conn *conn);
 /* The most bytes one internal op gathers (a write's worth). */

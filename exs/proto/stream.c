@@ -726,15 +726,21 @@ static int st_post_fast(struct exs_conn *conn, struct exs_op *op)
 }
 
 /* exs_send's copy at the post (spec/proto-layout.md, "A send that ends at its post"): the
- * bytes go into the send buffer with no op; unless they joined a held run, the send
- * side's kick runs as after a post (it finds no send of the application to hand back). */
+ * bytes go into the send buffer with no op. When they join the run held behind the ring
+ * write in flight, which stays held (st_copy_held's case, looked at before the copy),
+ * nothing more is done; else the send side's kick runs as after a post (it finds no send
+ * of the application to hand back). */
 static int st_send_copy(struct exs_conn *conn, const void *buf, size_t len)
 {
+    if (!conn->ctrl_len && !conn->resume.peer_wait && !st_advert_head(conn) &&
+        exs__stage_append_held_locked(conn, buf, len)) {
+        conn->posts_copied++;
+        return 1;
+    }
     if (!exs__stage_copy_bytes_locked(conn, buf, len))
         return 0;
     conn->posts_copied++;
-    if (!st_copy_held(conn, len))
-        exs__conn_kick_tx_locked(conn);
+    exs__conn_kick_tx_locked(conn);
     return 1;
 }
 
