@@ -1103,7 +1103,7 @@ END_TEST
 START_TEST(st_copy_at_post_refused)
 {
     enum { LEN = 1024 };
-    static uint8_t cb[LEN], rb[8192 + LEN];
+    static uint8_t cb[LEN + 1], rb[8192 + LEN];
     struct pt_op sh, r;
     uint64_t off = 0;
     int n = 0;
