@@ -132,10 +132,10 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         return EXS_MHANDLE_INVALID;
     }
     /* a reused record: read by mreg_covers without a hold, which looks at the handle
-     * again after them (its park cleared the handle before: the fence orders that) */
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    __atomic_store_n(&m->addr, addr, __ATOMIC_RELAXED);
-    __atomic_store_n(&m->len, len, __ATOMIC_RELAXED);
+     * again after them (its park cleared the handle before: the release stores order
+     * that before them) */
+    __atomic_store_n(&m->addr, addr, __ATOMIC_RELEASE);
+    __atomic_store_n(&m->len, len, __ATOMIC_RELEASE);
     EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     for (int i = 0; i < mreg_cap; i++)
         if (!mregs[i]) {
@@ -203,9 +203,9 @@ static inline __attribute__((always_inline)) int mreg_hold(exs_mhandle_t mh, con
 /* Does the registration mh cover buf .. buf + len now? Looked at without a hold, for
  * exs_send's copy at the post (send_copy), which uses nothing of the registration after
  * the look (it reads only buf). The record may be deregistered and reused meanwhile: its
- * handle is read again after addr and len, and a reuse stores those after the old handle
- * was cleared (mreg_park), with a release fence between (exs_mregister). A send racing the
- * deregistration of its handle may be taken either way, as with a hold. */
+ * handle is read again after addr and len (acquire loads), and a reuse stores those
+ * (release stores, exs_mregister) after the old handle was cleared (mreg_park). A send
+ * racing the deregistration of its handle may be taken either way, as with a hold. */
 static inline __attribute__((always_inline)) int mreg_covers(exs_mhandle_t mh, const void *buf,
                                                              size_t len)
 {
@@ -215,9 +215,8 @@ static inline __attribute__((always_inline)) int mreg_covers(exs_mhandle_t mh, c
 
     if (!m)
         return 0;
-    addr = (uintptr_t)__atomic_load_n(&m->addr, __ATOMIC_RELAXED);
-    mlen = __atomic_load_n(&m->len, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    addr = (uintptr_t)__atomic_load_n(&m->addr, __ATOMIC_ACQUIRE);
+    mlen = __atomic_load_n(&m->len, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
         return 0;
     return (uintptr_t)buf >= addr && end <= addr + mlen && end >= (uintptr_t)buf;
@@ -648,7 +647,7 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
  * it follows every earlier send's, posted under that lock too). A synchronous send (q
  * invalid) has no event. The call's result (0, or len when synchronous; s put) when done
  * so; -1 when the send goes the whole way with s, nothing taken (any error is found and
- * reported there). Apart from xfer_post, whose size would cost this path its frame. */
+ * reported there). */
 static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, const void *buf,
                                                            size_t len, int flags, exs_qhandle_t q,
                                                            exs_ahandle_t ah, exs_mhandle_t mh)
@@ -658,7 +657,7 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
 
     /* xfer_post's checks that pass (copy_max is at most the largest message: sock.c);
      * no lock, as there; a send with timeout notices reserves the first one's slot too */
-    if ((flags & ~(MSG_NOSIGNAL | MSG_DONTWAIT)) || !buf ||
+    if (s->type != SOCK_STREAM || (flags & ~(MSG_NOSIGNAL | MSG_DONTWAIT)) || !buf ||
         __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != API_SOCK_CONNECTED ||
         __atomic_load_n(&s->snd_timeo, __ATOMIC_RELAXED))
         return -1;
@@ -834,16 +833,8 @@ int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, i
                      recv, b);
 }
 
-/* exs_send the whole way on fd, s found there (or NULL). */
-static __attribute__((noinline)) int send_whole(int fd, struct api_sock *s, const void *buf,
-                                                size_t len, int flags, exs_qhandle_t q,
-                                                exs_ahandle_t ah, exs_mhandle_t mh)
-{
-    return xfer_post(fd, s, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
-}
-
-/* exs_send of a libexs socket (the copy at the post, else the whole way), or what
- * exs__api_kfd_send_fast (kfd.c) did not take. */
+/* exs_send of a libexs socket: the copy at the post, else the whole way with the socket
+ * found; or what exs__api_kfd_send_fast (kfd.c) did not take. */
 __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t len, int flags,
                                                  exs_qhandle_t q, exs_ahandle_t ah,
                                                  exs_mhandle_t mh)
@@ -856,7 +847,7 @@ __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t
         if (ret >= 0)
             return ret;
     }
-    return send_whole(fd, s, buf, len, flags, q, ah, mh);
+    return xfer_post(fd, s, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
 }
 
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,

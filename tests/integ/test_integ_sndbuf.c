@@ -9,6 +9,7 @@
 
 #include "exs/api/api_int.h"
 #include "tests/integ/integ.h"
+#include "tests/skip.h"
 
 #define SB_N     32  /* small sends */
 #define SB_LEN   256 /* bytes each: SB_N x SB_LEN is 8 times the receiver's ring */
@@ -422,6 +423,64 @@ START_TEST(sndbuf_copy_at_post_errors)
 }
 END_TEST
 
+/* Sends copied at their post carried across a cut-over (spec/protocol.md §9.2): the primary
+ * path (fault:tcp) disconnects at the Nth send post while small sends, each copied at its
+ * post (exs_conn.posts_copied), are on their way; the connection resumes over the fallback
+ * (tcp, policy any) and the peer gets every byte once, in order: the send buffer's runs are
+ * replayed from it. A cut that cannot be resumed ends the attempt (the next one drops
+ * later); at least one resume is required. tcp only. */
+START_TEST(sndbuf_copy_at_post_cut)
+{
+    enum { N = 64, LEN = 256, TOTAL = N * LEN };
+    int resumed = 0;
+
+    if (strcmp(it_provider, "tcp") != 0 && strcmp(it_provider, "fault:tcp") != 0) {
+        test_skip("sndbuf_copy_at_post_cut", "needs the tcp provider (primary fault:tcp)");
+        return;
+    }
+    it_setenv("EXS_FALLBACK", "any");
+    it_setenv("EXS_FALLBACK_PORT_OFFSET", "1000");
+    it_fault_init();
+    for (int attempt = 0; attempt < 8 && !resumed; attempt++) {
+        struct it_buf *sb = it_buf_new(TOTAL, 1), *rb = it_buf_new(TOTAL, 1);
+        uint64_t res0 = it_fallback_count("fallback_resumes"), c0;
+        struct it_pair p;
+        exs_event_t ev;
+        char nth[16];
+
+        it_pair_open(&p, SOCK_STREAM, 2 * N + 8, 2 * N + 8);
+        c0 = sb_posts_copied(p.cfd);
+        it_fill(sb->p, TOTAL, 30 + (uint32_t)attempt);
+        IT_EXPECT_OK(exs_recv(p.sfd, rb->p, TOTAL, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+        it_fault_set_port(&p);
+        snprintf(nth, sizeof(nth), "%d", 2 + attempt);
+        it_fault_set("fault_drop_nth", nth);
+        for (int i = 0; i < N; i++)
+            IT_POST_SEND(p.cfd, sb->p + i * LEN, LEN, p.cq, IT_AH(800 + i), sb->mh);
+        for (int i = 0; i < N; i++)
+            it_expect_send(p.cq, p.cfd, IT_AH(800 + i), LEN);
+        ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N);
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        it_fault_set("fault_drop_nth", "0");
+        if (!ev.exs_evt_errno) {
+            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, TOTAL);
+            ck_assert_int_eq(it_check(rb->p, TOTAL, 30 + (uint32_t)attempt), -1);
+            resumed = it_fallback_count("fallback_resumes") > res0;
+        }
+        it_pair_close(&p);
+        it_buf_free(sb);
+        it_buf_free(rb);
+    }
+    ck_assert_msg(resumed, "no cut was resumed in 8 attempts");
+}
+END_TEST
+
+static void sb_cut_teardown(void)
+{
+    it_teardown();
+    it_fault_params_reset();
+}
+
 Suite *integ_sndbuf_suite(void)
 {
     Suite *s = suite_create("integ_sndbuf");
@@ -435,6 +494,11 @@ Suite *integ_sndbuf_suite(void)
     tcase_add_test(tc, sndbuf_cancel_spares_copies);
     tcase_add_test(tc, sndbuf_copy_at_post_order);
     tcase_add_test(tc, sndbuf_copy_at_post_errors);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("sndbuf_cut");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, NULL, sb_cut_teardown);
+    tcase_add_test(tc, sndbuf_copy_at_post_cut);
     suite_add_tcase(s, tc);
     return s;
 }
