@@ -475,12 +475,6 @@ START_TEST(sndbuf_copy_at_post_cut)
 }
 END_TEST
 
-static void sb_cut_teardown(void)
-{
-    it_teardown();
-    it_fault_params_reset();
-}
-
 Suite *integ_sndbuf_suite(void)
 {
     Suite *s = suite_create("integ_sndbuf");
@@ -497,7 +491,7 @@ Suite *integ_sndbuf_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("sndbuf_cut");
     tcase_set_timeout(tc, 120);
-    tcase_add_checked_fixture(tc, NULL, sb_cut_teardown);
+    tcase_add_checked_fixture(tc, NULL, it_fault_teardown);
     tcase_add_test(tc, sndbuf_copy_at_post_cut);
     suite_add_tcase(s, tc);
     return s;
