@@ -655,28 +655,24 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
     struct exs_evq *evq = NULL;
     struct exs_conn *conn;
 
-    /* xfer_post's checks that pass (copy_max is at most the largest message: sock.c);
-     * no lock, as there; a send with timeout notices reserves the first one's slot too */
+    /* xfer_post's checks that pass (copy_max, below, is at most the largest message:
+     * sock.c); no lock, as there; a send with timeout notices reserves the first one's
+     * slot too */
     if (s->type != SOCK_STREAM || (flags & ~(MSG_NOSIGNAL | MSG_DONTWAIT)) || !buf ||
         __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != API_SOCK_CONNECTED ||
         __atomic_load_n(&s->snd_timeo, __ATOMIC_RELAXED))
         return -1;
     conn = s->conn;
-    /* (copy_max: set at the conn's creation) the whole way answers EAGAIN when the count is
-     * full */
-    if (len - 1 >= conn->p.copy_max ||
+    /* the whole way answers EAGAIN when the count is full; the slot is reserved before
+     * the conn's lock (a refusal gives it back) */
+    if (!exs__conn_copy_likely(conn, len) ||
         __atomic_load_n(&s->n_send, __ATOMIC_RELAXED) >= (int)exs__params.sock_max_ops ||
         (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(mh, buf, len)) ||
-        !exs__conn_copy_lock(conn, len))
+        (q != EXS_QHANDLE_INVALID && exs__evq_reserve_q(q, &evq)))
         return -1;
-    if (q != EXS_QHANDLE_INVALID && exs__evq_reserve_q(q, &evq)) {
-        exs__conn_unlock(conn);
-        return -1;
-    }
-    if (!exs__conn_copy_locked(conn, buf, len)) {
+    if (!exs__conn_send_copy(conn, buf, len)) {
         if (evq)
             exs__evq_unreserve(evq);
-        exs__conn_unlock(conn);
         return -1;
     }
     if (evq)

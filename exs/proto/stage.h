@@ -11,7 +11,7 @@
  * is finished (handed back once no earlier send waits) and 1 is returned; else 0 and it
  * stays queued (copied by a later refill when it only lacked room, else zero-copy). */
 int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op);
-/* exs_send's copy at the post (exs__conn_copy_locked): len bytes (0 < len <= copy_max) of a
+/* exs_send's copy at the post (exs__conn_send_copy): len bytes (0 < len <= copy_max) of a
  * send that is no op, the conn CONNECTED with no send of the application in sendq, copied
  * into the buffer as the stream's next bytes (the buffer allocated at the first copy).
  * 1 when copied, 0 when the buffer has no room or memory (nothing changed). */

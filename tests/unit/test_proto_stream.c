@@ -1037,24 +1037,23 @@ START_TEST(st_stage_ops_reused)
 }
 END_TEST
 
-/* exs_send's copy at the post (exs__conn_copy_lock / _locked / exs__conn_unlock): len
- * pattern bytes of stream offset off from buf; 1 when copied, 0 when refused (by the lock's
- * look, or for room: then nothing changed). The lock is never left held. */
+/* exs_send's copy at the post (exs__conn_send_copy, then exs__conn_unlock): len pattern
+ * bytes of stream offset off from buf; 1 when copied, 0 when refused (then nothing
+ * changed, and the lock is not held). exs__conn_copy_likely agrees with a copy. */
 static int st_copy_post(struct exs_conn *conn, uint8_t *buf, size_t len, uint64_t off)
 {
     uint64_t tail = conn->stg_tail, copied = conn->posts_copied;
-    int ret;
 
     pt_fill(buf, len, off);
-    if (!exs__conn_copy_lock(conn, len))
-        return 0;
-    ret = exs__conn_copy_locked(conn, buf, len);
-    if (!ret) {
+    if (!exs__conn_send_copy(conn, buf, len)) {
         ck_assert_uint_eq(conn->stg_tail, tail);
         ck_assert_uint_eq(conn->posts_copied, copied);
+        return 0;
     }
+    ck_assert_int_eq(exs__lite_trylock(&conn->lock), 0); /* held */
     exs__conn_unlock(conn);
-    return ret;
+    ck_assert(exs__conn_copy_likely(conn, len));
+    return 1;
 }
 
 /* A send that ends at its post (spec/proto-layout.md): copies of no op join the stream in
@@ -1079,6 +1078,7 @@ START_TEST(st_copy_at_post)
     off += BIG;
     ck_assert_int_eq(s.done, 0);
     ck_assert_uint_eq(pp.a.conn->sendq_app, 1);
+    ck_assert(!exs__conn_copy_likely(pp.a.conn, LEN));
     ck_assert_int_eq(st_copy_post(pp.a.conn, cb[3], LEN, off), 0); /* behind it: refused */
     pt_run(&pp);
     pt_assert_done(&s, BIG, 0);
@@ -1111,6 +1111,8 @@ START_TEST(st_copy_at_post_refused)
     st_pair(EXS_XFER_DYNAMIC, EXS_XFER_DYNAMIC, 8192, 1024);
     ck_assert_int_eq(st_copy_post(pp.a.conn, cb, 0, 0), 0);
     ck_assert_int_eq(st_copy_post(pp.a.conn, cb, LEN + 1, 0), 0);
+    ck_assert(!exs__conn_copy_likely(pp.a.conn, 0));
+    ck_assert(!exs__conn_copy_likely(pp.a.conn, LEN + 1));
     /* the buffer's 8 KiB: copies until it is full (the peer's ring holds 4 KiB) */
     while (st_copy_post(pp.a.conn, cb, LEN, off)) {
         off += LEN;
