@@ -849,7 +849,8 @@ __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
              exs_mhandle_t mh)
 {
-    /* a libexs socket's goes the whole way at once; a kernel socket's that completes at
+    /* a libexs socket's goes to exs__api_send_slow at once (the copy at the post, else the
+     * whole way); a kernel socket's that completes at
      * once is done in exs__api_kfd_send_fast, which sends the rest back to
      * exs__api_send_slow (tail calls: no frame of exs_send's own) */
     if (exs__api_sock_at(fd))
