@@ -850,9 +850,9 @@ int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, ex
              exs_mhandle_t mh)
 {
     /* a libexs socket's goes to exs__api_send_slow at once (the copy at the post, else the
-     * whole way); a kernel socket's that completes at
-     * once is done in exs__api_kfd_send_fast, which sends the rest back to
-     * exs__api_send_slow (tail calls: no frame of exs_send's own) */
+     * whole way); a kernel socket's that completes at once is done in
+     * exs__api_kfd_send_fast, which sends the rest back to exs__api_send_slow (tail calls:
+     * no frame of exs_send's own) */
     if (exs__api_sock_at(fd))
         return exs__api_send_slow(fd, buf, len, flags, q, ah, mh);
     return exs__api_kfd_send_fast(fd, buf, len, flags, q, ah, mh);
