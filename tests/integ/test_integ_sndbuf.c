@@ -3,6 +3,7 @@
  * order, and close still sends them. */
 #include <check.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -423,6 +424,96 @@ START_TEST(sndbuf_copy_at_post_errors)
 }
 END_TEST
 
+/* Two threads sending on one socket at once. Each message starts with its sender's
+ * number and its index; every 40th of thread 1 is larger than copy_max (zero-copy: the
+ * small sends behind it wait for its event, taking the whole way), the rest are copied at
+ * the post. The order of the send events must be the order of the messages in the stream,
+ * whichever thread and path each took (every send's event is posted under the conn's
+ * lock, in stream order). */
+#define SBT_N     300
+#define SBT_SMALL 64
+#define SBT_BIG   12000
+
+struct sbt_arg {
+    struct it_pair *p;
+    struct it_buf *b; /* SBT_N slots of SBT_BIG bytes */
+    int t;
+    int err; /* errno of a failed send, or 0 */
+};
+
+static size_t sbt_len(int t, int i)
+{
+    return t == 1 && i % 40 == 39 ? SBT_BIG : SBT_SMALL;
+}
+
+static void *sbt_sender(void *arg)
+{
+    struct sbt_arg *a = arg;
+
+    for (int i = 0; i < SBT_N; i++) {
+        uint8_t *m = a->b->p + (size_t)i * SBT_BIG;
+        size_t len = sbt_len(a->t, i);
+
+        memset(m, 0x40 + a->t, len);
+        m[0] = (uint8_t)a->t;
+        memcpy(m + 1, &i, sizeof(i));
+        if (exs_send(a->p->cfd, m, len, 0, a->p->cq, IT_AH((a->t << 16) | i), a->b->mh) < 0) {
+            a->err = errno;
+            break;
+        }
+    }
+    return NULL;
+}
+
+START_TEST(sndbuf_copy_at_post_threads)
+{
+    struct it_pair p;
+    struct sbt_arg a[2];
+    pthread_t th[2];
+    struct it_buf *rb;
+    size_t total = 0, off = 0;
+    exs_event_t ev;
+
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < SBT_N; i++)
+            total += sbt_len(t, i);
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 64, 2 * SBT_N + 8);
+    rb = it_buf_new(total, 1);
+    for (int t = 0; t < 2; t++) {
+        a[t] = (struct sbt_arg){.p = &p, .b = it_buf_new((size_t)SBT_N * SBT_BIG, 1), .t = t};
+        ck_assert_int_eq(pthread_create(&th[t], NULL, sbt_sender, &a[t]), 0);
+    }
+    for (int t = 0; t < 2; t++) {
+        ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+        ck_assert_int_eq(a[t].err, 0);
+    }
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, total, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), (ssize_t)total, 0);
+    /* walk the stream: each message's send event comes next, whole */
+    for (int n = 0; n < 2 * SBT_N; n++) {
+        int t = rb->p[off], i;
+
+        ck_assert_int_le(t, 1);
+        memcpy(&i, rb->p + off + 1, sizeof(i));
+        ck_assert_int_lt(i, SBT_N);
+        it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        ck_assert_msg(IT_AHN(ev.exs_evt_ahandle) == ((t << 16) | i),
+                      "message %d of the stream is thread %d's #%d, its event names %ld", n, t, i,
+                      IT_AHN(ev.exs_evt_ahandle));
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)sbt_len(t, i));
+        off += sbt_len(t, i);
+    }
+    ck_assert_uint_eq(off, total);
+    ck_assert_uint_gt(sb_posts_copied(p.cfd), 0);
+    it_pair_close(&p);
+    it_buf_free(rb);
+    it_buf_free(a[0].b);
+    it_buf_free(a[1].b);
+}
+END_TEST
+
 /* Sends copied at their post carried across a cut-over (spec/protocol.md §9.2): the primary
  * path (fault:tcp) disconnects at the Nth send post while small sends, each copied at its
  * post (exs_conn.posts_copied), are on their way; the connection resumes over the fallback
@@ -488,6 +579,7 @@ Suite *integ_sndbuf_suite(void)
     tcase_add_test(tc, sndbuf_cancel_spares_copies);
     tcase_add_test(tc, sndbuf_copy_at_post_order);
     tcase_add_test(tc, sndbuf_copy_at_post_errors);
+    tcase_add_test(tc, sndbuf_copy_at_post_threads);
     suite_add_tcase(s, tc);
     tc = tcase_create("sndbuf_cut");
     tcase_set_timeout(tc, 120);
