@@ -105,8 +105,8 @@ static int st_ring_deferred(struct exs_conn *conn)
     return 0;
 }
 
-/* The usable ADVERT at the head of q_A after dropping stale ones, or NULL. */
-static struct exs_advert *st_advert_head(struct exs_conn *conn)
+/* st_advert_head when ADVERTs are held. */
+static struct exs_advert *st_advert_head_held(struct exs_conn *conn)
 {
     while (conn->adv_count) {
         struct exs_advert *a = &conn->adverts[conn->adv_head];
@@ -124,6 +124,13 @@ static struct exs_advert *st_advert_head(struct exs_conn *conn)
         return a;
     }
     return NULL;
+}
+
+/* The usable ADVERT at the head of q_A after dropping stale ones, or NULL (none held: no
+ * call, asked at every STREAM post). */
+static inline struct exs_advert *st_advert_head(struct exs_conn *conn)
+{
+    return conn->adv_count ? st_advert_head_held(conn) : NULL;
 }
 
 /* Put bytes of send op on the wire: one WWI per call. 1 when something went, 0 when
