@@ -327,7 +327,10 @@ int exs__api_sock_conn_new(struct api_sock *s, struct exs_prov_ctx *ctx)
          * too (a cut in any resize state resumes, §9.2) */
         .autotune = !s->rcvbuf_set,
         .sndbuf = s->sndbuf,
-        .copy_max = (uint32_t)EXS_MIN(exs__params.stream_copy_max, (uint64_t)s->sndbuf),
+        /* at most the largest message, which exs_send's copy at the post then need not
+         * look at (xfer.c, send_copy) */
+        .copy_max = (uint32_t)EXS_MIN(EXS_MIN(exs__params.stream_copy_max, (uint64_t)s->sndbuf),
+                                      exs__engine_ctx()->caps.max_msg_size),
         .resumable = resumable || shm,
         .shm = shm,
     };

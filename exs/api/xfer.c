@@ -131,8 +131,11 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         errno = ret == -ENOMEM ? ENOMEM : EINVAL;
         return EXS_MHANDLE_INVALID;
     }
-    m->addr = addr;
-    m->len = len;
+    /* a reused record: read by mreg_covers without a hold, which looks at the handle
+     * again after them (its park cleared the handle before: the release stores order
+     * that before them) */
+    __atomic_store_n(&m->addr, addr, __ATOMIC_RELEASE);
+    __atomic_store_n(&m->len, len, __ATOMIC_RELEASE);
     EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
     for (int i = 0; i < mreg_cap; i++)
         if (!mregs[i]) {
@@ -195,6 +198,28 @@ static inline __attribute__((always_inline)) int mreg_hold(exs_mhandle_t mh, con
     }
     *m_p = m;
     return 0;
+}
+
+/* Does the registration mh cover buf .. buf + len now? Looked at without a hold, for
+ * exs_send's copy at the post (send_copy), which uses nothing of the registration after
+ * the look (it reads only buf). The record may be deregistered and reused meanwhile: its
+ * handle is read again after addr and len (acquire loads), and a reuse stores those
+ * (release stores, exs_mregister) after the old handle was cleared (mreg_park). A send
+ * racing the deregistration of its handle may be taken either way, as with a hold. */
+static inline __attribute__((always_inline)) int mreg_covers(exs_mhandle_t mh, const void *buf,
+                                                             size_t len)
+{
+    struct api_mreg *m = mreg_find(mh);
+    uintptr_t addr, end = (uintptr_t)buf + len;
+    size_t mlen;
+
+    if (!m)
+        return 0;
+    addr = (uintptr_t)__atomic_load_n(&m->addr, __ATOMIC_ACQUIRE);
+    mlen = __atomic_load_n(&m->len, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
+        return 0;
+    return (uintptr_t)buf >= addr && end <= addr + mlen && end >= (uintptr_t)buf;
 }
 
 int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)
@@ -614,20 +639,65 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 
 /* ---- send / receive ---- */
 
-/* b != NULL: exs_sendmsg / exs_recvmsg / exs_sendfile of b's buffer (buf, len, mh ignored;
- * b is taken in any case: freed with the operation, or here). Inline in each of its three
+/* exs_send's copy at the post (spec/proto-layout.md, "A send that ends at its post"): a
+ * send on s (held) that the STREAM send buffer takes and finishes at once goes in without
+ * an operation: no block, no registration held or looked up on the provider (only
+ * checked: the bytes are read here), no count of outstanding sends, nothing queued in the
+ * conn, and its event written straight into the slot reserved under the conn's lock (so
+ * it follows every earlier send's, posted under that lock too). A synchronous send (q
+ * invalid) has no event. The call's result (0, or len when synchronous; s put) when done
+ * so; -1 when the send goes the whole way with s, nothing taken (any error is found and
+ * reported there). */
+static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, const void *buf,
+                                                           size_t len, int flags, exs_qhandle_t q,
+                                                           exs_ahandle_t ah, exs_mhandle_t mh)
+{
+    struct exs_evq *evq = NULL;
+    struct exs_conn *conn;
+
+    /* xfer_post's checks that pass (copy_max, below, is at most the largest message:
+     * sock.c); no lock, as there; a send with timeout notices reserves the first one's
+     * slot too */
+    if (s->type != SOCK_STREAM || (flags & ~(MSG_NOSIGNAL | MSG_DONTWAIT)) || !buf ||
+        __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != API_SOCK_CONNECTED ||
+        __atomic_load_n(&s->snd_timeo, __ATOMIC_RELAXED))
+        return -1;
+    conn = s->conn;
+    /* the whole way answers EAGAIN when the count is full; the slot is reserved before
+     * the conn's lock (a refusal gives it back) */
+    if (!exs__conn_copy_likely(conn, len) ||
+        __atomic_load_n(&s->n_send, __ATOMIC_RELAXED) >= (int)exs__params.sock_max_ops ||
+        (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(mh, buf, len)) ||
+        (q != EXS_QHANDLE_INVALID && exs__evq_reserve_q(q, &evq)))
+        return -1;
+    if (!exs__conn_send_copy(conn, buf, len)) {
+        if (evq)
+            exs__evq_unreserve(evq);
+        return -1;
+    }
+    if (evq)
+        exs__evq_post_xfer_x(evq, EXS_EVT_SEND, 0, s->fd, 0, ah, (void *)(uintptr_t)buf, len,
+                             (ssize_t)len);
+    exs__conn_unlock(conn);
+    exs__engine_posted(); /* the application is around: spec/threading.md §4 */
+    exs__api_sock_put(s);
+    return evq ? 0 : (int)len;
+}
+
+/* s: the socket at fd (exs__api_sock_find_x, held), or NULL: not a libexs socket (a
+ * kernel socket's operation tells EBADF and ENOTSOCK apart). b != NULL: exs_sendmsg /
+ * exs_recvmsg / exs_sendfile of b's buffer (buf, len, mh ignored; b is taken in any case:
+ * freed with the operation, or here). Inline in each of its three
  * callers: recv and b are constants there (a 64 B send 40 instructions less, a receive
  * 29). */
-static inline __attribute__((always_inline)) int xfer_post(int fd, void *buf, size_t len, int flags,
-                                                           exs_qhandle_t q, exs_ahandle_t ah,
-                                                           exs_mhandle_t mh, int recv,
-                                                           struct api_bounce *b)
+static inline __attribute__((always_inline)) int xfer_post(int fd, struct api_sock *s, void *buf,
+                                                           size_t len, int flags, exs_qhandle_t q,
+                                                           exs_ahandle_t ah, exs_mhandle_t mh,
+                                                           int recv, struct api_bounce *b)
 {
     exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
-    /* not a libexs socket: a kernel socket's operation tells EBADF and ENOTSOCK apart */
-    struct api_sock *s = exs__api_sock_find_x(fd);
     struct api_op *op = NULL;
     int *count, armed = 0, timeo = 0;
 
@@ -755,23 +825,34 @@ out:
 int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, int recv,
                          struct api_bounce *b)
 {
-    return xfer_post(fd, NULL, 0, flags, q, ah, EXS_MHANDLE_UNREGISTERED, recv, b);
+    return xfer_post(fd, exs__api_sock_find_x(fd), NULL, 0, flags, q, ah, EXS_MHANDLE_UNREGISTERED,
+                     recv, b);
 }
 
-/* exs_send the whole way: what exs__api_kfd_send_fast (kfd.c) did not take. */
+/* exs_send of a libexs socket: the copy at the post, else the whole way with the socket
+ * found; or what exs__api_kfd_send_fast (kfd.c) did not take. */
 __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t len, int flags,
                                                  exs_qhandle_t q, exs_ahandle_t ah,
                                                  exs_mhandle_t mh)
 {
-    return xfer_post(fd, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
+    struct api_sock *s = exs__api_sock_find_x(fd);
+
+    if (s) {
+        int ret = send_copy(s, buf, len, flags, q, ah, mh);
+
+        if (ret >= 0)
+            return ret;
+    }
+    return xfer_post(fd, s, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
 }
 
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
              exs_mhandle_t mh)
 {
-    /* a libexs socket's goes the whole way at once; a kernel socket's that completes at
-     * once is done in exs__api_kfd_send_fast, which sends the rest back to
-     * exs__api_send_slow (tail calls: no frame of exs_send's own) */
+    /* a libexs socket's goes to exs__api_send_slow at once (the copy at the post, else the
+     * whole way); a kernel socket's that completes at once is done in
+     * exs__api_kfd_send_fast, which sends the rest back to exs__api_send_slow (tail calls:
+     * no frame of exs_send's own) */
     if (exs__api_sock_at(fd))
         return exs__api_send_slow(fd, buf, len, flags, q, ah, mh);
     return exs__api_kfd_send_fast(fd, buf, len, flags, q, ah, mh);
@@ -780,7 +861,7 @@ int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, ex
 int exs_recv(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
              exs_mhandle_t mh)
 {
-    return xfer_post(fd, buf, len, flags, q, ah, mh, 1, NULL);
+    return xfer_post(fd, exs__api_sock_find_x(fd), buf, len, flags, q, ah, mh, 1, NULL);
 }
 
 static int cancel_match(struct exs_op *pop, void *arg)

@@ -845,6 +845,8 @@ void exs__conn_deliver_all_locked(struct exs_conn *conn)
                                       ? NULL
                                       : exs_list_entry(op->link.prev, struct exs_op, link);
         exs_list_del(&op->link);
+        if (!op->internal)
+            __atomic_store_n(&conn->sendq_app, conn->sendq_app - 1, __ATOMIC_RELAXED);
         op->done(op);
     }
     while (!exs_list_empty(&conn->recvq)) {

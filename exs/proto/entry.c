@@ -262,6 +262,7 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
             EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED)))
             exs__reqtrace_post_locked(conn, op);
         exs_list_add_tail(&conn->sendq, &op->link);
+        __atomic_store_n(&conn->sendq_app, conn->sendq_app + 1, __ATOMIC_RELAXED);
         if (conn->dp->stage_send)
             conn->dp->stage_send(conn, op); /* copied: finished, the copy goes on */
         if (conn->state == EXS_CONN_DEAD) {
@@ -277,6 +278,20 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
 out:
     EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     return ret;
+}
+
+int exs__conn_send_copy(struct exs_conn *conn, const void *buf, size_t len)
+{
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
+    if (conn->dp->send_copy && conn->state == EXS_CONN_CONNECTED &&
+        conn->txshut == EXS_TXSHUT_OPEN && !conn->sendq_app && len && len <= conn->p.copy_max &&
+        conn->p.sndbuf &&
+        !(EXS_REQTRACE_ON &&
+          EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED))) &&
+        conn->dp->send_copy(conn, buf, len))
+        return 1;
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    return 0;
 }
 
 /* An op may be cancelled while nothing of it is on the wire; a receive also only when
@@ -455,6 +470,7 @@ void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info)
     info->wr_queued = conn->wrq_count;
     info->age_ms = (exs__now_ns() - conn->created_ns) / 1000000u;
     info->device = exs__prov_device(conn->ctx);
+    info->posts_copied = conn->posts_copied;
     EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 

@@ -267,6 +267,9 @@ struct exs_conn {
                                    * (a RESUME's rewind clears it) */
     struct exs_op *dlv_run;       /* the last op of the run of internal ops at sendq's
                                    * head, known (exs__conn_deliver_locked); NULL: none */
+    uint32_t sendq_app;           /* ops of the application in sendq (not internal):
+                                   * 0 lets exs_send copy at the post (exs__conn_send_copy;
+                                   * atomic stores: exs__conn_copy_likely reads it unlocked) */
     uint64_t tx_seq;              /* next message number to send */
     struct exs_advert *adverts;   /* received ADVERTs, a ring */
     uint32_t adv_cap, adv_head, adv_count;
@@ -338,6 +341,7 @@ struct exs_conn {
      * data-write completions that took the send side's kick alone, receive posts that
      * took the receive side's (proto-layout.md) */
     uint64_t posts_staged_fast;
+    uint64_t posts_copied; /* exs_send's copies at the post, no op (exs__conn_send_copy) */
     uint64_t kicks_tx;
     uint64_t kicks_rx;
 
@@ -400,6 +404,7 @@ struct exs_conn_info {
     uint64_t age_ms;             /* since the conn was created */
     const char *device;          /* its context's exs__prov_device: "tcp", "mlx5_0:1" */
     struct exs_sock_stats stats; /* as exs__conn_stats */
+    uint64_t posts_copied;       /* exs_send's copies at the post (exs__conn_send_copy) */
 };
 
 /* Create a conn with its endpoint, ring and pre-posted receives (state IDLE).
@@ -444,6 +449,25 @@ void exs__conn_on_cm(struct exs_conn *conn, const struct exs_prov_cm_event *ev);
 /* Operations (caller's thread). Errors: -ENOTCONN, -EPIPE, -ECONNRESET (latched). On
  * success the op belongs to the conn until op->done. */
 int exs__conn_post(struct exs_conn *conn, struct exs_op *op);
+/* exs_send's copy at the post (spec/proto-layout.md, "A send that ends at its post"): a
+ * STREAM send of len bytes that the send buffer (§7.5) takes and finishes at once goes in
+ * without an op. exs__conn_copy_likely, without a lock: may it (0 < len <= copy_max, set at
+ * creation; no send of the application in sendq, as last stored)? A caller that would
+ * undo work on a refusal asks it first. exs__conn_send_copy takes conn->lock and copies
+ * the bytes when it may now (CONNECTED, the sending side open, a send buffer with room, no
+ * send of the application in sendq, no request tracing): 1, the lock still held, the
+ * posting side's work done (the send is finished; its event, which the caller posts before
+ * exs__conn_unlock, follows every earlier send's); else 0, the lock given back and
+ * nothing changed (the send takes exs__conn_post). */
+static inline int exs__conn_copy_likely(const struct exs_conn *conn, size_t len)
+{
+    return len - 1 < conn->p.copy_max && !__atomic_load_n(&conn->sendq_app, __ATOMIC_RELAXED);
+}
+int exs__conn_send_copy(struct exs_conn *conn, const void *buf, size_t len);
+static inline void exs__conn_unlock(struct exs_conn *conn)
+{
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+}
 /* Cancel ops matching owner-side ahandle via the predicate; returns how many completed
  * at once. From DOWN on, an op with work requests of its own outstanding (inflight) is
  * only marked: it completes with ECANCELED once their completions have been seen. */

@@ -126,22 +126,36 @@ static int stage_appendable(const struct exs_conn *conn, const struct exs_list *
            conn->stg_tail + len - conn->stg_head <= conn->p.sndbuf; /* room */
 }
 
-/* Copy send op (in sendq, not started) into the buffer, at its place in the stream.
- * 1 when copied (op finished), 0 when the buffer has no room or memory. */
-static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
+/* The copy's bytes go to dst, at the end of the newest internal op (stg_tail). */
+static inline void stage_put(struct exs_conn *conn, uint8_t *dst, const void *src, size_t len)
+{
+    memcpy(dst, src, len);
+    conn->stg_last->len += len;
+    conn->stg_tail += len;
+    exs_container_of(conn->stg_last, struct stage_op, op)->end = conn->stg_tail;
+    conn->bwait.first = NULL; /* a held run may have changed: built again */
+    conn->stats.sends_copied++;
+    conn->stats.bytes_sent += len;
+}
+
+/* Copy len bytes from src into the buffer, as the stream's next bytes at pos in sendq (the
+ * link of the send they are, or sendq itself for bytes of no op): appended to the newest
+ * internal op when it may take them, else in a new internal op placed right before pos.
+ * 1 when copied, 0 when the buffer has no room or memory. */
+static int stage_copy_at(struct exs_conn *conn, struct exs_list *pos, const void *src, size_t len)
 {
     uint64_t size = conn->p.sndbuf, off, pad = 0;
     struct stage_op *so;
     uint8_t *dst;
 
-    if (stage_appendable(conn, &op->link, op->len)) {
+    if (stage_appendable(conn, pos, len)) {
         /* the run's bytes end at stg_tail, inside the buffer (appendable): no division */
         dst = conn->stg_last->buf + conn->stg_last->len;
     } else {
         off = exs__pos_mod(conn->stg_tail, size);
-        if (off + op->len > size)
+        if (off + len > size)
             pad = size - off; /* a copy never wraps: it starts again at 0 */
-        if (conn->stg_tail + pad + op->len - conn->stg_head > size)
+        if (conn->stg_tail + pad + len - conn->stg_head > size)
             return 0;
         so = stage_op_new(conn, EXS_OP_SEND);
         if (!so)
@@ -151,17 +165,20 @@ static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
         so->op.buf = (uint8_t *)conn->stg_mem->addr + off;
         so->op.mr = conn->stg_mem;
         so->op.lkey = conn->stg_mem->lkey;
-        exs_list_add_tail(&op->link, &so->op.link); /* right before op */
+        exs_list_add_tail(pos, &so->op.link); /* right before pos */
         conn->stg_last = &so->op;
         dst = so->op.buf;
     }
-    memcpy(dst, op->buf, op->len);
-    conn->stg_last->len += op->len;
-    conn->stg_tail += op->len;
-    exs_container_of(conn->stg_last, struct stage_op, op)->end = conn->stg_tail;
-    conn->bwait.first = NULL; /* a held run may have changed: built again */
-    conn->stats.sends_copied++;
-    conn->stats.bytes_sent += op->len;
+    stage_put(conn, dst, src, len);
+    return 1;
+}
+
+/* Copy send op (in sendq, not started) into the buffer, at its place in the stream.
+ * 1 when copied (op finished), 0 when the buffer has no room or memory. */
+static int stage_copy_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    if (!stage_copy_at(conn, &op->link, op->buf, op->len))
+        return 0;
     /* finished: handed back in posting order, once no send before it waits */
     exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
     return 1;
@@ -198,6 +215,32 @@ int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op)
         conn->stg_pending = 1; /* copied by a refill once it may be */
         return 0;
     }
+    return 1;
+}
+
+int exs__stage_copy_bytes_locked(struct exs_conn *conn, const void *buf, size_t len)
+{
+    /* (the caller checked the rest of stage_eligible and stage_first_waiting: no send of
+     * the application is in sendq) */
+    return !stage_buffer_locked(conn) && stage_copy_at(conn, &conn->sendq, buf, len);
+}
+
+int exs__stage_append_held_locked(struct exs_conn *conn, const void *buf, size_t len)
+{
+    struct exs_op *op = conn->stg_last;
+    uint64_t size = conn->p.sndbuf;
+
+    /* exs__stage_hold_locked and stage_appendable at sendq's end, in one pass (every post
+     * of a burst of small sends asks): held now, and still with len more bytes (below the
+     * cap); sendq's last op, its bytes ending at stg_tail, room for len more before the
+     * buffer's end and in the buffer */
+    if (!op || op->state != EXS_OPS_QUEUED || op->posted || op->inflight || !conn->ring_wr_out ||
+        conn->batch_now || op->len + len >= exs__stage_cap(conn) || op->link.next != &conn->sendq ||
+        exs_container_of(op, struct stage_op, op)->end != conn->stg_tail ||
+        (size_t)(op->buf - (uint8_t *)conn->stg_mem->addr) + op->len + len > size ||
+        conn->stg_tail + len - conn->stg_head > size)
+        return 0;
+    stage_put(conn, op->buf + op->len, buf, len);
     return 1;
 }
 

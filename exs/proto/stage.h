@@ -11,6 +11,15 @@
  * is finished (handed back once no earlier send waits) and 1 is returned; else 0 and it
  * stays queued (copied by a later refill when it only lacked room, else zero-copy). */
 int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op);
+/* exs_send's copy at the post (exs__conn_send_copy): len bytes (0 < len <= copy_max) of a
+ * send that is no op, the conn CONNECTED with no send of the application in sendq, copied
+ * into the buffer as the stream's next bytes (the buffer allocated at the first copy).
+ * 1 when copied, 0 when the buffer has no room or memory (nothing changed). */
+int exs__stage_copy_bytes_locked(struct exs_conn *conn, const void *buf, size_t len);
+/* The same when the bytes join the newest internal op while it is held behind the ring
+ * write in flight (exs__stage_hold_locked) and stays held with them: 1 when appended so,
+ * else 0 (nothing changed). */
+int exs__stage_append_held_locked(struct exs_conn *conn, const void *buf, size_t len);
 /* Copy queued sends that found the buffer full, now that bytes were released. */
 void exs__stage_refill_locked(struct exs_conn *conn);
 /* The most bytes one internal op gathers (a write's worth). */

@@ -105,8 +105,8 @@ static int st_ring_deferred(struct exs_conn *conn)
     return 0;
 }
 
-/* The usable ADVERT at the head of q_A after dropping stale ones, or NULL. */
-static struct exs_advert *st_advert_head(struct exs_conn *conn)
+/* st_advert_head when ADVERTs are held. */
+static struct exs_advert *st_advert_head_held(struct exs_conn *conn)
 {
     while (conn->adv_count) {
         struct exs_advert *a = &conn->adverts[conn->adv_head];
@@ -124,6 +124,13 @@ static struct exs_advert *st_advert_head(struct exs_conn *conn)
         return a;
     }
     return NULL;
+}
+
+/* The usable ADVERT at the head of q_A after dropping stale ones, or NULL (none held: no
+ * call, asked at every STREAM post). */
+static inline struct exs_advert *st_advert_head(struct exs_conn *conn)
+{
+    return conn->adv_count ? st_advert_head_held(conn) : NULL;
 }
 
 /* Put bytes of send op on the wire: one WWI per call. 1 when something went, 0 when
@@ -699,22 +706,48 @@ static void st_release(struct exs_conn *conn)
     exs__stream_ring_release_locked(conn);
 }
 
-/* The post's fast path of STREAM (spec/proto-layout.md, "The post's fast path"): op was
- * just copied into the send buffer (finished) by appending its bytes to the newest
+/* The copy of len bytes that just went into the send buffer was appended to the newest
  * internal op, which still waits behind the ring write in flight (exs__stage_hold_locked,
- * no ADVERT to take instead). The last kick left the send side with nothing it could do,
- * and an append changes no input of it but that op's length, which the hold looks at: the
- * pass would stop at the held op again. Delivery alone hands op back. 1: done so. */
-static int st_post_fast(struct exs_conn *conn, struct exs_op *op)
+ * no ADVERT to take instead): the last kick left the send side with nothing it could do,
+ * and an append changes no input of it but that op's length, which the hold looks at: a
+ * pass would stop at the held op again. */
+static int st_copy_held(struct exs_conn *conn, size_t len)
 {
     struct exs_op *last = conn->stg_last;
 
-    /* appended: a new internal op holds exactly op's bytes; it was never held before */
-    if (op->state != EXS_OPS_DONE || !last || last->len <= op->len || conn->ctrl_len ||
-        conn->resume.peer_wait || !exs__stage_hold_locked(conn, last) || st_advert_head(conn))
+    /* appended: a new internal op holds exactly the copy's bytes; it was never held */
+    return last && last->len > len && !conn->ctrl_len && !conn->resume.peer_wait &&
+           exs__stage_hold_locked(conn, last) && !st_advert_head(conn);
+}
+
+/* The post's fast path of STREAM (spec/proto-layout.md, "The post's fast path"): op was
+ * just copied into the send buffer (finished) and joined a held run (st_copy_held):
+ * delivery alone hands op back. 1: done so. */
+static int st_post_fast(struct exs_conn *conn, struct exs_op *op)
+{
+    if (op->state != EXS_OPS_DONE || !st_copy_held(conn, op->len))
         return 0;
     conn->posts_staged_fast++;
     exs__conn_deliver_locked(conn);
+    return 1;
+}
+
+/* exs_send's copy at the post (spec/proto-layout.md, "A send that ends at its post"): the
+ * bytes go into the send buffer with no op. When they join the run held behind the ring
+ * write in flight, which stays held (st_copy_held's case, looked at before the copy),
+ * nothing more is done; else the send side's kick runs as after a post (it finds no send
+ * of the application to hand back). */
+static int st_send_copy(struct exs_conn *conn, const void *buf, size_t len)
+{
+    if (!conn->ctrl_len && !conn->resume.peer_wait && !st_advert_head(conn) &&
+        exs__stage_append_held_locked(conn, buf, len)) {
+        conn->posts_copied++;
+        return 1;
+    }
+    if (!exs__stage_copy_bytes_locked(conn, buf, len))
+        return 0;
+    conn->posts_copied++;
+    exs__conn_kick_tx_locked(conn);
     return 1;
 }
 
@@ -731,6 +764,7 @@ const struct exs_datapath exs__stream_path = {
     .dead_drain = exs__stream_dead_drain_locked,
     .stage_send = exs__stage_send_locked,
     .post_fast = st_post_fast,
+    .send_copy = st_send_copy,
     .ring_timer = exs__stream_ring_timer_locked,
     .stats = exs__stream_stats_locked,
     .batch_ring_write = st_batch_ring_write,

@@ -3,11 +3,14 @@
  * order, and close still sends them. */
 #include <check.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 
+#include "exs/api/api_int.h"
 #include "tests/integ/integ.h"
+#include "tests/skip.h"
 
 #define SB_N     32  /* small sends */
 #define SB_LEN   256 /* bytes each: SB_N x SB_LEN is 8 times the receiver's ring */
@@ -20,6 +23,21 @@ static void sb_stats(int fd, struct exs_sock_stats *st)
 
     memset(st, 0, sizeof(*st));
     IT_EXPECT_OK(exs_getsockopt(fd, SOL_EXS, EXS_SO_STATS, st, &len));
+}
+
+/* exs_sends of fd that ended at their post, without an operation (exs_conn.posts_copied,
+ * spec/proto-layout.md "A send that ends at its post"). */
+static uint64_t sb_posts_copied(int fd)
+{
+    struct exs_conn_info info;
+    int err = 0;
+    struct api_sock *s = exs__api_sock_get(fd, &err);
+
+    ck_assert_ptr_nonnull(s);
+    ck_assert_ptr_nonnull(s->conn);
+    exs__conn_info(s->conn, &info);
+    exs__api_sock_put(s);
+    return info.posts_copied;
 }
 
 /* A pair whose receiving side has a 1 KiB ring that never grows. */
@@ -64,6 +82,7 @@ START_TEST(sndbuf_sends_complete_at_once)
         sb_stats(p.cfd, &st);
         ck_assert_int_eq(st.sends_copied, SB_N);
         ck_assert_int_eq(st.bytes_sent, SB_TOTAL);
+        ck_assert_uint_eq(sb_posts_copied(p.cfd), SB_N); /* each at its post */
     } else {
         while (it_try_event(p.cq, EXS_EVT_SEND, p.cfd, 500, &ev) == 1) {
             ck_assert_int_eq(ev.exs_evt_errno, 0);
@@ -178,6 +197,7 @@ START_TEST(sndbuf_close_sends_copies)
         IT_POST_SEND(p.cfd, sb->p + i * SB_LEN, SB_LEN, p.cq, IT_AH(300 + i), sb->mh);
     for (int i = 0; i < SB_N; i++)
         it_expect_send(p.cq, p.cfd, IT_AH(300 + i), SB_LEN);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), SB_N); /* no operation of them left */
     IT_EXPECT_OK(exs_close(p.cfd, p.cq, IT_AH(0xC105E)));
     sb_receive_all(&p, rb, 13);
     IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 16, 0, p.sq, IT_AH(0xE0F), rb->mh));
@@ -306,6 +326,246 @@ START_TEST(sndbuf_cancel_spares_copies)
 }
 END_TEST
 
+/* Sends that end at their post (spec/proto-layout.md, "A send that ends at its post"),
+ * mixed with what must keep its order: a receive of the sender pending throughout, a
+ * zero-copy send the ring cannot take yet (small sends behind it wait for its event and
+ * are not taken at their post), a synchronous send (its result, no event). Events come in
+ * posting order, the pending receive completes when the peer sends, every byte arrives. */
+START_TEST(sndbuf_copy_at_post_order)
+{
+    enum { BIG = 20000, N1 = 6, N2 = 4, TOTAL = (N1 + 1 + N2) * SB_LEN + BIG };
+    struct it_pair p;
+    struct it_buf *sb, *rb, *cb;
+    uint64_t c0;
+    size_t off = 0;
+
+    sb_open(&p, NULL);
+    sb = it_buf_new(TOTAL, 1);
+    rb = it_buf_new(TOTAL, 1);
+    cb = it_buf_new(64, 1);
+    it_fill(sb->p, TOTAL, 21);
+    IT_EXPECT_OK(exs_recv(p.cfd, cb->p, 64, 0, p.cq, IT_AH(0x7EC), cb->mh));
+    c0 = sb_posts_copied(p.cfd);
+    for (int i = 0; i < N1; i++, off += SB_LEN)
+        IT_POST_SEND(p.cfd, sb->p + off, SB_LEN, p.cq, IT_AH(600 + i), sb->mh);
+    for (int i = 0; i < N1; i++)
+        it_expect_send(p.cq, p.cfd, IT_AH(600 + i), SB_LEN);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N1);
+    /* synchronous: the result at once */
+    ck_assert_int_eq(exs_send(p.cfd, sb->p + off, SB_LEN, 0, EXS_QHANDLE_INVALID, NULL, sb->mh),
+                     SB_LEN);
+    off += SB_LEN;
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N1 + 1);
+    /* zero-copy, more than the buffer and the 1 KiB ring take before the receiver reads */
+    IT_POST_SEND(p.cfd, sb->p + off, BIG, p.cq, IT_AH(700), sb->mh);
+    off += BIG;
+    for (int i = 0; i < N2; i++, off += SB_LEN)
+        IT_POST_SEND(p.cfd, sb->p + off, SB_LEN, p.cq, IT_AH(710 + i), sb->mh);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N1 + 1); /* behind the big one */
+    it_expect_no_event(p.cq, 100);
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, TOTAL, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_send(p.cq, p.cfd, IT_AH(700), BIG);
+    for (int i = 0; i < N2; i++)
+        it_expect_send(p.cq, p.cfd, IT_AH(710 + i), SB_LEN);
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), TOTAL, 0);
+    ck_assert_int_eq(it_check(rb->p, TOTAL, 21), -1);
+    /* the sender's receive was there all along */
+    IT_POST_SEND(p.sfd, rb->p, 64, p.sq, IT_AH(0x5E), rb->mh);
+    it_expect_send(p.sq, p.sfd, IT_AH(0x5E), 64);
+    it_expect_recv(p.cq, p.cfd, IT_AH(0x7EC), 64, 0);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_buf_free(cb);
+}
+END_TEST
+
+/* A send that would end at its post fails as before: a handle that does not cover the
+ * buffer or no handle (EINVAL), a full queue (EAGAIN, nothing sent), after exs_shutdown
+ * (EPIPE), on a closed descriptor (EBADF); none is counted as copied, and a send after a
+ * refused one still works. */
+START_TEST(sndbuf_copy_at_post_errors)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    exs_qhandle_t q1;
+    uint64_t c0;
+
+    sb_open(&p, NULL);
+    sb = it_buf_new(4096, 1);
+    rb = it_buf_new(4096, 1);
+    it_fill(sb->p, 4096, 22);
+    c0 = sb_posts_copied(p.cfd);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 4096 - 32, 64, 0, p.cq, IT_AH(1), sb->mh), EINVAL);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(1), sb->mh + 1000), EINVAL);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, MSG_WAITALL, p.cq, IT_AH(1), sb->mh), EINVAL);
+    q1 = it_qcreate(1);
+    IT_POST_SEND(p.cfd, sb->p, 64, q1, IT_AH(2), sb->mh);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 64, 64, 0, q1, IT_AH(3), sb->mh), EAGAIN);
+    it_expect_send(q1, p.cfd, IT_AH(2), 64);
+    IT_POST_SEND(p.cfd, sb->p + 64, 64, q1, IT_AH(4), sb->mh);
+    it_expect_send(q1, p.cfd, IT_AH(4), 64);
+    it_qdelete(q1);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 2);
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 128, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 128, 0);
+    ck_assert_int_eq(it_check(rb->p, 128, 22), -1);
+    IT_EXPECT_OK(exs_shutdown(p.cfd, SHUT_WR, p.cq, IT_AH(5)));
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(6), sb->mh), EPIPE);
+    it_expect_err(p.cq, EXS_EVT_SHUTDOWN, p.cfd, IT_AH(5), 0);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(7), sb->mh), EPIPE);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 2);
+    it_close(p.cfd, p.cq);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(8), sb->mh), EBADF);
+    p.cfd = -1;
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
+/* Two threads sending on one socket at once. Each message starts with its sender's
+ * number and its index; every 40th of thread 1 is larger than copy_max (zero-copy: the
+ * small sends behind it wait for its event, taking the whole way), the rest are copied at
+ * the post. The order of the send events must be the order of the messages in the stream,
+ * whichever thread and path each took (every send's event is posted under the conn's
+ * lock, in stream order). */
+#define SBT_N     300
+#define SBT_SMALL 64
+#define SBT_BIG   12000
+
+struct sbt_arg {
+    struct it_pair *p;
+    struct it_buf *b; /* SBT_N slots of SBT_BIG bytes */
+    int t;
+    int err; /* errno of a failed send, or 0 */
+};
+
+static size_t sbt_len(int t, int i)
+{
+    return t == 1 && i % 40 == 39 ? SBT_BIG : SBT_SMALL;
+}
+
+static void *sbt_sender(void *arg)
+{
+    struct sbt_arg *a = arg;
+
+    for (int i = 0; i < SBT_N; i++) {
+        uint8_t *m = a->b->p + (size_t)i * SBT_BIG;
+        size_t len = sbt_len(a->t, i);
+
+        memset(m, 0x40 + a->t, len);
+        m[0] = (uint8_t)a->t;
+        memcpy(m + 1, &i, sizeof(i));
+        if (exs_send(a->p->cfd, m, len, 0, a->p->cq, IT_AH((a->t << 16) | i), a->b->mh) < 0) {
+            a->err = errno;
+            break;
+        }
+    }
+    return NULL;
+}
+
+START_TEST(sndbuf_copy_at_post_threads)
+{
+    struct it_pair p;
+    struct sbt_arg a[2];
+    pthread_t th[2];
+    struct it_buf *rb;
+    size_t total = 0, off = 0;
+    exs_event_t ev;
+
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < SBT_N; i++)
+            total += sbt_len(t, i);
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 64, 2 * SBT_N + 8);
+    rb = it_buf_new(total, 1);
+    for (int t = 0; t < 2; t++) {
+        a[t] = (struct sbt_arg){.p = &p, .b = it_buf_new((size_t)SBT_N * SBT_BIG, 1), .t = t};
+        ck_assert_int_eq(pthread_create(&th[t], NULL, sbt_sender, &a[t]), 0);
+    }
+    for (int t = 0; t < 2; t++) {
+        ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+        ck_assert_int_eq(a[t].err, 0);
+    }
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, total, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), (ssize_t)total, 0);
+    /* walk the stream: each message's send event comes next, whole */
+    for (int n = 0; n < 2 * SBT_N; n++) {
+        int t = rb->p[off], i;
+
+        ck_assert_int_le(t, 1);
+        memcpy(&i, rb->p + off + 1, sizeof(i));
+        ck_assert_int_lt(i, SBT_N);
+        it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        ck_assert_msg(IT_AHN(ev.exs_evt_ahandle) == ((t << 16) | i),
+                      "message %d of the stream is thread %d's #%d, its event names %ld", n, t, i,
+                      IT_AHN(ev.exs_evt_ahandle));
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)sbt_len(t, i));
+        off += sbt_len(t, i);
+    }
+    ck_assert_uint_eq(off, total);
+    ck_assert_uint_gt(sb_posts_copied(p.cfd), 0);
+    it_pair_close(&p);
+    it_buf_free(rb);
+    it_buf_free(a[0].b);
+    it_buf_free(a[1].b);
+}
+END_TEST
+
+/* Sends copied at their post carried across a cut-over (spec/protocol.md §9.2): the primary
+ * path (fault:tcp) disconnects at the Nth send post while small sends, each copied at its
+ * post (exs_conn.posts_copied), are on their way; the connection resumes over the fallback
+ * (tcp, policy any) and the peer gets every byte once, in order: the send buffer's runs are
+ * replayed from it. A cut that cannot be resumed ends the attempt (the next one drops
+ * later); at least one resume is required. tcp only. */
+START_TEST(sndbuf_copy_at_post_cut)
+{
+    enum { N = 64, LEN = 256, TOTAL = N * LEN };
+    int resumed = 0;
+
+    if (strcmp(it_provider, "tcp") != 0 && strcmp(it_provider, "fault:tcp") != 0) {
+        test_skip("sndbuf_copy_at_post_cut", "needs the tcp provider (primary fault:tcp)");
+        return;
+    }
+    it_setenv("EXS_FALLBACK", "any");
+    it_setenv("EXS_FALLBACK_PORT_OFFSET", "1000");
+    it_fault_init();
+    for (int attempt = 0; attempt < 8 && !resumed; attempt++) {
+        struct it_buf *sb = it_buf_new(TOTAL, 1), *rb = it_buf_new(TOTAL, 1);
+        uint64_t res0 = it_fallback_count("fallback_resumes"), c0;
+        struct it_pair p;
+        exs_event_t ev;
+        char nth[16];
+
+        it_pair_open(&p, SOCK_STREAM, 2 * N + 8, 2 * N + 8);
+        c0 = sb_posts_copied(p.cfd);
+        it_fill(sb->p, TOTAL, 30 + (uint32_t)attempt);
+        IT_EXPECT_OK(exs_recv(p.sfd, rb->p, TOTAL, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+        it_fault_set_port(&p);
+        snprintf(nth, sizeof(nth), "%d", 2 + attempt);
+        it_fault_set("fault_drop_nth", nth);
+        for (int i = 0; i < N; i++)
+            IT_POST_SEND(p.cfd, sb->p + i * LEN, LEN, p.cq, IT_AH(800 + i), sb->mh);
+        for (int i = 0; i < N; i++)
+            it_expect_send(p.cq, p.cfd, IT_AH(800 + i), LEN);
+        ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N);
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        it_fault_set("fault_drop_nth", "0");
+        if (!ev.exs_evt_errno) {
+            ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, TOTAL);
+            ck_assert_int_eq(it_check(rb->p, TOTAL, 30 + (uint32_t)attempt), -1);
+            resumed = it_fallback_count("fallback_resumes") > res0;
+        }
+        it_pair_close(&p);
+        it_buf_free(sb);
+        it_buf_free(rb);
+    }
+    ck_assert_msg(resumed, "no cut was resumed in 8 attempts");
+}
+END_TEST
+
 Suite *integ_sndbuf_suite(void)
 {
     Suite *s = suite_create("integ_sndbuf");
@@ -317,6 +577,14 @@ Suite *integ_sndbuf_suite(void)
     tcase_add_test(tc, sndbuf_close_sends_copies);
     tcase_add_test(tc, sndbuf_option);
     tcase_add_test(tc, sndbuf_cancel_spares_copies);
+    tcase_add_test(tc, sndbuf_copy_at_post_order);
+    tcase_add_test(tc, sndbuf_copy_at_post_errors);
+    tcase_add_test(tc, sndbuf_copy_at_post_threads);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("sndbuf_cut");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, NULL, it_fault_teardown);
+    tcase_add_test(tc, sndbuf_copy_at_post_cut);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "exs/proto/proto_int.h"
+#include "exs/proto/reqtrace.h"
 #include "exs/proto/wire_names.h"
 #include "exs/util/counters.h"
 #include "exs/util/lockorder.h"
@@ -1036,6 +1037,114 @@ START_TEST(st_stage_ops_reused)
 }
 END_TEST
 
+/* exs_send's copy at the post (exs__conn_send_copy, then exs__conn_unlock): len pattern
+ * bytes of stream offset off from buf; 1 when copied, 0 when refused (then nothing
+ * changed, and the lock is not held). exs__conn_copy_likely agrees with a copy. */
+static int st_copy_post(struct exs_conn *conn, uint8_t *buf, size_t len, uint64_t off)
+{
+    uint64_t tail = conn->stg_tail, copied = conn->posts_copied;
+
+    pt_fill(buf, len, off);
+    if (!exs__conn_send_copy(conn, buf, len)) {
+        ck_assert_uint_eq(conn->stg_tail, tail);
+        ck_assert_uint_eq(conn->posts_copied, copied);
+        return 0;
+    }
+    ck_assert_int_eq(exs__lite_trylock(&conn->lock), 0); /* held */
+    exs__conn_unlock(conn);
+    ck_assert(exs__conn_copy_likely(conn, len));
+    return 1;
+}
+
+/* A send that ends at its post (spec/proto-layout.md): copies of no op join the stream in
+ * order between sends of the application; while one of those is in sendq (written, not
+ * handed back) no copy is taken at the post, so its event cannot be overtaken; once it is
+ * handed back the next copy is. Every byte arrives in order; exs_conn.posts_copied
+ * counts them; nothing of the application is left in sendq (sendq_app). */
+START_TEST(st_copy_at_post)
+{
+    enum { LEN = 100, BIG = 2000 };
+    static uint8_t cb[8][LEN], big[BIG], rb[7 * LEN + BIG];
+    struct pt_op s, r;
+    uint64_t off = 0;
+
+    st_pair(EXS_XFER_DYNAMIC, EXS_XFER_DYNAMIC, 8192, 1024);
+    for (int i = 0; i < 3; i++, off += LEN) {
+        ck_assert_int_eq(st_copy_post(pp.a.conn, cb[i], LEN, off), 1);
+        ck_assert_uint_eq(pp.a.conn->posts_copied, (uint64_t)i + 1);
+    }
+    ck_assert_uint_eq(pp.a.conn->sendq_app, 0);
+    st_send(&s, &pp.a, big, BIG, off); /* zero-copy (above copy_max), into the ring */
+    off += BIG;
+    ck_assert_int_eq(s.done, 0);
+    ck_assert_uint_eq(pp.a.conn->sendq_app, 1);
+    ck_assert(!exs__conn_copy_likely(pp.a.conn, LEN));
+    ck_assert_int_eq(st_copy_post(pp.a.conn, cb[3], LEN, off), 0); /* behind it: refused */
+    pt_run(&pp);
+    pt_assert_done(&s, BIG, 0);
+    ck_assert_uint_eq(pp.a.conn->sendq_app, 0);
+    for (int i = 3; i < 7; i++, off += LEN)
+        ck_assert_int_eq(st_copy_post(pp.a.conn, cb[i], LEN, off), 1);
+    ck_assert_uint_eq(pp.a.conn->posts_copied, 7);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), MSG_WAITALL);
+    pt_run(&pp);
+    pt_assert_done(&r, (ssize_t)sizeof(rb), 0);
+    ck_assert(pt_check(rb, sizeof(rb), 0));
+    ck_assert(exs_list_empty(&pp.a.conn->sendq));
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+}
+END_TEST
+
+/* The copy at the post is refused where exs__conn_post would not copy and finish at once:
+ * no bytes or more than copy_max, a full send buffer (nothing changed: the send takes the
+ * whole way and waits for room), request tracing on, after exs_shutdown, and on a conn
+ * without a send buffer. */
+START_TEST(st_copy_at_post_refused)
+{
+    enum { LEN = 1024 };
+    static uint8_t cb[LEN + 1], rb[8192 + LEN];
+    struct pt_op sh, r;
+    uint64_t off = 0;
+    int n = 0;
+
+    st_pair(EXS_XFER_DYNAMIC, EXS_XFER_DYNAMIC, 8192, 1024);
+    ck_assert_int_eq(st_copy_post(pp.a.conn, cb, 0, 0), 0);
+    ck_assert_int_eq(st_copy_post(pp.a.conn, cb, LEN + 1, 0), 0);
+    ck_assert(!exs__conn_copy_likely(pp.a.conn, 0));
+    ck_assert(!exs__conn_copy_likely(pp.a.conn, LEN + 1));
+    /* the buffer's 8 KiB: copies until it is full (the peer's ring holds 4 KiB) */
+    while (st_copy_post(pp.a.conn, cb, LEN, off)) {
+        off += LEN;
+        ck_assert_int_le(++n, 8);
+    }
+    ck_assert_int_eq(n, 8);
+    ck_assert_uint_eq(pp.a.conn->posts_copied, 8);
+    if (EXS_REQTRACE_ON) {
+        pt_run(&pp); /* room again */
+        exs__params.trace_sample_mask = UINT64_MAX;
+        ck_assert_int_eq(st_copy_post(pp.a.conn, cb, 64, off), 0);
+        exs__params.trace_sample_mask = 0;
+    }
+    pt_recv_post(&r, &pp.b, rb, 8192, MSG_WAITALL);
+    pt_run(&pp);
+    pt_assert_done(&r, 8192, 0);
+    ck_assert(pt_check(rb, 8192, 0));
+    pt_op_init(&sh, &pp.a, EXS_OP_SHUTDOWN, NULL, 0, 0);
+    ck_assert_int_eq(pt_post(&sh), 0);
+    ck_assert_int_eq(st_copy_post(pp.a.conn, cb, 64, off), 0); /* behind it */
+    pt_run(&pp);
+    pt_assert_done(&sh, 0, 0);
+    ck_assert_int_eq(st_copy_post(pp.a.conn, cb, 64, off), 0); /* the sending side ended */
+    pt_op_fini(&r);
+    pt_op_fini(&sh);
+    st_teardown();
+    st_pair(EXS_XFER_DYNAMIC, EXS_XFER_DYNAMIC, 0, 0); /* no send buffer */
+    ck_assert_int_eq(st_copy_post(pp.a.conn, cb, 64, 0), 0);
+    ck_assert_uint_eq(pp.a.conn->posts_copied, 0);
+}
+END_TEST
+
 Suite *proto_stream_suite(void)
 {
     Suite *s = suite_create("proto_stream");
@@ -1070,6 +1179,8 @@ Suite *proto_stream_suite(void)
     tcase_add_test(tc, st_deliver_copies_run);
     tcase_add_test(tc, st_post_fast_held_run);
     tcase_add_test(tc, st_stage_ops_reused);
+    tcase_add_test(tc, st_copy_at_post);
+    tcase_add_test(tc, st_copy_at_post_refused);
     suite_add_tcase(s, tc);
     return s;
 }
