@@ -275,7 +275,9 @@ int exs__resume_check_locked(struct exs_conn *conn, const struct exs_wire_resume
     uint64_t ra = be64toh(r->ring_arrived), rc = be64toh(r->ring_consumed);
     int stream = conn->dp->bytes;
     uint64_t pos = stream ? bytes : msgs;
-    uint64_t done = conn->resume_tx_done; /* bytes (STREAM) or messages (SEQPACKET) */
+    /* bytes (STREAM) or messages (SEQPACKET) the peer surely has: past the sends seen
+     * completed, or ended at their post with their copies given up (§6.4) */
+    uint64_t done = exs__resume_low_locked(conn);
     const char *bad = NULL;
 
     if (!conn->sess_token)
