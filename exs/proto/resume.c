@@ -161,13 +161,13 @@ static void resume_pend_refuse_locked(struct exs_conn *conn, const char *why, in
     resume_pend_kill_locked(conn, reap);
 }
 
-static void resume_quiet_free_locked(struct exs_conn *conn);
+static void resume_quiet_free_locked(struct exs_conn *conn, int destroy);
 
 void exs__resume_pend_end_locked(struct exs_conn *conn, int destroy)
 {
     resume_pend_kill_locked(conn, destroy);
     if (destroy) /* the conn's memory goes (exs__conn_release_locked) */
-        resume_quiet_free_locked(conn);
+        resume_quiet_free_locked(conn, 1);
 }
 
 /* The size of the new path's ring: what the cut would give now (exs__stream_ring_cut_locked),
@@ -895,15 +895,16 @@ static void resume_replay_done(struct exs_op *op)
     conn->resume.replay = NULL;
 }
 
-static void resume_quiet_free_locked(struct exs_conn *conn)
+/* The copies go: at the cut-over, once those to send again are taken (no second cut),
+ * or with the conn (destroy: the replayed ops left sendq before it could be). */
+static void resume_quiet_free_locked(struct exs_conn *conn, int destroy)
 {
     if (conn->resume.quiet) {
         free(conn->resume.quiet);
         exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*conn->resume.quiet)));
         conn->resume.quiet = NULL;
     }
-    /* (its ops left sendq before the conn could be destroyed) */
-    EXS_ASSERT(!conn->resume.replay);
+    EXS_ASSERT(!destroy || !conn->resume.replay);
 }
 
 /* Applying the peer's RESUME at position pos, before the send queue is rewound (upto:
@@ -1019,7 +1020,8 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
     ret = resume_quiet_prepare_locked(conn, pos, off, &rp);
     if (ret)
         return ret;
-    conn->sendq_settled = NULL; /* sends posted whole may go again */
+    resume_quiet_free_locked(conn, 0); /* cut over once: no copy is kept from now on */
+    conn->sendq_settled = NULL;        /* sends posted whole may go again */
     if (!conn->dp->bytes) {
         conn->seqpkt.reann_pos = pos;
         again = resume_sp_rewind_locked(conn, pos) + resume_quiet_replay_locked(conn, rp);

@@ -83,6 +83,27 @@ static void uc_nop(void)
     ck_assert_uint_eq(pp.a.conn->quiet_live, 0);
 }
 
+/* b receives until it has every byte a sent (*roff up to soff): none lost, twice or out
+ * of order. */
+static void uc_recv_all(uint64_t *roff, uint64_t soff)
+{
+    while (*roff < soff) {
+        struct pt_op *r = &uc_r[uc_nr];
+
+        ck_assert_int_lt(uc_nr, UC_NS * UC_LEN);
+        pt_recv_post(r, &pp.b, uc_rb[uc_nr++], UC_RECV, 0);
+        pt_fb_run(&pp);
+        ck_assert_msg(r->done, "receive %d: nothing came (%llu of %llu bytes)", uc_nr,
+                      (unsigned long long)*roff, (unsigned long long)soff);
+        ck_assert_int_eq(r->op.err, 0);
+        ck_assert_int_gt(r->op.result, 0);
+        ck_assert_msg(pt_check(uc_rb[uc_nr - 1], (size_t)r->op.result, *roff),
+                      "bytes at %llu are not the stream's", (unsigned long long)*roff);
+        *roff += (uint64_t)r->op.result;
+    }
+    ck_assert_uint_eq(*roff, soff);
+}
+
 /*
  * Both ends resumable (EXS_FALLBACK=any), unsignaled sends on: small sends, each its own
  * inline write, go unsignaled (counted in sends_unsignaled, each send's event at its
@@ -95,6 +116,7 @@ static void uc_nop(void)
  *      ring of 16, the 4 oldest given up (acknowledged), the last 10 go again.
  * Without the copies, the sends not carried are lost (a message missing, the stream's
  * bytes wrong); replayed from the application's buffers, their bytes would be 0xee.
+ * Then one more small send goes unsignaled without a copy (cut over once: no second cut).
  */
 START_TEST(uc_cut_replays_small)
 {
@@ -131,25 +153,16 @@ START_TEST(uc_cut_replays_small)
     ck_assert_ptr_eq(pp.a.conn->ctx, pt_fb.ctx[0]);
     ck_assert_uint_eq(uc_cnt("fallback", "fallback_resumes"), res0 + 2);
     ck_assert_uint_eq(uc_cnt("fallback", "fallback_replayed_bytes"), rb0 + lost * UC_LEN);
-    /* b receives until it has every byte a sent: none lost, twice or out of order */
-    while (roff < soff) {
-        struct pt_op *r = &uc_r[uc_nr];
-
-        ck_assert_int_lt(uc_nr, UC_NS * UC_LEN);
-        pt_recv_post(r, &pp.b, uc_rb[uc_nr++], UC_RECV, 0);
-        pt_fb_run(&pp);
-        ck_assert_msg(r->done, "receive %d: nothing came (%llu of %llu bytes)", uc_nr,
-                      (unsigned long long)roff, (unsigned long long)soff);
-        ck_assert_int_eq(r->op.err, 0);
-        ck_assert_int_gt(r->op.result, 0);
-        ck_assert_msg(pt_check(uc_rb[uc_nr - 1], (size_t)r->op.result, roff),
-                      "bytes at %llu are not the stream's", (unsigned long long)roff);
-        roff += (uint64_t)r->op.result;
-    }
-    ck_assert_uint_eq(roff, soff);
+    uc_recv_all(&roff, soff);
+    ck_assert_ptr_null(pp.a.conn->resume.replay); /* the copies sent again were handed back */
+    /* cut over once: the copies went, and a small send now goes unsignaled without one */
+    ck_assert_ptr_null(pp.a.conn->resume.quiet);
+    uc_send_quiet(ns++, soff);
+    soff += UC_LEN;
+    ck_assert_ptr_null(pp.a.conn->resume.quiet);
+    uc_recv_all(&roff, soff);
     for (int i = 0; i < ns; i++)
         pt_assert_done(&uc_s[i], UC_LEN, 0);
-    ck_assert_ptr_null(pp.a.conn->resume.replay); /* the copies sent again were handed back */
 
     exs__conn_close(pp.a.conn);
     exs__conn_close(pp.b.conn);
