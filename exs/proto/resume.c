@@ -597,6 +597,7 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     conn->credits = conn->owed = 0;
     conn->sq_out = 0;
     conn->quiet_run = conn->quiet_live = 0; /* the old endpoint's unsignaled writes */
+    conn->resume.rx_gap = 0;
     conn->ring_wr_out = 0;
     conn->ctrl_len = 0;
     conn->shut_op = NULL;

@@ -64,6 +64,8 @@ struct exs_resume_state {
                                     * than at its post left it: what the peer surely has
                                     * (the RESUME check's floor with the copies') */
     struct exs_rsm_replay *replay; /* the copies the cut-over sends again, in flight */
+    int rx_gap; /* RESUMING: a receive of the old path failed (not flushed): the receive
+                 * completions behind it are not taken (what arrived is a prefix) */
 };
 #endif
 

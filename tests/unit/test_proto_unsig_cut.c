@@ -104,6 +104,31 @@ static void uc_recv_all(uint64_t *roff, uint64_t soff)
     ck_assert_uint_eq(*roff, soff);
 }
 
+/* After a cut: both ends close cleanly over the fallback, no RNR, no fabric violation;
+ * the ns sends and the receives made are released. */
+static void uc_close(int ns)
+{
+    struct mock_stats st;
+
+    exs__conn_close(pp.a.conn);
+    exs__conn_close(pp.b.conn);
+    pt_fb_run(&pp);
+    ck_assert_int_eq(pp.a.dead, 1);
+    ck_assert_int_eq(pp.b.dead, 1);
+    for (int i = 0; i < ns; i++)
+        pt_op_fini(&uc_s[i]);
+    for (int i = 0; i < uc_nr; i++)
+        pt_op_fini(&uc_r[i]);
+    for (int i = 0; i < 2; i++) {
+        mock_stats(pt_fb.ctx[i], &st);
+        ck_assert_uint_eq(st.rnr, 0);
+    }
+    pt_close(&pp);
+    pt_fb_close();
+    exs__params.send_unsignaled = 0;
+    ck_assert_uint_eq(mock_violations(), 0);
+}
+
 /*
  * Both ends resumable (EXS_FALLBACK=any), unsignaled sends on: small sends, each its own
  * inline write, go unsignaled (counted in sends_unsignaled, each send's event at its
@@ -123,7 +148,6 @@ START_TEST(uc_cut_replays_small)
     int type = _i % 2 ? SOCK_STREAM : SOCK_SEQPACKET, bytes = _i % 2, sc = _i / 2, ns = 0;
     int carried = sc == 0 ? 0 : sc == 1 ? 3 : 10, lost = sc == 0 ? 3 : sc == 1 ? 3 : 10;
     uint64_t u0, res0, rb0, roff = 0, soff = 0, unit = bytes ? UC_LEN : 1;
-    struct mock_stats st;
 
     uc_open(type);
     u0 = uc_cnt("proto", "sends_unsignaled");
@@ -163,24 +187,7 @@ START_TEST(uc_cut_replays_small)
     uc_recv_all(&roff, soff);
     for (int i = 0; i < ns; i++)
         pt_assert_done(&uc_s[i], UC_LEN, 0);
-
-    exs__conn_close(pp.a.conn);
-    exs__conn_close(pp.b.conn);
-    pt_fb_run(&pp);
-    ck_assert_int_eq(pp.a.dead, 1);
-    ck_assert_int_eq(pp.b.dead, 1);
-    for (int i = 0; i < ns; i++)
-        pt_op_fini(&uc_s[i]);
-    for (int i = 0; i < uc_nr; i++)
-        pt_op_fini(&uc_r[i]);
-    for (int i = 0; i < 2; i++) {
-        mock_stats(pt_fb.ctx[i], &st);
-        ck_assert_uint_eq(st.rnr, 0);
-    }
-    pt_close(&pp);
-    pt_fb_close();
-    exs__params.send_unsignaled = 0;
-    ck_assert_uint_eq(mock_violations(), 0);
+    uc_close(ns);
 }
 END_TEST
 
@@ -224,6 +231,65 @@ START_TEST(uc_resume_below_copies)
     pt_close_both(&pp);
     pt_fb_close();
     exs__params.send_unsignaled = 0;
+}
+END_TEST
+
+/*
+ * The receiver's position is a prefix of what arrived (§9.2, Positions). Three
+ * unsignaled messages of 40, 64 and 100 bytes are carried, the receiver's first receive
+ * completion is reported in error (as the fault provider's wc fault does: the write had
+ * landed), the two behind it succeed. The receiver takes neither (resume.rx_gap), states
+ * position 0, and the sender, which saw no completion of any (they ended at their post),
+ * sends all three again from their copies: each arrives once, whole, in order. Taking the
+ * two behind the failed one would state 2 messages (SEQPACKET) or 164 bytes (STREAM)
+ * that are not the first ones, and the first would be lost. Looped: SEQPACKET, STREAM.
+ */
+START_TEST(uc_rx_error_prefix)
+{
+    static const size_t lens[3] = {40, 64, 100};
+    int type = _i ? SOCK_STREAM : SOCK_SEQPACKET;
+    uint64_t roff = 0, soff = 0, res0;
+    struct exs_prov_cqe cqe[16];
+    int n, got = 0;
+
+    uc_open(type);
+    if (type == SOCK_STREAM)
+        pp.a.conn->p.copy_max = 128;
+    res0 = uc_cnt("fallback", "fallback_resumes");
+    uc_nr = 0;
+    for (int i = 0; i < 3; i++) {
+        uint64_t u0 = uc_cnt("proto", "sends_unsignaled");
+
+        pp.a.conn->quiet_armed = 1;
+        pt_send_pattern(&uc_s[i], &pp.a, uc_sb[i], lens[i], soff);
+        ck_assert_int_eq(uc_s[i].done, 1);
+        ck_assert_uint_eq(uc_cnt("proto", "sends_unsignaled"), u0 + 1);
+        memset(uc_sb[i], 0xee, lens[i]);
+        soff += lens[i];
+    }
+    while (mock_step()) /* carried; b's completions wait in its queue */
+        ;
+    n = exs__prov_poll(pp.b.ctx, cqe, 16);
+    for (int i = 0; i < n; i++) {
+        if ((cqe[i].wr_id & 7) != 1 || cqe[i].status != EXS_PROV_WC_SUCCESS)
+            continue;
+        if (!got++)
+            cqe[i].status = EXS_PROV_WC_REM_OP_ERR; /* the first receive: reported failed */
+    }
+    ck_assert_int_eq(got, 3);
+    exs__conn_on_cqes(cqe, n);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_RESUMING);
+    ck_assert_int_eq(pp.b.conn->resume.rx_gap, 1);
+    ck_assert_uint_eq(exs__resume_arrived_locked(pp.b.conn), 0);
+    pt_fb_run(&pp);
+    ck_assert_int_eq(pp.a.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_int_eq(pp.b.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_uint_eq(uc_cnt("fallback", "fallback_resumes"), res0 + 2);
+    uc_recv_all(&roff, soff);
+    if (type == SOCK_SEQPACKET)
+        for (int i = 0; i < uc_nr; i++)
+            ck_assert_int_eq(uc_r[i].op.result, (ssize_t)lens[i]);
+    uc_close(3);
 }
 END_TEST
 
@@ -289,6 +355,9 @@ Suite *proto_unsig_cut_suite(void)
     TCase *tc = tcase_create("unsig_cut");
 
     tcase_add_loop_test(tc, uc_cut_replays_small, 0, 6);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("unsig_rx_error");
+    tcase_add_loop_test(tc, uc_rx_error_prefix, 0, 2);
     suite_add_tcase(s, tc);
     tc = tcase_create("unsig_hostile");
     tcase_add_loop_test(tc, uc_resume_below_copies, 0, 2);
