@@ -646,6 +646,26 @@ int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a)
     return 0;
 }
 
+_Static_assert(EXS_RSM_COPIES == EXS_QUIET_MAX, "a copy per unsignaled write that may be unacked");
+_Static_assert(EXS_RSM_COPY_SIZE >= CONN_CTRL_INLINE, "a copy holds the largest inline write");
+
+/* The copies' ring of a conn that may be cut over (§9.2; resume.quiet), allocated and
+ * charged at its first unsignaled send. 0, or -errno: the send goes signaled. */
+static int conn_quiet_alloc_locked(struct exs_conn *conn)
+{
+    uint64_t n = exs__mem_chunk(sizeof(*conn->resume.quiet));
+    int ret = exs__conn_mem_take_locked(conn, n, EXS_MEM_OTHER);
+
+    if (ret)
+        return ret;
+    conn->resume.quiet = calloc(1, sizeof(*conn->resume.quiet));
+    if (!conn->resume.quiet) {
+        exs__conn_mem_give_locked(conn, n);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
 /* May the conn be cut over (§9.2), so that an unsignaled send's bytes are kept in a copy
  * until acknowledged? A conn cut over once is not again. */
 static inline int conn_quiet_copies(const struct exs_conn *conn)
@@ -676,7 +696,7 @@ static int conn_quiet_ok_locked(struct exs_conn *conn, const struct exs_op *op, 
         if (exs_list_entry(pos, struct exs_op, link)->state != EXS_OPS_DONE)
             return 0;
     if (EXS_UNLIKELY(!conn->resume.quiet) && conn_quiet_copies(conn) &&
-        exs__resume_quiet_alloc_locked(conn))
+        conn_quiet_alloc_locked(conn))
         return 0;
     return 1;
 }

@@ -849,32 +849,6 @@ static uint64_t resume_sp_rewind_locked(struct exs_conn *conn, uint64_t pos)
 
 /* ---- unsignaled sends' copies (§6.4, §9.2, Replay) ---- */
 
-_Static_assert(EXS_RSM_COPIES == EXS_QUIET_MAX, "a copy per unsignaled write that may be unacked");
-_Static_assert(EXS_RSM_COPY_SIZE >= CONN_CTRL_INLINE, "a copy holds the largest inline write");
-
-int exs__resume_quiet_alloc_locked(struct exs_conn *conn)
-{
-    uint64_t n = exs__mem_chunk(sizeof(*conn->resume.quiet));
-    int ret = exs__conn_mem_take_locked(conn, n, EXS_MEM_OTHER);
-
-    if (ret)
-        return ret;
-    conn->resume.quiet = calloc(1, sizeof(*conn->resume.quiet));
-    if (!conn->resume.quiet) {
-        exs__conn_mem_give_locked(conn, n);
-        return -ENOMEM;
-    }
-    return 0;
-}
-
-uint64_t exs__resume_low_locked(const struct exs_conn *conn)
-{
-    const struct exs_rsm_quiet *q = conn->resume.quiet;
-
-    /* without copies no send ended at its post: resume_tx_done is resume.tx_sig */
-    return q ? EXS_MAX(conn->resume.tx_sig, q->floor) : conn->resume_tx_done;
-}
-
 /* The copies a cut-over sends again: internal ops (no event: the application had its
  * send's at the post), their bytes in memory registered on the new path's context. */
 struct exs_rsm_replay {
@@ -912,9 +886,9 @@ static void resume_quiet_free_locked(struct exs_conn *conn, int destroy)
  * resume_tx_done, where the first send not ended starts, STREAM; one past the highest
  * ended message, SEQPACKET): the sends from pos up to upto ended at their post, their
  * bytes only in the copies, made ready to go again (an op for each, from pos: a copy pos
- * cuts goes on from its byte pos). NULL in *rp when none goes again. 0, -EPROTO when
- * the copies do not hold them all, one after the other (the RESUME check's floor should
- * have refused such a pos), or -ENOMEM. */
+ * cuts goes on from its byte pos). NULL in *rp when none goes again. 0, -EPROTO (a
+ * violation, recorded) when the copies do not hold them all, one after the other (the
+ * RESUME check's floor refuses such a pos first), or -ENOMEM. */
 static int resume_quiet_prepare_locked(struct exs_conn *conn, uint64_t pos, uint64_t upto,
                                        struct exs_rsm_replay **rp_p)
 {
@@ -941,12 +915,11 @@ static int resume_quiet_prepare_locked(struct exs_conn *conn, uint64_t pos, uint
         at = end;
         n++;
     }
-    if (at != EXS_MAX(pos, upto)) {
-        EXS_WARN(PROTO,
-                 "conn %p: the copies of unsignaled sends do not hold %s %" PRIu64 " to %" PRIu64,
-                 (void *)conn, bytes ? "bytes" : "messages", at, upto);
-        return -EPROTO;
-    }
+    if (at != EXS_MAX(pos, upto))
+        return exs__proto_violation(conn, EXS_PV_RESUME, EXS_CTRL_RESUME,
+                                    "position %" PRIu64 ": the copies of unsignaled sends do not "
+                                    "hold %s %" PRIu64 " to %" PRIu64,
+                                    pos, bytes ? "bytes" : "messages", at, upto);
     if (!n)
         return 0;
     rp = calloc(1, sizeof(*rp) + n * sizeof(rp->op[0]));

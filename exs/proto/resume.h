@@ -160,10 +160,6 @@ void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resu
  * what we posted. 0, or -EPROTO (recorded: rule resume; reserved for flags). */
 int exs__resume_check_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
 
-/* Unsignaled sends of a connection that may be cut over (spec/protocol.md §6.4, §9.2):
- * the copies' ring, allocated (and charged) at the first. 0, or -errno: the send goes
- * signaled. */
-int exs__resume_quiet_alloc_locked(struct exs_conn *conn);
 /* The lowest position a RESUME may state: what the peer surely has (resume.tx_sig), and
  * past the copies given up; resume_tx_done on a conn without copies. */
 uint64_t exs__resume_low_locked(const struct exs_conn *conn);

@@ -269,6 +269,14 @@ void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resu
     r->ring_consumed = htobe64(conn->rd_consumed);
 }
 
+uint64_t exs__resume_low_locked(const struct exs_conn *conn)
+{
+    const struct exs_rsm_quiet *q = conn->resume.quiet;
+
+    /* without copies no send ended at its post: resume_tx_done is resume.tx_sig */
+    return q ? EXS_MAX(conn->resume.tx_sig, q->floor) : conn->resume_tx_done;
+}
+
 int exs__resume_check_locked(struct exs_conn *conn, const struct exs_wire_resume *r)
 {
     uint64_t token = be64toh(r->token), msgs = be64toh(r->rx_msgs), bytes = be64toh(r->rx_bytes);
