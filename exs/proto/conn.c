@@ -695,7 +695,7 @@ static int conn_quiet_ok_locked(struct exs_conn *conn, const struct exs_op *op, 
     for (pos = conn->sendq.next; pos != &op->link; pos = pos->next)
         if (exs_list_entry(pos, struct exs_op, link)->state != EXS_OPS_DONE)
             return 0;
-    if (EXS_UNLIKELY(!conn->resume.quiet) && conn_quiet_copies(conn) &&
+    if (EXS_UNLIKELY(conn_quiet_copies(conn)) && !conn->resume.quiet &&
         conn_quiet_alloc_locked(conn))
         return 0;
     return 1;
@@ -767,7 +767,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
         conn->quiet_op = op;
         conn->quiet_armed = 0;
         EXS_CNT_INC(exs__proto_cnt.sends_unsignaled);
-        if (conn_quiet_copies(conn))
+        if (EXS_UNLIKELY(conn_quiet_copies(conn)))
             conn_quiet_keep_locked(conn, op, src, len);
     } else {
         conn->wr_out++;
