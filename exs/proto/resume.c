@@ -852,7 +852,6 @@ static uint64_t resume_sp_rewind_locked(struct exs_conn *conn, uint64_t pos)
 /* The copies a cut-over sends again: internal ops (no event: the application had its
  * send's at the post), their bytes in memory registered on the new path's context. */
 struct exs_rsm_replay {
-    struct exs_conn *conn;
     struct exs_prov_mr *mem;
     uint32_t n, left; /* ops; not yet handed back */
     struct exs_op op[];
@@ -930,7 +929,6 @@ static int resume_quiet_prepare_locked(struct exs_conn *conn, uint64_t pos, uint
         free(rp);
         return ret;
     }
-    rp->conn = conn;
     rp->n = rp->left = n;
     for (uint32_t i = 0; i < n; i++) {
         const struct exs_rsm_copy *c =
