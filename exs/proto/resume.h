@@ -8,9 +8,9 @@
 #define EXS_PROTO_RESUME_H_STATE
 /* A connection that may be cut over keeps a copy of each unsignaled send's bytes, whose
  * event was delivered at its post (spec/protocol.md §6.4, §9.2, Replay): the last
- * EXS_RSM_COPIES of them, a ring allocated once (resume.c), so a cut-over replays those
- * the peer did not get. At most EXS_QUIET_MAX unsignaled writes may be unacknowledged at
- * once, so the oldest copy a new one takes the place of was acknowledged. */
+ * EXS_RSM_COPIES of them, a ring allocated once and filled by conn.c, so a cut-over
+ * replays those the peer did not get (resume.c). At most EXS_QUIET_MAX unsignaled writes may be
+ * unacknowledged at once, so the oldest copy a new one takes the place of was acknowledged. */
 #define EXS_RSM_COPIES    16u  /* EXS_QUIET_MAX */
 #define EXS_RSM_COPY_SIZE 128u /* CONN_CTRL_INLINE: the largest inline write */
 struct exs_rsm_copy {
@@ -58,7 +58,7 @@ struct exs_resume_state {
     int waiting;               /* in the wait list (registry's lock) */
     int evicting;              /* in the eviction list, held (resume.refs) */
     struct exs_list wait_link; /* in one of the two (registry's lock) */
-    /* unsignaled sends of a connection that may be cut over (§6.4; resume.c) */
+    /* unsignaled sends of a connection that may be cut over (§6.4; conn.c, resume.c) */
     struct exs_rsm_quiet *quiet;   /* the copies (NULL until the first such send) */
     uint64_t tx_sig;               /* resume_tx_done as the last send that ended otherwise
                                     * than at its post left it: what the peer surely has
