@@ -646,14 +646,41 @@ int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a)
     return 0;
 }
 
+_Static_assert(EXS_RSM_COPIES == EXS_QUIET_MAX, "a copy per unsignaled write that may be unacked");
+_Static_assert(EXS_RSM_COPY_SIZE >= CONN_CTRL_INLINE, "a copy holds the largest inline write");
+
+/* The copies' ring of a conn that may be cut over (§9.2; resume.quiet), allocated and
+ * charged at its first unsignaled send. 0, or -errno: the send goes signaled. */
+static int conn_quiet_alloc_locked(struct exs_conn *conn)
+{
+    uint64_t n = exs__mem_chunk(sizeof(*conn->resume.quiet));
+    int ret = exs__conn_mem_take_locked(conn, n, EXS_MEM_OTHER);
+
+    if (ret)
+        return ret;
+    conn->resume.quiet = calloc(1, sizeof(*conn->resume.quiet));
+    if (!conn->resume.quiet) {
+        exs__conn_mem_give_locked(conn, n);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* May the conn be cut over (§9.2), so that an unsignaled send's bytes are kept in a copy
+ * until acknowledged? A conn cut over once is not again. */
+static inline int conn_quiet_copies(const struct exs_conn *conn)
+{
+    return conn->p.resumable && !conn->resume.over;
+}
+
 /* May op's write of len bytes, inline, go unsignaled, op done at post (§6.4)? It carries
  * the whole send of a SEQPACKET message or of a STREAM send buffer's copy (a zero-copy
  * STREAM send keeps its promise: done when its bytes reached the peer, spec/api.md §6b),
  * and no earlier send of the conn is unfinished (events keep their order);
  * it goes to the provider now (not queued behind the cap), within EXS_QUIET_MAX slots;
  * an answer came since the last one (a stream of sends with nothing coming back goes
- * signaled, so ring writes in flight gather the next ones, §6.1); the conn cannot be cut
- * over (§9.2: a done send cannot be sent again). */
+ * signaled, so ring writes in flight gather the next ones, §6.1); on a conn that may be
+ * cut over (§9.2), its copy has a place (resume.quiet, allocated at the first). */
 static int conn_quiet_ok_locked(struct exs_conn *conn, const struct exs_op *op, uint32_t len)
 {
     const struct exs_list *pos;
@@ -662,13 +689,41 @@ static int conn_quiet_ok_locked(struct exs_conn *conn, const struct exs_op *op, 
      * flight; an eager or direct write's op holds no grant) */
     if (!conn->quiet_armed || len != op->len || op->cancel || op->rt || conn->wrq_count ||
         (conn->dp->bytes && !op->internal) || conn->quiet_live >= EXS_QUIET_MAX ||
-        conn->p.resumable || conn->state != EXS_CONN_CONNECTED || conn->sq_out >= conn_wr_max() ||
+        conn->state != EXS_CONN_CONNECTED || conn->sq_out >= conn_wr_max() ||
         !__atomic_load_n(&exs__params.send_unsignaled, __ATOMIC_RELAXED))
         return 0;
     for (pos = conn->sendq.next; pos != &op->link; pos = pos->next)
         if (exs_list_entry(pos, struct exs_op, link)->state != EXS_OPS_DONE)
             return 0;
+    if (EXS_UNLIKELY(conn_quiet_copies(conn)) && !conn->resume.quiet &&
+        conn_quiet_alloc_locked(conn))
+        return 0;
     return 1;
+}
+
+/* The write of op's len bytes at src just went unsignaled on a conn that may be cut over:
+ * its copy, at the send's position (tx_seq, not yet past it), in the place of the oldest
+ * (acknowledged: at most EXS_QUIET_MAX - 1 others may not be) once all are taken (§9.2,
+ * Replay). */
+static void conn_quiet_keep_locked(struct exs_conn *conn, const struct exs_op *op, const void *src,
+                                   uint32_t len)
+{
+    struct exs_rsm_quiet *q = conn->resume.quiet;
+    struct exs_rsm_copy *c = &q->c[q->next];
+
+    EXS_ASSERT(len <= EXS_RSM_COPY_SIZE);
+    if (q->n == EXS_RSM_COPIES) {
+        uint64_t end = c->pos + (conn->dp->bytes ? c->len : 1);
+
+        q->floor = EXS_MAX(q->floor, end);
+    } else {
+        q->n++;
+    }
+    c->pos = conn->tx_seq;
+    c->len = len;
+    c->flags = op->flags;
+    memcpy(c->data, src, len);
+    q->next = (q->next + 1) % EXS_RSM_COPIES;
 }
 
 /* One WRITE WITH IMMEDIATE of len bytes from src (inside op's buffer). A write into the
@@ -712,6 +767,8 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
         conn->quiet_op = op;
         conn->quiet_armed = 0;
         EXS_CNT_INC(exs__proto_cnt.sends_unsignaled);
+        if (EXS_UNLIKELY(conn_quiet_copies(conn)))
+            conn_quiet_keep_locked(conn, op, src, len);
     } else {
         conn->wr_out++;
         conn->ring_wr_out += ring;

@@ -219,10 +219,10 @@ int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);
 /* conn.c: the last part of exs__conn_destroy (provider objects, memory, the struct). */
 void exs__conn_free(struct exs_conn *conn);
 
-/* Send op's every write completed successfully, or its one write went unsignaled (§6.4):
- * it finishes with its length, its bytes count in bytes_sent (an internal op's were
- * counted when copied, §7.5) and join resume_tx_done (STREAM). */
-static inline void exs__conn_send_done_locked(struct exs_conn *conn, struct exs_op *op)
+/* Send op ended: its every write completed successfully, or its one write went unsignaled
+ * (§6.4): it finishes with its length, its bytes count in bytes_sent (an internal op's
+ * were counted when copied, §7.5) and join resume_tx_done (STREAM). */
+static inline void exs__conn_send_end_locked(struct exs_conn *conn, struct exs_op *op)
 {
     exs__conn_op_finish_locked(op, (ssize_t)op->len, 0);
     if (!op->internal) /* a copy counted when its send completed (§7.5) */
@@ -237,6 +237,13 @@ static inline void exs__conn_send_done_locked(struct exs_conn *conn, struct exs_
     else if (op->seq + 1 > conn->resume_tx_done)
         conn->resume_tx_done = op->seq + 1;
 }
+/* Send op ended by its completion (its last write's, or READ_DONE), or by the cut-over's
+ * rewind: the peer has it and every send before it (§9.2, Positions): resume.tx_sig. */
+static inline void exs__conn_send_done_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    exs__conn_send_end_locked(conn, op);
+    conn->resume.tx_sig = conn->resume_tx_done;
+}
 /* The unsignaled write exs__conn_post_write_imm_locked just posted was op's (conn->quiet_op),
  * whose caller has done its bookkeeping: op is done now (§6.4). */
 static inline void exs__conn_quiet_check_locked(struct exs_conn *conn, struct exs_op *op)
@@ -245,7 +252,7 @@ static inline void exs__conn_quiet_check_locked(struct exs_conn *conn, struct ex
         conn->quiet_op = NULL;
         op->inflight--;
         conn->tx_moved++;
-        exs__conn_send_done_locked(conn, op);
+        exs__conn_send_end_locked(conn, op); /* not known arrived: no resume.tx_sig */
     }
 }
 /* The conn drains (DRAINING) after unsignaled writes: the fence behind them (§6.4). */

@@ -360,8 +360,11 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
             conn->sess_token && !conn->resume.over)
             return; /* a consequence: the endpoint's DISCONNECTED, which follows, says
                      * whether the path failed or the peer closed (§9.2, When) */
-        if (exs__resume_begin_locked(conn, "error completion", 0, 0))
+        if (exs__resume_begin_locked(conn, "error completion", 0, 0)) {
+            if (tag == WR_TAG_RX) /* what arrived is a prefix (§9.2, Positions) */
+                conn->resume.rx_gap = 1;
             return; /* cut over (§9.2): the op is sent again over the new path */
+        }
         /* while connecting, the cm event tells what happened */
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
             exs__conn_fail_locked(conn, ECONNRESET, "work request failed");
@@ -374,6 +377,8 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
         conn->keepalive.heard = 1;
     switch (tag) {
     case WR_TAG_RX:
+        if (EXS_UNLIKELY(conn->resume.rx_gap))
+            break;             /* behind a receive that failed: not arrived (§9.2, Positions) */
         conn->quiet_armed = 1; /* an answer: the next small send may go unsignaled (§6.4) */
         conn_on_rx_locked(conn, cqe, (uint32_t)(val >> 3));
         break;

@@ -161,9 +161,13 @@ static void resume_pend_refuse_locked(struct exs_conn *conn, const char *why, in
     resume_pend_kill_locked(conn, reap);
 }
 
+static void resume_quiet_free_locked(struct exs_conn *conn, int destroy);
+
 void exs__resume_pend_end_locked(struct exs_conn *conn, int destroy)
 {
     resume_pend_kill_locked(conn, destroy);
+    if (destroy) /* the conn's memory goes (exs__conn_release_locked) */
+        resume_quiet_free_locked(conn, 1);
 }
 
 /* The size of the new path's ring: what the cut would give now (exs__stream_ring_cut_locked),
@@ -419,6 +423,8 @@ int exs__resume_begin_locked(struct exs_conn *conn, const char *cause, int disc,
     conn->resume.disc |= conn->resume.abandon;
     if (!disc)
         exs__prov_disconnect(conn->ep); /* its outstanding work is flushed */
+    else if (!silent)
+        exs__conn_quiet_fence_locked(conn); /* the drain waits behind unsignaled writes */
     /* work requests never posted complete as flushed, as the posted ones will */
     exs__conn_hooks.wrq_flush(conn);
     return 1;
@@ -590,6 +596,8 @@ static int resume_switch_locked(struct exs_conn *conn, struct exs_prov_ctx *ctx)
     conn->peer_ring_keyed = 0;
     conn->credits = conn->owed = 0;
     conn->sq_out = 0;
+    conn->quiet_run = conn->quiet_live = 0; /* the old endpoint's unsignaled writes */
+    conn->resume.rx_gap = 0;
     conn->ring_wr_out = 0;
     conn->ctrl_len = 0;
     conn->shut_op = NULL;
@@ -779,6 +787,9 @@ void exs__resume_on_cm_locked(struct exs_conn *conn, const struct exs_prov_cm_ev
         return;                  /* not the conn's endpoint now */
     if (!conn->resume.newpath) { /* the old endpoint */
         if (ev->type == EXS_PROV_CM_DISCONNECTED) {
+            if (!conn->resume.disc) /* in ERROR now: the drain waits behind unsignaled
+                                     * writes (§6.4, The drain) */
+                exs__conn_quiet_fence_locked(conn);
             conn->resume.disc = 1;
             exs__resume_progress_locked(conn);
         }
@@ -836,6 +847,132 @@ static uint64_t resume_sp_rewind_locked(struct exs_conn *conn, uint64_t pos)
     return again;
 }
 
+/* ---- unsignaled sends' copies (§6.4, §9.2, Replay) ---- */
+
+/* The copies a cut-over sends again: internal ops (no event: the application had its
+ * send's at the post), their bytes in memory registered on the new path's context. */
+struct exs_rsm_replay {
+    struct exs_prov_mr *mem;
+    uint32_t n, left; /* ops; not yet handed back */
+    struct exs_op op[];
+};
+
+static void resume_replay_done(struct exs_op *op)
+{
+    struct exs_conn *conn = op->owner;
+    struct exs_rsm_replay *rp = conn->resume.replay;
+
+    if (--rp->left)
+        return;
+    exs__conn_mem_free(rp->mem);
+    free(rp);
+    conn->resume.replay = NULL;
+}
+
+/* The copies go: at the cut-over, once those to send again are taken (no second cut),
+ * or with the conn (destroy: the replayed ops left sendq before it could be). */
+static void resume_quiet_free_locked(struct exs_conn *conn, int destroy)
+{
+    if (conn->resume.quiet) {
+        free(conn->resume.quiet);
+        exs__conn_mem_give_locked(conn, exs__mem_chunk(sizeof(*conn->resume.quiet)));
+        conn->resume.quiet = NULL;
+    }
+    EXS_ASSERT(!destroy || !conn->resume.replay);
+}
+
+/* Applying the peer's RESUME at position pos, before the send queue is rewound (upto:
+ * resume_tx_done, where the first send not ended starts, STREAM; one past the highest
+ * ended message, SEQPACKET): the sends from pos up to upto ended at their post, their
+ * bytes only in the copies, made ready to go again (an op for each, from pos: a copy pos
+ * cuts goes on from its byte pos). NULL in *rp when none goes again. 0, -EPROTO (a
+ * violation, recorded) when the copies do not hold them all, one after the other (the
+ * RESUME check's floor refuses such a pos first), or -ENOMEM. */
+static int resume_quiet_prepare_locked(struct exs_conn *conn, uint64_t pos, uint64_t upto,
+                                       struct exs_rsm_replay **rp_p)
+{
+    const struct exs_rsm_quiet *q = conn->resume.quiet;
+    int bytes = conn->dp->bytes;
+    uint64_t at = pos, skip[EXS_RSM_COPIES];
+    uint32_t first = 0, n = 0;
+    struct exs_rsm_replay *rp;
+    int ret;
+
+    *rp_p = NULL;
+    for (uint32_t i = 0; q && i < q->n; i++) {
+        const struct exs_rsm_copy *c =
+            &q->c[(q->next + EXS_RSM_COPIES - q->n + i) % EXS_RSM_COPIES]; /* oldest first */
+        uint64_t end = c->pos + (bytes ? c->len : 1);
+
+        if (end <= pos)
+            continue;
+        if (c->pos > at || at >= end)
+            break; /* a gap, or an overlap: a send of it is not here */
+        if (!n)
+            first = i;
+        skip[n] = at - c->pos; /* 0 but where pos cuts the first (STREAM) */
+        at = end;
+        n++;
+    }
+    if (at != EXS_MAX(pos, upto))
+        return exs__proto_violation(conn, EXS_PV_RESUME, EXS_CTRL_RESUME,
+                                    "position %" PRIu64 ": the copies of unsignaled sends do not "
+                                    "hold %s %" PRIu64 " to %" PRIu64,
+                                    pos, bytes ? "bytes" : "messages", at, upto);
+    if (!n)
+        return 0;
+    rp = calloc(1, sizeof(*rp) + n * sizeof(rp->op[0]));
+    if (!rp)
+        return -ENOMEM;
+    ret = exs__conn_mem_alloc(conn->ctx, (size_t)n * EXS_RSM_COPY_SIZE, EXS_MEM_FORCE, &rp->mem);
+    if (ret) {
+        free(rp);
+        return ret;
+    }
+    rp->n = rp->left = n;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct exs_rsm_copy *c =
+            &q->c[(q->next + EXS_RSM_COPIES - q->n + first + i) % EXS_RSM_COPIES];
+        struct exs_op *op = &rp->op[i];
+
+        op->kind = EXS_OP_SEND;
+        op->state = EXS_OPS_QUEUED;
+        op->buf = (uint8_t *)rp->mem->addr + (size_t)i * EXS_RSM_COPY_SIZE;
+        op->len = c->len - skip[i];
+        op->flags = c->flags;
+        op->mr = rp->mem;
+        op->lkey = rp->mem->lkey;
+        op->internal = 1;
+        op->done = resume_replay_done;
+        op->owner = conn;
+        memcpy(op->buf, c->data + skip[i], op->len);
+    }
+    *rp_p = rp;
+    return 0;
+}
+
+/* The copies go first, in order, at sendq's head (every send still in sendq came after
+ * them: a send went unsignaled only with none before it unfinished). Their bytes. */
+static uint64_t resume_quiet_replay_locked(struct exs_conn *conn, struct exs_rsm_replay *rp)
+{
+    struct exs_list *head = conn->sendq.next;
+    uint64_t again = 0;
+
+    if (!rp)
+        return 0;
+    EXS_ASSERT(!conn->resume.replay);
+    conn->resume.replay = rp;
+    for (uint32_t i = 0; i < rp->n; i++) {
+        exs_list_add_tail(head, &rp->op[i].link); /* before the old head, after the last */
+        again += rp->op[i].len;
+    }
+    conn->dlv_run = NULL; /* delivery's run of internal ops at the head: found again */
+    conn->bwait.first = NULL;
+    EXS_INFO(PROTO, "conn %p: %u unsignaled sends the peer did not get go again from their copies",
+             (void *)conn, rp->n);
+    return again;
+}
+
 /* The peer's RESUME on the new path, checked: the sender rewinds to the position the
  * peer stated and sends everything past it again (§9.2, Replay). */
 static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resume *r)
@@ -843,16 +980,23 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
     uint64_t pos = be64toh(r->rx_bytes), ra = be64toh(r->ring_arrived);
     uint64_t rc = be64toh(r->ring_consumed), off = conn->resume_tx_done, sent = conn->tx_seq;
     uint64_t again;
+    struct exs_rsm_replay *rp;
     struct exs_list *p;
     int ret = exs__resume_check_locked(conn, r);
 
     if (ret)
         return ret;
-    conn->sendq_settled = NULL; /* sends posted whole may go again */
-    if (!conn->dp->bytes) {
+    if (!conn->dp->bytes)
         pos = be64toh(r->rx_msgs);
+    /* the sends that ended at their post (§6.4) and did not arrive: from their copies */
+    ret = resume_quiet_prepare_locked(conn, pos, off, &rp);
+    if (ret)
+        return ret;
+    resume_quiet_free_locked(conn, 0); /* cut over once: no copy is kept from now on */
+    conn->sendq_settled = NULL;        /* sends posted whole may go again */
+    if (!conn->dp->bytes) {
         conn->seqpkt.reann_pos = pos;
-        again = resume_sp_rewind_locked(conn, pos);
+        again = resume_sp_rewind_locked(conn, pos) + resume_quiet_replay_locked(conn, rp);
         goto rewound;
     }
     exs_list_for_each(p, &conn->sendq)
@@ -869,7 +1013,8 @@ static int resume_apply_locked(struct exs_conn *conn, const struct exs_wire_resu
         }
         off += op->len;
     }
-    again = sent - pos;
+    resume_quiet_replay_locked(conn, rp);
+    again = sent - pos; /* the copies' bytes too */
 rewound:
     conn->tx_seq = pos;
     conn->wr_tail = ra;

@@ -6,6 +6,25 @@
 
 #if defined(EXS_PROTO_STATE) && !defined(EXS_PROTO_RESUME_H_STATE)
 #define EXS_PROTO_RESUME_H_STATE
+/* A connection that may be cut over keeps a copy of each unsignaled send's bytes, whose
+ * event was delivered at its post (spec/protocol.md §6.4, §9.2, Replay): the last
+ * EXS_RSM_COPIES of them, a ring allocated once and filled by conn.c, so a cut-over
+ * replays those the peer did not get (resume.c). At most EXS_QUIET_MAX unsignaled writes may be
+ * unacknowledged at once, so the oldest copy a new one takes the place of was acknowledged. */
+#define EXS_RSM_COPIES    16u  /* EXS_QUIET_MAX */
+#define EXS_RSM_COPY_SIZE 128u /* CONN_CTRL_INLINE: the largest inline write */
+struct exs_rsm_copy {
+    uint64_t pos; /* STREAM: the position of its first byte; SEQPACKET: its message number */
+    uint32_t len; /* bytes (1 to EXS_RSM_COPY_SIZE) */
+    int flags;    /* the send's MSG_* flags */
+    uint8_t data[EXS_RSM_COPY_SIZE];
+};
+struct exs_rsm_quiet {
+    uint32_t next;  /* the slot of the next copy (the oldest once all are used) */
+    uint32_t n;     /* copies kept */
+    uint64_t floor; /* the position past the newest copy given up (its slot taken) */
+    struct exs_rsm_copy c[EXS_RSM_COPIES];
+};
 /* The cut-over (spec/protocol.md §9.2; resume.c, resume_sess.c): its part of struct exs_conn
  * (conn->resume). */
 struct exs_resume_state {
@@ -39,6 +58,14 @@ struct exs_resume_state {
     int waiting;               /* in the wait list (registry's lock) */
     int evicting;              /* in the eviction list, held (resume.refs) */
     struct exs_list wait_link; /* in one of the two (registry's lock) */
+    /* unsignaled sends of a connection that may be cut over (§6.4; conn.c, resume.c) */
+    struct exs_rsm_quiet *quiet;   /* the copies (NULL until the first such send) */
+    uint64_t tx_sig;               /* resume_tx_done as the last send that ended otherwise
+                                    * than at its post left it: what the peer surely has
+                                    * (the RESUME check's floor with the copies') */
+    struct exs_rsm_replay *replay; /* the copies the cut-over sends again, in flight */
+    int rx_gap; /* RESUMING: a receive of the old path failed (not flushed): the receive
+                 * completions behind it are not taken (what arrived is a prefix) */
 };
 #endif
 
@@ -132,6 +159,10 @@ void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resu
  * other kind's position 0, and a position at least what we saw completed and at most
  * what we posted. 0, or -EPROTO (recorded: rule resume; reserved for flags). */
 int exs__resume_check_locked(struct exs_conn *conn, const struct exs_wire_resume *r);
+
+/* The lowest position a RESUME may state: what the peer surely has (resume.tx_sig), and
+ * past the copies given up; resume_tx_done on a conn without copies. */
+uint64_t exs__resume_low_locked(const struct exs_conn *conn);
 
 /* Shared by resume.c and resume_sess.c */
 /* Process counters of the cut-over (counter set "fallback", resume_sess.c). */

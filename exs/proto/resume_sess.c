@@ -269,13 +269,23 @@ void exs__resume_record_locked(const struct exs_conn *conn, struct exs_wire_resu
     r->ring_consumed = htobe64(conn->rd_consumed);
 }
 
+uint64_t exs__resume_low_locked(const struct exs_conn *conn)
+{
+    const struct exs_rsm_quiet *q = conn->resume.quiet;
+
+    /* without copies no send ended at its post: resume_tx_done is resume.tx_sig */
+    return q ? EXS_MAX(conn->resume.tx_sig, q->floor) : conn->resume_tx_done;
+}
+
 int exs__resume_check_locked(struct exs_conn *conn, const struct exs_wire_resume *r)
 {
     uint64_t token = be64toh(r->token), msgs = be64toh(r->rx_msgs), bytes = be64toh(r->rx_bytes);
     uint64_t ra = be64toh(r->ring_arrived), rc = be64toh(r->ring_consumed);
     int stream = conn->dp->bytes;
     uint64_t pos = stream ? bytes : msgs;
-    uint64_t done = conn->resume_tx_done; /* bytes (STREAM) or messages (SEQPACKET) */
+    /* bytes (STREAM) or messages (SEQPACKET) the peer surely has: past the sends seen
+     * completed, or ended at their post with their copies given up (§6.4) */
+    uint64_t done = exs__resume_low_locked(conn);
     const char *bad = NULL;
 
     if (!conn->sess_token)

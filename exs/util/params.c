@@ -201,9 +201,10 @@ static const struct exs_param_def params_table[] = {
     PARAM(send_unsignaled, "EXS_SEND_UNSIGNALED", "1", UINT, 1,
           "1 = a small send copied whole into its work request (inline) leaves unsignaled and its "
           "event is queued at once, like a kernel send() (lost if the connection fails right "
-          "after; the failure is reported), when an answer came since, no earlier send of the "
-          "socket is unfinished, it is not a zero-copy STREAM send and the connection cannot be "
-          "cut over (spec/protocol.md 6.4); 0 = every data write signaled"),
+          "after, the failure reported, unless it can be cut over: then a copy is kept until "
+          "the peer has it and sent again), when an answer came since, no earlier send of the "
+          "socket is unfinished and it is not a zero-copy STREAM send (spec/protocol.md 6.4); "
+          "0 = every data write signaled"),
     PARAM(listen_embryo_max, "EXS_LISTEN_EMBRYO_MAX", "256", UINT, 1,
           "connections a listener has in their handshake at once, at least its backlog, 1-1048576; "
           "requests beyond wait for room (spec/api.md, exs_listen)"),

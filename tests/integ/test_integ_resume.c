@@ -819,6 +819,70 @@ START_TEST(test_rs_resume_hello_refused)
 }
 END_TEST
 
+/* A request-response exchange of 64 B messages (SEQPACKET, _i 0; STREAM with its send
+ * buffer, _i 1), each side's small sends unsignaled (spec/protocol.md §6.4: done at the
+ * post, each buffer overwritten right after its send event), the link dropped at the Nth
+ * send post (N from 40 on: a write the peer never gets, most often an unsignaled one,
+ * whose op was handed back at its post): both ends resume over tcp and every message
+ * comes back once, whole and in order, the sends the peer did not get sent again from
+ * their copies (§9.2, Replay). Without the copies the exchange stops at the lost one. */
+#define RS_PP_LEN 64u
+#define RS_PP_N   300u
+START_TEST(test_rs_unsig_pingpong)
+{
+    int type = _i ? SOCK_STREAM : SOCK_SEQPACKET, wa = _i ? MSG_WAITALL : 0;
+    struct it_buf *cs, *cr, *sr;
+    uint64_t res0, fail0, u0, u1, rep0;
+    struct it_pair p;
+    exs_event_t ev;
+    char port[16];
+
+    it_context("%s ping-pong, unsignaled sends, a drop", _i ? "STREAM" : "SEQPACKET");
+    if (rs_init("test_rs_unsig_pingpong", "any"))
+        return;
+    cs = it_buf_new(RS_PP_LEN, 1);
+    cr = it_buf_new(RS_PP_LEN, 1);
+    sr = it_buf_new(RS_PP_LEN, 1);
+    it_pair_open(&p, type, 256, 256);
+    res0 = it_fallback_count("fallback_resumes");
+    fail0 = it_fallback_count("fallback_resume_failures");
+    rep0 = it_fallback_count("fallback_replayed_bytes");
+    ck_assert_int_eq(exs__counters_lookup("proto", "sends_unsignaled", &u0), 0);
+    snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+    it_fault_set("fault_port", port);
+    it_fault_set("fault_drop_nth", "40");
+    for (uint32_t i = 0; i < RS_PP_N; i++) {
+        it_context("%s ping-pong, message %u", _i ? "STREAM" : "SEQPACKET", i);
+        if (i == 60)
+            it_fault_set("fault_drop_nth", "0"); /* one cut (the new path is tcp anyway) */
+        IT_EXPECT_OK(exs_recv(p.sfd, sr->p, RS_PP_LEN, wa, p.sq, IT_AH(2), sr->mh));
+        IT_EXPECT_OK(exs_recv(p.cfd, cr->p, RS_PP_LEN, wa, p.cq, IT_AH(3), cr->mh));
+        it_fill(cs->p, RS_PP_LEN, 500 + i);
+        IT_POST_SEND(p.cfd, cs->p, RS_PP_LEN, p.cq, IT_AH(1), cs->mh);
+        it_expect_send(p.cq, p.cfd, IT_AH(1), (ssize_t)RS_PP_LEN);
+        memset(cs->p, 0xee, RS_PP_LEN); /* the application reuses its buffer */
+        it_expect_recv(p.sq, p.sfd, IT_AH(2), (ssize_t)RS_PP_LEN, 0);
+        ck_assert_int_eq(it_check(sr->p, RS_PP_LEN, 500 + i), -1);
+        IT_POST_SEND(p.sfd, sr->p, RS_PP_LEN, p.sq, IT_AH(4), sr->mh);
+        it_expect_send(p.sq, p.sfd, IT_AH(4), (ssize_t)RS_PP_LEN);
+        memset(sr->p, 0xdd, RS_PP_LEN);
+        it_wait_event(p.cq, EXS_EVT_RECV, p.cfd, &ev);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)RS_PP_LEN);
+        ck_assert_int_eq(it_check(cr->p, RS_PP_LEN, 500 + i), -1);
+    }
+    it_fault_set("fault_drop_nth", "0");
+    ck_assert_int_eq(exs__counters_lookup("proto", "sends_unsignaled", &u1), 0);
+    ck_assert_msg(u1 - u0 > RS_PP_N, "only %" PRIu64 " of %u sends went unsignaled", u1 - u0,
+                  2 * RS_PP_N);
+    ck_assert_uint_gt(it_fallback_count("fallback_replayed_bytes"), rep0);
+    rs_after_resume(&p, res0, fail0);
+    it_buf_free(cs);
+    it_buf_free(cr);
+    it_buf_free(sr);
+}
+END_TEST
+
 Suite *integ_resume_suite(void)
 {
     Suite *s = suite_create("integ_resume");
@@ -833,6 +897,7 @@ Suite *integ_resume_suite(void)
     tcase_add_loop_test(tc, test_rs_resume_fails, 0, 2);
     tcase_add_test(tc, test_rs_keepalive);
     tcase_add_test(tc, test_rs_resume_hello_refused);
+    tcase_add_loop_test(tc, test_rs_unsig_pingpong, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
