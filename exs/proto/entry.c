@@ -139,7 +139,8 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     /* the peer gets its write grant over the ring once connected (§2, RING) */
 
     struct exs_prov_ep_attr attr = {
-        .max_send_wr = p->credits + p->max_reads + conn->tx_slots + 8,
+        /* + the unsignaled writes that may still hold a slot (§6.4), as exs__conn_path_make */
+        .max_send_wr = p->credits + p->max_reads + conn->tx_slots + 8 + EXS_QUIET_MAX,
         .max_recv_wr = p->credits,
         /* control records (ACK, ADVERT, ...) are small: sent inline, no DMA read of a slot */
         .max_inline = EXS_MIN(ctx->caps.max_inline, CONN_CTRL_INLINE),

@@ -283,6 +283,26 @@ START_TEST(un_error_unsignaled)
 }
 END_TEST
 
+/*
+ * Every endpoint of a connection has room for the unsignaled writes that may still hold
+ * a send-queue slot (EXS_QUIET_MAX) besides the signaled ones: the first endpoint (made
+ * at open) as much as one made for a later path (exs__conn_path_make), so that a provider
+ * that refuses a post beyond max_send_wr never resets a connection whose writes stayed
+ * within the credits. Both sides, both socket types.
+ */
+START_TEST(un_sq_room)
+{
+    un_open(_i ? SOCK_STREAM : SOCK_SEQPACKET, 1);
+    for (int side = 0; side < 2; side++) {
+        struct exs_conn *c = side ? pp.b.conn : pp.a.conn;
+
+        ck_assert_uint_ge(c->ep->attr.max_send_wr,
+                          c->p.credits + c->p.max_reads + c->tx_slots + 8 + EXS_QUIET_MAX);
+    }
+    un_close();
+}
+END_TEST
+
 Suite *proto_unsig_suite(void)
 {
     Suite *s = suite_create("proto_unsig");
@@ -294,6 +314,7 @@ Suite *proto_unsig_suite(void)
     tcase_add_test(tc, un_one_way_retires);
     tcase_add_loop_test(tc, un_flush_unsignaled, 0, 2);
     tcase_add_test(tc, un_error_unsignaled);
+    tcase_add_loop_test(tc, un_sq_room, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
