@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# rxe-probe-kern.sh: what the guest's kernel does per 64 B busy round trip, libexs against
+# rstream, in one scripts/rxe-vm.sh guest (spec/rxe-vm.md, "What does not set the 64 B busy
+# round trip"): interrupts, softirqs, rxe's counters, context switches, migrations, page
+# faults, system calls, and where rxe's work runs (bench/rxe-probe-kern-guest.sh).
+#   bash bench/rxe-probe-kern.sh [C=3] [N1=1000] [N2=5000] [BLAST=path]
+# C cycles of the counter pass, each system at N1 and N2 round trips (the difference is one
+# round trip's), then one cycle of the sched, ftrace, strace and profile passes. BLAST:
+# another build's blast instead of this tree's. Output: $BUILD/rxe-probe-kern/out.log, then
+# the table per round trip (bench/rxe_probe_kern.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${BUILD:-build}
+blast=$B/blast/blast
+for a in "$@"; do case $a in BLAST=*) blast=${a#BLAST=} ;; esac; done
+D=$B/rxe-probe-kern/run
+rm -rf "$D" && mkdir -p "$D"
+cp bench/rxe-probe-kern-guest.sh "$D/probe.sh"
+cp "$blast" "$D/blast"
+cp "$(command -v rstream)" "$D/"
+cp "$B/tools/exsctl" "$D/"
+(while :; do echo "PSI $(date +%s) $(awk '/^some/ {print $2}' /proc/pressure/cpu)"; sleep 2; done) \
+    >"$B/rxe-probe-kern/psi.log" &
+sampler=$!
+trap 'kill $sampler' EXIT
+BUILD=$B/rxe-bench RXE_VM_BINS="strace perf" RXE_VM_APPEND="clocksource=tsc tsc=reliable" \
+    bash scripts/rxe-vm.sh "$D" env "$@" sh probe.sh 2>&1 | tee "$B/rxe-probe-kern/out.log"
+python3 bench/rxe_probe_kern.py "$B/rxe-probe-kern/out.log"
