@@ -12,7 +12,8 @@
 # sched_wakeup, sched_migrate_task, counted per CPU and thread), "ftrace" (function tracer
 # on rxe's entry points: which CPU, which context, which thread runs them), "strace"
 # (strace -c -f of the client) and "prof" (perf record -a -e cpu-clock, by CPU, thread and
-# symbol). Lines: "K pass cyc sys n key value", "P ..." (profile rows), "INFO ...".
+# symbol). Lines: "K pass cyc sys n key value", "INFO ...", "HB ..." (a heartbeat: what runs,
+# every 30 s). MODE=knobs and MODE=recs: see below ("KN ...", "RC ..." lines).
 A=10.0.2.15
 export PATH=/guest:$PATH EXS_PROVIDER=verbs EXS_CTL_DIR=/tmp/ctl
 mkdir -p /tmp/ctl
@@ -241,6 +242,64 @@ prof() { # SYS N: perf record -a -e cpu-clock (4 kHz): samples by CPU, thread an
 # a heartbeat: what runs, every 30 s (a stuck run shows here)
 (while :; do sleep 30; echo "HB $(cut -d' ' -f1 /proc/uptime) $(ps -o pid,stat,args | grep -E 'blast|rstream|perf|strace' | grep -v grep | tr -s ' ' | tr '\n' ';')"; done) &
 HB=$!
+# MODE=knobs: do the progress thread's wake-ups and the idle fallback context's epoll_wait
+# set the p50? libexs as is (L), with EXS_FALLBACK=off (Lf: no tcp context to look at),
+# EXS_LEASE_US=100000 (Ll: the lease fires a hundredth as often) or both (Lfl), and rstream,
+# interleaved, C cycles of N2 round trips; each libexs variant against a receiver with the
+# same setting (ports 7472..7474); the client's context switches and system calls by perf stat.
+if [ "${MODE:-}" = knobs ]; then
+    port=7472
+    for e in EXS_FALLBACK=off EXS_LEASE_US=100000 "EXS_FALLBACK=off EXS_LEASE_US=100000"; do
+        env $e $SV ./blast -s -p $port >/tmp/blast-srv-$port.log 2>&1 &
+        BS="$BS $!"
+        port=$((port + 1))
+    done
+    sleep 3
+    kn() { # TAG PORT ENV...
+        tag=$1; p=$2; shift 2
+        if [ $tag = R ]; then
+            rs_srv $N2
+            client R $N2 perf stat -x, -o /tmp/psc.txt -e $EV --
+            srv_wait knobs R $N2
+        else
+            env "$@" perf stat -x, -o /tmp/psc.txt -e $EV -- timeout -s KILL 120 $CL ./blast -c $A -p $p --json --quiet \
+                --type seqpacket --lat-only --lat-size 64 --lat-iters $N2 --poll --poll-recv >/tmp/out.json 2>/tmp/cl.err
+        fi
+        v=$(lat $([ $tag = R ] && echo R || echo L))
+        echo "KN cyc=$c tag=$tag p50=$v $(awk -F, '$1 ~ /^[0-9.]+$/ {printf "%s=%s ", $3, $1}' /tmp/psc.txt)"
+    }
+    c=1
+    while [ $c -le $C ]; do
+        kn L 7471; kn Lf 7472 EXS_FALLBACK=off; kn Ll 7473 EXS_LEASE_US=100000
+        kn Lfl 7474 EXS_FALLBACK=off EXS_LEASE_US=100000; kn R 0
+        c=$((c + 1))
+    done
+    kill $BS $HB 2>/dev/null
+    echo "INFO done (uptime $(cut -d' ' -f1 /proc/uptime))"
+    exit 0
+fi
+# MODE=recs: which records go per message: every counter of a libexs client (exsctl metrics,
+# per connection and in total) that moved between two looks 2 s apart in a long run
+if [ "${MODE:-}" = recs ]; then
+    c=1
+    while [ $c -le $C ]; do
+        timeout -s KILL 120 $CL ./blast -c $A -p 7471 --json --quiet --type seqpacket --lat-only --lat-size 64 \
+            --lat-iters 200000 --poll --poll-recv >/tmp/out.json 2>/tmp/cl.err &
+        cp=$!
+        sleep 4
+        ./exsctl metrics $cp 2>/dev/null | grep -v '^#' >/tmp/m0
+        ./exsctl metrics $BS 2>/dev/null | grep -v '^#' | sed 's/^/srv_/' >>/tmp/m0
+        sleep 2
+        ./exsctl metrics $cp 2>/dev/null | grep -v '^#' >/tmp/m1
+        ./exsctl metrics $BS 2>/dev/null | grep -v '^#' | sed 's/^/srv_/' >>/tmp/m1
+        kill -9 $cp; wait $cp
+        awk -v c=$c 'NR == FNR {a[$1] = $NF; next} ($1 in a) && $NF != a[$1] {print "RC cyc=" c, $1, $NF - a[$1]}' /tmp/m0 /tmp/m1
+        c=$((c + 1))
+    done
+    kill $BS $HB 2>/dev/null
+    echo "INFO done (uptime $(cut -d' ' -f1 /proc/uptime))"
+    exit 0
+fi
 c=0
 cnt L 200; cnt R 200   # warm-up: first connections, page cache
 c=1
