@@ -16,16 +16,10 @@ cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 blast=$B/blast/blast
 for a in "$@"; do case $a in BLAST=*) blast=${a#BLAST=} ;; esac; done
-D=$B/rxe-probe-kern/run
-rm -rf "$D" && mkdir -p "$D"
-cp bench/rxe-probe-kern-guest.sh "$D/probe.sh"
+. bench/rxe-probe-lib.sh
+probe_dir rxe-probe-kern bench/rxe-probe-kern-guest.sh
 cp "$blast" "$D/blast"
 cp "$(command -v rstream)" "$D/"
 cp "$B/tools/exsctl" "$D/"
-(while :; do echo "PSI $(date +%s) $(awk '/^some/ {print $2}' /proc/pressure/cpu)"; sleep 2; done) \
-    >"$B/rxe-probe-kern/psi.log" &
-sampler=$!
-trap 'kill $sampler' EXIT
-BUILD=$B/rxe-bench RXE_VM_BINS="strace perf" RXE_VM_APPEND="clocksource=tsc tsc=reliable" \
-    bash scripts/rxe-vm.sh "$D" env "$@" sh probe.sh 2>&1 | tee "$B/rxe-probe-kern/out.log"
+probe_guest rxe-probe-kern "strace perf" "$@"
 python3 bench/rxe_probe_kern.py "$B/rxe-probe-kern/out.log"
