@@ -9,7 +9,8 @@
 # bench/rxe-bench.sh); then one strace -c of each build's 64 B round trips. VAR=VALUE
 # (optional) goes into that build's environment (EXS_LEASE_US=10000). Output lines: "AB
 # round=R label=L fig=F value=V", "ABVS label=L fig=F round=R <vstat pairs>", "ABSYS
-# label=L fig=F msgs=M total=T", "ABSYSTOP label=L fig=F call=C count=N";
+# label=L fig=F msgs=M total=T" (M: the messages of ITERS round trips and of blast's ITERS / 10
+# warm-up ones), "ABSYSTOP label=L fig=F call=C count=N";
 # bench/rxe_ab_results.py makes bench/results-rxe-ab.md of them.
 ROUNDS=$1
 N=$2
@@ -86,7 +87,7 @@ for x in "$@"; do
         p=; [ $f = busy ] && p="--poll --poll-recv"
         env $e strace -f -c -o /tmp/st.txt $CL ./$b -c $A -p $P --quiet --type seqpacket --lat-only \
             --lat-size $S --lat-iters $N $p >/dev/null 2>&1
-        echo "ABSYS label=$l fig=$f msgs=$((2 * N)) total=$(awk '$NF == "total" {print $4}' /tmp/st.txt)"
+        echo "ABSYS label=$l fig=$f msgs=$((2 * (N + N / 10))) total=$(awk '$NF == "total" {print $4}' /tmp/st.txt)"
         grep -E '^ +[0-9]' /tmp/st.txt | sort -k4 -nr | head -n 6 |
             awk -v l=$l -v f=$f '{print "ABSYSTOP label=" l " fig=" f " call=" $NF " count=" $4}'
     done

@@ -12,17 +12,11 @@ cd "$(dirname "$0")/.."
 base=${1:?usage: $0 BASE_BUILD_DIR [VAR=VALUE...]}
 shift
 B=${BUILD:-build}
-D=$B/rxe-probe-arms/run
-rm -rf "$D" && mkdir -p "$D"
-cp bench/rxe-probe-arms-guest.sh "$D/probe.sh"
+. bench/rxe-probe-lib.sh
+probe_dir rxe-probe-arms bench/rxe-probe-arms-guest.sh
 cp "$B/blast/blast" "$D/blastX"
 cp "$base/blast/blast" "$D/blastB"
 cp "$B/tools/exsctl" "$D/"
 cp "$(command -v ib_write_bw)" "$D/"
-(while :; do echo "PSI $(date +%s) $(awk '/^some/ {print $2}' /proc/pressure/cpu)"; sleep 2; done) \
-    >"$B/rxe-probe-arms/psi.log" &
-sampler=$!
-trap 'kill $sampler' EXIT
-BUILD=$B/rxe-bench RXE_VM_APPEND="clocksource=tsc tsc=reliable" bash scripts/rxe-vm.sh "$D" \
-    env "$@" sh probe.sh 2>&1 | tee "$B/rxe-probe-arms/out.log"
+probe_guest rxe-probe-arms "" "$@"
 python3 bench/rxe_probe_arms.py "$B/rxe-probe-arms/out.log"

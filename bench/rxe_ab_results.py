@@ -3,7 +3,8 @@
 """rxe_ab_results.py LOG ITERS [K=V ...]: bench/results-rxe-ab.md from one make bench-rxe-ab
 guest run (bench/rxe-ab.sh: AB, ABFAIL, ABVS, ABSYS, ABSYSTOP lines). Medians over the
 rounds, each round's value beside them; per message: the vstat counters summed over the
-rounds of the round-trip figures, divided by 2 x ITERS per run (as bench-rxe counts)."""
+rounds of the round-trip figures, divided by 2 x (ITERS + ITERS / 10) per run: the messages
+of blast's round trips, its warm-up (ITERS / 10) included, as bench-rxe counts."""
 import os
 import re
 import statistics
@@ -76,7 +77,9 @@ def main():
             key = (fig, lab)
             if not runs.get(key):
                 continue
-            msgs = 2 * iters * runs[key]
+            # blast makes iters / 10 warm-up round trips before the measured ones
+            # (blast/exs_xfer.c); the counters count them too
+            msgs = 2 * (iters + iters // 10) * runs[key]
             cells = " | ".join(f"{vs[key][k] / msgs:.2f}" for k, _ in VS_COLS)
             out.append(f"| {fig} | {lab} | {cells} |")
     out += ["", "## System calls per message (strace -c -f, one client run each)", "",

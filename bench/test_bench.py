@@ -376,9 +376,9 @@ AB round=1 label=this fig=busy value=50
 AB round=2 label=this fig=busy value=70
 AB round=2 label=base fig=busy value=300
 ABFAIL round=2 label=this fig=msgs: boom
-ABVS label=base fig=busy round=1 vstat pid=1 send_wrs=20 locks=400
-ABVS label=this fig=busy round=1 vstat pid=2 send_wrs=20 locks=100
-ABSYS label=this fig=busy msgs=20 total=50
+ABVS label=base fig=busy round=1 vstat pid=1 send_wrs=22 locks=440
+ABVS label=this fig=busy round=1 vstat pid=2 send_wrs=22 locks=110
+ABSYS label=this fig=busy msgs=22 total=55
 ABSYSTOP label=this fig=busy call=futex count=7
 AB done
 """
@@ -396,10 +396,11 @@ AB done
         self.assertIn("| k | v |", out)
         self.assertIn("| base | 200.0 | 1.00 | 100.0, 300.0 |", out)
         self.assertIn("| this | 60.0 | 0.30 | 50.0, 70.0 |", out)
-        # 20 messages per run (2 x 10): sends 1.00, locks 20.00 and 5.00
+        # 22 messages per run (2 x (10 + 1): blast's warm-up round trip counts too): sends
+        # 1.00, locks 20.00 and 5.00
         self.assertIn("| busy | base | 1.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 20.00 |", out)
         self.assertIn("| busy | this | 1.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 5.00 |", out)
-        self.assertIn("| busy | this | 20 | 50 | 2.5 | futex 7 |", out)
+        self.assertIn("| busy | this | 22 | 55 | 2.5 | futex 7 |", out)
         self.assertIn("ABFAIL round=2 label=this fig=msgs: boom", out)
 
     def test_rxe_cg(self):
