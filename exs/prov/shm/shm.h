@@ -361,8 +361,6 @@ struct shm_ctx {
     uint64_t timer_armed_ns;
     unsigned turn_seq;   /* working turns of ctx_progress: descriptors every 8th */
     unsigned idle_turns; /* idle turns of ctx_progress since the last look */
-    int looked_idle;     /* atomic: ctx_progress's last turn was idle; the next ctx_poll,
-                          * default mode, skips its ring-only turn (and clears it) */
     int collect_now;     /* an arm was taken, or the last look found some: the next reads */
     uint32_t rnr_timer_ms;
     uint8_t rnr_retry_max;

@@ -374,14 +374,11 @@ static inline int shm_turn_idle(struct shm_ctx *ctx)
 static int shm_ctx_progress(struct exs_prov_ctx *c)
 {
     struct shm_ctx *ctx = shm_ctx_of(c);
-    int did, idle;
+    int did;
 
     exs__lite_lock(&ctx->nic_lock);
-    idle = shm_turn_idle(ctx);
-    did = idle ? 1 : exs__shm_turn(ctx, 1);
+    did = shm_turn_idle(ctx) ? 1 : exs__shm_turn(ctx, 1);
     exs__lite_unlock(&ctx->nic_lock);
-    if (!ctx->manual && idle != __atomic_load_n(&ctx->looked_idle, __ATOMIC_RELAXED))
-        __atomic_store_n(&ctx->looked_idle, idle, __ATOMIC_RELAXED);
     return did > 0;
 }
 
@@ -479,20 +476,11 @@ static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
      * back, no second walk of the rings between a completion and its consumer */
     if (exs__soft_cq_peek(&ctx->cq))
         return shm_poll_take(ctx, cqe, max);
-    if (ctx->manual)
-        return 0; /* a busy poller's empty look takes no lock */
-    /* the rings were looked at just now by an idle ctx_progress turn (an engine round's,
-     * before this poll): no second look of its own, once (the busy round's NIC role taken
-     * and given back twice, its rings walked twice) */
-    if (__atomic_load_n(&ctx->looked_idle, __ATOMIC_RELAXED)) {
-        __atomic_store_n(&ctx->looked_idle, 0, __ATOMIC_RELAXED);
-        return 0;
-    }
     /* run to completion: a busy poller of the default mode carries out what arrived
      * itself when the NIC role is free (no thread hop, no doorbell) */
-    if (exs__lite_trylock(&ctx->nic_lock))
+    if (!ctx->manual && exs__lite_trylock(&ctx->nic_lock))
         return shm_poll_turn(ctx, cqe, max);
-    return 0;
+    return 0; /* a busy poller's empty look takes no lock */
 }
 
 static int shm_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
