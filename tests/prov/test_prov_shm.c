@@ -918,6 +918,56 @@ START_TEST(shm_busy_turns_no_syscall)
 }
 END_TEST
 
+/* ctx_poll of the default mode with completions already queued (an engine round's
+ * ctx_progress turn wrote them just before) takes them without a turn of its own: no NIC
+ * role taken, no second walk of the rings between a completion and its consumer. Before,
+ * every ctx_poll that found the NIC role free ran a turn first (turns counted it). The
+ * NIC thread of a quiet pair sleeps (nothing rings it here), so most of the 32 polls see
+ * no turn at all; the old way saw one in every poll that found the role free. An empty
+ * queue still gets its ring-only turn (the busy poller's run to completion). */
+START_TEST(shm_poll_queued_no_turn)
+{
+    struct pt_pair p;
+    struct shm_ep *eb;
+    struct shm_ctx *ctx;
+    struct exs_prov_cqe c;
+    int quiet = 0, turned = 0;
+
+    if (skip_unless_shm("shm_poll_queued_no_turn"))
+        return;
+    if (pt_manual) {
+        test_skip("shm_poll_queued_no_turn", "ctx_poll runs no turn in MANUAL mode");
+        return;
+    }
+    pt_pair_setup(&p, NULL, NULL);
+    eb = shm_ep_of(p.eb);
+    ctx = eb->ctx;
+    for (int i = 0; i < 32; i++) {
+        uint64_t t0, t1;
+
+        exs__lite_lock(&ctx->lock);
+        exs__shm_flush_cqe_locked(eb, 7000 + (uint64_t)i, EXS_PROV_WC_RECV);
+        exs__lite_unlock(&ctx->lock);
+        t0 = __atomic_load_n(&ctx->cnt.turns, __ATOMIC_RELAXED);
+        ck_assert_int_eq(pt_ops->ctx_poll(p.b.ctx, &c, 1), 1);
+        t1 = __atomic_load_n(&ctx->cnt.turns, __ATOMIC_RELAXED);
+        ck_assert_uint_eq(c.wr_id, 7000 + (uint64_t)i);
+        ck_assert_int_eq(c.status, EXS_PROV_WC_WR_FLUSH_ERR);
+        quiet += t1 == t0;
+    }
+    ck_assert_msg(quiet >= 16, "%d of 32 polls with a completion queued ran no turn", quiet);
+    /* nothing queued: the poll turns (unless the NIC thread holds the role right then) */
+    for (int i = 0; i < 32 && !turned; i++) {
+        uint64_t t0 = __atomic_load_n(&ctx->cnt.turns, __ATOMIC_RELAXED);
+
+        ck_assert_int_eq(pt_ops->ctx_poll(p.b.ctx, &c, 1), 0);
+        turned = __atomic_load_n(&ctx->cnt.turns, __ATOMIC_RELAXED) != t0;
+    }
+    ck_assert_msg(turned, "no poll of an empty queue ran a turn");
+    pt_pair_close(&p);
+}
+END_TEST
+
 /* The data path's short ways keep the RC semantics: (1) a revoked grant's block serves the
  * next grant (exs/prov/soft's grant cache) under a fresh key: the new key works, the old
  * one is refused; (2) 48 inline WRITE_WITH_IMMs of one burst, carried out under a few holds
@@ -1472,6 +1522,7 @@ Suite *prov_shm_suite(void)
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
+    tcase_add_test(tc, shm_poll_queued_no_turn);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_fast");
     tcase_add_test(tc, shm_fast_paths);

@@ -471,13 +471,16 @@ static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
 
     if (max <= 0)
         return max < 0 ? -EINVAL : 0;
+    /* completions already queued (an engine round's ctx_progress turn wrote them just
+     * before) are taken at once, without a turn of its own: no NIC role taken and given
+     * back, no second walk of the rings between a completion and its consumer */
+    if (exs__soft_cq_peek(&ctx->cq))
+        return shm_poll_take(ctx, cqe, max);
     /* run to completion: a busy poller of the default mode carries out what arrived
      * itself when the NIC role is free (no thread hop, no doorbell) */
     if (!ctx->manual && exs__lite_trylock(&ctx->nic_lock))
         return shm_poll_turn(ctx, cqe, max);
-    if (!exs__soft_cq_peek(&ctx->cq))
-        return 0; /* a busy poller's empty look takes no lock */
-    return shm_poll_take(ctx, cqe, max);
+    return 0; /* a busy poller's empty look takes no lock */
 }
 
 static int shm_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)

@@ -1151,10 +1151,12 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
     if (conn->state != SHM_CONN_UP)
         return did + (ret < 0);
     if (did || ret < 0) {
-        /* (with ctx->lock held when the last requests were inline: the answers next) */
+        /* (with ctx->lock held when the last requests were inline: the answers next) The
+         * tail released, then the ack sequentially consistent: one locked store, not two
+         * (a sleeper's look reads the ack before the tail: shm_prepare_sleep) */
         SHM_TSAN_RELEASE();
+        __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_RELEASE);
         __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_SEQ_CST);
-        __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_SEQ_CST);
         exs__shm_conn_kick(conn);
     }
     return did;
