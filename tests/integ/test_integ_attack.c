@@ -1,0 +1,275 @@
+/* SPDX-License-Identifier: MIT */
+/* Attacks on the hand-off of the provider between application threads and the progress
+ * thread (spec/threading.md §4): every completion must arrive within a bounded time when
+ * nobody waits in the library, whatever the application's threads did before (were
+ * cancelled inside a wait, post and then block outside the library). */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/exs.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/integ/integ.h"
+#include "tests/skip.h"
+
+/* ---- helpers ---- */
+
+/* The system call thread tid of this process is inside (/proc/self/task/tid/syscall: its
+ * number; -1: running in user space, or unreadable). */
+static long at_syscall(int tid)
+{
+    char path[64], buf[128];
+    FILE *f;
+    long nr = -1;
+
+    snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", tid);
+    f = fopen(path, "r");
+    if (!f)
+        return -1;
+    if (!fgets(buf, sizeof(buf), f) || sscanf(buf, "%ld", &nr) != 1)
+        nr = -1;
+    fclose(f);
+    return nr;
+}
+
+/* Join t within ms; 1: joined (*ret its value), 0: still running. */
+static int join_within(pthread_t t, int ms, void **ret)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return pthread_timedjoin_np(t, ret, &ts) == 0;
+}
+
+/* One SEQPACKET message from p->cfd to p->sfd, and the wait for its receive made with
+ * poll() on the server queue's descriptor (exs_qfd), never in the library: nobody drives
+ * but the progress thread. 1: the receive's event came within ms. */
+static int xfer_unwatched(struct it_pair *p, int ms)
+{
+    struct it_buf *sb = it_buf_new(64, 1), *rb = it_buf_new(64, 1);
+    struct pollfd pfd = {.fd = exs_qfd(p->sq), .events = POLLIN};
+    double end = it_now_ms() + ms;
+    int got = 0;
+
+    ck_assert_int_ge(pfd.fd, 0);
+    it_fill(sb->p, 64, 57);
+    IT_POST_RECV(p->sfd, rb->p, 64, p->sq, IT_AH(1), rb->mh);
+    IT_POST_SEND(p->cfd, sb->p, 64, p->cq, IT_AH(2), sb->mh);
+    while (!got && it_now_ms() < end) {
+        int n = poll(&pfd, 1, (int)(end - it_now_ms()) + 1);
+
+        ck_assert_msg(n >= 0 || errno == EINTR, "poll: %s", strerror(errno));
+        got = n > 0 && (pfd.revents & POLLIN);
+    }
+    if (got) {
+        exs_event_t ev;
+
+        ck_assert_int_eq(exs_qdequeue(p->sq, &ev, 1, &(struct timespec){0, 0}), 1);
+        ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_RECV);
+        ck_assert_msg(ev.exs_evt_errno == 0,
+                      "the receive failed (%s): nobody drove the provider, the connection "
+                      "timed out",
+                      strerror(ev.exs_evt_errno));
+        ck_assert_int_eq(it_check(rb->p, 64, 57), -1);
+    }
+    /* the send's event: waited in the library (it drives), whatever happened above */
+    it_expect_send(p->cq, p->cfd, IT_AH(2), 64);
+    if (!got) /* take the receive now (the library drives): a clean teardown */
+        it_expect_recv(p->sq, p->sfd, IT_AH(1), 64, 0);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    return got;
+}
+
+struct waiter {
+    exs_qhandle_t q;
+    int tid;     /* atomic: its thread id, once running */
+    int stop;    /* atomic: a looping waiter's end */
+    int forever; /* one exs_qdequeue without a deadline, else 10 ms waits until stop */
+};
+
+static void *waiter_fn(void *arg)
+{
+    struct waiter *w = arg;
+    exs_event_t ev;
+
+    __atomic_store_n(&w->tid, (int)syscall(SYS_gettid), __ATOMIC_RELEASE);
+    if (w->forever)
+        exs_qdequeue(w->q, &ev, 1, NULL);
+    else
+        while (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE))
+            exs_qdequeue(w->q, &ev, 1, &(struct timespec){0, 10000000});
+    return NULL;
+}
+
+static int waiter_tid(struct waiter *w)
+{
+    double end = it_now_ms() + IT_TIMEOUT_MS;
+    int tid;
+
+    while (!(tid = __atomic_load_n(&w->tid, __ATOMIC_ACQUIRE))) {
+        ck_assert_msg(it_now_ms() < end, "the waiting thread never started");
+        it_sleep_ms(1);
+    }
+    return tid;
+}
+
+/* ---- cancellation inside a wait ---- */
+
+/*
+ * A thread cancelled (pthread_cancel) while it sleeps in exs_qdequeue (EXS_WAIT_NOTIFY,
+ * no deadline: ppoll, a cancellation point). The application then moves a message and
+ * watches the receive's queue with poll() on its descriptor, not in the library: the
+ * progress thread must take the provider back (no driver is inside a wait) and deliver the
+ * receive. Seen failing on 2c0884b: the cancelled wait never ran exs__engine_driver_leave,
+ * so the engine counts a driver for ever, stops its lease (lease_idle: "the same driver is
+ * still waiting") and never drives again: the receive is stranded (here, until the test
+ * takes it with a wait of its own after IT_TIMEOUT_MS), or fails when the connection's
+ * stall timer ends it first (ETIMEDOUT, ~3 s). The cancelled wait also keeps its queue's
+ * reference and its place as a sleeper, which the teardown's leak check sees
+ * (exs__debug_live_objects() == 1).
+ */
+START_TEST(test_cancel_sleeping_waiter)
+{
+    struct waiter w = {.forever = 1};
+    struct it_pair p;
+    pthread_t t;
+    double end;
+    void *ret = NULL;
+    int tid;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 8, 8);
+    w.q = it_qcreate(4);
+    IT_EXPECT_OK(exs_qsetwait(w.q, EXS_WAIT_NOTIFY, 0));
+    ck_assert_int_eq(pthread_create(&t, NULL, waiter_fn, &w), 0);
+    tid = waiter_tid(&w);
+    /* asleep in its wait: ppoll (the only system call of a NOTIFY wait that blocks) */
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (at_syscall(tid) != SYS_ppoll) {
+        ck_assert_msg(it_now_ms() < end, "the waiter never slept in ppoll");
+        it_sleep_ms(1);
+    }
+    ck_assert_int_eq(pthread_cancel(t), 0);
+    ck_assert_msg(join_within(t, IT_TIMEOUT_MS, &ret), "the sleeping wait was not cancelled");
+    ck_assert_ptr_eq(ret, PTHREAD_CANCELED);
+    /* several: the first may find the progress thread still watching the provider from
+     * before the waiter entered (it stops at its next look) */
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(xfer_unwatched(&p, IT_TIMEOUT_MS),
+                      "a receive (%d) was stranded: nobody drove the provider in %d ms after a "
+                      "waiter was cancelled in exs_qdequeue",
+                      i, IT_TIMEOUT_MS);
+    it_pair_close(&p);
+}
+END_TEST
+
+/* The transfer of test_cancel_spinning_waiter, on a thread of its own (a progress lock
+ * left held would block it for ever). */
+struct mover {
+    struct it_pair *p;
+    int done; /* atomic */
+};
+
+static void *mover_fn(void *arg)
+{
+    struct mover *m = arg;
+    struct it_buf *sb = it_buf_new(64, 1), *rb = it_buf_new(64, 1);
+    exs_event_t ev;
+    double end = it_now_ms() + IT_TIMEOUT_MS;
+    int got = 0, rr, rs;
+
+    it_fill(sb->p, 64, 58);
+    rr = exs_recv(m->p->sfd, rb->p, 64, 0, m->p->sq, IT_AH(1), rb->mh);
+    rs = rr == 0 ? exs_send(m->p->cfd, sb->p, 64, 0, m->p->cq, IT_AH(2), sb->mh) : -1;
+    if (rr == 0 && rs == 0) {
+        while (got < 2 && it_now_ms() < end) {
+            if (exs_qdequeue(m->p->sq, &ev, 1, &(struct timespec){0, 1000000}) == 1)
+                got += ev.exs_evt_type == EXS_EVT_RECV && ev.exs_evt_errno == 0;
+            if (exs_qdequeue(m->p->cq, &ev, 1, &(struct timespec){0, 1000000}) == 1)
+                got += ev.exs_evt_type == EXS_EVT_SEND && ev.exs_evt_errno == 0;
+        }
+    }
+    if (got < 2 || it_check(rb->p, 64, 58) != -1) {
+        /* no assertion on this thread: the main one reports (the buffers stay: an
+         * operation may still name them) */
+        __atomic_store_n(&m->done, -1, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    it_buf_free(sb);
+    it_buf_free(rb);
+    __atomic_store_n(&m->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/*
+ * A thread cancelled while it busy-polls exs_qdequeue (EXS_WAIT_POLL, 10 ms deadlines in a
+ * loop): each turn of its spin drives the provider under the progress lock, and the tcp
+ * provider's round makes system calls that are cancellation points (epoll_wait, recv,
+ * sendmsg, read of an eventfd) with the progress lock and the provider's own lock held.
+ * After the cancel another thread must still move a message. Seen failing on 2c0884b
+ * over tcp: the cancel acts inside the round, the thread dies holding the progress lock
+ * (and the NIC lock), and every later drive, arm and exs_fini blocks for ever: the
+ * transfer does not complete. Over shm the spin makes no system call that is a
+ * cancellation point, the cancel never acts inside the library; the waiter is then
+ * stopped and the transfer checked all the same.
+ */
+START_TEST(test_cancel_spinning_waiter)
+{
+    struct waiter w = {.forever = 0};
+    struct mover m = {0};
+    struct it_pair p;
+    pthread_t t, mt;
+    int joined;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 8, 8);
+    m.p = &p;
+    w.q = it_qcreate(4);
+    IT_EXPECT_OK(exs_qsetwait(w.q, EXS_WAIT_POLL, 0));
+    ck_assert_int_eq(pthread_create(&t, NULL, waiter_fn, &w), 0);
+    (void)waiter_tid(&w);
+    ck_assert_int_eq(pthread_cancel(t), 0);
+    /* a provider whose rounds reach no cancellation point: the cancel acts after the
+     * loop, once stopped */
+    joined = join_within(t, 2000, NULL);
+    if (!joined) {
+        __atomic_store_n(&w.stop, 1, __ATOMIC_RELEASE);
+        ck_assert_msg(join_within(t, IT_TIMEOUT_MS, NULL), "the spinning waiter never ended");
+    }
+    ck_assert_int_eq(pthread_create(&mt, NULL, mover_fn, &m), 0);
+    if (!join_within(mt, IT_TIMEOUT_MS + 5000, NULL))
+        ck_abort_msg("a transfer after a waiter was cancelled in its spin never completed (%s): "
+                     "the cancel acted with the progress lock held",
+                     joined ? "cancelled inside the library" : "not cancelled inside");
+    ck_assert_msg(__atomic_load_n(&m.done, __ATOMIC_ACQUIRE) == 1,
+                  "a receive posted after a waiter was cancelled in its spin (%s) never "
+                  "completed: the cancel acted with the progress lock held (a later thread "
+                  "may even take the dead one's id for the lock's holder: eng_holding)",
+                  joined ? "cancelled inside the library" : "not cancelled inside");
+    it_pair_close(&p);
+}
+END_TEST
+
+Suite *integ_attack_suite(void)
+{
+    Suite *s = suite_create("integ_attack");
+
+    it_suite_add(s, "cancel_sleep", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_cancel_sleeping_waiter, NULL});
+    it_suite_add(s, "cancel_spin", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_cancel_spinning_waiter, NULL});
+    return s;
+}
