@@ -263,6 +263,85 @@ START_TEST(test_cancel_spinning_waiter)
 }
 END_TEST
 
+/* A synchronous receive into the calling thread's own stack, blocking (the test's peer
+ * sends nothing until it was cancelled, or found not cancellable). */
+struct sync_rx {
+    int fd;
+    int tid;      /* atomic */
+    ssize_t got;  /* its result, when it returned */
+    uint8_t *buf; /* where it receives: its stack */
+};
+
+static void *sync_rx_fn(void *arg)
+{
+    struct sync_rx *r = arg;
+    uint8_t buf[64];
+
+    memset(buf, 0, sizeof(buf));
+    r->buf = buf;
+    __atomic_store_n(&r->tid, (int)syscall(SYS_gettid), __ATOMIC_RELEASE);
+    r->got =
+        exs_recv(r->fd, buf, sizeof(buf), 0, EXS_QHANDLE_INVALID, NULL, EXS_MHANDLE_UNREGISTERED);
+    return NULL;
+}
+
+/*
+ * A thread cancelled while it blocks in a synchronous exs_recv into its own stack. A
+ * cancel that ends the call must end its receive too: the message sent afterwards must
+ * reach the receive the application posts next, not a receive of the dead thread (whose
+ * buffer, its stack, is gone). A library that does not act on the cancel inside the call
+ * passes as well: the thread then takes the first message when it comes and ends. Seen
+ * failing on 2c0884b over tcp and shm: the cancel acts in the wait's ppoll, the receive
+ * stays posted, takes the next message (written into the dead thread's stack) and the
+ * application's own receive never completes.
+ */
+START_TEST(test_cancel_sync_recv)
+{
+    struct sync_rx r = {0};
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    pthread_t t;
+    double end;
+    void *ret = NULL;
+    int cancelled;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 8, 8);
+    sb = it_buf_new(64, 1);
+    rb = it_buf_new(64, 1);
+    r.fd = p.sfd;
+    ck_assert_int_eq(pthread_create(&t, NULL, sync_rx_fn, &r), 0);
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (!__atomic_load_n(&r.tid, __ATOMIC_ACQUIRE) ||
+           at_syscall(__atomic_load_n(&r.tid, __ATOMIC_ACQUIRE)) != SYS_ppoll) {
+        ck_assert_msg(it_now_ms() < end, "the synchronous receive never slept in ppoll");
+        it_sleep_ms(1);
+    }
+    ck_assert_int_eq(pthread_cancel(t), 0);
+    cancelled = join_within(t, 2000, &ret);
+    if (!cancelled) { /* not cancellable inside: it takes this first message and ends */
+        it_fill(sb->p, 64, 60);
+        IT_POST_SEND(p.cfd, sb->p, 64, p.cq, IT_AH(3), sb->mh);
+        it_expect_send(p.cq, p.cfd, IT_AH(3), 64);
+        ck_assert_msg(join_within(t, IT_TIMEOUT_MS, &ret), "the synchronous receive never ended");
+        ck_assert_int_eq(r.got, 64);
+    } else {
+        ck_assert_ptr_eq(ret, PTHREAD_CANCELED);
+    }
+    /* the application's next receive gets the next message */
+    it_fill(sb->p, 64, 59);
+    IT_POST_RECV(p.sfd, rb->p, 64, p.sq, IT_AH(1), rb->mh);
+    IT_POST_SEND(p.cfd, sb->p, 64, p.cq, IT_AH(2), sb->mh);
+    it_expect_send(p.cq, p.cfd, IT_AH(2), 64);
+    it_context("the synchronous receive was %s", cancelled ? "cancelled" : "not cancelled");
+    it_expect_recv(p.sq, p.sfd, IT_AH(1), 64, 0);
+    ck_assert_int_eq(it_check(rb->p, 64, 59), -1);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_attack_suite(void)
 {
     Suite *s = suite_create("integ_attack");
@@ -271,5 +350,7 @@ Suite *integ_attack_suite(void)
                  (const TTest *const[]){test_cancel_sleeping_waiter, NULL});
     it_suite_add(s, "cancel_spin", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_cancel_spinning_waiter, NULL});
+    it_suite_add(s, "cancel_sync", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_cancel_sync_recv, NULL});
     return s;
 }
