@@ -342,6 +342,79 @@ START_TEST(test_cancel_sync_recv)
 }
 END_TEST
 
+/* A thread that moves 64 B messages over its own pair, posting and reaping (timeout 0)
+ * until cancelled: its posts write the socket (tcp) or wake the peer from the posting
+ * thread, under the connection's and the provider's locks. */
+struct poster {
+    struct it_pair *p;
+    int turns; /* atomic */
+};
+
+static void *poster_fn(void *arg)
+{
+    struct poster *po = arg;
+    uint8_t sbuf[64], rbuf[64];
+    exs_event_t ev[16];
+
+    memset(sbuf, 0x5a, sizeof(sbuf));
+    for (;;) {
+        int out = 0;
+
+        if (exs_recv(po->p->sfd, rbuf, 64, 0, po->p->sq, NULL, EXS_MHANDLE_UNREGISTERED) == 0)
+            out++;
+        if (exs_send(po->p->cfd, sbuf, 64, 0, po->p->cq, NULL, EXS_MHANDLE_UNREGISTERED) == 0)
+            out++;
+        while (out > 0) {
+            int n = exs_qdequeue(po->p->sq, ev, 16, &(struct timespec){0, 0});
+
+            out -= n > 0 ? n : 0;
+            n = exs_qdequeue(po->p->cq, ev, 16, &(struct timespec){0, 0});
+            out -= n > 0 ? n : 0;
+        }
+        __atomic_add_fetch(&po->turns, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+/*
+ * A thread cancelled while it posts and reaps (a poster in a loop): a cancel that acts in
+ * a posting call's system call (tcp: the sendmsg of exs_send, under the connection's lock
+ * and the NIC lock) leaves those locks held by a dead thread. Another pair must still move
+ * a message afterwards (on its own thread, with a deadline), and the poster's pair must
+ * still close. Seen failing on 2c0884b.
+ */
+START_TEST(test_cancel_poster)
+{
+    struct poster po = {0};
+    struct mover m = {0};
+    struct it_pair p, p2;
+    pthread_t t, mt;
+    double end;
+
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    it_pair_open(&p2, SOCK_SEQPACKET, 8, 8);
+    po.p = &p;
+    m.p = &p2;
+    ck_assert_int_eq(pthread_create(&t, NULL, poster_fn, &po), 0);
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (__atomic_load_n(&po.turns, __ATOMIC_ACQUIRE) < 200) {
+        ck_assert_msg(it_now_ms() < end, "the poster made %d turns", po.turns);
+        it_sleep_ms(1);
+    }
+    ck_assert_int_eq(pthread_cancel(t), 0);
+    ck_assert_msg(join_within(t, IT_TIMEOUT_MS, NULL), "the poster was never cancelled");
+    ck_assert_int_eq(pthread_create(&mt, NULL, mover_fn, &m), 0);
+    if (!join_within(mt, IT_TIMEOUT_MS + 5000, NULL))
+        ck_abort_msg("a transfer after a poster was cancelled never completed: the cancel "
+                     "acted with a lock of the library held");
+    ck_assert_msg(__atomic_load_n(&m.done, __ATOMIC_ACQUIRE) == 1,
+                  "a transfer after a poster was cancelled never completed");
+    it_pair_close(&p2);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_attack_suite(void)
 {
     Suite *s = suite_create("integ_attack");
@@ -352,5 +425,7 @@ Suite *integ_attack_suite(void)
                  (const TTest *const[]){test_cancel_spinning_waiter, NULL});
     it_suite_add(s, "cancel_sync", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_cancel_sync_recv, NULL});
+    it_suite_add(s, "cancel_post", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_cancel_poster, NULL});
     return s;
 }
