@@ -550,6 +550,210 @@ START_TEST(test_hold_capped_for_other_thread)
 }
 END_TEST
 
+/* ---- small sends across a cut-over, their buffers reused at once ---- */
+
+#define CR_SLOTS    64  /* send buffers, reused round-robin */
+#define CR_SLOT     512 /* bytes each: the largest send */
+#define CR_INFLIGHT 32  /* sends outstanding at most */
+#define CR_RECVS    16  /* receives outstanding */
+#define CR_RBUF     4096
+
+struct cr_state {
+    int type;
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    uint64_t rng;
+    int nsend;         /* sends to make */
+    int posted, ended; /* sends posted, send events taken (in posting order) */
+    size_t *len;       /* each send's length */
+    uint64_t sent;     /* STREAM: bytes posted */
+    uint64_t got;      /* STREAM: bytes received; SEQPACKET: messages received */
+    int rposted, rended;
+    uint8_t *stream; /* STREAM: the bytes expected, in order */
+};
+
+/* Send i's bytes: its pattern (SEQPACKET: seed i) or the stream's next bytes. */
+static void cr_fill(struct cr_state *c, int i, uint8_t *dst)
+{
+    if (c->type == SOCK_SEQPACKET)
+        it_fill(dst, c->len[i], 1000u + (uint32_t)i);
+    else
+        memcpy(dst, c->stream + c->sent, c->len[i]);
+}
+
+static void cr_post_send(struct cr_state *c)
+{
+    int i = c->posted;
+    uint8_t *slot = c->sb->p + (size_t)(i % CR_SLOTS) * CR_SLOT;
+
+    cr_fill(c, i, slot);
+    IT_POST_SEND(c->p.cfd, slot, c->len[i], c->p.cq, IT_AH(i + 1), c->sb->mh);
+    if (c->type == SOCK_STREAM)
+        c->sent += c->len[i];
+    c->posted++;
+}
+
+static void cr_post_recv(struct cr_state *c)
+{
+    uint8_t *slot = c->rb->p + (size_t)(c->rposted % CR_RECVS) * CR_RBUF;
+
+    IT_POST_RECV(c->p.sfd, slot, CR_RBUF, c->p.sq, IT_AH(0x10000 + c->rposted), c->rb->mh);
+    c->rposted++;
+}
+
+/* The events there are (no wait): sends in posting order, each buffer overwritten at once
+ * (the application reuses it); receives checked byte for byte. 0: a send or receive
+ * failed (the connection could not be resumed). */
+static int cr_take(struct cr_state *c, int ms)
+{
+    exs_event_t ev;
+
+    while (exs_qdequeue(c->p.cq, &ev, 1, &(struct timespec){0, 0}) == 1) {
+        int i = c->ended;
+
+        ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_SEND);
+        if (ev.exs_evt_errno) {
+            return 0;
+        }
+        ck_assert_msg(ev.exs_evt_ahandle == IT_AH(i + 1), "send event %ld, expected %d",
+                      IT_AHN(ev.exs_evt_ahandle), i + 1);
+        ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)c->len[i]);
+        memset(c->sb->p + (size_t)(i % CR_SLOTS) * CR_SLOT, 0xee, CR_SLOT);
+        c->ended++;
+    }
+    if (exs_qdequeue(c->p.sq, &ev, 1, &(struct timespec){0, ms * 1000000L}) == 1) {
+        int k = c->rended;
+        const uint8_t *r = c->rb->p + (size_t)(k % CR_RECVS) * CR_RBUF;
+        ssize_t n = ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+
+        ck_assert_int_eq(ev.exs_evt_type, EXS_EVT_RECV);
+        if (ev.exs_evt_errno) {
+            return 0;
+        }
+        ck_assert(ev.exs_evt_ahandle == IT_AH(0x10000 + k));
+        ck_assert_int_gt(n, 0);
+        if (c->type == SOCK_SEQPACKET) {
+            ck_assert_int_eq(n, (ssize_t)c->len[c->got]);
+            ck_assert_msg(it_check(r, (size_t)n, 1000u + (uint32_t)c->got) == -1,
+                          "message %llu is not its sender's bytes", (unsigned long long)c->got);
+            c->got++;
+        } else {
+            ck_assert_uint_le(c->got + (uint64_t)n, c->sent);
+            ck_assert_msg(memcmp(r, c->stream + c->got, (size_t)n) == 0,
+                          "stream bytes %llu..%llu are not the sender's",
+                          (unsigned long long)c->got, (unsigned long long)(c->got + n));
+            c->got += (uint64_t)n;
+        }
+        memset(c->rb->p + (size_t)(k % CR_RECVS) * CR_RBUF, 0, CR_RBUF);
+        c->rended++;
+    }
+    return 1;
+}
+
+/* Close both ends; the receives still posted (STREAM keeps CR_RECVS), and after a failed
+ * resume the sends too, end first (their events are taken, whatever they say). */
+static void cr_close(struct cr_state *c)
+{
+    int fds[2] = {c->p.sfd, c->p.cfd};
+    exs_qhandle_t qs[2] = {c->p.sq, c->p.cq};
+
+    for (int k = 0; k < 2; k++) {
+        exs_event_t ev;
+
+        IT_EXPECT_OK(exs_close(fds[k], qs[k], IT_AH(0xC105E)));
+        do
+            it_wait_event(qs[k], -1, fds[k], &ev);
+        while (ev.exs_evt_type != EXS_EVT_CLOSE);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+    }
+    c->p.sfd = c->p.cfd = -1;
+    ck_assert(it_buf_guards_ok(c->rb));
+    ck_assert(it_buf_guards_ok(c->sb));
+    it_buf_free(c->sb);
+    it_buf_free(c->rb);
+    it_pair_close(&c->p);
+}
+
+/*
+ * Small sends (1..512 B, random) with up to 32 in flight on a resumable connection
+ * (EXS_FALLBACK=any, primary fault:tcp), each send's buffer overwritten as soon as its
+ * event comes (an application reusing it: a send that ends at its post, or an unsignaled
+ * one, may report before its bytes were carried), and a write dropped mid-way (the link
+ * cut: the connection resumes over the fallback and replays). Every byte the receiver
+ * gets must be the sender's, in order, none twice or lost (STREAM: _i 0; SEQPACKET: every
+ * message whole and in order, _i 1), every send ending once, in posting order. Up to 6
+ * attempts until one was resumed (fallback_resumes moved).
+ */
+START_TEST(test_cut_small_sends_reused)
+{
+    const char *saved = it_provider;
+    int type = _i ? SOCK_SEQPACKET : SOCK_STREAM, resumed = 0;
+    static char prov[32];
+
+    if (strcmp(it_provider, "tcp") != 0 && strcmp(it_provider, "fault:tcp") != 0) {
+        test_skip("cut_small_sends_reused", "needs the tcp provider (primary fault:tcp)");
+        return;
+    }
+    snprintf(prov, sizeof(prov), "fault:tcp");
+    it_setenv("EXS_FALLBACK", "any");
+    it_setenv("EXS_FALLBACK_PORT_OFFSET", "1000");
+    it_provider = prov;
+    it_init();
+    it_provider = saved;
+    it_context("%s", _i ? "SEQPACKET" : "STREAM");
+    for (int a = 0; a < 6 && !resumed; a++) {
+        struct cr_state c = {
+            .type = type, .rng = 0x9e3779b97f4a7c15ull + (uint64_t)a, .nsend = 3000};
+        uint64_t res0, total = 0;
+        char nth[16];
+        int ok = 1;
+
+        it_pair_open(&c.p, type, 2 * CR_RECVS + 8, 2 * CR_INFLIGHT + 8);
+        c.sb = it_buf_new((size_t)CR_SLOTS * CR_SLOT, 1);
+        c.rb = it_buf_new((size_t)CR_RECVS * CR_RBUF, 1);
+        c.len = calloc((size_t)c.nsend, sizeof(*c.len));
+        ck_assert_ptr_nonnull(c.len);
+        for (int i = 0; i < c.nsend; i++) {
+            c.len[i] = 1 + (size_t)(it_rand(&c.rng) % CR_SLOT);
+            total += c.len[i];
+        }
+        c.stream = malloc((size_t)total);
+        ck_assert_ptr_nonnull(c.stream);
+        it_fill(c.stream, (size_t)total, 77u + (uint32_t)a);
+        res0 = it_fallback_count("fallback_resumes");
+        it_fault_set_port(&c.p);
+        snprintf(nth, sizeof(nth), "%d", 200 + 97 * a);
+        it_fault_set("fault_drop_nth", nth);
+        {
+            double end = it_now_ms() + 4 * IT_TIMEOUT_MS;
+            uint64_t want = type == SOCK_SEQPACKET ? (uint64_t)c.nsend : total;
+
+            while (ok && (c.ended < c.nsend || c.got < want)) {
+                ck_assert_msg(it_now_ms() < end,
+                              "stuck: %d of %d sends posted, %d ended, %llu of %llu received",
+                              c.posted, c.nsend, c.ended, (unsigned long long)c.got,
+                              (unsigned long long)want);
+                while (c.rposted - c.rended < CR_RECVS &&
+                       (type == SOCK_STREAM || c.rposted < c.nsend))
+                    cr_post_recv(&c);
+                while (c.posted < c.nsend && c.posted - c.ended < CR_INFLIGHT)
+                    cr_post_send(&c);
+                ok = cr_take(&c, 1);
+            }
+        }
+        it_fault_set("fault_drop_nth", "0");
+        resumed = ok && it_fallback_count("fallback_resumes") > res0;
+        if (ok)
+            ck_assert_int_eq(c.ended, c.nsend);
+        cr_close(&c);
+        free(c.len);
+        free(c.stream);
+    }
+    it_fault_params_reset();
+    ck_assert_msg(resumed, "no cut was resumed in 6 attempts");
+}
+END_TEST
+
 Suite *integ_attack_suite(void)
 {
     Suite *s = suite_create("integ_attack");
@@ -564,5 +768,7 @@ Suite *integ_attack_suite(void)
                  (const TTest *const[]){test_cancel_poster, NULL});
     it_suite_add(s, "hold", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_hold_capped_for_other_thread, NULL});
+    it_suite_add(s, "cut_reuse", IT_CASE_TIMEOUT * 3, 2,
+                 (const TTest *const[]){test_cut_small_sends_reused, NULL});
     return s;
 }
