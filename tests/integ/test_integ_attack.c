@@ -754,6 +754,152 @@ START_TEST(test_cut_small_sends_reused)
 }
 END_TEST
 
+/* One message of len bytes (pattern seed) from fd a to fd b, the receive posted first
+ * (STREAM: repeated until every byte is in), the send's buffer overwritten as soon as its
+ * event comes. 0: an event failed (the connection could not be resumed). */
+static int pp_one(int a, exs_qhandle_t qa, struct it_buf *sb, int b, exs_qhandle_t qb,
+                  struct it_buf *rb, size_t len, uint32_t seed)
+{
+    size_t got = 0;
+    exs_event_t ev;
+
+    it_fill(sb->p, len, seed);
+    memset(rb->p, 0, len);
+    IT_POST_RECV(b, rb->p, len, qb, IT_AH(seed), rb->mh);
+    IT_POST_SEND(a, sb->p, len, qa, IT_AH(seed), sb->mh);
+    it_wait_event(qa, EXS_EVT_SEND, a, &ev);
+    if (ev.exs_evt_errno) {
+        it_wait_event(qb, EXS_EVT_RECV, b, &ev); /* ends with the connection */
+        return 0;
+    }
+    ck_assert(ev.exs_evt_ahandle == IT_AH(seed));
+    ck_assert_int_eq(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, (ssize_t)len);
+    memset(sb->p, 0xee, len); /* reused at once */
+    for (;;) {
+        it_wait_event(qb, EXS_EVT_RECV, b, &ev);
+        if (ev.exs_evt_errno)
+            return 0;
+        ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
+        got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+        if (got >= len)
+            break;
+        IT_POST_RECV(b, rb->p + got, len - got, qb, IT_AH(seed), rb->mh);
+    }
+    ck_assert_uint_eq(got, len);
+    ck_assert_msg(it_check(rb->p, len, seed) == -1, "message %u: not the sender's bytes", seed);
+    return 1;
+}
+
+/*
+ * A request-response exchange of small messages (1..128 B: inline, so each answered send
+ * may go unsignaled and end at its post, keeping a copy on a connection that may be cut
+ * over) on a resumable connection (EXS_FALLBACK=any, primary fault:tcp), every tenth round
+ * a burst of 20 requests first (more than the 16 copies), each buffer overwritten as soon
+ * as its send's event comes, and a write dropped mid-way: the connection resumes over tcp
+ * and replays. Every message must arrive whole, in order, as sent, both ways. STREAM
+ * (_i 0), SEQPACKET (_i 1). Up to 6 attempts until one resumed.
+ */
+START_TEST(test_cut_pingpong_reused)
+{
+    const char *saved = it_provider;
+    int type = _i ? SOCK_SEQPACKET : SOCK_STREAM, resumed = 0;
+    static char prov[32];
+
+    if (strcmp(it_provider, "tcp") != 0 && strcmp(it_provider, "fault:tcp") != 0) {
+        test_skip("cut_pingpong_reused", "needs the tcp provider (primary fault:tcp)");
+        return;
+    }
+    snprintf(prov, sizeof(prov), "fault:tcp");
+    it_setenv("EXS_FALLBACK", "any");
+    it_setenv("EXS_FALLBACK_PORT_OFFSET", "1000");
+    it_provider = prov;
+    it_init();
+    it_provider = saved;
+    it_context("%s", _i ? "SEQPACKET" : "STREAM");
+    for (int a = 0; a < 6 && !resumed; a++) {
+        struct it_buf *csb = it_buf_new(128 * 20, 1), *crb = it_buf_new(128 * 20, 1);
+        struct it_buf *ssb = it_buf_new(128, 1), *srb = it_buf_new(128 * 20, 1);
+        uint64_t rng = 0x51ed27u + (uint64_t)a, res0;
+        struct it_pair p;
+        char nth[16];
+        int ok = 1;
+
+        it_pair_open(&p, type, 64, 64);
+        res0 = it_fallback_count("fallback_resumes");
+        it_fault_set_port(&p);
+        snprintf(nth, sizeof(nth), "%d", 40 + 37 * a);
+        it_fault_set("fault_drop_nth", nth);
+        for (uint32_t r = 0; ok && r < 400; r++) {
+            size_t len = 1 + (size_t)(it_rand(&rng) % 128);
+
+            if (r % 10 == 9) {
+                /* a burst: 20 requests in flight, each into its own receive */
+                exs_event_t ev;
+                size_t got = 0, blen = 20 * len;
+
+                for (int k = 0; k < 20; k++)
+                    it_fill(csb->p + (size_t)k * len, len, 0x40000000u + r * 20 + (uint32_t)k);
+                memcpy(srb->p, csb->p, blen); /* the expected bytes, for a moment */
+                it_fill(crb->p, blen, 0);     /* (scratch) */
+                memcpy(crb->p, srb->p, blen);
+                memset(srb->p, 0, blen);
+                if (type == SOCK_SEQPACKET)
+                    for (int k = 0; k < 20; k++)
+                        IT_POST_RECV(p.sfd, srb->p + (size_t)k * len, len, p.sq, IT_AH(k), srb->mh);
+                else
+                    IT_POST_RECV(p.sfd, srb->p, blen, p.sq, IT_AH(0), srb->mh);
+                for (int k = 0; k < 20; k++)
+                    IT_POST_SEND(p.cfd, csb->p + (size_t)k * len, len, p.cq, IT_AH(k), csb->mh);
+                for (int k = 0; k < 20 && ok; k++) {
+                    it_wait_event(p.cq, EXS_EVT_SEND, p.cfd, &ev);
+                    ok = ev.exs_evt_errno == 0;
+                    ck_assert(!ok || ev.exs_evt_ahandle == IT_AH(k));
+                    memset(csb->p + (size_t)k * len, 0xee, len);
+                }
+                while (ok && got < blen) {
+                    it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+                    ok = ev.exs_evt_errno == 0;
+                    if (!ok)
+                        break;
+                    got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+                    if (type == SOCK_STREAM && got < blen)
+                        IT_POST_RECV(p.sfd, srb->p + got, blen - got, p.sq, IT_AH(0), srb->mh);
+                }
+                if (!ok)
+                    break;
+                ck_assert_msg(memcmp(srb->p, crb->p, blen) == 0,
+                              "round %u: the burst's bytes are not the sender's", r);
+            }
+            ok = pp_one(p.cfd, p.cq, csb, p.sfd, p.sq, srb, len, 2 * r + 1) &&
+                 pp_one(p.sfd, p.sq, ssb, p.cfd, p.cq, crb, len, 2 * r + 2);
+        }
+        it_fault_set("fault_drop_nth", "0");
+        resumed = ok && it_fallback_count("fallback_resumes") > res0;
+        if (!ok) {
+            /* not resumed: the connection ended; close what is left of it */
+            exs_event_t ev;
+
+            IT_EXPECT_OK(exs_close(p.cfd, p.cq, IT_AH(0xC1)));
+            IT_EXPECT_OK(exs_close(p.sfd, p.sq, IT_AH(0xC2)));
+            do
+                it_wait_event(p.cq, -1, p.cfd, &ev);
+            while (ev.exs_evt_type != EXS_EVT_CLOSE);
+            do
+                it_wait_event(p.sq, -1, p.sfd, &ev);
+            while (ev.exs_evt_type != EXS_EVT_CLOSE);
+            p.cfd = p.sfd = -1;
+        }
+        it_pair_close(&p);
+        it_buf_free(csb);
+        it_buf_free(crb);
+        it_buf_free(ssb);
+        it_buf_free(srb);
+    }
+    it_fault_params_reset();
+    ck_assert_msg(resumed, "no cut was resumed in 6 attempts");
+}
+END_TEST
+
 Suite *integ_attack_suite(void)
 {
     Suite *s = suite_create("integ_attack");
@@ -770,5 +916,7 @@ Suite *integ_attack_suite(void)
                  (const TTest *const[]){test_hold_capped_for_other_thread, NULL});
     it_suite_add(s, "cut_reuse", IT_CASE_TIMEOUT * 3, 2,
                  (const TTest *const[]){test_cut_small_sends_reused, NULL});
+    it_suite_add(s, "cut_pingpong", IT_CASE_TIMEOUT * 3, 2,
+                 (const TTest *const[]){test_cut_pingpong_reused, NULL});
     return s;
 }
