@@ -893,6 +893,165 @@ START_TEST(test_cut_pingpong_reused)
 }
 END_TEST
 
+/* ---- two threads sending on one STREAM socket ---- */
+
+#define TS_SENDS 1500
+#define TS_SLOTS 16
+#define TS_SLOT  (20 * 1024)
+#define TS_MAGIC 0xa77ac4edu
+
+/* A record of the stream: header, then the body's pattern (seed thread << 20 | seq). */
+struct ts_hdr {
+    uint32_t magic;
+    uint32_t thread;
+    uint32_t seq;
+    uint32_t len; /* the whole record's */
+};
+
+struct ts_sender {
+    int fd, id;
+    exs_qhandle_t q;
+    struct it_buf *b;
+    uint64_t rng;
+    int err; /* atomic: 0, or what went wrong (the main thread reports it) */
+    char what[160];
+};
+
+static void *ts_sender_fn(void *arg)
+{
+    struct ts_sender *t = arg;
+    size_t len[TS_SLOTS];
+    int posted = 0, ended = 0;
+    double end = it_now_ms() + 4 * IT_TIMEOUT_MS;
+
+    while (ended < TS_SENDS) {
+        exs_event_t ev;
+
+        if (posted < TS_SENDS && posted - ended < TS_SLOTS) {
+            int k = posted % TS_SLOTS;
+            uint8_t *slot = t->b->p + (size_t)k * TS_SLOT;
+            /* mostly small (ends at its post), 1 in 5 above the copy limit (8 KiB) */
+            size_t n = it_rand(&t->rng) % 5 ? 16 + it_rand(&t->rng) % 200
+                                            : 9000 + it_rand(&t->rng) % 11000;
+            struct ts_hdr h = {TS_MAGIC, (uint32_t)t->id, (uint32_t)posted, (uint32_t)n};
+
+            memcpy(slot, &h, sizeof(h));
+            it_fill(slot + sizeof(h), n - sizeof(h), ((uint32_t)t->id << 20) | (uint32_t)posted);
+            len[k] = n;
+            if (exs_send(t->fd, slot, n, 0, t->q, IT_AH(posted + 1), t->b->mh) != 0) {
+                snprintf(t->what, sizeof(t->what), "send %d: errno %d", posted, errno);
+                break;
+            }
+            posted++;
+            continue;
+        }
+        if (it_now_ms() > end) {
+            snprintf(t->what, sizeof(t->what), "stuck: %d posted, %d ended", posted, ended);
+            break;
+        }
+        if (exs_qdequeue(t->q, &ev, 1, &(struct timespec){0, 1000000}) != 1)
+            continue;
+        if (ev.exs_evt_type != EXS_EVT_SEND || ev.exs_evt_errno ||
+            ev.exs_evt_ahandle != IT_AH(ended + 1) ||
+            ev.exs_evt_u.exs_evt_xfer.exs_evt_result != (ssize_t)len[ended % TS_SLOTS]) {
+            snprintf(t->what, sizeof(t->what),
+                     "send event %ld (type %d errno %d result %zd), expected send %d of %zu B",
+                     IT_AHN(ev.exs_evt_ahandle), ev.exs_evt_type, ev.exs_evt_errno,
+                     (ssize_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, ended + 1,
+                     len[ended % TS_SLOTS]);
+            break;
+        }
+        memset(t->b->p + (size_t)(ended % TS_SLOTS) * TS_SLOT, 0xee, TS_SLOT); /* reused */
+        ended++;
+    }
+    __atomic_store_n(&t->err, ended < TS_SENDS, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/*
+ * Two threads send on one STREAM socket at once, each a mix of small sends (16..215 B:
+ * copied into the send buffer, with h54 ended at their post without an operation) and
+ * sends above the copy limit (9..20 KB: the whole way), each reusing a send's buffer as
+ * soon as its event comes, each with its own queue. Each thread's events must come in its
+ * posting order with its results; the receiver must find every send's bytes whole and
+ * contiguous in the stream (a record: a header naming thread and number, then its
+ * pattern), each thread's in its order, none lost or twice. A copy that overtook a queued
+ * send of the same socket, or an event ahead of an earlier send's, fails it.
+ */
+START_TEST(test_two_senders_one_stream)
+{
+    struct ts_sender ts[2];
+    struct it_pair p;
+    struct it_buf *rb;
+    uint8_t *acc;
+    size_t have = 0, cap = 4 * TS_SLOT;
+    uint32_t next[2] = {0, 0};
+    pthread_t th[2];
+    double end;
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 8, 8);
+    rb = it_buf_new(65536, 1);
+    acc = malloc(cap + 65536);
+    ck_assert_ptr_nonnull(acc);
+    for (int i = 0; i < 2; i++) {
+        ts[i] = (struct ts_sender){.fd = p.cfd,
+                                   .id = i,
+                                   .q = it_qcreate(2 * TS_SLOTS),
+                                   .b = it_buf_new((size_t)TS_SLOTS * TS_SLOT, 1),
+                                   .rng = 0x7531u + (uint64_t)i};
+    }
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, ts_sender_fn, &ts[i]), 0);
+    end = it_now_ms() + 4 * IT_TIMEOUT_MS;
+    while (next[0] < TS_SENDS || next[1] < TS_SENDS) {
+        exs_event_t ev;
+        size_t off = 0;
+
+        ck_assert_msg(it_now_ms() < end, "received %u and %u records", next[0], next[1]);
+        IT_POST_RECV(p.sfd, rb->p, 65536, p.sq, IT_AH(0x4EC), rb->mh);
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
+        memcpy(acc + have, rb->p, (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result);
+        have += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+        /* the whole records received */
+        for (;;) {
+            struct ts_hdr h;
+
+            if (have - off < sizeof(h))
+                break;
+            memcpy(&h, acc + off, sizeof(h));
+            ck_assert_msg(h.magic == TS_MAGIC && h.thread < 2 && h.len >= sizeof(h) &&
+                              h.len <= TS_SLOT,
+                          "no record at stream byte %zu (after %u and %u)", off, next[0], next[1]);
+            ck_assert_msg(h.seq == next[h.thread], "thread %u: send %u came, expected %u", h.thread,
+                          h.seq, next[h.thread]);
+            if (have - off < h.len)
+                break;
+            ck_assert_msg(
+                it_check(acc + off + sizeof(h), h.len - sizeof(h), (h.thread << 20) | h.seq) == -1,
+                "thread %u send %u: its bytes are not whole", h.thread, h.seq);
+            next[h.thread]++;
+            off += h.len;
+        }
+        memmove(acc, acc + off, have - off);
+        have -= off;
+    }
+    ck_assert_uint_eq(have, 0);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+        ck_assert_msg(!__atomic_load_n(&ts[i].err, __ATOMIC_ACQUIRE), "sender %d: %s", i,
+                      ts[i].what);
+        it_buf_free(ts[i].b);
+        it_qdelete(ts[i].q);
+    }
+    free(acc);
+    it_buf_free(rb);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_attack_suite(void)
 {
     Suite *s = suite_create("integ_attack");
@@ -911,5 +1070,7 @@ Suite *integ_attack_suite(void)
                  (const TTest *const[]){test_cut_small_sends_reused, NULL});
     it_suite_add(s, "cut_pingpong", IT_CASE_TIMEOUT * 3, 2,
                  (const TTest *const[]){test_cut_pingpong_reused, NULL});
+    it_suite_add(s, "two_senders", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_two_senders_one_stream, NULL});
     return s;
 }
