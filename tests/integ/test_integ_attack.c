@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1052,6 +1053,168 @@ START_TEST(test_two_senders_one_stream)
 }
 END_TEST
 
+/* ---- exs_shutdown racing sends that end at their post ---- */
+
+#define SR_SLOTS 16
+#define SR_MAX   (4u << 20) /* stream bytes at most */
+
+struct sr_sender {
+    int fd;
+    exs_qhandle_t q;
+    struct it_buf *b;
+    const uint8_t *stream;
+    uint64_t rng;
+    uint64_t accepted; /* atomic once done: bytes of the sends accepted */
+    int done;          /* atomic */
+    char what[160];    /* what went wrong, if anything */
+};
+
+/* Sends of 1..300 B (the stream's next bytes) from a ring of slots, until exs_send says
+ * EPIPE (the main thread's exs_shutdown, posted on this thread's queue); reaps its queue:
+ * every accepted send's event once, in posting order, all before the SHUTDOWN's. */
+static void *sr_sender_fn(void *arg)
+{
+    struct sr_sender *t = arg;
+    size_t len[SR_SLOTS];
+    int posted = 0, ended = 0, shut = 0, stop = 0;
+    uint64_t off = 0;
+    double end = it_now_ms() + 4 * IT_TIMEOUT_MS;
+
+    while (!(stop && shut && ended == posted)) {
+        exs_event_t ev;
+
+        if (!stop && posted - ended < SR_SLOTS) {
+            int k = posted % SR_SLOTS;
+            size_t n = 1 + it_rand(&t->rng) % 300;
+            uint8_t *slot = t->b->p + (size_t)k * 512;
+
+            if (off + n > SR_MAX) {
+                snprintf(t->what, sizeof(t->what), "no EPIPE after %d sends", posted);
+                break;
+            }
+            memcpy(slot, t->stream + off, n);
+            if (exs_send(t->fd, slot, n, 0, t->q, IT_AH(posted + 1), t->b->mh) == 0) {
+                len[k] = n;
+                off += n;
+                posted++;
+            } else if (errno == EPIPE) {
+                stop = 1;
+            } else {
+                snprintf(t->what, sizeof(t->what), "send %d: errno %d", posted, errno);
+                break;
+            }
+            continue;
+        }
+        if (it_now_ms() > end) {
+            snprintf(t->what, sizeof(t->what), "stuck: %d posted, %d ended, shut %d", posted, ended,
+                     shut);
+            break;
+        }
+        if (exs_qdequeue(t->q, &ev, 1, &(struct timespec){0, 1000000}) != 1)
+            continue;
+        if (ev.exs_evt_type == EXS_EVT_SHUTDOWN) {
+            if (ev.exs_evt_errno || shut || ended != posted) {
+                snprintf(t->what, sizeof(t->what),
+                         "SHUTDOWN (errno %d) with %d of %d accepted sends ended", ev.exs_evt_errno,
+                         ended, posted);
+                break;
+            }
+            shut = 1;
+            continue;
+        }
+        if (ev.exs_evt_type != EXS_EVT_SEND || ev.exs_evt_errno || shut ||
+            ev.exs_evt_ahandle != IT_AH(ended + 1) ||
+            ev.exs_evt_u.exs_evt_xfer.exs_evt_result != (ssize_t)len[ended % SR_SLOTS]) {
+            snprintf(t->what, sizeof(t->what),
+                     "event type %d ah %ld errno %d (shutdown seen %d), expected send %d",
+                     ev.exs_evt_type, IT_AHN(ev.exs_evt_ahandle), ev.exs_evt_errno, shut,
+                     ended + 1);
+            break;
+        }
+        memset(t->b->p + (size_t)(ended % SR_SLOTS) * 512, 0xee, 512); /* reused */
+        ended++;
+    }
+    __atomic_store_n(&t->accepted, off, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->done, t->what[0] ? -1 : 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* One receive of the stream (bytes from got on): its count, 0 at the end of the stream;
+ * the bytes checked. */
+static uint64_t sr_recv(struct it_pair *p, struct it_buf *rb, const uint8_t *stream, uint64_t got,
+                        double end)
+{
+    exs_event_t ev;
+    ssize_t n;
+
+    ck_assert_msg(it_now_ms() < end, "no end of stream after %llu bytes", (unsigned long long)got);
+    IT_POST_RECV(p->sfd, rb->p, 65536, p->sq, IT_AH(0x4EC), rb->mh);
+    it_wait_event(p->sq, EXS_EVT_RECV, p->sfd, &ev);
+    ck_assert_int_eq(ev.exs_evt_errno, 0);
+    n = ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+    ck_assert_int_ge(n, 0);
+    ck_assert_uint_le(got + (uint64_t)n, SR_MAX);
+    ck_assert_msg(memcmp(rb->p, stream + got, (size_t)n) == 0,
+                  "stream bytes %llu..%llu are not the sender's", (unsigned long long)got,
+                  (unsigned long long)(got + (uint64_t)n));
+    return (uint64_t)n;
+}
+
+/*
+ * exs_shutdown(SHUT_WR) from one thread while another posts small STREAM sends in a loop
+ * (copied into the send buffer; with h54 ended at their post without an operation): a
+ * send accepted before the shutdown must have its bytes before the end of the stream and
+ * its event before the SHUTDOWN's (spec/api.md 5.9: queued behind every earlier send); a
+ * send after it fails with EPIPE and sends nothing. The receiver must get exactly the
+ * accepted sends' bytes, in order, then the end of the stream (a receive of 0).
+ */
+START_TEST(test_shutdown_races_small_sends)
+{
+    struct sr_sender t = {0};
+    struct it_pair p;
+    struct it_buf *rb;
+    uint8_t *stream;
+    uint64_t got = 0;
+    pthread_t th;
+    double end;
+    int eos = 0;
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 8, 8);
+    stream = malloc(SR_MAX);
+    ck_assert_ptr_nonnull(stream);
+    it_fill(stream, SR_MAX, 0x5d);
+    rb = it_buf_new(65536, 1);
+    t = (struct sr_sender){.fd = p.cfd,
+                           .q = it_qcreate(2 * SR_SLOTS + 4),
+                           .b = it_buf_new(SR_SLOTS * 512, 1),
+                           .stream = stream,
+                           .rng = 0x5eed};
+    ck_assert_int_eq(pthread_create(&th, NULL, sr_sender_fn, &t), 0);
+    /* receiving while the sender sends (so its send buffer has room at the shutdown: the
+     * sends right after it would be copied) */
+    end = it_now_ms() + 4 * IT_TIMEOUT_MS;
+    while (got < 100000 && !__atomic_load_n(&t.done, __ATOMIC_ACQUIRE))
+        got += sr_recv(&p, rb, stream, got, end);
+    IT_EXPECT_OK(exs_shutdown(p.cfd, SHUT_WR, t.q, IT_AH(0x5407)));
+    while (!eos) {
+        uint64_t n = sr_recv(&p, rb, stream, got, end);
+
+        got += n;
+        eos = n == 0;
+    }
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_msg(__atomic_load_n(&t.done, __ATOMIC_ACQUIRE) == 1, "sender: %s", t.what);
+    ck_assert_msg(got == t.accepted, "received %llu bytes, the accepted sends had %llu",
+                  (unsigned long long)got, (unsigned long long)t.accepted);
+    it_buf_free(t.b);
+    it_qdelete(t.q);
+    it_buf_free(rb);
+    free(stream);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_attack_suite(void)
 {
     Suite *s = suite_create("integ_attack");
@@ -1072,5 +1235,7 @@ Suite *integ_attack_suite(void)
                  (const TTest *const[]){test_cut_pingpong_reused, NULL});
     it_suite_add(s, "two_senders", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_two_senders_one_stream, NULL});
+    it_suite_add(s, "shutdown_race", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_shutdown_races_small_sends, NULL});
     return s;
 }
