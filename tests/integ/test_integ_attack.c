@@ -1224,6 +1224,130 @@ START_TEST(test_shutdown_races_small_sends)
 }
 END_TEST
 
+/* ---- a sleeping peer is woken ---- */
+
+#define SW_ROUNDS 200
+
+/* Wait until thread tid sleeps in ppoll (a NOTIFY wait), with a deadline. */
+static void wait_in_ppoll(int tid, const char *who)
+{
+    double end = it_now_ms() + IT_TIMEOUT_MS;
+
+    while (at_syscall(tid) != SYS_ppoll) {
+        ck_assert_msg(it_now_ms() < end, "%s never slept in ppoll", who);
+        it_sleep_ms(1);
+    }
+}
+
+struct sw_peer {
+    struct it_pair *p;
+    struct it_buf *sb, *rb;
+    int tid;      /* atomic: the replying thread's */
+    int main_tid; /* the main thread's */
+    char what[160];
+};
+
+/* One event of type on q within IT_TIMEOUT_MS (a NOTIFY wait); 0: none, what says. */
+static int sw_wait(exs_qhandle_t q, int type, exs_event_t *ev, char *what, size_t wlen)
+{
+    int n = exs_qdequeue(q, ev, 1, &(struct timespec){IT_TIMEOUT_MS / 1000, 0});
+
+    if (n != 1 || ev->exs_evt_type != type || ev->exs_evt_errno) {
+        snprintf(what, wlen, "wait for event %d: %d (type %d errno %d)", type, n,
+                 n == 1 ? ev->exs_evt_type : -1, n == 1 ? ev->exs_evt_errno : errno);
+        return 0;
+    }
+    return 1;
+}
+
+/* The replying side: each round, its receive, then (once the main thread sleeps) the
+ * reply. */
+static void *sw_peer_fn(void *arg)
+{
+    struct sw_peer *w = arg;
+    exs_event_t ev;
+
+    __atomic_store_n(&w->tid, (int)syscall(SYS_gettid), __ATOMIC_RELEASE);
+    for (uint32_t r = 0; r < SW_ROUNDS; r++) {
+        if (exs_recv(w->p->sfd, w->rb->p, 64, 0, w->p->sq, NULL, w->rb->mh) != 0 ||
+            !sw_wait(w->p->sq, EXS_EVT_RECV, &ev, w->what, sizeof(w->what)))
+            return NULL;
+        if (it_check(w->rb->p, 64, 2 * r) != -1) {
+            snprintf(w->what, sizeof(w->what), "round %u: request not as sent", r);
+            return NULL;
+        }
+        /* the main thread asleep in its wait for this reply */
+        for (double end = it_now_ms() + IT_TIMEOUT_MS; at_syscall(w->main_tid) != SYS_ppoll;) {
+            if (it_now_ms() > end) {
+                snprintf(w->what, sizeof(w->what), "round %u: the main thread never slept", r);
+                return NULL;
+            }
+            sched_yield();
+        }
+        it_fill(w->sb->p, 64, 2 * r + 1);
+        if (exs_send(w->p->sfd, w->sb->p, 64, 0, w->p->sq, NULL, w->sb->mh) != 0 ||
+            !sw_wait(w->p->sq, EXS_EVT_SEND, &ev, w->what, sizeof(w->what)))
+            return NULL;
+    }
+    return NULL;
+}
+
+/*
+ * A blocking ping-pong in which every message is sent only once its receiver sleeps in
+ * ppoll (EXS_WAIT_NOTIFY, seen in /proc), with the progress thread kept off the provider
+ * (EXS_TEST_ENGINE_PARK): each wake-up must come from the provider's notification of the
+ * sleeper (shm: the peer's bell after its ring publication; tcp: the socket), never from
+ * another thread's drive. 200 rounds, each way, SEQPACKET 64 B, over the provider under
+ * test.
+ */
+START_TEST(test_sleepers_woken)
+{
+    struct sw_peer w = {0};
+    struct it_pair p;
+    exs_event_t ev;
+    pthread_t t;
+    char what[160] = "";
+
+    it_setenv("EXS_TEST_ENGINE_PARK", "1");
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 8, 8);
+    IT_EXPECT_OK(exs_qsetwait(p.sq, EXS_WAIT_NOTIFY, 0));
+    IT_EXPECT_OK(exs_qsetwait(p.cq, EXS_WAIT_NOTIFY, 0));
+    w.p = &p;
+    w.sb = it_buf_new(64, 1);
+    w.rb = it_buf_new(64, 1);
+    w.main_tid = (int)syscall(SYS_gettid);
+    struct it_buf *sb = it_buf_new(64, 1), *rb = it_buf_new(64, 1);
+
+    ck_assert_int_eq(pthread_create(&t, NULL, sw_peer_fn, &w), 0);
+    while (!__atomic_load_n(&w.tid, __ATOMIC_ACQUIRE))
+        sched_yield();
+    for (uint32_t r = 0; r < SW_ROUNDS && !what[0]; r++) {
+        IT_POST_RECV(p.cfd, rb->p, 64, p.cq, IT_AH(1), rb->mh);
+        /* the peer asleep in its wait for this request */
+        wait_in_ppoll(__atomic_load_n(&w.tid, __ATOMIC_ACQUIRE), "the peer");
+        it_fill(sb->p, 64, 2 * r);
+        IT_POST_SEND(p.cfd, sb->p, 64, p.cq, IT_AH(2), sb->mh);
+        for (int k = 0; k < 2 && !what[0]; k++) {
+            if (exs_qdequeue(p.cq, &ev, 1, &(struct timespec){IT_TIMEOUT_MS / 1000, 0}) != 1)
+                snprintf(what, sizeof(what), "round %u: no event in %d ms", r, IT_TIMEOUT_MS);
+            else if (ev.exs_evt_errno)
+                snprintf(what, sizeof(what), "round %u: event errno %d", r, ev.exs_evt_errno);
+            else if (ev.exs_evt_type == EXS_EVT_RECV && it_check(rb->p, 64, 2 * r + 1) != -1)
+                snprintf(what, sizeof(what), "round %u: reply not as sent", r);
+        }
+    }
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_msg(!what[0], "%s", what);
+    ck_assert_msg(!w.what[0], "peer: %s", w.what);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    it_buf_free(w.sb);
+    it_buf_free(w.rb);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_attack_suite(void)
 {
     Suite *s = suite_create("integ_attack");
@@ -1246,5 +1370,7 @@ Suite *integ_attack_suite(void)
                  (const TTest *const[]){test_two_senders_one_stream, NULL});
     it_suite_add(s, "shutdown_race", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_shutdown_races_small_sends, NULL});
+    it_suite_add(s, "sleepers_woken", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_sleepers_woken, NULL});
     return s;
 }
