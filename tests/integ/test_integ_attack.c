@@ -22,24 +22,6 @@
 
 /* ---- helpers ---- */
 
-/* The system call thread tid of this process is inside (/proc/self/task/tid/syscall: its
- * number; -1: running in user space, or unreadable). */
-static long at_syscall(int tid)
-{
-    char path[64], buf[128];
-    FILE *f;
-    long nr = -1;
-
-    snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", tid);
-    f = fopen(path, "r");
-    if (!f)
-        return -1;
-    if (!fgets(buf, sizeof(buf), f) || sscanf(buf, "%ld", &nr) != 1)
-        nr = -1;
-    fclose(f);
-    return nr;
-}
-
 /* Join t within ms; 1: joined (*ret its value), 0: still running. */
 static int join_within(pthread_t t, int ms, void **ret)
 {
@@ -178,7 +160,7 @@ START_TEST(test_cancel_sleeping_waiter)
     tid = waiter_tid(&w);
     /* asleep in its wait: ppoll (the only system call of a NOTIFY wait that blocks) */
     end = it_now_ms() + IT_TIMEOUT_MS;
-    while (at_syscall(tid) != SYS_ppoll) {
+    while (it_thread_syscall(getpid(), tid) != SYS_ppoll) {
         ck_assert_msg(it_now_ms() < end, "the waiter never slept in ppoll");
         it_sleep_ms(1);
     }
@@ -339,7 +321,7 @@ START_TEST(test_cancel_sync_recv)
     ck_assert_int_eq(pthread_create(&t, NULL, sync_rx_fn, &r), 0);
     end = it_now_ms() + IT_TIMEOUT_MS;
     while (!__atomic_load_n(&r.tid, __ATOMIC_ACQUIRE) ||
-           at_syscall(__atomic_load_n(&r.tid, __ATOMIC_ACQUIRE)) != SYS_ppoll) {
+           it_thread_syscall(getpid(), __atomic_load_n(&r.tid, __ATOMIC_ACQUIRE)) != SYS_ppoll) {
         ck_assert_msg(it_now_ms() < end, "the synchronous receive never slept in ppoll");
         it_sleep_ms(1);
     }
@@ -1259,7 +1241,7 @@ static void wait_in_ppoll(int tid, const char *who)
 {
     double end = it_now_ms() + IT_TIMEOUT_MS;
 
-    while (at_syscall(tid) != SYS_ppoll) {
+    while (it_thread_syscall(getpid(), tid) != SYS_ppoll) {
         ck_assert_msg(it_now_ms() < end, "%s never slept in ppoll", who);
         it_sleep_ms(1);
     }
@@ -1303,7 +1285,8 @@ static void *sw_peer_fn(void *arg)
             return NULL;
         }
         /* the main thread asleep in its wait for this reply */
-        for (double end = it_now_ms() + IT_TIMEOUT_MS; at_syscall(w->main_tid) != SYS_ppoll;) {
+        for (double end = it_now_ms() + IT_TIMEOUT_MS;
+             it_thread_syscall(getpid(), w->main_tid) != SYS_ppoll;) {
             if (it_now_ms() > end) {
                 snprintf(w->what, sizeof(w->what), "round %u: the main thread never slept", r);
                 return NULL;

@@ -471,24 +471,6 @@ START_TEST(test_shm_path_without_switch)
 }
 END_TEST
 
-/* The system call thread tid of process pid is in (/proc/PID/task/TID/syscall), -1: none
- * readable. */
-static long proc_syscall(pid_t pid, pid_t tid)
-{
-    char path[64], buf[128];
-    long nr = -1;
-    FILE *f;
-
-    snprintf(path, sizeof(path), "/proc/%d/task/%d/syscall", (int)pid, (int)tid);
-    f = fopen(path, "r");
-    if (!f)
-        return -1;
-    if (!fgets(buf, sizeof(buf), f) || sscanf(buf, "%ld", &nr) != 1)
-        nr = -1;
-    fclose(f);
-    return nr;
-}
-
 /* Attack review (session 24): both processes keep their progress threads off the provider
  * (EXS_TEST_ENGINE_PARK=1) and wait with EXS_WAIT_NOTIFY; each of 200 messages over the
  * switched shm path is sent only once the echoing peer's thread sleeps in ppoll (seen in
@@ -521,7 +503,7 @@ START_TEST(test_shm_sleeping_peers_woken)
         int sent = 0, got = 0;
 
         IT_POST_RECV(fd, rx->p, 64, q, IT_AH(2), rx->mh);
-        while (proc_syscall(peer.pid, peer.pid) != SYS_ppoll) {
+        while (it_thread_syscall(peer.pid, peer.pid) != SYS_ppoll) {
             ck_assert_msg(it_now_ms() < end, "message %d: the peer never slept in ppoll", i);
             it_sleep_ms(1);
         }
