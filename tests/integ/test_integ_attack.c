@@ -1357,6 +1357,77 @@ START_TEST(test_sleepers_woken)
 }
 END_TEST
 
+/*
+ * Small STREAM sends (1..300 B, 400 of them: copied into the send buffer, with h54 ended at
+ * their post without an operation), each reported done, then exs_close at once: spec/api.md
+ * section 8, "STREAM sends already completed through the send buffer are not outstanding:
+ * their bytes are still sent, before the SHUTDOWN record". The receiver must get every
+ * byte, in order, then the end of the stream (not a reset); the sender's CLOSE comes after
+ * its sends' events. Passes on 2c0884b.
+ */
+START_TEST(test_close_after_small_sends)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    uint8_t *stream;
+    uint64_t rng = 0xc105e, total = 0, got = 0;
+    double end;
+    int eos = 0, sends = 0;
+    exs_event_t ev;
+
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 8, 512);
+    stream = malloc(400 * 300);
+    ck_assert_ptr_nonnull(stream);
+    it_fill(stream, 400 * 300, 0xc1);
+    sb = it_buf_new(400 * 300, 1);
+    rb = it_buf_new(65536, 1);
+    memcpy(sb->p, stream, 400 * 300);
+    for (int i = 0; i < 400; i++) {
+        size_t n = 1 + it_rand(&rng) % 300;
+
+        IT_POST_SEND(p.cfd, sb->p + total, n, p.cq, IT_AH(i + 1), sb->mh);
+        total += n;
+    }
+    IT_EXPECT_OK(exs_close(p.cfd, p.cq, IT_AH(0xC1)));
+    /* the sends' events (in order), then the CLOSE */
+    do {
+        it_wait_event(p.cq, -1, p.cfd, &ev);
+        if (ev.exs_evt_type == EXS_EVT_SEND) {
+            ck_assert_int_eq(ev.exs_evt_errno, 0);
+            ck_assert(ev.exs_evt_ahandle == IT_AH(++sends));
+        }
+    } while (ev.exs_evt_type != EXS_EVT_CLOSE);
+    ck_assert_int_eq(sends, 400);
+    memset(sb->p, 0xee, 400 * 300); /* reused: the bytes are the library's now */
+    p.cfd = -1;
+    end = it_now_ms() + IT_TIMEOUT_MS;
+    while (!eos) {
+        ssize_t n;
+
+        ck_assert_msg(it_now_ms() < end, "no end of stream after %llu bytes",
+                      (unsigned long long)got);
+        IT_POST_RECV(p.sfd, rb->p, 65536, p.sq, IT_AH(0x4EC), rb->mh);
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        ck_assert_msg(ev.exs_evt_errno == 0, "receive: errno %d after %llu of %llu bytes",
+                      ev.exs_evt_errno, (unsigned long long)got, (unsigned long long)total);
+        n = ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+        ck_assert_int_ge(n, 0);
+        ck_assert_uint_le(got + (uint64_t)n, total);
+        ck_assert_msg(memcmp(rb->p, stream + got, (size_t)n) == 0,
+                      "stream bytes %llu..%llu are not the sender's", (unsigned long long)got,
+                      (unsigned long long)(got + (uint64_t)n));
+        got += (uint64_t)n;
+        eos = n == 0;
+    }
+    ck_assert_uint_eq(got, total);
+    it_buf_free(sb);
+    it_buf_free(rb);
+    free(stream);
+    it_pair_close(&p);
+}
+END_TEST
+
 Suite *integ_attack_suite(void)
 {
     Suite *s = suite_create("integ_attack");
@@ -1379,6 +1450,8 @@ Suite *integ_attack_suite(void)
                  (const TTest *const[]){test_two_senders_one_stream, NULL});
     it_suite_add(s, "shutdown_race", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_shutdown_races_small_sends, NULL});
+    it_suite_add(s, "close_after", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_close_after_small_sends, NULL});
     it_suite_add(s, "sleepers_woken", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_sleepers_woken, NULL});
     return s;
