@@ -212,7 +212,7 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
             ctx->cq_cap = ctx->cq->cqe;
             /* whether a request for notification survives the resize is the driver's
              * business: request again (ctx_arm requests only when none stands) */
-            if (ibv_req_notify_cq(ctx->cq, 0) == 0)
+            if (vrb_req_notify_cq(ctx, ctx->cq) == 0)
                 ctx->cq_armed = 1;
             ctx->cq_seen = 1; /* an event of the old request may be pending: read it */
             EXS_CNT_INC(ctx->cnt.cq_resizes);

@@ -17,6 +17,7 @@
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 #define VRB_DEF_CQ   4096u
@@ -153,6 +154,19 @@ static void vrb_find_loop_addr(struct vrb_ctx *ctx)
             return;
         }
     }
+}
+
+/* A software device (rxe, siw: its name's prefix, or the "parent" attribute both have in
+ * sysfs, the netdev they run over) enters the kernel on each post. */
+static int vrb_post_kernel(struct ibv_context *vc)
+{
+    const char *name = ibv_get_device_name(vc->device);
+    char path[512];
+
+    if (name && (!strncmp(name, "rxe", 3) || !strncmp(name, "siw", 3)))
+        return 1;
+    snprintf(path, sizeof(path), "%s/parent", vc->device->ibdev_path);
+    return access(path, F_OK) == 0;
 }
 
 static int vrb_numa_node(struct ibv_context *vc)
@@ -354,7 +368,7 @@ void exs__vrb_wake(struct vrb_ctx *ctx)
 {
     uint64_t one = 1;
 
-    if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    if (exs__nc_write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd write: %m", (void *)ctx);
     /* after the write: ctx_arm that sees the flag finds the count to read; one that
      * misses it leaves the descriptor readable, and the next arm reads it */
@@ -401,7 +415,7 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
             EXS_CNT_INC(ctx->cnt.cq_event_skips);
         } else {
             EXS_CNT_INC(ctx->cnt.cq_event_reads);
-            if (ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0) {
+            if (vrb_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0) {
                 EXS_ASSERT(cq == ctx->cq); /* the one CQ */
                 if (++ctx->cq_unacked >= VRB_ACKS)
                     exs__vrb_cq_ack_all(ctx); /* a mutex and a signal per batch only */
@@ -412,10 +426,10 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
         }
     }
     if (__atomic_exchange_n(&ctx->wake_pending, 0, __ATOMIC_ACQ_REL) &&
-        read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        exs__nc_read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd read: %m", (void *)ctx);
     if (ctx->cq && !ctx->cq_armed) {
-        if (ibv_req_notify_cq(ctx->cq, 0) != 0) {
+        if (vrb_req_notify_cq(ctx, ctx->cq) != 0) {
             EXS_ERR(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
         } else {
             ctx->cq_armed = 1;
@@ -535,7 +549,7 @@ static void *vrb_cm_main(void *arg)
         pfd[0] = (struct pollfd){.fd = ctx->cmch->fd, .events = POLLIN};
         pfd[1] = (struct pollfd){.fd = ctx->stopfd, .events = POLLIN};
         pfd[2] = (struct pollfd){.fd = ctx->udpfd, .events = POLLIN};
-        n = poll(pfd, ctx->udpfd >= 0 ? 3 : 2, timeout);
+        n = exs__nc_poll(pfd, ctx->udpfd >= 0 ? 3 : 2, timeout);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -569,7 +583,7 @@ static void vrb_udp_open(struct vrb_ctx *ctx)
         return;
     if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0 ||
         getsockname(fd, (struct sockaddr *)&sin, &len) < 0) {
-        close(fd);
+        exs__nc_close(fd);
         return;
     }
     ctx->udpfd = fd;
@@ -620,16 +634,16 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
     uint64_t one = 1;
 
     if (ctx->cm_thread_on) {
-        if (write(ctx->stopfd, &one, sizeof(one)) < 0)
+        if (exs__nc_write(ctx->stopfd, &one, sizeof(one)) < 0)
             EXS_ERR(PROV, "ctx %p: stop write: %m", (void *)ctx);
-        pthread_join(ctx->cm_thread, NULL);
+        pthread_join(ctx->cm_thread, NULL); /* nocancel: ok (exs_fini: off) */
     }
     exs__vrb_cache_counters(&ctx->mc, &ctx->rc, &ctx->qpc, 0);
     exs__vrb_qpc_fini(&ctx->qpc);
     exs__vrb_rc_fini(&ctx->rc);
     exs__vrb_mc_fini(&ctx->mc);
     if (ctx->pagemap_fd >= 0)
-        close(ctx->pagemap_fd);
+        exs__nc_close(ctx->pagemap_fd);
     while ((l = exs_list_pop_head(&ctx->cm_sw)) != NULL)
         free(exs_list_entry(l, struct vrb_cm_node, link));
     if (ctx->watch_id)
@@ -651,13 +665,13 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
         rdma_free_devices(ctx->devlist);
     }
     if (ctx->evfd >= 0)
-        close(ctx->evfd);
+        exs__nc_close(ctx->evfd);
     if (ctx->stopfd >= 0)
-        close(ctx->stopfd);
+        exs__nc_close(ctx->stopfd);
     if (ctx->udpfd >= 0)
-        close(ctx->udpfd);
+        exs__nc_close(ctx->udpfd);
     if (ctx->epfd >= 0)
-        close(ctx->epfd);
+        exs__nc_close(ctx->epfd);
     free(ctx->ring);
     pthread_mutex_destroy(&ctx->cm_lock);
     pthread_rwlock_destroy(&ctx->mr_lock);
@@ -766,6 +780,7 @@ static int vrb_select(struct vrb_ctx *ctx, const struct exs_prov_attr *attr, int
         if (!port)
             continue;
         ctx->verbs = vc;
+        ctx->post_kernel = vrb_post_kernel(vc);
         ctx->dattr = da;
         ctx->port = (uint8_t)port;
     }
@@ -819,7 +834,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     pthread_rwlock_init(&ctx->dev_lock, NULL);
     for (unsigned i = 0; i < VRB_MR_HASH; i++)
         exs_list_init(&ctx->mr_hash[i]);
-    ctx->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    ctx->pagemap_fd = exs__nc_open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
     rops = (struct vrb_reg_ops){
         .reg = exs__vrb_reg_cb, .dereg = exs__vrb_dereg_cb, .ident = exs__vrb_ident_cb, .arg = ctx};
     exs__vrb_qpc_init(&ctx->qpc, (unsigned)EXS_MIN(exs__params.vrb_qp_cache, 65536u),
@@ -882,7 +897,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         ret = vrb_epoll_add(ctx->epfd, ctx->evfd);
     if (ret)
         goto fail;
-    if (ibv_req_notify_cq(ctx->cq, 0) != 0)
+    if (vrb_req_notify_cq(ctx, ctx->cq) != 0)
         EXS_WARN(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
     else
         ctx->cq_armed = 1;

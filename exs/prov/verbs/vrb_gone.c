@@ -14,6 +14,7 @@
 
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* ---- librdmacm's device context ----
@@ -109,12 +110,12 @@ static void vrb_dev_unpin(struct vrb_ctx *ctx)
             st.st_dev != ctx->gone_st[i].st_dev || st.st_ino != ctx->gone_st[i].st_ino)
             continue; /* closed by librdmacm (the number may be another file's now) */
         if (null < 0)
-            null = open("/dev/null", O_RDWR | O_CLOEXEC);
+            null = exs__nc_open("/dev/null", O_RDWR | O_CLOEXEC);
         if (null >= 0 && dup2(null, ctx->gone_fd[i]) >= 0)
             done++;
     }
     if (null >= 0)
-        close(null);
+        exs__nc_close(null);
     EXS_INFO(PROV, "ctx %p: the removed device's context %s", (void *)ctx,
              done ? "was still open in librdmacm: its descriptors now point at /dev/null"
                   : "was closed by librdmacm");
@@ -284,7 +285,7 @@ void exs__vrb_device_gone(struct vrb_ctx *ctx)
     exs__vrb_qpc_close(&ctx->qpc);
     /* every event read is acked, else ibv_destroy_cq waits for it */
     exs__vrb_cq_ack_all(ctx);
-    while (ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
+    while (vrb_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
         ibv_ack_cq_events(cq, 1);
     if (ibv_destroy_cq(ctx->cq))
         EXS_WARN(PROV, "ctx %p: ibv_destroy_cq: %m", (void *)ctx);

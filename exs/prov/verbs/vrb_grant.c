@@ -10,6 +10,7 @@
 
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 #define VRB_RXE_VENDOR         0xffffffu /* rdma_rxe's vendor_id */
@@ -286,7 +287,7 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
         {
             struct timespec ts = {0, (long)(pause_us * 1000)};
 
-            nanosleep(&ts, NULL);
+            exs__nc_nanosleep(&ts);
             pause_us = EXS_MIN(pause_us * 2, 1000);
         }
     }
@@ -320,7 +321,7 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     fw[0].wr_id = fw[1].wr_id = w.wr_id;
     /* the consumer's deferred requests were posted before: they go first */
     exs__vrb_held_post_locked(ep);
-    ret = ibv_post_send(ep->qp, first, &bad);
+    ret = vrb_post_send(ep->ctx, ep->qp, first, &bad);
     if (ret) {
         exs__lite_unlock(&ep->lock);
         EXS_DBG(PROV, "ep %p: grant: ibv_post_send(BIND_MW): %s", (void *)ep, strerror(ret));
@@ -521,7 +522,7 @@ void exs__vrb_fence_arm(struct vrb_ep *ep)
     w.bind_mw.bind_info.addr = (uint64_t)(uintptr_t)ctx->fence_page;
     w.bind_mw.bind_info.length = 1;
     exs__lite_lock(&ep->lock);
-    ret = ibv_post_send(ep->qp, &w, &bad);
+    ret = vrb_post_send(ep->ctx, ep->qp, &w, &bad);
     if (!ret) {
         ep->fence_mw->rkey = key;
         ep->int_out++;

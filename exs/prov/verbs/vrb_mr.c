@@ -10,6 +10,7 @@
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 enum vrb_mr_kind {
@@ -394,7 +395,7 @@ int exs__vrb_ident_cb(void *arg, uintptr_t start, size_t len, uint64_t *id_p)
     while (done < pages) {
         size_t n = EXS_MIN(pages - done, EXS_ARRAY_SIZE(ent));
         off_t off = (off_t)((start / VRB_MC_PAGE + done) * sizeof(uint64_t));
-        ssize_t r = pread(ctx->pagemap_fd, ent, n * sizeof(uint64_t), off);
+        ssize_t r = exs__nc_pread(ctx->pagemap_fd, ent, n * sizeof(uint64_t), off);
 
         if (r != (ssize_t)(n * sizeof(uint64_t)))
             return -EIO;
