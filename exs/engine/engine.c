@@ -940,12 +940,12 @@ static void *eng_main(void *arg)
     return NULL;
 }
 
-static int eng_open(int (*open)(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p),
+static int eng_open(int (*open_ctx)(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p),
                     struct exs_prov_ctx **ctx_p, int *manual_p)
 {
     int ret;
 
-    ret = open(&(struct exs_prov_attr){.flags = EXS_PROV_ATTR_MANUAL_PROGRESS}, ctx_p);
+    ret = open_ctx(&(struct exs_prov_attr){.flags = EXS_PROV_ATTR_MANUAL_PROGRESS}, ctx_p);
     if (ret == 0) {
         *manual_p = 1;
         return 0;
@@ -954,7 +954,7 @@ static int eng_open(int (*open)(const struct exs_prov_attr *attr, struct exs_pro
         return ret;
     EXS_INFO(ENG, "provider refused manual progress (%d): its own threads move data", ret);
     *manual_p = 0;
-    return open(&(struct exs_prov_attr){0}, ctx_p);
+    return open_ctx(&(struct exs_prov_attr){0}, ctx_p);
 }
 
 /* Open the fallback context when the policy asks for one. It is opened here, not at the
