@@ -498,6 +498,25 @@ void exs__vrb_held_post_all_locked(struct vrb_ctx *ctx);
  * or discards them) and free their storage. */
 void exs__vrb_held_drop_locked(struct vrb_ep *ep);
 
+/* An rdma-core call that enters the kernel (a write() of a command to the uverbs or rdma_cm
+ * descriptor, a sysfs read, a close: cancellation points), made with cancellation off
+ * (spec/threading.md, "Thread cancellation"): every one of the provider's calls but the
+ * data path's (posts, polls: vrb_post_send below), whose kernel entries only rxe and siw
+ * make. VRB_NCV: a call without a value. */
+#define VRB_NC(_call)                                                                              \
+    __extension__({                                                                                \
+        int cs_ = exs__nc_begin();                                                                 \
+        __typeof__(_call) r_ = (_call);                                                            \
+        exs__nc_end(cs_);                                                                          \
+        r_;                                                                                        \
+    })
+#define VRB_NCV(_call)                                                                             \
+    do {                                                                                           \
+        int cs_ = exs__nc_begin();                                                                 \
+        (_call);                                                                                   \
+        exs__nc_end(cs_);                                                                          \
+    } while (0)
+
 /* rdma-core's posts, with cancellation off where they enter the kernel (ctx->post_kernel:
  * rxe and siw write() a doorbell command, a cancellation point, under ep->lock;
  * spec/threading.md, "Thread cancellation"); a hardware device's post does not (no

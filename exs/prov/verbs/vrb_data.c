@@ -281,7 +281,7 @@ static void vrb_kick_flush(struct vrb_ep *ep)
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 
     if (ep->qp)
-        (void)ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+        (void)VRB_NC(ibv_modify_qp(ep->qp, &a, IBV_QP_STATE));
 }
 
 void exs__vrb_ep_kill_locked(struct vrb_ep *ep)
@@ -295,7 +295,7 @@ void exs__vrb_ep_kill_locked(struct vrb_ep *ep)
     }
     exs__vrb_held_post_locked(ep); /* deferred requests go first: flushed with the rest */
     __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
-    ret = ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+    ret = VRB_NC(ibv_modify_qp(ep->qp, &a, IBV_QP_STATE));
     if (ret)
         EXS_ERR(PROV, "ep %p: QP to ERR: %s", (void *)ep, strerror(ret));
 }

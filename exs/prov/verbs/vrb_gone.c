@@ -194,7 +194,7 @@ static void vrb_ep_gone_locked(struct vrb_ctx *ctx, struct vrb_ep *ep)
         k.cqe.opcode = EXS_PROV_WC_GRANT;
         vrb_keep(ctx, &k);
     }
-    if (ep->qp && ibv_destroy_qp(ep->qp))
+    if (ep->qp && VRB_NC(ibv_destroy_qp(ep->qp)))
         EXS_WARN(PROV, "ep %p: ibv_destroy_qp: %m", (void *)ep);
     ep->qp = NULL;
 }
@@ -216,18 +216,18 @@ static void vrb_ids_gone(struct vrb_ctx *ctx)
             req->broken = 1;
             if (req->id) {
                 req->id->context = NULL;
-                rdma_destroy_id(req->id);
+                VRB_NC(rdma_destroy_id(req->id));
                 req->id = NULL;
             }
         }
         if (lis->id) {
             lis->id->context = NULL;
-            rdma_destroy_id(lis->id);
+            VRB_NC(rdma_destroy_id(lis->id));
             lis->id = NULL;
         }
     }
     if (ctx->watch_id) {
-        rdma_destroy_id(ctx->watch_id);
+        VRB_NC(rdma_destroy_id(ctx->watch_id));
         ctx->watch_id = NULL;
     }
     exs__lite_lock(&ctx->lock);
@@ -239,7 +239,7 @@ static void vrb_ids_gone(struct vrb_ctx *ctx)
         if (!ep->id)
             continue;
         ep->id->context = NULL;
-        rdma_destroy_id(ep->id);
+        VRB_NC(rdma_destroy_id(ep->id));
         ep->id = NULL;
         if (ep->disc_sent)
             continue;
@@ -287,18 +287,18 @@ void exs__vrb_device_gone(struct vrb_ctx *ctx)
     exs__vrb_cq_ack_all(ctx);
     while (vrb_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
         ibv_ack_cq_events(cq, 1);
-    if (ibv_destroy_cq(ctx->cq))
+    if (VRB_NC(ibv_destroy_cq(ctx->cq)))
         EXS_WARN(PROV, "ctx %p: ibv_destroy_cq: %m", (void *)ctx);
     ctx->cq = NULL;
     epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, ctx->ch->fd, NULL);
-    if (ibv_destroy_comp_channel(ctx->ch))
+    if (VRB_NC(ibv_destroy_comp_channel(ctx->ch)))
         EXS_WARN(PROV, "ctx %p: ibv_destroy_comp_channel: %m", (void *)ctx);
     ctx->ch = NULL;
     exs__lite_unlock(&ctx->lock);
 
     exs__vrb_mr_gone(ctx);
     exs__vrb_fence_release(ctx);
-    if (ibv_dealloc_pd(ctx->pd))
+    if (VRB_NC(ibv_dealloc_pd(ctx->pd)))
         EXS_WARN(PROV, "ctx %p: ibv_dealloc_pd: %m", (void *)ctx);
     ctx->pd = NULL;
     vrb_dev_release(ctx);
@@ -314,7 +314,7 @@ void exs__vrb_gone_ask(struct vrb_ctx *ctx)
 
     if (!ctx->gone_verbs)
         return;
-    list = rdma_get_devices(NULL);
+    list = VRB_NC(rdma_get_devices(NULL));
     for (int i = 0; list && list[i]; i++)
         listed |= list[i] == ctx->gone_verbs;
     if (list)
