@@ -94,7 +94,8 @@ START_TEST(test_cancel_threshold_sleeper)
     ck_assert_int_eq(pthread_create(&t, NULL, threshold_fn, c), 0);
     cancel_wait_ppoll(&c->tid, "the threshold waiter");
     ck_assert_int_eq(pthread_cancel(t), 0);
-    ck_assert_msg(cancel_join_within(t, IT_TIMEOUT_MS, &ret), "the sleeping wait was not cancelled");
+    ck_assert_msg(cancel_join_within(t, IT_TIMEOUT_MS, &ret),
+                  "the sleeping wait was not cancelled");
     ck_assert_ptr_eq(ret, PTHREAD_CANCELED);
     ck_assert_int_eq(__atomic_load_n(&c->done, __ATOMIC_ACQUIRE), 0);
     /* two receives on the queue, two messages: one threshold wait takes both */
