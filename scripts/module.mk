@@ -93,6 +93,14 @@ check-prov-door:
 check: check-prov-door
 .PHONY: check-prov-door
 
+# No cancellation point inside the library (scripts/check-nocancel.sh, spec/threading.md
+# "Thread cancellation"; its self-test first: a planted raw read() must fail it).
+check-nocancel:
+	$(Q)bash scripts/check-nocancel.sh --self-test
+	$(Q)bash scripts/check-nocancel.sh
+check: check-nocancel
+.PHONY: check-nocancel
+
 # Every -EPROTO of exs/proto through exs__proto_violation (scripts/check-pv.sh, its self-test
 # first: a planted bypass must fail it): run with every check.
 check-pv:

@@ -22,6 +22,7 @@
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* Programs compiled against an earlier header keep working: new event members must fit the
@@ -134,7 +135,7 @@ static void evq_efd_set(struct exs_evq *evq, int fd)
     uint64_t one = 1;
 
     EXS_CNT_INC(exs__eng_cnt.evq_fd_writes);
-    if (write(fd, &one, sizeof(one)) != (ssize_t)sizeof(one))
+    if (exs__nc_write(fd, &one, sizeof(one)) != (ssize_t)sizeof(one))
         EXS_WARN(API, "evq %d: eventfd %d write failed: %m", evq->handle, fd);
 }
 
@@ -143,7 +144,7 @@ static void evq_efd_clear(struct exs_evq *evq, int fd)
     uint64_t v;
 
     /* EAGAIN: the application read qfd itself; the counter is 0 either way. */
-    if (read(fd, &v, sizeof(v)) != (ssize_t)sizeof(v) && errno != EAGAIN)
+    if (exs__nc_read(fd, &v, sizeof(v)) != (ssize_t)sizeof(v) && errno != EAGAIN)
         EXS_WARN(API, "evq %d: eventfd %d read failed: %m", evq->handle, fd);
 }
 
@@ -191,9 +192,9 @@ static void evq_free(struct exs_evq *evq)
 {
     EXS_DBG(API, "evq %d: freed", evq->handle);
     if (evq->wfd >= 0)
-        close(evq->wfd);
+        exs__nc_close(evq->wfd);
     if (evq->qfd >= 0)
-        close(evq->qfd);
+        exs__nc_close(evq->qfd);
     evq->wfd = evq->qfd = -1;
     free(evq->ring);
     evq->ring = NULL;
@@ -897,6 +898,44 @@ static void evq_spin(struct exs_evq *evq, int want, uint64_t from, uint64_t end)
     }
 }
 
+/* What a sleeping wait holds while it sleeps: its queue (the reference of exs_qdequeue),
+ * its place as a sleeper (and as a threshold waiter), the providers' arm and the engine's
+ * count of drivers. */
+struct evq_sleep {
+    struct exs_evq *evq;
+    struct evq_waiter *w; /* registered, or NULL */
+    const int *pfd_prov;
+};
+
+/* A thread cancelled in its sleep (ppoll, the library's one cancellation point:
+ * spec/threading.md, "Thread cancellation") leaves as if its wait had returned: its
+ * cleanup handler gives back what the sleep holds. */
+static void evq_sleep_cancelled(void *arg)
+{
+    struct evq_sleep *sl = arg;
+
+    EXS_LITE_LOCK(&sl->evq->lock, EXS_LOCK_EVQ);
+    if (sl->w)
+        evq_waiter_del(sl->evq, sl->w);
+    sl->evq->sleepers--;
+    EXS_LITE_UNLOCK(&sl->evq->lock, EXS_LOCK_EVQ);
+    exs__engine_arm_end(sl->pfd_prov);
+    exs__engine_driver_leave();
+    exs__evq_put(sl->evq);
+}
+
+/* The sleep: ppoll, where a deferred cancel acts (nothing else of the library is one);
+ * nothing locked here, everything held named by sl. */
+static int evq_sleep(struct evq_sleep *sl, struct pollfd *pfd, nfds_t n, const struct timespec *ts)
+{
+    int ret;
+
+    pthread_cleanup_push(evq_sleep_cancelled, sl);
+    ret = ppoll(pfd, n, ts, NULL); /* nocancel: ok (the wait's cancellation point) */
+    pthread_cleanup_pop(0);
+    return ret;
+}
+
 /*
  * Wait until want events are queued, then dequeue up to max of them. Returns the count
  * (0 when the deadline passed first), -EINTR (a signal interrupted the sleep), -EINVAL
@@ -1071,7 +1110,8 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         }
         /* poll-type calls are never restarted after a signal handler, even with
          * SA_RESTART, so a signal always ends the wait with EINTR. */
-        n = ppoll(pfd, 2 + EXS_ENG_MAX_CTX, tsp, NULL);
+        n = evq_sleep(&(struct evq_sleep){evq, registered ? &w : NULL, pfd_prov}, pfd,
+                      2 + EXS_ENG_MAX_CTX, tsp);
         ret = n < 0 ? -errno : 0;
         exs__engine_arm_end(pfd_prov); /* awake: a driver may disarm the providers now */
         armed = 0;
@@ -1286,9 +1326,9 @@ void exs__evq_fork(int phase)
         if (!evq)
             continue;
         if (evq->qfd >= 0)
-            close(evq->qfd);
+            exs__nc_close(evq->qfd);
         if (evq->wfd >= 0)
-            close(evq->wfd);
+            exs__nc_close(evq->wfd);
         evq->qfd = evq->wfd = -1;
         exs__forsake(evq);
     }

@@ -14,6 +14,7 @@
 #include "exs/api/kfd.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /*
@@ -214,7 +215,18 @@ static void *exit_main(void *arg)
     return NULL;
 }
 
+/* with cancellation off (spec/threading.md, "Thread cancellation"): its waits name r */
+static void exit_handle(void);
+
 static void exit_handler(void)
+{
+    int cs = exs__nc_begin();
+
+    exit_handle();
+    exs__nc_end(cs);
+}
+
+static void exit_handle(void)
 {
     struct exit_run *r;
     pthread_condattr_t ca;
@@ -249,14 +261,14 @@ static void exit_handler(void)
         struct timespec until = {.tv_sec = (time_t)(r->bound_ns / 1000000000u),
                                  .tv_nsec = (long)(r->bound_ns % 1000000000u)};
 
-        if (pthread_cond_timedwait(&r->cond, &r->lock, &until) == ETIMEDOUT &&
+        if (pthread_cond_timedwait(&r->cond, &r->lock, &until) == ETIMEDOUT && /* nocancel: ok */
             exs__now_ns() >= r->bound_ns)
             break;
     }
     done = r->done;
     pthread_mutex_unlock(&r->lock);
     if (done) {
-        pthread_join(t, NULL); /* gone before the process's own exit handlers run */
+        pthread_join(t, NULL); /* nocancel: ok; gone before the process's own exit handlers run */
     } else {
         EXS_WARN(API, "exit: the library did not finish in time: connections reset");
         pthread_detach(t);

@@ -15,6 +15,7 @@
 #include "exs/util/log.h"
 #include "exs/util/membudget.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /*
@@ -93,7 +94,7 @@ int exs__api_fork_stale(int fd)
 void exs__api_fork_stale_close(int fd)
 {
     if (fd >= 0 && fd < stale_len && __atomic_exchange_n(&stale[fd], 0, __ATOMIC_RELAXED))
-        close(fd);
+        exs__nc_close(fd);
 }
 
 static void fork_prepare(void)

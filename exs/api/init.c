@@ -13,6 +13,7 @@
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -51,12 +52,16 @@ int exs__api_default_xfer_mode(void)
     return EXS_XFER_DYNAMIC;
 }
 
+/* exs_init and exs_fini run with cancellation off (spec/threading.md, "Thread
+ * cancellation"): they start and join threads, open providers (rdma-core, getaddrinfo)
+ * and write logs under init_lock. */
 exs_version_t exs_init(exs_version_t version)
 {
-    int ret = 0;
+    int ret = 0, cs;
 
     if (version != EXS_VERSION1)
         return exs__err(ENOTSUP);
+    cs = exs__nc_begin();
     EXS_MUTEX_LOCK(&init_lock, EXS_LOCK_INIT);
     if (!initialized) {
         exs__params_load();
@@ -71,6 +76,7 @@ exs_version_t exs_init(exs_version_t version)
             exs__ctl_start(); /* without it the library works; the failure is logged */
     }
     EXS_MUTEX_UNLOCK(&init_lock, EXS_LOCK_INIT);
+    exs__nc_end(cs);
     if (ret)
         return exs__err(-ret == ENOENT ? ENODEV : -ret);
     return version;
@@ -78,9 +84,12 @@ exs_version_t exs_init(exs_version_t version)
 
 void exs_fini(void)
 {
+    int cs = exs__nc_begin();
+
     EXS_MUTEX_LOCK(&init_lock, EXS_LOCK_INIT);
     if (!initialized) {
         EXS_MUTEX_UNLOCK(&init_lock, EXS_LOCK_INIT);
+        exs__nc_end(cs);
         return;
     }
     exs__ctl_stop();
@@ -91,7 +100,7 @@ void exs_fini(void)
     for (int i = 0; i < 5000 && exs__api_sock_live(); i++) {
         exs__engine_drive(0);
         if (exs__api_sock_live())
-            usleep(1000);
+            exs__nc_sleep_us(1000);
     }
     if (exs__api_sock_live())
         EXS_WARN(API, "exs_fini: %d sockets still closing, abandoned", exs__api_sock_live());
@@ -102,6 +111,7 @@ void exs_fini(void)
     exs__evq_op_cache_flush(); /* other threads free theirs when they exit */
     __atomic_store_n(&initialized, 0, __ATOMIC_RELEASE);
     EXS_MUTEX_UNLOCK(&init_lock, EXS_LOCK_INIT);
+    exs__nc_end(cs);
 }
 
 int exs__debug_live_objects(void)

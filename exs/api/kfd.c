@@ -20,6 +20,7 @@
 #include "exs/api/kfd_int.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /*
@@ -441,7 +442,7 @@ static void kfd_send_run_locked(struct kfd *k)
             mh.msg_iovlen++;
         }
         do
-            n = sendmsg(k->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+            n = exs__nc_sendmsg(k->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
         while (n < 0 && errno == EINTR);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             k->io_want |= EV_WRITE;
@@ -482,7 +483,7 @@ static void kfd_recv_run_locked(struct kfd *k)
             return;
         }
         do
-            n = recv(k->fd, op->buf + op->done, op->len - op->done, MSG_DONTWAIT);
+            n = exs__nc_recv(k->fd, op->buf + op->done, op->len - op->done, MSG_DONTWAIT);
         while (n < 0 && errno == EINTR);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             k->io_want |= EV_READ;
@@ -544,7 +545,7 @@ static void kfd_ep_stop(struct exs_job *job)
     if (__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED))
         return; /* at exit: calls still running may use kfd_ep; the process's end closes it */
     EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
-    close(kfd_ep);
+    exs__nc_close(kfd_ep);
     __atomic_store_n(&kfd_ep, -1, __ATOMIC_RELEASE);
     EXS_MUTEX_UNLOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
 }
@@ -655,7 +656,7 @@ void exs__api_kfd_run_ready(void)
     if (__atomic_load_n(&kfd_ep, __ATOMIC_ACQUIRE) < 0)
         return;
     do
-        n = epoll_wait(kfd_ep, evs, (int)EXS_ARRAY_SIZE(evs), 0);
+        n = exs__nc_epoll_wait(kfd_ep, evs, (int)EXS_ARRAY_SIZE(evs), 0);
     while (n < 0 && errno == EINTR);
     if (n < 0)
         EXS_WARN(API, "kfd: epoll_wait: %m");
@@ -913,7 +914,7 @@ int exs__api_kfd_send_fast(int fd, const void *buf, size_t len, int flags, exs_q
         goto slow;
     }
     do
-        n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        n = exs__nc_send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
     if (n == (ssize_t)len) {
         EXS_DATA(API, "kfd %d: event %d ah %p result %zd errno 0", fd, EXS_EVT_SEND, ah, n);
@@ -997,7 +998,7 @@ int exs__api_kfd_xfer(int fd, void *buf, size_t len, int flags, exs_qhandle_t q,
         ssize_t n;
 
         do
-            n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+            n = exs__nc_send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
         while (n < 0 && errno == EINTR);
         if (n == (ssize_t)len) {
             /* its event: no operation was made for it, only its slot reserved */
@@ -1127,7 +1128,7 @@ void exs__api_kfd_fork_child(void)
     kfd_waiting = 0;
     pthread_mutex_init(&kfd_tab_lock, NULL);
     if (kfd_ep >= 0)
-        close(kfd_ep);
+        exs__nc_close(kfd_ep);
     kfd_ep = -1;
     memset(&kfd_ep_io, 0, sizeof(kfd_ep_io));
     memset(&kfd_ep_start_job, 0, sizeof(kfd_ep_start_job));

@@ -7,6 +7,7 @@
 
 #include "exs/api/kfd.h"
 #include "exs/api/kfd_int.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* The start of exs_shutdown and exs_close on kernel socket fd: the checks, the operation
@@ -78,7 +79,7 @@ void exs__api_kfd_close_locked(struct kfd *k, struct kfd_op *op)
         exs__api_kfd_op_finish_locked(k, exs_list_entry(n, struct kfd_op, link), -1, ECANCELED);
     k->snd_timeo = k->rcv_timeo = 0;
     /* close() frees the descriptor whatever it returns (EINTR included) */
-    if (close(k->fd) && errno != EINTR)
+    if (exs__nc_close(k->fd) && errno != EINTR)
         err = errno;
     exs__api_kfd_op_finish_locked(k, op, 0, err);
 }

@@ -16,6 +16,7 @@
 #include "exs/api/kfd_int.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 static uint64_t kfd_sendfile_bytes; /* atomic: bytes moved by sendfile(2) */
@@ -71,7 +72,7 @@ static void kfd_sendfile_rest(struct kfd_op *op, int in_fd, off_t offset, size_t
         return;
     }
     while (got < rest) {
-        ssize_t n = pread(in_fd, b->buf + got, rest - got, offset + (off_t)got);
+        ssize_t n = exs__nc_pread(in_fd, b->buf + got, rest - got, offset + (off_t)got);
 
         if (n < 0 && errno == EINTR)
             continue;

@@ -11,6 +11,7 @@
 #include "exs/api/api_int.h"
 #include "exs/api/kfd.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /*
@@ -179,7 +180,7 @@ ssize_t exs_sendfile(int fd, int in_fd, off_t offset, size_t count, exs_qhandle_
     }
     /* the range, read here (never on the progress thread); the file offset is not moved */
     while (got < want) {
-        ssize_t n = pread(in_fd, b->buf + got, want - got, offset + (off_t)got);
+        ssize_t n = exs__nc_pread(in_fd, b->buf + got, want - got, offset + (off_t)got);
 
         if (n < 0 && errno == EINTR)
             continue;

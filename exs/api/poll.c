@@ -12,6 +12,7 @@
 #include "exs/api/api_int.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /*
@@ -159,7 +160,7 @@ static int poll_eval(struct api_poll *p)
         for (nfds_t j = 0; j < p->nk; j++)
             p->kfds[j].revents = 0;
         do
-            r = poll(p->kfds, p->nk, 0);
+            r = exs__nc_poll(p->kfds, p->nk, 0);
         while (r < 0 && errno == EINTR);
         if (r < 0) {
             r = -errno;
@@ -200,7 +201,7 @@ static void poll_free(struct api_poll *p)
         if (p->socks[i])
             exs__api_sock_put(p->socks[i]);
     if (p->epfd >= 0)
-        close(p->epfd);
+        exs__nc_close(p->epfd);
     free(p->kind);
     free(p->socks);
     free(p->kfds);
@@ -520,7 +521,7 @@ static int poll_reserve(struct api_poll *p, exs_qhandle_t q)
 }
 
 /* The synchronous form once p must wait: on the thread's queue, until its event. */
-static int poll_wait_sync(struct api_poll *p)
+static int poll_wait_sync_nc(struct api_poll *p)
 {
     exs_qhandle_t q = exs__api_sync_queue();
     exs_event_t ev;
@@ -569,6 +570,16 @@ static int poll_wait_sync(struct api_poll *p)
     return ev.exs_evt_u.exs_evt_poll.exs_evt_nready;
 }
 
+/* ... with cancellation off: p names the caller's array (spec/threading.md, "Thread
+ * cancellation": a synchronous call is no cancellation point) */
+static int poll_wait_sync(struct api_poll *p)
+{
+    int cs = exs__nc_begin(), ret = poll_wait_sync_nc(p);
+
+    exs__nc_end(cs);
+    return ret;
+}
+
 int exs_poll(exs_pollfd_t *fds, nfds_t nfds, int timeout_ms, exs_qhandle_t q, exs_ahandle_t ah)
 {
     struct api_poll *p;
@@ -587,7 +598,7 @@ int exs_poll(exs_pollfd_t *fds, nfds_t nfds, int timeout_ms, exs_qhandle_t q, ex
     if (sync && !p->nsock) {
         /* kernel descriptors only: poll(2) is the whole answer (EINTR included) */
         poll_free(p);
-        return poll((struct pollfd *)(void *)fds, nfds, timeout_ms);
+        return exs__nc_poll((struct pollfd *)(void *)fds, nfds, timeout_ms);
     }
     n = poll_eval(p);
     if (n < 0) {
@@ -839,7 +850,7 @@ void exs__api_poll_fork_child(void)
 
         exs__forsake(p);
         if (p->epfd >= 0)
-            close(p->epfd);
+            exs__nc_close(p->epfd);
         p->epfd = -1;
     }
     exs_list_init(&poll_active);

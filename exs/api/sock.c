@@ -17,6 +17,7 @@
 #include "exs/api/sock_int.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* ---- descriptor table ---- */
@@ -60,7 +61,7 @@ void exs__api_sock_put(struct api_sock *s)
     if (s->conn)
         exs__conn_destroy(s->conn); /* DEAD: provider objects already gone */
     if (s->fd_open)
-        close(s->fd);
+        exs__nc_close(s->fd);
     if (s->parent)
         exs__api_sock_put(s->parent);
     pthread_mutex_destroy(&s->lock);
@@ -885,12 +886,12 @@ void exs__api_sock_close(struct api_sock *s, struct api_op *op, int abort_)
                             abort_ ? "exs_fini" : "exs_close");
     s->close_op = op;
     if (s->fd_open) {
-        close(s->fd);
+        exs__nc_close(s->fd);
         s->fd_open = 0;
     }
     api_sock_unlock(s);
     if (exs__params.test_close_pause_us) /* test seam: widens the window above */
-        usleep((useconds_t)exs__params.test_close_pause_us);
+        exs__nc_sleep_us((long)exs__params.test_close_pause_us);
     s->close_job.fn = was == API_SOCK_LISTENING ? sock_close_listener_job : sock_close_conn_job;
     exs__engine_post(&s->close_job);
 }

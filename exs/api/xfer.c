@@ -10,6 +10,7 @@
 #include "exs/api/kfd.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* ---- memory registration ---- */
@@ -617,8 +618,13 @@ int exs__api_call_end(int sync, exs_qhandle_t q, exs_event_t *ev)
     return ev->exs_evt_errno ? exs__err(ev->exs_evt_errno) : 0;
 }
 
+/* A synchronous call's wait is no cancellation point (spec/threading.md, "Thread
+ * cancellation"): its operation names the caller's buffer, maybe on its stack, so a
+ * cancel acts at the caller's next cancellation point after the call. */
 int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 {
+    int cs = exs__nc_begin(), ret = 0;
+
     for (;;) {
         int n = exs_qdequeue(q, ev, 1, NULL);
 
@@ -630,11 +636,14 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
                 sync_abandon(q);
             else
                 sync_release(q);
-            return -1;
+            ret = -1;
+            break;
         }
     }
-    sync_release(q);
-    return 0;
+    if (!ret)
+        sync_release(q);
+    exs__nc_end(cs);
+    return ret;
 }
 
 /* ---- send / receive ---- */

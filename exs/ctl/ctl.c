@@ -20,6 +20,7 @@
 #include "exs/util/json.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 #define CTL_TRACE_RING (64u << 10) /* log bytes queued between the logger and the loop */
@@ -83,7 +84,7 @@ static void client_close(struct ctl_client *c, const char *why)
 {
     EXS_DBG(API, "control client fd %d: closed (%s)", c->fd, why);
     exs__engine_io_stop(&c->io);
-    close(c->fd);
+    exs__nc_close(c->fd);
     if (c->trace)
         __atomic_sub_fetch(&ctl.tracers, 1, __ATOMIC_RELAXED);
     if (c->walk)
@@ -98,8 +99,8 @@ static void client_close(struct ctl_client *c, const char *why)
 static int client_flush(struct ctl_client *c)
 {
     while (c->out_off < c->out.len) {
-        ssize_t n = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = exs__nc_send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
 
         if (n < 0 && errno == EINTR)
             continue;
@@ -248,7 +249,7 @@ static void ctl_client_io_cb(struct exs_eng_io *io, int revents)
         char *dst = c->trace ? trash : c->in + c->in_len;
         size_t room = c->trace ? sizeof(trash) : sizeof(c->in) - c->in_len;
         /* a full c->in holds a complete line (client_lines answers a full one without) */
-        ssize_t n = room ? recv(c->fd, dst, room, MSG_DONTWAIT) : -1;
+        ssize_t n = room ? exs__nc_recv(c->fd, dst, room, MSG_DONTWAIT) : -1;
 
         if (room && (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))) {
             client_close(c, n == 0 ? "end of file" : "read failed");
@@ -288,10 +289,10 @@ static void refuse(int fd, int err, const char *msg)
 
     exs__jbuf_init(&b, 1024);
     exs__ctl_reply_error(&b, err, msg);
-    if (b.len && send(fd, b.p, b.len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+    if (b.len && exs__nc_send(fd, b.p, b.len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
         EXS_DBG(API, "control endpoint: refusal not sent: %m");
     exs__jbuf_free(&b);
-    close(fd);
+    exs__nc_close(fd);
 }
 
 static void ctl_accept_cb(struct exs_eng_io *io, int revents)
@@ -303,7 +304,7 @@ static void ctl_accept_cb(struct exs_eng_io *io, int revents)
         socklen_t clen = sizeof(cred);
         struct ctl_client *c;
         char msg[160];
-        int fd = accept4(ctl.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = exs__nc_accept4(ctl.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
         if (fd < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
@@ -312,7 +313,7 @@ static void ctl_accept_cb(struct exs_eng_io *io, int revents)
         }
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
             EXS_WARN(API, "control endpoint: SO_PEERCRED: %m");
-            close(fd);
+            exs__nc_close(fd);
             continue;
         }
         if (cred.uid != geteuid() && cred.uid != 0) {
@@ -373,7 +374,7 @@ static void ctl_queue(char kind, const char *line, size_t len)
         ctl.tdropped++;
     }
     pthread_mutex_unlock(&ctl.tlock);
-    if (wake && write(ctl.efd, &one, sizeof(one)) < 0) {
+    if (wake && exs__nc_write(ctl.efd, &one, sizeof(one)) < 0) {
         /* the counter cannot overflow from ones: nothing to do */
     }
 }
@@ -451,7 +452,7 @@ static void ctl_trace_cb(struct exs_eng_io *io, int revents)
 
     (void)io;
     (void)revents;
-    if (read(ctl.efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    if (exs__nc_read(ctl.efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_DBG(API, "control endpoint: eventfd read: %m");
     pthread_mutex_lock(&ctl.tlock);
     len = ctl.tlen;
@@ -534,7 +535,7 @@ static void ctl_stop_job(void *arg)
      * stopped descriptor when an event of it comes, epoll_ctl in the loop thread) while
      * the caller closes it, or after its number went to another file (TSan: exs_fini in
      * test_ctl_dir_modes over shm) */
-    close(ctl.lfd);
+    exs__nc_close(ctl.lfd);
     ctl.lfd = -1;
     ctl.running = 0;
 }
@@ -643,7 +644,7 @@ int exs__ctl_start(void)
         EXS_WARN(API, "control endpoint: eventfd: %m");
         goto err_unlink;
     }
-    close(dfd);
+    exs__nc_close(dfd);
     if (!ctl.atexit_done) {
         atexit(ctl_atexit);
         ctl.atexit_done = 1;
@@ -660,10 +661,10 @@ int exs__ctl_start(void)
 
 err_unlink:
     ctl_unlink();
-    close(ctl.lfd);
+    exs__nc_close(ctl.lfd);
     ctl.lfd = -1;
 err_dir:
-    close(dfd);
+    exs__nc_close(dfd);
 err:
     return ret;
 }
@@ -678,7 +679,7 @@ void exs__ctl_stop(void)
     exs__pv_set_sink(NULL);
     ctl_unlink();
     if (ctl.lfd >= 0) { /* the job did not run: the endpoint never started its watchers */
-        close(ctl.lfd);
+        exs__nc_close(ctl.lfd);
         ctl.lfd = -1;
     }
     pthread_mutex_lock(&ctl.tlock);
@@ -706,14 +707,14 @@ void exs__ctl_fork_child(void)
             struct ctl_client *c = exs_list_entry(n, struct ctl_client, link);
 
             if (c->fd >= 0)
-                close(c->fd);
+                exs__nc_close(c->fd);
             c->fd = -1;
             exs__forsake(c);
         }
-        close(ctl.lfd);
+        exs__nc_close(ctl.lfd);
     }
     if (ctl.efd >= 0)
-        close(ctl.efd);
+        exs__nc_close(ctl.efd);
     ctl.lfd = ctl.efd = -1;
     ctl.running = ctl.sweeping = 0;
     exs_list_init(&ctl.clients);

@@ -14,6 +14,7 @@
 #include "exs/ctl/ctl.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* ---- directory ---- */
@@ -91,7 +92,7 @@ int exs__ctl_dir_trust(const struct stat *st, uid_t uid, uid_t also, char *why, 
 
 int exs__ctl_dir_open(const char *dir, uid_t also, int *shared_p, char *why, size_t size)
 {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), ret;
+    int fd = exs__nc_open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), ret;
     struct stat st;
 
     if (fd < 0) {
@@ -103,12 +104,12 @@ int exs__ctl_dir_open(const char *dir, uid_t also, int *shared_p, char *why, siz
     if (fstat(fd, &st) < 0) {
         ret = -errno;
         snprintf(why, size, "fstat: %s", strerror(-ret));
-        close(fd);
+        exs__nc_close(fd);
         return ret;
     }
     ret = exs__ctl_dir_trust(&st, geteuid(), also, why, size);
     if (ret < 0) {
-        close(fd);
+        exs__nc_close(fd);
         return ret;
     }
     *shared_p = ret;

@@ -17,6 +17,7 @@
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 #define ENG_CQE_BATCH   64
@@ -271,11 +272,22 @@ static int eng_trylock(void)
 /* The loop may be asleep with a timeout computed before the change. A call racing
  * exs_fini at exit may get here after the engine stopped: eng.loop is cleared under
  * eng.lock before the loop is destroyed. */
+/* ev_async_send from an application thread: libev's write of its wake-up descriptor is a
+ * cancellation point, made here under eng.lock (spec/threading.md, "Thread cancellation"):
+ * cancellation off around it. */
+static void eng_async_send(void)
+{
+    int cs = exs__nc_begin();
+
+    ev_async_send(eng.loop, &eng.wake);
+    exs__nc_end(cs);
+}
+
 static __attribute__((noinline, cold)) void eng_wake_loop(void)
 {
     EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
     if (eng.loop)
-        ev_async_send(eng.loop, &eng.wake);
+        eng_async_send();
     EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
 }
 
@@ -714,7 +726,7 @@ void exs__engine_driver_leave(void)
          * is gone: eng.loop is cleared under eng.lock before it is destroyed */
         EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
         if (eng.loop)
-            ev_async_send(eng.loop, &eng.wake);
+            eng_async_send();
         EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
     }
 }
@@ -928,12 +940,12 @@ static void *eng_main(void *arg)
     return NULL;
 }
 
-static int eng_open(int (*open)(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p),
+static int eng_open(int (*open_ctx)(const struct exs_prov_attr *attr, struct exs_prov_ctx **ctx_p),
                     struct exs_prov_ctx **ctx_p, int *manual_p)
 {
     int ret;
 
-    ret = open(&(struct exs_prov_attr){.flags = EXS_PROV_ATTR_MANUAL_PROGRESS}, ctx_p);
+    ret = open_ctx(&(struct exs_prov_attr){.flags = EXS_PROV_ATTR_MANUAL_PROGRESS}, ctx_p);
     if (ret == 0) {
         *manual_p = 1;
         return 0;
@@ -942,7 +954,7 @@ static int eng_open(int (*open)(const struct exs_prov_attr *attr, struct exs_pro
         return ret;
     EXS_INFO(ENG, "provider refused manual progress (%d): its own threads move data", ret);
     *manual_p = 0;
-    return open(&(struct exs_prov_attr){0}, ctx_p);
+    return open_ctx(&(struct exs_prov_attr){0}, ctx_p);
 }
 
 /* Open the fallback context when the policy asks for one. It is opened here, not at the
@@ -1060,8 +1072,8 @@ void exs__engine_stop(void)
     EXS_MUTEX_LOCK(&eng.lock, EXS_LOCK_LEAF);
     eng.stopping = 1;
     EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
-    ev_async_send(eng.loop, &eng.wake);
-    pthread_join(eng.thread, NULL);
+    eng_async_send();
+    pthread_join(eng.thread, NULL); /* nocancel: ok (exs_fini: cancellation off) */
     exs__counters_unregister(&eng_cset);
     exs__counters_unregister(&eng_fb_cset);
     eng_lock();
@@ -1090,7 +1102,7 @@ void exs__engine_post(struct exs_job *job)
      * engine stopped: eng.loop is cleared under eng.lock before it is destroyed, and the
      * job then never runs */
     if (eng.loop)
-        ev_async_send(eng.loop, &eng.wake);
+        eng_async_send();
     EXS_MUTEX_UNLOCK(&eng.lock, EXS_LOCK_LEAF);
 }
 
@@ -1117,6 +1129,7 @@ static void eng_call_job(struct exs_job *job)
 void exs__engine_call(void (*fn)(void *arg), void *arg)
 {
     struct eng_call c = {.job = {.fn = eng_call_job}, .fn = fn, .arg = arg};
+    int cs = exs__nc_begin(); /* the job names c, on this stack: no cancel in the wait */
 
     EXS_ASSERT(!eng_holding());
     pthread_mutex_init(&c.lock, NULL);
@@ -1124,10 +1137,11 @@ void exs__engine_call(void (*fn)(void *arg), void *arg)
     exs__engine_post(&c.job);
     pthread_mutex_lock(&c.lock);
     while (!c.done)
-        pthread_cond_wait(&c.cond, &c.lock);
+        pthread_cond_wait(&c.cond, &c.lock); /* nocancel: ok (off) */
     pthread_mutex_unlock(&c.lock);
     pthread_cond_destroy(&c.cond);
     pthread_mutex_destroy(&c.lock);
+    exs__nc_end(cs);
 }
 
 static void eng_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)

@@ -19,6 +19,7 @@
 #include "exs/proto/shm_switch.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
@@ -75,13 +76,13 @@ static void shmsw_here_init(void)
     char text[64];
     struct stat st;
     ssize_t n = 0;
-    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    int fd = exs__nc_open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
     unsigned got = 0;
     uint8_t id[16];
 
     if (fd >= 0) {
-        n = read(fd, text, sizeof(text) - 1);
-        close(fd);
+        n = exs__nc_read(fd, text, sizeof(text) - 1);
+        exs__nc_close(fd);
     }
     /* a UUID's 32 hex digits, dashes skipped */
     for (ssize_t i = 0; i < n && got < 32; i++) {

@@ -13,6 +13,7 @@
 #include "exs/prov/prov.h"
 #include "exs/prov/shm/shm.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
@@ -271,10 +272,10 @@ int exs__prov_shm_peer(const struct exs_prov_ctx *ctx, const struct sockaddr *ad
     if (fd < 0)
         return -errno;
     /* a unix connect never waits: it is queued on the listener or refused */
-    if (connect(fd, (struct sockaddr *)&un, exs__shm_unix_name(&un, port)) < 0 ||
+    if (exs__nc_connect(fd, (struct sockaddr *)&un, exs__shm_unix_name(&un, port)) < 0 ||
         getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
         ret = -errno;
-    close(fd);
+    exs__nc_close(fd);
     if (ret)
         return ret;
     *pid_p = (uint32_t)cr.pid;
@@ -376,7 +377,7 @@ void exs__prov_fork_close(int *const *fds, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (*fds[i] >= 0)
-            close(*fds[i]);
+            exs__nc_close(*fds[i]);
         *fds[i] = -1;
     }
 }

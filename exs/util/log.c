@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
 
@@ -201,7 +202,7 @@ void exs__vlog(int level, unsigned subsys, const char *func, int line, const cha
     char stack[1024];
     char *buf = stack;
     size_t size = sizeof(stack);
-    int head, body;
+    int head, body, cs;
     va_list ap;
     FILE *f = __atomic_load_n(&log_stream, __ATOMIC_ACQUIRE);
     exs_log_hook_fn *hook = __atomic_load_n(&log_hook, __ATOMIC_ACQUIRE);
@@ -248,12 +249,16 @@ void exs__vlog(int level, unsigned subsys, const char *func, int line, const cha
     /* One fwrite of the whole line is atomic with respect to other stdio users of f.
      * log_lock orders our own writers in a way ThreadSanitizer can see (it does not
      * see glibc's FILE locks) and keeps each flush with its line. */
+    /* stdio's write is a cancellation point, and so may be the hook's code: off, the
+     * caller may hold the library's locks (nocancel.h) */
+    cs = exs__nc_begin();
     pthread_mutex_lock(&log_lock);
     fwrite(buf, 1, (size_t)head + (size_t)body + 1, f);
     fflush(f);
     pthread_mutex_unlock(&log_lock);
     if (hook)
         hook(buf, (size_t)head + (size_t)body + 1);
+    exs__nc_end(cs);
 
     if (buf != stack)
         free(buf);

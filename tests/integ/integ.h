@@ -58,6 +58,8 @@ Suite *integ_pv_suite(void);
 Suite *integ_fork_suite(void);
 Suite *integ_shm_suite(void);
 Suite *integ_unsig_suite(void);
+Suite *integ_attack_suite(void);
+Suite *integ_cancel_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */
 TCase *it_tcase(const char *name, int timeout_s);
@@ -278,6 +280,10 @@ void it_fault_set_port(const struct it_pair *p);
 int it_count_tasks(void);
 /* it_count_tasks() once it equals want, or after 2 s: exited threads linger briefly. */
 int it_count_tasks_expect(int want);
+/* The system call thread tid of process pid is in (/proc/PID/task/TID/syscall: its
+ * number, e.g. SYS_ppoll for a sleeping NOTIFY wait); -1: running in user space, or
+ * unreadable. */
+long it_thread_syscall(int pid, int tid);
 
 /* Entry of the exec'd sender of test_eos_peer_process_exit (main.c dispatches to it). */
 int it_child_stream_send(int argc, char **argv);

@@ -802,6 +802,22 @@ int it_count_fds(void)
     return count_dir("/proc/self/fd", 1); /* minus the directory's own descriptor */
 }
 
+long it_thread_syscall(int pid, int tid)
+{
+    char path[64], buf[128];
+    long nr = -1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/syscall", pid, tid);
+    f = fopen(path, "r");
+    if (!f)
+        return -1;
+    if (!fgets(buf, sizeof(buf), f) || sscanf(buf, "%ld", &nr) != 1)
+        nr = -1;
+    fclose(f);
+    return nr;
+}
+
 int it_count_tasks(void)
 {
     return count_dir("/proc/self/task", 0);

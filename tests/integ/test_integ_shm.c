@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -483,6 +484,60 @@ START_TEST(test_shm_path_without_switch)
 }
 END_TEST
 
+/* Attack review (session 24): both processes keep their progress threads off the provider
+ * (EXS_TEST_ENGINE_PARK=1) and wait with EXS_WAIT_NOTIFY; each of 200 messages over the
+ * switched shm path is sent only once the echoing peer's thread sleeps in ppoll (seen in
+ * /proc), and its echo finds this thread asleep as well: every wake-up, both ways, must come
+ * from the other process's bell after its ring publication (the tail and ack order of the
+ * responder, spec/provider-shm.md). Seen failing with exs__shm_conn_kick's bell taken out:
+ * the first message's wait ends without its events (the peer is never woken). */
+START_TEST(test_shm_sleeping_peers_woken)
+{
+    static const char *const env[] = {"EXS_SHM=on", "EXS_TEST_ENGINE_PARK=1", NULL};
+    struct it_buf *tx, *rx;
+    struct shm_peer peer;
+    exs_qhandle_t q;
+    int fd;
+
+    if (skip_unless_tcp("shm_sleeping_peers_woken"))
+        return;
+    it_setenv("EXS_TEST_ENGINE_PARK", "1");
+    shm_begin(&peer, SOCK_SEQPACKET, env, "on");
+    q = it_qcreate(16);
+    fd = peer_connect(&peer, SOCK_SEQPACKET, q);
+    exchange(fd, SOCK_SEQPACKET, q, 0, 8);
+    wait_path(fd, "shm: same host");
+    IT_EXPECT_OK(exs_qsetwait(q, EXS_WAIT_NOTIFY, 0));
+    tx = it_buf_new(64, 1);
+    rx = it_buf_new(64, 1);
+    for (int i = 0; i < 200; i++) {
+        double end = it_now_ms() + IT_TIMEOUT_MS;
+        exs_event_t ev;
+        int sent = 0, got = 0;
+
+        IT_POST_RECV(fd, rx->p, 64, q, IT_AH(2), rx->mh);
+        while (it_thread_syscall(peer.pid, peer.pid) != SYS_ppoll) {
+            ck_assert_msg(it_now_ms() < end, "message %d: the peer never slept in ppoll", i);
+            it_sleep_ms(1);
+        }
+        it_fill(tx->p, 64, 5000u + (uint32_t)i);
+        IT_POST_SEND(fd, tx->p, 64, q, IT_AH(1), tx->mh);
+        while (!sent || !got) {
+            ck_assert_msg(exs_qdequeue(q, &ev, 1, &(struct timespec){IT_TIMEOUT_MS / 1000, 0}) == 1,
+                          "message %d: no event in %d ms (sent %d, echoed %d)", i, IT_TIMEOUT_MS,
+                          sent, got);
+            ck_assert_int_eq(ev.exs_evt_errno, 0);
+            sent += ev.exs_evt_type == EXS_EVT_SEND;
+            got += ev.exs_evt_type == EXS_EVT_RECV;
+        }
+        ck_assert_int_eq(it_check(rx->p, 64, 5000u + (uint32_t)i), -1);
+    }
+    it_buf_free(tx);
+    it_buf_free(rx);
+    shm_end(&peer, fd, q);
+}
+END_TEST
+
 Suite *integ_shm_suite(void)
 {
     Suite *s = suite_create("integ_shm");
@@ -493,6 +548,7 @@ Suite *integ_shm_suite(void)
     tcase_add_test(tc, test_shm_lying_peer_stays);
     tcase_add_test(tc, test_shm_declined_passive_ends);
     tcase_add_test(tc, test_shm_path_without_switch);
+    tcase_add_test(tc, test_shm_sleeping_peers_woken);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -14,6 +14,7 @@
 #include "exs/prov/fault/fault.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* Completions taken from the inner provider per ctx_poll call. */
@@ -319,14 +320,14 @@ static void *fault_thaw_main(void *arg)
     pthread_mutex_lock(&ctx->lock);
     while (!ctx->thaw_stop) {
         if (!ctx->nblocked) {
-            pthread_cond_wait(&ctx->thaw_cond, &ctx->lock);
+            pthread_cond_wait(&ctx->thaw_cond, &ctx->lock); /* nocancel: ok (its own thread) */
             continue;
         }
         uint64_t at = exs__fault_now_ns() + 10 * 1000000ull;
         struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull),
                               .tv_nsec = (long)(at % 1000000000ull)};
 
-        pthread_cond_timedwait(&ctx->thaw_cond, &ctx->lock, &ts);
+        pthread_cond_timedwait(&ctx->thaw_cond, &ctx->lock, &ts); /* nocancel: ok */
         if (ctx->thaw_stop)
             break;
         pthread_mutex_unlock(&ctx->lock);
@@ -717,7 +718,7 @@ int exs__fault_ctx_arm(struct exs_prov_ctx *c)
     if (ret)
         return ret;
     pthread_mutex_lock(&ctx->lock);
-    if (read(ctx->timerfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    if (exs__nc_read(ctx->timerfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: timerfd read: %m", (void *)ctx);
     ctx->timer_ns = 0;
     now = exs__fault_now_ns();
@@ -761,8 +762,8 @@ void exs__fault_ctx_fork(struct exs_prov_ctx *c, int phase)
     if (phase != EXS_FORK_CHILD)
         return;
     exs__counters_unregister(&ctx->cset);
-    close(ctx->timerfd);
-    close(ctx->epfd);
+    exs__nc_close(ctx->timerfd);
+    exs__nc_close(ctx->epfd);
     ctx->timerfd = ctx->epfd = -1;
 }
 
@@ -779,15 +780,15 @@ void exs__fault_ctx_close(struct exs_prov_ctx *c)
     pthread_cond_signal(&ctx->thaw_cond);
     pthread_mutex_unlock(&ctx->lock);
     if (ctx->thaw_started)
-        pthread_join(ctx->thaw_thread, NULL);
+        pthread_join(ctx->thaw_thread, NULL); /* nocancel: ok (exs_fini: off) */
     pthread_cond_destroy(&ctx->thaw_cond);
     exs__counters_unregister(&ctx->cset);
     ctx->inner->ops->ctx_close(ctx->inner);
     while (!exs_list_empty(&ctx->cmq))
         free(exs_list_entry(exs_list_pop_head(&ctx->cmq), struct fault_cm, link));
     free(ctx->held);
-    close(ctx->timerfd);
-    close(ctx->epfd);
+    exs__nc_close(ctx->timerfd);
+    exs__nc_close(ctx->epfd);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }
@@ -865,9 +866,9 @@ int exs__fault_ctx_open(const struct exs_prov_ops *ops, const char *inner_name,
     return 0;
 
 err_close_timer:
-    close(ctx->timerfd);
+    exs__nc_close(ctx->timerfd);
 err_close_epfd:
-    close(ctx->epfd);
+    exs__nc_close(ctx->epfd);
 err_close_inner:
     iops->ctx_close(ctx->inner);
 err_free:

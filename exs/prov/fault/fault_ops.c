@@ -10,6 +10,7 @@
 #include "exs/prov/fault/fault.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* The inner ops table of a wrapper context. */
@@ -245,7 +246,7 @@ static void fault_ep_destroy(struct exs_prov_ep *e)
         struct timespec ts = {.tv_nsec = 100000};
 
         pthread_mutex_unlock(&ctx->lock);
-        nanosleep(&ts, NULL);
+        exs__nc_nanosleep(&ts);
         pthread_mutex_lock(&ctx->lock);
     }
     exs__fault_purge_ep_locked(ctx, ep);

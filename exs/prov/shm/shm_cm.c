@@ -21,6 +21,7 @@
 #include "exs/prov/shm/shm.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 #ifndef F_SEAL_SEAL
@@ -74,7 +75,7 @@ int exs__shm_hs_send(int fd, uint8_t type, uint8_t flags, const struct shm_ctx *
         u.c.cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
         memcpy(CMSG_DATA(&u.c), fds, (size_t)nfds * sizeof(int));
     }
-    n = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    n = exs__nc_sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0)
         return -errno;
     return n == (ssize_t)iov.iov_len ? 0 : -EIO;
@@ -100,7 +101,7 @@ static int shm_hs_recv(int fd, struct shm_hs *hs, int fds[2], int *nfds)
     msg.msg_iovlen = 1;
     msg.msg_control = u.buf;
     msg.msg_controllen = sizeof(u.buf);
-    n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    n = exs__nc_recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0)
         return -errno;
     for (c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
@@ -113,7 +114,7 @@ static int shm_hs_recv(int fd, struct shm_hs *hs, int fds[2], int *nfds)
             if (*nfds < 2)
                 fds[(*nfds)++] = f;
             else {
-                close(f);
+                exs__nc_close(f);
                 bad = 1;
             }
         }
@@ -130,7 +131,7 @@ static int shm_hs_recv(int fd, struct shm_hs *hs, int fds[2], int *nfds)
 static void shm_close_fds(const int *fds, int n)
 {
     for (int i = 0; i < n; i++)
-        close(fds[i]);
+        exs__nc_close(fds[i]);
 }
 
 static void shm_event_ep(struct shm_ctx *ctx, enum exs_prov_cm_event_type type, struct shm_ep *ep,
@@ -183,7 +184,7 @@ int exs__shm_conn_peer(struct shm_conn *conn)
     conn->pid = cr.pid;
     conn->pidfd = (int)syscall(SYS_pidfd_open, cr.pid, 0);
     if (conn->pidfd >= 0 && exs__shm_epoll_add(conn->ctx, conn->pidfd, conn, SHM_TAG_PID) < 0) {
-        close(conn->pidfd);
+        exs__nc_close(conn->pidfd);
         conn->pidfd = -1;
     }
     return 0;
@@ -230,16 +231,16 @@ static void shm_conn_close_fds(struct shm_conn *conn)
 
     if (conn->fd >= 0) {
         exs__shm_epoll_del(ctx, conn->fd);
-        close(conn->fd);
+        exs__nc_close(conn->fd);
         conn->fd = -1;
     }
     if (conn->pidfd >= 0) {
         exs__shm_epoll_del(ctx, conn->pidfd);
-        close(conn->pidfd);
+        exs__nc_close(conn->pidfd);
         conn->pidfd = -1;
     }
     if (conn->bell >= 0) {
-        close(conn->bell);
+        exs__nc_close(conn->bell);
         conn->bell = -1;
     }
 }
@@ -432,7 +433,7 @@ static void shm_conn_got_req(struct shm_conn *conn, const struct shm_hs *hs, int
     seg = mmap(NULL, hs->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
     if (seg == MAP_FAILED)
         goto bogus;
-    close(fds[0]);
+    exs__nc_close(fds[0]);
     conn->bell = fds[1];
     (void)fcntl(conn->bell, F_SETFL, O_NONBLOCK);
     shm_conn_map(conn, seg, hs->ring_bytes);
@@ -707,14 +708,14 @@ static int shm_connect_nic(struct shm_ctx *ctx, struct shm_ep *ep, const struct 
     fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
-    if (connect(fd, (struct sockaddr *)&un, exs__shm_unix_name(&un, port)) < 0) {
+    if (exs__nc_connect(fd, (struct sockaddr *)&un, exs__shm_unix_name(&un, port)) < 0) {
         ret = errno == EAGAIN || errno == ENOENT ? -ECONNREFUSED : -errno;
-        close(fd);
+        exs__nc_close(fd);
         return ret;
     }
     conn = exs__shm_conn_new(ctx, fd, 0);
     if (!conn) {
-        close(fd);
+        exs__nc_close(fd);
         return -ENOMEM;
     }
     conn->state = SHM_CONN_WAIT_REPLY;
@@ -741,7 +742,7 @@ static int shm_connect_nic(struct shm_ctx *ctx, struct shm_ep *ep, const struct 
             exs__shm_hs_send(fd, SHM_HS_REQ, 0, ctx, ep, pd, pdlen, fds, 2, sport, ctx->ring_bytes);
     }
     if (mfd >= 0)
-        close(mfd);
+        exs__nc_close(mfd);
     if (!ret)
         ret = exs__shm_epoll_add(ctx, fd, conn, SHM_TAG_CONN);
     if (ret) {

@@ -14,6 +14,7 @@
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* SHM_TAG_CTX objects (the pointer part of the epoll data) */
@@ -64,7 +65,7 @@ static void shm_fd_bump(int fd)
 {
     uint64_t one = 1;
 
-    if (write(fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    if (exs__nc_write(fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "eventfd write: %m");
 }
 
@@ -72,7 +73,7 @@ static void shm_fd_drain(int fd)
 {
     uint64_t v;
 
-    if (read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    if (exs__nc_read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "eventfd read: %m");
 }
 
@@ -170,7 +171,7 @@ static void shm_event(struct shm_ctx *ctx, const struct epoll_event *ev)
             EXS_CNT_INC(ctx->cnt.bells_rx);
             shm_fd_drain(ctx->bell);
         } else if ((uintptr_t)p == SHM_CTX_TIMER) {
-            if (read(ctx->timerfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+            if (exs__nc_read(ctx->timerfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
                 EXS_ERR(PROV, "ctx %p: timerfd read: %m", (void *)ctx);
             ctx->timer_armed_ns = 0;
         }
@@ -234,7 +235,7 @@ static __attribute__((noinline)) int shm_collect(struct shm_ctx *ctx)
 
     ctx->idle_turns = 0;
     SHM_CNT_INC_OWNED(ctx->cnt.collects);
-    n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
+    n = exs__nc_epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
     for (int i = 0; i < n; i++) {
         /* a conn ended by an earlier event of this batch is DEAD, not freed yet */
         shm_event(ctx, &evs[i]);
@@ -340,7 +341,7 @@ static void *shm_nic_main(void *arg)
             continue;
         EXS_CNT_INC(ctx->cnt.sleeps);
         /* the event is not looked at: the next turn collects it again (level-triggered) */
-        (void)epoll_wait(ctx->epfd, &ev, 1, -1);
+        (void)exs__nc_epoll_wait(ctx->epfd, &ev, 1, -1);
     }
     return NULL;
 }
@@ -502,13 +503,13 @@ static void shm_ctx_free(struct shm_ctx *ctx)
 {
     exs__soft_cm_free_all(&ctx->cm_events);
     if (ctx->epfd >= 0)
-        close(ctx->epfd);
+        exs__nc_close(ctx->epfd);
     if (ctx->bell >= 0)
-        close(ctx->bell);
+        exs__nc_close(ctx->bell);
     if (ctx->timerfd >= 0)
-        close(ctx->timerfd);
+        exs__nc_close(ctx->timerfd);
     if (ctx->evfd >= 0)
-        close(ctx->evfd);
+        exs__nc_close(ctx->evfd);
     exs__soft_cq_fini(&ctx->cq);
     exs__soft_keys_fini(&ctx->keys);
     free(ctx);
@@ -595,7 +596,7 @@ static void shm_ctx_close(struct exs_prov_ctx *c)
     exs__lite_unlock(&ctx->lock);
     if (ctx->has_thread) {
         exs__shm_ctx_wake(ctx);
-        pthread_join(ctx->thread, NULL);
+        pthread_join(ctx->thread, NULL); /* nocancel: ok (exs_fini: off) */
     }
     /* connections of destroyed eps still in their handshake or pending */
     while ((l = exs_list_pop_head(&ctx->conns)) != NULL)

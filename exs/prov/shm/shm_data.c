@@ -11,6 +11,7 @@
 #include "exs/prov/shm/shm.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 _Static_assert(SHM_RING_MIN % SHM_SLOT == 0 && SHM_REC_HDR <= SHM_SLOT &&
@@ -94,7 +95,7 @@ void exs__shm_conn_bell(struct shm_conn *conn)
     uint64_t one = 1;
 
     EXS_CNT_INC(conn->ctx->cnt.bells_tx);
-    if (write(conn->bell, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    if (exs__nc_write(conn->bell, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_DBG(PROV, "shm conn %p: bell: %m", (void *)conn);
 }
 

@@ -17,6 +17,7 @@
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* ---- addresses ---- */
@@ -134,18 +135,18 @@ int exs__shm_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
         }
         ret = -errno;
         if (port || ret != -EADDRINUSE || tries > 64) {
-            close(fd);
+            exs__nc_close(fd);
             return ret;
         }
     }
     if (listen(fd, EXS_MAX(backlog, 4096)) < 0) {
         ret = -errno;
-        close(fd);
+        exs__nc_close(fd);
         return ret;
     }
     lis = calloc(1, sizeof(*lis));
     if (!lis) {
-        close(fd);
+        exs__nc_close(fd);
         return -ENOMEM;
     }
     lis->base.ctx = c;
@@ -166,7 +167,7 @@ int exs__shm_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
         exs_list_add_tail(&ctx->listeners, &lis->link);
     exs__lite_unlock(&ctx->nic_lock);
     if (ret) {
-        close(fd);
+        exs__nc_close(fd);
         free(lis);
         return ret;
     }
@@ -218,14 +219,14 @@ void exs__shm_listener_ready(struct shm_listener *lis)
     struct shm_ctx *ctx = lis->ctx;
 
     for (int i = 0; i < 64 && !lis->paused; i++) {
-        int fd = accept4(lis->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = exs__nc_accept4(lis->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         struct shm_conn *conn;
 
         if (fd < 0)
             return;
         conn = exs__shm_conn_new(ctx, fd, 1);
         if (!conn) {
-            close(fd);
+            exs__nc_close(fd);
             return;
         }
         conn->state = SHM_CONN_WAIT_REQ;
@@ -247,7 +248,7 @@ void exs__shm_listener_destroy(struct exs_prov_listener *l)
 
     exs__lite_lock(&ctx->nic_lock);
     exs__shm_epoll_del(ctx, lis->fd);
-    close(lis->fd);
+    exs__nc_close(lis->fd);
     exs_list_for_each_safe(pos, tmp, &ctx->conns)
     {
         struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);

@@ -14,6 +14,7 @@
 #include "exs/util/lite_lock.h"
 #include "exs/prov/soft/soft_keys.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 void exs__soft_keys_init(struct exs_soft_keys *t, pthread_mutex_t *lock)
@@ -57,7 +58,10 @@ static void soft_copy_wait(struct exs_soft_keys *t)
     uint32_t seen;
 
     if (!t->lite) {
-        pthread_cond_wait(&t->copy_cond, t->lock);
+        int cs = exs__nc_begin(); /* a cancellation point, with the lock: off */
+
+        pthread_cond_wait(&t->copy_cond, t->lock); /* nocancel: ok (off) */
+        exs__nc_end(cs);
         return;
     }
     seen = __atomic_load_n(&t->copy_ends, __ATOMIC_RELAXED);

@@ -15,6 +15,7 @@
 #include "exs/prov/tcp/tcp.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* ---- endpoints ---- */
@@ -176,13 +177,13 @@ static int tcp_connect_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     if (fd < 0)
         return -errno;
     if (exs__tcp_ep_set_state(ep, EXS_PROV_EP_CONNECTING, "connect")) {
-        close(fd);
+        exs__nc_close(fd);
         return -EPROTO;
     }
-    if (connect(fd, cmd->addr, cmd->addrlen) < 0 && errno != EINPROGRESS)
+    if (exs__nc_connect(fd, cmd->addr, cmd->addrlen) < 0 && errno != EINPROGRESS)
         err = errno;
     if (err) {
-        close(fd);
+        exs__nc_close(fd);
         EXS_DBG(PROV, "ep %p: connect: %s", (void *)ep, strerror(err));
         EXS_CNT_INC(ctx->cnt.conns_unreachable);
         exs__tcp_ep_unconnected(ep, EXS_PROV_CM_UNREACHABLE, -err, NULL, 0);
@@ -190,7 +191,7 @@ static int tcp_connect_nic(struct tcp_ctx *ctx, struct tcp_cmd *cmd)
     }
     conn = exs__tcp_conn_new(ctx, fd, TCP_CONN_CONNECTING);
     if (!conn) {
-        close(fd);
+        exs__nc_close(fd);
         exs__tcp_ep_set_state(ep, EXS_PROV_EP_IDLE, "connect: no memory");
         return -ENOMEM;
     }

@@ -16,6 +16,7 @@
 #include "exs/prov/tcp/tcp.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 static void tcp_ep_note_local_locked(struct tcp_ep *ep, int fd);
@@ -251,7 +252,7 @@ void exs__tcp_conn_close(struct tcp_conn *conn)
     exs__tcp_conn_timer(conn);
     if (conn->fd >= 0) {
         epoll_ctl(conn->ctx->epfd, EPOLL_CTL_DEL, conn->fd, NULL);
-        close(conn->fd);
+        exs__nc_close(conn->fd);
         conn->fd = -1;
     }
     if (conn->ep && conn->ep->conn == conn)
@@ -269,7 +270,7 @@ static void tcp_conn_break(struct tcp_conn *conn)
 {
     if (conn->fd >= 0) {
         epoll_ctl(conn->ctx->epfd, EPOLL_CTL_DEL, conn->fd, NULL);
-        close(conn->fd);
+        exs__nc_close(conn->fd);
         conn->fd = -1;
     }
     tcp_conn_txq_clear(conn);

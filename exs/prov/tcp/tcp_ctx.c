@@ -14,6 +14,7 @@
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* epoll data: a pointer with the object kind in the low bits. */
@@ -88,7 +89,7 @@ static void tcp_wakefd_write(struct tcp_ctx *ctx)
 {
     uint64_t one = 1;
 
-    if (write(ctx->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    if (exs__nc_write(ctx->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: wake write: %m", (void *)ctx);
 }
 
@@ -96,7 +97,7 @@ static void tcp_wakefd_read(struct tcp_ctx *ctx)
 {
     uint64_t v;
 
-    if (read(ctx->wakefd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    if (exs__nc_read(ctx->wakefd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: wake read: %m", (void *)ctx);
 }
 
@@ -114,7 +115,7 @@ static void tcp_ctx_notify_locked(struct tcp_ctx *ctx)
     ctx->armed = 0;
     ctx->evfd_set = 1;
     EXS_CNT_INC(ctx->cnt.notifies);
-    if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    if (exs__nc_write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: event fd write: %m", (void *)ctx);
 }
 
@@ -184,7 +185,7 @@ static int tcp_ctx_arm(struct exs_prov_ctx *c)
 
     pthread_mutex_lock(&ctx->lock);
     /* only notify writes evfd: nothing to consume unless it did */
-    if (ctx->evfd_set && read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+    if (ctx->evfd_set && exs__nc_read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: event fd read: %m", (void *)ctx);
     ctx->evfd_set = 0;
     if (ctx->manual && __atomic_load_n(&ctx->acks_deferred, __ATOMIC_RELAXED))
@@ -432,7 +433,7 @@ static void tcp_nic_event(struct tcp_ctx *ctx, struct epoll_event *ev)
         tcp_wakefd_read(ctx);
         break;
     case TCP_TAG_TIMER:
-        if (read(ctx->timerfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        if (exs__nc_read(ctx->timerfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
             EXS_ERR(PROV, "ctx %p: timerfd read: %m", (void *)ctx);
         ctx->timer_armed_ns = 0;
         ctx->timers_due = 1;
@@ -558,7 +559,7 @@ static int tcp_nic_turn(struct tcp_ctx *ctx, enum tcp_turn kind)
         tcp_nic_acks(ctx);
     if (io) {
         ctx->rx_turn = 1;
-        n = epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
+        n = exs__nc_epoll_wait(ctx->epfd, evs, (int)EXS_ARRAY_SIZE(evs), 0);
         if (n < 0) {
             if (errno != EINTR)
                 EXS_ERR(PROV, "ctx %p: epoll_wait: %m", (void *)ctx);
@@ -679,7 +680,7 @@ static void tcp_nic_sleep(struct tcp_ctx *ctx, int wait_ms)
 {
     struct epoll_event ev;
 
-    if (wait_ms && epoll_wait(ctx->epfd, &ev, 1, wait_ms) < 0 && errno != EINTR)
+    if (wait_ms && exs__nc_epoll_wait(ctx->epfd, &ev, 1, wait_ms) < 0 && errno != EINTR)
         EXS_ERR(PROV, "ctx %p: epoll_wait: %m", (void *)ctx);
 }
 
@@ -732,13 +733,13 @@ static void tcp_ctx_free(struct tcp_ctx *ctx)
         exs__tcp_conn_close(exs_list_entry(l, struct tcp_conn, link));
     tcp_nic_reap(ctx);
     if (ctx->epfd >= 0)
-        close(ctx->epfd);
+        exs__nc_close(ctx->epfd);
     if (ctx->wakefd >= 0)
-        close(ctx->wakefd);
+        exs__nc_close(ctx->wakefd);
     if (ctx->timerfd >= 0)
-        close(ctx->timerfd);
+        exs__nc_close(ctx->timerfd);
     if (ctx->evfd >= 0)
-        close(ctx->evfd);
+        exs__nc_close(ctx->evfd);
     pthread_mutex_destroy(&ctx->lock);
     pthread_mutex_destroy(&ctx->nic_lock);
     pthread_mutex_destroy(&ctx->mr_lock);
@@ -855,7 +856,7 @@ static void tcp_ctx_close(struct exs_prov_ctx *c)
     pthread_mutex_unlock(&ctx->lock);
     if (ctx->has_thread) {
         tcp_wakefd_write(ctx);
-        pthread_join(ctx->thread, NULL);
+        pthread_join(ctx->thread, NULL); /* nocancel: ok (exs_fini: off) */
     } else {
         /* MANUAL_PROGRESS: drive the last frames out ourselves, bounded as the NIC
          * thread does (tcp_nic_drained) */

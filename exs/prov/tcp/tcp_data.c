@@ -14,6 +14,7 @@
 #include "exs/prov/tcp/tcp.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* ---- helpers ---- */
@@ -534,7 +535,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
         memset(&msg, 0, sizeof(msg));
         msg.msg_iov = iov;
         msg.msg_iovlen = (size_t)niov;
-        n = sendmsg(conn->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        n = exs__nc_sendmsg(conn->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         EXS_CNT_INC(ctx->cnt.tx_calls);
         if (fence) {
             int e = errno;

@@ -18,6 +18,7 @@
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* NIC: out of descriptors (or memory): the pending connection stays in the kernel's
@@ -183,7 +184,7 @@ void exs__tcp_listener_ready(struct tcp_listener *lis)
         EXS_CNT_INC(lis->ctx->cnt.accept_calls);
         if (!tcp_listener_hs_room(lis))
             return;
-        fd = accept4(lis->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        fd = exs__nc_accept4(lis->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             int err = errno;
 
@@ -200,7 +201,7 @@ void exs__tcp_listener_ready(struct tcp_listener *lis)
         lis->backoff_ms = 0;
         conn = exs__tcp_conn_new(lis->ctx, fd, TCP_CONN_WAIT_REQ);
         if (!conn) {
-            close(fd);
+            exs__nc_close(fd);
             continue;
         }
         conn->lis = lis;
@@ -238,12 +239,12 @@ int exs__tcp_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
     if (bind(fd, addr, addrlen) < 0 || listen(fd, TCP_LISTEN_QUEUE) < 0) {
         ret = -errno;
         EXS_DBG(PROV, "listen: %m");
-        close(fd);
+        exs__nc_close(fd);
         return ret;
     }
     lis = calloc(1, sizeof(*lis));
     if (!lis) {
-        close(fd);
+        exs__nc_close(fd);
         return -ENOMEM;
     }
     lis->base.ctx = c;
@@ -257,7 +258,7 @@ int exs__tcp_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
     cmd.lis = lis;
     ret = exs__tcp_ctx_call(ctx, &cmd);
     if (ret) {
-        close(fd);
+        exs__nc_close(fd);
         free(lis);
         return ret;
     }
@@ -334,7 +335,7 @@ void exs__tcp_listener_destroy(struct exs_prov_listener *l)
         return;
     cmd.lis = lis;
     exs__tcp_ctx_call(lis->ctx, &cmd);
-    close(lis->fd);
+    exs__nc_close(lis->fd);
     free(lis);
 }
 

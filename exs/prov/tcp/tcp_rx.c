@@ -14,6 +14,7 @@
 #include "exs/prov/tcp/tcp.h"
 #include "exs/util/counters.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* ---- receive (NIC) ---- */
@@ -750,7 +751,7 @@ static ssize_t tcp_stg_fill(struct tcp_conn *conn)
         errno = ENOMEM;
         return -1;
     }
-    n = recv(conn->fd, conn->stg, TCP_STG_LEN, MSG_DONTWAIT);
+    n = exs__nc_recv(conn->fd, conn->stg, TCP_STG_LEN, MSG_DONTWAIT);
     conn->stg_off = 0;
     conn->stg_len = n > 0 ? (uint32_t)n : 0;
     return n;
@@ -832,7 +833,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
         if (conn->state == TCP_CONN_LINGER) {
             conn->stg_off = conn->stg_len = 0; /* discarded, as what follows */
             want = sizeof(sink);
-            n = recv(conn->fd, sink, want, MSG_DONTWAIT);
+            n = exs__nc_recv(conn->fd, sink, want, MSG_DONTWAIT);
         } else if (conn->state == TCP_CONN_PENDING || conn->state == TCP_CONN_CONNECTING ||
                    conn->state == TCP_CONN_DEAD) {
             break;
@@ -867,18 +868,18 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
                 n = tcp_stg_take(conn, conn->hbuf + conn->hgot, want);
                 staged = 1;
             } else {
-                n = recv(conn->fd, conn->hbuf + conn->hgot, want, MSG_DONTWAIT);
+                n = exs__nc_recv(conn->fd, conn->hbuf + conn->hgot, want, MSG_DONTWAIT);
             }
         } else if (conn->rx_phase == TCP_RX_CONN) {
             want = conn->rx_len - conn->rx_off;
-            n = recv(conn->fd, conn->hs + conn->rx_off, want, MSG_DONTWAIT);
+            n = exs__nc_recv(conn->fd, conn->hs + conn->rx_off, want, MSG_DONTWAIT);
         } else if (conn->rx_discard) {
             want = EXS_MIN(sizeof(sink), conn->rx_len - conn->rx_off);
             if (tcp_stg_avail(conn)) {
                 n = tcp_stg_take(conn, sink, want);
                 staged = 1;
             } else {
-                n = recv(conn->fd, sink, want, MSG_DONTWAIT);
+                n = exs__nc_recv(conn->fd, sink, want, MSG_DONTWAIT);
             }
         } else if (tcp_stg_avail(conn)) {
             struct exs_soft_key *key = conn->rx_key;
@@ -906,7 +907,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
                 tcp_conn_write_revoked(conn);
                 break;
             }
-            n = readv(conn->fd, iov, k + 1);
+            n = exs__nc_readv(conn->fd, iov, k + 1);
             if (key) {
                 int e = errno;
 

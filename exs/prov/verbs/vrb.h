@@ -16,6 +16,7 @@
 #include "exs/util/counters.h"
 #include "exs/util/lite_lock.h"
 #include "exs/util/list.h"
+#include "exs/util/nocancel.h"
 
 /*
  * Model (spec/provider.md, "verbs provider mapping"):
@@ -310,6 +311,9 @@ struct vrb_ctx {
     int gone_fd[2]; /* the device context's command and event descriptors */
     struct stat gone_st[2];
     pthread_rwlock_t dev_lock;
+    /* the device's posts enter the kernel (a software device, rxe or siw: a write() per
+     * post, a cancellation point): they run with cancellation off (vrb_post_send) */
+    int post_kernel;
 };
 
 static inline int vrb_gone(const struct vrb_ctx *ctx)
@@ -493,5 +497,74 @@ void exs__vrb_held_post_all_locked(struct vrb_ctx *ctx);
 /* ep->lock held: forget the deferred requests (their slots stay taken: the caller flushes
  * or discards them) and free their storage. */
 void exs__vrb_held_drop_locked(struct vrb_ep *ep);
+
+/* An rdma-core call that enters the kernel (a write() of a command to the uverbs or rdma_cm
+ * descriptor, a sysfs read, a close: cancellation points), made with cancellation off
+ * (spec/threading.md, "Thread cancellation"): every one of the provider's calls but the
+ * data path's (posts, polls: vrb_post_send below), whose kernel entries only rxe and siw
+ * make. VRB_NCV: a call without a value. */
+#define VRB_NC(_call)                                                                              \
+    __extension__({                                                                                \
+        int cs_ = exs__nc_begin();                                                                 \
+        __typeof__(_call) r_ = (_call);                                                            \
+        exs__nc_end(cs_);                                                                          \
+        r_;                                                                                        \
+    })
+#define VRB_NCV(_call)                                                                             \
+    do {                                                                                           \
+        int cs_ = exs__nc_begin();                                                                 \
+        (_call);                                                                                   \
+        exs__nc_end(cs_);                                                                          \
+    } while (0)
+
+/* rdma-core's posts, with cancellation off where they enter the kernel (ctx->post_kernel:
+ * rxe and siw write() a doorbell command, a cancellation point, under ep->lock;
+ * spec/threading.md, "Thread cancellation"); a hardware device's post does not (no
+ * pthread_setcancelstate then: two atomic updates of the thread's cancel word saved). */
+static inline int vrb_nc_begin(const struct vrb_ctx *ctx)
+{
+    return ctx->post_kernel ? exs__nc_begin() : -1;
+}
+
+static inline void vrb_nc_end(int cs)
+{
+    if (cs >= 0)
+        exs__nc_end(cs);
+}
+
+static inline int vrb_post_send(const struct vrb_ctx *ctx, struct ibv_qp *qp, struct ibv_send_wr *w,
+                                struct ibv_send_wr **bad)
+{
+    int cs = vrb_nc_begin(ctx), ret = ibv_post_send(qp, w, bad); /* nocancel: ok */
+
+    vrb_nc_end(cs);
+    return ret;
+}
+
+/* the completion channel's read (always a system call) */
+static inline int vrb_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_ctx)
+{
+    int cs = exs__nc_begin(), ret = ibv_get_cq_event(ch, cq, cq_ctx); /* nocancel: ok */
+
+    exs__nc_end(cs);
+    return ret;
+}
+
+static inline int vrb_req_notify_cq(const struct vrb_ctx *ctx, struct ibv_cq *cq)
+{
+    int cs = vrb_nc_begin(ctx), ret = ibv_req_notify_cq(cq, 0); /* nocancel: ok */
+
+    vrb_nc_end(cs);
+    return ret;
+}
+
+static inline int vrb_post_recv(const struct vrb_ctx *ctx, struct ibv_qp *qp, struct ibv_recv_wr *w,
+                                struct ibv_recv_wr **bad)
+{
+    int cs = vrb_nc_begin(ctx), ret = ibv_post_recv(qp, w, bad); /* nocancel: ok */
+
+    vrb_nc_end(cs);
+    return ret;
+}
 
 #endif

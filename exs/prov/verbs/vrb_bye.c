@@ -9,6 +9,7 @@
 
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* ---- private data: REQ carries the length in retry_count / rnr_retry_count (3 + 3 bits),
@@ -78,8 +79,8 @@ static void vrb_dg_send(struct vrb_ctx *ctx, const struct sockaddr_in *to, uint3
         b[16 + i] = (uint8_t)(src_tok >> (56 - 8 * i));
     }
     memcpy(b + 24, &ctx->udp_port, 2);
-    if (sendto(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (const struct sockaddr *)to, sizeof(*to)) <
-        0)
+    if (exs__nc_sendto(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (const struct sockaddr *)to,
+                       sizeof(*to)) < 0)
         EXS_DBG(PROV, "ctx %p: goodbye datagram: %m", (void *)ctx);
 }
 
@@ -138,7 +139,8 @@ void exs__vrb_udp_input(struct vrb_ctx *ctx)
 
     for (;;) {
         socklen_t fl = sizeof(from);
-        ssize_t n = recvfrom(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (struct sockaddr *)&from, &fl);
+        ssize_t n =
+            exs__nc_recvfrom(ctx->udpfd, b, sizeof(b), MSG_DONTWAIT, (struct sockaddr *)&from, &fl);
         uint32_t magic, type;
         uint64_t dst = 0, src = 0;
         struct vrb_ep *ep;

@@ -19,7 +19,7 @@
 void exs__vrb_qp_destroy_cb(void *arg, void *qp)
 {
     (void)arg;
-    if (ibv_destroy_qp(qp))
+    if (VRB_NC(ibv_destroy_qp(qp)))
         EXS_WARN(PROV, "ibv_destroy_qp failed");
 }
 
@@ -61,7 +61,7 @@ void exs__vrb_ep_set_error(struct vrb_ep *ep)
     exs__lite_lock(&ep->lock);
     exs__vrb_held_post_locked(ep); /* deferred requests go first: flushed with the rest */
     __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
-    if (ep->qp && ibv_modify_qp(ep->qp, &a, IBV_QP_STATE))
+    if (ep->qp && VRB_NC(ibv_modify_qp(ep->qp, &a, IBV_QP_STATE)))
         EXS_DBG(PROV, "ep %p: modify to ERR failed", (void *)ep);
     exs__lite_unlock(&ep->lock);
 }
@@ -102,20 +102,20 @@ static int vrb_qp_to_rts(struct vrb_ep *ep, struct rdma_cm_id *id, uint8_t resp_
 
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTR;
-    ret = rdma_init_qp_attr(id, &a, &mask);
+    ret = VRB_NC(rdma_init_qp_attr(id, &a, &mask));
     if (ret)
         return -errno;
     a.min_rnr_timer = vrb_rnr_code(ep->base.attr.rnr_timer_ms);
     mask |= IBV_QP_MIN_RNR_TIMER;
     if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
         a.max_dest_rd_atomic = resp_res;
-    ret = ibv_modify_qp(ep->qp, &a, mask);
+    ret = VRB_NC(ibv_modify_qp(ep->qp, &a, mask));
     if (ret)
         return -ret;
     memset(&a, 0, sizeof(a));
     mask = 0;
     a.qp_state = IBV_QPS_RTS;
-    ret = rdma_init_qp_attr(id, &a, &mask);
+    ret = VRB_NC(rdma_init_qp_attr(id, &a, &mask));
     if (ret)
         return -errno;
     uint8_t cm_timeout = a.timeout;
@@ -129,7 +129,7 @@ static int vrb_qp_to_rts(struct vrb_ep *ep, struct rdma_cm_id *id, uint8_t resp_
     mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
     if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
         a.max_rd_atomic = init_depth;
-    ret = ibv_modify_qp(ep->qp, &a, mask);
+    ret = VRB_NC(ibv_modify_qp(ep->qp, &a, mask));
     if (ret)
         return -ret;
     exs__vrb_fence_arm(ep); /* before anything else is posted */
@@ -187,7 +187,7 @@ static struct ibv_qp *vrb_qp_create(struct vrb_ctx *ctx, const struct vrb_qpc_ca
     ia.cap.max_send_sge = want->max_sge;
     ia.cap.max_recv_sge = want->max_sge;
     ia.cap.max_inline_data = want->max_inline;
-    qp = ibv_create_qp(ctx->pd, &ia);
+    qp = VRB_NC(ibv_create_qp(ctx->pd, &ia));
     if (!qp)
         return NULL;
     got->max_send_wr = ia.cap.max_send_wr;
@@ -208,11 +208,11 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
     ret = exs__vrb_cq_plan((uint64_t)ctx->cq_cap, ctx->cq_need, n,
                            (uint64_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap), &resize);
     if (!ret && resize) {
-        if (ibv_resize_cq(ctx->cq, (int)resize) == 0) {
+        if (VRB_NC(ibv_resize_cq(ctx->cq, (int)resize)) == 0) {
             ctx->cq_cap = ctx->cq->cqe;
             /* whether a request for notification survives the resize is the driver's
              * business: request again (ctx_arm requests only when none stands) */
-            if (ibv_req_notify_cq(ctx->cq, 0) == 0)
+            if (vrb_req_notify_cq(ctx, ctx->cq) == 0)
                 ctx->cq_armed = 1;
             ctx->cq_seen = 1; /* an event of the old request may be pending: read it */
             EXS_CNT_INC(ctx->cnt.cq_resizes);
@@ -311,8 +311,8 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     qa.pkey_index = 0;
     qa.port_num = ctx->port;
     qa.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    ret = ibv_modify_qp(ep->qp, &qa,
-                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    ret = VRB_NC(ibv_modify_qp(
+        ep->qp, &qa, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
     if (ret) {
         ret = -ret;
         EXS_ERR(PROV, "ctx %p: QP to INIT: %s", (void *)ctx, strerror(-ret));
@@ -352,10 +352,10 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
     if (ep->id) {
         if (ep->up && !ep->disc_sent) {
             exs__vrb_say_bye(ep, 1);
-            rdma_disconnect(ep->id);
+            VRB_NC(rdma_disconnect(ep->id));
         }
         ep->id->context = NULL;
-        rdma_destroy_id(ep->id);
+        VRB_NC(rdma_destroy_id(ep->id));
         ep->id = NULL;
     }
     ep->tok = 0; /* goodbye datagrams no longer find it (the cm thread holds cm_lock) */
@@ -365,7 +365,7 @@ void exs__vrb_ep_destroy(struct exs_prov_ep *e)
     /* still under cm_lock: the device's removal either released the QP (NULL) or waits */
     if (!ep->qp) {
         exs__vrb_grants_drop(ep);
-    } else if (ibv_modify_qp(ep->qp, &qa, IBV_QP_STATE) == 0) {
+    } else if (VRB_NC(ibv_modify_qp(ep->qp, &qa, IBV_QP_STATE)) == 0) {
         /* binds still queued are gone with the reset: release their windows */
         exs__vrb_grants_drop(ep);
         exs__vrb_qpc_put(&ctx->qpc, ep->qp, &ep->qcaps);
@@ -438,11 +438,11 @@ int exs__vrb_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
         ret = -ENODEV;
         goto fail;
     }
-    if (rdma_create_id(ctx->cmch, &lis->id, &lis->cmo, RDMA_PS_TCP)) {
+    if (VRB_NC(rdma_create_id(ctx->cmch, &lis->id, &lis->cmo, RDMA_PS_TCP))) {
         ret = -errno;
         goto fail;
     }
-    if (rdma_bind_addr(lis->id, (struct sockaddr *)&sa)) {
+    if (VRB_NC(rdma_bind_addr(lis->id, (struct sockaddr *)&sa))) {
         ret = -errno;
         goto fail;
     }
@@ -450,7 +450,7 @@ int exs__vrb_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
         ret = -EADDRNOTAVAIL;
         goto fail;
     }
-    if (rdma_listen(lis->id, backlog > 0 ? backlog : 16)) {
+    if (VRB_NC(rdma_listen(lis->id, backlog > 0 ? backlog : 16))) {
         ret = -errno;
         goto fail;
     }
@@ -460,7 +460,7 @@ int exs__vrb_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
     return 0;
 fail:
     if (lis->id)
-        rdma_destroy_id(lis->id);
+        VRB_NC(rdma_destroy_id(lis->id));
     pthread_mutex_unlock(&ctx->cm_lock);
     EXS_DBG(PROV, "ctx %p: listen: %s", (void *)ctx, strerror(-ret));
     free(lis);
@@ -496,12 +496,12 @@ static void vrb_req_free(struct vrb_req *req, int reject)
         uint8_t buf[VRB_PD_HDR];
 
         exs__vrb_pd_hdr(buf, NULL, 0, 0, 0);
-        if (rdma_reject(req->id, buf, VRB_PD_HDR))
+        if (VRB_NC(rdma_reject(req->id, buf, VRB_PD_HDR)))
             EXS_DBG(PROV, "rdma_reject: %m (the peer gave up)");
     }
     if (req->id) {
         req->id->context = NULL;
-        rdma_destroy_id(req->id);
+        VRB_NC(rdma_destroy_id(req->id));
     }
     exs_list_del(&req->link);
     free(req);
@@ -523,7 +523,7 @@ void exs__vrb_listener_destroy(struct exs_prov_listener *l)
     exs_list_del(&lis->link);
     if (lis->id) {
         lis->id->context = NULL;
-        rdma_destroy_id(lis->id);
+        VRB_NC(rdma_destroy_id(lis->id));
     }
     pthread_mutex_unlock(&ctx->cm_lock);
     free(lis);
@@ -573,7 +573,7 @@ int exs__vrb_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
         ((struct sockaddr_in *)&sa)->sin_addr = ctx->loop_addr;
         ep->loopback = 1;
     }
-    if (rdma_create_id(ctx->cmch, &ep->id, &ep->cmo, RDMA_PS_TCP)) {
+    if (VRB_NC(rdma_create_id(ctx->cmch, &ep->id, &ep->cmo, RDMA_PS_TCP))) {
         int err = errno;
 
         ep->id = NULL;
@@ -585,7 +585,7 @@ int exs__vrb_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
     exs__lite_lock(&ep->lock);
     __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTING, __ATOMIC_RELAXED);
     exs__lite_unlock(&ep->lock);
-    if (rdma_resolve_addr(ep->id, NULL, (struct sockaddr *)&sa, VRB_RESOLVE_MS)) {
+    if (VRB_NC(rdma_resolve_addr(ep->id, NULL, (struct sockaddr *)&sa, VRB_RESOLVE_MS))) {
         int err = errno;
 
         EXS_DBG(PROV, "ep %p: rdma_resolve_addr: %s", (void *)ep, strerror(err));
@@ -647,7 +647,7 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTING, __ATOMIC_RELAXED);
     exs__lite_unlock(&ep->lock);
     ep->id->context = &ep->cmo;
-    if (rdma_accept(ep->id, &cp)) {
+    if (VRB_NC(rdma_accept(ep->id, &cp))) {
         ret = -errno;
         EXS_DBG(PROV, "ep %p: rdma_accept: %s", (void *)ep, strerror(-ret));
         ep->id->context = &req->cmo; /* the request is still the consumer's, to reject */
@@ -676,7 +676,7 @@ int exs__vrb_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     pthread_mutex_lock(&ctx->cm_lock);
     /* The request is released whatever happens: a peer that gave up meanwhile (broken,
      * or its cm already gone when rdma_reject runs) has nothing left to be told. */
-    if (!req->broken && req->id && rdma_reject(req->id, buf, (uint8_t)(VRB_PD_HDR + pdlen)))
+    if (!req->broken && req->id && VRB_NC(rdma_reject(req->id, buf, (uint8_t)(VRB_PD_HDR + pdlen))))
         EXS_DBG(PROV, "ctx %p: rdma_reject: %m (the peer gave up)", (void *)ctx);
     vrb_req_free(req, 0);
     pthread_mutex_unlock(&ctx->cm_lock);
@@ -710,7 +710,7 @@ int exs__vrb_disconnect(struct exs_prov_ep *e)
     if (ep->up)
         exs__vrb_say_bye(ep, 0);
     if (ep->id)
-        rdma_disconnect(ep->id);
+        VRB_NC(rdma_disconnect(ep->id));
     ep->disc_sent = 1;
     EXS_CNT_INC(ctx->cnt.disconnects);
     vrb_ep_event(ep, EXS_PROV_CM_DISCONNECTED, 0, &ev);
@@ -782,7 +782,7 @@ static int vrb_send_req(struct vrb_ep *ep)
     cp.initiator_depth = vrb_rd_init(ctx);
     cp.flow_control = 1;
     cp.qp_num = ep->qp->qp_num;
-    if (rdma_connect(ep->id, &cp))
+    if (VRB_NC(rdma_connect(ep->id, &cp)))
         ret = -errno;
     return ret;
 }
@@ -801,7 +801,7 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
             vrb_connect_fail(ep, -ENETUNREACH);
             return 0;
         }
-        if (rdma_resolve_route(ep->id, VRB_RESOLVE_MS)) {
+        if (VRB_NC(rdma_resolve_route(ep->id, VRB_RESOLVE_MS))) {
             int err = errno;
 
             vrb_connect_fail(ep, -(err ? err : EHOSTUNREACH));
@@ -816,7 +816,7 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
         return 0;
     case RDMA_CM_EVENT_CONNECT_RESPONSE:
         if (ep->disc_sent || ep->up) {
-            rdma_reject(ep->id, NULL, 0);
+            VRB_NC(rdma_reject(ep->id, NULL, 0));
             return 0;
         }
         vrb_ep_event(ep, EXS_PROV_CM_ESTABLISHED, 0, ev);
@@ -839,11 +839,11 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
             ep, ep->id,
             (uint8_t)EXS_MIN(vrb_rd_res(ctx), EXS_MAX(cme->param.conn.initiator_depth, 1)),
             (uint8_t)EXS_MIN(vrb_rd_init(ctx), EXS_MAX(cme->param.conn.responder_resources, 1)));
-        if (!ret && rdma_establish(ep->id))
+        if (!ret && VRB_NC(rdma_establish(ep->id)))
             ret = -errno;
         if (ret) {
             EXS_ERR(PROV, "ep %p: connect response: %s", (void *)ep, strerror(-ret));
-            rdma_reject(ep->id, NULL, 0);
+            VRB_NC(rdma_reject(ep->id, NULL, 0));
             vrb_connect_fail(ep, ret);
             return 0;
         }
@@ -904,7 +904,7 @@ static int vrb_on_ep_event(struct vrb_ctx *ctx, struct vrb_ep *ep, struct rdma_c
             ctx->gone_pending = 1; /* everything goes once the event is acked */
         exs__vrb_ep_set_error(ep);
         /* answer the DREQ at once so the peer's DISCONNECTED is not held for a timeout */
-        rdma_disconnect(ep->id);
+        VRB_NC(rdma_disconnect(ep->id));
         if (ep->disc_sent)
             return 0;
         ep->disc_sent = 1;
@@ -964,10 +964,10 @@ int exs__vrb_cm_process(struct vrb_ctx *ctx, struct exs_prov_cm_event *ev)
                  cme->event == RDMA_CM_EVENT_UNREACHABLE))
                 exs_container_of(o, struct vrb_req, cmo)->broken = 1;
         }
-        rdma_ack_cm_event(cme);
+        VRB_NC(rdma_ack_cm_event(cme));
         if (reject_id) {
-            rdma_reject(reject_id, NULL, 0);
-            rdma_destroy_id(reject_id);
+            VRB_NC(rdma_reject(reject_id, NULL, 0));
+            VRB_NC(rdma_destroy_id(reject_id));
         }
         if (ctx->gone_pending && !vrb_gone(ctx)) {
             /* the ep's own event (ret > 0) is returned; the others are pushed */

@@ -17,6 +17,7 @@
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 #define VRB_DEF_CQ   4096u
@@ -71,7 +72,7 @@ static int vrb_port_active(struct ibv_context *vc, const struct ibv_device_attr 
     for (uint8_t p = 1; p <= da->phys_port_cnt; p++) {
         struct ibv_port_attr pa;
 
-        if (ibv_query_port(vc, p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE)
+        if (VRB_NC(ibv_query_port(vc, p, &pa)) == 0 && pa.state == IBV_PORT_ACTIVE)
             return p;
     }
     return 0;
@@ -82,18 +83,18 @@ static int vrb_active_probe(void)
     struct ibv_device **list;
     int n = 0, found = 0;
 
-    list = ibv_get_device_list(&n);
+    list = VRB_NC(ibv_get_device_list(&n));
     if (!list)
         return 0;
     for (int i = 0; i < n && !found; i++) {
-        struct ibv_context *vc = ibv_open_device(list[i]);
+        struct ibv_context *vc = VRB_NC(ibv_open_device(list[i]));
         struct ibv_device_attr da;
 
         if (!vc)
             continue;
-        if (ibv_query_device(vc, &da) == 0 && vrb_port_active(vc, &da))
+        if (VRB_NC(ibv_query_device(vc, &da)) == 0 && vrb_port_active(vc, &da))
             found = 1;
-        ibv_close_device(vc);
+        VRB_NC(ibv_close_device(vc));
     }
     ibv_free_device_list(list);
     return found;
@@ -140,19 +141,32 @@ static void vrb_find_loop_addr(struct vrb_ctx *ctx)
 {
     struct ibv_port_attr pa;
 
-    if (ibv_query_port(ctx->verbs, ctx->port, &pa) != 0)
+    if (VRB_NC(ibv_query_port(ctx->verbs, ctx->port, &pa)) != 0)
         return;
     for (int i = 0; i < pa.gid_tbl_len && i < 128; i++) {
         union ibv_gid g;
         static const uint8_t pre[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 
-        if (ibv_query_gid(ctx->verbs, ctx->port, i, &g) != 0)
+        if (VRB_NC(ibv_query_gid(ctx->verbs, ctx->port, i, &g)) != 0)
             continue;
         if (memcmp(g.raw, pre, sizeof(pre)) == 0) {
             memcpy(&ctx->loop_addr, g.raw + 12, 4);
             return;
         }
     }
+}
+
+/* A software device (rxe, siw: its name's prefix, or the "parent" attribute both have in
+ * sysfs, the netdev they run over) enters the kernel on each post. */
+static int vrb_post_kernel(struct ibv_context *vc)
+{
+    const char *name = ibv_get_device_name(vc->device);
+    char path[512];
+
+    if (name && (!strncmp(name, "rxe", 3) || !strncmp(name, "siw", 3)))
+        return 1;
+    snprintf(path, sizeof(path), "%s/parent", vc->device->ibdev_path);
+    return access(path, F_OK) == 0;
 }
 
 static int vrb_numa_node(struct ibv_context *vc)
@@ -185,11 +199,11 @@ static uint32_t vrb_probe_inline(struct vrb_ctx *ctx, uint32_t want)
         ia.cap.max_send_sge = 1;
         ia.cap.max_recv_sge = 1;
         ia.cap.max_inline_data = want;
-        qp = ibv_create_qp(ctx->pd, &ia);
+        qp = VRB_NC(ibv_create_qp(ctx->pd, &ia));
         if (qp) {
             uint32_t got = ia.cap.max_inline_data;
 
-            ibv_destroy_qp(qp);
+            VRB_NC(ibv_destroy_qp(qp));
             return got >= want ? want : got;
         }
         want /= 2;
@@ -354,7 +368,7 @@ void exs__vrb_wake(struct vrb_ctx *ctx)
 {
     uint64_t one = 1;
 
-    if (write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    if (exs__nc_write(ctx->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd write: %m", (void *)ctx);
     /* after the write: ctx_arm that sees the flag finds the count to read; one that
      * misses it leaves the descriptor readable, and the next arm reads it */
@@ -401,7 +415,7 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
             EXS_CNT_INC(ctx->cnt.cq_event_skips);
         } else {
             EXS_CNT_INC(ctx->cnt.cq_event_reads);
-            if (ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0) {
+            if (vrb_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0) {
                 EXS_ASSERT(cq == ctx->cq); /* the one CQ */
                 if (++ctx->cq_unacked >= VRB_ACKS)
                     exs__vrb_cq_ack_all(ctx); /* a mutex and a signal per batch only */
@@ -412,10 +426,10 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
         }
     }
     if (__atomic_exchange_n(&ctx->wake_pending, 0, __ATOMIC_ACQ_REL) &&
-        read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        exs__nc_read(ctx->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
         EXS_ERR(PROV, "ctx %p: eventfd read: %m", (void *)ctx);
     if (ctx->cq && !ctx->cq_armed) {
-        if (ibv_req_notify_cq(ctx->cq, 0) != 0) {
+        if (vrb_req_notify_cq(ctx, ctx->cq) != 0) {
             EXS_ERR(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
         } else {
             ctx->cq_armed = 1;
@@ -535,7 +549,7 @@ static void *vrb_cm_main(void *arg)
         pfd[0] = (struct pollfd){.fd = ctx->cmch->fd, .events = POLLIN};
         pfd[1] = (struct pollfd){.fd = ctx->stopfd, .events = POLLIN};
         pfd[2] = (struct pollfd){.fd = ctx->udpfd, .events = POLLIN};
-        n = poll(pfd, ctx->udpfd >= 0 ? 3 : 2, timeout);
+        n = exs__nc_poll(pfd, ctx->udpfd >= 0 ? 3 : 2, timeout);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -569,7 +583,7 @@ static void vrb_udp_open(struct vrb_ctx *ctx)
         return;
     if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0 ||
         getsockname(fd, (struct sockaddr *)&sin, &len) < 0) {
-        close(fd);
+        exs__nc_close(fd);
         return;
     }
     ctx->udpfd = fd;
@@ -587,10 +601,10 @@ static void vrb_watch_open(struct vrb_ctx *ctx)
     if (!ctx->loop_addr.s_addr)
         return;
     ctx->watch_cmo.kind = VRB_K_WATCH;
-    if (rdma_create_id(ctx->cmch, &ctx->watch_id, &ctx->watch_cmo, RDMA_PS_UDP)) {
+    if (VRB_NC(rdma_create_id(ctx->cmch, &ctx->watch_id, &ctx->watch_cmo, RDMA_PS_UDP))) {
         ctx->watch_id = NULL;
-    } else if (rdma_bind_addr(ctx->watch_id, (struct sockaddr *)&sin)) {
-        rdma_destroy_id(ctx->watch_id);
+    } else if (VRB_NC(rdma_bind_addr(ctx->watch_id, (struct sockaddr *)&sin))) {
+        VRB_NC(rdma_destroy_id(ctx->watch_id));
         ctx->watch_id = NULL;
     }
     if (!ctx->watch_id)
@@ -620,44 +634,44 @@ static void vrb_ctx_free(struct vrb_ctx *ctx)
     uint64_t one = 1;
 
     if (ctx->cm_thread_on) {
-        if (write(ctx->stopfd, &one, sizeof(one)) < 0)
+        if (exs__nc_write(ctx->stopfd, &one, sizeof(one)) < 0)
             EXS_ERR(PROV, "ctx %p: stop write: %m", (void *)ctx);
-        pthread_join(ctx->cm_thread, NULL);
+        pthread_join(ctx->cm_thread, NULL); /* nocancel: ok (exs_fini: off) */
     }
     exs__vrb_cache_counters(&ctx->mc, &ctx->rc, &ctx->qpc, 0);
     exs__vrb_qpc_fini(&ctx->qpc);
     exs__vrb_rc_fini(&ctx->rc);
     exs__vrb_mc_fini(&ctx->mc);
     if (ctx->pagemap_fd >= 0)
-        close(ctx->pagemap_fd);
+        exs__nc_close(ctx->pagemap_fd);
     while ((l = exs_list_pop_head(&ctx->cm_sw)) != NULL)
         free(exs_list_entry(l, struct vrb_cm_node, link));
     if (ctx->watch_id)
-        rdma_destroy_id(ctx->watch_id);
+        VRB_NC(rdma_destroy_id(ctx->watch_id));
     if (ctx->cq) {
         exs__vrb_cq_ack_all(ctx); /* ibv_destroy_cq waits for every event read */
-        ibv_destroy_cq(ctx->cq);
+        VRB_NC(ibv_destroy_cq(ctx->cq));
     }
     if (ctx->ch)
-        ibv_destroy_comp_channel(ctx->ch);
+        VRB_NC(ibv_destroy_comp_channel(ctx->ch));
     exs__vrb_fence_release(ctx);
     if (ctx->pd)
-        ibv_dealloc_pd(ctx->pd);
+        VRB_NC(ibv_dealloc_pd(ctx->pd));
     if (ctx->cmch)
-        rdma_destroy_event_channel(ctx->cmch);
+        VRB_NCV(rdma_destroy_event_channel(ctx->cmch));
     if (ctx->devlist) {
         if (ctx->verbs)
             exs__vrb_dev_hold(ctx->verbs, -1);
         rdma_free_devices(ctx->devlist);
     }
     if (ctx->evfd >= 0)
-        close(ctx->evfd);
+        exs__nc_close(ctx->evfd);
     if (ctx->stopfd >= 0)
-        close(ctx->stopfd);
+        exs__nc_close(ctx->stopfd);
     if (ctx->udpfd >= 0)
-        close(ctx->udpfd);
+        exs__nc_close(ctx->udpfd);
     if (ctx->epfd >= 0)
-        close(ctx->epfd);
+        exs__nc_close(ctx->epfd);
     free(ctx->ring);
     pthread_mutex_destroy(&ctx->cm_lock);
     pthread_rwlock_destroy(&ctx->mr_lock);
@@ -690,9 +704,9 @@ static int vrb_addr_device(const char *addr, char *name, size_t len, int *port_p
         freeaddrinfo(ai);
         return 0;
     }
-    ch = rdma_create_event_channel();
-    if (ch && rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0 &&
-        rdma_bind_addr(id, ai->ai_addr) == 0 && id->verbs) {
+    ch = VRB_NC(rdma_create_event_channel());
+    if (ch && VRB_NC(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP)) == 0 &&
+        VRB_NC(rdma_bind_addr(id, ai->ai_addr)) == 0 && id->verbs) {
         snprintf(name, len, "%s", ibv_get_device_name(id->verbs->device));
         *port_p = id->port_num;
         ret = 0;
@@ -700,9 +714,9 @@ static int vrb_addr_device(const char *addr, char *name, size_t len, int *port_p
         EXS_ERR(PROV, "EXS_VRB_ADDR %s: no RDMA device holds this address", addr);
     }
     if (id)
-        rdma_destroy_id(id);
+        VRB_NC(rdma_destroy_id(id));
     if (ch)
-        rdma_destroy_event_channel(ch);
+        VRB_NCV(rdma_destroy_event_channel(ch));
     freeaddrinfo(ai);
     return ret;
 }
@@ -753,11 +767,11 @@ static int vrb_select(struct vrb_ctx *ctx, const struct exs_prov_attr *attr, int
 
         if (want[0] && strcmp(want, ibv_get_device_name(vc->device)) != 0)
             continue;
-        if (ibv_query_device(vc, &da) != 0)
+        if (VRB_NC(ibv_query_device(vc, &da)) != 0)
             continue;
         if (want_port)
             port = want_port <= da.phys_port_cnt &&
-                           ibv_query_port(vc, (uint8_t)want_port, &pa) == 0 &&
+                           VRB_NC(ibv_query_port(vc, (uint8_t)want_port, &pa)) == 0 &&
                            pa.state == IBV_PORT_ACTIVE
                        ? want_port
                        : 0;
@@ -766,6 +780,7 @@ static int vrb_select(struct vrb_ctx *ctx, const struct exs_prov_attr *attr, int
         if (!port)
             continue;
         ctx->verbs = vc;
+        ctx->post_kernel = vrb_post_kernel(vc);
         ctx->dattr = da;
         ctx->port = (uint8_t)port;
     }
@@ -784,7 +799,7 @@ static pthread_once_t vrb_fork_once = PTHREAD_ONCE_INIT;
 
 static void vrb_fork_init(void)
 {
-    int rc = ibv_fork_init();
+    int rc = VRB_NC(ibv_fork_init());
 
     if (rc)
         EXS_WARN(PROV, "ibv_fork_init: %s", strerror(rc));
@@ -819,7 +834,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     pthread_rwlock_init(&ctx->dev_lock, NULL);
     for (unsigned i = 0; i < VRB_MR_HASH; i++)
         exs_list_init(&ctx->mr_hash[i]);
-    ctx->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    ctx->pagemap_fd = exs__nc_open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
     rops = (struct vrb_reg_ops){
         .reg = exs__vrb_reg_cb, .dereg = exs__vrb_dereg_cb, .ident = exs__vrb_ident_cb, .arg = ctx};
     exs__vrb_qpc_init(&ctx->qpc, (unsigned)EXS_MIN(exs__params.vrb_qp_cache, 65536u),
@@ -837,7 +852,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         ret = -EOPNOTSUPP;
         goto fail;
     }
-    ctx->devlist = rdma_get_devices(&n);
+    ctx->devlist = VRB_NC(rdma_get_devices(&n));
     if (ctx->devlist && n > 0 && !__atomic_load_n(&vrb_devices_pid, __ATOMIC_RELAXED))
         __atomic_store_n(&vrb_devices_pid, getpid(), __ATOMIC_RELAXED);
     if (!ctx->devlist || n <= 0) {
@@ -849,15 +864,15 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     if (ret)
         goto fail;
     exs__vrb_dev_hold(ctx->verbs, 1);
-    if (ibv_query_port(ctx->verbs, ctx->port, &pa) != 0) {
+    if (VRB_NC(ibv_query_port(ctx->verbs, ctx->port, &pa)) != 0) {
         ret = -ENODEV;
         goto fail;
     }
     vrb_find_loop_addr(ctx);
     exs__vrb_grant_init(ctx); /* before any registration: it decides their access flags */
-    ctx->pd = ibv_alloc_pd(ctx->verbs);
-    ctx->ch = ibv_create_comp_channel(ctx->verbs);
-    ctx->cmch = rdma_create_event_channel();
+    ctx->pd = VRB_NC(ibv_alloc_pd(ctx->verbs));
+    ctx->ch = VRB_NC(ibv_create_comp_channel(ctx->verbs));
+    ctx->cmch = VRB_NC(rdma_create_event_channel());
     ctx->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
     ctx->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -867,7 +882,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     }
     cq_size = attr && attr->cq_size ? attr->cq_size : exs__params.vrb_cq_size;
     ctx->cq_cap = (int)vrb_clamp32(cq_size, 64, (uint32_t)EXS_MAX(ctx->dattr.max_cqe, 64));
-    ctx->cq = ibv_create_cq(ctx->verbs, ctx->cq_cap, ctx, ctx->ch, 0);
+    ctx->cq = VRB_NC(ibv_create_cq(ctx->verbs, ctx->cq_cap, ctx, ctx->ch, 0));
     if (!ctx->cq) {
         ret = errno ? -errno : -ENOMEM;
         goto fail;
@@ -882,7 +897,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
         ret = vrb_epoll_add(ctx->epfd, ctx->evfd);
     if (ret)
         goto fail;
-    if (ibv_req_notify_cq(ctx->cq, 0) != 0)
+    if (vrb_req_notify_cq(ctx, ctx->cq) != 0)
         EXS_WARN(PROV, "ctx %p: ibv_req_notify_cq failed", (void *)ctx);
     else
         ctx->cq_armed = 1;

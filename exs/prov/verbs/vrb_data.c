@@ -281,7 +281,7 @@ static void vrb_kick_flush(struct vrb_ep *ep)
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 
     if (ep->qp)
-        (void)ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+        (void)VRB_NC(ibv_modify_qp(ep->qp, &a, IBV_QP_STATE));
 }
 
 void exs__vrb_ep_kill_locked(struct vrb_ep *ep)
@@ -295,7 +295,7 @@ void exs__vrb_ep_kill_locked(struct vrb_ep *ep)
     }
     exs__vrb_held_post_locked(ep); /* deferred requests go first: flushed with the rest */
     __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
-    ret = ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+    ret = VRB_NC(ibv_modify_qp(ep->qp, &a, IBV_QP_STATE));
     if (ret)
         EXS_ERR(PROV, "ep %p: QP to ERR: %s", (void *)ep, strerror(ret));
 }
@@ -479,7 +479,7 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
         return 0;
     }
     EXS_CNT_INC(ctx->cnt.doorbells);
-    ret = ibv_post_send(ep->qp, &w, &bad);
+    ret = vrb_post_send(ep->ctx, ep->qp, &w, &bad);
     if (ret) {
         exs__lite_unlock(&ep->lock);
         EXS_DBG(PROV, "ep %p: ibv_post_send: %s", (void *)ep, strerror(ret));
@@ -507,7 +507,7 @@ static void vrb_held_refused_locked(struct vrb_ep *ep, struct ibv_send_wr *bad, 
     exs__vrb_ep_kill_locked(ep);
     for (struct ibv_send_wr *w = bad; w; w = w->next)
         w->send_flags |= IBV_SEND_SIGNALED;
-    if (ep->qp && ibv_post_send(ep->qp, bad, &bad2) != 0)
+    if (ep->qp && vrb_post_send(ep->ctx, ep->qp, bad, &bad2) != 0)
         EXS_ERR(PROV,
                 "ep %p: deferred requests refused by the QP in ERR too: their completions "
                 "are lost",
@@ -541,7 +541,7 @@ void exs__vrb_held_post_locked(struct vrb_ep *ep)
     __atomic_store_n(&ep->held_n, 0, __ATOMIC_RELAXED);
     __atomic_sub_fetch(&ctx->held_eps, 1, __ATOMIC_RELAXED);
     EXS_CNT_INC(ctx->cnt.doorbells);
-    ret = ibv_post_send(ep->qp, &ep->held[0].w, &bad);
+    ret = vrb_post_send(ep->ctx, ep->qp, &ep->held[0].w, &bad);
     if (ret)
         vrb_held_refused_locked(ep, bad ? bad : &ep->held[0].w, ret);
     else if (__atomic_load_n(&ep->state, __ATOMIC_RELAXED) == EXS_PROV_EP_ERROR)
@@ -624,7 +624,7 @@ int exs__vrb_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)
         exs__vrb_flush_push(ep->ctx, ep, VRB_RECV_BIT | seq, wr->wr_id, 0);
         return 0;
     }
-    ret = ibv_post_recv(ep->qp, &w, &bad);
+    ret = vrb_post_recv(ep->ctx, ep->qp, &w, &bad);
     if (ret) {
         exs__lite_unlock(&ep->lock);
         EXS_DBG(PROV, "ep %p: ibv_post_recv: %s", (void *)ep, strerror(ret));

@@ -14,6 +14,7 @@
 
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 /* ---- librdmacm's device context ----
@@ -109,12 +110,12 @@ static void vrb_dev_unpin(struct vrb_ctx *ctx)
             st.st_dev != ctx->gone_st[i].st_dev || st.st_ino != ctx->gone_st[i].st_ino)
             continue; /* closed by librdmacm (the number may be another file's now) */
         if (null < 0)
-            null = open("/dev/null", O_RDWR | O_CLOEXEC);
+            null = exs__nc_open("/dev/null", O_RDWR | O_CLOEXEC);
         if (null >= 0 && dup2(null, ctx->gone_fd[i]) >= 0)
             done++;
     }
     if (null >= 0)
-        close(null);
+        exs__nc_close(null);
     EXS_INFO(PROV, "ctx %p: the removed device's context %s", (void *)ctx,
              done ? "was still open in librdmacm: its descriptors now point at /dev/null"
                   : "was closed by librdmacm");
@@ -193,7 +194,7 @@ static void vrb_ep_gone_locked(struct vrb_ctx *ctx, struct vrb_ep *ep)
         k.cqe.opcode = EXS_PROV_WC_GRANT;
         vrb_keep(ctx, &k);
     }
-    if (ep->qp && ibv_destroy_qp(ep->qp))
+    if (ep->qp && VRB_NC(ibv_destroy_qp(ep->qp)))
         EXS_WARN(PROV, "ep %p: ibv_destroy_qp: %m", (void *)ep);
     ep->qp = NULL;
 }
@@ -215,18 +216,18 @@ static void vrb_ids_gone(struct vrb_ctx *ctx)
             req->broken = 1;
             if (req->id) {
                 req->id->context = NULL;
-                rdma_destroy_id(req->id);
+                VRB_NC(rdma_destroy_id(req->id));
                 req->id = NULL;
             }
         }
         if (lis->id) {
             lis->id->context = NULL;
-            rdma_destroy_id(lis->id);
+            VRB_NC(rdma_destroy_id(lis->id));
             lis->id = NULL;
         }
     }
     if (ctx->watch_id) {
-        rdma_destroy_id(ctx->watch_id);
+        VRB_NC(rdma_destroy_id(ctx->watch_id));
         ctx->watch_id = NULL;
     }
     exs__lite_lock(&ctx->lock);
@@ -238,7 +239,7 @@ static void vrb_ids_gone(struct vrb_ctx *ctx)
         if (!ep->id)
             continue;
         ep->id->context = NULL;
-        rdma_destroy_id(ep->id);
+        VRB_NC(rdma_destroy_id(ep->id));
         ep->id = NULL;
         if (ep->disc_sent)
             continue;
@@ -284,20 +285,20 @@ void exs__vrb_device_gone(struct vrb_ctx *ctx)
     exs__vrb_qpc_close(&ctx->qpc);
     /* every event read is acked, else ibv_destroy_cq waits for it */
     exs__vrb_cq_ack_all(ctx);
-    while (ibv_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
+    while (vrb_get_cq_event(ctx->ch, &cq, &cq_ctx) == 0)
         ibv_ack_cq_events(cq, 1);
-    if (ibv_destroy_cq(ctx->cq))
+    if (VRB_NC(ibv_destroy_cq(ctx->cq)))
         EXS_WARN(PROV, "ctx %p: ibv_destroy_cq: %m", (void *)ctx);
     ctx->cq = NULL;
     epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, ctx->ch->fd, NULL);
-    if (ibv_destroy_comp_channel(ctx->ch))
+    if (VRB_NC(ibv_destroy_comp_channel(ctx->ch)))
         EXS_WARN(PROV, "ctx %p: ibv_destroy_comp_channel: %m", (void *)ctx);
     ctx->ch = NULL;
     exs__lite_unlock(&ctx->lock);
 
     exs__vrb_mr_gone(ctx);
     exs__vrb_fence_release(ctx);
-    if (ibv_dealloc_pd(ctx->pd))
+    if (VRB_NC(ibv_dealloc_pd(ctx->pd)))
         EXS_WARN(PROV, "ctx %p: ibv_dealloc_pd: %m", (void *)ctx);
     ctx->pd = NULL;
     vrb_dev_release(ctx);
@@ -313,7 +314,7 @@ void exs__vrb_gone_ask(struct vrb_ctx *ctx)
 
     if (!ctx->gone_verbs)
         return;
-    list = rdma_get_devices(NULL);
+    list = VRB_NC(rdma_get_devices(NULL));
     for (int i = 0; list && list[i]; i++)
         listed |= list[i] == ctx->gone_verbs;
     if (list)

@@ -10,6 +10,7 @@
 
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 #define VRB_RXE_VENDOR         0xffffffu /* rdma_rxe's vendor_id */
@@ -148,11 +149,11 @@ void exs__vrb_grant_init(struct vrb_ctx *ctx)
  * same range, or deregistered. */
 static void vrb_grant_objs_release(struct vrb_ctx *ctx, struct vrb_grant *g)
 {
-    if (g->mw && ibv_dealloc_mw(g->mw))
+    if (g->mw && VRB_NC(ibv_dealloc_mw(g->mw)))
         EXS_ERR(PROV, "ibv_dealloc_mw (rkey %#x) failed: %m", g->base.rkey);
     if (g->gce)
         exs__vrb_gc_put(&ctx->gc, g->gce);
-    if (g->sub && ibv_dereg_mr(g->sub))
+    if (g->sub && VRB_NC(ibv_dereg_mr(g->sub)))
         EXS_ERR(PROV, "ibv_dereg_mr (grant rkey %#x) failed: %m", g->base.rkey);
     g->mw = NULL;
     g->gce = NULL;
@@ -201,7 +202,7 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
      * grant cache's entry must not outlive m's registration) */
     exs__vrb_mr_grants_add(m, 1);
     if (ctx->grant_mode == VRB_GRANT_MR) {
-        g->sub = ibv_reg_mr(ctx->pd, addr, length, IBV_ACCESS_LOCAL_WRITE | ibv_right);
+        g->sub = VRB_NC(ibv_reg_mr(ctx->pd, addr, length, IBV_ACCESS_LOCAL_WRITE | ibv_right));
         if (!g->sub) {
             ret = errno ? -errno : -ENOMEM;
             EXS_DBG(PROV, "ep %p: grant: ibv_reg_mr(%p, %zu): %s", (void *)ep, addr, length,
@@ -236,7 +237,7 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
             goto err_free;
         }
     }
-    g->mw = ibv_alloc_mw(ctx->pd, IBV_MW_TYPE_2);
+    g->mw = VRB_NC(ibv_alloc_mw(ctx->pd, IBV_MW_TYPE_2));
     if (!g->mw) {
         ret = errno ? -errno : -ENOMEM;
         EXS_DBG(PROV, "ep %p: grant: ibv_alloc_mw: %s", (void *)ep, strerror(-ret));
@@ -286,7 +287,7 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
         {
             struct timespec ts = {0, (long)(pause_us * 1000)};
 
-            nanosleep(&ts, NULL);
+            exs__nc_nanosleep(&ts);
             pause_us = EXS_MIN(pause_us * 2, 1000);
         }
     }
@@ -320,7 +321,7 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     fw[0].wr_id = fw[1].wr_id = w.wr_id;
     /* the consumer's deferred requests were posted before: they go first */
     exs__vrb_held_post_locked(ep);
-    ret = ibv_post_send(ep->qp, first, &bad);
+    ret = vrb_post_send(ep->ctx, ep->qp, first, &bad);
     if (ret) {
         exs__lite_unlock(&ep->lock);
         EXS_DBG(PROV, "ep %p: grant: ibv_post_send(BIND_MW): %s", (void *)ep, strerror(ret));
@@ -346,7 +347,7 @@ done:
     *grant_p = &g->base;
     return 0;
 err_dealloc:
-    if (ibv_dealloc_mw(g->mw))
+    if (VRB_NC(ibv_dealloc_mw(g->mw)))
         EXS_ERR(PROV, "ep %p: ibv_dealloc_mw failed: %m", (void *)ep);
 err_dereg:
     if (g->gce)
@@ -496,15 +497,15 @@ void exs__vrb_fence_arm(struct vrb_ep *ep)
             goto fail;
         }
         memset(ctx->fence_page, 0, 4096);
-        ctx->fence_mr =
-            ibv_reg_mr(ctx->pd, ctx->fence_page, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+        ctx->fence_mr = VRB_NC(ibv_reg_mr(ctx->pd, ctx->fence_page, 4096,
+                                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND));
         if (!ctx->fence_mr) {
             free(ctx->fence_page);
             ctx->fence_page = NULL;
             goto fail;
         }
     }
-    ep->fence_mw = ibv_alloc_mw(ctx->pd, IBV_MW_TYPE_2);
+    ep->fence_mw = VRB_NC(ibv_alloc_mw(ctx->pd, IBV_MW_TYPE_2));
     if (!ep->fence_mw)
         goto fail;
     do
@@ -521,7 +522,7 @@ void exs__vrb_fence_arm(struct vrb_ep *ep)
     w.bind_mw.bind_info.addr = (uint64_t)(uintptr_t)ctx->fence_page;
     w.bind_mw.bind_info.length = 1;
     exs__lite_lock(&ep->lock);
-    ret = ibv_post_send(ep->qp, &w, &bad);
+    ret = vrb_post_send(ep->ctx, ep->qp, &w, &bad);
     if (!ret) {
         ep->fence_mw->rkey = key;
         ep->int_out++;
@@ -530,7 +531,7 @@ void exs__vrb_fence_arm(struct vrb_ep *ep)
     exs__lite_unlock(&ep->lock);
     if (!ret)
         return;
-    ibv_dealloc_mw(ep->fence_mw);
+    VRB_NC(ibv_dealloc_mw(ep->fence_mw));
     ep->fence_mw = NULL;
 fail:
     EXS_WARN(PROV, "ep %p: no fence window (%m): its window binds go unfenced", (void *)ep);
@@ -539,7 +540,7 @@ fail:
 void exs__vrb_fence_release(struct vrb_ctx *ctx)
 {
     exs__vrb_gc_fini(&ctx->gc); /* the device or the ctx goes: nothing kept from here */
-    if (ctx->fence_mr && ibv_dereg_mr(ctx->fence_mr))
+    if (ctx->fence_mr && VRB_NC(ibv_dereg_mr(ctx->fence_mr)))
         EXS_ERR(PROV, "ctx %p: ibv_dereg_mr (fence page) failed: %m", (void *)ctx);
     ctx->fence_mr = NULL;
     free(ctx->fence_page);
@@ -548,7 +549,7 @@ void exs__vrb_fence_release(struct vrb_ctx *ctx)
 
 static void vrb_fence_drop(struct vrb_ep *ep)
 {
-    if (ep->fence_mw && ibv_dealloc_mw(ep->fence_mw))
+    if (ep->fence_mw && VRB_NC(ibv_dealloc_mw(ep->fence_mw)))
         EXS_ERR(PROV, "ep %p: ibv_dealloc_mw (fence window) failed: %m", (void *)ep);
     ep->fence_mw = NULL;
     ep->fence_extra = 0;

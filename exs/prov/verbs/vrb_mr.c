@@ -10,6 +10,7 @@
 #include "exs/prov/verbs/vrb.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "exs/util/nocancel.h"
 #include "exs/util/util.h"
 
 enum vrb_mr_kind {
@@ -135,14 +136,15 @@ static int vrb_mr_reg(struct vrb_ctx *ctx, void *addr, size_t length, unsigned a
     mr = calloc(1, sizeof(*mr));
     if (!mr)
         return -ENOMEM;
-    mr->mr = ibv_reg_mr(ctx->pd, addr, length, vrb_access(access) | exs__vrb_mr_extra(ctx));
+    mr->mr = VRB_NC(ibv_reg_mr(ctx->pd, addr, length, vrb_access(access) | exs__vrb_mr_extra(ctx)));
     if (!mr->mr && (errno == EFAULT || errno == EACCES || errno == EPERM || errno == EINVAL) &&
         (vrb_access(access) & IBV_ACCESS_LOCAL_WRITE)) {
         /* read-only pages (a string constant sent from): the device cannot write what the
          * process cannot; register what can be, a peer's WRITE then fails REM_ACCESS_ERR */
         EXS_DBG(PROV, "ctx %p: %p+%zu not writable, registered read-only", (void *)ctx, addr,
                 length);
-        mr->mr = ibv_reg_mr(ctx->pd, addr, length, vrb_access(access) & IBV_ACCESS_REMOTE_READ);
+        mr->mr =
+            VRB_NC(ibv_reg_mr(ctx->pd, addr, length, vrb_access(access) & IBV_ACCESS_REMOTE_READ));
     }
     if (!mr->mr) {
         int err = errno ? errno : ENOMEM;
@@ -181,7 +183,7 @@ void exs__vrb_mr_gone(struct vrb_ctx *ctx)
             if (mr->kind == VRB_MR_RCACHE) {
                 exs__vrb_rc_unreg(&ctx->rc, mr->rce); /* entries outside the cache's list */
             } else if (mr->mr) {
-                if (ibv_dereg_mr(mr->mr))
+                if (VRB_NC(ibv_dereg_mr(mr->mr)))
                     EXS_WARN(PROV, "ctx %p: ibv_dereg_mr: %m", (void *)ctx);
                 mr->mr = NULL;
             }
@@ -216,7 +218,7 @@ int exs__vrb_mr_dereg(struct exs_prov_mr *m)
     vrb_mr_hash_del(ctx, mr);
     if (mr->mr) { /* NULL: released with the device */
         exs__vrb_gc_drop(&ctx->gc, mr->mr);
-        ret = ibv_dereg_mr(mr->mr);
+        ret = VRB_NC(ibv_dereg_mr(mr->mr));
     }
     if (ret)
         vrb_mr_hash_add(ctx, mr);
@@ -261,8 +263,8 @@ static int vrb_mem_alloc(struct vrb_ctx *ctx, size_t len, struct exs_prov_mr **m
             free(mr);
             return -ENOMEM;
         }
-        mr->mr =
-            ibv_reg_mr(ctx->pd, addr, mr->map_len, IBV_ACCESS_LOCAL_WRITE | exs__vrb_mr_extra(ctx));
+        mr->mr = VRB_NC(ibv_reg_mr(ctx->pd, addr, mr->map_len,
+                                   IBV_ACCESS_LOCAL_WRITE | exs__vrb_mr_extra(ctx)));
         if (!mr->mr) {
             ret = errno ? -errno : -ENOMEM;
             munmap(addr, mr->map_len);
@@ -316,7 +318,7 @@ void exs__vrb_mem_free(struct exs_prov_mr *m)
     } else {
         if (mr->mr)
             exs__vrb_gc_drop(&ctx->gc, mr->mr);
-        if (mr->mr && ibv_dereg_mr(mr->mr))
+        if (mr->mr && VRB_NC(ibv_dereg_mr(mr->mr)))
             EXS_WARN(PROV, "ctx %p: ibv_dereg_mr of %zu bytes failed", (void *)ctx, mr->map_len);
         munmap(mr->base.addr, mr->map_len);
     }
@@ -394,7 +396,7 @@ int exs__vrb_ident_cb(void *arg, uintptr_t start, size_t len, uint64_t *id_p)
     while (done < pages) {
         size_t n = EXS_MIN(pages - done, EXS_ARRAY_SIZE(ent));
         off_t off = (off_t)((start / VRB_MC_PAGE + done) * sizeof(uint64_t));
-        ssize_t r = pread(ctx->pagemap_fd, ent, n * sizeof(uint64_t), off);
+        ssize_t r = exs__nc_pread(ctx->pagemap_fd, ent, n * sizeof(uint64_t), off);
 
         if (r != (ssize_t)(n * sizeof(uint64_t)))
             return -EIO;
@@ -419,7 +421,7 @@ static int vrb_reg_flags(struct vrb_ctx *ctx, void *addr, size_t len, int flags,
 
     if (vrb_gone(ctx))
         return -ENODEV;
-    mr = ibv_reg_mr(ctx->pd, addr, len, flags);
+    mr = VRB_NC(ibv_reg_mr(ctx->pd, addr, len, flags));
     if (!mr)
         return errno ? -errno : -ENOMEM;
     *handle_p = mr;
@@ -455,7 +457,7 @@ void exs__vrb_dereg_cb(void *arg, void *handle)
     if (!handle)
         return;
     exs__vrb_gc_drop(&ctx->gc, handle);
-    if (ibv_dereg_mr(handle))
+    if (VRB_NC(ibv_dereg_mr(handle)))
         EXS_WARN(PROV, "ibv_dereg_mr failed");
 }
 
@@ -470,6 +472,6 @@ int exs__vrb_reg_bind_cb(void *arg, void *addr, size_t len, void **handle_p, uin
 void exs__vrb_dereg_bind_cb(void *arg, void *handle)
 {
     (void)arg;
-    if (handle && ibv_dereg_mr(handle))
+    if (handle && VRB_NC(ibv_dereg_mr(handle)))
         EXS_ERR(PROV, "ibv_dereg_mr (grant registration) failed: %m");
 }
