@@ -372,7 +372,8 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
     }
     /* the peer answered: keepalive has nothing to probe this interval (§9.1). With
      * feature ALIVE only a receive counts (the peer's library posted it); without it any
-     * completion does (a send the peer's NIC acknowledged) */
+     * completion does (a send the peer's NIC acknowledged). A flag, no clock read: the
+     * keepalive timer's next look turns it into a time (conn_ka_check_locked) */
     if (tag == WR_TAG_RX || !exs__conn_ka_alive(conn))
         conn->keepalive.heard = 1;
     switch (tag) {
@@ -499,33 +500,16 @@ static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
     }
 }
 
-/* After a run of completions: one that succeeded proves the peer alive (keepalive);
- * *now_p is read once per batch. */
-static void conn_heard_locked(struct exs_conn *conn, uint64_t *now_p)
-{
-    if (!conn->keepalive.heard)
-        return;
-    conn->keepalive.heard = 0;
-    if (!*now_p)
-        *now_p = exs__now_ns();
-    conn->keepalive.heard_ns = *now_p;
-}
-
 void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
-    uint64_t now = 0;
-
     EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     conn_on_prov_cqe_locked(conn, cqe);
-    conn_heard_locked(conn, &now);
     conn_after_cqes_locked(conn, conn_cqe_tx_only(cqe));
     EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
 {
-    uint64_t now = 0; /* read once, when a run proves a peer alive (keepalive) */
-
     for (int i = 0, j; i < n; i = j) {
         struct exs_conn *conn = cqe[i].ep->user;
 
@@ -539,7 +523,6 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
                 tx_only = conn_cqe_tx_only(&cqe[j]);
             conn_on_prov_cqe_locked(conn, &cqe[j]);
         }
-        conn_heard_locked(conn, &now);
         conn_after_cqes_locked(conn, tx_only);
         EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     }

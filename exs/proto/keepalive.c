@@ -124,6 +124,12 @@ static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t in
     uint64_t probes = __atomic_load_n(&exs__params.keepalive_probes, __ATOMIC_RELAXED);
     const uint64_t slack = 1000000u; /* 1 ms early still counts: timers are not exact */
 
+    /* heard since the last look: the completions read no clock (a message's path), the
+     * look stamps them with its own time, never earlier than the proof (§9.1) */
+    if (conn->keepalive.heard) {
+        conn->keepalive.heard = 0;
+        conn->keepalive.heard_ns = now;
+    }
     if (!conn->keepalive.waiting || conn->keepalive.heard_ns > conn->keepalive.probe_ns) {
         conn->keepalive.waiting = 0;
         conn->keepalive.fails = 0;
