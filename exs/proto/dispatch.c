@@ -257,6 +257,19 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
     return 0;
 }
 
+/* A receive slot back to the provider, counted owed (reported to the peer from now on);
+ * a failed post resets the connection. */
+static void conn_rx_repost_locked(struct exs_conn *conn, uint32_t slot)
+{
+    if (conn->state >= EXS_CONN_DOWN || (conn->state == EXS_CONN_RESUMING && !conn->resume.newpath))
+        return; /* going away, or the old path of a cut-over: the slot is not needed any more */
+    if (exs__conn_post_rx_locked(conn, slot)) {
+        exs__conn_fail_locked(conn, ECONNRESET, "receive re-post failed");
+        return;
+    }
+    conn->owed++;
+}
+
 static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe, uint32_t slot)
 {
     int ret = 0;
@@ -289,13 +302,15 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
     }
     if (EXS_REQTRACE_ON && conn->rt)
         exs__reqtrace_arrival_locked(conn);
-    if (conn->state >= EXS_CONN_DOWN || (conn->state == EXS_CONN_RESUMING && !conn->resume.newpath))
-        return; /* going away, or the old path of a cut-over: the slot is not needed any more */
-    if (exs__conn_post_rx_locked(conn, slot)) {
-        exs__conn_fail_locked(conn, ECONNRESET, "receive re-post failed");
+    /* the run's last receive on a plain connection: re-posted after the kick delivered
+     * its event (conn_after_cqes_locked); owed counts it only once posted */
+    if (conn->rx_defer_ok &&
+        (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
+        !conn->resume.pend && !conn->resume.peer_wait) {
+        conn->rx_defer = slot + 1;
         return;
     }
-    conn->owed++;
+    conn_rx_repost_locked(conn, slot);
 }
 
 /* A control SEND completes once the peer's NIC acknowledged it: one round-trip sample
@@ -468,9 +483,14 @@ static int conn_cqe_tx_only(const struct exs_prov_cqe *cqe)
 
 /* After a run of completions of conn: queued work requests into the room they made,
  * progress once (the send side's alone after a run of data writes only, tx_only), and
- * the end once drained. */
+ * the end once drained. The run's last receive (rx_defer) is re-posted inside that
+ * progress, after delivery: its event is posted a provider call earlier (the
+ * application, busy polling, takes it as soon as the drive returns). */
 static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
 {
+    uint32_t rx_defer = conn->rx_defer; /* the run's last receive, not re-posted yet */
+
+    conn->rx_defer = 0;
     if (conn->wrq_count) {
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
             exs__conn_wrq_post_locked(conn);
@@ -483,6 +503,25 @@ static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
         if (conn->state == EXS_CONN_DEAD)
             return;
     }
+    if (rx_defer) {
+        if ((conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
+            !conn->resume.pend && !conn->resume.peer_wait) {
+            /* the full kick, its receive side and delivery first: the application's
+             * event before the re-post; the send side, the keepalive answer and the ACK
+             * decision after it, with the credit owed (as when it went first) */
+            conn->dp->recv_progress(conn);
+            exs__conn_deliver_locked(conn);
+            conn_rx_repost_locked(conn, rx_defer - 1);
+            if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) {
+                conn->dp->send_progress(conn);
+                exs__conn_ka_answer_locked(conn);
+                exs__conn_ctrl_flush_locked(conn);
+            }
+            exs__conn_deliver_locked(conn);
+            goto drained;
+        }
+        conn_rx_repost_locked(conn, rx_defer - 1); /* a cut-over began meanwhile: as before */
+    }
     if (conn->state != EXS_CONN_DEAD) {
         /* (a resume request on trial or a new path's wait for RESUME take the full
          * kick: exs__conn_kick_tx_locked falls back to it off CONNECTED) */
@@ -493,6 +532,7 @@ static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
             exs__conn_kick_locked(conn);
         }
     }
+drained:
     if (conn->state == EXS_CONN_DRAINING && !conn->wr_out) {
         /* the last completion before the end: every byte that arrived was seen */
         exs__conn_dead_locked(conn, conn->disc_err, "drained");
@@ -503,7 +543,9 @@ static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
 void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
     EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
+    conn->rx_defer_ok = 1;
     conn_on_prov_cqe_locked(conn, cqe);
+    conn->rx_defer_ok = 0;
     conn_after_cqes_locked(conn, conn_cqe_tx_only(cqe));
     EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
@@ -521,8 +563,10 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
         for (j = i; j < n && cqe[j].ep->user == conn; j++) {
             if (tx_only)
                 tx_only = conn_cqe_tx_only(&cqe[j]);
+            conn->rx_defer_ok = j + 1 == n || cqe[j + 1].ep->user != conn;
             conn_on_prov_cqe_locked(conn, &cqe[j]);
         }
+        conn->rx_defer_ok = 0;
         conn_after_cqes_locked(conn, tx_only);
         EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     }
