@@ -100,6 +100,27 @@ START_TEST(sp_event_before_repost)
 }
 END_TEST
 
+/* A re-post after the event that fails still resets the connection: b's message is
+ * handed back whole first (its event came before the re-post), then b's connection goes
+ * DOWN with ECONNRESET. Seen failing with the re-post's failure ignored. */
+START_TEST(sp_repost_fail_resets)
+{
+    static uint8_t sb[64], rb[64];
+    struct pt_op s, r;
+
+    recv_msg(&r, &pp.b, rb, sizeof(rb));
+    mock_fail(pp.b.ctx, MOCK_FAIL_POST_RECV, 1, -ENOMEM);
+    send_msg(&s, &pp.a, sb, sizeof(sb), 7);
+    pt_run(&pp);
+    pt_assert_done(&r, (ssize_t)sizeof(rb), 0);
+    ck_assert(pt_check(rb, sizeof(rb), 7));
+    ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+    ck_assert_int_eq(pp.b.conn->err, ECONNRESET);
+    pt_op_fini(&r);
+    pt_op_fini(&s);
+}
+END_TEST
+
 START_TEST(sp_eager_in_order)
 {
     static uint8_t sb[3][600], rb[3][1000];
@@ -1176,6 +1197,7 @@ Suite *proto_seqpacket_suite(void)
 
     tcase_add_checked_fixture(tc, sp_setup, sp_teardown);
     tcase_add_loop_test(tc, sp_event_before_repost, 0, 2);
+    tcase_add_test(tc, sp_repost_fail_resets);
     tcase_add_test(tc, sp_eager_in_order);
     tcase_add_test(tc, sp_direct_into_advert);
     tcase_add_test(tc, sp_rendezvous_read);
