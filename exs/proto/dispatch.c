@@ -302,11 +302,13 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
     }
     if (EXS_REQTRACE_ON && conn->rt)
         exs__reqtrace_arrival_locked(conn);
-    /* the run's last receive on a plain connection: re-posted after the kick delivered
-     * its event (conn_after_cqes_locked); owed counts it only once posted */
-    if (conn->rx_defer_ok &&
-        (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
+    /* on a plain connection the run's last receive is re-posted after the kick delivered
+     * its event (conn_after_cqes_locked, which follows every run): an earlier one of the
+     * run goes now; owed counts each only once posted */
+    if ((conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
         !conn->resume.pend && !conn->resume.peer_wait) {
+        if (conn->rx_defer)
+            conn_rx_repost_locked(conn, conn->rx_defer - 1);
         conn->rx_defer = slot + 1;
         return;
     }
@@ -543,9 +545,7 @@ drained:
 void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
     EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
-    conn->rx_defer_ok = 1;
     conn_on_prov_cqe_locked(conn, cqe);
-    conn->rx_defer_ok = 0;
     conn_after_cqes_locked(conn, conn_cqe_tx_only(cqe));
     EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
@@ -563,10 +563,8 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
         for (j = i; j < n && cqe[j].ep->user == conn; j++) {
             if (tx_only)
                 tx_only = conn_cqe_tx_only(&cqe[j]);
-            conn->rx_defer_ok = j + 1 == n || cqe[j + 1].ep->user != conn;
             conn_on_prov_cqe_locked(conn, &cqe[j]);
         }
-        conn->rx_defer_ok = 0;
         conn_after_cqes_locked(conn, tx_only);
         EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     }

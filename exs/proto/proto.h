@@ -251,7 +251,6 @@ struct exs_conn {
     uint32_t owed;     /* receives re-posted, not yet reported to the peer */
     uint32_t rx_defer; /* a run's last receive, its re-post after its event (slot + 1; 0:
                           none; dispatch.c, conn_after_cqes_locked) */
-    int rx_defer_ok;   /* the completion being handled is its conn's run's last */
 
     /* the peer's ring, as its writer */
     uint64_t wr_tail;     /* bytes used in the peer's ring (with skips) */
