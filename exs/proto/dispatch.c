@@ -483,11 +483,29 @@ static int conn_cqe_tx_only(const struct exs_prov_cqe *cqe)
            cqe->opcode != EXS_PROV_WC_GRANT;
 }
 
+/* exs__conn_kick_locked on a CONNECTED or CLOSING conn whose run's last receive (slot)
+ * is not re-posted yet: the receive side and delivery first (the application's event,
+ * which a thread other than the driver may take at once), then the re-post (owed from
+ * now on; a failure resets the conn), then the send side, the keepalive answer and the
+ * ACK decision with that credit owed, as when the re-post went first, and delivery of
+ * what the send side finished. */
+static void conn_kick_event_first_locked(struct exs_conn *conn, uint32_t slot)
+{
+    conn->dp->recv_progress(conn);
+    exs__conn_deliver_locked(conn);
+    conn_rx_repost_locked(conn, slot);
+    if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) {
+        conn->dp->send_progress(conn);
+        exs__conn_ka_answer_locked(conn);
+        exs__conn_ctrl_flush_locked(conn);
+    }
+    exs__conn_deliver_locked(conn);
+}
+
 /* After a run of completions of conn: queued work requests into the room they made,
  * progress once (the send side's alone after a run of data writes only, tx_only), and
  * the end once drained. The run's last receive (rx_defer) is re-posted inside that
- * progress, after delivery: its event is posted a provider call earlier (the
- * application, busy polling, takes it as soon as the drive returns). */
+ * progress, after its event (conn_kick_event_first_locked). */
 static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
 {
     uint32_t rx_defer = conn->rx_defer; /* the run's last receive, not re-posted yet */
@@ -505,36 +523,21 @@ static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
         if (conn->state == EXS_CONN_DEAD)
             return;
     }
-    if (rx_defer) {
-        if ((conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
-            !conn->resume.pend && !conn->resume.peer_wait) {
-            /* the full kick, its receive side and delivery first: the application's
-             * event before the re-post; the send side, the keepalive answer and the ACK
-             * decision after it, with the credit owed (as when it went first) */
-            conn->dp->recv_progress(conn);
-            exs__conn_deliver_locked(conn);
+    if (rx_defer && (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
+        !conn->resume.pend && !conn->resume.peer_wait) {
+        conn_kick_event_first_locked(conn, rx_defer - 1);
+    } else {
+        if (rx_defer) /* a cut-over began meanwhile: re-posted before the kick, as before */
             conn_rx_repost_locked(conn, rx_defer - 1);
-            if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) {
-                conn->dp->send_progress(conn);
-                exs__conn_ka_answer_locked(conn);
-                exs__conn_ctrl_flush_locked(conn);
-            }
-            exs__conn_deliver_locked(conn);
-            goto drained;
-        }
-        conn_rx_repost_locked(conn, rx_defer - 1); /* a cut-over began meanwhile: as before */
-    }
-    if (conn->state != EXS_CONN_DEAD) {
         /* (a resume request on trial or a new path's wait for RESUME take the full
          * kick: exs__conn_kick_tx_locked falls back to it off CONNECTED) */
-        if (tx_only && !conn->resume.pend) {
+        if (conn->state != EXS_CONN_DEAD && tx_only && !conn->resume.pend) {
             conn->kicks_tx++;
             exs__conn_kick_tx_locked(conn);
-        } else {
+        } else if (conn->state != EXS_CONN_DEAD) {
             exs__conn_kick_locked(conn);
         }
     }
-drained:
     if (conn->state == EXS_CONN_DRAINING && !conn->wr_out) {
         /* the last completion before the end: every byte that arrived was seen */
         exs__conn_dead_locked(conn, conn->disc_err, "drained");
