@@ -259,7 +259,8 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
 
 /* A receive slot back to the provider, counted owed (reported to the peer from now on);
  * a failed post resets the connection. */
-static void conn_rx_repost_locked(struct exs_conn *conn, uint32_t slot)
+static inline __attribute__((always_inline)) void conn_rx_repost_locked(struct exs_conn *conn,
+                                                                        uint32_t slot)
 {
     if (conn->state >= EXS_CONN_DOWN || (conn->state == EXS_CONN_RESUMING && !conn->resume.newpath))
         return; /* going away, or the old path of a cut-over: the slot is not needed any more */
