@@ -116,7 +116,9 @@ static int conn_ka_send_probe_locked(struct exs_conn *conn)
  * (with feature ALIVE: without a receive) a probe goes out, and each further interval
  * without one counts as a failed probe (an earlier probe still outstanding serves:
  * completions come in posting order; a PING that could not go is tried again at each
- * look). So a peer that went silent at L is dead at L + interval x (probes + 1).
+ * look). A completion's proof is stamped by the first look after it (the look's time),
+ * so a peer that went silent at L is dead at L + interval x (probes + 1), plus less than
+ * one look period (a look comes at least once an interval and once a second).
  * *due_p: when to look again. 1 when the peer is dead. */
 static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t intv_ns,
                                 uint64_t *due_p)
