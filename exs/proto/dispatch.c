@@ -257,6 +257,20 @@ static int conn_on_ctrl_locked(struct exs_conn *conn, const uint8_t *buf, uint32
     return 0;
 }
 
+/* A receive slot back to the provider, counted owed (reported to the peer from now on);
+ * a failed post resets the connection. */
+static inline __attribute__((always_inline)) void conn_rx_repost_locked(struct exs_conn *conn,
+                                                                        uint32_t slot)
+{
+    if (conn->state >= EXS_CONN_DOWN || (conn->state == EXS_CONN_RESUMING && !conn->resume.newpath))
+        return; /* going away, or the old path of a cut-over: the slot is not needed any more */
+    if (exs__conn_post_rx_locked(conn, slot)) {
+        exs__conn_fail_locked(conn, ECONNRESET, "receive re-post failed");
+        return;
+    }
+    conn->owed++;
+}
+
 static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *cqe, uint32_t slot)
 {
     int ret = 0;
@@ -289,13 +303,17 @@ static void conn_on_rx_locked(struct exs_conn *conn, const struct exs_prov_cqe *
     }
     if (EXS_REQTRACE_ON && conn->rt)
         exs__reqtrace_arrival_locked(conn);
-    if (conn->state >= EXS_CONN_DOWN || (conn->state == EXS_CONN_RESUMING && !conn->resume.newpath))
-        return; /* going away, or the old path of a cut-over: the slot is not needed any more */
-    if (exs__conn_post_rx_locked(conn, slot)) {
-        exs__conn_fail_locked(conn, ECONNRESET, "receive re-post failed");
+    /* on a plain connection the run's last receive is re-posted after the kick delivered
+     * its event (conn_after_cqes_locked, which follows every run): an earlier one of the
+     * run goes now; owed counts each only once posted */
+    if ((conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
+        !conn->resume.pend && !conn->resume.peer_wait) {
+        if (conn->rx_defer)
+            conn_rx_repost_locked(conn, conn->rx_defer - 1);
+        conn->rx_defer = slot + 1;
         return;
     }
-    conn->owed++;
+    conn_rx_repost_locked(conn, slot);
 }
 
 /* A control SEND completes once the peer's NIC acknowledged it: one round-trip sample
@@ -372,7 +390,8 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
     }
     /* the peer answered: keepalive has nothing to probe this interval (§9.1). With
      * feature ALIVE only a receive counts (the peer's library posted it); without it any
-     * completion does (a send the peer's NIC acknowledged) */
+     * completion does (a send the peer's NIC acknowledged). A flag, no clock read: the
+     * keepalive timer's next look turns it into a time (conn_ka_check_locked) */
     if (tag == WR_TAG_RX || !exs__conn_ka_alive(conn))
         conn->keepalive.heard = 1;
     switch (tag) {
@@ -465,11 +484,34 @@ static int conn_cqe_tx_only(const struct exs_prov_cqe *cqe)
            cqe->opcode != EXS_PROV_WC_GRANT;
 }
 
+/* exs__conn_kick_locked on a CONNECTED or CLOSING conn whose run's last receive (slot)
+ * is not re-posted yet: the receive side and delivery first (the application's event,
+ * which a thread other than the driver may take at once), then the re-post (owed from
+ * now on; a failure resets the conn), then the send side, the keepalive answer and the
+ * ACK decision with that credit owed, as when the re-post went first, and delivery of
+ * what the send side finished. */
+static void conn_kick_event_first_locked(struct exs_conn *conn, uint32_t slot)
+{
+    conn->dp->recv_progress(conn);
+    exs__conn_deliver_locked(conn);
+    conn_rx_repost_locked(conn, slot);
+    if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) {
+        conn->dp->send_progress(conn);
+        exs__conn_ka_answer_locked(conn);
+        exs__conn_ctrl_flush_locked(conn);
+    }
+    exs__conn_deliver_locked(conn);
+}
+
 /* After a run of completions of conn: queued work requests into the room they made,
  * progress once (the send side's alone after a run of data writes only, tx_only), and
- * the end once drained. */
+ * the end once drained. The run's last receive (rx_defer) is re-posted inside that
+ * progress, after its event (conn_kick_event_first_locked). */
 static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
 {
+    uint32_t rx_defer = conn->rx_defer; /* the run's last receive, not re-posted yet */
+
+    conn->rx_defer = 0;
     if (conn->wrq_count) {
         if (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING)
             exs__conn_wrq_post_locked(conn);
@@ -482,13 +524,18 @@ static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
         if (conn->state == EXS_CONN_DEAD)
             return;
     }
-    if (conn->state != EXS_CONN_DEAD) {
+    if (rx_defer && (conn->state == EXS_CONN_CONNECTED || conn->state == EXS_CONN_CLOSING) &&
+        !conn->resume.pend && !conn->resume.peer_wait) {
+        conn_kick_event_first_locked(conn, rx_defer - 1);
+    } else {
+        if (rx_defer) /* a cut-over began meanwhile: re-posted before the kick, as before */
+            conn_rx_repost_locked(conn, rx_defer - 1);
         /* (a resume request on trial or a new path's wait for RESUME take the full
          * kick: exs__conn_kick_tx_locked falls back to it off CONNECTED) */
-        if (tx_only && !conn->resume.pend) {
+        if (conn->state != EXS_CONN_DEAD && tx_only && !conn->resume.pend) {
             conn->kicks_tx++;
             exs__conn_kick_tx_locked(conn);
-        } else {
+        } else if (conn->state != EXS_CONN_DEAD) {
             exs__conn_kick_locked(conn);
         }
     }
@@ -499,33 +546,16 @@ static void conn_after_cqes_locked(struct exs_conn *conn, int tx_only)
     }
 }
 
-/* After a run of completions: one that succeeded proves the peer alive (keepalive);
- * *now_p is read once per batch. */
-static void conn_heard_locked(struct exs_conn *conn, uint64_t *now_p)
-{
-    if (!conn->keepalive.heard)
-        return;
-    conn->keepalive.heard = 0;
-    if (!*now_p)
-        *now_p = exs__now_ns();
-    conn->keepalive.heard_ns = *now_p;
-}
-
 void exs__conn_on_cqe(struct exs_conn *conn, const struct exs_prov_cqe *cqe)
 {
-    uint64_t now = 0;
-
     EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     conn_on_prov_cqe_locked(conn, cqe);
-    conn_heard_locked(conn, &now);
     conn_after_cqes_locked(conn, conn_cqe_tx_only(cqe));
     EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
 }
 
 void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
 {
-    uint64_t now = 0; /* read once, when a run proves a peer alive (keepalive) */
-
     for (int i = 0, j; i < n; i = j) {
         struct exs_conn *conn = cqe[i].ep->user;
 
@@ -539,7 +569,6 @@ void exs__conn_on_cqes(const struct exs_prov_cqe *cqe, int n)
                 tx_only = conn_cqe_tx_only(&cqe[j]);
             conn_on_prov_cqe_locked(conn, &cqe[j]);
         }
-        conn_heard_locked(conn, &now);
         conn_after_cqes_locked(conn, tx_only);
         EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     }

@@ -116,7 +116,9 @@ static int conn_ka_send_probe_locked(struct exs_conn *conn)
  * (with feature ALIVE: without a receive) a probe goes out, and each further interval
  * without one counts as a failed probe (an earlier probe still outstanding serves:
  * completions come in posting order; a PING that could not go is tried again at each
- * look). So a peer that went silent at L is dead at L + interval x (probes + 1).
+ * look). A completion's proof is stamped by the first look after it (the look's time),
+ * so a peer that went silent at L is dead at L + interval x (probes + 1), plus less than
+ * one look period (a look comes at least once an interval and once a second).
  * *due_p: when to look again. 1 when the peer is dead. */
 static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t intv_ns,
                                 uint64_t *due_p)
@@ -124,6 +126,12 @@ static int conn_ka_check_locked(struct exs_conn *conn, uint64_t now, uint64_t in
     uint64_t probes = __atomic_load_n(&exs__params.keepalive_probes, __ATOMIC_RELAXED);
     const uint64_t slack = 1000000u; /* 1 ms early still counts: timers are not exact */
 
+    /* heard since the last look: the completions read no clock (a message's path), the
+     * look stamps them with its own time, never earlier than the proof (§9.1) */
+    if (conn->keepalive.heard) {
+        conn->keepalive.heard = 0;
+        conn->keepalive.heard_ns = now;
+    }
     if (!conn->keepalive.waiting || conn->keepalive.heard_ns > conn->keepalive.probe_ns) {
         conn->keepalive.waiting = 0;
         conn->keepalive.fails = 0;

@@ -8,11 +8,12 @@
 #define EXS_PROTO_KEEPALIVE_H_STATE
 /* Keepalive (spec/protocol.md §9.1; keepalive.c): its part of struct exs_conn (conn->keepalive). */
 struct exs_keepalive_state {
-    int heard;         /* a completion succeeded in this run of cqes */
+    int heard;         /* a completion succeeded since the timer's last look */
     int probe_out;     /* the probe is posted, not completed */
     int waiting;       /* silent for an interval: waiting for an answer */
     uint32_t fails;    /* intervals that wait stayed unanswered */
-    uint64_t heard_ns; /* the last successful completion (or establishment) */
+    uint64_t heard_ns; /* the timer's first look after the last successful completion
+                          (or the establishment) */
     uint64_t probe_ns; /* when the wait for an answer began */
     int ping;          /* feature ALIVE: this wait's PING is out */
     int answer;        /* feature ALIVE: a PING came, its answer is owed */

@@ -247,8 +247,10 @@ struct exs_conn {
     int peer_ring_keyed; /* its RING record arrived: its ring may be written */
 
     /* credits (§3) */
-    uint32_t credits; /* messages we may still send */
-    uint32_t owed;    /* receives re-posted, not yet reported to the peer */
+    uint32_t credits;  /* messages we may still send */
+    uint32_t owed;     /* receives re-posted, not yet reported to the peer */
+    uint32_t rx_defer; /* a run's last receive, its re-post after its event (slot + 1; 0:
+                          none; dispatch.c, conn_after_cqes_locked) */
 
     /* the peer's ring, as its writer */
     uint64_t wr_tail;     /* bytes used in the peer's ring (with skips) */

@@ -1344,8 +1344,10 @@ static int mock_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *
 {
     struct mock_ep *ep = MOCK_OF(mock_ep, e);
     struct mock_wr *w;
-    int ret;
+    int ret = mock_fail_now(ep->ctx, MOCK_FAIL_POST_RECV);
 
+    if (ret)
+        return ret;
     if (ep->rq_count >= e->attr.max_recv_wr)
         return -ENOMEM;
     ret = wr_new(wr->sg_list, wr->num_sge, &w);

@@ -70,6 +70,7 @@ enum mock_fail_op {
     MOCK_FAIL_MEM_ALLOC,
     MOCK_FAIL_EP_CREATE,
     MOCK_FAIL_GRANT,
+    MOCK_FAIL_POST_RECV,
     MOCK_FAIL_MAX
 };
 void mock_fail(struct exs_prov_ctx *ctx, enum mock_fail_op op, uint32_t nth, int err);

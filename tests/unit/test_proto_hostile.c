@@ -3158,9 +3158,11 @@ START_TEST(hs_ka_ping_waits_for_credit)
     ck_assert_int_eq(k.nops, nops);
     ck_assert_uint_gt(b->ctrl_len, 0);
     ck_assert_uint_eq(b->owed, 1);
-    /* an interval of silence: the PING cannot go, the wait begins */
+    /* an interval of silence: the PING cannot go, the wait begins (nothing heard since
+     * the PINGs: the timer's look would stamp those now) */
     EXS_LITE_LOCK(&b->lock, EXS_LOCK_CONN);
     b->keepalive.heard_ns -= intv + intv / 2;
+    b->keepalive.heard = 0;
     EXS_LITE_UNLOCK(&b->lock, EXS_LOCK_CONN);
     ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
     pt_stats(&pp.b, &st);
@@ -3191,6 +3193,50 @@ START_TEST(hs_ka_ping_waits_for_credit)
     ck_assert_uint_eq(st.keepalive_timeouts, 0);
     ck_assert_int_eq(k.pings, 0);
     ck_assert_int_eq(b->state, EXS_CONN_CONNECTED);
+    raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 4, NULL, 0); /* credits for b's SHUTDOWN */
+    pt_run(&pp);
+    exs__conn_close(b);
+    raw_close();
+}
+END_TEST
+
+/* A connection that only receives is alive (§9.1): its completions read no clock, the
+ * timer's look turns "heard since the last look" into its own time. raw sends b a NOP
+ * (credits 0: b answers nothing, posts nothing) before each of probes + 2 looks, each
+ * look a whole interval and a half after the previous one (time moved by hand: nothing
+ * depends on the machine's speed): b never probes, never waits, never ends the
+ * connection. Were the receives' proof lost (no flag, or a look that ignores it), the
+ * first look would begin a wait (a PING) and the fourth end the connection. */
+START_TEST(hs_ka_receives_only_alive)
+{
+    const uint64_t ka_ms = 1000, intv = ka_ms * 1000000u;
+    struct exs_sock_stats st;
+    struct ka_seen k = {0};
+    struct exs_conn *b;
+
+    raw_open(SOCK_SEQPACKET);
+    ck_assert_int_eq(exs__params_set("keepalive_probes", "3"), 0);
+    b = pp.b.conn;
+    ka_collect(&k);
+    for (int i = 0; i < 5; i++) {
+        EXS_LITE_LOCK(&b->lock, EXS_LOCK_CONN);
+        b->keepalive.heard_ns -= intv + intv / 2;
+        b->keepalive.probe_ns -= intv + intv / 2;
+        EXS_LITE_UNLOCK(&b->lock, EXS_LOCK_CONN);
+        raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 0, NULL, 0);
+        pt_run(&pp);
+        ck_assert_int_eq(b->keepalive.heard, 1);
+        ck_assert_uint_gt(exs__conn_timer(b, ka_ms), 0);
+        ck_assert_int_eq(b->keepalive.heard, 0);
+        ck_assert_int_eq(b->keepalive.waiting, 0);
+        ck_assert_int_eq(b->state, EXS_CONN_CONNECTED);
+    }
+    pt_run(&pp);
+    ka_collect(&k);
+    pt_stats(&pp.b, &st);
+    ck_assert_uint_eq(st.keepalive_probes, 0);
+    ck_assert_uint_eq(st.keepalive_timeouts, 0);
+    ck_assert_int_eq(k.pings, 0);
     raw_ctrl(EXS_CTRL_NOP, EXS_WIRE_NOP_LEN, 4, NULL, 0); /* credits for b's SHUTDOWN */
     pt_run(&pp);
     exs__conn_close(b);
@@ -3555,6 +3601,7 @@ Suite *proto_hostile_suite(void)
     tcase_add_test(tc, hs_ka_ping_without_feature);
     tcase_add_loop_test(tc, hs_ka_send_completion_not_alive, 0, 2);
     tcase_add_test(tc, hs_ka_ping_waits_for_credit);
+    tcase_add_test(tc, hs_ka_receives_only_alive);
     tcase_add_test(tc, hs_announce_cap);
     tcase_add_loop_test(tc, hs_advert_cap, 0, 2);
     tcase_add_test(tc, hs_announce_budget);

@@ -48,6 +48,79 @@ static void recv_msg(struct pt_op *o, struct pt_side *s, uint8_t *buf, size_t le
     ck_assert_int_eq(pt_post(o), 0);
 }
 
+/* What the receiving side had posted when a receive was handed back (op->done). */
+static uint32_t ev_posted, ev_owed;
+static void (*ev_done_next)(struct exs_op *op);
+
+static void ev_done(struct exs_op *op)
+{
+    struct exs_conn *b = exs_container_of(op, struct pt_op, op)->side->conn;
+
+    ev_posted = mock_recv_posted(b->ep);
+    ev_owed = b->owed;
+    ev_done_next(op);
+}
+
+/* The run's last receive is re-posted after its event (dispatch.c, conn_after_cqes_locked):
+ * when b's receive is handed back, the slot the message took is not posted again yet and
+ * not owed to a; after the run it is both, and b's posted receives are back at their
+ * number (a then sends as many messages as before: no RNR, pt_close_both). _i: messages
+ * in one run (1: the ping-pong's; 3: the first two re-posted at once, the last after).
+ * Seen failing with the re-post before the kick (posted at the event == after). */
+START_TEST(sp_event_before_repost)
+{
+    static uint8_t sb[3][64], rb[3][64];
+    struct pt_op s[3], r[3];
+    int n = _i ? 3 : 1;
+    uint32_t posted0 = mock_recv_posted(pp.b.conn->ep), owed0 = pp.b.conn->owed;
+
+    for (int i = 0; i < n; i++) {
+        recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
+        ev_done_next = r[i].op.done;
+        r[i].op.done = ev_done;
+    }
+    for (int i = 0; i < n; i++)
+        send_msg(&s[i], &pp.a, sb[i], sizeof(sb[i]), 64u * (unsigned)i);
+    pt_run(&pp);
+    for (int i = 0; i < n; i++) {
+        pt_assert_done(&s[i], (ssize_t)sizeof(sb[i]), 0);
+        pt_assert_done(&r[i], (ssize_t)sizeof(rb[i]), 0);
+        ck_assert(pt_check(rb[i], sizeof(rb[i]), 64u * (unsigned)i));
+    }
+    /* the last receive's event: its slot still out, its credit not owed yet */
+    ck_assert_uint_eq(ev_posted + 1, posted0);
+    ck_assert_uint_eq(mock_recv_posted(pp.b.conn->ep), posted0);
+    ck_assert_uint_eq(ev_owed + 1, pp.b.conn->owed);
+    ck_assert_uint_le(pp.b.conn->owed - owed0, (uint32_t)n);
+    ck_assert_uint_eq(pt_rnr(&pp), 0);
+    for (int i = 0; i < n; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
+/* A re-post after the event that fails still resets the connection: b's message is
+ * handed back whole first (its event came before the re-post), then b's connection goes
+ * DOWN with ECONNRESET. Seen failing with the re-post's failure ignored. */
+START_TEST(sp_repost_fail_resets)
+{
+    static uint8_t sb[64], rb[64];
+    struct pt_op s, r;
+
+    recv_msg(&r, &pp.b, rb, sizeof(rb));
+    mock_fail(pp.b.ctx, MOCK_FAIL_POST_RECV, 1, -ENOMEM);
+    send_msg(&s, &pp.a, sb, sizeof(sb), 7);
+    pt_run(&pp);
+    pt_assert_done(&r, (ssize_t)sizeof(rb), 0);
+    ck_assert(pt_check(rb, sizeof(rb), 7));
+    ck_assert_int_ge(pp.b.conn->state, EXS_CONN_DOWN);
+    ck_assert_int_eq(pp.b.conn->err, ECONNRESET);
+    pt_op_fini(&r);
+    pt_op_fini(&s);
+}
+END_TEST
+
 START_TEST(sp_eager_in_order)
 {
     static uint8_t sb[3][600], rb[3][1000];
@@ -1123,6 +1196,8 @@ Suite *proto_seqpacket_suite(void)
     TCase *tc = tcase_create("seqpacket");
 
     tcase_add_checked_fixture(tc, sp_setup, sp_teardown);
+    tcase_add_loop_test(tc, sp_event_before_repost, 0, 2);
+    tcase_add_test(tc, sp_repost_fail_resets);
     tcase_add_test(tc, sp_eager_in_order);
     tcase_add_test(tc, sp_direct_into_advert);
     tcase_add_test(tc, sp_rendezvous_read);
