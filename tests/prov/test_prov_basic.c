@@ -577,6 +577,29 @@ static int arm_drained(struct pt_host *h)
     return rc;
 }
 
+/* Arm h with nothing queued and see its event fd stay quiet for 100 ms. Spurious
+ * readability is allowed (prov.h, ctx_arm), and a provider may have a late event of its
+ * own under load (verbs: seen in check-rxe beside other jobs, 2 runs in about 20): what
+ * is queued then is taken, as a sleeper would, and once armed again the fd must go quiet;
+ * readable three times running is a notification that nothing consumes. */
+static void arm_quiet(struct pt_host *h)
+{
+    struct exs_prov_cqe c;
+    struct exs_prov_cm_event ev;
+    int late = 0;
+
+    ck_assert_int_eq(arm_drained(h), 0);
+    for (int i = 0; fd_readable(h, 100); i++) {
+        ck_assert_msg(i < 3, "event fd readable with nothing queued (%d late events taken)",
+                      late);
+        while (pt_ops->ctx_cm_poll(h->ctx, &ev) == 1)
+            late++;
+        while (pt_ops->ctx_poll(h->ctx, &c, 1) == 1)
+            late++;
+        ck_assert_int_eq(arm_drained(h), 0);
+    }
+}
+
 /* A receive completion makes an armed event fd readable; with disarm, ctx_disarm taken
  * after the arm leaves the fd quiet (tcp, default mode, where only the notification makes
  * it readable), and in both cases the next ctx_arm refuses while the completion is queued
@@ -595,8 +618,7 @@ static void notify_cqe_run(int disarm)
     ck_assert_int_eq(pt_post_recv(p.eb, 2, dst, 0, 64), 0);
     ck_assert_int_eq(pt_ops->ctx_poll(p.b.ctx, &c, 1), 0);
     ck_assert_int_eq(pt_ops->ctx_cm_poll(p.b.ctx, &ev), 0);
-    ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0);
-    ck_assert_msg(!fd_readable(&p.b, 100), "event fd readable with nothing queued");
+    arm_quiet(&p.b);
     if (disarm)
         pt_ops->ctx_disarm(p.b.ctx);
     ck_assert_int_eq(pt_post_send(p.ea, 3, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), 0);
@@ -612,8 +634,7 @@ static void notify_cqe_run(int disarm)
     ck_assert_int_eq(c.status, EXS_PROV_WC_SUCCESS);
     ck_assert_int_eq(pt_ops->ctx_poll(p.b.ctx, &c, 1), 0);
     /* Armed again after draining: quiet until the next completion. */
-    ck_assert_int_eq(arm_drained(&p.b), 0);
-    ck_assert_msg(!fd_readable(&p.b, 100), "event fd still readable after re-arming");
+    arm_quiet(&p.b);
     ck_assert_int_eq(pt_post_send(p.ea, 4, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), 0);
     ck_assert_msg(fd_readable(&p.b, PT_TIMEOUT_MS), "event fd not readable after 2nd receive");
     ck_assert_int_eq(pt_ops->ctx_poll(p.b.ctx, &c, 1), 1);
@@ -649,8 +670,7 @@ START_TEST(notify_cm_event)
     pt_pair_open(&p, NULL, NULL);
     ck_assert_int_eq(pt_ops->ctx_poll(p.b.ctx, &c, 1), 0);
     ck_assert_int_eq(pt_ops->ctx_cm_poll(p.b.ctx, &ev), 0);
-    ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0);
-    ck_assert_msg(!fd_readable(&p.b, 100), "event fd readable with nothing queued");
+    arm_quiet(&p.b);
     ck_assert_int_eq(pt_ops->connect(p.ea, (struct sockaddr *)&p.addr, p.addrlen, NULL, 0), 0);
     ck_assert_msg(fd_readable(&p.b, PT_TIMEOUT_MS),
                   "event fd not readable after a connect request");
