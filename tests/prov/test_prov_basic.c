@@ -590,8 +590,7 @@ static void arm_quiet(struct pt_host *h)
 
     ck_assert_int_eq(arm_drained(h), 0);
     for (int i = 0; fd_readable(h, 100); i++) {
-        ck_assert_msg(i < 3, "event fd readable with nothing queued (%d late events taken)",
-                      late);
+        ck_assert_msg(i < 3, "event fd readable with nothing queued (%d late events taken)", late);
         while (pt_ops->ctx_cm_poll(h->ctx, &ev) == 1)
             late++;
         while (pt_ops->ctx_poll(h->ctx, &c, 1) == 1)
