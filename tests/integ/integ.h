@@ -284,6 +284,8 @@ int it_count_tasks_expect(int want);
  * number, e.g. SYS_ppoll for a sleeping NOTIFY wait); -1: running in user space, or
  * unreadable. */
 long it_thread_syscall(int pid, int tid);
+/* Join thread t within ms milliseconds; 1: joined (*ret its value, if ret), 0: still running. */
+int it_join_within(pthread_t t, int ms, void **ret);
 
 /* Entry of the exec'd sender of test_eos_peer_process_exit (main.c dispatches to it). */
 int it_child_stream_send(int argc, char **argv);

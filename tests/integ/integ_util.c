@@ -802,6 +802,20 @@ int it_count_fds(void)
     return count_dir("/proc/self/fd", 1); /* minus the directory's own descriptor */
 }
 
+int it_join_within(pthread_t t, int ms, void **ret)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return pthread_timedjoin_np(t, ret, &ts) == 0;
+}
+
 long it_thread_syscall(int pid, int tid)
 {
     char path[64], buf[128];

@@ -22,21 +22,6 @@
 
 /* ---- helpers ---- */
 
-/* Join t within ms; 1: joined (*ret its value), 0: still running. */
-static int join_within(pthread_t t, int ms, void **ret)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return pthread_timedjoin_np(t, ret, &ts) == 0;
-}
-
 /* One SEQPACKET message from p->cfd to p->sfd, and the wait for its receive made with
  * poll() on the server queue's descriptor (exs_qfd), never in the library: nobody drives
  * but the progress thread. 1: the receive's event came within ms. */
@@ -147,7 +132,7 @@ START_TEST(test_cancel_sleeping_waiter)
         it_sleep_ms(1);
     }
     ck_assert_int_eq(pthread_cancel(t), 0);
-    ck_assert_msg(join_within(t, IT_TIMEOUT_MS, &ret), "the sleeping wait was not cancelled");
+    ck_assert_msg(it_join_within(t, IT_TIMEOUT_MS, &ret), "the sleeping wait was not cancelled");
     ck_assert_ptr_eq(ret, PTHREAD_CANCELED);
     /* several: the first may find the progress thread still watching the provider from
      * before the waiter entered (it stops at its next look) */
@@ -228,13 +213,13 @@ START_TEST(test_cancel_spinning_waiter)
     ck_assert_int_eq(pthread_cancel(t), 0);
     /* a provider whose rounds reach no cancellation point: the cancel acts after the
      * loop, once stopped */
-    joined = join_within(t, 2000, NULL);
+    joined = it_join_within(t, 2000, NULL);
     if (!joined) {
         __atomic_store_n(&w.stop, 1, __ATOMIC_RELEASE);
-        ck_assert_msg(join_within(t, IT_TIMEOUT_MS, NULL), "the spinning waiter never ended");
+        ck_assert_msg(it_join_within(t, IT_TIMEOUT_MS, NULL), "the spinning waiter never ended");
     }
     ck_assert_int_eq(pthread_create(&mt, NULL, mover_fn, &m), 0);
-    if (!join_within(mt, IT_TIMEOUT_MS + 5000, NULL))
+    if (!it_join_within(mt, IT_TIMEOUT_MS + 5000, NULL))
         ck_abort_msg("a transfer after a waiter was cancelled in its spin never completed (%s): "
                      "the cancel acted with the progress lock held",
                      joined ? "cancelled inside the library" : "not cancelled inside");
@@ -302,12 +287,13 @@ START_TEST(test_cancel_sync_recv)
         it_sleep_ms(1);
     }
     ck_assert_int_eq(pthread_cancel(t), 0);
-    cancelled = join_within(t, 2000, &ret);
+    cancelled = it_join_within(t, 2000, &ret);
     if (!cancelled) { /* not cancellable inside: it takes this first message and ends */
         it_fill(sb->p, 64, 60);
         IT_POST_SEND(p.cfd, sb->p, 64, p.cq, IT_AH(3), sb->mh);
         it_expect_send(p.cq, p.cfd, IT_AH(3), 64);
-        ck_assert_msg(join_within(t, IT_TIMEOUT_MS, &ret), "the synchronous receive never ended");
+        ck_assert_msg(it_join_within(t, IT_TIMEOUT_MS, &ret),
+                      "the synchronous receive never ended");
         ck_assert_int_eq(r.got, 64);
     } else {
         ck_assert_ptr_eq(ret, PTHREAD_CANCELED);
@@ -398,9 +384,9 @@ START_TEST(test_cancel_poster)
         it_sleep_ms(1);
     }
     ck_assert_int_eq(pthread_cancel(t), 0);
-    ck_assert_msg(join_within(t, IT_TIMEOUT_MS, NULL), "the poster was never cancelled");
+    ck_assert_msg(it_join_within(t, IT_TIMEOUT_MS, NULL), "the poster was never cancelled");
     ck_assert_int_eq(pthread_create(&mt, NULL, mover_fn, &m), 0);
-    if (!join_within(mt, IT_TIMEOUT_MS + 5000, NULL))
+    if (!it_join_within(mt, IT_TIMEOUT_MS + 5000, NULL))
         ck_abort_msg("a transfer after a poster was cancelled never completed: the cancel "
                      "acted with a lock of the library held");
     ck_assert_msg(__atomic_load_n(&m.done, __ATOMIC_ACQUIRE) == 1,

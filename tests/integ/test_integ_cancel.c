@@ -16,21 +16,6 @@
 
 #include "tests/integ/integ.h"
 
-/* Join t within ms; 1: joined (*ret its value), 0: still running. */
-static int cancel_join_within(pthread_t t, int ms, void **ret)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return pthread_timedjoin_np(t, ret, &ts) == 0;
-}
-
 /* Wait until thread *tid_p (set by the thread, atomic) is asleep in ppoll. */
 static void cancel_wait_ppoll(const int *tid_p, const char *what)
 {
@@ -94,8 +79,7 @@ START_TEST(test_cancel_threshold_sleeper)
     ck_assert_int_eq(pthread_create(&t, NULL, threshold_fn, c), 0);
     cancel_wait_ppoll(&c->tid, "the threshold waiter");
     ck_assert_int_eq(pthread_cancel(t), 0);
-    ck_assert_msg(cancel_join_within(t, IT_TIMEOUT_MS, &ret),
-                  "the sleeping wait was not cancelled");
+    ck_assert_msg(it_join_within(t, IT_TIMEOUT_MS, &ret), "the sleeping wait was not cancelled");
     ck_assert_ptr_eq(ret, PTHREAD_CANCELED);
     ck_assert_int_eq(__atomic_load_n(&c->done, __ATOMIC_ACQUIRE), 0);
     /* two receives on the queue, two messages: one threshold wait takes both */
@@ -160,7 +144,7 @@ START_TEST(test_cancel_sync_poll)
     it_fill(sb->p, 64, 62);
     IT_POST_SEND(p.cfd, sb->p, 64, p.cq, IT_AH(1), sb->mh);
     it_expect_send(p.cq, p.cfd, IT_AH(1), 64);
-    ck_assert_msg(cancel_join_within(t, IT_TIMEOUT_MS, &ret), "the polling thread never ended");
+    ck_assert_msg(it_join_within(t, IT_TIMEOUT_MS, &ret), "the polling thread never ended");
     ck_assert_ptr_eq(ret, PTHREAD_CANCELED);
     ck_assert_msg(__atomic_load_n(&c->done, __ATOMIC_ACQUIRE) == 1,
                   "the synchronous exs_poll was cancelled inside the library");
