@@ -70,10 +70,12 @@ static void resume_path_failed_locked(struct exs_conn *conn, const char *cause)
     conn->resume_noted = 1;
     EXS_CNT_INC(exs__resume_cnt.fallback_resume_failures);
     /* what is left of resume_eligible: a ring region in change is no reason (§9.2) */
-    EXS_INFO(PROTO,
-             "conn %p: path failed (%s) while resumable: not resumed (%s); the connection ends",
-             (void *)conn, cause,
-             conn->resume.over ? "cut over once already" : "no fallback from its owner");
+    EXS_INFO(
+        PROTO, "conn %p: path failed (%s) while resumable: not resumed (%s); the connection ends",
+        (void *)conn, cause,
+        conn->resume.over                                           ? "cut over once already"
+        : conn->resume.keys != (EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER) ? "the peer's key not known"
+                                                                    : "no fallback from its owner");
 }
 
 /* Count a resumable connection whose cut-over failed, once, with the cause. */
@@ -394,7 +396,10 @@ static void resume_end_locked(struct exs_conn *conn, int err, const char *why, i
  * region in change (§7.4) is not a reason (exs__stream_ring_cut_locked). */
 static int resume_eligible(const struct exs_conn *conn)
 {
-    return conn->sess_token && !conn->resume.over && conn->state == EXS_CONN_CONNECTED &&
+    /* both keys: a passive side that has not taken the peer's SESSION (lost with the
+     * path) could check no proof and would refuse every request (exs__conn_resume_request) */
+    return conn->sess_token && conn->resume.keys == (EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER) &&
+           !conn->resume.over && conn->state == EXS_CONN_CONNECTED &&
            conn->txshut == EXS_TXSHUT_OPEN && !conn->peer_shut && conn->cb->resume_mr &&
            (!conn->active || conn->cb->resume_addr);
 }

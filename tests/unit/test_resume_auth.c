@@ -381,6 +381,54 @@ START_TEST(ra_mac_b_wrong)
 }
 END_TEST
 
+/* b's path fails after b sent its SESSION and before it took a's (lost with the path): b
+ * knows its own key and not a's, so it could check no proof and refuses every request.
+ * It is not resumable: it ends at once (its receive fails with ECONNRESET, counted once
+ * in fallback_resume_failures), never RESUMING until connect_timeout_ms, and a, which
+ * holds both keys when it took b's SESSION, has its request refused and ends too (counted
+ * then: 2 in all). */
+static int ra_b_half_keyed(void)
+{
+    struct exs_conn *b = pp.b.conn;
+
+    return b && b->state == EXS_CONN_CONNECTED && (b->resume.keys & EXS_RSM_KEY_OWN) &&
+           !(b->resume.keys & EXS_RSM_KEY_PEER);
+}
+
+START_TEST(ra_half_keyed)
+{
+    static uint8_t rb[100];
+    uint64_t fail_0, res_0;
+    struct pt_op r;
+    int found = 0;
+
+    unit_pair_fresh(&pp, SOCK_SEQPACKET, 1, 1);
+    memset(&att, 0, sizeof(att));
+    pt_connect_to(&pp, NULL, 0);
+    for (long steps = 0; !found; steps++) {
+        found = (pt_dispatch_ctx(&pp, pp.a.ctx), ra_b_half_keyed()) ||
+                (pt_dispatch_ctx(&pp, pp.b.ctx), ra_b_half_keyed());
+        if (!found)
+            ck_assert_msg(mock_step() && steps < 100000, "b never held its key alone");
+    }
+    ck_assert_uint_ne(pp.b.conn->sess_token, 0);
+    pt_fb_open(&pp);
+    fail_0 = ra_count("fallback_resume_failures");
+    res_0 = ra_count("fallback_resumes");
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), 0);
+    mock_drop(pp.b.conn->ep);
+    pt_fb_run(&pp);
+    ck_assert_int_ne(pp.b.conn->state, EXS_CONN_RESUMING);
+    ck_assert_int_ne(pp.b.conn->state, EXS_CONN_CONNECTED);
+    pt_assert_done(&r, -1, ECONNRESET);
+    pt_op_fini(&r);
+    ck_assert_int_ne(pp.a.conn->state, EXS_CONN_CONNECTED);
+    ck_assert_int_ne(pp.a.conn->state, EXS_CONN_RESUMING);
+    ck_assert_uint_eq(ra_count("fallback_resumes"), res_0);
+    ck_assert_uint_eq(ra_count("fallback_resume_failures") - fail_0, 1 + !!pp.a.conn->sess_token);
+}
+END_TEST
+
 Suite *proto_resume_auth_suite(void)
 {
     Suite *s = suite_create("proto_resume_auth");
@@ -391,6 +439,10 @@ Suite *proto_resume_auth_suite(void)
     tcase_add_test(tc, ra_timeout);
     tcase_add_test(tc, ra_auth_twice);
     tcase_add_test(tc, ra_mac_b_wrong);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("resume_half_keyed");
+    tcase_add_checked_fixture(tc, NULL, ra_teardown);
+    tcase_add_test(tc, ra_half_keyed);
     suite_add_tcase(s, tc);
     return s;
 }
