@@ -260,9 +260,15 @@ static void eng_lock(void)
     __atomic_store_n(&eng.holder, eng_self(), __ATOMIC_RELAXED);
 }
 
+/* A fork's PREPARE waits for the progress lock (exs__engine_fork): set while it does, so
+ * that a busy-polling application thread, which takes the lock by trylock at every turn,
+ * leaves it to the forking thread instead of taking it again before the woken waiter runs
+ * (the lock is not fair: the fork could wait as long as the poller spins). */
+static int eng_fork_want;
+
 static int eng_trylock(void)
 {
-    if (!exs__lite_trylock(&eng.plock))
+    if (__atomic_load_n(&eng_fork_want, __ATOMIC_RELAXED) || !exs__lite_trylock(&eng.plock))
         return -EBUSY;
     EXS_LOCK_ACQUIRE(EXS_LOCK_PROGRESS);
     __atomic_store_n(&eng.holder, eng_self(), __ATOMIC_RELAXED);
@@ -1214,7 +1220,9 @@ void exs__engine_fork(int phase)
     if (phase == EXS_FORK_PREPARE) {
         if (!__atomic_load_n(&eng.running, __ATOMIC_ACQUIRE) || eng_holding())
             return;
+        __atomic_store_n(&eng_fork_want, 1, __ATOMIC_RELAXED);
         eng_lock();
+        __atomic_store_n(&eng_fork_want, 0, __ATOMIC_RELAXED);
         for (int i = 0; i < eng.nctx; i++)
             exs__prov_ctx_fork(eng.ctxs[i], EXS_FORK_PREPARE);
         eng_fork_held = 1;
