@@ -515,8 +515,8 @@ START_TEST(sndbuf_copy_at_post_threads)
 END_TEST
 
 /* Sends copied at their post carried across a cut-over (spec/protocol.md §9.2): the primary
- * path (fault:tcp) disconnects at the Nth send post while small sends, each copied at its
- * post (exs_conn.posts_copied), are on their way; the connection resumes over the fallback
+ * path (fault:tcp) disconnects at the Nth send post while small sends, copied at their post
+ * until the cut (exs_conn.posts_copied), are on their way; the connection resumes over the fallback
  * (tcp, policy any) and the peer gets every byte once, in order: the send buffer's runs are
  * replayed from it. A cut that cannot be resumed ends the attempt (the next one drops
  * later); at least one resume is required. tcp only. */
@@ -550,7 +550,11 @@ START_TEST(sndbuf_copy_at_post_cut)
             IT_POST_SEND(p.cfd, sb->p + i * LEN, LEN, p.cq, IT_AH(800 + i), sb->mh);
         for (int i = 0; i < N; i++)
             it_expect_send(p.cq, p.cfd, IT_AH(800 + i), LEN);
-        ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N);
+        /* the first posts are copied at their post (CONNECTED, the buffer empty); how many
+         * more depends on when the cut and the resume come (a post while RESUMING goes the
+         * whole way): at least one, never more than N */
+        ck_assert_uint_gt(sb_posts_copied(p.cfd), c0);
+        ck_assert_uint_le(sb_posts_copied(p.cfd), c0 + N);
         it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
         it_fault_set("fault_drop_nth", "0");
         if (!ev.exs_evt_errno) {
