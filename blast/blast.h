@@ -150,7 +150,12 @@ struct result {
 /* workload.c */
 double now_sec(void);
 double cpu_now(void);
-uint64_t sg_next(struct sizegen *g);
+uint64_t sg_next_exp(struct sizegen *g);
+/* Next message size: fixed, or -mean*ln(U) cut to [1, max] (inline: asked per send). */
+static inline uint64_t sg_next(struct sizegen *g)
+{
+    return g->exp ? sg_next_exp(g) : g->mean;
+}
 void sg_seed(struct sizegen *g, uint64_t seed);
 void pattern_fill(unsigned char *p, size_t len, uint64_t off);
 size_t pattern_check(const unsigned char *p, size_t len, uint64_t off);

@@ -53,11 +53,9 @@ void sg_seed(struct sizegen *g, uint64_t seed)
     g->rng = seed ? seed : 0x9e3779b97f4a7c15ull;
 }
 
-/* Next message size: fixed, or -mean*ln(U) cut to [1, max]. */
-uint64_t sg_next(struct sizegen *g)
+/* Next size of an exponential generator: -mean*ln(U) cut to [1, max]. */
+uint64_t sg_next_exp(struct sizegen *g)
 {
-    if (!g->exp)
-        return g->mean;
     double u = (double)(xorshift(&g->rng) >> 11) / 9007199254740992.0; /* [0,1) */
     double v = -(double)g->mean * log(1.0 - u);
     uint64_t n = (uint64_t)v;
