@@ -24,19 +24,13 @@
  * a kernel socket loses its send buffer.
  */
 
-struct stage_op {
-    struct exs_op op;
-    struct exs_conn *conn;
-    uint64_t end; /* buffer position just past its bytes */
-};
-
 /* Internal ops kept per connection for the next copied run (a burst of small sends makes
  * one op per ring write: a calloc and a free each, before); at most STAGE_KEEP, freed
  * with the send buffer. */
 #define STAGE_KEEP     4u
 #define STAGE_RELEASED ((uint32_t)-1)
 
-static void stage_op_put(struct exs_conn *conn, struct stage_op *so)
+static void stage_op_put(struct exs_conn *conn, struct exs__stage_op *so)
 {
     if (conn->stg_free_n >= STAGE_KEEP) { /* (STAGE_RELEASED too) */
         free(so);
@@ -49,7 +43,7 @@ static void stage_op_put(struct exs_conn *conn, struct stage_op *so)
 
 static void stage_op_done(struct exs_op *op)
 {
-    struct stage_op *so = exs_container_of(op, struct stage_op, op);
+    struct exs__stage_op *so = exs_container_of(op, struct exs__stage_op, op);
     struct exs_conn *conn = so->conn;
 
     /* internal ops are handed back in order: positions are released in order */
@@ -60,9 +54,9 @@ static void stage_op_done(struct exs_op *op)
     stage_op_put(conn, so);
 }
 
-static struct stage_op *stage_op_new(struct exs_conn *conn, enum exs_op_kind kind)
+static struct exs__stage_op *stage_op_new(struct exs_conn *conn, enum exs_op_kind kind)
 {
-    struct stage_op *so = conn->stg_free;
+    struct exs__stage_op *so = conn->stg_free;
 
     if (so && conn->stg_free_n != STAGE_RELEASED) {
         memcpy(&conn->stg_free, so, sizeof(void *));
@@ -108,7 +102,7 @@ static int stage_appendable(const struct exs_conn *conn, const struct exs_list *
 
     if (!op || op->state != EXS_OPS_QUEUED || op->posted || op->inflight)
         return 0;
-    if (exs_container_of(op, const struct stage_op, op)->end != conn->stg_tail)
+    if (exs_container_of(op, const struct exs__stage_op, op)->end != conn->stg_tail)
         return 0;
     while (prev != &conn->sendq && prev != &op->link) {
         const struct exs_op *o = exs_list_entry(prev, const struct exs_op, link);
@@ -126,18 +120,6 @@ static int stage_appendable(const struct exs_conn *conn, const struct exs_list *
            conn->stg_tail + len - conn->stg_head <= conn->p.sndbuf; /* room */
 }
 
-/* The copy's bytes go to dst, at the end of the newest internal op (stg_tail). */
-static inline void stage_put(struct exs_conn *conn, uint8_t *dst, const void *src, size_t len)
-{
-    memcpy(dst, src, len);
-    conn->stg_last->len += len;
-    conn->stg_tail += len;
-    exs_container_of(conn->stg_last, struct stage_op, op)->end = conn->stg_tail;
-    conn->bwait.first = NULL; /* a held run may have changed: built again */
-    conn->stats.sends_copied++;
-    conn->stats.bytes_sent += len;
-}
-
 /* Copy len bytes from src into the buffer, as the stream's next bytes at pos in sendq (the
  * link of the send they are, or sendq itself for bytes of no op): appended to the newest
  * internal op when it may take them, else in a new internal op placed right before pos.
@@ -145,7 +127,7 @@ static inline void stage_put(struct exs_conn *conn, uint8_t *dst, const void *sr
 static int stage_copy_at(struct exs_conn *conn, struct exs_list *pos, const void *src, size_t len)
 {
     uint64_t size = conn->p.sndbuf, off, pad = 0;
-    struct stage_op *so;
+    struct exs__stage_op *so;
     uint8_t *dst;
 
     if (stage_appendable(conn, pos, len)) {
@@ -169,7 +151,7 @@ static int stage_copy_at(struct exs_conn *conn, struct exs_list *pos, const void
         conn->stg_last = &so->op;
         dst = so->op.buf;
     }
-    stage_put(conn, dst, src, len);
+    exs__stage_put(conn, dst, src, len);
     return 1;
 }
 
@@ -225,25 +207,6 @@ int exs__stage_copy_bytes_locked(struct exs_conn *conn, const void *buf, size_t 
     return !stage_buffer_locked(conn) && stage_copy_at(conn, &conn->sendq, buf, len);
 }
 
-int exs__stage_append_held_locked(struct exs_conn *conn, const void *buf, size_t len)
-{
-    struct exs_op *op = conn->stg_last;
-    uint64_t size = conn->p.sndbuf;
-
-    /* exs__stage_hold_locked and stage_appendable at sendq's end, in one pass (every post
-     * of a burst of small sends asks): held now, and still with len more bytes (below the
-     * cap); sendq's last op, its bytes ending at stg_tail, room for len more before the
-     * buffer's end and in the buffer */
-    if (!op || op->state != EXS_OPS_QUEUED || op->posted || op->inflight || !conn->ring_wr_out ||
-        conn->batch_now || op->len + len >= exs__stage_cap(conn) || op->link.next != &conn->sendq ||
-        exs_container_of(op, struct stage_op, op)->end != conn->stg_tail ||
-        (size_t)(op->buf - (uint8_t *)conn->stg_mem->addr) + op->len + len > size ||
-        conn->stg_tail + len - conn->stg_head > size)
-        return 0;
-    stage_put(conn, op->buf + op->len, buf, len);
-    return 1;
-}
-
 void exs__stage_refill_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
@@ -280,7 +243,7 @@ int exs__stage_pending_locked(const struct exs_conn *conn)
 
 int exs__stage_shutdown_locked(struct exs_conn *conn)
 {
-    struct stage_op *so = stage_op_new(conn, EXS_OP_SHUTDOWN);
+    struct exs__stage_op *so = stage_op_new(conn, EXS_OP_SHUTDOWN);
 
     if (!so)
         return -ENOMEM;
