@@ -82,10 +82,6 @@ struct exs_datapath {
      * its copy joined a run held behind a ring write (STREAM) (spec/proto-layout.md,
      * "The post's fast path"); 1: it did, and the kick would do nothing more */
     int (*post_fast)(struct exs_conn *conn, struct exs_op *op);
-    /* exs_send's copy at the post (exs__conn_send_copy; STREAM, else NULL): len bytes
-     * of a send that is no op into the send buffer, the kick run as after a post; 1 done,
-     * 0 no room or memory (nothing changed) */
-    int (*send_copy)(struct exs_conn *conn, const void *buf, size_t len);
     /* the ring's periodic look (§7.4): ms until due again, 0: none */
     uint64_t (*ring_timer)(struct exs_conn *conn, uint64_t now_us);
     /* statistics of the data path into st */

@@ -281,20 +281,6 @@ out:
     return ret;
 }
 
-int exs__conn_send_copy(struct exs_conn *conn, const void *buf, size_t len)
-{
-    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
-    if (conn->dp->send_copy && conn->state == EXS_CONN_CONNECTED &&
-        conn->txshut == EXS_TXSHUT_OPEN && !conn->sendq_app && len && len <= conn->p.copy_max &&
-        conn->p.sndbuf &&
-        !(EXS_REQTRACE_ON &&
-          EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED))) &&
-        conn->dp->send_copy(conn, buf, len))
-        return 1;
-    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
-    return 0;
-}
-
 /* An op may be cancelled while nothing of it is on the wire; a receive also only when
  * no advertised receive follows it (the advert's message number counts it). */
 static int conn_cancellable_locked(struct exs_conn *conn, struct exs_op *op)

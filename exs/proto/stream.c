@@ -736,8 +736,11 @@ static int st_post_fast(struct exs_conn *conn, struct exs_op *op)
  * bytes go into the send buffer with no op. When they join the run held behind the ring
  * write in flight, which stays held (st_copy_held's case, looked at before the copy),
  * nothing more is done; else the send side's kick runs as after a post (it finds no send
- * of the application to hand back). */
-static int st_send_copy(struct exs_conn *conn, const void *buf, size_t len)
+ * of the application to hand back). 1 done, 0 no room or memory (nothing changed).
+ * (Here, not through the data path's table: only STREAM copies at the post, and the
+ * append to the held run is inline in this one frame.) */
+static inline __attribute__((always_inline)) int st_send_copy(struct exs_conn *conn,
+                                                              const void *buf, size_t len)
 {
     if (!conn->ctrl_len && !conn->resume.peer_wait && !st_advert_head(conn) &&
         exs__stage_append_held_locked(conn, buf, len)) {
@@ -749,6 +752,20 @@ static int st_send_copy(struct exs_conn *conn, const void *buf, size_t len)
     conn->posts_copied++;
     exs__conn_kick_tx_locked(conn);
     return 1;
+}
+
+int exs__conn_send_copy(struct exs_conn *conn, const void *buf, size_t len)
+{
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
+    if (conn->dp == &exs__stream_path && conn->state == EXS_CONN_CONNECTED &&
+        conn->txshut == EXS_TXSHUT_OPEN && !conn->sendq_app && len && len <= conn->p.copy_max &&
+        conn->p.sndbuf &&
+        !(EXS_REQTRACE_ON &&
+          EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED))) &&
+        st_send_copy(conn, buf, len))
+        return 1;
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    return 0;
 }
 
 const struct exs_datapath exs__stream_path = {
@@ -764,7 +781,6 @@ const struct exs_datapath exs__stream_path = {
     .dead_drain = exs__stream_dead_drain_locked,
     .stage_send = exs__stage_send_locked,
     .post_fast = st_post_fast,
-    .send_copy = st_send_copy,
     .ring_timer = exs__stream_ring_timer_locked,
     .stats = exs__stream_stats_locked,
     .batch_ring_write = st_batch_ring_write,

@@ -1098,8 +1098,8 @@ END_TEST
 
 /* The copy at the post is refused where exs__conn_post would not copy and finish at once:
  * no bytes or more than copy_max, a full send buffer (nothing changed: the send takes the
- * whole way and waits for room), request tracing on, after exs_shutdown, and on a conn
- * without a send buffer. */
+ * whole way and waits for room), request tracing on, after exs_shutdown, on a conn
+ * without a send buffer, and on a SEQPACKET conn. */
 START_TEST(st_copy_at_post_refused)
 {
     enum { LEN = 1024 };
@@ -1142,6 +1142,20 @@ START_TEST(st_copy_at_post_refused)
     st_pair(EXS_XFER_DYNAMIC, EXS_XFER_DYNAMIC, 0, 0); /* no send buffer */
     ck_assert_int_eq(st_copy_post(pp.a.conn, cb, 64, 0), 0);
     ck_assert_uint_eq(pp.a.conn->posts_copied, 0);
+    st_teardown();
+    /* SEQPACKET, with a send buffer and copy_max as a socket of its gets: never copied
+     * at the post (only the STREAM data path copies: exs__conn_send_copy asks) */
+    unit_env_clean();
+    memset(&pp, 0, sizeof(pp));
+    pt_params(&pp.pa, SOCK_SEQPACKET);
+    pt_params(&pp.pb, SOCK_SEQPACKET);
+    pp.pa.sndbuf = 8192;
+    pp.pa.copy_max = 1024;
+    pt_open(&pp, SOCK_SEQPACKET);
+    pt_connect(&pp);
+    ck_assert_int_eq(st_copy_post(pp.a.conn, cb, 64, 0), 0);
+    ck_assert_uint_eq(pp.a.conn->posts_copied, 0);
+    ck_assert_ptr_null(pp.a.conn->stg_mem);
 }
 END_TEST
 
