@@ -211,16 +211,18 @@ static inline __attribute__((always_inline)) int mreg_covers(exs_mhandle_t mh, c
                                                              size_t len)
 {
     struct api_mreg *m = mreg_find(mh);
-    uintptr_t addr, end = (uintptr_t)buf + len;
+    uintptr_t off;
     size_t mlen;
 
     if (!m)
         return 0;
-    addr = (uintptr_t)__atomic_load_n(&m->addr, __ATOMIC_ACQUIRE);
+    off = (uintptr_t)buf - (uintptr_t)__atomic_load_n(&m->addr, __ATOMIC_ACQUIRE);
     mlen = __atomic_load_n(&m->len, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
         return 0;
-    return (uintptr_t)buf >= addr && end <= addr + mlen && end >= (uintptr_t)buf;
+    /* buf at or past the start (below it off wraps above mlen), len within what is left:
+     * no sum that may overflow */
+    return off <= mlen && len <= mlen - off;
 }
 
 int exs__api_mreg_hold(exs_mhandle_t mh, const void *buf, size_t len, struct api_mreg **m_p)

@@ -381,9 +381,10 @@ START_TEST(sndbuf_copy_at_post_order)
 END_TEST
 
 /* A send that would end at its post fails as before: a handle that does not cover the
- * buffer or no handle (EINVAL), a full queue (EAGAIN, nothing sent), after exs_shutdown
- * (EPIPE), on a closed descriptor (EBADF); none is counted as copied, and a send after a
- * refused one still works. */
+ * buffer (past its end, before its start) or no handle (EINVAL;
+ * the registration's last bytes exactly are taken), a full queue (EAGAIN, nothing sent), after
+ * exs_shutdown (EPIPE), on a closed descriptor (EBADF); none is counted as copied, and a send after
+ * a refused one still works. */
 START_TEST(sndbuf_copy_at_post_errors)
 {
     struct it_pair p;
@@ -397,6 +398,7 @@ START_TEST(sndbuf_copy_at_post_errors)
     it_fill(sb->p, 4096, 22);
     c0 = sb_posts_copied(p.cfd);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 4096 - 32, 64, 0, p.cq, IT_AH(1), sb->mh), EINVAL);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p - 32, 64, 0, p.cq, IT_AH(1), sb->mh), EINVAL);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(1), sb->mh + 1000), EINVAL);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, MSG_WAITALL, p.cq, IT_AH(1), sb->mh), EINVAL);
     q1 = it_qcreate(1);
@@ -406,15 +408,19 @@ START_TEST(sndbuf_copy_at_post_errors)
     IT_POST_SEND(p.cfd, sb->p + 64, 64, q1, IT_AH(4), sb->mh);
     it_expect_send(q1, p.cfd, IT_AH(4), 64);
     it_qdelete(q1);
-    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 2);
-    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 128, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
-    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 128, 0);
+    /* the registration's last bytes exactly: taken */
+    IT_POST_SEND(p.cfd, sb->p + 4096 - 64, 64, p.cq, IT_AH(9), sb->mh);
+    it_expect_send(p.cq, p.cfd, IT_AH(9), 64);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 3);
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 192, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 192, 0);
     ck_assert_int_eq(it_check(rb->p, 128, 22), -1);
+    ck_assert_int_eq(memcmp(rb->p + 128, sb->p + 4096 - 64, 64), 0);
     IT_EXPECT_OK(exs_shutdown(p.cfd, SHUT_WR, p.cq, IT_AH(5)));
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(6), sb->mh), EPIPE);
     it_expect_err(p.cq, EXS_EVT_SHUTDOWN, p.cfd, IT_AH(5), 0);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(7), sb->mh), EPIPE);
-    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 2);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 3);
     it_close(p.cfd, p.cq);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(8), sb->mh), EBADF);
     p.cfd = -1;
