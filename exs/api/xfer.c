@@ -840,15 +840,6 @@ int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, i
                      recv, b);
 }
 
-/* A send on s (held, at fd) that the copy at the post did not take: the whole way (not
- * inline: exs_send's frame stays the copy's). */
-static __attribute__((noinline)) int send_whole(int fd, struct api_sock *s, const void *buf,
-                                                size_t len, int flags, exs_qhandle_t q,
-                                                exs_ahandle_t ah, exs_mhandle_t mh)
-{
-    return xfer_post(fd, s, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
-}
-
 /* exs_send of a libexs socket: the copy at the post, else the whole way with the socket
  * found; or what exs__api_kfd_send_fast (kfd.c) did not take. */
 __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t len, int flags,
@@ -863,25 +854,16 @@ __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t
         if (ret >= 0)
             return ret;
     }
-    return send_whole(fd, s, buf, len, flags, q, ah, mh);
+    return xfer_post(fd, s, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
 }
 
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
              exs_mhandle_t mh)
 {
-    /* a libexs socket's, found (held) once: the copy at the post, else the whole way; a
-     * number whose slot is empty is a kernel socket's, whose send that completes at once
-     * is done in exs__api_kfd_send_fast (which sends the rest back to exs__api_send_slow);
-     * a socket leaving its slot meanwhile goes to exs__api_send_slow, which answers it */
-    struct api_sock *s = exs__api_sock_find_x(fd);
-
-    if (s) {
-        int ret = send_copy(s, buf, len, flags, q, ah, mh);
-
-        if (ret >= 0)
-            return ret;
-        return send_whole(fd, s, buf, len, flags, q, ah, mh);
-    }
+    /* a libexs socket's goes to exs__api_send_slow at once (the copy at the post, else the
+     * whole way); a kernel socket's that completes at once is done in
+     * exs__api_kfd_send_fast, which sends the rest back to exs__api_send_slow (tail calls:
+     * no frame of exs_send's own) */
     if (exs__api_sock_at(fd))
         return exs__api_send_slow(fd, buf, len, flags, q, ah, mh);
     return exs__api_kfd_send_fast(fd, buf, len, flags, q, ah, mh);
