@@ -333,6 +333,8 @@ struct exs_conn {
     uint64_t stg_head;           /* buffer position released so far */
     uint64_t stg_tail;           /* buffer position allocated so far */
     struct exs_op *stg_last;     /* the newest internal send op, NULL: none */
+    uint32_t stg_cap;            /* the most bytes one internal op gathers (exs__stage_cap),
+                                  * set with stg_mem */
     int stg_pending;             /* a send that may be copied waits (no room
                                   * yet, or an earlier send waits): refill */
     void *stg_free;              /* internal ops kept for reuse (stage.c): no calloc and

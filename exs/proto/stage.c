@@ -82,6 +82,7 @@ static int stage_buffer_locked(struct exs_conn *conn)
 
     if (conn->stg_mem)
         return 0;
+    conn->stg_cap = EXS_MAX(exs__conn_frag_size(), conn->p.copy_max);
     ret = exs__conn_mem_alloc(conn->ctx, conn->p.sndbuf, EXS_MEM_OTHER, &conn->stg_mem);
     if (ret) {
         EXS_WARN(PROTO, "conn %p: send buffer of %u bytes: %s; sends stay zero-copy", (void *)conn,

@@ -20,10 +20,12 @@ int exs__stage_send_locked(struct exs_conn *conn, struct exs_op *op);
 int exs__stage_copy_bytes_locked(struct exs_conn *conn, const void *buf, size_t len);
 /* Copy queued sends that found the buffer full, now that bytes were released. */
 void exs__stage_refill_locked(struct exs_conn *conn);
-/* The most bytes one internal op gathers (a write's worth). */
+/* The most bytes one internal op gathers (a write's worth: the larger of the fragment
+ * size and copy_max, taken when the buffer was allocated; asked only of a conn with
+ * internal send ops, which have the buffer). */
 static inline uint32_t exs__stage_cap(const struct exs_conn *conn)
 {
-    return EXS_MAX(exs__conn_frag_size(), conn->p.copy_max);
+    return conn->stg_cap;
 }
 /* Synchronization-ahead for the send buffer: op is the newest copy, not started, below
  * the cap, while a ring write is in flight: it waits for more copies (or that write).
