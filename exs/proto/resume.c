@@ -889,6 +889,14 @@ static void resume_quiet_free_locked(struct exs_conn *conn, int destroy)
     EXS_ASSERT(!destroy || !conn->resume.replay);
 }
 
+void exs__resume_give_up_locked(struct exs_conn *conn)
+{
+    if (conn->resume.over) /* cut over (copies freed at the cut) or under way (its own) */
+        return;
+    conn->resume.over = 1;
+    resume_quiet_free_locked(conn, 0); /* conn_quiet_copies: no copy is kept from now on */
+}
+
 /* Applying the peer's RESUME at position pos, before the send queue is rewound (upto:
  * resume_tx_done, where the first send not ended starts, STREAM; one past the highest
  * ended message, SEQPACKET): the sends from pos up to upto ended at their post, their
