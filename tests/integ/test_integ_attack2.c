@@ -222,7 +222,7 @@ static void *cs_send(void *arg)
 
 #define CS_RX ((size_t)256 * 1024)
 static const struct timespec cs_now = {0, 0}; /* a look, no wait */
-static struct cs *cs_cur; /* (the round's, for messages) */
+static struct cs *cs_cur;                     /* (the round's, for messages) */
 static size_t *cs_got;
 static double cs_t0;
 
@@ -255,7 +255,8 @@ static void cs_take(struct it_pair *p, int round, uint32_t *events, int *closed)
         if (ev.exs_evt_type == EXS_EVT_CLOSE) {
             ck_assert(ev.exs_evt_ahandle == IT_AH(0xC105E));
             ck_assert_msg(ev.exs_evt_errno == 0, "round %d: close: %s after %u sends (%u events)",
-                          round, strerror(ev.exs_evt_errno), __atomic_load_n(&cs_cur->posted, __ATOMIC_ACQUIRE), *events);
+                          round, strerror(ev.exs_evt_errno),
+                          __atomic_load_n(&cs_cur->posted, __ATOMIC_ACQUIRE), *events);
             ck_assert_int_eq(++*closed, 1);
             continue;
         }
@@ -263,11 +264,12 @@ static void cs_take(struct it_pair *p, int round, uint32_t *events, int *closed)
         ck_assert_msg(IT_AHN(ev.exs_evt_ahandle) == (long)*events + 1,
                       "round %d: send event %ld where %u was due", round,
                       IT_AHN(ev.exs_evt_ahandle), *events + 1);
-        ck_assert_msg(ev.exs_evt_errno == 0,
-                      "round %d: send %u of %u accepted failed: %s (result %ld), close %d, got %zu, %.0f ms", round,
-                      *events + 1, __atomic_load_n(&cs_cur->posted, __ATOMIC_ACQUIRE),
-                      strerror(ev.exs_evt_errno), (long)ev.exs_evt_u.exs_evt_xfer.exs_evt_result,
-                      *closed, *cs_got, it_now_ms() - cs_t0);
+        ck_assert_msg(
+            ev.exs_evt_errno == 0,
+            "round %d: send %u of %u accepted failed: %s (result %ld), close %d, got %zu, %.0f ms",
+            round, *events + 1, __atomic_load_n(&cs_cur->posted, __ATOMIC_ACQUIRE),
+            strerror(ev.exs_evt_errno), (long)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, *closed,
+            *cs_got, it_now_ms() - cs_t0);
         ++*events;
     }
 }

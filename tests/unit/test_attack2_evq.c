@@ -24,9 +24,9 @@
 
 #define EA_HOLD_NS (50ull * 1000 * 1000) /* the holder's CPU time inside the lock */
 
-static sem_t ea_go;   /* the waiter's start: the holder is inside the lock */
-static int ea_armed;  /* atomic: the next log line is the holder's, inside the lock */
-static int ea_fired;  /* the hook ran inside the hold */
+static sem_t ea_go;  /* the waiter's start: the holder is inside the lock */
+static int ea_armed; /* atomic: the next log line is the holder's, inside the lock */
+static int ea_fired; /* the hook ran inside the hold */
 static uint64_t ea_waiter_cpu_ns;
 static int ea_waiter_ret;
 static exs_qhandle_t ea_q;
