@@ -68,7 +68,10 @@ static void resume_path_failed_locked(struct exs_conn *conn, const char *cause)
         conn->txshut != EXS_TXSHUT_OPEN || conn->peer_shut)
         return;
     conn->resume_noted = 1;
-    EXS_CNT_INC(exs__resume_cnt.fallback_resume_failures);
+    /* of the sessions only (both keys exchanged): a passive side that has not taken the
+     * peer's key was never counted as one */
+    if (conn->resume.keys == (EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER))
+        EXS_CNT_INC(exs__resume_cnt.fallback_resume_failures);
     /* what is left of resume_eligible: a ring region in change is no reason (§9.2) */
     EXS_INFO(
         PROTO, "conn %p: path failed (%s) while resumable: not resumed (%s); the connection ends",
@@ -884,6 +887,14 @@ static void resume_quiet_free_locked(struct exs_conn *conn, int destroy)
         conn->resume.quiet = NULL;
     }
     EXS_ASSERT(!destroy || !conn->resume.replay);
+}
+
+void exs__resume_give_up_locked(struct exs_conn *conn)
+{
+    if (conn->resume.over) /* cut over (copies freed at the cut) or under way (its own) */
+        return;
+    conn->resume.over = 1;
+    resume_quiet_free_locked(conn, 0); /* conn_quiet_copies: no copy is kept from now on */
 }
 
 /* Applying the peer's RESUME at position pos, before the send queue is rewound (upto:

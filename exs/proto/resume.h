@@ -122,6 +122,10 @@ uint64_t exs__resume_pend_timer_locked(struct exs_conn *conn, uint64_t now_ns, u
 /* The conn ends (destroy 0: its endpoint is disconnected, the objects go at a later safe
  * point; destroy 1, the conn is freed: everything goes now). Not counted. */
 void exs__resume_pend_end_locked(struct exs_conn *conn, int destroy);
+/* No cut-over can happen on conn any more (shm_switch.c: it stays on its path; not one
+ * under way, whose copies the cut-over itself takes): resume.over set, and the copies of
+ * its unsignaled sends (resume.quiet) freed now, their memory given back, not at close. */
+void exs__resume_give_up_locked(struct exs_conn *conn);
 /* exs_close or an abort while being cut over: the conn ends now (1), else 0. */
 int exs__resume_close_locked(struct exs_conn *conn);
 /* A posted op registered on another context than the conn's (a cut-over happened): its

@@ -153,7 +153,7 @@ static void shmsw_stay_locked(struct exs_conn *conn, int reason, uint64_t *cnt)
     if (conn->shmsw.reason == reason)
         return;
     conn->shmsw.reason = reason;
-    conn->resume.over = 1;
+    exs__resume_give_up_locked(conn); /* and its copies go (a tcp conn keeps its path) */
     conn->resume_noted = 1;
     if (cnt)
         EXS_CNT_INC(*cnt);

@@ -281,6 +281,38 @@ static const char *fd_prov(int fd)
     return prov;
 }
 
+/* Attempts of a resumed cut (test_rs_resume, test_rs_resume_seqpacket); the last injects
+ * its error completion on the sender's endpoint alone (rs_fault_port). */
+#define RS_ATTEMPTS 8
+
+/* Into port, the fault_port (fault provider) an attempt of a resumed cut selects on the
+ * pair p: the listener's port (both endpoints: the active one connected to it, the passive
+ * one has it as its local port), or with sender_only the active side's own local port,
+ * which selects the sender's endpoint alone (the passive endpoint's local port is the
+ * listener's and it connected to no port). An error completion there is always resumable:
+ * what the sender saw completed arrived (§9.2, Positions); on the receiver's endpoint it
+ * may fail a receive whose write the sender saw acknowledged, which is not. */
+static void rs_fault_port(const struct it_pair *p, int sender_only, char *port, size_t len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    unsigned n = ntohs(p->addr.sin_port);
+
+    if (sender_only) {
+        int err = 0;
+        struct api_sock *s = exs__api_sock_get(p->cfd, &err);
+
+        ck_assert_msg(s != NULL, "fd %d: no socket (%d)", p->cfd, err);
+        ck_assert_ptr_nonnull(s->conn);
+        ck_assert_int_eq(exs__prov_ep_local_addr(s->conn->ep, &ss, &sl), 0);
+        exs__api_sock_put(s);
+        ck_assert_int_eq(ss.ss_family, AF_INET);
+        n = ntohs(((const struct sockaddr_in *)&ss)->sin_port);
+        ck_assert_uint_ne(n, ntohs(p->addr.sin_port));
+    }
+    snprintf(port, len, "%u", n);
+}
+
 /* After a resumed cut: one resume per end and no failure, both ends on tcp, and both
  * continue (RS_TOTAL each way, verified) and close cleanly. */
 static void rs_after_resume(struct it_pair *p, uint64_t res0, uint64_t fail0)
@@ -303,8 +335,9 @@ static void rs_after_resume(struct it_pair *p, uint64_t res0, uint64_t fail0)
  * failure, both connections run on tcp afterwards, a new 4 MiB transfer each way is
  * verified, and both ends close cleanly with nothing leaked (it_teardown). A receive
  * completion failed by the fault after its write was acknowledged makes the resume
- * impossible (§9.2, Positions): such a run is repeated with the next fault position, and
- * at least one resume is required. */
+ * impossible (§9.2, Positions): such a run is repeated with the next fault position; the
+ * last attempt's error completion is on the sender's endpoint (rs_fault_port), where the
+ * resume is certain, so at least one resume is required. */
 START_TEST(test_rs_resume)
 {
     int wc = _i & 1, direct = (_i & 2) != 0;
@@ -316,8 +349,9 @@ START_TEST(test_rs_resume)
     it_setenv("EXS_XFER_MODE", direct ? "direct" : "indirect");
     if (rs_init("test_rs_resume", "any"))
         return;
-    for (int attempt = 0; attempt < 8 && !resumed; attempt++) {
+    for (int attempt = 0; attempt < RS_ATTEMPTS && !resumed; attempt++) {
         struct it_buf *s = it_buf_new(RS_TOTAL, 1), *r = it_buf_new(RS_TOTAL, 1);
+        int last = attempt == RS_ATTEMPTS - 1;
         struct it_pair p;
         exs_event_t ev;
         char port[16], nth[16];
@@ -330,7 +364,7 @@ START_TEST(test_rs_resume)
         rep0 = it_fallback_count("fallback_replayed_bytes");
         it_fill(s->p, RS_TOTAL, 7 + (uint32_t)attempt);
         memset(r->p, 0, RS_TOTAL);
-        snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+        rs_fault_port(&p, wc && last, port, sizeof(port));
         snprintf(nth, sizeof(nth), "%d", 6 + attempt);
         it_fault_set("fault_port", port);
         it_fault_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
@@ -356,6 +390,7 @@ START_TEST(test_rs_resume)
             /* the fault failed a receive completion whose write the sender had seen
              * acknowledged: not resumable; ended cleanly, counted once per end */
             ck_assert_msg(wc, "a drop was not resumed");
+            ck_assert_msg(!last, "an error completion on the sender's endpoint was not resumed");
             ck_assert_int_ne(ev.exs_evt_errno, 0);
             ck_assert_uint_eq(it_fallback_count("fallback_resume_failures") - fail0, 2);
             it_buf_free(s);
@@ -373,7 +408,7 @@ START_TEST(test_rs_resume)
         it_buf_free(r);
         resumed = 1;
     }
-    ck_assert_msg(resumed, "no cut was resumed in 8 attempts");
+    ck_assert_msg(resumed, "no cut was resumed in %d attempts", RS_ATTEMPTS);
 }
 END_TEST
 
@@ -421,8 +456,9 @@ static size_t rs_sp_len(int ring, uint32_t i)
  * connections run on tcp afterwards, a 4 MiB message each way is verified, and both ends
  * close cleanly with nothing leaked (it_teardown). A receive completion failed by the
  * fault after its write was acknowledged makes the resume impossible (§9.2, Positions):
- * such a run is repeated with the next fault position; at least one resume is
- * required. */
+ * such a run is repeated with the next fault position; the last attempt's error
+ * completion is on the sender's endpoint (rs_fault_port), where the resume is certain, so
+ * at least one resume is required. */
 START_TEST(test_rs_resume_seqpacket)
 {
     int wc = _i & 1, ring = (_i & 2) != 0;
@@ -434,8 +470,9 @@ START_TEST(test_rs_resume_seqpacket)
                ring ? "ring mode" : "direct mix");
     if (rs_init("test_rs_resume_seqpacket", "any"))
         return;
-    for (int attempt = 0; attempt < 8 && !resumed; attempt++) {
+    for (int attempt = 0; attempt < RS_ATTEMPTS && !resumed; attempt++) {
         struct it_buf *s = it_buf_new(slot * nmsg, 1), *r = it_buf_new(slot * nmsg, 1);
+        int last = attempt == RS_ATTEMPTS - 1;
         uint8_t *seen = calloc(nmsg, 1);
         uint64_t res0, fail0, t0;
         uint32_t seed = 21 + (uint32_t)attempt;
@@ -464,7 +501,7 @@ START_TEST(test_rs_resume_seqpacket)
                 usleep(1000);
             }
         }
-        snprintf(port, sizeof(port), "%u", ntohs(p.addr.sin_port));
+        rs_fault_port(&p, wc && last, port, sizeof(port));
         snprintf(nth, sizeof(nth), "%d", 6 + attempt);
         it_fault_set("fault_port", port);
         it_fault_set(wc ? "fault_wc_nth" : "fault_drop_nth", nth);
@@ -514,6 +551,7 @@ START_TEST(test_rs_resume_seqpacket)
             /* a receive completion failed after its write was acknowledged: not
              * resumable; ended cleanly, counted once per end */
             ck_assert_msg(wc, "a drop was not resumed");
+            ck_assert_msg(!last, "an error completion on the sender's endpoint was not resumed");
             ck_assert_uint_eq(it_fallback_count("fallback_resume_failures") - fail0, 2);
             it_buf_free(s);
             it_buf_free(r);
@@ -527,7 +565,7 @@ START_TEST(test_rs_resume_seqpacket)
         it_buf_free(r);
         resumed = 1;
     }
-    ck_assert_msg(resumed, "no cut was resumed in 8 attempts");
+    ck_assert_msg(resumed, "no cut was resumed in %d attempts", RS_ATTEMPTS);
 }
 END_TEST
 

@@ -25,6 +25,7 @@ static Suite *(*const suites[])(void) = {
     util_sha256_suite,       proto_resume_auth_suite,
     proto_violation_suite,   prov_soft_pool_suite,
     proto_unsig_suite,       proto_unsig_cut_suite,
+    proto_resume_stay_suite, api_evq_attack2_suite,
 };
 
 void unit_env_clean(void)
