@@ -17,7 +17,6 @@
 #include "exs/api/api_int.h"
 #include "exs/api/evq_int.h"
 #include "exs/api/kfd.h"
-#include "exs/util/lite_lock.h"
 #include "exs/engine/engine.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
@@ -40,7 +39,8 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
  *                          its old arrays until exs_fini), and evq->st then says whether
  *                          the queue found is q's, alive; exs__evq_get also raises the
  *                          queue's count unless it is 0 (parked), then asks st again.
- *   evq->lock (futex mutex, lite_lock.h)  everything in one queue not marked atomic.
+ *   evq->lock (a spin lock that yields, evq_int.h)  everything in one queue not
+ *                          marked atomic; inside it only leaf locks (the log's).
  * A queue's memory is reference counted (evq->refs, atomic): the table holds one
  * reference until exs_qdelete, each exs__evq_get and each sleeping or spinning
  * exs_qdequeue one more; the last one parks it (evq_free: descriptors and ring gone, the
@@ -126,6 +126,22 @@ static void evq_cpu_relax(void)
 #else
     __asm__ __volatile__("" ::: "memory");
 #endif
+}
+
+/* Looks at a held evq->lock before its waiter yields the CPU between looks: a hold is
+ * some tens of nanoseconds, one with an eventfd's system call about a microsecond. */
+#define EVQ_LOCK_SPINS 64
+
+void exs__evq_lock_wait(struct exs_evq_lock *l)
+{
+    for (unsigned n = 0;; n++) {
+        if (__atomic_load_n(&l->v, __ATOMIC_RELAXED) == 0 && exs__evq_trylock(l))
+            return;
+        if (n < EVQ_LOCK_SPINS)
+            evq_cpu_relax();
+        else
+            sched_yield();
+    }
 }
 
 /* ---- eventfd helpers (called with evq->lock held) ---- */
@@ -231,12 +247,12 @@ static struct exs_evq *evq_new(int depth)
             return NULL;
     }
     /* a reader without the lock may look at st, depth and freed, or lock it, meanwhile */
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     __atomic_store_n(&evq->st, EVQ_ST_DEAD, __ATOMIC_RELEASE);
     __atomic_store_n(&evq->depth, depth, __ATOMIC_RELAXED);
     __atomic_store_n(&evq->freed, 0, __ATOMIC_RELAXED);
     memset(&evq->free_next, 0, sizeof(*evq) - offsetof(struct exs_evq, free_next));
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     return evq;
 }
 
@@ -417,9 +433,9 @@ int exs__evq_ops_live(void)
 
         if (!evq)
             continue;
-        EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_LOCK(evq);
         n += (int)evq_reserved(evq);
-        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_UNLOCK(evq);
     }
     evq_tab_unlock();
     return n;
@@ -433,7 +449,7 @@ int exs__evq_clean(exs_qhandle_t q)
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
         return ret;
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     if (evq->dead) {
         ret = -EINVAL;
     } else if (evq_reserved(evq) > 0) {
@@ -445,7 +461,7 @@ int exs__evq_clean(exs_qhandle_t q)
         evq_set_queued(evq, 0);
         evq_sync_fds(evq);
     }
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     exs__evq_put(evq);
     return ret;
 }
@@ -463,7 +479,7 @@ void exs__evq_destroy_all(void)
         if (evq != NULL) {
             uint32_t reserved;
 
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_LOCK(evq);
             __atomic_fetch_or(&evq->st, EVQ_ST_DEAD, __ATOMIC_ACQ_REL);
             reserved = evq_reserved(evq); /* no reservation comes now */
             if (reserved > 0)
@@ -472,7 +488,7 @@ void exs__evq_destroy_all(void)
             evq_kill(evq);
             /* the last of them drops the table's reference (exs__evq_post, unreserve) */
             evq->orphan = reserved > 0;
-            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_UNLOCK(evq);
             evq_tab_remove(slot);
             if (!reserved)
                 exs__evq_put(evq);
@@ -523,11 +539,11 @@ void exs__evq_unreserve(struct exs_evq *evq)
 {
     int last;
 
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     EXS_ASSERT(evq_reserved(evq) > 0);
     evq_give_back(evq, 1);
     last = evq_orphan_last(evq);
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     if (last)
         exs__evq_put(evq);
 }
@@ -562,7 +578,7 @@ static void evq_post_end(struct exs_evq *evq, const exs_event_t *ev, int last)
         EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle,
                  ev->exs_evt_type, ev->exs_evt_fd, ev->exs_evt_errno, evq->queued);
     }
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     if (last)
         exs__evq_put(evq);
 }
@@ -572,7 +588,7 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
     exs_event_t *slot;
     int last = 0;
 
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     slot = evq_post_slot(evq, &last);
     if (slot)
         *slot = *ev;
@@ -691,7 +707,7 @@ int exs_qdelete(exs_qhandle_t q)
         return exs__err(EINVAL);
     }
     evq = slot->evq;
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     /* dead only with no slot reserved: a reservation's CAS and this one race fairly */
     uint64_t st = __atomic_load_n(&evq->st, __ATOMIC_ACQUIRE);
     uint32_t reserved;
@@ -702,13 +718,13 @@ int exs_qdelete(exs_qhandle_t q)
         ;
     if (reserved > 0) {
         EXS_DBG(API, "evq %d: delete refused, %u operations outstanding", q, reserved);
-        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_UNLOCK(evq);
         evq_tab_unlock();
         return exs__err(EBUSY);
     }
     discarded = evq->queued;
     evq_kill(evq);
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     evq_tab_remove(slot);
     evq_tab_unlock();
     EXS_DBG(API, "evq %d: deleted, %d undelivered events discarded", q, discarded);
@@ -725,13 +741,13 @@ int exs_qfd(exs_qhandle_t q)
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
         return exs__err(-ret);
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     fd = evq->qfd;
     if (!evq->exposed) {
         evq->exposed = 1;
         evq_sync_fds(evq);
     }
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     exs__evq_put(evq);
     return fd;
 }
@@ -914,11 +930,11 @@ static void evq_sleep_cancelled(void *arg)
 {
     struct evq_sleep *sl = arg;
 
-    EXS_LITE_LOCK(&sl->evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(sl->evq);
     if (sl->w)
         evq_waiter_del(sl->evq, sl->w);
     sl->evq->sleepers--;
-    EXS_LITE_UNLOCK(&sl->evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(sl->evq);
     exs__engine_arm_end(sl->pfd_prov);
     exs__engine_driver_leave();
     exs__evq_put(sl->evq);
@@ -970,11 +986,11 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
      * socket (its only operations are on kernel sockets, which complete in the posting
      * call or on the progress thread): no system call, no clock read of its own then. */
     if (!exs__api_sock_live() && __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want) {
-        EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_LOCK(evq);
         ret = evq->dead ? -EINVAL : EXS_MIN(evq->queued, max);
         if (ret > 0)
             evq_take_n(evq, events, ret);
-        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_UNLOCK(evq);
         if (ret)
             return ret;
     }
@@ -999,7 +1015,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         fresh = 1; /* now is still the wait's reading */
         armed = exs__engine_arm(pfd_prov) == 0;
     }
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     for (;;) {
         struct pollfd pfd[2 + EXS_ENG_MAX_CTX]; /* queue, providers, kernel sockets */
         struct timespec ts, *tsp = NULL;
@@ -1034,13 +1050,13 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             /* Drive, then look: POLL and the first phase of ADAPTIVE spin here (no
              * system call of their own, so no EINTR); NOTIFY drives once. Past its
              * end, the first spin still drives EVQ_SPIN_EVERY_MIN times. */
-            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_UNLOCK(evq);
             if (now < spin_end)
                 evq_spin(evq, want, now, now < end ? end : 0);
             else
                 exs__engine_drive(EXS_ENG_DRIVE_WAIT);
             driven = 1;
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_LOCK(evq);
             continue;
         }
         if (now >= deadline) {
@@ -1073,9 +1089,9 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
                 evq->sleepers--;
                 sleeper = 0;
             }
-            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_UNLOCK(evq);
             n = exs__engine_arm(pfd_prov);
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_LOCK(evq);
             if (n == -EAGAIN)
                 continue;
             armed = 1; /* exs__engine_arm_end on every way out */
@@ -1093,7 +1109,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         pfd[0].fd = want > 1 ? evq->wfd : evq->qfd;
         pfd[0].events = POLLIN;
         pfd[0].revents = 0;
-        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_UNLOCK(evq);
         for (int i = 0; i < EXS_ENG_MAX_CTX; i++) {
             pfd[1 + i].fd = pfd_prov[i]; /* -1 (ignored by ppoll): no such context */
             pfd[1 + i].events = POLLIN;
@@ -1115,7 +1131,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         ret = n < 0 ? -errno : 0;
         exs__engine_arm_end(pfd_prov); /* awake: a driver may disarm the providers now */
         armed = 0;
-        EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_LOCK(evq);
         if (ret < 0)
             break;
         if (n > 0 && (pfd[0].revents & POLLNVAL)) {
@@ -1125,9 +1141,9 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             break;
         }
         if (n > 0 && (pfd[1 + EXS_ENG_MAX_CTX].revents & POLLIN)) {
-            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_UNLOCK(evq);
             exs__api_kfd_run_ready();
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_LOCK(evq);
         }
         if (n > 0 && ((pfd[1].revents | pfd[2].revents) & POLLIN)) {
             int only = EXS_ENG_DRIVE_ONLY;
@@ -1141,16 +1157,16 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
                     only |= EXS_ENG_DRIVE_CTX(i);
             evq->sleepers--;
             sleeper = 0;
-            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_UNLOCK(evq);
             exs__engine_drive(only);
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_LOCK(evq);
         }
     }
     if (registered)
         evq_waiter_del(evq, &w);
     if (sleeper)
         evq->sleepers--;
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     if (armed) /* armed, then found its events (or an error) before it slept */
         exs__engine_arm_end(pfd_prov);
     exs__engine_driver_leave();
@@ -1171,14 +1187,14 @@ static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q
 
     if (!evq)
         return -EINVAL;
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     if (!evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q) || want > evq->depth) {
         ret = -EINVAL;
     } else if (evq->queued >= want) {
         ret = nevents > 0 ? EXS_MIN(evq->queued, nevents) : want;
         evq_take_n(evq, events, ret);
     }
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     return ret;
 }
 
@@ -1212,7 +1228,7 @@ static __attribute__((noinline, cold)) int evq_unlock_full(struct exs_evq *evq, 
                                                            exs_event_t *events, int nevents,
                                                            const struct timespec *timeout)
 {
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     return evq_dequeue_full(q, events, nevents, timeout);
 }
 
@@ -1221,15 +1237,8 @@ static __attribute__((noinline)) int evq_take_unlock(struct exs_evq *evq, exs_ev
                                                      int n)
 {
     evq_take(evq, events, n);
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     return n;
-}
-
-/* exs_qdequeue's hot path: its unlock found a waiter for the lock. */
-static __attribute__((noinline, cold)) int evq_wake_ret(struct exs_evq *evq, int ret)
-{
-    exs__lite_lock_wake(&evq->lock);
-    return ret;
 }
 
 /*
@@ -1252,7 +1261,7 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
         (timeout && (timeout->tv_sec < 0 || (unsigned long)timeout->tv_nsec >= 1000000000ul)) ||
         !(evq = evq_peek(q)))
         return evq_dequeue_full(q, events, nevents, timeout);
-    if (!exs__lite_trylock(&evq->lock))
+    if (!exs__evq_trylock(&evq->lock))
         return evq_dequeue_full(q, events, nevents, timeout);
     EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ);
     want = nevents > 0 ? 1 : -nevents;
@@ -1263,9 +1272,7 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
     if (n > 1)
         return evq_take_unlock(evq, events, n);
     evq_take1(evq, events); /* no descriptor to bring in line: nobody watches them */
-    EXS_LOCK_RELEASE(EXS_LOCK_EVQ);
-    if (__atomic_exchange_n(&evq->lock.v, 0, __ATOMIC_RELEASE) == 2)
-        return evq_wake_ret(evq, 1);
+    EVQ_UNLOCK(evq);
     return 1;
 }
 
