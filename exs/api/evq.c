@@ -42,9 +42,10 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
  *   evq->lock (a spin lock that yields, evq_int.h)  everything in one queue not
  *                          marked atomic; inside it only leaf locks (the log's).
  * A queue's memory is reference counted (evq->refs, atomic): the table holds one
- * reference until exs_qdelete, each exs__evq_get and each sleeping or spinning
- * exs_qdequeue one more; the last one parks it (evq_free: descriptors and ring gone, the
- * struct kept for readers without a lock, reused by exs_qcreate, freed at exs_fini).
+ * reference until exs_qdelete, each exs__evq_get and each sleeping exs_qdequeue one
+ * more (a spinning one holds none: it asks st at each look, evq_dequeue_rest); the last
+ * one parks it (evq_free: descriptors and ring gone, the struct kept for readers without
+ * a lock, reused by exs_qcreate, freed at exs_fini).
  * Reservations hold none: a reserved slot pins the queue by itself (evq->st counts the
  * slots ever reserved, evq->freed those given back; exs_qdelete sets the dead bit with a
  * CAS only while none is reserved, and exs_fini's kill leaves the table's reference to
@@ -260,6 +261,12 @@ static struct exs_evq *evq_new(int depth)
 #define evq_st_is    exs__evq_st_is
 #define evq_reserved exs__evq_reserved
 
+/* evq is no longer q's live queue: deleted, or parked (and maybe reused since) */
+static inline int evq_gone(struct exs_evq *evq, exs_qhandle_t q)
+{
+    return !evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q);
+}
+
 /* n slots come back (evq->lock held): taken, dropped or abandoned. */
 static void evq_give_back(struct exs_evq *evq, int n)
 {
@@ -380,7 +387,7 @@ static inline __attribute__((always_inline)) int evq_hold(exs_qhandle_t q, struc
     return 0;
 }
 
-/* exs__evq_get, inline in exs_qdequeue's wait (evq_dequeue_rest). */
+/* exs__evq_get, with evq_hold inline. */
 static inline __attribute__((always_inline)) int evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
 {
     struct exs_evq *evq = evq_peek(q);
@@ -868,7 +875,7 @@ uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns)
  * EVQ_SPIN_KFD_EVERY turns (the progress thread's watcher of kfd_ep needs the progress
  * lock, which this spin takes at every turn: with a spinner holding it most of the time,
  * the kernel sockets' queues would wait for the loop thread to win a trylock race). */
-static void evq_spin(struct exs_evq *evq, int want, uint64_t from, uint64_t end)
+static void evq_spin(struct exs_evq *evq, exs_qhandle_t q, int want, uint64_t from, uint64_t end)
 {
     uint64_t last = from;
     uint32_t i = 0,
@@ -892,7 +899,7 @@ static void evq_spin(struct exs_evq *evq, int want, uint64_t from, uint64_t end)
         if (turn % EVQ_SPIN_KFD_EVERY == 0 && exs__api_kfd_waiting())
             exs__api_kfd_run_ready();
         if (__atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want ||
-            __atomic_load_n(&evq->dead, __ATOMIC_ACQUIRE))
+            !evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q))
             break;
         if (++i >= every && end != UINT64_MAX) {
             uint64_t now = exs__now_ns();
@@ -963,12 +970,12 @@ static int evq_sleep(struct evq_sleep *sl, struct pollfd *pfd, nfds_t n, const s
  * sleeper (so posts to this queue write its descriptor), arms the provider under the
  * progress lock, and sleeps on both the provider's event fd and the queue's descriptor.
  */
-static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, int max,
-                            uint64_t t0, uint64_t deadline)
+static int evq_dequeue_wait(exs_qhandle_t q, struct exs_evq *evq, exs_event_t *events, int want,
+                            int max, uint64_t t0, uint64_t deadline)
 {
     int mode = __atomic_load_n(&evq->mode, __ATOMIC_RELAXED);
     struct evq_waiter w = {.want = want};
-    int registered = 0, sleeper = 0, driven = 0, fresh = 0, armed = 0, ret;
+    int registered = 0, sleeper = 0, driven = 0, fresh = 0, armed = 0, held = 0, ret;
     int pfd_prov[EXS_ENG_MAX_CTX];
     uint64_t spin_end = 0, now;
 
@@ -987,7 +994,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
      * call or on the progress thread): no system call, no clock read of its own then. */
     if (!exs__api_sock_live() && __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want) {
         EVQ_LOCK(evq);
-        ret = evq->dead ? -EINVAL : EXS_MIN(evq->queued, max);
+        ret = evq_gone(evq, q) ? -EINVAL : EXS_MIN(evq->queued, max);
         if (ret > 0)
             evq_take_n(evq, events, ret);
         EVQ_UNLOCK(evq);
@@ -1001,7 +1008,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     if (spin_end && now < spin_end) {
         uint64_t end = EXS_MIN(spin_end, deadline);
 
-        evq_spin(evq, want, now, now < end ? end : 0);
+        evq_spin(evq, q, want, now, now < end ? end : 0);
         driven = 1;
     } else if (!spin_end && want == 1 && now < deadline &&
                __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) < want) {
@@ -1021,7 +1028,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         struct timespec ts, *tsp = NULL;
         int n;
 
-        if (evq->dead) {
+        if (evq_gone(evq, q)) {
             ret = -EINVAL;
             break;
         }
@@ -1052,7 +1059,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
              * end, the first spin still drives EVQ_SPIN_EVERY_MIN times. */
             EVQ_UNLOCK(evq);
             if (now < spin_end)
-                evq_spin(evq, want, now, now < end ? end : 0);
+                evq_spin(evq, q, want, now, now < end ? end : 0);
             else
                 exs__engine_drive(EXS_ENG_DRIVE_WAIT);
             driven = 1;
@@ -1062,6 +1069,13 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         if (now >= deadline) {
             ret = 0;
             break;
+        }
+        /* About to sleep: the queue's descriptors (and a threshold waiter's place) must
+         * outlive the sleep, so the wait holds a reference from now on; q's live queue
+         * (just looked at under the lock) still has the table's, so the count is above 0. */
+        if (!held) {
+            __atomic_add_fetch(&evq->refs, 1, __ATOMIC_RELAXED);
+            held = 1;
         }
         if (want > 1) {
             if (evq->wfd < 0) {
@@ -1170,6 +1184,8 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     if (armed) /* armed, then found its events (or an error) before it slept */
         exs__engine_arm_end(pfd_prov);
     exs__engine_driver_leave();
+    if (held)
+        exs__evq_put(evq);
     return ret;
 }
 
@@ -1290,21 +1306,22 @@ static __attribute__((noinline)) int evq_dequeue_rest(exs_qhandle_t q, exs_event
         t0 = exs__now_ns();
         deadline = t0 + (uint64_t)timeout->tv_sec * 1000000000u + (uint64_t)timeout->tv_nsec;
     }
-    ret = evq_get(q, &evq);
-    if (ret < 0)
-        return exs__err(-ret);
+    /* no reference: the wait takes one only to sleep (evq_dequeue_wait); until then the
+     * queue's memory stays (parked at worst) and the wait asks st whether it is still
+     * q's, at each look (issue 28: a locked add and sub per dequeue fewer) */
+    evq = evq_peek(q);
+    if (!evq || evq_gone(evq, q))
+        return exs__err(EINVAL);
     if (nevents == 0) {
         exs__engine_drive(0);
-        exs__evq_put(evq);
         return 0;
     }
     want = nevents > 0 ? 1 : -nevents;
     max = nevents > 0 ? nevents : -nevents;
-    if (want > evq->depth) /* the threshold could never be met */
+    if (want > __atomic_load_n(&evq->depth, __ATOMIC_RELAXED)) /* it could never be met */
         ret = -EINVAL;
     else
-        ret = evq_dequeue_wait(evq, events, want, max, t0, deadline);
-    exs__evq_put(evq);
+        ret = evq_dequeue_wait(q, evq, events, want, max, t0, deadline);
     return ret < 0 ? exs__err(-ret) : ret;
 }
 

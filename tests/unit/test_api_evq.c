@@ -1067,6 +1067,53 @@ START_TEST(test_get_parked_reused)
 }
 END_TEST
 
+/* A spinning exs_qdequeue (POLL) holds no reference on its queue (issue 28): it asks st
+ * at each look. Its queue deleted and the memory reused at once by a new queue (parked:
+ * nothing holds it), the wait still ends with EINVAL: it neither takes the new queue's
+ * event (the look under the lock) nor spins on until its timeout when the new queue gets
+ * none (the spin's look). */
+#define SPIN_REUSE_ROUNDS 20
+
+START_TEST(test_spin_deleted_reused)
+{
+    struct timespec ts = {5, 0}; /* longer than any round: a wait that misses the delete
+                                  * returns 0 (or the new queue's event) and fails */
+    int reused = 0;
+
+    for (int r = 0; r < SPIN_REUSE_ROUNDS; r++) {
+        exs_qhandle_t q = exs_qcreate(4), q2;
+        struct exs_evq *evq, *e2;
+        struct waiter_arg a;
+        exs_event_t ev;
+
+        ck_assert_int_gt(q, 0);
+        ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_POLL, 0), 0);
+        ck_assert_int_eq(exs__evq_get(q, &evq), 0);
+        exs__evq_put(evq);
+        waiter_start(&a, q, 1, &ts);
+        for (int i = 0; i < 20 && !waiter_done(&a); i++)
+            sched_yield(); /* most rounds: the waiter spins meanwhile (not required) */
+        ck_assert_int_eq(exs_qdelete(q), 0);
+        q2 = exs_qcreate(4);
+        ck_assert_int_gt(q2, 0);
+        ck_assert_int_eq(exs__evq_get(q2, &e2), 0);
+        exs__evq_put(e2);
+        reused += e2 == evq;
+        if (r & 1)
+            post_one(q2, 7, r);
+        pthread_join(a.self, NULL);
+        ck_assert_int_eq(a.ret, -1);
+        ck_assert_int_eq(a.err, EINVAL);
+        ck_assert_int_eq(exs_qdequeue(q2, &ev, 1, &ts_zero), r & 1); /* still there */
+        ck_assert_int_eq(exs_qdelete(q2), 0);
+    }
+    /* the spinner held no reference: each deleted queue was parked at once, and the
+     * next queue took its memory (the last parked, the first reused) */
+    ck_assert_int_eq(reused, SPIN_REUSE_ROUNDS);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
 /* exs_fini kills a queue with a slot still reserved: its memory is not parked (so not
  * reused by the next exs_qcreate) until that slot's event comes, which is dropped. */
 START_TEST(test_orphan_not_reused)
@@ -1293,6 +1340,7 @@ Suite *api_evq_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_parked_reuse);
     tcase_add_test(tc, test_get_parked_reused);
+    tcase_add_test(tc, test_spin_deleted_reused);
     tcase_add_test(tc, test_orphan_not_reused);
     tcase_add_test(tc, test_reserve_delete_race);
     tcase_add_test(tc, test_lite_lock);
