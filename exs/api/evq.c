@@ -252,6 +252,10 @@ static struct exs_evq *evq_new(int depth)
     __atomic_store_n(&evq->st, EVQ_ST_DEAD, __ATOMIC_RELEASE);
     __atomic_store_n(&evq->depth, depth, __ATOMIC_RELAXED);
     __atomic_store_n(&evq->freed, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->queued, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->dead, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->mode, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->spin_us, 0, __ATOMIC_RELAXED);
     memset(&evq->free_next, 0, sizeof(*evq) - offsetof(struct exs_evq, free_next));
     EVQ_UNLOCK(evq);
     return evq;
@@ -664,8 +668,10 @@ static exs_qhandle_t evq_create(int depth, int private_)
     evq->want_min = INT_MAX;
     /* until exs_qsetwait: a short spin before sleeping (EXS_QWAIT_SPIN_US, spec/api.md
      * "Wait modes"), or NOTIFY */
-    evq->spin_us = (int)__atomic_load_n(&exs__params.qwait_spin_us, __ATOMIC_RELAXED);
-    evq->mode = evq->spin_us ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY;
+    int spin_us = (int)__atomic_load_n(&exs__params.qwait_spin_us, __ATOMIC_RELAXED);
+
+    __atomic_store_n(&evq->spin_us, spin_us, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->mode, spin_us ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY, __ATOMIC_RELAXED);
     evq->qfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (evq->qfd < 0) {
         ret = -errno;

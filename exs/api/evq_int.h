@@ -85,20 +85,24 @@ struct exs_evq {
      * parked, never freed, before exs_fini): lock, st, depth and freed, which are written
      * with atomic stores; the rest is cleared when a parked queue is reused. */
     struct exs_evq_lock lock;
-    uint64_t st;               /* atomic: EVQ_ST_*; reservations add 1 with a CAS, no lock */
-    int depth;                 /* atomic store at creation */
-    uint32_t freed;            /* atomic store under lock: slots given back (events taken, dropped,
-                                * reservations abandoned); reserved = res - freed - queued */
-    int refs;                  /* atomic; the table's, gets and waiters; 0: parked (a get
-                                * may raise it only from 1 up) */
+    uint64_t st;    /* atomic: EVQ_ST_*; reservations add 1 with a CAS, no lock */
+    int depth;      /* atomic store at creation */
+    uint32_t freed; /* atomic store under lock: slots given back (events taken, dropped,
+                     * reservations abandoned); reserved = res - freed - queued */
+    int refs;       /* atomic; the table's, gets and waiters; 0: parked (a get
+                     * may raise it only from 1 up) */
+    /* Also read without the lock, by a wait that holds no reference (evq.c,
+     * evq_dequeue_rest): reset with atomic stores when a parked queue is reused. */
+    int queued;                /* written under lock with atomic stores (spinners read it) */
+    int dead;                  /* atomic store under lock: exs_qdelete ran */
+    int mode;                  /* atomic: EXS_WAIT_* */
+    int spin_us;               /* atomic: adaptive spin, 0 = default */
     struct exs_evq *free_next; /* evq_free_lock: parked */
     exs_qhandle_t handle;
     exs_event_t *ring; /* depth entries, oldest at ring[head] */
     int head;
-    int queued; /* written under lock with atomic stores (spinners read it) */
     int orphan; /* lock: killed by exs_fini with slots reserved: the table's reference
                  * goes with the last of them */
-    int dead;   /* atomic store under lock: exs_qdelete ran */
     int qfd;
     int qfd_on; /* qfd counter is 1 */
     int wfd;    /* -1 until the first threshold wait */
@@ -108,8 +112,6 @@ struct exs_evq {
     int private_;               /* a thread's synchronous-call queue (not counted live) */
     int exposed;                /* exs_qfd was called: qfd is kept exact */
     int sleepers;               /* threads about to sleep or asleep on qfd / wfd */
-    int mode;                   /* atomic: EXS_WAIT_* */
-    int spin_us;                /* atomic: adaptive spin, 0 = default */
 };
 
 /* The operation block cache (op_cache.c): size zeroed bytes, from this thread's cache of
