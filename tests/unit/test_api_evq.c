@@ -1212,14 +1212,18 @@ START_TEST(test_reserve_delete_race)
 }
 END_TEST
 
-/* The futex mutex of the send path's locks (lite_lock.h): threads contending for it
- * (sleeping in the kernel) lose no update. */
+/* The small locks: threads contending for one, a holder yielding its CPU now and then,
+ * lose no update, and it is free at the end. The futex mutex of the send path's locks
+ * (lite_lock.h: the others wait in the kernel) and an event queue's lock (evq_int.h: a
+ * spin lock that yields, given back by a plain store: the others spin, then yield). */
 #define LITE_THREADS 4
 #define LITE_ROUNDS  20000
 
 struct lite_ctx {
-    struct exs_lite_lock lock;
-    long count; /* lock */
+    int evq; /* which lock: evq_lock, else lite_lock */
+    struct exs_lite_lock lite_lock;
+    struct exs_evq_lock evq_lock;
+    long count; /* the lock */
 };
 
 static void *lite_worker(void *arg)
@@ -1227,67 +1231,51 @@ static void *lite_worker(void *arg)
     struct lite_ctx *c = arg;
 
     for (int i = 0; i < LITE_ROUNDS; i++) {
-        exs__lite_lock(&c->lock);
+        if (c->evq)
+            exs__evq_lock(&c->evq_lock);
+        else
+            exs__lite_lock(&c->lite_lock);
         long v = c->count;
         if (i % 64 == 0)
-            sched_yield(); /* held across a yield: the others wait in the kernel */
+            sched_yield(); /* held across a yield */
         c->count = v + 1;
-        exs__lite_unlock(&c->lock);
+        if (c->evq)
+            exs__evq_unlock(&c->evq_lock);
+        else
+            exs__lite_unlock(&c->lite_lock);
     }
     return NULL;
+}
+
+static void lite_contend(struct lite_ctx *c)
+{
+    pthread_t t[LITE_THREADS];
+
+    for (int i = 0; i < LITE_THREADS; i++)
+        ck_assert_int_eq(pthread_create(&t[i], NULL, lite_worker, c), 0);
+    for (int i = 0; i < LITE_THREADS; i++)
+        pthread_join(t[i], NULL);
+    ck_assert_int_eq(c->count, (long)LITE_THREADS * LITE_ROUNDS);
 }
 
 START_TEST(test_lite_lock)
 {
-    struct lite_ctx c = {{0}, 0};
-    pthread_t t[LITE_THREADS];
+    struct lite_ctx c = {.evq = 0};
 
-    for (int i = 0; i < LITE_THREADS; i++)
-        ck_assert_int_eq(pthread_create(&t[i], NULL, lite_worker, &c), 0);
-    for (int i = 0; i < LITE_THREADS; i++)
-        pthread_join(t[i], NULL);
-    ck_assert_int_eq(c.count, (long)LITE_THREADS * LITE_ROUNDS);
-    ck_assert_int_eq(c.lock.v, 0);
+    lite_contend(&c);
+    ck_assert_int_eq(c.lite_lock.v, 0);
 }
 END_TEST
 
-/* An event queue's lock (evq_int.h: a spin lock that yields, given back by a plain
- * store): threads contending for it, a holder yielding its CPU now and then (the others
- * spin, then yield), lose no update, and it is free at the end. */
-struct evq_lock_ctx {
-    struct exs_evq_lock lock;
-    long count; /* lock */
-};
-
-static void *evq_lock_worker(void *arg)
-{
-    struct evq_lock_ctx *c = arg;
-
-    for (int i = 0; i < LITE_ROUNDS; i++) {
-        exs__evq_lock(&c->lock);
-        long v = c->count;
-        if (i % 64 == 0)
-            sched_yield(); /* held across a yield: the others spin, then yield */
-        c->count = v + 1;
-        exs__evq_unlock(&c->lock);
-    }
-    return NULL;
-}
-
 START_TEST(test_evq_lock)
 {
-    struct evq_lock_ctx c = {{0}, 0};
-    pthread_t t[LITE_THREADS];
+    struct lite_ctx c = {.evq = 1};
 
-    for (int i = 0; i < LITE_THREADS; i++)
-        ck_assert_int_eq(pthread_create(&t[i], NULL, evq_lock_worker, &c), 0);
-    for (int i = 0; i < LITE_THREADS; i++)
-        pthread_join(t[i], NULL);
-    ck_assert_int_eq(c.count, (long)LITE_THREADS * LITE_ROUNDS);
-    ck_assert_int_eq(c.lock.v, 0);
-    ck_assert(exs__evq_trylock(&c.lock));
-    ck_assert(!exs__evq_trylock(&c.lock));
-    exs__evq_unlock(&c.lock);
+    lite_contend(&c);
+    ck_assert_int_eq(c.evq_lock.v, 0);
+    ck_assert(exs__evq_trylock(&c.evq_lock));
+    ck_assert(!exs__evq_trylock(&c.evq_lock));
+    exs__evq_unlock(&c.evq_lock);
 }
 END_TEST
 
