@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
@@ -129,19 +131,34 @@ static void evq_cpu_relax(void)
 #endif
 }
 
-/* Looks at a held evq->lock before its waiter yields the CPU between looks: a hold is
- * some tens of nanoseconds, one with an eventfd's system call about a microsecond. */
-#define EVQ_LOCK_SPINS 64
+/* A waiter for a held evq->lock: EVQ_LOCK_SPINS looks with a pause between them (a hold
+ * is some tens of nanoseconds, one with an eventfd's system call about a microsecond),
+ * then EVQ_LOCK_YIELDS with its CPU given away between them, then naps of
+ * EVQ_LOCK_NAP_NS in the kernel (a futex wait while the lock stays held, ended by its
+ * timeout: nobody wakes it, the unlock being a plain store) between looks: a holder that
+ * cannot run while its waiter is runnable (both pinned to one CPU, the waiter of a
+ * higher real-time priority, where sched_yield gives the CPU to nobody) runs then. */
+#define EVQ_LOCK_SPINS  64
+#define EVQ_LOCK_YIELDS 64
+#define EVQ_LOCK_NAP_NS 50000
+
+unsigned long exs__evq_lock_naps; /* atomic: naps taken (tests) */
 
 void exs__evq_lock_wait(struct exs_evq_lock *l)
 {
     for (unsigned n = 0;; n++) {
         if (__atomic_load_n(&l->v, __ATOMIC_RELAXED) == 0 && exs__evq_trylock(l))
             return;
-        if (n < EVQ_LOCK_SPINS)
+        if (n < EVQ_LOCK_SPINS) {
             evq_cpu_relax();
-        else
+        } else if (n < EVQ_LOCK_SPINS + EVQ_LOCK_YIELDS) {
             sched_yield();
+        } else {
+            struct timespec ts = {0, EVQ_LOCK_NAP_NS};
+
+            __atomic_add_fetch(&exs__evq_lock_naps, 1, __ATOMIC_RELAXED);
+            syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 1, &ts, NULL, 0);
+        }
     }
 }
 

@@ -24,17 +24,20 @@
  * CAS; giving it back is a plain release store, no locked instruction (the futex mutex of
  * lite_lock.h gives back with an exchange, to see whether a waiter sleeps in the kernel:
  * a post and a take paid two locked instructions each for it, now one; issue 28). A
- * waiter never sleeps: it looks again EVQ_LOCK_SPINS times, then yields its CPU between
- * looks (exs__evq_lock_wait). That is sound because every hold is short and waits for
- * nothing but its CPU: the ring, the counts, the waiters' list, and the queue's eventfds
- * (non-blocking writes and reads, an eventfd's creation); no other lock of the library
- * is taken inside but the log's (spec/threading.md). Memory: a zeroed one is free.
+ * waiter is not woken: it looks again, with a pause, then yielding its CPU, then napping
+ * 50 us in the kernel between looks (exs__evq_lock_wait). That is sound because every
+ * hold is short and waits for nothing but its CPU: the ring, the counts, the waiters'
+ * list, and the queue's eventfds (non-blocking writes and reads, an eventfd's creation);
+ * no other lock of the library is taken inside but the log's (spec/threading.md).
+ * Memory: a zeroed one is free.
  */
 struct exs_evq_lock {
     int v; /* atomic: 0 free, 1 held */
 };
 
 void exs__evq_lock_wait(struct exs_evq_lock *l);
+/* Naps taken by waiters for a queue's lock (exs__evq_lock_wait; tests). */
+extern unsigned long exs__evq_lock_naps __attribute__((visibility("hidden")));
 
 static inline __attribute__((always_inline)) int exs__evq_trylock(struct exs_evq_lock *l)
 {

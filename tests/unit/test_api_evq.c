@@ -1279,6 +1279,45 @@ START_TEST(test_evq_lock)
 }
 END_TEST
 
+/* A waiter for a queue's lock held long (here: until the waiter naps) naps in the kernel
+ * between looks, after its spins and yields, so a holder that cannot run while its
+ * waiter is runnable still runs; it takes the lock once it is given back. */
+struct evq_nap_ctx {
+    struct exs_evq_lock lock;
+    int got; /* atomic */
+};
+
+static void *evq_nap_taker(void *arg)
+{
+    struct evq_nap_ctx *c = arg;
+
+    exs__evq_lock(&c->lock);
+    __atomic_store_n(&c->got, 1, __ATOMIC_RELEASE);
+    exs__evq_unlock(&c->lock);
+    return NULL;
+}
+
+START_TEST(test_evq_lock_naps)
+{
+    struct evq_nap_ctx c = {{0}, 0};
+    unsigned long naps0 = __atomic_load_n(&exs__evq_lock_naps, __ATOMIC_RELAXED);
+    uint64_t start = exs__now_ns();
+    pthread_t t;
+
+    exs__evq_lock(&c.lock);
+    ck_assert_int_eq(pthread_create(&t, NULL, evq_nap_taker, &c), 0);
+    while (__atomic_load_n(&exs__evq_lock_naps, __ATOMIC_RELAXED) < naps0 + 2) {
+        ck_assert_msg(elapsed_ms(start) < 20000, "the waiter never napped");
+        sched_yield();
+    }
+    ck_assert_int_eq(__atomic_load_n(&c.got, __ATOMIC_ACQUIRE), 0);
+    exs__evq_unlock(&c.lock);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(c.got, 1);
+    ck_assert_int_eq(c.lock.v, 0);
+}
+END_TEST
+
 Suite *api_evq_suite(void)
 {
     Suite *s = suite_create("api_evq");
@@ -1333,6 +1372,7 @@ Suite *api_evq_suite(void)
     tcase_add_test(tc, test_reserve_delete_race);
     tcase_add_test(tc, test_lite_lock);
     tcase_add_test(tc, test_evq_lock);
+    tcase_add_test(tc, test_evq_lock_naps);
     suite_add_tcase(s, tc);
     return s;
 }
