@@ -12,12 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
 #include <unistd.h>
 
 #include "exs/api/api_int.h"
 #include "exs/api/evq_int.h"
 #include "exs/api/kfd.h"
-#include "exs/util/lite_lock.h"
 #include "exs/engine/engine.h"
 #include "exs/util/lockorder.h"
 #include "exs/util/log.h"
@@ -40,11 +41,13 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
  *                          its old arrays until exs_fini), and evq->st then says whether
  *                          the queue found is q's, alive; exs__evq_get also raises the
  *                          queue's count unless it is 0 (parked), then asks st again.
- *   evq->lock (futex mutex, lite_lock.h)  everything in one queue not marked atomic.
+ *   evq->lock (a spin lock that yields, evq_int.h)  everything in one queue not
+ *                          marked atomic; inside it only leaf locks (the log's).
  * A queue's memory is reference counted (evq->refs, atomic): the table holds one
- * reference until exs_qdelete, each exs__evq_get and each sleeping or spinning
- * exs_qdequeue one more; the last one parks it (evq_free: descriptors and ring gone, the
- * struct kept for readers without a lock, reused by exs_qcreate, freed at exs_fini).
+ * reference until exs_qdelete, each exs__evq_get and each sleeping exs_qdequeue one
+ * more (a spinning one holds none: it asks st at each look, evq_dequeue_rest); the last
+ * one parks it (evq_free: descriptors and ring gone, the struct kept for readers without
+ * a lock, reused by exs_qcreate, freed at exs_fini).
  * Reservations hold none: a reserved slot pins the queue by itself (evq->st counts the
  * slots ever reserved, evq->freed those given back; exs_qdelete sets the dead bit with a
  * CAS only while none is reserved, and exs_fini's kill leaves the table's reference to
@@ -126,6 +129,37 @@ static void evq_cpu_relax(void)
 #else
     __asm__ __volatile__("" ::: "memory");
 #endif
+}
+
+/* A waiter for a held evq->lock: EVQ_LOCK_SPINS looks with a pause between them (a hold
+ * is some tens of nanoseconds, one with an eventfd's system call about a microsecond),
+ * then EVQ_LOCK_YIELDS with its CPU given away between them, then naps of
+ * EVQ_LOCK_NAP_NS in the kernel (a futex wait while the lock stays held, ended by its
+ * timeout: nobody wakes it, the unlock being a plain store) between looks: a holder that
+ * cannot run while its waiter is runnable (both pinned to one CPU, the waiter of a
+ * higher real-time priority, where sched_yield gives the CPU to nobody) runs then. */
+#define EVQ_LOCK_SPINS  64
+#define EVQ_LOCK_YIELDS 64
+#define EVQ_LOCK_NAP_NS 50000
+
+unsigned long exs__evq_lock_naps; /* atomic: naps taken (tests) */
+
+void exs__evq_lock_wait(struct exs_evq_lock *l)
+{
+    for (unsigned n = 0;; n++) {
+        if (__atomic_load_n(&l->v, __ATOMIC_RELAXED) == 0 && exs__evq_trylock(l))
+            return;
+        if (n < EVQ_LOCK_SPINS) {
+            evq_cpu_relax();
+        } else if (n < EVQ_LOCK_SPINS + EVQ_LOCK_YIELDS) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, EVQ_LOCK_NAP_NS};
+
+            __atomic_add_fetch(&exs__evq_lock_naps, 1, __ATOMIC_RELAXED);
+            syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 1, &ts, NULL, 0);
+        }
+    }
 }
 
 /* ---- eventfd helpers (called with evq->lock held) ---- */
@@ -231,18 +265,28 @@ static struct exs_evq *evq_new(int depth)
             return NULL;
     }
     /* a reader without the lock may look at st, depth and freed, or lock it, meanwhile */
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     __atomic_store_n(&evq->st, EVQ_ST_DEAD, __ATOMIC_RELEASE);
     __atomic_store_n(&evq->depth, depth, __ATOMIC_RELAXED);
     __atomic_store_n(&evq->freed, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->queued, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->dead, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->mode, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->spin_us, 0, __ATOMIC_RELAXED);
     memset(&evq->free_next, 0, sizeof(*evq) - offsetof(struct exs_evq, free_next));
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     return evq;
 }
 
 #define evq_peek     exs__evq_peek
 #define evq_st_is    exs__evq_st_is
 #define evq_reserved exs__evq_reserved
+
+/* evq is no longer q's live queue: deleted, or parked (and maybe reused since) */
+static inline int evq_gone(struct exs_evq *evq, exs_qhandle_t q)
+{
+    return !evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q);
+}
 
 /* n slots come back (evq->lock held): taken, dropped or abandoned. */
 static void evq_give_back(struct exs_evq *evq, int n)
@@ -364,7 +408,7 @@ static inline __attribute__((always_inline)) int evq_hold(exs_qhandle_t q, struc
     return 0;
 }
 
-/* exs__evq_get, inline in exs_qdequeue's wait (evq_dequeue_rest). */
+/* exs__evq_get, with evq_hold inline. */
 static inline __attribute__((always_inline)) int evq_get(exs_qhandle_t q, struct exs_evq **evq_p)
 {
     struct exs_evq *evq = evq_peek(q);
@@ -417,9 +461,9 @@ int exs__evq_ops_live(void)
 
         if (!evq)
             continue;
-        EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_LOCK(evq);
         n += (int)evq_reserved(evq);
-        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_UNLOCK(evq);
     }
     evq_tab_unlock();
     return n;
@@ -433,7 +477,7 @@ int exs__evq_clean(exs_qhandle_t q)
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
         return ret;
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     if (evq->dead) {
         ret = -EINVAL;
     } else if (evq_reserved(evq) > 0) {
@@ -445,7 +489,7 @@ int exs__evq_clean(exs_qhandle_t q)
         evq_set_queued(evq, 0);
         evq_sync_fds(evq);
     }
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     exs__evq_put(evq);
     return ret;
 }
@@ -463,7 +507,7 @@ void exs__evq_destroy_all(void)
         if (evq != NULL) {
             uint32_t reserved;
 
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_LOCK(evq);
             __atomic_fetch_or(&evq->st, EVQ_ST_DEAD, __ATOMIC_ACQ_REL);
             reserved = evq_reserved(evq); /* no reservation comes now */
             if (reserved > 0)
@@ -472,7 +516,7 @@ void exs__evq_destroy_all(void)
             evq_kill(evq);
             /* the last of them drops the table's reference (exs__evq_post, unreserve) */
             evq->orphan = reserved > 0;
-            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_UNLOCK(evq);
             evq_tab_remove(slot);
             if (!reserved)
                 exs__evq_put(evq);
@@ -523,11 +567,11 @@ void exs__evq_unreserve(struct exs_evq *evq)
 {
     int last;
 
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     EXS_ASSERT(evq_reserved(evq) > 0);
     evq_give_back(evq, 1);
     last = evq_orphan_last(evq);
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     if (last)
         exs__evq_put(evq);
 }
@@ -562,7 +606,7 @@ static void evq_post_end(struct exs_evq *evq, const exs_event_t *ev, int last)
         EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle,
                  ev->exs_evt_type, ev->exs_evt_fd, ev->exs_evt_errno, evq->queued);
     }
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     if (last)
         exs__evq_put(evq);
 }
@@ -572,7 +616,7 @@ void exs__evq_post(struct exs_evq *evq, const exs_event_t *ev)
     exs_event_t *slot;
     int last = 0;
 
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     slot = evq_post_slot(evq, &last);
     if (slot)
         *slot = *ev;
@@ -641,8 +685,10 @@ static exs_qhandle_t evq_create(int depth, int private_)
     evq->want_min = INT_MAX;
     /* until exs_qsetwait: a short spin before sleeping (EXS_QWAIT_SPIN_US, spec/api.md
      * "Wait modes"), or NOTIFY */
-    evq->spin_us = (int)__atomic_load_n(&exs__params.qwait_spin_us, __ATOMIC_RELAXED);
-    evq->mode = evq->spin_us ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY;
+    int spin_us = (int)__atomic_load_n(&exs__params.qwait_spin_us, __ATOMIC_RELAXED);
+
+    __atomic_store_n(&evq->spin_us, spin_us, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->mode, spin_us ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY, __ATOMIC_RELAXED);
     evq->qfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (evq->qfd < 0) {
         ret = -errno;
@@ -691,7 +737,7 @@ int exs_qdelete(exs_qhandle_t q)
         return exs__err(EINVAL);
     }
     evq = slot->evq;
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     /* dead only with no slot reserved: a reservation's CAS and this one race fairly */
     uint64_t st = __atomic_load_n(&evq->st, __ATOMIC_ACQUIRE);
     uint32_t reserved;
@@ -702,13 +748,13 @@ int exs_qdelete(exs_qhandle_t q)
         ;
     if (reserved > 0) {
         EXS_DBG(API, "evq %d: delete refused, %u operations outstanding", q, reserved);
-        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_UNLOCK(evq);
         evq_tab_unlock();
         return exs__err(EBUSY);
     }
     discarded = evq->queued;
     evq_kill(evq);
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     evq_tab_remove(slot);
     evq_tab_unlock();
     EXS_DBG(API, "evq %d: deleted, %d undelivered events discarded", q, discarded);
@@ -725,13 +771,13 @@ int exs_qfd(exs_qhandle_t q)
     ret = exs__evq_get(q, &evq);
     if (ret < 0)
         return exs__err(-ret);
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     fd = evq->qfd;
     if (!evq->exposed) {
         evq->exposed = 1;
         evq_sync_fds(evq);
     }
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     exs__evq_put(evq);
     return fd;
 }
@@ -852,7 +898,7 @@ uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns)
  * EVQ_SPIN_KFD_EVERY turns (the progress thread's watcher of kfd_ep needs the progress
  * lock, which this spin takes at every turn: with a spinner holding it most of the time,
  * the kernel sockets' queues would wait for the loop thread to win a trylock race). */
-static void evq_spin(struct exs_evq *evq, int want, uint64_t from, uint64_t end)
+static void evq_spin(struct exs_evq *evq, exs_qhandle_t q, int want, uint64_t from, uint64_t end)
 {
     uint64_t last = from;
     uint32_t i = 0,
@@ -876,7 +922,7 @@ static void evq_spin(struct exs_evq *evq, int want, uint64_t from, uint64_t end)
         if (turn % EVQ_SPIN_KFD_EVERY == 0 && exs__api_kfd_waiting())
             exs__api_kfd_run_ready();
         if (__atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want ||
-            __atomic_load_n(&evq->dead, __ATOMIC_ACQUIRE))
+            !evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q))
             break;
         if (++i >= every && end != UINT64_MAX) {
             uint64_t now = exs__now_ns();
@@ -914,11 +960,11 @@ static void evq_sleep_cancelled(void *arg)
 {
     struct evq_sleep *sl = arg;
 
-    EXS_LITE_LOCK(&sl->evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(sl->evq);
     if (sl->w)
         evq_waiter_del(sl->evq, sl->w);
     sl->evq->sleepers--;
-    EXS_LITE_UNLOCK(&sl->evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(sl->evq);
     exs__engine_arm_end(sl->pfd_prov);
     exs__engine_driver_leave();
     exs__evq_put(sl->evq);
@@ -947,12 +993,12 @@ static int evq_sleep(struct evq_sleep *sl, struct pollfd *pfd, nfds_t n, const s
  * sleeper (so posts to this queue write its descriptor), arms the provider under the
  * progress lock, and sleeps on both the provider's event fd and the queue's descriptor.
  */
-static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, int max,
-                            uint64_t t0, uint64_t deadline)
+static int evq_dequeue_wait(exs_qhandle_t q, struct exs_evq *evq, exs_event_t *events, int want,
+                            int max, uint64_t t0, uint64_t deadline)
 {
     int mode = __atomic_load_n(&evq->mode, __ATOMIC_RELAXED);
     struct evq_waiter w = {.want = want};
-    int registered = 0, sleeper = 0, driven = 0, fresh = 0, armed = 0, ret;
+    int registered = 0, sleeper = 0, driven = 0, fresh = 0, armed = 0, held = 0, ret;
     int pfd_prov[EXS_ENG_MAX_CTX];
     uint64_t spin_end = 0, now;
 
@@ -970,11 +1016,11 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
      * socket (its only operations are on kernel sockets, which complete in the posting
      * call or on the progress thread): no system call, no clock read of its own then. */
     if (!exs__api_sock_live() && __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want) {
-        EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
-        ret = evq->dead ? -EINVAL : EXS_MIN(evq->queued, max);
+        EVQ_LOCK(evq);
+        ret = evq_gone(evq, q) ? -EINVAL : EXS_MIN(evq->queued, max);
         if (ret > 0)
             evq_take_n(evq, events, ret);
-        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_UNLOCK(evq);
         if (ret)
             return ret;
     }
@@ -985,7 +1031,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
     if (spin_end && now < spin_end) {
         uint64_t end = EXS_MIN(spin_end, deadline);
 
-        evq_spin(evq, want, now, now < end ? end : 0);
+        evq_spin(evq, q, want, now, now < end ? end : 0);
         driven = 1;
     } else if (!spin_end && want == 1 && now < deadline &&
                __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) < want) {
@@ -999,13 +1045,13 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         fresh = 1; /* now is still the wait's reading */
         armed = exs__engine_arm(pfd_prov) == 0;
     }
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     for (;;) {
         struct pollfd pfd[2 + EXS_ENG_MAX_CTX]; /* queue, providers, kernel sockets */
         struct timespec ts, *tsp = NULL;
         int n;
 
-        if (evq->dead) {
+        if (evq_gone(evq, q)) {
             ret = -EINVAL;
             break;
         }
@@ -1034,18 +1080,25 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             /* Drive, then look: POLL and the first phase of ADAPTIVE spin here (no
              * system call of their own, so no EINTR); NOTIFY drives once. Past its
              * end, the first spin still drives EVQ_SPIN_EVERY_MIN times. */
-            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_UNLOCK(evq);
             if (now < spin_end)
-                evq_spin(evq, want, now, now < end ? end : 0);
+                evq_spin(evq, q, want, now, now < end ? end : 0);
             else
                 exs__engine_drive(EXS_ENG_DRIVE_WAIT);
             driven = 1;
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_LOCK(evq);
             continue;
         }
         if (now >= deadline) {
             ret = 0;
             break;
+        }
+        /* About to sleep: the queue's descriptors (and a threshold waiter's place) must
+         * outlive the sleep, so the wait holds a reference from now on; q's live queue
+         * (just looked at under the lock) still has the table's, so the count is above 0. */
+        if (!held) {
+            __atomic_add_fetch(&evq->refs, 1, __ATOMIC_RELAXED);
+            held = 1;
         }
         if (want > 1) {
             if (evq->wfd < 0) {
@@ -1073,9 +1126,9 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
                 evq->sleepers--;
                 sleeper = 0;
             }
-            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_UNLOCK(evq);
             n = exs__engine_arm(pfd_prov);
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_LOCK(evq);
             if (n == -EAGAIN)
                 continue;
             armed = 1; /* exs__engine_arm_end on every way out */
@@ -1093,7 +1146,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         pfd[0].fd = want > 1 ? evq->wfd : evq->qfd;
         pfd[0].events = POLLIN;
         pfd[0].revents = 0;
-        EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_UNLOCK(evq);
         for (int i = 0; i < EXS_ENG_MAX_CTX; i++) {
             pfd[1 + i].fd = pfd_prov[i]; /* -1 (ignored by ppoll): no such context */
             pfd[1 + i].events = POLLIN;
@@ -1115,7 +1168,7 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
         ret = n < 0 ? -errno : 0;
         exs__engine_arm_end(pfd_prov); /* awake: a driver may disarm the providers now */
         armed = 0;
-        EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+        EVQ_LOCK(evq);
         if (ret < 0)
             break;
         if (n > 0 && (pfd[0].revents & POLLNVAL)) {
@@ -1125,9 +1178,9 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
             break;
         }
         if (n > 0 && (pfd[1 + EXS_ENG_MAX_CTX].revents & POLLIN)) {
-            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_UNLOCK(evq);
             exs__api_kfd_run_ready();
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_LOCK(evq);
         }
         if (n > 0 && ((pfd[1].revents | pfd[2].revents) & POLLIN)) {
             int only = EXS_ENG_DRIVE_ONLY;
@@ -1141,19 +1194,21 @@ static int evq_dequeue_wait(struct exs_evq *evq, exs_event_t *events, int want, 
                     only |= EXS_ENG_DRIVE_CTX(i);
             evq->sleepers--;
             sleeper = 0;
-            EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_UNLOCK(evq);
             exs__engine_drive(only);
-            EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+            EVQ_LOCK(evq);
         }
     }
     if (registered)
         evq_waiter_del(evq, &w);
     if (sleeper)
         evq->sleepers--;
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     if (armed) /* armed, then found its events (or an error) before it slept */
         exs__engine_arm_end(pfd_prov);
     exs__engine_driver_leave();
+    if (held)
+        exs__evq_put(evq);
     return ret;
 }
 
@@ -1171,14 +1226,14 @@ static inline __attribute__((always_inline)) int evq_dequeue_now(exs_qhandle_t q
 
     if (!evq)
         return -EINVAL;
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     if (!evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q) || want > evq->depth) {
         ret = -EINVAL;
     } else if (evq->queued >= want) {
         ret = nevents > 0 ? EXS_MIN(evq->queued, nevents) : want;
         evq_take_n(evq, events, ret);
     }
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     return ret;
 }
 
@@ -1212,7 +1267,7 @@ static __attribute__((noinline, cold)) int evq_unlock_full(struct exs_evq *evq, 
                                                            exs_event_t *events, int nevents,
                                                            const struct timespec *timeout)
 {
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     return evq_dequeue_full(q, events, nevents, timeout);
 }
 
@@ -1221,15 +1276,8 @@ static __attribute__((noinline)) int evq_take_unlock(struct exs_evq *evq, exs_ev
                                                      int n)
 {
     evq_take(evq, events, n);
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
     return n;
-}
-
-/* exs_qdequeue's hot path: its unlock found a waiter for the lock. */
-static __attribute__((noinline, cold)) int evq_wake_ret(struct exs_evq *evq, int ret)
-{
-    exs__lite_lock_wake(&evq->lock);
-    return ret;
 }
 
 /*
@@ -1252,7 +1300,7 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
         (timeout && (timeout->tv_sec < 0 || (unsigned long)timeout->tv_nsec >= 1000000000ul)) ||
         !(evq = evq_peek(q)))
         return evq_dequeue_full(q, events, nevents, timeout);
-    if (!exs__lite_trylock(&evq->lock))
+    if (!exs__evq_trylock(&evq->lock))
         return evq_dequeue_full(q, events, nevents, timeout);
     EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ);
     want = nevents > 0 ? 1 : -nevents;
@@ -1263,9 +1311,7 @@ int exs_qdequeue(exs_qhandle_t q, exs_event_t *events, int nevents, const struct
     if (n > 1)
         return evq_take_unlock(evq, events, n);
     evq_take1(evq, events); /* no descriptor to bring in line: nobody watches them */
-    EXS_LOCK_RELEASE(EXS_LOCK_EVQ);
-    if (__atomic_exchange_n(&evq->lock.v, 0, __ATOMIC_RELEASE) == 2)
-        return evq_wake_ret(evq, 1);
+    EVQ_UNLOCK(evq);
     return 1;
 }
 
@@ -1283,21 +1329,22 @@ static __attribute__((noinline)) int evq_dequeue_rest(exs_qhandle_t q, exs_event
         t0 = exs__now_ns();
         deadline = t0 + (uint64_t)timeout->tv_sec * 1000000000u + (uint64_t)timeout->tv_nsec;
     }
-    ret = evq_get(q, &evq);
-    if (ret < 0)
-        return exs__err(-ret);
+    /* no reference: the wait takes one only to sleep (evq_dequeue_wait); until then the
+     * queue's memory stays (parked at worst) and the wait asks st whether it is still
+     * q's, at each look (issue 28: a locked add and sub per dequeue fewer) */
+    evq = evq_peek(q);
+    if (!evq || evq_gone(evq, q))
+        return exs__err(EINVAL);
     if (nevents == 0) {
         exs__engine_drive(0);
-        exs__evq_put(evq);
         return 0;
     }
     want = nevents > 0 ? 1 : -nevents;
     max = nevents > 0 ? nevents : -nevents;
-    if (want > evq->depth) /* the threshold could never be met */
+    if (want > __atomic_load_n(&evq->depth, __ATOMIC_RELAXED)) /* it could never be met */
         ret = -EINVAL;
     else
-        ret = evq_dequeue_wait(evq, events, want, max, t0, deadline);
-    exs__evq_put(evq);
+        ret = evq_dequeue_wait(q, evq, events, want, max, t0, deadline);
     return ret < 0 ? exs__err(-ret) : ret;
 }
 

@@ -8,7 +8,7 @@
 #include <pthread.h>
 
 #include "exs/api/evq.h"
-#include "exs/util/lite_lock.h"
+#include "exs/util/lockorder.h"
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -18,6 +18,56 @@
 #include "exs/util/util.h"
 
 #include <sys/exs.h>
+
+/*
+ * An event queue's lock (evq->lock): a spin lock that yields. Taking a free one is one
+ * CAS; giving it back is a plain release store, no locked instruction (the futex mutex of
+ * lite_lock.h gives back with an exchange, to see whether a waiter sleeps in the kernel:
+ * a post and a take paid two locked instructions each for it, now one; issue 28). A
+ * waiter is not woken: it looks again, with a pause, then yielding its CPU, then napping
+ * 50 us in the kernel between looks (exs__evq_lock_wait). That is sound because every
+ * hold is short and waits for nothing but its CPU: the ring, the counts, the waiters'
+ * list, and the queue's eventfds (non-blocking writes and reads, an eventfd's creation);
+ * no other lock of the library is taken inside but the log's (spec/threading.md).
+ * Memory: a zeroed one is free.
+ */
+struct exs_evq_lock {
+    int v; /* atomic: 0 free, 1 held */
+};
+
+void exs__evq_lock_wait(struct exs_evq_lock *l);
+/* Naps taken by waiters for a queue's lock (exs__evq_lock_wait; tests). */
+extern unsigned long exs__evq_lock_naps __attribute__((visibility("hidden")));
+
+static inline __attribute__((always_inline)) int exs__evq_trylock(struct exs_evq_lock *l)
+{
+    int c = 0;
+
+    return __atomic_compare_exchange_n(&l->v, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+static inline __attribute__((always_inline)) void exs__evq_lock(struct exs_evq_lock *l)
+{
+    if (!exs__evq_trylock(l))
+        exs__evq_lock_wait(l);
+}
+
+static inline __attribute__((always_inline)) void exs__evq_unlock(struct exs_evq_lock *l)
+{
+    __atomic_store_n(&l->v, 0, __ATOMIC_RELEASE);
+}
+
+/* evq->lock taken and given back, with the lock-order checks (lockorder.h) */
+#define EVQ_LOCK(_evq)                                                                             \
+    do {                                                                                           \
+        EXS_LOCK_ACQUIRE(EXS_LOCK_EVQ);                                                            \
+        exs__evq_lock(&(_evq)->lock);                                                              \
+    } while (0)
+#define EVQ_UNLOCK(_evq)                                                                           \
+    do {                                                                                           \
+        exs__evq_unlock(&(_evq)->lock);                                                            \
+        EXS_LOCK_RELEASE(EXS_LOCK_EVQ);                                                            \
+    } while (0)
 
 /* A thread sleeping in a threshold dequeue (nevents < 0); lives on its stack. wfd is
  * readable while the smallest threshold is met, so a waiter with a larger one spins
@@ -37,21 +87,25 @@ struct exs_evq {
     /* Read without the lock by a reservation and a lookup (evq.c: a queue's memory is
      * parked, never freed, before exs_fini): lock, st, depth and freed, which are written
      * with atomic stores; the rest is cleared when a parked queue is reused. */
-    struct exs_lite_lock lock;
-    uint64_t st;               /* atomic: EVQ_ST_*; reservations add 1 with a CAS, no lock */
-    int depth;                 /* atomic store at creation */
-    uint32_t freed;            /* atomic store under lock: slots given back (events taken, dropped,
-                                * reservations abandoned); reserved = res - freed - queued */
-    int refs;                  /* atomic; the table's, gets and waiters; 0: parked (a get
-                                * may raise it only from 1 up) */
+    struct exs_evq_lock lock;
+    uint64_t st;    /* atomic: EVQ_ST_*; reservations add 1 with a CAS, no lock */
+    int depth;      /* atomic store at creation */
+    uint32_t freed; /* atomic store under lock: slots given back (events taken, dropped,
+                     * reservations abandoned); reserved = res - freed - queued */
+    int refs;       /* atomic; the table's, gets and waiters; 0: parked (a get
+                     * may raise it only from 1 up) */
+    /* Also read without the lock, by a wait that holds no reference (evq.c,
+     * evq_dequeue_rest): reset with atomic stores when a parked queue is reused. */
+    int queued;                /* written under lock with atomic stores (spinners read it) */
+    int dead;                  /* atomic store under lock: exs_qdelete ran */
+    int mode;                  /* atomic: EXS_WAIT_* */
+    int spin_us;               /* atomic: adaptive spin, 0 = default */
     struct exs_evq *free_next; /* evq_free_lock: parked */
     exs_qhandle_t handle;
     exs_event_t *ring; /* depth entries, oldest at ring[head] */
     int head;
-    int queued; /* written under lock with atomic stores (spinners read it) */
     int orphan; /* lock: killed by exs_fini with slots reserved: the table's reference
                  * goes with the last of them */
-    int dead;   /* atomic store under lock: exs_qdelete ran */
     int qfd;
     int qfd_on; /* qfd counter is 1 */
     int wfd;    /* -1 until the first threshold wait */
@@ -61,8 +115,6 @@ struct exs_evq {
     int private_;               /* a thread's synchronous-call queue (not counted live) */
     int exposed;                /* exs_qfd was called: qfd is kept exact */
     int sleepers;               /* threads about to sleep or asleep on qfd / wfd */
-    int mode;                   /* atomic: EXS_WAIT_* */
-    int spin_us;                /* atomic: adaptive spin, 0 = default */
 };
 
 /* The operation block cache (op_cache.c): size zeroed bytes, from this thread's cache of
@@ -300,7 +352,7 @@ void exs__evq_post_xfer_locked(struct exs_evq *evq, EXS_EVQ_XFER_ARGS);
 static inline __attribute__((always_inline)) void exs__evq_post_xfer_x(struct exs_evq *evq,
                                                                        EXS_EVQ_XFER_ARGS)
 {
-    EXS_LITE_LOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_LOCK(evq);
     if (__builtin_expect(evq->dead | evq->exposed | evq->sleepers, 0)) {
         exs__evq_post_xfer_locked(evq, EXS_EVQ_XFER_PASS);
         return;
@@ -310,7 +362,7 @@ static inline __attribute__((always_inline)) void exs__evq_post_xfer_x(struct ex
     __atomic_store_n(&evq->queued, evq->queued + 1, __ATOMIC_RELEASE);
     EXS_DATA(API, "evq %d: event type %d fd %d errno %d, %d queued", evq->handle, type, fd, err,
              evq->queued);
-    EXS_LITE_UNLOCK(&evq->lock, EXS_LOCK_EVQ);
+    EVQ_UNLOCK(evq);
 }
 
 /* exs__evq_post_xfer (evq.h), inline: a transfer that succeeded. */

@@ -904,7 +904,12 @@ static void *mp_producer(void *p)
             break;
         }
         ev.exs_evt_ahandle = (exs_ahandle_t)seq;
-        exs__evq_post(evq, &ev);
+        /* both forms of the post: the whole event, and a transfer's, in place in the ring
+         * (the send path's inline post, evq_int.h) */
+        if (seq & 1)
+            exs__evq_post_xfer(evq, EXS_EVT_RECV, t->id, (exs_ahandle_t)seq, NULL, 0, 0);
+        else
+            exs__evq_post(evq, &ev);
     }
     exs__evq_put(evq);
     return NULL;
@@ -1062,6 +1067,53 @@ START_TEST(test_get_parked_reused)
 }
 END_TEST
 
+/* A spinning exs_qdequeue (POLL) holds no reference on its queue (issue 28): it asks st
+ * at each look. Its queue deleted and the memory reused at once by a new queue (parked:
+ * nothing holds it), the wait still ends with EINVAL: it neither takes the new queue's
+ * event (the look under the lock) nor spins on until its timeout when the new queue gets
+ * none (the spin's look). */
+#define SPIN_REUSE_ROUNDS 20
+
+START_TEST(test_spin_deleted_reused)
+{
+    struct timespec ts = {5, 0}; /* longer than any round: a wait that misses the delete
+                                  * returns 0 (or the new queue's event) and fails */
+    int reused = 0;
+
+    for (int r = 0; r < SPIN_REUSE_ROUNDS; r++) {
+        exs_qhandle_t q = exs_qcreate(4), q2;
+        struct exs_evq *evq, *e2;
+        struct waiter_arg a;
+        exs_event_t ev;
+
+        ck_assert_int_gt(q, 0);
+        ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_POLL, 0), 0);
+        ck_assert_int_eq(exs__evq_get(q, &evq), 0);
+        exs__evq_put(evq);
+        waiter_start(&a, q, 1, &ts);
+        for (int i = 0; i < 20 && !waiter_done(&a); i++)
+            sched_yield(); /* most rounds: the waiter spins meanwhile (not required) */
+        ck_assert_int_eq(exs_qdelete(q), 0);
+        q2 = exs_qcreate(4);
+        ck_assert_int_gt(q2, 0);
+        ck_assert_int_eq(exs__evq_get(q2, &e2), 0);
+        exs__evq_put(e2);
+        reused += e2 == evq;
+        if (r & 1)
+            post_one(q2, 7, r);
+        pthread_join(a.self, NULL);
+        ck_assert_int_eq(a.ret, -1);
+        ck_assert_int_eq(a.err, EINVAL);
+        ck_assert_int_eq(exs_qdequeue(q2, &ev, 1, &ts_zero), r & 1); /* still there */
+        ck_assert_int_eq(exs_qdelete(q2), 0);
+    }
+    /* the spinner held no reference: each deleted queue was parked at once, and the
+     * next queue took its memory (the last parked, the first reused) */
+    ck_assert_int_eq(reused, SPIN_REUSE_ROUNDS);
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
 /* exs_fini kills a queue with a slot still reserved: its memory is not parked (so not
  * reused by the next exs_qcreate) until that slot's event comes, which is dropped. */
 START_TEST(test_orphan_not_reused)
@@ -1160,14 +1212,18 @@ START_TEST(test_reserve_delete_race)
 }
 END_TEST
 
-/* The futex mutex of the send path's locks (lite_lock.h): threads contending for it
- * (sleeping in the kernel) lose no update. */
+/* The small locks: threads contending for one, a holder yielding its CPU now and then,
+ * lose no update, and it is free at the end. The futex mutex of the send path's locks
+ * (lite_lock.h: the others wait in the kernel) and an event queue's lock (evq_int.h: a
+ * spin lock that yields, given back by a plain store: the others spin, then yield). */
 #define LITE_THREADS 4
 #define LITE_ROUNDS  20000
 
 struct lite_ctx {
-    struct exs_lite_lock lock;
-    long count; /* lock */
+    int evq; /* which lock: evq_lock, else lite_lock */
+    struct exs_lite_lock lite_lock;
+    struct exs_evq_lock evq_lock;
+    long count; /* the lock */
 };
 
 static void *lite_worker(void *arg)
@@ -1175,26 +1231,89 @@ static void *lite_worker(void *arg)
     struct lite_ctx *c = arg;
 
     for (int i = 0; i < LITE_ROUNDS; i++) {
-        exs__lite_lock(&c->lock);
+        if (c->evq)
+            exs__evq_lock(&c->evq_lock);
+        else
+            exs__lite_lock(&c->lite_lock);
         long v = c->count;
         if (i % 64 == 0)
-            sched_yield(); /* held across a yield: the others wait in the kernel */
+            sched_yield(); /* held across a yield */
         c->count = v + 1;
-        exs__lite_unlock(&c->lock);
+        if (c->evq)
+            exs__evq_unlock(&c->evq_lock);
+        else
+            exs__lite_unlock(&c->lite_lock);
     }
     return NULL;
 }
 
-START_TEST(test_lite_lock)
+static void lite_contend(struct lite_ctx *c)
 {
-    struct lite_ctx c = {{0}, 0};
     pthread_t t[LITE_THREADS];
 
     for (int i = 0; i < LITE_THREADS; i++)
-        ck_assert_int_eq(pthread_create(&t[i], NULL, lite_worker, &c), 0);
+        ck_assert_int_eq(pthread_create(&t[i], NULL, lite_worker, c), 0);
     for (int i = 0; i < LITE_THREADS; i++)
         pthread_join(t[i], NULL);
-    ck_assert_int_eq(c.count, (long)LITE_THREADS * LITE_ROUNDS);
+    ck_assert_int_eq(c->count, (long)LITE_THREADS * LITE_ROUNDS);
+}
+
+START_TEST(test_lite_lock)
+{
+    struct lite_ctx c = {.evq = 0};
+
+    lite_contend(&c);
+    ck_assert_int_eq(c.lite_lock.v, 0);
+}
+END_TEST
+
+START_TEST(test_evq_lock)
+{
+    struct lite_ctx c = {.evq = 1};
+
+    lite_contend(&c);
+    ck_assert_int_eq(c.evq_lock.v, 0);
+    ck_assert(exs__evq_trylock(&c.evq_lock));
+    ck_assert(!exs__evq_trylock(&c.evq_lock));
+    exs__evq_unlock(&c.evq_lock);
+}
+END_TEST
+
+/* A waiter for a queue's lock held long (here: until the waiter naps) naps in the kernel
+ * between looks, after its spins and yields, so a holder that cannot run while its
+ * waiter is runnable still runs; it takes the lock once it is given back. */
+struct evq_nap_ctx {
+    struct exs_evq_lock lock;
+    int got; /* atomic */
+};
+
+static void *evq_nap_taker(void *arg)
+{
+    struct evq_nap_ctx *c = arg;
+
+    exs__evq_lock(&c->lock);
+    __atomic_store_n(&c->got, 1, __ATOMIC_RELEASE);
+    exs__evq_unlock(&c->lock);
+    return NULL;
+}
+
+START_TEST(test_evq_lock_naps)
+{
+    struct evq_nap_ctx c = {{0}, 0};
+    unsigned long naps0 = __atomic_load_n(&exs__evq_lock_naps, __ATOMIC_RELAXED);
+    uint64_t start = exs__now_ns();
+    pthread_t t;
+
+    exs__evq_lock(&c.lock);
+    ck_assert_int_eq(pthread_create(&t, NULL, evq_nap_taker, &c), 0);
+    while (__atomic_load_n(&exs__evq_lock_naps, __ATOMIC_RELAXED) < naps0 + 2) {
+        ck_assert_msg(elapsed_ms(start) < 20000, "the waiter never napped");
+        sched_yield();
+    }
+    ck_assert_int_eq(__atomic_load_n(&c.got, __ATOMIC_ACQUIRE), 0);
+    exs__evq_unlock(&c.lock);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(c.got, 1);
     ck_assert_int_eq(c.lock.v, 0);
 }
 END_TEST
@@ -1248,9 +1367,12 @@ Suite *api_evq_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_parked_reuse);
     tcase_add_test(tc, test_get_parked_reused);
+    tcase_add_test(tc, test_spin_deleted_reused);
     tcase_add_test(tc, test_orphan_not_reused);
     tcase_add_test(tc, test_reserve_delete_race);
     tcase_add_test(tc, test_lite_lock);
+    tcase_add_test(tc, test_evq_lock);
+    tcase_add_test(tc, test_evq_lock_naps);
     suite_add_tcase(s, tc);
     return s;
 }
