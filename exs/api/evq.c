@@ -133,19 +133,24 @@ static void evq_cpu_relax(void)
 
 /* A waiter for a held evq->lock: EVQ_LOCK_SPINS looks with a pause between them (a hold
  * is some tens of nanoseconds, one with an eventfd's system call about a microsecond),
- * then EVQ_LOCK_YIELDS with its CPU given away between them, then naps of
- * EVQ_LOCK_NAP_NS in the kernel (a futex wait while the lock stays held, ended by its
- * timeout: nobody wakes it, the unlock being a plain store) between looks: a holder that
- * cannot run while its waiter is runnable (both pinned to one CPU, the waiter of a
- * higher real-time priority, where sched_yield gives the CPU to nobody) runs then. */
-#define EVQ_LOCK_SPINS  64
-#define EVQ_LOCK_YIELDS 64
-#define EVQ_LOCK_NAP_NS 50000
+ * then EVQ_LOCK_YIELDS with its CPU given away between them, then naps in the kernel (a
+ * futex wait while the lock stays held, ended by its timeout: nobody wakes it, the unlock
+ * being a plain store) between looks, the first EVQ_LOCK_NAP_NS, each next one twice the
+ * last up to EVQ_LOCK_NAP_MAX_NS: a holder that cannot run while its waiter is runnable
+ * (both pinned to one CPU, the waiter of a higher real-time priority, where sched_yield
+ * gives the CPU to nobody) runs then, and the waiter's looks take a small share of that
+ * CPU however long the hold (a fixed 50 us nap took half of it: api_evq_attack2). */
+#define EVQ_LOCK_SPINS      64
+#define EVQ_LOCK_YIELDS     64
+#define EVQ_LOCK_NAP_NS     50000
+#define EVQ_LOCK_NAP_MAX_NS 1600000
 
 unsigned long exs__evq_lock_naps; /* atomic: naps taken (tests) */
 
 void exs__evq_lock_wait(struct exs_evq_lock *l)
 {
+    long nap = EVQ_LOCK_NAP_NS;
+
     for (unsigned n = 0;; n++) {
         if (__atomic_load_n(&l->v, __ATOMIC_RELAXED) == 0 && exs__evq_trylock(l))
             return;
@@ -154,10 +159,12 @@ void exs__evq_lock_wait(struct exs_evq_lock *l)
         } else if (n < EVQ_LOCK_SPINS + EVQ_LOCK_YIELDS) {
             sched_yield();
         } else {
-            struct timespec ts = {0, EVQ_LOCK_NAP_NS};
+            struct timespec ts = {0, nap};
 
             __atomic_add_fetch(&exs__evq_lock_naps, 1, __ATOMIC_RELAXED);
             syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 1, &ts, NULL, 0);
+            if (nap < EVQ_LOCK_NAP_MAX_NS)
+                nap *= 2;
         }
     }
 }
