@@ -337,20 +337,30 @@ static void eng_dispatch_cm(const struct exs_prov_cm_event *ev)
         exs__conn_on_cm(ev->ep->user, ev);
 }
 
+/* Hand the n completions in cqe (a batch of ctx's, polled) to their connections, then up
+ * to batches - 1 more batches while they come full; returns how many. */
+static inline __attribute__((always_inline)) int
+eng_hand_cq(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int n, int batches)
+{
+    int total = 0;
+
+    while (n > 0) {
+        exs__conn_on_cqes(cqe, n); /* runs of one conn: one lock, one progress pass */
+        total += n;
+        if (n < ENG_CQE_BATCH || --batches <= 0)
+            break;
+        n = exs__prov_poll(ctx, cqe, ENG_CQE_BATCH);
+    }
+    return total;
+}
+
 /* Hand up to batches * ENG_CQE_BATCH queued completions to their connections; returns
  * how many. */
 static int eng_drain_cq(struct exs_prov_ctx *ctx, int batches)
 {
     struct exs_prov_cqe cqe[ENG_CQE_BATCH];
-    int n, total = 0;
 
-    while (batches-- > 0 && (n = exs__prov_poll(ctx, cqe, ENG_CQE_BATCH)) > 0) {
-        exs__conn_on_cqes(cqe, n); /* runs of one conn: one lock, one progress pass */
-        total += n;
-        if (n < ENG_CQE_BATCH)
-            break;
-    }
-    return total;
+    return eng_hand_cq(ctx, cqe, exs__prov_poll(ctx, cqe, ENG_CQE_BATCH), batches);
 }
 
 /* Run the jobs queued now (not those they queue: those run in the next round). */
@@ -419,14 +429,17 @@ void exs__engine_set_round_hook(void (*fn)(void))
 static inline __attribute__((always_inline)) int eng_round_ctx(struct exs_prov_ctx *ctx)
 {
     struct exs_prov_cm_event ev;
+    struct exs_prov_cqe cqe[ENG_CQE_BATCH];
     int p, n = 0, c;
 
-    p = exs__prov_progress(ctx);
+    /* the provider's work and its first batch of completions in one call: shm hands its
+     * turn's completions over directly (spec/provider.md, "Progress and poll in one") */
+    p = exs__prov_progress_poll(ctx, cqe, ENG_CQE_BATCH, &c);
     if (p > 0)
         n += p;
     else if (p < 0)
         EXS_WARN(ENG, "provider %s progress failed: %d", exs__prov_name(ctx), p);
-    c = eng_drain_cq(ctx, ENG_DRIVE_ROUND);
+    c = eng_hand_cq(ctx, cqe, c, ENG_DRIVE_ROUND);
     eng_pass.cqes += (unsigned)c;
     n += c;
     while (exs__prov_cm_poll(ctx, &ev) == 1) {
