@@ -148,26 +148,6 @@ static void raw_send_msg(int fd, uint8_t fill, uint32_t len)
 
 /* ---- ctx_progress and ctx_poll in one (exs__prov_progress_poll) ---- */
 
-/* Collects n completions of b with exs__prov_progress_poll (at most max per call), a
- * driven by ctx_progress meanwhile (its sends' completions queue), until PT_TIMEOUT_MS. */
-static void progress_poll_collect(struct pt_pair *p, struct exs_prov_cqe *out, int n, int max)
-{
-    double deadline = pt_now_ms() + PT_TIMEOUT_MS;
-    int got = 0;
-
-    while (got < n && pt_now_ms() < deadline) {
-        int k = -1;
-
-        ck_assert_int_ge(exs__prov_progress_poll(p->b.ctx, out + got, EXS_MIN(max, n - got), &k),
-                         0);
-        ck_assert_int_ge(k, 0);
-        ck_assert_int_le(k, EXS_MIN(max, n - got));
-        got += k;
-        ck_assert_int_ge(pt_ops->ctx_progress(p->a.ctx), 0);
-    }
-    ck_assert_int_eq(got, n);
-}
-
 /* The fused call gives what ctx_progress then ctx_poll would: every receive, in order,
  * with its bytes, at most max per call, also when some of them were queued by plain
  * ctx_progress turns before (shm: its turn's completions go straight into the array only
@@ -199,7 +179,7 @@ START_TEST(progress_poll_in_one)
                 for (int t = 0; t < 3; t++)
                     ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
         }
-        progress_poll_collect(&p, c, K, r < 2 ? K : 3);
+        pt_progress_poll_b(&p, c, K, r < 2 ? K : 3);
         for (int i = 0; i < K; i++) {
             ck_assert_uint_eq(c[i].wr_id, 100 * r + (uint64_t)i);
             ck_assert_int_eq(c[i].status, EXS_PROV_WC_SUCCESS);

@@ -968,23 +968,6 @@ START_TEST(shm_poll_queued_no_turn)
 }
 END_TEST
 
-/* b's ctx_progress_poll (max per call) until n completions, a driven meanwhile. */
-static void direct_collect(struct pt_pair *p, struct exs_prov_cqe *out, int n, int max)
-{
-    double deadline = pt_now_ms() + PT_TIMEOUT_MS;
-    int got = 0;
-
-    while (got < n && pt_now_ms() < deadline) {
-        int k = -1;
-
-        ck_assert_int_ge(exs__prov_progress_poll(p->b.ctx, out + got, EXS_MIN(max, n - got), &k),
-                         0);
-        got += k;
-        ck_assert_int_ge(pt_ops->ctx_progress(p->a.ctx), 0);
-    }
-    ck_assert_int_eq(got, n);
-}
-
 static void direct_check(const struct exs_prov_cqe *c, int n, uint64_t id0)
 {
     for (int i = 0; i < n; i++) {
@@ -1026,7 +1009,7 @@ START_TEST(shm_progress_poll_direct)
     d0 = shm_counter("direct_cqes");
     for (int i = 0; i < K; i++)
         ck_assert_int_eq(pt_post_send(p.ea, 900, EXS_PROV_WR_SEND, 0, sa, 0, 64, 0, 0, 0), 0);
-    direct_collect(&p, c, K, K);
+    pt_progress_poll_b(&p, c, K, K);
     direct_check(c, K, 100);
     ck_assert_uint_eq(shm_counter("direct_cqes") - d0, K);
     ck_assert_uint_eq(exs__soft_cq_peek(&ctx->cq), 0);
@@ -1041,7 +1024,7 @@ START_TEST(shm_progress_poll_direct)
     ck_assert_uint_eq(exs__soft_cq_peek(&ctx->cq), 2);
     for (int i = 2; i < K; i++)
         ck_assert_int_eq(pt_post_send(p.ea, 900, EXS_PROV_WR_SEND, 0, sa, 0, 64, 0, 0, 0), 0);
-    direct_collect(&p, c, K, K);
+    pt_progress_poll_b(&p, c, K, K);
     direct_check(c, K, 200);
     /* (3): the K requests are in the ring before b's turn (posts write it themselves) */
     for (int i = 0; i < K; i++)
@@ -1049,10 +1032,10 @@ START_TEST(shm_progress_poll_direct)
     for (int i = 0; i < K; i++)
         ck_assert_int_eq(pt_post_send(p.ea, 900, EXS_PROV_WR_SEND, 0, sa, 0, 64, 0, 0, 0), 0);
     d0 = shm_counter("direct_cqes");
-    direct_collect(&p, c, 1, 1);
+    pt_progress_poll_b(&p, c, 1, 1);
     ck_assert_uint_eq(shm_counter("direct_cqes") - d0, 1);
     ck_assert_uint_eq(exs__soft_cq_peek(&ctx->cq), K - 1);
-    direct_collect(&p, c + 1, K - 1, 1);
+    pt_progress_poll_b(&p, c + 1, K - 1, 1);
     direct_check(c, K, 300);
     pt_pair_close(&p);
     pt_self_drive = 0;
