@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -74,7 +75,7 @@ static struct {
      * that left, ever (high 32 bits, ENG_LEAVE_GEN): one word, so a leave is one locked
      * add (ENG_LEAVE) where a count down and a generation up were two */
     uint64_t drv;
-    uint64_t leave_ns;   /* atomic: when a driver last left */
+    uint64_t leave_at;   /* atomic: when a driver last left (eng_stamp) */
     uint64_t gap_ns;     /* atomic: the application's remembered gap between waits, noted
                             at gap_at (exs__engine_gap_now; approximate when threads race) */
     uint64_t gap_at;     /* atomic */
@@ -83,7 +84,7 @@ static struct {
     unsigned lease_mult; /* plock (loop): the lease's period in leases (1..EXS_ENG_LEASE_GROW),
                             doubled while the drivers keep coming back, 1 after a take-over */
     int io_on;           /* plock: the loop watches the provider's event fd */
-    uint64_t post_seen_ns; /* atomic, written by the loop: when a look last found
+    uint64_t post_seen_at; /* atomic, written by the loop (eng_stamp): when a look last found
                               exs__eng_posted set */
     int post_back;         /* atomic: the application's last gap longer than a lease had
                               posts in it and ended in a wait within EXS_ENG_POST_LEASES */
@@ -252,6 +253,114 @@ int exs__engine_manual(void)
     return eng.manual;
 }
 
+/* ---- the leave stamp's clock ----
+ * A driver's leave is stamped on every wait's way out (exs__engine_driver_leave), on the
+ * message's path; what reads the stamp (the gap at the next enter, the loop's hysteresis
+ * and lease, spec/threading.md §4) compares differences of stamps with the lease (10 us
+ * and up): microseconds. Where the kernel's own clock source is the TSC (it keeps it
+ * constant and in step across CPUs: x86-64, current_clocksource "tsc"), a stamp is the
+ * TSC itself (rdtsc, ~9 ns here against ~21-39 ns for clock_gettime, which reads it too
+ * and then converts) and a difference of two is converted to ns by a factor measured
+ * once per process against CLOCK_MONOTONIC (eng_clock_calibrate); elsewhere a stamp is
+ * exs__now_ns. Stamps are only ever subtracted from one another, never compared with
+ * clock_gettime times. */
+static struct {
+    int tsc;       /* stamps are TSC ticks */
+    uint64_t mult; /* ns per tick, << 32 */
+} eng_clk;
+static pthread_once_t eng_clk_once = PTHREAD_ONCE_INIT;
+
+static inline uint64_t eng_stamp(void)
+{
+#if defined(__x86_64__)
+    if (__atomic_load_n(&eng_clk.tsc, __ATOMIC_RELAXED))
+        return __builtin_ia32_rdtsc();
+#endif
+    return exs__now_ns();
+}
+
+/* ns from stamp from to stamp to; 0 when to is not later (another CPU's read) */
+static inline uint64_t eng_stamp_ns(uint64_t from, uint64_t to)
+{
+    if (to <= from)
+        return 0;
+    if (!__atomic_load_n(&eng_clk.tsc, __ATOMIC_RELAXED))
+        return to - from;
+    return (uint64_t)(((unsigned __int128)(to - from) *
+                       __atomic_load_n(&eng_clk.mult, __ATOMIC_RELAXED)) >>
+                      32);
+}
+
+#if defined(__x86_64__)
+/* A TSC read between two clock reads close together: 0 and its time (their middle), or
+ * -1 when none of a few tries was tight (preempted, or a slow clock). */
+static int eng_clock_pair(uint64_t *tsc_p, uint64_t *ns_p)
+{
+    for (int i = 0; i < 16; i++) {
+        uint64_t a = exs__now_ns(), t = __builtin_ia32_rdtsc(), b = exs__now_ns();
+
+        if (b - a < 2000) {
+            *tsc_p = t;
+            *ns_p = a + (b - a) / 2;
+            return 0;
+        }
+    }
+    return -1;
+}
+#endif
+
+/* Once per process, before the first stamp (exs__engine_start): the TSC's rate, measured
+ * over >= 2 ms (two pairs within 1 us each: error < 1e-3), when the kernel's clock source
+ * is the TSC. */
+static void eng_clock_calibrate(void)
+{
+#if defined(__x86_64__)
+    char src[32] = "";
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "re");
+    uint64_t t0, n0, t1, n1;
+
+    if (!f)
+        return;
+    if (!fgets(src, sizeof(src), f))
+        src[0] = 0;
+    fclose(f);
+    if (strcmp(src, "tsc\n") != 0 || eng_clock_pair(&t0, &n0))
+        return;
+    do {
+        if (eng_clock_pair(&t1, &n1))
+            return;
+    } while (n1 - n0 < 2000000);
+    /* 100 MHz .. 20 GHz, or the measure is wrong */
+    if (t1 <= t0 || (n1 - n0) * 10 < t1 - t0 || (t1 - t0) * 10 < (n1 - n0) / 2)
+        return;
+    __atomic_store_n(&eng_clk.mult, (uint64_t)(((unsigned __int128)(n1 - n0) << 32) / (t1 - t0)),
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&eng.leave_at, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&eng.post_seen_at, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&eng_clk.tsc, 1, __ATOMIC_RELEASE);
+#endif
+}
+
+void exs__engine_clock_init(void)
+{
+    (void)pthread_once(&eng_clk_once, eng_clock_calibrate);
+}
+
+int exs__engine_clock_tsc(void)
+{
+    return __atomic_load_n(&eng_clk.tsc, __ATOMIC_ACQUIRE);
+}
+
+uint64_t exs__engine_stamp(void)
+{
+    return eng_stamp();
+}
+
+uint64_t exs__engine_stamp_ns(uint64_t from, uint64_t to)
+{
+    return eng_stamp_ns(from, to);
+}
+
 /* ---- the progress lock ---- */
 
 static void eng_lock(void)
@@ -337,20 +446,30 @@ static void eng_dispatch_cm(const struct exs_prov_cm_event *ev)
         exs__conn_on_cm(ev->ep->user, ev);
 }
 
+/* Hand the n completions in cqe (a batch of ctx's, polled) to their connections, then up
+ * to batches - 1 more batches while they come full; returns how many. */
+static inline __attribute__((always_inline)) int
+eng_hand_cq(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int n, int batches)
+{
+    int total = 0;
+
+    while (n > 0) {
+        exs__conn_on_cqes(cqe, n); /* runs of one conn: one lock, one progress pass */
+        total += n;
+        if (n < ENG_CQE_BATCH || --batches <= 0)
+            break;
+        n = exs__prov_poll(ctx, cqe, ENG_CQE_BATCH);
+    }
+    return total;
+}
+
 /* Hand up to batches * ENG_CQE_BATCH queued completions to their connections; returns
  * how many. */
 static int eng_drain_cq(struct exs_prov_ctx *ctx, int batches)
 {
     struct exs_prov_cqe cqe[ENG_CQE_BATCH];
-    int n, total = 0;
 
-    while (batches-- > 0 && (n = exs__prov_poll(ctx, cqe, ENG_CQE_BATCH)) > 0) {
-        exs__conn_on_cqes(cqe, n); /* runs of one conn: one lock, one progress pass */
-        total += n;
-        if (n < ENG_CQE_BATCH)
-            break;
-    }
-    return total;
+    return eng_hand_cq(ctx, cqe, exs__prov_poll(ctx, cqe, ENG_CQE_BATCH), batches);
 }
 
 /* Run the jobs queued now (not those they queue: those run in the next round). */
@@ -419,14 +538,17 @@ void exs__engine_set_round_hook(void (*fn)(void))
 static inline __attribute__((always_inline)) int eng_round_ctx(struct exs_prov_ctx *ctx)
 {
     struct exs_prov_cm_event ev;
+    struct exs_prov_cqe cqe[ENG_CQE_BATCH];
     int p, n = 0, c;
 
-    p = exs__prov_progress(ctx);
+    /* the provider's work and its first batch of completions in one call: shm hands its
+     * turn's completions over directly (spec/provider.md, "Progress and poll in one") */
+    p = exs__prov_progress_poll(ctx, cqe, ENG_CQE_BATCH, &c);
     if (p > 0)
         n += p;
     else if (p < 0)
         EXS_WARN(ENG, "provider %s progress failed: %d", exs__prov_name(ctx), p);
-    c = eng_drain_cq(ctx, ENG_DRIVE_ROUND);
+    c = eng_hand_cq(ctx, cqe, c, ENG_DRIVE_ROUND);
     eng_pass.cqes += (unsigned)c;
     n += c;
     while (exs__prov_cm_poll(ctx, &ev) == 1) {
@@ -695,16 +817,17 @@ void exs__engine_driver_enter(uint64_t now)
         uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
         uint64_t gap;
 
+        uint64_t left = __atomic_load_n(&eng.leave_at, __ATOMIC_RELAXED);
+
         if (!now)
             now = exs__now_ns();
-        gap = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+        gap = eng_stamp_ns(left, eng_stamp());
         /* a longer gap is the application computing: not remembered (nor compared) */
         /* a gap with posts that ended in this wait: the application comes back (a gap
          * of a lease or less tells nothing: the next wait of a batch, a ping-pong) */
         if (gap > lease_ns) {
             int posted = __atomic_exchange_n(&exs__eng_posted, 0, __ATOMIC_RELAXED) ||
-                         __atomic_load_n(&eng.post_seen_ns, __ATOMIC_RELAXED) >
-                             __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+                         __atomic_load_n(&eng.post_seen_at, __ATOMIC_RELAXED) > left;
 
             __atomic_store_n(&eng.post_back,
                              posted && gap <= (uint64_t)EXS_ENG_POST_LEASES * lease_ns,
@@ -724,7 +847,7 @@ void exs__engine_driver_leave(void)
 {
     /* No wake-up while the lease runs: the loop looks within one lease. After a long
      * wait the lease was stopped (eng_lease_cb): the last driver out wakes the loop. */
-    __atomic_store_n(&eng.leave_ns, exs__now_ns(), __ATOMIC_RELAXED);
+    __atomic_store_n(&eng.leave_at, eng_stamp(), __ATOMIC_RELAXED);
     if (ENG_DRIVERS(__atomic_add_fetch(&eng.drv, ENG_LEAVE, __ATOMIC_SEQ_CST)) == 0 &&
         __atomic_load_n(&eng.lease_idle, __ATOMIC_SEQ_CST) &&
         __atomic_exchange_n(&eng.lease_idle, 0, __ATOMIC_SEQ_CST)) {
@@ -858,7 +981,8 @@ static void eng_lease_cb(struct ev_loop *loop, ev_timer *w, int revents)
          * a whole grown period later */
         uint64_t lease_ns = (uint64_t)exs__params.lease_us * 1000u;
         uint64_t now = exs__now_ns();
-        uint64_t since = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+        uint64_t since =
+            eng_stamp_ns(__atomic_load_n(&eng.leave_at, __ATOMIC_RELAXED), eng_stamp());
         uint64_t hyst = eng_hyst_now(now, lease_ns);
 
         if (since < hyst)
@@ -891,7 +1015,8 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
      * fights it for the locks and writes the socket from a second CPU. */
     uint64_t now = exs__now_ns();
     uint64_t hyst = eng_hyst_now(now, lease_ns);
-    uint64_t since = now - __atomic_load_n(&eng.leave_ns, __ATOMIC_RELAXED);
+    uint64_t st = eng_stamp();
+    uint64_t since = eng_stamp_ns(__atomic_load_n(&eng.leave_at, __ATOMIC_RELAXED), st);
     int recent = since < hyst;
 
     (void)w;
@@ -904,9 +1029,10 @@ static void eng_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
      * still gets its completions driven. */
     if (!recent && drivers == 0 && __atomic_load_n(&eng.post_back, __ATOMIC_RELAXED)) {
         if (eng_posted_take())
-            __atomic_store_n(&eng.post_seen_ns, now, __ATOMIC_RELAXED);
-        if (exs__engine_post_hold(since, now - __atomic_load_n(&eng.post_seen_ns, __ATOMIC_RELAXED),
-                                  lease_ns)) {
+            __atomic_store_n(&eng.post_seen_at, st, __ATOMIC_RELAXED);
+        if (exs__engine_post_hold(
+                since, eng_stamp_ns(__atomic_load_n(&eng.post_seen_at, __ATOMIC_RELAXED), st),
+                lease_ns)) {
             recent = 1;
             EXS_CNT_INC(exs__eng_cnt.post_holds);
         }
@@ -1023,6 +1149,7 @@ int exs__engine_start(void)
 {
     int ret;
 
+    exs__engine_clock_init();
     exs_list_init(&eng.jobs);
     eng.njobs = 0;
     __atomic_store_n(&eng.gap_ns, 0, __ATOMIC_RELAXED); /* no gap remembered from a previous run */
@@ -1267,7 +1394,7 @@ void exs__engine_fork(int phase)
     eng.psleepers = eng.armed = eng.njobs = 0;
     eng.seen_gen = 0;
     eng.lease_mult = 1;
-    eng.leave_ns = eng.gap_ns = eng.gap_at = eng.post_seen_ns = 0;
+    eng.leave_at = eng.gap_ns = eng.gap_at = eng.post_seen_at = 0;
     __atomic_store_n(&eng.running, 0, __ATOMIC_RELEASE);
     eng_pass = (struct eng_pass){0};
     eng_poll_end_ns = 0;

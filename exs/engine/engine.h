@@ -150,6 +150,14 @@ void exs__engine_arm_end(const int fds[EXS_ENG_MAX_CTX]);
  * the caller read as its wait began (0: not read; the engine reads it if it needs it). */
 void exs__engine_driver_enter(uint64_t now);
 void exs__engine_driver_leave(void);
+/* The clock of the drivers' leave stamps (engine.c, "the leave stamp's clock"): the TSC
+ * where the kernel's clock source is (exs__engine_clock_tsc 1 once exs__engine_clock_init,
+ * called by exs__engine_start, measured its rate), else CLOCK_MONOTONIC ns. For tests:
+ * a stamp, and the ns between two. */
+void exs__engine_clock_init(void);
+int exs__engine_clock_tsc(void);
+uint64_t exs__engine_stamp(void);
+uint64_t exs__engine_stamp_ns(uint64_t from, uint64_t to);
 
 /* The hand-off's hysteresis (spec/threading.md §4), pure functions. A busy
  * application's longest recent gap between two waits (drivers back from 0; gaps longer

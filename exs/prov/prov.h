@@ -318,6 +318,12 @@ struct exs_prov_ops {
     int (*ctx_progress)(struct exs_prov_ctx *ctx);
     /* Up to max completions, oldest first; returns the count (0 = none). */
     int (*ctx_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max);
+    /* ctx_progress, then ctx_poll into cqe (at most max, oldest first) in one call: returns
+     * what ctx_progress would, *n_p the completions written (0 when ctx_poll failed). A
+     * provider may hand the completions its turn makes straight to the caller, without
+     * queueing them and taking them back (spec/provider.md, "Progress and poll in one").
+     * Optional: exs__prov_progress_poll makes the two calls without it. */
+    int (*ctx_progress_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max, int *n_p);
     /* One cm event: 1 when *ev was filled, 0 when none is queued. */
     int (*ctx_cm_poll)(struct exs_prov_ctx *ctx, struct exs_prov_cm_event *ev);
     /* fork(2) (spec/provider.md, "Fork"), phase an enum exs_fork_phase. PREPARE, in the
@@ -525,6 +531,21 @@ static inline void exs__prov_disarm(struct exs_prov_ctx *ctx)
 static inline int exs__prov_progress(struct exs_prov_ctx *ctx)
 {
     return ctx->ops->ctx_progress(ctx);
+}
+
+/* ctx_progress then ctx_poll (prov.h, ctx_progress_poll): the provider's fused call, or
+ * the two. */
+static inline int exs__prov_progress_poll(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe,
+                                          int max, int *n_p)
+{
+    int p, n;
+
+    if (ctx->ops->ctx_progress_poll)
+        return ctx->ops->ctx_progress_poll(ctx, cqe, max, n_p);
+    p = ctx->ops->ctx_progress(ctx);
+    n = ctx->ops->ctx_poll(ctx, cqe, max);
+    *n_p = n > 0 ? n : 0;
+    return p;
 }
 
 static inline int exs__prov_mr_reg(struct exs_prov_ctx *ctx, void *addr, size_t length,

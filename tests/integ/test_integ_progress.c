@@ -248,6 +248,35 @@ START_TEST(test_poll_no_fd_writes)
 }
 END_TEST
 
+/* The engine's rounds take the provider's work and its completions in one call
+ * (exs__prov_progress_poll): over shm the completions a turn makes reach their
+ * connections without going through the provider's queue (prov.shm direct_cqes counts
+ * them: at least the two receives of each round trip; before, the round called
+ * ctx_progress then ctx_poll, and none was). Over tcp the same ping-pong runs through the
+ * two calls (the wrapper's fallback), its data checked as everywhere. */
+START_TEST(test_round_hands_cqes)
+{
+    struct it_pair p;
+    uint64_t d0 = 0, d1 = 0;
+    const int rounds = 200;
+    int shm = strcmp(it_provider, "shm") == 0;
+
+    it_setenv("EXS_TEST_ENGINE_PARK", "1"); /* the waiters drive: their rounds */
+    it_init();
+    it_pair_open(&p, SOCK_SEQPACKET, 64, 64);
+    pingpong(&p, 2, EXS_WAIT_POLL); /* settle */
+    if (shm)
+        ck_assert_int_eq(exs__counters_lookup("prov.shm", "direct_cqes", &d0), 0);
+    pingpong(&p, rounds, EXS_WAIT_POLL);
+    if (shm) {
+        ck_assert_int_eq(exs__counters_lookup("prov.shm", "direct_cqes", &d1), 0);
+        ck_assert_msg(d1 - d0 >= 2u * rounds, "%llu completions handed over in %d round trips",
+                      (unsigned long long)(d1 - d0), rounds);
+    }
+    it_pair_close(&p);
+}
+END_TEST
+
 /* Blocking waits (EXS_WAIT_NOTIFY) on the tcp provider: a waiter that woke drives with
  * nobody else asleep on the provider's event fd, so it takes its arm back (ctx_disarm)
  * and the completions its drive queues write no event fd; before, every wake-up wrote one
@@ -967,6 +996,8 @@ Suite *integ_progress_suite(void)
                  (const TTest *const[]){test_notify_wait_holds, NULL});
     it_suite_add(s, "fd_writes", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_poll_no_fd_writes, NULL});
+    it_suite_add(s, "round_hands_cqes", IT_CASE_TIMEOUT, 1,
+                 (const TTest *const[]){test_round_hands_cqes, NULL});
     it_suite_add(s, "notify_disarms", IT_CASE_TIMEOUT, 1,
                  (const TTest *const[]){test_notify_disarms, NULL});
     it_suite_add(s, "qfd_late", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_qfd_late, NULL});

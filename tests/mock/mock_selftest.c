@@ -314,6 +314,59 @@ START_TEST(ms_write_imm)
 }
 END_TEST
 
+/* exs__prov_progress_poll on a provider without ctx_progress_poll (the mock, as tcp and
+ * verbs): ctx_progress then ctx_poll, the same completions in the same order, at most
+ * max per call, n 0 when none; with the op, only the op is called (a copy of the mock's
+ * table with a counting ctx_progress_poll: without the wrapper's look at the op, the
+ * engine's rounds would never hand shm's turn completions over). */
+static int pp_calls;
+static int pp_counting(struct exs_prov_ctx *ctx, struct exs_prov_cqe *cqe, int max, int *n_p)
+{
+    (void)ctx;
+    (void)cqe;
+    (void)max;
+    pp_calls++;
+    *n_p = 0;
+    return 7;
+}
+
+START_TEST(ms_progress_poll_fallback)
+{
+    struct exs_prov_ops filled = mock_prov_ops, ops;
+    const struct exs_prov_ops *saved = cb->ops;
+    struct exs_prov_cqe c[2];
+    int n = -1;
+
+    exs__prov_fill_defaults(&filled); /* as a provider opened through prov.c */
+    ops = filled;
+    cb->ops = &filled;
+
+    for (int i = 0; i < 3; i++)
+        post_recv(eb, 10 + (uint64_t)i, bufb + 64 * i, 64, mb->lkey);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(
+            post_write(ea, 20 + (uint64_t)i, EXS_PROV_WR_SEND, bufa, 16, ma->lkey, 0, 0), 0);
+    mock_run_until_idle(100);
+    ck_assert_int_ge(exs__prov_progress_poll(cb, c, 2, &n), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert_uint_eq(c[0].wr_id, 10);
+    ck_assert_uint_eq(c[1].wr_id, 11);
+    ck_assert_int_ge(exs__prov_progress_poll(cb, c, 2, &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_uint_eq(c[0].wr_id, 12);
+    ck_assert_uint_eq(c[0].byte_len, 16);
+    ck_assert_int_ge(exs__prov_progress_poll(cb, c, 2, &n), 0);
+    ck_assert_int_eq(n, 0);
+    ops.ctx_progress_poll = pp_counting;
+    cb->ops = &ops;
+    ck_assert_int_eq(exs__prov_progress_poll(cb, c, 2, &n), 7);
+    cb->ops = saved;
+    ck_assert_int_eq(pp_calls, 1);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(poll_one(ca, c), 1);
+}
+END_TEST
+
 /* disconnect: both sides flushed and told; ep_destroy drops queued completions. */
 START_TEST(ms_disconnect_flush)
 {
@@ -428,6 +481,7 @@ Suite *mock_prov_suite(void)
     tcase_add_test(tc, ms_send_checks);
     tcase_add_test(tc, ms_loc_prot);
     tcase_add_test(tc, ms_write_imm);
+    tcase_add_test(tc, ms_progress_poll_fallback);
     tcase_add_test(tc, ms_disconnect_flush);
     tcase_add_test(tc, ms_drop_reset);
     tcase_add_test(tc, ms_capacity);

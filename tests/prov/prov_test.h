@@ -36,6 +36,10 @@ void pt_ctx_close(struct exs_prov_ctx *ctx);
 extern int pt_self_drive;
 /* One ctx_progress on every MANUAL_PROGRESS ctx open; the sum of their results. */
 int pt_drive_all(void);
+/* n completions of p's b into out with exs__prov_progress_poll (at most max per call), a
+ * driven by ctx_progress meanwhile, within PT_TIMEOUT_MS (fails the test otherwise). */
+struct pt_pair;
+void pt_progress_poll_b(struct pt_pair *p, struct exs_prov_cqe *out, int n, int max);
 
 /* 1 when the provider under test is the tcp one (tcp-only tests check this). */
 int pt_is_tcp(void);

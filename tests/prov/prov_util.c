@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "exs/prov/tcp/tcp.h"
+#include "exs/util/util.h"
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
 
@@ -183,6 +184,24 @@ void pt_ctx_close(struct exs_prov_ctx *ctx)
     if (strcmp(pt_name, "tcp") == 0)
         ck_assert_uint_eq(__atomic_load_n(&tcp_ctx_of(ctx)->cnt.state_errors, __ATOMIC_RELAXED), 0);
     pt_ops->ctx_close(ctx);
+}
+
+void pt_progress_poll_b(struct pt_pair *p, struct exs_prov_cqe *out, int n, int max)
+{
+    double deadline = pt_now_ms() + PT_TIMEOUT_MS;
+    int got = 0;
+
+    while (got < n && pt_now_ms() < deadline) {
+        int k = -1;
+
+        ck_assert_int_ge(exs__prov_progress_poll(p->b.ctx, out + got, EXS_MIN(max, n - got), &k),
+                         0);
+        ck_assert_int_ge(k, 0);
+        ck_assert_int_le(k, EXS_MIN(max, n - got));
+        got += k;
+        ck_assert_int_ge(pt_ops->ctx_progress(p->a.ctx), 0);
+    }
+    ck_assert_int_eq(got, n);
 }
 
 int pt_drive_all(void)

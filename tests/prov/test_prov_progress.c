@@ -146,6 +146,55 @@ static void raw_send_msg(int fd, uint8_t fill, uint32_t len)
     ck_assert_int_eq(pt_raw_send(fd, payload, len), 0);
 }
 
+/* ---- ctx_progress and ctx_poll in one (exs__prov_progress_poll) ---- */
+
+/* The fused call gives what ctx_progress then ctx_poll would: every receive, in order,
+ * with its bytes, at most max per call, also when some of them were queued by plain
+ * ctx_progress turns before (shm: its turn's completions go straight into the array only
+ * while nothing older is queued; spec/provider.md, "Progress and poll in one"). tcp gets
+ * the two calls (exs__prov_progress_poll's fallback). */
+START_TEST(progress_poll_in_one)
+{
+    enum { K = 8 };
+    struct pt_pair p;
+    struct pt_buf *sa[K], *rb[K];
+    struct exs_prov_cqe c[K];
+
+    if (manual_setup(&p, NULL))
+        return;
+    for (int i = 0; i < K; i++) {
+        sa[i] = pt_pair_buf(&p, 'a', 64, LW, 0);
+        rb[i] = pt_pair_buf(&p, 'b', 64, LW, 0);
+    }
+    for (uint32_t r = 0; r < 4; r++) {
+        for (int i = 0; i < K; i++)
+            ck_assert_int_eq(pt_post_recv(p.eb, 100 * r + (uint64_t)i, rb[i], 0, 64), 0);
+        for (int i = 0; i < K; i++) {
+            pt_pattern(sa[i]->p, 64, 10 * r + (uint32_t)i);
+            ck_assert_int_eq(
+                pt_post_send(p.ea, 500 + (uint64_t)i, EXS_PROV_WR_SEND, SIG, sa[i], 0, 64, 0, 0, 0),
+                0);
+            /* rounds 1 and 3: plain turns of b between the sends (queued completions) */
+            if (r & 1)
+                for (int t = 0; t < 3; t++)
+                    ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+        }
+        pt_progress_poll_b(&p, c, K, r < 2 ? K : 3);
+        for (int i = 0; i < K; i++) {
+            ck_assert_uint_eq(c[i].wr_id, 100 * r + (uint64_t)i);
+            ck_assert_int_eq(c[i].status, EXS_PROV_WC_SUCCESS);
+            ck_assert_int_eq(c[i].opcode, EXS_PROV_WC_RECV);
+            ck_assert_uint_eq(c[i].byte_len, 64);
+            ck_assert_ptr_eq(c[i].ep, p.eb);
+            ck_assert_int_eq(pt_pattern_check(rb[i]->p, 64, 10 * r + (uint32_t)i), -1);
+        }
+        for (int i = 0; i < K; i++)
+            pt_expect_wr(&p.a, 500 + (uint64_t)i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    }
+    manual_close(&p);
+}
+END_TEST
+
 /* ---- ping-pong in MANUAL_PROGRESS mode, one thread driving both ctxs ---- */
 
 START_TEST(progress_pingpong_direct)
@@ -937,6 +986,7 @@ Suite *prov_progress_suite(void)
     TCase *tc = pt_tcase("progress");
 
     tcase_add_test(tc, progress_pingpong_direct);
+    tcase_add_test(tc, progress_poll_in_one);
     tcase_add_test(tc, progress_post_writes_in_caller);
     tcase_add_test(tc, progress_command_in_caller);
     tcase_add_test(tc, progress_ack_rides_with_reply);

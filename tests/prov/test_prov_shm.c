@@ -968,6 +968,80 @@ START_TEST(shm_poll_queued_no_turn)
 }
 END_TEST
 
+static void direct_check(const struct exs_prov_cqe *c, int n, uint64_t id0)
+{
+    for (int i = 0; i < n; i++) {
+        ck_assert_uint_eq(c[i].wr_id, id0 + (uint64_t)i);
+        ck_assert_int_eq(c[i].status, EXS_PROV_WC_SUCCESS);
+        ck_assert_uint_eq(c[i].byte_len, 64);
+    }
+}
+
+/* ctx_progress_poll (the engine's rounds): the completions a turn makes go straight into
+ * the caller's array, never through the queue and ctx->lock's second hold (direct_cqes
+ * counts them): (1) K receives, all handed over, nothing left queued; (2) with two older
+ * completions queued by plain turns, the turn's new ones go behind them into the queue
+ * and come out after them, in order (written into the array first, they would overtake
+ * them); (3) max 1: one handed over, the rest of the turn's queued, taken in order by the
+ * next calls. Before, the engine's round called ctx_progress and then ctx_poll, which took
+ * every completion out of the queue under ctx->lock (direct_cqes stays 0). */
+START_TEST(shm_progress_poll_direct)
+{
+    enum { K = 8 };
+    struct pt_pair p;
+    struct pt_buf *sa, *rb[K];
+    struct exs_prov_cqe c[K];
+    struct shm_ctx *ctx;
+    uint64_t d0;
+    double deadline;
+
+    if (skip_unless_shm("shm_progress_poll_direct"))
+        return;
+    pt_self_drive = 1;
+    pt_pair_setup(&p, NULL, NULL);
+    ctx = shm_ep_of(p.eb)->ctx;
+    sa = pt_pair_buf(&p, 'a', 64, LW, 0);
+    for (int i = 0; i < K; i++)
+        rb[i] = pt_pair_buf(&p, 'b', 64, LW, 0);
+    /* (1) */
+    for (int i = 0; i < K; i++)
+        ck_assert_int_eq(pt_post_recv(p.eb, 100 + (uint64_t)i, rb[i], 0, 64), 0);
+    d0 = shm_counter("direct_cqes");
+    for (int i = 0; i < K; i++)
+        ck_assert_int_eq(pt_post_send(p.ea, 900, EXS_PROV_WR_SEND, 0, sa, 0, 64, 0, 0, 0), 0);
+    pt_progress_poll_b(&p, c, K, K);
+    direct_check(c, K, 100);
+    ck_assert_uint_eq(shm_counter("direct_cqes") - d0, K);
+    ck_assert_uint_eq(exs__soft_cq_peek(&ctx->cq), 0);
+    /* (2) */
+    for (int i = 0; i < K; i++)
+        ck_assert_int_eq(pt_post_recv(p.eb, 200 + (uint64_t)i, rb[i], 0, 64), 0);
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pt_post_send(p.ea, 900, EXS_PROV_WR_SEND, 0, sa, 0, 64, 0, 0, 0), 0);
+    deadline = pt_now_ms() + PT_TIMEOUT_MS;
+    while (exs__soft_cq_peek(&ctx->cq) < 2 && pt_now_ms() < deadline)
+        ck_assert_int_ge(pt_ops->ctx_progress(p.b.ctx), 0);
+    ck_assert_uint_eq(exs__soft_cq_peek(&ctx->cq), 2);
+    for (int i = 2; i < K; i++)
+        ck_assert_int_eq(pt_post_send(p.ea, 900, EXS_PROV_WR_SEND, 0, sa, 0, 64, 0, 0, 0), 0);
+    pt_progress_poll_b(&p, c, K, K);
+    direct_check(c, K, 200);
+    /* (3): the K requests are in the ring before b's turn (posts write it themselves) */
+    for (int i = 0; i < K; i++)
+        ck_assert_int_eq(pt_post_recv(p.eb, 300 + (uint64_t)i, rb[i], 0, 64), 0);
+    for (int i = 0; i < K; i++)
+        ck_assert_int_eq(pt_post_send(p.ea, 900, EXS_PROV_WR_SEND, 0, sa, 0, 64, 0, 0, 0), 0);
+    d0 = shm_counter("direct_cqes");
+    pt_progress_poll_b(&p, c, 1, 1);
+    ck_assert_uint_eq(shm_counter("direct_cqes") - d0, 1);
+    ck_assert_uint_eq(exs__soft_cq_peek(&ctx->cq), K - 1);
+    pt_progress_poll_b(&p, c + 1, K - 1, 1);
+    direct_check(c, K, 300);
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
 /* The data path's short ways keep the RC semantics: (1) a revoked grant's block serves the
  * next grant (exs/prov/soft's grant cache) under a fresh key: the new key works, the old
  * one is refused; (2) 48 inline WRITE_WITH_IMMs of one burst, carried out under a few holds
@@ -1523,6 +1597,7 @@ Suite *prov_shm_suite(void)
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
     tcase_add_test(tc, shm_poll_queued_no_turn);
+    tcase_add_test(tc, shm_progress_poll_direct);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_fast");
     tcase_add_test(tc, shm_fast_paths);

@@ -186,6 +186,7 @@ struct shm_counters {
     uint64_t collects;
     uint64_t sleeps;
     uint64_t ring_mem;
+    uint64_t direct_cqes;
 };
 
 /* A counter written only by the holder of one lock (nic_lock: the responder's and the
@@ -355,6 +356,10 @@ struct shm_ctx {
     struct exs_list cm_events;
     struct exs_list eps;
     unsigned pend_eps; /* eps with sends waiting for ring room (ctx->lock) */
+    /* ctx_progress_poll's array (nic_lock: set by the holder around its turn): the turn's
+     * completions go there while the queue is empty (exs__shm_cq_nic_slot_locked) */
+    struct exs_prov_cqe *sink;
+    int sink_max, sink_n;
     /* NIC (nic_lock) */
     struct exs_list conns;
     struct exs_list listeners;
@@ -425,6 +430,28 @@ static inline void exs__shm_cq_commit_locked(struct shm_ctx *ctx, struct shm_ep 
         ep->cq_sq++;
     if (ctx->armed)
         exs__shm_notify_locked(ctx);
+}
+/* nic_lock and ctx->lock held: the slot of a completion the turn makes (a receive or a
+ * request of ours done): the next entry of ctx_progress_poll's array while nothing is
+ * queued (every queued completion is older: the caller takes the queue's after the
+ * array's), else the queue's. Committed by exs__shm_cq_nic_commit_locked. */
+static inline struct exs_prov_cqe *exs__shm_cq_nic_slot_locked(struct shm_ctx *ctx)
+{
+    if (ctx->sink_n < ctx->sink_max && !exs__soft_cq_peek(&ctx->cq))
+        return &ctx->sink[ctx->sink_n];
+    return exs__shm_cq_slot_locked(ctx);
+}
+static inline void exs__shm_cq_nic_commit_locked(struct shm_ctx *ctx, struct shm_ep *ep, int recv,
+                                                 const struct exs_prov_cqe *slot)
+{
+    if (ctx->sink_n < ctx->sink_max && slot == &ctx->sink[ctx->sink_n]) {
+        /* handed over: not queued, so not counted against the ep's queues (cq_sq, cq_rq),
+         * and no notification (its consumer is the caller, in this call) */
+        ctx->sink_n++;
+        SHM_CNT_INC_OWNED(ctx->cnt.direct_cqes); /* (nic_lock) */
+        return;
+    }
+    exs__shm_cq_commit_locked(ctx, ep, recv);
 }
 void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev);
 /* ctx->lock held: queue a WR_FLUSH_ERR completion of ep. */

@@ -55,6 +55,9 @@ static const struct exs_counter_desc shm_counter_desc[] = {
                 "turns that read the descriptors (epoll_wait): a busy poller's every "
                 "64th idle turn"),
     EXS_COUNTER(struct shm_counters, sleeps, "sleeps of the NIC thread or armed consumers"),
+    EXS_COUNTER(struct shm_counters, direct_cqes,
+                "completions handed to the caller of ctx_progress_poll inside its turn (the "
+                "engine's rounds), never queued"),
     EXS_COUNTER(struct shm_counters, ring_mem,
                 "shared memory the live connections' segments can hold, bytes: each one's header "
                 "and two rings of the size agreed (EXS_SHM_RING_KB, the smaller side's); not a "
@@ -383,6 +386,39 @@ static int shm_ctx_progress(struct exs_prov_ctx *c)
     return did > 0;
 }
 
+static __attribute__((noinline)) int shm_poll_take(struct shm_ctx *ctx, struct exs_prov_cqe *cqe,
+                                                   int max);
+
+/* ctx_progress then ctx_poll (prov.h, ctx_progress_poll): the completions the turn makes
+ * are written into cqe while nothing is queued (exs__shm_cq_nic_slot_locked), not queued
+ * under ctx->lock and taken out again under it; then the queue's, which are newer (the
+ * array's were written only while it was empty), after them. An idle turn touches
+ * nothing of the array. */
+static int shm_ctx_progress_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max,
+                                 int *n_p)
+{
+    struct shm_ctx *ctx = shm_ctx_of(c);
+    int did, n = 0;
+
+    exs__lite_lock(&ctx->nic_lock);
+    if (shm_turn_idle(ctx)) {
+        did = 1;
+    } else {
+        ctx->sink = cqe;
+        ctx->sink_max = max > 0 ? max : 0;
+        ctx->sink_n = 0;
+        did = exs__shm_turn(ctx, 1);
+        n = ctx->sink_n;
+        ctx->sink_max = ctx->sink_n = 0;
+        ctx->sink = NULL;
+    }
+    exs__lite_unlock(&ctx->nic_lock);
+    if (n < max && exs__soft_cq_peek(&ctx->cq))
+        n += shm_poll_take(ctx, cqe + n, max - n);
+    *n_p = n;
+    return did > 0;
+}
+
 /* ---- consumer side ---- */
 
 static int shm_ctx_event_fd(struct exs_prov_ctx *c)
@@ -650,6 +686,7 @@ struct exs_prov_ops exs__prov_shm_ops = {
     .ctx_disarm = shm_ctx_disarm,
     .ctx_progress = shm_ctx_progress,
     .ctx_poll = shm_ctx_poll,
+    .ctx_progress_poll = shm_ctx_progress_poll,
     .ctx_cm_poll = shm_ctx_cm_poll,
     .ctx_fork = shm_ctx_fork,
     .mr_reg = exs__shm_mr_reg,

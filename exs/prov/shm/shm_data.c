@@ -114,13 +114,13 @@ static enum exs_prov_wc_opcode shm_wc_opcode(uint8_t opcode)
     }
 }
 
-/* ctx->lock held: wr (unlinked) is done with st; slots retire as on verbs. */
+/* nic_lock and ctx->lock held: wr (unlinked) is done with st; slots retire as on verbs. */
 static void shm_wr_done_locked(struct shm_ep *ep, struct shm_wr *wr, enum exs_prov_wc_status st)
 {
     if (st != EXS_PROV_WC_SUCCESS)
         ep->state = EXS_PROV_EP_ERROR; /* before anyone can poll the error */
     if (st != EXS_PROV_WC_SUCCESS || wr->signaled) {
-        struct exs_prov_cqe *cqe = exs__shm_cq_slot_locked(ep->ctx);
+        struct exs_prov_cqe *cqe = exs__shm_cq_nic_slot_locked(ep->ctx);
 
         cqe->wr_id = wr->wr_id;
         cqe->ep = &ep->base;
@@ -129,7 +129,7 @@ static void shm_wr_done_locked(struct shm_ep *ep, struct shm_wr *wr, enum exs_pr
         cqe->byte_len = st == EXS_PROV_WC_SUCCESS ? wr->len : 0;
         cqe->imm_data = 0;
         cqe->flags = 0;
-        exs__shm_cq_commit_locked(ep->ctx, ep, 0);
+        exs__shm_cq_nic_commit_locked(ep->ctx, ep, 0, cqe);
         ep->sq_used -= 1 + ep->sq_unretired;
         ep->sq_unretired = 0;
     } else {
@@ -708,13 +708,14 @@ static int shm_refuse(struct shm_conn *conn, uint32_t psn, uint32_t syn)
     return -1;
 }
 
-/* ctx->lock held: the receive rwr (taken off the queue) completes with st; given back. */
+/* nic_lock and ctx->lock held: the receive rwr (taken off the queue) completes with st;
+ * given back. */
 static void shm_recv_done_locked(struct shm_conn *conn, struct exs_soft_rwr *rwr,
                                  enum exs_prov_wc_status st, enum exs_prov_wc_opcode op,
                                  uint32_t len, const struct shm_rec *rec)
 {
     struct shm_ep *ep = conn->ep;
-    struct exs_prov_cqe *cqe = exs__shm_cq_slot_locked(conn->ctx);
+    struct exs_prov_cqe *cqe = exs__shm_cq_nic_slot_locked(conn->ctx);
     int imm = st == EXS_PROV_WC_SUCCESS && (rec->flags & SHM_RF_IMM);
 
     cqe->wr_id = rwr->wr_id;
@@ -727,7 +728,7 @@ static void shm_recv_done_locked(struct shm_conn *conn, struct exs_soft_rwr *rwr
     if (st != EXS_PROV_WC_SUCCESS)
         ep->state = EXS_PROV_EP_ERROR;
     ep->rq_count--;
-    exs__shm_cq_commit_locked(conn->ctx, ep, 1);
+    exs__shm_cq_nic_commit_locked(conn->ctx, ep, 1, cqe);
     exs__shm_rwr_put_locked(ep, rwr);
 }
 
