@@ -15,6 +15,9 @@
 #   libexs: blast --type seqpacket --lat-only --lat-size 64 --wait-notify; its sort of the
 #     round trips' times for the percentiles (n log n: it would add to the difference) is
 #     not collected (callgrind --toggle-collect=percentile)
+#   pblast:BINARY: the same busy-polling (--poll --poll-recv): the count then holds the empty
+#     turns of the spin, their number set by timing (per turn: divide by the calls of a
+#     function called once per turn, e.g. the provider's poll)
 #   rsockets: rstream -S 64 -C 1 -T b (one process per run, server outside callgrind)
 N1=$1
 N2=$2
@@ -49,8 +52,9 @@ for x in "$@"; do
     for n in $N1 $N2; do
         PORT=$((PORT + 1))
         case $what in
-        blast:*)
-            b=${what#blast:}
+        blast:* | pblast:*)
+            b=${what#*blast:} wait=--wait-notify
+            case $what in pblast:*) wait="--poll --poll-recv" ;; esac
             $SV ./$b -s -p $PORT --once >/tmp/cg-srv.log 2>&1 &
             sp=$!
             sleep 2
@@ -59,7 +63,7 @@ for x in "$@"; do
             # which sets --collect-atstart=no)
             cg $label $n --toggle-collect=percentile --collect-atstart=yes \
                 ./$b -c $A -p $PORT --quiet --type seqpacket --lat-only --lat-size 64 \
-                --lat-iters $n --wait-notify
+                --lat-iters $n $wait
             kill $sp 2>/dev/null; wait $sp 2>/dev/null ;;
         rstream)
             $SV ./rstream -p $PORT -S 64 -C 1 -I $n -T b >/tmp/cg-srv.log 2>&1 &

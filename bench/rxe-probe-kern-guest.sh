@@ -246,11 +246,13 @@ HB=$!
 # set the p50? libexs as is (L), with EXS_FALLBACK=off (Lf: no tcp context to look at),
 # EXS_LEASE_US=100000 (Ll: the lease fires a hundredth as often) or both (Lfl), and rstream,
 # interleaved, C cycles of N2 round trips; each libexs variant against a receiver with the
-# same setting (ports 7472..7474); the client's context switches and system calls by perf stat.
+# same setting (ports 7472...); the client's context switches and system calls by perf stat.
+# KNOBS="TAG=VAR=VALUE[,VAR=VALUE...] ..." replaces the variants (Lf, Ll, Lfl by default).
 if [ "${MODE:-}" = knobs ]; then
+    KNOBS=${KNOBS:-"Lf=EXS_FALLBACK=off Ll=EXS_LEASE_US=100000 Lfl=EXS_FALLBACK=off,EXS_LEASE_US=100000"}
     port=7472
-    for e in EXS_FALLBACK=off EXS_LEASE_US=100000 "EXS_FALLBACK=off EXS_LEASE_US=100000"; do
-        env $e $SV ./blast -s -p $port >/tmp/blast-srv-$port.log 2>&1 &
+    for k in $KNOBS; do
+        env $(echo "${k#*=}" | tr , ' ') $SV ./blast -s -p $port >/tmp/blast-srv-$port.log 2>&1 &
         BS="$BS $!"
         port=$((port + 1))
     done
@@ -270,8 +272,13 @@ if [ "${MODE:-}" = knobs ]; then
     }
     c=1
     while [ $c -le $C ]; do
-        kn L 7471; kn Lf 7472 EXS_FALLBACK=off; kn Ll 7473 EXS_LEASE_US=100000
-        kn Lfl 7474 EXS_FALLBACK=off EXS_LEASE_US=100000; kn R 0
+        kn L 7471
+        port=7472
+        for k in $KNOBS; do
+            kn "${k%%=*}" $port $(echo "${k#*=}" | tr , ' ')
+            port=$((port + 1))
+        done
+        kn R 0
         c=$((c + 1))
     done
     kill $BS $HB 2>/dev/null

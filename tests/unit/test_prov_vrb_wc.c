@@ -100,7 +100,7 @@ struct fk_env {
 
 #define FK_DEPTH 16u
 
-static void fk_open(struct fk_env *e)
+static void fk_open_depth(struct fk_env *e, uint32_t sdepth, uint32_t rdepth)
 {
     struct vrb_ctx *ctx;
     struct vrb_ep *ep;
@@ -138,11 +138,14 @@ static void fk_open(struct fk_env *e)
     ck_assert_ptr_nonnull(ep);
     ep->ctx = ctx;
     ep->base.ctx = &ctx->base;
-    ep->base.attr.max_send_wr = ep->base.attr.max_recv_wr = FK_DEPTH;
+    ep->base.attr.max_send_wr = sdepth;
+    ep->base.attr.max_recv_wr = rdepth;
     ep->base.attr.max_inline = 64;
-    ep->sq_cap = ep->rq_cap = FK_DEPTH;
-    ep->sq = calloc(FK_DEPTH, sizeof(*ep->sq));
-    ep->rq = calloc(FK_DEPTH, sizeof(*ep->rq));
+    /* the rings as exs__vrb_ep_create sizes them */
+    ep->sq_mask = exs__vrb_slots(sdepth) - 1;
+    ep->rq_mask = exs__vrb_slots(rdepth) - 1;
+    ep->sq = calloc((size_t)ep->sq_mask + 1, sizeof(*ep->sq));
+    ep->rq = calloc((size_t)ep->rq_mask + 1, sizeof(*ep->rq));
     ck_assert(ep->sq && ep->rq);
     ep->qp = &e->qp;
     ep->state = EXS_PROV_EP_CONNECTED;
@@ -150,6 +153,11 @@ static void fk_open(struct fk_env *e)
     exs__vrb_ep_hash_add(ctx, ep);
     e->ctx = ctx;
     e->ep = ep;
+}
+
+static void fk_open(struct fk_env *e)
+{
+    fk_open_depth(e, FK_DEPTH, FK_DEPTH);
 }
 
 static void fk_close(struct fk_env *e)
@@ -340,6 +348,52 @@ START_TEST(wc_batch_made_completion_in_order)
 }
 END_TEST
 
+/* Queues whose depths are not powers of two (5 sends, 3 receives): their rings have the
+ * next power of two of slots (a slot is seq & mask), so full queues, filled and drained
+ * across the rings' wrap again and again, give every completion its own request back. */
+START_TEST(wc_ring_depth_not_pow2)
+{
+    enum { SD = 5, RD = 3, ROUNDS = 9 };
+    struct fk_env e;
+    struct exs_prov_cqe c[SD + RD];
+    uint64_t next_s = 0, next_r = 0;
+
+    ck_assert_uint_eq(exs__vrb_slots(1), 1);
+    ck_assert_uint_eq(exs__vrb_slots(5), 8);
+    ck_assert_uint_eq(exs__vrb_slots(64), 64);
+    ck_assert_uint_eq(exs__vrb_slots(1u << 31), 1u << 31);
+    ck_assert_uint_eq(exs__vrb_slots((1u << 31) + 1), 0);
+    fk_open_depth(&e, SD, RD);
+    for (int round = 0; round < ROUNDS; round++) {
+        int got = 0;
+
+        for (int i = 0; i < RD; i++)
+            ck_assert_int_eq(fk_recv(&e, 1000 + (uint64_t)round * RD + (uint64_t)i), 0);
+        ck_assert_int_eq(fk_recv(&e, 1), -ENOMEM); /* the queue is full at its depth */
+        for (int i = 0; i < SD; i++)
+            ck_assert_int_eq(
+                fk_send(&e, 5000 + (uint64_t)round * SD + (uint64_t)i, EXS_PROV_SEND_SIGNALED), 0);
+        ck_assert_int_eq(fk_send(&e, 1, EXS_PROV_SEND_SIGNALED), -ENOMEM);
+        while (got < SD + RD) {
+            int n = exs__prov_verbs_ops.ctx_poll(&e.ctx->base, c, SD + RD);
+
+            ck_assert_int_gt(n, 0);
+            for (int i = 0; i < n; i++) {
+                ck_assert_int_eq(c[i].status, EXS_PROV_WC_SUCCESS);
+                if (c[i].wr_id >= 5000)
+                    ck_assert_uint_eq(c[i].wr_id, 5000 + next_s++);
+                else
+                    ck_assert_uint_eq(c[i].wr_id, 1000 + next_r++);
+            }
+            got += n;
+        }
+    }
+    ck_assert_uint_eq(next_s, (uint64_t)SD * ROUNDS);
+    ck_assert_uint_eq(next_r, (uint64_t)RD * ROUNDS);
+    fk_close(&e);
+}
+END_TEST
+
 /* ---- posters racing the consumer (run it under TSan: make SAN=thread) ---- */
 
 #define FK_RACE_N 4000u
@@ -447,6 +501,7 @@ TCase *prov_vrb_wc_tcase(void)
     tcase_add_test(tc, wc_success_path_takes_no_ep_lock);
     tcase_add_test(tc, wc_early_and_error_completions_locked);
     tcase_add_test(tc, wc_batch_made_completion_in_order);
+    tcase_add_test(tc, wc_ring_depth_not_pow2);
     tcase_add_test(tc, wc_posters_race_consumer);
     return tc;
 }

@@ -166,13 +166,15 @@ struct vrb_ep {
      * posters without it (atomic: release by the consumer, acquire by the posters).
      * sq_posted: the slots before it were handed to the QP (lock; release): a
      * successful completion of a slot in [sq_head, sq_posted) (rq: [rq_head, rq_tail))
-     * is converted without lock */
+     * is converted without lock. Each ring has a power of two of slots, at least the
+     * queue's depth (vrb_slots): slot seq & mask, no division (a 64-bit div per post and
+     * per completion: tens of cycles natively, a helper call under qemu's TCG). */
     struct vrb_swr *sq;
-    uint32_t sq_cap;
+    uint32_t sq_mask;
     uint64_t sq_head, sq_tail, sq_posted;
     /* receive queue */
     struct vrb_rwr *rq;
-    uint32_t rq_cap;
+    uint32_t rq_mask;
     uint64_t rq_head, rq_tail;
     /* internal requests (lock): window binds posted and not completed */
     uint32_t int_room; /* send queue entries for them (0: grants need none) */
@@ -471,6 +473,9 @@ void exs__vrb_mr_gone(struct vrb_ctx *ctx);
 unsigned exs__vrb_grants_gone(struct vrb_ep *ep);
 
 /* vrb_data.c */
+/* Slots of a queue ring of depth n (ep->sq, ep->rq): the least power of two >= n; 0 (no
+ * ring: the ep is refused) above 2^31. */
+uint32_t exs__vrb_slots(uint32_t n);
 int exs__vrb_post_send(struct exs_prov_ep *ep, const struct exs_prov_send_wr *wr);
 int exs__vrb_post_recv(struct exs_prov_ep *ep, const struct exs_prov_recv_wr *wr);
 /* Turn one work completion into a cqe (0) or drop it (-1: its ep is gone, it lies outside

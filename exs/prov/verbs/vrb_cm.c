@@ -252,6 +252,17 @@ static uint64_t vrb_ep_cqes(const struct vrb_ep *ep)
     return (uint64_t)ep->base.attr.max_send_wr + ep->int_room + ep->base.attr.max_recv_wr;
 }
 
+uint32_t exs__vrb_slots(uint32_t n)
+{
+    uint32_t p = 1;
+
+    if (n > (1u << 31))
+        return 0;
+    while (p < n)
+        p <<= 1;
+    return p;
+}
+
 int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *attr,
                        struct exs_prov_ep **ep_p)
 {
@@ -262,7 +273,7 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     struct vrb_ep *ep;
     int ret;
 
-    uint32_t room = ctx->int_room;
+    uint32_t room = ctx->int_room, sq_slots, rq_slots;
 
     ret = exs__prov_ep_attr_check(caps, attr);
     if (ret)
@@ -280,10 +291,12 @@ int exs__vrb_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     exs_list_init(&ep->disc_link);
     exs_list_init(&ep->grants);
     ep->int_room = room;
-    ep->sq_cap = attr->max_send_wr;
-    ep->rq_cap = attr->max_recv_wr;
-    ep->sq = calloc(ep->sq_cap, sizeof(*ep->sq));
-    ep->rq = calloc(ep->rq_cap, sizeof(*ep->rq));
+    sq_slots = exs__vrb_slots(attr->max_send_wr);
+    rq_slots = exs__vrb_slots(attr->max_recv_wr);
+    ep->sq_mask = sq_slots - 1;
+    ep->rq_mask = rq_slots - 1;
+    ep->sq = sq_slots ? calloc(sq_slots, sizeof(*ep->sq)) : NULL;
+    ep->rq = rq_slots ? calloc(rq_slots, sizeof(*ep->rq)) : NULL;
     if (!ep->sq || !ep->rq) {
         ret = -ENOMEM;
         goto fail;

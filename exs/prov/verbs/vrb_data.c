@@ -76,7 +76,7 @@ static int vrb_synth_keep(struct vrb_ctx *ctx, struct vrb_ep *ep, uint64_t seq)
     int made = 0;
 
     for (uint64_t t = ep->sq_head; t <= seq && ep->synth_out; t++) {
-        struct vrb_swr *s = &ep->sq[t % ep->sq_cap];
+        struct vrb_swr *s = &ep->sq[t & ep->sq_mask];
         struct vrb_kept k;
 
         if (!s->synth)
@@ -168,7 +168,7 @@ vrb_wc_fill(struct vrb_ctx *ctx, struct vrb_ep *ep, const struct ibv_wc *wc, uin
         .status = ok ? EXS_PROV_WC_SUCCESS : exs__vrb_wc_status(wc->status),
     };
     if (wc->wr_id & VRB_RECV_BIT) {
-        const struct vrb_rwr *r = &ep->rq[seq % ep->rq_cap];
+        const struct vrb_rwr *r = &ep->rq[seq & ep->rq_mask];
 
         cqe->wr_id = r->wr_id;
         cqe->opcode = EXS_PROV_WC_RECV;
@@ -189,7 +189,7 @@ vrb_wc_fill(struct vrb_ctx *ctx, struct vrb_ep *ep, const struct ibv_wc *wc, uin
         else
             vrb_head_up(&ep->rq_head, seq + 1);
     } else {
-        const struct vrb_swr *s = &ep->sq[seq % ep->sq_cap];
+        const struct vrb_swr *s = &ep->sq[seq & ep->sq_mask];
 
         cqe->wr_id = s->wr_id;
         cqe->opcode = exs__prov_wr_wc_opcode(s->opcode);
@@ -240,7 +240,7 @@ static __attribute__((noinline)) int vrb_wc_locked(struct vrb_ctx *ctx, struct v
                     (void *)ep, ibv_wc_status_str(wc->status), wc->vendor_err,
                     (wc->wr_id & VRB_RECV_BIT) ? "receive" : exs__prov_wc_opcode_str(cqe->opcode),
                     (unsigned long long)cqe->wr_id,
-                    (wc->wr_id & VRB_RECV_BIT) ? 0u : ep->sq[seq % ep->sq_cap].len);
+                    (wc->wr_id & VRB_RECV_BIT) ? 0u : ep->sq[seq & ep->sq_mask].len);
         }
         __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
     }
@@ -324,7 +324,7 @@ static inline __attribute__((always_inline)) int vrb_sge_convert(struct vrb_ctx 
 static void vrb_swr_fill(struct vrb_ep *ep, uint64_t seq, const struct exs_prov_send_wr *wr,
                          uint64_t total)
 {
-    struct vrb_swr *s = &ep->sq[seq % ep->sq_cap];
+    struct vrb_swr *s = &ep->sq[seq & ep->sq_mask];
 
     s->wr_id = wr->wr_id;
     s->len = (uint32_t)total;
@@ -533,7 +533,7 @@ void exs__vrb_held_post_locked(struct vrb_ep *ep)
     for (uint32_t i = 0; i < anchor; i++) {
         if (ep->held[i].w.send_flags & IBV_SEND_SIGNALED) {
             ep->held[i].w.send_flags &= ~(unsigned)IBV_SEND_SIGNALED;
-            ep->sq[(seq0 + i) % ep->sq_cap].synth = 1;
+            ep->sq[(seq0 + i) & ep->sq_mask].synth = 1;
             __atomic_store_n(&ep->synth_out, ep->synth_out + 1, __ATOMIC_RELAXED);
             EXS_CNT_INC(ctx->cnt.signals_saved);
         }
@@ -610,7 +610,7 @@ int exs__vrb_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)
     }
     seq = ep->rq_tail;
     {
-        struct vrb_rwr *r = &ep->rq[seq % ep->rq_cap];
+        struct vrb_rwr *r = &ep->rq[seq & ep->rq_mask];
 
         r->wr_id = wr->wr_id;
         r->nsge = (uint8_t)EXS_MIN(wr->num_sge, VRB_SLOT_SGE);

@@ -174,16 +174,16 @@ static void vrb_ep_gone_locked(struct vrb_ctx *ctx, struct vrb_ep *ep)
     /* deferred requests have their slots: flushed below with the others */
     exs__vrb_held_drop_locked(ep);
     for (uint64_t s = ep->sq_head; s < ep->sq_tail; s++)
-        ep->sq[s % ep->sq_cap].synth = 0;
+        ep->sq[s & ep->sq_mask].synth = 0;
     __atomic_store_n(&ep->synth_out, 0, __ATOMIC_RELAXED);
     for (uint64_t s = sq_from; s < ep->sq_tail; s++) {
-        const struct vrb_swr *w = &ep->sq[s % ep->sq_cap];
+        const struct vrb_swr *w = &ep->sq[s & ep->sq_mask];
 
         vrb_flush_kept(ep, s, w->wr_id, w->opcode, &k);
         vrb_keep(ctx, &k);
     }
     for (uint64_t s = rq_from; s < ep->rq_tail; s++) {
-        vrb_flush_kept(ep, VRB_RECV_BIT | s, ep->rq[s % ep->rq_cap].wr_id, 0, &k);
+        vrb_flush_kept(ep, VRB_RECV_BIT | s, ep->rq[s & ep->rq_mask].wr_id, 0, &k);
         vrb_keep(ctx, &k);
     }
     answers = exs__vrb_grants_gone(ep);
