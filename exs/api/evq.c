@@ -1202,6 +1202,7 @@ static int evq_dequeue_wait(exs_qhandle_t q, struct exs_evq *evq, exs_event_t *e
             evq->sleepers--;
             sleeper = 0;
             EVQ_UNLOCK(evq);
+            EXS_CNT_INC(exs__eng_cnt.wake_drives);
             exs__engine_drive(only);
             EVQ_LOCK(evq);
         }

@@ -176,6 +176,9 @@ static const struct exs_counter_desc eng_counter_desc[] = {
     EXS_COUNTER(struct exs_eng_counters, arm_drives,
                 "of those: work was pending (-EAGAIN), and its round ran in the same hold of "
                 "the progress lock"),
+    EXS_COUNTER(struct exs_eng_counters, wake_drives,
+                "sleeping waiters woken by a provider's event fd, which then drove the contexts "
+                "that signalled"),
     EXS_COUNTER(struct exs_eng_counters, woken_skips,
                 "contexts a waiter woken from its sleep did not drive: their event fd was not "
                 "readable (armed with nothing pending, nothing since)"),

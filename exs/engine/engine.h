@@ -37,6 +37,7 @@ struct exs_eng_counters {
     uint64_t woken_skips;    /* contexts a woken waiter's drive left out (fd not readable) */
     uint64_t arms;           /* exs__engine_arm calls: a waiter's look before it sleeps */
     uint64_t arm_drives;     /* of those: work was pending, its round ran in the same hold */
+    uint64_t wake_drives;    /* sleeping waiters woken by a provider's event fd, then drove */
     uint64_t rounds;         /* progress rounds, also empty ones */
     /* listeners (api/sock.c, spec/api.md exs_listen) */
     uint64_t listen_deferred;       /* connection requests that waited for room */

@@ -210,18 +210,22 @@ START_TEST(test_notify_wait_holds)
     for (int i = 0; i < 5; i++) {
         struct timespec ts = {0, 2000000}; /* nothing comes: the wait ends at its deadline */
         uint64_t arms0 = eng_counter("arms"), drove0 = eng_counter("arm_drives");
+        uint64_t woke0 = eng_counter("wake_drives");
         unsigned long takes0 = exs__lock_takes(EXS_LOCK_EVQ), takes;
-        uint64_t arms, drove;
+        uint64_t arms, drove, woke;
 
         ck_assert_int_eq(exs_qdequeue(p.cq, &ev, 1, &ts), 0);
         takes = exs__lock_takes(EXS_LOCK_EVQ) - takes0;
         arms = eng_counter("arms") - arms0;
         drove = eng_counter("arm_drives") - drove0;
-        /* arms that drove were not followed by a sleep; the others by one each */
-        ck_assert_msg(arms >= 1 && takes == 2 * arms - drove,
+        woke = eng_counter("wake_drives") - woke0;
+        /* arms that drove were not followed by a sleep; the others by one each; a sleep
+         * ended by a provider's event fd (spurious readability is allowed: prov.h; seen on
+         * a loaded host) drives, and looks once more after that drive */
+        ck_assert_msg(arms >= 1 && takes == 2 * arms - drove + woke,
                       "wait %d: %lu holds of the queue's lock for %" PRIu64 " arms (%" PRIu64
-                      " drove), want %" PRIu64,
-                      i, takes, arms, drove, 2 * arms - drove);
+                      " drove, %" PRIu64 " woken by a provider), want %" PRIu64,
+                      i, takes, arms, drove, woke, 2 * arms - drove + woke);
     }
     it_pair_close(&p);
 #else
