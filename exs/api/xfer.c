@@ -674,10 +674,12 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
         __atomic_load_n(&s->snd_timeo, __ATOMIC_RELAXED))
         return -1;
     conn = s->conn;
-    /* the whole way answers EAGAIN when the count is full; the slot is reserved before
-     * the conn's lock (a refusal gives it back) */
+    /* No look at the count of outstanding sends: a copy needs no application send in
+     * the conn's sendq (exs__conn_send_copy, under its lock), and a send stays there until
+     * its op_done took it off the count; sends counted but not yet in sendq are posts
+     * racing this one, which may come after it. The slot is reserved before the conn's
+     * lock (a refusal gives it back). */
     if (!exs__conn_copy_likely(conn, len) ||
-        __atomic_load_n(&s->n_send, __ATOMIC_RELAXED) >= (int)exs__params.sock_max_ops ||
         (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(mh, buf, len)) ||
         (q != EXS_QHANDLE_INVALID && exs__evq_reserve_q(q, &evq)))
         return -1;

@@ -457,7 +457,8 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op);
  * STREAM send of len bytes that the send buffer (§7.5) takes and finishes at once goes in
  * without an op. exs__conn_copy_likely, without a lock: may it (0 < len <= copy_max, set at
  * creation; no send of the application in sendq, as last stored)? A caller that would
- * undo work on a refusal asks it first. exs__conn_send_copy takes conn->lock and copies
+ * undo work on a refusal asks it first; every caller of exs__conn_send_copy asks it first
+ * (the length is not looked at again). exs__conn_send_copy takes conn->lock and copies
  * the bytes when it may now (CONNECTED, the sending side open, a send buffer with room, no
  * send of the application in sendq, no request tracing): 1, the lock still held, the
  * posting side's work done (the send is finished; its event, which the caller posts before

@@ -754,12 +754,12 @@ static inline __attribute__((always_inline)) int st_send_copy(struct exs_conn *c
     return 1;
 }
 
+/* len: exs__conn_copy_likely's (0 < len <= copy_max, fixed at creation), not asked again */
 int exs__conn_send_copy(struct exs_conn *conn, const void *buf, size_t len)
 {
     EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     if (conn->dp == &exs__stream_path && conn->state == EXS_CONN_CONNECTED &&
-        conn->txshut == EXS_TXSHUT_OPEN && !conn->sendq_app && len && len <= conn->p.copy_max &&
-        conn->p.sndbuf &&
+        conn->txshut == EXS_TXSHUT_OPEN && !conn->sendq_app && conn->p.sndbuf &&
         !(EXS_REQTRACE_ON &&
           EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED))) &&
         st_send_copy(conn, buf, len))

@@ -387,6 +387,50 @@ START_TEST(test_eagain_max_ops)
 }
 END_TEST
 
+/* STREAM: EAGAIN when EXS_SOCK_MAX_OPS sends are outstanding holds for a send short enough
+ * to be copied at its post (exs_send's send_copy looks at no count: an outstanding send
+ * keeps the conn's sendq_app above 0, so the copy is refused and the whole way counts). */
+START_TEST(test_eagain_max_ops_stream)
+{
+    enum { MAXOPS = 4, BIG = 65536, RING = 4096 };
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    size_t got = 0;
+
+    it_setenv("EXS_SOCK_MAX_OPS", "4");
+    it_setenv("EXS_RING_SIZE", "4096");
+    it_setenv("EXS_RING_MAX", "4096"); /* no autotuning: the ring stays full */
+    it_init();
+    it_pair_open(&p, SOCK_STREAM, 64, 64);
+    sb = it_buf_new(BIG, 1);
+    rb = it_buf_new((size_t)MAXOPS * BIG + 64, 1);
+    it_fill(sb->p, BIG, 7);
+    /* MAXOPS sends far beyond the peer's 4 KiB ring, no receive there: they stay queued */
+    for (int i = 0; i < MAXOPS; i++)
+        IT_POST_SEND(p.cfd, sb->p, BIG, p.cq, AH(200 + i), sb->mh);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, AH(299), sb->mh), EAGAIN);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, AH(299), EXS_MHANDLE_UNREGISTERED), EAGAIN);
+    it_expect_no_event(p.cq, 50);
+    /* the server takes every byte; the sends complete; a short send is accepted again */
+    while (got < (size_t)MAXOPS * BIG) {
+        exs_event_t ev;
+
+        IT_POST_RECV(p.sfd, rb->p + got, (size_t)MAXOPS * BIG - got, p.sq, AH(300), rb->mh);
+        it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
+        ck_assert_int_eq(ev.exs_evt_errno, 0);
+        ck_assert_int_gt(ev.exs_evt_u.exs_evt_xfer.exs_evt_result, 0);
+        got += (size_t)ev.exs_evt_u.exs_evt_xfer.exs_evt_result;
+    }
+    for (int i = 0; i < MAXOPS; i++)
+        it_expect_send(p.cq, p.cfd, AH(200 + i), BIG);
+    IT_POST_SEND(p.cfd, sb->p, 64, p.cq, AH(210), sb->mh);
+    it_expect_send(p.cq, p.cfd, AH(210), 64);
+    IT_POST_RECV(p.sfd, rb->p, 64, p.sq, AH(310), rb->mh);
+    it_expect_recv(p.sq, p.sfd, AH(310), 64, 0);
+    it_pair_close(&p);
+}
+END_TEST
+
 /* EAGAIN when the event queue cannot take one more event: room is reserved per accepted
  * operation and held until the event is dequeued. */
 START_TEST(test_eagain_queue_full)
@@ -821,7 +865,8 @@ Suite *integ_errors_suite(void)
                  (const TTest *const[]){test_einval_queue, test_einval_mhandle,
                                         test_einval_mhandle_forged, test_einval_args, NULL});
     it_suite_add(s, "eagain", IT_CASE_TIMEOUT, 1,
-                 (const TTest *const[]){test_eagain_max_ops, test_eagain_queue_full, NULL});
+                 (const TTest *const[]){test_eagain_max_ops, test_eagain_max_ops_stream,
+                                        test_eagain_queue_full, NULL});
     it_suite_add(s, "enotconn", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_enotconn, NULL});
     it_suite_add(s, "epipe", IT_CASE_TIMEOUT, 1, (const TTest *const[]){test_epipe, NULL});
     it_suite_add(s, "econnrefused", IT_CASE_TIMEOUT, 1,
