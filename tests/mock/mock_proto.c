@@ -48,6 +48,14 @@ void pt_params(struct exs_conn_params *p, int sock_type)
     };
 }
 
+void pt_params_resumable(struct pt_pair *pp, int sock_type, int shm)
+{
+    pt_params(&pp->pa, sock_type);
+    pt_params(&pp->pb, sock_type);
+    pp->pa.resumable = pp->pb.resumable = 1;
+    pp->pa.shm = pp->pb.shm = shm;
+}
+
 void pt_open(struct pt_pair *pp, int sock_type)
 {
     struct sockaddr_in sin = {.sin_family = AF_INET};

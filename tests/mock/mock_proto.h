@@ -39,6 +39,8 @@ struct pt_op {
 
 /* Default parameters: SEQPACKET or STREAM, 8 credits, 4 KiB ring, eager below 1 KiB. */
 void pt_params(struct exs_conn_params *p, int sock_type);
+/* Both sides' defaults of sock_type, resumable (may be cut over), shm as given. */
+void pt_params_resumable(struct pt_pair *pp, int sock_type, int shm);
 
 /* Open both ctxs and a listener on b (pa/pb already filled, else defaults of type). */
 void pt_open(struct pt_pair *pp, int sock_type);

@@ -43,9 +43,7 @@ static void uc_open(int type)
     exs__log_level = EXS_LOG_ERR;
     memset(&pp, 0, sizeof(pp));
     mock_set_reorder(0);
-    pt_params(&pp.pa, type);
-    pt_params(&pp.pb, type);
-    pp.pa.resumable = pp.pb.resumable = 1;
+    pt_params_resumable(&pp, type, 0);
     pp.pa.credits = pp.pb.credits = 64;
     if (type == SOCK_STREAM) {
         pp.pa.sndbuf = 4096;

@@ -51,10 +51,7 @@ START_TEST(st_declined_frees_copies)
     exs__log_level = EXS_LOG_ERR;
     memset(&pp, 0, sizeof(pp));
     mock_set_reorder(0);
-    pt_params(&pp.pa, SOCK_SEQPACKET);
-    pt_params(&pp.pb, SOCK_SEQPACKET);
-    pp.pa.resumable = pp.pb.resumable = 1;
-    pp.pa.shm = pp.pb.shm = 1;
+    pt_params_resumable(&pp, SOCK_SEQPACKET, 1);
     pt_open(&pp, SOCK_SEQPACKET);
     exs__params.send_unsignaled = 1;
     pt_connect_to(&pp, NULL, 0);

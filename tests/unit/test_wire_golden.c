@@ -768,10 +768,7 @@ START_TEST(golden_shm_offer)
     memset(&pp, 0, sizeof(pp));
     ncaps = 0;
     mock_set_reorder(0);
-    pt_params(&pp.pa, SOCK_SEQPACKET);
-    pt_params(&pp.pb, SOCK_SEQPACKET);
-    pp.pa.resumable = pp.pb.resumable = 1;
-    pp.pa.shm = pp.pb.shm = 1;
+    pt_params_resumable(&pp, SOCK_SEQPACKET, 1);
     pt_open(&pp, SOCK_SEQPACKET);
     mock_set_tap(cap_tap, NULL);
     pt_connect(&pp);
