@@ -191,20 +191,33 @@ END_TEST
 #define CS_LEN 64u
 #define CS_MAX 200000u
 
+/* Sends outstanding on the client's queue (depth 64) at most once the close is due. */
+#define CS_ROOM 48u
+
 struct cs {
     struct it_pair *p;
     struct it_buf *b;
     uint32_t posted; /* atomic: sends accepted (exs_send 0) */
+    uint32_t taken;  /* atomic: their events taken (cs_take) */
+    int close_due;   /* atomic: the close found the queue full (EAGAIN) */
     int err;         /* errno of the first refused send */
 };
 
 /* Small sends on cfd (copied at their post: each event at once) until one is refused for
- * another reason than a full queue (EAGAIN: the same send again). */
+ * another reason than a full queue (EAGAIN: the same send again). Once the close found the
+ * queue full, the sender leaves it room (no more than CS_ROOM outstanding: it still sends
+ * while the close is posted), or on a loaded host it may refill every slot the test's
+ * thread frees before the close's next try, for all of CS_MAX sends. */
 static void *cs_send(void *arg)
 {
     struct cs *c = arg;
 
     for (uint32_t i = 0; i < CS_MAX;) {
+        if (__atomic_load_n(&c->close_due, __ATOMIC_ACQUIRE) &&
+            i - __atomic_load_n(&c->taken, __ATOMIC_ACQUIRE) >= CS_ROOM) {
+            sched_yield();
+            continue;
+        }
         if (exs_send(c->p->cfd, c->b->p + (i % 64) * CS_LEN, CS_LEN, 0, c->p->cq, IT_AH(i + 1),
                      c->b->mh)) {
             if (errno == EAGAIN) {
@@ -271,6 +284,7 @@ static void cs_take(struct it_pair *p, int round, uint32_t *events, int *closed)
             strerror(ev.exs_evt_errno), (long)ev.exs_evt_u.exs_evt_xfer.exs_evt_result, *closed,
             *cs_got, it_now_ms() - cs_t0);
         ++*events;
+        __atomic_store_n(&cs_cur->taken, *events, __ATOMIC_RELEASE);
     }
 }
 
@@ -311,10 +325,12 @@ START_TEST(test_close_during_sends)
             cs_recv(&p, rb, &got, &eof, &armed);
             if (__atomic_load_n(&c.posted, __ATOMIC_ACQUIRE) < 16u * (uint32_t)(round + 1))
                 continue;
-            if (exs_close(p.cfd, p.cq, IT_AH(0xC105E)) == 0)
+            if (exs_close(p.cfd, p.cq, IT_AH(0xC105E)) == 0) {
                 close_posted = 1;
-            else
+            } else {
                 ck_assert_int_eq(errno, EAGAIN);
+                __atomic_store_n(&c.close_due, 1, __ATOMIC_RELEASE);
+            }
         }
         while (!it_join_within(th, 1, NULL)) {
             ck_assert_msg(it_now_ms() - t0 < IT_TIMEOUT_MS, "round %d: sender stuck", round);
