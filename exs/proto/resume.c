@@ -68,10 +68,7 @@ static void resume_path_failed_locked(struct exs_conn *conn, const char *cause)
         conn->txshut != EXS_TXSHUT_OPEN || conn->peer_shut)
         return;
     conn->resume_noted = 1;
-    /* of the sessions only (both keys exchanged): a passive side that has not taken the
-     * peer's key was never counted as one */
-    if (conn->resume.keys == (EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER))
-        EXS_CNT_INC(exs__resume_cnt.fallback_resume_failures);
+    EXS_CNT_INC(exs__resume_cnt.fallback_resume_failures);
     /* what is left of resume_eligible: a ring region in change is no reason (§9.2) */
     EXS_INFO(
         PROTO, "conn %p: path failed (%s) while resumable: not resumed (%s); the connection ends",

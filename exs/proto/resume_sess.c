@@ -167,14 +167,6 @@ void exs__resume_conn_mac(const struct exs_conn *conn, uint8_t label, const uint
     exs__resume_mac(conn->resume.key, label, nonce_a, nonce_b, out);
 }
 
-/* conn now holds both keys, its own and the peer's (in either order): it has a session,
- * counted once (§9.2, Accounting: "both keys exchanged"). */
-static void resume_keyed_count(const struct exs_conn *conn)
-{
-    if (conn->resume.keys == (EXS_RSM_KEY_OWN | EXS_RSM_KEY_PEER))
-        EXS_CNT_INC(exs__resume_cnt.fallback_sessions);
-}
-
 /* Where each side's key lives in conn->resume.key: K_A (the active side's) first. */
 static uint8_t *resume_key_of(struct exs_conn *conn, int active)
 {
@@ -212,11 +204,14 @@ void exs__resume_established_locked(struct exs_conn *conn)
     memcpy(s.key, key, sizeof(s.key));
     exs__conn_ctrl_append_locked(conn, &s, sizeof(s));
     memset(&s, 0, sizeof(s));
-    resume_keyed_count(conn); /* the peer's key came first */
-    if (conn->active)
+    if (conn->active) {
+        if (conn->sess_token) /* the peer's came first: counted now */
+            EXS_CNT_INC(exs__resume_cnt.fallback_sessions);
         return;
+    }
     conn->sess_token = exs__resume_token_of(key);
     resume_registry_add(conn);
+    EXS_CNT_INC(exs__resume_cnt.fallback_sessions);
     EXS_DBG(PROTO, "conn %p: session key sent (token %#" PRIx64 ")", (void *)conn,
             conn->sess_token);
 }
@@ -240,10 +235,11 @@ int exs__resume_on_session_locked(struct exs_conn *conn, const struct exs_wire_s
                                     "a key whose token is 0");
     memcpy(resume_key_of(conn, !conn->active), s->key, EXS_WIRE_SESSION_KEY_LEN);
     conn->resume.keys |= EXS_RSM_KEY_PEER;
-    resume_keyed_count(conn); /* ours was sent before (else counted at ESTABLISHED) */
     if (!conn->active)
         return 0; /* K_A: the passive side can check a resume's proof from now on */
     conn->sess_token = token;
+    if (conn->state == EXS_CONN_CONNECTED) /* else counted at ESTABLISHED */
+        EXS_CNT_INC(exs__resume_cnt.fallback_sessions);
     EXS_DBG(PROTO, "conn %p: session key received (token %#" PRIx64 ")", (void *)conn, token);
     return 0;
 }
