@@ -246,18 +246,6 @@ static void evq_free(struct exs_evq *evq)
     EXS_MUTEX_UNLOCK(&evq_free_lock, EXS_LOCK_LEAF);
 }
 
-/* Free the parked queues (exs_fini: no call runs). */
-static void evq_parked_free(void)
-{
-    EXS_MUTEX_LOCK(&evq_free_lock, EXS_LOCK_LEAF);
-    for (struct exs_evq *e = evq_parked, *n; e; e = n) {
-        n = e->free_next;
-        free(e);
-    }
-    evq_parked = NULL;
-    EXS_MUTEX_UNLOCK(&evq_free_lock, EXS_LOCK_LEAF);
-}
-
 /* A queue for exs_qcreate: parked or new, its state cleared, dead and with no handle in
  * st (no reservation or lookup takes it before the table gives it one); NULL when out of
  * memory. */
@@ -548,7 +536,11 @@ void exs__evq_destroy_all(void)
     evq_tab.free_tail = -1;
     evq_tab.gen_base = (gen_max + 1) & EVQ_GEN_MASK;
     evq_tab_unlock();
-    evq_parked_free();
+    /* The parked queues stay (no ring, no descriptor: the structure alone), for the next
+     * exs_qcreate: a wait that spins or looks without a reference (evq_dequeue_rest,
+     * evq_dequeue_now) may still read their st and take their lock, and learns from st
+     * that its queue is gone (EINVAL); freed here, it read freed memory and could lock
+     * a word glibc had written (api_evq_attack3). */
 }
 
 /* ---- reservation and posting ---- */

@@ -24,8 +24,8 @@
 #include <sys/exs.h>
 
 #define EF_ROUNDS     8
-#define EF_SPIN_CPU   (2ull * 1000 * 1000)  /* the waiter's CPU time: it spins */
-#define EF_DEADLINE_S 20                    /* bound of every condition wait */
+#define EF_SPIN_CPU   (2ull * 1000 * 1000) /* the waiter's CPU time: it spins */
+#define EF_DEADLINE_S 20                   /* bound of every condition wait */
 
 struct ef_waiter {
     exs_qhandle_t q;
