@@ -59,9 +59,11 @@ static void usage(FILE *f)
         "  --wait-notify                 queues not busy-polled sleep at once (EXS_WAIT_NOTIFY);\n"
         "                                default: as the library makes a queue wait (a spin of\n"
         "                                EXS_QWAIT_SPIN_US, 10 us, then sleep)\n"
-        "  --tcp-one-buffer              tcp: one buffer per connection, reused for every message\n"
-        "                                (cache-hot; default: --sends buffers at the sender and\n"
-        "                                --recvs at the receiver, in turn, as libexs runs use)\n"
+        "  --one-buffer                  one buffer per connection and side, reused for every\n"
+        "                                message (cache-hot, as ucx_perftest's; default: --sends\n"
+        "                                buffers at the sender and --recvs at the receiver, in\n"
+        "                                turn); libexs: not with --verify (sends share it)\n"
+        "  --tcp-one-buffer              the same (its older name)\n"
         "  --seed N                      random sizes seed\n"
         "presets (the paper's figures, each point in all three modes; --preset list names them):\n"
         "  --preset NAME                 fig9a, fig9b, fig11, fig12, fig13: the paper's value next "
@@ -251,6 +253,7 @@ static const struct option longopts[] = {{"server", no_argument, NULL, 's'},
                                          {"lat-size", required_argument, NULL, O_LATSIZE},
                                          {"poll", no_argument, NULL, O_POLL},
                                          {"poll-recv", no_argument, NULL, O_POLLRECV},
+                                         {"one-buffer", no_argument, NULL, O_ONEBUF},
                                          {"tcp-one-buffer", no_argument, NULL, O_ONEBUF},
                                          {"wait-spin", required_argument, NULL, O_WAITSPIN},
                                          {"wait-notify", no_argument, NULL, O_WAITNOTIFY},
@@ -506,7 +509,7 @@ static int parse_args(int argc, char **argv, struct config *c)
             c->poll |= POLL_RECV;
             break;
         case O_ONEBUF:
-            c->tcp_onebuf = 1;
+            c->onebuf = 1;
             break;
         case O_WAITSPIN:
             c->wait_spin = (int)strtol(optarg, &end, 10);
@@ -621,6 +624,11 @@ static int parse_args(int argc, char **argv, struct config *c)
     if ((double)c->conns * maxd * (double)maxsz > 16.0 * (1ull << 30)) {
         fprintf(stderr, "blast: buffers of --conns x outstanding operations x largest message "
                         "exceed 16 GiB\n");
+        return -1;
+    }
+    if (c->onebuf && c->verify && c->transports[0] == X_EXS) {
+        fprintf(stderr, "blast: --one-buffer with libexs: not with --verify (the sends in "
+                        "flight share the buffer the next is filled in)\n");
         return -1;
     }
     if (c->json + c->csv > 1) {
@@ -854,7 +862,7 @@ static void fill_params(const struct config *c, struct run_params *rp, int kind,
     rp->mice_sends = c->mice_sends;
     rp->mice_size = kind == K_LAT ? 0 : c->mice_size;
     rp->rcvbuf = c->rcvbuf;
-    rp->tcp_onebuf = c->tcp_onebuf;
+    rp->onebuf = c->onebuf;
     rp->wait_spin = c->wait_spin;
     rp->size_mean = kind == K_LAT ? g_lat_size : sg->mean;
     rp->size_max = kind == K_LAT ? g_lat_size : sg->max;

@@ -248,8 +248,9 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
     int n = rp->conns, accepted = 0, ndone = 0, ops = 0;
     uint64_t slot = rp->size_max > rp->mice_size ? rp->size_max : rp->mice_size;
     int depth = rp->kind == K_LAT ? 1 : rp->recvs;
+    int nbuf = rp->onebuf ? 1 : depth; /* --one-buffer: every receive into the same one */
     struct econn *cs = calloc((size_t)n, sizeof(*cs));
-    size_t rlen = (size_t)n * (size_t)depth * slot;
+    size_t rlen = (size_t)n * (size_t)nbuf * slot;
     unsigned char *region = region_alloc(rlen);
     exs_mhandle_t mh = EXS_MHANDLE_INVALID;
     exs_event_t ev[EVBATCH];
@@ -277,7 +278,7 @@ int exs_server_run(const struct run_params *rp, struct side_result *res)
             struct slot *s = &cs[i].slots[j];
 
             s->c = &cs[i];
-            s->buf = region + ((size_t)i * (size_t)depth + (size_t)j) * slot;
+            s->buf = region + ((size_t)i * (size_t)nbuf + (size_t)(j % nbuf)) * slot;
             s->len = rp->kind == K_LAT ? rp->size_max : slot;
         }
         if (exs_accept(srv_lfd, q, NULL) < 0) {
@@ -538,7 +539,10 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
         c->cls = rp->elephants > 0 && i >= rp->elephants;
         c->depth = rp->kind == K_LAT ? 1 : (c->cls ? rp->mice_sends : rp->sends);
         c->slot_size = c->cls ? rp->mice_size : rp->size_max;
-        rlen += (size_t)c->depth * c->slot_size * (rp->kind == K_LAT ? 2 : 1);
+        /* (--one-buffer: every send of the connection from the same one; the ping-pong
+         * has its own two) */
+        rlen += (size_t)(rp->kind == K_LAT ? 2 * c->depth : rp->onebuf ? 1 : c->depth) *
+                c->slot_size;
         c->sg.exp = c->cls ? 0 : rp->size_exp;
         c->sg.mean = c->cls ? rp->mice_size : rp->size_mean;
         c->sg.max = c->slot_size;
@@ -572,7 +576,8 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
             c->slots[j].c = c;
             c->slots[j].buf = region + at;
             c->slots[j].len = c->slot_size;
-            at += c->slot_size;
+            if (rp->kind == K_LAT || !rp->onebuf || j == nslots - 1)
+                at += c->slot_size;
         }
         c->fd = exs_socket(AF_INET, type, 0);
         if (c->fd < 0) {

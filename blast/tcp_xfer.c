@@ -34,7 +34,7 @@ static int tl_fd = -1, tl_port;
  * ping-pong. */
 static unsigned tcp_nbuf(const struct run_params *rp, int n)
 {
-    return rp->kind == K_LAT || rp->tcp_onebuf || n < 1 ? 1 : (unsigned)n;
+    return rp->kind == K_LAT || rp->onebuf || n < 1 ? 1 : (unsigned)n;
 }
 
 int tcp_server_prepare(const struct run_params *rp, int port, int *data_port)
