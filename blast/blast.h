@@ -43,9 +43,9 @@ struct run_params {
     double seconds;               /* time limit when bytes == 0 */
     uint32_t delay_us, rate_mbps; /* what the sender set: the receiver warns on mismatch */
     uint64_t seed;
-    int32_t onebuf; /* one buffer per connection and side (cache-hot), not sends/recvs of them */
-    int32_t wait_spin;  /* queues not busy-polled: > 0 EXS_WAIT_ADAPTIVE spinning this many us, < 0
-                         * EXS_WAIT_NOTIFY, 0 as the library makes a queue wait */
+    int32_t onebuf;    /* one buffer per connection and side (cache-hot), not sends/recvs of them */
+    int32_t wait_spin; /* queues not busy-polled: > 0 EXS_WAIT_ADAPTIVE spinning this many us, < 0
+                        * EXS_WAIT_NOTIFY, 0 as the library makes a queue wait */
 };
 
 /* Counters of one side of one run. */
@@ -86,8 +86,8 @@ struct config {
     uint64_t bytes;
     double seconds;
     int waitall, runs, verify, conns, poll, rcvbuf;
-    int onebuf; /* --one-buffer (--tcp-one-buffer) */
-    int wait_spin;  /* --wait-spin US; -1: --wait-notify */
+    int onebuf;    /* --one-buffer (--tcp-one-buffer) */
+    int wait_spin; /* --wait-spin US; -1: --wait-notify */
     double delay_ms, rate_mbps;
     int sweep;
     uint64_t sweep_vals[BLAST_MAX_SWEEP];

@@ -541,7 +541,9 @@ int exs_client_run(const struct run_params *rp, const char *host, int data_port,
         c->slot_size = c->cls ? rp->mice_size : rp->size_max;
         /* (--one-buffer: every send of the connection from the same one; the ping-pong
          * has its own two) */
-        rlen += (size_t)(rp->kind == K_LAT ? 2 * c->depth : rp->onebuf ? 1 : c->depth) *
+        rlen += (size_t)(rp->kind == K_LAT ? 2 * c->depth
+                         : rp->onebuf      ? 1
+                                           : c->depth) *
                 c->slot_size;
         c->sg.exp = c->cls ? 0 : rp->size_exp;
         c->sg.mean = c->cls ? rp->mice_size : rp->size_mean;
