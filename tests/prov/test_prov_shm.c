@@ -1210,6 +1210,58 @@ START_TEST(shm_frag_send_scatter)
 }
 END_TEST
 
+/* The doorbell of a sleeping requester within the responder's turn (h69): one each half
+ * ring freed (SHM_KICK_DIV), then one at the turn's end. a (MANUAL, armed: asleep, its
+ * flags up) fills the ring with fragments of a WRITE of two rings; b's one turn takes
+ * them all and writes a's bell once per half ring freed, plus its end-of-turn one: 2 for
+ * the 63 fragments of a 4 MiB ring. Seen failing with the old doorbell each quarter ring
+ * (4 bells). The WRITE then completes whole, the data in place. */
+START_TEST(shm_frag_bell_half_ring)
+{
+    const uint32_t BIG = 2 * SHM_RING_DEFAULT + 9;
+    struct pt_pair p;
+    struct pt_buf *src, *tgt;
+    struct shm_conn *ca, *cb;
+    struct shm_ctx *xb;
+    uint64_t bells0, bells, taken, rec, per, want;
+
+    if (skip_unless_shm("shm_frag_bell_half_ring"))
+        return;
+    pt_self_drive = 1; /* both ctxs MANUAL, turned by this thread alone */
+    pt_pair_setup(&p, NULL, NULL);
+    ca = shm_ep_of(p.ea)->conn;
+    cb = shm_ep_of(p.eb)->conn;
+    xb = shm_ep_of(p.eb)->ctx;
+    ck_assert_uint_eq(cb->ring_bytes, SHM_RING_DEFAULT);
+    src = pt_pair_buf(&p, 'a', BIG + 64, LW, 0);
+    tgt = pt_pair_buf(&p, 'b', BIG + 64, LW | RW, 0);
+    pt_pattern(src->p, BIG + 64, 41);
+    ck_assert_int_eq(pt_post_send(p.ea, 1, EXS_PROV_WR_RDMA_WRITE, SIG, src, 3, BIG, 0,
+                                  pt_raddr(tgt, 5), tgt->mr->rkey),
+                     0);
+    ck_assert_uint_gt(ca->head - cb->tail, SHM_RING_DEFAULT / 2); /* the ring filled */
+    ck_assert_int_eq(pt_ops->ctx_arm(p.a.ctx), 0);                /* a asleep */
+    ck_assert(__atomic_load_n(&cb->peer_flag->sleeping, __ATOMIC_SEQ_CST));
+    bells0 = __atomic_load_n(&xb->cnt.bells_tx, __ATOMIC_RELAXED);
+    ck_assert_int_gt(pt_ops->ctx_progress(p.b.ctx), 0);
+    bells = __atomic_load_n(&xb->cnt.bells_tx, __ATOMIC_RELAXED) - bells0;
+    rec = (SHM_REC_HDR + cb->frag_bytes + SHM_SLOT - 1) / SHM_SLOT * SHM_SLOT;
+    taken = cb->tail / rec; /* fragments b took in its turn (all a wrote) */
+    per = (SHM_RING_DEFAULT / SHM_KICK_DIV + rec - 1) / rec;
+    want = taken / per + 1;
+    ck_assert_uint_eq(cb->tail, ca->head);
+    ck_assert_uint_ge(taken, per);
+    ck_assert_msg(bells == want && want == 2, "%llu doorbells for %llu fragments taken, want %llu",
+                  (unsigned long long)bells, (unsigned long long)taken, (unsigned long long)want);
+    pt_ops->ctx_disarm(p.a.ctx);
+    pt_expect_cqe(&p.a, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, NULL);
+    ck_assert(memcmp(tgt->p + 5, src->p + 3, BIG) == 0);
+    ck_assert(pt_all_bytes(tgt->p, 5, 0) && pt_all_bytes(tgt->p + 5 + BIG, 64 - 5, 0));
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
 /* Wait (bounded) until b took bytes of the liar's ring up to tail. */
 static void wait_b_took(const struct liar *c, uint64_t tail)
 {
@@ -1602,6 +1654,7 @@ Suite *prov_shm_suite(void)
     tc = pt_tcase("shm_fast");
     tcase_add_test(tc, shm_fast_paths);
     tcase_add_test(tc, shm_frag_send_scatter);
+    tcase_add_test(tc, shm_frag_bell_half_ring);
     suite_add_tcase(s, tc);
     return s;
 }

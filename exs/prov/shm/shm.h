@@ -73,8 +73,12 @@
 #define SHM_RING_INLINE      4096u /* payloads up to this ride in the ring */
 #define SHM_MAX_SGE          16u
 /* payload of a fragment (records of 64 KiB + 64): a quarter ring in smaller rings
- * (shm_conn.frag_bytes); a sleeping requester's doorbell each quarter ring freed */
+ * (shm_conn.frag_bytes) */
 #define SHM_FRAG_BYTES       65536u
+/* a sleeping requester's doorbell each ring / SHM_KICK_DIV freed within a turn (half a
+ * ring: the half still queued keeps the responder copying while the requester wakes up;
+ * shm_take_requests) */
+#define SHM_KICK_DIV         2u
 #define SHM_REC_MAX          (SHM_REC_HDR + SHM_FRAG_BYTES)
 #define SHM_MAX_WR           4096u
 #define SHM_MAX_INLINE       256u
