@@ -58,12 +58,14 @@ BW_SYSTEMS = [
     ("ucx_tag_bw", "UCX over TCP, tag_bw"),
     ("exs_shm", "libexs over the shm provider (EXS_PROVIDER=shm; dynamic < 64 KiB, direct "
      ">= 64 KiB)"),
+    ("exs_shm_1buf", "libexs over shm, one buffer per side reused (--one-buffer: cache-hot, "
+     "as ucx_perftest's)"),
     ("ucx_sm_stream_bw", "UCX shared memory (UCX_TLS=sm,self), stream_bw"),
 ]
 
 
 # The same-host systems (issue 28), left out of the self test's tiny run.
-SHM_SYSTEMS = ("exs_shm_poll", "ucx_sm_tag_lat", "exs_shm", "ucx_sm_stream_bw")
+SHM_SYSTEMS = ("exs_shm_poll", "ucx_sm_tag_lat", "exs_shm", "exs_shm_1buf", "ucx_sm_stream_bw")
 
 # The libexs systems a base build is measured as too: "base_" + name, the base's blast.
 BASE_PREFIX = "base_"
@@ -285,17 +287,20 @@ class Bench:
         blast = self.blast
         if system.startswith(BASE_PREFIX):
             system, blast = system[len(BASE_PREFIX):], self.base_blast
-        if system in ("exs", "kernel_tcp", "kernel_tcp_1buf", "exs_shm"):
+        if system in ("exs", "kernel_tcp", "kernel_tcp_1buf", "exs_shm", "exs_shm_1buf"):
             args = ["--type", "stream", "--sends", str(SENDS), "--recvs", str(RECVS), "--size",
                     str(size), "--runs", "1", "--time", "%g" % self.cfg["run_secs"],
                     "--no-latency"]
-            if system in ("exs", "exs_shm"):
+            if system in ("exs", "exs_shm", "exs_shm_1buf"):
                 args += ["--mode", exs_mode(size)]
+                if system == "exs_shm_1buf":
+                    args += ["--one-buffer"]
             else:
                 args += ["--transport", "tcp"]
                 if system == "kernel_tcp_1buf":
                     args += ["--tcp-one-buffer"]
-            r, err = self.blast_json(args, blast, self.shm_env if system == "exs_shm" else None)
+            r, err = self.blast_json(args, blast,
+                                     self.shm_env if system.startswith("exs_shm") else None)
             if err:
                 return None, err
             return {"msgs_per_sec": r["messages_per_sec"], "gbps": r["throughput_gbps"],
@@ -556,8 +561,14 @@ SHM_TARGETS = [
      "shm: 64 B SEQPACKET ping-pong p50, busy polling vs UCX sm tag_lat"),
     ("bw", 64, "exs_shm", "ucx_sm_stream_bw", "msgs_per_sec", "min", 1.0,
      "shm: 64 B stream msg/s vs UCX sm stream_bw"),
+    # like for like (session 26, h69): ucx_perftest's stream_bw reuses one buffer at each
+    # end (cache-hot), so libexs's does too (--one-buffer); the row after it keeps blast's
+    # own workload (16 sources, 32 destinations: 48 MiB, cache-cold) against the same UCX
+    ("bw", 1048576, "exs_shm_1buf", "ucx_sm_stream_bw", "gbps", "min", 0.9,
+     "shm: 1 MiB stream Gbit/s, one buffer per side as UCX's, vs UCX sm stream_bw"),
     ("bw", 1048576, "exs_shm", "ucx_sm_stream_bw", "gbps", "min", 0.9,
-     "shm: 1 MiB stream Gbit/s vs UCX sm stream_bw"),
+     "shm: 1 MiB stream Gbit/s, 16 send and 32 receive buffers (cache-cold), vs UCX sm "
+     "stream_bw (one buffer per side)"),
 ]
 
 
@@ -945,7 +956,12 @@ def write_md(path, res):
     L += target_table(res, "other_targets")
     if res.get("shm_targets"):
         L += ["", "Same host (issue 28): the shm provider against UCX's shared memory "
-              "(`UCX_TLS=sm,self`):", ""] + target_table(res, "shm_targets")
+              "(`UCX_TLS=sm,self`). `ucx_perftest -t stream_bw` sends from one buffer and "
+              "receives into one, the same at every message (cache-hot); the 1 MiB target "
+              "compares libexs doing the same (blast `--one-buffer`, since session 26); the "
+              "row after it is blast's own workload (16 send and 32 receive buffers in turn, "
+              "48 MiB, more than the 32 MiB L3: cache-cold), the figure compared before:",
+              ""] + target_table(res, "shm_targets")
     fi = res.get("libfabric_shm")
     if fi:
         L += ["", "libfabric shm (`fi_pingpong -p shm -e rdm -S 64 -I 200`): " + (
@@ -1073,8 +1089,12 @@ def write_md(path, res):
              "`ucx_perftest`)")
     L.append("- libexs stream: `blast --loopback --type stream --sends 16 --recvs 32 --size S "
              "--mode dynamic|direct --runs 1 --time T`")
-    L.append("- kernel TCP stream: the same with `--transport tcp`")
+    L.append("- kernel TCP stream: the same with `--transport tcp` (`--tcp-one-buffer`: one "
+             "buffer per side)")
     L.append("- UCX stream: `ucx_perftest 127.0.0.1 -t stream_bw|tag_bw -s S -n N -O 16`")
+    L.append("- same host: the libexs commands with `EXS_PROVIDER=shm` (`exs_shm_1buf`: "
+             "`--one-buffer`, one send and one receive buffer reused, as `ucx_perftest`'s), "
+             "UCX's with `UCX_TLS=sm,self`")
     if res.get("base"):
         L.append("- base (`make bench BENCH_BASE=...`): the libexs commands above with `%s`"
                  % res["base"]["blast"])
@@ -1091,6 +1111,7 @@ PLOT_NAMES = {"exs": "libexs", "kernel_tcp": "kernel TCP", "ucx_stream_bw": "UCX
               "exs_poll_send": "libexs, --poll (sender)", "ucx_tag_lat": "UCX tag_lat",
               "kernel_tcp_poll": "kernel TCP, busy polling",
               "kernel_tcp_1buf": "kernel TCP, one buffer", "exs_shm": "libexs over shm",
+              "exs_shm_1buf": "libexs over shm, one buffer",
               "exs_shm_poll": "libexs over shm, --poll --poll-recv",
               "ucx_sm_tag_lat": "UCX sm tag_lat", "ucx_sm_stream_bw": "UCX sm stream_bw"}
 

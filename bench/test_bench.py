@@ -140,7 +140,7 @@ class Verdicts(unittest.TestCase):
                        "ucx_sm_tag_lat": 1}
                 return {"p50_us": p50[system], "p99_us": 1, "mean_us": 1, "iters": 1}
             mps = {"exs": 100, "kernel_tcp": 1000, "kernel_tcp_1buf": 80, "ucx_stream_bw": 50,
-                   "ucx_tag_bw": 60, "exs_shm": 200, "ucx_sm_stream_bw": 100}
+                   "ucx_tag_bw": 60, "exs_shm": 200, "exs_shm_1buf": 85, "ucx_sm_stream_bw": 100}
             return {"msgs_per_sec": mps[system], "gbps": mps[system] / 100.0}
         t = {x["what"]: x for x in bench.targets(self.summary(f))}
         poll_k = t["64 B ping-pong p50, busy polling (both ends) vs kernel TCP"]
@@ -160,6 +160,12 @@ class Verdicts(unittest.TestCase):
         self.assertEqual((busy["ratio"], busy["met"]), (1.25, False))
         hot = o["1 MiB stream Gbit/s (direct) vs kernel TCP, one buffer"]
         self.assertEqual((hot["ratio"], hot["met"]), (1.25, True))
+        # shm at 1 MiB: the target like for like (one buffer per side, as ucx_perftest's),
+        # blast's cache-cold workload against the same UCX figure in the row after it
+        m = [x for x in bench.targets(self.summary(f), bench.SHM_TARGETS) if x["size"] == 1048576]
+        self.assertEqual([(x["ours"], x["peer"]) for x in m],
+                         [("exs_shm_1buf", "ucx_sm_stream_bw"), ("exs_shm", "ucx_sm_stream_bw")])
+        self.assertEqual([(x["ratio"], x["met"]) for x in m], [(0.85, False), (2.0, True)])
 
     def test_failed_measurements_are_errors(self):
         with tempfile.TemporaryDirectory() as d:
