@@ -84,6 +84,8 @@ if grep -q 'emulated link' "$T/out"; then ok "emulation noted in the table"; els
 t "--transport tcp" --loopback --bytes 8M --runs 2 --transport tcp --verify
 t "--transport tcp --type seqpacket --latency" --loopback --bytes 4M --runs 1 --transport tcp --type seqpacket --lat-iters 200 --verify
 t "--transport tcp --tcp-one-buffer" --loopback --bytes 8M --runs 1 --transport tcp --tcp-one-buffer --sends 4 --recvs 8 --verify
+t "--one-buffer (libexs, direct)" --loopback --bytes 8M --runs 1 --one-buffer --sends 4 --recvs 8 --size 256K --mode direct
+if run "one-buffer verify" 2 --loopback --one-buffer --verify; then ok "rejects --one-buffer --verify (libexs)"; else bad "rejects --one-buffer --verify (libexs)"; fi
 t "--transport tcp --lat-only --poll --poll-recv" --loopback --transport tcp --type seqpacket --lat-only --lat-iters 200 --poll --poll-recv
 
 # JSON, CSV, plot, output file
