@@ -17,9 +17,10 @@
 # STALL_RSTREAM=1 (rstream in the guest: RXE_VM_BINS=rstream): rsockets' busy round trip in
 # each round too. By hand:
 #   D=build/h72-stall; mkdir -p $D; cp build/blast/blast $D/blast-this; cp BASE/blast/blast
-#   $D/blast-base; cp bench/rxe-probe-stall-guest.sh $D/; BUILD=build/rxe-bench \
+#   $D/blast-base; cp bench/rxe-probe-stall-guest.sh bench/rxe-guest-lib.sh $D/; BUILD=build/rxe-bench \
 #   RXE_VM_APPEND="clocksource=tsc tsc=reliable" RXE_VM_BINS=rstream bash scripts/rxe-vm.sh \
 #   $D env STALL_BETWEEN=1 sh rxe-probe-stall-guest.sh 6 300 blast-this blast-base
+. ./rxe-guest-lib.sh
 ROUNDS=$1
 N=$2
 shift 2
@@ -70,11 +71,7 @@ for b in $BINS; do
     $SV ./$b -s -p $port >/tmp/st-srv-$port.log 2>&1 &
     echo "$! $port" >/tmp/st-pid-$b
     SRVS="$SRVS $!"
-    i=0
-    until netstat -ltn 2>/dev/null | grep -q ":$port "; do
-        i=$((i + 1)); [ $i -le 300 ] || { echo "STALLFAIL receiver $port never listened"; break; }
-        sleep 0.1
-    done
+    wait_listen $port STALLFAIL
     port=$((port + 1))
 done
 R=1
