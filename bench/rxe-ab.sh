@@ -12,6 +12,7 @@
 # label=L fig=F msgs=M total=T" (M: the messages of ITERS round trips and of blast's ITERS / 10
 # warm-up ones), "ABSYSTOP label=L fig=F call=C count=N";
 # bench/rxe_ab_results.py makes bench/results-rxe-ab.md of them.
+. ./rxe-guest-lib.sh
 ROUNDS=$1
 N=$2
 shift 2
@@ -35,11 +36,7 @@ for x in "$@"; do
     case $b in *,*) e=${b#*,}; b=${b%%,*} ;; esac
     env $e $SV ./$b -s -p $port >/tmp/ab-srv-$port.log 2>&1 &
     SRVS="$SRVS $!"
-    i=0
-    until netstat -ltn 2>/dev/null | grep -q ":$port "; do
-        i=$((i + 1)); [ $i -le 300 ] || { echo "ABFAIL receiver $port never listened"; break; }
-        sleep 0.1
-    done
+    wait_listen $port ABFAIL
     port=$((port + 1))
 done
 # one run of label's build: run LABEL BIN ENV FIG blast-args...

@@ -19,6 +19,8 @@
 #     turns of the spin, their number set by timing (per turn: divide by the calls of a
 #     function called once per turn, e.g. the provider's poll)
 #   rsockets: rstream -S 64 -C 1 -T b (one process per run, server outside callgrind)
+# CG_OPTS (environment): more callgrind options for every client, e.g. --dump-instr=yes for
+# bench/rxe_cg_locks.py's locked instructions per round trip (spec/rxe-vm.md)
 N1=$1
 N2=$2
 shift 2
@@ -39,7 +41,7 @@ mkdir -p /etc/rdma/rsocket && echo 0 >/etc/rdma/rsocket/polling_time
 PORT=7600
 cg() { # label n [callgrind options] command...: one client under callgrind, its file to stdout
     label=$1; n=$2; shift 2
-    $CL /guest/valgrind.bin --tool=callgrind --callgrind-out-file=/tmp/cg.out "$@" \
+    $CL /guest/valgrind.bin --tool=callgrind --callgrind-out-file=/tmp/cg.out $CG_OPTS "$@" \
         >/tmp/cg-client.log 2>&1 || { echo "CGFAIL label=$label n=$n: $(tail -n 2 /tmp/cg-client.log)"; return 1; }
     echo "@@CG BEGIN $label $n $rep"
     gzip -c /tmp/cg.out | base64

@@ -453,6 +453,35 @@ AB done
                       "(pair 1): their figures include blast's sort", out)
 
 
+class RxeCgLocks(unittest.TestCase):
+    def test_lock_addrs(self):
+        """bench/rxe_cg_locks.py: lock-prefixed instructions and xchg with memory are
+        locked; an xchg of two registers and a plain cmpxchg are not."""
+        import rxe_cg_locks as lk
+
+        text = ("0000000000001000 <f>:\n"
+                "    1000:\tf0 0f b1 16          \tlock cmpxchg %edx,(%rsi)\n"
+                "    1004:\t87 07                \txchg   %eax,(%rdi)\n"
+                "    1006:\t87 c2                \txchg   %eax,%edx\n"
+                "    1008:\t0f b1 16             \tcmpxchg %edx,(%rsi)\n"
+                "    100b:\tf0 48 0f c1 07       \tlock xadd %rax,(%rdi)\n")
+        self.assertEqual(lk.lock_addrs(text), {0x1000, 0x1004, 0x100b})
+
+    def test_count_locked(self):
+        """Executions of the locked addresses per (object, function), with callgrind's
+        relative addresses and compressed names; a call's inclusive line is skipped."""
+        import rxe_cg_locks as lk
+
+        cg = ("positions: instr line\nevents: Ir\nob=(1) /guest/blast-this\nfl=(1) a.c\n"
+              "fn=(1) f\n0x1000 3 7\n+4 4 7\n+2 5 7\ncob=(2) /lib/libc.so.6\ncfn=(2) g\n"
+              "calls=7 0x2000\n+5 6 700\n* * 7\nob=(2)\nfn=(2)\n0x2000 0 9\n")
+        locks = {"/guest/blast-this": {0x1000, 0x1004, 0x100b}, "/lib/libc.so.6": {0x2000}}
+        got = lk.count_locked(cg, lambda ob: locks.get(ob, set()))
+        # f: 0x1000 and 0x1004 (7 each), 0x100b after the call's line (7); g: 0x2000 (9)
+        self.assertEqual(dict(got), {("/guest/blast-this", "f"): 21,
+                                     ("/lib/libc.so.6", "g"): 9})
+
+
 class HostLoad(unittest.TestCase):
     def test_annotate(self):
         """bench/rxe_hostload.py: a figure's line gets the host's CPU stall share since the

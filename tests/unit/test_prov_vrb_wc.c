@@ -28,7 +28,18 @@ static struct {
     struct ibv_wc wc[FK_CQ];
     unsigned head, count;
     uint32_t imm;
+    int send_cs, recv_cs, notify_cs; /* the cancel state each fake call last ran with */
 } fk;
+
+/* The calling thread's cancel state (PTHREAD_CANCEL_ENABLE or _DISABLE), unchanged. */
+static int fk_cancel_state(void)
+{
+    int cs;
+
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cs); /* nocancel: ok (a test's probe) */
+    pthread_setcancelstate(cs, NULL);                    /* nocancel: ok */
+    return cs;
+}
 
 static void fk_push(uint64_t wr_id, enum ibv_wc_opcode op, uint32_t len, int imm)
 {
@@ -53,6 +64,7 @@ static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 {
     (void)qp;
     (void)bad;
+    fk.send_cs = fk_cancel_state();
     for (; wr; wr = wr->next)
         if (wr->send_flags & IBV_SEND_SIGNALED)
             fk_push(wr->wr_id, IBV_WC_RDMA_WRITE, 0, 0);
@@ -63,6 +75,7 @@ static int fk_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
 {
     (void)qp;
     (void)bad;
+    fk.recv_cs = fk_cancel_state();
     for (; wr; wr = wr->next)
         fk_push(wr->wr_id, IBV_WC_RECV_RDMA_WITH_IMM, 64, 1);
     return 0;
@@ -87,6 +100,7 @@ static int fk_req_notify(struct ibv_cq *cq, int solicited)
 {
     (void)cq;
     (void)solicited;
+    fk.notify_cs = fk_cancel_state();
     return 0;
 }
 
@@ -492,6 +506,41 @@ START_TEST(wc_posters_race_consumer)
 }
 END_TEST
 
+/* Which device calls run with cancellation off (spec/threading.md, "Thread cancellation"):
+ * the ones that enter the kernel. rxe's post_send and req_notify_cq write() a command (off);
+ * its post_recv only writes the user-mapped queue (left on: two atomic updates of the
+ * cancel word fewer per receive re-posted); siw's and an unknown software device's
+ * post_recv may write() (off); a hardware device's calls do not (on). */
+START_TEST(wc_cancel_off_where_kernel)
+{
+    static const struct {
+        const char *name;
+        int soft, send_off, recv_off;
+    } dev[] = {{"rxe0", 1, 1, 0},     {"rxe_eth0", 0, 1, 0}, {"siw0", 1, 1, 1},
+               {"roce_sw0", 1, 1, 1}, {"mlx5_0", 0, 0, 0},   {NULL, 0, 0, 0}};
+    struct fk_env e;
+
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
+        int want_send = dev[i].send_off ? PTHREAD_CANCEL_DISABLE : PTHREAD_CANCEL_ENABLE;
+        int want_recv = dev[i].recv_off ? PTHREAD_CANCEL_DISABLE : PTHREAD_CANCEL_ENABLE;
+
+        fk_open(&e);
+        e.ctx->post_kernel = exs__vrb_post_kernel_of(dev[i].name, dev[i].soft);
+        fk.send_cs = fk.recv_cs = fk.notify_cs = -1;
+        ck_assert_int_eq(fk_recv(&e, 100), 0);
+        ck_assert_int_eq(fk_send(&e, 200, EXS_PROV_SEND_SIGNALED), 0);
+        ck_assert_int_eq(vrb_req_notify_cq(e.ctx, &e.cq), 0);
+        ck_assert_msg(fk.send_cs == want_send && fk.notify_cs == want_send &&
+                          fk.recv_cs == want_recv,
+                      "%s: post_send %d, req_notify %d, post_recv %d", dev[i].name, fk.send_cs,
+                      fk.notify_cs, fk.recv_cs);
+        /* the caller's own state is back as it was */
+        ck_assert_int_eq(fk_cancel_state(), PTHREAD_CANCEL_ENABLE);
+        fk_close(&e);
+    }
+}
+END_TEST
+
 TCase *prov_vrb_wc_tcase(void)
 {
     TCase *tc = tcase_create("wc");
@@ -503,6 +552,7 @@ TCase *prov_vrb_wc_tcase(void)
     tcase_add_test(tc, wc_batch_made_completion_in_order);
     tcase_add_test(tc, wc_ring_depth_not_pow2);
     tcase_add_test(tc, wc_posters_race_consumer);
+    tcase_add_test(tc, wc_cancel_off_where_kernel);
     return tc;
 }
 

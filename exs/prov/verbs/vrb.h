@@ -313,8 +313,9 @@ struct vrb_ctx {
     int gone_fd[2]; /* the device context's command and event descriptors */
     struct stat gone_st[2];
     pthread_rwlock_t dev_lock;
-    /* the device's posts enter the kernel (a software device, rxe or siw: a write() per
-     * post, a cancellation point): they run with cancellation off (vrb_post_send) */
+    /* which of the device's calls enter the kernel (VRB_PK_*: a software device, rxe or
+     * siw, write()s a command, a cancellation point): they run with cancellation off
+     * (vrb_post_send, vrb_post_recv, vrb_req_notify_cq) */
     int post_kernel;
 };
 
@@ -522,13 +523,27 @@ void exs__vrb_held_drop_locked(struct vrb_ep *ep);
         exs__nc_end(cs_);                                                                          \
     } while (0)
 
-/* rdma-core's posts, with cancellation off where they enter the kernel (ctx->post_kernel:
- * rxe and siw write() a doorbell command, a cancellation point, under ep->lock;
- * spec/threading.md, "Thread cancellation"); a hardware device's post does not (no
- * pthread_setcancelstate then: two atomic updates of the thread's cancel word saved). */
+/* ctx->post_kernel: the device's post_send and req_notify_cq enter the kernel (rxe, siw);
+ * its post_recv too (siw, whose user library falls back to a command when it could not map
+ * the receive queue; a software device of unknown kind). rxe's post_recv writes the
+ * user-mapped queue only (rdma-core's rxe_post_recv: its spinlock and a copy). */
+#define VRB_PK_SEND 1
+#define VRB_PK_RECV 2
+int exs__vrb_post_kernel_of(const char *name, int soft);
+
+/* rdma-core's posts, with cancellation off where they enter the kernel (ctx->post_kernel,
+ * VRB_PK_*: rxe and siw write() a doorbell command, a cancellation point, under ep->lock;
+ * spec/threading.md, "Thread cancellation"); a hardware device's post does not, nor rxe's
+ * post_recv (no pthread_setcancelstate then: two atomic updates of the thread's cancel
+ * word saved, per receive re-posted on rxe). */
+static inline int vrb_nc_begin_if(const struct vrb_ctx *ctx, int pk)
+{
+    return (ctx->post_kernel & pk) ? exs__nc_begin() : -1;
+}
+
 static inline int vrb_nc_begin(const struct vrb_ctx *ctx)
 {
-    return ctx->post_kernel ? exs__nc_begin() : -1;
+    return vrb_nc_begin_if(ctx, VRB_PK_SEND);
 }
 
 static inline void vrb_nc_end(int cs)
@@ -566,7 +581,7 @@ static inline int vrb_req_notify_cq(const struct vrb_ctx *ctx, struct ibv_cq *cq
 static inline int vrb_post_recv(const struct vrb_ctx *ctx, struct ibv_qp *qp, struct ibv_recv_wr *w,
                                 struct ibv_recv_wr **bad)
 {
-    int cs = vrb_nc_begin(ctx), ret = ibv_post_recv(qp, w, bad); /* nocancel: ok */
+    int cs = vrb_nc_begin_if(ctx, VRB_PK_RECV), ret = ibv_post_recv(qp, w, bad); /* nocancel: ok */
 
     vrb_nc_end(cs);
     return ret;

@@ -156,17 +156,24 @@ static void vrb_find_loop_addr(struct vrb_ctx *ctx)
     }
 }
 
-/* A software device (rxe, siw: its name's prefix, or the "parent" attribute both have in
- * sysfs, the netdev they run over) enters the kernel on each post. */
+/* Which calls of device name enter the kernel (VRB_PK_*, vrb.h): a software device (rxe,
+ * siw: its name's prefix, or soft: the "parent" attribute both have in sysfs, the netdev
+ * they run over) on each post_send and req_notify_cq; its post_recv too, but rxe's. */
+int exs__vrb_post_kernel_of(const char *name, int soft)
+{
+    if (name && !strncmp(name, "rxe", 3))
+        return VRB_PK_SEND;
+    if ((name && !strncmp(name, "siw", 3)) || soft)
+        return VRB_PK_SEND | VRB_PK_RECV;
+    return 0;
+}
+
 static int vrb_post_kernel(struct ibv_context *vc)
 {
-    const char *name = ibv_get_device_name(vc->device);
     char path[512];
 
-    if (name && (!strncmp(name, "rxe", 3) || !strncmp(name, "siw", 3)))
-        return 1;
     snprintf(path, sizeof(path), "%s/parent", vc->device->ibdev_path);
-    return access(path, F_OK) == 0;
+    return exs__vrb_post_kernel_of(ibv_get_device_name(vc->device), access(path, F_OK) == 0);
 }
 
 static int vrb_numa_node(struct ibv_context *vc)
