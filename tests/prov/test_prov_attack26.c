@@ -56,8 +56,7 @@ START_TEST(rnr_exc_mid_fragment)
     double deadline;
 
     if (strcmp(pt_name, "shm") != 0) {
-        test_skip("rnr_exc_mid_fragment", "shm provider itself only; provider is %s",
-                  pt_name);
+        test_skip("rnr_exc_mid_fragment", "shm provider itself only; provider is %s", pt_name);
         return;
     }
     ck_assert_int_eq(setenv("EXS_SHM_RING_KB", "64", 1), 0);
@@ -100,11 +99,10 @@ START_TEST(rnr_exc_mid_fragment)
      * its further fragments fill the ring, which b does not empty) */
     exs__lite_unlock(&ca->nic_lock);
     naks0 = __atomic_load_n(&ca->cnt.rnr_naks, __ATOMIC_RELAXED);
-    ck_assert_int_eq(
-        pt_post_send(p.eb, BSEND_ID, EXS_PROV_WR_SEND, SIG, bsrc, 0, SMALL, 0, 0, 0), 0);
+    ck_assert_int_eq(pt_post_send(p.eb, BSEND_ID, EXS_PROV_WR_SEND, SIG, bsrc, 0, SMALL, 0, 0, 0),
+                     0);
     deadline = pt_now_ms() + PT_TIMEOUT_MS;
-    while (__atomic_load_n(&ca->cnt.rnr_naks, __ATOMIC_RELAXED) == naks0 &&
-           pt_now_ms() < deadline)
+    while (__atomic_load_n(&ca->cnt.rnr_naks, __ATOMIC_RELAXED) == naks0 && pt_now_ms() < deadline)
         sched_yield();
     ck_assert_msg(__atomic_load_n(&ca->cnt.rnr_naks, __ATOMIC_RELAXED) > naks0,
                   "a never refused b's SEND");
