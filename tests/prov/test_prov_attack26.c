@@ -26,6 +26,7 @@
 
 #include "exs/prov/shm/shm.h"
 #include "exs/util/params.h"
+#include "tests/prov/prov_shm_nic.h"
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
 
@@ -41,6 +42,16 @@
 static int mid_message(struct shm_ep *eb)
 {
     return eb->conn && eb->conn->frag_rwr != NULL;
+}
+
+/* c is one of b's receives, flushed, and its first completion (seen counts them) */
+static void recv_flushed(const struct exs_prov_cqe *c, int seen[NRECV + 1])
+{
+    ck_assert_msg(c->wr_id >= 1 && c->wr_id <= NRECV, "b: stray completion %llu",
+                  (unsigned long long)c->wr_id);
+    ck_assert_int_eq(c->status, EXS_PROV_WC_WR_FLUSH_ERR);
+    ck_assert_msg(++seen[c->wr_id] == 1, "receive %llu completed twice",
+                  (unsigned long long)c->wr_id);
 }
 
 START_TEST(rnr_exc_mid_fragment)
@@ -79,25 +90,25 @@ START_TEST(rnr_exc_mid_fragment)
     ck_assert_int_eq(pt_post_recv(p.eb, 3, r3, 0, SMALL), 0);
     /* (0) a's NIC thread held: the SEND's first fragments go into the ring at the post, the
      * rest wait for a's turn, so b cannot end the message */
-    exs__lite_lock(&ca->nic_lock);
+    nic_hold(ca);
     ck_assert_int_eq(pt_post_send(p.ea, SEND_ID, EXS_PROV_WR_SEND, SIG, src, 0, BIG, 0, 0, 0), 0);
 
     /* (1) b mid-message: its nic_lock taken while r1 is in fragments, and kept */
     deadline = pt_now_ms() + PT_TIMEOUT_MS;
     while (pt_now_ms() < deadline) {
-        exs__lite_lock(&cb->nic_lock);
+        nic_hold(cb);
         if (mid_message(eb)) {
             caught = 1;
             break;
         }
-        exs__lite_unlock(&cb->nic_lock);
+        nic_drop(cb);
         sched_yield(); /* b's NIC thread turns */
     }
     ck_assert_msg(caught, "b never seen in the middle of the message");
 
     /* (2) b's SEND to a, which has no receive: a NAKs it RNR_EXC (a's NIC thread, let go;
      * its further fragments fill the ring, which b does not empty) */
-    exs__lite_unlock(&ca->nic_lock);
+    nic_drop(ca);
     naks0 = __atomic_load_n(&ca->cnt.rnr_naks, __ATOMIC_RELAXED);
     ck_assert_int_eq(pt_post_send(p.eb, BSEND_ID, EXS_PROV_WR_SEND, SIG, bsrc, 0, SMALL, 0, 0, 0),
                      0);
@@ -107,7 +118,7 @@ START_TEST(rnr_exc_mid_fragment)
     ck_assert_msg(__atomic_load_n(&ca->cnt.rnr_naks, __ATOMIC_RELAXED) > naks0,
                   "a never refused b's SEND");
     ck_assert_msg(mid_message(eb), "b's message ended while b could not turn");
-    exs__lite_unlock(&cb->nic_lock);
+    nic_drop(cb);
 
     /* (3) b takes the NAK: its send fails, r2 and r3 are flushed; r1 is still the
      * connection's (a zombie now) */
@@ -118,11 +129,7 @@ START_TEST(rnr_exc_mid_fragment)
             bsend++;
             continue;
         }
-        ck_assert_msg(c.wr_id >= 1 && c.wr_id <= NRECV, "b: stray completion %llu",
-                      (unsigned long long)c.wr_id);
-        ck_assert_int_eq(c.status, EXS_PROV_WC_WR_FLUSH_ERR);
-        ck_assert_msg(++seen[c.wr_id] == 1, "receive %llu completed twice",
-                      (unsigned long long)c.wr_id);
+        recv_flushed(&c, seen);
     }
 
     /* (4) b disconnects: r1, given back by the connection's end, is flushed once */
@@ -131,11 +138,7 @@ START_TEST(rnr_exc_mid_fragment)
     while (!seen[1] && pt_now_ms() < deadline) {
         if (!pt_try_cqe(&p.b, 100, &c))
             continue;
-        ck_assert_msg(c.wr_id >= 1 && c.wr_id <= NRECV, "b: stray completion %llu",
-                      (unsigned long long)c.wr_id);
-        ck_assert_int_eq(c.status, EXS_PROV_WC_WR_FLUSH_ERR);
-        ck_assert_msg(++seen[c.wr_id] == 1, "receive %llu completed twice",
-                      (unsigned long long)c.wr_id);
+        recv_flushed(&c, seen);
     }
     ck_assert_msg(seen[1] == 1, "r1 (the message in fragments) never completed");
     /* nothing more of b's: no receive completes a second time */

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include "exs/util/counters.h"
 #include "exs/util/params.h"
 #include "exs/util/util.h"
+#include "tests/prov/prov_shm_nic.h"
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
 
@@ -56,12 +58,12 @@ static struct liar liar(struct pt_pair *p)
     struct liar l;
 
     /* the connection is the NIC's: read under its lock, which its end and free take too */
-    exs__lite_lock(&ctx->nic_lock);
+    nic_hold(ctx);
     conn = shm_ep_of(p->ea)->conn;
     ck_assert_ptr_nonnull(conn);
     bell_fd = dup(conn->bell);
     l = (struct liar){conn->tx_ring, conn->head, conn->mine, conn->peer};
-    exs__lite_unlock(&ctx->nic_lock);
+    nic_drop(ctx);
     ck_assert_int_ge(bell_fd, 0);
     return l;
 }
@@ -1340,11 +1342,11 @@ static struct conn_view conn_view(struct exs_prov_ep *e)
     struct shm_conn *conn;
     struct conn_view v;
 
-    exs__lite_lock(&ctx->nic_lock);
+    nic_hold(ctx);
     conn = shm_ep_of(e)->conn;
     ck_assert_ptr_nonnull(conn);
     v = (struct conn_view){conn->seg, conn->seg_ring, conn->ring_bytes, conn->frag_bytes};
-    exs__lite_unlock(&ctx->nic_lock);
+    nic_drop(ctx);
     return v;
 }
 
