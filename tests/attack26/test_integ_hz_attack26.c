@@ -5,7 +5,7 @@
  * finishes the socket when it is set; hz_claim, an exchange, makes one finisher).
  *
  * NOT BUILT on main (it needs h71's struct api_hz and exs__api_sock_hz*): copy it into
- * tests/integ/ and add integ_attack26_suite to tests/integ's suite list on a tree with
+ * tests/integ/ and add integ_hz_attack26_suite to tests/integ's suite list on a tree with
  * 344a0f2 (h73's scratch worktree did: see the report).
  *
  * hz_finish_reincarnated: both the last put and a sending thread T can go on to finish the
@@ -99,9 +99,9 @@ START_TEST(hz_finish_reincarnated)
 }
 END_TEST
 
-Suite *integ_attack26_suite(void)
+Suite *integ_hz_attack26_suite(void)
 {
-    Suite *s = suite_create("integ_attack26");
+    Suite *s = suite_create("integ_hz_attack26");
     TCase *tc = tcase_create("hazard");
 
     tcase_set_timeout(tc, 60);
