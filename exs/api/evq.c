@@ -37,10 +37,11 @@ _Static_assert(sizeof(exs_event_t) == 168, "exs_event_t changed size: an ABI bre
  *   evq_tab.lock           the handle table's writers: create / delete / destroy_all
  *                          (and across fork). One atomic word; held briefly (evq->lock
  *                          the only lock taken inside), so a waiting side yields. No
- *                          lookup takes it: evq_peek reads the slot (a grown table keeps
- *                          its old arrays until exs_fini), and evq->st then says whether
- *                          the queue found is q's, alive; exs__evq_get also raises the
- *                          queue's count unless it is 0 (parked), then asks st again.
+ *                          lookup takes it: evq_peek reads the slot (the table keeps
+ *                          its arrays, old ones too, through exs_fini), and evq->st says
+ *                          whether the queue found is q's, alive; exs__evq_get also
+ *                          raises the queue's count unless it is 0 (parked), then asks st
+ *                          again.
  *   evq->lock (a spin lock that yields, evq_int.h)  everything in one queue not
  *                          marked atomic; inside it only leaf locks (the log's).
  * A queue's memory is reference counted (evq->refs, atomic): the table holds one
@@ -491,10 +492,9 @@ int exs__evq_clean(exs_qhandle_t q)
 
 void exs__evq_destroy_all(void)
 {
-    int i, gen_max;
+    int i;
 
     evq_tab_wrlock();
-    gen_max = evq_tab.gen_base;
     for (i = 0; i < evq_tab.used; i++) {
         struct evq_slot *slot = &evq_tab.slots[i];
         struct exs_evq *evq = slot->evq;
@@ -516,25 +516,13 @@ void exs__evq_destroy_all(void)
             if (!reserved)
                 exs__evq_put(evq);
         }
-        gen_max = EXS_MAX(gen_max, slot->gen);
     }
-    if (__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
-        /* at exit: the emptied table and the parked queues stay for calls still looking */
-        evq_tab_unlock();
-        return;
-    }
-    /* Handles given out before stay invalid: fresh slots start above every old gen. */
-    for (struct evq_tabv *t = exs__evq_tv, *o; t; t = o) {
-        o = t->old;
-        free(t);
-    }
-    __atomic_store_n(&exs__evq_tv, NULL, __ATOMIC_RELEASE);
-    evq_tab.slots = NULL;
-    evq_tab.nslots = 0;
-    evq_tab.used = 0;
-    evq_tab.free_head = -1;
-    evq_tab.free_tail = -1;
-    evq_tab.gen_base = (gen_max + 1) & EVQ_GEN_MASK;
+    /* The emptied table stays, its arrays too (the old ones, and at exit as before it): a
+     * look without the lock (evq_peek, exs_qdequeue's first) racing this may still read
+     * them, and learns from the slot (NULL) or the queue's st that its queue is gone
+     * (EINVAL); freed here, it read freed memory (api_evq_attack26). Handles given out
+     * before stay invalid: each slot's gen moved on (evq_tab_remove), and the next
+     * exs_init's queues reuse the slots (the table's memory: its largest size). */
     evq_tab_unlock();
     /* The parked queues stay (no ring, no descriptor: the structure alone), for the next
      * exs_qcreate: a wait that spins or looks without a reference (evq_dequeue_rest,

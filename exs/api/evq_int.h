@@ -216,7 +216,7 @@ struct evq_slot {
 };
 
 /* The slot arrays: a grown table keeps its old array for readers without the lock
- * (exs__evq_peek) until exs_fini. */
+ * (exs__evq_peek), and exs_fini keeps them all, emptied, for the next exs_init. */
 struct evq_tabv {
     struct evq_tabv *old;
     int len;

@@ -333,8 +333,11 @@ static void eng_clock_calibrate(void)
         if (eng_clock_pair(&t1, &n1))
             return;
     } while (n1 - n0 < 2000000);
-    /* 100 MHz .. 20 GHz, or the measure is wrong */
-    if (t1 <= t0 || (n1 - n0) * 10 < t1 - t0 || (t1 - t0) * 10 < (n1 - n0) / 2)
+    /* 500 MHz .. 10 GHz (ticks per ns in [0.5, 10]), or the measure is wrong (a clock
+     * step or a pause between the pairs): an invariant TSC ticks at the CPU's nominal
+     * rate, 1..5 GHz in x86-64 parts (low-power ones ~1 GHz), so the bounds are a factor
+     * 2 outside what a right measure can give; a correct one is within 1e-3 */
+    if (t1 <= t0 || (n1 - n0) * 10 < t1 - t0 || (t1 - t0) * 2 < n1 - n0)
         return;
     __atomic_store_n(&eng_clk.mult, (uint64_t)(((unsigned __int128)(n1 - n0) << 32) / (t1 - t0)),
                      __ATOMIC_RELAXED);
