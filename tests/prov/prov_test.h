@@ -217,6 +217,7 @@ void pt_sleep_ms(int ms);
 Suite *prov_basic_suite(void);
 Suite *prov_close_suite(void);
 Suite *prov_order_suite(void);
+Suite *prov_rq_suite(void);
 Suite *prov_rnr_suite(void);
 Suite *prov_access_suite(void);
 Suite *prov_read_suite(void);

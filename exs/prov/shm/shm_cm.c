@@ -279,14 +279,7 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
     ep->sq_used = 0;
     ep->sq_unretired = 0;
     ep->reads_out = 0;
-    while ((l = exs_list_pop_head(&ep->rq)) != NULL) {
-        struct exs_soft_rwr *rwr = exs_list_entry(l, struct exs_soft_rwr, link);
-
-        if (!ep->destroyed)
-            exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
-        exs__shm_rwr_put_locked(ep, rwr);
-    }
-    ep->rq_count = 0;
+    exs__shm_rq_sweep_locked(ep);
 }
 
 /* The ep goes to ERROR, everything flushed; DISCONNECTED (once) when notify. */
@@ -314,7 +307,7 @@ void exs__shm_conn_detach(struct shm_conn *conn)
     if (conn->ep) {
         exs__lite_lock(&ctx->lock);
         if (conn->frag_rwr) /* a message in fragments cut off: its receive is flushed */
-            exs_list_add_head(&conn->ep->rq, &conn->frag_rwr->link);
+            exs__shm_rq_back_locked(conn->ep, conn->frag_rwr);
         conn->frag_rwr = NULL;
         conn->ep->conn = NULL;
         exs__lite_unlock(&ctx->lock);
@@ -600,12 +593,12 @@ int exs__shm_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     ep->state = EXS_PROV_EP_IDLE;
     exs_list_init(&ep->sq_pend);
     exs_list_init(&ep->sq);
-    exs_list_init(&ep->rq);
     exs_list_init(&ep->grants);
     exs__soft_pool_init(&ep->wr_pool, SHM_WR_POOL_LEN, SHM_POOL_MAX);
-    exs__soft_pool_init(
-        &ep->rwr_pool, sizeof(struct exs_soft_rwr) + SHM_RWR_POOL_SGE * sizeof(struct exs_prov_sge),
-        SHM_POOL_MAX);
+    if (exs__shm_rq_init(ep)) {
+        free(ep);
+        return -ENOMEM;
+    }
     exs__lite_lock(&ctx->lock);
     ret = exs__soft_cq_reserve(&ctx->cq, (uint64_t)attr->max_send_wr + attr->max_recv_wr,
                                ctx->base.caps.max_cqe);
@@ -613,6 +606,7 @@ int exs__shm_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
         exs_list_add_tail(&ctx->eps, &ep->link);
     exs__lite_unlock(&ctx->lock);
     if (ret) {
+        exs__shm_rq_fini(ep);
         free(ep);
         return ret;
     }
@@ -645,7 +639,7 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
     exs__lite_unlock(&ctx->lock);
     exs__lite_unlock(&ctx->nic_lock);
     exs__soft_pool_fini(&ep->wr_pool);
-    exs__soft_pool_fini(&ep->rwr_pool);
+    exs__shm_rq_fini(ep);
     free(ep);
 }
 

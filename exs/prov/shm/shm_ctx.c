@@ -481,7 +481,7 @@ static __attribute__((noinline)) int shm_poll_take(struct shm_ctx *ctx, struct e
         struct shm_ep *ep = shm_ep_of(q->ep);
 
         if (exs__soft_cqe_is_recv(q))
-            ep->cq_rq--;
+            exs__shm_rq_retire_locked(ep);
         else
             ep->cq_sq--;
         cqe[n++] = *q;
