@@ -86,8 +86,8 @@ START_TEST(rq_flush_races_posts)
 END_TEST
 
 /* A receive of nsge sges of 16 bytes (the last takes the rest of len) at b + off. */
-static int rq_post_sges(struct exs_prov_ep *ep, uint64_t wr_id, const struct pt_buf *b,
-                        size_t off, uint32_t len, int nsge)
+static int rq_post_sges(struct exs_prov_ep *ep, uint64_t wr_id, const struct pt_buf *b, size_t off,
+                        uint32_t len, int nsge)
 {
     struct exs_prov_sge sge[8];
     struct exs_prov_recv_wr wr = {.wr_id = wr_id, .sg_list = sge, .num_sge = nsge};
@@ -126,9 +126,9 @@ START_TEST(rq_full_wraps_in_order)
         ck_assert_int_eq(pt_post_recv(p.eb, 999, dst, 0, len), -ENOMEM);
         for (uint32_t i = 0; i < max; i++) {
             pt_pattern(src->p + (size_t)i * len, len, (uint32_t)(id + i));
-            ck_assert_int_eq(
-                pt_post_send(p.ea, 500 + i, EXS_PROV_WR_SEND, SIG, src, (size_t)i * len, len, 0, 0, 0),
-                0);
+            ck_assert_int_eq(pt_post_send(p.ea, 500 + i, EXS_PROV_WR_SEND, SIG, src,
+                                          (size_t)i * len, len, 0, 0, 0),
+                             0);
         }
         for (uint32_t i = 0; i < max; i++)
             pt_expect_cqe(&p.a, 500 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
@@ -143,9 +143,9 @@ START_TEST(rq_full_wraps_in_order)
             ck_assert_int_eq(pt_pattern_check(dst->p + (size_t)i * len, len, (uint32_t)(id + i)),
                              -1);
             /* one completion polled, one receive's room back (and no more) */
-            ck_assert_int_eq((i & 1) ? rq_post_sges(p.eb, id + max + i, dst, (size_t)i * len, len,
-                                                    nsge)
-                                     : pt_post_recv(p.eb, id + max + i, dst, (size_t)i * len, len),
+            ck_assert_int_eq((i & 1)
+                                 ? rq_post_sges(p.eb, id + max + i, dst, (size_t)i * len, len, nsge)
+                                 : pt_post_recv(p.eb, id + max + i, dst, (size_t)i * len, len),
                              0);
             ck_assert_int_eq(pt_post_recv(p.eb, 999, dst, 0, len), -ENOMEM);
         }
