@@ -622,7 +622,7 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
     if (!ep)
         return;
     ctx = ep->ctx;
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     exs__lite_lock(&ctx->lock);
     ep->destroyed = 1;
     ep->disc_sent = 1;
@@ -637,7 +637,7 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
     exs__soft_cm_drop_locked(&ctx->cm_events, e, NULL);
     exs_list_del(&ep->link);
     exs__lite_unlock(&ctx->lock);
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     exs__soft_pool_fini(&ep->wr_pool);
     exs__shm_rq_fini(ep);
     free(ep);
@@ -766,7 +766,7 @@ int exs__shm_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
     if (ret)
         return ret;
     ctx = ep->ctx;
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     exs__lite_lock(&ctx->lock);
     ret = ep->state == EXS_PROV_EP_IDLE && !ep->conn ? 0 : -EISCONN;
     if (!ret)
@@ -786,7 +786,7 @@ int exs__shm_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
             ret = 0;
         }
     }
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return ret;
 }
 
@@ -803,7 +803,7 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     if (!r || !e || pdlen > SHM_PD_MAX || (pdlen && !pd) || e->ctx != r->listener->ctx)
         return -EINVAL;
     ctx = ep->ctx;
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     conn = req->conn;
     exs__lite_lock(&ctx->lock);
     ret = ep->state == EXS_PROV_EP_IDLE && !ep->conn ? 0 : -EISCONN;
@@ -839,7 +839,7 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
         shm_event_ep(ctx, EXS_PROV_CM_ESTABLISHED, ep, 0, 0, NULL, 0);
         exs__shm_ctx_wake(ctx); /* the driver starts watching the new ring */
     }
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return ret;
 }
 
@@ -852,7 +852,7 @@ int exs__shm_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     if (!r || pdlen > SHM_PD_MAX || (pdlen && !pd))
         return -EINVAL;
     ctx = shm_ctx_of(r->listener->ctx);
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     conn = req->conn;
     if (!conn->broken && conn->fd >= 0) {
         (void)exs__shm_hs_send(conn->fd, SHM_HS_REJECT, 0, ctx, NULL, pd, pdlen, NULL, 0, 0, 0);
@@ -860,7 +860,7 @@ int exs__shm_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     }
     exs__shm_req_free(conn);
     exs__shm_conn_detach(conn);
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return 0;
 }
 
@@ -874,7 +874,7 @@ int exs__shm_disconnect(struct exs_prov_ep *e)
     if (!e)
         return -EINVAL;
     ctx = ep->ctx;
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     conn = ep->conn;
     if (conn && conn->state == SHM_CONN_UP) {
         exs__shm_conn_end(conn, 0, 0, 1);
@@ -886,6 +886,6 @@ int exs__shm_disconnect(struct exs_prov_ep *e)
         ret = ep->state == EXS_PROV_EP_ERROR ? 0 : -EINVAL;
         exs__lite_unlock(&ctx->lock);
     }
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return ret;
 }
