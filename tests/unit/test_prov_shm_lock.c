@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* The shm provider's NIC lock (exs/prov/shm/shm.h): given back with a plain store when
- * nobody waits, so a waiter whose mark that store overwrote is not woken and must take
- * the lock after its nap; under contention every hold exclusive. */
+/* The lite lock given back with a plain store when nobody waits (exs/util/lite_lock.h,
+ * exs__lite_lock_st / exs__lite_unlock_st: shm's nic_lock, the engine's progress lock): a
+ * waiter whose mark that store overwrote is not woken and must take the lock after its
+ * nap; under contention every hold exclusive. */
 #include <check.h>
 #include <pthread.h>
 #include <sched.h>
@@ -21,8 +22,8 @@ static double lock_now_ms(void)
 
 struct lock_arg {
     struct exs_lite_lock l;
-    int got;       /* atomic: the waiter holds it */
-    long count;    /* under l */
+    int got;    /* atomic: the waiter holds it */
+    long count; /* under l */
     int rounds;
 };
 
@@ -30,9 +31,9 @@ static void *lock_waiter(void *p)
 {
     struct lock_arg *a = p;
 
-    exs__shm_nic_lock_of(&a->l);
+    exs__lite_lock_st(&a->l);
     __atomic_store_n(&a->got, 1, __ATOMIC_RELEASE);
-    exs__shm_nic_unlock_of(&a->l);
+    exs__lite_unlock_st(&a->l);
     return NULL;
 }
 
@@ -46,7 +47,7 @@ START_TEST(shm_nic_lock_lost_wake)
     pthread_t th;
     double deadline;
 
-    exs__shm_nic_lock_of(&a.l);
+    exs__lite_lock_st(&a.l);
     ck_assert_int_eq(pthread_create(&th, NULL, lock_waiter, &a), 0);
     deadline = lock_now_ms() + 10000;
     while (__atomic_load_n(&a.l.v, __ATOMIC_ACQUIRE) != 2 && lock_now_ms() < deadline)
@@ -66,13 +67,13 @@ static void *lock_counter(void *p)
     struct lock_arg *a = p;
 
     for (int i = 0; i < a->rounds; i++) {
-        exs__shm_nic_lock_of(&a->l);
+        exs__lite_lock_st(&a->l);
         long c = a->count; /* a plain read-modify-write: torn by any overlap */
 
         if ((i & 63) == 0)
             sched_yield(); /* a holder off its CPU: the others wait, marked */
         a->count = c + 1;
-        exs__shm_nic_unlock_of(&a->l);
+        exs__lite_unlock_st(&a->l);
     }
     return NULL;
 }

@@ -415,31 +415,11 @@ extern int exs__shm_tsan_token;
     } while (0)
 #endif
 
-/* ---- the NIC lock (spec/provider-shm.md, "The NIC lock's give-back") ----
- * lite_lock's states: 0 free, 1 held, 2 held and maybe waited for. Taken as a lite_lock;
- * given back with a plain store when it reads 1 (no locked instruction: an idle busy
- * round's give-back), else exchanged and a waiter woken. A waiter that marks it 2 between
- * that read and the store is not woken: its futex sleep ends after SHM_NIC_NAP_NS and it
- * looks again, so a lost wake costs it one nap, never the lock. */
-#define SHM_NIC_NAP_NS 100000L
-void exs__shm_nic_wait(struct exs_lite_lock *l);
-static inline __attribute__((always_inline)) void exs__shm_nic_lock_of(struct exs_lite_lock *l)
-{
-    int c = 0;
-
-    if (!__atomic_compare_exchange_n(&l->v, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
-        exs__shm_nic_wait(l);
-}
-static inline __attribute__((always_inline)) void exs__shm_nic_unlock_of(struct exs_lite_lock *l)
-{
-    if (__atomic_load_n(&l->v, __ATOMIC_RELAXED) == 1)
-        __atomic_store_n(&l->v, 0, __ATOMIC_RELEASE);
-    else
-        exs__lite_unlock(l); /* 2: the exchange, and a waiter woken */
-}
-#define exs__shm_nic_lock(_ctx)    exs__shm_nic_lock_of(&(_ctx)->nic_lock)
+/* The NIC lock (spec/provider-shm.md, "The NIC lock's give-back"): a lite lock given back
+ * with a plain store when nobody waits (lite_lock.h, exs__lite_unlock_st). */
+#define exs__shm_nic_lock(_ctx)    exs__lite_lock_st(&(_ctx)->nic_lock)
 #define exs__shm_nic_trylock(_ctx) exs__lite_trylock(&(_ctx)->nic_lock)
-#define exs__shm_nic_unlock(_ctx)  exs__shm_nic_unlock_of(&(_ctx)->nic_lock)
+#define exs__shm_nic_unlock(_ctx)  exs__lite_unlock_st(&(_ctx)->nic_lock)
 
 static inline struct shm_ctx *shm_ctx_of(struct exs_prov_ctx *c)
 {

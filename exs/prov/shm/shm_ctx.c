@@ -2,15 +2,12 @@
 /* The shm provider's context: turns of the NIC role, its thread or manual progress, sleeping
  * with doorbells, the completion and cm queues. */
 #include <errno.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/syscall.h>
 #include <sys/timerfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "exs/prov/shm/shm.h"
@@ -161,16 +158,6 @@ void exs__shm_flush_cqe_locked(struct shm_ep *ep, uint64_t wr_id, enum exs_prov_
     cqe.opcode = op;
     exs__shm_cq_push_locked(ep->ctx, ep, &cqe);
     EXS_CNT_INC(ep->ctx->cnt.flushed_wrs);
-}
-
-/* The NIC lock held by another: marked waited for, and a sleep while it stays so, each
- * at most SHM_NIC_NAP_NS (a give-back by store may miss the mark: shm.h). */
-void exs__shm_nic_wait(struct exs_lite_lock *l)
-{
-    const struct timespec nap = {0, SHM_NIC_NAP_NS};
-
-    while (__atomic_exchange_n(&l->v, 2, __ATOMIC_ACQUIRE) != 0)
-        syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 2, &nap, NULL, 0);
 }
 
 /* ---- turns (nic_lock held) ---- */
