@@ -106,10 +106,13 @@ START_TEST(rq_full_wraps_in_order)
      * are sent (the sender's completions), yet the room comes back one receive at a time
      * as their completions are polled, not before; four fills pass each slot of the
      * queue several times, receives of 1 and of 6 sges mixed, every message whole in the
-     * receive posted for it. */
+     * receive posted for it. The room is the software providers' (tcp, shm: a receive's
+     * room holds its completion's place in the queue until polled); verbs frees a
+     * receive's slot when the device consumes it and may round max_recv_wr up, so there
+     * only the order and the data are checked. */
     struct exs_prov_ep_attr attr = pt_default_attr();
     const uint32_t max = 8, len = 96;
-    int nsge;
+    int nsge, soft;
     struct pt_buf *src, *dst;
     struct exs_prov_cqe cqe;
     struct pt_pair p;
@@ -118,12 +121,14 @@ START_TEST(rq_full_wraps_in_order)
     attr.max_recv_wr = max;
     pt_pair_setup(&p, NULL, &attr);
     nsge = p.b.ctx->caps.max_sge >= 6 ? 6 : 1;
+    soft = strstr(pt_name, "verbs") == NULL;
     src = pt_pair_buf(&p, 'a', (size_t)max * len, LW, 0);
     dst = pt_pair_buf(&p, 'b', (size_t)max * len, LW, 0);
     for (uint32_t i = 0; i < max; i++)
         ck_assert_int_eq(pt_post_recv(p.eb, id + i, dst, (size_t)i * len, len), 0);
     for (int fill = 0; fill < 4; fill++) {
-        ck_assert_int_eq(pt_post_recv(p.eb, 999, dst, 0, len), -ENOMEM);
+        if (soft)
+            ck_assert_int_eq(pt_post_recv(p.eb, 999, dst, 0, len), -ENOMEM);
         for (uint32_t i = 0; i < max; i++) {
             pt_pattern(src->p + (size_t)i * len, len, (uint32_t)(id + i));
             ck_assert_int_eq(pt_post_send(p.ea, 500 + i, EXS_PROV_WR_SEND, SIG, src,
@@ -133,7 +138,8 @@ START_TEST(rq_full_wraps_in_order)
         for (uint32_t i = 0; i < max; i++)
             pt_expect_cqe(&p.a, 500 + i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
         /* every message is in a receive; none of their completions polled yet */
-        ck_assert_int_eq(pt_post_recv(p.eb, 999, dst, 0, len), -ENOMEM);
+        if (soft)
+            ck_assert_int_eq(pt_post_recv(p.eb, 999, dst, 0, len), -ENOMEM);
         for (uint32_t i = 0; i < max; i++) {
             pt_wait_cqe(&p.b, PT_TIMEOUT_MS, &cqe);
             ck_assert_int_eq(cqe.status, EXS_PROV_WC_SUCCESS);
@@ -147,7 +153,8 @@ START_TEST(rq_full_wraps_in_order)
                                  ? rq_post_sges(p.eb, id + max + i, dst, (size_t)i * len, len, nsge)
                                  : pt_post_recv(p.eb, id + max + i, dst, (size_t)i * len, len),
                              0);
-            ck_assert_int_eq(pt_post_recv(p.eb, 999, dst, 0, len), -ENOMEM);
+            if (soft)
+                ck_assert_int_eq(pt_post_recv(p.eb, 999, dst, 0, len), -ENOMEM);
         }
         id += max;
     }
