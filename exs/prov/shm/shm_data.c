@@ -525,7 +525,7 @@ static void shm_rq_lock_wait(int *l)
         } else {
             struct timespec ts = {0, 1000L << EXS_MIN(n - 64, 10u)};
 
-            nanosleep(&ts, NULL);
+            (void)exs__nc_nanosleep(&ts);
         }
     }
 }
