@@ -65,7 +65,7 @@ static struct {
     ev_prepare prep; /* before each blocking poll: who watches the provider */
     ev_timer lease;  /* while drivers > 0: look again whether they left */
     pthread_t thread;
-    struct exs_lite_lock plock; /* the progress lock (a futex mutex: lite_lock.h) */
+    struct exs_lite_lock plock; /* the progress lock (a futex mutex: lite_lock.h, the _st pair) */
     pthread_mutex_t lock;       /* jobs, stopping */
     struct exs_list jobs;
     int stopping;
@@ -369,9 +369,13 @@ uint64_t exs__engine_stamp_ns(uint64_t from, uint64_t to)
 
 /* ---- the progress lock ---- */
 
+/* The progress lock is a lite lock given back with a plain store when nobody waits
+ * (lite_lock.h, exs__lite_unlock_st; spec/threading.md §1): a busy poller's idle drive
+ * takes it with one CAS and gives it back with no locked instruction. */
 static void eng_lock(void)
 {
-    EXS_LITE_LOCK(&eng.plock, EXS_LOCK_PROGRESS);
+    EXS_LOCK_ACQUIRE(EXS_LOCK_PROGRESS);
+    exs__lite_lock_st(&eng.plock);
     __atomic_store_n(&eng.holder, eng_self(), __ATOMIC_RELAXED);
 }
 
@@ -420,7 +424,8 @@ static inline __attribute__((always_inline)) void eng_unlock(void)
 
     eng.loop_dirty = 0;
     __atomic_store_n(&eng.holder, (pthread_t)0, __ATOMIC_RELAXED);
-    EXS_LITE_UNLOCK(&eng.plock, EXS_LOCK_PROGRESS);
+    exs__lite_unlock_st(&eng.plock);
+    EXS_LOCK_RELEASE(EXS_LOCK_PROGRESS);
     if (dirty)
         eng_wake_loop();
 }

@@ -41,6 +41,33 @@ static inline __attribute__((always_inline)) void exs__lite_unlock(struct exs_li
         exs__lite_lock_wake(l);
 }
 
+/*
+ * The same lock given back with a plain store when nobody marked it (exs__lite_unlock_st:
+ * the word read 1, then 0 stored, releasing; no locked instruction), else as
+ * exs__lite_unlock. A waiter's mark (2) made between that read and the store is lost and
+ * nobody wakes it, so every waiter of such a lock sleeps at most EXS_LITE_NAP_NS at a time
+ * and looks again (exs__lite_lock_st): a lost wake costs it one nap, never the lock. One
+ * lock is taken either way, never both (the progress lock, shm's nic_lock).
+ */
+#define EXS_LITE_NAP_NS 100000L
+void exs__lite_lock_nap(struct exs_lite_lock *l);
+
+static inline __attribute__((always_inline)) void exs__lite_lock_st(struct exs_lite_lock *l)
+{
+    int c = 0;
+
+    if (!__atomic_compare_exchange_n(&l->v, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        exs__lite_lock_nap(l);
+}
+
+static inline __attribute__((always_inline)) void exs__lite_unlock_st(struct exs_lite_lock *l)
+{
+    if (__atomic_load_n(&l->v, __ATOMIC_RELAXED) == 1)
+        __atomic_store_n(&l->v, 0, __ATOMIC_RELEASE);
+    else
+        exs__lite_unlock(l); /* marked: the exchange, and a waiter woken */
+}
+
 #define EXS_LITE_LOCK(_l, _lvl)                                                                    \
     do {                                                                                           \
         EXS_LOCK_ACQUIRE(_lvl);                                                                    \

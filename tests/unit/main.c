@@ -24,9 +24,10 @@ static Suite *(*const suites[])(void) = {
     proto_resume_ring_suite, proto_resume_bound_suite,
     util_sha256_suite,       proto_resume_auth_suite,
     proto_violation_suite,   prov_soft_pool_suite,
-    proto_unsig_suite,       proto_unsig_cut_suite,
-    proto_resume_stay_suite, api_evq_attack2_suite,
-    api_evq_attack3_suite,   api_evq_attack26_suite,
+    prov_shm_lock_suite,     proto_unsig_suite,
+    proto_unsig_cut_suite,   proto_resume_stay_suite,
+    api_evq_attack2_suite,   api_evq_attack3_suite,
+    api_evq_attack26_suite,
 };
 
 void unit_env_clean(void)

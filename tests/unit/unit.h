@@ -37,6 +37,7 @@ Suite *proto_resume_stay_suite(void);
 Suite *api_evq_attack2_suite(void);
 Suite *api_evq_attack3_suite(void);
 Suite *api_evq_attack26_suite(void);
+Suite *prov_shm_lock_suite(void);
 
 /* Unset every EXS_* variable of the tunables table, forget loaded tunables, and put
  * the logger back to its defaults (writing to stderr). For fixtures. */

@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -235,27 +236,46 @@ struct shm_wr {
 #define SHM_RWR_POOL_SGE 4
 #define SHM_POOL_MAX     64
 
+/* A slot of the receive ring: blk, its own block (SHM_RWR_POOL_SGE sges, allocated at its
+ * first use, kept until the ep goes), and rwr, the receive in it: blk, or one allocated for
+ * itself (more sges; freed when done). A slot is reused once its receive is retired. */
+struct shm_rq_slot {
+    struct exs_soft_rwr *blk;
+    struct exs_soft_rwr *rwr;
+};
+
 struct shm_ep {
     struct exs_prov_ep base;
     struct shm_ctx *ctx;
     int state;               /* enum exs_prov_ep_state (ctx->lock) */
     struct exs_list sq_pend; /* posted, not in the ring yet (ctx->lock) */
     struct exs_list sq;      /* in the ring, not done, oldest first (ctx->lock) */
-    struct exs_list rq;      /* posted receives (ctx->lock) */
     /* sq_pend not empty, or conn->kick < 0: what a turn takes ctx->lock for (stored under
      * ctx->lock by exs__shm_ep_pend_locked, looked at without it) */
     int pend;
-    uint32_t sq_used, sq_unretired, rq_count;
-    uint32_t cq_sq, cq_rq; /* completions queued, not polled (ctx->lock) */
-    struct shm_conn *conn; /* (nic_lock and ctx->lock to change) */
-    uint32_t snd_nxt;      /* psn of the next record written (ctx->lock) */
+    uint32_t sq_used, sq_unretired;
+    uint32_t cq_sq; /* send completions queued, not polled (ctx->lock) */
+    /* Posted receives (spec/provider-shm.md, "The receive ring"): a ring written by
+     * post_recv under rq_lock alone (a store lock: taken with one exchange, given back with a
+     * plain store), read by the turn under ctx->lock; the flush empties it under both. */
+    int rq_lock;
+    int rq_dead;            /* (rq_lock) the flush has swept it: a post completes at once */
+    uint32_t rq_posted;     /* (rq_lock) receives accepted, ever (the ring's, the flushed) */
+    uint32_t rq_head;       /* (written under rq_lock, released) receives put in the ring */
+    uint32_t rq_tail;       /* (ctx->lock) receives taken by the turn */
+    uint32_t rq_retired;    /* (written under ctx->lock, released) completions handed over or
+                             * polled: rq_posted - rq_retired is what max_recv_wr bounds */
+    uint32_t rq_mask;       /* ring slots - 1 (a power of two >= max_recv_wr) */
+    struct shm_rq_slot *rq; /* the ring */
+    struct shm_conn *conn;  /* (nic_lock and ctx->lock to change) */
+    uint32_t snd_nxt;       /* psn of the next record written (ctx->lock) */
     unsigned reads_out;
     int disc_sent;
     int destroyed;
     struct exs_list link;   /* ctx->eps */
     struct exs_list grants; /* (ctx->lock) */
-    /* work request blocks kept for reuse (ctx->lock): no malloc or free per message */
-    struct exs_soft_pool wr_pool, rwr_pool;
+    /* send request blocks kept for reuse (ctx->lock): no malloc or free per message */
+    struct exs_soft_pool wr_pool;
     struct sockaddr_storage local;
     socklen_t local_len;
 };
@@ -338,9 +358,10 @@ struct shm_conn {
 
 struct shm_ctx {
     struct exs_prov_ctx base;
-    /* the NIC role: a futex lock (one CAS to take, one exchange to give back, inline; an
-     * idle busy round takes it once, and pthread_mutex_lock and _unlock cost some 57
-     * instructions a pair there); zeroed is free */
+    /* the NIC role: a futex lock (one CAS to take, inline; an idle busy round takes it
+     * once, and pthread_mutex_lock and _unlock cost some 57 instructions a pair there),
+     * given back with a plain store when nobody waits (exs__shm_nic_unlock); zeroed is
+     * free. Taken and given back only through exs__shm_nic_lock / _trylock / _unlock. */
     struct exs_lite_lock nic_lock;
     /* eps, queues, the producer's side of the rings, keys: a futex lock too (a 64 B round
      * trip takes it some ten times) */
@@ -398,6 +419,12 @@ extern int exs__shm_tsan_token;
     } while (0)
 #endif
 
+/* The NIC lock (spec/provider-shm.md, "The NIC lock's give-back"): a lite lock given back
+ * with a plain store when nobody waits (lite_lock.h, exs__lite_unlock_st). */
+#define exs__shm_nic_lock(_ctx)    exs__lite_lock_st(&(_ctx)->nic_lock)
+#define exs__shm_nic_trylock(_ctx) exs__lite_trylock(&(_ctx)->nic_lock)
+#define exs__shm_nic_unlock(_ctx)  exs__lite_unlock_st(&(_ctx)->nic_lock)
+
 static inline struct shm_ctx *shm_ctx_of(struct exs_prov_ctx *c)
 {
     return (struct shm_ctx *)c;
@@ -428,9 +455,7 @@ static inline struct exs_prov_cqe *exs__shm_cq_slot_locked(struct shm_ctx *ctx)
 static inline void exs__shm_cq_commit_locked(struct shm_ctx *ctx, struct shm_ep *ep, int recv)
 {
     exs__soft_cq_commit(&ctx->cq);
-    if (recv)
-        ep->cq_rq++;
-    else
+    if (!recv) /* (a receive's is counted by its ring: rq_retired when polled) */
         ep->cq_sq++;
     if (ctx->armed)
         exs__shm_notify_locked(ctx);
@@ -445,17 +470,18 @@ static inline struct exs_prov_cqe *exs__shm_cq_nic_slot_locked(struct shm_ctx *c
         return &ctx->sink[ctx->sink_n];
     return exs__shm_cq_slot_locked(ctx);
 }
-static inline void exs__shm_cq_nic_commit_locked(struct shm_ctx *ctx, struct shm_ep *ep, int recv,
-                                                 const struct exs_prov_cqe *slot)
+static inline int exs__shm_cq_nic_commit_locked(struct shm_ctx *ctx, struct shm_ep *ep, int recv,
+                                                const struct exs_prov_cqe *slot)
 {
     if (ctx->sink_n < ctx->sink_max && slot == &ctx->sink[ctx->sink_n]) {
-        /* handed over: not queued, so not counted against the ep's queues (cq_sq, cq_rq),
-         * and no notification (its consumer is the caller, in this call) */
+        /* handed over: not queued, so not counted in cq_sq (a receive retires at once: the caller
+         * retires it below), and no notification (its consumer is the caller, in this call) */
         ctx->sink_n++;
         SHM_CNT_INC_OWNED(ctx->cnt.direct_cqes); /* (nic_lock) */
-        return;
+        return 1;
     }
     exs__shm_cq_commit_locked(ctx, ep, recv);
+    return 0;
 }
 void exs__shm_cm_push(struct shm_ctx *ctx, const struct exs_prov_cm_event *ev);
 /* ctx->lock held: queue a WR_FLUSH_ERR completion of ep. */
@@ -587,6 +613,34 @@ static inline void exs__shm_conn_kick(struct shm_conn *conn)
 void exs__shm_ep_pend_locked(struct shm_ep *ep);
 /* ctx->lock held: a work request given back (to its ep's pool, or freed). */
 void exs__shm_wr_put_locked(struct shm_ep *ep, struct shm_wr *wr);
-void exs__shm_rwr_put_locked(struct shm_ep *ep, struct exs_soft_rwr *rwr);
+/* ctx->lock held: a receive's memory given back (one of its own freed; a slot's block
+ * stays with the slot). */
+static inline void exs__shm_rwr_put_locked(struct exs_soft_rwr *rwr)
+{
+    if (!rwr->pooled)
+        free(rwr);
+}
+/* ---- the receive ring (spec/provider-shm.md, "The receive ring") ---- */
+/* ctx->lock held: a posted receive not taken yet is in the ring. */
+static inline int exs__shm_rq_ready(const struct shm_ep *ep)
+{
+    return __atomic_load_n(&ep->rq_head, __ATOMIC_ACQUIRE) != ep->rq_tail;
+}
+/* ctx->lock held: the oldest receive not taken, taken (its local key checked now: bad), or
+ * NULL. */
+struct exs_soft_rwr *exs__shm_rq_take_locked(struct shm_ep *ep);
+/* ctx->lock held: rwr, the last receive taken, back at the head of the ring. */
+void exs__shm_rq_back_locked(struct shm_ep *ep, struct exs_soft_rwr *rwr);
+/* ctx->lock held: a receive of ep is retired (its completion handed over or polled): its
+ * slot and its room in max_recv_wr are the poster's again. */
+static inline void exs__shm_rq_retire_locked(struct shm_ep *ep)
+{
+    __atomic_store_n(&ep->rq_retired, ep->rq_retired + 1, __ATOMIC_RELEASE);
+}
+/* ctx->lock held: the ring emptied for good, each receive flushed in order (freed without
+ * a completion when the ep is destroyed); later posts complete WR_FLUSH_ERR at once. */
+void exs__shm_rq_sweep_locked(struct shm_ep *ep);
+int exs__shm_rq_init(struct shm_ep *ep);
+void exs__shm_rq_fini(struct shm_ep *ep);
 
 #endif

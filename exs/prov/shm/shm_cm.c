@@ -279,14 +279,7 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
     ep->sq_used = 0;
     ep->sq_unretired = 0;
     ep->reads_out = 0;
-    while ((l = exs_list_pop_head(&ep->rq)) != NULL) {
-        struct exs_soft_rwr *rwr = exs_list_entry(l, struct exs_soft_rwr, link);
-
-        if (!ep->destroyed)
-            exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
-        exs__shm_rwr_put_locked(ep, rwr);
-    }
-    ep->rq_count = 0;
+    exs__shm_rq_sweep_locked(ep);
 }
 
 /* The ep goes to ERROR, everything flushed; DISCONNECTED (once) when notify. */
@@ -314,7 +307,7 @@ void exs__shm_conn_detach(struct shm_conn *conn)
     if (conn->ep) {
         exs__lite_lock(&ctx->lock);
         if (conn->frag_rwr) /* a message in fragments cut off: its receive is flushed */
-            exs_list_add_head(&conn->ep->rq, &conn->frag_rwr->link);
+            exs__shm_rq_back_locked(conn->ep, conn->frag_rwr);
         conn->frag_rwr = NULL;
         conn->ep->conn = NULL;
         exs__lite_unlock(&ctx->lock);
@@ -600,12 +593,12 @@ int exs__shm_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
     ep->state = EXS_PROV_EP_IDLE;
     exs_list_init(&ep->sq_pend);
     exs_list_init(&ep->sq);
-    exs_list_init(&ep->rq);
     exs_list_init(&ep->grants);
     exs__soft_pool_init(&ep->wr_pool, SHM_WR_POOL_LEN, SHM_POOL_MAX);
-    exs__soft_pool_init(
-        &ep->rwr_pool, sizeof(struct exs_soft_rwr) + SHM_RWR_POOL_SGE * sizeof(struct exs_prov_sge),
-        SHM_POOL_MAX);
+    if (exs__shm_rq_init(ep)) {
+        free(ep);
+        return -ENOMEM;
+    }
     exs__lite_lock(&ctx->lock);
     ret = exs__soft_cq_reserve(&ctx->cq, (uint64_t)attr->max_send_wr + attr->max_recv_wr,
                                ctx->base.caps.max_cqe);
@@ -613,6 +606,7 @@ int exs__shm_ep_create(struct exs_prov_ctx *c, const struct exs_prov_ep_attr *at
         exs_list_add_tail(&ctx->eps, &ep->link);
     exs__lite_unlock(&ctx->lock);
     if (ret) {
+        exs__shm_rq_fini(ep);
         free(ep);
         return ret;
     }
@@ -628,7 +622,7 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
     if (!ep)
         return;
     ctx = ep->ctx;
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     exs__lite_lock(&ctx->lock);
     ep->destroyed = 1;
     ep->disc_sent = 1;
@@ -643,9 +637,9 @@ void exs__shm_ep_destroy(struct exs_prov_ep *e)
     exs__soft_cm_drop_locked(&ctx->cm_events, e, NULL);
     exs_list_del(&ep->link);
     exs__lite_unlock(&ctx->lock);
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     exs__soft_pool_fini(&ep->wr_pool);
-    exs__soft_pool_fini(&ep->rwr_pool);
+    exs__shm_rq_fini(ep);
     free(ep);
 }
 
@@ -772,7 +766,7 @@ int exs__shm_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
     if (ret)
         return ret;
     ctx = ep->ctx;
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     exs__lite_lock(&ctx->lock);
     ret = ep->state == EXS_PROV_EP_IDLE && !ep->conn ? 0 : -EISCONN;
     if (!ret)
@@ -792,7 +786,7 @@ int exs__shm_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
             ret = 0;
         }
     }
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return ret;
 }
 
@@ -809,7 +803,7 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     if (!r || !e || pdlen > SHM_PD_MAX || (pdlen && !pd) || e->ctx != r->listener->ctx)
         return -EINVAL;
     ctx = ep->ctx;
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     conn = req->conn;
     exs__lite_lock(&ctx->lock);
     ret = ep->state == EXS_PROV_EP_IDLE && !ep->conn ? 0 : -EISCONN;
@@ -845,7 +839,7 @@ int exs__shm_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
         shm_event_ep(ctx, EXS_PROV_CM_ESTABLISHED, ep, 0, 0, NULL, 0);
         exs__shm_ctx_wake(ctx); /* the driver starts watching the new ring */
     }
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return ret;
 }
 
@@ -858,7 +852,7 @@ int exs__shm_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     if (!r || pdlen > SHM_PD_MAX || (pdlen && !pd))
         return -EINVAL;
     ctx = shm_ctx_of(r->listener->ctx);
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     conn = req->conn;
     if (!conn->broken && conn->fd >= 0) {
         (void)exs__shm_hs_send(conn->fd, SHM_HS_REJECT, 0, ctx, NULL, pd, pdlen, NULL, 0, 0, 0);
@@ -866,7 +860,7 @@ int exs__shm_reject(struct exs_prov_conn_req *r, const void *pd, uint32_t pdlen)
     }
     exs__shm_req_free(conn);
     exs__shm_conn_detach(conn);
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return 0;
 }
 
@@ -880,7 +874,7 @@ int exs__shm_disconnect(struct exs_prov_ep *e)
     if (!e)
         return -EINVAL;
     ctx = ep->ctx;
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     conn = ep->conn;
     if (conn && conn->state == SHM_CONN_UP) {
         exs__shm_conn_end(conn, 0, 0, 1);
@@ -892,6 +886,6 @@ int exs__shm_disconnect(struct exs_prov_ep *e)
         ret = ep->state == EXS_PROV_EP_ERROR ? 0 : -EINVAL;
         exs__lite_unlock(&ctx->lock);
     }
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return ret;
 }

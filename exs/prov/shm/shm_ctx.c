@@ -331,10 +331,10 @@ static void *shm_nic_main(void *arg)
     int stop, did, busy;
 
     for (;;) {
-        exs__lite_lock(&ctx->nic_lock);
+        exs__shm_nic_lock(ctx);
         did = exs__shm_turn(ctx, 2);
         busy = did ? 1 : shm_prepare_sleep(ctx);
-        exs__lite_unlock(&ctx->nic_lock);
+        exs__shm_nic_unlock(ctx);
         exs__lite_lock(&ctx->lock);
         stop = ctx->stop;
         exs__lite_unlock(&ctx->lock);
@@ -380,9 +380,9 @@ static int shm_ctx_progress(struct exs_prov_ctx *c)
     struct shm_ctx *ctx = shm_ctx_of(c);
     int did;
 
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     did = shm_turn_idle(ctx) ? 1 : exs__shm_turn(ctx, 1);
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return did > 0;
 }
 
@@ -400,7 +400,7 @@ static int shm_ctx_progress_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cq
     struct shm_ctx *ctx = shm_ctx_of(c);
     int did, n = 0;
 
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     if (shm_turn_idle(ctx)) {
         did = 1;
     } else {
@@ -412,7 +412,7 @@ static int shm_ctx_progress_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cq
         ctx->sink_max = ctx->sink_n = 0;
         ctx->sink = NULL;
     }
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     if (n < max && exs__soft_cq_peek(&ctx->cq))
         n += shm_poll_take(ctx, cqe + n, max - n);
     *n_p = n;
@@ -436,7 +436,7 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
     /* MANUAL: the flags are set and the arm taken under nic_lock in one go, so that no
      * turn between them takes the flags back from a sleeper (turns read armed) */
     if (ctx->manual) {
-        exs__lite_lock(&ctx->nic_lock);
+        exs__shm_nic_lock(ctx);
         busy = shm_prepare_sleep(ctx);
     }
     exs__lite_lock(&ctx->lock);
@@ -458,7 +458,7 @@ static int shm_ctx_arm(struct exs_prov_ctx *c)
     }
     exs__lite_unlock(&ctx->lock);
     if (ctx->manual)
-        exs__lite_unlock(&ctx->nic_lock);
+        exs__shm_nic_unlock(ctx);
     return ret;
 }
 
@@ -481,7 +481,7 @@ static __attribute__((noinline)) int shm_poll_take(struct shm_ctx *ctx, struct e
         struct shm_ep *ep = shm_ep_of(q->ep);
 
         if (exs__soft_cqe_is_recv(q))
-            ep->cq_rq--;
+            exs__shm_rq_retire_locked(ep);
         else
             ep->cq_sq--;
         cqe[n++] = *q;
@@ -498,7 +498,7 @@ static __attribute__((noinline)) int shm_poll_turn(struct shm_ctx *ctx, struct e
                                                    int max)
 {
     (void)exs__shm_turn(ctx, 0);
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return exs__soft_cq_peek(&ctx->cq) ? shm_poll_take(ctx, cqe, max) : 0;
 }
 
@@ -515,7 +515,7 @@ static int shm_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int ma
         return shm_poll_take(ctx, cqe, max);
     /* run to completion: a busy poller of the default mode carries out what arrived
      * itself when the NIC role is free (no thread hop, no doorbell) */
-    if (!ctx->manual && exs__lite_trylock(&ctx->nic_lock))
+    if (!ctx->manual && exs__shm_nic_trylock(ctx))
         return shm_poll_turn(ctx, cqe, max);
     return 0; /* a busy poller's empty look takes no lock */
 }
@@ -655,9 +655,9 @@ static void shm_ctx_fork(struct exs_prov_ctx *c, int phase)
     /* exs__prov_fork_lock's phases, for nic_lock (a futex lock, not a pthread mutex) */
     if (phase == EXS_FORK_PREPARE || phase == EXS_FORK_PARENT) {
         if (phase == EXS_FORK_PREPARE)
-            exs__lite_lock(&ctx->nic_lock);
+            exs__shm_nic_lock(ctx);
         else
-            exs__lite_unlock(&ctx->nic_lock);
+            exs__shm_nic_unlock(ctx);
         return;
     }
     exs_list_for_each(l, &ctx->conns)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "exs/prov/shm/shm.h"
@@ -143,11 +144,6 @@ static void shm_wr_done_locked(struct shm_ep *ep, struct shm_wr *wr, enum exs_pr
 void exs__shm_wr_put_locked(struct shm_ep *ep, struct shm_wr *wr)
 {
     exs__soft_pool_release_locked(&ep->wr_pool, wr, wr->pooled);
-}
-
-void exs__shm_rwr_put_locked(struct shm_ep *ep, struct exs_soft_rwr *rwr)
-{
-    exs__soft_pool_release_locked(&ep->rwr_pool, rwr, rwr->pooled);
 }
 
 /* ---- posting ---- */
@@ -489,13 +485,111 @@ int exs__shm_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *swr
     return 0;
 }
 
+/* ---- the receive ring (spec/provider-shm.md, "The receive ring") ---- */
+
+#define SHM_RWR_BLK (sizeof(struct exs_soft_rwr) + SHM_RWR_POOL_SGE * sizeof(struct exs_prov_sge))
+
+int exs__shm_rq_init(struct shm_ep *ep)
+{
+    uint32_t n = 1;
+
+    while (n < ep->base.attr.max_recv_wr)
+        n <<= 1;
+    ep->rq = calloc(n, sizeof(*ep->rq));
+    if (!ep->rq)
+        return -ENOMEM;
+    ep->rq_mask = n - 1;
+    return 0;
+}
+
+void exs__shm_rq_fini(struct shm_ep *ep)
+{
+    for (uint32_t i = 0; ep->rq && i <= ep->rq_mask; i++)
+        free(ep->rq[i].blk);
+    free(ep->rq);
+}
+
+/* rq_lock: a store lock. Taken with one exchange; given back with a plain store (no locked
+ * instruction: nobody sleeps on it). A poster that finds it held (another poster of the
+ * ep, or the flush's sweep: holds of a few stores) looks again after a pause, then after
+ * naps of growing length, so a holder that cannot run while its waiter can still runs. */
+static void shm_rq_lock_wait(int *l)
+{
+    for (unsigned n = 0;; n++) {
+        if (!__atomic_load_n(l, __ATOMIC_RELAXED) && !__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE))
+            return;
+        if (n < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            struct timespec ts = {0, 1000L << EXS_MIN(n - 64, 10u)};
+
+            (void)exs__nc_nanosleep(&ts);
+        }
+    }
+}
+
+static inline void shm_rq_lock(struct shm_ep *ep)
+{
+    if (__atomic_exchange_n(&ep->rq_lock, 1, __ATOMIC_ACQUIRE))
+        shm_rq_lock_wait(&ep->rq_lock);
+}
+
+static inline void shm_rq_unlock(struct shm_ep *ep)
+{
+    __atomic_store_n(&ep->rq_lock, 0, __ATOMIC_RELEASE);
+}
+
+struct exs_soft_rwr *exs__shm_rq_take_locked(struct shm_ep *ep)
+{
+    struct exs_soft_rwr *rwr;
+
+    if (!exs__shm_rq_ready(ep))
+        return NULL;
+    rwr = ep->rq[ep->rq_tail & ep->rq_mask].rwr;
+    ep->rq_tail++;
+    /* the local key is checked when the receive is used, as hardware does at placement */
+    rwr->bad = exs__shm_check_local_locked(ep->ctx, rwr->sge, rwr->num_sge,
+                                           EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
+    return rwr;
+}
+
+void exs__shm_rq_back_locked(struct shm_ep *ep, struct exs_soft_rwr *rwr)
+{
+    EXS_ASSERT(ep->rq[(ep->rq_tail - 1) & ep->rq_mask].rwr == rwr);
+    ep->rq_tail--;
+}
+
+void exs__shm_rq_sweep_locked(struct shm_ep *ep)
+{
+    uint32_t head;
+
+    /* after this hold no poster puts a receive in the ring: one that took rq_lock before
+     * it is in head; one after it sees rq_dead */
+    shm_rq_lock(ep);
+    ep->rq_dead = 1;
+    head = ep->rq_head;
+    shm_rq_unlock(ep);
+    while (ep->rq_tail != head) {
+        struct exs_soft_rwr *rwr = ep->rq[ep->rq_tail++ & ep->rq_mask].rwr;
+
+        if (!ep->destroyed)
+            exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
+        exs__shm_rwr_put_locked(rwr);
+    }
+}
+
+/* Without ctx->lock: the receive checked, then written into the ring's next slot under
+ * rq_lock and published by its head; the turn takes it under ctx->lock. */
 int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
 {
     struct shm_ep *ep = shm_ep_of(e);
     struct shm_ctx *ctx = ep->ctx;
-    struct exs_soft_rwr *rwr;
+    struct exs_soft_rwr *own = NULL, *rwr;
+    struct shm_rq_slot *slot;
     uint64_t len;
-    int pooled, ret;
+    int ret;
 
     /* the common receive, one sge: checked and summed here, without the calls */
     if (EXS_LIKELY(in && in->num_sge == 1 && in->sg_list)) {
@@ -504,18 +598,41 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
         ret = exs__soft_rwr_check(in, ctx->base.caps.max_sge, &len);
         if (ret)
             return ret;
+        if (in->num_sge > (int)SHM_RWR_POOL_SGE) {
+            own = malloc(sizeof(*own) + (size_t)in->num_sge * sizeof(own->sge[0]));
+            if (!own)
+                return -ENOMEM;
+        }
     }
-    pooled = in->num_sge <= SHM_RWR_POOL_SGE;
-    /* checked, filled and queued in one hold of ctx->lock, which also guards the pool */
-    exs__lite_lock(&ctx->lock);
-    rwr = pooled ? exs__soft_pool_get_locked(&ep->rwr_pool) : NULL;
-    if (!rwr) {
-        exs__lite_unlock(&ctx->lock);
-        rwr = malloc(pooled ? ep->rwr_pool.size
-                            : sizeof(*rwr) + (size_t)in->num_sge * sizeof(rwr->sge[0]));
-        if (!rwr)
-            return -ENOMEM;
+    shm_rq_lock(ep);
+    if (ep->rq_posted - __atomic_load_n(&ep->rq_retired, __ATOMIC_ACQUIRE) >=
+        ep->base.attr.max_recv_wr) {
+        shm_rq_unlock(ep);
+        free(own);
+        return -ENOMEM;
+    }
+    if (EXS_UNLIKELY(ep->rq_dead)) {
+        /* swept (death, close): completes WR_FLUSH_ERR at once, behind the sweep's */
+        ep->rq_posted++;
+        shm_rq_unlock(ep);
+        free(own);
         exs__lite_lock(&ctx->lock);
+        exs__shm_flush_cqe_locked(ep, in->wr_id, EXS_PROV_WC_RECV);
+        exs__lite_unlock(&ctx->lock);
+        return 0;
+    }
+    /* free: its last receive is retired (rq_posted - rq_retired < max_recv_wr <= slots) */
+    slot = &ep->rq[ep->rq_head & ep->rq_mask];
+    rwr = own;
+    if (!rwr) {
+        if (EXS_UNLIKELY(!slot->blk)) {
+            slot->blk = malloc(SHM_RWR_BLK);
+            if (!slot->blk) {
+                shm_rq_unlock(ep);
+                return -ENOMEM;
+            }
+        }
+        rwr = slot->blk;
     }
     if (in->num_sge == 1) { /* exs__soft_rwr_fill's, for one sge */
         rwr->wr_id = in->wr_id;
@@ -525,23 +642,11 @@ int exs__shm_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *in)
     } else {
         exs__soft_rwr_fill(rwr, in, len);
     }
-    rwr->pooled = (uint8_t)pooled;
-    rwr->bad =
-        exs__shm_check_local_locked(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
-    if (ep->rq_count + ep->cq_rq >= ep->base.attr.max_recv_wr) {
-        exs__shm_rwr_put_locked(ep, rwr);
-        exs__lite_unlock(&ctx->lock);
-        return -ENOMEM;
-    }
-    if (ep->state == EXS_PROV_EP_ERROR) {
-        exs__shm_flush_cqe_locked(ep, rwr->wr_id, EXS_PROV_WC_RECV);
-        exs__shm_rwr_put_locked(ep, rwr);
-        exs__lite_unlock(&ctx->lock);
-        return 0;
-    }
-    ep->rq_count++;
-    exs_list_add_tail(&ep->rq, &rwr->link);
-    exs__lite_unlock(&ctx->lock);
+    rwr->pooled = !own;
+    slot->rwr = rwr;
+    ep->rq_posted++;
+    __atomic_store_n(&ep->rq_head, ep->rq_head + 1, __ATOMIC_RELEASE);
+    shm_rq_unlock(ep);
     return 0;
 }
 
@@ -716,7 +821,7 @@ static void shm_recv_done_locked(struct shm_conn *conn, struct exs_soft_rwr *rwr
 {
     struct shm_ep *ep = conn->ep;
     struct exs_prov_cqe *cqe = exs__shm_cq_nic_slot_locked(conn->ctx);
-    int imm = st == EXS_PROV_WC_SUCCESS && (rec->flags & SHM_RF_IMM);
+    int imm = st == EXS_PROV_WC_SUCCESS && (rec->flags & SHM_RF_IMM), direct;
 
     cqe->wr_id = rwr->wr_id;
     cqe->ep = &ep->base;
@@ -727,9 +832,10 @@ static void shm_recv_done_locked(struct shm_conn *conn, struct exs_soft_rwr *rwr
     cqe->flags = imm ? EXS_PROV_WC_WITH_IMM : 0;
     if (st != EXS_PROV_WC_SUCCESS)
         ep->state = EXS_PROV_EP_ERROR;
-    ep->rq_count--;
-    exs__shm_cq_nic_commit_locked(conn->ctx, ep, 1, cqe);
-    exs__shm_rwr_put_locked(ep, rwr);
+    direct = exs__shm_cq_nic_commit_locked(conn->ctx, ep, 1, cqe);
+    exs__shm_rwr_put_locked(rwr);
+    if (direct) /* (a queued one retires when polled) */
+        exs__shm_rq_retire_locked(ep);
 }
 
 static void shm_recv_done(struct shm_conn *conn, struct exs_soft_rwr *rwr,
@@ -748,7 +854,7 @@ static void shm_recv_back(struct shm_conn *conn, struct exs_soft_rwr *rwr)
     if (!rwr)
         return;
     exs__lite_lock(&conn->ctx->lock);
-    exs_list_add_head(&conn->ep->rq, &rwr->link);
+    exs__shm_rq_back_locked(conn->ep, rwr);
     exs__lite_unlock(&conn->ctx->lock);
 }
 
@@ -785,14 +891,14 @@ static int shm_take_recv(struct shm_conn *conn, const struct shm_rec *rec,
                          struct exs_soft_rwr **rwr_p)
 {
     struct shm_ctx *ctx = conn->ctx;
-    struct exs_list *l;
+    struct exs_soft_rwr *rwr;
 
     exs__lite_lock(&ctx->lock);
-    l = exs_list_pop_head(&conn->ep->rq);
+    rwr = exs__shm_rq_take_locked(conn->ep);
     exs__lite_unlock(&ctx->lock);
-    if (!l)
+    if (!rwr)
         return shm_rnr(conn, rec);
-    *rwr_p = exs_list_entry(l, struct exs_soft_rwr, link);
+    *rwr_p = rwr;
     conn->rnr_tries = 0;
     conn->rnr_at = 0;
     return 1;
@@ -843,13 +949,11 @@ static int shm_do_ring(struct shm_conn *conn, const struct shm_rec *rec, uint64_
         rwr = conn->frag_rwr;
         conn->frag_rwr = NULL;
     } else if (rec->type == SHM_REC_SEND || (rec->flags & SHM_RF_IMM)) {
-        struct exs_list *l = exs_list_pop_head(&ep->rq);
-
-        if (!l) {
+        rwr = exs__shm_rq_take_locked(ep);
+        if (!rwr) {
             shm_hold_drop(ctx, h);
             return shm_rnr(conn, rec);
         }
-        rwr = exs_list_entry(l, struct exs_soft_rwr, link);
         conn->rnr_tries = 0;
         conn->rnr_at = 0;
         if (rwr->bad) {
@@ -868,7 +972,7 @@ static int shm_do_ring(struct shm_conn *conn, const struct shm_rec *rec, uint64_
         if (!exs__soft_key_remote_locked(&ctx->keys, &ep->base, rec->rkey, rec->raddr + off,
                                          first ? rec->len : n, EXS_PROV_ACCESS_REMOTE_WRITE)) {
             if (rwr)
-                exs_list_add_head(&ep->rq, &rwr->link);
+                exs__shm_rq_back_locked(ep, rwr);
             shm_hold_drop(ctx, h);
             EXS_CNT_INC(ctx->cnt.access_errors);
             return shm_refuse(conn, rec->psn, SHM_SYN_REM_ACCESS);
@@ -1216,7 +1320,7 @@ int exs__shm_conn_busy(struct shm_conn *conn)
         return 1;
     exs__lite_lock(&ctx->lock);
     if (head != conn->tail && !conn->rx_drop)
-        busy = !conn->rnr_at || !exs_list_empty(&conn->ep->rq) || exs__now_ns() >= conn->rnr_at;
+        busy = !conn->rnr_at || exs__shm_rq_ready(conn->ep) || exs__now_ns() >= conn->rnr_at;
     else if (head != conn->tail)
         busy = 1;
     if (!busy && !exs_list_empty(&conn->ep->sq_pend)) {

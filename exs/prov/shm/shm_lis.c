@@ -161,11 +161,11 @@ int exs__shm_listen(struct exs_prov_ctx *c, const struct sockaddr *addr, socklen
     else
         ((struct sockaddr_in6 *)&lis->addr)->sin6_port = htons((uint16_t)port);
     exs_list_init(&lis->reqs);
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     ret = exs__shm_epoll_add(ctx, fd, lis, SHM_TAG_LIS);
     if (!ret)
         exs_list_add_tail(&ctx->listeners, &lis->link);
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     if (ret) {
         exs__nc_close(fd);
         free(lis);
@@ -246,7 +246,7 @@ void exs__shm_listener_destroy(struct exs_prov_listener *l)
     struct shm_ctx *ctx = lis->ctx;
     struct exs_list *pos, *tmp;
 
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     exs__shm_epoll_del(ctx, lis->fd);
     exs__nc_close(lis->fd);
     exs_list_for_each_safe(pos, tmp, &ctx->conns)
@@ -269,7 +269,7 @@ void exs__shm_listener_destroy(struct exs_prov_listener *l)
     exs__soft_cm_drop_locked(&ctx->cm_events, NULL, l);
     exs__lite_unlock(&ctx->lock);
     exs_list_del(&lis->link);
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     free(lis);
 }
 
@@ -278,7 +278,7 @@ int exs__shm_listener_pause(struct exs_prov_listener *l, int pause)
     struct shm_listener *lis = (struct shm_listener *)l;
     struct shm_ctx *ctx = lis->ctx;
 
-    exs__lite_lock(&ctx->nic_lock);
+    exs__shm_nic_lock(ctx);
     if (pause && !lis->paused)
         exs__shm_epoll_del(ctx, lis->fd);
     else if (!pause && lis->paused)
@@ -286,6 +286,6 @@ int exs__shm_listener_pause(struct exs_prov_listener *l, int pause)
     lis->paused = !!pause;
     if (!pause)
         exs__shm_listener_ready(lis);
-    exs__lite_unlock(&ctx->nic_lock);
+    exs__shm_nic_unlock(ctx);
     return 0;
 }
