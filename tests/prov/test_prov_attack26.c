@@ -44,14 +44,18 @@ static int mid_message(struct shm_ep *eb)
     return eb->conn && eb->conn->frag_rwr != NULL;
 }
 
-/* c is one of b's receives, flushed, and its first completion (seen counts them) */
-static void recv_flushed(const struct exs_prov_cqe *c, int seen[NRECV + 1])
+/* c is one of b's receives, flushed, its first completion (seen counts them), and in
+ * posting order (last: the receive flushed before it; r1 was flushed after r2 and r3) */
+static void recv_flushed(const struct exs_prov_cqe *c, int seen[NRECV + 1], uint64_t *last)
 {
     ck_assert_msg(c->wr_id >= 1 && c->wr_id <= NRECV, "b: stray completion %llu",
                   (unsigned long long)c->wr_id);
     ck_assert_int_eq(c->status, EXS_PROV_WC_WR_FLUSH_ERR);
     ck_assert_msg(++seen[c->wr_id] == 1, "receive %llu completed twice",
                   (unsigned long long)c->wr_id);
+    ck_assert_msg(c->wr_id > *last, "receive %llu flushed after receive %llu",
+                  (unsigned long long)c->wr_id, (unsigned long long)*last);
+    *last = c->wr_id;
 }
 
 START_TEST(rnr_exc_mid_fragment)
@@ -63,7 +67,7 @@ START_TEST(rnr_exc_mid_fragment)
     struct shm_ctx *ca, *cb;
     struct exs_prov_cqe c;
     int seen[NRECV + 1] = {0}, bsend = 0, caught = 0;
-    uint64_t naks0;
+    uint64_t naks0, last = 0;
     double deadline;
 
     if (strcmp(pt_name, "shm") != 0) {
@@ -120,8 +124,8 @@ START_TEST(rnr_exc_mid_fragment)
     ck_assert_msg(mid_message(eb), "b's message ended while b could not turn");
     nic_drop(cb);
 
-    /* (3) b takes the NAK: its send fails, r2 and r3 are flushed; r1 is still the
-     * connection's (a zombie now) */
+    /* (3) b takes the NAK: its send fails, r2 and r3 are flushed, and r1 before them (the
+     * connection, a zombie now, gives it back to the flush) */
     while (!bsend || !seen[2] || !seen[3]) {
         ck_assert_msg(pt_try_cqe(&p.b, PT_TIMEOUT_MS, &c), "b: a completion missing");
         if (c.wr_id == BSEND_ID) {
@@ -129,16 +133,17 @@ START_TEST(rnr_exc_mid_fragment)
             bsend++;
             continue;
         }
-        recv_flushed(&c, seen);
+        recv_flushed(&c, seen, &last);
     }
 
-    /* (4) b disconnects: r1, given back by the connection's end, is flushed once */
+    /* (4) b disconnects: r1 flushed once (in (3); it was given back by the connection's
+     * end, after r2 and r3, before) */
     ck_assert_int_eq(pt_ops->disconnect(p.eb), 0);
     deadline = pt_now_ms() + PT_TIMEOUT_MS;
     while (!seen[1] && pt_now_ms() < deadline) {
         if (!pt_try_cqe(&p.b, 100, &c))
             continue;
-        recv_flushed(&c, seen);
+        recv_flushed(&c, seen, &last);
     }
     ck_assert_msg(seen[1] == 1, "r1 (the message in fragments) never completed");
     /* nothing more of b's: no receive completes a second time */

@@ -279,6 +279,13 @@ void exs__shm_ep_flush_locked(struct shm_ep *ep)
     ep->sq_used = 0;
     ep->sq_unretired = 0;
     ep->reads_out = 0;
+    /* a message in fragments holds the receive taken last: given back first, so the sweep
+     * flushes it once and in posting order (a flush with the connection kept, after
+     * RNR_EXC, would leave it to the connection's end, behind later receives) */
+    if (ep->conn && ep->conn->frag_rwr) {
+        exs__shm_rq_back_locked(ep, ep->conn->frag_rwr);
+        ep->conn->frag_rwr = NULL;
+    }
     exs__shm_rq_sweep_locked(ep);
 }
 
