@@ -218,6 +218,7 @@ Suite *prov_basic_suite(void);
 Suite *prov_close_suite(void);
 Suite *prov_order_suite(void);
 Suite *prov_attack26_suite(void);
+Suite *prov_attack26b_suite(void);
 Suite *prov_rq_suite(void);
 Suite *prov_rnr_suite(void);
 Suite *prov_access_suite(void);
