@@ -11,12 +11,23 @@
  * while the peer sends one message per receive: every receive completes once, each
  * thread's in its own posting order, every message whole.
  * rq_destroy_own_sges: an ep destroyed with receives of their own memory (more sges than a
- * slot's block) and of slot blocks still in the ring frees them (ASan/LSan: no leak). */
+ * slot's block) and of slot blocks still in the ring frees them (ASan/LSan: no leak).
+ * killed_mid_fragment: the sending peer, another process, is killed (SIGKILL) while this
+ * side's first receive r1 holds a message in fragments (made deterministic: this side's
+ * nic_lock held from the moment r1 is seen in fragments until the child is reaped): r1, r2
+ * and r3 are each flushed once, in posting order, then DISCONNECTED. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "exs/prov/shm/shm.h"
+#include "exs/util/params.h"
+#include "tests/prov/prov_shm_nic.h"
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
 
@@ -203,6 +214,140 @@ START_TEST(rq_destroy_own_sges)
 }
 END_TEST
 
+#define KF_BIG (32u << 20)
+
+/* The child: connect to the parent's address (read from rfd), SEND KF_BIG bytes once
+ * established, then let its NIC thread push fragments until it is killed. */
+static void kf_child(int rfd)
+{
+    struct exs_prov_ep_attr at = pt_default_attr();
+    struct exs_prov_attr attr = {0};
+    struct exs_prov_send_wr wr = {0};
+    struct exs_prov_sge sge;
+    struct exs_prov_cm_event ev;
+    struct sockaddr_storage ss;
+    struct exs_prov_ctx *ctx;
+    struct exs_prov_mr *mr;
+    struct exs_prov_ep *ep;
+    socklen_t len;
+    uint8_t *buf;
+
+    if (read(rfd, &len, sizeof(len)) != sizeof(len) || len > sizeof(ss) ||
+        read(rfd, &ss, len) != (ssize_t)len)
+        _exit(2);
+    buf = malloc(KF_BIG);
+    if (!buf || pt_ops->ctx_open(&attr, &ctx) || pt_ops->ep_create(ctx, &at, &ep) ||
+        pt_ops->mr_reg(ctx, buf, KF_BIG, LW, &mr))
+        _exit(3);
+    memset(buf, 0x5c, KF_BIG);
+    if (pt_ops->connect(ep, (struct sockaddr *)&ss, len, NULL, 0))
+        _exit(4);
+    for (;;) {
+        if (pt_ops->ctx_cm_poll(ctx, &ev) != 1)
+            continue;
+        if (ev.type != EXS_PROV_CM_ESTABLISHED)
+            _exit(5);
+        break;
+    }
+    sge = (struct exs_prov_sge){(uint64_t)(uintptr_t)buf, KF_BIG, mr->lkey};
+    wr.wr_id = 1;
+    wr.opcode = EXS_PROV_WR_SEND;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    if (pt_ops->post_send(ep, &wr))
+        _exit(6);
+    for (;;)
+        pause();
+}
+
+START_TEST(killed_mid_fragment)
+{
+    struct exs_prov_ep_attr at = pt_default_attr();
+    struct exs_prov_listener *lis;
+    struct exs_prov_cm_event ev;
+    struct sockaddr_storage ss;
+    struct exs_prov_cqe c;
+    struct exs_prov_ep *ep;
+    struct pt_buf *r[3];
+    struct shm_ep *se;
+    struct pt_host h;
+    socklen_t len;
+    int pfd[2], st, caught = 0, disc = 0;
+    uint64_t next = 1;
+    double deadline;
+    pid_t pid;
+
+    if (strcmp(pt_name, "shm") != 0) {
+        test_skip("killed_mid_fragment", "shm provider itself only; provider is %s", pt_name);
+        return;
+    }
+    ck_assert_int_eq(setenv("EXS_SHM_RING_KB", "64", 1), 0);
+    exs__params_reset();
+    ck_assert_int_eq(pipe(pfd), 0);
+    pid = fork(); /* before this process has threads of its own */
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(pfd[1]);
+        kf_child(pfd[0]);
+    }
+    close(pfd[0]);
+    pt_host_open(&h);
+    unsetenv("EXS_SHM_RING_KB");
+    exs__params_reset();
+    lis = pt_listen(&h, &ss, &len);
+    ck_assert_int_eq(write(pfd[1], &len, sizeof(len)), (ssize_t)sizeof(len));
+    ck_assert_int_eq(write(pfd[1], &ss, len), (ssize_t)len);
+    pt_wait_cm(&h, EXS_PROV_CM_CONNECT_REQUEST, PT_TIMEOUT_MS, &ev);
+    ck_assert_int_eq(pt_ops->ep_create(h.ctx, &at, &ep), 0);
+    for (int i = 0; i < 3; i++) {
+        r[i] = pt_buf_new(&h, i ? 64 : KF_BIG, LW, 0);
+        ck_assert_int_eq(pt_post_recv(ep, 1 + (uint64_t)i, r[i], 0, i ? 64 : KF_BIG), 0);
+    }
+    ck_assert_int_eq(pt_ops->accept(ev.req, ep, NULL, 0), 0);
+    se = shm_ep_of(ep);
+    /* r1 in fragments: this side's NIC held from then on, the child killed and reaped */
+    deadline = pt_now_ms() + 4 * PT_TIMEOUT_MS;
+    while (pt_now_ms() < deadline) {
+        nic_hold(se->ctx);
+        if (se->conn && se->conn->frag_rwr) {
+            caught = 1;
+            break;
+        }
+        nic_drop(se->ctx);
+        sched_yield();
+    }
+    if (!caught)
+        kill(pid, SIGKILL);
+    ck_assert_msg(caught, "r1 never seen in fragments");
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    nic_drop(se->ctx);
+    /* each receive flushed once, in posting order; then DISCONNECTED */
+    while (next <= 3) {
+        ck_assert_msg(pt_try_cqe(&h, PT_TIMEOUT_MS, &c), "receive %llu never completed",
+                      (unsigned long long)next);
+        ck_assert_msg(c.wr_id == next, "receive %llu completed, expected %llu",
+                      (unsigned long long)c.wr_id, (unsigned long long)next);
+        ck_assert_int_eq(c.status, EXS_PROV_WC_WR_FLUSH_ERR);
+        next++;
+    }
+    while (!disc) {
+        ck_assert_msg(pt_try_cm(&h, PT_TIMEOUT_MS, &ev), "no DISCONNECTED");
+        ck_assert_msg(ev.type == EXS_PROV_CM_ESTABLISHED || ev.type == EXS_PROV_CM_DISCONNECTED,
+                      "cm event %d", (int)ev.type);
+        disc = ev.type == EXS_PROV_CM_DISCONNECTED && ev.ep == ep;
+    }
+    pt_expect_no_cqe(&h, 20); /* none twice */
+    close(pfd[1]);
+    pt_ops->ep_destroy(ep);
+    pt_ops->listener_destroy(lis);
+    for (int i = 0; i < 3; i++)
+        pt_buf_free(r[i]);
+    pt_host_close(&h);
+}
+END_TEST
+
 Suite *prov_attack26b_suite(void)
 {
     Suite *s = suite_create("prov_attack26b");
@@ -211,6 +356,7 @@ Suite *prov_attack26b_suite(void)
     tcase_add_test(tc, recv_dereg_before_take);
     tcase_add_test(tc, rq_two_posters);
     tcase_add_test(tc, rq_destroy_own_sges);
+    tcase_add_test(tc, killed_mid_fragment);
     suite_add_tcase(s, tc);
     return s;
 }
