@@ -12,6 +12,8 @@
  * thread's in its own posting order, every message whole.
  * rq_destroy_own_sges: an ep destroyed with receives of their own memory (more sges than a
  * slot's block) and of slot blocks still in the ring frees them (ASan/LSan: no leak).
+ * rq_destroy_mid_fragment: the same with the ep destroyed while r1 (sges of its own) holds
+ * a message in fragments, r2 behind it.
  * killed_mid_fragment: the sending peer, another process, is killed (SIGKILL) while this
  * side's first receive r1 holds a message in fragments (made deterministic: this side's
  * nic_lock held while the receives are posted, one turn of the connection run by the test,
@@ -217,6 +219,67 @@ END_TEST
 
 #define KF_BIG (32u << 20)
 
+START_TEST(rq_destroy_mid_fragment)
+{
+    /* b's ep destroyed while its receive r1, of sges of its own (more than a slot's
+     * block), holds a message in fragments and r2 waits in the ring: the connection's end
+     * gives r1 back, the sweep frees both (ASan/LSan: no leak, no double free). a's NIC
+     * held throughout: the SEND's later fragments wait for a's turn, so the message
+     * cannot end; b's one turn is run by the test under b's nic_lock. */
+    struct exs_prov_sge sge[6];
+    struct exs_prov_recv_wr wr = {.wr_id = 1, .sg_list = sge, .num_sge = 6};
+    struct pt_buf *src, *r1, *r2;
+    struct shm_ep *ea, *eb;
+    struct pt_pair p;
+    double deadline;
+    int mid;
+
+    if (strcmp(pt_name, "shm") != 0) {
+        test_skip("rq_destroy_mid_fragment", "shm provider itself only; provider is %s", pt_name);
+        return;
+    }
+    ck_assert_int_eq(setenv("EXS_SHM_RING_KB", "64", 1), 0);
+    exs__params_reset();
+    pt_pair_setup(&p, NULL, NULL);
+    unsetenv("EXS_SHM_RING_KB");
+    exs__params_reset();
+    if (p.b.ctx->caps.max_sge < 6) {
+        pt_pair_close(&p);
+        test_skip("rq_destroy_mid_fragment", "max_sge %u < 6", p.b.ctx->caps.max_sge);
+        return;
+    }
+    ea = shm_ep_of(p.ea);
+    eb = shm_ep_of(p.eb);
+    src = pt_pair_buf(&p, 'a', KF_BIG, LW, 0);
+    r1 = pt_pair_buf(&p, 'b', KF_BIG, LW, 0);
+    r2 = pt_pair_buf(&p, 'b', 64, LW, 0);
+    for (int s = 0; s < 6; s++) {
+        sge[s].addr = pt_raddr(r1, (size_t)s * 16);
+        sge[s].length = s == 5 ? KF_BIG - 5 * 16 : 16;
+        sge[s].lkey = r1->mr->lkey;
+    }
+    nic_hold(eb->ctx);
+    ck_assert_int_eq(pt_ops->post_recv(p.eb, &wr), 0);
+    ck_assert_int_eq(pt_post_recv(p.eb, 2, r2, 0, 64), 0);
+    nic_hold(ea->ctx);
+    ck_assert_int_eq(pt_post_send(p.ea, 10, EXS_PROV_WR_SEND, SIG, src, 0, KF_BIG, 0, 0, 0), 0);
+    deadline = pt_now_ms() + PT_TIMEOUT_MS;
+    while (__atomic_load_n(&eb->conn->peer->head, __ATOMIC_ACQUIRE) == eb->conn->tail &&
+           pt_now_ms() < deadline)
+        sched_yield();
+    (void)exs__shm_conn_service(eb->conn);
+    mid = eb->conn && eb->conn->frag_rwr != NULL;
+    nic_drop(eb->ctx);
+    if (!mid)
+        nic_drop(ea->ctx);
+    ck_assert_msg(mid, "r1 not in fragments after b's turn");
+    pt_ops->ep_destroy(p.eb);
+    p.eb = NULL;
+    nic_drop(ea->ctx);
+    pt_pair_close(&p);
+}
+END_TEST
+
 /* The child: connect to the parent's address (read from rfd), SEND KF_BIG bytes once
  * established, then let its NIC thread push fragments until it is killed. */
 static void kf_child(int rfd)
@@ -359,6 +422,7 @@ Suite *prov_attack26b_suite(void)
     tcase_add_test(tc, rq_two_posters);
     tcase_add_test(tc, rq_destroy_own_sges);
     tcase_add_test(tc, killed_mid_fragment);
+    tcase_add_test(tc, rq_destroy_mid_fragment);
     suite_add_tcase(s, tc);
     return s;
 }
