@@ -161,6 +161,12 @@ struct pt_buf *pt_pair_buf(struct pt_pair *p, char side, size_t len, unsigned ac
  * deregister and free the buffers, close both ctxs. */
 void pt_pair_close(struct pt_pair *p);
 
+/* Fork a peer process (before this one has threads of its own): child(rfd) runs there and
+ * never returns; *wfd is the pipe's writing end, to pass it a listener's address with
+ * pt_tell_addr (pt_read_addr in the child: 0, or -1 when it did not come whole). */
+pid_t pt_fork_peer(void (*child)(int rfd), int *wfd);
+void pt_tell_addr(int wfd, const struct sockaddr_storage *ss, socklen_t len);
+int pt_read_addr(int rfd, struct sockaddr_storage *ss, socklen_t *len);
 /* Bind 127.0.0.1 port 0 with a listener of h. */
 struct exs_prov_listener *pt_listen(struct pt_host *h, struct sockaddr_storage *addr,
                                     socklen_t *addrlen);

@@ -622,6 +622,40 @@ int pt_post_send(struct exs_prov_ep *ep, uint64_t wr_id, enum exs_prov_wr_opcode
     return pt_ops->post_send(ep, &wr);
 }
 
+/* ---- a peer in another process ---- */
+
+pid_t pt_fork_peer(void (*child)(int rfd), int *wfd)
+{
+    int pfd[2];
+    pid_t pid;
+
+    ck_assert_int_eq(pipe(pfd), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(pfd[1]);
+        child(pfd[0]);
+        _exit(3);
+    }
+    close(pfd[0]);
+    *wfd = pfd[1];
+    return pid;
+}
+
+void pt_tell_addr(int wfd, const struct sockaddr_storage *ss, socklen_t len)
+{
+    ck_assert_int_eq(write(wfd, &len, sizeof(len)), (ssize_t)sizeof(len));
+    ck_assert_int_eq(write(wfd, ss, len), (ssize_t)len);
+}
+
+int pt_read_addr(int rfd, struct sockaddr_storage *ss, socklen_t *len)
+{
+    if (read(rfd, len, sizeof(*len)) != sizeof(*len) || *len > sizeof(*ss) ||
+        read(rfd, ss, *len) != (ssize_t)*len)
+        return -1;
+    return 0;
+}
+
 /* ---- listeners and pairs ---- */
 
 struct exs_prov_listener *pt_listen(struct pt_host *h, struct sockaddr_storage *addr,

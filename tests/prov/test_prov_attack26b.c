@@ -296,8 +296,7 @@ static void kf_child(int rfd)
     socklen_t len;
     uint8_t *buf;
 
-    if (read(rfd, &len, sizeof(len)) != sizeof(len) || len > sizeof(ss) ||
-        read(rfd, &ss, len) != (ssize_t)len)
+    if (pt_read_addr(rfd, &ss, &len))
         _exit(2);
     buf = malloc(KF_BIG);
     if (!buf || pt_ops->ctx_open(&attr, &ctx) || pt_ops->ep_create(ctx, &at, &ep) ||
@@ -336,7 +335,7 @@ START_TEST(killed_mid_fragment)
     struct shm_ep *se;
     struct pt_host h;
     socklen_t len;
-    int pfd[2], st, caught = 0, disc = 0;
+    int wfd, st, caught = 0, disc = 0;
     uint64_t next = 1;
     double deadline;
     pid_t pid;
@@ -347,20 +346,12 @@ START_TEST(killed_mid_fragment)
     }
     ck_assert_int_eq(setenv("EXS_SHM_RING_KB", "64", 1), 0);
     exs__params_reset();
-    ck_assert_int_eq(pipe(pfd), 0);
-    pid = fork(); /* before this process has threads of its own */
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        close(pfd[1]);
-        kf_child(pfd[0]);
-    }
-    close(pfd[0]);
+    pid = pt_fork_peer(kf_child, &wfd); /* before this process has threads of its own */
     pt_host_open(&h);
     unsetenv("EXS_SHM_RING_KB");
     exs__params_reset();
     lis = pt_listen(&h, &ss, &len);
-    ck_assert_int_eq(write(pfd[1], &len, sizeof(len)), (ssize_t)sizeof(len));
-    ck_assert_int_eq(write(pfd[1], &ss, len), (ssize_t)len);
+    pt_tell_addr(wfd, &ss, len);
     pt_wait_cm(&h, EXS_PROV_CM_CONNECT_REQUEST, PT_TIMEOUT_MS, &ev);
     ck_assert_int_eq(pt_ops->ep_create(h.ctx, &at, &ep), 0);
     ck_assert_int_eq(pt_ops->accept(ev.req, ep, NULL, 0), 0);
@@ -404,7 +395,7 @@ START_TEST(killed_mid_fragment)
         disc = ev.type == EXS_PROV_CM_DISCONNECTED && ev.ep == ep;
     }
     pt_expect_no_cqe(&h, 20); /* none twice */
-    close(pfd[1]);
+    close(wfd);
     pt_ops->ep_destroy(ep);
     pt_ops->listener_destroy(lis);
     for (int i = 0; i < 3; i++)

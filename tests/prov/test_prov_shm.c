@@ -365,8 +365,7 @@ static void kill_child(int rfd)
     socklen_t len;
     uint8_t *buf;
 
-    if (read(rfd, &len, sizeof(len)) != sizeof(len) || len > sizeof(ss) ||
-        read(rfd, &ss, len) != (ssize_t)len)
+    if (pt_read_addr(rfd, &ss, &len))
         _exit(2);
     buf = malloc(KILL_LEN);
     if (!buf || pt_ops->ctx_open(&attr, &ctx) || pt_ops->ep_create(ctx, &at, &ep) ||
@@ -395,24 +394,16 @@ START_TEST(shm_peer_killed_mid_transfer)
     struct pt_host h;
     struct kill_pd pd;
     socklen_t len;
-    int pfd[2], st, nposted = 0, nok = 0, nfail = 0, reads = 8;
+    int wfd, st, nposted = 0, nok = 0, nfail = 0, reads = 8;
     double t_kill, t_disc = -1, t_last = -1;
     pid_t pid;
 
     if (skip_unless_shm("shm_peer_killed_mid_transfer"))
         return;
-    ck_assert_int_eq(pipe(pfd), 0);
-    pid = fork(); /* before this process has threads of its own */
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        close(pfd[1]);
-        kill_child(pfd[0]);
-    }
-    close(pfd[0]);
+    pid = pt_fork_peer(kill_child, &wfd); /* before this process has threads of its own */
     pt_host_open(&h);
     lis = pt_listen(&h, &ss, &len);
-    ck_assert_int_eq(write(pfd[1], &len, sizeof(len)), (ssize_t)sizeof(len));
-    ck_assert_int_eq(write(pfd[1], &ss, len), (ssize_t)len);
+    pt_tell_addr(wfd, &ss, len);
     pt_wait_cm(&h, EXS_PROV_CM_CONNECT_REQUEST, PT_TIMEOUT_MS, &ev);
     ck_assert_uint_eq(ev.private_data_len, sizeof(pd));
     memcpy(&pd, ev.private_data, sizeof(pd));
@@ -463,7 +454,7 @@ START_TEST(shm_peer_killed_mid_transfer)
     fflush(stdout);
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
     ck_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-    close(pfd[1]);
+    close(wfd);
     pt_ops->ep_destroy(ep);
     pt_ops->listener_destroy(lis);
     pt_buf_free(dst);
