@@ -137,6 +137,9 @@ struct api_sock {
     struct api_op *connect_op; /* pending exs_connect */
     struct api_op *close_op;   /* pending exs_close event (may have evq NULL: sync) */
     int n_send, n_recv;        /* outstanding operations (EXS_SOCK_MAX_OPS) */
+    /* atomic, a hint: the registration exs_send's copy at the post last looked up
+     * (xfer.c, mreg_covers); records are parked, never freed, before exs_fini */
+    struct api_mreg *copy_mreg;
     /* listener */
     struct exs_eng_listener lis;
     int backlog;             /* bounds established children not yet accepted */

@@ -202,20 +202,28 @@ static inline __attribute__((always_inline)) int mreg_hold(exs_mhandle_t mh, con
 }
 
 /* Does the registration mh cover buf .. buf + len now? Looked at without a hold, for
- * exs_send's copy at the post (send_copy), which uses nothing of the registration after
- * the look (it reads only buf). The record may be deregistered and reused meanwhile: its
- * handle is read again after addr and len (acquire loads), and a reuse stores those
- * (release stores, exs_mregister) after the old handle was cleared (mreg_park). A send
- * racing the deregistration of its handle may be taken either way, as with a hold. */
-static inline __attribute__((always_inline)) int mreg_covers(exs_mhandle_t mh, const void *buf,
-                                                             size_t len)
+ * exs_send's copy at the post (send_copy) on s, which uses nothing of the registration
+ * after the look (it reads only buf). The record is the one s's hint names when that one
+ * carries mh (a socket's sends mostly use one registration: the table is not read then),
+ * else the table's (the hint set to it). Records are parked, never freed, before exs_fini:
+ * one may be deregistered and reused meanwhile, so its handle is read again after addr
+ * and len (acquire loads), and a reuse stores those (release stores, exs_mregister) after
+ * the old handle was cleared (mreg_park). A handle names one record at a time, so the
+ * hint's record carrying mh is the table's (or was a moment ago: a send racing the
+ * deregistration of its handle may be taken either way, as with a hold). */
+static inline __attribute__((always_inline)) int mreg_covers(struct api_sock *s, exs_mhandle_t mh,
+                                                             const void *buf, size_t len)
 {
-    struct api_mreg *m = mreg_find(mh);
+    struct api_mreg *m = __atomic_load_n(&s->copy_mreg, __ATOMIC_RELAXED);
     uintptr_t off;
     size_t mlen;
 
-    if (!m)
-        return 0;
+    if (!m || __atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh) {
+        m = mreg_find(mh);
+        if (!m)
+            return 0;
+        __atomic_store_n(&s->copy_mreg, m, __ATOMIC_RELAXED);
+    }
     off = (uintptr_t)buf - (uintptr_t)__atomic_load_n(&m->addr, __ATOMIC_ACQUIRE);
     mlen = __atomic_load_n(&m->len, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
@@ -680,7 +688,7 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
      * racing this one, which may come after it. The slot is reserved before the conn's
      * lock (a refusal gives it back). */
     if (!exs__conn_copy_likely(conn, len) ||
-        (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(mh, buf, len)) ||
+        (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(s, mh, buf, len)) ||
         (q != EXS_QHANDLE_INVALID && exs__evq_reserve_q(q, &evq)))
         return -1;
     if (!exs__conn_send_copy(conn, buf, len)) {

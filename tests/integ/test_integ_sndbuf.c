@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -430,6 +431,65 @@ START_TEST(sndbuf_copy_at_post_errors)
 }
 END_TEST
 
+/* The registration a send that ends at its post is checked against (xfer.c, mreg_covers:
+ * the one its socket's hint names when that one carries the handle, else the table's):
+ * a handle deregistered after a copied send, its record registered again under a new
+ * handle, is refused (EINVAL), as is a live handle of another registration that does not
+ * cover the buffer, and the handle deregistered last; the live handles each work in turn
+ * on one socket. Exactly the four good sends are copied at their post and their bytes
+ * arrive in order. Seen failing (the stale handle's send taken) with the handle compares
+ * of the hint and of the record after addr and len taken out. */
+START_TEST(sndbuf_copy_at_post_handles)
+{
+    struct it_pair p;
+    struct it_buf *rb;
+    uint8_t *a = malloc(4096), *b = malloc(4096);
+    exs_mhandle_t h1, h2, h3;
+    uint64_t c0;
+
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    sb_open(&p, NULL);
+    rb = it_buf_new(4096, 1);
+    it_fill(a, 4096, 31);
+    it_fill(b, 4096, 32);
+    c0 = sb_posts_copied(p.cfd);
+    h1 = exs_mregister(a, 4096, 0);
+    ck_assert_int_gt(h1, 0);
+    IT_POST_SEND(p.cfd, a, 64, p.cq, IT_AH(1), h1);
+    it_expect_send(p.cq, p.cfd, IT_AH(1), 64);
+    IT_EXPECT_OK(exs_mderegister(h1));
+    h2 = exs_mregister(a, 4096, 0); /* the parked record of h1, most likely */
+    ck_assert_int_gt(h2, 0);
+    ck_assert_int_ne(h2, h1);
+    IT_EXPECT_FAIL(exs_send(p.cfd, a + 64, 64, 0, p.cq, IT_AH(2), h1), EINVAL);
+    IT_POST_SEND(p.cfd, a + 64, 64, p.cq, IT_AH(3), h2);
+    it_expect_send(p.cq, p.cfd, IT_AH(3), 64);
+    h3 = exs_mregister(b, 4096, 0);
+    ck_assert_int_gt(h3, 0);
+    IT_POST_SEND(p.cfd, b, 64, p.cq, IT_AH(4), h3);
+    it_expect_send(p.cq, p.cfd, IT_AH(4), 64);
+    IT_EXPECT_FAIL(exs_send(p.cfd, a + 128, 64, 0, p.cq, IT_AH(5), h3), EINVAL);
+    IT_POST_SEND(p.cfd, a + 128, 64, p.cq, IT_AH(6), h2);
+    it_expect_send(p.cq, p.cfd, IT_AH(6), 64);
+    IT_EXPECT_OK(exs_mderegister(h2));
+    IT_EXPECT_FAIL(exs_send(p.cfd, a + 192, 64, 0, p.cq, IT_AH(7), h2), EINVAL);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 4);
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 256, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 256, 0);
+    ck_assert_int_eq(memcmp(rb->p, a, 64), 0);
+    ck_assert_int_eq(memcmp(rb->p + 64, a + 64, 64), 0);
+    ck_assert_int_eq(memcmp(rb->p + 128, b, 64), 0);
+    ck_assert_int_eq(memcmp(rb->p + 192, a + 128, 64), 0);
+    it_expect_no_event(p.cq, 50);
+    IT_EXPECT_OK(exs_mderegister(h3));
+    it_pair_close(&p);
+    it_buf_free(rb);
+    free(a);
+    free(b);
+}
+END_TEST
+
 /* Two threads sending on one socket at once. Each message starts with its sender's
  * number and its index; every 40th of thread 1 is larger than copy_max (zero-copy: the
  * small sends behind it wait for its event, taking the whole way), the rest are copied at
@@ -589,6 +649,7 @@ Suite *integ_sndbuf_suite(void)
     tcase_add_test(tc, sndbuf_cancel_spares_copies);
     tcase_add_test(tc, sndbuf_copy_at_post_order);
     tcase_add_test(tc, sndbuf_copy_at_post_errors);
+    tcase_add_test(tc, sndbuf_copy_at_post_handles);
     tcase_add_test(tc, sndbuf_copy_at_post_threads);
     suite_add_tcase(s, tc);
     tc = tcase_create("sndbuf_cut");
