@@ -140,6 +140,9 @@ struct api_sock {
     /* atomic, a hint: the registration exs_send's copy at the post last looked up
      * (xfer.c, mreg_covers); records are parked, never freed, before exs_fini */
     struct api_mreg *copy_mreg;
+    /* atomic, a hint: the queue exs_send's copy at the post last reserved a slot in
+     * (exs__evq_reserve_hint: st tells whether it is still the handle's) */
+    struct exs_evq *copy_evq;
     /* listener */
     struct exs_eng_listener lis;
     int backlog;             /* bounds established children not yet accepted */

@@ -689,7 +689,7 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
      * lock (a refusal gives it back). */
     if (!exs__conn_copy_likely(conn, len) ||
         (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(s, mh, buf, len)) ||
-        (q != EXS_QHANDLE_INVALID && exs__evq_reserve_q(q, &evq)))
+        (q != EXS_QHANDLE_INVALID && exs__evq_reserve_hint(q, &s->copy_evq, &evq)))
         return -1;
     if (!exs__conn_send_copy(conn, buf, len)) {
         if (evq)

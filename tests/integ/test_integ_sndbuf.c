@@ -490,6 +490,59 @@ START_TEST(sndbuf_copy_at_post_handles)
 }
 END_TEST
 
+/* The queue a send that ends at its post reserves its event's slot in
+ * (exs__evq_reserve_hint: the queue its socket's hint names when that queue's state says
+ * it is still the handle's live queue, else the table's): a queue deleted after a copied
+ * send, its memory made a new queue, is refused by its old handle (EINVAL) and the new
+ * queue gets its own event; the hint follows each queue used in turn; a full queue
+ * (depth 1, its event not taken) answers EAGAIN, then takes a send again once emptied.
+ * Exactly the five good sends are copied at their post, each event on its own queue only,
+ * and the bytes arrive in order. Seen failing (the old handle's send taken, its event on
+ * the new queue) with the reservation's check that st names q taken out. */
+START_TEST(sndbuf_copy_at_post_queues)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    exs_qhandle_t q1, q2, q3;
+    uint64_t c0;
+
+    sb_open(&p, NULL);
+    sb = it_buf_new(4096, 1);
+    rb = it_buf_new(4096, 1);
+    it_fill(sb->p, 4096, 41);
+    c0 = sb_posts_copied(p.cfd);
+    q1 = it_qcreate(4);
+    IT_POST_SEND(p.cfd, sb->p, 64, q1, IT_AH(1), sb->mh);
+    it_expect_send(q1, p.cfd, IT_AH(1), 64);
+    it_qdelete(q1);
+    q2 = it_qcreate(4); /* q1's parked queue, most likely */
+    ck_assert_int_ne(q2, q1);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 64, 64, 0, q1, IT_AH(2), sb->mh), EINVAL);
+    IT_POST_SEND(p.cfd, sb->p + 64, 64, q2, IT_AH(3), sb->mh);
+    it_expect_send(q2, p.cfd, IT_AH(3), 64);
+    IT_POST_SEND(p.cfd, sb->p + 128, 64, p.cq, IT_AH(4), sb->mh);
+    it_expect_send(p.cq, p.cfd, IT_AH(4), 64);
+    q3 = it_qcreate(1);
+    IT_POST_SEND(p.cfd, sb->p + 192, 64, q3, IT_AH(5), sb->mh);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 256, 64, 0, q3, IT_AH(6), sb->mh), EAGAIN);
+    it_expect_send(q3, p.cfd, IT_AH(5), 64);
+    IT_POST_SEND(p.cfd, sb->p + 256, 64, q3, IT_AH(7), sb->mh);
+    it_expect_send(q3, p.cfd, IT_AH(7), 64);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 5);
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 320, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 320, 0);
+    ck_assert_int_eq(it_check(rb->p, 320, 41), -1);
+    it_expect_no_event(q2, 50);
+    it_expect_no_event(q3, 0);
+    it_expect_no_event(p.cq, 0);
+    it_qdelete(q2);
+    it_qdelete(q3);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
 /* Two threads sending on one socket at once. Each message starts with its sender's
  * number and its index; every 40th of thread 1 is larger than copy_max (zero-copy: the
  * small sends behind it wait for its event, taking the whole way), the rest are copied at
@@ -650,6 +703,7 @@ Suite *integ_sndbuf_suite(void)
     tcase_add_test(tc, sndbuf_copy_at_post_order);
     tcase_add_test(tc, sndbuf_copy_at_post_errors);
     tcase_add_test(tc, sndbuf_copy_at_post_handles);
+    tcase_add_test(tc, sndbuf_copy_at_post_queues);
     tcase_add_test(tc, sndbuf_copy_at_post_threads);
     suite_add_tcase(s, tc);
     tc = tcase_create("sndbuf_cut");
