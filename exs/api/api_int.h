@@ -114,6 +114,9 @@ struct api_sock {
     int fd_open;                /* fd not yet closed (exs_close closes it) */
     int refs;                   /* atomic: table, conn owner, children, callers in flight; 0: parked
                                  * (sock.c: a lookup without a lock may read it then) */
+    int hz_defer;               /* atomic: its last reference went while a hazard may name it
+                                 * (exs__api_sock_hz_finish) */
+    int hz_claim;               /* atomic: taken by the one that finishes it then */
     struct api_sock *park_next; /* parked: the next one */
     int domain;
     int type;
@@ -242,6 +245,76 @@ exs__api_sock_hold_x(int fd, struct api_sock *s)
     if (t && (unsigned)fd < (unsigned)t->len && __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE) == s)
         return s;
     exs__api_sock_put(s); /* it left fd meanwhile (or a parked one was reused) */
+    return NULL;
+}
+
+/*
+ * Hazards (sock.c, spec/threading.md "The socket table"): exs_send's copy at the post uses
+ * the socket at fd without a reference (two locked instructions less per send). A thread
+ * names the socket in its own record (hz->s) before it checks that the table still has it
+ * at fd with a count above 0; the last put of a socket marks it (hz_defer) and looks at
+ * every record after a full fence; whichever of the two comes second sees the other's
+ * store. The fence of the side on every send is a compiler barrier: the last put's side
+ * makes every running thread of the process pass a full barrier (membarrier(2), private
+ * expedited; without it no record is made and sends take references). A socket
+ * whose last put found a record naming it is finished (its conn destroyed, parked) by the
+ * last thread to let go of it (exs__api_hz_clear), or by the put when none names it any
+ * more; hz_claim makes it one. A record names a socket only across one copy at the post
+ * (send_copy, xfer.c: the conn's lock, the queue's, the provider's post); nobody waits
+ * for a record.
+ */
+struct api_hz {
+    struct api_sock *s;  /* atomic: the socket this thread uses without a reference */
+    int used;            /* atomic: a live thread owns the record */
+    struct api_hz *next; /* exs__api_hz_list: push only, records never freed */
+};
+extern __thread struct api_hz *exs__api_hz_self __attribute__((visibility("hidden")));
+/* This thread's record (made at its first use; thread exit frees it for reuse), or NULL
+ * (no membarrier, no memory). */
+struct api_hz *exs__api_hz_new(void);
+/* s's last put found a hazard, or a thread letting go of s saw hz_defer: finish s unless
+ * a record still names it. */
+void exs__api_sock_hz_finish(struct api_sock *s);
+
+/* the fence between a record's store and the loads that follow it: a compiler barrier
+ * (records exist only where membarrier does: the last put's side makes every running
+ * thread pass a full barrier) */
+static inline __attribute__((always_inline)) void exs__api_hz_fence(void)
+{
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+
+/* hz lets go of s (named by exs__api_sock_hz); finishes s when its last put came meanwhile */
+static inline __attribute__((always_inline)) void exs__api_hz_clear(struct api_hz *hz,
+                                                                    struct api_sock *s)
+{
+    __atomic_store_n(&hz->s, NULL, __ATOMIC_RELEASE);
+    exs__api_hz_fence();
+    if (__builtin_expect(__atomic_load_n(&s->hz_defer, __ATOMIC_ACQUIRE), 0))
+        exs__api_sock_hz_finish(s);
+}
+
+/* The socket at fd, named by hz (no reference: exs__api_hz_clear lets go), or NULL. */
+static inline __attribute__((always_inline)) struct api_sock *exs__api_sock_hz(int fd,
+                                                                               struct api_hz *hz)
+{
+    struct sock_tabv *t = __atomic_load_n(&exs__api_sock_tabv, __ATOMIC_ACQUIRE);
+    struct api_sock *s;
+
+    if (!t || (unsigned)fd >= (unsigned)t->len)
+        return NULL;
+    s = __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE);
+    if (!s)
+        return NULL;
+    __atomic_store_n(&hz->s, s, __ATOMIC_RELAXED);
+    exs__api_hz_fence();
+    /* after the fence: the current array (a grown table's old one may still name s) and
+     * the count (the slot is emptied before the table's put) */
+    t = __atomic_load_n(&exs__api_sock_tabv, __ATOMIC_ACQUIRE);
+    if (t && __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE) == s &&
+        __atomic_load_n(&s->refs, __ATOMIC_SEQ_CST))
+        return s;
+    exs__api_hz_clear(hz, s);
     return NULL;
 }
 

@@ -8,7 +8,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/membarrier.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -54,10 +56,10 @@ static void sock_park(struct api_sock *s)
     EXS_MUTEX_UNLOCK(&park_lock, EXS_LOCK_LEAF);
 }
 
-void exs__api_sock_put(struct api_sock *s)
+/* s's last reference went and no hazard names it: its conn, its number, its parent's
+ * reference go; it is parked. */
+static void sock_destroy(struct api_sock *s)
 {
-    if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL))
-        return;
     if (s->conn)
         exs__conn_destroy(s->conn); /* DEAD: provider objects already gone */
     if (s->fd_open)
@@ -67,6 +69,104 @@ void exs__api_sock_put(struct api_sock *s)
     pthread_mutex_destroy(&s->lock);
     sock_park(s);
     __atomic_fetch_sub(&sock_live, 1, __ATOMIC_RELAXED);
+}
+
+/* ---- hazards (api_int.h, "Hazards") ---- */
+
+struct api_hz *exs__api_hz_list; /* atomic: every record ever made */
+__thread struct api_hz *exs__api_hz_self;
+static pthread_once_t hz_once = PTHREAD_ONCE_INIT;
+static pthread_key_t hz_key;
+static int hz_ok; /* the key made and membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) registered */
+
+/* A thread that made a record ends: the record is free for another (it names nothing:
+ * a hazard spans one call). */
+static void hz_thread_end(void *arg)
+{
+    struct api_hz *hz = arg;
+
+    exs__api_hz_self = NULL;
+    __atomic_store_n(&hz->used, 0, __ATOMIC_RELEASE);
+}
+
+/* Before the first record (so every record's thread and every put see one mode). */
+static void hz_init(void)
+{
+    hz_ok = syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0) == 0 &&
+            !pthread_key_create(&hz_key, hz_thread_end);
+}
+
+struct api_hz *exs__api_hz_new(void)
+{
+    struct api_hz *hz;
+
+    pthread_once(&hz_once, hz_init);
+    if (!hz_ok)
+        return NULL; /* references only */
+    for (hz = __atomic_load_n(&exs__api_hz_list, __ATOMIC_ACQUIRE); hz; hz = hz->next) {
+        int free_ = 0;
+
+        if (__atomic_compare_exchange_n(&hz->used, &free_, 1, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED))
+            break;
+    }
+    if (!hz) {
+        hz = calloc(1, sizeof(*hz));
+        if (!hz)
+            return NULL;
+        hz->used = 1;
+        hz->next = __atomic_load_n(&exs__api_hz_list, __ATOMIC_RELAXED);
+        while (!__atomic_compare_exchange_n(&exs__api_hz_list, &hz->next, hz, 1, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_RELAXED))
+            ;
+    }
+    if (pthread_setspecific(hz_key, hz)) {
+        __atomic_store_n(&hz->used, 0, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    exs__api_hz_self = hz;
+    return hz;
+}
+
+/* The full fence of a last put's side (records exist: membarrier registered): every
+ * running thread of the process passes a full barrier before it returns, and the caller
+ * one at its entry and one at its exit (the kernel's smp_mb() there); the other side's
+ * fence is a compiler barrier. It does not fail once registered. */
+static void hz_heavy_fence(void)
+{
+    if (syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) != 0) {
+        EXS_ERR(API, "membarrier: %s", strerror(errno));
+        abort(); /* the other side's fences are compiler barriers: nothing else is safe */
+    }
+}
+
+/* No record made yet: none can name s (a record is pushed, a seq_cst CAS, before it names
+ * anything; the count's drop to 0 came before this look, so a thread pushing after it
+ * sees the count 0 when it checks and lets go). */
+void exs__api_sock_hz_finish(struct api_sock *s)
+{
+    struct api_hz *hz = __atomic_load_n(&exs__api_hz_list, __ATOMIC_SEQ_CST);
+
+    if (hz) {
+        hz_heavy_fence();
+        for (; hz; hz = hz->next)
+            if (__atomic_load_n(&hz->s, __ATOMIC_ACQUIRE) == s)
+                return; /* that thread finishes s when it lets go (exs__api_hz_clear) */
+    }
+    if (__atomic_exchange_n(&s->hz_claim, 1, __ATOMIC_ACQ_REL))
+        return; /* another one finishes it */
+    sock_destroy(s);
+}
+
+void exs__api_sock_put(struct api_sock *s)
+{
+    /* seq_cst: before exs__api_sock_hz_finish's look at the records */
+    if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_SEQ_CST))
+        return;
+    __atomic_store_n(
+        &s->hz_defer, 1,
+        __ATOMIC_RELEASE); /* what this thread did with s before its destroy elsewhere */
+    exs__api_sock_hz_finish(s);
 }
 
 struct api_sock *exs__api_sock_hold(int fd, struct api_sock *s)
@@ -994,6 +1094,13 @@ void exs__api_sock_fork(int phase)
         for (int fd = 0; fd < tab_len; fd++)
             if (tab[fd] && tab[fd]->fd_open)
                 exs__api_fork_stale_mark(fd);
+        /* the other threads' records: they are gone (this one's names nothing: a hazard
+         * spans one call, and fork is no part of one) */
+        for (struct api_hz *hz = exs__api_hz_list; hz; hz = hz->next) {
+            hz->s = NULL;
+            if (hz != exs__api_hz_self)
+                hz->used = 0;
+        }
         exs__forsake(tabv); /* the old arrays are reachable from it */
         tabv = NULL;
         tab = NULL;

@@ -659,14 +659,16 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 /* ---- send / receive ---- */
 
 /* exs_send's copy at the post (spec/proto-layout.md, "A send that ends at its post"): a
- * send on s (held) that the STREAM send buffer takes and finishes at once goes in without
+ * send on s (named by this thread's hazard record, no reference: api_int.h "Hazards")
+ * that the STREAM send buffer takes and finishes at once goes in without
  * an operation: no block, no registration held or looked up on the provider (only
  * checked: the bytes are read here), no count of outstanding sends, nothing queued in the
  * conn, and its event written straight into the slot reserved under the conn's lock (so
  * it follows every earlier send's, posted under that lock too). A synchronous send (q
- * invalid) has no event. The call's result (0, or len when synchronous; s put) when done
- * so; -1 when the send goes the whole way with s, nothing taken (any error is found and
- * reported there). */
+ * invalid) has no event. The call's result (0, or len when synchronous) when done so; -1
+ * when the send goes the whole way, nothing taken (any error is found and reported
+ * there). The caller's record names s until it lets go (exs__api_hz_clear), after this:
+ * s's last put meanwhile leaves s and its conn to it. */
 static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, const void *buf,
                                                            size_t len, int flags, exs_qhandle_t q,
                                                            exs_ahandle_t ah, exs_mhandle_t mh)
@@ -701,7 +703,6 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
                              (ssize_t)len);
     exs__conn_unlock(conn);
     exs__engine_posted(); /* the application is around: spec/threading.md §4 */
-    exs__api_sock_put(s);
     return evq ? 0 : (int)len;
 }
 
@@ -850,21 +851,27 @@ int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, i
                      recv, b);
 }
 
-/* exs_send of a libexs socket: the copy at the post, else the whole way with the socket
- * found; or what exs__api_kfd_send_fast (kfd.c) did not take. */
+/* exs_send of a libexs socket: the copy at the post with the socket named by this
+ * thread's hazard record (no reference), else the whole way with the socket found (held);
+ * or what exs__api_kfd_send_fast (kfd.c) did not take. */
 __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t len, int flags,
                                                  exs_qhandle_t q, exs_ahandle_t ah,
                                                  exs_mhandle_t mh)
 {
-    struct api_sock *s = exs__api_sock_find_x(fd);
+    struct api_hz *hz = exs__api_hz_self;
+    struct api_sock *s;
 
-    if (s) {
+    if (__builtin_expect(!hz, 0))
+        hz = exs__api_hz_new();
+    if (hz && (s = exs__api_sock_hz(fd, hz))) {
         int ret = send_copy(s, buf, len, flags, q, ah, mh);
 
+        exs__api_hz_clear(hz, s);
         if (ret >= 0)
             return ret;
     }
-    return xfer_post(fd, s, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
+    return xfer_post(fd, exs__api_sock_find_x(fd), (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0,
+                     NULL);
 }
 
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,

@@ -4,6 +4,7 @@
 #include <check.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,6 +382,18 @@ START_TEST(sndbuf_copy_at_post_order)
 }
 END_TEST
 
+/* A pair (sb_open) with a 4 KiB send buffer filled from seed and a 4 KiB receive buffer,
+ * both registered; returns the sends of cfd copied at their post so far. */
+static uint64_t sb_open_copy(struct it_pair *p, struct it_buf **sb, struct it_buf **rb,
+                             uint32_t seed)
+{
+    sb_open(p, NULL);
+    *sb = it_buf_new(4096, 1);
+    *rb = it_buf_new(4096, 1);
+    it_fill((*sb)->p, 4096, seed);
+    return sb_posts_copied(p->cfd);
+}
+
 /* A send that would end at its post fails as before: a handle that does not cover the
  * buffer (past its end, before its start) or no handle (EINVAL;
  * the registration's last bytes exactly are taken), a full queue (EAGAIN, nothing sent), after
@@ -393,11 +406,7 @@ START_TEST(sndbuf_copy_at_post_errors)
     exs_qhandle_t q1;
     uint64_t c0;
 
-    sb_open(&p, NULL);
-    sb = it_buf_new(4096, 1);
-    rb = it_buf_new(4096, 1);
-    it_fill(sb->p, 4096, 22);
-    c0 = sb_posts_copied(p.cfd);
+    c0 = sb_open_copy(&p, &sb, &rb, 22);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 4096 - 32, 64, 0, p.cq, IT_AH(1), sb->mh), EINVAL);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p - 32, 64, 0, p.cq, IT_AH(1), sb->mh), EINVAL);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(1), sb->mh + 1000), EINVAL);
@@ -506,11 +515,7 @@ START_TEST(sndbuf_copy_at_post_queues)
     exs_qhandle_t q1, q2, q3;
     uint64_t c0;
 
-    sb_open(&p, NULL);
-    sb = it_buf_new(4096, 1);
-    rb = it_buf_new(4096, 1);
-    it_fill(sb->p, 4096, 41);
-    c0 = sb_posts_copied(p.cfd);
+    c0 = sb_open_copy(&p, &sb, &rb, 41);
     q1 = it_qcreate(4);
     IT_POST_SEND(p.cfd, sb->p, 64, q1, IT_AH(1), sb->mh);
     it_expect_send(q1, p.cfd, IT_AH(1), 64);
@@ -540,6 +545,87 @@ START_TEST(sndbuf_copy_at_post_queues)
     it_pair_close(&p);
     it_buf_free(sb);
     it_buf_free(rb);
+}
+END_TEST
+
+/* A second thread's record naming a socket (sndbuf_copy_at_post_hazard): named at
+ * step 1, let go of at step 3. */
+struct sbh_arg {
+    int fd;
+    int step; /* atomic: 1 named (or failed: s NULL), 2 let go now, 3 let go */
+    struct api_sock *s;
+};
+
+static void *sbh_holder(void *arg)
+{
+    struct sbh_arg *a = arg;
+    struct api_hz *hz = exs__api_hz_self ? exs__api_hz_self : exs__api_hz_new();
+
+    a->s = hz ? exs__api_sock_hz(a->fd, hz) : NULL;
+    __atomic_store_n(&a->step, 1, __ATOMIC_RELEASE);
+    if (!a->s)
+        return NULL;
+    while (__atomic_load_n(&a->step, __ATOMIC_ACQUIRE) != 2)
+        sched_yield();
+    exs__api_hz_clear(hz, a->s);
+    __atomic_store_n(&a->step, 3, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* A socket named by hazard records (api_int.h "Hazards": exs_send's copy at the post uses
+ * the socket without a reference) outlives its last reference until every thread naming
+ * it lets go: this thread and a second one name cfd's socket as send_copy does
+ * (exs__api_sock_hz); cfd is closed and its last put awaited (deadline), which leaves the
+ * socket to the records: not parked (the live count keeps it), unclaimed; this thread
+ * lets go (exs__api_hz_clear): still kept, the other record names it; the other thread
+ * lets go: finished (the count drops by one, claimed once). Then a record finds nothing
+ * at the closed number. Seen failing (the socket parked while named) with
+ * exs__api_sock_hz_finish's look at the records taken out. */
+START_TEST(sndbuf_copy_at_post_hazard)
+{
+    struct it_pair p;
+    struct api_hz *hz;
+    struct api_sock *s;
+    struct sbh_arg a = {0};
+    pthread_t th;
+    int live, fd;
+    double end;
+
+    sb_open(&p, NULL);
+    hz = exs__api_hz_self ? exs__api_hz_self : exs__api_hz_new();
+    if (!hz) {
+        it_pair_close(&p);
+        test_skip("sndbuf_copy_at_post_hazard", "no membarrier(2): sends take references");
+        return;
+    }
+    fd = a.fd = p.cfd;
+    s = exs__api_sock_hz(fd, hz);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(pthread_create(&th, NULL, sbh_holder, &a), 0);
+    end = it_now_ms() + 20000;
+    while (!__atomic_load_n(&a.step, __ATOMIC_ACQUIRE) && it_now_ms() < end)
+        sched_yield();
+    ck_assert_ptr_eq(a.s, s);
+    live = exs__api_sock_live();
+    it_close(fd, p.cq);
+    p.cfd = -1;
+    while (!__atomic_load_n(&s->hz_defer, __ATOMIC_ACQUIRE) && it_now_ms() < end)
+        (void)exs_qdequeue(p.cq, NULL, 0, 0); /* drive progress */
+    ck_assert_msg(__atomic_load_n(&s->hz_defer, __ATOMIC_ACQUIRE), "no last put within 20 s");
+    ck_assert_int_eq(__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE), 0);
+    ck_assert_int_eq(exs__api_sock_live(), live); /* not parked while named */
+    ck_assert_int_eq(__atomic_load_n(&s->hz_claim, __ATOMIC_ACQUIRE), 0);
+    exs__api_hz_clear(hz, s);
+    ck_assert_int_eq(exs__api_sock_live(), live); /* the other record still names it */
+    ck_assert_int_eq(__atomic_load_n(&s->hz_claim, __ATOMIC_ACQUIRE), 0);
+    __atomic_store_n(&a.step, 2, __ATOMIC_RELEASE);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_int_eq(a.step, 3);
+    ck_assert_int_eq(__atomic_load_n(&s->hz_claim, __ATOMIC_ACQUIRE), 1);
+    ck_assert_int_eq(exs__api_sock_live(), live - 1);
+    ck_assert_ptr_null(exs__api_sock_hz(fd, hz));
+    ck_assert_ptr_null(__atomic_load_n(&hz->s, __ATOMIC_ACQUIRE));
+    it_pair_close(&p);
 }
 END_TEST
 
@@ -704,6 +790,7 @@ Suite *integ_sndbuf_suite(void)
     tcase_add_test(tc, sndbuf_copy_at_post_errors);
     tcase_add_test(tc, sndbuf_copy_at_post_handles);
     tcase_add_test(tc, sndbuf_copy_at_post_queues);
+    tcase_add_test(tc, sndbuf_copy_at_post_hazard);
     tcase_add_test(tc, sndbuf_copy_at_post_threads);
     suite_add_tcase(s, tc);
     tc = tcase_create("sndbuf_cut");
