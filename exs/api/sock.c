@@ -142,31 +142,39 @@ static void hz_heavy_fence(void)
 
 /* No record made yet: none can name s (a record is pushed, a seq_cst CAS, before it names
  * anything; the count's drop to 0 came before this look, so a thread pushing after it
- * sees the count 0 when it checks and lets go). */
-void exs__api_sock_hz_finish(struct api_sock *s)
+ * sees the count 0 when it checks and lets go). w: s->hz as the caller saw it marked;
+ * the claim takes that lifetime only (spec/api.md "Hazard records": a finisher that read
+ * w, was overtaken by another that destroyed and parked s, and s unparked by
+ * exs__api_sock_new meanwhile, finds the generation moved on and leaves the new socket). */
+void exs__api_sock_hz_finish(struct api_sock *s, uint64_t w)
 {
     struct api_hz *hz = __atomic_load_n(&exs__api_hz_list, __ATOMIC_SEQ_CST);
 
+    if ((w & (EXS_API_HZ_DEFER | EXS_API_HZ_CLAIMED)) != EXS_API_HZ_DEFER)
+        return; /* taken already */
     if (hz) {
         hz_heavy_fence();
         for (; hz; hz = hz->next)
             if (__atomic_load_n(&hz->s, __ATOMIC_ACQUIRE) == s)
                 return; /* that thread finishes s when it lets go (exs__api_hz_clear) */
     }
-    if (__atomic_exchange_n(&s->hz_claim, 1, __ATOMIC_ACQ_REL))
-        return; /* another one finishes it */
+    if (!__atomic_compare_exchange_n(&s->hz, &w, w | EXS_API_HZ_CLAIMED, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED))
+        return; /* another one finishes it, or did and s lives again */
     sock_destroy(s);
 }
 
 void exs__api_sock_put(struct api_sock *s)
 {
+    uint64_t w;
+
     /* seq_cst: before exs__api_sock_hz_finish's look at the records */
     if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_SEQ_CST))
         return;
-    __atomic_store_n(
-        &s->hz_defer, 1,
-        __ATOMIC_RELEASE); /* what this thread did with s before its destroy elsewhere */
-    exs__api_sock_hz_finish(s);
+    /* once a lifetime (the count reaches 0 once: nothing raises it from 0); release: what
+     * this thread did with s before its destroy elsewhere */
+    w = __atomic_or_fetch(&s->hz, EXS_API_HZ_DEFER, __ATOMIC_ACQ_REL);
+    exs__api_sock_hz_finish(s, w);
 }
 
 struct api_sock *exs__api_sock_hold(int fd, struct api_sock *s)
@@ -236,17 +244,28 @@ static int tab_remove(struct api_sock *s)
     return removed;
 }
 
-/* A parked socket, all zero but its count (0: a lookup may be reading it), or a new one. */
+/* A parked socket, all zero but its count (0: a lookup may be reading it) and its hazard
+ * word (the next generation: a finisher of an earlier lifetime still holding the old
+ * word must not match it), or a new one. */
 static struct api_sock *sock_unpark(void)
 {
     struct api_sock *s;
+    size_t keep = offsetof(struct api_sock, refs), keep_end;
 
+    _Static_assert(offsetof(struct api_sock, hz) > offsetof(struct api_sock, refs),
+                   "sock_unpark keeps refs..hz");
+    keep_end = offsetof(struct api_sock, hz) + sizeof(s->hz);
     s = EXS_PARKED_POP(&park_lock, sock_parked, park_next);
     if (!s)
         return calloc(1, sizeof(*s));
-    memset(s, 0, offsetof(struct api_sock, refs));
-    memset((char *)s + offsetof(struct api_sock, refs) + sizeof(s->refs), 0,
-           sizeof(*s) - offsetof(struct api_sock, refs) - sizeof(s->refs));
+    memset(s, 0, keep);
+    memset((char *)s + keep_end, 0, sizeof(*s) - keep_end);
+    /* the old lifetime was claimed (sock_destroy, then parked under park_lock) */
+    __atomic_store_n(
+        &s->hz,
+        (__atomic_load_n(&s->hz, __ATOMIC_RELAXED) & ~(uint64_t)(EXS_API_HZ_GEN1 - 1)) +
+            EXS_API_HZ_GEN1,
+        __ATOMIC_RELAXED);
     return s;
 }
 

@@ -609,19 +609,20 @@ START_TEST(sndbuf_copy_at_post_hazard)
     live = exs__api_sock_live();
     it_close(fd, p.cq);
     p.cfd = -1;
-    while (!__atomic_load_n(&s->hz_defer, __ATOMIC_ACQUIRE) && it_now_ms() < end)
+    while (!(__atomic_load_n(&s->hz, __ATOMIC_ACQUIRE) & EXS_API_HZ_DEFER) && it_now_ms() < end)
         (void)exs_qdequeue(p.cq, NULL, 0, 0); /* drive progress */
-    ck_assert_msg(__atomic_load_n(&s->hz_defer, __ATOMIC_ACQUIRE), "no last put within 20 s");
+    ck_assert_msg(__atomic_load_n(&s->hz, __ATOMIC_ACQUIRE) & EXS_API_HZ_DEFER,
+                  "no last put within 20 s");
     ck_assert_int_eq(__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE), 0);
     ck_assert_int_eq(exs__api_sock_live(), live); /* not parked while named */
-    ck_assert_int_eq(__atomic_load_n(&s->hz_claim, __ATOMIC_ACQUIRE), 0);
+    ck_assert_int_eq(__atomic_load_n(&s->hz, __ATOMIC_ACQUIRE) & EXS_API_HZ_CLAIMED, 0);
     exs__api_hz_clear(hz, s);
     ck_assert_int_eq(exs__api_sock_live(), live); /* the other record still names it */
-    ck_assert_int_eq(__atomic_load_n(&s->hz_claim, __ATOMIC_ACQUIRE), 0);
+    ck_assert_int_eq(__atomic_load_n(&s->hz, __ATOMIC_ACQUIRE) & EXS_API_HZ_CLAIMED, 0);
     __atomic_store_n(&a.step, 2, __ATOMIC_RELEASE);
     ck_assert_int_eq(pthread_join(th, NULL), 0);
     ck_assert_int_eq(a.step, 3);
-    ck_assert_int_eq(__atomic_load_n(&s->hz_claim, __ATOMIC_ACQUIRE), 1);
+    ck_assert_int_ne(__atomic_load_n(&s->hz, __ATOMIC_ACQUIRE) & EXS_API_HZ_CLAIMED, 0);
     ck_assert_int_eq(exs__api_sock_live(), live - 1);
     ck_assert_ptr_null(exs__api_sock_hz(fd, hz));
     ck_assert_ptr_null(__atomic_load_n(&hz->s, __ATOMIC_ACQUIRE));
