@@ -29,9 +29,9 @@
  * raises the socket's reference count unless it is 0, and then checks that the table
  * (the current array) still names that socket at fd; the table's own reference is
  * dropped after its slot is emptied, so a socket at 0 has left the table. For that,
- * nothing such a reader may be reading is freed before exs_fini: a grown table keeps its
- * old array, and a socket whose last reference went is parked (sock_parked, count 0) and
- * reused by a later exs__api_sock_new. */
+ * nothing such a reader may be reading is ever freed (exs_fini keeps them too, for the
+ * next exs_init): a grown table keeps its old array, and a socket whose last reference
+ * went is parked (sock_parked, count 0) and reused by a later exs__api_sock_new. */
 static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
 struct sock_tabv *exs__api_sock_tabv; /* api_int.h (exs__api_sock_at) */
 #define tabv exs__api_sock_tabv
@@ -1049,20 +1049,6 @@ int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
     return 0;
 }
 
-/* exs_fini (tab_lock held): the parked sockets freed (a socket still closing parks
- * itself later, and stays parked until the next exs_fini). */
-static void sock_parked_free(void)
-{
-    EXS_MUTEX_LOCK(&park_lock, EXS_LOCK_LEAF);
-    while (sock_parked) {
-        struct api_sock *s = sock_parked;
-
-        sock_parked = s->park_next;
-        free(s);
-    }
-    EXS_MUTEX_UNLOCK(&park_lock, EXS_LOCK_LEAF);
-}
-
 /* exs_fini: close every socket without events. */
 void exs__api_sock_close_all(void)
 {
@@ -1084,18 +1070,13 @@ void exs__api_sock_close_all(void)
             exs__api_sock_put(s);
         }
     }
-    EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
-    if (!__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
-        for (struct sock_tabv *t = tabv, *o; t; t = o) {
-            o = t->old;
-            free(t);
-        }
-        __atomic_store_n(&tabv, NULL, __ATOMIC_RELEASE);
-        tab = NULL;
-        tab_len = 0;
-        sock_parked_free();
-    } /* else at exit: the emptied table and the parked sockets stay for calls still looking */
-    EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
+    /* The emptied table stays, its arrays too (the old ones), and the parked sockets: a
+     * look without the lock racing this (exs__api_sock_at, exs__api_sock_hz, a hold) may
+     * still read them, and learns from the slot (NULL) or the count (0) that its socket
+     * is gone (EBADF); freed here, it read freed memory (integ_attack26 send_at_fini).
+     * The next exs_init's sockets reuse them (the memory: the table's largest size and
+     * the most sockets parked at once); numbers given out before stay invalid (their
+     * slots are empty until a new socket gets the number). */
 }
 
 /* fork(2) (fork.c). PREPARE/PARENT: the table's lock held across it. CHILD: every

@@ -14,10 +14,12 @@
  * on one thread (exs__api_hz_clear split where T was preempted), the last put being the
  * library's own (exs_close). It passes when the new socket survives.
  *
- * send_at_fini (tcase fini_send): exs_fini freed the socket table's arrays
- * (exs__api_sock_close_all), which exs_send's first look (exs__api_sock_at: the array, its
- * length, the slot) and the hazard look read without a lock: a send racing exs_fini read
- * freed memory (ASan: heap-use-after-free in exs__api_sock_at, tcp and shm), as
+ * send_at_fini (tcase fini_send): exs_fini freed the socket table's arrays and parked
+ * sockets (exs__api_sock_close_all), which exs_send's first look (exs__api_sock_at: the
+ * array, its length, the slot) and the hazard look read without a lock, and kfd.c's table
+ * and parked kfds (a number exs_fini closed is a kernel one's to exs_send:
+ * kfd_lookup_locked): a send racing exs_fini read freed memory (ASan: heap-use-after-free
+ * in exs__api_sock_at, exs__api_sock_hz and kfd_lookup_locked, tcp and shm), as
  * exs_qdequeue's look at the queue table did (evq.c, b575548). A call racing exs_fini is
  * the application's mistake, but its answer should be an error, not a read of freed
  * memory. A looker on the other CPU sends on the last socket's number while the main
@@ -178,7 +180,6 @@ START_TEST(hz_finish_second_lifetime)
     it_pair_close(&p);
 }
 END_TEST
-
 
 #define SF_ROUNDS     300
 #define SF_DEADLINE_S 30
