@@ -239,15 +239,9 @@ END_TEST
 Suite *integ_attack26_suite(void)
 {
     Suite *s = suite_create("integ_attack26");
-    TCase *tc = tcase_create("hazard");
 
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, hz_finish_reincarnated);
-    tcase_add_test(tc, hz_finish_second_lifetime);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("fini_send");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, send_at_fini);
-    suite_add_tcase(s, tc);
+    it_suite_add(s, "hazard", 60, 1,
+                 (const TTest *const[]){hz_finish_reincarnated, hz_finish_second_lifetime, NULL});
+    it_suite_add(s, "fini_send", 120, 1, (const TTest *const[]){send_at_fini, NULL});
     return s;
 }
