@@ -212,6 +212,14 @@ START_TEST(send_at_fini)
     time_t end;
     int r;
 
+#if defined(__SANITIZE_THREAD__)
+    /* it uses a number racing its close and reuse on purpose (the application's mistake
+     * it plays): ThreadSanitizer reports that as a race on the descriptor (the library's
+     * fstat against the close or the next eventfd), which is the premise; what it checks,
+     * no freed memory read, is AddressSanitizer's */
+    test_skip("send_at_fini", "ThreadSanitizer: a descriptor number raced on purpose");
+    return;
+#endif
     ck_assert_int_eq(setenv("EXS_PROVIDER", it_provider, 1), 0);
     clock_gettime(CLOCK_MONOTONIC, &now);
     end = now.tv_sec + SF_DEADLINE_S;
