@@ -114,6 +114,10 @@ struct api_sock {
     int fd_open;                /* fd not yet closed (exs_close closes it) */
     int refs;                   /* atomic: table, conn owner, children, callers in flight; 0: parked
                                  * (sock.c: a lookup without a lock may read it then) */
+    uint64_t hz;                /* atomic: its lifetime's generation (EXS_API_HZ_GEN1 each
+                                 * reuse; it survives parking) | EXS_API_HZ_DEFER (its last
+                                 * reference went) | EXS_API_HZ_CLAIMED (a finisher took it):
+                                 * api_int.h "Hazards" */
     struct api_sock *park_next; /* parked: the next one */
     int domain;
     int type;
@@ -137,6 +141,12 @@ struct api_sock {
     struct api_op *connect_op; /* pending exs_connect */
     struct api_op *close_op;   /* pending exs_close event (may have evq NULL: sync) */
     int n_send, n_recv;        /* outstanding operations (EXS_SOCK_MAX_OPS) */
+    /* atomic, a hint: the registration exs_send's copy at the post last looked up
+     * (xfer.c, mreg_covers); records are parked, never freed, before exs_fini */
+    struct api_mreg *copy_mreg;
+    /* atomic, a hint: the queue exs_send's copy at the post last reserved a slot in
+     * (exs__evq_reserve_hint: st tells whether it is still the handle's) */
+    struct exs_evq *copy_evq;
     /* listener */
     struct exs_eng_listener lis;
     int backlog;             /* bounds established children not yet accepted */
@@ -236,6 +246,85 @@ exs__api_sock_hold_x(int fd, struct api_sock *s)
     if (t && (unsigned)fd < (unsigned)t->len && __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE) == s)
         return s;
     exs__api_sock_put(s); /* it left fd meanwhile (or a parked one was reused) */
+    return NULL;
+}
+
+/*
+ * Hazards (sock.c, spec/threading.md "The socket table"): exs_send's copy at the post uses
+ * the socket at fd without a reference (two locked instructions less per send). A thread
+ * names the socket in its own record (hz->s) before it checks that the table still has it
+ * at fd with a count above 0; the last put of a socket marks it (EXS_API_HZ_DEFER) and looks at
+ * every record after a full fence; whichever of the two comes second sees the other's
+ * store. The fence of the side on every send is a compiler barrier: the last put's side
+ * makes every running thread of the process pass a full barrier (membarrier(2), private
+ * expedited; without it no record is made and sends take references). A socket
+ * whose last put found a record naming it is finished (its conn destroyed, parked) by the
+ * last thread to let go of it (exs__api_hz_clear), or by the put when none names it any
+ * more; a claim (a compare-and-swap from the marked word, generation included) makes it
+ * one, and never one of a later lifetime of the structure. A record names a socket only across one
+ * copy at the post (send_copy, xfer.c: the conn's lock, the queue's, the provider's post); nobody
+ * waits for a record.
+ */
+#define EXS_API_HZ_DEFER   1u /* api_sock.hz: the lifetime's last put came */
+#define EXS_API_HZ_CLAIMED 2u /* api_sock.hz: one finisher took the lifetime */
+#define EXS_API_HZ_GEN1    4u /* api_sock.hz: one lifetime (the bits above: its generation) */
+
+struct api_hz {
+    struct api_sock *s;  /* atomic: the socket this thread uses without a reference */
+    int used;            /* atomic: a live thread owns the record */
+    struct api_hz *next; /* exs__api_hz_list: push only, records never freed */
+};
+extern __thread struct api_hz *exs__api_hz_self __attribute__((visibility("hidden")));
+/* This thread's record (made at its first use; thread exit frees it for reuse), or NULL
+ * (no membarrier, no memory). */
+struct api_hz *exs__api_hz_new(void);
+/* s's last put, or a thread letting go of s that saw EXS_API_HZ_DEFER in s->hz (its value
+ * w): finish that lifetime of s unless a record still names s or another finisher took
+ * it (a claim from w exactly: a later lifetime of the structure never matches). */
+void exs__api_sock_hz_finish(struct api_sock *s, uint64_t w);
+
+/* the fence between a record's store and the loads that follow it: a compiler barrier
+ * (records exist only where membarrier does: the last put's side makes every running
+ * thread pass a full barrier) */
+static inline __attribute__((always_inline)) void exs__api_hz_fence(void)
+{
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+
+/* hz lets go of s (named by exs__api_sock_hz); finishes s when its last put came meanwhile */
+static inline __attribute__((always_inline)) void exs__api_hz_clear(struct api_hz *hz,
+                                                                    struct api_sock *s)
+{
+    uint64_t w;
+
+    __atomic_store_n(&hz->s, NULL, __ATOMIC_RELEASE);
+    exs__api_hz_fence();
+    w = __atomic_load_n(&s->hz, __ATOMIC_ACQUIRE);
+    if (__builtin_expect(w & EXS_API_HZ_DEFER, 0))
+        exs__api_sock_hz_finish(s, w);
+}
+
+/* The socket at fd, named by hz (no reference: exs__api_hz_clear lets go), or NULL. */
+static inline __attribute__((always_inline)) struct api_sock *exs__api_sock_hz(int fd,
+                                                                               struct api_hz *hz)
+{
+    struct sock_tabv *t = __atomic_load_n(&exs__api_sock_tabv, __ATOMIC_ACQUIRE);
+    struct api_sock *s;
+
+    if (!t || (unsigned)fd >= (unsigned)t->len)
+        return NULL;
+    s = __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE);
+    if (!s)
+        return NULL;
+    __atomic_store_n(&hz->s, s, __ATOMIC_RELAXED);
+    exs__api_hz_fence();
+    /* after the fence: the current array (a grown table's old one may still name s) and
+     * the count (the slot is emptied before the table's put) */
+    t = __atomic_load_n(&exs__api_sock_tabv, __ATOMIC_ACQUIRE);
+    if (t && __atomic_load_n(&t->e[fd], __ATOMIC_ACQUIRE) == s &&
+        __atomic_load_n(&s->refs, __ATOMIC_SEQ_CST))
+        return s;
+    exs__api_hz_clear(hz, s);
     return NULL;
 }
 

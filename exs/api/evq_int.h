@@ -291,6 +291,34 @@ static inline __attribute__((always_inline)) int exs__evq_reserve_q(exs_qhandle_
     return 0;
 }
 
+/* exs__evq_reserve_q with a hint: *hint_p, the queue a reservation for q found before
+ * (or NULL), is tried first, so the handle table is not read when it is still q's. A
+ * queue's memory is parked, never freed (exs_fini keeps the parked ones too), and the
+ * reservation's CAS on st proves that st names the live queue q when the slot is taken:
+ * a hint that is no longer q's (deleted, parked, reused under another handle) only answers
+ * EINVAL, and the table's queue is tried then (and becomes the hint). A full queue q
+ * answers EAGAIN either way. */
+static inline __attribute__((always_inline)) int
+exs__evq_reserve_hint(exs_qhandle_t q, struct exs_evq **hint_p, struct exs_evq **evq_p)
+{
+    struct exs_evq *evq = __atomic_load_n(hint_p, __ATOMIC_RELAXED);
+    int ret;
+
+    if (evq) {
+        ret = exs__evq_reserve_slot(evq, q);
+        if (ret != -EINVAL) {
+            if (ret)
+                return EAGAIN;
+            *evq_p = evq;
+            return 0;
+        }
+    }
+    ret = exs__evq_reserve_q(q, evq_p);
+    if (!ret)
+        __atomic_store_n(hint_p, *evq_p, __ATOMIC_RELAXED);
+    return ret;
+}
+
 /* A posting call's first step, inline: look q up, reserve one slot in it (which pins
  * *evq_p) and allocate size zeroed bytes for the operation that will post into it. NULL
  * with *err_p = EINVAL (no such live queue), EAGAIN (full) or ENOMEM; nothing is reserved

@@ -65,9 +65,9 @@
  * the table's slot, locks the kfd found there and keeps it when it is still attached
  * and names that number (both change only under k->lock); anything else takes the
  * locked way. That is safe because neither goes away under a reader: a grown table
- * keeps its old array until exs_fini (kfd_tab_old), and a struct kfd whose last
- * reference goes is parked in kfd_free (its lock still a lock, attached 0) and reused
- * for the next kfd made, never freed before exs_fini.
+ * keeps its old array, and a struct kfd whose last reference goes is parked in kfd_free
+ * (its lock still a lock, attached 0) and reused for the next kfd made; neither is ever
+ * freed (exs_fini keeps them for the next exs_init).
  *
  * References (k->refs): the table's while attached, one per thread inside a call or
  * a callback on it. An epoll event names its kfd by descriptor and generation
@@ -80,7 +80,7 @@ static pthread_mutex_t kfd_tab_lock = PTHREAD_MUTEX_INITIALIZER;
 /* The table: kfd_tab and kfd_tab_len change under kfd_tab_lock; its slots are written
  * there with atomic stores, and read without the lock through kfd_tabv (atomic). */
 struct kfd_tabv {
-    struct kfd_tabv *old; /* the array this one replaced (freed at exs_fini) */
+    struct kfd_tabv *old; /* the array this one replaced (kept: never freed) */
     int len;
     struct kfd *e[];
 };
@@ -1081,27 +1081,12 @@ void exs__api_kfd_close_all(void)
         exs__api_kfd_unlock(k);
         exs__api_kfd_put(k);
     }
+    /* The emptied table stays, its arrays too (the old ones), and the parked kfds: a look
+     * without the lock racing this (kfd_lookup_locked: the array, the slot, the kfd's
+     * lock) may still read them, and learns from the slot (NULL) or the kfd (detached)
+     * that the number is no longer the library's; freed here, it read freed memory
+     * (integ_attack26 send_at_fini, tcp). The next exs_init's kfds reuse them. */
     EXS_MUTEX_LOCK(&kfd_tab_lock, EXS_LOCK_SOCK_TAB);
-    if (!__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
-        for (struct kfd_tabv *t = kfd_tabv, *o; t; t = o) {
-            o = t->old;
-            free(t);
-        }
-        __atomic_store_n(&kfd_tabv, NULL, __ATOMIC_RELEASE);
-        kfd_tab = NULL;
-        kfd_tab_len = 0;
-    } /* else at exit: kept for calls still looking (exs__fini_keep_memory) */
-    /* no call runs now (exs_fini): the parked kfds go (one still referenced, by a job or
-     * a timer the engine's stop drops, is parked again and goes at the next exs_fini) */
-    EXS_MUTEX_LOCK(&kfd_free_lock, EXS_LOCK_LEAF);
-    if (!__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
-        for (struct kfd *f = kfd_free, *n; f; f = n) {
-            n = f->free_next;
-            free(f);
-        }
-        kfd_free = NULL;
-    }
-    EXS_MUTEX_UNLOCK(&kfd_free_lock, EXS_LOCK_LEAF);
     if (kfd_ep >= 0) {
         /* the engine's stop runs it: the watcher goes, then kfd_ep */
         kfd_ep_stop_job.fn = kfd_ep_stop;

@@ -8,7 +8,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/membarrier.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -27,9 +29,9 @@
  * raises the socket's reference count unless it is 0, and then checks that the table
  * (the current array) still names that socket at fd; the table's own reference is
  * dropped after its slot is emptied, so a socket at 0 has left the table. For that,
- * nothing such a reader may be reading is freed before exs_fini: a grown table keeps its
- * old array, and a socket whose last reference went is parked (sock_parked, count 0) and
- * reused by a later exs__api_sock_new. */
+ * nothing such a reader may be reading is ever freed (exs_fini keeps them too, for the
+ * next exs_init): a grown table keeps its old array, and a socket whose last reference
+ * went is parked (sock_parked, count 0) and reused by a later exs__api_sock_new. */
 static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
 struct sock_tabv *exs__api_sock_tabv; /* api_int.h (exs__api_sock_at) */
 #define tabv exs__api_sock_tabv
@@ -54,10 +56,10 @@ static void sock_park(struct api_sock *s)
     EXS_MUTEX_UNLOCK(&park_lock, EXS_LOCK_LEAF);
 }
 
-void exs__api_sock_put(struct api_sock *s)
+/* s's last reference went and no hazard names it: its conn, its number, its parent's
+ * reference go; it is parked. */
+static void sock_destroy(struct api_sock *s)
 {
-    if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL))
-        return;
     if (s->conn)
         exs__conn_destroy(s->conn); /* DEAD: provider objects already gone */
     if (s->fd_open)
@@ -67,6 +69,112 @@ void exs__api_sock_put(struct api_sock *s)
     pthread_mutex_destroy(&s->lock);
     sock_park(s);
     __atomic_fetch_sub(&sock_live, 1, __ATOMIC_RELAXED);
+}
+
+/* ---- hazards (api_int.h, "Hazards") ---- */
+
+struct api_hz *exs__api_hz_list; /* atomic: every record ever made */
+__thread struct api_hz *exs__api_hz_self;
+static pthread_once_t hz_once = PTHREAD_ONCE_INIT;
+static pthread_key_t hz_key;
+static int hz_ok; /* the key made and membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) registered */
+
+/* A thread that made a record ends: the record is free for another (it names nothing:
+ * a hazard spans one call). */
+static void hz_thread_end(void *arg)
+{
+    struct api_hz *hz = arg;
+
+    exs__api_hz_self = NULL;
+    __atomic_store_n(&hz->used, 0, __ATOMIC_RELEASE);
+}
+
+/* Before the first record (so every record's thread and every put see one mode). */
+static void hz_init(void)
+{
+    hz_ok = syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0) == 0 &&
+            !pthread_key_create(&hz_key, hz_thread_end);
+}
+
+struct api_hz *exs__api_hz_new(void)
+{
+    struct api_hz *hz;
+
+    pthread_once(&hz_once, hz_init);
+    if (!hz_ok)
+        return NULL; /* references only */
+    for (hz = __atomic_load_n(&exs__api_hz_list, __ATOMIC_ACQUIRE); hz; hz = hz->next) {
+        int free_ = 0;
+
+        if (__atomic_compare_exchange_n(&hz->used, &free_, 1, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED))
+            break;
+    }
+    if (!hz) {
+        hz = calloc(1, sizeof(*hz));
+        if (!hz)
+            return NULL;
+        hz->used = 1;
+        hz->next = __atomic_load_n(&exs__api_hz_list, __ATOMIC_RELAXED);
+        while (!__atomic_compare_exchange_n(&exs__api_hz_list, &hz->next, hz, 1, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_RELAXED))
+            ;
+    }
+    if (pthread_setspecific(hz_key, hz)) {
+        __atomic_store_n(&hz->used, 0, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    exs__api_hz_self = hz;
+    return hz;
+}
+
+/* The full fence of a last put's side (records exist: membarrier registered): every
+ * running thread of the process passes a full barrier before it returns, and the caller
+ * one at its entry and one at its exit (the kernel's smp_mb() there); the other side's
+ * fence is a compiler barrier. It does not fail once registered. */
+static void hz_heavy_fence(void)
+{
+    if (syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) != 0) {
+        EXS_ERR(API, "membarrier: %s", strerror(errno));
+        abort(); /* the other side's fences are compiler barriers: nothing else is safe */
+    }
+}
+
+/* No record made yet: none can name s (a record is pushed, a seq_cst CAS, before it names
+ * anything; the count's drop to 0 came before this look, so a thread pushing after it
+ * sees the count 0 when it checks and lets go). w: s->hz as the caller saw it marked;
+ * the claim takes that lifetime only (spec/api.md "Hazard records": a finisher that read
+ * w, was overtaken by another that destroyed and parked s, and s unparked by
+ * exs__api_sock_new meanwhile, finds the generation moved on and leaves the new socket). */
+void exs__api_sock_hz_finish(struct api_sock *s, uint64_t w)
+{
+    struct api_hz *hz = __atomic_load_n(&exs__api_hz_list, __ATOMIC_SEQ_CST);
+
+    if ((w & (EXS_API_HZ_DEFER | EXS_API_HZ_CLAIMED)) != EXS_API_HZ_DEFER)
+        return; /* taken already */
+    if (hz) {
+        hz_heavy_fence();
+        for (; hz; hz = hz->next)
+            if (__atomic_load_n(&hz->s, __ATOMIC_ACQUIRE) == s)
+                return; /* that thread finishes s when it lets go (exs__api_hz_clear) */
+    }
+    if (!__atomic_compare_exchange_n(&s->hz, &w, w | EXS_API_HZ_CLAIMED, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED))
+        return; /* another one finishes it, or did and s lives again */
+    sock_destroy(s);
+}
+
+void exs__api_sock_put(struct api_sock *s)
+{
+    uint64_t w;
+
+    /* seq_cst: before exs__api_sock_hz_finish's look at the records */
+    if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_SEQ_CST))
+        return;
+    /* once a lifetime (the count reaches 0 once: nothing raises it from 0); release: what
+     * this thread did with s before its destroy elsewhere */
+    w = __atomic_or_fetch(&s->hz, EXS_API_HZ_DEFER, __ATOMIC_ACQ_REL);
+    exs__api_sock_hz_finish(s, w);
 }
 
 struct api_sock *exs__api_sock_hold(int fd, struct api_sock *s)
@@ -136,17 +244,28 @@ static int tab_remove(struct api_sock *s)
     return removed;
 }
 
-/* A parked socket, all zero but its count (0: a lookup may be reading it), or a new one. */
+/* A parked socket, all zero but its count (0: a lookup may be reading it) and its hazard
+ * word (the next generation: a finisher of an earlier lifetime still holding the old
+ * word must not match it), or a new one. */
 static struct api_sock *sock_unpark(void)
 {
     struct api_sock *s;
+    size_t keep = offsetof(struct api_sock, refs), keep_end;
 
+    _Static_assert(offsetof(struct api_sock, hz) > offsetof(struct api_sock, refs),
+                   "sock_unpark keeps refs..hz");
+    keep_end = offsetof(struct api_sock, hz) + sizeof(s->hz);
     s = EXS_PARKED_POP(&park_lock, sock_parked, park_next);
     if (!s)
         return calloc(1, sizeof(*s));
-    memset(s, 0, offsetof(struct api_sock, refs));
-    memset((char *)s + offsetof(struct api_sock, refs) + sizeof(s->refs), 0,
-           sizeof(*s) - offsetof(struct api_sock, refs) - sizeof(s->refs));
+    memset(s, 0, keep);
+    memset((char *)s + keep_end, 0, sizeof(*s) - keep_end);
+    /* the old lifetime was claimed (sock_destroy, then parked under park_lock) */
+    __atomic_store_n(
+        &s->hz,
+        (__atomic_load_n(&s->hz, __ATOMIC_RELAXED) & ~(uint64_t)(EXS_API_HZ_GEN1 - 1)) +
+            EXS_API_HZ_GEN1,
+        __ATOMIC_RELAXED);
     return s;
 }
 
@@ -930,20 +1049,6 @@ int exs_close(int fd, exs_qhandle_t q, exs_ahandle_t ah)
     return 0;
 }
 
-/* exs_fini (tab_lock held): the parked sockets freed (a socket still closing parks
- * itself later, and stays parked until the next exs_fini). */
-static void sock_parked_free(void)
-{
-    EXS_MUTEX_LOCK(&park_lock, EXS_LOCK_LEAF);
-    while (sock_parked) {
-        struct api_sock *s = sock_parked;
-
-        sock_parked = s->park_next;
-        free(s);
-    }
-    EXS_MUTEX_UNLOCK(&park_lock, EXS_LOCK_LEAF);
-}
-
 /* exs_fini: close every socket without events. */
 void exs__api_sock_close_all(void)
 {
@@ -965,18 +1070,13 @@ void exs__api_sock_close_all(void)
             exs__api_sock_put(s);
         }
     }
-    EXS_MUTEX_LOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
-    if (!__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
-        for (struct sock_tabv *t = tabv, *o; t; t = o) {
-            o = t->old;
-            free(t);
-        }
-        __atomic_store_n(&tabv, NULL, __ATOMIC_RELEASE);
-        tab = NULL;
-        tab_len = 0;
-        sock_parked_free();
-    } /* else at exit: the emptied table and the parked sockets stay for calls still looking */
-    EXS_MUTEX_UNLOCK(&tab_lock, EXS_LOCK_SOCK_TAB);
+    /* The emptied table stays, its arrays too (the old ones), and the parked sockets: a
+     * look without the lock racing this (exs__api_sock_at, exs__api_sock_hz, a hold) may
+     * still read them, and learns from the slot (NULL) or the count (0) that its socket
+     * is gone (EBADF); freed here, it read freed memory (integ_attack26 send_at_fini).
+     * The next exs_init's sockets reuse them (the memory: the table's largest size and
+     * the most sockets parked at once); numbers given out before stay invalid (their
+     * slots are empty until a new socket gets the number). */
 }
 
 /* fork(2) (fork.c). PREPARE/PARENT: the table's lock held across it. CHILD: every
@@ -994,6 +1094,13 @@ void exs__api_sock_fork(int phase)
         for (int fd = 0; fd < tab_len; fd++)
             if (tab[fd] && tab[fd]->fd_open)
                 exs__api_fork_stale_mark(fd);
+        /* the other threads' records: they are gone (this one's names nothing: a hazard
+         * spans one call, and fork is no part of one) */
+        for (struct api_hz *hz = exs__api_hz_list; hz; hz = hz->next) {
+            hz->s = NULL;
+            if (hz != exs__api_hz_self)
+                hz->used = 0;
+        }
         exs__forsake(tabv); /* the old arrays are reachable from it */
         tabv = NULL;
         tab = NULL;

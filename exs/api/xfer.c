@@ -202,20 +202,28 @@ static inline __attribute__((always_inline)) int mreg_hold(exs_mhandle_t mh, con
 }
 
 /* Does the registration mh cover buf .. buf + len now? Looked at without a hold, for
- * exs_send's copy at the post (send_copy), which uses nothing of the registration after
- * the look (it reads only buf). The record may be deregistered and reused meanwhile: its
- * handle is read again after addr and len (acquire loads), and a reuse stores those
- * (release stores, exs_mregister) after the old handle was cleared (mreg_park). A send
- * racing the deregistration of its handle may be taken either way, as with a hold. */
-static inline __attribute__((always_inline)) int mreg_covers(exs_mhandle_t mh, const void *buf,
-                                                             size_t len)
+ * exs_send's copy at the post (send_copy) on s, which uses nothing of the registration
+ * after the look (it reads only buf). The record is the one s's hint names when that one
+ * carries mh (a socket's sends mostly use one registration: the table is not read then),
+ * else the table's (the hint set to it). Records are parked, never freed, before exs_fini:
+ * one may be deregistered and reused meanwhile, so its handle is read again after addr
+ * and len (acquire loads), and a reuse stores those (release stores, exs_mregister) after
+ * the old handle was cleared (mreg_park). A handle names one record at a time, so the
+ * hint's record carrying mh is the table's (or was a moment ago: a send racing the
+ * deregistration of its handle may be taken either way, as with a hold). */
+static inline __attribute__((always_inline)) int mreg_covers(struct api_sock *s, exs_mhandle_t mh,
+                                                             const void *buf, size_t len)
 {
-    struct api_mreg *m = mreg_find(mh);
+    struct api_mreg *m = __atomic_load_n(&s->copy_mreg, __ATOMIC_RELAXED);
     uintptr_t off;
     size_t mlen;
 
-    if (!m)
-        return 0;
+    if (!m || __atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh) {
+        m = mreg_find(mh);
+        if (!m)
+            return 0;
+        __atomic_store_n(&s->copy_mreg, m, __ATOMIC_RELAXED);
+    }
     off = (uintptr_t)buf - (uintptr_t)__atomic_load_n(&m->addr, __ATOMIC_ACQUIRE);
     mlen = __atomic_load_n(&m->len, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&m->handle, __ATOMIC_RELAXED) != mh)
@@ -651,14 +659,16 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 /* ---- send / receive ---- */
 
 /* exs_send's copy at the post (spec/proto-layout.md, "A send that ends at its post"): a
- * send on s (held) that the STREAM send buffer takes and finishes at once goes in without
+ * send on s (named by this thread's hazard record, no reference: api_int.h "Hazards")
+ * that the STREAM send buffer takes and finishes at once goes in without
  * an operation: no block, no registration held or looked up on the provider (only
  * checked: the bytes are read here), no count of outstanding sends, nothing queued in the
  * conn, and its event written straight into the slot reserved under the conn's lock (so
  * it follows every earlier send's, posted under that lock too). A synchronous send (q
- * invalid) has no event. The call's result (0, or len when synchronous; s put) when done
- * so; -1 when the send goes the whole way with s, nothing taken (any error is found and
- * reported there). */
+ * invalid) has no event. The call's result (0, or len when synchronous) when done so; -1
+ * when the send goes the whole way, nothing taken (any error is found and reported
+ * there). The caller's record names s until it lets go (exs__api_hz_clear), after this:
+ * s's last put meanwhile leaves s and its conn to it. */
 static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, const void *buf,
                                                            size_t len, int flags, exs_qhandle_t q,
                                                            exs_ahandle_t ah, exs_mhandle_t mh)
@@ -680,8 +690,8 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
      * racing this one, which may come after it. The slot is reserved before the conn's
      * lock (a refusal gives it back). */
     if (!exs__conn_copy_likely(conn, len) ||
-        (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(mh, buf, len)) ||
-        (q != EXS_QHANDLE_INVALID && exs__evq_reserve_q(q, &evq)))
+        (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(s, mh, buf, len)) ||
+        (q != EXS_QHANDLE_INVALID && exs__evq_reserve_hint(q, &s->copy_evq, &evq)))
         return -1;
     if (!exs__conn_send_copy(conn, buf, len)) {
         if (evq)
@@ -693,7 +703,6 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
                              (ssize_t)len);
     exs__conn_unlock(conn);
     exs__engine_posted(); /* the application is around: spec/threading.md §4 */
-    exs__api_sock_put(s);
     return evq ? 0 : (int)len;
 }
 
@@ -842,21 +851,27 @@ int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, i
                      recv, b);
 }
 
-/* exs_send of a libexs socket: the copy at the post, else the whole way with the socket
- * found; or what exs__api_kfd_send_fast (kfd.c) did not take. */
+/* exs_send of a libexs socket: the copy at the post with the socket named by this
+ * thread's hazard record (no reference), else the whole way with the socket found (held);
+ * or what exs__api_kfd_send_fast (kfd.c) did not take. */
 __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t len, int flags,
                                                  exs_qhandle_t q, exs_ahandle_t ah,
                                                  exs_mhandle_t mh)
 {
-    struct api_sock *s = exs__api_sock_find_x(fd);
+    struct api_hz *hz = exs__api_hz_self;
+    struct api_sock *s;
 
-    if (s) {
+    if (__builtin_expect(!hz, 0))
+        hz = exs__api_hz_new();
+    if (hz && (s = exs__api_sock_hz(fd, hz))) {
         int ret = send_copy(s, buf, len, flags, q, ah, mh);
 
+        exs__api_hz_clear(hz, s);
         if (ret >= 0)
             return ret;
     }
-    return xfer_post(fd, s, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL);
+    return xfer_post(fd, exs__api_sock_find_x(fd), (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0,
+                     NULL);
 }
 
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,

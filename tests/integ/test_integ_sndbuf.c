@@ -4,7 +4,9 @@
 #include <check.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -380,6 +382,18 @@ START_TEST(sndbuf_copy_at_post_order)
 }
 END_TEST
 
+/* A pair (sb_open) with a 4 KiB send buffer filled from seed and a 4 KiB receive buffer,
+ * both registered; returns the sends of cfd copied at their post so far. */
+static uint64_t sb_open_copy(struct it_pair *p, struct it_buf **sb, struct it_buf **rb,
+                             uint32_t seed)
+{
+    sb_open(p, NULL);
+    *sb = it_buf_new(4096, 1);
+    *rb = it_buf_new(4096, 1);
+    it_fill((*sb)->p, 4096, seed);
+    return sb_posts_copied(p->cfd);
+}
+
 /* A send that would end at its post fails as before: a handle that does not cover the
  * buffer (past its end, before its start) or no handle (EINVAL;
  * the registration's last bytes exactly are taken), a full queue (EAGAIN, nothing sent), after
@@ -392,11 +406,7 @@ START_TEST(sndbuf_copy_at_post_errors)
     exs_qhandle_t q1;
     uint64_t c0;
 
-    sb_open(&p, NULL);
-    sb = it_buf_new(4096, 1);
-    rb = it_buf_new(4096, 1);
-    it_fill(sb->p, 4096, 22);
-    c0 = sb_posts_copied(p.cfd);
+    c0 = sb_open_copy(&p, &sb, &rb, 22);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 4096 - 32, 64, 0, p.cq, IT_AH(1), sb->mh), EINVAL);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p - 32, 64, 0, p.cq, IT_AH(1), sb->mh), EINVAL);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(1), sb->mh + 1000), EINVAL);
@@ -427,6 +437,196 @@ START_TEST(sndbuf_copy_at_post_errors)
     it_pair_close(&p);
     it_buf_free(sb);
     it_buf_free(rb);
+}
+END_TEST
+
+/* The registration a send that ends at its post is checked against (xfer.c, mreg_covers:
+ * the one its socket's hint names when that one carries the handle, else the table's):
+ * a handle deregistered after a copied send, its record registered again under a new
+ * handle, is refused (EINVAL), as is a live handle of another registration that does not
+ * cover the buffer, and the handle deregistered last; the live handles each work in turn
+ * on one socket. Exactly the four good sends are copied at their post and their bytes
+ * arrive in order. Seen failing (the stale handle's send taken) with the handle compares
+ * of the hint and of the record after addr and len taken out. */
+START_TEST(sndbuf_copy_at_post_handles)
+{
+    struct it_pair p;
+    struct it_buf *rb;
+    uint8_t *a = malloc(4096), *b = malloc(4096);
+    exs_mhandle_t h1, h2, h3;
+    uint64_t c0;
+
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    sb_open(&p, NULL);
+    rb = it_buf_new(4096, 1);
+    it_fill(a, 4096, 31);
+    it_fill(b, 4096, 32);
+    c0 = sb_posts_copied(p.cfd);
+    h1 = exs_mregister(a, 4096, 0);
+    ck_assert_int_gt(h1, 0);
+    IT_POST_SEND(p.cfd, a, 64, p.cq, IT_AH(1), h1);
+    it_expect_send(p.cq, p.cfd, IT_AH(1), 64);
+    IT_EXPECT_OK(exs_mderegister(h1));
+    h2 = exs_mregister(a, 4096, 0); /* the parked record of h1, most likely */
+    ck_assert_int_gt(h2, 0);
+    ck_assert_int_ne(h2, h1);
+    IT_EXPECT_FAIL(exs_send(p.cfd, a + 64, 64, 0, p.cq, IT_AH(2), h1), EINVAL);
+    IT_POST_SEND(p.cfd, a + 64, 64, p.cq, IT_AH(3), h2);
+    it_expect_send(p.cq, p.cfd, IT_AH(3), 64);
+    h3 = exs_mregister(b, 4096, 0);
+    ck_assert_int_gt(h3, 0);
+    IT_POST_SEND(p.cfd, b, 64, p.cq, IT_AH(4), h3);
+    it_expect_send(p.cq, p.cfd, IT_AH(4), 64);
+    IT_EXPECT_FAIL(exs_send(p.cfd, a + 128, 64, 0, p.cq, IT_AH(5), h3), EINVAL);
+    IT_POST_SEND(p.cfd, a + 128, 64, p.cq, IT_AH(6), h2);
+    it_expect_send(p.cq, p.cfd, IT_AH(6), 64);
+    IT_EXPECT_OK(exs_mderegister(h2));
+    IT_EXPECT_FAIL(exs_send(p.cfd, a + 192, 64, 0, p.cq, IT_AH(7), h2), EINVAL);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 4);
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 256, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 256, 0);
+    ck_assert_int_eq(memcmp(rb->p, a, 64), 0);
+    ck_assert_int_eq(memcmp(rb->p + 64, a + 64, 64), 0);
+    ck_assert_int_eq(memcmp(rb->p + 128, b, 64), 0);
+    ck_assert_int_eq(memcmp(rb->p + 192, a + 128, 64), 0);
+    it_expect_no_event(p.cq, 50);
+    IT_EXPECT_OK(exs_mderegister(h3));
+    it_pair_close(&p);
+    it_buf_free(rb);
+    free(a);
+    free(b);
+}
+END_TEST
+
+/* The queue a send that ends at its post reserves its event's slot in
+ * (exs__evq_reserve_hint: the queue its socket's hint names when that queue's state says
+ * it is still the handle's live queue, else the table's): a queue deleted after a copied
+ * send, its memory made a new queue, is refused by its old handle (EINVAL) and the new
+ * queue gets its own event; the hint follows each queue used in turn; a full queue
+ * (depth 1, its event not taken) answers EAGAIN, then takes a send again once emptied.
+ * Exactly the five good sends are copied at their post, each event on its own queue only,
+ * and the bytes arrive in order. Seen failing (the old handle's send taken, its event on
+ * the new queue) with the reservation's check that st names q taken out. */
+START_TEST(sndbuf_copy_at_post_queues)
+{
+    struct it_pair p;
+    struct it_buf *sb, *rb;
+    exs_qhandle_t q1, q2, q3;
+    uint64_t c0;
+
+    c0 = sb_open_copy(&p, &sb, &rb, 41);
+    q1 = it_qcreate(4);
+    IT_POST_SEND(p.cfd, sb->p, 64, q1, IT_AH(1), sb->mh);
+    it_expect_send(q1, p.cfd, IT_AH(1), 64);
+    it_qdelete(q1);
+    q2 = it_qcreate(4); /* q1's parked queue, most likely */
+    ck_assert_int_ne(q2, q1);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 64, 64, 0, q1, IT_AH(2), sb->mh), EINVAL);
+    IT_POST_SEND(p.cfd, sb->p + 64, 64, q2, IT_AH(3), sb->mh);
+    it_expect_send(q2, p.cfd, IT_AH(3), 64);
+    IT_POST_SEND(p.cfd, sb->p + 128, 64, p.cq, IT_AH(4), sb->mh);
+    it_expect_send(p.cq, p.cfd, IT_AH(4), 64);
+    q3 = it_qcreate(1);
+    IT_POST_SEND(p.cfd, sb->p + 192, 64, q3, IT_AH(5), sb->mh);
+    IT_EXPECT_FAIL(exs_send(p.cfd, sb->p + 256, 64, 0, q3, IT_AH(6), sb->mh), EAGAIN);
+    it_expect_send(q3, p.cfd, IT_AH(5), 64);
+    IT_POST_SEND(p.cfd, sb->p + 256, 64, q3, IT_AH(7), sb->mh);
+    it_expect_send(q3, p.cfd, IT_AH(7), 64);
+    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 5);
+    IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 320, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
+    it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 320, 0);
+    ck_assert_int_eq(it_check(rb->p, 320, 41), -1);
+    it_expect_no_event(q2, 50);
+    it_expect_no_event(q3, 0);
+    it_expect_no_event(p.cq, 0);
+    it_qdelete(q2);
+    it_qdelete(q3);
+    it_pair_close(&p);
+    it_buf_free(sb);
+    it_buf_free(rb);
+}
+END_TEST
+
+/* A second thread's record naming a socket (sndbuf_copy_at_post_hazard): named at
+ * step 1, let go of at step 3. */
+struct sbh_arg {
+    int fd;
+    int step; /* atomic: 1 named (or failed: s NULL), 2 let go now, 3 let go */
+    struct api_sock *s;
+};
+
+static void *sbh_holder(void *arg)
+{
+    struct sbh_arg *a = arg;
+    struct api_hz *hz = exs__api_hz_self ? exs__api_hz_self : exs__api_hz_new();
+
+    a->s = hz ? exs__api_sock_hz(a->fd, hz) : NULL;
+    __atomic_store_n(&a->step, 1, __ATOMIC_RELEASE);
+    if (!a->s)
+        return NULL;
+    while (__atomic_load_n(&a->step, __ATOMIC_ACQUIRE) != 2)
+        sched_yield();
+    exs__api_hz_clear(hz, a->s);
+    __atomic_store_n(&a->step, 3, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* A socket named by hazard records (api_int.h "Hazards": exs_send's copy at the post uses
+ * the socket without a reference) outlives its last reference until every thread naming
+ * it lets go: this thread and a second one name cfd's socket as send_copy does
+ * (exs__api_sock_hz); cfd is closed and its last put awaited (deadline), which leaves the
+ * socket to the records: not parked (the live count keeps it), unclaimed; this thread
+ * lets go (exs__api_hz_clear): still kept, the other record names it; the other thread
+ * lets go: finished (the count drops by one, claimed once). Then a record finds nothing
+ * at the closed number. Seen failing (the socket parked while named) with
+ * exs__api_sock_hz_finish's look at the records taken out. */
+START_TEST(sndbuf_copy_at_post_hazard)
+{
+    struct it_pair p;
+    struct api_hz *hz;
+    struct api_sock *s;
+    struct sbh_arg a = {0};
+    pthread_t th;
+    int live, fd;
+    double end;
+
+    sb_open(&p, NULL);
+    hz = exs__api_hz_self ? exs__api_hz_self : exs__api_hz_new();
+    if (!hz) {
+        it_pair_close(&p);
+        test_skip("sndbuf_copy_at_post_hazard", "no membarrier(2): sends take references");
+        return;
+    }
+    fd = a.fd = p.cfd;
+    s = exs__api_sock_hz(fd, hz);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(pthread_create(&th, NULL, sbh_holder, &a), 0);
+    end = it_now_ms() + 20000;
+    while (!__atomic_load_n(&a.step, __ATOMIC_ACQUIRE) && it_now_ms() < end)
+        sched_yield();
+    ck_assert_ptr_eq(a.s, s);
+    live = exs__api_sock_live();
+    it_close(fd, p.cq);
+    p.cfd = -1;
+    while (!(__atomic_load_n(&s->hz, __ATOMIC_ACQUIRE) & EXS_API_HZ_DEFER) && it_now_ms() < end)
+        (void)exs_qdequeue(p.cq, NULL, 0, 0); /* drive progress */
+    ck_assert_msg(__atomic_load_n(&s->hz, __ATOMIC_ACQUIRE) & EXS_API_HZ_DEFER,
+                  "no last put within 20 s");
+    ck_assert_int_eq(__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE), 0);
+    ck_assert_int_eq(exs__api_sock_live(), live); /* not parked while named */
+    ck_assert_int_eq(__atomic_load_n(&s->hz, __ATOMIC_ACQUIRE) & EXS_API_HZ_CLAIMED, 0);
+    exs__api_hz_clear(hz, s);
+    ck_assert_int_eq(exs__api_sock_live(), live); /* the other record still names it */
+    ck_assert_int_eq(__atomic_load_n(&s->hz, __ATOMIC_ACQUIRE) & EXS_API_HZ_CLAIMED, 0);
+    __atomic_store_n(&a.step, 2, __ATOMIC_RELEASE);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_int_eq(a.step, 3);
+    ck_assert_int_ne(__atomic_load_n(&s->hz, __ATOMIC_ACQUIRE) & EXS_API_HZ_CLAIMED, 0);
+    ck_assert_int_eq(exs__api_sock_live(), live - 1);
+    ck_assert_ptr_null(exs__api_sock_hz(fd, hz));
+    ck_assert_ptr_null(__atomic_load_n(&hz->s, __ATOMIC_ACQUIRE));
+    it_pair_close(&p);
 }
 END_TEST
 
@@ -589,6 +789,9 @@ Suite *integ_sndbuf_suite(void)
     tcase_add_test(tc, sndbuf_cancel_spares_copies);
     tcase_add_test(tc, sndbuf_copy_at_post_order);
     tcase_add_test(tc, sndbuf_copy_at_post_errors);
+    tcase_add_test(tc, sndbuf_copy_at_post_handles);
+    tcase_add_test(tc, sndbuf_copy_at_post_queues);
+    tcase_add_test(tc, sndbuf_copy_at_post_hazard);
     tcase_add_test(tc, sndbuf_copy_at_post_threads);
     suite_add_tcase(s, tc);
     tc = tcase_create("sndbuf_cut");
