@@ -512,9 +512,10 @@ static void *rt_spinner(void *arg)
  * threads of its priority run: the same as CFS's yield toward a holder whose virtual
  * runtime is ahead, issue 26's stalled Soft-RoCE rounds) on the CPU of the progress
  * thread, which holds the lock for 50 ms of its CPU time: the spinner's own CPU time over
- * its wait stays below half that (spinning and yielding only, it took the CPU until the
- * real-time throttle's 5 % let the holder through: ~20x the hold). Skipped where
- * SCHED_FIFO is not allowed. */
+ * its wait stays below that (spinning and yielding only, it took the CPU until the
+ * real-time throttle's 5 % let the holder through: ~19x the hold, 950 ms; sleeping, it
+ * still wakes every EXS_LITE_NAP_NS, a few us each: 1-26 ms seen, ASan on a loaded host
+ * the most). Skipped where SCHED_FIFO is not allowed. */
 START_TEST(test_spin_sleeps_when_yield_fails)
 {
     struct sched_param sp = {.sched_priority = 1};
@@ -555,7 +556,7 @@ START_TEST(test_spin_sleeps_when_yield_fails)
     ck_assert_int_eq(ret, 0);
     ck_assert_int_eq(pthread_join(t, NULL), 0);
     ck_assert_int_eq(spinner_ret, 1);
-    ck_assert_msg(spinner_cpu_ns < HOLD_CPU_NS / 2,
+    ck_assert_msg(spinner_cpu_ns < HOLD_CPU_NS,
                   "the spinner spent %.1f ms of CPU waiting for a progress lock held %.0f ms of "
                   "CPU on its CPU (the holder kept off it)",
                   spinner_cpu_ns / 1e6, HOLD_CPU_NS / 1e6);
