@@ -17,6 +17,7 @@
 #include "exs/util/util.h"
 #include "tests/integ/integ.h"
 #include "tests/skip.h"
+#include "tests/thread_cpu.h"
 
 #define MS 1000000ull
 
@@ -447,25 +448,6 @@ END_TEST
 static int hold_cpu;
 static exs_qhandle_t hold_q;
 
-static uint64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void pin_to(pthread_t t, int cpu, cpu_set_t *old)
-{
-    cpu_set_t set;
-
-    if (old != NULL)
-        ck_assert_int_eq(pthread_getaffinity_np(t, sizeof(*old), old), 0);
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    ck_assert_int_eq(pthread_setaffinity_np(t, sizeof(set), &set), 0);
-}
-
 static void cpu_hold_job_fn(struct exs_job *job)
 {
     double end = it_now_ms() + IT_TIMEOUT_MS;
@@ -475,10 +457,11 @@ static void cpu_hold_job_fn(struct exs_job *job)
     uint64_t c0;
 
     (void)job;
-    pin_to(pthread_self(), hold_cpu, &old);
+    ck_assert_int_eq(pthread_getaffinity_np(pthread_self(), sizeof(old), &old), 0);
+    test_pin_self(hold_cpu);
     __atomic_store_n(&hold_started, 1, __ATOMIC_SEQ_CST);
-    c0 = thread_cpu_ns();
-    while (thread_cpu_ns() - c0 < HOLD_CPU_NS && it_now_ms() < end)
+    c0 = test_thread_cpu_ns();
+    while (test_thread_cpu_ns() - c0 < HOLD_CPU_NS && it_now_ms() < end)
         ;
     ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof(old), &old), 0);
     ck_assert_int_eq(exs__evq_get(hold_q, &evq), 0);
@@ -500,10 +483,10 @@ static void *rt_spinner(void *arg)
     uint64_t c0;
 
     (void)arg;
-    pin_to(pthread_self(), hold_cpu, NULL);
-    c0 = thread_cpu_ns();
+    test_pin_self(hold_cpu);
+    c0 = test_thread_cpu_ns();
     spinner_ret = exs_qdequeue(hold_q, &ev, 1, &(struct timespec){IT_TIMEOUT_MS / 1000, 0});
-    spinner_cpu_ns = thread_cpu_ns() - c0;
+    spinner_cpu_ns = test_thread_cpu_ns() - c0;
     return NULL;
 }
 
