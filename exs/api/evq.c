@@ -871,6 +871,11 @@ uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns)
 
 /* Failed trylocks of the progress lock in a row after which a spinner yields its CPU. */
 #define EVQ_SPIN_YIELD_BUSY 32u
+/* Yields in a row, the lock never free between them, after which a spinner waits for the
+ * lock instead (a futex sleep, woken by the holder's give-back): sched_yield hands the CPU
+ * to nobody when the holder's virtual runtime is ahead of the spinner's (CFS) or its
+ * priority below (real time), and the spin then lasts a scheduler tick or more. */
+#define EVQ_SPIN_YIELDS     2u
 
 /* A spinner looks at the kernel sockets' readiness (kfd_ep) every this many turns while
  * some wait for it: one epoll_wait(0) per EVQ_SPIN_KFD_EVERY turns, none while none waits. */
@@ -891,19 +896,26 @@ static void evq_spin(struct exs_evq *evq, exs_qhandle_t q, int want, uint64_t fr
     uint32_t i = 0,
              every = exs__evq_spin_every(from ? evq_spin_ns : 0, end > from ? end - from : 0);
 
-    uint32_t busy = 0;
+    uint32_t busy = 0, yields = 0;
 
     for (uint32_t turn = 0;; turn++) {
         /* The progress lock held by another thread for EVQ_SPIN_YIELD_BUSY turns in a row:
          * its holder may be waiting for this very CPU (the progress thread woken on it,
          * both pinned to it): give the CPU away, or the spin lasts the scheduler's slice
-         * (milliseconds) with nothing to find. */
+         * (milliseconds) with nothing to find. Still held after EVQ_SPIN_YIELDS yields:
+         * the yields gave the CPU to nobody; sleep on the lock (its round when it comes). */
         if (exs__engine_drive(EXS_ENG_DRIVE_TRY) != -EBUSY) {
-            busy = 0;
+            busy = yields = 0;
         } else if (++busy >= EVQ_SPIN_YIELD_BUSY) {
             busy = 0;
-            EXS_CNT_INC(exs__eng_cnt.spin_yields);
-            sched_yield();
+            if (++yields <= EVQ_SPIN_YIELDS) {
+                EXS_CNT_INC(exs__eng_cnt.spin_yields);
+                sched_yield();
+            } else {
+                yields = 0;
+                EXS_CNT_INC(exs__eng_cnt.spin_waits);
+                (void)exs__engine_drive(EXS_ENG_DRIVE_WAIT);
+            }
         }
         /* kernel sockets waiting for readiness: this spinner runs their queues too */
         if (turn % EVQ_SPIN_KFD_EVERY == 0 && exs__api_kfd_waiting())

@@ -170,6 +170,9 @@ static const struct exs_counter_desc eng_counter_desc[] = {
     EXS_COUNTER(struct exs_eng_counters, spin_yields,
                 "busy waiters that yielded their CPU: the progress lock stayed held through 32 "
                 "turns of their spin (its holder may need that CPU)"),
+    EXS_COUNTER(struct exs_eng_counters, spin_waits,
+                "busy waiters that slept on the progress lock: it stayed held through 2 of "
+                "their yields (the yields gave the CPU to nobody)"),
     EXS_COUNTER(struct exs_eng_counters, arms,
                 "waiters' arms before a sleep (the first look at the providers of a sleeping "
                 "wait: no drive before it)"),

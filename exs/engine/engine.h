@@ -34,6 +34,7 @@ struct exs_eng_counters {
     uint64_t lease_grows;    /* the lease's period doubled: the drivers kept coming back */
     uint64_t evq_fd_writes;  /* event queue eventfd writes (api/evq.c) */
     uint64_t spin_yields;    /* busy waiters that gave the progress lock's holder their CPU */
+    uint64_t spin_waits;     /* ... whose yields did not: they slept on the progress lock */
     uint64_t woken_skips;    /* contexts a woken waiter's drive left out (fd not readable) */
     uint64_t arms;           /* exs__engine_arm calls: a waiter's look before it sleeps */
     uint64_t arm_drives;     /* of those: work was pending, its round ran in the same hold */

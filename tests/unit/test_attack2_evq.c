@@ -18,6 +18,7 @@
 #include "exs/api/evq.h"
 #include "exs/util/log.h"
 #include "exs/util/params.h"
+#include "tests/thread_cpu.h"
 #include "tests/unit/unit.h"
 
 #include <sys/exs.h>
@@ -32,23 +33,6 @@ static int ea_waiter_ret;
 static exs_qhandle_t ea_q;
 static int ea_cpu;
 
-static uint64_t ea_thread_cpu_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void ea_pin(void)
-{
-    cpu_set_t set;
-
-    CPU_ZERO(&set);
-    CPU_SET(ea_cpu, &set);
-    ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof(set), &set), 0);
-}
-
 /* The log's hook: runs in the thread that logs, inside exs__evq_clean's hold of the queue's
  * lock (its debug line about the events discarded). The waiter starts, and the holder
  * works on for EA_HOLD_NS of its own CPU time (load-independent). */
@@ -62,8 +46,8 @@ static void ea_hook(const char *line, size_t len)
         return;
     ea_fired = 1;
     sem_post(&ea_go);
-    t0 = ea_thread_cpu_ns();
-    while (ea_thread_cpu_ns() - t0 < EA_HOLD_NS)
+    t0 = test_thread_cpu_ns();
+    while (test_thread_cpu_ns() - t0 < EA_HOLD_NS)
         ;
 }
 
@@ -76,19 +60,19 @@ static void *ea_waiter(void *arg)
     uint64_t c0;
 
     (void)arg;
-    ea_pin();
+    test_pin_self(ea_cpu);
     while (sem_wait(&ea_go) < 0 && errno == EINTR)
         ;
-    c0 = ea_thread_cpu_ns();
+    c0 = test_thread_cpu_ns();
     ea_waiter_ret = exs_qdequeue(ea_q, &ev, 1, &zero);
-    ea_waiter_cpu_ns = ea_thread_cpu_ns() - c0;
+    ea_waiter_cpu_ns = test_thread_cpu_ns() - c0;
     return NULL;
 }
 
 static void *ea_holder(void *arg)
 {
     (void)arg;
-    ea_pin();
+    test_pin_self(ea_cpu);
     __atomic_store_n(&ea_armed, 1, __ATOMIC_RELEASE);
     ck_assert_int_eq(exs__evq_clean(ea_q), 0); /* logs inside the lock: ea_hook */
     return NULL;
