@@ -24,7 +24,7 @@
  * table still names the registration under the same handle; a deregistration empties the
  * slot first and then reads busy (the four accesses sequentially consistent), so either
  * the hold sees the empty slot and lets go, or the deregistration sees busy and puts the
- * registration back (EBUSY). For that, nothing a hold may be reading is freed before exs_fini: a
+ * registration back (EBUSY). For that, nothing a hold may be reading is ever freed: a
  * table grown keeps its old array (mreg_retired), and a registration deregistered is parked
  * (mreg_parked, handle 0) and reused by a later one under a new handle. A hold that read
  * a parked or reused registration raises and drops its busy count without using it: a
@@ -148,7 +148,7 @@ exs_mhandle_t exs_mregister(void *addr, size_t len, int flags)
         struct api_mreg **n = cap <= MREG_IDX_MASK ? calloc(cap, sizeof(*n)) : NULL;
 
         if (n) {
-            /* the old array stays readable for holds in flight until exs_fini */
+            /* the old array stays readable for holds in flight (never freed) */
             if (mregs) {
                 memcpy(n, mregs, (size_t)mreg_cap * sizeof(*n));
                 mreg_retired[mreg_nretired++] = mregs;
@@ -205,7 +205,7 @@ static inline __attribute__((always_inline)) int mreg_hold(exs_mhandle_t mh, con
  * exs_send's copy at the post (send_copy) on s, which uses nothing of the registration
  * after the look (it reads only buf). The record is the one s's hint names when that one
  * carries mh (a socket's sends mostly use one registration: the table is not read then),
- * else the table's (the hint set to it). Records are parked, never freed, before exs_fini:
+ * else the table's (the hint set to it). Records are parked, never freed (exs_fini too):
  * one may be deregistered and reused meanwhile, so its handle is read again after addr
  * and len (acquire loads), and a reuse stores those (release stores, exs_mregister) after
  * the old handle was cleared (mreg_park). A handle names one record at a time, so the
@@ -321,47 +321,29 @@ mreg_mr_on(struct api_mreg *m, struct exs_prov_ctx *ctx, struct exs_prov_mr **mr
     return mreg_mr_fb(m, ctx, mr_p);
 }
 
+/* exs_fini and the exit path: every registration deregistered and parked (handle 0: a
+ * hold lets go of it), the table's arrays (the old ones too) and the records kept for the
+ * next exs_init: holds and exs_send's look (mreg_covers, through a socket's hint) still
+ * running read them without a lock (a call racing exs_fini is the application's mistake;
+ * its answer is an error, never a read of freed memory, as for the sockets' and the
+ * queues' tables). A handle stays invalid: the generation goes on. */
 void exs__api_mreg_destroy_all(void)
 {
     EXS_MUTEX_LOCK(&mreg_lock, EXS_LOCK_LEAF);
-    if (__atomic_load_n(&exs__fini_keep_memory, __ATOMIC_RELAXED)) {
-        /* at exit: holds still running may read the table and the records; each record
-         * is parked (handle 0: a hold lets go of it), the table stays */
-        for (int i = 0; i < mreg_cap; i++) {
-            struct api_mreg *m = mregs[i];
+    for (int i = 0; i < mreg_cap; i++) {
+        struct api_mreg *m = mregs[i];
 
-            if (!m)
-                continue;
-            __atomic_store_n(&mregs[i], NULL, __ATOMIC_SEQ_CST);
-            __atomic_store_n(&m->handle, 0, __ATOMIC_RELAXED);
-            exs__prov_mr_dereg(m->mr);
-            if (m->mr_fb)
-                exs__prov_mr_dereg(m->mr_fb);
-            m->next = mreg_parked;
-            mreg_parked = m;
-        }
-        mreg_count = 0;
-        EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
-        return;
+        if (!m)
+            continue;
+        __atomic_store_n(&mregs[i], NULL, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&m->handle, 0, __ATOMIC_RELAXED);
+        exs__prov_mr_dereg(m->mr);
+        if (m->mr_fb)
+            exs__prov_mr_dereg(m->mr_fb);
+        m->next = mreg_parked;
+        mreg_parked = m;
     }
-    for (int i = 0; i < mreg_cap; i++)
-        if (mregs[i]) {
-            exs__prov_mr_dereg(mregs[i]->mr);
-            if (mregs[i]->mr_fb)
-                exs__prov_mr_dereg(mregs[i]->mr_fb);
-            free(mregs[i]);
-        }
-    free(mregs);
-    mregs = NULL;
-    mreg_cap = mreg_count = 0;
-    while (mreg_nretired)
-        free(mreg_retired[--mreg_nretired]);
-    while (mreg_parked) {
-        struct api_mreg *m = mreg_parked;
-
-        mreg_parked = m->next;
-        free(m);
-    }
+    mreg_count = 0;
     EXS_MUTEX_UNLOCK(&mreg_lock, EXS_LOCK_LEAF);
 }
 

@@ -83,6 +83,8 @@ void it_init(void);
 void it_fini(void);
 /* The checked teardown of every test case: it_fini(). */
 void it_teardown(void);
+/* Forget the queues tracked (a test that ended them with exs_fini itself). */
+void it_forget_queues(void);
 
 /* ---- time ---- */
 double it_now_ms(void);

@@ -165,6 +165,13 @@ void it_fini(void)
     it_nenv = 0;
 }
 
+void it_forget_queues(void)
+{
+    for (int i = 0; i < IT_MAX_QUEUE; i++)
+        if (it_queues[i].used)
+            stash_forget(&it_queues[i]);
+}
+
 void it_teardown(void)
 {
     it_fini();
