@@ -167,7 +167,16 @@ static int tcp_conn_take_recv(struct tcp_conn *conn)
     l = exs_list_pop_head(&ep->rq);
     pthread_mutex_unlock(&ep->lock);
     if (l) {
-        conn->rx_rwr = exs_list_entry(l, struct exs_soft_rwr, link);
+        struct exs_soft_rwr *rwr = exs_list_entry(l, struct exs_soft_rwr, link);
+
+        /* the local key as at the post (one load, no lock) unless a region died since: then
+         * checked again, as hardware checks at placement */
+        if (EXS_UNLIKELY(__atomic_load_n(&ctx->keys.region_kills, __ATOMIC_ACQUIRE) !=
+                         rwr->kills) &&
+            !rwr->bad)
+            rwr->bad = exs__tcp_mr_check_local(ctx, rwr->sge, rwr->num_sge,
+                                               EXS_PROV_ACCESS_LOCAL_WRITE, &rwr->kills) != 0;
+        conn->rx_rwr = rwr;
         conn->rnr_tries = 0;
         return 1;
     }
