@@ -138,6 +138,19 @@ struct exs_soft_local_memo {
     unsigned access;
 };
 
+/* 1 when one sge lies inside m's region with the access and no region died since m was
+ * filled. Without the table's lock too (tcp's take: m its own, region_kills acquired): a
+ * region dying meanwhile is one dying after the check, as at a locked check's return. */
+static inline int exs__soft_local_memo_hit(struct exs_soft_keys *t,
+                                           const struct exs_soft_local_memo *m,
+                                           const struct exs_prov_sge *sge, int n, unsigned access)
+{
+    return n == 1 && m->kills == __atomic_load_n(&t->region_kills, __ATOMIC_ACQUIRE) &&
+           m->key == sge[0].lkey &&
+           exs__soft_range_in(m->addr, m->length, sge[0].addr, sge[0].length) &&
+           (m->access & access) == access;
+}
+
 /* exs__soft_check_local_memo_locked past the memo: the check, and the memo filled. */
 int exs__soft_check_local_memo_slow_locked(struct exs_soft_keys *t, struct exs_soft_local_memo *m,
                                            const struct exs_prov_sge *sge, int n, unsigned access);
@@ -150,9 +163,7 @@ static inline int exs__soft_check_local_memo_locked(struct exs_soft_keys *t,
                                                     const struct exs_prov_sge *sge, int n,
                                                     unsigned access)
 {
-    if (n == 1 && m->kills == t->region_kills && m->key == sge[0].lkey &&
-        exs__soft_range_in(m->addr, m->length, sge[0].addr, sge[0].length) &&
-        (m->access & access) == access)
+    if (exs__soft_local_memo_hit(t, m, sge, n, access))
         return 0;
     return exs__soft_check_local_memo_slow_locked(t, m, sge, n, access);
 }

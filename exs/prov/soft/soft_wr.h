@@ -18,7 +18,6 @@ struct exs_soft_rwr {
     uint8_t bad;    /* the local check failed: completes LOC_PROT_ERR when consumed */
     uint8_t pooled; /* a block of its endpoint's pool (exs_soft_pool), else its own size */
     uint64_t len;   /* the sges' lengths added up */
-    uint64_t kills; /* tcp: the key table's region_kills when bad was found */
     struct exs_prov_sge sge[];
 };
 

@@ -186,6 +186,8 @@ struct tcp_ep {
     /* NIC (nic_lock) */
     struct exs_list sq;      /* framed by the NIC (queued or sent), oldest first */
     struct exs_list sq_wait; /* taken, not framed yet (fence, READ limit, bad sge) */
+    /* the region the take's last key check of a receive found (exs_soft_local_memo) */
+    struct exs_soft_local_memo rq_memo;
     struct tcp_conn *conn;
     uint32_t snd_nxt;   /* next request psn */
     unsigned reads_out; /* READs sent and not answered */
@@ -460,10 +462,8 @@ int exs__tcp_grant(struct exs_prov_ep *ep, struct exs_prov_mr *mr, void *addr, s
                    unsigned access, struct exs_prov_grant **grant_p);
 void exs__tcp_revoke(struct exs_prov_grant *grant);
 void exs__tcp_ep_revoke_all(struct tcp_ep *ep);
-/* kills_p (may be NULL): the table's region_kills when checked (the check holds while
- * it reads the same). */
 int exs__tcp_mr_check_local(struct tcp_ctx *ctx, const struct exs_prov_sge *sge, int n,
-                            unsigned access, uint64_t *kills_p);
+                            unsigned access);
 /* NIC: the key for a remote access of ep, with a user reference, or -EACCES. */
 int exs__tcp_key_get_remote(struct tcp_ctx *ctx, struct tcp_ep *ep, uint32_t rkey, uint64_t addr,
                             uint64_t len, unsigned access, struct exs_soft_key **key_p);

@@ -59,14 +59,12 @@ void exs__tcp_ep_revoke_all(struct tcp_ep *ep)
 
 /* 0 when every sge of non-zero length lies in an mr of ctx with the access bits. */
 int exs__tcp_mr_check_local(struct tcp_ctx *ctx, const struct exs_prov_sge *sge, int n,
-                            unsigned access, uint64_t *kills_p)
+                            unsigned access)
 {
     int ret;
 
     pthread_mutex_lock(&ctx->mr_lock);
     ret = exs__soft_check_local_locked(&ctx->keys, sge, n, access);
-    if (kills_p)
-        *kills_p = ctx->keys.region_kills;
     pthread_mutex_unlock(&ctx->mr_lock);
     return ret;
 }

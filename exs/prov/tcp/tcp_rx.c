@@ -169,13 +169,17 @@ static int tcp_conn_take_recv(struct tcp_conn *conn)
     if (l) {
         struct exs_soft_rwr *rwr = exs_list_entry(l, struct exs_soft_rwr, link);
 
-        /* the local key as at the post (one load, no lock) unless a region died since: then
-         * checked again, as hardware checks at placement */
-        if (EXS_UNLIKELY(__atomic_load_n(&ctx->keys.region_kills, __ATOMIC_ACQUIRE) !=
-                         rwr->kills) &&
-            !rwr->bad)
-            rwr->bad = exs__tcp_mr_check_local(ctx, rwr->sge, rwr->num_sge,
-                                               EXS_PROV_ACCESS_LOCAL_WRITE, &rwr->kills) != 0;
+        /* the local key checked when the receive is used, as hardware does at placement:
+         * compares of the ep's memo and one load while no region died (no lock) */
+        rwr->bad = 0;
+        if (!exs__soft_local_memo_hit(&ctx->keys, &ep->rq_memo, rwr->sge, rwr->num_sge,
+                                      EXS_PROV_ACCESS_LOCAL_WRITE)) {
+            pthread_mutex_lock(&ctx->mr_lock);
+            rwr->bad = exs__soft_check_local_memo_slow_locked(&ctx->keys, &ep->rq_memo, rwr->sge,
+                                                              rwr->num_sge,
+                                                              EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
+            pthread_mutex_unlock(&ctx->mr_lock);
+        }
         conn->rx_rwr = rwr;
         conn->rnr_tries = 0;
         return 1;
