@@ -87,12 +87,6 @@ static void dereg_round(uint32_t len)
 
 START_TEST(recv_dereg_before_take)
 {
-    if (strcmp(pt_name, "shm") != 0) {
-        /* tcp checks a receive's key at the post (tcp_data.c) and writes a region
-         * deregistered since: not this review's code, reported to the lead */
-        test_skip("recv_dereg_before_take", "shm's receive ring only; provider is %s", pt_name);
-        return;
-    }
     dereg_round(64);
     dereg_round(256u << 10);
 }

@@ -259,10 +259,13 @@ struct shm_ep {
      * post_recv under rq_lock alone (a store lock: taken with one exchange, given back with a
      * plain store), read by the turn under ctx->lock; the flush empties it under both. */
     int rq_lock;
-    int rq_dead;            /* (rq_lock) the flush has swept it: a post completes at once */
-    uint32_t rq_posted;     /* (rq_lock) receives accepted, ever (the ring's, the flushed) */
-    uint32_t rq_head;       /* (written under rq_lock, released) receives put in the ring */
-    uint32_t rq_tail;       /* (ctx->lock) receives taken by the turn */
+    int rq_dead;        /* (rq_lock) the flush has swept it: a post completes at once */
+    uint32_t rq_posted; /* (rq_lock) receives accepted, ever (the ring's, the flushed) */
+    uint32_t rq_head;   /* (written under rq_lock, released) receives put in the ring */
+    uint32_t rq_tail;   /* (ctx->lock) receives taken by the turn */
+    /* (ctx->lock) the region the take's last key check found (its receives are mostly in
+     * one region: a compare while no region is deregistered) */
+    struct exs_soft_local_memo rq_memo;
     uint32_t rq_retired;    /* (written under ctx->lock, released) completions handed over or
                              * polled: rq_posted - rq_retired is what max_recv_wr bounds */
     uint32_t rq_mask;       /* ring slots - 1 (a power of two >= max_recv_wr) */

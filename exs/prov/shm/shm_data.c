@@ -550,8 +550,8 @@ struct exs_soft_rwr *exs__shm_rq_take_locked(struct shm_ep *ep)
     rwr = ep->rq[ep->rq_tail & ep->rq_mask].rwr;
     ep->rq_tail++;
     /* the local key is checked when the receive is used, as hardware does at placement */
-    rwr->bad = exs__shm_check_local_locked(ep->ctx, rwr->sge, rwr->num_sge,
-                                           EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
+    rwr->bad = exs__soft_check_local_memo_locked(&ep->ctx->keys, &ep->rq_memo, rwr->sge,
+                                                 rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
     return rwr;
 }
 

@@ -184,6 +184,8 @@ static int soft_key_kill(struct exs_soft_keys *t, struct exs_soft_key *k)
 
     k->live = 0;
     exs_list_del(&k->link);
+    if (!k->ep) /* every remembered local check is looked at again */
+        __atomic_store_n(&t->region_kills, t->region_kills + 1, __ATOMIC_RELEASE);
     if (t->last_local == k)
         t->last_local = NULL;
     if (t->last_remote == k)
@@ -365,6 +367,24 @@ int exs__soft_check_local_slow_locked(struct exs_soft_keys *t, const struct exs_
         t->last_local = k;
     }
     return 0;
+}
+
+int exs__soft_check_local_memo_slow_locked(struct exs_soft_keys *t, struct exs_soft_local_memo *m,
+                                           const struct exs_prov_sge *sge, int n, unsigned access)
+{
+    const struct exs_soft_key *k;
+    int ret = exs__soft_check_local_locked(t, sge, n, access);
+
+    /* last_local: NULL or a live region (the one that passed the sge, when n is 1) */
+    k = t->last_local;
+    if (!ret && k) {
+        m->addr = k->addr;
+        m->length = k->length;
+        m->key = k->key;
+        m->access = k->access;
+        m->kills = t->region_kills;
+    }
+    return ret;
 }
 
 struct exs_soft_key *exs__soft_key_find_locked(struct exs_soft_keys *t, uint32_t rkey)

@@ -47,8 +47,12 @@ struct exs_lite_lock;
 struct exs_soft_keys {
     pthread_mutex_t *lock;      /* the provider's lock over all of this, or: */
     struct exs_lite_lock *lite; /* (exs__soft_keys_init_lite) a futex lock */
-    pthread_cond_t copy_cond;   /* a copy ended while someone waits (lock) */
-    uint32_t copy_ends;         /* (lite) copies ended while someone waits: a futex word */
+    /* regions killed, ever (soft_key_kill: stored with release, under the lock). A local
+     * check that passed while this read g still holds while it reads g: a live region's
+     * key, range and access never change. Read without the lock by tcp's take. */
+    uint64_t region_kills;
+    pthread_cond_t copy_cond; /* a copy ended while someone waits (lock) */
+    uint32_t copy_ends;       /* (lite) copies ended while someone waits: a futex word */
     /* the copy fence: the NIC is copying to or from keyed memory */
     int copying;
     uint64_t copy_gen;             /* copies begun */
@@ -124,6 +128,44 @@ static inline int exs__soft_check_local_locked(struct exs_soft_keys *t,
         (k->access & access) == access)
         return 0;
     return exs__soft_check_local_slow_locked(t, sge, n, access);
+}
+/* A local check remembered by its user (shm: an endpoint's receive ring): a live region
+ * the table found and region_kills then. Zeroed: remembers nothing (no live key is 0). */
+struct exs_soft_local_memo {
+    uint64_t addr, length;
+    uint64_t kills;
+    uint32_t key;
+    unsigned access;
+};
+
+/* 1 when one sge lies inside m's region with the access and no region died since m was
+ * filled. Without the table's lock too (tcp's take: m its own, region_kills acquired): a
+ * region dying meanwhile is one dying after the check, as at a locked check's return. */
+static inline int exs__soft_local_memo_hit(struct exs_soft_keys *t,
+                                           const struct exs_soft_local_memo *m,
+                                           const struct exs_prov_sge *sge, int n, unsigned access)
+{
+    return n == 1 && m->kills == __atomic_load_n(&t->region_kills, __ATOMIC_ACQUIRE) &&
+           m->key == sge[0].lkey &&
+           exs__soft_range_in(m->addr, m->length, sge[0].addr, sge[0].length) &&
+           (m->access & access) == access;
+}
+
+/* exs__soft_check_local_memo_locked past the memo: the check, and the memo filled. */
+int exs__soft_check_local_memo_slow_locked(struct exs_soft_keys *t, struct exs_soft_local_memo *m,
+                                           const struct exs_prov_sge *sge, int n, unsigned access);
+
+/* exs__soft_check_local_locked, the region first looked for in m: one sge inside it, no
+ * region killed since it was found, passes with compares of the user's own memory and one
+ * load of region_kills (a receive per message, taken by the NIC's turn). */
+static inline int exs__soft_check_local_memo_locked(struct exs_soft_keys *t,
+                                                    struct exs_soft_local_memo *m,
+                                                    const struct exs_prov_sge *sge, int n,
+                                                    unsigned access)
+{
+    if (exs__soft_local_memo_hit(t, m, sge, n, access))
+        return 0;
+    return exs__soft_check_local_memo_slow_locked(t, m, sge, n, access);
 }
 /* The live key numbered rkey, or NULL (the hash walk of exs__soft_key_remote_locked). */
 struct exs_soft_key *exs__soft_key_find_locked(struct exs_soft_keys *t, uint32_t rkey);

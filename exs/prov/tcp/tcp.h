@@ -186,6 +186,8 @@ struct tcp_ep {
     /* NIC (nic_lock) */
     struct exs_list sq;      /* framed by the NIC (queued or sent), oldest first */
     struct exs_list sq_wait; /* taken, not framed yet (fence, READ limit, bad sge) */
+    /* the region the take's last key check of a receive found (exs_soft_local_memo) */
+    struct exs_soft_local_memo rq_memo;
     struct tcp_conn *conn;
     uint32_t snd_nxt;   /* next request psn */
     unsigned reads_out; /* READs sent and not answered */

@@ -206,9 +206,7 @@ int exs__tcp_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *rwr
         pthread_mutex_lock(&ep->lock);
     }
     exs__soft_rwr_fill(rwr, rwr_in, len);
-    rwr->pooled = (uint8_t)pooled;
-    rwr->bad =
-        exs__tcp_mr_check_local(ctx, rwr->sge, rwr->num_sge, EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
+    rwr->pooled = (uint8_t)pooled; /* its local key: checked when taken (tcp_conn_take_recv) */
     if (ep->rq_count + __atomic_load_n(&ep->cq_rq, __ATOMIC_RELAXED) >= ep->base.attr.max_recv_wr) {
         /* every slot is a posted receive or a completion not yet polled */
         exs__tcp_rwr_put_locked(ep, rwr);

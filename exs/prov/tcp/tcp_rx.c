@@ -167,7 +167,20 @@ static int tcp_conn_take_recv(struct tcp_conn *conn)
     l = exs_list_pop_head(&ep->rq);
     pthread_mutex_unlock(&ep->lock);
     if (l) {
-        conn->rx_rwr = exs_list_entry(l, struct exs_soft_rwr, link);
+        struct exs_soft_rwr *rwr = exs_list_entry(l, struct exs_soft_rwr, link);
+
+        /* the local key checked when the receive is used, as hardware does at placement:
+         * compares of the ep's memo and one load while no region died (no lock) */
+        rwr->bad = 0;
+        if (!exs__soft_local_memo_hit(&ctx->keys, &ep->rq_memo, rwr->sge, rwr->num_sge,
+                                      EXS_PROV_ACCESS_LOCAL_WRITE)) {
+            pthread_mutex_lock(&ctx->mr_lock);
+            rwr->bad = exs__soft_check_local_memo_slow_locked(&ctx->keys, &ep->rq_memo, rwr->sge,
+                                                              rwr->num_sge,
+                                                              EXS_PROV_ACCESS_LOCAL_WRITE) != 0;
+            pthread_mutex_unlock(&ctx->mr_lock);
+        }
+        conn->rx_rwr = rwr;
         conn->rnr_tries = 0;
         return 1;
     }
