@@ -258,7 +258,7 @@ START_TEST(rq_destroy_mid_fragment)
     nic_hold(ea->ctx);
     ck_assert_int_eq(pt_post_send(p.ea, 10, EXS_PROV_WR_SEND, SIG, src, 0, KF_BIG, 0, 0, 0), 0);
     deadline = pt_now_ms() + PT_TIMEOUT_MS;
-    while (__atomic_load_n(&eb->conn->peer->head, __ATOMIC_ACQUIRE) == eb->conn->tail &&
+    while (!__atomic_load_n(exs__shm_rx_stamp(eb->conn), __ATOMIC_ACQUIRE) &&
            pt_now_ms() < deadline)
         sched_yield();
     (void)exs__shm_conn_service(eb->conn);
@@ -360,7 +360,7 @@ START_TEST(killed_mid_fragment)
         ck_assert_int_eq(pt_post_recv(ep, 1 + (uint64_t)i, r[i], 0, i ? 64 : KF_BIG), 0);
     }
     deadline = pt_now_ms() + PT_TIMEOUT_MS;
-    while (se->conn && __atomic_load_n(&se->conn->peer->head, __ATOMIC_ACQUIRE) == se->conn->tail &&
+    while (se->conn && !__atomic_load_n(exs__shm_rx_stamp(se->conn), __ATOMIC_ACQUIRE) &&
            pt_now_ms() < deadline)
         sched_yield();
     ck_assert_ptr_nonnull(se->conn);

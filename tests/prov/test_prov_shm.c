@@ -76,17 +76,19 @@ static void ring_bell(void)
     ck_assert_int_eq(write(bell_fd, &one, sizeof(one)), (ssize_t)sizeof(one));
 }
 
-/* Publish a record written by hand at the liar's head (its own head counter advanced by
- * publish bytes, which may differ from the record's size). */
+/* Publish a record written by hand at the liar's head: its header but the size and its
+ * body, then the size word, which says the record is written (the slot after it is left as
+ * it is: zero in a fresh ring). */
 static void put_rec(const struct liar *c, const struct shm_rec *rec, const void *body,
-                    uint32_t blen, uint64_t publish)
+                    uint32_t blen)
 {
     uint64_t pos = c->head & (SHM_RING_DEFAULT - 1);
+    struct shm_rec *at = (struct shm_rec *)(void *)(c->tx_ring + pos);
 
-    memcpy(c->tx_ring + pos, rec, sizeof(*rec));
+    memcpy(at, rec, offsetof(struct shm_rec, size));
     if (blen)
         memcpy(c->tx_ring + pos + SHM_REC_HDR, body, blen);
-    __atomic_store_n(&c->mine->head, c->head + publish, __ATOMIC_RELEASE);
+    __atomic_store_n(&at->size, rec->size, __ATOMIC_SEQ_CST);
     ring_bell();
 }
 
@@ -135,8 +137,8 @@ static void fresh_connection_works(struct pt_pair *p)
 /* ---- a liar in the ring: each is a protocol error for that one connection ---- */
 
 enum {
-    LIE_HEAD_BEYOND, /* head more than a ring ahead */
-    LIE_HEAD_SLOT,   /* head not on a slot */
+    LIE_SIZE_RING,   /* a record as large as the ring (no slot left free after it) */
+    LIE_SIZE_SLOT,   /* a size not a whole number of slots */
     LIE_HUGE_INLINE, /* inline record claiming 1 GiB */
     LIE_SIZE_BEYOND, /* record larger than what was published */
     LIE_SEQUENCE,    /* record out of sequence */
@@ -153,8 +155,8 @@ enum {
 };
 
 static const char *const lie_names[LIE_COUNT] = {
-    "head_beyond", "head_slot", "huge_inline", "size_beyond", "sequence", "type",       "sges",
-    "sge_sum",     "torn",      "ack",         "nak",         "tail",     "bad_source", "tail_full",
+    "size_ring", "size_slot", "huge_inline", "size_beyond", "sequence", "type",       "sges",
+    "sge_sum",   "torn",      "ack",         "nak",         "tail",     "bad_source", "tail_full",
 };
 
 START_TEST(shm_liar)
@@ -183,27 +185,29 @@ START_TEST(shm_liar)
     rec.len = 16;
     rec.size = SHM_SLOT;
     switch (_i) {
-    case LIE_HEAD_BEYOND:
-        put_rec(c, &rec, NULL, 0, SHM_RING_DEFAULT + SHM_SLOT);
+    case LIE_SIZE_RING:
+        rec.size = SHM_RING_DEFAULT;
+        put_rec(c, &rec, NULL, 0);
         break;
-    case LIE_HEAD_SLOT:
-        put_rec(c, &rec, NULL, 0, 8);
+    case LIE_SIZE_SLOT:
+        rec.size = SHM_SLOT + 8;
+        put_rec(c, &rec, NULL, 0);
         break;
     case LIE_HUGE_INLINE:
         rec.len = 1u << 30;
-        put_rec(c, &rec, NULL, 0, SHM_SLOT);
+        put_rec(c, &rec, NULL, 0);
         break;
     case LIE_SIZE_BEYOND:
         rec.size = 2 * SHM_SLOT;
-        put_rec(c, &rec, NULL, 0, SHM_SLOT);
+        put_rec(c, &rec, NULL, 0);
         break;
     case LIE_SEQUENCE:
         rec.psn = 5;
-        put_rec(c, &rec, NULL, 0, SHM_SLOT);
+        put_rec(c, &rec, NULL, 0);
         break;
     case LIE_TYPE:
         rec.type = 9;
-        put_rec(c, &rec, NULL, 0, SHM_SLOT);
+        put_rec(c, &rec, NULL, 0);
         break;
     case LIE_SGES:
         rec.flags = 0;
@@ -212,18 +216,18 @@ START_TEST(shm_liar)
         rec.size = (SHM_REC_HDR + 17 * sizeof(rs[0]) + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
         for (int i = 0; i < 17; i++)
             rs[i] = (struct shm_rsge){(uint64_t)(uintptr_t)dst->p, 1};
-        put_rec(c, &rec, rs, 17 * sizeof(rs[0]), rec.size);
+        put_rec(c, &rec, rs, 17 * sizeof(rs[0]));
         break;
     case LIE_SGE_SUM:
         rec.flags = 0;
         rec.nsge = 1;
         rec.len = 200;
         rs[0] = (struct shm_rsge){(uint64_t)(uintptr_t)dst->p, 100};
-        put_rec(c, &rec, rs, sizeof(rs[0]), SHM_SLOT);
+        put_rec(c, &rec, rs, sizeof(rs[0]));
         break;
     case LIE_TORN:
         memset((uint8_t *)&rec + 16, 0xff, sizeof(rec) - 16);
-        put_rec(c, &rec, NULL, 0, SHM_SLOT);
+        put_rec(c, &rec, NULL, 0);
         break;
     case LIE_ACK:
         __atomic_store_n(&c->mine->ack, 7, __ATOMIC_RELEASE);
@@ -272,7 +276,7 @@ START_TEST(shm_liar)
         rec.raddr = (uint64_t)(uintptr_t)tgt->p;
         rec.rkey = g->rkey;
         rs[0] = (struct shm_rsge){4096, 8192}; /* page 1 of the address space */
-        put_rec(c, &rec, rs, sizeof(rs[0]), SHM_SLOT);
+        put_rec(c, &rec, rs, sizeof(rs[0]));
         break;
     }
     expect_b_ended(&p, -EPROTO);
@@ -321,13 +325,13 @@ START_TEST(shm_liar_beyond_grant)
         rec.type = SHM_REC_WRITE;
         rec.flags = SHM_RF_INLINE;
         rec.size = 2 * SHM_SLOT;
-        put_rec(c, &rec, body, 65, rec.size);
+        put_rec(c, &rec, body, 65);
     } else {
         rec.type = SHM_REC_READ;
         rec.nsge = 1;
         rec.size = SHM_SLOT;
         rs = (struct shm_rsge){(uint64_t)(uintptr_t)src->p, 65};
-        put_rec(c, &rec, &rs, sizeof(rs), rec.size);
+        put_rec(c, &rec, &rs, sizeof(rs));
     }
     expect_b_ended(&p, -ECONNABORTED);
     close(bell_fd);
@@ -1304,34 +1308,34 @@ START_TEST(shm_liar_frag)
     rec = (struct shm_rec){.type = SHM_REC_SEND, .flags = SHM_RF_FRAG, .len = LEN, .size = size1};
     switch (_i) {
     case FRAG_OTHER:
-        put_rec(c, &rec, body, SHM_FRAG_BYTES, size1);
+        put_rec(c, &rec, body, SHM_FRAG_BYTES);
         wait_b_took(c, l.head + size1);
         l.head += size1;
         rec.flags = SHM_RF_INLINE; /* an inline SEND where the second fragment belongs */
         rec.len = 16;
         rec.size = SHM_SLOT;
-        put_rec(c, &rec, body, 16, SHM_SLOT);
+        put_rec(c, &rec, body, 16);
         break;
     case FRAG_SIZE:
         rec.size = size1 - SHM_SLOT;
-        put_rec(c, &rec, body, SHM_FRAG_BYTES - SHM_SLOT, rec.size);
+        put_rec(c, &rec, body, SHM_FRAG_BYTES - SHM_SLOT);
         break;
     case FRAG_SMALL:
         rec.len = SHM_RING_INLINE;
         rec.size = SHM_RING_INLINE + SHM_SLOT;
-        put_rec(c, &rec, body, SHM_RING_INLINE, rec.size);
+        put_rec(c, &rec, body, SHM_RING_INLINE);
         break;
     case FRAG_REVOKED:
         ck_assert_int_eq(pt_ops->grant(p.eb, dst->mr, dst->p, BUF, RW, &g), 0);
         rec.type = SHM_REC_WRITE;
         rec.raddr = (uint64_t)(uintptr_t)dst->p;
         rec.rkey = g->rkey;
-        put_rec(c, &rec, body, SHM_FRAG_BYTES, size1);
+        put_rec(c, &rec, body, SHM_FRAG_BYTES);
         wait_b_took(c, l.head + size1);
         l.head += size1;
         pt_ops->revoke(g);
         rec.size = (SHM_REC_HDR + part2 + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
-        put_rec(c, &rec, body, part2, rec.size);
+        put_rec(c, &rec, body, part2);
         expect_b_ended(&p, -ECONNABORTED);
         ck_assert(pt_all_bytes(dst->p, SHM_FRAG_BYTES, 0x44));
         ck_assert(pt_all_bytes(dst->p + SHM_FRAG_BYTES, BUF - SHM_FRAG_BYTES, 0x22));
@@ -1536,18 +1540,54 @@ START_TEST(shm_small_rings)
 }
 END_TEST
 
+/* Records announce themselves (version 6): the writer zeroes the size word of the slot after
+ * each record before it stores the record's own, so the reader never takes what an earlier
+ * lap left at its position for a record. SENDs of lengths that put each record's start in
+ * the middle of earlier laps' records and payloads (payload bytes 0xA5: a stale size word
+ * is never 0), inline and in fragments, some 40 laps of rings of 64 KiB, each message whole
+ * in its receive. Without the zeroing the reader takes a stale header or payload for a
+ * record: a protocol error, the connection ended (seen failing). */
+START_TEST(shm_ring_laps_stale_slots)
+{
+    const uint32_t R = 64u << 10, MAXL = SHM_RING_INLINE + 700;
+    struct pt_pair p;
+    struct pt_buf *src, *dst;
+    struct exs_prov_cqe c;
+    uint64_t bytes = 0;
+
+    if (skip_unless_shm("shm_ring_laps_stale_slots"))
+        return;
+    rings_pair_setup(&p, "64", "64", R);
+    src = pt_pair_buf(&p, 'a', MAXL, LW, 0xA5);
+    dst = pt_pair_buf(&p, 'b', MAXL, LW, 0);
+    for (uint32_t i = 0; bytes < 40ull * R; i++) {
+        uint32_t len = 1 + (i * 997u) % MAXL;
+
+        memset(dst->p, 0, MAXL);
+        ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, MAXL), 0);
+        ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, SIG, src, 0, len, 0, 0, 0), 0);
+        pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+        ck_assert_uint_eq(c.byte_len, len);
+        ck_assert(pt_all_bytes(dst->p, len, 0xA5) && pt_all_bytes(dst->p + len, MAXL - len, 0));
+        pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        bytes += len + SHM_REC_HDR;
+    }
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_CONNECTED);
+    rings_pair_close(&p);
+}
+END_TEST
+
 /* h47 (attack review of fca7144, the ring size agreed per connection): a liar whose
  * segment's rings are larger than the rings agreed (it made a segment of the default
  * size, its peer chose 128 KiB: the connection's rings are 128 KiB, the segment has 4 MiB
- * of each). Loop 0: a well-formed 16 B inline SEND published with a head more than the
- * agreed ring ahead (within the segment's ring); loop 1: a fragment sized as one of a
- * default ring (64 KiB of payload, a record of 65600 bytes, all published, less than the
- * agreed ring) where the agreed ring's fragments are at most a quarter ring. Each is a
- * protocol error for that connection, nothing placed (the receive, large enough for the
- * whole message, is flushed and untouched); the next connection works. Seen failing with
- * the head checked against the segment's ring (seg_ring) instead of the agreed one (loop
- * 0: the SEND was delivered) and with fragments checked against SHM_FRAG_BYTES (loop 1:
- * no protocol error). */
+ * of each). Loop 0: a 16 B inline SEND whose record claims a size beyond the agreed ring
+ * (within the segment's ring; version 5 published a head that far ahead); loop 1: a fragment sized
+ * as one of a default ring (64 KiB of payload, a record of 65600 bytes, all published, less than
+ * the agreed ring) where the agreed ring's fragments are at most a quarter ring. Each is a protocol
+ * error for that connection, nothing placed (the receive, large enough for the whole message, is
+ * flushed and untouched); the next connection works. Seen failing (version 5) with the head checked
+ * against the segment's ring (seg_ring) instead of the agreed one (loop 0: the SEND was delivered)
+ * and with fragments checked against SHM_FRAG_BYTES (loop 1: no protocol error). */
 START_TEST(shm_liar_small_ring)
 {
     const uint32_t R = 128u << 10, MLEN = 2 * SHM_FRAG_BYTES;
@@ -1571,14 +1611,14 @@ START_TEST(shm_liar_small_ring)
     if (_i == 0) {
         rec.flags = SHM_RF_INLINE;
         rec.len = 16;
-        rec.size = SHM_SLOT;
-        put_rec(&l, &rec, NULL, 0, R + SHM_SLOT);
+        rec.size = R + SHM_SLOT; /* beyond the agreed ring, within the segment's */
+        put_rec(&l, &rec, NULL, 0);
     } else {
         rec.flags = SHM_RF_FRAG;
         rec.len = MLEN;
         rec.size = (SHM_REC_HDR + SHM_FRAG_BYTES + SHM_SLOT - 1) & ~(SHM_SLOT - 1);
         ck_assert_uint_lt(rec.size, R);
-        put_rec(&l, &rec, NULL, 0, rec.size);
+        put_rec(&l, &rec, NULL, 0);
     }
     expect_b_ended(&p, -EPROTO);
     close(bell_fd);
@@ -1661,6 +1701,7 @@ Suite *prov_shm_suite(void)
     tc = pt_tcase("shm_rings");
     tcase_add_loop_test(tc, shm_small_rings, 0, 3);
     tcase_add_loop_test(tc, shm_liar_small_ring, 0, 2);
+    tcase_add_test(tc, shm_ring_laps_stale_slots);
     tcase_add_loop_test(tc, shm_ring_bounds, 0, 3);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_busy");

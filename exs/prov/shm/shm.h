@@ -5,6 +5,7 @@
 #define EXS_PROV_SHM_SHM_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -53,8 +54,9 @@
 #define SHM_MAGIC        0x45585348u /* "EXSH" */
 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own; 3: fragments;
  * 4: rings of 4 MiB; 5: the ring size chosen per connection (the REQ's ring_bytes, the
- * ACCEPT's agreed size) */
-#define SHM_VERSION      5
+ * ACCEPT's agreed size); 6: a record says itself that it is written (its size, stored
+ * last; the slot after it zeroed first), no head in the line */
+#define SHM_VERSION      6
 #define SHM_SLOT         64u /* ring records are whole cache lines */
 /* Ring sizes (EXS_SHM_RING_KB, whose bounds in exs/util/params.c are these): per direction,
  * a power of two; the connection's rings are the smaller of the two sides' choices. The
@@ -121,7 +123,7 @@ struct shm_rsge {
 
 /* The line a side writes (the peer only reads it). */
 struct shm_line {
-    uint64_t head;    /* bytes of requests published in this side's ring */
+    uint64_t rsvd0;   /* 0 (version 5's head: the records announce themselves, shm_rec.size) */
     uint64_t tail;    /* bytes of the peer's ring consumed */
     uint32_t ack;     /* the peer's requests done: psn of the next not done */
     uint32_t nak_syn; /* 0, or the syndrome of request nak_psn (set once) */
@@ -588,15 +590,24 @@ void exs__shm_ep_push_locked(struct shm_ep *ep);
 /* nic_lock held: carry out the peer's requests and take its answers to ours. > 0 when
  * something happened; the connection may have ended. */
 int exs__shm_conn_service(struct shm_conn *conn);
-/* 1 when a turn may have something to do on conn (UP): the peer published requests or
- * answers, or the ep has waiting posts. Three loads of the peer's line and one of ep->pend,
- * no lock: an idle busy-polling turn does no more per connection. */
+/* The size word of the record slot at our position in the peer's ring (conn UP): 0 until
+ * the peer's next record there is written (spec/provider-shm.md, "Records announce
+ * themselves"). Load it atomically; what it says is checked with the record. */
+static inline uint32_t *exs__shm_rx_stamp(const struct shm_conn *conn)
+{
+    return (uint32_t *)(void *)(conn->rx_ring + (conn->tail & conn->ring_mask) +
+                                offsetof(struct shm_rec, size));
+}
+/* 1 when a turn may have something to do on conn (UP): the peer wrote a record or
+ * published answers, or the ep has waiting posts. A load of the next record's size word,
+ * two of the peer's line and one of ep->pend, no lock: an idle busy-polling turn does no
+ * more per connection. */
 static inline int exs__shm_conn_stirred(const struct shm_conn *conn)
 {
     const struct shm_ep *ep = conn->ep;
 
     return !ep || __atomic_load_n(&ep->pend, __ATOMIC_RELAXED) ||
-           __atomic_load_n(&conn->peer->head, __ATOMIC_RELAXED) != conn->tail ||
+           __atomic_load_n(exs__shm_rx_stamp(conn), __ATOMIC_RELAXED) ||
            __atomic_load_n(&conn->peer->ack, __ATOMIC_RELAXED) != conn->acked ||
            (!conn->nak_seen && __atomic_load_n(&conn->peer->nak_syn, __ATOMIC_RELAXED));
 }
@@ -608,7 +619,7 @@ void exs__shm_conn_bell(struct shm_conn *conn);
  * inline, the write out of line (a message costs two looks, no call). */
 static inline void exs__shm_conn_kick(struct shm_conn *conn)
 {
-    /* after a sequentially consistent publication (head, ack, tail, nak): see
+    /* after a sequentially consistent publication (a record's size, ack, tail, nak): see
      * shm_prepare_sleep */
     if (conn->bell >= 0 && __atomic_load_n(&conn->peer_flag->sleeping, __ATOMIC_SEQ_CST))
         exs__shm_conn_bell(conn);

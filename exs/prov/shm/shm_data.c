@@ -183,7 +183,8 @@ static inline uint8_t shm_rec_type(const struct shm_wr *wr, uint8_t *flags)
 }
 
 /* The header of wr's record at conn->head, written in place: records start on a slot and
- * the ring is a whole number of slots, so its 32 bytes never wrap (no local copy). */
+ * the ring is a whole number of slots, so its 32 bytes never wrap (no local copy). All but
+ * its size, which publishes it (shm_publish_rec). */
 SHM_INLINE void shm_rec_hdr(struct shm_conn *conn, const struct shm_ep *ep, const struct shm_wr *wr,
                             uint8_t flags, uint8_t nsge, uint32_t size)
 {
@@ -200,14 +201,25 @@ SHM_INLINE void shm_rec_hdr(struct shm_conn *conn, const struct shm_ep *ep, cons
     rec->imm = wr->imm;
     rec->raddr = wr->raddr;
     rec->rkey = wr->rkey;
-    rec->size = size;
 }
 
-/* Publish conn->head: the records up to it are the peer's to take. */
-SHM_INLINE void shm_publish_head(struct shm_conn *conn, const struct shm_ep *ep, uint32_t len)
+/* Publish the record of size bytes at conn->head (its header but the size and its payload
+ * written): the next record's slot marked not written (its size 0: the room checks keep a
+ * slot free beyond every record), then this one's size stored, sequentially consistent (a
+ * sleeper's look: exs__shm_conn_kick); conn->head past it. The peer takes a record when
+ * the size word at its position is not 0 (spec/provider-shm.md, "Records announce
+ * themselves"). */
+SHM_INLINE void shm_publish_rec(struct shm_conn *conn, const struct shm_ep *ep, uint32_t size,
+                                uint32_t len)
 {
+    uint8_t *at = conn->tx_ring + (conn->head & conn->ring_mask);
+    uint8_t *next = conn->tx_ring + ((conn->head + size) & conn->ring_mask);
+
+    __atomic_store_n((uint32_t *)(void *)(next + offsetof(struct shm_rec, size)), 0,
+                     __ATOMIC_RELAXED);
     SHM_TSAN_RELEASE();
-    __atomic_store_n(&conn->mine->head, conn->head, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&((struct shm_rec *)(void *)at)->size, size, __ATOMIC_SEQ_CST);
+    conn->head += size;
     SHM_CNT_INC_OWNED(ep->ctx->cnt.recs_tx); /* (ctx->lock) */
     SHM_CNT_ADD_OWNED(ep->ctx->cnt.bytes_tx, len);
 }
@@ -248,14 +260,13 @@ static int shm_frag_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_w
         uint32_t n = EXS_MIN(wr->len - wr->sent, conn->frag_bytes);
         uint32_t size = shm_roundup(SHM_REC_HDR + n);
 
-        if (conn->head - tail + size > conn->ring_bytes)
+        if (conn->head - tail + size + SHM_SLOT > conn->ring_bytes)
             return -ENOSPC;
         shm_rec_hdr(conn, ep, wr, SHM_RF_FRAG, 0, size);
         shm_ring_put_sges(conn->tx_ring, conn->ring_bytes, conn->head + SHM_REC_HDR, sge,
                           wr->num_sge, wr->sent, n);
         wr->sent += n;
-        conn->head += size;
-        shm_publish_head(conn, ep, n);
+        shm_publish_rec(conn, ep, size, n);
     }
     wr->psn = ep->snd_nxt++;
     return 0;
@@ -272,15 +283,14 @@ static __attribute__((noinline)) int shm_read_write(struct shm_conn *conn, struc
     int nrs = shm_sge_to_rsge(rs, sge, wr->num_sge);
     uint32_t size = shm_roundup(SHM_REC_HDR + (uint32_t)(nrs * sizeof(rs[0])));
 
-    if (conn->head - tail + size > conn->ring_bytes)
+    if (conn->head - tail + size + SHM_SLOT > conn->ring_bytes)
         return -ENOSPC;
     shm_rec_hdr(conn, ep, wr, 0, (uint8_t)nrs, size);
     if (nrs)
         shm_ring_put(conn->tx_ring, conn->ring_bytes, conn->head + SHM_REC_HDR, rs,
                      (uint32_t)(nrs * sizeof(rs[0])));
     wr->psn = ep->snd_nxt++;
-    conn->head += size;
-    shm_publish_head(conn, ep, wr->len);
+    shm_publish_rec(conn, ep, size, wr->len);
     return 0;
 }
 
@@ -298,7 +308,7 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
     if (!wr->inl && wr->len > SHM_RING_INLINE)
         return shm_frag_write(conn, ep, wr, sge, tail);
     size = shm_roundup(SHM_REC_HDR + wr->len);
-    if (conn->head - tail + size > conn->ring_bytes)
+    if (conn->head - tail + size + SHM_SLOT > conn->ring_bytes)
         return -ENOSPC;
     shm_rec_hdr(conn, ep, wr, SHM_RF_INLINE, 0, size);
     pos = conn->head + SHM_REC_HDR;
@@ -307,8 +317,7 @@ static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr
     else
         shm_ring_put_sges(conn->tx_ring, conn->ring_bytes, pos, sge, wr->num_sge, 0, wr->len);
     wr->psn = ep->snd_nxt++;
-    conn->head += size;
-    shm_publish_head(conn, ep, wr->len);
+    shm_publish_rec(conn, ep, size, wr->len);
     return 0;
 }
 
@@ -1165,23 +1174,21 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
     struct shm_rsge rs[SHM_MAX_SGE];
     struct shm_rec rec;
     const char *bad = NULL;
-    uint64_t head, sum, kicked = conn->tail;
+    uint64_t sum, kicked = conn->tail;
     uint32_t part;
     int did = 0, ret = 1, more;
 
     for (unsigned i = 0; i < SHM_TURN_RECS && conn->state == SHM_CONN_UP; i++) {
-        head = __atomic_load_n(&conn->peer->head, __ATOMIC_ACQUIRE);
-        if (head == conn->tail)
+        /* the record at our position is written when its size word is not 0 (the size
+         * checked is the one in the copy below) */
+        if (!__atomic_load_n(exs__shm_rx_stamp(conn), __ATOMIC_ACQUIRE))
             break;
         SHM_TSAN_ACQUIRE();
-        if (head - conn->tail > conn->ring_bytes || head % SHM_SLOT) {
-            bad = "ring head";
-            break;
-        }
         /* (a header never wraps: one fixed-size copy, no call) */
         memcpy(&rec, conn->rx_ring + (conn->tail & conn->ring_mask), sizeof(rec));
         SHM_ONCE();
-        bad = shm_rec_check(conn, &rec, head - conn->tail);
+        /* (the writer keeps a slot free beyond each record: at most a ring less a slot) */
+        bad = shm_rec_check(conn, &rec, conn->ring_bytes - SHM_SLOT);
         if (bad)
             break;
         sum = 0;
@@ -1296,7 +1303,7 @@ int exs__shm_conn_service(struct shm_conn *conn)
         }
     }
     /* a turn woken by answers alone (the requester's) skips the requests' loop */
-    if (__atomic_load_n(&conn->peer->head, __ATOMIC_RELAXED) != conn->tail)
+    if (__atomic_load_n(exs__shm_rx_stamp(conn), __ATOMIC_RELAXED))
         did += shm_take_requests(conn, &h);
     if (conn->state == SHM_CONN_UP)
         did += shm_take_answers(conn, &h);
@@ -1309,7 +1316,7 @@ int exs__shm_conn_service(struct shm_conn *conn)
 int exs__shm_conn_busy(struct shm_conn *conn)
 {
     struct shm_ctx *ctx = conn->ctx;
-    uint64_t head = __atomic_load_n(&conn->peer->head, __ATOMIC_SEQ_CST);
+    uint32_t rec = __atomic_load_n(exs__shm_rx_stamp(conn), __ATOMIC_SEQ_CST);
     int busy = 0;
 
     if (!conn->ep)
@@ -1319,9 +1326,9 @@ int exs__shm_conn_busy(struct shm_conn *conn)
     if (__atomic_load_n(&conn->peer->ack, __ATOMIC_SEQ_CST) != conn->acked)
         return 1;
     exs__lite_lock(&ctx->lock);
-    if (head != conn->tail && !conn->rx_drop)
+    if (rec && !conn->rx_drop)
         busy = !conn->rnr_at || exs__shm_rq_ready(conn->ep) || exs__now_ns() >= conn->rnr_at;
-    else if (head != conn->tail)
+    else if (rec)
         busy = 1;
     if (!busy && !exs_list_empty(&conn->ep->sq_pend)) {
         struct shm_wr *wr = exs_list_entry(conn->ep->sq_pend.next, struct shm_wr, link);
