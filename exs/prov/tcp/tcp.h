@@ -401,6 +401,28 @@ struct tcp_ctx {
     struct exs_counter_set cset;
 };
 
+/* ThreadSanitizer: the tests run both ends of a connection in one process, and the NIC's
+ * socket calls are raw system calls (exs/util/nocancel.h) that TSan does not see, so the
+ * order a frame gives (a WRITE placed, then its ACK sent; the ACK read, then the
+ * completion) is lost to it and the application's later use of the memory looks like a
+ * race. Each sendmsg releases and each read that returned bytes acquires one process-wide
+ * token, as TSan's own socket interceptors would. (Over-synchronizes under TSan only;
+ * nothing in other builds.) */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+extern int exs__tcp_tsan_token;
+#define TCP_TSAN_RELEASE() __tsan_release(&exs__tcp_tsan_token)
+#define TCP_TSAN_ACQUIRE() __tsan_acquire(&exs__tcp_tsan_token)
+#else
+#define TCP_TSAN_RELEASE()                                                                         \
+    do {                                                                                           \
+    } while (0)
+#define TCP_TSAN_ACQUIRE()                                                                         \
+    do {                                                                                           \
+    } while (0)
+#endif
+
 /* ctx_fork (prov.h): nic_lock held across the fork; the child closes every socket. */
 void exs__tcp_ctx_fork(struct exs_prov_ctx *c, int phase);
 

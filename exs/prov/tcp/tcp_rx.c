@@ -19,6 +19,10 @@
 
 /* ---- receive (NIC) ---- */
 
+#if defined(__SANITIZE_THREAD__)
+int exs__tcp_tsan_token;
+#endif
+
 static void tcp_conn_proto_err(struct tcp_conn *conn, const char *why)
 {
     EXS_ERR(PROV, "conn %p ep %p: protocol error: %s (type %u psn %u len %u)", (void *)conn,
@@ -765,6 +769,8 @@ static ssize_t tcp_stg_fill(struct tcp_conn *conn)
         return -1;
     }
     n = exs__nc_recv(conn->fd, conn->stg, TCP_STG_LEN, MSG_DONTWAIT);
+    if (n > 0)
+        TCP_TSAN_ACQUIRE();
     conn->stg_off = 0;
     conn->stg_len = n > 0 ? (uint32_t)n : 0;
     return n;
@@ -943,6 +949,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
         if (staged) {
             short_read = 0; /* the staging buffer ran dry, not the socket */
         } else {
+            TCP_TSAN_ACQUIRE();
             EXS_CNT_ADD(ctx->cnt.bytes_rx, n);
             short_read = (size_t)n < want;
             budget = (uint64_t)n >= budget ? 0 : budget - (uint64_t)n;
