@@ -739,6 +739,72 @@ START_TEST(grant_mr_dereg_peer_stalled)
 }
 END_TEST
 
+/* A SEND from a raw peer that stops half-way through its payload, when the receive's
+ * region is deregistered: mr_dereg returns at once (the provider contract is RC's; the
+ * ES-API never deregisters a region in use), not one byte of the rest lands in the
+ * region, the receive completes LOC_PROT_ERR and the requester gets NAK REM_OP. Before
+ * the SEND placement took the copy fence, the rest was read into the dead region and the
+ * receive completed successfully. */
+START_TEST(grant_mr_dereg_send_half_placed)
+{
+    enum { SLEN = 6144, FIRST = 10 };
+    struct pt_pair p;
+    struct pt_buf *dst;
+    struct hang_call hc = {0};
+    struct tcp_wire_hdr h, nak;
+    struct exs_prov_sge sge;
+    struct exs_prov_recv_wr rw;
+    struct exs_prov_cm_event ev;
+    uint8_t *payload = malloc(SLEN);
+    uint64_t rx0;
+    int fd;
+
+    ck_assert_ptr_nonnull(payload);
+    if (pt_skip_unless_tcp("grant_mr_dereg_send_half_placed")) {
+        free(payload);
+        return;
+    }
+    pt_pair_open(&p, NULL, NULL);
+    fd = pt_raw_establish(&p);
+    dst = pt_pair_buf(&p, 'b', TLEN, LW, 0x5A);
+    sge = (struct exs_prov_sge){pt_raddr(dst, GOFF), SLEN, dst->mr->lkey};
+    rw = (struct exs_prov_recv_wr){.wr_id = 7, .sg_list = &sge, .num_sge = 1};
+    ck_assert_int_eq(pt_ops->post_recv(p.eb, &rw), 0);
+    /* a SEND header and the first FIRST bytes of its payload, then silence */
+    memset(payload, 0x99, SLEN);
+    h = pt_raw_hdr(TCP_WIRE_SEND, 0, SLEN, 0, 0, 0, 0);
+    rx0 = pt_raw_rx_bytes();
+    ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
+    ck_assert_int_eq(pt_raw_send(fd, payload, FIRST), 0);
+    pt_raw_rx_settle(&p.b, rx0, sizeof(h) + FIRST);
+    ck_assert_msg(pt_all_bytes(dst->p + GOFF, FIRST, 0x99), "the first bytes did not land");
+    /* the placement is half-way: the deregistration must not wait for the peer */
+    hc.mr = dst->mr;
+    ck_assert_int_eq(call_with_watchdog(&hc), 0);
+    dst->mr = NULL;
+    /* the rest arrives after mr_dereg returned: read (into a sink), never placed */
+    memset(payload, 0x77, SLEN);
+    rx0 = pt_raw_rx_bytes();
+    (void)pt_raw_send(fd, payload + FIRST, SLEN - FIRST);
+    pt_raw_rx_settle(&p.b, rx0, SLEN - FIRST);
+    ck_assert_msg(pt_all_bytes(dst->p + GOFF + FIRST, TLEN - GOFF - FIRST, 0x5A) &&
+                      pt_all_bytes(dst->p, GOFF, 0x5A) && pt_buf_guards_ok(dst),
+                  "bytes landed after mr_dereg returned");
+    ck_assert_msg(pt_raw_recv(fd, &nak, sizeof(nak), PT_TIMEOUT_MS) == 0, "no NAK");
+    ck_assert_uint_eq(nak.type, TCP_WIRE_NAK);
+    ck_assert_uint_eq(nak.syndrome, TCP_WIRE_SYN_REM_OP);
+    ck_assert_uint_eq(ntohl(nak.psn), 0);
+    pt_expect_cqe(&p.b, 7, EXS_PROV_WC_LOC_PROT_ERR, -1, NULL);
+    pt_wait_cm(&p.b, EXS_PROV_CM_DISCONNECTED, PT_TIMEOUT_MS, &ev);
+    ck_assert_ptr_eq(ev.ep, p.eb);
+    ck_assert_int_lt(ev.status, 0);
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_ERROR);
+    close(fd);
+    pt_pair_close(&p);
+    free(payload);
+}
+END_TEST
+
 /* A READ response of a grant, half sent because the peer does not read it, when the
  * grant is revoked: revoke returns at once, and not one byte of the range is read after
  * it (the connection is cut: the rest of the response can never be sent). */
@@ -888,6 +954,7 @@ Suite *prov_grant_suite(void)
     tc = pt_tcase("no_wait");
     tcase_add_test(tc, grant_revoke_peer_stalled);
     tcase_add_test(tc, grant_mr_dereg_peer_stalled);
+    tcase_add_test(tc, grant_mr_dereg_send_half_placed);
     tcase_add_test(tc, grant_revoke_read_response_half_sent);
     tcase_add_test(tc, grant_revoke_read_response_queued);
     suite_add_tcase(s, tc);
