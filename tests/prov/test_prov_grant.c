@@ -661,16 +661,46 @@ static int call_with_watchdog(struct hang_call *hc)
     return hc->ret;
 }
 
+/* A raw peer's request h and the first n bytes of its payload (0x99), then silence: once
+ * the NIC of p's b side is done with them, they are at landed (placed half-way). */
+static void raw_half_sent(struct pt_pair *p, int fd, const struct tcp_wire_hdr *h, uint8_t *payload,
+                          size_t n, const uint8_t *landed)
+{
+    uint64_t rx0 = pt_raw_rx_bytes();
+
+    memset(payload, 0x99, n);
+    ck_assert_int_eq(pt_raw_send(fd, h, sizeof(*h)), 0);
+    ck_assert_int_eq(pt_raw_send(fd, payload, n), 0);
+    pt_raw_rx_settle(&p->b, rx0, sizeof(*h) + n);
+    ck_assert_msg(pt_all_bytes(landed, n, 0x99), "the first bytes did not land");
+}
+
+/* The raw peer got a NAK syn for psn 0 and p's b ep, disconnected, is in ERROR. */
+static void raw_nak_ended(struct pt_pair *p, int fd, uint8_t syn)
+{
+    struct tcp_wire_hdr nak;
+    struct exs_prov_cm_event ev;
+
+    ck_assert_msg(pt_raw_recv(fd, &nak, sizeof(nak), PT_TIMEOUT_MS) == 0, "no NAK");
+    ck_assert_uint_eq(nak.type, TCP_WIRE_NAK);
+    ck_assert_uint_eq(nak.syndrome, syn);
+    ck_assert_uint_eq(ntohl(nak.psn), 0);
+    pt_wait_cm(&p->b, EXS_PROV_CM_DISCONNECTED, PT_TIMEOUT_MS, &ev);
+    ck_assert_ptr_eq(ev.ep, p->eb);
+    ck_assert_int_lt(ev.status, 0);
+    ck_assert_int_eq(pt_ops->ep_state(p->eb), EXS_PROV_EP_ERROR);
+}
+
 static void stall_case(const char *test, int use_grant)
 {
     enum { WLEN = 4096, FIRST = 10 };
     struct pt_pair p;
     struct pt_buf *tgt;
     struct hang_call hc = {0};
-    struct tcp_wire_hdr h, nak;
+    struct tcp_wire_hdr h;
     uint8_t *payload = malloc(WLEN);
     uint32_t rkey;
-    uint64_t raddr, rx0;
+    uint64_t raddr;
     int fd;
 
     ck_assert_ptr_nonnull(payload);
@@ -689,16 +719,10 @@ static void stall_case(const char *test, int use_grant)
         rkey = tgt->mr->rkey;
     }
     raddr = pt_raddr(tgt, GOFF);
-    /* a WRITE header and the first FIRST bytes of its payload, then silence */
-    memset(payload, 0x99, WLEN);
+    /* a WRITE header and the first FIRST bytes of its payload, then silence (read only
+     * once the NIC is done with them: no completion says so, the WRITE is half-way) */
     h = pt_raw_hdr(TCP_WIRE_WRITE, 0, WLEN, 0, raddr, rkey, 0);
-    rx0 = pt_raw_rx_bytes();
-    ck_assert_int_eq(pt_raw_send(fd, &h, sizeof(h)), 0);
-    ck_assert_int_eq(pt_raw_send(fd, payload, FIRST), 0);
-    /* read only once the NIC is done with them (no completion says so: the WRITE is
-     * half-way) */
-    pt_raw_rx_settle(&p.b, rx0, sizeof(h) + FIRST);
-    ck_assert_msg(pt_all_bytes(tgt->p + GOFF, FIRST, 0x99), "the first bytes did not land");
+    raw_half_sent(&p, fd, &h, payload, FIRST, tgt->p + GOFF);
     /* the peer is silent half-way through its WRITE: this must return at once */
     ck_assert_int_eq(call_with_watchdog(&hc), 0);
     if (!use_grant)
@@ -706,18 +730,7 @@ static void stall_case(const char *test, int use_grant)
     /* the rest arrives late: discarded, and the peer is told REM_ACCESS */
     memset(payload, 0x77, WLEN);
     (void)pt_raw_send(fd, payload + FIRST, WLEN - FIRST);
-    ck_assert_msg(pt_raw_recv(fd, &nak, sizeof(nak), PT_TIMEOUT_MS) == 0, "no NAK");
-    ck_assert_uint_eq(nak.type, TCP_WIRE_NAK);
-    ck_assert_uint_eq(nak.syndrome, TCP_WIRE_SYN_REM_ACCESS);
-    ck_assert_uint_eq(ntohl(nak.psn), 0);
-    {
-        struct exs_prov_cm_event ev;
-
-        pt_wait_cm(&p.b, EXS_PROV_CM_DISCONNECTED, PT_TIMEOUT_MS, &ev);
-        ck_assert_ptr_eq(ev.ep, p.eb);
-        ck_assert_int_lt(ev.status, 0);
-        ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_ERROR);
-    }
+    raw_nak_ended(&p, fd, TCP_WIRE_SYN_REM_ACCESS);
     close(fd);
     pt_sleep_ms(50); /* let the NIC drain the socket into its sink */
     ck_assert_msg(pt_all_bytes(tgt->p + GOFF + FIRST, TLEN - GOFF - FIRST, 0x5A) &&
@@ -736,6 +749,59 @@ END_TEST
 START_TEST(grant_mr_dereg_peer_stalled)
 {
     stall_case("grant_mr_dereg_peer_stalled", 0);
+}
+END_TEST
+
+/* A SEND from a raw peer that stops half-way through its payload, when the receive's
+ * region is deregistered: mr_dereg returns at once (the provider contract is RC's; the
+ * ES-API never deregisters a region in use), not one byte of the rest lands in the
+ * region, the receive completes LOC_PROT_ERR and the requester gets NAK REM_OP. Before
+ * the SEND placement took the copy fence, the rest was read into the dead region and the
+ * receive completed successfully. */
+START_TEST(grant_mr_dereg_send_half_placed)
+{
+    enum { SLEN = 6144, FIRST = 10 };
+    struct pt_pair p;
+    struct pt_buf *dst;
+    struct hang_call hc = {0};
+    struct tcp_wire_hdr h;
+    struct exs_prov_sge sge;
+    struct exs_prov_recv_wr rw;
+    uint8_t *payload = malloc(SLEN);
+    uint64_t rx0;
+    int fd;
+
+    ck_assert_ptr_nonnull(payload);
+    if (pt_skip_unless_tcp("grant_mr_dereg_send_half_placed")) {
+        free(payload);
+        return;
+    }
+    pt_pair_open(&p, NULL, NULL);
+    fd = pt_raw_establish(&p);
+    dst = pt_pair_buf(&p, 'b', TLEN, LW, 0x5A);
+    sge = (struct exs_prov_sge){pt_raddr(dst, GOFF), SLEN, dst->mr->lkey};
+    rw = (struct exs_prov_recv_wr){.wr_id = 7, .sg_list = &sge, .num_sge = 1};
+    ck_assert_int_eq(pt_ops->post_recv(p.eb, &rw), 0);
+    /* a SEND header and the first FIRST bytes of its payload, then silence */
+    h = pt_raw_hdr(TCP_WIRE_SEND, 0, SLEN, 0, 0, 0, 0);
+    raw_half_sent(&p, fd, &h, payload, FIRST, dst->p + GOFF);
+    /* the placement is half-way: the deregistration must not wait for the peer */
+    hc.mr = dst->mr;
+    ck_assert_int_eq(call_with_watchdog(&hc), 0);
+    dst->mr = NULL;
+    /* the rest arrives after mr_dereg returned: read (into a sink), never placed */
+    memset(payload, 0x77, SLEN);
+    rx0 = pt_raw_rx_bytes();
+    (void)pt_raw_send(fd, payload + FIRST, SLEN - FIRST);
+    pt_raw_rx_settle(&p.b, rx0, SLEN - FIRST);
+    ck_assert_msg(pt_all_bytes(dst->p + GOFF + FIRST, TLEN - GOFF - FIRST, 0x5A) &&
+                      pt_all_bytes(dst->p, GOFF, 0x5A) && pt_buf_guards_ok(dst),
+                  "bytes landed after mr_dereg returned");
+    pt_expect_cqe(&p.b, 7, EXS_PROV_WC_LOC_PROT_ERR, -1, NULL);
+    raw_nak_ended(&p, fd, TCP_WIRE_SYN_REM_OP);
+    close(fd);
+    pt_pair_close(&p);
+    free(payload);
 }
 END_TEST
 
@@ -888,6 +954,7 @@ Suite *prov_grant_suite(void)
     tc = pt_tcase("no_wait");
     tcase_add_test(tc, grant_revoke_peer_stalled);
     tcase_add_test(tc, grant_mr_dereg_peer_stalled);
+    tcase_add_test(tc, grant_mr_dereg_send_half_placed);
     tcase_add_test(tc, grant_revoke_read_response_half_sent);
     tcase_add_test(tc, grant_revoke_read_response_queued);
     suite_add_tcase(s, tc);

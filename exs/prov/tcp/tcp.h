@@ -41,8 +41,9 @@
  * copied by the nic_lock holder, which waits for nobody).
  *
  * Copy fence (spec/provider-tcp.md, "Fencing"): the NIC copies peer bytes into a
- * remote key's memory (WRITE payload) or out of it (READ response) only between
- * exs__tcp_copy_begin, which finds every key involved live, and exs__tcp_copy_end (the
+ * remote key's memory (WRITE payload) or out of it (READ response), or into a receive's
+ * regions (SEND payload), only between exs__tcp_copy_begin (_local for a receive), which
+ * finds every key involved live, and exs__tcp_copy_end (the
  * key table and the fence are exs/prov/soft/soft_keys.c's, shared with shm, under mr_lock).
  * revoke and mr_dereg kill the key under mr_lock, then wait only for the copy
  * running at that instant (one non-blocking readv/sendmsg), never for the peer.
@@ -292,6 +293,10 @@ struct tcp_conn {
     uint64_t rx_len; /* payload length of the current frame */
     uint64_t rx_off;
     struct exs_soft_key *rx_key; /* WRITE placement target (users held) */
+    /* SEND placement: the region of the receive the last fence check found (NULL: the
+     * receive spans several) and region_kills then (UINT64_MAX: none yet this frame) */
+    struct exs_soft_key *rx_lkey;
+    uint64_t rx_lkills;
     struct exs_soft_rwr *rx_rwr; /* receive being filled */
     struct tcp_wr *rx_wr;        /* READ being filled */
     uint32_t rcv_nxt;            /* next expected request psn */
@@ -401,6 +406,28 @@ struct tcp_ctx {
     struct exs_counter_set cset;
 };
 
+/* ThreadSanitizer: the tests run both ends of a connection in one process, and the NIC's
+ * socket calls are raw system calls (exs/util/nocancel.h) that TSan does not see, so the
+ * order a frame gives (a WRITE placed, then its ACK sent; the ACK read, then the
+ * completion) is lost to it and the application's later use of the memory looks like a
+ * race. Each sendmsg releases and each read that returned bytes acquires one process-wide
+ * token, as TSan's own socket interceptors would. (Over-synchronizes under TSan only;
+ * nothing in other builds.) */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+extern int exs__tcp_tsan_token;
+#define TCP_TSAN_RELEASE() __tsan_release(&exs__tcp_tsan_token)
+#define TCP_TSAN_ACQUIRE() __tsan_acquire(&exs__tcp_tsan_token)
+#else
+#define TCP_TSAN_RELEASE()                                                                         \
+    do {                                                                                           \
+    } while (0)
+#define TCP_TSAN_ACQUIRE()                                                                         \
+    do {                                                                                           \
+    } while (0)
+#endif
+
 /* ctx_fork (prov.h): nic_lock held across the fork; the child closes every socket. */
 void exs__tcp_ctx_fork(struct exs_prov_ctx *c, int phase);
 
@@ -473,6 +500,12 @@ void exs__tcp_key_put_locked(struct tcp_ctx *ctx, struct exs_soft_key *key);
  * and lower it with exs__tcp_copy_end. */
 int exs__tcp_copy_begin(struct tcp_ctx *ctx, struct exs_soft_key *key);
 void exs__tcp_copy_end(struct tcp_ctx *ctx);
+/* NIC: the same for local memory (a SEND placed into its receive's sges): 0 and the fence
+ * raised when every region of sge[0..n) is live with LOCAL_WRITE, else -EACCES. *lkey and
+ * *kills remember the region found (NULL: several) and region_kills then: while no region
+ * died since, the next copy of the frame checks nothing more (*kills UINT64_MAX: none). */
+int exs__tcp_copy_begin_local(struct tcp_ctx *ctx, const struct exs_prov_sge *sge, int n,
+                              struct exs_soft_key **lkey, uint64_t *kills);
 
 /* tcp_conn.c */
 struct tcp_conn *exs__tcp_conn_new(struct tcp_ctx *ctx, int fd, enum tcp_conn_state state);

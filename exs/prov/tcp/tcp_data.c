@@ -533,6 +533,7 @@ void exs__tcp_conn_tx(struct tcp_conn *conn)
         memset(&msg, 0, sizeof(msg));
         msg.msg_iov = iov;
         msg.msg_iovlen = (size_t)niov;
+        TCP_TSAN_RELEASE();
         n = exs__nc_sendmsg(conn->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         EXS_CNT_INC(ctx->cnt.tx_calls);
         if (fence) {

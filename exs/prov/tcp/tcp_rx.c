@@ -19,6 +19,10 @@
 
 /* ---- receive (NIC) ---- */
 
+#if defined(__SANITIZE_THREAD__)
+int exs__tcp_tsan_token;
+#endif
+
 static void tcp_conn_proto_err(struct tcp_conn *conn, const char *why)
 {
     EXS_ERR(PROV, "conn %p ep %p: protocol error: %s (type %u psn %u len %u)", (void *)conn,
@@ -414,6 +418,39 @@ static void tcp_conn_write_revoked(struct tcp_conn *conn)
     tcp_conn_nak(conn, TCP_WIRE_SYN_REM_ACCESS, -ECONNABORTED);
 }
 
+/* The target of the payload being placed died (WRITE: its key revoked or its region
+ * deregistered; SEND: a region of the receive deregistered): the connection ends, the rest
+ * of the payload goes to a sink. -1. */
+static __attribute__((noinline, cold)) int tcp_place_dead(struct tcp_conn *conn)
+{
+    if (conn->rx_key) {
+        tcp_conn_write_revoked(conn);
+        return -1;
+    }
+    /* as RC: the receive completes LOC_PROT_ERR, the requester gets REM_OP_ERR */
+    EXS_CNT_INC(conn->ctx->cnt.access_errors);
+    EXS_DBG(PROV, "ep %p: send psn %u: receive's region deregistered after %llu of %llu bytes",
+            (void *)conn->ep, conn->rh.psn, (unsigned long long)conn->rx_off,
+            (unsigned long long)conn->rx_len);
+    tcp_conn_recv_fail(conn, EXS_PROV_WC_LOC_PROT_ERR, TCP_WIRE_SYN_REM_OP);
+    return -1;
+}
+
+/* Before a copy of the current payload into its target: 1 the copy fence raised over it
+ * (spec/provider-tcp.md, "Fencing"), 0 none needed (a READ response's own buffer), -1 the
+ * target died (tcp_place_dead). */
+static inline int tcp_place_begin(struct tcp_conn *conn)
+{
+    if (conn->rx_key)
+        return exs__tcp_copy_begin(conn->ctx, conn->rx_key) ? tcp_place_dead(conn) : 1;
+    if (conn->rh.type != TCP_WIRE_SEND)
+        return 0;
+    return exs__tcp_copy_begin_local(conn->ctx, conn->rx_seg, conn->rx_nseg, &conn->rx_lkey,
+                                     &conn->rx_lkills)
+               ? tcp_place_dead(conn)
+               : 1;
+}
+
 /* Act on a complete header of an UP connection: 0 go on reading, -1 stop. */
 static int tcp_conn_rx_request(struct tcp_conn *conn)
 {
@@ -460,6 +497,8 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
         }
         conn->rx_seg = conn->rx_rwr->sge;
         conn->rx_nseg = conn->rx_rwr->num_sge;
+        conn->rx_lkey = NULL;
+        conn->rx_lkills = UINT64_MAX; /* the first copy looks the regions up */
         break;
     case TCP_WIRE_WRITE:
         if (h->psn != conn->rcv_nxt)
@@ -765,6 +804,8 @@ static ssize_t tcp_stg_fill(struct tcp_conn *conn)
         return -1;
     }
     n = exs__nc_recv(conn->fd, conn->stg, TCP_STG_LEN, MSG_DONTWAIT);
+    if (n > 0)
+        TCP_TSAN_ACQUIRE();
     conn->stg_off = 0;
     conn->stg_len = n > 0 ? (uint32_t)n : 0;
     return n;
@@ -895,33 +936,30 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
                 n = exs__nc_recv(conn->fd, sink, want, MSG_DONTWAIT);
             }
         } else if (tcp_stg_avail(conn)) {
-            struct exs_soft_key *key = conn->rx_key;
+            int fenced;
 
             want = conn->rx_len - conn->rx_off;
-            if (key && exs__tcp_copy_begin(ctx, key)) {
-                tcp_conn_write_revoked(conn); /* the rest goes to a sink */
-                continue;
-            }
+            fenced = tcp_place_begin(conn);
+            if (fenced < 0)
+                continue; /* the rest goes to a sink */
             n = tcp_stg_take_segs(conn, want);
-            if (key)
+            if (fenced)
                 exs__tcp_copy_end(ctx);
             staged = 1;
         } else {
             int k = exs__tcp_iov_fill(iov, TCP_TX_IOV - 1, conn->rx_seg, conn->rx_nseg,
                                       conn->rx_off, conn->rx_len - conn->rx_off);
-            struct exs_soft_key *key = conn->rx_key;
+            int fenced;
 
             /* the next frame's header comes in the same call when it is there */
             iov[k].iov_base = conn->hbuf;
             iov[k].iov_len = TCP_WIRE_HDR_LEN;
             want = conn->rx_len - conn->rx_off + TCP_WIRE_HDR_LEN;
-            if (key && exs__tcp_copy_begin(ctx, key)) {
-                /* revoked / deregistered during the WRITE: the rest goes to a sink */
-                tcp_conn_write_revoked(conn);
-                break;
-            }
+            fenced = tcp_place_begin(conn);
+            if (fenced < 0)
+                break; /* target dead during the WRITE / SEND: the rest goes to a sink */
             n = exs__nc_readv(conn->fd, iov, k + 1);
-            if (key) {
+            if (fenced) {
                 int e = errno;
 
                 exs__tcp_copy_end(ctx);
@@ -943,6 +981,7 @@ void exs__tcp_conn_rx(struct tcp_conn *conn)
         if (staged) {
             short_read = 0; /* the staging buffer ran dry, not the socket */
         } else {
+            TCP_TSAN_ACQUIRE();
             EXS_CNT_ADD(ctx->cnt.bytes_rx, n);
             short_read = (size_t)n < want;
             budget = (uint64_t)n >= budget ? 0 : budget - (uint64_t)n;
