@@ -204,7 +204,7 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
     uint64_t resize = 0;
     int ret;
 
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     ret = exs__vrb_cq_plan((uint64_t)ctx->cq_cap, ctx->cq_need, n,
                            (uint64_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap), &resize);
     if (!ret && resize) {
@@ -226,7 +226,7 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
     }
     if (!ret)
         ctx->cq_need += n;
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
     if (ret) {
         EXS_CNT_INC(ctx->cnt.ep_nobufs);
         EXS_WARN(PROV,
@@ -240,9 +240,9 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
 
 static void vrb_cq_release(struct vrb_ctx *ctx, uint64_t n)
 {
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     ctx->cq_need -= EXS_MIN(n, ctx->cq_need);
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
 }
 
 /* Every completion an ep can produce: its send queue, the provider's own requests, its
