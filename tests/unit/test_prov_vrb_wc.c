@@ -181,9 +181,9 @@ static void fk_close(struct fk_env *e)
 {
     struct vrb_ep *ep = e->ep;
 
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     exs__vrb_held_drop_locked(ep);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     exs__lite_lock_st(&e->ctx->lock);
     exs_list_del(&ep->hlink);
     exs_list_del(&ep->link);

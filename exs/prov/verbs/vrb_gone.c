@@ -278,9 +278,9 @@ void exs__vrb_device_gone(struct vrb_ctx *ctx)
     {
         struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, link);
 
-        exs__lite_lock(&ep->lock);
+        exs__lite_lock_st(&ep->lock);
         vrb_ep_gone_locked(ctx, ep);
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
     }
     exs__vrb_qpc_close(&ctx->qpc);
     /* every event read is acked, else ibv_destroy_cq waits for it */
