@@ -79,6 +79,11 @@ struct exs_prov_ctx {
     /* what the context runs on, for exsctl stat: "<device>:<port>" (verbs, set with
      * exs__prov_set_device), "" = nothing more than the provider (exs__prov_device) */
     char device[EXS_PROV_DEVICE_MAX];
+    /* Optional, set by the provider at open: a count that is 0 whenever no cm event is
+     * queued (read with acquire; written by the provider only), so that
+     * exs__prov_cm_poll answers 0 without calling ctx_cm_poll (a busy poller asks at
+     * every turn). NULL: ctx_cm_poll is always called. */
+    const uint32_t *cm_queued;
 };
 
 /* ---- memory registration ---- */
@@ -501,6 +506,9 @@ static inline int exs__prov_poll(struct exs_prov_ctx *ctx, struct exs_prov_cqe *
 
 static inline int exs__prov_cm_poll(struct exs_prov_ctx *ctx, struct exs_prov_cm_event *ev)
 {
+    /* an event queued meanwhile is found by the next call, or makes ctx_arm -EAGAIN */
+    if (ctx->cm_queued && !__atomic_load_n(ctx->cm_queued, __ATOMIC_ACQUIRE))
+        return 0;
     return ctx->ops->ctx_cm_poll(ctx, ev);
 }
 

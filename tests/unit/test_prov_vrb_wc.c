@@ -29,6 +29,7 @@ static struct {
     unsigned head, count;
     uint32_t imm;
     int send_cs, recv_cs, notify_cs; /* the cancel state each fake call last ran with */
+    unsigned polls;                  /* poll_cq calls */
 } fk;
 
 /* The calling thread's cancel state (PTHREAD_CANCEL_ENABLE or _DISABLE), unchanged. */
@@ -87,6 +88,7 @@ static int fk_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 
     (void)cq;
     pthread_mutex_lock(&fk.lock);
+    fk.polls++;
     while (got < n && fk.count) {
         wc[got++] = fk.wc[fk.head];
         fk.head = (fk.head + 1) % FK_CQ;
@@ -123,6 +125,7 @@ static void fk_open_depth(struct fk_env *e, uint32_t sdepth, uint32_t rdepth)
     memset(&fk.wc, 0, sizeof(fk.wc));
     fk.head = fk.count = 0;
     fk.imm = 0;
+    fk.polls = 0;
     pthread_mutex_init(&fk.lock, NULL);
     e->vc.ops.post_send = fk_post_send;
     e->vc.ops.post_recv = fk_post_recv;
@@ -143,7 +146,7 @@ static void fk_open_depth(struct fk_env *e, uint32_t sdepth, uint32_t rdepth)
         exs_list_init(&ctx->mr_hash[i]);
     ctx->evfd = ctx->epfd = -1;
     ctx->cq = &e->cq;
-    ctx->base.ops = &exs__prov_verbs_ops;
+    exs__vrb_ctx_base_init(ctx);
     ctx->base.caps.max_sge = 4;
     ctx->base.caps.max_msg_size = 1u << 30;
     ctx->base.caps.max_inline = 64;
@@ -178,13 +181,13 @@ static void fk_close(struct fk_env *e)
 {
     struct vrb_ep *ep = e->ep;
 
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     exs__vrb_held_drop_locked(ep);
-    exs__lite_unlock(&ep->lock);
-    exs__lite_lock(&e->ctx->lock);
+    exs__lite_unlock_st(&ep->lock);
+    exs__lite_lock_st(&e->ctx->lock);
     exs_list_del(&ep->hlink);
     exs_list_del(&ep->link);
-    exs__lite_unlock(&e->ctx->lock);
+    exs__lite_unlock_st(&e->ctx->lock);
     free(ep->sq);
     free(ep->rq);
     free(ep);
@@ -228,9 +231,9 @@ static int fk_convert(struct fk_env *e, uint32_t epid, uint64_t bits, enum ibv_w
     int r;
 
     wc.opcode = (bits & VRB_RECV_BIT) ? IBV_WC_RECV : IBV_WC_RDMA_WRITE;
-    exs__lite_lock(&e->ctx->lock);
+    exs__lite_lock_st(&e->ctx->lock);
     r = exs__vrb_wc_convert(e->ctx, &wc, cqe, NULL);
-    exs__lite_unlock(&e->ctx->lock);
+    exs__lite_unlock_st(&e->ctx->lock);
     return r;
 }
 
@@ -541,6 +544,72 @@ START_TEST(wc_cancel_off_where_kernel)
 }
 END_TEST
 
+/* The engine's round is one call into verbs (ctx_progress_poll; verbs has no progress of
+ * its own): it answers 0 and hands what ctx_poll would, oldest first, at most max; an
+ * empty one is one poll of the CQ. */
+START_TEST(wc_progress_poll_is_the_poll)
+{
+    struct fk_env e;
+    struct exs_prov_cqe c[4];
+    int n = -1;
+
+    fk_open(&e);
+    ck_assert_ptr_nonnull(exs__prov_verbs_ops.ctx_progress_poll);
+    ck_assert_int_eq(exs__prov_progress_poll(&e.ctx->base, c, 4, &n), 0);
+    ck_assert_int_eq(n, 0);
+    ck_assert_uint_eq(fk.polls, 1);
+    for (uint64_t i = 0; i < 3; i++)
+        ck_assert_int_eq(fk_recv(&e, 100 + i), 0);
+    ck_assert_int_eq(exs__prov_progress_poll(&e.ctx->base, c, 2, &n), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert_uint_eq(c[0].wr_id, 100);
+    ck_assert_uint_eq(c[1].wr_id, 101);
+    ck_assert_int_eq(exs__prov_progress_poll(&e.ctx->base, c, 4, &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_uint_eq(c[0].wr_id, 102);
+    ck_assert_int_eq(c[0].status, EXS_PROV_WC_SUCCESS);
+    ck_assert_int_eq(exs__prov_progress_poll(&e.ctx->base, c, 4, &n), 0);
+    ck_assert_int_eq(n, 0);
+    fk_close(&e);
+}
+END_TEST
+
+/* exs__prov_cm_poll reads the context's count of queued cm events (cm_queued) and calls
+ * ctx_cm_poll only when it is not 0 (a count of 0 answers 0, whatever is queued): a
+ * queued event is still found, in order, and the count follows the queue. */
+START_TEST(wc_cm_queued_follows_events)
+{
+    struct fk_env e;
+    struct exs_prov_cm_event ev = {0}, got;
+    static const uint32_t zero;
+
+    fk_open(&e);
+    ck_assert_ptr_eq(e.ctx->base.cm_queued, &e.ctx->cm_sw_n);
+    ck_assert_int_eq(exs__prov_cm_poll(&e.ctx->base, &got), 0);
+    ev.type = EXS_PROV_CM_ESTABLISHED;
+    ev.ep = &e.ep->base;
+    exs__lite_lock_st(&e.ctx->lock);
+    exs__vrb_cm_push_locked(e.ctx, &ev);
+    ev.type = EXS_PROV_CM_DISCONNECTED;
+    exs__vrb_cm_push_locked(e.ctx, &ev);
+    exs__lite_unlock_st(&e.ctx->lock);
+    ck_assert_uint_eq(*e.ctx->base.cm_queued, 2);
+    /* the wrapper trusts the count: a count of 0 is not looked behind (no call) */
+    e.ctx->base.cm_queued = &zero;
+    ck_assert_int_eq(exs__prov_cm_poll(&e.ctx->base, &got), 0);
+    e.ctx->base.cm_queued = &e.ctx->cm_sw_n;
+    ck_assert_int_eq(exs__prov_cm_poll(&e.ctx->base, &got), 1);
+    ck_assert_int_eq(got.type, EXS_PROV_CM_ESTABLISHED);
+    ck_assert_uint_eq(*e.ctx->base.cm_queued, 1);
+    ck_assert_int_eq(exs__prov_cm_poll(&e.ctx->base, &got), 1);
+    ck_assert_int_eq(got.type, EXS_PROV_CM_DISCONNECTED);
+    ck_assert_ptr_eq(got.ep, &e.ep->base);
+    ck_assert_uint_eq(*e.ctx->base.cm_queued, 0);
+    ck_assert_int_eq(exs__prov_cm_poll(&e.ctx->base, &got), 0);
+    fk_close(&e);
+}
+END_TEST
+
 TCase *prov_vrb_wc_tcase(void)
 {
     TCase *tc = tcase_create("wc");
@@ -553,6 +622,8 @@ TCase *prov_vrb_wc_tcase(void)
     tcase_add_test(tc, wc_ring_depth_not_pow2);
     tcase_add_test(tc, wc_posters_race_consumer);
     tcase_add_test(tc, wc_cancel_off_where_kernel);
+    tcase_add_test(tc, wc_progress_poll_is_the_poll);
+    tcase_add_test(tc, wc_cm_queued_follows_events);
     return tc;
 }
 

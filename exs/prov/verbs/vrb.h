@@ -228,10 +228,13 @@ struct vrb_cm_node {
 
 struct vrb_ctx {
     struct exs_prov_ctx base;
-    /* a futex lock (exs/util/lite_lock.h: one CAS to take, one exchange to give back,
-     * inline; zeroed is free): every ctx_poll takes it, empty ones too, and ep->lock
-     * (the same kind) each post; pthread_mutex_lock and _unlock cost ~57 instructions a
-     * pair. Neither is recursive, used with a condition variable or tried. */
+    /* a futex lock (exs/util/lite_lock.h, the _st pair: one CAS to take, a plain store
+     * to give back when nobody marked it, inline; zeroed is free): every ctx_poll takes
+     * it, empty ones too (a busy poller's every turn), and ep->lock (the same kind) each
+     * post; pthread_mutex_lock and _unlock cost ~57 instructions a pair. Neither is
+     * recursive, used with a condition variable or tried; every taker of either uses
+     * exs__lite_lock_st (a waiter whose mark a store-give-back missed naps at most
+     * EXS_LITE_NAP_NS, then looks again). */
     struct exs_lite_lock lock;
     pthread_mutex_t cm_lock;
     struct ibv_context *verbs; /* owned by librdmacm (rdma_get_devices) */
@@ -335,6 +338,8 @@ static inline struct vrb_ep *vrb_ep_of(struct exs_prov_ep *e)
 }
 
 extern struct exs_prov_ops exs__prov_verbs_ops;
+/* The context's provider-neutral part (ops, cm_queued): at open, and by the unit tests' fake. */
+void exs__vrb_ctx_base_init(struct vrb_ctx *ctx);
 int exs__prov_verbs_device_active(void);
 /* 1 in a child forked after this process's librdmacm opened the devices: verbs unusable. */
 int exs__vrb_forked_child(void);

@@ -91,7 +91,7 @@ static struct vrb_ep *vrb_ep_by_tok(struct vrb_ctx *ctx, uint64_t tok)
 
     if (!tok)
         return NULL;
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     exs_list_for_each(pos, &ctx->eps)
     {
         struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, link);
@@ -101,7 +101,7 @@ static struct vrb_ep *vrb_ep_by_tok(struct vrb_ctx *ctx, uint64_t tok)
             break;
         }
     }
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
     return found;
 }
 

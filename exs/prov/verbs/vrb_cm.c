@@ -58,12 +58,12 @@ void exs__vrb_ep_set_error(struct vrb_ep *ep)
 {
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     exs__vrb_held_post_locked(ep); /* deferred requests go first: flushed with the rest */
     __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
     if (ep->qp && VRB_NC(ibv_modify_qp(ep->qp, &a, IBV_QP_STATE)))
         EXS_DBG(PROV, "ep %p: modify to ERR failed", (void *)ep);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
 }
 
 static void vrb_ep_event(struct vrb_ep *ep, enum exs_prov_cm_event_type type, int status,
@@ -159,9 +159,9 @@ static void vrb_ep_up(struct vrb_ep *ep)
     struct vrb_ctx *ctx = ep->ctx;
 
     vrb_note_local(ep);
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTED, __ATOMIC_RELAXED);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     ep->up = 1;
     EXS_CNT_INC(ctx->cnt.conns_established);
     if (ep->active && ep->connect_ns) {
@@ -204,7 +204,7 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
     uint64_t resize = 0;
     int ret;
 
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     ret = exs__vrb_cq_plan((uint64_t)ctx->cq_cap, ctx->cq_need, n,
                            (uint64_t)EXS_MAX(ctx->dattr.max_cqe, ctx->cq_cap), &resize);
     if (!ret && resize) {
@@ -226,7 +226,7 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
     }
     if (!ret)
         ctx->cq_need += n;
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
     if (ret) {
         EXS_CNT_INC(ctx->cnt.ep_nobufs);
         EXS_WARN(PROV,
@@ -240,9 +240,9 @@ static int vrb_cq_reserve(struct vrb_ctx *ctx, uint64_t n)
 
 static void vrb_cq_release(struct vrb_ctx *ctx, uint64_t n)
 {
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     ctx->cq_need -= EXS_MIN(n, ctx->cq_need);
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
 }
 
 /* Every completion an ep can produce: its send queue, the provider's own requests, its
@@ -595,9 +595,9 @@ int exs__vrb_connect(struct exs_prov_ep *e, const struct sockaddr *addr, socklen
     }
     ep->active = 1;
     ep->connect_ns = exs__now_ns();
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTING, __ATOMIC_RELAXED);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     if (VRB_NC(rdma_resolve_addr(ep->id, NULL, (struct sockaddr *)&sa, VRB_RESOLVE_MS))) {
         int err = errno;
 
@@ -656,9 +656,9 @@ int exs__vrb_accept(struct exs_prov_conn_req *r, struct exs_prov_ep *e, const vo
     cp.retry_count = ctx->retry_cnt;
     cp.rnr_retry_count = EXS_MIN(ep->base.attr.rnr_retry, ctx->rnr_retry);
     cp.qp_num = ep->qp->qp_num;
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     __atomic_store_n(&ep->state, EXS_PROV_EP_CONNECTING, __ATOMIC_RELAXED);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     ep->id->context = &ep->cmo;
     if (VRB_NC(rdma_accept(ep->id, &cp))) {
         ret = -errno;

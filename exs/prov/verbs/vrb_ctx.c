@@ -291,20 +291,20 @@ void exs__vrb_cq_drain_locked(struct vrb_ctx *ctx)
 
 void exs__vrb_cq_reap(struct vrb_ctx *ctx)
 {
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     vrb_cq_to_ring(ctx);
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
 }
 
 void exs__vrb_ep_hash_add(struct vrb_ctx *ctx, struct vrb_ep *ep)
 {
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     ep->epid = ++ctx->next_epid & 0xffffffu;
     if (!ep->epid)
         ep->epid = ++ctx->next_epid & 0xffffffu;
     exs_list_add_tail(&ctx->ep_hash[ep->epid % VRB_EP_HASH], &ep->hlink);
     exs_list_add_tail(&ctx->eps, &ep->link);
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
 }
 
 /* ctx->lock held: nd leaves cm_sw and is freed. */
@@ -320,7 +320,7 @@ void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep)
     struct exs_list *pos, *tmp;
     uint32_t keep = 0;
 
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     /* completions already in the CQ go to the ring first (others' are kept) */
     vrb_cq_to_ring(ctx);
     exs_list_del(&ep->hlink);
@@ -339,14 +339,14 @@ void exs__vrb_ep_forget(struct vrb_ctx *ctx, struct vrb_ep *ep)
         if (nd->ev.ep == &ep->base)
             vrb_cm_drop_locked(ctx, nd);
     }
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
 }
 
 void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *lis)
 {
     struct exs_list *pos, *tmp;
 
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     exs_list_for_each_safe(pos, tmp, &ctx->cm_sw)
     {
         struct vrb_cm_node *nd = exs_list_entry(pos, struct vrb_cm_node, link);
@@ -354,7 +354,7 @@ void exs__vrb_cm_purge_listener(struct vrb_ctx *ctx, struct exs_prov_listener *l
         if (nd->ev.type == EXS_PROV_CM_CONNECT_REQUEST && nd->ev.listener == lis)
             vrb_cm_drop_locked(ctx, nd);
     }
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
 }
 
 void exs__vrb_cm_push_locked(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
@@ -384,9 +384,9 @@ void exs__vrb_wake(struct vrb_ctx *ctx)
 
 void exs__vrb_cm_push(struct vrb_ctx *ctx, const struct exs_prov_cm_event *ev)
 {
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     exs__vrb_cm_push_locked(ctx, ev);
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
     exs__vrb_wake(ctx);
 }
 
@@ -405,7 +405,7 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     uint64_t v;
     int busy;
 
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     if (__atomic_load_n(&ctx->held_eps, __ATOMIC_RELAXED))
         exs__vrb_held_post_all_locked(ctx);
     /* One CQ, so at most one event per request for notification: read only while one is
@@ -446,7 +446,7 @@ static int vrb_ctx_arm(struct exs_prov_ctx *c)
     busy = ctx->ring_count || !exs_list_empty(&ctx->cm_sw);
     if (!busy)
         busy = vrb_cq_to_ring(ctx) > 0;
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
     return busy ? -EAGAIN : 0;
 }
 
@@ -481,7 +481,7 @@ static __attribute__((noinline)) int vrb_ctx_poll_more(struct vrb_ctx *ctx,
          * CQ for the next call or ctx_arm's poll (its -EAGAIN): nothing is left unseen. */
         if (ctx->ring_count) {
             n = vrb_ring_pop(ctx, cqe, n, max);
-            exs__lite_unlock(&ctx->lock);
+            exs__lite_unlock_st(&ctx->lock);
             return n;
         }
         got = ctx->cq ? ibv_poll_cq(ctx->cq, want, wc) : 0;
@@ -506,29 +506,44 @@ static __attribute__((noinline)) int vrb_ctx_poll_more(struct vrb_ctx *ctx,
         want = EXS_MIN(max - n, VRB_POLL_MAX);
         got = ibv_poll_cq(ctx->cq, want, wc);
     }
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
     return n;
 }
 
 /* A busy poller's turn mostly finds nothing: this is the lock, one ibv_poll_cq and the
- * unlock; the rest (vrb_ctx_poll_more) is out of line, so an empty turn does not save and
- * restore its registers (a third of this function's own instructions per empty turn,
- * bench-rxe-cg's busy client). */
-static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max)
+ * unlock (a plain store: the _st pair, vrb.h); the rest (vrb_ctx_poll_more) is out of
+ * line, so an empty turn does not save and restore its registers (a third of this
+ * function's own instructions per empty turn, bench-rxe-cg's busy client). */
+static inline __attribute__((always_inline)) int vrb_ctx_poll_in(struct vrb_ctx *ctx,
+                                                                 struct exs_prov_cqe *cqe, int max)
 {
-    struct vrb_ctx *ctx = vrb_ctx_of(c);
     struct ibv_wc wc[VRB_POLL_MAX];
     int got;
 
     if (max <= 0)
         return 0;
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     if (__atomic_load_n(&ctx->held_eps, __ATOMIC_RELAXED) || ctx->ring_count || !ctx->cq)
         return vrb_ctx_poll_more(ctx, cqe, max, wc, 0);
     got = ibv_poll_cq(ctx->cq, EXS_MIN(max, VRB_POLL_MAX), wc);
     if (got > 0)
         return vrb_ctx_poll_more(ctx, cqe, max, wc, got);
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
+    return 0;
+}
+
+static int vrb_ctx_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max)
+{
+    return vrb_ctx_poll_in(vrb_ctx_of(c), cqe, max);
+}
+
+/* The engine's round calls ctx_progress then ctx_poll (prov.h, ctx_progress_poll): verbs
+ * has no progress of its own (the device, and rdma_cm's thread, make it), so its round is
+ * the poll alone, one indirect call a turn where the default progress made two. */
+static int vrb_ctx_progress_poll(struct exs_prov_ctx *c, struct exs_prov_cqe *cqe, int max,
+                                 int *n_p)
+{
+    *n_p = vrb_ctx_poll_in(vrb_ctx_of(c), cqe, max);
     return 0;
 }
 
@@ -542,11 +557,11 @@ static int vrb_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
      * pushed meanwhile is found at the next turn, or wakes a sleeper's arm) */
     if (!__atomic_load_n(&ctx->cm_sw_n, __ATOMIC_ACQUIRE))
         return 0;
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     l = exs_list_pop_head(&ctx->cm_sw);
     if (l)
         __atomic_store_n(&ctx->cm_sw_n, ctx->cm_sw_n - 1, __ATOMIC_RELAXED);
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
     if (!l)
         return 0;
     nd = exs_list_entry(l, struct vrb_cm_node, link);
@@ -936,7 +951,7 @@ static int vrb_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     ctx->rnr_retry = (uint8_t)vrb_clamp32(exs__params.vrb_rnr_retry, 0, 7);
     ctx->max_inline = vrb_probe_inline(ctx, vrb_clamp32(exs__params.vrb_max_inline, 0, 4096));
 
-    ctx->base.ops = &exs__prov_verbs_ops;
+    exs__vrb_ctx_base_init(ctx);
     ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_DEFER |
                            (ctx->max_inline ? EXS_PROV_CAP_INLINE : 0);
     ctx->base.caps.max_inline = ctx->max_inline;
@@ -1003,6 +1018,14 @@ static void vrb_ctx_close(struct exs_prov_ctx *c)
     vrb_ctx_free(ctx);
 }
 
+void exs__vrb_ctx_base_init(struct vrb_ctx *ctx)
+{
+    ctx->base.ops = &exs__prov_verbs_ops;
+    /* exs__prov_cm_poll looks at the count of queued cm events without calling
+     * ctx_cm_poll (a busy poller's every turn asks) */
+    ctx->base.cm_queued = &ctx->cm_sw_n;
+}
+
 struct exs_prov_ops exs__prov_verbs_ops = {
     .name = "verbs",
     .ctx_open = vrb_ctx_open,
@@ -1010,6 +1033,7 @@ struct exs_prov_ops exs__prov_verbs_ops = {
     .ctx_event_fd = vrb_ctx_event_fd,
     .ctx_arm = vrb_ctx_arm,
     .ctx_poll = vrb_ctx_poll,
+    .ctx_progress_poll = vrb_ctx_progress_poll,
     .ctx_cm_poll = vrb_ctx_cm_poll,
     .mr_reg = exs__vrb_mr_reg,
     .mr_dereg = exs__vrb_mr_dereg,

@@ -139,9 +139,9 @@ static __attribute__((noinline)) int vrb_wc_internal(struct vrb_ep *ep, const st
     struct vrb_grant *rel;
     int settled = 0;
 
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     rel = exs__vrb_int_complete(ep, wc, &settled);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     exs__vrb_grant_release(rel);
     if (!settled)
         return -1;
@@ -223,10 +223,10 @@ static __attribute__((noinline)) int vrb_wc_locked(struct vrb_ctx *ctx, struct v
 {
     int made = 0;
 
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     EXS_CNT_INC(ctx->cnt.wc_locked);
     if (!vrb_wc_in_window(ep, wc, seq)) {
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         EXS_CNT_INC(ctx->cnt.stale_cqes);
         return -1;
     }
@@ -244,7 +244,7 @@ static __attribute__((noinline)) int vrb_wc_locked(struct vrb_ctx *ctx, struct v
         }
         __atomic_store_n(&ep->state, EXS_PROV_EP_ERROR, __ATOMIC_RELAXED);
     }
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     if (made && !retire_p) {
         /* behind the completions made for the requests before it */
         struct vrb_kept k = {.cqe = *cqe, .retire = seq + 1};
@@ -443,15 +443,15 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
     if (wr->flags & EXS_PROV_SEND_FENCE)
         w.send_flags |= IBV_SEND_FENCE;
 
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
     if (state == EXS_PROV_EP_IDLE || state == EXS_PROV_EP_CONNECTING) {
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         return -ENOTCONN;
     }
     if (ep->sq_tail - __atomic_load_n(&ep->sq_head, __ATOMIC_ACQUIRE) >=
         ep->base.attr.max_send_wr) {
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         EXS_CNT_INC(ctx->cnt.sq_full);
         return -ENOMEM;
     }
@@ -461,7 +461,7 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
     if (!ep->qp) {
         /* the device was removed: flushed, as a QP in error would */
         ep->sq_tail = seq + 1;
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         exs__vrb_flush_push(ctx, ep, seq, wr->wr_id, (uint8_t)wr->opcode);
         return 0;
     }
@@ -475,13 +475,13 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
         ep->sq_tail = seq + 1;
         if (!hold)
             exs__vrb_held_post_locked(ep);
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         return 0;
     }
     EXS_CNT_INC(ctx->cnt.doorbells);
     ret = vrb_post_send(ep->ctx, ep->qp, &w, &bad);
     if (ret) {
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         EXS_DBG(PROV, "ep %p: ibv_post_send: %s", (void *)ep, strerror(ret));
         return ret == ENOMEM ? -ENOMEM : -ret;
     }
@@ -490,7 +490,7 @@ int exs__vrb_post_send(struct exs_prov_ep *e, const struct exs_prov_send_wr *wr)
     __atomic_store_n(&ep->sq_posted, seq + 1, __ATOMIC_RELEASE);
     if (state == EXS_PROV_EP_ERROR)
         vrb_kick_flush(ep);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     EXS_DATA(PROV, "ep %p: post_send wr_id %llu opcode %d len %llu", (void *)ep,
              (unsigned long long)wr->wr_id, (int)wr->opcode, (unsigned long long)total);
     return 0;
@@ -554,9 +554,9 @@ void exs__vrb_ep_flush(struct exs_prov_ep *e)
 {
     struct vrb_ep *ep = vrb_ep_of(e);
 
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     exs__vrb_held_post_locked(ep);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
 }
 
 void exs__vrb_held_post_all_locked(struct vrb_ctx *ctx)
@@ -569,9 +569,9 @@ void exs__vrb_held_post_all_locked(struct vrb_ctx *ctx)
 
         if (!__atomic_load_n(&ep->held_n, __ATOMIC_RELAXED))
             continue;
-        exs__lite_lock(&ep->lock);
+        exs__lite_lock_st(&ep->lock);
         exs__vrb_held_post_locked(ep);
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
     }
 }
 
@@ -602,10 +602,10 @@ int exs__vrb_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)
     memset(&w, 0, sizeof(w));
     w.sg_list = wr->num_sge ? sge : NULL;
     w.num_sge = wr->num_sge;
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     if (ep->rq_tail - __atomic_load_n(&ep->rq_head, __ATOMIC_ACQUIRE) >=
         ep->base.attr.max_recv_wr) {
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         return -ENOMEM;
     }
     seq = ep->rq_tail;
@@ -620,13 +620,13 @@ int exs__vrb_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)
     w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_RECV_BIT | (seq & VRB_SEQ_MASK);
     if (!ep->qp) {
         __atomic_store_n(&ep->rq_tail, seq + 1, __ATOMIC_RELEASE);
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         exs__vrb_flush_push(ep->ctx, ep, VRB_RECV_BIT | seq, wr->wr_id, 0);
         return 0;
     }
     ret = vrb_post_recv(ep->ctx, ep->qp, &w, &bad);
     if (ret) {
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         EXS_DBG(PROV, "ep %p: ibv_post_recv: %s", (void *)ep, strerror(ret));
         return ret == ENOMEM ? -ENOMEM : -ret;
     }
@@ -634,6 +634,6 @@ int exs__vrb_post_recv(struct exs_prov_ep *e, const struct exs_prov_recv_wr *wr)
     __atomic_store_n(&ep->rq_tail, seq + 1, __ATOMIC_RELEASE);
     if (__atomic_load_n(&ep->state, __ATOMIC_RELAXED) == EXS_PROV_EP_ERROR)
         vrb_kick_flush(ep);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     return 0;
 }

@@ -145,9 +145,9 @@ void exs__vrb_flush_push(struct vrb_ctx *ctx, struct vrb_ep *ep, uint64_t seq_bi
     struct vrb_kept k;
 
     vrb_flush_kept(ep, seq_bits, wr_id, opcode, &k);
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     vrb_keep(ctx, &k);
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
     exs__vrb_wake(ctx);
 }
 
@@ -230,7 +230,7 @@ static void vrb_ids_gone(struct vrb_ctx *ctx)
         VRB_NC(rdma_destroy_id(ctx->watch_id));
         ctx->watch_id = NULL;
     }
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     exs_list_for_each(pos, &ctx->eps)
     {
         struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, link);
@@ -251,7 +251,7 @@ static void vrb_ids_gone(struct vrb_ctx *ctx)
         ev.status = -ENODEV;
         exs__vrb_cm_push_locked(ctx, &ev);
     }
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
 }
 
 void exs__vrb_device_gone(struct vrb_ctx *ctx)
@@ -272,15 +272,15 @@ void exs__vrb_device_gone(struct vrb_ctx *ctx)
     __atomic_store_n(&ctx->gone, 1, __ATOMIC_RELEASE);
     vrb_ids_gone(ctx);
 
-    exs__lite_lock(&ctx->lock);
+    exs__lite_lock_st(&ctx->lock);
     exs__vrb_cq_drain_locked(ctx);
     exs_list_for_each(pos, &ctx->eps)
     {
         struct vrb_ep *ep = exs_list_entry(pos, struct vrb_ep, link);
 
-        exs__lite_lock(&ep->lock);
+        exs__lite_lock_st(&ep->lock);
         vrb_ep_gone_locked(ctx, ep);
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
     }
     exs__vrb_qpc_close(&ctx->qpc);
     /* every event read is acked, else ibv_destroy_cq waits for it */
@@ -294,7 +294,7 @@ void exs__vrb_device_gone(struct vrb_ctx *ctx)
     if (VRB_NC(ibv_destroy_comp_channel(ctx->ch)))
         EXS_WARN(PROV, "ctx %p: ibv_destroy_comp_channel: %m", (void *)ctx);
     ctx->ch = NULL;
-    exs__lite_unlock(&ctx->lock);
+    exs__lite_unlock_st(&ctx->lock);
 
     exs__vrb_mr_gone(ctx);
     exs__vrb_fence_release(ctx);

@@ -211,9 +211,9 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
         }
         g->base.rkey = g->sub->rkey;
         g->bind_done = 1;
-        exs__lite_lock(&ep->lock);
+        exs__lite_lock_st(&ep->lock);
         exs_list_add_tail(&ep->grants, &g->link);
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         goto done;
     }
 
@@ -265,16 +265,16 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     for (uint64_t deadline = 0, pause_us = 20;;) {
         if (__atomic_load_n(&ep->int_out, __ATOMIC_RELAXED) + nwr > ep->int_room)
             exs__vrb_cq_reap(ctx);
-        exs__lite_lock(&ep->lock);
+        exs__lite_lock_st(&ep->lock);
         state = __atomic_load_n(&ep->state, __ATOMIC_RELAXED);
         if (state != EXS_PROV_EP_CONNECTED) {
-            exs__lite_unlock(&ep->lock);
+            exs__lite_unlock_st(&ep->lock);
             ret = -ENOTCONN;
             goto err_dealloc;
         }
         if (ep->int_out + nwr <= ep->int_room)
             break; /* with ep->lock */
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         if (!deadline) {
             deadline = exs__now_ns() + VRB_GRANT_ROOM_WAIT_NS;
             EXS_CNT_INC(ctx->cnt.grant_room_waits);
@@ -323,7 +323,7 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     exs__vrb_held_post_locked(ep);
     ret = vrb_post_send(ep->ctx, ep->qp, first, &bad);
     if (ret) {
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         EXS_DBG(PROV, "ep %p: grant: ibv_post_send(BIND_MW): %s", (void *)ep, strerror(ret));
         ret = ret == ENOMEM ? -ENOMEM : -ret;
         goto err_dealloc;
@@ -337,7 +337,7 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     ep->int_seq++;
     ep->int_out += nwr;
     exs_list_add_tail(&ep->grants, &g->link);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     g->base.rkey = rkey;
 done:
     EXS_CNT_INC(ctx->cnt.grants);
@@ -377,12 +377,12 @@ static void vrb_revoke(struct vrb_grant *g)
 
     EXS_CNT_INC(ep->ctx->cnt.revokes);
     exs__vrb_mr_grants_add(g->base.mr, -1);
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     if (!g->bind_done) {
         /* its completion may be in the CQ, not polled yet */
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         exs__vrb_cq_reap(ep->ctx);
-        exs__lite_lock(&ep->lock);
+        exs__lite_lock_st(&ep->lock);
     }
     if (!g->bind_done) {
         /* The bind waits in the send queue behind requests the peer holds up: once it
@@ -399,11 +399,11 @@ static void vrb_revoke(struct vrb_grant *g)
             ep->int_out,
             (unsigned long long)(ep->sq_tail - __atomic_load_n(&ep->sq_head, __ATOMIC_RELAXED)));
         exs__vrb_ep_kill_locked(ep);
-        exs__lite_unlock(&ep->lock);
+        exs__lite_unlock_st(&ep->lock);
         return;
     }
     exs_list_del(&g->link);
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     /* ibv_dealloc_mw / ibv_dereg_mr are synchronous: the key is dead when they return */
     exs__vrb_grant_release(g);
 }
@@ -431,13 +431,13 @@ int exs__vrb_grant_settle(struct exs_prov_grant *gr)
     struct vrb_ep *ep = vrb_ep_of(g->base.ep);
     int done;
 
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     done = g->bind_done;
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     if (done)
         return 0;
     exs__vrb_cq_reap(ep->ctx); /* its completion may be in the CQ, not polled yet */
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     done = g->bind_done;
     if (!done && !g->settle_wanted) {
         g->settle_wanted = 1;
@@ -446,7 +446,7 @@ int exs__vrb_grant_settle(struct exs_prov_grant *gr)
                 (void *)ep, g->base.rkey,
                 (unsigned long long)((exs__now_ns() - g->posted_ns) / 1000));
     }
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     return done ? 0 : -EBUSY;
 }
 
@@ -521,14 +521,14 @@ void exs__vrb_fence_arm(struct vrb_ep *ep)
     w.bind_mw.bind_info.mr = ctx->fence_mr;
     w.bind_mw.bind_info.addr = (uint64_t)(uintptr_t)ctx->fence_page;
     w.bind_mw.bind_info.length = 1;
-    exs__lite_lock(&ep->lock);
+    exs__lite_lock_st(&ep->lock);
     ret = vrb_post_send(ep->ctx, ep->qp, &w, &bad);
     if (!ret) {
         ep->fence_mw->rkey = key;
         ep->int_out++;
         ep->fence_extra = 1; /* retired by the first grant's completion */
     }
-    exs__lite_unlock(&ep->lock);
+    exs__lite_unlock_st(&ep->lock);
     if (!ret)
         return;
     VRB_NC(ibv_dealloc_mw(ep->fence_mw));
