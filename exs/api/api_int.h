@@ -140,7 +140,12 @@ struct api_sock {
     struct exs_conn *conn;
     struct api_op *connect_op; /* pending exs_connect */
     struct api_op *close_op;   /* pending exs_close event (may have evq NULL: sync) */
-    int n_send, n_recv;        /* outstanding operations (EXS_SOCK_MAX_OPS) */
+    /* outstanding operations (EXS_SOCK_MAX_OPS): the posted ones counted by the posts
+     * (atomic adds: posts run in parallel), the ended ones by op_done alone, always under
+     * the conn's lock (a plain add in an atomic store: no locked instruction);
+     * exs__api_sock_outstanding */
+    unsigned n_send, n_recv;
+    unsigned n_send_done, n_recv_done;
     /* atomic, a hint: the registration exs_send's copy at the post last looked up
      * (xfer.c, mreg_covers); records are parked, never freed, before exs_fini */
     struct api_mreg *copy_mreg;
@@ -189,6 +194,17 @@ struct api_sock {
     /* SO_LINGER (exit.c; under lock): set, and its l_onoff and l_linger (seconds) */
     int linger_set, linger_on, linger_s;
 };
+
+/* s's outstanding receives (recv) or sends: posted less ended, the ended count read first
+ * (it never passes the posted one; a moment's overlap reads as 0). */
+static inline int exs__api_sock_outstanding(const struct api_sock *s, int recv)
+{
+    unsigned done = __atomic_load_n(recv ? &s->n_recv_done : &s->n_send_done, __ATOMIC_ACQUIRE);
+    unsigned posted = __atomic_load_n(recv ? &s->n_recv : &s->n_send, __ATOMIC_RELAXED);
+    int n = (int)(posted - done);
+
+    return n > 0 ? n : 0;
+}
 
 /* A socket's lock, at its level in the lock order: a listener's comes before its
  * children's (spec/threading.md). */

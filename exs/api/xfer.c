@@ -434,6 +434,14 @@ static inline __attribute__((always_inline)) void op_end_xfer(struct api_op *op,
     exs__evq_post_xfer_x(evq, type, err, fd, flags, ah, buf, len, result);
 }
 
+/* One more operation of the socket ended (api_sock.n_send_done / n_recv_done): op_done is
+ * its only writer, always under the conn's lock (conn.c, delivery), so no locked add;
+ * release: after what the operation did (a reader's acquire, exs__api_sock_outstanding). */
+static inline __attribute__((always_inline)) void op_count_done(unsigned *done)
+{
+    __atomic_store_n(done, __atomic_load_n(done, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+}
+
 /* proto callback: an exs_send / exs_recv / exs_shutdown finished (conn->lock held). */
 static void op_done(struct exs_op *pop)
 {
@@ -445,15 +453,14 @@ static void op_done(struct exs_op *pop)
     /* the common case first, with one test of the type, bounce and to_armed */
     if (__builtin_expect(
             !(op->bounce || op->to_armed) && (type == EXS_EVT_SEND || type == EXS_EVT_RECV), 1)) {
-        __atomic_fetch_sub(type == EXS_EVT_SEND ? &op->sock->n_send : &op->sock->n_recv, 1,
-                           __ATOMIC_RELAXED);
+        op_count_done(type == EXS_EVT_SEND ? &op->sock->n_send_done : &op->sock->n_recv_done);
         op_end_xfer(op, type, result);
         return;
     }
     if (type == EXS_EVT_SEND || (op->bounce && pop->kind == EXS_OP_SEND))
-        __atomic_fetch_sub(&op->sock->n_send, 1, __ATOMIC_RELAXED);
+        op_count_done(&op->sock->n_send_done);
     else if (type == EXS_EVT_RECV || (op->bounce && pop->kind == EXS_OP_RECV))
-        __atomic_fetch_sub(&op->sock->n_recv, 1, __ATOMIC_RELAXED);
+        op_count_done(&op->sock->n_recv_done);
     if (op->to_armed)
         exs__api_to_op_end(op); /* no timeout notice after this: the completion follows */
     if (!op->bounce && (type == EXS_EVT_SEND || type == EXS_EVT_RECV)) {
@@ -703,7 +710,8 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, struct api_so
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
     struct api_op *op = NULL;
-    int *count, armed = 0, timeo = 0;
+    unsigned *count, *done;
+    int armed = 0, timeo = 0;
 
     if (b) {
         buf = b->buf;
@@ -718,6 +726,7 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, struct api_so
     if (!s)
         return exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv, b);
     count = recv ? &s->n_recv : &s->n_send;
+    done = recv ? &s->n_recv_done : &s->n_send_done;
     if (flags & ~allowed)
         err = EINVAL;
     else if ((!buf && len) || (recv && !len))
@@ -787,7 +796,9 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, struct api_so
         }
         op->op.lkey = op->op.mr->lkey;
     }
-    if (__atomic_add_fetch(count, 1, __ATOMIC_RELAXED) > (int)exs__params.sock_max_ops) {
+    /* posted less ended (exs__api_sock_outstanding's order would cost a load more) */
+    if ((int)(__atomic_add_fetch(count, 1, __ATOMIC_RELAXED) -
+              __atomic_load_n(done, __ATOMIC_RELAXED)) > (int)exs__params.sock_max_ops) {
         __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
         err = EAGAIN;
         goto out;
