@@ -266,8 +266,8 @@ exs__api_sock_hold_x(int fd, struct api_sock *s)
 }
 
 /*
- * Hazards (sock.c, spec/threading.md "The socket table"): exs_send's copy at the post uses
- * the socket at fd without a reference (two locked instructions less per send). A thread
+ * Hazards (sock.c, spec/threading.md "The socket table"): exs_send and exs_recv use the
+ * socket at fd without a reference (two locked instructions less per call). A thread
  * names the socket in its own record (hz->s) before it checks that the table still has it
  * at fd with a count above 0; the last put of a socket marks it (EXS_API_HZ_DEFER) and looks at
  * every record after a full fence; whichever of the two comes second sees the other's
@@ -278,8 +278,8 @@ exs__api_sock_hold_x(int fd, struct api_sock *s)
  * last thread to let go of it (exs__api_hz_clear), or by the put when none names it any
  * more; a claim (a compare-and-swap from the marked word, generation included) makes it
  * one, and never one of a later lifetime of the structure. A record names a socket only across one
- * copy at the post (send_copy, xfer.c: the conn's lock, the queue's, the provider's post); nobody
- * waits for a record.
+ * post (send_copy or xfer_post, xfer.c, up to the hand-over to the conn: the conn's lock, the
+ * queue's, the provider's post; never a synchronous call's wait); nobody waits for a record.
  */
 #define EXS_API_HZ_DEFER   1u /* api_sock.hz: the lifetime's last put came */
 #define EXS_API_HZ_CLAIMED 2u /* api_sock.hz: one finisher took the lifetime */
