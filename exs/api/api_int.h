@@ -140,7 +140,12 @@ struct api_sock {
     struct exs_conn *conn;
     struct api_op *connect_op; /* pending exs_connect */
     struct api_op *close_op;   /* pending exs_close event (may have evq NULL: sync) */
-    int n_send, n_recv;        /* outstanding operations (EXS_SOCK_MAX_OPS) */
+    /* outstanding operations (EXS_SOCK_MAX_OPS): the posted ones counted by the posts
+     * (atomic adds: posts run in parallel), the ended ones by op_done alone, always under
+     * the conn's lock (a plain add in an atomic store: no locked instruction);
+     * exs__api_sock_outstanding */
+    unsigned n_send, n_recv;
+    unsigned n_send_done, n_recv_done;
     /* atomic, a hint: the registration exs_send's copy at the post last looked up
      * (xfer.c, mreg_covers); records are parked, never freed, before exs_fini */
     struct api_mreg *copy_mreg;
@@ -189,6 +194,17 @@ struct api_sock {
     /* SO_LINGER (exit.c; under lock): set, and its l_onoff and l_linger (seconds) */
     int linger_set, linger_on, linger_s;
 };
+
+/* s's outstanding receives (recv) or sends: posted less ended, the ended count read first
+ * (it never passes the posted one; a moment's overlap reads as 0). */
+static inline int exs__api_sock_outstanding(const struct api_sock *s, int recv)
+{
+    unsigned done = __atomic_load_n(recv ? &s->n_recv_done : &s->n_send_done, __ATOMIC_ACQUIRE);
+    unsigned posted = __atomic_load_n(recv ? &s->n_recv : &s->n_send, __ATOMIC_RELAXED);
+    int n = (int)(posted - done);
+
+    return n > 0 ? n : 0;
+}
 
 /* A socket's lock, at its level in the lock order: a listener's comes before its
  * children's (spec/threading.md). */
@@ -250,8 +266,8 @@ exs__api_sock_hold_x(int fd, struct api_sock *s)
 }
 
 /*
- * Hazards (sock.c, spec/threading.md "The socket table"): exs_send's copy at the post uses
- * the socket at fd without a reference (two locked instructions less per send). A thread
+ * Hazards (sock.c, spec/threading.md "The socket table"): exs_send and exs_recv use the
+ * socket at fd without a reference (two locked instructions less per call). A thread
  * names the socket in its own record (hz->s) before it checks that the table still has it
  * at fd with a count above 0; the last put of a socket marks it (EXS_API_HZ_DEFER) and looks at
  * every record after a full fence; whichever of the two comes second sees the other's
@@ -262,8 +278,8 @@ exs__api_sock_hold_x(int fd, struct api_sock *s)
  * last thread to let go of it (exs__api_hz_clear), or by the put when none names it any
  * more; a claim (a compare-and-swap from the marked word, generation included) makes it
  * one, and never one of a later lifetime of the structure. A record names a socket only across one
- * copy at the post (send_copy, xfer.c: the conn's lock, the queue's, the provider's post); nobody
- * waits for a record.
+ * post (send_copy or xfer_post, xfer.c, up to the hand-over to the conn: the conn's lock, the
+ * queue's, the provider's post; never a synchronous call's wait); nobody waits for a record.
  */
 #define EXS_API_HZ_DEFER   1u /* api_sock.hz: the lifetime's last put came */
 #define EXS_API_HZ_CLAIMED 2u /* api_sock.hz: one finisher took the lifetime */

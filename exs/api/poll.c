@@ -131,7 +131,7 @@ static short poll_sock_revents(struct api_sock *s, short events)
     reset = going && !conn->peer_shut; /* ended without the peer's SHUTDOWN */
     EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
     /* a send is refused with EAGAIN only past EXS_SOCK_MAX_OPS outstanding sends */
-    writable &= __atomic_load_n(&s->n_send, __ATOMIC_RELAXED) < (int)exs__params.sock_max_ops;
+    writable &= exs__api_sock_outstanding(s, 0) < (int)exs__params.sock_max_ops;
     if (readable)
         rev |= POLLIN;
     if (writable)

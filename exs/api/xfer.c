@@ -434,6 +434,14 @@ static inline __attribute__((always_inline)) void op_end_xfer(struct api_op *op,
     exs__evq_post_xfer_x(evq, type, err, fd, flags, ah, buf, len, result);
 }
 
+/* One more operation of the socket ended (api_sock.n_send_done / n_recv_done): op_done is
+ * its only writer, always under the conn's lock (conn.c, delivery), so no locked add;
+ * release: after what the operation did (a reader's acquire, exs__api_sock_outstanding). */
+static inline __attribute__((always_inline)) void op_count_done(unsigned *done)
+{
+    __atomic_store_n(done, __atomic_load_n(done, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+}
+
 /* proto callback: an exs_send / exs_recv / exs_shutdown finished (conn->lock held). */
 static void op_done(struct exs_op *pop)
 {
@@ -445,15 +453,14 @@ static void op_done(struct exs_op *pop)
     /* the common case first, with one test of the type, bounce and to_armed */
     if (__builtin_expect(
             !(op->bounce || op->to_armed) && (type == EXS_EVT_SEND || type == EXS_EVT_RECV), 1)) {
-        __atomic_fetch_sub(type == EXS_EVT_SEND ? &op->sock->n_send : &op->sock->n_recv, 1,
-                           __ATOMIC_RELAXED);
+        op_count_done(type == EXS_EVT_SEND ? &op->sock->n_send_done : &op->sock->n_recv_done);
         op_end_xfer(op, type, result);
         return;
     }
     if (type == EXS_EVT_SEND || (op->bounce && pop->kind == EXS_OP_SEND))
-        __atomic_fetch_sub(&op->sock->n_send, 1, __ATOMIC_RELAXED);
+        op_count_done(&op->sock->n_send_done);
     else if (type == EXS_EVT_RECV || (op->bounce && pop->kind == EXS_OP_RECV))
-        __atomic_fetch_sub(&op->sock->n_recv, 1, __ATOMIC_RELAXED);
+        op_count_done(&op->sock->n_recv_done);
     if (op->to_armed)
         exs__api_to_op_end(op); /* no timeout notice after this: the completion follows */
     if (!op->bounce && (type == EXS_EVT_SEND || type == EXS_EVT_RECV)) {
@@ -688,22 +695,30 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
     return evq ? 0 : (int)len;
 }
 
+/* xfer_post's answer when it declines a socket named by a hazard record: nothing done,
+ * the caller lets go and goes the whole way with a reference. */
+#define XFER_HELD_ONLY (-2)
+
 /* s: the socket at fd (exs__api_sock_find_x, held), or NULL: not a libexs socket (a
- * kernel socket's operation tells EBADF and ENOTSOCK apart). b != NULL: exs_sendmsg /
+ * kernel socket's operation tells EBADF and ENOTSOCK apart). hz != NULL: s is named by
+ * this thread's hazard record hz instead (exs__api_sock_hz, no reference; api_int.h
+ * "Hazards"): the record lets go of it (exs__api_hz_clear) where a held s is put, after
+ * the hand-over to the conn and before a synchronous call's wait; an asynchronous post
+ * with timeout notices, whose timer and job take references of their own, is declined
+ * (XFER_HELD_ONLY, nothing done; b is NULL then). b != NULL: exs_sendmsg /
  * exs_recvmsg / exs_sendfile of b's buffer (buf, len, mh ignored; b is taken in any case:
- * freed with the operation, or here). Inline in each of its three
- * callers: recv and b are constants there (a 64 B send 40 instructions less, a receive
- * 29). */
-static inline __attribute__((always_inline)) int xfer_post(int fd, struct api_sock *s, void *buf,
-                                                           size_t len, int flags, exs_qhandle_t q,
-                                                           exs_ahandle_t ah, exs_mhandle_t mh,
-                                                           int recv, struct api_bounce *b)
+ * freed with the operation, or here). Inline in each of its callers: recv, hz and b are
+ * constants there (a 64 B send 40 instructions less, a receive 29). */
+static inline __attribute__((always_inline)) int
+xfer_post(int fd, struct api_sock *s, void *buf, size_t len, int flags, exs_qhandle_t q,
+          exs_ahandle_t ah, exs_mhandle_t mh, int recv, struct api_bounce *b, struct api_hz *hz)
 {
     exs_event_t ev;
     int err = 0, ret, sync = q == EXS_QHANDLE_INVALID;
     int allowed = recv ? (MSG_WAITALL | MSG_DONTWAIT) : (MSG_NOSIGNAL | MSG_DONTWAIT);
     struct api_op *op = NULL;
-    int *count, armed = 0, timeo = 0;
+    unsigned *count, *done;
+    int armed = 0, timeo = 0;
 
     if (b) {
         buf = b->buf;
@@ -718,6 +733,7 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, struct api_so
     if (!s)
         return exs__api_kfd_xfer(fd, buf, len, flags, q, ah, mh, recv, b);
     count = recv ? &s->n_recv : &s->n_send;
+    done = recv ? &s->n_recv_done : &s->n_send_done;
     if (flags & ~allowed)
         err = EINVAL;
     else if ((!buf && len) || (recv && !len))
@@ -727,8 +743,8 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, struct api_so
     if (err)
         goto out;
     /* No lock: the state is stored last (exs__api_sock_set_state), and a connected
-     * socket keeps its conn as long as it lives (our reference); a close racing this
-     * post is seen by exs__conn_post (EBADF), as it would be right after an unlock. */
+     * socket keeps its conn as long as it lives (our reference or hazard record); a close racing
+     * this post is seen by exs__conn_post (EBADF), as it would be right after an unlock. */
     enum api_sock_state st = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
 
     if (st != API_SOCK_CONNECTED) {
@@ -738,6 +754,8 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, struct api_so
     struct exs_conn *conn = s->conn;
     /* SO_ASYNC_*_TIMEOUT set: notices below */
     timeo = __atomic_load_n(recv ? &s->rcv_timeo : &s->snd_timeo, __ATOMIC_RELAXED);
+    if (hz && timeo && !sync)
+        return XFER_HELD_ONLY; /* the notices' timer and job take references */
     if (sync)
         q = exs__api_sync_queue();
     op = op_new(s, b ? b->evt_type : recv ? EXS_EVT_RECV : EXS_EVT_SEND, q, ah, &err);
@@ -787,7 +805,9 @@ static inline __attribute__((always_inline)) int xfer_post(int fd, struct api_so
         }
         op->op.lkey = op->op.mr->lkey;
     }
-    if (__atomic_add_fetch(count, 1, __ATOMIC_RELAXED) > (int)exs__params.sock_max_ops) {
+    /* posted less ended (exs__api_sock_outstanding's order would cost a load more) */
+    if ((int)(__atomic_add_fetch(count, 1, __ATOMIC_RELAXED) -
+              __atomic_load_n(done, __ATOMIC_RELAXED)) > (int)exs__params.sock_max_ops) {
         __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
         err = EAGAIN;
         goto out;
@@ -817,7 +837,10 @@ out:
         exs__api_op_abandon(op);
     if (b)
         exs__api_bounce_free(b);
-    exs__api_sock_put(s);
+    if (hz)
+        exs__api_hz_clear(hz, s);
+    else
+        exs__api_sock_put(s);
     if (err)
         return exs__api_sync_fail(sync, q, err);
     if (exs__api_call_end(sync, q, &ev))
@@ -830,12 +853,13 @@ int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, i
                          struct api_bounce *b)
 {
     return xfer_post(fd, exs__api_sock_find_x(fd), NULL, 0, flags, q, ah, EXS_MHANDLE_UNREGISTERED,
-                     recv, b);
+                     recv, b, NULL);
 }
 
-/* exs_send of a libexs socket: the copy at the post with the socket named by this
- * thread's hazard record (no reference), else the whole way with the socket found (held);
- * or what exs__api_kfd_send_fast (kfd.c) did not take. */
+/* exs_send of a libexs socket, with the socket named by this thread's hazard record (no
+ * reference): the copy at the post, else the whole way (xfer_post); with the socket found
+ * (held) when there is no record or xfer_post declines; or what exs__api_kfd_send_fast
+ * (kfd.c) did not take. */
 __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t len, int flags,
                                                  exs_qhandle_t q, exs_ahandle_t ah,
                                                  exs_mhandle_t mh)
@@ -848,12 +872,16 @@ __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t
     if (hz && (s = exs__api_sock_hz(fd, hz))) {
         int ret = send_copy(s, buf, len, flags, q, ah, mh);
 
-        exs__api_hz_clear(hz, s);
-        if (ret >= 0)
+        if (ret < 0)
+            ret = xfer_post(fd, s, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL, hz);
+        else
+            exs__api_hz_clear(hz, s);
+        if (ret != XFER_HELD_ONLY)
             return ret;
+        exs__api_hz_clear(hz, s);
     }
     return xfer_post(fd, exs__api_sock_find_x(fd), (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0,
-                     NULL);
+                     NULL, NULL);
 }
 
 int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
@@ -868,10 +896,24 @@ int exs_send(int fd, const void *buf, size_t len, int flags, exs_qhandle_t q, ex
     return exs__api_kfd_send_fast(fd, buf, len, flags, q, ah, mh);
 }
 
+/* exs_recv: with the socket named by this thread's hazard record (no reference), else
+ * found (held), as exs_send's. */
 int exs_recv(int fd, void *buf, size_t len, int flags, exs_qhandle_t q, exs_ahandle_t ah,
              exs_mhandle_t mh)
 {
-    return xfer_post(fd, exs__api_sock_find_x(fd), buf, len, flags, q, ah, mh, 1, NULL);
+    struct api_hz *hz = exs__api_hz_self;
+    struct api_sock *s;
+
+    if (__builtin_expect(!hz, 0))
+        hz = exs__api_hz_new();
+    if (hz && (s = exs__api_sock_hz(fd, hz))) {
+        int ret = xfer_post(fd, s, buf, len, flags, q, ah, mh, 1, NULL, hz);
+
+        if (ret != XFER_HELD_ONLY)
+            return ret;
+        exs__api_hz_clear(hz, s);
+    }
+    return xfer_post(fd, exs__api_sock_find_x(fd), buf, len, flags, q, ah, mh, 1, NULL, NULL);
 }
 
 static int cancel_match(struct exs_op *pop, void *arg)

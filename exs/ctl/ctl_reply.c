@@ -132,8 +132,8 @@ static void stat_sock(struct api_sock *s, void *arg)
     type = s->type;
     mode = s->xfer_mode;
     state = s->state;
-    n_send = __atomic_load_n(&s->n_send, __ATOMIC_RELAXED); /* counted without the lock (xfer.c) */
-    n_recv = __atomic_load_n(&s->n_recv, __ATOMIC_RELAXED);
+    n_send = exs__api_sock_outstanding(s, 0); /* counted without the lock (xfer.c) */
+    n_recv = exs__api_sock_outstanding(s, 1);
     addr_str(&s->local, s->local_len, local, sizeof(local));
     addr_str(&s->peer, s->peer_len, peer, sizeof(peer));
     api_sock_unlock(s);
