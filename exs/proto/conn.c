@@ -57,6 +57,27 @@ void exs__conn_cset_register(void)
     exs__counters_register(&proto_cset);
 }
 
+/* The conn's shard of the set (conn->cnt), counted from its creation; at its free the
+ * counts fold into exs__proto_cnt. */
+void exs__conn_cnt_attach(struct exs_conn *conn)
+{
+    conn->cnt_set = (struct exs_counter_set){
+        .name = proto_cset.name,
+        .desc = proto_cset.desc,
+        .count = proto_cset.count,
+        .base = &conn->cnt,
+    };
+    exs__counters_part_add(&proto_cset, &conn->cnt_set);
+}
+
+uint64_t exs__proto_counter(const char *name)
+{
+    uint64_t v = 0;
+
+    (void)exs__counters_lookup(proto_cset.name, name, &v);
+    return v;
+}
+
 const char *exs__conn_state_name(enum exs_conn_state st)
 {
     return exs__conn_rows[st].name;
@@ -255,6 +276,7 @@ void exs__conn_struct_free(struct exs_conn *conn)
 
 void exs__conn_free(struct exs_conn *conn)
 {
+    exs__counters_part_del(&conn->cnt_set, &exs__proto_cnt);
     exs__conn_release_locked(conn);
     exs__conn_struct_free(conn);
     __atomic_fetch_sub(&conn_live, 1, __ATOMIC_RELAXED);
@@ -750,7 +772,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
      * completion hands the buffer back, or the post does when it goes unsignaled */
     if (len && len <= conn->ep->attr.max_inline) {
         wr.flags |= EXS_PROV_SEND_INLINE;
-        EXS_CNT_INC(exs__proto_cnt.writes_inline);
+        EXS_PROTO_CNT_INC(conn, writes_inline);
         quiet = conn_quiet_ok_locked(conn, op, len);
         if (quiet) {
             wr.flags = EXS_PROV_SEND_INLINE;
@@ -766,7 +788,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
     if (quiet) {
         conn->quiet_op = op;
         conn->quiet_armed = 0;
-        EXS_CNT_INC(exs__proto_cnt.sends_unsignaled);
+        EXS_PROTO_CNT_INC(conn, sends_unsignaled);
         if (EXS_UNLIKELY(conn_quiet_copies(conn)))
             conn_quiet_keep_locked(conn, op, src, len);
     } else {

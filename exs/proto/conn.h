@@ -134,6 +134,10 @@ extern const struct exs_datapath exs__seqpkt_path; /* seqpacket.c */
 #define CONN_CTRL_INLINE 128u
 
 /* conn.c */
+/* A process counter of the set "proto" counted in conn's shard (conn->lock held). */
+#define EXS_PROTO_CNT_INC(_conn, _name) EXS_CNT_INC_1W((_conn)->cnt._name)
+/* conn's shard joins the set (exs__conn_create); exs__conn_free folds it in. */
+void exs__conn_cnt_attach(struct exs_conn *conn);
 /* pos % size for a ring or buffer position (size not 0): a mask when size is a power of
  * two, as the default ring (EXS_RING_SIZE) and send buffer (EXS_SNDBUF) are, so the data
  * path's per-message placements make no 64-bit division (tens of cycles each). */

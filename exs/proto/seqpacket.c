@@ -364,7 +364,7 @@ static int sp_post_fast(struct exs_conn *conn, struct exs_op *op)
     conn->sendq_settled = op;
     if (conn->ctrl_len || conn->state != EXS_CONN_CONNECTED)
         return 0; /* announced (the ring was full): the kick flushes the record */
-    EXS_CNT_INC(exs__proto_cnt.posts_fast);
+    EXS_PROTO_CNT_INC(conn, posts_fast);
     if (op->state == EXS_OPS_DONE) /* unsignaled (§6.4): its event now */
         exs__conn_deliver_locked(conn);
     return 1;

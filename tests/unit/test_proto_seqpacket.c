@@ -212,11 +212,11 @@ START_TEST(sp_post_fast_taken)
     struct pt_op s[2], r[2];
 
     for (int i = 0; i < 2; i++) {
-        uint64_t c0 = EXS_CNT_GET(exs__proto_cnt.posts_fast);
+        uint64_t c0 = exs__proto_counter("posts_fast");
 
         send_msg(&s[i], &pp.a, sb[i], sizeof(sb[i]), 50u * (unsigned)i);
         ck_assert_int_eq(s[i].op.state, EXS_OPS_POSTED);
-        ck_assert_uint_eq(EXS_CNT_GET(exs__proto_cnt.posts_fast), c0 + 1);
+        ck_assert_uint_eq(exs__proto_counter("posts_fast"), c0 + 1);
         ck_assert_ptr_eq(pp.a.conn->sendq_settled, &s[i].op);
         recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
         pt_run(&pp);
@@ -246,9 +246,9 @@ START_TEST(sp_post_fast_keeps_order)
     send_msg(&s[0], &pp.a, big, sizeof(big), 1);
     ck_assert_int_eq(s[0].op.state, EXS_OPS_QUEUED);
     pp.a.conn->credits = credits;
-    c0 = EXS_CNT_GET(exs__proto_cnt.posts_fast);
+    c0 = exs__proto_counter("posts_fast");
     send_msg(&s[1], &pp.a, small, sizeof(small), 2);
-    ck_assert_uint_eq(EXS_CNT_GET(exs__proto_cnt.posts_fast), c0);
+    ck_assert_uint_eq(exs__proto_counter("posts_fast"), c0);
     for (int i = 0; i < 2; i++)
         recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
     pt_run(&pp);
@@ -276,10 +276,10 @@ START_TEST(sp_post_fast_threshold)
 
     pp.a.conn->batch_thresh = 8192; /* the mock's batch_max */
     for (int i = 0; i < 4; i++) {
-        uint64_t c0 = EXS_CNT_GET(exs__proto_cnt.posts_fast);
+        uint64_t c0 = exs__proto_counter("posts_fast");
 
         send_msg(&s[i], &pp.a, sb[i], sizeof(sb[i]), (uint64_t)i);
-        ck_assert_uint_eq(EXS_CNT_GET(exs__proto_cnt.posts_fast), c0 + 1);
+        ck_assert_uint_eq(exs__proto_counter("posts_fast"), c0 + 1);
         ck_assert_uint_eq(pp.a.conn->batch_thresh, want[i]);
         recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
         pt_run(&pp);
@@ -420,11 +420,11 @@ START_TEST(sp_post_fast_announced)
         send_msg(&s[i], &pp.a, fill[i], sizeof(fill[i]), (uint64_t)i << 12);
         pt_run(&pp);
     }
-    c0 = EXS_CNT_GET(exs__proto_cnt.posts_fast);
+    c0 = exs__proto_counter("posts_fast");
     send_msg(&s[4], &pp.a, small, sizeof(small), 9);
     ck_assert_int_eq(s[4].op.state, EXS_OPS_POSTED);
     ck_assert_int_eq(s[4].op.announced, 1);
-    ck_assert_uint_eq(EXS_CNT_GET(exs__proto_cnt.posts_fast), c0);
+    ck_assert_uint_eq(exs__proto_counter("posts_fast"), c0);
     ck_assert_uint_eq(pp.a.conn->ctrl_len, 0); /* the record left with the post */
     for (int i = 0; i < 5; i++)
         recv_msg(&r[i], &pp.b, rb[i], sizeof(rb[i]));
