@@ -349,6 +349,7 @@ struct exs_conn {
     uint64_t posts_copied; /* exs_send's copies at the post, no op (exs__conn_send_copy) */
     uint64_t kicks_tx;
     uint64_t kicks_rx;
+    uint64_t rx_taken; /* SEQPACKET eager messages a waiting receive took at their arrival */
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t dl_start_ns;                 /* connect / accept began (handshake deadline) */
@@ -521,9 +522,9 @@ int exs__conn_path(struct exs_conn *conn, char *buf, size_t len);
  * exs_conn): what the freed conns counted; the set's values add every live conn's shard
  * (conn->cnt), so exsctl and metrics read the exact sum. */
 extern struct exs_proto_counters exs__proto_cnt;
-
 /* Counter name of the set "proto" now, exact: the freed conns' and every live one's. */
 uint64_t exs__proto_counter(const char *name);
+
 /* Live conns (leak checks). */
 int exs__conn_live_count(void);
 /* In a forked child (exs/api/fork.c): the parent's connections are not the child's (the

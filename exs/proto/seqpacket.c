@@ -479,6 +479,21 @@ static void sp_ring_consumed_locked(struct exs_conn *conn, uint64_t end)
     }
 }
 
+/* Receive op takes the eager message of len bytes at offset off of ring, which frees
+ * the ring up to end: copied (cut to the receive), numbered seq, done. */
+static void sp_take_eager_locked(struct exs_conn *conn, struct exs_op *op, const uint8_t *ring,
+                                 uint64_t off, uint32_t len, uint64_t end, uint64_t seq)
+{
+    uint32_t n = (uint32_t)EXS_MIN((size_t)len, op->len);
+
+    memcpy(op->buf, ring + off, n);
+    op->rflags = len > op->len ? MSG_TRUNC : 0;
+    op->seq = seq;
+    sp_ring_consumed_locked(conn, end);
+    conn->stats.bytes_received += n;
+    exs__conn_op_finish_locked(op, n, 0);
+}
+
 /* A write of len bytes taking need ring bytes (its skip and slot) beyond the space free. */
 static int sp_overrun(struct exs_conn *conn, uint32_t len, uint32_t need)
 {
@@ -576,6 +591,23 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
         sp_ring_place(conn->rd_arrived, size, len, &skip, &slot);
         if (conn->rd_arrived + skip + slot - conn->rd_consumed > size)
             return sp_overrun(conn, len, skip + slot);
+        if (exs_list_empty(&conn->pending) && conn->state == EXS_CONN_CONNECTED) {
+            /* no earlier message waits: the first receive not matched yet takes it now,
+             * as the kick's receive side would (no pending entry; spec/proto-layout.md,
+             * "A message taken at its arrival") */
+            struct exs_op *op = sp_nth_unmatched(conn, 0);
+
+            if (op) {
+                uint64_t off = exs__pos_mod(conn->rd_arrived + skip, size);
+
+                conn->rd_arrived += skip + slot;
+                conn->rx_matched++;
+                conn->rx_taken++;
+                sp_take_eager_locked(conn, op, conn->ring, off, len, conn->rd_arrived,
+                                     conn->rx_seq++);
+                return 0;
+            }
+        }
         m = sp_pending_new(conn, &err);
         if (!m)
             return err; /* -ENOBUFS (the budget) or -ENOMEM: not the peer's fault */
@@ -787,14 +819,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
         sp_pending_free(conn, m);
         return 1;
     } else {
-        uint32_t n = (uint32_t)EXS_MIN((size_t)m->len, op->len);
-
-        memcpy(op->buf, sp_ring_of(conn, m) + m->addr, n);
-        op->rflags = m->len > op->len ? MSG_TRUNC : 0;
-        op->seq = m->seq;
-        sp_ring_consumed_locked(conn, m->ring_end);
-        conn->stats.bytes_received += n;
-        exs__conn_op_finish_locked(op, n, 0);
+        sp_take_eager_locked(conn, op, sp_ring_of(conn, m), m->addr, m->len, m->ring_end, m->seq);
     }
     exs_list_del(&m->link);
     conn->pending_count--;
