@@ -529,17 +529,6 @@ static uint32_t conn_ack_threshold(const struct exs_conn *conn)
     return (uint32_t)EXS_MIN(EXS_MAX(t, 2u), (uint64_t)conn->p.credits - 1);
 }
 
-uint32_t exs__conn_take_owed_imm_locked(struct exs_conn *conn)
-{
-    uint32_t n = EXS_MIN(conn->owed, EXS_IMM_CREDITS_MAX);
-
-    if (exs__conn_window_test() & EXS_WINDOW_TEST_NO_ACK)
-        return 0; /* the seam: data returns none */
-
-    conn->owed -= n;
-    return n;
-}
-
 int exs__conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len)
 {
     /* keep room for the ACK record the flush may add */
@@ -845,7 +834,7 @@ void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
 }
 
 /* A cancelled operation always reports ECANCELED, whatever became of it. */
-void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
+void exs__conn_op_finish_all_locked(struct exs_op *op, ssize_t result, int err)
 {
     /* the peer's right ends with the operation; where the provider cannot end it yet
      * without ending the endpoint (a verbs window whose bind has not completed, behind
