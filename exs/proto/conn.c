@@ -57,6 +57,27 @@ void exs__conn_cset_register(void)
     exs__counters_register(&proto_cset);
 }
 
+/* The conn's shard of the set (conn->cnt), counted from its creation; at its free the
+ * counts fold into exs__proto_cnt. */
+void exs__conn_cnt_attach(struct exs_conn *conn)
+{
+    conn->cnt_set = (struct exs_counter_set){
+        .name = proto_cset.name,
+        .desc = proto_cset.desc,
+        .count = proto_cset.count,
+        .base = &conn->cnt,
+    };
+    exs__counters_part_add(&proto_cset, &conn->cnt_set);
+}
+
+uint64_t exs__proto_counter(const char *name)
+{
+    uint64_t v = 0;
+
+    (void)exs__counters_lookup(proto_cset.name, name, &v);
+    return v;
+}
+
 const char *exs__conn_state_name(enum exs_conn_state st)
 {
     return exs__conn_rows[st].name;
@@ -255,6 +276,7 @@ void exs__conn_struct_free(struct exs_conn *conn)
 
 void exs__conn_free(struct exs_conn *conn)
 {
+    exs__counters_part_del(&conn->cnt_set, &exs__proto_cnt);
     exs__conn_release_locked(conn);
     exs__conn_struct_free(conn);
     __atomic_fetch_sub(&conn_live, 1, __ATOMIC_RELAXED);
@@ -507,17 +529,6 @@ static uint32_t conn_ack_threshold(const struct exs_conn *conn)
     return (uint32_t)EXS_MIN(EXS_MAX(t, 2u), (uint64_t)conn->p.credits - 1);
 }
 
-uint32_t exs__conn_take_owed_imm_locked(struct exs_conn *conn)
-{
-    uint32_t n = EXS_MIN(conn->owed, EXS_IMM_CREDITS_MAX);
-
-    if (exs__conn_window_test() & EXS_WINDOW_TEST_NO_ACK)
-        return 0; /* the seam: data returns none */
-
-    conn->owed -= n;
-    return n;
-}
-
 int exs__conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len)
 {
     /* keep room for the ACK record the flush may add */
@@ -750,7 +761,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
      * completion hands the buffer back, or the post does when it goes unsignaled */
     if (len && len <= conn->ep->attr.max_inline) {
         wr.flags |= EXS_PROV_SEND_INLINE;
-        EXS_CNT_INC(exs__proto_cnt.writes_inline);
+        EXS_PROTO_CNT_INC(conn, writes_inline);
         quiet = conn_quiet_ok_locked(conn, op, len);
         if (quiet) {
             wr.flags = EXS_PROV_SEND_INLINE;
@@ -766,7 +777,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
     if (quiet) {
         conn->quiet_op = op;
         conn->quiet_armed = 0;
-        EXS_CNT_INC(exs__proto_cnt.sends_unsignaled);
+        EXS_PROTO_CNT_INC(conn, sends_unsignaled);
         if (EXS_UNLIKELY(conn_quiet_copies(conn)))
             conn_quiet_keep_locked(conn, op, src, len);
     } else {
@@ -823,7 +834,7 @@ void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op)
 }
 
 /* A cancelled operation always reports ECANCELED, whatever became of it. */
-void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
+void exs__conn_op_finish_all_locked(struct exs_op *op, ssize_t result, int err)
 {
     /* the peer's right ends with the operation; where the provider cannot end it yet
      * without ending the endpoint (a verbs window whose bind has not completed, behind

@@ -134,6 +134,10 @@ extern const struct exs_datapath exs__seqpkt_path; /* seqpacket.c */
 #define CONN_CTRL_INLINE 128u
 
 /* conn.c */
+/* A process counter of the set "proto" counted in conn's shard (conn->lock held). */
+#define EXS_PROTO_CNT_INC(_conn, _name) EXS_CNT_INC_1W((_conn)->cnt._name)
+/* conn's shard joins the set (exs__conn_create); exs__conn_free folds it in. */
+void exs__conn_cnt_attach(struct exs_conn *conn);
 /* pos % size for a ring or buffer position (size not 0): a mask when size is a power of
  * two, as the default ring (EXS_RING_SIZE) and send buffer (EXS_SNDBUF) are, so the data
  * path's per-message placements make no 64-bit division (tens of cycles each). */
@@ -186,6 +190,18 @@ static inline int exs__conn_can_spend_locked(const struct exs_conn *conn)
     return exs__conn_can_spend_ctrl_locked(conn);
 }
 
+/* The owed credits a data write's immediate returns (at most EXS_IMM_CREDITS_MAX), no
+ * longer owed. Inline: one per data write. */
+static inline uint32_t exs__conn_take_owed_imm_locked(struct exs_conn *conn)
+{
+    uint32_t n = EXS_MIN(conn->owed, EXS_IMM_CREDITS_MAX);
+
+    if (exs__conn_window_test() & EXS_WINDOW_TEST_NO_ACK)
+        return 0; /* the seam: data returns none */
+    conn->owed -= n;
+    return n;
+}
+
 /* The control flush when something may be due (conn.c). */
 int exs__conn_ctrl_flush_due_locked(struct exs_conn *conn);
 /* Send the pending control records (adding an ACK when owed). Returns 1 when nothing
@@ -203,8 +219,21 @@ static inline int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
 void exs__conn_shutdown_record_locked(struct exs_conn *conn, struct exs_op *op);
 int exs__conn_ctrl_room_locked(struct exs_conn *conn, uint32_t len);
 void exs__conn_ctrl_append_locked(struct exs_conn *conn, const void *rec, uint32_t len);
-uint32_t exs__conn_take_owed_imm_locked(struct exs_conn *conn);
-void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err);
+/* exs__conn_op_finish_locked when op holds a grant, was cancelled or is traced (conn.c). */
+void exs__conn_op_finish_all_locked(struct exs_op *op, ssize_t result, int err);
+/* op finished with result (bytes, or -1 with err): DONE, delivered in its queue's order.
+ * Inline: twice per round trip; mostly the op holds no grant, was not cancelled and is not
+ * traced, and only its result is stored. */
+static inline void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result, int err)
+{
+    if (EXS_UNLIKELY(op->grant || op->cancel || op->rt)) {
+        exs__conn_op_finish_all_locked(op, result, err);
+        return;
+    }
+    op->result = err ? -1 : result;
+    op->err = err;
+    op->state = EXS_OPS_DONE;
+}
 /* Grants of an op's buffer to the peer (conn.c). Errors of grant: -ENOMEM, -EINVAL, -ENOTCONN. */
 int exs__conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned access);
 void exs__conn_revoke_op_locked(struct exs_op *op);

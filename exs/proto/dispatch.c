@@ -346,7 +346,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
     if (EXS_UNLIKELY(cqe->wr_id == EXS_QUIET_WR_ID)) {
         /* an unsignaled write failed or was flushed: its op finished at post, nothing
          * waits for it (not in wr_out); it fails the conn as any write does (§6.4) */
-        EXS_CNT_INC(exs__proto_cnt.unsignaled_failed);
+        EXS_PROTO_CNT_INC(conn, unsignaled_failed);
         if (conn->quiet_live)
             conn->quiet_live--;
     } else {
@@ -356,7 +356,7 @@ void exs__conn_on_cqe_locked(struct exs_conn *conn, const struct exs_prov_cqe *c
         if (cqe->status == EXS_PROV_WC_RNR_RETRY_EXC_ERR) {
             /* the credits make it impossible (§3.1): a peer or library bug */
             conn->stats.rnr_events++;
-            EXS_CNT_INC(exs__proto_cnt.rnr_events);
+            EXS_PROTO_CNT_INC(conn, rnr_events);
         }
         if (cqe->status != EXS_PROV_WC_WR_FLUSH_ERR)
             EXS_WARN(PROTO, "conn %p: work request failed: %s", (void *)conn,

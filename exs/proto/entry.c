@@ -157,6 +157,7 @@ int exs__conn_create(struct exs_prov_ctx *ctx, const struct exs_conn_params *p,
     }
     conn->credits = 0; /* granted by the peer's hello */
     exs__conn_live_add(1);
+    exs__conn_cnt_attach(conn);
     *conn_p = conn;
     return 0;
 

@@ -233,7 +233,7 @@ static void conn_nop_check_locked(struct exs_conn *conn)
     exs__conn_ctrl_append_locked(conn, &nop, sizeof(nop));
     if (exs__conn_ctrl_flush_locked(conn)) {
         conn->stats.nops_sent++;
-        EXS_CNT_INC(exs__proto_cnt.nops_sent);
+        EXS_PROTO_CNT_INC(conn, nops_sent);
     }
     exs__conn_kick_locked(conn); /* the credits it may have freed nothing; others may go */
 }

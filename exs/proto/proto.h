@@ -10,6 +10,7 @@
 #include "exs/proto/violation.h"
 #include "exs/proto/wire.h"
 #include "exs/prov/prov.h"
+#include "exs/util/counters.h"
 #include "exs/util/job.h"
 #include "exs/util/lite_lock.h"
 #include "exs/util/list.h"
@@ -348,6 +349,7 @@ struct exs_conn {
     uint64_t posts_copied; /* exs_send's copies at the post, no op (exs__conn_send_copy) */
     uint64_t kicks_tx;
     uint64_t kicks_rx;
+    uint64_t rx_taken; /* SEQPACKET eager messages a waiting receive took at their arrival */
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t dl_start_ns;                 /* connect / accept began (handshake deadline) */
@@ -377,8 +379,20 @@ struct exs_conn {
     struct exs_list wrq;     /* send work requests beyond EXS_WR_MAX, in order */
 
     struct exs_sock_stats stats;
-    struct exs_reqtrace *rt; /* request tracing state (reqtrace.c), NULL: none */
-    uint64_t created_ns;     /* exs__now_ns() at create (exsctl stat: age) */
+    /* its shard of the process counters "proto" (conn.c; EXS_PROTO_CNT_INC, conn->lock):
+     * a plain count per message instead of a locked add on the shared field; the set
+     * reads the sum over the live conns plus what the freed ones folded in */
+    struct exs_proto_counters {
+        uint64_t rnr_events;        /* receiver-not-ready completions: must stay 0 (§3.1) */
+        uint64_t nops_sent;         /* NOPs sent by the window check */
+        uint64_t writes_inline;     /* data writes posted EXS_PROV_SEND_INLINE (<= max_inline) */
+        uint64_t posts_fast;        /* sends put on the wire by the post's fast path */
+        uint64_t sends_unsignaled;  /* data writes posted unsignaled, op done at post (§6.4) */
+        uint64_t unsignaled_failed; /* error or flush completions of unsignaled writes */
+    } cnt;
+    struct exs_counter_set cnt_set; /* cnt as a shard of the set (exs__counters_part_add) */
+    struct exs_reqtrace *rt;        /* request tracing state (reqtrace.c), NULL: none */
+    uint64_t created_ns;            /* exs__now_ns() at create (exsctl stat: age) */
     /* cut-over (spec/protocol.md §9.2, resume.c) */
     uint64_t sess_token;     /* the SESSION token (0: none, not resumable) */
     int resume_noted;        /* its path failure was counted */
@@ -504,16 +518,12 @@ void exs__conn_info(struct exs_conn *conn, struct exs_conn_info *info);
  * returns the bytes with the NUL. Takes conn->lock. */
 int exs__conn_path(struct exs_conn *conn, char *buf, size_t len);
 
-/* Process counters of the protocol, summed over every conn (counter set "proto"). */
-struct exs_proto_counters {
-    uint64_t rnr_events;        /* receiver-not-ready completions: must stay 0 (§3.1) */
-    uint64_t nops_sent;         /* NOPs sent by the window check */
-    uint64_t writes_inline;     /* data writes posted EXS_PROV_SEND_INLINE (<= max_inline) */
-    uint64_t posts_fast;        /* sends put on the wire by the post's fast path */
-    uint64_t sends_unsignaled;  /* data writes posted unsignaled, their op done at post (§6.4) */
-    uint64_t unsignaled_failed; /* error or flush completions of unsignaled writes */
-};
+/* The process counters of the protocol (set "proto", struct exs_proto_counters in struct
+ * exs_conn): what the freed conns counted; the set's values add every live conn's shard
+ * (conn->cnt), so exsctl and metrics read the exact sum. */
 extern struct exs_proto_counters exs__proto_cnt;
+/* Counter name of the set "proto" now, exact: the freed conns' and every live one's. */
+uint64_t exs__proto_counter(const char *name);
 
 /* Live conns (leak checks). */
 int exs__conn_live_count(void);

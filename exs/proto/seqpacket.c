@@ -164,6 +164,43 @@ static int sp_may_announce(struct exs_conn *conn)
     return n < EXS_WIRE_ANNOUNCED_MAX;
 }
 
+/* op's one write (eager or direct) was posted: the message is numbered; done when the
+ * write completes, or now when it went unsignaled (§6.4). */
+static inline void sp_sent_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    op->posted = op->len;
+    op->inflight = 1;
+    op->seq = conn->tx_seq++;
+    op->state = EXS_OPS_POSTED;
+    exs__conn_quiet_check_locked(conn, op);
+}
+
+/* The eager write of op's len bytes into the peer's ring (it is keyed, len < eager), no
+ * control record waiting: 1 posted, 0 no credit or ring room (nothing changed), -1 the
+ * post failed (the conn fails). */
+static inline int sp_eager_locked(struct exs_conn *conn, struct exs_op *op, uint32_t len)
+{
+    uint32_t size = conn->peer.ring_size, skip, slot;
+
+    if (!exs__conn_can_spend_locked(conn))
+        return 0;
+    sp_ring_place(conn->wr_tail, size, len, &skip, &slot);
+    if ((uint64_t)skip + slot > size - (conn->wr_tail - conn->wr_consumed))
+        return 0;
+    uint64_t off = exs__pos_mod(conn->wr_tail + skip, size);
+    uint32_t imm =
+        exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, exs__conn_take_owed_imm_locked(conn), 0);
+    if (exs__conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off, conn->peer.ring_rkey,
+                                        len, imm, op->buf))
+        return -1;
+    conn->wr_tail += skip + slot;
+    conn->stats.indirect_xfers++;
+    EXS_TRACE(PROTO, "conn %p: message %llu: eager %u bytes", (void *)conn,
+              (unsigned long long)conn->tx_seq, len);
+    sp_sent_locked(conn, op);
+    return 1;
+}
+
 /* Try to put the head send op on the wire. 1: it went (or waits for the peer), 0: it
  * must wait for credits, ring space, a control slot or a READ_DONE. */
 static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
@@ -198,19 +235,7 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
             /* earlier control records (ANNOUNCE, SHUTDOWN) must arrive first */
             if (conn->ctrl_len && !exs__conn_ctrl_flush_locked(conn))
                 return 0;
-            if (!exs__conn_can_spend_locked(conn))
-                return 0;
-            uint64_t off = exs__pos_mod(conn->wr_tail + skip, conn->peer.ring_size);
-            uint32_t imm = exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM,
-                                        exs__conn_take_owed_imm_locked(conn), 0);
-            if (exs__conn_post_write_imm_locked(conn, op, conn->peer.ring_addr + off,
-                                                conn->peer.ring_rkey, len, imm, op->buf))
-                return 0;
-            conn->wr_tail += skip + slot;
-            conn->stats.indirect_xfers++;
-            EXS_TRACE(PROTO, "conn %p: message %llu: eager %u bytes", (void *)conn,
-                      (unsigned long long)conn->tx_seq, len);
-            goto sent;
+            return sp_eager_locked(conn, op, len) > 0;
         }
     }
     /* 2. direct into the advertised receive for this message */
@@ -244,7 +269,8 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
                   (unsigned long long)conn->tx_seq, n, adv->id);
         sp_advert_pop(conn);
         conn->stats.direct_xfers++;
-        goto sent;
+        sp_sent_locked(conn, op);
+        return 1;
     }
     /* An eager-size message waits for the peer's RING record (the first record of its
      * first SEND) rather than being announced: announcing would expose a buffer that is
@@ -268,15 +294,6 @@ static int sp_send_one_locked(struct exs_conn *conn, struct exs_op *op)
     op->announced = 1;
     conn->seqpkt.ann_out++;
     return 1;
-sent:
-    /* one WRITE carries the whole message (cut or not): done when it completes, or now
-     * when it went unsignaled (§6.4) */
-    op->posted = op->len;
-    op->inflight = 1;
-    op->seq = conn->tx_seq++;
-    op->state = EXS_OPS_POSTED;
-    exs__conn_quiet_check_locked(conn, op);
-    return 1;
 }
 
 /* batch_fit_fn (§6.1): a message joins the run when the peer splits batched writes, it
@@ -299,7 +316,7 @@ static int sp_batch_fit(struct exs_conn *conn, struct exs_op *op, uint64_t bytes
     return 1;
 }
 
-void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
+static __attribute__((noinline)) void sp_send_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
 
@@ -342,6 +359,17 @@ void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
     }
 }
 
+/* The send side's pass: nothing to do, and nothing called (no frame to build: a leaf),
+ * when no re-announcement or piece waits and no op follows the settled ones (every kick
+ * asks; in a ping-pong sendq is mostly empty). */
+void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
+{
+    if (!conn->seqpkt.reann_left && !conn->seqpkt.frag_op &&
+        (conn->sendq_settled ? conn->sendq_settled->link.next : conn->sendq.next) == &conn->sendq)
+        return;
+    sp_send_progress_locked(conn);
+}
+
 /* The post's fast path (spec/proto-layout.md, "The post's fast path"): op, just queued
  * at sendq's tail, goes into the peer's ring at once when nothing else is to be sent
  * before it and it would leave alone. What the kick would then do besides is nothing: a
@@ -350,6 +378,7 @@ void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
 static int sp_post_fast(struct exs_conn *conn, struct exs_op *op)
 {
     struct exs_list *prev = op->link.prev;
+    int ret;
 
     if (op->kind != EXS_OP_SEND || op->rt || conn->resume.peer_wait || conn->seqpkt.reann_left ||
         conn->seqpkt.frag_op || conn->ctrl_len || conn->wrq_count || conn->ring_wr_out ||
@@ -359,12 +388,15 @@ static int sp_post_fast(struct exs_conn *conn, struct exs_op *op)
     if (prev != &conn->sendq && (!conn->sendq_settled || prev != &conn->sendq_settled->link))
         return 0;
     exs__batch_alone_locked(conn, op, sp_batch_fit);
-    if (!sp_send_one_locked(conn, op))
+    /* eager at once (sp_send_one_locked's first way, its other checks made above), else
+     * the whole choice: direct into an ADVERT, or announced */
+    ret = sp_eager_locked(conn, op, (uint32_t)op->len);
+    if (ret < 0 || (!ret && !sp_send_one_locked(conn, op)))
         return 0; /* no room or no credit: it waits, as after any post */
     conn->sendq_settled = op;
     if (conn->ctrl_len || conn->state != EXS_CONN_CONNECTED)
         return 0; /* announced (the ring was full): the kick flushes the record */
-    EXS_CNT_INC(exs__proto_cnt.posts_fast);
+    EXS_PROTO_CNT_INC(conn, posts_fast);
     if (op->state == EXS_OPS_DONE) /* unsignaled (§6.4): its event now */
         exs__conn_deliver_locked(conn);
     return 1;
@@ -479,6 +511,21 @@ static void sp_ring_consumed_locked(struct exs_conn *conn, uint64_t end)
     }
 }
 
+/* Receive op takes the eager message of len bytes at offset off of ring, which frees
+ * the ring up to end: copied (cut to the receive), numbered seq, done. */
+static void sp_take_eager_locked(struct exs_conn *conn, struct exs_op *op, const uint8_t *ring,
+                                 uint64_t off, uint32_t len, uint64_t end, uint64_t seq)
+{
+    uint32_t n = (uint32_t)EXS_MIN((size_t)len, op->len);
+
+    memcpy(op->buf, ring + off, n);
+    op->rflags = len > op->len ? MSG_TRUNC : 0;
+    op->seq = seq;
+    sp_ring_consumed_locked(conn, end);
+    conn->stats.bytes_received += n;
+    exs__conn_op_finish_locked(op, n, 0);
+}
+
 /* A write of len bytes taking need ring bytes (its skip and slot) beyond the space free. */
 static int sp_overrun(struct exs_conn *conn, uint32_t len, uint32_t need)
 {
@@ -576,6 +623,23 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
         sp_ring_place(conn->rd_arrived, size, len, &skip, &slot);
         if (conn->rd_arrived + skip + slot - conn->rd_consumed > size)
             return sp_overrun(conn, len, skip + slot);
+        if (exs_list_empty(&conn->pending) && conn->state == EXS_CONN_CONNECTED) {
+            /* no earlier message waits: the first receive not matched yet takes it now,
+             * as the kick's receive side would (no pending entry; spec/proto-layout.md,
+             * "A message taken at its arrival") */
+            struct exs_op *op = sp_nth_unmatched(conn, 0);
+
+            if (op) {
+                uint64_t off = exs__pos_mod(conn->rd_arrived + skip, size);
+
+                conn->rd_arrived += skip + slot;
+                conn->rx_matched++;
+                conn->rx_taken++;
+                sp_take_eager_locked(conn, op, conn->ring, off, len, conn->rd_arrived,
+                                     conn->rx_seq++);
+                return 0;
+            }
+        }
         m = sp_pending_new(conn, &err);
         if (!m)
             return err; /* -ENOBUFS (the budget) or -ENOMEM: not the peer's fault */
@@ -787,14 +851,7 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
         sp_pending_free(conn, m);
         return 1;
     } else {
-        uint32_t n = (uint32_t)EXS_MIN((size_t)m->len, op->len);
-
-        memcpy(op->buf, sp_ring_of(conn, m) + m->addr, n);
-        op->rflags = m->len > op->len ? MSG_TRUNC : 0;
-        op->seq = m->seq;
-        sp_ring_consumed_locked(conn, m->ring_end);
-        conn->stats.bytes_received += n;
-        exs__conn_op_finish_locked(op, n, 0);
+        sp_take_eager_locked(conn, op, sp_ring_of(conn, m), m->addr, m->len, m->ring_end, m->seq);
     }
     exs_list_del(&m->link);
     conn->pending_count--;
@@ -804,14 +861,12 @@ static int sp_match_locked(struct exs_conn *conn, struct exs_op *op, struct exs_
     return 1;
 }
 
-void exs__seqpkt_recv_progress_locked(struct exs_conn *conn)
+static __attribute__((noinline)) void sp_recv_progress_locked(struct exs_conn *conn)
 {
     struct exs_list *pos;
     uint64_t index = 0;
     uint32_t advertised = 0;
 
-    if (conn->state != EXS_CONN_CONNECTED)
-        return;
     if (conn->rd_owed_count) {
         sp_flush_read_done_locked(conn);
         if (conn->rd_owed_count && exs__conn_ctrl_flush_locked(conn))
@@ -880,6 +935,31 @@ void exs__seqpkt_recv_progress_locked(struct exs_conn *conn)
         }
         index++;
     }
+}
+
+/* The receive side's pass. Its quick answer, a leaf (no frame to build): no READ_DONE or
+ * remembered read owed, no READ to post, no message waiting, no SHUTDOWN seen, and no
+ * receive waiting that would be advertised (one of eager_max bytes or more, still
+ * QUEUED): the pass would then only count the receives (every kick asks; in a ping-pong
+ * the receive post's and the arrival's, which finds its receive taken at the arrival). */
+void exs__seqpkt_recv_progress_locked(struct exs_conn *conn)
+{
+    const struct exs_list *pos;
+
+    if (conn->state != EXS_CONN_CONNECTED)
+        return;
+    if (conn->rd_owed_count || conn->seqpkt.memo_owed || conn->seqpkt.rd_op ||
+        !exs_list_empty(&conn->pending) || conn->peer_shut)
+        goto pass;
+    for (pos = conn->recvq.next; pos != &conn->recvq; pos = pos->next) {
+        const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state == EXS_OPS_QUEUED && op->len >= conn->p.eager_max)
+            goto pass;
+    }
+    return;
+pass:
+    sp_recv_progress_locked(conn);
 }
 
 /* The connection is over: hand the eager messages still in the ring to receives in

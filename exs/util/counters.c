@@ -29,11 +29,43 @@ void exs__counters_unregister(struct exs_counter_set *set)
     pthread_mutex_unlock(&counters_lock);
 }
 
+static uint64_t field_get(const void *base, size_t off)
+{
+    return EXS_CNT_GET(*(const uint64_t *)(const void *)((const char *)base + off));
+}
+
 uint64_t exs__counters_value(const struct exs_counter_set *set, size_t i)
 {
-    const char *field = (const char *)set->base + set->desc[i].offset;
+    uint64_t v = field_get(set->base, set->desc[i].offset);
+    const struct exs_list *pos;
 
-    return EXS_CNT_GET(*(const uint64_t *)(const void *)field);
+    if (set->parts.next)
+        for (pos = set->parts.next; pos != &set->parts; pos = pos->next)
+            v += field_get(exs_list_entry(pos, struct exs_counter_set, link)->base,
+                           set->desc[i].offset);
+    return v;
+}
+
+void exs__counters_part_add(struct exs_counter_set *total, struct exs_counter_set *part)
+{
+    pthread_mutex_lock(&counters_lock);
+    if (!total->parts.next)
+        exs_list_init(&total->parts);
+    exs_list_add_tail(&total->parts, &part->link);
+    pthread_mutex_unlock(&counters_lock);
+}
+
+void exs__counters_part_del(struct exs_counter_set *part, void *fold_into)
+{
+    pthread_mutex_lock(&counters_lock);
+    if (part->link.next) {
+        for (size_t i = 0; i < part->count; i++)
+            EXS_CNT_ADD(*(uint64_t *)(void *)((char *)fold_into + part->desc[i].offset),
+                        field_get(part->base, part->desc[i].offset));
+        exs_list_del(&part->link);
+        part->link.next = part->link.prev = NULL;
+    }
+    pthread_mutex_unlock(&counters_lock);
 }
 
 int exs__counters_lookup(const char *set_name, const char *counter, uint64_t *value_p)

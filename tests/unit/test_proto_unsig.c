@@ -15,7 +15,7 @@
 static struct pt_pair pp;
 
 /* The process counters of proto (exsctl counters proto) */
-#define un_cnt(_name) __atomic_load_n(&exs__proto_cnt._name, __ATOMIC_RELAXED)
+#define un_cnt(_name) exs__proto_counter(#_name)
 
 /* A connected pair of sock_type with unsignaled sends on (on) or off. A STREAM sender
  * has a send buffer for sends of up to 64 bytes when sndbuf (un_open: always): only its
