@@ -61,6 +61,7 @@ Suite *integ_unsig_suite(void);
 Suite *integ_attack_suite(void);
 Suite *integ_attack2_suite(void);
 Suite *integ_attack26_suite(void);
+Suite *integ_attack27_suite(void);
 Suite *integ_cancel_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */
