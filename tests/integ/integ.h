@@ -62,6 +62,7 @@ Suite *integ_attack_suite(void);
 Suite *integ_attack2_suite(void);
 Suite *integ_attack26_suite(void);
 Suite *integ_hz27_suite(void);
+Suite *integ_attack27_suite(void);
 Suite *integ_cancel_suite(void);
 
 /* A test case with timeout seconds and the shared teardown it_teardown. */

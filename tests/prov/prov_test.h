@@ -225,6 +225,7 @@ Suite *prov_close_suite(void);
 Suite *prov_order_suite(void);
 Suite *prov_attack26_suite(void);
 Suite *prov_attack26b_suite(void);
+Suite *prov_attack27_suite(void);
 Suite *prov_keymemo_suite(void);
 Suite *prov_rq_suite(void);
 Suite *prov_rnr_suite(void);
