@@ -44,7 +44,21 @@ static inline ssize_t exs__nc_write(int fd, const void *buf, size_t len)
 
 static inline int exs__nc_close(int fd)
 {
+#if defined(__SANITIZE_THREAD__)
+    /* ThreadSanitizer builds: glibc's close, which TSan intercepts, with cancellation off.
+     * A raw close leaves TSan believing the number still names the closed descriptor, and
+     * its reuse by another thread (an accept4, a socket) then reads as a race on it
+     * (prov_shm shm_rendezvous_look: a unix socket closed here, its number accepted by the
+     * NIC thread and added to its epoll set). */
+    int old, ret;
+
+    (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+    ret = close(fd); /* nocancel: ok (cancellation off) */
+    (void)pthread_setcancelstate(old, NULL);
+    return ret;
+#else
     return (int)syscall(SYS_close, fd);
+#endif
 }
 
 static inline ssize_t exs__nc_readv(int fd, const struct iovec *iov, int n)

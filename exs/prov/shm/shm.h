@@ -20,6 +20,7 @@
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
 #include "exs/util/util.h"
+#include "exs/util/tsan.h"
 
 /*
  * spec/provider-shm.md is the normative text. In short:
@@ -410,19 +411,10 @@ struct shm_ctx {
  * releases and each look at the peer's line acquires one process-wide token. (Over-
  * synchronizes under TSan only; nothing in other builds.) */
 #if defined(__SANITIZE_THREAD__)
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
 extern int exs__shm_tsan_token;
-#define SHM_TSAN_RELEASE() __tsan_release(&exs__shm_tsan_token)
-#define SHM_TSAN_ACQUIRE() __tsan_acquire(&exs__shm_tsan_token)
-#else
-#define SHM_TSAN_RELEASE()                                                                         \
-    do {                                                                                           \
-    } while (0)
-#define SHM_TSAN_ACQUIRE()                                                                         \
-    do {                                                                                           \
-    } while (0)
 #endif
+#define SHM_TSAN_RELEASE() EXS_TSAN_RELEASE(&exs__shm_tsan_token)
+#define SHM_TSAN_ACQUIRE() EXS_TSAN_ACQUIRE(&exs__shm_tsan_token)
 
 /* The NIC lock (spec/provider-shm.md, "The NIC lock's give-back"): a lite lock given back
  * with a plain store when nobody waits (lite_lock.h, exs__lite_unlock_st). */

@@ -14,6 +14,7 @@
 #include "exs/prov/soft/soft_keys.h"
 #include "exs/prov/soft/soft_wr.h"
 #include "exs/prov/tcp/tcp_wire.h"
+#include "exs/util/tsan.h"
 #include "exs/util/counters.h"
 #include "exs/util/list.h"
 
@@ -414,19 +415,10 @@ struct tcp_ctx {
  * token, as TSan's own socket interceptors would. (Over-synchronizes under TSan only;
  * nothing in other builds.) */
 #if defined(__SANITIZE_THREAD__)
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
 extern int exs__tcp_tsan_token;
-#define TCP_TSAN_RELEASE() __tsan_release(&exs__tcp_tsan_token)
-#define TCP_TSAN_ACQUIRE() __tsan_acquire(&exs__tcp_tsan_token)
-#else
-#define TCP_TSAN_RELEASE()                                                                         \
-    do {                                                                                           \
-    } while (0)
-#define TCP_TSAN_ACQUIRE()                                                                         \
-    do {                                                                                           \
-    } while (0)
 #endif
+#define TCP_TSAN_RELEASE() EXS_TSAN_RELEASE(&exs__tcp_tsan_token)
+#define TCP_TSAN_ACQUIRE() EXS_TSAN_ACQUIRE(&exs__tcp_tsan_token)
 
 /* ctx_fork (prov.h): nic_lock held across the fork; the child closes every socket. */
 void exs__tcp_ctx_fork(struct exs_prov_ctx *c, int phase);
