@@ -18,8 +18,7 @@ static Suite *(*const suites[])(void) = {
     integ_resume_ring_suite, integ_handoff_suite,  integ_fragread_suite,  integ_backlog_suite,
     integ_pv_suite,          integ_fork_suite,     integ_shm_suite,       integ_unsig_suite,
     integ_attack_suite,      integ_cancel_suite,   integ_attack2_suite,   integ_attack26_suite,
-    integ_hz27_suite,
-    integ_attack27_suite,
+    integ_hz27_suite,        integ_attack27_suite,
 };
 
 static void usage(FILE *f, const char *argv0)
