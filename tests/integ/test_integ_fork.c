@@ -165,6 +165,21 @@ static void fk_child_own_pair(void)
 #define FK_CHILD_INIT 1
 #endif
 
+/* The AddressSanitizer of Debian 12's gcc (libasan8, LLVM before 17) does not lock its
+ * allocator around fork: a child forked while another thread of the parent refills or
+ * drains its allocator cache inherits that size class's lock taken and blocks forever in
+ * its first malloc of that class (seen: the child's new progress thread, 1 run in 31 of
+ * test_fork_while_busy; the child then dies by its alarm, and the parent's failed assert
+ * exits through LeakSanitizer with the workers running, which ends in SIGKILL). glibc's
+ * malloc has its own fork handlers. So under ASan the busy test's children stop after
+ * the inherited-descriptor checks, which allocate nothing; the quiet fork tests, whose
+ * parent's threads are all idle at the fork, keep the child's exs_init. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define FK_BUSY_CHILD_INIT 0
+#else
+#define FK_BUSY_CHILD_INIT 1
+#endif
+
 static void fk_run(int child_mode)
 {
     struct fk_conns c;
@@ -287,6 +302,15 @@ static void *fb_worker_main(void *arg)
     return NULL;
 }
 
+/* Stops both workers and joins them. */
+static void fb_stop(struct fb_worker *w, pthread_t *th)
+{
+    for (int i = 0; i < 2; i++)
+        __atomic_store_n(&w[i].stop, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+}
+
 /* Waits (deadline IT_TIMEOUT_MS) until w made n more exchanges. */
 static void fb_wait_progress(struct fb_worker *w, unsigned n, const char *what)
 {
@@ -305,7 +329,7 @@ static void fb_wait_progress(struct fb_worker *w, unsigned n, const char *what)
  * queues in POLL (a busy poller: the progress lock taken by trylock at every turn) and
  * one in NOTIFY (arms, sleeps), so that the fork finds the progress lock, connections'
  * and queues' locks (futex locks since this session) taken or waited for at any instant.
- * Each child: an inherited descriptor answers ESTALE, then (not under TSan) its own
+ * Each child: an inherited descriptor answers ESTALE, then (not under TSan or ASan) its own
  * exs_init and a connection of its own carry data, and it exits 0 within 60 s (a lock
  * the child inherited held and takes again hangs it: SIGALRM). The parent's threads go
  * on exchanging after every fork (their data checked), and the fork itself returns (its
@@ -342,7 +366,7 @@ START_TEST(test_fork_while_busy)
                              -1 &&
                          errno == ESTALE,
                      3);
-            if (!FK_CHILD_INIT || strstr(it_provider, "verbs"))
+            if (!FK_BUSY_CHILD_INIT || strstr(it_provider, "verbs"))
                 _exit(0);
             FK_CHECK(exs_init(EXS_VERSION) == EXS_VERSION, 7);
             fk_child_own_pair();
@@ -352,15 +376,19 @@ START_TEST(test_fork_while_busy)
         }
         ck_assert_int_gt(pid, 0);
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                      "fork %d: child status %#x (exit code: the step that failed)", f,
-                      (unsigned)status);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            /* the workers stopped first: a failed assert exits the process, and
+             * LeakSanitizer's exit pass with them running can end it by SIGKILL, which
+             * Check would report instead of this message */
+            fb_stop(w, th);
+            ck_abort_msg("fork %d: child status %#x (exit code: the step that failed)", f,
+                         (unsigned)status);
+        }
         for (int i = 0; i < 2; i++)
             fb_wait_progress(&w[i], 2, "after a fork");
     }
+    fb_stop(w, th);
     for (int i = 0; i < 2; i++) {
-        __atomic_store_n(&w[i].stop, 1, __ATOMIC_RELEASE);
-        pthread_join(th[i], NULL);
         it_buf_free(w[i].bufs.sb);
         it_buf_free(w[i].bufs.rb);
     }
