@@ -61,3 +61,17 @@ CHECK_RUNS += "bash bench/kfd/syscalls.sh $(KFD_BENCH)"
 # make check: the library's instructions per exs_send on a kernel socket and its event
 # (callgrind; a SKIP without valgrind or in a sanitizer build).
 CHECK_RUNS += "bash bench/kfd/instr.sh $(KFD_BENCH)"
+
+# make bench-floor: the floors under the shm round trip (issue 28): the cores' cache-line
+# round trip, the provider alone through prov.h, and blast through the whole library, p50
+# of each, interleaved rounds (bench/floor/floor.sh; FLOOR_ARGS e.g. --rounds 9).
+FLOOR := $(BUILD)/bench/floor/floor
+TOOL_BINS += $(FLOOR)
+
+$(FLOOR): $(BUILD)/bench/floor/floor.o $(LIB_A)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
+
+bench-floor: $(FLOOR) $(BLAST)
+	$(Q)bash bench/floor/floor.sh $(BUILD) $(FLOOR_ARGS)
+
+.PHONY: bench-floor

@@ -5,6 +5,7 @@
 # (BENCH_TINY: one round of 0.1 s runs, 64 B callgrind) whose results.json, results.md and
 # results.png are checked, then once more with a base (BENCH_BASE_BLAST: the same blast, two
 # rounds), whose comparison (ours / base per figure, the base's callgrind) is checked.
+# Last, make bench-floor's script (bench/floor/floor.sh) on a tiny run.
 # Prints Check's summary line for tests/run-checks.sh; the end-to-end tests are reported as
 # skipped without ucx_perftest (scripts/deps.sh --bench installs it).
 #   bench/selftest.sh [path/to/blast]
@@ -144,6 +145,17 @@ PYEOF
     echo "  ok    bench base end to end (tiny, 2 rounds: ours / base per figure$([ $cg = 1 ] && echo ', callgrind'))"
 else
     fails=$((fails + 1)); echo "  FAIL  bench base end to end: results"; sed 's/^/        /' "$T/check"
+fi
+
+# make bench-floor's script on a tiny run: a table with a positive median for each layer
+checks=$((checks + 1))
+bdir=$(dirname "$(dirname "$B")")
+if ! timeout "$limit" bash bench/floor/floor.sh "$bdir" --rounds 1 --iters 2000 >"$T/floor" 2>&1; then
+    fails=$((fails + 1)); echo "  FAIL  bench floor: floor.sh failed"; sed 's/^/        /' "$T/floor"
+elif [ "$(grep -cE '^\| (line|prov|api) \| [0-9.]*[1-9][0-9.]* \|' "$T/floor")" -ne 3 ]; then
+    fails=$((fails + 1)); echo "  FAIL  bench floor: no line, prov and api rows"; sed 's/^/        /' "$T/floor"
+else
+    echo "  ok    bench floor (tiny: line, prov and api rows$(grep -q '^| ucx ' "$T/floor" && echo ', ucx'))"
 fi
 
 echo "bench self test: $(( $(date +%s) - t0 )) s"
