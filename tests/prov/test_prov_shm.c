@@ -915,7 +915,7 @@ START_TEST(shm_busy_turns_no_syscall)
 }
 END_TEST
 
-/* The context's cm_queued (prov.h) reads 0 exactly while no cm event is queued, so the
+/* The context's cm_queued (prov.h) reads 0 only while no cm event is queued, so the
  * engine's busy turns ask exs__prov_cm_poll without calling ctx_cm_poll: 0 on a new
  * context, set by a push, still set after taking one of two, 0 after the last is taken
  * (exs__prov_cm_poll then answers 0 from it). Before, shm left it NULL and every busy

@@ -574,7 +574,7 @@ static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     exs_list_init(&ctx->conns);
     exs_list_init(&ctx->listeners);
     ctx->base.ops = &exs__prov_shm_ops;
-    /* (an int read as its unsigned counterpart: the same object, 0 exactly when clear) */
+    /* (an int read as its unsigned counterpart: never 0 while an event is queued) */
     ctx->base.cm_queued = (const uint32_t *)&ctx->cm_hint;
     ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_INLINE;
     ctx->base.caps.max_inline = SHM_MAX_INLINE;
