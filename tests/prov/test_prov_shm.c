@@ -915,6 +915,38 @@ START_TEST(shm_busy_turns_no_syscall)
 }
 END_TEST
 
+/* The context's cm_queued (prov.h) reads 0 only while no cm event is queued, so the
+ * engine's busy turns ask exs__prov_cm_poll without calling ctx_cm_poll: 0 on a new
+ * context, set by a push, still set after taking one of two, 0 after the last is taken
+ * (exs__prov_cm_poll then answers 0 from it). Before, shm left it NULL and every busy
+ * turn made the call (callgrind: shm_ctx_cm_poll once per round). */
+START_TEST(shm_cm_queued_follows_events)
+{
+    struct exs_prov_attr attr = {.flags = EXS_PROV_ATTR_MANUAL_PROGRESS};
+    struct exs_prov_cm_event ev = {.type = EXS_PROV_CM_DISCONNECTED}, got;
+    struct exs_prov_ctx *c;
+    struct shm_ctx *ctx;
+
+    if (skip_unless_shm("shm_cm_queued_follows_events"))
+        return;
+    ck_assert_int_eq(pt_ops->ctx_open(&attr, &c), 0);
+    ctx = shm_ctx_of(c);
+    ck_assert_ptr_nonnull(c->cm_queued);
+    ck_assert_uint_eq(__atomic_load_n(c->cm_queued, __ATOMIC_ACQUIRE), 0);
+    ck_assert_int_eq(exs__prov_cm_poll(c, &got), 0);
+    exs__shm_cm_push(ctx, &ev);
+    exs__shm_cm_push(ctx, &ev);
+    ck_assert_uint_ne(__atomic_load_n(c->cm_queued, __ATOMIC_ACQUIRE), 0);
+    ck_assert_int_eq(exs__prov_cm_poll(c, &got), 1);
+    ck_assert_int_eq(got.type, EXS_PROV_CM_DISCONNECTED);
+    ck_assert_uint_ne(__atomic_load_n(c->cm_queued, __ATOMIC_ACQUIRE), 0);
+    ck_assert_int_eq(exs__prov_cm_poll(c, &got), 1);
+    ck_assert_uint_eq(__atomic_load_n(c->cm_queued, __ATOMIC_ACQUIRE), 0);
+    ck_assert_int_eq(exs__prov_cm_poll(c, &got), 0);
+    pt_ops->ctx_close(c);
+}
+END_TEST
+
 /* ctx_poll of the default mode with completions already queued (an engine round's
  * ctx_progress turn wrote them just before) takes them without a turn of its own: no NIC
  * role taken, no second walk of the rings between a completion and its consumer. Before,
@@ -1707,6 +1739,7 @@ Suite *prov_shm_suite(void)
     tc = pt_tcase("shm_busy");
     tcase_add_loop_test(tc, shm_busy_turns_no_syscall, 0, 2);
     tcase_add_test(tc, shm_poll_queued_no_turn);
+    tcase_add_test(tc, shm_cm_queued_follows_events);
     tcase_add_test(tc, shm_progress_poll_direct);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_fast");

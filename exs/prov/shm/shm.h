@@ -382,7 +382,10 @@ struct shm_ctx {
     pthread_t thread;
     int stop;
     int armed, evfd_set; /* armed: atomic (exs__shm_turn looks without ctx->lock) */
-    int cm_hint;         /* cm_events may be non-empty (exs__soft_cm_pop) */
+    /* cm_events may be non-empty (exs__soft_cm_pop): set under ctx->lock at a push,
+     * cleared by the take that empties the list; also the context's cm_queued (prov.h),
+     * so a busy turn's exs__prov_cm_poll makes no call while it reads 0 */
+    int cm_hint;
     struct exs_soft_cq cq;
     struct exs_list cm_events;
     struct exs_list eps;

@@ -526,7 +526,7 @@ static int shm_ctx_cm_poll(struct exs_prov_ctx *c, struct exs_prov_cm_event *ev)
     struct exs_list *l;
 
     if (!__atomic_load_n(&ctx->cm_hint, __ATOMIC_RELAXED))
-        return 0; /* exs__soft_cm_pop's first look, without the call */
+        return 0; /* exs__soft_cm_pop's first look (the engine's is cm_queued's) */
     exs__lite_lock(&ctx->lock);
     l = exs__soft_cm_take_locked(&ctx->cm_events, &ctx->cm_hint);
     exs__lite_unlock(&ctx->lock);
@@ -574,6 +574,8 @@ static int shm_ctx_open(const struct exs_prov_attr *attr, struct exs_prov_ctx **
     exs_list_init(&ctx->conns);
     exs_list_init(&ctx->listeners);
     ctx->base.ops = &exs__prov_shm_ops;
+    /* (an int read as its unsigned counterpart: never 0 while an event is queued) */
+    ctx->base.cm_queued = (const uint32_t *)&ctx->cm_hint;
     ctx->base.caps.flags = EXS_PROV_CAP_WRITE_IMM | EXS_PROV_CAP_READ | EXS_PROV_CAP_INLINE;
     ctx->base.caps.max_inline = SHM_MAX_INLINE;
     ctx->base.caps.max_sge = SHM_MAX_SGE;
