@@ -10,15 +10,13 @@
 #include "tests/prov/prov_test.h"
 
 static Suite *(*const suites[])(void) = {
-    prov_basic_suite,     prov_order_suite,    prov_rnr_suite,
-    prov_access_suite,    prov_read_suite,     prov_flush_suite,
-    prov_cm_suite,        prov_emu_suite,      prov_hostile_suite,
-    prov_mem_suite,       prov_select_suite,   prov_grant_suite,
-    prov_req_suite,       prov_cq_suite,       prov_limits_suite,
-    prov_keep_suite,      prov_progress_suite, prov_fault_suite,
-    prov_lowat_suite,     prov_close_suite,    prov_shm_suite,
-    prov_defer_suite,     prov_rq_suite,       prov_attack26_suite,
-    prov_attack26b_suite, prov_attack27_suite, prov_keymemo_suite,
+    prov_basic_suite,     prov_order_suite,    prov_rnr_suite,     prov_access_suite,
+    prov_read_suite,      prov_flush_suite,    prov_cm_suite,      prov_emu_suite,
+    prov_hostile_suite,   prov_mem_suite,      prov_select_suite,  prov_grant_suite,
+    prov_req_suite,       prov_cq_suite,       prov_limits_suite,  prov_keep_suite,
+    prov_progress_suite,  prov_fault_suite,    prov_lowat_suite,   prov_close_suite,
+    prov_shm_suite,       prov_defer_suite,    prov_rq_suite,      prov_attack26_suite,
+    prov_attack26b_suite, prov_attack27_suite, prov_keymemo_suite, prov_fence28_suite,
     prov_gone_suite, /* last: removes the device */
 };
 

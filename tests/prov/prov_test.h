@@ -248,6 +248,7 @@ Suite *prov_limits_suite(void);
 Suite *prov_keep_suite(void);
 Suite *prov_progress_suite(void);
 Suite *prov_shm_suite(void);
+Suite *prov_fence28_suite(void);
 
 /* A TCase with the per-test timeout applied. */
 TCase *pt_tcase(const char *name);

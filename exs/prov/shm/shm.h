@@ -519,6 +519,12 @@ int exs__shm_fence_remote(struct shm_ctx *ctx, struct shm_ep *ep, uint32_t rkey,
  * was killed meanwhile (the fence is then down: no exs__shm_fence_end). */
 int exs__shm_fence_next(struct shm_ctx *ctx, struct exs_soft_key *key);
 void exs__shm_fence_end(struct shm_ctx *ctx);
+/* NIC: before a chunk of a copy into local memory (a SEND's payload into its receive's
+ * sges): 0 and the fence raised over their region(s), or -EACCES (a region deregistered;
+ * the fence down). *lkey, *kills: as exs__soft_fence_local_locked's, kept across the
+ * chunks of the copy (*kills UINT64_MAX before the first). */
+int exs__shm_fence_local(struct shm_ctx *ctx, const struct exs_prov_sge *sge, int n,
+                         struct exs_soft_key **lkey, uint64_t *kills);
 
 /* shm_cm.c */
 int exs__shm_ep_create(struct exs_prov_ctx *ctx, const struct exs_prov_ep_attr *attr,

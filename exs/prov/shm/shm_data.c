@@ -957,6 +957,16 @@ static int shm_do_ring(struct shm_conn *conn, const struct shm_rec *rec, uint64_
     if (!first) {
         rwr = conn->frag_rwr;
         conn->frag_rwr = NULL;
+        /* the receive's regions looked at again (the memo: compares while no region died):
+         * one deregistered since the last fragment stops the message, nothing more placed
+         * (until session 28 the later fragments went into it: fence28_shm_frag_send_mr_dereg) */
+        if (rwr && rec->type == SHM_REC_SEND &&
+            exs__soft_check_local_memo_locked(&ctx->keys, &ep->rq_memo, rwr->sge, rwr->num_sge,
+                                              EXS_PROV_ACCESS_LOCAL_WRITE)) {
+            EXS_CNT_INC(ctx->cnt.access_errors);
+            st = EXS_PROV_WC_LOC_PROT_ERR;
+            syn = SHM_SYN_REM_OP;
+        }
     } else if (rec->type == SHM_REC_SEND || (rec->flags & SHM_RF_IMM)) {
         rwr = exs__shm_rq_take_locked(ep);
         if (!rwr) {
@@ -1026,12 +1036,17 @@ static int shm_copy(struct shm_conn *conn, int to_peer, const struct shm_rsge *l
 
 /* Move len bytes between our memory (lseg) and the peer's (rs: the request's payload, or
  * a READ's destination) in chunks; key (when not NULL) is fenced and re-checked between
- * chunks. (Inline payload, from the ring, is shm_do_inline's.) 0, -EACCES (revoked
+ * chunks; into (when not NULL: lseg are its sges) is the receive copied into, whose
+ * regions are fenced over each chunk (until session 28 a SEND of source pairs was copied
+ * into its receive with no fence: mr_dereg returned while chunks still landed). (Inline
+ * payload, from the ring, is shm_do_ring's.) 0, -EACCES (revoked or deregistered
  * meanwhile: the fence is down), -ESRCH, -EFAULT. */
 static int shm_move(struct shm_conn *conn, int to_peer, const struct shm_rsge *lseg, int nl,
-                    const struct shm_rsge *rs, int nr, uint32_t len, struct exs_soft_key *key)
+                    const struct shm_rsge *rs, int nr, uint32_t len, struct exs_soft_key *key,
+                    const struct exs_soft_rwr *into)
 {
-    uint64_t off = 0;
+    struct exs_soft_key *lkey = NULL;
+    uint64_t off = 0, kills = UINT64_MAX;
 
     while (off < len) {
         uint64_t n = EXS_MIN((uint64_t)len - off, (uint64_t)SHM_COPY_CHUNK);
@@ -1039,7 +1054,11 @@ static int shm_move(struct shm_conn *conn, int to_peer, const struct shm_rsge *l
 
         if (off && key && exs__shm_fence_next(conn->ctx, key))
             return -EACCES;
+        if (into && exs__shm_fence_local(conn->ctx, into->sge, into->num_sge, &lkey, &kills))
+            return -EACCES;
         ret = shm_copy(conn, to_peer, lseg, nl, rs, nr, off, n);
+        if (into)
+            exs__shm_fence_end(conn->ctx);
         if (ret)
             return ret;
         off += n;
@@ -1091,7 +1110,13 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
             lseg[nl].len = EXS_MIN((uint64_t)rwr->sge[nl].length, left);
             left -= lseg[nl].len;
         }
-        ret = shm_move(conn, 0, lseg, nl, src, nrs, rec->len, NULL);
+        ret = shm_move(conn, 0, lseg, nl, src, nrs, rec->len, NULL, rwr);
+        if (ret == -EACCES) {
+            /* a region of the receive deregistered: as the receive found bad */
+            EXS_CNT_INC(ctx->cnt.access_errors);
+            shm_recv_done(conn, rwr, EXS_PROV_WC_LOC_PROT_ERR, EXS_PROV_WC_RECV, 0, rec);
+            return shm_refuse(conn, rec->psn, SHM_SYN_REM_OP);
+        }
         if (ret) {
             shm_recv_back(conn, rwr);
             return shm_copy_failed(conn, ret);
@@ -1112,7 +1137,7 @@ static int shm_do_rec(struct shm_conn *conn, const struct shm_rec *rec, const st
         }
         lseg[0].addr = rec->raddr;
         lseg[0].len = rec->len;
-        ret = shm_move(conn, rec->type == SHM_REC_READ, lseg, 1, src, nrs, rec->len, key);
+        ret = shm_move(conn, rec->type == SHM_REC_READ, lseg, 1, src, nrs, rec->len, key, NULL);
         if (ret != -EACCES)
             exs__shm_fence_end(ctx);
         if (ret) {

@@ -86,3 +86,15 @@ void exs__shm_fence_end(struct shm_ctx *ctx)
     exs__soft_fence_lower_locked(&ctx->keys);
     exs__lite_unlock(&ctx->lock);
 }
+
+int exs__shm_fence_local(struct shm_ctx *ctx, const struct exs_prov_sge *sge, int n,
+                         struct exs_soft_key **lkey, uint64_t *kills)
+{
+    int ret;
+
+    exs__lite_lock(&ctx->lock);
+    ret =
+        exs__soft_fence_local_locked(&ctx->keys, sge, n, EXS_PROV_ACCESS_LOCAL_WRITE, lkey, kills);
+    exs__lite_unlock(&ctx->lock);
+    return ret;
+}

@@ -399,6 +399,31 @@ void exs__soft_fence_raise_locked(struct exs_soft_keys *t, struct exs_soft_key *
     t->copy_key = k;
 }
 
+int exs__soft_fence_local_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge, int n,
+                                 unsigned access, struct exs_soft_key **lkey, uint64_t *kills)
+{
+    if (*kills != t->region_kills) {
+        /* first copy, or a region died since: every sge looked up again */
+        uint32_t one = 0;
+        int ret = exs__soft_check_local_locked(t, sge, n, access);
+
+        if (ret)
+            return ret;
+        /* one region (a region's key is its lkey): the one last_local holds now */
+        *lkey = (struct exs_soft_key *)(uintptr_t)t->last_local;
+        for (int i = 0; i < n && *lkey; i++) {
+            if (!sge[i].length)
+                continue;
+            if (one && sge[i].lkey != one)
+                *lkey = NULL; /* several: the fence covers any key */
+            one = sge[i].lkey;
+        }
+        *kills = t->region_kills;
+    }
+    exs__soft_fence_raise_locked(t, *lkey);
+    return 0;
+}
+
 void exs__soft_fence_lower_locked(struct exs_soft_keys *t)
 {
     t->copying = 0;

@@ -194,6 +194,13 @@ static inline struct exs_soft_key *exs__soft_key_remote_locked(struct exs_soft_k
 /* Raise the fence over k (NULL: every key) / lower it. */
 void exs__soft_fence_raise_locked(struct exs_soft_keys *t, struct exs_soft_key *k);
 void exs__soft_fence_lower_locked(struct exs_soft_keys *t);
+/* Before a copy of peer bytes into local memory (a receive's sges, a READ's destination):
+ * 0 and the fence raised over the sges' region (sges in several regions: every key), or
+ * -EACCES (an sge outside a live region with access; the fence left as it was). *kills is
+ * region_kills when the sges were last found live (UINT64_MAX: never) and *lkey the region
+ * then: while no region died since, nothing is looked up again (a copy per readv). */
+int exs__soft_fence_local_locked(struct exs_soft_keys *t, const struct exs_prov_sge *sge, int n,
+                                 unsigned access, struct exs_soft_key **lkey, uint64_t *kills);
 /* A NIC reference of k dropped: the last one of a dead key frees its owner. */
 void exs__soft_key_put_locked(struct exs_soft_key *k);
 

@@ -294,8 +294,9 @@ struct tcp_conn {
     uint64_t rx_len; /* payload length of the current frame */
     uint64_t rx_off;
     struct exs_soft_key *rx_key; /* WRITE placement target (users held) */
-    /* SEND placement: the region of the receive the last fence check found (NULL: the
-     * receive spans several) and region_kills then (UINT64_MAX: none yet this frame) */
+    /* SEND and READ response placement: the region of the receive (the READ's destination)
+     * the last fence check found (NULL: several) and region_kills then (UINT64_MAX: none yet
+     * this frame) */
     struct exs_soft_key *rx_lkey;
     uint64_t rx_lkills;
     struct exs_soft_rwr *rx_rwr; /* receive being filled */
@@ -492,7 +493,8 @@ void exs__tcp_key_put_locked(struct tcp_ctx *ctx, struct exs_soft_key *key);
  * and lower it with exs__tcp_copy_end. */
 int exs__tcp_copy_begin(struct tcp_ctx *ctx, struct exs_soft_key *key);
 void exs__tcp_copy_end(struct tcp_ctx *ctx);
-/* NIC: the same for local memory (a SEND placed into its receive's sges): 0 and the fence
+/* NIC: the same for local memory (a SEND placed into its receive's sges, a READ response
+ * into the READ's destination): 0 and the fence
  * raised when every region of sge[0..n) is live with LOCAL_WRITE, else -EACCES. *lkey and
  * *kills remember the region found (NULL: several) and region_kills then: while no region
  * died since, the next copy of the frame checks nothing more (*kills UINT64_MAX: none). */

@@ -123,30 +123,11 @@ void exs__tcp_copy_end(struct tcp_ctx *ctx)
 int exs__tcp_copy_begin_local(struct tcp_ctx *ctx, const struct exs_prov_sge *sge, int n,
                               struct exs_soft_key **lkey, uint64_t *kills)
 {
-    struct exs_soft_keys *t = &ctx->keys;
-    int ret = 0;
+    int ret;
 
     pthread_mutex_lock(&ctx->mr_lock);
-    if (*kills != t->region_kills) {
-        /* first copy of the frame, or a region died since: every sge looked up again */
-        ret = exs__soft_check_local_locked(t, sge, n, EXS_PROV_ACCESS_LOCAL_WRITE);
-        if (!ret) {
-            /* one region (a region's key is its lkey): the one last_local holds now */
-            uint32_t one = 0;
-
-            *lkey = (struct exs_soft_key *)(uintptr_t)t->last_local;
-            for (int i = 0; i < n && *lkey; i++) {
-                if (!sge[i].length)
-                    continue;
-                if (one && sge[i].lkey != one)
-                    *lkey = NULL; /* several: the fence covers any key */
-                one = sge[i].lkey;
-            }
-            *kills = t->region_kills;
-        }
-    }
-    if (!ret)
-        exs__soft_fence_raise_locked(t, *lkey);
+    ret =
+        exs__soft_fence_local_locked(&ctx->keys, sge, n, EXS_PROV_ACCESS_LOCAL_WRITE, lkey, kills);
     pthread_mutex_unlock(&ctx->mr_lock);
     return ret;
 }

@@ -259,7 +259,11 @@ static void tcp_conn_recv_fail(struct tcp_conn *conn, enum exs_prov_wc_status st
 
     conn->rx_rwr = NULL;
     exs__tcp_rwr_cqe(conn->ep, rwr, st, &cqe);
-    free(rwr);
+    /* back to the ep's pool, as every completed receive (before the completion: whoever
+     * sees it finds the block there) */
+    pthread_mutex_lock(&conn->ep->lock);
+    exs__tcp_rwr_put_locked(conn->ep, rwr);
+    pthread_mutex_unlock(&conn->ep->lock);
     exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, syn, conn->rh.psn, TCP_END_QUIET, &cqe);
 }
 
@@ -419,12 +423,34 @@ static void tcp_conn_write_revoked(struct tcp_conn *conn)
 }
 
 /* The target of the payload being placed died (WRITE: its key revoked or its region
- * deregistered; SEND: a region of the receive deregistered): the connection ends, the rest
- * of the payload goes to a sink. -1. */
+ * deregistered; SEND: a region of the receive deregistered; READ response: a region of the
+ * READ's destination deregistered): the connection ends, the rest of the payload goes to a
+ * sink. -1. */
 static __attribute__((noinline, cold)) int tcp_place_dead(struct tcp_conn *conn)
 {
     if (conn->rx_key) {
         tcp_conn_write_revoked(conn);
+        return -1;
+    }
+    if (conn->rh.type == TCP_WIRE_READ_RESP) {
+        struct tcp_ep *ep = conn->ep;
+        struct tcp_wr *wr = conn->rx_wr;
+        struct exs_prov_cqe cqe;
+
+        /* as RC's requester: the READ completes LOC_PROT_ERR ahead of the flushes, our ep
+         * to ERROR, the peer told DISCONNECT; the connection lingers, reading the rest of
+         * the response into a sink */
+        EXS_CNT_INC(conn->ctx->cnt.access_errors);
+        EXS_DBG(PROV, "ep %p: read psn %u: destination deregistered after %llu of %llu bytes",
+                (void *)ep, conn->rh.psn, (unsigned long long)conn->rx_off,
+                (unsigned long long)conn->rx_len);
+        conn->rx_wr = NULL;
+        exs__tcp_wr_cqe(ep, wr, EXS_PROV_WC_LOC_PROT_ERR, &cqe);
+        pthread_mutex_lock(&ep->lock);
+        exs_list_del(&wr->link);
+        exs__tcp_wr_put_locked(ep, wr);
+        pthread_mutex_unlock(&ep->lock);
+        exs__tcp_conn_fail_cqe(conn, -ECONNABORTED, 0, 0, TCP_END_DISCONNECT, &cqe);
         return -1;
     }
     /* as RC: the receive completes LOC_PROT_ERR, the requester gets REM_OP_ERR */
@@ -437,14 +463,14 @@ static __attribute__((noinline, cold)) int tcp_place_dead(struct tcp_conn *conn)
 }
 
 /* Before a copy of the current payload into its target: 1 the copy fence raised over it
- * (spec/provider-tcp.md, "Fencing"), 0 none needed (a READ response's own buffer), -1 the
- * target died (tcp_place_dead). */
+ * (spec/provider-tcp.md, "Fencing"), -1 the target died (tcp_place_dead). A WRITE's target
+ * is its key; a SEND's the receive's regions, a READ response's the READ's destination
+ * (until session 28 a READ response took no fence: the rest of it went into a destination
+ * deregistered half-way, fence28_tcp_read_response_mr_dereg). */
 static inline int tcp_place_begin(struct tcp_conn *conn)
 {
     if (conn->rx_key)
         return exs__tcp_copy_begin(conn->ctx, conn->rx_key) ? tcp_place_dead(conn) : 1;
-    if (conn->rh.type != TCP_WIRE_SEND)
-        return 0;
     return exs__tcp_copy_begin_local(conn->ctx, conn->rx_seg, conn->rx_nseg, &conn->rx_lkey,
                                      &conn->rx_lkills)
                ? tcp_place_dead(conn)
@@ -593,6 +619,8 @@ static int tcp_conn_rx_request(struct tcp_conn *conn)
         conn->rx_wr = wr;
         conn->rx_seg = wr->sge;
         conn->rx_nseg = wr->num_sge;
+        conn->rx_lkey = NULL;
+        conn->rx_lkills = UINT64_MAX; /* the first copy looks the regions up */
         break;
     case TCP_WIRE_ACK:
         EXS_CNT_INC(ctx->cnt.acks_rx);
