@@ -415,8 +415,9 @@ int exs__conn_send_now_begin(struct exs_conn *conn, size_t len)
     if (conn->dp == &exs__seqpkt_path && conn->state == EXS_CONN_CONNECTED &&
         conn->txshut == EXS_TXSHUT_OPEN && exs_list_empty(&conn->sendq) &&
         !conn->resume.peer_wait && !conn->seqpkt.reann_left && !conn->seqpkt.frag_op &&
-        !conn->ctrl_len && !conn->wrq_count && !conn->ring_wr_out && conn->peer_ring_keyed &&
-        len < EXS_MIN(conn->p.eager_max, conn->peer.eager_max) && exs__batch_alone_idle(conn) &&
+        !conn->ctrl_len && !conn->wrq_count && !conn->ring_wr_out && conn->peer.ring_size &&
+        conn->peer_ring_keyed && len < EXS_MIN(conn->p.eager_max, conn->peer.eager_max) &&
+        exs__batch_alone_idle(conn) &&
         !(EXS_REQTRACE_ON &&
           EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED))) &&
         exs__conn_can_spend_locked(conn)) {
