@@ -647,6 +647,22 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 
 /* ---- send / receive ---- */
 
+/* The end of a send that ended at its post (send_copy, send_now; conn->lock held): its
+ * event written into the slot reserved in evq (NULL: a synchronous send, no event) before
+ * the unlock, so it follows every earlier send's; the call's result. */
+static inline __attribute__((always_inline)) int send_ended(struct api_sock *s,
+                                                            struct exs_conn *conn,
+                                                            struct exs_evq *evq, const void *buf,
+                                                            size_t len, exs_ahandle_t ah)
+{
+    if (evq)
+        exs__evq_post_xfer_x(evq, EXS_EVT_SEND, 0, s->fd, 0, ah, (void *)(uintptr_t)buf, len,
+                             (ssize_t)len);
+    exs__conn_unlock(conn);
+    exs__engine_posted(); /* the application is around: spec/threading.md §4 */
+    return evq ? 0 : (int)len;
+}
+
 /* exs_send's copy at the post (spec/proto-layout.md, "A send that ends at its post"): a
  * send on s (named by this thread's hazard record, no reference: api_int.h "Hazards")
  * that the STREAM send buffer takes and finishes at once goes in without
@@ -687,12 +703,7 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
             exs__evq_unreserve(evq);
         return -1;
     }
-    if (evq)
-        exs__evq_post_xfer_x(evq, EXS_EVT_SEND, 0, s->fd, 0, ah, (void *)(uintptr_t)buf, len,
-                             (ssize_t)len);
-    exs__conn_unlock(conn);
-    exs__engine_posted(); /* the application is around: spec/threading.md §4 */
-    return evq ? 0 : (int)len;
+    return send_ended(s, conn, evq, buf, len, ah);
 }
 
 /* exs_send's SEQPACKET send that ends at its post (spec/proto-layout.md, "A SEQPACKET send
@@ -727,12 +738,7 @@ static inline __attribute__((always_inline)) int send_now(struct api_sock *s, co
             exs__evq_unreserve(evq);
         return -1;
     }
-    if (evq)
-        exs__evq_post_xfer_x(evq, EXS_EVT_SEND, 0, s->fd, 0, ah, (void *)(uintptr_t)buf, len,
-                             (ssize_t)len);
-    exs__conn_unlock(conn);
-    exs__engine_posted(); /* the application is around: spec/threading.md §4 */
-    return evq ? 0 : (int)len;
+    return send_ended(s, conn, evq, buf, len, ah);
 }
 
 /* xfer_post's answer when it declines a socket named by a hazard record: nothing done,

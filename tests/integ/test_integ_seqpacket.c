@@ -8,7 +8,6 @@
 #include <string.h>
 #include <sys/exs.h>
 
-#include "exs/api/api_int.h"
 #include "tests/integ/integ.h"
 
 #define MSG_SEED(i) ((uint32_t)(0x5EED0000u + (uint32_t)(i)))
@@ -426,23 +425,6 @@ START_TEST(test_unregistered)
 }
 END_TEST
 
-/* exs_sends of fd that ended at their post without an operation (exs_conn.posts_copied),
- * and whether fd's provider writes n bytes inline (a send can end at its post only then). */
-static uint64_t sp_now_count(int fd, size_t n, int *inl_p)
-{
-    struct exs_conn_info info;
-    int err = 0;
-    struct api_sock *s = exs__api_sock_get(fd, &err);
-
-    ck_assert_ptr_nonnull(s);
-    ck_assert_ptr_nonnull(s->conn);
-    exs__conn_info(s->conn, &info);
-    if (inl_p)
-        *inl_p = n <= s->conn->ep->attr.max_inline;
-    exs__api_sock_put(s);
-    return info.posts_copied;
-}
-
 /* A small SEQPACKET send that ends at its post (spec/proto-layout.md, "A SEQPACKET send
  * that ends at its post"): in a ping-pong each send after an answer goes with no operation
  * (counted), asynchronous and synchronous, registered and not, its event and bytes as the
@@ -466,8 +448,8 @@ START_TEST(test_send_now)
         cr[k] = it_buf_new(LEN, 1);
         sr[k] = it_buf_new(LEN, 1);
     }
-    c0 = sp_now_count(p.cfd, LEN, &inl);
-    s0 = sp_now_count(p.sfd, LEN, NULL);
+    c0 = it_posts_copied(p.cfd, LEN, &inl);
+    s0 = it_posts_copied(p.sfd, LEN, NULL);
     for (int i = 0; i < N; i++) {
         int sync = i % 4 == 3;
         exs_mhandle_t mh = i % 8 == 5 ? EXS_MHANDLE_UNREGISTERED : cs->mh;
@@ -495,11 +477,11 @@ START_TEST(test_send_now)
     if (inl) {
         /* all but a few: before batching's threshold came to rest, and one in
          * EXS_QUIET_MAX signaled to retire the provider slots of the unsignaled ones */
-        ck_assert_uint_ge(sp_now_count(p.cfd, LEN, NULL) - c0, N - N / 16 - 8);
-        ck_assert_uint_ge(sp_now_count(p.sfd, LEN, NULL) - s0, N - N / 16 - 8);
+        ck_assert_uint_ge(it_posts_copied(p.cfd, LEN, NULL) - c0, N - N / 16 - 8);
+        ck_assert_uint_ge(it_posts_copied(p.sfd, LEN, NULL) - s0, N - N / 16 - 8);
     }
     /* three back to back: at most the first ends at its post; the rest queue behind it */
-    c0 = sp_now_count(p.cfd, LEN, NULL);
+    c0 = it_posts_copied(p.cfd, LEN, NULL);
     for (int k = 0; k < 3; k++) {
         it_context("back to back %d", k);
         it_fill(cs->p + k * LEN, LEN, MSG_SEED(1000 + k));
@@ -507,7 +489,7 @@ START_TEST(test_send_now)
     }
     for (int k = 0; k < 3; k++)
         it_expect_send(p.cq, p.cfd, IT_AH(1000 + k), LEN);
-    ck_assert_uint_le(sp_now_count(p.cfd, LEN, NULL) - c0, 1);
+    ck_assert_uint_le(it_posts_copied(p.cfd, LEN, NULL) - c0, 1);
     for (int k = 0; k < 3; k++)
         IT_POST_RECV(p.sfd, sr[k]->p, LEN, p.sq, IT_AH(1000 + k), sr[k]->mh);
     for (int k = 0; k < 3; k++) {
@@ -528,12 +510,12 @@ START_TEST(test_send_now)
     ck_assert_int_eq(exs_send(p.cfd, cs->p, LEN, 0, (exs_qhandle_t)0x7fff0001, IT_AH(1), cs->mh),
                      -1);
     ck_assert_int_eq(errno, EINVAL); /* no such queue */
-    c0 = sp_now_count(p.cfd, LEN, NULL);
+    c0 = it_posts_copied(p.cfd, LEN, NULL);
     it_fill(cs->p, LEN, MSG_SEED(2000));
     IT_POST_SEND(p.cfd, cs->p, LEN, p.cq, IT_AH(2000), cs->mh);
     it_expect_send(p.cq, p.cfd, IT_AH(2000), LEN);
     if (inl)
-        ck_assert_uint_eq(sp_now_count(p.cfd, LEN, NULL) - c0, 1);
+        ck_assert_uint_eq(it_posts_copied(p.cfd, LEN, NULL) - c0, 1);
     it_expect_recv(p.sq, p.sfd, IT_AH(2000), LEN, 0);
     bad = it_check(sr[0]->p, LEN, MSG_SEED(2000));
     ck_assert_msg(bad < 0, "after the errors: wrong byte at %ld", bad);
