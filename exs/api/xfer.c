@@ -647,6 +647,22 @@ int exs__api_wait_sync(exs_qhandle_t q, exs_event_t *ev)
 
 /* ---- send / receive ---- */
 
+/* The end of a send that ended at its post (send_copy, send_now; conn->lock held): its
+ * event written into the slot reserved in evq (NULL: a synchronous send, no event) before
+ * the unlock, so it follows every earlier send's; the call's result. */
+static inline __attribute__((always_inline)) int send_ended(struct api_sock *s,
+                                                            struct exs_conn *conn,
+                                                            struct exs_evq *evq, const void *buf,
+                                                            size_t len, exs_ahandle_t ah)
+{
+    if (evq)
+        exs__evq_post_xfer_x(evq, EXS_EVT_SEND, 0, s->fd, 0, ah, (void *)(uintptr_t)buf, len,
+                             (ssize_t)len);
+    exs__conn_unlock(conn);
+    exs__engine_posted(); /* the application is around: spec/threading.md §4 */
+    return evq ? 0 : (int)len;
+}
+
 /* exs_send's copy at the post (spec/proto-layout.md, "A send that ends at its post"): a
  * send on s (named by this thread's hazard record, no reference: api_int.h "Hazards")
  * that the STREAM send buffer takes and finishes at once goes in without
@@ -687,12 +703,42 @@ static inline __attribute__((always_inline)) int send_copy(struct api_sock *s, c
             exs__evq_unreserve(evq);
         return -1;
     }
-    if (evq)
-        exs__evq_post_xfer_x(evq, EXS_EVT_SEND, 0, s->fd, 0, ah, (void *)(uintptr_t)buf, len,
-                             (ssize_t)len);
-    exs__conn_unlock(conn);
-    exs__engine_posted(); /* the application is around: spec/threading.md §4 */
-    return evq ? 0 : (int)len;
+    return send_ended(s, conn, evq, buf, len, ah);
+}
+
+/* exs_send's SEQPACKET send that ends at its post (spec/proto-layout.md, "A SEQPACKET send
+ * that ends at its post"): a small message that the conn writes at once, inline and
+ * unsignaled, goes in without an operation, as send_copy's copy (s named by this thread's
+ * hazard record; nothing of the registration held, only checked: the provider copies the
+ * bytes at the post). The conn's lock is taken first and the slot reserved under it, so a
+ * refusal (a send in flight or queued, no credit, no answer since the last unsignaled write: §6.4)
+ * costs no reservation. The call's result as send_copy's; -1: the whole way, nothing taken. */
+static inline __attribute__((always_inline)) int send_now(struct api_sock *s, const void *buf,
+                                                          size_t len, int flags, exs_qhandle_t q,
+                                                          exs_ahandle_t ah, exs_mhandle_t mh)
+{
+    struct exs_evq *evq = NULL;
+    struct exs_conn *conn;
+
+    /* xfer_post's checks that pass (len is below the eager limit: below the largest
+     * message); a send with timeout notices reserves the first one's slot too */
+    if ((flags & ~(MSG_NOSIGNAL | MSG_DONTWAIT)) || !buf || !len ||
+        __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != API_SOCK_CONNECTED ||
+        __atomic_load_n(&s->snd_timeo, __ATOMIC_RELAXED))
+        return -1;
+    conn = s->conn;
+    if (!exs__conn_now_likely(conn) ||
+        (mh != EXS_MHANDLE_UNREGISTERED && !mreg_covers(s, mh, buf, len)) ||
+        !exs__conn_send_now_begin(conn, len))
+        return -1;
+    if ((q != EXS_QHANDLE_INVALID && exs__evq_reserve_hint(q, &s->copy_evq, &evq)) ||
+        !exs__conn_send_now_post(conn, buf, len, flags)) {
+        exs__conn_unlock(conn);
+        if (evq)
+            exs__evq_unreserve(evq);
+        return -1;
+    }
+    return send_ended(s, conn, evq, buf, len, ah);
 }
 
 /* xfer_post's answer when it declines a socket named by a hazard record: nothing done,
@@ -857,9 +903,9 @@ int exs__api_xfer_bounce(int fd, int flags, exs_qhandle_t q, exs_ahandle_t ah, i
 }
 
 /* exs_send of a libexs socket, with the socket named by this thread's hazard record (no
- * reference): the copy at the post, else the whole way (xfer_post); with the socket found
- * (held) when there is no record or xfer_post declines; or what exs__api_kfd_send_fast
- * (kfd.c) did not take. */
+ * reference): the copy at the post (STREAM) or send_now (SEQPACKET), else the whole way
+ * (xfer_post); with the socket found (held) when there is no record or xfer_post declines; or what
+ * exs__api_kfd_send_fast (kfd.c) did not take. */
 __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t len, int flags,
                                                  exs_qhandle_t q, exs_ahandle_t ah,
                                                  exs_mhandle_t mh)
@@ -870,7 +916,8 @@ __attribute__((noinline)) int exs__api_send_slow(int fd, const void *buf, size_t
     if (__builtin_expect(!hz, 0))
         hz = exs__api_hz_new();
     if (hz && (s = exs__api_sock_hz(fd, hz))) {
-        int ret = send_copy(s, buf, len, flags, q, ah, mh);
+        int ret = s->type == SOCK_SEQPACKET ? send_now(s, buf, len, flags, q, ah, mh)
+                                            : send_copy(s, buf, len, flags, q, ah, mh);
 
         if (ret < 0)
             ret = xfer_post(fd, s, (void *)(uintptr_t)buf, len, flags, q, ah, mh, 0, NULL, hz);

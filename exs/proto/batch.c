@@ -307,7 +307,7 @@ void exs__batch_alone_locked(struct exs_conn *conn, struct exs_op *op, batch_fit
     conn->bwait.first = NULL;
     /* off, or at the floor already: a run of one can only lower it (no ring write is in
      * flight), to no less than the floor */
-    if (!conn->batch_thresh || conn->batch_thresh == EXS_MIN(EXS_BATCH_FLOOR, conn->p.batch_max))
+    if (exs__batch_alone_idle(conn))
         return;
     batch_run_build_locked(conn, &op->link, fit, &run);
     if (run.n || run.end == RUN_THRESH)

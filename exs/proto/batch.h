@@ -4,6 +4,7 @@
 #define EXS_PROTO_BATCH_H
 
 #include "exs/proto/proto.h"
+#include "exs/util/util.h"
 
 /* Does op join a run of bytes batched bytes? 1 yes (*rec_p: the bytes it adds), 0 it
  * cannot be batched (the run ends before it), -1 it could but the ring has no room. */
@@ -18,6 +19,12 @@ enum batch_verdict {
 enum batch_verdict exs__batch_try_locked(struct exs_conn *conn, struct exs_list *from,
                                          batch_fit_fn fit);
 void exs__batch_alone_locked(struct exs_conn *conn, struct exs_op *op, batch_fit_fn fit);
+/* Would a run of one leave batching's threshold as it is (off, or at its floor already:
+ * exs__batch_alone_locked then changes nothing but bwait.first)? */
+static inline int exs__batch_alone_idle(const struct exs_conn *conn)
+{
+    return !conn->batch_thresh || conn->batch_thresh == EXS_MIN(EXS_BATCH_FLOOR, conn->p.batch_max);
+}
 void exs__batch_on_cqe_locked(struct exs_conn *conn, uint32_t slot, int ok);
 void exs__batch_release_locked(struct exs_conn *conn);
 

@@ -684,6 +684,22 @@ static inline int conn_quiet_copies(const struct exs_conn *conn)
     return conn->p.resumable && !conn->resume.over;
 }
 
+/* The conn's part of conn_quiet_ok_locked (below), but the copy's place: an answer came
+ * since the last unsignaled write, the write goes to the provider now, a slot is left. */
+static inline __attribute__((always_inline)) int conn_quiet_conn_ok(const struct exs_conn *conn)
+{
+    return conn->quiet_armed && !conn->wrq_count && conn->quiet_live < EXS_QUIET_MAX &&
+           conn->state == EXS_CONN_CONNECTED && conn->sq_out < conn_wr_max() &&
+           __atomic_load_n(&exs__params.send_unsignaled, __ATOMIC_RELAXED);
+}
+
+/* The copy's place (the last condition of conn_quiet_ok_locked): 1 when it has one. */
+static inline __attribute__((always_inline)) int conn_quiet_place_locked(struct exs_conn *conn)
+{
+    return !(EXS_UNLIKELY(conn_quiet_copies(conn)) && !conn->resume.quiet &&
+             conn_quiet_alloc_locked(conn));
+}
+
 /* May op's write of len bytes, inline, go unsignaled, op done at post (§6.4)? It carries
  * the whole send of a SEQPACKET message or of a STREAM send buffer's copy (a zero-copy
  * STREAM send keeps its promise: done when its bytes reached the peer, spec/api.md §6b),
@@ -698,26 +714,20 @@ static int conn_quiet_ok_locked(struct exs_conn *conn, const struct exs_op *op, 
 
     /* (len == op->len: nothing of op was posted before, so none of its writes is in
      * flight; an eager or direct write's op holds no grant) */
-    if (!conn->quiet_armed || len != op->len || op->cancel || op->rt || conn->wrq_count ||
-        (conn->dp->bytes && !op->internal) || conn->quiet_live >= EXS_QUIET_MAX ||
-        conn->state != EXS_CONN_CONNECTED || conn->sq_out >= conn_wr_max() ||
-        !__atomic_load_n(&exs__params.send_unsignaled, __ATOMIC_RELAXED))
+    if (len != op->len || op->cancel || op->rt || (conn->dp->bytes && !op->internal) ||
+        !conn_quiet_conn_ok(conn))
         return 0;
     for (pos = conn->sendq.next; pos != &op->link; pos = pos->next)
         if (exs_list_entry(pos, struct exs_op, link)->state != EXS_OPS_DONE)
             return 0;
-    if (EXS_UNLIKELY(conn_quiet_copies(conn)) && !conn->resume.quiet &&
-        conn_quiet_alloc_locked(conn))
-        return 0;
-    return 1;
+    return conn_quiet_place_locked(conn);
 }
 
 /* The write of op's len bytes at src just went unsignaled on a conn that may be cut over:
  * its copy, at the send's position (tx_seq, not yet past it), in the place of the oldest
  * (acknowledged: at most EXS_QUIET_MAX - 1 others may not be) once all are taken (§9.2,
  * Replay). */
-static void conn_quiet_keep_locked(struct exs_conn *conn, const struct exs_op *op, const void *src,
-                                   uint32_t len)
+static void conn_quiet_keep_locked(struct exs_conn *conn, int flags, const void *src, uint32_t len)
 {
     struct exs_rsm_quiet *q = conn->resume.quiet;
     struct exs_rsm_copy *c = &q->c[q->next];
@@ -732,7 +742,7 @@ static void conn_quiet_keep_locked(struct exs_conn *conn, const struct exs_op *o
     }
     c->pos = conn->tx_seq;
     c->len = len;
-    c->flags = op->flags;
+    c->flags = flags;
     memcpy(c->data, src, len);
     q->next = (q->next + 1) % EXS_RSM_COPIES;
 }
@@ -779,7 +789,7 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
         conn->quiet_armed = 0;
         EXS_PROTO_CNT_INC(conn, sends_unsignaled);
         if (EXS_UNLIKELY(conn_quiet_copies(conn)))
-            conn_quiet_keep_locked(conn, op, src, len);
+            conn_quiet_keep_locked(conn, op->flags, src, len);
     } else {
         conn->wr_out++;
         conn->ring_wr_out += ring;
@@ -787,6 +797,53 @@ int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, ui
     if (conn->dp->bytes && len != op->len)
         conn->stats.fragments++; /* STREAM: part of the send (SEQPACKET counts its own) */
     return 0;
+}
+
+/* exs_send's send that ends at its post, SEQPACKET (seqpacket.c, exs__conn_send_now_begin):
+ * may a write of len bytes of a send with no op go inline and unsignaled now? The
+ * conditions of conn_quiet_ok_locked (the caller found sendq empty), and the copy's place
+ * made when the conn may be cut over. */
+int exs__conn_quiet_may_locked(struct exs_conn *conn, uint32_t len)
+{
+    return len <= conn->ep->attr.max_inline && conn_quiet_conn_ok(conn) &&
+           conn_quiet_place_locked(conn);
+}
+
+/* ... and its write (exs__conn_quiet_may_locked said yes, the lock held since, a credit
+ * left): the WRITE WITH IMMEDIATE imm (no credits in it: the owed ones are taken here) of
+ * len bytes from src, inline and unsignaled, as exs__conn_post_write_imm_locked posts an
+ * op's, and the send's end (its bytes sent, the write moved). 1 posted; 0 the provider
+ * refused it: nothing changed (the conn is not failed here: the whole way posts the send
+ * again and fails the conn then). */
+int exs__conn_post_quiet_locked(struct exs_conn *conn, uint64_t raddr, uint32_t rkey, uint32_t len,
+                                uint32_t imm, const void *src, int flags)
+{
+    uint32_t owed = exs__conn_take_owed_imm_locked(conn);
+    struct exs_prov_sge sge = {(uintptr_t)src, len, 0};
+    struct exs_prov_send_wr wr = {
+        .wr_id = EXS_QUIET_WR_ID,
+        .opcode = EXS_PROV_WR_RDMA_WRITE_WITH_IMM,
+        .flags = EXS_PROV_SEND_INLINE,
+        .sg_list = &sge,
+        .num_sge = 1,
+        .imm_data = imm | exs_imm_make(0, 0, owed, 0),
+        .remote_addr = raddr,
+        .rkey = rkey,
+    };
+
+    if (exs__conn_post_send_locked(conn, &wr)) {
+        conn->owed += owed;
+        return 0;
+    }
+    conn->credits--;
+    conn->quiet_armed = 0;
+    EXS_PROTO_CNT_INC(conn, writes_inline);
+    EXS_PROTO_CNT_INC(conn, sends_unsignaled);
+    if (EXS_UNLIKELY(conn_quiet_copies(conn)))
+        conn_quiet_keep_locked(conn, flags, src, len);
+    conn->tx_moved++;
+    conn->stats.bytes_sent += len;
+    return 1;
 }
 
 /* Unsignaled writes were posted after the last signaled request: whether each still

@@ -237,6 +237,10 @@ static inline void exs__conn_op_finish_locked(struct exs_op *op, ssize_t result,
 /* Grants of an op's buffer to the peer (conn.c). Errors of grant: -ENOMEM, -EINVAL, -ENOTCONN. */
 int exs__conn_grant_op_locked(struct exs_conn *conn, struct exs_op *op, unsigned access);
 void exs__conn_revoke_op_locked(struct exs_op *op);
+/* A SEQPACKET send with no op, at its post (conn.c: exs__conn_send_now_begin's use) */
+int exs__conn_quiet_may_locked(struct exs_conn *conn, uint32_t len);
+int exs__conn_post_quiet_locked(struct exs_conn *conn, uint64_t raddr, uint32_t rkey, uint32_t len,
+                                uint32_t imm, const void *src, int flags);
 int exs__conn_post_write_imm_locked(struct exs_conn *conn, struct exs_op *op, uint64_t raddr,
                                     uint32_t rkey, uint32_t len, uint32_t imm, const void *src);
 int exs__advert_push_locked(struct exs_conn *conn, const struct exs_advert *a);

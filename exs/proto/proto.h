@@ -346,7 +346,8 @@ struct exs_conn {
      * data-write completions that took the send side's kick alone, receive posts that
      * took the receive side's (proto-layout.md) */
     uint64_t posts_staged_fast;
-    uint64_t posts_copied; /* exs_send's copies at the post, no op (exs__conn_send_copy) */
+    uint64_t posts_copied; /* exs_send's sends ended at the post, no op (exs__conn_send_copy,
+                            * exs__conn_send_now_post) */
     uint64_t kicks_tx;
     uint64_t kicks_rx;
     uint64_t rx_taken; /* SEQPACKET eager messages a waiting receive took at their arrival */
@@ -422,7 +423,8 @@ struct exs_conn_info {
     uint64_t age_ms;             /* since the conn was created */
     const char *device;          /* its context's exs__prov_device: "tcp", "mlx5_0:1" */
     struct exs_sock_stats stats; /* as exs__conn_stats */
-    uint64_t posts_copied;       /* exs_send's copies at the post (exs__conn_send_copy) */
+    uint64_t posts_copied;       /* exs_send's sends ended at the post, no op (STREAM copies,
+                                  * SEQPACKET eager writes) */
 };
 
 /* Create a conn with its endpoint, ring and pre-posted receives (state IDLE).
@@ -483,6 +485,22 @@ static inline int exs__conn_copy_likely(const struct exs_conn *conn, size_t len)
     return len - 1 < conn->p.copy_max && !__atomic_load_n(&conn->sendq_app, __ATOMIC_RELAXED);
 }
 int exs__conn_send_copy(struct exs_conn *conn, const void *buf, size_t len);
+/* exs_send's SEQPACKET send that ends at its post (spec/proto-layout.md, "A SEQPACKET
+ * send that ends at its post"): a message of 0 < len bytes below the eager limit written
+ * inline and unsignaled into the peer's ring with no op, done at once.
+ * exs__conn_now_likely, without a lock: no send of the application in sendq, as last
+ * stored. exs__conn_send_now_begin takes conn->lock and answers whether it may now (the
+ * post's fast path with nothing in sendq, the write unsignaled, no request tracing): 1,
+ * the lock held and nothing changed (the caller may still give up: exs__conn_unlock); else
+ * 0, the lock given back. exs__conn_send_now_post then writes it: 1 done (its event, which
+ * the caller posts before exs__conn_unlock, follows every earlier send's); 0 the provider
+ * refused, nothing changed; the lock held either way. A send refused takes exs__conn_post. */
+static inline int exs__conn_now_likely(const struct exs_conn *conn)
+{
+    return !__atomic_load_n(&conn->sendq_app, __ATOMIC_RELAXED);
+}
+int exs__conn_send_now_begin(struct exs_conn *conn, size_t len);
+int exs__conn_send_now_post(struct exs_conn *conn, const void *buf, size_t len, int flags);
 static inline void exs__conn_unlock(struct exs_conn *conn)
 {
     EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);

@@ -402,6 +402,61 @@ static int sp_post_fast(struct exs_conn *conn, struct exs_op *op)
     return 1;
 }
 
+/* exs_send's SEQPACKET send that ends at its post (spec/proto-layout.md, "A SEQPACKET
+ * send that ends at its post"): the conditions of sp_post_fast with an empty sendq (no
+ * send before it at all), no request tracing, batching's threshold idle (a run of one
+ * would not change it), and those of an unsignaled inline write; the peer's ring has room
+ * and a credit is left. 1: conn->lock held, nothing changed yet; 0: unlocked. */
+int exs__conn_send_now_begin(struct exs_conn *conn, size_t len)
+{
+    uint32_t skip, slot;
+
+    EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
+    if (conn->dp == &exs__seqpkt_path && conn->state == EXS_CONN_CONNECTED &&
+        conn->txshut == EXS_TXSHUT_OPEN && exs_list_empty(&conn->sendq) &&
+        !conn->resume.peer_wait && !conn->seqpkt.reann_left && !conn->seqpkt.frag_op &&
+        !conn->ctrl_len && !conn->wrq_count && !conn->ring_wr_out && conn->peer.ring_size &&
+        conn->peer_ring_keyed && len < EXS_MIN(conn->p.eager_max, conn->peer.eager_max) &&
+        exs__batch_alone_idle(conn) &&
+        !(EXS_REQTRACE_ON &&
+          EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED))) &&
+        exs__conn_can_spend_locked(conn)) {
+        sp_ring_place(conn->wr_tail, conn->peer.ring_size, (uint32_t)len, &skip, &slot);
+        if ((uint64_t)skip + slot <= conn->peer.ring_size - (conn->wr_tail - conn->wr_consumed) &&
+            exs__conn_quiet_may_locked(conn, (uint32_t)len))
+            return 1;
+    }
+    EXS_LITE_UNLOCK(&conn->lock, EXS_LOCK_CONN);
+    return 0;
+}
+
+/* ... its eager write (the lock held since exs__conn_send_now_begin said yes): what
+ * sp_post_fast does for such a send, with no op: the message numbered and done. 1 posted;
+ * 0 the provider refused the write (nothing changed). The lock stays held either way. */
+int exs__conn_send_now_post(struct exs_conn *conn, const void *buf, size_t len, int flags)
+{
+    uint32_t size = conn->peer.ring_size, skip, slot;
+
+    sp_ring_place(conn->wr_tail, size, (uint32_t)len, &skip, &slot);
+    if (!exs__conn_post_quiet_locked(
+            conn, conn->peer.ring_addr + exs__pos_mod(conn->wr_tail + skip, size),
+            conn->peer.ring_rkey, (uint32_t)len, exs_imm_make(EXS_IMM_INDIRECT, EXS_IMM_EOM, 0, 0),
+            buf, flags))
+        return 0;
+    conn->bwait.first = NULL; /* exs__batch_alone_locked's */
+    conn->wr_tail += skip + slot;
+    conn->stats.indirect_xfers++;
+    EXS_TRACE(PROTO, "conn %p: message %llu: eager %u bytes at the post", (void *)conn,
+              (unsigned long long)conn->tx_seq, (unsigned)len);
+    /* numbered and ended (exs__conn_send_end_locked's SEQPACKET part) */
+    conn->tx_seq++;
+    if (conn->tx_seq > conn->resume_tx_done)
+        conn->resume_tx_done = conn->tx_seq;
+    EXS_PROTO_CNT_INC(conn, posts_fast);
+    conn->posts_copied++;
+    return 1;
+}
+
 int exs__seqpkt_on_read_done_locked(struct exs_conn *conn, uint64_t seq)
 {
     struct exs_list *pos;

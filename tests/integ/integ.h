@@ -240,6 +240,11 @@ struct it_buf {
 struct it_buf *it_buf_new(size_t len, int reg);
 /* Deregister (asserted) and free. */
 void it_buf_free(struct it_buf *b);
+/* exs_sends of fd that ended at their post without an operation (exs_conn.posts_copied,
+ * spec/proto-layout.md "A send that ends at its post", "A SEQPACKET send that ends at its
+ * post"); *inl_p (when given): fd's provider writes n bytes inline (only then can a
+ * SEQPACKET send end at its post). */
+uint64_t it_posts_copied(int fd, size_t n, int *inl_p);
 /* 1 when both guards still hold IT_GUARD_BYTE. */
 int it_buf_guards_ok(const struct it_buf *b);
 

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "exs/api/api_int.h"
 #include "exs/proto/proto.h"
 #include "exs/util/counters.h"
 #include "exs/util/params.h"
@@ -978,4 +979,19 @@ void it_fault_set_port(const struct it_pair *p)
 
     snprintf(port, sizeof(port), "%u", ntohs(p->addr.sin_port));
     it_fault_set("fault_port", port);
+}
+
+uint64_t it_posts_copied(int fd, size_t n, int *inl_p)
+{
+    struct exs_conn_info info;
+    int err = 0;
+    struct api_sock *s = exs__api_sock_get(fd, &err);
+
+    ck_assert_ptr_nonnull(s);
+    ck_assert_ptr_nonnull(s->conn);
+    exs__conn_info(s->conn, &info);
+    if (inl_p)
+        *inl_p = n <= s->conn->ep->attr.max_inline;
+    exs__api_sock_put(s);
+    return info.posts_copied;
 }

@@ -27,21 +27,6 @@ static void sb_stats(int fd, struct exs_sock_stats *st)
     IT_EXPECT_OK(exs_getsockopt(fd, SOL_EXS, EXS_SO_STATS, st, &len));
 }
 
-/* exs_sends of fd that ended at their post, without an operation (exs_conn.posts_copied,
- * spec/proto-layout.md "A send that ends at its post"). */
-static uint64_t sb_posts_copied(int fd)
-{
-    struct exs_conn_info info;
-    int err = 0;
-    struct api_sock *s = exs__api_sock_get(fd, &err);
-
-    ck_assert_ptr_nonnull(s);
-    ck_assert_ptr_nonnull(s->conn);
-    exs__conn_info(s->conn, &info);
-    exs__api_sock_put(s);
-    return info.posts_copied;
-}
-
 /* A pair whose receiving side has a 1 KiB ring that never grows. */
 static void sb_open(struct it_pair *p, const char *sndbuf)
 {
@@ -84,7 +69,7 @@ START_TEST(sndbuf_sends_complete_at_once)
         sb_stats(p.cfd, &st);
         ck_assert_int_eq(st.sends_copied, SB_N);
         ck_assert_int_eq(st.bytes_sent, SB_TOTAL);
-        ck_assert_uint_eq(sb_posts_copied(p.cfd), SB_N); /* each at its post */
+        ck_assert_uint_eq(it_posts_copied(p.cfd, 0, NULL), SB_N); /* each at its post */
     } else {
         while (it_try_event(p.cq, EXS_EVT_SEND, p.cfd, 500, &ev) == 1) {
             ck_assert_int_eq(ev.exs_evt_errno, 0);
@@ -199,7 +184,7 @@ START_TEST(sndbuf_close_sends_copies)
         IT_POST_SEND(p.cfd, sb->p + i * SB_LEN, SB_LEN, p.cq, IT_AH(300 + i), sb->mh);
     for (int i = 0; i < SB_N; i++)
         it_expect_send(p.cq, p.cfd, IT_AH(300 + i), SB_LEN);
-    ck_assert_uint_eq(sb_posts_copied(p.cfd), SB_N); /* no operation of them left */
+    ck_assert_uint_eq(it_posts_copied(p.cfd, 0, NULL), SB_N); /* no operation of them left */
     IT_EXPECT_OK(exs_close(p.cfd, p.cq, IT_AH(0xC105E)));
     sb_receive_all(&p, rb, 13);
     IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 16, 0, p.sq, IT_AH(0xE0F), rb->mh));
@@ -347,23 +332,23 @@ START_TEST(sndbuf_copy_at_post_order)
     cb = it_buf_new(64, 1);
     it_fill(sb->p, TOTAL, 21);
     IT_EXPECT_OK(exs_recv(p.cfd, cb->p, 64, 0, p.cq, IT_AH(0x7EC), cb->mh));
-    c0 = sb_posts_copied(p.cfd);
+    c0 = it_posts_copied(p.cfd, 0, NULL);
     for (int i = 0; i < N1; i++, off += SB_LEN)
         IT_POST_SEND(p.cfd, sb->p + off, SB_LEN, p.cq, IT_AH(600 + i), sb->mh);
     for (int i = 0; i < N1; i++)
         it_expect_send(p.cq, p.cfd, IT_AH(600 + i), SB_LEN);
-    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N1);
+    ck_assert_uint_eq(it_posts_copied(p.cfd, 0, NULL), c0 + N1);
     /* synchronous: the result at once */
     ck_assert_int_eq(exs_send(p.cfd, sb->p + off, SB_LEN, 0, EXS_QHANDLE_INVALID, NULL, sb->mh),
                      SB_LEN);
     off += SB_LEN;
-    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N1 + 1);
+    ck_assert_uint_eq(it_posts_copied(p.cfd, 0, NULL), c0 + N1 + 1);
     /* zero-copy, more than the buffer and the 1 KiB ring take before the receiver reads */
     IT_POST_SEND(p.cfd, sb->p + off, BIG, p.cq, IT_AH(700), sb->mh);
     off += BIG;
     for (int i = 0; i < N2; i++, off += SB_LEN)
         IT_POST_SEND(p.cfd, sb->p + off, SB_LEN, p.cq, IT_AH(710 + i), sb->mh);
-    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + N1 + 1); /* behind the big one */
+    ck_assert_uint_eq(it_posts_copied(p.cfd, 0, NULL), c0 + N1 + 1); /* behind the big one */
     it_expect_no_event(p.cq, 100);
     IT_EXPECT_OK(exs_recv(p.sfd, rb->p, TOTAL, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
     it_expect_send(p.cq, p.cfd, IT_AH(700), BIG);
@@ -391,7 +376,7 @@ static uint64_t sb_open_copy(struct it_pair *p, struct it_buf **sb, struct it_bu
     *sb = it_buf_new(4096, 1);
     *rb = it_buf_new(4096, 1);
     it_fill((*sb)->p, 4096, seed);
-    return sb_posts_copied(p->cfd);
+    return it_posts_copied(p->cfd, 0, NULL);
 }
 
 /* A send that would end at its post fails as before: a handle that does not cover the
@@ -421,7 +406,7 @@ START_TEST(sndbuf_copy_at_post_errors)
     /* the registration's last bytes exactly: taken */
     IT_POST_SEND(p.cfd, sb->p + 4096 - 64, 64, p.cq, IT_AH(9), sb->mh);
     it_expect_send(p.cq, p.cfd, IT_AH(9), 64);
-    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 3);
+    ck_assert_uint_eq(it_posts_copied(p.cfd, 0, NULL), c0 + 3);
     IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 192, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
     it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 192, 0);
     ck_assert_int_eq(it_check(rb->p, 128, 22), -1);
@@ -430,7 +415,7 @@ START_TEST(sndbuf_copy_at_post_errors)
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(6), sb->mh), EPIPE);
     it_expect_err(p.cq, EXS_EVT_SHUTDOWN, p.cfd, IT_AH(5), 0);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(7), sb->mh), EPIPE);
-    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 3);
+    ck_assert_uint_eq(it_posts_copied(p.cfd, 0, NULL), c0 + 3);
     it_close(p.cfd, p.cq);
     IT_EXPECT_FAIL(exs_send(p.cfd, sb->p, 64, 0, p.cq, IT_AH(8), sb->mh), EBADF);
     p.cfd = -1;
@@ -462,7 +447,7 @@ START_TEST(sndbuf_copy_at_post_handles)
     rb = it_buf_new(4096, 1);
     it_fill(a, 4096, 31);
     it_fill(b, 4096, 32);
-    c0 = sb_posts_copied(p.cfd);
+    c0 = it_posts_copied(p.cfd, 0, NULL);
     h1 = exs_mregister(a, 4096, 0);
     ck_assert_int_gt(h1, 0);
     IT_POST_SEND(p.cfd, a, 64, p.cq, IT_AH(1), h1);
@@ -483,7 +468,7 @@ START_TEST(sndbuf_copy_at_post_handles)
     it_expect_send(p.cq, p.cfd, IT_AH(6), 64);
     IT_EXPECT_OK(exs_mderegister(h2));
     IT_EXPECT_FAIL(exs_send(p.cfd, a + 192, 64, 0, p.cq, IT_AH(7), h2), EINVAL);
-    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 4);
+    ck_assert_uint_eq(it_posts_copied(p.cfd, 0, NULL), c0 + 4);
     IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 256, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
     it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 256, 0);
     ck_assert_int_eq(memcmp(rb->p, a, 64), 0);
@@ -533,7 +518,7 @@ START_TEST(sndbuf_copy_at_post_queues)
     it_expect_send(q3, p.cfd, IT_AH(5), 64);
     IT_POST_SEND(p.cfd, sb->p + 256, 64, q3, IT_AH(7), sb->mh);
     it_expect_send(q3, p.cfd, IT_AH(7), 64);
-    ck_assert_uint_eq(sb_posts_copied(p.cfd), c0 + 5);
+    ck_assert_uint_eq(it_posts_copied(p.cfd, 0, NULL), c0 + 5);
     IT_EXPECT_OK(exs_recv(p.sfd, rb->p, 320, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
     it_expect_recv(p.sq, p.sfd, IT_AH(0x4EC), 320, 0);
     ck_assert_int_eq(it_check(rb->p, 320, 41), -1);
@@ -712,7 +697,7 @@ START_TEST(sndbuf_copy_at_post_threads)
         off += sbt_len(t, i);
     }
     ck_assert_uint_eq(off, total);
-    ck_assert_uint_gt(sb_posts_copied(p.cfd), 0);
+    ck_assert_uint_gt(it_posts_copied(p.cfd, 0, NULL), 0);
     it_pair_close(&p);
     it_buf_free(rb);
     it_buf_free(a[0].b);
@@ -746,7 +731,7 @@ START_TEST(sndbuf_copy_at_post_cut)
         char nth[16];
 
         it_pair_open(&p, SOCK_STREAM, 2 * N + 8, 2 * N + 8);
-        c0 = sb_posts_copied(p.cfd);
+        c0 = it_posts_copied(p.cfd, 0, NULL);
         it_fill(sb->p, TOTAL, 30 + (uint32_t)attempt);
         IT_EXPECT_OK(exs_recv(p.sfd, rb->p, TOTAL, MSG_WAITALL, p.sq, IT_AH(0x4EC), rb->mh));
         it_fault_set_port(&p);
@@ -759,8 +744,8 @@ START_TEST(sndbuf_copy_at_post_cut)
         /* the first posts are copied at their post (CONNECTED, the buffer empty); how many
          * more depends on when the cut and the resume come (a post while RESUMING goes the
          * whole way): at least one, never more than N */
-        ck_assert_uint_gt(sb_posts_copied(p.cfd), c0);
-        ck_assert_uint_le(sb_posts_copied(p.cfd), c0 + N);
+        ck_assert_uint_gt(it_posts_copied(p.cfd, 0, NULL), c0);
+        ck_assert_uint_le(it_posts_copied(p.cfd, 0, NULL), c0 + N);
         it_wait_event(p.sq, EXS_EVT_RECV, p.sfd, &ev);
         it_fault_set("fault_drop_nth", "0");
         if (!ev.exs_evt_errno) {

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include "exs/proto/conn.h"
+#include "exs/proto/reqtrace.h"
 #include "exs/util/params.h"
 #include "tests/mock/mock_proto.h"
 #include "tests/unit/unit.h"
@@ -303,6 +304,128 @@ START_TEST(un_sq_room)
 }
 END_TEST
 
+/*
+ * exs_send's SEQPACKET send that ends at its post, with no op (spec/proto-layout.md, "A
+ * SEQPACKET send that ends at its post"): _i 0, taken: numbered, counted (posts_fast,
+ * sends_unsignaled, exs_conn.posts_copied), the credit spent, nothing in flight, the bytes
+ * in the peer's next receive; then refused (no answer since). _i 1..: one condition fails
+ * and exs__conn_send_now_begin refuses with nothing changed and the lock given back
+ * (taken again after): 1 the switch off, 2 no answer came, 3 no credit, 4 a send queued in
+ * sendq, 5 a ring write in flight, 6 a control record waiting, 7 the eager limit, 8 more
+ * than the provider's inline bytes, 9 the sending side shut, 10 request tracing, 11
+ * batching's threshold above its floor, 12 a STREAM conn.
+ */
+START_TEST(un_send_now)
+{
+    static uint8_t sb[64], rb[64], qb[64];
+    struct pt_op s, r, q;
+    uint64_t seq, tail, posts, fast, quiet;
+    uint32_t credits, len = 64;
+    int queued = 0;
+
+    if (_i == 10 && !EXS_REQTRACE_ON)
+        return; /* tracing compiled out (make TRACE=0) */
+    un_open(_i == 12 ? SOCK_STREAM : SOCK_SEQPACKET, _i != 1);
+    struct exs_conn *c = pp.a.conn;
+
+    ck_assert_int_eq(c->quiet_armed, 1);
+    credits = c->credits;
+    switch (_i) {
+    case 2:
+        c->quiet_armed = 0;
+        break;
+    case 3:
+        c->credits = 0;
+        break;
+    case 4: /* an op in sendq (taken out again before anything runs) */
+        pt_op_init(&q, &pp.a, EXS_OP_SEND, qb, sizeof(qb), 0);
+        exs_list_add_tail(&c->sendq, &q.op.link);
+        queued = 1;
+        break;
+    case 5:
+        c->ring_wr_out = 1;
+        break;
+    case 6:
+        c->ctrl_len = 1;
+        break;
+    case 7:
+        len = EXS_MIN(c->p.eager_max, c->peer.eager_max);
+        break;
+    case 8:
+        len = c->ep->attr.max_inline + 1;
+        break;
+    case 9:
+        c->txshut = EXS_TXSHUT_QUEUED;
+        break;
+    case 10:
+        exs__params.trace_sample_mask = 1;
+        break;
+    case 11:
+        c->batch_thresh = 2 * EXS_MIN(EXS_BATCH_FLOOR, c->p.batch_max);
+        break;
+    }
+    seq = c->tx_seq;
+    tail = c->wr_tail;
+    posts = c->posts_copied;
+    fast = un_cnt(posts_fast);
+    quiet = un_cnt(sends_unsignaled);
+    if (_i) {
+        ck_assert_int_eq(exs__conn_send_now_begin(c, len), 0);
+        /* nothing changed, and the lock is free */
+        ck_assert_uint_eq(c->tx_seq, seq);
+        ck_assert_uint_eq(c->wr_tail, tail);
+        ck_assert_uint_eq(c->posts_copied, posts);
+        ck_assert_uint_eq(un_cnt(sends_unsignaled), quiet);
+        EXS_LITE_LOCK(&c->lock, EXS_LOCK_CONN);
+        EXS_LITE_UNLOCK(&c->lock, EXS_LOCK_CONN);
+        c->ring_wr_out = 0;
+        c->ctrl_len = 0;
+        c->txshut = EXS_TXSHUT_OPEN;
+        c->credits = credits;
+        c->quiet_armed = 1;
+        exs__params.trace_sample_mask = 0;
+        if (_i == 11)
+            c->batch_thresh = EXS_MIN(EXS_BATCH_FLOOR, c->p.batch_max);
+        if (queued) {
+            exs_list_del(&q.op.link);
+            pt_op_fini(&q);
+        }
+        un_close();
+        return;
+    }
+    pt_fill(sb, sizeof(sb), 9);
+    ck_assert_int_eq(exs__conn_send_now_begin(c, len), 1);
+    ck_assert_int_eq(exs__conn_send_now_post(c, sb, len, 0), 1);
+    exs__conn_unlock(c);
+    ck_assert_uint_eq(c->tx_seq, seq + 1);
+    ck_assert_uint_gt(c->wr_tail, tail);
+    ck_assert_uint_eq(c->posts_copied, posts + 1);
+    ck_assert_uint_eq(un_cnt(posts_fast), fast + 1);
+    ck_assert_uint_eq(un_cnt(sends_unsignaled), quiet + 1);
+    ck_assert_uint_eq(c->credits, credits - 1);
+    ck_assert_uint_eq(c->ring_wr_out, 0);
+    ck_assert_int_eq(c->quiet_armed, 0);
+    ck_assert(exs_list_empty(&c->sendq));
+    /* no answer came since: the next one takes the whole way */
+    ck_assert_int_eq(exs__conn_send_now_begin(c, len), 0);
+    pt_recv_post(&r, &pp.b, rb, sizeof(rb), 0);
+    pt_run(&pp);
+    pt_assert_done(&r, 64, 0);
+    ck_assert(pt_check(rb, 64, 9));
+    /* the receiver's sequence agrees: a send of the whole way after it arrives next */
+    pt_send_pattern(&s, &pp.a, sb, 64, 21);
+    pt_recv_post(&q, &pp.b, rb, sizeof(rb), 0);
+    pt_run(&pp);
+    pt_assert_done(&s, 64, 0);
+    pt_assert_done(&q, 64, 0);
+    ck_assert(pt_check(rb, 64, 21));
+    pt_op_fini(&s);
+    pt_op_fini(&r);
+    pt_op_fini(&q);
+    un_close();
+}
+END_TEST
+
 Suite *proto_unsig_suite(void)
 {
     Suite *s = suite_create("proto_unsig");
@@ -315,6 +438,7 @@ Suite *proto_unsig_suite(void)
     tcase_add_loop_test(tc, un_flush_unsignaled, 0, 2);
     tcase_add_test(tc, un_error_unsignaled);
     tcase_add_loop_test(tc, un_sq_room, 0, 2);
+    tcase_add_loop_test(tc, un_send_now, 0, 13);
     suite_add_tcase(s, tc);
     return s;
 }

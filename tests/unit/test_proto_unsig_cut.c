@@ -25,6 +25,7 @@ static struct pt_pair pp;
 static uint8_t uc_sb[UC_NS][UC_LEN], uc_rb[UC_NS * UC_LEN][UC_RECV];
 static struct pt_op uc_s[UC_NS], uc_r[UC_NS * UC_LEN];
 static int uc_nr;
+static int uc_now; /* SEQPACKET sends with no op, as exs_send's at its post (send_now) */
 
 static uint64_t uc_cnt(const char *set, const char *name)
 {
@@ -65,7 +66,18 @@ static void uc_send_quiet(int i, uint64_t off)
     uint64_t u0 = uc_cnt("proto", "sends_unsignaled");
 
     pp.a.conn->quiet_armed = 1;
-    pt_send_pattern(&uc_s[i], &pp.a, uc_sb[i], UC_LEN, off);
+    if (uc_now) {
+        /* no op: exs__conn_send_now_begin/_post (seqpacket.c); uc_s[i] only records it */
+        pt_fill(uc_sb[i], UC_LEN, off);
+        ck_assert_int_eq(exs__conn_send_now_begin(pp.a.conn, UC_LEN), 1);
+        ck_assert_int_eq(exs__conn_send_now_post(pp.a.conn, uc_sb[i], UC_LEN, 0), 1);
+        exs__conn_unlock(pp.a.conn);
+        memset(&uc_s[i], 0, sizeof(uc_s[i]));
+        uc_s[i].done = 1;
+        uc_s[i].op.result = UC_LEN;
+    } else {
+        pt_send_pattern(&uc_s[i], &pp.a, uc_sb[i], UC_LEN, off);
+    }
     ck_assert_msg(uc_s[i].done, "send %d not done at its post", i);
     ck_assert_uint_eq(uc_cnt("proto", "sends_unsignaled"), u0 + 1);
     memset(uc_sb[i], 0xee, UC_LEN);
@@ -140,14 +152,18 @@ static void uc_close(int ns)
  * Without the copies, the sends not carried are lost (a message missing, the stream's
  * bytes wrong); replayed from the application's buffers, their bytes would be 0xee.
  * Then one more small send goes unsignaled without a copy (cut over once: no second cut).
+ * 6-8: as 0, 2, 4 (SEQPACKET), every send with no op (exs__conn_send_now_begin/_post:
+ * exs_send's send that ends at its post keeps its copy the same way).
  */
 START_TEST(uc_cut_replays_small)
 {
-    int type = _i % 2 ? SOCK_STREAM : SOCK_SEQPACKET, bytes = _i % 2, sc = _i / 2, ns = 0;
+    int now = _i >= 6, type = _i % 2 && !now ? SOCK_STREAM : SOCK_SEQPACKET;
+    int bytes = type == SOCK_STREAM, sc = now ? _i - 6 : _i / 2, ns = 0;
     int carried = sc == 0 ? 0 : sc == 1 ? 3 : 10, lost = sc == 0 ? 3 : sc == 1 ? 3 : 10;
     uint64_t u0, res0, rb0, roff = 0, soff = 0, unit = bytes ? UC_LEN : 1;
 
     uc_open(type);
+    uc_now = now;
     u0 = uc_cnt("proto", "sends_unsignaled");
     res0 = uc_cnt("fallback", "fallback_resumes");
     rb0 = uc_cnt("fallback", "fallback_replayed_bytes");
@@ -185,6 +201,7 @@ START_TEST(uc_cut_replays_small)
     uc_recv_all(&roff, soff);
     for (int i = 0; i < ns; i++)
         pt_assert_done(&uc_s[i], UC_LEN, 0);
+    uc_now = 0;
     uc_close(ns);
 }
 END_TEST
@@ -352,7 +369,7 @@ Suite *proto_unsig_cut_suite(void)
     Suite *s = suite_create("proto_unsig_cut");
     TCase *tc = tcase_create("unsig_cut");
 
-    tcase_add_loop_test(tc, uc_cut_replays_small, 0, 6);
+    tcase_add_loop_test(tc, uc_cut_replays_small, 0, 9);
     suite_add_tcase(s, tc);
     tc = tcase_create("unsig_rx_error");
     tcase_add_loop_test(tc, uc_rx_error_prefix, 0, 2);

@@ -297,8 +297,8 @@ static __attribute__((noinline)) int shm_read_write(struct shm_conn *conn, struc
 /* ctx->lock held: write wr as a record at conn->head, its payload from payload (a copy
  * taken at post time) or else from its sges (sge: wr->sge, or the poster's own list when
  * it goes into the ring at once); 0, or -ENOSPC without room up to tail. */
-static int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
-                         const struct exs_prov_sge *sge, const void *payload, uint64_t tail)
+SHM_INLINE int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
+                             const struct exs_prov_sge *sge, const void *payload, uint64_t tail)
 {
     uint32_t size;
     uint64_t pos;
@@ -374,13 +374,14 @@ void exs__shm_ep_push_locked(struct shm_ep *ep)
 static int shm_post_direct_locked(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
                                   const struct exs_prov_sge *sge)
 {
-    uint64_t tail, head0 = conn->head;
-    int ret = shm_rec_write(conn, ep, wr, sge, NULL, conn->peer_tail);
+    uint64_t tail = conn->peer_tail, head0 = conn->head;
+    int ret, looked = 0;
 
-    if (ret == -ENOSPC) {
+    /* one site of the record's write (inline: the post's constants fold into it) */
+    while ((ret = shm_rec_write(conn, ep, wr, sge, NULL, tail)) == -ENOSPC && !looked) {
         if (shm_peer_tail_locked(conn, &tail))
             return -EPROTO;
-        ret = shm_rec_write(conn, ep, wr, sge, NULL, tail);
+        looked = 1;
     }
     if (ret) {
         if (conn->head != head0) /* its first fragments: the peer may take them */
