@@ -409,6 +409,41 @@ AB done
         self.assertIn("| busy | this | 22 | 55 | 2.5 | futex 7 |", out)
         self.assertIn("ABFAIL round=2 label=this fig=msgs: boom", out)
 
+    ST_LOG = """AB round=1 label=base fig=gbps65536 value=0.2 msgs=100
+AB round=1 label=ib_write_bw fig=gbps65536 value=0.4 msgs=200
+AB round=1 label=this fig=gbps65536 value=0.3 msgs=100
+AB round=2 label=this fig=gbps65536 value=0.5 msgs=300
+AB round=2 label=ib_write_bw fig=gbps65536 value=0.4 msgs=250
+AB round=2 label=base fig=gbps65536 value=0.4 msgs=300
+ABVS label=this fig=gbps65536 round=1 vstat pid=3 post_send_calls=100 send_wrs=100 send_signaled=100
+ABVS label=this fig=gbps65536 round=1 side=server vstat pid=4 post_send_calls=200 send_wrs=400
+ABVS label=this fig=gbps65536 round=2 vstat pid=5 post_send_calls=300 send_wrs=300 send_signaled=30
+ABVS label=ib_write_bw fig=gbps65536 round=1 vstat pid=6 post_send_calls=500 send_wrs=500 polled_cqes=50
+ABFAIL round=2 label=ib_write_bw fig=gbps1048576: rc 0, row '1048576 0 0 0 0'
+"""
+
+    def test_stream_table(self):
+        import subprocess
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            f.write(self.ST_LOG)
+        try:
+            out = subprocess.run([sys.executable, os.path.join(os.path.dirname(
+                os.path.abspath(__file__)), "rxe_ab_results.py"), f.name, "10"],
+                check=True, capture_output=True, text=True).stdout
+        finally:
+            os.unlink(f.name)
+        self.assertIn("## 64 KiB STREAM throughput, direct (Gbit/s)", out)
+        # medians 0.3 / 0.4 / 0.4; this/base per round 1.5 and 1.25: median 1.38 (1.375)
+        self.assertIn("| base | 0.300 | 1.00 | - | 0.75 | 0.200, 0.400 |", out)
+        self.assertIn("| this | 0.400 | 1.33 | 1.38 | 1.00 | 0.300, 0.500 |", out)
+        self.assertIn("| ib_write_bw | 0.400 | 1.33 | 1.50 | 1.00 | 0.400, 0.400 |", out)
+        # this: 400 messages (100 + 300), client 400 doorbells, 130 signaled; the server's
+        # 200 doorbells and 400 sends over the same 400 messages; ib_write_bw per client WR
+        self.assertIn("| this | client | 1.00 | 1.00 | 0.33 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 |", out)
+        self.assertIn("| this | server | 0.50 | 1.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 |", out)
+        self.assertIn("| ib_write_bw | client | 1.00 | 1.00 | 0.00 | 0.00 | 0.00 | 0.10 | 0.00 | 0.00 |", out)
+        self.assertIn("fig=gbps1048576: rc 0", out)
+
     def test_rxe_cg(self):
         """bench/rxe_cg_results.py: self costs per object from callgrind's compressed
         names (a call's inclusive cost line is not counted), per round trip from two runs; a

@@ -7,11 +7,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exs/util/counters.h"
 #include "tests/prov/prov_test.h"
 #include "tests/skip.h"
 
 #define LW  EXS_PROV_ACCESS_LOCAL_WRITE
+#define RW  EXS_PROV_ACCESS_REMOTE_WRITE
 #define SIG EXS_PROV_SEND_SIGNALED
+
+/* The verbs provider's counter name (0 when the provider has no such counter). */
+static uint64_t keep_vrb_counter(const char *name)
+{
+    uint64_t v = 0;
+
+    if (exs__counters_lookup("prov.verbs", name, &v) != 0)
+        return 0;
+    return v;
+}
 
 /* Completions a provider took from its queue before the consumer polled them (ctx_arm
  * reports them with -EAGAIN) still hold their work requests' slots: post_recv is refused
@@ -178,6 +190,71 @@ START_TEST(keep_settle_behind_unacked_send)
 }
 END_TEST
 
+/* Settled (after a GRANT completion if it said -EBUSY), then revoked: the protocol's rule. */
+static void keep_settle_revoke(struct pt_pair *p, struct exs_prov_grant *g)
+{
+    int settle = pt_ops->grant_settle ? pt_ops->grant_settle(g) : 0;
+
+    if (settle) {
+        ck_assert_int_eq(settle, -EBUSY);
+        pt_expect_cqe(&p->b, 0, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_GRANT, NULL);
+        ck_assert_int_eq(pt_ops->grant_settle(g), 0);
+    }
+    pt_ops->revoke(g);
+}
+
+/* verbs with binds fenced (rxe in the mw and mw_mr grant modes; spec/provider.md, "The
+ * bind fence"): a grant on an ep with nothing outstanding posts its bind alone (the fence
+ * would wait for nothing, and no retry can walk back over the bind), one behind a SEND
+ * not yet acknowledged (RNR) is fenced; the peer writes through both keys, and the ep goes
+ * on. Other providers and modes: the writes alone. */
+START_TEST(keep_bind_alone_when_idle)
+{
+    struct pt_pair p;
+    struct pt_buf *tgt, *sb, *ra, *src;
+    struct exs_prov_grant *g1, *g2;
+    const char *gm = getenv("EXS_VRB_GRANT"), *bf = getenv("EXS_VRB_BIND_FENCE");
+    int fenced = strcmp(pt_name, "verbs") == 0 && !(gm && strcmp(gm, "mr") == 0) &&
+                 !(bf && strcmp(bf, "0") == 0);
+    uint64_t alone;
+
+    pt_pair_setup(&p, NULL, NULL);
+    tgt = pt_pair_buf(&p, 'b', 4096, LW, 0);
+    sb = pt_pair_buf(&p, 'b', 64, LW, 's');
+    ra = pt_pair_buf(&p, 'a', 64, LW, 0);
+    src = pt_pair_buf(&p, 'a', 64, LW, 'w');
+    alone = keep_vrb_counter("binds_unfenced");
+    ck_assert_int_eq(pt_ops->grant(p.eb, tgt->mr, tgt->p, 64, RW, &g1), 0);
+    if (fenced)
+        ck_assert_uint_eq(keep_vrb_counter("binds_unfenced"), alone + 1);
+    ck_assert_int_eq(pt_post_send(p.eb, 20, EXS_PROV_WR_SEND, SIG, sb, 0, 8, 0, 0, 0), 0);
+    ck_assert_int_eq(pt_ops->grant(p.eb, tgt->mr, tgt->p + 64, 64, RW, &g2), 0);
+    if (fenced)
+        ck_assert_uint_eq(keep_vrb_counter("binds_unfenced"), alone + 1); /* fenced */
+    ck_assert_int_eq(pt_post_recv(p.ea, 1, ra, 0, 64), 0);
+    pt_expect_cqe(&p.a, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    pt_expect_cqe(&p.b, 20, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    ck_assert_int_eq(pt_post_send(p.ea, 30, EXS_PROV_WR_RDMA_WRITE, SIG, src, 0, 64, 0,
+                                  pt_raddr(tgt, 0), g1->rkey),
+                     0);
+    pt_expect_cqe(&p.a, 30, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, NULL);
+    ck_assert_int_eq(pt_post_send(p.ea, 31, EXS_PROV_WR_RDMA_WRITE, SIG, src, 0, 64, 0,
+                                  pt_raddr(tgt, 64), g2->rkey),
+                     0);
+    pt_expect_cqe(&p.a, 31, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, NULL);
+    ck_assert_int_eq(memcmp(tgt->p, src->p, 64), 0);
+    ck_assert_int_eq(memcmp(tgt->p + 64, src->p, 64), 0);
+    keep_settle_revoke(&p, g1);
+    keep_settle_revoke(&p, g2);
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_CONNECTED);
+    ck_assert_int_eq(pt_post_recv(p.ea, 2, ra, 0, 64), 0);
+    ck_assert_int_eq(pt_post_send(p.eb, 21, EXS_PROV_WR_SEND, SIG, sb, 0, 8, 0, 0, 0), 0);
+    pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    pt_expect_cqe(&p.b, 21, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    pt_pair_close(&p);
+}
+END_TEST
+
 /* More grants than the provider's room for binds in flight, all behind a SEND the peer
  * cannot take yet (RNR): verbs binds complete only after that SEND, so the room fills (32
  * binds); the next grant waits for room instead of failing (a refused grant ends the
@@ -251,6 +328,7 @@ Suite *prov_keep_suite(void)
     tcase_add_test(tc, keep_mem_free_with_live_grant);
     tcase_add_test(tc, keep_revoke_after_use_keeps_ep);
     tcase_add_test(tc, keep_settle_behind_unacked_send);
+    tcase_add_test(tc, keep_bind_alone_when_idle);
     tcase_add_test(tc, keep_grants_beyond_room_wait);
     suite_add_tcase(s, tc);
     return s;

@@ -76,6 +76,7 @@ struct vrb_counters {
     uint64_t settle_waits;  /* grant_settle answered -EBUSY (bind not completed yet) */
     uint64_t grant_fails;
     uint64_t grant_room_waits; /* grant waited for binds before it to complete (room) */
+    uint64_t binds_unfenced;   /* fenced mode: binds posted alone, nothing outstanding */
     uint64_t ep_nobufs;        /* ep_create refused: the completion queue cannot hold the ep */
     uint64_t device_removals;  /* the device went away: everything on it released */
     uint64_t cq_event_reads;   /* ctx_arm read the completion channel (ibv_get_cq_event) */

@@ -44,6 +44,8 @@ static const struct exs_counter_desc vrb_counter_desc[] = {
     EXS_COUNTER(struct vrb_counters, grant_fails, "grants refused"),
     EXS_COUNTER(struct vrb_counters, grant_room_waits,
                 "grants that waited for earlier binds to complete (internal room full)"),
+    EXS_COUNTER(struct vrb_counters, binds_unfenced,
+                "binds posted without the fence: no request before them outstanding"),
     EXS_COUNTER(struct vrb_counters, ep_nobufs,
                 "ep_create refused: the completion queue cannot hold the ep"),
     EXS_COUNTER(struct vrb_counters, device_removals,

@@ -293,7 +293,17 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     }
     first = &w;
     nwr = 1;
-    if (ep->fence_mw) {
+    /* the consumer's deferred requests were posted before: they go first */
+    exs__vrb_held_post_locked(ep);
+    /* The fence makes the bind wait until every request before it completed. With none
+     * outstanding (each one's completion converted: [sq_head, sq_tail) empty, and no bind
+     * in flight but the fence window's first, which went before anything), it would wait
+     * for nothing, and no retry can walk back over the bind: it goes alone
+     * (spec/provider.md, "The bind fence"). A head read stale is older: the fence stays. */
+    if (ep->fence_mw && ep->int_out == ep->fence_extra &&
+        __atomic_load_n(&ep->sq_head, __ATOMIC_ACQUIRE) == ep->sq_tail) {
+        EXS_CNT_INC(ctx->cnt.binds_unfenced);
+    } else if (ep->fence_mw) {
         /* LOCAL_INV of the fence window (run by rxe only once everything before it
          * completed), the fence window bound again (a fresh key), then the grant's bind.
          * Unsignaled: the bind's completion retires them; an error completes them, with
@@ -319,8 +329,6 @@ static int vrb_grant(struct exs_prov_ep *e, struct exs_prov_mr *m, void *addr, s
     g->nwr = nwr + ep->fence_extra;
     w.wr_id = ((uint64_t)ep->epid << VRB_EPID_SHIFT) | VRB_INT_BIT | (g->seq & VRB_SEQ_MASK);
     fw[0].wr_id = fw[1].wr_id = w.wr_id;
-    /* the consumer's deferred requests were posted before: they go first */
-    exs__vrb_held_post_locked(ep);
     ret = vrb_post_send(ep->ctx, ep->qp, first, &bad);
     if (ret) {
         exs__lite_unlock_st(&ep->lock);
