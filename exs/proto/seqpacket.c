@@ -370,6 +370,17 @@ void exs__seqpkt_send_progress_locked(struct exs_conn *conn)
     sp_send_progress_locked(conn);
 }
 
+/* The conn's conditions of a send that goes eagerly at its post (sp_post_fast, and
+ * exs__conn_send_now_begin's send with no op): nothing waits to be sent or answered before
+ * it (no resume wait, re-announcement, piece, control record, queued or ring write in
+ * flight), the peer's ring keyed, and len below both eager limits. */
+static inline int sp_fast_conn_ok(const struct exs_conn *conn, size_t len)
+{
+    return !conn->resume.peer_wait && !conn->seqpkt.reann_left && !conn->seqpkt.frag_op &&
+           !conn->ctrl_len && !conn->wrq_count && !conn->ring_wr_out && conn->peer_ring_keyed &&
+           len < EXS_MIN(conn->p.eager_max, conn->peer.eager_max);
+}
+
 /* The post's fast path (spec/proto-layout.md, "The post's fast path"): op, just queued
  * at sendq's tail, goes into the peer's ring at once when nothing else is to be sent
  * before it and it would leave alone. What the kick would then do besides is nothing: a
@@ -380,9 +391,7 @@ static int sp_post_fast(struct exs_conn *conn, struct exs_op *op)
     struct exs_list *prev = op->link.prev;
     int ret;
 
-    if (op->kind != EXS_OP_SEND || op->rt || conn->resume.peer_wait || conn->seqpkt.reann_left ||
-        conn->seqpkt.frag_op || conn->ctrl_len || conn->wrq_count || conn->ring_wr_out ||
-        !conn->peer_ring_keyed || op->len >= EXS_MIN(conn->p.eager_max, conn->peer.eager_max))
+    if (op->kind != EXS_OP_SEND || op->rt || !sp_fast_conn_ok(conn, op->len))
         return 0;
     /* every op before it needs no more sending (proto.h, sendq_settled) */
     if (prev != &conn->sendq && (!conn->sendq_settled || prev != &conn->sendq_settled->link))
@@ -414,10 +423,7 @@ int exs__conn_send_now_begin(struct exs_conn *conn, size_t len)
     EXS_LITE_LOCK(&conn->lock, EXS_LOCK_CONN);
     if (conn->dp == &exs__seqpkt_path && conn->state == EXS_CONN_CONNECTED &&
         conn->txshut == EXS_TXSHUT_OPEN && exs_list_empty(&conn->sendq) &&
-        !conn->resume.peer_wait && !conn->seqpkt.reann_left && !conn->seqpkt.frag_op &&
-        !conn->ctrl_len && !conn->wrq_count && !conn->ring_wr_out && conn->peer.ring_size &&
-        conn->peer_ring_keyed && len < EXS_MIN(conn->p.eager_max, conn->peer.eager_max) &&
-        exs__batch_alone_idle(conn) &&
+        sp_fast_conn_ok(conn, len) && conn->peer.ring_size && exs__batch_alone_idle(conn) &&
         !(EXS_REQTRACE_ON &&
           EXS_UNLIKELY(__atomic_load_n(&exs__params.trace_sample_mask, __ATOMIC_RELAXED))) &&
         exs__conn_can_spend_locked(conn)) {
