@@ -167,6 +167,22 @@ class Verdicts(unittest.TestCase):
                          [("exs_shm_1buf", "ucx_sm_stream_bw"), ("exs_shm", "ucx_sm_stream_bw")])
         self.assertEqual([(x["ratio"], x["met"]) for x in m], [(0.85, False), (2.0, True)])
 
+    def test_round_ratios(self):
+        """Each round's ours / peer pairs the two runs of that round (not the medians), a
+        failed run gives None in its round, and the target table shows them beside the
+        ratio of the medians, which alone judges the target."""
+        lat = {s: {z: [None] * 3 for z in bench.SIZES} for s, _ in bench.LAT_SYSTEMS}
+        bw = {s: {z: [None] * 3 for z in bench.SIZES} for s, _ in bench.BW_SYSTEMS}
+        run = lambda p50: {"p50_us": p50, "p99_us": 1, "mean_us": 1, "iters": 1}
+        lat["exs_shm_poll"][64] = [run(0.6), run(1.3), run(0.7)]
+        lat["ucx_sm_tag_lat"][64] = [run(0.3), run(1.3), None]
+        s = bench.summarize(lat, bw)
+        t = [x for x in bench.targets(s, bench.SHM_TARGETS) if x["ours"] == "exs_shm_poll"][0]
+        self.assertEqual(t["round_ratios"], [2.0, 1.0, None])
+        self.assertAlmostEqual(t["ratio"], 0.7 / 0.8)  # the medians: 0.7 and 0.8
+        row = [l for l in bench.target_table({"t": [t]}, "t") if "vs UCX sm" in l][0]
+        self.assertIn("| 0.87 | 2.00, 1.00, n/a |", row)
+
     def test_failed_measurements_are_errors(self):
         with tempfile.TemporaryDirectory() as d:
             fake = os.path.join(d, "blast")
