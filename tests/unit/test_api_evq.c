@@ -1150,21 +1150,39 @@ struct race_ctx {
     int stop;        /* atomic */
     int bad;         /* atomic: a reservation held across a successful delete */
     long reserved;   /* atomic */
+    long round;      /* atomic: the deleter's round; one reservation in each */
 };
+
+static inline void race_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+#endif
+}
 
 static void *race_reserver(void *arg)
 {
     struct race_ctx *c = arg;
+    long done = -1; /* the round of the last reservation */
 
     while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
         exs_qhandle_t q = __atomic_load_n(&c->q, __ATOMIC_ACQUIRE);
+        long round = __atomic_load_n(&c->round, __ATOMIC_ACQUIRE);
         struct exs_evq *evq;
 
-        if (exs__evq_reserve_handle(q, &evq))
-            continue;
-        __atomic_add_fetch(&c->reserved, 1, __ATOMIC_RELAXED);
-        for (int i = 0; i < 16; i++)
+        /* one reservation a round, so the deleter's wait for it is bounded (one that
+         * reserved again at once could hold the queue nearly all the time: on a loaded
+         * machine the delete would never find it free) */
+        if (round == done || exs__evq_reserve_handle(q, &evq)) {
             sched_yield();
+            continue;
+        }
+        done = round;
+        __atomic_add_fetch(&c->reserved, 1, __ATOMIC_RELAXED);
+        for (int i = 0; i < 512; i++) /* held a while: pauses, not yields (a yield beside */
+            race_pause();             /* busy threads may cost a time slice each) */
         if (__atomic_load_n(&c->deleted, __ATOMIC_ACQUIRE) &&
             __atomic_load_n(&c->q, __ATOMIC_ACQUIRE) == q)
             __atomic_store_n(&c->bad, 1, __ATOMIC_RELEASE);
@@ -1196,12 +1214,13 @@ START_TEST(test_reserve_delete_race)
         }
         __atomic_store_n(&c.deleted, 1, __ATOMIC_RELEASE);
         ck_assert_int_eq(exs__evq_reserve_handle(q, &evq), EINVAL);
-        for (int j = 0; j < 8; j++)
-            sched_yield();
+        for (int j = 0; j < 256; j++)
+            race_pause();
         n = exs_qcreate(4);
         ck_assert_int_gt(n, 0);
         __atomic_store_n(&c.deleted, 0, __ATOMIC_RELEASE);
         __atomic_store_n(&c.q, n, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&c.round, 1, __ATOMIC_RELEASE);
     }
     __atomic_store_n(&c.stop, 1, __ATOMIC_RELEASE);
     pthread_join(t, NULL);
