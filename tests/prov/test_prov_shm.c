@@ -92,6 +92,16 @@ static void put_rec(const struct liar *c, const struct shm_rec *rec, const void 
     ring_bell();
 }
 
+/* What an honest PAD's writer does before it stores the PAD's size: the size word of the
+ * ring's first slot zeroed (the record an earlier lap left there is no new one), so a lying
+ * PAD that b took would leave it waiting there (the test fails by its timeout), not finding
+ * the earlier record (a protocol error of its own, which would hide the PAD's). */
+static void zero_lap_start(const struct liar *c)
+{
+    __atomic_store_n((uint32_t *)(void *)(c->tx_ring + offsetof(struct shm_rec, size)), 0,
+                     __ATOMIC_RELAXED);
+}
+
 static uint64_t shm_counter(const char *name)
 {
     uint64_t v = 0;
@@ -151,13 +161,35 @@ enum {
     LIE_TAIL,        /* claims to have consumed more than was written */
     LIE_BAD_SOURCE,  /* a WRITE whose source is no memory of the peer's */
     LIE_TAIL_FULL,   /* the tail lie, found when the ring looks full (no answer read it) */
+    /* PAD records (the hot window, version 7), after one honest SEND (the liar's position
+     * 128: not a lap's start) but pad_whole */
+    LIE_PAD_START,  /* a PAD sized from a slot before its position: ends beyond the lap end */
+    LIE_PAD_WHOLE,  /* a PAD at the lap's start, the whole ring */
+    LIE_PAD_SHORT,  /* a PAD ending a slot before the lap end */
+    LIE_PAD_SLOT,   /* a PAD not a whole number of slots (8 bytes short of the lap end) */
+    LIE_PAD_FIELDS, /* a PAD with a field that must be 0 set (rkey, its last before size) */
+    LIE_PAD_PSN,    /* a PAD carrying the next request's psn */
     LIE_COUNT
 };
 
 static const char *const lie_names[LIE_COUNT] = {
-    "size_ring", "size_slot", "huge_inline", "size_beyond", "sequence", "type",       "sges",
-    "sge_sum",   "torn",      "ack",         "nak",         "tail",     "bad_source", "tail_full",
+    "size_ring", "size_slot", "huge_inline", "size_beyond", "sequence",   "type",       "sges",
+    "sge_sum",   "torn",      "ack",         "nak",         "tail",       "bad_source", "tail_full",
+    "pad_start", "pad_whole", "pad_short",   "pad_slot",    "pad_fields", "pad_psn",
 };
+
+/* One honest 64 B SEND from a to b, received into a buffer of its own: the liar's position
+ * then 128 (an inline record of 96 bytes), b's next psn 1. */
+static void honest_send(struct pt_pair *p)
+{
+    struct pt_buf *src = pt_pair_buf(p, 'a', 64, LW, 0x5A), *dst = pt_pair_buf(p, 'b', 64, LW, 0);
+
+    ck_assert_int_eq(pt_post_recv(p->eb, 90, dst, 0, 64), 0);
+    ck_assert_int_eq(pt_post_send(p->ea, 91, EXS_PROV_WR_SEND, SIG, src, 0, 64, 0, 0, 0), 0);
+    pt_expect_cqe(&p->b, 90, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, NULL);
+    pt_expect_cqe(&p->a, 91, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+    ck_assert(pt_all_bytes(dst->p, 64, 0x5A));
+}
 
 START_TEST(shm_liar)
 {
@@ -174,7 +206,10 @@ START_TEST(shm_liar)
     if (skip_unless_shm(test))
         return;
     pt_pair_setup(&p, NULL, NULL);
+    if (_i >= LIE_PAD_START && _i != LIE_PAD_WHOLE)
+        honest_send(&p);
     l = liar(&p);
+    ck_assert_uint_eq(l.head, _i >= LIE_PAD_START && _i != LIE_PAD_WHOLE ? 128 : 0);
     dst = pt_pair_buf(&p, 'b', 256, LW, 0);
     ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, 256), 0);
     perr = shm_counter("protocol_errors");
@@ -278,6 +313,41 @@ START_TEST(shm_liar)
         rs[0] = (struct shm_rsge){4096, 8192}; /* page 1 of the address space */
         put_rec(c, &rec, rs, sizeof(rs[0]));
         break;
+    case LIE_PAD_START:
+    case LIE_PAD_WHOLE:
+    case LIE_PAD_SHORT:
+    case LIE_PAD_SLOT:
+    case LIE_PAD_FIELDS:
+    case LIE_PAD_PSN: {
+        /* the honest PAD's size at the liar's position: to the lap's end (a PAD of size 0
+         * is no lie to check: its slot says "not written") */
+        uint32_t to_end = SHM_RING_DEFAULT - (uint32_t)(c->head & (SHM_RING_DEFAULT - 1));
+        uint64_t next;
+
+        memset(&rec, 0, sizeof(rec));
+        rec.type = SHM_REC_PAD;
+        rec.size = to_end;
+        if (_i == LIE_PAD_START)
+            rec.size = to_end + SHM_SLOT;
+        else if (_i == LIE_PAD_SHORT)
+            rec.size = to_end - SHM_SLOT;
+        else if (_i == LIE_PAD_SLOT)
+            rec.size = to_end - 8;
+        else if (_i == LIE_PAD_FIELDS)
+            rec.rkey = 1;
+        else if (_i == LIE_PAD_PSN)
+            rec.psn = 1; /* b's next psn: a request's, never a PAD's */
+        zero_lap_start(c);
+        /* and the slot where b would go on after the lie, when it is one (pad_start: offset
+         * 64, inside the honest record): b taking the lie waits there, the test fails */
+        next = (c->head + rec.size) & (SHM_RING_DEFAULT - 1);
+        if (next % SHM_SLOT == 0 && next != (c->head & (SHM_RING_DEFAULT - 1)))
+            __atomic_store_n(
+                (uint32_t *)(void *)(c->tx_ring + next + offsetof(struct shm_rec, size)), 0,
+                __ATOMIC_RELAXED);
+        put_rec(c, &rec, NULL, 0);
+        break;
+    }
     }
     expect_b_ended(&p, -EPROTO);
     close(bell_fd);
@@ -713,17 +783,19 @@ static int fd_count(void)
 /* A REQ from a peer of another layout: loop 0, a version-3 peer (its segment: rings of
  * 1 MiB, sealed, the size it says); loop 1, a peer that says our version but sends and
  * announces the version-3 segment (its rings said to be of the default size); loop 2, a
- * future version with a segment of ours. Each is refused before any mapping (a mapping of
- * SHM_SEG_BYTES over the smaller file would be a SIGBUS at the first touch past its end): the
- * socket is closed, the refusal counted (protocol_errors: the version; bogus_conns: the size),
- * nothing reaches the application, and the segment and doorbell the listener received are
- * closed (this process's descriptors back to their count; seen failing, +2, with the
- * shm_close_fds of shm_conn_readable's bogus path taken out); the next connection works. */
+ * future version with a segment of ours; loop 3, the version before ours (6: no hot window,
+ * a PAD would be an unknown record to it) with a segment of ours. Each is refused before any
+ * mapping (a mapping of SHM_SEG_BYTES over the smaller file would be a SIGBUS at the first touch
+ * past its end): the socket is closed, the refusal counted (protocol_errors: the version;
+ * bogus_conns: the size), nothing reaches the application, and the segment and doorbell the
+ * listener received are closed (this process's descriptors back to their count; seen failing, +2,
+ * with the shm_close_fds of shm_conn_readable's bogus path taken out); the next connection works.
+ */
 START_TEST(shm_version_mismatch)
 {
-    static const uint8_t version[] = {3, SHM_VERSION, SHM_VERSION + 1};
+    static const uint8_t version[] = {3, SHM_VERSION, SHM_VERSION + 1, SHM_VERSION - 1};
     const uint32_t v3_bytes = SHM_SEG_HDR + 2u * (1u << 20);
-    const uint32_t seg_bytes = _i == 2 ? SHM_SEG_BYTES(SHM_RING_DEFAULT) : v3_bytes;
+    const uint32_t seg_bytes = _i >= 2 ? SHM_SEG_BYTES(SHM_RING_DEFAULT) : v3_bytes;
     struct shm_hs hs;
     struct pt_pair p;
     uint64_t perr0, bogus0;
@@ -1302,15 +1374,16 @@ static void wait_b_took(const struct liar *c, uint64_t tail)
     }
 }
 
-enum { FRAG_OTHER, FRAG_SIZE, FRAG_SMALL, FRAG_REVOKED, FRAG_LIES };
-static const char *const frag_names[FRAG_LIES] = {"other", "size", "small", "revoked"};
+enum { FRAG_OTHER, FRAG_SIZE, FRAG_SMALL, FRAG_REVOKED, FRAG_PAD, FRAG_LIES };
+static const char *const frag_names[FRAG_LIES] = {"other", "size", "small", "revoked", "pad"};
 
 /* A liar's message in fragments: (other) a first SEND fragment into b's receive, then a
  * record that is not its next fragment: a protocol error, and the receive the message
  * held is flushed (not lost); (size) a fragment whose size is not its part's; (small) a
  * fragment of a message that would be inline; (revoked) the first fragment of a WRITE
  * placed, the grant revoked, the second refused: REM_ACCESS, the connection aborted, not
- * one byte of it placed. */
+ * one byte of it placed; (pad) a PAD, right in every field and size, after the first
+ * fragment: PADs come between messages only, a protocol error. */
 START_TEST(shm_liar_frag)
 {
     enum { LEN = 100000, BUF = 128 << 10 };
@@ -1347,6 +1420,16 @@ START_TEST(shm_liar_frag)
         rec.len = 16;
         rec.size = SHM_SLOT;
         put_rec(c, &rec, body, 16);
+        break;
+    case FRAG_PAD:
+        put_rec(c, &rec, body, SHM_FRAG_BYTES);
+        wait_b_took(c, l.head + size1);
+        l.head += size1;
+        rec = (struct shm_rec){.type = SHM_REC_PAD,
+                               .size =
+                                   SHM_RING_DEFAULT - (uint32_t)(l.head & (SHM_RING_DEFAULT - 1))};
+        zero_lap_start(c);
+        put_rec(c, &rec, NULL, 0);
         break;
     case FRAG_SIZE:
         rec.size = size1 - SHM_SLOT;
@@ -1572,40 +1655,155 @@ START_TEST(shm_small_rings)
 }
 END_TEST
 
+/* The producer's position in its ring (its 64-bit count of bytes written): the connection
+ * under nic_lock, its head under ctx->lock (the poster's). */
+static uint64_t tx_head(struct exs_prov_ep *e)
+{
+    struct shm_ctx *ctx = shm_ep_of(e)->ctx;
+    struct shm_conn *conn;
+    uint64_t head;
+
+    nic_hold(ctx);
+    conn = shm_ep_of(e)->conn;
+    ck_assert_ptr_nonnull(conn);
+    exs__lite_lock(&ctx->lock);
+    head = conn->head;
+    exs__lite_unlock(&ctx->lock);
+    nic_drop(ctx);
+    return head;
+}
+
 /* Records announce themselves (version 6): the writer zeroes the size word of the slot after
  * each record before it stores the record's own, so the reader never takes what an earlier
  * lap left at its position for a record. SENDs of lengths that put each record's start in
  * the middle of earlier laps' records and payloads (payload bytes 0xA5: a stale size word
- * is never 0), inline and in fragments, some 40 laps of rings of 64 KiB, each message whole
- * in its receive. Without the zeroing the reader takes a stale header or payload for a
- * record: a protocol error, the connection ended (seen failing). */
+ * is never 0), inline and in fragments, some 80 rings' worth through rings of 64 KiB, each
+ * message whole in its receive. Without the zeroing the reader takes a stale header or
+ * payload for a record: a protocol error, the connection ended (seen failing).
+ * The hot window (version 7) makes two kinds of laps, both covered: rounds of one message
+ * (the ring empty at each post: beyond SHM_HOT_WINDOW a PAD to the lap's end, whose slot
+ * after, ring offset 0, holds an earlier lap's record until the PAD's writer zeroes it) and
+ * bursts of BURST messages posted before any completes (the ring not empty by the tail the
+ * poster saw: no PAD, the records walk the whole ring and wrap around its end). Both are
+ * counted: the laps through PADs (ring_pads) and the laps through the ring's end (the laps
+ * the writer's position made less the PADs) each more than 0. */
 START_TEST(shm_ring_laps_stale_slots)
 {
+    enum { BURST = 40 };
     const uint32_t R = 64u << 10, MAXL = SHM_RING_INLINE + 700;
     struct pt_pair p;
     struct pt_buf *src, *dst;
     struct exs_prov_cqe c;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, pads0, pads, laps, head0;
+    uint32_t i = 0;
 
     if (skip_unless_shm("shm_ring_laps_stale_slots"))
         return;
     rings_pair_setup(&p, "64", "64", R);
     src = pt_pair_buf(&p, 'a', MAXL, LW, 0xA5);
-    dst = pt_pair_buf(&p, 'b', MAXL, LW, 0);
-    for (uint32_t i = 0; bytes < 40ull * R; i++) {
-        uint32_t len = 1 + (i * 997u) % MAXL;
+    dst = pt_pair_buf(&p, 'b', BURST * MAXL, LW, 0);
+    pads0 = shm_counter("ring_pads");
+    head0 = tx_head(p.ea);
+    for (uint32_t round = 0; bytes < 80ull * R; round++) {
+        uint32_t k = round % 2 ? BURST : 1;
 
-        memset(dst->p, 0, MAXL);
-        ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, MAXL), 0);
-        ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, SIG, src, 0, len, 0, 0, 0), 0);
-        pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
-        ck_assert_uint_eq(c.byte_len, len);
-        ck_assert(pt_all_bytes(dst->p, len, 0xA5) && pt_all_bytes(dst->p + len, MAXL - len, 0));
-        pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
-        bytes += len + SHM_REC_HDR;
+        memset(dst->p, 0, (size_t)BURST * MAXL);
+        for (uint32_t j = 0; j < k; j++)
+            ck_assert_int_eq(pt_post_recv(p.eb, 1 + j, dst, (size_t)j * MAXL, MAXL), 0);
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t len = 1 + ((i + j) * 997u) % MAXL;
+
+            ck_assert_int_eq(
+                pt_post_send(p.ea, 100 + j, EXS_PROV_WR_SEND, SIG, src, 0, len, 0, 0, 0), 0);
+        }
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t len = 1 + ((i + j) * 997u) % MAXL;
+            const uint8_t *d = dst->p + (size_t)j * MAXL;
+
+            pt_expect_cqe(&p.b, 1 + j, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+            ck_assert_uint_eq(c.byte_len, len);
+            ck_assert(pt_all_bytes(d, len, 0xA5) && pt_all_bytes(d + len, MAXL - len, 0));
+            bytes += len + SHM_REC_HDR;
+        }
+        for (uint32_t j = 0; j < k; j++)
+            pt_expect_cqe(&p.a, 100 + j, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        i += k;
     }
     ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_CONNECTED);
+    pads = shm_counter("ring_pads") - pads0; /* (only a writes: b sends nothing) */
+    laps = tx_head(p.ea) / R - head0 / R;
+    printf("shm_ring_laps_stale_slots: %u messages, %llu laps, %llu through a PAD\n", i,
+           (unsigned long long)laps, (unsigned long long)pads);
+    ck_assert_uint_gt(pads, 0);
+    ck_assert_uint_gt(laps, pads);
+    ck_assert(pt_buf_guards_ok(dst));
     rings_pair_close(&p);
+}
+END_TEST
+
+/* The hot window (version 7, spec/provider-shm.md "The hot window"): a ping-pong of N 64 B
+ * SENDs between a pair (records of 128 bytes), each message a pattern of its own, checked
+ * whole and in order (the completions' wr_ids in sequence). Each producer finds its ring
+ * empty at each post (the answer to its last message told it), so beyond SHM_HOT_WINDOW it
+ * writes a PAD and starts again at ring offset 0: both producers' positions, read after each
+ * round, stay within the window and a record (a few records of slack: a post may come
+ * before the answer that says the ring is empty, and the PAD is then one post later), and
+ * ring_pads counts about one PAD per window's worth of records per side. Without the PAD
+ * the positions walk the ring of 4 MiB (N records of 128 bytes: 250 KiB). */
+START_TEST(shm_hot_window)
+{
+    enum { N = 2000, SZ = 64, REC = 128, SLACK = 4 * REC };
+    struct pt_pair p;
+    struct pt_buf *sa, *sb, *da, *db;
+    struct exs_prov_cqe c;
+    uint64_t pads0, pads, top[2] = {0, 0};
+
+    if (skip_unless_shm("shm_hot_window"))
+        return;
+    pt_pair_setup(&p, NULL, NULL);
+    sa = pt_pair_buf(&p, 'a', SZ, LW, 0);
+    sb = pt_pair_buf(&p, 'b', SZ, LW, 0);
+    da = pt_pair_buf(&p, 'a', SZ, LW, 0);
+    db = pt_pair_buf(&p, 'b', SZ, LW, 0);
+    pads0 = shm_counter("ring_pads");
+    for (uint32_t i = 0; i < N; i++) {
+        pt_pattern(sa->p, SZ, 2 * i);
+        pt_pattern(sb->p, SZ, 2 * i + 1);
+        memset(da->p, 0, SZ);
+        memset(db->p, 0, SZ);
+        ck_assert_int_eq(pt_post_recv(p.eb, 10 * (uint64_t)i, db, 0, SZ), 0);
+        ck_assert_int_eq(pt_post_recv(p.ea, 10 * (uint64_t)i + 1, da, 0, SZ), 0);
+        ck_assert_int_eq(
+            pt_post_send(p.ea, 10 * (uint64_t)i + 2, EXS_PROV_WR_SEND, SIG, sa, 0, SZ, 0, 0, 0), 0);
+        pt_expect_cqe(&p.b, 10 * (uint64_t)i, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+        ck_assert_uint_eq(c.byte_len, SZ);
+        ck_assert_msg(pt_pattern_check(db->p, SZ, 2 * i) < 0, "ping %u differs", i);
+        pt_expect_cqe(&p.a, 10 * (uint64_t)i + 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        ck_assert_int_eq(
+            pt_post_send(p.eb, 10 * (uint64_t)i + 3, EXS_PROV_WR_SEND, SIG, sb, 0, SZ, 0, 0, 0), 0);
+        pt_expect_cqe(&p.a, 10 * (uint64_t)i + 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+        ck_assert_uint_eq(c.byte_len, SZ);
+        ck_assert_msg(pt_pattern_check(da->p, SZ, 2 * i + 1) < 0, "pong %u differs", i);
+        pt_expect_cqe(&p.b, 10 * (uint64_t)i + 3, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        for (int s = 0; s < 2; s++) {
+            uint64_t off = tx_head(s ? p.eb : p.ea) & (SHM_RING_DEFAULT - 1);
+
+            top[s] = EXS_MAX(top[s], off);
+            ck_assert_msg(off <= SHM_HOT_WINDOW + SLACK,
+                          "round %u: side %d's position at ring offset %llu, beyond the hot "
+                          "window (%u) and %u",
+                          i, s, (unsigned long long)off, SHM_HOT_WINDOW, SLACK);
+        }
+    }
+    pads = shm_counter("ring_pads") - pads0;
+    printf("shm_hot_window: %u round trips, %llu PADs, positions up to %llu and %llu\n", N,
+           (unsigned long long)pads, (unsigned long long)top[0], (unsigned long long)top[1]);
+    /* per side, a PAD each window's worth of records: N / (SHM_HOT_WINDOW / REC) (15) */
+    ck_assert_uint_ge(pads, 2 * (N / (SHM_HOT_WINDOW / REC + SLACK / REC)));
+    ck_assert_uint_le(pads, 2 * (N / (SHM_HOT_WINDOW / REC) + 1));
+    ck_assert(top[0] >= SHM_HOT_WINDOW && top[1] >= SHM_HOT_WINDOW);
+    ck_assert_int_eq(pt_ops->ep_state(p.ea), EXS_PROV_EP_CONNECTED);
+    pt_pair_close(&p);
 }
 END_TEST
 
@@ -1711,6 +1909,73 @@ START_TEST(shm_ring_bounds)
 }
 END_TEST
 
+/* A thread that spins turns of one context's rings (nic_lock held per turn, no descriptors:
+ * exs__shm_turn with collect 0; its completions are queued for the test's polls). */
+struct spinner {
+    struct shm_ctx *ctx;
+    int stop;
+    pthread_t th;
+};
+
+static void *spin_turns(void *arg)
+{
+    struct spinner *sp = arg;
+
+    while (!__atomic_load_n(&sp->stop, __ATOMIC_ACQUIRE)) {
+        nic_hold(sp->ctx);
+        (void)exs__shm_turn(sp->ctx, 0);
+        nic_drop(sp->ctx);
+    }
+    return NULL;
+}
+
+/* A PAD's announcement: its writer zeroes the size word of the slot after it, the ring's
+ * offset 0, before it stores the PAD's size, as after any record. Messages of three
+ * fragments of 64 KiB (records of 65600 bytes) one at a time, b's rings turned by a
+ * spinning thread: each message but the first starts beyond the window with the ring empty,
+ * so a PAD, then its first fragment at offset 0, whose 64 KiB copy into the ring (after
+ * the PAD was published) gives the spinning reader time to look at offset 0, where the
+ * first fragment of the message before lies (the same size, the same header but its psn):
+ * without the zeroing it is taken for the new one (a protocol error, "record sequence", or,
+ * the header already rewritten, a fragment taken before its payload is in: the message
+ * differs from its pattern). Each message whole, one PAD per message but the first. */
+START_TEST(shm_hot_window_pad_announce)
+{
+    enum { K = 12, LEN = 3 * SHM_FRAG_BYTES };
+    struct pt_pair p;
+    struct pt_buf *src, *dst;
+    struct exs_prov_cqe c;
+    struct spinner sp;
+    uint64_t pads0;
+
+    if (skip_unless_shm("shm_hot_window_pad_announce"))
+        return;
+    pt_pair_setup(&p, NULL, NULL);
+    src = pt_pair_buf(&p, 'a', LEN, LW, 0);
+    dst = pt_pair_buf(&p, 'b', LEN, LW, 0);
+    pads0 = shm_counter("ring_pads");
+    sp = (struct spinner){shm_ep_of(p.eb)->ctx, 0, 0};
+    ck_assert_int_eq(pthread_create(&sp.th, NULL, spin_turns, &sp), 0);
+    for (uint32_t i = 0; i < K; i++) {
+        pt_pattern(src->p, LEN, 77 + i);
+        memset(dst->p, 0, LEN);
+        ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, LEN), 0);
+        ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, SIG, src, 0, LEN, 0, 0, 0), 0);
+        pt_expect_cqe(&p.b, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RECV, &c);
+        ck_assert_uint_eq(c.byte_len, LEN);
+        ck_assert_msg(pt_pattern_check(dst->p, LEN, 77 + i) < 0, "message %u differs", i);
+        pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
+        /* the first fragment at offset 0, the position beyond it (no PAD at a fragment) */
+        ck_assert_uint_eq(tx_head(p.ea) & (SHM_RING_DEFAULT - 1), 3 * 65600);
+    }
+    __atomic_store_n(&sp.stop, 1, __ATOMIC_RELEASE);
+    ck_assert_int_eq(pthread_join(sp.th, NULL), 0);
+    ck_assert_uint_eq(shm_counter("ring_pads") - pads0, K - 1);
+    ck_assert_int_eq(pt_ops->ep_state(p.eb), EXS_PROV_EP_CONNECTED);
+    pt_pair_close(&p);
+}
+END_TEST
+
 Suite *prov_shm_suite(void)
 {
     Suite *s = suite_create("prov_shm");
@@ -1727,7 +1992,7 @@ Suite *prov_shm_suite(void)
     tcase_add_loop_test(tc, shm_rendezvous_deadline, 0, 2);
     tcase_add_test(tc, shm_rendezvous_look);
     tcase_add_loop_test(tc, shm_segment_unsealed, 0, 10);
-    tcase_add_loop_test(tc, shm_version_mismatch, 0, 3);
+    tcase_add_loop_test(tc, shm_version_mismatch, 0, 4);
     tcase_add_loop_test(tc, shm_version_mismatch_reply, 0, 5);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_rings");
@@ -1746,6 +2011,10 @@ Suite *prov_shm_suite(void)
     tcase_add_test(tc, shm_fast_paths);
     tcase_add_test(tc, shm_frag_send_scatter);
     tcase_add_test(tc, shm_frag_bell_half_ring);
+    suite_add_tcase(s, tc);
+    tc = pt_tcase("shm_hot");
+    tcase_add_test(tc, shm_hot_window);
+    tcase_add_test(tc, shm_hot_window_pad_announce);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -56,8 +56,9 @@
 /* 2: the lines 256 bytes apart, the sleeping flags on lines of their own; 3: fragments;
  * 4: rings of 4 MiB; 5: the ring size chosen per connection (the REQ's ring_bytes, the
  * ACCEPT's agreed size); 6: a record says itself that it is written (its size, stored
- * last; the slot after it zeroed first), no head in the line */
-#define SHM_VERSION      6
+ * last; the slot after it zeroed first), no head in the line; 7: the hot window (a PAD
+ * record from an empty ring's position to the lap's end, shm_data.c) */
+#define SHM_VERSION      7
 #define SHM_SLOT         64u /* ring records are whole cache lines */
 /* Ring sizes (EXS_SHM_RING_KB, whose bounds in exs/util/params.c are these): per direction,
  * a power of two; the connection's rings are the smaller of the two sides' choices. The
@@ -95,9 +96,13 @@
 #define SHM_IDLE_LOOK        64u        /* a busy poller's idle turns per look at the descriptors */
 #define SHM_PORT_LO          32768u
 #define SHM_PORT_HI          60999u
+/* The hot window (spec/provider-shm.md, "The hot window"): a producer that finds its ring
+ * empty at a ring offset of at least this writes a PAD record to the lap's end, so its next
+ * record starts at offset 0 and a ping-pong's records stay on the first lines of the ring */
+#define SHM_HOT_WINDOW       16384u
 
 /* record types */
-enum { SHM_REC_SEND = 1, SHM_REC_WRITE = 2, SHM_REC_READ = 3 };
+enum { SHM_REC_SEND = 1, SHM_REC_WRITE = 2, SHM_REC_READ = 3, SHM_REC_PAD = 4 };
 /* record flags */
 enum { SHM_RF_IMM = 1u << 0, SHM_RF_INLINE = 1u << 1, SHM_RF_FRAG = 1u << 2 };
 /* NAK syndromes (as the tcp provider's) */
@@ -188,6 +193,7 @@ struct shm_counters {
     uint64_t rendezvous_closed;
     uint64_t peer_deaths;
     uint64_t ring_full;
+    uint64_t ring_pads;
     uint64_t bells_tx;
     uint64_t bells_rx;
     uint64_t turns;

@@ -48,6 +48,9 @@ static const struct exs_counter_desc shm_counter_desc[] = {
     EXS_COUNTER(struct shm_counters, peer_deaths,
                 "connections whose peer process ended (pidfd) or closed the socket"),
     EXS_COUNTER(struct shm_counters, ring_full, "posts that waited for ring room"),
+    EXS_COUNTER(struct shm_counters, ring_pads,
+                "PAD records written: the ring found empty beyond the hot window "
+                "(SHM_HOT_WINDOW), the next record at the ring's start"),
     EXS_COUNTER(struct shm_counters, bells_tx, "doorbells written to a sleeping peer"),
     EXS_COUNTER(struct shm_counters, bells_rx, "doorbells read"),
     EXS_COUNTER(struct shm_counters, turns, "turns of the NIC role"),

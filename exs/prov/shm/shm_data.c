@@ -294,15 +294,55 @@ static __attribute__((noinline)) int shm_read_write(struct shm_conn *conn, struc
     return 0;
 }
 
+/* ctx->lock held: the hot window (spec/provider-shm.md, "The hot window"). Our ring is
+ * empty by the tail the caller has (the one last seen: a ping-pong's requester takes the
+ * peer's tail with each answer, so no load of the peer's line for this), our position is
+ * at least SHM_HOT_WINDOW into the lap, and the next record, of at most need bytes, fits
+ * after a PAD with a slot free (need + a slot within the bytes before the position, so a
+ * fragment never waits for the PAD to be taken): a PAD record from our position to the
+ * lap's end, so the next record starts at ring offset 0. A ping-pong's records then stay
+ * on the first lines of the ring, which both cores keep in cache, instead of walking the
+ * ring (each record on lines neither core had, and the slot after it to zero). Announced
+ * as any record (shm_publish_rec): the slot after it, offset 0, zeroed first (the ring is
+ * empty: the consumer reads nothing before our position; a stale record there from an
+ * earlier lap is never taken), then its size, sequentially consistent (the sleeping
+ * handshake: the record after it may come later). Its other fields are 0: it is no request
+ * (no psn, not counted in recs_tx, not acked). 1 when it was written. */
+static __attribute__((noinline)) int shm_pad_write(struct shm_conn *conn, struct shm_ep *ep,
+                                                   uint64_t tail, uint32_t need)
+{
+    uint32_t off = (uint32_t)(conn->head & conn->ring_mask);
+    struct shm_rec *rec = (struct shm_rec *)(void *)(conn->tx_ring + off);
+
+    if (conn->head != tail || off < need + SHM_SLOT)
+        return 0;
+    memset(rec, 0, offsetof(struct shm_rec, size));
+    rec->type = SHM_REC_PAD;
+    __atomic_store_n((uint32_t *)(void *)(conn->tx_ring + offsetof(struct shm_rec, size)), 0,
+                     __ATOMIC_RELAXED);
+    SHM_TSAN_RELEASE();
+    __atomic_store_n(&rec->size, conn->ring_bytes - off, __ATOMIC_SEQ_CST);
+    conn->head += conn->ring_bytes - off;
+    SHM_CNT_INC_OWNED(ep->ctx->cnt.ring_pads); /* (ctx->lock) */
+    return 1;
+}
+
 /* ctx->lock held: write wr as a record at conn->head, its payload from payload (a copy
  * taken at post time) or else from its sges (sge: wr->sge, or the poster's own list when
- * it goes into the ring at once); 0, or -ENOSPC without room up to tail. */
+ * it goes into the ring at once); 0, or -ENOSPC without room up to tail. At a message's
+ * start beyond the hot window, a PAD first when the ring is empty (shm_pad_write; one
+ * compare on the way of a record within the window). */
 SHM_INLINE int shm_rec_write(struct shm_conn *conn, struct shm_ep *ep, struct shm_wr *wr,
                              const struct exs_prov_sge *sge, const void *payload, uint64_t tail)
 {
     uint32_t size;
     uint64_t pos;
 
+    if (EXS_UNLIKELY((conn->head & conn->ring_mask) >= SHM_HOT_WINDOW) && !wr->sent)
+        shm_pad_write(conn, ep, tail,
+                      wr->opcode == EXS_PROV_WR_RDMA_READ
+                          ? shm_roundup(SHM_REC_HDR + SHM_MAX_SGE * sizeof(struct shm_rsge))
+                          : shm_roundup(SHM_REC_HDR + EXS_MIN(wr->len, conn->frag_bytes)));
     if (EXS_UNLIKELY(wr->opcode == EXS_PROV_WR_RDMA_READ))
         return shm_read_write(conn, ep, wr, sge, tail);
     if (!wr->inl && wr->len > SHM_RING_INLINE)
@@ -1194,6 +1234,26 @@ static const char *shm_rec_check(const struct shm_conn *conn, const struct shm_r
     return rec->size == want ? NULL : "record size";
 }
 
+/* Check a PAD record read from the ring (a local copy) at our position (spec/provider-shm.md,
+ * "The hot window"): between messages, every field but type and size 0, and its size
+ * exactly the bytes from our position to the lap's end (so a whole number of slots, not 0
+ * and, our position never being a lap's start, at most the ring less a slot: the consumer
+ * never reads beyond the ring, and goes on at the next lap's offset 0). The producer's
+ * window is its own choice: a PAD at any position but a lap's start is taken. */
+static const char *shm_pad_check(const struct shm_conn *conn, const struct shm_rec *rec)
+{
+    uint32_t off = (uint32_t)(conn->tail & conn->ring_mask);
+
+    if (conn->frag_off)
+        return "pad in the middle of a message";
+    if (rec->flags || rec->nsge || rec->rsvd || rec->psn || rec->len || rec->imm || rec->raddr ||
+        rec->rkey)
+        return "pad fields";
+    if (!off || rec->size != conn->ring_bytes - off)
+        return "pad size";
+    return NULL;
+}
+
 /* Carry out the peer's requests; > 0 when any was. */
 static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
 {
@@ -1213,6 +1273,14 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
         /* (a header never wraps: one fixed-size copy, no call) */
         memcpy(&rec, conn->rx_ring + (conn->tail & conn->ring_mask), sizeof(rec));
         SHM_ONCE();
+        if (EXS_UNLIKELY(rec.type == SHM_REC_PAD)) { /* the hot window: on to the next lap */
+            bad = shm_pad_check(conn, &rec);
+            if (bad)
+                break;
+            conn->tail += rec.size;
+            did++;
+            continue;
+        }
         /* (the writer keeps a slot free beyond each record: at most a ring less a slot) */
         bad = shm_rec_check(conn, &rec, conn->ring_bytes - SHM_SLOT);
         if (bad)
