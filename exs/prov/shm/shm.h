@@ -40,6 +40,10 @@
  * DISCONNECT, and its end of file (the kernel closes it when the peer process dies,
  * SIGKILL included) and a pidfd of the peer say the peer is gone.
  *
+ * A producer that finds its ring empty SHM_HOT_WINDOW or more into a lap writes a PAD record
+ * to the lap's end and goes on at the ring's start (the hot window: a ping-pong's records
+ * stay on lines both cores have); the consumer checks it and skips to the next lap.
+ *
  * Everything read from the shared memory is read once into a local and checked: a
  * lying peer ends its own connection (-EPROTO), never reaches memory a grant did not
  * give it and never makes this process crash or block.
