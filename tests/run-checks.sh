@@ -3,7 +3,8 @@
 # Run each test command given (binary plus arguments), print each one's Check summary,
 # and end with one "N passed, N failed, N skipped" line over all of them. A test that
 # prints "SKIP <test>: <reason>" (tests/skip.h) passed for Check but ran nothing: it is
-# counted as skipped, not passed. Exit 1 if any failed.
+# counted as skipped, not passed. Above the failures and the summary, the seconds of the
+# longest commands (where a slow run spent its time). Exit 1 if any failed.
 set -u
 if [ "${1:-}" = --self-test ]; then
     # Two fake test binaries: 3 checks with one SKIP (2 passed, 1 skipped), and 2 checks
@@ -29,12 +30,15 @@ build=$1; shift
 mult=${EXS_TEST_TIMEOUT_MULT:-1}
 total_pass=0; total_fail=0; total_skip=0; bad=0
 failed_list=$(mktemp)
+times_list=$(mktemp)
 for cmd in "$@"; do
     echo "== $cmd"
     out=$(mktemp)
+    t0=$SECONDS
     # shellcheck disable=SC2086
     timeout $((600 * mult)) $cmd 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
+    echo "$((SECONDS - t0)) $cmd" >>"$times_list"
     line=$(grep -E '^[0-9]+%: Checks: ' "$out" | tail -n 1)
     skips=$(grep -c -E '^SKIP [^:]+: ' "$out")
     if [ -n "$line" ]; then
@@ -59,6 +63,10 @@ for cmd in "$@"; do
     [ "$rc" -eq 0 ] || echo "$cmd exited $rc" >>"$failed_list"
     rm -f "$out"
 done
+# Where the time went (seconds, the longest first): what to look at when the run is slow.
+echo "== seconds per command, the longest first"
+sort -rn "$times_list" | head -n 12 | sed 's/^/   /'
+rm -f "$times_list"
 # The failures again, right above the summary: a log read from its tail names them.
 if [ -s "$failed_list" ]; then
     echo "== failures"
