@@ -3,6 +3,7 @@
  * peer process killed mid-transfer (run with -p shm; skipped elsewhere). */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -1312,11 +1313,13 @@ START_TEST(shm_frag_send_scatter)
 END_TEST
 
 /* The doorbell of a sleeping requester within the responder's turn (h69): one each half
- * ring freed (SHM_KICK_DIV), then one at the turn's end. a (MANUAL, armed: asleep, its
- * flags up) fills the ring with fragments of a WRITE of two rings; b's one turn takes
- * them all and writes a's bell once per half ring freed, plus its end-of-turn one: 2 for
- * the 63 fragments of a 4 MiB ring. Seen failing with the old doorbell each quarter ring
- * (4 bells). The WRITE then completes whole, the data in place. */
+ * ring freed (SHM_KICK_DIV), then one for the turn's answers, at the start of b's next
+ * turn (the owed fence, SHM_FENCE_LATER; at the turn's end under TSan). a (MANUAL, armed:
+ * asleep, its flags up) fills the ring with fragments of a WRITE of two rings; b's one
+ * turn takes them all and writes a's bell once per half ring freed, its next turn the
+ * answers' one: 2 for the 63 fragments of a 4 MiB ring. Seen failing with the old
+ * doorbell each quarter ring (4 bells). The WRITE then completes whole, the data in
+ * place. */
 START_TEST(shm_frag_bell_half_ring)
 {
     const uint32_t BIG = 2 * SHM_RING_DEFAULT + 9;
@@ -1345,6 +1348,10 @@ START_TEST(shm_frag_bell_half_ring)
     ck_assert(__atomic_load_n(&cb->peer_flag->sleeping, __ATOMIC_SEQ_CST));
     bells0 = __atomic_load_n(&xb->cnt.bells_tx, __ATOMIC_RELAXED);
     ck_assert_int_gt(pt_ops->ctx_progress(p.b.ctx), 0);
+    if (SHM_FENCE_LATER) {
+        ck_assert(cb->fence_owed);
+        pt_ops->ctx_progress(p.b.ctx); /* the answers' fence and bell */
+    }
     bells = __atomic_load_n(&xb->cnt.bells_tx, __ATOMIC_RELAXED) - bells0;
     rec = (SHM_REC_HDR + cb->frag_bytes + SHM_SLOT - 1) / SHM_SLOT * SHM_SLOT;
     taken = cb->tail / rec; /* fragments b took in its turn (all a wrote) */
@@ -1358,6 +1365,69 @@ START_TEST(shm_frag_bell_half_ring)
     pt_expect_cqe(&p.a, 1, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_RDMA_WRITE, NULL);
     ck_assert(memcmp(tgt->p + 5, src->p + 3, BIG) == 0);
     ck_assert(pt_all_bytes(tgt->p, 5, 0) && pt_all_bytes(tgt->p + 5 + BIG, 64 - 5, 0));
+    pt_pair_close(&p);
+    pt_self_drive = 0;
+}
+END_TEST
+
+/* The owed fence (spec/provider-shm.md, "The owed fence"): the answers of a responder's
+ * turn (tail, ack) go out with release stores, and the look at a sleeping requester's flag
+ * waits for b's next turn (loop 0) or b's sleep (loop 1: its arm). a (MANUAL) posts a 64 B
+ * SEND and sleeps (armed, flags up); b's one turn takes it (the receive completes) and, the
+ * fence owed, writes no bell; then b's next turn, or its arm, writes a's bell once, a's
+ * descriptor turns readable and a's SEND completes. Without the payment at the turn's
+ * start (or in the idle turn's look, which would answer "call again" without it), or in the
+ * sleep, a is never woken: the poll below fails after PT_TIMEOUT_MS. Under TSan the bell
+ * comes within the first turn (SHM_FENCE_LATER 0). */
+START_TEST(shm_owed_fence)
+{
+    enum { SZ = 64 };
+    struct pt_pair p;
+    struct pt_buf *src, *dst;
+    struct shm_conn *ca, *cb;
+    struct shm_ctx *xb;
+    struct exs_prov_cqe c;
+    uint64_t bells0;
+    struct pollfd pfd;
+
+    if (skip_unless_shm(_i ? "shm_owed_fence_arm" : "shm_owed_fence_turn"))
+        return;
+    pt_self_drive = 1; /* both ctxs MANUAL, turned by this thread alone */
+    pt_pair_setup(&p, NULL, NULL);
+    ca = shm_ep_of(p.ea)->conn;
+    cb = shm_ep_of(p.eb)->conn;
+    xb = shm_ep_of(p.eb)->ctx;
+    src = pt_pair_buf(&p, 'a', SZ, LW, 0);
+    dst = pt_pair_buf(&p, 'b', SZ, LW, 0);
+    pt_pattern(src->p, SZ, 77);
+    ck_assert_int_eq(pt_post_recv(p.eb, 1, dst, 0, SZ), 0);
+    ck_assert_int_eq(pt_post_send(p.ea, 2, EXS_PROV_WR_SEND, SIG, src, 0, SZ, 0, 0, 0), 0);
+    ck_assert_int_eq(pt_ops->ctx_arm(p.a.ctx), 0); /* a asleep */
+    ck_assert(__atomic_load_n(&cb->peer_flag->sleeping, __ATOMIC_SEQ_CST));
+    bells0 = __atomic_load_n(&xb->cnt.bells_tx, __ATOMIC_RELAXED);
+    ck_assert_int_gt(pt_ops->ctx_progress(p.b.ctx), 0); /* b's turn takes the SEND */
+    ck_assert_uint_eq(cb->tail, ca->head);
+    ck_assert_uint_eq(__atomic_load_n(&cb->mine->ack, __ATOMIC_ACQUIRE), ca->acked + 1);
+    ck_assert_int_eq(pt_ops->ctx_poll(p.b.ctx, &c, 1), 1);
+    ck_assert_uint_eq(c.wr_id, 1);
+    ck_assert_int_eq(c.status, EXS_PROV_WC_SUCCESS);
+    ck_assert_msg(pt_pattern_check(dst->p, SZ, 77) < 0, "the SEND's bytes differ");
+    if (SHM_FENCE_LATER) {
+        ck_assert(cb->fence_owed);
+        ck_assert_uint_eq(__atomic_load_n(&xb->cnt.bells_tx, __ATOMIC_RELAXED), bells0);
+        if (_i == 0) {
+            pt_ops->ctx_progress(p.b.ctx); /* one turn, on empty rings */
+        } else {
+            ck_assert_int_eq(pt_ops->ctx_arm(p.b.ctx), 0); /* b goes to sleep */
+            pt_ops->ctx_disarm(p.b.ctx);
+        }
+        ck_assert(!cb->fence_owed);
+    }
+    ck_assert_uint_eq(__atomic_load_n(&xb->cnt.bells_tx, __ATOMIC_RELAXED), bells0 + 1);
+    pfd = (struct pollfd){.fd = pt_ops->ctx_event_fd(p.a.ctx), .events = POLLIN};
+    ck_assert_msg(poll(&pfd, 1, PT_TIMEOUT_MS) == 1, "a was not woken by b's answer");
+    pt_ops->ctx_disarm(p.a.ctx);
+    pt_expect_cqe(&p.a, 2, EXS_PROV_WC_SUCCESS, EXS_PROV_WC_SEND, NULL);
     pt_pair_close(&p);
     pt_self_drive = 0;
 }
@@ -2011,6 +2081,7 @@ Suite *prov_shm_suite(void)
     tcase_add_test(tc, shm_fast_paths);
     tcase_add_test(tc, shm_frag_send_scatter);
     tcase_add_test(tc, shm_frag_bell_half_ring);
+    tcase_add_loop_test(tc, shm_owed_fence, 0, 2);
     suite_add_tcase(s, tc);
     tc = pt_tcase("shm_hot");
     tcase_add_test(tc, shm_hot_window);

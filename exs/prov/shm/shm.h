@@ -363,7 +363,12 @@ struct shm_conn {
     unsigned rnr_tries;
     uint8_t peer_rnr_retry, peer_rnr_timer_ms;
     int sleeping; /* mine->sleeping is set */
-    int kick;     /* we changed something the peer waits for */
+    /* (nic_lock) tail and ack were published without the store-load fence a sleeping
+     * peer's look needs: the fence and the look at its flag are owed, paid at the start of
+     * the next turn or before we sleep (exs__shm_conn_pay_kick) */
+    int fence_owed;
+    int answers_due; /* (nic_lock) within a turn: requests taken, tail and ack to publish */
+    int kick;        /* we changed something the peer waits for */
     struct sockaddr_storage peer_addr;
     socklen_t peer_addrlen;
     uint64_t hello_at; /* WAIT_REQ: closed when its REQ has not come by then (ns) */
@@ -634,6 +639,30 @@ static inline void exs__shm_conn_kick(struct shm_conn *conn)
      * shm_prepare_sleep */
     if (conn->bell >= 0 && __atomic_load_n(&conn->peer_flag->sleeping, __ATOMIC_SEQ_CST))
         exs__shm_conn_bell(conn);
+}
+/* The consumer's answers (tail, ack) go out with release stores, and the fence between
+ * them and the look at the peer's flag (exs__shm_conn_kick) comes at the start of our next
+ * turn or before we sleep: a locked store there waited for the peer's copy of our line to
+ * be taken back (it reads our line every turn), before the application could answer.
+ * Under TSan, which does not follow fences, the answers are sequentially consistent
+ * stores and the look comes at once, as the producer's. */
+#if defined(__SANITIZE_THREAD__)
+#define SHM_FENCE_LATER 0
+#else
+#define SHM_FENCE_LATER 1
+#endif
+/* (nic_lock) The owed fence and look, if any (spec/provider-shm.md, "The owed fence"). */
+static inline void exs__shm_conn_pay_kick(struct shm_conn *conn)
+{
+#if SHM_FENCE_LATER
+    if (conn->fence_owed) {
+        conn->fence_owed = 0;
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        exs__shm_conn_kick(conn);
+    }
+#else
+    (void)conn;
+#endif
 }
 void exs__shm_ep_pend_locked(struct shm_ep *ep);
 /* ctx->lock held: a work request given back (to its ep's pool, or freed). */

@@ -214,6 +214,7 @@ static inline __attribute__((always_inline)) int shm_rings(struct shm_ctx *ctx, 
         struct shm_conn *conn = exs_list_entry(pos, struct shm_conn, link);
 
         if (conn->state == SHM_CONN_UP) {
+            exs__shm_conn_pay_kick(conn); /* the last turn's answers' fence */
             if (conn->sleeping && wake_up) {
                 conn->sleeping = 0;
                 __atomic_store_n(&conn->mine_flag->sleeping, 0, __ATOMIC_RELAXED);
@@ -309,6 +310,7 @@ static int shm_prepare_sleep(struct shm_ctx *ctx)
 
         if (conn->state != SHM_CONN_UP)
             continue;
+        exs__shm_conn_pay_kick(conn); /* a sleeper owes no look at the peer's flag */
         /* sequentially consistent, as the writers' publications and the look below: in
          * that one order either our look sees a writer's change or the writer sees the
          * flag (a store / load pair on each side; no fence, which TSan cannot follow) */
@@ -368,7 +370,7 @@ static inline int shm_turn_idle(struct shm_ctx *ctx)
 
         /* as exs__shm_turn's: a turn of collect 1 takes the flags back only from an
          * unarmed MANUAL consumer (looked at only when a flag is set) */
-        if (conn->state != SHM_CONN_UP ||
+        if (conn->state != SHM_CONN_UP || conn->fence_owed ||
             (conn->sleeping && ctx->manual && !__atomic_load_n(&ctx->armed, __ATOMIC_RELAXED)) ||
             exs__shm_conn_stirred(conn))
             return 0;

@@ -1362,16 +1362,33 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
     }
     if (conn->state != SHM_CONN_UP)
         return did + (ret < 0);
-    if (did || ret < 0) {
-        /* (with ctx->lock held when the last requests were inline: the answers next) The
-         * tail released, then the ack sequentially consistent: one locked store, not two
-         * (a sleeper's look reads the ack before the tail: shm_prepare_sleep) */
-        SHM_TSAN_RELEASE();
-        __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_RELEASE);
-        __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_SEQ_CST);
-        exs__shm_conn_kick(conn);
-    }
+    /* (with ctx->lock held when the last requests were inline: the answers next) tail and
+     * ack published by the caller once ctx->lock is given back (shm_publish_answers) */
+    if (did || ret < 0)
+        conn->answers_due = 1;
     return did;
+}
+
+/* The answers of a turn that took requests: the tail released, then the ack (a sleeper's
+ * look reads the ack before the tail: shm_prepare_sleep). After ctx->lock is given back:
+ * the lock's locked exchange would wait for our line to be taken back from the peer, who
+ * reads it every turn. The fence before the look at the peer's flag is owed to our next
+ * turn or sleep (SHM_FENCE_LATER, exs__shm_conn_pay_kick); under TSan the ack is
+ * sequentially consistent and the look comes now (one locked store, not two). */
+static void shm_publish_answers(struct shm_conn *conn)
+{
+    conn->answers_due = 0;
+    if (conn->state != SHM_CONN_UP)
+        return;
+    SHM_TSAN_RELEASE();
+    __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_RELEASE);
+#if SHM_FENCE_LATER
+    __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_RELEASE);
+    conn->fence_owed = 1;
+#else
+    __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_SEQ_CST);
+    exs__shm_conn_kick(conn);
+#endif
 }
 
 int exs__shm_conn_service(struct shm_conn *conn)
@@ -1402,6 +1419,8 @@ int exs__shm_conn_service(struct shm_conn *conn)
     if (conn->state == SHM_CONN_UP)
         did += shm_take_answers(conn, &h);
     shm_hold_drop(ctx, &h);
+    if (conn->answers_due)
+        shm_publish_answers(conn);
     if (conn->state == SHM_CONN_UP && __atomic_load_n(&conn->ep->pend, __ATOMIC_RELAXED))
         did += shm_bad_head(conn);
     return did;
