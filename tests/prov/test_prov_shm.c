@@ -1312,6 +1312,18 @@ START_TEST(shm_frag_send_scatter)
 }
 END_TEST
 
+/* A pair whose two MANUAL ctxs this thread alone turns (pt_self_drive), and its two
+ * connections and b's context. */
+static void self_driven_pair(struct pt_pair *p, struct shm_conn **ca, struct shm_conn **cb,
+                             struct shm_ctx **xb)
+{
+    pt_self_drive = 1;
+    pt_pair_setup(p, NULL, NULL);
+    *ca = shm_ep_of(p->ea)->conn;
+    *cb = shm_ep_of(p->eb)->conn;
+    *xb = shm_ep_of(p->eb)->ctx;
+}
+
 /* The doorbell of a sleeping requester within the responder's turn (h69): one each half
  * ring freed (SHM_KICK_DIV), then one for the turn's answers, at the start of b's next
  * turn (the owed fence, SHM_FENCE_LATER; at the turn's end under TSan). a (MANUAL, armed:
@@ -1331,11 +1343,7 @@ START_TEST(shm_frag_bell_half_ring)
 
     if (skip_unless_shm("shm_frag_bell_half_ring"))
         return;
-    pt_self_drive = 1; /* both ctxs MANUAL, turned by this thread alone */
-    pt_pair_setup(&p, NULL, NULL);
-    ca = shm_ep_of(p.ea)->conn;
-    cb = shm_ep_of(p.eb)->conn;
-    xb = shm_ep_of(p.eb)->ctx;
+    self_driven_pair(&p, &ca, &cb, &xb);
     ck_assert_uint_eq(cb->ring_bytes, SHM_RING_DEFAULT);
     src = pt_pair_buf(&p, 'a', BIG + 64, LW, 0);
     tgt = pt_pair_buf(&p, 'b', BIG + 64, LW | RW, 0);
@@ -1392,11 +1400,7 @@ START_TEST(shm_owed_fence)
 
     if (skip_unless_shm(_i ? "shm_owed_fence_arm" : "shm_owed_fence_turn"))
         return;
-    pt_self_drive = 1; /* both ctxs MANUAL, turned by this thread alone */
-    pt_pair_setup(&p, NULL, NULL);
-    ca = shm_ep_of(p.ea)->conn;
-    cb = shm_ep_of(p.eb)->conn;
-    xb = shm_ep_of(p.eb)->ctx;
+    self_driven_pair(&p, &ca, &cb, &xb);
     src = pt_pair_buf(&p, 'a', SZ, LW, 0);
     dst = pt_pair_buf(&p, 'b', SZ, LW, 0);
     pt_pattern(src->p, SZ, 77);
