@@ -209,10 +209,14 @@ int exs__conn_ctrl_flush_due_locked(struct exs_conn *conn);
  * asks, and mostly nothing waits and no ACK can be due: no record, fewer owed credits
  * than the smallest threshold (2, with at least 3 credits) and less than a quarter of the
  * ring arrived since the last report (so less consumed too; spec/protocol.md §3.1, §7). */
+static inline int exs__conn_ctrl_idle(const struct exs_conn *conn)
+{
+    return !conn->ctrl_len && conn->owed < 2 && conn->p.credits >= 3 &&
+           conn->rd_arrived - conn->rd_reported < conn->p.ring_size / 4;
+}
 static inline int exs__conn_ctrl_flush_locked(struct exs_conn *conn)
 {
-    if (!conn->ctrl_len && conn->owed < 2 && conn->p.credits >= 3 &&
-        conn->rd_arrived - conn->rd_reported < conn->p.ring_size / 4)
+    if (exs__conn_ctrl_idle(conn))
         return 1;
     return exs__conn_ctrl_flush_due_locked(conn);
 }
@@ -332,14 +336,18 @@ void exs__conn_deliver_all_locked(struct exs_conn *conn);
  * not the library's own and not DONE, and a receive at recvq's head not DONE, hold back
  * everything behind them; the run of internal ops is then not at the head (forgotten, as
  * the walk would). Anything else takes the walk. */
-static inline void exs__conn_deliver_locked(struct exs_conn *conn)
+static inline int exs__conn_deliver_idle(const struct exs_conn *conn)
 {
     const struct exs_op *s =
         exs_list_empty(&conn->sendq) ? NULL : exs_list_entry(conn->sendq.next, struct exs_op, link);
 
-    if ((!s || (s->state != EXS_OPS_DONE && !s->internal)) &&
-        (exs_list_empty(&conn->recvq) ||
-         exs_list_entry(conn->recvq.next, struct exs_op, link)->state != EXS_OPS_DONE)) {
+    return (!s || (s->state != EXS_OPS_DONE && !s->internal)) &&
+           (exs_list_empty(&conn->recvq) ||
+            exs_list_entry(conn->recvq.next, struct exs_op, link)->state != EXS_OPS_DONE);
+}
+static inline void exs__conn_deliver_locked(struct exs_conn *conn)
+{
+    if (exs__conn_deliver_idle(conn)) {
         conn->dlv_run = NULL;
         return;
     }

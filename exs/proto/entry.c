@@ -253,8 +253,18 @@ int exs__conn_post(struct exs_conn *conn, struct exs_op *op)
     }
     if (op->kind == EXS_OP_RECV) {
         exs_list_add_tail(&conn->recvq, &op->link);
-        if (conn->state == EXS_CONN_DEAD)
+        if (conn->state == EXS_CONN_DEAD) {
             conn->dp->dead_drain(conn);
+        } else if (conn->dp == &exs__seqpkt_path && conn->state == EXS_CONN_CONNECTED &&
+                   !conn->resume.peer_wait && exs__seqpkt_rx_idle(conn) &&
+                   exs__conn_ctrl_idle(conn) && exs__conn_deliver_idle(conn)) {
+            /* nothing to place (spec/proto-layout.md, "A receive posted with nothing to
+             * place"): each part of the receive side's kick would give its quick answer,
+             * so no pass runs; delivery's would forget the run of internal ops */
+            conn->rx_posts_idle++;
+            conn->dlv_run = NULL;
+            goto out;
+        }
         exs__conn_kick_rx_locked(conn); /* the full kick off CONNECTED */
         goto out;
     } else {

@@ -350,7 +350,8 @@ struct exs_conn {
                             * exs__conn_send_now_post) */
     uint64_t kicks_tx;
     uint64_t kicks_rx;
-    uint64_t rx_taken; /* SEQPACKET eager messages a waiting receive took at their arrival */
+    uint64_t rx_posts_idle; /* SEQPACKET receives posted with nothing to place: no pass */
+    uint64_t rx_taken;      /* SEQPACKET eager messages a waiting receive took at their arrival */
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t dl_start_ns;                 /* connect / accept began (handshake deadline) */

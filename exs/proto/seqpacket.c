@@ -998,28 +998,14 @@ static __attribute__((noinline)) void sp_recv_progress_locked(struct exs_conn *c
     }
 }
 
-/* The receive side's pass. Its quick answer, a leaf (no frame to build): no READ_DONE or
- * remembered read owed, no READ to post, no message waiting, no SHUTDOWN seen, and no
- * receive waiting that would be advertised (one of eager_max bytes or more, still
- * QUEUED): the pass would then only count the receives (every kick asks; in a ping-pong
- * the receive post's and the arrival's, which finds its receive taken at the arrival). */
+/* The receive side's pass. Its quick answer, a leaf (no frame to build): nothing for the
+ * pass to do (exs__seqpkt_rx_idle, seqpkt.h), when it would only count the receives
+ * (every kick asks; in a ping-pong the arrival's, which finds its receive taken at the
+ * arrival; the receive post asks exs__seqpkt_rx_idle itself). */
 void exs__seqpkt_recv_progress_locked(struct exs_conn *conn)
 {
-    const struct exs_list *pos;
-
-    if (conn->state != EXS_CONN_CONNECTED)
+    if (conn->state != EXS_CONN_CONNECTED || exs__seqpkt_rx_idle(conn))
         return;
-    if (conn->rd_owed_count || conn->seqpkt.memo_owed || conn->seqpkt.rd_op ||
-        !exs_list_empty(&conn->pending) || conn->peer_shut)
-        goto pass;
-    for (pos = conn->recvq.next; pos != &conn->recvq; pos = pos->next) {
-        const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
-
-        if (op->state == EXS_OPS_QUEUED && op->len >= conn->p.eager_max)
-            goto pass;
-    }
-    return;
-pass:
     sp_recv_progress_locked(conn);
 }
 

@@ -69,6 +69,28 @@ struct exs_pending_msg {
 
 void exs__seqpkt_send_progress_locked(struct exs_conn *conn);
 void exs__seqpkt_recv_progress_locked(struct exs_conn *conn);
+
+/* The receive side's pass would only count the receives (its quick answer,
+ * exs__seqpkt_recv_progress_locked): no READ_DONE or remembered read owed, no READ to
+ * post, no message waiting, no SHUTDOWN seen, and no receive waiting that would be
+ * advertised (one of eager_max bytes or more, still QUEUED). Inline: that pass asks it,
+ * and so does every SEQPACKET receive post (exs__conn_post, spec/proto-layout.md, "A
+ * receive posted with nothing to place"). */
+static inline int exs__seqpkt_rx_idle(const struct exs_conn *conn)
+{
+    const struct exs_list *pos;
+
+    if (conn->rd_owed_count || conn->seqpkt.memo_owed || conn->seqpkt.rd_op ||
+        !exs_list_empty(&conn->pending) || conn->peer_shut)
+        return 0;
+    for (pos = conn->recvq.next; pos != &conn->recvq; pos = pos->next) {
+        const struct exs_op *op = exs_list_entry(pos, struct exs_op, link);
+
+        if (op->state == EXS_OPS_QUEUED && op->len >= conn->p.eager_max)
+            return 0;
+    }
+    return 1;
+}
 int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len);
 int exs__seqpkt_on_announce_locked(struct exs_conn *conn, const struct exs_wire_announce *a);
 int exs__seqpkt_on_read_done_locked(struct exs_conn *conn, uint64_t seq);

@@ -367,6 +367,61 @@ START_TEST(sp_rx_post_kick)
 }
 END_TEST
 
+/* A receive posted on a CONNECTED conn with nothing to place runs no pass at all
+ * (spec/proto-layout.md, "A receive posted with nothing to place"; exs_conn.rx_posts_idle
+ * counts them): it waits, QUEUED, and the message that comes next is still its own, in
+ * order. A receive posted while a message waits, or after the peer's SHUTDOWN (end of
+ * stream at the post), or one that would be advertised, takes the receive side's kick. */
+START_TEST(sp_rx_post_idle)
+{
+    static uint8_t sb[3][64], rb[5][8000];
+    struct pt_op s[3], r[5], sh;
+    uint64_t i0 = pp.b.conn->rx_posts_idle, k0 = pp.b.conn->kicks_rx;
+
+    recv_msg(&r[0], &pp.b, rb[0], 64);
+    recv_msg(&r[1], &pp.b, rb[1], 64); /* behind a small QUEUED one: idle too */
+    ck_assert_uint_eq(pp.b.conn->rx_posts_idle, i0 + 2);
+    ck_assert_uint_eq(pp.b.conn->kicks_rx, k0);
+    ck_assert_int_eq(r[0].op.state, EXS_OPS_QUEUED);
+    ck_assert_int_eq(r[1].op.state, EXS_OPS_QUEUED);
+    for (int i = 0; i < 2; i++)
+        send_msg(&s[i], &pp.a, sb[i], sizeof(sb[i]), 20u + (unsigned)i);
+    pt_run(&pp);
+    for (int i = 0; i < 2; i++) {
+        pt_assert_done(&s[i], (ssize_t)sizeof(sb[i]), 0);
+        pt_assert_done(&r[i], (ssize_t)sizeof(sb[i]), 0);
+        ck_assert(pt_check(rb[i], sizeof(sb[i]), 20u + (unsigned)i));
+    }
+    ck_assert_uint_eq(r[0].order + 1, r[1].order);
+    /* a message waiting: the kick hands it over at the post */
+    send_msg(&s[2], &pp.a, sb[2], sizeof(sb[2]), 33);
+    pt_run(&pp);
+    recv_msg(&r[2], &pp.b, rb[2], 64);
+    pt_assert_done(&r[2], 64, 0);
+    ck_assert(pt_check(rb[2], 64, 33));
+    ck_assert_uint_eq(pp.b.conn->kicks_rx, k0 + 1);
+    /* too large for the ring: advertised at its post */
+    recv_msg(&r[3], &pp.b, rb[3], sizeof(rb[3]));
+    ck_assert_uint_eq(pp.b.conn->kicks_rx, k0 + 2);
+    ck_assert_int_eq(r[3].op.state, EXS_OPS_ADVERTISED);
+    /* after the peer's SHUTDOWN: end of stream at the post (r[3] ends first) */
+    pt_op_init(&sh, &pp.a, EXS_OP_SHUTDOWN, NULL, 0, 0);
+    ck_assert_int_eq(pt_post(&sh), 0);
+    pt_run(&pp);
+    pt_assert_done(&sh, 0, 0);
+    pt_assert_done(&r[3], 0, 0);
+    recv_msg(&r[4], &pp.b, rb[4], 64);
+    pt_assert_done(&r[4], 0, 0);
+    ck_assert_uint_eq(pp.b.conn->kicks_rx, k0 + 3);
+    ck_assert_uint_eq(pp.b.conn->rx_posts_idle, i0 + 2);
+    pt_op_fini(&sh);
+    for (int i = 0; i < 3; i++)
+        pt_op_fini(&s[i]);
+    for (int i = 0; i < 5; i++)
+        pt_op_fini(&r[i]);
+}
+END_TEST
+
 /* An eager message that arrives while a receive waits and no earlier message does is
  * taken by that receive at its arrival (spec/proto-layout.md, "A message taken at its
  * arrival"): no pending entry is ever made (none kept for reuse, the memory account does
@@ -1300,6 +1355,7 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_post_fast_announced);
     tcase_add_test(tc, sp_tx_run_send_side);
     tcase_add_test(tc, sp_rx_post_kick);
+    tcase_add_test(tc, sp_rx_post_idle);
     tcase_add_loop_test(tc, sp_take_at_arrival, 0, 2);
     tcase_add_test(tc, sp_counters_fold);
     tcase_add_test(tc, sp_ring_not_pow2);
