@@ -352,6 +352,7 @@ struct exs_conn {
     uint64_t kicks_rx;
     uint64_t rx_posts_idle; /* SEQPACKET receives posted with nothing to place: no pass */
     uint64_t rx_taken;      /* SEQPACKET eager messages a waiting receive took at their arrival */
+    uint64_t rx_handed;     /* of those, receives handed back at the arrival too */
 
     /* keepalive and deadlines (spec/protocol.md §9), progress thread only */
     uint64_t dl_start_ns;                 /* connect / accept began (handshake deadline) */

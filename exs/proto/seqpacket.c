@@ -655,6 +655,23 @@ static int sp_on_batch_locked(struct exs_conn *conn, uint32_t n, uint32_t len)
     return 0;
 }
 
+/* Receive op just took a message at its arrival (below): it goes back to its owner here,
+ * as the delivery of the pass after the run would hand it back first (spec/proto-layout.md,
+ * "A receive handed back at the arrival"), when it is recvq's head, holds no grant, sendq
+ * is empty (no send of the run can finish before the pass: the events come in the same
+ * order), request tracing is off (its arrival is traced after this) and the run ends with
+ * the event before the re-post (no resume request on trial, no RESUME awaited). Else
+ * delivery hands it back as before. */
+static inline void sp_taken_deliver_locked(struct exs_conn *conn, struct exs_op *op)
+{
+    if (conn->recvq.next != &op->link || op->grant || !exs_list_empty(&conn->sendq) ||
+        (EXS_REQTRACE_ON && conn->rt) || conn->resume.pend || conn->resume.peer_wait)
+        return;
+    exs_list_del(&op->link);
+    conn->rx_handed++;
+    op->done(op);
+}
+
 int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len)
 {
     int ret;
@@ -698,6 +715,7 @@ int exs__seqpkt_on_data_locked(struct exs_conn *conn, uint32_t imm, uint32_t len
                 conn->rx_taken++;
                 sp_take_eager_locked(conn, op, conn->ring, off, len, conn->rd_arrived,
                                      conn->rx_seq++);
+                sp_taken_deliver_locked(conn, op);
                 return 0;
             }
         }

@@ -422,6 +422,50 @@ START_TEST(sp_rx_post_idle)
 }
 END_TEST
 
+/* A receive that an eager message took at its arrival goes back to its owner at the
+ * arrival too (spec/proto-layout.md, "A receive handed back at the arrival";
+ * exs_conn.rx_handed counts them), with sendq empty. With a send of b's own in sendq (an
+ * announced one, which waits for a's READ) the pass after the run hands it back, as
+ * before; either way the bytes are whole and the receives come in posting order. */
+START_TEST(sp_rx_handed_at_arrival)
+{
+    static uint8_t sb[3][8000], rb[3][8000];
+    struct pt_op s[3], r[3];
+    uint64_t h0 = pp.b.conn->rx_handed, t0 = pp.b.conn->rx_taken;
+
+    recv_msg(&r[0], &pp.b, rb[0], 64);
+    send_msg(&s[0], &pp.a, sb[0], 64, 5);
+    pt_run(&pp);
+    pt_assert_done(&s[0], 64, 0);
+    pt_assert_done(&r[0], 64, 0);
+    ck_assert(pt_check(rb[0], 64, 5));
+    ck_assert_uint_eq(pp.b.conn->rx_handed, h0 + 1);
+    /* b's send waits in sendq (a has no receive for it): the arrival leaves the hand-back
+     * to the pass */
+    recv_msg(&r[1], &pp.b, rb[1], 64);
+    send_msg(&s[1], &pp.b, sb[1], sizeof(sb[1]), 6);
+    pt_run(&pp);
+    ck_assert_int_ne(s[1].op.state, EXS_OPS_DONE);
+    send_msg(&s[2], &pp.a, sb[2], 64, 7);
+    pt_run(&pp);
+    pt_assert_done(&s[2], 64, 0);
+    pt_assert_done(&r[1], 64, 0);
+    ck_assert(pt_check(rb[1], 64, 7));
+    ck_assert_uint_eq(pp.b.conn->rx_taken, t0 + 2);
+    ck_assert_uint_eq(pp.b.conn->rx_handed, h0 + 1);
+    ck_assert_uint_eq(r[0].order + 1, r[1].order);
+    recv_msg(&r[2], &pp.a, rb[2], sizeof(rb[2]));
+    pt_run(&pp);
+    pt_assert_done(&s[1], sizeof(sb[1]), 0);
+    pt_assert_done(&r[2], sizeof(rb[2]), 0);
+    ck_assert(pt_check(rb[2], sizeof(rb[2]), 6));
+    for (int i = 0; i < 3; i++) {
+        pt_op_fini(&s[i]);
+        pt_op_fini(&r[i]);
+    }
+}
+END_TEST
+
 /* An eager message that arrives while a receive waits and no earlier message does is
  * taken by that receive at its arrival (spec/proto-layout.md, "A message taken at its
  * arrival"): no pending entry is ever made (none kept for reuse, the memory account does
@@ -1357,6 +1401,7 @@ Suite *proto_seqpacket_suite(void)
     tcase_add_test(tc, sp_rx_post_kick);
     tcase_add_test(tc, sp_rx_post_idle);
     tcase_add_loop_test(tc, sp_take_at_arrival, 0, 2);
+    tcase_add_test(tc, sp_rx_handed_at_arrival);
     tcase_add_test(tc, sp_counters_fold);
     tcase_add_test(tc, sp_ring_not_pow2);
     tcase_add_loop_test(tc, sp_mixed_reordered, 0, 4);
