@@ -812,9 +812,14 @@ int exs__conn_quiet_may_locked(struct exs_conn *conn, uint32_t len)
 /* ... and its write (exs__conn_quiet_may_locked said yes, the lock held since, a credit
  * left): the WRITE WITH IMMEDIATE imm (no credits in it: the owed ones are taken here) of
  * len bytes from src, inline and unsignaled, as exs__conn_post_write_imm_locked posts an
- * op's, and the send's end (its bytes sent, the write moved). 1 posted; 0 the provider
- * refused it: nothing changed (the conn is not failed here: the whole way posts the send
- * again and fails the conn then). */
+ * op's, and the send's end (its bytes sent, the write moved). It goes to the provider
+ * straight (exs__prov_post_send), not through exs__conn_post_send_locked: that one's
+ * test, no work request queued and room under the cap, is exs__conn_quiet_may_locked's,
+ * which the held lock keeps true, so it would post it at once too; the unsignaled write's
+ * slot is counted as it counts it (conn_sq_posted); a cap (wr_max) another thread lowers
+ * meanwhile counts from the next post, as if it came just after this one. 1 posted; 0 the
+ * provider refused it: nothing changed (the conn is not failed here: the whole way posts
+ * the send again and fails the conn then). */
 int exs__conn_post_quiet_locked(struct exs_conn *conn, uint64_t raddr, uint32_t rkey, uint32_t len,
                                 uint32_t imm, const void *src, int flags)
 {
@@ -831,10 +836,12 @@ int exs__conn_post_quiet_locked(struct exs_conn *conn, uint64_t raddr, uint32_t 
         .rkey = rkey,
     };
 
-    if (exs__conn_post_send_locked(conn, &wr)) {
+    EXS_ASSERT(!conn->wrq_count);
+    if (exs__prov_post_send(conn->ep, &wr)) {
         conn->owed += owed;
         return 0;
     }
+    conn_sq_posted(conn, wr.flags);
     conn->credits--;
     conn->quiet_armed = 0;
     EXS_PROTO_CNT_INC(conn, writes_inline);

@@ -394,9 +394,16 @@ START_TEST(un_send_now)
         return;
     }
     pt_fill(sb, sizeof(sb), 9);
+    uint32_t q_run = c->quiet_run, q_live = c->quiet_live, sq_out = c->sq_out;
     ck_assert_int_eq(exs__conn_send_now_begin(c, len), 1);
     ck_assert_int_eq(exs__conn_send_now_post(c, sb, len, 0), 1);
     exs__conn_unlock(c);
+    /* posted straight to the provider, its slot counted as exs__conn_post_send_locked
+     * counts an unsignaled one: nothing queued, no signaled request more */
+    ck_assert_uint_eq(c->quiet_run, q_run + 1);
+    ck_assert_uint_eq(c->quiet_live, q_live + 1);
+    ck_assert_uint_eq(c->sq_out, sq_out);
+    ck_assert_uint_eq(c->wrq_count, 0);
     ck_assert_uint_eq(c->tx_seq, seq + 1);
     ck_assert_uint_gt(c->wr_tail, tail);
     ck_assert_uint_eq(c->posts_copied, posts + 1);
