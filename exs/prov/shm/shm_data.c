@@ -1377,17 +1377,20 @@ static int shm_take_requests(struct shm_conn *conn, struct shm_hold *h)
  * sequentially consistent and the look comes now (one locked store, not two). */
 static void shm_publish_answers(struct shm_conn *conn)
 {
+    /* also when the answers' turn ended the connection (a lie in the peer's line): the
+     * segment stays mapped until the connection is freed after the turn, and a peer that
+     * takes what we finished (its DISCONNECT's and its death's paths) reads them there; the
+     * look is for a connection still UP only (an ended one's peer hears the socket) */
     conn->answers_due = 0;
-    if (conn->state != SHM_CONN_UP)
-        return;
     SHM_TSAN_RELEASE();
     __atomic_store_n(&conn->mine->tail, conn->tail, __ATOMIC_RELEASE);
 #if SHM_FENCE_LATER
     __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_RELEASE);
-    conn->fence_owed = 1;
+    conn->fence_owed = conn->state == SHM_CONN_UP;
 #else
     __atomic_store_n(&conn->mine->ack, conn->ack, __ATOMIC_SEQ_CST);
-    exs__shm_conn_kick(conn);
+    if (conn->state == SHM_CONN_UP)
+        exs__shm_conn_kick(conn);
 #endif
 }
 
