@@ -19,6 +19,9 @@ export PATH=/guest:$PATH EXS_PROVIDER=verbs EXS_CTL_DIR=/tmp/ctl
 mkdir -p /tmp/ctl
 CL="taskset -c 0"; SV="taskset -c 1"
 C=${C:-3}; N1=${N1:-1000}; N2=${N2:-5000}; PORT=7600
+# KN_WAIT=block (MODE=knobs): blocking waits, blast without --poll --poll-recv, rstream -T b
+LWAIT="--poll --poll-recv"; RT=n
+[ "${KN_WAIT:-}" = block ] && { LWAIT=; RT=b; }
 T=/sys/kernel/tracing
 mount -t tracefs nodev $T 2>/dev/null
 mount -t debugfs nodev /sys/kernel/debug 2>/dev/null
@@ -71,9 +74,9 @@ client() {
     sys=$1; n=$2; shift 2
     if [ $sys = L ]; then
         "$@" timeout -s KILL 120 $CL ./blast -c $A -p 7471 --json --quiet --type seqpacket --lat-only --lat-size 64 \
-            --lat-iters $n --poll --poll-recv >/tmp/out.json 2>/tmp/cl.err
+            --lat-iters $n $LWAIT >/tmp/out.json 2>/tmp/cl.err
     else
-        "$@" timeout -s KILL 120 $CL rstream -s $A -p $PORT -S 64 -C 1 -I $n -T n >/tmp/out.json 2>/tmp/cl.err
+        "$@" timeout -s KILL 120 $CL rstream -s $A -p $PORT -S 64 -C 1 -I $n -T $RT >/tmp/out.json 2>/tmp/cl.err
     fi
     CRC=$?
 }
@@ -81,7 +84,7 @@ client() {
 rs_srv() {
     n=$1; shift
     PORT=$((PORT + 1))
-    "$@" timeout -s KILL 120 $SV rstream -p $PORT -S 64 -C 1 -I $n -T n >/tmp/srv.out 2>&1 &
+    "$@" timeout -s KILL 120 $SV rstream -p $PORT -S 64 -C 1 -I $n -T $RT >/tmp/srv.out 2>&1 &
     SP=$!
     sleep 2  # rsockets' port is not in netstat
 }
@@ -265,7 +268,7 @@ if [ "${MODE:-}" = knobs ]; then
             srv_wait knobs R $N2
         else
             env "$@" perf stat -x, -o /tmp/psc.txt -e $EV -- timeout -s KILL 120 $CL ./blast -c $A -p $p --json --quiet \
-                --type seqpacket --lat-only --lat-size 64 --lat-iters $N2 --poll --poll-recv >/tmp/out.json 2>/tmp/cl.err
+                --type seqpacket --lat-only --lat-size 64 --lat-iters $N2 $LWAIT >/tmp/out.json 2>/tmp/cl.err
         fi
         v=$(lat $([ $tag = R ] && echo R || echo L))
         echo "KN cyc=$c tag=$tag p50=$v $(awk -F, '$1 ~ /^[0-9.]+$/ {printf "%s=%s ", $3, $1}' /tmp/psc.txt)"

@@ -269,6 +269,9 @@ static struct exs_evq *evq_new(int depth)
     __atomic_store_n(&evq->dead, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&evq->mode, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&evq->spin_us, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->spin_learn, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->spin_seen_ns, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->spin_waits, 0, __ATOMIC_RELAXED);
     memset(&evq->free_next, 0, sizeof(*evq) - offsetof(struct exs_evq, free_next));
     EVQ_UNLOCK(evq);
     return evq;
@@ -675,6 +678,7 @@ static exs_qhandle_t evq_create(int depth, int private_)
     int spin_us = (int)__atomic_load_n(&exs__params.qwait_spin_us, __ATOMIC_RELAXED);
 
     __atomic_store_n(&evq->spin_us, spin_us, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->spin_learn, spin_us != 0, __ATOMIC_RELAXED);
     __atomic_store_n(&evq->mode, spin_us ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY, __ATOMIC_RELAXED);
     evq->qfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (evq->qfd < 0) {
@@ -869,6 +873,26 @@ uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns)
     return (uint32_t)EXS_MIN(EXS_MAX(n, (uint64_t)EVQ_SPIN_EVERY_MIN), EVQ_SPIN_EVERY_MAX);
 }
 
+uint64_t exs__evq_spin_limit(uint64_t seen_ns, uint64_t floor_ns, uint64_t ceil_ns, int probe,
+                             int *sample)
+{
+    *sample = 0;
+    if (ceil_ns <= floor_ns)
+        return floor_ns;
+    if (seen_ns >= ceil_ns / 4 * 3) { /* waits too long to spin through */
+        *sample = probe;
+        return probe ? ceil_ns : floor_ns;
+    }
+    *sample = 1;
+    return EXS_MIN(EXS_MAX(2 * seen_ns, floor_ns), ceil_ns);
+}
+
+uint64_t exs__evq_spin_learn(uint64_t seen_ns, uint64_t sample_ns)
+{
+    return sample_ns >= seen_ns ? seen_ns + (sample_ns - seen_ns) / 8
+                                : seen_ns - (seen_ns - sample_ns) / 8;
+}
+
 /* Failed trylocks of the progress lock in a row after which a spinner yields its CPU. */
 #define EVQ_SPIN_YIELD_BUSY 32u
 /* Yields in a row, the lock never free between them, after which a spinner waits for the
@@ -889,8 +913,12 @@ uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns)
  * while operations on kernel sockets wait for readiness, a look at it every
  * EVQ_SPIN_KFD_EVERY turns (the progress thread's watcher of kfd_ep needs the progress
  * lock, which this spin takes at every turn: with a spinner holding it most of the time,
- * the kernel sockets' queues would wait for the loop thread to win a trylock race). */
-static void evq_spin(struct exs_evq *evq, exs_qhandle_t q, int want, uint64_t from, uint64_t end)
+ * the kernel sockets' queues would wait for the loop thread to win a trylock race).
+ * Returns how long it took to find the events (or the queue's end), estimated as its
+ * turns at the speed last seen (0 while that is unknown), or UINT64_MAX when it ended by
+ * end. */
+static uint64_t evq_spin(struct exs_evq *evq, exs_qhandle_t q, int want, uint64_t from,
+                         uint64_t end)
 {
     uint64_t last = from;
     uint32_t i = 0,
@@ -922,14 +950,14 @@ static void evq_spin(struct exs_evq *evq, exs_qhandle_t q, int want, uint64_t fr
             exs__api_kfd_run_ready();
         if (__atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) >= want ||
             !evq_st_is(__atomic_load_n(&evq->st, __ATOMIC_ACQUIRE), q))
-            break;
+            return (uint64_t)(turn + 1) * evq_spin_ns; /* no clock read: turns at the speed seen */
         if (++i >= every && end != UINT64_MAX) {
             uint64_t now = exs__now_ns();
 
             if (last && now > last)
                 evq_spin_ns = EXS_MAX((now - last) / i, (uint64_t)1);
             if (now >= end)
-                break;
+                return UINT64_MAX;
             every = exs__evq_spin_every(evq_spin_ns, end - now);
             last = now;
             i = 0;
@@ -981,6 +1009,38 @@ static int evq_sleep(struct evq_sleep *sl, struct pollfd *pfd, nfds_t n, const s
     return ret;
 }
 
+/* The spin of a wait on a queue that learns (spin_learn): from floor (its spin_us) up to
+ * EXS_QWAIT_SPIN_MAX_US by the queue's waits (exs__evq_spin_limit); *ceil: the ceiling
+ * when this wait's outcome is to be learned, else left 0. Relaxed loads and stores:
+ * threads waiting on one queue at once may lose each other's counts, which only moves
+ * the average a little. */
+static uint64_t evq_spin_learned(struct exs_evq *evq, uint64_t floor, uint64_t *ceil)
+{
+    uint64_t max = __atomic_load_n(&exs__params.qwait_spin_max_us, __ATOMIC_RELAXED) * 1000u;
+    uint64_t spin;
+    uint32_t n;
+    int sample;
+
+    if (max <= floor)
+        return floor;
+    n = __atomic_load_n(&evq->spin_waits, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&evq->spin_waits, n, __ATOMIC_RELAXED);
+    spin = exs__evq_spin_limit(__atomic_load_n(&evq->spin_seen_ns, __ATOMIC_RELAXED), floor, max,
+                               n % EVQ_LEARN_PROBE_EVERY == 0, &sample);
+    if (sample)
+        *ceil = max;
+    return spin;
+}
+
+/* A learning wait's sample (ns, at most the ceiling): into the queue's average. */
+static void evq_spin_seen(struct exs_evq *evq, uint64_t sample)
+{
+    uint64_t seen = __atomic_load_n(&evq->spin_seen_ns, __ATOMIC_RELAXED);
+
+    __atomic_store_n(&evq->spin_seen_ns, (uint32_t)exs__evq_spin_learn(seen, sample),
+                     __ATOMIC_RELAXED);
+}
+
 /*
  * Wait until want events are queued, then dequeue up to max of them. Returns the count
  * (0 when the deadline passed first), -EINTR (a signal interrupted the sleep), -EINVAL
@@ -997,18 +1057,21 @@ static int evq_dequeue_wait(exs_qhandle_t q, struct exs_evq *evq, exs_event_t *e
 {
     int mode = __atomic_load_n(&evq->mode, __ATOMIC_RELAXED);
     struct evq_waiter w = {.want = want};
-    int registered = 0, sleeper = 0, driven = 0, fresh = 0, armed = 0, held = 0, ret;
+    int registered = 0, sleeper = 0, driven = 0, fresh = 0, armed = 0, held = 0, slept = 0, ret;
     int pfd_prov[EXS_ENG_MAX_CTX];
-    uint64_t spin_end = 0, now;
+    uint64_t spin_end = 0, now, spin_ceil = 0, spun = UINT64_MAX;
 
     if (mode == EXS_WAIT_POLL) {
         spin_end = UINT64_MAX;
     } else if (mode == EXS_WAIT_ADAPTIVE) {
         int us = __atomic_load_n(&evq->spin_us, __ATOMIC_RELAXED);
+        uint64_t spin = (uint64_t)(us ? (uint64_t)us : exs__params.qspin_us) * 1000u;
 
         if (!t0)
             t0 = exs__now_ns();
-        spin_end = t0 + (uint64_t)(us ? (uint64_t)us : exs__params.qspin_us) * 1000u;
+        if (__atomic_load_n(&evq->spin_learn, __ATOMIC_RELAXED))
+            spin = evq_spin_learned(evq, spin, &spin_ceil);
+        spin_end = t0 + spin;
     }
 
     /* Events already there are taken without driving when the process has no libexs
@@ -1030,7 +1093,7 @@ static int evq_dequeue_wait(exs_qhandle_t q, struct exs_evq *evq, exs_event_t *e
     if (spin_end && now < spin_end) {
         uint64_t end = EXS_MIN(spin_end, deadline);
 
-        evq_spin(evq, q, want, now, now < end ? end : 0);
+        spun = evq_spin(evq, q, want, now, now < end ? end : 0);
         driven = 1;
     } else if (!spin_end && want == 1 && now < deadline &&
                __atomic_load_n(&evq->queued, __ATOMIC_ACQUIRE) < want) {
@@ -1081,7 +1144,7 @@ static int evq_dequeue_wait(exs_qhandle_t q, struct exs_evq *evq, exs_event_t *e
              * end, the first spin still drives EVQ_SPIN_EVERY_MIN times. */
             EVQ_UNLOCK(evq);
             if (now < spin_end)
-                evq_spin(evq, q, want, now, now < end ? end : 0);
+                spun = evq_spin(evq, q, want, now, now < end ? end : 0);
             else
                 exs__engine_drive(EXS_ENG_DRIVE_WAIT);
             driven = 1;
@@ -1164,6 +1227,7 @@ static int evq_dequeue_wait(exs_qhandle_t q, struct exs_evq *evq, exs_event_t *e
          * SA_RESTART, so a signal always ends the wait with EINTR. */
         n = evq_sleep(&(struct evq_sleep){evq, registered ? &w : NULL, pfd_prov}, pfd,
                       2 + EXS_ENG_MAX_CTX, tsp);
+        slept = 1;
         ret = n < 0 ? -errno : 0;
         exs__engine_arm_end(pfd_prov); /* awake: a driver may disarm the providers now */
         armed = 0;
@@ -1204,6 +1268,12 @@ static int evq_dequeue_wait(exs_qhandle_t q, struct exs_evq *evq, exs_event_t *e
     if (sleeper)
         evq->sleepers--;
     EVQ_UNLOCK(evq);
+    /* a learning wait's sample: long (it slept), its spin's time to the events, or about
+     * its spin (the events came after the spin's end, before a sleep) */
+    if (spin_ceil && ret > 0)
+        evq_spin_seen(evq, slept                ? spin_ceil
+                           : spun != UINT64_MAX ? EXS_MIN(spun, spin_ceil)
+                                                : spin_end - t0);
     if (armed) /* armed, then found its events (or an error) before it slept */
         exs__engine_arm_end(pfd_prov);
     exs__engine_driver_leave();

@@ -87,4 +87,19 @@ void exs__evq_fork(int phase);
 #define EVQ_SPIN_EVERY_MAX 1024u
 uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns);
 
+/* The learned spin of a queue that waits as the library's default (spec/api.md, "Wait
+ * modes"): exs__evq_spin_limit gives a wait's spin from the queue's average seen (ns),
+ * the floor (EXS_QWAIT_SPIN_US) and the ceiling (EXS_QWAIT_SPIN_MAX_US): twice the
+ * average, within them, while the average is below three quarters of the ceiling; past
+ * that the floor, and the ceiling for a probe (every EVQ_LEARN_PROBE_EVERY-th wait), so a
+ * queue whose waits became short again finds out. A ceiling at or below the floor: the
+ * floor. *sample: whether the wait's outcome is learned (not that of a wait held to the
+ * floor past three quarters, which would only say again that it slept). Then
+ * exs__evq_spin_learn moves the average an eighth of the way to the wait's sample: the
+ * time its spin took to find the events, or the ceiling for a wait that slept. */
+#define EVQ_LEARN_PROBE_EVERY 8u
+uint64_t exs__evq_spin_limit(uint64_t seen_ns, uint64_t floor_ns, uint64_t ceil_ns, int probe,
+                             int *sample);
+uint64_t exs__evq_spin_learn(uint64_t seen_ns, uint64_t sample_ns);
+
 #endif

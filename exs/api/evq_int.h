@@ -100,6 +100,11 @@ struct exs_evq {
     int dead;                  /* atomic store under lock: exs_qdelete ran */
     int mode;                  /* atomic: EXS_WAIT_* */
     int spin_us;               /* atomic: adaptive spin, 0 = default */
+    int spin_learn;            /* atomic: the spin is the library's default (EXS_QWAIT_SPIN_US,
+                                * until exs_qsetwait / EXS_QATTR_WAIT_SPIN): it may grow up to
+                                * EXS_QWAIT_SPIN_MAX_US by the queue's waits (evq.c) */
+    uint32_t spin_seen_ns;     /* atomic (relaxed; a heuristic): the learned spin's average */
+    uint32_t spin_waits;       /* atomic (relaxed): waits that learned, for the probes */
     struct exs_evq *free_next; /* evq_free_lock: parked */
     exs_qhandle_t handle;
     exs_event_t *ring; /* depth entries, oldest at ring[head] */

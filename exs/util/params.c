@@ -78,6 +78,10 @@ static const struct exs_param_def params_table[] = {
           "how a new event queue waits until exs_qsetwait: EXS_WAIT_ADAPTIVE with this spin, "
           "microseconds (as rsockets' blocking calls spin 10 us before they sleep), 0-1000000; "
           "0 = EXS_WAIT_NOTIFY (sleep at once)"),
+    PARAM(qwait_spin_max_us, "EXS_QWAIT_SPIN_MAX_US", "100", UINT, 1,
+          "how far such a queue's spin may grow: up to twice its recent waits' time to their "
+          "events, while those are short (spec/api.md, \"Wait modes\"), microseconds, "
+          "0-1000000; at or below EXS_QWAIT_SPIN_US the spin stays fixed"),
     PARAM(close_timeout_ms, "EXS_CLOSE_TIMEOUT_MS", "5000", UINT, 1,
           "exs_close resets a connection whose goodbye is not through after this, milliseconds"),
     PARAM(test_close_pause_us, "EXS_TEST_CLOSE_PAUSE_US", "0", UINT, 0,
@@ -378,7 +382,8 @@ static int param_parse(const struct exs_param_def *d, const char *text, union pa
             (v->u < 1 || v->u > (1u << 20)))
             return -EINVAL;
         if ((d->offset == offsetof(struct exs_params, qspin_us) ||
-             d->offset == offsetof(struct exs_params, qwait_spin_us)) &&
+             d->offset == offsetof(struct exs_params, qwait_spin_us) ||
+             d->offset == offsetof(struct exs_params, qwait_spin_max_us)) &&
             v->u > 1000000)
             return -EINVAL;
         if (d->offset == offsetof(struct exs_params, exit_linger_ms) && v->u > 3600000)

@@ -687,6 +687,136 @@ START_TEST(test_spin_every)
 }
 END_TEST
 
+/* The learned spin (exs__evq_spin_limit, exs__evq_spin_learn; spec/api.md "Wait modes"),
+ * as a queue's waits would drive it: a wait spins limit(average); its events come after
+ * `due` ns; if that is within the spin it samples due, else it sleeps and samples the
+ * ceiling. Returns how many of the n waits slept; *spun: the last wait's spin. */
+static int learn_run(uint64_t *seen, uint32_t *waits, uint64_t due, int n, uint64_t *spun)
+{
+    const uint64_t floor_ns = 10000, ceil_ns = 100000;
+    int slept = 0;
+
+    for (int i = 0; i < n; i++) {
+        int sample;
+        uint64_t lim = exs__evq_spin_limit(*seen, floor_ns, ceil_ns,
+                                           ++*waits % EVQ_LEARN_PROBE_EVERY == 0, &sample);
+
+        ck_assert_uint_ge(lim, floor_ns);
+        ck_assert_uint_le(lim, ceil_ns);
+        slept += due > lim;
+        if (sample)
+            *seen = exs__evq_spin_learn(*seen, due > lim ? ceil_ns : due);
+        *spun = lim;
+    }
+    return slept;
+}
+
+START_TEST(test_spin_learn)
+{
+    uint64_t seen = 0, spun = 0;
+    uint32_t waits = 0;
+    int sample;
+
+    ck_assert_uint_eq(exs__evq_spin_learn(0, 800), 100);
+    ck_assert_uint_eq(exs__evq_spin_learn(800, 0), 700);
+    ck_assert_uint_eq(exs__evq_spin_learn(800, 800), 800);
+    /* nothing learned yet: the floor, learned; a ceiling at or below it: always the
+     * floor, nothing learned */
+    ck_assert_uint_eq(exs__evq_spin_limit(0, 10000, 100000, 0, &sample), 10000);
+    ck_assert_int_eq(sample, 1);
+    ck_assert_uint_eq(exs__evq_spin_limit(90000, 10000, 10000, 1, &sample), 10000);
+    ck_assert_int_eq(sample, 0);
+    ck_assert_uint_eq(exs__evq_spin_limit(90000, 10000, 5000, 0, &sample), 10000);
+    ck_assert_int_eq(sample, 0);
+    /* twice the average, within the bounds, below three quarters of the ceiling; past
+     * that the floor, not learned, but a probe spins to the ceiling and is learned */
+    ck_assert_uint_eq(exs__evq_spin_limit(30000, 10000, 100000, 0, &sample), 60000);
+    ck_assert_int_eq(sample, 1);
+    ck_assert_uint_eq(exs__evq_spin_limit(74999, 10000, 100000, 1, &sample), 100000);
+    ck_assert_int_eq(sample, 1);
+    ck_assert_uint_eq(exs__evq_spin_limit(75000, 10000, 100000, 0, &sample), 10000);
+    ck_assert_int_eq(sample, 0);
+    ck_assert_uint_eq(exs__evq_spin_limit(75000, 10000, 100000, 1, &sample), 100000);
+    ck_assert_int_eq(sample, 1);
+    /* a ping-pong whose answers come 3 us after the wait: the floor spins through */
+    ck_assert_int_eq(learn_run(&seen, &waits, 3000, 100, &spun), 0);
+    ck_assert_uint_eq(spun, 10000);
+    /* answers 30 us after the wait (a 10 us spin misses every one): a few sleeps, then
+     * none; the spin settles at about twice the wait */
+    seen = 0;
+    waits = 0;
+    ck_assert_int_le(learn_run(&seen, &waits, 30000, 8, &spun), 4);
+    ck_assert_int_eq(learn_run(&seen, &waits, 30000, 100, &spun), 0);
+    ck_assert_uint_ge(spun, 58000);
+    ck_assert_uint_le(spun, 62000);
+    /* waits of a millisecond: the spin goes back to the floor, and only one wait in
+     * EVQ_LEARN_PROBE_EVERY spins to the ceiling (a probe) */
+    ck_assert_int_eq(learn_run(&seen, &waits, 1000000, 100, &spun), 100);
+    for (int i = 0, probes = 0; i <= 8 * (int)EVQ_LEARN_PROBE_EVERY; i++) {
+        if (i == 8 * (int)EVQ_LEARN_PROBE_EVERY) {
+            ck_assert_int_eq(probes, 8);
+            break;
+        }
+        learn_run(&seen, &waits, 1000000, 1, &spun);
+        probes += spun == 100000;
+        ck_assert(spun == 100000 || spun == 10000);
+    }
+    /* short again (30 us): the probes find it, and the waits stop sleeping */
+    ck_assert_int_lt(learn_run(&seen, &waits, 30000, 64, &spun), 64);
+    ck_assert_int_eq(learn_run(&seen, &waits, 30000, 32, &spun), 0);
+}
+END_TEST
+
+/* The learning on a real queue: a wait that slept samples the ceiling (the average goes
+ * an eighth of the way there), a wait that timed out samples nothing, exs_qsetwait (the
+ * application's own spin) stops the learning, and so does a ceiling at the floor
+ * (EXS_QWAIT_SPIN_MAX_US=10). */
+static void wait_asleep(exs_qhandle_t q, struct exs_evq *evq);
+
+START_TEST(test_spin_learn_queue)
+{
+    exs_qhandle_t q, q2;
+    struct exs_evq *evq, *evq2;
+    struct timespec ts = {0, 1000000};
+    exs_event_t ev;
+
+    unsetenv("EXS_QWAIT_SPIN_US");
+    unsetenv("EXS_QWAIT_SPIN_MAX_US");
+    exs__params_reset();
+    ck_assert_int_eq(exs__params_load(), 0);
+    q = exs_qcreate(8);
+    ck_assert_int_ge(q, 0);
+    ck_assert_int_eq(exs__evq_get(q, &evq), 0);
+    ck_assert_int_eq(evq->spin_learn, 1);
+    ck_assert_uint_eq(evq->spin_seen_ns, 0);
+    ck_assert_int_eq(exs_qdequeue(q, &ev, 1, &ts), 0); /* timed out: no sample */
+    ck_assert_uint_eq(__atomic_load_n(&evq->spin_seen_ns, __ATOMIC_RELAXED), 0);
+    wait_asleep(q, evq);
+    ck_assert_uint_eq(__atomic_load_n(&evq->spin_seen_ns, __ATOMIC_RELAXED), 100000 / 8);
+    wait_asleep(q, evq);
+    ck_assert_uint_eq(__atomic_load_n(&evq->spin_seen_ns, __ATOMIC_RELAXED),
+                      exs__evq_spin_learn(100000 / 8, 100000));
+    ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_ADAPTIVE, 10), 0);
+    ck_assert_int_eq(evq->spin_learn, 0);
+    wait_asleep(q, evq);
+    ck_assert_uint_eq(__atomic_load_n(&evq->spin_seen_ns, __ATOMIC_RELAXED),
+                      exs__evq_spin_learn(100000 / 8, 100000));
+    exs__evq_put(evq);
+    ck_assert_int_eq(exs__params_set("qwait_spin_max_us", "10"), 0);
+    q2 = exs_qcreate(8);
+    ck_assert_int_ge(q2, 0);
+    ck_assert_int_eq(exs__evq_get(q2, &evq2), 0);
+    wait_asleep(q2, evq2);
+    ck_assert_uint_eq(__atomic_load_n(&evq2->spin_seen_ns, __ATOMIC_RELAXED), 0);
+    exs__evq_put(evq2);
+    ck_assert_int_eq(exs__params_set("qwait_spin_max_us", "1000001"), -EINVAL);
+    ck_assert_int_eq(exs_qdelete(q2), 0);
+    ck_assert_int_eq(exs_qdelete(q), 0);
+    exs__params_reset();
+    ASSERT_NO_QUEUES();
+}
+END_TEST
+
 /* ---- waking ---- */
 
 struct waiter_arg {
@@ -723,6 +853,28 @@ static void waiter_start(struct waiter_arg *a, exs_qhandle_t q, int nevents,
 static int waiter_done(struct waiter_arg *a)
 {
     return __atomic_load_n(&a->done, __ATOMIC_ACQUIRE);
+}
+
+/* One wait of another thread on q that sleeps: the event is posted only once the waiter
+ * is a sleeper (seen under the queue's lock: it has looked at the queue for the last time
+ * and goes to ppoll), so the wait ends by its wake-up, never in its spin. */
+static void wait_asleep(exs_qhandle_t q, struct exs_evq *evq)
+{
+    struct waiter_arg a;
+    int asleep = 0;
+
+    waiter_start(&a, q, 1, NULL);
+    for (int i = 0; !asleep && i < 20000; i++) {
+        EVQ_LOCK(evq);
+        asleep = evq->sleepers > 0;
+        EVQ_UNLOCK(evq);
+        if (!asleep)
+            sleep_ms(1);
+    }
+    ck_assert_msg(asleep, "the waiter never slept");
+    post_one(q, 9, 7);
+    pthread_join(a.self, NULL);
+    ck_assert_int_eq(a.ret, 1);
 }
 
 /* A post from another thread wakes a dequeue blocked without a timeout. */
@@ -1372,6 +1524,8 @@ Suite *api_evq_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, test_timeout, 0, (int)EXS_ARRAY_SIZE(wait_modes));
     tcase_add_test(tc, test_spin_every);
+    tcase_add_test(tc, test_spin_learn);
+    tcase_add_test(tc, test_spin_learn_queue);
     tcase_add_loop_test(tc, test_wake, 0, (int)EXS_ARRAY_SIZE(wait_modes));
     tcase_add_loop_test(tc, test_delete_wakes, 0, (int)EXS_ARRAY_SIZE(wait_modes));
     tcase_add_loop_test(tc, test_eintr, 0, 4);
