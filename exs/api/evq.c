@@ -678,7 +678,7 @@ static exs_qhandle_t evq_create(int depth, int private_)
     int spin_us = (int)__atomic_load_n(&exs__params.qwait_spin_us, __ATOMIC_RELAXED);
 
     __atomic_store_n(&evq->spin_us, spin_us, __ATOMIC_RELAXED);
-    __atomic_store_n(&evq->spin_learn, spin_us != 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&evq->spin_learn, spin_us != 0, __ATOMIC_RELAXED); /* the default's */
     __atomic_store_n(&evq->mode, spin_us ? EXS_WAIT_ADAPTIVE : EXS_WAIT_NOTIFY, __ATOMIC_RELAXED);
     evq->qfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (evq->qfd < 0) {
@@ -885,6 +885,13 @@ uint64_t exs__evq_spin_limit(uint64_t seen_ns, uint64_t floor_ns, uint64_t ceil_
     }
     *sample = 1;
     return EXS_MIN(EXS_MAX(2 * seen_ns, floor_ns), ceil_ns);
+}
+
+int exs__evq_wait_is_default(int mode, int spin_us)
+{
+    uint64_t def = __atomic_load_n(&exs__params.qwait_spin_us, __ATOMIC_RELAXED);
+
+    return mode == EXS_WAIT_ADAPTIVE && spin_us > 0 && (uint64_t)spin_us == def;
 }
 
 uint64_t exs__evq_spin_learn(uint64_t seen_ns, uint64_t sample_ns)

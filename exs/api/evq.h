@@ -98,6 +98,10 @@ uint32_t exs__evq_spin_every(uint64_t spin_ns, uint64_t left_ns);
  * exs__evq_spin_learn moves the average an eighth of the way to the wait's sample: the
  * time its spin took to find the events, or the ceiling for a wait that slept. */
 #define EVQ_LEARN_PROBE_EVERY 8u
+/* A queue learns while it waits as a new queue does (EXS_WAIT_ADAPTIVE with the spin
+ * EXS_QWAIT_SPIN_US, not 0): set back to that (a program that read the mode and spin and
+ * sets them again), it learns again; any other setting is the application's, fixed. */
+int exs__evq_wait_is_default(int mode, int spin_us);
 uint64_t exs__evq_spin_limit(uint64_t seen_ns, uint64_t floor_ns, uint64_t ceil_ns, int probe,
                              int *sample);
 uint64_t exs__evq_spin_learn(uint64_t seen_ns, uint64_t sample_ns);

@@ -22,7 +22,7 @@ int exs_qsetwait(exs_qhandle_t q, int mode, int spin_us)
         return exs__err(-ret);
     __atomic_store_n(&evq->mode, mode, __ATOMIC_RELAXED);
     __atomic_store_n(&evq->spin_us, spin_us, __ATOMIC_RELAXED);
-    __atomic_store_n(&evq->spin_learn, 0, __ATOMIC_RELAXED); /* the application's choice */
+    __atomic_store_n(&evq->spin_learn, exs__evq_wait_is_default(mode, spin_us), __ATOMIC_RELAXED);
     exs__evq_put(evq);
     return 0;
 }
@@ -107,7 +107,9 @@ int exs_qsetattr(exs_qhandle_t q, int attr, const void *val, socklen_t len)
             break;
         }
         __atomic_store_n(&evq->spin_us, v, __ATOMIC_RELAXED); /* the mode stays */
-        __atomic_store_n(&evq->spin_learn, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&evq->spin_learn,
+                         exs__evq_wait_is_default(__atomic_load_n(&evq->mode, __ATOMIC_RELAXED), v),
+                         __ATOMIC_RELAXED);
         break;
     case EXS_QATTR_SIGNAL:
         if (!val || len != sizeof(sig)) {

@@ -100,9 +100,9 @@ struct exs_evq {
     int dead;                  /* atomic store under lock: exs_qdelete ran */
     int mode;                  /* atomic: EXS_WAIT_* */
     int spin_us;               /* atomic: adaptive spin, 0 = default */
-    int spin_learn;            /* atomic: the spin is the library's default (EXS_QWAIT_SPIN_US,
-                                * until exs_qsetwait / EXS_QATTR_WAIT_SPIN): it may grow up to
-                                * EXS_QWAIT_SPIN_MAX_US by the queue's waits (evq.c) */
+    int spin_learn;            /* atomic: the queue waits as a new one does (ADAPTIVE with
+                                * EXS_QWAIT_SPIN_US: exs__evq_wait_is_default), so its spin
+                                * may grow up to EXS_QWAIT_SPIN_MAX_US by its waits (evq.c) */
     uint32_t spin_seen_ns;     /* atomic (relaxed; a heuristic): the learned spin's average */
     uint32_t spin_waits;       /* atomic (relaxed): waits that learned, for the probes */
     struct exs_evq *free_next; /* evq_free_lock: parked */

@@ -768,9 +768,9 @@ START_TEST(test_spin_learn)
 END_TEST
 
 /* The learning on a real queue: a wait that slept samples the ceiling (the average goes
- * an eighth of the way there), a wait that timed out samples nothing, exs_qsetwait (the
- * application's own spin) stops the learning, and so does a ceiling at the floor
- * (EXS_QWAIT_SPIN_MAX_US=10). */
+ * an eighth of the way there), a wait that timed out samples nothing, a wait mode or spin
+ * of the application's own stops the learning (set back to the default's, it learns
+ * again), and so does a ceiling at the floor (EXS_QWAIT_SPIN_MAX_US=10). */
 static void wait_asleep(exs_qhandle_t q, struct exs_evq *evq);
 
 START_TEST(test_spin_learn_queue)
@@ -779,6 +779,7 @@ START_TEST(test_spin_learn_queue)
     struct exs_evq *evq, *evq2;
     struct timespec ts = {0, 1000000};
     exs_event_t ev;
+    int v;
 
     unsetenv("EXS_QWAIT_SPIN_US");
     unsetenv("EXS_QWAIT_SPIN_MAX_US");
@@ -796,11 +797,23 @@ START_TEST(test_spin_learn_queue)
     wait_asleep(q, evq);
     ck_assert_uint_eq(__atomic_load_n(&evq->spin_seen_ns, __ATOMIC_RELAXED),
                       exs__evq_spin_learn(100000 / 8, 100000));
-    ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_ADAPTIVE, 10), 0);
+    ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_ADAPTIVE, 11), 0);
     ck_assert_int_eq(evq->spin_learn, 0);
     wait_asleep(q, evq);
     ck_assert_uint_eq(__atomic_load_n(&evq->spin_seen_ns, __ATOMIC_RELAXED),
                       exs__evq_spin_learn(100000 / 8, 100000));
+    /* set back to what a new queue reads (the default): it learns again */
+    ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_ADAPTIVE, 10), 0);
+    ck_assert_int_eq(evq->spin_learn, 1);
+    ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_POLL, 10), 0);
+    ck_assert_int_eq(evq->spin_learn, 0);
+    v = 10;
+    ck_assert_int_eq(exs_qsetattr(q, EXS_QATTR_WAIT_SPIN, &v, sizeof(v)), 0); /* POLL stays */
+    ck_assert_int_eq(evq->spin_learn, 0);
+    ck_assert_int_eq(exs_qsetwait(q, EXS_WAIT_ADAPTIVE, 0), 0); /* EXS_QSPIN_US: fixed */
+    ck_assert_int_eq(evq->spin_learn, 0);
+    ck_assert_int_eq(exs_qsetattr(q, EXS_QATTR_WAIT_SPIN, &v, sizeof(v)), 0);
+    ck_assert_int_eq(evq->spin_learn, 1);
     exs__evq_put(evq);
     ck_assert_int_eq(exs__params_set("qwait_spin_max_us", "10"), 0);
     q2 = exs_qcreate(8);
