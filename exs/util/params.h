@@ -47,7 +47,7 @@ struct exs_params {
     char xfer_mode[EXS_PARAM_STR_MAX]; /* EXS_XFER_MODE: dynamic, direct, indirect */
     uint64_t qspin_us;                 /* EXS_QSPIN_US: EXS_WAIT_ADAPTIVE spin before sleeping */
     uint64_t qwait_spin_us; /* EXS_QWAIT_SPIN_US: a new queue's wait (ADAPTIVE spin, 0 = NOTIFY) */
-    uint64_t qwait_spin_max_us; /* EXS_QWAIT_SPIN_MAX_US: how far that spin may learn to grow */
+    uint64_t qwait_spin_max_us;   /* EXS_QWAIT_SPIN_MAX_US: how far that spin may learn to grow */
     uint64_t close_timeout_ms;    /* EXS_CLOSE_TIMEOUT_MS: a graceful close resets after this */
     uint64_t test_close_pause_us; /* EXS_TEST_CLOSE_PAUSE_US: test seam, see params.c */
     uint64_t lease_us;            /* EXS_LEASE_US: progress thread's lease while threads drive */
