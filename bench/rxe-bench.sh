@@ -69,9 +69,10 @@ sys_libexs() {
         out=$(blast_json --type seqpacket --lat-only --lat-size $s --lat-iters $n)
         v=$(echo "$out" | jlat); [ -n "$v" ] && emit libexs rtt_block $s $v || fail libexs rtt_block $s "$(tail -n 2 /tmp/blast.err)"
         vstat_flush "libexs/rtt_block/$s/$R/msgs=$((2 * (n + n / 10)))"
-        # the blocking run above waits as the library's queues do by default (a 10 us
-        # spin, then sleep: EXS_QWAIT_SPIN_US, as rsockets' blocking calls spin
-        # polling_time first); every wait sleeping at once, for comparison:
+        # the blocking run above waits as the library's queues do by default (a spin,
+        # then sleep: EXS_QWAIT_SPIN_US 10 us learning up to EXS_QWAIT_SPIN_MAX_US by the
+        # queue's waits, as rsockets' blocking calls spin polling_time first); every wait
+        # sleeping at once, for comparison:
         [ $s -le 4096 ] || continue
         out=$(blast_json --type seqpacket --lat-only --lat-size $s --lat-iters $n --wait-notify)
         v=$(echo "$out" | jlat); [ -n "$v" ] && emit libexs_notify rtt_block $s $v || fail libexs_notify rtt_block $s "$(tail -n 2 /tmp/blast.err)"
