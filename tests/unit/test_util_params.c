@@ -62,6 +62,7 @@ START_TEST(test_table_shape)
             t[i].online,
             strncmp(t[i].name, "log_", 4) == 0 || strncmp(t[i].name, "tcp_hello_", 10) == 0 ||
                 strcmp(t[i].name, "qspin_us") == 0 || strcmp(t[i].name, "qwait_spin_us") == 0 ||
+                strcmp(t[i].name, "qwait_spin_max_us") == 0 ||
                 strcmp(t[i].name, "close_timeout_ms") == 0 ||
                 strcmp(t[i].name, "exit_linger_ms") == 0 ||
                 strcmp(t[i].name, "keepalive_intv_ms") == 0 ||
