@@ -720,24 +720,22 @@ START_TEST(test_spin_learn)
     ck_assert_uint_eq(exs__evq_spin_learn(0, 800), 100);
     ck_assert_uint_eq(exs__evq_spin_learn(800, 0), 700);
     ck_assert_uint_eq(exs__evq_spin_learn(800, 800), 800);
-    /* nothing learned yet: the floor, learned; a ceiling at or below it: always the
-     * floor, nothing learned */
-    ck_assert_uint_eq(exs__evq_spin_limit(0, 10000, 100000, 0, &sample), 10000);
-    ck_assert_int_eq(sample, 1);
-    ck_assert_uint_eq(exs__evq_spin_limit(90000, 10000, 10000, 1, &sample), 10000);
-    ck_assert_int_eq(sample, 0);
-    ck_assert_uint_eq(exs__evq_spin_limit(90000, 10000, 5000, 0, &sample), 10000);
-    ck_assert_int_eq(sample, 0);
-    /* twice the average, within the bounds, below three quarters of the ceiling; past
-     * that the floor, not learned, but a probe spins to the ceiling and is learned */
-    ck_assert_uint_eq(exs__evq_spin_limit(30000, 10000, 100000, 0, &sample), 60000);
-    ck_assert_int_eq(sample, 1);
-    ck_assert_uint_eq(exs__evq_spin_limit(74999, 10000, 100000, 1, &sample), 100000);
-    ck_assert_int_eq(sample, 1);
-    ck_assert_uint_eq(exs__evq_spin_limit(75000, 10000, 100000, 0, &sample), 10000);
-    ck_assert_int_eq(sample, 0);
-    ck_assert_uint_eq(exs__evq_spin_limit(75000, 10000, 100000, 1, &sample), 100000);
-    ck_assert_int_eq(sample, 1);
+    /* {average, floor, ceiling, probe, spin, learned}: nothing learned yet: the floor,
+     * learned; a ceiling at or below the floor: always the floor, nothing learned; twice
+     * the average, within the bounds, below three quarters of the ceiling; past that the
+     * floor, not learned, but a probe spins to the ceiling and is learned */
+    static const uint64_t cases[][6] = {
+        {0, 10000, 100000, 0, 10000, 1},      {90000, 10000, 10000, 1, 10000, 0},
+        {90000, 10000, 5000, 0, 10000, 0},    {30000, 10000, 100000, 0, 60000, 1},
+        {74999, 10000, 100000, 1, 100000, 1}, {75000, 10000, 100000, 0, 10000, 0},
+        {75000, 10000, 100000, 1, 100000, 1},
+    };
+    for (size_t i = 0; i < EXS_ARRAY_SIZE(cases); i++) {
+        const uint64_t *c = cases[i];
+
+        ck_assert_uint_eq(exs__evq_spin_limit(c[0], c[1], c[2], (int)c[3], &sample), c[4]);
+        ck_assert_int_eq(sample, (int)c[5]);
+    }
     /* a ping-pong whose answers come 3 us after the wait: the floor spins through */
     ck_assert_int_eq(learn_run(&seen, &waits, 3000, 100, &spun), 0);
     ck_assert_uint_eq(spun, 10000);
