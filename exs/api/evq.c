@@ -1274,13 +1274,14 @@ static int evq_dequeue_wait(exs_qhandle_t q, struct exs_evq *evq, exs_event_t *e
         evq_waiter_del(evq, &w);
     if (sleeper)
         evq->sleepers--;
-    EVQ_UNLOCK(evq);
-    /* a learning wait's sample: long (it slept), its spin's time to the events, or about
-     * its spin (the events came after the spin's end, before a sleep) */
+    /* a learning wait's sample (under the lock: the queue is still q's, not one reused
+     * since): long (it slept), its spin's time to the events, or about its spin (the
+     * events came after the spin's end, before a sleep) */
     if (spin_ceil && ret > 0)
         evq_spin_seen(evq, slept                ? spin_ceil
                            : spun != UINT64_MAX ? EXS_MIN(spun, spin_ceil)
                                                 : spin_end - t0);
+    EVQ_UNLOCK(evq);
     if (armed) /* armed, then found its events (or an error) before it slept */
         exs__engine_arm_end(pfd_prov);
     exs__engine_driver_leave();
