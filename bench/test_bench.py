@@ -574,6 +574,31 @@ class HostLoad(unittest.TestCase):
         self.assertIn("| host CPU pressure (mean per figure) | round 1 0.15, round 2 0.65, "
                       "round 3 0.25 |", out)
 
+    def test_results_stream_targets(self):
+        """bench/rxe_results.py: the STREAM targets judge blast with both ends busy-polling
+        (libexs_poll) as ib_write_bw's do, and show the library's default waits beside."""
+        import subprocess
+
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            for r in (1, 2, 3):
+                f.write(f"BR round={r} sys=libexs fig=gbps size=65536 value=0.36\n")
+                f.write(f"BR round={r} sys=libexs_poll fig=gbps size=65536 value=0.39\n")
+                f.write(f"BR round={r} sys=ib_write_bw fig=gbps size=65536 value=0.40\n")
+        try:
+            out = subprocess.run([sys.executable, os.path.join(os.path.dirname(
+                                  os.path.abspath(__file__)), "rxe_results.py"), f.name],
+                                 check=True, capture_output=True, text=True).stdout
+        finally:
+            os.unlink(f.name)
+        rows = [ln for ln in out.splitlines() if ln.startswith("| 64 KiB STREAM")]
+        self.assertEqual(len(rows), 2)
+        self.assertIn("busy-polling", rows[0])
+        self.assertIn("| 0.390 | 0.400 | 0.97 | >= 0.95 | met |", rows[0])
+        self.assertIn("default waits", rows[1])
+        self.assertIn("| 0.360 | 0.400 | 0.90 | >= 0.95 | **not met** |", rows[1])
+        self.assertIn("| 64 KiB | libexs verbs (blast --poll --poll-recv: both ends busy-poll) "
+                      "| 0.390 | 0.97 |", out)
+
 
 if __name__ == "__main__":
     unittest.main()
