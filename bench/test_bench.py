@@ -33,6 +33,20 @@ Ir                file:function
 """
 
 
+
+def rxe_results_of(lines):
+    """bench/rxe_results.py's output for a log of these lines."""
+    import subprocess
+
+    with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+        f.write("".join(ln + "\n" for ln in lines))
+    try:
+        return subprocess.run([sys.executable, os.path.join(os.path.dirname(
+                               os.path.abspath(__file__)), "rxe_results.py"), f.name],
+                              check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+
 class Parse(unittest.TestCase):
     def test_annotate(self):
         total, fns = bench.parse_annotate(ANNOTATE)
@@ -556,19 +570,12 @@ class HostLoad(unittest.TestCase):
     def test_results_mark_busy_rounds(self):
         """bench/rxe_results.py: a round measured on a busy host carries a *, and the mean
         pressure of each round is in the run table."""
-        import subprocess
-
-        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
-            for r, v, h in ((1, 27.0, 0.1), (2, 34.0, 0.6), (3, 28.0, 0.2)):
-                f.write(f"BR round={r} sys=libexs fig=rtt_busy size=64 value={v} hostcpu={h}\n")
-                f.write(f"BR round={r} sys=rsockets fig=rtt_busy size=64 value=26 "
-                        f"hostcpu={h + 0.1}\n")
-        try:
-            out = subprocess.run([sys.executable, os.path.join(os.path.dirname(
-                                  os.path.abspath(__file__)), "rxe_results.py"), f.name],
-                                 check=True, capture_output=True, text=True).stdout
-        finally:
-            os.unlink(f.name)
+        lines = []
+        for r, v, h in ((1, 27.0, 0.1), (2, 34.0, 0.6), (3, 28.0, 0.2)):
+            lines.append(f"BR round={r} sys=libexs fig=rtt_busy size=64 value={v} hostcpu={h}")
+            lines.append(f"BR round={r} sys=rsockets fig=rtt_busy size=64 value=26 "
+                         f"hostcpu={h + 0.1}")
+        out = rxe_results_of(lines)
         self.assertIn("| 64 B | libexs verbs (blast) | 28.0 | 1.08 | 27.0, 34.0*, 28.0 |", out)
         self.assertIn("| 64 B | rsockets (rstream) | 26.0 | 1.00 | 26.0, 26.0*, 26.0* |", out)
         self.assertIn("| host CPU pressure (mean per figure) | round 1 0.15, round 2 0.65, "
@@ -577,19 +584,12 @@ class HostLoad(unittest.TestCase):
     def test_results_stream_targets(self):
         """bench/rxe_results.py: the STREAM targets judge blast with both ends busy-polling
         (libexs_poll) as ib_write_bw's do, and show the library's default waits beside."""
-        import subprocess
-
-        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
-            for r in (1, 2, 3):
-                f.write(f"BR round={r} sys=libexs fig=gbps size=65536 value=0.36\n")
-                f.write(f"BR round={r} sys=libexs_poll fig=gbps size=65536 value=0.39\n")
-                f.write(f"BR round={r} sys=ib_write_bw fig=gbps size=65536 value=0.40\n")
-        try:
-            out = subprocess.run([sys.executable, os.path.join(os.path.dirname(
-                                  os.path.abspath(__file__)), "rxe_results.py"), f.name],
-                                 check=True, capture_output=True, text=True).stdout
-        finally:
-            os.unlink(f.name)
+        lines = []
+        for r in (1, 2, 3):
+            lines.append(f"BR round={r} sys=libexs fig=gbps size=65536 value=0.36")
+            lines.append(f"BR round={r} sys=libexs_poll fig=gbps size=65536 value=0.39")
+            lines.append(f"BR round={r} sys=ib_write_bw fig=gbps size=65536 value=0.40")
+        out = rxe_results_of(lines)
         rows = [ln for ln in out.splitlines() if ln.startswith("| 64 KiB STREAM")]
         self.assertEqual(len(rows), 2)
         self.assertIn("busy-polling", rows[0])
