@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# rxe-2host-bw-run.sh: bench/rxe-2host-bw.sh in the two guests of scripts/rxe-2host.sh (plain
-# link: no netem unless RXE_2HOST_NETEM_B), then the medians per system and size.
+# rxe-2host-bw-run.sh: bench/rxe-2host-bw.sh in the two guests of scripts/rxe-2host.sh (the
+# harness's link: netem RXE_2HOST_NETEM_B on b's egress, 1 ms when unset or empty), then the
+# medians per system and size, and the runs that failed (BW2FAIL: not in the medians).
 #   bash bench/rxe-2host-bw-run.sh [BW_CYCLES=5] [BW_TIME=4] [BW_SIZES="65536 1048576"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,9 @@ for line in open(sys.argv[1], errors="replace"):
     m = re.search(r"BW2 cyc=\d+ sys=(\S+) size=(\d+) gbps=([0-9.]+)", line)
     if m:
         v[(int(m.group(2)), m.group(1))].append(float(m.group(3)))
+for line in open(sys.argv[1], errors="replace"):
+    if "BW2FAIL" in line:
+        print("failed:", line.split("BW2FAIL", 1)[1].strip())
 for size in sorted({k[0] for k in v}):
     lx, pt = v.get((size, "libexs"), []), v.get((size, "ib_write_bw"), [])
     if lx and pt:

@@ -25,15 +25,25 @@ while [ $c -lt $BW_CYCLES ]; do
         [ $s -ge 1048576 ] && dep="-t 16"
         port=$((port + 1))
         if ON b; then
-            ./ib_write_bw -R -d rxe1 -F -p $port -s $s -D $t $dep --report_gbits >/tmp/pt-srv.out 2>&1 &
+            # bounded: a client that never connects must not leave b waiting here
+            timeout $((t + 60)) ./ib_write_bw -R -d rxe1 -F -p $port -s $s -D $t $dep --report_gbits >/tmp/pt-srv.out 2>&1 &
             sp=$!
         fi
         barrier "ib_write_bw $s server"
         if ON a; then
-            sleep 1
-            ./ib_write_bw -R -d rxe1 -F -p $port -s $s -D $t $dep --report_gbits $B >/tmp/pt.out 2>&1
+            # -R: b's server listens through rdma_cm (no TCP port to wait for): the client
+            # is tried again while it made no connection (no "#bytes" header), 30 times
+            n=0
+            until ./ib_write_bw -R -d rxe1 -F -p $port -s $s -D $t $dep --report_gbits $B >/tmp/pt.out 2>&1 ||
+                grep -q '#bytes' /tmp/pt.out || [ $n -ge 30 ]; do
+                n=$((n + 1)); sleep 0.5
+            done
             it=$(awk -v s=$s '$1 == s {print $2; exit}' /tmp/pt.out)
-            say2 "BW2 cyc=$c sys=ib_write_bw size=$s gbps=$(echo "${it:-0}" | awk -v w=$w -v s=$s '{printf "%.4f", $1 * s * 8 / w / 1e9}') iters=${it:-none}"
+            if [ "${it:-0}" -gt 0 ] 2>/dev/null; then
+                say2 "BW2 cyc=$c sys=ib_write_bw size=$s gbps=$(echo "$it" | awk -v w=$w -v s=$s '{printf "%.4f", $1 * s * 8 / w / 1e9}') iters=$it tries=$((n + 1))"
+            else  # not counted as 0 in the medians
+                say2 "BW2FAIL cyc=$c sys=ib_write_bw size=$s: $(grep -v '^ *$' /tmp/pt.out | tail -n 2 | tr '\n' ' ')"
+            fi
         else
             wait $sp
         fi
@@ -41,7 +51,8 @@ while [ $c -lt $BW_CYCLES ]; do
         if ON a; then
             out=$(./blast -c $B -p 7471 --json --quiet --type stream --size $s --mode direct --time $t --runs 1 --no-latency 2>/tmp/blast.err)
             g=$(echo "$out" | sed -n 's/.*"throughput_gbps": *\([0-9.e+-]*\).*/\1/p' | head -n 1)
-            say2 "BW2 cyc=$c sys=libexs size=$s gbps=${g:-none} $(tail -n 1 /tmp/blast.err)"
+            if [ -n "$g" ]; then say2 "BW2 cyc=$c sys=libexs size=$s gbps=$g"
+            else say2 "BW2FAIL cyc=$c sys=libexs size=$s: $(tail -n 2 /tmp/blast.err | tr '\n' ' ')"; fi
         fi
         barrier "libexs $s done"
     done
