@@ -190,6 +190,8 @@ sys_perftest() {
             echo "BRRAW ib_write_bw $s: $r"
             if [ "$(echo "$r" | awk '{print $2 + 0}')" -gt 0 ]; then
                 emit ib_write_bw gbps $s "$(echo "$r" | awk -v w=$w -v s=$s '{printf "%.4f", $2 * s * 8 / w / 1e9}')"
+                # the count's grain (rxe_results.py: its steps, as a share of the rate)
+                echo "BRPT round=$R size=$s iters=$(echo "$r" | awk '{print $2 + 0}') window=$w"
             else fail ib_write_bw gbps $s "no completion polled in its $w s window: $r"; fi
         else fail ib_write_bw gbps $s "$r"; fi
         vstat_flush "ib_write_bw/gbps/$s/$R/msgs=0"

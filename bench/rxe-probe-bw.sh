@@ -50,7 +50,10 @@ ptrun() {
     wait $sp
     sleep 3; snap /tmp/b2
     r=$(awk '$1 == 65536 {print; exit}' /tmp/pt.out)
-    echo "BW cyc=$c tag=ibwb gbps=$(echo "$r" | awk -v t=$T '{printf "%.4f", $2 * 65536 * 8 / t / 1e9}') msgs=$(echo "$r" | awk '{print $2}')"
+    # its iterations are the completions it polled in its sample window, T - 2 x (T / 4) s
+    # (integer seconds; margins of T / 4 s, as bench/rxe-bench.sh divides), not T
+    w=$((T - 2 * (T / 4)))
+    echo "BW cyc=$c tag=ibwb gbps=$(echo "$r" | awk -v w=$w '{printf "%.4f", $2 * 65536 * 8 / w / 1e9}') msgs=$(echo "$r" | awk '{print $2}')"
     sed "s/^/BWV cyc=$c tag=ibwb /" /tmp/vs.txt
     delta ibwb
     delta ibwb/after /tmp/b1 /tmp/b2

@@ -3,6 +3,7 @@
 """rxe_results.py LOG [--meta K=V ...]: bench/results-rxe.md from the output of one make
 bench-rxe guest run (bench/rxe-bench.sh: BR, BRFAIL, BRINFO, BRSYS, BRPERF and vstat lines).
 Medians over the rounds; each round's value beside them."""
+import math
 import re
 import statistics
 import sys
@@ -37,7 +38,7 @@ HOST_BUSY = 0.3
 def parse(path):
     res = defaultdict(dict)  # (sys, fig, size) -> {round: value}
     host = defaultdict(dict)  # (sys, fig, size) -> {round: hostcpu}
-    fails, info, sysc, systop, perf, vstat = [], [], [], [], [], []
+    fails, info, sysc, systop, perf, vstat, pt = [], [], [], [], [], [], []
     for raw in open(path, errors="replace"):
         line = raw.rstrip("\n")
         line = re.sub(r"^\S+\| ", "", line)
@@ -60,9 +61,33 @@ def parse(path):
             sysc.append(kv(line))
         elif line.startswith("BRPERF"):
             perf.append(kv(line))
+        elif line.startswith("BRPT "):
+            pt.append(kv(line))
         if "vstat pid=" in line:  # may follow another line's text without a newline
             vstat.append(kv(line[line.index("vstat pid="):]))
-    return res, fails, info, sysc, systop, perf, vstat, host
+    return res, fails, info, sysc, systop, perf, vstat, host, pt
+
+
+def pt_grain(pt):
+    """ib_write_bw's duration mode reports the completions it polled in its window, and
+    under rxe they come in batches: per size, the greatest common divisor of the rounds'
+    iteration counts (the observed step), that step in Gbit/s over the window, and the
+    step as a share of the median count. {size: (step, gbps, share)}."""
+    by = defaultdict(list)
+    for d in pt:
+        try:
+            n, s, win = int(d["iters"]), int(d["size"]), float(d["window"])
+        except (KeyError, ValueError):
+            continue
+        if n > 0 and win > 0:
+            by[(s, win)].append(n)
+    out = {}
+    for (s, win), ns in sorted(by.items()):
+        g = 0
+        for n in ns:
+            g = math.gcd(g, n)
+        out[s] = (g, g * s * 8 / win / 1e9, g / statistics.median(ns))
+    return out
 
 
 def med(d):
@@ -98,7 +123,7 @@ def host_by_round(host):
 def main():
     path = sys.argv[1]
     meta = [a.split("=", 1) for a in sys.argv[2:] if "=" in a]
-    res, fails, info, sysc, systop, perf, vstat, host = parse(path)
+    res, fails, info, sysc, systop, perf, vstat, host, pt = parse(path)
     out = []
     w = out.append
     w("# libexs verbs benchmarks on Soft-RoCE (make bench-rxe)\n")
@@ -201,7 +226,8 @@ def main():
     w("## STREAM throughput (Gbit/s)\n")
     w("libexs: blast `--type stream --mode direct` (8/8), the library's default waits and "
       "`--poll --poll-recv` (both ends busy-poll, as ib_write_bw and rstream -T n do); rstream/riostream `-C N -I 1 -T n` "
-      "(Gb/sec); ib_write_bw `-D` (BW average); UCX tag_bw (overall MB/s).\n")
+      "(Gb/sec); ib_write_bw `-D`: the iterations it counts in its sample window over that "
+      "window (its own BW columns read 0 under TCG); UCX tag_bw (overall MB/s).\n")
     w("| size | system | Gbit/s | / ib_write_bw | each round |\n| --- | --- | --- | --- | --- |")
     for size in (65536, 1048576):
         base = get("ib_write_bw", "gbps", size)
@@ -213,6 +239,14 @@ def main():
                 w(f"| {SIZE_NAME[size]} | {SYS_NAME[s]} | {fmt(v, 'gbps')} | "
                   f"{f'{v / base:.2f}' if base else '-'} | {each} |")
     w("")
+    grain = pt_grain(pt)
+    if grain:
+        w("The grain of ib_write_bw's figure: its iteration counts in these rounds are all "
+          "multiples of a step (it counts the completions it polls, which rxe hands over in "
+          "batches), so a round's value can be off by up to one step: " +
+          "; ".join(f"{SIZE_NAME[s]}: {g} iterations, {gb:.4f} Gbit/s, {sh:.1%} of its "
+                    f"median count" for s, (g, gb, sh) in grain.items()) +
+          ". A ratio to ib_write_bw is no finer than that share.\n")
 
     # Per message: vstat counters summed over the rounds of one (system, figure, size), per
     # message of that run (both directions of a ping-pong count).

@@ -599,6 +599,25 @@ class HostLoad(unittest.TestCase):
         self.assertIn("| 64 KiB | libexs verbs (blast --poll --poll-recv: both ends busy-poll) "
                       "| 0.390 | 0.97 |", out)
 
+    def test_results_ib_write_bw_grain(self):
+        """bench/rxe_results.py: ib_write_bw's iteration counts come in steps; the report
+        gives the step (the counts' gcd) and its share of the median count per size."""
+        lines = []
+        for r, n in ((1, 176), (2, 192), (3, 208)):
+            lines.append(f"BR round={r} sys=ib_write_bw fig=gbps size=1048576 value=0.4")
+            lines.append(f"BRPT round={r} size=1048576 iters={n} window=4")
+        for r, n in ((1, 1504), (2, 1552), (3, 1488)):
+            lines.append(f"BRPT round={r} size=65536 iters={n} window=2")
+        lines.append("BRPT round=4 size=65536 iters=0 window=2")  # a failed run: no count
+        out = rxe_results_of(lines)
+        grain = [ln for ln in out.splitlines() if ln.startswith("The grain of ib_write_bw")]
+        self.assertEqual(len(grain), 1)
+        # 64 KiB: gcd 16 of a median 1504 (1.1%), 16 x 64 KiB x 8 / 2 s = 0.0042 Gbit/s;
+        # 1 MiB: gcd 16 of 192 (8.3%), 16 x 1 MiB x 8 / 4 s = 0.0336 Gbit/s
+        self.assertIn("64 KiB: 16 iterations, 0.0042 Gbit/s, 1.1% of its median count", grain[0])
+        self.assertIn("1 MiB: 16 iterations, 0.0336 Gbit/s, 8.3% of its median count", grain[0])
+        self.assertNotIn("grain", rxe_results_of(lines[:1]))
+
 
 if __name__ == "__main__":
     unittest.main()
