@@ -180,9 +180,11 @@ sys_perftest() {
         # rxe runs the requester (and the loopback's responder) inside the posting
         # thread's ibv_post_send, for ~5 s at TCG's rate: no completion was polled in the
         # window and the row read 0 iterations (0 of 3 s and of 8 s at depth 128; 32-56 of
-        # 8 s at depth 8 or 16; spec/rxe-vm.md, "ib_write_bw at 1 MiB").
+        # 8 s at depth 8 or 16; spec/rxe-vm.md, "ib_write_bw at 1 MiB"). 10 s there (a 6 s
+        # window): it counts completions 16 at a time, and one step of 16 MiB is 8-9% of a
+        # 4 s window's count, 5-6% of a 6 s one's (rxe_results.py prints the grain).
         t=$BT; dep=
-        [ $s -ge 1048576 ] && { t=$((BT < 6 ? 6 : BT)); dep="-t 16"; }
+        [ $s -ge 1048576 ] && { t=$((BT < 10 ? 10 : BT)); dep="-t 16"; }
         w=$((t - 2 * (t / 4)))
         if r=$(pt_run ib_write_bw -s $s -D $t $dep --report_gbits); then
             # from the row's completed iterations over the window (its BW columns read 0
